@@ -1,0 +1,83 @@
+// Package embedded starts an in-process NATS server with JetStream: the default of
+// `toolbus up` when no TOOLBUS_NATS_URL is set, and the server of every test.
+package embedded
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+)
+
+// ErrNotReady is returned when the server does not accept connections in time.
+var ErrNotReady = errors.New("embedded: nats server not ready")
+
+// Config configures an embedded server.
+type Config struct {
+	// Host and Port to listen on; Port -1 picks a random free port, 0 the NATS default 4222.
+	Host string
+	Port int
+	// StoreDir is where JetStream keeps its file store.
+	StoreDir string
+	// MaxPayload in bytes; 0 keeps the NATS default (1 MiB).
+	MaxPayload int32
+	// ServerName names the server (useful in logs).
+	ServerName string
+	// Logs sends the server's own logs to stderr.
+	Logs bool
+}
+
+// Server is a running embedded server.
+type Server struct {
+	*server.Server
+}
+
+// Start starts a JetStream-enabled server and waits until it accepts connections.
+func Start(cfg Config) (*Server, error) {
+	host := cfg.Host
+	if host == "" {
+		host = "127.0.0.1"
+	}
+	opts := &server.Options{
+		ServerName: cfg.ServerName,
+		Host:       host,
+		Port:       cfg.Port,
+		JetStream:  true,
+		StoreDir:   cfg.StoreDir,
+		NoSigs:     true,
+		MaxPayload: cfg.MaxPayload,
+		NoLog:      !cfg.Logs,
+	}
+	srv, err := server.NewServer(opts)
+	if err != nil {
+		return nil, fmt.Errorf("embedded: new server: %w", err)
+	}
+	if cfg.Logs {
+		srv.ConfigureLogger()
+	}
+	go srv.Start()
+	if !srv.ReadyForConnections(30 * time.Second) {
+		srv.Shutdown()
+		return nil, ErrNotReady
+	}
+	return &Server{Server: srv}, nil
+}
+
+// Connect opens a client connection to the server without a socket (in-process), which
+// halves the latency of loopback TCP.
+func (s *Server) Connect(opts ...nats.Option) (*nats.Conn, error) {
+	opts = append([]nats.Option{nats.InProcessServer(s.Server)}, opts...)
+	nc, err := nats.Connect(s.ClientURL(), opts...)
+	if err != nil {
+		return nil, fmt.Errorf("embedded: connect: %w", err)
+	}
+	return nc, nil
+}
+
+// Stop shuts the server down and waits for it.
+func (s *Server) Stop() {
+	s.Shutdown()
+	s.WaitForShutdown()
+}

@@ -1,0 +1,291 @@
+package events
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Names of the JetStream resources toolbus uses.
+const (
+	DefaultStream   = "TOOLBUS"
+	BucketTools     = "toolbus_tools"
+	BucketHistory   = "toolbus_history"
+	BucketRuns      = "toolbus_runs"
+	BucketApprovals = "toolbus_approvals"
+	BucketOutputs   = "toolbus_outputs"
+)
+
+// Errors callers branch on.
+var (
+	// ErrRunNotFound: no run.started event for that run id.
+	ErrRunNotFound = errors.New("events: run not found")
+	// ErrRunEnded: the run already reached a terminal state; nothing may move it back.
+	ErrRunEnded = errors.New("events: run already ended")
+	// ErrConflict: a compare-and-set lost against a concurrent writer; reload and retry.
+	ErrConflict = errors.New("events: concurrent update")
+	// ErrNotFound: the requested record does not exist (yet).
+	ErrNotFound = errors.New("events: not found")
+)
+
+// Config describes the stream and buckets. Zero values take the defaults.
+type Config struct {
+	// Stream is the stream name (default TOOLBUS).
+	Stream string `envconfig:"STREAM" default:"TOOLBUS"`
+	// MaxAge is how long events are kept for audit (default 7 days).
+	MaxAge time.Duration `envconfig:"RETENTION" default:"168h"`
+	// Duplicates is the duplicate window of the stream (default 10 minutes).
+	Duplicates time.Duration `envconfig:"DUPLICATE_WINDOW" default:"10m"`
+	// Memory keeps the stream and buckets in memory instead of files (tests, benchmarks).
+	Memory bool `envconfig:"MEMORY_STORAGE"`
+	// Replicas of the stream and buckets (1, or 3 on a cluster).
+	Replicas int `envconfig:"REPLICAS" default:"1"`
+}
+
+func (c *Config) setDefaults() {
+	if c.Stream == "" {
+		c.Stream = DefaultStream
+	}
+	if c.MaxAge == 0 {
+		c.MaxAge = 7 * 24 * time.Hour
+	}
+	if c.Duplicates == 0 {
+		c.Duplicates = 10 * time.Minute
+	}
+	if c.Replicas == 0 {
+		c.Replicas = 1
+	}
+}
+
+func (c Config) storage() jetstream.StorageType {
+	if c.Memory {
+		return jetstream.MemoryStorage
+	}
+	return jetstream.FileStorage
+}
+
+// Bus is toolbus's view of JetStream: the event stream, the shared stores (history, run
+// state, approvals, tool catalog, large outputs) and publishing with deterministic ids.
+// It is safe for concurrent use.
+type Bus struct {
+	cfg       Config
+	NC        *nats.Conn
+	JS        jetstream.JetStream
+	Stream    jetstream.Stream
+	history   jetstream.KeyValue
+	runs      jetstream.KeyValue
+	tools     jetstream.KeyValue
+	approvals jetstream.KeyValue
+	outputs   jetstream.ObjectStore
+
+	mu       sync.Mutex
+	runCache map[string]*RunStarted
+}
+
+// Open creates (or updates, idempotently) the stream and the buckets and returns the Bus.
+func Open(ctx context.Context, nc *nats.Conn, cfg Config) (*Bus, error) {
+	cfg.setDefaults()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, fmt.Errorf("events: jetstream: %w", err)
+	}
+	b := &Bus{cfg: cfg, NC: nc, JS: js, runCache: map[string]*RunStarted{}}
+	b.Stream, err = js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+		Name:        cfg.Stream,
+		Description: "toolbus events (CONTRACT.md)",
+		Subjects:    []string{FilterAll},
+		Retention:   jetstream.LimitsPolicy,
+		MaxAge:      cfg.MaxAge,
+		Duplicates:  cfg.Duplicates,
+		Storage:     cfg.storage(),
+		Replicas:    cfg.Replicas,
+		AllowDirect: true,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("events: stream %s: %w", cfg.Stream, err)
+	}
+	kv := func(name, desc string, history uint8) (jetstream.KeyValue, error) {
+		k, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+			Bucket: name, Description: desc, History: history, TTL: kvTTL(name, cfg),
+			Storage: cfg.storage(), Replicas: cfg.Replicas, MaxValueSize: -1,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("events: bucket %s: %w", name, err)
+		}
+		return k, nil
+	}
+	if b.history, err = kv(BucketHistory, "run history: assistant messages and joined step results", 1); err != nil {
+		return nil, err
+	}
+	if b.runs, err = kv(BucketRuns, "run state", 1); err != nil {
+		return nil, err
+	}
+	if b.tools, err = kv(BucketTools, "tool catalog published by executors", 1); err != nil {
+		return nil, err
+	}
+	if b.approvals, err = kv(BucketApprovals, "approval decisions per call", 1); err != nil {
+		return nil, err
+	}
+	b.outputs, err = js.CreateOrUpdateObjectStore(ctx, jetstream.ObjectStoreConfig{
+		Bucket: BucketOutputs, Description: "whole tool outputs too large for an event",
+		TTL: cfg.MaxAge, Storage: cfg.storage(), Replicas: cfg.Replicas,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("events: object store %s: %w", BucketOutputs, err)
+	}
+	return b, nil
+}
+
+func kvTTL(name string, cfg Config) time.Duration {
+	if name == BucketTools {
+		return 0
+	}
+	return cfg.MaxAge
+}
+
+// Config returns the configuration the bus was opened with (defaults applied).
+func (b *Bus) Config() Config { return b.cfg }
+
+// Publish encodes and publishes one event and waits for the stream's acknowledgement. A
+// duplicate (same id inside the duplicate window) is acknowledged and not stored again.
+func (b *Bus) Publish(ctx context.Context, subject string, m Meta, data any) (*jetstream.PubAck, error) {
+	msg, err := Encode(subject, m, data)
+	if err != nil {
+		return nil, err
+	}
+	ack, err := b.JS.PublishMsg(ctx, msg, jetstream.WithMsgID(m.ID))
+	if err != nil {
+		return nil, fmt.Errorf("events: publish %s: %w", m.ID, err)
+	}
+	return ack, nil
+}
+
+// PublishAsync encodes and publishes one event without waiting; the returned future
+// resolves on the stream's acknowledgement.
+func (b *Bus) PublishAsync(subject string, m Meta, data any) (jetstream.PubAckFuture, error) {
+	msg, err := Encode(subject, m, data)
+	if err != nil {
+		return nil, err
+	}
+	f, err := b.JS.PublishMsgAsync(msg, jetstream.WithMsgID(m.ID))
+	if err != nil {
+		return nil, fmt.Errorf("events: publish %s: %w", m.ID, err)
+	}
+	return f, nil
+}
+
+// Source returns the CloudEvents source of a component instance.
+func Source(component, instance string) string { return "/toolbus/" + component + "/" + instance }
+
+func stepKey(run string, step int, kind string) string {
+	return run + "." + strconv.Itoa(step) + "." + kind
+}
+
+// StartRun publishes run.started and the model.requested of step 0 and records the run
+// as running. It is how a client submits a run; it is idempotent for the same run id.
+func (b *Bus) StartRun(ctx context.Context, source string, rs RunStarted) error {
+	if !ValidRunID(rs.RunID) {
+		return fmt.Errorf("events: invalid run id %q: use 1-128 of [A-Za-z0-9_-]", rs.RunID)
+	}
+	for _, t := range rs.AllowedTools {
+		if !ValidToolName(t) {
+			return fmt.Errorf("events: invalid tool name %q in allowed tools", t)
+		}
+	}
+	if rs.StartedAt.IsZero() {
+		rs.StartedAt = time.Now().UTC()
+	}
+	st := RunState{RunID: rs.RunID, Status: RunRunning, StartedAt: rs.StartedAt, UpdatedAt: rs.StartedAt}
+	if _, err := b.runs.Create(ctx, rs.RunID, mustJSON(st)); err != nil && !errors.Is(err, jetstream.ErrKeyExists) {
+		return fmt.Errorf("events: run state %s: %w", rs.RunID, err)
+	}
+	if _, err := b.Publish(ctx, SubjectRunStarted(rs.RunID), Meta{
+		ID: IDRunStarted(rs.RunID), Type: TypeRunStarted, Source: source, RunID: rs.RunID,
+	}, rs); err != nil {
+		return err
+	}
+	_, err := b.Publish(ctx, SubjectModelRequested(rs.RunID), Meta{
+		ID: IDModelRequested(rs.RunID, 0), Type: TypeModelRequested, Source: source, RunID: rs.RunID,
+	}, ModelRequested{RunID: rs.RunID, Step: 0})
+	return err
+}
+
+// RunStarted returns the run.started data of a run, read from the stream (direct get of
+// the last message on its subject) and cached: it never changes.
+func (b *Bus) RunStarted(ctx context.Context, run string) (*RunStarted, error) {
+	b.mu.Lock()
+	rs, ok := b.runCache[run]
+	b.mu.Unlock()
+	if ok {
+		return rs, nil
+	}
+	raw, err := b.Stream.GetLastMsgForSubject(ctx, SubjectRunStarted(run))
+	if err != nil {
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			return nil, fmt.Errorf("%w: %s", ErrRunNotFound, run)
+		}
+		return nil, fmt.Errorf("events: run.started of %s: %w", run, err)
+	}
+	rs = new(RunStarted)
+	if _, err := Decode(&nats.Msg{Subject: raw.Subject, Header: raw.Header, Data: raw.Data}, rs); err != nil {
+		return nil, err
+	}
+	b.mu.Lock()
+	if len(b.runCache) > 10000 {
+		clear(b.runCache) // a bounded cache; entries are cheap to reload
+	}
+	b.runCache[run] = rs
+	b.mu.Unlock()
+	return rs, nil
+}
+
+// PutAssistant records the assistant message of a step. The first write wins: if the
+// step already has one (a redelivered model.requested), the stored one is returned with
+// created false, so a retried step never changes what the model said.
+func (b *Bus) PutAssistant(ctx context.Context, mr ModelResponded) (ModelResponded, bool, error) {
+	key := stepKey(mr.RunID, mr.Step, "a")
+	if _, err := b.history.Create(ctx, key, mustJSON(mr)); err != nil {
+		if !errors.Is(err, jetstream.ErrKeyExists) {
+			return mr, false, fmt.Errorf("events: history %s: %w", key, err)
+		}
+		prev, err := b.Assistant(ctx, mr.RunID, mr.Step)
+		return prev, false, err
+	}
+	return mr, true, nil
+}
+
+// Assistant returns the recorded assistant message of a step.
+func (b *Bus) Assistant(ctx context.Context, run string, step int) (ModelResponded, error) {
+	var mr ModelResponded
+	err := b.getJSON(ctx, b.history, stepKey(run, step, "a"), &mr)
+	return mr, err
+}
+
+func (b *Bus) getJSON(ctx context.Context, kv jetstream.KeyValue, key string, v any) error {
+	e, err := kv.Get(ctx, key)
+	if err != nil {
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			return fmt.Errorf("%w: %s", ErrNotFound, key)
+		}
+		return fmt.Errorf("events: get %s: %w", key, err)
+	}
+	if err := json.Unmarshal(e.Value(), v); err != nil {
+		return fmt.Errorf("events: decode %s: %w", key, err)
+	}
+	return nil
+}
+
+func mustJSON(v any) []byte {
+	b, err := json.Marshal(v)
+	if err != nil {
+		panic(fmt.Sprintf("events: marshal %T: %v", v, err)) // only plain data types reach here
+	}
+	return b
+}

@@ -1,0 +1,163 @@
+package events
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/sourcegraph/conc/pool"
+)
+
+// ErrPoison is wrapped by handler errors for a message that can never be processed (not
+// a CloudEvent, undecodable data, an unknown event type). Serve terminates such messages
+// with the reason instead of redelivering them; JetStream then emits the advisory
+// $JS.EVENT.ADVISORY.CONSUMER.MSG_TERMINATED.<stream>.<consumer>, which operators watch.
+var ErrPoison = errors.New("events: poison message")
+
+// ConsumerConfig configures a durable pull consumer shared by every process of a role.
+type ConsumerConfig struct {
+	// Durable name; every process with the same name shares the work, no duplicates.
+	Durable string
+	// Filters are the subjects the consumer takes.
+	Filters []string
+	// AckWait before an unacknowledged message is redelivered (default 30s). Long work
+	// sends InProgress heartbeats.
+	AckWait time.Duration
+	// MaxDeliver bounds deliveries (default 10; -1 unlimited).
+	MaxDeliver int
+	// BackOff between redeliveries after a Nak without delay.
+	BackOff []time.Duration
+	// MaxAckPending bounds messages in flight across all processes (default 1000).
+	MaxAckPending int
+}
+
+// Consumer creates or updates a durable pull consumer on the toolbus stream.
+func (b *Bus) Consumer(ctx context.Context, cc ConsumerConfig) (jetstream.Consumer, error) {
+	if cc.AckWait == 0 {
+		cc.AckWait = 30 * time.Second
+	}
+	if cc.MaxDeliver == 0 {
+		cc.MaxDeliver = 10
+	}
+	if cc.MaxAckPending == 0 {
+		cc.MaxAckPending = 1000
+	}
+	cfg := jetstream.ConsumerConfig{
+		Durable:       cc.Durable,
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		AckWait:       cc.AckWait,
+		MaxDeliver:    cc.MaxDeliver,
+		BackOff:       cc.BackOff,
+		MaxAckPending: cc.MaxAckPending,
+		DeliverPolicy: jetstream.DeliverAllPolicy,
+		Replicas:      0,
+	}
+	if len(cc.Filters) == 1 {
+		cfg.FilterSubject = cc.Filters[0]
+	} else {
+		cfg.FilterSubjects = cc.Filters
+	}
+	cons, err := b.Stream.CreateOrUpdateConsumer(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("events: consumer %s: %w", cc.Durable, err)
+	}
+	return cons, nil
+}
+
+// Handler processes one message. Returning nil acknowledges it; an error wrapping
+// ErrPoison or ErrNotCloudEvent terminates it with the error as reason; any other error
+// is an infrastructure failure and the message is redelivered after a delay.
+type Handler func(ctx context.Context, msg jetstream.Msg) error
+
+// ServeConfig bounds a Serve loop.
+type ServeConfig struct {
+	// Concurrency is the number of messages handled at once (default 64).
+	Concurrency int
+	// Grace is how long in-flight handlers may run after ctx ends before their context is
+	// cancelled (default 10s).
+	Grace time.Duration
+	// NakDelay is the redelivery delay after an infrastructure failure (default 1s).
+	NakDelay time.Duration
+	Logger   *slog.Logger
+}
+
+// Serve consumes messages until ctx ends, handling at most cfg.Concurrency at once (the
+// pool blocks intake when full: back-pressure). On ctx end it stops intake, waits up to
+// cfg.Grace for in-flight handlers, then cancels their context and waits for them.
+// Messages fetched but not handled are redelivered by the server after AckWait.
+func Serve(ctx context.Context, cons jetstream.Consumer, cfg ServeConfig, h Handler) error {
+	if cfg.Concurrency <= 0 {
+		cfg.Concurrency = 64
+	}
+	if cfg.Grace <= 0 {
+		cfg.Grace = 10 * time.Second
+	}
+	if cfg.NakDelay <= 0 {
+		cfg.NakDelay = time.Second
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	// Handlers get a context that outlives ctx by the grace period.
+	workCtx, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelWork()
+	p := pool.New().WithMaxGoroutines(cfg.Concurrency)
+	cc, err := cons.Consume(func(msg jetstream.Msg) {
+		p.Go(func() { dispatch(workCtx, log, cfg.NakDelay, h, msg) })
+	}, jetstream.PullMaxMessages(cfg.Concurrency), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+		if !errors.Is(err, jetstream.ErrNoHeartbeat) {
+			log.Debug("consume", "error", err)
+		}
+	}))
+	if err != nil {
+		return fmt.Errorf("events: consume: %w", err)
+	}
+	<-ctx.Done()
+	cc.Stop()
+	done := make(chan struct{})
+	go func() { p.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(cfg.Grace):
+		log.Warn("grace period over, cancelling in-flight work")
+		cancelWork()
+		<-done
+	}
+	return nil
+}
+
+func dispatch(ctx context.Context, log *slog.Logger, nakDelay time.Duration, h Handler, msg jetstream.Msg) {
+	err := h(ctx, msg)
+	switch {
+	case err == nil:
+		if aerr := msg.Ack(); aerr != nil {
+			log.Warn("ack failed", "subject", msg.Subject(), "error", aerr)
+		}
+	case errors.Is(err, ErrPoison) || errors.Is(err, ErrNotCloudEvent):
+		log.Error("poison message terminated", "subject", msg.Subject(), "reason", err)
+		if terr := msg.TermWithReason(truncate(err.Error(), 200)); terr != nil {
+			log.Warn("term failed", "subject", msg.Subject(), "error", terr)
+		}
+	default:
+		log.Warn("handler failed, redelivering", "subject", msg.Subject(), "error", err, "delay", nakDelay)
+		if nerr := msg.NakWithDelay(nakDelay); nerr != nil {
+			log.Warn("nak failed", "subject", msg.Subject(), "error", nerr)
+		}
+	}
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n]
+}
+
+// DecodeMsg decodes a consumed JetStream message into v; errors wrap ErrNotCloudEvent.
+func DecodeMsg(msg jetstream.Msg, v any) (Meta, error) {
+	return Decode(natsMsg(msg), v)
+}

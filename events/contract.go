@@ -1,0 +1,114 @@
+package events
+
+import (
+	"encoding/json"
+	"regexp"
+	"time"
+)
+
+// ToolContract is what an executor publishes about a tool it serves (the value of a key in
+// the toolbus_tools KV bucket): what the model sees plus runtime metadata.
+type ToolContract struct {
+	Name         string          `json:"name"`
+	Description  string          `json:"description"`
+	InputSchema  json.RawMessage `json:"input_schema"`
+	OutputSchema json.RawMessage `json:"output_schema,omitempty"`
+	// ReadOnly is false for tools with side effects; those get an idempotency key.
+	ReadOnly       bool          `json:"read_only"`
+	NeedsApproval  bool          `json:"needs_approval,omitempty"`
+	Timeout        time.Duration `json:"timeout,omitempty"`
+	MaxOutputBytes int           `json:"max_output_bytes,omitempty"`
+	MaxConcurrency int           `json:"max_concurrency,omitempty"`
+	RedactFields   []string      `json:"redact_fields,omitempty"`
+}
+
+var nameRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
+
+// ValidToolName reports whether name is a valid tool name: 1 to 64 of [A-Za-z0-9_-],
+// as the model APIs require; it is also a valid NATS subject token.
+func ValidToolName(name string) bool { return nameRE.MatchString(name) }
+
+// ValidRunID reports whether id can be a run id: a non-empty subject token of
+// [A-Za-z0-9_-], at most 128 characters.
+func ValidRunID(id string) bool {
+	if len(id) == 0 || len(id) > 128 {
+		return false
+	}
+	for i := 0; i < len(id); i++ {
+		c := id[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-') {
+			return false
+		}
+	}
+	return true
+}
+
+func schemaOrEmpty(s json.RawMessage) json.RawMessage {
+	if len(s) == 0 {
+		return json.RawMessage(`{"type":"object","properties":{}}`)
+	}
+	return s
+}
+
+// OpenAIFunctionTool is a tool in the shape of OpenAI Chat Completions' "tools" array.
+type OpenAIFunctionTool struct {
+	Type     string             `json:"type"`
+	Function OpenAIFunctionSpec `json:"function"`
+}
+
+// OpenAIFunctionSpec is the "function" member of an OpenAI function tool.
+type OpenAIFunctionSpec struct {
+	Name        string          `json:"name"`
+	Description string          `json:"description,omitempty"`
+	Parameters  json.RawMessage `json:"parameters"`
+}
+
+// AnthropicTool is a tool in the shape of Anthropic Messages' "tools" array.
+type AnthropicTool struct {
+	Name        string          `json:"name"`
+	Description string          `json:"description,omitempty"`
+	InputSchema json.RawMessage `json:"input_schema"`
+}
+
+// MCPTool is a tool in the shape of an MCP tools/list result entry.
+type MCPTool struct {
+	Name         string          `json:"name"`
+	Description  string          `json:"description,omitempty"`
+	InputSchema  json.RawMessage `json:"inputSchema"`
+	OutputSchema json.RawMessage `json:"outputSchema,omitempty"`
+	Annotations  *MCPAnnotations `json:"annotations,omitempty"`
+}
+
+// MCPAnnotations are the MCP tool hints toolbus can state.
+type MCPAnnotations struct {
+	ReadOnlyHint bool `json:"readOnlyHint"`
+}
+
+// OpenAITools converts contracts to OpenAI function tools, in the given order.
+func OpenAITools(cs []ToolContract) []OpenAIFunctionTool {
+	out := make([]OpenAIFunctionTool, 0, len(cs))
+	for _, c := range cs {
+		out = append(out, OpenAIFunctionTool{Type: "function", Function: OpenAIFunctionSpec{
+			Name: c.Name, Description: c.Description, Parameters: schemaOrEmpty(c.InputSchema)}})
+	}
+	return out
+}
+
+// AnthropicTools converts contracts to Anthropic tools, in the given order.
+func AnthropicTools(cs []ToolContract) []AnthropicTool {
+	out := make([]AnthropicTool, 0, len(cs))
+	for _, c := range cs {
+		out = append(out, AnthropicTool{Name: c.Name, Description: c.Description, InputSchema: schemaOrEmpty(c.InputSchema)})
+	}
+	return out
+}
+
+// MCPTools converts contracts to MCP tools/list entries, in the given order.
+func MCPTools(cs []ToolContract) []MCPTool {
+	out := make([]MCPTool, 0, len(cs))
+	for _, c := range cs {
+		out = append(out, MCPTool{Name: c.Name, Description: c.Description, InputSchema: schemaOrEmpty(c.InputSchema),
+			OutputSchema: c.OutputSchema, Annotations: &MCPAnnotations{ReadOnlyHint: c.ReadOnly}})
+	}
+	return out
+}

@@ -1,0 +1,67 @@
+package events
+
+import (
+	"context"
+	"fmt"
+)
+
+// History returns the messages a model reads before planning step: the run's input
+// messages, then for each earlier step its assistant message whole followed by one tool
+// message per call in call order. Every earlier step must be complete.
+func (b *Bus) History(ctx context.Context, run string, step int) ([]Message, error) {
+	rs, err := b.RunStarted(ctx, run)
+	if err != nil {
+		return nil, err
+	}
+	msgs := append([]Message(nil), rs.Messages...)
+	for s := 0; s < step; s++ {
+		more, err := b.StepMessages(ctx, run, s)
+		if err != nil {
+			return nil, err
+		}
+		msgs = append(msgs, more...)
+	}
+	return msgs, nil
+}
+
+// StepMessages returns the messages one complete step adds to the history: the assistant
+// message and its tool messages in call order.
+func (b *Bus) StepMessages(ctx context.Context, run string, step int) ([]Message, error) {
+	mr, err := b.Assistant(ctx, run, step)
+	if err != nil {
+		return nil, err
+	}
+	out := []Message{mr.Message}
+	if len(mr.Message.ToolCalls) == 0 {
+		return out, nil
+	}
+	rec, _, err := b.Step(ctx, run, step)
+	if err != nil {
+		return nil, err
+	}
+	return append(out, rec.ToolMessages()...), nil
+}
+
+// ToolMessages returns the tool messages of a complete step in call order.
+func (r *StepRecord) ToolMessages() []Message {
+	out := make([]Message, 0, len(r.Results))
+	for _, res := range r.Results {
+		if res != nil {
+			out = append(out, ToolMessage(*res))
+		}
+	}
+	return out
+}
+
+// UsageSoFar sums the model usage recorded for steps 0..step-1 of a run.
+func (b *Bus) UsageSoFar(ctx context.Context, run string, step int) (Usage, error) {
+	var u Usage
+	for s := 0; s < step; s++ {
+		mr, err := b.Assistant(ctx, run, s)
+		if err != nil {
+			return u, fmt.Errorf("events: usage of %s step %d: %w", run, s, err)
+		}
+		u = u.Add(mr.Usage)
+	}
+	return u, nil
+}

@@ -1,0 +1,164 @@
+package events
+
+import (
+	"strconv"
+	"strings"
+)
+
+// SubjectPrefix is the first token of every toolbus subject.
+const SubjectPrefix = "toolbus"
+
+// CloudEvents types of the contract.
+const (
+	TypeRunStarted      = "toolbus.run.started"
+	TypeModelRequested  = "toolbus.model.requested"
+	TypeModelResponded  = "toolbus.model.responded"
+	TypeToolRequested   = "toolbus.tool.requested"
+	TypeToolFinished    = "toolbus.tool.finished"
+	TypeToolWaiting     = "toolbus.tool.waiting"
+	TypeApprovalGranted = "toolbus.approval.granted"
+	TypeApprovalDenied  = "toolbus.approval.denied"
+	TypeRunCancel       = "toolbus.run.cancel"
+)
+
+// TypeRunEnded returns the CloudEvents type of a run outcome, e.g. toolbus.run.completed.
+func TypeRunEnded(s RunStatus) string { return "toolbus.run." + string(s) }
+
+// UnknownToolToken is the subject token used for a call whose tool name is not a valid
+// subject token or not in the catalog; every executor deployment listens to it so the
+// call still gets exactly one (rejected) result.
+const UnknownToolToken = "_unknown"
+
+// Subjects. Every subject carries the run id as its second token, so toolbus.<run>.>
+// replays one run in order.
+
+// SubjectRunStarted is toolbus.<run>.run.started.
+func SubjectRunStarted(run string) string { return SubjectPrefix + "." + run + ".run.started" }
+
+// SubjectModelRequested is toolbus.<run>.model.requested.
+func SubjectModelRequested(run string) string { return SubjectPrefix + "." + run + ".model.requested" }
+
+// SubjectModelResponded is toolbus.<run>.model.responded.
+func SubjectModelResponded(run string) string { return SubjectPrefix + "." + run + ".model.responded" }
+
+// SubjectToolRequested is toolbus.<run>.tool.requested.<tool>; an invalid tool name is
+// replaced by UnknownToolToken.
+func SubjectToolRequested(run, tool string) string {
+	return SubjectPrefix + "." + run + ".tool.requested." + ToolToken(tool)
+}
+
+// SubjectToolFinished is toolbus.<run>.tool.finished.<tool>.
+func SubjectToolFinished(run, tool string) string {
+	return SubjectPrefix + "." + run + ".tool.finished." + ToolToken(tool)
+}
+
+// SubjectToolWaiting is toolbus.<run>.tool.waiting.<tool>.
+func SubjectToolWaiting(run, tool string) string {
+	return SubjectPrefix + "." + run + ".tool.waiting." + ToolToken(tool)
+}
+
+// SubjectApproval is toolbus.<run>.approval.granted or .denied.
+func SubjectApproval(run string, granted bool) string {
+	if granted {
+		return SubjectPrefix + "." + run + ".approval.granted"
+	}
+	return SubjectPrefix + "." + run + ".approval.denied"
+}
+
+// SubjectRunCancel is toolbus.<run>.run.cancel.
+func SubjectRunCancel(run string) string { return SubjectPrefix + "." + run + ".run.cancel" }
+
+// SubjectRunEnded is toolbus.<run>.run.<status>.
+func SubjectRunEnded(run string, s RunStatus) string {
+	return SubjectPrefix + "." + run + ".run." + string(s)
+}
+
+// SubjectRun is toolbus.<run>.>: every event of one run.
+func SubjectRun(run string) string { return SubjectPrefix + "." + run + ".>" }
+
+// Filter subjects used by the workers' consumers.
+const (
+	FilterAll            = SubjectPrefix + ".>"
+	FilterModelRequested = SubjectPrefix + ".*.model.requested"
+	FilterToolRequested  = SubjectPrefix + ".*.tool.requested.>"
+	FilterToolFinished   = SubjectPrefix + ".*.tool.finished.>"
+	FilterToolWaiting    = SubjectPrefix + ".*.tool.waiting.>"
+	FilterApprovals      = SubjectPrefix + ".*.approval.>"
+	FilterRunCancel      = SubjectPrefix + ".*.run.cancel"
+	FilterRunEnded       = SubjectPrefix + ".*.run.*"
+)
+
+// FilterToolRequestedFor selects the requests of one tool across all runs.
+func FilterToolRequestedFor(tool string) string {
+	return SubjectPrefix + ".*.tool.requested." + ToolToken(tool)
+}
+
+// ToolToken returns tool if it is a valid tool name, else UnknownToolToken.
+func ToolToken(tool string) string {
+	if ValidToolName(tool) {
+		return tool
+	}
+	return UnknownToolToken
+}
+
+// RunIDFromSubject returns the run id token of a toolbus subject.
+func RunIDFromSubject(subject string) (string, bool) {
+	rest, ok := strings.CutPrefix(subject, SubjectPrefix+".")
+	if !ok {
+		return "", false
+	}
+	run, _, ok := strings.Cut(rest, ".")
+	return run, ok && run != ""
+}
+
+// Deterministic event ids, also sent as Nats-Msg-Id so a republished event is dropped
+// by the stream's duplicate window.
+
+// IDRunStarted is <run>/run.started.
+func IDRunStarted(run string) string { return run + "/run.started" }
+
+// IDModelRequested is <run>/<step>/model.requested.
+func IDModelRequested(run string, step int) string {
+	return run + "/" + strconv.Itoa(step) + "/model.requested"
+}
+
+// IDModelResponded is <run>/<step>/model.responded.
+func IDModelResponded(run string, step int) string {
+	return run + "/" + strconv.Itoa(step) + "/model.responded"
+}
+
+// IDToolRequested is <run>/<step>/<call_id>/tool.requested, with a suffix for a call
+// re-issued after an approval decision.
+func IDToolRequested(run string, step int, callID string, approved bool) string {
+	id := run + "/" + strconv.Itoa(step) + "/" + callID + "/tool.requested"
+	if approved {
+		id += "/decided"
+	}
+	return id
+}
+
+// IDToolFinished is <run>/<step>/<call_id>/tool.finished.
+func IDToolFinished(run string, step int, callID string) string {
+	return run + "/" + strconv.Itoa(step) + "/" + callID + "/tool.finished"
+}
+
+// IDToolWaiting is <run>/<step>/<call_id>/tool.waiting.
+func IDToolWaiting(run string, step int, callID string) string {
+	return run + "/" + strconv.Itoa(step) + "/" + callID + "/tool.waiting"
+}
+
+// IDRunEnded is <run>/<step>/run.<status>.
+func IDRunEnded(run string, step int, s RunStatus) string {
+	return run + "/" + strconv.Itoa(step) + "/run." + string(s)
+}
+
+// IDApproval is <run>/<call_id>/approval.<granted|denied>.
+func IDApproval(run, callID string, granted bool) string {
+	if granted {
+		return run + "/" + callID + "/approval.granted"
+	}
+	return run + "/" + callID + "/approval.denied"
+}
+
+// IDRunCancel is <run>/run.cancel.
+func IDRunCancel(run string) string { return run + "/run.cancel" }

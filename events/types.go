@@ -1,0 +1,305 @@
+package events
+
+import (
+	"encoding/json"
+	"time"
+)
+
+// Status is the outcome of one tool call (ToolResult.Status).
+type Status string
+
+// Tool call statuses. See CONTRACT.md and the README.
+const (
+	// StatusSucceeded: the tool ran and returned a result (an empty result is a success).
+	StatusSucceeded Status = "succeeded"
+	// StatusFailed: the tool ran and failed (its own error, a panic, a bad output).
+	StatusFailed Status = "failed"
+	// StatusRejected: stopped before any side effect (unknown tool, invalid arguments,
+	// not authorized, approval denied).
+	StatusRejected Status = "rejected"
+	// StatusTimedOut: the tool's timeout or the call deadline expired.
+	StatusTimedOut Status = "timed_out"
+	// StatusCancelled: the call's context was cancelled (run cancelled, worker shutdown).
+	StatusCancelled Status = "cancelled"
+)
+
+// Valid reports whether s is one of the five contract statuses.
+func (s Status) Valid() bool {
+	switch s {
+	case StatusSucceeded, StatusFailed, StatusRejected, StatusTimedOut, StatusCancelled:
+		return true
+	}
+	return false
+}
+
+// Stable error codes carried in ToolError.Code. A tool may use its own code in place of
+// CodeToolError (for example "incident_not_found").
+const (
+	CodeUnknownTool       = "unknown_tool"
+	CodeInvalidArguments  = "invalid_arguments"
+	CodeNotAuthorized     = "not_authorized"
+	CodeApprovalDenied    = "approval_denied"
+	CodeTimeout           = "timeout"
+	CodeCancelled         = "cancelled"
+	CodeToolError         = "tool_error"
+	CodeToolInternalError = "tool_internal_error"
+	CodeInvalidToolOutput = "invalid_tool_output"
+)
+
+// ToolCall is one call proposed by the model: the raw arguments exactly as the model sent
+// them (they may be malformed JSON; the executor decides).
+type ToolCall struct {
+	CallID    string `json:"call_id"`
+	Tool      string `json:"tool"`
+	Arguments string `json:"arguments"`
+}
+
+// ToolError classifies a non-succeeded result.
+type ToolError struct {
+	Code      string          `json:"code"`
+	Message   string          `json:"message"`
+	Retryable bool            `json:"retryable"`
+	Details   json.RawMessage `json:"details,omitempty"`
+}
+
+// Truncation says that Content holds only part of the output.
+type Truncation struct {
+	OriginalBytes int `json:"original_bytes"`
+	KeptBytes     int `json:"kept_bytes"`
+	// Ref names where the whole output is kept (for example an object store reference);
+	// empty when the whole output is in ToolResult.Output.
+	Ref string `json:"ref,omitempty"`
+}
+
+// ToolResult is the data of a tool.finished event: the fact of one call.
+type ToolResult struct {
+	CallID string          `json:"call_id"`
+	Tool   string          `json:"tool"`
+	Status Status          `json:"status"`
+	Output json.RawMessage `json:"output,omitempty"`
+	Error  *ToolError      `json:"error,omitempty"`
+	// Content is what the model reads: bounded, redacted, deterministic text.
+	Content    string      `json:"content"`
+	Truncated  *Truncation `json:"truncated,omitempty"`
+	Redactions int         `json:"redactions,omitempty"`
+	Attempt    int         `json:"attempt,omitempty"`
+	DurationMS int64       `json:"duration_ms"`
+	Executor   string      `json:"executor,omitempty"`
+}
+
+// Code returns the error code of r, or "" when r has no error.
+func (r ToolResult) Code() string {
+	if r.Error == nil {
+		return ""
+	}
+	return r.Error.Code
+}
+
+// Role is a message role in the model history.
+type Role string
+
+// Message roles.
+const (
+	RoleSystem    Role = "system"
+	RoleUser      Role = "user"
+	RoleAssistant Role = "assistant"
+	RoleTool      Role = "tool"
+)
+
+// Message is one entry of the history a model reads. Assistant messages are kept whole:
+// text, reasoning (with provider signatures and opaque blocks in Raw), every tool call.
+type Message struct {
+	Role    Role   `json:"role"`
+	Content string `json:"content,omitempty"`
+	// Reasoning is the model's visible reasoning or thinking text, if any.
+	Reasoning string `json:"reasoning,omitempty"`
+	// ReasoningSignature is the provider's signature of the reasoning block (Anthropic).
+	ReasoningSignature string `json:"reasoning_signature,omitempty"`
+	// Raw keeps provider-specific parts that must be sent back as they came (e.g. redacted
+	// thinking blocks, Responses reasoning items). Opaque to toolbus.
+	Raw json.RawMessage `json:"raw,omitempty"`
+	// ToolCalls are the calls of an assistant message, in call order.
+	ToolCalls []ToolCall `json:"tool_calls,omitempty"`
+	// ToolCallID and Name identify the call a tool message answers.
+	ToolCallID string `json:"tool_call_id,omitempty"`
+	Name       string `json:"name,omitempty"`
+	// IsError marks a tool message whose result did not succeed (Anthropic is_error).
+	IsError bool `json:"is_error,omitempty"`
+}
+
+// ToolMessage builds the tool-role message that answers r.CallID.
+func ToolMessage(r ToolResult) Message {
+	return Message{
+		Role:       RoleTool,
+		Content:    r.Content,
+		ToolCallID: r.CallID,
+		Name:       r.Tool,
+		IsError:    r.Status != StatusSucceeded,
+	}
+}
+
+// Usage counts model tokens.
+type Usage struct {
+	InputTokens  int64 `json:"input_tokens"`
+	OutputTokens int64 `json:"output_tokens"`
+}
+
+// Total is input plus output tokens.
+func (u Usage) Total() int64 { return u.InputTokens + u.OutputTokens }
+
+// Add returns u plus o.
+func (u Usage) Add(o Usage) Usage {
+	return Usage{InputTokens: u.InputTokens + o.InputTokens, OutputTokens: u.OutputTokens + o.OutputTokens}
+}
+
+// Principal is who a run acts for; it reaches the executor's authorization hook.
+type Principal struct {
+	ID    string            `json:"id"`
+	Roles []string          `json:"roles,omitempty"`
+	Attrs map[string]string `json:"attrs,omitempty"`
+}
+
+// Limits bound a run. Zero values mean "use the worker's default".
+type Limits struct {
+	MaxSteps    int           `json:"max_steps,omitempty"`
+	Deadline    time.Time     `json:"deadline,omitzero"`
+	TokenBudget int64         `json:"token_budget,omitempty"`
+	CallTimeout time.Duration `json:"call_timeout,omitempty"`
+}
+
+// RunStarted is the data of run.started: everything a run needs, published once.
+type RunStarted struct {
+	RunID    string    `json:"run_id"`
+	Messages []Message `json:"messages"`
+	// AllowedTools limits the tools of this run; empty means every tool in the catalog.
+	AllowedTools []string  `json:"allowed_tools,omitempty"`
+	Limits       Limits    `json:"limits"`
+	Model        string    `json:"model,omitempty"`
+	Principal    Principal `json:"principal"`
+	StartedAt    time.Time `json:"started_at"`
+}
+
+// Allows reports whether the run may use tool.
+func (r RunStarted) Allows(tool string) bool {
+	if len(r.AllowedTools) == 0 {
+		return true
+	}
+	for _, t := range r.AllowedTools {
+		if t == tool {
+			return true
+		}
+	}
+	return false
+}
+
+// ModelRequested is the data of model.requested: the step to plan. The history is read
+// from the history store, not re-sent.
+type ModelRequested struct {
+	RunID string `json:"run_id"`
+	Step  int    `json:"step"`
+}
+
+// ModelResponded is the data of model.responded: the whole assistant message of a step.
+type ModelResponded struct {
+	RunID     string  `json:"run_id"`
+	Step      int     `json:"step"`
+	Message   Message `json:"message"`
+	Usage     Usage   `json:"usage"`
+	Model     string  `json:"model,omitempty"`
+	LatencyMS int64   `json:"latency_ms"`
+}
+
+// ToolRequested is the data of tool.requested: one call of a step.
+type ToolRequested struct {
+	RunID     string    `json:"run_id"`
+	Step      int       `json:"step"`
+	CallIndex int       `json:"call_index"`
+	CallCount int       `json:"call_count"`
+	Call      ToolCall  `json:"call"`
+	Deadline  time.Time `json:"deadline,omitzero"`
+	Principal Principal `json:"principal"`
+	// Approved is set when the call is re-issued after an approval decision; the executor
+	// still checks the decision in the approval store.
+	Approved bool `json:"approved,omitempty"`
+}
+
+// ToolFinished is the data of tool.finished: one ToolResult with its position in the step.
+type ToolFinished struct {
+	RunID     string     `json:"run_id"`
+	Step      int        `json:"step"`
+	CallIndex int        `json:"call_index"`
+	CallCount int        `json:"call_count"`
+	Result    ToolResult `json:"result"`
+}
+
+// ToolWaiting is the data of tool.waiting: a call that needs approval and did not run.
+type ToolWaiting struct {
+	RunID     string   `json:"run_id"`
+	Step      int      `json:"step"`
+	CallIndex int      `json:"call_index"`
+	CallCount int      `json:"call_count"`
+	Call      ToolCall `json:"call"`
+}
+
+// Approval is the data of approval.granted and approval.denied.
+type Approval struct {
+	RunID  string `json:"run_id"`
+	CallID string `json:"call_id"`
+	Who    string `json:"who"`
+	Why    string `json:"why,omitempty"`
+}
+
+// Cancel is the data of run.cancel.
+type Cancel struct {
+	RunID  string `json:"run_id"`
+	Reason string `json:"reason,omitempty"`
+	Who    string `json:"who,omitempty"`
+}
+
+// RunStatus is the state of a run; every value but StatusRunning is terminal except
+// RunWaitingForApproval, which resumes on a decision.
+type RunStatus string
+
+// Run statuses.
+const (
+	RunRunning            RunStatus = "running"
+	RunCompleted          RunStatus = "completed"
+	RunWaitingForApproval RunStatus = "waiting_for_approval"
+	RunFailed             RunStatus = "failed"
+	RunLimitReached       RunStatus = "limit_reached"
+	RunCancelled          RunStatus = "cancelled"
+)
+
+// Terminal reports whether no further step may follow s.
+func (s RunStatus) Terminal() bool {
+	switch s {
+	case RunCompleted, RunFailed, RunLimitReached, RunCancelled:
+		return true
+	}
+	return false
+}
+
+// RunEnded is the data of run.<status> events (completed, failed, waiting_for_approval,
+// limit_reached, cancelled).
+type RunEnded struct {
+	RunID  string    `json:"run_id"`
+	Status RunStatus `json:"status"`
+	// Answer is the final assistant text (completed).
+	Answer string `json:"answer,omitempty"`
+	// Reason explains failed, limit_reached and cancelled.
+	Reason string `json:"reason,omitempty"`
+	// Code is a stable machine-readable reason: the error code that failed the run, or
+	// the limit reached (max_steps, deadline, token_budget).
+	Code string `json:"code,omitempty"`
+	// Pending lists the calls waiting for approval.
+	Pending   []ToolCall `json:"pending,omitempty"`
+	StepsUsed int        `json:"steps_used"`
+	Usage     Usage      `json:"usage"`
+}
+
+// Limit codes carried in RunEnded.Code for limit_reached.
+const (
+	LimitMaxSteps    = "max_steps"
+	LimitDeadline    = "deadline"
+	LimitTokenBudget = "token_budget"
+)
