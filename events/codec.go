@@ -82,7 +82,7 @@ func Encode(natsSubject string, m Meta, data any) (*nats.Msg, error) {
 	}
 	msg := nats.NewMsg(natsSubject)
 	w := (*binaryWriter)(msg)
-	if _, err := binding.DirectWrite(context.Background(), binding.ToMessage(ev), nil, w); err != nil {
+	if _, err := binding.Write(context.Background(), binding.ToMessage(ev), nil, w); err != nil {
 		return nil, fmt.Errorf("events: encode %s: %w", m.Type, err)
 	}
 	msg.Header.Set(HeaderMsgID, m.ID)

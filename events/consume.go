@@ -161,3 +161,20 @@ func truncate(s string, n int) string {
 func DecodeMsg(msg jetstream.Msg, v any) (Meta, error) {
 	return Decode(natsMsg(msg), v)
 }
+
+// AwaitAcks waits for every publish future; it returns the first failure.
+func AwaitAcks(ctx context.Context, futures []jetstream.PubAckFuture) error {
+	var first error
+	for _, f := range futures {
+		select {
+		case <-f.Ok():
+		case err := <-f.Err():
+			if first == nil {
+				first = fmt.Errorf("events: publish %s: %w", f.Msg().Header.Get(HeaderMsgID), err)
+			}
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return first
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -198,8 +199,13 @@ func (b *Bus) EndRun(ctx context.Context, source string, step int, ended RunEnde
 	if err := b.SetRunState(ctx, ended.RunID, ended.Status, step, ended.Code, ended.Reason); err != nil {
 		return err
 	}
+	id := IDRunEnded(ended.RunID, step, ended.Status)
+	if ended.Status == RunWaitingForApproval {
+		// A step can wait several times, once per remaining set of pending calls.
+		id += "/" + strconv.Itoa(len(ended.Pending))
+	}
 	_, err := b.Publish(ctx, SubjectRunEnded(ended.RunID, ended.Status), Meta{
-		ID: IDRunEnded(ended.RunID, step, ended.Status), Type: TypeRunEnded(ended.Status),
+		ID: id, Type: TypeRunEnded(ended.Status),
 		Source: source, RunID: ended.RunID, Step: step,
 	}, ended)
 	return err

@@ -218,6 +218,9 @@ type ToolRequested struct {
 	Call      ToolCall  `json:"call"`
 	Deadline  time.Time `json:"deadline,omitzero"`
 	Principal Principal `json:"principal"`
+	// AllowedTools is the run's allowlist (empty: every tool); the executor rejects other
+	// tools as not_authorized.
+	AllowedTools []string `json:"allowed_tools,omitempty"`
 	// Approved is set when the call is re-issued after an approval decision; the executor
 	// still checks the decision in the approval store.
 	Approved bool `json:"approved,omitempty"`

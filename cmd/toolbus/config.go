@@ -1,0 +1,92 @@
+package main
+
+import (
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/kelseyhightower/envconfig"
+
+	"github.com/toolbus/toolbus/events"
+)
+
+// Config is every setting of toolbus, read from TOOLBUS_* environment variables.
+// `toolbus env` prints them with their defaults.
+type Config struct {
+	// NatsURL of the NATS server; empty starts an embedded JetStream server.
+	NatsURL string `envconfig:"NATS_URL" desc:"NATS server URL; empty runs an embedded JetStream server"`
+	// DataDir of the embedded server's file store.
+	DataDir string `envconfig:"DATA_DIR" default:"./data" desc:"file store of the embedded server"`
+	// Listen address of the embedded server (host:port); empty listens on 127.0.0.1 with a
+	// random port.
+	Listen string `envconfig:"LISTEN" desc:"embedded server address (host:port); empty: in-process only (random port on 127.0.0.1)"`
+
+	Creds    string `envconfig:"NATS_CREDS" desc:"NATS credentials file (JWT + nkey seed)"`
+	NKeySeed string `envconfig:"NATS_NKEY" desc:"NATS nkey seed file"`
+	User     string `envconfig:"NATS_USER" desc:"NATS user"`
+	Password string `envconfig:"NATS_PASSWORD" desc:"NATS password"`
+	Token    string `envconfig:"NATS_TOKEN" desc:"NATS token"`
+	TLSCA    string `envconfig:"NATS_TLS_CA" desc:"CA certificate file to verify the NATS server"`
+	TLSCert  string `envconfig:"NATS_TLS_CERT" desc:"client certificate file (mutual TLS)"`
+	TLSKey   string `envconfig:"NATS_TLS_KEY" desc:"client key file (mutual TLS)"`
+
+	events.Config
+
+	Instance    string `envconfig:"INSTANCE" desc:"name of this process in events and logs (default host-pid)"`
+	Concurrency int    `envconfig:"CONCURRENCY" default:"64" desc:"calls (executor) or steps (planner, injector) handled at once per process"`
+
+	Tools         string        `envconfig:"TOOLS" default:"demo,diag" desc:"built-in tool packs served by executors"`
+	ExecutorTools []string      `envconfig:"EXECUTOR_TOOLS" desc:"serve only these tools (a deployment subset; subsets must not overlap)"`
+	CallTimeout   time.Duration `envconfig:"CALL_TIMEOUT" default:"30s" desc:"default tool timeout"`
+	MaxOutput     int           `envconfig:"MAX_OUTPUT_BYTES" default:"16384" desc:"default bound of what the model reads of one result"`
+	AckWait       time.Duration `envconfig:"ACK_WAIT" default:"30s" desc:"redelivery delay of a call whose executor died"`
+	MaxDeliver    int           `envconfig:"MAX_DELIVER" default:"5" desc:"deliveries of one call before it is reported as tool_internal_error"`
+
+	Model       string        `envconfig:"MODEL" default:"script:incident" desc:"model: script:incident, replay:<file>, openai:<model>, openai-responses:<model>, anthropic:<model>"`
+	MaxSteps    int           `envconfig:"MAX_STEPS" default:"10" desc:"default step limit of a run"`
+	RunTimeout  time.Duration `envconfig:"RUN_TIMEOUT" default:"10m" desc:"default run deadline, from its start"`
+	TokenBudget int64         `envconfig:"TOKEN_BUDGET" desc:"default token budget of a run (0: none)"`
+	FailOn      []string      `envconfig:"FAIL_ON" default:"unknown_tool,tool_internal_error,invalid_tool_output" desc:"error codes that fail a run"`
+	Grace       time.Duration `envconfig:"GRACE" default:"30s" desc:"shutdown grace period for in-flight work"`
+
+	LogLevel  string `envconfig:"LOG_LEVEL" default:"info" desc:"debug, info, warn or error"`
+	LogFormat string `envconfig:"LOG_FORMAT" default:"text" desc:"text or json"`
+}
+
+const envPrefix = "TOOLBUS"
+
+func loadConfig() (Config, error) {
+	var c Config
+	if err := envconfig.Process(envPrefix, &c); err != nil {
+		return c, fmt.Errorf("config: %w", err)
+	}
+	if c.Instance == "" {
+		h, _ := os.Hostname()
+		c.Instance = fmt.Sprintf("%s-%d", h, os.Getpid())
+	}
+	return c, nil
+}
+
+func (c Config) logger() *slog.Logger {
+	var lvl slog.Level
+	if err := lvl.UnmarshalText([]byte(c.LogLevel)); err != nil {
+		lvl = slog.LevelInfo
+	}
+	opts := &slog.HandlerOptions{Level: lvl}
+	if strings.EqualFold(c.LogFormat, "json") {
+		return slog.New(slog.NewJSONHandler(os.Stderr, opts))
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, opts))
+}
+
+func (c Config) packs() []string {
+	var out []string
+	for _, p := range strings.Split(c.Tools, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}

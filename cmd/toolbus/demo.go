@@ -1,0 +1,83 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strconv"
+
+	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/planner"
+)
+
+// IncidentScript is the scripted model of the demo: it looks up INC-404 (which does not
+// exist), repairs its call from the error it reads, looks up INC-001 and answers from
+// the evidence the tool returned. No network, no API key.
+func IncidentScript() planner.Model {
+	return &planner.Script{Steps: []func(planner.Request) planner.Response{
+		func(planner.Request) planner.Response {
+			return planner.Response{Message: events.Message{
+				Content: "Let me look the incident up.",
+				ToolCalls: []events.ToolCall{
+					{CallID: "call_lookup", Tool: "lookup_incident", Arguments: `{"incident_id":"INC-404"}`},
+					{CallID: "call_calc", Tool: "calculator", Arguments: `{"expression":"17 * 38 + 55"}`},
+				},
+			}, Usage: events.Usage{InputTokens: 120, OutputTokens: 30}}
+		},
+		func(req planner.Request) planner.Response {
+			last := lastTool(req.Messages, "call_lookup")
+			if last != nil && last.IsError {
+				return planner.Response{Message: events.Message{
+					Content:   "INC-404 does not exist; the user probably means the open incident INC-001.",
+					ToolCalls: []events.ToolCall{{CallID: "call_lookup", Tool: "lookup_incident", Arguments: `{"incident_id":"INC-001"}`}},
+				}, Usage: events.Usage{InputTokens: 260, OutputTokens: 40}}
+			}
+			return planner.Response{Message: events.Message{Content: "I could not find a matching incident."}}
+		},
+		func(req planner.Request) planner.Response {
+			answer := "INC-404 does not exist."
+			if last := lastTool(req.Messages, "call_lookup"); last != nil && !last.IsError {
+				var inc struct {
+					ID       string   `json:"incident_id"`
+					Service  string   `json:"service"`
+					Severity string   `json:"severity"`
+					Summary  string   `json:"summary"`
+					Evidence []string `json:"evidence"`
+				}
+				if json.Unmarshal([]byte(last.Content), &inc) == nil {
+					answer = fmt.Sprintf("INC-404 does not exist. %s is a %s-severity incident on %s: %s (%s pieces of evidence",
+						inc.ID, inc.Severity, inc.Service, inc.Summary, strconv.Itoa(len(inc.Evidence)))
+					if len(inc.Evidence) > 0 {
+						answer += ", e.g. " + inc.Evidence[0]
+					}
+					answer += ")."
+				}
+			}
+			return planner.Response{Message: events.Message{Content: answer}, Usage: events.Usage{InputTokens: 400, OutputTokens: 60}}
+		},
+	}}
+}
+
+// lastTool returns the last tool message answering callID.
+func lastTool(msgs []events.Message, callID string) *events.Message {
+	for i := len(msgs) - 1; i >= 0; i-- {
+		if msgs[i].Role == events.RoleTool && msgs[i].ToolCallID == callID {
+			return &msgs[i]
+		}
+	}
+	return nil
+}
+
+// NoopScript asks for k noop calls at each of the first steps-1 steps, then answers.
+func NoopScript(k, steps int) planner.Model {
+	return planner.ModelFunc(func(_ context.Context, req planner.Request) (planner.Response, error) {
+		if req.Step >= steps-1 {
+			return planner.Response{Message: events.Message{Role: events.RoleAssistant, Content: "done"}}, nil
+		}
+		calls := make([]events.ToolCall, k)
+		for i := range calls {
+			calls[i] = events.ToolCall{CallID: "c" + strconv.Itoa(i), Tool: "noop", Arguments: `{}`}
+		}
+		return planner.Response{Message: events.Message{Role: events.RoleAssistant, ToolCalls: calls}}, nil
+	})
+}

@@ -1,0 +1,88 @@
+// Command toolbus runs the toolbus pipeline: planner, executor and injector workers over
+// NATS JetStream, and the client commands that submit and follow runs.
+//
+//	toolbus up                      embedded JetStream (or TOOLBUS_NATS_URL) + all workers
+//	toolbus planner|executor|injector  one role against TOOLBUS_NATS_URL
+//	toolbus run "question"          submit a run and stream its events until it ends
+//	toolbus env                     print the configuration variables
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/kelseyhightower/envconfig"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	os.Exit(run(ctx, os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// exitError carries a specific exit code.
+type exitError struct {
+	code int
+	msg  string
+}
+
+func (e *exitError) Error() string { return e.msg }
+
+const usage = `usage: toolbus <command> [args]
+
+commands:
+  up                       run an embedded JetStream server (or use TOOLBUS_NATS_URL) and all workers
+  planner | executor | injector
+                           run one role against TOOLBUS_NATS_URL
+  run [flags] "question"   submit a run and stream its events until it ends
+                           (with no TOOLBUS_NATS_URL it runs the whole pipeline in-process)
+  env                      list the TOOLBUS_* configuration variables
+`
+
+// run is main without the process: tests call it.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		fmt.Fprint(stderr, usage)
+		if len(args) == 0 {
+			return 2
+		}
+		return 0
+	}
+	cfg, err := loadConfig()
+	if err != nil {
+		fmt.Fprintln(stderr, "toolbus:", err)
+		return 2
+	}
+	log := cfg.logger()
+	cmd, rest := args[0], args[1:]
+	switch cmd {
+	case "up":
+		err = cmdUp(ctx, cfg, log)
+	case "planner", "executor", "injector":
+		err = cmdRole(ctx, cfg, log, cmd)
+	case "run":
+		err = cmdRun(ctx, cfg, log, rest, stdout)
+	case "env":
+		err = envconfig.Usagef(envPrefix, &cfg, stdout, envconfig.DefaultTableFormat)
+	default:
+		fmt.Fprintf(stderr, "toolbus: unknown command %q\n\n%s", cmd, usage)
+		return 2
+	}
+	if err != nil {
+		var ee *exitError
+		if errors.As(err, &ee) {
+			if ee.msg != "" {
+				fmt.Fprintln(stderr, "toolbus:", ee.msg)
+			}
+			return ee.code
+		}
+		fmt.Fprintln(stderr, "toolbus:", err)
+		return 1
+	}
+	return 0
+}

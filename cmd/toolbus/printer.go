@@ -1,0 +1,121 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"strings"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/toolbus/toolbus/events"
+)
+
+// errNatsTimeout is what a watch fetch returns when no event came in time.
+var errNatsTimeout = nats.ErrTimeout
+
+// printer renders a run's events as a human timeline.
+type printer struct {
+	out io.Writer
+}
+
+func newPrinter(out io.Writer) *printer { return &printer{out: out} }
+
+// print renders one event; it reports the run status and whether the run stopped.
+func (p *printer) print(msg jetstream.Msg) (events.RunStatus, bool) {
+	meta, err := events.DecodeMsg(msg, nil)
+	if err != nil {
+		fmt.Fprintf(p.out, "  ? undecodable message on %s: %v\n", msg.Subject(), err)
+		return "", false
+	}
+	switch meta.Type {
+	case events.TypeRunStarted:
+		var rs events.RunStarted
+		if _, err := events.DecodeMsg(msg, &rs); err == nil {
+			q := ""
+			for _, m := range rs.Messages {
+				if m.Role == events.RoleUser {
+					q = m.Content
+				}
+			}
+			fmt.Fprintf(p.out, "run %s started: %q (model %s)\n", rs.RunID, q, rs.Model)
+		}
+	case events.TypeModelResponded:
+		var mr events.ModelResponded
+		if _, err := events.DecodeMsg(msg, &mr); err == nil {
+			text := oneLine(mr.Message.Content, 100)
+			if len(mr.Message.ToolCalls) == 0 {
+				fmt.Fprintf(p.out, "step %d  model answered (%d ms)\n", mr.Step, mr.LatencyMS)
+			} else {
+				fmt.Fprintf(p.out, "step %d  model asked for %d call(s) (%d ms)", mr.Step, len(mr.Message.ToolCalls), mr.LatencyMS)
+				if text != "" {
+					fmt.Fprintf(p.out, ": %s", text)
+				}
+				fmt.Fprintln(p.out)
+				for _, c := range mr.Message.ToolCalls {
+					fmt.Fprintf(p.out, "        -> %s %s(%s)\n", c.CallID, c.Tool, oneLine(c.Arguments, 80))
+				}
+			}
+		}
+	case events.TypeToolFinished:
+		var tf events.ToolFinished
+		if _, err := events.DecodeMsg(msg, &tf); err == nil {
+			r := tf.Result
+			line := fmt.Sprintf("        <- %s %s: %s", r.CallID, r.Tool, r.Status)
+			if r.Error != nil {
+				line += " " + r.Error.Code + " (" + oneLine(r.Error.Message, 80) + ")"
+			}
+			line += fmt.Sprintf(" in %d ms on %s", r.DurationMS, r.Executor)
+			if r.Truncated != nil {
+				line += fmt.Sprintf(" [content truncated %d -> %d bytes]", r.Truncated.OriginalBytes, r.Truncated.KeptBytes)
+			}
+			fmt.Fprintln(p.out, line)
+		}
+	case events.TypeToolWaiting:
+		var tw events.ToolWaiting
+		if _, err := events.DecodeMsg(msg, &tw); err == nil {
+			fmt.Fprintf(p.out, "        .. %s %s waits for approval\n", tw.Call.CallID, tw.Call.Tool)
+		}
+	case events.TypeApprovalGranted, events.TypeApprovalDenied:
+		var a events.Approval
+		if _, err := events.DecodeMsg(msg, &a); err == nil {
+			fmt.Fprintf(p.out, "        %s %s by %s %s\n", strings.TrimPrefix(meta.Type, "toolbus."), a.CallID, a.Who, a.Why)
+		}
+	case events.TypeRunCancel:
+		fmt.Fprintln(p.out, "cancel requested")
+	default:
+		if strings.HasPrefix(meta.Type, "toolbus.run.") {
+			var re events.RunEnded
+			if _, err := events.DecodeMsg(msg, &re); err == nil {
+				fmt.Fprintf(p.out, "run %s: %s after %d step(s), %d tokens", re.RunID, re.Status, re.StepsUsed, re.Usage.Total())
+				if re.Code != "" {
+					fmt.Fprintf(p.out, " [%s]", re.Code)
+				}
+				fmt.Fprintln(p.out)
+				if re.Reason != "" {
+					fmt.Fprintf(p.out, "reason: %s\n", re.Reason)
+				}
+				for _, c := range re.Pending {
+					fmt.Fprintf(p.out, "pending: %s %s(%s)\n", c.CallID, c.Tool, oneLine(c.Arguments, 80))
+				}
+				if re.Answer != "" {
+					fmt.Fprintf(p.out, "answer: %s\n", re.Answer)
+				}
+				return re.Status, re.Status != events.RunRunning
+			}
+		}
+	}
+	return "", false
+}
+
+func oneLine(s string, n int) string {
+	s = strings.Join(strings.Fields(s), " ")
+	if len(s) > n {
+		cut := n
+		for cut > 0 && s[cut]&0xC0 == 0x80 {
+			cut--
+		}
+		s = s[:cut] + "..."
+	}
+	return s
+}

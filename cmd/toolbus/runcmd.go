@@ -1,0 +1,137 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/toolbus/toolbus/events"
+)
+
+// cmdRun submits a run and prints its events live until it ends. With no
+// TOOLBUS_NATS_URL it runs the whole pipeline in this process on an embedded server.
+func cmdRun(ctx context.Context, cfg Config, log *slog.Logger, args []string, out io.Writer) error {
+	fs := flag.NewFlagSet("run", flag.ContinueOnError)
+	fs.SetOutput(out)
+	runID := fs.String("id", "", "run id (default: random)")
+	system := fs.String("system", "You are an on-call assistant. Use the tools to check facts before answering.", "system message")
+	tools := fs.String("tools", "", "comma-separated allowed tools (default: all)")
+	maxSteps := fs.Int("max-steps", cfg.MaxSteps, "step limit")
+	timeout := fs.Duration("timeout", cfg.RunTimeout, "run deadline from now")
+	budget := fs.Int64("token-budget", cfg.TokenBudget, "token budget (0: none)")
+	principal := fs.String("principal", "cli", "principal the run acts for")
+	if err := fs.Parse(args); err != nil {
+		return &exitError{code: 2}
+	}
+	question := strings.Join(fs.Args(), " ")
+	if strings.TrimSpace(question) == "" {
+		return &exitError{code: 2, msg: `run: give the question, e.g. toolbus run "What is going on with INC-404?"`}
+	}
+	if *runID == "" {
+		*runID = newRunID()
+	}
+	if !events.ValidRunID(*runID) {
+		return &exitError{code: 2, msg: fmt.Sprintf("run: invalid run id %q: use 1-128 of [A-Za-z0-9_-]", *runID)}
+	}
+	rs := events.RunStarted{
+		RunID: *runID, Model: cfg.Model, Principal: events.Principal{ID: *principal},
+		Messages: []events.Message{{Role: events.RoleSystem, Content: *system}, {Role: events.RoleUser, Content: question}},
+		Limits:   events.Limits{MaxSteps: *maxSteps, Deadline: time.Now().Add(*timeout).UTC(), TokenBudget: *budget},
+	}
+	if *tools != "" {
+		for _, t := range strings.Split(*tools, ",") {
+			rs.AllowedTools = append(rs.AllowedTools, strings.TrimSpace(t))
+		}
+	}
+
+	if cfg.NatsURL == "" && os.Getenv("TOOLBUS_LOG_LEVEL") == "" {
+		cfg.LogLevel = "warn" // the in-process workers stay quiet; the events tell the story
+		log = cfg.logger()
+	}
+	c, err := connect(ctx, cfg, log, true)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	wctx, stopWorkers := context.WithCancel(ctx)
+	workersDone := make(chan error, 1)
+	if c.srv != nil {
+		go func() { workersDone <- runRoles(wctx, cfg, c.bus, log, "executor", "planner", "injector") }()
+		if err := waitForCatalog(ctx, c.bus); err != nil {
+			stopWorkers()
+			return err
+		}
+	}
+	defer func() {
+		stopWorkers()
+		if c.srv != nil {
+			<-workersDone
+		}
+	}()
+
+	watch, err := c.bus.Stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{events.SubjectRun(*runID)}, DeliverPolicy: jetstream.DeliverAllPolicy,
+	})
+	if err != nil {
+		return fmt.Errorf("run: watch: %w", err)
+	}
+	if err := c.bus.StartRun(ctx, events.Source("cli", cfg.Instance), rs); err != nil {
+		return err
+	}
+	p := newPrinter(out)
+	for {
+		msg, err := watch.Next(jetstream.FetchMaxWait(time.Second))
+		if err != nil {
+			if ctx.Err() != nil {
+				return &exitError{code: 130, msg: "interrupted; the run goes on: toolbus cancel " + *runID}
+			}
+			if errors.Is(err, jetstream.ErrNoMessages) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, errNatsTimeout) {
+				continue
+			}
+			return fmt.Errorf("run: watch: %w", err)
+		}
+		status, done := p.print(msg)
+		if done {
+			switch status {
+			case events.RunCompleted:
+				return nil
+			case events.RunWaitingForApproval:
+				return &exitError{code: 3}
+			default:
+				return &exitError{code: 1}
+			}
+		}
+	}
+}
+
+func newRunID() string {
+	b := make([]byte, 6)
+	_, _ = rand.Read(b)
+	return "run-" + hex.EncodeToString(b)
+}
+
+// waitForCatalog waits until the in-process executor has published its tools, so the
+// first model request sees them.
+func waitForCatalog(ctx context.Context, bus *events.Bus) error {
+	cat, err := bus.WatchCatalog(ctx, nil)
+	if err != nil {
+		return err
+	}
+	for i := 0; i < 500; i++ {
+		if _, ok := cat.Lookup("noop"); ok || len(cat.Tools(nil)) > 0 {
+			return nil
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return errors.New("run: no executor published its tools")
+}

@@ -1,0 +1,28 @@
+package main
+
+import (
+	"context"
+	"log/slog"
+)
+
+// cmdUp runs all three roles in this process, on an embedded server unless
+// TOOLBUS_NATS_URL is set.
+func cmdUp(ctx context.Context, cfg Config, log *slog.Logger) error {
+	c, err := connect(ctx, cfg, log, true)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	log.Info("toolbus up", "instance", cfg.Instance, "stream", c.bus.Config().Stream)
+	return runRoles(ctx, cfg, c.bus, log, "executor", "planner", "injector")
+}
+
+// cmdRole runs one role against TOOLBUS_NATS_URL.
+func cmdRole(ctx context.Context, cfg Config, log *slog.Logger, name string) error {
+	c, err := connect(ctx, cfg, log, false)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	return runRoles(ctx, cfg, c.bus, log, name)
+}

@@ -1,0 +1,391 @@
+package executor
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"runtime/debug"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/toolbus/toolbus/events"
+)
+
+// Defaults used when a Tool leaves Timeout or MaxOutputBytes at 0.
+const (
+	DefaultTimeout        = 30 * time.Second
+	DefaultMaxOutputBytes = 16384
+)
+
+// Authorizer decides whether principal p may call tool with args (already validated).
+// A non-nil error rejects the call with not_authorized; the error's text (or an *Error's
+// Message) is shown to the model after redaction, so it must not carry secrets.
+type Authorizer interface {
+	Authorize(ctx context.Context, p events.Principal, tool string, args json.RawMessage) error
+}
+
+// AuthorizerFunc adapts a function to Authorizer.
+type AuthorizerFunc func(ctx context.Context, p events.Principal, tool string, args json.RawMessage) error
+
+// Authorize calls f.
+func (f AuthorizerFunc) Authorize(ctx context.Context, p events.Principal, tool string, args json.RawMessage) error {
+	return f(ctx, p, tool, args)
+}
+
+// Executor runs tool calls from a Registry through the gates described in the package
+// documentation. It is safe for concurrent use.
+type Executor struct {
+	reg        *Registry
+	auth       Authorizer
+	log        *slog.Logger
+	instance   string
+	defTimeout time.Duration
+	defMaxOut  int
+	sems       sync.Map // tool name -> chan struct{} (tools with MaxConcurrency > 0)
+}
+
+// Option configures an Executor.
+type Option func(*Executor)
+
+// New returns an Executor over reg (nil means an empty registry). Tools may still be
+// registered in reg after New.
+func New(reg *Registry, opts ...Option) *Executor {
+	if reg == nil {
+		reg = NewRegistry()
+	}
+	e := &Executor{reg: reg, log: slog.Default(), defTimeout: DefaultTimeout, defMaxOut: DefaultMaxOutputBytes}
+	for _, o := range opts {
+		if o != nil {
+			o(e)
+		}
+	}
+	return e
+}
+
+// WithAuthorizer sets the authorization hook (gate 4); nil allows every call.
+func WithAuthorizer(a Authorizer) Option { return func(e *Executor) { e.auth = a } }
+
+// WithLogger sets the logger for panics (with their stacks, at error level) and for
+// tools that outlive their timeout; nil keeps slog.Default().
+func WithLogger(l *slog.Logger) Option {
+	return func(e *Executor) {
+		if l != nil {
+			e.log = l
+		}
+	}
+}
+
+// WithInstance names this executor instance; the name goes into ToolResult.Executor.
+func WithInstance(name string) Option { return func(e *Executor) { e.instance = name } }
+
+// WithDefaultTimeout sets the timeout of tools whose Timeout is 0; d <= 0 keeps
+// DefaultTimeout.
+func WithDefaultTimeout(d time.Duration) Option {
+	return func(e *Executor) {
+		if d > 0 {
+			e.defTimeout = d
+		}
+	}
+}
+
+// WithDefaultMaxOutputBytes sets the content bound of tools whose MaxOutputBytes is 0;
+// n <= 0 keeps DefaultMaxOutputBytes, and n is raised to MinOutputBytes if smaller.
+func WithDefaultMaxOutputBytes(n int) Option {
+	return func(e *Executor) {
+		if n > 0 {
+			e.defMaxOut = max(n, MinOutputBytes)
+		}
+	}
+}
+
+// Registry returns the registry the executor serves.
+func (e *Executor) Registry() *Registry { return e.reg }
+
+// CallInfo is the bus metadata of a call. The bus worker puts it in the context given to
+// Execute (WithCallInfo) and tools read it (CallInfoFrom), e.g. to pass IdempotencyKey to
+// a side-effecting API so that a redelivered call does not act twice.
+type CallInfo struct {
+	RunID     string
+	Step      int
+	CallIndex int
+	// Attempt counts deliveries of this call, from 1; it goes into ToolResult.Attempt.
+	Attempt int
+	// IdempotencyKey is stable across attempts of the same call.
+	IdempotencyKey string
+}
+
+type callInfoKey struct{}
+
+// WithCallInfo returns a copy of ctx carrying ci.
+func WithCallInfo(ctx context.Context, ci CallInfo) context.Context {
+	return context.WithValue(ctx, callInfoKey{}, ci)
+}
+
+// CallInfoFrom returns the CallInfo in ctx, if any.
+func CallInfoFrom(ctx context.Context) (CallInfo, bool) {
+	if ctx == nil {
+		return CallInfo{}, false
+	}
+	ci, ok := ctx.Value(callInfoKey{}).(CallInfo)
+	return ci, ok
+}
+
+// call is the state of one Execute.
+type call struct {
+	e      *Executor
+	ent    *entry // nil for unknown tools
+	res    *events.ToolResult
+	maxOut int
+}
+
+// Execute runs call for principal p and returns its result; see the package
+// documentation for the gates, statuses and content. It never returns an error and
+// never panics.
+//
+// A Func that ignores ctx is abandoned when its timeout (or ctx) expires: Execute
+// returns timed_out (or cancelled) at once, but the goroutine running the Func leaks
+// until the Func returns, keeps its concurrency slot until then, and its result is
+// discarded (and logged at warn level).
+func (e *Executor) Execute(ctx context.Context, tc events.ToolCall, p events.Principal) (res events.ToolResult) {
+	start := time.Now()
+	res = events.ToolResult{CallID: tc.CallID, Tool: tc.Tool, Attempt: 1}
+	c := call{e: e, res: &res, maxOut: DefaultMaxOutputBytes}
+	defer func() {
+		if r := recover(); r != nil {
+			if e != nil && e.log != nil {
+				e.log.Error("executor: internal panic", "call_id", tc.CallID, "tool", tc.Tool,
+					"panic", fmt.Sprint(r), "stack", string(debug.Stack()))
+			}
+			res.Output, res.Truncated, res.Redactions = nil, nil, 0
+			c.fail(events.StatusFailed, events.CodeToolInternalError, internalErrorMessage, false, nil)
+		}
+		res.DurationMS = time.Since(start).Milliseconds()
+	}()
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	if ci, ok := CallInfoFrom(ctx); ok && ci.Attempt > 0 {
+		res.Attempt = ci.Attempt
+	}
+	res.Executor = e.instance
+	c.maxOut = e.defMaxOut
+
+	// Gate 1: the tool exists.
+	ent, ok := e.reg.lookup(tc.Tool)
+	if !ok {
+		c.fail(events.StatusRejected, events.CodeUnknownTool,
+			fmt.Sprintf("unknown tool %s: no tool with this name is registered; call only the tools you were given, with their exact names", quoteName(tc.Tool)),
+			false, nil)
+		return res
+	}
+	c.ent = ent
+	if ent.tool.MaxOutputBytes > 0 {
+		c.maxOut = ent.tool.MaxOutputBytes
+	}
+
+	// Gate 2: the arguments are one JSON object.
+	args, v, msg, viol := parseArguments(tc.Arguments)
+	if viol != nil {
+		c.fail(events.StatusRejected, events.CodeInvalidArguments, msg, false, []Violation{*viol})
+		return res
+	}
+
+	// Gate 3: the arguments match the input schema.
+	if err := ent.in.Validate(v); err != nil {
+		vs := violations(err, true)
+		c.fail(events.StatusRejected, events.CodeInvalidArguments,
+			fmt.Sprintf("arguments do not match the input schema of %s (%s; fix all of them and call again):\n%s",
+				ent.tool.Name, plural(len(vs), "violation", "violations"), violationText(vs)),
+			false, vs)
+		return res
+	}
+
+	// Gate 4: the principal may call the tool.
+	if ctx.Err() != nil {
+		c.ctxDone(ctx, false, 0, "before it started")
+		return res
+	}
+	if e.auth != nil {
+		if err := e.authorize(ctx, p, ent.tool.Name, args); err != nil {
+			if ctx.Err() != nil {
+				c.ctxDone(ctx, false, 0, "before it started")
+				return res
+			}
+			c.fail(events.StatusRejected, events.CodeNotAuthorized, notAuthorizedMessage(ent.tool.Name, err), false, nil)
+			return res
+		}
+	}
+
+	// Gates 5 and 6: a concurrency slot, then run under min(timeout, ctx).
+	timeout := ent.tool.Timeout
+	if timeout <= 0 {
+		timeout = e.defTimeout
+	}
+	runCtx, ownDeadline := ctx, false
+	if d, ok := ctx.Deadline(); !ok || start.Add(timeout).Before(d) {
+		var cancel context.CancelFunc
+		runCtx, cancel = context.WithDeadline(ctx, start.Add(timeout))
+		defer cancel()
+		ownDeadline = true
+	}
+	var sem chan struct{}
+	if n := ent.tool.MaxConcurrency; n > 0 {
+		sem = e.sem(ent.tool.Name, n)
+		select {
+		case sem <- struct{}{}:
+		default:
+			select {
+			case sem <- struct{}{}:
+			case <-runCtx.Done():
+				c.ctxDone(ctx, ownDeadline, timeout, fmt.Sprintf("while waiting for a free slot (at most %d calls of this tool run at once)", n))
+				return res
+			}
+		}
+	}
+	if runCtx.Err() != nil {
+		if sem != nil {
+			<-sem
+		}
+		c.ctxDone(ctx, ownDeadline, timeout, "before it started")
+		return res
+	}
+
+	st := &runState{done: make(chan struct{})}
+	go e.run(runCtx, ent, tc.CallID, args, st, sem)
+	select {
+	case <-st.done:
+	case <-runCtx.Done():
+		select {
+		case <-st.done:
+		default:
+			st.abandoned.Store(true)
+			c.ctxDone(ctx, ownDeadline, timeout, "before the tool finished")
+			return res
+		}
+	}
+
+	switch {
+	case st.panicked:
+		c.fail(events.StatusFailed, events.CodeToolInternalError, internalErrorMessage, false, nil)
+	case st.err != nil:
+		c.toolError(ctx, runCtx, ownDeadline, timeout, st.err)
+	default:
+		c.output(st.out)
+	}
+	return res
+}
+
+const internalErrorMessage = "the tool failed with an internal error (a bug in the tool, not in your call); do not retry the same call"
+
+func (e *Executor) authorize(ctx context.Context, p events.Principal, tool string, args json.RawMessage) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			e.log.Error("executor: authorizer panic", "tool", tool, "panic", fmt.Sprint(r), "stack", string(debug.Stack()))
+			err = errors.New("the authorization check failed")
+		}
+	}()
+	return e.auth.Authorize(ctx, p, tool, args)
+}
+
+func notAuthorizedMessage(tool string, err error) string {
+	var te *Error
+	reason := err.Error()
+	if errors.As(err, &te) && te.Message != "" {
+		reason = te.Message
+	}
+	return fmt.Sprintf("not authorized to call %s: %s", tool, reason)
+}
+
+// quoteName quotes a tool name from the model for a message, bounded.
+func quoteName(name string) string {
+	if len(name) > 64 {
+		name = name[:cutBefore(name, 64)] + "…"
+	}
+	return fmt.Sprintf("%q", name)
+}
+
+func (e *Executor) sem(name string, n int) chan struct{} {
+	if s, ok := e.sems.Load(name); ok {
+		return s.(chan struct{})
+	}
+	s, _ := e.sems.LoadOrStore(name, make(chan struct{}, n))
+	return s.(chan struct{})
+}
+
+// runState is shared between Execute and the goroutine running a Func. The fields
+// other than abandoned are written before done is closed and read only after.
+type runState struct {
+	done      chan struct{}
+	out       any
+	err       error
+	panicked  bool
+	abandoned atomic.Bool
+}
+
+func (e *Executor) run(ctx context.Context, ent *entry, callID string, args json.RawMessage, st *runState, sem chan struct{}) {
+	finished := false
+	defer func() {
+		if !finished {
+			r := recover() // nil when the Func called runtime.Goexit
+			st.panicked = true
+			e.log.Error("executor: tool panicked", "call_id", callID, "tool", ent.tool.Name,
+				"panic", fmt.Sprint(r), "stack", string(debug.Stack()))
+		}
+		if sem != nil {
+			<-sem
+		}
+		if st.abandoned.Load() {
+			e.log.Warn("executor: tool returned after its call was abandoned (timeout or cancellation); result discarded",
+				"call_id", callID, "tool", ent.tool.Name)
+		}
+		close(st.done)
+	}()
+	st.out, st.err = ent.tool.Func(ctx, args)
+	finished = true
+}
+
+// ctxDone fills a timed_out or cancelled result; when names the phase.
+func (c *call) ctxDone(parent context.Context, ownDeadline bool, timeout time.Duration, when string) {
+	if errors.Is(parent.Err(), context.Canceled) {
+		c.fail(events.StatusCancelled, events.CodeCancelled, "the call was cancelled "+when, false, nil)
+		return
+	}
+	if ownDeadline && parent.Err() == nil {
+		c.fail(events.StatusTimedOut, events.CodeTimeout,
+			fmt.Sprintf("the tool did not finish within its timeout of %s (%s); it may succeed if retried, possibly with a smaller request", timeout, when), true, nil)
+		return
+	}
+	c.fail(events.StatusTimedOut, events.CodeTimeout, "the call deadline expired "+when, true, nil)
+}
+
+// toolError fills the result of a Func that returned err.
+func (c *call) toolError(parent, runCtx context.Context, ownDeadline bool, timeout time.Duration, err error) {
+	var de *decodeError
+	if errors.As(err, &de) {
+		c.fail(events.StatusRejected, events.CodeInvalidArguments,
+			"arguments do not fit the tool's parameters: "+de.err.Error(), false,
+			[]Violation{{Path: "", Message: de.err.Error()}})
+		return
+	}
+	if runCtx.Err() != nil && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)) {
+		c.ctxDone(parent, ownDeadline, timeout, "before the tool finished")
+		return
+	}
+	var te *Error
+	if errors.As(err, &te) && te != nil {
+		code := te.Code
+		if code == "" {
+			code = events.CodeToolError
+		}
+		msg := te.Message
+		if msg == "" {
+			msg = code
+		}
+		c.fail(events.StatusFailed, code, msg, te.Retryable, te.Details)
+		return
+	}
+	c.fail(events.StatusFailed, events.CodeToolError, err.Error(), false, nil)
+}

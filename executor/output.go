@@ -1,0 +1,224 @@
+package executor
+
+import (
+	"bytes"
+	"encoding/json"
+	"strconv"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/toolbus/toolbus/events"
+)
+
+// maxDetailsBytes bounds ToolResult.Error.Details; larger details are dropped (the
+// message still says what went wrong).
+const maxDetailsBytes = 64 << 10
+
+var nullJSON = json.RawMessage("null")
+
+// output fills a succeeded result from a Func's output, or an invalid_tool_output
+// failure.
+func (c *call) output(out any) {
+	switch x := out.(type) {
+	case nil:
+		c.succeed(nullJSON, "null", 0)
+	case string:
+		if c.ent.out != nil {
+			if err := c.ent.out.Validate(x); err != nil {
+				c.invalidOutput(violations(err, false))
+				return
+			}
+		}
+		c.text(x)
+	case json.RawMessage:
+		if len(bytes.TrimSpace(x)) == 0 {
+			c.succeed(nullJSON, "null", 0)
+			return
+		}
+		if !json.Valid(x) {
+			c.fail(events.StatusFailed, events.CodeInvalidToolOutput,
+				"the tool returned an invalid output (not valid JSON)", false, nil)
+			return
+		}
+		c.structured(x)
+	default:
+		b, err := marshalJSON(out)
+		if err != nil {
+			c.e.log.Warn("executor: tool output cannot be encoded as JSON",
+				"call_id", c.res.CallID, "tool", c.ent.tool.Name, "error", err)
+			c.fail(events.StatusFailed, events.CodeInvalidToolOutput,
+				"the tool returned an invalid output (it cannot be encoded as JSON)", false, nil)
+			return
+		}
+		c.structured(b)
+	}
+}
+
+// structured handles a JSON output: schema check, redaction, canonical re-encoding.
+func (c *call) structured(b []byte) {
+	v, err := decodeJSON(b)
+	if err != nil {
+		c.fail(events.StatusFailed, events.CodeInvalidToolOutput,
+			"the tool returned an invalid output (not valid JSON)", false, nil)
+		return
+	}
+	if v == nil { // null is an empty result
+		c.succeed(nullJSON, "null", 0)
+		return
+	}
+	if c.ent.out != nil {
+		if err := c.ent.out.Validate(v); err != nil {
+			c.invalidOutput(violations(err, false))
+			return
+		}
+	}
+	if s, ok := v.(string); ok {
+		c.text(s)
+		return
+	}
+	v, n := redactValue(v, c.ent.redact)
+	canon, err := marshalJSON(v) // map keys sort, so this is deterministic
+	if err != nil {
+		c.fail(events.StatusFailed, events.CodeInvalidToolOutput,
+			"the tool returned an invalid output (it cannot be encoded as JSON)", false, nil)
+		return
+	}
+	c.succeed(canon, string(canon), n)
+}
+
+// text handles a string output: the text itself is the content.
+func (c *call) text(s string) {
+	if !utf8.ValidString(s) {
+		s = strings.ToValidUTF8(s, "\uFFFD")
+	}
+	s, n := RedactText(s)
+	c.succeed(appendJSONString(make([]byte, 0, len(s)+2), s), s, n)
+}
+
+func (c *call) succeed(output json.RawMessage, content string, redactions int) {
+	r := c.res
+	r.Status = events.StatusSucceeded
+	r.Output = output
+	r.Redactions += redactions
+	if len(content) > c.maxOut {
+		t, kept := TruncateText(content, c.maxOut)
+		r.Truncated = &events.Truncation{OriginalBytes: len(content), KeptBytes: kept}
+		content = t
+	}
+	r.Content = content
+}
+
+func (c *call) invalidOutput(vs []Violation) {
+	c.fail(events.StatusFailed, events.CodeInvalidToolOutput,
+		"the tool returned an invalid output: it does not match the tool's output schema ("+
+			plural(len(vs), "violation", "violations")+"):\n"+violationText(vs),
+		false, vs)
+}
+
+// fail fills a non-succeeded result. The message is redacted and bounded so that the
+// content, {"error":{"code":...,"message":...,"retryable":...}}, fits in maxOut.
+func (c *call) fail(status events.Status, code, msg string, retryable bool, details any) {
+	r := c.res
+	r.Status = status
+	r.Output = nil
+	msg, n := RedactText(msg)
+	r.Redactions += n
+	var keys []string
+	if c.ent != nil {
+		keys = c.ent.redact
+	}
+	te := &events.ToolError{Code: code, Retryable: retryable}
+	if details != nil {
+		if b, err := marshalJSON(details); err == nil {
+			if v, err := decodeJSON(b); err == nil && v != nil {
+				v, n := redactValue(v, keys)
+				if b, err := marshalJSON(v); err == nil && len(b) <= maxDetailsBytes {
+					te.Details = b
+					r.Redactions += n
+				}
+			}
+		}
+	}
+	content := errorContent(code, msg, retryable)
+	m := msg
+	for i := 0; i < 4 && len(content) > c.maxOut; i++ {
+		want := len(m) - (len(content) - c.maxOut)
+		m, _ = TruncateText(msg, want)
+		content = errorContent(code, m, retryable)
+	}
+	if len(content) > c.maxOut {
+		content = content[:cutBefore(string(content), c.maxOut)]
+	}
+	te.Message = m
+	r.Error = te
+	r.Content = string(content)
+}
+
+func errorContent(code, msg string, retryable bool) []byte {
+	b := make([]byte, 0, len(code)+len(msg)+56)
+	b = append(b, `{"error":{"code":`...)
+	b = appendJSONString(b, code)
+	b = append(b, `,"message":`...)
+	b = appendJSONString(b, msg)
+	b = append(b, `,"retryable":`...)
+	b = strconv.AppendBool(b, retryable)
+	b = append(b, `}}`...)
+	return b
+}
+
+// marshalJSON encodes v compactly without HTML escaping (content is for a model, not a
+// browser).
+func marshalJSON(v any) ([]byte, error) {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
+		return nil, err
+	}
+	return bytes.TrimSuffix(buf.Bytes(), []byte{'\n'}), nil
+}
+
+const hexDigits = "0123456789abcdef"
+
+// appendJSONString appends s as a JSON string: quotes, backslashes and control
+// characters escaped, invalid UTF-8 replaced by U+FFFD, no HTML escaping.
+func appendJSONString(b []byte, s string) []byte {
+	b = append(b, '"')
+	start := 0
+	for i := 0; i < len(s); {
+		c := s[i]
+		if c < utf8.RuneSelf {
+			if c >= 0x20 && c != '"' && c != '\\' {
+				i++
+				continue
+			}
+			b = append(b, s[start:i]...)
+			switch c {
+			case '"', '\\':
+				b = append(b, '\\', c)
+			case '\n':
+				b = append(b, '\\', 'n')
+			case '\r':
+				b = append(b, '\\', 'r')
+			case '\t':
+				b = append(b, '\\', 't')
+			default:
+				b = append(b, '\\', 'u', '0', '0', hexDigits[c>>4], hexDigits[c&0xF])
+			}
+			i++
+			start = i
+			continue
+		}
+		r, size := utf8.DecodeRuneInString(s[i:])
+		if r == utf8.RuneError && size == 1 {
+			b = append(b, s[start:i]...)
+			b = append(b, `\ufffd`...)
+			i++
+			start = i
+			continue
+		}
+		i += size
+	}
+	b = append(b, s[start:]...)
+	return append(b, '"')
+}

@@ -1,0 +1,63 @@
+package injector
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/toolbus/toolbus/events"
+)
+
+// DefaultFailOn are the error codes that fail a run instead of going back to the model.
+var DefaultFailOn = []string{events.CodeUnknownTool, events.CodeToolInternalError, events.CodeInvalidToolOutput}
+
+// Rules are the stop rules applied when a step's results are all in.
+type Rules struct {
+	// FailOn lists unrecoverable error codes (default DefaultFailOn).
+	FailOn []string
+	// MaxSteps is the default step limit for runs that set none (default 10).
+	MaxSteps int
+	// Now returns the current time (tests).
+	Now func() time.Time
+}
+
+func (r *Rules) setDefaults() {
+	if r.FailOn == nil {
+		r.FailOn = DefaultFailOn
+	}
+	if r.MaxSteps <= 0 {
+		r.MaxSteps = 10
+	}
+	if r.Now == nil {
+		r.Now = time.Now
+	}
+}
+
+// Decide returns the outcome of a complete step: nil to continue with the next model
+// request, or the run outcome to publish.
+func (r Rules) Decide(rs *events.RunStarted, rec *events.StepRecord) *events.RunEnded {
+	r.setDefaults()
+	for _, res := range rec.Results {
+		if res == nil || res.Error == nil {
+			continue
+		}
+		for _, code := range r.FailOn {
+			if res.Error.Code == code {
+				return &events.RunEnded{RunID: rec.RunID, Status: events.RunFailed, Code: code, StepsUsed: rec.Step + 1,
+					Reason: fmt.Sprintf("call %s (%s) %s: %s", res.CallID, res.Tool, res.Status, res.Error.Message)}
+			}
+		}
+	}
+	maxSteps := rs.Limits.MaxSteps
+	if maxSteps <= 0 {
+		maxSteps = r.MaxSteps
+	}
+	if rec.Step+1 >= maxSteps {
+		return &events.RunEnded{RunID: rec.RunID, Status: events.RunLimitReached, Code: events.LimitMaxSteps,
+			StepsUsed: rec.Step + 1, Reason: fmt.Sprintf("max steps %d reached", maxSteps)}
+	}
+	if d := rs.Limits.Deadline; !d.IsZero() && r.Now().After(d) {
+		return &events.RunEnded{RunID: rec.RunID, Status: events.RunLimitReached, Code: events.LimitDeadline,
+			StepsUsed: rec.Step + 1, Reason: "run deadline " + d.Format(time.RFC3339) + " passed"}
+	}
+	return nil
+}

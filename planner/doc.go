@@ -1,0 +1,7 @@
+// Package planner consumes model.requested, reads the run's history, calls a Model,
+// records the whole assistant message and publishes model.responded, then one
+// tool.requested per call (or run.completed when the model answered without calls).
+//
+// A redelivered step reuses the assistant message already recorded, so a retried step
+// never asks the model twice for the same step's calls.
+package planner

@@ -1,0 +1,324 @@
+package planner
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/toolbus/toolbus/events"
+)
+
+// Config configures a planner worker.
+type Config struct {
+	// Instance names this process in event sources and logs.
+	Instance string
+	// Concurrency is the number of steps planned at once (default 64).
+	Concurrency int
+	// Durable is the consumer name shared by all planners (default "planner").
+	Durable string
+	// ModelTimeout bounds one model call (default 2m).
+	ModelTimeout time.Duration
+	// MaxDeliver bounds retries of a step whose model call keeps failing (default 5).
+	MaxDeliver int
+	// Grace for in-flight steps at shutdown (default 30s).
+	Grace  time.Duration
+	Logger *slog.Logger
+}
+
+func (c *Config) setDefaults() {
+	if c.Instance == "" {
+		c.Instance = "planner"
+	}
+	if c.Concurrency <= 0 {
+		c.Concurrency = 64
+	}
+	if c.Durable == "" {
+		c.Durable = "planner"
+	}
+	if c.ModelTimeout <= 0 {
+		c.ModelTimeout = 2 * time.Minute
+	}
+	if c.MaxDeliver <= 0 {
+		c.MaxDeliver = 5
+	}
+	if c.Grace <= 0 {
+		c.Grace = 30 * time.Second
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+}
+
+// Planner is the planner worker.
+type Planner struct {
+	cfg     Config
+	bus     *events.Bus
+	model   Model
+	catalog *events.Catalog
+	source  string
+	log     *slog.Logger
+
+	mu    sync.Mutex
+	cache map[string]*runHistory
+}
+
+type runHistory struct {
+	upTo int // messages cover steps < upTo
+	msgs []events.Message
+}
+
+// New returns a planner that calls model and offers the tools of catalog.
+func New(bus *events.Bus, model Model, catalog *events.Catalog, cfg Config) *Planner {
+	cfg.setDefaults()
+	return &Planner{
+		cfg: cfg, bus: bus, model: model, catalog: catalog,
+		source: events.Source("planner", cfg.Instance),
+		log:    cfg.Logger.With("component", "planner", "instance", cfg.Instance),
+		cache:  map[string]*runHistory{},
+	}
+}
+
+// Run consumes model.requested until ctx ends, then drains.
+func (p *Planner) Run(ctx context.Context) error {
+	cons, err := p.bus.Consumer(ctx, events.ConsumerConfig{
+		Durable: p.cfg.Durable, Filters: []string{events.FilterModelRequested},
+		AckWait: p.cfg.ModelTimeout + 30*time.Second, MaxDeliver: p.cfg.MaxDeliver,
+		MaxAckPending: p.cfg.Concurrency * 4,
+	})
+	if err != nil {
+		return err
+	}
+	return events.Serve(ctx, cons, events.ServeConfig{
+		Concurrency: p.cfg.Concurrency, Grace: p.cfg.Grace, Logger: p.log, NakDelay: 2 * time.Second,
+	}, p.handle)
+}
+
+func (p *Planner) handle(ctx context.Context, msg jetstream.Msg) error {
+	var req events.ModelRequested
+	meta, err := events.DecodeMsg(msg, &req)
+	if err != nil {
+		return err
+	}
+	if meta.Type != events.TypeModelRequested || !events.ValidRunID(req.RunID) || req.Step < 0 {
+		return fmt.Errorf("%w: unexpected %s event for run %q step %d", events.ErrPoison, meta.Type, req.RunID, req.Step)
+	}
+	delivered := uint64(1)
+	if md, err := msg.Metadata(); err == nil {
+		delivered = md.NumDelivered
+	}
+	err = p.Step(ctx, req.RunID, req.Step, meta.TraceParent)
+	if err != nil && !errors.Is(err, events.ErrPoison) && !errors.Is(err, events.ErrRunEnded) &&
+		delivered >= uint64(p.cfg.MaxDeliver) {
+		// Last delivery: end the run rather than leave it hanging.
+		p.log.Error("step failed on its last delivery", "run_id", req.RunID, "step", req.Step, "error", err)
+		return p.fail(ctx, req.RunID, req.Step, "model_error", err.Error())
+	}
+	if errors.Is(err, events.ErrRunEnded) {
+		return nil
+	}
+	return err
+}
+
+// Step plans one step of a run. It is idempotent: a step already answered is
+// republished as recorded (the stream drops the duplicates).
+func (p *Planner) Step(ctx context.Context, run string, step int, traceparent string) error {
+	rs, err := p.bus.RunStarted(ctx, run)
+	if err != nil {
+		if errors.Is(err, events.ErrRunNotFound) {
+			return fmt.Errorf("%w: %w", events.ErrPoison, err)
+		}
+		return err
+	}
+	st, _, err := p.bus.RunState(ctx, run)
+	if err != nil && !errors.Is(err, events.ErrRunNotFound) {
+		return err
+	}
+	if st.Status.Terminal() {
+		p.log.Info("run already ended, step skipped", "run_id", run, "step", step, "status", st.Status)
+		p.forget(run)
+		return nil
+	}
+	if !rs.Limits.Deadline.IsZero() && time.Now().After(rs.Limits.Deadline) {
+		return p.end(ctx, run, step, events.RunEnded{RunID: run, Status: events.RunLimitReached,
+			Code: events.LimitDeadline, Reason: "run deadline passed before step " + strconv.Itoa(step), StepsUsed: step})
+	}
+
+	mr, err := p.bus.Assistant(ctx, run, step)
+	switch {
+	case err == nil: // redelivery: reuse what the model said
+	case errors.Is(err, events.ErrNotFound):
+		if mr, err = p.callModel(ctx, rs, step); err != nil {
+			if errors.Is(err, ErrPermanent) {
+				return p.fail(ctx, run, step, "model_error", err.Error())
+			}
+			return err
+		}
+		if mr, _, err = p.bus.PutAssistant(ctx, mr); err != nil {
+			return err
+		}
+	default:
+		return err
+	}
+
+	if _, err := p.bus.Publish(ctx, events.SubjectModelResponded(run), events.Meta{
+		ID: events.IDModelResponded(run, step), Type: events.TypeModelResponded, Source: p.source,
+		RunID: run, Step: step, TraceParent: traceparent,
+	}, mr); err != nil {
+		return err
+	}
+
+	if budget := rs.Limits.TokenBudget; budget > 0 {
+		used, err := p.bus.UsageSoFar(ctx, run, step+1)
+		if err != nil {
+			return err
+		}
+		if used.Total() > budget {
+			return p.end(ctx, run, step, events.RunEnded{RunID: run, Status: events.RunLimitReached,
+				Code: events.LimitTokenBudget, StepsUsed: step + 1, Usage: used,
+				Reason: fmt.Sprintf("token budget %d exceeded: %d tokens used", budget, used.Total())})
+		}
+	}
+
+	calls := mr.Message.ToolCalls
+	if len(calls) == 0 {
+		used, _ := p.bus.UsageSoFar(ctx, run, step+1)
+		p.forget(run)
+		return p.end(ctx, run, step, events.RunEnded{RunID: run, Status: events.RunCompleted,
+			Answer: mr.Message.Content, StepsUsed: step + 1, Usage: used})
+	}
+	return p.publishCalls(ctx, rs, step, calls, traceparent)
+}
+
+func (p *Planner) publishCalls(ctx context.Context, rs *events.RunStarted, step int, calls []events.ToolCall, traceparent string) error {
+	futures := make([]jetstream.PubAckFuture, 0, len(calls))
+	for i, c := range calls {
+		token := c.Tool
+		if _, ok := p.catalog.Lookup(c.Tool); !ok {
+			token = events.UnknownToolToken // no executor serves it: any executor rejects it
+		}
+		f, err := p.bus.PublishAsync(events.SubjectToolRequested(rs.RunID, token), events.Meta{
+			ID: events.IDToolRequested(rs.RunID, step, c.CallID, false), Type: events.TypeToolRequested,
+			Source: p.source, RunID: rs.RunID, Step: step, CallID: c.CallID, CallIndex: i, CallCount: len(calls),
+			HasCall: true, TraceParent: traceparent,
+		}, events.ToolRequested{
+			RunID: rs.RunID, Step: step, CallIndex: i, CallCount: len(calls), Call: c,
+			Deadline: rs.Limits.Deadline, Principal: rs.Principal, AllowedTools: rs.AllowedTools,
+		})
+		if err != nil {
+			return err
+		}
+		futures = append(futures, f)
+	}
+	return events.AwaitAcks(ctx, futures)
+}
+
+func (p *Planner) callModel(ctx context.Context, rs *events.RunStarted, step int) (events.ModelResponded, error) {
+	msgs, err := p.history(ctx, rs.RunID, step)
+	if err != nil {
+		return events.ModelResponded{}, err
+	}
+	mctx, cancel := context.WithTimeout(ctx, p.cfg.ModelTimeout)
+	defer cancel()
+	if !rs.Limits.Deadline.IsZero() {
+		var c2 context.CancelFunc
+		mctx, c2 = context.WithDeadline(mctx, rs.Limits.Deadline)
+		defer c2()
+	}
+	start := time.Now()
+	resp, err := p.model.Complete(mctx, Request{
+		RunID: rs.RunID, Step: step, Model: rs.Model, Messages: msgs, Tools: p.catalog.Tools(rs),
+	})
+	if err != nil {
+		return events.ModelResponded{}, fmt.Errorf("planner: model call for %s step %d: %w", rs.RunID, step, err)
+	}
+	resp.Message.Role = events.RoleAssistant
+	resp.Message.ToolCalls = NormalizeCallIDs(step, resp.Message.ToolCalls)
+	return events.ModelResponded{
+		RunID: rs.RunID, Step: step, Message: resp.Message, Usage: resp.Usage,
+		Model: resp.Model, LatencyMS: time.Since(start).Milliseconds(),
+	}, nil
+}
+
+// NormalizeCallIDs gives every call of a step a non-empty id unique within the step,
+// keeping the provider's ids where they are already usable. Generated ids are stable
+// (derived from step and index) so a retried step produces the same ones.
+func NormalizeCallIDs(step int, calls []events.ToolCall) []events.ToolCall {
+	seen := make(map[string]bool, len(calls))
+	for i := range calls {
+		id := calls[i].CallID
+		if id == "" || seen[id] || len(id) > 200 {
+			base := "call_" + strconv.Itoa(step) + "_" + strconv.Itoa(i)
+			id = base
+			for n := 1; seen[id]; n++ {
+				id = base + "_" + strconv.Itoa(n)
+			}
+			calls[i].CallID = id
+		}
+		seen[id] = true
+	}
+	return calls
+}
+
+// history returns the messages before step, from the cache when it holds the steps
+// before, else from the history store.
+func (p *Planner) history(ctx context.Context, run string, step int) ([]events.Message, error) {
+	p.mu.Lock()
+	h := p.cache[run]
+	p.mu.Unlock()
+	if h == nil || h.upTo > step {
+		msgs, err := p.bus.History(ctx, run, step)
+		if err != nil {
+			return nil, err
+		}
+		p.remember(run, step, msgs)
+		return msgs, nil
+	}
+	msgs := h.msgs[:len(h.msgs):len(h.msgs)]
+	for s := h.upTo; s < step; s++ {
+		more, err := p.bus.StepMessages(ctx, run, s)
+		if err != nil {
+			return nil, err
+		}
+		msgs = append(msgs, more...)
+	}
+	p.remember(run, step, msgs)
+	return msgs, nil
+}
+
+func (p *Planner) remember(run string, upTo int, msgs []events.Message) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.cache) >= 4096 {
+		clear(p.cache) // bounded; entries reload from the store
+	}
+	p.cache[run] = &runHistory{upTo: upTo, msgs: msgs}
+}
+
+func (p *Planner) forget(run string) {
+	p.mu.Lock()
+	delete(p.cache, run)
+	p.mu.Unlock()
+}
+
+func (p *Planner) fail(ctx context.Context, run string, step int, code, reason string) error {
+	p.forget(run)
+	return p.end(ctx, run, step, events.RunEnded{RunID: run, Status: events.RunFailed, Code: code, Reason: reason, StepsUsed: step + 1})
+}
+
+func (p *Planner) end(ctx context.Context, run string, step int, ended events.RunEnded) error {
+	err := p.bus.EndRun(ctx, p.source, step, ended)
+	if errors.Is(err, events.ErrRunEnded) {
+		p.log.Info("run already ended", "run_id", run, "step", step, "wanted", ended.Status)
+		return nil
+	}
+	if err == nil {
+		p.log.Info("run ended", "run_id", run, "step", step, "status", ended.Status, "code", ended.Code)
+	}
+	return err
+}
