@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -209,4 +210,132 @@ func (b *Bus) EndRun(ctx context.Context, source string, step int, ended RunEnde
 		Source: source, RunID: ended.RunID, Step: step,
 	}, ended)
 	return err
+}
+
+// CurrentStep returns the step a run is at: the highest step with a recorded assistant
+// message, at or after the step of its run state (the run state records the step when
+// the run waits or ends, not at every step). A step whose model call is still under way
+// has no assistant message yet; CurrentStep then returns the step before it.
+func (b *Bus) CurrentStep(ctx context.Context, run string) (int, error) {
+	st, _, err := b.RunState(ctx, run)
+	if err != nil {
+		return 0, err
+	}
+	step := st.Step
+	for {
+		if _, err := b.Assistant(ctx, run, step+1); err != nil {
+			if errors.Is(err, ErrNotFound) {
+				return step, nil
+			}
+			return 0, err
+		}
+		step++
+	}
+}
+
+// Call ids are unique within a step only (some models reuse call_0 at every step), so
+// approval decisions are kept per step: a decision never carries over to a later call
+// that happens to reuse the id.
+func decisionKey(run string, step int, callID string) string {
+	return run + "." + strconv.Itoa(step) + "." + kvSafe(callID)
+}
+
+// DecideStep records the approval decision of one call of a step; the first decision
+// stands and is returned.
+func (b *Bus) DecideStep(ctx context.Context, step int, d Decision) (Decision, error) {
+	key := decisionKey(d.RunID, step, d.CallID)
+	if _, err := b.approvals.Create(ctx, key, mustJSON(d)); err != nil {
+		if !errors.Is(err, jetstream.ErrKeyExists) {
+			return d, fmt.Errorf("events: approval %s: %w", key, err)
+		}
+		return b.StepDecision(ctx, d.RunID, step, d.CallID)
+	}
+	return d, nil
+}
+
+// StepDecision returns the approval decision of one call of a step; ErrNotFound when
+// none was made.
+func (b *Bus) StepDecision(ctx context.Context, run string, step int, callID string) (Decision, error) {
+	var d Decision
+	err := b.getJSON(ctx, b.approvals, decisionKey(run, step, callID), &d)
+	return d, err
+}
+
+// PublishApproval publishes a person's (or a service's) decision on a call that waits
+// for approval: toolbus.<run>.approval.granted or .denied, with the step in the step
+// extension and the id <run>/<step>/<call_id>/approval.<granted|denied>, so the same
+// decision published twice is stored once. The injector records the first decision
+// per call and re-issues the call.
+func (b *Bus) PublishApproval(ctx context.Context, source string, step int, a Approval, granted bool) (*jetstream.PubAck, error) {
+	if !ValidRunID(a.RunID) || a.CallID == "" {
+		return nil, fmt.Errorf("events: approval needs a valid run id and a call id")
+	}
+	typ := TypeApprovalDenied
+	if granted {
+		typ = TypeApprovalGranted
+	}
+	return b.Publish(ctx, SubjectApproval(a.RunID, granted), Meta{
+		ID: IDApproval(a.RunID, strconv.Itoa(step)+"/"+a.CallID, granted), Type: typ, Source: source,
+		RunID: a.RunID, Step: step, CallID: a.CallID, HasCall: true,
+	}, a)
+}
+
+// PublishCancel publishes run.cancel: executors cancel the run's calls in flight and the
+// injector ends the run as cancelled.
+func (b *Bus) PublishCancel(ctx context.Context, source string, c Cancel) (*jetstream.PubAck, error) {
+	if !ValidRunID(c.RunID) {
+		return nil, fmt.Errorf("events: cancel needs a valid run id")
+	}
+	return b.Publish(ctx, SubjectRunCancel(c.RunID), Meta{
+		ID: IDRunCancel(c.RunID), Type: TypeRunCancel, Source: source, RunID: c.RunID,
+	}, c)
+}
+
+// CancelRequest returns the run.cancel event of a run, if one was published.
+func (b *Bus) CancelRequest(ctx context.Context, run string) (Cancel, bool, error) {
+	raw, err := b.Stream.GetLastMsgForSubject(ctx, SubjectRunCancel(run))
+	if err != nil {
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			return Cancel{}, false, nil
+		}
+		return Cancel{}, false, fmt.Errorf("events: run.cancel of %s: %w", run, err)
+	}
+	var c Cancel
+	if _, err := Decode(&nats.Msg{Subject: raw.Subject, Header: raw.Header, Data: raw.Data}, &c); err != nil {
+		return Cancel{}, false, err
+	}
+	if c.RunID == "" {
+		c.RunID = run
+	}
+	return c, true, nil
+}
+
+// DefaultLimits are the limits a worker applies to runs that set none (TOOLBUS_MAX_STEPS,
+// TOOLBUS_RUN_TIMEOUT, TOOLBUS_TOKEN_BUDGET); a zero field sets no default.
+type DefaultLimits struct {
+	MaxSteps int
+	// RunTimeout gives a run with no deadline the deadline StartedAt + RunTimeout.
+	RunTimeout  time.Duration
+	TokenBudget int64
+}
+
+// WithDefaults returns rs with its zero limits filled from d (rs itself is not changed:
+// it may be shared through the run cache).
+func (rs *RunStarted) WithDefaults(d DefaultLimits) *RunStarted {
+	l := rs.Limits
+	if (l.MaxSteps > 0 || d.MaxSteps <= 0) && (!l.Deadline.IsZero() || d.RunTimeout <= 0 || rs.StartedAt.IsZero()) &&
+		(l.TokenBudget > 0 || d.TokenBudget <= 0) {
+		return rs
+	}
+	cp := *rs
+	if l.MaxSteps <= 0 && d.MaxSteps > 0 {
+		cp.Limits.MaxSteps = d.MaxSteps
+	}
+	if l.Deadline.IsZero() && d.RunTimeout > 0 && !rs.StartedAt.IsZero() {
+		cp.Limits.Deadline = rs.StartedAt.Add(d.RunTimeout)
+	}
+	if l.TokenBudget <= 0 && d.TokenBudget > 0 {
+		cp.Limits.TokenBudget = d.TokenBudget
+	}
+	return &cp
 }

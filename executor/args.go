@@ -1,7 +1,6 @@
 package executor
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"

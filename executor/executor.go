@@ -224,13 +224,12 @@ func (e *Executor) Execute(ctx context.Context, tc events.ToolCall, p events.Pri
 	if timeout <= 0 {
 		timeout = e.defTimeout
 	}
-	runCtx, ownDeadline := ctx, false
-	if d, ok := ctx.Deadline(); !ok || start.Add(timeout).Before(d) {
-		var cancel context.CancelFunc
-		runCtx, cancel = context.WithDeadline(ctx, start.Add(timeout))
-		defer cancel()
-		ownDeadline = true
+	deadline, ownDeadline := start.Add(timeout), true
+	if d, ok := ctx.Deadline(); ok && !deadline.Before(d) {
+		deadline, ownDeadline = d, false
 	}
+	timer := getTimer(time.Until(deadline))
+	defer putTimer(timer)
 	var sem chan struct{}
 	if n := ent.tool.MaxConcurrency; n > 0 {
 		sem = e.sem(ent.tool.Name, n)
@@ -239,43 +238,65 @@ func (e *Executor) Execute(ctx context.Context, tc events.ToolCall, p events.Pri
 		default:
 			select {
 			case sem <- struct{}{}:
-			case <-runCtx.Done():
-				c.ctxDone(ctx, ownDeadline, timeout, fmt.Sprintf("while waiting for a free slot (at most %d calls of this tool run at once)", n))
+			case <-ctx.Done():
+				c.ctxDone(ctx, false, timeout, waitingFor(n))
+				return res
+			case <-timer.C:
+				c.ctxDone(ctx, ownDeadline, timeout, waitingFor(n))
 				return res
 			}
 		}
 	}
-	if runCtx.Err() != nil {
+	if ctx.Err() != nil || !time.Now().Before(deadline) {
 		if sem != nil {
 			<-sem
 		}
-		c.ctxDone(ctx, ownDeadline, timeout, "before it started")
+		c.ctxDone(ctx, ownDeadline && ctx.Err() == nil, timeout, "before it started")
 		return res
 	}
 
-	st := &runState{done: make(chan struct{})}
-	go e.run(runCtx, ent, tc.CallID, args, st, sem)
+	cctx := &callCtx{parent: ctx, deadline: deadline}
+	st := getRunState()
+	st.ctx, st.ent, st.callID, st.args, st.sem, st.log = cctx, ent, tc.CallID, args, sem, e.log
+	go st.run()
 	select {
 	case <-st.done:
-	case <-runCtx.Done():
+	case <-ctx.Done():
 		select {
 		case <-st.done:
 		default:
 			st.abandoned.Store(true)
-			c.ctxDone(ctx, ownDeadline, timeout, "before the tool finished")
+			cctx.cancel(ctx.Err())
+			c.ctxDone(ctx, false, timeout, "before the tool finished")
+			return res
+		}
+	case <-timer.C:
+		select {
+		case <-st.done:
+		default:
+			st.abandoned.Store(true)
+			cctx.cancel(context.DeadlineExceeded)
+			c.ctxDone(ctx, ownDeadline && ctx.Err() == nil, timeout, "before the tool finished")
 			return res
 		}
 	}
+	out, err, panicked := st.out, st.err, st.panicked
+	putRunState(st)
+	defer cctx.cancel(context.Canceled) // the call is over: release a timer the tool started
 
 	switch {
-	case st.panicked:
+	case panicked:
 		c.fail(events.StatusFailed, events.CodeToolInternalError, internalErrorMessage, false, nil)
-	case st.err != nil:
-		c.toolError(ctx, runCtx, ownDeadline, timeout, st.err)
+	case err != nil:
+		c.toolError(ctx, cctx, ownDeadline, timeout, err)
 	default:
-		c.output(st.out)
+		c.output(out)
 	}
 	return res
+}
+
+func waitingFor(n int) string {
+	return fmt.Sprintf("while waiting for a free slot (at most %d calls of this tool run at once)", n)
 }
 
 const internalErrorMessage = "the tool failed with an internal error (a bug in the tool, not in your call); do not retry the same call"
@@ -315,35 +336,58 @@ func (e *Executor) sem(name string, n int) chan struct{} {
 	return s.(chan struct{})
 }
 
-// runState is shared between Execute and the goroutine running a Func. The fields
-// other than abandoned are written before done is closed and read only after.
+// runState is shared between Execute and the goroutine running a Func. The goroutine
+// writes out, err and panicked, then sends on done (buffered); Execute reads them only
+// after receiving. A runState goes back to the pool only when Execute received from
+// done, never when the call was abandoned.
 type runState struct {
 	done      chan struct{}
+	ctx       context.Context
+	ent       *entry
+	callID    string
+	args      json.RawMessage
+	sem       chan struct{}
+	log       *slog.Logger
 	out       any
 	err       error
 	panicked  bool
 	abandoned atomic.Bool
 }
 
-func (e *Executor) run(ctx context.Context, ent *entry, callID string, args json.RawMessage, st *runState, sem chan struct{}) {
+var runStatePool sync.Pool
+
+func getRunState() *runState {
+	if st, ok := runStatePool.Get().(*runState); ok {
+		return st
+	}
+	return &runState{done: make(chan struct{}, 1)}
+}
+
+func putRunState(st *runState) {
+	done := st.done
+	*st = runState{done: done}
+	runStatePool.Put(st)
+}
+
+func (st *runState) run() {
 	finished := false
 	defer func() {
 		if !finished {
 			r := recover() // nil when the Func called runtime.Goexit
 			st.panicked = true
-			e.log.Error("executor: tool panicked", "call_id", callID, "tool", ent.tool.Name,
+			st.log.Error("executor: tool panicked", "call_id", st.callID, "tool", st.ent.tool.Name,
 				"panic", fmt.Sprint(r), "stack", string(debug.Stack()))
 		}
-		if sem != nil {
-			<-sem
+		if st.sem != nil {
+			<-st.sem
 		}
 		if st.abandoned.Load() {
-			e.log.Warn("executor: tool returned after its call was abandoned (timeout or cancellation); result discarded",
-				"call_id", callID, "tool", ent.tool.Name)
+			st.log.Warn("executor: tool returned after its call was abandoned (timeout or cancellation); result discarded",
+				"call_id", st.callID, "tool", st.ent.tool.Name)
 		}
-		close(st.done)
+		st.done <- struct{}{}
 	}()
-	st.out, st.err = ent.tool.Func(ctx, args)
+	st.out, st.err = st.ent.tool.Func(st.ctx, st.args)
 	finished = true
 }
 

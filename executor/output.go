@@ -141,10 +141,19 @@ func (c *call) fail(status events.Status, code, msg string, retryable bool, deta
 	}
 	content := errorContent(code, msg, retryable)
 	m := msg
-	for i := 0; i < 4 && len(content) > c.maxOut; i++ {
-		want := len(m) - (len(content) - c.maxOut)
-		m, _ = TruncateText(msg, want)
-		content = errorContent(code, m, retryable)
+	if len(content) > c.maxOut {
+		// Shrink the raw message in proportion to how much JSON escaping grows it.
+		envelope := len(errorContent(code, "", retryable))
+		budget := c.maxOut - envelope
+		for i := 0; i < 8 && len(content) > c.maxOut && budget > 0; i++ {
+			escaped := len(content) - envelope
+			want := int(int64(len(m)) * int64(budget) / int64(escaped))
+			if want >= len(m) {
+				want = len(m) - 1
+			}
+			m, _ = TruncateText(msg, want)
+			content = errorContent(code, m, retryable)
+		}
 	}
 	if len(content) > c.maxOut {
 		content = content[:cutBefore(string(content), c.maxOut)]

@@ -242,7 +242,7 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) error {
 	default:
 		t, known := w.exec.Registry().Lookup(req.Call.Tool)
 		if known && t.NeedsApproval {
-			d, err := w.bus.Decision(ctx, req.RunID, req.Call.CallID)
+			d, err := w.bus.StepDecision(ctx, req.RunID, req.Step, req.Call.CallID)
 			switch {
 			case errors.Is(err, events.ErrNotFound):
 				return w.wait(ctx, req, log)

@@ -47,12 +47,13 @@ type Injector struct {
 	bus    *events.Bus
 	source string
 	log    *slog.Logger
+	steps  *steps
 }
 
 // New returns an injector.
 func New(bus *events.Bus, cfg Config) *Injector {
 	cfg.setDefaults()
-	return &Injector{cfg: cfg, bus: bus, source: events.Source("injector", cfg.Instance),
+	return &Injector{cfg: cfg, bus: bus, source: events.Source("injector", cfg.Instance), steps: newSteps(),
 		log: cfg.Logger.With("component", "injector", "instance", cfg.Instance)}
 }
 
@@ -160,34 +161,44 @@ func (in *Injector) Waiting(ctx context.Context, tw events.ToolWaiting) error {
 // update applies change to a step's record with compare-and-set, then settles the step
 // if every call is accounted for.
 func (in *Injector) update(ctx context.Context, run string, step, count int, change func(*events.StepRecord) bool) error {
+	id := stepID(run, step)
+	st := in.steps.lock(id)
+	defer st.mu.Unlock()
 	for attempt := 0; ; attempt++ {
-		rec, rev, err := in.bus.Step(ctx, run, step)
-		if errors.Is(err, events.ErrNotFound) {
-			rec, rev, err = events.NewStepRecord(run, step, count), 0, nil
+		rec, rev, cached := st.get(id)
+		if !cached {
+			var err error
+			rec, rev, err = in.bus.Step(ctx, run, step)
+			if errors.Is(err, events.ErrNotFound) {
+				rec, rev, err = events.NewStepRecord(run, step, count), 0, nil
+			}
+			if err != nil {
+				return err
+			}
 		}
-		if err != nil {
-			return err
-		}
-		if rec.CallCount != count || len(rec.Results) != count {
+		if rec.CallCount != count || len(rec.Results) != count || len(rec.Waiting) != count {
 			return fmt.Errorf("%w: call count %d does not match the step's %d", events.ErrPoison, count, rec.CallCount)
 		}
 		if !change(rec) {
-			return in.settle(ctx, rec, rev)
+			return in.settle(ctx, st, id, rec, rev)
 		}
 		newRev, err := in.bus.PutStep(ctx, rec, rev)
 		if errors.Is(err, events.ErrConflict) && attempt < 100 {
+			st.drop(id) // another injector wrote it: read it again
 			continue
 		}
 		if err != nil {
+			st.drop(id)
 			return err
 		}
-		return in.settle(ctx, rec, newRev)
+		st.put(id, rec, newRev)
+		return in.settle(ctx, st, id, rec, newRev)
 	}
 }
 
 // settle publishes what follows a step whose calls are all accounted for. It is
 // idempotent: every publication has a deterministic id.
-func (in *Injector) settle(ctx context.Context, rec *events.StepRecord, rev uint64) error {
+func (in *Injector) settle(ctx context.Context, stripe *stripe, id string, rec *events.StepRecord, rev uint64) error {
 	if rec.Closed || !rec.Settled() {
 		return nil
 	}
@@ -198,12 +209,12 @@ func (in *Injector) settle(ctx context.Context, rec *events.StepRecord, rev uint
 		}
 		return err
 	}
-	st, _, err := in.bus.RunState(ctx, rec.RunID)
+	state, _, err := in.bus.RunState(ctx, rec.RunID)
 	if err != nil && !errors.Is(err, events.ErrRunNotFound) {
 		return err
 	}
-	if st.Status.Terminal() {
-		in.log.Info("step settled after the run ended: nothing follows", "run_id", rec.RunID, "step", rec.Step, "status", st.Status)
+	if state.Status.Terminal() {
+		in.log.Info("step settled after the run ended: nothing follows", "run_id", rec.RunID, "step", rec.Step, "status", state.Status)
 		return nil
 	}
 	if !rec.Complete() {
@@ -215,9 +226,9 @@ func (in *Injector) settle(ctx context.Context, rec *events.StepRecord, rev uint
 		if err := in.end(ctx, rec.Step, *ended); err != nil {
 			return err
 		}
-		return in.close(ctx, rec, rev)
+		return in.close(ctx, stripe, id, rec, rev)
 	}
-	if st.Status != events.RunRunning {
+	if state.Status != events.RunRunning {
 		if err := in.bus.SetRunState(ctx, rec.RunID, events.RunRunning, rec.Step+1, "", ""); err != nil {
 			return err
 		}
@@ -228,16 +239,17 @@ func (in *Injector) settle(ctx context.Context, rec *events.StepRecord, rev uint
 	}, events.ModelRequested{RunID: rec.RunID, Step: rec.Step + 1}); err != nil {
 		return err
 	}
-	return in.close(ctx, rec, rev)
+	return in.close(ctx, stripe, id, rec, rev)
 }
 
 // close marks a complete step as decided. Losing this write is harmless: a later
 // duplicate would only republish deduplicated events.
-func (in *Injector) close(ctx context.Context, rec *events.StepRecord, rev uint64) error {
+func (in *Injector) close(ctx context.Context, st *stripe, id string, rec *events.StepRecord, rev uint64) error {
 	rec.Closed = true
 	if _, err := in.bus.PutStep(ctx, rec, rev); err != nil && !errors.Is(err, events.ErrConflict) {
 		in.log.Debug("close step", "run_id", rec.RunID, "step", rec.Step, "error", err)
 	}
+	st.drop(id) // a closed step takes no more writes
 	return nil
 }
 

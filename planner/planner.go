@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/toolbus/toolbus/events"
@@ -64,13 +65,19 @@ type Planner struct {
 	source  string
 	log     *slog.Logger
 
-	mu    sync.Mutex
-	cache map[string]*runHistory
+	mu        sync.Mutex
+	cache     map[string]*runHistory
+	cancelled map[string]struct{}
 }
 
+// runHistory caches what the planner knows of a run: the messages of steps < upTo,
+// the usage of those steps, and the assistant message it recorded for step upTo.
 type runHistory struct {
-	upTo int // messages cover steps < upTo
-	msgs []events.Message
+	upTo       int
+	msgs       []events.Message
+	usage      events.Usage
+	pending      *events.Message
+	pendingUsage events.Usage
 }
 
 // New returns a planner that calls model and offers the tools of catalog.
@@ -80,7 +87,7 @@ func New(bus *events.Bus, model Model, catalog *events.Catalog, cfg Config) *Pla
 		cfg: cfg, bus: bus, model: model, catalog: catalog,
 		source: events.Source("planner", cfg.Instance),
 		log:    cfg.Logger.With("component", "planner", "instance", cfg.Instance),
-		cache:  map[string]*runHistory{},
+		cache:  map[string]*runHistory{}, cancelled: map[string]struct{}{},
 	}
 }
 
@@ -94,9 +101,33 @@ func (p *Planner) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	// A local view of cancellations spares a run-state read per step; redeliveries
+	// still read the run state.
+	sub, err := p.bus.NC.Subscribe(events.FilterRunCancel, func(m *nats.Msg) {
+		if run, ok := events.RunIDFromSubject(m.Subject); ok {
+			p.mu.Lock()
+			if len(p.cancelled) > 100000 {
+				clear(p.cancelled)
+			}
+			p.cancelled[run] = struct{}{}
+			delete(p.cache, run)
+			p.mu.Unlock()
+		}
+	})
+	if err != nil {
+		return fmt.Errorf("planner: subscribe to cancellations: %w", err)
+	}
+	defer sub.Unsubscribe() //nolint:errcheck // the connection may be closing
 	return events.Serve(ctx, cons, events.ServeConfig{
 		Concurrency: p.cfg.Concurrency, Grace: p.cfg.Grace, Logger: p.log, NakDelay: 2 * time.Second,
 	}, p.handle)
+}
+
+func (p *Planner) ended(run string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	_, ok := p.cancelled[run]
+	return ok
 }
 
 func (p *Planner) handle(ctx context.Context, msg jetstream.Msg) error {
@@ -112,7 +143,7 @@ func (p *Planner) handle(ctx context.Context, msg jetstream.Msg) error {
 	if md, err := msg.Metadata(); err == nil {
 		delivered = md.NumDelivered
 	}
-	err = p.Step(ctx, req.RunID, req.Step, meta.TraceParent)
+	err = p.Step(ctx, req.RunID, req.Step, meta.TraceParent, delivered > 1)
 	if err != nil && !errors.Is(err, events.ErrPoison) && !errors.Is(err, events.ErrRunEnded) &&
 		delivered >= uint64(p.cfg.MaxDeliver) {
 		// Last delivery: end the run rather than leave it hanging.
@@ -127,7 +158,7 @@ func (p *Planner) handle(ctx context.Context, msg jetstream.Msg) error {
 
 // Step plans one step of a run. It is idempotent: a step already answered is
 // republished as recorded (the stream drops the duplicates).
-func (p *Planner) Step(ctx context.Context, run string, step int, traceparent string) error {
+func (p *Planner) Step(ctx context.Context, run string, step int, traceparent string, redelivered bool) error {
 	rs, err := p.bus.RunStarted(ctx, run)
 	if err != nil {
 		if errors.Is(err, events.ErrRunNotFound) {
@@ -135,68 +166,92 @@ func (p *Planner) Step(ctx context.Context, run string, step int, traceparent st
 		}
 		return err
 	}
-	st, _, err := p.bus.RunState(ctx, run)
-	if err != nil && !errors.Is(err, events.ErrRunNotFound) {
-		return err
-	}
-	if st.Status.Terminal() {
-		p.log.Info("run already ended, step skipped", "run_id", run, "step", step, "status", st.Status)
+	if p.ended(run) {
+		p.log.Info("run cancelled, step skipped", "run_id", run, "step", step)
 		p.forget(run)
 		return nil
+	}
+	if redelivered {
+		// The cheap local view of cancellations may have missed an event while this
+		// process was down: check the run state itself.
+		st, _, err := p.bus.RunState(ctx, run)
+		if err != nil && !errors.Is(err, events.ErrRunNotFound) {
+			return err
+		}
+		if st.Status.Terminal() {
+			p.log.Info("run already ended, step skipped", "run_id", run, "step", step, "status", st.Status)
+			p.forget(run)
+			return nil
+		}
 	}
 	if !rs.Limits.Deadline.IsZero() && time.Now().After(rs.Limits.Deadline) {
 		return p.end(ctx, run, step, events.RunEnded{RunID: run, Status: events.RunLimitReached,
 			Code: events.LimitDeadline, Reason: "run deadline passed before step " + strconv.Itoa(step), StepsUsed: step})
 	}
 
-	mr, err := p.bus.Assistant(ctx, run, step)
-	switch {
-	case err == nil: // redelivery: reuse what the model said
-	case errors.Is(err, events.ErrNotFound):
+	var (
+		mr  events.ModelResponded
+		got bool
+	)
+	if redelivered {
+		// Reuse what the model already said for this step, if it was recorded.
+		switch mr, err = p.bus.Assistant(ctx, run, step); {
+		case err == nil:
+			got = true
+		case !errors.Is(err, events.ErrNotFound):
+			return err
+		}
+	}
+	if !got {
 		if mr, err = p.callModel(ctx, rs, step); err != nil {
 			if errors.Is(err, ErrPermanent) {
 				return p.fail(ctx, run, step, "model_error", err.Error())
 			}
 			return err
 		}
+		// The first recorded answer wins (another planner may have raced us).
 		if mr, _, err = p.bus.PutAssistant(ctx, mr); err != nil {
 			return err
 		}
-	default:
-		return err
 	}
+	p.rememberAssistant(run, step, mr)
 
-	if _, err := p.bus.Publish(ctx, events.SubjectModelResponded(run), events.Meta{
+	responded, err := p.bus.PublishAsync(events.SubjectModelResponded(run), events.Meta{
 		ID: events.IDModelResponded(run, step), Type: events.TypeModelResponded, Source: p.source,
 		RunID: run, Step: step, TraceParent: traceparent,
-	}, mr); err != nil {
+	}, mr)
+	if err != nil {
 		return err
 	}
+	futures := []jetstream.PubAckFuture{responded}
 
-	if budget := rs.Limits.TokenBudget; budget > 0 {
-		used, err := p.bus.UsageSoFar(ctx, run, step+1)
-		if err != nil {
+	used, err := p.usage(ctx, run, step, mr.Usage)
+	if err != nil {
+		return err
+	}
+	if budget := rs.Limits.TokenBudget; budget > 0 && used.Total() > budget {
+		if err := events.AwaitAcks(ctx, futures); err != nil {
 			return err
 		}
-		if used.Total() > budget {
-			return p.end(ctx, run, step, events.RunEnded{RunID: run, Status: events.RunLimitReached,
-				Code: events.LimitTokenBudget, StepsUsed: step + 1, Usage: used,
-				Reason: fmt.Sprintf("token budget %d exceeded: %d tokens used", budget, used.Total())})
-		}
+		p.forget(run)
+		return p.end(ctx, run, step, events.RunEnded{RunID: run, Status: events.RunLimitReached,
+			Code: events.LimitTokenBudget, StepsUsed: step + 1, Usage: used,
+			Reason: fmt.Sprintf("token budget %d exceeded: %d tokens used", budget, used.Total())})
 	}
 
 	calls := mr.Message.ToolCalls
 	if len(calls) == 0 {
-		used, _ := p.bus.UsageSoFar(ctx, run, step+1)
+		if err := events.AwaitAcks(ctx, futures); err != nil {
+			return err
+		}
 		p.forget(run)
 		return p.end(ctx, run, step, events.RunEnded{RunID: run, Status: events.RunCompleted,
 			Answer: mr.Message.Content, StepsUsed: step + 1, Usage: used})
 	}
-	return p.publishCalls(ctx, rs, step, calls, traceparent)
+	return p.publishCalls(ctx, rs, step, calls, traceparent, futures)
 }
 
-func (p *Planner) publishCalls(ctx context.Context, rs *events.RunStarted, step int, calls []events.ToolCall, traceparent string) error {
-	futures := make([]jetstream.PubAckFuture, 0, len(calls))
+func (p *Planner) publishCalls(ctx context.Context, rs *events.RunStarted, step int, calls []events.ToolCall, traceparent string, futures []jetstream.PubAckFuture) error {
 	for i, c := range calls {
 		token := c.Tool
 		if _, ok := p.catalog.Lookup(c.Tool); !ok {
@@ -270,34 +325,90 @@ func NormalizeCallIDs(step int, calls []events.ToolCall) []events.ToolCall {
 func (p *Planner) history(ctx context.Context, run string, step int) ([]events.Message, error) {
 	p.mu.Lock()
 	h := p.cache[run]
+	var (
+		msgs  []events.Message
+		upTo  int
+		asst  *events.Message
+		usage events.Usage
+	)
+	if h != nil && h.upTo <= step {
+		msgs, upTo, asst, usage = h.msgs[:len(h.msgs):len(h.msgs)], h.upTo, h.pending, h.usage.Add(h.pendingUsage)
+	}
 	p.mu.Unlock()
 	if h == nil || h.upTo > step {
-		msgs, err := p.bus.History(ctx, run, step)
+		all, err := p.bus.History(ctx, run, step)
 		if err != nil {
 			return nil, err
 		}
-		p.remember(run, step, msgs)
-		return msgs, nil
+		u, err := p.bus.UsageSoFar(ctx, run, step)
+		if err != nil {
+			return nil, err
+		}
+		p.remember(run, &runHistory{upTo: step, msgs: all, usage: u})
+		return all, nil
 	}
-	msgs := h.msgs[:len(h.msgs):len(h.msgs)]
-	for s := h.upTo; s < step; s++ {
+	for s := upTo; s < step; s++ {
+		if s == upTo && asst != nil {
+			// The assistant message of the step this planner planned is already known:
+			// only its results are read.
+			msgs = append(msgs, *asst)
+			if len(asst.ToolCalls) > 0 {
+				rec, _, err := p.bus.Step(ctx, run, s)
+				if err != nil {
+					return nil, err
+				}
+				msgs = append(msgs, rec.ToolMessages()...)
+			}
+			continue
+		}
 		more, err := p.bus.StepMessages(ctx, run, s)
 		if err != nil {
 			return nil, err
 		}
+		mr, err := p.bus.Assistant(ctx, run, s)
+		if err != nil {
+			return nil, err
+		}
+		usage = usage.Add(mr.Usage)
 		msgs = append(msgs, more...)
 	}
-	p.remember(run, step, msgs)
+	p.remember(run, &runHistory{upTo: step, msgs: msgs, usage: usage})
 	return msgs, nil
 }
 
-func (p *Planner) remember(run string, upTo int, msgs []events.Message) {
+// rememberAssistant keeps the assistant message of step for the next step's history.
+func (p *Planner) rememberAssistant(run string, step int, mr events.ModelResponded) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if h := p.cache[run]; h != nil && h.upTo == step {
+		h.pending, h.pendingUsage = &mr.Message, mr.Usage
+	}
+}
+
+// usage returns the run's usage up to and including step, whose usage is u.
+func (p *Planner) usage(ctx context.Context, run string, step int, u events.Usage) (events.Usage, error) {
+	p.mu.Lock()
+	h := p.cache[run]
+	if h != nil && h.upTo == step {
+		total := h.usage.Add(u)
+		p.mu.Unlock()
+		return total, nil
+	}
+	p.mu.Unlock()
+	before, err := p.bus.UsageSoFar(ctx, run, step)
+	if err != nil {
+		return events.Usage{}, err
+	}
+	return before.Add(u), nil
+}
+
+func (p *Planner) remember(run string, h *runHistory) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if len(p.cache) >= 4096 {
 		clear(p.cache) // bounded; entries reload from the store
 	}
-	p.cache[run] = &runHistory{upTo: upTo, msgs: msgs}
+	p.cache[run] = h
 }
 
 func (p *Planner) forget(run string) {

@@ -41,6 +41,7 @@ commands:
                            run one role against TOOLBUS_NATS_URL
   run [flags] "question"   submit a run and stream its events until it ends
                            (with no TOOLBUS_NATS_URL it runs the whole pipeline in-process)
+  bench [flags]            measure toolbus beside raw JetStream and an in-process loop
   env                      list the TOOLBUS_* configuration variables
 `
 
@@ -67,6 +68,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		err = cmdRole(ctx, cfg, log, cmd)
 	case "run":
 		err = cmdRun(ctx, cfg, log, rest, stdout)
+	case "bench":
+		err = cmdBench(ctx, rest, stdout)
 	case "env":
 		err = envconfig.Usagef(envPrefix, &cfg, stdout, envconfig.DefaultTableFormat)
 	default:

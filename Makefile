@@ -1,0 +1,47 @@
+# toolbus: see README.md. Every target works on a fresh machine with only Go installed.
+GO      ?= go
+BIN     := bin/toolbus
+PKGS    := ./...
+
+.PHONY: demo test test-faults bench build vet fmt fuzz clean
+
+## demo: the incident scenario end to end on an embedded JetStream server
+demo: build
+	@mkdir -p data
+	TOOLBUS_DATA_DIR=$${TOOLBUS_DATA_DIR:-$(CURDIR)/data} $(BIN) run "What is going on with INC-404?"
+
+build:
+	$(GO) build -o $(BIN) ./cmd/toolbus
+
+## test: vet, then every test with the race detector (real embedded JetStream)
+test:
+	$(GO) vet $(PKGS)
+	$(GO) test -race -count=1 -timeout 12m $(PKGS)
+
+## test-faults: crash and restart tests with real nats-server and toolbus processes
+test-faults:
+	TOOLBUS_FAULTS=1 $(GO) test -race -count=1 -timeout 20m -run 'Fault' -v ./faults/...
+
+## bench: Go benchmarks plus the pipeline benchmark table (bench/results.json)
+bench: build
+	$(GO) test -run '^$$' -bench . -benchmem ./executor ./events
+	@mkdir -p bench
+	$(BIN) bench -json bench/results.json
+
+## fuzz: a short run of every fuzz target
+fuzz:
+	$(GO) test -run '^$$' -fuzz FuzzDecode -fuzztime 20s ./events
+	$(GO) test -run '^$$' -fuzz FuzzArguments -fuzztime 20s ./executor
+	$(GO) test -run '^$$' -fuzz FuzzTruncate -fuzztime 20s ./executor
+	$(GO) test -run '^$$' -fuzz FuzzRedact -fuzztime 20s ./executor
+	$(GO) test -run '^$$' -fuzz FuzzCalculator -fuzztime 20s ./executor/packs
+
+vet:
+	$(GO) vet $(PKGS)
+	@test -z "$$(gofmt -l .)" || (gofmt -l . && exit 1)
+
+fmt:
+	gofmt -w .
+
+clean:
+	rm -rf bin data bench

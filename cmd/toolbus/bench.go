@@ -1,0 +1,505 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"runtime"
+	"runtime/pprof"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"text/tabwriter"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/toolbus/toolbus/embedded"
+	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/executor"
+	"github.com/toolbus/toolbus/executor/packs"
+	"github.com/toolbus/toolbus/injector"
+	"github.com/toolbus/toolbus/planner"
+)
+
+// benchRow is one line of the bench table.
+type benchRow struct {
+	Storage string `json:"storage"`
+	K       int    `json:"calls_per_step"`
+	Steps   int    `json:"steps_per_run"`
+	// One run in flight: per-step latency.
+	ToolbusP50MS float64 `json:"toolbus_step_p50_ms"`
+	ToolbusP99MS float64 `json:"toolbus_step_p99_ms"`
+	FloorP50MS   float64 `json:"floor_step_p50_ms"`
+	FloorP99MS   float64 `json:"floor_step_p99_ms"`
+	InprocP50MS  float64 `json:"inproc_step_p50_ms"`
+	// R runs in flight: throughput.
+	Runs             int     `json:"runs_in_flight"`
+	ToolbusCallsPS   float64 `json:"toolbus_calls_per_s"`
+	ToolbusStepsPS   float64 `json:"toolbus_steps_per_s"`
+	FloorCallsPS     float64 `json:"floor_calls_per_s"`
+	InprocCallsPS    float64 `json:"inproc_calls_per_s"`
+	LatencyVsFloor   float64 `json:"latency_toolbus_over_floor"`
+	LatencyVsInproc  float64 `json:"latency_toolbus_over_inproc"`
+	ThroughputVFloor float64 `json:"throughput_toolbus_over_floor"`
+}
+
+type benchReport struct {
+	When    time.Time  `json:"when"`
+	Machine string     `json:"machine"`
+	Rows    []benchRow `json:"rows"`
+}
+
+// cmdBench measures toolbus beside the raw JetStream floor and an in-process loop, in
+// one process and one run, and prints a table (and JSON with -json).
+func cmdBench(ctx context.Context, args []string, out io.Writer) error {
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	fs.SetOutput(out)
+	jsonPath := fs.String("json", "", "also write the figures as JSON to this file")
+	ks := fs.String("k", "1,4,16", "calls per step")
+	steps := fs.Int("steps", 5, "steps per run (the last one answers)")
+	latRuns := fs.Int("latency-runs", 20, "sequential runs for the latency figures")
+	runs := fs.Int("runs", 200, "runs in flight for the throughput figures")
+	storages := fs.String("storage", "memory,file", "storage kinds")
+	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the saturated toolbus case to this file")
+	if err := fs.Parse(args); err != nil {
+		return &exitError{code: 2}
+	}
+	if *steps < 2 {
+		return &exitError{code: 2, msg: "bench: -steps must be at least 2"}
+	}
+	var kList []int
+	for _, s := range strings.Split(*ks, ",") {
+		k, err := strconv.Atoi(strings.TrimSpace(s))
+		if err != nil || k < 1 {
+			return &exitError{code: 2, msg: "bench: bad -k " + *ks}
+		}
+		kList = append(kList, k)
+	}
+	rep := benchReport{When: time.Now().UTC(), Machine: machine()}
+	for _, storage := range strings.Split(*storages, ",") {
+		for _, k := range kList {
+			row, err := benchOne(ctx, strings.TrimSpace(storage), k, *steps, *latRuns, *runs, *cpuProfile)
+			if err != nil {
+				return err
+			}
+			rep.Rows = append(rep.Rows, row)
+			fmt.Fprintf(os.Stderr, "bench: %s K=%d done\n", row.Storage, k)
+		}
+	}
+	printBench(out, rep)
+	if *jsonPath != "" {
+		b, _ := json.MarshalIndent(rep, "", "  ")
+		if err := os.WriteFile(*jsonPath, append(b, '\n'), 0o644); err != nil {
+			return fmt.Errorf("bench: %w", err)
+		}
+		fmt.Fprintf(out, "\nwritten to %s\n", *jsonPath)
+	}
+	return nil
+}
+
+func machine() string {
+	h, _ := os.Hostname()
+	return fmt.Sprintf("%s, %d CPUs", h, numCPU())
+}
+
+func printBench(out io.Writer, rep benchReport) {
+	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "storage\tK\tstep p50 ms\tp99 ms\tfloor p50\tin-proc p50\tx floor\tx in-proc\t\truns\tcalls/s\tsteps/s\tfloor calls/s\tin-proc calls/s\tx floor\t")
+	for _, r := range rep.Rows {
+		fmt.Fprintf(tw, "%s\t%d\t%.3f\t%.3f\t%.3f\t%.4f\t%.2f\t%.0f\t\t%d\t%.0f\t%.0f\t%.0f\t%.0f\t%.2f\t\n",
+			r.Storage, r.K, r.ToolbusP50MS, r.ToolbusP99MS, r.FloorP50MS, r.InprocP50MS, r.LatencyVsFloor, r.LatencyVsInproc,
+			r.Runs, r.ToolbusCallsPS, r.ToolbusStepsPS, r.FloorCallsPS, r.InprocCallsPS, r.ThroughputVFloor)
+	}
+	tw.Flush()
+}
+
+func benchOne(ctx context.Context, storage string, k, steps, latRuns, runs int, cpuProfile string) (benchRow, error) {
+	row := benchRow{Storage: storage, K: k, Steps: steps, Runs: runs}
+	dir, err := os.MkdirTemp("", "toolbus-bench-")
+	if err != nil {
+		return row, err
+	}
+	defer os.RemoveAll(dir)
+	srv, err := embedded.Start(embedded.Config{Port: -1, StoreDir: dir})
+	if err != nil {
+		return row, err
+	}
+	defer srv.Stop()
+	memory := storage == "memory"
+
+	// toolbus
+	lat, tput, err := benchToolbus(ctx, srv, memory, k, steps, latRuns, runs, cpuProfile)
+	if err != nil {
+		return row, fmt.Errorf("bench toolbus: %w", err)
+	}
+	row.ToolbusP50MS, row.ToolbusP99MS = pct(lat, 50), pct(lat, 99)
+	row.ToolbusCallsPS = tput * float64(k)
+	row.ToolbusStepsPS = tput
+
+	// raw JetStream floor: the same hops per step, no toolbus logic
+	flat, ftput, err := benchFloor(ctx, srv, memory, k, steps, latRuns, runs)
+	if err != nil {
+		return row, fmt.Errorf("bench floor: %w", err)
+	}
+	row.FloorP50MS, row.FloorP99MS = pct(flat, 50), pct(flat, 99)
+	row.FloorCallsPS = ftput * float64(k)
+
+	// in-process loop: the same executor, no bus
+	ilat, itput := benchInproc(ctx, k, steps, latRuns, runs)
+	row.InprocP50MS = pct(ilat, 50)
+	row.InprocCallsPS = itput * float64(k)
+
+	if row.FloorP50MS > 0 {
+		row.LatencyVsFloor = row.ToolbusP50MS / row.FloorP50MS
+	}
+	if row.InprocP50MS > 0 {
+		row.LatencyVsInproc = row.ToolbusP50MS / row.InprocP50MS
+	}
+	if row.FloorCallsPS > 0 {
+		row.ThroughputVFloor = row.ToolbusCallsPS / row.FloorCallsPS
+	}
+	return row, nil
+}
+
+func pct(d []time.Duration, p int) float64 {
+	if len(d) == 0 {
+		return 0
+	}
+	s := slices.Clone(d)
+	slices.Sort(s)
+	i := (len(s)*p + 99) / 100
+	if i > 0 {
+		i--
+	}
+	return float64(s[i].Microseconds()) / 1000
+}
+
+// stepClock records when each step of each run reached the model.
+type stepClock struct {
+	mu    sync.Mutex
+	times map[string][]time.Time
+}
+
+func (c *stepClock) mark(run string, step int) {
+	now := time.Now()
+	c.mu.Lock()
+	ts := c.times[run]
+	for len(ts) <= step {
+		ts = append(ts, time.Time{})
+	}
+	if ts[step].IsZero() {
+		ts[step] = now
+	}
+	c.times[run] = ts
+	c.mu.Unlock()
+}
+
+func (c *stepClock) latencies(run string) []time.Duration {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	ts := c.times[run]
+	var out []time.Duration
+	for i := 1; i < len(ts); i++ {
+		out = append(out, ts[i].Sub(ts[i-1]))
+	}
+	return out
+}
+
+func benchToolbus(ctx context.Context, srv *embedded.Server, memory bool, k, steps, latRuns, runs int, cpuProfile string) ([]time.Duration, float64, error) {
+	nc, err := srv.Connect()
+	if err != nil {
+		return nil, 0, err
+	}
+	defer nc.Close()
+	bus, err := events.Open(ctx, nc, events.Config{Memory: memory, Stream: "TOOLBUS"})
+	if err != nil {
+		return nil, 0, err
+	}
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	clock := &stepClock{times: map[string][]time.Time{}}
+	noop := NoopScript(k, steps)
+	model := planner.ModelFunc(func(ctx context.Context, req planner.Request) (planner.Response, error) {
+		clock.mark(req.RunID, req.Step)
+		return noop.Complete(ctx, req)
+	})
+	reg := executor.NewRegistry()
+	if err := packs.Register(reg, "diag"); err != nil {
+		return nil, 0, err
+	}
+	exec := executor.New(reg, executor.WithLogger(log), executor.WithInstance("bench"))
+	wctx, stop := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	defer func() { stop(); wg.Wait() }()
+	const conc = 256
+	runW := func(f func(context.Context) error) {
+		wg.Add(1)
+		go func() { defer wg.Done(); _ = f(wctx) }()
+	}
+	runW(executor.NewWorker(bus, exec, executor.WorkerConfig{Instance: "bench", Concurrency: conc, Logger: log, Grace: time.Second}).Run)
+	var cat *events.Catalog
+	for i := 0; i < 200; i++ {
+		if cat, err = bus.WatchCatalog(wctx, log); err != nil {
+			return nil, 0, err
+		}
+		if _, ok := cat.Lookup("noop"); ok {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	runW(planner.New(bus, model, cat, planner.Config{Instance: "bench", Concurrency: conc, Logger: log, Grace: time.Second}).Run)
+	runW(injector.New(bus, injector.Config{Instance: "bench", Concurrency: conc, Logger: log, Grace: time.Second,
+		Rules: injector.Rules{MaxSteps: steps + 1}}).Run)
+
+	ended := make(chan string, runs+latRuns)
+	sub, err := nc.Subscribe("toolbus.*.run.*", func(m *nats.Msg) {
+		if strings.HasSuffix(m.Subject, ".run.started") || strings.HasSuffix(m.Subject, ".run.cancel") {
+			return
+		}
+		run, _ := events.RunIDFromSubject(m.Subject)
+		ended <- run
+	})
+	if err != nil {
+		return nil, 0, err
+	}
+	defer sub.Unsubscribe() //nolint:errcheck
+	prefix := fmt.Sprintf("b%d-%d-", k, time.Now().UnixNano()%1e9)
+	start := func(run string) error {
+		return bus.StartRun(ctx, "/toolbus/bench/1", events.RunStarted{RunID: run,
+			Messages: []events.Message{{Role: events.RoleUser, Content: "bench"}}, Limits: events.Limits{MaxSteps: steps + 1}})
+	}
+	wait := func(n int) error {
+		timeout := time.After(5 * time.Minute)
+		for i := 0; i < n; i++ {
+			select {
+			case <-ended:
+			case <-timeout:
+				return errors.New("runs did not finish in 5 minutes")
+			}
+		}
+		return nil
+	}
+	// warm up
+	if err := start(prefix + "warm"); err != nil {
+		return nil, 0, err
+	}
+	if err := wait(1); err != nil {
+		return nil, 0, err
+	}
+	var lat []time.Duration
+	for i := 0; i < latRuns; i++ {
+		run := prefix + "lat" + strconv.Itoa(i)
+		if err := start(run); err != nil {
+			return nil, 0, err
+		}
+		if err := wait(1); err != nil {
+			return nil, 0, err
+		}
+		lat = append(lat, clock.latencies(run)...)
+	}
+	if cpuProfile != "" {
+		f, err := os.Create(cpuProfile)
+		if err != nil {
+			return nil, 0, err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return nil, 0, err
+		}
+		defer pprof.StopCPUProfile()
+	}
+	t0 := time.Now()
+	for i := 0; i < runs; i++ {
+		if err := start(prefix + "tp" + strconv.Itoa(i)); err != nil {
+			return nil, 0, err
+		}
+	}
+	if err := wait(runs); err != nil {
+		return nil, 0, err
+	}
+	el := time.Since(t0).Seconds()
+	return lat, float64(runs*(steps-1)) / el, nil
+}
+
+// benchFloor runs the same hops per step as toolbus with raw JetStream and no toolbus
+// logic: req -> K x call -> K x done -> next req, each a publish and a consume with ack.
+func benchFloor(ctx context.Context, srv *embedded.Server, memory bool, k, steps, latRuns, runs int) ([]time.Duration, float64, error) {
+	nc, err := srv.Connect()
+	if err != nil {
+		return nil, 0, err
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	st := jetstream.FileStorage
+	if memory {
+		st = jetstream.MemoryStorage
+	}
+	name := fmt.Sprintf("FLOOR%d_%d", k, time.Now().UnixNano()%1e9)
+	stream, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: []string{name + ".>"}, Storage: st})
+	if err != nil {
+		return nil, 0, err
+	}
+	defer js.DeleteStream(context.WithoutCancel(ctx), name) //nolint:errcheck
+	cons := func(stage string) (jetstream.Consumer, error) {
+		return stream.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{Durable: stage, FilterSubject: name + "." + stage + ".>", AckPolicy: jetstream.AckExplicitPolicy, MaxAckPending: 10000})
+	}
+	clock := &stepClock{times: map[string][]time.Time{}}
+	ended := make(chan struct{}, runs+latRuns)
+	var counts sync.Map // run.step -> *int32
+	type hdr = nats.Header
+	pub := func(subj, run string, step int) error {
+		m := nats.NewMsg(subj)
+		m.Header = hdr{"run": {run}, "step": {strconv.Itoa(step)}}
+		m.Data = make([]byte, 200)
+		_, err := js.PublishMsg(ctx, m)
+		return err
+	}
+	var ccs []jetstream.ConsumeContext
+	defer func() {
+		for _, c := range ccs {
+			c.Stop()
+		}
+	}()
+	stage := func(s string, h func(run string, step int) error) error {
+		c, err := cons(s)
+		if err != nil {
+			return err
+		}
+		sem := make(chan struct{}, 256)
+		cc, err := c.Consume(func(m jetstream.Msg) {
+			sem <- struct{}{}
+			go func() {
+				defer func() { <-sem }()
+				step, _ := strconv.Atoi(m.Headers().Get("step"))
+				if err := h(m.Headers().Get("run"), step); err == nil {
+					_ = m.Ack()
+				}
+			}()
+		}, jetstream.PullMaxMessages(256))
+		if err != nil {
+			return err
+		}
+		ccs = append(ccs, cc)
+		return nil
+	}
+	if err := stage("req", func(run string, step int) error {
+		clock.mark(run, step)
+		if step >= steps-1 {
+			ended <- struct{}{}
+			return nil
+		}
+		for i := 0; i < k; i++ {
+			if err := pub(name+".call."+run, run, step); err != nil {
+				return err
+			}
+		}
+		return nil
+	}); err != nil {
+		return nil, 0, err
+	}
+	if err := stage("call", func(run string, step int) error { return pub(name+".done."+run, run, step) }); err != nil {
+		return nil, 0, err
+	}
+	if err := stage("done", func(run string, step int) error {
+		key := run + "." + strconv.Itoa(step)
+		v, _ := counts.LoadOrStore(key, new(int32))
+		if atomic.AddInt32(v.(*int32), 1) == int32(k) {
+			return pub(name+".req."+run, run, step+1)
+		}
+		return nil
+	}); err != nil {
+		return nil, 0, err
+	}
+	wait := func(n int) error {
+		timeout := time.After(5 * time.Minute)
+		for i := 0; i < n; i++ {
+			select {
+			case <-ended:
+			case <-timeout:
+				return errors.New("floor runs did not finish")
+			}
+		}
+		return nil
+	}
+	var lat []time.Duration
+	for i := 0; i < latRuns+1; i++ {
+		run := "lat" + strconv.Itoa(i)
+		if err := pub(name+".req."+run, run, 0); err != nil {
+			return nil, 0, err
+		}
+		if err := wait(1); err != nil {
+			return nil, 0, err
+		}
+		if i > 0 { // the first is a warm-up
+			lat = append(lat, clock.latencies(run)...)
+		}
+	}
+	t0 := time.Now()
+	for i := 0; i < runs; i++ {
+		run := "tp" + strconv.Itoa(i)
+		if err := pub(name+".req."+run, run, 0); err != nil {
+			return nil, 0, err
+		}
+	}
+	if err := wait(runs); err != nil {
+		return nil, 0, err
+	}
+	return lat, float64(runs*(steps-1)) / time.Since(t0).Seconds(), nil
+}
+
+// benchInproc runs the same workload as a direct loop: model, then the K calls through
+// the same executor, then the history append; no bus.
+func benchInproc(ctx context.Context, k, steps, latRuns, runs int) ([]time.Duration, float64) {
+	reg := executor.NewRegistry()
+	_ = packs.Register(reg, "diag")
+	exec := executor.New(reg, executor.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))))
+	model := NoopScript(k, steps)
+	oneRun := func(run string, lat *[]time.Duration) {
+		msgs := []events.Message{{Role: events.RoleUser, Content: "bench"}}
+		last := time.Now()
+		for step := 0; step < steps; step++ {
+			resp, _ := model.Complete(ctx, planner.Request{RunID: run, Step: step, Messages: msgs})
+			now := time.Now()
+			if step > 0 && lat != nil {
+				*lat = append(*lat, now.Sub(last))
+			}
+			last = now
+			msgs = append(msgs, resp.Message)
+			if len(resp.Message.ToolCalls) == 0 {
+				return
+			}
+			results := make([]events.ToolResult, len(resp.Message.ToolCalls))
+			var wg sync.WaitGroup
+			for i, c := range resp.Message.ToolCalls {
+				wg.Add(1)
+				go func() { defer wg.Done(); results[i] = exec.Execute(ctx, c, events.Principal{}) }()
+			}
+			wg.Wait()
+			for _, r := range results {
+				msgs = append(msgs, events.ToolMessage(r))
+			}
+		}
+	}
+	var lat []time.Duration
+	for i := 0; i < latRuns*5; i++ {
+		oneRun("lat", &lat)
+	}
+	t0 := time.Now()
+	var wg sync.WaitGroup
+	for i := 0; i < runs; i++ {
+		wg.Add(1)
+		go func() { defer wg.Done(); oneRun("tp", nil) }()
+	}
+	wg.Wait()
+	return lat, float64(runs*(steps-1)) / time.Since(t0).Seconds()
+}
+
+func numCPU() int { return runtime.NumCPU() }

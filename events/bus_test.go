@@ -1,0 +1,153 @@
+package events_test
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/eventstest"
+)
+
+func openBus(t *testing.T) *events.Bus {
+	t.Helper()
+	b := eventstest.RunJetStream(t)
+	bus, err := events.Open(eventstest.Context(t, time.Minute), b.Conn, events.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return bus
+}
+
+func TestBusStores(t *testing.T) {
+	bus := openBus(t)
+	ctx := eventstest.Context(t, time.Minute)
+	rs := events.RunStarted{RunID: "r1", Messages: []events.Message{{Role: events.RoleUser, Content: "q"}}}
+	if err := bus.StartRun(ctx, "/test", rs); err != nil {
+		t.Fatal(err)
+	}
+	// Idempotent: the second start publishes duplicates the stream drops.
+	if err := bus.StartRun(ctx, "/test", rs); err != nil {
+		t.Fatal(err)
+	}
+	info, err := bus.Stream.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.State.Msgs != 2 {
+		t.Fatalf("%d messages in the stream, want 2 (run.started + model.requested)", info.State.Msgs)
+	}
+	if err := bus.StartRun(ctx, "/test", events.RunStarted{RunID: "bad.id"}); err == nil {
+		t.Fatal("invalid run id accepted")
+	}
+	got, err := bus.RunStarted(ctx, "r1")
+	if err != nil || got.Messages[0].Content != "q" {
+		t.Fatalf("RunStarted = %+v, %v", got, err)
+	}
+	if _, err := bus.RunStarted(ctx, "nope"); !errors.Is(err, events.ErrRunNotFound) {
+		t.Fatalf("missing run: %v", err)
+	}
+
+	// The first assistant message of a step wins.
+	first := events.ModelResponded{RunID: "r1", Step: 0, Message: events.Message{Role: events.RoleAssistant, Content: "first"}}
+	if _, created, err := bus.PutAssistant(ctx, first); err != nil || !created {
+		t.Fatalf("PutAssistant: %v %v", created, err)
+	}
+	second := first
+	second.Message.Content = "second"
+	kept, created, err := bus.PutAssistant(ctx, second)
+	if err != nil || created || kept.Message.Content != "first" {
+		t.Fatalf("second PutAssistant: %+v %v %v", kept, created, err)
+	}
+
+	// Step records: compare-and-set.
+	rec := events.NewStepRecord("r1", 0, 2)
+	rev, err := bus.PutStep(ctx, rec, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := bus.PutStep(ctx, rec, 0); !errors.Is(err, events.ErrConflict) {
+		t.Fatalf("second create: %v, want ErrConflict", err)
+	}
+	rec.Results[1] = &events.ToolResult{CallID: "b", Status: events.StatusSucceeded}
+	if _, err := bus.PutStep(ctx, rec, rev); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := bus.PutStep(ctx, rec, rev); !errors.Is(err, events.ErrConflict) {
+		t.Fatalf("stale update: %v, want ErrConflict", err)
+	}
+	loaded, _, err := bus.Step(ctx, "r1", 0)
+	if err != nil || loaded.Received() != 1 || loaded.Complete() || loaded.Settled() {
+		t.Fatalf("loaded %+v %v", loaded, err)
+	}
+
+	// Run state: a terminal state cannot be left.
+	if err := bus.EndRun(ctx, "/test", 1, events.RunEnded{RunID: "r1", Status: events.RunCancelled}); err != nil {
+		t.Fatal(err)
+	}
+	if err := bus.EndRun(ctx, "/test", 1, events.RunEnded{RunID: "r1", Status: events.RunCompleted}); !errors.Is(err, events.ErrRunEnded) {
+		t.Fatalf("completed after cancelled: %v", err)
+	}
+	if err := bus.EndRun(ctx, "/test", 1, events.RunEnded{RunID: "r1", Status: events.RunCancelled}); err != nil {
+		t.Fatalf("republishing the same outcome must be allowed: %v", err)
+	}
+	st, _, err := bus.RunState(ctx, "r1")
+	if err != nil || st.Status != events.RunCancelled {
+		t.Fatalf("state %+v %v", st, err)
+	}
+
+	// Approvals: the first decision stands.
+	d, err := bus.Decide(ctx, events.Decision{Approval: events.Approval{RunID: "r1", CallID: "call.1", Who: "a"}, Granted: true})
+	if err != nil || !d.Granted {
+		t.Fatal(d, err)
+	}
+	d, err = bus.Decide(ctx, events.Decision{Approval: events.Approval{RunID: "r1", CallID: "call.1", Who: "b"}, Granted: false})
+	if err != nil || !d.Granted || d.Who != "a" {
+		t.Fatalf("second decision replaced the first: %+v %v", d, err)
+	}
+
+	// Large outputs.
+	big := make([]byte, 3<<20)
+	ref, err := bus.PutOutput(ctx, "r1/0/call_1", big)
+	if err != nil {
+		t.Fatal(err)
+	}
+	back, err := bus.Output(ctx, ref)
+	if err != nil || len(back) != len(big) {
+		t.Fatalf("output %d bytes, %v", len(back), err)
+	}
+}
+
+func TestCatalog(t *testing.T) {
+	bus := openBus(t)
+	ctx := eventstest.Context(t, time.Minute)
+	if err := bus.PublishTool(ctx, events.ToolContract{Name: "a", ReadOnly: true}); err != nil {
+		t.Fatal(err)
+	}
+	if err := bus.PublishTool(ctx, events.ToolContract{Name: "bad name"}); err == nil {
+		t.Fatal("invalid tool name published")
+	}
+	cat, err := bus.WatchCatalog(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := cat.Lookup("a"); !ok {
+		t.Fatal("existing tool missing from a new catalog")
+	}
+	if err := bus.PublishTool(ctx, events.ToolContract{Name: "b"}); err != nil {
+		t.Fatal(err)
+	}
+	eventstest.Eventually(t, 5*time.Second, func() error {
+		if len(cat.Tools(nil)) != 2 {
+			return errors.New("new tool not seen")
+		}
+		return nil
+	})
+	only := cat.Tools(&events.RunStarted{AllowedTools: []string{"b"}})
+	if len(only) != 1 || only[0].Name != "b" {
+		t.Fatalf("allowlist filter: %+v", only)
+	}
+	if got := events.OpenAITools(only); got[0].Type != "function" || string(got[0].Function.Parameters) == "" {
+		t.Fatalf("openai export %+v", got)
+	}
+}

@@ -1,0 +1,110 @@
+package executor
+
+import (
+	"context"
+	"sync"
+	"time"
+)
+
+// callCtx is the context a Func runs under: the caller's context plus the call's
+// deadline. Unlike context.WithDeadline, its Done channel and timer are only created
+// when a tool first asks for Done, so tools that never wait on ctx cost no timer; the
+// executor itself waits with a pooled timer.
+type callCtx struct {
+	parent   context.Context
+	deadline time.Time
+
+	mu         sync.Mutex
+	done       chan struct{} // created by the first Done call
+	err        error
+	timer      *time.Timer
+	stopParent func() bool
+}
+
+var _ context.Context = (*callCtx)(nil)
+
+func (c *callCtx) Deadline() (time.Time, bool) { return c.deadline, true }
+
+func (c *callCtx) Value(key any) any { return c.parent.Value(key) }
+
+func (c *callCtx) Done() <-chan struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.done != nil {
+		return c.done
+	}
+	c.done = make(chan struct{})
+	if c.err == nil {
+		c.checkLocked()
+	}
+	if c.err != nil {
+		close(c.done)
+		return c.done
+	}
+	c.timer = time.AfterFunc(time.Until(c.deadline), func() { c.cancel(context.DeadlineExceeded) })
+	if c.parent.Done() != nil {
+		c.stopParent = context.AfterFunc(c.parent, func() { c.cancel(c.parent.Err()) })
+	}
+	return c.done
+}
+
+func (c *callCtx) Err() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.err == nil {
+		c.checkLocked()
+	}
+	return c.err
+}
+
+// checkLocked ends the context if its parent ended or its deadline passed (for
+// callers that only poll Err, with no timer running).
+func (c *callCtx) checkLocked() {
+	if err := c.parent.Err(); err != nil {
+		c.endLocked(err)
+	} else if !time.Now().Before(c.deadline) {
+		c.endLocked(context.DeadlineExceeded)
+	}
+}
+
+// cancel ends the context with err (first call wins) and releases its timer.
+func (c *callCtx) cancel(err error) {
+	c.mu.Lock()
+	if c.err == nil {
+		c.endLocked(err)
+	}
+	c.mu.Unlock()
+}
+
+func (c *callCtx) endLocked(err error) {
+	c.err = err
+	if c.done != nil {
+		close(c.done)
+	}
+	if c.timer != nil {
+		c.timer.Stop()
+	}
+	if c.stopParent != nil {
+		c.stopParent()
+	}
+}
+
+func (c *callCtx) String() string { return "executor.callCtx" }
+
+var timerPool sync.Pool
+
+// getTimer returns a stopped-and-reset timer firing after d; give it back with putTimer.
+func getTimer(d time.Duration) *time.Timer {
+	if t, ok := timerPool.Get().(*time.Timer); ok {
+		t.Reset(d)
+		return t
+	}
+	return time.NewTimer(d)
+}
+
+// putTimer stops t and pools it. Since Go 1.23 a stopped timer's channel never
+// delivers a stale value, so t can be reused at once.
+func putTimer(t *time.Timer) {
+	t.Stop()
+	timerPool.Put(t)
+}

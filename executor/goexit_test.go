@@ -1,0 +1,5 @@
+package executor_test
+
+import "runtime"
+
+func runtimeGoexit() { runtime.Goexit() }

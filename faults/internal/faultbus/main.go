@@ -1,0 +1,308 @@
+// Command faultbus is the worker binary of the fault suite (package faults). It runs the
+// planner and executor roles of cmd/toolbus on the same libraries, with what the suite
+// needs on top and nothing else changed:
+//
+//   - a scripted model that asks for random-latency calls and checks, at every step,
+//     that the history holds each result in call order (TOOLBUS_MODEL=<tool>:<calls>x<steps>[:<min>-<max>]);
+//   - an "append" tool with a side effect visible across processes: it appends the call's
+//     idempotency key to the file TOOLBUS_FAULT_APPEND_FILE;
+//   - TOOLBUS_FAULT_KILL_AFTER_RESULT=1: the process SIGKILLs itself at the exact moment it
+//     is about to acknowledge a call whose tool.finished of the append tool the stream
+//     has already stored (the worst moment for an executor to die).
+//
+// The injector and the other executors of the suite are the real toolbus binary.
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"log/slog"
+	"net"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/kelseyhightower/envconfig"
+	"github.com/nats-io/nats.go"
+
+	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/executor"
+	"github.com/toolbus/toolbus/executor/packs"
+	"github.com/toolbus/toolbus/planner"
+)
+
+type config struct {
+	NatsURL string `envconfig:"NATS_URL" required:"true"`
+	events.Config
+	Instance    string        `envconfig:"INSTANCE" default:"faultbus"`
+	Concurrency int           `envconfig:"CONCURRENCY" default:"64"`
+	AckWait     time.Duration `envconfig:"ACK_WAIT" default:"30s"`
+	MaxDeliver  int           `envconfig:"MAX_DELIVER" default:"5"`
+	Grace       time.Duration `envconfig:"GRACE" default:"5s"`
+	Model       string        `envconfig:"MODEL" default:"sleep:4x3:1-100"`
+	LogLevel    string        `envconfig:"LOG_LEVEL" default:"info"`
+	AppendFile  string        `envconfig:"FAULT_APPEND_FILE"`
+	KillOnAck   bool          `envconfig:"FAULT_KILL_AFTER_RESULT"`
+}
+
+func main() {
+	if len(os.Args) != 2 || (os.Args[1] != "planner" && os.Args[1] != "executor") {
+		fmt.Fprintln(os.Stderr, "usage: faultbus planner|executor (configured by TOOLBUS_* variables)")
+		os.Exit(2)
+	}
+	var cfg config
+	if err := envconfig.Process("TOOLBUS", &cfg); err != nil {
+		fmt.Fprintln(os.Stderr, "faultbus:", err)
+		os.Exit(2)
+	}
+	var lvl slog.Level
+	_ = lvl.UnmarshalText([]byte(cfg.LogLevel))
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl})).With("instance", cfg.Instance)
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, cfg, os.Args[1], log); err != nil {
+		log.Error("faultbus failed", "error", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, cfg config, role string, log *slog.Logger) error {
+	opts := []nats.Option{
+		nats.Name("faultbus " + cfg.Instance),
+		nats.MaxReconnects(-1),
+		nats.ReconnectWait(250 * time.Millisecond),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			if err != nil {
+				log.Warn("nats disconnected", "error", err)
+			}
+		}),
+		nats.ReconnectHandler(func(nc *nats.Conn) { log.Info("nats reconnected", "url", nc.ConnectedUrl()) }),
+	}
+	if cfg.KillOnAck {
+		opts = append(opts, nats.SetCustomDialer(&killDialer{log: log}))
+	}
+	nc, err := nats.Connect(cfg.NatsURL, opts...)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	bus, err := events.Open(ctx, nc, cfg.Config)
+	if err != nil {
+		return err
+	}
+	switch role {
+	case "planner":
+		model, err := parseModel(cfg.Model)
+		if err != nil {
+			return err
+		}
+		cat, err := bus.WatchCatalog(ctx, log)
+		if err != nil {
+			return err
+		}
+		return planner.New(bus, model, cat, planner.Config{
+			Instance: cfg.Instance, Concurrency: cfg.Concurrency, Grace: cfg.Grace, Logger: log,
+		}).Run(ctx)
+	default:
+		reg := executor.NewRegistry()
+		if err := packs.Register(reg, "demo", "diag"); err != nil {
+			return err
+		}
+		if err := reg.Register(appendTool(cfg)); err != nil {
+			return err
+		}
+		exec := executor.New(reg, executor.WithLogger(log), executor.WithInstance(cfg.Instance))
+		return executor.NewWorker(bus, exec, executor.WorkerConfig{
+			Instance: cfg.Instance, Concurrency: cfg.Concurrency, AckWait: cfg.AckWait,
+			MaxDeliver: cfg.MaxDeliver, Grace: cfg.Grace, Logger: log,
+		}).Run(ctx)
+	}
+}
+
+// appendTool is a side effect the test can count across processes: one line per run of
+// the tool, "<idempotency key> <instance> <attempt>".
+func appendTool(cfg config) executor.Tool {
+	var mu sync.Mutex
+	return executor.Tool{
+		Name:        "append",
+		Description: "Fault suite: append the call's idempotency key to a file (a side effect).",
+		InputSchema: json.RawMessage(`{"type":"object","properties":{"ms":{"type":"integer"}}}`),
+		ReadOnly:    false,
+		Func: func(ctx context.Context, _ json.RawMessage) (any, error) {
+			ci, _ := executor.CallInfoFrom(ctx)
+			if cfg.AppendFile == "" {
+				return nil, errors.New("TOOLBUS_FAULT_APPEND_FILE is not set")
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			f, err := os.OpenFile(cfg.AppendFile, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
+			if err != nil {
+				return nil, err
+			}
+			defer f.Close()
+			if _, err := fmt.Fprintf(f, "%s %s %d\n", ci.IdempotencyKey, cfg.Instance, ci.Attempt); err != nil {
+				return nil, err
+			}
+			if err := f.Sync(); err != nil {
+				return nil, err
+			}
+			return map[string]string{"key": ci.IdempotencyKey}, nil
+		},
+	}
+}
+
+// killDialer wraps the connection to the server: once the process has published a
+// tool.finished of the append tool (and, since Publish waits for it, the stream has
+// stored it), the next write carrying an acknowledgement kills the process instead.
+type killDialer struct {
+	log   *slog.Logger
+	armed atomic.Bool
+}
+
+func (d *killDialer) Dial(network, address string) (net.Conn, error) {
+	c, err := (&net.Dialer{Timeout: 2 * time.Second}).Dial(network, address)
+	if err != nil {
+		return nil, err
+	}
+	return &killConn{Conn: c, d: d}, nil
+}
+
+type killConn struct {
+	net.Conn
+	d *killDialer
+}
+
+var (
+	finishedAppend = []byte(".tool.finished.append ")
+	ackSubject     = []byte("$JS.ACK.")
+	ackPayload     = []byte("+ACK")
+)
+
+func (c *killConn) Write(p []byte) (int, error) {
+	if c.d.armed.Load() && bytes.Contains(p, ackSubject) && bytes.Contains(p, ackPayload) {
+		c.d.log.Warn("fault injected: SIGKILL before acknowledging a call whose result is stored")
+		_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+		select {} // the signal ends the process; the write never happens
+	}
+	n, err := c.Conn.Write(p)
+	if bytes.Contains(p, finishedAppend) {
+		c.d.armed.Store(true)
+	}
+	return n, err
+}
+
+// scriptModel asks for calls of one tool at each of the first steps steps, then answers.
+// sleep calls get a latency drawn (deterministically per run, step and call) from
+// [min, max] ms. Before planning step s it checks that the history holds, after each
+// assistant message, one tool message per call in call order, with the right output; a
+// wrong history fails the run (permanent model error), which the suite detects.
+type scriptModel struct {
+	tool         string
+	calls, steps int
+	minMS, maxMS int
+}
+
+// parseModel reads <tool>:<calls>x<steps>[:<min>-<max>], e.g. sleep:4x3:1-100.
+func parseModel(spec string) (*scriptModel, error) {
+	parts := strings.Split(spec, ":")
+	if len(parts) < 2 || len(parts) > 3 {
+		return nil, fmt.Errorf("model %q: want <tool>:<calls>x<steps>[:<min>-<max>]", spec)
+	}
+	m := &scriptModel{tool: parts[0]}
+	c, s, ok := strings.Cut(parts[1], "x")
+	var err1, err2 error
+	m.calls, err1 = strconv.Atoi(c)
+	m.steps, err2 = strconv.Atoi(s)
+	if !ok || err1 != nil || err2 != nil || m.calls < 1 || m.steps < 0 {
+		return nil, fmt.Errorf("model %q: bad <calls>x<steps>", spec)
+	}
+	if len(parts) == 3 {
+		lo, hi, ok := strings.Cut(parts[2], "-")
+		m.minMS, err1 = strconv.Atoi(lo)
+		m.maxMS, err2 = strconv.Atoi(hi)
+		if !ok || err1 != nil || err2 != nil || m.minMS < 0 || m.maxMS < m.minMS {
+			return nil, fmt.Errorf("model %q: bad <min>-<max>", spec)
+		}
+	}
+	return m, nil
+}
+
+func (m *scriptModel) latency(run string, step, i int) int {
+	if m.maxMS == m.minMS {
+		return m.minMS
+	}
+	h := fnv.New32a()
+	fmt.Fprintf(h, "%s/%d/%d", run, step, i)
+	return m.minMS + int(h.Sum32()%uint32(m.maxMS-m.minMS+1))
+}
+
+func (m *scriptModel) args(run string, step, i int) string {
+	if m.tool == "sleep" {
+		return `{"ms":` + strconv.Itoa(m.latency(run, step, i)) + `}`
+	}
+	return `{}`
+}
+
+func (m *scriptModel) Complete(_ context.Context, req planner.Request) (planner.Response, error) {
+	if err := m.check(req); err != nil {
+		return planner.Response{}, planner.Permanent(err)
+	}
+	if req.Step >= m.steps {
+		return planner.Response{Message: events.Message{Role: events.RoleAssistant,
+			Content: fmt.Sprintf("done after %d steps", req.Step)}, Model: "faultbus"}, nil
+	}
+	calls := make([]events.ToolCall, m.calls)
+	for i := range calls {
+		calls[i] = events.ToolCall{CallID: "c" + strconv.Itoa(i), Tool: m.tool, Arguments: m.args(req.RunID, req.Step, i)}
+	}
+	return planner.Response{Message: events.Message{Role: events.RoleAssistant, ToolCalls: calls}, Model: "faultbus"}, nil
+}
+
+// check verifies the history of req: input messages, then per earlier step the
+// assistant message and its tool messages in call order.
+func (m *scriptModel) check(req planner.Request) error {
+	msgs := req.Messages
+	i := 0
+	for i < len(msgs) && msgs[i].Role != events.RoleAssistant {
+		i++
+	}
+	for step := 0; step < req.Step; step++ {
+		if i >= len(msgs) || msgs[i].Role != events.RoleAssistant {
+			return fmt.Errorf("history of %s step %d: no assistant message for step %d", req.RunID, req.Step, step)
+		}
+		calls := msgs[i].ToolCalls
+		i++
+		for k, c := range calls {
+			if i >= len(msgs) {
+				return fmt.Errorf("history of %s step %d: step %d has %d of %d tool messages", req.RunID, req.Step, step, k, len(calls))
+			}
+			tm := msgs[i]
+			if tm.Role != events.RoleTool || tm.ToolCallID != c.CallID {
+				return fmt.Errorf("history of %s step %d: step %d message %d answers %q, want %q (call order)", req.RunID, req.Step, step, k, tm.ToolCallID, c.CallID)
+			}
+			if m.tool == "sleep" {
+				var out struct {
+					SleptMS *int `json:"slept_ms"`
+				}
+				want := m.latency(req.RunID, step, k)
+				if err := json.Unmarshal([]byte(tm.Content), &out); err != nil || out.SleptMS == nil || *out.SleptMS != want {
+					return fmt.Errorf("history of %s step %d: step %d result %d is %q, want slept_ms %d", req.RunID, req.Step, step, k, tm.Content, want)
+				}
+			}
+			i++
+		}
+	}
+	if i != len(msgs) {
+		return fmt.Errorf("history of %s step %d: %d unexpected trailing messages", req.RunID, req.Step, len(msgs)-i)
+	}
+	return nil
+}
