@@ -53,8 +53,9 @@ type Tool struct {
 	// MaxConcurrency limits the calls of this tool in flight in one Executor; 0 means
 	// unlimited.
 	MaxConcurrency int
-	// RedactFields are JSON object keys (matched case-insensitively) whose values are
-	// replaced with "[REDACTED]" anywhere in the output and in error details.
+	// RedactFields are JSON object keys whose values are replaced with "[REDACTED]"
+	// anywhere in the output and in error details. Keys match ignoring case, '_' and
+	// '-' ("api_key" also covers "apiKey" and "API-KEY").
 	RedactFields []string
 	// Func is the implementation (required).
 	Func Func

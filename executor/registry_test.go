@@ -325,7 +325,9 @@ func TestRegisterFuncEdgeCases(t *testing.T) {
 	}
 	// Typed errors pass through.
 	err = executor.RegisterFunc(r, executor.Tool{Name: "typed_err"},
-		func(context.Context, struct{}) (struct{}, error) { return struct{}{}, executor.NewRetryableError("busy", "try later") })
+		func(context.Context, struct{}) (struct{}, error) {
+			return struct{}{}, executor.NewRetryableError("busy", "try later")
+		})
 	if err != nil {
 		t.Fatal(err)
 	}

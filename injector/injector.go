@@ -18,8 +18,11 @@ type Config struct {
 	Concurrency int    // messages handled at once (default 64)
 	Durable     string // consumer shared by all injectors (default "injector")
 	Rules       Rules
-	Grace       time.Duration
-	Logger      *slog.Logger
+	// Defaults are the limits of runs that set none (the deadline and max steps the
+	// stop rules check, the deadline of re-issued calls).
+	Defaults events.DefaultLimits
+	Grace    time.Duration
+	Logger   *slog.Logger
 }
 
 func (c *Config) setDefaults() {
@@ -98,7 +101,7 @@ func (in *Injector) handle(ctx context.Context, msg jetstream.Msg) error {
 		if a.RunID == "" {
 			a.RunID = meta.RunID
 		}
-		return in.Decided(ctx, a, meta.Type == events.TypeApprovalGranted)
+		return in.Decided(ctx, a, meta.Step, meta.Type == events.TypeApprovalGranted)
 	case events.TypeRunCancel:
 		var c events.Cancel
 		if _, err := events.DecodeMsg(msg, &c); err != nil {
@@ -149,13 +152,27 @@ func (in *Injector) Waiting(ctx context.Context, tw events.ToolWaiting) error {
 		return err
 	}
 	call := tw.Call
-	return in.update(ctx, tw.RunID, tw.Step, tw.CallCount, func(rec *events.StepRecord) bool {
+	if err := in.update(ctx, tw.RunID, tw.Step, tw.CallCount, func(rec *events.StepRecord) bool {
 		if rec.Waiting[tw.CallIndex] != nil || rec.Results[tw.CallIndex] != nil {
 			return false
 		}
 		rec.Waiting[tw.CallIndex] = &call
 		return true
-	})
+	}); err != nil {
+		return err
+	}
+	// The decision may have come before the call waited: apply it now.
+	if _, err := in.bus.StepDecision(ctx, tw.RunID, tw.Step, call.CallID); err != nil {
+		if errors.Is(err, events.ErrNotFound) {
+			return nil
+		}
+		return err
+	}
+	rec, _, err := in.bus.Step(ctx, tw.RunID, tw.Step)
+	if err != nil {
+		return err
+	}
+	return in.reissue(ctx, rec, tw.CallIndex)
 }
 
 // update applies change to a step's record with compare-and-set, then settles the step
@@ -218,11 +235,27 @@ func (in *Injector) settle(ctx context.Context, stripe *stripe, id string, rec *
 		return nil
 	}
 	if !rec.Complete() {
-		pending := rec.Pending()
+		pending, err := in.undecided(ctx, rec)
+		if err != nil || len(pending) == 0 {
+			return err // every waiting call is decided: their results are on their way
+		}
 		return in.end(ctx, rec.Step, events.RunEnded{RunID: rec.RunID, Status: events.RunWaitingForApproval,
 			Pending: pending, StepsUsed: rec.Step + 1, Reason: fmt.Sprintf("%d call(s) need approval", len(pending))})
 	}
-	if ended := in.cfg.Rules.Decide(rs, rec); ended != nil {
+	// A cancelled result comes from a run cancellation this injector may not have
+	// applied yet: the run ends cancelled, it does not go on.
+	if c, ok, err := in.cancelledBy(ctx, rec); err != nil {
+		return err
+	} else if ok {
+		if err := in.Cancelled(ctx, c); err != nil {
+			return err
+		}
+		return in.close(ctx, stripe, id, rec, rev)
+	}
+	if ended := in.cfg.Rules.Decide(rs.WithDefaults(in.cfg.Defaults), rec); ended != nil {
+		if ended.Usage == (events.Usage{}) {
+			ended.Usage = in.usage(ctx, rec.RunID, rec.Step+1)
+		}
 		if err := in.end(ctx, rec.Step, *ended); err != nil {
 			return err
 		}
@@ -253,6 +286,30 @@ func (in *Injector) close(ctx context.Context, st *stripe, id string, rec *event
 	return nil
 }
 
+// undecided returns the calls of a step that wait for a decision nobody made yet.
+func (in *Injector) undecided(ctx context.Context, rec *events.StepRecord) ([]events.ToolCall, error) {
+	var out []events.ToolCall
+	for _, c := range rec.Pending() {
+		_, err := in.bus.StepDecision(ctx, rec.RunID, rec.Step, c.CallID)
+		if errors.Is(err, events.ErrNotFound) {
+			out = append(out, c)
+		} else if err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+// cancelledBy returns the run's cancellation when a result of the step was cancelled.
+func (in *Injector) cancelledBy(ctx context.Context, rec *events.StepRecord) (events.Cancel, bool, error) {
+	for _, r := range rec.Results {
+		if r != nil && r.Status == events.StatusCancelled {
+			return in.bus.CancelRequest(ctx, rec.RunID)
+		}
+	}
+	return events.Cancel{}, false, nil
+}
+
 func (in *Injector) end(ctx context.Context, step int, ended events.RunEnded) error {
 	err := in.bus.EndRun(ctx, in.source, step, ended)
 	if errors.Is(err, events.ErrRunEnded) {
@@ -264,10 +321,14 @@ func (in *Injector) end(ctx context.Context, step int, ended events.RunEnded) er
 	return err
 }
 
-// Decided applies an approval decision: it is recorded (the first decision stands) and
-// the waiting call is issued again; the executor then runs it or rejects it as
-// approval_denied.
-func (in *Injector) Decided(ctx context.Context, a events.Approval, granted bool) error {
+// Decided applies an approval decision to the call of the run's current step: the
+// decision is recorded (the first one stands) and, if the call already waits, it is
+// issued again; the executor then runs it or rejects it as approval_denied. A decision
+// that arrives before the call waits is kept: the executor or Waiting applies it.
+// step is the step the decision names (the event's step extension); a decision for an
+// earlier step is stale and ignored. 0 is taken to mean "the current step", for
+// publishers that do not set the extension.
+func (in *Injector) Decided(ctx context.Context, a events.Approval, step int, granted bool) error {
 	if !events.ValidRunID(a.RunID) || a.CallID == "" {
 		return fmt.Errorf("%w: approval without run id or call id", events.ErrPoison)
 	}
@@ -282,42 +343,70 @@ func (in *Injector) Decided(ctx context.Context, a events.Approval, granted bool
 		in.log.Warn("approval for an ended run ignored", "run_id", a.RunID, "call_id", a.CallID, "status", st.Status)
 		return nil
 	}
-	rec, _, err := in.bus.Step(ctx, a.RunID, st.Step)
+	current, err := in.bus.CurrentStep(ctx, a.RunID)
 	if err != nil {
-		if errors.Is(err, events.ErrNotFound) {
-			return fmt.Errorf("%w: no waiting step for run %s", events.ErrPoison, a.RunID)
-		}
+		return err
+	}
+	if step != 0 && step != current {
+		in.log.Warn("approval for another step ignored", "run_id", a.RunID, "call_id", a.CallID, "step", step, "current_step", current)
+		return nil
+	}
+	mr, err := in.bus.Assistant(ctx, a.RunID, current)
+	if err != nil && !errors.Is(err, events.ErrNotFound) {
 		return err
 	}
 	idx := -1
-	for i, w := range rec.Waiting {
-		if w != nil && w.CallID == a.CallID {
+	for i, c := range mr.Message.ToolCalls {
+		if c.CallID == a.CallID {
 			idx = i
+			break
 		}
 	}
 	if idx < 0 {
-		in.log.Warn("approval for a call that does not wait ignored", "run_id", a.RunID, "call_id", a.CallID)
+		in.log.Warn("approval for a call the current step does not make ignored", "run_id", a.RunID, "call_id", a.CallID, "step", current)
 		return nil
 	}
-	if rec.Results[idx] != nil {
-		return nil // already decided and run
-	}
-	if _, err := in.bus.Decide(ctx, events.Decision{Approval: a, Granted: granted}); err != nil {
-		return err
-	}
-	if err := in.bus.SetRunState(ctx, a.RunID, events.RunRunning, st.Step, "", ""); err != nil {
-		return err
-	}
-	rs, err := in.bus.RunStarted(ctx, a.RunID)
+	d, err := in.bus.DecideStep(ctx, current, events.Decision{Approval: a, Granted: granted})
 	if err != nil {
 		return err
 	}
+	if d.Granted != granted || d.Who != a.Who {
+		in.log.Warn("a later decision ignored: the first one stands", "run_id", a.RunID, "call_id", a.CallID,
+			"granted", d.Granted, "who", d.Who)
+	}
+	rec, _, err := in.bus.Step(ctx, a.RunID, current)
+	if errors.Is(err, events.ErrNotFound) {
+		return nil // the call has not waited yet: the executor or Waiting applies the decision
+	}
+	if err != nil {
+		return err
+	}
+	return in.reissue(ctx, rec, idx)
+}
+
+// reissue publishes again the request of a waiting call that has a decision, marked
+// approved (a deterministic id: several re-issues are one event).
+func (in *Injector) reissue(ctx context.Context, rec *events.StepRecord, idx int) error {
+	if idx >= len(rec.Waiting) || rec.Waiting[idx] == nil || rec.Results[idx] != nil {
+		return nil // not waiting yet (Waiting re-issues), or already answered
+	}
+	if err := in.bus.SetRunState(ctx, rec.RunID, events.RunRunning, rec.Step, "", ""); err != nil {
+		if errors.Is(err, events.ErrRunEnded) {
+			return nil
+		}
+		return err
+	}
+	rs, err := in.bus.RunStarted(ctx, rec.RunID)
+	if err != nil {
+		return err
+	}
+	rs = rs.WithDefaults(in.cfg.Defaults)
 	call := *rec.Waiting[idx]
-	_, err = in.bus.Publish(ctx, events.SubjectToolRequested(a.RunID, call.Tool), events.Meta{
-		ID: events.IDToolRequested(a.RunID, rec.Step, call.CallID, true), Type: events.TypeToolRequested,
-		Source: in.source, RunID: a.RunID, Step: rec.Step, CallID: call.CallID, CallIndex: idx,
+	_, err = in.bus.Publish(ctx, events.SubjectToolRequested(rec.RunID, call.Tool), events.Meta{
+		ID: events.IDToolRequested(rec.RunID, rec.Step, call.CallID, true), Type: events.TypeToolRequested,
+		Source: in.source, RunID: rec.RunID, Step: rec.Step, CallID: call.CallID, CallIndex: idx,
 		CallCount: rec.CallCount, HasCall: true,
-	}, events.ToolRequested{RunID: a.RunID, Step: rec.Step, CallIndex: idx, CallCount: rec.CallCount, Call: call,
+	}, events.ToolRequested{RunID: rec.RunID, Step: rec.Step, CallIndex: idx, CallCount: rec.CallCount, Call: call,
 		Deadline: rs.Limits.Deadline, Principal: rs.Principal, AllowedTools: rs.AllowedTools, Approved: true})
 	return err
 }
@@ -328,7 +417,7 @@ func (in *Injector) Cancelled(ctx context.Context, c events.Cancel) error {
 	if !events.ValidRunID(c.RunID) {
 		return fmt.Errorf("%w: cancel without a valid run id", events.ErrPoison)
 	}
-	st, _, err := in.bus.RunState(ctx, c.RunID)
+	step, err := in.bus.CurrentStep(ctx, c.RunID)
 	if err != nil {
 		if errors.Is(err, events.ErrRunNotFound) {
 			return fmt.Errorf("%w: %w", events.ErrPoison, err)
@@ -342,6 +431,20 @@ func (in *Injector) Cancelled(ctx context.Context, c events.Cancel) error {
 	if c.Who != "" {
 		reason += " (by " + c.Who + ")"
 	}
-	return in.end(ctx, st.Step, events.RunEnded{RunID: c.RunID, Status: events.RunCancelled, Code: "cancelled",
-		Reason: reason, StepsUsed: st.Step + 1})
+	return in.end(ctx, step, events.RunEnded{RunID: c.RunID, Status: events.RunCancelled, Code: events.CodeCancelled,
+		Reason: reason, StepsUsed: step + 1, Usage: in.usage(ctx, c.RunID, step+1)})
+}
+
+// usage sums the model usage of the run's recorded steps before upTo (best effort: it
+// is reported in the outcome, never needed to decide it).
+func (in *Injector) usage(ctx context.Context, run string, upTo int) events.Usage {
+	var u events.Usage
+	for s := 0; s < upTo; s++ {
+		mr, err := in.bus.Assistant(ctx, run, s)
+		if err != nil {
+			break
+		}
+		u = u.Add(mr.Usage)
+	}
+	return u
 }

@@ -28,8 +28,10 @@ type Config struct {
 	// MaxDeliver bounds retries of a step whose model call keeps failing (default 5).
 	MaxDeliver int
 	// Grace for in-flight steps at shutdown (default 30s).
-	Grace  time.Duration
-	Logger *slog.Logger
+	Grace time.Duration
+	// Defaults are the limits of runs that set none (deadline, token budget).
+	Defaults events.DefaultLimits
+	Logger   *slog.Logger
 }
 
 func (c *Config) setDefaults() {
@@ -73,9 +75,9 @@ type Planner struct {
 // runHistory caches what the planner knows of a run: the messages of steps < upTo,
 // the usage of those steps, and the assistant message it recorded for step upTo.
 type runHistory struct {
-	upTo       int
-	msgs       []events.Message
-	usage      events.Usage
+	upTo         int
+	msgs         []events.Message
+	usage        events.Usage
 	pending      *events.Message
 	pendingUsage events.Usage
 }
@@ -166,6 +168,7 @@ func (p *Planner) Step(ctx context.Context, run string, step int, traceparent st
 		}
 		return err
 	}
+	rs = rs.WithDefaults(p.cfg.Defaults)
 	if p.ended(run) {
 		p.log.Info("run cancelled, step skipped", "run_id", run, "step", step)
 		p.forget(run)

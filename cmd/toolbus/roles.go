@@ -76,6 +76,7 @@ func runPlanner(ctx context.Context, cfg Config, bus *events.Bus, log *slog.Logg
 	}
 	p := planner.New(bus, model, cat, planner.Config{
 		Instance: cfg.Instance, Concurrency: cfg.Concurrency, Grace: cfg.Grace, Logger: log,
+		Defaults: cfg.defaultLimits(),
 	})
 	return p.Run(ctx)
 }
@@ -83,8 +84,7 @@ func runPlanner(ctx context.Context, cfg Config, bus *events.Bus, log *slog.Logg
 func runInjector(ctx context.Context, cfg Config, bus *events.Bus, log *slog.Logger) error {
 	in := injector.New(bus, injector.Config{
 		Instance: cfg.Instance, Concurrency: cfg.Concurrency, Grace: cfg.Grace, Logger: log,
-		Rules: injector.Rules{FailOn: cfg.FailOn, MaxSteps: cfg.MaxSteps},
+		Rules: injector.Rules{FailOn: cfg.FailOn, MaxSteps: cfg.MaxSteps}, Defaults: cfg.defaultLimits(),
 	})
 	return in.Run(ctx)
 }
-
