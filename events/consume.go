@@ -81,7 +81,12 @@ type ServeConfig struct {
 	Grace time.Duration
 	// NakDelay is the redelivery delay after an infrastructure failure (default 1s).
 	NakDelay time.Duration
-	Logger   *slog.Logger
+	// MaxWait is how long a fetched message may wait for a free slot before it is handed
+	// back instead of handled (default 10s). It must be well under the consumer's
+	// AckWait: a message that waited past AckWait may already be redelivered to another
+	// worker, and handling both copies would run a call twice.
+	MaxWait time.Duration
+	Logger  *slog.Logger
 }
 
 // Serve consumes messages until ctx ends, handling at most cfg.Concurrency at once (the
@@ -98,6 +103,9 @@ func Serve(ctx context.Context, cons jetstream.Consumer, cfg ServeConfig, h Hand
 	if cfg.NakDelay <= 0 {
 		cfg.NakDelay = time.Second
 	}
+	if cfg.MaxWait <= 0 {
+		cfg.MaxWait = 10 * time.Second
+	}
 	log := cfg.Logger
 	if log == nil {
 		log = slog.Default()
@@ -107,7 +115,16 @@ func Serve(ctx context.Context, cons jetstream.Consumer, cfg ServeConfig, h Hand
 	defer cancelWork()
 	p := pool.New().WithMaxGoroutines(cfg.Concurrency)
 	cc, err := cons.Consume(func(msg jetstream.Msg) {
-		p.Go(func() { dispatch(workCtx, log, cfg.NakDelay, h, msg) })
+		received := time.Now()
+		p.Go(func() {
+			if waited := time.Since(received); waited > cfg.MaxWait {
+				// Too old to trust: hand it back to be delivered again.
+				log.Debug("message waited too long for a slot, handed back", "subject", msg.Subject(), "waited", waited)
+				_ = msg.Nak()
+				return
+			}
+			dispatch(workCtx, log, cfg.NakDelay, h, msg)
+		})
 	}, jetstream.PullMaxMessages(cfg.Concurrency), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
 		if !errors.Is(err, jetstream.ErrNoHeartbeat) {
 			log.Debug("consume", "error", err)

@@ -148,6 +148,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	w.log.Info("executor serving", "tools", served, "concurrency", w.cfg.Concurrency, "consumer", w.cfg.Durable)
 	return events.Serve(ctx, cons, events.ServeConfig{
 		Concurrency: w.cfg.Concurrency, Grace: w.cfg.Grace, Logger: w.log, NakDelay: time.Second,
+		MaxWait: w.cfg.AckWait / 3,
 	}, w.handle)
 }
 
