@@ -33,3 +33,32 @@ func BenchmarkExecute(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkExecuteTyped measures a RegisterFunc tool with a struct input and output
+// (decode into In, canonical re-encoding of the output, redaction scan).
+func BenchmarkExecuteTyped(b *testing.B) {
+	type in struct {
+		City  string `json:"city" jsonschema:"minLength=1"`
+		Units string `json:"units,omitempty" jsonschema:"enum=metric,enum=imperial"`
+	}
+	type out struct {
+		City  string  `json:"city"`
+		TempC float64 `json:"temp_c"`
+		Sky   string  `json:"sky"`
+	}
+	reg := executor.NewRegistry()
+	err := executor.RegisterFunc(reg, executor.Tool{Name: "weather", ReadOnly: true},
+		func(_ context.Context, a in) (out, error) { return out{City: a.City, TempC: 21.5, Sky: "clear"}, nil })
+	if err != nil {
+		b.Fatal(err)
+	}
+	ex := executor.New(reg)
+	ctx := context.Background()
+	call := events.ToolCall{CallID: "call_1", Tool: "weather", Arguments: `{"city":"Paris","units":"metric"}`}
+	b.ReportAllocs()
+	for b.Loop() {
+		if res := ex.Execute(ctx, call, events.Principal{}); res.Status != events.StatusSucceeded {
+			b.Fatalf("status %s: %s", res.Status, res.Content)
+		}
+	}
+}

@@ -23,10 +23,14 @@ type callCtx struct {
 
 var _ context.Context = (*callCtx)(nil)
 
+// Deadline returns the call's deadline: min(start + tool timeout, parent deadline).
 func (c *callCtx) Deadline() (time.Time, bool) { return c.deadline, true }
 
+// Value looks key up in the parent (CallInfo, trace context, ...).
 func (c *callCtx) Value(key any) any { return c.parent.Value(key) }
 
+// Done returns a channel closed at the deadline, when the parent ends, or when the
+// executor ends the call; the first call starts the timer.
 func (c *callCtx) Done() <-chan struct{} {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -48,6 +52,8 @@ func (c *callCtx) Done() <-chan struct{} {
 	return c.done
 }
 
+// Err returns nil while the call runs, then DeadlineExceeded or Canceled (or the
+// parent's error).
 func (c *callCtx) Err() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -89,6 +95,7 @@ func (c *callCtx) endLocked(err error) {
 	}
 }
 
+// String names the context type (for fmt and debugging).
 func (c *callCtx) String() string { return "executor.callCtx" }
 
 var timerPool sync.Pool

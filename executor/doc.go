@@ -25,6 +25,9 @@
 //  3. The arguments match the input schema: else rejected / invalid_arguments. The
 //     message lists every violation with its JSON pointer ("(root)" for the whole
 //     object), and Error.Details is a []Violation, [{"path":"/limit","message":"..."}].
+//     Validation uses github.com/santhosh-tekuri/jsonschema/v6 (formats asserted);
+//     simple schemas also get a precompiled pre-check that lets plainly valid
+//     arguments skip the full validator.
 //  4. The Authorizer, if any, allows the principal: else rejected / not_authorized with
 //     the authorizer's error text (or *Error message). A context already done before
 //     this gate gives cancelled or timed_out.
@@ -66,9 +69,9 @@
 // deterministic and at most MaxOutputBytes long (Tool.MaxOutputBytes, else the executor
 // default, 16384), and never holds a stack trace.
 //
-// For a succeeded call, the output is encoded as JSON and re-encoded through generic
-// maps, so object keys are sorted and equal outputs give equal bytes (numbers are kept
-// as written, HTML characters are not escaped). ToolResult.Output holds that whole JSON
+// For a succeeded call, the output is encoded as JSON, decoded into generic values and
+// re-encoded compactly with object keys sorted, so equal outputs give equal bytes
+// (numbers are kept as written, HTML characters are not escaped). ToolResult.Output holds that whole JSON
 // (redacted, never truncated) and Content holds the same text, truncated if needed. An
 // output that is a string (a Go string, or JSON whose top level is a string) is used as
 // the text itself: Content is the string, Output its JSON encoding.
@@ -85,7 +88,8 @@
 // # Redaction
 //
 // Secrets are replaced with "[REDACTED]" in Output, Content, error messages and error
-// details, and ToolResult.Redactions counts the replacements. RedactText finds bearer
+// details, and ToolResult.Redactions counts the replacements. Error messages are also
+// cut at anything that looks like a Go stack trace ("goroutine N [", "file.go:12"). RedactText finds bearer
 // and basic credentials, OpenAI and Anthropic keys (sk-..., sk-ant-...), GitHub tokens
 // (ghp_, gho_, ghu_, ghs_, ghr_, github_pat_), Slack tokens (xox?-, xapp-), AWS access
 // key ids (AKIA/ASIA...) and secret access keys, PEM private key blocks, passwords in

@@ -314,7 +314,7 @@ func (e *Executor) authorize(ctx context.Context, p events.Principal, tool strin
 func notAuthorizedMessage(tool string, err error) string {
 	var te *Error
 	reason := err.Error()
-	if errors.As(err, &te) && te.Message != "" {
+	if errors.As(err, &te) && te != nil && te.Message != "" {
 		reason = te.Message
 	}
 	return fmt.Sprintf("not authorized to call %s: %s", tool, reason)

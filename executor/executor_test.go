@@ -508,7 +508,7 @@ func TestConcurrencyLimit(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ex := executor.New(reg)
+	ex := executor.New(reg, executor.WithLogger(slog.New(slog.DiscardHandler)))
 	var wg sync.WaitGroup
 	results := make([]events.ToolResult, 5)
 	for i := range results {
@@ -676,4 +676,48 @@ func TestConcurrentExecute(t *testing.T) {
 		})
 	}
 	wg.Wait()
+}
+
+type panicMarshaler struct{}
+
+func (panicMarshaler) MarshalJSON() ([]byte, error) { panic("marshal boom") }
+
+func TestBadValuesFromToolsDoNotPanic(t *testing.T) {
+	reg := executor.NewRegistry()
+	tools := map[string]func(context.Context, json.RawMessage) (any, error){
+		"marshal_panic": func(context.Context, json.RawMessage) (any, error) { return panicMarshaler{}, nil },
+		"details_panic": func(context.Context, json.RawMessage) (any, error) {
+			return nil, &executor.Error{Code: "x", Message: "m", Details: panicMarshaler{}}
+		},
+		"details_bad": func(context.Context, json.RawMessage) (any, error) {
+			return nil, &executor.Error{Code: "x", Message: "m", Details: make(chan int)}
+		},
+		"nil_typed_error": func(context.Context, json.RawMessage) (any, error) { return nil, (*executor.Error)(nil) },
+		"stack_in_error": func(context.Context, json.RawMessage) (any, error) {
+			return nil, errors.New("failed: goroutine 7 [running]:\nmain.f()\n\t/src/main.go:12 +0x1d")
+		},
+		"frame_in_error": func(context.Context, json.RawMessage) (any, error) {
+			return nil, errors.New("db error at /app/store/db.go:88 (connection reset)")
+		},
+	}
+	for name, fn := range tools {
+		if err := reg.Register(executor.Tool{Name: name, InputSchema: json.RawMessage(emptySchema), Func: fn}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ex := executor.New(reg, executor.WithLogger(slog.New(slog.DiscardHandler)))
+	want := map[string]string{"marshal_panic": events.CodeToolInternalError, "details_panic": events.CodeToolInternalError,
+		"details_bad": "x", "nil_typed_error": events.CodeToolError, "stack_in_error": events.CodeToolError,
+		"frame_in_error": events.CodeToolError}
+	for name, code := range want {
+		r := ex.Execute(context.Background(), events.ToolCall{CallID: "call_1", Tool: name, Arguments: `{}`}, principal)
+		if r.Status != events.StatusFailed || r.Code() != code {
+			t.Errorf("%s: %s/%s, want failed/%s: %+v", name, r.Status, r.Code(), code, r)
+		}
+		for _, bad := range []string{"goroutine ", ".go:", "marshal boom"} {
+			if strings.Contains(r.Content, bad) {
+				t.Errorf("%s: content %q has %q", name, r.Content, bad)
+			}
+		}
+	}
 }

@@ -3,6 +3,8 @@ package executor
 import (
 	"bytes"
 	"encoding/json"
+	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"unicode/utf8"
@@ -77,12 +79,7 @@ func (c *call) structured(b []byte) {
 		return
 	}
 	v, n := redactValue(v, c.ent.redact)
-	canon, err := marshalJSON(v) // map keys sort, so this is deterministic
-	if err != nil {
-		c.fail(events.StatusFailed, events.CodeInvalidToolOutput,
-			"the tool returned an invalid output (it cannot be encoded as JSON)", false, nil)
-		return
-	}
+	canon := appendCanonical(make([]byte, 0, len(b)+len(b)/8), v)
 	c.succeed(canon, string(canon), n)
 }
 
@@ -121,7 +118,7 @@ func (c *call) fail(status events.Status, code, msg string, retryable bool, deta
 	r := c.res
 	r.Status = status
 	r.Output = nil
-	msg, n := RedactText(msg)
+	msg, n := RedactText(stripStack(msg))
 	r.Redactions += n
 	var keys []string
 	if c.ent != nil {
@@ -132,7 +129,7 @@ func (c *call) fail(status events.Status, code, msg string, retryable bool, deta
 		if b, err := marshalJSON(details); err == nil {
 			if v, err := decodeJSON(b); err == nil && v != nil {
 				v, n := redactValue(v, keys)
-				if b, err := marshalJSON(v); err == nil && len(b) <= maxDetailsBytes {
+				if b := appendCanonical(nil, v); len(b) <= maxDetailsBytes {
 					te.Details = b
 					r.Redactions += n
 				}
@@ -187,6 +184,52 @@ func marshalJSON(v any) ([]byte, error) {
 	return bytes.TrimSuffix(buf.Bytes(), []byte{'\n'}), nil
 }
 
+// appendCanonical appends the canonical JSON of a decoded value (map[string]any,
+// []any, string, json.Number, bool, nil; see parseValidJSON): compact, object keys
+// sorted, strings escaped by appendJSONString, numbers as written.
+func appendCanonical(b []byte, v any) []byte {
+	switch x := v.(type) {
+	case nil:
+		return append(b, "null"...)
+	case bool:
+		return strconv.AppendBool(b, x)
+	case json.Number:
+		return append(b, x...)
+	case string:
+		return appendJSONString(b, x)
+	case []any:
+		b = append(b, '[')
+		for i, e := range x {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			b = appendCanonical(b, e)
+		}
+		return append(b, ']')
+	case map[string]any:
+		keys := make([]string, 0, len(x))
+		for k := range x {
+			keys = append(keys, k)
+		}
+		slices.Sort(keys)
+		b = append(b, '{')
+		for i, k := range keys {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			b = appendJSONString(b, k)
+			b = append(b, ':')
+			b = appendCanonical(b, x[k])
+		}
+		return append(b, '}')
+	}
+	// Not produced by parseValidJSON; encode it the standard way.
+	if enc, err := marshalJSON(v); err == nil {
+		return append(b, enc...)
+	}
+	return append(b, "null"...)
+}
+
 const hexDigits = "0123456789abcdef"
 
 // appendJSONString appends s as a JSON string: quotes, backslashes and control
@@ -230,4 +273,20 @@ func appendJSONString(b []byte, s string) []byte {
 	}
 	b = append(b, s[start:]...)
 	return append(b, '"')
+}
+
+// stackRE finds the start of a Go stack trace: a goroutine header or a file:line frame.
+var stackRE = regexp.MustCompile(`goroutine \d+ \[[^\]\n]*\]:|[^\s"'()]+\.go:\d+`)
+
+// stripStack cuts a message at the first sign of a stack trace (some errors carry one in
+// their text); stacks belong in logs, never in what the model reads.
+func stripStack(msg string) string {
+	if !strings.Contains(msg, "goroutine ") && !strings.Contains(msg, ".go:") {
+		return msg
+	}
+	loc := stackRE.FindStringIndex(msg)
+	if loc == nil {
+		return msg
+	}
+	return strings.TrimRight(msg[:loc[0]], " \t\n:") + " [stack trace removed]"
 }

@@ -84,6 +84,8 @@ var redactRules = []redactRule{
 		triggers: []string{"secret"},
 		fold:     true,
 		re:       regexp.MustCompile(`(?i)\b(?:aws_?)?secret_?access_?key\\?["']?\s*[:=]\s*\\?["']?([A-Za-z0-9/+=]{16,})`),
+		// A number (a JSON number after "secret_access_key": in JSON text) is no secret.
+		skip: func(s string) bool { return strings.Trim(s, "0123456789eE+") == "" },
 	},
 }
 
@@ -247,14 +249,30 @@ func redactValue(v any, keys []string) (any, int) {
 }
 
 func isRedactKey(k string, keys []string) bool {
-	if len(keys) == 0 {
-		return false
-	}
-	nk := normalizeKey(k)
 	for _, f := range keys {
-		if nk == f {
+		if keyMatches(k, f) {
 			return true
 		}
 	}
 	return false
+}
+
+// keyMatches reports whether k equals norm (see normalizeKey) ignoring ASCII case and
+// the characters '_' and '-', without allocating.
+func keyMatches(k, norm string) bool {
+	j := 0
+	for i := 0; i < len(k); i++ {
+		c := k[i]
+		if c == '_' || c == '-' {
+			continue
+		}
+		if 'A' <= c && c <= 'Z' {
+			c += 'a' - 'A'
+		}
+		if j >= len(norm) || norm[j] != c {
+			return false
+		}
+		j++
+	}
+	return j == len(norm)
 }

@@ -95,7 +95,7 @@ func FuzzRedact(f *testing.F) {
 	for _, s := range []string{
 		"", "plain", "Bearer " + jwt, "Basic dXNlcjpwYXNzd29yZA==", anthropicKey, openAIKey, githubPAT, githubOAuth, slackBot,
 		awsKeyID + awsKeyID, "aws_secret_access_key=" + awsSecret, pemKey, encPEM, "-----BEGIN PRIVATE KEY-----",
-		"https://u:p@h", "a://b:c@d://e:f@g", jwt + "." + jwt, `{"k":"Bearer x\"y"}`, "bearer bearer bearer abcdefgh1",
+		"https://u:p@h", "a://b:c@d://e:f@g", `{"secret_access_key":12345678901234567890}`, `{"secretAccessKey":1e+1000000000000000}`, jwt + "." + jwt, `{"k":"Bearer x\"y"}`, "bearer bearer bearer abcdefgh1",
 		"\xff\xfe sk-" + strings.Repeat("1", 30), "ghp_" + strings.Repeat("é", 30), "x://:[REDACTED]@",
 	} {
 		f.Add(s)

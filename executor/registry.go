@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"slices"
 	"sort"
-	"strings"
 	"sync"
 	"time"
 
@@ -222,12 +221,20 @@ func compileSchema(raw json.RawMessage, which string) (*jsval.Schema, error) {
 // (normalized: lower case, without '_' and '-').
 var builtinRedactKeys = []string{"awssecretaccesskey", "secretaccesskey"}
 
+// normalizeKey lower-cases the ASCII letters of k and drops '_' and '-'.
 func normalizeKey(k string) string {
-	k = strings.ToLower(k)
-	if strings.ContainsAny(k, "_-") {
-		k = strings.NewReplacer("_", "", "-", "").Replace(k)
+	b := make([]byte, 0, len(k))
+	for i := 0; i < len(k); i++ {
+		c := k[i]
+		switch {
+		case c == '_' || c == '-':
+			continue
+		case 'A' <= c && c <= 'Z':
+			c += 'a' - 'A'
+		}
+		b = append(b, c)
 	}
-	return k
+	return string(b)
 }
 
 func redactKeys(fields []string) []string {

@@ -223,7 +223,11 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) error {
 	if attempt > 1 {
 		// A redelivery: the worker that had it died or stalled. If its result is already in
 		// the stream, the tool does not run again.
-		stored, err := w.resultStored(ctx, req)
+		var stored bool
+		err := w.retry(ctx, msg, log, "look up the stored result", func() (err error) {
+			stored, err = w.resultStored(ctx, req)
+			return err
+		})
 		if err != nil {
 			return err
 		}
@@ -266,14 +270,21 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) error {
 	}
 	res.Attempt = attempt
 	res.Executor = w.cfg.Instance
-	if err := w.keepLargeOutput(ctx, req, &res); err != nil {
+	// The call ran: its result must not be lost to a bus hiccup (a redelivered call whose
+	// result is not stored runs again), so storing it is retried in place.
+	if err := w.retry(ctx, msg, log, "store the large output", func() error {
+		return w.keepLargeOutput(ctx, req, &res)
+	}); err != nil {
 		return err
 	}
-	_, err = w.bus.Publish(ctx, events.SubjectToolFinished(req.RunID, req.Call.Tool), events.Meta{
-		ID: events.IDToolFinished(req.RunID, req.Step, req.Call.CallID), Type: events.TypeToolFinished,
-		Source: w.source, RunID: req.RunID, Step: req.Step, CallID: req.Call.CallID,
-		CallIndex: req.CallIndex, CallCount: req.CallCount, HasCall: true, TraceParent: meta.TraceParent,
-	}, events.ToolFinished{RunID: req.RunID, Step: req.Step, CallIndex: req.CallIndex, CallCount: req.CallCount, Result: res})
+	err = w.retry(ctx, msg, log, "publish the result", func() error {
+		_, err := w.bus.Publish(ctx, events.SubjectToolFinished(req.RunID, req.Call.Tool), events.Meta{
+			ID: events.IDToolFinished(req.RunID, req.Step, req.Call.CallID), Type: events.TypeToolFinished,
+			Source: w.source, RunID: req.RunID, Step: req.Step, CallID: req.Call.CallID,
+			CallIndex: req.CallIndex, CallCount: req.CallCount, HasCall: true, TraceParent: meta.TraceParent,
+		}, events.ToolFinished{RunID: req.RunID, Step: req.Step, CallIndex: req.CallIndex, CallCount: req.CallCount, Result: res})
+		return err
+	})
 	if err != nil {
 		return err
 	}
@@ -326,6 +337,39 @@ func (w *Worker) heartbeat(msg jetstream.Msg) (stop func()) {
 		}
 	}()
 	return func() { close(done) }
+}
+
+// busRetryFor bounds how long a worker retries a failing bus operation in place.
+const busRetryFor = 2 * time.Minute
+
+// retry runs op until it succeeds, ctx ends or busRetryFor passes, backing off from
+// 100ms to 2s and sending InProgress heartbeats meanwhile. A bus outage (a server
+// restart, a cluster leader election) then costs no delivery of the call: every
+// delivery counts toward MaxDeliver, and a redelivery could run the tool again.
+func (w *Worker) retry(ctx context.Context, msg jetstream.Msg, log *slog.Logger, what string, op func() error) error {
+	err := op()
+	if err == nil {
+		return nil
+	}
+	stopBeat := w.heartbeat(msg)
+	defer stopBeat()
+	deadline := time.Now().Add(busRetryFor)
+	delay := 100 * time.Millisecond
+	for n := 1; time.Now().Before(deadline); n++ {
+		log.Warn("bus operation failed, retrying", "op", what, "retry", n, "error", err)
+		t := time.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return err
+		case <-t.C:
+		}
+		if err = op(); err == nil {
+			return nil
+		}
+		delay = min(2*delay, 2*time.Second)
+	}
+	return err
 }
 
 func (w *Worker) wait(ctx context.Context, req events.ToolRequested, log *slog.Logger) error {
