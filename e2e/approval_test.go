@@ -3,35 +3,362 @@ package e2e_test
 import (
 	"context"
 	"encoding/json"
-	"sync/atomic"
+	"fmt"
+	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/eventstest"
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/planner"
 )
 
-func TestScratchApproval(t *testing.T) {
-	var ran atomic.Int64
-	deploy := executor.Tool{Name: "deploy", Description: "deploys", InputSchema: objectSchema, NeedsApproval: true,
-		Func: func(ctx context.Context, _ json.RawMessage) (any, error) { ran.Add(1); return map[string]string{"deployed": "yes"}, nil }}
+// deployTool is a tool with a side effect that needs a person's approval; it counts its
+// runs per call.
+type deployTool struct {
+	mu   sync.Mutex
+	runs map[string]int // "<step>/<call_id>" -> runs
+}
+
+func newDeployTool() *deployTool { return &deployTool{runs: map[string]int{}} }
+
+func (d *deployTool) tool() executor.Tool {
+	return executor.Tool{
+		Name: "deploy", Description: "deploys a service (needs approval)", NeedsApproval: true,
+		InputSchema: json.RawMessage(`{"type":"object","properties":{"service":{"type":"string"}}}`),
+		Func: func(ctx context.Context, args json.RawMessage) (any, error) {
+			ci, _ := executor.CallInfoFrom(ctx)
+			d.mu.Lock()
+			d.runs[ci.IdempotencyKey]++
+			d.mu.Unlock()
+			var in struct{ Service string }
+			_ = json.Unmarshal(args, &in)
+			return map[string]string{"deployed": in.Service}, nil
+		},
+	}
+}
+
+// total is the number of times the tool ran.
+func (d *deployTool) total() int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	n := 0
+	for _, v := range d.runs {
+		n += v
+	}
+	return n
+}
+
+// decide publishes an approval decision for a call of the run's current step, as
+// `toolbus approve` and `toolbus deny` do.
+func (s *stack) decide(run, callID string, granted bool, why string) {
+	s.t.Helper()
+	step, err := s.bus.CurrentStep(s.ctx, run)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	if _, err := s.bus.PublishApproval(s.ctx, events.Source("test", "approver"), step,
+		events.Approval{RunID: run, CallID: callID, Who: "alice", Why: why}, granted); err != nil {
+		s.t.Fatal(err)
+	}
+}
+
+// outcomes returns the run.<status> events of a run, in stream order.
+func (s *stack) outcomes(run string) []events.RunEnded {
+	s.t.Helper()
+	var out []events.RunEnded
+	for _, e := range s.runEvents(run) {
+		if !strings.HasPrefix(e.meta.Type, "toolbus.run.") || e.meta.Type == events.TypeRunStarted || e.meta.Type == events.TypeRunCancel {
+			continue
+		}
+		var re events.RunEnded
+		if err := jsonUnmarshal(e.data, &re); err != nil {
+			s.t.Fatal(err)
+		}
+		out = append(out, re)
+	}
+	return out
+}
+
+// waitOutcome waits until the run's latest outcome satisfies ok.
+func (s *stack) waitOutcome(run string, what string, ok func(events.RunEnded) bool) events.RunEnded {
+	s.t.Helper()
+	var last events.RunEnded
+	eventstest.Eventually(s.t, 60*time.Second, func() error {
+		outs := s.outcomes(run)
+		if len(outs) == 0 {
+			return fmt.Errorf("run %s has no outcome yet (want %s)", run, what)
+		}
+		last = outs[len(outs)-1]
+		if !ok(last) {
+			return fmt.Errorf("run %s: latest outcome %s %v, want %s", run, last.Status, last.Pending, what)
+		}
+		return nil
+	})
+	return last
+}
+
+func pendingIDs(calls []events.ToolCall) string {
+	ids := make([]string, len(calls))
+	for i, c := range calls {
+		ids[i] = c.CallID
+	}
+	return strings.Join(ids, ",")
+}
+
+func waitingFor(ids string) func(events.RunEnded) bool {
+	return func(re events.RunEnded) bool {
+		return re.Status == events.RunWaitingForApproval && pendingIDs(re.Pending) == ids
+	}
+}
+
+func statusIs(st events.RunStatus) func(events.RunEnded) bool {
+	return func(re events.RunEnded) bool { return re.Status == st }
+}
+
+// resultOf returns the result of a call of a step.
+func (s *stack) resultOf(run string, step int, callID string) (events.ToolResult, bool) {
+	for _, tf := range s.finished(run) {
+		if tf.Step == step && tf.Result.CallID == callID {
+			return tf.Result, true
+		}
+	}
+	return events.ToolResult{}, false
+}
+
+// A step that mixes an approval-needing call with ordinary ones: the ordinary calls run,
+// the deploy does not; the run waits with the deploy pending; once granted, the deploy
+// runs and the model reads all three results in call order.
+func TestApprovalGrantedKeepsEveryResult(t *testing.T) {
+	deploy := newDeployTool()
 	model := &planner.Script{Steps: []func(planner.Request) planner.Response{
-		planner.Calls(call("a", "noop", `{}`), call("b", "deploy", `{}`), call("c", "calculator", `{"expression":"1+2"}`)),
+		planner.Calls(call("a", "noop", `{}`), call("b", "deploy", `{"service":"api"}`), call("c", "calculator", `{"expression":"2*21"}`)),
+		planner.Answer("deployed"),
+	}}
+	s := newStack(t, model, deploy.tool())
+	s.startAll()
+	s.submit("approve-1", events.Limits{})
+
+	waiting := s.waitOutcome("approve-1", "waiting for b", waitingFor("b"))
+	if waiting.StepsUsed != 1 || waiting.Pending[0].Tool != "deploy" || waiting.Pending[0].Arguments != `{"service":"api"}` {
+		t.Fatalf("waiting outcome %+v", waiting)
+	}
+	if n := deploy.total(); n != 0 {
+		t.Fatalf("deploy ran %d times before approval", n)
+	}
+	st, _, err := s.bus.RunState(s.ctx, "approve-1")
+	if err != nil || st.Status != events.RunWaitingForApproval || st.Step != 0 {
+		t.Fatalf("run state %+v %v", st, err)
+	}
+	evs := s.runEvents("approve-1")
+	if countType(evs, events.TypeToolFinished) != 2 || countType(evs, events.TypeToolWaiting) != 1 {
+		t.Fatalf("%d results and %d waiting before the decision", countType(evs, events.TypeToolFinished), countType(evs, events.TypeToolWaiting))
+	}
+
+	s.decide("approve-1", "b", true, "change ticket CHG-1")
+	ended := s.waitEnd("approve-1", events.RunCompleted, events.RunFailed, events.RunLimitReached, events.RunCancelled)
+	if ended.Status != events.RunCompleted || ended.Answer != "deployed" {
+		t.Fatalf("outcome %+v", ended)
+	}
+	if n := deploy.total(); n != 1 {
+		t.Fatalf("deploy ran %d times, want 1", n)
+	}
+	req, ok := s.seenReq.forStep("approve-1", 1)
+	if !ok {
+		t.Fatal("no model request for step 1")
+	}
+	if got, want := toolRoles(req.Messages), "system,user,assistant,tool:a,tool:b,tool:c"; got != want {
+		t.Fatalf("history %s, want %s", got, want)
+	}
+	if b := req.Messages[4]; b.IsError || b.Content != `{"deployed":"api"}` {
+		t.Fatalf("deploy result the model read: %+v", b)
+	}
+	if c := req.Messages[5]; c.IsError || !strings.Contains(c.Content, "42") {
+		t.Fatalf("calculator result the model read: %+v", c)
+	}
+	// Exactly one result per call.
+	if got := len(s.finished("approve-1")); got != 3 {
+		t.Fatalf("%d results, want 3", got)
+	}
+}
+
+// A denied call is not run: it comes back to the model as rejected/approval_denied with
+// the reason, and the model goes on.
+func TestApprovalDenied(t *testing.T) {
+	deploy := newDeployTool()
+	model := &planner.Script{Steps: []func(planner.Request) planner.Response{
+		planner.Calls(call("a", "noop", `{}`), call("b", "deploy", `{"service":"db"}`)),
+		func(req planner.Request) planner.Response {
+			return planner.Answer("not deployed: " + req.Messages[len(req.Messages)-1].Content)(req)
+		},
+	}}
+	s := newStack(t, model, deploy.tool())
+	s.startAll()
+	s.submit("deny-1", events.Limits{})
+	s.waitOutcome("deny-1", "waiting for b", waitingFor("b"))
+	s.decide("deny-1", "b", false, "freeze until Monday")
+	ended := s.waitEnd("deny-1", events.RunCompleted, events.RunFailed)
+	if ended.Status != events.RunCompleted {
+		t.Fatalf("outcome %+v", ended)
+	}
+	if n := deploy.total(); n != 0 {
+		t.Fatalf("a denied call ran %d times", n)
+	}
+	res, ok := s.resultOf("deny-1", 0, "b")
+	if !ok || res.Status != events.StatusRejected || res.Code() != events.CodeApprovalDenied || !strings.Contains(res.Error.Message, "freeze until Monday") {
+		t.Fatalf("result of the denied call: %+v", res)
+	}
+	req, _ := s.seenReq.forStep("deny-1", 1)
+	if got, want := toolRoles(req.Messages), "system,user,assistant,tool:a,tool:b"; got != want {
+		t.Fatalf("history %s, want %s", got, want)
+	}
+	if m := req.Messages[4]; !m.IsError || !strings.Contains(m.Content, "approval_denied") {
+		t.Fatalf("the model read %+v", m)
+	}
+}
+
+// Waiting, deciding and resuming survive restarts of every process: nothing of it lives
+// in a process. Two calls wait; each decision comes while a fresh set of workers runs.
+func TestApprovalSurvivesRestarts(t *testing.T) {
+	deploy := newDeployTool()
+	model := &planner.Script{Steps: []func(planner.Request) planner.Response{
+		planner.Calls(call("a", "noop", `{}`), call("b", "deploy", `{"service":"api"}`), call("c", "deploy", `{"service":"db"}`)),
 		planner.Answer("done"),
 	}}
-	s := newStack(t, model, deploy)
+	s := newStack(t, model, deploy.tool())
 	s.startAll()
-	s.submit("ap-1", events.Limits{})
-	ended := s.waitEnd("ap-1", events.RunWaitingForApproval)
-	t.Logf("ended %+v", ended)
-	_, err := s.bus.Publish(s.ctx, events.SubjectApproval("ap-1", true), events.Meta{ID: events.IDApproval("ap-1", "b", true), Type: events.TypeApprovalGranted, Source: "/test", RunID: "ap-1"},
-		events.Approval{RunID: "ap-1", CallID: "b", Who: "me"})
-	if err != nil {
-		t.Fatal(err)
+	s.submit("restart-approval", events.Limits{})
+	s.waitOutcome("restart-approval", "waiting for b,c", waitingFor("b,c"))
+
+	s.stopAll()
+	s.startExecutor("executor-2", executor.WorkerConfig{})
+	s.startPlanner("planner-2")
+	s.startInjector("injector-2")
+	s.decide("restart-approval", "b", true, "")
+	// b runs; the run waits again, for c only.
+	s.waitOutcome("restart-approval", "waiting for c", waitingFor("c"))
+	if n := deploy.total(); n != 1 {
+		t.Fatalf("deploy ran %d times, want 1", n)
 	}
-	ended = s.waitEnd("ap-1", events.RunCompleted, events.RunFailed)
-	t.Logf("ended %+v ran %d", ended, ran.Load())
-	req, _ := s.seenReq.forStep("ap-1", 1)
-	t.Logf("history %s", toolRoles(req.Messages))
-	for _, m := range req.Messages { t.Logf("%+v", m) }
+
+	s.stop("injector-2")
+	s.stop("executor-2")
+	s.decide("restart-approval", "c", false, "one deploy at a time")
+	s.startInjector("injector-3")
+	s.startExecutor("executor-3", executor.WorkerConfig{})
+	ended := s.waitEnd("restart-approval", events.RunCompleted, events.RunFailed)
+	if ended.Status != events.RunCompleted {
+		t.Fatalf("outcome %+v", ended)
+	}
+	if n := deploy.total(); n != 1 {
+		t.Fatalf("deploy ran %d times, want 1", n)
+	}
+	req, _ := s.seenReq.forStep("restart-approval", 1)
+	if got, want := toolRoles(req.Messages), "system,user,assistant,tool:a,tool:b,tool:c"; got != want {
+		t.Fatalf("history %s, want %s", got, want)
+	}
+	if req.Messages[4].IsError || !req.Messages[5].IsError {
+		t.Fatalf("b must have succeeded and c been denied: %+v", req.Messages[4:])
+	}
+}
+
+// Call ids are unique only within a step: a decision on call_0 at step 0 does not
+// approve the call_0 of step 1.
+func TestApprovalDoesNotCarryOverReusedCallID(t *testing.T) {
+	deploy := newDeployTool()
+	model := &planner.Script{Steps: []func(planner.Request) planner.Response{
+		planner.Calls(call("call_0", "deploy", `{"service":"api"}`)),
+		planner.Calls(call("call_0", "deploy", `{"service":"everything"}`)),
+		planner.Answer("done"),
+	}}
+	s := newStack(t, model, deploy.tool())
+	s.startAll()
+	s.submit("reuse-1", events.Limits{})
+	s.waitOutcome("reuse-1", "waiting at step 0", waitingFor("call_0"))
+	s.decide("reuse-1", "call_0", true, "")
+	second := s.waitOutcome("reuse-1", "waiting at step 1", func(re events.RunEnded) bool {
+		return re.Status == events.RunWaitingForApproval && re.StepsUsed == 2
+	})
+	if second.Pending[0].Arguments != `{"service":"everything"}` {
+		t.Fatalf("pending %+v", second.Pending)
+	}
+	if n := deploy.total(); n != 1 {
+		t.Fatalf("deploy ran %d times, want 1 (step 1 was approved by the step 0 decision)", n)
+	}
+	s.decide("reuse-1", "call_0", false, "no")
+	if ended := s.waitEnd("reuse-1", events.RunCompleted, events.RunFailed); ended.Status != events.RunCompleted {
+		t.Fatalf("outcome %+v", ended)
+	}
+	if r, _ := s.resultOf("reuse-1", 1, "call_0"); r.Code() != events.CodeApprovalDenied {
+		t.Fatalf("step 1 result %+v", r)
+	}
+}
+
+// A decision that comes before the call waits is kept: the executor applies it, and the
+// call never waits.
+func TestApprovalBeforeTheCallWaits(t *testing.T) {
+	deploy := newDeployTool()
+	model := &planner.Script{Steps: []func(planner.Request) planner.Response{
+		planner.Calls(call("b", "deploy", `{"service":"api"}`)),
+		planner.Answer("done"),
+	}}
+	s := newStack(t, model, deploy.tool())
+	s.startExecutor("executor-1", executor.WorkerConfig{})
+	s.stop("executor-1") // the catalog is published; no executor takes the call yet
+	s.startPlanner("planner-1")
+	s.startInjector("injector-1")
+	s.submit("early-1", events.Limits{})
+	eventstest.Eventually(t, 10*time.Second, func() error {
+		_, err := s.bus.Assistant(s.ctx, "early-1", 0)
+		return err
+	})
+	s.decide("early-1", "b", true, "pre-approved")
+	// The decision is recorded before any executor sees the call.
+	eventstest.Eventually(t, 10*time.Second, func() error {
+		_, err := s.bus.StepDecision(s.ctx, "early-1", 0, "b")
+		return err
+	})
+	s.startExecutor("executor-2", executor.WorkerConfig{})
+	if ended := s.waitEnd("early-1", events.RunCompleted, events.RunFailed); ended.Status != events.RunCompleted {
+		t.Fatalf("outcome %+v", ended)
+	}
+	if n := countType(s.runEvents("early-1"), events.TypeToolWaiting); n != 0 {
+		t.Fatalf("%d tool.waiting: a decided call must not wait", n)
+	}
+	if deploy.total() != 1 {
+		t.Fatalf("deploy ran %d times", deploy.total())
+	}
+}
+
+// The executor published tool.waiting, the decision comes, and the injector meets both
+// events in either order: the call runs once and the run goes on.
+func TestApprovalRacesTheWaitingEvent(t *testing.T) {
+	deploy := newDeployTool()
+	model := &planner.Script{Steps: []func(planner.Request) planner.Response{
+		planner.Calls(call("b", "deploy", `{"service":"api"}`)),
+		planner.Answer("done"),
+	}}
+	s := newStack(t, model, deploy.tool())
+	s.startExecutor("executor-1", executor.WorkerConfig{})
+	s.startPlanner("planner-1")
+	s.submit("race-1", events.Limits{}) // no injector: tool.waiting stays in the stream
+	eventstest.Eventually(t, 10*time.Second, func() error {
+		if countType(s.runEvents("race-1"), events.TypeToolWaiting) != 1 {
+			return fmt.Errorf("no tool.waiting yet")
+		}
+		return nil
+	})
+	s.decide("race-1", "b", true, "")
+	s.startInjector("injector-1")
+	if ended := s.waitEnd("race-1", events.RunCompleted, events.RunFailed); ended.Status != events.RunCompleted {
+		t.Fatalf("outcome %+v", ended)
+	}
+	if deploy.total() != 1 {
+		t.Fatalf("deploy ran %d times", deploy.total())
+	}
+	if got := len(s.finished("race-1")); got != 1 {
+		t.Fatalf("%d results", got)
+	}
 }

@@ -79,7 +79,8 @@ type ServeConfig struct {
 	// Grace is how long in-flight handlers may run after ctx ends before their context is
 	// cancelled (default 10s).
 	Grace time.Duration
-	// NakDelay is the redelivery delay after an infrastructure failure (default 1s).
+	// NakDelay is the redelivery delay after an infrastructure failure (default 1s); it
+	// doubles with each further delivery of the message, up to 30s.
 	NakDelay time.Duration
 	// MaxWait is how long a fetched message may wait for a free slot before it is handed
 	// back instead of handled (default 10s). It must be well under the consumer's
@@ -160,8 +161,14 @@ func dispatch(ctx context.Context, log *slog.Logger, nakDelay time.Duration, h H
 			log.Warn("term failed", "subject", msg.Subject(), "error", terr)
 		}
 	default:
-		log.Warn("handler failed, redelivering", "subject", msg.Subject(), "error", err, "delay", nakDelay)
-		if nerr := msg.NakWithDelay(nakDelay); nerr != nil {
+		// Back off with the deliveries so far: every delivery counts toward MaxDeliver, and
+		// a bus outage (a cluster leader election takes seconds) must not use them all up.
+		delay := nakDelay
+		if md, merr := msg.Metadata(); merr == nil && md.NumDelivered > 1 {
+			delay = min(nakDelay<<min(md.NumDelivered-1, 5), max(nakDelay, 30*time.Second))
+		}
+		log.Warn("handler failed, redelivering", "subject", msg.Subject(), "error", err, "delay", delay)
+		if nerr := msg.NakWithDelay(delay); nerr != nil {
 			log.Warn("nak failed", "subject", msg.Subject(), "error", nerr)
 		}
 	}

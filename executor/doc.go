@@ -25,9 +25,8 @@
 //  3. The arguments match the input schema: else rejected / invalid_arguments. The
 //     message lists every violation with its JSON pointer ("(root)" for the whole
 //     object), and Error.Details is a []Violation, [{"path":"/limit","message":"..."}].
-//     Validation uses github.com/santhosh-tekuri/jsonschema/v6 (formats asserted);
-//     simple schemas also get a precompiled pre-check that lets plainly valid
-//     arguments skip the full validator.
+//     Validation uses github.com/santhosh-tekuri/jsonschema/v6 (formats asserted) on
+//     every call; schemas are compiled once, at Register.
 //  4. The Authorizer, if any, allows the principal: else rejected / not_authorized with
 //     the authorizer's error text (or *Error message). A context already done before
 //     this gate gives cancelled or timed_out.

@@ -4,6 +4,8 @@
 //	toolbus up                      embedded JetStream (or TOOLBUS_NATS_URL) + all workers
 //	toolbus planner|executor|injector  one role against TOOLBUS_NATS_URL
 //	toolbus run "question"          submit a run and stream its events until it ends
+//	toolbus approve|deny|cancel     decide a call waiting for approval, cancel a run
+//	toolbus runs|tail|replay        list runs, follow events live, audit a run
 //	toolbus env                     print the configuration variables
 package main
 
@@ -41,6 +43,18 @@ commands:
                            run one role against TOOLBUS_NATS_URL
   run [flags] "question"   submit a run and stream its events until it ends
                            (with no TOOLBUS_NATS_URL it runs the whole pipeline in-process)
+  approve <run> <call_id> [--reason text] [--who name]
+                           grant a call that waits for approval; the call runs and the run goes on
+  deny <run> <call_id> --reason text [--who name]
+                           deny it; the model reads rejected/approval_denied with the reason
+  cancel <run> [--reason text]
+                           cancel a run: calls in flight are cancelled, the run ends cancelled
+  runs [--json] [--status s]
+                           list runs with their status and age
+  tail [run] [--all] [--color auto|always|never]
+                           follow events live (new ones; --all from the start)
+  replay <run> [--json]    audit a run from the stream: timeline, transcript, invariants
+                           (exit 1 when an invariant is broken)
   bench [flags]            measure toolbus beside raw JetStream and an in-process loop
   env                      list the TOOLBUS_* configuration variables
 `
@@ -68,6 +82,16 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		err = cmdRole(ctx, cfg, log, cmd)
 	case "run":
 		err = cmdRun(ctx, cfg, log, rest, stdout)
+	case "approve", "deny":
+		err = cmdDecide(ctx, cfg, log, rest, stdout, stderr, cmd == "approve")
+	case "cancel":
+		err = cmdCancel(ctx, cfg, log, rest, stdout, stderr)
+	case "runs":
+		err = cmdRuns(ctx, cfg, log, rest, stdout, stderr)
+	case "tail":
+		err = cmdTail(ctx, cfg, log, rest, stdout, stderr)
+	case "replay":
+		err = cmdReplay(ctx, cfg, log, rest, stdout, stderr)
 	case "bench":
 		err = cmdBench(ctx, rest, stdout)
 	case "env":

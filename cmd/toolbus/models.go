@@ -2,14 +2,41 @@ package main
 
 import (
 	"fmt"
+	"os"
 	"strings"
 
 	"github.com/toolbus/toolbus/planner"
 )
 
-// newModel builds the model named by TOOLBUS_MODEL.
+// newModel builds the model named by TOOLBUS_MODEL:
+//
+//	script:incident | script:noop     scripted models (no network)
+//	replay:<file>                     answers from a cassette (no network)
+//	openai:<model>                    OpenAI Chat Completions, or any compatible server
+//	openai-responses:<model>          OpenAI Responses
+//	anthropic:<model>                 Anthropic Messages
+//
+// Providers read their standard environment: OPENAI_API_KEY, OPENAI_BASE_URL,
+// ANTHROPIC_API_KEY, ANTHROPIC_BASE_URL. TOOLBUS_RECORD=<file.jsonl> wraps the model
+// with a recorder that appends every exchange to that cassette.
 func newModel(cfg Config) (planner.Model, error) {
+	m, err := baseModel(cfg)
+	if err != nil {
+		return nil, err
+	}
+	if path := os.Getenv("TOOLBUS_RECORD"); path != "" {
+		rec, err := planner.OpenRecorder(m, path, cfg.logger())
+		if err != nil {
+			return nil, err
+		}
+		m = rec // the file stays open for the life of the process
+	}
+	return m, nil
+}
+
+func baseModel(cfg Config) (planner.Model, error) {
 	kind, arg, _ := strings.Cut(cfg.Model, ":")
+	log := cfg.logger()
 	switch kind {
 	case "script":
 		switch arg {
@@ -19,6 +46,32 @@ func newModel(cfg Config) (planner.Model, error) {
 			return NoopScript(4, 3), nil
 		}
 		return nil, fmt.Errorf("unknown script %q (want incident or noop)", arg)
+	case "replay":
+		if arg == "" {
+			return nil, fmt.Errorf("TOOLBUS_MODEL=replay:<file> needs a cassette file")
+		}
+		return planner.OpenReplay(arg)
+	case "openai", "openai-responses":
+		if arg == "" {
+			return nil, fmt.Errorf("TOOLBUS_MODEL=%s:<model> needs a model name, e.g. %s:gpt-4.1", kind, kind)
+		}
+		key, base := os.Getenv("OPENAI_API_KEY"), os.Getenv("OPENAI_BASE_URL")
+		if key == "" && base == "" {
+			return nil, fmt.Errorf("TOOLBUS_MODEL=%s needs OPENAI_API_KEY (or OPENAI_BASE_URL for a local OpenAI-compatible server)", cfg.Model)
+		}
+		if kind == "openai" {
+			return planner.NewOpenAI(planner.OpenAIOptions{APIKey: key, BaseURL: base, Model: arg, Logger: log})
+		}
+		return planner.NewOpenAIResponses(planner.OpenAIResponsesOptions{APIKey: key, BaseURL: base, Model: arg, Logger: log})
+	case "anthropic":
+		if arg == "" {
+			return nil, fmt.Errorf("TOOLBUS_MODEL=anthropic:<model> needs a model name, e.g. anthropic:claude-sonnet-4-5")
+		}
+		key, base := os.Getenv("ANTHROPIC_API_KEY"), os.Getenv("ANTHROPIC_BASE_URL")
+		if key == "" && base == "" && os.Getenv("ANTHROPIC_AUTH_TOKEN") == "" {
+			return nil, fmt.Errorf("TOOLBUS_MODEL=%s needs ANTHROPIC_API_KEY", cfg.Model)
+		}
+		return planner.NewAnthropic(planner.AnthropicOptions{APIKey: key, BaseURL: base, Model: arg, Logger: log})
 	}
-	return nil, fmt.Errorf("unknown model %q (TOOLBUS_MODEL)", cfg.Model)
+	return nil, fmt.Errorf("unknown model %q (TOOLBUS_MODEL: script:incident, replay:<file>, openai:<model>, openai-responses:<model>, anthropic:<model>)", cfg.Model)
 }
