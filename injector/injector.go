@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/sourcegraph/conc"
 
 	"github.com/toolbus/toolbus/events"
 )
@@ -61,18 +62,45 @@ func New(bus *events.Bus, cfg Config) *Injector {
 }
 
 // Run consumes results, approvals and cancellations until ctx ends, then drains.
+//
+// Each input has a consumer of its own with a single filter subject: the server serves
+// a single-filter consumer from its subject index, while a multi-filter consumer
+// intersects every subject of the stream (one per run and tool) on each fetch, which
+// cost a fifth of the CPU at load.
 func (in *Injector) Run(ctx context.Context) error {
-	cons, err := in.bus.Consumer(ctx, events.ConsumerConfig{
-		Durable: in.cfg.Durable,
-		Filters: []string{events.FilterToolFinished, events.FilterToolWaiting, events.FilterApprovals, events.FilterRunCancel},
-		AckWait: 30 * time.Second, MaxDeliver: -1, MaxAckPending: in.cfg.Concurrency * 8,
-	})
-	if err != nil {
-		return err
+	inputs := []struct {
+		suffix, filter string
+		concurrency    int
+	}{
+		{"", events.FilterToolFinished, in.cfg.Concurrency},
+		{"-waiting", events.FilterToolWaiting, 8},
+		{"-approvals", events.FilterApprovals, 8},
+		{"-cancel", events.FilterRunCancel, 8},
 	}
-	return events.Serve(ctx, cons, events.ServeConfig{
-		Concurrency: in.cfg.Concurrency, Grace: in.cfg.Grace, Logger: in.log, NakDelay: 500 * time.Millisecond,
-	}, in.handle)
+	var wg conc.WaitGroup
+	errs := make(chan error, len(inputs))
+	for _, input := range inputs {
+		cons, err := in.bus.Consumer(ctx, events.ConsumerConfig{
+			Durable: in.cfg.Durable + input.suffix, Filters: []string{input.filter},
+			AckWait: 30 * time.Second, MaxDeliver: -1, MaxAckPending: input.concurrency * 8,
+		})
+		if err != nil {
+			return err
+		}
+		wg.Go(func() {
+			errs <- events.Serve(ctx, cons, events.ServeConfig{
+				Concurrency: input.concurrency, Grace: in.cfg.Grace, Logger: in.log, NakDelay: 500 * time.Millisecond,
+			}, in.handle)
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func (in *Injector) handle(ctx context.Context, msg jetstream.Msg) error {
