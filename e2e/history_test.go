@@ -8,11 +8,11 @@ import (
 	"github.com/toolbus/toolbus/planner"
 )
 
-// A 10 MB output is over NATS's max payload: the event carries the bounded content and a
+// A 3 MB output is over NATS's max payload (1 MB): the event carries the bounded content and a
 // reference, the object store keeps the whole output, the model reads the bounded content.
 func TestHugeOutputKeptWhole(t *testing.T) {
 	model := &planner.Script{Steps: []func(planner.Request) planner.Response{
-		planner.Calls(call("big", "big_output", `{"bytes":10485760}`)),
+		planner.Calls(call("big", "big_output", `{"bytes":3145728}`)),
 		planner.Answer("done"),
 	}}
 	s := newStack(t, model)
@@ -29,14 +29,14 @@ func TestHugeOutputKeptWhole(t *testing.T) {
 	if r.Status != events.StatusSucceeded || r.Truncated == nil || r.Truncated.Ref == "" || len(r.Output) != 0 {
 		t.Fatalf("result: status %s truncated %+v output %d bytes", r.Status, r.Truncated, len(r.Output))
 	}
-	if r.Truncated.OriginalBytes < 10<<20 || len(r.Content) > 16384 {
+	if r.Truncated.OriginalBytes < 3<<20 || len(r.Content) > 16384 {
 		t.Fatalf("bounds: original %d, content %d", r.Truncated.OriginalBytes, len(r.Content))
 	}
 	whole, err := s.bus.Output(s.ctx, r.Truncated.Ref)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(whole) < 10<<20 || !strings.HasPrefix(string(whole), `{"data":"xxx`) {
+	if len(whole) < 3<<20 || !strings.HasPrefix(string(whole), `{"data":"xxx`) {
 		t.Fatalf("kept output: %d bytes, starts %.20q", len(whole), whole)
 	}
 	req, _ := s.seenReq.forStep("huge-1", 1)
