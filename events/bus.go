@@ -106,7 +106,10 @@ func Open(ctx context.Context, nc *nats.Conn, cfg Config) (*Bus, error) {
 		Duplicates:  cfg.Duplicates,
 		Storage:     cfg.storage(),
 		Replicas:    cfg.Replicas,
-		AllowDirect: true,
+		// Direct gets are answered by any replica, and a follower behind the leader
+		// answers with stale data (a run.started not there yet); replicated streams are
+		// read through their leader.
+		AllowDirect: cfg.Replicas <= 1,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("events: stream %s: %w", cfg.Stream, err)
@@ -118,6 +121,9 @@ func Open(ctx context.Context, nc *nats.Conn, cfg Config) (*Bus, error) {
 		})
 		if err != nil {
 			return nil, fmt.Errorf("events: bucket %s: %w", name, err)
+		}
+		if cfg.Replicas > 1 {
+			return leaderReads(ctx, js, name)
 		}
 		return k, nil
 	}
@@ -141,6 +147,40 @@ func Open(ctx context.Context, nc *nats.Conn, cfg Config) (*Bus, error) {
 		return nil, fmt.Errorf("events: object store %s: %w", BucketOutputs, err)
 	}
 	return b, nil
+}
+
+// leaderReads returns a handle on a replicated bucket whose reads go to the stream
+// leader. KV buckets turn direct gets on, which any replica answers: a follower that has
+// not applied the latest writes returns stale values (a step record missing results).
+// Opening a bucket turns them on again, so the setting is checked around the handle.
+func leaderReads(ctx context.Context, js jetstream.JetStream, bucket string) (jetstream.KeyValue, error) {
+	name := "KV_" + bucket
+	directOff := func() (bool, error) {
+		s, err := js.Stream(ctx, name)
+		if err != nil {
+			return false, err
+		}
+		c := s.CachedInfo().Config
+		if !c.AllowDirect {
+			return true, nil
+		}
+		c.AllowDirect = false
+		_, err = js.UpdateStream(ctx, c)
+		return false, err
+	}
+	for attempt := 0; attempt < 20; attempt++ {
+		if _, err := directOff(); err != nil {
+			return nil, fmt.Errorf("events: bucket %s: leader reads: %w", bucket, err)
+		}
+		k, err := js.KeyValue(ctx, bucket)
+		if err != nil {
+			return nil, fmt.Errorf("events: bucket %s: %w", bucket, err)
+		}
+		if off, err := directOff(); err == nil && off {
+			return k, nil
+		}
+	}
+	return nil, fmt.Errorf("events: bucket %s: direct gets keep being turned on", bucket)
 }
 
 func kvTTL(name string, cfg Config) time.Duration {

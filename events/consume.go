@@ -60,11 +60,24 @@ func (b *Bus) Consumer(ctx context.Context, cc ConsumerConfig) (jetstream.Consum
 	} else {
 		cfg.FilterSubjects = cc.Filters
 	}
-	cons, err := b.Stream.CreateOrUpdateConsumer(ctx, cfg)
-	if err != nil {
-		return nil, fmt.Errorf("events: consumer %s: %w", cc.Durable, err)
+	// A replicated consumer can take seconds to create while a cluster elects leaders:
+	// timeouts and server-side unavailability are retried for about 30s.
+	delay := 250 * time.Millisecond
+	for attempt := 0; ; attempt++ {
+		cons, err := b.Stream.CreateOrUpdateConsumer(ctx, cfg)
+		if err == nil {
+			return cons, nil
+		}
+		var apiErr *jetstream.APIError
+		if attempt >= 10 || (errors.As(err, &apiErr) && apiErr.Code < 500) || ctx.Err() != nil {
+			return nil, fmt.Errorf("events: consumer %s: %w", cc.Durable, err)
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(delay):
+		}
+		delay = min(2*delay, 4*time.Second)
 	}
-	return cons, nil
 }
 
 // Handler processes one message. Returning nil acknowledges it; an error wrapping

@@ -151,7 +151,8 @@ func validPosition(run string, step, idx, count int) error {
 }
 
 // Finished joins one result. The first result of a call stands; a duplicate changes
-// nothing (but re-drives the step's decision, in case a crash interrupted it).
+// nothing (but re-drives the step's decision, in case a crash interrupted it), and a
+// duplicate whose content differs is reported as poison (terminated with the reason).
 func (in *Injector) Finished(ctx context.Context, tf events.ToolFinished) error {
 	if err := validPosition(tf.RunID, tf.Step, tf.CallIndex, tf.CallCount); err != nil {
 		return err
@@ -161,17 +162,22 @@ func (in *Injector) Finished(ctx context.Context, tf events.ToolFinished) error 
 	}
 	res := tf.Result
 	res.Output = nil // the stream keeps it; the join keeps what the model reads
-	return in.update(ctx, tf.RunID, tf.Step, tf.CallCount, func(rec *events.StepRecord) bool {
+	conflict := false
+	err := in.update(ctx, tf.RunID, tf.Step, tf.CallCount, func(rec *events.StepRecord) bool {
 		if rec.Results[tf.CallIndex] != nil {
-			if prev := rec.Results[tf.CallIndex]; prev.CallID != res.CallID || prev.Status != res.Status || prev.Content != res.Content {
-				in.log.Warn("duplicate result ignored: the first result stands", "run_id", tf.RunID,
-					"step", tf.Step, "call_id", res.CallID, "status", res.Status)
-			}
+			prev := rec.Results[tf.CallIndex]
+			conflict = prev.CallID != res.CallID || prev.Status != res.Status || prev.Content != res.Content
 			return false
 		}
 		rec.Results[tf.CallIndex] = &res
 		return true
 	})
+	if err == nil && conflict {
+		// Terminated (not acknowledged) so that the termination advisory tells operators.
+		return fmt.Errorf("%w: duplicate result for call %q (run %s step %d index %d) differs from the joined one: the first result stands",
+			events.ErrPoison, res.CallID, tf.RunID, tf.Step, tf.CallIndex)
+	}
+	return err
 }
 
 // Waiting records a call that waits for approval.

@@ -1,0 +1,127 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/planner"
+)
+
+const incidentCassette = "../../planner/testdata/incident.jsonl"
+
+func TestNewModelKinds(t *testing.T) {
+	for _, k := range []string{"OPENAI_API_KEY", "OPENAI_BASE_URL", "ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", "ANTHROPIC_AUTH_TOKEN", "TOOLBUS_RECORD"} {
+		t.Setenv(k, "")
+	}
+	tests := []struct {
+		model   string
+		env     map[string]string
+		want    any
+		wantErr string
+	}{
+		{model: "script:incident", want: &planner.Script{}},
+		{model: "script:noop", want: planner.ModelFunc(nil)},
+		{model: "script:nope", wantErr: "unknown script"},
+		{model: "replay:" + incidentCassette, want: &planner.Replay{}},
+		{model: "replay:", wantErr: "needs a cassette file"},
+		{model: "replay:/does/not/exist.jsonl", wantErr: "planner: replay"},
+		{model: "openai:gpt-4.1", env: map[string]string{"OPENAI_API_KEY": "k"}, want: &planner.OpenAI{}},
+		{model: "openai:qwen3", env: map[string]string{"OPENAI_BASE_URL": "http://localhost:11434/v1"}, want: &planner.OpenAI{}},
+		{model: "openai:gpt-4.1", wantErr: "needs OPENAI_API_KEY"},
+		{model: "openai:", env: map[string]string{"OPENAI_API_KEY": "k"}, wantErr: "needs a model name"},
+		{model: "openai-responses:gpt-5", env: map[string]string{"OPENAI_API_KEY": "k"}, want: &planner.OpenAIResponses{}},
+		{model: "anthropic:claude-sonnet-4-5", env: map[string]string{"ANTHROPIC_API_KEY": "k"}, want: &planner.Anthropic{}},
+		{model: "anthropic:claude-sonnet-4-5", wantErr: "needs ANTHROPIC_API_KEY"},
+		{model: "anthropic:", wantErr: "needs a model name"},
+		{model: "gemini:flash", wantErr: `unknown model "gemini:flash"`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.model, func(t *testing.T) {
+			for k, v := range tt.env {
+				t.Setenv(k, v)
+			}
+			m, err := newModel(Config{Model: tt.model, LogLevel: "error"})
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("err = %v, want %q", err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if reflect.TypeOf(m) != reflect.TypeOf(tt.want) {
+				t.Fatalf("model %T, want %T", m, tt.want)
+			}
+		})
+	}
+}
+
+func TestNewModelRecords(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "rec.jsonl")
+	t.Setenv("TOOLBUS_RECORD", path)
+	m, err := newModel(Config{Model: "script:incident", LogLevel: "error"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := m.(*planner.Recorder); !ok {
+		t.Fatalf("model %T, want a recorder", m)
+	}
+	req := planner.Request{RunID: "r", Step: 0, Messages: []events.Message{{Role: events.RoleUser, Content: "q"}}}
+	if _, err := m.Complete(context.Background(), req); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ex planner.Exchange
+	if err := json.Unmarshal(b, &ex); err != nil || ex.RunID != "r" || len(ex.Response.Message.ToolCalls) != 2 {
+		t.Fatalf("recorded %s (%v)", b, err)
+	}
+}
+
+// TestIncidentCassetteMatchesScript keeps planner/testdata/incident.jsonl the recording
+// of the demo's scripted model: every recorded request, asked again of IncidentScript,
+// gets the recorded answer. Regenerate the cassette (from the repository root) with
+//
+//	rm planner/testdata/incident.jsonl
+//	TOOLBUS_DATA_DIR=$(mktemp -d) TOOLBUS_MODEL=script:incident TOOLBUS_RECORD=planner/testdata/incident.jsonl \
+//	  go run ./cmd/toolbus run --id demo-incident "What is going on with INC-404?"
+func TestIncidentCassetteMatchesScript(t *testing.T) {
+	f, err := os.Open(incidentCassette)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	script := IncidentScript()
+	sc := bufio.NewScanner(f)
+	sc.Buffer(nil, 1<<20)
+	n := 0
+	for sc.Scan() {
+		var ex planner.Exchange
+		if err := json.Unmarshal(sc.Bytes(), &ex); err != nil {
+			t.Fatal(err)
+		}
+		resp, err := script.Complete(context.Background(), planner.Request{
+			RunID: ex.RunID, Step: ex.Step, Model: ex.Request.Model, Messages: ex.Request.Messages, Tools: ex.Request.Tools})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := planner.ExchangeResponse{Message: resp.Message, Usage: resp.Usage, Model: resp.Model}
+		if !reflect.DeepEqual(got, ex.Response) {
+			t.Fatalf("step %d: the script answers\n%+v\nthe cassette holds\n%+v", ex.Step, got, ex.Response)
+		}
+		n++
+	}
+	if n != 3 {
+		t.Fatalf("%d exchanges, want the 3 steps of the demo", n)
+	}
+}

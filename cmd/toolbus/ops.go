@@ -1,0 +1,534 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/toolbus/toolbus/events"
+)
+
+// The operator's commands: approve, deny, cancel, runs and tail. They talk to a running
+// pipeline through TOOLBUS_NATS_URL (runs, like replay, can also read the local store of
+// the embedded server).
+
+// defaultLimits are the limits the workers give runs that set none.
+func (c Config) defaultLimits() events.DefaultLimits {
+	return events.DefaultLimits{MaxSteps: c.MaxSteps, RunTimeout: c.RunTimeout, TokenBudget: c.TokenBudget}
+}
+
+// parseInterleaved parses flags that may come before, between or after the positional
+// arguments (toolbus deny run-1 call_1 --reason "..."), and returns the positional ones.
+func parseInterleaved(fs *flag.FlagSet, args []string) ([]string, error) {
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, err
+		}
+		rest := fs.Args()
+		if len(rest) == 0 {
+			return pos, nil
+		}
+		if len(args) > len(rest) && args[len(args)-len(rest)-1] == "--" {
+			return append(pos, rest...), nil // everything after -- is positional
+		}
+		pos = append(pos, rest[0])
+		args = rest[1:]
+	}
+}
+
+func newFlagSet(name, synopsis string, out io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(out)
+	fs.Usage = func() {
+		fmt.Fprintf(out, "usage: toolbus %s\n", synopsis)
+		fs.PrintDefaults()
+	}
+	return fs
+}
+
+// flagError is the exit of a command whose flags did not parse (the flag package has
+// already printed why); -h is not an error.
+func flagError(err error) error {
+	if errors.Is(err, flag.ErrHelp) {
+		return &exitError{code: 0}
+	}
+	return &exitError{code: 2}
+}
+
+func usageError(fs *flag.FlagSet, msg string) error {
+	fs.Usage()
+	return &exitError{code: 2, msg: msg}
+}
+
+// who names the person acting: --who, else $USER.
+func who(flagValue string) string {
+	if flagValue != "" {
+		return flagValue
+	}
+	if u := os.Getenv("USER"); u != "" {
+		return u
+	}
+	return "unknown"
+}
+
+// cmdDecide publishes approval.granted (approve) or approval.denied (deny) for a call
+// that waits for approval in the run's current step.
+func cmdDecide(ctx context.Context, cfg Config, log *slog.Logger, args []string, out, errOut io.Writer, granted bool) error {
+	name, synopsis := "approve", "approve <run> <call_id> [--reason text] [--who name]"
+	if !granted {
+		name, synopsis = "deny", "deny <run> <call_id> --reason text [--who name]"
+	}
+	fs := newFlagSet(name, synopsis, errOut)
+	reasonHelp := "why (kept with the decision in the audit record)"
+	if !granted {
+		reasonHelp = "why (required: the model reads it)"
+	}
+	reason := fs.String("reason", "", reasonHelp)
+	by := fs.String("who", "", "who decides (default $USER)")
+	pos, err := parseInterleaved(fs, args)
+	if err != nil {
+		return flagError(err)
+	}
+	if len(pos) != 2 {
+		return usageError(fs, name+": give the run id and the call id")
+	}
+	run, callID := pos[0], pos[1]
+	if !events.ValidRunID(run) {
+		return &exitError{code: 2, msg: fmt.Sprintf("%s: invalid run id %q", name, run)}
+	}
+	if !granted && strings.TrimSpace(*reason) == "" {
+		return usageError(fs, "deny: --reason is required: the model reads it")
+	}
+	c, err := connect(ctx, cfg, log, false)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+
+	step, call, err := waitingCall(ctx, c.bus, run, callID)
+	if err != nil {
+		return err
+	}
+	a := events.Approval{RunID: run, CallID: callID, Who: who(*by), Why: *reason}
+	ack, err := c.bus.PublishApproval(ctx, events.Source("cli", cfg.Instance), step, a, granted)
+	if err != nil {
+		return err
+	}
+	verb := "approved"
+	if !granted {
+		verb = "denied"
+	}
+	fmt.Fprintf(out, "%s call %s %s(%s) of run %s, step %d, by %s", verb, call.CallID, call.Tool, oneLine(call.Arguments, 60), run, step, a.Who)
+	if a.Why != "" {
+		fmt.Fprintf(out, ": %s", a.Why)
+	}
+	fmt.Fprintln(out)
+	if ack.Duplicate {
+		fmt.Fprintln(out, "(the same decision was already published; nothing changes)")
+	}
+	if granted {
+		fmt.Fprintf(out, "the call runs and the run goes on: toolbus tail %s\n", run)
+	} else {
+		fmt.Fprintf(out, "the model reads the denial (approval_denied) and goes on: toolbus tail %s\n", run)
+	}
+	return nil
+}
+
+// waitingCall finds the call callID in the run's current step and checks that it still
+// waits for a decision. It returns the step and the call.
+func waitingCall(ctx context.Context, bus *events.Bus, run, callID string) (int, events.ToolCall, error) {
+	st, _, err := bus.RunState(ctx, run)
+	if err != nil {
+		if errors.Is(err, events.ErrRunNotFound) {
+			return 0, events.ToolCall{}, &exitError{code: 1, msg: fmt.Sprintf("run %s not found", run)}
+		}
+		return 0, events.ToolCall{}, err
+	}
+	if st.Status.Terminal() {
+		return 0, events.ToolCall{}, &exitError{code: 1, msg: fmt.Sprintf("run %s already ended: %s", run, st.Status)}
+	}
+	step, err := bus.CurrentStep(ctx, run)
+	if err != nil {
+		return 0, events.ToolCall{}, err
+	}
+	rec, _, err := bus.Step(ctx, run, step)
+	if err != nil && !errors.Is(err, events.ErrNotFound) {
+		return 0, events.ToolCall{}, err
+	}
+	if rec != nil {
+		for i, w := range rec.Waiting {
+			if w == nil || w.CallID != callID {
+				continue
+			}
+			if i < len(rec.Results) && rec.Results[i] != nil {
+				return 0, events.ToolCall{}, &exitError{code: 1, msg: fmt.Sprintf("call %s of run %s was already decided: %s",
+					callID, run, rec.Results[i].Status)}
+			}
+			if d, err := bus.StepDecision(ctx, run, step, callID); err == nil {
+				verb := "granted"
+				if !d.Granted {
+					verb = "denied"
+				}
+				return 0, events.ToolCall{}, &exitError{code: 1, msg: fmt.Sprintf("call %s of run %s was already %s by %s",
+					callID, run, verb, d.Who)}
+			}
+			return step, *w, nil
+		}
+	}
+	var waiting []string
+	if rec != nil {
+		for _, c := range rec.Pending() {
+			waiting = append(waiting, c.CallID)
+		}
+	}
+	msg := fmt.Sprintf("call %s of run %s does not wait for approval (run %s at step %d", callID, run, st.Status, step)
+	if len(waiting) > 0 {
+		msg += "; waiting: " + strings.Join(waiting, ", ")
+	}
+	return 0, events.ToolCall{}, &exitError{code: 1, msg: msg + ")"}
+}
+
+// cmdCancel publishes run.cancel: every executor cancels the run's calls in flight and
+// the run ends cancelled.
+func cmdCancel(ctx context.Context, cfg Config, log *slog.Logger, args []string, out, errOut io.Writer) error {
+	fs := newFlagSet("cancel", "cancel <run> [--reason text] [--who name]", errOut)
+	reason := fs.String("reason", "", "why")
+	by := fs.String("who", "", "who cancels (default $USER)")
+	pos, err := parseInterleaved(fs, args)
+	if err != nil {
+		return flagError(err)
+	}
+	if len(pos) != 1 {
+		return usageError(fs, "cancel: give the run id")
+	}
+	run := pos[0]
+	if !events.ValidRunID(run) {
+		return &exitError{code: 2, msg: fmt.Sprintf("cancel: invalid run id %q", run)}
+	}
+	c, err := connect(ctx, cfg, log, false)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	st, _, err := c.bus.RunState(ctx, run)
+	if err != nil {
+		if errors.Is(err, events.ErrRunNotFound) {
+			return &exitError{code: 1, msg: fmt.Sprintf("run %s not found", run)}
+		}
+		return err
+	}
+	if st.Status.Terminal() {
+		return &exitError{code: 1, msg: fmt.Sprintf("run %s already ended: %s", run, st.Status)}
+	}
+	ack, err := c.bus.PublishCancel(ctx, events.Source("cli", cfg.Instance), events.Cancel{RunID: run, Reason: *reason, Who: who(*by)})
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "cancel requested for run %s (%s)", run, st.Status)
+	if *reason != "" {
+		fmt.Fprintf(out, ": %s", *reason)
+	}
+	fmt.Fprintln(out)
+	if ack.Duplicate {
+		fmt.Fprintln(out, "(a cancel was already requested)")
+	}
+	return nil
+}
+
+// cmdRuns lists the runs of the runs bucket, newest first.
+func cmdRuns(ctx context.Context, cfg Config, log *slog.Logger, args []string, out, errOut io.Writer) error {
+	fs := newFlagSet("runs", "runs [--json] [--status s]", errOut)
+	asJSON := fs.Bool("json", false, "print JSON")
+	status := fs.String("status", "", "only runs with this status")
+	pos, err := parseInterleaved(fs, args)
+	if err != nil {
+		return flagError(err)
+	}
+	if len(pos) != 0 {
+		return usageError(fs, "runs: no arguments expected")
+	}
+	c, err := connect(ctx, cfg, quietLogger(cfg, log), true)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	runs, err := c.bus.Runs(ctx)
+	if err != nil {
+		return err
+	}
+	for i, r := range runs {
+		if !r.Status.Terminal() {
+			// The run state records the step when a run waits or ends; ask where it is.
+			if step, err := c.bus.CurrentStep(ctx, r.RunID); err == nil {
+				runs[i].Step = step
+			}
+		}
+	}
+	if *status != "" {
+		kept := runs[:0]
+		for _, r := range runs {
+			if string(r.Status) == *status {
+				kept = append(kept, r)
+			}
+		}
+		runs = kept
+	}
+	return writeRuns(out, runs, time.Now(), *asJSON)
+}
+
+// writeRuns prints run states newest first, as a table or as JSON.
+func writeRuns(out io.Writer, runs []events.RunState, now time.Time, asJSON bool) error {
+	sort.SliceStable(runs, func(i, j int) bool {
+		if !runs[i].StartedAt.Equal(runs[j].StartedAt) {
+			return runs[i].StartedAt.After(runs[j].StartedAt)
+		}
+		return runs[i].RunID < runs[j].RunID
+	})
+	if asJSON {
+		type row struct {
+			events.RunState
+			AgeMS int64 `json:"age_ms"`
+		}
+		rows := make([]row, 0, len(runs))
+		for _, r := range runs {
+			rows = append(rows, row{RunState: r, AgeMS: now.Sub(r.StartedAt).Milliseconds()})
+		}
+		return writeJSON(out, rows)
+	}
+	if len(runs) == 0 {
+		fmt.Fprintln(out, "no runs")
+		return nil
+	}
+	var buf bytes.Buffer
+	tw := tabwriter.NewWriter(&buf, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "RUN\tSTATUS\tSTEP\tAGE\tUPDATED\tREASON")
+	for _, r := range runs {
+		reason := r.Reason
+		if r.Code != "" {
+			reason = "[" + r.Code + "] " + reason
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s ago\t%s\n", r.RunID, r.Status, r.Step, age(now.Sub(r.StartedAt)),
+			age(now.Sub(r.UpdatedAt)), oneLine(reason, 60))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	for _, line := range strings.SplitAfter(buf.String(), "\n") {
+		if line != "" {
+			fmt.Fprintln(out, strings.TrimRight(line, " \n"))
+		}
+	}
+	return nil
+}
+
+// age renders a duration the way people read ages: 4s, 3m12s, 5h2m, 3d4h.
+func age(d time.Duration) string {
+	if d < 0 {
+		d = 0
+	}
+	switch {
+	case d < time.Minute:
+		return fmt.Sprintf("%ds", int(d/time.Second))
+	case d < time.Hour:
+		return fmt.Sprintf("%dm%02ds", int(d/time.Minute), int(d%time.Minute/time.Second))
+	case d < 24*time.Hour:
+		return fmt.Sprintf("%dh%02dm", int(d/time.Hour), int(d%time.Hour/time.Minute))
+	}
+	return fmt.Sprintf("%dd%02dh", int(d/(24*time.Hour)), int(d%(24*time.Hour)/time.Hour))
+}
+
+// quietLogger keeps the embedded server's start-up line out of read-only commands.
+func quietLogger(cfg Config, log *slog.Logger) *slog.Logger {
+	if cfg.NatsURL == "" && os.Getenv("TOOLBUS_LOG_LEVEL") == "" {
+		cfg.LogLevel = "warn"
+		return cfg.logger()
+	}
+	return log
+}
+
+// cmdTail follows events live: one run's (and stops when it ends) or every run's.
+func cmdTail(ctx context.Context, cfg Config, log *slog.Logger, args []string, out, errOut io.Writer) error {
+	fs := newFlagSet("tail", "tail [run] [--all] [--color auto|always|never]", errOut)
+	all := fs.Bool("all", false, "start from the first stored event instead of new events only")
+	colorMode := fs.String("color", "auto", "colour: auto (when stdout is a terminal), always or never")
+	pos, err := parseInterleaved(fs, args)
+	if err != nil {
+		return flagError(err)
+	}
+	if len(pos) > 1 {
+		return usageError(fs, "tail: at most one run id")
+	}
+	run := ""
+	if len(pos) == 1 {
+		run = pos[0]
+		if !events.ValidRunID(run) {
+			return &exitError{code: 2, msg: fmt.Sprintf("tail: invalid run id %q", run)}
+		}
+	}
+	var colour bool
+	switch *colorMode {
+	case "auto":
+		colour = isTerminal(out) && os.Getenv("NO_COLOR") == ""
+	case "always":
+		colour = true
+	case "never":
+	default:
+		return usageError(fs, "tail: --color is auto, always or never")
+	}
+	c, err := connect(ctx, cfg, log, false)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	filter, deliver := events.FilterAll, jetstream.DeliverNewPolicy
+	if run != "" {
+		filter = events.SubjectRun(run)
+		st, _, err := c.bus.RunState(ctx, run)
+		switch {
+		case errors.Is(err, events.ErrRunNotFound):
+			// Nothing to skip: follow it from its first event.
+			fmt.Fprintf(errOut, "run %s not started yet; waiting for its events\n", run)
+			*all = true
+		case err != nil:
+			return err
+		case st.Status.Terminal() && !*all:
+			fmt.Fprintf(out, "run %s already ended: %s (toolbus tail --all %s or toolbus replay %s shows its events)\n", run, st.Status, run, run)
+			return nil
+		}
+	}
+	if *all {
+		deliver = jetstream.DeliverAllPolicy
+	}
+	watch, err := c.bus.Stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{filter}, DeliverPolicy: deliver,
+	})
+	if err != nil {
+		return fmt.Errorf("tail: %w", err)
+	}
+	t := &tailer{out: out, colour: colour, prefixRun: run == ""}
+	for {
+		msg, err := watch.Next(jetstream.FetchMaxWait(time.Second))
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil // interrupted: the normal way to stop following
+			}
+			if errors.Is(err, jetstream.ErrNoMessages) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, errNatsTimeout) {
+				continue
+			}
+			return fmt.Errorf("tail: %w", err)
+		}
+		status := t.print(msg)
+		if run != "" && status.Terminal() {
+			return nil
+		}
+	}
+}
+
+// isTerminal reports whether w is a character device (a terminal), without new
+// dependencies.
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	fi, err := f.Stat()
+	return err == nil && fi.Mode()&os.ModeCharDevice != 0
+}
+
+// ANSI colours of the tail.
+const (
+	ansiReset   = "\x1b[0m"
+	ansiBold    = "\x1b[1m"
+	ansiDim     = "\x1b[2m"
+	ansiRed     = "\x1b[31m"
+	ansiGreen   = "\x1b[32m"
+	ansiYellow  = "\x1b[33m"
+	ansiMagenta = "\x1b[35m"
+	ansiCyan    = "\x1b[36m"
+)
+
+// tailer renders events with the run timeline printer, coloured by kind and outcome,
+// each line prefixed with its run id when several runs are followed.
+type tailer struct {
+	out       io.Writer
+	colour    bool
+	prefixRun bool
+	buf       bytes.Buffer
+}
+
+// print renders one event and returns the run status it reports, if any.
+func (t *tailer) print(msg jetstream.Msg) events.RunStatus {
+	t.buf.Reset()
+	status, _ := newPrinter(&t.buf).print(msg)
+	text := strings.TrimRight(t.buf.String(), "\n")
+	if text == "" {
+		return status
+	}
+	colour := ""
+	if t.colour {
+		colour = eventColour(msg, status)
+	}
+	prefix := ""
+	if t.prefixRun {
+		if run, ok := events.RunIDFromSubject(msg.Subject()); ok {
+			prefix = run + " "
+			if t.colour {
+				prefix = ansiDim + prefix + ansiReset
+			}
+		}
+	}
+	var b strings.Builder
+	for _, line := range strings.Split(text, "\n") {
+		b.WriteString(prefix)
+		if colour != "" {
+			b.WriteString(colour + line + ansiReset)
+		} else {
+			b.WriteString(line)
+		}
+		b.WriteByte('\n')
+	}
+	_, _ = io.WriteString(t.out, b.String())
+	return status
+}
+
+// eventColour picks the colour of an event: outcomes by status, results green when they
+// succeeded and red when not, the model cyan, approvals and cancellation yellow.
+func eventColour(msg jetstream.Msg, status events.RunStatus) string {
+	if status != "" {
+		switch status {
+		case events.RunCompleted:
+			return ansiBold + ansiGreen
+		case events.RunFailed:
+			return ansiBold + ansiRed
+		case events.RunLimitReached:
+			return ansiBold + ansiMagenta
+		}
+		return ansiBold + ansiYellow
+	}
+	subject := msg.Subject()
+	switch {
+	case strings.Contains(subject, ".tool.finished."):
+		var tf events.ToolFinished
+		if _, err := events.DecodeMsg(msg, &tf); err == nil && tf.Result.Status == events.StatusSucceeded {
+			return ansiGreen
+		}
+		return ansiRed
+	case strings.Contains(subject, ".model.responded"):
+		return ansiCyan
+	case strings.HasSuffix(subject, ".run.started"):
+		return ansiBold
+	}
+	return ansiYellow
+}

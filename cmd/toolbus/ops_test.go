@@ -1,0 +1,451 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/eventstest"
+	"github.com/toolbus/toolbus/executor"
+	"github.com/toolbus/toolbus/executor/packs"
+	"github.com/toolbus/toolbus/injector"
+	"github.com/toolbus/toolbus/planner"
+)
+
+// opsPipeline is a whole pipeline on an embedded server, driven through run() as the
+// toolbus binary is, with TOOLBUS_NATS_URL pointing at the server.
+type opsPipeline struct {
+	t   *testing.T
+	ctx context.Context
+	srv *eventstest.Bus
+	bus *events.Bus
+
+	mu   sync.Mutex
+	reqs map[string][]planner.Request
+}
+
+func startOpsPipeline(t *testing.T, scripts map[string]*planner.Script, extra ...executor.Tool) *opsPipeline {
+	t.Helper()
+	srv := eventstest.RunJetStream(t)
+	ctx := eventstest.Context(t, 3*time.Minute)
+	bus, err := events.Open(ctx, srv.Conn, events.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &opsPipeline{t: t, ctx: ctx, srv: srv, bus: bus, reqs: map[string][]planner.Request{}}
+	reg := executor.NewRegistry()
+	if err := packs.Register(reg, "demo", "diag"); err != nil {
+		t.Fatal(err)
+	}
+	for _, tool := range extra {
+		if err := reg.Register(tool); err != nil {
+			t.Fatal(err)
+		}
+	}
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	wctx, stop := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	t.Cleanup(func() { stop(); wg.Wait() })
+	serve := func(f func(context.Context) error) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := f(wctx); err != nil && wctx.Err() == nil {
+				t.Errorf("worker: %v", err)
+			}
+		}()
+	}
+	exec := executor.New(reg, executor.WithLogger(log), executor.WithInstance("exec-1"))
+	serve(executor.NewWorker(bus, exec, executor.WorkerConfig{Instance: "exec-1", Logger: log, Grace: time.Second}).Run)
+	eventstest.Eventually(t, 10*time.Second, func() error {
+		cat, err := bus.WatchCatalog(ctx, nil)
+		if err != nil {
+			return err
+		}
+		if _, ok := cat.Lookup("noop"); !ok {
+			return fmt.Errorf("catalog not published yet")
+		}
+		return nil
+	})
+	cat, err := bus.WatchCatalog(ctx, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	model := planner.ModelFunc(func(ctx context.Context, req planner.Request) (planner.Response, error) {
+		p.mu.Lock()
+		p.reqs[req.RunID] = append(p.reqs[req.RunID], req)
+		p.mu.Unlock()
+		s, ok := scripts[req.RunID]
+		if !ok {
+			return planner.Response{}, planner.Permanent(fmt.Errorf("no script for %s", req.RunID))
+		}
+		return s.Complete(ctx, req)
+	})
+	serve(planner.New(bus, model, cat, planner.Config{Instance: "planner-1", Logger: log, Grace: time.Second}).Run)
+	serve(injector.New(bus, injector.Config{Instance: "injector-1", Logger: log, Grace: time.Second}).Run)
+
+	t.Setenv("TOOLBUS_NATS_URL", srv.URL)
+	t.Setenv("TOOLBUS_LOG_LEVEL", "warn")
+	t.Setenv("USER", "carol")
+	return p
+}
+
+// toolbus runs the command line in this process.
+func (p *opsPipeline) toolbus(args ...string) (code int, stdout, stderr string) {
+	return p.toolbusCtx(p.ctx, args...)
+}
+
+func (p *opsPipeline) toolbusCtx(ctx context.Context, args ...string) (code int, stdout, stderr string) {
+	var out, errOut bytes.Buffer
+	code = run(ctx, args, &out, &errOut)
+	return code, out.String(), errOut.String()
+}
+
+func (p *opsPipeline) submit(run string, limits events.Limits) {
+	p.t.Helper()
+	if err := p.bus.StartRun(p.ctx, "/test", events.RunStarted{
+		RunID: run, Model: "script", Principal: events.Principal{ID: "tester"}, Limits: limits,
+		Messages: []events.Message{{Role: events.RoleSystem, Content: "sys"}, {Role: events.RoleUser, Content: "question for " + run}},
+	}); err != nil {
+		p.t.Fatal(err)
+	}
+}
+
+func (p *opsPipeline) waitStatus(run string, want events.RunStatus) {
+	p.t.Helper()
+	eventstest.Eventually(p.t, 30*time.Second, func() error {
+		st, _, err := p.bus.RunState(p.ctx, run)
+		if err != nil {
+			return err
+		}
+		if st.Status != want {
+			return fmt.Errorf("run %s is %s, want %s", run, st.Status, want)
+		}
+		return nil
+	})
+}
+
+// waitEvent waits until the run has an event of type typ.
+func (p *opsPipeline) waitEvent(run, typ string) {
+	p.t.Helper()
+	eventstest.Eventually(p.t, 30*time.Second, func() error {
+		evs, err := readRunEvents(p.ctx, p.bus, run)
+		if err != nil {
+			return err
+		}
+		for _, e := range evs {
+			if e.Meta.Type == typ {
+				return nil
+			}
+		}
+		return fmt.Errorf("run %s has no %s yet", run, typ)
+	})
+}
+
+// waitFollowing waits until a consumer on exactly filter exists: tail follows it.
+func (p *opsPipeline) waitFollowing(filter string) {
+	p.t.Helper()
+	eventstest.Eventually(p.t, 10*time.Second, func() error {
+		lister := p.bus.Stream.ListConsumers(p.ctx)
+		for ci := range lister.Info() {
+			if ci.Config.FilterSubject == filter || (len(ci.Config.FilterSubjects) == 1 && ci.Config.FilterSubjects[0] == filter) {
+				return nil
+			}
+		}
+		if err := lister.Err(); err != nil {
+			return err
+		}
+		return fmt.Errorf("no consumer on %s yet", filter)
+	})
+}
+
+func (p *opsPipeline) lastRequest(run string) planner.Request {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	reqs := p.reqs[run]
+	if len(reqs) == 0 {
+		p.t.Fatalf("the model was never asked for %s", run)
+	}
+	return reqs[len(reqs)-1]
+}
+
+func wantCode(t *testing.T, what string, code, want int, stdout, stderr string) {
+	t.Helper()
+	if code != want {
+		t.Fatalf("%s: exit %d, want %d\nstdout:\n%s\nstderr:\n%s", what, code, want, stdout, stderr)
+	}
+}
+
+func wantContains(t *testing.T, what, got string, wants ...string) {
+	t.Helper()
+	for _, w := range wants {
+		if !strings.Contains(got, w) {
+			t.Fatalf("%s: output lacks %q:\n%s", what, w, got)
+		}
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for a writer and a reader in different goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func deployForOps() executor.Tool {
+	return executor.Tool{
+		Name: "deploy", Description: "deploys a service (needs approval)", NeedsApproval: true,
+		InputSchema: json.RawMessage(`{"type":"object","properties":{"service":{"type":"string"}}}`),
+		Func: func(_ context.Context, args json.RawMessage) (any, error) {
+			var in struct{ Service string }
+			_ = json.Unmarshal(args, &in)
+			return map[string]string{"deployed": in.Service}, nil
+		},
+	}
+}
+
+func opsCall(id, tool, args string) events.ToolCall {
+	return events.ToolCall{CallID: id, Tool: tool, Arguments: args}
+}
+
+// TestOpsCommands drives approve, deny, cancel, runs, tail and replay through run()
+// against a live pipeline.
+func TestOpsCommands(t *testing.T) {
+	scripts := map[string]*planner.Script{
+		"ops-approve": {Steps: []func(planner.Request) planner.Response{
+			planner.Calls(opsCall("a", "noop", `{}`), opsCall("b", "deploy", `{"service":"api"}`)),
+			planner.Answer("deployed"),
+		}},
+		"ops-deny": {Steps: []func(planner.Request) planner.Response{
+			planner.Calls(opsCall("b", "deploy", `{"service":"db"}`)),
+			func(req planner.Request) planner.Response {
+				return planner.Answer("not deployed: " + req.Messages[len(req.Messages)-1].Content)(req)
+			},
+		}},
+		"ops-cancel": {Steps: []func(planner.Request) planner.Response{
+			planner.Calls(opsCall("s", "sleep", `{"ms":60000}`)),
+			planner.Answer("unreachable"),
+		}},
+		"ops-live":     {Steps: []func(planner.Request) planner.Response{planner.Answer("hello")}},
+		"ops-live-all": {Steps: []func(planner.Request) planner.Response{planner.Answer("hello")}},
+	}
+	p := startOpsPipeline(t, scripts, deployForOps())
+
+	t.Run("approve", func(t *testing.T) {
+		p.submit("ops-approve", events.Limits{})
+		p.waitStatus("ops-approve", events.RunWaitingForApproval)
+
+		code, out, errOut := p.toolbus("approve", "ops-approve", "nope")
+		wantCode(t, "approve an unknown call", code, 1, out, errOut)
+		wantContains(t, "approve an unknown call", errOut, "call nope of run ops-approve does not wait for approval", "waiting: b")
+		code, out, errOut = p.toolbus("deny", "ops-approve", "b")
+		wantCode(t, "deny without a reason", code, 2, out, errOut)
+		wantContains(t, "deny without a reason", errOut, "--reason is required")
+		code, out, errOut = p.toolbus("approve", "no-such-run", "b")
+		wantCode(t, "approve in an unknown run", code, 1, out, errOut)
+
+		code, out, errOut = p.toolbus("runs")
+		wantCode(t, "runs", code, 0, out, errOut)
+		wantContains(t, "runs", out, "RUN", "ops-approve", "waiting_for_approval", "1 call(s) need approval")
+
+		code, out, errOut = p.toolbus("approve", "ops-approve", "b", "--reason", "CHG-42")
+		wantCode(t, "approve", code, 0, out, errOut)
+		wantContains(t, "approve", out, `approved call b deploy({"service":"api"}) of run ops-approve, step 0, by carol: CHG-42`)
+		p.waitStatus("ops-approve", events.RunCompleted)
+
+		code, out, errOut = p.toolbus("approve", "ops-approve", "b")
+		wantCode(t, "approve again", code, 1, out, errOut)
+		wantContains(t, "approve again", errOut, "run ops-approve already ended: completed")
+
+		code, out, errOut = p.toolbus("replay", "ops-approve")
+		wantCode(t, "replay", code, 0, out, errOut)
+		wantContains(t, "replay", out, "run ops-approve: completed after 2 step(s)",
+			"tool.waiting b deploy: waits for approval (not run)",
+			"approval.granted b deploy: approval granted by carol: CHG-42",
+			"tool.requested b deploy: requested again after the decision",
+			`tool b deploy: {"deployed":"api"}`, "invariants: ok")
+
+		// The transcript rebuilt from the stream is exactly what the model was sent,
+		// followed by its answer.
+		code, out, errOut = p.toolbus("replay", "--json", "ops-approve")
+		wantCode(t, "replay --json", code, 0, out, errOut)
+		var r replayReport
+		if err := json.Unmarshal([]byte(out), &r); err != nil {
+			t.Fatal(err)
+		}
+		last := p.lastRequest("ops-approve")
+		want := append(append([]events.Message(nil), last.Messages...), events.Message{Role: events.RoleAssistant, Content: "deployed"})
+		if g, w := mustJSON(t, r.Transcript), mustJSON(t, want); g != w {
+			t.Fatalf("transcript\n%s\nwant what the model was sent\n%s", g, w)
+		}
+		if !r.OK || r.Status != events.RunCompleted || len(r.Calls) != 2 || r.Calls[1].Decision != "granted" || r.Calls[1].DecidedBy != "carol" {
+			t.Fatalf("report %+v", r)
+		}
+	})
+
+	t.Run("deny", func(t *testing.T) {
+		p.submit("ops-deny", events.Limits{})
+		p.waitStatus("ops-deny", events.RunWaitingForApproval)
+		code, out, errOut := p.toolbus("deny", "ops-deny", "b", "--reason", "freeze until Monday", "--who", "dave")
+		wantCode(t, "deny", code, 0, out, errOut)
+		wantContains(t, "deny", out, `denied call b deploy({"service":"db"}) of run ops-deny, step 0, by dave: freeze until Monday`)
+		p.waitStatus("ops-deny", events.RunCompleted)
+		code, out, errOut = p.toolbus("replay", "ops-deny", "--json")
+		wantCode(t, "replay", code, 0, out, errOut)
+		var r replayReport
+		if err := json.Unmarshal([]byte(out), &r); err != nil {
+			t.Fatal(err)
+		}
+		res := r.Calls[0].Result
+		if res == nil || res.Status != events.StatusRejected || res.Code() != events.CodeApprovalDenied || r.Calls[0].DecidedBy != "dave" {
+			t.Fatalf("denied call %+v", r.Calls[0])
+		}
+		if !strings.Contains(r.Answer, "approval_denied") || !strings.Contains(r.Answer, "freeze until Monday") {
+			t.Fatalf("the model did not read the denial: %q", r.Answer)
+		}
+	})
+
+	t.Run("cancel", func(t *testing.T) {
+		p.submit("ops-cancel", events.Limits{})
+		p.waitEvent("ops-cancel", events.TypeToolRequested)
+		code, out, errOut := p.toolbus("cancel", "ops-cancel", "--reason", "wrong run")
+		wantCode(t, "cancel", code, 0, out, errOut)
+		wantContains(t, "cancel", out, "cancel requested for run ops-cancel (running): wrong run")
+		p.waitStatus("ops-cancel", events.RunCancelled)
+		code, out, errOut = p.toolbus("cancel", "ops-cancel")
+		wantCode(t, "cancel again", code, 1, out, errOut)
+		wantContains(t, "cancel again", errOut, "already ended: cancelled")
+		p.waitEvent("ops-cancel", events.TypeToolFinished)
+
+		code, out, errOut = p.toolbus("replay", "ops-cancel", "--json")
+		wantCode(t, "replay", code, 0, out, errOut)
+		var r replayReport
+		if err := json.Unmarshal([]byte(out), &r); err != nil {
+			t.Fatal(err)
+		}
+		if r.Status != events.RunCancelled || r.Reason != "wrong run (by carol)" || len(r.Requests) != 1 {
+			t.Fatalf("report status %s reason %q requests %+v", r.Status, r.Reason, r.Requests)
+		}
+		if res := r.Calls[0].Result; res == nil || res.Status != events.StatusCancelled {
+			t.Fatalf("the sleep call: %+v", r.Calls[0])
+		}
+	})
+
+	t.Run("runs", func(t *testing.T) {
+		code, out, errOut := p.toolbus("runs", "--json")
+		wantCode(t, "runs --json", code, 0, out, errOut)
+		var rows []struct {
+			RunID  string `json:"run_id"`
+			Status string `json:"status"`
+			AgeMS  int64  `json:"age_ms"`
+		}
+		if err := json.Unmarshal([]byte(out), &rows); err != nil {
+			t.Fatal(err)
+		}
+		got := map[string]string{}
+		for _, r := range rows {
+			got[r.RunID] = r.Status
+			if r.AgeMS < 0 {
+				t.Fatalf("negative age %+v", r)
+			}
+		}
+		if got["ops-approve"] != "completed" || got["ops-deny"] != "completed" || got["ops-cancel"] != "cancelled" {
+			t.Fatalf("runs %v", got)
+		}
+		code, out, errOut = p.toolbus("runs", "--status", "cancelled")
+		wantCode(t, "runs --status", code, 0, out, errOut)
+		if strings.Contains(out, "ops-approve") || !strings.Contains(out, "ops-cancel") {
+			t.Fatalf("runs --status cancelled:\n%s", out)
+		}
+	})
+
+	t.Run("tail", func(t *testing.T) {
+		code, out, errOut := p.toolbus("tail", "--all", "ops-approve")
+		wantCode(t, "tail --all", code, 0, out, errOut)
+		wantContains(t, "tail --all", out, "run ops-approve started", ".. b deploy waits for approval", "run ops-approve: completed")
+		if strings.Contains(out, "\x1b[") {
+			t.Fatalf("colour in a pipe:\n%q", out)
+		}
+		code, out, errOut = p.toolbus("tail", "--all", "--color", "always", "ops-approve")
+		wantCode(t, "tail --color always", code, 0, out, errOut)
+		wantContains(t, "tail --color always", out, ansiBold+ansiGreen+"run ops-approve: completed")
+
+		code, out, errOut = p.toolbus("tail", "ops-approve")
+		wantCode(t, "tail of an ended run", code, 0, out, errOut)
+		wantContains(t, "tail of an ended run", out, "already ended: completed")
+
+		// Follow one run from before it starts, until it ends.
+		var live syncBuffer
+		done := make(chan int, 1)
+		go func() { done <- run(p.ctx, []string{"tail", "ops-live"}, &live, io.Discard) }()
+		p.waitFollowing(events.SubjectRun("ops-live"))
+		p.submit("ops-live", events.Limits{})
+		select {
+		case code := <-done:
+			wantCode(t, "tail ops-live", code, 0, live.String(), "")
+		case <-p.ctx.Done():
+			t.Fatal("tail did not stop at the end of the run")
+		}
+		wantContains(t, "tail ops-live", live.String(), "run ops-live started", "run ops-live: completed", "answer: hello")
+
+		// Follow every run: new events only, each line prefixed with its run.
+		var all syncBuffer
+		tctx, stop := context.WithCancel(p.ctx)
+		defer stop()
+		go func() { done <- run(tctx, []string{"tail"}, &all, io.Discard) }()
+		p.waitFollowing(events.FilterAll)
+		p.submit("ops-live-all", events.Limits{})
+		eventstest.Eventually(t, 30*time.Second, func() error {
+			if !strings.Contains(all.String(), "ops-live-all run ops-live-all: completed") {
+				return fmt.Errorf("not yet:\n%s", all.String())
+			}
+			return nil
+		})
+		stop()
+		if code := <-done; code != 0 {
+			t.Fatalf("tail exit %d after interrupt", code)
+		}
+		if strings.Contains(all.String(), "ops-approve") {
+			t.Fatalf("tail without --all printed old events:\n%s", all.String())
+		}
+	})
+
+	t.Run("replay finds violations", func(t *testing.T) {
+		code, out, errOut := p.toolbus("replay", "no-such-run")
+		wantCode(t, "replay of an unknown run", code, 1, out, errOut)
+		wantContains(t, "replay of an unknown run", errOut, "run no-such-run not found")
+
+		// A second result for a call that already has one (another id, so the stream
+		// keeps it): the audit must catch it.
+		dup := events.ToolFinished{RunID: "ops-approve", Step: 0, CallIndex: 0, CallCount: 2,
+			Result: events.ToolResult{CallID: "a", Tool: "noop", Status: events.StatusSucceeded, Content: "{}"}}
+		if _, err := p.bus.Publish(p.ctx, events.SubjectToolFinished("ops-approve", "noop"), events.Meta{
+			ID: "forged-1", Type: events.TypeToolFinished, Source: "/test", RunID: "ops-approve", CallID: "a", CallCount: 2,
+		}, dup); err != nil {
+			t.Fatal(err)
+		}
+		code, out, errOut = p.toolbus("replay", "ops-approve")
+		wantCode(t, "replay of a broken run", code, 1, out, errOut)
+		wantContains(t, "replay of a broken run", out, "invariants: 1 violation(s)", "duplicate_result")
+		wantContains(t, "replay of a broken run", errOut, "breaks 1 invariant(s)")
+	})
+}
