@@ -96,16 +96,6 @@ func TestBusStores(t *testing.T) {
 		t.Fatalf("state %+v %v", st, err)
 	}
 
-	// Approvals: the first decision stands.
-	d, err := bus.Decide(ctx, events.Decision{Approval: events.Approval{RunID: "r1", CallID: "call.1", Who: "a"}, Granted: true})
-	if err != nil || !d.Granted {
-		t.Fatal(d, err)
-	}
-	d, err = bus.Decide(ctx, events.Decision{Approval: events.Approval{RunID: "r1", CallID: "call.1", Who: "b"}, Granted: false})
-	if err != nil || !d.Granted || d.Who != "a" {
-		t.Fatalf("second decision replaced the first: %+v %v", d, err)
-	}
-
 	// Large outputs.
 	big := make([]byte, 3<<20)
 	ref, err := bus.PutOutput(ctx, "r1/0/call_1", big)

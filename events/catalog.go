@@ -3,7 +3,6 @@ package events
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"log/slog"
 	"sort"
@@ -103,40 +102,23 @@ type Decision struct {
 	Granted bool `json:"granted"`
 }
 
-func approvalKey(run, callID string) string { return run + "." + kvSafe(callID) }
-
-// kvSafe maps a call id to a valid KV key token (call ids come from model providers).
+// kvSafe maps a call id (which comes from a model provider) to a valid KV key token,
+// injectively: other bytes than [A-Za-z0-9_-] become =XX.
 func kvSafe(s string) string {
-	b := []byte(s)
-	for i, c := range b {
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-' || c == '=') {
-			b[i] = '_'
+	const hex = "0123456789ABCDEF"
+	out := make([]byte, 0, len(s))
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-' {
+			out = append(out, c)
+		} else {
+			out = append(out, '=', hex[c>>4], hex[c&15])
 		}
 	}
-	if len(b) == 0 {
-		return "_"
+	if len(out) == 0 {
+		return "="
 	}
-	return string(b)
-}
-
-// Decide records an approval decision; the first decision for a call stands. It returns
-// the decision in force.
-func (b *Bus) Decide(ctx context.Context, d Decision) (Decision, error) {
-	key := approvalKey(d.RunID, d.CallID)
-	if _, err := b.approvals.Create(ctx, key, mustJSON(d)); err != nil {
-		if !errors.Is(err, jetstream.ErrKeyExists) {
-			return d, fmt.Errorf("events: approval %s: %w", key, err)
-		}
-		return b.Decision(ctx, d.RunID, d.CallID)
-	}
-	return d, nil
-}
-
-// Decision returns the approval decision for a call; ErrNotFound when none was made.
-func (b *Bus) Decision(ctx context.Context, run, callID string) (Decision, error) {
-	var d Decision
-	err := b.getJSON(ctx, b.approvals, approvalKey(run, callID), &d)
-	return d, err
+	return string(out)
 }
 
 // PutOutput keeps a whole tool output in the object store and returns its reference
