@@ -3,6 +3,8 @@ package events
 import (
 	"context"
 	"fmt"
+
+	"github.com/nats-io/nats.go"
 )
 
 // History returns the messages a model reads before planning step: the run's input
@@ -64,4 +66,17 @@ func (b *Bus) UsageSoFar(ctx context.Context, run string, step int) (Usage, erro
 		u = u.Add(mr.Usage)
 	}
 	return u, nil
+}
+
+// LastModelRequest returns the step of the run's latest model.requested event.
+func (b *Bus) LastModelRequest(ctx context.Context, run string) (int, error) {
+	raw, err := b.Stream.GetLastMsgForSubject(ctx, SubjectModelRequested(run))
+	if err != nil {
+		return 0, fmt.Errorf("events: last model request of %s: %w", run, err)
+	}
+	var mr ModelRequested
+	if _, err := Decode(&nats.Msg{Subject: raw.Subject, Header: raw.Header, Data: raw.Data}, &mr); err != nil {
+		return 0, err
+	}
+	return mr.Step, nil
 }

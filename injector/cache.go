@@ -1,26 +1,32 @@
 package injector
 
 import (
-	"hash/maphash"
 	"strconv"
 	"sync"
 
 	"github.com/toolbus/toolbus/events"
 )
 
-// steps serialises the updates of one step inside this process and remembers the last
-// record and revision it wrote, so joining a result is one compare-and-set write instead
-// of a read and a write, with no conflict between this process's own handlers. Other
-// injector processes still meet on the compare-and-set: a stale cached revision fails
-// and the record is read again.
+// steps groups the changes to one step inside this process: while a write of a step is
+// in flight, further changes queue, and the handler that wrote goes on writing the
+// queued ones together. It also remembers the last record and revision written, so
+// joining a result is one compare-and-set write instead of a read and a write. Other
+// injector processes meet on the compare-and-set: a stale revision fails and the record
+// is read again.
 type steps struct {
-	seed    maphash.Seed
-	stripes [64]stripe
+	mu sync.Mutex
+	m  map[string]*stepQueue
 }
 
-type stripe struct {
-	mu  sync.Mutex
-	rec map[string]cachedStep
+type stepQueue struct {
+	pending []*change
+	running bool
+	cached  *cachedStep
+}
+
+type change struct {
+	apply func(*events.StepRecord) bool
+	done  chan error
 }
 
 type cachedStep struct {
@@ -28,40 +34,75 @@ type cachedStep struct {
 	rev uint64
 }
 
-func newSteps() *steps {
-	s := &steps{seed: maphash.MakeSeed()}
-	for i := range s.stripes {
-		s.stripes[i].rec = map[string]cachedStep{}
-	}
-	return s
-}
-
-func stepID(run string, step int) string { return run + "." + strconv.Itoa(step) }
-
-// lock locks the stripe of a step and returns it; the caller unlocks it.
-func (s *steps) lock(id string) *stripe {
-	st := &s.stripes[maphash.String(s.seed, id)%uint64(len(s.stripes))]
-	st.mu.Lock()
-	return st
-}
-
-// get returns the cached record (a copy the caller may change) and its revision.
-func (st *stripe) get(id string) (*events.StepRecord, uint64, bool) {
-	c, ok := st.rec[id]
-	if !ok {
-		return nil, 0, false
-	}
+// clone returns a copy of the record that the caller may change.
+func (c *cachedStep) clone() *events.StepRecord {
 	cp := *c.rec
 	cp.Results = append([]*events.ToolResult(nil), c.rec.Results...)
 	cp.Waiting = append([]*events.ToolCall(nil), c.rec.Waiting...)
-	return &cp, c.rev, true
+	return &cp
 }
 
-func (st *stripe) put(id string, rec *events.StepRecord, rev uint64) {
-	if len(st.rec) > 4096 {
-		clear(st.rec) // bounded: records reload from the store
+func newSteps() *steps { return &steps{m: map[string]*stepQueue{}} }
+
+func stepID(run string, step int) string { return run + "." + strconv.Itoa(step) }
+
+// submit queues a change of step id and returns once it is written (or failed). write
+// applies a batch to the record (cached is nil when it must be read) and returns the
+// record as written.
+func (s *steps) submit(id string, apply func(*events.StepRecord) bool,
+	write func(batch []func(*events.StepRecord) bool, cached *cachedStep) (*cachedStep, error)) error {
+	c := &change{apply: apply, done: make(chan error, 1)}
+	s.mu.Lock()
+	q := s.m[id]
+	if q == nil {
+		if len(s.m) > 8192 {
+			s.evictIdle()
+		}
+		q = &stepQueue{}
+		s.m[id] = q
 	}
-	st.rec[id] = cachedStep{rec: rec, rev: rev}
+	q.pending = append(q.pending, c)
+	if q.running {
+		s.mu.Unlock()
+		return <-c.done
+	}
+	q.running = true
+	for {
+		batch := q.pending
+		q.pending = nil
+		cached := q.cached
+		s.mu.Unlock()
+
+		fns := make([]func(*events.StepRecord) bool, len(batch))
+		for i, b := range batch {
+			fns[i] = b.apply
+		}
+		next, err := write(fns, cached)
+		for _, b := range batch {
+			b.done <- err
+		}
+
+		s.mu.Lock()
+		q.cached = next
+		if err != nil || (next != nil && next.rec.Complete()) {
+			q.cached = nil // read again next time; a complete step takes no more writes
+		}
+		if len(q.pending) == 0 {
+			q.running = false
+			if q.cached == nil {
+				delete(s.m, id)
+			}
+			s.mu.Unlock()
+			return <-c.done
+		}
+	}
 }
 
-func (st *stripe) drop(id string) { delete(st.rec, id) }
+// evictIdle forgets cached steps no handler is writing; called with s.mu held.
+func (s *steps) evictIdle() {
+	for id, q := range s.m {
+		if !q.running {
+			delete(s.m, id)
+		}
+	}
+}

@@ -210,46 +210,77 @@ func (in *Injector) Waiting(ctx context.Context, tw events.ToolWaiting) error {
 }
 
 // update applies change to a step's record with compare-and-set, then settles the step
-// if every call is accounted for.
+// if every call is accounted for. Changes to one step that arrive while a write of that
+// step is in flight are applied together in the next write (group commit): a step of K
+// results costs about two writes, not K, and a handler returns only once its change is
+// stored.
 func (in *Injector) update(ctx context.Context, run string, step, count int, change func(*events.StepRecord) bool) error {
-	id := stepID(run, step)
-	st := in.steps.lock(id)
-	defer st.mu.Unlock()
+	return in.steps.submit(stepID(run, step), change, func(ops []func(*events.StepRecord) bool, cached *cachedStep) (*cachedStep, error) {
+		return in.apply(ctx, run, step, count, ops, cached)
+	})
+}
+
+// apply writes a batch of changes to one step and settles it.
+func (in *Injector) apply(ctx context.Context, run string, step, count int, ops []func(*events.StepRecord) bool, cached *cachedStep) (*cachedStep, error) {
 	for attempt := 0; ; attempt++ {
-		rec, rev, cached := st.get(id)
-		if !cached {
+		var (
+			rec *events.StepRecord
+			rev uint64
+		)
+		if cached != nil {
+			rec, rev = cached.clone(), cached.rev
+		} else {
 			var err error
 			rec, rev, err = in.bus.Step(ctx, run, step)
 			if errors.Is(err, events.ErrNotFound) {
 				rec, rev, err = events.NewStepRecord(run, step, count), 0, nil
 			}
 			if err != nil {
-				return err
+				return nil, err
 			}
 		}
 		if rec.CallCount != count || len(rec.Results) != count || len(rec.Waiting) != count {
-			return fmt.Errorf("%w: call count %d does not match the step's %d", events.ErrPoison, count, rec.CallCount)
+			return nil, fmt.Errorf("%w: call count %d does not match the step's %d", events.ErrPoison, count, rec.CallCount)
 		}
-		if !change(rec) {
-			return in.settle(ctx, st, id, rec, rev)
+		changed := false
+		for _, op := range ops {
+			if op(rec) {
+				changed = true
+			}
+		}
+		if !changed {
+			// Only duplicates: settle again (idempotent) unless the step was already settled.
+			if rec.Complete() && in.settled(ctx, rec) {
+				return &cachedStep{rec: rec, rev: rev}, nil
+			}
+			return &cachedStep{rec: rec, rev: rev}, in.settle(ctx, rec)
 		}
 		newRev, err := in.bus.PutStep(ctx, rec, rev)
 		if errors.Is(err, events.ErrConflict) && attempt < 100 {
-			st.drop(id) // another injector wrote it: read it again
+			cached = nil // another injector wrote it: read it again
 			continue
 		}
 		if err != nil {
-			st.drop(id)
-			return err
+			return nil, err
 		}
-		st.put(id, rec, newRev)
-		return in.settle(ctx, st, id, rec, newRev)
+		next := &cachedStep{rec: rec, rev: newRev}
+		return next, in.settle(ctx, rec)
 	}
+}
+
+// settled reports whether what follows a complete step was already published: the run
+// asked for a later step or ended. Only duplicates pay for this read.
+func (in *Injector) settled(ctx context.Context, rec *events.StepRecord) bool {
+	if st, _, err := in.bus.RunState(ctx, rec.RunID); err == nil && st.Status.Terminal() {
+		return true
+	}
+	step, err := in.bus.LastModelRequest(ctx, rec.RunID)
+	return err == nil && step > rec.Step
 }
 
 // settle publishes what follows a step whose calls are all accounted for. It is
 // idempotent: every publication has a deterministic id.
-func (in *Injector) settle(ctx context.Context, stripe *stripe, id string, rec *events.StepRecord, rev uint64) error {
+func (in *Injector) settle(ctx context.Context, rec *events.StepRecord) error {
 	if rec.Closed || !rec.Settled() {
 		return nil
 	}
@@ -281,43 +312,24 @@ func (in *Injector) settle(ctx context.Context, stripe *stripe, id string, rec *
 	if c, ok, err := in.cancelledBy(ctx, rec); err != nil {
 		return err
 	} else if ok {
-		if err := in.Cancelled(ctx, c); err != nil {
-			return err
-		}
-		return in.close(ctx, stripe, id, rec, rev)
+		return in.Cancelled(ctx, c)
 	}
 	if ended := in.cfg.Rules.Decide(rs.WithDefaults(in.cfg.Defaults), rec); ended != nil {
 		if ended.Usage == (events.Usage{}) {
 			ended.Usage = in.usage(ctx, rec.RunID, rec.Step+1)
 		}
-		if err := in.end(ctx, rec.Step, *ended); err != nil {
-			return err
-		}
-		return in.close(ctx, stripe, id, rec, rev)
+		return in.end(ctx, rec.Step, *ended)
 	}
 	if state.Status != events.RunRunning {
 		if err := in.bus.SetRunState(ctx, rec.RunID, events.RunRunning, rec.Step+1, "", ""); err != nil {
 			return err
 		}
 	}
-	if _, err := in.bus.Publish(ctx, events.SubjectModelRequested(rec.RunID), events.Meta{
+	_, err = in.bus.Publish(ctx, events.SubjectModelRequested(rec.RunID), events.Meta{
 		ID: events.IDModelRequested(rec.RunID, rec.Step+1), Type: events.TypeModelRequested, Source: in.source,
 		RunID: rec.RunID, Step: rec.Step + 1,
-	}, events.ModelRequested{RunID: rec.RunID, Step: rec.Step + 1}); err != nil {
-		return err
-	}
-	return in.close(ctx, stripe, id, rec, rev)
-}
-
-// close marks a complete step as decided. Losing this write is harmless: a later
-// duplicate would only republish deduplicated events.
-func (in *Injector) close(ctx context.Context, st *stripe, id string, rec *events.StepRecord, rev uint64) error {
-	rec.Closed = true
-	if _, err := in.bus.PutStep(ctx, rec, rev); err != nil && !errors.Is(err, events.ErrConflict) {
-		in.log.Debug("close step", "run_id", rec.RunID, "step", rec.Step, "error", err)
-	}
-	st.drop(id) // a closed step takes no more writes
-	return nil
+	}, events.ModelRequested{RunID: rec.RunID, Step: rec.Step + 1})
+	return err
 }
 
 // undecided returns the calls of a step that wait for a decision nobody made yet.
