@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"strconv"
 	"strings"
 	"time"
@@ -71,22 +70,87 @@ var ceSpecs = spec.WithPrefix(headerPrefix)
 // ce-* headers, Content-Type application/json, data JSON-encoded in the body and the id
 // repeated in Nats-Msg-Id. m.ID, m.Type and m.Source are required; m.Time defaults to
 // now, m.DataSchema to DataSchema(m.Type), m.Subject to the call id or the run id.
+//
+// The attributes are validated by the CloudEvents SDK (event.EventContextV1) and
+// written straight to the headers, as the SDK's binary binding would write them.
 func Encode(natsSubject string, m Meta, data any) (*nats.Msg, error) {
 	body, err := json.Marshal(data)
 	if err != nil {
 		return nil, fmt.Errorf("events: encode %s data: %w", m.Type, err)
 	}
-	ev, err := m.event(body)
+	m.fill()
+	ec, err := m.context()
 	if err != nil {
 		return nil, err
 	}
 	msg := nats.NewMsg(natsSubject)
-	w := (*binaryWriter)(msg)
-	if _, err := binding.Write(context.Background(), binding.ToMessage(ev), nil, w); err != nil {
-		return nil, fmt.Errorf("events: encode %s: %w", m.Type, err)
+	h := msg.Header
+	h[headerPrefix+"specversion"] = []string{event.CloudEventsVersionV1}
+	h[headerPrefix+"id"] = []string{ec.ID}
+	h[headerPrefix+"source"] = []string{m.Source}
+	h[headerPrefix+"type"] = []string{ec.Type}
+	h[headerPrefix+"subject"] = []string{m.Subject}
+	h[headerPrefix+"time"] = []string{ec.Time.String()}
+	h[headerPrefix+"dataschema"] = []string{m.DataSchema}
+	h[HeaderContentType] = []string{ContentTypeJSON}
+	for name, v := range ec.Extensions {
+		str, err := types.Format(v)
+		if err != nil {
+			return nil, fmt.Errorf("events: extension %s: %w", name, err)
+		}
+		h[headerPrefix+name] = []string{str}
 	}
-	msg.Header.Set(HeaderMsgID, m.ID)
+	h[HeaderMsgID] = []string{m.ID}
+	msg.Data = body
 	return msg, nil
+}
+
+// fill applies the defaults of Encode.
+func (m *Meta) fill() {
+	if m.Subject == "" {
+		m.Subject = m.CallID
+		if m.Subject == "" {
+			m.Subject = m.RunID
+		}
+	}
+	if m.Time.IsZero() {
+		m.Time = time.Now()
+	}
+	if m.DataSchema == "" {
+		m.DataSchema = DataSchema(m.Type)
+	}
+}
+
+// context builds and validates the CloudEvents context of m (after fill).
+func (m Meta) context() (*event.EventContextV1, error) {
+	ec := &event.EventContextV1{ID: m.ID, Type: m.Type, Extensions: make(map[string]any, 6)}
+	ct := ContentTypeJSON
+	ec.DataContentType = &ct
+	if src := types.ParseURIRef(m.Source); src != nil && m.Source != "" {
+		ec.Source = *src
+	}
+	if m.Subject != "" {
+		subj := m.Subject
+		ec.Subject = &subj
+	}
+	ec.Time = &types.Timestamp{Time: m.Time.UTC()}
+	ec.DataSchema = types.ParseURI(m.DataSchema)
+	if m.RunID != "" {
+		ec.Extensions[ExtRunID] = m.RunID
+	}
+	ec.Extensions[ExtStep] = int32(m.Step)
+	if m.HasCall || m.CallID != "" {
+		ec.Extensions[ExtCallID] = m.CallID
+		ec.Extensions[ExtCallIndex] = int32(m.CallIndex)
+		ec.Extensions[ExtCallCount] = int32(m.CallCount)
+	}
+	if m.TraceParent != "" {
+		ec.Extensions[ExtTraceParent] = m.TraceParent
+	}
+	if err := ec.Validate(); err != nil {
+		return nil, fmt.Errorf("events: invalid event %q: %w", m.ID, err)
+	}
+	return ec, nil
 }
 
 // EncodeStructured builds the NATS message of one event in structured content mode
@@ -113,92 +177,156 @@ func EncodeStructured(natsSubject string, m Meta, data any) (*nats.Msg, error) {
 }
 
 func (m Meta) event(body []byte) (*event.Event, error) {
+	m.fill()
+	ec, err := m.context()
+	if err != nil {
+		return nil, err
+	}
 	ev := event.New()
-	ev.SetID(m.ID)
-	ev.SetType(m.Type)
-	ev.SetSource(m.Source)
-	subj := m.Subject
-	if subj == "" {
-		subj = m.CallID
-		if subj == "" {
-			subj = m.RunID
-		}
-	}
-	if subj != "" {
-		ev.SetSubject(subj)
-	}
-	t := m.Time
-	if t.IsZero() {
-		t = time.Now()
-	}
-	ev.SetTime(t)
-	ds := m.DataSchema
-	if ds == "" {
-		ds = DataSchema(m.Type)
-	}
-	ev.SetDataSchema(ds)
-	if m.RunID != "" {
-		ev.SetExtension(ExtRunID, m.RunID)
-	}
-	ev.SetExtension(ExtStep, m.Step)
-	if m.HasCall || m.CallID != "" {
-		ev.SetExtension(ExtCallID, m.CallID)
-		ev.SetExtension(ExtCallIndex, m.CallIndex)
-		ev.SetExtension(ExtCallCount, m.CallCount)
-	}
-	if m.TraceParent != "" {
-		ev.SetExtension(ExtTraceParent, m.TraceParent)
-	}
-	ev.SetDataContentType(ContentTypeJSON)
+	ev.Context = ec
 	ev.DataEncoded = body
-	if err := ev.Validate(); err != nil {
-		return nil, fmt.Errorf("events: invalid event %q: %w", m.ID, err)
-	}
 	return &ev, nil
 }
 
 // Decode reads a NATS message in binary or structured mode, returns its attributes and
 // unmarshals its data into v (when v is not nil). Errors wrap ErrNotCloudEvent.
 func Decode(msg *nats.Msg, v any) (Meta, error) {
+	var (
+		m    Meta
+		data []byte
+		ct   string
+		err  error
+	)
+	if f := format.Lookup(header(msg, HeaderContentType)); f != nil && f != format.JSONBatch {
+		m, data, ct, err = decodeStructured(msg)
+	} else {
+		m, data, ct, err = decodeBinary(msg)
+	}
+	if err != nil {
+		return m, err
+	}
+	if v != nil {
+		if ct != "" && !strings.HasPrefix(ct, ContentTypeJSON) {
+			return m, fmt.Errorf("%w: data content type %q is not %s", ErrNotCloudEvent, ct, ContentTypeJSON)
+		}
+		if len(data) == 0 {
+			return m, fmt.Errorf("%w: %s event %q has no data", ErrNotCloudEvent, m.Type, m.ID)
+		}
+		if err := json.Unmarshal(data, v); err != nil {
+			return m, fmt.Errorf("%w: %s data: %w", ErrNotCloudEvent, m.Type, err)
+		}
+	}
+	return m, nil
+}
+
+// decodeStructured reads application/cloudevents+json with the SDK.
+func decodeStructured(msg *nats.Msg) (Meta, []byte, string, error) {
 	ev, err := binding.ToEvent(context.Background(), newMessage(msg))
 	if err != nil {
-		return Meta{}, fmt.Errorf("%w: %w", ErrNotCloudEvent, err)
+		return Meta{}, nil, "", fmt.Errorf("%w: %w", ErrNotCloudEvent, err)
 	}
 	if err := ev.Validate(); err != nil {
-		return Meta{}, fmt.Errorf("%w: %w", ErrNotCloudEvent, err)
+		return Meta{}, nil, "", fmt.Errorf("%w: %w", ErrNotCloudEvent, err)
 	}
-	m := Meta{
-		ID: ev.ID(), Type: ev.Type(), Source: ev.Source(), Subject: ev.Subject(),
-		Time: ev.Time(), DataSchema: ev.DataSchema(),
+	m := Meta{ID: ev.ID(), Type: ev.Type(), Source: ev.Source(), Subject: ev.Subject(), Time: ev.Time(), DataSchema: ev.DataSchema()}
+	if err := m.readExtensions(ev.Extensions()); err != nil {
+		return m, nil, "", err
 	}
-	exts := ev.Extensions()
+	return m, ev.Data(), ev.DataContentType(), nil
+}
+
+// decodeBinary reads a binary-mode message: the ce-* headers fill an SDK
+// EventContextV1, which the SDK validates.
+func decodeBinary(msg *nats.Msg) (Meta, []byte, string, error) {
+	var m Meta
+	if header(msg, headerPrefix+"specversion") != event.CloudEventsVersionV1 {
+		return m, nil, "", fmt.Errorf("%w: no %sspecversion 1.0 header and not structured mode", ErrNotCloudEvent, headerPrefix)
+	}
+	ec := &event.EventContextV1{}
+	exts := map[string]any{}
+	ct := ""
+	for k, vs := range msg.Header {
+		if len(vs) == 0 {
+			continue
+		}
+		val := vs[0]
+		lk := k
+		if !strings.HasPrefix(k, headerPrefix) {
+			lk = strings.ToLower(k)
+		}
+		if lk == "content-type" {
+			ct = val
+			continue
+		}
+		name, ok := strings.CutPrefix(lk, headerPrefix)
+		if !ok {
+			continue
+		}
+		name = strings.ToLower(name)
+		var err error
+		switch name {
+		case "specversion":
+		case "id":
+			err = ec.SetID(val)
+		case "source":
+			err = ec.SetSource(val)
+		case "type":
+			err = ec.SetType(val)
+		case "subject":
+			err = ec.SetSubject(val)
+		case "time":
+			var ts *types.Timestamp
+			if ts, err = types.ParseTimestamp(val); err == nil && ts != nil {
+				ec.Time = ts
+			}
+		case "dataschema":
+			err = ec.SetDataSchema(val)
+		case "datacontenttype":
+			ct = val
+		default:
+			exts[name] = val
+		}
+		if err != nil {
+			return m, nil, "", fmt.Errorf("%w: attribute %s: %w", ErrNotCloudEvent, name, err)
+		}
+	}
+	if err := ec.Validate(); err != nil {
+		return m, nil, "", fmt.Errorf("%w: %w", ErrNotCloudEvent, err)
+	}
+	m = Meta{ID: ec.ID, Type: ec.Type, Source: ec.Source.String()}
+	if ec.Subject != nil {
+		m.Subject = *ec.Subject
+	}
+	if ec.Time != nil {
+		m.Time = ec.Time.Time
+	}
+	if ec.DataSchema != nil {
+		m.DataSchema = ec.DataSchema.String()
+	}
+	if err := m.readExtensions(exts); err != nil {
+		return m, nil, "", err
+	}
+	return m, msg.Data, ct, nil
+}
+
+func (m *Meta) readExtensions(exts map[string]any) error {
+	var err error
 	m.RunID = extString(exts, ExtRunID)
 	m.TraceParent = extString(exts, ExtTraceParent)
 	if m.Step, err = extInt(exts, ExtStep); err != nil {
-		return m, err
+		return err
 	}
 	if _, ok := exts[ExtCallID]; ok {
 		m.HasCall = true
 		m.CallID = extString(exts, ExtCallID)
 		if m.CallIndex, err = extInt(exts, ExtCallIndex); err != nil {
-			return m, err
+			return err
 		}
 		if m.CallCount, err = extInt(exts, ExtCallCount); err != nil {
-			return m, err
+			return err
 		}
 	}
-	if v != nil {
-		if ct := ev.DataContentType(); ct != "" && !strings.HasPrefix(ct, ContentTypeJSON) {
-			return m, fmt.Errorf("%w: data content type %q is not %s", ErrNotCloudEvent, ct, ContentTypeJSON)
-		}
-		if len(ev.Data()) == 0 {
-			return m, fmt.Errorf("%w: %s event %q has no data", ErrNotCloudEvent, m.Type, m.ID)
-		}
-		if err := json.Unmarshal(ev.Data(), v); err != nil {
-			return m, fmt.Errorf("%w: %s data: %w", ErrNotCloudEvent, m.Type, err)
-		}
-	}
-	return m, nil
+	return nil
 }
 
 func extString(exts map[string]any, name string) string {
@@ -234,48 +362,6 @@ func extInt(exts map[string]any, name string) (int, error) {
 		return 0, fmt.Errorf("%w: extension %s: %w", ErrNotCloudEvent, name, err)
 	}
 	return int(n), nil
-}
-
-// binaryWriter writes binary-mode attributes into a NATS message's headers.
-type binaryWriter nats.Msg
-
-var _ binding.BinaryWriter = (*binaryWriter)(nil)
-
-func (w *binaryWriter) Start(context.Context) error { return nil }
-func (w *binaryWriter) End(context.Context) error   { return nil }
-
-func (w *binaryWriter) SetAttribute(attr spec.Attribute, value any) error {
-	if value == nil {
-		return nil
-	}
-	s, err := types.Format(value)
-	if err != nil {
-		return err
-	}
-	if attr.Kind() == spec.DataContentType {
-		w.Header.Set(HeaderContentType, s)
-		return nil
-	}
-	w.Header.Set(headerPrefix+attr.Name(), s)
-	return nil
-}
-
-func (w *binaryWriter) SetExtension(name string, value any) error {
-	if value == nil {
-		return nil
-	}
-	s, err := types.Format(value)
-	if err != nil {
-		return err
-	}
-	w.Header.Set(headerPrefix+name, s)
-	return nil
-}
-
-func (w *binaryWriter) SetData(r io.Reader) error {
-	b, err := io.ReadAll(r)
-	w.Data = b
-	return err
 }
 
 // message adapts a received NATS message to binding.Message. It implements
