@@ -8,7 +8,7 @@ PKGS    := ./...
 ## demo: the incident scenario end to end on an embedded JetStream server
 demo: build
 	@mkdir -p data
-	TOOLBUS_DATA_DIR=$${TOOLBUS_DATA_DIR:-$(CURDIR)/data} $(BIN) run "What is going on with INC-404?"
+	TOOLBUS_DATA_DIR=$${TOOLBUS_DATA_DIR:-$(CURDIR)/data} TOOLBUS_MODEL=$${TOOLBUS_MODEL:-replay:planner/testdata/incident.jsonl} $(BIN) run "What is going on with INC-404?"
 
 build:
 	$(GO) build -o $(BIN) ./cmd/toolbus
@@ -35,6 +35,9 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzTruncate -fuzztime 20s ./executor
 	$(GO) test -run '^$$' -fuzz FuzzRedact -fuzztime 20s ./executor
 	$(GO) test -run '^$$' -fuzz FuzzCalculator -fuzztime 20s ./executor/packs
+	$(GO) test -run '^$$' -fuzz '^FuzzOpenAIResponse$$' -fuzztime 20s ./planner
+	$(GO) test -run '^$$' -fuzz '^FuzzOpenAIResponsesResponse$$' -fuzztime 20s ./planner
+	$(GO) test -run '^$$' -fuzz '^FuzzAnthropicResponse$$' -fuzztime 20s ./planner
 
 vet:
 	$(GO) vet $(PKGS)

@@ -227,9 +227,15 @@ func (in *Injector) apply(ctx context.Context, run string, step, count int, ops 
 			rec *events.StepRecord
 			rev uint64
 		)
-		if cached != nil {
+		optimistic := false
+		switch {
+		case cached != nil:
 			rec, rev = cached.clone(), cached.rev
-		} else {
+		case attempt == 0:
+			// Most steps are new to this injector: create the record without reading it
+			// first; if it exists, the create fails and it is read.
+			rec, rev, optimistic = events.NewStepRecord(run, step, count), 0, true
+		default:
 			var err error
 			rec, rev, err = in.bus.Step(ctx, run, step)
 			if errors.Is(err, events.ErrNotFound) {
@@ -247,6 +253,9 @@ func (in *Injector) apply(ctx context.Context, run string, step, count int, ops 
 			if op(rec) {
 				changed = true
 			}
+		}
+		if !changed && optimistic {
+			continue // nothing to create: read the stored record
 		}
 		if !changed {
 			// Only duplicates: settle again (idempotent) unless the step was already settled.

@@ -1,0 +1,177 @@
+package planner
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"math/rand/v2"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// RetryPolicy is how a provider adapter retries a call that failed with a retryable
+// ProviderError (429, 408, 5xx, a transport failure or timeout, an unreadable answer).
+// The SDKs' own retries are switched off, so this policy is the only one in force.
+//
+// The wait before attempt n+1 is the provider's Retry-After (or Retry-After-Ms) when it
+// sent one, else an exponential backoff with jitter: between half and all of
+// BaseDelay·2^(n-1), capped at MaxDelay. The adapter stops early, returning the last
+// error as a transient one (the planner then redelivers the step later), when the
+// provider asks for a wait longer than MaxDelay or when the wait would outlast the
+// caller's deadline. Waiting ends as soon as the context does.
+type RetryPolicy struct {
+	// MaxAttempts bounds the attempts of one call, the first included (default 4; 1
+	// disables retries).
+	MaxAttempts int
+	// BaseDelay is the first backoff (default 500ms).
+	BaseDelay time.Duration
+	// MaxDelay caps one wait, backoff or Retry-After (default 30s).
+	MaxDelay time.Duration
+	// AttemptTimeout bounds one attempt; an attempt that runs out is retried (default 0:
+	// only the caller's context bounds the call).
+	AttemptTimeout time.Duration
+
+	// sleep waits d or until ctx ends; tests replace it to observe the waits.
+	sleep func(ctx context.Context, d time.Duration) error
+}
+
+// Default values of RetryPolicy.
+const (
+	DefaultMaxAttempts = 4
+	DefaultBaseDelay   = 500 * time.Millisecond
+	DefaultMaxDelay    = 30 * time.Second
+)
+
+func (p RetryPolicy) withDefaults() RetryPolicy {
+	if p.MaxAttempts <= 0 {
+		p.MaxAttempts = DefaultMaxAttempts
+	}
+	if p.BaseDelay <= 0 {
+		p.BaseDelay = DefaultBaseDelay
+	}
+	if p.MaxDelay <= 0 {
+		p.MaxDelay = DefaultMaxDelay
+	}
+	if p.MaxDelay < p.BaseDelay {
+		p.MaxDelay = p.BaseDelay
+	}
+	if p.sleep == nil {
+		p.sleep = sleepCtx
+	}
+	return p
+}
+
+// backoff is the wait after the given failed attempt (1-based), with jitter.
+func (p RetryPolicy) backoff(attempt int) time.Duration {
+	d := p.MaxDelay
+	if attempt < 40 {
+		if b := p.BaseDelay << (attempt - 1); b > 0 && b < p.MaxDelay {
+			d = b
+		}
+	}
+	half := d / 2
+	return half + rand.N(d-half+1)
+}
+
+// do runs call until it succeeds, fails with an error that is not retryable, or the
+// policy gives up. log may be nil.
+func (p RetryPolicy) do(ctx context.Context, log *slog.Logger, call func(ctx context.Context) error) error {
+	p = p.withDefaults()
+	for attempt := 1; ; attempt++ {
+		actx, cancel := ctx, context.CancelFunc(func() {})
+		if p.AttemptTimeout > 0 {
+			actx, cancel = context.WithTimeout(ctx, p.AttemptTimeout)
+		}
+		err := call(actx)
+		cancel()
+		if err == nil {
+			return nil
+		}
+		if ctx.Err() != nil {
+			return err // the caller gave up; the planner decides what happens to the step
+		}
+		var pe *ProviderError
+		if !errors.As(err, &pe) || errors.Is(err, ErrPermanent) {
+			return err
+		}
+		if !pe.Retryable {
+			return Permanent(err) // the provider refused the request: fail the run with its message
+		}
+		if attempt >= p.MaxAttempts {
+			return fmt.Errorf("planner: %s: giving up after %d attempts: %w", pe.Provider, attempt, err)
+		}
+		wait := p.backoff(attempt)
+		if pe.RetryAfter > 0 {
+			if pe.RetryAfter > p.MaxDelay {
+				return fmt.Errorf("planner: %s: provider asks to retry after %s, more than the %s cap: %w",
+					pe.Provider, pe.RetryAfter.Round(time.Millisecond), p.MaxDelay, err)
+			}
+			wait = pe.RetryAfter
+		}
+		if dl, ok := ctx.Deadline(); ok && time.Until(dl) < wait {
+			return fmt.Errorf("planner: %s: no time left for another attempt: %w", pe.Provider, err)
+		}
+		if log != nil {
+			log.Warn("model call failed, retrying", "provider", pe.Provider, "status", pe.Status,
+				"attempt", attempt, "wait", wait, "error", err)
+		}
+		if serr := p.sleep(ctx, wait); serr != nil {
+			return err
+		}
+	}
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return ctx.Err()
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+// timeNow is the clock Retry-After dates are read against (tests pin it).
+var timeNow = time.Now
+
+// retryAfter reads the wait a provider asks for: Retry-After-Ms (milliseconds, sent by
+// OpenAI), else Retry-After as seconds or as an HTTP date. A date in the past is a zero
+// wait; an unreadable value is ignored.
+func retryAfter(h http.Header, now time.Time) (time.Duration, bool) {
+	if v := strings.TrimSpace(h.Get("Retry-After-Ms")); v != "" {
+		if ms, err := strconv.ParseFloat(v, 64); err == nil && ms >= 0 && !math.IsInf(ms, 0) {
+			return floatDuration(ms, time.Millisecond), true
+		}
+	}
+	v := strings.TrimSpace(h.Get("Retry-After"))
+	if v == "" {
+		return 0, false
+	}
+	if secs, err := strconv.ParseFloat(v, 64); err == nil {
+		if secs < 0 || math.IsNaN(secs) {
+			return 0, false
+		}
+		return floatDuration(secs, time.Second), true
+	}
+	if t, err := http.ParseTime(v); err == nil {
+		return max(t.Sub(now), 0), true
+	}
+	return 0, false
+}
+
+// floatDuration converts v units to a Duration, saturating instead of overflowing.
+func floatDuration(v float64, unit time.Duration) time.Duration {
+	d := v * float64(unit)
+	if d >= math.MaxInt64 || math.IsInf(d, 1) {
+		return time.Duration(math.MaxInt64)
+	}
+	return time.Duration(d)
+}
