@@ -2,7 +2,6 @@ package e2e_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -141,14 +140,16 @@ func (s *stack) startExecutor(name string, cfg executor.WorkerConfig) {
 	exec := executor.New(s.reg, executor.WithLogger(s.log), executor.WithInstance(name))
 	w := executor.NewWorker(s.bus, exec, cfg)
 	s.start(name, w.Run)
-	// The planner must see the catalog before the first run.
+	// The planner must see every tool of the registry before the first run.
+	cat, err := s.bus.WatchCatalog(s.ctx, nil)
+	if err != nil {
+		s.t.Fatal(err)
+	}
 	eventstest.Eventually(s.t, 10*time.Second, func() error {
-		cat, err := s.bus.WatchCatalog(s.ctx, nil)
-		if err != nil {
-			return err
-		}
-		if len(cat.Tools(nil)) == 0 {
-			return errors.New("catalog empty")
+		for _, name := range s.reg.Names() {
+			if _, ok := cat.Lookup(name); !ok {
+				return fmt.Errorf("tool %s not in the catalog yet", name)
+			}
 		}
 		return nil
 	})

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"sort"
 	"strings"
 	"sync"
 	"testing"
@@ -329,8 +330,13 @@ func TestProvidersReplayIncidentCassette(t *testing.T) {
 	if ended.Usage.Total() != 910 {
 		t.Fatalf("usage %+v, want the recorded 910 tokens", ended.Usage)
 	}
+	// Results are listed in call order: the stream holds them in completion order.
+	res := s.finished("replayed-incident")
+	sort.Slice(res, func(i, j int) bool {
+		return res[i].Step < res[j].Step || res[i].Step == res[j].Step && res[i].CallIndex < res[j].CallIndex
+	})
 	var got []string
-	for _, f := range s.finished("replayed-incident") {
+	for _, f := range res {
 		got = append(got, fmt.Sprintf("%d:%s:%s:%s", f.Step, f.Result.Tool, f.Result.Status, f.Result.Code()))
 	}
 	want := "0:lookup_incident:failed:incident_not_found,0:calculator:succeeded:,1:lookup_incident:succeeded:"
