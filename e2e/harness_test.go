@@ -140,13 +140,17 @@ func (s *stack) startExecutor(name string, cfg executor.WorkerConfig) {
 	exec := executor.New(s.reg, executor.WithLogger(s.log), executor.WithInstance(name))
 	w := executor.NewWorker(s.bus, exec, cfg)
 	s.start(name, w.Run)
-	// The planner must see every tool of the registry before the first run.
+	// The planner must see every tool this executor serves before the first run.
 	cat, err := s.bus.WatchCatalog(s.ctx, nil)
 	if err != nil {
 		s.t.Fatal(err)
 	}
+	served := cfg.Tools
+	if len(served) == 0 {
+		served = s.reg.Names()
+	}
 	eventstest.Eventually(s.t, 10*time.Second, func() error {
-		for _, name := range s.reg.Names() {
+		for _, name := range served {
 			if _, ok := cat.Lookup(name); !ok {
 				return fmt.Errorf("tool %s not in the catalog yet", name)
 			}

@@ -4,13 +4,16 @@
 //
 //   - a scripted model that asks for random-latency calls and checks, at every step,
 //     that the history holds each result in call order (TOOLBUS_MODEL=<tool>:<calls>x<steps>[:<min>-<max>]);
-//   - an "append" tool with a side effect visible across processes: it appends the call's
-//     idempotency key to the file TOOLBUS_FAULT_APPEND_FILE;
-//   - TOOLBUS_FAULT_KILL_AFTER_RESULT=1: the process SIGKILLs itself at the exact moment it
-//     is about to acknowledge a call whose tool.finished of the append tool the stream
-//     has already stored (the worst moment for an executor to die).
+//   - an "append" tool with a side effect visible across processes: it waits {"ms"} then
+//     appends the call's idempotency key to the file TOOLBUS_FAULT_APPEND_FILE;
+//   - TOOLBUS_FAULT_KILL_AFTER=<fragment>: the process SIGKILLs itself on the first write to
+//     the server after it published a message whose subject contains the fragment (and,
+//     since publishing waits for the stream's acknowledgement, after the stream stored
+//     it): e.g. ".tool.finished.append " kills an executor between storing a result and
+//     acknowledging the call, ".model.requested " kills an injector between publishing
+//     the next step and closing the joined step and acknowledging the result.
 //
-// The injector and the other executors of the suite are the real toolbus binary.
+// The other workers of the suite are the real toolbus binary.
 package main
 
 import (
@@ -37,6 +40,7 @@ import (
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/executor/packs"
+	"github.com/toolbus/toolbus/injector"
 	"github.com/toolbus/toolbus/planner"
 )
 
@@ -49,14 +53,18 @@ type config struct {
 	MaxDeliver  int           `envconfig:"MAX_DELIVER" default:"5"`
 	Grace       time.Duration `envconfig:"GRACE" default:"5s"`
 	Model       string        `envconfig:"MODEL" default:"sleep:4x3:1-100"`
-	LogLevel    string        `envconfig:"LOG_LEVEL" default:"info"`
-	AppendFile  string        `envconfig:"FAULT_APPEND_FILE"`
-	KillOnAck   bool          `envconfig:"FAULT_KILL_AFTER_RESULT"`
+	// ModelTimeout of the planner; its consumer's ack wait is this plus 30s, which is how
+	// long a model request lost with a dead server waits for redelivery. The script
+	// answers at once, so the suite does not wait the default 2m30s.
+	ModelTimeout time.Duration `envconfig:"MODEL_TIMEOUT" default:"10s"`
+	LogLevel     string        `envconfig:"LOG_LEVEL" default:"info"`
+	AppendFile   string        `envconfig:"FAULT_APPEND_FILE"`
+	KillAfter    string        `envconfig:"FAULT_KILL_AFTER"`
 }
 
 func main() {
-	if len(os.Args) != 2 || (os.Args[1] != "planner" && os.Args[1] != "executor") {
-		fmt.Fprintln(os.Stderr, "usage: faultbus planner|executor (configured by TOOLBUS_* variables)")
+	if len(os.Args) != 2 || (os.Args[1] != "planner" && os.Args[1] != "executor" && os.Args[1] != "injector") {
+		fmt.Fprintln(os.Stderr, "usage: faultbus planner|executor|injector (configured by TOOLBUS_* variables)")
 		os.Exit(2)
 	}
 	var cfg config
@@ -87,8 +95,8 @@ func run(ctx context.Context, cfg config, role string, log *slog.Logger) error {
 		}),
 		nats.ReconnectHandler(func(nc *nats.Conn) { log.Info("nats reconnected", "url", nc.ConnectedUrl()) }),
 	}
-	if cfg.KillOnAck {
-		opts = append(opts, nats.SetCustomDialer(&killDialer{log: log}))
+	if cfg.KillAfter != "" {
+		opts = append(opts, nats.SetCustomDialer(&killDialer{log: log, after: []byte(cfg.KillAfter)}))
 	}
 	nc, err := nats.Connect(cfg.NatsURL, opts...)
 	if err != nil {
@@ -100,6 +108,10 @@ func run(ctx context.Context, cfg config, role string, log *slog.Logger) error {
 		return err
 	}
 	switch role {
+	case "injector":
+		return injector.New(bus, injector.Config{
+			Instance: cfg.Instance, Concurrency: cfg.Concurrency, Grace: cfg.Grace, Logger: log,
+		}).Run(ctx)
 	case "planner":
 		model, err := parseModel(cfg.Model)
 		if err != nil {
@@ -111,6 +123,7 @@ func run(ctx context.Context, cfg config, role string, log *slog.Logger) error {
 		}
 		return planner.New(bus, model, cat, planner.Config{
 			Instance: cfg.Instance, Concurrency: cfg.Concurrency, Grace: cfg.Grace, Logger: log,
+			ModelTimeout: cfg.ModelTimeout,
 		}).Run(ctx)
 	default:
 		reg := executor.NewRegistry()
@@ -134,13 +147,24 @@ func appendTool(cfg config) executor.Tool {
 	var mu sync.Mutex
 	return executor.Tool{
 		Name:        "append",
-		Description: "Fault suite: append the call's idempotency key to a file (a side effect).",
-		InputSchema: json.RawMessage(`{"type":"object","properties":{"ms":{"type":"integer"}}}`),
+		Description: "Fault suite: wait ms milliseconds, then append the call's idempotency key to a file (a side effect).",
+		InputSchema: json.RawMessage(`{"type":"object","properties":{"ms":{"type":"integer","minimum":0,"maximum":60000}}}`),
 		ReadOnly:    false,
-		Func: func(ctx context.Context, _ json.RawMessage) (any, error) {
+		Func: func(ctx context.Context, args json.RawMessage) (any, error) {
 			ci, _ := executor.CallInfoFrom(ctx)
 			if cfg.AppendFile == "" {
 				return nil, errors.New("TOOLBUS_FAULT_APPEND_FILE is not set")
+			}
+			var in struct{ MS int }
+			_ = json.Unmarshal(args, &in)
+			if in.MS > 0 {
+				t := time.NewTimer(time.Duration(in.MS) * time.Millisecond)
+				select {
+				case <-t.C:
+				case <-ctx.Done():
+					t.Stop()
+					return nil, ctx.Err()
+				}
 			}
 			mu.Lock()
 			defer mu.Unlock()
@@ -160,12 +184,12 @@ func appendTool(cfg config) executor.Tool {
 	}
 }
 
-// killDialer wraps the connection to the server: once the process has published a
-// tool.finished of the append tool (and, since Publish waits for it, the stream has
-// stored it), the next write carrying an acknowledgement kills the process instead.
+// killDialer wraps the connection to the server: once the process has written a
+// message whose subject contains after, its next write kills the process instead.
 type killDialer struct {
 	log   *slog.Logger
-	armed atomic.Bool
+	after []byte
+	armed atomic.Value // the line that armed it
 }
 
 func (d *killDialer) Dial(network, address string) (net.Conn, error) {
@@ -181,28 +205,26 @@ type killConn struct {
 	d *killDialer
 }
 
-var (
-	finishedAppend = []byte(".tool.finished.append ")
-	ackSubject     = []byte("$JS.ACK.")
-	ackPayload     = []byte("+ACK")
-)
-
 func (c *killConn) Write(p []byte) (int, error) {
-	if c.d.armed.Load() && bytes.Contains(p, ackSubject) && bytes.Contains(p, ackPayload) {
-		c.d.log.Warn("fault injected: SIGKILL before acknowledging a call whose result is stored")
+	if armed, _ := c.d.armed.Load().(string); armed != "" {
+		c.d.log.Warn("fault injected: SIGKILL before the write that follows a publication", "after", armed)
 		_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
 		select {} // the signal ends the process; the write never happens
 	}
 	n, err := c.Conn.Write(p)
-	if bytes.Contains(p, finishedAppend) {
-		c.d.armed.Store(true)
+	if i := bytes.Index(p, c.d.after); i >= 0 {
+		start, end := bytes.LastIndexByte(p[:i], '\n')+1, len(p)
+		if sp := bytes.IndexByte(p[i+1:], ' '); sp >= 0 {
+			end = i + 1 + sp
+		}
+		c.d.armed.Store(string(p[start:end]))
 	}
 	return n, err
 }
 
 // scriptModel asks for calls of one tool at each of the first steps steps, then answers.
-// sleep calls get a latency drawn (deterministically per run, step and call) from
-// [min, max] ms. Before planning step s it checks that the history holds, after each
+// sleep and append calls get a latency drawn (deterministically per run, step and call)
+// from [min, max] ms. Before planning step s it checks that the history holds, after each
 // assistant message, one tool message per call in call order, with the right output; a
 // wrong history fails the run (permanent model error), which the suite detects.
 type scriptModel struct {
@@ -246,7 +268,7 @@ func (m *scriptModel) latency(run string, step, i int) int {
 }
 
 func (m *scriptModel) args(run string, step, i int) string {
-	if m.tool == "sleep" {
+	if m.tool == "sleep" || m.tool == "append" {
 		return `{"ms":` + strconv.Itoa(m.latency(run, step, i)) + `}`
 	}
 	return `{}`
@@ -289,13 +311,20 @@ func (m *scriptModel) check(req planner.Request) error {
 			if tm.Role != events.RoleTool || tm.ToolCallID != c.CallID {
 				return fmt.Errorf("history of %s step %d: step %d message %d answers %q, want %q (call order)", req.RunID, req.Step, step, k, tm.ToolCallID, c.CallID)
 			}
-			if m.tool == "sleep" {
+			switch m.tool {
+			case "sleep":
 				var out struct {
 					SleptMS *int `json:"slept_ms"`
 				}
 				want := m.latency(req.RunID, step, k)
 				if err := json.Unmarshal([]byte(tm.Content), &out); err != nil || out.SleptMS == nil || *out.SleptMS != want {
 					return fmt.Errorf("history of %s step %d: step %d result %d is %q, want slept_ms %d", req.RunID, req.Step, step, k, tm.Content, want)
+				}
+			case "append":
+				var out struct{ Key string }
+				want := req.RunID + "/" + strconv.Itoa(step) + "/" + c.CallID
+				if err := json.Unmarshal([]byte(tm.Content), &out); err != nil || out.Key != want {
+					return fmt.Errorf("history of %s step %d: step %d result %d is %q, want key %s", req.RunID, req.Step, step, k, tm.Content, want)
 				}
 			}
 			i++

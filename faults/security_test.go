@@ -1,0 +1,240 @@
+package faults_test
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"fmt"
+	"math/big"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nkeys"
+
+	"github.com/toolbus/toolbus/events"
+)
+
+// TestFaultSecurityRoles runs the real binaries with credentials: nats-server with
+// deploy/nats/tls.conf (a user and password per role behind mutual TLS) and with
+// deploy/nats/auth-nkeys.conf (an nkey per role), and every toolbus role as its own
+// process configured only by TOOLBUS_NATS_* variables, the client being `toolbus run`.
+// It runs in plain `go test` too (a few seconds once the binaries are built).
+func TestFaultSecurityRoles(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes")
+	}
+	natsBin, toolbusBin, _ := binaries(t)
+	roles := []string{"planner", "executor", "injector", "client"}
+
+	t.Run("user and password over mutual TLS", func(t *testing.T) {
+		dir := t.TempDir()
+		pki := writePKI(t, dir)
+		serverEnv := []string{"NATS_TLS_CERT=" + pki["server.pem"], "NATS_TLS_KEY=" + pki["server-key.pem"], "NATS_TLS_CA=" + pki["ca.pem"]}
+		roleEnv := map[string][]string{}
+		for _, role := range roles {
+			pw := strconv.FormatInt(time.Now().UnixNano(), 36) + role
+			serverEnv = append(serverEnv, "TOOLBUS_"+strings.ToUpper(role)+"_PASSWORD="+pw)
+			roleEnv[role] = []string{"TOOLBUS_NATS_USER=" + role, "TOOLBUS_NATS_PASSWORD=" + pw,
+				"TOOLBUS_NATS_TLS_CA=" + pki["ca.pem"], "TOOLBUS_NATS_TLS_CERT=" + pki["client.pem"], "TOOLBUS_NATS_TLS_KEY=" + pki["client-key.pem"]}
+		}
+		check := []nats.Option{nats.RootCAs(pki["ca.pem"]), nats.ClientCert(pki["client.pem"], pki["client-key.pem"]),
+			nats.UserInfo("client", strings.TrimPrefix(roleEnv["client"][1], "TOOLBUS_NATS_PASSWORD="))}
+		securedPipeline(t, natsBin, toolbusBin, dir, "tls.conf", "tls", serverEnv, roleEnv, check)
+	})
+
+	t.Run("nkey per role", func(t *testing.T) {
+		dir := t.TempDir()
+		var serverEnv []string
+		roleEnv := map[string][]string{}
+		var check []nats.Option
+		for _, role := range roles {
+			kp, err := nkeys.CreateUser()
+			if err != nil {
+				t.Fatal(err)
+			}
+			pub, _ := kp.PublicKey()
+			seed, _ := kp.Seed()
+			seedFile := filepath.Join(dir, role+".nk")
+			if err := os.WriteFile(seedFile, seed, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			serverEnv = append(serverEnv, "TOOLBUS_"+strings.ToUpper(role)+"_NKEY="+pub)
+			roleEnv[role] = []string{"TOOLBUS_NATS_NKEY=" + seedFile}
+			if role == "client" {
+				o, err := nats.NkeyOptionFromSeed(seedFile)
+				if err != nil {
+					t.Fatal(err)
+				}
+				check = []nats.Option{o}
+			}
+		}
+		securedPipeline(t, natsBin, toolbusBin, dir, "auth-nkeys.conf", "nats", serverEnv, roleEnv, check)
+	})
+}
+
+// securedPipeline starts nats-server with a deploy config and the roles with their
+// credentials, runs `toolbus run` as the client and checks the run from the stream.
+func securedPipeline(t *testing.T, natsBin, toolbusBin, dir, conf, scheme string, serverEnv []string, roleEnv map[string][]string, check []nats.Option) {
+	t.Helper()
+	port := freePort(t)
+	cfgDir := deployCopy(t, filepath.Join(dir, "conf"), filepath.Join(dir, "store"))
+	srv := startProc(t, dir, "nats", natsBin, []string{"-c", filepath.Join(cfgDir, conf), "-a", "127.0.0.1",
+		"-p", strconv.Itoa(port), "-m", strconv.Itoa(freePort(t))}, serverEnv)
+	url := fmt.Sprintf("%s://127.0.0.1:%d", scheme, port)
+	var nc *nats.Conn
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var err error
+		nc, err = nats.Connect(url, append([]nats.Option{nats.Timeout(time.Second)}, check...)...)
+		if err == nil {
+			break
+		}
+		if srv.exited() || time.Now().After(deadline) {
+			t.Fatalf("nats-server with %s not ready: %v\n%s", conf, err, srv.logTail(20))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	defer nc.Close()
+
+	var procs []*proc
+	dump := func() {
+		for _, p := range append(procs, srv) {
+			t.Logf("---- %s ----\n%s", p.name, p.logTail(15))
+		}
+	}
+	for _, role := range []string{"executor", "planner", "injector"} {
+		env := append([]string{"TOOLBUS_NATS_URL=" + url, "TOOLBUS_INSTANCE=" + role, "TOOLBUS_MODEL=script:noop",
+			"TOOLBUS_GRACE=2s"}, roleEnv[role]...)
+		procs = append(procs, startProc(t, dir, role, toolbusBin, []string{role}, env))
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The roles are up when their consumers exist.
+	for _, durable := range []string{"executor", "planner", "injector"} {
+		for {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			_, err := js.Consumer(ctx, events.DefaultStream, durable)
+			cancel()
+			if err == nil {
+				break
+			}
+			for _, p := range procs {
+				if p.exited() {
+					dump()
+					t.Fatalf("%s exited", p.name)
+				}
+			}
+			if time.Now().After(deadline.Add(30 * time.Second)) {
+				dump()
+				t.Fatalf("consumer %s: %v", durable, err)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	run := "secured-" + strings.TrimSuffix(conf, ".conf")
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, toolbusBin, "run", "--id", run, "--principal", "alice", "add nothing, three times")
+	cmd.Env = childEnv(append([]string{"TOOLBUS_NATS_URL=" + url, "TOOLBUS_INSTANCE=client"}, roleEnv["client"]...))
+	dieWithParent(cmd)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		dump()
+		t.Fatalf("toolbus run: %v\n%s", err, out)
+	}
+	if !strings.Contains(string(out), "run "+run+": completed") {
+		t.Fatalf("toolbus run output:\n%s", out)
+	}
+	sctx, scancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer scancel()
+	stream, err := js.Stream(sctx, events.DefaultStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := stream.Info(sctx, jetstream.WithSubjectFilter(events.SubjectRun(run)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for subj, c := range info.State.Subjects {
+		if strings.Contains(subj, ".tool.finished.") {
+			n += int(c)
+		}
+	}
+	if n != 8 {
+		t.Fatalf("%d results in the stream, want 8 (2 steps of 4 noop calls): %v", n, info.State.Subjects)
+	}
+	for _, p := range append(procs, srv) {
+		if strings.Contains(strings.ToLower(p.logText()), "permissions violation") {
+			dump()
+			t.Fatalf("%s logged a permissions violation", p.name)
+		}
+	}
+	t.Logf("%s: run completed by role processes with their own credentials:\n%s", conf, out)
+}
+
+// writePKI writes a CA, a server certificate for 127.0.0.1 and a client certificate.
+func writePKI(t *testing.T, dir string) map[string]string {
+	t.Helper()
+	files := map[string]string{}
+	write := func(name, typ string, der []byte) {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		files[name] = p
+	}
+	key := func() *ecdsa.PrivateKey {
+		k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return k
+	}
+	caKey := key()
+	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "toolbus faults CA"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), IsCA: true,
+		BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
+	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca, _ := x509.ParseCertificate(caDER)
+	write("ca.pem", "CERTIFICATE", caDER)
+	for i, name := range []string{"server", "client"} {
+		k := key()
+		usage := x509.ExtKeyUsageServerAuth
+		if name == "client" {
+			usage = x509.ExtKeyUsageClientAuth
+		}
+		tmpl := &x509.Certificate{SerialNumber: big.NewInt(int64(i + 2)), Subject: pkix.Name{CommonName: "toolbus " + name},
+			NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+			KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{usage},
+			IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, DNSNames: []string{"localhost"}}
+		der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &k.PublicKey, caKey)
+		if err != nil {
+			t.Fatal(err)
+		}
+		kb, err := x509.MarshalECPrivateKey(k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		write(name+".pem", "CERTIFICATE", der)
+		write(name+"-key.pem", "EC PRIVATE KEY", kb)
+	}
+	return files
+}
