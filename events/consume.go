@@ -215,3 +215,23 @@ func AwaitAcks(ctx context.Context, futures []jetstream.PubAckFuture) error {
 	}
 	return first
 }
+
+// Heartbeat tells the server every period that msg is still being worked on, so work
+// longer than the consumer's AckWait is not redelivered while its worker is alive.
+// Call stop when the work ends.
+func Heartbeat(msg jetstream.Msg, period time.Duration) (stop func()) {
+	done := make(chan struct{})
+	go func() {
+		t := time.NewTicker(period)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				_ = msg.InProgress()
+			}
+		}
+	}()
+	return func() { close(done) }
+}

@@ -308,7 +308,7 @@ func (w *Worker) run(ctx context.Context, msg jetstream.Msg, req events.ToolRequ
 		IdempotencyKey: req.RunID + "/" + strconv.Itoa(req.Step) + "/" + req.Call.CallID,
 	})
 
-	stopBeat := w.heartbeat(msg)
+	stopBeat := events.Heartbeat(msg, w.cfg.AckWait/3)
 	res := w.exec.Execute(callCtx, req.Call, req.Principal)
 	stopBeat()
 
@@ -318,25 +318,6 @@ func (w *Worker) run(ctx context.Context, msg jetstream.Msg, req events.ToolRequ
 		return res, fmt.Errorf("executor: shutdown interrupted call %s: %w", req.Call.CallID, ctx.Err())
 	}
 	return res, nil
-}
-
-// heartbeat tells the server the call is still being worked on, so calls longer than
-// AckWait are not redelivered while their worker is alive.
-func (w *Worker) heartbeat(msg jetstream.Msg) (stop func()) {
-	done := make(chan struct{})
-	go func() {
-		t := time.NewTicker(w.cfg.AckWait / 3)
-		defer t.Stop()
-		for {
-			select {
-			case <-done:
-				return
-			case <-t.C:
-				_ = msg.InProgress()
-			}
-		}
-	}()
-	return func() { close(done) }
 }
 
 // busRetryFor bounds how long a worker retries a failing bus operation in place.
@@ -351,7 +332,7 @@ func (w *Worker) retry(ctx context.Context, msg jetstream.Msg, log *slog.Logger,
 	if err == nil {
 		return nil
 	}
-	stopBeat := w.heartbeat(msg)
+	stopBeat := events.Heartbeat(msg, w.cfg.AckWait/3)
 	defer stopBeat()
 	deadline := time.Now().Add(busRetryFor)
 	delay := 100 * time.Millisecond

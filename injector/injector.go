@@ -15,10 +15,14 @@ import (
 
 // Config configures an injector worker.
 type Config struct {
+	// Instance names this process in event sources and logs.
 	Instance    string
 	Concurrency int    // messages handled at once (default 64)
 	Durable     string // consumer shared by all injectors (default "injector")
-	Rules       Rules
+	// AckWait before a dead injector's unacknowledged results are redelivered to
+	// another (default 30s).
+	AckWait time.Duration
+	Rules   Rules
 	// Defaults are the limits of runs that set none (the deadline and max steps the
 	// stop rules check, the deadline of re-issued calls).
 	Defaults events.DefaultLimits
@@ -32,6 +36,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.Concurrency <= 0 {
 		c.Concurrency = 64
+	}
+	if c.AckWait <= 0 {
+		c.AckWait = 30 * time.Second
 	}
 	if c.Durable == "" {
 		c.Durable = "injector"
@@ -82,7 +89,7 @@ func (in *Injector) Run(ctx context.Context) error {
 	for _, input := range inputs {
 		cons, err := in.bus.Consumer(ctx, events.ConsumerConfig{
 			Durable: in.cfg.Durable + input.suffix, Filters: []string{input.filter},
-			AckWait: 30 * time.Second, MaxDeliver: -1, MaxAckPending: input.concurrency * 8,
+			AckWait: in.cfg.AckWait, MaxDeliver: -1, MaxAckPending: input.concurrency * 8,
 		})
 		if err != nil {
 			return err

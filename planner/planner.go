@@ -25,6 +25,9 @@ type Config struct {
 	Durable string
 	// ModelTimeout bounds one model call (default 2m).
 	ModelTimeout time.Duration
+	// AckWait before the step of a dead planner is redelivered (default 30s); a live
+	// planner sends heartbeats during long model calls.
+	AckWait time.Duration
 	// MaxDeliver bounds retries of a step whose model call keeps failing (default 5).
 	MaxDeliver int
 	// Grace for in-flight steps at shutdown (default 30s).
@@ -49,6 +52,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.MaxDeliver <= 0 {
 		c.MaxDeliver = 5
+	}
+	if c.AckWait <= 0 {
+		c.AckWait = 30 * time.Second
 	}
 	if c.Grace <= 0 {
 		c.Grace = 30 * time.Second
@@ -97,7 +103,7 @@ func New(bus *events.Bus, model Model, catalog *events.Catalog, cfg Config) *Pla
 func (p *Planner) Run(ctx context.Context) error {
 	cons, err := p.bus.Consumer(ctx, events.ConsumerConfig{
 		Durable: p.cfg.Durable, Filters: []string{events.FilterModelRequested},
-		AckWait: p.cfg.ModelTimeout + 30*time.Second, MaxDeliver: p.cfg.MaxDeliver,
+		AckWait: p.cfg.AckWait, MaxDeliver: p.cfg.MaxDeliver,
 		MaxAckPending: p.cfg.Concurrency * 4,
 	})
 	if err != nil {
@@ -145,6 +151,10 @@ func (p *Planner) handle(ctx context.Context, msg jetstream.Msg) error {
 	if md, err := msg.Metadata(); err == nil {
 		delivered = md.NumDelivered
 	}
+	// A model call can outlast AckWait: heartbeats keep the step with this planner while
+	// it lives, and a dead planner's step is redelivered after one AckWait.
+	stopBeat := events.Heartbeat(msg, p.cfg.AckWait/3)
+	defer stopBeat()
 	err = p.Step(ctx, req.RunID, req.Step, meta.TraceParent, delivered > 1)
 	if err != nil && !errors.Is(err, events.ErrPoison) && !errors.Is(err, events.ErrRunEnded) &&
 		delivered >= uint64(p.cfg.MaxDeliver) {

@@ -41,7 +41,7 @@ type Config struct {
 	ExecutorTools []string      `envconfig:"EXECUTOR_TOOLS" desc:"serve only these tools (a deployment subset; subsets must not overlap)"`
 	CallTimeout   time.Duration `envconfig:"CALL_TIMEOUT" default:"30s" desc:"default tool timeout"`
 	MaxOutput     int           `envconfig:"MAX_OUTPUT_BYTES" default:"16384" desc:"default bound of what the model reads of one result"`
-	AckWait       time.Duration `envconfig:"ACK_WAIT" default:"30s" desc:"redelivery delay of a call whose executor died"`
+	AckWait       time.Duration `envconfig:"ACK_WAIT" default:"30s" desc:"redelivery delay of a call, step or result whose worker died (live workers send heartbeats)"`
 	MaxDeliver    int           `envconfig:"MAX_DELIVER" default:"5" desc:"deliveries of one call before it is reported as tool_internal_error"`
 
 	Model       string        `envconfig:"MODEL" default:"script:incident" desc:"model: script:incident, replay:<file>, openai:<model>, openai-responses:<model>, anthropic:<model>"`

@@ -75,7 +75,7 @@ func runPlanner(ctx context.Context, cfg Config, bus *events.Bus, log *slog.Logg
 		return err
 	}
 	p := planner.New(bus, model, cat, planner.Config{
-		Instance: cfg.Instance, Concurrency: cfg.Concurrency, Grace: cfg.Grace, Logger: log,
+		Instance: cfg.Instance, Concurrency: cfg.Concurrency, Grace: cfg.Grace, Logger: log, AckWait: cfg.AckWait,
 		Defaults: cfg.defaultLimits(),
 	})
 	return p.Run(ctx)
@@ -83,7 +83,7 @@ func runPlanner(ctx context.Context, cfg Config, bus *events.Bus, log *slog.Logg
 
 func runInjector(ctx context.Context, cfg Config, bus *events.Bus, log *slog.Logger) error {
 	in := injector.New(bus, injector.Config{
-		Instance: cfg.Instance, Concurrency: cfg.Concurrency, Grace: cfg.Grace, Logger: log,
+		Instance: cfg.Instance, Concurrency: cfg.Concurrency, Grace: cfg.Grace, Logger: log, AckWait: cfg.AckWait,
 		Rules: injector.Rules{FailOn: cfg.FailOn, MaxSteps: cfg.MaxSteps}, Defaults: cfg.defaultLimits(),
 	})
 	return in.Run(ctx)
