@@ -191,32 +191,52 @@ func (m Meta) event(body []byte) (*event.Event, error) {
 // Decode reads a NATS message in binary or structured mode, returns its attributes and
 // unmarshals its data into v (when v is not nil). Errors wrap ErrNotCloudEvent.
 func Decode(msg *nats.Msg, v any) (Meta, error) {
+	ev, err := DecodeEvent(msg)
+	if err != nil {
+		return ev.Meta, err
+	}
+	if v == nil {
+		return ev.Meta, nil
+	}
+	return ev.Meta, ev.Bind(v)
+}
+
+// Event is a decoded event: its attributes and its data, not yet unmarshalled.
+type Event struct {
+	Meta
+	// Data is the event's data (the body in binary mode, the data member in structured
+	// mode) and ContentType its media type.
+	Data        []byte
+	ContentType string
+}
+
+// DecodeEvent reads the attributes of a NATS message in binary or structured mode.
+// Errors wrap ErrNotCloudEvent.
+func DecodeEvent(msg *nats.Msg) (Event, error) {
 	var (
-		m    Meta
-		data []byte
-		ct   string
-		err  error
+		ev  Event
+		err error
 	)
 	if f := format.Lookup(header(msg, HeaderContentType)); f != nil && f != format.JSONBatch {
-		m, data, ct, err = decodeStructured(msg)
+		ev.Meta, ev.Data, ev.ContentType, err = decodeStructured(msg)
 	} else {
-		m, data, ct, err = decodeBinary(msg)
+		ev.Meta, ev.Data, ev.ContentType, err = decodeBinary(msg)
 	}
-	if err != nil {
-		return m, err
+	return ev, err
+}
+
+// Bind unmarshals the event's JSON data into v. Errors wrap ErrNotCloudEvent.
+func (e Event) Bind(v any) error {
+	if e.ContentType != "" && !strings.HasPrefix(e.ContentType, ContentTypeJSON) {
+		return fmt.Errorf("%w: data content type %q is not %s", ErrNotCloudEvent, e.ContentType, ContentTypeJSON)
 	}
-	if v != nil {
-		if ct != "" && !strings.HasPrefix(ct, ContentTypeJSON) {
-			return m, fmt.Errorf("%w: data content type %q is not %s", ErrNotCloudEvent, ct, ContentTypeJSON)
-		}
-		if len(data) == 0 {
-			return m, fmt.Errorf("%w: %s event %q has no data", ErrNotCloudEvent, m.Type, m.ID)
-		}
-		if err := json.Unmarshal(data, v); err != nil {
-			return m, fmt.Errorf("%w: %s data: %w", ErrNotCloudEvent, m.Type, err)
-		}
+	if len(e.Data) == 0 {
+		return fmt.Errorf("%w: %s event %q has no data", ErrNotCloudEvent, e.Type, e.ID)
 	}
-	return m, nil
+	if err := json.Unmarshal(e.Data, v); err != nil {
+		return fmt.Errorf("%w: %s data: %w", ErrNotCloudEvent, e.Type, err)
+	}
+	return nil
 }
 
 // decodeStructured reads application/cloudevents+json with the SDK.

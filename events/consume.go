@@ -235,3 +235,9 @@ func Heartbeat(msg jetstream.Msg, period time.Duration) (stop func()) {
 	}()
 	return func() { close(done) }
 }
+
+// DecodeEventMsg decodes the attributes of a consumed message and keeps its data for
+// a later Bind, so a consumer that switches on the type reads the headers once.
+func DecodeEventMsg(msg jetstream.Msg) (Event, error) {
+	return DecodeEvent(natsMsg(msg))
+}

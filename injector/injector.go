@@ -111,43 +111,43 @@ func (in *Injector) Run(ctx context.Context) error {
 }
 
 func (in *Injector) handle(ctx context.Context, msg jetstream.Msg) error {
-	meta, err := events.DecodeMsg(msg, nil)
+	ev, err := events.DecodeEventMsg(msg)
 	if err != nil {
 		return err
 	}
-	switch meta.Type {
+	switch ev.Type {
 	case events.TypeToolFinished:
 		var tf events.ToolFinished
-		if _, err := events.DecodeMsg(msg, &tf); err != nil {
+		if err := ev.Bind(&tf); err != nil {
 			return err
 		}
 		return in.Finished(ctx, tf)
 	case events.TypeToolWaiting:
 		var tw events.ToolWaiting
-		if _, err := events.DecodeMsg(msg, &tw); err != nil {
+		if err := ev.Bind(&tw); err != nil {
 			return err
 		}
 		return in.Waiting(ctx, tw)
 	case events.TypeApprovalGranted, events.TypeApprovalDenied:
 		var a events.Approval
-		if _, err := events.DecodeMsg(msg, &a); err != nil {
+		if err := ev.Bind(&a); err != nil {
 			return err
 		}
 		if a.RunID == "" {
-			a.RunID = meta.RunID
+			a.RunID = ev.RunID
 		}
-		return in.Decided(ctx, a, meta.Step, meta.Type == events.TypeApprovalGranted)
+		return in.Decided(ctx, a, ev.Step, ev.Type == events.TypeApprovalGranted)
 	case events.TypeRunCancel:
 		var c events.Cancel
-		if _, err := events.DecodeMsg(msg, &c); err != nil {
+		if err := ev.Bind(&c); err != nil {
 			return err
 		}
 		if c.RunID == "" {
-			c.RunID = meta.RunID
+			c.RunID = ev.RunID
 		}
 		return in.Cancelled(ctx, c)
 	}
-	return fmt.Errorf("%w: unexpected event type %q on %s", events.ErrPoison, meta.Type, msg.Subject())
+	return fmt.Errorf("%w: unexpected event type %q on %s", events.ErrPoison, ev.Type, msg.Subject())
 }
 
 func validPosition(run string, step, idx, count int) error {
