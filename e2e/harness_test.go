@@ -16,7 +16,6 @@ import (
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
 	"github.com/toolbus/toolbus/executor"
-	"github.com/toolbus/toolbus/executor/packs"
 	"github.com/toolbus/toolbus/injector"
 	"github.com/toolbus/toolbus/planner"
 )
@@ -73,25 +72,7 @@ func testLogger() *slog.Logger {
 // separately so tests can stop and restart them.
 func newStack(t *testing.T, model planner.Model, extra ...executor.Tool) *stack {
 	t.Helper()
-	srv := eventstest.RunJetStream(t)
-	ctx := eventstest.Context(t, 2*time.Minute)
-	bus, err := events.Open(ctx, srv.Conn, events.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	reg := executor.NewRegistry()
-	if err := packs.Register(reg, "demo", "diag"); err != nil {
-		t.Fatal(err)
-	}
-	for _, tool := range extra {
-		if err := reg.Register(tool); err != nil {
-			t.Fatal(err)
-		}
-	}
-	s := &stack{t: t, srv: srv, bus: bus, reg: reg, ctx: ctx, log: testLogger(), stops: map[string]func(){}, seenReq: &requestLog{}}
-	s.model = s.seenReq.wrap(model)
-	t.Cleanup(s.stopAll)
-	return s
+	return newStackOn(t, eventstest.RunJetStream(t), model, extra...)
 }
 
 // start runs a role under a name until stop(name) or the end of the test.

@@ -92,7 +92,9 @@ type Bus struct {
 // Open creates (or updates, idempotently) the stream and the buckets and returns the Bus.
 func Open(ctx context.Context, nc *nats.Conn, cfg Config) (*Bus, error) {
 	cfg.setDefaults()
-	js, err := jetstream.New(nc)
+	// An async publish whose ack never comes (a stream leader lost mid-flight) must fail,
+	// not wait forever: a handler stuck on it would keep its message with heartbeats.
+	js, err := jetstream.New(nc, jetstream.WithPublishAsyncTimeout(10*time.Second))
 	if err != nil {
 		return nil, fmt.Errorf("events: jetstream: %w", err)
 	}

@@ -219,7 +219,11 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) error {
 	if md, err := msg.Metadata(); err == nil {
 		attempt = int(md.NumDelivered)
 	}
-	log := w.log.With("run_id", req.RunID, "step", req.Step, "call_id", req.Call.CallID, "tool", req.Call.Tool, "attempt", attempt)
+	// The call's logger is built only when something is logged: With is not free and
+	// this is the hot path.
+	log := func() *slog.Logger {
+		return w.log.With("run_id", req.RunID, "step", req.Step, "call_id", req.Call.CallID, "tool", req.Call.Tool, "attempt", attempt)
+	}
 	if attempt > 1 {
 		// A redelivery: the worker that had it died or stalled. If its result is already in
 		// the stream, the tool does not run again.
@@ -232,7 +236,7 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) error {
 			return err
 		}
 		if stored {
-			log.Info("result already stored, call not run again")
+			log().Info("result already stored, call not run again")
 			return nil
 		}
 	}
@@ -250,7 +254,7 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) error {
 			d, err := w.bus.StepDecision(ctx, req.RunID, req.Step, req.Call.CallID)
 			switch {
 			case errors.Is(err, events.ErrNotFound):
-				return w.wait(ctx, req, log)
+				return w.wait(ctx, req, log())
 			case err != nil:
 				return err
 			case !d.Granted:
@@ -288,7 +292,9 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) error {
 	if err != nil {
 		return err
 	}
-	log.Debug("call finished", "status", res.Status, "code", res.Code(), "duration_ms", res.DurationMS)
+	if w.log.Enabled(ctx, slog.LevelDebug) {
+		log().Debug("call finished", "status", res.Status, "code", res.Code(), "duration_ms", res.DurationMS)
+	}
 	return nil
 }
 
@@ -327,7 +333,7 @@ const busRetryFor = 2 * time.Minute
 // 100ms to 2s and sending InProgress heartbeats meanwhile. A bus outage (a server
 // restart, a cluster leader election) then costs no delivery of the call: every
 // delivery counts toward MaxDeliver, and a redelivery could run the tool again.
-func (w *Worker) retry(ctx context.Context, msg jetstream.Msg, log *slog.Logger, what string, op func() error) error {
+func (w *Worker) retry(ctx context.Context, msg jetstream.Msg, log func() *slog.Logger, what string, op func() error) error {
 	err := op()
 	if err == nil {
 		return nil
@@ -337,7 +343,7 @@ func (w *Worker) retry(ctx context.Context, msg jetstream.Msg, log *slog.Logger,
 	deadline := time.Now().Add(busRetryFor)
 	delay := 100 * time.Millisecond
 	for n := 1; time.Now().Before(deadline); n++ {
-		log.Warn("bus operation failed, retrying", "op", what, "retry", n, "error", err)
+		log().Warn("bus operation failed, retrying", "op", what, "retry", n, "error", err)
 		t := time.NewTimer(delay)
 		select {
 		case <-ctx.Done():

@@ -155,6 +155,9 @@ func (p *Planner) handle(ctx context.Context, msg jetstream.Msg) error {
 	// it lives, and a dead planner's step is redelivered after one AckWait.
 	stopBeat := events.Heartbeat(msg, p.cfg.AckWait/3)
 	defer stopBeat()
+	// The heartbeats must not keep a step forever: the whole step is bounded.
+	ctx, cancel := context.WithTimeout(ctx, p.cfg.ModelTimeout+p.cfg.AckWait)
+	defer cancel()
 	err = p.Step(ctx, req.RunID, req.Step, meta.TraceParent, delivered > 1)
 	if err != nil && !errors.Is(err, events.ErrPoison) && !errors.Is(err, events.ErrRunEnded) &&
 		delivered >= uint64(p.cfg.MaxDeliver) {
