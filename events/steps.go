@@ -24,9 +24,6 @@ type StepRecord struct {
 	Results []*ToolResult `json:"results"`
 	// Waiting marks calls that wait for an approval decision.
 	Waiting []*ToolCall `json:"waiting,omitempty"`
-	// Closed is set once the step's outcome has been published (next model request or a
-	// run outcome), so a late duplicate result cannot change it.
-	Closed bool `json:"closed,omitempty"`
 }
 
 // NewStepRecord returns an empty record for a step of n calls.

@@ -297,7 +297,7 @@ func (in *Injector) settled(ctx context.Context, rec *events.StepRecord) bool {
 // settle publishes what follows a step whose calls are all accounted for. It is
 // idempotent: every publication has a deterministic id.
 func (in *Injector) settle(ctx context.Context, rec *events.StepRecord) error {
-	if rec.Closed || !rec.Settled() {
+	if !rec.Settled() {
 		return nil
 	}
 	rs, err := in.bus.RunStarted(ctx, rec.RunID)
