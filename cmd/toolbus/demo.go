@@ -58,6 +58,31 @@ func IncidentScript() planner.Model {
 	}}
 }
 
+// ApprovalScript is the scripted model of the approval demo: it looks INC-001 up and asks
+// to restart auth-api in the same step. restart_service needs approval, so the run waits
+// (toolbus run exits 3) until `toolbus approve <run> call_restart` or `toolbus deny`; the
+// model then answers from what it read.
+func ApprovalScript() planner.Model {
+	return &planner.Script{Steps: []func(planner.Request) planner.Response{
+		func(planner.Request) planner.Response {
+			return planner.Response{Message: events.Message{
+				Content: "I will check INC-001 and restart the affected service.",
+				ToolCalls: []events.ToolCall{
+					{CallID: "call_lookup", Tool: "lookup_incident", Arguments: `{"incident_id":"INC-001"}`},
+					{CallID: "call_restart", Tool: "restart_service", Arguments: `{"service":"auth-api"}`},
+				},
+			}}
+		},
+		func(req planner.Request) planner.Response {
+			answer := "INC-001: auth-api was restarted."
+			if m := lastTool(req.Messages, "call_restart"); m != nil && m.IsError {
+				answer = "INC-001: the restart of auth-api was not approved (" + m.Content + "); the connection pool is still exhausted."
+			}
+			return planner.Response{Message: events.Message{Content: answer}}
+		},
+	}}
+}
+
 // lastTool returns the last tool message answering callID.
 func lastTool(msgs []events.Message, callID string) *events.Message {
 	for i := len(msgs) - 1; i >= 0; i-- {

@@ -42,10 +42,12 @@ func baseModel(cfg Config) (planner.Model, error) {
 		switch arg {
 		case "incident", "":
 			return IncidentScript(), nil
+		case "approval":
+			return ApprovalScript(), nil
 		case "noop":
 			return NoopScript(4, 3), nil
 		}
-		return nil, fmt.Errorf("unknown script %q (want incident or noop)", arg)
+		return nil, fmt.Errorf("unknown script %q (want incident, approval or noop)", arg)
 	case "replay":
 		if arg == "" {
 			return nil, fmt.Errorf("TOOLBUS_MODEL=replay:<file> needs a cassette file")

@@ -36,6 +36,18 @@ type lookupIncidentInput struct {
 	IncidentID string `json:"incident_id" jsonschema:"description=Incident id: INC- followed by digits (for example INC-001),pattern=^INC-[0-9]+$"`
 }
 
+// restartInput is the argument object of the restart_service tool.
+type restartInput struct {
+	Service string `json:"service" jsonschema:"description=Service to restart (for example auth-api),pattern=^[a-z][a-z0-9-]{0\\,62}$"`
+}
+
+// RestartOutput is the result of restart_service: the fixture only pretends, and says
+// which idempotency key a real implementation would pass downstream.
+type RestartOutput struct {
+	Restarted      string `json:"restarted" jsonschema:"description=The service restarted"`
+	IdempotencyKey string `json:"idempotency_key,omitempty" jsonschema:"description=Key that makes a retried restart a no-op downstream"`
+}
+
 //go:embed incidents.json
 var incidentsJSON []byte
 
@@ -70,6 +82,18 @@ func registerDemo(r *executor.Registry) error {
 			return CalculatorOutput{}, err
 		}
 		return CalculatorOutput{Value: v}, nil
+	})
+	if err != nil {
+		return err
+	}
+	err = executor.RegisterFunc(r, executor.Tool{
+		Name: "restart_service",
+		Description: "Restart a service to mitigate an incident (for example auth-api). This has a side effect " +
+			"and needs a person's approval: the call waits until someone approves or denies it.",
+		ReadOnly: false, NeedsApproval: true,
+	}, func(ctx context.Context, in restartInput) (RestartOutput, error) {
+		ci, _ := executor.CallInfoFrom(ctx)
+		return RestartOutput{Restarted: in.Service, IdempotencyKey: ci.IdempotencyKey}, nil
 	})
 	if err != nil {
 		return err

@@ -73,6 +73,7 @@ func TestContracts(t *testing.T) {
 	}{
 		"calculator":      {true, []string{"expression"}},
 		"lookup_incident": {true, []string{"incident_id"}},
+		"restart_service": {false, []string{"service"}},
 		"sleep":           {true, []string{"ms"}},
 		"fail":            {true, nil},
 		"panic":           {true, nil},
@@ -447,5 +448,28 @@ func BenchmarkCalculate(b *testing.B) {
 		if _, err := packs.Calculate("(2+3)*sqrt(16)^2 - max(1, 7, 3) / 2.5e1 % 7"); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// restart_service needs approval; when the executor runs it (approved), it reports the
+// call's idempotency key.
+func TestRestartService(t *testing.T) {
+	reg := executor.NewRegistry()
+	if err := packs.Register(reg, "demo"); err != nil {
+		t.Fatal(err)
+	}
+	tool, ok := reg.Lookup("restart_service")
+	if !ok || !tool.NeedsApproval || tool.ReadOnly {
+		t.Fatalf("restart_service: %+v", tool.Contract())
+	}
+	ex := executor.New(reg)
+	ctx := executor.WithCallInfo(context.Background(), executor.CallInfo{IdempotencyKey: "r/0/c1"})
+	res := ex.Execute(ctx, events.ToolCall{CallID: "c1", Tool: "restart_service", Arguments: `{"service":"auth-api"}`}, events.Principal{})
+	if res.Status != events.StatusSucceeded || !strings.Contains(res.Content, `"idempotency_key":"r/0/c1"`) {
+		t.Fatalf("result %+v", res)
+	}
+	res = ex.Execute(ctx, events.ToolCall{CallID: "c2", Tool: "restart_service", Arguments: `{"service":"Auth API"}`}, events.Principal{})
+	if res.Status != events.StatusRejected || res.Code() != events.CodeInvalidArguments {
+		t.Fatalf("bad service name: %+v", res)
 	}
 }
