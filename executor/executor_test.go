@@ -1,7 +1,6 @@
 package executor_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -16,6 +15,7 @@ import (
 
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/executor"
+	"github.com/toolbus/toolbus/internal/testutil"
 )
 
 const searchSchema = `{
@@ -35,24 +35,7 @@ const emptySchema = `{"type":"object","properties":{},"additionalProperties":fal
 type fixture struct {
 	ex  *executor.Executor
 	ran *atomic.Int64
-	log *syncBuffer
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
+	log *testutil.Buffer
 }
 
 // A fake secret of each kind, built at run time so the source holds no literal secret.
@@ -64,7 +47,7 @@ var (
 
 func newFixture(t testing.TB, opts ...executor.Option) *fixture {
 	t.Helper()
-	f := &fixture{ran: new(atomic.Int64), log: new(syncBuffer)}
+	f := &fixture{ran: new(atomic.Int64), log: new(testutil.Buffer)}
 	reg := executor.NewRegistry()
 	add := func(tool executor.Tool, fn func(ctx context.Context, args json.RawMessage) (any, error)) {
 		t.Helper()

@@ -62,17 +62,22 @@ const providerOpenAI = "openai"
 
 // NewOpenAI returns a Chat Completions adapter.
 func NewOpenAI(opts OpenAIOptions) (*OpenAI, error) {
-	if opts.Model == "" {
-		return nil, errors.New("planner: openai: a model name is required")
+	client, log, err := newOpenAIClient(providerOpenAI, opts.Model, opts.APIKey, opts.BaseURL, opts.HTTPClient, opts.Logger)
+	if err != nil {
+		return nil, err
 	}
-	log := opts.Logger
+	return &OpenAI{client: client, opts: opts, log: log}, nil
+}
+
+// newOpenAIClient checks the options both OpenAI adapters share and builds the SDK client.
+func newOpenAIClient(provider, model, apiKey, baseURL string, hc *http.Client, log *slog.Logger) (openai.Client, *slog.Logger, error) {
+	if model == "" {
+		return openai.Client{}, nil, errors.New("planner: " + provider + ": a model name is required")
+	}
 	if log == nil {
 		log = slog.Default()
 	}
-	return &OpenAI{
-		client: openai.NewClient(openaiClientOptions(opts.APIKey, opts.BaseURL, opts.HTTPClient)...),
-		opts:   opts, log: log,
-	}, nil
+	return openai.NewClient(openaiClientOptions(apiKey, baseURL, hc)...), log, nil
 }
 
 func openaiClientOptions(apiKey, baseURL string, hc *http.Client) []option.RequestOption {

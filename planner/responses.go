@@ -3,7 +3,6 @@ package planner
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"log/slog"
 	"net/http"
 	"strings"
@@ -63,17 +62,11 @@ const providerResponses = "openai-responses"
 
 // NewOpenAIResponses returns a Responses adapter.
 func NewOpenAIResponses(opts OpenAIResponsesOptions) (*OpenAIResponses, error) {
-	if opts.Model == "" {
-		return nil, errors.New("planner: openai-responses: a model name is required")
+	client, log, err := newOpenAIClient(providerResponses, opts.Model, opts.APIKey, opts.BaseURL, opts.HTTPClient, opts.Logger)
+	if err != nil {
+		return nil, err
 	}
-	log := opts.Logger
-	if log == nil {
-		log = slog.Default()
-	}
-	return &OpenAIResponses{
-		client: openai.NewClient(openaiClientOptions(opts.APIKey, opts.BaseURL, opts.HTTPClient)...),
-		opts:   opts, log: log,
-	}, nil
+	return &OpenAIResponses{client: client, opts: opts, log: log}, nil
 }
 
 // Complete asks the model for the next assistant message.

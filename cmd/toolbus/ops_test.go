@@ -17,6 +17,7 @@ import (
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/executor/packs"
 	"github.com/toolbus/toolbus/injector"
+	"github.com/toolbus/toolbus/internal/testutil"
 	"github.com/toolbus/toolbus/planner"
 )
 
@@ -191,24 +192,6 @@ func wantContains(t *testing.T, what, got string, wants ...string) {
 			t.Fatalf("%s: output lacks %q:\n%s", what, w, got)
 		}
 	}
-}
-
-// syncBuffer is a bytes.Buffer safe for a writer and a reader in different goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 func deployForOps() executor.Tool {
@@ -394,7 +377,7 @@ func TestOpsCommands(t *testing.T) {
 		wantContains(t, "tail of an ended run", out, "already ended: completed")
 
 		// Follow one run from before it starts, until it ends.
-		var live syncBuffer
+		var live testutil.Buffer
 		done := make(chan int, 1)
 		go func() { done <- run(p.ctx, []string{"tail", "ops-live"}, &live, io.Discard) }()
 		p.waitFollowing(events.SubjectRun("ops-live"))
@@ -408,7 +391,7 @@ func TestOpsCommands(t *testing.T) {
 		wantContains(t, "tail ops-live", live.String(), "run ops-live started", "run ops-live: completed", "answer: hello")
 
 		// Follow every run: new events only, each line prefixed with its run.
-		var all syncBuffer
+		var all testutil.Buffer
 		tctx, stop := context.WithCancel(p.ctx)
 		defer stop()
 		go func() { done <- run(tctx, []string{"tail"}, &all, io.Discard) }()
