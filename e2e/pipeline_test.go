@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -348,6 +349,39 @@ func TestPoisonMessageTerminated(t *testing.T) {
 			got++
 		case <-timeout:
 			t.Fatalf("%d termination advisories, want %d", got, len(poison)+1)
+		}
+	}
+}
+
+// A tool that hangs and ignores its context gets timed_out at its own timeout; the
+// result goes back to the model (timeout is recoverable) and the run completes.
+func TestHangingToolTimesOut(t *testing.T) {
+	release := make(chan struct{})
+	t.Cleanup(func() { close(release) })
+	hang := executor.Tool{
+		Name: "hang", Description: "never returns on its own", InputSchema: objectSchema, ReadOnly: true,
+		Timeout: 200 * time.Millisecond,
+		Func: func(context.Context, json.RawMessage) (any, error) {
+			<-release // ignores ctx on purpose
+			return nil, nil
+		},
+	}
+	model := &planner.Script{Steps: []func(planner.Request) planner.Response{
+		planner.Calls(call("h", "hang", `{}`), call("n", "noop", `{}`)),
+		func(req planner.Request) planner.Response {
+			return planner.Answer("saw: " + req.Messages[len(req.Messages)-2].Content)(req)
+		},
+	}}
+	s := newStack(t, model, hang)
+	s.startAll()
+	s.submit("hang-1", events.Limits{})
+	ended := s.waitEnd("hang-1")
+	if ended.Status != events.RunCompleted || !strings.Contains(ended.Answer, events.CodeTimeout) {
+		t.Fatalf("got %s (%s), answer %q: the model should have read the timeout", ended.Status, ended.Reason, ended.Answer)
+	}
+	for _, tf := range s.finished("hang-1") {
+		if tf.Result.CallID == "h" && (tf.Result.Status != events.StatusTimedOut || tf.Result.Code() != events.CodeTimeout) {
+			t.Fatalf("hanging call: %+v", tf.Result)
 		}
 	}
 }
