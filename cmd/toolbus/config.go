@@ -9,29 +9,20 @@ import (
 
 	"github.com/kelseyhightower/envconfig"
 
+	"github.com/toolbus/toolbus/connect"
 	"github.com/toolbus/toolbus/events"
 )
 
 // Config is every setting of toolbus, read from TOOLBUS_* environment variables.
 // `toolbus env` prints them with their defaults.
 type Config struct {
-	// NatsURL of the NATS server; empty starts an embedded JetStream server.
-	NatsURL string `envconfig:"NATS_URL" desc:"NATS server URL; empty runs an embedded JetStream server"`
 	// DataDir of the embedded server's file store.
 	DataDir string `envconfig:"DATA_DIR" default:"./data" desc:"file store of the embedded server"`
 	// Listen address of the embedded server (host:port); empty listens on 127.0.0.1 with a
 	// random port.
 	Listen string `envconfig:"LISTEN" desc:"embedded server address (host:port); empty: in-process only (random port on 127.0.0.1)"`
 
-	Creds    string `envconfig:"NATS_CREDS" desc:"NATS credentials file (JWT + nkey seed)"`
-	NKeySeed string `envconfig:"NATS_NKEY" desc:"NATS nkey seed file"`
-	User     string `envconfig:"NATS_USER" desc:"NATS user"`
-	Password string `envconfig:"NATS_PASSWORD" desc:"NATS password"`
-	Token    string `envconfig:"NATS_TOKEN" desc:"NATS token"`
-	TLSCA    string `envconfig:"NATS_TLS_CA" desc:"CA certificate file to verify the NATS server"`
-	TLSCert  string `envconfig:"NATS_TLS_CERT" desc:"client certificate file (mutual TLS)"`
-	TLSKey   string `envconfig:"NATS_TLS_KEY" desc:"client key file (mutual TLS)"`
-
+	connect.Options
 	events.Config
 
 	Instance    string `envconfig:"INSTANCE" desc:"name of this process in events and logs (default host-pid)"`

@@ -7,7 +7,6 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
-	"time"
 
 	"github.com/nats-io/nats.go"
 
@@ -32,52 +31,18 @@ func (c *conn) Close() {
 	}
 }
 
-func (c Config) natsOptions(log *slog.Logger) []nats.Option {
-	opts := []nats.Option{
-		nats.Name("toolbus " + c.Instance),
-		nats.MaxReconnects(-1),
-		nats.ReconnectWait(250 * time.Millisecond),
-		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
-			if err != nil {
-				log.Warn("nats disconnected", "error", err)
-			}
-		}),
-		nats.ReconnectHandler(func(nc *nats.Conn) { log.Info("nats reconnected", "url", nc.ConnectedUrl()) }),
-	}
-	if c.Creds != "" {
-		opts = append(opts, nats.UserCredentials(c.Creds))
-	}
-	if c.NKeySeed != "" {
-		if o, err := nats.NkeyOptionFromSeed(c.NKeySeed); err == nil {
-			opts = append(opts, o)
-		} else {
-			log.Error("nkey seed", "error", err)
-		}
-	}
-	if c.User != "" {
-		opts = append(opts, nats.UserInfo(c.User, c.Password))
-	}
-	if c.Token != "" {
-		opts = append(opts, nats.Token(c.Token))
-	}
-	if c.TLSCA != "" {
-		opts = append(opts, nats.RootCAs(c.TLSCA))
-	}
-	if c.TLSCert != "" {
-		opts = append(opts, nats.ClientCert(c.TLSCert, c.TLSKey))
-	}
-	return opts
-}
-
-// connect opens the bus: TOOLBUS_NATS_URL when set, else an embedded JetStream server
+// openBus opens the bus: TOOLBUS_NATS_URL when set, else an embedded JetStream server
 // with its file store in the data dir (only when embed is true).
-func connect(ctx context.Context, cfg Config, log *slog.Logger, embed bool) (*conn, error) {
+func openBus(ctx context.Context, cfg Config, log *slog.Logger, embed bool) (*conn, error) {
 	c := &conn{}
-	var err error
-	if cfg.NatsURL != "" {
-		c.nc, err = nats.Connect(cfg.NatsURL, cfg.natsOptions(log)...)
+	opts, err := cfg.NATSOptions("toolbus "+cfg.Instance, log)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.URL != "" {
+		c.nc, err = nats.Connect(cfg.URL, opts...)
 		if err != nil {
-			return nil, fmt.Errorf("connect %s: %w", cfg.NatsURL, err)
+			return nil, fmt.Errorf("connect %s: %w", cfg.URL, err)
 		}
 	} else {
 		if !embed {
@@ -99,7 +64,7 @@ func connect(ctx context.Context, cfg Config, log *slog.Logger, embed bool) (*co
 			return nil, err
 		}
 		log.Info("embedded JetStream server started", "url", c.srv.ClientURL(), "store", ecfg.StoreDir)
-		c.nc, err = c.srv.Connect(cfg.natsOptions(log)...)
+		c.nc, err = c.srv.Connect(opts...)
 		if err != nil {
 			c.srv.Stop()
 			return nil, err

@@ -111,7 +111,7 @@ func cmdDecide(ctx context.Context, cfg Config, log *slog.Logger, args []string,
 	if !granted && strings.TrimSpace(*reason) == "" {
 		return usageError(fs, "deny: --reason is required: the model reads it")
 	}
-	c, err := connect(ctx, cfg, log, false)
+	c, err := openBus(ctx, cfg, log, false)
 	if err != nil {
 		return err
 	}
@@ -217,7 +217,7 @@ func cmdCancel(ctx context.Context, cfg Config, log *slog.Logger, args []string,
 	if !events.ValidRunID(run) {
 		return &exitError{code: 2, msg: fmt.Sprintf("cancel: invalid run id %q", run)}
 	}
-	c, err := connect(ctx, cfg, log, false)
+	c, err := openBus(ctx, cfg, log, false)
 	if err != nil {
 		return err
 	}
@@ -259,7 +259,7 @@ func cmdRuns(ctx context.Context, cfg Config, log *slog.Logger, args []string, o
 	if len(pos) != 0 {
 		return usageError(fs, "runs: no arguments expected")
 	}
-	c, err := connect(ctx, cfg, quietLogger(cfg, log), true)
+	c, err := openBus(ctx, cfg, quietLogger(cfg, log), true)
 	if err != nil {
 		return err
 	}
@@ -351,7 +351,7 @@ func age(d time.Duration) string {
 
 // quietLogger keeps the embedded server's start-up line out of read-only commands.
 func quietLogger(cfg Config, log *slog.Logger) *slog.Logger {
-	if cfg.NatsURL == "" && os.Getenv("TOOLBUS_LOG_LEVEL") == "" {
+	if cfg.URL == "" && os.Getenv("TOOLBUS_LOG_LEVEL") == "" {
 		cfg.LogLevel = "warn"
 		return cfg.logger()
 	}
@@ -387,7 +387,7 @@ func cmdTail(ctx context.Context, cfg Config, log *slog.Logger, args []string, o
 	default:
 		return usageError(fs, "tail: --color is auto, always or never")
 	}
-	c, err := connect(ctx, cfg, log, false)
+	c, err := openBus(ctx, cfg, log, false)
 	if err != nil {
 		return err
 	}

@@ -693,7 +693,7 @@ func cmdReplay(ctx context.Context, cfg Config, log *slog.Logger, args []string,
 	if !events.ValidRunID(run) {
 		return &exitError{code: 2, msg: fmt.Sprintf("replay: invalid run id %q", run)}
 	}
-	c, err := connect(ctx, cfg, quietLogger(cfg, log), true)
+	c, err := openBus(ctx, cfg, quietLogger(cfg, log), true)
 	if err != nil {
 		return err
 	}

@@ -54,11 +54,11 @@ func cmdRun(ctx context.Context, cfg Config, log *slog.Logger, args []string, ou
 		}
 	}
 
-	if cfg.NatsURL == "" && os.Getenv("TOOLBUS_LOG_LEVEL") == "" {
+	if cfg.URL == "" && os.Getenv("TOOLBUS_LOG_LEVEL") == "" {
 		cfg.LogLevel = "warn" // the in-process workers stay quiet; the events tell the story
 		log = cfg.logger()
 	}
-	c, err := connect(ctx, cfg, log, true)
+	c, err := openBus(ctx, cfg, log, true)
 	if err != nil {
 		return err
 	}

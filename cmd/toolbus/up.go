@@ -8,7 +8,7 @@ import (
 // cmdUp runs all three roles in this process, on an embedded server unless
 // TOOLBUS_NATS_URL is set.
 func cmdUp(ctx context.Context, cfg Config, log *slog.Logger) error {
-	c, err := connect(ctx, cfg, log, true)
+	c, err := openBus(ctx, cfg, log, true)
 	if err != nil {
 		return err
 	}
@@ -19,7 +19,7 @@ func cmdUp(ctx context.Context, cfg Config, log *slog.Logger) error {
 
 // cmdRole runs one role against TOOLBUS_NATS_URL.
 func cmdRole(ctx context.Context, cfg Config, log *slog.Logger, name string) error {
-	c, err := connect(ctx, cfg, log, false)
+	c, err := openBus(ctx, cfg, log, false)
 	if err != nil {
 		return err
 	}
