@@ -21,6 +21,11 @@ const (
 	BucketRuns      = "toolbus_runs"
 	BucketApprovals = "toolbus_approvals"
 	BucketOutputs   = "toolbus_outputs"
+	// BucketClaims holds one key per call that an executor claimed before running it.
+	BucketClaims = "toolbus_claims"
+	// BucketInstances holds one key per live executor instance, refreshed by heartbeats
+	// and expired by the bucket's TTL (Config.InstanceTTL).
+	BucketInstances = "toolbus_instances"
 )
 
 // Errors callers branch on.
@@ -47,6 +52,9 @@ type Config struct {
 	Memory bool `envconfig:"MEMORY_STORAGE"`
 	// Replicas of the stream and buckets (1, or 3 on a cluster).
 	Replicas int `envconfig:"REPLICAS" default:"1"`
+	// InstanceTTL is how long an executor instance stays in the catalog after its last
+	// heartbeat (default 10s); executors heartbeat every third of it.
+	InstanceTTL time.Duration `envconfig:"INSTANCE_TTL" default:"10s"`
 }
 
 func (c *Config) setDefaults() {
@@ -61,6 +69,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.Replicas == 0 {
 		c.Replicas = 1
+	}
+	if c.InstanceTTL <= 0 {
+		c.InstanceTTL = 10 * time.Second
 	}
 }
 
@@ -83,6 +94,8 @@ type Bus struct {
 	runs      jetstream.KeyValue
 	tools     jetstream.KeyValue
 	approvals jetstream.KeyValue
+	claims    jetstream.KeyValue
+	instances jetstream.KeyValue
 	outputs   jetstream.ObjectStore
 
 	mu       sync.Mutex
@@ -117,10 +130,15 @@ func Open(ctx context.Context, nc *nats.Conn, cfg Config) (*Bus, error) {
 		return nil, fmt.Errorf("events: stream %s: %w", cfg.Stream, err)
 	}
 	kv := func(name, desc string, history uint8) (jetstream.KeyValue, error) {
-		k, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+		kc := jetstream.KeyValueConfig{
 			Bucket: name, Description: desc, History: history, TTL: kvTTL(name, cfg),
 			Storage: cfg.storage(), Replicas: cfg.Replicas, MaxValueSize: -1,
-		})
+		}
+		if name == BucketInstances {
+			// An expired instance leaves a delete marker, so catalog watchers see it go.
+			kc.LimitMarkerTTL = max(cfg.InstanceTTL, time.Second)
+		}
+		k, err := js.CreateOrUpdateKeyValue(ctx, kc)
 		if err != nil {
 			return nil, fmt.Errorf("events: bucket %s: %w", name, err)
 		}
@@ -139,6 +157,12 @@ func Open(ctx context.Context, nc *nats.Conn, cfg Config) (*Bus, error) {
 		return nil, err
 	}
 	if b.approvals, err = kv(BucketApprovals, "approval decisions per call", 1); err != nil {
+		return nil, err
+	}
+	if b.claims, err = kv(BucketClaims, "executions claimed by executors, one key per call", 1); err != nil {
+		return nil, err
+	}
+	if b.instances, err = kv(BucketInstances, "live executor instances (heartbeats)", 1); err != nil {
 		return nil, err
 	}
 	b.outputs, err = js.CreateOrUpdateObjectStore(ctx, jetstream.ObjectStoreConfig{
@@ -186,8 +210,11 @@ func leaderReads(ctx context.Context, js jetstream.JetStream, bucket string) (je
 }
 
 func kvTTL(name string, cfg Config) time.Duration {
-	if name == BucketTools {
+	switch name {
+	case BucketTools:
 		return 0
+	case BucketInstances:
+		return cfg.InstanceTTL
 	}
 	return cfg.MaxAge
 }

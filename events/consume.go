@@ -32,6 +32,9 @@ type ConsumerConfig struct {
 	BackOff []time.Duration
 	// MaxAckPending bounds messages in flight across all processes (default 1000).
 	MaxAckPending int
+	// DeliverNew starts a consumer created on a stream with history at the next message
+	// instead of the first; an existing durable keeps its position either way.
+	DeliverNew bool
 }
 
 // Consumer creates or updates a durable pull consumer on the toolbus stream.
@@ -54,6 +57,9 @@ func (b *Bus) Consumer(ctx context.Context, cc ConsumerConfig) (jetstream.Consum
 		MaxAckPending: cc.MaxAckPending,
 		DeliverPolicy: jetstream.DeliverAllPolicy,
 		Replicas:      0,
+	}
+	if cc.DeliverNew {
+		cfg.DeliverPolicy = jetstream.DeliverNewPolicy
 	}
 	if len(cc.Filters) == 1 {
 		cfg.FilterSubject = cc.Filters[0]
@@ -240,4 +246,18 @@ func Heartbeat(msg jetstream.Msg, period time.Duration) (stop func()) {
 // a later Bind, so a consumer that switches on the type reads the headers once.
 func DecodeEventMsg(msg jetstream.Msg) (Event, error) {
 	return DecodeEvent(natsMsg(msg))
+}
+
+// ToolConsumer is the durable consumer name of one tool's queue: every executor that
+// serves the tool, in any deployment, shares it, so each call runs on one of them.
+func ToolConsumer(tool string) string { return "tool_" + ToolToken(tool) }
+
+// ToolConsumerConfig is the consumer of one tool's queue. Created on a stream that
+// already holds calls, it starts with the calls published after it (DeliverNew): a
+// queue never re-runs history.
+func ToolConsumerConfig(tool string, ackWait time.Duration, maxDeliver, maxAckPending int) ConsumerConfig {
+	return ConsumerConfig{
+		Durable: ToolConsumer(tool), Filters: []string{FilterToolRequestedFor(tool)},
+		AckWait: ackWait, MaxDeliver: maxDeliver, MaxAckPending: maxAckPending, DeliverNew: true,
+	}
 }
