@@ -29,8 +29,8 @@ func TestFaultDeployments(t *testing.T) {
 	e.toolbusRole("injector", "injector-1")
 	serves := map[string][]string{
 		"x-1": {"append_a", "append_b"}, "x-2": {"append_a", "append_b"},
-		"y-1": {"append_b", "append_c"},
-		"z-1": {"append_c"},
+		"y-1":    {"append_b", "append_c"},
+		"z-1":    {"append_c"},
 		"late-1": {"append_a", "append_b", "append_c"},
 	}
 	procs := map[string]*proc{}

@@ -65,7 +65,7 @@ type config struct {
 	AppendTools []string `envconfig:"FAULT_APPEND_TOOLS" default:"append"`
 	// ExecutorTools is the deployment subset of this executor (empty: every tool).
 	ExecutorTools []string `envconfig:"EXECUTOR_TOOLS"`
-	KillAfter    string        `envconfig:"FAULT_KILL_AFTER"`
+	KillAfter     string   `envconfig:"FAULT_KILL_AFTER"`
 }
 
 func main() {
