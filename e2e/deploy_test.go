@@ -95,13 +95,11 @@ func TestSaturatedExecutorRunsNothingTwice(t *testing.T) {
 	if len(res) != calls {
 		t.Fatalf("%d results for %d calls", len(res), calls)
 	}
-	redelivered := 0
-	for _, tf := range res {
-		if tf.Result.Attempt > 1 {
-			redelivered++
-		}
+	ci, err := s.bus.Stream.Consumer(s.ctx, events.ToolConsumer("slow_effect"))
+	if err != nil {
+		t.Fatal(err)
 	}
-	t.Logf("%d of %d calls finished on a later delivery", redelivered, calls)
+	t.Logf("queue redeliveries while saturated: %d", ci.CachedInfo().NumRedelivered)
 }
 
 // The example of the README's "Deploy your own tools" runs as its own process beside
@@ -206,4 +204,89 @@ func (l *lockedWriter) Write(p []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.w.Write(p)
+}
+
+// A flood run asking for 120 slow calls cannot take the whole fleet: with a per-run cap
+// of 4 calls in flight across two executors, a small run started after it (calling the
+// same tool) finishes while the flood is still far from done, and the flood never has
+// more than 4 calls running at once.
+func TestRunCapLeavesRoomForOthers(t *testing.T) {
+	const floodCalls, limit = 120, 4
+	var (
+		mu             sync.Mutex
+		running, peak  = map[string]int{}, map[string]int{}
+		floodFinished  int
+		floodAtSmallOK = -1
+	)
+	slow := executor.Tool{
+		Name: "slow_flood", Description: "sleeps half a second", InputSchema: json.RawMessage(`{"type":"object"}`),
+		Func: func(ctx context.Context, _ json.RawMessage) (any, error) {
+			ci, _ := executor.CallInfoFrom(ctx)
+			mu.Lock()
+			running[ci.RunID]++
+			peak[ci.RunID] = max(peak[ci.RunID], running[ci.RunID])
+			mu.Unlock()
+			defer func() {
+				mu.Lock()
+				running[ci.RunID]--
+				if ci.RunID == "flood" {
+					floodFinished++
+				}
+				mu.Unlock()
+			}()
+			select {
+			case <-time.After(500 * time.Millisecond):
+				return "ok", nil
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		},
+	}
+	flood := make([]events.ToolCall, floodCalls)
+	for i := range flood {
+		flood[i] = call(fmt.Sprintf("f%d", i), "slow_flood", `{}`)
+	}
+	model := planner.ModelFunc(func(_ context.Context, req planner.Request) (planner.Response, error) {
+		if req.Step > 0 {
+			return planner.Answer("done")(req), nil
+		}
+		if req.RunID == "flood" {
+			return planner.Calls(flood...)(req), nil
+		}
+		return planner.Calls(call("s0", "slow_flood", `{}`))(req), nil
+	})
+	s := newStack(t, model, slow)
+	for _, name := range []string{"fair-1", "fair-2"} {
+		s.startExecutor(name, executor.WorkerConfig{Concurrency: 8, RunMaxInFlight: limit, Tools: []string{"slow_flood"}})
+	}
+	s.startPlanner("planner-1")
+	s.startInjector("injector-1")
+	s.submit("flood", events.Limits{})
+	eventstest.Eventually(t, 30*time.Second, func() error {
+		mu.Lock()
+		defer mu.Unlock()
+		if running["flood"] == 0 {
+			return errors.New("flood not running yet")
+		}
+		return nil
+	})
+	s.submit("small", events.Limits{})
+	if ended := s.waitEnd("small"); ended.Status != events.RunCompleted {
+		t.Fatalf("small run ended %+v", ended)
+	}
+	mu.Lock()
+	floodAtSmallOK = floodFinished
+	mu.Unlock()
+	if floodAtSmallOK >= floodCalls/2 {
+		t.Errorf("the small run finished only after %d of the flood's %d calls", floodAtSmallOK, floodCalls)
+	}
+	if ended := s.waitEnd("flood"); ended.Status != events.RunCompleted {
+		t.Fatalf("flood ended %+v", ended)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if peak["flood"] > limit || peak["flood"] == 0 {
+		t.Errorf("flood had %d calls in flight at once, cap %d", peak["flood"], limit)
+	}
+	t.Logf("small run done after %d flood calls; flood peak in flight %d", floodAtSmallOK, peak["flood"])
 }
