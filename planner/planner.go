@@ -207,9 +207,10 @@ func (p *Planner) Step(ctx context.Context, run string, step int, traceparent st
 	}
 	if st.Status.Terminal() {
 		p.forget(run)
-		// If the run's end was recorded but its outcome lost in a crash, publish it now.
+		// If the run's end was recorded but its outcome lost in a crash, publish it now
+		// (best effort: the injectors and the deadline timer also do).
 		if err := p.bus.PublishOutcome(ctx, p.source, st); err != nil {
-			return err
+			p.log.Warn("could not republish the outcome of an ended run", "run_id", run, "status", st.Status, "error", err)
 		}
 		return fmt.Errorf("%w: step %d of run %s, which ended %s", events.ErrPoison, step, run, st.Status)
 	}
