@@ -476,3 +476,42 @@ func TestApprovalBoundToItsStep(t *testing.T) {
 	}
 }
 
+
+// A panic in the injector's handler is recovered: the message is terminated with the
+// reason, the queue goes on (a later run completes), and the run whose outcome the panic
+// interrupted still gets it on the stream, once, from its deadline timer.
+func TestInjectorPanicDoesNotBlockOrLoseARun(t *testing.T) {
+	model := &planner.Script{Steps: []func(planner.Request) planner.Response{
+		planner.Calls(call("a", "noop", `{}`)),
+		planner.Answer("never asked"),
+	}}
+	s := newStack(t, model)
+	s.startExecutor("executor-1", executor.WorkerConfig{})
+	s.startPlanner("planner-1")
+	var panics atomic.Int32
+	s.startInjectorWith("injector-1", injector.Config{BeforeOutcome: func(ended events.RunEnded) error {
+		if ended.RunID == "panic-1" && panics.Add(1) == 1 {
+			panic("injected panic between the state write and the publish")
+		}
+		return nil
+	}})
+	s.submit("panic-1", events.Limits{MaxSteps: 1, Deadline: time.Now().Add(3 * time.Second)})
+	eventstest.Eventually(t, 30*time.Second, func() error {
+		if panics.Load() == 0 {
+			return errors.New("no panic yet")
+		}
+		return nil
+	})
+	s.submit("panic-2", events.Limits{MaxSteps: 1})
+	if ended := s.waitEnd("panic-2"); ended.Status != events.RunLimitReached {
+		t.Fatalf("run after the panic: %+v", ended)
+	}
+	ended := s.waitEnd("panic-1")
+	if ended.Status != events.RunLimitReached || ended.Code != events.LimitMaxSteps {
+		t.Fatalf("outcome %+v, want the recorded limit_reached / max_steps", ended)
+	}
+	s.waitIdle("injector-timers")
+	if n := len(s.outcomes("panic-1")); n != 1 {
+		t.Fatalf("%d outcome events, want 1", n)
+	}
+}
