@@ -288,7 +288,7 @@ func TestForgedResultsCannotReplaceOrWedgeAStep(t *testing.T) {
 		return events.ToolFinished{RunID: "forged-1", Step: 0, CallIndex: idx, CallCount: count,
 			Result: events.ToolResult{CallID: callID, Tool: tool, Status: events.StatusSucceeded, Content: "forged"}}
 	}
-	s.publishForged("f-count", forged(0, 3, "a", "gate"))   // wrong count
+	s.publishForged("f-count", forged(0, 3, "a", "gate"))    // wrong count
 	s.publishForged("f-callid", forged(1, 2, "zzz", "gate")) // wrong call id
 	s.publishForged("f-tool", forged(1, 2, "b", "noop"))     // wrong tool
 	s.waitIdle("injector")
@@ -475,7 +475,6 @@ func TestApprovalBoundToItsStep(t *testing.T) {
 		t.Fatalf("deploy ran %d times, want 2", n)
 	}
 }
-
 
 // A panic in the injector's handler is recovered: the message is terminated with the
 // reason, the queue goes on (a later run completes), and the run whose outcome the panic
