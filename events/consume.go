@@ -188,7 +188,7 @@ func ServeAll(ctx context.Context, consumers []jetstream.Consumer, cfg ServeConf
 }
 
 func dispatch(ctx context.Context, log *slog.Logger, nakDelay time.Duration, h Handler, msg jetstream.Msg) {
-	err := h(ctx, msg)
+	err := safeHandle(ctx, h, msg)
 	var deferred *DeferError
 	switch {
 	case errors.As(err, &deferred):
@@ -217,6 +217,18 @@ func dispatch(ctx context.Context, log *slog.Logger, nakDelay time.Duration, h H
 			log.Warn("nak failed", "subject", msg.Subject(), "error", nerr)
 		}
 	}
+}
+
+// safeHandle runs h and turns a panic into a poison error: the message is terminated
+// with the panic as reason instead of killing the process or staying unacknowledged
+// (which would hold a slot of MaxAckPending and block the queue behind it).
+func safeHandle(ctx context.Context, h Handler, msg jetstream.Msg) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("%w: handler panic: %v", ErrPoison, r)
+		}
+	}()
+	return h(ctx, msg)
 }
 
 func truncate(s string, n int) string {
