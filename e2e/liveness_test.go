@@ -167,7 +167,20 @@ func TestDeadlineEndsAStepThatNeverCompletes(t *testing.T) {
 	}}
 	s := newStack(t, model, lost)
 	s.startExecutor("executor-lost", executor.WorkerConfig{Tools: []string{"lost"}})
-	s.stop("executor-lost") // its tool stays in the catalog; nobody answers its calls
+	cat, err := s.bus.WatchCatalog(s.ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.stop("executor-lost") // its contract stays in the catalog; nobody answers its calls
+	// Its last executor gone, the tool is no longer offered to models.
+	eventstest.Eventually(t, 10*time.Second, func() error {
+		for _, tc := range cat.Tools(nil) {
+			if tc.Name == "lost" {
+				return errors.New("lost still offered")
+			}
+		}
+		return nil
+	})
 	s.startExecutor("executor-1", executor.WorkerConfig{Tools: []string{"noop"}})
 	s.startPlanner("planner-1")
 	s.startInjector("injector-1")
@@ -204,6 +217,15 @@ func TestDeadlineEndsAStepThatNeverCompletes(t *testing.T) {
 	}
 	if _, ok := s.seenReq.forStep("deadline-1", 1); ok {
 		t.Fatal("the model was asked for a step after the deadline")
+	}
+	if req, ok := s.seenReq.forStep("deadline-1", 0); !ok {
+		t.Fatal("no model request for step 0")
+	} else {
+		for _, tc := range req.Tools {
+			if tc.Name == "lost" {
+				t.Error("the model was offered a tool no live executor serves")
+			}
+		}
 	}
 }
 

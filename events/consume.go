@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -141,6 +142,10 @@ func ServeAll(ctx context.Context, consumers []jetstream.Consumer, cfg ServeConf
 	workCtx, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelWork()
 	p := pool.New().WithMaxGoroutines(cfg.Concurrency)
+	var (
+		gate   sync.RWMutex
+		closed bool
+	)
 	share := max(1, cfg.Concurrency/len(consumers))
 	var running []jetstream.ConsumeContext
 	defer func() {
@@ -151,6 +156,14 @@ func ServeAll(ctx context.Context, consumers []jetstream.Consumer, cfg ServeConf
 	for _, cons := range consumers {
 		cc, err := cons.Consume(func(msg jetstream.Msg) {
 			received := time.Now()
+			// A message delivered while the loop stops goes back at once: the pool
+			// takes no work once it is being waited on.
+			gate.RLock()
+			defer gate.RUnlock()
+			if closed {
+				_ = msg.Nak()
+				return
+			}
 			p.Go(func() {
 				if waited := time.Since(received); waited > cfg.MaxWait {
 					// Too old to trust: hand it back to be delivered again.
@@ -176,7 +189,13 @@ func ServeAll(ctx context.Context, consumers []jetstream.Consumer, cfg ServeConf
 	}
 	running = nil
 	done := make(chan struct{})
-	go func() { p.Wait(); close(done) }()
+	go func() {
+		gate.Lock() // waits for a callback blocked on a full pool: the grace below covers it
+		closed = true
+		gate.Unlock()
+		p.Wait()
+		close(done)
+	}()
 	select {
 	case <-done:
 	case <-time.After(cfg.Grace):
