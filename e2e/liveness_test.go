@@ -494,7 +494,7 @@ func TestInjectorPanicDoesNotBlockOrLoseARun(t *testing.T) {
 		}
 		return nil
 	}})
-	s.submit("panic-1", events.Limits{MaxSteps: 1, Deadline: time.Now().Add(3 * time.Second)})
+	s.submit("panic-1", events.Limits{MaxSteps: 1, Deadline: time.Now().Add(8 * time.Second)})
 	eventstest.Eventually(t, 30*time.Second, func() error {
 		if panics.Load() == 0 {
 			return errors.New("no panic yet")
