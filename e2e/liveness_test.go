@@ -516,7 +516,7 @@ func TestInjectorPanicDoesNotBlockOrLoseARun(t *testing.T) {
 		}
 		return nil
 	}})
-	s.submit("panic-1", events.Limits{MaxSteps: 1, Deadline: time.Now().Add(3 * time.Second)})
+	s.submit("panic-1", events.Limits{MaxSteps: 1, Deadline: time.Now().Add(8 * time.Second)})
 	eventstest.Eventually(t, 30*time.Second, func() error {
 		if panics.Load() == 0 {
 			return errors.New("no panic yet")
@@ -535,4 +535,36 @@ func TestInjectorPanicDoesNotBlockOrLoseARun(t *testing.T) {
 	if n := len(s.outcomes("panic-1")); n != 1 {
 		t.Fatalf("%d outcome events, want 1", n)
 	}
+}
+
+// A store that keeps failing does not loop forever: on the last of the injector's
+// bounded deliveries the run ends failed with code store_error.
+func TestPersistentStoreFailureEndsTheRun(t *testing.T) {
+	release := make(chan struct{})
+	model := &planner.Script{Steps: []func(planner.Request) planner.Response{
+		planner.Calls(call("a", "gate", `{}`)),
+		planner.Answer("never asked"),
+	}}
+	s := newStack(t, model, gateTool(release))
+	s.startExecutor("executor-1", executor.WorkerConfig{})
+	s.startPlanner("planner-1")
+	s.startInjectorWith("injector-1", injector.Config{MaxDeliver: 3})
+	s.submit("store-1", events.Limits{Deadline: time.Now().Add(2 * time.Minute)})
+	s.waitEvents("store-1", events.TypeToolRequested, 1)
+	// From now on the history bucket refuses every write: results cannot be joined.
+	hist, err := s.bus.JS.Stream(s.ctx, "KV_"+events.BucketHistory)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := hist.CachedInfo().Config
+	cfg.MaxMsgSize = 8
+	if _, err := s.bus.JS.UpdateStream(s.ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	close(release)
+	ended := s.waitEnd("store-1")
+	if ended.Status != events.RunFailed || ended.Code != events.CodeStoreError {
+		t.Fatalf("outcome %+v, want failed / store_error", ended)
+	}
+	s.waitIdle("injector")
 }
