@@ -164,10 +164,10 @@ func (in *Injector) Finished(ctx context.Context, tf events.ToolFinished) error 
 	if err := validPosition(tf.RunID, tf.Step, tf.CallIndex, tf.CallCount); err != nil {
 		return err
 	}
-	if !tf.Result.Status.Valid() {
-		return fmt.Errorf("%w: result with invalid status %q", events.ErrPoison, tf.Result.Status)
+	if !tf.ToolResult.Status.Valid() {
+		return fmt.Errorf("%w: result with invalid status %q", events.ErrPoison, tf.ToolResult.Status)
 	}
-	res := tf.Result
+	res := tf.ToolResult
 	res.Output = nil // the stream keeps it; the join keeps what the model reads
 	conflict := false
 	err := in.update(ctx, tf.RunID, tf.Step, tf.CallCount, func(rec *events.StepRecord) bool {
