@@ -47,7 +47,7 @@ func TestCodecRoundTrip(t *testing.T) {
 				for h, want := range map[string]string{"ce-id": m.ID, "ce-type": m.Type, "ce-source": m.Source,
 					"ce-specversion": "1.0", "ce-subject": "call_01", "ce-runid": "run-1", "ce-step": "2",
 					"ce-callindex": "1", "ce-callcount": "3", "Content-Type": "application/json",
-					"ce-dataschema": "urn:toolbus:schema:v1:tool.finished"} {
+					"ce-dataschema": "https://toolbus.dev/schemas/toolbus.tool.finished.v1.json"} {
 					if got := msg.Header.Get(h); got != want {
 						t.Errorf("header %s = %q, want %q", h, got, want)
 					}
