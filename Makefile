@@ -48,3 +48,10 @@ fmt:
 
 clean:
 	rm -rf bin data bench
+
+.PHONY: asyncapi
+## asyncapi: install the official AsyncAPI parser (npm ci, committed lockfile) and validate asyncapi.yaml
+## (make test runs the same check in TestAsyncAPI, and skips it only when the parser is missing outside CI)
+asyncapi:
+	npm ci --prefix tools/asyncapi-validate --ignore-scripts --no-audit --no-fund
+	node tools/asyncapi-validate/validate.js asyncapi.yaml

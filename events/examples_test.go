@@ -112,12 +112,12 @@ func examples() []example {
 			withID(tool("executor", 0, call1, 1, 2), events.IDToolWaiting(exRun, 0, call1.CallID)),
 			events.ToolWaiting{RunID: exRun, Step: 0, CallIndex: 1, CallCount: 2, Call: call1}},
 		{events.TypeApprovalGranted, events.SubjectApproval(exRun, true),
-			events.Meta{ID: events.IDApproval(exRun, call1.CallID, true), Source: events.Source("cli", "bob"), Time: exampleAt,
-				RunID: exRun, CallID: call1.CallID},
+			events.Meta{ID: events.IDApproval(exRun, "0/"+call1.CallID, true), Source: events.Source("cli", "bob"), Time: exampleAt,
+				RunID: exRun, Step: 0, CallID: call1.CallID, HasCall: true},
 			events.Approval{RunID: exRun, CallID: call1.CallID, Who: "bob", Why: "change CHG-1 approved"}},
 		{events.TypeApprovalDenied, events.SubjectApproval(exRun, false),
-			events.Meta{ID: events.IDApproval(exRun, call1.CallID, false), Source: events.Source("cli", "bob"), Time: exampleAt,
-				RunID: exRun, CallID: call1.CallID},
+			events.Meta{ID: events.IDApproval(exRun, "0/"+call1.CallID, false), Source: events.Source("cli", "bob"), Time: exampleAt,
+				RunID: exRun, Step: 0, CallID: call1.CallID, HasCall: true},
 			events.Approval{RunID: exRun, CallID: call1.CallID, Who: "bob", Why: "not during the freeze"}},
 		{events.TypeRunCancel, events.SubjectRunCancel(exRun), withID(run("cli", 0), events.IDRunCancel(exRun)),
 			events.Cancel{RunID: exRun, Reason: "wrong incident", Who: "alice"}},
@@ -148,16 +148,16 @@ func (e example) encode(t testing.TB) *nats.Msg {
 	return msg
 }
 
-// contractTypes returns every CloudEvents type of the contract: the Type* constants of
-// subjects.go (read from the source, so a new event type cannot be forgotten here) and
-// one run.<status> type per terminal or waiting status.
+// contractTypes returns events.EventTypes, after checking that it lists every Type*
+// constant of subjects.go (read from the source, so a new event type cannot be left out
+// of the schemas, the examples and the AsyncAPI document) and every run outcome.
 func contractTypes(t testing.TB) []string {
 	t.Helper()
 	f, err := parser.ParseFile(token.NewFileSet(), "subjects.go", nil, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var types []string
+	types := events.EventTypes()
 	for _, d := range f.Decls {
 		g, ok := d.(*ast.GenDecl)
 		if !ok || g.Tok != token.CONST {
@@ -177,15 +177,18 @@ func contractTypes(t testing.TB) []string {
 				if err != nil {
 					t.Fatal(err)
 				}
-				types = append(types, v)
+				if !slices.Contains(types, v) {
+					t.Fatalf("events.EventTypes does not list %s (%s)", v, n.Name)
+				}
 			}
 		}
 	}
 	for _, s := range []events.RunStatus{events.RunCompleted, events.RunWaitingForApproval, events.RunFailed,
 		events.RunLimitReached, events.RunCancelled} {
-		types = append(types, events.TypeRunEnded(s))
+		if !slices.Contains(types, events.TypeRunEnded(s)) {
+			t.Fatalf("events.EventTypes does not list %s", events.TypeRunEnded(s))
+		}
 	}
-	sort.Strings(types)
 	return types
 }
 
