@@ -124,7 +124,13 @@ func TestCatalog(t *testing.T) {
 	if _, ok := cat.Lookup("a"); !ok {
 		t.Fatal("existing tool missing from a new catalog")
 	}
+	if got := cat.Tools(nil); len(got) != 0 {
+		t.Fatalf("tools with no live instance offered: %+v", got)
+	}
 	if err := bus.PublishTool(ctx, events.ToolContract{Name: "b"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := bus.PutInstance(ctx, events.Instance{Name: "x-1", Tools: []string{"a", "b"}}); err != nil {
 		t.Fatal(err)
 	}
 	eventstest.Eventually(t, 5*time.Second, func() error {
@@ -133,6 +139,9 @@ func TestCatalog(t *testing.T) {
 		}
 		return nil
 	})
+	if got := cat.Serving("a"); len(got) != 1 || got[0] != "x-1" {
+		t.Fatalf("serving a: %v", got)
+	}
 	only := cat.Tools(&events.RunStarted{AllowedTools: []string{"b"}})
 	if len(only) != 1 || only[0].Name != "b" {
 		t.Fatalf("allowlist filter: %+v", only)

@@ -114,6 +114,13 @@ type ServeConfig struct {
 // cfg.Grace for in-flight handlers, then cancels their context and waits for them.
 // Messages fetched but not handled are redelivered by the server after AckWait.
 func Serve(ctx context.Context, cons jetstream.Consumer, cfg ServeConfig, h Handler) error {
+	return ServeAll(ctx, []jetstream.Consumer{cons}, cfg, h)
+}
+
+// ServeAll is Serve over several consumers (an executor's tool queues) sharing one
+// concurrency limit. Each consumer buffers at most a fair share of the limit, so a
+// message rarely waits in the client for a slot.
+func ServeAll(ctx context.Context, consumers []jetstream.Consumer, cfg ServeConfig, h Handler) error {
 	if cfg.Concurrency <= 0 {
 		cfg.Concurrency = 64
 	}
@@ -134,27 +141,40 @@ func Serve(ctx context.Context, cons jetstream.Consumer, cfg ServeConfig, h Hand
 	workCtx, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelWork()
 	p := pool.New().WithMaxGoroutines(cfg.Concurrency)
-	cc, err := cons.Consume(func(msg jetstream.Msg) {
-		received := time.Now()
-		p.Go(func() {
-			if waited := time.Since(received); waited > cfg.MaxWait {
-				// Too old to trust: hand it back to be delivered again.
-				log.Debug("message waited too long for a slot, handed back", "subject", msg.Subject(), "waited", waited)
-				_ = msg.Nak()
-				return
-			}
-			dispatch(workCtx, log, cfg.NakDelay, h, msg)
-		})
-	}, jetstream.PullMaxMessages(cfg.Concurrency), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
-		if !errors.Is(err, jetstream.ErrNoHeartbeat) {
-			log.Debug("consume", "error", err)
+	share := max(1, cfg.Concurrency/len(consumers))
+	var running []jetstream.ConsumeContext
+	defer func() {
+		for _, cc := range running {
+			cc.Stop()
 		}
-	}))
-	if err != nil {
-		return fmt.Errorf("events: consume: %w", err)
+	}()
+	for _, cons := range consumers {
+		cc, err := cons.Consume(func(msg jetstream.Msg) {
+			received := time.Now()
+			p.Go(func() {
+				if waited := time.Since(received); waited > cfg.MaxWait {
+					// Too old to trust: hand it back to be delivered again.
+					log.Debug("message waited too long for a slot, handed back", "subject", msg.Subject(), "waited", waited)
+					_ = msg.Nak()
+					return
+				}
+				dispatch(workCtx, log, cfg.NakDelay, h, msg)
+			})
+		}, jetstream.PullMaxMessages(share), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+			if !errors.Is(err, jetstream.ErrNoHeartbeat) {
+				log.Debug("consume", "error", err)
+			}
+		}))
+		if err != nil {
+			return fmt.Errorf("events: consume: %w", err)
+		}
+		running = append(running, cc)
 	}
 	<-ctx.Done()
-	cc.Stop()
+	for _, cc := range running {
+		cc.Stop()
+	}
+	running = nil
 	done := make(chan struct{})
 	go func() { p.Wait(); close(done) }()
 	select {

@@ -44,6 +44,9 @@ const (
 	CodeToolError         = "tool_error"
 	CodeToolInternalError = "tool_internal_error"
 	CodeInvalidToolOutput = "invalid_tool_output"
+	// CodeRunEnded: the call was taken after its run had ended; it did not run
+	// (status cancelled).
+	CodeRunEnded = "run_ended"
 )
 
 // ToolCall is one call proposed by the model: the raw arguments exactly as the model sent

@@ -33,7 +33,7 @@ func TestFaultExecutorKill(t *testing.T) {
 		if n := e.count(events.FilterToolFinished); n > 0 {
 			t.Fatalf("%d results before the kill: the calls finished too early", n)
 		}
-		ci, err := e.consumerInfo("executor")
+		ci, err := e.consumerInfo(events.ToolConsumer("sleep"))
 		if err != nil {
 			return err
 		}

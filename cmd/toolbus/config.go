@@ -29,7 +29,7 @@ type Config struct {
 	Concurrency int    `envconfig:"CONCURRENCY" default:"64" desc:"calls (executor) or steps (planner, injector) handled at once per process"`
 
 	Tools         string        `envconfig:"TOOLS" default:"demo,diag" desc:"built-in tool packs served by executors"`
-	ExecutorTools []string      `envconfig:"EXECUTOR_TOOLS" desc:"serve only these tools (a deployment subset; subsets must not overlap)"`
+	ExecutorTools []string      `envconfig:"EXECUTOR_TOOLS" desc:"serve only these tools of the packs (deployments may overlap: each tool has one shared queue)"`
 	CallTimeout   time.Duration `envconfig:"CALL_TIMEOUT" default:"30s" desc:"default tool timeout"`
 	MaxOutput     int           `envconfig:"MAX_OUTPUT_BYTES" default:"16384" desc:"default bound of what the model reads of one result"`
 	AckWait       time.Duration `envconfig:"ACK_WAIT" default:"30s" desc:"redelivery delay of a call, step or result whose worker died (live workers send heartbeats)"`
