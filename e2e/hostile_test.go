@@ -232,7 +232,7 @@ func TestHostileInputTerminated(t *testing.T) {
 		{"a result for a run that does not exist",
 			encodeOrFail(t, "toolbus.ghost.tool.finished.noop", events.Meta{ID: "h-ghost", Type: events.TypeToolFinished, Source: "/hostile", RunID: "ghost"},
 				events.ToolFinished{RunID: "ghost", CallCount: 1, ToolResult: events.ToolResult{CallID: "x", Tool: "noop", Status: events.StatusSucceeded}}),
-			"injector", "run not found"},
+			"injector", "has no recorded assistant message"},
 		{"an unknown event type on tool.requested",
 			encodeOrFail(t, "toolbus.hostile.tool.requested.noop", meta("h-type1", "toolbus.mystery"), map[string]any{}), "tool_noop", "bad tool.requested"},
 		{"an unknown event type on tool.finished",

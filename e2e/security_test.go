@@ -295,7 +295,7 @@ func TestSecurityUserPassword(t *testing.T) {
 	// Each role may publish only its own events: no forged run, result or outcome.
 	s.forbidden("executor", "toolbus.evil.run.started")
 	s.forbidden("client", "toolbus.evil.tool.finished.noop")
-	s.forbidden("planner", "toolbus.evil.tool.finished.noop")
+	s.forbidden("planner", "toolbus.evil.tool.waiting.noop") // planners publish tool.finished only for calls beyond the per-step cap
 	s.forbidden("injector", "toolbus.evil.run.started")
 	s.forbidden("executor", "toolbus.evil.model.requested")
 	// No role may purge the audit trail.
@@ -545,7 +545,7 @@ func TestSecurityCredsFile(t *testing.T) {
 	}
 	s := startSecured(t, srv.ClientURL(), opts)
 	s.runOnce("sec-creds-1")
-	s.forbidden("planner", "toolbus.evil.tool.finished.noop")
+	s.forbidden("planner", "toolbus.evil.tool.waiting.noop")
 
 	// A user signed by an account the operator does not know is refused.
 	stranger, _ := nkeys.CreateAccount()

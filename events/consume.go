@@ -188,8 +188,14 @@ func ServeAll(ctx context.Context, consumers []jetstream.Consumer, cfg ServeConf
 }
 
 func dispatch(ctx context.Context, log *slog.Logger, nakDelay time.Duration, h Handler, msg jetstream.Msg) {
-	err := h(ctx, msg)
+	err := safeHandle(ctx, h, msg)
+	var deferred *DeferError
 	switch {
+	case errors.As(err, &deferred):
+		log.Debug("message handed back", "subject", msg.Subject(), "reason", deferred.Reason, "delay", deferred.Delay)
+		if nerr := msg.NakWithDelay(deferred.Delay); nerr != nil {
+			log.Warn("nak failed", "subject", msg.Subject(), "error", nerr)
+		}
 	case err == nil:
 		if aerr := msg.Ack(); aerr != nil {
 			log.Warn("ack failed", "subject", msg.Subject(), "error", aerr)
@@ -211,6 +217,18 @@ func dispatch(ctx context.Context, log *slog.Logger, nakDelay time.Duration, h H
 			log.Warn("nak failed", "subject", msg.Subject(), "error", nerr)
 		}
 	}
+}
+
+// safeHandle runs h and turns a panic into a poison error: the message is terminated
+// with the panic as reason instead of killing the process or staying unacknowledged
+// (which would hold a slot of MaxAckPending and block the queue behind it).
+func safeHandle(ctx context.Context, h Handler, msg jetstream.Msg) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("%w: handler panic: %v", ErrPoison, r)
+		}
+	}()
+	return h(ctx, msg)
 }
 
 func truncate(s string, n int) string {
@@ -274,10 +292,22 @@ func ToolConsumer(tool string) string { return "tool_" + ToolToken(tool) }
 
 // ToolConsumerConfig is the consumer of one tool's queue. Created on a stream that
 // already holds calls, it starts with the calls published after it (DeliverNew): a
-// queue never re-runs history.
-func ToolConsumerConfig(tool string, ackWait time.Duration, maxDeliver, maxAckPending int) ConsumerConfig {
+// queue never re-runs history. Deliveries are unlimited: a call handed back because its
+// run is at its cap is not a failure, and executors bound the executions of a call
+// through its claim instead.
+func ToolConsumerConfig(tool string, ackWait time.Duration, maxAckPending int) ConsumerConfig {
 	return ConsumerConfig{
 		Durable: ToolConsumer(tool), Filters: []string{FilterToolRequestedFor(tool)},
-		AckWait: ackWait, MaxDeliver: maxDeliver, MaxAckPending: maxAckPending, DeliverNew: true,
+		AckWait: ackWait, MaxDeliver: -1, MaxAckPending: maxAckPending, DeliverNew: true,
 	}
 }
+
+// DeferError hands a message back to be delivered again after Delay, without the
+// failure backoff and without a warning: the work is fine but must wait (a run at its
+// cap of calls in flight).
+type DeferError struct {
+	Delay  time.Duration
+	Reason string
+}
+
+func (e *DeferError) Error() string { return "deferred: " + e.Reason }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"sort"
 	"strconv"
 	"time"
@@ -128,6 +129,15 @@ func (b *Bus) TakeOverClaim(ctx context.Context, run string, step int, callID st
 	return nil
 }
 
+// ReleaseClaim removes a call's claim: the call did not run (it waits for approval) and
+// its re-issue must be able to claim it.
+func (b *Bus) ReleaseClaim(ctx context.Context, run string, step int, callID string) error {
+	if err := b.claims.Delete(ctx, ClaimKey(run, step, callID)); err != nil {
+		return fmt.Errorf("events: release claim: %w", err)
+	}
+	return nil
+}
+
 // ToolQueue describes one tool's queue: its pending and in-flight calls.
 type ToolQueue struct {
 	Tool       string `json:"tool"`
@@ -168,4 +178,78 @@ func (b *Bus) Contracts(ctx context.Context) ([]ToolContract, error) {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out, nil
+}
+
+// A run's calls in flight across the fleet are bounded by slots: keys <run>.slot.<i>
+// (i < the cap) in the claims bucket, each created by the executor that runs a call of
+// the run and deleted when the call ends. Distinct keys never contend, so taking a slot
+// is one KV create when the run is under its cap.
+
+// runSlot is the value of a slot key.
+type runSlot struct {
+	Instance string `json:"instance"`
+	Call     string `json:"call"`
+}
+
+func slotKey(run string, i int) string { return run + ".slot." + strconv.Itoa(i) }
+
+// slotTries bounds the creates tried per acquisition: a run near its cap may be told it
+// is full while a slot is free; the call is then handed back and tried again.
+const slotTries = 8
+
+// AcquireRunSlot takes one of the cap slots of run for a call (key is the call's claim
+// key). It returns the slot and true, or false when the run has cap calls in flight.
+// Slots held by instances that are no longer alive are taken over.
+func (b *Bus) AcquireRunSlot(ctx context.Context, run string, limit int, key, instance string) (int, bool, error) {
+	val := mustJSON(runSlot{Instance: instance, Call: key})
+	start := int(fnv32(key) % uint32(limit))
+	tries := min(limit, slotTries)
+	for j := 0; j < tries; j++ {
+		i := (start + j) % limit
+		if _, err := b.claims.Create(ctx, slotKey(run, i), val); err == nil {
+			return i, true, nil
+		} else if !errors.Is(err, jetstream.ErrKeyExists) {
+			return 0, false, fmt.Errorf("events: run slot %s: %w", slotKey(run, i), err)
+		}
+	}
+	// Full: free the slots of executors that died holding them.
+	alive := map[string]bool{}
+	for j := 0; j < tries; j++ {
+		i := (start + j) % limit
+		e, err := b.claims.Get(ctx, slotKey(run, i))
+		if err != nil {
+			continue // released meanwhile: the next acquisition gets it
+		}
+		var s runSlot
+		if json.Unmarshal(e.Value(), &s) != nil {
+			continue
+		}
+		ok, seen := alive[s.Instance]
+		if !seen {
+			if ok, err = b.InstanceAlive(ctx, s.Instance); err != nil {
+				return 0, false, err
+			}
+			alive[s.Instance] = ok
+		}
+		if !ok {
+			if _, err := b.claims.Update(ctx, slotKey(run, i), val, e.Revision()); err == nil {
+				return i, true, nil
+			}
+		}
+	}
+	return 0, false, nil
+}
+
+// ReleaseRunSlot frees a slot taken by AcquireRunSlot.
+func (b *Bus) ReleaseRunSlot(ctx context.Context, run string, slot int) error {
+	if err := b.claims.Delete(ctx, slotKey(run, slot)); err != nil {
+		return fmt.Errorf("events: release run slot %s: %w", slotKey(run, slot), err)
+	}
+	return nil
+}
+
+func fnv32(s string) uint32 {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(s))
+	return h.Sum32()
 }

@@ -95,11 +95,15 @@ func generateSchemas(t testing.TB) map[string][]byte {
 			p, _ := s.Properties.Get("status")
 			p.Enum = []any{status}
 		}
-		b, err := json.MarshalIndent(s, "", "  ")
-		if err != nil {
+		// Descriptions keep their < and > readable: no HTML escaping in a schema file.
+		var b bytes.Buffer
+		enc := json.NewEncoder(&b)
+		enc.SetEscapeHTML(false)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(s); err != nil {
 			t.Fatal(err)
 		}
-		out[events.SchemaFile(typ)] = append(b, '\n')
+		out[events.SchemaFile(typ)] = b.Bytes()
 	}
 	return out
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"strconv"
 	"sync"
 	"time"
@@ -29,10 +30,16 @@ type WorkerConfig struct {
 	// send InProgress heartbeats. It applies to the queues this worker creates; a queue
 	// that exists keeps the settings it was created with.
 	AckWait time.Duration
-	// MaxDeliver bounds deliveries of one call (default 5). The last delivery does not
-	// run the tool: it reports tool_internal_error, so a call that keeps killing its
-	// worker still ends with exactly one result.
+	// MaxDeliver bounds the executions of one call (default 5), counted by its claim:
+	// each execution that an executor started and did not finish (it died mid-call)
+	// counts. The last one does not run the tool: it reports tool_internal_error, so a
+	// call that keeps killing its executor still ends with exactly one result.
 	MaxDeliver int
+	// RunMaxInFlight bounds the calls of one run in flight across the whole fleet
+	// (default 32; negative: no bound), so one run asking for hundreds of slow calls
+	// leaves room for the others. A call over the bound is handed back and taken again
+	// shortly after.
+	RunMaxInFlight int
 	// MaxAckPending bounds calls in flight across all workers of the consumer (default 1000).
 	MaxAckPending int
 	// InlineOutputMax is the largest output kept in the event itself (default 256 KiB);
@@ -58,6 +65,9 @@ func (c *WorkerConfig) setDefaults() {
 	}
 	if c.MaxAckPending <= 0 {
 		c.MaxAckPending = 1000
+	}
+	if c.RunMaxInFlight == 0 {
+		c.RunMaxInFlight = 32
 	}
 	if c.InlineOutputMax <= 0 {
 		c.InlineOutputMax = 256 << 10
@@ -158,7 +168,7 @@ func (w *Worker) queue(ctx context.Context, tool string) (jetstream.Consumer, er
 	if !errors.Is(err, jetstream.ErrConsumerNotFound) {
 		return nil, fmt.Errorf("executor: queue %s: %w", name, err)
 	}
-	cons, err = w.bus.Consumer(ctx, events.ToolConsumerConfig(tool, w.cfg.AckWait, w.cfg.MaxDeliver, w.cfg.MaxAckPending))
+	cons, err = w.bus.Consumer(ctx, events.ToolConsumerConfig(tool, w.cfg.AckWait, w.cfg.MaxAckPending))
 	if err != nil {
 		return nil, fmt.Errorf("executor: create the queue of tool %q (with credentials that may not create consumers, an admin runs `toolbus init --tools %s` first): %w", tool, tool, err)
 	}
@@ -265,14 +275,10 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) error {
 		req.CallCount <= 0 || req.CallIndex < 0 || req.CallIndex >= req.CallCount {
 		return fmt.Errorf("%w: bad tool.requested %s (run %q, index %d of %d)", events.ErrPoison, meta.ID, req.RunID, req.CallIndex, req.CallCount)
 	}
-	attempt := 1
-	if md, err := msg.Metadata(); err == nil {
-		attempt = int(md.NumDelivered)
-	}
 	// The call's logger is built only when something is logged: With is not free and
 	// this is the hot path.
 	log := func() *slog.Logger {
-		return w.log.With("run_id", req.RunID, "step", req.Step, "call_id", req.Call.CallID, "tool", req.Call.Tool, "attempt", attempt)
+		return w.log.With("run_id", req.RunID, "step", req.Step, "call_id", req.Call.CallID, "tool", req.Call.Tool)
 	}
 	// The run, not the call event, says what the call may do: allowlist, principal and
 	// deadline come from the run's first run.started.
@@ -290,7 +296,24 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) error {
 		return errBusy
 	}
 	defer w.release(key)
-	run, err := w.claim(ctx, msg, req, attempt, log)
+	if w.cfg.RunMaxInFlight > 0 {
+		slot, ok, err := w.bus.AcquireRunSlot(ctx, req.RunID, w.cfg.RunMaxInFlight, key, w.cfg.Instance)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			return &events.DeferError{Delay: runFullDelay + time.Duration(rand.Int64N(int64(runFullDelay))),
+				Reason: fmt.Sprintf("run %s has %d calls in flight", req.RunID, w.cfg.RunMaxInFlight)}
+		}
+		defer func() {
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			defer cancel()
+			if err := w.bus.ReleaseRunSlot(rctx, req.RunID, slot); err != nil {
+				log().Warn("run slot not released; it frees when this instance's heartbeat expires", "error", err)
+			}
+		}()
+	}
+	run, attempt, err := w.claim(ctx, msg, req, log)
 	if err != nil || !run {
 		return err
 	}
@@ -305,7 +328,7 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) error {
 			fmt.Sprintf("the run had already ended (%s) when this call was taken: it was not run", state.Status))
 	case attempt >= w.cfg.MaxDeliver && attempt > 1:
 		res = failedResult(req.Call, events.CodeToolInternalError,
-			fmt.Sprintf("the call did not finish in %d attempts (its executor crashed or stalled each time); it was not run again", attempt-1))
+			fmt.Sprintf("the call did not finish in %d attempts (its executor died each time); it was not run again", attempt-1))
 	case !w.serving[req.Call.Tool]:
 		res = rejectedResult(req.Call, events.CodeUnknownTool, fmt.Sprintf("no executor serves a tool named %q", req.Call.Tool))
 	case !rs.Allows(req.Call.Tool):
@@ -316,6 +339,10 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) error {
 			d, err := w.bus.StepDecision(ctx, req.RunID, req.Step, req.Call.CallID)
 			switch {
 			case errors.Is(err, events.ErrNotFound):
+				// Nothing runs: the call's re-issue after the decision claims it anew.
+				if err := w.bus.ReleaseClaim(ctx, req.RunID, req.Step, req.Call.CallID); err != nil {
+					return err
+				}
 				return w.wait(ctx, req, log())
 			case err != nil:
 				return err
@@ -384,71 +411,78 @@ func (w *Worker) release(key string) {
 // whether that executor finished or died.
 const claimPoll = time.Second
 
+// runFullDelay is the least delay before a call of a run at its cap is taken again
+// (up to twice this, so the retries of a large step spread out).
+const runFullDelay = 250 * time.Millisecond
+
 // claim takes the execution of a call before its tool runs, so a call runs at most once
 // while the executor that claimed it lives. It returns true when this worker owns the
-// call and must produce its result, false when the call is done elsewhere (its result
-// is stored) and the message is only acknowledged. When the claim belongs to a live
+// call and must produce its result, with the execution's attempt number (1, or one more
+// than the claim it took over); false when the call is done elsewhere (its result is
+// stored) and the message is only acknowledged. When the claim belongs to a live
 // executor it waits, sending heartbeats, until that executor stores the result or dies;
 // an executor that died mid-call is replaced with a compare-and-set, and the call runs
 // again with the same idempotency key.
-func (w *Worker) claim(ctx context.Context, msg jetstream.Msg, req events.ToolRequested, attempt int, log func() *slog.Logger) (bool, error) {
-	mine := events.Claim{Instance: w.cfg.Instance, Attempt: attempt, At: time.Now().UTC()}
+func (w *Worker) claim(ctx context.Context, msg jetstream.Msg, req events.ToolRequested, log func() *slog.Logger) (bool, int, error) {
+	mine := events.Claim{Instance: w.cfg.Instance, Attempt: 1, At: time.Now().UTC()}
 	var (
-		cur events.Claim
-		rev uint64
+		cur     events.Claim
+		rev     uint64
+		claimed bool
 	)
 	err := w.retry(ctx, msg, log, "claim the call", func() (err error) {
 		cur, rev, err = w.bus.ClaimCall(ctx, req.RunID, req.Step, req.Call.CallID, mine)
+		claimed = err == nil
 		if errors.Is(err, events.ErrClaimed) {
 			return nil
-		}
-		if err == nil {
-			rev = 0
 		}
 		return err
 	})
 	if err != nil {
-		return false, err
+		return false, 0, err
 	}
-	if rev == 0 {
-		return true, nil // claimed now
+	if claimed {
+		return true, 1, nil
 	}
 	stopBeat := events.Heartbeat(msg, w.cfg.AckWait/3)
 	defer stopBeat()
 	for {
 		stored, err := w.resultStored(ctx, req)
 		if err != nil {
-			return false, err
+			return false, 0, err
 		}
 		if stored {
 			log().Info("result already stored, call not run again", "claimed_by", cur.Instance)
-			return false, nil
+			return false, 0, nil
 		}
 		alive := false
 		if cur.Instance != w.cfg.Instance { // our own earlier claim: that handling is over
 			if alive, err = w.bus.InstanceAlive(ctx, cur.Instance); err != nil {
-				return false, err
+				return false, 0, err
 			}
 		}
 		if !alive {
+			mine.Attempt = cur.Attempt + 1
 			err := w.bus.TakeOverClaim(ctx, req.RunID, req.Step, req.Call.CallID, mine, rev)
 			if err == nil {
-				log().Warn("the executor that claimed this call is gone: running it again with the same idempotency key", "claimed_by", cur.Instance)
-				return true, nil
+				log().Warn("the executor that claimed this call is gone: running it again with the same idempotency key",
+					"claimed_by", cur.Instance, "attempt", mine.Attempt)
+				return true, mine.Attempt, nil
 			}
 			if !errors.Is(err, events.ErrConflict) {
-				return false, err
+				return false, 0, err
 			}
 		}
 		select {
 		case <-ctx.Done():
-			return false, ctx.Err()
+			return false, 0, ctx.Err()
 		case <-time.After(claimPoll):
 		}
+		mine.Attempt = 1
 		if cur, rev, err = w.bus.ClaimCall(ctx, req.RunID, req.Step, req.Call.CallID, mine); err == nil {
-			return true, nil // the claim went away (expired with the retention): ours now
+			return true, 1, nil // the claim went away (expired with the retention): ours now
 		} else if !errors.Is(err, events.ErrClaimed) {
-			return false, err
+			return false, 0, err
 		}
 	}
 }

@@ -35,12 +35,14 @@ type Config struct {
 	AckWait       time.Duration `envconfig:"ACK_WAIT" default:"30s" desc:"redelivery delay of a call, step or result whose worker died (live workers send heartbeats)"`
 	MaxDeliver    int           `envconfig:"MAX_DELIVER" default:"5" desc:"deliveries of one call before it is reported as tool_internal_error"`
 
-	Model       string        `envconfig:"MODEL" default:"script:incident" desc:"model: script:incident, replay:<file>, openai:<model>, openai-responses:<model>, anthropic:<model>"`
-	MaxSteps    int           `envconfig:"MAX_STEPS" default:"10" desc:"default step limit of a run"`
-	RunTimeout  time.Duration `envconfig:"RUN_TIMEOUT" default:"10m" desc:"default run deadline, from its start"`
-	TokenBudget int64         `envconfig:"TOKEN_BUDGET" desc:"default token budget of a run (0: none)"`
-	FailOn      []string      `envconfig:"FAIL_ON" default:"unknown_tool,tool_internal_error,invalid_tool_output" desc:"error codes that fail a run"`
-	Grace       time.Duration `envconfig:"GRACE" default:"30s" desc:"shutdown grace period for in-flight work"`
+	Model    string `envconfig:"MODEL" default:"script:incident" desc:"model: script:incident, replay:<file>, openai:<model>, openai-responses:<model>, anthropic:<model>"`
+	MaxSteps int    `envconfig:"MAX_STEPS" default:"10" desc:"default step limit of a run"`
+	// MaxCallsPerStep caps the calls of one step that run; the rest are rejected (too_many_calls).
+	MaxCallsPerStep int           `envconfig:"MAX_CALLS_PER_STEP" default:"128" desc:"calls of one step that run; the rest get a rejected result (too_many_calls)"`
+	RunTimeout      time.Duration `envconfig:"RUN_TIMEOUT" default:"10m" desc:"default run deadline, from its start"`
+	TokenBudget     int64         `envconfig:"TOKEN_BUDGET" desc:"default token budget of a run (0: none)"`
+	FailOn          []string      `envconfig:"FAIL_ON" default:"unknown_tool,tool_internal_error,invalid_tool_output" desc:"error codes that fail a run"`
+	Grace           time.Duration `envconfig:"GRACE" default:"30s" desc:"shutdown grace period for in-flight work"`
 
 	LogLevel  string `envconfig:"LOG_LEVEL" default:"info" desc:"debug, info, warn or error"`
 	LogFormat string `envconfig:"LOG_FORMAT" default:"text" desc:"text or json"`
