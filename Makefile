@@ -48,3 +48,21 @@ fmt:
 
 clean:
 	rm -rf bin data bench
+
+.PHONY: asyncapi
+## asyncapi: install the official AsyncAPI parser (npm ci, committed lockfile) and validate asyncapi.yaml
+## (make test runs the same check in TestAsyncAPI, and skips it only when the parser is missing outside CI)
+asyncapi:
+	npm ci --prefix tools/asyncapi-validate --ignore-scripts --no-audit --no-fund
+	node tools/asyncapi-validate/validate.js asyncapi.yaml
+
+.PHONY: npm conformance
+## npm: install the Node packages of the AsyncAPI validator and of the Node executor example
+## from their committed lockfiles (.ci/run does the same before make test)
+npm:
+	npm ci --prefix tools/asyncapi-validate --ignore-scripts --no-audit --no-fund
+	npm ci --prefix examples/node-executor --ignore-scripts --no-audit --no-fund
+
+## conformance: the executor conformance suite against the Go and the Node executors
+conformance: npm
+	$(GO) test -race -count=1 -v ./conformance/

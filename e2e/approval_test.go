@@ -121,8 +121,8 @@ func statusIs(st events.RunStatus) func(events.RunEnded) bool {
 // resultOf returns the result of a call of a step.
 func (s *stack) resultOf(run string, step int, callID string) (events.ToolResult, bool) {
 	for _, tf := range s.finished(run) {
-		if tf.Step == step && tf.Result.CallID == callID {
-			return tf.Result, true
+		if tf.Step == step && tf.ToolResult.CallID == callID {
+			return tf.ToolResult, true
 		}
 	}
 	return events.ToolResult{}, false

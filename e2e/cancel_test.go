@@ -126,15 +126,15 @@ func TestCancelInFlightOnEveryExecutor(t *testing.T) {
 			return fmt.Errorf("%d results", len(res))
 		}
 		for _, tf := range res {
-			if tf.Result.Status != events.StatusCancelled || tf.Result.Code() != events.CodeCancelled {
-				return fmt.Errorf("result %s: %s %s", tf.Result.CallID, tf.Result.Status, tf.Result.Code())
+			if tf.ToolResult.Status != events.StatusCancelled || tf.ToolResult.Code() != events.CodeCancelled {
+				return fmt.Errorf("result %s: %s %s", tf.ToolResult.CallID, tf.ToolResult.Status, tf.ToolResult.Code())
 			}
 		}
 		return nil
 	})
 	byExecutor := map[string]string{}
 	for _, tf := range s.finished("cancel-1") {
-		byExecutor[tf.Result.Tool] = tf.Result.Executor
+		byExecutor[tf.ToolResult.Tool] = tf.ToolResult.Executor
 	}
 	if byExecutor["sleep"] != "exec-sleep" || byExecutor["hold"] != "exec-hold" {
 		t.Fatalf("calls ran on %v, want one per executor", byExecutor)
@@ -142,7 +142,7 @@ func TestCancelInFlightOnEveryExecutor(t *testing.T) {
 
 	// A late result (a different event id, so the stream keeps it) changes nothing.
 	late := events.ToolFinished{RunID: "cancel-1", Step: 0, CallIndex: 1, CallCount: 2,
-		Result: events.ToolResult{CallID: "h", Tool: "hold", Status: events.StatusSucceeded, Content: `"late"`, Executor: "ghost"}}
+		ToolResult: events.ToolResult{CallID: "h", Tool: "hold", Status: events.StatusSucceeded, Content: `"late"`, Executor: "ghost"}}
 	if _, err := s.bus.Publish(s.ctx, events.SubjectToolFinished("cancel-1", "hold"), events.Meta{
 		ID: "late-result-1", Type: events.TypeToolFinished, Source: "/test", RunID: "cancel-1", CallID: "h", CallIndex: 1, CallCount: 2,
 	}, late); err != nil {

@@ -155,15 +155,15 @@ func TestCustomExecutorExample(t *testing.T) {
 		t.Fatalf("%d results", len(res))
 	}
 	for _, tf := range res {
-		switch tf.Result.Tool {
+		switch tf.ToolResult.Tool {
 		case "shout":
-			if tf.Result.Executor != "shout-1" || !strings.Contains(tf.Result.Content, `"shout":"HELLO!"`) ||
-				!strings.Contains(tf.Result.Content, `"idempotency_key":"custom/0/s"`) {
-				t.Errorf("shout result %+v", tf.Result)
+			if tf.ToolResult.Executor != "shout-1" || !strings.Contains(tf.ToolResult.Content, `"shout":"HELLO!"`) ||
+				!strings.Contains(tf.ToolResult.Content, `"idempotency_key":"custom/0/s"`) {
+				t.Errorf("shout result %+v", tf.ToolResult)
 			}
 		case "calculator":
-			if tf.Result.Executor != "executor-1" || tf.Result.Status != events.StatusSucceeded {
-				t.Errorf("calculator result %+v", tf.Result)
+			if tf.ToolResult.Executor != "executor-1" || tf.ToolResult.Status != events.StatusSucceeded {
+				t.Errorf("calculator result %+v", tf.ToolResult)
 			}
 		}
 	}

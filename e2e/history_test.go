@@ -25,7 +25,7 @@ func TestHugeOutputKeptWhole(t *testing.T) {
 	if len(res) != 1 {
 		t.Fatalf("%d results", len(res))
 	}
-	r := res[0].Result
+	r := res[0].ToolResult
 	if r.Status != events.StatusSucceeded || r.Truncated == nil || r.Truncated.Ref == "" || len(r.Output) != 0 {
 		t.Fatalf("result: status %s truncated %+v output %d bytes", r.Status, r.Truncated, len(r.Output))
 	}
@@ -74,10 +74,10 @@ func TestLongRunWithLargeHistory(t *testing.T) {
 	}
 	total := 0
 	for _, tf := range s.finished("long-1") {
-		if tf.Result.Truncated != nil {
-			total += tf.Result.Truncated.OriginalBytes
+		if tf.ToolResult.Truncated != nil {
+			total += tf.ToolResult.Truncated.OriginalBytes
 		} else {
-			total += len(tf.Result.Output)
+			total += len(tf.ToolResult.Output)
 		}
 	}
 	if total < 5<<20-1<<16 {

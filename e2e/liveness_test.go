@@ -104,9 +104,9 @@ func TestManyCallsInOneStepEnd(t *testing.T) {
 	results := s.finished("many-1")
 	rejected := 0
 	for _, tf := range results {
-		if tf.Result.Code() == events.CodeTooManyCalls {
-			if tf.CallIndex < planner.DefaultMaxCallsPerStep || tf.Result.Status != events.StatusRejected {
-				t.Fatalf("call %d rejected as too_many_calls: %+v", tf.CallIndex, tf.Result)
+		if tf.ToolResult.Code() == events.CodeTooManyCalls {
+			if tf.CallIndex < planner.DefaultMaxCallsPerStep || tf.ToolResult.Status != events.StatusRejected {
+				t.Fatalf("call %d rejected as too_many_calls: %+v", tf.CallIndex, tf.ToolResult)
 			}
 			rejected++
 		}
@@ -195,7 +195,7 @@ func TestDeadlineEndsAStepThatNeverCompletes(t *testing.T) {
 	}
 	var gone, okRes *events.ToolFinished
 	for _, tf := range s.finished("deadline-1") {
-		switch tf.Result.CallID {
+		switch tf.ToolResult.CallID {
 		case "gone":
 			if gone != nil {
 				t.Fatal("two results for the unanswered call")
@@ -205,11 +205,11 @@ func TestDeadlineEndsAStepThatNeverCompletes(t *testing.T) {
 			okRes = &tf
 		}
 	}
-	if gone == nil || gone.Result.Status != events.StatusTimedOut || gone.Result.Code() != events.CodeTimeout ||
-		!strings.Contains(gone.Result.Error.Message, "no executor answered") {
+	if gone == nil || gone.ToolResult.Status != events.StatusTimedOut || gone.ToolResult.Code() != events.CodeTimeout ||
+		!strings.Contains(gone.ToolResult.Error.Message, "no executor answered") {
 		t.Fatalf("result of the unanswered call: %+v", gone)
 	}
-	if okRes == nil || okRes.Result.Status != events.StatusSucceeded {
+	if okRes == nil || okRes.ToolResult.Status != events.StatusSucceeded {
 		t.Fatalf("result of the answered call: %+v", okRes)
 	}
 	if n := len(s.outcomes("deadline-1")); n != 1 {
@@ -284,9 +284,9 @@ func gateTool(release <-chan struct{}) executor.Tool {
 // publishForged publishes a tool.finished event as a hostile publisher would.
 func (s *stack) publishForged(id string, tf events.ToolFinished) {
 	s.t.Helper()
-	if _, err := s.bus.Publish(s.ctx, events.SubjectToolFinished(tf.RunID, tf.Result.Tool), events.Meta{
+	if _, err := s.bus.Publish(s.ctx, events.SubjectToolFinished(tf.RunID, tf.ToolResult.Tool), events.Meta{
 		ID: id, Type: events.TypeToolFinished, Source: "/forger", RunID: tf.RunID, Step: tf.Step,
-		CallID: tf.Result.CallID, CallIndex: tf.CallIndex, CallCount: tf.CallCount, HasCall: true,
+		CallID: tf.ToolResult.CallID, CallIndex: tf.CallIndex, CallCount: tf.CallCount, HasCall: true,
 	}, tf); err != nil {
 		s.t.Fatal(err)
 	}
@@ -308,7 +308,7 @@ func TestForgedResultsCannotReplaceOrWedgeAStep(t *testing.T) {
 
 	forged := func(idx, count int, callID, tool string) events.ToolFinished {
 		return events.ToolFinished{RunID: "forged-1", Step: 0, CallIndex: idx, CallCount: count,
-			Result: events.ToolResult{CallID: callID, Tool: tool, Status: events.StatusSucceeded, Content: "forged"}}
+			ToolResult: events.ToolResult{CallID: callID, Tool: tool, Status: events.StatusSucceeded, Content: "forged"}}
 	}
 	s.publishForged("f-count", forged(0, 3, "a", "gate"))    // wrong count
 	s.publishForged("f-callid", forged(1, 2, "zzz", "gate")) // wrong call id

@@ -38,7 +38,7 @@ func orderedTool(t *testing.T, total int) (executor.Tool, func(*nats.Conn)) {
 				return
 			}
 			var out struct{ N int }
-			_ = json.Unmarshal([]byte(tf.Result.Content), &out)
+			_ = json.Unmarshal([]byte(tf.ToolResult.Content), &out)
 			mu.Lock()
 			done[out.N] = true
 			cond.Broadcast()
@@ -95,7 +95,7 @@ func TestStepInjectedInCallOrder(t *testing.T) {
 	}
 	var finishOrder []string
 	for _, tf := range s.finished("order-1") {
-		finishOrder = append(finishOrder, tf.Result.CallID)
+		finishOrder = append(finishOrder, tf.ToolResult.CallID)
 	}
 	if fmt.Sprint(finishOrder) != "[c b a]" {
 		t.Fatalf("finish order %v: the test needs the calls to finish in reverse", finishOrder)
@@ -194,7 +194,7 @@ func TestSelfRepair(t *testing.T) {
 		t.Fatalf("got %s after %d steps (%s)", ended.Status, ended.StepsUsed, ended.Reason)
 	}
 	res := s.finished("repair-1")
-	if len(res) != 2 || res[0].Result.Code() != "incident_not_found" || res[1].Result.Status != events.StatusSucceeded {
+	if len(res) != 2 || res[0].ToolResult.Code() != "incident_not_found" || res[1].ToolResult.Status != events.StatusSucceeded {
 		t.Fatalf("results %+v", res)
 	}
 	// call_0 is reused at every step (some OpenAI-compatible servers do): no collision.
@@ -239,7 +239,7 @@ func TestTwoExecutorsShareTheLoad(t *testing.T) {
 			t.Fatalf("%s: %s %s", run, ended.Status, ended.Reason)
 		}
 		for _, tf := range s.finished(run) {
-			byExecutor[tf.Result.Executor]++
+			byExecutor[tf.ToolResult.Executor]++
 		}
 	}
 	total := 0
@@ -380,8 +380,8 @@ func TestHangingToolTimesOut(t *testing.T) {
 		t.Fatalf("got %s (%s), answer %q: the model should have read the timeout", ended.Status, ended.Reason, ended.Answer)
 	}
 	for _, tf := range s.finished("hang-1") {
-		if tf.Result.CallID == "h" && (tf.Result.Status != events.StatusTimedOut || tf.Result.Code() != events.CodeTimeout) {
-			t.Fatalf("hanging call: %+v", tf.Result)
+		if tf.ToolResult.CallID == "h" && (tf.ToolResult.Status != events.StatusTimedOut || tf.ToolResult.Code() != events.CodeTimeout) {
+			t.Fatalf("hanging call: %+v", tf.ToolResult)
 		}
 	}
 }

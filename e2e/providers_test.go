@@ -337,7 +337,7 @@ func TestProvidersReplayIncidentCassette(t *testing.T) {
 	})
 	var got []string
 	for _, f := range res {
-		got = append(got, fmt.Sprintf("%d:%s:%s:%s", f.Step, f.Result.Tool, f.Result.Status, f.Result.Code()))
+		got = append(got, fmt.Sprintf("%d:%s:%s:%s", f.Step, f.ToolResult.Tool, f.ToolResult.Status, f.ToolResult.Code()))
 	}
 	want := "0:lookup_incident:failed:incident_not_found,0:calculator:succeeded:,1:lookup_incident:succeeded:"
 	if strings.Join(got, ",") != want {

@@ -136,7 +136,7 @@ func TestReplayCommand(t *testing.T) {
 
 	// Forge a second result for a call that has one.
 	forged := events.ToolFinished{RunID: "audit-1", Step: 0, CallIndex: 0, CallCount: 3,
-		Result: events.ToolResult{CallID: "a", Tool: "ordered", Status: events.StatusSucceeded, Content: `{"n":99}`}}
+		ToolResult: events.ToolResult{CallID: "a", Tool: "ordered", Status: events.StatusSucceeded, Content: `{"n":99}`}}
 	if _, err := s.bus.Publish(s.ctx, events.SubjectToolFinished("audit-1", "ordered"), events.Meta{
 		ID: "forged", Type: events.TypeToolFinished, Source: "/forger", RunID: "audit-1", CallID: "a", CallCount: 3,
 	}, forged); err != nil {

@@ -587,7 +587,7 @@ func TestSecurityToolAllowlist(t *testing.T) {
 	res := s.finished("allow-1")
 	byCall := map[string]events.ToolResult{}
 	for _, tf := range res {
-		byCall[tf.Result.CallID] = tf.Result
+		byCall[tf.ToolResult.CallID] = tf.ToolResult
 	}
 	if r := byCall["a"]; r.Status != events.StatusSucceeded {
 		t.Fatalf("allowed call: %+v", r)
@@ -682,10 +682,10 @@ func TestSecurityPrincipalReachesAuthorizer(t *testing.T) {
 			t.Fatalf("%s: %s (%s)", run, ended.Status, ended.Reason)
 		}
 	}
-	if r := s.finished("auth-alice")[0].Result; r.Status != events.StatusSucceeded || !strings.Contains(r.Content, "42") {
+	if r := s.finished("auth-alice")[0].ToolResult; r.Status != events.StatusSucceeded || !strings.Contains(r.Content, "42") {
 		t.Fatalf("alice: %+v", r)
 	}
-	r := s.finished("auth-bob")[0].Result
+	r := s.finished("auth-bob")[0].ToolResult
 	if r.Status != events.StatusRejected || r.Code() != events.CodeNotAuthorized || !strings.Contains(r.Content, "oncall role") {
 		t.Fatalf("bob: %+v, want rejected/not_authorized", r)
 	}

@@ -7,7 +7,7 @@ import (
 )
 
 func benchFinished() events.ToolFinished {
-	return events.ToolFinished{RunID: "run-1", Step: 2, CallIndex: 1, CallCount: 4, Result: events.ToolResult{
+	return events.ToolFinished{RunID: "run-1", Step: 2, CallIndex: 1, CallCount: 4, ToolResult: events.ToolResult{
 		CallID: "call_01", Tool: "noop", Status: events.StatusSucceeded, Output: []byte(`{}`), Content: "{}",
 		Attempt: 1, DurationMS: 0, Executor: "bench"}}
 }

@@ -41,10 +41,23 @@ const (
 	ExtTraceParent = "traceparent"
 )
 
-// DataSchema returns the versioned schema name of the data of events of type typ.
-func DataSchema(typ string) string {
-	return "urn:toolbus:schema:v1:" + strings.TrimPrefix(typ, "toolbus.")
-}
+// SchemaBaseURI is the base of every dataschema URI. The URIs are stable identifiers
+// (the $id of each schema), not a service to fetch from: the schema of type T is the file
+// schemas/T.v1.json of this repository (SchemaFile), so a subscriber maps the base to
+// that directory.
+const SchemaBaseURI = "https://toolbus.dev/schemas/"
+
+// SchemaVersion is the version of the data schemas; a changed field is a new version,
+// never a silent rename.
+const SchemaVersion = "v1"
+
+// SchemaFile returns the file name of the JSON Schema of the data of events of type typ,
+// e.g. toolbus.tool.finished.v1.json.
+func SchemaFile(typ string) string { return typ + "." + SchemaVersion + ".json" }
+
+// DataSchema returns the dataschema URI of events of type typ, e.g.
+// https://toolbus.dev/schemas/toolbus.tool.finished.v1.json.
+func DataSchema(typ string) string { return SchemaBaseURI + SchemaFile(typ) }
 
 // Meta holds the CloudEvents attributes of a toolbus event.
 type Meta struct {

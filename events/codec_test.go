@@ -21,7 +21,7 @@ func sampleMeta() events.Meta {
 }
 
 func TestCodecRoundTrip(t *testing.T) {
-	res := events.ToolFinished{RunID: "run-1", Step: 2, CallIndex: 1, CallCount: 3, Result: events.ToolResult{
+	res := events.ToolFinished{RunID: "run-1", Step: 2, CallIndex: 1, CallCount: 3, ToolResult: events.ToolResult{
 		CallID: "call_01", Tool: "lookup_incident", Status: events.StatusFailed, Content: "x",
 		Error: &events.ToolError{Code: "incident_not_found", Message: "no incident INC-404"},
 	}}
@@ -47,7 +47,7 @@ func TestCodecRoundTrip(t *testing.T) {
 				for h, want := range map[string]string{"ce-id": m.ID, "ce-type": m.Type, "ce-source": m.Source,
 					"ce-specversion": "1.0", "ce-subject": "call_01", "ce-runid": "run-1", "ce-step": "2",
 					"ce-callindex": "1", "ce-callcount": "3", "Content-Type": "application/json",
-					"ce-dataschema": "urn:toolbus:schema:v1:tool.finished"} {
+					"ce-dataschema": "https://toolbus.dev/schemas/toolbus.tool.finished.v1.json"} {
 					if got := msg.Header.Get(h); got != want {
 						t.Errorf("header %s = %q, want %q", h, got, want)
 					}
@@ -68,7 +68,7 @@ func TestCodecRoundTrip(t *testing.T) {
 				meta.Subject != m.Subject || meta.DataSchema != m.DataSchema || !meta.HasCall {
 				t.Fatalf("meta\n got %+v\nwant %+v", meta, m)
 			}
-			if got.Result.Error == nil || got.Result.Error.Code != "incident_not_found" || got.CallCount != 3 {
+			if got.ToolResult.Error == nil || got.ToolResult.Error.Code != "incident_not_found" || got.CallCount != 3 {
 				t.Fatalf("data %+v", got)
 			}
 		})

@@ -12,7 +12,7 @@ func ExampleEncode() {
 		ID:   events.IDToolFinished("run-1", 0, "call_1"),
 		Type: events.TypeToolFinished, Source: events.Source("executor", "e1"),
 		RunID: "run-1", CallID: "call_1", CallIndex: 0, CallCount: 1,
-	}, events.ToolFinished{RunID: "run-1", CallCount: 1, Result: events.ToolResult{
+	}, events.ToolFinished{RunID: "run-1", CallCount: 1, ToolResult: events.ToolResult{
 		CallID: "call_1", Tool: "calculator", Status: events.StatusSucceeded, Content: `{"value":701}`}})
 	if err != nil {
 		panic(err)
@@ -25,7 +25,7 @@ func ExampleEncode() {
 	if err != nil {
 		panic(err)
 	}
-	fmt.Println(meta.RunID, meta.CallID, tf.Result.Status, tf.Result.Content)
+	fmt.Println(meta.RunID, meta.CallID, tf.ToolResult.Status, tf.ToolResult.Content)
 	// Output:
 	// toolbus.run-1.tool.finished.calculator
 	// toolbus.tool.finished run-1/0/call_1/tool.finished

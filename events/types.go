@@ -239,13 +239,35 @@ type ToolRequested struct {
 	Approved bool `json:"approved,omitempty"`
 }
 
-// ToolFinished is the data of tool.finished: one ToolResult with its position in the step.
+// ToolFinished is the data of tool.finished: one ToolResult, its fields at the top level
+// of the data (the embedded struct is flattened by encoding/json), with the call's
+// position in the step beside them. A subscriber in any language reads data.status.
 type ToolFinished struct {
-	RunID     string     `json:"run_id"`
-	Step      int        `json:"step"`
-	CallIndex int        `json:"call_index"`
-	CallCount int        `json:"call_count"`
-	Result    ToolResult `json:"result"`
+	RunID     string `json:"run_id"`
+	Step      int    `json:"step"`
+	CallIndex int    `json:"call_index"`
+	CallCount int    `json:"call_count"`
+	ToolResult
+}
+
+// UnmarshalJSON reads the flat data of tool.finished and, for events already in streams
+// written before the contract was made flat, the old nested shape {"result":{...}}.
+func (tf *ToolFinished) UnmarshalJSON(b []byte) error {
+	// flat has ToolFinished's fields but not this method, so decoding it does not recurse.
+	type flat ToolFinished
+	var v struct {
+		flat
+		// Result is the nested result of the old shape.
+		Result *ToolResult `json:"result"`
+	}
+	if err := json.Unmarshal(b, &v); err != nil {
+		return err
+	}
+	*tf = ToolFinished(v.flat)
+	if v.Result != nil && tf.CallID == "" && tf.Status == "" {
+		tf.ToolResult = *v.Result
+	}
+	return nil
 }
 
 // ToolWaiting is the data of tool.waiting: a call that needs approval and did not run.

@@ -375,7 +375,7 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) error {
 			ID: events.IDToolFinished(req.RunID, req.Step, req.Call.CallID), Type: events.TypeToolFinished,
 			Source: w.source, RunID: req.RunID, Step: req.Step, CallID: req.Call.CallID,
 			CallIndex: req.CallIndex, CallCount: req.CallCount, HasCall: true, TraceParent: meta.TraceParent,
-		}, events.ToolFinished{RunID: req.RunID, Step: req.Step, CallIndex: req.CallIndex, CallCount: req.CallCount, Result: res})
+		}, events.ToolFinished{RunID: req.RunID, Step: req.Step, CallIndex: req.CallIndex, CallCount: req.CallCount, ToolResult: res})
 		return err
 	})
 	if err != nil {

@@ -63,8 +63,8 @@ func TestFaultExecutorKill(t *testing.T) {
 	for _, rt := range tl {
 		for k, fs := range rt.finished {
 			for _, f := range fs {
-				if f.Result.Executor != "exec-b" || f.Result.Attempt != 2 {
-					t.Errorf("call %v: finished on %s at attempt %d, want exec-b attempt 2", k, f.Result.Executor, f.Result.Attempt)
+				if f.ToolResult.Executor != "exec-b" || f.ToolResult.Attempt != 2 {
+					t.Errorf("call %v: finished on %s at attempt %d, want exec-b attempt 2", k, f.ToolResult.Executor, f.ToolResult.Attempt)
 				}
 			}
 		}

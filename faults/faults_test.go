@@ -80,8 +80,8 @@ func TestFaultSideEffectNotRunTwice(t *testing.T) {
 	})
 	for _, rt := range e.tally() {
 		for _, fs := range rt.finished {
-			if fs[0].Result.Executor != "exec-a" {
-				t.Fatalf("the stored result is from %s, want exec-a's", fs[0].Result.Executor)
+			if fs[0].ToolResult.Executor != "exec-a" {
+				t.Fatalf("the stored result is from %s, want exec-a's", fs[0].ToolResult.Executor)
 			}
 		}
 	}

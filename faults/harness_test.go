@@ -756,7 +756,7 @@ func (e *env) tally() map[string]*runTally {
 			case meta.Type == events.TypeToolFinished:
 				var tf events.ToolFinished
 				decodeInto(e.t, m, &tf)
-				k := callKey{tf.Step, tf.Result.CallID}
+				k := callKey{tf.Step, tf.ToolResult.CallID}
 				rt.finished[k] = append(rt.finished[k], tf)
 				rt.order[tf.Step] = append(rt.order[tf.Step], tf.CallIndex)
 			case strings.HasPrefix(meta.Type, "toolbus.run."):
@@ -872,14 +872,14 @@ func (e *env) checkRuns(tl map[string]*runTally, runs []string, steps, calls int
 				seen++
 				st.calls++
 				f := fs[0]
-				if f.CallIndex != i || f.Result.Status != events.StatusSucceeded {
+				if f.CallIndex != i || f.ToolResult.Status != events.StatusSucceeded {
 					fail("%s step %d call %s: result at index %d status %s (%s), want index %d succeeded",
-						run, s, c.CallID, f.CallIndex, f.Result.Status, f.Result.Content, i)
+						run, s, c.CallID, f.CallIndex, f.ToolResult.Status, f.ToolResult.Content, i)
 				}
-				if f.Result.Attempt > 1 {
+				if f.ToolResult.Attempt > 1 {
 					st.laterAttempt++
 				}
-				st.byExecutor[f.Result.Executor]++
+				st.byExecutor[f.ToolResult.Executor]++
 			}
 			for j, idx := range rt.order[s] {
 				if idx != j {

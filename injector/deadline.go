@@ -151,7 +151,7 @@ func (in *Injector) Deadline(ctx context.Context, run string, deadline time.Time
 		f, err := in.bus.PublishAsync(events.SubjectToolFinished(run, c.Tool), events.Meta{
 			ID: events.IDToolFinished(run, step, c.CallID), Type: events.TypeToolFinished, Source: in.source,
 			RunID: run, Step: step, CallID: c.CallID, CallIndex: i, CallCount: len(calls), HasCall: true,
-		}, events.ToolFinished{RunID: run, Step: step, CallIndex: i, CallCount: len(calls), Result: res})
+		}, events.ToolFinished{RunID: run, Step: step, CallIndex: i, CallCount: len(calls), ToolResult: res})
 		if err != nil {
 			return err
 		}

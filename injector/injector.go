@@ -339,13 +339,13 @@ func (in *Injector) Finished(ctx context.Context, tf events.ToolFinished) error 
 	if err := validPosition(tf.RunID, tf.Step, tf.CallIndex, tf.CallCount); err != nil {
 		return err
 	}
-	if !tf.Result.Status.Valid() {
-		return fmt.Errorf("%w: result with invalid status %q", events.ErrPoison, tf.Result.Status)
+	if !tf.ToolResult.Status.Valid() {
+		return fmt.Errorf("%w: result with invalid status %q", events.ErrPoison, tf.ToolResult.Status)
 	}
-	if err := in.checkCall(ctx, tf.RunID, tf.Step, tf.CallIndex, tf.CallCount, tf.Result.CallID, tf.Result.Tool); err != nil {
+	if err := in.checkCall(ctx, tf.RunID, tf.Step, tf.CallIndex, tf.CallCount, tf.ToolResult.CallID, tf.ToolResult.Tool); err != nil {
 		return err
 	}
-	res := tf.Result
+	res := tf.ToolResult
 	stored, _, err := in.bus.PutResult(ctx, tf.RunID, tf.Step, tf.CallIndex, res)
 	if err != nil {
 		return err

@@ -346,7 +346,7 @@ func (p *Planner) rejectExcess(run string, step, i int, calls []events.ToolCall,
 	return p.bus.PublishAsync(events.SubjectToolFinished(run, c.Tool), events.Meta{
 		ID: events.IDToolFinished(run, step, c.CallID), Type: events.TypeToolFinished, Source: p.source,
 		RunID: run, Step: step, CallID: c.CallID, CallIndex: i, CallCount: len(calls), HasCall: true, TraceParent: traceparent,
-	}, events.ToolFinished{RunID: run, Step: step, CallIndex: i, CallCount: len(calls), Result: res})
+	}, events.ToolFinished{RunID: run, Step: step, CallIndex: i, CallCount: len(calls), ToolResult: res})
 }
 
 func (p *Planner) callModel(ctx context.Context, rs *events.RunStarted, step int) (events.ModelResponded, error) {

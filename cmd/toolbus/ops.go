@@ -521,7 +521,7 @@ func eventColour(msg jetstream.Msg, status events.RunStatus) string {
 	switch {
 	case strings.Contains(subject, ".tool.finished."):
 		var tf events.ToolFinished
-		if _, err := events.DecodeMsg(msg, &tf); err == nil && tf.Result.Status == events.StatusSucceeded {
+		if _, err := events.DecodeMsg(msg, &tf); err == nil && tf.ToolResult.Status == events.StatusSucceeded {
 			return ansiGreen
 		}
 		return ansiRed

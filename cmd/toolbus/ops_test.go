@@ -420,7 +420,7 @@ func TestOpsCommands(t *testing.T) {
 		// A second result for a call that already has one (another id, so the stream
 		// keeps it): the audit must catch it.
 		dup := events.ToolFinished{RunID: "ops-approve", Step: 0, CallIndex: 0, CallCount: 2,
-			Result: events.ToolResult{CallID: "a", Tool: "noop", Status: events.StatusSucceeded, Content: "{}"}}
+			ToolResult: events.ToolResult{CallID: "a", Tool: "noop", Status: events.StatusSucceeded, Content: "{}"}}
 		if _, err := p.bus.Publish(p.ctx, events.SubjectToolFinished("ops-approve", "noop"), events.Meta{
 			ID: "forged-1", Type: events.TypeToolFinished, Source: "/test", RunID: "ops-approve", CallID: "a", CallCount: 2,
 		}, dup); err != nil {

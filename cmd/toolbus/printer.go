@@ -60,7 +60,7 @@ func (p *printer) print(msg jetstream.Msg) (events.RunStatus, bool) {
 	case events.TypeToolFinished:
 		var tf events.ToolFinished
 		if _, err := events.DecodeMsg(msg, &tf); err == nil {
-			r := tf.Result
+			r := tf.ToolResult
 			line := fmt.Sprintf("        <- %s %s: %s", r.CallID, r.Tool, r.Status)
 			if r.Error != nil {
 				line += " " + r.Error.Code + " (" + oneLine(r.Error.Message, 80) + ")"

@@ -377,7 +377,7 @@ func analyzeRun(run string, evs []auditEvent) *replayReport {
 			if !decode(&tf) {
 				break
 			}
-			res := tf.Result
+			res := tf.ToolResult
 			e.Step, e.CallID, e.Tool = tf.Step, res.CallID, res.Tool
 			e.Status, e.Code, e.DurationMS, e.Executor = string(res.Status), res.Code(), res.DurationMS, res.Executor
 			e.Summary = fmt.Sprintf("%s in %d ms on %s", res.Status, res.DurationMS, orDash(res.Executor))

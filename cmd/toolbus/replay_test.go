@@ -82,7 +82,7 @@ func (l *runLog) finished(ms, step, idx, n int, r events.ToolResult, id string) 
 	r.DurationMS = int64(ms)
 	l.add(ms, events.SubjectToolFinished(l.run, r.Tool), events.Meta{ID: id, Type: events.TypeToolFinished, Step: step,
 		CallID: r.CallID, CallIndex: idx, CallCount: n},
-		events.ToolFinished{RunID: l.run, Step: step, CallIndex: idx, CallCount: n, Result: r})
+		events.ToolFinished{RunID: l.run, Step: step, CallIndex: idx, CallCount: n, ToolResult: r})
 }
 
 func (l *runLog) waiting(ms, step, idx, n int, c events.ToolCall) {

@@ -1,0 +1,513 @@
+// Package conformance checks that an executor process, in any language, honours the
+// toolbus event contract (CONTRACT.md). Check starts the executor from its command line
+// against a NATS JetStream server, drives it only over the bus (run.started,
+// tool.requested, run.cancel, a poison message) and reports every rule it breaks:
+// catalog entry and live instance, valid / malformed / schema-violating / unknown
+// arguments, not allowed tools, the run's deadline, cancellation, calls longer than the
+// ack wait (heartbeats), poison input, exactly one result per call, deterministic ids,
+// CloudEvents attributes and data that validates against schemas/.
+//
+// The tool under test takes {"ms": <integer>} (how long to work, in milliseconds) and
+// must reject unknown properties, like the diag pack's sleep tool and the Node example's
+// delay tool.
+package conformance
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	sjs "github.com/santhosh-tekuri/jsonschema/v6"
+
+	"github.com/toolbus/toolbus/events"
+)
+
+// Config says how to start the executor under test.
+type Config struct {
+	// Command is the executor's command line; Dir its working directory.
+	Command []string
+	Dir     string
+	// Env is added to the environment, after TOOLBUS_NATS_URL, TOOLBUS_INSTANCE and
+	// TOOLBUS_ACK_WAIT, which Check sets.
+	Env []string
+	// Tool is the name of the tool under test.
+	Tool string
+	// AckWait is the ack wait the executor is started with (TOOLBUS_ACK_WAIT, default
+	// 2s): the long call works for more than two of them, so it is redelivered unless the
+	// executor sends heartbeats.
+	AckWait time.Duration
+	// Timeout bounds the whole check (default 3 minutes).
+	Timeout time.Duration
+}
+
+// Report is the outcome of a check.
+type Report struct {
+	// Failures lists every broken rule; empty when the executor conforms.
+	Failures []string
+	// Log is the executor's output, for diagnosing failures.
+	Log string
+}
+
+// OK reports whether the executor conforms.
+func (r Report) OK() bool { return len(r.Failures) == 0 }
+
+// call is one case: a tool.requested and what its result must be.
+type call struct {
+	name       string
+	args       string
+	allowed    []string  // run allowlist
+	deadline   time.Time // run deadline
+	wantStatus events.Status
+	wantCode   string
+	// cancel publishes run.cancel once the call is claimed.
+	cancel bool
+	// long marks the call that outlives two ack waits.
+	long bool
+}
+
+// Check runs the executor of cfg against the server of nc (url is the server's client
+// URL for the executor process) and returns what it got wrong. The error is for a check
+// that could not run at all (the server, the executor's start).
+func Check(ctx context.Context, nc *nats.Conn, url string, cfg Config) (rep Report, err error) {
+	if cfg.AckWait <= 0 {
+		cfg.AckWait = 2 * time.Second
+	}
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = 3 * time.Minute
+	}
+	ctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
+	defer cancel()
+	fail := func(format string, args ...any) { rep.Failures = append(rep.Failures, fmt.Sprintf(format, args...)) }
+
+	bus, err := events.Open(ctx, nc, events.Config{})
+	if err != nil {
+		return rep, fmt.Errorf("conformance: %w", err)
+	}
+	schema, err := resultSchema()
+	if err != nil {
+		return rep, err
+	}
+	// Every publish of a result, seen on a core subscription: the stream drops a
+	// republished id, but a second publish is still a second result.
+	var (
+		mu        sync.Mutex
+		published = map[string][]*nats.Msg{} // run/step/call -> results as published
+	)
+	sub, err := nc.Subscribe(events.FilterToolFinished, func(m *nats.Msg) {
+		var tf events.ToolFinished
+		_, _ = events.Decode(m, &tf)
+		mu.Lock()
+		k := tf.RunID + "/" + strconv.Itoa(tf.Step) + "/" + tf.CallID
+		published[k] = append(published[k], m)
+		mu.Unlock()
+	})
+	if err != nil {
+		return rep, fmt.Errorf("conformance: %w", err)
+	}
+	defer sub.Unsubscribe() //nolint:errcheck // connection may be closing
+
+	instance := "conformance-" + strconv.Itoa(os.Getpid())
+	proc, out, err := start(cfg, url, instance)
+	if err != nil {
+		return rep, err
+	}
+	defer func() { rep.Log = stop(proc, out) }()
+
+	// Catalog: the tool's contract, and a live instance serving it.
+	if err := poll(ctx, func() error {
+		cs, err := bus.Contracts(ctx)
+		if err != nil {
+			return err
+		}
+		if !slices.ContainsFunc(cs, func(c events.ToolContract) bool { return c.Name == cfg.Tool }) {
+			return fmt.Errorf("no %s in the catalog (KV %s)", cfg.Tool, events.BucketTools)
+		}
+		ins, err := bus.Instances(ctx)
+		if err != nil {
+			return err
+		}
+		if !slices.ContainsFunc(ins, func(in events.Instance) bool { return slices.Contains(in.Tools, cfg.Tool) }) {
+			return fmt.Errorf("no live instance serving %s (KV %s)", cfg.Tool, events.BucketInstances)
+		}
+		return nil
+	}); err != nil {
+		fail("catalog: %v", err)
+		return rep, nil
+	}
+	checkContract(ctx, bus, cfg.Tool, fail)
+
+	long := 2*cfg.AckWait + cfg.AckWait/2
+	calls := []call{
+		{name: "valid", args: `{"ms":1}`, wantStatus: events.StatusSucceeded},
+		{name: "malformed", args: `{"ms":`, wantStatus: events.StatusRejected, wantCode: events.CodeInvalidArguments},
+		{name: "not_an_object", args: `[1]`, wantStatus: events.StatusRejected, wantCode: events.CodeInvalidArguments},
+		{name: "schema_violation", args: `{"ms":"soon"}`, wantStatus: events.StatusRejected, wantCode: events.CodeInvalidArguments},
+		{name: "unknown_argument", args: `{"ms":1,"bogus":true}`, wantStatus: events.StatusRejected, wantCode: events.CodeInvalidArguments},
+		{name: "not_allowed", args: `{"ms":1}`, allowed: []string{"some_other_tool"}, wantStatus: events.StatusRejected, wantCode: events.CodeNotAuthorized},
+		{name: "deadline", args: `{"ms":600000}`, deadline: time.Now().Add(time.Second), wantStatus: events.StatusTimedOut, wantCode: events.CodeTimeout},
+		{name: "cancel", args: `{"ms":600000}`, cancel: true, wantStatus: events.StatusCancelled, wantCode: events.CodeCancelled},
+		{name: "long", args: fmt.Sprintf(`{"ms":%d}`, long.Milliseconds()), long: true, wantStatus: events.StatusSucceeded},
+	}
+	stamp := strconv.FormatInt(time.Now().UnixNano()%1e9, 36)
+	runOf := func(c call) string { return "conf-" + stamp + "-" + strings.ReplaceAll(c.name, "_", "-") }
+	for _, c := range calls {
+		if err := request(ctx, bus, runOf(c), cfg.Tool, c); err != nil {
+			return rep, err
+		}
+	}
+	// Poison: not a CloudEvent, on the tool's queue. The executor terminates it and goes on.
+	poisonRun := "conf-" + stamp + "-poison"
+	if _, err := bus.JS.Publish(ctx, events.SubjectToolRequested(poisonRun, cfg.Tool), []byte("not json at all")); err != nil {
+		return rep, fmt.Errorf("conformance: %w", err)
+	}
+	for _, c := range calls {
+		if !c.cancel {
+			continue
+		}
+		run := runOf(c)
+		if err := poll(ctx, func() error { return claimed(ctx, bus, run, c.name) }); err != nil {
+			fail("cancel: the call was never claimed, so it never ran: %v", err)
+			continue
+		}
+		if _, err := bus.PublishCancel(ctx, events.Source("conformance", "suite"), events.Cancel{RunID: run, Reason: "conformance"}); err != nil {
+			return rep, err
+		}
+	}
+	// A last call, after the poison: the queue still flows.
+	after := call{name: "after_poison", args: `{"ms":1}`, wantStatus: events.StatusSucceeded}
+	if err := request(ctx, bus, runOf(after), cfg.Tool, after); err != nil {
+		return rep, err
+	}
+	calls = append(calls, after)
+
+	// A live executor acks every call or sends heartbeats while it runs: the queue never
+	// redelivers a call here. Sampled while the results come in and until the queue is idle.
+	redelivered := 0
+	sample := func() (events.ToolQueue, error) {
+		q, err := bus.ToolQueueInfo(ctx, cfg.Tool)
+		if err == nil {
+			redelivered = max(redelivered, q.Redelivers)
+		}
+		return q, err
+	}
+	for _, c := range calls {
+		run := runOf(c)
+		var msg *nats.Msg
+		err := poll(ctx, func() error {
+			_, _ = sample()
+			var err error
+			msg, err = storedResult(ctx, bus, run, cfg.Tool)
+			return err
+		})
+		if err != nil {
+			fail("%s: no tool.finished in the stream: %v", c.name, err)
+			continue
+		}
+		checkResult(msg, run, cfg.Tool, c, schema, func(format string, args ...any) {
+			fail(c.name+": "+format, args...)
+		})
+	}
+	// Wait for the queue to be idle (nothing pending, nothing unacknowledged), so a late
+	// second result of a redelivered call is counted below.
+	if err := poll(ctx, func() error {
+		q, err := sample()
+		if err != nil {
+			return err
+		}
+		if q.Pending > 0 || q.InFlight > 0 {
+			return fmt.Errorf("queue of %s: %d pending, %d unacknowledged", cfg.Tool, q.Pending, q.InFlight)
+		}
+		return nil
+	}); err != nil {
+		fail("the queue never became idle (every call must be acknowledged once its result is stored): %v", err)
+	}
+	if redelivered > 0 {
+		fail("the queue redelivered %d call(s) while the executor lived: the executor sent no heartbeats (working/InProgress) during a call longer than the ack wait, or did not ack", redelivered)
+	}
+	// Exactly one result per call, both published and stored; none for the poison.
+	for _, c := range calls {
+		run := runOf(c)
+		k := run + "/0/" + c.name
+		mu.Lock()
+		n := len(published[k])
+		mu.Unlock()
+		if n != 1 {
+			fail("%s: %d tool.finished published for one call, want exactly 1", c.name, n)
+		}
+		if stored, err := countStored(ctx, bus, run); err != nil {
+			return rep, err
+		} else if stored != 1 {
+			fail("%s: %d tool.finished stored for one call, want exactly 1", c.name, stored)
+		}
+	}
+	if n, err := countStored(ctx, bus, poisonRun); err != nil {
+		return rep, err
+	} else if n != 0 {
+		fail("poison: %d tool.finished for a message that is not a CloudEvent", n)
+	}
+	return rep, nil
+}
+
+// start runs the executor with its output captured.
+func start(cfg Config, url, instance string) (*exec.Cmd, *syncBuffer, error) {
+	if len(cfg.Command) == 0 {
+		return nil, nil, errors.New("conformance: no executor command")
+	}
+	cmd := exec.Command(cfg.Command[0], cfg.Command[1:]...)
+	cmd.Dir = cfg.Dir
+	cmd.Env = append(os.Environ(), "TOOLBUS_NATS_URL="+url, "TOOLBUS_INSTANCE="+instance,
+		"TOOLBUS_ACK_WAIT="+cfg.AckWait.String())
+	cmd.Env = append(cmd.Env, cfg.Env...)
+	out := &syncBuffer{}
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		return nil, nil, fmt.Errorf("conformance: start %v: %w", cfg.Command, err)
+	}
+	return cmd, out, nil
+}
+
+// stop asks the executor to stop (SIGTERM), kills it if it does not, and returns its output.
+func stop(cmd *exec.Cmd, out *syncBuffer) string {
+	_ = cmd.Process.Signal(syscall.SIGTERM)
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		_ = cmd.Process.Kill()
+		<-done
+	}
+	return out.String()
+}
+
+// request starts a run and publishes its one call, as client and planner do.
+func request(ctx context.Context, bus *events.Bus, run, tool string, c call) error {
+	rs := events.RunStarted{RunID: run, Messages: []events.Message{{Role: events.RoleUser, Content: "conformance " + c.name}},
+		AllowedTools: c.allowed, Limits: events.Limits{Deadline: c.deadline}, Principal: events.Principal{ID: "conformance"}}
+	if err := bus.StartRun(ctx, events.Source("conformance", "suite"), rs); err != nil {
+		return fmt.Errorf("conformance: start run %s: %w", run, err)
+	}
+	tc := events.ToolCall{CallID: c.name, Tool: tool, Arguments: c.args}
+	_, err := bus.Publish(ctx, events.SubjectToolRequested(run, tool), events.Meta{
+		ID: events.IDToolRequested(run, 0, tc.CallID, false), Type: events.TypeToolRequested,
+		Source: events.Source("planner", "conformance"), RunID: run, Step: 0, CallID: tc.CallID, CallCount: 1, HasCall: true,
+		TraceParent: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+	}, events.ToolRequested{RunID: run, Step: 0, CallIndex: 0, CallCount: 1, Call: tc, Deadline: c.deadline,
+		Principal: rs.Principal, AllowedTools: c.allowed})
+	if err != nil {
+		return fmt.Errorf("conformance: request %s: %w", c.name, err)
+	}
+	return nil
+}
+
+// claimed reports (as nil) whether the executor claimed the call in the claims bucket.
+func claimed(ctx context.Context, bus *events.Bus, run, callID string) error {
+	kv, err := bus.JS.KeyValue(ctx, events.BucketClaims)
+	if err != nil {
+		return err
+	}
+	_, err = kv.Get(ctx, events.ClaimKey(run, 0, callID))
+	return err
+}
+
+// storedResult returns the first tool.finished of a run in the stream.
+func storedResult(ctx context.Context, bus *events.Bus, run, tool string) (*nats.Msg, error) {
+	raw, err := bus.Stream.GetLastMsgForSubject(ctx, events.SubjectToolFinished(run, tool))
+	if err != nil {
+		return nil, err
+	}
+	m := nats.NewMsg(raw.Subject)
+	m.Header, m.Data = raw.Header, raw.Data
+	return m, nil
+}
+
+// countStored counts the tool.finished events of a run in the stream.
+func countStored(ctx context.Context, bus *events.Bus, run string) (int, error) {
+	cons, err := bus.Stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{events.SubjectPrefix + "." + run + ".tool.finished.>"},
+	})
+	if err != nil {
+		return 0, fmt.Errorf("conformance: %w", err)
+	}
+	n := 0
+	for {
+		batch, err := cons.FetchNoWait(100)
+		if err != nil {
+			return 0, fmt.Errorf("conformance: %w", err)
+		}
+		got := 0
+		for range batch.Messages() {
+			got++
+		}
+		if err := batch.Error(); err != nil {
+			return 0, fmt.Errorf("conformance: %w", err)
+		}
+		if got == 0 {
+			return n, nil
+		}
+		n += got
+	}
+}
+
+// checkContract checks the tool's catalog entry.
+func checkContract(ctx context.Context, bus *events.Bus, tool string, fail func(string, ...any)) {
+	cs, err := bus.Contracts(ctx)
+	if err != nil {
+		fail("catalog: %v", err)
+		return
+	}
+	for _, c := range cs {
+		if c.Name != tool {
+			continue
+		}
+		if c.Description == "" {
+			fail("catalog: %s has no description (the model reads it)", tool)
+		}
+		doc, err := sjs.UnmarshalJSON(bytes.NewReader(c.InputSchema))
+		if err != nil {
+			fail("catalog: %s input_schema is not JSON: %v", tool, err)
+			return
+		}
+		comp := sjs.NewCompiler()
+		if err := comp.AddResource("mem://input.json", doc); err != nil {
+			fail("catalog: %s input_schema: %v", tool, err)
+			return
+		}
+		if _, err := comp.Compile("mem://input.json"); err != nil {
+			fail("catalog: %s input_schema is not a JSON Schema: %v", tool, err)
+		}
+	}
+}
+
+// checkResult checks one stored tool.finished: attributes, ids, data and outcome.
+func checkResult(msg *nats.Msg, run, tool string, c call, schema *sjs.Schema, fail func(string, ...any)) {
+	wantID := events.IDToolFinished(run, 0, c.name)
+	h := func(k string) string { return msg.Header.Get(k) }
+	for k, want := range map[string]string{
+		"ce-specversion": "1.0", "ce-type": events.TypeToolFinished, "ce-id": wantID, events.HeaderMsgID: wantID,
+		"ce-dataschema": events.DataSchema(events.TypeToolFinished), "ce-subject": c.name, "ce-runid": run,
+		"ce-step": "0", "ce-callid": c.name, "ce-callindex": "0", "ce-callcount": "1",
+		"Content-Type": events.ContentTypeJSON,
+	} {
+		if got := h(k); got != want {
+			fail("header %s = %q, want %q", k, got, want)
+		}
+	}
+	if !strings.HasPrefix(h("ce-source"), "/toolbus/") {
+		fail("ce-source %q is not /toolbus/<component>/<instance>", h("ce-source"))
+	}
+	if _, err := time.Parse(time.RFC3339Nano, h("ce-time")); err != nil {
+		fail("ce-time %q: %v", h("ce-time"), err)
+	}
+	if want := events.SubjectToolFinished(run, tool); msg.Subject != want {
+		fail("subject %s, want %s", msg.Subject, want)
+	}
+	doc, err := sjs.UnmarshalJSON(bytes.NewReader(msg.Data))
+	if err != nil {
+		fail("data is not JSON: %v", err)
+		return
+	}
+	if err := schema.Validate(doc); err != nil {
+		fail("data does not validate against %s: %v\n%s", events.SchemaFile(events.TypeToolFinished), err, msg.Data)
+	}
+	var tf events.ToolFinished
+	if _, err := events.Decode(msg, &tf); err != nil {
+		fail("decode: %v", err)
+		return
+	}
+	if tf.RunID != run || tf.Step != 0 || tf.CallIndex != 0 || tf.CallCount != 1 || tf.CallID != c.name || tf.Tool != tool {
+		fail("position or call %+v, want run %s step 0 call 0 of 1, call %s tool %s", tf, run, c.name, tool)
+	}
+	if tf.Status != c.wantStatus || tf.Code() != c.wantCode {
+		fail("status %s code %q (%s), want %s %q", tf.Status, tf.Code(), errMessage(tf.ToolResult), c.wantStatus, c.wantCode)
+	}
+	if tf.Status == events.StatusSucceeded && tf.Content == "" {
+		fail("a succeeded result with no content for the model")
+	}
+	if tf.Status != events.StatusSucceeded && (tf.Error == nil || tf.Error.Message == "") {
+		fail("a %s result without an error message", tf.Status)
+	}
+	if c.long && tf.Attempt != 1 {
+		fail("a call longer than two ack waits ran at attempt %d: the executor sent no heartbeats (working/InProgress) and it was redelivered", tf.Attempt)
+	}
+	if tf.Attempt < 1 || tf.Executor == "" {
+		fail("attempt %d executor %q: both are required", tf.Attempt, tf.Executor)
+	}
+}
+
+func errMessage(r events.ToolResult) string {
+	if r.Error == nil {
+		return ""
+	}
+	return r.Error.Message
+}
+
+// resultSchema compiles the schema of tool.finished data from the repository's schemas/.
+func resultSchema() (*sjs.Schema, error) {
+	_, file, _, ok := runtime.Caller(0)
+	if !ok {
+		return nil, errors.New("conformance: cannot locate schemas/")
+	}
+	path := filepath.Join(filepath.Dir(file), "..", "schemas", events.SchemaFile(events.TypeToolFinished))
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("conformance: %w", err)
+	}
+	defer f.Close()
+	doc, err := sjs.UnmarshalJSON(f)
+	if err != nil {
+		return nil, fmt.Errorf("conformance: %s: %w", path, err)
+	}
+	c := sjs.NewCompiler()
+	id := events.DataSchema(events.TypeToolFinished)
+	if err := c.AddResource(id, doc); err != nil {
+		return nil, fmt.Errorf("conformance: %w", err)
+	}
+	return c.Compile(id)
+}
+
+// poll retries f until it returns nil or ctx ends (a busy machine may take long).
+func poll(ctx context.Context, f func() error) error {
+	for {
+		err := f()
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for the process's concurrent writes.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}

@@ -1,0 +1,311 @@
+package events_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/toolbus/toolbus/events"
+)
+
+// example is one event of the contract with fixed values: the README, CONTRACT.md and
+// the schema tests all show or check what the real encoder makes of it.
+type example struct {
+	Type    string
+	Subject string
+	Meta    events.Meta
+	Data    any
+}
+
+// The documents whose example blocks are generated from the encoder (paths from the
+// events package directory).
+var exampleDocs = []string{"../README.md", "../CONTRACT.md"}
+
+var exampleAt = time.Date(2026, 11, 29, 12, 0, 3, 250_000_000, time.UTC)
+
+const exRun = "run-7f3a"
+
+// examples returns one example of every event type, in contract order. Types with more
+// than one interesting shape (tool.finished) have extra examples, named type#n.
+func examples() []example {
+	call0 := events.ToolCall{CallID: "call_01", Tool: "lookup_incident", Arguments: `{"incident_id":"INC-404"}`}
+	call1 := events.ToolCall{CallID: "call_02", Tool: "restart_service", Arguments: `{"service":"auth-api"}`}
+	principal := events.Principal{ID: "alice", Roles: []string{"oncall"}}
+	const trace = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+	tool := func(src string, step int, c events.ToolCall, idx, n int) events.Meta {
+		return events.Meta{Source: events.Source(src, "exec-1"), Time: exampleAt, RunID: exRun, Step: step,
+			CallID: c.CallID, CallIndex: idx, CallCount: n, HasCall: true, TraceParent: trace}
+	}
+	run := func(src string, step int) events.Meta {
+		return events.Meta{Source: events.Source(src, "host-1"), Time: exampleAt, RunID: exRun, Step: step}
+	}
+	ended := func(s events.RunStatus, step int, e events.RunEnded) example {
+		e.RunID, e.Status = exRun, s
+		m := run("injector", step)
+		if s == events.RunCompleted {
+			m.Source = events.Source("planner", "host-1")
+		}
+		m.ID = events.IDRunEnded(exRun, step, s)
+		return example{events.TypeRunEnded(s), events.SubjectRunEnded(exRun, s), m, e}
+	}
+	withID := func(m events.Meta, id string) events.Meta { m.ID = id; return m }
+	finishedMeta := func(c events.ToolCall, idx int) events.Meta {
+		return withID(tool("executor", 0, c, idx, 2), events.IDToolFinished(exRun, 0, c.CallID))
+	}
+	usage := events.Usage{InputTokens: 812, OutputTokens: 98}
+	return []example{
+		{events.TypeRunStarted, events.SubjectRunStarted(exRun), withID(run("client", 0), events.IDRunStarted(exRun)),
+			events.RunStarted{RunID: exRun, Messages: []events.Message{
+				{Role: events.RoleSystem, Content: "You are the on-call assistant."},
+				{Role: events.RoleUser, Content: "What is going on with INC-404?"}},
+				AllowedTools: []string{"lookup_incident", "restart_service"},
+				Limits:       events.Limits{MaxSteps: 10, Deadline: exampleAt.Add(10 * time.Minute), TokenBudget: 20000},
+				Model:        "openai:gpt-4o", Principal: principal, StartedAt: exampleAt}},
+		{events.TypeModelRequested, events.SubjectModelRequested(exRun), withID(run("client", 0), events.IDModelRequested(exRun, 0)),
+			events.ModelRequested{RunID: exRun, Step: 0}},
+		{events.TypeModelResponded, events.SubjectModelResponded(exRun), withID(run("planner", 0), events.IDModelResponded(exRun, 0)),
+			events.ModelResponded{RunID: exRun, Step: 0, Message: events.Message{Role: events.RoleAssistant,
+				Content: "Let me look the incident up.", ToolCalls: []events.ToolCall{call0, call1}},
+				Usage: usage, Model: "gpt-4o", LatencyMS: 840}},
+		{events.TypeToolRequested, events.SubjectToolRequested(exRun, call0.Tool),
+			withID(tool("planner", 0, call0, 0, 2), events.IDToolRequested(exRun, 0, call0.CallID, false)),
+			events.ToolRequested{RunID: exRun, Step: 0, CallIndex: 0, CallCount: 2, Call: call0,
+				Deadline: exampleAt.Add(10 * time.Minute), Principal: principal,
+				AllowedTools: []string{"lookup_incident", "restart_service"}}},
+		{events.TypeToolFinished, events.SubjectToolFinished(exRun, call0.Tool), finishedMeta(call0, 0),
+			events.ToolFinished{RunID: exRun, Step: 0, CallIndex: 0, CallCount: 2, ToolResult: events.ToolResult{
+				CallID: call0.CallID, Tool: call0.Tool, Status: events.StatusFailed,
+				Error:   &events.ToolError{Code: "incident_not_found", Message: "no incident INC-404"},
+				Content: `{"error":{"code":"incident_not_found","message":"no incident INC-404","retryable":false}}`,
+				Attempt: 1, DurationMS: 12, Executor: "exec-1"}}},
+		{events.TypeToolFinished + "#2", events.SubjectToolFinished(exRun, "big_output"),
+			finishedMeta(events.ToolCall{CallID: "call_03", Tool: "big_output"}, 1),
+			events.ToolFinished{RunID: exRun, Step: 0, CallIndex: 1, CallCount: 2, ToolResult: events.ToolResult{
+				CallID: "call_03", Tool: "big_output", Status: events.StatusSucceeded,
+				Output:  json.RawMessage(`{"lines":["auth-api: pool exhausted","password=[REDACTED]"]}`),
+				Content: `{"lines":["auth-api: pool exhausted",` + "\n[... 5226496 bytes omitted ...]\n" + `"password=[REDACTED]"]}`,
+				Truncated: &events.Truncation{OriginalBytes: 5242880, KeptBytes: 16384,
+					Ref: "objectstore://toolbus_outputs/run-7f3a/0/call_03"},
+				Redactions: 1, Attempt: 1, DurationMS: 40, Executor: "exec-1"}}},
+		{events.TypeToolFinished + "#3", events.SubjectToolFinished(exRun, "calculator"),
+			finishedMeta(events.ToolCall{CallID: "call_04", Tool: "calculator"}, 1),
+			events.ToolFinished{RunID: exRun, Step: 0, CallIndex: 1, CallCount: 2, ToolResult: events.ToolResult{
+				CallID: "call_04", Tool: "calculator", Status: events.StatusRejected,
+				Error: &events.ToolError{Code: events.CodeInvalidArguments, Message: "arguments violate the input schema",
+					Details: json.RawMessage(`[{"path":"/expression","message":"missing property"}]`)},
+				Content: `{"error":{"code":"invalid_arguments","message":"arguments violate the input schema","retryable":false}}`,
+				Attempt: 1, DurationMS: 0, Executor: "exec-1"}}},
+		{events.TypeToolWaiting, events.SubjectToolWaiting(exRun, call1.Tool),
+			withID(tool("executor", 0, call1, 1, 2), events.IDToolWaiting(exRun, 0, call1.CallID)),
+			events.ToolWaiting{RunID: exRun, Step: 0, CallIndex: 1, CallCount: 2, Call: call1}},
+		{events.TypeApprovalGranted, events.SubjectApproval(exRun, true),
+			events.Meta{ID: events.IDApproval(exRun, "0/"+call1.CallID, true), Source: events.Source("cli", "bob"), Time: exampleAt,
+				RunID: exRun, Step: 0, CallID: call1.CallID, HasCall: true},
+			events.Approval{RunID: exRun, CallID: call1.CallID, Who: "bob", Why: "change CHG-1 approved"}},
+		{events.TypeApprovalDenied, events.SubjectApproval(exRun, false),
+			events.Meta{ID: events.IDApproval(exRun, "0/"+call1.CallID, false), Source: events.Source("cli", "bob"), Time: exampleAt,
+				RunID: exRun, Step: 0, CallID: call1.CallID, HasCall: true},
+			events.Approval{RunID: exRun, CallID: call1.CallID, Who: "bob", Why: "not during the freeze"}},
+		{events.TypeRunCancel, events.SubjectRunCancel(exRun), withID(run("cli", 0), events.IDRunCancel(exRun)),
+			events.Cancel{RunID: exRun, Reason: "wrong incident", Who: "alice"}},
+		ended(events.RunCompleted, 2, events.RunEnded{Answer: "INC-404 does not exist. INC-001 is a high-severity incident on auth-api.",
+			StepsUsed: 3, Usage: events.Usage{InputTokens: 2400, OutputTokens: 310}}),
+		ended(events.RunWaitingForApproval, 0, events.RunEnded{Reason: "1 call waits for approval",
+			Pending: []events.ToolCall{call1}, StepsUsed: 1, Usage: usage}),
+		ended(events.RunFailed, 1, events.RunEnded{Reason: "tool restart_service failed: tool_internal_error",
+			Code: events.CodeToolInternalError, StepsUsed: 2, Usage: usage}),
+		ended(events.RunLimitReached, 10, events.RunEnded{Reason: "max steps 10 reached", Code: events.LimitMaxSteps,
+			StepsUsed: 10, Usage: events.Usage{InputTokens: 9100, OutputTokens: 800}}),
+		ended(events.RunCancelled, 1, events.RunEnded{Reason: "wrong incident", StepsUsed: 1, Usage: usage}),
+	}
+}
+
+// baseType strips the #n suffix of extra examples.
+func baseType(name string) string { t, _, _ := strings.Cut(name, "#"); return t }
+
+// encode encodes e with the real encoder.
+func (e example) encode(t testing.TB) *nats.Msg {
+	t.Helper()
+	m := e.Meta
+	m.Type = baseType(e.Type)
+	msg, err := events.Encode(e.Subject, m, e.Data)
+	if err != nil {
+		t.Fatalf("%s: %v", e.Type, err)
+	}
+	return msg
+}
+
+// contractTypes returns events.EventTypes, after checking that it lists every Type*
+// constant of subjects.go (read from the source, so a new event type cannot be left out
+// of the schemas, the examples and the AsyncAPI document) and every run outcome.
+func contractTypes(t testing.TB) []string {
+	t.Helper()
+	f, err := parser.ParseFile(token.NewFileSet(), "subjects.go", nil, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	types := events.EventTypes()
+	for _, d := range f.Decls {
+		g, ok := d.(*ast.GenDecl)
+		if !ok || g.Tok != token.CONST {
+			continue
+		}
+		for _, s := range g.Specs {
+			vs := s.(*ast.ValueSpec)
+			for i, n := range vs.Names {
+				if !strings.HasPrefix(n.Name, "Type") || i >= len(vs.Values) {
+					continue
+				}
+				lit, ok := vs.Values[i].(*ast.BasicLit)
+				if !ok || lit.Kind != token.STRING {
+					continue
+				}
+				v, err := strconv.Unquote(lit.Value)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !slices.Contains(types, v) {
+					t.Fatalf("events.EventTypes does not list %s (%s)", v, n.Name)
+				}
+			}
+		}
+	}
+	for _, s := range []events.RunStatus{events.RunCompleted, events.RunWaitingForApproval, events.RunFailed,
+		events.RunLimitReached, events.RunCancelled} {
+		if !slices.Contains(types, events.TypeRunEnded(s)) {
+			t.Fatalf("events.EventTypes does not list %s", events.TypeRunEnded(s))
+		}
+	}
+	return types
+}
+
+// Every event type of the contract has an example (and so a documented payload and a
+// schema that is checked against the encoder).
+func TestExamplesCoverEveryType(t *testing.T) {
+	have := map[string]bool{}
+	for _, e := range examples() {
+		have[baseType(e.Type)] = true
+	}
+	for _, typ := range contractTypes(t) {
+		if !have[typ] {
+			t.Errorf("event type %s has no example in examples_test.go", typ)
+		}
+	}
+	if len(have) != len(contractTypes(t)) {
+		t.Errorf("examples cover %d types, the contract has %d", len(have), len(contractTypes(t)))
+	}
+}
+
+// dataBlock is the documented form of e's data: the encoder's body, indented.
+func (e example) dataBlock(t testing.TB) string {
+	var b bytes.Buffer
+	if err := json.Indent(&b, e.encode(t).Data, "", "  "); err != nil {
+		t.Fatal(err)
+	}
+	return b.String()
+}
+
+// wireBlock is the whole NATS message of e as the encoder builds it: subject, headers
+// (sorted) and the body byte for byte.
+func (e example) wireBlock(t testing.TB) string {
+	msg := e.encode(t)
+	var b strings.Builder
+	fmt.Fprintf(&b, "subject: %s\n", msg.Subject)
+	keys := make([]string, 0, len(msg.Header))
+	for k := range msg.Header {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		for _, v := range msg.Header[k] {
+			fmt.Fprintf(&b, "%s: %s\n", k, v)
+		}
+	}
+	fmt.Fprintf(&b, "\n%s", msg.Data)
+	return b.String()
+}
+
+// exampleBlockRE finds a marked example: an HTML comment naming the example, then the
+// fenced block that follows it.
+var exampleBlockRE = regexp.MustCompile("(?s)<!-- (data|wire): ([a-z_.]+(?:#[0-9]+)?) -->\n```([a-z]*)\n(.*?)\n```")
+
+// The example payloads of the README and CONTRACT.md are what the encoder writes, so the
+// documentation cannot drift from the wire. Regenerate the blocks with
+// go test ./events -run ExampleBlocks -update.
+func TestExampleBlocks(t *testing.T) {
+	byName := map[string]example{}
+	for _, e := range examples() {
+		byName[e.Type] = e
+	}
+	for _, doc := range exampleDocs {
+		t.Run(filepath.Base(doc), func(t *testing.T) {
+			raw, err := os.ReadFile(doc)
+			if err != nil {
+				t.Fatal(err)
+			}
+			text := string(raw)
+			matches := exampleBlockRE.FindAllStringSubmatchIndex(text, -1)
+			if len(matches) == 0 {
+				t.Fatalf("%s has no marked example blocks (<!-- data: <type> --> before a json block)", doc)
+			}
+			var out strings.Builder
+			last := 0
+			for _, m := range matches {
+				kind, name, body := text[m[2]:m[3]], text[m[4]:m[5]], text[m[8]:m[9]]
+				e, ok := byName[name]
+				if !ok {
+					t.Errorf("%s: block %s %q names no example", doc, kind, name)
+					continue
+				}
+				want := e.dataBlock(t)
+				if kind == "wire" {
+					want = e.wireBlock(t)
+				}
+				if body != want && !*update {
+					t.Errorf("%s: the %s example of %s is not what the encoder writes (go test ./events -run ExampleBlocks -update)\n got:\n%s\nwant:\n%s", doc, kind, name, body, want)
+				}
+				out.WriteString(text[last:m[8]])
+				out.WriteString(want)
+				last = m[9]
+			}
+			out.WriteString(text[last:])
+			if *update && out.String() != text {
+				if err := os.WriteFile(doc, []byte(out.String()), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// CONTRACT.md shows the data of every event type.
+func TestContractDocShowsEveryType(t *testing.T) {
+	raw, err := os.ReadFile("../CONTRACT.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var shown []string
+	for _, m := range exampleBlockRE.FindAllStringSubmatch(string(raw), -1) {
+		if m[1] == "data" {
+			shown = append(shown, baseType(m[2]))
+		}
+	}
+	for _, typ := range contractTypes(t) {
+		if !slices.Contains(shown, typ) {
+			t.Errorf("CONTRACT.md shows no data example of %s", typ)
+		}
+	}
+}

@@ -1,0 +1,14 @@
+package events
+
+// EventTypes returns every CloudEvents type of the contract, in the order of the loop:
+// each has a Go type for its data, a JSON Schema schemas/<type>.v1.json (SchemaFile) named
+// by its dataschema attribute (DataSchema), and a message in asyncapi.yaml.
+func EventTypes() []string {
+	return []string{
+		TypeRunStarted, TypeModelRequested, TypeModelResponded,
+		TypeToolRequested, TypeToolFinished, TypeToolWaiting,
+		TypeApprovalGranted, TypeApprovalDenied, TypeRunCancel,
+		TypeRunEnded(RunCompleted), TypeRunEnded(RunWaitingForApproval), TypeRunEnded(RunFailed),
+		TypeRunEnded(RunLimitReached), TypeRunEnded(RunCancelled),
+	}
+}
