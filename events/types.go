@@ -57,6 +57,8 @@ const (
 	// CodeStoreError: a store or publish kept failing on the last delivery of an event,
 	// so the run ends instead of being redelivered forever.
 	CodeStoreError = "store_error"
+	// CodeModelError: the model API refused the request or kept failing.
+	CodeModelError = "model_error"
 )
 
 // ToolCall is one call proposed by the model: the raw arguments exactly as the model sent

@@ -172,7 +172,7 @@ func (p *Planner) handle(ctx context.Context, msg jetstream.Msg) error {
 		delivered >= uint64(p.cfg.MaxDeliver) {
 		// Last delivery: end the run rather than leave it hanging.
 		p.log.Error("step failed on its last delivery", "run_id", req.RunID, "step", req.Step, "error", err)
-		return p.fail(ctx, req.RunID, req.Step, "model_error", err.Error())
+		return p.fail(ctx, req.RunID, req.Step, events.CodeModelError, err.Error())
 	}
 	if errors.Is(err, events.ErrRunEnded) {
 		return nil
@@ -237,7 +237,7 @@ func (p *Planner) Step(ctx context.Context, run string, step int, traceparent st
 	if !got {
 		if mr, err = p.callModel(ctx, rs, step); err != nil {
 			if errors.Is(err, ErrPermanent) {
-				return p.fail(ctx, run, step, "model_error", err.Error())
+				return p.fail(ctx, run, step, events.CodeModelError, err.Error())
 			}
 			return err
 		}
