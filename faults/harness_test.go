@@ -325,7 +325,7 @@ func newEnv(t *testing.T, n int) *env {
 	e.eventually("open the bus", 60*time.Second, func() error {
 		ctx, cancel := context.WithTimeout(e.ctx, 30*time.Second)
 		defer cancel()
-		e.bus, err = events.Open(ctx, e.nc, e.cfg)
+		e.bus, _, err = events.Setup(ctx, e.nc, e.cfg)
 		return err
 	})
 	return e

@@ -220,7 +220,7 @@ func benchToolbus(ctx context.Context, srv *embedded.Server, memory bool, k, ste
 		return nil, 0, err
 	}
 	defer nc.Close()
-	bus, err := events.Open(ctx, nc, events.Config{Memory: memory, Stream: "TOOLBUS"})
+	bus, _, err := events.Setup(ctx, nc, events.Config{Memory: memory, Stream: "TOOLBUS"})
 	if err != nil {
 		return nil, 0, err
 	}
