@@ -31,6 +31,10 @@ const (
 	ConsumerInjectorWaiting   = "injector-waiting"
 	ConsumerInjectorApprovals = "injector-approvals"
 	ConsumerInjectorCancel    = "injector-cancel"
+	// ConsumerInjectorStarted and ConsumerInjectorTimers are reserved for the injector's
+	// run.started and deadline-timer inputs (permissions.conf grants them already).
+	ConsumerInjectorStarted = "injector-started"
+	ConsumerInjectorTimers  = "injector-timers"
 )
 
 // WorkerSettings are the knobs of a role's consumers; zero values take the defaults.
@@ -41,7 +45,8 @@ type WorkerSettings struct {
 	Durable string
 	// AckWait of the role's consumers (default 30s).
 	AckWait time.Duration
-	// MaxDeliver of the planner's consumer (default 5); the injector's are unlimited.
+	// MaxDeliver of the role's consumers (default 5 for the planner, unlimited (-1) for
+	// the injector).
 	MaxDeliver int
 	// Concurrency is the messages one process handles at once (default 64).
 	Concurrency int
@@ -74,7 +79,7 @@ func WorkerConsumers(role string, s WorkerSettings) []WorkerConsumer {
 		if s.Durable == "" {
 			s.Durable = ConsumerPlanner
 		}
-		if s.MaxDeliver <= 0 {
+		if s.MaxDeliver == 0 {
 			s.MaxDeliver = 5
 		}
 		return []WorkerConsumer{{Role: role, Concurrency: s.Concurrency, ConsumerConfig: ConsumerConfig{
@@ -84,6 +89,9 @@ func WorkerConsumers(role string, s WorkerSettings) []WorkerConsumer {
 	case RoleInjector:
 		if s.Durable == "" {
 			s.Durable = ConsumerInjector
+		}
+		if s.MaxDeliver == 0 {
+			s.MaxDeliver = -1
 		}
 		inputs := []struct {
 			name, filter string
@@ -98,7 +106,7 @@ func WorkerConsumers(role string, s WorkerSettings) []WorkerConsumer {
 		for _, in := range inputs {
 			out = append(out, WorkerConsumer{Role: role, Concurrency: in.concurrency, ConsumerConfig: ConsumerConfig{
 				Durable: in.name, Filters: []string{in.filter},
-				AckWait: s.AckWait, MaxDeliver: -1, MaxAckPending: in.concurrency * 8,
+				AckWait: s.AckWait, MaxDeliver: s.MaxDeliver, MaxAckPending: in.concurrency * 8,
 			}})
 		}
 		return out
