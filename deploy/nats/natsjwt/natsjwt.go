@@ -174,6 +174,9 @@ server_name: toolbus-nats-1
 listen: 0.0.0.0:4222
 http: 0.0.0.0:8222
 max_payload: 1MB
+# A user JWT carries its permissions and travels in the CONNECT line: the executor's
+# is longer than the default limit of 4 KB.
+max_control_line: 64KB
 
 jetstream {
   store_dir: /data
