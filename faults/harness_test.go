@@ -415,6 +415,7 @@ func (e *env) worker(bin, role, instance string, extra ...string) *proc {
 		"TOOLBUS_REPLICAS=" + strconv.Itoa(e.cfg.Replicas),
 		"TOOLBUS_LOG_LEVEL=info",
 		"TOOLBUS_GRACE=2s",
+		"TOOLBUS_TOOLS=demo,diag", // the suite's calls use diag's sleep and noop
 	}
 	p := startProc(e.t, e.dir, instance, bin, []string{role}, append(vars, extra...))
 	e.mu.Lock()

@@ -44,7 +44,7 @@ func openBus(ctx context.Context, cfg Config, log *slog.Logger, embed bool) (*co
 		if err != nil {
 			return nil, fmt.Errorf("connect %s: %w", cfg.URL, err)
 		}
-		log.Info("connected to NATS", "url", cfg.URL, "durability", "as the server is configured (deploy/nats/strict.conf: fsync every write)")
+		log.Info("connected to NATS", "url", cfg.URL, "durability", "set by the server (sync_interval; deploy/nats/strict.conf fsyncs every write)")
 	} else {
 		if !embed {
 			return nil, fmt.Errorf("TOOLBUS_NATS_URL is not set: this role connects to a running NATS server (or use `toolbus up`)")
