@@ -342,8 +342,20 @@ func TestApprovalRacesTheWaitingEvent(t *testing.T) {
 	}}
 	s := newStack(t, model, deploy.tool())
 	s.startExecutor("executor-1", executor.WorkerConfig{})
+	s.stop("executor-1") // the catalog is published; no executor takes the call yet
 	s.startPlanner("planner-1")
-	s.submit("race-1", events.Limits{}) // no injector: tool.waiting stays in the stream
+	// The injector starts the run (its first run.started), then stops: tool.waiting
+	// stays in the stream.
+	s.startInjector("injector-1")
+	s.submit("race-1", events.Limits{})
+	eventstest.Eventually(t, 10*time.Second, func() error {
+		if countType(s.runEvents("race-1"), events.TypeToolRequested) != 1 {
+			return fmt.Errorf("no tool.requested yet")
+		}
+		return nil
+	})
+	s.stop("injector-1")
+	s.startExecutor("executor-2", executor.WorkerConfig{})
 	eventstest.Eventually(t, 10*time.Second, func() error {
 		if countType(s.runEvents("race-1"), events.TypeToolWaiting) != 1 {
 			return fmt.Errorf("no tool.waiting yet")

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -34,19 +35,39 @@ func holdTool(started chan<- string, ended chan<- error) executor.Tool {
 func (s *stack) waitIdle(durable string) {
 	s.t.Helper()
 	eventstest.Eventually(s.t, 30*time.Second, func() error {
-		cons, err := s.bus.Stream.Consumer(s.ctx, durable)
-		if err != nil {
-			return err
-		}
-		ci, err := cons.Info(s.ctx)
-		if err != nil {
-			return err
-		}
-		if ci.NumPending != 0 || ci.NumAckPending != 0 {
-			return fmt.Errorf("%s: %d pending, %d unacknowledged", durable, ci.NumPending, ci.NumAckPending)
+		for _, durable := range executorQueues(s, []string{durable}) {
+			cons, err := s.bus.Stream.Consumer(s.ctx, durable)
+			if err != nil {
+				return err
+			}
+			ci, err := cons.Info(s.ctx)
+			if err != nil {
+				return err
+			}
+			if ci.NumPending != 0 || ci.NumAckPending != 0 {
+				return fmt.Errorf("%s: %d pending, %d unacknowledged", durable, ci.NumPending, ci.NumAckPending)
+			}
 		}
 		return nil
 	})
+}
+
+// executorQueues replaces the name "executor" with the consumers of every tool queue
+// (tool_<name>), which together are what executors consume.
+func executorQueues(s *stack, durables []string) []string {
+	var out []string
+	for _, d := range durables {
+		if d != "executor" {
+			out = append(out, d)
+			continue
+		}
+		for name := range s.bus.Stream.ConsumerNames(s.ctx).Name() {
+			if strings.HasPrefix(name, "tool_") {
+				out = append(out, name)
+			}
+		}
+	}
+	return out
 }
 
 // waitEvents waits until the run has n events of type typ.

@@ -141,7 +141,7 @@ func newStackOn(t *testing.T, srv *eventstest.Bus, model planner.Model, extra ..
 func quiet(t *testing.T, s *stack, durables ...string) {
 	t.Helper()
 	eventstest.Eventually(t, 20*time.Second, func() error {
-		for _, d := range durables {
+		for _, d := range executorQueues(s, durables) {
 			c, err := s.bus.Stream.Consumer(s.ctx, d)
 			if err != nil {
 				return err
@@ -202,17 +202,17 @@ func TestHostileInputTerminated(t *testing.T) {
 		reason   string
 	}{
 		{"bytes that are not a CloudEvent, to the executor",
-			rawMsg("toolbus.hostile.tool.requested.noop", []byte("\x00\x01\x02 not an event")), "executor", "not a toolbus CloudEvent"},
+			rawMsg("toolbus.hostile.tool.requested.noop", []byte("\x00\x01\x02 not an event")), "tool_noop", "not a toolbus CloudEvent"},
 		{"JSON without CloudEvents attributes, to the planner",
 			rawMsg("toolbus.hostile.model.requested", []byte(`{"run_id":"hostile","step":0}`)), "planner", "not a toolbus CloudEvent"},
 		{"HTML, to the injector",
 			rawMsg("toolbus.hostile.tool.finished.noop", []byte("<html>hello</html>")), "injector", "not a toolbus CloudEvent"},
 		{"a CloudEvent without its id",
-			noCEID, "executor", "not a toolbus CloudEvent"},
+			noCEID, "tool_noop", "not a toolbus CloudEvent"},
 		{"structured mode that is not JSON",
-			rawMsg("toolbus.hostile.tool.requested.noop", []byte("{not json"), "Content-Type", "application/cloudevents+json"), "executor", "not a toolbus CloudEvent"},
+			rawMsg("toolbus.hostile.tool.requested.noop", []byte("{not json"), "Content-Type", "application/cloudevents+json"), "tool_noop", "not a toolbus CloudEvent"},
 		{"a valid CloudEvent with garbage data (a string)",
-			encodeOrFail(t, "toolbus.hostile.tool.requested.noop", meta("h-str", events.TypeToolRequested), "just a string"), "executor", "tool.requested data"},
+			encodeOrFail(t, "toolbus.hostile.tool.requested.noop", meta("h-str", events.TypeToolRequested), "just a string"), "tool_noop", "tool.requested data"},
 		{"a valid CloudEvent with data of the wrong shape",
 			encodeOrFail(t, "toolbus.hostile.tool.finished.noop", meta("h-shape", events.TypeToolFinished), map[string]any{"run_id": 7}), "injector", "tool.finished data"},
 		{"a valid CloudEvent with binary data",
@@ -232,9 +232,9 @@ func TestHostileInputTerminated(t *testing.T) {
 		{"a result for a run that does not exist",
 			encodeOrFail(t, "toolbus.ghost.tool.finished.noop", events.Meta{ID: "h-ghost", Type: events.TypeToolFinished, Source: "/hostile", RunID: "ghost"},
 				events.ToolFinished{RunID: "ghost", CallCount: 1, Result: events.ToolResult{CallID: "x", Tool: "noop", Status: events.StatusSucceeded}}),
-			"injector", "run not found"},
+			"injector", "has no recorded assistant message"},
 		{"an unknown event type on tool.requested",
-			encodeOrFail(t, "toolbus.hostile.tool.requested.noop", meta("h-type1", "toolbus.mystery"), map[string]any{}), "executor", "bad tool.requested"},
+			encodeOrFail(t, "toolbus.hostile.tool.requested.noop", meta("h-type1", "toolbus.mystery"), map[string]any{}), "tool_noop", "bad tool.requested"},
 		{"an unknown event type on tool.finished",
 			encodeOrFail(t, "toolbus.hostile.tool.finished.noop", meta("h-type2", "com.example.mystery"), map[string]any{}), "injector", "unexpected event type"},
 		{"an unknown event type on model.requested",
@@ -324,7 +324,7 @@ func TestHostileOversizedMessage(t *testing.T) {
 			msg      *nats.Msg
 			consumer string
 		}{
-			{rawMsg("toolbus.big.tool.requested.noop", garbage), "executor"},
+			{rawMsg("toolbus.big.tool.requested.noop", garbage), "tool_noop"},
 			{bigEvent, "injector"},
 		}
 		for _, c := range cases {

@@ -173,7 +173,7 @@ func startSecured(t *testing.T, url string, opts map[string][]nats.Option) *secu
 	}
 	// What `toolbus init --tools <demo tools>` does.
 	adminBus, changes, err := events.Setup(ctx, admin, events.Config{},
-		events.SetupTools(reg.Names(), 30*time.Second, 5, 1000), events.SetupReadMirror())
+		events.SetupTools(reg.Names(), 30*time.Second, 1000), events.SetupReadMirror())
 	if err != nil {
 		t.Fatalf("admin sets the bus up: %v", err)
 	}

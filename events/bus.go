@@ -264,8 +264,15 @@ func stepKey(run string, step int, kind string) string {
 	return run + "." + strconv.Itoa(step) + "." + kind
 }
 
-// StartRun publishes run.started and the model.requested of step 0 and records the run
-// as running. It is how a client submits a run; it is idempotent for the same run id.
+// ErrRunExists: a run with that id was already submitted (at any age); a run id names
+// one run forever.
+var ErrRunExists = errors.New("events: run id already exists")
+
+// StartRun submits a run: it publishes run.started, and nothing else. The injector that
+// consumes the first run.started of a run id records the run and asks for step 0. An id
+// that already has a run.started on the stream is refused with ErrRunExists before
+// anything is published, and a publish the stream reports as a duplicate (a concurrent
+// submission of the same id) is refused the same way.
 func (b *Bus) StartRun(ctx context.Context, source string, rs RunStarted) error {
 	if !ValidRunID(rs.RunID) {
 		return fmt.Errorf("events: invalid run id %q: use 1-128 of [A-Za-z0-9_-]", rs.RunID)
@@ -275,26 +282,29 @@ func (b *Bus) StartRun(ctx context.Context, source string, rs RunStarted) error 
 			return fmt.Errorf("events: invalid tool name %q in allowed tools", t)
 		}
 	}
+	if _, _, err := b.firstRunStarted(ctx, rs.RunID); err == nil {
+		return fmt.Errorf("%w: %s", ErrRunExists, rs.RunID)
+	} else if !errors.Is(err, ErrRunNotFound) {
+		return err
+	}
 	if rs.StartedAt.IsZero() {
 		rs.StartedAt = time.Now().UTC()
 	}
-	st := RunState{RunID: rs.RunID, Status: RunRunning, StartedAt: rs.StartedAt, UpdatedAt: rs.StartedAt}
-	if _, err := b.runs.Create(ctx, rs.RunID, mustJSON(st)); err != nil && !errors.Is(err, jetstream.ErrKeyExists) {
-		return fmt.Errorf("events: run state %s: %w", rs.RunID, err)
-	}
-	if _, err := b.Publish(ctx, SubjectRunStarted(rs.RunID), Meta{
+	ack, err := b.Publish(ctx, SubjectRunStarted(rs.RunID), Meta{
 		ID: IDRunStarted(rs.RunID), Type: TypeRunStarted, Source: source, RunID: rs.RunID,
-	}, rs); err != nil {
+	}, rs)
+	if err != nil {
 		return err
 	}
-	_, err := b.Publish(ctx, SubjectModelRequested(rs.RunID), Meta{
-		ID: IDModelRequested(rs.RunID, 0), Type: TypeModelRequested, Source: source, RunID: rs.RunID,
-	}, ModelRequested{RunID: rs.RunID, Step: 0})
-	return err
+	if ack.Duplicate {
+		return fmt.Errorf("%w: %s (submitted concurrently)", ErrRunExists, rs.RunID)
+	}
+	return nil
 }
 
-// RunStarted returns the run.started data of a run, read from the stream (direct get of
-// the last message on its subject) and cached: it never changes.
+// RunStarted returns the run.started data of a run: the FIRST run.started on its subject
+// (a later one, forged or resubmitted, never counts), read from the stream and cached:
+// it never changes.
 func (b *Bus) RunStarted(ctx context.Context, run string) (*RunStarted, error) {
 	b.mu.Lock()
 	rs, ok := b.runCache[run]
@@ -302,15 +312,8 @@ func (b *Bus) RunStarted(ctx context.Context, run string) (*RunStarted, error) {
 	if ok {
 		return rs, nil
 	}
-	raw, err := b.Stream.GetLastMsgForSubject(ctx, SubjectRunStarted(run))
+	rs, _, err := b.firstRunStarted(ctx, run)
 	if err != nil {
-		if errors.Is(err, jetstream.ErrMsgNotFound) {
-			return nil, fmt.Errorf("%w: %s", ErrRunNotFound, run)
-		}
-		return nil, fmt.Errorf("events: run.started of %s: %w", run, err)
-	}
-	rs = new(RunStarted)
-	if _, err := Decode(&nats.Msg{Subject: raw.Subject, Header: raw.Header, Data: raw.Data}, rs); err != nil {
 		return nil, err
 	}
 	b.mu.Lock()
@@ -320,6 +323,29 @@ func (b *Bus) RunStarted(ctx context.Context, run string) (*RunStarted, error) {
 	b.runCache[run] = rs
 	b.mu.Unlock()
 	return rs, nil
+}
+
+// RunStartedSeq returns the stream sequence of the first run.started of a run: the only
+// one that starts it.
+func (b *Bus) RunStartedSeq(ctx context.Context, run string) (uint64, error) {
+	_, seq, err := b.firstRunStarted(ctx, run)
+	return seq, err
+}
+
+// firstRunStarted reads the first message on the run's run.started subject.
+func (b *Bus) firstRunStarted(ctx context.Context, run string) (*RunStarted, uint64, error) {
+	raw, err := b.Stream.GetMsg(ctx, 1, jetstream.WithGetMsgSubject(SubjectRunStarted(run)))
+	if err != nil {
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			return nil, 0, fmt.Errorf("%w: %s", ErrRunNotFound, run)
+		}
+		return nil, 0, fmt.Errorf("events: run.started of %s: %w", run, err)
+	}
+	rs := new(RunStarted)
+	if _, err := Decode(&nats.Msg{Subject: raw.Subject, Header: raw.Header, Data: raw.Data}, rs); err != nil {
+		return nil, 0, err
+	}
+	return rs, raw.Sequence, nil
 }
 
 // PutAssistant records the assistant message of a step. The first write wins: if the

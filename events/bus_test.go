@@ -26,16 +26,16 @@ func TestBusStores(t *testing.T) {
 	if err := bus.StartRun(ctx, "/test", rs); err != nil {
 		t.Fatal(err)
 	}
-	// Idempotent: the second start publishes duplicates the stream drops.
-	if err := bus.StartRun(ctx, "/test", rs); err != nil {
-		t.Fatal(err)
+	// A run id names one run: a second start is refused and publishes nothing.
+	if err := bus.StartRun(ctx, "/test", rs); !errors.Is(err, events.ErrRunExists) {
+		t.Fatalf("second StartRun: %v, want ErrRunExists", err)
 	}
 	info, err := bus.Stream.Info(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if info.State.Msgs != 2 {
-		t.Fatalf("%d messages in the stream, want 2 (run.started + model.requested)", info.State.Msgs)
+	if info.State.Msgs != 1 {
+		t.Fatalf("%d messages in the stream, want 1 (run.started only: the injector asks for step 0)", info.State.Msgs)
 	}
 	if err := bus.StartRun(ctx, "/test", events.RunStarted{RunID: "bad.id"}); err == nil {
 		t.Fatal("invalid run id accepted")
@@ -60,24 +60,37 @@ func TestBusStores(t *testing.T) {
 		t.Fatalf("second PutAssistant: %+v %v %v", kept, created, err)
 	}
 
-	// Step records: compare-and-set.
-	rec := events.NewStepRecord("r1", 0, 2)
-	rev, err := bus.PutStep(ctx, rec, 0)
+	// Join state: compare-and-set; results: one key each, the first stands.
+	mr := events.ModelResponded{RunID: "r1", Step: 0, Message: events.Message{Role: events.RoleAssistant,
+		ToolCalls: []events.ToolCall{{CallID: "a", Tool: "t"}, {CallID: "b", Tool: "t"}}}}
+	if _, _, err := bus.PutAssistant(ctx, events.ModelResponded{RunID: "r1", Step: 1, Message: mr.Message}); err != nil {
+		t.Fatal(err)
+	}
+	js := events.NewStepState("r1", 1, 2)
+	rev, err := bus.PutStepState(ctx, js, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := bus.PutStep(ctx, rec, 0); !errors.Is(err, events.ErrConflict) {
+	if _, err := bus.PutStepState(ctx, js, 0); !errors.Is(err, events.ErrConflict) {
 		t.Fatalf("second create: %v, want ErrConflict", err)
 	}
-	rec.Results[1] = &events.ToolResult{CallID: "b", Status: events.StatusSucceeded}
-	if _, err := bus.PutStep(ctx, rec, rev); err != nil {
+	if _, created, err := bus.PutResult(ctx, "r1", 1, 1, events.ToolResult{CallID: "b", Status: events.StatusSucceeded, Content: "x"}); err != nil || !created {
+		t.Fatalf("PutResult: %v %v", created, err)
+	}
+	if kept, created, err := bus.PutResult(ctx, "r1", 1, 1, events.ToolResult{CallID: "b", Status: events.StatusFailed}); err != nil || created || kept.Content != "x" {
+		t.Fatalf("second PutResult: %+v %v %v", kept, created, err)
+	}
+	js.Received.Set(1)
+	js.Waiting.Set(0)
+	if _, err := bus.PutStepState(ctx, js, rev); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := bus.PutStep(ctx, rec, rev); !errors.Is(err, events.ErrConflict) {
+	if _, err := bus.PutStepState(ctx, js, rev); !errors.Is(err, events.ErrConflict) {
 		t.Fatalf("stale update: %v, want ErrConflict", err)
 	}
-	loaded, _, err := bus.Step(ctx, "r1", 0)
-	if err != nil || loaded.Received() != 1 || loaded.Complete() || loaded.Settled() {
+	loaded, _, err := bus.Step(ctx, "r1", 1)
+	if err != nil || loaded.Received() != 1 || loaded.Complete() || !loaded.Settled() || loaded.Results[1].Content != "x" ||
+		loaded.Waiting[0] == nil || loaded.Waiting[0].CallID != "a" {
 		t.Fatalf("loaded %+v %v", loaded, err)
 	}
 
@@ -124,7 +137,13 @@ func TestCatalog(t *testing.T) {
 	if _, ok := cat.Lookup("a"); !ok {
 		t.Fatal("existing tool missing from a new catalog")
 	}
+	if got := cat.Tools(nil); len(got) != 0 {
+		t.Fatalf("tools with no live instance offered: %+v", got)
+	}
 	if err := bus.PublishTool(ctx, events.ToolContract{Name: "b"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := bus.PutInstance(ctx, events.Instance{Name: "x-1", Tools: []string{"a", "b"}}); err != nil {
 		t.Fatal(err)
 	}
 	eventstest.Eventually(t, 5*time.Second, func() error {
@@ -133,6 +152,9 @@ func TestCatalog(t *testing.T) {
 		}
 		return nil
 	})
+	if got := cat.Serving("a"); len(got) != 1 || got[0] != "x-1" {
+		t.Fatalf("serving a: %v", got)
+	}
 	only := cat.Tools(&events.RunStarted{AllowedTools: []string{"b"}})
 	if len(only) != 1 || only[0].Name != "b" {
 		t.Fatalf("allowlist filter: %+v", only)

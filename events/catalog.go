@@ -23,21 +23,52 @@ func (b *Bus) PublishTool(ctx context.Context, c ToolContract) error {
 	return nil
 }
 
-// Catalog is a live view of the tool catalog, kept current by a KV watcher.
+// Catalog is a live view of the tool catalog and of the executor instances serving each
+// tool, kept current by two KV watchers. A tool is offered to models only while at
+// least one live instance serves it.
 type Catalog struct {
-	mu    sync.RWMutex
-	tools map[string]ToolContract
-	ready chan struct{}
+	mu        sync.RWMutex
+	tools     map[string]ToolContract
+	instances map[string]Instance // by instance key
 }
 
-// WatchCatalog starts watching the catalog until ctx ends. The returned catalog is ready
-// (holds every tool present at start) when WatchCatalog returns.
+// WatchCatalog starts watching the catalog and the instances until ctx ends. The
+// returned catalog holds every tool and live instance present at start.
 func (b *Bus) WatchCatalog(ctx context.Context, log *slog.Logger) (*Catalog, error) {
-	w, err := b.tools.WatchAll(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("events: watch catalog: %w", err)
+	c := &Catalog{tools: map[string]ToolContract{}, instances: map[string]Instance{}}
+	if err := watchBucket(ctx, b.tools, log, func(key string, val []byte) {
+		var tc ToolContract
+		if val == nil {
+			delete(c.tools, key)
+		} else if err := json.Unmarshal(val, &tc); err == nil {
+			c.tools[key] = tc
+		} else if log != nil {
+			log.Warn("catalog entry ignored", "tool", key, "error", err)
+		}
+	}, &c.mu); err != nil {
+		return nil, err
 	}
-	c := &Catalog{tools: map[string]ToolContract{}, ready: make(chan struct{})}
+	if err := watchBucket(ctx, b.instances, log, func(key string, val []byte) {
+		var in Instance
+		if val == nil {
+			delete(c.instances, key)
+		} else if err := json.Unmarshal(val, &in); err == nil {
+			c.instances[key] = in
+		}
+	}, &c.mu); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// watchBucket applies every value of kv (nil for a deleted or expired key) under mu,
+// and returns once the initial values are applied.
+func watchBucket(ctx context.Context, kv jetstream.KeyValue, log *slog.Logger, apply func(key string, val []byte), mu *sync.RWMutex) error {
+	w, err := kv.WatchAll(ctx)
+	if err != nil {
+		return fmt.Errorf("events: watch %s: %w", kv.Bucket(), err)
+	}
+	ready := make(chan struct{})
 	go func() {
 		defer w.Stop() //nolint:errcheck // nothing to do on stop failure
 		initial := true
@@ -45,36 +76,28 @@ func (b *Bus) WatchCatalog(ctx context.Context, log *slog.Logger) (*Catalog, err
 			if e == nil { // end of the initial values
 				if initial {
 					initial = false
-					close(c.ready)
+					close(ready)
 				}
 				continue
 			}
-			c.mu.Lock()
-			switch e.Operation() {
-			case jetstream.KeyValuePut:
-				var tc ToolContract
-				if err := json.Unmarshal(e.Value(), &tc); err != nil {
-					if log != nil {
-						log.Warn("catalog entry ignored", "tool", e.Key(), "error", err)
-					}
-				} else {
-					c.tools[e.Key()] = tc
-				}
-			default:
-				delete(c.tools, e.Key())
+			mu.Lock()
+			if e.Operation() == jetstream.KeyValuePut {
+				apply(e.Key(), e.Value())
+			} else {
+				apply(e.Key(), nil)
 			}
-			c.mu.Unlock()
+			mu.Unlock()
 		}
 	}()
 	select {
-	case <-c.ready:
-		return c, nil
+	case <-ready:
+		return nil
 	case <-ctx.Done():
-		return nil, ctx.Err()
+		return ctx.Err()
 	}
 }
 
-// Lookup returns the contract of a tool.
+// Lookup returns the contract of a tool, whether or not an instance serves it now.
 func (c *Catalog) Lookup(name string) (ToolContract, bool) {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
@@ -82,12 +105,40 @@ func (c *Catalog) Lookup(name string) (ToolContract, bool) {
 	return t, ok
 }
 
-// Tools returns the contracts allowed by rs (all when rs is nil), sorted by name.
+// Serving returns the names of the live instances that serve tool, sorted.
+func (c *Catalog) Serving(tool string) []string {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	return c.servingLocked(tool)
+}
+
+func (c *Catalog) servingLocked(tool string) []string {
+	var out []string
+	for _, in := range c.instances {
+		for _, t := range in.Tools {
+			if t == tool {
+				out = append(out, in.Name)
+				break
+			}
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// Tools returns the contracts allowed by rs (all when rs is nil) that at least one live
+// instance serves, sorted by name: a tool whose last executor is gone is not offered.
 func (c *Catalog) Tools(rs *RunStarted) []ToolContract {
 	c.mu.RLock()
+	live := make(map[string]bool, len(c.tools))
+	for _, in := range c.instances {
+		for _, t := range in.Tools {
+			live[t] = true
+		}
+	}
 	out := make([]ToolContract, 0, len(c.tools))
 	for _, t := range c.tools {
-		if rs == nil || rs.Allows(t.Name) {
+		if live[t.Name] && (rs == nil || rs.Allows(t.Name)) {
 			out = append(out, t)
 		}
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -75,6 +76,13 @@ type ServeConfig struct {
 // cfg.Grace for in-flight handlers, then cancels their context and waits for them.
 // Messages fetched but not handled are redelivered by the server after AckWait.
 func Serve(ctx context.Context, cons jetstream.Consumer, cfg ServeConfig, h Handler) error {
+	return ServeAll(ctx, []jetstream.Consumer{cons}, cfg, h)
+}
+
+// ServeAll is Serve over several consumers (an executor's tool queues) sharing one
+// concurrency limit. Each consumer buffers at most a fair share of the limit, so a
+// message rarely waits in the client for a slot.
+func ServeAll(ctx context.Context, consumers []jetstream.Consumer, cfg ServeConfig, h Handler) error {
 	if cfg.Concurrency <= 0 {
 		cfg.Concurrency = 64
 	}
@@ -95,29 +103,60 @@ func Serve(ctx context.Context, cons jetstream.Consumer, cfg ServeConfig, h Hand
 	workCtx, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelWork()
 	p := pool.New().WithMaxGoroutines(cfg.Concurrency)
-	cc, err := cons.Consume(func(msg jetstream.Msg) {
-		received := time.Now()
-		p.Go(func() {
-			if waited := time.Since(received); waited > cfg.MaxWait {
-				// Too old to trust: hand it back to be delivered again.
-				log.Debug("message waited too long for a slot, handed back", "subject", msg.Subject(), "waited", waited)
+	var (
+		gate   sync.RWMutex
+		closed bool
+	)
+	share := max(1, cfg.Concurrency/len(consumers))
+	var running []jetstream.ConsumeContext
+	defer func() {
+		for _, cc := range running {
+			cc.Stop()
+		}
+	}()
+	for _, cons := range consumers {
+		cc, err := cons.Consume(func(msg jetstream.Msg) {
+			received := time.Now()
+			// A message delivered while the loop stops goes back at once: the pool
+			// takes no work once it is being waited on.
+			gate.RLock()
+			defer gate.RUnlock()
+			if closed {
 				_ = msg.Nak()
 				return
 			}
-			dispatch(workCtx, log, cfg.NakDelay, h, msg)
-		})
-	}, jetstream.PullMaxMessages(cfg.Concurrency), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
-		if !errors.Is(err, jetstream.ErrNoHeartbeat) {
-			log.Debug("consume", "error", err)
+			p.Go(func() {
+				if waited := time.Since(received); waited > cfg.MaxWait {
+					// Too old to trust: hand it back to be delivered again.
+					log.Debug("message waited too long for a slot, handed back", "subject", msg.Subject(), "waited", waited)
+					_ = msg.Nak()
+					return
+				}
+				dispatch(workCtx, log, cfg.NakDelay, h, msg)
+			})
+		}, jetstream.PullMaxMessages(share), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+			if !errors.Is(err, jetstream.ErrNoHeartbeat) {
+				log.Debug("consume", "error", err)
+			}
+		}))
+		if err != nil {
+			return fmt.Errorf("events: consume: %w", err)
 		}
-	}))
-	if err != nil {
-		return fmt.Errorf("events: consume: %w", err)
+		running = append(running, cc)
 	}
 	<-ctx.Done()
-	cc.Stop()
+	for _, cc := range running {
+		cc.Stop()
+	}
+	running = nil
 	done := make(chan struct{})
-	go func() { p.Wait(); close(done) }()
+	go func() {
+		gate.Lock() // waits for a callback blocked on a full pool: the grace below covers it
+		closed = true
+		gate.Unlock()
+		p.Wait()
+		close(done)
+	}()
 	select {
 	case <-done:
 	case <-time.After(cfg.Grace):
@@ -129,8 +168,14 @@ func Serve(ctx context.Context, cons jetstream.Consumer, cfg ServeConfig, h Hand
 }
 
 func dispatch(ctx context.Context, log *slog.Logger, nakDelay time.Duration, h Handler, msg jetstream.Msg) {
-	err := h(ctx, msg)
+	err := safeHandle(ctx, h, msg)
+	var deferred *DeferError
 	switch {
+	case errors.As(err, &deferred):
+		log.Debug("message handed back", "subject", msg.Subject(), "reason", deferred.Reason, "delay", deferred.Delay)
+		if nerr := msg.NakWithDelay(deferred.Delay); nerr != nil {
+			log.Warn("nak failed", "subject", msg.Subject(), "error", nerr)
+		}
 	case err == nil:
 		if aerr := msg.Ack(); aerr != nil {
 			log.Warn("ack failed", "subject", msg.Subject(), "error", aerr)
@@ -152,6 +197,18 @@ func dispatch(ctx context.Context, log *slog.Logger, nakDelay time.Duration, h H
 			log.Warn("nak failed", "subject", msg.Subject(), "error", nerr)
 		}
 	}
+}
+
+// safeHandle runs h and turns a panic into a poison error: the message is terminated
+// with the panic as reason instead of killing the process or staying unacknowledged
+// (which would hold a slot of MaxAckPending and block the queue behind it).
+func safeHandle(ctx context.Context, h Handler, msg jetstream.Msg) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("%w: handler panic: %v", ErrPoison, r)
+		}
+	}()
+	return h(ctx, msg)
 }
 
 func truncate(s string, n int) string {
@@ -215,10 +272,22 @@ func ToolConsumer(tool string) string { return "tool_" + ToolToken(tool) }
 
 // ToolConsumerConfig is the consumer of one tool's queue. Created on a stream that
 // already holds calls, it starts with the calls published after it (DeliverNew): a
-// queue never re-runs history.
-func ToolConsumerConfig(tool string, ackWait time.Duration, maxDeliver, maxAckPending int) ConsumerConfig {
+// queue never re-runs history. Deliveries are unlimited: a call handed back because its
+// run is at its cap is not a failure, and executors bound the executions of a call
+// through its claim instead.
+func ToolConsumerConfig(tool string, ackWait time.Duration, maxAckPending int) ConsumerConfig {
 	return ConsumerConfig{
 		Durable: ToolConsumer(tool), Filters: []string{FilterToolRequestedFor(tool)},
-		AckWait: ackWait, MaxDeliver: maxDeliver, MaxAckPending: maxAckPending, DeliverNew: true,
+		AckWait: ackWait, MaxDeliver: -1, MaxAckPending: maxAckPending, DeliverNew: true,
 	}
 }
+
+// DeferError hands a message back to be delivered again after Delay, without the
+// failure backoff and without a warning: the work is fine but must wait (a run at its
+// cap of calls in flight).
+type DeferError struct {
+	Delay  time.Duration
+	Reason string
+}
+
+func (e *DeferError) Error() string { return "deferred: " + e.Reason }

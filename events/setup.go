@@ -31,8 +31,6 @@ const (
 	ConsumerInjectorWaiting   = "injector-waiting"
 	ConsumerInjectorApprovals = "injector-approvals"
 	ConsumerInjectorCancel    = "injector-cancel"
-	// ConsumerInjectorStarted and ConsumerInjectorTimers are reserved for the injector's
-	// run.started and deadline-timer inputs (permissions.conf grants them already).
 	ConsumerInjectorStarted = "injector-started"
 	ConsumerInjectorTimers  = "injector-timers"
 )
@@ -45,9 +43,11 @@ type WorkerSettings struct {
 	Durable string
 	// AckWait of the role's consumers (default 30s).
 	AckWait time.Duration
-	// MaxDeliver of the role's consumers (default 5 for the planner, unlimited (-1) for
-	// the injector).
+	// MaxDeliver of the role's consumers (default 5 for the planner, 10 for the
+	// injector's inputs; its timers are redelivered forever).
 	MaxDeliver int
+	// MaxTimers bounds the injector's deadline timers held at once (default 100000).
+	MaxTimers int
 	// Concurrency is the messages one process handles at once (default 64).
 	Concurrency int
 }
@@ -58,6 +58,8 @@ type WorkerConsumer struct {
 	Role string
 	ConsumerConfig
 	Concurrency int
+	// Timers marks the injector's consumer of deadline timers (served apart).
+	Timers bool
 }
 
 // WorkerConsumers returns the durable consumers of a role (RolePlanner or RoleInjector;
@@ -91,7 +93,10 @@ func WorkerConsumers(role string, s WorkerSettings) []WorkerConsumer {
 			s.Durable = ConsumerInjector
 		}
 		if s.MaxDeliver == 0 {
-			s.MaxDeliver = -1
+			s.MaxDeliver = 10
+		}
+		if s.MaxTimers <= 0 {
+			s.MaxTimers = 100000
 		}
 		inputs := []struct {
 			name, filter string
@@ -101,14 +106,22 @@ func WorkerConsumers(role string, s WorkerSettings) []WorkerConsumer {
 			{s.Durable + "-waiting", FilterToolWaiting, 8},
 			{s.Durable + "-approvals", FilterApprovals, 8},
 			{s.Durable + "-cancel", FilterRunCancel, 8},
+			{s.Durable + "-started", FilterRunStarted, 8},
 		}
-		out := make([]WorkerConsumer, 0, len(inputs))
+		out := make([]WorkerConsumer, 0, len(inputs)+1)
 		for _, in := range inputs {
 			out = append(out, WorkerConsumer{Role: role, Concurrency: in.concurrency, ConsumerConfig: ConsumerConfig{
 				Durable: in.name, Filters: []string{in.filter},
 				AckWait: s.AckWait, MaxDeliver: s.MaxDeliver, MaxAckPending: in.concurrency * 8,
 			}})
 		}
+		// The deadline timers: each is held (a delayed negative acknowledgement) until its
+		// run's deadline, so their number in flight is bounded by MaxTimers, not by a
+		// handler's concurrency, and they are redelivered forever.
+		out = append(out, WorkerConsumer{Role: role, Timers: true, ConsumerConfig: ConsumerConfig{
+			Durable: s.Durable + "-timers", Filters: []string{FilterTimers},
+			AckWait: s.AckWait, MaxDeliver: -1, MaxAckPending: s.MaxTimers,
+		}})
 		return out
 	}
 	return nil
@@ -126,12 +139,12 @@ type setupOptions struct {
 
 // SetupTools also creates the queue consumer of each tool (ToolConsumerConfig) and the
 // one of calls for unknown tools, so executors with least-privilege credentials only
-// bind to them. ackWait, maxDeliver and maxAckPending are the executors' settings.
-func SetupTools(tools []string, ackWait time.Duration, maxDeliver, maxAckPending int) SetupOption {
+// bind to them. ackWait and maxAckPending are the executors' settings.
+func SetupTools(tools []string, ackWait time.Duration, maxAckPending int) SetupOption {
 	return func(o *setupOptions) {
 		o.tools = append(o.tools, tools...)
 		o.toolCfg = func(tool string) ConsumerConfig {
-			return ToolConsumerConfig(tool, ackWait, maxDeliver, maxAckPending)
+			return ToolConsumerConfig(tool, ackWait, maxAckPending)
 		}
 	}
 }
@@ -147,6 +160,9 @@ func SetupWorkers(role string, s WorkerSettings) SetupOption {
 func SetupReadMirror() SetupOption {
 	return func(o *setupOptions) { o.readMirror = true }
 }
+
+// FilterRunStarted selects the run.started events of every run.
+const FilterRunStarted = SubjectPrefix + ".*.run.started"
 
 // ReadMirrorName is the name of the read mirror of a stream.
 func ReadMirrorName(stream string) string { return stream + "_READ" }

@@ -11,10 +11,10 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// StepRecord is the join state of one step: the results of its calls by call index. It
-// lives in the history bucket and is updated with compare-and-set, so any number of
-// injectors can join concurrently and a restart loses nothing. Once complete it is the
-// step's tool messages in the history.
+// StepRecord is the joined view of one step: the results of its calls by call index and
+// the calls that wait for approval. It is assembled by Bus.Step from the step's bounded
+// join state (StepState) and one history key per result, so no number of calls or
+// result sizes makes any single stored value outgrow the server's max payload.
 type StepRecord struct {
 	RunID     string `json:"run_id"`
 	Step      int    `json:"step"`
@@ -66,10 +66,104 @@ func (r *StepRecord) Settled() bool {
 // Complete reports whether every call has a result.
 func (r *StepRecord) Complete() bool { return r.Received() == r.CallCount }
 
-// Step loads the join record of a step and its revision for a later UpdateStep.
-// ErrNotFound when no result has been joined yet.
-func (b *Bus) Step(ctx context.Context, run string, step int) (*StepRecord, uint64, error) {
-	key := stepKey(run, step, "r")
+// MaxStepCalls bounds the call count a step's join state accepts: far above any
+// configured per-step cap, it only keeps a forged count from allocating without bound.
+const MaxStepCalls = 100000
+
+// Bits is a bit set by call index, stored as bytes (base64 in JSON): 128 calls cost 16
+// bytes, so the join state of a step stays small whatever its results weigh.
+type Bits []byte
+
+// NewBits returns an empty set for n indexes.
+func NewBits(n int) Bits { return make(Bits, (n+7)/8) }
+
+// Has reports whether i is in the set.
+func (b Bits) Has(i int) bool { return i >= 0 && i/8 < len(b) && b[i/8]&(1<<(i%8)) != 0 }
+
+// Set adds i to the set; it reports whether i was absent.
+func (b Bits) Set(i int) bool {
+	if i < 0 || i/8 >= len(b) || b.Has(i) {
+		return false
+	}
+	b[i/8] |= 1 << (i % 8)
+	return true
+}
+
+// Count is the number of indexes in the set.
+func (b Bits) Count() int {
+	n := 0
+	for _, x := range b {
+		for ; x != 0; x &= x - 1 {
+			n++
+		}
+	}
+	return n
+}
+
+// StepState is the join state of one step, kept small and bounded: which calls have a
+// result and which wait for approval, as bit sets. It lives in the history bucket under
+// <run>.<step>.s and is updated with compare-and-set, so any number of injectors can
+// join concurrently and a restart loses nothing. The results themselves are one key
+// each (<run>.<step>.r.<index>, written with Create: the first result stands), and the
+// waiting calls are read from the step's recorded assistant message.
+type StepState struct {
+	RunID     string `json:"run_id"`
+	Step      int    `json:"step"`
+	CallCount int    `json:"call_count"`
+	Received  Bits   `json:"received"`
+	Waiting   Bits   `json:"waiting,omitempty"`
+}
+
+// NewStepState returns the empty join state of a step of n calls.
+func NewStepState(run string, step, n int) *StepState {
+	return &StepState{RunID: run, Step: step, CallCount: n, Received: NewBits(n), Waiting: NewBits(n)}
+}
+
+// Clone returns a copy that may be changed without changing s.
+func (s *StepState) Clone() *StepState {
+	cp := *s
+	cp.Received = append(Bits(nil), s.Received...)
+	cp.Waiting = append(Bits(nil), s.Waiting...)
+	return &cp
+}
+
+// Complete reports whether every call has a result.
+func (s *StepState) Complete() bool { return s.Received.Count() == s.CallCount }
+
+// Settled reports whether every call has a result or waits for approval.
+func (s *StepState) Settled() bool {
+	for i := 0; i < s.CallCount; i++ {
+		if !s.Received.Has(i) && !s.Waiting.Has(i) {
+			return false
+		}
+	}
+	return true
+}
+
+// Unanswered returns the indexes of the calls with no result.
+func (s *StepState) Unanswered() []int {
+	var out []int
+	for i := 0; i < s.CallCount; i++ {
+		if !s.Received.Has(i) {
+			out = append(out, i)
+		}
+	}
+	return out
+}
+
+func (s *StepState) valid() bool {
+	n := (s.CallCount + 7) / 8
+	return s.CallCount > 0 && s.CallCount <= MaxStepCalls && len(s.Received) == n && (len(s.Waiting) == n || len(s.Waiting) == 0)
+}
+
+func resultKey(run string, step, idx int) string {
+	return stepKey(run, step, "r") + "." + strconv.Itoa(idx)
+}
+
+// StepState loads the join state of a step and its revision for a later PutStepState.
+// ErrNotFound when nothing has been joined yet.
+func (b *Bus) StepState(ctx context.Context, run string, step int) (*StepState, uint64, error) {
+	key := stepKey(run, step, "s")
 	e, err := b.history.Get(ctx, key)
 	if err != nil {
 		if errors.Is(err, jetstream.ErrKeyNotFound) {
@@ -77,18 +171,24 @@ func (b *Bus) Step(ctx context.Context, run string, step int) (*StepRecord, uint
 		}
 		return nil, 0, fmt.Errorf("events: get %s: %w", key, err)
 	}
-	rec := new(StepRecord)
-	if err := unmarshal(e.Value(), rec); err != nil {
+	st := new(StepState)
+	if err := unmarshal(e.Value(), st); err != nil {
 		return nil, 0, fmt.Errorf("events: decode %s: %w", key, err)
 	}
-	return rec, e.Revision(), nil
+	if !st.valid() {
+		return nil, 0, fmt.Errorf("events: %s: malformed join state", key)
+	}
+	if len(st.Waiting) == 0 {
+		st.Waiting = NewBits(st.CallCount)
+	}
+	return st, e.Revision(), nil
 }
 
-// PutStep writes a join record with compare-and-set: revision 0 creates it. ErrConflict
-// when another writer got there first; reload with Step and retry.
-func (b *Bus) PutStep(ctx context.Context, rec *StepRecord, revision uint64) (uint64, error) {
-	key := stepKey(rec.RunID, rec.Step, "r")
-	val := mustJSON(rec)
+// PutStepState writes a step's join state with compare-and-set: revision 0 creates it.
+// ErrConflict when another writer got there first; reload with StepState and retry.
+func (b *Bus) PutStepState(ctx context.Context, st *StepState, revision uint64) (uint64, error) {
+	key := stepKey(st.RunID, st.Step, "s")
+	val := mustJSON(st)
 	var (
 		rev uint64
 		err error
@@ -108,6 +208,76 @@ func (b *Bus) PutStep(ctx context.Context, rec *StepRecord, revision uint64) (ui
 	return rev, nil
 }
 
+// PutResult records the result of call idx of a step; the first result stands. It
+// returns the stored result and whether this call stored it. The result's Output is not
+// kept (the stream has it).
+func (b *Bus) PutResult(ctx context.Context, run string, step, idx int, res ToolResult) (ToolResult, bool, error) {
+	res.Output = nil
+	key := resultKey(run, step, idx)
+	if _, err := b.history.Create(ctx, key, mustJSON(res)); err != nil {
+		if !errors.Is(err, jetstream.ErrKeyExists) {
+			return res, false, fmt.Errorf("events: put %s: %w", key, err)
+		}
+		prev, err := b.Result(ctx, run, step, idx)
+		return prev, false, err
+	}
+	return res, true, nil
+}
+
+// Result returns the recorded result of call idx of a step; ErrNotFound when none.
+func (b *Bus) Result(ctx context.Context, run string, step, idx int) (ToolResult, error) {
+	var r ToolResult
+	err := b.getJSON(ctx, b.history, resultKey(run, step, idx), &r)
+	return r, err
+}
+
+// Step assembles the joined view of a step from its join state, its result keys and
+// (for waiting calls) its assistant message, with the join state's revision.
+// ErrNotFound when nothing has been joined yet.
+func (b *Bus) Step(ctx context.Context, run string, step int) (*StepRecord, uint64, error) {
+	st, rev, err := b.StepState(ctx, run, step)
+	if err != nil {
+		return nil, 0, err
+	}
+	rec, err := b.assemble(ctx, st)
+	return rec, rev, err
+}
+
+// assemble reads the results and waiting calls a join state marks.
+func (b *Bus) assemble(ctx context.Context, st *StepState) (*StepRecord, error) {
+	rec := NewStepRecord(st.RunID, st.Step, st.CallCount)
+	var asst *ModelResponded
+	for i := 0; i < st.CallCount; i++ {
+		if st.Received.Has(i) {
+			r, err := b.Result(ctx, st.RunID, st.Step, i)
+			if err != nil {
+				return nil, err
+			}
+			rec.Results[i] = &r
+			continue
+		}
+		if st.Waiting.Has(i) {
+			if asst == nil {
+				mr, err := b.Assistant(ctx, st.RunID, st.Step)
+				if err != nil {
+					return nil, err
+				}
+				asst = &mr
+			}
+			if i < len(asst.Message.ToolCalls) {
+				c := asst.Message.ToolCalls[i]
+				rec.Waiting[i] = &c
+			}
+		}
+	}
+	return rec, nil
+}
+
+// AssembleStep is Step for a join state already loaded.
+func (b *Bus) AssembleStep(ctx context.Context, st *StepState) (*StepRecord, error) {
+	return b.assemble(ctx, st)
+}
+
 // RunState is the state of a run in the runs bucket.
 type RunState struct {
 	RunID     string    `json:"run_id"`
@@ -117,6 +287,9 @@ type RunState struct {
 	Reason    string    `json:"reason,omitempty"`
 	StartedAt time.Time `json:"started_at"`
 	UpdatedAt time.Time `json:"updated_at"`
+	// Ended is the whole outcome event of a run that ended (or waits for approval), so a
+	// worker that finds the run ended after a crash republishes exactly the same event.
+	Ended *RunEnded `json:"ended,omitempty"`
 }
 
 // RunState returns the state of a run and its revision.
@@ -153,59 +326,116 @@ func (b *Bus) Runs(ctx context.Context) ([]RunState, error) {
 	return out, nil
 }
 
+// CreateRunState records a new run as running at step 0. It reports false (and changes
+// nothing) when the run already has a state: the first run.started of a run id is the
+// only one that creates it.
+func (b *Bus) CreateRunState(ctx context.Context, run string, startedAt time.Time) (bool, error) {
+	now := time.Now().UTC()
+	if startedAt.IsZero() {
+		startedAt = now
+	}
+	st := RunState{RunID: run, Status: RunRunning, StartedAt: startedAt, UpdatedAt: now}
+	if _, err := b.runs.Create(ctx, run, mustJSON(st)); err != nil {
+		if errors.Is(err, jetstream.ErrKeyExists) {
+			return false, nil
+		}
+		return false, fmt.Errorf("events: run state %s: %w", run, err)
+	}
+	return true, nil
+}
+
 // SetRunState moves a run to a new status with compare-and-set. It refuses to move a run
 // out of a terminal state (ErrRunEnded) unless the stored state is the very same outcome,
 // in which case it returns nil so the caller can republish the (deduplicated) event after
 // a crash.
 func (b *Bus) SetRunState(ctx context.Context, run string, status RunStatus, step int, code, reason string) error {
+	_, err := b.setRunState(ctx, run, status, step, code, reason, nil)
+	return err
+}
+
+func (b *Bus) setRunState(ctx context.Context, run string, status RunStatus, step int, code, reason string, ended *RunEnded) (RunState, error) {
 	for attempt := 0; attempt < 32; attempt++ {
 		st, rev, err := b.RunState(ctx, run)
 		if err != nil && !errors.Is(err, ErrRunNotFound) {
-			return err
+			return st, err
 		}
 		if st.Status.Terminal() {
 			if st.Status == status && st.Step == step {
-				return nil
+				return st, nil
 			}
-			return fmt.Errorf("%w: %s is %s", ErrRunEnded, run, st.Status)
+			return st, fmt.Errorf("%w: %s is %s", ErrRunEnded, run, st.Status)
 		}
 		now := time.Now().UTC()
 		if st.StartedAt.IsZero() {
 			st.StartedAt = now
 		}
-		st.RunID, st.Status, st.Step, st.Code, st.Reason, st.UpdatedAt = run, status, step, code, reason, now
+		st.RunID, st.Status, st.Step, st.Code, st.Reason, st.UpdatedAt, st.Ended = run, status, step, code, reason, now, ended
 		if rev == 0 {
 			_, err = b.runs.Create(ctx, run, mustJSON(st))
 		} else {
 			_, err = b.runs.Update(ctx, run, mustJSON(st), rev)
 		}
 		if err == nil {
-			return nil
+			return st, nil
 		}
 		var apiErr *jetstream.APIError
 		if !errors.Is(err, jetstream.ErrKeyExists) && !(errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence) {
-			return fmt.Errorf("events: set run state %s: %w", run, err)
+			return st, fmt.Errorf("events: set run state %s: %w", run, err)
 		}
 	}
-	return fmt.Errorf("%w: run state %s", ErrConflict, run)
+	return RunState{}, fmt.Errorf("%w: run state %s", ErrConflict, run)
 }
 
 // EndRun records a run outcome and publishes run.<status>. It returns ErrRunEnded (and
 // publishes nothing) when the run already ended differently, so a late result cannot
-// move a run back.
+// move a run back. When the run already ended with the same outcome (a redelivery after
+// a crash), the stored outcome is published again: its id is deterministic, and
+// PublishOutcome skips it when the stream already has it.
 func (b *Bus) EndRun(ctx context.Context, source string, step int, ended RunEnded) error {
-	if err := b.SetRunState(ctx, ended.RunID, ended.Status, step, ended.Code, ended.Reason); err != nil {
+	st, err := b.RecordEnd(ctx, step, ended)
+	if err != nil {
 		return err
 	}
-	id := IDRunEnded(ended.RunID, step, ended.Status)
+	return b.PublishOutcome(ctx, source, st)
+}
+
+// RecordEnd is the first half of EndRun: it stores the outcome (the whole RunEnded) in
+// the run state and returns the state as stored.
+func (b *Bus) RecordEnd(ctx context.Context, step int, ended RunEnded) (RunState, error) {
+	return b.setRunState(ctx, ended.RunID, ended.Status, step, ended.Code, ended.Reason, &ended)
+}
+
+// outcomeID is the deterministic id of an outcome event.
+func outcomeID(run string, step int, ended *RunEnded) string {
+	id := IDRunEnded(run, step, ended.Status)
 	if ended.Status == RunWaitingForApproval {
 		// A step can wait several times, once per remaining set of pending calls.
 		id += "/" + strconv.Itoa(len(ended.Pending))
 	}
-	_, err := b.Publish(ctx, SubjectRunEnded(ended.RunID, ended.Status), Meta{
-		ID: id, Type: TypeRunEnded(ended.Status),
-		Source: source, RunID: ended.RunID, Step: step,
-	}, ended)
+	return id
+}
+
+// PublishOutcome publishes the outcome event recorded in a run state (the second half of
+// EndRun). It publishes nothing when the stream already holds that very event, so an
+// outcome republished after a crash reaches the stream once even past the duplicate
+// window.
+func (b *Bus) PublishOutcome(ctx context.Context, source string, st RunState) error {
+	ended := st.Ended
+	if ended == nil {
+		if !st.Status.Terminal() {
+			return nil
+		}
+		// A state written before outcomes were stored whole: rebuild what it records.
+		ended = &RunEnded{RunID: st.RunID, Status: st.Status, Code: st.Code, Reason: st.Reason, StepsUsed: st.Step + 1}
+	}
+	id := outcomeID(st.RunID, st.Step, ended)
+	subject := SubjectRunEnded(st.RunID, ended.Status)
+	if raw, err := b.Stream.GetLastMsgForSubject(ctx, subject); err == nil && raw.Header.Get(HeaderMsgID) == id {
+		return nil
+	}
+	_, err := b.Publish(ctx, subject, Meta{
+		ID: id, Type: TypeRunEnded(ended.Status), Source: source, RunID: st.RunID, Step: st.Step,
+	}, *ended)
 	return err
 }
 
@@ -335,4 +565,26 @@ func (rs *RunStarted) WithDefaults(d DefaultLimits) *RunStarted {
 		cp.Limits.TokenBudget = d.TokenBudget
 	}
 	return &cp
+}
+
+// The deadline timer of a run: one event per run on toolbus.<run>.timer.deadline,
+// published by the injector that starts the run. The injector's timer consumer holds it
+// (a negative acknowledgement delayed until the deadline: a durable timer kept by the
+// server, which survives injector restarts) and ends the run when its deadline passes
+// with the run still going.
+const (
+	TypeRunTimer = "toolbus.timer.deadline"
+	FilterTimers = SubjectPrefix + ".*.timer.deadline"
+)
+
+// SubjectTimer is toolbus.<run>.timer.deadline.
+func SubjectTimer(run string) string { return SubjectPrefix + "." + run + ".timer.deadline" }
+
+// IDTimer is <run>/timer.deadline.
+func IDTimer(run string) string { return run + "/timer.deadline" }
+
+// RunTimer is the data of a run's deadline timer.
+type RunTimer struct {
+	RunID    string    `json:"run_id"`
+	Deadline time.Time `json:"deadline"`
 }

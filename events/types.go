@@ -44,6 +44,19 @@ const (
 	CodeToolError         = "tool_error"
 	CodeToolInternalError = "tool_internal_error"
 	CodeInvalidToolOutput = "invalid_tool_output"
+	// CodeRunEnded: the call was taken after its run had ended; it did not run
+	// (status cancelled).
+	CodeRunEnded = "run_ended"
+	// CodeTooManyCalls rejects the calls of a step beyond the per-step cap; the planner
+	// publishes these results itself and the model reads them.
+	CodeTooManyCalls = "too_many_calls"
+)
+
+// Run outcome codes (RunEnded.Code) of runs that failed for infrastructure reasons.
+const (
+	// CodeStoreError: a store or publish kept failing on the last delivery of an event,
+	// so the run ends instead of being redelivered forever.
+	CodeStoreError = "store_error"
 )
 
 // ToolCall is one call proposed by the model: the raw arguments exactly as the model sent
@@ -295,9 +308,12 @@ type RunEnded struct {
 	// the limit reached (max_steps, deadline, token_budget).
 	Code string `json:"code,omitempty"`
 	// Pending lists the calls waiting for approval.
-	Pending   []ToolCall `json:"pending,omitempty"`
-	StepsUsed int        `json:"steps_used"`
-	Usage     Usage      `json:"usage"`
+	Pending []ToolCall `json:"pending,omitempty"`
+	// Unanswered lists the calls of the current step that had no result when the run's
+	// deadline passed (limit_reached / deadline ended by the deadline timer).
+	Unanswered []ToolCall `json:"unanswered,omitempty"`
+	StepsUsed  int        `json:"steps_used"`
+	Usage      Usage      `json:"usage"`
 }
 
 // Limit codes carried in RunEnded.Code for limit_reached.

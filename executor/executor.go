@@ -110,10 +110,17 @@ func (e *Executor) Registry() *Registry { return e.reg }
 type CallInfo struct {
 	RunID     string
 	Step      int
+	CallID    string
 	CallIndex int
+	// Tool is the name of the tool called.
+	Tool string
+	// Principal is who the run acts for, from the run's own run.started.
+	Principal events.Principal
 	// Attempt counts deliveries of this call, from 1; it goes into ToolResult.Attempt.
 	Attempt int
-	// IdempotencyKey is stable across attempts of the same call.
+	// IdempotencyKey is stable across attempts of the same call (<run>/<step>/<call_id>):
+	// a call runs again only when the executor that claimed it died mid-call, and then
+	// with the same key, so a downstream system can drop the repeat.
 	IdempotencyKey string
 }
 

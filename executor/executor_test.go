@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"reflect"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -455,7 +456,7 @@ func TestToolSeesDeadlineAndCallInfo(t *testing.T) {
 	ctx := executor.WithCallInfo(context.Background(), ci)
 	before := time.Now()
 	r := executor.New(reg).Execute(ctx, call("peek", `{}`), principal)
-	if r.Status != events.StatusSucceeded || r.Attempt != 3 || got != ci {
+	if r.Status != events.StatusSucceeded || r.Attempt != 3 || !reflect.DeepEqual(got, ci) {
 		t.Fatalf("result %+v, call info %+v", r, got)
 	}
 	if deadline.Before(before.Add(59*time.Second)) || deadline.After(time.Now().Add(time.Minute)) {

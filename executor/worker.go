@@ -5,9 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"sort"
+	"math/rand/v2"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -24,18 +23,23 @@ type WorkerConfig struct {
 	// Concurrency is the most calls this worker runs at once (default 64).
 	Concurrency int
 	// Tools limits this deployment to a subset of the registry (empty: every tool).
-	// Deployments with different subsets get different consumers; subsets must not
-	// overlap.
+	// Each tool has one queue (a durable consumer, events.ToolConsumer) shared by every
+	// process that serves it, in any deployment, so subsets may overlap freely.
 	Tools []string
-	// Durable overrides the consumer name (default "executor", or "executor-<tools>").
-	Durable string
 	// AckWait before a call whose worker died is redelivered (default 30s); long calls
-	// send InProgress heartbeats.
+	// send InProgress heartbeats. It applies to the queues this worker creates; a queue
+	// that exists keeps the settings it was created with.
 	AckWait time.Duration
-	// MaxDeliver bounds deliveries of one call (default 5). The last delivery does not
-	// run the tool: it reports tool_internal_error, so a call that keeps killing its
-	// worker still ends with exactly one result.
+	// MaxDeliver bounds the executions of one call (default 5), counted by its claim:
+	// each execution that an executor started and did not finish (it died mid-call)
+	// counts. The last one does not run the tool: it reports tool_internal_error, so a
+	// call that keeps killing its executor still ends with exactly one result.
 	MaxDeliver int
+	// RunMaxInFlight bounds the calls of one run in flight across the whole fleet
+	// (default 32; negative: no bound), so one run asking for hundreds of slow calls
+	// leaves room for the others. A call over the bound is handed back and taken again
+	// shortly after.
+	RunMaxInFlight int
 	// MaxAckPending bounds calls in flight across all workers of the consumer (default 1000).
 	MaxAckPending int
 	// InlineOutputMax is the largest output kept in the event itself (default 256 KiB);
@@ -53,17 +57,6 @@ func (c *WorkerConfig) setDefaults() {
 	if c.Concurrency <= 0 {
 		c.Concurrency = 64
 	}
-	if c.Durable == "" {
-		c.Durable = "executor"
-		if len(c.Tools) > 0 {
-			t := append([]string(nil), c.Tools...)
-			sort.Strings(t)
-			c.Durable = "executor-" + strings.Join(t, "-")
-			if len(c.Durable) > 200 {
-				c.Durable = c.Durable[:200]
-			}
-		}
-	}
 	if c.AckWait <= 0 {
 		c.AckWait = 30 * time.Second
 	}
@@ -72,6 +65,9 @@ func (c *WorkerConfig) setDefaults() {
 	}
 	if c.MaxAckPending <= 0 {
 		c.MaxAckPending = 1000
+	}
+	if c.RunMaxInFlight == 0 {
+		c.RunMaxInFlight = 32
 	}
 	if c.InlineOutputMax <= 0 {
 		c.InlineOutputMax = 256 << 10
@@ -94,8 +90,11 @@ type Worker struct {
 	source string
 	log    *slog.Logger
 
+	serving map[string]bool // tools this worker serves
+
 	mu        sync.Mutex
 	inflight  map[string]map[*callHandle]struct{} // run id -> running calls
+	claimed   map[string]bool                     // claim keys this worker is handling
 	cancelled map[string]time.Time                // runs cancelled recently
 }
 
@@ -109,47 +108,108 @@ func NewWorker(bus *events.Bus, exec *Executor, cfg WorkerConfig) *Worker {
 	cfg.setDefaults()
 	return &Worker{cfg: cfg, bus: bus, exec: exec, source: events.Source("executor", cfg.Instance),
 		log:      cfg.Logger.With("component", "executor", "instance", cfg.Instance),
-		inflight: map[string]map[*callHandle]struct{}{}, cancelled: map[string]time.Time{}}
+		inflight: map[string]map[*callHandle]struct{}{}, claimed: map[string]bool{}, cancelled: map[string]time.Time{}}
 }
 
-// Run publishes the served tools to the catalog, then consumes calls until ctx ends,
-// then drains: intake stops, in-flight calls get the grace period, then are cancelled.
+// Run binds the queue of every served tool (creating it when it does not exist and the
+// credentials allow), starts the instance heartbeat, publishes the served tools to the
+// catalog, then consumes calls until ctx ends, then drains: intake stops, in-flight calls
+// get the grace period, then are cancelled, and the instance leaves the catalog.
 func (w *Worker) Run(ctx context.Context) error {
 	served, err := w.served()
 	if err != nil {
 		return err
 	}
-	for _, name := range served {
-		t, _ := w.exec.Registry().Lookup(name)
-		if err := w.bus.PublishTool(ctx, t.Contract()); err != nil {
-			return err
-		}
+	w.serving = make(map[string]bool, len(served))
+	for _, t := range served {
+		w.serving[t] = true
 	}
 	sub, err := w.bus.NC.Subscribe(events.FilterRunCancel, w.onCancel)
 	if err != nil {
 		return fmt.Errorf("executor: subscribe to cancellations: %w", err)
 	}
 	defer sub.Unsubscribe() //nolint:errcheck // connection may be closing
-	filters := []string{events.FilterToolRequested}
-	if len(w.cfg.Tools) > 0 {
-		filters = []string{events.FilterToolRequestedFor(events.UnknownToolToken)}
-		for _, t := range served {
-			filters = append(filters, events.FilterToolRequestedFor(t))
+	queues := append([]string{events.UnknownToolToken}, served...)
+	consumers := make([]jetstream.Consumer, 0, len(queues))
+	for _, tool := range queues {
+		cons, err := w.queue(ctx, tool)
+		if err != nil {
+			return err
 		}
+		consumers = append(consumers, cons)
 	}
-	cons, err := w.bus.Consumer(ctx, events.ConsumerConfig{
-		Durable: w.cfg.Durable, Filters: filters, AckWait: w.cfg.AckWait,
-		MaxDeliver: w.cfg.MaxDeliver, MaxAckPending: w.cfg.MaxAckPending,
-		BackOff: nil,
-	})
+	// The instance is live before its tools are offered: the planner offers a tool only
+	// while an instance serves it.
+	stopBeat, err := w.heartbeat(ctx, served)
 	if err != nil {
 		return err
 	}
-	w.log.Info("executor serving", "tools", served, "concurrency", w.cfg.Concurrency, "consumer", w.cfg.Durable)
-	return events.Serve(ctx, cons, events.ServeConfig{
+	defer stopBeat()
+	for _, name := range served {
+		t, _ := w.exec.Registry().Lookup(name)
+		if err := w.bus.PublishTool(ctx, t.Contract()); err != nil {
+			return err
+		}
+	}
+	w.log.Info("executor serving", "tools", served, "concurrency", w.cfg.Concurrency)
+	return events.ServeAll(ctx, consumers, events.ServeConfig{
 		Concurrency: w.cfg.Concurrency, Grace: w.cfg.Grace, Logger: w.log, NakDelay: time.Second,
 		MaxWait: w.cfg.AckWait / 3,
 	}, w.handle)
+}
+
+// queue binds the durable consumer of one tool's queue, creating it if it is missing.
+func (w *Worker) queue(ctx context.Context, tool string) (jetstream.Consumer, error) {
+	name := events.ToolConsumer(tool)
+	cons, err := w.bus.Stream.Consumer(ctx, name)
+	if err == nil {
+		return cons, nil
+	}
+	if !errors.Is(err, jetstream.ErrConsumerNotFound) {
+		return nil, fmt.Errorf("executor: queue %s: %w", name, err)
+	}
+	cons, err = w.bus.Consumer(ctx, events.ToolConsumerConfig(tool, w.cfg.AckWait, w.cfg.MaxAckPending))
+	if err != nil {
+		return nil, fmt.Errorf("executor: create the queue of tool %q (with credentials that may not create consumers, an admin runs `toolbus init --tools %s` first): %w", tool, tool, err)
+	}
+	return cons, nil
+}
+
+// heartbeat records this instance in the instances bucket now and every third of the
+// instance TTL; the returned stop removes it.
+func (w *Worker) heartbeat(ctx context.Context, served []string) (stop func(), err error) {
+	now := time.Now().UTC()
+	in := events.Instance{Name: w.cfg.Instance, Tools: served, Concurrency: w.cfg.Concurrency, StartedAt: now, HeartbeatAt: now}
+	if err := w.bus.PutInstance(ctx, in); err != nil {
+		return nil, err
+	}
+	done := make(chan struct{})
+	finished := make(chan struct{})
+	go func() {
+		defer close(finished)
+		t := time.NewTicker(max(w.bus.InstanceTTL()/3, 100*time.Millisecond))
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				in.HeartbeatAt = time.Now().UTC()
+				if err := w.bus.PutInstance(ctx, in); err != nil {
+					w.log.Warn("instance heartbeat failed", "error", err)
+				}
+			}
+		}
+	}()
+	return func() {
+		close(done)
+		<-finished
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		if err := w.bus.DeleteInstance(dctx, w.cfg.Instance); err != nil {
+			w.log.Warn("instance not removed from the catalog; it expires by itself", "error", err)
+		}
+	}, nil
 }
 
 func (w *Worker) served() ([]string, error) {
@@ -215,45 +275,74 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) error {
 		req.CallCount <= 0 || req.CallIndex < 0 || req.CallIndex >= req.CallCount {
 		return fmt.Errorf("%w: bad tool.requested %s (run %q, index %d of %d)", events.ErrPoison, meta.ID, req.RunID, req.CallIndex, req.CallCount)
 	}
-	attempt := 1
-	if md, err := msg.Metadata(); err == nil {
-		attempt = int(md.NumDelivered)
-	}
 	// The call's logger is built only when something is logged: With is not free and
 	// this is the hot path.
 	log := func() *slog.Logger {
-		return w.log.With("run_id", req.RunID, "step", req.Step, "call_id", req.Call.CallID, "tool", req.Call.Tool, "attempt", attempt)
+		return w.log.With("run_id", req.RunID, "step", req.Step, "call_id", req.Call.CallID, "tool", req.Call.Tool)
 	}
-	if attempt > 1 {
-		// A redelivery: the worker that had it died or stalled. If its result is already in
-		// the stream, the tool does not run again.
-		var stored bool
-		err := w.retry(ctx, msg, log, "look up the stored result", func() (err error) {
-			stored, err = w.resultStored(ctx, req)
-			return err
-		})
+	// The run, not the call event, says what the call may do: allowlist, principal and
+	// deadline come from the run's first run.started.
+	rs, err := w.bus.RunStarted(ctx, req.RunID)
+	if err != nil {
+		if errors.Is(err, events.ErrRunNotFound) {
+			return fmt.Errorf("%w: call %s of a run that was never started", events.ErrPoison, meta.ID)
+		}
+		return err
+	}
+	key := events.ClaimKey(req.RunID, req.Step, req.Call.CallID)
+	if !w.hold(key) {
+		// This process already handles the call (a redelivery that overtook it): that
+		// handling acknowledges it.
+		return errBusy
+	}
+	defer w.release(key)
+	if w.cfg.RunMaxInFlight > 0 {
+		slot, ok, err := w.bus.AcquireRunSlot(ctx, req.RunID, w.cfg.RunMaxInFlight, key, w.cfg.Instance)
 		if err != nil {
 			return err
 		}
-		if stored {
-			log().Info("result already stored, call not run again")
-			return nil
+		if !ok {
+			return &events.DeferError{Delay: runFullDelay + time.Duration(rand.Int64N(int64(runFullDelay))),
+				Reason: fmt.Sprintf("run %s has %d calls in flight", req.RunID, w.cfg.RunMaxInFlight)}
 		}
+		defer func() {
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			defer cancel()
+			if err := w.bus.ReleaseRunSlot(rctx, req.RunID, slot); err != nil {
+				log().Warn("run slot not released; it frees when this instance's heartbeat expires", "error", err)
+			}
+		}()
+	}
+	run, attempt, err := w.claim(ctx, msg, req, log)
+	if err != nil || !run {
+		return err
 	}
 
 	var res events.ToolResult
+	state, _, err := w.bus.RunState(ctx, req.RunID)
 	switch {
+	case err != nil && !errors.Is(err, events.ErrRunNotFound):
+		return err
+	case state.Status.Terminal():
+		res = errorResult(req.Call, events.StatusCancelled, events.CodeRunEnded,
+			fmt.Sprintf("the run had already ended (%s) when this call was taken: it was not run", state.Status))
 	case attempt >= w.cfg.MaxDeliver && attempt > 1:
 		res = failedResult(req.Call, events.CodeToolInternalError,
-			fmt.Sprintf("the call did not finish in %d attempts (its executor crashed or stalled each time); it was not run again", attempt-1))
-	case len(req.AllowedTools) > 0 && !contains(req.AllowedTools, req.Call.Tool) && w.known(req.Call.Tool):
+			fmt.Sprintf("the call did not finish in %d attempts (its executor died each time); it was not run again", attempt-1))
+	case !w.serving[req.Call.Tool]:
+		res = rejectedResult(req.Call, events.CodeUnknownTool, fmt.Sprintf("no executor serves a tool named %q", req.Call.Tool))
+	case !rs.Allows(req.Call.Tool):
 		res = rejectedResult(req.Call, events.CodeNotAuthorized, fmt.Sprintf("tool %q is not allowed in this run", req.Call.Tool))
 	default:
-		t, known := w.exec.Registry().Lookup(req.Call.Tool)
-		if known && t.NeedsApproval {
+		t, _ := w.exec.Registry().Lookup(req.Call.Tool)
+		if t.NeedsApproval {
 			d, err := w.bus.StepDecision(ctx, req.RunID, req.Step, req.Call.CallID)
 			switch {
 			case errors.Is(err, events.ErrNotFound):
+				// Nothing runs: the call's re-issue after the decision claims it anew.
+				if err := w.bus.ReleaseClaim(ctx, req.RunID, req.Step, req.Call.CallID); err != nil {
+					return err
+				}
 				return w.wait(ctx, req, log())
 			case err != nil:
 				return err
@@ -266,7 +355,7 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) error {
 			}
 		}
 		if res.Status == "" {
-			res, err = w.run(ctx, msg, req, attempt)
+			res, err = w.run(ctx, msg, req, rs, attempt)
 			if err != nil {
 				return err
 			}
@@ -298,24 +387,129 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) error {
 	return nil
 }
 
+// errBusy hands a message back for later: this process is already handling its call.
+var errBusy = errors.New("executor: call already being handled by this process")
+
+// hold marks a call as handled by this process; false when it already is.
+func (w *Worker) hold(key string) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.claimed[key] {
+		return false
+	}
+	w.claimed[key] = true
+	return true
+}
+
+func (w *Worker) release(key string) {
+	w.mu.Lock()
+	delete(w.claimed, key)
+	w.mu.Unlock()
+}
+
+// claimPoll is how often a delivery of a call that another live executor claimed checks
+// whether that executor finished or died.
+const claimPoll = time.Second
+
+// runFullDelay is the least delay before a call of a run at its cap is taken again
+// (up to twice this, so the retries of a large step spread out).
+const runFullDelay = 250 * time.Millisecond
+
+// claim takes the execution of a call before its tool runs, so a call runs at most once
+// while the executor that claimed it lives. It returns true when this worker owns the
+// call and must produce its result, with the execution's attempt number (1, or one more
+// than the claim it took over); false when the call is done elsewhere (its result is
+// stored) and the message is only acknowledged. When the claim belongs to a live
+// executor it waits, sending heartbeats, until that executor stores the result or dies;
+// an executor that died mid-call is replaced with a compare-and-set, and the call runs
+// again with the same idempotency key.
+func (w *Worker) claim(ctx context.Context, msg jetstream.Msg, req events.ToolRequested, log func() *slog.Logger) (bool, int, error) {
+	mine := events.Claim{Instance: w.cfg.Instance, Attempt: 1, At: time.Now().UTC()}
+	var (
+		cur     events.Claim
+		rev     uint64
+		claimed bool
+	)
+	err := w.retry(ctx, msg, log, "claim the call", func() (err error) {
+		cur, rev, err = w.bus.ClaimCall(ctx, req.RunID, req.Step, req.Call.CallID, mine)
+		claimed = err == nil
+		if errors.Is(err, events.ErrClaimed) {
+			return nil
+		}
+		return err
+	})
+	if err != nil {
+		return false, 0, err
+	}
+	if claimed {
+		return true, 1, nil
+	}
+	stopBeat := events.Heartbeat(msg, w.cfg.AckWait/3)
+	defer stopBeat()
+	for {
+		stored, err := w.resultStored(ctx, req)
+		if err != nil {
+			return false, 0, err
+		}
+		if stored {
+			log().Info("result already stored, call not run again", "claimed_by", cur.Instance)
+			return false, 0, nil
+		}
+		alive := false
+		if cur.Instance != w.cfg.Instance { // our own earlier claim: that handling is over
+			if alive, err = w.bus.InstanceAlive(ctx, cur.Instance); err != nil {
+				return false, 0, err
+			}
+		}
+		if !alive {
+			mine.Attempt = cur.Attempt + 1
+			err := w.bus.TakeOverClaim(ctx, req.RunID, req.Step, req.Call.CallID, mine, rev)
+			if err == nil {
+				log().Warn("the executor that claimed this call is gone: running it again with the same idempotency key",
+					"claimed_by", cur.Instance, "attempt", mine.Attempt)
+				return true, mine.Attempt, nil
+			}
+			if !errors.Is(err, events.ErrConflict) {
+				return false, 0, err
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return false, 0, ctx.Err()
+		case <-time.After(claimPoll):
+		}
+		mine.Attempt = 1
+		if cur, rev, err = w.bus.ClaimCall(ctx, req.RunID, req.Step, req.Call.CallID, mine); err == nil {
+			return true, 1, nil // the claim went away (expired with the retention): ours now
+		} else if !errors.Is(err, events.ErrClaimed) {
+			return false, 0, err
+		}
+	}
+}
+
 // run executes the call with its deadline, cancellation and InProgress heartbeats.
-func (w *Worker) run(ctx context.Context, msg jetstream.Msg, req events.ToolRequested, attempt int) (events.ToolResult, error) {
+func (w *Worker) run(ctx context.Context, msg jetstream.Msg, req events.ToolRequested, rs *events.RunStarted, attempt int) (events.ToolResult, error) {
 	callCtx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	if !req.Deadline.IsZero() {
+	deadline := req.Deadline
+	if d := rs.Limits.Deadline; !d.IsZero() && (deadline.IsZero() || d.Before(deadline)) {
+		deadline = d
+	}
+	if !deadline.IsZero() {
 		var c2 context.CancelFunc
-		callCtx, c2 = context.WithDeadline(callCtx, req.Deadline)
+		callCtx, c2 = context.WithDeadline(callCtx, deadline)
 		defer c2()
 	}
 	untrack := w.track(req.RunID, &callHandle{cancel: cancel})
 	defer untrack()
 	callCtx = WithCallInfo(callCtx, CallInfo{
-		RunID: req.RunID, Step: req.Step, CallIndex: req.CallIndex, Attempt: attempt,
+		RunID: req.RunID, Step: req.Step, CallID: req.Call.CallID, CallIndex: req.CallIndex, Tool: req.Call.Tool,
+		Principal: rs.Principal, Attempt: attempt,
 		IdempotencyKey: req.RunID + "/" + strconv.Itoa(req.Step) + "/" + req.Call.CallID,
 	})
 
 	stopBeat := events.Heartbeat(msg, w.cfg.AckWait/3)
-	res := w.exec.Execute(callCtx, req.Call, req.Principal)
+	res := w.exec.Execute(callCtx, req.Call, rs.Principal)
 	stopBeat()
 
 	if ctx.Err() != nil && !errors.Is(context.Cause(callCtx), errRunCancelled) {
@@ -418,18 +612,4 @@ func (w *Worker) resultStored(ctx context.Context, req events.ToolRequested) (bo
 			return false, nil
 		}
 	}
-}
-
-func (w *Worker) known(tool string) bool {
-	_, ok := w.exec.Registry().Lookup(tool)
-	return ok
-}
-
-func contains(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }

@@ -2,6 +2,7 @@ package faults_test
 
 import (
 	"fmt"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -11,19 +12,22 @@ import (
 )
 
 // TestFaultExecutorKill kills -9 an executor process while it runs three calls of the
-// sleep tool. The calls are redelivered to a new executor after the ack wait and finish
-// there; the stream holds exactly one tool.finished per call and the step completes.
-// It runs in plain `go test` too (about 15 s), so CI exercises a real crash.
+// append tool (3 s each, then a side effect). The calls are redelivered to a new
+// executor after the ack wait; it takes over the dead executor's claims and runs them
+// with the same idempotency keys: the side-effect file holds exactly one line per call,
+// from exec-b at attempt 2, the stream exactly one tool.finished per call, and the step
+// completes. It runs in plain `go test` too (about 15 s), so CI exercises a real crash.
 func TestFaultExecutorKill(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts processes")
 	}
 	start := time.Now()
 	e := newEnv(t, 1)
-	e.faultbusRole("planner", "planner-1", "TOOLBUS_MODEL=sleep:3x1:3000-3000")
+	file := filepath.Join(e.dir, "side-effects")
+	e.faultbusRole("planner", "planner-1", "TOOLBUS_MODEL=append:3x1:3000-3000")
 	e.toolbusRole("injector", "injector-1")
-	a := e.toolbusRole("executor", "exec-a", "TOOLBUS_ACK_WAIT=2s", "TOOLBUS_CONCURRENCY=8")
-	e.waitReady([]string{"sleep"}, "planner", "injector", "executor")
+	a := e.faultbusRole("executor", "exec-a", "TOOLBUS_ACK_WAIT=2s", "TOOLBUS_CONCURRENCY=8", "TOOLBUS_FAULT_APPEND_FILE="+file)
+	e.waitReady([]string{"append"}, "planner", "injector", "executor")
 	runs := []string{"kill-exec"}
 	e.submit(runs)
 
@@ -33,7 +37,7 @@ func TestFaultExecutorKill(t *testing.T) {
 		if n := e.count(events.FilterToolFinished); n > 0 {
 			t.Fatalf("%d results before the kill: the calls finished too early", n)
 		}
-		ci, err := e.consumerInfo("executor")
+		ci, err := e.consumerInfo(events.ToolConsumer("append"))
 		if err != nil {
 			return err
 		}
@@ -50,7 +54,7 @@ func TestFaultExecutorKill(t *testing.T) {
 		t.Fatalf("%d results were stored before the kill", n)
 	}
 	killedAt := time.Now()
-	e.toolbusRole("executor", "exec-b", "TOOLBUS_ACK_WAIT=2s", "TOOLBUS_CONCURRENCY=8")
+	e.faultbusRole("executor", "exec-b", "TOOLBUS_ACK_WAIT=2s", "TOOLBUS_CONCURRENCY=8", "TOOLBUS_FAULT_APPEND_FILE="+file)
 	e.waitCompleted(runs, 60*time.Second)
 	recovered := time.Since(killedAt)
 
@@ -63,6 +67,12 @@ func TestFaultExecutorKill(t *testing.T) {
 					t.Errorf("call %v: finished on %s at attempt %d, want exec-b attempt 2", k, f.Result.Executor, f.Result.Attempt)
 				}
 			}
+		}
+	}
+	checkSideEffects(t, file, runs, 1, 3)
+	for key, lines := range scanLines(t, file) {
+		if f := strings.Fields(lines[0]); len(f) < 3 || f[1] != "exec-b" || f[2] != "2" {
+			t.Errorf("side effect of %s: %q, want exec-b at attempt 2", key, lines)
 		}
 	}
 	if !strings.Contains(a.logText(), "executor serving") {

@@ -53,7 +53,7 @@ func TestFaultSideEffectNotRunTwice(t *testing.T) {
 	if n := e.count(events.FilterToolFinished); n != 1 {
 		t.Fatalf("%d results stored before the crash, want 1", n)
 	}
-	ci, err := e.consumerInfo("executor")
+	ci, err := e.consumerInfo(events.ToolConsumer("append"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -86,7 +86,7 @@ func TestFaultSideEffectNotRunTwice(t *testing.T) {
 		}
 	}
 	e.eventually("the redelivered call acknowledged", 10*time.Second, func() error {
-		ci, err := e.consumerInfo("executor")
+		ci, err := e.consumerInfo(events.ToolConsumer("append"))
 		if err != nil {
 			return err
 		}

@@ -318,7 +318,9 @@ func newEnv(t *testing.T, n int) *env {
 		t.Fatal(err)
 	}
 	t.Cleanup(e.nc.Close)
-	e.cfg = events.Config{Replicas: 1}
+	// Executors that die leave the catalog (and their claims become free) after the
+	// instance TTL: short here, so recoveries take seconds.
+	e.cfg = events.Config{Replicas: 1, InstanceTTL: 2 * time.Second}
 	if n > 1 {
 		e.cfg.Replicas = 3
 	}
@@ -416,6 +418,7 @@ func (e *env) worker(bin, role, instance string, extra ...string) *proc {
 		"TOOLBUS_LOG_LEVEL=info",
 		"TOOLBUS_GRACE=2s",
 		"TOOLBUS_TOOLS=demo,diag", // the suite's calls use diag's sleep and noop
+		"TOOLBUS_INSTANCE_TTL=" + e.cfg.InstanceTTL.String(),
 	}
 	p := startProc(e.t, e.dir, instance, bin, []string{role}, append(vars, extra...))
 	e.mu.Lock()
@@ -502,7 +505,18 @@ func (e *env) waitReady(tools []string, consumers ...string) {
 				return fmt.Errorf("tool %s: %w", tool, err)
 			}
 		}
+		var names []string
 		for _, c := range consumers {
+			if c != "executor" {
+				names = append(names, c)
+				continue
+			}
+			// Executors consume one queue per tool.
+			for _, tool := range tools {
+				names = append(names, events.ToolConsumer(tool))
+			}
+		}
+		for _, c := range names {
 			if _, err := e.bus.Stream.Consumer(ctx, c); err != nil {
 				return fmt.Errorf("consumer %s: %w", c, err)
 			}

@@ -25,21 +25,13 @@ type stepQueue struct {
 }
 
 type change struct {
-	apply func(*events.StepRecord) bool
+	apply func(*events.StepState) bool
 	done  chan error
 }
 
 type cachedStep struct {
-	rec *events.StepRecord
+	st  *events.StepState
 	rev uint64
-}
-
-// clone returns a copy of the record that the caller may change.
-func (c *cachedStep) clone() *events.StepRecord {
-	cp := *c.rec
-	cp.Results = append([]*events.ToolResult(nil), c.rec.Results...)
-	cp.Waiting = append([]*events.ToolCall(nil), c.rec.Waiting...)
-	return &cp
 }
 
 func newSteps() *steps { return &steps{m: map[string]*stepQueue{}} }
@@ -49,8 +41,8 @@ func stepID(run string, step int) string { return run + "." + strconv.Itoa(step)
 // submit queues a change of step id and returns once it is written (or failed). write
 // applies a batch to the record (cached is nil when it must be read) and returns the
 // record as written.
-func (s *steps) submit(id string, apply func(*events.StepRecord) bool,
-	write func(batch []func(*events.StepRecord) bool, cached *cachedStep) (*cachedStep, error)) error {
+func (s *steps) submit(id string, apply func(*events.StepState) bool,
+	write func(batch []func(*events.StepState) bool, cached *cachedStep) (*cachedStep, error)) error {
 	c := &change{apply: apply, done: make(chan error, 1)}
 	s.mu.Lock()
 	q := s.m[id]
@@ -73,7 +65,7 @@ func (s *steps) submit(id string, apply func(*events.StepRecord) bool,
 		cached := q.cached
 		s.mu.Unlock()
 
-		fns := make([]func(*events.StepRecord) bool, len(batch))
+		fns := make([]func(*events.StepState) bool, len(batch))
 		for i, b := range batch {
 			fns[i] = b.apply
 		}
@@ -84,7 +76,7 @@ func (s *steps) submit(id string, apply func(*events.StepRecord) bool,
 
 		s.mu.Lock()
 		q.cached = next
-		if err != nil || (next != nil && next.rec.Complete()) {
+		if err != nil || (next != nil && next.st.Complete()) {
 			q.cached = nil // read again next time; a complete step takes no more writes
 		}
 		if len(q.pending) == 0 {
@@ -105,4 +97,29 @@ func (s *steps) evictIdle() {
 			delete(s.m, id)
 		}
 	}
+}
+
+// callCache keeps the calls of recently joined steps' assistant messages (which never
+// change once recorded), so checking a result against its call costs no read.
+type callCache struct {
+	mu sync.Mutex
+	m  map[string][]events.ToolCall
+}
+
+func newCallCache() *callCache { return &callCache{m: map[string][]events.ToolCall{}} }
+
+func (c *callCache) get(id string) ([]events.ToolCall, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	calls, ok := c.m[id]
+	return calls, ok
+}
+
+func (c *callCache) put(id string, calls []events.ToolCall) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.m) >= 4096 {
+		clear(c.m) // bounded; entries reload from the history bucket
+	}
+	c.m[id] = calls
 }

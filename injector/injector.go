@@ -27,7 +27,22 @@ type Config struct {
 	// stop rules check, the deadline of re-issued calls).
 	Defaults events.DefaultLimits
 	Grace    time.Duration
-	Logger   *slog.Logger
+	// MaxDeliver bounds the deliveries of one event (default 10, with growing delays): on
+	// the last one, a store or publish that keeps failing ends the run failed with code
+	// store_error instead of redelivering forever.
+	MaxDeliver int
+	// DeadlineGrace is how long after a run's deadline its timer fires (default 2s): the
+	// time for the timed_out results of executors to land first.
+	DeadlineGrace time.Duration
+	// MaxTimers bounds the deadline timers held at once across all injectors (the timer
+	// consumer's MaxAckPending, default 100000); further runs get their timer as slots
+	// free up.
+	MaxTimers int
+	// BeforeOutcome, when set, is called between the write of a run's terminal state and
+	// the publish of its outcome event; an error aborts the handler there, as a crash
+	// would. Fault-injection tests use it; production leaves it nil.
+	BeforeOutcome func(events.RunEnded) error
+	Logger        *slog.Logger
 }
 
 func (c *Config) setDefaults() {
@@ -46,6 +61,15 @@ func (c *Config) setDefaults() {
 	if c.Grace <= 0 {
 		c.Grace = 10 * time.Second
 	}
+	if c.MaxDeliver <= 0 {
+		c.MaxDeliver = 10
+	}
+	if c.DeadlineGrace <= 0 {
+		c.DeadlineGrace = 2 * time.Second
+	}
+	if c.MaxTimers <= 0 {
+		c.MaxTimers = 100000
+	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -59,23 +83,26 @@ type Injector struct {
 	source string
 	log    *slog.Logger
 	steps  *steps
+	calls  *callCache
 }
 
 // New returns an injector.
 func New(bus *events.Bus, cfg Config) *Injector {
 	cfg.setDefaults()
 	return &Injector{cfg: cfg, bus: bus, source: events.Source("injector", cfg.Instance), steps: newSteps(),
-		log: cfg.Logger.With("component", "injector", "instance", cfg.Instance)}
+		calls: newCallCache(), log: cfg.Logger.With("component", "injector", "instance", cfg.Instance)}
 }
 
-// Run consumes results, approvals and cancellations until ctx ends, then drains.
+// Run consumes results, approvals, cancellations, run.started and deadline timers until
+// ctx ends, then drains.
 //
 // Each input has a consumer of its own (events.WorkerConsumers) with a single filter
 // subject: a multi-filter consumer intersects every subject of the stream on each
 // fetch, which cost a fifth of the CPU at load.
 func (in *Injector) Run(ctx context.Context) error {
 	inputs := events.WorkerConsumers(events.RoleInjector, events.WorkerSettings{
-		Durable: in.cfg.Durable, AckWait: in.cfg.AckWait, Concurrency: in.cfg.Concurrency,
+		Durable: in.cfg.Durable, AckWait: in.cfg.AckWait, MaxDeliver: in.cfg.MaxDeliver,
+		Concurrency: in.cfg.Concurrency, MaxTimers: in.cfg.MaxTimers,
 	})
 	var wg conc.WaitGroup
 	errs := make(chan error, len(inputs))
@@ -83,6 +110,10 @@ func (in *Injector) Run(ctx context.Context) error {
 		cons, err := in.bus.Consumer(ctx, input.ConsumerConfig)
 		if err != nil {
 			return err
+		}
+		if input.Timers {
+			wg.Go(func() { errs <- in.serveTimers(ctx, cons) })
+			continue
 		}
 		wg.Go(func() {
 			errs <- events.Serve(ctx, cons, events.ServeConfig{
@@ -100,7 +131,37 @@ func (in *Injector) Run(ctx context.Context) error {
 	return nil
 }
 
+// handle dispatches one event. Its deliveries are bounded: when the handler still fails
+// for an infrastructure reason on the last one, the run ends failed with code
+// store_error (best effort) and the event is terminated, so nothing loops forever.
 func (in *Injector) handle(ctx context.Context, msg jetstream.Msg) error {
+	err := in.dispatch(ctx, msg)
+	if err == nil || errors.Is(err, events.ErrPoison) || errors.Is(err, events.ErrNotCloudEvent) {
+		return err
+	}
+	md, merr := msg.Metadata()
+	if merr != nil || md.NumDelivered < uint64(in.cfg.MaxDeliver) {
+		return err
+	}
+	in.log.Error("event failed on its last delivery: the run ends", "subject", msg.Subject(), "error", err)
+	if run, ok := events.RunIDFromSubject(msg.Subject()); ok && events.ValidRunID(run) {
+		step, _ := in.bus.CurrentStep(ctx, run)
+		if eerr := in.end(ctx, step, events.RunEnded{RunID: run, Status: events.RunFailed, Code: events.CodeStoreError,
+			StepsUsed: step + 1, Reason: truncate("store or publish kept failing: "+err.Error(), 500)}); eerr != nil {
+			in.log.Error("could not end the run after the last delivery (its deadline timer will)", "run_id", run, "error", eerr)
+		}
+	}
+	return fmt.Errorf("%w: gave up after %d deliveries: %w", events.ErrPoison, md.NumDelivered, err)
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n]
+}
+
+func (in *Injector) dispatch(ctx context.Context, msg jetstream.Msg) error {
 	ev, err := events.DecodeEventMsg(msg)
 	if err != nil {
 		return err
@@ -136,20 +197,128 @@ func (in *Injector) handle(ctx context.Context, msg jetstream.Msg) error {
 			c.RunID = ev.RunID
 		}
 		return in.Cancelled(ctx, c)
+	case events.TypeRunStarted:
+		var rs events.RunStarted
+		if err := ev.Bind(&rs); err != nil {
+			return err
+		}
+		md, err := msg.Metadata()
+		if err != nil {
+			return fmt.Errorf("injector: metadata of %s: %w", msg.Subject(), err)
+		}
+		run, _ := events.RunIDFromSubject(msg.Subject())
+		if rs.RunID != run {
+			return fmt.Errorf("%w: run.started for run %q on the subject of run %q", events.ErrPoison, rs.RunID, run)
+		}
+		return in.Started(ctx, rs, md.Sequence.Stream)
 	}
 	return fmt.Errorf("%w: unexpected event type %q on %s", events.ErrPoison, ev.Type, msg.Subject())
 }
 
 func validPosition(run string, step, idx, count int) error {
-	if !events.ValidRunID(run) || step < 0 || count <= 0 || count > 10000 || idx < 0 || idx >= count {
+	if !events.ValidRunID(run) || step < 0 || count <= 0 || count > events.MaxStepCalls || idx < 0 || idx >= count {
 		return fmt.Errorf("%w: bad call position run=%q step=%d index=%d count=%d", events.ErrPoison, run, step, idx, count)
 	}
 	return nil
 }
 
-// Finished joins one result. The first result of a call stands; a duplicate changes
-// nothing (but re-drives the step's decision, in case a crash interrupted it), and a
-// duplicate whose content differs is reported as poison (terminated with the reason).
+// Started starts a run on its FIRST run.started (seq is the event's stream sequence):
+// it records the run as running, arms its deadline timer and asks for step 0. A later
+// run.started for the same run id (a resubmission after the duplicate window, or a
+// forgery) is terminated with the reason and changes nothing: a run id names one run
+// forever.
+func (in *Injector) Started(ctx context.Context, rs events.RunStarted, seq uint64) error {
+	if !events.ValidRunID(rs.RunID) {
+		return fmt.Errorf("%w: run.started with an invalid run id %q", events.ErrPoison, rs.RunID)
+	}
+	first, err := in.bus.RunStartedSeq(ctx, rs.RunID)
+	if err != nil {
+		return err
+	}
+	if first != seq {
+		return fmt.Errorf("%w: run %s already exists (started by the run.started at sequence %d): this later run.started changes nothing",
+			events.ErrPoison, rs.RunID, first)
+	}
+	created, err := in.bus.CreateRunState(ctx, rs.RunID, rs.StartedAt)
+	if err != nil {
+		return err
+	}
+	if !created {
+		// A redelivery: redo the publications (deterministic ids) only while the run has
+		// not gone past its start.
+		st, _, err := in.bus.RunState(ctx, rs.RunID)
+		if err != nil {
+			return err
+		}
+		if st.Status != events.RunRunning || st.Step != 0 {
+			return nil
+		}
+		if _, err := in.bus.Assistant(ctx, rs.RunID, 0); err == nil {
+			return nil
+		} else if !errors.Is(err, events.ErrNotFound) {
+			return err
+		}
+	}
+	full, err := in.bus.RunStarted(ctx, rs.RunID)
+	if err != nil {
+		return err
+	}
+	full = full.WithDefaults(in.cfg.Defaults)
+	if d := full.Limits.Deadline; !d.IsZero() {
+		if _, err := in.bus.Publish(ctx, events.SubjectTimer(rs.RunID), events.Meta{
+			ID: events.IDTimer(rs.RunID), Type: events.TypeRunTimer, Source: in.source, RunID: rs.RunID,
+		}, events.RunTimer{RunID: rs.RunID, Deadline: d}); err != nil {
+			return err
+		}
+	}
+	_, err = in.bus.Publish(ctx, events.SubjectModelRequested(rs.RunID), events.Meta{
+		ID: events.IDModelRequested(rs.RunID, 0), Type: events.TypeModelRequested, Source: in.source, RunID: rs.RunID,
+	}, events.ModelRequested{RunID: rs.RunID, Step: 0})
+	return err
+}
+
+// checkCall verifies that a call position and identity match the step's recorded
+// assistant message: a result or wait for a call the model did not make, at another
+// index, with another tool or another call count, is poison.
+func (in *Injector) checkCall(ctx context.Context, run string, step, idx, count int, callID, tool string) error {
+	calls, err := in.stepCalls(ctx, run, step)
+	if errors.Is(err, events.ErrNotFound) {
+		return fmt.Errorf("%w: run %s step %d has no recorded assistant message", events.ErrPoison, run, step)
+	}
+	if err != nil {
+		return err
+	}
+	switch {
+	case count != len(calls):
+		return fmt.Errorf("%w: call count %d does not match the %d calls of run %s step %d", events.ErrPoison, count, len(calls), run, step)
+	case calls[idx].CallID != callID:
+		return fmt.Errorf("%w: call %q is not call %d (%q) of run %s step %d", events.ErrPoison, callID, idx, calls[idx].CallID, run, step)
+	case calls[idx].Tool != tool:
+		return fmt.Errorf("%w: call %q names tool %q, the model asked for %q", events.ErrPoison, callID, tool, calls[idx].Tool)
+	}
+	return nil
+}
+
+// stepCalls returns the calls of a step's recorded assistant message (cached: the first
+// recorded message stands forever).
+func (in *Injector) stepCalls(ctx context.Context, run string, step int) ([]events.ToolCall, error) {
+	id := stepID(run, step)
+	if c, ok := in.calls.get(id); ok {
+		return c, nil
+	}
+	mr, err := in.bus.Assistant(ctx, run, step)
+	if err != nil {
+		return nil, err
+	}
+	in.calls.put(id, mr.Message.ToolCalls)
+	return mr.Message.ToolCalls, nil
+}
+
+// Finished joins one result. The result must match its call in the step's recorded
+// assistant message. It is stored under its own key, where the first result stands; a
+// duplicate changes nothing (but re-drives the step's decision, in case a crash
+// interrupted it), and a duplicate whose content differs is reported as poison
+// (terminated with the reason).
 func (in *Injector) Finished(ctx context.Context, tf events.ToolFinished) error {
 	if err := validPosition(tf.RunID, tf.Step, tf.CallIndex, tf.CallCount); err != nil {
 		return err
@@ -157,24 +326,27 @@ func (in *Injector) Finished(ctx context.Context, tf events.ToolFinished) error 
 	if !tf.Result.Status.Valid() {
 		return fmt.Errorf("%w: result with invalid status %q", events.ErrPoison, tf.Result.Status)
 	}
+	if err := in.checkCall(ctx, tf.RunID, tf.Step, tf.CallIndex, tf.CallCount, tf.Result.CallID, tf.Result.Tool); err != nil {
+		return err
+	}
 	res := tf.Result
-	res.Output = nil // the stream keeps it; the join keeps what the model reads
-	conflict := false
-	err := in.update(ctx, tf.RunID, tf.Step, tf.CallCount, func(rec *events.StepRecord) bool {
-		if rec.Results[tf.CallIndex] != nil {
-			prev := rec.Results[tf.CallIndex]
-			conflict = prev.CallID != res.CallID || prev.Status != res.Status || prev.Content != res.Content
-			return false
-		}
-		rec.Results[tf.CallIndex] = &res
-		return true
-	})
-	if err == nil && conflict {
+	stored, _, err := in.bus.PutResult(ctx, tf.RunID, tf.Step, tf.CallIndex, res)
+	if err != nil {
+		return err
+	}
+	// Whoever stored the result, the join state must count it (the writer may have died
+	// before it did).
+	if err := in.update(ctx, tf.RunID, tf.Step, tf.CallCount, func(st *events.StepState) bool {
+		return st.Received.Set(tf.CallIndex)
+	}); err != nil {
+		return err
+	}
+	if stored.Status != res.Status || stored.Content != res.Content {
 		// Terminated (not acknowledged) so that the termination advisory tells operators.
 		return fmt.Errorf("%w: duplicate result for call %q (run %s step %d index %d) differs from the joined one: the first result stands",
 			events.ErrPoison, res.CallID, tf.RunID, tf.Step, tf.CallIndex)
 	}
-	return err
+	return nil
 }
 
 // Waiting records a call that waits for approval.
@@ -182,13 +354,15 @@ func (in *Injector) Waiting(ctx context.Context, tw events.ToolWaiting) error {
 	if err := validPosition(tw.RunID, tw.Step, tw.CallIndex, tw.CallCount); err != nil {
 		return err
 	}
+	if err := in.checkCall(ctx, tw.RunID, tw.Step, tw.CallIndex, tw.CallCount, tw.Call.CallID, tw.Call.Tool); err != nil {
+		return err
+	}
 	call := tw.Call
-	if err := in.update(ctx, tw.RunID, tw.Step, tw.CallCount, func(rec *events.StepRecord) bool {
-		if rec.Waiting[tw.CallIndex] != nil || rec.Results[tw.CallIndex] != nil {
+	if err := in.update(ctx, tw.RunID, tw.Step, tw.CallCount, func(st *events.StepState) bool {
+		if st.Received.Has(tw.CallIndex) {
 			return false
 		}
-		rec.Waiting[tw.CallIndex] = &call
-		return true
+		return st.Waiting.Set(tw.CallIndex)
 	}); err != nil {
 		return err
 	}
@@ -206,62 +380,63 @@ func (in *Injector) Waiting(ctx context.Context, tw events.ToolWaiting) error {
 	return in.reissue(ctx, rec, tw.CallIndex)
 }
 
-// update applies change to a step's record with compare-and-set, then settles the step
-// if every call is accounted for. Changes to one step that arrive while a write of that
-// step is in flight are applied together in the next write (group commit): a step of K
-// results costs about two writes, not K, and a handler returns only once its change is
-// stored.
-func (in *Injector) update(ctx context.Context, run string, step, count int, change func(*events.StepRecord) bool) error {
-	return in.steps.submit(stepID(run, step), change, func(ops []func(*events.StepRecord) bool, cached *cachedStep) (*cachedStep, error) {
+// update applies change to a step's join state with compare-and-set, then settles the
+// step if every call is accounted for. Changes to one step that arrive while a write of
+// that step is in flight are applied together in the next write (group commit): a step
+// of K results costs about two writes of its join state, not K, and a handler returns
+// only once its change is stored. The join state is a few bit sets, so it stays small
+// whatever the number of calls and the size of their results.
+func (in *Injector) update(ctx context.Context, run string, step, count int, change func(*events.StepState) bool) error {
+	return in.steps.submit(stepID(run, step), change, func(ops []func(*events.StepState) bool, cached *cachedStep) (*cachedStep, error) {
 		return in.apply(ctx, run, step, count, ops, cached)
 	})
 }
 
 // apply writes a batch of changes to one step and settles it.
-func (in *Injector) apply(ctx context.Context, run string, step, count int, ops []func(*events.StepRecord) bool, cached *cachedStep) (*cachedStep, error) {
+func (in *Injector) apply(ctx context.Context, run string, step, count int, ops []func(*events.StepState) bool, cached *cachedStep) (*cachedStep, error) {
 	for attempt := 0; ; attempt++ {
 		var (
-			rec *events.StepRecord
+			st  *events.StepState
 			rev uint64
 		)
 		optimistic := false
 		switch {
 		case cached != nil:
-			rec, rev = cached.clone(), cached.rev
+			st, rev = cached.st.Clone(), cached.rev
 		case attempt == 0:
-			// Most steps are new to this injector: create the record without reading it
+			// Most steps are new to this injector: create the state without reading it
 			// first; if it exists, the create fails and it is read.
-			rec, rev, optimistic = events.NewStepRecord(run, step, count), 0, true
+			st, rev, optimistic = events.NewStepState(run, step, count), 0, true
 		default:
 			var err error
-			rec, rev, err = in.bus.Step(ctx, run, step)
+			st, rev, err = in.bus.StepState(ctx, run, step)
 			if errors.Is(err, events.ErrNotFound) {
-				rec, rev, err = events.NewStepRecord(run, step, count), 0, nil
+				st, rev, err = events.NewStepState(run, step, count), 0, nil
 			}
 			if err != nil {
 				return nil, err
 			}
 		}
-		if rec.CallCount != count || len(rec.Results) != count || len(rec.Waiting) != count {
-			return nil, fmt.Errorf("%w: call count %d does not match the step's %d", events.ErrPoison, count, rec.CallCount)
+		if st.CallCount != count {
+			return nil, fmt.Errorf("%w: call count %d does not match the step's %d", events.ErrPoison, count, st.CallCount)
 		}
 		changed := false
 		for _, op := range ops {
-			if op(rec) {
+			if op(st) {
 				changed = true
 			}
 		}
 		if !changed && optimistic {
-			continue // nothing to create: read the stored record
+			continue // nothing to create: read the stored state
 		}
 		if !changed {
 			// Only duplicates: settle again (idempotent) unless the step was already settled.
-			if rec.Complete() && in.settled(ctx, rec) {
-				return &cachedStep{rec: rec, rev: rev}, nil
+			if st.Complete() && in.settled(ctx, st) {
+				return &cachedStep{st: st, rev: rev}, nil
 			}
-			return &cachedStep{rec: rec, rev: rev}, in.settle(ctx, rec)
+			return &cachedStep{st: st, rev: rev}, in.settle(ctx, st)
 		}
-		newRev, err := in.bus.PutStep(ctx, rec, rev)
+		newRev, err := in.bus.PutStepState(ctx, st, rev)
 		if errors.Is(err, events.ErrConflict) && attempt < 100 {
 			cached = nil // another injector wrote it: read it again
 			continue
@@ -269,41 +444,49 @@ func (in *Injector) apply(ctx context.Context, run string, step, count int, ops 
 		if err != nil {
 			return nil, err
 		}
-		next := &cachedStep{rec: rec, rev: newRev}
-		return next, in.settle(ctx, rec)
+		next := &cachedStep{st: st, rev: newRev}
+		return next, in.settle(ctx, st)
 	}
 }
 
 // settled reports whether what follows a complete step was already published: the run
-// asked for a later step or ended. Only duplicates pay for this read.
-func (in *Injector) settled(ctx context.Context, rec *events.StepRecord) bool {
-	if st, _, err := in.bus.RunState(ctx, rec.RunID); err == nil && st.Status.Terminal() {
-		return true
+// asked for a later step or ended (and its outcome is on the stream). Only duplicates
+// pay for this read.
+func (in *Injector) settled(ctx context.Context, st *events.StepState) bool {
+	if rs, _, err := in.bus.RunState(ctx, st.RunID); err == nil && rs.Status.Terminal() {
+		// Republish the outcome if a crash lost it (nothing when the stream has it).
+		return in.bus.PublishOutcome(ctx, in.source, rs) == nil
 	}
-	step, err := in.bus.LastModelRequest(ctx, rec.RunID)
-	return err == nil && step > rec.Step
+	step, err := in.bus.LastModelRequest(ctx, st.RunID)
+	return err == nil && step > st.Step
 }
 
 // settle publishes what follows a step whose calls are all accounted for. It is
 // idempotent: every publication has a deterministic id.
-func (in *Injector) settle(ctx context.Context, rec *events.StepRecord) error {
-	if !rec.Settled() {
+func (in *Injector) settle(ctx context.Context, st *events.StepState) error {
+	if !st.Settled() {
 		return nil
 	}
-	rs, err := in.bus.RunStarted(ctx, rec.RunID)
+	rs, err := in.bus.RunStarted(ctx, st.RunID)
 	if err != nil {
 		if errors.Is(err, events.ErrRunNotFound) {
 			return fmt.Errorf("%w: %w", events.ErrPoison, err)
 		}
 		return err
 	}
-	state, _, err := in.bus.RunState(ctx, rec.RunID)
+	state, _, err := in.bus.RunState(ctx, st.RunID)
 	if err != nil && !errors.Is(err, events.ErrRunNotFound) {
 		return err
 	}
 	if state.Status.Terminal() {
-		in.log.Info("step settled after the run ended: nothing follows", "run_id", rec.RunID, "step", rec.Step, "status", state.Status)
-		return nil
+		// The run ended; if a crash came between its state write and its outcome, the
+		// outcome is published now (once: PublishOutcome skips what the stream has).
+		in.log.Info("step settled after the run ended: nothing follows", "run_id", st.RunID, "step", st.Step, "status", state.Status)
+		return in.bus.PublishOutcome(ctx, in.source, state)
+	}
+	rec, err := in.bus.AssembleStep(ctx, st)
+	if err != nil {
+		return err
 	}
 	if !rec.Complete() {
 		pending, err := in.undecided(ctx, rec)
@@ -362,24 +545,37 @@ func (in *Injector) cancelledBy(ctx context.Context, rec *events.StepRecord) (ev
 	return events.Cancel{}, false, nil
 }
 
+// end records a run outcome and publishes it. When the run already ended otherwise, the
+// stored outcome is published again if the stream lacks it (a crash between the state
+// write and the publish), and nothing else happens.
 func (in *Injector) end(ctx context.Context, step int, ended events.RunEnded) error {
-	err := in.bus.EndRun(ctx, in.source, step, ended)
+	st, err := in.bus.RecordEnd(ctx, step, ended)
 	if errors.Is(err, events.ErrRunEnded) {
-		return nil
+		return in.bus.PublishOutcome(ctx, in.source, st)
 	}
-	if err == nil {
-		in.log.Info("run outcome", "run_id", ended.RunID, "step", step, "status", ended.Status, "code", ended.Code)
+	if err != nil {
+		return err
 	}
-	return err
+	if in.cfg.BeforeOutcome != nil {
+		if err := in.cfg.BeforeOutcome(ended); err != nil {
+			return err
+		}
+	}
+	if err := in.bus.PublishOutcome(ctx, in.source, st); err != nil {
+		return err
+	}
+	in.log.Info("run outcome", "run_id", ended.RunID, "step", step, "status", ended.Status, "code", ended.Code)
+	return nil
 }
 
 // Decided applies an approval decision to the call of the run's current step: the
 // decision is recorded (the first one stands) and, if the call already waits, it is
 // issued again; the executor then runs it or rejects it as approval_denied. A decision
 // that arrives before the call waits is kept: the executor or Waiting applies it.
-// step is the step the decision names (the event's step extension); a decision for an
-// earlier step is stale and ignored. 0 is taken to mean "the current step", for
-// publishers that do not set the extension.
+// step is the step the decision names (the event's step extension): a decision binds to
+// its step only, so a late or repeated decision for call_X at step 0 can never approve a
+// call_X that a later step reuses. A decision for any step but the current one is
+// terminated with the reason.
 func (in *Injector) Decided(ctx context.Context, a events.Approval, step int, granted bool) error {
 	if !events.ValidRunID(a.RunID) || a.CallID == "" {
 		return fmt.Errorf("%w: approval without run id or call id", events.ErrPoison)
@@ -399,9 +595,9 @@ func (in *Injector) Decided(ctx context.Context, a events.Approval, step int, gr
 	if err != nil {
 		return err
 	}
-	if step != 0 && step != current {
-		in.log.Warn("approval for another step ignored", "run_id", a.RunID, "call_id", a.CallID, "step", step, "current_step", current)
-		return nil
+	if step != current {
+		return fmt.Errorf("%w: decision for call %q names step %d, run %s is at step %d: it applies to that step only",
+			events.ErrPoison, a.CallID, step, a.RunID, current)
 	}
 	mr, err := in.bus.Assistant(ctx, a.RunID, current)
 	if err != nil && !errors.Is(err, events.ErrNotFound) {

@@ -34,8 +34,14 @@ type Config struct {
 	Grace time.Duration
 	// Defaults are the limits of runs that set none (deadline, token budget).
 	Defaults events.DefaultLimits
-	Logger   *slog.Logger
+	// MaxCallsPerStep caps the calls of one step that are executed (default 128): each
+	// call beyond it gets a rejected result (code too_many_calls) from the planner itself.
+	MaxCallsPerStep int
+	Logger          *slog.Logger
 }
+
+// DefaultMaxCallsPerStep is the default of Config.MaxCallsPerStep.
+const DefaultMaxCallsPerStep = 128
 
 func (c *Config) setDefaults() {
 	if c.Instance == "" {
@@ -58,6 +64,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.Grace <= 0 {
 		c.Grace = 30 * time.Second
+	}
+	if c.MaxCallsPerStep <= 0 {
+		c.MaxCallsPerStep = DefaultMaxCallsPerStep
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -157,7 +166,7 @@ func (p *Planner) handle(ctx context.Context, msg jetstream.Msg) error {
 	// The heartbeats must not keep a step forever: the whole step is bounded.
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.ModelTimeout+p.cfg.AckWait)
 	defer cancel()
-	err = p.Step(ctx, req.RunID, req.Step, meta.TraceParent, delivered > 1)
+	err = p.Step(ctx, req.RunID, req.Step, meta.TraceParent)
 	if err != nil && !errors.Is(err, events.ErrPoison) && !errors.Is(err, events.ErrRunEnded) &&
 		delivered >= uint64(p.cfg.MaxDeliver) {
 		// Last delivery: end the run rather than leave it hanging.
@@ -171,8 +180,8 @@ func (p *Planner) handle(ctx context.Context, msg jetstream.Msg) error {
 }
 
 // Step plans one step of a run. It is idempotent: a step already answered is
-// republished as recorded (the stream drops the duplicates).
-func (p *Planner) Step(ctx context.Context, run string, step int, traceparent string, redelivered bool) error {
+// republished as recorded (the stream drops the duplicates), without a model call.
+func (p *Planner) Step(ctx context.Context, run string, step int, traceparent string) error {
 	rs, err := p.bus.RunStarted(ctx, run)
 	if err != nil {
 		if errors.Is(err, events.ErrRunNotFound) {
@@ -186,18 +195,26 @@ func (p *Planner) Step(ctx context.Context, run string, step int, traceparent st
 		p.forget(run)
 		return nil
 	}
-	if redelivered {
-		// The cheap local view of cancellations may have missed an event while this
-		// process was down: check the run state itself.
-		st, _, err := p.bus.RunState(ctx, run)
-		if err != nil && !errors.Is(err, events.ErrRunNotFound) {
-			return err
+	// Only a running run's current step is planned: a forged or duplicate request for
+	// another step, or for an ended run, is terminated with the reason and calls no model.
+	st, _, err := p.bus.RunState(ctx, run)
+	if err != nil {
+		if errors.Is(err, events.ErrRunNotFound) {
+			return fmt.Errorf("%w: step %d of run %s, which has no run state", events.ErrPoison, step, run)
 		}
-		if st.Status.Terminal() {
-			p.log.Info("run already ended, step skipped", "run_id", run, "step", step, "status", st.Status)
-			p.forget(run)
-			return nil
+		return err
+	}
+	if st.Status.Terminal() {
+		p.forget(run)
+		// If the run's end was recorded but its outcome lost in a crash, publish it now
+		// (best effort: the injectors and the deadline timer also do).
+		if err := p.bus.PublishOutcome(ctx, p.source, st); err != nil {
+			p.log.Warn("could not republish the outcome of an ended run", "run_id", run, "status", st.Status, "error", err)
 		}
+		return fmt.Errorf("%w: step %d of run %s, which ended %s", events.ErrPoison, step, run, st.Status)
+	}
+	if err := p.current(ctx, run, step); err != nil {
+		return err
 	}
 	if !rs.Limits.Deadline.IsZero() && time.Now().After(rs.Limits.Deadline) {
 		return p.end(ctx, run, step, events.RunEnded{RunID: run, Status: events.RunLimitReached,
@@ -208,14 +225,13 @@ func (p *Planner) Step(ctx context.Context, run string, step int, traceparent st
 		mr  events.ModelResponded
 		got bool
 	)
-	if redelivered {
-		// Reuse what the model already said for this step, if it was recorded.
-		switch mr, err = p.bus.Assistant(ctx, run, step); {
-		case err == nil:
-			got = true
-		case !errors.Is(err, events.ErrNotFound):
-			return err
-		}
+	// Reuse what the model already said for this step, if it was recorded (a redelivery,
+	// or a duplicate request): the model is called once per step.
+	switch mr, err = p.bus.Assistant(ctx, run, step); {
+	case err == nil:
+		got = true
+	case !errors.Is(err, events.ErrNotFound):
+		return err
 	}
 	if !got {
 		if mr, err = p.callModel(ctx, rs, step); err != nil {
@@ -266,8 +282,39 @@ func (p *Planner) Step(ctx context.Context, run string, step int, traceparent st
 	return p.publishCalls(ctx, rs, step, calls, traceparent, futures)
 }
 
+// current checks that step is the run's current step: step 0, or the step after a
+// complete one, and not a step the run already went past.
+func (p *Planner) current(ctx context.Context, run string, step int) error {
+	if step > 0 {
+		js, _, err := p.bus.StepState(ctx, run, step-1)
+		if errors.Is(err, events.ErrNotFound) || (err == nil && !js.Complete()) {
+			return fmt.Errorf("%w: step %d of run %s requested before step %d completed", events.ErrPoison, step, run, step-1)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	if _, err := p.bus.Assistant(ctx, run, step+1); err == nil {
+		return fmt.Errorf("%w: step %d of run %s requested after the run went past it", events.ErrPoison, step, run)
+	} else if !errors.Is(err, events.ErrNotFound) {
+		return err
+	}
+	return nil
+}
+
+// publishCalls publishes one tool.requested per call, up to the per-step cap; each call
+// beyond the cap gets a rejected result (too_many_calls) published here, so the step
+// still has one result per call and the model reads why.
 func (p *Planner) publishCalls(ctx context.Context, rs *events.RunStarted, step int, calls []events.ToolCall, traceparent string, futures []jetstream.PubAckFuture) error {
 	for i, c := range calls {
+		if i >= p.cfg.MaxCallsPerStep {
+			f, err := p.rejectExcess(rs.RunID, step, i, calls, traceparent)
+			if err != nil {
+				return err
+			}
+			futures = append(futures, f)
+			continue
+		}
 		token := c.Tool
 		if _, ok := p.catalog.Lookup(c.Tool); !ok {
 			token = events.UnknownToolToken // no executor serves it: any executor rejects it
@@ -286,6 +333,19 @@ func (p *Planner) publishCalls(ctx context.Context, rs *events.RunStarted, step 
 		futures = append(futures, f)
 	}
 	return events.AwaitAcks(ctx, futures)
+}
+
+// rejectExcess publishes the rejected result of call i, beyond the per-step cap.
+func (p *Planner) rejectExcess(run string, step, i int, calls []events.ToolCall, traceparent string) (jetstream.PubAckFuture, error) {
+	c := calls[i]
+	msg := fmt.Sprintf("not run: this step asked for %d tool calls and at most %d run per step; ask for the rest in a later step",
+		len(calls), p.cfg.MaxCallsPerStep)
+	res := events.ToolResult{CallID: c.CallID, Tool: c.Tool, Status: events.StatusRejected, Content: msg, Executor: p.source,
+		Error: &events.ToolError{Code: events.CodeTooManyCalls, Message: msg, Retryable: true}}
+	return p.bus.PublishAsync(events.SubjectToolFinished(run, c.Tool), events.Meta{
+		ID: events.IDToolFinished(run, step, c.CallID), Type: events.TypeToolFinished, Source: p.source,
+		RunID: run, Step: step, CallID: c.CallID, CallIndex: i, CallCount: len(calls), HasCall: true, TraceParent: traceparent,
+	}, events.ToolFinished{RunID: run, Step: step, CallIndex: i, CallCount: len(calls), Result: res})
 }
 
 func (p *Planner) callModel(ctx context.Context, rs *events.RunStarted, step int) (events.ModelResponded, error) {

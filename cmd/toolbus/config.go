@@ -31,18 +31,20 @@ type Config struct {
 	Concurrency int    `envconfig:"CONCURRENCY" default:"64" desc:"calls (executor) or steps (planner, injector) handled at once per process"`
 
 	Tools         string        `envconfig:"TOOLS" default:"demo" desc:"built-in tool packs served by executors (demo, calc, diag: diag's panic, big_output, sleep... only when asked for)"`
-	ExecutorTools []string      `envconfig:"EXECUTOR_TOOLS" desc:"serve only these tools (a deployment subset; subsets must not overlap)"`
+	ExecutorTools []string      `envconfig:"EXECUTOR_TOOLS" desc:"serve only these tools of the packs (deployments may overlap: each tool has one shared queue)"`
 	CallTimeout   time.Duration `envconfig:"CALL_TIMEOUT" default:"30s" desc:"default tool timeout"`
 	MaxOutput     int           `envconfig:"MAX_OUTPUT_BYTES" default:"16384" desc:"default bound of what the model reads of one result"`
 	AckWait       time.Duration `envconfig:"ACK_WAIT" default:"30s" desc:"redelivery delay of a call, step or result whose worker died (live workers send heartbeats)"`
 	MaxDeliver    int           `envconfig:"MAX_DELIVER" default:"5" desc:"deliveries of one call before it is reported as tool_internal_error"`
 
-	Model       string        `envconfig:"MODEL" default:"script:incident" desc:"model: script:incident, replay:<file>, openai:<model>, openai-responses:<model>, anthropic:<model>"`
-	MaxSteps    int           `envconfig:"MAX_STEPS" default:"10" desc:"default step limit of a run"`
-	RunTimeout  time.Duration `envconfig:"RUN_TIMEOUT" default:"10m" desc:"default run deadline, from its start"`
-	TokenBudget int64         `envconfig:"TOKEN_BUDGET" desc:"default token budget of a run (0: none)"`
-	FailOn      []string      `envconfig:"FAIL_ON" default:"unknown_tool,tool_internal_error,invalid_tool_output" desc:"error codes that fail a run"`
-	Grace       time.Duration `envconfig:"GRACE" default:"30s" desc:"shutdown grace period for in-flight work"`
+	Model    string `envconfig:"MODEL" default:"script:incident" desc:"model: script:incident, replay:<file>, openai:<model>, openai-responses:<model>, anthropic:<model>"`
+	MaxSteps int    `envconfig:"MAX_STEPS" default:"10" desc:"default step limit of a run"`
+	// MaxCallsPerStep caps the calls of one step that run; the rest are rejected (too_many_calls).
+	MaxCallsPerStep int           `envconfig:"MAX_CALLS_PER_STEP" default:"128" desc:"calls of one step that run; the rest get a rejected result (too_many_calls)"`
+	RunTimeout      time.Duration `envconfig:"RUN_TIMEOUT" default:"10m" desc:"default run deadline, from its start"`
+	TokenBudget     int64         `envconfig:"TOKEN_BUDGET" desc:"default token budget of a run (0: none)"`
+	FailOn          []string      `envconfig:"FAIL_ON" default:"unknown_tool,tool_internal_error,invalid_tool_output" desc:"error codes that fail a run"`
+	Grace           time.Duration `envconfig:"GRACE" default:"30s" desc:"shutdown grace period for in-flight work"`
 
 	LogLevel  string `envconfig:"LOG_LEVEL" default:"info" desc:"debug, info, warn or error"`
 	LogFormat string `envconfig:"LOG_FORMAT" default:"text" desc:"text or json"`

@@ -44,7 +44,7 @@ func cmdInit(ctx context.Context, cfg Config, log *slog.Logger, args []string, o
 		return fmt.Errorf("init: connect %s: %w", cfg.URL, err)
 	}
 	defer nc.Close()
-	setup := append(setupOptions(cfg), events.SetupTools(names, cfg.AckWait, cfg.MaxDeliver, 0))
+	setup := append(setupOptions(cfg), events.SetupTools(names, cfg.AckWait, 0))
 	if *mirror {
 		setup = append(setup, events.SetupReadMirror())
 	}

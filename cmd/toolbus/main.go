@@ -7,6 +7,7 @@
 //	toolbus run "question"          submit a run and stream its events until it ends
 //	toolbus approve|deny|cancel     decide a call waiting for approval, cancel a run
 //	toolbus runs|tail|replay        list runs, follow events live, audit a run
+//	toolbus tools                   list the tool catalog and who serves each tool
 //	toolbus env                     print the configuration variables
 package main
 
@@ -56,6 +57,7 @@ commands:
                            cancel a run: calls in flight are cancelled, the run ends cancelled
   runs [--json] [--status s]
                            list runs with their status and age
+  tools [--json]           list the tool catalog: instances serving each tool, pending calls
   tail [run] [--all] [--color auto|always|never]
                            follow events live (new ones; --all from the start)
   replay <run> [--json]    audit a run from the stream: timeline, transcript, invariants
@@ -95,6 +97,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		err = cmdCancel(ctx, cfg, log, rest, stdout, stderr)
 	case "runs":
 		err = cmdRuns(ctx, cfg, log, rest, stdout, stderr)
+	case "tools":
+		err = cmdTools(ctx, cfg, log, rest, stdout, stderr)
 	case "tail":
 		err = cmdTail(ctx, cfg, log, rest, stdout, stderr)
 	case "replay":

@@ -76,7 +76,7 @@ func runPlanner(ctx context.Context, cfg Config, bus *events.Bus, log *slog.Logg
 	}
 	p := planner.New(bus, model, cat, planner.Config{
 		Instance: cfg.Instance, Concurrency: cfg.Concurrency, Grace: cfg.Grace, Logger: log, AckWait: cfg.AckWait,
-		Defaults: cfg.defaultLimits(),
+		Defaults: cfg.defaultLimits(), MaxCallsPerStep: cfg.MaxCallsPerStep,
 	})
 	return p.Run(ctx)
 }

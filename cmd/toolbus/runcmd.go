@@ -86,6 +86,10 @@ func cmdRun(ctx context.Context, cfg Config, log *slog.Logger, args []string, ou
 		return fmt.Errorf("run: watch: %w", err)
 	}
 	if err := c.bus.StartRun(ctx, events.Source("cli", cfg.Instance), rs); err != nil {
+		if errors.Is(err, events.ErrRunExists) {
+			// A run id names one run forever: it is never replayed nor restarted.
+			return &exitError{code: 2, msg: fmt.Sprintf("run: run id %q already exists; choose another id (toolbus replay %s shows that run)", *runID, *runID)}
+		}
 		return err
 	}
 	p := newPrinter(out)

@@ -59,7 +59,13 @@ type config struct {
 	ModelTimeout time.Duration `envconfig:"MODEL_TIMEOUT" default:"10s"`
 	LogLevel     string        `envconfig:"LOG_LEVEL" default:"info"`
 	AppendFile   string        `envconfig:"FAULT_APPEND_FILE"`
-	KillAfter    string        `envconfig:"FAULT_KILL_AFTER"`
+	// AppendTools names the append tools to register (each writes "<key> <instance>
+	// <attempt> <tool>" lines), e.g. append_a,append_b for deployments that serve
+	// different subsets.
+	AppendTools []string `envconfig:"FAULT_APPEND_TOOLS" default:"append"`
+	// ExecutorTools is the deployment subset of this executor (empty: every tool).
+	ExecutorTools []string `envconfig:"EXECUTOR_TOOLS"`
+	KillAfter     string   `envconfig:"FAULT_KILL_AFTER"`
 }
 
 func main() {
@@ -130,23 +136,28 @@ func run(ctx context.Context, cfg config, role string, log *slog.Logger) error {
 		if err := packs.Register(reg, "demo", "diag"); err != nil {
 			return err
 		}
-		if err := reg.Register(appendTool(cfg)); err != nil {
-			return err
+		for _, name := range cfg.AppendTools {
+			if err := reg.Register(appendTool(cfg, name)); err != nil {
+				return err
+			}
 		}
 		exec := executor.New(reg, executor.WithLogger(log), executor.WithInstance(cfg.Instance))
 		return executor.NewWorker(bus, exec, executor.WorkerConfig{
 			Instance: cfg.Instance, Concurrency: cfg.Concurrency, AckWait: cfg.AckWait,
-			MaxDeliver: cfg.MaxDeliver, Grace: cfg.Grace, Logger: log,
+			MaxDeliver: cfg.MaxDeliver, Grace: cfg.Grace, Logger: log, Tools: cfg.ExecutorTools,
 		}).Run(ctx)
 	}
 }
 
+// appendMu serializes the append tools of a process on the shared file.
+var appendMu sync.Mutex
+
 // appendTool is a side effect the test can count across processes: one line per run of
-// the tool, "<idempotency key> <instance> <attempt>".
-func appendTool(cfg config) executor.Tool {
-	var mu sync.Mutex
+// the tool, "<idempotency key> <instance> <attempt> <tool>".
+func appendTool(cfg config, name string) executor.Tool {
+	mu := &appendMu
 	return executor.Tool{
-		Name:        "append",
+		Name:        name,
 		Description: "Fault suite: wait ms milliseconds, then append the call's idempotency key to a file (a side effect).",
 		InputSchema: json.RawMessage(`{"type":"object","properties":{"ms":{"type":"integer","minimum":0,"maximum":60000}}}`),
 		ReadOnly:    false,
@@ -173,7 +184,7 @@ func appendTool(cfg config) executor.Tool {
 				return nil, err
 			}
 			defer f.Close()
-			if _, err := fmt.Fprintf(f, "%s %s %d\n", ci.IdempotencyKey, cfg.Instance, ci.Attempt); err != nil {
+			if _, err := fmt.Fprintf(f, "%s %s %d %s\n", ci.IdempotencyKey, cfg.Instance, ci.Attempt, name); err != nil {
 				return nil, err
 			}
 			if err := f.Sync(); err != nil {
@@ -228,7 +239,8 @@ func (c *killConn) Write(p []byte) (int, error) {
 // assistant message, one tool message per call in call order, with the right output; a
 // wrong history fails the run (permanent model error), which the suite detects.
 type scriptModel struct {
-	tool         string
+	tool         string   // the tool of every call, or the first of tools
+	tools        []string // call i uses tools[i%len(tools)] (spec a+b+c)
 	calls, steps int
 	minMS, maxMS int
 }
@@ -239,7 +251,8 @@ func parseModel(spec string) (*scriptModel, error) {
 	if len(parts) < 2 || len(parts) > 3 {
 		return nil, fmt.Errorf("model %q: want <tool>:<calls>x<steps>[:<min>-<max>]", spec)
 	}
-	m := &scriptModel{tool: parts[0]}
+	m := &scriptModel{tools: strings.Split(parts[0], "+")}
+	m.tool = m.tools[0]
 	c, s, ok := strings.Cut(parts[1], "x")
 	var err1, err2 error
 	m.calls, err1 = strconv.Atoi(c)
@@ -267,8 +280,19 @@ func (m *scriptModel) latency(run string, step, i int) int {
 	return m.minMS + int(h.Sum32()%uint32(m.maxMS-m.minMS+1))
 }
 
+// toolOf is the tool of call i.
+func (m *scriptModel) toolOf(i int) string { return m.tools[i%len(m.tools)] }
+
+// kind is what the checks know a tool as: sleep, append (any append_* tool) or other.
+func kind(tool string) string {
+	if strings.HasPrefix(tool, "append") {
+		return "append"
+	}
+	return tool
+}
+
 func (m *scriptModel) args(run string, step, i int) string {
-	if m.tool == "sleep" || m.tool == "append" {
+	if k := kind(m.toolOf(i)); k == "sleep" || k == "append" {
 		return `{"ms":` + strconv.Itoa(m.latency(run, step, i)) + `}`
 	}
 	return `{}`
@@ -284,7 +308,7 @@ func (m *scriptModel) Complete(_ context.Context, req planner.Request) (planner.
 	}
 	calls := make([]events.ToolCall, m.calls)
 	for i := range calls {
-		calls[i] = events.ToolCall{CallID: "c" + strconv.Itoa(i), Tool: m.tool, Arguments: m.args(req.RunID, req.Step, i)}
+		calls[i] = events.ToolCall{CallID: "c" + strconv.Itoa(i), Tool: m.toolOf(i), Arguments: m.args(req.RunID, req.Step, i)}
 	}
 	return planner.Response{Message: events.Message{Role: events.RoleAssistant, ToolCalls: calls}, Model: "faultbus"}, nil
 }
@@ -311,7 +335,7 @@ func (m *scriptModel) check(req planner.Request) error {
 			if tm.Role != events.RoleTool || tm.ToolCallID != c.CallID {
 				return fmt.Errorf("history of %s step %d: step %d message %d answers %q, want %q (call order)", req.RunID, req.Step, step, k, tm.ToolCallID, c.CallID)
 			}
-			switch m.tool {
+			switch kind(m.toolOf(k)) {
 			case "sleep":
 				var out struct {
 					SleptMS *int `json:"slept_ms"`

@@ -1,0 +1,95 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/toolbus/toolbus/events"
+)
+
+// toolRow is one line of `toolbus tools`.
+type toolRow struct {
+	Name        string   `json:"name"`
+	Description string   `json:"description"`
+	Instances   []string `json:"instances"`
+	// Pending counts calls waiting in the tool's queue; InFlight those being run.
+	Pending  uint64 `json:"pending"`
+	InFlight int    `json:"in_flight"`
+	// Offered is false when no live instance serves the tool: models are not offered it.
+	Offered bool `json:"offered"`
+}
+
+func cmdTools(ctx context.Context, cfg Config, log *slog.Logger, args []string, out, errOut io.Writer) error {
+	fs := newFlagSet("tools", "tools [--json]", errOut)
+	asJSON := fs.Bool("json", false, "print JSON")
+	pos, err := parseInterleaved(fs, args)
+	if err != nil {
+		return flagError(err)
+	}
+	if len(pos) != 0 {
+		return usageError(fs, "tools: no arguments expected")
+	}
+	c, err := openBus(ctx, cfg, quietLogger(cfg, log), true)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	rows, err := toolRows(ctx, c.bus)
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		return writeJSON(out, rows)
+	}
+	if len(rows) == 0 {
+		fmt.Fprintln(out, "no tools in the catalog")
+		return nil
+	}
+	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "TOOL\tINSTANCES\tPENDING\tIN FLIGHT\tDESCRIPTION")
+	for _, r := range rows {
+		inst := strings.Join(r.Instances, ",")
+		if inst == "" {
+			inst = "- (not offered)"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\n", r.Name, inst, r.Pending, r.InFlight, oneLine(r.Description, 60))
+	}
+	return tw.Flush()
+}
+
+// toolRows joins the catalog, the live instances and the queues.
+func toolRows(ctx context.Context, bus *events.Bus) ([]toolRow, error) {
+	contracts, err := bus.Contracts(ctx)
+	if err != nil {
+		return nil, err
+	}
+	instances, err := bus.Instances(ctx)
+	if err != nil {
+		return nil, err
+	}
+	rows := make([]toolRow, 0, len(contracts))
+	for _, tc := range contracts {
+		r := toolRow{Name: tc.Name, Description: tc.Description, Instances: []string{}}
+		for _, in := range instances {
+			for _, t := range in.Tools {
+				if t == tc.Name {
+					r.Instances = append(r.Instances, in.Name)
+					break
+				}
+			}
+		}
+		r.Offered = len(r.Instances) > 0
+		q, err := bus.ToolQueueInfo(ctx, tc.Name)
+		if err != nil && !errors.Is(err, events.ErrNotFound) {
+			return nil, err
+		}
+		r.Pending, r.InFlight = q.Pending, q.InFlight
+		rows = append(rows, r)
+	}
+	return rows, nil
+}

@@ -1,0 +1,69 @@
+package events_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/eventstest"
+)
+
+// A handler that panics does not block its queue: Serve recovers, terminates the
+// message with the panic as reason (it is not redelivered), and handles the next ones.
+func TestServeRecoversHandlerPanics(t *testing.T) {
+	bus := openBus(t)
+	ctx := eventstest.Context(t, time.Minute)
+	cons, err := bus.Consumer(ctx, events.ConsumerConfig{Durable: "panics", Filters: []string{"toolbus.p.>"},
+		AckWait: 30 * time.Second, MaxDeliver: 5, MaxAckPending: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var (
+		mu      sync.Mutex
+		handled = map[string]int{}
+	)
+	serveCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		done <- events.Serve(serveCtx, cons, events.ServeConfig{Concurrency: 1, Grace: time.Second},
+			func(_ context.Context, msg jetstream.Msg) error {
+				mu.Lock()
+				handled[msg.Subject()]++
+				mu.Unlock()
+				if msg.Subject() == "toolbus.p.boom" {
+					panic("boom")
+				}
+				return nil
+			})
+	}()
+	defer func() { stop(); <-done }()
+
+	// MaxAckPending 1: a panicking message left unacknowledged would hold the queue.
+	for _, subj := range []string{"toolbus.p.boom", "toolbus.p.after1", "toolbus.p.after2"} {
+		if _, err := bus.JS.Publish(ctx, subj, []byte("x")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	eventstest.Eventually(t, 30*time.Second, func() error {
+		ci, err := cons.Info(ctx)
+		if err != nil {
+			return err
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if handled["toolbus.p.after2"] == 0 || ci.NumPending != 0 || ci.NumAckPending != 0 {
+			return fmt.Errorf("handled %v, %d pending, %d unacknowledged", handled, ci.NumPending, ci.NumAckPending)
+		}
+		return nil
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	if handled["toolbus.p.boom"] != 1 {
+		t.Fatalf("the panicking message was handled %d times, want 1 (terminated, not redelivered)", handled["toolbus.p.boom"])
+	}
+}

@@ -1,0 +1,209 @@
+package injector
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/toolbus/toolbus/events"
+)
+
+// Deadlines by timer. Each run with a deadline gets one timer event on the stream
+// (published by Started). The timer consumer holds it with a negative acknowledgement
+// delayed until the deadline plus DeadlineGrace: the server keeps the timer, durable
+// across injector restarts, and redelivers it to any injector when it is due. A run
+// therefore ends by its deadline even when a step never completes (a lost call, a tool
+// no executor serves, an executor stopped mid-step).
+//
+// JetStream message schedules (Nats-Schedule) were the other candidate: on this server
+// a stream that allows them is forced to allow roll-ups and purges, so any publisher of
+// an event could erase the audit trail with a Nats-Rollup header; the delayed
+// negative acknowledgement needs no change to the stream.
+//
+// Time spent waiting for approval counts toward the deadline: a run left waiting past
+// its deadline ends limit_reached / deadline with its pending calls listed.
+
+// timerRetry is the delay before a timer whose handling failed is tried again.
+const timerRetry = 2 * time.Second
+
+// serveTimers consumes deadline timers until ctx ends.
+func (in *Injector) serveTimers(ctx context.Context, cons jetstream.Consumer) error {
+	workCtx, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelWork()
+	var wg sync.WaitGroup
+	slots := make(chan struct{}, 8)
+	cc, err := cons.Consume(func(msg jetstream.Msg) {
+		slots <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer func() { <-slots; wg.Done() }()
+			in.timer(workCtx, msg)
+		}()
+	}, jetstream.PullMaxMessages(64), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+		if !errors.Is(err, jetstream.ErrNoHeartbeat) {
+			in.log.Debug("timer consume", "error", err)
+		}
+	}))
+	if err != nil {
+		return fmt.Errorf("injector: consume timers: %w", err)
+	}
+	<-ctx.Done()
+	cc.Stop()
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(in.cfg.Grace):
+		cancelWork()
+		<-done
+	}
+	return nil
+}
+
+// timer handles one delivery of a run's deadline timer: not due yet, it is handed back
+// until it is; due, the run's deadline is enforced.
+func (in *Injector) timer(ctx context.Context, msg jetstream.Msg) {
+	defer func() {
+		if r := recover(); r != nil {
+			in.log.Error("deadline timer panic", "subject", msg.Subject(), "panic", r)
+			_ = msg.NakWithDelay(timerRetry)
+		}
+	}()
+	var t events.RunTimer
+	meta, err := events.DecodeMsg(msg, &t)
+	run, _ := events.RunIDFromSubject(msg.Subject())
+	if err != nil || meta.Type != events.TypeRunTimer || t.RunID != run || !events.ValidRunID(run) {
+		_ = msg.TermWithReason("not a deadline timer of this run")
+		return
+	}
+	// The deadline is the run's own (its first run.started), not what the timer says.
+	rs, err := in.bus.RunStarted(ctx, run)
+	if err != nil {
+		if errors.Is(err, events.ErrRunNotFound) {
+			_ = msg.TermWithReason("timer of a run that was never started")
+			return
+		}
+		_ = msg.NakWithDelay(timerRetry)
+		return
+	}
+	deadline := rs.WithDefaults(in.cfg.Defaults).Limits.Deadline
+	if deadline.IsZero() {
+		_ = msg.Ack()
+		return
+	}
+	if wait := time.Until(deadline.Add(in.cfg.DeadlineGrace)); wait > 0 {
+		// Not due: the server holds it until then (a slot of MaxAckPending, no goroutine).
+		_ = msg.NakWithDelay(wait)
+		return
+	}
+	if err := in.Deadline(ctx, run, deadline); err != nil {
+		in.log.Warn("deadline timer failed, trying again", "run_id", run, "error", err)
+		_ = msg.NakWithDelay(timerRetry)
+		return
+	}
+	_ = msg.Ack()
+}
+
+// Deadline ends a run whose deadline passed while it still runs (or waits for approval):
+// each call of its current step with no result gets a timed_out result from the
+// injector (error code timeout), then the run ends limit_reached / deadline with those
+// calls listed in Unanswered. A run that already ended is left alone, except that its
+// outcome is published if a crash lost it. It is idempotent: the outcome is recorded
+// first, whole, and every publication has a deterministic id.
+func (in *Injector) Deadline(ctx context.Context, run string, deadline time.Time) error {
+	st, _, err := in.bus.RunState(ctx, run)
+	if err != nil {
+		return err
+	}
+	if st.Status.Terminal() && (st.Ended == nil || st.Ended.Code != events.LimitDeadline || len(st.Ended.Unanswered) == 0) {
+		return in.bus.PublishOutcome(ctx, in.source, st)
+	}
+	stored := st
+	if !st.Status.Terminal() {
+		if stored, err = in.recordDeadline(ctx, run, deadline); err != nil || stored.Ended == nil {
+			return err
+		}
+	}
+	// From here on, the stored outcome (this attempt's or a crashed one's) names the calls.
+	step, unanswered := stored.Step, stored.Ended.Unanswered
+	calls, err := in.stepCalls(ctx, run, step)
+	if err != nil && !errors.Is(err, events.ErrNotFound) {
+		return err
+	}
+	index := make(map[string]int, len(calls))
+	for i, c := range calls {
+		index[c.CallID] = i
+	}
+	futures := make([]jetstream.PubAckFuture, 0, len(unanswered))
+	for _, c := range unanswered {
+		i, ok := index[c.CallID]
+		if !ok {
+			continue
+		}
+		res := events.ToolResult{CallID: c.CallID, Tool: c.Tool, Status: events.StatusTimedOut, Executor: in.source,
+			Content: "no executor answered this call before the run's deadline",
+			Error: &events.ToolError{Code: events.CodeTimeout,
+				Message: "no executor answered before the run's deadline " + deadline.UTC().Format(time.RFC3339)}}
+		f, err := in.bus.PublishAsync(events.SubjectToolFinished(run, c.Tool), events.Meta{
+			ID: events.IDToolFinished(run, step, c.CallID), Type: events.TypeToolFinished, Source: in.source,
+			RunID: run, Step: step, CallID: c.CallID, CallIndex: i, CallCount: len(calls), HasCall: true,
+		}, events.ToolFinished{RunID: run, Step: step, CallIndex: i, CallCount: len(calls), Result: res})
+		if err != nil {
+			return err
+		}
+		futures = append(futures, f)
+	}
+	if err := events.AwaitAcks(ctx, futures); err != nil {
+		return err
+	}
+	if in.cfg.BeforeOutcome != nil {
+		if err := in.cfg.BeforeOutcome(*stored.Ended); err != nil {
+			return err
+		}
+	}
+	if err := in.bus.PublishOutcome(ctx, in.source, stored); err != nil {
+		return err
+	}
+	in.log.Info("run outcome", "run_id", run, "step", step, "status", stored.Status, "code", stored.Code,
+		"unanswered", len(unanswered))
+	return nil
+}
+
+// recordDeadline stores the deadline outcome of a running run, listing the calls of its
+// current step that have no result. When the run ended otherwise meanwhile, it
+// republishes that outcome if needed and returns an empty state (nothing more to do).
+func (in *Injector) recordDeadline(ctx context.Context, run string, deadline time.Time) (events.RunState, error) {
+	step, err := in.bus.CurrentStep(ctx, run)
+	if err != nil {
+		return events.RunState{}, err
+	}
+	calls, err := in.stepCalls(ctx, run, step)
+	if err != nil && !errors.Is(err, events.ErrNotFound) {
+		return events.RunState{}, err // not found: the step's model call is under way, no calls yet
+	}
+	var received events.Bits
+	if js, _, err := in.bus.StepState(ctx, run, step); err == nil {
+		received = js.Received
+	} else if !errors.Is(err, events.ErrNotFound) {
+		return events.RunState{}, err
+	}
+	var unanswered []events.ToolCall
+	for i, c := range calls {
+		if !received.Has(i) {
+			unanswered = append(unanswered, c)
+		}
+	}
+	ended := events.RunEnded{RunID: run, Status: events.RunLimitReached, Code: events.LimitDeadline,
+		StepsUsed: step + 1, Unanswered: unanswered, Usage: in.usage(ctx, run, step+1),
+		Reason: fmt.Sprintf("run deadline %s passed with %d call(s) of step %d unanswered",
+			deadline.UTC().Format(time.RFC3339), len(unanswered), step)}
+	stored, err := in.bus.RecordEnd(ctx, step, ended)
+	if errors.Is(err, events.ErrRunEnded) {
+		return events.RunState{}, in.bus.PublishOutcome(ctx, in.source, stored)
+	}
+	return stored, err
+}
