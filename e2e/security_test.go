@@ -178,11 +178,6 @@ func startSecured(t *testing.T, url string, opts map[string][]nats.Option) *secu
 		t.Fatalf("admin sets the bus up: %v", err)
 	}
 	t.Logf("setup: %v", changes)
-	// The consumer of the executor before per-tool queues (issue 10); unused after.
-	if _, err := adminBus.Consumer(ctx, events.ConsumerConfig{Durable: "executor",
-		Filters: []string{events.FilterToolRequested}, AckWait: 30 * time.Second, MaxDeliver: 5, MaxAckPending: 1000}); err != nil {
-		t.Fatal(err)
-	}
 	s.conns["admin"], s.buses["admin"] = admin, adminBus
 	for _, role := range secRoles {
 		nc, err := connectAs(t, url, role, s.viol, opts[role]...)
@@ -234,27 +229,11 @@ func (s *secured) shutdown() {
 	s.wg.Wait()
 }
 
-// injectorStartsRuns reports whether the injector starts a run from its run.started
-// (then a client publishes run.started only). Before that, StartRun also writes the
-// run state and the first model.requested, which a client may not: the admin submits.
-func injectorStartsRuns() bool {
-	for _, wc := range events.WorkerConsumers(events.RoleInjector, events.WorkerSettings{}) {
-		if slices.Contains(wc.Filters, events.SubjectPrefix+".*.run.started") {
-			return true
-		}
-	}
-	return false
-}
-
 // runOnce submits a run as the client and waits for it to complete.
 func (s *secured) runOnce(run string) {
 	t := s.t
 	t.Helper()
-	submitter := s.buses["client"]
-	if !injectorStartsRuns() {
-		submitter = s.buses["admin"]
-	}
-	err := submitter.StartRun(s.ctx, events.Source("cli", "sec"), events.RunStarted{
+	err := s.buses["client"].StartRun(s.ctx, events.Source("cli", "sec"), events.RunStarted{
 		RunID: run, Principal: events.Principal{ID: "sec-tester"},
 		Messages: []events.Message{{Role: events.RoleUser, Content: "2+3?"}},
 	})

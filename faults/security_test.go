@@ -14,7 +14,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -131,16 +130,6 @@ func securedPipeline(t *testing.T, natsBin, toolbusBin, dir, conf, scheme string
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The consumer of the executor before per-tool queues (issue 10), as the executor
-	// asks for it; unused after.
-	cctx, ccancel := context.WithTimeout(context.Background(), 10*time.Second)
-	_, err = js.CreateOrUpdateConsumer(cctx, events.DefaultStream, jetstream.ConsumerConfig{Durable: "executor",
-		FilterSubject: events.FilterToolRequested, AckPolicy: jetstream.AckExplicitPolicy, AckWait: 30 * time.Second,
-		MaxDeliver: 5, MaxAckPending: 1000})
-	ccancel()
-	if err != nil {
-		t.Fatal(err)
-	}
 	for _, role := range []string{"executor", "planner", "injector"} {
 		env := append([]string{"TOOLBUS_NATS_URL=" + url, "TOOLBUS_INSTANCE=" + role, "TOOLBUS_MODEL=script:noop",
 			"TOOLBUS_GRACE=2s", "TOOLBUS_TOOLS=demo,diag"}, roleEnv[role]...)
@@ -167,17 +156,11 @@ func securedPipeline(t *testing.T, natsBin, toolbusBin, dir, conf, scheme string
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	// Until the injector starts runs from run.started, StartRun also writes the run state
-	// and the first model.requested, which a client may not: the admin submits.
-	submitter := "client"
-	if !injectorStartsRuns() {
-		submitter = "admin"
-	}
 	run := "secured-" + strings.TrimSuffix(conf, ".conf")
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, toolbusBin, "run", "--id", run, "--principal", "alice", "add nothing, three times")
-	cmd.Env = childEnv(append([]string{"TOOLBUS_NATS_URL=" + url, "TOOLBUS_INSTANCE=client"}, roleEnv[submitter]...))
+	cmd.Env = childEnv(append([]string{"TOOLBUS_NATS_URL=" + url, "TOOLBUS_INSTANCE=client"}, roleEnv["client"]...))
 	dieWithParent(cmd)
 	out, err := cmd.CombinedOutput()
 	if err != nil {
@@ -213,16 +196,6 @@ func securedPipeline(t *testing.T, natsBin, toolbusBin, dir, conf, scheme string
 		}
 	}
 	t.Logf("%s: run completed by role processes with their own credentials:\n%s", conf, out)
-}
-
-// injectorStartsRuns reports whether the injector starts a run from its run.started.
-func injectorStartsRuns() bool {
-	for _, wc := range events.WorkerConsumers(events.RoleInjector, events.WorkerSettings{}) {
-		if slices.Contains(wc.Filters, events.SubjectPrefix+".*.run.started") {
-			return true
-		}
-	}
-	return false
 }
 
 // writePKI writes a CA, a server certificate for 127.0.0.1 and a client certificate.
