@@ -117,7 +117,7 @@ func (w *terminations) wait(t *testing.T, seq uint64) termAdvisory {
 func newStackOn(t *testing.T, srv *eventstest.Bus, model planner.Model, extra ...executor.Tool) *stack {
 	t.Helper()
 	ctx := eventstest.Context(t, 2*time.Minute)
-	bus, err := events.Open(ctx, srv.Conn, events.Config{})
+	bus, _, err := events.Setup(ctx, srv.Conn, events.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}

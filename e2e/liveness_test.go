@@ -25,7 +25,7 @@ func newStackWith(t *testing.T, cfg events.Config, model planner.Model, extra ..
 	t.Helper()
 	srv := eventstest.RunJetStream(t)
 	ctx := eventstest.Context(t, 3*time.Minute)
-	bus, err := events.Open(ctx, srv.Conn, cfg)
+	bus, _, err := events.Setup(ctx, srv.Conn, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -28,6 +28,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nkeys"
 
+	"github.com/toolbus/toolbus/deploy/nats/natsjwt"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
 	"github.com/toolbus/toolbus/executor"
@@ -38,17 +39,24 @@ import (
 
 // Security: every role connects with its own credentials to a server that requires
 // them, configured by the files of deploy/nats (loaded as they are, only the addresses
-// and the store directory changed), and may publish only what its role publishes.
+// and the store directory changed). The admin sets the bus up (what `toolbus init`
+// does); every other role only binds, and may do only what its role does.
 
 var secRoles = []string{"planner", "executor", "injector", "client"}
+
+// allRoles are secRoles plus the admin.
+var allRoles = append([]string{"admin"}, secRoles...)
 
 // startConfigured starts an embedded server from a deploy/nats config file on a random
 // port of 127.0.0.1, with its store in a temp dir and no monitoring port.
 func startConfigured(t *testing.T, file string) *server.Server {
 	t.Helper()
-	opts, err := server.ProcessConfigFile(filepath.Join("..", "deploy", "nats", file))
+	if !filepath.IsAbs(file) {
+		file = filepath.Join("..", "deploy", "nats", file)
+	}
+	opts, err := server.ProcessConfigFile(file)
 	if err != nil {
-		t.Fatalf("deploy/nats/%s: %v", file, err)
+		t.Fatalf("%s: %v", file, err)
 	}
 	return startSecServer(t, opts)
 }
@@ -100,6 +108,16 @@ func (v *violations) of(role string) []string {
 	return out
 }
 
+// has reports whether role got a violation naming subject.
+func (v *violations) has(role, subject string) bool {
+	for _, s := range v.of(role) {
+		if strings.Contains(s, `"`+subject+`"`) {
+			return true
+		}
+	}
+	return false
+}
+
 // connectAs connects as role with opts, recording permission violations.
 func connectAs(t *testing.T, url, role string, v *violations, opts ...nats.Option) (*nats.Conn, error) {
 	t.Helper()
@@ -122,6 +140,8 @@ func connectAs(t *testing.T, url, role string, v *violations, opts ...nats.Optio
 type secured struct {
 	t     *testing.T
 	ctx   context.Context
+	url   string
+	opts  map[string][]nats.Option
 	viol  *violations
 	conns map[string]*nats.Conn
 	buses map[string]*events.Bus
@@ -136,12 +156,29 @@ func secModel() planner.Model {
 	}}
 }
 
-// startSecured connects every role with its options and starts the planner, executor
-// and injector; the client connection submits runs.
+// startSecured connects the admin, which sets the bus up as `toolbus init` does, then
+// every role with its own options, which only binds (events.Open), and starts the
+// planner, executor and injector; the client connection submits runs.
 func startSecured(t *testing.T, url string, opts map[string][]nats.Option) *secured {
 	t.Helper()
-	ctx := eventstest.Context(t, 2*time.Minute)
-	s := &secured{t: t, ctx: ctx, viol: &violations{}, conns: map[string]*nats.Conn{}, buses: map[string]*events.Bus{}}
+	ctx := eventstest.Context(t, 3*time.Minute)
+	s := &secured{t: t, ctx: ctx, url: url, opts: opts, viol: &violations{}, conns: map[string]*nats.Conn{}, buses: map[string]*events.Bus{}}
+	reg := executor.NewRegistry()
+	if err := packs.Register(reg, "demo", "diag"); err != nil {
+		t.Fatal(err)
+	}
+	admin, err := connectAs(t, url, "admin", s.viol, opts["admin"]...)
+	if err != nil {
+		t.Fatalf("admin connects: %v", err)
+	}
+	// What `toolbus init --tools <demo tools>` does.
+	adminBus, changes, err := events.Setup(ctx, admin, events.Config{},
+		events.SetupTools(reg.Names(), 30*time.Second, 1000), events.SetupReadMirror())
+	if err != nil {
+		t.Fatalf("admin sets the bus up: %v", err)
+	}
+	t.Logf("setup: %v", changes)
+	s.conns["admin"], s.buses["admin"] = admin, adminBus
 	for _, role := range secRoles {
 		nc, err := connectAs(t, url, role, s.viol, opts[role]...)
 		if err != nil {
@@ -165,14 +202,10 @@ func startSecured(t *testing.T, url string, opts map[string][]nats.Option) *secu
 			}
 		}()
 	}
-	reg := executor.NewRegistry()
-	if err := packs.Register(reg, "demo", "diag"); err != nil {
-		t.Fatal(err)
-	}
 	log := testLogger()
 	run("executor", executor.NewWorker(s.buses["executor"], executor.New(reg, executor.WithInstance("sec-executor"), executor.WithLogger(log)),
 		executor.WorkerConfig{Instance: "sec-executor", Grace: time.Second, Logger: log}).Run)
-	eventstest.Eventually(t, 10*time.Second, func() error {
+	eventstest.Eventually(t, 30*time.Second, func() error {
 		cat, err := s.buses["planner"].WatchCatalog(ctx, nil)
 		if err != nil {
 			return err
@@ -200,15 +233,15 @@ func (s *secured) shutdown() {
 func (s *secured) runOnce(run string) {
 	t := s.t
 	t.Helper()
-	client := s.buses["client"]
-	err := client.StartRun(s.ctx, events.Source("cli", "sec"), events.RunStarted{
+	err := s.buses["client"].StartRun(s.ctx, events.Source("cli", "sec"), events.RunStarted{
 		RunID: run, Principal: events.Principal{ID: "sec-tester"},
 		Messages: []events.Message{{Role: events.RoleUser, Content: "2+3?"}},
 	})
 	if err != nil {
 		t.Fatalf("client starts a run: %v", err)
 	}
-	eventstest.Eventually(t, 30*time.Second, func() error {
+	client := s.buses["client"]
+	eventstest.Eventually(t, 60*time.Second, func() error {
 		if _, err := client.Stream.GetLastMsgForSubject(s.ctx, events.SubjectRunEnded(run, events.RunCompleted)); err != nil {
 			return fmt.Errorf("run %s not completed: %w (violations %v)", run, err, s.viol.all())
 		}
@@ -235,15 +268,332 @@ func (s *secured) forbidden(role, subject string) {
 		t.Fatalf("%s published to %s", role, subject)
 	}
 	eventstest.Eventually(t, 5*time.Second, func() error {
-		for _, v := range s.viol.of(role) {
-			if strings.Contains(v, subject) {
-				return nil
-			}
+		if s.viol.has(role, subject) {
+			return nil
 		}
 		return fmt.Errorf("no violation recorded for %s on %s: %v", role, subject, s.viol.all())
 	})
-	if _, err := s.buses["client"].Stream.GetLastMsgForSubject(s.ctx, subject); !errors.Is(err, jetstream.ErrMsgNotFound) {
+	if _, err := s.buses["admin"].Stream.GetLastMsgForSubject(s.ctx, subject); !errors.Is(err, jetstream.ErrMsgNotFound) {
 		t.Fatalf("the stream has a message on %s: %v", subject, err)
+	}
+}
+
+// eventOwners maps each event subject (of run "evil") to the roles that may publish it.
+var eventOwners = map[string][]string{
+	"run.started":                 {"client"},
+	"run.cancel":                  {"client"},
+	"approval.granted":            {"client"},
+	"approval.denied":             {"client"},
+	"model.requested":             {"injector"},
+	"model.responded":             {"planner"},
+	"tool.requested.noop":         {"planner", "injector"},
+	"tool.finished.noop":          {"executor", "planner", "injector"},
+	"tool.waiting.noop":           {"executor"},
+	"run.completed":               {"planner", "injector"},
+	"run.failed":                  {"planner", "injector"},
+	"run.limit_reached":           {"planner", "injector"},
+	"run.cancelled":               {"planner", "injector"},
+	"run.waiting_for_approval":    {"injector"},
+	"timer.deadline":              {"injector"},
+	"some.event.nobody.publishes": nil,
+}
+
+// attack is an operation a role must not be able to do: the server refuses it with a
+// permissions violation on subject.
+type attack struct {
+	name    string
+	subject string
+	do      func(ctx context.Context, nc *nats.Conn, js jetstream.JetStream) error
+}
+
+// roleAttacks lists everything role may not do: change or delete the stream or its
+// messages, delete or take over consumers, pull or acknowledge another role's work,
+// write buckets it does not own, publish events it does not own, eavesdrop.
+func roleAttacks(t *testing.T, role string) []attack {
+	stream := events.DefaultStream
+	api := func(name, subject string, do func(context.Context, jetstream.JetStream) error) attack {
+		return attack{name: name, subject: subject, do: func(ctx context.Context, _ *nats.Conn, js jetstream.JetStream) error { return do(ctx, js) }}
+	}
+	as := []attack{
+		api("stream update (MaxMsgs=1)", "$JS.API.STREAM.UPDATE."+stream, func(ctx context.Context, js jetstream.JetStream) error {
+			_, err := js.UpdateStream(ctx, jetstream.StreamConfig{Name: stream, Subjects: []string{events.FilterAll}, MaxMsgs: 1})
+			return err
+		}),
+		api("stream update (subject transform)", "$JS.API.STREAM.UPDATE."+stream, func(ctx context.Context, js jetstream.JetStream) error {
+			_, err := js.UpdateStream(ctx, jetstream.StreamConfig{Name: stream, Subjects: []string{events.FilterAll},
+				SubjectTransform: &jetstream.SubjectTransformConfig{Source: "toolbus.*.run.started", Destination: "toolbus.$1.tool.finished.noop"}})
+			return err
+		}),
+		api("stream delete", "$JS.API.STREAM.DELETE."+stream, func(ctx context.Context, js jetstream.JetStream) error {
+			return js.DeleteStream(ctx, stream)
+		}),
+		api("stream purge", "$JS.API.STREAM.PURGE."+stream, func(ctx context.Context, js jetstream.JetStream) error {
+			st, err := js.Stream(ctx, stream)
+			if err != nil {
+				return err
+			}
+			return st.Purge(ctx)
+		}),
+		api("message delete", "$JS.API.STREAM.MSG.DELETE."+stream, func(ctx context.Context, js jetstream.JetStream) error {
+			st, err := js.Stream(ctx, stream)
+			if err != nil {
+				return err
+			}
+			return st.DeleteMsg(ctx, 1)
+		}),
+		api("read mirror purge", "$JS.API.STREAM.PURGE."+events.ReadMirrorName(stream), func(ctx context.Context, js jetstream.JetStream) error {
+			st, err := js.Stream(ctx, events.ReadMirrorName(stream))
+			if err != nil {
+				return err
+			}
+			return st.Purge(ctx)
+		}),
+		api("bucket delete", "$JS.API.STREAM.DELETE.KV_"+events.BucketRuns, func(ctx context.Context, js jetstream.JetStream) error {
+			return js.DeleteKeyValue(ctx, events.BucketRuns)
+		}),
+		api("ephemeral consumer on the event stream", "$JS.API.CONSUMER.CREATE."+stream+".sneaky.toolbus.>", func(ctx context.Context, js jetstream.JetStream) error {
+			_, err := js.CreateConsumer(ctx, stream, jetstream.ConsumerConfig{Name: "sneaky", FilterSubject: "toolbus.>"})
+			return err
+		}),
+		{name: "legacy ephemeral create naming the planner's durable", subject: "$JS.API.CONSUMER.CREATE." + stream,
+			do: func(ctx context.Context, nc *nats.Conn, _ jetstream.JetStream) error {
+				req := `{"stream_name":"` + stream + `","config":{"name":"planner","filter_subject":"toolbus.>","ack_policy":"none"}}`
+				_, err := nc.RequestWithContext(ctx, "$JS.API.CONSUMER.CREATE."+stream, []byte(req))
+				return err
+			}},
+	}
+	// Every durable, including the role's own, is the admin's: no delete, no update.
+	for _, c := range []string{events.ConsumerPlanner, events.ConsumerInjector, events.ConsumerInjectorApprovals, events.ToolConsumer("calculator")} {
+		as = append(as,
+			api("consumer delete "+c, "$JS.API.CONSUMER.DELETE."+stream+"."+c, func(ctx context.Context, js jetstream.JetStream) error {
+				return js.DeleteConsumer(ctx, stream, c)
+			}),
+			api("consumer update "+c, "$JS.API.CONSUMER.CREATE."+stream+"."+c+".toolbus.>", func(ctx context.Context, js jetstream.JetStream) error {
+				_, err := js.CreateOrUpdateConsumer(ctx, stream, jetstream.ConsumerConfig{Durable: c, FilterSubject: "toolbus.>", AckPolicy: jetstream.AckExplicitPolicy})
+				return err
+			}))
+	}
+	// Pulling from another role's queue steals its work.
+	own := map[string][]string{
+		"planner":  {events.ConsumerPlanner},
+		"injector": {events.ConsumerInjector, events.ConsumerInjectorApprovals},
+		"executor": {events.ToolConsumer("calculator")},
+	}
+	for owner, names := range own {
+		if owner == role {
+			continue
+		}
+		for _, c := range names {
+			subj := "$JS.API.CONSUMER.MSG.NEXT." + stream + "." + c
+			as = append(as, attack{name: "pull from " + c, subject: subj, do: func(ctx context.Context, nc *nats.Conn, _ jetstream.JetStream) error {
+				_, err := nc.RequestWithContext(ctx, subj, []byte(`{"batch":1,"no_wait":true}`))
+				return err
+			}})
+		}
+	}
+	// Buckets the role does not write.
+	writes := map[string][]string{
+		"planner":  {events.BucketHistory, events.BucketRuns},
+		"injector": {events.BucketHistory, events.BucketRuns, events.BucketApprovals},
+		"executor": {events.BucketClaims, events.BucketInstances, events.BucketTools},
+		"client":   nil,
+	}
+	for _, bk := range []string{events.BucketRuns, events.BucketHistory, events.BucketApprovals, events.BucketTools, events.BucketClaims, events.BucketInstances} {
+		if slices.Contains(writes[role], bk) {
+			continue
+		}
+		subj := "$KV." + bk + ".sec-victim"
+		as = append(as, attack{name: "kv put " + bk, subject: subj, do: func(ctx context.Context, nc *nats.Conn, _ jetstream.JetStream) error {
+			return publishAndFlush(ctx, nc, subj, []byte(`{"status":"completed"}`))
+		}})
+	}
+	// Events the role does not own.
+	for ev, owners := range eventOwners {
+		if slices.Contains(owners, role) {
+			continue
+		}
+		subj := "toolbus.evil-" + role + "." + ev
+		msg := encodeOrFail(t, subj, events.Meta{ID: "forged-" + role + "-" + ev, Type: events.TypeRunStarted, Source: "/evil", RunID: "evil-" + role}, map[string]string{"run_id": "evil-" + role})
+		as = append(as, attack{name: "publish " + ev, subject: subj, do: func(ctx context.Context, nc *nats.Conn, _ jetstream.JetStream) error {
+			return publishAndFlush(ctx, nc, msg.Subject, msg.Data, msg.Header)
+		}})
+	}
+	as = append(as, attack{name: "eavesdrop on every event", subject: "toolbus.>", do: func(ctx context.Context, nc *nats.Conn, _ jetstream.JetStream) error {
+		sub, err := nc.SubscribeSync("toolbus.>")
+		if err != nil {
+			return err
+		}
+		defer sub.Unsubscribe() //nolint:errcheck
+		return nc.FlushWithContext(ctx)
+	}})
+	return as
+}
+
+// publishAndFlush publishes on core NATS; a refusal arrives as an async violation.
+func publishAndFlush(ctx context.Context, nc *nats.Conn, subject string, data []byte, hdr ...nats.Header) error {
+	m := nats.NewMsg(subject)
+	m.Data = data
+	if len(hdr) > 0 {
+		m.Header = hdr[0]
+	}
+	if err := nc.PublishMsg(m); err != nil {
+		return err
+	}
+	return nc.FlushWithContext(ctx)
+}
+
+// checkRoles runs every attack of every role on a fresh connection with the role's
+// credentials, all at once, and checks that the server refused each (a permissions
+// violation on its subject) and that nothing changed: the stream keeps its
+// configuration and every event, the consumers keep theirs, the buckets their values,
+// and no forged event is stored. Then a second run completes.
+func (s *secured) checkRoles() {
+	t := s.t
+	t.Helper()
+	admin := s.buses["admin"]
+	before, err := admin.Stream.Info(s.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	consumersBefore := map[string]jetstream.ConsumerConfig{}
+	for _, c := range []string{events.ConsumerPlanner, events.ConsumerInjector, events.ConsumerInjectorApprovals, events.ToolConsumer("calculator")} {
+		ci, err := admin.Stream.Consumer(s.ctx, c)
+		if err != nil {
+			t.Fatalf("consumer %s: %v", c, err)
+		}
+		consumersBefore[c] = ci.CachedInfo().Config
+	}
+	attackers := &violations{}
+	type outcome struct {
+		role string
+		a    attack
+		err  error
+	}
+	var (
+		wg      sync.WaitGroup
+		mu      sync.Mutex
+		results []outcome
+	)
+	for _, role := range secRoles {
+		nc, err := connectAs(t, s.url, role, attackers, s.opts[role]...)
+		if err != nil {
+			t.Fatalf("%s connects: %v", role, err)
+		}
+		js, err := jetstream.New(nc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, a := range roleAttacks(t, role) {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				ctx, cancel := context.WithTimeout(s.ctx, 5*time.Second)
+				defer cancel()
+				err := a.do(ctx, nc, js)
+				mu.Lock()
+				results = append(results, outcome{role, a, err})
+				mu.Unlock()
+			}()
+		}
+	}
+	wg.Wait()
+	eventstest.Eventually(t, 30*time.Second, func() error {
+		for _, r := range results {
+			if !attackers.has(r.role, r.a.subject) {
+				return fmt.Errorf("%s: %s: no permissions violation on %s (err %v)", r.role, r.a.name, r.a.subject, r.err)
+			}
+		}
+		return nil
+	})
+	refused := 0
+	for _, r := range results {
+		// Requests get no answer at all: the server dropped them.
+		if strings.HasPrefix(r.a.subject, "$JS.API.") && r.err == nil {
+			t.Errorf("%s: %s: the request was answered", r.role, r.a.name)
+		}
+		refused++
+	}
+	t.Logf("%d forbidden operations refused across %d roles", refused, len(secRoles))
+
+	after, err := admin.Stream.Info(s.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(before.Config, after.Config) || after.State.Msgs < before.State.Msgs || after.State.FirstSeq != before.State.FirstSeq {
+		t.Fatalf("the stream changed: config %+v -> %+v, state %+v -> %+v", before.Config, after.Config, before.State, after.State)
+	}
+	if !after.Config.DenyDelete || !after.Config.DenyPurge {
+		t.Fatalf("the stream does not deny delete and purge: %+v", after.Config)
+	}
+	for c, cfg := range consumersBefore {
+		ci, err := admin.Stream.Consumer(s.ctx, c)
+		if err != nil {
+			t.Fatalf("consumer %s after the attacks: %v", c, err)
+		}
+		if got := ci.CachedInfo().Config; got.FilterSubject != cfg.FilterSubject || got.AckPolicy != cfg.AckPolicy || got.AckWait != cfg.AckWait {
+			t.Fatalf("consumer %s changed: %+v -> %+v", c, cfg, got)
+		}
+	}
+	if _, err := admin.Stream.Consumer(s.ctx, "sneaky"); !errors.Is(err, jetstream.ErrConsumerNotFound) {
+		t.Fatalf("the sneaky consumer exists: %v", err)
+	}
+	for _, role := range secRoles {
+		for ev := range eventOwners {
+			subj := "toolbus.evil-" + role + "." + ev
+			if slices.Contains(eventOwners[ev], role) {
+				continue
+			}
+			if _, err := admin.Stream.GetLastMsgForSubject(s.ctx, subj); !errors.Is(err, jetstream.ErrMsgNotFound) {
+				t.Fatalf("the stream stored a forged %s: %v", subj, err)
+			}
+		}
+	}
+	for _, bk := range []string{events.BucketRuns, events.BucketHistory, events.BucketApprovals, events.BucketTools, events.BucketClaims, events.BucketInstances} {
+		kv, err := admin.JS.KeyValue(s.ctx, bk)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := kv.Get(s.ctx, "sec-victim"); !errors.Is(err, jetstream.ErrKeyNotFound) {
+			t.Fatalf("a role wrote key sec-victim of %s: %v", bk, err)
+		}
+	}
+}
+
+// clientReads checks what the client needs to follow and list runs: an ordered
+// consumer on the read mirror (toolbus run, tail, replay), the run list (a KV watch).
+func (s *secured) clientReads(run string) {
+	t := s.t
+	t.Helper()
+	client := s.buses["client"]
+	if client.Reader().CachedInfo().Config.Name != events.ReadMirrorName(events.DefaultStream) {
+		t.Fatalf("the client reads from %s, want the read mirror", client.Reader().CachedInfo().Config.Name)
+	}
+	eventstest.Eventually(t, 30*time.Second, func() error {
+		cons, err := client.Reader().OrderedConsumer(s.ctx, jetstream.OrderedConsumerConfig{FilterSubjects: []string{events.SubjectRun(run)}})
+		if err != nil {
+			return err
+		}
+		batch, err := cons.FetchNoWait(100)
+		if err != nil {
+			return err
+		}
+		for m := range batch.Messages() {
+			if m.Subject() == events.SubjectRunEnded(run, events.RunCompleted) {
+				return nil
+			}
+		}
+		return fmt.Errorf("the client's read of %s has no run.completed yet", run)
+	})
+	runs, err := client.Runs(s.ctx)
+	if err != nil {
+		t.Fatalf("client lists runs: %v", err)
+	}
+	found := false
+	for _, r := range runs {
+		found = found || r.RunID == run
+	}
+	if !found {
+		t.Fatalf("run %s not listed: %+v", run, runs)
 	}
 }
 
@@ -259,7 +609,7 @@ func writeFile(t *testing.T, dir, name string, data []byte) string {
 // setPasswords sets the role passwords auth-users.conf reads and returns them.
 func setPasswords(t *testing.T) map[string]string {
 	pw := map[string]string{}
-	for _, role := range secRoles {
+	for _, role := range allRoles {
 		b := make([]byte, 12)
 		_, _ = rand.Read(b)
 		pw[role] = fmt.Sprintf("%x", b)
@@ -268,21 +618,76 @@ func setPasswords(t *testing.T) map[string]string {
 	return pw
 }
 
-// User and password per role (deploy/nats/auth-users.conf): a full run, and each role
-// confined to its own subjects.
-func TestSecurityUserPassword(t *testing.T) {
+// The role table, for each way deploy/nats gives credentials: a full run with every
+// role on its own credentials, every forbidden operation of every role refused by the
+// server with nothing changed, the client's reads, and another full run after the
+// attacks.
+func TestSecurityRoles(t *testing.T) {
+	for _, mode := range []struct {
+		name  string
+		start func(t *testing.T) (url string, opts map[string][]nats.Option)
+	}{
+		{"user-password", func(t *testing.T) (string, map[string][]nats.Option) {
+			pw := setPasswords(t)
+			srv := startConfigured(t, "auth-users.conf")
+			opts := map[string][]nats.Option{}
+			for _, role := range allRoles {
+				opts[role] = []nats.Option{nats.UserInfo(role, pw[role])}
+			}
+			return srv.ClientURL(), opts
+		}},
+		{"nkeys", func(t *testing.T) (string, map[string][]nats.Option) {
+			dir := t.TempDir()
+			opts := map[string][]nats.Option{}
+			for _, role := range allRoles {
+				kp, err := nkeys.CreateUser()
+				if err != nil {
+					t.Fatal(err)
+				}
+				pub, _ := kp.PublicKey()
+				seed, _ := kp.Seed()
+				t.Setenv("TOOLBUS_"+strings.ToUpper(role)+"_NKEY", pub)
+				o, err := nats.NkeyOptionFromSeed(writeFile(t, dir, role+".nk", seed))
+				if err != nil {
+					t.Fatal(err)
+				}
+				opts[role] = []nats.Option{o}
+			}
+			srv := startConfigured(t, "auth-nkeys.conf")
+			return srv.ClientURL(), opts
+		}},
+		{"jwt", func(t *testing.T) (string, map[string][]nats.Option) {
+			res, err := natsjwt.Generate(filepath.Join("..", "deploy", "nats", "permissions.conf"), t.TempDir())
+			if err != nil {
+				t.Fatal(err)
+			}
+			srv := startConfigured(t, res.Config)
+			opts := map[string][]nats.Option{}
+			for _, role := range allRoles {
+				opts[role] = []nats.Option{nats.UserCredentials(res.Creds[role])}
+			}
+			return srv.ClientURL(), opts
+		}},
+	} {
+		t.Run(mode.name, func(t *testing.T) {
+			url, opts := mode.start(t)
+			s := startSecured(t, url, opts)
+			s.runOnce("sec-" + mode.name + "-1")
+			s.clientReads("sec-" + mode.name + "-1")
+			s.checkRoles()
+			s.runOnce("sec-" + mode.name + "-2")
+		})
+	}
+}
+
+// Refused logins: no or wrong credentials, an unknown user, nkey or account.
+func TestSecurityRefusedLogins(t *testing.T) {
 	pw := setPasswords(t)
 	srv := startConfigured(t, "auth-users.conf")
 	url := srv.ClientURL()
-	opts := map[string][]nats.Option{}
-	for _, role := range secRoles {
-		opts[role] = []nats.Option{nats.UserInfo(role, pw[role])}
-	}
-	s := startSecured(t, url, opts)
-	s.runOnce("sec-users-1")
-
 	for _, c := range []struct{ name, user, pass string }{
 		{"no credentials", "", ""}, {"wrong password", "executor", "guess"}, {"unknown user", "root", pw["executor"]},
+		{"the admin with the client's password", "admin", pw["client"]},
 	} {
 		var o []nats.Option
 		if c.user != "" {
@@ -292,86 +697,57 @@ func TestSecurityUserPassword(t *testing.T) {
 			t.Fatalf("%s: connect error %v, want an authorization violation", c.name, err)
 		}
 	}
-	// Each role may publish only its own events: no forged run, result or outcome.
-	s.forbidden("executor", "toolbus.evil.run.started")
-	s.forbidden("client", "toolbus.evil.tool.finished.noop")
-	s.forbidden("planner", "toolbus.evil.tool.waiting.noop") // planners publish tool.finished only for calls beyond the per-step cap
-	s.forbidden("injector", "toolbus.evil.run.started")
-	s.forbidden("executor", "toolbus.evil.model.requested")
-	// No role may purge the audit trail.
-	st, err := jetstream.New(s.conns["executor"])
-	if err != nil {
-		t.Fatal(err)
-	}
-	stream, err := st.Stream(s.ctx, events.DefaultStream)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pctx, cancel := context.WithTimeout(s.ctx, time.Second)
-	err = stream.Purge(pctx)
-	cancel()
-	if err == nil {
-		t.Fatal("the executor purged the stream")
-	}
-	info, err := s.buses["client"].Stream.Info(s.ctx)
-	if err != nil || info.State.Msgs == 0 {
-		t.Fatalf("stream after the purge attempt: %v %+v", err, info)
-	}
-	eventstest.Eventually(t, 5*time.Second, func() error {
-		for _, v := range s.viol.of("executor") {
-			if strings.Contains(v, "$JS.API.STREAM.PURGE."+events.DefaultStream) {
-				return nil
-			}
-		}
-		return fmt.Errorf("no violation for the purge: %v", s.viol.all())
-	})
-	// Core NATS eavesdropping on events is refused too (reading goes through JetStream).
-	if _, err := s.conns["executor"].SubscribeSync("toolbus.>"); err != nil {
-		t.Fatal(err)
-	}
-	eventstest.Eventually(t, 5*time.Second, func() error {
-		for _, v := range s.viol.of("executor") {
-			if strings.Contains(strings.ToLower(v), "subscription") && strings.Contains(v, "toolbus.>") {
-				return nil
-			}
-		}
-		return fmt.Errorf("no subscription violation: %v", s.viol.all())
-	})
-	t.Logf("refused as expected: %v", s.viol.all())
-}
 
-// One nkey per role (deploy/nats/auth-nkeys.conf): the server holds public keys only,
-// each process its seed file (TOOLBUS_NATS_NKEY).
-func TestSecurityNKeys(t *testing.T) {
 	dir := t.TempDir()
-	opts := map[string][]nats.Option{}
-	for _, role := range secRoles {
-		kp, err := nkeys.CreateUser()
-		if err != nil {
-			t.Fatal(err)
-		}
+	for _, role := range allRoles {
+		kp, _ := nkeys.CreateUser()
 		pub, _ := kp.PublicKey()
-		seed, _ := kp.Seed()
 		t.Setenv("TOOLBUS_"+strings.ToUpper(role)+"_NKEY", pub)
-		o, err := nats.NkeyOptionFromSeed(writeFile(t, dir, role+".nk", seed))
-		if err != nil {
-			t.Fatal(err)
-		}
-		opts[role] = []nats.Option{o}
 	}
-	srv := startConfigured(t, "auth-nkeys.conf")
-	s := startSecured(t, srv.ClientURL(), opts)
-	s.runOnce("sec-nkeys-1")
-	s.forbidden("executor", "toolbus.evil.run.started")
-
+	nsrv := startConfigured(t, "auth-nkeys.conf")
 	stranger, _ := nkeys.CreateUser()
 	seed, _ := stranger.Seed()
 	o, err := nats.NkeyOptionFromSeed(writeFile(t, dir, "stranger.nk", seed))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := connectAs(t, srv.ClientURL(), "stranger", nil, o); err == nil {
+	if _, err := connectAs(t, nsrv.ClientURL(), "stranger", nil, o); err == nil {
 		t.Fatal("an unknown nkey connected")
+	}
+
+	res, err := natsjwt.Generate(filepath.Join("..", "deploy", "nats", "permissions.conf"), t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	jsrv := startConfigured(t, res.Config)
+	other, _ := nkeys.CreateAccount()
+	ukp, _ := nkeys.CreateUser()
+	upub, _ := ukp.PublicKey()
+	badJWT, err := jwt.NewUserClaims(upub).Encode(other)
+	if err != nil {
+		t.Fatal(err)
+	}
+	useed, _ := ukp.Seed()
+	b, err := jwt.FormatUserConfig(badJWT, useed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := connectAs(t, jsrv.ClientURL(), "stranger", nil, nats.UserCredentials(writeFile(t, dir, "stranger.creds", b))); err == nil {
+		t.Fatal("a user of an unknown account connected")
+	}
+}
+
+// A role without the admin's rights cannot set the bus up: Open names toolbus init.
+func TestSecurityOpenNeedsInit(t *testing.T) {
+	pw := setPasswords(t)
+	srv := startConfigured(t, "auth-users.conf")
+	nc, err := connectAs(t, srv.ClientURL(), "planner", nil, nats.UserInfo("planner", pw["planner"]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = events.Open(eventstest.Context(t, 30*time.Second), nc, events.Config{})
+	if !errors.Is(err, events.ErrNotSetUp) || !strings.Contains(err.Error(), "toolbus init") {
+		t.Fatalf("open before init: %v, want ErrNotSetUp naming toolbus init", err)
 	}
 }
 
@@ -445,7 +821,7 @@ func TestSecurityTLS(t *testing.T) {
 	srv := startConfigured(t, "tls.conf")
 	url := strings.Replace(srv.ClientURL(), "nats://", "tls://", 1)
 	opts := map[string][]nats.Option{}
-	for _, role := range secRoles {
+	for _, role := range allRoles {
 		opts[role] = []nats.Option{nats.RootCAs(pki.ca), nats.ClientCert(pki.clientCert, pki.clientKey), nats.UserInfo(role, pw[role])}
 	}
 	s := startSecured(t, url, opts)
@@ -471,93 +847,6 @@ func TestSecurityTLS(t *testing.T) {
 			t.Fatalf("%s: connect error %v, want a refusal", c.name, err)
 		}
 		t.Logf("%s: refused: %v", c.name, err)
-	}
-}
-
-// A creds file per role (operator mode, what nsc produces; TOOLBUS_NATS_CREDS): the
-// user JWTs carry the permissions of deploy/nats/permissions.conf.
-func TestSecurityCredsFile(t *testing.T) {
-	// The role permissions, as the server reads them from the config files.
-	setPasswords(t)
-	conf, err := server.ProcessConfigFile(filepath.Join("..", "deploy", "nats", "auth-users.conf"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	perms := map[string]*server.Permissions{}
-	for _, u := range conf.Users {
-		perms[u.Username] = u.Permissions
-	}
-
-	must := func(err error) {
-		t.Helper()
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
-	okp, err := nkeys.CreateOperator()
-	must(err)
-	opub, _ := okp.PublicKey()
-	skp, err := nkeys.CreateAccount()
-	must(err)
-	spub, _ := skp.PublicKey()
-	sysJWT, err := jwt.NewAccountClaims(spub).Encode(okp)
-	must(err)
-	akp, err := nkeys.CreateAccount()
-	must(err)
-	apub, _ := akp.PublicKey()
-	ac := jwt.NewAccountClaims(apub)
-	ac.Name = "TOOLBUS"
-	ac.Limits.JetStreamLimits = jwt.JetStreamLimits{MemoryStorage: -1, DiskStorage: -1, Streams: -1, Consumer: -1}
-	accJWT, err := ac.Encode(okp)
-	must(err)
-	oc := jwt.NewOperatorClaims(opub)
-	oc.SystemAccount = spub
-	resolver := &server.MemAccResolver{}
-	must(resolver.Store(spub, sysJWT))
-	must(resolver.Store(apub, accJWT))
-	srv := startSecServer(t, &server.Options{JetStream: true, TrustedOperators: []*jwt.OperatorClaims{oc},
-		AccountResolver: resolver, SystemAccount: spub})
-
-	dir := t.TempDir()
-	creds := func(name string, p *server.Permissions) string {
-		ukp, err := nkeys.CreateUser()
-		must(err)
-		upub, _ := ukp.PublicKey()
-		uc := jwt.NewUserClaims(upub)
-		uc.Name = name
-		if p != nil {
-			uc.Pub.Allow, uc.Pub.Deny = p.Publish.Allow, p.Publish.Deny
-			uc.Sub.Allow, uc.Sub.Deny = p.Subscribe.Allow, p.Subscribe.Deny
-		}
-		userJWT, err := uc.Encode(akp)
-		must(err)
-		seed, _ := ukp.Seed()
-		b, err := jwt.FormatUserConfig(userJWT, seed)
-		must(err)
-		return writeFile(t, dir, name+".creds", b)
-	}
-	opts := map[string][]nats.Option{}
-	for _, role := range secRoles {
-		if perms[role] == nil {
-			t.Fatalf("auth-users.conf has no user %s", role)
-		}
-		opts[role] = []nats.Option{nats.UserCredentials(creds(role, perms[role]))}
-	}
-	s := startSecured(t, srv.ClientURL(), opts)
-	s.runOnce("sec-creds-1")
-	s.forbidden("planner", "toolbus.evil.tool.waiting.noop")
-
-	// A user signed by an account the operator does not know is refused.
-	stranger, _ := nkeys.CreateAccount()
-	ukp, _ := nkeys.CreateUser()
-	upub, _ := ukp.PublicKey()
-	badJWT, err := jwt.NewUserClaims(upub).Encode(stranger)
-	must(err)
-	seed, _ := ukp.Seed()
-	b, err := jwt.FormatUserConfig(badJWT, seed)
-	must(err)
-	if _, err := connectAs(t, srv.ClientURL(), "stranger", nil, nats.UserCredentials(writeFile(t, dir, "stranger.creds", b))); err == nil {
-		t.Fatal("a user of an unknown account connected")
 	}
 }
 

@@ -55,6 +55,9 @@ type Config struct {
 	// InstanceTTL is how long an executor instance stays in the catalog after its last
 	// heartbeat (default 10s); executors heartbeat every third of it.
 	InstanceTTL time.Duration `envconfig:"INSTANCE_TTL" default:"10s"`
+	// OutputsMaxBytes bounds the object store of large tool outputs (default 1 GiB; -1
+	// unbounded): when full, storing a new output fails instead of filling the disk.
+	OutputsMaxBytes int64 `envconfig:"OUTPUTS_MAX_BYTES" default:"1073741824"`
 }
 
 func (c *Config) setDefaults() {
@@ -73,6 +76,9 @@ func (c *Config) setDefaults() {
 	if c.InstanceTTL <= 0 {
 		c.InstanceTTL = 10 * time.Second
 	}
+	if c.OutputsMaxBytes == 0 {
+		c.OutputsMaxBytes = 1 << 30
+	}
 }
 
 func (c Config) storage() jetstream.StorageType {
@@ -86,10 +92,14 @@ func (c Config) storage() jetstream.StorageType {
 // state, approvals, tool catalog, large outputs) and publishing with deterministic ids.
 // It is safe for concurrent use.
 type Bus struct {
-	cfg       Config
-	NC        *nats.Conn
-	JS        jetstream.JetStream
-	Stream    jetstream.Stream
+	cfg    Config
+	NC     *nats.Conn
+	JS     jetstream.JetStream
+	Stream jetstream.Stream
+	reader jetstream.Stream
+	// manage: this bus was set up by an administrator (Setup) and creates or updates
+	// the consumers its workers bind to; an opened one only binds.
+	manage    bool
 	history   jetstream.KeyValue
 	runs      jetstream.KeyValue
 	tools     jetstream.KeyValue
@@ -102,77 +112,74 @@ type Bus struct {
 	runCache map[string]*RunStarted
 }
 
-// Open creates (or updates, idempotently) the stream and the buckets and returns the Bus.
+// Open binds to the stream and the buckets that exist (Setup, or `toolbus init`, made
+// them): it looks them up and creates or updates nothing, so a worker with
+// least-privilege credentials can open the bus. A missing one is an error wrapping
+// ErrNotSetUp.
 func Open(ctx context.Context, nc *nats.Conn, cfg Config) (*Bus, error) {
 	cfg.setDefaults()
+	js, err := newJS(nc)
+	if err != nil {
+		return nil, err
+	}
+	return open(ctx, nc, js, cfg)
+}
+
+func newJS(nc *nats.Conn) (jetstream.JetStream, error) {
 	// An async publish whose ack never comes (a stream leader lost mid-flight) must fail,
 	// not wait forever: a handler stuck on it would keep its message with heartbeats.
 	js, err := jetstream.New(nc, jetstream.WithPublishAsyncTimeout(10*time.Second))
 	if err != nil {
 		return nil, fmt.Errorf("events: jetstream: %w", err)
 	}
+	return js, nil
+}
+
+func open(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, cfg Config) (*Bus, error) {
 	b := &Bus{cfg: cfg, NC: nc, JS: js, runCache: map[string]*RunStarted{}}
-	b.Stream, err = js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
-		Name:        cfg.Stream,
-		Description: "toolbus events (CONTRACT.md)",
-		Subjects:    []string{FilterAll},
-		Retention:   jetstream.LimitsPolicy,
-		MaxAge:      cfg.MaxAge,
-		Duplicates:  cfg.Duplicates,
-		Storage:     cfg.storage(),
-		Replicas:    cfg.Replicas,
-		// Direct gets are answered by any replica, and a follower behind the leader
-		// answers with stale data (a run.started not there yet); replicated streams are
-		// read through their leader.
-		AllowDirect: cfg.Replicas <= 1,
-	})
-	if err != nil {
-		return nil, fmt.Errorf("events: stream %s: %w", cfg.Stream, err)
-	}
-	kv := func(name, desc string, history uint8) (jetstream.KeyValue, error) {
-		kc := jetstream.KeyValueConfig{
-			Bucket: name, Description: desc, History: history, TTL: kvTTL(name, cfg),
-			Storage: cfg.storage(), Replicas: cfg.Replicas, MaxValueSize: -1,
+	missing := func(what, name string, err error) error {
+		if errors.Is(err, jetstream.ErrStreamNotFound) || errors.Is(err, jetstream.ErrBucketNotFound) {
+			return fmt.Errorf("%w: %s %s does not exist", ErrNotSetUp, what, name)
 		}
-		if name == BucketInstances {
-			// An expired instance leaves a delete marker, so catalog watchers see it go.
-			kc.LimitMarkerTTL = max(cfg.InstanceTTL, time.Second)
+		return fmt.Errorf("events: %s %s: %w", what, name, err)
+	}
+	var err error
+	if b.Stream, err = js.Stream(ctx, cfg.Stream); err != nil {
+		return nil, missing("stream", cfg.Stream, err)
+	}
+	// Readers create their ephemeral consumers on the read mirror when there is one.
+	b.reader = b.Stream
+	if m, err := js.Stream(ctx, ReadMirrorName(cfg.Stream)); err == nil {
+		b.reader = m
+	} else if !errors.Is(err, jetstream.ErrStreamNotFound) {
+		return nil, fmt.Errorf("events: stream %s: %w", ReadMirrorName(cfg.Stream), err)
+	}
+	for _, bk := range []struct {
+		name string
+		kv   *jetstream.KeyValue
+	}{
+		{BucketHistory, &b.history}, {BucketRuns, &b.runs}, {BucketTools, &b.tools},
+		{BucketApprovals, &b.approvals}, {BucketClaims, &b.claims}, {BucketInstances, &b.instances},
+	} {
+		if *bk.kv, err = js.KeyValue(ctx, bk.name); err != nil {
+			return nil, missing("bucket", bk.name, err)
 		}
-		k, err := js.CreateOrUpdateKeyValue(ctx, kc)
-		if err != nil {
-			return nil, fmt.Errorf("events: bucket %s: %w", name, err)
-		}
-		if cfg.Replicas > 1 {
-			return leaderReads(ctx, js, name)
-		}
-		return k, nil
 	}
-	if b.history, err = kv(BucketHistory, "run history: assistant messages and joined step results", 1); err != nil {
-		return nil, err
-	}
-	if b.runs, err = kv(BucketRuns, "run state", 1); err != nil {
-		return nil, err
-	}
-	if b.tools, err = kv(BucketTools, "tool catalog published by executors", 1); err != nil {
-		return nil, err
-	}
-	if b.approvals, err = kv(BucketApprovals, "approval decisions per call", 1); err != nil {
-		return nil, err
-	}
-	if b.claims, err = kv(BucketClaims, "executions claimed by executors, one key per call", 1); err != nil {
-		return nil, err
-	}
-	if b.instances, err = kv(BucketInstances, "live executor instances (heartbeats)", 1); err != nil {
-		return nil, err
-	}
-	b.outputs, err = js.CreateOrUpdateObjectStore(ctx, jetstream.ObjectStoreConfig{
-		Bucket: BucketOutputs, Description: "whole tool outputs too large for an event",
-		TTL: cfg.MaxAge, Storage: cfg.storage(), Replicas: cfg.Replicas,
-	})
-	if err != nil {
-		return nil, fmt.Errorf("events: object store %s: %w", BucketOutputs, err)
+	if b.outputs, err = js.ObjectStore(ctx, BucketOutputs); err != nil {
+		return nil, missing("object store", BucketOutputs, err)
 	}
 	return b, nil
+}
+
+// Reader is the stream readers create their ephemeral (ordered) consumers on: the read
+// mirror when `toolbus init` made one (least-privilege roles may create consumers only
+// there, where no worker's durable lives), else the event stream itself.
+func (b *Bus) Reader() jetstream.Stream { return b.reader }
+
+func jsonEqual(a, b any) bool {
+	ja, err1 := json.Marshal(a)
+	jb, err2 := json.Marshal(b)
+	return err1 == nil && err2 == nil && string(ja) == string(jb)
 }
 
 // leaderReads returns a handle on a replicated bucket whose reads go to the stream

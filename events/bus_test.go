@@ -12,7 +12,7 @@ import (
 func openBus(t *testing.T) *events.Bus {
 	t.Helper()
 	b := eventstest.RunJetStream(t)
-	bus, err := events.Open(eventstest.Context(t, time.Minute), b.Conn, events.Config{})
+	bus, _, err := events.Setup(eventstest.Context(t, time.Minute), b.Conn, events.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}

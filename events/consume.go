@@ -38,53 +38,14 @@ type ConsumerConfig struct {
 	DeliverNew bool
 }
 
-// Consumer creates or updates a durable pull consumer on the toolbus stream.
+// Consumer binds to a durable pull consumer on the toolbus stream. A bus from Setup
+// creates it, or updates it to cc, as needed. A bus from Open binds to the existing
+// one; when it is missing or differs from cc it tries once to create or update it
+// (which a role's credentials usually forbid) and otherwise uses the consumer as the
+// administrator configured it; a missing one is then an error wrapping ErrNotSetUp.
 func (b *Bus) Consumer(ctx context.Context, cc ConsumerConfig) (jetstream.Consumer, error) {
-	if cc.AckWait == 0 {
-		cc.AckWait = 30 * time.Second
-	}
-	if cc.MaxDeliver == 0 {
-		cc.MaxDeliver = 10
-	}
-	if cc.MaxAckPending == 0 {
-		cc.MaxAckPending = 1000
-	}
-	cfg := jetstream.ConsumerConfig{
-		Durable:       cc.Durable,
-		AckPolicy:     jetstream.AckExplicitPolicy,
-		AckWait:       cc.AckWait,
-		MaxDeliver:    cc.MaxDeliver,
-		BackOff:       cc.BackOff,
-		MaxAckPending: cc.MaxAckPending,
-		DeliverPolicy: jetstream.DeliverAllPolicy,
-		Replicas:      0,
-	}
-	if cc.DeliverNew {
-		cfg.DeliverPolicy = jetstream.DeliverNewPolicy
-	}
-	if len(cc.Filters) == 1 {
-		cfg.FilterSubject = cc.Filters[0]
-	} else {
-		cfg.FilterSubjects = cc.Filters
-	}
-	// A replicated consumer can take seconds to create while a cluster elects leaders:
-	// timeouts and server-side unavailability are retried for about 30s.
-	delay := 250 * time.Millisecond
-	for attempt := 0; ; attempt++ {
-		cons, err := b.Stream.CreateOrUpdateConsumer(ctx, cfg)
-		if err == nil {
-			return cons, nil
-		}
-		var apiErr *jetstream.APIError
-		if attempt >= 10 || (errors.As(err, &apiErr) && apiErr.Code < 500) || ctx.Err() != nil {
-			return nil, fmt.Errorf("events: consumer %s: %w", cc.Durable, err)
-		}
-		select {
-		case <-ctx.Done():
-		case <-time.After(delay):
-		}
-		delay = min(2*delay, 4*time.Second)
-	}
+	cons, _, _, err := b.ensureConsumer(ctx, cc)
+	return cons, err
 }
 
 // Handler processes one message. Returning nil acknowledges it; an error wrapping

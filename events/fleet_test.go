@@ -14,7 +14,7 @@ import (
 func TestInstanceExpiresFromCatalog(t *testing.T) {
 	b := eventstest.RunJetStream(t)
 	ctx := eventstest.Context(t, time.Minute)
-	bus, err := events.Open(ctx, b.Conn, events.Config{InstanceTTL: time.Second})
+	bus, _, err := events.Setup(ctx, b.Conn, events.Config{InstanceTTL: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -583,33 +583,23 @@ func (w *Worker) keepLargeOutput(ctx context.Context, req events.ToolRequested, 
 	return nil
 }
 
-// resultStored reports whether the stream already holds the tool.finished of req.
+// resultStored reports whether the stream already holds the tool.finished of req. It
+// walks the results of the run's tool with direct gets (next message on the subject):
+// an executor's credentials may not create consumers on the event stream.
 func (w *Worker) resultStored(ctx context.Context, req events.ToolRequested) (bool, error) {
-	cons, err := w.bus.Stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{events.SubjectToolFinished(req.RunID, req.Call.Tool)},
-		DeliverPolicy:  jetstream.DeliverAllPolicy,
-	})
-	if err != nil {
-		return false, fmt.Errorf("executor: look up stored result: %w", err)
-	}
+	subject := events.SubjectToolFinished(req.RunID, req.Call.Tool)
 	want := events.IDToolFinished(req.RunID, req.Step, req.Call.CallID)
-	for {
-		batch, err := cons.FetchNoWait(256)
+	for seq := uint64(1); ; {
+		raw, err := w.bus.Stream.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(subject))
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			return false, nil
+		}
 		if err != nil {
 			return false, fmt.Errorf("executor: look up stored result: %w", err)
 		}
-		n := 0
-		for m := range batch.Messages() {
-			n++
-			if m.Headers().Get(events.HeaderMsgID) == want {
-				return true, nil
-			}
+		if raw.Header.Get(events.HeaderMsgID) == want {
+			return true, nil
 		}
-		if err := batch.Error(); err != nil {
-			return false, fmt.Errorf("executor: look up stored result: %w", err)
-		}
-		if n == 0 {
-			return false, nil
-		}
+		seq = raw.Sequence + 1
 	}
 }

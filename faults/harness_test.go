@@ -327,7 +327,7 @@ func newEnv(t *testing.T, n int) *env {
 	e.eventually("open the bus", 60*time.Second, func() error {
 		ctx, cancel := context.WithTimeout(e.ctx, 30*time.Second)
 		defer cancel()
-		e.bus, err = events.Open(ctx, e.nc, e.cfg)
+		e.bus, _, err = events.Setup(ctx, e.nc, e.cfg)
 		return err
 	})
 	return e
@@ -417,6 +417,7 @@ func (e *env) worker(bin, role, instance string, extra ...string) *proc {
 		"TOOLBUS_REPLICAS=" + strconv.Itoa(e.cfg.Replicas),
 		"TOOLBUS_LOG_LEVEL=info",
 		"TOOLBUS_GRACE=2s",
+		"TOOLBUS_TOOLS=demo,diag", // the suite's calls use diag's sleep and noop
 		"TOOLBUS_INSTANCE_TTL=" + e.cfg.InstanceTTL.String(),
 	}
 	p := startProc(e.t, e.dir, instance, bin, []string{role}, append(vars, extra...))

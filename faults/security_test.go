@@ -36,7 +36,7 @@ func TestFaultSecurityRoles(t *testing.T) {
 		t.Skip("starts processes")
 	}
 	natsBin, toolbusBin, _ := binaries(t)
-	roles := []string{"planner", "executor", "injector", "client"}
+	roles := []string{"admin", "planner", "executor", "injector", "client"}
 
 	t.Run("user and password over mutual TLS", func(t *testing.T) {
 		dir := t.TempDir()
@@ -50,7 +50,7 @@ func TestFaultSecurityRoles(t *testing.T) {
 				"TOOLBUS_NATS_TLS_CA=" + pki["ca.pem"], "TOOLBUS_NATS_TLS_CERT=" + pki["client.pem"], "TOOLBUS_NATS_TLS_KEY=" + pki["client-key.pem"]}
 		}
 		check := []nats.Option{nats.RootCAs(pki["ca.pem"]), nats.ClientCert(pki["client.pem"], pki["client-key.pem"]),
-			nats.UserInfo("client", strings.TrimPrefix(roleEnv["client"][1], "TOOLBUS_NATS_PASSWORD="))}
+			nats.UserInfo("admin", strings.TrimPrefix(roleEnv["admin"][1], "TOOLBUS_NATS_PASSWORD="))}
 		securedPipeline(t, natsBin, toolbusBin, dir, "tls.conf", "tls", serverEnv, roleEnv, check)
 	})
 
@@ -72,7 +72,7 @@ func TestFaultSecurityRoles(t *testing.T) {
 			}
 			serverEnv = append(serverEnv, "TOOLBUS_"+strings.ToUpper(role)+"_NKEY="+pub)
 			roleEnv[role] = []string{"TOOLBUS_NATS_NKEY=" + seedFile}
-			if role == "client" {
+			if role == "admin" {
 				o, err := nats.NkeyOptionFromSeed(seedFile)
 				if err != nil {
 					t.Fatal(err)
@@ -114,36 +114,47 @@ func securedPipeline(t *testing.T, natsBin, toolbusBin, dir, conf, scheme string
 			t.Logf("---- %s ----\n%s", p.name, p.logTail(15))
 		}
 	}
-	for _, role := range []string{"executor", "planner", "injector"} {
-		env := append([]string{"TOOLBUS_NATS_URL=" + url, "TOOLBUS_INSTANCE=" + role, "TOOLBUS_MODEL=script:noop",
-			"TOOLBUS_GRACE=2s"}, roleEnv[role]...)
-		procs = append(procs, startProc(t, dir, role, toolbusBin, []string{role}, env))
+	// The admin sets the bus up; the roles only bind to what it made.
+	initCtx, initCancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer initCancel()
+	initCmd := exec.CommandContext(initCtx, toolbusBin, "init")
+	initCmd.Env = childEnv(append([]string{"TOOLBUS_NATS_URL=" + url, "TOOLBUS_TOOLS=demo,diag"}, roleEnv["admin"]...))
+	dieWithParent(initCmd)
+	initOut, err := initCmd.CombinedOutput()
+	if err != nil || !strings.Contains(string(initOut), "created stream "+events.DefaultStream) || !strings.Contains(string(initOut), "created consumer tool_noop") {
+		dump()
+		t.Fatalf("toolbus init: %v\n%s", err, initOut)
 	}
+	t.Logf("toolbus init:\n%s", initOut)
 	js, err := jetstream.New(nc)
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The roles are up when their consumers exist.
-	for _, durable := range []string{"executor", "planner", "injector"} {
-		for {
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			_, err := js.Consumer(ctx, events.DefaultStream, durable)
-			cancel()
-			if err == nil {
-				break
-			}
-			for _, p := range procs {
-				if p.exited() {
-					dump()
-					t.Fatalf("%s exited", p.name)
-				}
-			}
-			if time.Now().After(deadline.Add(30 * time.Second)) {
-				dump()
-				t.Fatalf("consumer %s: %v", durable, err)
-			}
-			time.Sleep(100 * time.Millisecond)
+	for _, role := range []string{"executor", "planner", "injector"} {
+		env := append([]string{"TOOLBUS_NATS_URL=" + url, "TOOLBUS_INSTANCE=" + role, "TOOLBUS_MODEL=script:noop",
+			"TOOLBUS_GRACE=2s", "TOOLBUS_TOOLS=demo,diag"}, roleEnv[role]...)
+		procs = append(procs, startProc(t, dir, role, toolbusBin, []string{role}, env))
+	}
+	// The executor is up when its tools are in the catalog.
+	kv, err := js.KeyValue(context.Background(), events.BucketTools)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		if _, err := kv.Get(context.Background(), "noop"); err == nil {
+			break
 		}
+		for _, p := range procs {
+			if p.exited() {
+				dump()
+				t.Fatalf("%s exited", p.name)
+			}
+		}
+		if time.Now().After(deadline.Add(30 * time.Second)) {
+			dump()
+			t.Fatal("the executor did not publish its tools")
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 	run := "secured-" + strings.TrimSuffix(conf, ".conf")
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)

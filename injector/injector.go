@@ -93,47 +93,31 @@ func New(bus *events.Bus, cfg Config) *Injector {
 		calls: newCallCache(), log: cfg.Logger.With("component", "injector", "instance", cfg.Instance)}
 }
 
-// filterRunStarted selects the run.started events of every run.
-const filterRunStarted = events.SubjectPrefix + ".*.run.started"
-
-// Run consumes results, approvals and cancellations until ctx ends, then drains.
+// Run consumes results, approvals, cancellations, run.started and deadline timers until
+// ctx ends, then drains.
 //
-// Each input has a consumer of its own with a single filter subject: the server serves
-// a single-filter consumer from its subject index, while a multi-filter consumer
-// intersects every subject of the stream (one per run and tool) on each fetch, which
-// cost a fifth of the CPU at load.
+// Each input has a consumer of its own (events.WorkerConsumers) with a single filter
+// subject: a multi-filter consumer intersects every subject of the stream on each
+// fetch, which cost a fifth of the CPU at load.
 func (in *Injector) Run(ctx context.Context) error {
-	inputs := []struct {
-		suffix, filter string
-		concurrency    int
-	}{
-		{"", events.FilterToolFinished, in.cfg.Concurrency},
-		{"-waiting", events.FilterToolWaiting, 8},
-		{"-approvals", events.FilterApprovals, 8},
-		{"-cancel", events.FilterRunCancel, 8},
-		{"-started", filterRunStarted, 8},
-	}
-	var wg conc.WaitGroup
-	errs := make(chan error, len(inputs)+1)
-	timers, err := in.bus.Consumer(ctx, events.ConsumerConfig{
-		Durable: in.cfg.Durable + "-timers", Filters: []string{events.FilterTimers},
-		AckWait: in.cfg.AckWait, MaxDeliver: -1, MaxAckPending: in.cfg.MaxTimers,
+	inputs := events.WorkerConsumers(events.RoleInjector, events.WorkerSettings{
+		Durable: in.cfg.Durable, AckWait: in.cfg.AckWait, MaxDeliver: in.cfg.MaxDeliver,
+		Concurrency: in.cfg.Concurrency, MaxTimers: in.cfg.MaxTimers,
 	})
-	if err != nil {
-		return err
-	}
-	wg.Go(func() { errs <- in.serveTimers(ctx, timers) })
+	var wg conc.WaitGroup
+	errs := make(chan error, len(inputs))
 	for _, input := range inputs {
-		cons, err := in.bus.Consumer(ctx, events.ConsumerConfig{
-			Durable: in.cfg.Durable + input.suffix, Filters: []string{input.filter},
-			AckWait: in.cfg.AckWait, MaxDeliver: in.cfg.MaxDeliver, MaxAckPending: input.concurrency * 8,
-		})
+		cons, err := in.bus.Consumer(ctx, input.ConsumerConfig)
 		if err != nil {
 			return err
 		}
+		if input.Timers {
+			wg.Go(func() { errs <- in.serveTimers(ctx, cons) })
+			continue
+		}
 		wg.Go(func() {
 			errs <- events.Serve(ctx, cons, events.ServeConfig{
-				Concurrency: input.concurrency, Grace: in.cfg.Grace, Logger: in.log, NakDelay: 500 * time.Millisecond,
+				Concurrency: input.Concurrency, Grace: in.cfg.Grace, Logger: in.log, NakDelay: 500 * time.Millisecond,
 			}, in.handle)
 		})
 	}

@@ -110,11 +110,10 @@ func New(bus *events.Bus, model Model, catalog *events.Catalog, cfg Config) *Pla
 
 // Run consumes model.requested until ctx ends, then drains.
 func (p *Planner) Run(ctx context.Context) error {
-	cons, err := p.bus.Consumer(ctx, events.ConsumerConfig{
-		Durable: p.cfg.Durable, Filters: []string{events.FilterModelRequested},
-		AckWait: p.cfg.AckWait, MaxDeliver: p.cfg.MaxDeliver,
-		MaxAckPending: p.cfg.Concurrency * 4,
-	})
+	wc := events.WorkerConsumers(events.RolePlanner, events.WorkerSettings{
+		Durable: p.cfg.Durable, AckWait: p.cfg.AckWait, MaxDeliver: p.cfg.MaxDeliver, Concurrency: p.cfg.Concurrency,
+	})[0]
+	cons, err := p.bus.Consumer(ctx, wc.ConsumerConfig)
 	if err != nil {
 		return err
 	}

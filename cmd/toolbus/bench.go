@@ -33,8 +33,10 @@ import (
 // benchRow is one line of the bench table.
 type benchRow struct {
 	Storage string `json:"storage"`
-	K       int    `json:"calls_per_step"`
-	Steps   int    `json:"steps_per_run"`
+	// Durability is default or strict (the server fsyncs every write).
+	Durability string `json:"durability"`
+	K          int    `json:"calls_per_step"`
+	Steps      int    `json:"steps_per_run"`
 	// One run in flight: per-step latency.
 	ToolbusP50MS float64 `json:"toolbus_step_p50_ms"`
 	ToolbusP99MS float64 `json:"toolbus_step_p99_ms"`
@@ -69,6 +71,7 @@ func cmdBench(ctx context.Context, args []string, out io.Writer) error {
 	latRuns := fs.Int("latency-runs", 20, "sequential runs for the latency figures")
 	runs := fs.Int("runs", 200, "runs in flight for the throughput figures")
 	storages := fs.String("storage", "memory,file", "storage kinds")
+	durabilities := fs.String("durability", "default", "durability modes of the server, comma-separated: default (fsync every 2 min), strict (fsync every write; file storage only)")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the saturated toolbus case to this file")
 	if err := fs.Parse(args); err != nil {
 		return &exitError{code: 2}
@@ -85,14 +88,29 @@ func cmdBench(ctx context.Context, args []string, out io.Writer) error {
 		kList = append(kList, k)
 	}
 	rep := benchReport{When: time.Now().UTC(), Machine: machine()}
+	var modes []string
+	for _, d := range strings.Split(*durabilities, ",") {
+		switch d = strings.TrimSpace(d); d {
+		case "default", "strict":
+			modes = append(modes, d)
+		default:
+			return &exitError{code: 2, msg: "bench: bad -durability " + *durabilities + " (default, strict)"}
+		}
+	}
 	for _, storage := range strings.Split(*storages, ",") {
-		for _, k := range kList {
-			row, err := benchOne(ctx, strings.TrimSpace(storage), k, *steps, *latRuns, *runs, *cpuProfile)
-			if err != nil {
-				return err
+		storage = strings.TrimSpace(storage)
+		for _, mode := range modes {
+			if mode == "strict" && storage == "memory" {
+				continue // nothing to fsync
 			}
-			rep.Rows = append(rep.Rows, row)
-			fmt.Fprintf(os.Stderr, "bench: %s K=%d done\n", row.Storage, k)
+			for _, k := range kList {
+				row, err := benchOne(ctx, storage, mode, k, *steps, *latRuns, *runs, *cpuProfile)
+				if err != nil {
+					return err
+				}
+				rep.Rows = append(rep.Rows, row)
+				fmt.Fprintf(os.Stderr, "bench: %s %s K=%d done\n", row.Storage, row.Durability, k)
+			}
 		}
 	}
 	printBench(out, rep)
@@ -113,23 +131,23 @@ func machine() string {
 
 func printBench(out io.Writer, rep benchReport) {
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "storage\tK\tstep p50 ms\tp99 ms\tfloor p50\tin-proc p50\tx floor\tx in-proc\t\truns\tcalls/s\tsteps/s\tfloor calls/s\tin-proc calls/s\tx floor\t")
+	fmt.Fprintln(tw, "storage\tdurability\tK\tstep p50 ms\tp99 ms\tfloor p50\tin-proc p50\tx floor\tx in-proc\t\truns\tcalls/s\tsteps/s\tfloor calls/s\tin-proc calls/s\tx floor\t")
 	for _, r := range rep.Rows {
-		fmt.Fprintf(tw, "%s\t%d\t%.3f\t%.3f\t%.3f\t%.4f\t%.2f\t%.0f\t\t%d\t%.0f\t%.0f\t%.0f\t%.0f\t%.2f\t\n",
-			r.Storage, r.K, r.ToolbusP50MS, r.ToolbusP99MS, r.FloorP50MS, r.InprocP50MS, r.LatencyVsFloor, r.LatencyVsInproc,
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%.3f\t%.3f\t%.3f\t%.4f\t%.2f\t%.0f\t\t%d\t%.0f\t%.0f\t%.0f\t%.0f\t%.2f\t\n",
+			r.Storage, r.Durability, r.K, r.ToolbusP50MS, r.ToolbusP99MS, r.FloorP50MS, r.InprocP50MS, r.LatencyVsFloor, r.LatencyVsInproc,
 			r.Runs, r.ToolbusCallsPS, r.ToolbusStepsPS, r.FloorCallsPS, r.InprocCallsPS, r.ThroughputVFloor)
 	}
 	tw.Flush()
 }
 
-func benchOne(ctx context.Context, storage string, k, steps, latRuns, runs int, cpuProfile string) (benchRow, error) {
-	row := benchRow{Storage: storage, K: k, Steps: steps, Runs: runs}
+func benchOne(ctx context.Context, storage, durability string, k, steps, latRuns, runs int, cpuProfile string) (benchRow, error) {
+	row := benchRow{Storage: storage, Durability: durability, K: k, Steps: steps, Runs: runs}
 	dir, err := os.MkdirTemp("", "toolbus-bench-")
 	if err != nil {
 		return row, err
 	}
 	defer os.RemoveAll(dir)
-	srv, err := embedded.Start(embedded.Config{Port: -1, StoreDir: dir})
+	srv, err := embedded.Start(embedded.Config{Port: -1, StoreDir: dir, SyncAlways: durability == "strict"})
 	if err != nil {
 		return row, err
 	}
@@ -220,7 +238,7 @@ func benchToolbus(ctx context.Context, srv *embedded.Server, memory bool, k, ste
 		return nil, 0, err
 	}
 	defer nc.Close()
-	bus, err := events.Open(ctx, nc, events.Config{Memory: memory, Stream: "TOOLBUS"})
+	bus, _, err := events.Setup(ctx, nc, events.Config{Memory: memory, Stream: "TOOLBUS"})
 	if err != nil {
 		return nil, 0, err
 	}

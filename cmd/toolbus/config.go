@@ -21,6 +21,8 @@ type Config struct {
 	// Listen address of the embedded server (host:port); empty listens on 127.0.0.1 with a
 	// random port.
 	Listen string `envconfig:"LISTEN" desc:"embedded server address (host:port); empty: in-process only (random port on 127.0.0.1)"`
+	// Durability of the embedded server: default or strict (fsync every write).
+	Durability string `envconfig:"DURABILITY" default:"default" desc:"embedded server: default (fsync every 2 min: survives a process crash) or strict (fsync every write: survives a power loss)"`
 
 	connect.Options
 	events.Config
@@ -28,7 +30,7 @@ type Config struct {
 	Instance    string `envconfig:"INSTANCE" desc:"name of this process in events and logs (default host-pid)"`
 	Concurrency int    `envconfig:"CONCURRENCY" default:"64" desc:"calls (executor) or steps (planner, injector) handled at once per process"`
 
-	Tools         string        `envconfig:"TOOLS" default:"demo,diag" desc:"built-in tool packs served by executors"`
+	Tools         string        `envconfig:"TOOLS" default:"demo" desc:"built-in tool packs served by executors (demo, calc, diag: diag's panic, big_output, sleep... only when asked for)"`
 	ExecutorTools []string      `envconfig:"EXECUTOR_TOOLS" desc:"serve only these tools of the packs (deployments may overlap: each tool has one shared queue)"`
 	CallTimeout   time.Duration `envconfig:"CALL_TIMEOUT" default:"30s" desc:"default tool timeout"`
 	MaxOutput     int           `envconfig:"MAX_OUTPUT_BYTES" default:"16384" desc:"default bound of what the model reads of one result"`
@@ -60,6 +62,17 @@ func loadConfig() (Config, error) {
 		c.Instance = fmt.Sprintf("%s-%d", h, os.Getpid())
 	}
 	return c, nil
+}
+
+// syncAlways reports whether TOOLBUS_DURABILITY asks for strict durability.
+func (c Config) syncAlways() (bool, error) {
+	switch strings.ToLower(strings.TrimSpace(c.Durability)) {
+	case "", "default":
+		return false, nil
+	case "strict":
+		return true, nil
+	}
+	return false, fmt.Errorf("config: TOOLBUS_DURABILITY %q: want default or strict", c.Durability)
 }
 
 func (c Config) logger() *slog.Logger {

@@ -44,11 +44,16 @@ func openBus(ctx context.Context, cfg Config, log *slog.Logger, embed bool) (*co
 		if err != nil {
 			return nil, fmt.Errorf("connect %s: %w", cfg.URL, err)
 		}
+		log.Info("connected to NATS", "url", cfg.URL, "durability", "set by the server (sync_interval; deploy/nats/strict.conf fsyncs every write)")
 	} else {
 		if !embed {
 			return nil, fmt.Errorf("TOOLBUS_NATS_URL is not set: this role connects to a running NATS server (or use `toolbus up`)")
 		}
-		ecfg := embedded.Config{Port: -1, StoreDir: filepath.Join(cfg.DataDir, "jetstream"), ServerName: "toolbus-embedded"}
+		strict, err := cfg.syncAlways()
+		if err != nil {
+			return nil, err
+		}
+		ecfg := embedded.Config{Port: -1, StoreDir: filepath.Join(cfg.DataDir, "jetstream"), ServerName: "toolbus-embedded", SyncAlways: strict}
 		if cfg.Listen != "" {
 			host, port, err := splitHostPort(cfg.Listen)
 			if err != nil {
@@ -63,19 +68,43 @@ func openBus(ctx context.Context, cfg Config, log *slog.Logger, embed bool) (*co
 		if err != nil {
 			return nil, err
 		}
-		log.Info("embedded JetStream server started", "url", c.srv.ClientURL(), "store", ecfg.StoreDir)
+		log.Info("embedded JetStream server started", "url", c.srv.ClientURL(), "store", ecfg.StoreDir,
+			"durability", durabilityName(c.srv.SyncAlways()))
 		c.nc, err = c.srv.Connect(opts...)
 		if err != nil {
 			c.srv.Stop()
 			return nil, err
 		}
 	}
-	c.bus, err = events.Open(ctx, c.nc, cfg.Config)
+	if c.srv != nil {
+		// The embedded server's single user is admin: it sets the bus up itself.
+		c.bus, _, err = events.Setup(ctx, c.nc, cfg.Config, setupOptions(cfg)...)
+	} else {
+		// A running server was set up by `toolbus init`: bind to what exists.
+		c.bus, err = events.Open(ctx, c.nc, cfg.Config)
+	}
 	if err != nil {
 		c.Close()
 		return nil, err
 	}
 	return c, nil
+}
+
+// durabilityName names the mode a server runs in, for logs.
+func durabilityName(syncAlways bool) string {
+	if syncAlways {
+		return "strict (fsync every write)"
+	}
+	return "default (fsync every 2 min)"
+}
+
+// setupOptions are the Setup options matching this configuration: the workers'
+// consumers with the settings the workers will bind with.
+func setupOptions(cfg Config) []events.SetupOption {
+	return []events.SetupOption{
+		events.SetupWorkers(events.RolePlanner, events.WorkerSettings{AckWait: cfg.AckWait, Concurrency: cfg.Concurrency}),
+		events.SetupWorkers(events.RoleInjector, events.WorkerSettings{AckWait: cfg.AckWait, Concurrency: cfg.Concurrency}),
+	}
 }
 
 func splitHostPort(s string) (string, int, error) {

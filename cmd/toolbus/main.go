@@ -2,6 +2,7 @@
 // NATS JetStream, and the client commands that submit and follow runs.
 //
 //	toolbus up                      embedded JetStream (or TOOLBUS_NATS_URL) + all workers
+//	toolbus init [--tools a,b]      (admin) create the stream, buckets and consumers
 //	toolbus planner|executor|injector  one role against TOOLBUS_NATS_URL
 //	toolbus run "question"          submit a run and stream its events until it ends
 //	toolbus approve|deny|cancel     decide a call waiting for approval, cancel a run
@@ -40,8 +41,12 @@ const usage = `usage: toolbus <command> [args]
 
 commands:
   up                       run an embedded JetStream server (or use TOOLBUS_NATS_URL) and all workers
+  init [--tools a,b] [--read-mirror=false]
+                           (admin credentials) create or update on TOOLBUS_NATS_URL the stream,
+                           the buckets, the read mirror and every role's consumers; idempotent.
+                           Workers with role credentials then only bind to them
   planner | executor | injector
-                           run one role against TOOLBUS_NATS_URL
+                           run one role against TOOLBUS_NATS_URL (set up by toolbus init)
   run [flags] "question"   submit a run and stream its events until it ends
                            (with no TOOLBUS_NATS_URL it runs the whole pipeline in-process)
   approve <run> <call_id> [--reason text] [--who name]
@@ -80,6 +85,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	switch cmd {
 	case "up":
 		err = cmdUp(ctx, cfg, log)
+	case "init":
+		err = cmdInit(ctx, cfg, log, rest, stdout, stderr)
 	case "planner", "executor", "injector":
 		err = cmdRole(ctx, cfg, log, cmd)
 	case "run":

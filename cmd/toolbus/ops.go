@@ -411,7 +411,7 @@ func cmdTail(ctx context.Context, cfg Config, log *slog.Logger, args []string, o
 	if *all {
 		deliver = jetstream.DeliverAllPolicy
 	}
-	watch, err := c.bus.Stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
+	watch, err := c.bus.Reader().OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
 		FilterSubjects: []string{filter}, DeliverPolicy: deliver,
 	})
 	if err != nil {

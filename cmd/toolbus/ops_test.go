@@ -37,7 +37,7 @@ func startOpsPipeline(t *testing.T, scripts map[string]*planner.Script, extra ..
 	t.Helper()
 	srv := eventstest.RunJetStream(t)
 	ctx := eventstest.Context(t, 3*time.Minute)
-	bus, err := events.Open(ctx, srv.Conn, events.Config{})
+	bus, _, err := events.Setup(ctx, srv.Conn, events.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -638,7 +638,7 @@ func writeJSON(w io.Writer, v any) error {
 // readRunEvents reads every stored event of a run, in stream order, with an ordered
 // consumer: nothing is acknowledged, nothing is executed.
 func readRunEvents(ctx context.Context, bus *events.Bus, run string) ([]auditEvent, error) {
-	cons, err := bus.Stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
+	cons, err := bus.Reader().OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
 		FilterSubjects: []string{events.SubjectRun(run)}, DeliverPolicy: jetstream.DeliverAllPolicy,
 	})
 	if err != nil {

@@ -79,7 +79,7 @@ func cmdRun(ctx context.Context, cfg Config, log *slog.Logger, args []string, ou
 		}
 	}()
 
-	watch, err := c.bus.Stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
+	watch, err := c.bus.Reader().OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
 		FilterSubjects: []string{events.SubjectRun(*runID)}, DeliverPolicy: jetstream.DeliverAllPolicy,
 	})
 	if err != nil {

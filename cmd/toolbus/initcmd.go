@@ -1,0 +1,85 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"strings"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/toolbus/toolbus/events"
+)
+
+// cmdInit (admin) creates or updates the stream, the buckets, the read mirror and the
+// durable consumers of every role on the server of TOOLBUS_NATS_URL, so workers with
+// least-privilege credentials only bind to them. It is idempotent and prints what it
+// created, updated or found unchanged.
+func cmdInit(ctx context.Context, cfg Config, log *slog.Logger, args []string, out, errOut io.Writer) error {
+	fs := flag.NewFlagSet("init", flag.ContinueOnError)
+	fs.SetOutput(errOut)
+	tools := fs.String("tools", "", "comma-separated tools whose queue consumers to create (default: every tool of TOOLBUS_EXECUTOR_TOOLS, else of the TOOLBUS_TOOLS packs)")
+	mirror := fs.Bool("read-mirror", true, "create the read mirror of the stream, where readers (run, tail, replay) create their consumers")
+	if err := fs.Parse(args); err != nil {
+		return &exitError{code: 2}
+	}
+	if fs.NArg() > 0 {
+		return &exitError{code: 2, msg: "init: unexpected arguments " + strings.Join(fs.Args(), " ")}
+	}
+	if cfg.URL == "" {
+		return &exitError{code: 2, msg: "init: TOOLBUS_NATS_URL is not set (the embedded server of `toolbus up` sets itself up)"}
+	}
+	names, err := initTools(cfg, *tools)
+	if err != nil {
+		return &exitError{code: 2, msg: "init: " + err.Error()}
+	}
+	opts, err := cfg.NATSOptions("toolbus init", log)
+	if err != nil {
+		return err
+	}
+	nc, err := nats.Connect(cfg.URL, opts...)
+	if err != nil {
+		return fmt.Errorf("init: connect %s: %w", cfg.URL, err)
+	}
+	defer nc.Close()
+	setup := append(setupOptions(cfg), events.SetupTools(names, cfg.AckWait, 0))
+	if *mirror {
+		setup = append(setup, events.SetupReadMirror())
+	}
+	_, changes, err := events.Setup(ctx, nc, cfg.Config, setup...)
+	if err != nil {
+		return fmt.Errorf("init: %w", err)
+	}
+	for _, c := range changes {
+		fmt.Fprintln(out, c)
+	}
+	return nil
+}
+
+// initTools is the list of tools whose queue consumers init creates.
+func initTools(cfg Config, flagTools string) ([]string, error) {
+	var names []string
+	for _, t := range strings.Split(flagTools, ",") {
+		if t = strings.TrimSpace(t); t != "" {
+			names = append(names, t)
+		}
+	}
+	if len(names) == 0 {
+		names = cfg.ExecutorTools
+	}
+	if len(names) == 0 {
+		reg, err := newRegistry(cfg)
+		if err != nil {
+			return nil, err
+		}
+		names = reg.Names()
+	}
+	for _, t := range names {
+		if !events.ValidToolName(t) {
+			return nil, fmt.Errorf("invalid tool name %q", t)
+		}
+	}
+	return names, nil
+}

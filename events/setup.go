@@ -1,0 +1,444 @@
+package events
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// ErrNotSetUp is wrapped by Open and Bus.Consumer when a stream, bucket or consumer is
+// missing and this connection may not create it: an administrator runs `toolbus init`.
+var ErrNotSetUp = errors.New("events: not set up (run `toolbus init` with admin credentials)")
+
+// Roles of the worker consumers.
+const (
+	RolePlanner  = "planner"
+	RoleInjector = "injector"
+	RoleExecutor = "executor"
+)
+
+// Durable consumer names of the planner and injector (Setup creates them; the workers
+// bind to them). deploy/nats/permissions.conf grants each role its own names only.
+const (
+	ConsumerPlanner           = "planner"
+	ConsumerInjector          = "injector"
+	ConsumerInjectorWaiting   = "injector-waiting"
+	ConsumerInjectorApprovals = "injector-approvals"
+	ConsumerInjectorCancel    = "injector-cancel"
+	ConsumerInjectorStarted = "injector-started"
+	ConsumerInjectorTimers  = "injector-timers"
+)
+
+// WorkerSettings are the knobs of a role's consumers; zero values take the defaults.
+// `toolbus init` and the workers derive them from the same TOOLBUS_* settings, so the
+// consumers an administrator creates are the ones the workers expect.
+type WorkerSettings struct {
+	// Durable replaces the base name of the role's consumers (suffixes are kept).
+	Durable string
+	// AckWait of the role's consumers (default 30s).
+	AckWait time.Duration
+	// MaxDeliver of the role's consumers (default 5 for the planner, 10 for the
+	// injector's inputs; its timers are redelivered forever).
+	MaxDeliver int
+	// MaxTimers bounds the injector's deadline timers held at once (default 100000).
+	MaxTimers int
+	// Concurrency is the messages one process handles at once (default 64).
+	Concurrency int
+}
+
+// WorkerConsumer is one durable consumer of a worker role and how many of its messages
+// one process handles at once.
+type WorkerConsumer struct {
+	Role string
+	ConsumerConfig
+	Concurrency int
+	// Timers marks the injector's consumer of deadline timers (served apart).
+	Timers bool
+}
+
+// WorkerConsumers returns the durable consumers of a role (RolePlanner or RoleInjector;
+// nil for others). It is the one list Setup creates and the workers bind to: a new
+// consumer of the planner or the injector is added here.
+//
+// The injector has a consumer per input with a single filter subject: the server serves
+// a single-filter consumer from its subject index, while a multi-filter consumer
+// intersects every subject of the stream on each fetch.
+func WorkerConsumers(role string, s WorkerSettings) []WorkerConsumer {
+	if s.AckWait <= 0 {
+		s.AckWait = 30 * time.Second
+	}
+	if s.Concurrency <= 0 {
+		s.Concurrency = 64
+	}
+	switch role {
+	case RolePlanner:
+		if s.Durable == "" {
+			s.Durable = ConsumerPlanner
+		}
+		if s.MaxDeliver == 0 {
+			s.MaxDeliver = 5
+		}
+		return []WorkerConsumer{{Role: role, Concurrency: s.Concurrency, ConsumerConfig: ConsumerConfig{
+			Durable: s.Durable, Filters: []string{FilterModelRequested},
+			AckWait: s.AckWait, MaxDeliver: s.MaxDeliver, MaxAckPending: s.Concurrency * 4,
+		}}}
+	case RoleInjector:
+		if s.Durable == "" {
+			s.Durable = ConsumerInjector
+		}
+		if s.MaxDeliver == 0 {
+			s.MaxDeliver = 10
+		}
+		if s.MaxTimers <= 0 {
+			s.MaxTimers = 100000
+		}
+		inputs := []struct {
+			name, filter string
+			concurrency  int
+		}{
+			{s.Durable, FilterToolFinished, s.Concurrency},
+			{s.Durable + "-waiting", FilterToolWaiting, 8},
+			{s.Durable + "-approvals", FilterApprovals, 8},
+			{s.Durable + "-cancel", FilterRunCancel, 8},
+			{s.Durable + "-started", FilterRunStarted, 8},
+		}
+		out := make([]WorkerConsumer, 0, len(inputs)+1)
+		for _, in := range inputs {
+			out = append(out, WorkerConsumer{Role: role, Concurrency: in.concurrency, ConsumerConfig: ConsumerConfig{
+				Durable: in.name, Filters: []string{in.filter},
+				AckWait: s.AckWait, MaxDeliver: s.MaxDeliver, MaxAckPending: in.concurrency * 8,
+			}})
+		}
+		// The deadline timers: each is held (a delayed negative acknowledgement) until its
+		// run's deadline, so their number in flight is bounded by MaxTimers, not by a
+		// handler's concurrency, and they are redelivered forever.
+		out = append(out, WorkerConsumer{Role: role, Timers: true, ConsumerConfig: ConsumerConfig{
+			Durable: s.Durable + "-timers", Filters: []string{FilterTimers},
+			AckWait: s.AckWait, MaxDeliver: -1, MaxAckPending: s.MaxTimers,
+		}})
+		return out
+	}
+	return nil
+}
+
+// SetupOption adds to what Setup creates.
+type SetupOption func(*setupOptions)
+
+type setupOptions struct {
+	tools      []string
+	toolCfg    func(tool string) ConsumerConfig
+	workers    map[string]WorkerSettings
+	readMirror bool
+}
+
+// SetupTools also creates the queue consumer of each tool (ToolConsumerConfig) and the
+// one of calls for unknown tools, so executors with least-privilege credentials only
+// bind to them. ackWait and maxAckPending are the executors' settings.
+func SetupTools(tools []string, ackWait time.Duration, maxAckPending int) SetupOption {
+	return func(o *setupOptions) {
+		o.tools = append(o.tools, tools...)
+		o.toolCfg = func(tool string) ConsumerConfig {
+			return ToolConsumerConfig(tool, ackWait, maxAckPending)
+		}
+	}
+}
+
+// SetupWorkers sets the settings of a role's consumers (default WorkerSettings{}).
+func SetupWorkers(role string, s WorkerSettings) SetupOption {
+	return func(o *setupOptions) { o.workers[role] = s }
+}
+
+// SetupReadMirror also creates the read mirror of the stream (ReadMirrorName): readers
+// without the right to create consumers on the event stream (tail, replay, `toolbus
+// run`) create their ephemeral consumers there, where no worker's durable lives.
+func SetupReadMirror() SetupOption {
+	return func(o *setupOptions) { o.readMirror = true }
+}
+
+// FilterRunStarted selects the run.started events of every run.
+const FilterRunStarted = SubjectPrefix + ".*.run.started"
+
+// ReadMirrorName is the name of the read mirror of a stream.
+func ReadMirrorName(stream string) string { return stream + "_READ" }
+
+// Change is one thing Setup created, updated or found as wanted.
+type Change struct {
+	// Kind is stream, bucket, object store or consumer.
+	Kind string
+	Name string
+	// Action is created, updated or unchanged.
+	Action string
+}
+
+func (c Change) String() string { return c.Action + " " + c.Kind + " " + c.Name }
+
+// Setup (admin) creates or updates the stream (which denies message deletes and
+// purges), every bucket and object store and the durable consumers of the planner and
+// injector (WorkerConsumers), plus what opts add; it is idempotent. It returns the bus,
+// which may also create or update the consumers its workers bind to, and the changes.
+//
+// The embedded server's single user is admin: `toolbus up` and tests call Setup; a
+// deployment with per-role credentials runs `toolbus init` once and its workers Open.
+func Setup(ctx context.Context, nc *nats.Conn, cfg Config, opts ...SetupOption) (*Bus, []Change, error) {
+	cfg.setDefaults()
+	o := &setupOptions{workers: map[string]WorkerSettings{}}
+	for _, opt := range opts {
+		opt(o)
+	}
+	js, err := newJS(nc)
+	if err != nil {
+		return nil, nil, err
+	}
+	var changes []Change
+	note := func(kind, name string, existed bool, before, after any) {
+		a := "created"
+		if existed {
+			a = "unchanged"
+			if !jsonEqual(before, after) {
+				a = "updated"
+			}
+		}
+		changes = append(changes, Change{Kind: kind, Name: name, Action: a})
+	}
+
+	sc := jetstream.StreamConfig{
+		Name:        cfg.Stream,
+		Description: "toolbus events (CONTRACT.md)",
+		Subjects:    []string{FilterAll},
+		Retention:   jetstream.LimitsPolicy,
+		MaxAge:      cfg.MaxAge,
+		Duplicates:  cfg.Duplicates,
+		Storage:     cfg.storage(),
+		Replicas:    cfg.Replicas,
+		// The events are the audit trail: no message delete, no purge, by anyone but an
+		// administrator who first updates this setting.
+		DenyDelete: true,
+		DenyPurge:  true,
+		// Direct gets are answered by any replica, and a follower behind the leader
+		// answers with stale data (a run.started not there yet); replicated streams are
+		// read through their leader.
+		AllowDirect: cfg.Replicas <= 1,
+	}
+	if err := upsertStream(ctx, js, sc, note); err != nil {
+		return nil, nil, err
+	}
+	if o.readMirror {
+		mc := jetstream.StreamConfig{
+			Name:        ReadMirrorName(cfg.Stream),
+			Description: "read mirror of " + cfg.Stream + ": readers' ephemeral consumers live here",
+			Mirror:      &jetstream.StreamSource{Name: cfg.Stream},
+			Retention:   jetstream.LimitsPolicy,
+			MaxAge:      cfg.MaxAge,
+			Storage:     cfg.storage(),
+			Replicas:    cfg.Replicas,
+			DenyDelete:  true,
+			DenyPurge:   true,
+			AllowDirect: cfg.Replicas <= 1,
+		}
+		if err := upsertStream(ctx, js, mc, note); err != nil {
+			return nil, nil, err
+		}
+	}
+	for _, bk := range buckets {
+		kc := jetstream.KeyValueConfig{
+			Bucket: bk.name, Description: bk.desc, History: 1, TTL: kvTTL(bk.name, cfg),
+			Storage: cfg.storage(), Replicas: cfg.Replicas, MaxValueSize: -1,
+		}
+		if bk.name == BucketInstances {
+			// An expired instance leaves a delete marker, so catalog watchers see it go.
+			kc.LimitMarkerTTL = max(cfg.InstanceTTL, time.Second)
+		}
+		var before any
+		s, err := js.Stream(ctx, "KV_"+bk.name)
+		existed := err == nil
+		if existed {
+			before = s.CachedInfo().Config
+		}
+		if _, err := js.CreateOrUpdateKeyValue(ctx, kc); err != nil {
+			return nil, nil, fmt.Errorf("events: bucket %s: %w", bk.name, err)
+		}
+		if cfg.Replicas > 1 {
+			if _, err := leaderReads(ctx, js, bk.name); err != nil {
+				return nil, nil, err
+			}
+		}
+		after, err := js.Stream(ctx, "KV_"+bk.name)
+		if err != nil {
+			return nil, nil, fmt.Errorf("events: bucket %s: %w", bk.name, err)
+		}
+		note("bucket", bk.name, existed, before, after.CachedInfo().Config)
+	}
+	{
+		var before any
+		s, err := js.Stream(ctx, "OBJ_"+BucketOutputs)
+		existed := err == nil
+		if existed {
+			before = s.CachedInfo().Config
+		}
+		if _, err := js.CreateOrUpdateObjectStore(ctx, jetstream.ObjectStoreConfig{
+			Bucket: BucketOutputs, Description: "whole tool outputs too large for an event",
+			TTL: cfg.MaxAge, Storage: cfg.storage(), Replicas: cfg.Replicas, MaxBytes: cfg.OutputsMaxBytes,
+		}); err != nil {
+			return nil, nil, fmt.Errorf("events: object store %s: %w", BucketOutputs, err)
+		}
+		after, err := js.Stream(ctx, "OBJ_"+BucketOutputs)
+		if err != nil {
+			return nil, nil, fmt.Errorf("events: object store %s: %w", BucketOutputs, err)
+		}
+		note("object store", BucketOutputs, existed, before, after.CachedInfo().Config)
+	}
+
+	b, err := open(ctx, nc, js, cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	b.manage = true
+	var ccs []ConsumerConfig
+	for _, role := range []string{RolePlanner, RoleInjector} {
+		for _, wc := range WorkerConsumers(role, o.workers[role]) {
+			ccs = append(ccs, wc.ConsumerConfig)
+		}
+	}
+	if o.toolCfg != nil {
+		seen := map[string]bool{}
+		for _, t := range append([]string{UnknownToolToken}, o.tools...) {
+			if tok := ToolToken(t); !seen[tok] {
+				seen[tok] = true
+				ccs = append(ccs, o.toolCfg(tok))
+			}
+		}
+	}
+	for _, cc := range ccs {
+		_, existed, changed, err := b.ensureConsumer(ctx, cc)
+		if err != nil {
+			return nil, nil, err
+		}
+		a := "created"
+		if existed {
+			a = map[bool]string{true: "updated", false: "unchanged"}[changed]
+		}
+		changes = append(changes, Change{Kind: "consumer", Name: cc.Durable, Action: a})
+	}
+	return b, changes, nil
+}
+
+var buckets = []struct{ name, desc string }{
+	{BucketHistory, "run history: assistant messages and joined step results"},
+	{BucketRuns, "run state"},
+	{BucketTools, "tool catalog published by executors"},
+	{BucketApprovals, "approval decisions per call"},
+	{BucketClaims, "executions claimed by executors, one key per call"},
+	{BucketInstances, "live executor instances (heartbeats)"},
+}
+
+func upsertStream(ctx context.Context, js jetstream.JetStream, sc jetstream.StreamConfig, note func(kind, name string, existed bool, before, after any)) error {
+	var before any
+	s, err := js.Stream(ctx, sc.Name)
+	existed := err == nil
+	if existed {
+		before = s.CachedInfo().Config
+	}
+	s, err = js.CreateOrUpdateStream(ctx, sc)
+	if err != nil {
+		return fmt.Errorf("events: stream %s: %w", sc.Name, err)
+	}
+	note("stream", sc.Name, existed, before, s.CachedInfo().Config)
+	return nil
+}
+
+// jetstream is the JetStream configuration of cc, defaults applied.
+func (cc ConsumerConfig) jetstream() jetstream.ConsumerConfig {
+	if cc.AckWait == 0 {
+		cc.AckWait = 30 * time.Second
+	}
+	if cc.MaxDeliver == 0 {
+		cc.MaxDeliver = 10
+	}
+	if cc.MaxAckPending == 0 {
+		cc.MaxAckPending = 1000
+	}
+	cfg := jetstream.ConsumerConfig{
+		Durable:       cc.Durable,
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		AckWait:       cc.AckWait,
+		MaxDeliver:    cc.MaxDeliver,
+		BackOff:       cc.BackOff,
+		MaxAckPending: cc.MaxAckPending,
+		DeliverPolicy: jetstream.DeliverAllPolicy,
+	}
+	if cc.DeliverNew {
+		cfg.DeliverPolicy = jetstream.DeliverNewPolicy
+	}
+	if len(cc.Filters) == 1 {
+		cfg.FilterSubject = cc.Filters[0]
+	} else {
+		cfg.FilterSubjects = cc.Filters
+	}
+	return cfg
+}
+
+// sameConsumer reports whether an existing consumer has what want sets.
+func sameConsumer(have, want jetstream.ConsumerConfig) bool {
+	hf := append([]string{have.FilterSubject}, have.FilterSubjects...)
+	wf := append([]string{want.FilterSubject}, want.FilterSubjects...)
+	return slices.Equal(hf, wf) && have.AckWait == want.AckWait && have.MaxDeliver == want.MaxDeliver &&
+		have.MaxAckPending == want.MaxAckPending && slices.Equal(have.BackOff, want.BackOff) &&
+		have.DeliverPolicy == want.DeliverPolicy && have.AckPolicy == want.AckPolicy
+}
+
+// ensureConsumer binds to cc's durable, creating or updating it when the bus may (see
+// Consumer). It reports whether the consumer existed and whether it was changed.
+func (b *Bus) ensureConsumer(ctx context.Context, cc ConsumerConfig) (cons jetstream.Consumer, existed, changed bool, err error) {
+	want := cc.jetstream()
+	have, err := b.Stream.Consumer(ctx, cc.Durable)
+	switch {
+	case err == nil:
+		existed = true
+		if sameConsumer(have.CachedInfo().Config, want) {
+			return have, true, false, nil
+		}
+	case !errors.Is(err, jetstream.ErrConsumerNotFound):
+		return nil, false, false, fmt.Errorf("events: consumer %s: %w", cc.Durable, err)
+	}
+	if !b.manage {
+		// One attempt, bounded: a role without the right gets no answer at all (the
+		// server drops the request as a permissions violation).
+		actx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		cons, err := b.Stream.CreateOrUpdateConsumer(actx, want)
+		cancel()
+		switch {
+		case err == nil:
+			return cons, existed, true, nil
+		case existed:
+			slog.Default().Warn("consumer differs from this worker's settings and may not be updated with these credentials; using it as set up",
+				"consumer", cc.Durable, "error", err)
+			return have, true, false, nil
+		default:
+			return nil, false, false, fmt.Errorf("%w: consumer %s does not exist and could not be created: %w", ErrNotSetUp, cc.Durable, err)
+		}
+	}
+	// A replicated consumer can take seconds to create while a cluster elects leaders:
+	// timeouts and server-side unavailability are retried for about 30s.
+	delay := 250 * time.Millisecond
+	for attempt := 0; ; attempt++ {
+		cons, err := b.Stream.CreateOrUpdateConsumer(ctx, want)
+		if err == nil {
+			return cons, existed, true, nil
+		}
+		var apiErr *jetstream.APIError
+		if attempt >= 10 || (errors.As(err, &apiErr) && apiErr.Code < 500) || ctx.Err() != nil {
+			return nil, existed, false, fmt.Errorf("events: consumer %s: %w", cc.Durable, err)
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(delay):
+		}
+		delay = min(2*delay, 4*time.Second)
+	}
+}
