@@ -92,7 +92,8 @@ func Check(ctx context.Context, nc *nats.Conn, url string, cfg Config) (rep Repo
 	defer cancel()
 	fail := func(format string, args ...any) { rep.Failures = append(rep.Failures, fmt.Sprintf(format, args...)) }
 
-	bus, err := events.Open(ctx, nc, events.Config{})
+	// The suite stands in for the admin: it sets the stream and buckets up (idempotent).
+	bus, _, err := events.Setup(ctx, nc, events.Config{})
 	if err != nil {
 		return rep, fmt.Errorf("conformance: %w", err)
 	}
