@@ -31,8 +31,8 @@ const (
 	ConsumerInjectorWaiting   = "injector-waiting"
 	ConsumerInjectorApprovals = "injector-approvals"
 	ConsumerInjectorCancel    = "injector-cancel"
-	ConsumerInjectorStarted = "injector-started"
-	ConsumerInjectorTimers  = "injector-timers"
+	ConsumerInjectorStarted   = "injector-started"
+	ConsumerInjectorTimers    = "injector-timers"
 )
 
 // WorkerSettings are the knobs of a role's consumers; zero values take the defaults.
