@@ -31,9 +31,13 @@ func TestFaultExecutorKill(t *testing.T) {
 	runs := []string{"kill-exec"}
 	e.submit(runs)
 
-	// The three calls are in exec-a's hands (delivered, not acknowledged) and none has
-	// finished: kill it mid-call.
-	e.eventually("3 calls in flight on exec-a", 30*time.Second, func() error {
+	// The three calls are in exec-a's hands (delivered, claimed by exec-a, not
+	// acknowledged) and none has finished: kill it mid-call.
+	claims, err := e.bus.JS.KeyValue(e.ctx, events.BucketClaims)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.eventually("3 calls claimed and in flight on exec-a", 30*time.Second, func() error {
 		if n := e.count(events.FilterToolFinished); n > 0 {
 			t.Fatalf("%d results before the kill: the calls finished too early", n)
 		}
@@ -43,6 +47,17 @@ func TestFaultExecutorKill(t *testing.T) {
 		}
 		if ci.NumAckPending != 3 {
 			return fmt.Errorf("%d calls in flight", ci.NumAckPending)
+		}
+		for i := 0; i < 3; i++ {
+			ctx, cancel := e.op()
+			entry, err := claims.Get(ctx, events.ClaimKey("kill-exec", 0, fmt.Sprintf("c%d", i)))
+			cancel()
+			if err != nil {
+				return fmt.Errorf("call c%d not claimed yet: %w", i, err)
+			}
+			if !strings.Contains(string(entry.Value()), `"exec-a"`) {
+				return fmt.Errorf("call c%d claimed by %s", i, entry.Value())
+			}
 		}
 		return nil
 	})
