@@ -38,7 +38,26 @@ type Config struct {
 	// call beyond it gets a rejected result (code too_many_calls) from the planner itself.
 	MaxCallsPerStep int
 	Logger          *slog.Logger
+	// Metrics, when set, records model calls and the runs this planner ends.
+	Metrics Metrics
+	// Observer, when set, watches the consume loop (readiness, redeliveries, poison).
+	Observer events.ServeObserver
 }
+
+// Metrics records what a planner does. It is an interface so that this package does not
+// depend on a metrics library; implementations must be safe for concurrent use.
+type Metrics interface {
+	// ModelCalled is called after each model call with its latency, its token usage and
+	// its error (nil on success).
+	ModelCalled(model string, d time.Duration, u events.Usage, err error)
+	// RunEnded is called when this planner ends a run (an answer, a budget, a failure).
+	RunEnded(outcome, code string)
+}
+
+type nopMetrics struct{}
+
+func (nopMetrics) ModelCalled(string, time.Duration, events.Usage, error) {}
+func (nopMetrics) RunEnded(string, string)                                {}
 
 // DefaultMaxCallsPerStep is the default of Config.MaxCallsPerStep.
 const DefaultMaxCallsPerStep = 128
@@ -46,6 +65,9 @@ const DefaultMaxCallsPerStep = 128
 func (c *Config) setDefaults() {
 	if c.Instance == "" {
 		c.Instance = "planner"
+	}
+	if c.Metrics == nil {
+		c.Metrics = nopMetrics{}
 	}
 	if c.Concurrency <= 0 {
 		c.Concurrency = 64
@@ -135,9 +157,14 @@ func (p *Planner) Run(ctx context.Context) error {
 		return fmt.Errorf("planner: subscribe to cancellations: %w", err)
 	}
 	defer sub.Unsubscribe() //nolint:errcheck // the connection may be closing
-	return events.Serve(ctx, cons, events.ServeConfig{
+	p.log.Info("planner serving", "consumer", p.cfg.Durable, "concurrency", p.cfg.Concurrency,
+		"stream", p.bus.Config().Stream, "nats", p.bus.NC.ConnectedUrlRedacted())
+	err = events.Serve(ctx, cons, events.ServeConfig{
 		Concurrency: p.cfg.Concurrency, Grace: p.cfg.Grace, Logger: p.log, NakDelay: 2 * time.Second,
+		Observer: p.cfg.Observer,
 	}, p.handle)
+	p.log.Info("planner stopped", "error", err)
+	return err
 }
 
 func (p *Planner) ended(run string) bool {
@@ -365,6 +392,9 @@ func (p *Planner) callModel(ctx context.Context, rs *events.RunStarted, step int
 	resp, err := p.model.Complete(mctx, Request{
 		RunID: rs.RunID, Step: step, Model: rs.Model, Messages: msgs, Tools: p.catalog.Tools(rs),
 	})
+	// Labelled by the run's model, not the response's: the run's is the configured name
+	// (a bounded set) and is known when the call fails.
+	p.cfg.Metrics.ModelCalled(rs.Model, time.Since(start), resp.Usage, err)
 	if err != nil {
 		return events.ModelResponded{}, fmt.Errorf("planner: model call for %s step %d: %w", rs.RunID, step, err)
 	}
@@ -505,6 +535,7 @@ func (p *Planner) end(ctx context.Context, run string, step int, ended events.Ru
 		return nil
 	}
 	if err == nil {
+		p.cfg.Metrics.RunEnded(string(ended.Status), ended.Code)
 		p.log.Info("run ended", "run_id", run, "step", step, "status", ended.Status, "code", ended.Code)
 	}
 	return err
