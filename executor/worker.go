@@ -12,6 +12,10 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/toolbus/toolbus/events"
 )
@@ -52,6 +56,9 @@ type WorkerConfig struct {
 	Metrics Metrics
 	// Observer, when set, watches the consume loop (readiness, redeliveries, poison).
 	Observer events.ServeObserver
+	// Tracer makes the span of each call (default: the global provider's, a no-op unless
+	// tracing is configured).
+	Tracer trace.Tracer
 }
 
 // Metrics records what a worker does. It is an interface so that this package does not
@@ -103,6 +110,9 @@ func (c *WorkerConfig) setDefaults() {
 	}
 	if c.Metrics == nil {
 		c.Metrics = nopMetrics{}
+	}
+	if c.Tracer == nil {
+		c.Tracer = otel.Tracer("github.com/toolbus/toolbus/executor")
 	}
 }
 
@@ -351,6 +361,27 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) error {
 		res events.ToolResult
 		ran bool // the tool ran: the in-flight gauge counts it
 	)
+	// The call's span (GenAI conventions, "execute_tool <tool>"), a child of the step's
+	// span carried in the tool.requested headers; the tool.finished carries it on.
+	ctx, span := w.cfg.Tracer.Start(events.ExtractTrace(ctx, msg.Headers()), "execute_tool "+req.Call.Tool,
+		trace.WithSpanKind(trace.SpanKindInternal), trace.WithAttributes(
+			attribute.String("gen_ai.operation.name", "execute_tool"),
+			attribute.String("gen_ai.tool.name", req.Call.Tool),
+			attribute.String("gen_ai.tool.call.id", req.Call.CallID),
+			attribute.String("toolbus.run_id", req.RunID),
+			attribute.Int("toolbus.step", req.Step),
+			attribute.Int("toolbus.attempt", attempt),
+		))
+	defer func() {
+		if res.Status != "" {
+			span.SetAttributes(attribute.String("toolbus.tool.status", string(res.Status)))
+			if res.Status != events.StatusSucceeded {
+				span.SetAttributes(attribute.String("error.type", res.Code()))
+				span.SetStatus(codes.Error, res.Code())
+			}
+		}
+		span.End()
+	}()
 	state, _, err := w.bus.RunState(ctx, req.RunID)
 	switch {
 	case err != nil && !errors.Is(err, events.ErrRunNotFound):

@@ -11,6 +11,10 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/toolbus/toolbus/events"
 )
@@ -42,6 +46,9 @@ type Config struct {
 	Metrics Metrics
 	// Observer, when set, watches the consume loop (readiness, redeliveries, poison).
 	Observer events.ServeObserver
+	// Tracer makes the span of each step's model call (default: the global provider's,
+	// a no-op unless tracing is configured).
+	Tracer trace.Tracer
 }
 
 // Metrics records what a planner does. It is an interface so that this package does not
@@ -68,6 +75,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.Metrics == nil {
 		c.Metrics = nopMetrics{}
+	}
+	if c.Tracer == nil {
+		c.Tracer = otel.Tracer("github.com/toolbus/toolbus/planner")
 	}
 	if c.Concurrency <= 0 {
 		c.Concurrency = 64
@@ -249,6 +259,17 @@ func (p *Planner) Step(ctx context.Context, run string, step int, traceparent st
 			Code: events.LimitDeadline, Reason: "run deadline passed before step " + strconv.Itoa(step), StepsUsed: step})
 	}
 
+	// The step's span: one per step of the run's trace (GenAI conventions, "chat
+	// <model>"); the tool.requested events carry it to the executors' spans.
+	ctx, span := p.cfg.Tracer.Start(trace.ContextWithRemoteSpanContext(ctx, events.RunTraceContext(run, traceparent)),
+		"chat "+rs.Model, trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(
+			attribute.String("gen_ai.operation.name", "chat"),
+			attribute.String("gen_ai.request.model", rs.Model),
+			attribute.String("gen_ai.conversation.id", run),
+			attribute.String("toolbus.run_id", run),
+			attribute.Int("toolbus.step", step),
+		))
+	defer span.End()
 	var (
 		mr  events.ModelResponded
 		got bool
@@ -263,6 +284,8 @@ func (p *Planner) Step(ctx context.Context, run string, step int, traceparent st
 	}
 	if !got {
 		if mr, err = p.callModel(ctx, rs, step); err != nil {
+			span.SetStatus(codes.Error, err.Error())
+			span.SetAttributes(attribute.String("error.type", "model_error"))
 			if errors.Is(err, ErrPermanent) {
 				return p.fail(ctx, run, step, "model_error", err.Error())
 			}
@@ -274,6 +297,13 @@ func (p *Planner) Step(ctx context.Context, run string, step int, traceparent st
 		}
 	}
 	p.rememberAssistant(run, step, mr)
+	span.SetAttributes(
+		attribute.String("gen_ai.response.model", mr.Model),
+		attribute.Int64("gen_ai.usage.input_tokens", mr.Usage.InputTokens),
+		attribute.Int64("gen_ai.usage.output_tokens", mr.Usage.OutputTokens),
+		attribute.Int("toolbus.tool_calls", len(mr.Message.ToolCalls)),
+		attribute.Bool("toolbus.model_reused", got),
+	)
 
 	responded, err := p.bus.PublishAsync(events.SubjectModelResponded(run), events.Meta{
 		ID: events.IDModelResponded(run, step), Type: events.TypeModelResponded, Source: p.source,
@@ -347,7 +377,7 @@ func (p *Planner) publishCalls(ctx context.Context, rs *events.RunStarted, step 
 		if _, ok := p.catalog.Lookup(c.Tool); !ok {
 			token = events.UnknownToolToken // no executor serves it: any executor rejects it
 		}
-		f, err := p.bus.PublishAsync(events.SubjectToolRequested(rs.RunID, token), events.Meta{
+		f, err := p.bus.PublishAsyncContext(ctx, events.SubjectToolRequested(rs.RunID, token), events.Meta{
 			ID: events.IDToolRequested(rs.RunID, step, c.CallID, false), Type: events.TypeToolRequested,
 			Source: p.source, RunID: rs.RunID, Step: step, CallID: c.CallID, CallIndex: i, CallCount: len(calls),
 			HasCall: true, TraceParent: traceparent,

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"time"
 
 	"github.com/sourcegraph/conc"
 
@@ -34,6 +35,21 @@ func runRoles(ctx context.Context, cfg Config, bus *events.Bus, log *slog.Logger
 		return err
 	}
 	defer stopTel()
+	service := "toolbus"
+	if len(names) == 1 {
+		service += "-" + names[0]
+	}
+	shutdownTracing, err := telemetry.SetupTracing(ctx, service)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		if err := shutdownTracing(sctx); err != nil {
+			log.Warn("spans not flushed", "error", err)
+		}
+	}()
 	// Every role registers before any starts: /readyz waits for all of them.
 	for _, name := range names {
 		serveObserver(tel, name)
