@@ -12,6 +12,10 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/toolbus/toolbus/events"
 )
@@ -48,7 +52,33 @@ type WorkerConfig struct {
 	// Grace for in-flight calls at shutdown before they are cancelled (default 30s).
 	Grace  time.Duration
 	Logger *slog.Logger
+	// Metrics, when set, records the calls this worker runs (telemetry.Metrics).
+	Metrics Metrics
+	// Observer, when set, watches the consume loop (readiness, redeliveries, poison).
+	Observer events.ServeObserver
+	// Tracer makes the span of each call (default: the global provider's, a no-op unless
+	// tracing is configured).
+	Tracer trace.Tracer
 }
+
+// Metrics records what a worker does. It is an interface so that this package does not
+// depend on a metrics library; implementations must be safe for concurrent use.
+type Metrics interface {
+	// CallStarted is called when a call's tool starts running, CallStopped when it
+	// stops (in flight is their difference).
+	CallStarted(tool string)
+	CallStopped(tool string)
+	// CallFinished is called once per result the worker produces, with how long the tool
+	// ran; ran is false for a call refused without running (unknown tool, not allowed,
+	// denied, run ended).
+	CallFinished(tool, status, code string, d time.Duration, ran bool)
+}
+
+type nopMetrics struct{}
+
+func (nopMetrics) CallStarted(string)                                       {}
+func (nopMetrics) CallStopped(string)                                       {}
+func (nopMetrics) CallFinished(string, string, string, time.Duration, bool) {}
 
 func (c *WorkerConfig) setDefaults() {
 	if c.Instance == "" {
@@ -77,6 +107,12 @@ func (c *WorkerConfig) setDefaults() {
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
+	}
+	if c.Metrics == nil {
+		c.Metrics = nopMetrics{}
+	}
+	if c.Tracer == nil {
+		c.Tracer = otel.Tracer("github.com/toolbus/toolbus/executor")
 	}
 }
 
@@ -151,11 +187,14 @@ func (w *Worker) Run(ctx context.Context) error {
 			return err
 		}
 	}
-	w.log.Info("executor serving", "tools", served, "concurrency", w.cfg.Concurrency)
-	return events.ServeAll(ctx, consumers, events.ServeConfig{
+	w.log.Info("executor serving", "tools", served, "concurrency", w.cfg.Concurrency,
+		"stream", w.bus.Config().Stream, "nats", w.bus.NC.ConnectedUrlRedacted())
+	err = events.ServeAll(ctx, consumers, events.ServeConfig{
 		Concurrency: w.cfg.Concurrency, Grace: w.cfg.Grace, Logger: w.log, NakDelay: time.Second,
-		MaxWait: w.cfg.AckWait / 3,
+		MaxWait: w.cfg.AckWait / 3, Observer: w.cfg.Observer,
 	}, w.handle)
+	w.log.Info("executor stopped", "error", err)
+	return err
 }
 
 // queue binds the durable consumer of one tool's queue, creating it if it is missing.
@@ -318,7 +357,31 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) error {
 		return err
 	}
 
-	var res events.ToolResult
+	var (
+		res events.ToolResult
+		ran bool // the tool ran: the in-flight gauge counts it
+	)
+	// The call's span (GenAI conventions, "execute_tool <tool>"), a child of the step's
+	// span carried in the tool.requested headers; the tool.finished carries it on.
+	ctx, span := w.cfg.Tracer.Start(events.ExtractTrace(ctx, msg.Headers()), "execute_tool "+req.Call.Tool,
+		trace.WithSpanKind(trace.SpanKindInternal), trace.WithAttributes(
+			attribute.String("gen_ai.operation.name", "execute_tool"),
+			attribute.String("gen_ai.tool.name", req.Call.Tool),
+			attribute.String("gen_ai.tool.call.id", req.Call.CallID),
+			attribute.String("toolbus.run_id", req.RunID),
+			attribute.Int("toolbus.step", req.Step),
+			attribute.Int("toolbus.attempt", attempt),
+		))
+	defer func() {
+		if res.Status != "" {
+			span.SetAttributes(attribute.String("toolbus.tool.status", string(res.Status)))
+			if res.Status != events.StatusSucceeded {
+				span.SetAttributes(attribute.String("error.type", res.Code()))
+				span.SetStatus(codes.Error, res.Code())
+			}
+		}
+		span.End()
+	}()
 	state, _, err := w.bus.RunState(ctx, req.RunID)
 	switch {
 	case err != nil && !errors.Is(err, events.ErrRunNotFound):
@@ -355,7 +418,10 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) error {
 			}
 		}
 		if res.Status == "" {
+			ran = true
+			w.cfg.Metrics.CallStarted(req.Call.Tool)
 			res, err = w.run(ctx, msg, req, rs, attempt)
+			w.cfg.Metrics.CallStopped(req.Call.Tool)
 			if err != nil {
 				return err
 			}
@@ -381,9 +447,13 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) error {
 	if err != nil {
 		return err
 	}
-	if w.log.Enabled(ctx, slog.LevelDebug) {
-		log().Debug("call finished", "status", res.Status, "code", res.Code(), "duration_ms", res.DurationMS)
+	// Counted once the result is stored: one count per published result.
+	tool := req.Call.Tool
+	if !w.serving[tool] {
+		tool = events.UnknownToolToken // the model names tools: keep the label set bounded
 	}
+	w.cfg.Metrics.CallFinished(tool, string(res.Status), res.Code(), time.Duration(res.DurationMS)*time.Millisecond, ran)
+	log().Info("call finished", "status", res.Status, "code", res.Code(), "duration_ms", res.DurationMS, "attempt", attempt)
 	return nil
 }
 

@@ -46,6 +46,10 @@ type Config struct {
 	FailOn          []string      `envconfig:"FAIL_ON" default:"unknown_tool,tool_internal_error,invalid_tool_output" desc:"error codes that fail a run"`
 	Grace           time.Duration `envconfig:"GRACE" default:"30s" desc:"shutdown grace period for in-flight work"`
 
+	// MetricsAddr serves /metrics, /healthz and /readyz (host:port) for every role of the
+	// process; empty serves nothing.
+	MetricsAddr string `envconfig:"METRICS_ADDR" desc:"address (host:port) of /metrics, /healthz and /readyz for the roles of this process; empty: none"`
+
 	LogLevel  string `envconfig:"LOG_LEVEL" default:"info" desc:"debug, info, warn or error"`
 	LogFormat string `envconfig:"LOG_FORMAT" default:"text" desc:"text or json"`
 }
