@@ -34,6 +34,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/toolbus/toolbus/events"
@@ -473,11 +474,14 @@ func (s *server) call(ctx context.Context, name string, args json.RawMessage) (a
 		if ctx.Err() != nil {
 			return nil, ctx.Err() // the executor reports the timeout or cancellation
 		}
-		if errors.Is(err, mcp.ErrConnectionClosed) || errors.Is(err, context.Canceled) || s.closed(sess) {
-			return nil, executor.NewRetryableError(CodeUnavailable, fmt.Sprintf(
-				"the MCP server %q stopped during the call (it is being restarted; the call may be tried again): %v", s.name, err))
+		// A JSON-RPC error is the server's answer (unknown tool, bad params, a failing
+		// handler); anything else is the transport failing under the call.
+		var rpcErr *jsonrpc.Error
+		if errors.As(err, &rpcErr) {
+			return nil, executor.NewRetryableError(CodeProtocol, fmt.Sprintf("the MCP server %q answered with an error: %v", s.name, err))
 		}
-		return nil, executor.NewRetryableError(CodeProtocol, fmt.Sprintf("the MCP server %q answered with an error: %v", s.name, err))
+		return nil, executor.NewRetryableError(CodeUnavailable, fmt.Sprintf(
+			"the connection to the MCP server %q ended during the call (it is being restarted; the call may be tried again): %v", s.name, err))
 	}
 	text := Text(res.Content)
 	if res.IsError {
@@ -494,13 +498,6 @@ func (s *server) call(ctx context.Context, name string, args json.RawMessage) (a
 		return json.RawMessage(b), nil
 	}
 	return text, nil
-}
-
-// closed reports whether sess is no longer the live session (its connection ended).
-func (s *server) closed(sess *mcp.ClientSession) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.sess != sess
 }
 
 // Text renders MCP content blocks as what the model reads: text as is, other blocks
