@@ -2,6 +2,9 @@ package e2e_test
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -14,6 +17,7 @@ import (
 
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
+	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/executor/mcptools"
 	"github.com/toolbus/toolbus/planner"
 )
@@ -189,5 +193,79 @@ func TestMCPServerKilledMidRun(t *testing.T) {
 	}
 	if n := everything.starts(); n < 2 {
 		t.Errorf("server-everything started %d times, want a restart", n)
+	}
+}
+
+// TestMCPListChangedReachesCatalog: a tool an MCP server adds while the executor runs
+// enters the catalog and is served (its queue starts); a tool it removes leaves the
+// tools offered to models. The server is an in-process go-sdk server.
+func TestMCPListChangedReachesCatalog(t *testing.T) {
+	model := &planner.Script{Steps: []func(planner.Request) planner.Response{
+		planner.Calls(call("c_late", "mem__late", `{}`)),
+		planner.Answer("done"),
+	}}
+	s := newStack(t, model)
+	srv := mcp.NewServer(&mcp.Implementation{Name: "mem", Version: "1"}, nil)
+	obj := json.RawMessage(`{"type":"object"}`)
+	srv.AddTool(&mcp.Tool{Name: "early", Description: "There from the start.", InputSchema: obj},
+		func(context.Context, *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "early"}}}, nil
+		})
+	exec := executor.New(s.reg, executor.WithLogger(s.log), executor.WithInstance("mcp-exec"))
+	w := executor.NewWorker(s.bus, exec, executor.WorkerConfig{Instance: "mcp-exec", Logger: s.log, Grace: time.Second})
+	p, err := mcptools.New(s.reg, mcptools.Config{}, mcptools.Options{Logger: s.log, OnChange: w.Sync})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.AddServer("mem", func(ctx context.Context) (mcp.Transport, error) {
+		ct, st := mcp.NewInMemoryTransports()
+		if _, err := srv.Connect(ctx, st, nil); err != nil {
+			return nil, err
+		}
+		return ct, nil
+	})
+	if err := p.Start(s.ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	s.start("mcp-exec", w.Run)
+	cat, err := s.bus.WatchCatalog(s.ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	offered := func(name string) bool {
+		for _, c := range cat.Tools(nil) {
+			if c.Name == name {
+				return true
+			}
+		}
+		return false
+	}
+	eventstest.Eventually(t, 30*time.Second, func() error {
+		if !offered("mem__early") {
+			return errors.New("mem__early not offered yet")
+		}
+		return nil
+	})
+	srv.AddTool(&mcp.Tool{Name: "late", Description: "Added while serving.", InputSchema: obj},
+		func(context.Context, *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "late answer"}}}, nil
+		})
+	srv.RemoveTools("early")
+	eventstest.Eventually(t, 30*time.Second, func() error {
+		if !offered("mem__late") || offered("mem__early") {
+			return fmt.Errorf("offered late=%v early=%v, want true false", offered("mem__late"), offered("mem__early"))
+		}
+		return nil
+	})
+	s.startPlanner("planner-1")
+	s.startInjector("injector-1")
+	s.submit("mcp-late", events.Limits{})
+	if ended := s.waitEnd("mcp-late"); ended.Status != events.RunCompleted {
+		t.Fatalf("run %s (%s)", ended.Status, ended.Reason)
+	}
+	res := s.finished("mcp-late")
+	if len(res) != 1 || res[0].Result.Status != events.StatusSucceeded || res[0].Result.Content != "late answer" {
+		t.Fatalf("results %+v, want the late tool's answer", res)
 	}
 }
