@@ -243,11 +243,14 @@ type server struct {
 	p            *Provider
 	log          *slog.Logger
 
-	mu    sync.Mutex
-	sess  *mcp.ClientSession // nil while disconnected
-	up    chan struct{}      // closed while sess != nil
-	tools map[string]string  // toolbus name -> MCP name
-	sigs  map[string]string  // toolbus name -> contract signature, to spot changed tools
+	// syncMu serializes tool list refreshes, so an older listing never overwrites a
+	// newer one.
+	syncMu sync.Mutex
+	mu     sync.Mutex
+	sess   *mcp.ClientSession // nil while disconnected
+	up     chan struct{}      // closed while sess != nil
+	tools  map[string]string  // toolbus name -> MCP name
+	sigs   map[string]string  // toolbus name -> contract signature, to spot changed tools
 }
 
 // connect opens a session and registers the server's tools.
@@ -325,6 +328,8 @@ func (s *server) refresh(ctx context.Context) {
 // sync lists the server's tools and brings the registry in line: new tools registered,
 // removed ones unregistered, changed ones replaced; then OnChange.
 func (s *server) sync(ctx context.Context, sess *mcp.ClientSession) error {
+	s.syncMu.Lock()
+	defer s.syncMu.Unlock()
 	type listed struct {
 		tool executor.Tool
 		mcp  string
