@@ -126,12 +126,18 @@ type Worker struct {
 	source string
 	log    *slog.Logger
 
-	serving map[string]bool // tools this worker serves
+	smu        sync.RWMutex
+	serving    map[string]bool // tools this worker serves
+	servedList []string        // the same, in the order offered (the instance record)
+	runCtx     context.Context // Run's context, for queues added by Sync
+	serveCfg   events.ServeConfig
 
 	mu        sync.Mutex
 	inflight  map[string]map[*callHandle]struct{} // run id -> running calls
 	claimed   map[string]bool                     // claim keys this worker is handling
 	cancelled map[string]time.Time                // runs cancelled recently
+
+	extra sync.WaitGroup // queues added by Sync
 }
 
 type callHandle struct{ cancel context.CancelCauseFunc }
@@ -156,10 +162,18 @@ func (w *Worker) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	w.smu.Lock()
 	w.serving = make(map[string]bool, len(served))
 	for _, t := range served {
 		w.serving[t] = true
 	}
+	w.servedList = served
+	w.runCtx = ctx
+	w.serveCfg = events.ServeConfig{
+		Concurrency: w.cfg.Concurrency, Grace: w.cfg.Grace, Logger: w.log, NakDelay: time.Second,
+		MaxWait: w.cfg.AckWait / 3, Observer: w.cfg.Observer,
+	}
+	w.smu.Unlock()
 	sub, err := w.bus.NC.Subscribe(events.FilterRunCancel, w.onCancel)
 	if err != nil {
 		return fmt.Errorf("executor: subscribe to cancellations: %w", err)
@@ -189,12 +203,79 @@ func (w *Worker) Run(ctx context.Context) error {
 	}
 	w.log.Info("executor serving", "tools", served, "concurrency", w.cfg.Concurrency,
 		"stream", w.bus.Config().Stream, "nats", w.bus.NC.ConnectedUrlRedacted())
-	err = events.ServeAll(ctx, consumers, events.ServeConfig{
-		Concurrency: w.cfg.Concurrency, Grace: w.cfg.Grace, Logger: w.log, NakDelay: time.Second,
-		MaxWait: w.cfg.AckWait / 3, Observer: w.cfg.Observer,
-	}, w.handle)
+	err = events.ServeAll(ctx, consumers, w.serveCfg, w.handle)
+	w.extra.Wait()
 	w.log.Info("executor stopped", "error", err)
 	return err
+}
+
+// Sync brings a running worker in line with its registry after tools were registered or
+// unregistered at run time (tool providers such as MCP servers whose tool lists change):
+// each new tool gets its queue and its contract in the catalog, and the instance record
+// lists exactly the registered tools, so the planner stops offering removed ones at once.
+// A worker limited to WorkerConfig.Tools serves that fixed subset and ignores Sync.
+// Sync before Run, or after Run returned, does nothing.
+func (w *Worker) Sync(ctx context.Context) error {
+	if len(w.cfg.Tools) > 0 {
+		return nil
+	}
+	w.smu.Lock()
+	defer w.smu.Unlock()
+	if w.runCtx == nil || w.runCtx.Err() != nil {
+		return nil
+	}
+	names := w.exec.Registry().Names()
+	var added []string
+	for _, name := range names {
+		t, ok := w.exec.Registry().Lookup(name)
+		if !ok {
+			continue
+		}
+		// Publishing every contract again also covers a tool whose schema changed.
+		if err := w.bus.PublishTool(ctx, t.Contract()); err != nil {
+			return err
+		}
+		if !w.serving[name] {
+			added = append(added, name)
+		}
+	}
+	for _, name := range added {
+		cons, err := w.queue(ctx, name)
+		if err != nil {
+			return err
+		}
+		w.extra.Go(func() {
+			if err := events.ServeAll(w.runCtx, []jetstream.Consumer{cons}, w.serveCfg, w.handle); err != nil {
+				w.log.Error("queue stopped", "tool", name, "error", err)
+			}
+		})
+	}
+	serving := make(map[string]bool, len(names))
+	for _, n := range names {
+		serving[n] = true
+	}
+	w.serving, w.servedList = serving, names
+	now := time.Now().UTC()
+	if err := w.bus.PutInstance(ctx, events.Instance{Name: w.cfg.Instance, Tools: names, Concurrency: w.cfg.Concurrency,
+		StartedAt: now, HeartbeatAt: now}); err != nil {
+		return err
+	}
+	w.log.Info("executor tools changed", "tools", names, "added", added)
+	return nil
+}
+
+// serves reports whether this worker serves tool now.
+func (w *Worker) serves(tool string) bool {
+	w.smu.RLock()
+	defer w.smu.RUnlock()
+	return w.serving[tool]
+}
+
+// servedTools returns the tools this worker serves now.
+func (w *Worker) servedTools() []string {
+	w.smu.RLock()
+	defer w.smu.RUnlock()
+	return w.servedList
 }
 
 // queue binds the durable consumer of one tool's queue, creating it if it is missing.
@@ -234,6 +315,7 @@ func (w *Worker) heartbeat(ctx context.Context, served []string) (stop func(), e
 				return
 			case <-t.C:
 				in.HeartbeatAt = time.Now().UTC()
+				in.Tools = w.servedTools()
 				if err := w.bus.PutInstance(ctx, in); err != nil {
 					w.log.Warn("instance heartbeat failed", "error", err)
 				}
@@ -392,7 +474,7 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) error {
 	case attempt >= w.cfg.MaxDeliver && attempt > 1:
 		res = failedResult(req.Call, events.CodeToolInternalError,
 			fmt.Sprintf("the call did not finish in %d attempts (its executor died each time); it was not run again", attempt-1))
-	case !w.serving[req.Call.Tool]:
+	case !w.serves(req.Call.Tool):
 		res = rejectedResult(req.Call, events.CodeUnknownTool, fmt.Sprintf("no executor serves a tool named %q", req.Call.Tool))
 	case !rs.Allows(req.Call.Tool):
 		res = rejectedResult(req.Call, events.CodeNotAuthorized, fmt.Sprintf("tool %q is not allowed in this run", req.Call.Tool))

@@ -10,6 +10,7 @@ import (
 
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/executor"
+	"github.com/toolbus/toolbus/executor/mcptools"
 	"github.com/toolbus/toolbus/executor/packs"
 	"github.com/toolbus/toolbus/injector"
 	"github.com/toolbus/toolbus/planner"
@@ -90,6 +91,23 @@ func runExecutor(ctx context.Context, cfg Config, bus *events.Bus, log *slog.Log
 		AckWait: cfg.AckWait, MaxDeliver: cfg.MaxDeliver, Grace: cfg.Grace, Logger: log,
 		Metrics: executorMetrics(tel), Observer: serveObserver(tel, "executor"),
 	})
+	if cfg.MCPConfig != "" {
+		mc, err := mcptools.LoadConfig(cfg.MCPConfig)
+		if err != nil {
+			return err
+		}
+		// The MCP tools are registered before the worker starts, so they enter the
+		// catalog with the packs; later tool list changes reach it through Sync.
+		p, err := mcptools.New(reg, mc, mcptools.Options{Logger: log, OnChange: w.Sync})
+		if err != nil {
+			return err
+		}
+		if err := p.Start(ctx); err != nil {
+			return err
+		}
+		defer p.Close()
+		log.Info("MCP servers connected", "servers", len(mc.MCPServers), "tools", p.Tools())
+	}
 	return w.Run(ctx)
 }
 
