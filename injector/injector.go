@@ -171,7 +171,11 @@ func (in *Injector) handle(ctx context.Context, msg jetstream.Msg) error {
 	}
 	in.log.Error("event failed on its last delivery: the run ends", "subject", msg.Subject(), "error", err)
 	if run, ok := events.RunIDFromSubject(msg.Subject()); ok && events.ValidRunID(run) {
-		step, _ := in.bus.CurrentStep(ctx, run)
+		step, serr := in.bus.CurrentStep(ctx, run)
+		if serr != nil {
+			// The store is what keeps failing: end the run anyway, at the step we know.
+			in.log.Warn("could not read the run's step before ending it", "run_id", run, "step", step, "error", serr)
+		}
 		if eerr := in.end(ctx, step, events.RunEnded{RunID: run, Status: events.RunFailed, Code: events.CodeStoreError,
 			StepsUsed: step + 1, Reason: truncate("store or publish kept failing: "+err.Error(), 500)}); eerr != nil {
 			in.log.Error("could not end the run after the last delivery (its deadline timer will)", "run_id", run, "error", eerr)

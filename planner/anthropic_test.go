@@ -475,7 +475,7 @@ func TestAnthropicRetries(t *testing.T) {
 
 	_, base2 := newAnthropicFake(t, always(fakeReply{status: 400, body: anthropicErrorBody("max_tokens: 100000 > 64000, which is the maximum allowed")}))
 	_, err = newTestAnthropic(t, base2, nil).Complete(context.Background(), Request{Messages: []events.Message{{Role: events.RoleUser, Content: "q"}}})
-	if !errors.Is(err, ErrPermanent) || !strings.Contains(err.Error(), "planner: anthropic: 400 Bad Request: max_tokens: 100000 > 64000") {
+	if !errors.Is(err, ErrPermanent) || !strings.Contains(err.Error(), "anthropic: 400 Bad Request: max_tokens: 100000 > 64000") {
 		t.Fatalf("err = %v", err)
 	}
 }

@@ -3,7 +3,6 @@ package planner
 import (
 	"context"
 	"errors"
-	"fmt"
 
 	"github.com/toolbus/toolbus/events"
 )
@@ -38,8 +37,22 @@ type Model interface {
 // ErrPermanent marks model errors that retrying cannot fix.
 var ErrPermanent = errors.New("planner: permanent model error")
 
-// Permanent wraps err so that it fails the run.
-func Permanent(err error) error { return fmt.Errorf("%w: %w", ErrPermanent, err) }
+// Permanent marks err so that it fails the run. The mark adds no text: the error's
+// message ends up in RunEnded.Reason, which must read as one chain without a repeated
+// prefix.
+func Permanent(err error) error {
+	if err == nil || errors.Is(err, ErrPermanent) {
+		return err
+	}
+	return permanentError{err}
+}
+
+// permanentError is err marked with ErrPermanent.
+type permanentError struct{ err error }
+
+func (e permanentError) Error() string        { return e.err.Error() }
+func (e permanentError) Unwrap() error        { return e.err }
+func (e permanentError) Is(target error) bool { return target == ErrPermanent }
 
 // ModelFunc adapts a function to Model.
 type ModelFunc func(ctx context.Context, req Request) (Response, error)

@@ -274,7 +274,7 @@ func TestOpenAIChatRoundTrip(t *testing.T) {
 		t.Fatalf("err = %v, want a permanent error with the provider's message", err)
 	}
 	var pe *ProviderError
-	if !errors.As(err, &pe) || pe.Status != 400 || !strings.HasPrefix(pe.Error(), "planner: openai: 400") {
+	if !errors.As(err, &pe) || pe.Status != 400 || !strings.HasPrefix(pe.Error(), "openai: 400") {
 		t.Fatalf("provider error %+v", pe)
 	}
 }
@@ -482,7 +482,7 @@ func TestOpenAIChatRetries(t *testing.T) {
 			replies: []fakeReply{{status: 502, header: map[string]string{"Content-Type": "text/html"}, body: "upstream connect error"}, ok}},
 		{name: "400 fails the run with the provider's message", attempts: 4, wantReqs: 1, permanent: true,
 			replies: []fakeReply{{status: 400, body: openaiErrorBody("Invalid 'messages[1].content': string too long.")}},
-			wantErr: "planner: openai: 400 Bad Request: Invalid 'messages[1].content': string too long."},
+			wantErr: "openai: 400 Bad Request: Invalid 'messages[1].content': string too long."},
 		{name: "401 fails the run", attempts: 4, wantReqs: 1, permanent: true,
 			replies: []fakeReply{{status: 401, body: openaiErrorBody("Incorrect API key provided")}},
 			wantErr: "Incorrect API key provided"},

@@ -284,7 +284,7 @@ func (p *Planner) Step(ctx context.Context, run string, step int, traceparent st
 	if !got {
 		if mr, err = p.callModel(ctx, rs, step); err != nil {
 			span.SetStatus(codes.Error, err.Error())
-			span.SetAttributes(attribute.String("error.type", "model_error"))
+			span.SetAttributes(attribute.String("error.type", events.CodeModelError))
 			if errors.Is(err, ErrPermanent) {
 				return p.fail(ctx, run, step, events.CodeModelError, err.Error())
 			}

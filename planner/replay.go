@@ -198,7 +198,7 @@ func (r *Replay) Complete(ctx context.Context, req Request) (Response, error) {
 	if !ok {
 		if len(r.runs) == 0 {
 			r.mu.Unlock()
-			return Response{}, Permanent(errors.New("planner: replay: the cassette is empty"))
+			return Response{}, Permanent(errors.New("replay: the cassette is empty"))
 		}
 		if _, own := r.steps[req.RunID]; own {
 			rec = req.RunID
@@ -215,7 +215,7 @@ func (r *Replay) Complete(ctx context.Context, req Request) (Response, error) {
 	r.mu.Unlock()
 
 	if len(exs) == 0 {
-		return Response{}, Permanent(fmt.Errorf("planner: replay: no recorded answer for step %d of run %s (replaying recorded run %q)", req.Step, req.RunID, rec))
+		return Response{}, Permanent(fmt.Errorf("replay: no recorded answer for step %d of run %s (replaying recorded run %q)", req.Step, req.RunID, rec))
 	}
 	ex := exs[min(n, len(exs)-1)]
 	msg := ex.Response.Message

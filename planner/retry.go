@@ -102,18 +102,18 @@ func (p RetryPolicy) do(ctx context.Context, log *slog.Logger, call func(ctx con
 			return Permanent(err) // the provider refused the request: fail the run with its message
 		}
 		if attempt >= p.MaxAttempts {
-			return fmt.Errorf("planner: %s: giving up after %d attempts: %w", pe.Provider, attempt, err)
+			return fmt.Errorf("giving up after %d attempts: %w", attempt, err)
 		}
 		wait := p.backoff(attempt)
 		if pe.RetryAfter > 0 {
 			if pe.RetryAfter > p.MaxDelay {
-				return fmt.Errorf("planner: %s: provider asks to retry after %s, more than the %s cap: %w",
-					pe.Provider, pe.RetryAfter.Round(time.Millisecond), p.MaxDelay, err)
+				return fmt.Errorf("provider asks to retry after %s, more than the %s cap: %w",
+					pe.RetryAfter.Round(time.Millisecond), p.MaxDelay, err)
 			}
 			wait = pe.RetryAfter
 		}
 		if dl, ok := ctx.Deadline(); ok && time.Until(dl) < wait {
-			return fmt.Errorf("planner: %s: no time left for another attempt: %w", pe.Provider, err)
+			return fmt.Errorf("no time left for another attempt: %w", err)
 		}
 		if log != nil {
 			log.Warn("model call failed, retrying", "provider", pe.Provider, "status", pe.Status,

@@ -41,8 +41,8 @@ type ProviderError struct {
 }
 
 func (e *ProviderError) Error() string {
+	// No "planner:" prefix: the planner wraps a model error once, with the run and step.
 	var b strings.Builder
-	b.WriteString("planner: ")
 	b.WriteString(e.Provider)
 	if e.Status != 0 {
 		fmt.Fprintf(&b, ": %d %s", e.Status, http.StatusText(e.Status))
@@ -122,7 +122,7 @@ func malformed(provider, format string, args ...any) error {
 // historyError is a history that no provider would accept (an orphan or missing tool
 // result, an unknown role). It fails the run: retrying sends the same history.
 func historyError(format string, args ...any) error {
-	return Permanent(fmt.Errorf("planner: history: "+format, args...))
+	return Permanent(fmt.Errorf("history: "+format, args...))
 }
 
 // turn is one entry of the history as the providers see it: a system, user or assistant
@@ -253,7 +253,7 @@ func modelName(kind, runModel, def string) string {
 func schemaObject(tool string, schema json.RawMessage) (map[string]any, error) {
 	var fields map[string]json.RawMessage
 	if err := json.Unmarshal(schema, &fields); err != nil || fields == nil {
-		return nil, Permanent(fmt.Errorf("planner: tool %s: input schema is not a JSON object", tool))
+		return nil, Permanent(fmt.Errorf("tool %s: input schema is not a JSON object", tool))
 	}
 	out := make(map[string]any, len(fields))
 	for k, v := range fields {
