@@ -10,6 +10,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/toolbus/toolbus/internal/retry"
 )
 
 // ErrNotSetUp is wrapped by Open and Bus.Consumer when a stream, bucket or consumer is
@@ -424,21 +426,22 @@ func (b *Bus) ensureConsumer(ctx context.Context, cc ConsumerConfig) (cons jetst
 		}
 	}
 	// A replicated consumer can take seconds to create while a cluster elects leaders:
-	// timeouts and server-side unavailability are retried for about 30s.
-	delay := 250 * time.Millisecond
-	for attempt := 0; ; attempt++ {
-		cons, err := b.Stream.CreateOrUpdateConsumer(ctx, want)
-		if err == nil {
-			return cons, existed, true, nil
-		}
-		var apiErr *jetstream.APIError
-		if attempt >= 10 || (errors.As(err, &apiErr) && apiErr.Code < 500) || ctx.Err() != nil {
-			return nil, existed, false, fmt.Errorf("events: consumer %s: %w", cc.Durable, err)
-		}
-		select {
-		case <-ctx.Done():
-		case <-time.After(delay):
-		}
-		delay = min(2*delay, 4*time.Second)
+	// timeouts and server-side unavailability are retried for about 30s (11 attempts,
+	// 250ms doubling to 4s between them).
+	err = retry.Do(ctx, retry.Policy{Attempts: 11, Base: 250 * time.Millisecond, Max: 4 * time.Second,
+		OnError: func(_ int, err error, wait time.Duration) (time.Duration, error) {
+			var apiErr *jetstream.APIError
+			if errors.As(err, &apiErr) && apiErr.Code < 500 {
+				return 0, err // refused, not unavailable: asking again gets the same answer
+			}
+			return wait, nil
+		}}, func(ctx context.Context) error {
+		var err error
+		cons, err = b.Stream.CreateOrUpdateConsumer(ctx, want)
+		return err
+	})
+	if err != nil {
+		return nil, existed, false, fmt.Errorf("events: consumer %s: %w", cc.Durable, err)
 	}
+	return cons, existed, true, nil
 }

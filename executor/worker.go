@@ -18,6 +18,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/internal/retry"
 )
 
 // WorkerConfig configures an executor worker.
@@ -680,29 +681,16 @@ const busRetryFor = 2 * time.Minute
 // restart, a cluster leader election) then costs no delivery of the call: every
 // delivery counts toward MaxDeliver, and a redelivery could run the tool again.
 func (w *Worker) retry(ctx context.Context, msg jetstream.Msg, log func() *slog.Logger, what string, op func() error) error {
-	err := op()
-	if err == nil {
-		return nil
-	}
-	stopBeat := events.Heartbeat(msg, w.cfg.AckWait/3)
-	defer stopBeat()
-	deadline := time.Now().Add(busRetryFor)
-	delay := 100 * time.Millisecond
-	for n := 1; time.Now().Before(deadline); n++ {
-		log().Warn("bus operation failed, retrying", "op", what, "retry", n, "error", err)
-		t := time.NewTimer(delay)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return err
-		case <-t.C:
-		}
-		if err = op(); err == nil {
-			return nil
-		}
-		delay = min(2*delay, 2*time.Second)
-	}
-	return err
+	stopBeat := func() {}
+	defer func() { stopBeat() }()
+	return retry.Do(ctx, retry.Policy{For: busRetryFor, Base: 100 * time.Millisecond, Max: 2 * time.Second,
+		OnError: func(n int, err error, wait time.Duration) (time.Duration, error) {
+			if n == 1 { // heartbeats only once the operation fails: the common case costs none
+				stopBeat = events.Heartbeat(msg, w.cfg.AckWait/3)
+			}
+			log().Warn("bus operation failed, retrying", "op", what, "retry", n, "error", err)
+			return wait, nil
+		}}, func(context.Context) error { return op() })
 }
 
 func (w *Worker) wait(ctx context.Context, req events.ToolRequested, log *slog.Logger) error {

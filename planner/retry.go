@@ -6,11 +6,12 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
-	"math/rand/v2"
 	"net/http"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/toolbus/toolbus/internal/retry"
 )
 
 // RetryPolicy is how a provider adapter retries a call that failed with a retryable
@@ -59,84 +60,58 @@ func (p RetryPolicy) withDefaults() RetryPolicy {
 	if p.MaxDelay < p.BaseDelay {
 		p.MaxDelay = p.BaseDelay
 	}
-	if p.sleep == nil {
-		p.sleep = sleepCtx
-	}
 	return p
 }
 
 // backoff is the wait after the given failed attempt (1-based), with jitter.
-func (p RetryPolicy) backoff(attempt int) time.Duration {
-	d := p.MaxDelay
-	if attempt < 40 {
-		if b := p.BaseDelay << (attempt - 1); b > 0 && b < p.MaxDelay {
-			d = b
-		}
-	}
-	half := d / 2
-	return half + rand.N(d-half+1)
+func (p RetryPolicy) backoff(attempt int) time.Duration { return p.retry().Backoff(attempt) }
+
+func (p RetryPolicy) retry() retry.Policy {
+	return retry.Policy{Attempts: p.MaxAttempts, Base: p.BaseDelay, Max: p.MaxDelay, Jitter: true, Sleep: p.sleep}
 }
 
 // do runs call until it succeeds, fails with an error that is not retryable, or the
 // policy gives up. log may be nil.
 func (p RetryPolicy) do(ctx context.Context, log *slog.Logger, call func(ctx context.Context) error) error {
 	p = p.withDefaults()
-	for attempt := 1; ; attempt++ {
-		actx, cancel := ctx, context.CancelFunc(func() {})
-		if p.AttemptTimeout > 0 {
-			actx, cancel = context.WithTimeout(ctx, p.AttemptTimeout)
-		}
-		err := call(actx)
-		cancel()
-		if err == nil {
-			return nil
-		}
-		if ctx.Err() != nil {
-			return err // the caller gave up; the planner decides what happens to the step
-		}
+	rp := p.retry()
+	rp.OnError = func(attempt int, err error, wait time.Duration) (time.Duration, error) {
 		var pe *ProviderError
 		if !errors.As(err, &pe) || errors.Is(err, ErrPermanent) {
-			return err
+			return 0, err
 		}
 		if !pe.Retryable {
-			return Permanent(err) // the provider refused the request: fail the run with its message
+			return 0, Permanent(err) // the provider refused the request: fail the run with its message
 		}
 		if attempt >= p.MaxAttempts {
-			return fmt.Errorf("giving up after %d attempts: %w", attempt, err)
+			return 0, fmt.Errorf("giving up after %d attempts: %w", attempt, err)
 		}
-		wait := p.backoff(attempt)
 		if pe.RetryAfter > 0 {
 			if pe.RetryAfter > p.MaxDelay {
-				return fmt.Errorf("provider asks to retry after %s, more than the %s cap: %w",
+				return 0, fmt.Errorf("provider asks to retry after %s, more than the %s cap: %w",
 					pe.RetryAfter.Round(time.Millisecond), p.MaxDelay, err)
 			}
 			wait = pe.RetryAfter
 		}
 		if dl, ok := ctx.Deadline(); ok && time.Until(dl) < wait {
-			return fmt.Errorf("no time left for another attempt: %w", err)
+			return 0, fmt.Errorf("no time left for another attempt: %w", err)
 		}
 		if log != nil {
 			log.Warn("model call failed, retrying", "provider", pe.Provider, "status", pe.Status,
 				"attempt", attempt, "wait", wait, "error", err)
 		}
-		if serr := p.sleep(ctx, wait); serr != nil {
-			return err
+		return wait, nil
+	}
+	// The caller's context ending stops the retries with the call's error: the planner
+	// decides what happens to the step.
+	return retry.Do(ctx, rp, func(ctx context.Context) error {
+		if p.AttemptTimeout <= 0 {
+			return call(ctx)
 		}
-	}
-}
-
-func sleepCtx(ctx context.Context, d time.Duration) error {
-	if d <= 0 {
-		return ctx.Err()
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
+		actx, cancel := context.WithTimeout(ctx, p.AttemptTimeout)
+		defer cancel()
+		return call(actx)
+	})
 }
 
 // timeNow is the clock Retry-After dates are read against (tests pin it).

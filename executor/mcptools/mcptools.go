@@ -39,6 +39,7 @@ import (
 
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/executor"
+	"github.com/toolbus/toolbus/internal/retry"
 )
 
 // Error codes of MCP failures (ToolResult.Error.Code).
@@ -295,20 +296,22 @@ func (s *server) supervise(ctx context.Context, sess *mcp.ClientSession) {
 			return
 		}
 		s.log.Warn("MCP server connection ended; reconnecting", "error", err)
-		delay := s.p.opts.MinBackoff
-		for {
-			t := time.NewTimer(delay)
-			select {
-			case <-ctx.Done():
-				t.Stop()
-				return
-			case <-t.C:
-			}
-			if sess, err = s.connect(ctx); err == nil {
-				break
-			}
-			s.log.Warn("MCP server reconnection failed", "error", err, "retry_in", 2*delay)
-			delay = min(2*delay, s.p.opts.MaxBackoff)
+		// The first reconnection waits MinBackoff too: a server that just dropped us is
+		// not asked again at once.
+		if retry.Sleep(ctx, s.p.opts.MinBackoff) != nil {
+			return
+		}
+		err = retry.Do(ctx, retry.Policy{Base: 2 * s.p.opts.MinBackoff, Max: s.p.opts.MaxBackoff,
+			OnError: func(_ int, err error, wait time.Duration) (time.Duration, error) {
+				s.log.Warn("MCP server reconnection failed", "error", err, "retry_in", wait)
+				return wait, nil
+			}}, func(ctx context.Context) error {
+			var err error
+			sess, err = s.connect(ctx)
+			return err
+		})
+		if err != nil {
+			return // only the context ends the retries
 		}
 	}
 }
