@@ -25,9 +25,10 @@ func parseArguments(s string) (json.RawMessage, any, string, *Violation) {
 		const msg = "arguments are empty: send the arguments as one JSON object, e.g. {} when the tool needs none"
 		return nil, nil, msg, &Violation{Path: "", Message: "empty arguments"}
 	}
-	if !validJSON(s) {
+	b := []byte(s) // one copy, shared by the check and the decoding
+	if !json.Valid(b) {
 		var v any
-		err := json.Unmarshal([]byte(s), &v)
+		err := json.Unmarshal(b, &v)
 		var se *json.SyntaxError
 		if errors.As(err, &se) {
 			// encoding/json counts the offending byte; report its 0-based offset.
@@ -54,7 +55,8 @@ func parseArguments(s string) (json.RawMessage, any, string, *Violation) {
 		msg := "arguments must be a JSON object ({...} with the parameters as keys), got " + kind
 		return nil, nil, msg, &Violation{Path: "", Message: "got " + kind + ", want object"}
 	}
-	return json.RawMessage(s), parseValidJSON(s), "", nil
+	v, _ := decodeJSON(b) // cannot fail: b is valid JSON
+	return json.RawMessage(s), v, "", nil
 }
 
 // near shows up to 24 bytes of s before offset (and the byte at it) for a message, in

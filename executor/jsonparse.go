@@ -4,14 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
-	"unsafe"
 )
-
-// validJSON reports whether s is one valid JSON value (encoding/json's rules), without
-// copying s.
-func validJSON(s string) bool {
-	return json.Valid(unsafe.Slice(unsafe.StringData(s), len(s)))
-}
 
 var errInvalidJSON = errors.New("executor: invalid JSON")
 
@@ -29,10 +22,4 @@ func decodeJSON(b []byte) (any, error) {
 		return nil, errInvalidJSON
 	}
 	return v, nil
-}
-
-// parseValidJSON decodes s, which already passed json.Valid.
-func parseValidJSON(s string) any {
-	v, _ := decodeJSON([]byte(s))
-	return v
 }

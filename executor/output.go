@@ -185,7 +185,7 @@ func marshalJSON(v any) ([]byte, error) {
 }
 
 // appendCanonical appends the canonical JSON of a decoded value (map[string]any,
-// []any, string, json.Number, bool, nil; see parseValidJSON): compact, object keys
+// []any, string, json.Number, bool, nil; see decodeJSON): compact, object keys
 // sorted, strings escaped by appendJSONString, numbers as written.
 func appendCanonical(b []byte, v any) []byte {
 	switch x := v.(type) {
@@ -223,7 +223,7 @@ func appendCanonical(b []byte, v any) []byte {
 		}
 		return append(b, '}')
 	}
-	// Not produced by parseValidJSON; encode it the standard way.
+	// Not produced by decodeJSON; encode it the standard way.
 	if enc, err := marshalJSON(v); err == nil {
 		return append(b, enc...)
 	}
