@@ -97,21 +97,3 @@ func (c *callCtx) endLocked(err error) {
 
 // String names the context type (for fmt and debugging).
 func (c *callCtx) String() string { return "executor.callCtx" }
-
-var timerPool sync.Pool
-
-// getTimer returns a stopped-and-reset timer firing after d; give it back with putTimer.
-func getTimer(d time.Duration) *time.Timer {
-	if t, ok := timerPool.Get().(*time.Timer); ok {
-		t.Reset(d)
-		return t
-	}
-	return time.NewTimer(d)
-}
-
-// putTimer stops t and pools it. Since Go 1.23 a stopped timer's channel never
-// delivers a stale value, so t can be reused at once.
-func putTimer(t *time.Timer) {
-	t.Stop()
-	timerPool.Put(t)
-}

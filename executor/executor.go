@@ -235,8 +235,8 @@ func (e *Executor) Execute(ctx context.Context, tc events.ToolCall, p events.Pri
 	if d, ok := ctx.Deadline(); ok && !deadline.Before(d) {
 		deadline, ownDeadline = d, false
 	}
-	timer := getTimer(time.Until(deadline))
-	defer putTimer(timer)
+	timer := time.NewTimer(time.Until(deadline))
+	defer timer.Stop()
 	var sem chan struct{}
 	if n := ent.tool.MaxConcurrency; n > 0 {
 		sem = e.sem(ent.tool.Name, n)
