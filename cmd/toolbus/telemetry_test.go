@@ -20,7 +20,7 @@ import (
 func TestRoleServesMetrics(t *testing.T) {
 	srv := eventstest.RunJetStream(t)
 	ctx := eventstest.Context(t, 2*time.Minute)
-	if _, err := events.Open(ctx, srv.Conn, events.Config{}); err != nil {
+	if _, _, err := events.Setup(ctx, srv.Conn, events.Config{}); err != nil {
 		t.Fatal(err)
 	}
 	addr := freeAddr(t)
@@ -48,7 +48,7 @@ func TestRoleServesMetrics(t *testing.T) {
 	if err != nil || code != http.StatusOK {
 		t.Fatalf("/metrics: %d %v", code, err)
 	}
-	for _, want := range []string{`toolbus_ready{role="executor"} 1`, `toolbus_tool_queue_pending{tool="noop"} 0`} {
+	for _, want := range []string{`toolbus_ready{role="executor"} 1`, `toolbus_tool_queue_pending{tool="calculator"} 0`} {
 		if !strings.Contains(body, want) {
 			t.Errorf("/metrics lacks %q:\n%s", want, body)
 		}
