@@ -46,6 +46,9 @@ type Config struct {
 	FailOn          []string      `envconfig:"FAIL_ON" default:"unknown_tool,tool_internal_error,invalid_tool_output" desc:"error codes that fail a run"`
 	Grace           time.Duration `envconfig:"GRACE" default:"30s" desc:"shutdown grace period for in-flight work"`
 
+	ConsoleAddr  string `envconfig:"CONSOLE_ADDR" desc:"web console address (host:port) of toolbus console, and of toolbus up when set"`
+	ConsoleToken string `envconfig:"CONSOLE_TOKEN" desc:"token that approve, deny and cancel in the web console need (unset: the console is read-only)"`
+
 	LogLevel  string `envconfig:"LOG_LEVEL" default:"info" desc:"debug, info, warn or error"`
 	LogFormat string `envconfig:"LOG_FORMAT" default:"text" desc:"text or json"`
 }

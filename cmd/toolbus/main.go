@@ -8,6 +8,7 @@
 //	toolbus approve|deny|cancel     decide a call waiting for approval, cancel a run
 //	toolbus runs|tail|replay        list runs, follow events live, audit a run
 //	toolbus tools                   list the tool catalog and who serves each tool
+//	toolbus console                 web console at TOOLBUS_CONSOLE_ADDR
 //	toolbus env                     print the configuration variables
 package main
 
@@ -62,6 +63,8 @@ commands:
                            follow events live (new ones; --all from the start)
   replay <run> [--json]    audit a run from the stream: timeline, transcript, invariants
                            (exit 1 when an invariant is broken)
+  console                  serve the web console at TOOLBUS_CONSOLE_ADDR (actions need
+                           TOOLBUS_CONSOLE_TOKEN; read-only without it)
   bench [flags]            measure toolbus beside raw JetStream and an in-process loop
   env                      list the TOOLBUS_* configuration variables
 `
@@ -103,6 +106,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		err = cmdTail(ctx, cfg, log, rest, stdout, stderr)
 	case "replay":
 		err = cmdReplay(ctx, cfg, log, rest, stdout, stderr)
+	case "console":
+		err = cmdConsole(ctx, cfg, log)
 	case "bench":
 		err = cmdBench(ctx, rest, stdout)
 	case "env":
