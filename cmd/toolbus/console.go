@@ -54,8 +54,9 @@ type console struct {
 // newConsole returns the console's handler. An empty token makes it read-only.
 func newConsole(bus *events.Bus, token, instance string, log *slog.Logger) (http.Handler, error) {
 	tmpl, err := template.New("console").Funcs(template.FuncMap{
-		"pct": func(f float64) string { return fmt.Sprintf("%.2f%%", f) },
-		"ms":  func(ms int64) string { return (time.Duration(ms) * time.Millisecond).String() },
+		// x is a position on the 0-1000 axis of a timeline row, from a percentage.
+		"x":  func(pct float64) string { return fmt.Sprintf("%.1f", pct*10) },
+		"ms": ms,
 		"rawjson": func(b json.RawMessage) string {
 			if len(b) == 0 {
 				return ""
@@ -286,7 +287,13 @@ func (c *console) runPage(w http.ResponseWriter, r *http.Request) {
 	})
 }
 
-func ms(v int64) string { return (time.Duration(v) * time.Millisecond).String() }
+// ms renders a duration in milliseconds.
+func ms(v int64) string {
+	if v <= 0 {
+		return "<1ms"
+	}
+	return (time.Duration(v) * time.Millisecond).String()
+}
 
 // steps lays the report's calls out on the time axis.
 func (c *console) steps(ctx context.Context, rep *replayReport) []*consoleStep {

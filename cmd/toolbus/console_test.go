@@ -333,7 +333,7 @@ func TestConsoleBrowser(t *testing.T) {
 		}
 		if path := os.Getenv("TOOLBUS_CONSOLE_SCREENSHOT"); path != "" {
 			var png []byte
-			do(t, bctx, "screenshot", chromedp.FullScreenshot(&png, 90))
+			do(t, bctx, "screenshot", chromedp.FullScreenshot(&png, 100))
 			if err := os.WriteFile(path, png, 0o644); err != nil {
 				t.Fatal(err)
 			}
