@@ -53,6 +53,10 @@ func consoleScripts() map[string]*planner.Script {
 			planner.Calls(opsCall("h", "hostile", `{"q":"<b>bold</b>"}`)),
 			planner.Answer("the page says " + hostileText),
 		}},
+		"c-big": {Steps: []func(planner.Request) planner.Response{
+			planner.Calls(opsCall("g", "big_output", `{"bytes":300000}`)),
+			planner.Answer("big"),
+		}},
 		"c-http": {Steps: []func(planner.Request) planner.Response{
 			planner.Calls(opsCall("b", "deploy", `{"service":"db"}`)),
 			planner.Answer("done"),
@@ -203,6 +207,13 @@ func TestConsoleHTTP(t *testing.T) {
 			}
 		}
 		wantContains(t, "run page", body, "&lt;script&gt;alert", "&lt;img src=x onerror=alert(1)&gt;")
+	})
+	t.Run("full output from the object store", func(t *testing.T) {
+		p.submit("c-big", events.Limits{})
+		p.waitStatus("c-big", events.RunCompleted)
+		_, body := get(t, rw.URL+"/runs/c-big")
+		wantContains(t, "run page of a truncated output", body, "truncated:", "whole output in objectstore://",
+			`<pre class="text full-output">{&#34;data&#34;:&#34;`+strings.Repeat("x", 299000))
 	})
 	t.Run("unknown run", func(t *testing.T) {
 		if code, _ := get(t, rw.URL+"/runs/no-such-run"); code != http.StatusNotFound {
