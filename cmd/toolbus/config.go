@@ -60,6 +60,21 @@ func loadConfig() (Config, error) {
 	if err := envconfig.Process(envPrefix, &c); err != nil {
 		return c, fmt.Errorf("config: %w", err)
 	}
+	// Empty (TOOLBUS_LOG_LEVEL= set but empty) means the default.
+	switch strings.ToLower(strings.TrimSpace(c.LogLevel)) {
+	case "":
+		c.LogLevel = "info"
+	case "debug", "info", "warn", "error":
+	default:
+		return c, fmt.Errorf("config: TOOLBUS_LOG_LEVEL %q: want debug, info, warn or error", c.LogLevel)
+	}
+	switch strings.ToLower(strings.TrimSpace(c.LogFormat)) {
+	case "":
+		c.LogFormat = "text"
+	case "text", "json":
+	default:
+		return c, fmt.Errorf("config: TOOLBUS_LOG_FORMAT %q: want text or json", c.LogFormat)
+	}
 	if c.Instance == "" {
 		h, _ := os.Hostname()
 		c.Instance = fmt.Sprintf("%s-%d", h, os.Getpid())
@@ -80,7 +95,7 @@ func (c Config) syncAlways() (bool, error) {
 
 func (c Config) logger() *slog.Logger {
 	var lvl slog.Level
-	if err := lvl.UnmarshalText([]byte(c.LogLevel)); err != nil {
+	if err := lvl.UnmarshalText([]byte(strings.TrimSpace(c.LogLevel))); err != nil {
 		lvl = slog.LevelInfo
 	}
 	opts := &slog.HandlerOptions{Level: lvl}

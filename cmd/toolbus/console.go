@@ -127,7 +127,7 @@ func cmdConsole(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if cfg.ConsoleAddr == "" {
 		return &exitError{code: 2, msg: "console: set TOOLBUS_CONSOLE_ADDR (host:port), for example 127.0.0.1:8080"}
 	}
-	c, err := openBus(ctx, cfg, log, true)
+	c, err := openReader(ctx, cfg, log)
 	if err != nil {
 		return err
 	}

@@ -21,6 +21,22 @@ type printer struct {
 
 func newPrinter(out io.Writer) *printer { return &printer{out: out} }
 
+// resultLine renders one tool result of the timeline.
+func resultLine(r events.ToolResult) string {
+	line := fmt.Sprintf("        <- %s %s: %s", r.CallID, r.Tool, r.Status)
+	if r.Error != nil {
+		if r.Error.Code != string(r.Status) { // not "cancelled cancelled"
+			line += " " + r.Error.Code
+		}
+		line += " (" + oneLine(r.Error.Message, 80) + ")"
+	}
+	line += fmt.Sprintf(" in %d ms on %s", r.DurationMS, r.Executor)
+	if r.Truncated != nil {
+		line += fmt.Sprintf(" [content truncated %d -> %d bytes]", r.Truncated.OriginalBytes, r.Truncated.KeptBytes)
+	}
+	return line
+}
+
 // print renders one event; it reports the run status and whether the run stopped.
 func (p *printer) print(msg jetstream.Msg) (events.RunStatus, bool) {
 	meta, err := events.DecodeMsg(msg, nil)
@@ -60,16 +76,7 @@ func (p *printer) print(msg jetstream.Msg) (events.RunStatus, bool) {
 	case events.TypeToolFinished:
 		var tf events.ToolFinished
 		if _, err := events.DecodeMsg(msg, &tf); err == nil {
-			r := tf.ToolResult
-			line := fmt.Sprintf("        <- %s %s: %s", r.CallID, r.Tool, r.Status)
-			if r.Error != nil {
-				line += " " + r.Error.Code + " (" + oneLine(r.Error.Message, 80) + ")"
-			}
-			line += fmt.Sprintf(" in %d ms on %s", r.DurationMS, r.Executor)
-			if r.Truncated != nil {
-				line += fmt.Sprintf(" [content truncated %d -> %d bytes]", r.Truncated.OriginalBytes, r.Truncated.KeptBytes)
-			}
-			fmt.Fprintln(p.out, line)
+			fmt.Fprintln(p.out, resultLine(tf.ToolResult))
 		}
 	case events.TypeToolWaiting:
 		var tw events.ToolWaiting

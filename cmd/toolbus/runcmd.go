@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -20,9 +19,8 @@ import (
 
 // cmdRun submits a run and prints its events live until it ends. With no
 // TOOLBUS_NATS_URL it runs the whole pipeline in this process on an embedded server.
-func cmdRun(ctx context.Context, cfg Config, log *slog.Logger, args []string, out io.Writer) error {
-	fs := flag.NewFlagSet("run", flag.ContinueOnError)
-	fs.SetOutput(out)
+func cmdRun(ctx context.Context, cfg Config, log *slog.Logger, args []string, out, errOut io.Writer) error {
+	fs := newFlagSet("run", `run [flags] "question"   (flags may come before or after the question; -- ends them)`, errOut)
 	runID := fs.String("id", "", "run id (default: random)")
 	system := fs.String("system", "You are an on-call assistant. Use the tools to check facts before answering.", "system message")
 	tools := fs.String("tools", "", "comma-separated allowed tools (default: all)")
@@ -30,10 +28,13 @@ func cmdRun(ctx context.Context, cfg Config, log *slog.Logger, args []string, ou
 	timeout := fs.Duration("timeout", cfg.RunTimeout, "run deadline from now")
 	budget := fs.Int64("token-budget", cfg.TokenBudget, "token budget (0: none)")
 	principal := fs.String("principal", "cli", "principal the run acts for")
-	if err := fs.Parse(args); err != nil {
-		return &exitError{code: 2}
+	// Flags may follow the question (toolbus run "q" --max-steps 1): they are flags, not
+	// words of the question; a question that starts with "-" comes after "--".
+	pos, err := parseInterleaved(fs, args)
+	if err != nil {
+		return flagError(err)
 	}
-	question := strings.Join(fs.Args(), " ")
+	question := strings.Join(pos, " ")
 	if strings.TrimSpace(question) == "" {
 		return &exitError{code: 2, msg: `run: give the question, e.g. toolbus run "What is going on with INC-404?"`}
 	}
@@ -54,6 +55,13 @@ func cmdRun(ctx context.Context, cfg Config, log *slog.Logger, args []string, ou
 		}
 	}
 
+	if cfg.URL == "" {
+		// The in-process planner needs its model: say what is missing (an API key...)
+		// before anything starts, not that no executor published its tools.
+		if _, err := baseModel(cfg); err != nil {
+			return &exitError{code: 2, msg: fmt.Sprintf("run: model %s: %v", cfg.Model, err)}
+		}
+	}
 	if cfg.URL == "" && os.Getenv("TOOLBUS_LOG_LEVEL") == "" {
 		cfg.LogLevel = "warn" // the in-process workers stay quiet; the events tell the story
 		log = cfg.logger()
@@ -67,14 +75,15 @@ func cmdRun(ctx context.Context, cfg Config, log *slog.Logger, args []string, ou
 	workersDone := make(chan error, 1)
 	if c.srv != nil {
 		go func() { workersDone <- runRoles(wctx, cfg, c.bus, log, "executor", "planner", "injector") }()
-		if err := waitForCatalog(ctx, c.bus); err != nil {
+		if err := waitForCatalog(ctx, c.bus, workersDone); err != nil {
 			stopWorkers()
 			return err
 		}
 	}
+	workersStopped := false
 	defer func() {
 		stopWorkers()
-		if c.srv != nil {
+		if c.srv != nil && !workersStopped {
 			<-workersDone
 		}
 	}()
@@ -100,6 +109,17 @@ func cmdRun(ctx context.Context, cfg Config, log *slog.Logger, args []string, ou
 				return &exitError{code: 130, msg: "interrupted; the run goes on: toolbus cancel " + *runID}
 			}
 			if errors.Is(err, jetstream.ErrNoMessages) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, errNatsTimeout) {
+				if c.srv != nil {
+					select {
+					case werr := <-workersDone: // the in-process workers stopped: nothing will answer
+						workersStopped = true
+						if werr == nil {
+							werr = errors.New("the workers stopped")
+						}
+						return fmt.Errorf("run: %w; the run goes on when workers serve it: toolbus tail %s", werr, *runID)
+					default:
+					}
+				}
 				continue
 			}
 			return fmt.Errorf("run: watch: %w", err)
@@ -126,7 +146,8 @@ func newRunID() string {
 
 // waitForCatalog waits until the in-process executor has published its tools, so the
 // first model request sees them.
-func waitForCatalog(ctx context.Context, bus *events.Bus) error {
+// A worker that fails meanwhile (workersDone) is the error, not the missing tools.
+func waitForCatalog(ctx context.Context, bus *events.Bus, workersDone <-chan error) error {
 	cat, err := bus.WatchCatalog(ctx, nil)
 	if err != nil {
 		return err
@@ -135,7 +156,16 @@ func waitForCatalog(ctx context.Context, bus *events.Bus) error {
 		if _, ok := cat.Lookup("noop"); ok || len(cat.Tools(nil)) > 0 {
 			return nil
 		}
-		time.Sleep(10 * time.Millisecond)
+		select {
+		case err := <-workersDone:
+			if err == nil {
+				err = errors.New("the workers stopped")
+			}
+			return fmt.Errorf("run: %w", err)
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(10 * time.Millisecond):
+		}
 	}
 	return errors.New("run: no executor published its tools")
 }
