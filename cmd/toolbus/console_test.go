@@ -261,6 +261,18 @@ func browser(t *testing.T) (context.Context, *atomic.Int32) {
 	return bctx, &dialogs
 }
 
+// text reads an element's text in one evaluation: the live region may be swapped for a
+// fresh copy between two protocol calls, so node-based reads could miss it.
+func text(sel string, dst *string) chromedp.Action {
+	return chromedp.Evaluate(fmt.Sprintf(`(document.querySelector(%q) || {textContent: "<missing>"}).textContent`, sel), dst)
+}
+
+// settled waits until the page has followed the stream once (the refresh after the
+// event stream opened): the run page's nodes then stay until the next event.
+func settled() chromedp.Action {
+	return chromedp.WaitReady(`body[data-updated]`, chromedp.ByQuery)
+}
+
 // do runs browser actions with a generous deadline.
 func do(t *testing.T, bctx context.Context, what string, actions ...chromedp.Action) {
 	t.Helper()
@@ -292,15 +304,16 @@ func TestConsoleBrowser(t *testing.T) {
 		do(t, bctx, "the run appears in the list while it runs",
 			chromedp.WaitVisible(`tr[data-run="c-live"][data-status="running"]`, chromedp.ByQuery))
 		var q string
-		do(t, bctx, "read the question", chromedp.Text(`#run-c-live td.q`, &q, chromedp.ByQuery))
+		do(t, bctx, "read the question", text(`#run-c-live td.q`, &q))
 		if q != "sleep a long time" {
 			t.Fatalf("question %q", q)
 		}
 		p.waitEvent("c-live", events.TypeToolRequested)
 
 		do(t, bctx, "cancel from the run page",
-			chromedp.Click(`#run-c-live a`, chromedp.ByQuery),
+			chromedp.Evaluate(`document.querySelector("#run-c-live a").click()`, nil),
 			chromedp.WaitVisible(`#cancel`, chromedp.ByID),
+			settled(),
 			chromedp.SendKeys(`#token`, "s3cret", chromedp.ByID),
 			chromedp.SendKeys(`#cancel-form input.reason`, "wrong question", chromedp.ByQuery),
 			chromedp.Click(`#cancel`, chromedp.ByID),
@@ -322,6 +335,7 @@ func TestConsoleBrowser(t *testing.T) {
 		do(t, bctx, "approve from the run page",
 			chromedp.Navigate(srv.URL+"/runs/c-approve"),
 			chromedp.WaitVisible(`#decide-b button.approve`, chromedp.ByQuery),
+			settled(),
 			chromedp.Evaluate(`document.getElementById("token").value = ""`, nil),
 			chromedp.SendKeys(`#token`, "s3cret", chromedp.ByID),
 			chromedp.SendKeys(`#decide-b input.reason`, "CHG-7", chromedp.ByQuery),
@@ -337,8 +351,8 @@ func TestConsoleBrowser(t *testing.T) {
 			t.Fatalf("report after the click: %+v", r)
 		}
 		var answer string
-		do(t, bctx, "read the answer", chromedp.Text(`#run-answer`, &answer, chromedp.ByID),
-			chromedp.WaitVisible(`.row.call[data-call="b"][data-status="succeeded"]`, chromedp.ByQuery))
+		do(t, bctx, "read the answer", chromedp.WaitVisible(`.row.call[data-call="b"][data-status="succeeded"]`, chromedp.ByQuery),
+			text(`#run-answer`, &answer))
 		if answer != "deployed api" {
 			t.Fatalf("answer %q", answer)
 		}
@@ -360,8 +374,9 @@ func TestConsoleBrowser(t *testing.T) {
 			chromedp.Navigate(srv.URL+"/runs/c-hostile"),
 			chromedp.WaitVisible(`#live[data-status="completed"]`, chromedp.ByQuery),
 			chromedp.Poll(`document.readyState === "complete"`, nil),
-			chromedp.Text(`#run-answer`, &answer, chromedp.ByID),
-			chromedp.Text(`#call-0-h pre.content`, &content, chromedp.ByQuery),
+			settled(),
+			text(`#run-answer`, &answer),
+			text(`#call-0-h pre.content`, &content),
 			chromedp.Evaluate(`document.querySelectorAll("#live img, #live script").length +
 				[...document.querySelectorAll("#live b")].filter(e => e.textContent === "bold").length`, &tags))
 		if answer != "the page says "+hostileText {
