@@ -178,3 +178,26 @@ func TestCLIMessages(t *testing.T) {
 		t.Error("roleError lost the cause")
 	}
 }
+
+// TestCLIEnv: toolbus env lists every variable, TOOLBUS_RECORD included, each with what
+// it means.
+func TestCLIEnv(t *testing.T) {
+	noServerEnv(t)
+	code, out, errOut := cli(t, "env")
+	wantCode(t, "env", code, 0, out, errOut)
+	wantContains(t, "env", out, "VARIABLE", "MEANING", "TOOLBUS_RECORD", "TOOLBUS_CONSOLE_ADDR", "TOOLBUS_STREAM", "OPENAI_API_KEY")
+	rows := 0
+	for _, line := range strings.Split(out, "\n") {
+		if !strings.HasPrefix(line, "TOOLBUS_") {
+			continue
+		}
+		rows++
+		f := strings.Fields(line)
+		if len(f) < 3 {
+			t.Errorf("variable without a meaning: %q", line)
+		}
+	}
+	if rows < 30 {
+		t.Fatalf("%d variables listed:\n%s", rows, out)
+	}
+}

@@ -37,6 +37,8 @@ type Config struct {
 	AckWait       time.Duration `envconfig:"ACK_WAIT" default:"30s" desc:"redelivery delay of a call, step or result whose worker died (live workers send heartbeats)"`
 	MaxDeliver    int           `envconfig:"MAX_DELIVER" default:"5" desc:"deliveries of one call before it is reported as tool_internal_error"`
 
+	// Record is read by newModel (TOOLBUS_RECORD); the field makes `toolbus env` list it.
+	Record   string `envconfig:"RECORD" desc:"append every model exchange to this JSONL cassette (replay it with TOOLBUS_MODEL=replay:<file>)"`
 	Model    string `envconfig:"MODEL" default:"script:incident" desc:"model: script:incident, replay:<file>, openai:<model>, openai-responses:<model>, anthropic:<model>"`
 	MaxSteps int    `envconfig:"MAX_STEPS" default:"10" desc:"default step limit of a run"`
 	// MaxCallsPerStep caps the calls of one step that run; the rest are rejected (too_many_calls).

@@ -21,8 +21,6 @@ import (
 	"os/signal"
 	"runtime/debug"
 	"syscall"
-
-	"github.com/kelseyhightower/envconfig"
 )
 
 func main() {
@@ -199,7 +197,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	case "bench":
 		err = cmdBench(ctx, rest, stdout)
 	case "env":
-		err = envconfig.Usagef(envPrefix, &cfg, stdout, envconfig.DefaultTableFormat)
+		err = cmdEnv(cfg, stdout)
 	default:
 		fmt.Fprintf(stderr, "toolbus: unknown command %q\n\n%s", cmd, usage)
 		return 2
