@@ -4,13 +4,19 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
+	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/eventstest"
+	"github.com/toolbus/toolbus/injector"
 )
 
 // cli runs the command line in this process with a fresh data dir and no server.
@@ -200,4 +206,75 @@ func TestCLIEnv(t *testing.T) {
 	if rows < 30 {
 		t.Fatalf("%d variables listed:\n%s", rows, out)
 	}
+}
+
+// syncBuffer is a bytes.Buffer safe for one writer and a polling reader.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// TestCLIRunSaysWhatItWaitsFor: a run nobody serves does not wait silently: toolbus run
+// says what the run waits for and warns that no worker consumes that queue.
+func TestCLIRunSaysWhatItWaitsFor(t *testing.T) {
+	old := waitHint
+	waitHint = 200 * time.Millisecond
+	t.Cleanup(func() { waitHint = old })
+	srv := eventstest.RunJetStream(t)
+	ctx := eventstest.Context(t, 2*time.Minute)
+	bus, _, err := events.Setup(ctx, srv.Conn, events.Config{},
+		events.SetupWorkers(events.RolePlanner, events.WorkerSettings{}), events.SetupWorkers(events.RoleInjector, events.WorkerSettings{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("TOOLBUS_NATS_URL", srv.URL)
+	t.Setenv("TOOLBUS_LOG_LEVEL", "warn")
+
+	// follow runs toolbus run until its output has all of wants, then interrupts it.
+	follow := func(id string, wants ...string) {
+		t.Helper()
+		rctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		var out, errOut syncBuffer
+		done := make(chan int, 1)
+		go func() { done <- run(rctx, []string{"run", "--id", id, "hello"}, &out, &errOut) }()
+		eventstest.Eventually(t, 60*time.Second, func() error {
+			for _, w := range wants {
+				if !strings.Contains(out.String(), w) {
+					return fmt.Errorf("output lacks %q:\n%s\n%s", w, out.String(), errOut.String())
+				}
+			}
+			return nil
+		})
+		cancel()
+		if code := <-done; code != 130 {
+			t.Fatalf("toolbus run exited %d after the interrupt, want 130", code)
+		}
+	}
+
+	// No worker at all: the run waits for the injector, whose queue nobody consumes.
+	follow("wait-injector", "(waiting for the injector", "no worker consumes queue injector-started")
+
+	// An injector but no planner: the run waits for the planner.
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	ictx, stop := context.WithCancel(ctx)
+	idone := make(chan struct{})
+	go func() {
+		defer close(idone)
+		_ = injector.New(bus, injector.Config{Instance: "inj", Logger: log, Grace: time.Second}).Run(ictx)
+	}()
+	t.Cleanup(func() { stop(); <-idone })
+	follow("wait-planner", "(waiting for the planner", "no worker consumes queue planner")
 }

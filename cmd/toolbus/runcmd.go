@@ -102,6 +102,7 @@ func cmdRun(ctx context.Context, cfg Config, log *slog.Logger, args []string, ou
 		return err
 	}
 	p := newPrinter(out)
+	idleSince, hinted := time.Now(), false
 	for {
 		msg, err := watch.Next(jetstream.FetchMaxWait(time.Second))
 		if err != nil {
@@ -109,6 +110,10 @@ func cmdRun(ctx context.Context, cfg Config, log *slog.Logger, args []string, ou
 				return &exitError{code: 130, msg: "interrupted; the run goes on: toolbus cancel " + *runID}
 			}
 			if errors.Is(err, jetstream.ErrNoMessages) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, errNatsTimeout) {
+				if !hinted && time.Since(idleSince) >= waitHint {
+					hinted = true // once per silence
+					fmt.Fprintln(out, waitingHint(ctx, c.bus, p))
+				}
 				if c.srv != nil {
 					select {
 					case werr := <-workersDone: // the in-process workers stopped: nothing will answer
@@ -124,6 +129,7 @@ func cmdRun(ctx context.Context, cfg Config, log *slog.Logger, args []string, ou
 			}
 			return fmt.Errorf("run: watch: %w", err)
 		}
+		idleSince, hinted = time.Now(), false
 		status, done := p.print(msg)
 		if done {
 			switch status {
@@ -136,6 +142,35 @@ func cmdRun(ctx context.Context, cfg Config, log *slog.Logger, args []string, ou
 			}
 		}
 	}
+}
+
+// waitHint is how long a run may be silent before `toolbus run` says what it waits for.
+var waitHint = 5 * time.Second
+
+// waitingHint says what a silent run waits for and warns when no worker consumes that
+// queue (no planner, no executor of a tool). Without the right to read consumers (least
+// privilege) it says what the run waits for only.
+func waitingHint(ctx context.Context, bus *events.Bus, p *printer) string {
+	what, consumers := p.waitingFor()
+	line := "        (waiting for " + what
+	for _, name := range consumers {
+		cons, err := bus.Stream.Consumer(ctx, name)
+		if errors.Is(err, jetstream.ErrConsumerNotFound) {
+			line += fmt.Sprintf("; warning: queue %s does not exist, nothing serves it", name)
+			continue
+		}
+		if err != nil {
+			continue
+		}
+		info, err := cons.Info(ctx)
+		if err != nil {
+			continue
+		}
+		if info.NumWaiting == 0 && info.NumAckPending == 0 && !info.PushBound {
+			line += fmt.Sprintf("; warning: no worker consumes queue %s (%d message(s) pending): is one running?", name, info.NumPending)
+		}
+	}
+	return line + ")"
 }
 
 func newRunID() string {
