@@ -278,3 +278,16 @@ func TestCLIRunSaysWhatItWaitsFor(t *testing.T) {
 	t.Cleanup(func() { stop(); <-idone })
 	follow("wait-planner", "(waiting for the planner", "no worker consumes queue planner")
 }
+
+// TestCLIRunRefusesUnknownTools: --tools naming a tool no executor serves is refused
+// with the tools of the catalog, and no run is started.
+func TestCLIRunRefusesUnknownTools(t *testing.T) {
+	noServerEnv(t)
+	t.Setenv("TOOLBUS_LOG_LEVEL", "warn")
+	code, out, errOut := cli(t, "run", "--tools", "calculator,nosuch", "--id", "tools-1", "hi")
+	wantCode(t, "run --tools nosuch", code, 2, out, errOut)
+	wantContains(t, "run --tools nosuch", errOut, "no executor serves nosuch; the catalog has", "calculator")
+	if strings.Contains(out, "started") {
+		t.Fatalf("a run was started:\n%s", out)
+	}
+}

@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"sort"
 	"strings"
 	"time"
 
@@ -88,6 +89,9 @@ func cmdRun(ctx context.Context, cfg Config, log *slog.Logger, args []string, ou
 		}
 	}()
 
+	if err := checkAllowedTools(wctx, c.bus, rs.AllowedTools); err != nil {
+		return err
+	}
 	watch, err := c.bus.Reader().OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
 		FilterSubjects: []string{events.SubjectRun(*runID)}, DeliverPolicy: jetstream.DeliverAllPolicy,
 	})
@@ -142,6 +146,38 @@ func cmdRun(ctx context.Context, cfg Config, log *slog.Logger, args []string, ou
 			}
 		}
 	}
+}
+
+// checkAllowedTools refuses a --tools allowlist naming a tool no executor ever
+// published, listing the tools of the catalog (an empty catalog, before any executor
+// started, refuses nothing).
+func checkAllowedTools(ctx context.Context, bus *events.Bus, allowed []string) error {
+	if len(allowed) == 0 {
+		return nil
+	}
+	cat, err := bus.WatchCatalog(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("run: catalog: %w", err)
+	}
+	var known []string
+	for _, tc := range cat.Tools(nil) {
+		known = append(known, tc.Name)
+	}
+	if len(known) == 0 {
+		return nil
+	}
+	var unknown []string
+	for _, t := range allowed {
+		if _, ok := cat.Lookup(t); !ok {
+			unknown = append(unknown, t)
+		}
+	}
+	if len(unknown) > 0 {
+		sort.Strings(known)
+		return &exitError{code: 2, msg: fmt.Sprintf("run: --tools: no executor serves %s; the catalog has %s",
+			strings.Join(unknown, ", "), strings.Join(known, ", "))}
+	}
+	return nil
 }
 
 // waitHint is how long a run may be silent before `toolbus run` says what it waits for.
