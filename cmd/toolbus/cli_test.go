@@ -17,6 +17,7 @@ import (
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
 	"github.com/toolbus/toolbus/injector"
+	"github.com/toolbus/toolbus/planner"
 )
 
 // cli runs the command line in this process with a fresh data dir and no server.
@@ -289,5 +290,20 @@ func TestCLIRunRefusesUnknownTools(t *testing.T) {
 	wantContains(t, "run --tools nosuch", errOut, "no executor serves nosuch; the catalog has", "calculator")
 	if strings.Contains(out, "started") {
 		t.Fatalf("a run was started:\n%s", out)
+	}
+}
+
+// TestCLIRunHeaderNamesThePlannersModel: the run's header names the model the planner
+// answered with, not this client's TOOLBUS_MODEL.
+func TestCLIRunHeaderNamesThePlannersModel(t *testing.T) {
+	p := startOpsPipeline(t, map[string]*planner.Script{
+		"hdr": {Steps: []func(planner.Request) planner.Response{planner.Answer("hi")}},
+	})
+	t.Setenv("TOOLBUS_MODEL", "openai:gpt-4.1")
+	code, out, errOut := p.toolbus("run", "--id", "hdr", "hello")
+	wantCode(t, "run", code, 0, out, errOut)
+	wantContains(t, "run", out, `run hdr started: "hello"`, "(the planner's)")
+	if strings.Contains(out, "openai") {
+		t.Fatalf("the header names the client's TOOLBUS_MODEL:\n%s", out)
 	}
 }

@@ -22,6 +22,8 @@ type printer struct {
 	// without a result (call id -> tool): what the run waits for.
 	last string
 	open map[string]string
+	// model is the model the planner answered with, printed when it first shows.
+	model string
 }
 
 func newPrinter(out io.Writer) *printer { return &printer{out: out, open: map[string]string{}} }
@@ -89,11 +91,17 @@ func (p *printer) print(msg jetstream.Msg) (events.RunStatus, bool) {
 					q = m.Content
 				}
 			}
-			fmt.Fprintf(p.out, "run %s started: %q (model %s)\n", rs.RunID, q, rs.Model)
+			// rs.Model is what this client's TOOLBUS_MODEL asked for; the planner answers
+			// with its own model, which its first answer names.
+			fmt.Fprintf(p.out, "run %s started: %q\n", rs.RunID, q)
 		}
 	case events.TypeModelResponded:
 		var mr events.ModelResponded
 		if _, err := events.DecodeMsg(msg, &mr); err == nil {
+			if mr.Model != "" && mr.Model != p.model {
+				p.model = mr.Model
+				fmt.Fprintf(p.out, "model %s (the planner's)\n", mr.Model)
+			}
 			clear(p.open)
 			for _, c := range mr.Message.ToolCalls {
 				p.open[c.CallID] = c.Tool
