@@ -188,6 +188,9 @@ var waitHint = 5 * time.Second
 // privilege) it says what the run waits for only.
 func waitingHint(ctx context.Context, bus *events.Bus, p *printer) string {
 	what, consumers := p.waitingFor()
+	// A client without the right to read consumers gets no answer: do not hold the run.
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
 	line := "        (waiting for " + what
 	for _, name := range consumers {
 		cons, err := bus.Stream.Consumer(ctx, name)
