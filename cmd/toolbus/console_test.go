@@ -3,9 +3,11 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -18,8 +20,10 @@ import (
 
 	"github.com/chromedp/cdproto/page"
 	"github.com/chromedp/chromedp"
+	"github.com/nats-io/nats.go"
 
 	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/eventstest"
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/planner"
 )
@@ -394,5 +398,73 @@ func TestConsoleBrowser(t *testing.T) {
 	})
 	if n := dialogs.Load(); n != 0 {
 		t.Fatal(fmt.Sprintf("%d JavaScript dialog(s) opened", n))
+	}
+}
+
+// TestUpServesConsole: toolbus up serves the console when TOOLBUS_CONSOLE_ADDR is set,
+// read-only without a token, and stops it with the workers.
+func TestUpServesConsole(t *testing.T) {
+	noServerEnv(t)
+	t.Setenv("TOOLBUS_LOG_LEVEL", "warn")
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	nln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	natsAddr := nln.Addr().String()
+	nln.Close()
+	t.Setenv("TOOLBUS_LISTEN", natsAddr)
+	t.Setenv("TOOLBUS_CONSOLE_ADDR", addr)
+	t.Setenv("TOOLBUS_CONSOLE_TOKEN", "")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var out, errOut syncBuffer
+	done := make(chan int, 1)
+	go func() { done <- run(ctx, []string{"up"}, &out, &errOut) }()
+	eventstest.Eventually(t, 60*time.Second, func() error {
+		resp, err := http.Get("http://" + addr + "/")
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != http.StatusOK || !strings.Contains(string(b), "<h1>Runs</h1>") || !strings.Contains(string(b), "read-only") {
+			return fmt.Errorf("GET /: %d\n%s", resp.StatusCode, b)
+		}
+		return nil
+	})
+	// Stop up once its executor serves (an interrupt during start-up is another story).
+	eventstest.Eventually(t, 60*time.Second, func() error {
+		nc, err := nats.Connect("nats://" + natsAddr)
+		if err != nil {
+			return err
+		}
+		defer nc.Close()
+		bus, err := events.Open(ctx, nc, events.Config{})
+		if err != nil {
+			return err
+		}
+		cat, err := bus.WatchCatalog(ctx, nil)
+		if err != nil {
+			return err
+		}
+		if len(cat.Tools(nil)) == 0 {
+			return errors.New("no tool served yet")
+		}
+		return nil
+	})
+	cancel()
+	select {
+	case code := <-done:
+		if code != 0 {
+			t.Fatalf("toolbus up exited %d:\n%s", code, errOut.String())
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatal("toolbus up did not stop")
 	}
 }
