@@ -4,7 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -41,9 +43,11 @@ type bpWorker struct {
 	workerCfg executor.WorkerConfig
 }
 
-func newBPWorker(t *testing.T, name string, concurrency, toolLimit int) *bpWorker {
+// newBPWorker returns a worker whose probes hold each call until their gate opens, so a
+// test can wait for saturation instead of hoping for it.
+func newBPWorker(t *testing.T, name string, concurrency, toolLimit int, freeGate, limitedGate <-chan struct{}) *bpWorker {
 	w := &bpWorker{name: name, registry: executor.NewRegistry()}
-	body := func(gauges ...*inflight) executor.Func {
+	body := func(gate <-chan struct{}, gauges ...*inflight) executor.Func {
 		return func(ctx context.Context, _ json.RawMessage) (any, error) {
 			for _, g := range gauges {
 				g.enter()
@@ -54,10 +58,8 @@ func newBPWorker(t *testing.T, name string, concurrency, toolLimit int) *bpWorke
 				}
 			}()
 			w.calls.Add(1)
-			t := time.NewTimer(15 * time.Millisecond)
-			defer t.Stop()
 			select {
-			case <-t.C:
+			case <-gate:
 				return map[string]string{"worker": name}, nil
 			case <-ctx.Done():
 				return nil, ctx.Err()
@@ -65,9 +67,10 @@ func newBPWorker(t *testing.T, name string, concurrency, toolLimit int) *bpWorke
 		}
 	}
 	for _, tool := range []executor.Tool{
-		{Name: "bp_free", Description: "back-pressure probe", InputSchema: objectSchema, ReadOnly: true, Func: body(&w.all)},
+		{Name: "bp_free", Description: "back-pressure probe", InputSchema: objectSchema, ReadOnly: true,
+			Timeout: 2 * time.Minute, Func: body(freeGate, &w.all)},
 		{Name: "bp_limited", Description: "back-pressure probe with a per-tool limit", InputSchema: objectSchema, ReadOnly: true,
-			MaxConcurrency: toolLimit, Func: body(&w.all, &w.limited)},
+			MaxConcurrency: toolLimit, Timeout: 2 * time.Minute, Func: body(limitedGate, &w.all, &w.limited)},
 	} {
 		if err := w.registry.Register(tool); err != nil {
 			t.Fatal(err)
@@ -80,26 +83,36 @@ func newBPWorker(t *testing.T, name string, concurrency, toolLimit int) *bpWorke
 
 // A worker never runs more calls at once than its concurrency, and never more calls of
 // a tool than the tool's MaxConcurrency, however many calls wait on the bus: measured
-// inside the tools, per worker, while 40 runs of 8 calls saturate two workers.
+// inside the tools, per worker. The probes hold their calls until the test has seen
+// every worker saturated (no reliance on timing): first 10 runs of 8 bp_free calls fill
+// every worker to its concurrency, then 10 runs of 8 bp_limited calls fill every worker
+// to the tool's limit.
 func TestBackPressureLimits(t *testing.T) {
 	const (
 		workerLimit = 4
 		toolLimit   = 2
-		runs        = 40
+		runs        = 10
+		calls       = 8
 	)
-	var calls []events.ToolCall
-	for i := 0; i < 8; i++ {
+	model := planner.ModelFunc(func(_ context.Context, req planner.Request) (planner.Response, error) {
+		if req.Step > 0 {
+			return planner.Answer("done")(req), nil
+		}
 		tool := "bp_free"
-		if i%2 == 1 {
+		if strings.HasPrefix(req.RunID, "lim-") {
 			tool = "bp_limited"
 		}
-		calls = append(calls, call("c"+strconv.Itoa(i), tool, `{}`))
-	}
-	model := &planner.Script{Steps: []func(planner.Request) planner.Response{planner.Calls(calls...), planner.Answer("done")}}
+		cs := make([]events.ToolCall, calls)
+		for i := range cs {
+			cs[i] = call("c"+strconv.Itoa(i), tool, `{}`)
+		}
+		return planner.Calls(cs...)(req), nil
+	})
 	s := newStack(t, model)
+	freeGate, limitedGate := make(chan struct{}), make(chan struct{})
 	workers := []*bpWorker{
-		newBPWorker(t, "bp-1", workerLimit, toolLimit),
-		newBPWorker(t, "bp-2", workerLimit, toolLimit),
+		newBPWorker(t, "bp-1", workerLimit, toolLimit, freeGate, limitedGate),
+		newBPWorker(t, "bp-2", workerLimit, toolLimit, freeGate, limitedGate),
 	}
 	for _, w := range workers {
 		cfg := w.workerCfg
@@ -111,22 +124,36 @@ func TestBackPressureLimits(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		if _, ok := cat.Lookup("bp_limited"); !ok {
-			return errors.New("catalog without bp_limited")
+		if len(cat.Serving("bp_limited")) != len(workers) || len(cat.Serving("bp_free")) != len(workers) {
+			return errors.New("not every worker serves the probes yet")
 		}
 		return nil
 	})
 	s.startPlanner("planner-1")
 	s.startInjector("injector-1")
-	for i := 0; i < runs; i++ {
-		s.submit("bp-"+strconv.Itoa(i), events.Limits{})
-	}
-	for i := 0; i < runs; i++ {
-		run := "bp-" + strconv.Itoa(i)
-		if ended := s.waitEnd(run); ended.Status != events.RunCompleted {
-			t.Fatalf("%s: %s (%s)", run, ended.Status, ended.Reason)
+	phase := func(prefix string, gate chan struct{}, gauge func(*bpWorker) *inflight, limit int64) {
+		t.Helper()
+		for i := 0; i < runs; i++ {
+			s.submit(prefix+strconv.Itoa(i), events.Limits{})
+		}
+		eventstest.Eventually(t, time.Minute, func() error {
+			for _, w := range workers {
+				if n := gauge(w).cur.Load(); n != limit {
+					return fmt.Errorf("%s holds %d calls, want %d", w.name, n, limit)
+				}
+			}
+			return nil
+		})
+		close(gate)
+		for i := 0; i < runs; i++ {
+			run := prefix + strconv.Itoa(i)
+			if ended := s.waitEnd(run); ended.Status != events.RunCompleted {
+				t.Fatalf("%s: %s (%s)", run, ended.Status, ended.Reason)
+			}
 		}
 	}
+	phase("free-", freeGate, func(w *bpWorker) *inflight { return &w.all }, workerLimit)
+	phase("lim-", limitedGate, func(w *bpWorker) *inflight { return &w.limited }, toolLimit)
 	total := int64(0)
 	for _, w := range workers {
 		all, limited, n := w.all.peak.Load(), w.limited.peak.Load(), w.calls.Load()
@@ -139,12 +166,8 @@ func TestBackPressureLimits(t *testing.T) {
 		if limited > toolLimit {
 			t.Errorf("%s ran %d calls of bp_limited at once, more than its MaxConcurrency %d", w.name, limited, toolLimit)
 		}
-		// The probes must have been saturated, or the limits were not tested.
-		if all < workerLimit || limited < toolLimit {
-			t.Errorf("%s never reached its limits (%d of %d, %d of %d): the test did not saturate it", w.name, all, workerLimit, limited, toolLimit)
-		}
 	}
-	if total != runs*int64(len(calls)) {
-		t.Fatalf("%d calls ran, want %d", total, runs*len(calls))
+	if total != 2*runs*calls {
+		t.Fatalf("%d calls ran, want %d", total, 2*runs*calls)
 	}
 }

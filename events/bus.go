@@ -236,6 +236,7 @@ func (b *Bus) Publish(ctx context.Context, subject string, m Meta, data any) (*j
 	if err != nil {
 		return nil, err
 	}
+	InjectTrace(ctx, msg.Header) // the span of ctx parents the consumer's (no-op untraced)
 	ack, err := b.JS.PublishMsg(ctx, msg, jetstream.WithMsgID(m.ID))
 	if err != nil {
 		return nil, fmt.Errorf("events: publish %s: %w", m.ID, err)

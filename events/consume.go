@@ -69,7 +69,31 @@ type ServeConfig struct {
 	// worker, and handling both copies would run a call twice.
 	MaxWait time.Duration
 	Logger  *slog.Logger
+	// Observer, when set, is told when the loop serves and stops and about redeliveries
+	// and terminated poison messages (metrics, readiness). nil observes nothing.
+	Observer ServeObserver
 }
+
+// ServeObserver watches Serve loops; implementations must be safe for concurrent use and
+// cheap (they run on the delivery path). The consumer argument is its durable name.
+type ServeObserver interface {
+	// Serving is called once the loop consumes from every one of its consumers.
+	Serving(consumers []string)
+	// Stopped is called when the loop returns.
+	Stopped(consumers []string)
+	// Redelivered is called for a message delivered more than once.
+	Redelivered(consumer string)
+	// Terminated is called for a poison message the loop terminated.
+	Terminated(consumer string)
+}
+
+// nopObserver is the observer of a loop configured without one.
+type nopObserver struct{}
+
+func (nopObserver) Serving([]string)   {}
+func (nopObserver) Stopped([]string)   {}
+func (nopObserver) Redelivered(string) {}
+func (nopObserver) Terminated(string)  {}
 
 // Serve consumes messages until ctx ends, handling at most cfg.Concurrency at once (the
 // pool blocks intake when full: back-pressure). On ctx end it stops intake, waits up to
@@ -98,6 +122,14 @@ func ServeAll(ctx context.Context, consumers []jetstream.Consumer, cfg ServeConf
 	log := cfg.Logger
 	if log == nil {
 		log = slog.Default()
+	}
+	obs := cfg.Observer
+	if obs == nil {
+		obs = nopObserver{}
+	}
+	names := make([]string, 0, len(consumers))
+	for _, cons := range consumers {
+		names = append(names, cons.CachedInfo().Name)
 	}
 	// Handlers get a context that outlives ctx by the grace period.
 	workCtx, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
@@ -132,7 +164,7 @@ func ServeAll(ctx context.Context, consumers []jetstream.Consumer, cfg ServeConf
 					_ = msg.Nak()
 					return
 				}
-				dispatch(workCtx, log, cfg.NakDelay, h, msg)
+				dispatch(workCtx, log, obs, cfg.NakDelay, h, msg)
 			})
 		}, jetstream.PullMaxMessages(share), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
 			if !errors.Is(err, jetstream.ErrNoHeartbeat) {
@@ -144,6 +176,8 @@ func ServeAll(ctx context.Context, consumers []jetstream.Consumer, cfg ServeConf
 		}
 		running = append(running, cc)
 	}
+	obs.Serving(names)
+	defer obs.Stopped(names)
 	<-ctx.Done()
 	for _, cc := range running {
 		cc.Stop()
@@ -167,7 +201,11 @@ func ServeAll(ctx context.Context, consumers []jetstream.Consumer, cfg ServeConf
 	return nil
 }
 
-func dispatch(ctx context.Context, log *slog.Logger, nakDelay time.Duration, h Handler, msg jetstream.Msg) {
+func dispatch(ctx context.Context, log *slog.Logger, obs ServeObserver, nakDelay time.Duration, h Handler, msg jetstream.Msg) {
+	md, merr := msg.Metadata()
+	if merr == nil && md.NumDelivered > 1 {
+		obs.Redelivered(md.Consumer)
+	}
 	err := safeHandle(ctx, h, msg)
 	var deferred *DeferError
 	switch {
@@ -182,6 +220,9 @@ func dispatch(ctx context.Context, log *slog.Logger, nakDelay time.Duration, h H
 		}
 	case errors.Is(err, ErrPoison) || errors.Is(err, ErrNotCloudEvent):
 		log.Error("poison message terminated", "subject", msg.Subject(), "reason", err)
+		if merr == nil {
+			obs.Terminated(md.Consumer)
+		}
 		if terr := msg.TermWithReason(truncate(err.Error(), 200)); terr != nil {
 			log.Warn("term failed", "subject", msg.Subject(), "error", terr)
 		}
@@ -189,7 +230,7 @@ func dispatch(ctx context.Context, log *slog.Logger, nakDelay time.Duration, h H
 		// Back off with the deliveries so far: every delivery counts toward MaxDeliver, and
 		// a bus outage (a cluster leader election takes seconds) must not use them all up.
 		delay := nakDelay
-		if md, merr := msg.Metadata(); merr == nil && md.NumDelivered > 1 {
+		if merr == nil && md.NumDelivered > 1 {
 			delay = min(nakDelay<<min(md.NumDelivered-1, 5), max(nakDelay, 30*time.Second))
 		}
 		log.Warn("handler failed, redelivering", "subject", msg.Subject(), "error", err, "delay", delay)

@@ -246,6 +246,19 @@ func redactKeys(fields []string) []string {
 	return slices.Compact(keys)
 }
 
+// Unregister removes the named tools (names not registered are ignored), for tool
+// providers whose tools come and go at run time; a running Worker then needs Sync.
+func (r *Registry) Unregister(names ...string) {
+	if r == nil {
+		return
+	}
+	r.mu.Lock()
+	for _, n := range names {
+		delete(r.tools, n)
+	}
+	r.mu.Unlock()
+}
+
 func (r *Registry) lookup(name string) (*entry, bool) {
 	if r == nil {
 		return nil, false

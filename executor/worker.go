@@ -12,6 +12,10 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/toolbus/toolbus/events"
 )
@@ -48,7 +52,33 @@ type WorkerConfig struct {
 	// Grace for in-flight calls at shutdown before they are cancelled (default 30s).
 	Grace  time.Duration
 	Logger *slog.Logger
+	// Metrics, when set, records the calls this worker runs (telemetry.Metrics).
+	Metrics Metrics
+	// Observer, when set, watches the consume loop (readiness, redeliveries, poison).
+	Observer events.ServeObserver
+	// Tracer makes the span of each call (default: the global provider's, a no-op unless
+	// tracing is configured).
+	Tracer trace.Tracer
 }
+
+// Metrics records what a worker does. It is an interface so that this package does not
+// depend on a metrics library; implementations must be safe for concurrent use.
+type Metrics interface {
+	// CallStarted is called when a call's tool starts running, CallStopped when it
+	// stops (in flight is their difference).
+	CallStarted(tool string)
+	CallStopped(tool string)
+	// CallFinished is called once per result the worker produces, with how long the tool
+	// ran; ran is false for a call refused without running (unknown tool, not allowed,
+	// denied, run ended).
+	CallFinished(tool, status, code string, d time.Duration, ran bool)
+}
+
+type nopMetrics struct{}
+
+func (nopMetrics) CallStarted(string)                                       {}
+func (nopMetrics) CallStopped(string)                                       {}
+func (nopMetrics) CallFinished(string, string, string, time.Duration, bool) {}
 
 func (c *WorkerConfig) setDefaults() {
 	if c.Instance == "" {
@@ -78,6 +108,12 @@ func (c *WorkerConfig) setDefaults() {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
+	if c.Metrics == nil {
+		c.Metrics = nopMetrics{}
+	}
+	if c.Tracer == nil {
+		c.Tracer = otel.Tracer("github.com/toolbus/toolbus/executor")
+	}
 }
 
 // Worker consumes tool.requested, runs each call through the Executor and publishes
@@ -90,12 +126,18 @@ type Worker struct {
 	source string
 	log    *slog.Logger
 
-	serving map[string]bool // tools this worker serves
+	smu        sync.RWMutex
+	serving    map[string]bool // tools this worker serves
+	servedList []string        // the same, in the order offered (the instance record)
+	runCtx     context.Context // Run's context, for queues added by Sync
+	serveCfg   events.ServeConfig
 
 	mu        sync.Mutex
 	inflight  map[string]map[*callHandle]struct{} // run id -> running calls
 	claimed   map[string]bool                     // claim keys this worker is handling
 	cancelled map[string]time.Time                // runs cancelled recently
+
+	extra sync.WaitGroup // queues added by Sync
 }
 
 type callHandle struct{ cancel context.CancelCauseFunc }
@@ -120,10 +162,18 @@ func (w *Worker) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	w.smu.Lock()
 	w.serving = make(map[string]bool, len(served))
 	for _, t := range served {
 		w.serving[t] = true
 	}
+	w.servedList = served
+	w.runCtx = ctx
+	w.serveCfg = events.ServeConfig{
+		Concurrency: w.cfg.Concurrency, Grace: w.cfg.Grace, Logger: w.log, NakDelay: time.Second,
+		MaxWait: w.cfg.AckWait / 3, Observer: w.cfg.Observer,
+	}
+	w.smu.Unlock()
 	sub, err := w.bus.NC.Subscribe(events.FilterRunCancel, w.onCancel)
 	if err != nil {
 		return fmt.Errorf("executor: subscribe to cancellations: %w", err)
@@ -151,11 +201,81 @@ func (w *Worker) Run(ctx context.Context) error {
 			return err
 		}
 	}
-	w.log.Info("executor serving", "tools", served, "concurrency", w.cfg.Concurrency)
-	return events.ServeAll(ctx, consumers, events.ServeConfig{
-		Concurrency: w.cfg.Concurrency, Grace: w.cfg.Grace, Logger: w.log, NakDelay: time.Second,
-		MaxWait: w.cfg.AckWait / 3,
-	}, w.handle)
+	w.log.Info("executor serving", "tools", served, "concurrency", w.cfg.Concurrency,
+		"stream", w.bus.Config().Stream, "nats", w.bus.NC.ConnectedUrlRedacted())
+	err = events.ServeAll(ctx, consumers, w.serveCfg, w.handle)
+	w.extra.Wait()
+	w.log.Info("executor stopped", "error", err)
+	return err
+}
+
+// Sync brings a running worker in line with its registry after tools were registered or
+// unregistered at run time (tool providers such as MCP servers whose tool lists change):
+// each new tool gets its queue and its contract in the catalog, and the instance record
+// lists exactly the registered tools, so the planner stops offering removed ones at once.
+// A worker limited to WorkerConfig.Tools serves that fixed subset and ignores Sync.
+// Sync before Run, or after Run returned, does nothing.
+func (w *Worker) Sync(ctx context.Context) error {
+	if len(w.cfg.Tools) > 0 {
+		return nil
+	}
+	w.smu.Lock()
+	defer w.smu.Unlock()
+	if w.runCtx == nil || w.runCtx.Err() != nil {
+		return nil
+	}
+	names := w.exec.Registry().Names()
+	var added []string
+	for _, name := range names {
+		t, ok := w.exec.Registry().Lookup(name)
+		if !ok {
+			continue
+		}
+		// Publishing every contract again also covers a tool whose schema changed.
+		if err := w.bus.PublishTool(ctx, t.Contract()); err != nil {
+			return err
+		}
+		if !w.serving[name] {
+			added = append(added, name)
+		}
+	}
+	for _, name := range added {
+		cons, err := w.queue(ctx, name)
+		if err != nil {
+			return err
+		}
+		w.extra.Go(func() {
+			if err := events.ServeAll(w.runCtx, []jetstream.Consumer{cons}, w.serveCfg, w.handle); err != nil {
+				w.log.Error("queue stopped", "tool", name, "error", err)
+			}
+		})
+	}
+	serving := make(map[string]bool, len(names))
+	for _, n := range names {
+		serving[n] = true
+	}
+	w.serving, w.servedList = serving, names
+	now := time.Now().UTC()
+	if err := w.bus.PutInstance(ctx, events.Instance{Name: w.cfg.Instance, Tools: names, Concurrency: w.cfg.Concurrency,
+		StartedAt: now, HeartbeatAt: now}); err != nil {
+		return err
+	}
+	w.log.Info("executor tools changed", "tools", names, "added", added)
+	return nil
+}
+
+// serves reports whether this worker serves tool now.
+func (w *Worker) serves(tool string) bool {
+	w.smu.RLock()
+	defer w.smu.RUnlock()
+	return w.serving[tool]
+}
+
+// servedTools returns the tools this worker serves now.
+func (w *Worker) servedTools() []string {
+	w.smu.RLock()
+	defer w.smu.RUnlock()
+	return w.servedList
 }
 
 // queue binds the durable consumer of one tool's queue, creating it if it is missing.
@@ -195,6 +315,7 @@ func (w *Worker) heartbeat(ctx context.Context, served []string) (stop func(), e
 				return
 			case <-t.C:
 				in.HeartbeatAt = time.Now().UTC()
+				in.Tools = w.servedTools()
 				if err := w.bus.PutInstance(ctx, in); err != nil {
 					w.log.Warn("instance heartbeat failed", "error", err)
 				}
@@ -318,7 +439,31 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) error {
 		return err
 	}
 
-	var res events.ToolResult
+	var (
+		res events.ToolResult
+		ran bool // the tool ran: the in-flight gauge counts it
+	)
+	// The call's span (GenAI conventions, "execute_tool <tool>"), a child of the step's
+	// span carried in the tool.requested headers; the tool.finished carries it on.
+	ctx, span := w.cfg.Tracer.Start(events.ExtractTrace(ctx, msg.Headers()), "execute_tool "+req.Call.Tool,
+		trace.WithSpanKind(trace.SpanKindInternal), trace.WithAttributes(
+			attribute.String("gen_ai.operation.name", "execute_tool"),
+			attribute.String("gen_ai.tool.name", req.Call.Tool),
+			attribute.String("gen_ai.tool.call.id", req.Call.CallID),
+			attribute.String("toolbus.run_id", req.RunID),
+			attribute.Int("toolbus.step", req.Step),
+			attribute.Int("toolbus.attempt", attempt),
+		))
+	defer func() {
+		if res.Status != "" {
+			span.SetAttributes(attribute.String("toolbus.tool.status", string(res.Status)))
+			if res.Status != events.StatusSucceeded {
+				span.SetAttributes(attribute.String("error.type", res.Code()))
+				span.SetStatus(codes.Error, res.Code())
+			}
+		}
+		span.End()
+	}()
 	state, _, err := w.bus.RunState(ctx, req.RunID)
 	switch {
 	case err != nil && !errors.Is(err, events.ErrRunNotFound):
@@ -329,7 +474,7 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) error {
 	case attempt >= w.cfg.MaxDeliver && attempt > 1:
 		res = failedResult(req.Call, events.CodeToolInternalError,
 			fmt.Sprintf("the call did not finish in %d attempts (its executor died each time); it was not run again", attempt-1))
-	case !w.serving[req.Call.Tool]:
+	case !w.serves(req.Call.Tool):
 		res = rejectedResult(req.Call, events.CodeUnknownTool, fmt.Sprintf("no executor serves a tool named %q", req.Call.Tool))
 	case !rs.Allows(req.Call.Tool):
 		res = rejectedResult(req.Call, events.CodeNotAuthorized, fmt.Sprintf("tool %q is not allowed in this run", req.Call.Tool))
@@ -355,7 +500,10 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) error {
 			}
 		}
 		if res.Status == "" {
+			ran = true
+			w.cfg.Metrics.CallStarted(req.Call.Tool)
 			res, err = w.run(ctx, msg, req, rs, attempt)
+			w.cfg.Metrics.CallStopped(req.Call.Tool)
 			if err != nil {
 				return err
 			}
@@ -381,9 +529,13 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) error {
 	if err != nil {
 		return err
 	}
-	if w.log.Enabled(ctx, slog.LevelDebug) {
-		log().Debug("call finished", "status", res.Status, "code", res.Code(), "duration_ms", res.DurationMS)
+	// Counted once the result is stored: one count per published result.
+	tool := req.Call.Tool
+	if !w.serving[tool] {
+		tool = events.UnknownToolToken // the model names tools: keep the label set bounded
 	}
+	w.cfg.Metrics.CallFinished(tool, string(res.Status), res.Code(), time.Duration(res.DurationMS)*time.Millisecond, ran)
+	log().Info("call finished", "status", res.Status, "code", res.Code(), "duration_ms", res.DurationMS, "attempt", attempt)
 	return nil
 }
 

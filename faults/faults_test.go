@@ -183,7 +183,8 @@ func TestFaultInjectorKillAfterPublish(t *testing.T) {
 	e := newEnv(t, 1)
 	e.faultbusRole("planner", "planner-1", sleepModel)
 	e.toolbusRole("executor", "exec-1")
-	inj := e.faultbusRole("injector", "injector-a", "TOOLBUS_FAULT_KILL_AFTER=.model.requested ")
+	inj := e.faultbusRole("injector", "injector-a", "TOOLBUS_FAULT_KILL_AFTER=.model.requested ",
+		"TOOLBUS_FAULT_KILL_SKIP=/0/model.requested")
 	inj.expect()
 	e.waitReady([]string{"sleep"}, "planner", "injector", "executor")
 	runs := runIDs("injpub", 10)

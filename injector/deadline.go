@@ -168,6 +168,7 @@ func (in *Injector) Deadline(ctx context.Context, run string, deadline time.Time
 	if err := in.bus.PublishOutcome(ctx, in.source, stored); err != nil {
 		return err
 	}
+	in.cfg.Metrics.RunEnded(string(stored.Status), stored.Code)
 	in.log.Info("run outcome", "run_id", run, "step", step, "status", stored.Status, "code", stored.Code,
 		"unanswered", len(unanswered))
 	return nil

@@ -43,7 +43,26 @@ type Config struct {
 	// would. Fault-injection tests use it; production leaves it nil.
 	BeforeOutcome func(events.RunEnded) error
 	Logger        *slog.Logger
+	// Metrics, when set, records step joins and the runs this injector ends.
+	Metrics Metrics
+	// Observer, when set, watches the consume loops (readiness, redeliveries, poison).
+	Observer events.ServeObserver
 }
+
+// Metrics records what an injector does. It is an interface so that this package does
+// not depend on a metrics library; implementations must be safe for concurrent use.
+type Metrics interface {
+	// StepJoined is called after a batch of results is joined into a step's record (the
+	// compare-and-set write and what follows it: the next step or the outcome).
+	StepJoined(d time.Duration)
+	// RunEnded is called when this injector ends a run.
+	RunEnded(outcome, code string)
+}
+
+type nopMetrics struct{}
+
+func (nopMetrics) StepJoined(time.Duration) {}
+func (nopMetrics) RunEnded(string, string)  {}
 
 func (c *Config) setDefaults() {
 	if c.Instance == "" {
@@ -72,6 +91,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
+	}
+	if c.Metrics == nil {
+		c.Metrics = nopMetrics{}
 	}
 	c.Rules.setDefaults()
 }
@@ -106,6 +128,9 @@ func (in *Injector) Run(ctx context.Context) error {
 	})
 	var wg conc.WaitGroup
 	errs := make(chan error, len(inputs))
+	in.log.Info("injector serving", "consumer", in.cfg.Durable, "concurrency", in.cfg.Concurrency,
+		"stream", in.bus.Config().Stream, "nats", in.bus.NC.ConnectedUrlRedacted())
+	defer in.log.Info("injector stopped")
 	for _, input := range inputs {
 		cons, err := in.bus.Consumer(ctx, input.ConsumerConfig)
 		if err != nil {
@@ -118,6 +143,7 @@ func (in *Injector) Run(ctx context.Context) error {
 		wg.Go(func() {
 			errs <- events.Serve(ctx, cons, events.ServeConfig{
 				Concurrency: input.Concurrency, Grace: in.cfg.Grace, Logger: in.log, NakDelay: 500 * time.Millisecond,
+				Observer: in.cfg.Observer,
 			}, in.handle)
 		})
 	}
@@ -394,6 +420,8 @@ func (in *Injector) update(ctx context.Context, run string, step, count int, cha
 
 // apply writes a batch of changes to one step and settles it.
 func (in *Injector) apply(ctx context.Context, run string, step, count int, ops []func(*events.StepState) bool, cached *cachedStep) (*cachedStep, error) {
+	start := time.Now()
+	defer func() { in.cfg.Metrics.StepJoined(time.Since(start)) }()
 	for attempt := 0; ; attempt++ {
 		var (
 			st  *events.StepState
@@ -564,6 +592,7 @@ func (in *Injector) end(ctx context.Context, step int, ended events.RunEnded) er
 	if err := in.bus.PublishOutcome(ctx, in.source, st); err != nil {
 		return err
 	}
+	in.cfg.Metrics.RunEnded(string(ended.Status), ended.Code)
 	in.log.Info("run outcome", "run_id", ended.RunID, "step", step, "status", ended.Status, "code", ended.Code)
 	return nil
 }

@@ -11,6 +11,10 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/toolbus/toolbus/events"
 )
@@ -38,7 +42,29 @@ type Config struct {
 	// call beyond it gets a rejected result (code too_many_calls) from the planner itself.
 	MaxCallsPerStep int
 	Logger          *slog.Logger
+	// Metrics, when set, records model calls and the runs this planner ends.
+	Metrics Metrics
+	// Observer, when set, watches the consume loop (readiness, redeliveries, poison).
+	Observer events.ServeObserver
+	// Tracer makes the span of each step's model call (default: the global provider's,
+	// a no-op unless tracing is configured).
+	Tracer trace.Tracer
 }
+
+// Metrics records what a planner does. It is an interface so that this package does not
+// depend on a metrics library; implementations must be safe for concurrent use.
+type Metrics interface {
+	// ModelCalled is called after each model call with its latency, its token usage and
+	// its error (nil on success).
+	ModelCalled(model string, d time.Duration, u events.Usage, err error)
+	// RunEnded is called when this planner ends a run (an answer, a budget, a failure).
+	RunEnded(outcome, code string)
+}
+
+type nopMetrics struct{}
+
+func (nopMetrics) ModelCalled(string, time.Duration, events.Usage, error) {}
+func (nopMetrics) RunEnded(string, string)                                {}
 
 // DefaultMaxCallsPerStep is the default of Config.MaxCallsPerStep.
 const DefaultMaxCallsPerStep = 128
@@ -46,6 +72,12 @@ const DefaultMaxCallsPerStep = 128
 func (c *Config) setDefaults() {
 	if c.Instance == "" {
 		c.Instance = "planner"
+	}
+	if c.Metrics == nil {
+		c.Metrics = nopMetrics{}
+	}
+	if c.Tracer == nil {
+		c.Tracer = otel.Tracer("github.com/toolbus/toolbus/planner")
 	}
 	if c.Concurrency <= 0 {
 		c.Concurrency = 64
@@ -134,9 +166,14 @@ func (p *Planner) Run(ctx context.Context) error {
 		return fmt.Errorf("planner: subscribe to cancellations: %w", err)
 	}
 	defer sub.Unsubscribe() //nolint:errcheck // the connection may be closing
-	return events.Serve(ctx, cons, events.ServeConfig{
+	p.log.Info("planner serving", "consumer", p.cfg.Durable, "concurrency", p.cfg.Concurrency,
+		"stream", p.bus.Config().Stream, "nats", p.bus.NC.ConnectedUrlRedacted())
+	err = events.Serve(ctx, cons, events.ServeConfig{
 		Concurrency: p.cfg.Concurrency, Grace: p.cfg.Grace, Logger: p.log, NakDelay: 2 * time.Second,
+		Observer: p.cfg.Observer,
 	}, p.handle)
+	p.log.Info("planner stopped", "error", err)
+	return err
 }
 
 func (p *Planner) ended(run string) bool {
@@ -221,6 +258,17 @@ func (p *Planner) Step(ctx context.Context, run string, step int, traceparent st
 			Code: events.LimitDeadline, Reason: "run deadline passed before step " + strconv.Itoa(step), StepsUsed: step})
 	}
 
+	// The step's span: one per step of the run's trace (GenAI conventions, "chat
+	// <model>"); the tool.requested events carry it to the executors' spans.
+	ctx, span := p.cfg.Tracer.Start(trace.ContextWithRemoteSpanContext(ctx, events.RunTraceContext(run, traceparent)),
+		"chat "+rs.Model, trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(
+			attribute.String("gen_ai.operation.name", "chat"),
+			attribute.String("gen_ai.request.model", rs.Model),
+			attribute.String("gen_ai.conversation.id", run),
+			attribute.String("toolbus.run_id", run),
+			attribute.Int("toolbus.step", step),
+		))
+	defer span.End()
 	var (
 		mr  events.ModelResponded
 		got bool
@@ -235,6 +283,8 @@ func (p *Planner) Step(ctx context.Context, run string, step int, traceparent st
 	}
 	if !got {
 		if mr, err = p.callModel(ctx, rs, step); err != nil {
+			span.SetStatus(codes.Error, err.Error())
+			span.SetAttributes(attribute.String("error.type", "model_error"))
 			if errors.Is(err, ErrPermanent) {
 				return p.fail(ctx, run, step, events.CodeModelError, err.Error())
 			}
@@ -246,6 +296,13 @@ func (p *Planner) Step(ctx context.Context, run string, step int, traceparent st
 		}
 	}
 	p.rememberAssistant(run, step, mr)
+	span.SetAttributes(
+		attribute.String("gen_ai.response.model", mr.Model),
+		attribute.Int64("gen_ai.usage.input_tokens", mr.Usage.InputTokens),
+		attribute.Int64("gen_ai.usage.output_tokens", mr.Usage.OutputTokens),
+		attribute.Int("toolbus.tool_calls", len(mr.Message.ToolCalls)),
+		attribute.Bool("toolbus.model_reused", got),
+	)
 
 	responded, err := p.bus.PublishAsync(events.SubjectModelResponded(run), events.Meta{
 		ID: events.IDModelResponded(run, step), Type: events.TypeModelResponded, Source: p.source,
@@ -319,7 +376,7 @@ func (p *Planner) publishCalls(ctx context.Context, rs *events.RunStarted, step 
 		if _, ok := p.catalog.Lookup(c.Tool); !ok {
 			token = events.UnknownToolToken // no executor serves it: any executor rejects it
 		}
-		f, err := p.bus.PublishAsync(events.SubjectToolRequested(rs.RunID, token), events.Meta{
+		f, err := p.bus.PublishAsyncContext(ctx, events.SubjectToolRequested(rs.RunID, token), events.Meta{
 			ID: events.IDToolRequested(rs.RunID, step, c.CallID, false), Type: events.TypeToolRequested,
 			Source: p.source, RunID: rs.RunID, Step: step, CallID: c.CallID, CallIndex: i, CallCount: len(calls),
 			HasCall: true, TraceParent: traceparent,
@@ -364,6 +421,9 @@ func (p *Planner) callModel(ctx context.Context, rs *events.RunStarted, step int
 	resp, err := p.model.Complete(mctx, Request{
 		RunID: rs.RunID, Step: step, Model: rs.Model, Messages: msgs, Tools: p.catalog.Tools(rs),
 	})
+	// Labelled by the run's model, not the response's: the run's is the configured name
+	// (a bounded set) and is known when the call fails.
+	p.cfg.Metrics.ModelCalled(rs.Model, time.Since(start), resp.Usage, err)
 	if err != nil {
 		return events.ModelResponded{}, fmt.Errorf("planner: model call for %s step %d: %w", rs.RunID, step, err)
 	}
@@ -504,6 +564,7 @@ func (p *Planner) end(ctx context.Context, run string, step int, ended events.Ru
 		return nil
 	}
 	if err == nil {
+		p.cfg.Metrics.RunEnded(string(ended.Status), ended.Code)
 		p.log.Info("run ended", "run_id", run, "step", step, "status", ended.Status, "code", ended.Code)
 	}
 	return err

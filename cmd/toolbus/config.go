@@ -31,6 +31,7 @@ type Config struct {
 	Concurrency int    `envconfig:"CONCURRENCY" default:"64" desc:"calls (executor) or steps (planner, injector) handled at once per process"`
 
 	Tools         string        `envconfig:"TOOLS" default:"demo" desc:"built-in tool packs served by executors (demo, calc, diag: diag's panic, big_output, sleep... only when asked for)"`
+	MCPConfig     string        `envconfig:"MCP_CONFIG" desc:"JSON file of MCP servers whose tools executors serve (mcpServers: command/args/env or url/headers)"`
 	ExecutorTools []string      `envconfig:"EXECUTOR_TOOLS" desc:"serve only these tools of the packs (deployments may overlap: each tool has one shared queue)"`
 	CallTimeout   time.Duration `envconfig:"CALL_TIMEOUT" default:"30s" desc:"default tool timeout"`
 	MaxOutput     int           `envconfig:"MAX_OUTPUT_BYTES" default:"16384" desc:"default bound of what the model reads of one result"`
@@ -47,6 +48,10 @@ type Config struct {
 	TokenBudget     int64         `envconfig:"TOKEN_BUDGET" desc:"default token budget of a run (0: none)"`
 	FailOn          []string      `envconfig:"FAIL_ON" default:"unknown_tool,tool_internal_error,invalid_tool_output" desc:"error codes that fail a run"`
 	Grace           time.Duration `envconfig:"GRACE" default:"30s" desc:"shutdown grace period for in-flight work"`
+
+	// MetricsAddr serves /metrics, /healthz and /readyz (host:port) for every role of the
+	// process; empty serves nothing.
+	MetricsAddr string `envconfig:"METRICS_ADDR" desc:"address (host:port) of /metrics, /healthz and /readyz for the roles of this process; empty: none"`
 
 	ConsoleAddr  string `envconfig:"CONSOLE_ADDR" desc:"web console address (host:port) of toolbus console, and of toolbus up when set"`
 	ConsoleToken string `envconfig:"CONSOLE_TOKEN" desc:"token that approve, deny and cancel in the web console need (unset: the console is read-only)"`

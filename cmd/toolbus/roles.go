@@ -5,18 +5,22 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"time"
 
 	"github.com/sourcegraph/conc"
 
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/executor"
+	"github.com/toolbus/toolbus/executor/mcptools"
 	"github.com/toolbus/toolbus/executor/packs"
 	"github.com/toolbus/toolbus/injector"
 	"github.com/toolbus/toolbus/planner"
+	"github.com/toolbus/toolbus/telemetry"
 )
 
 // role is one worker of the pipeline.
-type role func(ctx context.Context, cfg Config, bus *events.Bus, log *slog.Logger) error
+// tel is nil when metrics are off.
+type role func(ctx context.Context, cfg Config, bus *events.Bus, log *slog.Logger, tel *telemetry.Metrics) error
 
 var roles = map[string]role{
 	"planner":  runPlanner,
@@ -28,12 +32,36 @@ var roles = map[string]role{
 func runRoles(ctx context.Context, cfg Config, bus *events.Bus, log *slog.Logger, names ...string) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	tel, stopTel, err := startTelemetry(cfg, bus, log)
+	if err != nil {
+		return err
+	}
+	defer stopTel()
+	service := "toolbus"
+	if len(names) == 1 {
+		service += "-" + names[0]
+	}
+	shutdownTracing, err := telemetry.SetupTracing(ctx, service)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		if err := shutdownTracing(sctx); err != nil {
+			log.Warn("spans not flushed", "error", err)
+		}
+	}()
+	// Every role registers before any starts: /readyz waits for all of them.
+	for _, name := range names {
+		serveObserver(tel, name)
+	}
 	var wg conc.WaitGroup
 	errs := make(chan error, len(names))
 	for _, name := range names {
 		r := roles[name]
 		wg.Go(func() {
-			if err := r(ctx, cfg, bus, log); err != nil {
+			if err := r(ctx, cfg, bus, log, tel); err != nil {
 				errs <- roleError(name, err)
 				cancel()
 			}
@@ -60,7 +88,7 @@ func newRegistry(cfg Config) (*executor.Registry, error) {
 	return reg, nil
 }
 
-func runExecutor(ctx context.Context, cfg Config, bus *events.Bus, log *slog.Logger) error {
+func runExecutor(ctx context.Context, cfg Config, bus *events.Bus, log *slog.Logger, tel *telemetry.Metrics) error {
 	reg, err := newRegistry(cfg)
 	if err != nil {
 		return err
@@ -70,11 +98,29 @@ func runExecutor(ctx context.Context, cfg Config, bus *events.Bus, log *slog.Log
 	w := executor.NewWorker(bus, exec, executor.WorkerConfig{
 		Instance: cfg.Instance, Concurrency: cfg.Concurrency, Tools: cfg.ExecutorTools,
 		AckWait: cfg.AckWait, MaxDeliver: cfg.MaxDeliver, Grace: cfg.Grace, Logger: log,
+		Metrics: executorMetrics(tel), Observer: serveObserver(tel, "executor"),
 	})
+	if cfg.MCPConfig != "" {
+		mc, err := mcptools.LoadConfig(cfg.MCPConfig)
+		if err != nil {
+			return err
+		}
+		// The MCP tools are registered before the worker starts, so they enter the
+		// catalog with the packs; later tool list changes reach it through Sync.
+		p, err := mcptools.New(reg, mc, mcptools.Options{Logger: log, OnChange: w.Sync})
+		if err != nil {
+			return err
+		}
+		if err := p.Start(ctx); err != nil {
+			return err
+		}
+		defer p.Close()
+		log.Info("MCP servers connected", "servers", len(mc.MCPServers), "tools", p.Tools())
+	}
 	return w.Run(ctx)
 }
 
-func runPlanner(ctx context.Context, cfg Config, bus *events.Bus, log *slog.Logger) error {
+func runPlanner(ctx context.Context, cfg Config, bus *events.Bus, log *slog.Logger, tel *telemetry.Metrics) error {
 	model, err := newModel(cfg)
 	if err != nil {
 		return err
@@ -86,14 +132,16 @@ func runPlanner(ctx context.Context, cfg Config, bus *events.Bus, log *slog.Logg
 	p := planner.New(bus, model, cat, planner.Config{
 		Instance: cfg.Instance, Concurrency: cfg.Concurrency, Grace: cfg.Grace, Logger: log, AckWait: cfg.AckWait,
 		Defaults: cfg.defaultLimits(), MaxCallsPerStep: cfg.MaxCallsPerStep,
+		Metrics: plannerMetrics(tel), Observer: serveObserver(tel, "planner"),
 	})
 	return p.Run(ctx)
 }
 
-func runInjector(ctx context.Context, cfg Config, bus *events.Bus, log *slog.Logger) error {
+func runInjector(ctx context.Context, cfg Config, bus *events.Bus, log *slog.Logger, tel *telemetry.Metrics) error {
 	in := injector.New(bus, injector.Config{
 		Instance: cfg.Instance, Concurrency: cfg.Concurrency, Grace: cfg.Grace, Logger: log, AckWait: cfg.AckWait,
 		Rules: injector.Rules{FailOn: cfg.FailOn, MaxSteps: cfg.MaxSteps}, Defaults: cfg.defaultLimits(),
+		Metrics: injectorMetrics(tel), Observer: serveObserver(tel, "injector"),
 	})
 	return in.Run(ctx)
 }

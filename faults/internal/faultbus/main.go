@@ -66,6 +66,10 @@ type config struct {
 	// ExecutorTools is the deployment subset of this executor (empty: every tool).
 	ExecutorTools []string `envconfig:"EXECUTOR_TOOLS"`
 	KillAfter     string   `envconfig:"FAULT_KILL_AFTER"`
+	// KillSkip: a write that also contains this fragment does not arm the kill (for
+	// example "/0/model.requested": the injector publishes step 0 when a run starts,
+	// and the suite wants the kill after a joined step).
+	KillSkip string `envconfig:"FAULT_KILL_SKIP"`
 }
 
 func main() {
@@ -102,7 +106,7 @@ func run(ctx context.Context, cfg config, role string, log *slog.Logger) error {
 		nats.ReconnectHandler(func(nc *nats.Conn) { log.Info("nats reconnected", "url", nc.ConnectedUrl()) }),
 	}
 	if cfg.KillAfter != "" {
-		opts = append(opts, nats.SetCustomDialer(&killDialer{log: log, after: []byte(cfg.KillAfter)}))
+		opts = append(opts, nats.SetCustomDialer(&killDialer{log: log, after: []byte(cfg.KillAfter), skip: []byte(cfg.KillSkip)}))
 	}
 	nc, err := nats.Connect(cfg.NatsURL, opts...)
 	if err != nil {
@@ -200,6 +204,7 @@ func appendTool(cfg config, name string) executor.Tool {
 type killDialer struct {
 	log   *slog.Logger
 	after []byte
+	skip  []byte
 	armed atomic.Value // the line that armed it
 }
 
@@ -223,7 +228,7 @@ func (c *killConn) Write(p []byte) (int, error) {
 		select {} // the signal ends the process; the write never happens
 	}
 	n, err := c.Conn.Write(p)
-	if i := bytes.Index(p, c.d.after); i >= 0 {
+	if i := bytes.Index(p, c.d.after); i >= 0 && (len(c.d.skip) == 0 || !bytes.Contains(p, c.d.skip)) {
 		start, end := bytes.LastIndexByte(p[:i], '\n')+1, len(p)
 		if sp := bytes.IndexByte(p[i+1:], ' '); sp >= 0 {
 			end = i + 1 + sp

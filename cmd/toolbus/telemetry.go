@@ -1,0 +1,58 @@
+package main
+
+import (
+	"log/slog"
+
+	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/executor"
+	"github.com/toolbus/toolbus/injector"
+	"github.com/toolbus/toolbus/planner"
+	"github.com/toolbus/toolbus/telemetry"
+)
+
+// startTelemetry serves metrics, /healthz and /readyz at cfg.MetricsAddr for the roles of
+// this process; with no address it returns nil metrics (nothing is recorded) and a no-op
+// stop.
+func startTelemetry(cfg Config, bus *events.Bus, log *slog.Logger) (*telemetry.Metrics, func(), error) {
+	if cfg.MetricsAddr == "" {
+		return nil, func() {}, nil
+	}
+	m := telemetry.New()
+	m.WatchQueues(bus, 0, log)
+	srv, err := telemetry.Listen(cfg.MetricsAddr, m.Handler(bus.NC.IsConnected), log)
+	if err != nil {
+		return nil, nil, err
+	}
+	return m, func() { _ = srv.Close() }, nil
+}
+
+// The worker packages take interfaces; a nil *telemetry.Metrics must become a nil
+// interface, not an interface holding a nil pointer.
+
+func executorMetrics(m *telemetry.Metrics) executor.Metrics {
+	if m == nil {
+		return nil
+	}
+	return m
+}
+
+func plannerMetrics(m *telemetry.Metrics) planner.Metrics {
+	if m == nil {
+		return nil
+	}
+	return m
+}
+
+func injectorMetrics(m *telemetry.Metrics) injector.Metrics {
+	if m == nil {
+		return nil
+	}
+	return m
+}
+
+func serveObserver(m *telemetry.Metrics, role string) events.ServeObserver {
+	if m == nil {
+		return nil
+	}
+	return m.Observer(role)
+}

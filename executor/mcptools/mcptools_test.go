@@ -1,0 +1,317 @@
+package mcptools_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/eventstest"
+	"github.com/toolbus/toolbus/executor"
+	"github.com/toolbus/toolbus/executor/mcptools"
+)
+
+// fixture is an in-process go-sdk server reached over the in-memory transport; every
+// (re)connection gets a new server session, and crash ends the current one.
+type fixture struct {
+	srv      *mcp.Server
+	dials    atomic.Int32
+	mu       sync.Mutex
+	sessions []*mcp.ServerSession
+	// cancelled receives the name of a tool whose handler saw its context end (the SDK
+	// delivers notifications/cancelled that way).
+	cancelled chan string
+	started   chan string
+}
+
+func schema(props string) json.RawMessage {
+	return json.RawMessage(`{"type":"object","properties":{` + props + `},"additionalProperties":false}`)
+}
+
+func textResult(s string) *mcp.CallToolResult {
+	return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: s}}}
+}
+
+func newFixture(t *testing.T) *fixture {
+	f := &fixture{cancelled: make(chan string, 16), started: make(chan string, 16)}
+	f.srv = mcp.NewServer(&mcp.Implementation{Name: "fixture", Version: "1"}, nil)
+	f.srv.AddTool(&mcp.Tool{Name: "echo", Description: "Echoes text.", InputSchema: schema(`"text":{"type":"string"}`),
+		Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true}},
+		func(_ context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+			var in struct{ Text string }
+			if err := json.Unmarshal(req.Params.Arguments, &in); err != nil {
+				return nil, err
+			}
+			return textResult("echo: " + in.Text), nil
+		})
+	f.srv.AddTool(&mcp.Tool{Name: "add", Description: "Adds.", InputSchema: schema(`"a":{"type":"number"},"b":{"type":"number"}`)},
+		func(_ context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+			var in struct{ A, B float64 }
+			if err := json.Unmarshal(req.Params.Arguments, &in); err != nil {
+				return nil, err
+			}
+			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: fmt.Sprint(in.A + in.B)}},
+				StructuredContent: map[string]any{"sum": in.A + in.B}}, nil
+		})
+	f.srv.AddTool(&mcp.Tool{Name: "fail", Description: "Always fails.", InputSchema: schema("")},
+		func(context.Context, *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+			r := textResult("disk quota exceeded on /data")
+			r.IsError = true
+			return r, nil
+		})
+	f.srv.AddTool(&mcp.Tool{Name: "picture", Description: "Returns an image and a resource.", InputSchema: schema("")},
+		func(context.Context, *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+			return &mcp.CallToolResult{Content: []mcp.Content{
+				&mcp.TextContent{Text: "here it is"},
+				&mcp.ImageContent{MIMEType: "image/png", Data: []byte("12345")},
+				&mcp.ResourceLink{URI: "file:///tmp/a.txt", Name: "a.txt"},
+				&mcp.EmbeddedResource{Resource: &mcp.ResourceContents{URI: "mem://b", MIMEType: "text/plain", Text: "inner text"}},
+			}}, nil
+		})
+	f.srv.AddTool(&mcp.Tool{Name: "slow", Description: "Waits until cancelled.", InputSchema: schema("")},
+		func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+			f.started <- "slow"
+			<-ctx.Done()
+			f.cancelled <- "slow"
+			return nil, ctx.Err()
+		})
+	f.srv.AddTool(&mcp.Tool{Name: "broken", Description: "Its handler errs.", InputSchema: schema("")},
+		func(context.Context, *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+			return nil, &jsonrpc.Error{Code: jsonrpc.CodeInternalError, Message: "handler exploded"}
+		})
+	f.srv.AddTool(&mcp.Tool{Name: "bad.name/x", Description: "Odd name.", InputSchema: schema("")},
+		func(context.Context, *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+			return textResult("odd"), nil
+		})
+	return f
+}
+
+func (f *fixture) dial(ctx context.Context) (mcp.Transport, error) {
+	f.dials.Add(1)
+	ct, st := mcp.NewInMemoryTransports()
+	ss, err := f.srv.Connect(ctx, st, nil)
+	if err != nil {
+		return nil, err
+	}
+	f.mu.Lock()
+	f.sessions = append(f.sessions, ss)
+	f.mu.Unlock()
+	return ct, nil
+}
+
+// crash ends the current server session, as a stdio server that dies does.
+func (f *fixture) crash() {
+	f.mu.Lock()
+	ss := f.sessions[len(f.sessions)-1]
+	f.mu.Unlock()
+	_ = ss.Close()
+}
+
+func quietLog() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+func start(t *testing.T, f *fixture, onChange func(context.Context) error) (*executor.Registry, *executor.Executor) {
+	t.Helper()
+	reg := executor.NewRegistry()
+	p, err := mcptools.New(reg, mcptools.Config{}, mcptools.Options{Logger: quietLog(), OnChange: onChange, MinBackoff: 10 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.AddServer("fx", f.dial)
+	if err := p.Start(eventstest.Context(t, 2*time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	return reg, executor.New(reg, executor.WithLogger(quietLog()))
+}
+
+func call(ctx context.Context, ex *executor.Executor, tool, args string) events.ToolResult {
+	return ex.Execute(ctx, events.ToolCall{CallID: "c1", Tool: tool, Arguments: args}, events.Principal{ID: "t"})
+}
+
+func TestCatalog(t *testing.T) {
+	reg, _ := start(t, newFixture(t), nil)
+	want := []string{"fx__add", "fx__bad_name_x", "fx__broken", "fx__echo", "fx__fail", "fx__picture", "fx__slow"}
+	if got := reg.Names(); strings.Join(got, ",") != strings.Join(want, ",") {
+		t.Fatalf("names = %v, want %v", got, want)
+	}
+	echo, _ := reg.Lookup("fx__echo")
+	if echo.Description != "Echoes text." || !echo.ReadOnly {
+		t.Errorf("echo = %+v: description and readOnlyHint not carried", echo)
+	}
+	var s struct {
+		Properties map[string]any `json:"properties"`
+	}
+	if err := json.Unmarshal(echo.InputSchema, &s); err != nil || s.Properties["text"] == nil {
+		t.Errorf("echo schema %s lacks the server's text property (%v)", echo.InputSchema, err)
+	}
+	if add, _ := reg.Lookup("fx__add"); add.ReadOnly {
+		t.Error("add has no readOnlyHint but is read-only")
+	}
+}
+
+func TestCall(t *testing.T) {
+	_, ex := start(t, newFixture(t), nil)
+	ctx := eventstest.Context(t, time.Minute)
+	tests := []struct {
+		name, tool, args string
+		status           events.Status
+		code             string
+		content          []string // substrings of what the model reads
+		output           string
+	}{
+		{name: "text", tool: "fx__echo", args: `{"text":"hi"}`, status: events.StatusSucceeded, content: []string{"echo: hi"}, output: `"echo: hi"`},
+		{name: "structured", tool: "fx__add", args: `{"a":2,"b":3}`, status: events.StatusSucceeded, content: []string{`"sum":5`}, output: `{"sum":5}`},
+		{name: "isError", tool: "fx__fail", args: `{}`, status: events.StatusFailed, code: events.CodeToolError, content: []string{"disk quota exceeded on /data"}},
+		{name: "media described", tool: "fx__picture", args: `{}`, status: events.StatusSucceeded,
+			content: []string{"here it is", "[image: image/png, 5 bytes]", "[resource link: a.txt <file:///tmp/a.txt>]", "[resource mem://b]", "inner text"}},
+		{name: "schema from server", tool: "fx__echo", args: `{"text":1}`, status: events.StatusRejected, code: events.CodeInvalidArguments},
+		{name: "protocol error", tool: "fx__broken", args: `{}`, status: events.StatusFailed, code: mcptools.CodeProtocol, content: []string{"handler exploded", `"retryable":true`}},
+		{name: "renamed tool", tool: "fx__bad_name_x", args: `{}`, status: events.StatusSucceeded, content: []string{"odd"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			res := call(ctx, ex, tc.tool, tc.args)
+			if res.Status != tc.status || res.Code() != tc.code {
+				t.Fatalf("status %s code %q, want %s %q: %+v", res.Status, res.Code(), tc.status, tc.code, res)
+			}
+			for _, c := range tc.content {
+				if !strings.Contains(res.Content, c) {
+					t.Errorf("content %q lacks %q", res.Content, c)
+				}
+			}
+			if tc.output != "" && string(res.Output) != tc.output {
+				t.Errorf("output %s, want %s", res.Output, tc.output)
+			}
+		})
+	}
+}
+
+func TestTimeoutAndCancellationReachTheServer(t *testing.T) {
+	f := newFixture(t)
+	_, ex := start(t, f, nil)
+	t.Run("deadline", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(eventstest.Context(t, time.Minute), 300*time.Millisecond)
+		defer cancel()
+		res := call(ctx, ex, "fx__slow", `{}`)
+		if res.Status != events.StatusTimedOut {
+			t.Fatalf("status %s, want timed_out: %+v", res.Status, res)
+		}
+		waitFor(t, f.started, "the call never reached the server")
+		waitFor(t, f.cancelled, "the server never saw the call cancelled after its deadline")
+	})
+	t.Run("cancel", func(t *testing.T) {
+		ctx, cancel := context.WithCancel(eventstest.Context(t, time.Minute))
+		done := make(chan events.ToolResult, 1)
+		go func() { done <- call(ctx, ex, "fx__slow", `{}`) }()
+		waitFor(t, f.started, "the call never reached the server")
+		cancel()
+		res := <-done
+		if res.Status != events.StatusCancelled {
+			t.Fatalf("status %s, want cancelled: %+v", res.Status, res)
+		}
+		waitFor(t, f.cancelled, "the server never saw notifications/cancelled")
+	})
+}
+
+func waitFor(t *testing.T, ch chan string, msg string) {
+	t.Helper()
+	select {
+	case <-ch:
+	case <-time.After(30 * time.Second):
+		t.Fatal(msg)
+	}
+}
+
+func TestListChanged(t *testing.T) {
+	f := newFixture(t)
+	var changes atomic.Int32
+	reg, ex := start(t, f, func(context.Context) error { changes.Add(1); return nil })
+	f.srv.AddTool(&mcp.Tool{Name: "late", Description: "Added later.", InputSchema: schema("")},
+		func(context.Context, *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+			return textResult("late result"), nil
+		})
+	eventstest.Eventually(t, 30*time.Second, func() error {
+		if _, ok := reg.Lookup("fx__late"); !ok {
+			return errors.New("fx__late not registered yet")
+		}
+		return nil
+	})
+	if res := call(eventstest.Context(t, time.Minute), ex, "fx__late", `{}`); res.Content != "late result" {
+		t.Fatalf("late tool: %+v", res)
+	}
+	f.srv.RemoveTools("echo")
+	eventstest.Eventually(t, 30*time.Second, func() error {
+		if _, ok := reg.Lookup("fx__echo"); ok {
+			return errors.New("fx__echo still registered")
+		}
+		return nil
+	})
+	if changes.Load() < 2 {
+		t.Errorf("OnChange called %d times, want at least 2", changes.Load())
+	}
+}
+
+func TestCrashAndRestart(t *testing.T) {
+	f := newFixture(t)
+	_, ex := start(t, f, nil)
+	ctx := eventstest.Context(t, time.Minute)
+	done := make(chan events.ToolResult, 1)
+	go func() { done <- call(ctx, ex, "fx__slow", `{}`) }()
+	waitFor(t, f.started, "the call never reached the server")
+	f.crash()
+	res := <-done
+	if res.Status != events.StatusFailed || res.Code() != mcptools.CodeUnavailable || res.Error == nil || !res.Error.Retryable {
+		t.Fatalf("call in flight during the crash: %+v, want a retryable %s failure", res, mcptools.CodeUnavailable)
+	}
+	// Later calls work again once the provider reconnected.
+	eventstest.Eventually(t, 30*time.Second, func() error {
+		if res := call(ctx, ex, "fx__echo", `{"text":"again"}`); res.Status != events.StatusSucceeded {
+			return fmt.Errorf("after restart: %+v", res)
+		}
+		return nil
+	})
+	if n := f.dials.Load(); n < 2 {
+		t.Fatalf("dialled %d times, want a reconnection", n)
+	}
+}
+
+func TestLoadConfig(t *testing.T) {
+	tests := []struct {
+		name, body string
+		ok         bool
+	}{
+		{"stdio and http", `{"mcpServers":{"fs":{"command":"npx","args":["-y","x"],"env":{"A":"1"}},"web":{"url":"http://127.0.0.1:1/mcp","headers":{"Authorization":"Bearer t"}}}}`, true},
+		{"neither", `{"mcpServers":{"x":{}}}`, false},
+		{"both", `{"mcpServers":{"x":{"command":"a","url":"http://b"}}}`, false},
+		{"not json", `{`, false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			path := t.TempDir() + "/mcp.json"
+			if err := writeFile(path, tc.body); err != nil {
+				t.Fatal(err)
+			}
+			c, err := mcptools.LoadConfig(path)
+			if tc.ok != (err == nil) {
+				t.Fatalf("err = %v, want ok=%v", err, tc.ok)
+			}
+			if !tc.ok && !errors.Is(err, mcptools.ErrConfig) {
+				t.Errorf("err %v does not wrap ErrConfig", err)
+			}
+			if tc.ok && c.MCPServers["fs"].Args[1] != "x" {
+				t.Errorf("config %+v", c)
+			}
+		})
+	}
+}

@@ -1,0 +1,242 @@
+// Package telemetry exposes what toolbus workers do to operators: Prometheus metrics,
+// /healthz and /readyz on one HTTP address.
+//
+// The worker packages do not import it: each defines the small Metrics interface it
+// calls (executor.Metrics, planner.Metrics, injector.Metrics) and events defines
+// ServeObserver; *Metrics implements all of them, and cmd/toolbus wires it in.
+package telemetry
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/toolbus/toolbus/events"
+)
+
+// Metric names exported by toolbus. The dashboard test checks that deploy/grafana only
+// queries these (and the series Prometheus derives from them).
+const (
+	MetricToolCalls        = "toolbus_tool_calls_total"
+	MetricToolCallDuration = "toolbus_tool_call_duration_seconds"
+	MetricToolInFlight     = "toolbus_tool_calls_in_flight"
+	MetricQueuePending     = "toolbus_tool_queue_pending"
+	MetricQueueAckPending  = "toolbus_tool_queue_ack_pending"
+	MetricStepJoin         = "toolbus_step_join_duration_seconds"
+	MetricModelDuration    = "toolbus_model_call_duration_seconds"
+	MetricModelErrors      = "toolbus_model_call_errors_total"
+	MetricModelTokens      = "toolbus_model_tokens_total"
+	MetricRunsEnded        = "toolbus_runs_ended_total"
+	MetricRedeliveries     = "toolbus_redeliveries_total"
+	MetricPoison           = "toolbus_poison_terminated_total"
+	MetricReady            = "toolbus_ready"
+)
+
+// Metrics holds the collectors of one process; every role of the process shares it.
+// Its methods implement executor.Metrics, planner.Metrics, injector.Metrics and, through
+// Observer, events.ServeObserver.
+type Metrics struct {
+	reg *prometheus.Registry
+
+	calls     *prometheus.CounterVec
+	duration  *prometheus.HistogramVec
+	inflight  *prometheus.GaugeVec
+	join      prometheus.Histogram
+	modelDur  *prometheus.HistogramVec
+	modelErrs *prometheus.CounterVec
+	tokens    *prometheus.CounterVec
+	runs      *prometheus.CounterVec
+	redeliver *prometheus.CounterVec
+	poison    *prometheus.CounterVec
+
+	mu     sync.Mutex
+	roles  map[string]int // role -> consume loops serving
+	ready  *prometheus.GaugeVec
+	queues *queueCollector
+}
+
+// New returns the metrics of a process, registered with a registry of their own that
+// also holds the Go runtime and process collectors.
+func New() *Metrics {
+	reg := prometheus.NewRegistry()
+	m := &Metrics{
+		reg: reg,
+		calls: prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricToolCalls,
+			Help: "Tool calls finished by executors (results published), by tool, status and error code."},
+			[]string{"tool", "status", "code"}),
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: MetricToolCallDuration,
+			Help:    "Time tools ran, by tool (calls refused without running are not counted).",
+			Buckets: []float64{.001, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300}},
+			[]string{"tool"}),
+		inflight: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: MetricToolInFlight,
+			Help: "Tool calls running in this process, by tool."}, []string{"tool"}),
+		join: prometheus.NewHistogram(prometheus.HistogramOpts{Name: MetricStepJoin,
+			Help:    "Time the injector took to join a batch of results into a step's record and settle the step.",
+			Buckets: prometheus.ExponentialBuckets(.0005, 2, 16)}),
+		modelDur: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: MetricModelDuration,
+			Help:    "Model call latency, by the run's model (failed calls included).",
+			Buckets: []float64{.01, .05, .1, .25, .5, 1, 2, 5, 10, 20, 30, 60, 120}},
+			[]string{"model"}),
+		modelErrs: prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricModelErrors,
+			Help: "Model calls that failed, by model."}, []string{"model"}),
+		tokens: prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricModelTokens,
+			Help: "Tokens reported by model calls, by model and type (input, output)."}, []string{"model", "type"}),
+		runs: prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricRunsEnded,
+			Help: "Runs ended by this process, by outcome and code."}, []string{"outcome", "code"}),
+		redeliver: prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricRedeliveries,
+			Help: "Messages handled on a second or later delivery, by consumer."}, []string{"consumer"}),
+		poison: prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricPoison,
+			Help: "Poison messages terminated (never redelivered), by consumer."}, []string{"consumer"}),
+		ready: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: MetricReady,
+			Help: "1 when the role's consumers are bound and consuming, else 0."}, []string{"role"}),
+		roles: map[string]int{},
+	}
+	reg.MustRegister(m.calls, m.duration, m.inflight, m.join, m.modelDur, m.modelErrs, m.tokens, m.runs,
+		m.redeliver, m.poison, m.ready,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}
+
+// Registry is the registry the metrics are in (to serve or gather them).
+func (m *Metrics) Registry() *prometheus.Registry { return m.reg }
+
+// CallStarted implements executor.Metrics.
+func (m *Metrics) CallStarted(tool string) { m.inflight.WithLabelValues(tool).Inc() }
+
+// CallStopped implements executor.Metrics.
+func (m *Metrics) CallStopped(tool string) { m.inflight.WithLabelValues(tool).Dec() }
+
+// CallFinished implements executor.Metrics.
+func (m *Metrics) CallFinished(tool, status, code string, d time.Duration, ran bool) {
+	m.calls.WithLabelValues(tool, status, code).Inc()
+	if ran {
+		m.duration.WithLabelValues(tool).Observe(d.Seconds())
+	}
+}
+
+// ModelCalled implements planner.Metrics.
+func (m *Metrics) ModelCalled(model string, d time.Duration, u events.Usage, err error) {
+	if model == "" {
+		model = "default"
+	}
+	m.modelDur.WithLabelValues(model).Observe(d.Seconds())
+	if err != nil {
+		m.modelErrs.WithLabelValues(model).Inc()
+		return
+	}
+	m.tokens.WithLabelValues(model, "input").Add(float64(u.InputTokens))
+	m.tokens.WithLabelValues(model, "output").Add(float64(u.OutputTokens))
+}
+
+// StepJoined implements injector.Metrics.
+func (m *Metrics) StepJoined(d time.Duration) { m.join.Observe(d.Seconds()) }
+
+// RunEnded implements planner.Metrics and injector.Metrics.
+func (m *Metrics) RunEnded(outcome, code string) { m.runs.WithLabelValues(outcome, code).Inc() }
+
+// Observer returns the events.ServeObserver of a role's consume loops: it counts
+// redeliveries and poison messages and makes the role ready while its loops serve.
+// Registering a role makes /readyz wait for it.
+func (m *Metrics) Observer(role string) events.ServeObserver {
+	m.mu.Lock()
+	if _, ok := m.roles[role]; !ok {
+		m.roles[role] = 0
+		m.ready.WithLabelValues(role).Set(0)
+	}
+	m.mu.Unlock()
+	return &observer{m: m, role: role}
+}
+
+// Ready reports whether every registered role has a consume loop serving, with the
+// roles that do not.
+func (m *Metrics) Ready() (bool, []string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var notReady []string
+	for role, n := range m.roles {
+		if n <= 0 {
+			notReady = append(notReady, role)
+		}
+	}
+	return len(m.roles) > 0 && len(notReady) == 0, notReady
+}
+
+type observer struct {
+	m    *Metrics
+	role string
+}
+
+func (o *observer) Serving([]string) { o.add(1) }
+func (o *observer) Stopped([]string) { o.add(-1) }
+
+func (o *observer) add(d int) {
+	o.m.mu.Lock()
+	o.m.roles[o.role] += d
+	v := 0.0
+	if o.m.roles[o.role] > 0 {
+		v = 1
+	}
+	o.m.mu.Unlock()
+	o.m.ready.WithLabelValues(o.role).Set(v)
+}
+
+func (o *observer) Redelivered(consumer string) { o.m.redeliver.WithLabelValues(consumer).Inc() }
+func (o *observer) Terminated(consumer string)  { o.m.poison.WithLabelValues(consumer).Inc() }
+
+// WatchQueues adds the pending calls of every tool queue in the catalog, read from the
+// queues' consumer info on each scrape (bounded by timeout, default 2s). A scrape during
+// a bus outage reports no queue series rather than stale ones.
+func (m *Metrics) WatchQueues(bus *events.Bus, timeout time.Duration, log *slog.Logger) {
+	if timeout <= 0 {
+		timeout = 2 * time.Second
+	}
+	if log == nil {
+		log = slog.Default()
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.queues != nil {
+		return
+	}
+	m.queues = &queueCollector{bus: bus, timeout: timeout, log: log,
+		pending: prometheus.NewDesc(MetricQueuePending,
+			"Calls waiting in a tool's queue (consumer tool_<tool>), not yet delivered to an executor.", []string{"tool"}, nil),
+		ackPending: prometheus.NewDesc(MetricQueueAckPending,
+			"Calls of a tool's queue delivered to an executor and not yet acknowledged.", []string{"tool"}, nil),
+	}
+	m.reg.MustRegister(m.queues)
+}
+
+type queueCollector struct {
+	bus                 *events.Bus
+	timeout             time.Duration
+	log                 *slog.Logger
+	pending, ackPending *prometheus.Desc
+}
+
+func (c *queueCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.pending
+	ch <- c.ackPending
+}
+
+func (c *queueCollector) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
+	defer cancel()
+	contracts, err := c.bus.Contracts(ctx)
+	if err != nil {
+		c.log.Debug("metrics: tool catalog unreadable", "error", err)
+		return
+	}
+	for _, tc := range contracts {
+		q, err := c.bus.ToolQueueInfo(ctx, tc.Name)
+		if err != nil {
+			continue // no queue yet (no executor ever served it) or the bus is away
+		}
+		ch <- prometheus.MustNewConstMetric(c.pending, prometheus.GaugeValue, float64(q.Pending), tc.Name)
+		ch <- prometheus.MustNewConstMetric(c.ackPending, prometheus.GaugeValue, float64(q.InFlight), tc.Name)
+	}
+}
