@@ -38,6 +38,8 @@ type Config struct {
 	AckWait       time.Duration `envconfig:"ACK_WAIT" default:"30s" desc:"redelivery delay of a call, step or result whose worker died (live workers send heartbeats)"`
 	MaxDeliver    int           `envconfig:"MAX_DELIVER" default:"5" desc:"deliveries of one call before it is reported as tool_internal_error"`
 
+	// Record is read by newModel (TOOLBUS_RECORD); the field makes `toolbus env` list it.
+	Record   string `envconfig:"RECORD" desc:"append every model exchange to this JSONL cassette (replay it with TOOLBUS_MODEL=replay:<file>)"`
 	Model    string `envconfig:"MODEL" default:"script:incident" desc:"model: script:incident, replay:<file>, openai:<model>, openai-responses:<model>, anthropic:<model>"`
 	MaxSteps int    `envconfig:"MAX_STEPS" default:"10" desc:"default step limit of a run"`
 	// MaxCallsPerStep caps the calls of one step that run; the rest are rejected (too_many_calls).
@@ -51,6 +53,9 @@ type Config struct {
 	// process; empty serves nothing.
 	MetricsAddr string `envconfig:"METRICS_ADDR" desc:"address (host:port) of /metrics, /healthz and /readyz for the roles of this process; empty: none"`
 
+	ConsoleAddr  string `envconfig:"CONSOLE_ADDR" desc:"web console address (host:port) of toolbus console, and of toolbus up when set"`
+	ConsoleToken string `envconfig:"CONSOLE_TOKEN" desc:"token that approve, deny and cancel in the web console need (unset: the console is read-only)"`
+
 	LogLevel  string `envconfig:"LOG_LEVEL" default:"info" desc:"debug, info, warn or error"`
 	LogFormat string `envconfig:"LOG_FORMAT" default:"text" desc:"text or json"`
 }
@@ -61,6 +66,21 @@ func loadConfig() (Config, error) {
 	var c Config
 	if err := envconfig.Process(envPrefix, &c); err != nil {
 		return c, fmt.Errorf("config: %w", err)
+	}
+	// Empty (TOOLBUS_LOG_LEVEL= set but empty) means the default.
+	switch strings.ToLower(strings.TrimSpace(c.LogLevel)) {
+	case "":
+		c.LogLevel = "info"
+	case "debug", "info", "warn", "error":
+	default:
+		return c, fmt.Errorf("config: TOOLBUS_LOG_LEVEL %q: want debug, info, warn or error", c.LogLevel)
+	}
+	switch strings.ToLower(strings.TrimSpace(c.LogFormat)) {
+	case "":
+		c.LogFormat = "text"
+	case "text", "json":
+	default:
+		return c, fmt.Errorf("config: TOOLBUS_LOG_FORMAT %q: want text or json", c.LogFormat)
 	}
 	if c.Instance == "" {
 		h, _ := os.Hostname()
@@ -82,7 +102,7 @@ func (c Config) syncAlways() (bool, error) {
 
 func (c Config) logger() *slog.Logger {
 	var lvl slog.Level
-	if err := lvl.UnmarshalText([]byte(c.LogLevel)); err != nil {
+	if err := lvl.UnmarshalText([]byte(strings.TrimSpace(c.LogLevel))); err != nil {
 		lvl = slog.LevelInfo
 	}
 	opts := &slog.HandlerOptions{Level: lvl}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -88,6 +89,23 @@ func openBus(ctx context.Context, cfg Config, log *slog.Logger, embed bool) (*co
 		return nil, err
 	}
 	return c, nil
+}
+
+// errNoStore: a read-only command found neither TOOLBUS_NATS_URL nor a local store.
+var errNoStore = errors.New("nothing to read")
+
+// openReader opens the bus for a command that only reads (runs, tools, replay, console):
+// TOOLBUS_NATS_URL, else the local store of the embedded server, which must exist: a
+// read-only command never creates ./data.
+func openReader(ctx context.Context, cfg Config, log *slog.Logger) (*conn, error) {
+	if cfg.URL == "" {
+		store := filepath.Join(cfg.DataDir, "jetstream")
+		if _, err := os.Stat(store); err != nil {
+			return nil, &exitError{code: 1, msg: fmt.Sprintf("%v: TOOLBUS_NATS_URL is not set and there is no local store in %s (start toolbus up, or set TOOLBUS_NATS_URL)",
+				errNoStore, store)}
+		}
+	}
+	return openBus(ctx, cfg, log, true)
 }
 
 // durabilityName names the mode a server runs in, for logs.

@@ -8,6 +8,7 @@
 //	toolbus approve|deny|cancel     decide a call waiting for approval, cancel a run
 //	toolbus runs|tail|replay        list runs, follow events live, audit a run
 //	toolbus tools                   list the tool catalog and who serves each tool
+//	toolbus console                 web console at TOOLBUS_CONSOLE_ADDR
 //	toolbus env                     print the configuration variables
 package main
 
@@ -18,15 +19,78 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"syscall"
-
-	"github.com/kelseyhightower/envconfig"
 )
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	os.Exit(run(ctx, os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// commandHelp is the help of the commands that take no flags nor arguments.
+var commandHelp = map[string]string{
+	"up": `usage: toolbus up
+  run an embedded JetStream server (or use TOOLBUS_NATS_URL) and the planner, executor and
+  injector in this process; with TOOLBUS_CONSOLE_ADDR set it serves the web console too.
+  Settings come from TOOLBUS_* variables: toolbus env lists them.
+`,
+	"planner":  roleHelp("planner", "consumes model.requested, calls the model (TOOLBUS_MODEL), publishes model.responded and the tool calls"),
+	"executor": roleHelp("executor", "runs the tool calls of its tools (TOOLBUS_TOOLS, TOOLBUS_EXECUTOR_TOOLS) and publishes their results"),
+	"injector": roleHelp("injector", "joins each step's results in call order and publishes the next model request or the run's outcome"),
+	"console": `usage: toolbus console
+  serve the web console at TOOLBUS_CONSOLE_ADDR (host:port): runs, their timelines, calls and
+  transcripts, live. Approve, deny and cancel need TOOLBUS_CONSOLE_TOKEN (read-only without it).
+  Reads TOOLBUS_NATS_URL, else the local store of the embedded server (TOOLBUS_DATA_DIR).
+`,
+	"env": `usage: toolbus env
+  list every TOOLBUS_* configuration variable with its default and what it does.
+`,
+}
+
+func roleHelp(role, what string) string {
+	return fmt.Sprintf(`usage: toolbus %s
+  run the %s role against TOOLBUS_NATS_URL (set up by toolbus init): it %s.
+  Settings come from TOOLBUS_* variables: toolbus env lists them.
+`, role, role, what)
+}
+
+// isHelp reports whether arg asks for help.
+func isHelp(arg string) bool { return arg == "-h" || arg == "-help" || arg == "--help" }
+
+// wantsHelp reports whether a command's arguments ask for help (before any "--").
+func wantsHelp(args []string) bool {
+	for _, a := range args {
+		if a == "--" {
+			return false
+		}
+		if isHelp(a) {
+			return true
+		}
+	}
+	return false
+}
+
+// version is the module version of the binary and its VCS revision, when known.
+func version() string {
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return "unknown"
+	}
+	v := bi.Main.Version
+	if v == "" {
+		v = "(devel)"
+	}
+	for _, s := range bi.Settings {
+		if s.Key == "vcs.revision" && len(s.Value) >= 12 {
+			v += " " + s.Value[:12]
+		}
+		if s.Key == "vcs.modified" && s.Value == "true" {
+			v += "+dirty"
+		}
+	}
+	return v + " " + bi.GoVersion
 }
 
 // exitError carries a specific exit code.
@@ -62,18 +126,43 @@ commands:
                            follow events live (new ones; --all from the start)
   replay <run> [--json]    audit a run from the stream: timeline, transcript, invariants
                            (exit 1 when an invariant is broken)
+  console                  serve the web console at TOOLBUS_CONSOLE_ADDR (actions need
+                           TOOLBUS_CONSOLE_TOKEN; read-only without it)
   bench [flags]            measure toolbus beside raw JetStream and an in-process loop
   env                      list the TOOLBUS_* configuration variables
+  version                  print the version (also --version)
+
+Every command takes -h or --help.
 `
 
 // run is main without the process: tests call it.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+	if len(args) == 0 {
 		fmt.Fprint(stderr, usage)
-		if len(args) == 0 {
-			return 2
-		}
+		return 2
+	}
+	if isHelp(args[0]) || args[0] == "help" {
+		fmt.Fprint(stdout, usage) // asked for: the answer goes to stdout, exit 0
 		return 0
+	}
+	if args[0] == "version" || args[0] == "--version" || args[0] == "-version" {
+		fmt.Fprintln(stdout, "toolbus", version())
+		return 0
+	}
+	// Commands without flags take no arguments: --help prints what they do (and never
+	// starts a server or connects), anything else is refused.
+	if help, ok := commandHelp[args[0]]; ok && len(args) > 1 {
+		if len(args) == 2 && isHelp(args[1]) {
+			fmt.Fprint(stdout, help)
+			return 0
+		}
+		fmt.Fprintf(stderr, "toolbus %s: unexpected argument %q\n%s", args[0], args[1], help)
+		return 2
+	}
+	if wantsHelp(args[1:]) {
+		// The flag package prints a command's usage to its output: asked for, that is
+		// stdout (flagError makes -h exit 0).
+		stderr = stdout
 	}
 	cfg, err := loadConfig()
 	if err != nil {
@@ -90,7 +179,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	case "planner", "executor", "injector":
 		err = cmdRole(ctx, cfg, log, cmd)
 	case "run":
-		err = cmdRun(ctx, cfg, log, rest, stdout)
+		err = cmdRun(ctx, cfg, log, rest, stdout, stderr)
 	case "approve", "deny":
 		err = cmdDecide(ctx, cfg, log, rest, stdout, stderr, cmd == "approve")
 	case "cancel":
@@ -103,10 +192,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		err = cmdTail(ctx, cfg, log, rest, stdout, stderr)
 	case "replay":
 		err = cmdReplay(ctx, cfg, log, rest, stdout, stderr)
+	case "console":
+		err = cmdConsole(ctx, cfg, log)
 	case "bench":
 		err = cmdBench(ctx, rest, stdout)
 	case "env":
-		err = envconfig.Usagef(envPrefix, &cfg, stdout, envconfig.DefaultTableFormat)
+		err = cmdEnv(cfg, stdout)
 	default:
 		fmt.Fprintf(stderr, "toolbus: unknown command %q\n\n%s", cmd, usage)
 		return 2

@@ -259,7 +259,10 @@ func cmdRuns(ctx context.Context, cfg Config, log *slog.Logger, args []string, o
 	if len(pos) != 0 {
 		return usageError(fs, "runs: no arguments expected")
 	}
-	c, err := openBus(ctx, cfg, quietLogger(cfg, log), true)
+	if *status != "" && !validStatus(*status) {
+		return &exitError{code: 2, msg: fmt.Sprintf("runs: unknown status %q: want one of %s", *status, statusList())}
+	}
+	c, err := openReader(ctx, cfg, quietLogger(cfg, log))
 	if err != nil {
 		return err
 	}

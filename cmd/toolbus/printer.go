@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"io"
+	"sort"
 	"strings"
 
 	"github.com/nats-io/nats.go"
@@ -17,9 +18,60 @@ var errNatsTimeout = nats.ErrTimeout
 // printer renders a run's events as a human timeline.
 type printer struct {
 	out io.Writer
+	// last is the type of the last event printed, and open the calls of the current step
+	// without a result (call id -> tool): what the run waits for.
+	last string
+	open map[string]string
+	// model is the model the planner answered with, printed when it first shows.
+	model string
 }
 
-func newPrinter(out io.Writer) *printer { return &printer{out: out} }
+func newPrinter(out io.Writer) *printer { return &printer{out: out, open: map[string]string{}} }
+
+// waitingFor says what the run waits for after the last event printed, and the durable
+// consumers whose workers would serve it.
+func (p *printer) waitingFor() (string, []string) {
+	switch p.last {
+	case "", events.TypeRunStarted, events.TypeToolFinished:
+		return "the injector", []string{events.ConsumerInjector + "-started", events.ConsumerInjector}
+	case events.TypeModelRequested:
+		return "the planner (the model's answer)", []string{events.ConsumerPlanner}
+	case events.TypeModelResponded, events.TypeToolRequested:
+		seen := map[string]bool{}
+		var tools, cons []string
+		for _, tool := range p.open {
+			if !seen[tool] {
+				seen[tool] = true
+				tools = append(tools, tool)
+			}
+		}
+		sort.Strings(tools)
+		for _, tool := range tools {
+			cons = append(cons, events.ToolConsumer(tool))
+		}
+		if len(tools) == 0 {
+			return "the injector", []string{events.ConsumerInjector}
+		}
+		return "an executor of " + strings.Join(tools, ", "), cons
+	}
+	return "the next event", nil
+}
+
+// resultLine renders one tool result of the timeline.
+func resultLine(r events.ToolResult) string {
+	line := fmt.Sprintf("        <- %s %s: %s", r.CallID, r.Tool, r.Status)
+	if r.Error != nil {
+		if r.Error.Code != string(r.Status) { // not "cancelled cancelled"
+			line += " " + r.Error.Code
+		}
+		line += " (" + oneLine(r.Error.Message, 80) + ")"
+	}
+	line += fmt.Sprintf(" in %d ms on %s", r.DurationMS, r.Executor)
+	if r.Truncated != nil {
+		line += fmt.Sprintf(" [content truncated %d -> %d bytes]", r.Truncated.OriginalBytes, r.Truncated.KeptBytes)
+	}
+	return line
+}
 
 // print renders one event; it reports the run status and whether the run stopped.
 func (p *printer) print(msg jetstream.Msg) (events.RunStatus, bool) {
@@ -28,6 +80,7 @@ func (p *printer) print(msg jetstream.Msg) (events.RunStatus, bool) {
 		fmt.Fprintf(p.out, "  ? undecodable message on %s: %v\n", msg.Subject(), err)
 		return "", false
 	}
+	p.last = meta.Type
 	switch meta.Type {
 	case events.TypeRunStarted:
 		var rs events.RunStarted
@@ -38,11 +91,21 @@ func (p *printer) print(msg jetstream.Msg) (events.RunStatus, bool) {
 					q = m.Content
 				}
 			}
-			fmt.Fprintf(p.out, "run %s started: %q (model %s)\n", rs.RunID, q, rs.Model)
+			// rs.Model is what this client's TOOLBUS_MODEL asked for; the planner answers
+			// with its own model, which its first answer names.
+			fmt.Fprintf(p.out, "run %s started: %q\n", rs.RunID, q)
 		}
 	case events.TypeModelResponded:
 		var mr events.ModelResponded
 		if _, err := events.DecodeMsg(msg, &mr); err == nil {
+			if mr.Model != "" && mr.Model != p.model {
+				p.model = mr.Model
+				fmt.Fprintf(p.out, "model %s (the planner's)\n", mr.Model)
+			}
+			clear(p.open)
+			for _, c := range mr.Message.ToolCalls {
+				p.open[c.CallID] = c.Tool
+			}
 			text := oneLine(mr.Message.Content, 100)
 			if len(mr.Message.ToolCalls) == 0 {
 				fmt.Fprintf(p.out, "step %d  model answered (%d ms)\n", mr.Step, mr.LatencyMS)
@@ -60,16 +123,8 @@ func (p *printer) print(msg jetstream.Msg) (events.RunStatus, bool) {
 	case events.TypeToolFinished:
 		var tf events.ToolFinished
 		if _, err := events.DecodeMsg(msg, &tf); err == nil {
-			r := tf.ToolResult
-			line := fmt.Sprintf("        <- %s %s: %s", r.CallID, r.Tool, r.Status)
-			if r.Error != nil {
-				line += " " + r.Error.Code + " (" + oneLine(r.Error.Message, 80) + ")"
-			}
-			line += fmt.Sprintf(" in %d ms on %s", r.DurationMS, r.Executor)
-			if r.Truncated != nil {
-				line += fmt.Sprintf(" [content truncated %d -> %d bytes]", r.Truncated.OriginalBytes, r.Truncated.KeptBytes)
-			}
-			fmt.Fprintln(p.out, line)
+			delete(p.open, tf.CallID)
+			fmt.Fprintln(p.out, resultLine(tf.ToolResult))
 		}
 	case events.TypeToolWaiting:
 		var tw events.ToolWaiting

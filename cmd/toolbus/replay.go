@@ -614,7 +614,8 @@ func writeReplay(w io.Writer, r *replayReport) {
 				results++
 			}
 		}
-		fmt.Fprintf(w, "invariants: ok (%d calls, %d results, one result per call, in call order, no orphan, terminal state consistent)\n", len(r.Calls), results)
+		fmt.Fprintf(w, "invariants: ok (%s, %s, one result per call, in call order, no orphan, terminal state consistent)\n",
+			plural(len(r.Calls), "call"), plural(results, "result"))
 		return
 	}
 	fmt.Fprintf(w, "invariants: %d violation(s)\n", len(r.Violations))
@@ -625,6 +626,14 @@ func writeReplay(w io.Writer, r *replayReport) {
 		}
 		fmt.Fprintf(w, "  %s%s: %s\n", v.Code, where, v.Message)
 	}
+}
+
+// plural counts things in English: 1 call, 2 calls.
+func plural(n int, thing string) string {
+	if n == 1 {
+		return "1 " + thing
+	}
+	return fmt.Sprintf("%d %ss", n, thing)
 }
 
 // writeJSON prints v as indented JSON, with <, > and & as they are.
@@ -693,7 +702,7 @@ func cmdReplay(ctx context.Context, cfg Config, log *slog.Logger, args []string,
 	if !events.ValidRunID(run) {
 		return &exitError{code: 2, msg: fmt.Sprintf("replay: invalid run id %q", run)}
 	}
-	c, err := openBus(ctx, cfg, quietLogger(cfg, log), true)
+	c, err := openReader(ctx, cfg, quietLogger(cfg, log))
 	if err != nil {
 		return err
 	}

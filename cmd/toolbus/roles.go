@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/sourcegraph/conc"
@@ -61,7 +62,7 @@ func runRoles(ctx context.Context, cfg Config, bus *events.Bus, log *slog.Logger
 		r := roles[name]
 		wg.Go(func() {
 			if err := r(ctx, cfg, bus, log, tel); err != nil {
-				errs <- fmt.Errorf("%s: %w", name, err)
+				errs <- roleError(name, err)
 				cancel()
 			}
 		})
@@ -69,6 +70,14 @@ func runRoles(ctx context.Context, cfg Config, bus *events.Bus, log *slog.Logger
 	wg.Wait()
 	close(errs)
 	return <-errs
+}
+
+// roleError names the role that failed, once: not "planner: planner: ...".
+func roleError(name string, err error) error {
+	if strings.HasPrefix(err.Error(), name+":") {
+		return err
+	}
+	return fmt.Errorf("%s: %w", name, err)
 }
 
 func newRegistry(cfg Config) (*executor.Registry, error) {

@@ -5,11 +5,11 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
 	"os"
+	"sort"
 	"strings"
 	"time"
 
@@ -20,9 +20,8 @@ import (
 
 // cmdRun submits a run and prints its events live until it ends. With no
 // TOOLBUS_NATS_URL it runs the whole pipeline in this process on an embedded server.
-func cmdRun(ctx context.Context, cfg Config, log *slog.Logger, args []string, out io.Writer) error {
-	fs := flag.NewFlagSet("run", flag.ContinueOnError)
-	fs.SetOutput(out)
+func cmdRun(ctx context.Context, cfg Config, log *slog.Logger, args []string, out, errOut io.Writer) error {
+	fs := newFlagSet("run", `run [flags] "question"   (flags may come before or after the question; -- ends them)`, errOut)
 	runID := fs.String("id", "", "run id (default: random)")
 	system := fs.String("system", "You are an on-call assistant. Use the tools to check facts before answering.", "system message")
 	tools := fs.String("tools", "", "comma-separated allowed tools (default: all)")
@@ -30,10 +29,13 @@ func cmdRun(ctx context.Context, cfg Config, log *slog.Logger, args []string, ou
 	timeout := fs.Duration("timeout", cfg.RunTimeout, "run deadline from now")
 	budget := fs.Int64("token-budget", cfg.TokenBudget, "token budget (0: none)")
 	principal := fs.String("principal", "cli", "principal the run acts for")
-	if err := fs.Parse(args); err != nil {
-		return &exitError{code: 2}
+	// Flags may follow the question (toolbus run "q" --max-steps 1): they are flags, not
+	// words of the question; a question that starts with "-" comes after "--".
+	pos, err := parseInterleaved(fs, args)
+	if err != nil {
+		return flagError(err)
 	}
-	question := strings.Join(fs.Args(), " ")
+	question := strings.Join(pos, " ")
 	if strings.TrimSpace(question) == "" {
 		return &exitError{code: 2, msg: `run: give the question, e.g. toolbus run "What is going on with INC-404?"`}
 	}
@@ -54,6 +56,13 @@ func cmdRun(ctx context.Context, cfg Config, log *slog.Logger, args []string, ou
 		}
 	}
 
+	if cfg.URL == "" {
+		// The in-process planner needs its model: say what is missing (an API key...)
+		// before anything starts, not that no executor published its tools.
+		if _, err := baseModel(cfg); err != nil {
+			return &exitError{code: 2, msg: fmt.Sprintf("run: model %s: %v", cfg.Model, err)}
+		}
+	}
 	if cfg.URL == "" && os.Getenv("TOOLBUS_LOG_LEVEL") == "" {
 		cfg.LogLevel = "warn" // the in-process workers stay quiet; the events tell the story
 		log = cfg.logger()
@@ -67,18 +76,22 @@ func cmdRun(ctx context.Context, cfg Config, log *slog.Logger, args []string, ou
 	workersDone := make(chan error, 1)
 	if c.srv != nil {
 		go func() { workersDone <- runRoles(wctx, cfg, c.bus, log, "executor", "planner", "injector") }()
-		if err := waitForCatalog(ctx, c.bus); err != nil {
+		if err := waitForCatalog(ctx, c.bus, workersDone); err != nil {
 			stopWorkers()
 			return err
 		}
 	}
+	workersStopped := false
 	defer func() {
 		stopWorkers()
-		if c.srv != nil {
+		if c.srv != nil && !workersStopped {
 			<-workersDone
 		}
 	}()
 
+	if err := checkAllowedTools(wctx, c.bus, rs.AllowedTools); err != nil {
+		return err
+	}
 	watch, err := c.bus.Reader().OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
 		FilterSubjects: []string{events.SubjectRun(*runID)}, DeliverPolicy: jetstream.DeliverAllPolicy,
 	})
@@ -93,6 +106,7 @@ func cmdRun(ctx context.Context, cfg Config, log *slog.Logger, args []string, ou
 		return err
 	}
 	p := newPrinter(out)
+	idleSince, hinted := time.Now(), false
 	for {
 		msg, err := watch.Next(jetstream.FetchMaxWait(time.Second))
 		if err != nil {
@@ -100,10 +114,26 @@ func cmdRun(ctx context.Context, cfg Config, log *slog.Logger, args []string, ou
 				return &exitError{code: 130, msg: "interrupted; the run goes on: toolbus cancel " + *runID}
 			}
 			if errors.Is(err, jetstream.ErrNoMessages) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, errNatsTimeout) {
+				if !hinted && time.Since(idleSince) >= waitHint {
+					hinted = true // once per silence
+					fmt.Fprintln(out, waitingHint(ctx, c.bus, p))
+				}
+				if c.srv != nil {
+					select {
+					case werr := <-workersDone: // the in-process workers stopped: nothing will answer
+						workersStopped = true
+						if werr == nil {
+							werr = errors.New("the workers stopped")
+						}
+						return fmt.Errorf("run: %w; the run goes on when workers serve it: toolbus tail %s", werr, *runID)
+					default:
+					}
+				}
 				continue
 			}
 			return fmt.Errorf("run: watch: %w", err)
 		}
+		idleSince, hinted = time.Now(), false
 		status, done := p.print(msg)
 		if done {
 			switch status {
@@ -118,6 +148,70 @@ func cmdRun(ctx context.Context, cfg Config, log *slog.Logger, args []string, ou
 	}
 }
 
+// checkAllowedTools refuses a --tools allowlist naming a tool no executor ever
+// published, listing the tools of the catalog (an empty catalog, before any executor
+// started, refuses nothing).
+func checkAllowedTools(ctx context.Context, bus *events.Bus, allowed []string) error {
+	if len(allowed) == 0 {
+		return nil
+	}
+	cat, err := bus.WatchCatalog(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("run: catalog: %w", err)
+	}
+	var known []string
+	for _, tc := range cat.Tools(nil) {
+		known = append(known, tc.Name)
+	}
+	if len(known) == 0 {
+		return nil
+	}
+	var unknown []string
+	for _, t := range allowed {
+		if _, ok := cat.Lookup(t); !ok {
+			unknown = append(unknown, t)
+		}
+	}
+	if len(unknown) > 0 {
+		sort.Strings(known)
+		return &exitError{code: 2, msg: fmt.Sprintf("run: --tools: no executor serves %s; the catalog has %s",
+			strings.Join(unknown, ", "), strings.Join(known, ", "))}
+	}
+	return nil
+}
+
+// waitHint is how long a run may be silent before `toolbus run` says what it waits for.
+var waitHint = 5 * time.Second
+
+// waitingHint says what a silent run waits for and warns when no worker consumes that
+// queue (no planner, no executor of a tool). Without the right to read consumers (least
+// privilege) it says what the run waits for only.
+func waitingHint(ctx context.Context, bus *events.Bus, p *printer) string {
+	what, consumers := p.waitingFor()
+	// A client without the right to read consumers gets no answer: do not hold the run.
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	line := "        (waiting for " + what
+	for _, name := range consumers {
+		cons, err := bus.Stream.Consumer(ctx, name)
+		if errors.Is(err, jetstream.ErrConsumerNotFound) {
+			line += fmt.Sprintf("; warning: queue %s does not exist, nothing serves it", name)
+			continue
+		}
+		if err != nil {
+			continue
+		}
+		info, err := cons.Info(ctx)
+		if err != nil {
+			continue
+		}
+		if info.NumWaiting == 0 && info.NumAckPending == 0 && !info.PushBound {
+			line += fmt.Sprintf("; warning: no worker consumes queue %s (%d message(s) pending): is one running?", name, info.NumPending)
+		}
+	}
+	return line + ")"
+}
+
 func newRunID() string {
 	b := make([]byte, 6)
 	_, _ = rand.Read(b)
@@ -126,7 +220,8 @@ func newRunID() string {
 
 // waitForCatalog waits until the in-process executor has published its tools, so the
 // first model request sees them.
-func waitForCatalog(ctx context.Context, bus *events.Bus) error {
+// A worker that fails meanwhile (workersDone) is the error, not the missing tools.
+func waitForCatalog(ctx context.Context, bus *events.Bus, workersDone <-chan error) error {
 	cat, err := bus.WatchCatalog(ctx, nil)
 	if err != nil {
 		return err
@@ -135,7 +230,16 @@ func waitForCatalog(ctx context.Context, bus *events.Bus) error {
 		if _, ok := cat.Lookup("noop"); ok || len(cat.Tools(nil)) > 0 {
 			return nil
 		}
-		time.Sleep(10 * time.Millisecond)
+		select {
+		case err := <-workersDone:
+			if err == nil {
+				err = errors.New("the workers stopped")
+			}
+			return fmt.Errorf("run: %w", err)
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(10 * time.Millisecond):
+		}
 	}
 	return errors.New("run: no executor published its tools")
 }

@@ -14,6 +14,25 @@ func cmdUp(ctx context.Context, cfg Config, log *slog.Logger) error {
 	}
 	defer c.Close()
 	log.Info("toolbus up", "instance", cfg.Instance, "stream", c.bus.Config().Stream)
+	if cfg.ConsoleAddr != "" {
+		// The console lives and dies with the workers.
+		ctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		consoleErr := make(chan error, 1)
+		go func() {
+			err := runConsole(ctx, cfg, c.bus, log)
+			if err != nil {
+				cancel() // a console that cannot serve stops up, as a role would
+			}
+			consoleErr <- err
+		}()
+		err := runRoles(ctx, cfg, c.bus, log, "executor", "planner", "injector")
+		cancel()
+		if cerr := <-consoleErr; err == nil {
+			err = cerr
+		}
+		return err
+	}
 	return runRoles(ctx, cfg, c.bus, log, "executor", "planner", "injector")
 }
 

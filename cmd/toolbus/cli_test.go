@@ -1,0 +1,309 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/eventstest"
+	"github.com/toolbus/toolbus/injector"
+	"github.com/toolbus/toolbus/planner"
+)
+
+// cli runs the command line in this process with a fresh data dir and no server.
+func cli(t *testing.T, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var out, errOut bytes.Buffer
+	code = run(ctx, args, &out, &errOut)
+	return code, out.String(), errOut.String()
+}
+
+// noServerEnv points toolbus at a data dir that does not exist, with no NATS URL.
+func noServerEnv(t *testing.T) string {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "data")
+	t.Setenv("TOOLBUS_DATA_DIR", dir)
+	t.Setenv("TOOLBUS_NATS_URL", "")
+	t.Setenv("TOOLBUS_LOG_LEVEL", "")
+	t.Setenv("TOOLBUS_LOG_FORMAT", "")
+	return dir
+}
+
+func wantNoDir(t *testing.T, dir string) {
+	t.Helper()
+	if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("%s was created (stat: %v)", dir, err)
+	}
+}
+
+// TestCLIHelpAndVersion: --help of every command answers on stdout with exit 0 and
+// never starts a server or connects; commands without arguments refuse extra ones.
+func TestCLIHelpAndVersion(t *testing.T) {
+	dir := noServerEnv(t)
+	cases := []struct {
+		args       []string
+		code       int
+		stdout     string // contained in stdout
+		stderr     string // contained in stderr
+		emptyErr   bool
+		emptyStdio bool
+	}{
+		{args: []string{"--help"}, stdout: "usage: toolbus <command>", emptyErr: true},
+		{args: []string{"help"}, stdout: "usage: toolbus <command>", emptyErr: true},
+		{args: nil, code: 2, stderr: "usage: toolbus <command>"},
+		{args: []string{"--version"}, stdout: "toolbus ", emptyErr: true},
+		{args: []string{"version"}, stdout: "toolbus ", emptyErr: true},
+		{args: []string{"up", "--help"}, stdout: "usage: toolbus up", emptyErr: true},
+		{args: []string{"up", "-h"}, stdout: "usage: toolbus up", emptyErr: true},
+		{args: []string{"planner", "--help"}, stdout: "usage: toolbus planner", emptyErr: true},
+		{args: []string{"executor", "--help"}, stdout: "usage: toolbus executor", emptyErr: true},
+		{args: []string{"injector", "--help"}, stdout: "usage: toolbus injector", emptyErr: true},
+		{args: []string{"console", "--help"}, stdout: "TOOLBUS_CONSOLE_TOKEN", emptyErr: true},
+		{args: []string{"env", "--help"}, stdout: "usage: toolbus env", emptyErr: true},
+		{args: []string{"run", "--help"}, stdout: "usage: toolbus run", emptyErr: true},
+		{args: []string{"approve", "--help"}, stdout: "usage: toolbus approve", emptyErr: true},
+		{args: []string{"runs", "-h"}, stdout: "usage: toolbus runs", emptyErr: true},
+		{args: []string{"replay", "x", "--help"}, stdout: "usage: toolbus replay", emptyErr: true},
+		{args: []string{"up", "now"}, code: 2, stderr: `toolbus up: unexpected argument "now"`},
+		{args: []string{"planner", "--verbose"}, code: 2, stderr: `toolbus planner: unexpected argument "--verbose"`},
+		{args: []string{"run", "--bogus", "q"}, code: 2, stderr: "flag provided but not defined: -bogus"},
+	}
+	for _, tc := range cases {
+		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
+			code, out, errOut := cli(t, tc.args...)
+			wantCode(t, strings.Join(tc.args, " "), code, tc.code, out, errOut)
+			if tc.stdout != "" {
+				wantContains(t, "stdout", out, tc.stdout)
+			}
+			if tc.stderr != "" {
+				wantContains(t, "stderr", errOut, tc.stderr)
+			}
+			if tc.emptyErr && errOut != "" {
+				t.Fatalf("help went to stderr:\n%s", errOut)
+			}
+			wantNoDir(t, dir)
+		})
+	}
+}
+
+// TestCLIRefusesBadValues: unknown log settings and statuses are refused with the valid
+// values, before anything connects.
+func TestCLIRefusesBadValues(t *testing.T) {
+	cases := []struct {
+		name string
+		env  map[string]string
+		args []string
+		want string
+	}{
+		{"log level", map[string]string{"TOOLBUS_LOG_LEVEL": "loud"}, []string{"runs"}, `TOOLBUS_LOG_LEVEL "loud": want debug, info, warn or error`},
+		{"log format", map[string]string{"TOOLBUS_LOG_FORMAT": "xml"}, []string{"runs"}, `TOOLBUS_LOG_FORMAT "xml": want text or json`},
+		{"runs status", nil, []string{"runs", "--status", "bogus"}, `unknown status "bogus": want one of running, waiting_for_approval, completed, failed, limit_reached, cancelled`},
+		{"missing model key", map[string]string{"TOOLBUS_MODEL": "openai:gpt-4.1", "OPENAI_API_KEY": "", "OPENAI_BASE_URL": ""},
+			[]string{"run", "hi"}, "needs OPENAI_API_KEY"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := noServerEnv(t)
+			for k, v := range tc.env {
+				t.Setenv(k, v)
+			}
+			code, out, errOut := cli(t, tc.args...)
+			wantCode(t, tc.name, code, 2, out, errOut)
+			wantContains(t, tc.name, errOut, tc.want)
+			wantNoDir(t, dir)
+		})
+	}
+}
+
+// TestCLIReadOnlyCommandsCreateNothing: with no server and no local store, read-only
+// commands say so and leave no ./data behind.
+func TestCLIReadOnlyCommandsCreateNothing(t *testing.T) {
+	for _, args := range [][]string{{"runs"}, {"tools"}, {"replay", "run-1"}, {"console"}} {
+		t.Run(args[0], func(t *testing.T) {
+			dir := noServerEnv(t)
+			t.Setenv("TOOLBUS_CONSOLE_ADDR", "127.0.0.1:0")
+			code, out, errOut := cli(t, args...)
+			wantCode(t, args[0], code, 1, out, errOut)
+			wantContains(t, args[0], errOut, "nothing to read", "no local store")
+			wantNoDir(t, dir)
+		})
+	}
+}
+
+// TestCLIRunFlagsAfterQuestion: flags after the question are flags, not words of it;
+// after "--" everything is the question.
+func TestCLIRunFlagsAfterQuestion(t *testing.T) {
+	noServerEnv(t)
+	t.Setenv("TOOLBUS_LOG_LEVEL", "warn")
+	code, out, errOut := cli(t, "run", "What is going on with INC-404?", "--max-steps", "1", "--id", "flags-after")
+	wantCode(t, "run", code, 1, out, errOut)
+	wantContains(t, "run", out, `run flags-after started: "What is going on with INC-404?"`, "limit_reached after 1 step(s)", "[max_steps]")
+
+	code, out, errOut = cli(t, "run", "--id", "dashes", "--max-steps", "1", "--", "--max-steps", "is", "text")
+	wantCode(t, "run --", code, 1, out, errOut)
+	wantContains(t, "run --", out, `run dashes started: "--max-steps is text"`)
+}
+
+// TestCLIMessages: a result's line does not repeat its status as its code, counts are
+// English, and a role's error names it once.
+func TestCLIMessages(t *testing.T) {
+	cancelled := events.ToolResult{CallID: "s", Tool: "sleep", Status: events.StatusCancelled, Executor: "e1",
+		Error: &events.ToolError{Code: "cancelled", Message: "run cancelled"}}
+	if got, want := resultLine(cancelled), "        <- s sleep: cancelled (run cancelled) in 0 ms on e1"; got != want {
+		t.Errorf("cancelled result:\n got %q\nwant %q", got, want)
+	}
+	failed := events.ToolResult{CallID: "l", Tool: "lookup", Status: events.StatusFailed, Executor: "e1", DurationMS: 3,
+		Error: &events.ToolError{Code: "incident_not_found", Message: "no incident"}}
+	if got, want := resultLine(failed), "        <- l lookup: failed incident_not_found (no incident) in 3 ms on e1"; got != want {
+		t.Errorf("failed result:\n got %q\nwant %q", got, want)
+	}
+	for n, want := range map[int]string{0: "0 results", 1: "1 result", 2: "2 results"} {
+		if got := plural(n, "result"); got != want {
+			t.Errorf("plural(%d) = %q, want %q", n, got, want)
+		}
+	}
+	base := errors.New("replay: no cassette")
+	if got := roleError("planner", base).Error(); got != "planner: replay: no cassette" {
+		t.Errorf("roleError = %q", got)
+	}
+	if got := roleError("planner", roleError("planner", base)).Error(); got != "planner: replay: no cassette" {
+		t.Errorf("roleError twice = %q", got)
+	}
+	if !errors.Is(roleError("planner", base), base) {
+		t.Error("roleError lost the cause")
+	}
+}
+
+// TestCLIEnv: toolbus env lists every variable, TOOLBUS_RECORD included, each with what
+// it means.
+func TestCLIEnv(t *testing.T) {
+	noServerEnv(t)
+	code, out, errOut := cli(t, "env")
+	wantCode(t, "env", code, 0, out, errOut)
+	wantContains(t, "env", out, "VARIABLE", "MEANING", "TOOLBUS_RECORD", "TOOLBUS_CONSOLE_ADDR", "TOOLBUS_STREAM", "OPENAI_API_KEY")
+	rows := 0
+	for _, line := range strings.Split(out, "\n") {
+		if !strings.HasPrefix(line, "TOOLBUS_") {
+			continue
+		}
+		rows++
+		f := strings.Fields(line)
+		if len(f) < 3 {
+			t.Errorf("variable without a meaning: %q", line)
+		}
+	}
+	if rows < 30 {
+		t.Fatalf("%d variables listed:\n%s", rows, out)
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for one writer and a polling reader.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// TestCLIRunSaysWhatItWaitsFor: a run nobody serves does not wait silently: toolbus run
+// says what the run waits for and warns that no worker consumes that queue.
+func TestCLIRunSaysWhatItWaitsFor(t *testing.T) {
+	old := waitHint
+	waitHint = 200 * time.Millisecond
+	t.Cleanup(func() { waitHint = old })
+	srv := eventstest.RunJetStream(t)
+	ctx := eventstest.Context(t, 2*time.Minute)
+	bus, _, err := events.Setup(ctx, srv.Conn, events.Config{},
+		events.SetupWorkers(events.RolePlanner, events.WorkerSettings{}), events.SetupWorkers(events.RoleInjector, events.WorkerSettings{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("TOOLBUS_NATS_URL", srv.URL)
+	t.Setenv("TOOLBUS_LOG_LEVEL", "warn")
+
+	// follow runs toolbus run until its output has all of wants, then interrupts it.
+	follow := func(id string, wants ...string) {
+		t.Helper()
+		rctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		var out, errOut syncBuffer
+		done := make(chan int, 1)
+		go func() { done <- run(rctx, []string{"run", "--id", id, "hello"}, &out, &errOut) }()
+		eventstest.Eventually(t, 60*time.Second, func() error {
+			for _, w := range wants {
+				if !strings.Contains(out.String(), w) {
+					return fmt.Errorf("output lacks %q:\n%s\n%s", w, out.String(), errOut.String())
+				}
+			}
+			return nil
+		})
+		cancel()
+		if code := <-done; code != 130 {
+			t.Fatalf("toolbus run exited %d after the interrupt, want 130", code)
+		}
+	}
+
+	// No worker at all: the run waits for the injector, whose queue nobody consumes.
+	follow("wait-injector", "(waiting for the injector", "no worker consumes queue injector-started")
+
+	// An injector but no planner: the run waits for the planner.
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	ictx, stop := context.WithCancel(ctx)
+	idone := make(chan struct{})
+	go func() {
+		defer close(idone)
+		_ = injector.New(bus, injector.Config{Instance: "inj", Logger: log, Grace: time.Second}).Run(ictx)
+	}()
+	t.Cleanup(func() { stop(); <-idone })
+	follow("wait-planner", "(waiting for the planner", "no worker consumes queue planner")
+}
+
+// TestCLIRunRefusesUnknownTools: --tools naming a tool no executor serves is refused
+// with the tools of the catalog, and no run is started.
+func TestCLIRunRefusesUnknownTools(t *testing.T) {
+	noServerEnv(t)
+	t.Setenv("TOOLBUS_LOG_LEVEL", "warn")
+	code, out, errOut := cli(t, "run", "--tools", "calculator,nosuch", "--id", "tools-1", "hi")
+	wantCode(t, "run --tools nosuch", code, 2, out, errOut)
+	wantContains(t, "run --tools nosuch", errOut, "no executor serves nosuch; the catalog has", "calculator")
+	if strings.Contains(out, "started") {
+		t.Fatalf("a run was started:\n%s", out)
+	}
+}
+
+// TestCLIRunHeaderNamesThePlannersModel: the run's header names the model the planner
+// answered with, not this client's TOOLBUS_MODEL.
+func TestCLIRunHeaderNamesThePlannersModel(t *testing.T) {
+	p := startOpsPipeline(t, map[string]*planner.Script{
+		"hdr": {Steps: []func(planner.Request) planner.Response{planner.Answer("hi")}},
+	})
+	t.Setenv("TOOLBUS_MODEL", "openai:gpt-4.1")
+	code, out, errOut := p.toolbus("run", "--id", "hdr", "hello")
+	wantCode(t, "run", code, 0, out, errOut)
+	wantContains(t, "run", out, `run hdr started: "hello"`, "(the planner's)")
+	if strings.Contains(out, "openai") {
+		t.Fatalf("the header names the client's TOOLBUS_MODEL:\n%s", out)
+	}
+}

@@ -1,0 +1,470 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"os"
+	"os/exec"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/chromedp/cdproto/page"
+	"github.com/chromedp/chromedp"
+	"github.com/nats-io/nats.go"
+
+	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/eventstest"
+	"github.com/toolbus/toolbus/executor"
+	"github.com/toolbus/toolbus/planner"
+)
+
+// hostileText is what a hostile tool returns and a hostile model answers: markup that
+// would run script if the console rendered it as HTML.
+const hostileText = `<script>alert("xss")</script><img src=x onerror=alert(1)>`
+
+func hostileTool() executor.Tool {
+	return executor.Tool{
+		Name: "hostile", Description: "returns markup",
+		InputSchema: json.RawMessage(`{"type":"object"}`),
+		Func: func(context.Context, json.RawMessage) (any, error) {
+			return map[string]string{"page": hostileText}, nil
+		},
+	}
+}
+
+// consoleScripts are the model scripts of the console tests, by run id.
+func consoleScripts() map[string]*planner.Script {
+	return map[string]*planner.Script{
+		"c-live": {Steps: []func(planner.Request) planner.Response{
+			planner.Calls(opsCall("s", "sleep", `{"ms":600000}`)),
+			planner.Answer("unreachable"),
+		}},
+		"c-approve": {Steps: []func(planner.Request) planner.Response{
+			planner.Calls(opsCall("a", "noop", `{}`), opsCall("b", "deploy", `{"service":"api"}`)),
+			planner.Answer("deployed api"),
+		}},
+		"c-hostile": {Steps: []func(planner.Request) planner.Response{
+			planner.Calls(opsCall("h", "hostile", `{"q":"<b>bold</b>"}`)),
+			planner.Answer("the page says " + hostileText),
+		}},
+		"c-big": {Steps: []func(planner.Request) planner.Response{
+			planner.Calls(opsCall("g", "big_output", `{"bytes":300000}`)),
+			planner.Answer("big"),
+		}},
+		"c-http": {Steps: []func(planner.Request) planner.Response{
+			planner.Calls(opsCall("b", "deploy", `{"service":"db"}`)),
+			planner.Answer("done"),
+		}},
+	}
+}
+
+// startConsole serves the console of the pipeline's bus with token.
+func startConsole(t *testing.T, p *opsPipeline, token string) *httptest.Server {
+	t.Helper()
+	h, err := newConsole(p.bus, token, "console-test", slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(h)
+	t.Cleanup(func() { srv.CloseClientConnections(); srv.Close() })
+	return srv
+}
+
+func get(t *testing.T, u string) (int, string) {
+	t.Helper()
+	resp, err := http.Get(u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+func post(t *testing.T, u string, form url.Values) (int, string) {
+	t.Helper()
+	c := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	resp, err := c.PostForm(u, form)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// TestConsoleHTTP checks the console's rules without a browser: actions need the token
+// (and a read-only console refuses them all), a refused action publishes nothing, a
+// granted one publishes the CLI's event, the status filter refuses unknown statuses,
+// and what a tool or model wrote is escaped.
+func TestConsoleHTTP(t *testing.T) {
+	p := startOpsPipeline(t, consoleScripts(), deployForOps(), hostileTool())
+	rw := startConsole(t, p, "s3cret")
+	ro := startConsole(t, p, "")
+
+	p.submit("c-http", events.Limits{})
+	p.waitStatus("c-http", events.RunWaitingForApproval)
+	p.submit("c-hostile", events.Limits{})
+	p.waitStatus("c-hostile", events.RunCompleted)
+
+	refused := []struct {
+		name string
+		srv  *httptest.Server
+		path string
+		form url.Values
+	}{
+		{"approve without token", rw, "/runs/c-http/approve", url.Values{"call": {"b"}}},
+		{"approve with a wrong token", rw, "/runs/c-http/approve", url.Values{"call": {"b"}, "token": {"s3cre"}}},
+		{"deny without token", rw, "/runs/c-http/deny", url.Values{"call": {"b"}, "reason": {"no"}}},
+		{"cancel without token", rw, "/runs/c-http/cancel", nil},
+		{"read-only approve", ro, "/runs/c-http/approve", url.Values{"call": {"b"}, "token": {""}}},
+		{"read-only cancel", ro, "/runs/c-http/cancel", url.Values{"token": {"s3cret"}}},
+	}
+	for _, tc := range refused {
+		t.Run(tc.name, func(t *testing.T) {
+			code, body := post(t, tc.srv.URL+tc.path, tc.form)
+			if code != http.StatusForbidden {
+				t.Fatalf("status %d, want 403: %s", code, body)
+			}
+		})
+	}
+	// Nothing was published: the run still waits, with no decision.
+	evs, err := readRunEvents(p.ctx, p.bus, "c-http")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range evs {
+		if strings.HasPrefix(e.Meta.Type, "toolbus.approval.") || e.Meta.Type == "toolbus.run.cancel" {
+			t.Fatalf("a refused action published %s", e.Meta.Type)
+		}
+	}
+
+	t.Run("read-only pages have no actions", func(t *testing.T) {
+		_, body := get(t, ro.URL+"/runs/c-http")
+		wantContains(t, "read-only run page", body, "read-only", "waiting for approval", `deploy`)
+		if strings.Contains(body, "/approve") || strings.Contains(body, "/cancel") {
+			t.Fatalf("read-only page offers actions:\n%s", body)
+		}
+		_, body = get(t, rw.URL+"/runs/c-http")
+		wantContains(t, "run page with a token", body, `formaction="/runs/c-http/approve"`, `action="/runs/c-http/cancel"`)
+	})
+
+	t.Run("deny needs a reason", func(t *testing.T) {
+		code, body := post(t, rw.URL+"/runs/c-http/deny", url.Values{"call": {"b"}, "token": {"s3cret"}})
+		if code != http.StatusBadRequest {
+			t.Fatalf("status %d, want 400: %s", code, body)
+		}
+	})
+	t.Run("unknown call", func(t *testing.T) {
+		code, body := post(t, rw.URL+"/runs/c-http/approve", url.Values{"call": {"nope"}, "token": {"s3cret"}})
+		if code != http.StatusConflict || !strings.Contains(body, "does not wait for approval") {
+			t.Fatalf("status %d, want 409: %s", code, body)
+		}
+	})
+	t.Run("deny with the token", func(t *testing.T) {
+		code, body := post(t, rw.URL+"/runs/c-http/deny", url.Values{"call": {"b"}, "token": {"s3cret"}, "reason": {"freeze"}, "who": {"erin"}})
+		if code != http.StatusSeeOther {
+			t.Fatalf("status %d, want 303: %s", code, body)
+		}
+		p.waitStatus("c-http", events.RunCompleted)
+		evs, err := readRunEvents(p.ctx, p.bus, "c-http")
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := analyzeRun("c-http", evs)
+		if len(r.Calls) == 0 || r.Calls[0].Decision != "denied" || r.Calls[0].DecidedBy != "erin" || !r.OK {
+			t.Fatalf("report after the console's deny: %+v", r.Calls)
+		}
+	})
+	t.Run("status filter", func(t *testing.T) {
+		code, body := get(t, rw.URL+"/?status=bogus")
+		if code != http.StatusBadRequest || !strings.Contains(body, "waiting_for_approval") {
+			t.Fatalf("status %d, want 400 listing the statuses: %s", code, body)
+		}
+		code, body = get(t, rw.URL+"/?status=completed")
+		if code != http.StatusOK || !strings.Contains(body, `id="run-c-hostile"`) {
+			t.Fatalf("completed runs: %d\n%s", code, body)
+		}
+		_, body = get(t, rw.URL+"/?status=running")
+		if strings.Contains(body, `id="run-c-hostile"`) {
+			t.Fatalf("running filter lists a completed run:\n%s", body)
+		}
+	})
+	t.Run("escaped", func(t *testing.T) {
+		code, body := get(t, rw.URL+"/runs/c-hostile")
+		if code != http.StatusOK {
+			t.Fatalf("status %d", code)
+		}
+		for _, bad := range []string{"<script>alert", "<img src=x", "<b>bold</b>"} {
+			if strings.Contains(body, bad) {
+				t.Fatalf("run page carries %q unescaped:\n%s", bad, body)
+			}
+		}
+		wantContains(t, "run page", body, "&lt;script&gt;alert", "&lt;img src=x onerror=alert(1)&gt;")
+	})
+	t.Run("full output from the object store", func(t *testing.T) {
+		p.submit("c-big", events.Limits{})
+		p.waitStatus("c-big", events.RunCompleted)
+		_, body := get(t, rw.URL+"/runs/c-big")
+		wantContains(t, "run page of a truncated output", body, "truncated:", "whole output in objectstore://",
+			`<pre class="text full-output">{&#34;data&#34;:&#34;`+strings.Repeat("x", 299000))
+	})
+	t.Run("unknown run", func(t *testing.T) {
+		if code, _ := get(t, rw.URL+"/runs/no-such-run"); code != http.StatusNotFound {
+			t.Fatalf("status %d, want 404", code)
+		}
+	})
+}
+
+// chromiumPath finds Debian's chromium (or another Chrome). Without one the browser
+// tests skip, except in CI, where they fail.
+func chromiumPath(t *testing.T) string {
+	t.Helper()
+	for _, name := range []string{"chromium", "chromium-browser", "google-chrome", "google-chrome-stable"} {
+		if p, err := exec.LookPath(name); err == nil {
+			return p
+		}
+	}
+	if os.Getenv("CI") != "" {
+		t.Fatal("chromium is not installed (.ci/run installs Debian's chromium package)")
+	}
+	t.Skip("chromium is not installed: apt-get install chromium")
+	return ""
+}
+
+// browser starts headless chromium and returns its tab's context and a counter of the
+// JavaScript dialogs (alert, confirm) that pages opened.
+func browser(t *testing.T) (context.Context, *atomic.Int32) {
+	t.Helper()
+	path := chromiumPath(t)
+	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(path), chromedp.NoSandbox,
+		chromedp.Flag("disable-dev-shm-usage", true), chromedp.WindowSize(1280, 1000))
+	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+	bctx, cancelTab := chromedp.NewContext(actx)
+	t.Cleanup(func() { cancelTab(); cancelAlloc() })
+	var dialogs atomic.Int32
+	chromedp.ListenTarget(bctx, func(ev any) {
+		if _, ok := ev.(*page.EventJavascriptDialogOpening); ok {
+			dialogs.Add(1)
+			go func() { _ = chromedp.Run(bctx, page.HandleJavaScriptDialog(false)) }()
+		}
+	})
+	if err := chromedp.Run(bctx); err != nil {
+		t.Fatalf("start chromium: %v", err)
+	}
+	return bctx, &dialogs
+}
+
+// text reads an element's text in one evaluation: the live region may be swapped for a
+// fresh copy between two protocol calls, so node-based reads could miss it.
+func text(sel string, dst *string) chromedp.Action {
+	return chromedp.Evaluate(fmt.Sprintf(`(document.querySelector(%q) || {textContent: "<missing>"}).textContent`, sel), dst)
+}
+
+// settled waits until the page has followed the stream once (the refresh after the
+// event stream opened): the run page's nodes then stay until the next event.
+func settled() chromedp.Action {
+	return chromedp.WaitReady(`body[data-updated]`, chromedp.ByQuery)
+}
+
+// do runs browser actions with a generous deadline.
+func do(t *testing.T, bctx context.Context, what string, actions ...chromedp.Action) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(bctx, 60*time.Second)
+	defer cancel()
+	if err := chromedp.Run(ctx, actions...); err != nil {
+		t.Fatalf("%s: %v", what, err)
+	}
+}
+
+// TestConsoleBrowser drives the console in headless chromium against a live pipeline:
+// the runs list shows a run started from the CLI while it runs, cancel from the page ends
+// it cancelled, a waiting call approved by a click lets the run complete, and a hostile
+// tool output and answer stay inert text.
+func TestConsoleBrowser(t *testing.T) {
+	p := startOpsPipeline(t, consoleScripts(), deployForOps(), hostileTool())
+	srv := startConsole(t, p, "s3cret")
+	bctx, dialogs := browser(t)
+
+	t.Run("live list and cancel", func(t *testing.T) {
+		// The list is open and following the stream before the run exists.
+		do(t, bctx, "open the runs list", chromedp.Navigate(srv.URL+"/"),
+			chromedp.WaitReady(`body[data-live="on"]`, chromedp.ByQuery))
+		runDone := make(chan int, 1)
+		go func() {
+			code, _, _ := p.toolbus("run", "--id", "c-live", "sleep a long time")
+			runDone <- code
+		}()
+		do(t, bctx, "the run appears in the list while it runs",
+			chromedp.WaitVisible(`tr[data-run="c-live"][data-status="running"]`, chromedp.ByQuery))
+		var q string
+		do(t, bctx, "read the question", text(`#run-c-live td.q`, &q))
+		if q != "sleep a long time" {
+			t.Fatalf("question %q", q)
+		}
+		p.waitEvent("c-live", events.TypeToolRequested)
+
+		do(t, bctx, "cancel from the run page",
+			chromedp.Evaluate(`document.querySelector("#run-c-live a").click()`, nil),
+			chromedp.WaitVisible(`#cancel`, chromedp.ByID),
+			settled(),
+			chromedp.SendKeys(`#token`, "s3cret", chromedp.ByID),
+			chromedp.SendKeys(`#cancel-form input.reason`, "wrong question", chromedp.ByQuery),
+			chromedp.Click(`#cancel`, chromedp.ByID),
+			chromedp.WaitVisible(`#live[data-status="cancelled"]`, chromedp.ByQuery))
+		p.waitStatus("c-live", events.RunCancelled)
+		select {
+		case code := <-runDone:
+			if code != 1 {
+				t.Fatalf("toolbus run exited %d after the cancel, want 1", code)
+			}
+		case <-time.After(60 * time.Second):
+			t.Fatal("toolbus run did not end after the cancel")
+		}
+	})
+
+	t.Run("approve by clicking", func(t *testing.T) {
+		p.submit("c-approve", events.Limits{})
+		p.waitStatus("c-approve", events.RunWaitingForApproval)
+		do(t, bctx, "approve from the run page",
+			chromedp.Navigate(srv.URL+"/runs/c-approve"),
+			chromedp.WaitVisible(`#decide-b button.approve`, chromedp.ByQuery),
+			settled(),
+			chromedp.Evaluate(`document.getElementById("token").value = ""`, nil),
+			chromedp.SendKeys(`#token`, "s3cret", chromedp.ByID),
+			chromedp.SendKeys(`#decide-b input.reason`, "CHG-7", chromedp.ByQuery),
+			chromedp.Click(`#decide-b button.approve`, chromedp.ByQuery),
+			chromedp.WaitVisible(`#live[data-status="completed"]`, chromedp.ByQuery))
+		p.waitStatus("c-approve", events.RunCompleted)
+		evs, err := readRunEvents(p.ctx, p.bus, "c-approve")
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := analyzeRun("c-approve", evs)
+		if len(r.Calls) != 2 || r.Calls[1].Decision != "granted" || r.Calls[1].DecidedBy != "console" || r.Answer != "deployed api" {
+			t.Fatalf("report after the click: %+v", r)
+		}
+		var answer string
+		do(t, bctx, "read the answer", chromedp.WaitVisible(`.row.call[data-call="b"][data-status="succeeded"]`, chromedp.ByQuery),
+			text(`#run-answer`, &answer))
+		if answer != "deployed api" {
+			t.Fatalf("answer %q", answer)
+		}
+		if path := os.Getenv("TOOLBUS_CONSOLE_SCREENSHOT"); path != "" {
+			var png []byte
+			do(t, bctx, "screenshot", chromedp.FullScreenshot(&png, 100))
+			if err := os.WriteFile(path, png, 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+	})
+
+	t.Run("hostile output is text", func(t *testing.T) {
+		p.submit("c-hostile", events.Limits{})
+		p.waitStatus("c-hostile", events.RunCompleted)
+		var answer, content string
+		var tags int
+		do(t, bctx, "open the hostile run",
+			chromedp.Navigate(srv.URL+"/runs/c-hostile"),
+			chromedp.WaitVisible(`#live[data-status="completed"]`, chromedp.ByQuery),
+			chromedp.Poll(`document.readyState === "complete"`, nil),
+			settled(),
+			text(`#run-answer`, &answer),
+			text(`#call-0-h pre.content`, &content),
+			chromedp.Evaluate(`document.querySelectorAll("#live img, #live script").length +
+				[...document.querySelectorAll("#live b")].filter(e => e.textContent === "bold").length`, &tags))
+		if answer != "the page says "+hostileText {
+			t.Fatalf("answer shown as %q, want the text literally", answer)
+		}
+		if !strings.Contains(content, `<script>`) || !strings.Contains(content, `onerror=alert(1)`) {
+			t.Fatalf("content shown as %q, want the markup as text", content)
+		}
+		if tags != 0 {
+			t.Fatalf("%d element(s) made from a tool's or model's text", tags)
+		}
+		if n := dialogs.Load(); n != 0 {
+			t.Fatalf("%d JavaScript dialog(s) opened", n)
+		}
+	})
+	if n := dialogs.Load(); n != 0 {
+		t.Fatal(fmt.Sprintf("%d JavaScript dialog(s) opened", n))
+	}
+}
+
+// TestUpServesConsole: toolbus up serves the console when TOOLBUS_CONSOLE_ADDR is set,
+// read-only without a token, and stops it with the workers.
+func TestUpServesConsole(t *testing.T) {
+	noServerEnv(t)
+	t.Setenv("TOOLBUS_LOG_LEVEL", "warn")
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	nln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	natsAddr := nln.Addr().String()
+	nln.Close()
+	t.Setenv("TOOLBUS_LISTEN", natsAddr)
+	t.Setenv("TOOLBUS_CONSOLE_ADDR", addr)
+	t.Setenv("TOOLBUS_CONSOLE_TOKEN", "")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var out, errOut syncBuffer
+	done := make(chan int, 1)
+	go func() { done <- run(ctx, []string{"up"}, &out, &errOut) }()
+	eventstest.Eventually(t, 60*time.Second, func() error {
+		resp, err := http.Get("http://" + addr + "/")
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != http.StatusOK || !strings.Contains(string(b), "<h1>Runs</h1>") || !strings.Contains(string(b), "read-only") {
+			return fmt.Errorf("GET /: %d\n%s", resp.StatusCode, b)
+		}
+		return nil
+	})
+	// Stop up once its executor serves (an interrupt during start-up is another story).
+	eventstest.Eventually(t, 60*time.Second, func() error {
+		nc, err := nats.Connect("nats://" + natsAddr)
+		if err != nil {
+			return err
+		}
+		defer nc.Close()
+		bus, err := events.Open(ctx, nc, events.Config{})
+		if err != nil {
+			return err
+		}
+		cat, err := bus.WatchCatalog(ctx, nil)
+		if err != nil {
+			return err
+		}
+		if len(cat.Tools(nil)) == 0 {
+			return errors.New("no tool served yet")
+		}
+		return nil
+	})
+	cancel()
+	select {
+	case code := <-done:
+		if code != 0 {
+			t.Fatalf("toolbus up exited %d:\n%s", code, errOut.String())
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatal("toolbus up did not stop")
+	}
+}

@@ -1,0 +1,60 @@
+// toolbus console: live updates and the console token. Plain JS, no build step.
+// The page is rendered (and escaped) by the server; this script never builds HTML from
+// data: on each server-sent event it fetches the page again and swaps the #live
+// element of the parsed document in (a parsed document runs no script).
+(function () {
+  'use strict';
+  var tokenKey = 'toolbus-console-token';
+  var tok = document.getElementById('token');
+  if (tok) {
+    tok.value = sessionStorage.getItem(tokenKey) || '';
+    tok.addEventListener('input', function () { sessionStorage.setItem(tokenKey, tok.value); });
+  }
+  // Actions carry the token in their form (hidden field), never in the URL.
+  document.addEventListener('submit', function (e) {
+    var f = e.target;
+    if (f.elements && f.elements.token && tok) { f.elements.token.value = tok.value; }
+  });
+
+  var src = document.body.dataset.sse;
+  if (!src || !window.EventSource) { return; }
+  var timer = null, busy = false, again = false;
+
+  // editing reports whether the user is typing in the live region: an update then
+  // waits, so a half-typed reason is not lost.
+  function editing() {
+    var live = document.getElementById('live');
+    if (!live) { return false; }
+    var a = document.activeElement;
+    if (a && live.contains(a) && a.tagName === 'INPUT') { return true; }
+    var inputs = live.querySelectorAll('input[type=text]');
+    for (var i = 0; i < inputs.length; i++) { if (inputs[i].value) { return true; } }
+    return false;
+  }
+
+  function schedule(ms) { clearTimeout(timer); timer = setTimeout(refresh, ms); }
+
+  function refresh() {
+    if (busy) { again = true; return; }
+    if (editing()) { schedule(1000); return; }
+    busy = true;
+    fetch(location.href, { cache: 'no-store', headers: { 'Accept': 'text/html' } })
+      .then(function (r) { if (!r.ok) { throw new Error('HTTP ' + r.status); } return r.text(); })
+      .then(function (text) {
+        var doc = new DOMParser().parseFromString(text, 'text/html');
+        var next = doc.getElementById('live');
+        var live = document.getElementById('live');
+        if (next && live && !editing()) {
+          live.replaceWith(document.adoptNode(next));
+          document.body.dataset.updated = String(Date.now());
+        }
+      })
+      .catch(function () { /* the next event tries again */ })
+      .finally(function () { busy = false; if (again) { again = false; schedule(100); } });
+  }
+
+  var es = new EventSource(src);
+  es.addEventListener('ready', function () { document.body.dataset.live = 'on'; schedule(0); });
+  es.addEventListener('bus', function () { schedule(150); });
+  es.onerror = function () { document.body.dataset.live = 'off'; };
+})();

@@ -1,0 +1,59 @@
+package main
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/kelseyhightower/envconfig"
+)
+
+// envDescriptions describe the variables whose fields (in other packages) carry no desc
+// tag, so that `toolbus env` explains every variable.
+var envDescriptions = map[string]string{
+	"TOOLBUS_STREAM":            "JetStream stream of the events",
+	"TOOLBUS_RETENTION":         "how long events are kept",
+	"TOOLBUS_DUPLICATE_WINDOW":  "window in which the stream drops a republished event (same id)",
+	"TOOLBUS_MEMORY_STORAGE":    "keep the stream and buckets in memory (tests, demos)",
+	"TOOLBUS_REPLICAS":          "replicas of the stream and buckets (1, or 3 on a cluster)",
+	"TOOLBUS_INSTANCE_TTL":      "an executor instance leaves the catalog this long after its last heartbeat",
+	"TOOLBUS_OUTPUTS_MAX_BYTES": "size bound of the object store of large tool outputs (-1: none)",
+}
+
+// cmdEnv prints every TOOLBUS_* variable: name, default and meaning.
+func cmdEnv(cfg Config, out io.Writer) error {
+	// envconfig renders the variables through a template; a unit separator keeps the
+	// columns apart so that missing descriptions can be filled in here.
+	const sep = "\x1f"
+	var raw bytes.Buffer
+	format := `{{range .}}{{usage_key .}}` + sep + `{{usage_default .}}` + sep + `{{usage_description .}}` + "\n{{end}}"
+	if err := envconfig.Usagef(envPrefix, &cfg, &raw, format); err != nil {
+		return fmt.Errorf("env: %w", err)
+	}
+	fmt.Fprintln(out, "toolbus reads its settings from these environment variables (unset: the default).")
+	fmt.Fprintln(out)
+	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "VARIABLE\tDEFAULT\tMEANING")
+	for _, line := range strings.Split(strings.TrimRight(raw.String(), "\n"), "\n") {
+		f := strings.SplitN(line, sep, 3)
+		if len(f) != 3 {
+			continue
+		}
+		key, def, desc := strings.TrimSpace(f[0]), strings.TrimSpace(f[1]), strings.TrimSpace(f[2])
+		if desc == "" {
+			desc = envDescriptions[key]
+		}
+		if def == "" {
+			def = "-"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\n", key, def, desc)
+	}
+	if err := tw.Flush(); err != nil {
+		return fmt.Errorf("env: %w", err)
+	}
+	fmt.Fprintln(out)
+	fmt.Fprintln(out, "Model credentials (planner): OPENAI_API_KEY, OPENAI_BASE_URL, ANTHROPIC_API_KEY, ANTHROPIC_BASE_URL.")
+	return nil
+}
