@@ -274,7 +274,7 @@ func (e *Executor) Execute(ctx context.Context, tc events.ToolCall, p events.Pri
 		default:
 			st.abandoned.Store(true)
 			cctx.cancel(ctx.Err())
-			c.ctxDone(ctx, false, timeout, "before the tool finished")
+			c.ctxDone(ctx, false, timeout, phaseRunning)
 			return res
 		}
 	case <-timer.C:
@@ -283,7 +283,7 @@ func (e *Executor) Execute(ctx context.Context, tc events.ToolCall, p events.Pri
 		default:
 			st.abandoned.Store(true)
 			cctx.cancel(context.DeadlineExceeded)
-			c.ctxDone(ctx, ownDeadline && ctx.Err() == nil, timeout, "before the tool finished")
+			c.ctxDone(ctx, ownDeadline && ctx.Err() == nil, timeout, phaseRunning)
 			return res
 		}
 	}
@@ -398,6 +398,9 @@ func (st *runState) run() {
 	finished = true
 }
 
+// phaseRunning is the phase of a call whose tool is running.
+const phaseRunning = "before the tool finished"
+
 // ctxDone fills a timed_out or cancelled result; when names the phase.
 func (c *call) ctxDone(parent context.Context, ownDeadline bool, timeout time.Duration, when string) {
 	if errors.Is(parent.Err(), context.Canceled) {
@@ -405,8 +408,11 @@ func (c *call) ctxDone(parent context.Context, ownDeadline bool, timeout time.Du
 		return
 	}
 	if ownDeadline && parent.Err() == nil {
-		c.fail(events.StatusTimedOut, events.CodeTimeout,
-			fmt.Sprintf("the tool did not finish within its timeout of %s (%s); it may succeed if retried, possibly with a smaller request", timeout, when), true, nil)
+		msg := fmt.Sprintf("the tool did not finish within its timeout of %s", timeout)
+		if when != phaseRunning {
+			msg = fmt.Sprintf("the tool's timeout of %s passed %s", timeout, when)
+		}
+		c.fail(events.StatusTimedOut, events.CodeTimeout, msg+"; it may succeed if retried, possibly with a smaller request", true, nil)
 		return
 	}
 	c.fail(events.StatusTimedOut, events.CodeTimeout, "the call deadline expired "+when, true, nil)
@@ -422,7 +428,7 @@ func (c *call) toolError(parent, runCtx context.Context, ownDeadline bool, timeo
 		return
 	}
 	if runCtx.Err() != nil && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)) {
-		c.ctxDone(parent, ownDeadline, timeout, "before the tool finished")
+		c.ctxDone(parent, ownDeadline, timeout, phaseRunning)
 		return
 	}
 	var te *Error

@@ -316,6 +316,9 @@ func TestExecuteGatesAndStatuses(t *testing.T) {
 				if r.DurationMS > 2000 {
 					t.Errorf("timed out call took %dms", r.DurationMS)
 				}
+				if strings.Contains(r.Error.Message, "(before the tool finished)") {
+					t.Errorf("message says the obvious twice: %q", r.Error.Message)
+				}
 			}},
 		{name: "call deadline", ctx: func(t *testing.T) context.Context {
 			ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
