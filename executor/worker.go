@@ -415,7 +415,7 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) error {
 	if !w.hold(key) {
 		// This process already handles the call (a redelivery that overtook it): that
 		// handling acknowledges it.
-		return errBusy
+		return &events.DeferError{Delay: max(w.cfg.AckWait/3, time.Second), Reason: "call already being handled by this process"}
 	}
 	defer w.release(key)
 	if w.cfg.RunMaxInFlight > 0 {
@@ -539,9 +539,6 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) error {
 	log().Info("call finished", "status", res.Status, "code", res.Code(), "duration_ms", res.DurationMS, "attempt", attempt)
 	return nil
 }
-
-// errBusy hands a message back for later: this process is already handling its call.
-var errBusy = errors.New("executor: call already being handled by this process")
 
 // hold marks a call as handled by this process; false when it already is.
 func (w *Worker) hold(key string) bool {
