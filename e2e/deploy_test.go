@@ -206,20 +206,23 @@ func (l *lockedWriter) Write(p []byte) (int, error) {
 	return l.w.Write(p)
 }
 
-// A flood run asking for 120 slow calls cannot take the whole fleet: with a per-run cap
-// of 4 calls in flight across two executors, a small run started after it (calling the
-// same tool) finishes while the flood is still far from done, and the flood never has
-// more than 4 calls running at once.
+// A flood run cannot take the whole fleet: it asks for 120 calls that all block until
+// the test releases them, on two executors of 8 slots each, with a per-run cap of 4
+// calls in flight across the fleet. A small run started after it, calling the same
+// tool, completes while every flood call is still held (without the cap the flood would
+// fill all 16 slots and the small run would wait forever), and the flood never has
+// more than 4 calls running at once. Nothing here depends on timing.
 func TestRunCapLeavesRoomForOthers(t *testing.T) {
 	const floodCalls, limit = 120, 4
 	var (
-		mu             sync.Mutex
-		running, peak  = map[string]int{}, map[string]int{}
-		floodFinished  int
-		floodAtSmallOK = -1
+		mu            sync.Mutex
+		running, peak = map[string]int{}, map[string]int{}
+		floodFinished int
 	)
-	slow := executor.Tool{
-		Name: "slow_flood", Description: "sleeps half a second", InputSchema: json.RawMessage(`{"type":"object"}`),
+	release := make(chan struct{})
+	held := executor.Tool{
+		Name: "held_call", Description: "the flood's calls wait for the test", InputSchema: json.RawMessage(`{"type":"object"}`),
+		Timeout: 5 * time.Minute,
 		Func: func(ctx context.Context, _ json.RawMessage) (any, error) {
 			ci, _ := executor.CallInfoFrom(ctx)
 			mu.Lock()
@@ -234,8 +237,11 @@ func TestRunCapLeavesRoomForOthers(t *testing.T) {
 				}
 				mu.Unlock()
 			}()
+			if ci.RunID != "flood" {
+				return "ok", nil
+			}
 			select {
-			case <-time.After(500 * time.Millisecond):
+			case <-release:
 				return "ok", nil
 			case <-ctx.Done():
 				return nil, ctx.Err()
@@ -244,7 +250,7 @@ func TestRunCapLeavesRoomForOthers(t *testing.T) {
 	}
 	flood := make([]events.ToolCall, floodCalls)
 	for i := range flood {
-		flood[i] = call(fmt.Sprintf("f%d", i), "slow_flood", `{}`)
+		flood[i] = call(fmt.Sprintf("f%d", i), "held_call", `{}`)
 	}
 	model := planner.ModelFunc(func(_ context.Context, req planner.Request) (planner.Response, error) {
 		if req.Step > 0 {
@@ -253,20 +259,20 @@ func TestRunCapLeavesRoomForOthers(t *testing.T) {
 		if req.RunID == "flood" {
 			return planner.Calls(flood...)(req), nil
 		}
-		return planner.Calls(call("s0", "slow_flood", `{}`))(req), nil
+		return planner.Calls(call("s0", "held_call", `{}`))(req), nil
 	})
-	s := newStack(t, model, slow)
+	s := newStack(t, model, held)
 	for _, name := range []string{"fair-1", "fair-2"} {
-		s.startExecutor(name, executor.WorkerConfig{Concurrency: 8, RunMaxInFlight: limit, Tools: []string{"slow_flood"}})
+		s.startExecutor(name, executor.WorkerConfig{Concurrency: 8, RunMaxInFlight: limit, Tools: []string{"held_call"}})
 	}
 	s.startPlanner("planner-1")
 	s.startInjector("injector-1")
 	s.submit("flood", events.Limits{})
-	eventstest.Eventually(t, 30*time.Second, func() error {
+	eventstest.Eventually(t, time.Minute, func() error {
 		mu.Lock()
 		defer mu.Unlock()
-		if running["flood"] == 0 {
-			return errors.New("flood not running yet")
+		if running["flood"] != limit {
+			return fmt.Errorf("flood has %d calls running, want its cap %d", running["flood"], limit)
 		}
 		return nil
 	})
@@ -275,18 +281,20 @@ func TestRunCapLeavesRoomForOthers(t *testing.T) {
 		t.Fatalf("small run ended %+v", ended)
 	}
 	mu.Lock()
-	floodAtSmallOK = floodFinished
-	mu.Unlock()
-	if floodAtSmallOK >= floodCalls/2 {
-		t.Errorf("the small run finished only after %d of the flood's %d calls", floodAtSmallOK, floodCalls)
+	if floodFinished != 0 {
+		t.Errorf("%d flood calls finished while all were held", floodFinished)
 	}
+	mu.Unlock()
+	close(release)
 	if ended := s.waitEnd("flood"); ended.Status != events.RunCompleted {
 		t.Fatalf("flood ended %+v", ended)
 	}
 	mu.Lock()
 	defer mu.Unlock()
-	if peak["flood"] > limit || peak["flood"] == 0 {
-		t.Errorf("flood had %d calls in flight at once, cap %d", peak["flood"], limit)
+	if peak["flood"] != limit {
+		t.Errorf("flood had at most %d calls in flight at once, want exactly its cap %d", peak["flood"], limit)
 	}
-	t.Logf("small run done after %d flood calls; flood peak in flight %d", floodAtSmallOK, peak["flood"])
+	if floodFinished != floodCalls {
+		t.Errorf("%d flood calls ran, want %d", floodFinished, floodCalls)
+	}
 }
