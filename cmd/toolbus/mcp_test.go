@@ -1,15 +1,22 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"io"
 	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/eventstest"
 )
 
 // mcpClient connects a go-sdk client over the in-memory transport to the MCP server of
@@ -136,4 +143,81 @@ func TestMCPCallTool(t *testing.T) {
 			}
 		})
 	}
+}
+
+// callCalculator lists the tools and calls calculator through cs.
+func callCalculator(t *testing.T, ctx context.Context, cs *mcp.ClientSession) {
+	t.Helper()
+	list, err := cs.ListTools(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, tool := range list.Tools {
+		found = found || tool.Name == "calculator"
+	}
+	if !found {
+		t.Fatalf("tools/list lacks calculator: %d tools", len(list.Tools))
+	}
+	res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "calculator", Arguments: map[string]any{"expression": "6*7"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.IsError || !strings.Contains(resultText(res), "42") {
+		t.Fatalf("calculator(6*7) = isError %v, %q", res.IsError, resultText(res))
+	}
+}
+
+// TestMCPStdioBinary drives the built binary's `toolbus mcp` over stdio, as a host does:
+// stdout carries only MCP messages.
+func TestMCPStdioBinary(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the binary")
+	}
+	p := startOpsPipeline(t, nil)
+	bin := filepath.Join(t.TempDir(), "toolbus")
+	if out, err := exec.CommandContext(p.ctx, "go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	cmd := exec.CommandContext(p.ctx, bin, "mcp")
+	cmd.Env = append(os.Environ(), "TOOLBUS_NATS_URL="+p.srv.URL, "TOOLBUS_LOG_LEVEL=info")
+	cmd.Stderr = io.Discard
+	cs, err := mcp.NewClient(&mcp.Implementation{Name: "test-host", Version: "v0"}, nil).Connect(p.ctx, &mcp.CommandTransport{Command: cmd}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cs.Close()
+	callCalculator(t, p.ctx, cs)
+}
+
+// TestMCPHTTP drives `toolbus mcp --http` over streamable HTTP.
+func TestMCPHTTP(t *testing.T) {
+	p := startOpsPipeline(t, nil)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	ctx, cancel := context.WithCancel(p.ctx)
+	done := make(chan int, 1)
+	go func() {
+		code, _, _ := p.toolbusCtx(ctx, "mcp", "--http", addr)
+		done <- code
+	}()
+	defer func() {
+		cancel()
+		if code := <-done; code != 0 {
+			t.Errorf("toolbus mcp --http exited %d", code)
+		}
+	}()
+	var cs *mcp.ClientSession
+	eventstest.Eventually(t, 30*time.Second, func() error {
+		var err error
+		cs, err = mcp.NewClient(&mcp.Implementation{Name: "test-host", Version: "v0"}, nil).
+			Connect(p.ctx, &mcp.StreamableClientTransport{Endpoint: "http://" + addr + "/", MaxRetries: -1}, nil)
+		return err
+	})
+	defer cs.Close()
+	callCalculator(t, p.ctx, cs)
 }
