@@ -192,6 +192,10 @@ type RunStarted struct {
 	Model        string    `json:"model,omitempty"`
 	Principal    Principal `json:"principal"`
 	StartedAt    time.Time `json:"started_at"`
+	// Calls, when set, pre-plan the run: they are the assistant message of step 0, which
+	// the planner records instead of calling the model, and the run ends completed after
+	// that step without a model call (`toolbus mcp` runs one MCP tools/call this way).
+	Calls []ToolCall `json:"calls,omitempty"`
 }
 
 // Allows reports whether the run may use tool.

@@ -281,6 +281,14 @@ func (p *Planner) Step(ctx context.Context, run string, step int, traceparent st
 	case !errors.Is(err, events.ErrNotFound):
 		return err
 	}
+	if !got && len(rs.Calls) > 0 {
+		// A pre-planned run: its calls are step 0, and no model is ever called.
+		mr = prePlanned(rs, step)
+		if mr, _, err = p.bus.PutAssistant(ctx, mr); err != nil {
+			return err
+		}
+		got = true
+	}
 	if !got {
 		if mr, err = p.callModel(ctx, rs, step); err != nil {
 			span.SetStatus(codes.Error, err.Error())
@@ -433,6 +441,22 @@ func (p *Planner) callModel(ctx context.Context, rs *events.RunStarted, step int
 		RunID: rs.RunID, Step: step, Message: resp.Message, Usage: resp.Usage,
 		Model: resp.Model, LatencyMS: time.Since(start).Milliseconds(),
 	}, nil
+}
+
+// prePlannedModel names the "model" of the steps of a pre-planned run.
+const prePlannedModel = "toolbus/pre-planned"
+
+// prePlanned returns the assistant message of a step of a pre-planned run (one with
+// RunStarted.Calls): step 0 asks for the run's calls; any later step answers with no
+// call, which ends the run completed.
+func prePlanned(rs *events.RunStarted, step int) events.ModelResponded {
+	msg := events.Message{Role: events.RoleAssistant}
+	if step == 0 {
+		msg.ToolCalls = NormalizeCallIDs(0, append([]events.ToolCall(nil), rs.Calls...))
+	} else {
+		msg.Content = fmt.Sprintf("pre-planned run: %d call(s) answered", len(rs.Calls))
+	}
+	return events.ModelResponded{RunID: rs.RunID, Step: step, Message: msg, Model: prePlannedModel}
 }
 
 // NormalizeCallIDs gives every call of a step a non-empty id unique within the step,

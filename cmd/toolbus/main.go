@@ -128,6 +128,8 @@ commands:
                            (exit 1 when an invariant is broken)
   console                  serve the web console at TOOLBUS_CONSOLE_ADDR (actions need
                            TOOLBUS_CONSOLE_TOKEN; read-only without it)
+  mcp [--http ADDR]        serve the tool catalog to MCP hosts over stdio (or streamable HTTP);
+                           each tools/call is a run on the bus (audit, allowlist, timeouts)
   bench [flags]            measure toolbus beside raw JetStream and an in-process loop
   env                      list the TOOLBUS_* configuration variables
   version                  print the version (also --version)
@@ -194,6 +196,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		err = cmdReplay(ctx, cfg, log, rest, stdout, stderr)
 	case "console":
 		err = cmdConsole(ctx, cfg, log)
+	case "mcp":
+		err = cmdMCP(ctx, cfg, log, rest, stdout, stderr)
 	case "bench":
 		err = cmdBench(ctx, rest, stdout)
 	case "env":
