@@ -159,6 +159,16 @@ func NewWorker(bus *events.Bus, exec *Executor, cfg WorkerConfig) *Worker {
 // catalog, then consumes calls until ctx ends, then drains: intake stops, in-flight calls
 // get the grace period, then are cancelled, and the instance leaves the catalog.
 func (w *Worker) Run(ctx context.Context) error {
+	err := w.serve(ctx)
+	if err != nil && ctx.Err() != nil && errors.Is(err, context.Canceled) {
+		// Stopped while starting up (a catalog write cut short): a shutdown, not a failure.
+		w.log.Info("executor stopped during start-up")
+		return nil
+	}
+	return err
+}
+
+func (w *Worker) serve(ctx context.Context) error {
 	served, err := w.served()
 	if err != nil {
 		return err

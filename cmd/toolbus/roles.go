@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -30,6 +31,7 @@ var roles = map[string]role{
 
 // runRoles runs the named roles on one bus until ctx ends; the first failure stops all.
 func runRoles(ctx context.Context, cfg Config, bus *events.Bus, log *slog.Logger, names ...string) error {
+	parent := ctx
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	tel, stopTel, err := startTelemetry(cfg, bus, log)
@@ -62,6 +64,9 @@ func runRoles(ctx context.Context, cfg Config, bus *events.Bus, log *slog.Logger
 		r := roles[name]
 		wg.Go(func() {
 			if err := r(ctx, cfg, bus, log, tel); err != nil {
+				if parent.Err() != nil && errors.Is(err, context.Canceled) {
+					return // stopped (a signal) while starting up: a shutdown, not a failure
+				}
 				errs <- roleError(name, err)
 				cancel()
 			}
