@@ -116,8 +116,14 @@ func (w *terminations) wait(t *testing.T, seq uint64) termAdvisory {
 // newStackOn is newStack on a server the test started.
 func newStackOn(t *testing.T, srv *eventstest.Bus, model planner.Model, extra ...executor.Tool) *stack {
 	t.Helper()
-	ctx := eventstest.Context(t, 2*time.Minute)
-	bus, _, err := events.Setup(ctx, srv.Conn, events.Config{})
+	return newStackOnWith(t, srv, events.Config{}, model, extra...)
+}
+
+// newStackOnWith is newStackOn with the bus set up from cfg.
+func newStackOnWith(t *testing.T, srv *eventstest.Bus, cfg events.Config, model planner.Model, extra ...executor.Tool) *stack {
+	t.Helper()
+	ctx := eventstest.Context(t, 3*time.Minute)
+	bus, _, err := events.Setup(ctx, srv.Conn, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

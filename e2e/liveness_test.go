@@ -15,33 +15,14 @@ import (
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
 	"github.com/toolbus/toolbus/executor"
-	"github.com/toolbus/toolbus/executor/packs"
 	"github.com/toolbus/toolbus/injector"
 	"github.com/toolbus/toolbus/planner"
 )
 
-// newStackWith is newStack on a bus opened with cfg (a short duplicate window...).
+// newStackWith is newStack on a bus set up with cfg (a short duplicate window...).
 func newStackWith(t *testing.T, cfg events.Config, model planner.Model, extra ...executor.Tool) *stack {
 	t.Helper()
-	srv := eventstest.RunJetStream(t)
-	ctx := eventstest.Context(t, 3*time.Minute)
-	bus, _, err := events.Setup(ctx, srv.Conn, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	reg := executor.NewRegistry()
-	if err := packs.Register(reg, "demo", "diag"); err != nil {
-		t.Fatal(err)
-	}
-	for _, tool := range extra {
-		if err := reg.Register(tool); err != nil {
-			t.Fatal(err)
-		}
-	}
-	s := &stack{t: t, srv: srv, bus: bus, reg: reg, ctx: ctx, log: testLogger(), stops: map[string]func(){}, seenReq: &requestLog{}}
-	s.model = s.seenReq.wrap(model)
-	t.Cleanup(s.stopAll)
-	return s
+	return newStackOnWith(t, eventstest.RunJetStream(t), cfg, model, extra...)
 }
 
 // startInjectorWith starts an injector with cfg (name, logger and grace filled in).
