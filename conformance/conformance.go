@@ -303,12 +303,10 @@ func request(ctx context.Context, bus *events.Bus, run, tool string, c call) err
 		return fmt.Errorf("conformance: start run %s: %w", run, err)
 	}
 	tc := toolbus.ToolCall{CallID: c.name, Tool: tool, Arguments: c.args}
-	_, err := bus.Publish(ctx, events.SubjectToolRequested(run, tool), events.Meta{
-		ID: events.IDToolRequested(run, 0, tc.CallID, false), Type: events.TypeToolRequested,
-		Source: events.Source("planner", "conformance"), RunID: run, Step: 0, CallID: tc.CallID, CallCount: 1, HasCall: true,
-		TraceParent: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
-	}, toolbus.ToolRequested{RunID: run, Step: 0, CallIndex: 0, CallCount: 1, Call: tc, Deadline: c.deadline,
-		Principal: rs.Principal, AllowedTools: c.allowed})
+	_, err := bus.PublishEvent(ctx, events.ToolRequestedEvent(events.Source("planner", "conformance"),
+		toolbus.ToolRequested{RunID: run, Step: 0, CallIndex: 0, CallCount: 1, Call: tc, Deadline: c.deadline,
+			Principal: rs.Principal, AllowedTools: c.allowed}, true).
+		Traced("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"))
 	if err != nil {
 		return fmt.Errorf("conformance: request %s: %w", c.name, err)
 	}

@@ -245,20 +245,6 @@ func (b *Bus) Publish(ctx context.Context, subject string, m Meta, data any) (*j
 	return ack, nil
 }
 
-// PublishAsync encodes and publishes one event without waiting; the returned future
-// resolves on the stream's acknowledgement.
-func (b *Bus) PublishAsync(subject string, m Meta, data any) (jetstream.PubAckFuture, error) {
-	msg, err := Encode(subject, m, data)
-	if err != nil {
-		return nil, err
-	}
-	f, err := b.JS.PublishMsgAsync(msg, jetstream.WithMsgID(m.ID))
-	if err != nil {
-		return nil, fmt.Errorf("events: publish %s: %w", m.ID, err)
-	}
-	return f, nil
-}
-
 // Source returns the CloudEvents source of a component instance.
 func Source(component, instance string) string { return "/toolbus/" + component + "/" + instance }
 
@@ -292,9 +278,7 @@ func (b *Bus) StartRun(ctx context.Context, source string, rs toolbus.RunStarted
 	if rs.StartedAt.IsZero() {
 		rs.StartedAt = time.Now().UTC()
 	}
-	ack, err := b.Publish(ctx, SubjectRunStarted(rs.RunID), Meta{
-		ID: IDRunStarted(rs.RunID), Type: TypeRunStarted, Source: source, RunID: rs.RunID,
-	}, rs)
+	ack, err := b.PublishEvent(ctx, RunStartedEvent(source, rs))
 	if err != nil {
 		return err
 	}

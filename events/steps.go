@@ -406,16 +406,6 @@ func (b *Bus) RecordEnd(ctx context.Context, step int, ended toolbus.RunEnded) (
 	return b.setRunState(ctx, ended.RunID, ended.Status, step, ended.Code, ended.Reason, &ended)
 }
 
-// outcomeID is the deterministic id of an outcome event.
-func outcomeID(run string, step int, ended *toolbus.RunEnded) string {
-	id := IDRunEnded(run, step, ended.Status)
-	if ended.Status == toolbus.RunWaitingForApproval {
-		// A step can wait several times, once per remaining set of pending calls.
-		id += "/" + strconv.Itoa(len(ended.Pending))
-	}
-	return id
-}
-
 // PublishOutcome publishes the outcome event recorded in a run state (the second half of
 // EndRun). It publishes nothing when the stream already holds that very event, so an
 // outcome republished after a crash reaches the stream once even past the duplicate
@@ -429,14 +419,11 @@ func (b *Bus) PublishOutcome(ctx context.Context, source string, st RunState) er
 		// A state written before outcomes were stored whole: rebuild what it records.
 		ended = &toolbus.RunEnded{RunID: st.RunID, Status: st.Status, Code: st.Code, Reason: st.Reason, StepsUsed: st.Step + 1}
 	}
-	id := outcomeID(st.RunID, st.Step, ended)
-	subject := SubjectRunEnded(st.RunID, ended.Status)
-	if raw, err := b.Stream.GetLastMsgForSubject(ctx, subject); err == nil && raw.Header.Get(HeaderMsgID) == id {
+	e := RunEndedEvent(source, st.Step, *ended)
+	if raw, err := b.Stream.GetLastMsgForSubject(ctx, e.Subject); err == nil && raw.Header.Get(HeaderMsgID) == e.Meta.ID {
 		return nil
 	}
-	_, err := b.Publish(ctx, subject, Meta{
-		ID: id, Type: TypeRunEnded(ended.Status), Source: source, RunID: st.RunID, Step: st.Step,
-	}, *ended)
+	_, err := b.PublishEvent(ctx, e)
 	return err
 }
 
@@ -498,14 +485,7 @@ func (b *Bus) PublishApproval(ctx context.Context, source string, step int, a to
 	if !toolbus.ValidRunID(a.RunID) || a.CallID == "" {
 		return nil, fmt.Errorf("events: approval needs a valid run id and a call id")
 	}
-	typ := TypeApprovalDenied
-	if granted {
-		typ = TypeApprovalGranted
-	}
-	return b.Publish(ctx, SubjectApproval(a.RunID, granted), Meta{
-		ID: IDApproval(a.RunID, strconv.Itoa(step)+"/"+a.CallID, granted), Type: typ, Source: source,
-		RunID: a.RunID, Step: step, CallID: a.CallID, HasCall: true,
-	}, a)
+	return b.PublishEvent(ctx, ApprovalEvent(source, step, a, granted))
 }
 
 // PublishCancel publishes run.cancel: executors cancel the run's calls in flight and the
@@ -514,9 +494,7 @@ func (b *Bus) PublishCancel(ctx context.Context, source string, c toolbus.Cancel
 	if !toolbus.ValidRunID(c.RunID) {
 		return nil, fmt.Errorf("events: cancel needs a valid run id")
 	}
-	return b.Publish(ctx, SubjectRunCancel(c.RunID), Meta{
-		ID: IDRunCancel(c.RunID), Type: TypeRunCancel, Source: source, RunID: c.RunID,
-	}, c)
+	return b.PublishEvent(ctx, CancelEvent(source, c))
 }
 
 // CancelRequest returns the run.cancel event of a run, if one was published.

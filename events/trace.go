@@ -3,10 +3,8 @@ package events
 import (
 	"context"
 	"crypto/sha256"
-	"fmt"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
@@ -72,19 +70,4 @@ func RunTraceContext(run, traceparent string) trace.SpanContext {
 	copy(sid[:], sum[16:24])
 	return trace.NewSpanContext(trace.SpanContextConfig{TraceID: tid, SpanID: sid,
 		TraceFlags: trace.FlagsSampled, Remote: true})
-}
-
-// PublishAsyncContext is PublishAsync with the span context of ctx in the message's
-// traceparent and tracestate headers.
-func (b *Bus) PublishAsyncContext(ctx context.Context, subject string, m Meta, data any) (jetstream.PubAckFuture, error) {
-	msg, err := Encode(subject, m, data)
-	if err != nil {
-		return nil, err
-	}
-	InjectTrace(ctx, msg.Header)
-	f, err := b.JS.PublishMsgAsync(msg, jetstream.WithMsgID(m.ID))
-	if err != nil {
-		return nil, fmt.Errorf("events: publish %s: %w", m.ID, err)
-	}
-	return f, nil
 }

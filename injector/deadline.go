@@ -149,10 +149,8 @@ func (in *Injector) Deadline(ctx context.Context, run string, deadline time.Time
 			Content: "no executor answered this call before the run's deadline",
 			Error: &toolbus.ToolError{Code: toolbus.CodeTimeout,
 				Message: "no executor answered before the run's deadline " + deadline.UTC().Format(time.RFC3339)}}
-		f, err := in.bus.PublishAsync(events.SubjectToolFinished(run, c.Tool), events.Meta{
-			ID: events.IDToolFinished(run, step, c.CallID), Type: events.TypeToolFinished, Source: in.source,
-			RunID: run, Step: step, CallID: c.CallID, CallIndex: i, CallCount: len(calls), HasCall: true,
-		}, toolbus.ToolFinished{RunID: run, Step: step, CallIndex: i, CallCount: len(calls), ToolResult: res})
+		f, err := in.bus.PublishEventAsync(ctx, events.ToolFinishedEvent(in.source,
+			toolbus.ToolFinished{RunID: run, Step: step, CallIndex: i, CallCount: len(calls), ToolResult: res}))
 		if err != nil {
 			return err
 		}

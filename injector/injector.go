@@ -296,15 +296,11 @@ func (in *Injector) Started(ctx context.Context, rs toolbus.RunStarted, seq uint
 	}
 	full = full.WithDefaults(in.cfg.Defaults)
 	if d := full.Limits.Deadline; !d.IsZero() {
-		if _, err := in.bus.Publish(ctx, events.SubjectTimer(rs.RunID), events.Meta{
-			ID: events.IDTimer(rs.RunID), Type: events.TypeRunTimer, Source: in.source, RunID: rs.RunID,
-		}, events.RunTimer{RunID: rs.RunID, Deadline: d}); err != nil {
+		if _, err := in.bus.PublishEvent(ctx, events.TimerEvent(in.source, events.RunTimer{RunID: rs.RunID, Deadline: d})); err != nil {
 			return err
 		}
 	}
-	_, err = in.bus.Publish(ctx, events.SubjectModelRequested(rs.RunID), events.Meta{
-		ID: events.IDModelRequested(rs.RunID, 0), Type: events.TypeModelRequested, Source: in.source, RunID: rs.RunID,
-	}, toolbus.ModelRequested{RunID: rs.RunID, Step: 0})
+	_, err = in.bus.PublishEvent(ctx, events.ModelRequestedEvent(in.source, toolbus.ModelRequested{RunID: rs.RunID, Step: 0}))
 	return err
 }
 
@@ -547,10 +543,7 @@ func (in *Injector) settle(ctx context.Context, st *events.StepState) error {
 			return err
 		}
 	}
-	_, err = in.bus.Publish(ctx, events.SubjectModelRequested(rec.RunID), events.Meta{
-		ID: events.IDModelRequested(rec.RunID, rec.Step+1), Type: events.TypeModelRequested, Source: in.source,
-		RunID: rec.RunID, Step: rec.Step + 1,
-	}, toolbus.ModelRequested{RunID: rec.RunID, Step: rec.Step + 1})
+	_, err = in.bus.PublishEvent(ctx, events.ModelRequestedEvent(in.source, toolbus.ModelRequested{RunID: rec.RunID, Step: rec.Step + 1}))
 	return err
 }
 
@@ -684,12 +677,9 @@ func (in *Injector) reissue(ctx context.Context, rec *events.StepRecord, idx int
 	}
 	rs = rs.WithDefaults(in.cfg.Defaults)
 	call := *rec.Waiting[idx]
-	_, err = in.bus.Publish(ctx, events.SubjectToolRequested(rec.RunID, call.Tool), events.Meta{
-		ID: events.IDToolRequested(rec.RunID, rec.Step, call.CallID, true), Type: events.TypeToolRequested,
-		Source: in.source, RunID: rec.RunID, Step: rec.Step, CallID: call.CallID, CallIndex: idx,
-		CallCount: rec.CallCount, HasCall: true,
-	}, toolbus.ToolRequested{RunID: rec.RunID, Step: rec.Step, CallIndex: idx, CallCount: rec.CallCount, Call: call,
-		Deadline: rs.Limits.Deadline, Principal: rs.Principal, AllowedTools: rs.AllowedTools, Approved: true})
+	_, err = in.bus.PublishEvent(ctx, events.ToolRequestedEvent(in.source, toolbus.ToolRequested{
+		RunID: rec.RunID, Step: rec.Step, CallIndex: idx, CallCount: rec.CallCount, Call: call,
+		Deadline: rs.Limits.Deadline, Principal: rs.Principal, AllowedTools: rs.AllowedTools, Approved: true}, true))
 	return err
 }
 

@@ -313,10 +313,7 @@ func (p *Planner) Step(ctx context.Context, run string, step int, traceparent st
 		attribute.Bool("toolbus.model_reused", got),
 	)
 
-	responded, err := p.bus.PublishAsync(events.SubjectModelResponded(run), events.Meta{
-		ID: events.IDModelResponded(run, step), Type: events.TypeModelResponded, Source: p.source,
-		RunID: run, Step: step, TraceParent: traceparent,
-	}, mr)
+	responded, err := p.bus.PublishEventAsync(ctx, events.ModelRespondedEvent(p.source, mr).Traced(traceparent))
 	if err != nil {
 		return err
 	}
@@ -374,25 +371,18 @@ func (p *Planner) current(ctx context.Context, run string, step int) error {
 func (p *Planner) publishCalls(ctx context.Context, rs *toolbus.RunStarted, step int, calls []toolbus.ToolCall, traceparent string, futures []jetstream.PubAckFuture) error {
 	for i, c := range calls {
 		if i >= p.cfg.MaxCallsPerStep {
-			f, err := p.rejectExcess(rs.RunID, step, i, calls, traceparent)
+			f, err := p.rejectExcess(ctx, rs.RunID, step, i, calls, traceparent)
 			if err != nil {
 				return err
 			}
 			futures = append(futures, f)
 			continue
 		}
-		token := c.Tool
-		if _, ok := p.catalog.Lookup(c.Tool); !ok {
-			token = events.UnknownToolToken // no executor serves it: any executor rejects it
-		}
-		f, err := p.bus.PublishAsyncContext(ctx, events.SubjectToolRequested(rs.RunID, token), events.Meta{
-			ID: events.IDToolRequested(rs.RunID, step, c.CallID, false), Type: events.TypeToolRequested,
-			Source: p.source, RunID: rs.RunID, Step: step, CallID: c.CallID, CallIndex: i, CallCount: len(calls),
-			HasCall: true, TraceParent: traceparent,
-		}, toolbus.ToolRequested{
+		_, served := p.catalog.Lookup(c.Tool) // no executor serves it: any executor rejects it
+		f, err := p.bus.PublishEventAsync(ctx, events.ToolRequestedEvent(p.source, toolbus.ToolRequested{
 			RunID: rs.RunID, Step: step, CallIndex: i, CallCount: len(calls), Call: c,
 			Deadline: rs.Limits.Deadline, Principal: rs.Principal, AllowedTools: rs.AllowedTools,
-		})
+		}, served).Traced(traceparent))
 		if err != nil {
 			return err
 		}
@@ -402,16 +392,14 @@ func (p *Planner) publishCalls(ctx context.Context, rs *toolbus.RunStarted, step
 }
 
 // rejectExcess publishes the rejected result of call i, beyond the per-step cap.
-func (p *Planner) rejectExcess(run string, step, i int, calls []toolbus.ToolCall, traceparent string) (jetstream.PubAckFuture, error) {
+func (p *Planner) rejectExcess(ctx context.Context, run string, step, i int, calls []toolbus.ToolCall, traceparent string) (jetstream.PubAckFuture, error) {
 	c := calls[i]
 	msg := fmt.Sprintf("not run: this step asked for %d tool calls and at most %d run per step; ask for the rest in a later step",
 		len(calls), p.cfg.MaxCallsPerStep)
 	res := toolbus.ToolResult{CallID: c.CallID, Tool: c.Tool, Status: toolbus.StatusRejected, Content: msg, Executor: p.source,
 		Error: &toolbus.ToolError{Code: toolbus.CodeTooManyCalls, Message: msg, Retryable: true}}
-	return p.bus.PublishAsync(events.SubjectToolFinished(run, c.Tool), events.Meta{
-		ID: events.IDToolFinished(run, step, c.CallID), Type: events.TypeToolFinished, Source: p.source,
-		RunID: run, Step: step, CallID: c.CallID, CallIndex: i, CallCount: len(calls), HasCall: true, TraceParent: traceparent,
-	}, toolbus.ToolFinished{RunID: run, Step: step, CallIndex: i, CallCount: len(calls), ToolResult: res})
+	return p.bus.PublishEventAsync(ctx, events.ToolFinishedEvent(p.source,
+		toolbus.ToolFinished{RunID: run, Step: step, CallIndex: i, CallCount: len(calls), ToolResult: res}).Traced(traceparent))
 }
 
 func (p *Planner) callModel(ctx context.Context, rs *toolbus.RunStarted, step int) (toolbus.ModelResponded, error) {

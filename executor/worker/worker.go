@@ -532,11 +532,8 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) error {
 		return err
 	}
 	err = w.retry(ctx, msg, log, "publish the result", func() error {
-		_, err := w.bus.Publish(ctx, events.SubjectToolFinished(req.RunID, req.Call.Tool), events.Meta{
-			ID: events.IDToolFinished(req.RunID, req.Step, req.Call.CallID), Type: events.TypeToolFinished,
-			Source: w.source, RunID: req.RunID, Step: req.Step, CallID: req.Call.CallID,
-			CallIndex: req.CallIndex, CallCount: req.CallCount, HasCall: true, TraceParent: meta.TraceParent,
-		}, toolbus.ToolFinished{RunID: req.RunID, Step: req.Step, CallIndex: req.CallIndex, CallCount: req.CallCount, ToolResult: res})
+		_, err := w.bus.PublishEvent(ctx, events.ToolFinishedEvent(w.source, toolbus.ToolFinished{
+			RunID: req.RunID, Step: req.Step, CallIndex: req.CallIndex, CallCount: req.CallCount, ToolResult: res}).Traced(meta.TraceParent))
 		return err
 	})
 	if err != nil {
@@ -703,11 +700,8 @@ func (w *Worker) retry(ctx context.Context, msg jetstream.Msg, log func() *slog.
 }
 
 func (w *Worker) wait(ctx context.Context, req toolbus.ToolRequested, log *slog.Logger) error {
-	_, err := w.bus.Publish(ctx, events.SubjectToolWaiting(req.RunID, req.Call.Tool), events.Meta{
-		ID: events.IDToolWaiting(req.RunID, req.Step, req.Call.CallID), Type: events.TypeToolWaiting,
-		Source: w.source, RunID: req.RunID, Step: req.Step, CallID: req.Call.CallID,
-		CallIndex: req.CallIndex, CallCount: req.CallCount, HasCall: true,
-	}, toolbus.ToolWaiting{RunID: req.RunID, Step: req.Step, CallIndex: req.CallIndex, CallCount: req.CallCount, Call: req.Call})
+	_, err := w.bus.PublishEvent(ctx, events.ToolWaitingEvent(w.source,
+		toolbus.ToolWaiting{RunID: req.RunID, Step: req.Step, CallIndex: req.CallIndex, CallCount: req.CallCount, Call: req.Call}))
 	if err == nil {
 		log.Info("call waits for approval")
 	}
