@@ -6,15 +6,17 @@ import (
 	"testing"
 )
 
-// The dependency rule of the architecture: events imports no worker; executor, planner
-// and injector import events and never each other; only cmd/ wires them.
+// The dependency rule of the architecture: events (and its store) imports no worker;
+// executor, planner and injector import events and never each other; only cmd/ wires
+// them.
 func TestDependencyDirection(t *testing.T) {
 	const mod = "github.com/toolbus/toolbus/"
 	forbidden := map[string][]string{
-		"events":   {"executor", "planner", "injector", "cmd"},
-		"executor": {"planner", "injector", "cmd"},
-		"planner":  {"executor", "injector", "cmd"},
-		"injector": {"executor", "planner", "cmd"},
+		"events":       {"executor", "planner", "injector", "cmd"},
+		"events/store": {"executor", "planner", "injector", "cmd"},
+		"executor":     {"planner", "injector", "cmd"},
+		"planner":      {"executor", "injector", "cmd"},
+		"injector":     {"executor", "planner", "cmd"},
 	}
 	// The domain types and the executor core link no bus: an executor runs in-process
 	// without NATS or CloudEvents (the bus side is executor/worker).
@@ -28,6 +30,17 @@ func TestDependencyDirection(t *testing.T) {
 				(strings.HasPrefix(dep, mod) && pkg == ".") {
 				t.Errorf("%s depends on %s", pkg, dep)
 			}
+		}
+	}
+	// The store is state, not wire: it links neither the events package nor CloudEvents.
+	out, err := exec.Command("go", "list", "-deps", "./events/store").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go list events/store: %v\n%s", err, out)
+	}
+	for _, dep := range strings.Fields(string(out)) {
+		if dep == mod+"events" || strings.HasPrefix(dep, "github.com/cloudevents/") ||
+			(strings.HasPrefix(dep, mod) && dep != mod+"events/store" && dep != strings.TrimSuffix(mod, "/")) {
+			t.Errorf("events/store depends on %s", dep)
 		}
 	}
 	for pkg, bad := range forbidden {

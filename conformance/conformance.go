@@ -34,6 +34,7 @@ import (
 
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/store"
 )
 
 // Config says how to start the executor under test.
@@ -135,14 +136,14 @@ func Check(ctx context.Context, nc *nats.Conn, url string, cfg Config) (rep Repo
 			return err
 		}
 		if !slices.ContainsFunc(cs, func(c toolbus.ToolContract) bool { return c.Name == cfg.Tool }) {
-			return fmt.Errorf("no %s in the catalog (KV %s)", cfg.Tool, events.BucketTools)
+			return fmt.Errorf("no %s in the catalog (KV %s)", cfg.Tool, store.BucketTools)
 		}
 		ins, err := bus.Instances(ctx)
 		if err != nil {
 			return err
 		}
-		if !slices.ContainsFunc(ins, func(in events.Instance) bool { return slices.Contains(in.Tools, cfg.Tool) }) {
-			return fmt.Errorf("no live instance serving %s (KV %s)", cfg.Tool, events.BucketInstances)
+		if !slices.ContainsFunc(ins, func(in store.Instance) bool { return slices.Contains(in.Tools, cfg.Tool) }) {
+			return fmt.Errorf("no live instance serving %s (KV %s)", cfg.Tool, store.BucketInstances)
 		}
 		return nil
 	}); err != nil {
@@ -315,11 +316,11 @@ func request(ctx context.Context, bus *events.Bus, run, tool string, c call) err
 
 // claimed reports (as nil) whether the executor claimed the call in the claims bucket.
 func claimed(ctx context.Context, bus *events.Bus, run, callID string) error {
-	kv, err := bus.JS.KeyValue(ctx, events.BucketClaims)
+	kv, err := bus.JS.KeyValue(ctx, store.BucketClaims)
 	if err != nil {
 		return err
 	}
-	_, err = kv.Get(ctx, events.ClaimKey(run, 0, callID))
+	_, err = kv.Get(ctx, store.ClaimKey(run, 0, callID))
 	return err
 }
 

@@ -15,6 +15,7 @@ import (
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
+	"github.com/toolbus/toolbus/events/store"
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/executor/worker"
 	"github.com/toolbus/toolbus/injector"
@@ -535,7 +536,7 @@ func TestPersistentStoreFailureEndsTheRun(t *testing.T) {
 	s.submit("store-1", toolbus.Limits{Deadline: time.Now().Add(2 * time.Minute)})
 	s.waitEvents("store-1", events.TypeToolRequested, 1)
 	// From now on the history bucket refuses every write: results cannot be joined.
-	hist, err := s.bus.JS.Stream(s.ctx, "KV_"+events.BucketHistory)
+	hist, err := s.bus.JS.Stream(s.ctx, "KV_"+store.BucketHistory)
 	if err != nil {
 		t.Fatal(err)
 	}

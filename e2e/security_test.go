@@ -32,6 +32,7 @@ import (
 	"github.com/toolbus/toolbus/deploy/nats/natsjwt"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
+	"github.com/toolbus/toolbus/events/store"
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/executor/packs"
 	"github.com/toolbus/toolbus/executor/worker"
@@ -350,8 +351,8 @@ func roleAttacks(t *testing.T, role string) []attack {
 			}
 			return st.Purge(ctx)
 		}),
-		api("bucket delete", "$JS.API.STREAM.DELETE.KV_"+events.BucketRuns, func(ctx context.Context, js jetstream.JetStream) error {
-			return js.DeleteKeyValue(ctx, events.BucketRuns)
+		api("bucket delete", "$JS.API.STREAM.DELETE.KV_"+store.BucketRuns, func(ctx context.Context, js jetstream.JetStream) error {
+			return js.DeleteKeyValue(ctx, store.BucketRuns)
 		}),
 		api("ephemeral consumer on the event stream", "$JS.API.CONSUMER.CREATE."+stream+".sneaky.toolbus.>", func(ctx context.Context, js jetstream.JetStream) error {
 			_, err := js.CreateConsumer(ctx, stream, jetstream.ConsumerConfig{Name: "sneaky", FilterSubject: "toolbus.>"})
@@ -395,12 +396,12 @@ func roleAttacks(t *testing.T, role string) []attack {
 	}
 	// Buckets the role does not write.
 	writes := map[string][]string{
-		"planner":  {events.BucketHistory, events.BucketRuns},
-		"injector": {events.BucketHistory, events.BucketRuns, events.BucketApprovals},
-		"executor": {events.BucketClaims, events.BucketInstances, events.BucketTools},
+		"planner":  {store.BucketHistory, store.BucketRuns},
+		"injector": {store.BucketHistory, store.BucketRuns, store.BucketApprovals},
+		"executor": {store.BucketClaims, store.BucketInstances, store.BucketTools},
 		"client":   nil,
 	}
-	for _, bk := range []string{events.BucketRuns, events.BucketHistory, events.BucketApprovals, events.BucketTools, events.BucketClaims, events.BucketInstances} {
+	for _, bk := range []string{store.BucketRuns, store.BucketHistory, store.BucketApprovals, store.BucketTools, store.BucketClaims, store.BucketInstances} {
 		if slices.Contains(writes[role], bk) {
 			continue
 		}
@@ -550,7 +551,7 @@ func (s *secured) checkRoles() {
 			}
 		}
 	}
-	for _, bk := range []string{events.BucketRuns, events.BucketHistory, events.BucketApprovals, events.BucketTools, events.BucketClaims, events.BucketInstances} {
+	for _, bk := range []string{store.BucketRuns, store.BucketHistory, store.BucketApprovals, store.BucketTools, store.BucketClaims, store.BucketInstances} {
 		kv, err := admin.JS.KeyValue(s.ctx, bk)
 		if err != nil {
 			t.Fatal(err)

@@ -5,40 +5,28 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strconv"
 	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/toolbus/toolbus"
+	"github.com/toolbus/toolbus/events/store"
 )
 
-// Names of the JetStream resources toolbus uses.
-const (
-	DefaultStream   = "TOOLBUS"
-	BucketTools     = "toolbus_tools"
-	BucketHistory   = "toolbus_history"
-	BucketRuns      = "toolbus_runs"
-	BucketApprovals = "toolbus_approvals"
-	BucketOutputs   = "toolbus_outputs"
-	// BucketClaims holds one key per call that an executor claimed before running it.
-	BucketClaims = "toolbus_claims"
-	// BucketInstances holds one key per live executor instance, refreshed by heartbeats
-	// and expired by the bucket's TTL (Config.InstanceTTL).
-	BucketInstances = "toolbus_instances"
-)
+// DefaultStream is the name of the event stream unless Config.Stream sets another.
+const DefaultStream = "TOOLBUS"
 
-// Errors callers branch on.
+// Errors callers branch on: the store's, which the bus's own reads return too.
 var (
-	// ErrRunNotFound: no run.started event for that run id.
-	ErrRunNotFound = errors.New("events: run not found")
+	// ErrRunNotFound: no run.started event (or run state) for that run id.
+	ErrRunNotFound = store.ErrRunNotFound
 	// ErrRunEnded: the run already reached a terminal state; nothing may move it back.
-	ErrRunEnded = errors.New("events: run already ended")
+	ErrRunEnded = store.ErrRunEnded
 	// ErrConflict: a compare-and-set lost against a concurrent writer; reload and retry.
-	ErrConflict = errors.New("events: concurrent update")
+	ErrConflict = store.ErrConflict
 	// ErrNotFound: the requested record does not exist (yet).
-	ErrNotFound = errors.New("events: not found")
+	ErrNotFound = store.ErrNotFound
 )
 
 // Config describes the stream and buckets. Zero values take the defaults.
@@ -89,9 +77,10 @@ func (c Config) storage() jetstream.StorageType {
 	return jetstream.FileStorage
 }
 
-// Bus is toolbus's view of JetStream: the event stream, the shared stores (history, run
-// state, approvals, tool catalog, large outputs) and publishing with deterministic ids.
-// It is safe for concurrent use.
+// Bus is toolbus's view of JetStream: the connection, the event stream (publishing with
+// deterministic ids, reading a run's events) and the shared state, the embedded
+// *store.Store whose methods (history, run states, approvals, catalog, claims, outputs)
+// a Bus has. It is safe for concurrent use.
 type Bus struct {
 	cfg    Config
 	NC     *nats.Conn
@@ -100,14 +89,9 @@ type Bus struct {
 	reader jetstream.Stream
 	// manage: this bus was set up by an administrator (Setup) and creates or updates
 	// the consumers its workers bind to; an opened one only binds.
-	manage    bool
-	history   jetstream.KeyValue
-	runs      jetstream.KeyValue
-	tools     jetstream.KeyValue
-	approvals jetstream.KeyValue
-	claims    jetstream.KeyValue
-	instances jetstream.KeyValue
-	outputs   jetstream.ObjectStore
+	manage bool
+	// Store is the shared state in the buckets the bus opened.
+	*store.Store
 
 	mu       sync.Mutex
 	runCache map[string]*toolbus.RunStarted
@@ -155,20 +139,22 @@ func open(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, cfg Config
 	} else if !errors.Is(err, jetstream.ErrStreamNotFound) {
 		return nil, fmt.Errorf("events: stream %s: %w", ReadMirrorName(cfg.Stream), err)
 	}
+	var kvs store.Buckets
 	for _, bk := range []struct {
 		name string
 		kv   *jetstream.KeyValue
 	}{
-		{BucketHistory, &b.history}, {BucketRuns, &b.runs}, {BucketTools, &b.tools},
-		{BucketApprovals, &b.approvals}, {BucketClaims, &b.claims}, {BucketInstances, &b.instances},
+		{store.BucketHistory, &kvs.History}, {store.BucketRuns, &kvs.Runs}, {store.BucketTools, &kvs.Tools},
+		{store.BucketApprovals, &kvs.Approvals}, {store.BucketClaims, &kvs.Claims}, {store.BucketInstances, &kvs.Instances},
 	} {
 		if *bk.kv, err = js.KeyValue(ctx, bk.name); err != nil {
 			return nil, missing("bucket", bk.name, err)
 		}
 	}
-	if b.outputs, err = js.ObjectStore(ctx, BucketOutputs); err != nil {
-		return nil, missing("object store", BucketOutputs, err)
+	if kvs.Outputs, err = js.ObjectStore(ctx, store.BucketOutputs); err != nil {
+		return nil, missing("object store", store.BucketOutputs, err)
 	}
+	b.Store = store.New(kvs, cfg.InstanceTTL)
 	return b, nil
 }
 
@@ -219,9 +205,9 @@ func leaderReads(ctx context.Context, js jetstream.JetStream, bucket string) (je
 
 func kvTTL(name string, cfg Config) time.Duration {
 	switch name {
-	case BucketTools:
+	case store.BucketTools:
 		return 0
-	case BucketInstances:
+	case store.BucketInstances:
 		return cfg.InstanceTTL
 	}
 	return cfg.MaxAge
@@ -247,133 +233,3 @@ func (b *Bus) Publish(ctx context.Context, subject string, m Meta, data any) (*j
 
 // Source returns the CloudEvents source of a component instance.
 func Source(component, instance string) string { return "/toolbus/" + component + "/" + instance }
-
-func stepKey(run string, step int, kind string) string {
-	return run + "." + strconv.Itoa(step) + "." + kind
-}
-
-// ErrRunExists: a run with that id was already submitted (at any age); a run id names
-// one run forever.
-var ErrRunExists = errors.New("events: run id already exists")
-
-// StartRun submits a run: it publishes run.started, and nothing else. The injector that
-// consumes the first run.started of a run id records the run and asks for step 0. An id
-// that already has a run.started on the stream is refused with ErrRunExists before
-// anything is published, and a publish the stream reports as a duplicate (a concurrent
-// submission of the same id) is refused the same way.
-func (b *Bus) StartRun(ctx context.Context, source string, rs toolbus.RunStarted) error {
-	if !toolbus.ValidRunID(rs.RunID) {
-		return fmt.Errorf("events: invalid run id %q: use 1-128 of [A-Za-z0-9_-]", rs.RunID)
-	}
-	for _, t := range rs.AllowedTools {
-		if !toolbus.ValidToolName(t) {
-			return fmt.Errorf("events: invalid tool name %q in allowed tools", t)
-		}
-	}
-	if _, _, err := b.firstRunStarted(ctx, rs.RunID); err == nil {
-		return fmt.Errorf("%w: %s", ErrRunExists, rs.RunID)
-	} else if !errors.Is(err, ErrRunNotFound) {
-		return err
-	}
-	if rs.StartedAt.IsZero() {
-		rs.StartedAt = time.Now().UTC()
-	}
-	ack, err := b.PublishEvent(ctx, RunStartedEvent(source, rs))
-	if err != nil {
-		return err
-	}
-	if ack.Duplicate {
-		return fmt.Errorf("%w: %s (submitted concurrently)", ErrRunExists, rs.RunID)
-	}
-	return nil
-}
-
-// RunStarted returns the run.started data of a run: the FIRST run.started on its subject
-// (a later one, forged or resubmitted, never counts), read from the stream and cached:
-// it never changes.
-func (b *Bus) RunStarted(ctx context.Context, run string) (*toolbus.RunStarted, error) {
-	b.mu.Lock()
-	rs, ok := b.runCache[run]
-	b.mu.Unlock()
-	if ok {
-		return rs, nil
-	}
-	rs, _, err := b.firstRunStarted(ctx, run)
-	if err != nil {
-		return nil, err
-	}
-	b.mu.Lock()
-	if len(b.runCache) > 10000 {
-		clear(b.runCache) // a bounded cache; entries are cheap to reload
-	}
-	b.runCache[run] = rs
-	b.mu.Unlock()
-	return rs, nil
-}
-
-// RunStartedSeq returns the stream sequence of the first run.started of a run: the only
-// one that starts it.
-func (b *Bus) RunStartedSeq(ctx context.Context, run string) (uint64, error) {
-	_, seq, err := b.firstRunStarted(ctx, run)
-	return seq, err
-}
-
-// firstRunStarted reads the first message on the run's run.started subject.
-func (b *Bus) firstRunStarted(ctx context.Context, run string) (*toolbus.RunStarted, uint64, error) {
-	raw, err := b.Stream.GetMsg(ctx, 1, jetstream.WithGetMsgSubject(SubjectRunStarted(run)))
-	if err != nil {
-		if errors.Is(err, jetstream.ErrMsgNotFound) {
-			return nil, 0, fmt.Errorf("%w: %s", ErrRunNotFound, run)
-		}
-		return nil, 0, fmt.Errorf("events: run.started of %s: %w", run, err)
-	}
-	rs := new(toolbus.RunStarted)
-	if _, err := Decode(&nats.Msg{Subject: raw.Subject, Header: raw.Header, Data: raw.Data}, rs); err != nil {
-		return nil, 0, err
-	}
-	return rs, raw.Sequence, nil
-}
-
-// PutAssistant records the assistant message of a step. The first write wins: if the
-// step already has one (a redelivered model.requested), the stored one is returned with
-// created false, so a retried step never changes what the model said.
-func (b *Bus) PutAssistant(ctx context.Context, mr toolbus.ModelResponded) (toolbus.ModelResponded, bool, error) {
-	key := stepKey(mr.RunID, mr.Step, "a")
-	if _, err := b.history.Create(ctx, key, mustJSON(mr)); err != nil {
-		if !errors.Is(err, jetstream.ErrKeyExists) {
-			return mr, false, fmt.Errorf("events: history %s: %w", key, err)
-		}
-		prev, err := b.Assistant(ctx, mr.RunID, mr.Step)
-		return prev, false, err
-	}
-	return mr, true, nil
-}
-
-// Assistant returns the recorded assistant message of a step.
-func (b *Bus) Assistant(ctx context.Context, run string, step int) (toolbus.ModelResponded, error) {
-	var mr toolbus.ModelResponded
-	err := b.getJSON(ctx, b.history, stepKey(run, step, "a"), &mr)
-	return mr, err
-}
-
-func (b *Bus) getJSON(ctx context.Context, kv jetstream.KeyValue, key string, v any) error {
-	e, err := kv.Get(ctx, key)
-	if err != nil {
-		if errors.Is(err, jetstream.ErrKeyNotFound) {
-			return fmt.Errorf("%w: %s", ErrNotFound, key)
-		}
-		return fmt.Errorf("events: get %s: %w", key, err)
-	}
-	if err := json.Unmarshal(e.Value(), v); err != nil {
-		return fmt.Errorf("events: decode %s: %w", key, err)
-	}
-	return nil
-}
-
-func mustJSON(v any) []byte {
-	b, err := json.Marshal(v)
-	if err != nil {
-		panic(fmt.Sprintf("events: marshal %T: %v", v, err)) // only plain data types reach here
-	}
-	return b
-}

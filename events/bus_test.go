@@ -8,6 +8,7 @@ import (
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
+	"github.com/toolbus/toolbus/events/store"
 )
 
 func openBus(t *testing.T) *events.Bus {
@@ -67,7 +68,7 @@ func TestBusStores(t *testing.T) {
 	if _, _, err := bus.PutAssistant(ctx, toolbus.ModelResponded{RunID: "r1", Step: 1, Message: mr.Message}); err != nil {
 		t.Fatal(err)
 	}
-	js := events.NewStepState("r1", 1, 2)
+	js := store.NewStepState("r1", 1, 2)
 	rev, err := bus.PutStepState(ctx, js, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -119,48 +120,5 @@ func TestBusStores(t *testing.T) {
 	back, err := bus.Output(ctx, ref)
 	if err != nil || len(back) != len(big) {
 		t.Fatalf("output %d bytes, %v", len(back), err)
-	}
-}
-
-func TestCatalog(t *testing.T) {
-	bus := openBus(t)
-	ctx := eventstest.Context(t, time.Minute)
-	if err := bus.PublishTool(ctx, toolbus.ToolContract{Name: "a", ReadOnly: true}); err != nil {
-		t.Fatal(err)
-	}
-	if err := bus.PublishTool(ctx, toolbus.ToolContract{Name: "bad name"}); err == nil {
-		t.Fatal("invalid tool name published")
-	}
-	cat, err := bus.WatchCatalog(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, ok := cat.Lookup("a"); !ok {
-		t.Fatal("existing tool missing from a new catalog")
-	}
-	if got := cat.Tools(nil); len(got) != 0 {
-		t.Fatalf("tools with no live instance offered: %+v", got)
-	}
-	if err := bus.PublishTool(ctx, toolbus.ToolContract{Name: "b"}); err != nil {
-		t.Fatal(err)
-	}
-	if err := bus.PutInstance(ctx, events.Instance{Name: "x-1", Tools: []string{"a", "b"}}); err != nil {
-		t.Fatal(err)
-	}
-	eventstest.Eventually(t, 5*time.Second, func() error {
-		if len(cat.Tools(nil)) != 2 {
-			return errors.New("new tool not seen")
-		}
-		return nil
-	})
-	if got := cat.Serving("a"); len(got) != 1 || got[0] != "x-1" {
-		t.Fatalf("serving a: %v", got)
-	}
-	only := cat.Tools(&toolbus.RunStarted{AllowedTools: []string{"b"}})
-	if len(only) != 1 || only[0].Name != "b" {
-		t.Fatalf("allowlist filter: %+v", only)
-	}
-	if got := toolbus.OpenAITools(only); got[0].Type != "function" || string(got[0].Function.Parameters) == "" {
-		t.Fatalf("openai export %+v", got)
 	}
 }

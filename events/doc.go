@@ -1,4 +1,6 @@
-// Package events owns the public contract of toolbus: the event data types, the subjects,
-// the CloudEvents codec over NATS, the stream and consumer setup, the tool catalog and the
-// history store that planner and injector share. It imports none of the workers.
+// Package events owns the wire of toolbus: the subjects, the envelope of every event type
+// (subject, id, type and extensions derived from the data), the CloudEvents codec over
+// NATS, the stream and consumer setup and the consume loop. Its Bus is the connection,
+// the event stream and the shared state of package events/store. It imports none of the
+// workers.
 package events

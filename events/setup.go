@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/toolbus/toolbus/events/store"
 	"github.com/toolbus/toolbus/internal/retry"
 )
 
@@ -252,7 +253,7 @@ func Setup(ctx context.Context, nc *nats.Conn, cfg Config, opts ...SetupOption) 
 			Bucket: bk.name, Description: bk.desc, History: 1, TTL: kvTTL(bk.name, cfg),
 			Storage: cfg.storage(), Replicas: cfg.Replicas, MaxValueSize: -1,
 		}
-		if bk.name == BucketInstances {
+		if bk.name == store.BucketInstances {
 			// An expired instance leaves a delete marker, so catalog watchers see it go.
 			kc.LimitMarkerTTL = max(cfg.InstanceTTL, time.Second)
 		}
@@ -278,22 +279,22 @@ func Setup(ctx context.Context, nc *nats.Conn, cfg Config, opts ...SetupOption) 
 	}
 	{
 		var before any
-		s, err := js.Stream(ctx, "OBJ_"+BucketOutputs)
+		s, err := js.Stream(ctx, "OBJ_"+store.BucketOutputs)
 		existed := err == nil
 		if existed {
 			before = s.CachedInfo().Config
 		}
 		if _, err := js.CreateOrUpdateObjectStore(ctx, jetstream.ObjectStoreConfig{
-			Bucket: BucketOutputs, Description: "whole tool outputs too large for an event",
+			Bucket: store.BucketOutputs, Description: "whole tool outputs too large for an event",
 			TTL: cfg.MaxAge, Storage: cfg.storage(), Replicas: cfg.Replicas, MaxBytes: cfg.OutputsMaxBytes,
 		}); err != nil {
-			return nil, nil, fmt.Errorf("events: object store %s: %w", BucketOutputs, err)
+			return nil, nil, fmt.Errorf("events: object store %s: %w", store.BucketOutputs, err)
 		}
-		after, err := js.Stream(ctx, "OBJ_"+BucketOutputs)
+		after, err := js.Stream(ctx, "OBJ_"+store.BucketOutputs)
 		if err != nil {
-			return nil, nil, fmt.Errorf("events: object store %s: %w", BucketOutputs, err)
+			return nil, nil, fmt.Errorf("events: object store %s: %w", store.BucketOutputs, err)
 		}
-		note("object store", BucketOutputs, existed, before, after.CachedInfo().Config)
+		note("object store", store.BucketOutputs, existed, before, after.CachedInfo().Config)
 	}
 
 	b, err := open(ctx, nc, js, cfg)
@@ -331,12 +332,12 @@ func Setup(ctx context.Context, nc *nats.Conn, cfg Config, opts ...SetupOption) 
 }
 
 var buckets = []struct{ name, desc string }{
-	{BucketHistory, "run history: assistant messages and joined step results"},
-	{BucketRuns, "run state"},
-	{BucketTools, "tool catalog published by executors"},
-	{BucketApprovals, "approval decisions per call"},
-	{BucketClaims, "executions claimed by executors, one key per call"},
-	{BucketInstances, "live executor instances (heartbeats)"},
+	{store.BucketHistory, "run history: assistant messages and joined step results"},
+	{store.BucketRuns, "run state"},
+	{store.BucketTools, "tool catalog published by executors"},
+	{store.BucketApprovals, "approval decisions per call"},
+	{store.BucketClaims, "executions claimed by executors, one key per call"},
+	{store.BucketInstances, "live executor instances (heartbeats)"},
 }
 
 func upsertStream(ctx context.Context, js jetstream.JetStream, sc jetstream.StreamConfig, note func(kind, name string, existed bool, before, after any)) error {

@@ -1,9 +1,10 @@
 package events
 
 import (
-	"github.com/toolbus/toolbus"
 	"strconv"
 	"strings"
+
+	"github.com/toolbus/toolbus"
 )
 
 // SubjectPrefix is the first token of every toolbus subject.

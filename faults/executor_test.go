@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/store"
 )
 
 // TestFaultExecutorKill kills -9 an executor process while it runs three calls of the
@@ -33,7 +34,7 @@ func TestFaultExecutorKill(t *testing.T) {
 
 	// The three calls are in exec-a's hands (delivered, claimed by exec-a, not
 	// acknowledged) and none has finished: kill it mid-call.
-	claims, err := e.bus.JS.KeyValue(e.ctx, events.BucketClaims)
+	claims, err := e.bus.JS.KeyValue(e.ctx, store.BucketClaims)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -50,7 +51,7 @@ func TestFaultExecutorKill(t *testing.T) {
 		}
 		for i := 0; i < 3; i++ {
 			ctx, cancel := e.op()
-			entry, err := claims.Get(ctx, events.ClaimKey("kill-exec", 0, fmt.Sprintf("c%d", i)))
+			entry, err := claims.Get(ctx, store.ClaimKey("kill-exec", 0, fmt.Sprintf("c%d", i)))
 			cancel()
 			if err != nil {
 				return fmt.Errorf("call c%d not claimed yet: %w", i, err)

@@ -22,6 +22,7 @@ import (
 
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/store"
 )
 
 // The suite runs real processes: a nats-server built from the module dependency, the
@@ -497,7 +498,7 @@ func (e *env) waitReady(tools []string, consumers ...string) {
 	e.eventually("workers ready", 60*time.Second, func() error {
 		ctx, cancel := e.op()
 		defer cancel()
-		kv, err := e.bus.JS.KeyValue(ctx, events.BucketTools)
+		kv, err := e.bus.JS.KeyValue(ctx, store.BucketTools)
 		if err != nil {
 			return err
 		}

@@ -24,6 +24,7 @@ import (
 	"github.com/nats-io/nkeys"
 
 	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/store"
 )
 
 // TestFaultSecurityRoles runs the real binaries with credentials: nats-server with
@@ -136,7 +137,7 @@ func securedPipeline(t *testing.T, natsBin, toolbusBin, dir, conf, scheme string
 		procs = append(procs, startProc(t, dir, role, toolbusBin, []string{role}, env))
 	}
 	// The executor is up when its tools are in the catalog.
-	kv, err := js.KeyValue(context.Background(), events.BucketTools)
+	kv, err := js.KeyValue(context.Background(), store.BucketTools)
 	if err != nil {
 		t.Fatal(err)
 	}

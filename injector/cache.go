@@ -5,7 +5,7 @@ import (
 	"sync"
 
 	"github.com/toolbus/toolbus"
-	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/store"
 )
 
 // steps groups the changes to one step inside this process: while a write of a step is
@@ -26,12 +26,12 @@ type stepQueue struct {
 }
 
 type change struct {
-	apply func(*events.StepState) bool
+	apply func(*store.StepState) bool
 	done  chan error
 }
 
 type cachedStep struct {
-	st  *events.StepState
+	st  *store.StepState
 	rev uint64
 }
 
@@ -42,8 +42,8 @@ func stepID(run string, step int) string { return run + "." + strconv.Itoa(step)
 // submit queues a change of step id and returns once it is written (or failed). write
 // applies a batch to the record (cached is nil when it must be read) and returns the
 // record as written.
-func (s *steps) submit(id string, apply func(*events.StepState) bool,
-	write func(batch []func(*events.StepState) bool, cached *cachedStep) (*cachedStep, error)) error {
+func (s *steps) submit(id string, apply func(*store.StepState) bool,
+	write func(batch []func(*store.StepState) bool, cached *cachedStep) (*cachedStep, error)) error {
 	c := &change{apply: apply, done: make(chan error, 1)}
 	s.mu.Lock()
 	q := s.m[id]
@@ -66,7 +66,7 @@ func (s *steps) submit(id string, apply func(*events.StepState) bool,
 		cached := q.cached
 		s.mu.Unlock()
 
-		fns := make([]func(*events.StepState) bool, len(batch))
+		fns := make([]func(*store.StepState) bool, len(batch))
 		for i, b := range batch {
 			fns[i] = b.apply
 		}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/store"
 )
 
 // Deadlines by timer. Each run with a deadline gets one timer event on the stream
@@ -176,20 +177,20 @@ func (in *Injector) Deadline(ctx context.Context, run string, deadline time.Time
 // recordDeadline stores the deadline outcome of a running run, listing the calls of its
 // current step that have no result. When the run ended otherwise meanwhile, it
 // republishes that outcome if needed and returns an empty state (nothing more to do).
-func (in *Injector) recordDeadline(ctx context.Context, run string, deadline time.Time) (events.RunState, error) {
+func (in *Injector) recordDeadline(ctx context.Context, run string, deadline time.Time) (store.RunState, error) {
 	step, err := in.bus.CurrentStep(ctx, run)
 	if err != nil {
-		return events.RunState{}, err
+		return store.RunState{}, err
 	}
 	calls, err := in.stepCalls(ctx, run, step)
 	if err != nil && !errors.Is(err, events.ErrNotFound) {
-		return events.RunState{}, err // not found: the step's model call is under way, no calls yet
+		return store.RunState{}, err // not found: the step's model call is under way, no calls yet
 	}
-	var received events.Bits
+	var received store.Bits
 	if js, _, err := in.bus.StepState(ctx, run, step); err == nil {
 		received = js.Received
 	} else if !errors.Is(err, events.ErrNotFound) {
-		return events.RunState{}, err
+		return store.RunState{}, err
 	}
 	var unanswered []toolbus.ToolCall
 	for i, c := range calls {
@@ -203,7 +204,7 @@ func (in *Injector) recordDeadline(ctx context.Context, run string, deadline tim
 			deadline.UTC().Format(time.RFC3339), len(unanswered), step)}
 	stored, err := in.bus.RecordEnd(ctx, step, ended)
 	if errors.Is(err, events.ErrRunEnded) {
-		return events.RunState{}, in.bus.PublishOutcome(ctx, in.source, stored)
+		return store.RunState{}, in.bus.PublishOutcome(ctx, in.source, stored)
 	}
 	return stored, err
 }

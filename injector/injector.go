@@ -12,6 +12,7 @@ import (
 
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/store"
 )
 
 // Config configures an injector worker.
@@ -247,7 +248,7 @@ func (in *Injector) dispatch(ctx context.Context, msg jetstream.Msg) error {
 }
 
 func validPosition(run string, step, idx, count int) error {
-	if !toolbus.ValidRunID(run) || step < 0 || count <= 0 || count > events.MaxStepCalls || idx < 0 || idx >= count {
+	if !toolbus.ValidRunID(run) || step < 0 || count <= 0 || count > store.MaxStepCalls || idx < 0 || idx >= count {
 		return fmt.Errorf("%w: bad call position run=%q step=%d index=%d count=%d", events.ErrPoison, run, step, idx, count)
 	}
 	return nil
@@ -363,7 +364,7 @@ func (in *Injector) Finished(ctx context.Context, tf toolbus.ToolFinished) error
 	}
 	// Whoever stored the result, the join state must count it (the writer may have died
 	// before it did).
-	if err := in.update(ctx, tf.RunID, tf.Step, tf.CallCount, func(st *events.StepState) bool {
+	if err := in.update(ctx, tf.RunID, tf.Step, tf.CallCount, func(st *store.StepState) bool {
 		return st.Received.Set(tf.CallIndex)
 	}); err != nil {
 		return err
@@ -385,7 +386,7 @@ func (in *Injector) Waiting(ctx context.Context, tw toolbus.ToolWaiting) error {
 		return err
 	}
 	call := tw.Call
-	if err := in.update(ctx, tw.RunID, tw.Step, tw.CallCount, func(st *events.StepState) bool {
+	if err := in.update(ctx, tw.RunID, tw.Step, tw.CallCount, func(st *store.StepState) bool {
 		if st.Received.Has(tw.CallIndex) {
 			return false
 		}
@@ -413,19 +414,19 @@ func (in *Injector) Waiting(ctx context.Context, tw toolbus.ToolWaiting) error {
 // of K results costs about two writes of its join state, not K, and a handler returns
 // only once its change is stored. The join state is a few bit sets, so it stays small
 // whatever the number of calls and the size of their results.
-func (in *Injector) update(ctx context.Context, run string, step, count int, change func(*events.StepState) bool) error {
-	return in.steps.submit(stepID(run, step), change, func(ops []func(*events.StepState) bool, cached *cachedStep) (*cachedStep, error) {
+func (in *Injector) update(ctx context.Context, run string, step, count int, change func(*store.StepState) bool) error {
+	return in.steps.submit(stepID(run, step), change, func(ops []func(*store.StepState) bool, cached *cachedStep) (*cachedStep, error) {
 		return in.apply(ctx, run, step, count, ops, cached)
 	})
 }
 
 // apply writes a batch of changes to one step and settles it.
-func (in *Injector) apply(ctx context.Context, run string, step, count int, ops []func(*events.StepState) bool, cached *cachedStep) (*cachedStep, error) {
+func (in *Injector) apply(ctx context.Context, run string, step, count int, ops []func(*store.StepState) bool, cached *cachedStep) (*cachedStep, error) {
 	start := time.Now()
 	defer func() { in.cfg.Metrics.StepJoined(time.Since(start)) }()
 	for attempt := 0; ; attempt++ {
 		var (
-			st  *events.StepState
+			st  *store.StepState
 			rev uint64
 		)
 		optimistic := false
@@ -435,12 +436,12 @@ func (in *Injector) apply(ctx context.Context, run string, step, count int, ops 
 		case attempt == 0:
 			// Most steps are new to this injector: create the state without reading it
 			// first; if it exists, the create fails and it is read.
-			st, rev, optimistic = events.NewStepState(run, step, count), 0, true
+			st, rev, optimistic = store.NewStepState(run, step, count), 0, true
 		default:
 			var err error
 			st, rev, err = in.bus.StepState(ctx, run, step)
 			if errors.Is(err, events.ErrNotFound) {
-				st, rev, err = events.NewStepState(run, step, count), 0, nil
+				st, rev, err = store.NewStepState(run, step, count), 0, nil
 			}
 			if err != nil {
 				return nil, err
@@ -481,7 +482,7 @@ func (in *Injector) apply(ctx context.Context, run string, step, count int, ops 
 // settled reports whether what follows a complete step was already published: the run
 // asked for a later step or ended (and its outcome is on the stream). Only duplicates
 // pay for this read.
-func (in *Injector) settled(ctx context.Context, st *events.StepState) bool {
+func (in *Injector) settled(ctx context.Context, st *store.StepState) bool {
 	if rs, _, err := in.bus.RunState(ctx, st.RunID); err == nil && rs.Status.Terminal() {
 		// Republish the outcome if a crash lost it (nothing when the stream has it).
 		return in.bus.PublishOutcome(ctx, in.source, rs) == nil
@@ -492,7 +493,7 @@ func (in *Injector) settled(ctx context.Context, st *events.StepState) bool {
 
 // settle publishes what follows a step whose calls are all accounted for. It is
 // idempotent: every publication has a deterministic id.
-func (in *Injector) settle(ctx context.Context, st *events.StepState) error {
+func (in *Injector) settle(ctx context.Context, st *store.StepState) error {
 	if !st.Settled() {
 		return nil
 	}
@@ -548,7 +549,7 @@ func (in *Injector) settle(ctx context.Context, st *events.StepState) error {
 }
 
 // undecided returns the calls of a step that wait for a decision nobody made yet.
-func (in *Injector) undecided(ctx context.Context, rec *events.StepRecord) ([]toolbus.ToolCall, error) {
+func (in *Injector) undecided(ctx context.Context, rec *store.StepRecord) ([]toolbus.ToolCall, error) {
 	var out []toolbus.ToolCall
 	for _, c := range rec.Pending() {
 		_, err := in.bus.StepDecision(ctx, rec.RunID, rec.Step, c.CallID)
@@ -562,7 +563,7 @@ func (in *Injector) undecided(ctx context.Context, rec *events.StepRecord) ([]to
 }
 
 // cancelledBy returns the run's cancellation when a result of the step was cancelled.
-func (in *Injector) cancelledBy(ctx context.Context, rec *events.StepRecord) (toolbus.Cancel, bool, error) {
+func (in *Injector) cancelledBy(ctx context.Context, rec *store.StepRecord) (toolbus.Cancel, bool, error) {
 	for _, r := range rec.Results {
 		if r != nil && r.Status == toolbus.StatusCancelled {
 			return in.bus.CancelRequest(ctx, rec.RunID)
@@ -641,7 +642,7 @@ func (in *Injector) Decided(ctx context.Context, a toolbus.Approval, step int, g
 		in.log.Warn("approval for a call the current step does not make ignored", "run_id", a.RunID, "call_id", a.CallID, "step", current)
 		return nil
 	}
-	d, err := in.bus.DecideStep(ctx, current, events.Decision{Approval: a, Granted: granted})
+	d, err := in.bus.DecideStep(ctx, current, store.Decision{Approval: a, Granted: granted})
 	if err != nil {
 		return err
 	}
@@ -661,7 +662,7 @@ func (in *Injector) Decided(ctx context.Context, a toolbus.Approval, step int, g
 
 // reissue publishes again the request of a waiting call that has a decision, marked
 // approved (a deterministic id: several re-issues are one event).
-func (in *Injector) reissue(ctx context.Context, rec *events.StepRecord, idx int) error {
+func (in *Injector) reissue(ctx context.Context, rec *store.StepRecord, idx int) error {
 	if idx >= len(rec.Waiting) || rec.Waiting[idx] == nil || rec.Results[idx] != nil {
 		return nil // not waiting yet (Waiting re-issues), or already answered
 	}

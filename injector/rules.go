@@ -5,7 +5,7 @@ import (
 	"time"
 
 	"github.com/toolbus/toolbus"
-	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/store"
 )
 
 // DefaultFailOn are the error codes that fail a run instead of going back to the model.
@@ -35,7 +35,7 @@ func (r *Rules) setDefaults() {
 
 // Decide returns the outcome of a complete step: nil to continue with the next model
 // request, or the run outcome to publish.
-func (r Rules) Decide(rs *toolbus.RunStarted, rec *events.StepRecord) *toolbus.RunEnded {
+func (r Rules) Decide(rs *toolbus.RunStarted, rec *store.StepRecord) *toolbus.RunEnded {
 	r.setDefaults()
 	for _, res := range rec.Results {
 		if res == nil || res.Error == nil {

@@ -5,7 +5,7 @@ import (
 	"time"
 
 	"github.com/toolbus/toolbus"
-	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/store"
 	"github.com/toolbus/toolbus/injector"
 )
 
@@ -18,8 +18,8 @@ func TestRulesDecide(t *testing.T) {
 		}
 		return r
 	}
-	step := func(n int, rs ...*toolbus.ToolResult) *events.StepRecord {
-		rec := events.NewStepRecord("r", n, len(rs))
+	step := func(n int, rs ...*toolbus.ToolResult) *store.StepRecord {
+		rec := store.NewStepRecord("r", n, len(rs))
 		copy(rec.Results, rs)
 		return rec
 	}
@@ -27,7 +27,7 @@ func TestRulesDecide(t *testing.T) {
 		name   string
 		rules  injector.Rules
 		limits toolbus.Limits
-		rec    *events.StepRecord
+		rec    *store.StepRecord
 		want   toolbus.RunStatus // "" = continue
 		code   string
 	}{

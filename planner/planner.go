@@ -18,6 +18,7 @@ import (
 
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/store"
 )
 
 // Config configures a planner worker.
@@ -111,7 +112,7 @@ type Planner struct {
 	cfg     Config
 	bus     *events.Bus
 	model   Model
-	catalog *events.Catalog
+	catalog *store.Catalog
 	source  string
 	log     *slog.Logger
 
@@ -131,7 +132,7 @@ type runHistory struct {
 }
 
 // New returns a planner that calls model and offers the tools of catalog.
-func New(bus *events.Bus, model Model, catalog *events.Catalog, cfg Config) *Planner {
+func New(bus *events.Bus, model Model, catalog *store.Catalog, cfg Config) *Planner {
 	cfg.setDefaults()
 	return &Planner{
 		cfg: cfg, bus: bus, model: model, catalog: catalog,

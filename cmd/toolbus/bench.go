@@ -25,6 +25,7 @@ import (
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/embedded"
 	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/store"
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/executor/packs"
 	"github.com/toolbus/toolbus/executor/worker"
@@ -265,7 +266,7 @@ func benchToolbus(ctx context.Context, srv *embedded.Server, memory bool, k, ste
 		go func() { defer wg.Done(); _ = f(wctx) }()
 	}
 	runW(worker.New(bus, exec, worker.Config{Instance: "bench", Concurrency: conc, Logger: log, Grace: time.Second}).Run)
-	var cat *events.Catalog
+	var cat *store.Catalog
 	for i := 0; i < 200; i++ {
 		if cat, err = bus.WatchCatalog(wctx, log); err != nil {
 			return nil, 0, err

@@ -20,6 +20,7 @@ import (
 
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/store"
 )
 
 // The web console: `toolbus console` (and `toolbus up` when TOOLBUS_CONSOLE_ADDR is set)
@@ -150,7 +151,7 @@ func runConsole(ctx context.Context, cfg Config, bus *events.Bus, log *slog.Logg
 
 // runRow is one line of the runs list.
 type runRow struct {
-	events.RunState
+	store.RunState
 	Question string
 	Tokens   int64
 	Age      string

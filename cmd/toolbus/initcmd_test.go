@@ -9,6 +9,7 @@ import (
 
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
+	"github.com/toolbus/toolbus/events/store"
 )
 
 // toolbus init creates everything once, then finds it unchanged; workers can then bind.
@@ -50,7 +51,7 @@ func TestInitIdempotent(t *testing.T) {
 	if bus.Reader().CachedInfo().Config.Name != "TOOLBUS_READ" {
 		t.Fatal("the bus does not read from the mirror")
 	}
-	obj, err := srv.JS.Stream(ctx, "OBJ_"+events.BucketOutputs)
+	obj, err := srv.JS.Stream(ctx, "OBJ_"+store.BucketOutputs)
 	if err != nil {
 		t.Fatal(err)
 	}

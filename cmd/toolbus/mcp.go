@@ -17,6 +17,7 @@ import (
 
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/store"
 )
 
 // cmdMCP serves the tool catalog as an MCP server: over stdio by default (stdout then
@@ -87,7 +88,7 @@ const deadlineSlack = 15 * time.Second
 // mcpBridge turns MCP tools/call requests into pre-planned runs on the bus.
 type mcpBridge struct {
 	bus *events.Bus
-	cat *events.Catalog
+	cat *store.Catalog
 	cfg mcpConfig
 	srv *mcp.Server
 

@@ -18,6 +18,7 @@ import (
 
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/store"
 )
 
 // The operator's commands: approve, deny, cancel, runs and tail. They talk to a running
@@ -293,7 +294,7 @@ func cmdRuns(ctx context.Context, cfg Config, log *slog.Logger, args []string, o
 }
 
 // writeRuns prints run states newest first, as a table or as JSON.
-func writeRuns(out io.Writer, runs []events.RunState, now time.Time, asJSON bool) error {
+func writeRuns(out io.Writer, runs []store.RunState, now time.Time, asJSON bool) error {
 	sort.SliceStable(runs, func(i, j int) bool {
 		if !runs[i].StartedAt.Equal(runs[j].StartedAt) {
 			return runs[i].StartedAt.After(runs[j].StartedAt)
@@ -302,7 +303,7 @@ func writeRuns(out io.Writer, runs []events.RunState, now time.Time, asJSON bool
 	})
 	if asJSON {
 		type row struct {
-			events.RunState
+			store.RunState
 			AgeMS int64 `json:"age_ms"`
 		}
 		rows := make([]row, 0, len(runs))

@@ -19,6 +19,7 @@ import (
 
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/store"
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/internal/retry"
 )
@@ -269,7 +270,7 @@ func (w *Worker) Sync(ctx context.Context) error {
 	}
 	w.serving, w.servedList = serving, names
 	now := time.Now().UTC()
-	if err := w.bus.PutInstance(ctx, events.Instance{Name: w.cfg.Instance, Tools: names, Concurrency: w.cfg.Concurrency,
+	if err := w.bus.PutInstance(ctx, store.Instance{Name: w.cfg.Instance, Tools: names, Concurrency: w.cfg.Concurrency,
 		StartedAt: now, HeartbeatAt: now}); err != nil {
 		return err
 	}
@@ -312,7 +313,7 @@ func (w *Worker) queue(ctx context.Context, tool string) (jetstream.Consumer, er
 // instance TTL; the returned stop removes it.
 func (w *Worker) heartbeat(ctx context.Context, served []string) (stop func(), err error) {
 	now := time.Now().UTC()
-	in := events.Instance{Name: w.cfg.Instance, Tools: served, Concurrency: w.cfg.Concurrency, StartedAt: now, HeartbeatAt: now}
+	in := store.Instance{Name: w.cfg.Instance, Tools: served, Concurrency: w.cfg.Concurrency, StartedAt: now, HeartbeatAt: now}
 	if err := w.bus.PutInstance(ctx, in); err != nil {
 		return nil, err
 	}
@@ -423,7 +424,7 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) error {
 		}
 		return err
 	}
-	key := events.ClaimKey(req.RunID, req.Step, req.Call.CallID)
+	key := store.ClaimKey(req.RunID, req.Step, req.Call.CallID)
 	if !w.hold(key) {
 		// This process already handles the call (a redelivery that overtook it): that
 		// handling acknowledges it.
@@ -583,16 +584,16 @@ const runFullDelay = 250 * time.Millisecond
 // an executor that died mid-call is replaced with a compare-and-set, and the call runs
 // again with the same idempotency key.
 func (w *Worker) claim(ctx context.Context, msg jetstream.Msg, req toolbus.ToolRequested, log func() *slog.Logger) (bool, int, error) {
-	mine := events.Claim{Instance: w.cfg.Instance, Attempt: 1, At: time.Now().UTC()}
+	mine := store.Claim{Instance: w.cfg.Instance, Attempt: 1, At: time.Now().UTC()}
 	var (
-		cur     events.Claim
+		cur     store.Claim
 		rev     uint64
 		claimed bool
 	)
 	err := w.retry(ctx, msg, log, "claim the call", func() (err error) {
 		cur, rev, err = w.bus.ClaimCall(ctx, req.RunID, req.Step, req.Call.CallID, mine)
 		claimed = err == nil
-		if errors.Is(err, events.ErrClaimed) {
+		if errors.Is(err, store.ErrClaimed) {
 			return nil
 		}
 		return err
@@ -640,7 +641,7 @@ func (w *Worker) claim(ctx context.Context, msg jetstream.Msg, req toolbus.ToolR
 		mine.Attempt = 1
 		if cur, rev, err = w.bus.ClaimCall(ctx, req.RunID, req.Step, req.Call.CallID, mine); err == nil {
 			return true, 1, nil // the claim went away (expired with the retention): ours now
-		} else if !errors.Is(err, events.ErrClaimed) {
+		} else if !errors.Is(err, store.ErrClaimed) {
 			return false, 0, err
 		}
 	}

@@ -1,4 +1,4 @@
-package events
+package store
 
 import (
 	"context"
@@ -14,12 +14,12 @@ import (
 
 // PublishTool writes a tool contract to the catalog (key = tool name). Executors call it
 // at start for every tool they serve.
-func (b *Bus) PublishTool(ctx context.Context, c toolbus.ToolContract) error {
+func (s *Store) PublishTool(ctx context.Context, c toolbus.ToolContract) error {
 	if !toolbus.ValidToolName(c.Name) {
-		return fmt.Errorf("events: invalid tool name %q", c.Name)
+		return fmt.Errorf("store: invalid tool name %q", c.Name)
 	}
-	if _, err := b.tools.Put(ctx, c.Name, mustJSON(c)); err != nil {
-		return fmt.Errorf("events: catalog put %s: %w", c.Name, err)
+	if _, err := s.tools.Put(ctx, c.Name, mustJSON(c)); err != nil {
+		return fmt.Errorf("store: catalog put %s: %w", c.Name, err)
 	}
 	return nil
 }
@@ -35,9 +35,9 @@ type Catalog struct {
 
 // WatchCatalog starts watching the catalog and the instances until ctx ends. The
 // returned catalog holds every tool and live instance present at start.
-func (b *Bus) WatchCatalog(ctx context.Context, log *slog.Logger) (*Catalog, error) {
+func (s *Store) WatchCatalog(ctx context.Context, log *slog.Logger) (*Catalog, error) {
 	c := &Catalog{tools: map[string]toolbus.ToolContract{}, instances: map[string]Instance{}}
-	if err := watchBucket(ctx, b.tools, log, func(key string, val []byte) {
+	if err := watchBucket(ctx, s.tools, log, func(key string, val []byte) {
 		var tc toolbus.ToolContract
 		if val == nil {
 			delete(c.tools, key)
@@ -49,7 +49,7 @@ func (b *Bus) WatchCatalog(ctx context.Context, log *slog.Logger) (*Catalog, err
 	}, &c.mu); err != nil {
 		return nil, err
 	}
-	if err := watchBucket(ctx, b.instances, log, func(key string, val []byte) {
+	if err := watchBucket(ctx, s.instances, log, func(key string, val []byte) {
 		var in Instance
 		if val == nil {
 			delete(c.instances, key)
@@ -67,7 +67,7 @@ func (b *Bus) WatchCatalog(ctx context.Context, log *slog.Logger) (*Catalog, err
 func watchBucket(ctx context.Context, kv jetstream.KeyValue, log *slog.Logger, apply func(key string, val []byte), mu *sync.RWMutex) error {
 	w, err := kv.WatchAll(ctx)
 	if err != nil {
-		return fmt.Errorf("events: watch %s: %w", kv.Bucket(), err)
+		return fmt.Errorf("store: watch %s: %w", kv.Bucket(), err)
 	}
 	ready := make(chan struct{})
 	go func() {
@@ -148,52 +148,22 @@ func (c *Catalog) Tools(rs *toolbus.RunStarted) []toolbus.ToolContract {
 	return out
 }
 
-// Decision is a recorded approval decision for one call.
-type Decision struct {
-	toolbus.Approval
-	Granted bool `json:"granted"`
-}
-
-// kvSafe maps a call id (which comes from a model provider) to a valid KV key token,
-// injectively: other bytes than [A-Za-z0-9_-] become =XX.
-func kvSafe(s string) string {
-	const hex = "0123456789ABCDEF"
-	out := make([]byte, 0, len(s))
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-' {
-			out = append(out, c)
-		} else {
-			out = append(out, '=', hex[c>>4], hex[c&15])
-		}
-	}
-	if len(out) == 0 {
-		return "="
-	}
-	return string(out)
-}
-
-// PutOutput keeps a whole tool output in the object store and returns its reference
-// ("objectstore://toolbus_outputs/<name>").
-func (b *Bus) PutOutput(ctx context.Context, name string, data []byte) (string, error) {
-	if _, err := b.outputs.PutBytes(ctx, name, data); err != nil {
-		return "", fmt.Errorf("events: put output %s: %w", name, err)
-	}
-	return OutputRefPrefix + name, nil
-}
-
-// OutputRefPrefix starts the reference of an output kept in the object store.
-const OutputRefPrefix = "objectstore://" + BucketOutputs + "/"
-
-// Output reads a whole output kept by PutOutput.
-func (b *Bus) Output(ctx context.Context, ref string) ([]byte, error) {
-	name := ref
-	if len(ref) > len(OutputRefPrefix) && ref[:len(OutputRefPrefix)] == OutputRefPrefix {
-		name = ref[len(OutputRefPrefix):]
-	}
-	data, err := b.outputs.GetBytes(ctx, name)
+// Contracts lists every tool contract in the catalog, sorted by name, whether or not an
+// instance serves it now.
+func (s *Store) Contracts(ctx context.Context) ([]toolbus.ToolContract, error) {
+	lister, err := s.tools.ListKeys(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("events: get output %s: %w", name, err)
+		return nil, fmt.Errorf("store: list catalog: %w", err)
 	}
-	return data, nil
+	defer lister.Stop() //nolint:errcheck // nothing to do
+	var out []toolbus.ToolContract
+	for k := range lister.Keys() {
+		var tc toolbus.ToolContract
+		if err := s.getJSON(ctx, s.tools, k, &tc); err != nil {
+			continue
+		}
+		out = append(out, tc)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out, nil
 }

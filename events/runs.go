@@ -1,0 +1,201 @@
+package events
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/toolbus/toolbus"
+	"github.com/toolbus/toolbus/events/store"
+)
+
+// ErrRunExists: a run with that id was already submitted (at any age); a run id names
+// one run forever.
+var ErrRunExists = errors.New("events: run id already exists")
+
+// StartRun submits a run: it publishes run.started, and nothing else. The injector that
+// consumes the first run.started of a run id records the run and asks for step 0. An id
+// that already has a run.started on the stream is refused with ErrRunExists before
+// anything is published, and a publish the stream reports as a duplicate (a concurrent
+// submission of the same id) is refused the same way.
+func (b *Bus) StartRun(ctx context.Context, source string, rs toolbus.RunStarted) error {
+	if !toolbus.ValidRunID(rs.RunID) {
+		return fmt.Errorf("events: invalid run id %q: use 1-128 of [A-Za-z0-9_-]", rs.RunID)
+	}
+	for _, t := range rs.AllowedTools {
+		if !toolbus.ValidToolName(t) {
+			return fmt.Errorf("events: invalid tool name %q in allowed tools", t)
+		}
+	}
+	if _, _, err := b.firstRunStarted(ctx, rs.RunID); err == nil {
+		return fmt.Errorf("%w: %s", ErrRunExists, rs.RunID)
+	} else if !errors.Is(err, ErrRunNotFound) {
+		return err
+	}
+	if rs.StartedAt.IsZero() {
+		rs.StartedAt = time.Now().UTC()
+	}
+	ack, err := b.PublishEvent(ctx, RunStartedEvent(source, rs))
+	if err != nil {
+		return err
+	}
+	if ack.Duplicate {
+		return fmt.Errorf("%w: %s (submitted concurrently)", ErrRunExists, rs.RunID)
+	}
+	return nil
+}
+
+// RunStarted returns the run.started data of a run: the FIRST run.started on its subject
+// (a later one, forged or resubmitted, never counts), read from the stream and cached:
+// it never changes.
+func (b *Bus) RunStarted(ctx context.Context, run string) (*toolbus.RunStarted, error) {
+	b.mu.Lock()
+	rs, ok := b.runCache[run]
+	b.mu.Unlock()
+	if ok {
+		return rs, nil
+	}
+	rs, _, err := b.firstRunStarted(ctx, run)
+	if err != nil {
+		return nil, err
+	}
+	b.mu.Lock()
+	if len(b.runCache) > 10000 {
+		clear(b.runCache) // a bounded cache; entries are cheap to reload
+	}
+	b.runCache[run] = rs
+	b.mu.Unlock()
+	return rs, nil
+}
+
+// RunStartedSeq returns the stream sequence of the first run.started of a run: the only
+// one that starts it.
+func (b *Bus) RunStartedSeq(ctx context.Context, run string) (uint64, error) {
+	_, seq, err := b.firstRunStarted(ctx, run)
+	return seq, err
+}
+
+// firstRunStarted reads the first message on the run's run.started subject.
+func (b *Bus) firstRunStarted(ctx context.Context, run string) (*toolbus.RunStarted, uint64, error) {
+	raw, err := b.Stream.GetMsg(ctx, 1, jetstream.WithGetMsgSubject(SubjectRunStarted(run)))
+	if err != nil {
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			return nil, 0, fmt.Errorf("%w: %s", ErrRunNotFound, run)
+		}
+		return nil, 0, fmt.Errorf("events: run.started of %s: %w", run, err)
+	}
+	rs := new(toolbus.RunStarted)
+	if _, err := Decode(&nats.Msg{Subject: raw.Subject, Header: raw.Header, Data: raw.Data}, rs); err != nil {
+		return nil, 0, err
+	}
+	return rs, raw.Sequence, nil
+}
+
+// EndRun records a run outcome and publishes run.<status>. It returns ErrRunEnded (and
+// publishes nothing) when the run already ended differently, so a late result cannot
+// move a run back. When the run already ended with the same outcome (a redelivery after
+// a crash), the stored outcome is published again: its id is deterministic, and
+// PublishOutcome skips it when the stream already has it.
+func (b *Bus) EndRun(ctx context.Context, source string, step int, ended toolbus.RunEnded) error {
+	st, err := b.RecordEnd(ctx, step, ended)
+	if err != nil {
+		return err
+	}
+	return b.PublishOutcome(ctx, source, st)
+}
+
+// PublishOutcome publishes the outcome event recorded in a run state (the second half of
+// EndRun). It publishes nothing when the stream already holds that very event, so an
+// outcome republished after a crash reaches the stream once even past the duplicate
+// window.
+func (b *Bus) PublishOutcome(ctx context.Context, source string, st store.RunState) error {
+	ended := st.Ended
+	if ended == nil {
+		if !st.Status.Terminal() {
+			return nil
+		}
+		// A state written before outcomes were stored whole: rebuild what it records.
+		ended = &toolbus.RunEnded{RunID: st.RunID, Status: st.Status, Code: st.Code, Reason: st.Reason, StepsUsed: st.Step + 1}
+	}
+	e := RunEndedEvent(source, st.Step, *ended)
+	if raw, err := b.Stream.GetLastMsgForSubject(ctx, e.Subject); err == nil && raw.Header.Get(HeaderMsgID) == e.Meta.ID {
+		return nil
+	}
+	_, err := b.PublishEvent(ctx, e)
+	return err
+}
+
+// PublishApproval publishes a person's (or a service's) decision on a call that waits
+// for approval: toolbus.<run>.approval.granted or .denied, with the step in the step
+// extension and the id <run>/<step>/<call_id>/approval.<granted|denied>, so the same
+// decision published twice is stored once. The injector records the first decision
+// per call and re-issues the call.
+func (b *Bus) PublishApproval(ctx context.Context, source string, step int, a toolbus.Approval, granted bool) (*jetstream.PubAck, error) {
+	if !toolbus.ValidRunID(a.RunID) || a.CallID == "" {
+		return nil, fmt.Errorf("events: approval needs a valid run id and a call id")
+	}
+	return b.PublishEvent(ctx, ApprovalEvent(source, step, a, granted))
+}
+
+// PublishCancel publishes run.cancel: executors cancel the run's calls in flight and the
+// injector ends the run as cancelled.
+func (b *Bus) PublishCancel(ctx context.Context, source string, c toolbus.Cancel) (*jetstream.PubAck, error) {
+	if !toolbus.ValidRunID(c.RunID) {
+		return nil, fmt.Errorf("events: cancel needs a valid run id")
+	}
+	return b.PublishEvent(ctx, CancelEvent(source, c))
+}
+
+// CancelRequest returns the run.cancel event of a run, if one was published.
+func (b *Bus) CancelRequest(ctx context.Context, run string) (toolbus.Cancel, bool, error) {
+	raw, err := b.Stream.GetLastMsgForSubject(ctx, SubjectRunCancel(run))
+	if err != nil {
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			return toolbus.Cancel{}, false, nil
+		}
+		return toolbus.Cancel{}, false, fmt.Errorf("events: run.cancel of %s: %w", run, err)
+	}
+	var c toolbus.Cancel
+	if _, err := Decode(&nats.Msg{Subject: raw.Subject, Header: raw.Header, Data: raw.Data}, &c); err != nil {
+		return toolbus.Cancel{}, false, err
+	}
+	if c.RunID == "" {
+		c.RunID = run
+	}
+	return c, true, nil
+}
+
+// History returns the messages a model reads before planning step: the run's input
+// messages, then for each earlier step its assistant message whole followed by one tool
+// message per call in call order. Every earlier step must be complete.
+func (b *Bus) History(ctx context.Context, run string, step int) ([]toolbus.Message, error) {
+	rs, err := b.RunStarted(ctx, run)
+	if err != nil {
+		return nil, err
+	}
+	msgs := append([]toolbus.Message(nil), rs.Messages...)
+	for s := 0; s < step; s++ {
+		more, err := b.StepMessages(ctx, run, s)
+		if err != nil {
+			return nil, err
+		}
+		msgs = append(msgs, more...)
+	}
+	return msgs, nil
+}
+
+// LastModelRequest returns the step of the run's latest model.requested event.
+func (b *Bus) LastModelRequest(ctx context.Context, run string) (int, error) {
+	raw, err := b.Stream.GetLastMsgForSubject(ctx, SubjectModelRequested(run))
+	if err != nil {
+		return 0, fmt.Errorf("events: last model request of %s: %w", run, err)
+	}
+	var mr toolbus.ModelRequested
+	if _, err := Decode(&nats.Msg{Subject: raw.Subject, Header: raw.Header, Data: raw.Data}, &mr); err != nil {
+		return 0, err
+	}
+	return mr.Step, nil
+}

@@ -1,0 +1,75 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Instance is the heartbeat record of one executor process in the instances bucket
+// (key = InstanceKey(name)). It disappears TTL after the last heartbeat.
+type Instance struct {
+	Name        string    `json:"name"`
+	Tools       []string  `json:"tools"`
+	Concurrency int       `json:"concurrency"`
+	StartedAt   time.Time `json:"started_at"`
+	HeartbeatAt time.Time `json:"heartbeat_at"`
+}
+
+// InstanceKey maps an instance name to its key in the instances bucket (injective).
+func InstanceKey(name string) string { return kvSafe(name) }
+
+// PutInstance records (or refreshes) the heartbeat of an executor instance.
+func (s *Store) PutInstance(ctx context.Context, in Instance) error {
+	if _, err := s.instances.Put(ctx, InstanceKey(in.Name), mustJSON(in)); err != nil {
+		return fmt.Errorf("store: instance heartbeat %s: %w", in.Name, err)
+	}
+	return nil
+}
+
+// DeleteInstance removes an instance at shutdown, so the catalog drops it at once.
+func (s *Store) DeleteInstance(ctx context.Context, name string) error {
+	if err := s.instances.Delete(ctx, InstanceKey(name)); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
+		return fmt.Errorf("store: delete instance %s: %w", name, err)
+	}
+	return nil
+}
+
+// InstanceAlive reports whether an instance heartbeated within the instance TTL.
+func (s *Store) InstanceAlive(ctx context.Context, name string) (bool, error) {
+	_, err := s.instances.Get(ctx, InstanceKey(name))
+	switch {
+	case err == nil:
+		return true, nil
+	case errors.Is(err, jetstream.ErrKeyNotFound):
+		return false, nil
+	default:
+		return false, fmt.Errorf("store: instance %s: %w", name, err)
+	}
+}
+
+// Instances lists the live executor instances, sorted by name.
+func (s *Store) Instances(ctx context.Context) ([]Instance, error) {
+	lister, err := s.instances.ListKeys(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("store: list instances: %w", err)
+	}
+	defer lister.Stop() //nolint:errcheck // nothing to do
+	var out []Instance
+	for k := range lister.Keys() {
+		var in Instance
+		if err := s.getJSON(ctx, s.instances, k, &in); err != nil {
+			continue // expired between list and get
+		}
+		out = append(out, in)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out, nil
+}
+
+// InstanceTTL is how long an instance stays live after its last heartbeat.
+func (s *Store) InstanceTTL() time.Duration { return s.instanceTTL }

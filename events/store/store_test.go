@@ -1,0 +1,137 @@
+package store_test
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/toolbus/toolbus"
+	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/eventstest"
+	"github.com/toolbus/toolbus/events/store"
+)
+
+// openBus sets up a bus on a fresh embedded server; its store is what these tests use.
+func openBus(t *testing.T) *events.Bus {
+	t.Helper()
+	b := eventstest.RunJetStream(t)
+	bus, _, err := events.Setup(eventstest.Context(t, time.Minute), b.Conn, events.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return bus
+}
+
+// An instance that stops heartbeating leaves the catalog by the bucket's TTL (the
+// server's delete marker), and its tools are no longer offered.
+func TestInstanceExpiresFromCatalog(t *testing.T) {
+	b := eventstest.RunJetStream(t)
+	ctx := eventstest.Context(t, time.Minute)
+	bus, _, err := events.Setup(ctx, b.Conn, events.Config{InstanceTTL: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := bus.PublishTool(ctx, toolbus.ToolContract{Name: "solo"}); err != nil {
+		t.Fatal(err)
+	}
+	cat, err := bus.WatchCatalog(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := bus.PutInstance(ctx, store.Instance{Name: "only/one", Tools: []string{"solo"}}); err != nil {
+		t.Fatal(err)
+	}
+	eventstest.Eventually(t, 10*time.Second, func() error {
+		if len(cat.Tools(nil)) != 1 {
+			return errors.New("tool of a live instance not offered")
+		}
+		return nil
+	})
+	if alive, err := bus.InstanceAlive(ctx, "only/one"); err != nil || !alive {
+		t.Fatalf("alive %v, %v", alive, err)
+	}
+	// No more heartbeats: gone within the TTL (plus the server's expiry tick).
+	eventstest.Eventually(t, 30*time.Second, func() error {
+		if got := cat.Tools(nil); len(got) != 0 {
+			return errors.New("tool of a dead instance still offered")
+		}
+		return nil
+	})
+	if alive, err := bus.InstanceAlive(ctx, "only/one"); err != nil || alive {
+		t.Fatalf("expired instance alive %v, %v", alive, err)
+	}
+	if _, ok := cat.Lookup("solo"); !ok {
+		t.Fatal("the contract itself must stay known (calls to it are routed to its queue)")
+	}
+}
+
+func TestClaims(t *testing.T) {
+	bus := openBus(t)
+	ctx := eventstest.Context(t, time.Minute)
+	a := store.Claim{Instance: "a", Attempt: 1}
+	if _, _, err := bus.ClaimCall(ctx, "r1", 0, "call.1", a); err != nil {
+		t.Fatal(err)
+	}
+	cur, rev, err := bus.ClaimCall(ctx, "r1", 0, "call.1", store.Claim{Instance: "b", Attempt: 2})
+	if !errors.Is(err, store.ErrClaimed) || cur.Instance != "a" || rev == 0 {
+		t.Fatalf("second claim: %+v %d %v", cur, rev, err)
+	}
+	// The same call id at another step is another call.
+	if _, _, err := bus.ClaimCall(ctx, "r1", 1, "call.1", store.Claim{Instance: "b"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := bus.TakeOverClaim(ctx, "r1", 0, "call.1", store.Claim{Instance: "b", Attempt: 2}, rev); err != nil {
+		t.Fatal(err)
+	}
+	// A second taker with the old revision loses.
+	if err := bus.TakeOverClaim(ctx, "r1", 0, "call.1", store.Claim{Instance: "c", Attempt: 2}, rev); !errors.Is(err, store.ErrConflict) {
+		t.Fatalf("stale take-over: %v", err)
+	}
+	cur, _, _ = bus.ClaimCall(ctx, "r1", 0, "call.1", store.Claim{Instance: "d"})
+	if cur.Instance != "b" {
+		t.Fatalf("claim held by %q, want b", cur.Instance)
+	}
+}
+
+func TestCatalog(t *testing.T) {
+	bus := openBus(t)
+	ctx := eventstest.Context(t, time.Minute)
+	if err := bus.PublishTool(ctx, toolbus.ToolContract{Name: "a", ReadOnly: true}); err != nil {
+		t.Fatal(err)
+	}
+	if err := bus.PublishTool(ctx, toolbus.ToolContract{Name: "bad name"}); err == nil {
+		t.Fatal("invalid tool name published")
+	}
+	cat, err := bus.WatchCatalog(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := cat.Lookup("a"); !ok {
+		t.Fatal("existing tool missing from a new catalog")
+	}
+	if got := cat.Tools(nil); len(got) != 0 {
+		t.Fatalf("tools with no live instance offered: %+v", got)
+	}
+	if err := bus.PublishTool(ctx, toolbus.ToolContract{Name: "b"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := bus.PutInstance(ctx, store.Instance{Name: "x-1", Tools: []string{"a", "b"}}); err != nil {
+		t.Fatal(err)
+	}
+	eventstest.Eventually(t, 5*time.Second, func() error {
+		if len(cat.Tools(nil)) != 2 {
+			return errors.New("new tool not seen")
+		}
+		return nil
+	})
+	if got := cat.Serving("a"); len(got) != 1 || got[0] != "x-1" {
+		t.Fatalf("serving a: %v", got)
+	}
+	only := cat.Tools(&toolbus.RunStarted{AllowedTools: []string{"b"}})
+	if len(only) != 1 || only[0].Name != "b" {
+		t.Fatalf("allowlist filter: %+v", only)
+	}
+	if got := toolbus.OpenAITools(only); got[0].Type != "function" || string(got[0].Function.Parameters) == "" {
+		t.Fatalf("openai export %+v", got)
+	}
+}

@@ -1,0 +1,25 @@
+package events
+
+import "time"
+
+// The deadline timer of a run: one event per run on toolbus.<run>.timer.deadline,
+// published by the injector that starts the run. The injector's timer consumer holds it
+// (a negative acknowledgement delayed until the deadline: a durable timer kept by the
+// server, which survives injector restarts) and ends the run when its deadline passes
+// with the run still going.
+const (
+	TypeRunTimer = "toolbus.timer.deadline"
+	FilterTimers = SubjectPrefix + ".*.timer.deadline"
+)
+
+// SubjectTimer is toolbus.<run>.timer.deadline.
+func SubjectTimer(run string) string { return SubjectPrefix + "." + run + ".timer.deadline" }
+
+// IDTimer is <run>/timer.deadline.
+func IDTimer(run string) string { return run + "/timer.deadline" }
+
+// RunTimer is the data of a run's deadline timer.
+type RunTimer struct {
+	RunID    string    `json:"run_id"`
+	Deadline time.Time `json:"deadline"`
+}
