@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -214,6 +215,12 @@ func TestCLIEnv(t *testing.T) {
 	}
 	if rows < 30 {
 		t.Fatalf("%d variables listed:\n%s", rows, out)
+	}
+	// The defaults that live in the worker packages are shown, not "-".
+	for key, def := range envDefaults {
+		if !strings.Contains(out, "\n"+key+" ") || !regexp.MustCompile(`\n`+key+` +`+regexp.QuoteMeta(def)+`  `).MatchString(out) {
+			t.Errorf("%s is not listed with its default %q:\n%s", key, def, out)
+		}
 	}
 }
 
