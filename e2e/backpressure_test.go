@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/toolbus/toolbus"
+	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/executor/worker"
@@ -78,7 +79,7 @@ func newBPWorker(t *testing.T, name string, concurrency, toolLimit int, freeGate
 		}
 	}
 	w.executor = executor.New(w.registry, executor.WithInstance(name))
-	w.workerCfg = worker.Config{Instance: name, Concurrency: concurrency, Grace: time.Second}
+	w.workerCfg = worker.Config{WorkerConfig: events.WorkerConfig{Instance: name, Concurrency: concurrency, Grace: time.Second}}
 	return w
 }
 
@@ -118,7 +119,7 @@ func TestBackPressureLimits(t *testing.T) {
 	for _, w := range workers {
 		cfg := w.workerCfg
 		cfg.Logger = s.log
-		s.start(w.name, worker.New(s.bus, w.executor, cfg).Run)
+		s.start(w.name, must(worker.New(s.bus, w.executor, cfg)).Run)
 	}
 	eventstest.Eventually(t, 10*time.Second, func() error {
 		cat, err := s.bus.WatchCatalog(s.ctx, nil)

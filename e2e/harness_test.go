@@ -121,7 +121,7 @@ func (s *stack) startExecutor(name string, cfg worker.Config) {
 		cfg.Grace = time.Second
 	}
 	exec := executor.New(s.reg, executor.WithLogger(s.log), executor.WithInstance(name))
-	w := worker.New(s.bus, exec, cfg)
+	w := must(worker.New(s.bus, exec, cfg))
 	s.start(name, w.Run)
 	// The planner must see every tool this executor serves before the first run.
 	cat, err := s.bus.WatchCatalog(s.ctx, nil)
@@ -147,12 +147,12 @@ func (s *stack) startPlanner(name string) {
 	if err != nil {
 		s.t.Fatal(err)
 	}
-	p := planner.New(s.bus, s.model, cat, planner.Config{Instance: name, Logger: s.log, Grace: time.Second})
+	p := must(planner.New(s.bus, s.model, cat, planner.Config{WorkerConfig: events.WorkerConfig{Instance: name, Logger: s.log, Grace: time.Second}}))
 	s.start(name, p.Run)
 }
 
 func (s *stack) startInjector(name string) {
-	in := injector.New(s.bus, injector.Config{Instance: name, Logger: s.log, Grace: time.Second, Rules: s.rules})
+	in := must(injector.New(s.bus, injector.Config{WorkerConfig: events.WorkerConfig{Instance: name, Logger: s.log, Grace: time.Second}, Rules: s.rules}))
 	s.start(name, in.Run)
 }
 
@@ -271,4 +271,13 @@ func toolRoles(msgs []toolbus.Message) string {
 		}
 	}
 	return b.String()
+}
+
+// must returns what a worker constructor built; a test that configures a worker out of
+// range fails here (the constructors' refusals are tested in their own packages).
+func must[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
 }

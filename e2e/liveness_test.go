@@ -34,7 +34,7 @@ func (s *stack) startInjectorWith(name string, cfg injector.Config) {
 	if cfg.Rules.FailOn == nil {
 		cfg.Rules = s.rules
 	}
-	s.start(name, injector.New(s.bus, cfg).Run)
+	s.start(name, must(injector.New(s.bus, cfg)).Run)
 }
 
 // requests returns the model requests of a run, in order.
@@ -532,7 +532,7 @@ func TestPersistentStoreFailureEndsTheRun(t *testing.T) {
 	s := newStack(t, model, gateTool(release))
 	s.startExecutor("executor-1", worker.Config{})
 	s.startPlanner("planner-1")
-	s.startInjectorWith("injector-1", injector.Config{MaxDeliver: 3})
+	s.startInjectorWith("injector-1", injector.Config{WorkerConfig: events.WorkerConfig{MaxDeliver: 3}})
 	s.submit("store-1", toolbus.Limits{Deadline: time.Now().Add(2 * time.Minute)})
 	s.waitEvents("store-1", events.TypeToolRequested, 1)
 	// From now on the history bucket refuses every write: results cannot be joined.

@@ -214,7 +214,7 @@ func TestMCPListChangedReachesCatalog(t *testing.T) {
 			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "early"}}}, nil
 		})
 	exec := executor.New(s.reg, executor.WithLogger(s.log), executor.WithInstance("mcp-exec"))
-	w := worker.New(s.bus, exec, worker.Config{Instance: "mcp-exec", Logger: s.log, Grace: time.Second})
+	w := must(worker.New(s.bus, exec, worker.Config{WorkerConfig: events.WorkerConfig{Instance: "mcp-exec", Logger: s.log, Grace: time.Second}}))
 	p, err := mcptools.New(s.reg, mcptools.Config{}, mcptools.Options{Logger: s.log, OnChange: w.Sync})
 	if err != nil {
 		t.Fatal(err)

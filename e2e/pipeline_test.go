@@ -226,8 +226,8 @@ func TestTwoExecutorsShareTheLoad(t *testing.T) {
 		planner.Answer("done"),
 	}}
 	s := newStack(t, model, counting)
-	s.startExecutor("exec-a", worker.Config{Concurrency: 4})
-	s.startExecutor("exec-b", worker.Config{Concurrency: 4})
+	s.startExecutor("exec-a", worker.Config{WorkerConfig: events.WorkerConfig{Concurrency: 4}})
+	s.startExecutor("exec-b", worker.Config{WorkerConfig: events.WorkerConfig{Concurrency: 4}})
 	s.startPlanner("planner-1")
 	s.startInjector("injector-1")
 	const n = 20

@@ -206,8 +206,8 @@ func startSecured(t *testing.T, url string, opts map[string][]nats.Option) *secu
 		}()
 	}
 	log := testLogger()
-	run("executor", worker.New(s.buses["executor"], executor.New(reg, executor.WithInstance("sec-executor"), executor.WithLogger(log)),
-		worker.Config{Instance: "sec-executor", Grace: time.Second, Logger: log}).Run)
+	run("executor", must(worker.New(s.buses["executor"], executor.New(reg, executor.WithInstance("sec-executor"), executor.WithLogger(log)),
+		worker.Config{WorkerConfig: events.WorkerConfig{Instance: "sec-executor", Grace: time.Second, Logger: log}})).Run)
 	eventstest.Eventually(t, 30*time.Second, func() error {
 		cat, err := s.buses["planner"].WatchCatalog(ctx, nil)
 		if err != nil {
@@ -222,8 +222,8 @@ func startSecured(t *testing.T, url string, opts map[string][]nats.Option) *secu
 	if err != nil {
 		t.Fatal(err)
 	}
-	run("planner", planner.New(s.buses["planner"], secModel(), cat, planner.Config{Instance: "sec-planner", Grace: time.Second, Logger: log}).Run)
-	run("injector", injector.New(s.buses["injector"], injector.Config{Instance: "sec-injector", Grace: time.Second, Logger: log}).Run)
+	run("planner", must(planner.New(s.buses["planner"], secModel(), cat, planner.Config{WorkerConfig: events.WorkerConfig{Instance: "sec-planner", Grace: time.Second, Logger: log}})).Run)
+	run("injector", must(injector.New(s.buses["injector"], injector.Config{WorkerConfig: events.WorkerConfig{Instance: "sec-injector", Grace: time.Second, Logger: log}})).Run)
 	return s
 }
 
@@ -943,9 +943,9 @@ func TestSecurityPrincipalReachesAuthorizer(t *testing.T) {
 		planner.Answer("done"),
 	}}
 	s := newStack(t, model)
-	s.start("exec-auth", worker.New(s.bus,
+	s.start("exec-auth", must(worker.New(s.bus,
 		executor.New(s.reg, executor.WithAuthorizer(auth), executor.WithInstance("exec-auth"), executor.WithLogger(s.log)),
-		worker.Config{Instance: "exec-auth", Grace: time.Second, Logger: s.log}).Run)
+		worker.Config{WorkerConfig: events.WorkerConfig{Instance: "exec-auth", Grace: time.Second, Logger: s.log}})).Run)
 	eventstest.Eventually(t, 10*time.Second, func() error {
 		cat, err := s.bus.WatchCatalog(s.ctx, nil)
 		if err != nil {

@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/common/model"
 
 	"github.com/toolbus/toolbus"
+	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/executor/worker"
@@ -54,15 +55,13 @@ func TestMetricsAfterAScriptedRun(t *testing.T) {
 	}
 
 	exec := executor.New(s.reg, executor.WithLogger(s.log), executor.WithInstance("executor-m"))
-	w := worker.New(s.bus, exec, worker.Config{Instance: "executor-m", Logger: s.log, Grace: time.Second,
-		Metrics: m, Observer: m.Observer("executor")})
+	w := must(worker.New(s.bus, exec, worker.Config{WorkerConfig: events.WorkerConfig{Instance: "executor-m", Logger: s.log, Grace: time.Second}, Metrics: m, Observer: m.Observer("executor")}))
 	s.start("executor-m", w.Run)
 	cat, err := s.bus.WatchCatalog(s.ctx, s.log)
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := planner.New(s.bus, s.model, cat, planner.Config{Instance: "planner-m", Logger: s.log, Grace: time.Second,
-		Metrics: m, Observer: m.Observer("planner")})
+	p := must(planner.New(s.bus, s.model, cat, planner.Config{WorkerConfig: events.WorkerConfig{Instance: "planner-m", Logger: s.log, Grace: time.Second}, Metrics: m, Observer: m.Observer("planner")}))
 	s.start("planner-m", p.Run)
 
 	// Two of three roles serve: still not ready.
@@ -76,8 +75,8 @@ func TestMetricsAfterAScriptedRun(t *testing.T) {
 		t.Fatalf("/readyz without the injector: %d %q, want 503 naming the injector", code, body)
 	}
 
-	in := injector.New(s.bus, injector.Config{Instance: "injector-m", Logger: s.log, Grace: time.Second, Rules: s.rules,
-		Metrics: m, Observer: m.Observer("injector")})
+	in := must(injector.New(s.bus, injector.Config{WorkerConfig: events.WorkerConfig{Instance: "injector-m", Logger: s.log, Grace: time.Second}, Rules: s.rules,
+		Metrics: m, Observer: m.Observer("injector")}))
 	s.start("injector-m", in.Run)
 	eventstest.Eventually(t, 60*time.Second, func() error {
 		if code, body := get(t, srv.URL+"/readyz"); code != http.StatusOK {

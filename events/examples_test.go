@@ -20,6 +20,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/internal/golden"
 )
 
 // example is one event of the contract with fixed values: the README, CONTRACT.md and
@@ -275,7 +276,7 @@ func TestExampleBlocks(t *testing.T) {
 				if kind == "wire" {
 					want = e.wireBlock(t)
 				}
-				if body != want && !*update {
+				if body != want && !golden.Update() {
 					t.Errorf("%s: the %s example of %s is not what the encoder writes (go test ./events -run ExampleBlocks -update)\n got:\n%s\nwant:\n%s", doc, kind, name, body, want)
 				}
 				out.WriteString(text[last:m[8]])
@@ -283,7 +284,7 @@ func TestExampleBlocks(t *testing.T) {
 				last = m[9]
 			}
 			out.WriteString(text[last:])
-			if *update && out.String() != text {
+			if golden.Update() && out.String() != text {
 				if err := os.WriteFile(doc, []byte(out.String()), 0o644); err != nil {
 					t.Fatal(err)
 				}

@@ -2,16 +2,13 @@ package events_test
 
 import (
 	"encoding/json"
-	"flag"
-	"os"
 	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/toolbus/toolbus"
+	"github.com/toolbus/toolbus/internal/golden"
 )
-
-var update = flag.Bool("update", false, "rewrite golden files")
 
 // The JSON of the contract types is the public contract: a change shows up here.
 func TestContractGolden(t *testing.T) {
@@ -42,19 +39,7 @@ func TestContractGolden(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			path := filepath.Join("testdata", name+".golden.json")
-			if *update {
-				if err := os.WriteFile(path, append(got, '\n'), 0o644); err != nil {
-					t.Fatal(err)
-				}
-			}
-			want, err := os.ReadFile(path)
-			if err != nil {
-				t.Fatalf("%v (run with -update to create)", err)
-			}
-			if string(want) != string(got)+"\n" {
-				t.Fatalf("%s changed:\n%s\nwant:\n%s", path, got, want)
-			}
+			golden.Check(t, filepath.Join("testdata", name+".golden.json"), append(got, '\n'))
 		})
 	}
 }

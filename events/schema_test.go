@@ -13,6 +13,7 @@ import (
 	sjs "github.com/santhosh-tekuri/jsonschema/v6"
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/internal/golden"
 )
 
 // schemaDir holds the checked-in JSON Schemas, one per event type (from the events
@@ -116,7 +117,7 @@ func generateSchemas(t testing.TB) map[string][]byte {
 // regenerated schemas fails here. Regenerate with go test ./events -run Schemas -update.
 func TestSchemasUpToDate(t *testing.T) {
 	gen := generateSchemas(t)
-	if *update {
+	if golden.Update() {
 		if err := os.MkdirAll(schemaDir, 0o755); err != nil {
 			t.Fatal(err)
 		}

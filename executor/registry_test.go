@@ -5,8 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -16,9 +14,8 @@ import (
 
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/executor"
+	"github.com/toolbus/toolbus/internal/golden"
 )
-
-var update = flag.Bool("update", false, "rewrite the golden files in testdata/")
 
 func noop(context.Context, json.RawMessage) (any, error) { return nil, nil }
 
@@ -180,24 +177,6 @@ type searchItem struct {
 	Title string `json:"title"`
 }
 
-func golden(t *testing.T, name string, got []byte) {
-	t.Helper()
-	path := filepath.Join("testdata", name)
-	if *update {
-		if err := os.WriteFile(path, got, 0o644); err != nil {
-			t.Fatal(err)
-		}
-		return
-	}
-	want, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatalf("%v (run go test -run %s -update to create it)", err, t.Name())
-	}
-	if !bytes.Equal(got, want) {
-		t.Errorf("%s differs from the golden file (run with -update if intended):\n got: %s\nwant: %s", path, got, want)
-	}
-}
-
 func TestRegisterFuncSchemas(t *testing.T) {
 	r := executor.NewRegistry()
 	var gotIn searchIn
@@ -217,7 +196,7 @@ func TestRegisterFuncSchemas(t *testing.T) {
 		}
 		both.WriteByte('\n')
 	}
-	golden(t, "registerfunc_schemas.golden.json", both.Bytes())
+	golden.Check(t, filepath.Join("testdata", "registerfunc_schemas.golden.json"), both.Bytes())
 	for _, bad := range []string{"$ref", "$defs", "$schema", "$id", "definitions"} {
 		if bytes.Contains(tool.InputSchema, []byte(bad)) || bytes.Contains(tool.OutputSchema, []byte(bad)) {
 			t.Errorf("derived schema has %s", bad)

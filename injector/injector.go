@@ -15,40 +15,77 @@ import (
 	"github.com/toolbus/toolbus/events/store"
 )
 
-// Config configures an injector worker.
+// Config configures an injector worker. Zero fields take their defaults; New refuses
+// negative ones (Validate).
 type Config struct {
-	// Instance names this process in event sources and logs.
-	Instance    string
-	Concurrency int    // messages handled at once (default 64)
-	Durable     string // consumer shared by all injectors (default "injector")
-	// AckWait before a dead injector's unacknowledged results are redelivered to
-	// another (default 30s).
-	AckWait time.Duration
+	// WorkerConfig: Instance (default "injector"), Concurrency (messages handled at
+	// once), AckWait (before a dead injector's unacknowledged results are redelivered to
+	// another), MaxDeliver (default DefaultMaxDeliver, not events.DefaultMaxDeliver: the
+	// deliveries of one event, with growing delays; on the last one, a store or publish
+	// that keeps failing ends the run failed with code store_error instead of
+	// redelivering forever), Grace, Logger.
+	events.WorkerConfig
+	// Durable is the consumer name shared by all injectors (default "injector").
+	Durable string
 	Rules   Rules
 	// Defaults are the limits of runs that set none (the deadline and max steps the
-	// stop rules check, the deadline of re-issued calls).
+	// stop rules check, the deadline of re-issued calls); a zero MaxSteps is
+	// DefaultMaxSteps.
 	Defaults toolbus.DefaultLimits
-	Grace    time.Duration
-	// MaxDeliver bounds the deliveries of one event (default 10, with growing delays): on
-	// the last one, a store or publish that keeps failing ends the run failed with code
-	// store_error instead of redelivering forever.
-	MaxDeliver int
-	// DeadlineGrace is how long after a run's deadline its timer fires (default 2s): the
-	// time for the timed_out results of executors to land first.
+	// DeadlineGrace is how long after a run's deadline its timer fires (default
+	// DefaultDeadlineGrace): the time for the timed_out results of executors to land
+	// first.
 	DeadlineGrace time.Duration
 	// MaxTimers bounds the deadline timers held at once across all injectors (the timer
-	// consumer's MaxAckPending, default 100000); further runs get their timer as slots
-	// free up.
+	// consumer's MaxAckPending, default DefaultMaxTimers); further runs get their timer
+	// as slots free up.
 	MaxTimers int
 	// BeforeOutcome, when set, is called between the write of a run's terminal state and
 	// the publish of its outcome event; an error aborts the handler there, as a crash
 	// would. Fault-injection tests use it; production leaves it nil.
 	BeforeOutcome func(toolbus.RunEnded) error
-	Logger        *slog.Logger
 	// Metrics, when set, records step joins and the runs this injector ends.
 	Metrics Metrics
 	// Observer, when set, watches the consume loops (readiness, redeliveries, poison).
 	Observer events.ServeObserver
+}
+
+// Defaults of Config (the shared ones are events.DefaultConcurrency and its siblings).
+const (
+	// DefaultMaxSteps is the step limit of a run that sets none, when Config.Defaults
+	// sets none either.
+	DefaultMaxSteps = 10
+	// DefaultMaxDeliver is the default of Config.MaxDeliver.
+	DefaultMaxDeliver = 10
+	// DefaultDeadlineGrace is the default of Config.DeadlineGrace.
+	DefaultDeadlineGrace = 2 * time.Second
+	// DefaultMaxTimers is the default of Config.MaxTimers.
+	DefaultMaxTimers = 100000
+)
+
+// Validate reports the first field out of range (an *events.ConfigError wrapping
+// events.ErrInvalidConfig); zero values are valid.
+func (c Config) Validate() error {
+	if err := c.WorkerConfig.Validate(); err != nil {
+		return fmt.Errorf("injector: %w", err)
+	}
+	var err error
+	switch {
+	case c.DeadlineGrace < 0:
+		err = events.InvalidField("DeadlineGrace", c.DeadlineGrace, fmt.Sprintf("0s or more (0: default %v)", DefaultDeadlineGrace))
+	case c.MaxTimers < 0:
+		err = events.InvalidField("MaxTimers", c.MaxTimers, fmt.Sprintf("1 or more (0: default %d)", DefaultMaxTimers))
+	case c.Defaults.MaxSteps < 0:
+		err = events.InvalidField("Defaults.MaxSteps", c.Defaults.MaxSteps, fmt.Sprintf("1 or more (0: default %d)", DefaultMaxSteps))
+	case c.Defaults.RunTimeout < 0:
+		err = events.InvalidField("Defaults.RunTimeout", c.Defaults.RunTimeout, "0s (none) or more")
+	case c.Defaults.TokenBudget < 0:
+		err = events.InvalidField("Defaults.TokenBudget", c.Defaults.TokenBudget, "0 (none) or more")
+	}
+	if err != nil {
+		return fmt.Errorf("injector: %w", err)
+	}
+	return nil
 }
 
 // Metrics records what an injector does. It is an interface so that this package does
@@ -67,32 +104,21 @@ func (nopMetrics) StepJoined(time.Duration) {}
 func (nopMetrics) RunEnded(string, string)  {}
 
 func (c *Config) setDefaults() {
-	if c.Instance == "" {
-		c.Instance = "injector"
+	if c.MaxDeliver == 0 {
+		c.MaxDeliver = DefaultMaxDeliver
 	}
-	if c.Concurrency <= 0 {
-		c.Concurrency = 64
-	}
-	if c.AckWait <= 0 {
-		c.AckWait = 30 * time.Second
-	}
+	c.WorkerConfig = c.WorkerConfig.WithDefaults("injector")
 	if c.Durable == "" {
 		c.Durable = "injector"
 	}
-	if c.Grace <= 0 {
-		c.Grace = 10 * time.Second
+	if c.Defaults.MaxSteps == 0 {
+		c.Defaults.MaxSteps = DefaultMaxSteps
 	}
-	if c.MaxDeliver <= 0 {
-		c.MaxDeliver = 10
+	if c.DeadlineGrace == 0 {
+		c.DeadlineGrace = DefaultDeadlineGrace
 	}
-	if c.DeadlineGrace <= 0 {
-		c.DeadlineGrace = 2 * time.Second
-	}
-	if c.MaxTimers <= 0 {
-		c.MaxTimers = 100000
-	}
-	if c.Logger == nil {
-		c.Logger = slog.Default()
+	if c.MaxTimers == 0 {
+		c.MaxTimers = DefaultMaxTimers
 	}
 	if c.Metrics == nil {
 		c.Metrics = nopMetrics{}
@@ -110,11 +136,14 @@ type Injector struct {
 	calls  *callCache
 }
 
-// New returns an injector.
-func New(bus *events.Bus, cfg Config) *Injector {
+// New returns an injector, or the error of cfg.Validate.
+func New(bus *events.Bus, cfg Config) (*Injector, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
 	cfg.setDefaults()
 	return &Injector{cfg: cfg, bus: bus, source: events.Source("injector", cfg.Instance), steps: newSteps(),
-		calls: newCallCache(), log: cfg.Logger.With("component", "injector", "instance", cfg.Instance)}
+		calls: newCallCache(), log: cfg.Logger.With("component", "injector", "instance", cfg.Instance)}, nil
 }
 
 // Run consumes results, approvals, cancellations, run.started and deadline timers until

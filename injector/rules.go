@@ -15,8 +15,6 @@ var DefaultFailOn = []string{toolbus.CodeUnknownTool, toolbus.CodeToolInternalEr
 type Rules struct {
 	// FailOn lists unrecoverable error codes (default DefaultFailOn).
 	FailOn []string
-	// MaxSteps is the default step limit for runs that set none (default 10).
-	MaxSteps int
 	// Now returns the current time (tests).
 	Now func() time.Time
 }
@@ -25,16 +23,15 @@ func (r *Rules) setDefaults() {
 	if r.FailOn == nil {
 		r.FailOn = DefaultFailOn
 	}
-	if r.MaxSteps <= 0 {
-		r.MaxSteps = 10
-	}
 	if r.Now == nil {
 		r.Now = time.Now
 	}
 }
 
 // Decide returns the outcome of a complete step: nil to continue with the next model
-// request, or the run outcome to publish.
+// request, or the run outcome to publish. rs carries the run's limits with the
+// injector's defaults applied (RunStarted.WithDefaults); a run with no step limit gets
+// DefaultMaxSteps.
 func (r Rules) Decide(rs *toolbus.RunStarted, rec *store.StepRecord) *toolbus.RunEnded {
 	r.setDefaults()
 	for _, res := range rec.Results {
@@ -50,7 +47,7 @@ func (r Rules) Decide(rs *toolbus.RunStarted, rec *store.StepRecord) *toolbus.Ru
 	}
 	maxSteps := rs.Limits.MaxSteps
 	if maxSteps <= 0 {
-		maxSteps = r.MaxSteps
+		maxSteps = DefaultMaxSteps
 	}
 	if rec.Step+1 >= maxSteps {
 		return &toolbus.RunEnded{RunID: rec.RunID, Status: toolbus.RunLimitReached, Code: toolbus.LimitMaxSteps,

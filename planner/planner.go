@@ -21,29 +21,24 @@ import (
 	"github.com/toolbus/toolbus/events/store"
 )
 
-// Config configures a planner worker.
+// Config configures a planner worker. Zero fields take their defaults; New refuses
+// negative ones (Validate).
 type Config struct {
-	// Instance names this process in event sources and logs.
-	Instance string
-	// Concurrency is the number of steps planned at once (default 64).
-	Concurrency int
+	// WorkerConfig: Instance (default "planner"), Concurrency (steps planned at once),
+	// AckWait (before the step of a dead planner is redelivered; a live planner sends
+	// heartbeats during long model calls), MaxDeliver (bounds retries of a step whose
+	// model call keeps failing), Grace, Logger.
+	events.WorkerConfig
 	// Durable is the consumer name shared by all planners (default "planner").
 	Durable string
-	// ModelTimeout bounds one model call (default 2m).
+	// ModelTimeout bounds one model call (default DefaultModelTimeout).
 	ModelTimeout time.Duration
-	// AckWait before the step of a dead planner is redelivered (default 30s); a live
-	// planner sends heartbeats during long model calls.
-	AckWait time.Duration
-	// MaxDeliver bounds retries of a step whose model call keeps failing (default 5).
-	MaxDeliver int
-	// Grace for in-flight steps at shutdown (default 30s).
-	Grace time.Duration
 	// Defaults are the limits of runs that set none (deadline, token budget).
 	Defaults toolbus.DefaultLimits
-	// MaxCallsPerStep caps the calls of one step that are executed (default 128): each
-	// call beyond it gets a rejected result (code too_many_calls) from the planner itself.
+	// MaxCallsPerStep caps the calls of one step that are executed (default
+	// DefaultMaxCallsPerStep): each call beyond it gets a rejected result (code
+	// too_many_calls) from the planner itself.
 	MaxCallsPerStep int
-	Logger          *slog.Logger
 	// Metrics, when set, records model calls and the runs this planner ends.
 	Metrics Metrics
 	// Observer, when set, watches the consume loop (readiness, redeliveries, poison).
@@ -68,42 +63,47 @@ type nopMetrics struct{}
 func (nopMetrics) ModelCalled(string, time.Duration, toolbus.Usage, error) {}
 func (nopMetrics) RunEnded(string, string)                                 {}
 
-// DefaultMaxCallsPerStep is the default of Config.MaxCallsPerStep.
-const DefaultMaxCallsPerStep = 128
+// Defaults of Config (the shared ones are events.DefaultConcurrency and its siblings).
+const (
+	// DefaultMaxCallsPerStep is the default of Config.MaxCallsPerStep.
+	DefaultMaxCallsPerStep = 128
+	// DefaultModelTimeout is the default of Config.ModelTimeout.
+	DefaultModelTimeout = 2 * time.Minute
+)
+
+// Validate reports the first field out of range (an *events.ConfigError wrapping
+// events.ErrInvalidConfig); zero values are valid.
+func (c Config) Validate() error {
+	if err := c.WorkerConfig.Validate(); err != nil {
+		return fmt.Errorf("planner: %w", err)
+	}
+	switch {
+	case c.ModelTimeout < 0:
+		return fmt.Errorf("planner: %w", events.InvalidField("ModelTimeout", c.ModelTimeout,
+			fmt.Sprintf("more than 0s (0: default %v)", DefaultModelTimeout)))
+	case c.MaxCallsPerStep < 0:
+		return fmt.Errorf("planner: %w", events.InvalidField("MaxCallsPerStep", c.MaxCallsPerStep,
+			fmt.Sprintf("1 or more (0: default %d)", DefaultMaxCallsPerStep)))
+	}
+	return nil
+}
 
 func (c *Config) setDefaults() {
-	if c.Instance == "" {
-		c.Instance = "planner"
-	}
+	c.WorkerConfig = c.WorkerConfig.WithDefaults("planner")
 	if c.Metrics == nil {
 		c.Metrics = nopMetrics{}
 	}
 	if c.Tracer == nil {
 		c.Tracer = otel.Tracer("github.com/toolbus/toolbus/planner")
 	}
-	if c.Concurrency <= 0 {
-		c.Concurrency = 64
-	}
 	if c.Durable == "" {
 		c.Durable = "planner"
 	}
-	if c.ModelTimeout <= 0 {
-		c.ModelTimeout = 2 * time.Minute
+	if c.ModelTimeout == 0 {
+		c.ModelTimeout = DefaultModelTimeout
 	}
-	if c.MaxDeliver <= 0 {
-		c.MaxDeliver = 5
-	}
-	if c.AckWait <= 0 {
-		c.AckWait = 30 * time.Second
-	}
-	if c.Grace <= 0 {
-		c.Grace = 30 * time.Second
-	}
-	if c.MaxCallsPerStep <= 0 {
+	if c.MaxCallsPerStep == 0 {
 		c.MaxCallsPerStep = DefaultMaxCallsPerStep
-	}
-	if c.Logger == nil {
-		c.Logger = slog.Default()
 	}
 }
 
@@ -131,15 +131,19 @@ type runHistory struct {
 	pendingUsage toolbus.Usage
 }
 
-// New returns a planner that calls model and offers the tools of catalog.
-func New(bus *events.Bus, model Model, catalog *store.Catalog, cfg Config) *Planner {
+// New returns a planner that calls model and offers the tools of catalog, or the error
+// of cfg.Validate.
+func New(bus *events.Bus, model Model, catalog *store.Catalog, cfg Config) (*Planner, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
 	cfg.setDefaults()
 	return &Planner{
 		cfg: cfg, bus: bus, model: model, catalog: catalog,
 		source: events.Source("planner", cfg.Instance),
 		log:    cfg.Logger.With("component", "planner", "instance", cfg.Instance),
 		cache:  map[string]*runHistory{}, cancelled: map[string]struct{}{},
-	}
+	}, nil
 }
 
 // Run consumes model.requested until ctx ends, then drains.

@@ -5,13 +5,11 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"net/url"
-	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -19,34 +17,16 @@ import (
 	"time"
 
 	"github.com/toolbus/toolbus"
+	"github.com/toolbus/toolbus/internal/golden"
 )
 
 var discardLog = slog.New(slog.DiscardHandler)
-
-var update = flag.Bool("update", false, "rewrite the golden files in testdata/")
 
 // checkGolden compares a request body with testdata/<name>, after normalising it
 // (sorted keys, indentation). With -update it rewrites the file instead.
 func checkGolden(t *testing.T, name string, body []byte) {
 	t.Helper()
-	got := normalizeJSON(t, body)
-	path := filepath.Join("testdata", name)
-	if *update {
-		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(path, got, 0o644); err != nil {
-			t.Fatal(err)
-		}
-		return
-	}
-	want, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatalf("%v (run go test ./planner -run %s -update to create it)", err, t.Name())
-	}
-	if !bytes.Equal(got, want) {
-		t.Errorf("request body differs from %s (rerun with -update if the change is intended)\n got: %s\nwant: %s", path, got, want)
-	}
+	golden.Check(t, filepath.Join("testdata", name), normalizeJSON(t, body))
 }
 
 // normalizeJSON re-encodes a JSON document with sorted keys and indentation. Nothing in

@@ -265,7 +265,12 @@ func benchToolbus(ctx context.Context, srv *embedded.Server, memory bool, k, ste
 		wg.Add(1)
 		go func() { defer wg.Done(); _ = f(wctx) }()
 	}
-	runW(worker.New(bus, exec, worker.Config{Instance: "bench", Concurrency: conc, Logger: log, Grace: time.Second}).Run)
+	wc := events.WorkerConfig{Instance: "bench", Concurrency: conc, Logger: log, Grace: time.Second}
+	w, err := worker.New(bus, exec, worker.Config{WorkerConfig: wc})
+	if err != nil {
+		return nil, 0, err
+	}
+	runW(w.Run)
 	var cat *store.Catalog
 	for i := 0; i < 200; i++ {
 		if cat, err = bus.WatchCatalog(wctx, log); err != nil {
@@ -276,9 +281,16 @@ func benchToolbus(ctx context.Context, srv *embedded.Server, memory bool, k, ste
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	runW(planner.New(bus, model, cat, planner.Config{Instance: "bench", Concurrency: conc, Logger: log, Grace: time.Second}).Run)
-	runW(injector.New(bus, injector.Config{Instance: "bench", Concurrency: conc, Logger: log, Grace: time.Second,
-		Rules: injector.Rules{MaxSteps: steps + 1}}).Run)
+	p, err := planner.New(bus, model, cat, planner.Config{WorkerConfig: wc})
+	if err != nil {
+		return nil, 0, err
+	}
+	in, err := injector.New(bus, injector.Config{WorkerConfig: wc, Defaults: toolbus.DefaultLimits{MaxSteps: steps + 1}})
+	if err != nil {
+		return nil, 0, err
+	}
+	runW(p.Run)
+	runW(in.Run)
 
 	ended := make(chan string, runs+latRuns)
 	sub, err := nc.Subscribe("toolbus.*.run.*", func(m *nats.Msg) {

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -99,8 +100,8 @@ func TestCLIHelpAndVersion(t *testing.T) {
 	}
 }
 
-// TestCLIRefusesBadValues: unknown log settings and statuses are refused with the valid
-// values, before anything connects.
+// TestCLIRefusesBadValues: unknown log settings and statuses, and worker settings out
+// of range, are refused with the variable and the valid values, before anything connects.
 func TestCLIRefusesBadValues(t *testing.T) {
 	cases := []struct {
 		name string
@@ -110,6 +111,13 @@ func TestCLIRefusesBadValues(t *testing.T) {
 	}{
 		{"log level", map[string]string{"TOOLBUS_LOG_LEVEL": "loud"}, []string{"runs"}, `TOOLBUS_LOG_LEVEL "loud": want debug, info, warn or error`},
 		{"log format", map[string]string{"TOOLBUS_LOG_FORMAT": "xml"}, []string{"runs"}, `TOOLBUS_LOG_FORMAT "xml": want text or json`},
+		{"negative concurrency", map[string]string{"TOOLBUS_CONCURRENCY": "-1"}, []string{"runs"}, `config: TOOLBUS_CONCURRENCY -1: want 1 or more (unset or 0: default 64)`},
+		{"ack wait too short", map[string]string{"TOOLBUS_ACK_WAIT": "10ms"}, []string{"runs"}, `config: TOOLBUS_ACK_WAIT 10ms: want 1s or more (unset or 0: default 30s)`},
+		{"negative max deliver", map[string]string{"TOOLBUS_MAX_DELIVER": "-3"}, []string{"runs"}, `config: TOOLBUS_MAX_DELIVER -3: want 1 or more`},
+		{"negative grace", map[string]string{"TOOLBUS_GRACE": "-1s"}, []string{"runs"}, `config: TOOLBUS_GRACE -1s: want 0s or more`},
+		{"negative max steps", map[string]string{"TOOLBUS_MAX_STEPS": "-2"}, []string{"runs"}, `config: TOOLBUS_MAX_STEPS -2: want 1 or more (unset: 10)`},
+		{"negative max calls per step", map[string]string{"TOOLBUS_MAX_CALLS_PER_STEP": "-1"}, []string{"runs"}, `config: TOOLBUS_MAX_CALLS_PER_STEP -1: want 1 or more (unset or 0: default 128)`},
+		{"negative token budget", map[string]string{"TOOLBUS_TOKEN_BUDGET": "-5"}, []string{"runs"}, `config: TOOLBUS_TOKEN_BUDGET -5: want 0 (none) or more`},
 		{"runs status", nil, []string{"runs", "--status", "bogus"}, `unknown status "bogus": want one of running, waiting_for_approval, completed, failed, limit_reached, cancelled`},
 		{"missing model key", map[string]string{"TOOLBUS_MODEL": "openai:gpt-4.1", "OPENAI_API_KEY": "", "OPENAI_BASE_URL": ""},
 			[]string{"run", "hi"}, "needs OPENAI_API_KEY"},
@@ -208,6 +216,12 @@ func TestCLIEnv(t *testing.T) {
 	if rows < 30 {
 		t.Fatalf("%d variables listed:\n%s", rows, out)
 	}
+	// The defaults that live in the worker packages are shown, not "-".
+	for key, def := range envDefaults {
+		if !strings.Contains(out, "\n"+key+" ") || !regexp.MustCompile(`\n`+key+` +`+regexp.QuoteMeta(def)+`  `).MatchString(out) {
+			t.Errorf("%s is not listed with its default %q:\n%s", key, def, out)
+		}
+	}
 }
 
 // syncBuffer is a bytes.Buffer safe for one writer and a polling reader.
@@ -275,7 +289,12 @@ func TestCLIRunSaysWhatItWaitsFor(t *testing.T) {
 	idone := make(chan struct{})
 	go func() {
 		defer close(idone)
-		_ = injector.New(bus, injector.Config{Instance: "inj", Logger: log, Grace: time.Second}).Run(ictx)
+		in, err := injector.New(bus, injector.Config{WorkerConfig: events.WorkerConfig{Instance: "inj", Logger: log, Grace: time.Second}})
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		_ = in.Run(ictx)
 	}()
 	t.Cleanup(func() { stop(); <-idone })
 	follow("wait-planner", "(waiting for the planner", "no worker consumes queue planner")

@@ -1,9 +1,11 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
+	"reflect"
 	"strings"
 	"time"
 
@@ -11,6 +13,8 @@ import (
 
 	"github.com/toolbus/toolbus/connect"
 	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/injector"
+	"github.com/toolbus/toolbus/planner"
 )
 
 // Config is every setting of toolbus, read from TOOLBUS_* environment variables.
@@ -26,28 +30,28 @@ type Config struct {
 
 	connect.Options
 	events.Config
-
-	Instance    string `envconfig:"INSTANCE" desc:"name of this process in events and logs (default host-pid)"`
-	Concurrency int    `envconfig:"CONCURRENCY" default:"64" desc:"calls (executor) or steps (planner, injector) handled at once per process"`
+	// WorkerConfig is the shared settings of every role: TOOLBUS_INSTANCE,
+	// TOOLBUS_CONCURRENCY, TOOLBUS_ACK_WAIT, TOOLBUS_MAX_DELIVER, TOOLBUS_GRACE. Unset,
+	// they take the defaults of package events (envDefaults shows them in toolbus env).
+	events.WorkerConfig
 
 	Tools         string        `envconfig:"TOOLS" default:"demo" desc:"built-in tool packs served by executors (demo, calc, diag: diag's panic, big_output, sleep... only when asked for)"`
 	MCPConfig     string        `envconfig:"MCP_CONFIG" desc:"JSON file of MCP servers whose tools executors serve (mcpServers: command/args/env or url/headers)"`
 	ExecutorTools []string      `envconfig:"EXECUTOR_TOOLS" desc:"serve only these tools of the packs (deployments may overlap: each tool has one shared queue)"`
 	CallTimeout   time.Duration `envconfig:"CALL_TIMEOUT" default:"30s" desc:"default tool timeout"`
 	MaxOutput     int           `envconfig:"MAX_OUTPUT_BYTES" default:"16384" desc:"default bound of what the model reads of one result"`
-	AckWait       time.Duration `envconfig:"ACK_WAIT" default:"30s" desc:"redelivery delay of a call, step or result whose worker died (live workers send heartbeats)"`
-	MaxDeliver    int           `envconfig:"MAX_DELIVER" default:"5" desc:"deliveries of one call before it is reported as tool_internal_error"`
 
 	// Record is read by newModel (TOOLBUS_RECORD); the field makes `toolbus env` list it.
-	Record   string `envconfig:"RECORD" desc:"append every model exchange to this JSONL cassette (replay it with TOOLBUS_MODEL=replay:<file>)"`
-	Model    string `envconfig:"MODEL" default:"script:incident" desc:"model: script:incident, replay:<file>, openai:<model>, openai-responses:<model>, anthropic:<model>"`
-	MaxSteps int    `envconfig:"MAX_STEPS" default:"10" desc:"default step limit of a run"`
-	// MaxCallsPerStep caps the calls of one step that run; the rest are rejected (too_many_calls).
-	MaxCallsPerStep int           `envconfig:"MAX_CALLS_PER_STEP" default:"128" desc:"calls of one step that run; the rest get a rejected result (too_many_calls)"`
+	Record string `envconfig:"RECORD" desc:"append every model exchange to this JSONL cassette (replay it with TOOLBUS_MODEL=replay:<file>)"`
+	Model  string `envconfig:"MODEL" default:"script:incident" desc:"model: script:incident, replay:<file>, openai:<model>, openai-responses:<model>, anthropic:<model>"`
+	// MaxSteps is the step limit of runs that set none (unset: injector.DefaultMaxSteps).
+	MaxSteps int `envconfig:"MAX_STEPS" desc:"default step limit of a run"`
+	// MaxCallsPerStep caps the calls of one step that run; the rest are rejected
+	// (too_many_calls). Unset: planner.DefaultMaxCallsPerStep.
+	MaxCallsPerStep int           `envconfig:"MAX_CALLS_PER_STEP" desc:"calls of one step that run; the rest get a rejected result (too_many_calls)"`
 	RunTimeout      time.Duration `envconfig:"RUN_TIMEOUT" default:"10m" desc:"default run deadline, from its start"`
 	TokenBudget     int64         `envconfig:"TOKEN_BUDGET" desc:"default token budget of a run (0: none)"`
 	FailOn          []string      `envconfig:"FAIL_ON" default:"unknown_tool,tool_internal_error,invalid_tool_output" desc:"error codes that fail a run"`
-	Grace           time.Duration `envconfig:"GRACE" default:"30s" desc:"shutdown grace period for in-flight work"`
 
 	// MetricsAddr serves /metrics, /healthz and /readyz (host:port) for every role of the
 	// process; empty serves nothing.
@@ -82,11 +86,66 @@ func loadConfig() (Config, error) {
 	default:
 		return c, fmt.Errorf("config: TOOLBUS_LOG_FORMAT %q: want text or json", c.LogFormat)
 	}
+	if err := c.validate(); err != nil {
+		return c, err
+	}
 	if c.Instance == "" {
 		h, _ := os.Hostname()
 		c.Instance = fmt.Sprintf("%s-%d", h, os.Getpid())
 	}
 	return c, nil
+}
+
+// validate refuses settings out of range, naming the variable: the checks are the
+// Validate methods of the worker configs, so they cannot disagree with the workers.
+func (c Config) validate() error {
+	var err error
+	switch {
+	case c.WorkerConfig.Validate() != nil:
+		err = c.WorkerConfig.Validate()
+	case c.MaxSteps < 0:
+		err = events.InvalidField("MaxSteps", c.MaxSteps, fmt.Sprintf("1 or more (unset: %d)", injector.DefaultMaxSteps))
+	case c.RunTimeout < 0:
+		err = events.InvalidField("RunTimeout", c.RunTimeout, "0s (none) or more")
+	case c.TokenBudget < 0:
+		err = events.InvalidField("TokenBudget", c.TokenBudget, "0 (none) or more")
+	case c.CallTimeout < 0:
+		err = events.InvalidField("CallTimeout", c.CallTimeout, "0s (the tool's own) or more")
+	case c.MaxOutput < 0:
+		err = events.InvalidField("MaxOutput", c.MaxOutput, "1 or more")
+	default:
+		err = planner.Config{MaxCallsPerStep: c.MaxCallsPerStep}.Validate()
+	}
+	var ce *events.ConfigError
+	if errors.As(err, &ce) {
+		return fmt.Errorf("config: %s %v: want %s", envName(ce.Field), ce.Value, strings.ReplaceAll(ce.Want, "0: default", "unset or 0: default"))
+	}
+	return err
+}
+
+// envName is the variable of a field of Config (MaxSteps: TOOLBUS_MAX_STEPS), found
+// through the envconfig tags, embedded structs included.
+func envName(field string) string {
+	var find func(t reflect.Type) string
+	find = func(t reflect.Type) string {
+		for i := 0; i < t.NumField(); i++ {
+			f := t.Field(i)
+			if f.Anonymous && f.Type.Kind() == reflect.Struct {
+				if n := find(f.Type); n != "" {
+					return n
+				}
+				continue
+			}
+			if tag := f.Tag.Get("envconfig"); f.Name == field && tag != "" {
+				return envPrefix + "_" + tag
+			}
+		}
+		return ""
+	}
+	if n := find(reflect.TypeOf(Config{})); n != "" {
+		return n
+	}
+	return field
 }
 
 // syncAlways reports whether TOOLBUS_DURABILITY asks for strict durability.

@@ -4,10 +4,15 @@ import (
 	"bytes"
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 
 	"github.com/kelseyhightower/envconfig"
+
+	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/injector"
+	"github.com/toolbus/toolbus/planner"
 )
 
 // envDescriptions describe the variables whose fields (in other packages) carry no desc
@@ -20,6 +25,17 @@ var envDescriptions = map[string]string{
 	"TOOLBUS_REPLICAS":          "replicas of the stream and buckets (1, or 3 on a cluster)",
 	"TOOLBUS_INSTANCE_TTL":      "an executor instance leaves the catalog this long after its last heartbeat",
 	"TOOLBUS_OUTPUTS_MAX_BYTES": "size bound of the object store of large tool outputs (-1: none)",
+}
+
+// envDefaults are the defaults of the variables whose default lives in a worker package
+// (one place for each), so they carry no default tag.
+var envDefaults = map[string]string{
+	"TOOLBUS_CONCURRENCY":        strconv.Itoa(events.DefaultConcurrency),
+	"TOOLBUS_ACK_WAIT":           events.DefaultAckWait.String(),
+	"TOOLBUS_MAX_DELIVER":        fmt.Sprintf("%d (injector %d)", events.DefaultMaxDeliver, injector.DefaultMaxDeliver),
+	"TOOLBUS_GRACE":              events.DefaultGrace.String(),
+	"TOOLBUS_MAX_STEPS":          strconv.Itoa(injector.DefaultMaxSteps),
+	"TOOLBUS_MAX_CALLS_PER_STEP": strconv.Itoa(planner.DefaultMaxCallsPerStep),
 }
 
 // cmdEnv prints every TOOLBUS_* variable: name, default and meaning.
@@ -44,6 +60,9 @@ func cmdEnv(cfg Config, out io.Writer) error {
 		key, def, desc := strings.TrimSpace(f[0]), strings.TrimSpace(f[1]), strings.TrimSpace(f[2])
 		if desc == "" {
 			desc = envDescriptions[key]
+		}
+		if def == "" {
+			def = envDefaults[key]
 		}
 		if def == "" {
 			def = "-"

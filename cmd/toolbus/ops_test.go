@@ -57,17 +57,21 @@ func startOpsPipeline(t *testing.T, scripts map[string]*planner.Script, extra ..
 	wctx, stop := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	t.Cleanup(func() { stop(); wg.Wait() })
-	serve := func(f func(context.Context) error) {
+	serve := func(w interface{ Run(context.Context) error }, err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if err := f(wctx); err != nil && wctx.Err() == nil {
+			if err := w.Run(wctx); err != nil && wctx.Err() == nil {
 				t.Errorf("worker: %v", err)
 			}
 		}()
 	}
 	exec := executor.New(reg, executor.WithLogger(log), executor.WithInstance("exec-1"))
-	serve(worker.New(bus, exec, worker.Config{Instance: "exec-1", Logger: log, Grace: time.Second}).Run)
+	serve(worker.New(bus, exec, worker.Config{WorkerConfig: events.WorkerConfig{Instance: "exec-1", Logger: log, Grace: time.Second}}))
 	eventstest.Eventually(t, 10*time.Second, func() error {
 		cat, err := bus.WatchCatalog(ctx, nil)
 		if err != nil {
@@ -92,8 +96,8 @@ func startOpsPipeline(t *testing.T, scripts map[string]*planner.Script, extra ..
 		}
 		return s.Complete(ctx, req)
 	})
-	serve(planner.New(bus, model, cat, planner.Config{Instance: "planner-1", Logger: log, Grace: time.Second}).Run)
-	serve(injector.New(bus, injector.Config{Instance: "injector-1", Logger: log, Grace: time.Second}).Run)
+	serve(planner.New(bus, model, cat, planner.Config{WorkerConfig: events.WorkerConfig{Instance: "planner-1", Logger: log, Grace: time.Second}}))
+	serve(injector.New(bus, injector.Config{WorkerConfig: events.WorkerConfig{Instance: "injector-1", Logger: log, Grace: time.Second}}))
 
 	t.Setenv("TOOLBUS_NATS_URL", srv.URL)
 	t.Setenv("TOOLBUS_LOG_LEVEL", "warn")

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/json"
 	"flag"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -13,9 +12,8 @@ import (
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/store"
+	"github.com/toolbus/toolbus/internal/golden"
 )
-
-var updateGolden = flag.Bool("update", false, "rewrite the golden files under testdata/")
 
 // runLog builds the stored events of one run as toolbus publishes them: encoded as
 // CloudEvents and decoded back, as replay reads them.
@@ -261,8 +259,8 @@ func TestReplayGolden(t *testing.T) {
 			if err := writeJSON(&js, r); err != nil {
 				t.Fatal(err)
 			}
-			golden(t, filepath.Join("testdata", "replay", name+".txt"), text.Bytes())
-			golden(t, filepath.Join("testdata", "replay", name+".json"), js.Bytes())
+			golden.Check(t, filepath.Join("testdata", "replay", name+".txt"), text.Bytes())
+			golden.Check(t, filepath.Join("testdata", "replay", name+".json"), js.Bytes())
 			wantOK := name != "violations" && name != "missing_result"
 			if r.OK != wantOK {
 				t.Fatalf("ok = %v, want %v: %+v", r.OK, wantOK, r.Violations)
@@ -328,37 +326,6 @@ func mustJSON(t *testing.T, v any) string {
 	return string(b)
 }
 
-func golden(t *testing.T, path string, got []byte) {
-	t.Helper()
-	if *updateGolden {
-		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(path, got, 0o644); err != nil {
-			t.Fatal(err)
-		}
-		return
-	}
-	want, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatalf("%v (run go test -run %s -update to create it)", err, t.Name())
-	}
-	if !bytes.Equal(got, want) {
-		g, w := strings.Split(string(got), "\n"), strings.Split(string(want), "\n")
-		i := 0
-		for i < len(g) && i < len(w) && g[i] == w[i] {
-			i++
-		}
-		line := func(l []string) string {
-			if i < len(l) {
-				return l[i]
-			}
-			return "(end of file)"
-		}
-		t.Fatalf("%s differs from the output at line %d (go test -update rewrites it):\ngot:  %s\nwant: %s", path, i+1, line(g), line(w))
-	}
-}
-
 func TestParseInterleaved(t *testing.T) {
 	tests := []struct {
 		args       []string
@@ -395,5 +362,5 @@ func TestWriteRuns(t *testing.T) {
 	if err := writeRuns(&out, runs, now, false); err != nil {
 		t.Fatal(err)
 	}
-	golden(t, filepath.Join("testdata", "runs.txt"), out.Bytes())
+	golden.Check(t, filepath.Join("testdata", "runs.txt"), out.Bytes())
 }

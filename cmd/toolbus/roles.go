@@ -86,6 +86,13 @@ func roleError(name string, err error) error {
 	return fmt.Errorf("%s: %w", name, err)
 }
 
+// worker is the shared worker settings of every role, logging to log.
+func (c Config) worker(log *slog.Logger) events.WorkerConfig {
+	wc := c.WorkerConfig
+	wc.Logger = log
+	return wc
+}
+
 func newRegistry(cfg Config) (*executor.Registry, error) {
 	reg := executor.NewRegistry()
 	if err := packs.Register(reg, cfg.packs()...); err != nil {
@@ -101,11 +108,13 @@ func runExecutor(ctx context.Context, cfg Config, bus *events.Bus, log *slog.Log
 	}
 	exec := executor.New(reg, executor.WithLogger(log), executor.WithInstance(cfg.Instance),
 		executor.WithDefaultTimeout(cfg.CallTimeout), executor.WithDefaultMaxOutputBytes(cfg.MaxOutput))
-	w := worker.New(bus, exec, worker.Config{
-		Instance: cfg.Instance, Concurrency: cfg.Concurrency, Tools: cfg.ExecutorTools,
-		AckWait: cfg.AckWait, MaxDeliver: cfg.MaxDeliver, Grace: cfg.Grace, Logger: log,
+	w, err := worker.New(bus, exec, worker.Config{
+		WorkerConfig: cfg.worker(log), Tools: cfg.ExecutorTools,
 		Metrics: executorMetrics(tel), Observer: serveObserver(tel, "executor"),
 	})
+	if err != nil {
+		return err
+	}
 	if cfg.MCPConfig != "" {
 		mc, err := mcptools.LoadConfig(cfg.MCPConfig)
 		if err != nil {
@@ -135,19 +144,23 @@ func runPlanner(ctx context.Context, cfg Config, bus *events.Bus, log *slog.Logg
 	if err != nil {
 		return err
 	}
-	p := planner.New(bus, model, cat, planner.Config{
-		Instance: cfg.Instance, Concurrency: cfg.Concurrency, Grace: cfg.Grace, Logger: log, AckWait: cfg.AckWait,
-		Defaults: cfg.defaultLimits(), MaxCallsPerStep: cfg.MaxCallsPerStep,
+	p, err := planner.New(bus, model, cat, planner.Config{
+		WorkerConfig: cfg.worker(log), Defaults: cfg.defaultLimits(), MaxCallsPerStep: cfg.MaxCallsPerStep,
 		Metrics: plannerMetrics(tel), Observer: serveObserver(tel, "planner"),
 	})
+	if err != nil {
+		return err
+	}
 	return p.Run(ctx)
 }
 
 func runInjector(ctx context.Context, cfg Config, bus *events.Bus, log *slog.Logger, tel *telemetry.Metrics) error {
-	in := injector.New(bus, injector.Config{
-		Instance: cfg.Instance, Concurrency: cfg.Concurrency, Grace: cfg.Grace, Logger: log, AckWait: cfg.AckWait,
-		Rules: injector.Rules{FailOn: cfg.FailOn, MaxSteps: cfg.MaxSteps}, Defaults: cfg.defaultLimits(),
+	in, err := injector.New(bus, injector.Config{
+		WorkerConfig: cfg.worker(log), Rules: injector.Rules{FailOn: cfg.FailOn}, Defaults: cfg.defaultLimits(),
 		Metrics: injectorMetrics(tel), Observer: serveObserver(tel, "injector"),
 	})
+	if err != nil {
+		return err
+	}
 	return in.Run(ctx)
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/injector"
 )
 
 // cmdRun submits a run and prints its events live until it ends. With no
@@ -26,7 +28,7 @@ func cmdRun(ctx context.Context, cfg Config, log *slog.Logger, args []string, ou
 	runID := fs.String("id", "", "run id (default: random)")
 	system := fs.String("system", "You are an on-call assistant. Use the tools to check facts before answering.", "system message")
 	tools := fs.String("tools", "", "comma-separated allowed tools (default: all)")
-	maxSteps := fs.Int("max-steps", cfg.MaxSteps, "step limit")
+	maxSteps := fs.Int("max-steps", cmp.Or(cfg.MaxSteps, injector.DefaultMaxSteps), "step limit")
 	timeout := fs.Duration("timeout", cfg.RunTimeout, "run deadline from now")
 	budget := fs.Int64("token-budget", cfg.TokenBudget, "token budget (0: none)")
 	principal := fs.String("principal", "cli", "principal the run acts for")

@@ -19,23 +19,24 @@ import (
 type EnvConfig struct {
 	connect.Options
 	events.Config
-	// Instance names this process (TOOLBUS_INSTANCE; default host-pid).
-	Instance string `envconfig:"INSTANCE"`
-	// Concurrency is the most calls run at once (TOOLBUS_CONCURRENCY).
-	Concurrency int `envconfig:"CONCURRENCY" default:"64"`
+	// WorkerConfig: TOOLBUS_INSTANCE (default host-pid), TOOLBUS_CONCURRENCY,
+	// TOOLBUS_ACK_WAIT, TOOLBUS_MAX_DELIVER, TOOLBUS_GRACE (unset: the defaults of
+	// package events).
+	events.WorkerConfig
 	// Tools limits the process to these tools of the registry (TOOLBUS_EXECUTOR_TOOLS).
 	Tools       []string      `envconfig:"EXECUTOR_TOOLS"`
-	AckWait     time.Duration `envconfig:"ACK_WAIT" default:"30s"`
-	MaxDeliver  int           `envconfig:"MAX_DELIVER" default:"5"`
-	Grace       time.Duration `envconfig:"GRACE" default:"30s"`
 	CallTimeout time.Duration `envconfig:"CALL_TIMEOUT" default:"30s"`
 	MaxOutput   int           `envconfig:"MAX_OUTPUT_BYTES" default:"16384"`
 }
 
-// LoadEnv reads EnvConfig from the TOOLBUS_* environment variables.
+// LoadEnv reads EnvConfig from the TOOLBUS_* environment variables and validates the
+// worker settings.
 func LoadEnv() (EnvConfig, error) {
 	var c EnvConfig
 	if err := envconfig.Process(connect.EnvPrefix, &c); err != nil {
+		return c, fmt.Errorf("executor: config: %w", err)
+	}
+	if err := c.WorkerConfig.Validate(); err != nil {
 		return c, fmt.Errorf("executor: config: %w", err)
 	}
 	if c.Instance == "" {
@@ -58,9 +59,16 @@ func Serve(ctx context.Context, reg *executor.Registry, opts ...executor.Option)
 	return ServeConfig(ctx, cfg, reg, opts...)
 }
 
-// ServeConfig is Serve with an explicit configuration.
+// ServeConfig is Serve with an explicit configuration (cfg.Logger, when set, replaces
+// slog.Default()).
 func ServeConfig(ctx context.Context, cfg EnvConfig, reg *executor.Registry, opts ...executor.Option) error {
-	log := slog.Default()
+	if err := cfg.WorkerConfig.Validate(); err != nil {
+		return fmt.Errorf("executor: %w", err)
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.Default()
+	}
 	nc, err := connect.Dial(ctx, cfg.Options, "toolbus executor "+cfg.Instance, log)
 	if err != nil {
 		return fmt.Errorf("executor: %w", err)
@@ -76,9 +84,11 @@ func ServeConfig(ctx context.Context, cfg EnvConfig, reg *executor.Registry, opt
 	opts = append([]executor.Option{executor.WithInstance(cfg.Instance), executor.WithDefaultTimeout(cfg.CallTimeout),
 		executor.WithDefaultMaxOutputBytes(cfg.MaxOutput), executor.WithLogger(log)}, opts...)
 	exec := executor.New(reg, opts...)
-	w := New(bus, exec, Config{
-		Instance: cfg.Instance, Concurrency: cfg.Concurrency, Tools: cfg.Tools, AckWait: cfg.AckWait,
-		MaxDeliver: cfg.MaxDeliver, Grace: cfg.Grace, Logger: log,
-	})
+	wc := cfg.WorkerConfig
+	wc.Logger = log
+	w, err := New(bus, exec, Config{WorkerConfig: wc, Tools: cfg.Tools})
+	if err != nil {
+		return err
+	}
 	return w.Run(ctx)
 }

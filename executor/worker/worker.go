@@ -24,25 +24,23 @@ import (
 	"github.com/toolbus/toolbus/internal/retry"
 )
 
-// Config configures an executor worker.
+// Config configures an executor worker. Zero fields take their defaults; New refuses
+// negative ones (Validate).
 type Config struct {
-	// Instance names this process in results, event sources and logs.
-	Instance string
-	// Concurrency is the most calls this worker runs at once (default 64).
-	Concurrency int
+	// WorkerConfig: Instance (default "executor"; names this process in results too),
+	// Concurrency (the most calls this worker runs at once), AckWait (before a call
+	// whose worker died is redelivered; long calls send InProgress heartbeats; it applies
+	// to the queues this worker creates, a queue that exists keeps its settings),
+	// MaxDeliver (the executions of one call, counted by its claim: each execution that
+	// an executor started and did not finish counts; the last one does not run the tool
+	// but reports tool_internal_error, so a call that keeps killing its executor still
+	// ends with exactly one result), Grace (for in-flight calls at shutdown before they
+	// are cancelled), Logger.
+	events.WorkerConfig
 	// Tools limits this deployment to a subset of the registry (empty: every tool).
 	// Each tool has one queue (a durable consumer, events.ToolConsumer) shared by every
 	// process that serves it, in any deployment, so subsets may overlap freely.
 	Tools []string
-	// AckWait before a call whose worker died is redelivered (default 30s); long calls
-	// send InProgress heartbeats. It applies to the queues this worker creates; a queue
-	// that exists keeps the settings it was created with.
-	AckWait time.Duration
-	// MaxDeliver bounds the executions of one call (default 5), counted by its claim:
-	// each execution that an executor started and did not finish (it died mid-call)
-	// counts. The last one does not run the tool: it reports tool_internal_error, so a
-	// call that keeps killing its executor still ends with exactly one result.
-	MaxDeliver int
 	// RunMaxInFlight bounds the calls of one run in flight across the whole fleet
 	// (default 32; negative: no bound), so one run asking for hundreds of slow calls
 	// leaves room for the others. A call over the bound is handed back and taken again
@@ -53,9 +51,6 @@ type Config struct {
 	// InlineOutputMax is the largest output kept in the event itself (default 256 KiB);
 	// larger outputs go to the object store and the result carries a reference.
 	InlineOutputMax int
-	// Grace for in-flight calls at shutdown before they are cancelled (default 30s).
-	Grace  time.Duration
-	Logger *slog.Logger
 	// Metrics, when set, records the calls this worker runs (telemetry.Metrics).
 	Metrics Metrics
 	// Observer, when set, watches the consume loop (readiness, redeliveries, poison).
@@ -84,33 +79,45 @@ func (nopMetrics) CallStarted(string)                                       {}
 func (nopMetrics) CallStopped(string)                                       {}
 func (nopMetrics) CallFinished(string, string, string, time.Duration, bool) {}
 
+// Defaults of Config (the shared ones are events.DefaultConcurrency and its siblings).
+const (
+	// DefaultRunMaxInFlight is the default of Config.RunMaxInFlight.
+	DefaultRunMaxInFlight = 32
+	// DefaultMaxAckPending is the default of Config.MaxAckPending.
+	DefaultMaxAckPending = 1000
+	// DefaultInlineOutputMax is the default of Config.InlineOutputMax.
+	DefaultInlineOutputMax = 256 << 10
+)
+
+// Validate reports the first field out of range (an *events.ConfigError wrapping
+// events.ErrInvalidConfig); zero values are valid.
+func (c Config) Validate() error {
+	if err := c.WorkerConfig.Validate(); err != nil {
+		return fmt.Errorf("executor: %w", err)
+	}
+	var err error
+	switch {
+	case c.MaxAckPending < 0:
+		err = events.InvalidField("MaxAckPending", c.MaxAckPending, fmt.Sprintf("1 or more (0: default %d)", DefaultMaxAckPending))
+	case c.InlineOutputMax < 0:
+		err = events.InvalidField("InlineOutputMax", c.InlineOutputMax, fmt.Sprintf("1 or more (0: default %d)", DefaultInlineOutputMax))
+	}
+	if err != nil {
+		return fmt.Errorf("executor: %w", err)
+	}
+	return nil
+}
+
 func (c *Config) setDefaults() {
-	if c.Instance == "" {
-		c.Instance = "executor"
-	}
-	if c.Concurrency <= 0 {
-		c.Concurrency = 64
-	}
-	if c.AckWait <= 0 {
-		c.AckWait = 30 * time.Second
-	}
-	if c.MaxDeliver <= 0 {
-		c.MaxDeliver = 5
-	}
-	if c.MaxAckPending <= 0 {
-		c.MaxAckPending = 1000
+	c.WorkerConfig = c.WorkerConfig.WithDefaults("executor")
+	if c.MaxAckPending == 0 {
+		c.MaxAckPending = DefaultMaxAckPending
 	}
 	if c.RunMaxInFlight == 0 {
-		c.RunMaxInFlight = 32
+		c.RunMaxInFlight = DefaultRunMaxInFlight
 	}
-	if c.InlineOutputMax <= 0 {
-		c.InlineOutputMax = 256 << 10
-	}
-	if c.Grace <= 0 {
-		c.Grace = 30 * time.Second
-	}
-	if c.Logger == nil {
-		c.Logger = slog.Default()
+	if c.InlineOutputMax == 0 {
+		c.InlineOutputMax = DefaultInlineOutputMax
 	}
 	if c.Metrics == nil {
 		c.Metrics = nopMetrics{}
@@ -149,12 +156,15 @@ type callHandle struct{ cancel context.CancelCauseFunc }
 // errRunCancelled is the cancellation cause of calls of a cancelled run.
 var errRunCancelled = errors.New("executor: run cancelled")
 
-// New returns a worker that runs calls with exec.
-func New(bus *events.Bus, exec *executor.Executor, cfg Config) *Worker {
+// New returns a worker that runs calls with exec, or the error of cfg.Validate.
+func New(bus *events.Bus, exec *executor.Executor, cfg Config) (*Worker, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
 	cfg.setDefaults()
 	return &Worker{cfg: cfg, bus: bus, exec: exec, source: events.Source("executor", cfg.Instance),
 		log:      cfg.Logger.With("component", "executor", "instance", cfg.Instance),
-		inflight: map[string]map[*callHandle]struct{}{}, claimed: map[string]bool{}, cancelled: map[string]time.Time{}}
+		inflight: map[string]map[*callHandle]struct{}{}, claimed: map[string]bool{}, cancelled: map[string]time.Time{}}, nil
 }
 
 // Run binds the queue of every served tool (creating it when it does not exist and the

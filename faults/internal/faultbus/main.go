@@ -49,10 +49,11 @@ import (
 type config struct {
 	NatsURL string `envconfig:"NATS_URL" required:"true"`
 	events.Config
-	Instance    string        `envconfig:"INSTANCE" default:"faultbus"`
-	Concurrency int           `envconfig:"CONCURRENCY" default:"64"`
-	AckWait     time.Duration `envconfig:"ACK_WAIT" default:"30s"`
-	MaxDeliver  int           `envconfig:"MAX_DELIVER" default:"5"`
+	Instance string `envconfig:"INSTANCE" default:"faultbus"`
+	// Concurrency, AckWait and MaxDeliver unset take the workers' defaults.
+	Concurrency int           `envconfig:"CONCURRENCY"`
+	AckWait     time.Duration `envconfig:"ACK_WAIT"`
+	MaxDeliver  int           `envconfig:"MAX_DELIVER"`
 	Grace       time.Duration `envconfig:"GRACE" default:"5s"`
 	Model       string        `envconfig:"MODEL" default:"sleep:4x3:1-100"`
 	// ModelTimeout of the planner; its consumer's ack wait is this plus 30s, which is how
@@ -121,9 +122,7 @@ func run(ctx context.Context, cfg config, role string, log *slog.Logger) error {
 	}
 	switch role {
 	case "injector":
-		return injector.New(bus, injector.Config{
-			Instance: cfg.Instance, Concurrency: cfg.Concurrency, Grace: cfg.Grace, Logger: log,
-		}).Run(ctx)
+		return serve(injector.New(bus, injector.Config{WorkerConfig: events.WorkerConfig{Instance: cfg.Instance, Concurrency: cfg.Concurrency, Grace: cfg.Grace, Logger: log}}))(ctx)
 	case "planner":
 		model, err := parseModel(cfg.Model)
 		if err != nil {
@@ -133,10 +132,9 @@ func run(ctx context.Context, cfg config, role string, log *slog.Logger) error {
 		if err != nil {
 			return err
 		}
-		return planner.New(bus, model, cat, planner.Config{
-			Instance: cfg.Instance, Concurrency: cfg.Concurrency, Grace: cfg.Grace, Logger: log,
+		return serve(planner.New(bus, model, cat, planner.Config{WorkerConfig: events.WorkerConfig{Instance: cfg.Instance, Concurrency: cfg.Concurrency, Grace: cfg.Grace, Logger: log},
 			ModelTimeout: cfg.ModelTimeout,
-		}).Run(ctx)
+		}))(ctx)
 	default:
 		reg := executor.NewRegistry()
 		if err := packs.Register(reg, "demo", "diag"); err != nil {
@@ -148,11 +146,19 @@ func run(ctx context.Context, cfg config, role string, log *slog.Logger) error {
 			}
 		}
 		exec := executor.New(reg, executor.WithLogger(log), executor.WithInstance(cfg.Instance))
-		return worker.New(bus, exec, worker.Config{
-			Instance: cfg.Instance, Concurrency: cfg.Concurrency, AckWait: cfg.AckWait,
-			MaxDeliver: cfg.MaxDeliver, Grace: cfg.Grace, Logger: log, Tools: cfg.ExecutorTools,
-		}).Run(ctx)
+		return serve(worker.New(bus, exec, worker.Config{WorkerConfig: events.WorkerConfig{Instance: cfg.Instance, Concurrency: cfg.Concurrency, AckWait: cfg.AckWait, MaxDeliver: cfg.MaxDeliver, Grace: cfg.Grace, Logger: log},
+			Tools: cfg.ExecutorTools,
+		}))(ctx)
 	}
+}
+
+// serve is the Run of a worker built by its constructor, or a func returning the
+// constructor's error.
+func serve(w interface{ Run(context.Context) error }, err error) func(context.Context) error {
+	if err != nil {
+		return func(context.Context) error { return err }
+	}
+	return w.Run
 }
 
 // appendMu serializes the append tools of a process on the shared file.

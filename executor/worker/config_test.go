@@ -1,0 +1,43 @@
+package worker_test
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/executor"
+	"github.com/toolbus/toolbus/executor/worker"
+)
+
+// TestNewRefusesBadConfig: New returns the error of Validate, naming the field, instead
+// of replacing a bad value with its default.
+func TestNewRefusesBadConfig(t *testing.T) {
+	exec := executor.New(executor.NewRegistry())
+	cases := []struct {
+		name string
+		cfg  worker.Config
+		want string // "" for accepted
+	}{
+		{"zero: every default", worker.Config{}, ""},
+		{"no fleet bound", worker.Config{RunMaxInFlight: -1}, ""},
+		{"negative concurrency", worker.Config{WorkerConfig: events.WorkerConfig{Concurrency: -1}}, "executor: invalid config: Concurrency -1"},
+		{"negative max deliver", worker.Config{WorkerConfig: events.WorkerConfig{MaxDeliver: -1}}, "executor: invalid config: MaxDeliver -1"},
+		{"negative max ack pending", worker.Config{MaxAckPending: -1}, "executor: invalid config: MaxAckPending -1: want 1 or more (0: default 1000)"},
+		{"negative inline output max", worker.Config{InlineOutputMax: -1}, "executor: invalid config: InlineOutputMax -1: want 1 or more (0: default 262144)"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			w, err := worker.New(nil, exec, tc.cfg)
+			if tc.want == "" {
+				if err != nil || w == nil {
+					t.Fatalf("New: %v, %v; want a worker", w, err)
+				}
+				return
+			}
+			if err == nil || w != nil || !errors.Is(err, events.ErrInvalidConfig) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("New: %v, %v; want nil and an ErrInvalidConfig containing %q", w, err, tc.want)
+			}
+		})
+	}
+}
