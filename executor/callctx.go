@@ -38,11 +38,11 @@ func (c *callCtx) Done() <-chan struct{} {
 		return c.done
 	}
 	c.done = make(chan struct{})
-	if c.err == nil {
-		c.checkLocked()
-	}
-	if c.err != nil {
+	if c.err != nil { // ended before anyone asked for Done
 		close(c.done)
+		return c.done
+	}
+	if c.checkLocked(); c.err != nil { // endLocked closed c.done
 		return c.done
 	}
 	c.timer = time.AfterFunc(time.Until(c.deadline), func() { c.cancel(context.DeadlineExceeded) })
