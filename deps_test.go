@@ -30,6 +30,19 @@ func TestDependencyDirection(t *testing.T) {
 			}
 		}
 	}
+	// Implementing planner.Model links no provider SDK: the adapters live in
+	// planner/openai and planner/anthropic.
+	for _, pkg := range []string{"planner", "planner/modeltest"} {
+		out, err := exec.Command("go", "list", "-deps", "./"+pkg).CombinedOutput()
+		if err != nil {
+			t.Fatalf("go list %s: %v\n%s", pkg, err, out)
+		}
+		for _, dep := range strings.Fields(string(out)) {
+			if strings.HasPrefix(dep, "github.com/openai/") || strings.HasPrefix(dep, "github.com/anthropics/") {
+				t.Errorf("%s depends on %s", pkg, dep)
+			}
+		}
+	}
 	for pkg, bad := range forbidden {
 		out, err := exec.Command("go", "list", "-deps", "./"+pkg).CombinedOutput()
 		if err != nil {

@@ -5,9 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math"
 	"net/http"
-	"strconv"
 	"strings"
 	"time"
 
@@ -36,8 +34,9 @@ type RetryPolicy struct {
 	// only the caller's context bounds the call).
 	AttemptTimeout time.Duration
 
-	// sleep waits d or until ctx ends; tests replace it to observe the waits.
-	sleep func(ctx context.Context, d time.Duration) error
+	// Sleep waits d or until ctx ends (nil: a timer); tests set it to observe the waits
+	// instead of sleeping.
+	Sleep func(ctx context.Context, d time.Duration) error
 }
 
 // Default values of RetryPolicy.
@@ -67,12 +66,12 @@ func (p RetryPolicy) withDefaults() RetryPolicy {
 func (p RetryPolicy) backoff(attempt int) time.Duration { return p.retry().Backoff(attempt) }
 
 func (p RetryPolicy) retry() retry.Policy {
-	return retry.Policy{Attempts: p.MaxAttempts, Base: p.BaseDelay, Max: p.MaxDelay, Jitter: true, Sleep: p.sleep}
+	return retry.Policy{Attempts: p.MaxAttempts, Base: p.BaseDelay, Max: p.MaxDelay, Jitter: true, Sleep: p.Sleep}
 }
 
-// do runs call until it succeeds, fails with an error that is not retryable, or the
+// Do runs call until it succeeds, fails with an error that is not retryable, or the
 // policy gives up. log may be nil.
-func (p RetryPolicy) do(ctx context.Context, log *slog.Logger, call func(ctx context.Context) error) error {
+func (p RetryPolicy) Do(ctx context.Context, log *slog.Logger, call func(ctx context.Context) error) error {
 	p = p.withDefaults()
 	rp := p.retry()
 	rp.OnError = func(attempt int, err error, wait time.Duration) (time.Duration, error) {
@@ -114,39 +113,43 @@ func (p RetryPolicy) do(ctx context.Context, log *slog.Logger, call func(ctx con
 	})
 }
 
-// timeNow is the clock Retry-After dates are read against (tests pin it).
-var timeNow = time.Now
-
-// retryAfter reads the wait a provider asks for: Retry-After-Ms (milliseconds, sent by
-// OpenAI), else Retry-After as seconds or as an HTTP date. A date in the past is a zero
-// wait; an unreadable value is ignored.
-func retryAfter(h http.Header, now time.Time) (time.Duration, bool) {
-	if v := strings.TrimSpace(h.Get("Retry-After-Ms")); v != "" {
-		if ms, err := strconv.ParseFloat(v, 64); err == nil && ms >= 0 && !math.IsInf(ms, 0) {
-			return floatDuration(ms, time.Millisecond), true
-		}
-	}
-	v := strings.TrimSpace(h.Get("Retry-After"))
-	if v == "" {
-		return 0, false
-	}
-	if secs, err := strconv.ParseFloat(v, 64); err == nil {
-		if secs < 0 || math.IsNaN(secs) {
-			return 0, false
-		}
-		return floatDuration(secs, time.Second), true
-	}
-	if t, err := http.ParseTime(v); err == nil {
-		return max(t.Sub(now), 0), true
-	}
-	return 0, false
+// ProviderError is a failed call to a model provider: an HTTP error status, a transport
+// failure or an answer that could not be read. Retryable errors (429, 408, 5xx, transport
+// errors and timeouts, unreadable answers) are retried by the adapter's RetryPolicy and,
+// when the attempts run out, returned as a transient error so the planner retries the step
+// later. Other errors reach the planner wrapped by Permanent and fail the run with the
+// provider's message.
+type ProviderError struct {
+	// Provider names the adapter: "openai", "openai-responses" or "anthropic".
+	Provider string
+	// Status is the HTTP status, 0 when no response arrived.
+	Status int
+	// Message is the provider's own explanation (its error.message), or a description of
+	// the failure.
+	Message string
+	// RetryAfter is the wait the provider asked for (Retry-After, Retry-After-Ms), if any.
+	RetryAfter time.Duration
+	// Retryable reports whether another attempt may succeed.
+	Retryable bool
+	// Err is the underlying error (the SDK's error, a net.Error, a context error).
+	Err error
 }
 
-// floatDuration converts v units to a Duration, saturating instead of overflowing.
-func floatDuration(v float64, unit time.Duration) time.Duration {
-	d := v * float64(unit)
-	if d >= math.MaxInt64 || math.IsInf(d, 1) {
-		return time.Duration(math.MaxInt64)
+func (e *ProviderError) Error() string {
+	// No "planner:" prefix: the planner wraps a model error once, with the run and step.
+	var b strings.Builder
+	b.WriteString(e.Provider)
+	if e.Status != 0 {
+		fmt.Fprintf(&b, ": %d %s", e.Status, http.StatusText(e.Status))
 	}
-	return time.Duration(d)
+	if e.Message != "" {
+		b.WriteString(": ")
+		b.WriteString(e.Message)
+	} else if e.Err != nil {
+		b.WriteString(": ")
+		b.WriteString(e.Err.Error())
+	}
+	return b.String()
 }
+
+func (e *ProviderError) Unwrap() error { return e.Err }
