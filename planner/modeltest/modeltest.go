@@ -36,7 +36,7 @@ type Provider struct {
 	// Path is the only path the fake serves (e.g. /v1/chat/completions).
 	Path string
 	// New returns the adapter under test, talking to the fake at url (no path) with the
-	// API key APIKey, the model name "m-test" as default and the given retry policy.
+	// API key APIKey, any default model name and the given retry policy.
 	New func(t *testing.T, url string, retry planner.RetryPolicy) planner.Model
 	// Decode reads a request body as the provider-neutral history, or returns why the
 	// provider would refuse it (the fake answers 400 with that message).
