@@ -35,9 +35,9 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzTruncate -fuzztime 20s ./executor
 	$(GO) test -run '^$$' -fuzz FuzzRedact -fuzztime 20s ./executor
 	$(GO) test -run '^$$' -fuzz FuzzCalculator -fuzztime 20s ./executor/packs
-	$(GO) test -run '^$$' -fuzz '^FuzzOpenAIResponse$$' -fuzztime 20s ./planner
-	$(GO) test -run '^$$' -fuzz '^FuzzOpenAIResponsesResponse$$' -fuzztime 20s ./planner
-	$(GO) test -run '^$$' -fuzz '^FuzzAnthropicResponse$$' -fuzztime 20s ./planner
+	$(GO) test -run '^$$' -fuzz '^FuzzOpenAIResponse$$' -fuzztime 20s ./planner/openai
+	$(GO) test -run '^$$' -fuzz '^FuzzOpenAIResponsesResponse$$' -fuzztime 20s ./planner/openai
+	$(GO) test -run '^$$' -fuzz '^FuzzAnthropicResponse$$' -fuzztime 20s ./planner/anthropic
 
 vet:
 	$(GO) vet $(PKGS)

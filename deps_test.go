@@ -6,56 +6,69 @@ import (
 	"testing"
 )
 
+const mod = "github.com/toolbus/toolbus"
+
+// deps lists the packages pkg links (go list -deps), its own included.
+func deps(t *testing.T, pkg string) []string {
+	t.Helper()
+	out, err := exec.Command("go", "list", "-deps", "./"+pkg).CombinedOutput()
+	if err != nil {
+		t.Fatalf("go list %s: %v\n%s", pkg, err, out)
+	}
+	return strings.Fields(string(out))
+}
+
 // The dependency rule of the architecture: events (and its store) imports no worker;
 // executor, planner and injector import events and never each other; only cmd/ wires
-// them.
+// them. Beyond the module's own packages, some packages must not link whole families
+// of outside modules.
 func TestDependencyDirection(t *testing.T) {
-	const mod = "github.com/toolbus/toolbus/"
-	forbidden := map[string][]string{
-		"events":       {"executor", "planner", "injector", "cmd"},
-		"events/store": {"executor", "planner", "injector", "cmd"},
-		"executor":     {"planner", "injector", "cmd"},
-		"planner":      {"executor", "injector", "cmd"},
-		"injector":     {"executor", "planner", "cmd"},
-		// Test helpers import nothing of the module: any package's tests may use them.
-		"internal/golden": {"events", "executor", "planner", "injector", "cmd", "embedded", "connect"},
+	workers := []string{"executor", "planner", "injector", "cmd"}
+	tests := []struct {
+		pkg string
+		// module packages (and their subpackages) pkg must not link
+		notModule []string
+		// import path prefixes of outside modules pkg must not link
+		notOutside []string
+		why        string
+	}{
+		{pkg: ".", notModule: []string{""}, notOutside: []string{"github.com/nats-io/", "github.com/cloudevents/"},
+			why: "the domain types import nothing and link no bus"},
+		{pkg: "executor", notModule: []string{"planner", "injector", "cmd"}, notOutside: []string{"github.com/nats-io/", "github.com/cloudevents/"},
+			why: "the executor core runs in-process without NATS or CloudEvents (the bus side is executor/worker)"},
+		{pkg: "events", notModule: workers, why: "the wire imports no worker"},
+		{pkg: "events/store", notModule: append([]string{"events"}, workers...), notOutside: []string{"github.com/cloudevents/"},
+			why: "the store is state, not wire"},
+		{pkg: "planner", notModule: []string{"executor", "injector", "cmd"}, notOutside: []string{"github.com/openai/", "github.com/anthropics/"},
+			why: "implementing planner.Model links no provider SDK (the adapters live in planner/openai and planner/anthropic)"},
+		{pkg: "planner/modeltest", notOutside: []string{"github.com/openai/", "github.com/anthropics/"},
+			why: "the Model conformance suite links no provider SDK"},
+		{pkg: "injector", notModule: []string{"executor", "planner", "cmd"}, why: "workers meet only on the bus"},
+		{pkg: "internal/golden", notModule: []string{"events", "executor", "planner", "injector", "cmd", "embedded", "connect"},
+			why: "test helpers import nothing of the module: any package's tests may use them"},
 	}
-	// The domain types and the executor core link no bus: an executor runs in-process
-	// without NATS or CloudEvents (the bus side is executor/worker).
-	for _, pkg := range []string{".", "executor"} {
-		out, err := exec.Command("go", "list", "-deps", "./"+pkg).CombinedOutput()
-		if err != nil {
-			t.Fatalf("go list %s: %v\n%s", pkg, err, out)
-		}
-		for _, dep := range strings.Fields(string(out)) {
-			if strings.HasPrefix(dep, "github.com/nats-io/") || strings.HasPrefix(dep, "github.com/cloudevents/") ||
-				(strings.HasPrefix(dep, mod) && pkg == ".") {
-				t.Errorf("%s depends on %s", pkg, dep)
+	for _, tt := range tests {
+		t.Run(tt.pkg, func(t *testing.T) {
+			self := mod
+			if tt.pkg != "." {
+				self = mod + "/" + tt.pkg
 			}
-		}
-	}
-	// The store is state, not wire: it links neither the events package nor CloudEvents.
-	out, err := exec.Command("go", "list", "-deps", "./events/store").CombinedOutput()
-	if err != nil {
-		t.Fatalf("go list events/store: %v\n%s", err, out)
-	}
-	for _, dep := range strings.Fields(string(out)) {
-		if dep == mod+"events" || strings.HasPrefix(dep, "github.com/cloudevents/") ||
-			(strings.HasPrefix(dep, mod) && dep != mod+"events/store" && dep != strings.TrimSuffix(mod, "/")) {
-			t.Errorf("events/store depends on %s", dep)
-		}
-	}
-	for pkg, bad := range forbidden {
-		out, err := exec.Command("go", "list", "-deps", "./"+pkg).CombinedOutput()
-		if err != nil {
-			t.Fatalf("go list %s: %v\n%s", pkg, err, out)
-		}
-		for _, dep := range strings.Fields(string(out)) {
-			for _, b := range bad {
-				if dep == mod+b || strings.HasPrefix(dep, mod+b+"/") {
-					t.Errorf("%s depends on %s", pkg, dep)
+			for _, dep := range deps(t, tt.pkg) {
+				for _, bad := range tt.notModule {
+					p := mod
+					if bad != "" {
+						p = mod + "/" + bad
+					}
+					if dep != self && (dep == p || strings.HasPrefix(dep, p+"/")) {
+						t.Errorf("%s depends on %s: %s", tt.pkg, dep, tt.why)
+					}
+				}
+				for _, bad := range tt.notOutside {
+					if strings.HasPrefix(dep, bad) {
+						t.Errorf("%s depends on %s: %s", tt.pkg, dep, tt.why)
+					}
 				}
 			}
-		}
+		})
 	}
 }

@@ -10,6 +10,8 @@ import (
 
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/planner"
+	"github.com/toolbus/toolbus/planner/anthropic"
+	"github.com/toolbus/toolbus/planner/openai"
 )
 
 // TestProvidersRefusalReason runs a step against a provider that refuses every request
@@ -26,13 +28,13 @@ func TestProvidersRefusalReason(t *testing.T) {
 		prefix string // the provider's own layer
 	}{
 		{"openai", chatFake, func(url string) (planner.Model, error) {
-			return planner.NewOpenAI(planner.OpenAIOptions{APIKey: "k", BaseURL: url + "/v1", Model: "fake-gpt", Logger: quiet})
+			return openai.NewChat(openai.ChatOptions{APIKey: "k", BaseURL: url + "/v1", Model: "fake-gpt", Logger: quiet})
 		}, "openai: 400 Bad Request: "},
 		{"openai-responses", responsesFake, func(url string) (planner.Model, error) {
-			return planner.NewOpenAIResponses(planner.OpenAIResponsesOptions{APIKey: "k", BaseURL: url + "/v1", Model: "fake-gpt", Logger: quiet})
+			return openai.NewResponses(openai.ResponsesOptions{APIKey: "k", BaseURL: url + "/v1", Model: "fake-gpt", Logger: quiet})
 		}, "openai-responses: 400 Bad Request: "},
 		{"anthropic", anthropicFake, func(url string) (planner.Model, error) {
-			return planner.NewAnthropic(planner.AnthropicOptions{APIKey: "k", BaseURL: url, Model: "fake-claude", Logger: quiet})
+			return anthropic.New(anthropic.Options{APIKey: "k", BaseURL: url, Model: "fake-claude", Logger: quiet})
 		}, "anthropic: 400 Bad Request: "},
 	}
 	for _, p := range providers {

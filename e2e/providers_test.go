@@ -14,6 +14,8 @@ import (
 
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/planner"
+	"github.com/toolbus/toolbus/planner/anthropic"
+	"github.com/toolbus/toolbus/planner/openai"
 )
 
 // providerFake is a fake model API for one provider. It answers step 0 with one
@@ -264,13 +266,13 @@ func TestProvidersTwoStepRun(t *testing.T) {
 		usage toolbus.Usage // of the two requests
 	}{
 		{"openai", chatFake, func(url string) (planner.Model, error) {
-			return planner.NewOpenAI(planner.OpenAIOptions{APIKey: "k", BaseURL: url + "/v1", Model: "fake-gpt", Logger: quiet})
+			return openai.NewChat(openai.ChatOptions{APIKey: "k", BaseURL: url + "/v1", Model: "fake-gpt", Logger: quiet})
 		}, toolbus.Usage{InputTokens: 22, OutputTokens: 14}},
 		{"openai-responses", responsesFake, func(url string) (planner.Model, error) {
-			return planner.NewOpenAIResponses(planner.OpenAIResponsesOptions{APIKey: "k", BaseURL: url + "/v1", Model: "fake-gpt", Logger: quiet})
+			return openai.NewResponses(openai.ResponsesOptions{APIKey: "k", BaseURL: url + "/v1", Model: "fake-gpt", Logger: quiet})
 		}, toolbus.Usage{InputTokens: 26, OutputTokens: 10}},
 		{"anthropic", anthropicFake, func(url string) (planner.Model, error) {
-			return planner.NewAnthropic(planner.AnthropicOptions{APIKey: "k", BaseURL: url, Model: "fake-claude", Logger: quiet})
+			return anthropic.New(anthropic.Options{APIKey: "k", BaseURL: url, Model: "fake-claude", Logger: quiet})
 		}, toolbus.Usage{InputTokens: 42, OutputTokens: 16}},
 	}
 	for _, p := range providers {

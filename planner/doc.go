@@ -4,4 +4,8 @@
 //
 // A redelivered step reuses the assistant message already recorded, so a retried step
 // never asks the model twice for the same step's calls.
+//
+// The package links no model SDK: the provider adapters are planner/openai (Chat
+// Completions, Responses) and planner/anthropic (Messages), and planner/modeltest is the
+// conformance suite every adapter passes. Script and Replay answer without a network.
 package planner

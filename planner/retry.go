@@ -5,10 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math"
-	"net/http"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/toolbus/toolbus/internal/retry"
@@ -36,8 +32,9 @@ type RetryPolicy struct {
 	// only the caller's context bounds the call).
 	AttemptTimeout time.Duration
 
-	// sleep waits d or until ctx ends; tests replace it to observe the waits.
-	sleep func(ctx context.Context, d time.Duration) error
+	// Sleep waits d or until ctx ends (nil: a timer); tests set it to observe the waits
+	// instead of sleeping.
+	Sleep func(ctx context.Context, d time.Duration) error
 }
 
 // Default values of RetryPolicy.
@@ -67,12 +64,12 @@ func (p RetryPolicy) withDefaults() RetryPolicy {
 func (p RetryPolicy) backoff(attempt int) time.Duration { return p.retry().Backoff(attempt) }
 
 func (p RetryPolicy) retry() retry.Policy {
-	return retry.Policy{Attempts: p.MaxAttempts, Base: p.BaseDelay, Max: p.MaxDelay, Jitter: true, Sleep: p.sleep}
+	return retry.Policy{Attempts: p.MaxAttempts, Base: p.BaseDelay, Max: p.MaxDelay, Jitter: true, Sleep: p.Sleep}
 }
 
-// do runs call until it succeeds, fails with an error that is not retryable, or the
+// Do runs call until it succeeds, fails with an error that is not retryable, or the
 // policy gives up. log may be nil.
-func (p RetryPolicy) do(ctx context.Context, log *slog.Logger, call func(ctx context.Context) error) error {
+func (p RetryPolicy) Do(ctx context.Context, log *slog.Logger, call func(ctx context.Context) error) error {
 	p = p.withDefaults()
 	rp := p.retry()
 	rp.OnError = func(attempt int, err error, wait time.Duration) (time.Duration, error) {
@@ -112,41 +109,4 @@ func (p RetryPolicy) do(ctx context.Context, log *slog.Logger, call func(ctx con
 		defer cancel()
 		return call(actx)
 	})
-}
-
-// timeNow is the clock Retry-After dates are read against (tests pin it).
-var timeNow = time.Now
-
-// retryAfter reads the wait a provider asks for: Retry-After-Ms (milliseconds, sent by
-// OpenAI), else Retry-After as seconds or as an HTTP date. A date in the past is a zero
-// wait; an unreadable value is ignored.
-func retryAfter(h http.Header, now time.Time) (time.Duration, bool) {
-	if v := strings.TrimSpace(h.Get("Retry-After-Ms")); v != "" {
-		if ms, err := strconv.ParseFloat(v, 64); err == nil && ms >= 0 && !math.IsInf(ms, 0) {
-			return floatDuration(ms, time.Millisecond), true
-		}
-	}
-	v := strings.TrimSpace(h.Get("Retry-After"))
-	if v == "" {
-		return 0, false
-	}
-	if secs, err := strconv.ParseFloat(v, 64); err == nil {
-		if secs < 0 || math.IsNaN(secs) {
-			return 0, false
-		}
-		return floatDuration(secs, time.Second), true
-	}
-	if t, err := http.ParseTime(v); err == nil {
-		return max(t.Sub(now), 0), true
-	}
-	return 0, false
-}
-
-// floatDuration converts v units to a Duration, saturating instead of overflowing.
-func floatDuration(v float64, unit time.Duration) time.Duration {
-	d := v * float64(unit)
-	if d >= math.MaxInt64 || math.IsInf(d, 1) {
-		return time.Duration(math.MaxInt64)
-	}
-	return time.Duration(d)
 }

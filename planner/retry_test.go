@@ -3,45 +3,34 @@ package planner
 import (
 	"context"
 	"errors"
-	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
 
-func TestRetryAfter(t *testing.T) {
-	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
-	tests := []struct {
-		name   string
-		header map[string]string
-		want   time.Duration
-		ok     bool
-	}{
-		{"none", nil, 0, false},
-		{"seconds", map[string]string{"Retry-After": "7"}, 7 * time.Second, true},
-		{"fractional seconds", map[string]string{"Retry-After": "1.5"}, 1500 * time.Millisecond, true},
-		{"zero", map[string]string{"Retry-After": "0"}, 0, true},
-		{"http date", map[string]string{"Retry-After": now.Add(90 * time.Second).Format(http.TimeFormat)}, 90 * time.Second, true},
-		{"http date in the past", map[string]string{"Retry-After": now.Add(-time.Hour).Format(http.TimeFormat)}, 0, true},
-		{"milliseconds win", map[string]string{"Retry-After-Ms": "250", "Retry-After": "9"}, 250 * time.Millisecond, true},
-		{"bad milliseconds fall back", map[string]string{"Retry-After-Ms": "soon", "Retry-After": "2"}, 2 * time.Second, true},
-		{"negative", map[string]string{"Retry-After": "-3"}, 0, false},
-		{"garbage", map[string]string{"Retry-After": "tomorrow-ish"}, 0, false},
-		{"NaN", map[string]string{"Retry-After": "NaN"}, 0, false},
-		{"huge saturates", map[string]string{"Retry-After": "1e300"}, time.Duration(1<<63 - 1), true},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			h := http.Header{}
-			for k, v := range tt.header {
-				h.Set(k, v)
-			}
-			got, ok := retryAfter(h, now)
-			if got != tt.want || ok != tt.ok {
-				t.Fatalf("retryAfter = %v, %v; want %v, %v", got, ok, tt.want, tt.ok)
-			}
-		})
-	}
+// sleeps records the waits of a RetryPolicy instead of waiting.
+type sleeps struct {
+	mu sync.Mutex
+	d  []time.Duration
+}
+
+func (s *sleeps) sleep(ctx context.Context, d time.Duration) error {
+	s.mu.Lock()
+	s.d = append(s.d, d)
+	s.mu.Unlock()
+	return ctx.Err()
+}
+
+func (s *sleeps) waits() []time.Duration {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]time.Duration(nil), s.d...)
+}
+
+// fastRetry is a policy with a tiny backoff whose waits are recorded, not slept.
+func fastRetry(attempts int, s *sleeps) RetryPolicy {
+	return RetryPolicy{MaxAttempts: attempts, BaseDelay: time.Microsecond, MaxDelay: time.Minute, Sleep: s.sleep}
 }
 
 func TestBackoffIsCappedAndJittered(t *testing.T) {
@@ -97,7 +86,7 @@ func TestRetryPolicy(t *testing.T) {
 			}
 			defer cancel()
 			calls := 0
-			err := p.do(ctx, nil, func(context.Context) error {
+			err := p.Do(ctx, nil, func(context.Context) error {
 				e := tt.errs[calls]
 				calls++
 				return e
@@ -137,11 +126,11 @@ func TestRetryPolicyAttemptTimeoutIsRetried(t *testing.T) {
 	p := fastRetry(3, &s)
 	p.AttemptTimeout = time.Millisecond
 	calls := 0
-	err := p.do(context.Background(), nil, func(ctx context.Context) error {
+	err := p.Do(context.Background(), nil, func(ctx context.Context) error {
 		calls++
 		if calls == 1 {
 			<-ctx.Done() // the first attempt hangs until its own timeout
-			return transportError("p", ctx.Err(), false)
+			return &ProviderError{Provider: "p", Message: "timed out", Retryable: true, Err: ctx.Err()}
 		}
 		return nil
 	})
@@ -156,7 +145,7 @@ func TestRetryPolicyStopsWhenTheCallerGivesUp(t *testing.T) {
 	calls := 0
 	done := make(chan error, 1)
 	go func() {
-		done <- p.do(ctx, nil, func(context.Context) error {
+		done <- p.Do(ctx, nil, func(context.Context) error {
 			calls++
 			return &ProviderError{Provider: "p", Status: 500, Retryable: true}
 		})

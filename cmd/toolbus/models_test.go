@@ -12,6 +12,8 @@ import (
 
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/planner"
+	"github.com/toolbus/toolbus/planner/anthropic"
+	"github.com/toolbus/toolbus/planner/openai"
 )
 
 const incidentCassette = "../../planner/testdata/incident.jsonl"
@@ -32,12 +34,12 @@ func TestNewModelKinds(t *testing.T) {
 		{model: "replay:" + incidentCassette, want: &planner.Replay{}},
 		{model: "replay:", wantErr: "needs a cassette file"},
 		{model: "replay:/does/not/exist.jsonl", wantErr: "planner: replay"},
-		{model: "openai:gpt-4.1", env: map[string]string{"OPENAI_API_KEY": "k"}, want: &planner.OpenAI{}},
-		{model: "openai:qwen3", env: map[string]string{"OPENAI_BASE_URL": "http://localhost:11434/v1"}, want: &planner.OpenAI{}},
+		{model: "openai:gpt-4.1", env: map[string]string{"OPENAI_API_KEY": "k"}, want: &openai.Chat{}},
+		{model: "openai:qwen3", env: map[string]string{"OPENAI_BASE_URL": "http://localhost:11434/v1"}, want: &openai.Chat{}},
 		{model: "openai:gpt-4.1", wantErr: "needs OPENAI_API_KEY"},
 		{model: "openai:", env: map[string]string{"OPENAI_API_KEY": "k"}, wantErr: "needs a model name"},
-		{model: "openai-responses:gpt-5", env: map[string]string{"OPENAI_API_KEY": "k"}, want: &planner.OpenAIResponses{}},
-		{model: "anthropic:claude-sonnet-4-5", env: map[string]string{"ANTHROPIC_API_KEY": "k"}, want: &planner.Anthropic{}},
+		{model: "openai-responses:gpt-5", env: map[string]string{"OPENAI_API_KEY": "k"}, want: &openai.Responses{}},
+		{model: "anthropic:claude-sonnet-4-5", env: map[string]string{"ANTHROPIC_API_KEY": "k"}, want: &anthropic.Messages{}},
 		{model: "anthropic:claude-sonnet-4-5", wantErr: "needs ANTHROPIC_API_KEY"},
 		{model: "anthropic:", wantErr: "needs a model name"},
 		{model: "gemini:flash", wantErr: `unknown model "gemini:flash"`},

@@ -1,4 +1,7 @@
-package planner
+// Package wire holds what the provider adapters (planner/openai, planner/anthropic) share:
+// the classification of provider errors, the history grouping that enforces the
+// tool-message rules, the Message.Raw envelope and a few JSON helpers. It links no SDK.
+package wire
 
 import (
 	"bytes"
@@ -9,55 +12,10 @@ import (
 	"net"
 	"net/http"
 	"strings"
-	"time"
 
 	"github.com/toolbus/toolbus"
+	"github.com/toolbus/toolbus/planner"
 )
-
-// This file holds what the provider adapters (openai.go, responses.go, anthropic.go) share:
-// the provider error type, the history grouping that enforces the tool-message rules, the
-// Message.Raw envelope and a few JSON helpers.
-
-// ProviderError is a failed call to a model provider: an HTTP error status, a transport
-// failure or an answer that could not be read. Retryable errors (429, 408, 5xx, transport
-// errors and timeouts, unreadable answers) are retried by the adapter's RetryPolicy and,
-// when the attempts run out, returned as a transient error so the planner retries the step
-// later. Other errors reach the planner wrapped by Permanent and fail the run with the
-// provider's message.
-type ProviderError struct {
-	// Provider names the adapter: "openai", "openai-responses" or "anthropic".
-	Provider string
-	// Status is the HTTP status, 0 when no response arrived.
-	Status int
-	// Message is the provider's own explanation (its error.message), or a description of
-	// the failure.
-	Message string
-	// RetryAfter is the wait the provider asked for (Retry-After, Retry-After-Ms), if any.
-	RetryAfter time.Duration
-	// Retryable reports whether another attempt may succeed.
-	Retryable bool
-	// Err is the underlying error (the SDK's error, a net.Error, a context error).
-	Err error
-}
-
-func (e *ProviderError) Error() string {
-	// No "planner:" prefix: the planner wraps a model error once, with the run and step.
-	var b strings.Builder
-	b.WriteString(e.Provider)
-	if e.Status != 0 {
-		fmt.Fprintf(&b, ": %d %s", e.Status, http.StatusText(e.Status))
-	}
-	if e.Message != "" {
-		b.WriteString(": ")
-		b.WriteString(e.Message)
-	} else if e.Err != nil {
-		b.WriteString(": ")
-		b.WriteString(e.Err.Error())
-	}
-	return b.String()
-}
-
-func (e *ProviderError) Unwrap() error { return e.Err }
 
 // retryableStatus reports whether an HTTP status is worth another attempt: rate limits,
 // request timeouts and server errors (including Anthropic's 529 overloaded).
@@ -65,18 +23,18 @@ func retryableStatus(code int) bool {
 	return code == http.StatusTooManyRequests || code == http.StatusRequestTimeout || code >= 500
 }
 
-// statusError classifies an HTTP error answer. msg is the provider's message; body is
+// StatusError classifies an HTTP error answer. msg is the provider's message; body is
 // the raw error body, used when msg is empty.
-func statusError(provider string, code int, header http.Header, msg, body string, err error) *ProviderError {
+func StatusError(provider string, code int, header http.Header, msg, body string, err error) *planner.ProviderError {
 	if msg == "" {
 		msg = strings.TrimSpace(body)
 		if len(msg) > 512 {
 			msg = msg[:512] + "..."
 		}
 	}
-	pe := &ProviderError{Provider: provider, Status: code, Message: msg, Retryable: retryableStatus(code), Err: err}
+	pe := &planner.ProviderError{Provider: provider, Status: code, Message: msg, Retryable: retryableStatus(code), Err: err}
 	if header != nil {
-		if d, ok := retryAfter(header, timeNow()); ok {
+		if d, ok := RetryAfter(header, Now()); ok {
 			pe.RetryAfter = d
 		}
 		if header.Get("x-should-retry") == "true" { // OpenAI and Anthropic mark retryable answers (e.g. a 409 lock timeout)
@@ -86,54 +44,54 @@ func statusError(provider string, code int, header http.Header, msg, body string
 	return pe
 }
 
-// transportError classifies an error that came with no HTTP error status: a network
+// TransportError classifies an error that came with no HTTP error status: a network
 // failure or timeout (retryable), the caller's context ending (returned as is by the
 // retry loop), an answer the SDK could not decode (answered: retryable, a proxy or a
 // provider hiccup; the attempts are bounded), or a failure before anything was sent,
 // such as missing credentials (not retryable: every attempt would fail the same way).
-func transportError(provider string, err error, answered bool) error {
+func TransportError(provider string, err error, answered bool) error {
 	if err == nil {
 		return nil
 	}
-	var pe *ProviderError
+	var pe *planner.ProviderError
 	if errors.As(err, &pe) {
 		return err
 	}
 	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		// Whether this is the caller's deadline or the attempt's own is decided by the
 		// retry loop, which knows both contexts.
-		return &ProviderError{Provider: provider, Message: "request timed out or was cancelled", Retryable: true, Err: err}
+		return &planner.ProviderError{Provider: provider, Message: "request timed out or was cancelled", Retryable: true, Err: err}
 	}
 	var ne net.Error
 	if errors.As(err, &ne) {
-		return &ProviderError{Provider: provider, Message: "transport: " + err.Error(), Retryable: true, Err: err}
+		return &planner.ProviderError{Provider: provider, Message: "transport: " + err.Error(), Retryable: true, Err: err}
 	}
 	if !answered {
-		return &ProviderError{Provider: provider, Message: "request not sent: " + err.Error(), Err: err}
+		return &planner.ProviderError{Provider: provider, Message: "request not sent: " + err.Error(), Err: err}
 	}
-	return &ProviderError{Provider: provider, Message: "unreadable answer: " + err.Error(), Retryable: true, Err: err}
+	return &planner.ProviderError{Provider: provider, Message: "unreadable answer: " + err.Error(), Retryable: true, Err: err}
 }
 
-// malformed is a retryable error for a successful HTTP answer toolbus cannot use.
-func malformed(provider, format string, args ...any) error {
-	return &ProviderError{Provider: provider, Message: fmt.Sprintf(format, args...), Retryable: true}
+// Malformed is a retryable error for a successful HTTP answer toolbus cannot use.
+func Malformed(provider, format string, args ...any) error {
+	return &planner.ProviderError{Provider: provider, Message: fmt.Sprintf(format, args...), Retryable: true}
 }
 
 // historyError is a history that no provider would accept (an orphan or missing tool
 // result, an unknown role). It fails the run: retrying sends the same history.
 func historyError(format string, args ...any) error {
-	return Permanent(fmt.Errorf("history: "+format, args...))
+	return planner.Permanent(fmt.Errorf("history: "+format, args...))
 }
 
-// turn is one entry of the history as the providers see it: a system, user or assistant
+// Turn is one entry of the history as the providers see it: a system, user or assistant
 // message; an assistant message with tool calls carries the tool messages that answer
 // them, one per call, in call order.
-type turn struct {
-	msg     toolbus.Message
-	results []toolbus.Message
+type Turn struct {
+	Msg     toolbus.Message
+	Results []toolbus.Message
 }
 
-// groupHistory checks the tool-message rules every provider enforces and attaches each
+// GroupHistory checks the tool-message rules every provider enforces and attaches each
 // tool message to the assistant message whose call it answers:
 //   - a tool message must answer a call of the closest preceding assistant message
 //     (no orphan tool_call_id), at most once;
@@ -143,15 +101,15 @@ type turn struct {
 //
 // Unanswered calls are refused even at the end of the history: the planner asks for
 // the next step only once every call of the step has its result.
-func groupHistory(msgs []toolbus.Message) ([]turn, error) {
-	out := make([]turn, 0, len(msgs))
+func GroupHistory(msgs []toolbus.Message) ([]Turn, error) {
+	out := make([]Turn, 0, len(msgs))
 	for i := 0; i < len(msgs); i++ {
 		m := msgs[i]
 		switch m.Role {
 		case toolbus.RoleSystem, toolbus.RoleUser:
-			out = append(out, turn{msg: m})
+			out = append(out, Turn{Msg: m})
 		case toolbus.RoleAssistant:
-			t := turn{msg: m}
+			t := Turn{Msg: m}
 			j := i + 1
 			for j < len(msgs) && msgs[j].Role == toolbus.RoleTool {
 				j++
@@ -162,7 +120,7 @@ func groupHistory(msgs []toolbus.Message) ([]turn, error) {
 				if err != nil {
 					return nil, err
 				}
-				t.results = res
+				t.Results = res
 			}
 			out = append(out, t)
 			i = j - 1
@@ -207,11 +165,11 @@ func matchResults(at int, calls []toolbus.ToolCall, tools []toolbus.Message) ([]
 	return res, nil
 }
 
-// rawParts is the envelope toolbus keeps in events.Message.Raw: what a provider sent
+// RawParts is the envelope toolbus keeps in events.Message.Raw: what a provider sent
 // that must go back to it unchanged, keyed by adapter so a history that crossed
 // providers never sends one provider's blocks to another. An adapter that finds no part
 // of its own rebuilds the message from the portable fields.
-type rawParts struct {
+type RawParts struct {
 	// OpenAIChat holds the non-standard fields of a Chat Completions assistant message
 	// (reasoning_content, reasoning, reasoning_details... from OpenAI-compatible servers).
 	OpenAIChat json.RawMessage `json:"openai_chat,omitempty"`
@@ -223,15 +181,15 @@ type rawParts struct {
 	Anthropic json.RawMessage `json:"anthropic,omitempty"`
 }
 
-func readRaw(raw json.RawMessage) rawParts {
-	var p rawParts
+func ReadRaw(raw json.RawMessage) RawParts {
+	var p RawParts
 	if len(raw) > 0 {
 		_ = json.Unmarshal(raw, &p) // a Raw that is not ours is ignored: rebuild from fields
 	}
 	return p
 }
 
-func (p rawParts) encode() json.RawMessage {
+func (p RawParts) Encode() json.RawMessage {
 	if len(p.OpenAIChat) == 0 && len(p.OpenAIResponses) == 0 && len(p.Anthropic) == 0 {
 		return nil
 	}
@@ -239,21 +197,21 @@ func (p rawParts) encode() json.RawMessage {
 	return b
 }
 
-// modelName is the provider model for a request: the run's model when it names this
+// ModelName is the provider model for a request: the run's model when it names this
 // adapter ("<kind>:<name>", as TOOLBUS_MODEL does), else the adapter's default.
-func modelName(kind, runModel, def string) string {
+func ModelName(kind, runModel, def string) string {
 	if k, name, ok := strings.Cut(runModel, ":"); ok && k == kind && name != "" {
 		return name
 	}
 	return def
 }
 
-// schemaObject returns a tool's JSON schema as a map whose values are raw JSON, so the
+// SchemaObject returns a tool's JSON schema as a map whose values are raw JSON, so the
 // schema goes to the provider byte for byte (numbers are never rounded through float64).
-func schemaObject(tool string, schema json.RawMessage) (map[string]any, error) {
+func SchemaObject(tool string, schema json.RawMessage) (map[string]any, error) {
 	var fields map[string]json.RawMessage
 	if err := json.Unmarshal(schema, &fields); err != nil || fields == nil {
-		return nil, Permanent(fmt.Errorf("tool %s: input schema is not a JSON object", tool))
+		return nil, planner.Permanent(fmt.Errorf("tool %s: input schema is not a JSON object", tool))
 	}
 	out := make(map[string]any, len(fields))
 	for k, v := range fields {
@@ -262,10 +220,10 @@ func schemaObject(tool string, schema json.RawMessage) (map[string]any, error) {
 	return out, nil
 }
 
-// objectArguments returns args when it is a JSON object, else an object that carries
+// ObjectArguments returns args when it is a JSON object, else an object that carries
 // the raw text: Anthropic's tool_use input must be an object, and a call whose
-// arguments were malformed (made by another provider's model) is still sent back.
-func objectArguments(args string) json.RawMessage {
+// arguments were Malformed (made by another provider's model) is still sent back.
+func ObjectArguments(args string) json.RawMessage {
 	trimmed := bytes.TrimSpace([]byte(args))
 	if len(trimmed) > 0 && trimmed[0] == '{' && json.Valid(trimmed) {
 		return json.RawMessage(trimmed)
@@ -277,8 +235,8 @@ func objectArguments(args string) json.RawMessage {
 	return b
 }
 
-// compactJSON returns b compacted, or b unchanged when it is not valid JSON.
-func compactJSON(b []byte) string {
+// CompactJSON returns b compacted, or b unchanged when it is not valid JSON.
+func CompactJSON(b []byte) string {
 	var buf bytes.Buffer
 	if err := json.Compact(&buf, b); err != nil {
 		return string(b)
@@ -286,9 +244,9 @@ func compactJSON(b []byte) string {
 	return buf.String()
 }
 
-// setJSONField returns the JSON object obj with key set to the JSON value v; obj is
+// SetJSONField returns the JSON object obj with key set to the JSON value v; obj is
 // returned unchanged when it is not an object.
-func setJSONField(obj json.RawMessage, key string, v any) json.RawMessage {
+func SetJSONField(obj json.RawMessage, key string, v any) json.RawMessage {
 	var m map[string]json.RawMessage
 	if err := json.Unmarshal(obj, &m); err != nil || m == nil {
 		return obj
@@ -305,10 +263,10 @@ func setJSONField(obj json.RawMessage, key string, v any) json.RawMessage {
 	return out
 }
 
-// jsonString reads a raw JSON value as a string: a JSON string is unquoted, any other
+// JSONString reads a raw JSON value as a string: a JSON string is unquoted, any other
 // value (an object some servers send for arguments) is kept as its JSON text, null and
 // absence give "".
-func jsonString(raw json.RawMessage) string {
+func JSONString(raw json.RawMessage) string {
 	raw = bytes.TrimSpace(raw)
 	if len(raw) == 0 || string(raw) == "null" {
 		return ""

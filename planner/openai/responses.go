@@ -1,4 +1,4 @@
-package planner
+package openai
 
 import (
 	"context"
@@ -7,20 +7,22 @@ import (
 	"net/http"
 	"strings"
 
-	"github.com/openai/openai-go/v3"
+	sdk "github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 	"github.com/openai/openai-go/v3/packages/param"
 	"github.com/openai/openai-go/v3/responses"
 	"github.com/openai/openai-go/v3/shared"
 
 	"github.com/toolbus/toolbus"
+	"github.com/toolbus/toolbus/planner"
+	"github.com/toolbus/toolbus/planner/internal/wire"
 )
 
-// OpenAIResponsesOptions configures the OpenAI Responses adapter.
-type OpenAIResponsesOptions struct {
+// ResponsesOptions configures the OpenAI Responses adapter.
+type ResponsesOptions struct {
 	// APIKey is sent as a bearer token (OPENAI_API_KEY); empty: the SDK reads the env.
 	APIKey string
-	// BaseURL of the API (OPENAI_BASE_URL); empty: https://api.openai.com/v1.
+	// BaseURL of the API (OPENAI_BASE_URL); empty: https://api.sdk.com/v1.
 	BaseURL string
 	// Model is the default model name; a run whose model is "openai-responses:<name>"
 	// uses <name>.
@@ -37,12 +39,12 @@ type OpenAIResponsesOptions struct {
 	// organisations need it). toolbus sends the whole history either way.
 	Stateless bool
 	// Retry is the retry policy; the SDK's own retries are disabled.
-	Retry RetryPolicy
+	Retry planner.RetryPolicy
 	// Logger receives retry warnings (default slog.Default()).
 	Logger *slog.Logger
 }
 
-// OpenAIResponses is a Model served by the OpenAI Responses API (POST /responses). It
+// Responses is a planner.Model served by the OpenAI Responses API (POST /responses). It
 // sends the whole history as input items every step (no previous_response_id).
 //
 // Translation: the output items of an answer (reasoning items, messages, function
@@ -50,46 +52,46 @@ type OpenAIResponsesOptions struct {
 // another model) the assistant text becomes an assistant message and each tool call a
 // function_call item. Each tool result follows as a function_call_output item with the
 // call's call_id, in call order.
-type OpenAIResponses struct {
-	client openai.Client
-	opts   OpenAIResponsesOptions
+type Responses struct {
+	client sdk.Client
+	opts   ResponsesOptions
 	log    *slog.Logger
 }
 
-var _ Model = (*OpenAIResponses)(nil)
+var _ planner.Model = (*Responses)(nil)
 
 const providerResponses = "openai-responses"
 
-// NewOpenAIResponses returns a Responses adapter.
-func NewOpenAIResponses(opts OpenAIResponsesOptions) (*OpenAIResponses, error) {
-	client, log, err := newOpenAIClient(providerResponses, opts.Model, opts.APIKey, opts.BaseURL, opts.HTTPClient, opts.Logger)
+// NewResponses returns a Responses adapter.
+func NewResponses(opts ResponsesOptions) (*Responses, error) {
+	client, log, err := newClient(providerResponses, opts.Model, opts.APIKey, opts.BaseURL, opts.HTTPClient, opts.Logger)
 	if err != nil {
 		return nil, err
 	}
-	return &OpenAIResponses{client: client, opts: opts, log: log}, nil
+	return &Responses{client: client, opts: opts, log: log}, nil
 }
 
 // Complete asks the model for the next assistant message.
-func (o *OpenAIResponses) Complete(ctx context.Context, req Request) (Response, error) {
+func (o *Responses) Complete(ctx context.Context, req planner.Request) (planner.Response, error) {
 	params, err := o.params(req)
 	if err != nil {
-		return Response{}, err
+		return planner.Response{}, err
 	}
-	var resp Response
-	err = o.opts.Retry.do(ctx, o.log, func(ctx context.Context) error {
+	var resp planner.Response
+	err = o.opts.Retry.Do(ctx, o.log, func(ctx context.Context) error {
 		var hr *http.Response
 		r, err := o.client.Responses.New(ctx, params, option.WithResponseInto(&hr))
 		if err != nil {
-			return openaiError(providerResponses, err, hr)
+			return apiError(providerResponses, err, hr)
 		}
 		if r == nil { // a "null" body decodes to nothing, without error
-			return malformed(providerResponses, "the answer is empty")
+			return wire.Malformed(providerResponses, "the answer is empty")
 		}
 		resp, err = responsesResponse(req.Step, r)
 		return err
 	})
 	if err != nil {
-		return Response{}, err
+		return planner.Response{}, err
 	}
 	if resp.Model == "" {
 		resp.Model = params.Model
@@ -97,7 +99,7 @@ func (o *OpenAIResponses) Complete(ctx context.Context, req Request) (Response, 
 	return resp, nil
 }
 
-func (o *OpenAIResponses) params(req Request) (responses.ResponseNewParams, error) {
+func (o *Responses) params(req planner.Request) (responses.ResponseNewParams, error) {
 	input, err := responsesInput(req.Messages)
 	if err != nil {
 		return responses.ResponseNewParams{}, err
@@ -107,12 +109,12 @@ func (o *OpenAIResponses) params(req Request) (responses.ResponseNewParams, erro
 		return responses.ResponseNewParams{}, err
 	}
 	p := responses.ResponseNewParams{
-		Model: modelName(providerResponses, req.Model, o.opts.Model),
+		Model: wire.ModelName(providerResponses, req.Model, o.opts.Model),
 		Input: responses.ResponseNewParamsInputUnion{OfInputItemList: input},
 		Tools: tools,
 	}
 	if o.opts.MaxTokens > 0 {
-		p.MaxOutputTokens = openai.Int(o.opts.MaxTokens)
+		p.MaxOutputTokens = sdk.Int(o.opts.MaxTokens)
 	}
 	if o.opts.ReasoningEffort != "" {
 		p.Reasoning = shared.ReasoningParam{
@@ -121,7 +123,7 @@ func (o *OpenAIResponses) params(req Request) (responses.ResponseNewParams, erro
 		}
 	}
 	if o.opts.Stateless {
-		p.Store = openai.Bool(false)
+		p.Store = sdk.Bool(false)
 		p.Include = []responses.ResponseIncludable{responses.ResponseIncludableReasoningEncryptedContent}
 	}
 	return p, nil
@@ -129,22 +131,22 @@ func (o *OpenAIResponses) params(req Request) (responses.ResponseNewParams, erro
 
 // responsesInput translates the history to Responses input items.
 func responsesInput(history []toolbus.Message) (responses.ResponseInputParam, error) {
-	turns, err := groupHistory(history)
+	turns, err := wire.GroupHistory(history)
 	if err != nil {
 		return nil, err
 	}
 	out := make(responses.ResponseInputParam, 0, len(history))
 	for _, t := range turns {
-		switch t.msg.Role {
+		switch t.Msg.Role {
 		case toolbus.RoleSystem:
-			out = append(out, responses.ResponseInputItemParamOfMessage(t.msg.Content, responses.EasyInputMessageRoleSystem))
+			out = append(out, responses.ResponseInputItemParamOfMessage(t.Msg.Content, responses.EasyInputMessageRoleSystem))
 		case toolbus.RoleUser:
-			out = append(out, responses.ResponseInputItemParamOfMessage(t.msg.Content, responses.EasyInputMessageRoleUser))
+			out = append(out, responses.ResponseInputItemParamOfMessage(t.Msg.Content, responses.EasyInputMessageRoleUser))
 		case toolbus.RoleAssistant:
-			out = append(out, responsesAssistant(t.msg)...)
-			for _, r := range t.results {
+			out = append(out, responsesAssistant(t.Msg)...)
+			for _, r := range t.Results {
 				item := responses.ResponseInputItemParamOfFunctionCallOutput(r.Content)
-				item.OfFunctionCallOutput.CallID = openai.String(r.ToolCallID)
+				item.OfFunctionCallOutput.CallID = sdk.String(r.ToolCallID)
 				out = append(out, item)
 			}
 		}
@@ -173,7 +175,7 @@ type responsesItem struct {
 // have normalized), else items rebuilt from the portable fields.
 func responsesAssistant(m toolbus.Message) []responses.ResponseInputItemUnionParam {
 	var items []json.RawMessage
-	if raw := readRaw(m.Raw).OpenAIResponses; len(raw) > 0 && json.Unmarshal(raw, &items) == nil {
+	if raw := wire.ReadRaw(m.Raw).OpenAIResponses; len(raw) > 0 && json.Unmarshal(raw, &items) == nil {
 		var calls []int
 		for i, it := range items {
 			var ri responsesItem
@@ -186,7 +188,7 @@ func responsesAssistant(m toolbus.Message) []responses.ResponseInputItemUnionPar
 				var ri responsesItem
 				_ = json.Unmarshal(items[i], &ri)
 				if ri.CallID != m.ToolCalls[k].CallID {
-					items[i] = setJSONField(items[i], "call_id", m.ToolCalls[k].CallID)
+					items[i] = wire.SetJSONField(items[i], "call_id", m.ToolCalls[k].CallID)
 				}
 			}
 			out := make([]responses.ResponseInputItemUnionParam, 0, len(items))
@@ -212,15 +214,15 @@ func responsesTools(cs []toolbus.ToolContract) ([]responses.ToolUnionParam, erro
 	}
 	out := make([]responses.ToolUnionParam, 0, len(cs))
 	for _, t := range toolbus.OpenAITools(cs) {
-		schema, err := schemaObject(t.Function.Name, t.Function.Parameters)
+		schema, err := wire.SchemaObject(t.Function.Name, t.Function.Parameters)
 		if err != nil {
 			return nil, err
 		}
 		// strict=false: the API defaults to strict schemas, which every property of
 		// every tool would have to satisfy (all required, no additional properties).
-		ft := &responses.FunctionToolParam{Name: t.Function.Name, Parameters: schema, Strict: openai.Bool(false)}
+		ft := &responses.FunctionToolParam{Name: t.Function.Name, Parameters: schema, Strict: sdk.Bool(false)}
 		if t.Function.Description != "" {
-			ft.Description = openai.String(t.Function.Description)
+			ft.Description = sdk.String(t.Function.Description)
 		}
 		out = append(out, responses.ToolUnionParam{OfFunction: ft})
 	}
@@ -229,21 +231,21 @@ func responsesTools(cs []toolbus.ToolContract) ([]responses.ToolUnionParam, erro
 
 // responsesResponse reads a Responses answer: message text, reasoning summaries and
 // function calls, with every output item kept in Raw.
-func responsesResponse(step int, r *responses.Response) (Response, error) {
+func responsesResponse(step int, r *responses.Response) (planner.Response, error) {
 	switch r.Status {
 	case responses.ResponseStatusFailed:
 		msg := r.Error.Message
 		if msg == "" {
 			msg = "the response failed"
 		}
-		return Response{}, &ProviderError{Provider: providerResponses, Message: msg, Retryable: true}
+		return planner.Response{}, &planner.ProviderError{Provider: providerResponses, Message: msg, Retryable: true}
 	case responses.ResponseStatusInProgress, responses.ResponseStatusQueued:
-		return Response{}, malformed(providerResponses, "the response is still %s", r.Status)
+		return planner.Response{}, wire.Malformed(providerResponses, "the response is still %s", r.Status)
 	}
 	rawOutput := json.RawMessage(r.JSON.Output.Raw())
 	var items []json.RawMessage
 	if err := json.Unmarshal(rawOutput, &items); err != nil {
-		return Response{}, malformed(providerResponses, "the answer has no output items")
+		return planner.Response{}, wire.Malformed(providerResponses, "the answer has no output items")
 	}
 	msg := toolbus.Message{Role: toolbus.RoleAssistant}
 	var text, reasoning []string
@@ -267,7 +269,7 @@ func responsesResponse(step int, r *responses.Response) (Response, error) {
 				text = append(text, b.String())
 			}
 		case "function_call":
-			msg.ToolCalls = append(msg.ToolCalls, toolbus.ToolCall{CallID: ri.CallID, Tool: ri.Name, Arguments: jsonString(ri.Arguments)})
+			msg.ToolCalls = append(msg.ToolCalls, toolbus.ToolCall{CallID: ri.CallID, Tool: ri.Name, Arguments: wire.JSONString(ri.Arguments)})
 		case "reasoning":
 			for _, s := range ri.Summary {
 				if s.Text != "" {
@@ -283,11 +285,11 @@ func responsesResponse(step int, r *responses.Response) (Response, error) {
 	}
 	msg.Content = strings.Join(text, "\n")
 	msg.Reasoning = strings.Join(reasoning, "\n")
-	NormalizeCallIDs(step, msg.ToolCalls)
+	planner.NormalizeCallIDs(step, msg.ToolCalls)
 	if len(items) > 0 {
-		msg.Raw = rawParts{OpenAIResponses: rawOutput}.encode()
+		msg.Raw = wire.RawParts{OpenAIResponses: rawOutput}.Encode()
 	}
-	return Response{
+	return planner.Response{
 		Message: msg,
 		Usage:   toolbus.Usage{InputTokens: r.Usage.InputTokens, OutputTokens: r.Usage.OutputTokens},
 		Model:   r.Model,

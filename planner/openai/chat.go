@@ -1,4 +1,4 @@
-package planner
+package openai
 
 import (
 	"context"
@@ -9,21 +9,23 @@ import (
 	"net/http"
 	"strings"
 
-	"github.com/openai/openai-go/v3"
+	sdk "github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 	"github.com/openai/openai-go/v3/packages/ssestream"
 	"github.com/openai/openai-go/v3/shared"
 
 	"github.com/toolbus/toolbus"
+	"github.com/toolbus/toolbus/planner"
+	"github.com/toolbus/toolbus/planner/internal/wire"
 )
 
-// OpenAIOptions configures the OpenAI Chat Completions adapter. The same adapter serves
+// ChatOptions configures the OpenAI Chat Completions adapter. The same adapter serves
 // any OpenAI-compatible server (DeepSeek, vLLM, Ollama, LM Studio...) through BaseURL.
-type OpenAIOptions struct {
+type ChatOptions struct {
 	// APIKey is sent as a bearer token (OPENAI_API_KEY). Empty: the SDK reads
 	// OPENAI_API_KEY itself, and local servers that need no key get none.
 	APIKey string
-	// BaseURL of the API, e.g. https://api.openai.com/v1 (the default),
+	// BaseURL of the API, e.g. https://api.sdk.com/v1 (the default),
 	// https://api.deepseek.com/v1 or http://localhost:11434/v1 (OPENAI_BASE_URL).
 	BaseURL string
 	// Model is the default model name; a run whose model is "openai:<name>" uses <name>.
@@ -38,49 +40,49 @@ type OpenAIOptions struct {
 	// tool-call argument deltas) with the SDK's ChatCompletionAccumulator.
 	Stream bool
 	// Retry is the retry policy; the SDK's own retries are disabled.
-	Retry RetryPolicy
+	Retry planner.RetryPolicy
 	// Logger receives retry warnings (default slog.Default()).
 	Logger *slog.Logger
 }
 
-// OpenAI is a Model served by the OpenAI Chat Completions API (POST /chat/completions).
+// Chat is a planner.Model served by the OpenAI Chat Completions API (POST /chat/completions).
 //
 // Translation: system and user messages go as they are; an assistant message goes back
 // whole (its text, every tool call with its raw arguments, and the non-standard fields
 // a compatible server sent, such as DeepSeek's reasoning_content, kept in Raw); each
 // tool result follows it as one `tool` message per tool_call_id, in call order. A tool
 // result is never sent as user text.
-type OpenAI struct {
-	client openai.Client
-	opts   OpenAIOptions
+type Chat struct {
+	client sdk.Client
+	opts   ChatOptions
 	log    *slog.Logger
 }
 
-var _ Model = (*OpenAI)(nil)
+var _ planner.Model = (*Chat)(nil)
 
 const providerOpenAI = "openai"
 
-// NewOpenAI returns a Chat Completions adapter.
-func NewOpenAI(opts OpenAIOptions) (*OpenAI, error) {
-	client, log, err := newOpenAIClient(providerOpenAI, opts.Model, opts.APIKey, opts.BaseURL, opts.HTTPClient, opts.Logger)
+// NewChat returns a Chat Completions adapter.
+func NewChat(opts ChatOptions) (*Chat, error) {
+	client, log, err := newClient(providerOpenAI, opts.Model, opts.APIKey, opts.BaseURL, opts.HTTPClient, opts.Logger)
 	if err != nil {
 		return nil, err
 	}
-	return &OpenAI{client: client, opts: opts, log: log}, nil
+	return &Chat{client: client, opts: opts, log: log}, nil
 }
 
-// newOpenAIClient checks the options both OpenAI adapters share and builds the SDK client.
-func newOpenAIClient(provider, model, apiKey, baseURL string, hc *http.Client, log *slog.Logger) (openai.Client, *slog.Logger, error) {
+// newClient checks the options both OpenAI adapters share and builds the SDK client.
+func newClient(provider, model, apiKey, baseURL string, hc *http.Client, log *slog.Logger) (sdk.Client, *slog.Logger, error) {
 	if model == "" {
-		return openai.Client{}, nil, errors.New("planner: " + provider + ": a model name is required")
+		return sdk.Client{}, nil, errors.New(provider + ": a model name is required")
 	}
 	if log == nil {
 		log = slog.Default()
 	}
-	return openai.NewClient(openaiClientOptions(apiKey, baseURL, hc)...), log, nil
+	return sdk.NewClient(clientOptions(apiKey, baseURL, hc)...), log, nil
 }
 
-func openaiClientOptions(apiKey, baseURL string, hc *http.Client) []option.RequestOption {
+func clientOptions(apiKey, baseURL string, hc *http.Client) []option.RequestOption {
 	opts := []option.RequestOption{option.WithMaxRetries(0)}
 	if apiKey != "" {
 		opts = append(opts, option.WithAPIKey(apiKey))
@@ -95,13 +97,13 @@ func openaiClientOptions(apiKey, baseURL string, hc *http.Client) []option.Reque
 }
 
 // Complete asks the model for the next assistant message.
-func (o *OpenAI) Complete(ctx context.Context, req Request) (Response, error) {
+func (o *Chat) Complete(ctx context.Context, req planner.Request) (planner.Response, error) {
 	params, err := o.params(req)
 	if err != nil {
-		return Response{}, err
+		return planner.Response{}, err
 	}
-	var resp Response
-	err = o.opts.Retry.do(ctx, o.log, func(ctx context.Context) error {
+	var resp planner.Response
+	err = o.opts.Retry.Do(ctx, o.log, func(ctx context.Context) error {
 		var err error
 		if o.opts.Stream {
 			resp, err = o.stream(ctx, req.Step, params)
@@ -111,7 +113,7 @@ func (o *OpenAI) Complete(ctx context.Context, req Request) (Response, error) {
 		return err
 	})
 	if err != nil {
-		return Response{}, err
+		return planner.Response{}, err
 	}
 	if resp.Model == "" {
 		resp.Model = params.Model
@@ -119,70 +121,70 @@ func (o *OpenAI) Complete(ctx context.Context, req Request) (Response, error) {
 	return resp, nil
 }
 
-func (o *OpenAI) params(req Request) (openai.ChatCompletionNewParams, error) {
+func (o *Chat) params(req planner.Request) (sdk.ChatCompletionNewParams, error) {
 	msgs, err := chatMessages(req.Messages)
 	if err != nil {
-		return openai.ChatCompletionNewParams{}, err
+		return sdk.ChatCompletionNewParams{}, err
 	}
 	tools, err := chatTools(req.Tools)
 	if err != nil {
-		return openai.ChatCompletionNewParams{}, err
+		return sdk.ChatCompletionNewParams{}, err
 	}
-	p := openai.ChatCompletionNewParams{
-		Model:    modelName(providerOpenAI, req.Model, o.opts.Model),
+	p := sdk.ChatCompletionNewParams{
+		Model:    wire.ModelName(providerOpenAI, req.Model, o.opts.Model),
 		Messages: msgs,
 		Tools:    tools,
 	}
 	if o.opts.MaxTokens > 0 {
 		if o.opts.LegacyMaxTokens {
-			p.MaxTokens = openai.Int(o.opts.MaxTokens)
+			p.MaxTokens = sdk.Int(o.opts.MaxTokens)
 		} else {
-			p.MaxCompletionTokens = openai.Int(o.opts.MaxTokens)
+			p.MaxCompletionTokens = sdk.Int(o.opts.MaxTokens)
 		}
 	}
 	if o.opts.Stream {
-		p.StreamOptions.IncludeUsage = openai.Bool(true)
+		p.StreamOptions.IncludeUsage = sdk.Bool(true)
 	}
 	return p, nil
 }
 
 // chatMessages translates the history to Chat Completions messages.
-func chatMessages(history []toolbus.Message) ([]openai.ChatCompletionMessageParamUnion, error) {
-	turns, err := groupHistory(history)
+func chatMessages(history []toolbus.Message) ([]sdk.ChatCompletionMessageParamUnion, error) {
+	turns, err := wire.GroupHistory(history)
 	if err != nil {
 		return nil, err
 	}
-	out := make([]openai.ChatCompletionMessageParamUnion, 0, len(history))
+	out := make([]sdk.ChatCompletionMessageParamUnion, 0, len(history))
 	for _, t := range turns {
-		switch t.msg.Role {
+		switch t.Msg.Role {
 		case toolbus.RoleSystem:
-			out = append(out, openai.SystemMessage(t.msg.Content))
+			out = append(out, sdk.SystemMessage(t.Msg.Content))
 		case toolbus.RoleUser:
-			out = append(out, openai.UserMessage(t.msg.Content))
+			out = append(out, sdk.UserMessage(t.Msg.Content))
 		case toolbus.RoleAssistant:
-			out = append(out, chatAssistant(t.msg))
-			for _, r := range t.results {
-				out = append(out, openai.ToolMessage(r.Content, r.ToolCallID))
+			out = append(out, chatAssistant(t.Msg))
+			for _, r := range t.Results {
+				out = append(out, sdk.ToolMessage(r.Content, r.ToolCallID))
 			}
 		}
 	}
 	return out, nil
 }
 
-func chatAssistant(m toolbus.Message) openai.ChatCompletionMessageParamUnion {
-	a := &openai.ChatCompletionAssistantMessageParam{}
+func chatAssistant(m toolbus.Message) sdk.ChatCompletionMessageParamUnion {
+	a := &sdk.ChatCompletionAssistantMessageParam{}
 	if m.Content != "" || len(m.ToolCalls) == 0 {
-		a.Content.OfString = openai.String(m.Content)
+		a.Content.OfString = sdk.String(m.Content)
 	}
 	for _, c := range m.ToolCalls {
-		a.ToolCalls = append(a.ToolCalls, openai.ChatCompletionMessageToolCallUnionParam{
-			OfFunction: &openai.ChatCompletionMessageFunctionToolCallParam{
+		a.ToolCalls = append(a.ToolCalls, sdk.ChatCompletionMessageToolCallUnionParam{
+			OfFunction: &sdk.ChatCompletionMessageFunctionToolCallParam{
 				ID:       c.CallID,
-				Function: openai.ChatCompletionMessageFunctionToolCallFunctionParam{Name: c.Tool, Arguments: c.Arguments},
+				Function: sdk.ChatCompletionMessageFunctionToolCallFunctionParam{Name: c.Tool, Arguments: c.Arguments},
 			},
 		})
 	}
-	if extra := readRaw(m.Raw).OpenAIChat; len(extra) > 0 {
+	if extra := wire.ReadRaw(m.Raw).OpenAIChat; len(extra) > 0 {
 		var fields map[string]json.RawMessage
 		if json.Unmarshal(extra, &fields) == nil && len(fields) > 0 {
 			ef := make(map[string]any, len(fields))
@@ -192,36 +194,36 @@ func chatAssistant(m toolbus.Message) openai.ChatCompletionMessageParamUnion {
 			a.SetExtraFields(ef)
 		}
 	}
-	return openai.ChatCompletionMessageParamUnion{OfAssistant: a}
+	return sdk.ChatCompletionMessageParamUnion{OfAssistant: a}
 }
 
-func chatTools(cs []toolbus.ToolContract) ([]openai.ChatCompletionToolUnionParam, error) {
+func chatTools(cs []toolbus.ToolContract) ([]sdk.ChatCompletionToolUnionParam, error) {
 	if len(cs) == 0 {
 		return nil, nil
 	}
-	out := make([]openai.ChatCompletionToolUnionParam, 0, len(cs))
+	out := make([]sdk.ChatCompletionToolUnionParam, 0, len(cs))
 	for _, t := range toolbus.OpenAITools(cs) {
-		schema, err := schemaObject(t.Function.Name, t.Function.Parameters)
+		schema, err := wire.SchemaObject(t.Function.Name, t.Function.Parameters)
 		if err != nil {
 			return nil, err
 		}
 		def := shared.FunctionDefinitionParam{Name: t.Function.Name, Parameters: schema}
 		if t.Function.Description != "" {
-			def.Description = openai.String(t.Function.Description)
+			def.Description = sdk.String(t.Function.Description)
 		}
-		out = append(out, openai.ChatCompletionToolUnionParam{OfFunction: &openai.ChatCompletionFunctionToolParam{Function: def}})
+		out = append(out, sdk.ChatCompletionToolUnionParam{OfFunction: &sdk.ChatCompletionFunctionToolParam{Function: def}})
 	}
 	return out, nil
 }
 
-func (o *OpenAI) complete(ctx context.Context, step int, params openai.ChatCompletionNewParams) (Response, error) {
+func (o *Chat) complete(ctx context.Context, step int, params sdk.ChatCompletionNewParams) (planner.Response, error) {
 	var hr *http.Response
 	cc, err := o.client.Chat.Completions.New(ctx, params, option.WithResponseInto(&hr))
 	if err != nil {
-		return Response{}, openaiError(providerOpenAI, err, hr)
+		return planner.Response{}, apiError(providerOpenAI, err, hr)
 	}
 	if cc == nil || len(cc.Choices) == 0 { // a "null" body decodes to nothing, without error
-		return Response{}, malformed(providerOpenAI, "the answer has no choices")
+		return planner.Response{}, wire.Malformed(providerOpenAI, "the answer has no choices")
 	}
 	msg := cc.Choices[0].Message
 	extra := map[string]json.RawMessage{}
@@ -233,12 +235,12 @@ func (o *OpenAI) complete(ctx context.Context, step int, params openai.ChatCompl
 	return chatResponse(step, cc, extra), nil
 }
 
-func (o *OpenAI) stream(ctx context.Context, step int, params openai.ChatCompletionNewParams) (Response, error) {
+func (o *Chat) stream(ctx context.Context, step int, params sdk.ChatCompletionNewParams) (planner.Response, error) {
 	var hr *http.Response
 	s := o.client.Chat.Completions.NewStreaming(ctx, params, option.WithResponseInto(&hr))
 	defer s.Close()
 	var (
-		acc       openai.ChatCompletionAccumulator
+		acc       sdk.ChatCompletionAccumulator
 		reasoning = map[string]*strings.Builder{}
 		keys      []string
 		finished  bool
@@ -246,7 +248,7 @@ func (o *OpenAI) stream(ctx context.Context, step int, params openai.ChatComplet
 	for s.Next() {
 		chunk := s.Current()
 		if !acc.AddChunk(chunk) {
-			return Response{}, malformed(providerOpenAI, "a stream chunk could not be aggregated")
+			return planner.Response{}, wire.Malformed(providerOpenAI, "a stream chunk could not be aggregated")
 		}
 		for _, ch := range chunk.Choices {
 			if ch.Index != 0 {
@@ -263,7 +265,7 @@ func (o *OpenAI) stream(ctx context.Context, step int, params openai.ChatComplet
 					reasoning[key] = b
 					keys = append(keys, key)
 				}
-				b.WriteString(jsonString(json.RawMessage(f.Raw())))
+				b.WriteString(wire.JSONString(json.RawMessage(f.Raw())))
 			}
 			if ch.FinishReason != "" {
 				finished = true
@@ -271,10 +273,10 @@ func (o *OpenAI) stream(ctx context.Context, step int, params openai.ChatComplet
 		}
 	}
 	if err := s.Err(); err != nil {
-		return Response{}, openaiError(providerOpenAI, err, hr)
+		return planner.Response{}, apiError(providerOpenAI, err, hr)
 	}
 	if !finished || len(acc.Choices) == 0 {
-		return Response{}, malformed(providerOpenAI, "the stream ended before the answer was complete")
+		return planner.Response{}, wire.Malformed(providerOpenAI, "the stream ended before the answer was complete")
 	}
 	extra := map[string]json.RawMessage{}
 	for _, k := range keys {
@@ -291,14 +293,14 @@ var reasoningKeys = []string{"reasoning_content", "reasoning"}
 
 // chatResponse reads the first choice of a completion. extra holds the message's
 // non-standard fields, kept in Raw and sent back with the message.
-func chatResponse(step int, cc *openai.ChatCompletion, extra map[string]json.RawMessage) Response {
+func chatResponse(step int, cc *sdk.ChatCompletion, extra map[string]json.RawMessage) planner.Response {
 	msg := cc.Choices[0].Message
 	out := toolbus.Message{Role: toolbus.RoleAssistant, Content: msg.Content}
 	if out.Content == "" && msg.Refusal != "" {
 		out.Content = msg.Refusal
 	}
 	for _, key := range reasoningKeys {
-		if r := jsonString(extra[key]); r != "" {
+		if r := wire.JSONString(extra[key]); r != "" {
 			out.Reasoning = r
 			break
 		}
@@ -310,21 +312,21 @@ func chatResponse(step int, cc *openai.ChatCompletion, extra map[string]json.Raw
 		}
 		out.ToolCalls = append(out.ToolCalls, call)
 	}
-	NormalizeCallIDs(step, out.ToolCalls)
+	planner.NormalizeCallIDs(step, out.ToolCalls)
 	if len(extra) > 0 {
 		b, _ := json.Marshal(extra)
-		out.Raw = rawParts{OpenAIChat: b}.encode()
+		out.Raw = wire.RawParts{OpenAIChat: b}.Encode()
 	}
-	return Response{
+	return planner.Response{
 		Message: out,
 		Usage:   toolbus.Usage{InputTokens: cc.Usage.PromptTokens, OutputTokens: cc.Usage.CompletionTokens},
 		Model:   cc.Model,
 	}
 }
 
-// openaiError classifies an error of the OpenAI SDK (Chat Completions and Responses).
-func openaiError(provider string, err error, hr *http.Response) error {
-	var ae *openai.Error
+// apiError classifies an error of the OpenAI SDK (Chat Completions and Responses).
+func apiError(provider string, err error, hr *http.Response) error {
+	var ae *sdk.Error
 	if errors.As(err, &ae) {
 		var h http.Header
 		body := ae.RawJSON()
@@ -335,14 +337,14 @@ func openaiError(provider string, err error, hr *http.Response) error {
 				body = string(b)
 			}
 		}
-		return statusError(provider, ae.StatusCode, h, ae.Message, body, err)
+		return wire.StatusError(provider, ae.StatusCode, h, ae.Message, body, err)
 	}
 	if hr != nil && hr.StatusCode >= 400 {
-		return statusError(provider, hr.StatusCode, hr.Header, "", "", err)
+		return wire.StatusError(provider, hr.StatusCode, hr.Header, "", "", err)
 	}
 	var se *ssestream.StreamError
 	if errors.As(err, &se) {
-		return &ProviderError{Provider: provider, Message: se.Message, Retryable: true, Err: err}
+		return &planner.ProviderError{Provider: provider, Message: se.Message, Retryable: true, Err: err}
 	}
-	return transportError(provider, err, hr != nil)
+	return wire.TransportError(provider, err, hr != nil)
 }

@@ -1,4 +1,4 @@
-package planner
+package anthropic
 
 import (
 	"bytes"
@@ -10,19 +10,21 @@ import (
 	"net/http"
 	"strings"
 
-	"github.com/anthropics/anthropic-sdk-go/v2"
+	sdk "github.com/anthropics/anthropic-sdk-go/v2"
 	"github.com/anthropics/anthropic-sdk-go/v2/option"
 	"github.com/anthropics/anthropic-sdk-go/v2/packages/param"
 
 	"github.com/toolbus/toolbus"
+	"github.com/toolbus/toolbus/planner"
+	"github.com/toolbus/toolbus/planner/internal/wire"
 )
 
-// AnthropicOptions configures the Anthropic Messages adapter.
-type AnthropicOptions struct {
+// Options configures the Anthropic Messages adapter.
+type Options struct {
 	// APIKey of the Anthropic API (ANTHROPIC_API_KEY); empty: the SDK's own credential
 	// chain (ANTHROPIC_API_KEY, ANTHROPIC_AUTH_TOKEN, profiles).
 	APIKey string
-	// BaseURL of the API (ANTHROPIC_BASE_URL); empty: https://api.anthropic.com.
+	// BaseURL of the API (ANTHROPIC_BASE_URL); empty: https://api.sdk.com.
 	BaseURL string
 	// Model is the default model name; a run whose model is "anthropic:<name>" uses
 	// <name>.
@@ -38,15 +40,15 @@ type AnthropicOptions struct {
 	// signature and tool input deltas) with the SDK's Message.Accumulate.
 	Stream bool
 	// Retry is the retry policy; the SDK's own retries are disabled.
-	Retry RetryPolicy
+	Retry planner.RetryPolicy
 	// Logger receives retry warnings (default slog.Default()).
 	Logger *slog.Logger
 }
 
-// DefaultAnthropicMaxTokens is max_tokens when AnthropicOptions.MaxTokens is 0.
-const DefaultAnthropicMaxTokens = 4096
+// DefaultMaxTokens is max_tokens when Options.MaxTokens is 0.
+const DefaultMaxTokens = 4096
 
-// Anthropic is a Model served by the Anthropic Messages API (POST /v1/messages).
+// Messages is a planner.Model served by the Anthropic Messages API (POST /v1/messages).
 //
 // Translation: system messages become the top-level system prompt; the content blocks
 // of an answer (thinking with its signature, redacted_thinking, text, tool_use) are kept
@@ -54,26 +56,26 @@ const DefaultAnthropicMaxTokens = 4096
 // tool_result blocks (tool_use_id, is_error for results that did not succeed), one user
 // message for all results of a step, followed by any user text. Roles strictly
 // alternate.
-type Anthropic struct {
-	client anthropic.Client
-	opts   AnthropicOptions
+type Messages struct {
+	client sdk.Client
+	opts   Options
 	log    *slog.Logger
 }
 
-var _ Model = (*Anthropic)(nil)
+var _ planner.Model = (*Messages)(nil)
 
 const providerAnthropic = "anthropic"
 
-// NewAnthropic returns a Messages adapter.
-func NewAnthropic(opts AnthropicOptions) (*Anthropic, error) {
+// New returns a Messages adapter.
+func New(opts Options) (*Messages, error) {
 	if opts.Model == "" {
-		return nil, errors.New("planner: anthropic: a model name is required")
+		return nil, errors.New("anthropic: a model name is required")
 	}
 	if opts.MaxTokens <= 0 {
-		opts.MaxTokens = DefaultAnthropicMaxTokens
+		opts.MaxTokens = DefaultMaxTokens
 	}
 	if opts.ThinkingBudget > 0 && opts.ThinkingBudget >= opts.MaxTokens {
-		return nil, fmt.Errorf("planner: anthropic: thinking budget %d must be below max tokens %d", opts.ThinkingBudget, opts.MaxTokens)
+		return nil, fmt.Errorf("anthropic: thinking budget %d must be below max tokens %d", opts.ThinkingBudget, opts.MaxTokens)
 	}
 	log := opts.Logger
 	if log == nil {
@@ -89,20 +91,20 @@ func NewAnthropic(opts AnthropicOptions) (*Anthropic, error) {
 	if opts.HTTPClient != nil {
 		copts = append(copts, option.WithHTTPClient(opts.HTTPClient))
 	}
-	return &Anthropic{client: anthropic.NewClient(copts...), opts: opts, log: log}, nil
+	return &Messages{client: sdk.NewClient(copts...), opts: opts, log: log}, nil
 }
 
 // Complete asks the model for the next assistant message.
-func (a *Anthropic) Complete(ctx context.Context, req Request) (Response, error) {
+func (a *Messages) Complete(ctx context.Context, req planner.Request) (planner.Response, error) {
 	params, err := a.params(req)
 	if err != nil {
-		return Response{}, err
+		return planner.Response{}, err
 	}
-	var resp Response
-	err = a.opts.Retry.do(ctx, a.log, func(ctx context.Context) error {
+	var resp planner.Response
+	err = a.opts.Retry.Do(ctx, a.log, func(ctx context.Context) error {
 		var (
 			hr  *http.Response
-			msg *anthropic.Message
+			msg *sdk.Message
 			err error
 		)
 		if a.opts.Stream {
@@ -111,16 +113,16 @@ func (a *Anthropic) Complete(ctx context.Context, req Request) (Response, error)
 			msg, err = a.client.Messages.New(ctx, params, option.WithResponseInto(&hr))
 		}
 		if err != nil {
-			return anthropicError(err, hr)
+			return apiError(err, hr)
 		}
 		if msg == nil { // a "null" body decodes to nothing, without error
-			return malformed(providerAnthropic, "the answer is empty")
+			return wire.Malformed(providerAnthropic, "the answer is empty")
 		}
 		resp = anthropicResponse(req.Step, msg)
 		return nil
 	})
 	if err != nil {
-		return Response{}, err
+		return planner.Response{}, err
 	}
 	if resp.Model == "" {
 		resp.Model = params.Model
@@ -128,15 +130,15 @@ func (a *Anthropic) Complete(ctx context.Context, req Request) (Response, error)
 	return resp, nil
 }
 
-func (a *Anthropic) stream(ctx context.Context, params anthropic.MessageNewParams, hr **http.Response) (*anthropic.Message, error) {
+func (a *Messages) stream(ctx context.Context, params sdk.MessageNewParams, hr **http.Response) (*sdk.Message, error) {
 	s := a.client.Messages.NewStreaming(ctx, params, option.WithResponseInto(hr))
 	defer s.Close()
-	var msg anthropic.Message
+	var msg sdk.Message
 	stopped := false
 	for s.Next() {
 		ev := s.Current()
 		if err := msg.Accumulate(ev); err != nil {
-			return nil, malformed(providerAnthropic, "stream: %v", err)
+			return nil, wire.Malformed(providerAnthropic, "stream: %v", err)
 		}
 		if ev.Type == "message_stop" {
 			stopped = true
@@ -146,58 +148,58 @@ func (a *Anthropic) stream(ctx context.Context, params anthropic.MessageNewParam
 		return nil, err
 	}
 	if !stopped {
-		return nil, malformed(providerAnthropic, "the stream ended before message_stop")
+		return nil, wire.Malformed(providerAnthropic, "the stream ended before message_stop")
 	}
 	return &msg, nil
 }
 
-func (a *Anthropic) params(req Request) (anthropic.MessageNewParams, error) {
+func (a *Messages) params(req planner.Request) (sdk.MessageNewParams, error) {
 	system, msgs, err := anthropicMessages(req.Messages)
 	if err != nil {
-		return anthropic.MessageNewParams{}, err
+		return sdk.MessageNewParams{}, err
 	}
 	tools, err := anthropicTools(req.Tools)
 	if err != nil {
-		return anthropic.MessageNewParams{}, err
+		return sdk.MessageNewParams{}, err
 	}
-	p := anthropic.MessageNewParams{
-		Model:     modelName(providerAnthropic, req.Model, a.opts.Model),
+	p := sdk.MessageNewParams{
+		Model:     wire.ModelName(providerAnthropic, req.Model, a.opts.Model),
 		MaxTokens: a.opts.MaxTokens,
 		System:    system,
 		Messages:  msgs,
 		Tools:     tools,
 	}
 	if a.opts.ThinkingBudget > 0 {
-		p.Thinking = anthropic.ThinkingConfigParamUnion{OfEnabled: &anthropic.ThinkingConfigEnabledParam{BudgetTokens: a.opts.ThinkingBudget}}
+		p.Thinking = sdk.ThinkingConfigParamUnion{OfEnabled: &sdk.ThinkingConfigEnabledParam{BudgetTokens: a.opts.ThinkingBudget}}
 	}
 	return p, nil
 }
 
 // anthropicMessages translates the history to a system prompt and strictly
 // alternating user and assistant messages.
-func anthropicMessages(history []toolbus.Message) ([]anthropic.TextBlockParam, []anthropic.MessageParam, error) {
-	turns, err := groupHistory(history)
+func anthropicMessages(history []toolbus.Message) ([]sdk.TextBlockParam, []sdk.MessageParam, error) {
+	turns, err := wire.GroupHistory(history)
 	if err != nil {
 		return nil, nil, err
 	}
 	var (
-		system []anthropic.TextBlockParam
-		out    []anthropic.MessageParam
+		system []sdk.TextBlockParam
+		out    []sdk.MessageParam
 		role   toolbus.Role
-		blocks []anthropic.ContentBlockParamUnion
+		blocks []sdk.ContentBlockParamUnion
 	)
 	flush := func() {
 		if len(blocks) == 0 {
 			return
 		}
 		if role == toolbus.RoleUser {
-			out = append(out, anthropic.MessageParam{OfUser: &anthropic.UserMessageParam{Content: blocks}})
+			out = append(out, sdk.MessageParam{OfUser: &sdk.UserMessageParam{Content: blocks}})
 		} else {
-			out = append(out, anthropic.MessageParam{OfAssistant: &anthropic.AssistantMessageParam{Content: blocks}})
+			out = append(out, sdk.MessageParam{OfAssistant: &sdk.AssistantMessageParam{Content: blocks}})
 		}
 		blocks = nil
 	}
-	add := func(r toolbus.Role, bs ...anthropic.ContentBlockParamUnion) {
+	add := func(r toolbus.Role, bs ...sdk.ContentBlockParamUnion) {
 		if len(bs) == 0 {
 			return
 		}
@@ -208,20 +210,20 @@ func anthropicMessages(history []toolbus.Message) ([]anthropic.TextBlockParam, [
 		blocks = append(blocks, bs...)
 	}
 	for _, t := range turns {
-		switch t.msg.Role {
+		switch t.Msg.Role {
 		case toolbus.RoleSystem:
-			if t.msg.Content != "" {
-				system = append(system, anthropic.TextBlockParam{Text: t.msg.Content})
+			if t.Msg.Content != "" {
+				system = append(system, sdk.TextBlockParam{Text: t.Msg.Content})
 			}
 		case toolbus.RoleUser:
-			if t.msg.Content != "" {
-				add(toolbus.RoleUser, anthropic.NewTextBlock(t.msg.Content))
+			if t.Msg.Content != "" {
+				add(toolbus.RoleUser, sdk.NewTextBlock(t.Msg.Content))
 			}
 		case toolbus.RoleAssistant:
-			add(toolbus.RoleAssistant, anthropicAssistant(t.msg)...)
+			add(toolbus.RoleAssistant, anthropicAssistant(t.Msg)...)
 			// The results open the next user message: tool_result blocks come first.
-			results := make([]anthropic.ContentBlockParamUnion, 0, len(t.results))
-			for _, r := range t.results {
+			results := make([]sdk.ContentBlockParamUnion, 0, len(t.Results))
+			for _, r := range t.Results {
 				results = append(results, anthropicToolResult(r))
 			}
 			if len(results) > 0 {
@@ -234,19 +236,19 @@ func anthropicMessages(history []toolbus.Message) ([]anthropic.TextBlockParam, [
 	return system, out, nil
 }
 
-func anthropicToolResult(r toolbus.Message) anthropic.ContentBlockParamUnion {
-	tr := &anthropic.ToolResultBlockParam{ToolUseID: r.ToolCallID}
+func anthropicToolResult(r toolbus.Message) sdk.ContentBlockParamUnion {
+	tr := &sdk.ToolResultBlockParam{ToolUseID: r.ToolCallID}
 	content := r.Content
 	if r.IsError {
-		tr.IsError = anthropic.Bool(true)
+		tr.IsError = sdk.Bool(true)
 		if content == "" {
 			content = "(the tool call did not succeed and returned no details)"
 		}
 	}
 	if content != "" {
-		tr.Content = []anthropic.ToolResultBlockParamContentUnion{{OfText: &anthropic.TextBlockParam{Text: content}}}
+		tr.Content = []sdk.ToolResultBlockParamContentUnion{{OfText: &sdk.TextBlockParam{Text: content}}}
 	}
-	return anthropic.ContentBlockParamUnion{OfToolResult: tr}
+	return sdk.ContentBlockParamUnion{OfToolResult: tr}
 }
 
 // anthropicBlock is the part of a content block toolbus reads from Raw.
@@ -260,9 +262,9 @@ type anthropicBlock struct {
 // when it has them (tool_use ids set to the calls' ids, which toolbus may have
 // normalized), else blocks rebuilt from the portable fields (a thinking block only
 // with its signature, which the API requires).
-func anthropicAssistant(m toolbus.Message) []anthropic.ContentBlockParamUnion {
+func anthropicAssistant(m toolbus.Message) []sdk.ContentBlockParamUnion {
 	var raws []json.RawMessage
-	if raw := readRaw(m.Raw).Anthropic; len(raw) > 0 && json.Unmarshal(raw, &raws) == nil {
+	if raw := wire.ReadRaw(m.Raw).Anthropic; len(raw) > 0 && json.Unmarshal(raw, &raws) == nil {
 		var uses []int
 		for i, b := range raws {
 			var ab anthropicBlock
@@ -275,59 +277,59 @@ func anthropicAssistant(m toolbus.Message) []anthropic.ContentBlockParamUnion {
 				var ab anthropicBlock
 				_ = json.Unmarshal(raws[i], &ab)
 				if ab.ID != m.ToolCalls[k].CallID {
-					raws[i] = setJSONField(raws[i], "id", m.ToolCalls[k].CallID)
+					raws[i] = wire.SetJSONField(raws[i], "id", m.ToolCalls[k].CallID)
 				}
 				if in := bytes.TrimSpace(ab.Input); len(in) == 0 || in[0] != '{' {
 					// A compatible server sent no object input; the API requires one.
-					raws[i] = setJSONField(raws[i], "input", objectArguments(m.ToolCalls[k].Arguments))
+					raws[i] = wire.SetJSONField(raws[i], "input", wire.ObjectArguments(m.ToolCalls[k].Arguments))
 				}
 			}
-			out := make([]anthropic.ContentBlockParamUnion, 0, len(raws))
+			out := make([]sdk.ContentBlockParamUnion, 0, len(raws))
 			for _, b := range raws {
-				out = append(out, param.Override[anthropic.ContentBlockParamUnion](b))
+				out = append(out, param.Override[sdk.ContentBlockParamUnion](b))
 			}
 			return out
 		}
 	}
-	var out []anthropic.ContentBlockParamUnion
+	var out []sdk.ContentBlockParamUnion
 	if m.Reasoning != "" && m.ReasoningSignature != "" {
-		out = append(out, anthropic.ContentBlockParamUnion{OfThinking: &anthropic.ThinkingBlockParam{
+		out = append(out, sdk.ContentBlockParamUnion{OfThinking: &sdk.ThinkingBlockParam{
 			Thinking: m.Reasoning, Signature: m.ReasoningSignature}})
 	}
 	if m.Content != "" {
-		out = append(out, anthropic.NewTextBlock(m.Content))
+		out = append(out, sdk.NewTextBlock(m.Content))
 	}
 	for _, c := range m.ToolCalls {
-		out = append(out, anthropic.ContentBlockParamUnion{OfToolUse: &anthropic.ToolUseBlockParam{
-			ID: c.CallID, Name: c.Tool, Input: objectArguments(c.Arguments)}})
+		out = append(out, sdk.ContentBlockParamUnion{OfToolUse: &sdk.ToolUseBlockParam{
+			ID: c.CallID, Name: c.Tool, Input: wire.ObjectArguments(c.Arguments)}})
 	}
 	return out
 }
 
-func anthropicTools(cs []toolbus.ToolContract) ([]anthropic.ToolUnionParam, error) {
+func anthropicTools(cs []toolbus.ToolContract) ([]sdk.ToolUnionParam, error) {
 	if len(cs) == 0 {
 		return nil, nil
 	}
-	out := make([]anthropic.ToolUnionParam, 0, len(cs))
+	out := make([]sdk.ToolUnionParam, 0, len(cs))
 	for _, t := range toolbus.AnthropicTools(cs) {
-		if _, err := schemaObject(t.Name, t.InputSchema); err != nil {
+		if _, err := wire.SchemaObject(t.Name, t.InputSchema); err != nil {
 			return nil, err
 		}
-		tp := &anthropic.ToolParam{
+		tp := &sdk.ToolParam{
 			Name: t.Name,
 			// The schema goes byte for byte as the executor published it.
-			InputSchema: param.Override[anthropic.ToolInputSchemaParam](t.InputSchema),
+			InputSchema: param.Override[sdk.ToolInputSchemaParam](t.InputSchema),
 		}
 		if t.Description != "" {
-			tp.Description = anthropic.String(t.Description)
+			tp.Description = sdk.String(t.Description)
 		}
-		out = append(out, anthropic.ToolUnionParam{OfTool: tp})
+		out = append(out, sdk.ToolUnionParam{OfTool: tp})
 	}
 	return out, nil
 }
 
 // anthropicResponse reads a Messages answer; every content block is kept in Raw.
-func anthropicResponse(step int, m *anthropic.Message) Response {
+func anthropicResponse(step int, m *sdk.Message) planner.Response {
 	out := toolbus.Message{Role: toolbus.RoleAssistant}
 	var text, thinking []string
 	raws := make([]json.RawMessage, 0, len(m.Content))
@@ -345,7 +347,7 @@ func anthropicResponse(step int, m *anthropic.Message) Response {
 			if len(args) == 0 || string(args) == "null" {
 				args = []byte("{}")
 			}
-			out.ToolCalls = append(out.ToolCalls, toolbus.ToolCall{CallID: b.ID, Tool: b.Name, Arguments: compactJSON(args)})
+			out.ToolCalls = append(out.ToolCalls, toolbus.ToolCall{CallID: b.ID, Tool: b.Name, Arguments: wire.CompactJSON(args)})
 		}
 		raw := json.RawMessage(b.RawJSON())
 		if !json.Valid(raw) {
@@ -355,14 +357,14 @@ func anthropicResponse(step int, m *anthropic.Message) Response {
 	}
 	out.Content = strings.Join(text, "\n")
 	out.Reasoning = strings.Join(thinking, "\n")
-	NormalizeCallIDs(step, out.ToolCalls)
+	planner.NormalizeCallIDs(step, out.ToolCalls)
 	if len(raws) > 0 {
 		if b, err := json.Marshal(raws); err == nil {
-			out.Raw = rawParts{Anthropic: b}.encode()
+			out.Raw = wire.RawParts{Anthropic: b}.Encode()
 		}
 	}
 	u := m.Usage
-	return Response{
+	return planner.Response{
 		Message: out,
 		// Input tokens are input_tokens plus the cache writes and reads: all of them
 		// were read by the model and count for the run's token budget.
@@ -371,15 +373,15 @@ func anthropicResponse(step int, m *anthropic.Message) Response {
 	}
 }
 
-// anthropicError classifies an error of the Anthropic SDK.
-func anthropicError(err error, hr *http.Response) error {
-	var ae *anthropic.Error
+// apiError classifies an error of the Anthropic SDK.
+func apiError(err error, hr *http.Response) error {
+	var ae *sdk.Error
 	if errors.As(err, &ae) {
 		var h http.Header
 		if ae.Response != nil {
 			h = ae.Response.Header
 		}
-		pe := statusError(providerAnthropic, ae.StatusCode, h, ae.Message, ae.RawJSON(), err)
+		pe := wire.StatusError(providerAnthropic, ae.StatusCode, h, ae.Message, ae.RawJSON(), err)
 		if ae.StatusCode < 400 {
 			// An error event in the middle of a stream (overloaded_error, api_error):
 			// the request was accepted, so another attempt may succeed.
@@ -388,7 +390,7 @@ func anthropicError(err error, hr *http.Response) error {
 		return pe
 	}
 	if hr != nil && hr.StatusCode >= 400 {
-		return statusError(providerAnthropic, hr.StatusCode, hr.Header, "", "", err)
+		return wire.StatusError(providerAnthropic, hr.StatusCode, hr.Header, "", "", err)
 	}
-	return transportError(providerAnthropic, err, hr != nil)
+	return wire.TransportError(providerAnthropic, err, hr != nil)
 }
