@@ -16,15 +16,14 @@ import (
 	"strings"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/toolbus/toolbus"
+	"github.com/toolbus/toolbus/audit"
 	"github.com/toolbus/toolbus/events"
 )
 
 // The web console: `toolbus console` (and `toolbus up` when TOOLBUS_CONSOLE_ADDR is set)
 // serves the runs list and a page per run, rendered by html/template from the same
-// audit as `toolbus replay` (analyzeRun over the run's events, read from the bus's
+// audit as `toolbus replay` (audit.Analyze over the run's events, read from the bus's
 // reader). Live updates are server-sent events: one per event stored on the stream,
 // after which the page fetches itself again. Approve, deny and cancel publish the same
 // events as the CLI and need TOOLBUS_CONSOLE_TOKEN; with no token the console is
@@ -235,7 +234,7 @@ type bar struct {
 
 // consoleCall is one call of a step, on the timeline and in detail.
 type consoleCall struct {
-	replayCall
+	audit.Call
 	Bar        bar
 	Start, End int64
 	Running    bool
@@ -264,7 +263,7 @@ func (c *console) runPage(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "invalid run id", http.StatusBadRequest)
 		return
 	}
-	evs, err := readRunEvents(ctx, c.bus, run)
+	evs, err := c.bus.RunEvents(ctx, run)
 	if err != nil {
 		c.fail(w, err)
 		return
@@ -273,7 +272,7 @@ func (c *console) runPage(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, fmt.Sprintf("run %s not found", run), http.StatusNotFound)
 		return
 	}
-	rep := analyzeRun(run, evs)
+	rep := audit.Analyze(run, evs)
 	st, _, stErr := c.bus.RunState(ctx, run)
 	var waiting []toolbus.ToolCall
 	if stErr == nil && st.Status == toolbus.RunWaitingForApproval && st.Ended != nil {
@@ -297,7 +296,7 @@ func ms(v int64) string {
 }
 
 // steps lays the report's calls out on the time axis.
-func (c *console) steps(ctx context.Context, rep *replayReport) []*consoleStep {
+func (c *console) steps(ctx context.Context, rep *audit.Report) []*consoleStep {
 	var span int64 = 1
 	for _, e := range rep.Timeline {
 		span = max(span, e.AtMS)
@@ -356,7 +355,7 @@ func (c *console) steps(ctx context.Context, rep *replayReport) []*consoleStep {
 	for _, rc := range rep.Calls {
 		s := stepOf(rc.Step)
 		k := key{rc.Step, rc.CallID}
-		cc := &consoleCall{replayCall: rc, Start: start[k], Status: "pending"}
+		cc := &consoleCall{Call: rc, Start: start[k], Status: "pending"}
 		if e, ok := end[k]; ok {
 			cc.End = e
 		} else {
@@ -506,39 +505,30 @@ func (c *console) sse(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "streaming unsupported", http.StatusInternalServerError)
 		return
 	}
-	cons, err := c.bus.Reader().OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{filter}, DeliverPolicy: jetstream.DeliverNewPolicy,
-	})
+	watch, err := c.bus.Watch(ctx, filter, false)
 	if err != nil {
 		c.fail(w, err)
 		return
 	}
-	msgs, err := cons.Messages()
-	if err != nil {
-		c.fail(w, err)
-		return
-	}
-	defer msgs.Stop()
-	go func() {
-		<-ctx.Done()
-		msgs.Stop()
-	}()
 	w.Header().Set("Content-Type", "text/event-stream")
 	w.Header().Set("Cache-Control", "no-store")
-	// The consumer exists: events from here on reach this page. "ready" tells the page
+	// The watch exists: events from here on reach this page. "ready" tells the page
 	// to fetch itself once, for what was stored before.
 	fmt.Fprint(w, "event: ready\ndata: {}\n\n")
 	flusher.Flush()
 	for {
-		msg, err := msgs.Next()
+		ev, ok, err := watch.Next(ctx, time.Second)
 		if err != nil {
 			return
 		}
-		typ := msg.Headers().Get("ce-type")
+		if !ok {
+			continue
+		}
+		typ := ev.Meta.Type
 		if typ == "" {
 			typ = "event"
 		}
-		b, _ := json.Marshal(map[string]string{"subject": msg.Subject(), "type": typ})
+		b, _ := json.Marshal(map[string]string{"subject": ev.Subject, "type": typ})
 		if _, err := fmt.Fprintf(w, "event: bus\ndata: %s\n\n", b); err != nil {
 			return
 		}
