@@ -7,7 +7,8 @@ import (
 )
 
 // The dependency rule of the architecture: events imports no worker; executor, planner
-// and injector import events and never each other; only cmd/ wires them.
+// and injector import events and never each other; audit reads events and imports no
+// worker; only cmd/ wires them.
 func TestDependencyDirection(t *testing.T) {
 	const mod = "github.com/toolbus/toolbus/"
 	forbidden := map[string][]string{
@@ -15,6 +16,7 @@ func TestDependencyDirection(t *testing.T) {
 		"executor": {"planner", "injector", "cmd"},
 		"planner":  {"executor", "injector", "cmd"},
 		"injector": {"executor", "planner", "cmd"},
+		"audit":    {"executor", "planner", "injector", "cmd"},
 	}
 	// The domain types and the executor core link no bus: an executor runs in-process
 	// without NATS or CloudEvents (the bus side is executor/worker).

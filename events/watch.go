@@ -129,13 +129,17 @@ type Watcher struct {
 // stored. The events a run stores after Watch returns are all delivered, so a caller
 // that starts a run should watch it first.
 func (b *Bus) Watch(ctx context.Context, filter string, all bool) (*Watcher, error) {
-	deliver := jetstream.DeliverNewPolicy
-	if all {
-		deliver = jetstream.DeliverAllPolicy
+	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: []string{filter}, DeliverPolicy: jetstream.DeliverAllPolicy}
+	if !all {
+		// An ordered consumer is created on its first fetch: DeliverNew would start
+		// there, not here. Start after the last event stored now instead.
+		info, err := b.reader.Info(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("events: watch %s: %w", filter, err)
+		}
+		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, info.State.LastSeq+1
 	}
-	cons, err := b.reader.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{filter}, DeliverPolicy: deliver,
-	})
+	cons, err := b.reader.OrderedConsumer(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("events: watch %s: %w", filter, err)
 	}
