@@ -1,8 +1,9 @@
 // Package audit reads a run back from its events: one walk over the events in stream
 // order with one callback per event type (Visitor), and the audit of a run (Analyze):
 // its timeline, the transcript the model was sent, its calls and the invariants of the
-// contract it keeps or breaks. It is a pure function of the events: it reads no store
-// and no clock. `toolbus replay`, the live printer, the web console and the e2e and
+// contract it keeps or breaks; Report.Layout places the steps and calls on the run's
+// time axis (the web console's run model). It is a pure function of the events: it
+// reads no store and no clock. `toolbus replay`, the live printer, the web console and the e2e and
 // faults checks read runs through it; events.Bus.RunEvents and events.Bus.Watch read
 // the events.
 package audit

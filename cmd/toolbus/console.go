@@ -234,12 +234,8 @@ type bar struct {
 
 // consoleCall is one call of a step, on the timeline and in detail.
 type consoleCall struct {
-	audit.Call
+	audit.CallLayout
 	Bar        bar
-	Start, End int64
-	Running    bool
-	Status     string
-	Code       string
 	FullOutput string
 	OutputErr  string
 }
@@ -295,96 +291,36 @@ func ms(v int64) string {
 	return (time.Duration(v) * time.Millisecond).String()
 }
 
-// steps lays the report's calls out on the time axis.
+// steps places the report's layout (audit.Report.Layout) on the page's time axis, in
+// percent, with the full output of truncated results.
 func (c *console) steps(ctx context.Context, rep *audit.Report) []*consoleStep {
-	var span int64 = 1
-	for _, e := range rep.Timeline {
-		span = max(span, e.AtMS)
-	}
+	layout, span := rep.Layout()
 	pos := func(from, to int64) bar {
 		to = max(to, from)
 		return bar{Left: float64(from) * 100 / float64(span), Width: max(0.5, float64(to-from)*100/float64(span))}
 	}
-	byStep := map[int]*consoleStep{}
-	var order []int
-	stepOf := func(n int) *consoleStep {
-		s := byStep[n]
-		if s == nil {
-			s = &consoleStep{N: n}
-			byStep[n] = s
-			order = append(order, n)
+	out := make([]*consoleStep, 0, len(layout))
+	for _, sl := range layout {
+		s := &consoleStep{N: sl.N, Responded: sl.Responded}
+		if sl.Requested {
+			s.Model, s.ModelMS = pos(sl.ModelFrom, sl.ModelTo), sl.ModelTo-sl.ModelFrom
 		}
-		return s
-	}
-	type key struct {
-		step int
-		id   string
-	}
-	start, end := map[key]int64{}, map[key]int64{}
-	modelStart, modelEnd := map[int]int64{}, map[int]int64{}
-	for _, e := range rep.Timeline {
-		switch e.Type {
-		case "model.requested":
-			stepOf(e.Step)
-			if _, ok := modelStart[e.Step]; !ok {
-				modelStart[e.Step] = e.AtMS
-			}
-		case "model.responded":
-			modelEnd[e.Step] = e.AtMS
-		case "tool.requested", "tool.waiting":
-			k := key{e.Step, e.CallID}
-			if _, ok := start[k]; !ok {
-				start[k] = e.AtMS
-			}
-		case "tool.finished":
-			k := key{e.Step, e.CallID}
-			if _, ok := end[k]; !ok {
-				end[k] = e.AtMS
-			}
-		}
-	}
-	for n, from := range modelStart {
-		s := stepOf(n)
-		to, ok := modelEnd[n]
-		s.Responded = ok
-		if !ok {
-			to = span
-		}
-		s.Model, s.ModelMS = pos(from, to), to-from
-	}
-	for _, rc := range rep.Calls {
-		s := stepOf(rc.Step)
-		k := key{rc.Step, rc.CallID}
-		cc := &consoleCall{Call: rc, Start: start[k], Status: "pending"}
-		if e, ok := end[k]; ok {
-			cc.End = e
-		} else {
-			cc.End, cc.Running = span, true
-		}
-		if rc.Waited && rc.Decision == "" {
-			cc.Status = "waiting"
-		}
-		if rc.Result != nil {
-			cc.Status, cc.Code = string(rc.Result.Status), rc.Result.Code()
-			if tr := rc.Result.Truncated; tr != nil && tr.Ref != "" {
-				if data, err := c.bus.Output(ctx, tr.Ref); err != nil {
-					cc.OutputErr = err.Error()
-				} else {
-					if len(data) > consoleMaxOutput {
-						data = data[:consoleMaxOutput]
+		for _, cl := range sl.Calls {
+			cc := &consoleCall{CallLayout: cl, Bar: pos(cl.Start, cl.End)}
+			if rc := cl.Result; rc != nil {
+				if tr := rc.Truncated; tr != nil && tr.Ref != "" {
+					if data, err := c.bus.Output(ctx, tr.Ref); err != nil {
+						cc.OutputErr = err.Error()
+					} else {
+						if len(data) > consoleMaxOutput {
+							data = data[:consoleMaxOutput]
+						}
+						cc.FullOutput = string(data)
 					}
-					cc.FullOutput = string(data)
 				}
 			}
+			s.Calls = append(s.Calls, cc)
 		}
-		cc.Bar = pos(cc.Start, cc.End)
-		s.Calls = append(s.Calls, cc)
-	}
-	sort.Ints(order)
-	out := make([]*consoleStep, 0, len(order))
-	for _, n := range order {
-		s := byStep[n]
-		sort.SliceStable(s.Calls, func(i, j int) bool { return s.Calls[i].Index < s.Calls[j].Index })
 		out = append(out, s)
 	}
 	return out
