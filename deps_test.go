@@ -19,8 +19,8 @@ func deps(t *testing.T, pkg string) []string {
 }
 
 // The dependency rule of the architecture: events (and its store) imports no worker;
-// executor, planner and injector import events and never each other; only cmd/ wires
-// them. Beyond the module's own packages, some packages must not link whole families
+// executor, planner and injector import events and never each other; audit reads
+// events and imports no worker; only cmd/ wires them. Beyond the module's own packages, some packages must not link whole families
 // of outside modules.
 func TestDependencyDirection(t *testing.T) {
 	workers := []string{"executor", "planner", "injector", "cmd"}
@@ -43,6 +43,7 @@ func TestDependencyDirection(t *testing.T) {
 			why: "implementing planner.Model links no provider SDK (the adapters live in planner/openai and planner/anthropic)"},
 		{pkg: "planner/modeltest", notOutside: []string{"github.com/openai/", "github.com/anthropics/"},
 			why: "the Model conformance suite links no provider SDK"},
+		{pkg: "audit", notModule: workers, why: "the audit reads events and imports no worker"},
 		{pkg: "injector", notModule: []string{"executor", "planner", "cmd"}, why: "workers meet only on the bus"},
 		{pkg: "internal/golden", notModule: []string{"events", "executor", "planner", "injector", "cmd", "embedded", "connect"},
 			why: "test helpers import nothing of the module: any package's tests may use them"},

@@ -29,7 +29,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 	sjs "github.com/santhosh-tekuri/jsonschema/v6"
 
 	"github.com/toolbus/toolbus"
@@ -337,30 +336,11 @@ func storedResult(ctx context.Context, bus *events.Bus, run, tool string) (*nats
 
 // countStored counts the tool.finished events of a run in the stream.
 func countStored(ctx context.Context, bus *events.Bus, run string) (int, error) {
-	cons, err := bus.Stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{events.SubjectPrefix + "." + run + ".tool.finished.>"},
-	})
+	evs, err := events.ReadEvents(ctx, bus.Stream, events.SubjectPrefix+"."+run+".tool.finished.>")
 	if err != nil {
 		return 0, fmt.Errorf("conformance: %w", err)
 	}
-	n := 0
-	for {
-		batch, err := cons.FetchNoWait(100)
-		if err != nil {
-			return 0, fmt.Errorf("conformance: %w", err)
-		}
-		got := 0
-		for range batch.Messages() {
-			got++
-		}
-		if err := batch.Error(); err != nil {
-			return 0, fmt.Errorf("conformance: %w", err)
-		}
-		if got == 0 {
-			return n, nil
-		}
-		n += got
-	}
+	return len(evs), nil
 }
 
 // checkContract checks the tool's catalog entry.

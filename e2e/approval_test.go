@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/toolbus/toolbus"
+	"github.com/toolbus/toolbus/audit"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
 	"github.com/toolbus/toolbus/executor"
@@ -71,16 +72,7 @@ func (s *stack) decide(run, callID string, granted bool, why string) {
 func (s *stack) outcomes(run string) []toolbus.RunEnded {
 	s.t.Helper()
 	var out []toolbus.RunEnded
-	for _, e := range s.runEvents(run) {
-		if !strings.HasPrefix(e.meta.Type, "toolbus.run.") || e.meta.Type == events.TypeRunStarted || e.meta.Type == events.TypeRunCancel {
-			continue
-		}
-		var re toolbus.RunEnded
-		if err := jsonUnmarshal(e.data, &re); err != nil {
-			s.t.Fatal(err)
-		}
-		out = append(out, re)
-	}
+	s.walk(run, audit.Visitor{RunEnded: func(_ events.StoredEvent, re toolbus.RunEnded) { out = append(out, re) }})
 	return out
 }
 

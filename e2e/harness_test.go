@@ -11,9 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/toolbus/toolbus"
+	"github.com/toolbus/toolbus/audit"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
 	"github.com/toolbus/toolbus/executor"
@@ -176,38 +175,26 @@ func (s *stack) submit(run string, limits toolbus.Limits, allowed ...string) {
 }
 
 // runEvents returns every event of a run in stream order.
-func (s *stack) runEvents(run string) []event {
+func (s *stack) runEvents(run string) []events.StoredEvent {
 	s.t.Helper()
-	cons, err := s.bus.Stream.OrderedConsumer(s.ctx, jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{events.SubjectRun(run)}, DeliverPolicy: jetstream.DeliverAllPolicy,
-	})
+	evs, err := events.ReadEvents(s.ctx, s.bus.Stream, events.SubjectRun(run))
 	if err != nil {
 		s.t.Fatal(err)
 	}
-	var out []event
-	for {
-		batch, err := cons.FetchNoWait(1000)
-		if err != nil {
-			s.t.Fatal(err)
-		}
-		n := 0
-		for m := range batch.Messages() {
-			n++
-			e := event{subject: m.Subject(), data: m.Data()}
-			e.meta, e.err = events.DecodeMsg(m, nil)
-			out = append(out, e)
-		}
-		if n == 0 {
-			return out
-		}
-	}
+	return evs
 }
 
-type event struct {
-	subject string
-	meta    events.Meta
-	data    []byte
-	err     error
+// walk visits a run's events in stream order; an event of a visited type whose data
+// does not decode fails the test (messages that are not toolbus events are skipped:
+// the hostile tests publish them).
+func (s *stack) walk(run string, v audit.Visitor) {
+	s.t.Helper()
+	v.Undecodable = func(ev events.StoredEvent, err error) {
+		if ev.Err == nil {
+			s.t.Fatalf("%s #%d on %s: %v", ev.Meta.Type, ev.Seq, ev.Subject, err)
+		}
+	}
+	v.Walk(s.runEvents(run))
 }
 
 // waitEnd waits for the run's outcome event of one of the given statuses.
@@ -236,23 +223,14 @@ func (s *stack) waitEnd(run string, statuses ...toolbus.RunStatus) toolbus.RunEn
 // finished returns the tool.finished results of a run in stream order.
 func (s *stack) finished(run string) []toolbus.ToolFinished {
 	var out []toolbus.ToolFinished
-	for _, e := range s.runEvents(run) {
-		if e.meta.Type != events.TypeToolFinished {
-			continue
-		}
-		var tf toolbus.ToolFinished
-		if err := jsonUnmarshal(e.data, &tf); err != nil {
-			s.t.Fatal(err)
-		}
-		out = append(out, tf)
-	}
+	s.walk(run, audit.Visitor{ToolFinished: func(_ events.StoredEvent, tf toolbus.ToolFinished) { out = append(out, tf) }})
 	return out
 }
 
-func countType(evs []event, typ string) int {
+func countType(evs []events.StoredEvent, typ string) int {
 	n := 0
 	for _, e := range evs {
-		if e.meta.Type == typ {
+		if e.Meta.Type == typ {
 			n++
 		}
 	}

@@ -166,7 +166,7 @@ func TestMCPServerKilledMidRun(t *testing.T) {
 	// normally in flight; if not, it waits for the restarted server instead).
 	eventstest.Eventually(t, 60*time.Second, func() error {
 		for _, e := range s.runEvents("mcp-kill") {
-			if e.meta.Type == events.TypeToolRequested && e.meta.CallID == "c_long" {
+			if e.Meta.Type == events.TypeToolRequested && e.Meta.CallID == "c_long" {
 				return nil
 			}
 		}

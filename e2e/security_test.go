@@ -572,16 +572,12 @@ func (s *secured) clientReads(run string) {
 		t.Fatalf("the client reads from %s, want the read mirror", client.Reader().CachedInfo().Config.Name)
 	}
 	eventstest.Eventually(t, 30*time.Second, func() error {
-		cons, err := client.Reader().OrderedConsumer(s.ctx, jetstream.OrderedConsumerConfig{FilterSubjects: []string{events.SubjectRun(run)}})
+		evs, err := client.RunEvents(s.ctx, run)
 		if err != nil {
 			return err
 		}
-		batch, err := cons.FetchNoWait(100)
-		if err != nil {
-			return err
-		}
-		for m := range batch.Messages() {
-			if m.Subject() == events.SubjectRunEnded(run, toolbus.RunCompleted) {
+		for _, ev := range evs {
+			if ev.Subject == events.SubjectRunEnded(run, toolbus.RunCompleted) {
 				return nil
 			}
 		}

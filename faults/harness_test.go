@@ -21,6 +21,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/toolbus/toolbus"
+	"github.com/toolbus/toolbus/audit"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/store"
 )
@@ -697,92 +698,46 @@ func (e *env) tally() map[string]*runTally {
 	e.t.Helper()
 	ctx, cancel := context.WithTimeout(e.ctx, 2*time.Minute)
 	defer cancel()
-	info, err := e.bus.Stream.Info(ctx)
+	evs, err := events.ReadEvents(ctx, e.bus.Stream, events.FilterAll)
 	if err != nil {
 		e.t.Fatal(err)
 	}
 	out := map[string]*runTally{}
-	if info.State.Msgs == 0 {
-		return out
+	var rt *runTally // the run of the event visited
+	v := audit.Visitor{
+		Undecodable: func(ev events.StoredEvent, err error) {
+			e.t.Fatalf("undecodable event at seq %d on %s: %v", ev.Seq, ev.Subject, err)
+		},
+		RunStarted:     func(events.StoredEvent, toolbus.RunStarted) { rt.started++ },
+		ModelRequested: func(ev events.StoredEvent, _ toolbus.ModelRequested) { rt.requested[ev.Meta.Step]++ },
+		ModelResponded: func(_ events.StoredEvent, mr toolbus.ModelResponded) {
+			rt.responded[mr.Step] = append(rt.responded[mr.Step], mr)
+		},
+		ToolRequested: func(_ events.StoredEvent, tr toolbus.ToolRequested) { rt.toolReq[callKey{tr.Step, tr.Call.CallID}]++ },
+		ToolFinished: func(_ events.StoredEvent, tf toolbus.ToolFinished) {
+			k := callKey{tf.Step, tf.ToolResult.CallID}
+			rt.finished[k] = append(rt.finished[k], tf)
+			rt.order[tf.Step] = append(rt.order[tf.Step], tf.CallIndex)
+		},
+		RunEnded: func(_ events.StoredEvent, re toolbus.RunEnded) { rt.ended = append(rt.ended, re) },
 	}
-	cons, err := e.bus.Stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{DeliverPolicy: jetstream.DeliverAllPolicy})
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	get := func(run string) *runTally {
-		rt := out[run]
+	for _, ev := range evs {
+		run, _ := events.RunIDFromSubject(ev.Subject)
+		rt = out[run]
 		if rt == nil {
 			rt = &runTally{requested: map[int]int{}, responded: map[int][]toolbus.ModelResponded{},
 				toolReq: map[callKey]int{}, finished: map[callKey][]toolbus.ToolFinished{}, order: map[int][]int{}}
 			out[run] = rt
 		}
-		return rt
-	}
-	for seq := uint64(0); seq < info.State.LastSeq; {
-		batch, err := cons.Fetch(int(min(1000, info.State.LastSeq-seq)), jetstream.FetchMaxWait(5*time.Second))
-		if err != nil {
-			e.t.Fatal(err)
+		if rt.first.IsZero() {
+			rt.first = ev.Time
+		} else if gap := ev.Time.Sub(rt.last); gap > rt.maxGap {
+			rt.maxGap, rt.gapBefore = gap, fmt.Sprintf("%s (step %d, call %q)", ev.Meta.Type, ev.Meta.Step, ev.Meta.CallID)
 		}
-		n := 0
-		for m := range batch.Messages() {
-			n++
-			md, err := m.Metadata()
-			if err != nil {
-				e.t.Fatal(err)
-			}
-			seq = md.Sequence.Stream
-			meta, err := events.DecodeMsg(m, nil)
-			if err != nil {
-				e.t.Fatalf("undecodable event at seq %d on %s: %v", seq, m.Subject(), err)
-			}
-			run, _ := events.RunIDFromSubject(m.Subject())
-			rt := get(run)
-			if rt.first.IsZero() {
-				rt.first = md.Timestamp
-			} else if gap := md.Timestamp.Sub(rt.last); gap > rt.maxGap {
-				rt.maxGap, rt.gapBefore = gap, fmt.Sprintf("%s (step %d, call %q)", meta.Type, meta.Step, meta.CallID)
-			}
-			rt.last = md.Timestamp
-			switch {
-			case meta.Type == events.TypeRunStarted:
-				rt.started++
-			case meta.Type == events.TypeModelRequested:
-				rt.requested[meta.Step]++
-			case meta.Type == events.TypeModelResponded:
-				var mr toolbus.ModelResponded
-				decodeInto(e.t, m, &mr)
-				rt.responded[mr.Step] = append(rt.responded[mr.Step], mr)
-			case meta.Type == events.TypeToolRequested:
-				var tr toolbus.ToolRequested
-				decodeInto(e.t, m, &tr)
-				rt.toolReq[callKey{tr.Step, tr.Call.CallID}]++
-			case meta.Type == events.TypeToolFinished:
-				var tf toolbus.ToolFinished
-				decodeInto(e.t, m, &tf)
-				k := callKey{tf.Step, tf.ToolResult.CallID}
-				rt.finished[k] = append(rt.finished[k], tf)
-				rt.order[tf.Step] = append(rt.order[tf.Step], tf.CallIndex)
-			case strings.HasPrefix(meta.Type, "toolbus.run."):
-				var re toolbus.RunEnded
-				decodeInto(e.t, m, &re)
-				rt.ended = append(rt.ended, re)
-			}
-		}
-		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) {
-			e.t.Fatal(err)
-		}
-		if n == 0 {
-			e.t.Fatalf("stream read stopped at seq %d of %d", seq, info.State.LastSeq)
-		}
+		rt.last = ev.Time
+		v.Visit(ev)
 	}
 	return out
-}
-
-func decodeInto(t testing.TB, m jetstream.Msg, v any) {
-	t.Helper()
-	if _, err := events.DecodeMsg(m, v); err != nil {
-		t.Fatalf("decode %s: %v", m.Subject(), err)
-	}
 }
 
 // tallyStats sums up a check of the stream.

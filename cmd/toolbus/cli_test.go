@@ -178,11 +178,6 @@ func TestCLIMessages(t *testing.T) {
 	if got, want := resultLine(failed), "        <- l lookup: failed incident_not_found (no incident) in 3 ms on e1"; got != want {
 		t.Errorf("failed result:\n got %q\nwant %q", got, want)
 	}
-	for n, want := range map[int]string{0: "0 results", 1: "1 result", 2: "2 results"} {
-		if got := plural(n, "result"); got != want {
-			t.Errorf("plural(%d) = %q, want %q", n, got, want)
-		}
-	}
 	base := errors.New("replay: no cassette")
 	if got := roleError("planner", base).Error(); got != "planner: replay: no cassette" {
 		t.Errorf("roleError = %q", got)

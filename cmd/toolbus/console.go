@@ -16,16 +16,15 @@ import (
 	"strings"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/toolbus/toolbus"
+	"github.com/toolbus/toolbus/audit"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/store"
 )
 
 // The web console: `toolbus console` (and `toolbus up` when TOOLBUS_CONSOLE_ADDR is set)
 // serves the runs list and a page per run, rendered by html/template from the same
-// audit as `toolbus replay` (analyzeRun over the run's events, read from the bus's
+// audit as `toolbus replay` (audit.Analyze over the run's events, read from the bus's
 // reader). Live updates are server-sent events: one per event stored on the stream,
 // after which the page fetches itself again. Approve, deny and cancel publish the same
 // events as the CLI and need TOOLBUS_CONSOLE_TOKEN; with no token the console is
@@ -236,12 +235,8 @@ type bar struct {
 
 // consoleCall is one call of a step, on the timeline and in detail.
 type consoleCall struct {
-	replayCall
+	audit.CallLayout
 	Bar        bar
-	Start, End int64
-	Running    bool
-	Status     string
-	Code       string
 	FullOutput string
 	OutputErr  string
 }
@@ -265,7 +260,7 @@ func (c *console) runPage(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "invalid run id", http.StatusBadRequest)
 		return
 	}
-	evs, err := readRunEvents(ctx, c.bus, run)
+	evs, err := c.bus.RunEvents(ctx, run)
 	if err != nil {
 		c.fail(w, err)
 		return
@@ -274,7 +269,7 @@ func (c *console) runPage(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, fmt.Sprintf("run %s not found", run), http.StatusNotFound)
 		return
 	}
-	rep := analyzeRun(run, evs)
+	rep := audit.Analyze(run, evs)
 	st, _, stErr := c.bus.RunState(ctx, run)
 	var waiting []toolbus.ToolCall
 	if stErr == nil && st.Status == toolbus.RunWaitingForApproval && st.Ended != nil {
@@ -297,96 +292,36 @@ func ms(v int64) string {
 	return (time.Duration(v) * time.Millisecond).String()
 }
 
-// steps lays the report's calls out on the time axis.
-func (c *console) steps(ctx context.Context, rep *replayReport) []*consoleStep {
-	var span int64 = 1
-	for _, e := range rep.Timeline {
-		span = max(span, e.AtMS)
-	}
+// steps places the report's layout (audit.Report.Layout) on the page's time axis, in
+// percent, with the full output of truncated results.
+func (c *console) steps(ctx context.Context, rep *audit.Report) []*consoleStep {
+	layout, span := rep.Layout()
 	pos := func(from, to int64) bar {
 		to = max(to, from)
 		return bar{Left: float64(from) * 100 / float64(span), Width: max(0.5, float64(to-from)*100/float64(span))}
 	}
-	byStep := map[int]*consoleStep{}
-	var order []int
-	stepOf := func(n int) *consoleStep {
-		s := byStep[n]
-		if s == nil {
-			s = &consoleStep{N: n}
-			byStep[n] = s
-			order = append(order, n)
+	out := make([]*consoleStep, 0, len(layout))
+	for _, sl := range layout {
+		s := &consoleStep{N: sl.N, Responded: sl.Responded}
+		if sl.Requested {
+			s.Model, s.ModelMS = pos(sl.ModelFrom, sl.ModelTo), sl.ModelTo-sl.ModelFrom
 		}
-		return s
-	}
-	type key struct {
-		step int
-		id   string
-	}
-	start, end := map[key]int64{}, map[key]int64{}
-	modelStart, modelEnd := map[int]int64{}, map[int]int64{}
-	for _, e := range rep.Timeline {
-		switch e.Type {
-		case "model.requested":
-			stepOf(e.Step)
-			if _, ok := modelStart[e.Step]; !ok {
-				modelStart[e.Step] = e.AtMS
-			}
-		case "model.responded":
-			modelEnd[e.Step] = e.AtMS
-		case "tool.requested", "tool.waiting":
-			k := key{e.Step, e.CallID}
-			if _, ok := start[k]; !ok {
-				start[k] = e.AtMS
-			}
-		case "tool.finished":
-			k := key{e.Step, e.CallID}
-			if _, ok := end[k]; !ok {
-				end[k] = e.AtMS
-			}
-		}
-	}
-	for n, from := range modelStart {
-		s := stepOf(n)
-		to, ok := modelEnd[n]
-		s.Responded = ok
-		if !ok {
-			to = span
-		}
-		s.Model, s.ModelMS = pos(from, to), to-from
-	}
-	for _, rc := range rep.Calls {
-		s := stepOf(rc.Step)
-		k := key{rc.Step, rc.CallID}
-		cc := &consoleCall{replayCall: rc, Start: start[k], Status: "pending"}
-		if e, ok := end[k]; ok {
-			cc.End = e
-		} else {
-			cc.End, cc.Running = span, true
-		}
-		if rc.Waited && rc.Decision == "" {
-			cc.Status = "waiting"
-		}
-		if rc.Result != nil {
-			cc.Status, cc.Code = string(rc.Result.Status), rc.Result.Code()
-			if tr := rc.Result.Truncated; tr != nil && tr.Ref != "" {
-				if data, err := c.bus.Output(ctx, tr.Ref); err != nil {
-					cc.OutputErr = err.Error()
-				} else {
-					if len(data) > consoleMaxOutput {
-						data = data[:consoleMaxOutput]
+		for _, cl := range sl.Calls {
+			cc := &consoleCall{CallLayout: cl, Bar: pos(cl.Start, cl.End)}
+			if rc := cl.Result; rc != nil {
+				if tr := rc.Truncated; tr != nil && tr.Ref != "" {
+					if data, err := c.bus.Output(ctx, tr.Ref); err != nil {
+						cc.OutputErr = err.Error()
+					} else {
+						if len(data) > consoleMaxOutput {
+							data = data[:consoleMaxOutput]
+						}
+						cc.FullOutput = string(data)
 					}
-					cc.FullOutput = string(data)
 				}
 			}
+			s.Calls = append(s.Calls, cc)
 		}
-		cc.Bar = pos(cc.Start, cc.End)
-		s.Calls = append(s.Calls, cc)
-	}
-	sort.Ints(order)
-	out := make([]*consoleStep, 0, len(order))
-	for _, n := range order {
-		s := byStep[n]
-		sort.SliceStable(s.Calls, func(i, j int) bool { return s.Calls[i].Index < s.Calls[j].Index })
 		out = append(out, s)
 	}
 	return out
@@ -507,39 +442,30 @@ func (c *console) sse(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "streaming unsupported", http.StatusInternalServerError)
 		return
 	}
-	cons, err := c.bus.Reader().OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{filter}, DeliverPolicy: jetstream.DeliverNewPolicy,
-	})
+	watch, err := c.bus.Watch(ctx, filter, false)
 	if err != nil {
 		c.fail(w, err)
 		return
 	}
-	msgs, err := cons.Messages()
-	if err != nil {
-		c.fail(w, err)
-		return
-	}
-	defer msgs.Stop()
-	go func() {
-		<-ctx.Done()
-		msgs.Stop()
-	}()
 	w.Header().Set("Content-Type", "text/event-stream")
 	w.Header().Set("Cache-Control", "no-store")
-	// The consumer exists: events from here on reach this page. "ready" tells the page
+	// The watch exists: events from here on reach this page. "ready" tells the page
 	// to fetch itself once, for what was stored before.
 	fmt.Fprint(w, "event: ready\ndata: {}\n\n")
 	flusher.Flush()
 	for {
-		msg, err := msgs.Next()
+		ev, ok, err := watch.Next(ctx, time.Second)
 		if err != nil {
 			return
 		}
-		typ := msg.Headers().Get("ce-type")
+		if !ok {
+			continue
+		}
+		typ := ev.Meta.Type
 		if typ == "" {
 			typ = "event"
 		}
-		b, _ := json.Marshal(map[string]string{"subject": msg.Subject(), "type": typ})
+		b, _ := json.Marshal(map[string]string{"subject": ev.Subject, "type": typ})
 		if _, err := fmt.Fprintf(w, "event: bus\ndata: %s\n\n", b); err != nil {
 			return
 		}

@@ -23,6 +23,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/toolbus/toolbus"
+	"github.com/toolbus/toolbus/audit"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
 	"github.com/toolbus/toolbus/executor"
@@ -140,7 +141,7 @@ func TestConsoleHTTP(t *testing.T) {
 		})
 	}
 	// Nothing was published: the run still waits, with no decision.
-	evs, err := readRunEvents(p.ctx, p.bus, "c-http")
+	evs, err := p.bus.RunEvents(p.ctx, "c-http")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -178,11 +179,11 @@ func TestConsoleHTTP(t *testing.T) {
 			t.Fatalf("status %d, want 303: %s", code, body)
 		}
 		p.waitStatus("c-http", toolbus.RunCompleted)
-		evs, err := readRunEvents(p.ctx, p.bus, "c-http")
+		evs, err := p.bus.RunEvents(p.ctx, "c-http")
 		if err != nil {
 			t.Fatal(err)
 		}
-		r := analyzeRun("c-http", evs)
+		r := audit.Analyze("c-http", evs)
 		if len(r.Calls) == 0 || r.Calls[0].Decision != "denied" || r.Calls[0].DecidedBy != "erin" || !r.OK {
 			t.Fatalf("report after the console's deny: %+v", r.Calls)
 		}
@@ -347,11 +348,11 @@ func TestConsoleBrowser(t *testing.T) {
 			chromedp.Click(`#decide-b button.approve`, chromedp.ByQuery),
 			chromedp.WaitVisible(`#live[data-status="completed"]`, chromedp.ByQuery))
 		p.waitStatus("c-approve", toolbus.RunCompleted)
-		evs, err := readRunEvents(p.ctx, p.bus, "c-approve")
+		evs, err := p.bus.RunEvents(p.ctx, "c-approve")
 		if err != nil {
 			t.Fatal(err)
 		}
-		r := analyzeRun("c-approve", evs)
+		r := audit.Analyze("c-approve", evs)
 		if len(r.Calls) != 2 || r.Calls[1].Decision != "granted" || r.Calls[1].DecidedBy != "console" || r.Answer != "deployed api" {
 			t.Fatalf("report after the click: %+v", r)
 		}

@@ -13,9 +13,9 @@ import (
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/toolbus/toolbus"
+	"github.com/toolbus/toolbus/audit"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/store"
 )
@@ -239,18 +239,34 @@ func (b *mcpBridge) call(ctx context.Context, req *mcp.CallToolRequest) (*mcp.Ca
 		Limits:   toolbus.Limits{MaxSteps: 2, Deadline: time.Now().Add(deadline).UTC()},
 		Calls:    []toolbus.ToolCall{{CallID: mcpCallID, Tool: name, Arguments: args}},
 	}
-	watch, err := b.bus.Reader().OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{events.SubjectRun(run)}, DeliverPolicy: jetstream.DeliverAllPolicy,
-	})
+	watch, err := b.bus.Watch(ctx, events.SubjectRun(run), true)
 	if err != nil {
-		return nil, fmt.Errorf("mcp: watch run %s: %w", run, err)
+		return nil, fmt.Errorf("mcp: %w", err)
 	}
 	if err := b.bus.StartRun(ctx, b.cfg.Source, rs); err != nil {
 		return nil, fmt.Errorf("mcp: start run for %s: %w", name, err)
 	}
 	b.cfg.Logger.Info("mcp call started", "tool", name, "run_id", run)
-	for {
-		msg, err := watch.Next(jetstream.FetchMaxWait(time.Second))
+	var answer *mcp.CallToolResult
+	v := audit.Visitor{
+		ToolFinished: func(_ events.StoredEvent, tf toolbus.ToolFinished) {
+			if tf.CallID == mcpCallID {
+				answer = toolResult(tf.ToolResult)
+				answer.Meta = mcp.Meta{mcpMetaRun: run, mcpMetaCall: mcpCallID}
+			}
+		},
+		ToolWaiting: func(events.StoredEvent, toolbus.ToolWaiting) {
+			answer = errorResult(fmt.Sprintf("%s needs approval: run %s, call %s waits for it until %s. Approve with `toolbus approve %s %s` (or deny with `toolbus deny %s %s --reason ...`); `toolbus replay %s` shows the result.",
+				name, run, mcpCallID, rs.Limits.Deadline.Format(time.RFC3339), run, mcpCallID, run, mcpCallID, run))
+		},
+		RunEnded: func(_ events.StoredEvent, re toolbus.RunEnded) {
+			if re.Status != toolbus.RunRunning {
+				answer = errorResult(fmt.Sprintf("run %s ended %s before the call answered: %s %s", run, re.Status, re.Code, re.Reason))
+			}
+		},
+	}
+	for answer == nil {
+		ev, ok, err := watch.Next(ctx, time.Second)
 		if err != nil {
 			if ctx.Err() != nil {
 				// The host cancelled or went away: cancel the run, so the call is too.
@@ -259,33 +275,13 @@ func (b *mcpBridge) call(ctx context.Context, req *mcp.CallToolRequest) (*mcp.Ca
 				cancel()
 				return nil, ctx.Err()
 			}
-			if errors.Is(err, jetstream.ErrNoMessages) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, errNatsTimeout) {
-				continue
-			}
-			return nil, fmt.Errorf("mcp: watch run %s: %w", run, err)
+			return nil, fmt.Errorf("mcp: %w", err)
 		}
-		meta, err := events.DecodeMsg(msg, nil)
-		if err != nil {
-			continue
-		}
-		switch {
-		case meta.Type == events.TypeToolFinished:
-			var tf toolbus.ToolFinished
-			if _, err := events.DecodeMsg(msg, &tf); err == nil && tf.CallID == mcpCallID {
-				res := toolResult(tf.ToolResult)
-				res.Meta = mcp.Meta{mcpMetaRun: run, mcpMetaCall: mcpCallID}
-				return res, nil
-			}
-		case meta.Type == events.TypeToolWaiting:
-			return errorResult(fmt.Sprintf("%s needs approval: run %s, call %s waits for it until %s. Approve with `toolbus approve %s %s` (or deny with `toolbus deny %s %s --reason ...`); `toolbus replay %s` shows the result.",
-				name, run, mcpCallID, rs.Limits.Deadline.Format(time.RFC3339), run, mcpCallID, run, mcpCallID, run)), nil
-		case strings.HasPrefix(meta.Type, "toolbus.run.") && meta.Type != events.TypeRunStarted && meta.Type != events.TypeRunCancel:
-			var re toolbus.RunEnded
-			if _, err := events.DecodeMsg(msg, &re); err == nil && re.Status != toolbus.RunRunning {
-				return errorResult(fmt.Sprintf("run %s ended %s before the call answered: %s %s", run, re.Status, re.Code, re.Reason)), nil
-			}
+		if ok {
+			v.Visit(ev)
 		}
 	}
+	return answer, nil
 }
 
 // toolResult maps a tool result to MCP: the text the model would read, the output as

@@ -14,8 +14,6 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/store"
@@ -397,7 +395,7 @@ func cmdTail(ctx context.Context, cfg Config, log *slog.Logger, args []string, o
 		return err
 	}
 	defer c.Close()
-	filter, deliver := events.FilterAll, jetstream.DeliverNewPolicy
+	filter := events.FilterAll
 	if run != "" {
 		filter = events.SubjectRun(run)
 		st, _, err := c.bus.RunState(ctx, run)
@@ -413,28 +411,23 @@ func cmdTail(ctx context.Context, cfg Config, log *slog.Logger, args []string, o
 			return nil
 		}
 	}
-	if *all {
-		deliver = jetstream.DeliverAllPolicy
-	}
-	watch, err := c.bus.Reader().OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{filter}, DeliverPolicy: deliver,
-	})
+	watch, err := c.bus.Watch(ctx, filter, *all)
 	if err != nil {
 		return fmt.Errorf("tail: %w", err)
 	}
 	t := &tailer{out: out, colour: colour, prefixRun: run == ""}
 	for {
-		msg, err := watch.Next(jetstream.FetchMaxWait(time.Second))
+		ev, ok, err := watch.Next(ctx, time.Second)
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil // interrupted: the normal way to stop following
 			}
-			if errors.Is(err, jetstream.ErrNoMessages) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, errNatsTimeout) {
-				continue
-			}
 			return fmt.Errorf("tail: %w", err)
 		}
-		status := t.print(msg)
+		if !ok {
+			continue
+		}
+		status := t.print(ev)
 		if run != "" && status.Terminal() {
 			return nil
 		}
@@ -474,20 +467,20 @@ type tailer struct {
 }
 
 // print renders one event and returns the run status it reports, if any.
-func (t *tailer) print(msg jetstream.Msg) toolbus.RunStatus {
+func (t *tailer) print(ev events.StoredEvent) toolbus.RunStatus {
 	t.buf.Reset()
-	status, _ := newPrinter(&t.buf).print(msg)
+	status, _ := newPrinter(&t.buf).print(ev)
 	text := strings.TrimRight(t.buf.String(), "\n")
 	if text == "" {
 		return status
 	}
 	colour := ""
 	if t.colour {
-		colour = eventColour(msg, status)
+		colour = eventColour(ev, status)
 	}
 	prefix := ""
 	if t.prefixRun {
-		if run, ok := events.RunIDFromSubject(msg.Subject()); ok {
+		if run, ok := events.RunIDFromSubject(ev.Subject); ok {
 			prefix = run + " "
 			if t.colour {
 				prefix = ansiDim + prefix + ansiReset
@@ -510,7 +503,7 @@ func (t *tailer) print(msg jetstream.Msg) toolbus.RunStatus {
 
 // eventColour picks the colour of an event: outcomes by status, results green when they
 // succeeded and red when not, the model cyan, approvals and cancellation yellow.
-func eventColour(msg jetstream.Msg, status toolbus.RunStatus) string {
+func eventColour(ev events.StoredEvent, status toolbus.RunStatus) string {
 	if status != "" {
 		switch status {
 		case toolbus.RunCompleted:
@@ -522,11 +515,11 @@ func eventColour(msg jetstream.Msg, status toolbus.RunStatus) string {
 		}
 		return ansiBold + ansiYellow
 	}
-	subject := msg.Subject()
+	subject := ev.Subject
 	switch {
 	case strings.Contains(subject, ".tool.finished."):
 		var tf toolbus.ToolFinished
-		if _, err := events.DecodeMsg(msg, &tf); err == nil && tf.ToolResult.Status == toolbus.StatusSucceeded {
+		if err := ev.Decode(&tf); err == nil && tf.ToolResult.Status == toolbus.StatusSucceeded {
 			return ansiGreen
 		}
 		return ansiRed

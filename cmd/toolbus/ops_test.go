@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/toolbus/toolbus"
+	"github.com/toolbus/toolbus/audit"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
 	"github.com/toolbus/toolbus/executor"
@@ -144,7 +145,7 @@ func (p *opsPipeline) waitStatus(run string, want toolbus.RunStatus) {
 func (p *opsPipeline) waitEvent(run, typ string) {
 	p.t.Helper()
 	eventstest.Eventually(p.t, 30*time.Second, func() error {
-		evs, err := readRunEvents(p.ctx, p.bus, run)
+		evs, err := p.bus.RunEvents(p.ctx, run)
 		if err != nil {
 			return err
 		}
@@ -277,7 +278,7 @@ func TestOpsCommands(t *testing.T) {
 		// followed by its answer.
 		code, out, errOut = p.toolbus("replay", "--json", "ops-approve")
 		wantCode(t, "replay --json", code, 0, out, errOut)
-		var r replayReport
+		var r audit.Report
 		if err := json.Unmarshal([]byte(out), &r); err != nil {
 			t.Fatal(err)
 		}
@@ -300,7 +301,7 @@ func TestOpsCommands(t *testing.T) {
 		p.waitStatus("ops-deny", toolbus.RunCompleted)
 		code, out, errOut = p.toolbus("replay", "ops-deny", "--json")
 		wantCode(t, "replay", code, 0, out, errOut)
-		var r replayReport
+		var r audit.Report
 		if err := json.Unmarshal([]byte(out), &r); err != nil {
 			t.Fatal(err)
 		}
@@ -327,7 +328,7 @@ func TestOpsCommands(t *testing.T) {
 
 		code, out, errOut = p.toolbus("replay", "ops-cancel", "--json")
 		wantCode(t, "replay", code, 0, out, errOut)
-		var r replayReport
+		var r audit.Report
 		if err := json.Unmarshal([]byte(out), &r); err != nil {
 			t.Fatal(err)
 		}

@@ -6,15 +6,10 @@ import (
 	"sort"
 	"strings"
 
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/toolbus/toolbus"
+	"github.com/toolbus/toolbus/audit"
 	"github.com/toolbus/toolbus/events"
 )
-
-// errNatsTimeout is what a watch fetch returns when no event came in time.
-var errNatsTimeout = nats.ErrTimeout
 
 // printer renders a run's events as a human timeline.
 type printer struct {
@@ -75,17 +70,17 @@ func resultLine(r toolbus.ToolResult) string {
 }
 
 // print renders one event; it reports the run status and whether the run stopped.
-func (p *printer) print(msg jetstream.Msg) (toolbus.RunStatus, bool) {
-	meta, err := events.DecodeMsg(msg, nil)
-	if err != nil {
-		fmt.Fprintf(p.out, "  ? undecodable message on %s: %v\n", msg.Subject(), err)
-		return "", false
+func (p *printer) print(ev events.StoredEvent) (status toolbus.RunStatus, done bool) {
+	if ev.Err == nil {
+		p.last = ev.Meta.Type
 	}
-	p.last = meta.Type
-	switch meta.Type {
-	case events.TypeRunStarted:
-		var rs toolbus.RunStarted
-		if _, err := events.DecodeMsg(msg, &rs); err == nil {
+	v := audit.Visitor{
+		Undecodable: func(ev events.StoredEvent, err error) {
+			if ev.Err != nil {
+				fmt.Fprintf(p.out, "  ? undecodable message on %s: %v\n", ev.Subject, err)
+			}
+		},
+		RunStarted: func(_ events.StoredEvent, rs toolbus.RunStarted) {
 			q := ""
 			for _, m := range rs.Messages {
 				if m.Role == toolbus.RoleUser {
@@ -95,10 +90,8 @@ func (p *printer) print(msg jetstream.Msg) (toolbus.RunStatus, bool) {
 			// rs.Model is what this client's TOOLBUS_MODEL asked for; the planner answers
 			// with its own model, which its first answer names.
 			fmt.Fprintf(p.out, "run %s started: %q\n", rs.RunID, q)
-		}
-	case events.TypeModelResponded:
-		var mr toolbus.ModelResponded
-		if _, err := events.DecodeMsg(msg, &mr); err == nil {
+		},
+		ModelResponded: func(_ events.StoredEvent, mr toolbus.ModelResponded) {
 			if mr.Model != "" && mr.Model != p.model {
 				p.model = mr.Model
 				fmt.Fprintf(p.out, "model %s (the planner's)\n", mr.Model)
@@ -110,68 +103,49 @@ func (p *printer) print(msg jetstream.Msg) (toolbus.RunStatus, bool) {
 			text := oneLine(mr.Message.Content, 100)
 			if len(mr.Message.ToolCalls) == 0 {
 				fmt.Fprintf(p.out, "step %d  model answered (%d ms)\n", mr.Step, mr.LatencyMS)
-			} else {
-				fmt.Fprintf(p.out, "step %d  model asked for %d call(s) (%d ms)", mr.Step, len(mr.Message.ToolCalls), mr.LatencyMS)
-				if text != "" {
-					fmt.Fprintf(p.out, ": %s", text)
-				}
-				fmt.Fprintln(p.out)
-				for _, c := range mr.Message.ToolCalls {
-					fmt.Fprintf(p.out, "        -> %s %s(%s)\n", c.CallID, c.Tool, oneLine(c.Arguments, 80))
-				}
+				return
 			}
-		}
-	case events.TypeToolFinished:
-		var tf toolbus.ToolFinished
-		if _, err := events.DecodeMsg(msg, &tf); err == nil {
+			fmt.Fprintf(p.out, "step %d  model asked for %d call(s) (%d ms)", mr.Step, len(mr.Message.ToolCalls), mr.LatencyMS)
+			if text != "" {
+				fmt.Fprintf(p.out, ": %s", text)
+			}
+			fmt.Fprintln(p.out)
+			for _, c := range mr.Message.ToolCalls {
+				fmt.Fprintf(p.out, "        -> %s %s(%s)\n", c.CallID, c.Tool, oneLine(c.Arguments, 80))
+			}
+		},
+		ToolFinished: func(_ events.StoredEvent, tf toolbus.ToolFinished) {
 			delete(p.open, tf.CallID)
 			fmt.Fprintln(p.out, resultLine(tf.ToolResult))
-		}
-	case events.TypeToolWaiting:
-		var tw toolbus.ToolWaiting
-		if _, err := events.DecodeMsg(msg, &tw); err == nil {
+		},
+		ToolWaiting: func(_ events.StoredEvent, tw toolbus.ToolWaiting) {
 			fmt.Fprintf(p.out, "        .. %s %s waits for approval\n", tw.Call.CallID, tw.Call.Tool)
-		}
-	case events.TypeApprovalGranted, events.TypeApprovalDenied:
-		var a toolbus.Approval
-		if _, err := events.DecodeMsg(msg, &a); err == nil {
-			fmt.Fprintf(p.out, "        %s %s by %s %s\n", strings.TrimPrefix(meta.Type, "toolbus."), a.CallID, a.Who, a.Why)
-		}
-	case events.TypeRunCancel:
-		fmt.Fprintln(p.out, "cancel requested")
-	default:
-		if strings.HasPrefix(meta.Type, "toolbus.run.") {
-			var re toolbus.RunEnded
-			if _, err := events.DecodeMsg(msg, &re); err == nil {
-				fmt.Fprintf(p.out, "run %s: %s after %d step(s), %d tokens", re.RunID, re.Status, re.StepsUsed, re.Usage.Total())
-				if re.Code != "" {
-					fmt.Fprintf(p.out, " [%s]", re.Code)
-				}
-				fmt.Fprintln(p.out)
-				if re.Reason != "" {
-					fmt.Fprintf(p.out, "reason: %s\n", re.Reason)
-				}
-				for _, c := range re.Pending {
-					fmt.Fprintf(p.out, "pending: %s %s(%s)\n", c.CallID, c.Tool, oneLine(c.Arguments, 80))
-				}
-				if re.Answer != "" {
-					fmt.Fprintf(p.out, "answer: %s\n", re.Answer)
-				}
-				return re.Status, re.Status != toolbus.RunRunning
+		},
+		Approval: func(ev events.StoredEvent, a toolbus.Approval, _ bool) {
+			fmt.Fprintf(p.out, "        %s %s by %s %s\n", strings.TrimPrefix(ev.Meta.Type, "toolbus."), a.CallID, a.Who, a.Why)
+		},
+		Cancel: func(events.StoredEvent, toolbus.Cancel) { fmt.Fprintln(p.out, "cancel requested") },
+		RunEnded: func(_ events.StoredEvent, re toolbus.RunEnded) {
+			fmt.Fprintf(p.out, "run %s: %s after %d step(s), %d tokens", re.RunID, re.Status, re.StepsUsed, re.Usage.Total())
+			if re.Code != "" {
+				fmt.Fprintf(p.out, " [%s]", re.Code)
 			}
-		}
+			fmt.Fprintln(p.out)
+			if re.Reason != "" {
+				fmt.Fprintf(p.out, "reason: %s\n", re.Reason)
+			}
+			for _, c := range re.Pending {
+				fmt.Fprintf(p.out, "pending: %s %s(%s)\n", c.CallID, c.Tool, oneLine(c.Arguments, 80))
+			}
+			if re.Answer != "" {
+				fmt.Fprintf(p.out, "answer: %s\n", re.Answer)
+			}
+			status, done = re.Status, re.Status != toolbus.RunRunning
+		},
 	}
-	return "", false
+	v.Visit(ev)
+	return status, done
 }
 
-func oneLine(s string, n int) string {
-	s = strings.Join(strings.Fields(s), " ")
-	if len(s) > n {
-		cut := n
-		for cut > 0 && s[cut]&0xC0 == 0x80 {
-			cut--
-		}
-		s = s[:cut] + "..."
-	}
-	return s
-}
+// oneLine folds s onto one line and cuts it to n bytes (audit.OneLine).
+func oneLine(s string, n int) string { return audit.OneLine(s, n) }

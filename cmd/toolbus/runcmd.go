@@ -95,11 +95,9 @@ func cmdRun(ctx context.Context, cfg Config, log *slog.Logger, args []string, ou
 	if err := checkAllowedTools(wctx, c.bus, rs.AllowedTools); err != nil {
 		return err
 	}
-	watch, err := c.bus.Reader().OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{events.SubjectRun(*runID)}, DeliverPolicy: jetstream.DeliverAllPolicy,
-	})
+	watch, err := c.bus.Watch(ctx, events.SubjectRun(*runID), true)
 	if err != nil {
-		return fmt.Errorf("run: watch: %w", err)
+		return fmt.Errorf("run: %w", err)
 	}
 	if err := c.bus.StartRun(ctx, events.Source("cli", cfg.Instance), rs); err != nil {
 		if errors.Is(err, events.ErrRunExists) {
@@ -111,33 +109,33 @@ func cmdRun(ctx context.Context, cfg Config, log *slog.Logger, args []string, ou
 	p := newPrinter(out)
 	idleSince, hinted := time.Now(), false
 	for {
-		msg, err := watch.Next(jetstream.FetchMaxWait(time.Second))
+		ev, ok, err := watch.Next(ctx, time.Second)
 		if err != nil {
 			if ctx.Err() != nil {
 				return &exitError{code: 130, msg: "interrupted; the run goes on: toolbus cancel " + *runID}
 			}
-			if errors.Is(err, jetstream.ErrNoMessages) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, errNatsTimeout) {
-				if !hinted && time.Since(idleSince) >= waitHint {
-					hinted = true // once per silence
-					fmt.Fprintln(out, waitingHint(ctx, c.bus, p))
-				}
-				if c.srv != nil {
-					select {
-					case werr := <-workersDone: // the in-process workers stopped: nothing will answer
-						workersStopped = true
-						if werr == nil {
-							werr = errors.New("the workers stopped")
-						}
-						return fmt.Errorf("run: %w; the run goes on when workers serve it: toolbus tail %s", werr, *runID)
-					default:
-					}
-				}
-				continue
+			return fmt.Errorf("run: %w", err)
+		}
+		if !ok {
+			if !hinted && time.Since(idleSince) >= waitHint {
+				hinted = true // once per silence
+				fmt.Fprintln(out, waitingHint(ctx, c.bus, p))
 			}
-			return fmt.Errorf("run: watch: %w", err)
+			if c.srv != nil {
+				select {
+				case werr := <-workersDone: // the in-process workers stopped: nothing will answer
+					workersStopped = true
+					if werr == nil {
+						werr = errors.New("the workers stopped")
+					}
+					return fmt.Errorf("run: %w; the run goes on when workers serve it: toolbus tail %s", werr, *runID)
+				default:
+				}
+			}
+			continue
 		}
 		idleSince, hinted = time.Now(), false
-		status, done := p.print(msg)
+		status, done := p.print(ev)
 		if done {
 			switch status {
 			case toolbus.RunCompleted:

@@ -1,0 +1,97 @@
+// Package audit reads a run back from its events: one walk over the events in stream
+// order with one callback per event type (Visitor), and the audit of a run (Analyze):
+// its timeline, the transcript the model was sent, its calls and the invariants of the
+// contract it keeps or breaks; Report.Layout places the steps and calls on the run's
+// time axis (the web console's run model). It is a pure function of the events: it
+// reads no store and no clock. `toolbus replay`, the live printer, the web console and the e2e and
+// faults checks read runs through it; events.Bus.RunEvents and events.Bus.Watch read
+// the events.
+package audit
+
+import (
+	"encoding/json"
+	"strings"
+
+	"github.com/toolbus/toolbus"
+	"github.com/toolbus/toolbus/events"
+)
+
+// Visitor has one callback per event type of a run. Visit decodes an event's data into
+// its contract type and calls the event type's callback; a nil callback skips its
+// events (and their decoding).
+type Visitor struct {
+	RunStarted     func(events.StoredEvent, toolbus.RunStarted)
+	ModelRequested func(events.StoredEvent, toolbus.ModelRequested)
+	ModelResponded func(events.StoredEvent, toolbus.ModelResponded)
+	ToolRequested  func(events.StoredEvent, toolbus.ToolRequested)
+	ToolWaiting    func(events.StoredEvent, toolbus.ToolWaiting)
+	ToolFinished   func(events.StoredEvent, toolbus.ToolFinished)
+	// Approval gets toolbus.approval.granted (granted) and toolbus.approval.denied.
+	Approval func(ev events.StoredEvent, a toolbus.Approval, granted bool)
+	Cancel   func(events.StoredEvent, toolbus.Cancel)
+	// RunEnded gets the run's outcomes (toolbus.run.<status>).
+	RunEnded func(events.StoredEvent, toolbus.RunEnded)
+	// Undecodable gets a message that is not a toolbus event (ev.Err is set) or whose
+	// data does not decode into its type (err is the decoding error).
+	Undecodable func(ev events.StoredEvent, err error)
+	// Other gets an event of a type with no callback above.
+	Other func(events.StoredEvent)
+}
+
+// Walk visits the events in order.
+func (v *Visitor) Walk(evs []events.StoredEvent) {
+	for _, ev := range evs {
+		v.Visit(ev)
+	}
+}
+
+// Visit calls the callback of the event's type.
+func (v *Visitor) Visit(ev events.StoredEvent) {
+	if ev.Err != nil {
+		if v.Undecodable != nil {
+			v.Undecodable(ev, ev.Err)
+		}
+		return
+	}
+	switch typ := ev.Meta.Type; {
+	case typ == events.TypeRunStarted:
+		visit(v, ev, v.RunStarted)
+	case typ == events.TypeModelRequested:
+		visit(v, ev, v.ModelRequested)
+	case typ == events.TypeModelResponded:
+		visit(v, ev, v.ModelResponded)
+	case typ == events.TypeToolRequested:
+		visit(v, ev, v.ToolRequested)
+	case typ == events.TypeToolWaiting:
+		visit(v, ev, v.ToolWaiting)
+	case typ == events.TypeToolFinished:
+		visit(v, ev, v.ToolFinished)
+	case typ == events.TypeApprovalGranted || typ == events.TypeApprovalDenied:
+		if v.Approval != nil {
+			visit(v, ev, func(ev events.StoredEvent, a toolbus.Approval) { v.Approval(ev, a, typ == events.TypeApprovalGranted) })
+		}
+	case typ == events.TypeRunCancel:
+		visit(v, ev, v.Cancel)
+	case strings.HasPrefix(typ, "toolbus.run."):
+		visit(v, ev, v.RunEnded)
+	default:
+		if v.Other != nil {
+			v.Other(ev)
+		}
+	}
+}
+
+// visit decodes the event's data as a T and calls fn with it.
+func visit[T any](v *Visitor, ev events.StoredEvent, fn func(events.StoredEvent, T)) {
+	if fn == nil {
+		return
+	}
+	var data T
+	if err := json.Unmarshal(ev.Data, &data); err != nil {
+		if v.Undecodable != nil {
+			v.Undecodable(ev, err)
+		}
+		return
+	}
+	fn(ev, data)
+}

@@ -1,0 +1,101 @@
+package audit
+
+import (
+	"encoding/json"
+	"errors"
+	"testing"
+
+	"github.com/toolbus/toolbus"
+	"github.com/toolbus/toolbus/events"
+)
+
+// recorder is a Visitor that names the callback each event reached.
+func recorder(got *[]string) Visitor {
+	rec := func(name string) { *got = append(*got, name) }
+	return Visitor{
+		RunStarted:     func(events.StoredEvent, toolbus.RunStarted) { rec("RunStarted") },
+		ModelRequested: func(events.StoredEvent, toolbus.ModelRequested) { rec("ModelRequested") },
+		ModelResponded: func(events.StoredEvent, toolbus.ModelResponded) { rec("ModelResponded") },
+		ToolRequested:  func(events.StoredEvent, toolbus.ToolRequested) { rec("ToolRequested") },
+		ToolWaiting:    func(events.StoredEvent, toolbus.ToolWaiting) { rec("ToolWaiting") },
+		ToolFinished:   func(events.StoredEvent, toolbus.ToolFinished) { rec("ToolFinished") },
+		Approval: func(_ events.StoredEvent, _ toolbus.Approval, granted bool) {
+			if granted {
+				rec("Approval granted")
+			} else {
+				rec("Approval denied")
+			}
+		},
+		Cancel:      func(events.StoredEvent, toolbus.Cancel) { rec("Cancel") },
+		RunEnded:    func(_ events.StoredEvent, re toolbus.RunEnded) { rec("RunEnded " + string(re.Status)) },
+		Undecodable: func(ev events.StoredEvent, err error) { rec("Undecodable " + ev.Meta.Type) },
+		Other:       func(ev events.StoredEvent) { rec("Other " + ev.Meta.Type) },
+	}
+}
+
+// Each event type reaches its callback, in stream order.
+func TestVisitorDispatch(t *testing.T) {
+	l := newRunLog(t, "run-v")
+	x := rcall("x", "noop", `{}`)
+	l.started()
+	l.requested(1, 0)
+	l.responded(1, 0, "", 10, x)
+	l.toolRequested(1, 0, 0, 1, x, false)
+	l.waiting(1, 0, 0, 1, x)
+	l.approval(1, 0, "x", true, "ann", "")
+	l.approval(1, 0, "x", false, "bob", "no")
+	l.finished(1, 0, 0, 1, rok("x", "noop", `{}`), "")
+	l.cancel(1, "stop", "ann")
+	l.ended(1, 0, toolbus.RunEnded{Status: toolbus.RunCancelled})
+	l.add(1, "toolbus.run-v.timer", events.Meta{ID: "t1", Type: "toolbus.timer.deadline"}, map[string]any{})
+
+	var got []string
+	v := recorder(&got)
+	v.Walk(l.evs)
+	want := []string{"RunStarted", "ModelRequested", "ModelResponded", "ToolRequested", "ToolWaiting",
+		"Approval granted", "Approval denied", "ToolFinished", "Cancel", "RunEnded cancelled", "Other toolbus.timer.deadline"}
+	if g, w := mustJSON(t, got), mustJSON(t, want); g != w {
+		t.Fatalf("visited %s, want %s", g, w)
+	}
+}
+
+// A message that is not an event, and an event whose data does not decode into its
+// type, reach Undecodable; a nil callback skips its events without decoding them.
+func TestVisitorUndecodable(t *testing.T) {
+	notEvent := errors.New("not a CloudEvent")
+	tests := []struct {
+		name    string
+		ev      events.StoredEvent
+		want    string
+		wantErr error
+	}{
+		{"not an event", events.StoredEvent{Seq: 1, Subject: "toolbus.r.tool.requested.x", Err: notEvent}, "Undecodable ", notEvent},
+		{"bad data", events.StoredEvent{Seq: 2, Meta: events.Meta{Type: events.TypeToolFinished}, Data: json.RawMessage(`{"step":"one"}`)}, "Undecodable toolbus.tool.finished", nil},
+		{"bad data of a skipped type", events.StoredEvent{Seq: 3, Meta: events.Meta{Type: events.TypeModelRequested}, Data: json.RawMessage(`[`)}, "", nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var got []string
+			var gotErr error
+			v := recorder(&got)
+			v.ModelRequested = nil
+			v.Undecodable = func(ev events.StoredEvent, err error) {
+				got = append(got, "Undecodable "+ev.Meta.Type)
+				gotErr = err
+			}
+			v.Visit(tt.ev)
+			if tt.want == "" {
+				if len(got) != 0 {
+					t.Fatalf("visited %v, want nothing", got)
+				}
+				return
+			}
+			if len(got) != 1 || got[0] != tt.want {
+				t.Fatalf("visited %v, want [%s]", got, tt.want)
+			}
+			if gotErr == nil || (tt.wantErr != nil && !errors.Is(gotErr, tt.wantErr)) {
+				t.Fatalf("error %v, want %v", gotErr, tt.wantErr)
+			}
+		})
+	}
+}
