@@ -16,6 +16,20 @@ func TestDependencyDirection(t *testing.T) {
 		"planner":  {"executor", "injector", "cmd"},
 		"injector": {"executor", "planner", "cmd"},
 	}
+	// The domain types and the executor core link no bus: an executor runs in-process
+	// without NATS or CloudEvents (the bus side is executor/worker).
+	for _, pkg := range []string{".", "executor"} {
+		out, err := exec.Command("go", "list", "-deps", "./"+pkg).CombinedOutput()
+		if err != nil {
+			t.Fatalf("go list %s: %v\n%s", pkg, err, out)
+		}
+		for _, dep := range strings.Fields(string(out)) {
+			if strings.HasPrefix(dep, "github.com/nats-io/") || strings.HasPrefix(dep, "github.com/cloudevents/") ||
+				(strings.HasPrefix(dep, mod) && pkg == ".") {
+				t.Errorf("%s depends on %s", pkg, dep)
+			}
+		}
+	}
 	for pkg, bad := range forbidden {
 		out, err := exec.Command("go", "list", "-deps", "./"+pkg).CombinedOutput()
 		if err != nil {

@@ -32,6 +32,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	sjs "github.com/santhosh-tekuri/jsonschema/v6"
 
+	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
 )
 
@@ -70,7 +71,7 @@ type call struct {
 	args       string
 	allowed    []string  // run allowlist
 	deadline   time.Time // run deadline
-	wantStatus events.Status
+	wantStatus toolbus.Status
 	wantCode   string
 	// cancel publishes run.cancel once the call is claimed.
 	cancel bool
@@ -108,7 +109,7 @@ func Check(ctx context.Context, nc *nats.Conn, url string, cfg Config) (rep Repo
 		published = map[string][]*nats.Msg{} // run/step/call -> results as published
 	)
 	sub, err := nc.Subscribe(events.FilterToolFinished, func(m *nats.Msg) {
-		var tf events.ToolFinished
+		var tf toolbus.ToolFinished
 		_, _ = events.Decode(m, &tf)
 		mu.Lock()
 		k := tf.RunID + "/" + strconv.Itoa(tf.Step) + "/" + tf.CallID
@@ -133,7 +134,7 @@ func Check(ctx context.Context, nc *nats.Conn, url string, cfg Config) (rep Repo
 		if err != nil {
 			return err
 		}
-		if !slices.ContainsFunc(cs, func(c events.ToolContract) bool { return c.Name == cfg.Tool }) {
+		if !slices.ContainsFunc(cs, func(c toolbus.ToolContract) bool { return c.Name == cfg.Tool }) {
 			return fmt.Errorf("no %s in the catalog (KV %s)", cfg.Tool, events.BucketTools)
 		}
 		ins, err := bus.Instances(ctx)
@@ -152,15 +153,15 @@ func Check(ctx context.Context, nc *nats.Conn, url string, cfg Config) (rep Repo
 
 	long := 2*cfg.AckWait + cfg.AckWait/2
 	calls := []call{
-		{name: "valid", args: `{"ms":1}`, wantStatus: events.StatusSucceeded},
-		{name: "malformed", args: `{"ms":`, wantStatus: events.StatusRejected, wantCode: events.CodeInvalidArguments},
-		{name: "not_an_object", args: `[1]`, wantStatus: events.StatusRejected, wantCode: events.CodeInvalidArguments},
-		{name: "schema_violation", args: `{"ms":"soon"}`, wantStatus: events.StatusRejected, wantCode: events.CodeInvalidArguments},
-		{name: "unknown_argument", args: `{"ms":1,"bogus":true}`, wantStatus: events.StatusRejected, wantCode: events.CodeInvalidArguments},
-		{name: "not_allowed", args: `{"ms":1}`, allowed: []string{"some_other_tool"}, wantStatus: events.StatusRejected, wantCode: events.CodeNotAuthorized},
-		{name: "deadline", args: `{"ms":600000}`, deadline: time.Now().Add(time.Second), wantStatus: events.StatusTimedOut, wantCode: events.CodeTimeout},
-		{name: "cancel", args: `{"ms":600000}`, cancel: true, wantStatus: events.StatusCancelled, wantCode: events.CodeCancelled},
-		{name: "long", args: fmt.Sprintf(`{"ms":%d}`, long.Milliseconds()), long: true, wantStatus: events.StatusSucceeded},
+		{name: "valid", args: `{"ms":1}`, wantStatus: toolbus.StatusSucceeded},
+		{name: "malformed", args: `{"ms":`, wantStatus: toolbus.StatusRejected, wantCode: toolbus.CodeInvalidArguments},
+		{name: "not_an_object", args: `[1]`, wantStatus: toolbus.StatusRejected, wantCode: toolbus.CodeInvalidArguments},
+		{name: "schema_violation", args: `{"ms":"soon"}`, wantStatus: toolbus.StatusRejected, wantCode: toolbus.CodeInvalidArguments},
+		{name: "unknown_argument", args: `{"ms":1,"bogus":true}`, wantStatus: toolbus.StatusRejected, wantCode: toolbus.CodeInvalidArguments},
+		{name: "not_allowed", args: `{"ms":1}`, allowed: []string{"some_other_tool"}, wantStatus: toolbus.StatusRejected, wantCode: toolbus.CodeNotAuthorized},
+		{name: "deadline", args: `{"ms":600000}`, deadline: time.Now().Add(time.Second), wantStatus: toolbus.StatusTimedOut, wantCode: toolbus.CodeTimeout},
+		{name: "cancel", args: `{"ms":600000}`, cancel: true, wantStatus: toolbus.StatusCancelled, wantCode: toolbus.CodeCancelled},
+		{name: "long", args: fmt.Sprintf(`{"ms":%d}`, long.Milliseconds()), long: true, wantStatus: toolbus.StatusSucceeded},
 	}
 	stamp := strconv.FormatInt(time.Now().UnixNano()%1e9, 36)
 	runOf := func(c call) string { return "conf-" + stamp + "-" + strings.ReplaceAll(c.name, "_", "-") }
@@ -183,12 +184,12 @@ func Check(ctx context.Context, nc *nats.Conn, url string, cfg Config) (rep Repo
 			fail("cancel: the call was never claimed, so it never ran: %v", err)
 			continue
 		}
-		if _, err := bus.PublishCancel(ctx, events.Source("conformance", "suite"), events.Cancel{RunID: run, Reason: "conformance"}); err != nil {
+		if _, err := bus.PublishCancel(ctx, events.Source("conformance", "suite"), toolbus.Cancel{RunID: run, Reason: "conformance"}); err != nil {
 			return rep, err
 		}
 	}
 	// A last call, after the poison: the queue still flows.
-	after := call{name: "after_poison", args: `{"ms":1}`, wantStatus: events.StatusSucceeded}
+	after := call{name: "after_poison", args: `{"ms":1}`, wantStatus: toolbus.StatusSucceeded}
 	if err := request(ctx, bus, runOf(after), cfg.Tool, after); err != nil {
 		return rep, err
 	}
@@ -296,17 +297,17 @@ func stop(cmd *exec.Cmd, out *syncBuffer) string {
 
 // request starts a run and publishes its one call, as client and planner do.
 func request(ctx context.Context, bus *events.Bus, run, tool string, c call) error {
-	rs := events.RunStarted{RunID: run, Messages: []events.Message{{Role: events.RoleUser, Content: "conformance " + c.name}},
-		AllowedTools: c.allowed, Limits: events.Limits{Deadline: c.deadline}, Principal: events.Principal{ID: "conformance"}}
+	rs := toolbus.RunStarted{RunID: run, Messages: []toolbus.Message{{Role: toolbus.RoleUser, Content: "conformance " + c.name}},
+		AllowedTools: c.allowed, Limits: toolbus.Limits{Deadline: c.deadline}, Principal: toolbus.Principal{ID: "conformance"}}
 	if err := bus.StartRun(ctx, events.Source("conformance", "suite"), rs); err != nil {
 		return fmt.Errorf("conformance: start run %s: %w", run, err)
 	}
-	tc := events.ToolCall{CallID: c.name, Tool: tool, Arguments: c.args}
+	tc := toolbus.ToolCall{CallID: c.name, Tool: tool, Arguments: c.args}
 	_, err := bus.Publish(ctx, events.SubjectToolRequested(run, tool), events.Meta{
 		ID: events.IDToolRequested(run, 0, tc.CallID, false), Type: events.TypeToolRequested,
 		Source: events.Source("planner", "conformance"), RunID: run, Step: 0, CallID: tc.CallID, CallCount: 1, HasCall: true,
 		TraceParent: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
-	}, events.ToolRequested{RunID: run, Step: 0, CallIndex: 0, CallCount: 1, Call: tc, Deadline: c.deadline,
+	}, toolbus.ToolRequested{RunID: run, Step: 0, CallIndex: 0, CallCount: 1, Call: tc, Deadline: c.deadline,
 		Principal: rs.Principal, AllowedTools: c.allowed})
 	if err != nil {
 		return fmt.Errorf("conformance: request %s: %w", c.name, err)
@@ -424,7 +425,7 @@ func checkResult(msg *nats.Msg, run, tool string, c call, schema *sjs.Schema, fa
 	if err := schema.Validate(doc); err != nil {
 		fail("data does not validate against %s: %v\n%s", events.SchemaFile(events.TypeToolFinished), err, msg.Data)
 	}
-	var tf events.ToolFinished
+	var tf toolbus.ToolFinished
 	if _, err := events.Decode(msg, &tf); err != nil {
 		fail("decode: %v", err)
 		return
@@ -435,10 +436,10 @@ func checkResult(msg *nats.Msg, run, tool string, c call, schema *sjs.Schema, fa
 	if tf.Status != c.wantStatus || tf.Code() != c.wantCode {
 		fail("status %s code %q (%s), want %s %q", tf.Status, tf.Code(), errMessage(tf.ToolResult), c.wantStatus, c.wantCode)
 	}
-	if tf.Status == events.StatusSucceeded && tf.Content == "" {
+	if tf.Status == toolbus.StatusSucceeded && tf.Content == "" {
 		fail("a succeeded result with no content for the model")
 	}
-	if tf.Status != events.StatusSucceeded && (tf.Error == nil || tf.Error.Message == "") {
+	if tf.Status != toolbus.StatusSucceeded && (tf.Error == nil || tf.Error.Message == "") {
 		fail("a %s result without an error message", tf.Status)
 	}
 	if c.long && tf.Attempt != 1 {
@@ -449,7 +450,7 @@ func checkResult(msg *nats.Msg, run, tool string, c call, schema *sjs.Schema, fa
 	}
 }
 
-func errMessage(r events.ToolResult) string {
+func errMessage(r toolbus.ToolResult) string {
 	if r.Error == nil {
 		return ""
 	}

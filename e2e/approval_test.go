@@ -9,9 +9,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
 	"github.com/toolbus/toolbus/executor"
+	"github.com/toolbus/toolbus/executor/worker"
 	"github.com/toolbus/toolbus/planner"
 )
 
@@ -60,20 +62,20 @@ func (s *stack) decide(run, callID string, granted bool, why string) {
 		s.t.Fatal(err)
 	}
 	if _, err := s.bus.PublishApproval(s.ctx, events.Source("test", "approver"), step,
-		events.Approval{RunID: run, CallID: callID, Who: "alice", Why: why}, granted); err != nil {
+		toolbus.Approval{RunID: run, CallID: callID, Who: "alice", Why: why}, granted); err != nil {
 		s.t.Fatal(err)
 	}
 }
 
 // outcomes returns the run.<status> events of a run, in stream order.
-func (s *stack) outcomes(run string) []events.RunEnded {
+func (s *stack) outcomes(run string) []toolbus.RunEnded {
 	s.t.Helper()
-	var out []events.RunEnded
+	var out []toolbus.RunEnded
 	for _, e := range s.runEvents(run) {
 		if !strings.HasPrefix(e.meta.Type, "toolbus.run.") || e.meta.Type == events.TypeRunStarted || e.meta.Type == events.TypeRunCancel {
 			continue
 		}
-		var re events.RunEnded
+		var re toolbus.RunEnded
 		if err := jsonUnmarshal(e.data, &re); err != nil {
 			s.t.Fatal(err)
 		}
@@ -83,9 +85,9 @@ func (s *stack) outcomes(run string) []events.RunEnded {
 }
 
 // waitOutcome waits until the run's latest outcome satisfies ok.
-func (s *stack) waitOutcome(run string, what string, ok func(events.RunEnded) bool) events.RunEnded {
+func (s *stack) waitOutcome(run string, what string, ok func(toolbus.RunEnded) bool) toolbus.RunEnded {
 	s.t.Helper()
-	var last events.RunEnded
+	var last toolbus.RunEnded
 	eventstest.Eventually(s.t, 60*time.Second, func() error {
 		outs := s.outcomes(run)
 		if len(outs) == 0 {
@@ -100,7 +102,7 @@ func (s *stack) waitOutcome(run string, what string, ok func(events.RunEnded) bo
 	return last
 }
 
-func pendingIDs(calls []events.ToolCall) string {
+func pendingIDs(calls []toolbus.ToolCall) string {
 	ids := make([]string, len(calls))
 	for i, c := range calls {
 		ids[i] = c.CallID
@@ -108,24 +110,24 @@ func pendingIDs(calls []events.ToolCall) string {
 	return strings.Join(ids, ",")
 }
 
-func waitingFor(ids string) func(events.RunEnded) bool {
-	return func(re events.RunEnded) bool {
-		return re.Status == events.RunWaitingForApproval && pendingIDs(re.Pending) == ids
+func waitingFor(ids string) func(toolbus.RunEnded) bool {
+	return func(re toolbus.RunEnded) bool {
+		return re.Status == toolbus.RunWaitingForApproval && pendingIDs(re.Pending) == ids
 	}
 }
 
-func statusIs(st events.RunStatus) func(events.RunEnded) bool {
-	return func(re events.RunEnded) bool { return re.Status == st }
+func statusIs(st toolbus.RunStatus) func(toolbus.RunEnded) bool {
+	return func(re toolbus.RunEnded) bool { return re.Status == st }
 }
 
 // resultOf returns the result of a call of a step.
-func (s *stack) resultOf(run string, step int, callID string) (events.ToolResult, bool) {
+func (s *stack) resultOf(run string, step int, callID string) (toolbus.ToolResult, bool) {
 	for _, tf := range s.finished(run) {
 		if tf.Step == step && tf.ToolResult.CallID == callID {
 			return tf.ToolResult, true
 		}
 	}
-	return events.ToolResult{}, false
+	return toolbus.ToolResult{}, false
 }
 
 // A step that mixes an approval-needing call with ordinary ones: the ordinary calls run,
@@ -139,7 +141,7 @@ func TestApprovalGrantedKeepsEveryResult(t *testing.T) {
 	}}
 	s := newStack(t, model, deploy.tool())
 	s.startAll()
-	s.submit("approve-1", events.Limits{})
+	s.submit("approve-1", toolbus.Limits{})
 
 	waiting := s.waitOutcome("approve-1", "waiting for b", waitingFor("b"))
 	if waiting.StepsUsed != 1 || waiting.Pending[0].Tool != "deploy" || waiting.Pending[0].Arguments != `{"service":"api"}` {
@@ -149,7 +151,7 @@ func TestApprovalGrantedKeepsEveryResult(t *testing.T) {
 		t.Fatalf("deploy ran %d times before approval", n)
 	}
 	st, _, err := s.bus.RunState(s.ctx, "approve-1")
-	if err != nil || st.Status != events.RunWaitingForApproval || st.Step != 0 {
+	if err != nil || st.Status != toolbus.RunWaitingForApproval || st.Step != 0 {
 		t.Fatalf("run state %+v %v", st, err)
 	}
 	evs := s.runEvents("approve-1")
@@ -158,8 +160,8 @@ func TestApprovalGrantedKeepsEveryResult(t *testing.T) {
 	}
 
 	s.decide("approve-1", "b", true, "change ticket CHG-1")
-	ended := s.waitEnd("approve-1", events.RunCompleted, events.RunFailed, events.RunLimitReached, events.RunCancelled)
-	if ended.Status != events.RunCompleted || ended.Answer != "deployed" {
+	ended := s.waitEnd("approve-1", toolbus.RunCompleted, toolbus.RunFailed, toolbus.RunLimitReached, toolbus.RunCancelled)
+	if ended.Status != toolbus.RunCompleted || ended.Answer != "deployed" {
 		t.Fatalf("outcome %+v", ended)
 	}
 	if n := deploy.total(); n != 1 {
@@ -196,18 +198,18 @@ func TestApprovalDenied(t *testing.T) {
 	}}
 	s := newStack(t, model, deploy.tool())
 	s.startAll()
-	s.submit("deny-1", events.Limits{})
+	s.submit("deny-1", toolbus.Limits{})
 	s.waitOutcome("deny-1", "waiting for b", waitingFor("b"))
 	s.decide("deny-1", "b", false, "freeze until Monday")
-	ended := s.waitEnd("deny-1", events.RunCompleted, events.RunFailed)
-	if ended.Status != events.RunCompleted {
+	ended := s.waitEnd("deny-1", toolbus.RunCompleted, toolbus.RunFailed)
+	if ended.Status != toolbus.RunCompleted {
 		t.Fatalf("outcome %+v", ended)
 	}
 	if n := deploy.total(); n != 0 {
 		t.Fatalf("a denied call ran %d times", n)
 	}
 	res, ok := s.resultOf("deny-1", 0, "b")
-	if !ok || res.Status != events.StatusRejected || res.Code() != events.CodeApprovalDenied || !strings.Contains(res.Error.Message, "freeze until Monday") {
+	if !ok || res.Status != toolbus.StatusRejected || res.Code() != toolbus.CodeApprovalDenied || !strings.Contains(res.Error.Message, "freeze until Monday") {
 		t.Fatalf("result of the denied call: %+v", res)
 	}
 	req, _ := s.seenReq.forStep("deny-1", 1)
@@ -229,11 +231,11 @@ func TestApprovalSurvivesRestarts(t *testing.T) {
 	}}
 	s := newStack(t, model, deploy.tool())
 	s.startAll()
-	s.submit("restart-approval", events.Limits{})
+	s.submit("restart-approval", toolbus.Limits{})
 	s.waitOutcome("restart-approval", "waiting for b,c", waitingFor("b,c"))
 
 	s.stopAll()
-	s.startExecutor("executor-2", executor.WorkerConfig{})
+	s.startExecutor("executor-2", worker.Config{})
 	s.startPlanner("planner-2")
 	s.startInjector("injector-2")
 	s.decide("restart-approval", "b", true, "")
@@ -247,9 +249,9 @@ func TestApprovalSurvivesRestarts(t *testing.T) {
 	s.stop("executor-2")
 	s.decide("restart-approval", "c", false, "one deploy at a time")
 	s.startInjector("injector-3")
-	s.startExecutor("executor-3", executor.WorkerConfig{})
-	ended := s.waitEnd("restart-approval", events.RunCompleted, events.RunFailed)
-	if ended.Status != events.RunCompleted {
+	s.startExecutor("executor-3", worker.Config{})
+	ended := s.waitEnd("restart-approval", toolbus.RunCompleted, toolbus.RunFailed)
+	if ended.Status != toolbus.RunCompleted {
 		t.Fatalf("outcome %+v", ended)
 	}
 	if n := deploy.total(); n != 1 {
@@ -275,11 +277,11 @@ func TestApprovalDoesNotCarryOverReusedCallID(t *testing.T) {
 	}}
 	s := newStack(t, model, deploy.tool())
 	s.startAll()
-	s.submit("reuse-1", events.Limits{})
+	s.submit("reuse-1", toolbus.Limits{})
 	s.waitOutcome("reuse-1", "waiting at step 0", waitingFor("call_0"))
 	s.decide("reuse-1", "call_0", true, "")
-	second := s.waitOutcome("reuse-1", "waiting at step 1", func(re events.RunEnded) bool {
-		return re.Status == events.RunWaitingForApproval && re.StepsUsed == 2
+	second := s.waitOutcome("reuse-1", "waiting at step 1", func(re toolbus.RunEnded) bool {
+		return re.Status == toolbus.RunWaitingForApproval && re.StepsUsed == 2
 	})
 	if second.Pending[0].Arguments != `{"service":"everything"}` {
 		t.Fatalf("pending %+v", second.Pending)
@@ -288,10 +290,10 @@ func TestApprovalDoesNotCarryOverReusedCallID(t *testing.T) {
 		t.Fatalf("deploy ran %d times, want 1 (step 1 was approved by the step 0 decision)", n)
 	}
 	s.decide("reuse-1", "call_0", false, "no")
-	if ended := s.waitEnd("reuse-1", events.RunCompleted, events.RunFailed); ended.Status != events.RunCompleted {
+	if ended := s.waitEnd("reuse-1", toolbus.RunCompleted, toolbus.RunFailed); ended.Status != toolbus.RunCompleted {
 		t.Fatalf("outcome %+v", ended)
 	}
-	if r, _ := s.resultOf("reuse-1", 1, "call_0"); r.Code() != events.CodeApprovalDenied {
+	if r, _ := s.resultOf("reuse-1", 1, "call_0"); r.Code() != toolbus.CodeApprovalDenied {
 		t.Fatalf("step 1 result %+v", r)
 	}
 }
@@ -305,11 +307,11 @@ func TestApprovalBeforeTheCallWaits(t *testing.T) {
 		planner.Answer("done"),
 	}}
 	s := newStack(t, model, deploy.tool())
-	s.startExecutor("executor-1", executor.WorkerConfig{})
+	s.startExecutor("executor-1", worker.Config{})
 	s.stop("executor-1") // the catalog is published; no executor takes the call yet
 	s.startPlanner("planner-1")
 	s.startInjector("injector-1")
-	s.submit("early-1", events.Limits{})
+	s.submit("early-1", toolbus.Limits{})
 	eventstest.Eventually(t, 10*time.Second, func() error {
 		_, err := s.bus.Assistant(s.ctx, "early-1", 0)
 		return err
@@ -320,8 +322,8 @@ func TestApprovalBeforeTheCallWaits(t *testing.T) {
 		_, err := s.bus.StepDecision(s.ctx, "early-1", 0, "b")
 		return err
 	})
-	s.startExecutor("executor-2", executor.WorkerConfig{})
-	if ended := s.waitEnd("early-1", events.RunCompleted, events.RunFailed); ended.Status != events.RunCompleted {
+	s.startExecutor("executor-2", worker.Config{})
+	if ended := s.waitEnd("early-1", toolbus.RunCompleted, toolbus.RunFailed); ended.Status != toolbus.RunCompleted {
 		t.Fatalf("outcome %+v", ended)
 	}
 	if n := countType(s.runEvents("early-1"), events.TypeToolWaiting); n != 0 {
@@ -341,13 +343,13 @@ func TestApprovalRacesTheWaitingEvent(t *testing.T) {
 		planner.Answer("done"),
 	}}
 	s := newStack(t, model, deploy.tool())
-	s.startExecutor("executor-1", executor.WorkerConfig{})
+	s.startExecutor("executor-1", worker.Config{})
 	s.stop("executor-1") // the catalog is published; no executor takes the call yet
 	s.startPlanner("planner-1")
 	// The injector starts the run (its first run.started), then stops: tool.waiting
 	// stays in the stream.
 	s.startInjector("injector-1")
-	s.submit("race-1", events.Limits{})
+	s.submit("race-1", toolbus.Limits{})
 	eventstest.Eventually(t, 10*time.Second, func() error {
 		if countType(s.runEvents("race-1"), events.TypeToolRequested) != 1 {
 			return fmt.Errorf("no tool.requested yet")
@@ -355,7 +357,7 @@ func TestApprovalRacesTheWaitingEvent(t *testing.T) {
 		return nil
 	})
 	s.stop("injector-1")
-	s.startExecutor("executor-2", executor.WorkerConfig{})
+	s.startExecutor("executor-2", worker.Config{})
 	eventstest.Eventually(t, 10*time.Second, func() error {
 		if countType(s.runEvents("race-1"), events.TypeToolWaiting) != 1 {
 			return fmt.Errorf("no tool.waiting yet")
@@ -364,7 +366,7 @@ func TestApprovalRacesTheWaitingEvent(t *testing.T) {
 	})
 	s.decide("race-1", "b", true, "")
 	s.startInjector("injector-1")
-	if ended := s.waitEnd("race-1", events.RunCompleted, events.RunFailed); ended.Status != events.RunCompleted {
+	if ended := s.waitEnd("race-1", toolbus.RunCompleted, toolbus.RunFailed); ended.Status != toolbus.RunCompleted {
 		t.Fatalf("outcome %+v", ended)
 	}
 	if deploy.total() != 1 {

@@ -11,9 +11,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events/eventstest"
 	"github.com/toolbus/toolbus/executor"
+	"github.com/toolbus/toolbus/executor/worker"
 	"github.com/toolbus/toolbus/planner"
 )
 
@@ -40,7 +41,7 @@ type bpWorker struct {
 	calls     atomic.Int64
 	registry  *executor.Registry
 	executor  *executor.Executor
-	workerCfg executor.WorkerConfig
+	workerCfg worker.Config
 }
 
 // newBPWorker returns a worker whose probes hold each call until their gate opens, so a
@@ -77,7 +78,7 @@ func newBPWorker(t *testing.T, name string, concurrency, toolLimit int, freeGate
 		}
 	}
 	w.executor = executor.New(w.registry, executor.WithInstance(name))
-	w.workerCfg = executor.WorkerConfig{Instance: name, Concurrency: concurrency, Grace: time.Second}
+	w.workerCfg = worker.Config{Instance: name, Concurrency: concurrency, Grace: time.Second}
 	return w
 }
 
@@ -102,7 +103,7 @@ func TestBackPressureLimits(t *testing.T) {
 		if strings.HasPrefix(req.RunID, "lim-") {
 			tool = "bp_limited"
 		}
-		cs := make([]events.ToolCall, calls)
+		cs := make([]toolbus.ToolCall, calls)
 		for i := range cs {
 			cs[i] = call("c"+strconv.Itoa(i), tool, `{}`)
 		}
@@ -117,7 +118,7 @@ func TestBackPressureLimits(t *testing.T) {
 	for _, w := range workers {
 		cfg := w.workerCfg
 		cfg.Logger = s.log
-		s.start(w.name, executor.NewWorker(s.bus, w.executor, cfg).Run)
+		s.start(w.name, worker.New(s.bus, w.executor, cfg).Run)
 	}
 	eventstest.Eventually(t, 10*time.Second, func() error {
 		cat, err := s.bus.WatchCatalog(s.ctx, nil)
@@ -134,7 +135,7 @@ func TestBackPressureLimits(t *testing.T) {
 	phase := func(prefix string, gate chan struct{}, gauge func(*bpWorker) *inflight, limit int64) {
 		t.Helper()
 		for i := 0; i < runs; i++ {
-			s.submit(prefix+strconv.Itoa(i), events.Limits{})
+			s.submit(prefix+strconv.Itoa(i), toolbus.Limits{})
 		}
 		eventstest.Eventually(t, time.Minute, func() error {
 			for _, w := range workers {
@@ -147,7 +148,7 @@ func TestBackPressureLimits(t *testing.T) {
 		close(gate)
 		for i := 0; i < runs; i++ {
 			run := prefix + strconv.Itoa(i)
-			if ended := s.waitEnd(run); ended.Status != events.RunCompleted {
+			if ended := s.waitEnd(run); ended.Status != toolbus.RunCompleted {
 				t.Fatalf("%s: %s (%s)", run, ended.Status, ended.Reason)
 			}
 		}

@@ -9,9 +9,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
 	"github.com/toolbus/toolbus/executor"
+	"github.com/toolbus/toolbus/executor/worker"
 	"github.com/toolbus/toolbus/planner"
 )
 
@@ -91,11 +93,11 @@ func TestCancelInFlightOnEveryExecutor(t *testing.T) {
 		planner.Answer("must not be reached"),
 	}}
 	s := newStack(t, model, holdTool(started, ended))
-	s.startExecutor("exec-sleep", executor.WorkerConfig{Tools: []string{"sleep"}})
-	s.startExecutor("exec-hold", executor.WorkerConfig{Tools: []string{"hold"}})
+	s.startExecutor("exec-sleep", worker.Config{Tools: []string{"sleep"}})
+	s.startExecutor("exec-hold", worker.Config{Tools: []string{"hold"}})
 	s.startPlanner("planner-1")
 	s.startInjector("injector-1")
-	s.submit("cancel-1", events.Limits{})
+	s.submit("cancel-1", toolbus.Limits{})
 	select {
 	case <-started:
 	case <-s.ctx.Done():
@@ -103,7 +105,7 @@ func TestCancelInFlightOnEveryExecutor(t *testing.T) {
 	}
 	s.waitEvents("cancel-1", events.TypeToolRequested, 2)
 
-	if _, err := s.bus.PublishCancel(s.ctx, events.Source("test", "operator"), events.Cancel{RunID: "cancel-1", Reason: "wrong incident", Who: "bob"}); err != nil {
+	if _, err := s.bus.PublishCancel(s.ctx, events.Source("test", "operator"), toolbus.Cancel{RunID: "cancel-1", Reason: "wrong incident", Who: "bob"}); err != nil {
 		t.Fatal(err)
 	}
 	eventstest.Eventually(t, 10*time.Second, func() error {
@@ -111,7 +113,7 @@ func TestCancelInFlightOnEveryExecutor(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		if st.Status != events.RunCancelled {
+		if st.Status != toolbus.RunCancelled {
 			return fmt.Errorf("status %s", st.Status)
 		}
 		return nil
@@ -126,7 +128,7 @@ func TestCancelInFlightOnEveryExecutor(t *testing.T) {
 			return fmt.Errorf("%d results", len(res))
 		}
 		for _, tf := range res {
-			if tf.ToolResult.Status != events.StatusCancelled || tf.ToolResult.Code() != events.CodeCancelled {
+			if tf.ToolResult.Status != toolbus.StatusCancelled || tf.ToolResult.Code() != toolbus.CodeCancelled {
 				return fmt.Errorf("result %s: %s %s", tf.ToolResult.CallID, tf.ToolResult.Status, tf.ToolResult.Code())
 			}
 		}
@@ -141,8 +143,8 @@ func TestCancelInFlightOnEveryExecutor(t *testing.T) {
 	}
 
 	// A late result (a different event id, so the stream keeps it) changes nothing.
-	late := events.ToolFinished{RunID: "cancel-1", Step: 0, CallIndex: 1, CallCount: 2,
-		ToolResult: events.ToolResult{CallID: "h", Tool: "hold", Status: events.StatusSucceeded, Content: `"late"`, Executor: "ghost"}}
+	late := toolbus.ToolFinished{RunID: "cancel-1", Step: 0, CallIndex: 1, CallCount: 2,
+		ToolResult: toolbus.ToolResult{CallID: "h", Tool: "hold", Status: toolbus.StatusSucceeded, Content: `"late"`, Executor: "ghost"}}
 	if _, err := s.bus.Publish(s.ctx, events.SubjectToolFinished("cancel-1", "hold"), events.Meta{
 		ID: "late-result-1", Type: events.TypeToolFinished, Source: "/test", RunID: "cancel-1", CallID: "h", CallIndex: 1, CallCount: 2,
 	}, late); err != nil {
@@ -151,11 +153,11 @@ func TestCancelInFlightOnEveryExecutor(t *testing.T) {
 	s.waitIdle("injector")
 
 	st, _, err := s.bus.RunState(s.ctx, "cancel-1")
-	if err != nil || st.Status != events.RunCancelled {
+	if err != nil || st.Status != toolbus.RunCancelled {
 		t.Fatalf("run state %+v %v", st, err)
 	}
 	outs := s.outcomes("cancel-1")
-	if len(outs) != 1 || outs[0].Status != events.RunCancelled || outs[0].Code != events.CodeCancelled ||
+	if len(outs) != 1 || outs[0].Status != toolbus.RunCancelled || outs[0].Code != toolbus.CodeCancelled ||
 		outs[0].Reason != "wrong incident (by bob)" {
 		t.Fatalf("outcomes %+v", outs)
 	}
@@ -177,14 +179,14 @@ func TestCancelWhileWaitingForApproval(t *testing.T) {
 	}}
 	s := newStack(t, model, deploy.tool())
 	s.startAll()
-	s.submit("cancel-waiting", events.Limits{})
+	s.submit("cancel-waiting", toolbus.Limits{})
 	s.waitOutcome("cancel-waiting", "waiting for b", waitingFor("b"))
-	if _, err := s.bus.PublishCancel(s.ctx, "/test", events.Cancel{RunID: "cancel-waiting", Reason: "not needed"}); err != nil {
+	if _, err := s.bus.PublishCancel(s.ctx, "/test", toolbus.Cancel{RunID: "cancel-waiting", Reason: "not needed"}); err != nil {
 		t.Fatal(err)
 	}
-	s.waitOutcome("cancel-waiting", "cancelled", statusIs(events.RunCancelled))
+	s.waitOutcome("cancel-waiting", "cancelled", statusIs(toolbus.RunCancelled))
 	// The approval comes too late.
-	if _, err := s.bus.PublishApproval(s.ctx, "/test", 0, events.Approval{RunID: "cancel-waiting", CallID: "b", Who: "alice"}, true); err != nil {
+	if _, err := s.bus.PublishApproval(s.ctx, "/test", 0, toolbus.Approval{RunID: "cancel-waiting", CallID: "b", Who: "alice"}, true); err != nil {
 		t.Fatal(err)
 	}
 	s.waitIdle("injector")
@@ -195,7 +197,7 @@ func TestCancelWhileWaitingForApproval(t *testing.T) {
 	if _, err := s.bus.StepDecision(s.ctx, "cancel-waiting", 0, "b"); !errors.Is(err, events.ErrNotFound) {
 		t.Fatalf("a decision was recorded for an ended run: %v", err)
 	}
-	if outs := s.outcomes("cancel-waiting"); outs[len(outs)-1].Status != events.RunCancelled {
+	if outs := s.outcomes("cancel-waiting"); outs[len(outs)-1].Status != toolbus.RunCancelled {
 		t.Fatalf("outcomes %+v", outs)
 	}
 }
@@ -205,14 +207,14 @@ func TestCancelEndedRun(t *testing.T) {
 	model := &planner.Script{Steps: []func(planner.Request) planner.Response{planner.Answer("42")}}
 	s := newStack(t, model)
 	s.startAll()
-	s.submit("cancel-late", events.Limits{})
-	s.waitEnd("cancel-late", events.RunCompleted)
-	if _, err := s.bus.PublishCancel(s.ctx, "/test", events.Cancel{RunID: "cancel-late"}); err != nil {
+	s.submit("cancel-late", toolbus.Limits{})
+	s.waitEnd("cancel-late", toolbus.RunCompleted)
+	if _, err := s.bus.PublishCancel(s.ctx, "/test", toolbus.Cancel{RunID: "cancel-late"}); err != nil {
 		t.Fatal(err)
 	}
 	s.waitIdle("injector")
 	st, _, err := s.bus.RunState(s.ctx, "cancel-late")
-	if err != nil || st.Status != events.RunCompleted {
+	if err != nil || st.Status != toolbus.RunCompleted {
 		t.Fatalf("run state %+v %v", st, err)
 	}
 	if outs := s.outcomes("cancel-late"); len(outs) != 1 {

@@ -14,9 +14,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
 	"github.com/toolbus/toolbus/executor"
+	"github.com/toolbus/toolbus/executor/worker"
 	"github.com/toolbus/toolbus/planner"
 )
 
@@ -66,19 +68,19 @@ func TestSaturatedExecutorRunsNothingTwice(t *testing.T) {
 			return map[string]string{"key": ci.IdempotencyKey}, nil
 		},
 	}
-	cs := make([]events.ToolCall, calls)
+	cs := make([]toolbus.ToolCall, calls)
 	for i := range cs {
 		cs[i] = call(fmt.Sprintf("c%d", i), "slow_effect", `{}`)
 	}
 	model := &planner.Script{Steps: []func(planner.Request) planner.Response{planner.Calls(cs...), planner.Answer("done")}}
 	s := newStack(t, model, slow)
 	for _, name := range []string{"sat-1", "sat-2"} {
-		s.startExecutor(name, executor.WorkerConfig{Concurrency: 1, AckWait: time.Second, MaxDeliver: 50, Tools: []string{"slow_effect"}})
+		s.startExecutor(name, worker.Config{Concurrency: 1, AckWait: time.Second, MaxDeliver: 50, Tools: []string{"slow_effect"}})
 	}
 	s.startPlanner("planner-1")
 	s.startInjector("injector-1")
-	s.submit("sat", events.Limits{})
-	if ended := s.waitEnd("sat"); ended.Status != events.RunCompleted {
+	s.submit("sat", toolbus.Limits{})
+	if ended := s.waitEnd("sat"); ended.Status != toolbus.RunCompleted {
 		t.Fatalf("run ended %+v", ended)
 	}
 	got := fx.counts()
@@ -146,8 +148,8 @@ func TestCustomExecutorExample(t *testing.T) {
 		return nil
 	})
 
-	s.submit("custom", events.Limits{})
-	if ended := s.waitEnd("custom"); ended.Status != events.RunCompleted {
+	s.submit("custom", toolbus.Limits{})
+	if ended := s.waitEnd("custom"); ended.Status != toolbus.RunCompleted {
 		t.Fatalf("run ended %+v", ended)
 	}
 	res := s.finished("custom")
@@ -162,7 +164,7 @@ func TestCustomExecutorExample(t *testing.T) {
 				t.Errorf("shout result %+v", tf.ToolResult)
 			}
 		case "calculator":
-			if tf.ToolResult.Executor != "executor-1" || tf.ToolResult.Status != events.StatusSucceeded {
+			if tf.ToolResult.Executor != "executor-1" || tf.ToolResult.Status != toolbus.StatusSucceeded {
 				t.Errorf("calculator result %+v", tf.ToolResult)
 			}
 		}
@@ -248,7 +250,7 @@ func TestRunCapLeavesRoomForOthers(t *testing.T) {
 			}
 		},
 	}
-	flood := make([]events.ToolCall, floodCalls)
+	flood := make([]toolbus.ToolCall, floodCalls)
 	for i := range flood {
 		flood[i] = call(fmt.Sprintf("f%d", i), "held_call", `{}`)
 	}
@@ -263,11 +265,11 @@ func TestRunCapLeavesRoomForOthers(t *testing.T) {
 	})
 	s := newStack(t, model, held)
 	for _, name := range []string{"fair-1", "fair-2"} {
-		s.startExecutor(name, executor.WorkerConfig{Concurrency: 8, RunMaxInFlight: limit, Tools: []string{"held_call"}})
+		s.startExecutor(name, worker.Config{Concurrency: 8, RunMaxInFlight: limit, Tools: []string{"held_call"}})
 	}
 	s.startPlanner("planner-1")
 	s.startInjector("injector-1")
-	s.submit("flood", events.Limits{})
+	s.submit("flood", toolbus.Limits{})
 	eventstest.Eventually(t, time.Minute, func() error {
 		mu.Lock()
 		defer mu.Unlock()
@@ -276,8 +278,8 @@ func TestRunCapLeavesRoomForOthers(t *testing.T) {
 		}
 		return nil
 	})
-	s.submit("small", events.Limits{})
-	if ended := s.waitEnd("small"); ended.Status != events.RunCompleted {
+	s.submit("small", toolbus.Limits{})
+	if ended := s.waitEnd("small"); ended.Status != toolbus.RunCompleted {
 		t.Fatalf("small run ended %+v", ended)
 	}
 	mu.Lock()
@@ -286,7 +288,7 @@ func TestRunCapLeavesRoomForOthers(t *testing.T) {
 	}
 	mu.Unlock()
 	close(release)
-	if ended := s.waitEnd("flood"); ended.Status != events.RunCompleted {
+	if ended := s.waitEnd("flood"); ended.Status != toolbus.RunCompleted {
 		t.Fatalf("flood ended %+v", ended)
 	}
 	mu.Lock()

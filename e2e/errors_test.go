@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/planner"
 )
 
@@ -51,10 +51,10 @@ func TestProvidersRefusalReason(t *testing.T) {
 			s := newStack(t, model)
 			s.startAll()
 			run := "refused-" + strings.ReplaceAll(p.name, "-", "_")
-			s.submit(run, events.Limits{})
+			s.submit(run, toolbus.Limits{})
 			ended := s.waitEnd(run)
-			if ended.Status != events.RunFailed || ended.Code != events.CodeModelError {
-				t.Fatalf("run ended %+v, want failed with code %s", ended, events.CodeModelError)
+			if ended.Status != toolbus.RunFailed || ended.Code != toolbus.CodeModelError {
+				t.Fatalf("run ended %+v, want failed with code %s", ended, toolbus.CodeModelError)
 			}
 			want := "planner: model call for " + run + " step 0: " + p.prefix + refusal
 			if ended.Reason != want {

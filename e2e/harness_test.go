@@ -13,9 +13,11 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
 	"github.com/toolbus/toolbus/executor"
+	"github.com/toolbus/toolbus/executor/worker"
 	"github.com/toolbus/toolbus/injector"
 	"github.com/toolbus/toolbus/planner"
 )
@@ -112,14 +114,14 @@ func (s *stack) stopAll() {
 	}
 }
 
-func (s *stack) startExecutor(name string, cfg executor.WorkerConfig) {
+func (s *stack) startExecutor(name string, cfg worker.Config) {
 	cfg.Instance = name
 	cfg.Logger = s.log
 	if cfg.Grace == 0 {
 		cfg.Grace = time.Second
 	}
 	exec := executor.New(s.reg, executor.WithLogger(s.log), executor.WithInstance(name))
-	w := executor.NewWorker(s.bus, exec, cfg)
+	w := worker.New(s.bus, exec, cfg)
 	s.start(name, w.Run)
 	// The planner must see every tool this executor serves before the first run.
 	cat, err := s.bus.WatchCatalog(s.ctx, nil)
@@ -156,17 +158,17 @@ func (s *stack) startInjector(name string) {
 
 // startAll starts one executor, one planner and one injector.
 func (s *stack) startAll() {
-	s.startExecutor("executor-1", executor.WorkerConfig{})
+	s.startExecutor("executor-1", worker.Config{})
 	s.startPlanner("planner-1")
 	s.startInjector("injector-1")
 }
 
 // submit starts a run asking question, with the given limits.
-func (s *stack) submit(run string, limits events.Limits, allowed ...string) {
+func (s *stack) submit(run string, limits toolbus.Limits, allowed ...string) {
 	s.t.Helper()
-	err := s.bus.StartRun(s.ctx, events.Source("test", s.t.Name()), events.RunStarted{
-		RunID: run, Model: "test", Principal: events.Principal{ID: "tester"}, AllowedTools: allowed, Limits: limits,
-		Messages: []events.Message{{Role: events.RoleSystem, Content: "sys"}, {Role: events.RoleUser, Content: "question for " + run}},
+	err := s.bus.StartRun(s.ctx, events.Source("test", s.t.Name()), toolbus.RunStarted{
+		RunID: run, Model: "test", Principal: toolbus.Principal{ID: "tester"}, AllowedTools: allowed, Limits: limits,
+		Messages: []toolbus.Message{{Role: toolbus.RoleSystem, Content: "sys"}, {Role: toolbus.RoleUser, Content: "question for " + run}},
 	})
 	if err != nil {
 		s.t.Fatal(err)
@@ -209,12 +211,12 @@ type event struct {
 }
 
 // waitEnd waits for the run's outcome event of one of the given statuses.
-func (s *stack) waitEnd(run string, statuses ...events.RunStatus) events.RunEnded {
+func (s *stack) waitEnd(run string, statuses ...toolbus.RunStatus) toolbus.RunEnded {
 	s.t.Helper()
 	if len(statuses) == 0 {
-		statuses = []events.RunStatus{events.RunCompleted, events.RunFailed, events.RunLimitReached, events.RunCancelled, events.RunWaitingForApproval}
+		statuses = []toolbus.RunStatus{toolbus.RunCompleted, toolbus.RunFailed, toolbus.RunLimitReached, toolbus.RunCancelled, toolbus.RunWaitingForApproval}
 	}
-	var ended events.RunEnded
+	var ended toolbus.RunEnded
 	eventstest.Eventually(s.t, 60*time.Second, func() error {
 		for _, st := range statuses {
 			raw, err := s.bus.Stream.GetLastMsgForSubject(s.ctx, events.SubjectRunEnded(run, st))
@@ -232,13 +234,13 @@ func (s *stack) waitEnd(run string, statuses ...events.RunStatus) events.RunEnde
 }
 
 // finished returns the tool.finished results of a run in stream order.
-func (s *stack) finished(run string) []events.ToolFinished {
-	var out []events.ToolFinished
+func (s *stack) finished(run string) []toolbus.ToolFinished {
+	var out []toolbus.ToolFinished
 	for _, e := range s.runEvents(run) {
 		if e.meta.Type != events.TypeToolFinished {
 			continue
 		}
-		var tf events.ToolFinished
+		var tf toolbus.ToolFinished
 		if err := jsonUnmarshal(e.data, &tf); err != nil {
 			s.t.Fatal(err)
 		}
@@ -257,14 +259,14 @@ func countType(evs []event, typ string) int {
 	return n
 }
 
-func toolRoles(msgs []events.Message) string {
+func toolRoles(msgs []toolbus.Message) string {
 	var b strings.Builder
 	for i, m := range msgs {
 		if i > 0 {
 			b.WriteByte(',')
 		}
 		b.WriteString(string(m.Role))
-		if m.Role == events.RoleTool {
+		if m.Role == toolbus.RoleTool {
 			b.WriteString(":" + m.ToolCallID)
 		}
 	}

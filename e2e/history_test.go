@@ -4,7 +4,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/planner"
 )
 
@@ -17,8 +17,8 @@ func TestHugeOutputKeptWhole(t *testing.T) {
 	}}
 	s := newStack(t, model)
 	s.startAll()
-	s.submit("huge-1", events.Limits{})
-	if ended := s.waitEnd("huge-1"); ended.Status != events.RunCompleted {
+	s.submit("huge-1", toolbus.Limits{})
+	if ended := s.waitEnd("huge-1"); ended.Status != toolbus.RunCompleted {
 		t.Fatalf("status %s (%s)", ended.Status, ended.Reason)
 	}
 	res := s.finished("huge-1")
@@ -26,7 +26,7 @@ func TestHugeOutputKeptWhole(t *testing.T) {
 		t.Fatalf("%d results", len(res))
 	}
 	r := res[0].ToolResult
-	if r.Status != events.StatusSucceeded || r.Truncated == nil || r.Truncated.Ref == "" || len(r.Output) != 0 {
+	if r.Status != toolbus.StatusSucceeded || r.Truncated == nil || r.Truncated.Ref == "" || len(r.Output) != 0 {
 		t.Fatalf("result: status %s truncated %+v output %d bytes", r.Status, r.Truncated, len(r.Output))
 	}
 	if r.Truncated.OriginalBytes < 3<<20 || len(r.Content) > 16384 {
@@ -40,7 +40,7 @@ func TestHugeOutputKeptWhole(t *testing.T) {
 		t.Fatalf("kept output: %d bytes, starts %.20q", len(whole), whole)
 	}
 	req, _ := s.seenReq.forStep("huge-1", 1)
-	if got := req.Messages[len(req.Messages)-1]; got.Role != events.RoleTool || len(got.Content) > 16384 || got.Content != r.Content {
+	if got := req.Messages[len(req.Messages)-1]; got.Role != toolbus.RoleTool || len(got.Content) > 16384 || got.Content != r.Content {
 		t.Fatalf("the model read %d bytes of role %s", len(got.Content), got.Role)
 	}
 }
@@ -56,7 +56,7 @@ func TestLongRunWithLargeHistory(t *testing.T) {
 	script.Steps = append(script.Steps, func(req planner.Request) planner.Response {
 		tools := 0
 		for _, m := range req.Messages {
-			if m.Role == events.RoleTool {
+			if m.Role == toolbus.RoleTool {
 				tools++
 			}
 		}
@@ -64,9 +64,9 @@ func TestLongRunWithLargeHistory(t *testing.T) {
 	})
 	s := newStack(t, script)
 	s.startAll()
-	s.submit("long-1", events.Limits{MaxSteps: steps})
+	s.submit("long-1", toolbus.Limits{MaxSteps: steps})
 	ended := s.waitEnd("long-1")
-	if ended.Status != events.RunCompleted || ended.StepsUsed != steps {
+	if ended.Status != toolbus.RunCompleted || ended.StepsUsed != steps {
 		t.Fatalf("status %s after %d steps (%s)", ended.Status, ended.StepsUsed, ended.Reason)
 	}
 	if len(ended.Answer) != steps-1 {

@@ -12,9 +12,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
 	"github.com/toolbus/toolbus/executor"
+	"github.com/toolbus/toolbus/executor/worker"
 	"github.com/toolbus/toolbus/injector"
 	"github.com/toolbus/toolbus/planner"
 )
@@ -47,8 +49,8 @@ func (l *requestLog) requests(run string) []planner.Request {
 	return out
 }
 
-func manyCalls(n int, tool, args string) []events.ToolCall {
-	calls := make([]events.ToolCall, n)
+func manyCalls(n int, tool, args string) []toolbus.ToolCall {
+	calls := make([]toolbus.ToolCall, n)
 	for i := range calls {
 		calls[i] = call(fmt.Sprintf("c%d", i), tool, args)
 	}
@@ -58,7 +60,7 @@ func manyCalls(n int, tool, args string) []events.ToolCall {
 // toolMessages counts the tool messages of a request and those whose content has sub.
 func toolMessages(req planner.Request, sub string) (all, matching int) {
 	for _, m := range req.Messages {
-		if m.Role == events.RoleTool {
+		if m.Role == toolbus.RoleTool {
 			all++
 			if strings.Contains(m.Content, sub) {
 				matching++
@@ -77,16 +79,16 @@ func TestManyCallsInOneStepEnd(t *testing.T) {
 	}}
 	s := newStack(t, model)
 	s.startAll()
-	s.submit("many-1", events.Limits{Deadline: time.Now().Add(2 * time.Minute)})
+	s.submit("many-1", toolbus.Limits{Deadline: time.Now().Add(2 * time.Minute)})
 	ended := s.waitEnd("many-1")
-	if ended.Status != events.RunCompleted {
+	if ended.Status != toolbus.RunCompleted {
 		t.Fatalf("outcome %+v, want completed", ended)
 	}
 	results := s.finished("many-1")
 	rejected := 0
 	for _, tf := range results {
-		if tf.ToolResult.Code() == events.CodeTooManyCalls {
-			if tf.CallIndex < planner.DefaultMaxCallsPerStep || tf.ToolResult.Status != events.StatusRejected {
+		if tf.ToolResult.Code() == toolbus.CodeTooManyCalls {
+			if tf.CallIndex < planner.DefaultMaxCallsPerStep || tf.ToolResult.Status != toolbus.StatusRejected {
 				t.Fatalf("call %d rejected as too_many_calls: %+v", tf.CallIndex, tf.ToolResult)
 			}
 			rejected++
@@ -123,8 +125,8 @@ func TestBigResultsInOneStepEnd(t *testing.T) {
 	}}
 	s := newStack(t, model, megabyteTool())
 	s.startAll()
-	s.submit("big-1", events.Limits{Deadline: time.Now().Add(2 * time.Minute)})
-	if ended := s.waitEnd("big-1"); ended.Status != events.RunCompleted {
+	s.submit("big-1", toolbus.Limits{Deadline: time.Now().Add(2 * time.Minute)})
+	if ended := s.waitEnd("big-1"); ended.Status != toolbus.RunCompleted {
 		t.Fatalf("outcome %+v, want completed", ended)
 	}
 	req, ok := s.seenReq.forStep("big-1", 1)
@@ -147,7 +149,7 @@ func TestDeadlineEndsAStepThatNeverCompletes(t *testing.T) {
 		planner.Answer("never asked"),
 	}}
 	s := newStack(t, model, lost)
-	s.startExecutor("executor-lost", executor.WorkerConfig{Tools: []string{"lost"}})
+	s.startExecutor("executor-lost", worker.Config{Tools: []string{"lost"}})
 	cat, err := s.bus.WatchCatalog(s.ctx, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -162,19 +164,19 @@ func TestDeadlineEndsAStepThatNeverCompletes(t *testing.T) {
 		}
 		return nil
 	})
-	s.startExecutor("executor-1", executor.WorkerConfig{Tools: []string{"noop"}})
+	s.startExecutor("executor-1", worker.Config{Tools: []string{"noop"}})
 	s.startPlanner("planner-1")
 	s.startInjector("injector-1")
-	s.submit("deadline-1", events.Limits{Deadline: time.Now().Add(3 * time.Second)})
+	s.submit("deadline-1", toolbus.Limits{Deadline: time.Now().Add(3 * time.Second)})
 
 	ended := s.waitEnd("deadline-1")
-	if ended.Status != events.RunLimitReached || ended.Code != events.LimitDeadline {
+	if ended.Status != toolbus.RunLimitReached || ended.Code != toolbus.LimitDeadline {
 		t.Fatalf("outcome %+v, want limit_reached / deadline", ended)
 	}
 	if pendingIDs(ended.Unanswered) != "gone" {
 		t.Fatalf("unanswered %v, want [gone]", ended.Unanswered)
 	}
-	var gone, okRes *events.ToolFinished
+	var gone, okRes *toolbus.ToolFinished
 	for _, tf := range s.finished("deadline-1") {
 		switch tf.ToolResult.CallID {
 		case "gone":
@@ -186,11 +188,11 @@ func TestDeadlineEndsAStepThatNeverCompletes(t *testing.T) {
 			okRes = &tf
 		}
 	}
-	if gone == nil || gone.ToolResult.Status != events.StatusTimedOut || gone.ToolResult.Code() != events.CodeTimeout ||
+	if gone == nil || gone.ToolResult.Status != toolbus.StatusTimedOut || gone.ToolResult.Code() != toolbus.CodeTimeout ||
 		!strings.Contains(gone.ToolResult.Error.Message, "no executor answered") {
 		t.Fatalf("result of the unanswered call: %+v", gone)
 	}
-	if okRes == nil || okRes.ToolResult.Status != events.StatusSucceeded {
+	if okRes == nil || okRes.ToolResult.Status != toolbus.StatusSucceeded {
 		t.Fatalf("result of the answered call: %+v", okRes)
 	}
 	if n := len(s.outcomes("deadline-1")); n != 1 {
@@ -219,25 +221,25 @@ func TestOutcomeRepublishedAfterCrash(t *testing.T) {
 		planner.Answer("never asked"),
 	}}
 	s := newStack(t, model)
-	s.startExecutor("executor-1", executor.WorkerConfig{})
+	s.startExecutor("executor-1", worker.Config{})
 	s.startPlanner("planner-1")
 	var crashes atomic.Int32
-	s.startInjectorWith("injector-1", injector.Config{BeforeOutcome: func(ended events.RunEnded) error {
+	s.startInjectorWith("injector-1", injector.Config{BeforeOutcome: func(ended toolbus.RunEnded) error {
 		if ended.RunID == "crash-1" && crashes.Add(1) == 1 {
 			return errors.New("injected crash between the state write and the publish")
 		}
 		return nil
 	}})
-	s.submit("crash-1", events.Limits{MaxSteps: 1})
+	s.submit("crash-1", toolbus.Limits{MaxSteps: 1})
 	ended := s.waitEnd("crash-1")
-	if ended.Status != events.RunLimitReached || ended.Code != events.LimitMaxSteps {
+	if ended.Status != toolbus.RunLimitReached || ended.Code != toolbus.LimitMaxSteps {
 		t.Fatalf("outcome %+v, want limit_reached / max_steps", ended)
 	}
 	if crashes.Load() < 1 {
 		t.Fatal("the crash was never injected")
 	}
 	st, _, err := s.bus.RunState(s.ctx, "crash-1")
-	if err != nil || st.Ended == nil || st.Ended.Code != events.LimitMaxSteps {
+	if err != nil || st.Ended == nil || st.Ended.Code != toolbus.LimitMaxSteps {
 		t.Fatalf("stored outcome %+v, %v", st, err)
 	}
 	s.waitIdle("injector")
@@ -263,7 +265,7 @@ func gateTool(release <-chan struct{}) executor.Tool {
 }
 
 // publishForged publishes a tool.finished event as a hostile publisher would.
-func (s *stack) publishForged(id string, tf events.ToolFinished) {
+func (s *stack) publishForged(id string, tf toolbus.ToolFinished) {
 	s.t.Helper()
 	if _, err := s.bus.Publish(s.ctx, events.SubjectToolFinished(tf.RunID, tf.ToolResult.Tool), events.Meta{
 		ID: id, Type: events.TypeToolFinished, Source: "/forger", RunID: tf.RunID, Step: tf.Step,
@@ -284,12 +286,12 @@ func TestForgedResultsCannotReplaceOrWedgeAStep(t *testing.T) {
 	}}
 	s := newStack(t, model, gateTool(release))
 	s.startAll()
-	s.submit("forged-1", events.Limits{Deadline: time.Now().Add(2 * time.Minute)})
+	s.submit("forged-1", toolbus.Limits{Deadline: time.Now().Add(2 * time.Minute)})
 	s.waitEvents("forged-1", events.TypeToolRequested, 2)
 
-	forged := func(idx, count int, callID, tool string) events.ToolFinished {
-		return events.ToolFinished{RunID: "forged-1", Step: 0, CallIndex: idx, CallCount: count,
-			ToolResult: events.ToolResult{CallID: callID, Tool: tool, Status: events.StatusSucceeded, Content: "forged"}}
+	forged := func(idx, count int, callID, tool string) toolbus.ToolFinished {
+		return toolbus.ToolFinished{RunID: "forged-1", Step: 0, CallIndex: idx, CallCount: count,
+			ToolResult: toolbus.ToolResult{CallID: callID, Tool: tool, Status: toolbus.StatusSucceeded, Content: "forged"}}
 	}
 	s.publishForged("f-count", forged(0, 3, "a", "gate"))    // wrong count
 	s.publishForged("f-callid", forged(1, 2, "zzz", "gate")) // wrong call id
@@ -307,7 +309,7 @@ func TestForgedResultsCannotReplaceOrWedgeAStep(t *testing.T) {
 	})
 	s.publishForged("f-dup", forged(0, 2, "a", "gate"))
 
-	if ended := s.waitEnd("forged-1"); ended.Status != events.RunCompleted {
+	if ended := s.waitEnd("forged-1"); ended.Status != toolbus.RunCompleted {
 		t.Fatalf("outcome %+v, want completed", ended)
 	}
 	req, ok := s.seenReq.forStep("forged-1", 1)
@@ -340,8 +342,8 @@ func TestRunIDIsNeverReused(t *testing.T) {
 	}}
 	s := newStackWith(t, events.Config{Duplicates: time.Second}, model, counterTool(&runs))
 	s.startAll()
-	s.submit("once-1", events.Limits{})
-	if ended := s.waitEnd("once-1"); ended.Status != events.RunCompleted {
+	s.submit("once-1", toolbus.Limits{})
+	if ended := s.waitEnd("once-1"); ended.Status != toolbus.RunCompleted {
 		t.Fatalf("outcome %+v", ended)
 	}
 	firstSeq, err := s.bus.RunStartedSeq(s.ctx, "once-1")
@@ -350,8 +352,8 @@ func TestRunIDIsNeverReused(t *testing.T) {
 	}
 	time.Sleep(1500 * time.Millisecond) // let the 1s duplicate window pass: the point of the test
 
-	err = s.bus.StartRun(s.ctx, "/test", events.RunStarted{RunID: "once-1",
-		Messages: []events.Message{{Role: events.RoleUser, Content: "again"}}})
+	err = s.bus.StartRun(s.ctx, "/test", toolbus.RunStarted{RunID: "once-1",
+		Messages: []toolbus.Message{{Role: toolbus.RoleUser, Content: "again"}}})
 	if !errors.Is(err, events.ErrRunExists) {
 		t.Fatalf("StartRun of an existing id: %v, want ErrRunExists", err)
 	}
@@ -360,8 +362,8 @@ func TestRunIDIsNeverReused(t *testing.T) {
 	for _, id := range []string{events.IDRunStarted("once-1"), "forged/run.started"} {
 		ack, err := s.bus.Publish(s.ctx, events.SubjectRunStarted("once-1"), events.Meta{
 			ID: id, Type: events.TypeRunStarted, Source: "/forger", RunID: "once-1",
-		}, events.RunStarted{RunID: "once-1", AllowedTools: []string{"noop"},
-			Messages: []events.Message{{Role: events.RoleUser, Content: "again"}}})
+		}, toolbus.RunStarted{RunID: "once-1", AllowedTools: []string{"noop"},
+			Messages: []toolbus.Message{{Role: toolbus.RoleUser, Content: "again"}}})
 		if err != nil || ack.Duplicate {
 			t.Fatalf("direct publish %s: %+v %v", id, ack, err)
 		}
@@ -378,7 +380,7 @@ func TestRunIDIsNeverReused(t *testing.T) {
 	if seq, err := s.bus.RunStartedSeq(s.ctx, "once-1"); err != nil || seq != firstSeq {
 		t.Fatalf("first run.started at %d (%v), want %d", seq, err, firstSeq)
 	}
-	if st, _, err := s.bus.RunState(s.ctx, "once-1"); err != nil || st.Status != events.RunCompleted {
+	if st, _, err := s.bus.RunState(s.ctx, "once-1"); err != nil || st.Status != toolbus.RunCompleted {
 		t.Fatalf("run state %+v %v", st, err)
 	}
 	if n := countType(s.runEvents("once-1"), events.TypeModelRequested); n != 2 {
@@ -396,14 +398,14 @@ func TestForgedModelRequestCallsNoModel(t *testing.T) {
 	}}
 	s := newStack(t, model, gateTool(release))
 	s.startAll()
-	s.submit("mr-1", events.Limits{Deadline: time.Now().Add(2 * time.Minute)})
+	s.submit("mr-1", toolbus.Limits{Deadline: time.Now().Add(2 * time.Minute)})
 	s.waitEvents("mr-1", events.TypeToolRequested, 1)
 
 	forge := func(id string, step int) {
 		t.Helper()
 		if _, err := s.bus.Publish(s.ctx, events.SubjectModelRequested("mr-1"), events.Meta{
 			ID: id, Type: events.TypeModelRequested, Source: "/forger", RunID: "mr-1", Step: step,
-		}, events.ModelRequested{RunID: "mr-1", Step: step}); err != nil {
+		}, toolbus.ModelRequested{RunID: "mr-1", Step: step}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -415,7 +417,7 @@ func TestForgedModelRequestCallsNoModel(t *testing.T) {
 		t.Fatalf("%d model requests while step 0 runs, want 1", n)
 	}
 	close(release)
-	if ended := s.waitEnd("mr-1"); ended.Status != events.RunCompleted {
+	if ended := s.waitEnd("mr-1"); ended.Status != toolbus.RunCompleted {
 		t.Fatalf("outcome %+v", ended)
 	}
 	forge("forged-2", 2) // the run ended
@@ -437,7 +439,7 @@ func TestApprovalBoundToItsStep(t *testing.T) {
 	}}
 	s := newStack(t, model, deploy.tool())
 	s.startAll()
-	s.submit("bound-1", events.Limits{Deadline: time.Now().Add(2 * time.Minute)})
+	s.submit("bound-1", toolbus.Limits{Deadline: time.Now().Add(2 * time.Minute)})
 	s.waitOutcome("bound-1", "waiting for call_X", waitingFor("call_X"))
 	s.decide("bound-1", "call_X", true, "step 0")
 	eventstest.Eventually(t, 30*time.Second, func() error {
@@ -449,14 +451,14 @@ func TestApprovalBoundToItsStep(t *testing.T) {
 		}
 		return nil
 	})
-	s.waitOutcome("bound-1", "waiting for call_X at step 1", func(re events.RunEnded) bool {
+	s.waitOutcome("bound-1", "waiting for call_X at step 1", func(re toolbus.RunEnded) bool {
 		return waitingFor("call_X")(re) && re.StepsUsed == 2
 	})
 	// The step-0 decision again, as a new event (a late or repeated decision).
 	if _, err := s.bus.Publish(s.ctx, events.SubjectApproval("bound-1", true), events.Meta{
 		ID: "late-decision", Type: events.TypeApprovalGranted, Source: "/late", RunID: "bound-1", Step: 0,
 		CallID: "call_X", HasCall: true,
-	}, events.Approval{RunID: "bound-1", CallID: "call_X", Who: "mallory"}); err != nil {
+	}, toolbus.Approval{RunID: "bound-1", CallID: "call_X", Who: "mallory"}); err != nil {
 		t.Fatal(err)
 	}
 	s.waitIdle("injector-approvals")
@@ -467,11 +469,11 @@ func TestApprovalBoundToItsStep(t *testing.T) {
 	if n := deploy.total(); n != 1 {
 		t.Fatalf("deploy ran %d times before step 1 was decided, want 1", n)
 	}
-	if st, _, err := s.bus.RunState(s.ctx, "bound-1"); err != nil || st.Status != events.RunWaitingForApproval {
+	if st, _, err := s.bus.RunState(s.ctx, "bound-1"); err != nil || st.Status != toolbus.RunWaitingForApproval {
 		t.Fatalf("run state %+v %v, want waiting_for_approval", st, err)
 	}
 	s.decide("bound-1", "call_X", true, "step 1")
-	if ended := s.waitEnd("bound-1", events.RunCompleted, events.RunFailed); ended.Status != events.RunCompleted {
+	if ended := s.waitEnd("bound-1", toolbus.RunCompleted, toolbus.RunFailed); ended.Status != toolbus.RunCompleted {
 		t.Fatalf("outcome %+v", ended)
 	}
 	if n := deploy.total(); n != 2 {
@@ -488,28 +490,28 @@ func TestInjectorPanicDoesNotBlockOrLoseARun(t *testing.T) {
 		planner.Answer("never asked"),
 	}}
 	s := newStack(t, model)
-	s.startExecutor("executor-1", executor.WorkerConfig{})
+	s.startExecutor("executor-1", worker.Config{})
 	s.startPlanner("planner-1")
 	var panics atomic.Int32
-	s.startInjectorWith("injector-1", injector.Config{BeforeOutcome: func(ended events.RunEnded) error {
+	s.startInjectorWith("injector-1", injector.Config{BeforeOutcome: func(ended toolbus.RunEnded) error {
 		if ended.RunID == "panic-1" && panics.Add(1) == 1 {
 			panic("injected panic between the state write and the publish")
 		}
 		return nil
 	}})
-	s.submit("panic-1", events.Limits{MaxSteps: 1, Deadline: time.Now().Add(8 * time.Second)})
+	s.submit("panic-1", toolbus.Limits{MaxSteps: 1, Deadline: time.Now().Add(8 * time.Second)})
 	eventstest.Eventually(t, 30*time.Second, func() error {
 		if panics.Load() == 0 {
 			return errors.New("no panic yet")
 		}
 		return nil
 	})
-	s.submit("panic-2", events.Limits{MaxSteps: 1})
-	if ended := s.waitEnd("panic-2"); ended.Status != events.RunLimitReached {
+	s.submit("panic-2", toolbus.Limits{MaxSteps: 1})
+	if ended := s.waitEnd("panic-2"); ended.Status != toolbus.RunLimitReached {
 		t.Fatalf("run after the panic: %+v", ended)
 	}
 	ended := s.waitEnd("panic-1")
-	if ended.Status != events.RunLimitReached || ended.Code != events.LimitMaxSteps {
+	if ended.Status != toolbus.RunLimitReached || ended.Code != toolbus.LimitMaxSteps {
 		t.Fatalf("outcome %+v, want the recorded limit_reached / max_steps", ended)
 	}
 	s.waitIdle("injector-timers")
@@ -527,10 +529,10 @@ func TestPersistentStoreFailureEndsTheRun(t *testing.T) {
 		planner.Answer("never asked"),
 	}}
 	s := newStack(t, model, gateTool(release))
-	s.startExecutor("executor-1", executor.WorkerConfig{})
+	s.startExecutor("executor-1", worker.Config{})
 	s.startPlanner("planner-1")
 	s.startInjectorWith("injector-1", injector.Config{MaxDeliver: 3})
-	s.submit("store-1", events.Limits{Deadline: time.Now().Add(2 * time.Minute)})
+	s.submit("store-1", toolbus.Limits{Deadline: time.Now().Add(2 * time.Minute)})
 	s.waitEvents("store-1", events.TypeToolRequested, 1)
 	// From now on the history bucket refuses every write: results cannot be joined.
 	hist, err := s.bus.JS.Stream(s.ctx, "KV_"+events.BucketHistory)
@@ -544,7 +546,7 @@ func TestPersistentStoreFailureEndsTheRun(t *testing.T) {
 	}
 	close(release)
 	ended := s.waitEnd("store-1")
-	if ended.Status != events.RunFailed || ended.Code != events.CodeStoreError {
+	if ended.Status != toolbus.RunFailed || ended.Code != toolbus.CodeStoreError {
 		t.Fatalf("outcome %+v, want failed / store_error", ended)
 	}
 	s.waitIdle("injector")

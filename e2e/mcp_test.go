@@ -15,10 +15,12 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/executor/mcptools"
+	"github.com/toolbus/toolbus/executor/worker"
 	"github.com/toolbus/toolbus/planner"
 )
 
@@ -113,24 +115,24 @@ func TestMCPServersInPipeline(t *testing.T) {
 	s := newStack(t, model)
 	startMCP(t, s, root)
 	s.startAll()
-	s.submit("mcp-1", events.Limits{})
-	if ended := s.waitEnd("mcp-1"); ended.Status != events.RunCompleted {
+	s.submit("mcp-1", toolbus.Limits{})
+	if ended := s.waitEnd("mcp-1"); ended.Status != toolbus.RunCompleted {
 		t.Fatalf("run %s (%s), want completed", ended.Status, ended.Reason)
 	}
-	got := map[string]events.ToolResult{}
+	got := map[string]toolbus.ToolResult{}
 	for _, f := range s.finished("mcp-1") {
 		got[f.ToolResult.CallID] = f.ToolResult
 	}
 	want := []struct {
 		id      string
-		status  events.Status
+		status  toolbus.Status
 		content string
 	}{
-		{"c_echo", events.StatusSucceeded, "Echo: over the bus"},
-		{"c_sum", events.StatusSucceeded, "42"},
-		{"c_read", events.StatusSucceeded, "hello from the filesystem server"},
+		{"c_echo", toolbus.StatusSucceeded, "Echo: over the bus"},
+		{"c_sum", toolbus.StatusSucceeded, "42"},
+		{"c_read", toolbus.StatusSucceeded, "hello from the filesystem server"},
 		// Outside the allowed directory: the server answers isError, a tool_error.
-		{"c_outside", events.StatusFailed, "ccess denied"},
+		{"c_outside", toolbus.StatusFailed, "ccess denied"},
 	}
 	for _, w := range want {
 		r, ok := got[w.id]
@@ -141,8 +143,8 @@ func TestMCPServersInPipeline(t *testing.T) {
 		if r.Status != w.status || !strings.Contains(r.Content, w.content) {
 			t.Errorf("%s: %s %q, want %s containing %q", w.id, r.Status, r.Content, w.status, w.content)
 		}
-		if w.status == events.StatusFailed && r.Code() != events.CodeToolError {
-			t.Errorf("%s: code %q, want %s", w.id, r.Code(), events.CodeToolError)
+		if w.status == toolbus.StatusFailed && r.Code() != toolbus.CodeToolError {
+			t.Errorf("%s: code %q, want %s", w.id, r.Code(), toolbus.CodeToolError)
 		}
 	}
 }
@@ -159,7 +161,7 @@ func TestMCPServerKilledMidRun(t *testing.T) {
 	s := newStack(t, model)
 	everything := startMCP(t, s, t.TempDir())
 	s.startAll()
-	s.submit("mcp-kill", events.Limits{})
+	s.submit("mcp-kill", toolbus.Limits{})
 	// Kill the server once the long call was requested (it runs 20s, so it is then
 	// normally in flight; if not, it waits for the restarted server instead).
 	eventstest.Eventually(t, 60*time.Second, func() error {
@@ -172,10 +174,10 @@ func TestMCPServerKilledMidRun(t *testing.T) {
 	})
 	everything.kill(t)
 	ended := s.waitEnd("mcp-kill")
-	if ended.Status != events.RunCompleted {
+	if ended.Status != toolbus.RunCompleted {
 		t.Fatalf("run %s (%s), want completed", ended.Status, ended.Reason)
 	}
-	got := map[string]events.ToolResult{}
+	got := map[string]toolbus.ToolResult{}
 	for _, f := range s.finished("mcp-kill") {
 		got[f.ToolResult.CallID] = f.ToolResult
 	}
@@ -185,10 +187,10 @@ func TestMCPServerKilledMidRun(t *testing.T) {
 		}
 	}
 	t.Logf("long call during the kill: %s %q", got["c_long"].Status, got["c_long"].Content)
-	if r := got["c_long"]; r.Status != events.StatusSucceeded && (r.Code() != mcptools.CodeUnavailable || !r.Error.Retryable) {
+	if r := got["c_long"]; r.Status != toolbus.StatusSucceeded && (r.Code() != mcptools.CodeUnavailable || !r.Error.Retryable) {
 		t.Errorf("long call: %s %q, want succeeded or a retryable %s", r.Status, r.Content, mcptools.CodeUnavailable)
 	}
-	if r := got["c_echo1"]; r.Status != events.StatusSucceeded || !strings.Contains(r.Content, "Echo: after the restart") {
+	if r := got["c_echo1"]; r.Status != toolbus.StatusSucceeded || !strings.Contains(r.Content, "Echo: after the restart") {
 		t.Errorf("call after the restart: %s %q", r.Status, r.Content)
 	}
 	if n := everything.starts(); n < 2 {
@@ -212,7 +214,7 @@ func TestMCPListChangedReachesCatalog(t *testing.T) {
 			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "early"}}}, nil
 		})
 	exec := executor.New(s.reg, executor.WithLogger(s.log), executor.WithInstance("mcp-exec"))
-	w := executor.NewWorker(s.bus, exec, executor.WorkerConfig{Instance: "mcp-exec", Logger: s.log, Grace: time.Second})
+	w := worker.New(s.bus, exec, worker.Config{Instance: "mcp-exec", Logger: s.log, Grace: time.Second})
 	p, err := mcptools.New(s.reg, mcptools.Config{}, mcptools.Options{Logger: s.log, OnChange: w.Sync})
 	if err != nil {
 		t.Fatal(err)
@@ -260,12 +262,12 @@ func TestMCPListChangedReachesCatalog(t *testing.T) {
 	})
 	s.startPlanner("planner-1")
 	s.startInjector("injector-1")
-	s.submit("mcp-late", events.Limits{})
-	if ended := s.waitEnd("mcp-late"); ended.Status != events.RunCompleted {
+	s.submit("mcp-late", toolbus.Limits{})
+	if ended := s.waitEnd("mcp-late"); ended.Status != toolbus.RunCompleted {
 		t.Fatalf("run %s (%s)", ended.Status, ended.Reason)
 	}
 	res := s.finished("mcp-late")
-	if len(res) != 1 || res[0].ToolResult.Status != events.StatusSucceeded || res[0].ToolResult.Content != "late answer" {
+	if len(res) != 1 || res[0].ToolResult.Status != toolbus.StatusSucceeded || res[0].ToolResult.Content != "late answer" {
 		t.Fatalf("results %+v, want the late tool's answer", res)
 	}
 }

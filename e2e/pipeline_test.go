@@ -13,9 +13,11 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
 	"github.com/toolbus/toolbus/executor"
+	"github.com/toolbus/toolbus/executor/worker"
 	"github.com/toolbus/toolbus/planner"
 )
 
@@ -32,7 +34,7 @@ func orderedTool(t *testing.T, total int) (executor.Tool, func(*nats.Conn)) {
 	)
 	watch := func(nc *nats.Conn) {
 		sub, err := nc.Subscribe("toolbus.*.tool.finished.ordered", func(m *nats.Msg) {
-			var tf events.ToolFinished
+			var tf toolbus.ToolFinished
 			if _, err := events.Decode(m, &tf); err != nil {
 				t.Errorf("decode: %v", err)
 				return
@@ -75,8 +77,8 @@ func orderedTool(t *testing.T, total int) (executor.Tool, func(*nats.Conn)) {
 	}, watch
 }
 
-func call(id, tool, args string) events.ToolCall {
-	return events.ToolCall{CallID: id, Tool: tool, Arguments: args}
+func call(id, tool, args string) toolbus.ToolCall {
+	return toolbus.ToolCall{CallID: id, Tool: tool, Arguments: args}
 }
 
 func TestStepInjectedInCallOrder(t *testing.T) {
@@ -88,9 +90,9 @@ func TestStepInjectedInCallOrder(t *testing.T) {
 	s := newStack(t, model, tool)
 	watch(s.srv.Conn)
 	s.startAll()
-	s.submit("order-1", events.Limits{})
+	s.submit("order-1", toolbus.Limits{})
 	ended := s.waitEnd("order-1")
-	if ended.Status != events.RunCompleted {
+	if ended.Status != toolbus.RunCompleted {
 		t.Fatalf("status %s (%s), want completed", ended.Status, ended.Reason)
 	}
 	var finishOrder []string
@@ -119,30 +121,30 @@ func TestRunOutcomes(t *testing.T) {
 	tests := []struct {
 		name   string
 		steps  []func(planner.Request) planner.Response
-		limits events.Limits
-		want   events.RunStatus
+		limits toolbus.Limits
+		want   toolbus.RunStatus
 		code   string
 	}{
 		{"unknown tool fails the run", []func(planner.Request) planner.Response{
 			planner.Calls(call("x", "no_such_tool", `{}`)), planner.Answer("unreachable")},
-			events.Limits{}, events.RunFailed, events.CodeUnknownTool},
+			toolbus.Limits{}, toolbus.RunFailed, toolbus.CodeUnknownTool},
 		{"invalid tool name fails the run", []func(planner.Request) planner.Response{
 			planner.Calls(call("x", "bad name.with*chars", `{}`)), planner.Answer("unreachable")},
-			events.Limits{}, events.RunFailed, events.CodeUnknownTool},
+			toolbus.Limits{}, toolbus.RunFailed, toolbus.CodeUnknownTool},
 		{"panic fails the run", []func(planner.Request) planner.Response{
 			planner.Calls(call("x", "panic", `{}`)), planner.Answer("unreachable")},
-			events.Limits{}, events.RunFailed, events.CodeToolInternalError},
+			toolbus.Limits{}, toolbus.RunFailed, toolbus.CodeToolInternalError},
 		{"invalid output fails the run", []func(planner.Request) planner.Response{
 			planner.Calls(call("x", "bad_output", `{}`)), planner.Answer("unreachable")},
-			events.Limits{}, events.RunFailed, events.CodeInvalidToolOutput},
+			toolbus.Limits{}, toolbus.RunFailed, toolbus.CodeInvalidToolOutput},
 		{"malformed arguments go back to the model", []func(planner.Request) planner.Response{
 			planner.Calls(call("x", "calculator", `{"expression": "1+1",}`)), planner.Answer("repaired")},
-			events.Limits{}, events.RunCompleted, ""},
+			toolbus.Limits{}, toolbus.RunCompleted, ""},
 		{"max steps", []func(planner.Request) planner.Response{
 			planner.Calls(call("x", "noop", `{}`))},
-			events.Limits{MaxSteps: 3}, events.RunLimitReached, events.LimitMaxSteps},
+			toolbus.Limits{MaxSteps: 3}, toolbus.RunLimitReached, toolbus.LimitMaxSteps},
 		{"no tool calls completes", []func(planner.Request) planner.Response{planner.Answer("42")},
-			events.Limits{}, events.RunCompleted, ""},
+			toolbus.Limits{}, toolbus.RunCompleted, ""},
 	}
 	s := newStack(t, planner.ModelFunc(func(ctx context.Context, req planner.Request) (planner.Response, error) {
 		return scripts[req.RunID].Complete(ctx, req)
@@ -159,7 +161,7 @@ func TestRunOutcomes(t *testing.T) {
 			if ended.Status != tc.want || ended.Code != tc.code {
 				t.Fatalf("got %s/%s (%s), want %s/%s", ended.Status, ended.Code, ended.Reason, tc.want, tc.code)
 			}
-			if tc.code == events.LimitMaxSteps && ended.StepsUsed != tc.limits.MaxSteps {
+			if tc.code == toolbus.LimitMaxSteps && ended.StepsUsed != tc.limits.MaxSteps {
 				t.Fatalf("steps used %d, want %d", ended.StepsUsed, tc.limits.MaxSteps)
 			}
 			evs := s.runEvents(run)
@@ -177,7 +179,7 @@ func TestSelfRepair(t *testing.T) {
 		planner.Calls(call("call_0", "lookup_incident", `{"incident_id":"INC-404"}`)),
 		func(req planner.Request) planner.Response {
 			last := req.Messages[len(req.Messages)-1]
-			if last.Role != events.RoleTool || !last.IsError {
+			if last.Role != toolbus.RoleTool || !last.IsError {
 				return planner.Answer("unexpected: " + last.Content)(req)
 			}
 			return planner.Calls(call("call_0", "lookup_incident", `{"incident_id":"INC-001"}`))(req)
@@ -188,13 +190,13 @@ func TestSelfRepair(t *testing.T) {
 	}}
 	s := newStack(t, model)
 	s.startAll()
-	s.submit("repair-1", events.Limits{})
+	s.submit("repair-1", toolbus.Limits{})
 	ended := s.waitEnd("repair-1")
-	if ended.Status != events.RunCompleted || ended.StepsUsed != 3 {
+	if ended.Status != toolbus.RunCompleted || ended.StepsUsed != 3 {
 		t.Fatalf("got %s after %d steps (%s)", ended.Status, ended.StepsUsed, ended.Reason)
 	}
 	res := s.finished("repair-1")
-	if len(res) != 2 || res[0].ToolResult.Code() != "incident_not_found" || res[1].ToolResult.Status != events.StatusSucceeded {
+	if len(res) != 2 || res[0].ToolResult.Code() != "incident_not_found" || res[1].ToolResult.Status != toolbus.StatusSucceeded {
 		t.Fatalf("results %+v", res)
 	}
 	// call_0 is reused at every step (some OpenAI-compatible servers do): no collision.
@@ -224,18 +226,18 @@ func TestTwoExecutorsShareTheLoad(t *testing.T) {
 		planner.Answer("done"),
 	}}
 	s := newStack(t, model, counting)
-	s.startExecutor("exec-a", executor.WorkerConfig{Concurrency: 4})
-	s.startExecutor("exec-b", executor.WorkerConfig{Concurrency: 4})
+	s.startExecutor("exec-a", worker.Config{Concurrency: 4})
+	s.startExecutor("exec-b", worker.Config{Concurrency: 4})
 	s.startPlanner("planner-1")
 	s.startInjector("injector-1")
 	const n = 20
 	for i := 0; i < n; i++ {
-		s.submit("share-"+strconv.Itoa(i), events.Limits{})
+		s.submit("share-"+strconv.Itoa(i), toolbus.Limits{})
 	}
 	byExecutor := map[string]int{}
 	for i := 0; i < n; i++ {
 		run := "share-" + strconv.Itoa(i)
-		if ended := s.waitEnd(run); ended.Status != events.RunCompleted {
+		if ended := s.waitEnd(run); ended.Status != toolbus.RunCompleted {
 			t.Fatalf("%s: %s %s", run, ended.Status, ended.Reason)
 		}
 		for _, tf := range s.finished(run) {
@@ -277,7 +279,7 @@ func TestInjectorRestartMidStep(t *testing.T) {
 	}}
 	s := newStack(t, model, blocking)
 	s.startAll()
-	s.submit("restart-1", events.Limits{})
+	s.submit("restart-1", toolbus.Limits{})
 	// The first result is joined by injector-1...
 	eventstest.Eventually(t, 10*time.Second, func() error {
 		rec, _, err := s.bus.Step(s.ctx, "restart-1", 0)
@@ -299,7 +301,7 @@ func TestInjectorRestartMidStep(t *testing.T) {
 		return nil
 	})
 	s.startInjector("injector-2")
-	if ended := s.waitEnd("restart-1"); ended.Status != events.RunCompleted {
+	if ended := s.waitEnd("restart-1"); ended.Status != toolbus.RunCompleted {
 		t.Fatalf("status %s (%s)", ended.Status, ended.Reason)
 	}
 	if n := countType(s.runEvents("restart-1"), events.TypeModelRequested); n != 2 {
@@ -337,8 +339,8 @@ func TestPoisonMessageTerminated(t *testing.T) {
 	if _, err := s.srv.JS.PublishMsg(s.ctx, bad); err != nil {
 		t.Fatal(err)
 	}
-	s.submit("after-poison", events.Limits{})
-	if ended := s.waitEnd("after-poison"); ended.Status != events.RunCompleted {
+	s.submit("after-poison", toolbus.Limits{})
+	if ended := s.waitEnd("after-poison"); ended.Status != toolbus.RunCompleted {
 		t.Fatalf("status %s (%s)", ended.Status, ended.Reason)
 	}
 	got := 0
@@ -374,13 +376,13 @@ func TestHangingToolTimesOut(t *testing.T) {
 	}}
 	s := newStack(t, model, hang)
 	s.startAll()
-	s.submit("hang-1", events.Limits{})
+	s.submit("hang-1", toolbus.Limits{})
 	ended := s.waitEnd("hang-1")
-	if ended.Status != events.RunCompleted || !strings.Contains(ended.Answer, events.CodeTimeout) {
+	if ended.Status != toolbus.RunCompleted || !strings.Contains(ended.Answer, toolbus.CodeTimeout) {
 		t.Fatalf("got %s (%s), answer %q: the model should have read the timeout", ended.Status, ended.Reason, ended.Answer)
 	}
 	for _, tf := range s.finished("hang-1") {
-		if tf.ToolResult.CallID == "h" && (tf.ToolResult.Status != events.StatusTimedOut || tf.ToolResult.Code() != events.CodeTimeout) {
+		if tf.ToolResult.CallID == "h" && (tf.ToolResult.Status != toolbus.StatusTimedOut || tf.ToolResult.Code() != toolbus.CodeTimeout) {
 			t.Fatalf("hanging call: %+v", tf.ToolResult)
 		}
 	}

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/planner"
 )
@@ -21,11 +22,11 @@ func TestPrePlannedRunCallsNoModel(t *testing.T) {
 	s := newStack(t, model)
 	s.startAll()
 	run := "pre-planned-1"
-	err := s.bus.StartRun(s.ctx, events.Source("test", t.Name()), events.RunStarted{
-		RunID: run, Principal: events.Principal{ID: "tester"}, AllowedTools: []string{"calculator"},
-		Messages: []events.Message{{Role: events.RoleUser, Content: "pre-planned"}},
-		Limits:   events.Limits{MaxSteps: 2, Deadline: time.Now().Add(time.Minute)},
-		Calls: []events.ToolCall{
+	err := s.bus.StartRun(s.ctx, events.Source("test", t.Name()), toolbus.RunStarted{
+		RunID: run, Principal: toolbus.Principal{ID: "tester"}, AllowedTools: []string{"calculator"},
+		Messages: []toolbus.Message{{Role: toolbus.RoleUser, Content: "pre-planned"}},
+		Limits:   toolbus.Limits{MaxSteps: 2, Deadline: time.Now().Add(time.Minute)},
+		Calls: []toolbus.ToolCall{
 			{CallID: "c1", Tool: "calculator", Arguments: `{"expression":"2^10"}`},
 			{CallID: "c2", Tool: "lookup_incident", Arguments: `{"incident_id":"INC-404"}`}, // not allowed
 		},
@@ -34,17 +35,17 @@ func TestPrePlannedRunCallsNoModel(t *testing.T) {
 		t.Fatal(err)
 	}
 	ended := s.waitEnd(run)
-	if ended.Status != events.RunCompleted || ended.StepsUsed != 2 {
+	if ended.Status != toolbus.RunCompleted || ended.StepsUsed != 2 {
 		t.Fatalf("run ended %s after %d steps (%s %s), want completed after 2", ended.Status, ended.StepsUsed, ended.Code, ended.Reason)
 	}
-	got := map[string]events.ToolResult{}
+	got := map[string]toolbus.ToolResult{}
 	for _, tf := range s.finished(run) {
 		got[tf.CallID] = tf.ToolResult
 	}
-	if r := got["c1"]; r.Status != events.StatusSucceeded || r.Content == "" {
+	if r := got["c1"]; r.Status != toolbus.StatusSucceeded || r.Content == "" {
 		t.Errorf("c1 (calculator) = %s %q, want succeeded", r.Status, r.Content)
 	}
-	if r := got["c2"]; r.Status != events.StatusRejected || r.Code() != events.CodeNotAuthorized {
+	if r := got["c2"]; r.Status != toolbus.StatusRejected || r.Code() != toolbus.CodeNotAuthorized {
 		t.Errorf("c2 (lookup_incident, not allowed) = %s %s, want rejected not_authorized", r.Status, r.Code())
 	}
 	evs := s.runEvents(run)

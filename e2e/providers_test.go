@@ -12,7 +12,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/planner"
 )
 
@@ -261,17 +261,17 @@ func TestProvidersTwoStepRun(t *testing.T) {
 		name  string
 		fake  func() *providerFake
 		model func(url string) (planner.Model, error)
-		usage events.Usage // of the two requests
+		usage toolbus.Usage // of the two requests
 	}{
 		{"openai", chatFake, func(url string) (planner.Model, error) {
 			return planner.NewOpenAI(planner.OpenAIOptions{APIKey: "k", BaseURL: url + "/v1", Model: "fake-gpt", Logger: quiet})
-		}, events.Usage{InputTokens: 22, OutputTokens: 14}},
+		}, toolbus.Usage{InputTokens: 22, OutputTokens: 14}},
 		{"openai-responses", responsesFake, func(url string) (planner.Model, error) {
 			return planner.NewOpenAIResponses(planner.OpenAIResponsesOptions{APIKey: "k", BaseURL: url + "/v1", Model: "fake-gpt", Logger: quiet})
-		}, events.Usage{InputTokens: 26, OutputTokens: 10}},
+		}, toolbus.Usage{InputTokens: 26, OutputTokens: 10}},
 		{"anthropic", anthropicFake, func(url string) (planner.Model, error) {
 			return planner.NewAnthropic(planner.AnthropicOptions{APIKey: "k", BaseURL: url, Model: "fake-claude", Logger: quiet})
-		}, events.Usage{InputTokens: 42, OutputTokens: 16}},
+		}, toolbus.Usage{InputTokens: 42, OutputTokens: 16}},
 	}
 	for _, p := range providers {
 		t.Run(p.name, func(t *testing.T) {
@@ -285,14 +285,14 @@ func TestProvidersTwoStepRun(t *testing.T) {
 			s := newStack(t, model)
 			s.startAll()
 			run := "providers-" + strings.ReplaceAll(p.name, "-", "_")
-			s.submit(run, events.Limits{})
+			s.submit(run, toolbus.Limits{})
 			ended := s.waitEnd(run)
 
 			accepted, rejected, results := fake.outcome()
 			if len(rejected) > 0 {
 				t.Fatalf("the provider refused requests: %v", rejected)
 			}
-			if ended.Status != events.RunCompleted || ended.Answer != providerAnswer || ended.StepsUsed != 2 {
+			if ended.Status != toolbus.RunCompleted || ended.Answer != providerAnswer || ended.StepsUsed != 2 {
 				t.Fatalf("run ended %+v", ended)
 			}
 			if accepted != 2 || len(results) != 1 || !strings.Contains(results[0], `"value":5`) {
@@ -321,9 +321,9 @@ func TestProvidersReplayIncidentCassette(t *testing.T) {
 	}
 	s := newStack(t, model)
 	s.startAll()
-	s.submit("replayed-incident", events.Limits{})
+	s.submit("replayed-incident", toolbus.Limits{})
 	ended := s.waitEnd("replayed-incident")
-	if ended.Status != events.RunCompleted || ended.StepsUsed != 3 ||
+	if ended.Status != toolbus.RunCompleted || ended.StepsUsed != 3 ||
 		!strings.HasPrefix(ended.Answer, "INC-404 does not exist. INC-001 is a high-severity incident") {
 		t.Fatalf("run ended %+v", ended)
 	}

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/planner"
 )
@@ -54,12 +55,12 @@ func (s *stack) toolbusCLI(bin string, args ...string) (code int, stdout, stderr
 
 // replayJSON is the part of `toolbus replay --json` the tests read.
 type replayJSON struct {
-	Status     events.RunStatus `json:"status"`
-	Transcript []events.Message `json:"transcript"`
+	Status     toolbus.RunStatus `json:"status"`
+	Transcript []toolbus.Message `json:"transcript"`
 	Calls      []struct {
-		CallID   string             `json:"call_id"`
-		Decision string             `json:"decision"`
-		Result   *events.ToolResult `json:"result"`
+		CallID   string              `json:"call_id"`
+		Decision string              `json:"decision"`
+		Result   *toolbus.ToolResult `json:"result"`
 	} `json:"calls"`
 	Violations []struct {
 		Code string `json:"code"`
@@ -82,10 +83,10 @@ func TestReplayCommand(t *testing.T) {
 	s.startAll()
 
 	// Three calls finishing in reverse order, then an approval, then an answer.
-	s.submit("audit-1", events.Limits{})
+	s.submit("audit-1", toolbus.Limits{})
 	s.waitOutcome("audit-1", "waiting for d", waitingFor("d"))
 	s.decide("audit-1", "d", true, "ok")
-	if ended := s.waitEnd("audit-1", events.RunCompleted, events.RunFailed); ended.Status != events.RunCompleted {
+	if ended := s.waitEnd("audit-1", toolbus.RunCompleted, toolbus.RunFailed); ended.Status != toolbus.RunCompleted {
 		t.Fatalf("outcome %+v", ended)
 	}
 	code, out, errOut := s.toolbusCLI(bin, "replay", "audit-1", "--json")
@@ -96,14 +97,14 @@ func TestReplayCommand(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &r); err != nil {
 		t.Fatalf("%v\n%s", err, out)
 	}
-	if !r.OK || r.Status != events.RunCompleted || len(r.Violations) != 0 {
+	if !r.OK || r.Status != toolbus.RunCompleted || len(r.Violations) != 0 {
 		t.Fatalf("report: %+v", r)
 	}
 	last, ok := s.seenReq.forStep("audit-1", 2)
 	if !ok {
 		t.Fatal("no model request for step 2")
 	}
-	want := append(append([]events.Message(nil), last.Messages...), events.Message{Role: events.RoleAssistant, Content: "audited"})
+	want := append(append([]toolbus.Message(nil), last.Messages...), toolbus.Message{Role: toolbus.RoleAssistant, Content: "audited"})
 	if g, w := marshal(t, r.Transcript), marshal(t, want); g != w {
 		t.Fatalf("replayed transcript\n%s\nwant what the model was sent\n%s", g, w)
 	}
@@ -117,12 +118,12 @@ func TestReplayCommand(t *testing.T) {
 	}
 
 	// A cancelled run replays clean: its late cancelled result is allowed.
-	s.submit("audit-cancel", events.Limits{})
+	s.submit("audit-cancel", toolbus.Limits{})
 	s.waitEvents("audit-cancel", events.TypeToolRequested, 1)
-	if _, err := s.bus.PublishCancel(s.ctx, "/test", events.Cancel{RunID: "audit-cancel"}); err != nil {
+	if _, err := s.bus.PublishCancel(s.ctx, "/test", toolbus.Cancel{RunID: "audit-cancel"}); err != nil {
 		t.Fatal(err)
 	}
-	s.waitOutcome("audit-cancel", "cancelled", statusIs(events.RunCancelled))
+	s.waitOutcome("audit-cancel", "cancelled", statusIs(toolbus.RunCancelled))
 	s.waitIdle("executor")
 	code, out, errOut = s.toolbusCLI(bin, "replay", "audit-cancel")
 	if code != 0 || !strings.Contains(out, "run audit-cancel: cancelled") {
@@ -135,8 +136,8 @@ func TestReplayCommand(t *testing.T) {
 	}
 
 	// Forge a second result for a call that has one.
-	forged := events.ToolFinished{RunID: "audit-1", Step: 0, CallIndex: 0, CallCount: 3,
-		ToolResult: events.ToolResult{CallID: "a", Tool: "ordered", Status: events.StatusSucceeded, Content: `{"n":99}`}}
+	forged := toolbus.ToolFinished{RunID: "audit-1", Step: 0, CallIndex: 0, CallCount: 3,
+		ToolResult: toolbus.ToolResult{CallID: "a", Tool: "ordered", Status: toolbus.StatusSucceeded, Content: `{"n":99}`}}
 	if _, err := s.bus.Publish(s.ctx, events.SubjectToolFinished("audit-1", "ordered"), events.Meta{
 		ID: "forged", Type: events.TypeToolFinished, Source: "/forger", RunID: "audit-1", CallID: "a", CallCount: 3,
 	}, forged); err != nil {

@@ -28,11 +28,13 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nkeys"
 
+	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/deploy/nats/natsjwt"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/executor/packs"
+	"github.com/toolbus/toolbus/executor/worker"
 	"github.com/toolbus/toolbus/injector"
 	"github.com/toolbus/toolbus/planner"
 )
@@ -203,8 +205,8 @@ func startSecured(t *testing.T, url string, opts map[string][]nats.Option) *secu
 		}()
 	}
 	log := testLogger()
-	run("executor", executor.NewWorker(s.buses["executor"], executor.New(reg, executor.WithInstance("sec-executor"), executor.WithLogger(log)),
-		executor.WorkerConfig{Instance: "sec-executor", Grace: time.Second, Logger: log}).Run)
+	run("executor", worker.New(s.buses["executor"], executor.New(reg, executor.WithInstance("sec-executor"), executor.WithLogger(log)),
+		worker.Config{Instance: "sec-executor", Grace: time.Second, Logger: log}).Run)
 	eventstest.Eventually(t, 30*time.Second, func() error {
 		cat, err := s.buses["planner"].WatchCatalog(ctx, nil)
 		if err != nil {
@@ -233,16 +235,16 @@ func (s *secured) shutdown() {
 func (s *secured) runOnce(run string) {
 	t := s.t
 	t.Helper()
-	err := s.buses["client"].StartRun(s.ctx, events.Source("cli", "sec"), events.RunStarted{
-		RunID: run, Principal: events.Principal{ID: "sec-tester"},
-		Messages: []events.Message{{Role: events.RoleUser, Content: "2+3?"}},
+	err := s.buses["client"].StartRun(s.ctx, events.Source("cli", "sec"), toolbus.RunStarted{
+		RunID: run, Principal: toolbus.Principal{ID: "sec-tester"},
+		Messages: []toolbus.Message{{Role: toolbus.RoleUser, Content: "2+3?"}},
 	})
 	if err != nil {
 		t.Fatalf("client starts a run: %v", err)
 	}
 	client := s.buses["client"]
 	eventstest.Eventually(t, 60*time.Second, func() error {
-		if _, err := client.Stream.GetLastMsgForSubject(s.ctx, events.SubjectRunEnded(run, events.RunCompleted)); err != nil {
+		if _, err := client.Stream.GetLastMsgForSubject(s.ctx, events.SubjectRunEnded(run, toolbus.RunCompleted)); err != nil {
 			return fmt.Errorf("run %s not completed: %w (violations %v)", run, err, s.viol.all())
 		}
 		return nil
@@ -578,7 +580,7 @@ func (s *secured) clientReads(run string) {
 			return err
 		}
 		for m := range batch.Messages() {
-			if m.Subject() == events.SubjectRunEnded(run, events.RunCompleted) {
+			if m.Subject() == events.SubjectRunEnded(run, toolbus.RunCompleted) {
 				return nil
 			}
 		}
@@ -869,19 +871,19 @@ func TestSecurityToolAllowlist(t *testing.T) {
 	}}
 	s := newStack(t, model, spy)
 	s.startAll()
-	s.submit("allow-1", events.Limits{}, "noop")
-	if ended := s.waitEnd("allow-1"); ended.Status != events.RunCompleted {
+	s.submit("allow-1", toolbus.Limits{}, "noop")
+	if ended := s.waitEnd("allow-1"); ended.Status != toolbus.RunCompleted {
 		t.Fatalf("status %s (%s)", ended.Status, ended.Reason)
 	}
 	res := s.finished("allow-1")
-	byCall := map[string]events.ToolResult{}
+	byCall := map[string]toolbus.ToolResult{}
 	for _, tf := range res {
 		byCall[tf.ToolResult.CallID] = tf.ToolResult
 	}
-	if r := byCall["a"]; r.Status != events.StatusSucceeded {
+	if r := byCall["a"]; r.Status != toolbus.StatusSucceeded {
 		t.Fatalf("allowed call: %+v", r)
 	}
-	if r := byCall["b"]; r.Status != events.StatusRejected || r.Code() != events.CodeNotAuthorized {
+	if r := byCall["b"]; r.Status != toolbus.StatusRejected || r.Code() != toolbus.CodeNotAuthorized {
 		t.Fatalf("call of a tool outside the allowlist: %+v, want rejected/not_authorized", r)
 	}
 	mu.Lock()
@@ -904,7 +906,7 @@ func TestSecurityToolAllowlist(t *testing.T) {
 	next, _ := s.seenReq.forStep("allow-1", 1)
 	found := false
 	for _, m := range next.Messages {
-		if m.Role == events.RoleTool && m.ToolCallID == "b" && m.IsError && strings.Contains(m.Content, "not allowed") {
+		if m.Role == toolbus.RoleTool && m.ToolCallID == "b" && m.IsError && strings.Contains(m.Content, "not allowed") {
 			found = true
 		}
 	}
@@ -918,7 +920,7 @@ func TestSecurityToolAllowlist(t *testing.T) {
 // the tool and its arguments; the hook's refusal is a rejected/not_authorized result.
 func TestSecurityPrincipalReachesAuthorizer(t *testing.T) {
 	type seen struct {
-		p    events.Principal
+		p    toolbus.Principal
 		tool string
 		args string
 	}
@@ -926,12 +928,12 @@ func TestSecurityPrincipalReachesAuthorizer(t *testing.T) {
 		mu  sync.Mutex
 		got []seen
 	)
-	auth := executor.AuthorizerFunc(func(_ context.Context, p events.Principal, tool string, args json.RawMessage) error {
+	auth := executor.AuthorizerFunc(func(_ context.Context, p toolbus.Principal, tool string, args json.RawMessage) error {
 		mu.Lock()
 		got = append(got, seen{p, tool, string(args)})
 		mu.Unlock()
 		if tool == "calculator" && !slices.Contains(p.Roles, "oncall") {
-			return executor.NewError(events.CodeNotAuthorized, "calculator needs the oncall role")
+			return executor.NewError(toolbus.CodeNotAuthorized, "calculator needs the oncall role")
 		}
 		return nil
 	})
@@ -940,9 +942,9 @@ func TestSecurityPrincipalReachesAuthorizer(t *testing.T) {
 		planner.Answer("done"),
 	}}
 	s := newStack(t, model)
-	s.start("exec-auth", executor.NewWorker(s.bus,
+	s.start("exec-auth", worker.New(s.bus,
 		executor.New(s.reg, executor.WithAuthorizer(auth), executor.WithInstance("exec-auth"), executor.WithLogger(s.log)),
-		executor.WorkerConfig{Instance: "exec-auth", Grace: time.Second, Logger: s.log}).Run)
+		worker.Config{Instance: "exec-auth", Grace: time.Second, Logger: s.log}).Run)
 	eventstest.Eventually(t, 10*time.Second, func() error {
 		cat, err := s.bus.WatchCatalog(s.ctx, nil)
 		if err != nil {
@@ -955,27 +957,27 @@ func TestSecurityPrincipalReachesAuthorizer(t *testing.T) {
 	})
 	s.startPlanner("planner-1")
 	s.startInjector("injector-1")
-	principals := map[string]events.Principal{
+	principals := map[string]toolbus.Principal{
 		"auth-alice": {ID: "alice", Roles: []string{"oncall", "sre"}, Attrs: map[string]string{"team": "payments", "tenant": "t-1"}},
 		"auth-bob":   {ID: "bob", Roles: []string{"viewer"}},
 	}
 	for run, p := range principals {
-		err := s.bus.StartRun(s.ctx, "/test", events.RunStarted{RunID: run, Principal: p,
-			Messages: []events.Message{{Role: events.RoleUser, Content: "6*7?"}}})
+		err := s.bus.StartRun(s.ctx, "/test", toolbus.RunStarted{RunID: run, Principal: p,
+			Messages: []toolbus.Message{{Role: toolbus.RoleUser, Content: "6*7?"}}})
 		if err != nil {
 			t.Fatal(err)
 		}
 	}
 	for run := range principals {
-		if ended := s.waitEnd(run); ended.Status != events.RunCompleted {
+		if ended := s.waitEnd(run); ended.Status != toolbus.RunCompleted {
 			t.Fatalf("%s: %s (%s)", run, ended.Status, ended.Reason)
 		}
 	}
-	if r := s.finished("auth-alice")[0].ToolResult; r.Status != events.StatusSucceeded || !strings.Contains(r.Content, "42") {
+	if r := s.finished("auth-alice")[0].ToolResult; r.Status != toolbus.StatusSucceeded || !strings.Contains(r.Content, "42") {
 		t.Fatalf("alice: %+v", r)
 	}
 	r := s.finished("auth-bob")[0].ToolResult
-	if r.Status != events.StatusRejected || r.Code() != events.CodeNotAuthorized || !strings.Contains(r.Content, "oncall role") {
+	if r.Status != toolbus.StatusRejected || r.Code() != toolbus.CodeNotAuthorized || !strings.Contains(r.Content, "oncall role") {
 		t.Fatalf("bob: %+v, want rejected/not_authorized", r)
 	}
 	mu.Lock()

@@ -14,9 +14,10 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
-	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events/eventstest"
 	"github.com/toolbus/toolbus/executor"
+	"github.com/toolbus/toolbus/executor/worker"
 	"github.com/toolbus/toolbus/injector"
 	"github.com/toolbus/toolbus/planner"
 	"github.com/toolbus/toolbus/telemetry"
@@ -33,7 +34,7 @@ func TestMetricsAfterAScriptedRun(t *testing.T) {
 	}}
 	s := newStack(t, planner.ModelFunc(func(ctx context.Context, req planner.Request) (planner.Response, error) {
 		resp, err := script.Complete(ctx, req)
-		resp.Usage = events.Usage{InputTokens: 10, OutputTokens: 3}
+		resp.Usage = toolbus.Usage{InputTokens: 10, OutputTokens: 3}
 		return resp, err
 	}))
 	m := telemetry.New()
@@ -53,7 +54,7 @@ func TestMetricsAfterAScriptedRun(t *testing.T) {
 	}
 
 	exec := executor.New(s.reg, executor.WithLogger(s.log), executor.WithInstance("executor-m"))
-	w := executor.NewWorker(s.bus, exec, executor.WorkerConfig{Instance: "executor-m", Logger: s.log, Grace: time.Second,
+	w := worker.New(s.bus, exec, worker.Config{Instance: "executor-m", Logger: s.log, Grace: time.Second,
 		Metrics: m, Observer: m.Observer("executor")})
 	s.start("executor-m", w.Run)
 	cat, err := s.bus.WatchCatalog(s.ctx, s.log)
@@ -93,8 +94,8 @@ func TestMetricsAfterAScriptedRun(t *testing.T) {
 		return nil
 	})
 
-	s.submit("metrics-1", events.Limits{})
-	if ended := s.waitEnd("metrics-1"); ended.Status != events.RunCompleted {
+	s.submit("metrics-1", toolbus.Limits{})
+	if ended := s.waitEnd("metrics-1"); ended.Status != toolbus.RunCompleted {
 		t.Fatalf("run ended %s/%s (%s), want completed", ended.Status, ended.Code, ended.Reason)
 	}
 
@@ -113,7 +114,7 @@ func TestMetricsAfterAScriptedRun(t *testing.T) {
 		want   float64
 	}{
 		{telemetry.MetricToolCalls, map[string]string{"tool": "noop", "status": "succeeded", "code": ""}, 2},
-		{telemetry.MetricToolCalls, map[string]string{"tool": "fail", "status": "failed", "code": events.CodeToolError}, 1},
+		{telemetry.MetricToolCalls, map[string]string{"tool": "fail", "status": "failed", "code": toolbus.CodeToolError}, 1},
 		{telemetry.MetricToolCallDuration, map[string]string{"tool": "noop"}, 2}, // histogram: sample count
 		{telemetry.MetricToolCallDuration, map[string]string{"tool": "fail"}, 1},
 		{telemetry.MetricToolInFlight, map[string]string{"tool": "noop"}, 0},

@@ -13,9 +13,11 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
 	"github.com/toolbus/toolbus/executor"
+	"github.com/toolbus/toolbus/executor/worker"
 	"github.com/toolbus/toolbus/injector"
 	"github.com/toolbus/toolbus/planner"
 )
@@ -36,7 +38,7 @@ func TestOneTracePerRunAcrossTheBus(t *testing.T) {
 	}}
 	s := newStack(t, planner.ModelFunc(func(ctx context.Context, req planner.Request) (planner.Response, error) {
 		resp, err := script.Complete(ctx, req)
-		resp.Usage = events.Usage{InputTokens: 7, OutputTokens: 2}
+		resp.Usage = toolbus.Usage{InputTokens: 7, OutputTokens: 2}
 		resp.Model = "test-1"
 		return resp, err
 	}))
@@ -52,7 +54,7 @@ func TestOneTracePerRunAcrossTheBus(t *testing.T) {
 	_ = injTracer // the injector makes no span; its provider stands for its process
 
 	exec := executor.New(s.reg, executor.WithLogger(s.log), executor.WithInstance("executor-t"))
-	s.start("executor-t", executor.NewWorker(s.bus, exec, executor.WorkerConfig{Instance: "executor-t", Logger: s.log,
+	s.start("executor-t", worker.New(s.bus, exec, worker.Config{Instance: "executor-t", Logger: s.log,
 		Grace: time.Second, Tracer: execTracer}).Run)
 	cat, err := s.bus.WatchCatalog(s.ctx, s.log)
 	if err != nil {
@@ -72,8 +74,8 @@ func TestOneTracePerRunAcrossTheBus(t *testing.T) {
 		Grace: time.Second, Rules: s.rules}).Run)
 
 	const run = "traced-1"
-	s.submit(run, events.Limits{})
-	if ended := s.waitEnd(run); ended.Status != events.RunCompleted {
+	s.submit(run, toolbus.Limits{})
+	if ended := s.waitEnd(run); ended.Status != toolbus.RunCompleted {
 		t.Fatalf("run ended %s/%s (%s), want completed", ended.Status, ended.Code, ended.Reason)
 	}
 	s.stopAll() // every span ended and exported
@@ -111,7 +113,7 @@ func TestOneTracePerRunAcrossTheBus(t *testing.T) {
 		errTyp string
 	}{
 		"a": {0, "noop", "succeeded", ""},
-		"b": {0, "fail", "failed", events.CodeToolError},
+		"b": {0, "fail", "failed", toolbus.CodeToolError},
 		"c": {1, "noop", "succeeded", ""},
 	}
 	for _, sp := range tools {

@@ -3,12 +3,13 @@ package events_test
 import (
 	"testing"
 
+	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
 )
 
-func benchFinished() events.ToolFinished {
-	return events.ToolFinished{RunID: "run-1", Step: 2, CallIndex: 1, CallCount: 4, ToolResult: events.ToolResult{
-		CallID: "call_01", Tool: "noop", Status: events.StatusSucceeded, Output: []byte(`{}`), Content: "{}",
+func benchFinished() toolbus.ToolFinished {
+	return toolbus.ToolFinished{RunID: "run-1", Step: 2, CallIndex: 1, CallCount: 4, ToolResult: toolbus.ToolResult{
+		CallID: "call_01", Tool: "noop", Status: toolbus.StatusSucceeded, Output: []byte(`{}`), Content: "{}",
 		Attempt: 1, DurationMS: 0, Executor: "bench"}}
 }
 
@@ -29,7 +30,7 @@ func BenchmarkDecode(b *testing.B) {
 	}
 	b.ReportAllocs()
 	for b.Loop() {
-		var tf events.ToolFinished
+		var tf toolbus.ToolFinished
 		if _, err := events.Decode(msg, &tf); err != nil {
 			b.Fatal(err)
 		}
@@ -43,7 +44,7 @@ func BenchmarkDecodeStructured(b *testing.B) {
 	}
 	b.ReportAllocs()
 	for b.Loop() {
-		var tf events.ToolFinished
+		var tf toolbus.ToolFinished
 		if _, err := events.Decode(msg, &tf); err != nil {
 			b.Fatal(err)
 		}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/toolbus/toolbus"
 )
 
 // Names of the JetStream resources toolbus uses.
@@ -109,7 +110,7 @@ type Bus struct {
 	outputs   jetstream.ObjectStore
 
 	mu       sync.Mutex
-	runCache map[string]*RunStarted
+	runCache map[string]*toolbus.RunStarted
 }
 
 // Open binds to the stream and the buckets that exist (Setup, or `toolbus init`, made
@@ -136,7 +137,7 @@ func newJS(nc *nats.Conn) (jetstream.JetStream, error) {
 }
 
 func open(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, cfg Config) (*Bus, error) {
-	b := &Bus{cfg: cfg, NC: nc, JS: js, runCache: map[string]*RunStarted{}}
+	b := &Bus{cfg: cfg, NC: nc, JS: js, runCache: map[string]*toolbus.RunStarted{}}
 	missing := func(what, name string, err error) error {
 		if errors.Is(err, jetstream.ErrStreamNotFound) || errors.Is(err, jetstream.ErrBucketNotFound) {
 			return fmt.Errorf("%w: %s %s does not exist", ErrNotSetUp, what, name)
@@ -274,12 +275,12 @@ var ErrRunExists = errors.New("events: run id already exists")
 // that already has a run.started on the stream is refused with ErrRunExists before
 // anything is published, and a publish the stream reports as a duplicate (a concurrent
 // submission of the same id) is refused the same way.
-func (b *Bus) StartRun(ctx context.Context, source string, rs RunStarted) error {
-	if !ValidRunID(rs.RunID) {
+func (b *Bus) StartRun(ctx context.Context, source string, rs toolbus.RunStarted) error {
+	if !toolbus.ValidRunID(rs.RunID) {
 		return fmt.Errorf("events: invalid run id %q: use 1-128 of [A-Za-z0-9_-]", rs.RunID)
 	}
 	for _, t := range rs.AllowedTools {
-		if !ValidToolName(t) {
+		if !toolbus.ValidToolName(t) {
 			return fmt.Errorf("events: invalid tool name %q in allowed tools", t)
 		}
 	}
@@ -306,7 +307,7 @@ func (b *Bus) StartRun(ctx context.Context, source string, rs RunStarted) error 
 // RunStarted returns the run.started data of a run: the FIRST run.started on its subject
 // (a later one, forged or resubmitted, never counts), read from the stream and cached:
 // it never changes.
-func (b *Bus) RunStarted(ctx context.Context, run string) (*RunStarted, error) {
+func (b *Bus) RunStarted(ctx context.Context, run string) (*toolbus.RunStarted, error) {
 	b.mu.Lock()
 	rs, ok := b.runCache[run]
 	b.mu.Unlock()
@@ -334,7 +335,7 @@ func (b *Bus) RunStartedSeq(ctx context.Context, run string) (uint64, error) {
 }
 
 // firstRunStarted reads the first message on the run's run.started subject.
-func (b *Bus) firstRunStarted(ctx context.Context, run string) (*RunStarted, uint64, error) {
+func (b *Bus) firstRunStarted(ctx context.Context, run string) (*toolbus.RunStarted, uint64, error) {
 	raw, err := b.Stream.GetMsg(ctx, 1, jetstream.WithGetMsgSubject(SubjectRunStarted(run)))
 	if err != nil {
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
@@ -342,7 +343,7 @@ func (b *Bus) firstRunStarted(ctx context.Context, run string) (*RunStarted, uin
 		}
 		return nil, 0, fmt.Errorf("events: run.started of %s: %w", run, err)
 	}
-	rs := new(RunStarted)
+	rs := new(toolbus.RunStarted)
 	if _, err := Decode(&nats.Msg{Subject: raw.Subject, Header: raw.Header, Data: raw.Data}, rs); err != nil {
 		return nil, 0, err
 	}
@@ -352,7 +353,7 @@ func (b *Bus) firstRunStarted(ctx context.Context, run string) (*RunStarted, uin
 // PutAssistant records the assistant message of a step. The first write wins: if the
 // step already has one (a redelivered model.requested), the stored one is returned with
 // created false, so a retried step never changes what the model said.
-func (b *Bus) PutAssistant(ctx context.Context, mr ModelResponded) (ModelResponded, bool, error) {
+func (b *Bus) PutAssistant(ctx context.Context, mr toolbus.ModelResponded) (toolbus.ModelResponded, bool, error) {
 	key := stepKey(mr.RunID, mr.Step, "a")
 	if _, err := b.history.Create(ctx, key, mustJSON(mr)); err != nil {
 		if !errors.Is(err, jetstream.ErrKeyExists) {
@@ -365,8 +366,8 @@ func (b *Bus) PutAssistant(ctx context.Context, mr ModelResponded) (ModelRespond
 }
 
 // Assistant returns the recorded assistant message of a step.
-func (b *Bus) Assistant(ctx context.Context, run string, step int) (ModelResponded, error) {
-	var mr ModelResponded
+func (b *Bus) Assistant(ctx context.Context, run string, step int) (toolbus.ModelResponded, error) {
+	var mr toolbus.ModelResponded
 	err := b.getJSON(ctx, b.history, stepKey(run, step, "a"), &mr)
 	return mr, err
 }

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
 )
@@ -22,7 +23,7 @@ func openBus(t *testing.T) *events.Bus {
 func TestBusStores(t *testing.T) {
 	bus := openBus(t)
 	ctx := eventstest.Context(t, time.Minute)
-	rs := events.RunStarted{RunID: "r1", Messages: []events.Message{{Role: events.RoleUser, Content: "q"}}}
+	rs := toolbus.RunStarted{RunID: "r1", Messages: []toolbus.Message{{Role: toolbus.RoleUser, Content: "q"}}}
 	if err := bus.StartRun(ctx, "/test", rs); err != nil {
 		t.Fatal(err)
 	}
@@ -37,7 +38,7 @@ func TestBusStores(t *testing.T) {
 	if info.State.Msgs != 1 {
 		t.Fatalf("%d messages in the stream, want 1 (run.started only: the injector asks for step 0)", info.State.Msgs)
 	}
-	if err := bus.StartRun(ctx, "/test", events.RunStarted{RunID: "bad.id"}); err == nil {
+	if err := bus.StartRun(ctx, "/test", toolbus.RunStarted{RunID: "bad.id"}); err == nil {
 		t.Fatal("invalid run id accepted")
 	}
 	got, err := bus.RunStarted(ctx, "r1")
@@ -49,7 +50,7 @@ func TestBusStores(t *testing.T) {
 	}
 
 	// The first assistant message of a step wins.
-	first := events.ModelResponded{RunID: "r1", Step: 0, Message: events.Message{Role: events.RoleAssistant, Content: "first"}}
+	first := toolbus.ModelResponded{RunID: "r1", Step: 0, Message: toolbus.Message{Role: toolbus.RoleAssistant, Content: "first"}}
 	if _, created, err := bus.PutAssistant(ctx, first); err != nil || !created {
 		t.Fatalf("PutAssistant: %v %v", created, err)
 	}
@@ -61,9 +62,9 @@ func TestBusStores(t *testing.T) {
 	}
 
 	// Join state: compare-and-set; results: one key each, the first stands.
-	mr := events.ModelResponded{RunID: "r1", Step: 0, Message: events.Message{Role: events.RoleAssistant,
-		ToolCalls: []events.ToolCall{{CallID: "a", Tool: "t"}, {CallID: "b", Tool: "t"}}}}
-	if _, _, err := bus.PutAssistant(ctx, events.ModelResponded{RunID: "r1", Step: 1, Message: mr.Message}); err != nil {
+	mr := toolbus.ModelResponded{RunID: "r1", Step: 0, Message: toolbus.Message{Role: toolbus.RoleAssistant,
+		ToolCalls: []toolbus.ToolCall{{CallID: "a", Tool: "t"}, {CallID: "b", Tool: "t"}}}}
+	if _, _, err := bus.PutAssistant(ctx, toolbus.ModelResponded{RunID: "r1", Step: 1, Message: mr.Message}); err != nil {
 		t.Fatal(err)
 	}
 	js := events.NewStepState("r1", 1, 2)
@@ -74,10 +75,10 @@ func TestBusStores(t *testing.T) {
 	if _, err := bus.PutStepState(ctx, js, 0); !errors.Is(err, events.ErrConflict) {
 		t.Fatalf("second create: %v, want ErrConflict", err)
 	}
-	if _, created, err := bus.PutResult(ctx, "r1", 1, 1, events.ToolResult{CallID: "b", Status: events.StatusSucceeded, Content: "x"}); err != nil || !created {
+	if _, created, err := bus.PutResult(ctx, "r1", 1, 1, toolbus.ToolResult{CallID: "b", Status: toolbus.StatusSucceeded, Content: "x"}); err != nil || !created {
 		t.Fatalf("PutResult: %v %v", created, err)
 	}
-	if kept, created, err := bus.PutResult(ctx, "r1", 1, 1, events.ToolResult{CallID: "b", Status: events.StatusFailed}); err != nil || created || kept.Content != "x" {
+	if kept, created, err := bus.PutResult(ctx, "r1", 1, 1, toolbus.ToolResult{CallID: "b", Status: toolbus.StatusFailed}); err != nil || created || kept.Content != "x" {
 		t.Fatalf("second PutResult: %+v %v %v", kept, created, err)
 	}
 	js.Received.Set(1)
@@ -95,17 +96,17 @@ func TestBusStores(t *testing.T) {
 	}
 
 	// Run state: a terminal state cannot be left.
-	if err := bus.EndRun(ctx, "/test", 1, events.RunEnded{RunID: "r1", Status: events.RunCancelled}); err != nil {
+	if err := bus.EndRun(ctx, "/test", 1, toolbus.RunEnded{RunID: "r1", Status: toolbus.RunCancelled}); err != nil {
 		t.Fatal(err)
 	}
-	if err := bus.EndRun(ctx, "/test", 1, events.RunEnded{RunID: "r1", Status: events.RunCompleted}); !errors.Is(err, events.ErrRunEnded) {
+	if err := bus.EndRun(ctx, "/test", 1, toolbus.RunEnded{RunID: "r1", Status: toolbus.RunCompleted}); !errors.Is(err, events.ErrRunEnded) {
 		t.Fatalf("completed after cancelled: %v", err)
 	}
-	if err := bus.EndRun(ctx, "/test", 1, events.RunEnded{RunID: "r1", Status: events.RunCancelled}); err != nil {
+	if err := bus.EndRun(ctx, "/test", 1, toolbus.RunEnded{RunID: "r1", Status: toolbus.RunCancelled}); err != nil {
 		t.Fatalf("republishing the same outcome must be allowed: %v", err)
 	}
 	st, _, err := bus.RunState(ctx, "r1")
-	if err != nil || st.Status != events.RunCancelled {
+	if err != nil || st.Status != toolbus.RunCancelled {
 		t.Fatalf("state %+v %v", st, err)
 	}
 
@@ -124,10 +125,10 @@ func TestBusStores(t *testing.T) {
 func TestCatalog(t *testing.T) {
 	bus := openBus(t)
 	ctx := eventstest.Context(t, time.Minute)
-	if err := bus.PublishTool(ctx, events.ToolContract{Name: "a", ReadOnly: true}); err != nil {
+	if err := bus.PublishTool(ctx, toolbus.ToolContract{Name: "a", ReadOnly: true}); err != nil {
 		t.Fatal(err)
 	}
-	if err := bus.PublishTool(ctx, events.ToolContract{Name: "bad name"}); err == nil {
+	if err := bus.PublishTool(ctx, toolbus.ToolContract{Name: "bad name"}); err == nil {
 		t.Fatal("invalid tool name published")
 	}
 	cat, err := bus.WatchCatalog(ctx, nil)
@@ -140,7 +141,7 @@ func TestCatalog(t *testing.T) {
 	if got := cat.Tools(nil); len(got) != 0 {
 		t.Fatalf("tools with no live instance offered: %+v", got)
 	}
-	if err := bus.PublishTool(ctx, events.ToolContract{Name: "b"}); err != nil {
+	if err := bus.PublishTool(ctx, toolbus.ToolContract{Name: "b"}); err != nil {
 		t.Fatal(err)
 	}
 	if err := bus.PutInstance(ctx, events.Instance{Name: "x-1", Tools: []string{"a", "b"}}); err != nil {
@@ -155,11 +156,11 @@ func TestCatalog(t *testing.T) {
 	if got := cat.Serving("a"); len(got) != 1 || got[0] != "x-1" {
 		t.Fatalf("serving a: %v", got)
 	}
-	only := cat.Tools(&events.RunStarted{AllowedTools: []string{"b"}})
+	only := cat.Tools(&toolbus.RunStarted{AllowedTools: []string{"b"}})
 	if len(only) != 1 || only[0].Name != "b" {
 		t.Fatalf("allowlist filter: %+v", only)
 	}
-	if got := events.OpenAITools(only); got[0].Type != "function" || string(got[0].Function.Parameters) == "" {
+	if got := toolbus.OpenAITools(only); got[0].Type != "function" || string(got[0].Function.Parameters) == "" {
 		t.Fatalf("openai export %+v", got)
 	}
 }

@@ -9,12 +9,13 @@ import (
 	"sync"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/toolbus/toolbus"
 )
 
 // PublishTool writes a tool contract to the catalog (key = tool name). Executors call it
 // at start for every tool they serve.
-func (b *Bus) PublishTool(ctx context.Context, c ToolContract) error {
-	if !ValidToolName(c.Name) {
+func (b *Bus) PublishTool(ctx context.Context, c toolbus.ToolContract) error {
+	if !toolbus.ValidToolName(c.Name) {
 		return fmt.Errorf("events: invalid tool name %q", c.Name)
 	}
 	if _, err := b.tools.Put(ctx, c.Name, mustJSON(c)); err != nil {
@@ -28,16 +29,16 @@ func (b *Bus) PublishTool(ctx context.Context, c ToolContract) error {
 // least one live instance serves it.
 type Catalog struct {
 	mu        sync.RWMutex
-	tools     map[string]ToolContract
+	tools     map[string]toolbus.ToolContract
 	instances map[string]Instance // by instance key
 }
 
 // WatchCatalog starts watching the catalog and the instances until ctx ends. The
 // returned catalog holds every tool and live instance present at start.
 func (b *Bus) WatchCatalog(ctx context.Context, log *slog.Logger) (*Catalog, error) {
-	c := &Catalog{tools: map[string]ToolContract{}, instances: map[string]Instance{}}
+	c := &Catalog{tools: map[string]toolbus.ToolContract{}, instances: map[string]Instance{}}
 	if err := watchBucket(ctx, b.tools, log, func(key string, val []byte) {
-		var tc ToolContract
+		var tc toolbus.ToolContract
 		if val == nil {
 			delete(c.tools, key)
 		} else if err := json.Unmarshal(val, &tc); err == nil {
@@ -98,7 +99,7 @@ func watchBucket(ctx context.Context, kv jetstream.KeyValue, log *slog.Logger, a
 }
 
 // Lookup returns the contract of a tool, whether or not an instance serves it now.
-func (c *Catalog) Lookup(name string) (ToolContract, bool) {
+func (c *Catalog) Lookup(name string) (toolbus.ToolContract, bool) {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
 	t, ok := c.tools[name]
@@ -128,7 +129,7 @@ func (c *Catalog) servingLocked(tool string) []string {
 
 // Tools returns the contracts allowed by rs (all when rs is nil) that at least one live
 // instance serves, sorted by name: a tool whose last executor is gone is not offered.
-func (c *Catalog) Tools(rs *RunStarted) []ToolContract {
+func (c *Catalog) Tools(rs *toolbus.RunStarted) []toolbus.ToolContract {
 	c.mu.RLock()
 	live := make(map[string]bool, len(c.tools))
 	for _, in := range c.instances {
@@ -136,7 +137,7 @@ func (c *Catalog) Tools(rs *RunStarted) []ToolContract {
 			live[t] = true
 		}
 	}
-	out := make([]ToolContract, 0, len(c.tools))
+	out := make([]toolbus.ToolContract, 0, len(c.tools))
 	for _, t := range c.tools {
 		if live[t.Name] && (rs == nil || rs.Allows(t.Name)) {
 			out = append(out, t)
@@ -149,7 +150,7 @@ func (c *Catalog) Tools(rs *RunStarted) []ToolContract {
 
 // Decision is a recorded approval decision for one call.
 type Decision struct {
-	Approval
+	toolbus.Approval
 	Granted bool `json:"granted"`
 }
 

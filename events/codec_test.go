@@ -8,6 +8,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
 )
 
@@ -21,9 +22,9 @@ func sampleMeta() events.Meta {
 }
 
 func TestCodecRoundTrip(t *testing.T) {
-	res := events.ToolFinished{RunID: "run-1", Step: 2, CallIndex: 1, CallCount: 3, ToolResult: events.ToolResult{
-		CallID: "call_01", Tool: "lookup_incident", Status: events.StatusFailed, Content: "x",
-		Error: &events.ToolError{Code: "incident_not_found", Message: "no incident INC-404"},
+	res := toolbus.ToolFinished{RunID: "run-1", Step: 2, CallIndex: 1, CallCount: 3, ToolResult: toolbus.ToolResult{
+		CallID: "call_01", Tool: "lookup_incident", Status: toolbus.StatusFailed, Content: "x",
+		Error: &toolbus.ToolError{Code: "incident_not_found", Message: "no incident INC-404"},
 	}}
 	encoders := []struct {
 		name string
@@ -55,7 +56,7 @@ func TestCodecRoundTrip(t *testing.T) {
 			} else if ct := msg.Header.Get("Content-Type"); ct != "application/cloudevents+json" {
 				t.Fatalf("structured content type %q", ct)
 			}
-			var got events.ToolFinished
+			var got toolbus.ToolFinished
 			meta, err := events.Decode(msg, &got)
 			if err != nil {
 				t.Fatal(err)
@@ -76,7 +77,7 @@ func TestCodecRoundTrip(t *testing.T) {
 }
 
 func TestDecodeRejects(t *testing.T) {
-	good, err := events.Encode("toolbus.r.model.requested", events.Meta{ID: "r/0/model.requested", Type: events.TypeModelRequested, Source: "/t", RunID: "r"}, events.ModelRequested{RunID: "r"})
+	good, err := events.Encode("toolbus.r.model.requested", events.Meta{ID: "r/0/model.requested", Type: events.TypeModelRequested, Source: "/t", RunID: "r"}, toolbus.ModelRequested{RunID: "r"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -116,7 +117,7 @@ func TestDecodeRejects(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			var v events.ModelRequested
+			var v toolbus.ModelRequested
 			_, err := events.Decode(tc.msg, &v)
 			if !errors.Is(err, events.ErrNotCloudEvent) {
 				t.Fatalf("err %v, want ErrNotCloudEvent", err)
@@ -127,7 +128,7 @@ func TestDecodeRejects(t *testing.T) {
 
 // A consumer must accept header names in any case (NATS keeps them as sent).
 func TestDecodeHeaderCase(t *testing.T) {
-	msg, err := events.Encode("toolbus.r.model.requested", events.Meta{ID: "x", Type: events.TypeModelRequested, Source: "/t", RunID: "r", Step: 4}, events.ModelRequested{RunID: "r", Step: 4})
+	msg, err := events.Encode("toolbus.r.model.requested", events.Meta{ID: "x", Type: events.TypeModelRequested, Source: "/t", RunID: "r", Step: 4}, toolbus.ModelRequested{RunID: "r", Step: 4})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -154,7 +155,7 @@ func TestEncodeValidates(t *testing.T) {
 }
 
 func FuzzDecode(f *testing.F) {
-	good, _ := events.Encode("toolbus.r.tool.finished.x", sampleMeta(), events.ToolFinished{RunID: "r"})
+	good, _ := events.Encode("toolbus.r.tool.finished.x", sampleMeta(), toolbus.ToolFinished{RunID: "r"})
 	f.Add(good.Data, "application/json", "1.0", "2")
 	f.Add([]byte(`{"specversion":"1.0","id":"x","type":"t","source":"/s","data":{}}`), "application/cloudevents+json", "", "")
 	f.Add([]byte("\xff\xfe"), "", "1.0", "-1")
@@ -166,7 +167,7 @@ func FuzzDecode(f *testing.F) {
 		h.Set("Content-Type", ct)
 		h.Set("ce-specversion", spec)
 		h.Set("ce-step", step)
-		var tf events.ToolFinished
+		var tf toolbus.ToolFinished
 		_, err := events.Decode(&nats.Msg{Subject: "s", Header: h, Data: data}, &tf)
 		if err != nil && !errors.Is(err, events.ErrNotCloudEvent) {
 			t.Fatalf("error does not wrap ErrNotCloudEvent: %v", err)

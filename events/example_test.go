@@ -3,6 +3,7 @@ package events_test
 import (
 	"fmt"
 
+	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
 )
 
@@ -12,15 +13,15 @@ func ExampleEncode() {
 		ID:   events.IDToolFinished("run-1", 0, "call_1"),
 		Type: events.TypeToolFinished, Source: events.Source("executor", "e1"),
 		RunID: "run-1", CallID: "call_1", CallIndex: 0, CallCount: 1,
-	}, events.ToolFinished{RunID: "run-1", CallCount: 1, ToolResult: events.ToolResult{
-		CallID: "call_1", Tool: "calculator", Status: events.StatusSucceeded, Content: `{"value":701}`}})
+	}, toolbus.ToolFinished{RunID: "run-1", CallCount: 1, ToolResult: toolbus.ToolResult{
+		CallID: "call_1", Tool: "calculator", Status: toolbus.StatusSucceeded, Content: `{"value":701}`}})
 	if err != nil {
 		panic(err)
 	}
 	fmt.Println(msg.Subject)
 	fmt.Println(msg.Header.Get("ce-type"), msg.Header.Get("Nats-Msg-Id"))
 
-	var tf events.ToolFinished
+	var tf toolbus.ToolFinished
 	meta, err := events.Decode(msg, &tf)
 	if err != nil {
 		panic(err)

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
 )
 
@@ -41,95 +42,95 @@ const exRun = "run-7f3a"
 // examples returns one example of every event type, in contract order. Types with more
 // than one interesting shape (tool.finished) have extra examples, named type#n.
 func examples() []example {
-	call0 := events.ToolCall{CallID: "call_01", Tool: "lookup_incident", Arguments: `{"incident_id":"INC-404"}`}
-	call1 := events.ToolCall{CallID: "call_02", Tool: "restart_service", Arguments: `{"service":"auth-api"}`}
-	principal := events.Principal{ID: "alice", Roles: []string{"oncall"}}
+	call0 := toolbus.ToolCall{CallID: "call_01", Tool: "lookup_incident", Arguments: `{"incident_id":"INC-404"}`}
+	call1 := toolbus.ToolCall{CallID: "call_02", Tool: "restart_service", Arguments: `{"service":"auth-api"}`}
+	principal := toolbus.Principal{ID: "alice", Roles: []string{"oncall"}}
 	const trace = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
-	tool := func(src string, step int, c events.ToolCall, idx, n int) events.Meta {
+	tool := func(src string, step int, c toolbus.ToolCall, idx, n int) events.Meta {
 		return events.Meta{Source: events.Source(src, "exec-1"), Time: exampleAt, RunID: exRun, Step: step,
 			CallID: c.CallID, CallIndex: idx, CallCount: n, HasCall: true, TraceParent: trace}
 	}
 	run := func(src string, step int) events.Meta {
 		return events.Meta{Source: events.Source(src, "host-1"), Time: exampleAt, RunID: exRun, Step: step}
 	}
-	ended := func(s events.RunStatus, step int, e events.RunEnded) example {
+	ended := func(s toolbus.RunStatus, step int, e toolbus.RunEnded) example {
 		e.RunID, e.Status = exRun, s
 		m := run("injector", step)
-		if s == events.RunCompleted {
+		if s == toolbus.RunCompleted {
 			m.Source = events.Source("planner", "host-1")
 		}
 		m.ID = events.IDRunEnded(exRun, step, s)
 		return example{events.TypeRunEnded(s), events.SubjectRunEnded(exRun, s), m, e}
 	}
 	withID := func(m events.Meta, id string) events.Meta { m.ID = id; return m }
-	finishedMeta := func(c events.ToolCall, idx int) events.Meta {
+	finishedMeta := func(c toolbus.ToolCall, idx int) events.Meta {
 		return withID(tool("executor", 0, c, idx, 2), events.IDToolFinished(exRun, 0, c.CallID))
 	}
-	usage := events.Usage{InputTokens: 812, OutputTokens: 98}
+	usage := toolbus.Usage{InputTokens: 812, OutputTokens: 98}
 	return []example{
 		{events.TypeRunStarted, events.SubjectRunStarted(exRun), withID(run("client", 0), events.IDRunStarted(exRun)),
-			events.RunStarted{RunID: exRun, Messages: []events.Message{
-				{Role: events.RoleSystem, Content: "You are the on-call assistant."},
-				{Role: events.RoleUser, Content: "What is going on with INC-404?"}},
+			toolbus.RunStarted{RunID: exRun, Messages: []toolbus.Message{
+				{Role: toolbus.RoleSystem, Content: "You are the on-call assistant."},
+				{Role: toolbus.RoleUser, Content: "What is going on with INC-404?"}},
 				AllowedTools: []string{"lookup_incident", "restart_service"},
-				Limits:       events.Limits{MaxSteps: 10, Deadline: exampleAt.Add(10 * time.Minute), TokenBudget: 20000},
+				Limits:       toolbus.Limits{MaxSteps: 10, Deadline: exampleAt.Add(10 * time.Minute), TokenBudget: 20000},
 				Model:        "openai:gpt-4o", Principal: principal, StartedAt: exampleAt}},
 		{events.TypeModelRequested, events.SubjectModelRequested(exRun), withID(run("client", 0), events.IDModelRequested(exRun, 0)),
-			events.ModelRequested{RunID: exRun, Step: 0}},
+			toolbus.ModelRequested{RunID: exRun, Step: 0}},
 		{events.TypeModelResponded, events.SubjectModelResponded(exRun), withID(run("planner", 0), events.IDModelResponded(exRun, 0)),
-			events.ModelResponded{RunID: exRun, Step: 0, Message: events.Message{Role: events.RoleAssistant,
-				Content: "Let me look the incident up.", ToolCalls: []events.ToolCall{call0, call1}},
+			toolbus.ModelResponded{RunID: exRun, Step: 0, Message: toolbus.Message{Role: toolbus.RoleAssistant,
+				Content: "Let me look the incident up.", ToolCalls: []toolbus.ToolCall{call0, call1}},
 				Usage: usage, Model: "gpt-4o", LatencyMS: 840}},
 		{events.TypeToolRequested, events.SubjectToolRequested(exRun, call0.Tool),
 			withID(tool("planner", 0, call0, 0, 2), events.IDToolRequested(exRun, 0, call0.CallID, false)),
-			events.ToolRequested{RunID: exRun, Step: 0, CallIndex: 0, CallCount: 2, Call: call0,
+			toolbus.ToolRequested{RunID: exRun, Step: 0, CallIndex: 0, CallCount: 2, Call: call0,
 				Deadline: exampleAt.Add(10 * time.Minute), Principal: principal,
 				AllowedTools: []string{"lookup_incident", "restart_service"}}},
 		{events.TypeToolFinished, events.SubjectToolFinished(exRun, call0.Tool), finishedMeta(call0, 0),
-			events.ToolFinished{RunID: exRun, Step: 0, CallIndex: 0, CallCount: 2, ToolResult: events.ToolResult{
-				CallID: call0.CallID, Tool: call0.Tool, Status: events.StatusFailed,
-				Error:   &events.ToolError{Code: "incident_not_found", Message: "no incident INC-404"},
+			toolbus.ToolFinished{RunID: exRun, Step: 0, CallIndex: 0, CallCount: 2, ToolResult: toolbus.ToolResult{
+				CallID: call0.CallID, Tool: call0.Tool, Status: toolbus.StatusFailed,
+				Error:   &toolbus.ToolError{Code: "incident_not_found", Message: "no incident INC-404"},
 				Content: `{"error":{"code":"incident_not_found","message":"no incident INC-404","retryable":false}}`,
 				Attempt: 1, DurationMS: 12, Executor: "exec-1"}}},
 		{events.TypeToolFinished + "#2", events.SubjectToolFinished(exRun, "big_output"),
-			finishedMeta(events.ToolCall{CallID: "call_03", Tool: "big_output"}, 1),
-			events.ToolFinished{RunID: exRun, Step: 0, CallIndex: 1, CallCount: 2, ToolResult: events.ToolResult{
-				CallID: "call_03", Tool: "big_output", Status: events.StatusSucceeded,
+			finishedMeta(toolbus.ToolCall{CallID: "call_03", Tool: "big_output"}, 1),
+			toolbus.ToolFinished{RunID: exRun, Step: 0, CallIndex: 1, CallCount: 2, ToolResult: toolbus.ToolResult{
+				CallID: "call_03", Tool: "big_output", Status: toolbus.StatusSucceeded,
 				Output:  json.RawMessage(`{"lines":["auth-api: pool exhausted","password=[REDACTED]"]}`),
 				Content: `{"lines":["auth-api: pool exhausted",` + "\n[... 5226496 bytes omitted ...]\n" + `"password=[REDACTED]"]}`,
-				Truncated: &events.Truncation{OriginalBytes: 5242880, KeptBytes: 16384,
+				Truncated: &toolbus.Truncation{OriginalBytes: 5242880, KeptBytes: 16384,
 					Ref: "objectstore://toolbus_outputs/run-7f3a/0/call_03"},
 				Redactions: 1, Attempt: 1, DurationMS: 40, Executor: "exec-1"}}},
 		{events.TypeToolFinished + "#3", events.SubjectToolFinished(exRun, "calculator"),
-			finishedMeta(events.ToolCall{CallID: "call_04", Tool: "calculator"}, 1),
-			events.ToolFinished{RunID: exRun, Step: 0, CallIndex: 1, CallCount: 2, ToolResult: events.ToolResult{
-				CallID: "call_04", Tool: "calculator", Status: events.StatusRejected,
-				Error: &events.ToolError{Code: events.CodeInvalidArguments, Message: "arguments violate the input schema",
+			finishedMeta(toolbus.ToolCall{CallID: "call_04", Tool: "calculator"}, 1),
+			toolbus.ToolFinished{RunID: exRun, Step: 0, CallIndex: 1, CallCount: 2, ToolResult: toolbus.ToolResult{
+				CallID: "call_04", Tool: "calculator", Status: toolbus.StatusRejected,
+				Error: &toolbus.ToolError{Code: toolbus.CodeInvalidArguments, Message: "arguments violate the input schema",
 					Details: json.RawMessage(`[{"path":"/expression","message":"missing property"}]`)},
 				Content: `{"error":{"code":"invalid_arguments","message":"arguments violate the input schema","retryable":false}}`,
 				Attempt: 1, DurationMS: 0, Executor: "exec-1"}}},
 		{events.TypeToolWaiting, events.SubjectToolWaiting(exRun, call1.Tool),
 			withID(tool("executor", 0, call1, 1, 2), events.IDToolWaiting(exRun, 0, call1.CallID)),
-			events.ToolWaiting{RunID: exRun, Step: 0, CallIndex: 1, CallCount: 2, Call: call1}},
+			toolbus.ToolWaiting{RunID: exRun, Step: 0, CallIndex: 1, CallCount: 2, Call: call1}},
 		{events.TypeApprovalGranted, events.SubjectApproval(exRun, true),
 			events.Meta{ID: events.IDApproval(exRun, "0/"+call1.CallID, true), Source: events.Source("cli", "bob"), Time: exampleAt,
 				RunID: exRun, Step: 0, CallID: call1.CallID, HasCall: true},
-			events.Approval{RunID: exRun, CallID: call1.CallID, Who: "bob", Why: "change CHG-1 approved"}},
+			toolbus.Approval{RunID: exRun, CallID: call1.CallID, Who: "bob", Why: "change CHG-1 approved"}},
 		{events.TypeApprovalDenied, events.SubjectApproval(exRun, false),
 			events.Meta{ID: events.IDApproval(exRun, "0/"+call1.CallID, false), Source: events.Source("cli", "bob"), Time: exampleAt,
 				RunID: exRun, Step: 0, CallID: call1.CallID, HasCall: true},
-			events.Approval{RunID: exRun, CallID: call1.CallID, Who: "bob", Why: "not during the freeze"}},
+			toolbus.Approval{RunID: exRun, CallID: call1.CallID, Who: "bob", Why: "not during the freeze"}},
 		{events.TypeRunCancel, events.SubjectRunCancel(exRun), withID(run("cli", 0), events.IDRunCancel(exRun)),
-			events.Cancel{RunID: exRun, Reason: "wrong incident", Who: "alice"}},
-		ended(events.RunCompleted, 2, events.RunEnded{Answer: "INC-404 does not exist. INC-001 is a high-severity incident on auth-api.",
-			StepsUsed: 3, Usage: events.Usage{InputTokens: 2400, OutputTokens: 310}}),
-		ended(events.RunWaitingForApproval, 0, events.RunEnded{Reason: "1 call waits for approval",
-			Pending: []events.ToolCall{call1}, StepsUsed: 1, Usage: usage}),
-		ended(events.RunFailed, 1, events.RunEnded{Reason: "tool restart_service failed: tool_internal_error",
-			Code: events.CodeToolInternalError, StepsUsed: 2, Usage: usage}),
-		ended(events.RunLimitReached, 10, events.RunEnded{Reason: "max steps 10 reached", Code: events.LimitMaxSteps,
-			StepsUsed: 10, Usage: events.Usage{InputTokens: 9100, OutputTokens: 800}}),
-		ended(events.RunCancelled, 1, events.RunEnded{Reason: "wrong incident", StepsUsed: 1, Usage: usage}),
+			toolbus.Cancel{RunID: exRun, Reason: "wrong incident", Who: "alice"}},
+		ended(toolbus.RunCompleted, 2, toolbus.RunEnded{Answer: "INC-404 does not exist. INC-001 is a high-severity incident on auth-api.",
+			StepsUsed: 3, Usage: toolbus.Usage{InputTokens: 2400, OutputTokens: 310}}),
+		ended(toolbus.RunWaitingForApproval, 0, toolbus.RunEnded{Reason: "1 call waits for approval",
+			Pending: []toolbus.ToolCall{call1}, StepsUsed: 1, Usage: usage}),
+		ended(toolbus.RunFailed, 1, toolbus.RunEnded{Reason: "tool restart_service failed: tool_internal_error",
+			Code: toolbus.CodeToolInternalError, StepsUsed: 2, Usage: usage}),
+		ended(toolbus.RunLimitReached, 10, toolbus.RunEnded{Reason: "max steps 10 reached", Code: toolbus.LimitMaxSteps,
+			StepsUsed: 10, Usage: toolbus.Usage{InputTokens: 9100, OutputTokens: 800}}),
+		ended(toolbus.RunCancelled, 1, toolbus.RunEnded{Reason: "wrong incident", StepsUsed: 1, Usage: usage}),
 	}
 }
 
@@ -183,8 +184,8 @@ func contractTypes(t testing.TB) []string {
 			}
 		}
 	}
-	for _, s := range []events.RunStatus{events.RunCompleted, events.RunWaitingForApproval, events.RunFailed,
-		events.RunLimitReached, events.RunCancelled} {
+	for _, s := range []toolbus.RunStatus{toolbus.RunCompleted, toolbus.RunWaitingForApproval, toolbus.RunFailed,
+		toolbus.RunLimitReached, toolbus.RunCancelled} {
 		if !slices.Contains(types, events.TypeRunEnded(s)) {
 			t.Fatalf("events.EventTypes does not list %s", events.TypeRunEnded(s))
 		}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/toolbus/toolbus"
 )
 
 // Instance is the heartbeat record of one executor process in the instances bucket
@@ -162,15 +163,15 @@ func (b *Bus) ToolQueueInfo(ctx context.Context, tool string) (ToolQueue, error)
 
 // Contracts lists every tool contract in the catalog, sorted by name, whether or not an
 // instance serves it now.
-func (b *Bus) Contracts(ctx context.Context) ([]ToolContract, error) {
+func (b *Bus) Contracts(ctx context.Context) ([]toolbus.ToolContract, error) {
 	lister, err := b.tools.ListKeys(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("events: list catalog: %w", err)
 	}
 	defer lister.Stop() //nolint:errcheck // nothing to do
-	var out []ToolContract
+	var out []toolbus.ToolContract
 	for k := range lister.Keys() {
-		var tc ToolContract
+		var tc toolbus.ToolContract
 		if err := b.getJSON(ctx, b.tools, k, &tc); err != nil {
 			continue
 		}

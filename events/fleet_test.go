@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
 )
@@ -18,7 +19,7 @@ func TestInstanceExpiresFromCatalog(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := bus.PublishTool(ctx, events.ToolContract{Name: "solo"}); err != nil {
+	if err := bus.PublishTool(ctx, toolbus.ToolContract{Name: "solo"}); err != nil {
 		t.Fatal(err)
 	}
 	cat, err := bus.WatchCatalog(ctx, nil)

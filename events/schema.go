@@ -1,5 +1,7 @@
 package events
 
+import "github.com/toolbus/toolbus"
+
 // EventTypes returns every CloudEvents type of the contract, in the order of the loop:
 // each has a Go type for its data, a JSON Schema schemas/<type>.v1.json (SchemaFile) named
 // by its dataschema attribute (DataSchema), and a message in asyncapi.yaml.
@@ -8,7 +10,7 @@ func EventTypes() []string {
 		TypeRunStarted, TypeModelRequested, TypeModelResponded,
 		TypeToolRequested, TypeToolFinished, TypeToolWaiting,
 		TypeApprovalGranted, TypeApprovalDenied, TypeRunCancel,
-		TypeRunEnded(RunCompleted), TypeRunEnded(RunWaitingForApproval), TypeRunEnded(RunFailed),
-		TypeRunEnded(RunLimitReached), TypeRunEnded(RunCancelled),
+		TypeRunEnded(toolbus.RunCompleted), TypeRunEnded(toolbus.RunWaitingForApproval), TypeRunEnded(toolbus.RunFailed),
+		TypeRunEnded(toolbus.RunLimitReached), TypeRunEnded(toolbus.RunCancelled),
 	}
 }

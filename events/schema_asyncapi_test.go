@@ -13,6 +13,7 @@ import (
 	"time"
 
 	sjs "github.com/santhosh-tekuri/jsonschema/v6"
+	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
 )
 
@@ -103,7 +104,7 @@ func sampleSubject(t *testing.T, typ, r, x string) string {
 		return events.SubjectRunCancel(r)
 	}
 	if s, ok := strings.CutPrefix(typ, "toolbus.run."); ok {
-		return events.SubjectRunEnded(r, events.RunStatus(s))
+		return events.SubjectRunEnded(r, toolbus.RunStatus(s))
 	}
 	t.Fatalf("no subject for %s", typ)
 	return ""

@@ -11,6 +11,7 @@ import (
 
 	"github.com/invopop/jsonschema"
 	sjs "github.com/santhosh-tekuri/jsonschema/v6"
+	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
 )
 
@@ -22,33 +23,33 @@ const schemaDir = "../schemas"
 func dataType(t testing.TB, typ string) any {
 	switch typ {
 	case events.TypeRunStarted:
-		return events.RunStarted{}
+		return toolbus.RunStarted{}
 	case events.TypeModelRequested:
-		return events.ModelRequested{}
+		return toolbus.ModelRequested{}
 	case events.TypeModelResponded:
-		return events.ModelResponded{}
+		return toolbus.ModelResponded{}
 	case events.TypeToolRequested:
-		return events.ToolRequested{}
+		return toolbus.ToolRequested{}
 	case events.TypeToolFinished:
-		return events.ToolFinished{}
+		return toolbus.ToolFinished{}
 	case events.TypeToolWaiting:
-		return events.ToolWaiting{}
+		return toolbus.ToolWaiting{}
 	case events.TypeApprovalGranted, events.TypeApprovalDenied:
-		return events.Approval{}
+		return toolbus.Approval{}
 	case events.TypeRunCancel:
-		return events.Cancel{}
+		return toolbus.Cancel{}
 	}
 	if strings.HasPrefix(typ, "toolbus.run.") {
-		return events.RunEnded{}
+		return toolbus.RunEnded{}
 	}
 	t.Fatalf("no Go type for event type %s", typ)
 	return nil
 }
 
 var (
-	statusType    = reflect.TypeFor[events.Status]()
-	runStatusType = reflect.TypeFor[events.RunStatus]()
-	roleType      = reflect.TypeFor[events.Role]()
+	statusType    = reflect.TypeFor[toolbus.Status]()
+	runStatusType = reflect.TypeFor[toolbus.RunStatus]()
+	roleType      = reflect.TypeFor[toolbus.Role]()
 )
 
 // enum builds a string schema limited to values.
@@ -73,16 +74,19 @@ func generateSchemas(t testing.TB) map[string][]byte {
 		Mapper: func(rt reflect.Type) *jsonschema.Schema {
 			switch rt {
 			case statusType:
-				return enum(events.StatusSucceeded, events.StatusFailed, events.StatusRejected, events.StatusTimedOut, events.StatusCancelled)
+				return enum(toolbus.StatusSucceeded, toolbus.StatusFailed, toolbus.StatusRejected, toolbus.StatusTimedOut, toolbus.StatusCancelled)
 			case runStatusType:
-				return enum(events.RunRunning, events.RunCompleted, events.RunWaitingForApproval, events.RunFailed, events.RunLimitReached, events.RunCancelled)
+				return enum(toolbus.RunRunning, toolbus.RunCompleted, toolbus.RunWaitingForApproval, toolbus.RunFailed, toolbus.RunLimitReached, toolbus.RunCancelled)
 			case roleType:
-				return enum(events.RoleSystem, events.RoleUser, events.RoleAssistant, events.RoleTool)
+				return enum(toolbus.RoleSystem, toolbus.RoleUser, toolbus.RoleAssistant, toolbus.RoleTool)
 			}
 			return nil
 		},
 	}
-	if err := r.AddGoComments("github.com/toolbus/toolbus/events", "."); err != nil {
+	// The contract types live in the root package. The comment keys are the base joined
+	// with each file's directory, so walking ".." from here with this package as the
+	// base keys the root's files as github.com/toolbus/toolbus.
+	if err := r.AddGoComments("github.com/toolbus/toolbus/events", ".."); err != nil {
 		t.Fatal(err)
 	}
 	out := map[string][]byte{}
@@ -90,7 +94,7 @@ func generateSchemas(t testing.TB) map[string][]byte {
 		s := r.Reflect(dataType(t, typ))
 		s.ID = jsonschema.ID(events.DataSchema(typ))
 		s.Title = "data of " + typ + " events"
-		if status, ok := strings.CutPrefix(typ, "toolbus.run."); ok && (events.RunStatus(status).Terminal() || events.RunStatus(status) == events.RunWaitingForApproval) {
+		if status, ok := strings.CutPrefix(typ, "toolbus.run."); ok && (toolbus.RunStatus(status).Terminal() || toolbus.RunStatus(status) == toolbus.RunWaitingForApproval) {
 			// One schema per outcome: its status is the outcome of the event type.
 			p, _ := s.Properties.Get("status")
 			p.Enum = []any{status}
@@ -222,7 +226,7 @@ func TestSchemasRejectWrongData(t *testing.T) {
 			`{"run_id":"r","step":0,"call_index":0,"call_count":1,"call_id":"c","tool":"t","status":"exploded","content":"","duration_ms":1}`},
 		{"tool.finished with a string step", events.TypeToolFinished,
 			`{"run_id":"r","step":"0","call_index":0,"call_count":1,"call_id":"c","tool":"t","status":"succeeded","content":"","duration_ms":1}`},
-		{"run.completed carrying another status", events.TypeRunEnded(events.RunCompleted),
+		{"run.completed carrying another status", events.TypeRunEnded(toolbus.RunCompleted),
 			`{"run_id":"r","status":"failed","steps_used":1,"usage":{"input_tokens":1,"output_tokens":1}}`},
 		{"tool.requested without its call", events.TypeToolRequested,
 			`{"run_id":"r","step":0,"call_index":0,"call_count":1,"principal":{"id":"p"}}`},

@@ -9,6 +9,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/toolbus/toolbus"
 )
 
 // StepRecord is the joined view of one step: the results of its calls by call index and
@@ -21,14 +22,14 @@ type StepRecord struct {
 	CallCount int    `json:"call_count"`
 	// Results by call index; nil until that call's result arrives. Output is not kept
 	// here (the stream has it); Content is what the model reads.
-	Results []*ToolResult `json:"results"`
+	Results []*toolbus.ToolResult `json:"results"`
 	// Waiting marks calls that wait for an approval decision.
-	Waiting []*ToolCall `json:"waiting,omitempty"`
+	Waiting []*toolbus.ToolCall `json:"waiting,omitempty"`
 }
 
 // NewStepRecord returns an empty record for a step of n calls.
 func NewStepRecord(run string, step, n int) *StepRecord {
-	return &StepRecord{RunID: run, Step: step, CallCount: n, Results: make([]*ToolResult, n), Waiting: make([]*ToolCall, n)}
+	return &StepRecord{RunID: run, Step: step, CallCount: n, Results: make([]*toolbus.ToolResult, n), Waiting: make([]*toolbus.ToolCall, n)}
 }
 
 // Received is the number of results present.
@@ -43,8 +44,8 @@ func (r *StepRecord) Received() int {
 }
 
 // Pending returns the calls still waiting for approval with no result.
-func (r *StepRecord) Pending() []ToolCall {
-	var out []ToolCall
+func (r *StepRecord) Pending() []toolbus.ToolCall {
+	var out []toolbus.ToolCall
 	for i, w := range r.Waiting {
 		if w != nil && (i >= len(r.Results) || r.Results[i] == nil) {
 			out = append(out, *w)
@@ -211,7 +212,7 @@ func (b *Bus) PutStepState(ctx context.Context, st *StepState, revision uint64) 
 // PutResult records the result of call idx of a step; the first result stands. It
 // returns the stored result and whether this call stored it. The result's Output is not
 // kept (the stream has it).
-func (b *Bus) PutResult(ctx context.Context, run string, step, idx int, res ToolResult) (ToolResult, bool, error) {
+func (b *Bus) PutResult(ctx context.Context, run string, step, idx int, res toolbus.ToolResult) (toolbus.ToolResult, bool, error) {
 	res.Output = nil
 	key := resultKey(run, step, idx)
 	if _, err := b.history.Create(ctx, key, mustJSON(res)); err != nil {
@@ -225,8 +226,8 @@ func (b *Bus) PutResult(ctx context.Context, run string, step, idx int, res Tool
 }
 
 // Result returns the recorded result of call idx of a step; ErrNotFound when none.
-func (b *Bus) Result(ctx context.Context, run string, step, idx int) (ToolResult, error) {
-	var r ToolResult
+func (b *Bus) Result(ctx context.Context, run string, step, idx int) (toolbus.ToolResult, error) {
+	var r toolbus.ToolResult
 	err := b.getJSON(ctx, b.history, resultKey(run, step, idx), &r)
 	return r, err
 }
@@ -246,7 +247,7 @@ func (b *Bus) Step(ctx context.Context, run string, step int) (*StepRecord, uint
 // assemble reads the results and waiting calls a join state marks.
 func (b *Bus) assemble(ctx context.Context, st *StepState) (*StepRecord, error) {
 	rec := NewStepRecord(st.RunID, st.Step, st.CallCount)
-	var asst *ModelResponded
+	var asst *toolbus.ModelResponded
 	for i := 0; i < st.CallCount; i++ {
 		if st.Received.Has(i) {
 			r, err := b.Result(ctx, st.RunID, st.Step, i)
@@ -280,16 +281,16 @@ func (b *Bus) AssembleStep(ctx context.Context, st *StepState) (*StepRecord, err
 
 // RunState is the state of a run in the runs bucket.
 type RunState struct {
-	RunID     string    `json:"run_id"`
-	Status    RunStatus `json:"status"`
-	Step      int       `json:"step"`
-	Code      string    `json:"code,omitempty"`
-	Reason    string    `json:"reason,omitempty"`
-	StartedAt time.Time `json:"started_at"`
-	UpdatedAt time.Time `json:"updated_at"`
+	RunID     string            `json:"run_id"`
+	Status    toolbus.RunStatus `json:"status"`
+	Step      int               `json:"step"`
+	Code      string            `json:"code,omitempty"`
+	Reason    string            `json:"reason,omitempty"`
+	StartedAt time.Time         `json:"started_at"`
+	UpdatedAt time.Time         `json:"updated_at"`
 	// Ended is the whole outcome event of a run that ended (or waits for approval), so a
 	// worker that finds the run ended after a crash republishes exactly the same event.
-	Ended *RunEnded `json:"ended,omitempty"`
+	Ended *toolbus.RunEnded `json:"ended,omitempty"`
 }
 
 // RunState returns the state of a run and its revision.
@@ -334,7 +335,7 @@ func (b *Bus) CreateRunState(ctx context.Context, run string, startedAt time.Tim
 	if startedAt.IsZero() {
 		startedAt = now
 	}
-	st := RunState{RunID: run, Status: RunRunning, StartedAt: startedAt, UpdatedAt: now}
+	st := RunState{RunID: run, Status: toolbus.RunRunning, StartedAt: startedAt, UpdatedAt: now}
 	if _, err := b.runs.Create(ctx, run, mustJSON(st)); err != nil {
 		if errors.Is(err, jetstream.ErrKeyExists) {
 			return false, nil
@@ -348,12 +349,12 @@ func (b *Bus) CreateRunState(ctx context.Context, run string, startedAt time.Tim
 // out of a terminal state (ErrRunEnded) unless the stored state is the very same outcome,
 // in which case it returns nil so the caller can republish the (deduplicated) event after
 // a crash.
-func (b *Bus) SetRunState(ctx context.Context, run string, status RunStatus, step int, code, reason string) error {
+func (b *Bus) SetRunState(ctx context.Context, run string, status toolbus.RunStatus, step int, code, reason string) error {
 	_, err := b.setRunState(ctx, run, status, step, code, reason, nil)
 	return err
 }
 
-func (b *Bus) setRunState(ctx context.Context, run string, status RunStatus, step int, code, reason string, ended *RunEnded) (RunState, error) {
+func (b *Bus) setRunState(ctx context.Context, run string, status toolbus.RunStatus, step int, code, reason string, ended *toolbus.RunEnded) (RunState, error) {
 	for attempt := 0; attempt < 32; attempt++ {
 		st, rev, err := b.RunState(ctx, run)
 		if err != nil && !errors.Is(err, ErrRunNotFound) {
@@ -391,7 +392,7 @@ func (b *Bus) setRunState(ctx context.Context, run string, status RunStatus, ste
 // move a run back. When the run already ended with the same outcome (a redelivery after
 // a crash), the stored outcome is published again: its id is deterministic, and
 // PublishOutcome skips it when the stream already has it.
-func (b *Bus) EndRun(ctx context.Context, source string, step int, ended RunEnded) error {
+func (b *Bus) EndRun(ctx context.Context, source string, step int, ended toolbus.RunEnded) error {
 	st, err := b.RecordEnd(ctx, step, ended)
 	if err != nil {
 		return err
@@ -401,14 +402,14 @@ func (b *Bus) EndRun(ctx context.Context, source string, step int, ended RunEnde
 
 // RecordEnd is the first half of EndRun: it stores the outcome (the whole RunEnded) in
 // the run state and returns the state as stored.
-func (b *Bus) RecordEnd(ctx context.Context, step int, ended RunEnded) (RunState, error) {
+func (b *Bus) RecordEnd(ctx context.Context, step int, ended toolbus.RunEnded) (RunState, error) {
 	return b.setRunState(ctx, ended.RunID, ended.Status, step, ended.Code, ended.Reason, &ended)
 }
 
 // outcomeID is the deterministic id of an outcome event.
-func outcomeID(run string, step int, ended *RunEnded) string {
+func outcomeID(run string, step int, ended *toolbus.RunEnded) string {
 	id := IDRunEnded(run, step, ended.Status)
-	if ended.Status == RunWaitingForApproval {
+	if ended.Status == toolbus.RunWaitingForApproval {
 		// A step can wait several times, once per remaining set of pending calls.
 		id += "/" + strconv.Itoa(len(ended.Pending))
 	}
@@ -426,7 +427,7 @@ func (b *Bus) PublishOutcome(ctx context.Context, source string, st RunState) er
 			return nil
 		}
 		// A state written before outcomes were stored whole: rebuild what it records.
-		ended = &RunEnded{RunID: st.RunID, Status: st.Status, Code: st.Code, Reason: st.Reason, StepsUsed: st.Step + 1}
+		ended = &toolbus.RunEnded{RunID: st.RunID, Status: st.Status, Code: st.Code, Reason: st.Reason, StepsUsed: st.Step + 1}
 	}
 	id := outcomeID(st.RunID, st.Step, ended)
 	subject := SubjectRunEnded(st.RunID, ended.Status)
@@ -493,8 +494,8 @@ func (b *Bus) StepDecision(ctx context.Context, run string, step int, callID str
 // extension and the id <run>/<step>/<call_id>/approval.<granted|denied>, so the same
 // decision published twice is stored once. The injector records the first decision
 // per call and re-issues the call.
-func (b *Bus) PublishApproval(ctx context.Context, source string, step int, a Approval, granted bool) (*jetstream.PubAck, error) {
-	if !ValidRunID(a.RunID) || a.CallID == "" {
+func (b *Bus) PublishApproval(ctx context.Context, source string, step int, a toolbus.Approval, granted bool) (*jetstream.PubAck, error) {
+	if !toolbus.ValidRunID(a.RunID) || a.CallID == "" {
 		return nil, fmt.Errorf("events: approval needs a valid run id and a call id")
 	}
 	typ := TypeApprovalDenied
@@ -509,8 +510,8 @@ func (b *Bus) PublishApproval(ctx context.Context, source string, step int, a Ap
 
 // PublishCancel publishes run.cancel: executors cancel the run's calls in flight and the
 // injector ends the run as cancelled.
-func (b *Bus) PublishCancel(ctx context.Context, source string, c Cancel) (*jetstream.PubAck, error) {
-	if !ValidRunID(c.RunID) {
+func (b *Bus) PublishCancel(ctx context.Context, source string, c toolbus.Cancel) (*jetstream.PubAck, error) {
+	if !toolbus.ValidRunID(c.RunID) {
 		return nil, fmt.Errorf("events: cancel needs a valid run id")
 	}
 	return b.Publish(ctx, SubjectRunCancel(c.RunID), Meta{
@@ -519,52 +520,22 @@ func (b *Bus) PublishCancel(ctx context.Context, source string, c Cancel) (*jets
 }
 
 // CancelRequest returns the run.cancel event of a run, if one was published.
-func (b *Bus) CancelRequest(ctx context.Context, run string) (Cancel, bool, error) {
+func (b *Bus) CancelRequest(ctx context.Context, run string) (toolbus.Cancel, bool, error) {
 	raw, err := b.Stream.GetLastMsgForSubject(ctx, SubjectRunCancel(run))
 	if err != nil {
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
-			return Cancel{}, false, nil
+			return toolbus.Cancel{}, false, nil
 		}
-		return Cancel{}, false, fmt.Errorf("events: run.cancel of %s: %w", run, err)
+		return toolbus.Cancel{}, false, fmt.Errorf("events: run.cancel of %s: %w", run, err)
 	}
-	var c Cancel
+	var c toolbus.Cancel
 	if _, err := Decode(&nats.Msg{Subject: raw.Subject, Header: raw.Header, Data: raw.Data}, &c); err != nil {
-		return Cancel{}, false, err
+		return toolbus.Cancel{}, false, err
 	}
 	if c.RunID == "" {
 		c.RunID = run
 	}
 	return c, true, nil
-}
-
-// DefaultLimits are the limits a worker applies to runs that set none (TOOLBUS_MAX_STEPS,
-// TOOLBUS_RUN_TIMEOUT, TOOLBUS_TOKEN_BUDGET); a zero field sets no default.
-type DefaultLimits struct {
-	MaxSteps int
-	// RunTimeout gives a run with no deadline the deadline StartedAt + RunTimeout.
-	RunTimeout  time.Duration
-	TokenBudget int64
-}
-
-// WithDefaults returns rs with its zero limits filled from d (rs itself is not changed:
-// it may be shared through the run cache).
-func (rs *RunStarted) WithDefaults(d DefaultLimits) *RunStarted {
-	l := rs.Limits
-	if (l.MaxSteps > 0 || d.MaxSteps <= 0) && (!l.Deadline.IsZero() || d.RunTimeout <= 0 || rs.StartedAt.IsZero()) &&
-		(l.TokenBudget > 0 || d.TokenBudget <= 0) {
-		return rs
-	}
-	cp := *rs
-	if l.MaxSteps <= 0 && d.MaxSteps > 0 {
-		cp.Limits.MaxSteps = d.MaxSteps
-	}
-	if l.Deadline.IsZero() && d.RunTimeout > 0 && !rs.StartedAt.IsZero() {
-		cp.Limits.Deadline = rs.StartedAt.Add(d.RunTimeout)
-	}
-	if l.TokenBudget <= 0 && d.TokenBudget > 0 {
-		cp.Limits.TokenBudget = d.TokenBudget
-	}
-	return &cp
 }
 
 // The deadline timer of a run: one event per run on toolbus.<run>.timer.deadline,

@@ -1,6 +1,7 @@
 package events
 
 import (
+	"github.com/toolbus/toolbus"
 	"strconv"
 	"strings"
 )
@@ -22,7 +23,7 @@ const (
 )
 
 // TypeRunEnded returns the CloudEvents type of a run outcome, e.g. toolbus.run.completed.
-func TypeRunEnded(s RunStatus) string { return "toolbus.run." + string(s) }
+func TypeRunEnded(s toolbus.RunStatus) string { return "toolbus.run." + string(s) }
 
 // UnknownToolToken is the subject token used for a call whose tool name is not a valid
 // subject token or not in the catalog; every executor deployment listens to it so the
@@ -69,7 +70,7 @@ func SubjectApproval(run string, granted bool) string {
 func SubjectRunCancel(run string) string { return SubjectPrefix + "." + run + ".run.cancel" }
 
 // SubjectRunEnded is toolbus.<run>.run.<status>.
-func SubjectRunEnded(run string, s RunStatus) string {
+func SubjectRunEnded(run string, s toolbus.RunStatus) string {
 	return SubjectPrefix + "." + run + ".run." + string(s)
 }
 
@@ -95,7 +96,7 @@ func FilterToolRequestedFor(tool string) string {
 
 // ToolToken returns tool if it is a valid tool name, else UnknownToolToken.
 func ToolToken(tool string) string {
-	if ValidToolName(tool) {
+	if toolbus.ValidToolName(tool) {
 		return tool
 	}
 	return UnknownToolToken
@@ -148,7 +149,7 @@ func IDToolWaiting(run string, step int, callID string) string {
 }
 
 // IDRunEnded is <run>/<step>/run.<status>.
-func IDRunEnded(run string, step int, s RunStatus) string {
+func IDRunEnded(run string, step int, s toolbus.RunStatus) string {
 	return run + "/" + strconv.Itoa(step) + "/run." + string(s)
 }
 

@@ -4,6 +4,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
 )
 
@@ -19,7 +20,7 @@ func TestSubjects(t *testing.T) {
 		{events.SubjectApproval("r1", true), "toolbus.r1.approval.granted"},
 		{events.SubjectApproval("r1", false), "toolbus.r1.approval.denied"},
 		{events.SubjectRunCancel("r1"), "toolbus.r1.run.cancel"},
-		{events.SubjectRunEnded("r1", events.RunLimitReached), "toolbus.r1.run.limit_reached"},
+		{events.SubjectRunEnded("r1", toolbus.RunLimitReached), "toolbus.r1.run.limit_reached"},
 		{events.SubjectRun("r1"), "toolbus.r1.>"},
 		{events.FilterToolRequestedFor("calc"), "toolbus.*.tool.requested.calc"},
 		{events.IDToolFinished("r1", 3, "call_0"), "r1/3/call_0/tool.finished"},
@@ -44,12 +45,12 @@ func TestNames(t *testing.T) {
 		"lookup_incident": true, "a": true, "A-b_9": true, "": false, "a.b": false, "a b": false, "é": false,
 		strings.Repeat("a", 65): false, strings.Repeat("a", 64): true,
 	} {
-		if got := events.ValidToolName(name); got != want {
+		if got := toolbus.ValidToolName(name); got != want {
 			t.Errorf("ValidToolName(%q) = %v", name, got)
 		}
 	}
 	for id, want := range map[string]bool{"run-1": true, "": false, "a.b": false, "a*": false, "a>": false} {
-		if got := events.ValidRunID(id); got != want {
+		if got := toolbus.ValidRunID(id); got != want {
 			t.Errorf("ValidRunID(%q) = %v", id, got)
 		}
 	}

@@ -4,15 +4,16 @@ import (
 	"encoding/json"
 	"testing"
 
+	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
 )
 
 // The data of tool.finished is a ToolResult at the top level with the position beside
 // it: what the contract documents is what the wire carries.
 func TestToolFinishedIsFlat(t *testing.T) {
-	tf := events.ToolFinished{RunID: "run-1", Step: 2, CallIndex: 1, CallCount: 3, ToolResult: events.ToolResult{
-		CallID: "call_01", Tool: "lookup_incident", Status: events.StatusFailed,
-		Error: &events.ToolError{Code: "incident_not_found", Message: "no incident INC-404"}, Content: "x", DurationMS: 12}}
+	tf := toolbus.ToolFinished{RunID: "run-1", Step: 2, CallIndex: 1, CallCount: 3, ToolResult: toolbus.ToolResult{
+		CallID: "call_01", Tool: "lookup_incident", Status: toolbus.StatusFailed,
+		Error: &toolbus.ToolError{Code: "incident_not_found", Message: "no incident INC-404"}, Content: "x", DurationMS: 12}}
 	b, err := json.Marshal(tf)
 	if err != nil {
 		t.Fatal(err)
@@ -37,8 +38,8 @@ func TestToolFinishedIsFlat(t *testing.T) {
 // Events written before the contract was made flat ({"result":{...}}) are still in
 // streams kept for audit; the decoder reads both shapes into the same value.
 func TestToolFinishedDecodesBothShapes(t *testing.T) {
-	want := events.ToolFinished{RunID: "run-1", Step: 2, CallIndex: 1, CallCount: 3, ToolResult: events.ToolResult{
-		CallID: "call_01", Tool: "calculator", Status: events.StatusSucceeded, Output: json.RawMessage(`{"value":701}`),
+	want := toolbus.ToolFinished{RunID: "run-1", Step: 2, CallIndex: 1, CallCount: 3, ToolResult: toolbus.ToolResult{
+		CallID: "call_01", Tool: "calculator", Status: toolbus.StatusSucceeded, Output: json.RawMessage(`{"value":701}`),
 		Content: `{"value":701}`, Attempt: 1, DurationMS: 4, Executor: "exec-1"}}
 	cases := []struct {
 		name string
@@ -57,7 +58,7 @@ func TestToolFinishedDecodesBothShapes(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			var got events.ToolFinished
+			var got toolbus.ToolFinished
 			if _, err := events.Decode(msg, &got); err != nil {
 				t.Fatal(err)
 			}
@@ -69,7 +70,7 @@ func TestToolFinishedDecodesBothShapes(t *testing.T) {
 		})
 	}
 	// Bad data is still an error, not a silent zero value.
-	var tf events.ToolFinished
+	var tf toolbus.ToolFinished
 	if err := json.Unmarshal([]byte(`{"run_id":1}`), &tf); err == nil {
 		t.Fatal("a number as run_id decoded without error")
 	}

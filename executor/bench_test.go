@@ -5,7 +5,7 @@ import (
 	"encoding/json"
 	"testing"
 
-	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/executor"
 )
 
@@ -23,12 +23,12 @@ func BenchmarkExecute(b *testing.B) {
 	}
 	ex := executor.New(reg, executor.WithInstance("bench"))
 	ctx := context.Background()
-	call := events.ToolCall{CallID: "call_1", Tool: "noop", Arguments: `{"x":"hello"}`}
-	p := events.Principal{ID: "bench"}
+	call := toolbus.ToolCall{CallID: "call_1", Tool: "noop", Arguments: `{"x":"hello"}`}
+	p := toolbus.Principal{ID: "bench"}
 	b.ReportAllocs()
 	for b.Loop() {
 		res := ex.Execute(ctx, call, p)
-		if res.Status != events.StatusSucceeded {
+		if res.Status != toolbus.StatusSucceeded {
 			b.Fatalf("status %s: %s", res.Status, res.Content)
 		}
 	}
@@ -54,10 +54,10 @@ func BenchmarkExecuteTyped(b *testing.B) {
 	}
 	ex := executor.New(reg)
 	ctx := context.Background()
-	call := events.ToolCall{CallID: "call_1", Tool: "weather", Arguments: `{"city":"Paris","units":"metric"}`}
+	call := toolbus.ToolCall{CallID: "call_1", Tool: "weather", Arguments: `{"city":"Paris","units":"metric"}`}
 	b.ReportAllocs()
 	for b.Loop() {
-		if res := ex.Execute(ctx, call, events.Principal{}); res.Status != events.StatusSucceeded {
+		if res := ex.Execute(ctx, call, toolbus.Principal{}); res.Status != toolbus.StatusSucceeded {
 			b.Fatalf("status %s: %s", res.Status, res.Content)
 		}
 	}

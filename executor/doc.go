@@ -1,7 +1,7 @@
 // Package executor is the executor core of toolbus: it runs one LLM tool call through a
-// fixed series of gates and turns whatever happens into exactly one events.ToolResult.
-// It is a library with no bus dependency; the bus worker (worker.go) and the tool packs
-// are built on it.
+// fixed series of gates and turns whatever happens into exactly one toolbus.ToolResult.
+// It is a library with no bus dependency (go list -deps links neither NATS nor CloudEvents);
+// the bus worker (package executor/worker) and the tool packs are built on it.
 //
 // # Tools
 //
@@ -9,7 +9,7 @@
 // Register it in a Registry (schemas are compiled once there, remote and file $refs are
 // refused), or register a typed Go function with RegisterFunc, which derives the input
 // schema from the Go type. Tool.Contract gives the catalog entry, which
-// events.OpenAITools, events.AnthropicTools and events.MCPTools turn into the shapes the
+// toolbus.OpenAITools, toolbus.AnthropicTools and toolbus.MCPTools turn into the shapes the
 // model APIs want.
 //
 // # Gates

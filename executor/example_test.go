@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/executor"
 )
 
@@ -38,8 +38,8 @@ func Example() {
 	ex := executor.New(reg, executor.WithInstance("example"))
 
 	for _, args := range []string{`{"city":"Paris"}`, `{"city":"Atlantis"}`, `{"town":"Paris"}`} {
-		res := ex.Execute(context.Background(), events.ToolCall{CallID: "call_1", Tool: "get_weather", Arguments: args},
-			events.Principal{ID: "user-1"})
+		res := ex.Execute(context.Background(), toolbus.ToolCall{CallID: "call_1", Tool: "get_weather", Arguments: args},
+			toolbus.Principal{ID: "user-1"})
 		fmt.Println(res.Status, res.Content)
 	}
 	// Output:

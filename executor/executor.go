@@ -11,7 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus"
 )
 
 // Defaults used when a Tool leaves Timeout or MaxOutputBytes at 0.
@@ -24,14 +24,14 @@ const (
 // A non-nil error rejects the call with not_authorized; the error's text (or an *Error's
 // Message) is shown to the model after redaction, so it must not carry secrets.
 type Authorizer interface {
-	Authorize(ctx context.Context, p events.Principal, tool string, args json.RawMessage) error
+	Authorize(ctx context.Context, p toolbus.Principal, tool string, args json.RawMessage) error
 }
 
 // AuthorizerFunc adapts a function to Authorizer.
-type AuthorizerFunc func(ctx context.Context, p events.Principal, tool string, args json.RawMessage) error
+type AuthorizerFunc func(ctx context.Context, p toolbus.Principal, tool string, args json.RawMessage) error
 
 // Authorize calls f.
-func (f AuthorizerFunc) Authorize(ctx context.Context, p events.Principal, tool string, args json.RawMessage) error {
+func (f AuthorizerFunc) Authorize(ctx context.Context, p toolbus.Principal, tool string, args json.RawMessage) error {
 	return f(ctx, p, tool, args)
 }
 
@@ -115,7 +115,7 @@ type CallInfo struct {
 	// Tool is the name of the tool called.
 	Tool string
 	// Principal is who the run acts for, from the run's own run.started.
-	Principal events.Principal
+	Principal toolbus.Principal
 	// Attempt counts deliveries of this call, from 1; it goes into ToolResult.Attempt.
 	Attempt int
 	// IdempotencyKey is stable across attempts of the same call (<run>/<step>/<call_id>):
@@ -144,7 +144,7 @@ func CallInfoFrom(ctx context.Context) (CallInfo, bool) {
 type call struct {
 	e      *Executor
 	ent    *entry // nil for unknown tools
-	res    *events.ToolResult
+	res    *toolbus.ToolResult
 	maxOut int
 }
 
@@ -156,9 +156,9 @@ type call struct {
 // returns timed_out (or cancelled) at once, but the goroutine running the Func leaks
 // until the Func returns, keeps its concurrency slot until then, and its result is
 // discarded (and logged at warn level).
-func (e *Executor) Execute(ctx context.Context, tc events.ToolCall, p events.Principal) (res events.ToolResult) {
+func (e *Executor) Execute(ctx context.Context, tc toolbus.ToolCall, p toolbus.Principal) (res toolbus.ToolResult) {
 	start := time.Now()
-	res = events.ToolResult{CallID: tc.CallID, Tool: tc.Tool, Attempt: 1}
+	res = toolbus.ToolResult{CallID: tc.CallID, Tool: tc.Tool, Attempt: 1}
 	c := call{e: e, res: &res, maxOut: DefaultMaxOutputBytes}
 	defer func() {
 		if r := recover(); r != nil {
@@ -167,7 +167,7 @@ func (e *Executor) Execute(ctx context.Context, tc events.ToolCall, p events.Pri
 					"panic", fmt.Sprint(r), "stack", string(debug.Stack()))
 			}
 			res.Output, res.Truncated, res.Redactions = nil, nil, 0
-			c.fail(events.StatusFailed, events.CodeToolInternalError, internalErrorMessage, false, nil)
+			c.fail(toolbus.StatusFailed, toolbus.CodeToolInternalError, internalErrorMessage, false, nil)
 		}
 		res.DurationMS = time.Since(start).Milliseconds()
 	}()
@@ -183,7 +183,7 @@ func (e *Executor) Execute(ctx context.Context, tc events.ToolCall, p events.Pri
 	// Gate 1: the tool exists.
 	ent, ok := e.reg.lookup(tc.Tool)
 	if !ok {
-		c.fail(events.StatusRejected, events.CodeUnknownTool,
+		c.fail(toolbus.StatusRejected, toolbus.CodeUnknownTool,
 			fmt.Sprintf("unknown tool %s: no tool with this name is registered; call only the tools you were given, with their exact names", quoteName(tc.Tool)),
 			false, nil)
 		return res
@@ -196,14 +196,14 @@ func (e *Executor) Execute(ctx context.Context, tc events.ToolCall, p events.Pri
 	// Gate 2: the arguments are one JSON object.
 	args, v, msg, viol := parseArguments(tc.Arguments)
 	if viol != nil {
-		c.fail(events.StatusRejected, events.CodeInvalidArguments, msg, false, []Violation{*viol})
+		c.fail(toolbus.StatusRejected, toolbus.CodeInvalidArguments, msg, false, []Violation{*viol})
 		return res
 	}
 
 	// Gate 3: the arguments match the input schema.
 	if err := ent.in.Validate(v); err != nil {
 		vs := violations(err, true)
-		c.fail(events.StatusRejected, events.CodeInvalidArguments,
+		c.fail(toolbus.StatusRejected, toolbus.CodeInvalidArguments,
 			fmt.Sprintf("arguments do not match the input schema of %s (%s; fix all of them and call again):\n%s",
 				ent.tool.Name, plural(len(vs), "violation", "violations"), violationText(vs)),
 			false, vs)
@@ -221,7 +221,7 @@ func (e *Executor) Execute(ctx context.Context, tc events.ToolCall, p events.Pri
 				c.ctxDone(ctx, false, 0, "before it started")
 				return res
 			}
-			c.fail(events.StatusRejected, events.CodeNotAuthorized, notAuthorizedMessage(ent.tool.Name, err), false, nil)
+			c.fail(toolbus.StatusRejected, toolbus.CodeNotAuthorized, notAuthorizedMessage(ent.tool.Name, err), false, nil)
 			return res
 		}
 	}
@@ -293,7 +293,7 @@ func (e *Executor) Execute(ctx context.Context, tc events.ToolCall, p events.Pri
 
 	switch {
 	case panicked:
-		c.fail(events.StatusFailed, events.CodeToolInternalError, internalErrorMessage, false, nil)
+		c.fail(toolbus.StatusFailed, toolbus.CodeToolInternalError, internalErrorMessage, false, nil)
 	case err != nil:
 		c.toolError(ctx, cctx, ownDeadline, timeout, err)
 	default:
@@ -308,7 +308,7 @@ func waitingFor(n int) string {
 
 const internalErrorMessage = "the tool failed with an internal error (a bug in the tool, not in your call); do not retry the same call"
 
-func (e *Executor) authorize(ctx context.Context, p events.Principal, tool string, args json.RawMessage) (err error) {
+func (e *Executor) authorize(ctx context.Context, p toolbus.Principal, tool string, args json.RawMessage) (err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			e.log.Error("executor: authorizer panic", "tool", tool, "panic", fmt.Sprint(r), "stack", string(debug.Stack()))
@@ -404,7 +404,7 @@ const phaseRunning = "before the tool finished"
 // ctxDone fills a timed_out or cancelled result; when names the phase.
 func (c *call) ctxDone(parent context.Context, ownDeadline bool, timeout time.Duration, when string) {
 	if errors.Is(parent.Err(), context.Canceled) {
-		c.fail(events.StatusCancelled, events.CodeCancelled, "the call was cancelled "+when, false, nil)
+		c.fail(toolbus.StatusCancelled, toolbus.CodeCancelled, "the call was cancelled "+when, false, nil)
 		return
 	}
 	if ownDeadline && parent.Err() == nil {
@@ -412,17 +412,17 @@ func (c *call) ctxDone(parent context.Context, ownDeadline bool, timeout time.Du
 		if when != phaseRunning {
 			msg = fmt.Sprintf("the tool's timeout of %s passed %s", timeout, when)
 		}
-		c.fail(events.StatusTimedOut, events.CodeTimeout, msg+"; it may succeed if retried, possibly with a smaller request", true, nil)
+		c.fail(toolbus.StatusTimedOut, toolbus.CodeTimeout, msg+"; it may succeed if retried, possibly with a smaller request", true, nil)
 		return
 	}
-	c.fail(events.StatusTimedOut, events.CodeTimeout, "the call deadline expired "+when, true, nil)
+	c.fail(toolbus.StatusTimedOut, toolbus.CodeTimeout, "the call deadline expired "+when, true, nil)
 }
 
 // toolError fills the result of a Func that returned err.
 func (c *call) toolError(parent, runCtx context.Context, ownDeadline bool, timeout time.Duration, err error) {
 	var de *decodeError
 	if errors.As(err, &de) {
-		c.fail(events.StatusRejected, events.CodeInvalidArguments,
+		c.fail(toolbus.StatusRejected, toolbus.CodeInvalidArguments,
 			"arguments do not fit the tool's parameters: "+de.err.Error(), false,
 			[]Violation{{Path: "", Message: de.err.Error()}})
 		return
@@ -435,14 +435,14 @@ func (c *call) toolError(parent, runCtx context.Context, ownDeadline bool, timeo
 	if errors.As(err, &te) && te != nil {
 		code := te.Code
 		if code == "" {
-			code = events.CodeToolError
+			code = toolbus.CodeToolError
 		}
 		msg := te.Message
 		if msg == "" {
 			msg = code
 		}
-		c.fail(events.StatusFailed, code, msg, te.Retryable, te.Details)
+		c.fail(toolbus.StatusFailed, code, msg, te.Retryable, te.Details)
 		return
 	}
-	c.fail(events.StatusFailed, events.CodeToolError, err.Error(), false, nil)
+	c.fail(toolbus.StatusFailed, toolbus.CodeToolError, err.Error(), false, nil)
 }

@@ -14,7 +14,7 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/internal/testutil"
 )
@@ -122,7 +122,7 @@ func newFixture(t testing.TB, opts ...executor.Option) *fixture {
 	})
 	add(executor.Tool{Name: "forbidden"}, func(context.Context, json.RawMessage) (any, error) { return "ran", nil })
 
-	auth := executor.AuthorizerFunc(func(_ context.Context, p events.Principal, tool string, _ json.RawMessage) error {
+	auth := executor.AuthorizerFunc(func(_ context.Context, p toolbus.Principal, tool string, _ json.RawMessage) error {
 		if tool == "forbidden" {
 			return fmt.Errorf("principal %s lacks role incident-admin", p.ID)
 		}
@@ -134,14 +134,14 @@ func newFixture(t testing.TB, opts ...executor.Option) *fixture {
 	return f
 }
 
-var principal = events.Principal{ID: "user-1", Roles: []string{"reader"}}
+var principal = toolbus.Principal{ID: "user-1", Roles: []string{"reader"}}
 
-func call(tool, args string) events.ToolCall {
-	return events.ToolCall{CallID: "call_1", Tool: tool, Arguments: args}
+func call(tool, args string) toolbus.ToolCall {
+	return toolbus.ToolCall{CallID: "call_1", Tool: tool, Arguments: args}
 }
 
 // errorContent decodes the content of an error result.
-func errorContent(t *testing.T, r events.ToolResult) (code, message string, retryable bool) {
+func errorContent(t *testing.T, r toolbus.ToolResult) (code, message string, retryable bool) {
 	t.Helper()
 	var c struct {
 		Error struct {
@@ -157,7 +157,7 @@ func errorContent(t *testing.T, r events.ToolResult) (code, message string, retr
 }
 
 // checkInvariants holds for every result.
-func checkInvariants(t *testing.T, r events.ToolResult, tool string) {
+func checkInvariants(t *testing.T, r toolbus.ToolResult, tool string) {
 	t.Helper()
 	if !r.Status.Valid() {
 		t.Fatalf("invalid status %q", r.Status)
@@ -173,7 +173,7 @@ func checkInvariants(t *testing.T, r events.ToolResult, tool string) {
 			t.Errorf("content or message has a stack trace (%q): %q", bad, r.Content)
 		}
 	}
-	if r.Status == events.StatusSucceeded {
+	if r.Status == toolbus.StatusSucceeded {
 		if r.Error != nil || !json.Valid(r.Output) {
 			t.Errorf("succeeded with error %+v or invalid output %q", r.Error, r.Output)
 		}
@@ -202,42 +202,42 @@ func TestExecuteGatesAndStatuses(t *testing.T) {
 		ctx       func(t *testing.T) context.Context // nil: Background
 		tool      string
 		args      string
-		status    events.Status
+		status    toolbus.Status
 		code      string
 		ran       bool
 		retryable bool
 		msg       []string // substrings of the error message
-		check     func(t *testing.T, r events.ToolResult)
+		check     func(t *testing.T, r toolbus.ToolResult)
 	}{
 		// Gate 1: unknown tool.
-		{name: "unknown tool", tool: "serch", args: `{"q":"x"}`, status: events.StatusRejected, code: events.CodeUnknownTool,
+		{name: "unknown tool", tool: "serch", args: `{"q":"x"}`, status: toolbus.StatusRejected, code: toolbus.CodeUnknownTool,
 			msg: []string{`"serch"`, "no tool with this name is registered"}},
-		{name: "unknown tool case", tool: "Search", args: `{"q":"x"}`, status: events.StatusRejected, code: events.CodeUnknownTool},
-		{name: "empty tool name", tool: "", args: `{}`, status: events.StatusRejected, code: events.CodeUnknownTool},
+		{name: "unknown tool case", tool: "Search", args: `{"q":"x"}`, status: toolbus.StatusRejected, code: toolbus.CodeUnknownTool},
+		{name: "empty tool name", tool: "", args: `{}`, status: toolbus.StatusRejected, code: toolbus.CodeUnknownTool},
 		// Gate 2: malformed arguments.
-		{name: "trailing comma", tool: "search", args: `{"q":"x",}`, status: events.StatusRejected, code: events.CodeInvalidArguments,
+		{name: "trailing comma", tool: "search", args: `{"q":"x",}`, status: toolbus.StatusRejected, code: toolbus.CodeInvalidArguments,
 			msg: []string{"not valid JSON", "byte offset 9"}},
-		{name: "truncated", tool: "search", args: `{"q":"x`, status: events.StatusRejected, code: events.CodeInvalidArguments,
+		{name: "truncated", tool: "search", args: `{"q":"x`, status: toolbus.StatusRejected, code: toolbus.CodeInvalidArguments,
 			msg: []string{"not valid JSON", "truncated", "byte offset 7"}},
-		{name: "array", tool: "search", args: `[1]`, status: events.StatusRejected, code: events.CodeInvalidArguments,
+		{name: "array", tool: "search", args: `[1]`, status: toolbus.StatusRejected, code: toolbus.CodeInvalidArguments,
 			msg: []string{"must be a JSON object", "array"}},
-		{name: "string", tool: "search", args: `"x"`, status: events.StatusRejected, code: events.CodeInvalidArguments,
+		{name: "string", tool: "search", args: `"x"`, status: toolbus.StatusRejected, code: toolbus.CodeInvalidArguments,
 			msg: []string{"must be a JSON object", "string"}},
-		{name: "null", tool: "empty", args: `null`, status: events.StatusRejected, code: events.CodeInvalidArguments,
+		{name: "null", tool: "empty", args: `null`, status: toolbus.StatusRejected, code: toolbus.CodeInvalidArguments,
 			msg: []string{"must be a JSON object", "null"}},
-		{name: "empty string", tool: "empty", args: ``, status: events.StatusRejected, code: events.CodeInvalidArguments,
+		{name: "empty string", tool: "empty", args: ``, status: toolbus.StatusRejected, code: toolbus.CodeInvalidArguments,
 			msg: []string{"arguments are empty"}},
-		{name: "whitespace", tool: "empty", args: " \n\t ", status: events.StatusRejected, code: events.CodeInvalidArguments,
+		{name: "whitespace", tool: "empty", args: " \n\t ", status: toolbus.StatusRejected, code: toolbus.CodeInvalidArguments,
 			msg: []string{"arguments are empty"}},
-		{name: "two values", tool: "empty", args: `{} {}`, status: events.StatusRejected, code: events.CodeInvalidArguments,
+		{name: "two values", tool: "empty", args: `{} {}`, status: toolbus.StatusRejected, code: toolbus.CodeInvalidArguments,
 			msg: []string{"not valid JSON"}},
-		{name: "single quotes", tool: "search", args: `{'q':'x'}`, status: events.StatusRejected, code: events.CodeInvalidArguments,
+		{name: "single quotes", tool: "search", args: `{'q':'x'}`, status: toolbus.StatusRejected, code: toolbus.CodeInvalidArguments,
 			msg: []string{"not valid JSON", "byte offset 1"}},
 		// Gate 3: schema.
 		{name: "schema violations", tool: "search", args: `{"limit":500,"extra":true,"filters":[{"x":1}]}`,
-			status: events.StatusRejected, code: events.CodeInvalidArguments,
+			status: toolbus.StatusRejected, code: toolbus.CodeInvalidArguments,
 			msg: []string{"4 violations", "(root): missing property 'q'", "additional properties 'extra'", "/limit:", "/filters/0: missing property 'field'"},
-			check: func(t *testing.T, r events.ToolResult) {
+			check: func(t *testing.T, r toolbus.ToolResult) {
 				var vs []executor.Violation
 				if err := json.Unmarshal(r.Error.Details, &vs); err != nil {
 					t.Fatalf("details: %v: %s", err, r.Error.Details)
@@ -250,69 +250,69 @@ func TestExecuteGatesAndStatuses(t *testing.T) {
 					t.Errorf("violations = %+v", vs)
 				}
 			}},
-		{name: "wrong type", tool: "search", args: `{"q":5}`, status: events.StatusRejected, code: events.CodeInvalidArguments,
+		{name: "wrong type", tool: "search", args: `{"q":5}`, status: toolbus.StatusRejected, code: toolbus.CodeInvalidArguments,
 			msg: []string{"/q: got number, want string"}},
-		{name: "empty object for required", tool: "search", args: `{}`, status: events.StatusRejected, code: events.CodeInvalidArguments,
+		{name: "empty object for required", tool: "search", args: `{}`, status: toolbus.StatusRejected, code: toolbus.CodeInvalidArguments,
 			msg: []string{"missing property 'q'"}},
 		// Gate 4: authorization.
-		{name: "not authorized", tool: "forbidden", args: `{}`, status: events.StatusRejected, code: events.CodeNotAuthorized,
+		{name: "not authorized", tool: "forbidden", args: `{}`, status: toolbus.StatusRejected, code: toolbus.CodeNotAuthorized,
 			msg: []string{"not authorized", "lacks role incident-admin"}},
 		// Context already done: nothing runs.
-		{name: "cancelled before start", ctx: cancelled, tool: "empty", args: `{}`, status: events.StatusCancelled, code: events.CodeCancelled},
+		{name: "cancelled before start", ctx: cancelled, tool: "empty", args: `{}`, status: toolbus.StatusCancelled, code: toolbus.CodeCancelled},
 		// Gate 6: running.
-		{name: "succeeded", tool: "search", args: `{"q":"x","limit":2}`, status: events.StatusSucceeded, ran: true,
-			check: func(t *testing.T, r events.ToolResult) {
+		{name: "succeeded", tool: "search", args: `{"q":"x","limit":2}`, status: toolbus.StatusSucceeded, ran: true,
+			check: func(t *testing.T, r toolbus.ToolResult) {
 				const want = `{"items":["b","a"],"limit":2,"query":"x"}`
 				if r.Content != want || string(r.Output) != want {
 					t.Errorf("content %q output %s, want %s", r.Content, r.Output, want)
 				}
 			}},
-		{name: "whitespace around object", tool: "search", args: " {\"q\":\"x\"}\n", status: events.StatusSucceeded, ran: true},
-		{name: "nil output", tool: "empty", args: `{}`, status: events.StatusSucceeded, ran: true,
-			check: func(t *testing.T, r events.ToolResult) {
+		{name: "whitespace around object", tool: "search", args: " {\"q\":\"x\"}\n", status: toolbus.StatusSucceeded, ran: true},
+		{name: "nil output", tool: "empty", args: `{}`, status: toolbus.StatusSucceeded, ran: true,
+			check: func(t *testing.T, r toolbus.ToolResult) {
 				if r.Content != "null" || string(r.Output) != "null" || r.Truncated != nil {
 					t.Errorf("empty result: %+v", r)
 				}
 			}},
-		{name: "empty string output", tool: "empty_string", args: `{}`, status: events.StatusSucceeded, ran: true,
-			check: func(t *testing.T, r events.ToolResult) {
+		{name: "empty string output", tool: "empty_string", args: `{}`, status: toolbus.StatusSucceeded, ran: true,
+			check: func(t *testing.T, r toolbus.ToolResult) {
 				if r.Content != "" || string(r.Output) != `""` {
 					t.Errorf("empty string result: %+v", r)
 				}
 			}},
-		{name: "text output", tool: "text", args: `{}`, status: events.StatusSucceeded, ran: true,
-			check: func(t *testing.T, r events.ToolResult) {
+		{name: "text output", tool: "text", args: `{}`, status: toolbus.StatusSucceeded, ran: true,
+			check: func(t *testing.T, r toolbus.ToolResult) {
 				if r.Content != "line 1\n<b>line 2</b>" || string(r.Output) != `"line 1\n<b>line 2</b>"` {
 					t.Errorf("text result: content %q output %s", r.Content, r.Output)
 				}
 			}},
-		{name: "raw output is canonical", tool: "raw", args: `{}`, status: events.StatusSucceeded, ran: true,
-			check: func(t *testing.T, r events.ToolResult) {
+		{name: "raw output is canonical", tool: "raw", args: `{}`, status: toolbus.StatusSucceeded, ran: true,
+			check: func(t *testing.T, r toolbus.ToolResult) {
 				const want = `{"a":{"b":1.50,"y":[3,2]},"z":1}`
 				if r.Content != want || string(r.Output) != want {
 					t.Errorf("content %q output %s, want %s", r.Content, r.Output, want)
 				}
 			}},
-		{name: "typed error", tool: "typed_error", args: `{}`, status: events.StatusFailed, code: "incident_not_found", ran: true,
+		{name: "typed error", tool: "typed_error", args: `{}`, status: toolbus.StatusFailed, code: "incident_not_found", ran: true,
 			retryable: true, msg: []string{"no incident INC-404"},
-			check: func(t *testing.T, r events.ToolResult) {
+			check: func(t *testing.T, r toolbus.ToolResult) {
 				if string(r.Error.Details) != `{"id":"INC-404","token":"t0p"}` {
 					t.Errorf("details = %s", r.Error.Details)
 				}
 			}},
-		{name: "plain error redacted", tool: "plain_error", args: `{}`, status: events.StatusFailed, code: events.CodeToolError, ran: true,
+		{name: "plain error redacted", tool: "plain_error", args: `{}`, status: toolbus.StatusFailed, code: toolbus.CodeToolError, ran: true,
 			msg: []string{"upstream refused key [REDACTED]"},
-			check: func(t *testing.T, r events.ToolResult) {
+			check: func(t *testing.T, r toolbus.ToolResult) {
 				if strings.Contains(r.Content, fakeOpenAIKey) || r.Redactions != 1 {
 					t.Errorf("secret not redacted: %+v", r)
 				}
 			}},
-		{name: "panic", tool: "panics", args: `{}`, status: events.StatusFailed, code: events.CodeToolInternalError, ran: true,
+		{name: "panic", tool: "panics", args: `{}`, status: toolbus.StatusFailed, code: toolbus.CodeToolInternalError, ran: true,
 			msg: []string{"internal error"}},
-		{name: "goexit", tool: "goexit", args: `{}`, status: events.StatusFailed, code: events.CodeToolInternalError, ran: true},
-		{name: "timeout, tool ignores ctx", tool: "ignores_ctx", args: `{}`, status: events.StatusTimedOut, code: events.CodeTimeout,
+		{name: "goexit", tool: "goexit", args: `{}`, status: toolbus.StatusFailed, code: toolbus.CodeToolInternalError, ran: true},
+		{name: "timeout, tool ignores ctx", tool: "ignores_ctx", args: `{}`, status: toolbus.StatusTimedOut, code: toolbus.CodeTimeout,
 			ran: true, retryable: true, msg: []string{"timeout of 100ms"},
-			check: func(t *testing.T, r events.ToolResult) {
+			check: func(t *testing.T, r toolbus.ToolResult) {
 				if r.DurationMS > 2000 {
 					t.Errorf("timed out call took %dms", r.DurationMS)
 				}
@@ -324,27 +324,27 @@ func TestExecuteGatesAndStatuses(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 			t.Cleanup(cancel)
 			return ctx
-		}, tool: "waits_ctx", args: `{}`, status: events.StatusTimedOut, code: events.CodeTimeout, ran: true, retryable: true,
+		}, tool: "waits_ctx", args: `{}`, status: toolbus.StatusTimedOut, code: toolbus.CodeTimeout, ran: true, retryable: true,
 			msg: []string{"deadline"}},
 		{name: "cancelled while running", ctx: func(*testing.T) context.Context {
 			ctx, cancel := context.WithCancel(context.Background())
 			time.AfterFunc(30*time.Millisecond, cancel)
 			return ctx
-		}, tool: "waits_ctx", args: `{}`, status: events.StatusCancelled, code: events.CodeCancelled, ran: true},
+		}, tool: "waits_ctx", args: `{}`, status: toolbus.StatusCancelled, code: toolbus.CodeCancelled, ran: true},
 		// Gate 7: output.
-		{name: "output schema violation", tool: "bad_output", args: `{}`, status: events.StatusFailed, code: events.CodeInvalidToolOutput,
+		{name: "output schema violation", tool: "bad_output", args: `{}`, status: toolbus.StatusFailed, code: toolbus.CodeInvalidToolOutput,
 			ran: true, msg: []string{"invalid output", "/ok: got string, want boolean", "/code"},
-			check: func(t *testing.T, r events.ToolResult) {
+			check: func(t *testing.T, r toolbus.ToolResult) {
 				if strings.Contains(r.Content, "SECRET-VALUE") || strings.Contains(string(r.Error.Details), "SECRET-VALUE") {
 					t.Errorf("bad output leaked: %q %s", r.Content, r.Error.Details)
 				}
 			}},
-		{name: "output schema ok", tool: "good_output", args: `{}`, status: events.StatusSucceeded, ran: true},
-		{name: "unencodable output", tool: "unencodable", args: `{}`, status: events.StatusFailed, code: events.CodeInvalidToolOutput, ran: true},
-		{name: "invalid raw output", tool: "bad_raw", args: `{}`, status: events.StatusFailed, code: events.CodeInvalidToolOutput, ran: true},
+		{name: "output schema ok", tool: "good_output", args: `{}`, status: toolbus.StatusSucceeded, ran: true},
+		{name: "unencodable output", tool: "unencodable", args: `{}`, status: toolbus.StatusFailed, code: toolbus.CodeInvalidToolOutput, ran: true},
+		{name: "invalid raw output", tool: "bad_raw", args: `{}`, status: toolbus.StatusFailed, code: toolbus.CodeInvalidToolOutput, ran: true},
 		// Gate 8: redaction.
-		{name: "redaction", tool: "secrets", args: `{}`, status: events.StatusSucceeded, ran: true,
-			check: func(t *testing.T, r events.ToolResult) {
+		{name: "redaction", tool: "secrets", args: `{}`, status: toolbus.StatusSucceeded, ran: true,
+			check: func(t *testing.T, r toolbus.ToolResult) {
 				for _, s := range []string{"hunter2", "12345", "s3cret", fakeGitHub, "Z7Z7"} {
 					if strings.Contains(r.Content, s) || strings.Contains(string(r.Output), s) {
 						t.Errorf("%q not redacted: %s", s, r.Content)
@@ -396,7 +396,7 @@ func TestPanicStackGoesToLog(t *testing.T) {
 	f := newFixture(t)
 	r := f.ex.Execute(context.Background(), call("panics", `{}`), principal)
 	checkInvariants(t, r, "panics")
-	if r.Code() != events.CodeToolInternalError {
+	if r.Code() != toolbus.CodeToolInternalError {
 		t.Fatalf("code %s", r.Code())
 	}
 	logged := f.log.String()
@@ -410,7 +410,7 @@ func TestTimeoutIgnoringToolReturnsInTime(t *testing.T) {
 	start := time.Now()
 	r := f.ex.Execute(context.Background(), call("ignores_ctx", `{}`), principal)
 	d := time.Since(start)
-	if r.Status != events.StatusTimedOut || !r.Error.Retryable {
+	if r.Status != toolbus.StatusTimedOut || !r.Error.Retryable {
 		t.Fatalf("result %+v", r)
 	}
 	if d < 100*time.Millisecond || d > time.Second {
@@ -422,14 +422,14 @@ func TestDefaultTimeoutOption(t *testing.T) {
 	f := newFixture(t, executor.WithDefaultTimeout(50*time.Millisecond))
 	start := time.Now()
 	r := f.ex.Execute(context.Background(), call("empty", `{}`), principal)
-	if r.Status != events.StatusSucceeded {
+	if r.Status != toolbus.StatusSucceeded {
 		t.Fatalf("%+v", r)
 	}
 	// waits_ctx sets its own 10s timeout; the default does not shorten it, the ctx does.
 	ctx, cancel := context.WithTimeout(context.Background(), 80*time.Millisecond)
 	defer cancel()
 	r = f.ex.Execute(ctx, call("waits_ctx", `{}`), principal)
-	if r.Status != events.StatusTimedOut || time.Since(start) > 2*time.Second {
+	if r.Status != toolbus.StatusTimedOut || time.Since(start) > 2*time.Second {
 		t.Fatalf("%+v", r)
 	}
 }
@@ -459,7 +459,7 @@ func TestToolSeesDeadlineAndCallInfo(t *testing.T) {
 	ctx := executor.WithCallInfo(context.Background(), ci)
 	before := time.Now()
 	r := executor.New(reg).Execute(ctx, call("peek", `{}`), principal)
-	if r.Status != events.StatusSucceeded || r.Attempt != 3 || !reflect.DeepEqual(got, ci) {
+	if r.Status != toolbus.StatusSucceeded || r.Attempt != 3 || !reflect.DeepEqual(got, ci) {
 		t.Fatalf("result %+v, call info %+v", r, got)
 	}
 	if deadline.Before(before.Add(59*time.Second)) || deadline.After(time.Now().Add(time.Minute)) {
@@ -497,7 +497,7 @@ func TestConcurrencyLimit(t *testing.T) {
 	}
 	ex := executor.New(reg, executor.WithLogger(slog.New(slog.DiscardHandler)))
 	var wg sync.WaitGroup
-	results := make([]events.ToolResult, 5)
+	results := make([]toolbus.ToolResult, 5)
 	for i := range results {
 		wg.Go(func() { results[i] = ex.Execute(context.Background(), call("limited", `{}`), principal) })
 	}
@@ -508,7 +508,7 @@ func TestConcurrencyLimit(t *testing.T) {
 	close(release)
 	wg.Wait()
 	for _, r := range results {
-		if r.Status != events.StatusSucceeded {
+		if r.Status != toolbus.StatusSucceeded {
 			t.Errorf("%+v", r)
 		}
 	}
@@ -533,13 +533,13 @@ func TestConcurrencyLimit(t *testing.T) {
 	time.Sleep(30 * time.Millisecond)
 	start := time.Now()
 	r := ex.Execute(context.Background(), call("one", `{}`), principal)
-	if r.Status != events.StatusTimedOut || !strings.Contains(r.Error.Message, "free slot") || time.Since(start) > time.Second {
+	if r.Status != toolbus.StatusTimedOut || !strings.Contains(r.Error.Message, "free slot") || time.Since(start) > time.Second {
 		t.Errorf("waiting call: %+v after %v", r, time.Since(start))
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	time.AfterFunc(20*time.Millisecond, cancel)
 	r = ex.Execute(ctx, call("one", `{}`), principal)
-	if r.Status != events.StatusCancelled {
+	if r.Status != toolbus.StatusCancelled {
 		t.Errorf("cancelled waiting call: %+v", r)
 	}
 	if ran.Load() != 1 {
@@ -554,29 +554,29 @@ func TestAuthorizerSeesValidatedCall(t *testing.T) {
 		Func: func(context.Context, json.RawMessage) (any, error) { ran.Add(1); return nil, nil }}); err != nil {
 		t.Fatal(err)
 	}
-	var gotP events.Principal
+	var gotP toolbus.Principal
 	var gotArgs string
 	ex := executor.New(reg, executor.WithAuthorizer(executor.AuthorizerFunc(
-		func(_ context.Context, p events.Principal, tool string, args json.RawMessage) error {
+		func(_ context.Context, p toolbus.Principal, tool string, args json.RawMessage) error {
 			gotP, gotArgs = p, string(args)
 			return executor.NewError("ignored_code", "only admins may search")
 		})))
 	r := ex.Execute(context.Background(), call("t", `{"q":"x"}`), principal)
-	if r.Code() != events.CodeNotAuthorized || r.Error.Message != "not authorized to call t: only admins may search" ||
+	if r.Code() != toolbus.CodeNotAuthorized || r.Error.Message != "not authorized to call t: only admins may search" ||
 		gotP.ID != "user-1" || gotArgs != `{"q":"x"}` || ran.Load() != 0 {
 		t.Fatalf("%+v principal %+v args %s", r, gotP, gotArgs)
 	}
 	// An invalid call never reaches the authorizer.
 	gotArgs = ""
 	r = ex.Execute(context.Background(), call("t", `{"q":1}`), principal)
-	if r.Code() != events.CodeInvalidArguments || gotArgs != "" {
+	if r.Code() != toolbus.CodeInvalidArguments || gotArgs != "" {
 		t.Fatalf("%+v args %s", r, gotArgs)
 	}
 	// A panicking authorizer rejects.
 	ex = executor.New(reg, executor.WithLogger(slog.New(slog.DiscardHandler)), executor.WithAuthorizer(executor.AuthorizerFunc(
-		func(context.Context, events.Principal, string, json.RawMessage) error { panic("auth backend down") })))
+		func(context.Context, toolbus.Principal, string, json.RawMessage) error { panic("auth backend down") })))
 	r = ex.Execute(context.Background(), call("t", `{"q":"x"}`), principal)
-	if r.Code() != events.CodeNotAuthorized || strings.Contains(r.Content, "backend down") || ran.Load() != 0 {
+	if r.Code() != toolbus.CodeNotAuthorized || strings.Contains(r.Content, "backend down") || ran.Load() != 0 {
 		t.Fatalf("%+v", r)
 	}
 }
@@ -602,7 +602,7 @@ func TestBigOutputIsTruncated(t *testing.T) {
 		max  int
 	}{{"big_text", executor.DefaultMaxOutputBytes}, {"big_json", executor.DefaultMaxOutputBytes}, {"small_bound", 300}} {
 		r := ex.Execute(context.Background(), call(tc.tool, `{}`), principal)
-		if r.Status != events.StatusSucceeded || r.Truncated == nil {
+		if r.Status != toolbus.StatusSucceeded || r.Truncated == nil {
 			t.Fatalf("%s: %+v", tc.tool, r.Truncated)
 		}
 		if len(r.Content) > tc.max || len(r.Content) < tc.max-100 || !utf8.ValidString(r.Content) {
@@ -631,7 +631,7 @@ func TestErrorMessagesAreBounded(t *testing.T) {
 	}
 	// A long unknown tool name is cut in the message.
 	r = executor.New(reg).Execute(context.Background(), call(strings.Repeat("x", 10000), `{}`), principal)
-	if r.Code() != events.CodeUnknownTool || len(r.Error.Message) > 300 {
+	if r.Code() != toolbus.CodeUnknownTool || len(r.Error.Message) > 300 {
 		t.Fatalf("%+v", r.Error)
 	}
 }
@@ -640,7 +640,7 @@ func TestExecuteNilContextAndEmptyExecutor(t *testing.T) {
 	ex := executor.New(nil)
 	//nolint:staticcheck // a nil context must not panic
 	r := ex.Execute(nil, call("x", `{}`), principal)
-	if r.Code() != events.CodeUnknownTool || ex.Registry() == nil {
+	if r.Code() != toolbus.CodeUnknownTool || ex.Registry() == nil {
 		t.Fatalf("%+v", r)
 	}
 }
@@ -693,12 +693,12 @@ func TestBadValuesFromToolsDoNotPanic(t *testing.T) {
 		}
 	}
 	ex := executor.New(reg, executor.WithLogger(slog.New(slog.DiscardHandler)))
-	want := map[string]string{"marshal_panic": events.CodeToolInternalError, "details_panic": events.CodeToolInternalError,
-		"details_bad": "x", "nil_typed_error": events.CodeToolError, "stack_in_error": events.CodeToolError,
-		"frame_in_error": events.CodeToolError}
+	want := map[string]string{"marshal_panic": toolbus.CodeToolInternalError, "details_panic": toolbus.CodeToolInternalError,
+		"details_bad": "x", "nil_typed_error": toolbus.CodeToolError, "stack_in_error": toolbus.CodeToolError,
+		"frame_in_error": toolbus.CodeToolError}
 	for name, code := range want {
-		r := ex.Execute(context.Background(), events.ToolCall{CallID: "call_1", Tool: name, Arguments: `{}`}, principal)
-		if r.Status != events.StatusFailed || r.Code() != code {
+		r := ex.Execute(context.Background(), toolbus.ToolCall{CallID: "call_1", Tool: name, Arguments: `{}`}, principal)
+		if r.Status != toolbus.StatusFailed || r.Code() != code {
 			t.Errorf("%s: %s/%s, want failed/%s: %+v", name, r.Status, r.Code(), code, r)
 		}
 		for _, bad := range []string{"goroutine ", ".go:", "marshal boom"} {

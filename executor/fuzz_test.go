@@ -6,7 +6,7 @@ import (
 	"testing"
 	"unicode/utf8"
 
-	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/executor"
 )
 
@@ -41,7 +41,7 @@ func FuzzArguments(f *testing.F) {
 	ex := executor.New(reg)
 	f.Fuzz(func(t *testing.T, args string) {
 		ran = 0
-		r := ex.Execute(context.Background(), events.ToolCall{CallID: "c", Tool: "search", Arguments: args}, events.Principal{})
+		r := ex.Execute(context.Background(), toolbus.ToolCall{CallID: "c", Tool: "search", Arguments: args}, toolbus.Principal{})
 		if !r.Status.Valid() {
 			t.Fatalf("invalid status %q", r.Status)
 		}
@@ -49,12 +49,12 @@ func FuzzArguments(f *testing.F) {
 			t.Fatalf("content not UTF-8: %q", r.Content)
 		}
 		switch r.Status {
-		case events.StatusSucceeded:
+		case toolbus.StatusSucceeded:
 			if ran != 1 || !json.Valid(r.Output) {
 				t.Fatalf("succeeded: ran %d output %q", ran, r.Output)
 			}
-		case events.StatusRejected:
-			if ran != 0 || r.Code() != events.CodeInvalidArguments || !json.Valid([]byte(r.Content)) {
+		case toolbus.StatusRejected:
+			if ran != 0 || r.Code() != toolbus.CodeInvalidArguments || !json.Valid([]byte(r.Content)) {
 				t.Fatalf("rejected: ran %d: %+v", ran, r)
 			}
 		default:

@@ -9,7 +9,7 @@ import (
 	"strings"
 	"unicode/utf8"
 
-	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus"
 )
 
 // maxDetailsBytes bounds ToolResult.Error.Details; larger details are dropped (the
@@ -38,7 +38,7 @@ func (c *call) output(out any) {
 			return
 		}
 		if !json.Valid(x) {
-			c.fail(events.StatusFailed, events.CodeInvalidToolOutput,
+			c.fail(toolbus.StatusFailed, toolbus.CodeInvalidToolOutput,
 				"the tool returned an invalid output (not valid JSON)", false, nil)
 			return
 		}
@@ -48,7 +48,7 @@ func (c *call) output(out any) {
 		if err != nil {
 			c.e.log.Warn("executor: tool output cannot be encoded as JSON",
 				"call_id", c.res.CallID, "tool", c.ent.tool.Name, "error", err)
-			c.fail(events.StatusFailed, events.CodeInvalidToolOutput,
+			c.fail(toolbus.StatusFailed, toolbus.CodeInvalidToolOutput,
 				"the tool returned an invalid output (it cannot be encoded as JSON)", false, nil)
 			return
 		}
@@ -60,7 +60,7 @@ func (c *call) output(out any) {
 func (c *call) structured(b []byte) {
 	v, err := decodeJSON(b)
 	if err != nil {
-		c.fail(events.StatusFailed, events.CodeInvalidToolOutput,
+		c.fail(toolbus.StatusFailed, toolbus.CodeInvalidToolOutput,
 			"the tool returned an invalid output (not valid JSON)", false, nil)
 		return
 	}
@@ -94,19 +94,19 @@ func (c *call) text(s string) {
 
 func (c *call) succeed(output json.RawMessage, content string, redactions int) {
 	r := c.res
-	r.Status = events.StatusSucceeded
+	r.Status = toolbus.StatusSucceeded
 	r.Output = output
 	r.Redactions += redactions
 	if len(content) > c.maxOut {
 		t, kept := TruncateText(content, c.maxOut)
-		r.Truncated = &events.Truncation{OriginalBytes: len(content), KeptBytes: kept}
+		r.Truncated = &toolbus.Truncation{OriginalBytes: len(content), KeptBytes: kept}
 		content = t
 	}
 	r.Content = content
 }
 
 func (c *call) invalidOutput(vs []Violation) {
-	c.fail(events.StatusFailed, events.CodeInvalidToolOutput,
+	c.fail(toolbus.StatusFailed, toolbus.CodeInvalidToolOutput,
 		"the tool returned an invalid output: it does not match the tool's output schema ("+
 			plural(len(vs), "violation", "violations")+"):\n"+violationText(vs),
 		false, vs)
@@ -114,7 +114,7 @@ func (c *call) invalidOutput(vs []Violation) {
 
 // fail fills a non-succeeded result. The message is redacted and bounded so that the
 // content, {"error":{"code":...,"message":...,"retryable":...}}, fits in maxOut.
-func (c *call) fail(status events.Status, code, msg string, retryable bool, details any) {
+func (c *call) fail(status toolbus.Status, code, msg string, retryable bool, details any) {
 	r := c.res
 	r.Status = status
 	r.Output = nil
@@ -124,7 +124,7 @@ func (c *call) fail(status events.Status, code, msg string, retryable bool, deta
 	if c.ent != nil {
 		keys = c.ent.redact
 	}
-	te := &events.ToolError{Code: code, Retryable: retryable}
+	te := &toolbus.ToolError{Code: code, Retryable: retryable}
 	if details != nil {
 		if b, err := marshalJSON(details); err == nil {
 			if v, err := decodeJSON(b); err == nil && v != nil {

@@ -12,7 +12,7 @@ import (
 
 	jsval "github.com/santhosh-tekuri/jsonschema/v6"
 
-	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus"
 )
 
 // Func is a tool implementation: it receives the raw JSON object arguments, already
@@ -66,8 +66,8 @@ const MinOutputBytes = 256
 
 // Contract returns the catalog entry of t (what an executor publishes to the tool
 // catalog and what events.OpenAITools and friends convert for the model APIs).
-func (t Tool) Contract() events.ToolContract {
-	return events.ToolContract{
+func (t Tool) Contract() toolbus.ToolContract {
+	return toolbus.ToolContract{
 		Name:           t.Name,
 		Description:    t.Description,
 		InputSchema:    t.InputSchema,
@@ -118,7 +118,7 @@ func (r *Registry) register(t Tool, checkOutput bool) error {
 	if r == nil {
 		return fmt.Errorf("%w: nil registry", ErrInvalidTool)
 	}
-	if !events.ValidToolName(t.Name) {
+	if !toolbus.ValidToolName(t.Name) {
 		return invalid(t.Name, "name must be 1 to 64 of [A-Za-z0-9_-]")
 	}
 	if t.Func == nil {
@@ -295,12 +295,12 @@ func (r *Registry) Names() []string {
 }
 
 // Contracts returns the contracts of the registered tools, sorted by name.
-func (r *Registry) Contracts() []events.ToolContract {
+func (r *Registry) Contracts() []toolbus.ToolContract {
 	if r == nil {
 		return nil
 	}
 	r.mu.RLock()
-	cs := make([]events.ToolContract, 0, len(r.tools))
+	cs := make([]toolbus.ToolContract, 0, len(r.tools))
 	for _, e := range r.tools {
 		cs = append(cs, e.tool.Contract())
 	}

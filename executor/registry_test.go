@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/executor"
 )
 
@@ -92,9 +92,9 @@ func TestRegistry(t *testing.T) {
 	}
 
 	// The model API shapes accept the contracts as they are.
-	oa := events.OpenAITools(cs)
-	an := events.AnthropicTools(cs)
-	mcp := events.MCPTools(cs)
+	oa := toolbus.OpenAITools(cs)
+	an := toolbus.AnthropicTools(cs)
+	mcp := toolbus.MCPTools(cs)
 	if len(oa) != 3 || oa[1].Function.Name != "a-tool" || !json.Valid(oa[1].Function.Parameters) ||
 		len(an) != 3 || an[2].Name != "b_tool" || len(mcp) != 3 || !mcp[0].Annotations.ReadOnlyHint {
 		t.Errorf("exports: %+v %+v %+v", oa, an, mcp)
@@ -143,7 +143,7 @@ func TestToolContract(t *testing.T) {
 		OutputSchema: json.RawMessage(`{"type":"string"}`), ReadOnly: true, NeedsApproval: true, Timeout: 2 * time.Second,
 		MaxOutputBytes: 1000, MaxConcurrency: 3, RedactFields: []string{"password"}, Func: noop}
 	c := tool.Contract()
-	want := events.ToolContract{Name: "n", Description: "d", InputSchema: tool.InputSchema, OutputSchema: tool.OutputSchema,
+	want := toolbus.ToolContract{Name: "n", Description: "d", InputSchema: tool.InputSchema, OutputSchema: tool.OutputSchema,
 		ReadOnly: true, NeedsApproval: true, Timeout: 2 * time.Second, MaxOutputBytes: 1000, MaxConcurrency: 3,
 		RedactFields: []string{"password"}}
 	gotJSON, _ := json.Marshal(c)
@@ -226,7 +226,7 @@ func TestRegisterFuncSchemas(t *testing.T) {
 
 	ex := executor.New(r)
 	res := ex.Execute(context.Background(), call("search", `{"query":"db","tags":[],"filter":{"service":"auth"},"since":"2024-01-02T03:04:05Z"}`), principal)
-	if res.Status != events.StatusSucceeded || res.Content != `{"items":[{"id":"INC-1","title":"db"}],"total":1}` {
+	if res.Status != toolbus.StatusSucceeded || res.Content != `{"items":[{"id":"INC-1","title":"db"}],"total":1}` {
 		t.Fatalf("%+v", res)
 	}
 	if gotIn.Query != "db" || gotIn.Filter == nil || gotIn.Filter.Service != "auth" || gotIn.Since.Year() != 2024 {
@@ -243,7 +243,7 @@ func TestRegisterFuncSchemas(t *testing.T) {
 	} {
 		gotIn = searchIn{}
 		res := ex.Execute(context.Background(), call("search", args), principal)
-		if res.Status != events.StatusRejected || res.Code() != events.CodeInvalidArguments || gotIn.Query != "" {
+		if res.Status != toolbus.StatusRejected || res.Code() != toolbus.CodeInvalidArguments || gotIn.Query != "" {
 			t.Errorf("%s: %s %s: %s", args, res.Status, res.Code(), res.Content)
 		}
 	}
@@ -283,7 +283,7 @@ func TestRegisterFuncEdgeCases(t *testing.T) {
 		t.Errorf("tree schemas: in %s out %s", tool.InputSchema, tool.OutputSchema)
 	}
 	ex := executor.New(r)
-	if res := ex.Execute(context.Background(), call("tree", `{"depth":0}`), principal); res.Status != events.StatusSucceeded || res.Content != "null" {
+	if res := ex.Execute(context.Background(), call("tree", `{"depth":0}`), principal); res.Status != toolbus.StatusSucceeded || res.Content != "null" {
 		t.Errorf("nil pointer output: %+v", res)
 	}
 	if res := ex.Execute(context.Background(), call("tree", `{"depth":1}`), principal); res.Content != `{"children":null,"name":"root"}` {
@@ -303,11 +303,11 @@ func TestRegisterFuncEdgeCases(t *testing.T) {
 		t.Fatal(err)
 	}
 	res := ex.Execute(context.Background(), call("small", `{"n":1000}`), principal)
-	if res.Status != events.StatusRejected || res.Code() != events.CodeInvalidArguments || ran {
+	if res.Status != toolbus.StatusRejected || res.Code() != toolbus.CodeInvalidArguments || ran {
 		t.Errorf("overflow: %+v ran=%v", res, ran)
 	}
 	res = ex.Execute(context.Background(), call("small", `{"n":7,"other":1}`), principal)
-	if res.Status != events.StatusRejected || !strings.Contains(res.Error.Message, "unknown field") || ran {
+	if res.Status != toolbus.StatusRejected || !strings.Contains(res.Error.Message, "unknown field") || ran {
 		t.Errorf("unknown field: %+v ran=%v", res, ran)
 	}
 	if res = ex.Execute(context.Background(), call("small", `{"n":7}`), principal); res.Content != "7" || !ran {
@@ -320,7 +320,7 @@ func TestRegisterFuncEdgeCases(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res := ex.Execute(context.Background(), call("checked", `{}`), principal); res.Code() != events.CodeInvalidToolOutput {
+	if res := ex.Execute(context.Background(), call("checked", `{}`), principal); res.Code() != toolbus.CodeInvalidToolOutput {
 		t.Errorf("checked: %+v", res)
 	}
 	// Typed errors pass through.

@@ -20,6 +20,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
 )
 
@@ -551,9 +552,9 @@ func (e *env) submitN(runs []string, n int) {
 			defer wg.Done()
 			for run := range ch {
 				ctx, cancel := e.op()
-				err := e.bus.StartRun(ctx, events.Source("faults", "test"), events.RunStarted{
-					RunID: run, Model: "faultbus", Principal: events.Principal{ID: "faults"},
-					Messages: []events.Message{{Role: events.RoleUser, Content: "run " + run}},
+				err := e.bus.StartRun(ctx, events.Source("faults", "test"), toolbus.RunStarted{
+					RunID: run, Model: "faultbus", Principal: toolbus.Principal{ID: "faults"},
+					Messages: []toolbus.Message{{Role: toolbus.RoleUser, Content: "run " + run}},
 				})
 				cancel()
 				if err != nil {
@@ -624,7 +625,7 @@ func (e *env) waitCompleted(runs []string, d time.Duration) {
 			switch status {
 			case "started", "cancel":
 				continue
-			case string(events.RunCompleted):
+			case string(toolbus.RunCompleted):
 				if want[run] {
 					done += int(n)
 				}
@@ -678,11 +679,11 @@ type callKey struct {
 // runTally is what the stream holds about one run.
 type runTally struct {
 	started   int
-	requested map[int]int                     // model.requested per step
-	responded map[int][]events.ModelResponded // model.responded per step
-	toolReq   map[callKey]int                 // tool.requested per call
-	finished  map[callKey][]events.ToolFinished
-	ended     []events.RunEnded
+	requested map[int]int                      // model.requested per step
+	responded map[int][]toolbus.ModelResponded // model.responded per step
+	toolReq   map[callKey]int                  // tool.requested per call
+	finished  map[callKey][]toolbus.ToolFinished
+	ended     []toolbus.RunEnded
 	order     map[int][]int // call indexes of a step in the order their results were stored
 
 	first, last time.Time     // times of the run's first and last events
@@ -710,8 +711,8 @@ func (e *env) tally() map[string]*runTally {
 	get := func(run string) *runTally {
 		rt := out[run]
 		if rt == nil {
-			rt = &runTally{requested: map[int]int{}, responded: map[int][]events.ModelResponded{},
-				toolReq: map[callKey]int{}, finished: map[callKey][]events.ToolFinished{}, order: map[int][]int{}}
+			rt = &runTally{requested: map[int]int{}, responded: map[int][]toolbus.ModelResponded{},
+				toolReq: map[callKey]int{}, finished: map[callKey][]toolbus.ToolFinished{}, order: map[int][]int{}}
 			out[run] = rt
 		}
 		return rt
@@ -747,21 +748,21 @@ func (e *env) tally() map[string]*runTally {
 			case meta.Type == events.TypeModelRequested:
 				rt.requested[meta.Step]++
 			case meta.Type == events.TypeModelResponded:
-				var mr events.ModelResponded
+				var mr toolbus.ModelResponded
 				decodeInto(e.t, m, &mr)
 				rt.responded[mr.Step] = append(rt.responded[mr.Step], mr)
 			case meta.Type == events.TypeToolRequested:
-				var tr events.ToolRequested
+				var tr toolbus.ToolRequested
 				decodeInto(e.t, m, &tr)
 				rt.toolReq[callKey{tr.Step, tr.Call.CallID}]++
 			case meta.Type == events.TypeToolFinished:
-				var tf events.ToolFinished
+				var tf toolbus.ToolFinished
 				decodeInto(e.t, m, &tf)
 				k := callKey{tf.Step, tf.ToolResult.CallID}
 				rt.finished[k] = append(rt.finished[k], tf)
 				rt.order[tf.Step] = append(rt.order[tf.Step], tf.CallIndex)
 			case strings.HasPrefix(meta.Type, "toolbus.run."):
-				var re events.RunEnded
+				var re toolbus.RunEnded
 				decodeInto(e.t, m, &re)
 				rt.ended = append(rt.ended, re)
 			}
@@ -833,7 +834,7 @@ func (e *env) checkRuns(tl map[string]*runTally, runs []string, steps, calls int
 		if rt.started != 1 {
 			fail("%s: %d run.started", run, rt.started)
 		}
-		if len(rt.ended) != 1 || rt.ended[0].Status != events.RunCompleted || rt.ended[0].StepsUsed != steps+1 {
+		if len(rt.ended) != 1 || rt.ended[0].Status != toolbus.RunCompleted || rt.ended[0].StepsUsed != steps+1 {
 			fail("%s: outcomes %+v, want one completed after %d steps", run, rt.ended, steps+1)
 		}
 		for s, n := range rt.requested {
@@ -873,7 +874,7 @@ func (e *env) checkRuns(tl map[string]*runTally, runs []string, steps, calls int
 				seen++
 				st.calls++
 				f := fs[0]
-				if f.CallIndex != i || f.ToolResult.Status != events.StatusSucceeded {
+				if f.CallIndex != i || f.ToolResult.Status != toolbus.StatusSucceeded {
 					fail("%s step %d call %s: result at index %d status %s (%s), want index %d succeeded",
 						run, s, c.CallID, f.CallIndex, f.ToolResult.Status, f.ToolResult.Content, i)
 				}

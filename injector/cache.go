@@ -4,6 +4,7 @@ import (
 	"strconv"
 	"sync"
 
+	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
 )
 
@@ -103,19 +104,19 @@ func (s *steps) evictIdle() {
 // change once recorded), so checking a result against its call costs no read.
 type callCache struct {
 	mu sync.Mutex
-	m  map[string][]events.ToolCall
+	m  map[string][]toolbus.ToolCall
 }
 
-func newCallCache() *callCache { return &callCache{m: map[string][]events.ToolCall{}} }
+func newCallCache() *callCache { return &callCache{m: map[string][]toolbus.ToolCall{}} }
 
-func (c *callCache) get(id string) ([]events.ToolCall, bool) {
+func (c *callCache) get(id string) ([]toolbus.ToolCall, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	calls, ok := c.m[id]
 	return calls, ok
 }
 
-func (c *callCache) put(id string, calls []events.ToolCall) {
+func (c *callCache) put(id string, calls []toolbus.ToolCall) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if len(c.m) >= 4096 {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
 )
 
@@ -76,7 +77,7 @@ func (in *Injector) timer(ctx context.Context, msg jetstream.Msg) {
 	var t events.RunTimer
 	meta, err := events.DecodeMsg(msg, &t)
 	run, _ := events.RunIDFromSubject(msg.Subject())
-	if err != nil || meta.Type != events.TypeRunTimer || t.RunID != run || !events.ValidRunID(run) {
+	if err != nil || meta.Type != events.TypeRunTimer || t.RunID != run || !toolbus.ValidRunID(run) {
 		_ = msg.TermWithReason("not a deadline timer of this run")
 		return
 	}
@@ -119,7 +120,7 @@ func (in *Injector) Deadline(ctx context.Context, run string, deadline time.Time
 	if err != nil {
 		return err
 	}
-	if st.Status.Terminal() && (st.Ended == nil || st.Ended.Code != events.LimitDeadline || len(st.Ended.Unanswered) == 0) {
+	if st.Status.Terminal() && (st.Ended == nil || st.Ended.Code != toolbus.LimitDeadline || len(st.Ended.Unanswered) == 0) {
 		return in.bus.PublishOutcome(ctx, in.source, st)
 	}
 	stored := st
@@ -144,14 +145,14 @@ func (in *Injector) Deadline(ctx context.Context, run string, deadline time.Time
 		if !ok {
 			continue
 		}
-		res := events.ToolResult{CallID: c.CallID, Tool: c.Tool, Status: events.StatusTimedOut, Executor: in.source,
+		res := toolbus.ToolResult{CallID: c.CallID, Tool: c.Tool, Status: toolbus.StatusTimedOut, Executor: in.source,
 			Content: "no executor answered this call before the run's deadline",
-			Error: &events.ToolError{Code: events.CodeTimeout,
+			Error: &toolbus.ToolError{Code: toolbus.CodeTimeout,
 				Message: "no executor answered before the run's deadline " + deadline.UTC().Format(time.RFC3339)}}
 		f, err := in.bus.PublishAsync(events.SubjectToolFinished(run, c.Tool), events.Meta{
 			ID: events.IDToolFinished(run, step, c.CallID), Type: events.TypeToolFinished, Source: in.source,
 			RunID: run, Step: step, CallID: c.CallID, CallIndex: i, CallCount: len(calls), HasCall: true,
-		}, events.ToolFinished{RunID: run, Step: step, CallIndex: i, CallCount: len(calls), ToolResult: res})
+		}, toolbus.ToolFinished{RunID: run, Step: step, CallIndex: i, CallCount: len(calls), ToolResult: res})
 		if err != nil {
 			return err
 		}
@@ -192,13 +193,13 @@ func (in *Injector) recordDeadline(ctx context.Context, run string, deadline tim
 	} else if !errors.Is(err, events.ErrNotFound) {
 		return events.RunState{}, err
 	}
-	var unanswered []events.ToolCall
+	var unanswered []toolbus.ToolCall
 	for i, c := range calls {
 		if !received.Has(i) {
 			unanswered = append(unanswered, c)
 		}
 	}
-	ended := events.RunEnded{RunID: run, Status: events.RunLimitReached, Code: events.LimitDeadline,
+	ended := toolbus.RunEnded{RunID: run, Status: toolbus.RunLimitReached, Code: toolbus.LimitDeadline,
 		StepsUsed: step + 1, Unanswered: unanswered, Usage: in.usage(ctx, run, step+1),
 		Reason: fmt.Sprintf("run deadline %s passed with %d call(s) of step %d unanswered",
 			deadline.UTC().Format(time.RFC3339), len(unanswered), step)}

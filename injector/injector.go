@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/sourcegraph/conc"
 
+	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
 )
 
@@ -25,7 +26,7 @@ type Config struct {
 	Rules   Rules
 	// Defaults are the limits of runs that set none (the deadline and max steps the
 	// stop rules check, the deadline of re-issued calls).
-	Defaults events.DefaultLimits
+	Defaults toolbus.DefaultLimits
 	Grace    time.Duration
 	// MaxDeliver bounds the deliveries of one event (default 10, with growing delays): on
 	// the last one, a store or publish that keeps failing ends the run failed with code
@@ -41,7 +42,7 @@ type Config struct {
 	// BeforeOutcome, when set, is called between the write of a run's terminal state and
 	// the publish of its outcome event; an error aborts the handler there, as a crash
 	// would. Fault-injection tests use it; production leaves it nil.
-	BeforeOutcome func(events.RunEnded) error
+	BeforeOutcome func(toolbus.RunEnded) error
 	Logger        *slog.Logger
 	// Metrics, when set, records step joins and the runs this injector ends.
 	Metrics Metrics
@@ -170,13 +171,13 @@ func (in *Injector) handle(ctx context.Context, msg jetstream.Msg) error {
 		return err
 	}
 	in.log.Error("event failed on its last delivery: the run ends", "subject", msg.Subject(), "error", err)
-	if run, ok := events.RunIDFromSubject(msg.Subject()); ok && events.ValidRunID(run) {
+	if run, ok := events.RunIDFromSubject(msg.Subject()); ok && toolbus.ValidRunID(run) {
 		step, serr := in.bus.CurrentStep(ctx, run)
 		if serr != nil {
 			// The store is what keeps failing: end the run anyway, at the step we know.
 			in.log.Warn("could not read the run's step before ending it", "run_id", run, "step", step, "error", serr)
 		}
-		if eerr := in.end(ctx, step, events.RunEnded{RunID: run, Status: events.RunFailed, Code: events.CodeStoreError,
+		if eerr := in.end(ctx, step, toolbus.RunEnded{RunID: run, Status: toolbus.RunFailed, Code: toolbus.CodeStoreError,
 			StepsUsed: step + 1, Reason: truncate("store or publish kept failing: "+err.Error(), 500)}); eerr != nil {
 			in.log.Error("could not end the run after the last delivery (its deadline timer will)", "run_id", run, "error", eerr)
 		}
@@ -198,19 +199,19 @@ func (in *Injector) dispatch(ctx context.Context, msg jetstream.Msg) error {
 	}
 	switch ev.Type {
 	case events.TypeToolFinished:
-		var tf events.ToolFinished
+		var tf toolbus.ToolFinished
 		if err := ev.Bind(&tf); err != nil {
 			return err
 		}
 		return in.Finished(ctx, tf)
 	case events.TypeToolWaiting:
-		var tw events.ToolWaiting
+		var tw toolbus.ToolWaiting
 		if err := ev.Bind(&tw); err != nil {
 			return err
 		}
 		return in.Waiting(ctx, tw)
 	case events.TypeApprovalGranted, events.TypeApprovalDenied:
-		var a events.Approval
+		var a toolbus.Approval
 		if err := ev.Bind(&a); err != nil {
 			return err
 		}
@@ -219,7 +220,7 @@ func (in *Injector) dispatch(ctx context.Context, msg jetstream.Msg) error {
 		}
 		return in.Decided(ctx, a, ev.Step, ev.Type == events.TypeApprovalGranted)
 	case events.TypeRunCancel:
-		var c events.Cancel
+		var c toolbus.Cancel
 		if err := ev.Bind(&c); err != nil {
 			return err
 		}
@@ -228,7 +229,7 @@ func (in *Injector) dispatch(ctx context.Context, msg jetstream.Msg) error {
 		}
 		return in.Cancelled(ctx, c)
 	case events.TypeRunStarted:
-		var rs events.RunStarted
+		var rs toolbus.RunStarted
 		if err := ev.Bind(&rs); err != nil {
 			return err
 		}
@@ -246,7 +247,7 @@ func (in *Injector) dispatch(ctx context.Context, msg jetstream.Msg) error {
 }
 
 func validPosition(run string, step, idx, count int) error {
-	if !events.ValidRunID(run) || step < 0 || count <= 0 || count > events.MaxStepCalls || idx < 0 || idx >= count {
+	if !toolbus.ValidRunID(run) || step < 0 || count <= 0 || count > events.MaxStepCalls || idx < 0 || idx >= count {
 		return fmt.Errorf("%w: bad call position run=%q step=%d index=%d count=%d", events.ErrPoison, run, step, idx, count)
 	}
 	return nil
@@ -257,8 +258,8 @@ func validPosition(run string, step, idx, count int) error {
 // run.started for the same run id (a resubmission after the duplicate window, or a
 // forgery) is terminated with the reason and changes nothing: a run id names one run
 // forever.
-func (in *Injector) Started(ctx context.Context, rs events.RunStarted, seq uint64) error {
-	if !events.ValidRunID(rs.RunID) {
+func (in *Injector) Started(ctx context.Context, rs toolbus.RunStarted, seq uint64) error {
+	if !toolbus.ValidRunID(rs.RunID) {
 		return fmt.Errorf("%w: run.started with an invalid run id %q", events.ErrPoison, rs.RunID)
 	}
 	first, err := in.bus.RunStartedSeq(ctx, rs.RunID)
@@ -280,7 +281,7 @@ func (in *Injector) Started(ctx context.Context, rs events.RunStarted, seq uint6
 		if err != nil {
 			return err
 		}
-		if st.Status != events.RunRunning || st.Step != 0 {
+		if st.Status != toolbus.RunRunning || st.Step != 0 {
 			return nil
 		}
 		if _, err := in.bus.Assistant(ctx, rs.RunID, 0); err == nil {
@@ -303,7 +304,7 @@ func (in *Injector) Started(ctx context.Context, rs events.RunStarted, seq uint6
 	}
 	_, err = in.bus.Publish(ctx, events.SubjectModelRequested(rs.RunID), events.Meta{
 		ID: events.IDModelRequested(rs.RunID, 0), Type: events.TypeModelRequested, Source: in.source, RunID: rs.RunID,
-	}, events.ModelRequested{RunID: rs.RunID, Step: 0})
+	}, toolbus.ModelRequested{RunID: rs.RunID, Step: 0})
 	return err
 }
 
@@ -331,7 +332,7 @@ func (in *Injector) checkCall(ctx context.Context, run string, step, idx, count 
 
 // stepCalls returns the calls of a step's recorded assistant message (cached: the first
 // recorded message stands forever).
-func (in *Injector) stepCalls(ctx context.Context, run string, step int) ([]events.ToolCall, error) {
+func (in *Injector) stepCalls(ctx context.Context, run string, step int) ([]toolbus.ToolCall, error) {
 	id := stepID(run, step)
 	if c, ok := in.calls.get(id); ok {
 		return c, nil
@@ -349,7 +350,7 @@ func (in *Injector) stepCalls(ctx context.Context, run string, step int) ([]even
 // duplicate changes nothing (but re-drives the step's decision, in case a crash
 // interrupted it), and a duplicate whose content differs is reported as poison
 // (terminated with the reason).
-func (in *Injector) Finished(ctx context.Context, tf events.ToolFinished) error {
+func (in *Injector) Finished(ctx context.Context, tf toolbus.ToolFinished) error {
 	if err := validPosition(tf.RunID, tf.Step, tf.CallIndex, tf.CallCount); err != nil {
 		return err
 	}
@@ -380,7 +381,7 @@ func (in *Injector) Finished(ctx context.Context, tf events.ToolFinished) error 
 }
 
 // Waiting records a call that waits for approval.
-func (in *Injector) Waiting(ctx context.Context, tw events.ToolWaiting) error {
+func (in *Injector) Waiting(ctx context.Context, tw toolbus.ToolWaiting) error {
 	if err := validPosition(tw.RunID, tw.Step, tw.CallIndex, tw.CallCount); err != nil {
 		return err
 	}
@@ -525,7 +526,7 @@ func (in *Injector) settle(ctx context.Context, st *events.StepState) error {
 		if err != nil || len(pending) == 0 {
 			return err // every waiting call is decided: their results are on their way
 		}
-		return in.end(ctx, rec.Step, events.RunEnded{RunID: rec.RunID, Status: events.RunWaitingForApproval,
+		return in.end(ctx, rec.Step, toolbus.RunEnded{RunID: rec.RunID, Status: toolbus.RunWaitingForApproval,
 			Pending: pending, StepsUsed: rec.Step + 1, Reason: fmt.Sprintf("%d call(s) need approval", len(pending))})
 	}
 	// A cancelled result comes from a run cancellation this injector may not have
@@ -536,26 +537,26 @@ func (in *Injector) settle(ctx context.Context, st *events.StepState) error {
 		return in.Cancelled(ctx, c)
 	}
 	if ended := in.cfg.Rules.Decide(rs.WithDefaults(in.cfg.Defaults), rec); ended != nil {
-		if ended.Usage == (events.Usage{}) {
+		if ended.Usage == (toolbus.Usage{}) {
 			ended.Usage = in.usage(ctx, rec.RunID, rec.Step+1)
 		}
 		return in.end(ctx, rec.Step, *ended)
 	}
-	if state.Status != events.RunRunning {
-		if err := in.bus.SetRunState(ctx, rec.RunID, events.RunRunning, rec.Step+1, "", ""); err != nil {
+	if state.Status != toolbus.RunRunning {
+		if err := in.bus.SetRunState(ctx, rec.RunID, toolbus.RunRunning, rec.Step+1, "", ""); err != nil {
 			return err
 		}
 	}
 	_, err = in.bus.Publish(ctx, events.SubjectModelRequested(rec.RunID), events.Meta{
 		ID: events.IDModelRequested(rec.RunID, rec.Step+1), Type: events.TypeModelRequested, Source: in.source,
 		RunID: rec.RunID, Step: rec.Step + 1,
-	}, events.ModelRequested{RunID: rec.RunID, Step: rec.Step + 1})
+	}, toolbus.ModelRequested{RunID: rec.RunID, Step: rec.Step + 1})
 	return err
 }
 
 // undecided returns the calls of a step that wait for a decision nobody made yet.
-func (in *Injector) undecided(ctx context.Context, rec *events.StepRecord) ([]events.ToolCall, error) {
-	var out []events.ToolCall
+func (in *Injector) undecided(ctx context.Context, rec *events.StepRecord) ([]toolbus.ToolCall, error) {
+	var out []toolbus.ToolCall
 	for _, c := range rec.Pending() {
 		_, err := in.bus.StepDecision(ctx, rec.RunID, rec.Step, c.CallID)
 		if errors.Is(err, events.ErrNotFound) {
@@ -568,19 +569,19 @@ func (in *Injector) undecided(ctx context.Context, rec *events.StepRecord) ([]ev
 }
 
 // cancelledBy returns the run's cancellation when a result of the step was cancelled.
-func (in *Injector) cancelledBy(ctx context.Context, rec *events.StepRecord) (events.Cancel, bool, error) {
+func (in *Injector) cancelledBy(ctx context.Context, rec *events.StepRecord) (toolbus.Cancel, bool, error) {
 	for _, r := range rec.Results {
-		if r != nil && r.Status == events.StatusCancelled {
+		if r != nil && r.Status == toolbus.StatusCancelled {
 			return in.bus.CancelRequest(ctx, rec.RunID)
 		}
 	}
-	return events.Cancel{}, false, nil
+	return toolbus.Cancel{}, false, nil
 }
 
 // end records a run outcome and publishes it. When the run already ended otherwise, the
 // stored outcome is published again if the stream lacks it (a crash between the state
 // write and the publish), and nothing else happens.
-func (in *Injector) end(ctx context.Context, step int, ended events.RunEnded) error {
+func (in *Injector) end(ctx context.Context, step int, ended toolbus.RunEnded) error {
 	st, err := in.bus.RecordEnd(ctx, step, ended)
 	if errors.Is(err, events.ErrRunEnded) {
 		return in.bus.PublishOutcome(ctx, in.source, st)
@@ -609,8 +610,8 @@ func (in *Injector) end(ctx context.Context, step int, ended events.RunEnded) er
 // its step only, so a late or repeated decision for call_X at step 0 can never approve a
 // call_X that a later step reuses. A decision for any step but the current one is
 // terminated with the reason.
-func (in *Injector) Decided(ctx context.Context, a events.Approval, step int, granted bool) error {
-	if !events.ValidRunID(a.RunID) || a.CallID == "" {
+func (in *Injector) Decided(ctx context.Context, a toolbus.Approval, step int, granted bool) error {
+	if !toolbus.ValidRunID(a.RunID) || a.CallID == "" {
 		return fmt.Errorf("%w: approval without run id or call id", events.ErrPoison)
 	}
 	st, _, err := in.bus.RunState(ctx, a.RunID)
@@ -671,7 +672,7 @@ func (in *Injector) reissue(ctx context.Context, rec *events.StepRecord, idx int
 	if idx >= len(rec.Waiting) || rec.Waiting[idx] == nil || rec.Results[idx] != nil {
 		return nil // not waiting yet (Waiting re-issues), or already answered
 	}
-	if err := in.bus.SetRunState(ctx, rec.RunID, events.RunRunning, rec.Step, "", ""); err != nil {
+	if err := in.bus.SetRunState(ctx, rec.RunID, toolbus.RunRunning, rec.Step, "", ""); err != nil {
 		if errors.Is(err, events.ErrRunEnded) {
 			return nil
 		}
@@ -687,15 +688,15 @@ func (in *Injector) reissue(ctx context.Context, rec *events.StepRecord, idx int
 		ID: events.IDToolRequested(rec.RunID, rec.Step, call.CallID, true), Type: events.TypeToolRequested,
 		Source: in.source, RunID: rec.RunID, Step: rec.Step, CallID: call.CallID, CallIndex: idx,
 		CallCount: rec.CallCount, HasCall: true,
-	}, events.ToolRequested{RunID: rec.RunID, Step: rec.Step, CallIndex: idx, CallCount: rec.CallCount, Call: call,
+	}, toolbus.ToolRequested{RunID: rec.RunID, Step: rec.Step, CallIndex: idx, CallCount: rec.CallCount, Call: call,
 		Deadline: rs.Limits.Deadline, Principal: rs.Principal, AllowedTools: rs.AllowedTools, Approved: true})
 	return err
 }
 
 // Cancelled ends a run as cancelled; executors cancel its in-flight calls on the same
 // event, and later results cannot move the run back.
-func (in *Injector) Cancelled(ctx context.Context, c events.Cancel) error {
-	if !events.ValidRunID(c.RunID) {
+func (in *Injector) Cancelled(ctx context.Context, c toolbus.Cancel) error {
+	if !toolbus.ValidRunID(c.RunID) {
 		return fmt.Errorf("%w: cancel without a valid run id", events.ErrPoison)
 	}
 	step, err := in.bus.CurrentStep(ctx, c.RunID)
@@ -712,14 +713,14 @@ func (in *Injector) Cancelled(ctx context.Context, c events.Cancel) error {
 	if c.Who != "" {
 		reason += " (by " + c.Who + ")"
 	}
-	return in.end(ctx, step, events.RunEnded{RunID: c.RunID, Status: events.RunCancelled, Code: events.CodeCancelled,
+	return in.end(ctx, step, toolbus.RunEnded{RunID: c.RunID, Status: toolbus.RunCancelled, Code: toolbus.CodeCancelled,
 		Reason: reason, StepsUsed: step + 1, Usage: in.usage(ctx, c.RunID, step+1)})
 }
 
 // usage sums the model usage of the run's recorded steps before upTo (best effort: it
 // is reported in the outcome, never needed to decide it).
-func (in *Injector) usage(ctx context.Context, run string, upTo int) events.Usage {
-	var u events.Usage
+func (in *Injector) usage(ctx context.Context, run string, upTo int) toolbus.Usage {
+	var u toolbus.Usage
 	for s := 0; s < upTo; s++ {
 		mr, err := in.bus.Assistant(ctx, run, s)
 		if err != nil {

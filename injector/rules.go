@@ -4,11 +4,12 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
 )
 
 // DefaultFailOn are the error codes that fail a run instead of going back to the model.
-var DefaultFailOn = []string{events.CodeUnknownTool, events.CodeToolInternalError, events.CodeInvalidToolOutput}
+var DefaultFailOn = []string{toolbus.CodeUnknownTool, toolbus.CodeToolInternalError, toolbus.CodeInvalidToolOutput}
 
 // Rules are the stop rules applied when a step's results are all in.
 type Rules struct {
@@ -34,7 +35,7 @@ func (r *Rules) setDefaults() {
 
 // Decide returns the outcome of a complete step: nil to continue with the next model
 // request, or the run outcome to publish.
-func (r Rules) Decide(rs *events.RunStarted, rec *events.StepRecord) *events.RunEnded {
+func (r Rules) Decide(rs *toolbus.RunStarted, rec *events.StepRecord) *toolbus.RunEnded {
 	r.setDefaults()
 	for _, res := range rec.Results {
 		if res == nil || res.Error == nil {
@@ -42,7 +43,7 @@ func (r Rules) Decide(rs *events.RunStarted, rec *events.StepRecord) *events.Run
 		}
 		for _, code := range r.FailOn {
 			if res.Error.Code == code {
-				return &events.RunEnded{RunID: rec.RunID, Status: events.RunFailed, Code: code, StepsUsed: rec.Step + 1,
+				return &toolbus.RunEnded{RunID: rec.RunID, Status: toolbus.RunFailed, Code: code, StepsUsed: rec.Step + 1,
 					Reason: fmt.Sprintf("call %s (%s) %s: %s", res.CallID, res.Tool, res.Status, res.Error.Message)}
 			}
 		}
@@ -52,11 +53,11 @@ func (r Rules) Decide(rs *events.RunStarted, rec *events.StepRecord) *events.Run
 		maxSteps = r.MaxSteps
 	}
 	if rec.Step+1 >= maxSteps {
-		return &events.RunEnded{RunID: rec.RunID, Status: events.RunLimitReached, Code: events.LimitMaxSteps,
+		return &toolbus.RunEnded{RunID: rec.RunID, Status: toolbus.RunLimitReached, Code: toolbus.LimitMaxSteps,
 			StepsUsed: rec.Step + 1, Reason: fmt.Sprintf("max steps %d reached", maxSteps)}
 	}
 	if d := rs.Limits.Deadline; !d.IsZero() && r.Now().After(d) {
-		return &events.RunEnded{RunID: rec.RunID, Status: events.RunLimitReached, Code: events.LimitDeadline,
+		return &toolbus.RunEnded{RunID: rec.RunID, Status: toolbus.RunLimitReached, Code: toolbus.LimitDeadline,
 			StepsUsed: rec.Step + 1, Reason: "run deadline " + d.Format(time.RFC3339) + " passed"}
 	}
 	return nil

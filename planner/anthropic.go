@@ -14,7 +14,7 @@ import (
 	"github.com/anthropics/anthropic-sdk-go/v2/option"
 	"github.com/anthropics/anthropic-sdk-go/v2/packages/param"
 
-	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus"
 )
 
 // AnthropicOptions configures the Anthropic Messages adapter.
@@ -175,7 +175,7 @@ func (a *Anthropic) params(req Request) (anthropic.MessageNewParams, error) {
 
 // anthropicMessages translates the history to a system prompt and strictly
 // alternating user and assistant messages.
-func anthropicMessages(history []events.Message) ([]anthropic.TextBlockParam, []anthropic.MessageParam, error) {
+func anthropicMessages(history []toolbus.Message) ([]anthropic.TextBlockParam, []anthropic.MessageParam, error) {
 	turns, err := groupHistory(history)
 	if err != nil {
 		return nil, nil, err
@@ -183,21 +183,21 @@ func anthropicMessages(history []events.Message) ([]anthropic.TextBlockParam, []
 	var (
 		system []anthropic.TextBlockParam
 		out    []anthropic.MessageParam
-		role   events.Role
+		role   toolbus.Role
 		blocks []anthropic.ContentBlockParamUnion
 	)
 	flush := func() {
 		if len(blocks) == 0 {
 			return
 		}
-		if role == events.RoleUser {
+		if role == toolbus.RoleUser {
 			out = append(out, anthropic.MessageParam{OfUser: &anthropic.UserMessageParam{Content: blocks}})
 		} else {
 			out = append(out, anthropic.MessageParam{OfAssistant: &anthropic.AssistantMessageParam{Content: blocks}})
 		}
 		blocks = nil
 	}
-	add := func(r events.Role, bs ...anthropic.ContentBlockParamUnion) {
+	add := func(r toolbus.Role, bs ...anthropic.ContentBlockParamUnion) {
 		if len(bs) == 0 {
 			return
 		}
@@ -209,16 +209,16 @@ func anthropicMessages(history []events.Message) ([]anthropic.TextBlockParam, []
 	}
 	for _, t := range turns {
 		switch t.msg.Role {
-		case events.RoleSystem:
+		case toolbus.RoleSystem:
 			if t.msg.Content != "" {
 				system = append(system, anthropic.TextBlockParam{Text: t.msg.Content})
 			}
-		case events.RoleUser:
+		case toolbus.RoleUser:
 			if t.msg.Content != "" {
-				add(events.RoleUser, anthropic.NewTextBlock(t.msg.Content))
+				add(toolbus.RoleUser, anthropic.NewTextBlock(t.msg.Content))
 			}
-		case events.RoleAssistant:
-			add(events.RoleAssistant, anthropicAssistant(t.msg)...)
+		case toolbus.RoleAssistant:
+			add(toolbus.RoleAssistant, anthropicAssistant(t.msg)...)
 			// The results open the next user message: tool_result blocks come first.
 			results := make([]anthropic.ContentBlockParamUnion, 0, len(t.results))
 			for _, r := range t.results {
@@ -226,7 +226,7 @@ func anthropicMessages(history []events.Message) ([]anthropic.TextBlockParam, []
 			}
 			if len(results) > 0 {
 				flush()
-				add(events.RoleUser, results...)
+				add(toolbus.RoleUser, results...)
 			}
 		}
 	}
@@ -234,7 +234,7 @@ func anthropicMessages(history []events.Message) ([]anthropic.TextBlockParam, []
 	return system, out, nil
 }
 
-func anthropicToolResult(r events.Message) anthropic.ContentBlockParamUnion {
+func anthropicToolResult(r toolbus.Message) anthropic.ContentBlockParamUnion {
 	tr := &anthropic.ToolResultBlockParam{ToolUseID: r.ToolCallID}
 	content := r.Content
 	if r.IsError {
@@ -260,7 +260,7 @@ type anthropicBlock struct {
 // when it has them (tool_use ids set to the calls' ids, which toolbus may have
 // normalized), else blocks rebuilt from the portable fields (a thinking block only
 // with its signature, which the API requires).
-func anthropicAssistant(m events.Message) []anthropic.ContentBlockParamUnion {
+func anthropicAssistant(m toolbus.Message) []anthropic.ContentBlockParamUnion {
 	var raws []json.RawMessage
 	if raw := readRaw(m.Raw).Anthropic; len(raw) > 0 && json.Unmarshal(raw, &raws) == nil {
 		var uses []int
@@ -304,12 +304,12 @@ func anthropicAssistant(m events.Message) []anthropic.ContentBlockParamUnion {
 	return out
 }
 
-func anthropicTools(cs []events.ToolContract) ([]anthropic.ToolUnionParam, error) {
+func anthropicTools(cs []toolbus.ToolContract) ([]anthropic.ToolUnionParam, error) {
 	if len(cs) == 0 {
 		return nil, nil
 	}
 	out := make([]anthropic.ToolUnionParam, 0, len(cs))
-	for _, t := range events.AnthropicTools(cs) {
+	for _, t := range toolbus.AnthropicTools(cs) {
 		if _, err := schemaObject(t.Name, t.InputSchema); err != nil {
 			return nil, err
 		}
@@ -328,7 +328,7 @@ func anthropicTools(cs []events.ToolContract) ([]anthropic.ToolUnionParam, error
 
 // anthropicResponse reads a Messages answer; every content block is kept in Raw.
 func anthropicResponse(step int, m *anthropic.Message) Response {
-	out := events.Message{Role: events.RoleAssistant}
+	out := toolbus.Message{Role: toolbus.RoleAssistant}
 	var text, thinking []string
 	raws := make([]json.RawMessage, 0, len(m.Content))
 	for _, b := range m.Content {
@@ -345,7 +345,7 @@ func anthropicResponse(step int, m *anthropic.Message) Response {
 			if len(args) == 0 || string(args) == "null" {
 				args = []byte("{}")
 			}
-			out.ToolCalls = append(out.ToolCalls, events.ToolCall{CallID: b.ID, Tool: b.Name, Arguments: compactJSON(args)})
+			out.ToolCalls = append(out.ToolCalls, toolbus.ToolCall{CallID: b.ID, Tool: b.Name, Arguments: compactJSON(args)})
 		}
 		raw := json.RawMessage(b.RawJSON())
 		if !json.Valid(raw) {
@@ -366,7 +366,7 @@ func anthropicResponse(step int, m *anthropic.Message) Response {
 		Message: out,
 		// Input tokens are input_tokens plus the cache writes and reads: all of them
 		// were read by the model and count for the run's token budget.
-		Usage: events.Usage{InputTokens: u.InputTokens + u.CacheCreationInputTokens + u.CacheReadInputTokens, OutputTokens: u.OutputTokens},
+		Usage: toolbus.Usage{InputTokens: u.InputTokens + u.CacheCreationInputTokens + u.CacheReadInputTokens, OutputTokens: u.OutputTokens},
 		Model: m.Model,
 	}
 }

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus"
 )
 
 // anthropicRules are the Messages API rules the fake enforces: only user and assistant
@@ -29,7 +29,7 @@ func anthropicRules(f *fake, req map[string]any) string {
 	}
 	for i, tv := range jarr(req["tools"]) {
 		tool := jobj(tv)
-		if !events.ValidToolName(jstr(tool["name"])) || jstr(jobj(tool["input_schema"])["type"]) != "object" {
+		if !toolbus.ValidToolName(jstr(tool["name"])) || jstr(jobj(tool["input_schema"])["type"]) != "object" {
 			return fmt.Sprintf("tools.%d: a tool needs a valid name and an object input_schema", i)
 		}
 	}
@@ -204,7 +204,7 @@ func TestAnthropicRequest(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if resp.Message.Content != "INC-404 does not exist." || resp.Usage != (events.Usage{InputTokens: 28, OutputTokens: 8}) || resp.Model != "fake-claude" {
+	if resp.Message.Content != "INC-404 does not exist." || resp.Usage != (toolbus.Usage{InputTokens: 28, OutputTokens: 8}) || resp.Model != "fake-claude" {
 		t.Fatalf("resp %+v", resp)
 	}
 	body := f.lastRequest()
@@ -280,11 +280,11 @@ func TestAnthropicRoundTrip(t *testing.T) {
 	f, base := newAnthropicFake(t, func(n int, _ map[string]any) fakeReply { return fakeReply{body: []string{step0, step1}[min(n, 1)]} })
 	m := newTestAnthropic(t, base, nil)
 	ctx := context.Background()
-	r0, err := m.Complete(ctx, Request{Step: 0, Messages: []events.Message{{Role: events.RoleSystem, Content: "sys"}, {Role: events.RoleUser, Content: "What is 2+3?"}}, Tools: fixtureTools()})
+	r0, err := m.Complete(ctx, Request{Step: 0, Messages: []toolbus.Message{{Role: toolbus.RoleSystem, Content: "sys"}, {Role: toolbus.RoleUser, Content: "What is 2+3?"}}, Tools: fixtureTools()})
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := events.ToolCall{CallID: "toolu_1", Tool: "calculator", Arguments: `{"expression":"2+3"}`}
+	want := toolbus.ToolCall{CallID: "toolu_1", Tool: "calculator", Arguments: `{"expression":"2+3"}`}
 	if r0.Message.Reasoning != "2+3 needs the calculator." || r0.Message.ReasoningSignature != "sig-0" ||
 		len(r0.Message.ToolCalls) != 1 || r0.Message.ToolCalls[0] != want {
 		t.Fatalf("step 0: %+v", r0.Message)
@@ -318,11 +318,11 @@ func TestAnthropicToolUse(t *testing.T) {
 		return fakeReply{body: []string{step0, anthropicMessage("end_turn", textBlock("done"))}[min(n, 1)]}
 	})
 	m := newTestAnthropic(t, base, nil)
-	r0, err := m.Complete(context.Background(), Request{Step: 6, Messages: []events.Message{{Role: events.RoleUser, Content: "q"}}})
+	r0, err := m.Complete(context.Background(), Request{Step: 6, Messages: []toolbus.Message{{Role: toolbus.RoleUser, Content: "q"}}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []events.ToolCall{
+	want := []toolbus.ToolCall{
 		{CallID: "call_6_0", Tool: "calculator", Arguments: `{"expression":"2 + 3","precision":2}`},
 		{CallID: "dup", Tool: "calculator", Arguments: `{}`},
 		{CallID: "call_6_2", Tool: "lookup_incident", Arguments: `{}`},
@@ -330,9 +330,9 @@ func TestAnthropicToolUse(t *testing.T) {
 	if !slices.Equal(r0.Message.ToolCalls, want) {
 		t.Fatalf("calls %+v\nwant %+v", r0.Message.ToolCalls, want)
 	}
-	history := []events.Message{{Role: events.RoleUser, Content: "q"}, r0.Message}
+	history := []toolbus.Message{{Role: toolbus.RoleUser, Content: "q"}, r0.Message}
 	for _, c := range r0.Message.ToolCalls {
-		history = append(history, events.Message{Role: events.RoleTool, ToolCallID: c.CallID, Content: "r", IsError: true})
+		history = append(history, toolbus.Message{Role: toolbus.RoleTool, ToolCallID: c.CallID, Content: "r", IsError: true})
 	}
 	f.mu.Lock()
 	f.sent = nil // the ids were rewritten on purpose; only check they line up
@@ -413,13 +413,13 @@ func TestAnthropicStream(t *testing.T) {
 			`message_stop {"type":"message_stop"}`)}
 	})
 	m := newTestAnthropic(t, base, func(o *AnthropicOptions) { o.Stream = true })
-	r0, err := m.Complete(context.Background(), Request{Step: 0, Messages: []events.Message{{Role: events.RoleUser, Content: "q"}}})
+	r0, err := m.Complete(context.Background(), Request{Step: 0, Messages: []toolbus.Message{{Role: toolbus.RoleUser, Content: "q"}}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	checkAnswer(t, r0)
 	if r0.Message.Content != "Computing." || r0.Message.Reasoning != "Needs the calculator." || r0.Message.ReasoningSignature != "sig-s" ||
-		len(r0.Message.ToolCalls) != 1 || r0.Message.ToolCalls[0].Arguments != `{"expression":"2+3"}` || r0.Usage != (events.Usage{InputTokens: 30, OutputTokens: 15}) {
+		len(r0.Message.ToolCalls) != 1 || r0.Message.ToolCalls[0].Arguments != `{"expression":"2+3"}` || r0.Usage != (toolbus.Usage{InputTokens: 30, OutputTokens: 15}) {
 		t.Fatalf("resp %+v", r0)
 	}
 	if decodeBody(t, f.lastRequest())["stream"] != true {
@@ -448,7 +448,7 @@ func TestAnthropicStreamFailures(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			_, base := newAnthropicFake(t, always(fakeReply{sse: true, body: body}))
 			_, err := newTestAnthropic(t, base, func(o *AnthropicOptions) { o.Stream = true }).
-				Complete(context.Background(), Request{Messages: []events.Message{{Role: events.RoleUser, Content: "q"}}})
+				Complete(context.Background(), Request{Messages: []toolbus.Message{{Role: toolbus.RoleUser, Content: "q"}}})
 			var pe *ProviderError
 			if err == nil || errors.Is(err, ErrPermanent) || !errors.As(err, &pe) || !pe.Retryable {
 				t.Fatalf("err = %v, want a retryable provider error", err)
@@ -465,7 +465,7 @@ func TestAnthropicRetries(t *testing.T) {
 	f, base := newAnthropicFake(t, func(n int, _ map[string]any) fakeReply { return replies[min(n, 1)] })
 	var s sleeps
 	m := newTestAnthropic(t, base, func(o *AnthropicOptions) { o.Retry = fastRetry(3, &s) })
-	resp, err := m.Complete(context.Background(), Request{Messages: []events.Message{{Role: events.RoleUser, Content: "q"}}})
+	resp, err := m.Complete(context.Background(), Request{Messages: []toolbus.Message{{Role: toolbus.RoleUser, Content: "q"}}})
 	if err != nil || resp.Message.Content != "done" {
 		t.Fatalf("err %v resp %+v", err, resp)
 	}
@@ -474,7 +474,7 @@ func TestAnthropicRetries(t *testing.T) {
 	}
 
 	_, base2 := newAnthropicFake(t, always(fakeReply{status: 400, body: anthropicErrorBody("max_tokens: 100000 > 64000, which is the maximum allowed")}))
-	_, err = newTestAnthropic(t, base2, nil).Complete(context.Background(), Request{Messages: []events.Message{{Role: events.RoleUser, Content: "q"}}})
+	_, err = newTestAnthropic(t, base2, nil).Complete(context.Background(), Request{Messages: []toolbus.Message{{Role: toolbus.RoleUser, Content: "q"}}})
 	if !errors.Is(err, ErrPermanent) || !strings.Contains(err.Error(), "anthropic: 400 Bad Request: max_tokens: 100000 > 64000") {
 		t.Fatalf("err = %v", err)
 	}
@@ -498,7 +498,7 @@ func FuzzAnthropicResponse(f *testing.F) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		resp, err := m.Complete(context.Background(), Request{Step: 1, Messages: []events.Message{{Role: events.RoleUser, Content: "q"}}})
+		resp, err := m.Complete(context.Background(), Request{Step: 1, Messages: []toolbus.Message{{Role: toolbus.RoleUser, Content: "q"}}})
 		if err == nil {
 			checkAnswer(t, resp)
 		}

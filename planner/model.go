@@ -4,7 +4,7 @@ import (
 	"context"
 	"errors"
 
-	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus"
 )
 
 // Request is what the planner asks a model for one step.
@@ -15,15 +15,15 @@ type Request struct {
 	Model string
 	// Messages is the history: input messages, then each step's assistant message whole
 	// followed by its tool messages in call order.
-	Messages []events.Message
+	Messages []toolbus.Message
 	// Tools offered to the model (the catalog filtered by the run's allowed tools).
-	Tools []events.ToolContract
+	Tools []toolbus.ToolContract
 }
 
 // Response is the model's answer: the whole assistant message.
 type Response struct {
-	Message events.Message
-	Usage   events.Usage
+	Message toolbus.Message
+	Usage   toolbus.Usage
 	Model   string
 }
 
@@ -79,7 +79,7 @@ func (s *Script) Complete(_ context.Context, req Request) (Response, error) {
 	}
 	r := s.Steps[i](req)
 	if r.Message.Role == "" {
-		r.Message.Role = events.RoleAssistant
+		r.Message.Role = toolbus.RoleAssistant
 	}
 	if r.Model == "" {
 		r.Model = "script"
@@ -90,15 +90,15 @@ func (s *Script) Complete(_ context.Context, req Request) (Response, error) {
 var _ Model = (*Script)(nil)
 
 // Calls returns a script step that asks for the given calls.
-func Calls(calls ...events.ToolCall) func(Request) Response {
+func Calls(calls ...toolbus.ToolCall) func(Request) Response {
 	return func(Request) Response {
-		return Response{Message: events.Message{Role: events.RoleAssistant, ToolCalls: calls}}
+		return Response{Message: toolbus.Message{Role: toolbus.RoleAssistant, ToolCalls: calls}}
 	}
 }
 
 // Answer returns a script step that answers with text and no tool call.
 func Answer(text string) func(Request) Response {
 	return func(Request) Response {
-		return Response{Message: events.Message{Role: events.RoleAssistant, Content: text}}
+		return Response{Message: toolbus.Message{Role: toolbus.RoleAssistant, Content: text}}
 	}
 }

@@ -14,7 +14,7 @@ import (
 	"github.com/openai/openai-go/v3/packages/ssestream"
 	"github.com/openai/openai-go/v3/shared"
 
-	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus"
 )
 
 // OpenAIOptions configures the OpenAI Chat Completions adapter. The same adapter serves
@@ -147,7 +147,7 @@ func (o *OpenAI) params(req Request) (openai.ChatCompletionNewParams, error) {
 }
 
 // chatMessages translates the history to Chat Completions messages.
-func chatMessages(history []events.Message) ([]openai.ChatCompletionMessageParamUnion, error) {
+func chatMessages(history []toolbus.Message) ([]openai.ChatCompletionMessageParamUnion, error) {
 	turns, err := groupHistory(history)
 	if err != nil {
 		return nil, err
@@ -155,11 +155,11 @@ func chatMessages(history []events.Message) ([]openai.ChatCompletionMessageParam
 	out := make([]openai.ChatCompletionMessageParamUnion, 0, len(history))
 	for _, t := range turns {
 		switch t.msg.Role {
-		case events.RoleSystem:
+		case toolbus.RoleSystem:
 			out = append(out, openai.SystemMessage(t.msg.Content))
-		case events.RoleUser:
+		case toolbus.RoleUser:
 			out = append(out, openai.UserMessage(t.msg.Content))
-		case events.RoleAssistant:
+		case toolbus.RoleAssistant:
 			out = append(out, chatAssistant(t.msg))
 			for _, r := range t.results {
 				out = append(out, openai.ToolMessage(r.Content, r.ToolCallID))
@@ -169,7 +169,7 @@ func chatMessages(history []events.Message) ([]openai.ChatCompletionMessageParam
 	return out, nil
 }
 
-func chatAssistant(m events.Message) openai.ChatCompletionMessageParamUnion {
+func chatAssistant(m toolbus.Message) openai.ChatCompletionMessageParamUnion {
 	a := &openai.ChatCompletionAssistantMessageParam{}
 	if m.Content != "" || len(m.ToolCalls) == 0 {
 		a.Content.OfString = openai.String(m.Content)
@@ -195,12 +195,12 @@ func chatAssistant(m events.Message) openai.ChatCompletionMessageParamUnion {
 	return openai.ChatCompletionMessageParamUnion{OfAssistant: a}
 }
 
-func chatTools(cs []events.ToolContract) ([]openai.ChatCompletionToolUnionParam, error) {
+func chatTools(cs []toolbus.ToolContract) ([]openai.ChatCompletionToolUnionParam, error) {
 	if len(cs) == 0 {
 		return nil, nil
 	}
 	out := make([]openai.ChatCompletionToolUnionParam, 0, len(cs))
-	for _, t := range events.OpenAITools(cs) {
+	for _, t := range toolbus.OpenAITools(cs) {
 		schema, err := schemaObject(t.Function.Name, t.Function.Parameters)
 		if err != nil {
 			return nil, err
@@ -293,7 +293,7 @@ var reasoningKeys = []string{"reasoning_content", "reasoning"}
 // non-standard fields, kept in Raw and sent back with the message.
 func chatResponse(step int, cc *openai.ChatCompletion, extra map[string]json.RawMessage) Response {
 	msg := cc.Choices[0].Message
-	out := events.Message{Role: events.RoleAssistant, Content: msg.Content}
+	out := toolbus.Message{Role: toolbus.RoleAssistant, Content: msg.Content}
 	if out.Content == "" && msg.Refusal != "" {
 		out.Content = msg.Refusal
 	}
@@ -304,7 +304,7 @@ func chatResponse(step int, cc *openai.ChatCompletion, extra map[string]json.Raw
 		}
 	}
 	for _, tc := range msg.ToolCalls {
-		call := events.ToolCall{CallID: tc.ID, Tool: tc.Function.Name, Arguments: tc.Function.Arguments}
+		call := toolbus.ToolCall{CallID: tc.ID, Tool: tc.Function.Name, Arguments: tc.Function.Arguments}
 		if call.Tool == "" && tc.Custom.Name != "" {
 			call.Tool, call.Arguments = tc.Custom.Name, tc.Custom.Input
 		}
@@ -317,7 +317,7 @@ func chatResponse(step int, cc *openai.ChatCompletion, extra map[string]json.Raw
 	}
 	return Response{
 		Message: out,
-		Usage:   events.Usage{InputTokens: cc.Usage.PromptTokens, OutputTokens: cc.Usage.CompletionTokens},
+		Usage:   toolbus.Usage{InputTokens: cc.Usage.PromptTokens, OutputTokens: cc.Usage.CompletionTokens},
 		Model:   cc.Model,
 	}
 }

@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus"
 )
 
 // chatRules are the Chat Completions rules the fake enforces: the documented ones
@@ -33,7 +33,7 @@ func chatRules(f *fake, req map[string]any) string {
 	for i, tv := range jarr(req["tools"]) {
 		tool := jobj(tv)
 		fn := jobj(tool["function"])
-		if jstr(tool["type"]) != "function" || !events.ValidToolName(jstr(fn["name"])) || jstr(jobj(fn["parameters"])["type"]) != "object" {
+		if jstr(tool["type"]) != "function" || !toolbus.ValidToolName(jstr(fn["name"])) || jstr(jobj(fn["parameters"])["type"]) != "object" {
 			return fmt.Sprintf("Invalid 'tools[%d]': a function tool needs a valid name and object parameters", i)
 		}
 	}
@@ -185,7 +185,7 @@ func TestOpenAIChatRequest(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if resp.Message.Content != "INC-404 does not exist." || resp.Usage != (events.Usage{InputTokens: 11, OutputTokens: 7}) || resp.Model != "fake-model" {
+	if resp.Message.Content != "INC-404 does not exist." || resp.Usage != (toolbus.Usage{InputTokens: 11, OutputTokens: 7}) || resp.Model != "fake-model" {
 		t.Fatalf("resp = %+v", resp)
 	}
 	body := f.lastRequest()
@@ -246,7 +246,7 @@ func TestOpenAIChatRoundTrip(t *testing.T) {
 	})
 	m := newTestOpenAI(t, base, nil)
 	ctx := context.Background()
-	history := []events.Message{{Role: events.RoleSystem, Content: "sys"}, {Role: events.RoleUser, Content: "What is 2+3?"}}
+	history := []toolbus.Message{{Role: toolbus.RoleSystem, Content: "sys"}, {Role: toolbus.RoleUser, Content: "What is 2+3?"}}
 	r0, err := m.Complete(ctx, Request{RunID: "r", Step: 0, Messages: history, Tools: fixtureTools()})
 	if err != nil {
 		t.Fatal(err)
@@ -319,25 +319,25 @@ func TestOpenAIChatResponses(t *testing.T) {
 		name  string
 		msg   map[string]any
 		step  int
-		check func(t *testing.T, m events.Message)
+		check func(t *testing.T, m toolbus.Message)
 	}{
 		{name: "malformed arguments pass through raw", msg: map[string]any{"content": nil,
 			"tool_calls": []any{chatCall("c1", "calculator", `{"expression": "1/0"`)}},
-			check: func(t *testing.T, m events.Message) {
+			check: func(t *testing.T, m toolbus.Message) {
 				if m.ToolCalls[0].Arguments != `{"expression": "1/0"` {
 					t.Fatalf("arguments %q", m.ToolCalls[0].Arguments)
 				}
 			}},
 		{name: "arguments sent as an object are kept as JSON", msg: map[string]any{
 			"tool_calls": []any{map[string]any{"id": "c1", "type": "function", "function": map[string]any{"name": "calculator", "arguments": map[string]any{"expression": "1+1"}}}}},
-			check: func(t *testing.T, m events.Message) {
+			check: func(t *testing.T, m toolbus.Message) {
 				if m.ToolCalls[0].Arguments != `{"expression":"1+1"}` {
 					t.Fatalf("arguments %q", m.ToolCalls[0].Arguments)
 				}
 			}},
 		{name: "empty and duplicate ids get stable unique ids", step: 3, msg: map[string]any{"tool_calls": []any{
 			chatCall("", "calculator", `{}`), chatCall("dup", "calculator", `{}`), chatCall("dup", "calculator", `{}`)}},
-			check: func(t *testing.T, m events.Message) {
+			check: func(t *testing.T, m toolbus.Message) {
 				var ids []string
 				for _, c := range m.ToolCalls {
 					ids = append(ids, c.CallID)
@@ -347,13 +347,13 @@ func TestOpenAIChatResponses(t *testing.T) {
 				}
 			}},
 		{name: "refusal becomes the answer", msg: map[string]any{"content": nil, "refusal": "I cannot help with that."},
-			check: func(t *testing.T, m events.Message) {
+			check: func(t *testing.T, m toolbus.Message) {
 				if m.Content != "I cannot help with that." {
 					t.Fatalf("content %q", m.Content)
 				}
 			}},
 		{name: "reasoning field of compatible servers", msg: map[string]any{"content": "5", "reasoning": "2+3=5", "audio": nil},
-			check: func(t *testing.T, m events.Message) {
+			check: func(t *testing.T, m toolbus.Message) {
 				if m.Reasoning != "2+3=5" || string(readRaw(m.Raw).OpenAIChat) != `{"reasoning":"2+3=5"}` {
 					t.Fatalf("reasoning %q raw %s", m.Reasoning, m.Raw)
 				}
@@ -363,9 +363,9 @@ func TestOpenAIChatResponses(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			_, base := newChatFake(t, always(fakeReply{body: chatCompletion(tt.msg, "tool_calls")}))
 			m := newTestOpenAI(t, base, nil)
-			var first []events.ToolCall
+			var first []toolbus.ToolCall
 			for range 2 { // the same answer twice gives the same ids
-				resp, err := m.Complete(context.Background(), Request{Step: tt.step, Messages: []events.Message{{Role: events.RoleUser, Content: "q"}}})
+				resp, err := m.Complete(context.Background(), Request{Step: tt.step, Messages: []toolbus.Message{{Role: toolbus.RoleUser, Content: "q"}}})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -387,7 +387,7 @@ func TestOpenAIChatMalformedAnswers(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			_, base := newChatFake(t, always(fakeReply{body: body}))
-			_, err := newTestOpenAI(t, base, nil).Complete(context.Background(), Request{Messages: []events.Message{{Role: events.RoleUser, Content: "q"}}})
+			_, err := newTestOpenAI(t, base, nil).Complete(context.Background(), Request{Messages: []toolbus.Message{{Role: toolbus.RoleUser, Content: "q"}}})
 			var pe *ProviderError
 			if err == nil || errors.Is(err, ErrPermanent) || !errors.As(err, &pe) || !pe.Retryable {
 				t.Fatalf("err = %v, want a retryable provider error", err)
@@ -423,19 +423,19 @@ data: [DONE]
 func TestOpenAIChatStream(t *testing.T) {
 	f, base := newChatFake(t, always(fakeReply{sse: true, body: chatStream}))
 	m := newTestOpenAI(t, base, func(o *OpenAIOptions) { o.Stream = true })
-	resp, err := m.Complete(context.Background(), Request{Step: 0, Messages: []events.Message{{Role: events.RoleUser, Content: "q"}}, Tools: fixtureTools()})
+	resp, err := m.Complete(context.Background(), Request{Step: 0, Messages: []toolbus.Message{{Role: toolbus.RoleUser, Content: "q"}}, Tools: fixtureTools()})
 	if err != nil {
 		t.Fatal(err)
 	}
 	checkAnswer(t, resp)
-	want := []events.ToolCall{
+	want := []toolbus.ToolCall{
 		{CallID: "call_1", Tool: "calculator", Arguments: `{"expression":"2+3"}`},
 		{CallID: "call_2", Tool: "lookup_incident", Arguments: `{"incident_id":"INC-001"}`},
 	}
 	if !slices.Equal(resp.Message.ToolCalls, want) {
 		t.Fatalf("calls %+v, want %+v", resp.Message.ToolCalls, want)
 	}
-	if resp.Message.Content != "Computing." || resp.Message.Reasoning != "Thinking." || resp.Usage != (events.Usage{InputTokens: 20, OutputTokens: 9}) {
+	if resp.Message.Content != "Computing." || resp.Message.Reasoning != "Thinking." || resp.Usage != (toolbus.Usage{InputTokens: 20, OutputTokens: 9}) {
 		t.Fatalf("resp %+v", resp)
 	}
 	if got := string(readRaw(resp.Message.Raw).OpenAIChat); got != `{"reasoning_content":"Thinking."}` {
@@ -451,7 +451,7 @@ func TestOpenAIChatStreamCutShort(t *testing.T) {
 	cut := strings.Join(strings.Split(chatStream, "\n\n")[:6], "\n\n") + "\n\n" // no finish_reason, no [DONE]
 	_, base := newChatFake(t, always(fakeReply{sse: true, body: cut}))
 	m := newTestOpenAI(t, base, func(o *OpenAIOptions) { o.Stream = true })
-	_, err := m.Complete(context.Background(), Request{Messages: []events.Message{{Role: events.RoleUser, Content: "q"}}})
+	_, err := m.Complete(context.Background(), Request{Messages: []toolbus.Message{{Role: toolbus.RoleUser, Content: "q"}}})
 	var pe *ProviderError
 	if !errors.As(err, &pe) || !pe.Retryable || !strings.Contains(err.Error(), "stream ended") {
 		t.Fatalf("err = %v, want a retryable cut-stream error", err)
@@ -492,7 +492,7 @@ func TestOpenAIChatRetries(t *testing.T) {
 			f, base := newChatFake(t, func(n int, _ map[string]any) fakeReply { return tt.replies[min(n, len(tt.replies)-1)] })
 			var s sleeps
 			m := newTestOpenAI(t, base, func(o *OpenAIOptions) { o.Retry = fastRetry(tt.attempts, &s) })
-			resp, err := m.Complete(context.Background(), Request{Messages: []events.Message{{Role: events.RoleUser, Content: "q"}}})
+			resp, err := m.Complete(context.Background(), Request{Messages: []toolbus.Message{{Role: toolbus.RoleUser, Content: "q"}}})
 			reqs, _, _ := f.counts()
 			if tt.wantErr == "" && (err != nil || resp.Message.Content != "done") {
 				t.Fatalf("err = %v resp %+v", err, resp)
@@ -530,7 +530,7 @@ func TestOpenAIChatAttemptTimeoutIsRetried(t *testing.T) {
 		o.Retry = fastRetry(3, &s)
 		o.Retry.AttemptTimeout = 200 * time.Millisecond
 	})
-	resp, err := m.Complete(context.Background(), Request{Messages: []events.Message{{Role: events.RoleUser, Content: "q"}}})
+	resp, err := m.Complete(context.Background(), Request{Messages: []toolbus.Message{{Role: toolbus.RoleUser, Content: "q"}}})
 	if err != nil || resp.Message.Content != "done" || n.Load() != 2 {
 		t.Fatalf("err %v, content %q after %d requests", err, resp.Message.Content, n.Load())
 	}
@@ -555,7 +555,7 @@ func FuzzOpenAIResponse(f *testing.F) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		resp, err := m.Complete(context.Background(), Request{Step: 1, Messages: []events.Message{{Role: events.RoleUser, Content: "q"}}})
+		resp, err := m.Complete(context.Background(), Request{Step: 1, Messages: []toolbus.Message{{Role: toolbus.RoleUser, Content: "q"}}})
 		if err == nil {
 			checkAnswer(t, resp)
 		}

@@ -16,6 +16,7 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
 )
 
@@ -37,7 +38,7 @@ type Config struct {
 	// Grace for in-flight steps at shutdown (default 30s).
 	Grace time.Duration
 	// Defaults are the limits of runs that set none (deadline, token budget).
-	Defaults events.DefaultLimits
+	Defaults toolbus.DefaultLimits
 	// MaxCallsPerStep caps the calls of one step that are executed (default 128): each
 	// call beyond it gets a rejected result (code too_many_calls) from the planner itself.
 	MaxCallsPerStep int
@@ -56,15 +57,15 @@ type Config struct {
 type Metrics interface {
 	// ModelCalled is called after each model call with its latency, its token usage and
 	// its error (nil on success).
-	ModelCalled(model string, d time.Duration, u events.Usage, err error)
+	ModelCalled(model string, d time.Duration, u toolbus.Usage, err error)
 	// RunEnded is called when this planner ends a run (an answer, a budget, a failure).
 	RunEnded(outcome, code string)
 }
 
 type nopMetrics struct{}
 
-func (nopMetrics) ModelCalled(string, time.Duration, events.Usage, error) {}
-func (nopMetrics) RunEnded(string, string)                                {}
+func (nopMetrics) ModelCalled(string, time.Duration, toolbus.Usage, error) {}
+func (nopMetrics) RunEnded(string, string)                                 {}
 
 // DefaultMaxCallsPerStep is the default of Config.MaxCallsPerStep.
 const DefaultMaxCallsPerStep = 128
@@ -123,10 +124,10 @@ type Planner struct {
 // the usage of those steps, and the assistant message it recorded for step upTo.
 type runHistory struct {
 	upTo         int
-	msgs         []events.Message
-	usage        events.Usage
-	pending      *events.Message
-	pendingUsage events.Usage
+	msgs         []toolbus.Message
+	usage        toolbus.Usage
+	pending      *toolbus.Message
+	pendingUsage toolbus.Usage
 }
 
 // New returns a planner that calls model and offers the tools of catalog.
@@ -184,12 +185,12 @@ func (p *Planner) ended(run string) bool {
 }
 
 func (p *Planner) handle(ctx context.Context, msg jetstream.Msg) error {
-	var req events.ModelRequested
+	var req toolbus.ModelRequested
 	meta, err := events.DecodeMsg(msg, &req)
 	if err != nil {
 		return err
 	}
-	if meta.Type != events.TypeModelRequested || !events.ValidRunID(req.RunID) || req.Step < 0 {
+	if meta.Type != events.TypeModelRequested || !toolbus.ValidRunID(req.RunID) || req.Step < 0 {
 		return fmt.Errorf("%w: unexpected %s event for run %q step %d", events.ErrPoison, meta.Type, req.RunID, req.Step)
 	}
 	delivered := uint64(1)
@@ -208,7 +209,7 @@ func (p *Planner) handle(ctx context.Context, msg jetstream.Msg) error {
 		delivered >= uint64(p.cfg.MaxDeliver) {
 		// Last delivery: end the run rather than leave it hanging.
 		p.log.Error("step failed on its last delivery", "run_id", req.RunID, "step", req.Step, "error", err)
-		return p.fail(ctx, req.RunID, req.Step, events.CodeModelError, err.Error())
+		return p.fail(ctx, req.RunID, req.Step, toolbus.CodeModelError, err.Error())
 	}
 	if errors.Is(err, events.ErrRunEnded) {
 		return nil
@@ -254,8 +255,8 @@ func (p *Planner) Step(ctx context.Context, run string, step int, traceparent st
 		return err
 	}
 	if !rs.Limits.Deadline.IsZero() && time.Now().After(rs.Limits.Deadline) {
-		return p.end(ctx, run, step, events.RunEnded{RunID: run, Status: events.RunLimitReached,
-			Code: events.LimitDeadline, Reason: "run deadline passed before step " + strconv.Itoa(step), StepsUsed: step})
+		return p.end(ctx, run, step, toolbus.RunEnded{RunID: run, Status: toolbus.RunLimitReached,
+			Code: toolbus.LimitDeadline, Reason: "run deadline passed before step " + strconv.Itoa(step), StepsUsed: step})
 	}
 
 	// The step's span: one per step of the run's trace (GenAI conventions, "chat
@@ -270,7 +271,7 @@ func (p *Planner) Step(ctx context.Context, run string, step int, traceparent st
 		))
 	defer span.End()
 	var (
-		mr  events.ModelResponded
+		mr  toolbus.ModelResponded
 		got bool
 	)
 	// Reuse what the model already said for this step, if it was recorded (a redelivery,
@@ -292,9 +293,9 @@ func (p *Planner) Step(ctx context.Context, run string, step int, traceparent st
 	if !got {
 		if mr, err = p.callModel(ctx, rs, step); err != nil {
 			span.SetStatus(codes.Error, err.Error())
-			span.SetAttributes(attribute.String("error.type", events.CodeModelError))
+			span.SetAttributes(attribute.String("error.type", toolbus.CodeModelError))
 			if errors.Is(err, ErrPermanent) {
-				return p.fail(ctx, run, step, events.CodeModelError, err.Error())
+				return p.fail(ctx, run, step, toolbus.CodeModelError, err.Error())
 			}
 			return err
 		}
@@ -330,8 +331,8 @@ func (p *Planner) Step(ctx context.Context, run string, step int, traceparent st
 			return err
 		}
 		p.forget(run)
-		return p.end(ctx, run, step, events.RunEnded{RunID: run, Status: events.RunLimitReached,
-			Code: events.LimitTokenBudget, StepsUsed: step + 1, Usage: used,
+		return p.end(ctx, run, step, toolbus.RunEnded{RunID: run, Status: toolbus.RunLimitReached,
+			Code: toolbus.LimitTokenBudget, StepsUsed: step + 1, Usage: used,
 			Reason: fmt.Sprintf("token budget %d exceeded: %d tokens used", budget, used.Total())})
 	}
 
@@ -341,7 +342,7 @@ func (p *Planner) Step(ctx context.Context, run string, step int, traceparent st
 			return err
 		}
 		p.forget(run)
-		return p.end(ctx, run, step, events.RunEnded{RunID: run, Status: events.RunCompleted,
+		return p.end(ctx, run, step, toolbus.RunEnded{RunID: run, Status: toolbus.RunCompleted,
 			Answer: mr.Message.Content, StepsUsed: step + 1, Usage: used})
 	}
 	return p.publishCalls(ctx, rs, step, calls, traceparent, futures)
@@ -370,7 +371,7 @@ func (p *Planner) current(ctx context.Context, run string, step int) error {
 // publishCalls publishes one tool.requested per call, up to the per-step cap; each call
 // beyond the cap gets a rejected result (too_many_calls) published here, so the step
 // still has one result per call and the model reads why.
-func (p *Planner) publishCalls(ctx context.Context, rs *events.RunStarted, step int, calls []events.ToolCall, traceparent string, futures []jetstream.PubAckFuture) error {
+func (p *Planner) publishCalls(ctx context.Context, rs *toolbus.RunStarted, step int, calls []toolbus.ToolCall, traceparent string, futures []jetstream.PubAckFuture) error {
 	for i, c := range calls {
 		if i >= p.cfg.MaxCallsPerStep {
 			f, err := p.rejectExcess(rs.RunID, step, i, calls, traceparent)
@@ -388,7 +389,7 @@ func (p *Planner) publishCalls(ctx context.Context, rs *events.RunStarted, step 
 			ID: events.IDToolRequested(rs.RunID, step, c.CallID, false), Type: events.TypeToolRequested,
 			Source: p.source, RunID: rs.RunID, Step: step, CallID: c.CallID, CallIndex: i, CallCount: len(calls),
 			HasCall: true, TraceParent: traceparent,
-		}, events.ToolRequested{
+		}, toolbus.ToolRequested{
 			RunID: rs.RunID, Step: step, CallIndex: i, CallCount: len(calls), Call: c,
 			Deadline: rs.Limits.Deadline, Principal: rs.Principal, AllowedTools: rs.AllowedTools,
 		})
@@ -401,22 +402,22 @@ func (p *Planner) publishCalls(ctx context.Context, rs *events.RunStarted, step 
 }
 
 // rejectExcess publishes the rejected result of call i, beyond the per-step cap.
-func (p *Planner) rejectExcess(run string, step, i int, calls []events.ToolCall, traceparent string) (jetstream.PubAckFuture, error) {
+func (p *Planner) rejectExcess(run string, step, i int, calls []toolbus.ToolCall, traceparent string) (jetstream.PubAckFuture, error) {
 	c := calls[i]
 	msg := fmt.Sprintf("not run: this step asked for %d tool calls and at most %d run per step; ask for the rest in a later step",
 		len(calls), p.cfg.MaxCallsPerStep)
-	res := events.ToolResult{CallID: c.CallID, Tool: c.Tool, Status: events.StatusRejected, Content: msg, Executor: p.source,
-		Error: &events.ToolError{Code: events.CodeTooManyCalls, Message: msg, Retryable: true}}
+	res := toolbus.ToolResult{CallID: c.CallID, Tool: c.Tool, Status: toolbus.StatusRejected, Content: msg, Executor: p.source,
+		Error: &toolbus.ToolError{Code: toolbus.CodeTooManyCalls, Message: msg, Retryable: true}}
 	return p.bus.PublishAsync(events.SubjectToolFinished(run, c.Tool), events.Meta{
 		ID: events.IDToolFinished(run, step, c.CallID), Type: events.TypeToolFinished, Source: p.source,
 		RunID: run, Step: step, CallID: c.CallID, CallIndex: i, CallCount: len(calls), HasCall: true, TraceParent: traceparent,
-	}, events.ToolFinished{RunID: run, Step: step, CallIndex: i, CallCount: len(calls), ToolResult: res})
+	}, toolbus.ToolFinished{RunID: run, Step: step, CallIndex: i, CallCount: len(calls), ToolResult: res})
 }
 
-func (p *Planner) callModel(ctx context.Context, rs *events.RunStarted, step int) (events.ModelResponded, error) {
+func (p *Planner) callModel(ctx context.Context, rs *toolbus.RunStarted, step int) (toolbus.ModelResponded, error) {
 	msgs, err := p.history(ctx, rs.RunID, step)
 	if err != nil {
-		return events.ModelResponded{}, err
+		return toolbus.ModelResponded{}, err
 	}
 	mctx, cancel := context.WithTimeout(ctx, p.cfg.ModelTimeout)
 	defer cancel()
@@ -433,11 +434,11 @@ func (p *Planner) callModel(ctx context.Context, rs *events.RunStarted, step int
 	// (a bounded set) and is known when the call fails.
 	p.cfg.Metrics.ModelCalled(rs.Model, time.Since(start), resp.Usage, err)
 	if err != nil {
-		return events.ModelResponded{}, fmt.Errorf("planner: model call for %s step %d: %w", rs.RunID, step, err)
+		return toolbus.ModelResponded{}, fmt.Errorf("planner: model call for %s step %d: %w", rs.RunID, step, err)
 	}
-	resp.Message.Role = events.RoleAssistant
+	resp.Message.Role = toolbus.RoleAssistant
 	resp.Message.ToolCalls = NormalizeCallIDs(step, resp.Message.ToolCalls)
-	return events.ModelResponded{
+	return toolbus.ModelResponded{
 		RunID: rs.RunID, Step: step, Message: resp.Message, Usage: resp.Usage,
 		Model: resp.Model, LatencyMS: time.Since(start).Milliseconds(),
 	}, nil
@@ -449,20 +450,20 @@ const prePlannedModel = "toolbus/pre-planned"
 // prePlanned returns the assistant message of a step of a pre-planned run (one with
 // RunStarted.Calls): step 0 asks for the run's calls; any later step answers with no
 // call, which ends the run completed.
-func prePlanned(rs *events.RunStarted, step int) events.ModelResponded {
-	msg := events.Message{Role: events.RoleAssistant}
+func prePlanned(rs *toolbus.RunStarted, step int) toolbus.ModelResponded {
+	msg := toolbus.Message{Role: toolbus.RoleAssistant}
 	if step == 0 {
-		msg.ToolCalls = NormalizeCallIDs(0, append([]events.ToolCall(nil), rs.Calls...))
+		msg.ToolCalls = NormalizeCallIDs(0, append([]toolbus.ToolCall(nil), rs.Calls...))
 	} else {
 		msg.Content = fmt.Sprintf("pre-planned run: %d call(s) answered", len(rs.Calls))
 	}
-	return events.ModelResponded{RunID: rs.RunID, Step: step, Message: msg, Model: prePlannedModel}
+	return toolbus.ModelResponded{RunID: rs.RunID, Step: step, Message: msg, Model: prePlannedModel}
 }
 
 // NormalizeCallIDs gives every call of a step a non-empty id unique within the step,
 // keeping the provider's ids where they are already usable. Generated ids are stable
 // (derived from step and index) so a retried step produces the same ones.
-func NormalizeCallIDs(step int, calls []events.ToolCall) []events.ToolCall {
+func NormalizeCallIDs(step int, calls []toolbus.ToolCall) []toolbus.ToolCall {
 	seen := make(map[string]bool, len(calls))
 	for i := range calls {
 		id := calls[i].CallID
@@ -481,14 +482,14 @@ func NormalizeCallIDs(step int, calls []events.ToolCall) []events.ToolCall {
 
 // history returns the messages before step, from the cache when it holds the steps
 // before, else from the history store.
-func (p *Planner) history(ctx context.Context, run string, step int) ([]events.Message, error) {
+func (p *Planner) history(ctx context.Context, run string, step int) ([]toolbus.Message, error) {
 	p.mu.Lock()
 	h := p.cache[run]
 	var (
-		msgs  []events.Message
+		msgs  []toolbus.Message
 		upTo  int
-		asst  *events.Message
-		usage events.Usage
+		asst  *toolbus.Message
+		usage toolbus.Usage
 	)
 	if h != nil && h.upTo <= step {
 		msgs, upTo, asst, usage = h.msgs[:len(h.msgs):len(h.msgs)], h.upTo, h.pending, h.usage.Add(h.pendingUsage)
@@ -536,7 +537,7 @@ func (p *Planner) history(ctx context.Context, run string, step int) ([]events.M
 }
 
 // rememberAssistant keeps the assistant message of step for the next step's history.
-func (p *Planner) rememberAssistant(run string, step int, mr events.ModelResponded) {
+func (p *Planner) rememberAssistant(run string, step int, mr toolbus.ModelResponded) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if h := p.cache[run]; h != nil && h.upTo == step {
@@ -545,7 +546,7 @@ func (p *Planner) rememberAssistant(run string, step int, mr events.ModelRespond
 }
 
 // usage returns the run's usage up to and including step, whose usage is u.
-func (p *Planner) usage(ctx context.Context, run string, step int, u events.Usage) (events.Usage, error) {
+func (p *Planner) usage(ctx context.Context, run string, step int, u toolbus.Usage) (toolbus.Usage, error) {
 	p.mu.Lock()
 	h := p.cache[run]
 	if h != nil && h.upTo == step {
@@ -556,7 +557,7 @@ func (p *Planner) usage(ctx context.Context, run string, step int, u events.Usag
 	p.mu.Unlock()
 	before, err := p.bus.UsageSoFar(ctx, run, step)
 	if err != nil {
-		return events.Usage{}, err
+		return toolbus.Usage{}, err
 	}
 	return before.Add(u), nil
 }
@@ -578,10 +579,10 @@ func (p *Planner) forget(run string) {
 
 func (p *Planner) fail(ctx context.Context, run string, step int, code, reason string) error {
 	p.forget(run)
-	return p.end(ctx, run, step, events.RunEnded{RunID: run, Status: events.RunFailed, Code: code, Reason: reason, StepsUsed: step + 1})
+	return p.end(ctx, run, step, toolbus.RunEnded{RunID: run, Status: toolbus.RunFailed, Code: code, Reason: reason, StepsUsed: step + 1})
 }
 
-func (p *Planner) end(ctx context.Context, run string, step int, ended events.RunEnded) error {
+func (p *Planner) end(ctx context.Context, run string, step int, ended toolbus.RunEnded) error {
 	err := p.bus.EndRun(ctx, p.source, step, ended)
 	if errors.Is(err, events.ErrRunEnded) {
 		p.log.Info("run already ended", "run_id", run, "step", step, "wanted", ended.Status)

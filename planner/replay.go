@@ -12,7 +12,7 @@ import (
 	"slices"
 	"sync"
 
-	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus"
 )
 
 // A cassette is a JSONL file of model exchanges, one Exchange per line, in the order
@@ -30,16 +30,16 @@ type Exchange struct {
 
 // ExchangeRequest is the recorded Request.
 type ExchangeRequest struct {
-	Model    string                `json:"model,omitempty"`
-	Messages []events.Message      `json:"messages"`
-	Tools    []events.ToolContract `json:"tools,omitempty"`
+	Model    string                 `json:"model,omitempty"`
+	Messages []toolbus.Message      `json:"messages"`
+	Tools    []toolbus.ToolContract `json:"tools,omitempty"`
 }
 
 // ExchangeResponse is the recorded Response.
 type ExchangeResponse struct {
-	Message events.Message `json:"message"`
-	Usage   events.Usage   `json:"usage"`
-	Model   string         `json:"model,omitempty"`
+	Message toolbus.Message `json:"message"`
+	Usage   toolbus.Usage   `json:"usage"`
+	Model   string          `json:"model,omitempty"`
 }
 
 // Recorder is a Model that calls another Model and appends every successful exchange
@@ -221,7 +221,7 @@ func (r *Replay) Complete(ctx context.Context, req Request) (Response, error) {
 	msg := ex.Response.Message
 	msg.ToolCalls = slices.Clone(msg.ToolCalls) // the planner normalizes ids in place
 	if msg.Role == "" {
-		msg.Role = events.RoleAssistant
+		msg.Role = toolbus.RoleAssistant
 	}
 	model := ex.Response.Model
 	if model == "" {

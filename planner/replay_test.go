@@ -13,7 +13,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/planner"
 )
 
@@ -21,9 +21,9 @@ import (
 // answers, so a caller that mutates the calls would show up.
 var echoModel = planner.ModelFunc(func(_ context.Context, req planner.Request) (planner.Response, error) {
 	return planner.Response{
-		Message: events.Message{Role: events.RoleAssistant, Content: fmt.Sprintf("%s/%d", req.RunID, req.Step),
-			ToolCalls: []events.ToolCall{{CallID: "c", Tool: "noop", Arguments: `{}`}}},
-		Usage: events.Usage{InputTokens: int64(req.Step + 1), OutputTokens: 1}, Model: "echo",
+		Message: toolbus.Message{Role: toolbus.RoleAssistant, Content: fmt.Sprintf("%s/%d", req.RunID, req.Step),
+			ToolCalls: []toolbus.ToolCall{{CallID: "c", Tool: "noop", Arguments: `{}`}}},
+		Usage: toolbus.Usage{InputTokens: int64(req.Step + 1), OutputTokens: 1}, Model: "echo",
 	}, nil
 })
 
@@ -52,12 +52,12 @@ func TestRecorderConcurrent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tools := []events.ToolContract{{Name: "noop", InputSchema: json.RawMessage(`{"type":"object"}`)}}
+	tools := []toolbus.ToolContract{{Name: "noop", InputSchema: json.RawMessage(`{"type":"object"}`)}}
 	var wg sync.WaitGroup
 	for i := range 40 {
 		wg.Go(func() {
 			req := planner.Request{RunID: fmt.Sprintf("run-%d", i%8), Step: i / 8, Model: "m",
-				Messages: []events.Message{{Role: events.RoleUser, Content: strings.Repeat("x", 5000)}}, Tools: tools}
+				Messages: []toolbus.Message{{Role: toolbus.RoleUser, Content: strings.Repeat("x", 5000)}}, Tools: tools}
 			if _, err := rec.Complete(context.Background(), req); err != nil {
 				t.Error(err)
 			}

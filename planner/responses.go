@@ -13,7 +13,7 @@ import (
 	"github.com/openai/openai-go/v3/responses"
 	"github.com/openai/openai-go/v3/shared"
 
-	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus"
 )
 
 // OpenAIResponsesOptions configures the OpenAI Responses adapter.
@@ -128,7 +128,7 @@ func (o *OpenAIResponses) params(req Request) (responses.ResponseNewParams, erro
 }
 
 // responsesInput translates the history to Responses input items.
-func responsesInput(history []events.Message) (responses.ResponseInputParam, error) {
+func responsesInput(history []toolbus.Message) (responses.ResponseInputParam, error) {
 	turns, err := groupHistory(history)
 	if err != nil {
 		return nil, err
@@ -136,11 +136,11 @@ func responsesInput(history []events.Message) (responses.ResponseInputParam, err
 	out := make(responses.ResponseInputParam, 0, len(history))
 	for _, t := range turns {
 		switch t.msg.Role {
-		case events.RoleSystem:
+		case toolbus.RoleSystem:
 			out = append(out, responses.ResponseInputItemParamOfMessage(t.msg.Content, responses.EasyInputMessageRoleSystem))
-		case events.RoleUser:
+		case toolbus.RoleUser:
 			out = append(out, responses.ResponseInputItemParamOfMessage(t.msg.Content, responses.EasyInputMessageRoleUser))
-		case events.RoleAssistant:
+		case toolbus.RoleAssistant:
 			out = append(out, responsesAssistant(t.msg)...)
 			for _, r := range t.results {
 				item := responses.ResponseInputItemParamOfFunctionCallOutput(r.Content)
@@ -171,7 +171,7 @@ type responsesItem struct {
 // responsesAssistant returns the input items of an assistant message: its raw output
 // items when it has them (function_call ids set to the calls' ids, which toolbus may
 // have normalized), else items rebuilt from the portable fields.
-func responsesAssistant(m events.Message) []responses.ResponseInputItemUnionParam {
+func responsesAssistant(m toolbus.Message) []responses.ResponseInputItemUnionParam {
 	var items []json.RawMessage
 	if raw := readRaw(m.Raw).OpenAIResponses; len(raw) > 0 && json.Unmarshal(raw, &items) == nil {
 		var calls []int
@@ -206,12 +206,12 @@ func responsesAssistant(m events.Message) []responses.ResponseInputItemUnionPara
 	return out
 }
 
-func responsesTools(cs []events.ToolContract) ([]responses.ToolUnionParam, error) {
+func responsesTools(cs []toolbus.ToolContract) ([]responses.ToolUnionParam, error) {
 	if len(cs) == 0 {
 		return nil, nil
 	}
 	out := make([]responses.ToolUnionParam, 0, len(cs))
-	for _, t := range events.OpenAITools(cs) {
+	for _, t := range toolbus.OpenAITools(cs) {
 		schema, err := schemaObject(t.Function.Name, t.Function.Parameters)
 		if err != nil {
 			return nil, err
@@ -245,7 +245,7 @@ func responsesResponse(step int, r *responses.Response) (Response, error) {
 	if err := json.Unmarshal(rawOutput, &items); err != nil {
 		return Response{}, malformed(providerResponses, "the answer has no output items")
 	}
-	msg := events.Message{Role: events.RoleAssistant}
+	msg := toolbus.Message{Role: toolbus.RoleAssistant}
 	var text, reasoning []string
 	for _, it := range items {
 		var ri responsesItem
@@ -267,7 +267,7 @@ func responsesResponse(step int, r *responses.Response) (Response, error) {
 				text = append(text, b.String())
 			}
 		case "function_call":
-			msg.ToolCalls = append(msg.ToolCalls, events.ToolCall{CallID: ri.CallID, Tool: ri.Name, Arguments: jsonString(ri.Arguments)})
+			msg.ToolCalls = append(msg.ToolCalls, toolbus.ToolCall{CallID: ri.CallID, Tool: ri.Name, Arguments: jsonString(ri.Arguments)})
 		case "reasoning":
 			for _, s := range ri.Summary {
 				if s.Text != "" {
@@ -289,7 +289,7 @@ func responsesResponse(step int, r *responses.Response) (Response, error) {
 	}
 	return Response{
 		Message: msg,
-		Usage:   events.Usage{InputTokens: r.Usage.InputTokens, OutputTokens: r.Usage.OutputTokens},
+		Usage:   toolbus.Usage{InputTokens: r.Usage.InputTokens, OutputTokens: r.Usage.OutputTokens},
 		Model:   r.Model,
 	}, nil
 }

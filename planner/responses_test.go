@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus"
 )
 
 // responsesRules are the Responses API rules the fake enforces: every function_call in
@@ -26,7 +26,7 @@ func responsesRules(f *fake, req map[string]any) string {
 	for _, tv := range jarr(req["tools"]) {
 		tool := jobj(tv)
 		params := jobj(tool["parameters"])
-		if jstr(tool["type"]) != "function" || !events.ValidToolName(jstr(tool["name"])) || jstr(params["type"]) != "object" {
+		if jstr(tool["type"]) != "function" || !toolbus.ValidToolName(jstr(tool["name"])) || jstr(params["type"]) != "object" {
 			return "Invalid 'tools': a function tool needs a valid name and object parameters"
 		}
 		if tool["strict"] != false && params["additionalProperties"] != false {
@@ -180,7 +180,7 @@ func TestOpenAIResponsesRequest(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if resp.Message.Content != "INC-404 does not exist." || resp.Usage != (events.Usage{InputTokens: 13, OutputTokens: 5}) {
+	if resp.Message.Content != "INC-404 does not exist." || resp.Usage != (toolbus.Usage{InputTokens: 13, OutputTokens: 5}) {
 		t.Fatalf("resp %+v", resp)
 	}
 	body := f.lastRequest()
@@ -228,7 +228,7 @@ func TestOpenAIResponsesRoundTrip(t *testing.T) {
 	f, base := newResponsesFake(t, func(n int, _ map[string]any) fakeReply { return fakeReply{body: []string{step0, step1}[min(n, 1)]} })
 	m := newTestResponses(t, base, nil)
 	ctx := context.Background()
-	r0, err := m.Complete(ctx, Request{Step: 0, Messages: []events.Message{{Role: events.RoleUser, Content: "What is 2+3?"}}, Tools: fixtureTools()})
+	r0, err := m.Complete(ctx, Request{Step: 0, Messages: []toolbus.Message{{Role: toolbus.RoleUser, Content: "What is 2+3?"}}, Tools: fixtureTools()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -269,7 +269,7 @@ func TestOpenAIResponsesPatchesNormalizedIDs(t *testing.T) {
 		return fakeReply{body: []string{step0, responseBody("completed", respMessage("done"))}[min(n, 1)]}
 	})
 	m := newTestResponses(t, base, nil)
-	r0, err := m.Complete(context.Background(), Request{Step: 4, Messages: []events.Message{{Role: events.RoleUser, Content: "q"}}})
+	r0, err := m.Complete(context.Background(), Request{Step: 4, Messages: []toolbus.Message{{Role: toolbus.RoleUser, Content: "q"}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -280,9 +280,9 @@ func TestOpenAIResponsesPatchesNormalizedIDs(t *testing.T) {
 	if strings.Join(ids, ",") != "call_4_0,dup,call_4_2" || r0.Message.ToolCalls[2].Arguments != `{"expression": oops` {
 		t.Fatalf("calls %+v", r0.Message.ToolCalls)
 	}
-	history := []events.Message{{Role: events.RoleUser, Content: "q"}, r0.Message}
+	history := []toolbus.Message{{Role: toolbus.RoleUser, Content: "q"}, r0.Message}
 	for _, c := range r0.Message.ToolCalls {
-		history = append(history, events.Message{Role: events.RoleTool, ToolCallID: c.CallID, Content: "r"})
+		history = append(history, toolbus.Message{Role: toolbus.RoleTool, ToolCallID: c.CallID, Content: "r"})
 	}
 	// The fake refuses items it did not send unchanged... except call_id, which toolbus
 	// may rewrite; so it checks the ids line up with the outputs instead.
@@ -363,7 +363,7 @@ func TestOpenAIResponsesAnswers(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			_, base := newResponsesFake(t, always(fakeReply{body: tt.body}))
-			resp, err := newTestResponses(t, base, nil).Complete(context.Background(), Request{Messages: []events.Message{{Role: events.RoleUser, Content: "q"}}})
+			resp, err := newTestResponses(t, base, nil).Complete(context.Background(), Request{Messages: []toolbus.Message{{Role: toolbus.RoleUser, Content: "q"}}})
 			if tt.wantErr != "" {
 				var pe *ProviderError
 				if err == nil || !strings.Contains(err.Error(), tt.wantErr) || errors.Is(err, ErrPermanent) || !errors.As(err, &pe) || !pe.Retryable {
@@ -389,7 +389,7 @@ func TestOpenAIResponsesRetries(t *testing.T) {
 	f, base := newResponsesFake(t, func(n int, _ map[string]any) fakeReply { return replies[min(n, 2)] })
 	var s sleeps
 	m := newTestResponses(t, base, func(o *OpenAIResponsesOptions) { o.Retry = fastRetry(3, &s) })
-	resp, err := m.Complete(context.Background(), Request{Messages: []events.Message{{Role: events.RoleUser, Content: "q"}}})
+	resp, err := m.Complete(context.Background(), Request{Messages: []toolbus.Message{{Role: toolbus.RoleUser, Content: "q"}}})
 	if err != nil || resp.Message.Content != "done" {
 		t.Fatalf("err %v resp %+v", err, resp)
 	}
@@ -401,7 +401,7 @@ func TestOpenAIResponsesRetries(t *testing.T) {
 	}
 
 	f2, base2 := newResponsesFake(t, always(fakeReply{status: 404, body: openaiErrorBody("The model 'gpt-nope' does not exist")}))
-	_, err = newTestResponses(t, base2, nil).Complete(context.Background(), Request{Messages: []events.Message{{Role: events.RoleUser, Content: "q"}}})
+	_, err = newTestResponses(t, base2, nil).Complete(context.Background(), Request{Messages: []toolbus.Message{{Role: toolbus.RoleUser, Content: "q"}}})
 	if !errors.Is(err, ErrPermanent) || !strings.Contains(err.Error(), "gpt-nope") {
 		t.Fatalf("err = %v", err)
 	}
@@ -423,7 +423,7 @@ func FuzzOpenAIResponsesResponse(f *testing.F) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		resp, err := m.Complete(context.Background(), Request{Step: 2, Messages: []events.Message{{Role: events.RoleUser, Content: "q"}}})
+		resp, err := m.Complete(context.Background(), Request{Step: 2, Messages: []toolbus.Message{{Role: toolbus.RoleUser, Content: "q"}}})
 		if err == nil {
 			checkAnswer(t, resp)
 		}

@@ -11,7 +11,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus"
 )
 
 // This file holds what the provider adapters (openai.go, responses.go, anthropic.go) share:
@@ -129,8 +129,8 @@ func historyError(format string, args ...any) error {
 // message; an assistant message with tool calls carries the tool messages that answer
 // them, one per call, in call order.
 type turn struct {
-	msg     events.Message
-	results []events.Message
+	msg     toolbus.Message
+	results []toolbus.Message
 }
 
 // groupHistory checks the tool-message rules every provider enforces and attaches each
@@ -143,17 +143,17 @@ type turn struct {
 //
 // Unanswered calls are refused even at the end of the history: the planner asks for
 // the next step only once every call of the step has its result.
-func groupHistory(msgs []events.Message) ([]turn, error) {
+func groupHistory(msgs []toolbus.Message) ([]turn, error) {
 	out := make([]turn, 0, len(msgs))
 	for i := 0; i < len(msgs); i++ {
 		m := msgs[i]
 		switch m.Role {
-		case events.RoleSystem, events.RoleUser:
+		case toolbus.RoleSystem, toolbus.RoleUser:
 			out = append(out, turn{msg: m})
-		case events.RoleAssistant:
+		case toolbus.RoleAssistant:
 			t := turn{msg: m}
 			j := i + 1
-			for j < len(msgs) && msgs[j].Role == events.RoleTool {
+			for j < len(msgs) && msgs[j].Role == toolbus.RoleTool {
 				j++
 			}
 			tools := msgs[i+1 : j]
@@ -166,7 +166,7 @@ func groupHistory(msgs []events.Message) ([]turn, error) {
 			}
 			out = append(out, t)
 			i = j - 1
-		case events.RoleTool:
+		case toolbus.RoleTool:
 			return nil, historyError("message %d: tool message for call %q follows no assistant message with that call", i, m.ToolCallID)
 		default:
 			return nil, historyError("message %d: unknown role %q", i, m.Role)
@@ -175,7 +175,7 @@ func groupHistory(msgs []events.Message) ([]turn, error) {
 	return out, nil
 }
 
-func matchResults(at int, calls []events.ToolCall, tools []events.Message) ([]events.Message, error) {
+func matchResults(at int, calls []toolbus.ToolCall, tools []toolbus.Message) ([]toolbus.Message, error) {
 	byID := make(map[string]int, len(calls))
 	for k, c := range calls {
 		if c.CallID == "" {
@@ -186,7 +186,7 @@ func matchResults(at int, calls []events.ToolCall, tools []events.Message) ([]ev
 		}
 		byID[c.CallID] = k
 	}
-	res := make([]events.Message, len(calls))
+	res := make([]toolbus.Message, len(calls))
 	seen := make([]bool, len(calls))
 	for n, tm := range tools {
 		k, ok := byID[tm.ToolCallID]

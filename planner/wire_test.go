@@ -18,7 +18,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus"
 )
 
 var discardLog = slog.New(slog.DiscardHandler)
@@ -67,8 +67,8 @@ func normalizeJSON(t *testing.T, b []byte) []byte {
 }
 
 // fixtureTools are the tool contracts of the translation tests.
-func fixtureTools() []events.ToolContract {
-	return []events.ToolContract{
+func fixtureTools() []toolbus.ToolContract {
+	return []toolbus.ToolContract{
 		{Name: "lookup_incident", Description: "Look up an incident by id.", ReadOnly: true,
 			InputSchema: json.RawMessage(`{"type":"object","properties":{"incident_id":{"type":"string","pattern":"^INC-[0-9]+$"}},"required":["incident_id"],"additionalProperties":false}`)},
 		{Name: "calculator", Description: "Evaluate an arithmetic expression.", ReadOnly: true,
@@ -100,7 +100,7 @@ const (
 // calls (one with malformed arguments) whose results were recorded out of call order
 // (two of them errors), a second step made by another model (no raw parts), and a
 // user follow-up.
-func richHistory() []events.Message {
+func richHistory() []toolbus.Message {
 	raw, err := json.Marshal(rawParts{
 		OpenAIChat:      json.RawMessage(fixtureChatRaw),
 		OpenAIResponses: json.RawMessage(fixtureResponsesRaw),
@@ -109,68 +109,68 @@ func richHistory() []events.Message {
 	if err != nil {
 		panic(err)
 	}
-	return []events.Message{
-		{Role: events.RoleSystem, Content: "You are an operations assistant."},
-		{Role: events.RoleUser, Content: "What is going on with INC-404? Also compute 17*38+55."},
-		{Role: events.RoleAssistant, Content: "Let me look.", Reasoning: "Two lookups and a computation are needed.",
+	return []toolbus.Message{
+		{Role: toolbus.RoleSystem, Content: "You are an operations assistant."},
+		{Role: toolbus.RoleUser, Content: "What is going on with INC-404? Also compute 17*38+55."},
+		{Role: toolbus.RoleAssistant, Content: "Let me look.", Reasoning: "Two lookups and a computation are needed.",
 			ReasoningSignature: "EqQBCgIYAhIM-opaque-signature", Raw: raw,
-			ToolCalls: []events.ToolCall{
+			ToolCalls: []toolbus.ToolCall{
 				{CallID: "call_a", Tool: "lookup_incident", Arguments: `{"incident_id":"INC-404"}`},
 				{CallID: "call_b", Tool: "calculator", Arguments: `{"expression":"17*38+55"}`},
 				{CallID: "call_c", Tool: "calculator", Arguments: `{"expression": "1/0"`},
 			}},
-		{Role: events.RoleTool, ToolCallID: "call_b", Name: "calculator", Content: `{"value":701}`},
-		{Role: events.RoleTool, ToolCallID: "call_c", Name: "calculator", IsError: true,
+		{Role: toolbus.RoleTool, ToolCallID: "call_b", Name: "calculator", Content: `{"value":701}`},
+		{Role: toolbus.RoleTool, ToolCallID: "call_c", Name: "calculator", IsError: true,
 			Content: "invalid_arguments: the arguments are not valid JSON: unexpected end of JSON input"},
-		{Role: events.RoleTool, ToolCallID: "call_a", Name: "lookup_incident", IsError: true,
+		{Role: toolbus.RoleTool, ToolCallID: "call_a", Name: "lookup_incident", IsError: true,
 			Content: "incident_not_found: no incident INC-404"},
-		{Role: events.RoleAssistant, Content: "INC-404 does not exist; INC-001 is the open incident.", Reasoning: "unsigned thoughts",
-			ToolCalls: []events.ToolCall{{CallID: "call_d", Tool: "lookup_incident", Arguments: `{"incident_id":"INC-001"}`}}},
-		{Role: events.RoleTool, ToolCallID: "call_d", Name: "lookup_incident", Content: `{"incident_id":"INC-001","severity":"high"}`},
-		{Role: events.RoleUser, Content: "Thanks. Summarize in one line."},
+		{Role: toolbus.RoleAssistant, Content: "INC-404 does not exist; INC-001 is the open incident.", Reasoning: "unsigned thoughts",
+			ToolCalls: []toolbus.ToolCall{{CallID: "call_d", Tool: "lookup_incident", Arguments: `{"incident_id":"INC-001"}`}}},
+		{Role: toolbus.RoleTool, ToolCallID: "call_d", Name: "lookup_incident", Content: `{"incident_id":"INC-001","severity":"high"}`},
+		{Role: toolbus.RoleUser, Content: "Thanks. Summarize in one line."},
 	}
 }
 
 // twoStep is the history of a run whose first step called the calculator once.
-func twoStep(first events.Message, result string) []events.Message {
-	return []events.Message{
-		{Role: events.RoleSystem, Content: "sys"},
-		{Role: events.RoleUser, Content: "What is 2+3?"},
+func twoStep(first toolbus.Message, result string) []toolbus.Message {
+	return []toolbus.Message{
+		{Role: toolbus.RoleSystem, Content: "sys"},
+		{Role: toolbus.RoleUser, Content: "What is 2+3?"},
 		first,
-		{Role: events.RoleTool, ToolCallID: first.ToolCalls[0].CallID, Name: first.ToolCalls[0].Tool, Content: result},
+		{Role: toolbus.RoleTool, ToolCallID: first.ToolCalls[0].CallID, Name: first.ToolCalls[0].Tool, Content: result},
 	}
 }
 
 func TestGroupHistory(t *testing.T) {
-	call := func(id string) events.ToolCall { return events.ToolCall{CallID: id, Tool: "noop", Arguments: "{}"} }
-	asst := func(ids ...string) events.Message {
-		m := events.Message{Role: events.RoleAssistant}
+	call := func(id string) toolbus.ToolCall { return toolbus.ToolCall{CallID: id, Tool: "noop", Arguments: "{}"} }
+	asst := func(ids ...string) toolbus.Message {
+		m := toolbus.Message{Role: toolbus.RoleAssistant}
 		for _, id := range ids {
 			m.ToolCalls = append(m.ToolCalls, call(id))
 		}
 		return m
 	}
-	tool := func(id string) events.Message {
-		return events.Message{Role: events.RoleTool, ToolCallID: id, Content: "r-" + id}
+	tool := func(id string) toolbus.Message {
+		return toolbus.Message{Role: toolbus.RoleTool, ToolCallID: id, Content: "r-" + id}
 	}
-	user := events.Message{Role: events.RoleUser, Content: "q"}
+	user := toolbus.Message{Role: toolbus.RoleUser, Content: "q"}
 	tests := []struct {
 		name    string
-		msgs    []events.Message
+		msgs    []toolbus.Message
 		order   []string // result ids of the first assistant turn
 		wantErr string
 	}{
-		{name: "in order", msgs: []events.Message{user, asst("a", "b"), tool("a"), tool("b")}, order: []string{"a", "b"}},
-		{name: "reordered into call order", msgs: []events.Message{user, asst("a", "b", "c"), tool("c"), tool("a"), tool("b")}, order: []string{"a", "b", "c"}},
-		{name: "orphan tool message", msgs: []events.Message{user, tool("a")}, wantErr: "follows no assistant"},
-		{name: "orphan after user text", msgs: []events.Message{user, asst("a"), tool("a"), user, tool("a")}, wantErr: "follows no assistant"},
-		{name: "unknown call id", msgs: []events.Message{user, asst("a"), tool("a"), tool("x")}, wantErr: `answers call "x"`},
-		{name: "missing result", msgs: []events.Message{user, asst("a", "b"), tool("a"), user}, wantErr: `call "b" (noop) has no tool result`},
-		{name: "missing result at the end", msgs: []events.Message{user, asst("a")}, wantErr: `call "a" (noop) has no tool result`},
-		{name: "answered twice", msgs: []events.Message{user, asst("a"), tool("a"), tool("a")}, wantErr: "answered twice"},
-		{name: "duplicate call id", msgs: []events.Message{user, asst("a", "a"), tool("a")}, wantErr: "duplicate call id"},
-		{name: "empty call id", msgs: []events.Message{user, asst(""), tool("")}, wantErr: "has no call id"},
-		{name: "unknown role", msgs: []events.Message{{Role: "function", Content: "x"}}, wantErr: `unknown role "function"`},
+		{name: "in order", msgs: []toolbus.Message{user, asst("a", "b"), tool("a"), tool("b")}, order: []string{"a", "b"}},
+		{name: "reordered into call order", msgs: []toolbus.Message{user, asst("a", "b", "c"), tool("c"), tool("a"), tool("b")}, order: []string{"a", "b", "c"}},
+		{name: "orphan tool message", msgs: []toolbus.Message{user, tool("a")}, wantErr: "follows no assistant"},
+		{name: "orphan after user text", msgs: []toolbus.Message{user, asst("a"), tool("a"), user, tool("a")}, wantErr: "follows no assistant"},
+		{name: "unknown call id", msgs: []toolbus.Message{user, asst("a"), tool("a"), tool("x")}, wantErr: `answers call "x"`},
+		{name: "missing result", msgs: []toolbus.Message{user, asst("a", "b"), tool("a"), user}, wantErr: `call "b" (noop) has no tool result`},
+		{name: "missing result at the end", msgs: []toolbus.Message{user, asst("a")}, wantErr: `call "a" (noop) has no tool result`},
+		{name: "answered twice", msgs: []toolbus.Message{user, asst("a"), tool("a"), tool("a")}, wantErr: "answered twice"},
+		{name: "duplicate call id", msgs: []toolbus.Message{user, asst("a", "a"), tool("a")}, wantErr: "duplicate call id"},
+		{name: "empty call id", msgs: []toolbus.Message{user, asst(""), tool("")}, wantErr: "has no call id"},
+		{name: "unknown role", msgs: []toolbus.Message{{Role: "function", Content: "x"}}, wantErr: `unknown role "function"`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -272,7 +272,7 @@ func (b bytesTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 // checkAnswer asserts the invariants of any successful answer.
 func checkAnswer(t *testing.T, resp Response) {
 	t.Helper()
-	if resp.Message.Role != events.RoleAssistant {
+	if resp.Message.Role != toolbus.RoleAssistant {
 		t.Fatalf("role %q", resp.Message.Role)
 	}
 	seen := map[string]bool{}

@@ -9,7 +9,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/toolbus/toolbus/executor"
+	"github.com/toolbus/toolbus/executor/worker"
 	"github.com/toolbus/toolbus/injector"
 	"github.com/toolbus/toolbus/planner"
 	"github.com/toolbus/toolbus/telemetry"
@@ -17,7 +17,7 @@ import (
 
 // *Metrics is what the workers record to.
 var (
-	_ executor.Metrics = (*telemetry.Metrics)(nil)
+	_ worker.Metrics   = (*telemetry.Metrics)(nil)
 	_ planner.Metrics  = (*telemetry.Metrics)(nil)
 	_ injector.Metrics = (*telemetry.Metrics)(nil)
 )

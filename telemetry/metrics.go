@@ -2,7 +2,7 @@
 // /healthz and /readyz on one HTTP address.
 //
 // The worker packages do not import it: each defines the small Metrics interface it
-// calls (executor.Metrics, planner.Metrics, injector.Metrics) and events defines
+// calls (worker.Metrics, planner.Metrics, injector.Metrics) and events defines
 // ServeObserver; *Metrics implements all of them, and cmd/toolbus wires it in.
 package telemetry
 
@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
 )
 
@@ -37,7 +38,7 @@ const (
 )
 
 // Metrics holds the collectors of one process; every role of the process shares it.
-// Its methods implement executor.Metrics, planner.Metrics, injector.Metrics and, through
+// Its methods implement worker.Metrics, planner.Metrics, injector.Metrics and, through
 // Observer, events.ServeObserver.
 type Metrics struct {
 	reg *prometheus.Registry
@@ -104,13 +105,13 @@ func New() *Metrics {
 // Registry is the registry the metrics are in (to serve or gather them).
 func (m *Metrics) Registry() *prometheus.Registry { return m.reg }
 
-// CallStarted implements executor.Metrics.
+// CallStarted implements worker.Metrics.
 func (m *Metrics) CallStarted(tool string) { m.inflight.WithLabelValues(tool).Inc() }
 
-// CallStopped implements executor.Metrics.
+// CallStopped implements worker.Metrics.
 func (m *Metrics) CallStopped(tool string) { m.inflight.WithLabelValues(tool).Dec() }
 
-// CallFinished implements executor.Metrics.
+// CallFinished implements worker.Metrics.
 func (m *Metrics) CallFinished(tool, status, code string, d time.Duration, ran bool) {
 	m.calls.WithLabelValues(tool, status, code).Inc()
 	if ran {
@@ -119,7 +120,7 @@ func (m *Metrics) CallFinished(tool, status, code string, d time.Duration, ran b
 }
 
 // ModelCalled implements planner.Metrics.
-func (m *Metrics) ModelCalled(model string, d time.Duration, u events.Usage, err error) {
+func (m *Metrics) ModelCalled(model string, d time.Duration, u toolbus.Usage, err error) {
 	if model == "" {
 		model = "default"
 	}

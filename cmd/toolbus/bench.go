@@ -23,10 +23,12 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/embedded"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/executor/packs"
+	"github.com/toolbus/toolbus/executor/worker"
 	"github.com/toolbus/toolbus/injector"
 	"github.com/toolbus/toolbus/planner"
 )
@@ -340,7 +342,7 @@ func newBenchStack(ctx context.Context, srv *embedded.Server, memory bool, k, st
 		wg.Add(1)
 		go func() { defer wg.Done(); _ = f(wctx) }()
 	}
-	runW(executor.NewWorker(st.bus, exec, executor.WorkerConfig{Instance: "bench", Concurrency: conc, Logger: log, Grace: time.Second}).Run)
+	runW(worker.New(st.bus, exec, worker.Config{Instance: "bench", Concurrency: conc, Logger: log, Grace: time.Second}).Run)
 	var cat *events.Catalog
 	for i := 0; i < 200; i++ {
 		if cat, err = st.bus.WatchCatalog(wctx, log); err != nil {
@@ -370,8 +372,8 @@ func newBenchStack(ctx context.Context, srv *embedded.Server, memory bool, k, st
 }
 
 func (st *benchStack) start(ctx context.Context, run string, steps int) error {
-	return st.bus.StartRun(ctx, "/toolbus/bench/1", events.RunStarted{RunID: run,
-		Messages: []events.Message{{Role: events.RoleUser, Content: "bench"}}, Limits: events.Limits{MaxSteps: steps + 1}})
+	return st.bus.StartRun(ctx, "/toolbus/bench/1", toolbus.RunStarted{RunID: run,
+		Messages: []toolbus.Message{{Role: toolbus.RoleUser, Content: "bench"}}, Limits: toolbus.Limits{MaxSteps: steps + 1}})
 }
 
 func (st *benchStack) wait(n int) error {
@@ -612,7 +614,7 @@ func benchInproc(ctx context.Context, k, steps, latRuns, runs int) ([]time.Durat
 	exec := executor.New(reg, executor.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))))
 	model := NoopScript(k, steps)
 	oneRun := func(run string, lat *[]time.Duration) {
-		msgs := []events.Message{{Role: events.RoleUser, Content: "bench"}}
+		msgs := []toolbus.Message{{Role: toolbus.RoleUser, Content: "bench"}}
 		last := time.Now()
 		for step := 0; step < steps; step++ {
 			resp, _ := model.Complete(ctx, planner.Request{RunID: run, Step: step, Messages: msgs})
@@ -625,15 +627,15 @@ func benchInproc(ctx context.Context, k, steps, latRuns, runs int) ([]time.Durat
 			if len(resp.Message.ToolCalls) == 0 {
 				return
 			}
-			results := make([]events.ToolResult, len(resp.Message.ToolCalls))
+			results := make([]toolbus.ToolResult, len(resp.Message.ToolCalls))
 			var wg sync.WaitGroup
 			for i, c := range resp.Message.ToolCalls {
 				wg.Add(1)
-				go func() { defer wg.Done(); results[i] = exec.Execute(ctx, c, events.Principal{}) }()
+				go func() { defer wg.Done(); results[i] = exec.Execute(ctx, c, toolbus.Principal{}) }()
 			}
 			wg.Wait()
 			for _, r := range results {
-				msgs = append(msgs, events.ToolMessage(r))
+				msgs = append(msgs, toolbus.ToolMessage(r))
 			}
 		}
 	}

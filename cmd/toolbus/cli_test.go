@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
 	"github.com/toolbus/toolbus/injector"
@@ -159,13 +160,13 @@ func TestCLIRunFlagsAfterQuestion(t *testing.T) {
 // TestCLIMessages: a result's line does not repeat its status as its code, counts are
 // English, and a role's error names it once.
 func TestCLIMessages(t *testing.T) {
-	cancelled := events.ToolResult{CallID: "s", Tool: "sleep", Status: events.StatusCancelled, Executor: "e1",
-		Error: &events.ToolError{Code: "cancelled", Message: "run cancelled"}}
+	cancelled := toolbus.ToolResult{CallID: "s", Tool: "sleep", Status: toolbus.StatusCancelled, Executor: "e1",
+		Error: &toolbus.ToolError{Code: "cancelled", Message: "run cancelled"}}
 	if got, want := resultLine(cancelled), "        <- s sleep: cancelled (run cancelled) in 0 ms on e1"; got != want {
 		t.Errorf("cancelled result:\n got %q\nwant %q", got, want)
 	}
-	failed := events.ToolResult{CallID: "l", Tool: "lookup", Status: events.StatusFailed, Executor: "e1", DurationMS: 3,
-		Error: &events.ToolError{Code: "incident_not_found", Message: "no incident"}}
+	failed := toolbus.ToolResult{CallID: "l", Tool: "lookup", Status: toolbus.StatusFailed, Executor: "e1", DurationMS: 3,
+		Error: &toolbus.ToolError{Code: "incident_not_found", Message: "no incident"}}
 	if got, want := resultLine(failed), "        <- l lookup: failed incident_not_found (no incident) in 3 ms on e1"; got != want {
 		t.Errorf("failed result:\n got %q\nwant %q", got, want)
 	}

@@ -18,6 +18,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
 )
 
@@ -156,8 +157,8 @@ type runRow struct {
 }
 
 // consoleStatuses are the statuses the runs list filters on.
-var consoleStatuses = []events.RunStatus{events.RunRunning, events.RunWaitingForApproval, events.RunCompleted,
-	events.RunFailed, events.RunLimitReached, events.RunCancelled}
+var consoleStatuses = []toolbus.RunStatus{toolbus.RunRunning, toolbus.RunWaitingForApproval, toolbus.RunCompleted,
+	toolbus.RunFailed, toolbus.RunLimitReached, toolbus.RunCancelled}
 
 func (c *console) runsPage(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
@@ -190,7 +191,7 @@ func (c *console) runsPage(w http.ResponseWriter, r *http.Request) {
 		if rs, err := c.bus.RunStarted(ctx, st.RunID); err == nil {
 			row.Question = question(rs.Messages)
 		}
-		if st.Ended != nil && st.Status != events.RunWaitingForApproval {
+		if st.Ended != nil && st.Status != toolbus.RunWaitingForApproval {
 			row.Tokens = st.Ended.Usage.Total()
 		} else if u, err := c.bus.UsageSoFar(ctx, st.RunID, row.Step); err == nil {
 			row.Tokens = u.Total()
@@ -218,9 +219,9 @@ func statusList() string {
 }
 
 // question is the run's last user message.
-func question(msgs []events.Message) string {
+func question(msgs []toolbus.Message) string {
 	for i := len(msgs) - 1; i >= 0; i-- {
-		if msgs[i].Role == events.RoleUser {
+		if msgs[i].Role == toolbus.RoleUser {
 			return oneLine(msgs[i].Content, 160)
 		}
 	}
@@ -259,7 +260,7 @@ type consoleStep struct {
 func (c *console) runPage(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
 	run := r.PathValue("run")
-	if !events.ValidRunID(run) {
+	if !toolbus.ValidRunID(run) {
 		http.Error(w, "invalid run id", http.StatusBadRequest)
 		return
 	}
@@ -274,10 +275,10 @@ func (c *console) runPage(w http.ResponseWriter, r *http.Request) {
 	}
 	rep := analyzeRun(run, evs)
 	st, _, stErr := c.bus.RunState(ctx, run)
-	var waiting []events.ToolCall
-	if stErr == nil && st.Status == events.RunWaitingForApproval && st.Ended != nil {
+	var waiting []toolbus.ToolCall
+	if stErr == nil && st.Status == toolbus.RunWaitingForApproval && st.Ended != nil {
 		waiting = st.Ended.Pending
-	} else if rep.Status == events.RunWaitingForApproval {
+	} else if rep.Status == toolbus.RunWaitingForApproval {
 		waiting = rep.Pending
 	}
 	steps := c.steps(ctx, rep)
@@ -413,7 +414,7 @@ func (c *console) decide(granted bool) http.HandlerFunc {
 			http.Error(w, err.Error(), http.StatusForbidden)
 			return
 		}
-		if !events.ValidRunID(run) {
+		if !toolbus.ValidRunID(run) {
 			http.Error(w, "invalid run id", http.StatusBadRequest)
 			return
 		}
@@ -427,7 +428,7 @@ func (c *console) decide(granted bool) http.HandlerFunc {
 			c.actionError(w, err)
 			return
 		}
-		a := events.Approval{RunID: run, CallID: callID, Who: consoleWho(r), Why: reason}
+		a := toolbus.Approval{RunID: run, CallID: callID, Who: consoleWho(r), Why: reason}
 		if _, err := c.bus.PublishApproval(ctx, c.source, step, a, granted); err != nil {
 			c.fail(w, err)
 			return
@@ -444,7 +445,7 @@ func (c *console) cancel(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, err.Error(), http.StatusForbidden)
 		return
 	}
-	if !events.ValidRunID(run) {
+	if !toolbus.ValidRunID(run) {
 		http.Error(w, "invalid run id", http.StatusBadRequest)
 		return
 	}
@@ -461,7 +462,7 @@ func (c *console) cancel(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, fmt.Sprintf("run %s already ended: %s", run, st.Status), http.StatusConflict)
 		return
 	}
-	cn := events.Cancel{RunID: run, Reason: strings.TrimSpace(r.PostFormValue("reason")), Who: consoleWho(r)}
+	cn := toolbus.Cancel{RunID: run, Reason: strings.TrimSpace(r.PostFormValue("reason")), Who: consoleWho(r)}
 	if _, err := c.bus.PublishCancel(ctx, c.source, cn); err != nil {
 		c.fail(w, err)
 		return
@@ -494,7 +495,7 @@ func (c *console) sse(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
 	filter := events.FilterAll
 	if run := r.URL.Query().Get("run"); run != "" {
-		if !events.ValidRunID(run) {
+		if !toolbus.ValidRunID(run) {
 			http.Error(w, "invalid run id", http.StatusBadRequest)
 			return
 		}

@@ -22,6 +22,7 @@ import (
 	"github.com/chromedp/chromedp"
 	"github.com/nats-io/nats.go"
 
+	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
 	"github.com/toolbus/toolbus/executor"
@@ -112,10 +113,10 @@ func TestConsoleHTTP(t *testing.T) {
 	rw := startConsole(t, p, "s3cret")
 	ro := startConsole(t, p, "")
 
-	p.submit("c-http", events.Limits{})
-	p.waitStatus("c-http", events.RunWaitingForApproval)
-	p.submit("c-hostile", events.Limits{})
-	p.waitStatus("c-hostile", events.RunCompleted)
+	p.submit("c-http", toolbus.Limits{})
+	p.waitStatus("c-http", toolbus.RunWaitingForApproval)
+	p.submit("c-hostile", toolbus.Limits{})
+	p.waitStatus("c-hostile", toolbus.RunCompleted)
 
 	refused := []struct {
 		name string
@@ -176,7 +177,7 @@ func TestConsoleHTTP(t *testing.T) {
 		if code != http.StatusSeeOther {
 			t.Fatalf("status %d, want 303: %s", code, body)
 		}
-		p.waitStatus("c-http", events.RunCompleted)
+		p.waitStatus("c-http", toolbus.RunCompleted)
 		evs, err := readRunEvents(p.ctx, p.bus, "c-http")
 		if err != nil {
 			t.Fatal(err)
@@ -213,8 +214,8 @@ func TestConsoleHTTP(t *testing.T) {
 		wantContains(t, "run page", body, "&lt;script&gt;alert", "&lt;img src=x onerror=alert(1)&gt;")
 	})
 	t.Run("full output from the object store", func(t *testing.T) {
-		p.submit("c-big", events.Limits{})
-		p.waitStatus("c-big", events.RunCompleted)
+		p.submit("c-big", toolbus.Limits{})
+		p.waitStatus("c-big", toolbus.RunCompleted)
 		_, body := get(t, rw.URL+"/runs/c-big")
 		wantContains(t, "run page of a truncated output", body, "truncated:", "whole output in objectstore://",
 			`<pre class="text full-output">{&#34;data&#34;:&#34;`+strings.Repeat("x", 299000))
@@ -322,7 +323,7 @@ func TestConsoleBrowser(t *testing.T) {
 			chromedp.SendKeys(`#cancel-form input.reason`, "wrong question", chromedp.ByQuery),
 			chromedp.Click(`#cancel`, chromedp.ByID),
 			chromedp.WaitVisible(`#live[data-status="cancelled"]`, chromedp.ByQuery))
-		p.waitStatus("c-live", events.RunCancelled)
+		p.waitStatus("c-live", toolbus.RunCancelled)
 		select {
 		case code := <-runDone:
 			if code != 1 {
@@ -334,8 +335,8 @@ func TestConsoleBrowser(t *testing.T) {
 	})
 
 	t.Run("approve by clicking", func(t *testing.T) {
-		p.submit("c-approve", events.Limits{})
-		p.waitStatus("c-approve", events.RunWaitingForApproval)
+		p.submit("c-approve", toolbus.Limits{})
+		p.waitStatus("c-approve", toolbus.RunWaitingForApproval)
 		do(t, bctx, "approve from the run page",
 			chromedp.Navigate(srv.URL+"/runs/c-approve"),
 			chromedp.WaitVisible(`#decide-b button.approve`, chromedp.ByQuery),
@@ -345,7 +346,7 @@ func TestConsoleBrowser(t *testing.T) {
 			chromedp.SendKeys(`#decide-b input.reason`, "CHG-7", chromedp.ByQuery),
 			chromedp.Click(`#decide-b button.approve`, chromedp.ByQuery),
 			chromedp.WaitVisible(`#live[data-status="completed"]`, chromedp.ByQuery))
-		p.waitStatus("c-approve", events.RunCompleted)
+		p.waitStatus("c-approve", toolbus.RunCompleted)
 		evs, err := readRunEvents(p.ctx, p.bus, "c-approve")
 		if err != nil {
 			t.Fatal(err)
@@ -370,8 +371,8 @@ func TestConsoleBrowser(t *testing.T) {
 	})
 
 	t.Run("hostile output is text", func(t *testing.T) {
-		p.submit("c-hostile", events.Limits{})
-		p.waitStatus("c-hostile", events.RunCompleted)
+		p.submit("c-hostile", toolbus.Limits{})
+		p.waitStatus("c-hostile", toolbus.RunCompleted)
 		var answer, content string
 		var tags int
 		do(t, bctx, "open the hostile run",

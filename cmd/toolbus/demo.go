@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"strconv"
 
-	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/planner"
 )
 
@@ -16,23 +16,23 @@ import (
 func IncidentScript() planner.Model {
 	return &planner.Script{Steps: []func(planner.Request) planner.Response{
 		func(planner.Request) planner.Response {
-			return planner.Response{Message: events.Message{
+			return planner.Response{Message: toolbus.Message{
 				Content: "Let me look the incident up.",
-				ToolCalls: []events.ToolCall{
+				ToolCalls: []toolbus.ToolCall{
 					{CallID: "call_lookup", Tool: "lookup_incident", Arguments: `{"incident_id":"INC-404"}`},
 					{CallID: "call_calc", Tool: "calculator", Arguments: `{"expression":"17 * 38 + 55"}`},
 				},
-			}, Usage: events.Usage{InputTokens: 120, OutputTokens: 30}}
+			}, Usage: toolbus.Usage{InputTokens: 120, OutputTokens: 30}}
 		},
 		func(req planner.Request) planner.Response {
 			last := lastTool(req.Messages, "call_lookup")
 			if last != nil && last.IsError {
-				return planner.Response{Message: events.Message{
+				return planner.Response{Message: toolbus.Message{
 					Content:   "INC-404 does not exist; the user probably means the open incident INC-001.",
-					ToolCalls: []events.ToolCall{{CallID: "call_lookup", Tool: "lookup_incident", Arguments: `{"incident_id":"INC-001"}`}},
-				}, Usage: events.Usage{InputTokens: 260, OutputTokens: 40}}
+					ToolCalls: []toolbus.ToolCall{{CallID: "call_lookup", Tool: "lookup_incident", Arguments: `{"incident_id":"INC-001"}`}},
+				}, Usage: toolbus.Usage{InputTokens: 260, OutputTokens: 40}}
 			}
-			return planner.Response{Message: events.Message{Content: "I could not find a matching incident."}}
+			return planner.Response{Message: toolbus.Message{Content: "I could not find a matching incident."}}
 		},
 		func(req planner.Request) planner.Response {
 			answer := "INC-404 does not exist."
@@ -53,7 +53,7 @@ func IncidentScript() planner.Model {
 					answer += ")."
 				}
 			}
-			return planner.Response{Message: events.Message{Content: answer}, Usage: events.Usage{InputTokens: 400, OutputTokens: 60}}
+			return planner.Response{Message: toolbus.Message{Content: answer}, Usage: toolbus.Usage{InputTokens: 400, OutputTokens: 60}}
 		},
 	}}
 }
@@ -65,9 +65,9 @@ func IncidentScript() planner.Model {
 func ApprovalScript() planner.Model {
 	return &planner.Script{Steps: []func(planner.Request) planner.Response{
 		func(planner.Request) planner.Response {
-			return planner.Response{Message: events.Message{
+			return planner.Response{Message: toolbus.Message{
 				Content: "I will check INC-001 and restart the affected service.",
-				ToolCalls: []events.ToolCall{
+				ToolCalls: []toolbus.ToolCall{
 					{CallID: "call_lookup", Tool: "lookup_incident", Arguments: `{"incident_id":"INC-001"}`},
 					{CallID: "call_restart", Tool: "restart_service", Arguments: `{"service":"auth-api"}`},
 				},
@@ -78,15 +78,15 @@ func ApprovalScript() planner.Model {
 			if m := lastTool(req.Messages, "call_restart"); m != nil && m.IsError {
 				answer = "INC-001: the restart of auth-api was not approved (" + m.Content + "); the connection pool is still exhausted."
 			}
-			return planner.Response{Message: events.Message{Content: answer}}
+			return planner.Response{Message: toolbus.Message{Content: answer}}
 		},
 	}}
 }
 
 // lastTool returns the last tool message answering callID.
-func lastTool(msgs []events.Message, callID string) *events.Message {
+func lastTool(msgs []toolbus.Message, callID string) *toolbus.Message {
 	for i := len(msgs) - 1; i >= 0; i-- {
-		if msgs[i].Role == events.RoleTool && msgs[i].ToolCallID == callID {
+		if msgs[i].Role == toolbus.RoleTool && msgs[i].ToolCallID == callID {
 			return &msgs[i]
 		}
 	}
@@ -97,12 +97,12 @@ func lastTool(msgs []events.Message, callID string) *events.Message {
 func NoopScript(k, steps int) planner.Model {
 	return planner.ModelFunc(func(_ context.Context, req planner.Request) (planner.Response, error) {
 		if req.Step >= steps-1 {
-			return planner.Response{Message: events.Message{Role: events.RoleAssistant, Content: "done"}}, nil
+			return planner.Response{Message: toolbus.Message{Role: toolbus.RoleAssistant, Content: "done"}}, nil
 		}
-		calls := make([]events.ToolCall, k)
+		calls := make([]toolbus.ToolCall, k)
 		for i := range calls {
-			calls[i] = events.ToolCall{CallID: "c" + strconv.Itoa(i), Tool: "noop", Arguments: `{}`}
+			calls[i] = toolbus.ToolCall{CallID: "c" + strconv.Itoa(i), Tool: "noop", Arguments: `{}`}
 		}
-		return planner.Response{Message: events.Message{Role: events.RoleAssistant, ToolCalls: calls}}, nil
+		return planner.Response{Message: toolbus.Message{Role: toolbus.RoleAssistant, ToolCalls: calls}}, nil
 	})
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
 )
 
@@ -77,7 +78,7 @@ func initTools(cfg Config, flagTools string) ([]string, error) {
 		names = reg.Names()
 	}
 	for _, t := range names {
-		if !events.ValidToolName(t) {
+		if !toolbus.ValidToolName(t) {
 			return nil, fmt.Errorf("invalid tool name %q", t)
 		}
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
 )
 
@@ -231,11 +232,11 @@ func (b *mcpBridge) call(ctx context.Context, req *mcp.CallToolRequest) (*mcp.Ca
 		deadline = max(deadline, b.cfg.ApprovalTimeout)
 	}
 	run := "mcp-" + strings.TrimPrefix(newRunID(), "run-")
-	rs := events.RunStarted{
-		RunID: run, Principal: events.Principal{ID: b.cfg.Principal}, AllowedTools: []string{name},
-		Messages: []events.Message{{Role: events.RoleUser, Content: "MCP tools/call " + name}},
-		Limits:   events.Limits{MaxSteps: 2, Deadline: time.Now().Add(deadline).UTC()},
-		Calls:    []events.ToolCall{{CallID: mcpCallID, Tool: name, Arguments: args}},
+	rs := toolbus.RunStarted{
+		RunID: run, Principal: toolbus.Principal{ID: b.cfg.Principal}, AllowedTools: []string{name},
+		Messages: []toolbus.Message{{Role: toolbus.RoleUser, Content: "MCP tools/call " + name}},
+		Limits:   toolbus.Limits{MaxSteps: 2, Deadline: time.Now().Add(deadline).UTC()},
+		Calls:    []toolbus.ToolCall{{CallID: mcpCallID, Tool: name, Arguments: args}},
 	}
 	watch, err := b.bus.Reader().OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
 		FilterSubjects: []string{events.SubjectRun(run)}, DeliverPolicy: jetstream.DeliverAllPolicy,
@@ -253,7 +254,7 @@ func (b *mcpBridge) call(ctx context.Context, req *mcp.CallToolRequest) (*mcp.Ca
 			if ctx.Err() != nil {
 				// The host cancelled or went away: cancel the run, so the call is too.
 				cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-				_, _ = b.bus.PublishCancel(cctx, b.cfg.Source, events.Cancel{RunID: run, Reason: "the MCP request was cancelled", Who: b.cfg.Principal}) //nolint:errcheck // best effort
+				_, _ = b.bus.PublishCancel(cctx, b.cfg.Source, toolbus.Cancel{RunID: run, Reason: "the MCP request was cancelled", Who: b.cfg.Principal}) //nolint:errcheck // best effort
 				cancel()
 				return nil, ctx.Err()
 			}
@@ -268,7 +269,7 @@ func (b *mcpBridge) call(ctx context.Context, req *mcp.CallToolRequest) (*mcp.Ca
 		}
 		switch {
 		case meta.Type == events.TypeToolFinished:
-			var tf events.ToolFinished
+			var tf toolbus.ToolFinished
 			if _, err := events.DecodeMsg(msg, &tf); err == nil && tf.CallID == mcpCallID {
 				res := toolResult(tf.ToolResult)
 				res.Meta = mcp.Meta{mcpMetaRun: run, mcpMetaCall: mcpCallID}
@@ -278,8 +279,8 @@ func (b *mcpBridge) call(ctx context.Context, req *mcp.CallToolRequest) (*mcp.Ca
 			return errorResult(fmt.Sprintf("%s needs approval: run %s, call %s waits for it until %s. Approve with `toolbus approve %s %s` (or deny with `toolbus deny %s %s --reason ...`); `toolbus replay %s` shows the result.",
 				name, run, mcpCallID, rs.Limits.Deadline.Format(time.RFC3339), run, mcpCallID, run, mcpCallID, run)), nil
 		case strings.HasPrefix(meta.Type, "toolbus.run.") && meta.Type != events.TypeRunStarted && meta.Type != events.TypeRunCancel:
-			var re events.RunEnded
-			if _, err := events.DecodeMsg(msg, &re); err == nil && re.Status != events.RunRunning {
+			var re toolbus.RunEnded
+			if _, err := events.DecodeMsg(msg, &re); err == nil && re.Status != toolbus.RunRunning {
 				return errorResult(fmt.Sprintf("run %s ended %s before the call answered: %s %s", run, re.Status, re.Code, re.Reason)), nil
 			}
 		}
@@ -288,13 +289,13 @@ func (b *mcpBridge) call(ctx context.Context, req *mcp.CallToolRequest) (*mcp.Ca
 
 // toolResult maps a tool result to MCP: the text the model would read, the output as
 // structured content when it is an object, and isError for any status but succeeded.
-func toolResult(r events.ToolResult) *mcp.CallToolResult {
+func toolResult(r toolbus.ToolResult) *mcp.CallToolResult {
 	text := r.Content
 	if text == "" && r.Error != nil {
 		text = r.Error.Message
 	}
 	res := &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: text}}}
-	if r.Status != events.StatusSucceeded {
+	if r.Status != toolbus.StatusSucceeded {
 		res.IsError = true
 		if r.Error != nil && !strings.Contains(text, r.Error.Code) {
 			res.Content = append(res.Content, &mcp.TextContent{Text: fmt.Sprintf("status %s, code %s", r.Status, r.Error.Code)})

@@ -15,6 +15,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
 )
@@ -134,7 +135,7 @@ func TestMCPCallTool(t *testing.T) {
 			// ended completed without any model call.
 			p.waitEvent(run, events.TypeToolRequested)
 			p.waitEvent(run, events.TypeToolFinished)
-			p.waitStatus(run, events.RunCompleted)
+			p.waitStatus(run, toolbus.RunCompleted)
 			p.mu.Lock()
 			calls := len(p.reqs[run])
 			p.mu.Unlock()

@@ -10,7 +10,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/planner"
 )
 
@@ -74,7 +74,7 @@ func TestNewModelRecords(t *testing.T) {
 	if _, ok := m.(*planner.Recorder); !ok {
 		t.Fatalf("model %T, want a recorder", m)
 	}
-	req := planner.Request{RunID: "r", Step: 0, Messages: []events.Message{{Role: events.RoleUser, Content: "q"}}}
+	req := planner.Request{RunID: "r", Step: 0, Messages: []toolbus.Message{{Role: toolbus.RoleUser, Content: "q"}}}
 	if _, err := m.Complete(context.Background(), req); err != nil {
 		t.Fatal(err)
 	}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
 )
 
@@ -24,8 +25,8 @@ import (
 // the embedded server).
 
 // defaultLimits are the limits the workers give runs that set none.
-func (c Config) defaultLimits() events.DefaultLimits {
-	return events.DefaultLimits{MaxSteps: c.MaxSteps, RunTimeout: c.RunTimeout, TokenBudget: c.TokenBudget}
+func (c Config) defaultLimits() toolbus.DefaultLimits {
+	return toolbus.DefaultLimits{MaxSteps: c.MaxSteps, RunTimeout: c.RunTimeout, TokenBudget: c.TokenBudget}
 }
 
 // parseInterleaved parses flags that may come before, between or after the positional
@@ -105,7 +106,7 @@ func cmdDecide(ctx context.Context, cfg Config, log *slog.Logger, args []string,
 		return usageError(fs, name+": give the run id and the call id")
 	}
 	run, callID := pos[0], pos[1]
-	if !events.ValidRunID(run) {
+	if !toolbus.ValidRunID(run) {
 		return &exitError{code: 2, msg: fmt.Sprintf("%s: invalid run id %q", name, run)}
 	}
 	if !granted && strings.TrimSpace(*reason) == "" {
@@ -121,7 +122,7 @@ func cmdDecide(ctx context.Context, cfg Config, log *slog.Logger, args []string,
 	if err != nil {
 		return err
 	}
-	a := events.Approval{RunID: run, CallID: callID, Who: who(*by), Why: *reason}
+	a := toolbus.Approval{RunID: run, CallID: callID, Who: who(*by), Why: *reason}
 	ack, err := c.bus.PublishApproval(ctx, events.Source("cli", cfg.Instance), step, a, granted)
 	if err != nil {
 		return err
@@ -148,24 +149,24 @@ func cmdDecide(ctx context.Context, cfg Config, log *slog.Logger, args []string,
 
 // waitingCall finds the call callID in the run's current step and checks that it still
 // waits for a decision. It returns the step and the call.
-func waitingCall(ctx context.Context, bus *events.Bus, run, callID string) (int, events.ToolCall, error) {
+func waitingCall(ctx context.Context, bus *events.Bus, run, callID string) (int, toolbus.ToolCall, error) {
 	st, _, err := bus.RunState(ctx, run)
 	if err != nil {
 		if errors.Is(err, events.ErrRunNotFound) {
-			return 0, events.ToolCall{}, &exitError{code: 1, msg: fmt.Sprintf("run %s not found", run)}
+			return 0, toolbus.ToolCall{}, &exitError{code: 1, msg: fmt.Sprintf("run %s not found", run)}
 		}
-		return 0, events.ToolCall{}, err
+		return 0, toolbus.ToolCall{}, err
 	}
 	if st.Status.Terminal() {
-		return 0, events.ToolCall{}, &exitError{code: 1, msg: fmt.Sprintf("run %s already ended: %s", run, st.Status)}
+		return 0, toolbus.ToolCall{}, &exitError{code: 1, msg: fmt.Sprintf("run %s already ended: %s", run, st.Status)}
 	}
 	step, err := bus.CurrentStep(ctx, run)
 	if err != nil {
-		return 0, events.ToolCall{}, err
+		return 0, toolbus.ToolCall{}, err
 	}
 	rec, _, err := bus.Step(ctx, run, step)
 	if err != nil && !errors.Is(err, events.ErrNotFound) {
-		return 0, events.ToolCall{}, err
+		return 0, toolbus.ToolCall{}, err
 	}
 	if rec != nil {
 		for i, w := range rec.Waiting {
@@ -173,7 +174,7 @@ func waitingCall(ctx context.Context, bus *events.Bus, run, callID string) (int,
 				continue
 			}
 			if i < len(rec.Results) && rec.Results[i] != nil {
-				return 0, events.ToolCall{}, &exitError{code: 1, msg: fmt.Sprintf("call %s of run %s was already decided: %s",
+				return 0, toolbus.ToolCall{}, &exitError{code: 1, msg: fmt.Sprintf("call %s of run %s was already decided: %s",
 					callID, run, rec.Results[i].Status)}
 			}
 			if d, err := bus.StepDecision(ctx, run, step, callID); err == nil {
@@ -181,7 +182,7 @@ func waitingCall(ctx context.Context, bus *events.Bus, run, callID string) (int,
 				if !d.Granted {
 					verb = "denied"
 				}
-				return 0, events.ToolCall{}, &exitError{code: 1, msg: fmt.Sprintf("call %s of run %s was already %s by %s",
+				return 0, toolbus.ToolCall{}, &exitError{code: 1, msg: fmt.Sprintf("call %s of run %s was already %s by %s",
 					callID, run, verb, d.Who)}
 			}
 			return step, *w, nil
@@ -197,7 +198,7 @@ func waitingCall(ctx context.Context, bus *events.Bus, run, callID string) (int,
 	if len(waiting) > 0 {
 		msg += "; waiting: " + strings.Join(waiting, ", ")
 	}
-	return 0, events.ToolCall{}, &exitError{code: 1, msg: msg + ")"}
+	return 0, toolbus.ToolCall{}, &exitError{code: 1, msg: msg + ")"}
 }
 
 // cmdCancel publishes run.cancel: every executor cancels the run's calls in flight and
@@ -214,7 +215,7 @@ func cmdCancel(ctx context.Context, cfg Config, log *slog.Logger, args []string,
 		return usageError(fs, "cancel: give the run id")
 	}
 	run := pos[0]
-	if !events.ValidRunID(run) {
+	if !toolbus.ValidRunID(run) {
 		return &exitError{code: 2, msg: fmt.Sprintf("cancel: invalid run id %q", run)}
 	}
 	c, err := openBus(ctx, cfg, log, false)
@@ -232,7 +233,7 @@ func cmdCancel(ctx context.Context, cfg Config, log *slog.Logger, args []string,
 	if st.Status.Terminal() {
 		return &exitError{code: 1, msg: fmt.Sprintf("run %s already ended: %s", run, st.Status)}
 	}
-	ack, err := c.bus.PublishCancel(ctx, events.Source("cli", cfg.Instance), events.Cancel{RunID: run, Reason: *reason, Who: who(*by)})
+	ack, err := c.bus.PublishCancel(ctx, events.Source("cli", cfg.Instance), toolbus.Cancel{RunID: run, Reason: *reason, Who: who(*by)})
 	if err != nil {
 		return err
 	}
@@ -376,7 +377,7 @@ func cmdTail(ctx context.Context, cfg Config, log *slog.Logger, args []string, o
 	run := ""
 	if len(pos) == 1 {
 		run = pos[0]
-		if !events.ValidRunID(run) {
+		if !toolbus.ValidRunID(run) {
 			return &exitError{code: 2, msg: fmt.Sprintf("tail: invalid run id %q", run)}
 		}
 	}
@@ -472,7 +473,7 @@ type tailer struct {
 }
 
 // print renders one event and returns the run status it reports, if any.
-func (t *tailer) print(msg jetstream.Msg) events.RunStatus {
+func (t *tailer) print(msg jetstream.Msg) toolbus.RunStatus {
 	t.buf.Reset()
 	status, _ := newPrinter(&t.buf).print(msg)
 	text := strings.TrimRight(t.buf.String(), "\n")
@@ -508,14 +509,14 @@ func (t *tailer) print(msg jetstream.Msg) events.RunStatus {
 
 // eventColour picks the colour of an event: outcomes by status, results green when they
 // succeeded and red when not, the model cyan, approvals and cancellation yellow.
-func eventColour(msg jetstream.Msg, status events.RunStatus) string {
+func eventColour(msg jetstream.Msg, status toolbus.RunStatus) string {
 	if status != "" {
 		switch status {
-		case events.RunCompleted:
+		case toolbus.RunCompleted:
 			return ansiBold + ansiGreen
-		case events.RunFailed:
+		case toolbus.RunFailed:
 			return ansiBold + ansiRed
-		case events.RunLimitReached:
+		case toolbus.RunLimitReached:
 			return ansiBold + ansiMagenta
 		}
 		return ansiBold + ansiYellow
@@ -523,8 +524,8 @@ func eventColour(msg jetstream.Msg, status events.RunStatus) string {
 	subject := msg.Subject()
 	switch {
 	case strings.Contains(subject, ".tool.finished."):
-		var tf events.ToolFinished
-		if _, err := events.DecodeMsg(msg, &tf); err == nil && tf.ToolResult.Status == events.StatusSucceeded {
+		var tf toolbus.ToolFinished
+		if _, err := events.DecodeMsg(msg, &tf); err == nil && tf.ToolResult.Status == toolbus.StatusSucceeded {
 			return ansiGreen
 		}
 		return ansiRed

@@ -12,10 +12,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/executor/packs"
+	"github.com/toolbus/toolbus/executor/worker"
 	"github.com/toolbus/toolbus/injector"
 	"github.com/toolbus/toolbus/internal/testutil"
 	"github.com/toolbus/toolbus/planner"
@@ -65,7 +67,7 @@ func startOpsPipeline(t *testing.T, scripts map[string]*planner.Script, extra ..
 		}()
 	}
 	exec := executor.New(reg, executor.WithLogger(log), executor.WithInstance("exec-1"))
-	serve(executor.NewWorker(bus, exec, executor.WorkerConfig{Instance: "exec-1", Logger: log, Grace: time.Second}).Run)
+	serve(worker.New(bus, exec, worker.Config{Instance: "exec-1", Logger: log, Grace: time.Second}).Run)
 	eventstest.Eventually(t, 10*time.Second, func() error {
 		cat, err := bus.WatchCatalog(ctx, nil)
 		if err != nil {
@@ -110,17 +112,17 @@ func (p *opsPipeline) toolbusCtx(ctx context.Context, args ...string) (code int,
 	return code, out.String(), errOut.String()
 }
 
-func (p *opsPipeline) submit(run string, limits events.Limits) {
+func (p *opsPipeline) submit(run string, limits toolbus.Limits) {
 	p.t.Helper()
-	if err := p.bus.StartRun(p.ctx, "/test", events.RunStarted{
-		RunID: run, Model: "script", Principal: events.Principal{ID: "tester"}, Limits: limits,
-		Messages: []events.Message{{Role: events.RoleSystem, Content: "sys"}, {Role: events.RoleUser, Content: "question for " + run}},
+	if err := p.bus.StartRun(p.ctx, "/test", toolbus.RunStarted{
+		RunID: run, Model: "script", Principal: toolbus.Principal{ID: "tester"}, Limits: limits,
+		Messages: []toolbus.Message{{Role: toolbus.RoleSystem, Content: "sys"}, {Role: toolbus.RoleUser, Content: "question for " + run}},
 	}); err != nil {
 		p.t.Fatal(err)
 	}
 }
 
-func (p *opsPipeline) waitStatus(run string, want events.RunStatus) {
+func (p *opsPipeline) waitStatus(run string, want toolbus.RunStatus) {
 	p.t.Helper()
 	eventstest.Eventually(p.t, 30*time.Second, func() error {
 		st, _, err := p.bus.RunState(p.ctx, run)
@@ -206,8 +208,8 @@ func deployForOps() executor.Tool {
 	}
 }
 
-func opsCall(id, tool, args string) events.ToolCall {
-	return events.ToolCall{CallID: id, Tool: tool, Arguments: args}
+func opsCall(id, tool, args string) toolbus.ToolCall {
+	return toolbus.ToolCall{CallID: id, Tool: tool, Arguments: args}
 }
 
 // TestOpsCommands drives approve, deny, cancel, runs, tail and replay through run()
@@ -234,8 +236,8 @@ func TestOpsCommands(t *testing.T) {
 	p := startOpsPipeline(t, scripts, deployForOps())
 
 	t.Run("approve", func(t *testing.T) {
-		p.submit("ops-approve", events.Limits{})
-		p.waitStatus("ops-approve", events.RunWaitingForApproval)
+		p.submit("ops-approve", toolbus.Limits{})
+		p.waitStatus("ops-approve", toolbus.RunWaitingForApproval)
 
 		code, out, errOut := p.toolbus("approve", "ops-approve", "nope")
 		wantCode(t, "approve an unknown call", code, 1, out, errOut)
@@ -253,7 +255,7 @@ func TestOpsCommands(t *testing.T) {
 		code, out, errOut = p.toolbus("approve", "ops-approve", "b", "--reason", "CHG-42")
 		wantCode(t, "approve", code, 0, out, errOut)
 		wantContains(t, "approve", out, `approved call b deploy({"service":"api"}) of run ops-approve, step 0, by carol: CHG-42`)
-		p.waitStatus("ops-approve", events.RunCompleted)
+		p.waitStatus("ops-approve", toolbus.RunCompleted)
 
 		code, out, errOut = p.toolbus("approve", "ops-approve", "b")
 		wantCode(t, "approve again", code, 1, out, errOut)
@@ -276,22 +278,22 @@ func TestOpsCommands(t *testing.T) {
 			t.Fatal(err)
 		}
 		last := p.lastRequest("ops-approve")
-		want := append(append([]events.Message(nil), last.Messages...), events.Message{Role: events.RoleAssistant, Content: "deployed"})
+		want := append(append([]toolbus.Message(nil), last.Messages...), toolbus.Message{Role: toolbus.RoleAssistant, Content: "deployed"})
 		if g, w := mustJSON(t, r.Transcript), mustJSON(t, want); g != w {
 			t.Fatalf("transcript\n%s\nwant what the model was sent\n%s", g, w)
 		}
-		if !r.OK || r.Status != events.RunCompleted || len(r.Calls) != 2 || r.Calls[1].Decision != "granted" || r.Calls[1].DecidedBy != "carol" {
+		if !r.OK || r.Status != toolbus.RunCompleted || len(r.Calls) != 2 || r.Calls[1].Decision != "granted" || r.Calls[1].DecidedBy != "carol" {
 			t.Fatalf("report %+v", r)
 		}
 	})
 
 	t.Run("deny", func(t *testing.T) {
-		p.submit("ops-deny", events.Limits{})
-		p.waitStatus("ops-deny", events.RunWaitingForApproval)
+		p.submit("ops-deny", toolbus.Limits{})
+		p.waitStatus("ops-deny", toolbus.RunWaitingForApproval)
 		code, out, errOut := p.toolbus("deny", "ops-deny", "b", "--reason", "freeze until Monday", "--who", "dave")
 		wantCode(t, "deny", code, 0, out, errOut)
 		wantContains(t, "deny", out, `denied call b deploy({"service":"db"}) of run ops-deny, step 0, by dave: freeze until Monday`)
-		p.waitStatus("ops-deny", events.RunCompleted)
+		p.waitStatus("ops-deny", toolbus.RunCompleted)
 		code, out, errOut = p.toolbus("replay", "ops-deny", "--json")
 		wantCode(t, "replay", code, 0, out, errOut)
 		var r replayReport
@@ -299,7 +301,7 @@ func TestOpsCommands(t *testing.T) {
 			t.Fatal(err)
 		}
 		res := r.Calls[0].Result
-		if res == nil || res.Status != events.StatusRejected || res.Code() != events.CodeApprovalDenied || r.Calls[0].DecidedBy != "dave" {
+		if res == nil || res.Status != toolbus.StatusRejected || res.Code() != toolbus.CodeApprovalDenied || r.Calls[0].DecidedBy != "dave" {
 			t.Fatalf("denied call %+v", r.Calls[0])
 		}
 		if !strings.Contains(r.Answer, "approval_denied") || !strings.Contains(r.Answer, "freeze until Monday") {
@@ -308,12 +310,12 @@ func TestOpsCommands(t *testing.T) {
 	})
 
 	t.Run("cancel", func(t *testing.T) {
-		p.submit("ops-cancel", events.Limits{})
+		p.submit("ops-cancel", toolbus.Limits{})
 		p.waitEvent("ops-cancel", events.TypeToolRequested)
 		code, out, errOut := p.toolbus("cancel", "ops-cancel", "--reason", "wrong run")
 		wantCode(t, "cancel", code, 0, out, errOut)
 		wantContains(t, "cancel", out, "cancel requested for run ops-cancel (running): wrong run")
-		p.waitStatus("ops-cancel", events.RunCancelled)
+		p.waitStatus("ops-cancel", toolbus.RunCancelled)
 		code, out, errOut = p.toolbus("cancel", "ops-cancel")
 		wantCode(t, "cancel again", code, 1, out, errOut)
 		wantContains(t, "cancel again", errOut, "already ended: cancelled")
@@ -325,10 +327,10 @@ func TestOpsCommands(t *testing.T) {
 		if err := json.Unmarshal([]byte(out), &r); err != nil {
 			t.Fatal(err)
 		}
-		if r.Status != events.RunCancelled || r.Reason != "wrong run (by carol)" || len(r.Requests) != 1 {
+		if r.Status != toolbus.RunCancelled || r.Reason != "wrong run (by carol)" || len(r.Requests) != 1 {
 			t.Fatalf("report status %s reason %q requests %+v", r.Status, r.Reason, r.Requests)
 		}
-		if res := r.Calls[0].Result; res == nil || res.Status != events.StatusCancelled {
+		if res := r.Calls[0].Result; res == nil || res.Status != toolbus.StatusCancelled {
 			t.Fatalf("the sleep call: %+v", r.Calls[0])
 		}
 	})
@@ -381,7 +383,7 @@ func TestOpsCommands(t *testing.T) {
 		done := make(chan int, 1)
 		go func() { done <- run(p.ctx, []string{"tail", "ops-live"}, &live, io.Discard) }()
 		p.waitFollowing(events.SubjectRun("ops-live"))
-		p.submit("ops-live", events.Limits{})
+		p.submit("ops-live", toolbus.Limits{})
 		select {
 		case code := <-done:
 			wantCode(t, "tail ops-live", code, 0, live.String(), "")
@@ -396,7 +398,7 @@ func TestOpsCommands(t *testing.T) {
 		defer stop()
 		go func() { done <- run(tctx, []string{"tail"}, &all, io.Discard) }()
 		p.waitFollowing(events.FilterAll)
-		p.submit("ops-live-all", events.Limits{})
+		p.submit("ops-live-all", toolbus.Limits{})
 		eventstest.Eventually(t, 30*time.Second, func() error {
 			if !strings.Contains(all.String(), "ops-live-all run ops-live-all: completed") {
 				return fmt.Errorf("not yet:\n%s", all.String())
@@ -419,8 +421,8 @@ func TestOpsCommands(t *testing.T) {
 
 		// A second result for a call that already has one (another id, so the stream
 		// keeps it): the audit must catch it.
-		dup := events.ToolFinished{RunID: "ops-approve", Step: 0, CallIndex: 0, CallCount: 2,
-			ToolResult: events.ToolResult{CallID: "a", Tool: "noop", Status: events.StatusSucceeded, Content: "{}"}}
+		dup := toolbus.ToolFinished{RunID: "ops-approve", Step: 0, CallIndex: 0, CallCount: 2,
+			ToolResult: toolbus.ToolResult{CallID: "a", Tool: "noop", Status: toolbus.StatusSucceeded, Content: "{}"}}
 		if _, err := p.bus.Publish(p.ctx, events.SubjectToolFinished("ops-approve", "noop"), events.Meta{
 			ID: "forged-1", Type: events.TypeToolFinished, Source: "/test", RunID: "ops-approve", CallID: "a", CallCount: 2,
 		}, dup); err != nil {

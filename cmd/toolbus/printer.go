@@ -9,6 +9,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
 )
 
@@ -58,7 +59,7 @@ func (p *printer) waitingFor() (string, []string) {
 }
 
 // resultLine renders one tool result of the timeline.
-func resultLine(r events.ToolResult) string {
+func resultLine(r toolbus.ToolResult) string {
 	line := fmt.Sprintf("        <- %s %s: %s", r.CallID, r.Tool, r.Status)
 	if r.Error != nil {
 		if r.Error.Code != string(r.Status) { // not "cancelled cancelled"
@@ -74,7 +75,7 @@ func resultLine(r events.ToolResult) string {
 }
 
 // print renders one event; it reports the run status and whether the run stopped.
-func (p *printer) print(msg jetstream.Msg) (events.RunStatus, bool) {
+func (p *printer) print(msg jetstream.Msg) (toolbus.RunStatus, bool) {
 	meta, err := events.DecodeMsg(msg, nil)
 	if err != nil {
 		fmt.Fprintf(p.out, "  ? undecodable message on %s: %v\n", msg.Subject(), err)
@@ -83,11 +84,11 @@ func (p *printer) print(msg jetstream.Msg) (events.RunStatus, bool) {
 	p.last = meta.Type
 	switch meta.Type {
 	case events.TypeRunStarted:
-		var rs events.RunStarted
+		var rs toolbus.RunStarted
 		if _, err := events.DecodeMsg(msg, &rs); err == nil {
 			q := ""
 			for _, m := range rs.Messages {
-				if m.Role == events.RoleUser {
+				if m.Role == toolbus.RoleUser {
 					q = m.Content
 				}
 			}
@@ -96,7 +97,7 @@ func (p *printer) print(msg jetstream.Msg) (events.RunStatus, bool) {
 			fmt.Fprintf(p.out, "run %s started: %q\n", rs.RunID, q)
 		}
 	case events.TypeModelResponded:
-		var mr events.ModelResponded
+		var mr toolbus.ModelResponded
 		if _, err := events.DecodeMsg(msg, &mr); err == nil {
 			if mr.Model != "" && mr.Model != p.model {
 				p.model = mr.Model
@@ -121,18 +122,18 @@ func (p *printer) print(msg jetstream.Msg) (events.RunStatus, bool) {
 			}
 		}
 	case events.TypeToolFinished:
-		var tf events.ToolFinished
+		var tf toolbus.ToolFinished
 		if _, err := events.DecodeMsg(msg, &tf); err == nil {
 			delete(p.open, tf.CallID)
 			fmt.Fprintln(p.out, resultLine(tf.ToolResult))
 		}
 	case events.TypeToolWaiting:
-		var tw events.ToolWaiting
+		var tw toolbus.ToolWaiting
 		if _, err := events.DecodeMsg(msg, &tw); err == nil {
 			fmt.Fprintf(p.out, "        .. %s %s waits for approval\n", tw.Call.CallID, tw.Call.Tool)
 		}
 	case events.TypeApprovalGranted, events.TypeApprovalDenied:
-		var a events.Approval
+		var a toolbus.Approval
 		if _, err := events.DecodeMsg(msg, &a); err == nil {
 			fmt.Fprintf(p.out, "        %s %s by %s %s\n", strings.TrimPrefix(meta.Type, "toolbus."), a.CallID, a.Who, a.Why)
 		}
@@ -140,7 +141,7 @@ func (p *printer) print(msg jetstream.Msg) (events.RunStatus, bool) {
 		fmt.Fprintln(p.out, "cancel requested")
 	default:
 		if strings.HasPrefix(meta.Type, "toolbus.run.") {
-			var re events.RunEnded
+			var re toolbus.RunEnded
 			if _, err := events.DecodeMsg(msg, &re); err == nil {
 				fmt.Fprintf(p.out, "run %s: %s after %d step(s), %d tokens", re.RunID, re.Status, re.StepsUsed, re.Usage.Total())
 				if re.Code != "" {
@@ -156,7 +157,7 @@ func (p *printer) print(msg jetstream.Msg) (events.RunStatus, bool) {
 				if re.Answer != "" {
 					fmt.Fprintf(p.out, "answer: %s\n", re.Answer)
 				}
-				return re.Status, re.Status != events.RunRunning
+				return re.Status, re.Status != toolbus.RunRunning
 			}
 		}
 	}

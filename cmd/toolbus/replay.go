@@ -14,6 +14,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
 )
 
@@ -87,45 +88,45 @@ type modelRequest struct {
 
 // replayCall is the audit of one call.
 type replayCall struct {
-	Step      int                `json:"step"`
-	Index     int                `json:"index"`
-	CallID    string             `json:"call_id"`
-	Tool      string             `json:"tool"`
-	Arguments string             `json:"arguments"`
-	Requested int                `json:"requested"`
-	Waited    bool               `json:"waited,omitempty"`
-	Decision  string             `json:"decision,omitempty"`
-	DecidedBy string             `json:"decided_by,omitempty"`
-	Results   int                `json:"results"`
-	Result    *events.ToolResult `json:"result,omitempty"`
+	Step      int                 `json:"step"`
+	Index     int                 `json:"index"`
+	CallID    string              `json:"call_id"`
+	Tool      string              `json:"tool"`
+	Arguments string              `json:"arguments"`
+	Requested int                 `json:"requested"`
+	Waited    bool                `json:"waited,omitempty"`
+	Decision  string              `json:"decision,omitempty"`
+	DecidedBy string              `json:"decided_by,omitempty"`
+	Results   int                 `json:"results"`
+	Result    *toolbus.ToolResult `json:"result,omitempty"`
 }
 
 // replayReport is the output of replay (--json prints it as is).
 type replayReport struct {
-	RunID      string            `json:"run_id"`
-	Status     events.RunStatus  `json:"status"`
-	Code       string            `json:"code,omitempty"`
-	Reason     string            `json:"reason,omitempty"`
-	Answer     string            `json:"answer,omitempty"`
-	Pending    []events.ToolCall `json:"pending,omitempty"`
-	Model      string            `json:"model,omitempty"`
-	Principal  string            `json:"principal,omitempty"`
-	Limits     events.Limits     `json:"limits"`
-	StartedAt  time.Time         `json:"started_at,omitzero"`
-	DurationMS int64             `json:"duration_ms"`
-	Steps      int               `json:"steps"`
-	Usage      events.Usage      `json:"usage"`
-	Events     int               `json:"events"`
-	Timeline   []timelineEntry   `json:"timeline"`
-	Calls      []replayCall      `json:"calls"`
+	RunID      string             `json:"run_id"`
+	Status     toolbus.RunStatus  `json:"status"`
+	Code       string             `json:"code,omitempty"`
+	Reason     string             `json:"reason,omitempty"`
+	Answer     string             `json:"answer,omitempty"`
+	Pending    []toolbus.ToolCall `json:"pending,omitempty"`
+	Model      string             `json:"model,omitempty"`
+	Principal  string             `json:"principal,omitempty"`
+	Limits     toolbus.Limits     `json:"limits"`
+	StartedAt  time.Time          `json:"started_at,omitzero"`
+	DurationMS int64              `json:"duration_ms"`
+	Steps      int                `json:"steps"`
+	Usage      toolbus.Usage      `json:"usage"`
+	Events     int                `json:"events"`
+	Timeline   []timelineEntry    `json:"timeline"`
+	Calls      []replayCall       `json:"calls"`
 	// Transcript is the conversation as the model was sent it: the run's input
 	// messages, then per step the assistant message whole and its tool messages in call
 	// order; the last message is the model's last answer. Requests say how many of
 	// these messages each step's request carried.
-	Transcript []events.Message `json:"transcript"`
-	Requests   []modelRequest   `json:"model_requests"`
-	Violations []violation      `json:"violations"`
-	OK         bool             `json:"ok"`
+	Transcript []toolbus.Message `json:"transcript"`
+	Requests   []modelRequest    `json:"model_requests"`
+	Violations []violation       `json:"violations"`
+	OK         bool              `json:"ok"`
 }
 
 type callKey struct {
@@ -136,17 +137,17 @@ type callKey struct {
 // stepState is what analyzeRun knows of one step while it reads the events.
 type stepState struct {
 	requestedSeq uint64
-	responded    *events.ModelResponded
+	responded    *toolbus.ModelResponded
 	calls        map[string]*replayCall
 }
 
 // analyzeRun audits the events of one run, given in stream order. It reads no store and
 // no clock: the same events give the same report.
 func analyzeRun(run string, evs []auditEvent) *replayReport {
-	r := &replayReport{RunID: run, Status: events.RunRunning, Events: len(evs), Timeline: []timelineEntry{},
-		Calls: []replayCall{}, Transcript: []events.Message{}, Requests: []modelRequest{}, Violations: []violation{}}
+	r := &replayReport{RunID: run, Status: toolbus.RunRunning, Events: len(evs), Timeline: []timelineEntry{},
+		Calls: []replayCall{}, Transcript: []toolbus.Message{}, Requests: []modelRequest{}, Violations: []violation{}}
 	var (
-		started   *events.RunStarted
+		started   *toolbus.RunStarted
 		startTime time.Time
 		steps     = map[int]*stepState{}
 		lastStep  = -1 // highest step requested
@@ -165,11 +166,11 @@ func analyzeRun(run string, evs []auditEvent) *replayReport {
 		return s
 	}
 	// transcriptUpTo builds the messages the model is sent at step n, from the events.
-	transcriptUpTo := func(n int) []events.Message {
+	transcriptUpTo := func(n int) []toolbus.Message {
 		if started == nil {
 			return nil
 		}
-		msgs := append([]events.Message(nil), started.Messages...)
+		msgs := append([]toolbus.Message(nil), started.Messages...)
 		for s := 0; s < n; s++ {
 			st := steps[s]
 			if st == nil || st.responded == nil {
@@ -178,7 +179,7 @@ func analyzeRun(run string, evs []auditEvent) *replayReport {
 			msgs = append(msgs, st.responded.Message)
 			for _, c := range st.responded.Message.ToolCalls {
 				if rc := st.calls[c.CallID]; rc != nil && rc.Result != nil {
-					msgs = append(msgs, events.ToolMessage(*rc.Result))
+					msgs = append(msgs, toolbus.ToolMessage(*rc.Result))
 				}
 			}
 		}
@@ -210,7 +211,7 @@ func analyzeRun(run string, evs []auditEvent) *replayReport {
 		}
 		switch typ := ev.Meta.Type; {
 		case typ == events.TypeRunStarted:
-			var rs events.RunStarted
+			var rs toolbus.RunStarted
 			if !decode(&rs) {
 				break
 			}
@@ -233,7 +234,7 @@ func analyzeRun(run string, evs []auditEvent) *replayReport {
 			}
 
 		case typ == events.TypeModelRequested:
-			var mr events.ModelRequested
+			var mr toolbus.ModelRequested
 			if !decode(&mr) {
 				break
 			}
@@ -274,14 +275,14 @@ func analyzeRun(run string, evs []auditEvent) *replayReport {
 					e.Summary += "; the model then saw:"
 					for _, c := range prev.responded.Message.ToolCalls {
 						if rc := prev.calls[c.CallID]; rc != nil && rc.Result != nil {
-							e.Details = append(e.Details, toolMessageText(events.ToolMessage(*rc.Result)))
+							e.Details = append(e.Details, toolMessageText(toolbus.ToolMessage(*rc.Result)))
 						}
 					}
 				}
 			}
 
 		case typ == events.TypeModelResponded:
-			var mr events.ModelResponded
+			var mr toolbus.ModelResponded
 			if !decode(&mr) {
 				break
 			}
@@ -314,7 +315,7 @@ func analyzeRun(run string, evs []auditEvent) *replayReport {
 			}
 
 		case typ == events.TypeToolRequested:
-			var tr events.ToolRequested
+			var tr toolbus.ToolRequested
 			if !decode(&tr) {
 				break
 			}
@@ -335,7 +336,7 @@ func analyzeRun(run string, evs []auditEvent) *replayReport {
 			}
 
 		case typ == events.TypeToolWaiting:
-			var tw events.ToolWaiting
+			var tw toolbus.ToolWaiting
 			if !decode(&tw) {
 				break
 			}
@@ -346,7 +347,7 @@ func analyzeRun(run string, evs []auditEvent) *replayReport {
 			}
 
 		case typ == events.TypeApprovalGranted || typ == events.TypeApprovalDenied:
-			var a events.Approval
+			var a toolbus.Approval
 			if !decode(&a) {
 				break
 			}
@@ -373,7 +374,7 @@ func analyzeRun(run string, evs []auditEvent) *replayReport {
 			}
 
 		case typ == events.TypeToolFinished:
-			var tf events.ToolFinished
+			var tf toolbus.ToolFinished
 			if !decode(&tf) {
 				break
 			}
@@ -414,7 +415,7 @@ func analyzeRun(run string, evs []auditEvent) *replayReport {
 			rc.Result = &res
 
 		case typ == events.TypeRunCancel:
-			var c events.Cancel
+			var c toolbus.Cancel
 			if !decode(&c) {
 				break
 			}
@@ -427,7 +428,7 @@ func analyzeRun(run string, evs []auditEvent) *replayReport {
 			}
 
 		case strings.HasPrefix(typ, "toolbus.run."):
-			var re events.RunEnded
+			var re toolbus.RunEnded
 			if !decode(&re) {
 				break
 			}
@@ -455,7 +456,7 @@ func analyzeRun(run string, evs []auditEvent) *replayReport {
 				cp := e
 				terminal = &cp
 			}
-			if re.Status == events.RunCompleted {
+			if re.Status == toolbus.RunCompleted {
 				st := steps[e.Step]
 				switch {
 				case st == nil || st.responded == nil:
@@ -478,7 +479,7 @@ func analyzeRun(run string, evs []auditEvent) *replayReport {
 	}
 	// A request without a result is allowed only where the run stopped: it waits for a
 	// decision, it was cancelled, or it is still under way (the last step).
-	stopped := r.Status == events.RunCancelled || r.Status == events.RunWaitingForApproval || r.Status == events.RunRunning
+	stopped := r.Status == toolbus.RunCancelled || r.Status == toolbus.RunWaitingForApproval || r.Status == toolbus.RunRunning
 	for _, k := range order {
 		rc := steps[k.step].calls[k.id]
 		r.Calls = append(r.Calls, *rc)
@@ -503,7 +504,7 @@ func analyzeRun(run string, evs []auditEvent) *replayReport {
 		r.Transcript = append(r.Transcript, st.responded.Message)
 	}
 	if r.Transcript == nil {
-		r.Transcript = []events.Message{}
+		r.Transcript = []toolbus.Message{}
 	}
 	sort.SliceStable(r.Violations, func(i, j int) bool {
 		a, b := r.Violations[i], r.Violations[j]
@@ -530,7 +531,7 @@ func orDash(s string) string {
 	return s
 }
 
-func limitsText(l events.Limits) string {
+func limitsText(l toolbus.Limits) string {
 	var parts []string
 	if l.MaxSteps > 0 {
 		parts = append(parts, "max_steps "+strconv.Itoa(l.MaxSteps))
@@ -547,7 +548,7 @@ func limitsText(l events.Limits) string {
 	return strings.Join(parts, ", ")
 }
 
-func toolMessageText(m events.Message) string {
+func toolMessageText(m toolbus.Message) string {
 	flag := ""
 	if m.IsError {
 		flag = " [error]"
@@ -591,9 +592,9 @@ func writeReplay(w io.Writer, r *replayReport) {
 	for i, m := range r.Transcript {
 		var text string
 		switch m.Role {
-		case events.RoleTool:
+		case toolbus.RoleTool:
 			text = toolMessageText(m)
-		case events.RoleAssistant:
+		case toolbus.RoleAssistant:
 			text = strings.TrimRight("assistant: "+oneLine(m.Content, 120), " ")
 			if m.Reasoning != "" {
 				text += " [reasoning: " + oneLine(m.Reasoning, 60) + "]"
@@ -699,7 +700,7 @@ func cmdReplay(ctx context.Context, cfg Config, log *slog.Logger, args []string,
 		return usageError(fs, "replay: give the run id")
 	}
 	run := pos[0]
-	if !events.ValidRunID(run) {
+	if !toolbus.ValidRunID(run) {
 		return &exitError{code: 2, msg: fmt.Sprintf("replay: invalid run id %q", run)}
 	}
 	c, err := openReader(ctx, cfg, quietLogger(cfg, log))

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
 )
 
@@ -49,30 +50,30 @@ func (l *runLog) add(ms int, subject string, m events.Meta, data any) {
 	l.evs = append(l.evs, auditEvent{Seq: uint64(len(l.evs) + 1), Subject: subject, Time: m.Time, Meta: meta, Data: raw})
 }
 
-func (l *runLog) started(msgs ...events.Message) {
+func (l *runLog) started(msgs ...toolbus.Message) {
 	l.add(0, events.SubjectRunStarted(l.run), events.Meta{ID: events.IDRunStarted(l.run), Type: events.TypeRunStarted},
-		events.RunStarted{RunID: l.run, Messages: msgs, Model: "script", Principal: events.Principal{ID: "cli"},
-			Limits: events.Limits{MaxSteps: 10, Deadline: l.t0.Add(10 * time.Minute)}, StartedAt: l.t0})
+		toolbus.RunStarted{RunID: l.run, Messages: msgs, Model: "script", Principal: toolbus.Principal{ID: "cli"},
+			Limits: toolbus.Limits{MaxSteps: 10, Deadline: l.t0.Add(10 * time.Minute)}, StartedAt: l.t0})
 }
 
 func (l *runLog) requested(ms, step int) {
 	l.add(ms, events.SubjectModelRequested(l.run), events.Meta{ID: events.IDModelRequested(l.run, step), Type: events.TypeModelRequested, Step: step},
-		events.ModelRequested{RunID: l.run, Step: step})
+		toolbus.ModelRequested{RunID: l.run, Step: step})
 }
 
-func (l *runLog) responded(ms, step int, content string, tokens int64, calls ...events.ToolCall) {
+func (l *runLog) responded(ms, step int, content string, tokens int64, calls ...toolbus.ToolCall) {
 	l.add(ms, events.SubjectModelResponded(l.run), events.Meta{ID: events.IDModelResponded(l.run, step), Type: events.TypeModelResponded, Step: step},
-		events.ModelResponded{RunID: l.run, Step: step, Message: events.Message{Role: events.RoleAssistant, Content: content, ToolCalls: calls},
-			Usage: events.Usage{InputTokens: tokens * 4 / 5, OutputTokens: tokens / 5}, Model: "script", LatencyMS: int64(ms)})
+		toolbus.ModelResponded{RunID: l.run, Step: step, Message: toolbus.Message{Role: toolbus.RoleAssistant, Content: content, ToolCalls: calls},
+			Usage: toolbus.Usage{InputTokens: tokens * 4 / 5, OutputTokens: tokens / 5}, Model: "script", LatencyMS: int64(ms)})
 }
 
-func (l *runLog) toolRequested(ms, step, idx, n int, c events.ToolCall, approved bool) {
+func (l *runLog) toolRequested(ms, step, idx, n int, c toolbus.ToolCall, approved bool) {
 	l.add(ms, events.SubjectToolRequested(l.run, c.Tool), events.Meta{ID: events.IDToolRequested(l.run, step, c.CallID, approved),
 		Type: events.TypeToolRequested, Step: step, CallID: c.CallID, CallIndex: idx, CallCount: n},
-		events.ToolRequested{RunID: l.run, Step: step, CallIndex: idx, CallCount: n, Call: c, Approved: approved})
+		toolbus.ToolRequested{RunID: l.run, Step: step, CallIndex: idx, CallCount: n, Call: c, Approved: approved})
 }
 
-func (l *runLog) finished(ms, step, idx, n int, r events.ToolResult, id string) {
+func (l *runLog) finished(ms, step, idx, n int, r toolbus.ToolResult, id string) {
 	if id == "" {
 		id = events.IDToolFinished(l.run, step, r.CallID)
 	}
@@ -82,13 +83,13 @@ func (l *runLog) finished(ms, step, idx, n int, r events.ToolResult, id string) 
 	r.DurationMS = int64(ms)
 	l.add(ms, events.SubjectToolFinished(l.run, r.Tool), events.Meta{ID: id, Type: events.TypeToolFinished, Step: step,
 		CallID: r.CallID, CallIndex: idx, CallCount: n},
-		events.ToolFinished{RunID: l.run, Step: step, CallIndex: idx, CallCount: n, ToolResult: r})
+		toolbus.ToolFinished{RunID: l.run, Step: step, CallIndex: idx, CallCount: n, ToolResult: r})
 }
 
-func (l *runLog) waiting(ms, step, idx, n int, c events.ToolCall) {
+func (l *runLog) waiting(ms, step, idx, n int, c toolbus.ToolCall) {
 	l.add(ms, events.SubjectToolWaiting(l.run, c.Tool), events.Meta{ID: events.IDToolWaiting(l.run, step, c.CallID),
 		Type: events.TypeToolWaiting, Step: step, CallID: c.CallID, CallIndex: idx, CallCount: n},
-		events.ToolWaiting{RunID: l.run, Step: step, CallIndex: idx, CallCount: n, Call: c})
+		toolbus.ToolWaiting{RunID: l.run, Step: step, CallIndex: idx, CallCount: n, Call: c})
 }
 
 func (l *runLog) approval(ms, step int, callID string, granted bool, who, why string) {
@@ -97,36 +98,36 @@ func (l *runLog) approval(ms, step int, callID string, granted bool, who, why st
 		typ = events.TypeApprovalGranted
 	}
 	l.add(ms, events.SubjectApproval(l.run, granted), events.Meta{ID: "a-" + callID, Type: typ, Step: step, CallID: callID},
-		events.Approval{RunID: l.run, CallID: callID, Who: who, Why: why})
+		toolbus.Approval{RunID: l.run, CallID: callID, Who: who, Why: why})
 }
 
 func (l *runLog) cancel(ms int, reason, who string) {
 	l.add(ms, events.SubjectRunCancel(l.run), events.Meta{ID: events.IDRunCancel(l.run), Type: events.TypeRunCancel},
-		events.Cancel{RunID: l.run, Reason: reason, Who: who})
+		toolbus.Cancel{RunID: l.run, Reason: reason, Who: who})
 }
 
-func (l *runLog) ended(ms, step int, re events.RunEnded) {
+func (l *runLog) ended(ms, step int, re toolbus.RunEnded) {
 	re.RunID = l.run
 	l.add(ms, events.SubjectRunEnded(l.run, re.Status), events.Meta{ID: events.IDRunEnded(l.run, step, re.Status) + "/" + string(rune('a'+len(l.evs))),
 		Type: events.TypeRunEnded(re.Status), Step: step}, re)
 }
 
-func rcall(id, tool, args string) events.ToolCall {
-	return events.ToolCall{CallID: id, Tool: tool, Arguments: args}
+func rcall(id, tool, args string) toolbus.ToolCall {
+	return toolbus.ToolCall{CallID: id, Tool: tool, Arguments: args}
 }
 
-func rok(id, tool, content string) events.ToolResult {
-	return events.ToolResult{CallID: id, Tool: tool, Status: events.StatusSucceeded, Content: content, Attempt: 1}
+func rok(id, tool, content string) toolbus.ToolResult {
+	return toolbus.ToolResult{CallID: id, Tool: tool, Status: toolbus.StatusSucceeded, Content: content, Attempt: 1}
 }
 
-func rfail(id, tool string, st events.Status, code, msg string) events.ToolResult {
-	return events.ToolResult{CallID: id, Tool: tool, Status: st, Error: &events.ToolError{Code: code, Message: msg},
+func rfail(id, tool string, st toolbus.Status, code, msg string) toolbus.ToolResult {
+	return toolbus.ToolResult{CallID: id, Tool: tool, Status: st, Error: &toolbus.ToolError{Code: code, Message: msg},
 		Content: `{"error":{"code":"` + code + `","message":"` + msg + `"}}`, Attempt: 1}
 }
 
-var replayInput = []events.Message{
-	{Role: events.RoleSystem, Content: "You are an on-call assistant."},
-	{Role: events.RoleUser, Content: "What is going on with INC-404?"},
+var replayInput = []toolbus.Message{
+	{Role: toolbus.RoleSystem, Content: "You are an on-call assistant."},
+	{Role: toolbus.RoleUser, Content: "What is going on with INC-404?"},
 }
 
 // replayCases are the event logs of the golden tests.
@@ -141,15 +142,15 @@ var replayCases = map[string]func(l *runLog){
 		l.toolRequested(1, 0, 0, 2, lookup404, false)
 		l.toolRequested(0, 0, 1, 2, calc, false)
 		l.finished(2, 0, 1, 2, rok("call_calc", "calculator", `{"value":701}`), "")
-		l.finished(3, 0, 0, 2, rfail("call_lookup", "lookup_incident", events.StatusFailed, "incident_not_found", "no incident INC-404"), "")
+		l.finished(3, 0, 0, 2, rfail("call_lookup", "lookup_incident", toolbus.StatusFailed, "incident_not_found", "no incident INC-404"), "")
 		l.requested(1, 1)
 		l.responded(9, 1, "INC-404 does not exist; trying INC-001.", 300, lookup001)
 		l.toolRequested(1, 1, 0, 1, lookup001, false)
 		l.finished(4, 1, 0, 1, rok("call_lookup", "lookup_incident", `{"incident_id":"INC-001","severity":"high"}`), "")
 		l.requested(1, 2)
 		l.responded(8, 2, "INC-001 is a high-severity incident.", 460)
-		l.ended(1, 2, events.RunEnded{Status: events.RunCompleted, Answer: "INC-001 is a high-severity incident.", StepsUsed: 3,
-			Usage: events.Usage{InputTokens: 728, OutputTokens: 182}})
+		l.ended(1, 2, toolbus.RunEnded{Status: toolbus.RunCompleted, Answer: "INC-001 is a high-severity incident.", StepsUsed: 3,
+			Usage: toolbus.Usage{InputTokens: 728, OutputTokens: 182}})
 	},
 	// A step mixing an ordinary call and one that needs approval; granted.
 	"approval": func(l *runLog) {
@@ -161,13 +162,13 @@ var replayCases = map[string]func(l *runLog){
 		l.toolRequested(0, 0, 1, 2, deploy, false)
 		l.finished(1, 0, 0, 2, rok("a", "noop", `{}`), "")
 		l.waiting(1, 0, 1, 2, deploy)
-		l.ended(1, 0, events.RunEnded{Status: events.RunWaitingForApproval, Pending: []events.ToolCall{deploy}, StepsUsed: 1, Reason: "1 call(s) need approval"})
+		l.ended(1, 0, toolbus.RunEnded{Status: toolbus.RunWaitingForApproval, Pending: []toolbus.ToolCall{deploy}, StepsUsed: 1, Reason: "1 call(s) need approval"})
 		l.approval(60000, 0, "b", true, "alice", "change CHG-1")
 		l.toolRequested(2, 0, 1, 2, deploy, true)
 		l.finished(30, 0, 1, 2, rok("b", "deploy", `{"deployed":"api"}`), "")
 		l.requested(1, 1)
 		l.responded(4, 1, "Deployed.", 120)
-		l.ended(1, 1, events.RunEnded{Status: events.RunCompleted, Answer: "Deployed.", StepsUsed: 2})
+		l.ended(1, 1, toolbus.RunEnded{Status: toolbus.RunCompleted, Answer: "Deployed.", StepsUsed: 2})
 	},
 	// A run that waits for a decision: its pending call has no result, which is fine.
 	"waiting": func(l *runLog) {
@@ -177,7 +178,7 @@ var replayCases = map[string]func(l *runLog){
 		l.responded(5, 0, "", 100, deploy)
 		l.toolRequested(1, 0, 0, 1, deploy, false)
 		l.waiting(1, 0, 0, 1, deploy)
-		l.ended(1, 0, events.RunEnded{Status: events.RunWaitingForApproval, Pending: []events.ToolCall{deploy}, StepsUsed: 1})
+		l.ended(1, 0, toolbus.RunEnded{Status: toolbus.RunWaitingForApproval, Pending: []toolbus.ToolCall{deploy}, StepsUsed: 1})
 	},
 	// A denied call goes back to the model as rejected / approval_denied.
 	"denied": func(l *runLog) {
@@ -187,13 +188,13 @@ var replayCases = map[string]func(l *runLog){
 		l.responded(5, 0, "", 100, deploy)
 		l.toolRequested(1, 0, 0, 1, deploy, false)
 		l.waiting(1, 0, 0, 1, deploy)
-		l.ended(1, 0, events.RunEnded{Status: events.RunWaitingForApproval, Pending: []events.ToolCall{deploy}, StepsUsed: 1})
+		l.ended(1, 0, toolbus.RunEnded{Status: toolbus.RunWaitingForApproval, Pending: []toolbus.ToolCall{deploy}, StepsUsed: 1})
 		l.approval(1000, 0, "b", false, "bob", "freeze until Monday")
 		l.toolRequested(1, 0, 0, 1, deploy, true)
-		l.finished(1, 0, 0, 1, rfail("b", "deploy", events.StatusRejected, "approval_denied", "a person denied this call: freeze until Monday"), "")
+		l.finished(1, 0, 0, 1, rfail("b", "deploy", toolbus.StatusRejected, "approval_denied", "a person denied this call: freeze until Monday"), "")
 		l.requested(1, 1)
 		l.responded(4, 1, "The deploy was denied.", 100)
-		l.ended(1, 1, events.RunEnded{Status: events.RunCompleted, Answer: "The deploy was denied.", StepsUsed: 2})
+		l.ended(1, 1, toolbus.RunEnded{Status: toolbus.RunCompleted, Answer: "The deploy was denied.", StepsUsed: 2})
 	},
 	// Cancelled while a call sleeps: its cancelled result comes after the end.
 	"cancelled": func(l *runLog) {
@@ -203,16 +204,16 @@ var replayCases = map[string]func(l *runLog){
 		l.responded(5, 0, "", 100, sleep)
 		l.toolRequested(1, 0, 0, 1, sleep, false)
 		l.cancel(800, "wrong incident", "bob")
-		l.ended(1, 0, events.RunEnded{Status: events.RunCancelled, Code: "cancelled", Reason: "wrong incident (by bob)", StepsUsed: 1})
-		l.finished(2, 0, 0, 1, rfail("s", "sleep", events.StatusCancelled, "cancelled", "the call was cancelled while running"), "")
+		l.ended(1, 0, toolbus.RunEnded{Status: toolbus.RunCancelled, Code: "cancelled", Reason: "wrong incident (by bob)", StepsUsed: 1})
+		l.finished(2, 0, 0, 1, rfail("s", "sleep", toolbus.StatusCancelled, "cancelled", "the call was cancelled while running"), "")
 	},
 	// The token budget stops a step whose calls are then never requested.
 	"token_budget": func(l *runLog) {
 		l.started(replayInput...)
 		l.requested(0, 0)
 		l.responded(5, 0, "", 900, rcall("n", "noop", `{}`))
-		l.ended(1, 0, events.RunEnded{Status: events.RunLimitReached, Code: events.LimitTokenBudget, StepsUsed: 1,
-			Reason: "token budget 500 exceeded: 900 tokens used", Usage: events.Usage{InputTokens: 720, OutputTokens: 180}})
+		l.ended(1, 0, toolbus.RunEnded{Status: toolbus.RunLimitReached, Code: toolbus.LimitTokenBudget, StepsUsed: 1,
+			Reason: "token budget 500 exceeded: 900 tokens used", Usage: toolbus.Usage{InputTokens: 720, OutputTokens: 180}})
 	},
 	// Every invariant broken once.
 	"violations": func(l *runLog) {
@@ -228,8 +229,8 @@ var replayCases = map[string]func(l *runLog){
 		l.finished(1, 0, 0, 2, rok("x", "noop", `{"again":1}`), "dup") // a second result for x
 		l.finished(1, 0, 2, 3, rok("z", "noop", `{}`), "")             // nobody asked for z
 		l.responded(3, 1, "done", 100)
-		l.ended(1, 1, events.RunEnded{Status: events.RunCompleted, Answer: "done", StepsUsed: 2})
-		l.ended(1, 1, events.RunEnded{Status: events.RunFailed, Code: "tool_internal_error", StepsUsed: 2})
+		l.ended(1, 1, toolbus.RunEnded{Status: toolbus.RunCompleted, Answer: "done", StepsUsed: 2})
+		l.ended(1, 1, toolbus.RunEnded{Status: toolbus.RunFailed, Code: "tool_internal_error", StepsUsed: 2})
 		l.requested(1, 2)
 	},
 	// A request whose result never came, in a run that completed anyway.
@@ -243,7 +244,7 @@ var replayCases = map[string]func(l *runLog){
 		l.finished(1, 0, 0, 2, rok("x", "noop", `{}`), "")
 		l.requested(1, 1)
 		l.responded(3, 1, "done", 100)
-		l.ended(1, 1, events.RunEnded{Status: events.RunCompleted, Answer: "done", StepsUsed: 2})
+		l.ended(1, 1, toolbus.RunEnded{Status: toolbus.RunCompleted, Answer: "done", StepsUsed: 2})
 	},
 }
 
@@ -285,7 +286,7 @@ func TestReplayViolations(t *testing.T) {
 	}
 	// The first result stands: the transcript has x's first content.
 	for _, m := range r.Transcript {
-		if m.Role == events.RoleTool && m.ToolCallID == "x" && m.Content != `{}` {
+		if m.Role == toolbus.RoleTool && m.ToolCallID == "x" && m.Content != `{}` {
 			t.Fatalf("transcript kept the duplicate: %+v", m)
 		}
 	}
@@ -300,7 +301,7 @@ func TestReplayTranscriptInCallOrder(t *testing.T) {
 	var roles []string
 	for _, m := range r.Transcript {
 		s := string(m.Role)
-		if m.Role == events.RoleTool {
+		if m.Role == toolbus.RoleTool {
 			s += ":" + m.ToolCallID
 		}
 		roles = append(roles, s)
@@ -385,9 +386,9 @@ func TestParseInterleaved(t *testing.T) {
 func TestWriteRuns(t *testing.T) {
 	now := time.Date(2026, 3, 4, 12, 0, 0, 0, time.UTC)
 	runs := []events.RunState{
-		{RunID: "run-old", Status: events.RunCompleted, Step: 2, StartedAt: now.Add(-26 * time.Hour), UpdatedAt: now.Add(-25 * time.Hour)},
-		{RunID: "run-new", Status: events.RunWaitingForApproval, Step: 0, Reason: "1 call(s) need approval", StartedAt: now.Add(-12 * time.Second), UpdatedAt: now.Add(-11 * time.Second)},
-		{RunID: "run-mid", Status: events.RunLimitReached, Step: 9, Code: "max_steps", Reason: "max steps 10 reached", StartedAt: now.Add(-3*time.Minute - 4*time.Second), UpdatedAt: now.Add(-2 * time.Minute)},
+		{RunID: "run-old", Status: toolbus.RunCompleted, Step: 2, StartedAt: now.Add(-26 * time.Hour), UpdatedAt: now.Add(-25 * time.Hour)},
+		{RunID: "run-new", Status: toolbus.RunWaitingForApproval, Step: 0, Reason: "1 call(s) need approval", StartedAt: now.Add(-12 * time.Second), UpdatedAt: now.Add(-11 * time.Second)},
+		{RunID: "run-mid", Status: toolbus.RunLimitReached, Step: 9, Code: "max_steps", Reason: "max steps 10 reached", StartedAt: now.Add(-3*time.Minute - 4*time.Second), UpdatedAt: now.Add(-2 * time.Minute)},
 	}
 	var out bytes.Buffer
 	if err := writeRuns(&out, runs, now, false); err != nil {

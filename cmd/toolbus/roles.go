@@ -14,6 +14,7 @@ import (
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/executor/mcptools"
 	"github.com/toolbus/toolbus/executor/packs"
+	"github.com/toolbus/toolbus/executor/worker"
 	"github.com/toolbus/toolbus/injector"
 	"github.com/toolbus/toolbus/planner"
 	"github.com/toolbus/toolbus/telemetry"
@@ -100,7 +101,7 @@ func runExecutor(ctx context.Context, cfg Config, bus *events.Bus, log *slog.Log
 	}
 	exec := executor.New(reg, executor.WithLogger(log), executor.WithInstance(cfg.Instance),
 		executor.WithDefaultTimeout(cfg.CallTimeout), executor.WithDefaultMaxOutputBytes(cfg.MaxOutput))
-	w := executor.NewWorker(bus, exec, executor.WorkerConfig{
+	w := worker.New(bus, exec, worker.Config{
 		Instance: cfg.Instance, Concurrency: cfg.Concurrency, Tools: cfg.ExecutorTools,
 		AckWait: cfg.AckWait, MaxDeliver: cfg.MaxDeliver, Grace: cfg.Grace, Logger: log,
 		Metrics: executorMetrics(tel), Observer: serveObserver(tel, "executor"),

@@ -15,6 +15,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
 )
 
@@ -42,13 +43,13 @@ func cmdRun(ctx context.Context, cfg Config, log *slog.Logger, args []string, ou
 	if *runID == "" {
 		*runID = newRunID()
 	}
-	if !events.ValidRunID(*runID) {
+	if !toolbus.ValidRunID(*runID) {
 		return &exitError{code: 2, msg: fmt.Sprintf("run: invalid run id %q: use 1-128 of [A-Za-z0-9_-]", *runID)}
 	}
-	rs := events.RunStarted{
-		RunID: *runID, Model: cfg.Model, Principal: events.Principal{ID: *principal},
-		Messages: []events.Message{{Role: events.RoleSystem, Content: *system}, {Role: events.RoleUser, Content: question}},
-		Limits:   events.Limits{MaxSteps: *maxSteps, Deadline: time.Now().Add(*timeout).UTC(), TokenBudget: *budget},
+	rs := toolbus.RunStarted{
+		RunID: *runID, Model: cfg.Model, Principal: toolbus.Principal{ID: *principal},
+		Messages: []toolbus.Message{{Role: toolbus.RoleSystem, Content: *system}, {Role: toolbus.RoleUser, Content: question}},
+		Limits:   toolbus.Limits{MaxSteps: *maxSteps, Deadline: time.Now().Add(*timeout).UTC(), TokenBudget: *budget},
 	}
 	if *tools != "" {
 		for _, t := range strings.Split(*tools, ",") {
@@ -137,9 +138,9 @@ func cmdRun(ctx context.Context, cfg Config, log *slog.Logger, args []string, ou
 		status, done := p.print(msg)
 		if done {
 			switch status {
-			case events.RunCompleted:
+			case toolbus.RunCompleted:
 				return nil
-			case events.RunWaitingForApproval:
+			case toolbus.RunWaitingForApproval:
 				return &exitError{code: 3}
 			default:
 				return &exitError{code: 1}

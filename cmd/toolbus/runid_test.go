@@ -3,6 +3,7 @@ package main
 import (
 	"testing"
 
+	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/planner"
 )
@@ -13,8 +14,8 @@ func TestRunRefusesAnExistingRunID(t *testing.T) {
 	p := startOpsPipeline(t, map[string]*planner.Script{
 		"taken-1": {Steps: []func(planner.Request) planner.Response{planner.Answer("done")}},
 	})
-	p.submit("taken-1", events.Limits{})
-	p.waitStatus("taken-1", events.RunCompleted)
+	p.submit("taken-1", toolbus.Limits{})
+	p.waitStatus("taken-1", toolbus.RunCompleted)
 	code, stdout, stderr := p.toolbus("run", "--id", "taken-1", "again?")
 	wantCode(t, "run with an existing id", code, 2, stdout, stderr)
 	wantContains(t, "run with an existing id", stdout+stderr, `run id "taken-1" already exists`)

@@ -4,7 +4,7 @@ import (
 	"log/slog"
 
 	"github.com/toolbus/toolbus/events"
-	"github.com/toolbus/toolbus/executor"
+	"github.com/toolbus/toolbus/executor/worker"
 	"github.com/toolbus/toolbus/injector"
 	"github.com/toolbus/toolbus/planner"
 	"github.com/toolbus/toolbus/telemetry"
@@ -29,7 +29,7 @@ func startTelemetry(cfg Config, bus *events.Bus, log *slog.Logger) (*telemetry.M
 // The worker packages take interfaces; a nil *telemetry.Metrics must become a nil
 // interface, not an interface holding a nil pointer.
 
-func executorMetrics(m *telemetry.Metrics) executor.Metrics {
+func executorMetrics(m *telemetry.Metrics) worker.Metrics {
 	if m == nil {
 		return nil
 	}

@@ -5,14 +5,14 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus"
 )
 
 // `toolbus tools` lists every tool of the catalog with the instances serving it; a
 // contract whose instances are gone is listed as not offered.
 func TestToolsCommand(t *testing.T) {
 	p := startOpsPipeline(t, nil)
-	if err := p.bus.PublishTool(p.ctx, events.ToolContract{Name: "orphan", Description: "nobody serves me"}); err != nil {
+	if err := p.bus.PublishTool(p.ctx, toolbus.ToolContract{Name: "orphan", Description: "nobody serves me"}); err != nil {
 		t.Fatal(err)
 	}
 	code, out, errOut := p.toolbus("tools", "--json")

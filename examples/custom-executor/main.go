@@ -12,6 +12,7 @@ import (
 	"syscall"
 
 	"github.com/toolbus/toolbus/executor"
+	"github.com/toolbus/toolbus/executor/worker"
 )
 
 // In is the tool's input; its JSON Schema is derived from the type.
@@ -35,7 +36,7 @@ func main() {
 			return Out{Shout: strings.ToUpper(in.Text) + "!", Key: ci.IdempotencyKey}, nil
 		})
 	if err == nil {
-		err = executor.Serve(ctx, reg) // until SIGINT/SIGTERM, then drains
+		err = worker.Serve(ctx, reg) // until SIGINT/SIGTERM, then drains
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "custom-executor:", err)

@@ -37,7 +37,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
-	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/internal/retry"
 )
@@ -139,7 +139,7 @@ type Options struct {
 	Logger *slog.Logger
 	// OnChange is called after the provider changed the registry (a server's tool list
 	// changed, or a reconnected server offers other tools), typically with a running
-	// executor.Worker's Sync.
+	// worker.Worker's Sync.
 	OnChange func(ctx context.Context) error
 	// MinBackoff and MaxBackoff bound the wait between reconnections (defaults 200ms
 	// and 30s); the wait doubles after each failed attempt.
@@ -496,12 +496,12 @@ func (s *server) call(ctx context.Context, name string, args json.RawMessage) (a
 		if text == "" {
 			text = "the tool reported an error without a message"
 		}
-		return nil, executor.NewError(events.CodeToolError, text)
+		return nil, executor.NewError(toolbus.CodeToolError, text)
 	}
 	if res.StructuredContent != nil {
 		b, err := json.Marshal(res.StructuredContent)
 		if err != nil {
-			return nil, executor.NewError(events.CodeInvalidToolOutput, "structuredContent is not JSON: "+err.Error())
+			return nil, executor.NewError(toolbus.CodeInvalidToolOutput, "structuredContent is not JSON: "+err.Error())
 		}
 		return json.RawMessage(b), nil
 	}

@@ -16,7 +16,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
-	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events/eventstest"
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/executor/mcptools"
@@ -135,8 +135,8 @@ func start(t *testing.T, f *fixture, onChange func(context.Context) error) (*exe
 	return reg, executor.New(reg, executor.WithLogger(quietLog()))
 }
 
-func call(ctx context.Context, ex *executor.Executor, tool, args string) events.ToolResult {
-	return ex.Execute(ctx, events.ToolCall{CallID: "c1", Tool: tool, Arguments: args}, events.Principal{ID: "t"})
+func call(ctx context.Context, ex *executor.Executor, tool, args string) toolbus.ToolResult {
+	return ex.Execute(ctx, toolbus.ToolCall{CallID: "c1", Tool: tool, Arguments: args}, toolbus.Principal{ID: "t"})
 }
 
 func TestCatalog(t *testing.T) {
@@ -165,19 +165,19 @@ func TestCall(t *testing.T) {
 	ctx := eventstest.Context(t, time.Minute)
 	tests := []struct {
 		name, tool, args string
-		status           events.Status
+		status           toolbus.Status
 		code             string
 		content          []string // substrings of what the model reads
 		output           string
 	}{
-		{name: "text", tool: "fx__echo", args: `{"text":"hi"}`, status: events.StatusSucceeded, content: []string{"echo: hi"}, output: `"echo: hi"`},
-		{name: "structured", tool: "fx__add", args: `{"a":2,"b":3}`, status: events.StatusSucceeded, content: []string{`"sum":5`}, output: `{"sum":5}`},
-		{name: "isError", tool: "fx__fail", args: `{}`, status: events.StatusFailed, code: events.CodeToolError, content: []string{"disk quota exceeded on /data"}},
-		{name: "media described", tool: "fx__picture", args: `{}`, status: events.StatusSucceeded,
+		{name: "text", tool: "fx__echo", args: `{"text":"hi"}`, status: toolbus.StatusSucceeded, content: []string{"echo: hi"}, output: `"echo: hi"`},
+		{name: "structured", tool: "fx__add", args: `{"a":2,"b":3}`, status: toolbus.StatusSucceeded, content: []string{`"sum":5`}, output: `{"sum":5}`},
+		{name: "isError", tool: "fx__fail", args: `{}`, status: toolbus.StatusFailed, code: toolbus.CodeToolError, content: []string{"disk quota exceeded on /data"}},
+		{name: "media described", tool: "fx__picture", args: `{}`, status: toolbus.StatusSucceeded,
 			content: []string{"here it is", "[image: image/png, 5 bytes]", "[resource link: a.txt <file:///tmp/a.txt>]", "[resource mem://b]", "inner text"}},
-		{name: "schema from server", tool: "fx__echo", args: `{"text":1}`, status: events.StatusRejected, code: events.CodeInvalidArguments},
-		{name: "protocol error", tool: "fx__broken", args: `{}`, status: events.StatusFailed, code: mcptools.CodeProtocol, content: []string{"handler exploded", `"retryable":true`}},
-		{name: "renamed tool", tool: "fx__bad_name_x", args: `{}`, status: events.StatusSucceeded, content: []string{"odd"}},
+		{name: "schema from server", tool: "fx__echo", args: `{"text":1}`, status: toolbus.StatusRejected, code: toolbus.CodeInvalidArguments},
+		{name: "protocol error", tool: "fx__broken", args: `{}`, status: toolbus.StatusFailed, code: mcptools.CodeProtocol, content: []string{"handler exploded", `"retryable":true`}},
+		{name: "renamed tool", tool: "fx__bad_name_x", args: `{}`, status: toolbus.StatusSucceeded, content: []string{"odd"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -204,7 +204,7 @@ func TestTimeoutAndCancellationReachTheServer(t *testing.T) {
 		ctx, cancel := context.WithTimeout(eventstest.Context(t, time.Minute), 300*time.Millisecond)
 		defer cancel()
 		res := call(ctx, ex, "fx__slow", `{}`)
-		if res.Status != events.StatusTimedOut {
+		if res.Status != toolbus.StatusTimedOut {
 			t.Fatalf("status %s, want timed_out: %+v", res.Status, res)
 		}
 		waitFor(t, f.started, "the call never reached the server")
@@ -212,12 +212,12 @@ func TestTimeoutAndCancellationReachTheServer(t *testing.T) {
 	})
 	t.Run("cancel", func(t *testing.T) {
 		ctx, cancel := context.WithCancel(eventstest.Context(t, time.Minute))
-		done := make(chan events.ToolResult, 1)
+		done := make(chan toolbus.ToolResult, 1)
 		go func() { done <- call(ctx, ex, "fx__slow", `{}`) }()
 		waitFor(t, f.started, "the call never reached the server")
 		cancel()
 		res := <-done
-		if res.Status != events.StatusCancelled {
+		if res.Status != toolbus.StatusCancelled {
 			t.Fatalf("status %s, want cancelled: %+v", res.Status, res)
 		}
 		waitFor(t, f.cancelled, "the server never saw notifications/cancelled")
@@ -266,17 +266,17 @@ func TestCrashAndRestart(t *testing.T) {
 	f := newFixture(t)
 	_, ex := start(t, f, nil)
 	ctx := eventstest.Context(t, time.Minute)
-	done := make(chan events.ToolResult, 1)
+	done := make(chan toolbus.ToolResult, 1)
 	go func() { done <- call(ctx, ex, "fx__slow", `{}`) }()
 	waitFor(t, f.started, "the call never reached the server")
 	f.crash()
 	res := <-done
-	if res.Status != events.StatusFailed || res.Code() != mcptools.CodeUnavailable || res.Error == nil || !res.Error.Retryable {
+	if res.Status != toolbus.StatusFailed || res.Code() != mcptools.CodeUnavailable || res.Error == nil || !res.Error.Retryable {
 		t.Fatalf("call in flight during the crash: %+v, want a retryable %s failure", res, mcptools.CodeUnavailable)
 	}
 	// Later calls work again once the provider reconnected.
 	eventstest.Eventually(t, 30*time.Second, func() error {
-		if res := call(ctx, ex, "fx__echo", `{"text":"again"}`); res.Status != events.StatusSucceeded {
+		if res := call(ctx, ex, "fx__echo", `{"text":"again"}`); res.Status != toolbus.StatusSucceeded {
 			return fmt.Errorf("after restart: %+v", res)
 		}
 		return nil

@@ -8,7 +8,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/executor"
 )
 
@@ -153,7 +153,7 @@ func registerDiag(r *executor.Registry) error {
 
 func sleepTool(ctx context.Context, in sleepInput) (SleepOutput, error) {
 	if in.MS < 0 || in.MS > MaxSleepMS {
-		return SleepOutput{}, executor.NewError(events.CodeInvalidArguments,
+		return SleepOutput{}, executor.NewError(toolbus.CodeInvalidArguments,
 			fmt.Sprintf("ms must be between 0 and %d, got %d", MaxSleepMS, in.MS))
 	}
 	if in.MS == 0 {
@@ -172,7 +172,7 @@ func sleepTool(ctx context.Context, in sleepInput) (SleepOutput, error) {
 func failTool(_ context.Context, in failInput) (empty, error) {
 	code := in.Code
 	if code == "" {
-		code = events.CodeToolError
+		code = toolbus.CodeToolError
 	}
 	msg := in.Message
 	if msg == "" {
@@ -199,11 +199,11 @@ func bigOutputTool(_ context.Context, args json.RawMessage) (any, error) {
 		Bytes *int `json:"bytes"`
 	}
 	if err := json.Unmarshal(args, &in); err != nil || in.Bytes == nil {
-		return nil, executor.NewError(events.CodeInvalidArguments, `arguments must be {"bytes": <integer>}`)
+		return nil, executor.NewError(toolbus.CodeInvalidArguments, `arguments must be {"bytes": <integer>}`)
 	}
 	n := *in.Bytes
 	if n < 0 || n > MaxBigOutputBytes {
-		return nil, executor.NewError(events.CodeInvalidArguments,
+		return nil, executor.NewError(toolbus.CodeInvalidArguments,
 			"bytes must be between 0 and "+strconv.Itoa(MaxBigOutputBytes)+", got "+strconv.Itoa(n))
 	}
 	return BigOutput(n), nil

@@ -5,7 +5,7 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/executor/packs"
 )
@@ -18,13 +18,13 @@ func ExampleRegister() {
 	ex := executor.New(reg)
 
 	r := ex.Execute(context.Background(),
-		events.ToolCall{CallID: "c1", Tool: "calculator", Arguments: `{"expression":"2 + 3 * 4"}`},
-		events.Principal{ID: "example"})
+		toolbus.ToolCall{CallID: "c1", Tool: "calculator", Arguments: `{"expression":"2 + 3 * 4"}`},
+		toolbus.Principal{ID: "example"})
 	fmt.Println(r.Status, string(r.Output))
 
 	r = ex.Execute(context.Background(),
-		events.ToolCall{CallID: "c2", Tool: "lookup_incident", Arguments: `{"incident_id":"INC-404"}`},
-		events.Principal{ID: "example"})
+		toolbus.ToolCall{CallID: "c2", Tool: "lookup_incident", Arguments: `{"incident_id":"INC-404"}`},
+		toolbus.Principal{ID: "example"})
 	fmt.Println(r.Status, r.Error.Code)
 
 	err := packs.Register(reg, "nope")

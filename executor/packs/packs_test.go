@@ -10,12 +10,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/executor/packs"
 )
 
-var principal = events.Principal{ID: "packs-test"}
+var principal = toolbus.Principal{ID: "packs-test"}
 
 func newExecutor(t testing.TB, names ...string) *executor.Executor {
 	t.Helper()
@@ -26,23 +26,23 @@ func newExecutor(t testing.TB, names ...string) *executor.Executor {
 	return executor.New(reg)
 }
 
-func call(tool, args string) events.ToolCall {
-	return events.ToolCall{CallID: "call-" + tool, Tool: tool, Arguments: args}
+func call(tool, args string) toolbus.ToolCall {
+	return toolbus.ToolCall{CallID: "call-" + tool, Tool: tool, Arguments: args}
 }
 
 // check asserts the status and error code of r and returns r.
-func check(t *testing.T, r events.ToolResult, status events.Status, code string) events.ToolResult {
+func check(t *testing.T, r toolbus.ToolResult, status toolbus.Status, code string) toolbus.ToolResult {
 	t.Helper()
 	if r.Status != status || r.Code() != code {
 		t.Fatalf("%s: status %s/%s, want %s/%s\nresult: %+v", r.Tool, r.Status, r.Code(), status, code, r)
 	}
-	if status != events.StatusSucceeded && (r.Error == nil || r.Error.Message == "") {
+	if status != toolbus.StatusSucceeded && (r.Error == nil || r.Error.Message == "") {
 		t.Fatalf("%s: status %s without an error message: %+v", r.Tool, r.Status, r)
 	}
 	return r
 }
 
-func output[T any](t *testing.T, r events.ToolResult) T {
+func output[T any](t *testing.T, r toolbus.ToolResult) T {
 	t.Helper()
 	var v T
 	if err := json.Unmarshal(r.Output, &v); err != nil {
@@ -157,7 +157,7 @@ func TestRegisterNothing(t *testing.T) {
 		t.Fatalf("Register(empty) = %v", err)
 	}
 	r := executor.New(reg).Execute(context.Background(), call("calculator", `{"expression":"1"}`), principal)
-	check(t, r, events.StatusRejected, events.CodeUnknownTool)
+	check(t, r, toolbus.StatusRejected, toolbus.CodeUnknownTool)
 	// All tools can be added afterwards.
 	if err := packs.Register(reg, packs.Names()...); err != nil {
 		t.Fatal(err)
@@ -169,7 +169,7 @@ func TestCalculatorTool(t *testing.T) {
 	ctx := context.Background()
 
 	r := check(t, ex.Execute(ctx, call("calculator", `{"expression":"(2+3)*4^2 - max(1, 7)"}`), principal),
-		events.StatusSucceeded, "")
+		toolbus.StatusSucceeded, "")
 	if got := output[map[string]float64](t, r); got["value"] != 73 {
 		t.Errorf("value = %v, want 73 (output %s)", got, r.Output)
 	}
@@ -178,12 +178,12 @@ func TestCalculatorTool(t *testing.T) {
 	}
 
 	r = check(t, ex.Execute(ctx, call("calculator", `{"expression":"1/(3-3)"}`), principal),
-		events.StatusFailed, packs.CodeDivisionByZero)
+		toolbus.StatusFailed, packs.CodeDivisionByZero)
 	if !strings.Contains(r.Error.Message, "position 2") {
 		t.Errorf("message %q has no position", r.Error.Message)
 	}
 	r = check(t, ex.Execute(ctx, call("calculator", `{"expression":"2 +"}`), principal),
-		events.StatusFailed, packs.CodeInvalidExpression)
+		toolbus.StatusFailed, packs.CodeInvalidExpression)
 	if !strings.Contains(r.Error.Message, "position 4") {
 		t.Errorf("message %q has no position", r.Error.Message)
 	}
@@ -191,11 +191,11 @@ func TestCalculatorTool(t *testing.T) {
 		t.Errorf("details = %s, want the position", r.Error.Details)
 	}
 	check(t, ex.Execute(ctx, call("calculator", `{"expression":"sqrt(-4)"}`), principal),
-		events.StatusFailed, packs.CodeInvalidExpression)
+		toolbus.StatusFailed, packs.CodeInvalidExpression)
 
 	// The input schema is enforced before the tool runs.
 	for _, args := range []string{`{}`, `{"expression":2}`, `{"expression":"1","extra":true}`, `not json`} {
-		check(t, ex.Execute(ctx, call("calculator", args), principal), events.StatusRejected, events.CodeInvalidArguments)
+		check(t, ex.Execute(ctx, call("calculator", args), principal), toolbus.StatusRejected, toolbus.CodeInvalidArguments)
 	}
 }
 
@@ -204,7 +204,7 @@ func TestLookupIncidentTool(t *testing.T) {
 	ctx := context.Background()
 
 	r := check(t, ex.Execute(ctx, call("lookup_incident", `{"incident_id":"INC-001"}`), principal),
-		events.StatusSucceeded, "")
+		toolbus.StatusSucceeded, "")
 	in := output[packs.Incident](t, r)
 	if in.IncidentID != "INC-001" || in.Service != "auth-api" || in.Severity != "high" ||
 		in.Summary != "database connection pool exhausted" || len(in.Evidence) != 3 || in.Status == "" {
@@ -212,20 +212,20 @@ func TestLookupIncidentTool(t *testing.T) {
 	}
 	for _, id := range []string{"INC-002", "INC-003"} {
 		r := check(t, ex.Execute(ctx, call("lookup_incident", `{"incident_id":"`+id+`"}`), principal),
-			events.StatusSucceeded, "")
+			toolbus.StatusSucceeded, "")
 		if in := output[packs.Incident](t, r); in.IncidentID != id || in.Service == "" || len(in.Evidence) == 0 {
 			t.Errorf("%s = %+v", id, in)
 		}
 	}
 
 	r = check(t, ex.Execute(ctx, call("lookup_incident", `{"incident_id":"INC-404"}`), principal),
-		events.StatusFailed, packs.CodeIncidentNotFound)
+		toolbus.StatusFailed, packs.CodeIncidentNotFound)
 	if !strings.Contains(r.Error.Message, "INC-404") || r.Error.Retryable {
 		t.Errorf("INC-404 error = %+v", r.Error)
 	}
 
 	for _, args := range []string{`{"incident_id":"inc-1"}`, `{"incident_id":"INC-"}`, `{}`, `{"incident_id":"INC-1","x":1}`} {
-		check(t, ex.Execute(ctx, call("lookup_incident", args), principal), events.StatusRejected, events.CodeInvalidArguments)
+		check(t, ex.Execute(ctx, call("lookup_incident", args), principal), toolbus.StatusRejected, toolbus.CodeInvalidArguments)
 	}
 }
 
@@ -240,7 +240,7 @@ func TestLookupIncidentDirect(t *testing.T) {
 		t.Fatal("LookupIncident returns the fixture's own slice")
 	}
 	var xe *executor.Error
-	if _, err := packs.LookupIncident("nope"); !errors.As(err, &xe) || xe.Code != events.CodeInvalidArguments {
+	if _, err := packs.LookupIncident("nope"); !errors.As(err, &xe) || xe.Code != toolbus.CodeInvalidArguments {
 		t.Fatalf("LookupIncident(nope) = %v", err)
 	}
 }
@@ -248,11 +248,11 @@ func TestLookupIncidentDirect(t *testing.T) {
 func TestSleepTool(t *testing.T) {
 	ex := newExecutor(t, "diag")
 
-	r := check(t, ex.Execute(context.Background(), call("sleep", `{"ms":20}`), principal), events.StatusSucceeded, "")
+	r := check(t, ex.Execute(context.Background(), call("sleep", `{"ms":20}`), principal), toolbus.StatusSucceeded, "")
 	if got := output[map[string]int](t, r); got["slept_ms"] != 20 {
 		t.Errorf("output = %s", r.Output)
 	}
-	check(t, ex.Execute(context.Background(), call("sleep", `{"ms":0}`), principal), events.StatusSucceeded, "")
+	check(t, ex.Execute(context.Background(), call("sleep", `{"ms":0}`), principal), toolbus.StatusSucceeded, "")
 
 	ctx, cancel := context.WithCancel(context.Background())
 	time.AfterFunc(50*time.Millisecond, cancel)
@@ -261,14 +261,14 @@ func TestSleepTool(t *testing.T) {
 	if d := time.Since(start); d > 10*time.Second {
 		t.Fatalf("cancelled sleep took %v", d)
 	}
-	check(t, r, events.StatusCancelled, events.CodeCancelled)
+	check(t, r, toolbus.StatusCancelled, toolbus.CodeCancelled)
 
 	ctx, cancel = context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()
-	check(t, ex.Execute(ctx, call("sleep", `{"ms":60000}`), principal), events.StatusTimedOut, events.CodeTimeout)
+	check(t, ex.Execute(ctx, call("sleep", `{"ms":60000}`), principal), toolbus.StatusTimedOut, toolbus.CodeTimeout)
 
 	for _, args := range []string{`{"ms":-1}`, `{"ms":600001}`, `{"ms":1.5}`, `{"ms":"1"}`, `{}`} {
-		check(t, ex.Execute(context.Background(), call("sleep", args), principal), events.StatusRejected, events.CodeInvalidArguments)
+		check(t, ex.Execute(context.Background(), call("sleep", args), principal), toolbus.StatusRejected, toolbus.CodeInvalidArguments)
 	}
 }
 
@@ -276,16 +276,16 @@ func TestFailTool(t *testing.T) {
 	ex := newExecutor(t, "diag")
 	ctx := context.Background()
 
-	r := check(t, ex.Execute(ctx, call("fail", `{}`), principal), events.StatusFailed, events.CodeToolError)
+	r := check(t, ex.Execute(ctx, call("fail", `{}`), principal), toolbus.StatusFailed, toolbus.CodeToolError)
 	if r.Error.Retryable {
 		t.Error("default fail is retryable")
 	}
 	r = check(t, ex.Execute(ctx, call("fail", `{"code":"upstream_down","retryable":true,"message":"try later"}`), principal),
-		events.StatusFailed, "upstream_down")
+		toolbus.StatusFailed, "upstream_down")
 	if !r.Error.Retryable || !strings.Contains(r.Error.Message, "try later") {
 		t.Errorf("error = %+v", r.Error)
 	}
-	r = check(t, ex.Execute(ctx, call("fail", `{"code":"quota","retryable":false}`), principal), events.StatusFailed, "quota")
+	r = check(t, ex.Execute(ctx, call("fail", `{"code":"quota","retryable":false}`), principal), toolbus.StatusFailed, "quota")
 	if r.Error.Retryable {
 		t.Errorf("error = %+v", r.Error)
 	}
@@ -294,22 +294,22 @@ func TestFailTool(t *testing.T) {
 func TestPanicTool(t *testing.T) {
 	ex := newExecutor(t, "diag")
 	check(t, ex.Execute(context.Background(), call("panic", `{"message":"boom"}`), principal),
-		events.StatusFailed, events.CodeToolInternalError)
+		toolbus.StatusFailed, toolbus.CodeToolInternalError)
 	check(t, ex.Execute(context.Background(), call("panic", `{}`), principal),
-		events.StatusFailed, events.CodeToolInternalError)
+		toolbus.StatusFailed, toolbus.CodeToolInternalError)
 }
 
 func TestBadOutputTool(t *testing.T) {
 	ex := newExecutor(t, "diag")
 	check(t, ex.Execute(context.Background(), call("bad_output", `{}`), principal),
-		events.StatusFailed, events.CodeInvalidToolOutput)
+		toolbus.StatusFailed, toolbus.CodeInvalidToolOutput)
 }
 
 func TestBigOutputTool(t *testing.T) {
 	ex := newExecutor(t, "diag")
 	const size = 10 << 20
 	r := check(t, ex.Execute(context.Background(), call("big_output", `{"bytes":10485760}`), principal),
-		events.StatusSucceeded, "")
+		toolbus.StatusSucceeded, "")
 	if r.Truncated == nil {
 		t.Fatalf("10 MiB output not truncated: content %d bytes", len(r.Content))
 	}
@@ -318,12 +318,12 @@ func TestBigOutputTool(t *testing.T) {
 	}
 
 	r = check(t, ex.Execute(context.Background(), call("big_output", `{"bytes":100}`), principal),
-		events.StatusSucceeded, "")
+		toolbus.StatusSucceeded, "")
 	if r.Truncated != nil || !strings.Contains(r.Content, "xxxx") {
 		t.Errorf("small output: %+v", r)
 	}
 	check(t, ex.Execute(context.Background(), call("big_output", `{"bytes":67108865}`), principal),
-		events.StatusRejected, events.CodeInvalidArguments)
+		toolbus.StatusRejected, toolbus.CodeInvalidArguments)
 }
 
 func TestBigOutput(t *testing.T) {
@@ -342,12 +342,12 @@ func TestBigOutput(t *testing.T) {
 func TestNoopTool(t *testing.T) {
 	ex := newExecutor(t, "diag")
 	for _, args := range []string{`{}`, `{"x":"anything"}`} {
-		r := check(t, ex.Execute(context.Background(), call("noop", args), principal), events.StatusSucceeded, "")
+		r := check(t, ex.Execute(context.Background(), call("noop", args), principal), toolbus.StatusSucceeded, "")
 		if string(r.Output) != "{}" {
 			t.Errorf("noop output = %q", r.Output)
 		}
 	}
-	check(t, ex.Execute(context.Background(), call("noop", `{"y":1}`), principal), events.StatusRejected, events.CodeInvalidArguments)
+	check(t, ex.Execute(context.Background(), call("noop", `{"y":1}`), principal), toolbus.StatusRejected, toolbus.CodeInvalidArguments)
 }
 
 func TestCounterTool(t *testing.T) {
@@ -357,8 +357,8 @@ func TestCounterTool(t *testing.T) {
 
 	var keys []string
 	for i := range 3 {
-		c := events.ToolCall{CallID: "counter-" + string(rune('a'+i)), Tool: "counter", Arguments: `{"key":"k1"}`}
-		r := check(t, ex.Execute(context.Background(), c, principal), events.StatusSucceeded, "")
+		c := toolbus.ToolCall{CallID: "counter-" + string(rune('a'+i)), Tool: "counter", Arguments: `{"key":"k1"}`}
+		r := check(t, ex.Execute(context.Background(), c, principal), toolbus.StatusSucceeded, "")
 		out := output[packs.CounterOutput](t, r)
 		if out.Key == "" || out.Count < 1 {
 			t.Fatalf("counter output = %s", r.Output)
@@ -388,14 +388,14 @@ func TestCounterTool(t *testing.T) {
 	ctx := executor.WithCallInfo(context.Background(),
 		executor.CallInfo{RunID: "run1", Step: 2, CallIndex: 0, Attempt: 1, IdempotencyKey: "run1/2/0"})
 	for i := int64(1); i <= 2; i++ {
-		r := check(t, ex.Execute(ctx, call("counter", `{"key":"ignored"}`), principal), events.StatusSucceeded, "")
+		r := check(t, ex.Execute(ctx, call("counter", `{"key":"ignored"}`), principal), toolbus.StatusSucceeded, "")
 		if out := output[packs.CounterOutput](t, r); out.Key != "run1/2/0" || out.Count != i {
 			t.Errorf("counter with an idempotency key: output %s", r.Output)
 		}
 	}
 	// Without one, the key argument does, and "default" without both.
-	check(t, ex.Execute(context.Background(), call("counter", `{"key":"k2"}`), principal), events.StatusSucceeded, "")
-	check(t, ex.Execute(context.Background(), call("counter", `{}`), principal), events.StatusSucceeded, "")
+	check(t, ex.Execute(context.Background(), call("counter", `{"key":"k2"}`), principal), toolbus.StatusSucceeded, "")
+	check(t, ex.Execute(context.Background(), call("counter", `{}`), principal), toolbus.StatusSucceeded, "")
 	if packs.CounterValue("run1/2/0") != 2 || packs.CounterValue("k2") != 1 || packs.CounterValue("default") != 1 ||
 		packs.CounterValue("ignored") != 0 || packs.TotalCounter() != 4 {
 		t.Errorf("counts: idem %d, k2 %d, default %d, ignored %d, total %d", packs.CounterValue("run1/2/0"),
@@ -411,14 +411,14 @@ func TestConcurrentCalls(t *testing.T) {
 	for i := range 32 {
 		wg.Go(func() {
 			ctx := context.Background()
-			tools := []events.ToolCall{
+			tools := []toolbus.ToolCall{
 				call("calculator", `{"expression":"2^10 + 1"}`),
 				call("lookup_incident", `{"incident_id":"INC-002"}`),
 				call("noop", `{}`),
 				{CallID: "conc-" + string(rune('A'+i)), Tool: "counter", Arguments: `{"key":"conc"}`},
 			}
 			for _, c := range tools {
-				if r := ex.Execute(ctx, c, principal); r.Status != events.StatusSucceeded {
+				if r := ex.Execute(ctx, c, principal); r.Status != toolbus.StatusSucceeded {
 					t.Errorf("%s: %+v", c.Tool, r)
 				}
 			}
@@ -436,7 +436,7 @@ func BenchmarkNoop(b *testing.B) {
 	ctx := context.Background()
 	b.ReportAllocs()
 	for b.Loop() {
-		if r := ex.Execute(ctx, c, principal); r.Status != events.StatusSucceeded {
+		if r := ex.Execute(ctx, c, principal); r.Status != toolbus.StatusSucceeded {
 			b.Fatal(r)
 		}
 	}
@@ -464,12 +464,12 @@ func TestRestartService(t *testing.T) {
 	}
 	ex := executor.New(reg)
 	ctx := executor.WithCallInfo(context.Background(), executor.CallInfo{IdempotencyKey: "r/0/c1"})
-	res := ex.Execute(ctx, events.ToolCall{CallID: "c1", Tool: "restart_service", Arguments: `{"service":"auth-api"}`}, events.Principal{})
-	if res.Status != events.StatusSucceeded || !strings.Contains(res.Content, `"idempotency_key":"r/0/c1"`) {
+	res := ex.Execute(ctx, toolbus.ToolCall{CallID: "c1", Tool: "restart_service", Arguments: `{"service":"auth-api"}`}, toolbus.Principal{})
+	if res.Status != toolbus.StatusSucceeded || !strings.Contains(res.Content, `"idempotency_key":"r/0/c1"`) {
 		t.Fatalf("result %+v", res)
 	}
-	res = ex.Execute(ctx, events.ToolCall{CallID: "c2", Tool: "restart_service", Arguments: `{"service":"Auth API"}`}, events.Principal{})
-	if res.Status != events.StatusRejected || res.Code() != events.CodeInvalidArguments {
+	res = ex.Execute(ctx, toolbus.ToolCall{CallID: "c2", Tool: "restart_service", Arguments: `{"service":"Auth API"}`}, toolbus.Principal{})
+	if res.Status != toolbus.StatusRejected || res.Code() != toolbus.CodeInvalidArguments {
 		t.Fatalf("bad service name: %+v", res)
 	}
 }

@@ -37,9 +37,11 @@ import (
 	"github.com/kelseyhightower/envconfig"
 	"github.com/nats-io/nats.go"
 
+	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/executor/packs"
+	"github.com/toolbus/toolbus/executor/worker"
 	"github.com/toolbus/toolbus/injector"
 	"github.com/toolbus/toolbus/planner"
 )
@@ -146,7 +148,7 @@ func run(ctx context.Context, cfg config, role string, log *slog.Logger) error {
 			}
 		}
 		exec := executor.New(reg, executor.WithLogger(log), executor.WithInstance(cfg.Instance))
-		return executor.NewWorker(bus, exec, executor.WorkerConfig{
+		return worker.New(bus, exec, worker.Config{
 			Instance: cfg.Instance, Concurrency: cfg.Concurrency, AckWait: cfg.AckWait,
 			MaxDeliver: cfg.MaxDeliver, Grace: cfg.Grace, Logger: log, Tools: cfg.ExecutorTools,
 		}).Run(ctx)
@@ -308,14 +310,14 @@ func (m *scriptModel) Complete(_ context.Context, req planner.Request) (planner.
 		return planner.Response{}, planner.Permanent(err)
 	}
 	if req.Step >= m.steps {
-		return planner.Response{Message: events.Message{Role: events.RoleAssistant,
+		return planner.Response{Message: toolbus.Message{Role: toolbus.RoleAssistant,
 			Content: fmt.Sprintf("done after %d steps", req.Step)}, Model: "faultbus"}, nil
 	}
-	calls := make([]events.ToolCall, m.calls)
+	calls := make([]toolbus.ToolCall, m.calls)
 	for i := range calls {
-		calls[i] = events.ToolCall{CallID: "c" + strconv.Itoa(i), Tool: m.toolOf(i), Arguments: m.args(req.RunID, req.Step, i)}
+		calls[i] = toolbus.ToolCall{CallID: "c" + strconv.Itoa(i), Tool: m.toolOf(i), Arguments: m.args(req.RunID, req.Step, i)}
 	}
-	return planner.Response{Message: events.Message{Role: events.RoleAssistant, ToolCalls: calls}, Model: "faultbus"}, nil
+	return planner.Response{Message: toolbus.Message{Role: toolbus.RoleAssistant, ToolCalls: calls}, Model: "faultbus"}, nil
 }
 
 // check verifies the history of req: input messages, then per earlier step the
@@ -323,11 +325,11 @@ func (m *scriptModel) Complete(_ context.Context, req planner.Request) (planner.
 func (m *scriptModel) check(req planner.Request) error {
 	msgs := req.Messages
 	i := 0
-	for i < len(msgs) && msgs[i].Role != events.RoleAssistant {
+	for i < len(msgs) && msgs[i].Role != toolbus.RoleAssistant {
 		i++
 	}
 	for step := 0; step < req.Step; step++ {
-		if i >= len(msgs) || msgs[i].Role != events.RoleAssistant {
+		if i >= len(msgs) || msgs[i].Role != toolbus.RoleAssistant {
 			return fmt.Errorf("history of %s step %d: no assistant message for step %d", req.RunID, req.Step, step)
 		}
 		calls := msgs[i].ToolCalls
@@ -337,7 +339,7 @@ func (m *scriptModel) check(req planner.Request) error {
 				return fmt.Errorf("history of %s step %d: step %d has %d of %d tool messages", req.RunID, req.Step, step, k, len(calls))
 			}
 			tm := msgs[i]
-			if tm.Role != events.RoleTool || tm.ToolCallID != c.CallID {
+			if tm.Role != toolbus.RoleTool || tm.ToolCallID != c.CallID {
 				return fmt.Errorf("history of %s step %d: step %d message %d answers %q, want %q (call order)", req.RunID, req.Step, step, k, tm.ToolCallID, c.CallID)
 			}
 			switch kind(m.toolOf(k)) {

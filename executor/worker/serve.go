@@ -1,4 +1,4 @@
-package executor
+package worker
 
 import (
 	"context"
@@ -11,6 +11,7 @@ import (
 
 	"github.com/toolbus/toolbus/connect"
 	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/executor"
 )
 
 // EnvConfig is what Serve reads from the environment: the same TOOLBUS_* variables as
@@ -48,8 +49,8 @@ func LoadEnv() (EnvConfig, error) {
 // environment (TOOLBUS_NATS_URL and credentials, as the toolbus binary does), joins the
 // queue of every tool in reg (shared with every other process serving the same tool),
 // publishes the tools to the catalog and runs calls until ctx ends, then drains. opts
-// configure the Executor (WithAuthorizer, WithLogger...).
-func Serve(ctx context.Context, reg *Registry, opts ...Option) error {
+// configure the executor.Executor (WithAuthorizer, executor.WithLogger...).
+func Serve(ctx context.Context, reg *executor.Registry, opts ...executor.Option) error {
 	cfg, err := LoadEnv()
 	if err != nil {
 		return err
@@ -58,7 +59,7 @@ func Serve(ctx context.Context, reg *Registry, opts ...Option) error {
 }
 
 // ServeConfig is Serve with an explicit configuration.
-func ServeConfig(ctx context.Context, cfg EnvConfig, reg *Registry, opts ...Option) error {
+func ServeConfig(ctx context.Context, cfg EnvConfig, reg *executor.Registry, opts ...executor.Option) error {
 	log := slog.Default()
 	nc, err := connect.Dial(ctx, cfg.Options, "toolbus executor "+cfg.Instance, log)
 	if err != nil {
@@ -72,12 +73,12 @@ func ServeConfig(ctx context.Context, cfg EnvConfig, reg *Registry, opts ...Opti
 	if err != nil {
 		return err
 	}
-	opts = append([]Option{WithInstance(cfg.Instance), WithDefaultTimeout(cfg.CallTimeout),
-		WithDefaultMaxOutputBytes(cfg.MaxOutput), WithLogger(log)}, opts...)
-	exec := New(reg, opts...)
-	w := NewWorker(bus, exec, WorkerConfig{
+	opts = append([]executor.Option{executor.WithInstance(cfg.Instance), executor.WithDefaultTimeout(cfg.CallTimeout),
+		executor.WithDefaultMaxOutputBytes(cfg.MaxOutput), executor.WithLogger(log)}, opts...)
+	exec := executor.New(reg, opts...)
+	w := New(bus, exec, Config{
 		Instance: cfg.Instance, Concurrency: cfg.Concurrency, Tools: cfg.Tools, AckWait: cfg.AckWait,
-		MaxDeliver: cfg.MaxDeliver, Grace: cfg.Grace, Logger: exec.log,
+		MaxDeliver: cfg.MaxDeliver, Grace: cfg.Grace, Logger: log,
 	})
 	return w.Run(ctx)
 }

@@ -1,4 +1,4 @@
-package executor
+package worker
 
 import (
 	"context"
@@ -17,12 +17,14 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/internal/retry"
 )
 
-// WorkerConfig configures an executor worker.
-type WorkerConfig struct {
+// Config configures an executor worker.
+type Config struct {
 	// Instance names this process in results, event sources and logs.
 	Instance string
 	// Concurrency is the most calls this worker runs at once (default 64).
@@ -81,7 +83,7 @@ func (nopMetrics) CallStarted(string)                                       {}
 func (nopMetrics) CallStopped(string)                                       {}
 func (nopMetrics) CallFinished(string, string, string, time.Duration, bool) {}
 
-func (c *WorkerConfig) setDefaults() {
+func (c *Config) setDefaults() {
 	if c.Instance == "" {
 		c.Instance = "executor"
 	}
@@ -117,13 +119,13 @@ func (c *WorkerConfig) setDefaults() {
 	}
 }
 
-// Worker consumes tool.requested, runs each call through the Executor and publishes
+// Worker consumes tool.requested, runs each call through the executor.Executor and publishes
 // exactly one tool.finished per call, acknowledging the request only once the result is
 // stored in the stream.
 type Worker struct {
-	cfg    WorkerConfig
+	cfg    Config
 	bus    *events.Bus
-	exec   *Executor
+	exec   *executor.Executor
 	source string
 	log    *slog.Logger
 
@@ -146,8 +148,8 @@ type callHandle struct{ cancel context.CancelCauseFunc }
 // errRunCancelled is the cancellation cause of calls of a cancelled run.
 var errRunCancelled = errors.New("executor: run cancelled")
 
-// NewWorker returns a worker that runs calls with exec.
-func NewWorker(bus *events.Bus, exec *Executor, cfg WorkerConfig) *Worker {
+// New returns a worker that runs calls with exec.
+func New(bus *events.Bus, exec *executor.Executor, cfg Config) *Worker {
 	cfg.setDefaults()
 	return &Worker{cfg: cfg, bus: bus, exec: exec, source: events.Source("executor", cfg.Instance),
 		log:      cfg.Logger.With("component", "executor", "instance", cfg.Instance),
@@ -224,7 +226,7 @@ func (w *Worker) serve(ctx context.Context) error {
 // unregistered at run time (tool providers such as MCP servers whose tool lists change):
 // each new tool gets its queue and its contract in the catalog, and the instance record
 // lists exactly the registered tools, so the planner stops offering removed ones at once.
-// A worker limited to WorkerConfig.Tools serves that fixed subset and ignores Sync.
+// A worker limited to Config.Tools serves that fixed subset and ignores Sync.
 // Sync before Run, or after Run returned, does nothing.
 func (w *Worker) Sync(ctx context.Context) error {
 	if len(w.cfg.Tools) > 0 {
@@ -398,12 +400,12 @@ func (w *Worker) track(run string, h *callHandle) (untrack func()) {
 }
 
 func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) error {
-	var req events.ToolRequested
+	var req toolbus.ToolRequested
 	meta, err := events.DecodeMsg(msg, &req)
 	if err != nil {
 		return err
 	}
-	if meta.Type != events.TypeToolRequested || !events.ValidRunID(req.RunID) || req.Step < 0 ||
+	if meta.Type != events.TypeToolRequested || !toolbus.ValidRunID(req.RunID) || req.Step < 0 ||
 		req.CallCount <= 0 || req.CallIndex < 0 || req.CallIndex >= req.CallCount {
 		return fmt.Errorf("%w: bad tool.requested %s (run %q, index %d of %d)", events.ErrPoison, meta.ID, req.RunID, req.CallIndex, req.CallCount)
 	}
@@ -451,7 +453,7 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) error {
 	}
 
 	var (
-		res events.ToolResult
+		res toolbus.ToolResult
 		ran bool // the tool ran: the in-flight gauge counts it
 	)
 	// The call's span (GenAI conventions, "execute_tool <tool>"), a child of the step's
@@ -468,7 +470,7 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) error {
 	defer func() {
 		if res.Status != "" {
 			span.SetAttributes(attribute.String("toolbus.tool.status", string(res.Status)))
-			if res.Status != events.StatusSucceeded {
+			if res.Status != toolbus.StatusSucceeded {
 				span.SetAttributes(attribute.String("error.type", res.Code()))
 				span.SetStatus(codes.Error, res.Code())
 			}
@@ -480,15 +482,15 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) error {
 	case err != nil && !errors.Is(err, events.ErrRunNotFound):
 		return err
 	case state.Status.Terminal():
-		res = errorResult(req.Call, events.StatusCancelled, events.CodeRunEnded,
+		res = executor.ErrorResult(req.Call, toolbus.StatusCancelled, toolbus.CodeRunEnded,
 			fmt.Sprintf("the run had already ended (%s) when this call was taken: it was not run", state.Status))
 	case attempt >= w.cfg.MaxDeliver && attempt > 1:
-		res = failedResult(req.Call, events.CodeToolInternalError,
+		res = executor.ErrorResult(req.Call, toolbus.StatusFailed, toolbus.CodeToolInternalError,
 			fmt.Sprintf("the call did not finish in %d attempts (its executor died each time); it was not run again", attempt-1))
 	case !w.serves(req.Call.Tool):
-		res = rejectedResult(req.Call, events.CodeUnknownTool, fmt.Sprintf("no executor serves a tool named %q", req.Call.Tool))
+		res = executor.ErrorResult(req.Call, toolbus.StatusRejected, toolbus.CodeUnknownTool, fmt.Sprintf("no executor serves a tool named %q", req.Call.Tool))
 	case !rs.Allows(req.Call.Tool):
-		res = rejectedResult(req.Call, events.CodeNotAuthorized, fmt.Sprintf("tool %q is not allowed in this run", req.Call.Tool))
+		res = executor.ErrorResult(req.Call, toolbus.StatusRejected, toolbus.CodeNotAuthorized, fmt.Sprintf("tool %q is not allowed in this run", req.Call.Tool))
 	default:
 		t, _ := w.exec.Registry().Lookup(req.Call.Tool)
 		if t.NeedsApproval {
@@ -507,7 +509,7 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) error {
 				if d.Why != "" {
 					msg += ": " + d.Why
 				}
-				res = rejectedResult(req.Call, events.CodeApprovalDenied, msg)
+				res = executor.ErrorResult(req.Call, toolbus.StatusRejected, toolbus.CodeApprovalDenied, msg)
 			}
 		}
 		if res.Status == "" {
@@ -534,7 +536,7 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) error {
 			ID: events.IDToolFinished(req.RunID, req.Step, req.Call.CallID), Type: events.TypeToolFinished,
 			Source: w.source, RunID: req.RunID, Step: req.Step, CallID: req.Call.CallID,
 			CallIndex: req.CallIndex, CallCount: req.CallCount, HasCall: true, TraceParent: meta.TraceParent,
-		}, events.ToolFinished{RunID: req.RunID, Step: req.Step, CallIndex: req.CallIndex, CallCount: req.CallCount, ToolResult: res})
+		}, toolbus.ToolFinished{RunID: req.RunID, Step: req.Step, CallIndex: req.CallIndex, CallCount: req.CallCount, ToolResult: res})
 		return err
 	})
 	if err != nil {
@@ -583,7 +585,7 @@ const runFullDelay = 250 * time.Millisecond
 // executor it waits, sending heartbeats, until that executor stores the result or dies;
 // an executor that died mid-call is replaced with a compare-and-set, and the call runs
 // again with the same idempotency key.
-func (w *Worker) claim(ctx context.Context, msg jetstream.Msg, req events.ToolRequested, log func() *slog.Logger) (bool, int, error) {
+func (w *Worker) claim(ctx context.Context, msg jetstream.Msg, req toolbus.ToolRequested, log func() *slog.Logger) (bool, int, error) {
 	mine := events.Claim{Instance: w.cfg.Instance, Attempt: 1, At: time.Now().UTC()}
 	var (
 		cur     events.Claim
@@ -648,7 +650,7 @@ func (w *Worker) claim(ctx context.Context, msg jetstream.Msg, req events.ToolRe
 }
 
 // run executes the call with its deadline, cancellation and InProgress heartbeats.
-func (w *Worker) run(ctx context.Context, msg jetstream.Msg, req events.ToolRequested, rs *events.RunStarted, attempt int) (events.ToolResult, error) {
+func (w *Worker) run(ctx context.Context, msg jetstream.Msg, req toolbus.ToolRequested, rs *toolbus.RunStarted, attempt int) (toolbus.ToolResult, error) {
 	callCtx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	deadline := req.Deadline
@@ -662,7 +664,7 @@ func (w *Worker) run(ctx context.Context, msg jetstream.Msg, req events.ToolRequ
 	}
 	untrack := w.track(req.RunID, &callHandle{cancel: cancel})
 	defer untrack()
-	callCtx = WithCallInfo(callCtx, CallInfo{
+	callCtx = executor.WithCallInfo(callCtx, executor.CallInfo{
 		RunID: req.RunID, Step: req.Step, CallID: req.Call.CallID, CallIndex: req.CallIndex, Tool: req.Call.Tool,
 		Principal: rs.Principal, Attempt: attempt,
 		IdempotencyKey: req.RunID + "/" + strconv.Itoa(req.Step) + "/" + req.Call.CallID,
@@ -700,12 +702,12 @@ func (w *Worker) retry(ctx context.Context, msg jetstream.Msg, log func() *slog.
 		}}, func(context.Context) error { return op() })
 }
 
-func (w *Worker) wait(ctx context.Context, req events.ToolRequested, log *slog.Logger) error {
+func (w *Worker) wait(ctx context.Context, req toolbus.ToolRequested, log *slog.Logger) error {
 	_, err := w.bus.Publish(ctx, events.SubjectToolWaiting(req.RunID, req.Call.Tool), events.Meta{
 		ID: events.IDToolWaiting(req.RunID, req.Step, req.Call.CallID), Type: events.TypeToolWaiting,
 		Source: w.source, RunID: req.RunID, Step: req.Step, CallID: req.Call.CallID,
 		CallIndex: req.CallIndex, CallCount: req.CallCount, HasCall: true,
-	}, events.ToolWaiting{RunID: req.RunID, Step: req.Step, CallIndex: req.CallIndex, CallCount: req.CallCount, Call: req.Call})
+	}, toolbus.ToolWaiting{RunID: req.RunID, Step: req.Step, CallIndex: req.CallIndex, CallCount: req.CallCount, Call: req.Call})
 	if err == nil {
 		log.Info("call waits for approval")
 	}
@@ -713,7 +715,7 @@ func (w *Worker) wait(ctx context.Context, req events.ToolRequested, log *slog.L
 }
 
 // keepLargeOutput moves an output too large for an event to the object store.
-func (w *Worker) keepLargeOutput(ctx context.Context, req events.ToolRequested, res *events.ToolResult) error {
+func (w *Worker) keepLargeOutput(ctx context.Context, req toolbus.ToolRequested, res *toolbus.ToolResult) error {
 	if len(res.Output) <= w.cfg.InlineOutputMax {
 		return nil
 	}
@@ -723,7 +725,7 @@ func (w *Worker) keepLargeOutput(ctx context.Context, req events.ToolRequested, 
 		return err
 	}
 	if res.Truncated == nil {
-		res.Truncated = &events.Truncation{OriginalBytes: len(res.Output), KeptBytes: len(res.Content)}
+		res.Truncated = &toolbus.Truncation{OriginalBytes: len(res.Output), KeptBytes: len(res.Content)}
 	}
 	res.Truncated.Ref = ref
 	res.Output = nil
@@ -733,7 +735,7 @@ func (w *Worker) keepLargeOutput(ctx context.Context, req events.ToolRequested, 
 // resultStored reports whether the stream already holds the tool.finished of req. It
 // walks the results of the run's tool with direct gets (next message on the subject):
 // an executor's credentials may not create consumers on the event stream.
-func (w *Worker) resultStored(ctx context.Context, req events.ToolRequested) (bool, error) {
+func (w *Worker) resultStored(ctx context.Context, req toolbus.ToolRequested) (bool, error) {
 	subject := events.SubjectToolFinished(req.RunID, req.Call.Tool)
 	want := events.IDToolFinished(req.RunID, req.Step, req.Call.CallID)
 	for seq := uint64(1); ; {

@@ -1,4 +1,4 @@
-package events
+package toolbus
 
 import (
 	"encoding/json"

@@ -1,4 +1,4 @@
-package events
+package toolbus
 
 import (
 	"encoding/json"
@@ -350,3 +350,33 @@ const (
 	LimitDeadline    = "deadline"
 	LimitTokenBudget = "token_budget"
 )
+
+// DefaultLimits are the limits a worker applies to runs that set none (TOOLBUS_MAX_STEPS,
+// TOOLBUS_RUN_TIMEOUT, TOOLBUS_TOKEN_BUDGET); a zero field sets no default.
+type DefaultLimits struct {
+	MaxSteps int
+	// RunTimeout gives a run with no deadline the deadline StartedAt + RunTimeout.
+	RunTimeout  time.Duration
+	TokenBudget int64
+}
+
+// WithDefaults returns rs with its zero limits filled from d (rs itself is not changed:
+// it may be shared through the run cache).
+func (rs *RunStarted) WithDefaults(d DefaultLimits) *RunStarted {
+	l := rs.Limits
+	if (l.MaxSteps > 0 || d.MaxSteps <= 0) && (!l.Deadline.IsZero() || d.RunTimeout <= 0 || rs.StartedAt.IsZero()) &&
+		(l.TokenBudget > 0 || d.TokenBudget <= 0) {
+		return rs
+	}
+	cp := *rs
+	if l.MaxSteps <= 0 && d.MaxSteps > 0 {
+		cp.Limits.MaxSteps = d.MaxSteps
+	}
+	if l.Deadline.IsZero() && d.RunTimeout > 0 && !rs.StartedAt.IsZero() {
+		cp.Limits.Deadline = rs.StartedAt.Add(d.RunTimeout)
+	}
+	if l.TokenBudget <= 0 && d.TokenBudget > 0 {
+		cp.Limits.TokenBudget = d.TokenBudget
+	}
+	return &cp
+}
