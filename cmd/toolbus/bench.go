@@ -56,6 +56,10 @@ type benchRow struct {
 	// saturated: unlike calls/s, it hardly moves when other work shares the machine.
 	ToolbusCPUUSPerCall float64 `json:"toolbus_cpu_us_per_call"`
 	FloorCPUUSPerCall   float64 `json:"floor_cpu_us_per_call"`
+	// Messages the server received per call while saturated (publishes, requests,
+	// acknowledgements): the bus work a call costs, whatever the machine.
+	ToolbusMsgsPerCall float64 `json:"toolbus_server_msgs_per_call"`
+	FloorMsgsPerCall   float64 `json:"floor_server_msgs_per_call"`
 	LatencyVsFloor      float64 `json:"latency_toolbus_over_floor"`
 	LatencyVsInproc     float64 `json:"latency_toolbus_over_inproc"`
 	ThroughputVFloor    float64 `json:"throughput_toolbus_over_floor"`
@@ -177,12 +181,12 @@ func machine() string {
 
 func printBench(out io.Writer, rep benchReport) {
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "storage\tdurability\tK\tstep p50 ms\tp99 ms\tfloor p50\tin-proc p50\tx floor\tx in-proc\t\truns\tcalls/s\tsteps/s\tfloor calls/s\tin-proc calls/s\tx floor\tCPU us/call\tfloor CPU\t")
+	fmt.Fprintln(tw, "storage\tdurability\tK\tstep p50 ms\tp99 ms\tfloor p50\tin-proc p50\tx floor\tx in-proc\t\truns\tcalls/s\tsteps/s\tfloor calls/s\tin-proc calls/s\tx floor\tCPU us/call\tfloor CPU\tmsgs/call\tfloor msgs\t")
 	for _, r := range rep.Rows {
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%.3f\t%.3f\t%.3f\t%.4f\t%.2f\t%.0f\t\t%d\t%.0f\t%.0f\t%.0f\t%.0f\t%.2f\t%.0f\t%.0f\t\n",
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%.3f\t%.3f\t%.3f\t%.4f\t%.2f\t%.0f\t\t%d\t%.0f\t%.0f\t%.0f\t%.0f\t%.2f\t%.0f\t%.0f\t%.1f\t%.1f\t\n",
 			r.Storage, r.Durability, r.K, r.ToolbusP50MS, r.ToolbusP99MS, r.FloorP50MS, r.InprocP50MS, r.LatencyVsFloor, r.LatencyVsInproc,
 			r.Runs, r.ToolbusCallsPS, r.ToolbusStepsPS, r.FloorCallsPS, r.InprocCallsPS, r.ThroughputVFloor,
-			r.ToolbusCPUUSPerCall, r.FloorCPUUSPerCall)
+			r.ToolbusCPUUSPerCall, r.FloorCPUUSPerCall, r.ToolbusMsgsPerCall, r.FloorMsgsPerCall)
 	}
 	tw.Flush()
 	if len(rep.Long) == 0 {
@@ -212,7 +216,9 @@ func benchOne(ctx context.Context, storage, durability string, k, steps, latRuns
 	memory := storage == "memory"
 
 	// toolbus
+	in0 := serverMsgs(srv)
 	lat, tput, cpu, err := benchToolbus(ctx, srv, memory, k, steps, latRuns, runs, cpuProfile)
+	row.ToolbusMsgsPerCall = float64(serverMsgs(srv)-in0) / float64((runs+latRuns+1)*(steps-1)*k)
 	if err != nil {
 		return row, fmt.Errorf("bench toolbus: %w", err)
 	}
@@ -223,7 +229,9 @@ func benchOne(ctx context.Context, storage, durability string, k, steps, latRuns
 	row.ToolbusCPUUSPerCall = float64(cpu.Microseconds()) / calls
 
 	// raw JetStream floor: the same hops per step, no toolbus logic
+	in0 = serverMsgs(srv)
 	flat, ftput, fcpu, err := benchFloor(ctx, srv, memory, k, steps, latRuns, runs)
+	row.FloorMsgsPerCall = float64(serverMsgs(srv)-in0) / float64((runs+latRuns+1)*(steps-1)*k)
 	if err != nil {
 		return row, fmt.Errorf("bench floor: %w", err)
 	}
@@ -246,6 +254,15 @@ func benchOne(ctx context.Context, storage, durability string, k, steps, latRuns
 		row.ThroughputVFloor = row.ToolbusCallsPS / row.FloorCallsPS
 	}
 	return row, nil
+}
+
+// serverMsgs is the number of messages the server received from clients so far.
+func serverMsgs(srv *embedded.Server) int64 {
+	v, err := srv.Varz(nil)
+	if err != nil {
+		return 0
+	}
+	return v.InMsgs
 }
 
 func pct(d []time.Duration, p int) float64 {
