@@ -60,9 +60,9 @@ type benchRow struct {
 	// acknowledgements): the bus work a call costs, whatever the machine.
 	ToolbusMsgsPerCall float64 `json:"toolbus_server_msgs_per_call"`
 	FloorMsgsPerCall   float64 `json:"floor_server_msgs_per_call"`
-	LatencyVsFloor      float64 `json:"latency_toolbus_over_floor"`
-	LatencyVsInproc     float64 `json:"latency_toolbus_over_inproc"`
-	ThroughputVFloor    float64 `json:"throughput_toolbus_over_floor"`
+	LatencyVsFloor     float64 `json:"latency_toolbus_over_floor"`
+	LatencyVsInproc    float64 `json:"latency_toolbus_over_inproc"`
+	ThroughputVFloor   float64 `json:"throughput_toolbus_over_floor"`
 }
 
 // longRow is one line of the long-run table: the step latency at the start and at the
