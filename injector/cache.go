@@ -124,3 +124,42 @@ func (c *callCache) put(id string, calls []toolbus.ToolCall) {
 	}
 	c.m[id] = calls
 }
+
+// resultCache keeps the results this injector joined into steps not yet settled (a
+// stored result never changes: the first one stands), so settling a step reads back
+// only the results another injector joined.
+type resultCache struct {
+	mu sync.Mutex
+	m  map[string]map[int]*toolbus.ToolResult
+}
+
+func newResultCache() *resultCache { return &resultCache{m: map[string]map[int]*toolbus.ToolResult{}} }
+
+func (c *resultCache) put(id string, idx int, r toolbus.ToolResult) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	m := c.m[id]
+	if m == nil {
+		if len(c.m) >= 8192 {
+			clear(c.m) // bounded; results reload from the history bucket
+		}
+		m = map[int]*toolbus.ToolResult{}
+		c.m[id] = m
+	}
+	m[idx] = &r
+}
+
+// get returns the cached result of call idx of step id.
+func (c *resultCache) get(id string, idx int) (*toolbus.ToolResult, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	r, ok := c.m[id][idx]
+	return r, ok
+}
+
+// forget drops the results of a settled step.
+func (c *resultCache) forget(id string) {
+	c.mu.Lock()
+	delete(c.m, id)
+	c.mu.Unlock()
+}

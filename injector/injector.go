@@ -107,13 +107,15 @@ type Injector struct {
 	log    *slog.Logger
 	steps  *steps
 	calls  *callCache
+	// results this injector joined into steps not yet settled
+	results *resultCache
 }
 
 // New returns an injector.
 func New(bus *events.Bus, cfg Config) *Injector {
 	cfg.setDefaults()
 	return &Injector{cfg: cfg, bus: bus, source: events.Source("injector", cfg.Instance), steps: newSteps(),
-		calls: newCallCache(), log: cfg.Logger.With("component", "injector", "instance", cfg.Instance)}
+		calls: newCallCache(), results: newResultCache(), log: cfg.Logger.With("component", "injector", "instance", cfg.Instance)}
 }
 
 // Run consumes results, approvals, cancellations, run.started and deadline timers until
@@ -365,6 +367,7 @@ func (in *Injector) Finished(ctx context.Context, tf toolbus.ToolFinished) error
 	if err != nil {
 		return err
 	}
+	in.results.put(stepID(tf.RunID, tf.Step), tf.CallIndex, stored)
 	// Whoever stored the result, the join state must count it (the writer may have died
 	// before it did).
 	if err := in.update(ctx, tf.RunID, tf.Step, tf.CallCount, func(st *events.StepState) bool {
@@ -517,9 +520,12 @@ func (in *Injector) settle(ctx context.Context, st *events.StepState) error {
 		in.log.Info("step settled after the run ended: nothing follows", "run_id", st.RunID, "step", st.Step, "status", state.Status)
 		return in.bus.PublishOutcome(ctx, in.source, state)
 	}
-	rec, err := in.bus.AssembleStep(ctx, st)
+	rec, err := in.assemble(ctx, st)
 	if err != nil {
 		return err
+	}
+	if rec.Complete() {
+		defer in.results.forget(stepID(st.RunID, st.Step))
 	}
 	if !rec.Complete() {
 		pending, err := in.undecided(ctx, rec)
@@ -552,6 +558,38 @@ func (in *Injector) settle(ctx context.Context, st *events.StepState) error {
 		RunID: rec.RunID, Step: rec.Step + 1,
 	}, toolbus.ModelRequested{RunID: rec.RunID, Step: rec.Step + 1})
 	return err
+}
+
+// assemble is Bus.AssembleStep with the results this injector joined itself taken from
+// its cache and the waiting calls from the step's cached calls: only the results other
+// injectors joined are read.
+func (in *Injector) assemble(ctx context.Context, st *events.StepState) (*events.StepRecord, error) {
+	rec := events.NewStepRecord(st.RunID, st.Step, st.CallCount)
+	id := stepID(st.RunID, st.Step)
+	for i := 0; i < st.CallCount; i++ {
+		switch {
+		case st.Received.Has(i):
+			if r, ok := in.results.get(id, i); ok {
+				rec.Results[i] = r
+				continue
+			}
+			r, err := in.bus.Result(ctx, st.RunID, st.Step, i)
+			if err != nil {
+				return nil, err
+			}
+			rec.Results[i] = &r
+		case st.Waiting.Has(i):
+			calls, err := in.stepCalls(ctx, st.RunID, st.Step)
+			if err != nil {
+				return nil, err
+			}
+			if i < len(calls) {
+				c := calls[i]
+				rec.Waiting[i] = &c
+			}
+		}
+	}
+	return rec, nil
 }
 
 // undecided returns the calls of a step that wait for a decision nobody made yet.
