@@ -335,16 +335,13 @@ func (in *Injector) checkCall(ctx context.Context, run string, step, idx, count 
 // stepCalls returns the calls of a step's recorded assistant message (cached: the first
 // recorded message stands forever).
 func (in *Injector) stepCalls(ctx context.Context, run string, step int) ([]toolbus.ToolCall, error) {
-	id := stepID(run, step)
-	if c, ok := in.calls.get(id); ok {
-		return c, nil
-	}
-	mr, err := in.bus.Assistant(ctx, run, step)
-	if err != nil {
-		return nil, err
-	}
-	in.calls.put(id, mr.Message.ToolCalls)
-	return mr.Message.ToolCalls, nil
+	return in.calls.get(ctx, stepID(run, step), func() ([]toolbus.ToolCall, error) {
+		mr, err := in.bus.Assistant(ctx, run, step)
+		if err != nil {
+			return nil, err
+		}
+		return mr.Message.ToolCalls, nil
+	})
 }
 
 // Finished joins one result. The result must match its call in the step's recorded

@@ -87,6 +87,8 @@ func (e *endedRuns) close() {
 // refresh records the sequence from which the subscriptions are trusted: the stream's
 // last sequence, read once the server has every subscription.
 func (e *endedRuns) refresh(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
 	reconnects := e.nc.Stats().Reconnects
 	if err := e.nc.FlushWithContext(ctx); err != nil {
 		return fmt.Errorf("executor: flush outcome subscriptions: %w", err)
@@ -150,9 +152,7 @@ func (e *endedRuns) lookup(run string, startSeq uint64) (toolbus.RunStatus, bool
 	e.mu.Unlock()
 	if start {
 		go func() {
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			defer cancel()
-			_ = e.refresh(ctx) // on failure the next lookup tries again
+			_ = e.refresh(context.Background()) // on failure the next lookup tries again
 			e.mu.Lock()
 			e.refreshing = false
 			e.mu.Unlock()
