@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -219,5 +220,59 @@ func TestCancelEndedRun(t *testing.T) {
 	}
 	if outs := s.outcomes("cancel-late"); len(outs) != 1 {
 		t.Fatalf("outcomes %+v", outs)
+	}
+}
+
+// A call taken after its run ended is not run: its result is cancelled with code
+// run_ended. The executor knows it from the run's outcome event when the run started
+// while it listened, and from the run state otherwise (an executor started after the
+// run ended); both are checked with a late tool.requested for a completed run.
+func TestCallOfEndedRunNotRun(t *testing.T) {
+	var ran atomic.Int32
+	counted := executor.Tool{
+		Name: "counted", Description: "counts its executions", InputSchema: objectSchema,
+		Func: func(context.Context, json.RawMessage) (any, error) { ran.Add(1); return "ran", nil },
+	}
+	model := &planner.Script{Steps: []func(planner.Request) planner.Response{planner.Answer("done")}}
+	s := newStack(t, model, counted)
+	late := func(run, executorName string) {
+		t.Helper()
+		c := call("late", "counted", `{}`)
+		if _, err := s.bus.Publish(s.ctx, events.SubjectToolRequested(run, c.Tool), events.Meta{
+			ID: events.IDToolRequested(run, 0, c.CallID, false), Type: events.TypeToolRequested, Source: events.Source("planner", "test"),
+			RunID: run, Step: 0, CallID: c.CallID, CallIndex: 0, CallCount: 1, HasCall: true,
+		}, toolbus.ToolRequested{RunID: run, Step: 0, CallIndex: 0, CallCount: 1, Call: c}); err != nil {
+			t.Fatal(err)
+		}
+		var res []toolbus.ToolFinished
+		eventstest.Eventually(t, 30*time.Second, func() error {
+			if res = s.finished(run); len(res) != 1 {
+				return fmt.Errorf("run %s has %d results", run, len(res))
+			}
+			return nil
+		})
+		r := res[0].ToolResult
+		if r.Status != toolbus.StatusCancelled || r.Code() != toolbus.CodeRunEnded || r.Executor != executorName {
+			t.Errorf("run %s: late call got %s/%s from %q, want cancelled/%s from %s", run, r.Status, r.Code(), r.Executor, toolbus.CodeRunEnded, executorName)
+		}
+	}
+	s.startExecutor("listening", worker.Config{})
+	s.startPlanner("planner-1")
+	s.startInjector("injector-1")
+
+	// Started while the executor listened: its outcome event says it ended.
+	s.submit("ended-heard", toolbus.Limits{})
+	s.waitEnd("ended-heard", toolbus.RunCompleted)
+	late("ended-heard", "listening")
+
+	// Ended before this executor started: only the run state says so.
+	s.submit("ended-before", toolbus.Limits{})
+	s.waitEnd("ended-before", toolbus.RunCompleted)
+	s.stop("listening")
+	s.startExecutor("late-comer", worker.Config{})
+	late("ended-before", "late-comer")
+
+	if n := ran.Load(); n != 0 {
+		t.Errorf("the tool ran %d times for calls of ended runs", n)
 	}
 }

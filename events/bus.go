@@ -94,7 +94,13 @@ type Bus struct {
 	*store.Store
 
 	mu       sync.Mutex
-	runCache map[string]*toolbus.RunStarted
+	runCache map[string]cachedRun
+}
+
+// cachedRun is a run's first run.started and its stream sequence.
+type cachedRun struct {
+	rs  *toolbus.RunStarted
+	seq uint64
 }
 
 // Open binds to the stream and the buckets that exist (Setup, or `toolbus init`, made
@@ -121,7 +127,7 @@ func newJS(nc *nats.Conn) (jetstream.JetStream, error) {
 }
 
 func open(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, cfg Config) (*Bus, error) {
-	b := &Bus{cfg: cfg, NC: nc, JS: js, runCache: map[string]*toolbus.RunStarted{}}
+	b := &Bus{cfg: cfg, NC: nc, JS: js, runCache: map[string]cachedRun{}}
 	missing := func(what, name string, err error) error {
 		if errors.Is(err, jetstream.ErrStreamNotFound) || errors.Is(err, jetstream.ErrBucketNotFound) {
 			return fmt.Errorf("%w: %s %s does not exist", ErrNotSetUp, what, name)

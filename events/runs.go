@@ -52,29 +52,35 @@ func (b *Bus) StartRun(ctx context.Context, source string, rs toolbus.RunStarted
 // (a later one, forged or resubmitted, never counts), read from the stream and cached:
 // it never changes.
 func (b *Bus) RunStarted(ctx context.Context, run string) (*toolbus.RunStarted, error) {
+	rs, _, err := b.RunStartedAt(ctx, run)
+	return rs, err
+}
+
+// RunStartedAt is RunStarted with the stream sequence of that first run.started.
+func (b *Bus) RunStartedAt(ctx context.Context, run string) (*toolbus.RunStarted, uint64, error) {
 	b.mu.Lock()
-	rs, ok := b.runCache[run]
+	c, ok := b.runCache[run]
 	b.mu.Unlock()
 	if ok {
-		return rs, nil
+		return c.rs, c.seq, nil
 	}
-	rs, _, err := b.firstRunStarted(ctx, run)
+	rs, seq, err := b.firstRunStarted(ctx, run)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	b.mu.Lock()
 	if len(b.runCache) > 10000 {
 		clear(b.runCache) // a bounded cache; entries are cheap to reload
 	}
-	b.runCache[run] = rs
+	b.runCache[run] = cachedRun{rs: rs, seq: seq}
 	b.mu.Unlock()
-	return rs, nil
+	return rs, seq, nil
 }
 
 // RunStartedSeq returns the stream sequence of the first run.started of a run: the only
 // one that starts it.
 func (b *Bus) RunStartedSeq(ctx context.Context, run string) (uint64, error) {
-	_, seq, err := b.firstRunStarted(ctx, run)
+	_, seq, err := b.RunStartedAt(ctx, run)
 	return seq, err
 }
 

@@ -25,7 +25,13 @@ func parseArguments(s string) (json.RawMessage, any, string, *Violation) {
 		const msg = "arguments are empty: send the arguments as one JSON object, e.g. {} when the tool needs none"
 		return nil, nil, msg, &Violation{Path: "", Message: "empty arguments"}
 	}
-	b := []byte(s) // one copy, shared by the check and the decoding
+	b := []byte(s) // one copy: decoded here, then given to the tool
+	if s[i] == '{' {
+		// The common case in one pass: decoding checks the syntax too.
+		if v, err := decodeJSON(b); err == nil {
+			return b, v, "", nil
+		}
+	}
 	if !json.Valid(b) {
 		var v any
 		err := json.Unmarshal(b, &v)
@@ -55,8 +61,8 @@ func parseArguments(s string) (json.RawMessage, any, string, *Violation) {
 		msg := "arguments must be a JSON object ({...} with the parameters as keys), got " + kind
 		return nil, nil, msg, &Violation{Path: "", Message: "got " + kind + ", want object"}
 	}
-	v, _ := decodeJSON(b) // cannot fail: b is valid JSON
-	return json.RawMessage(s), v, "", nil
+	// Valid JSON starting with an object that did not decode: not expected.
+	return nil, nil, "arguments are not valid JSON; send one JSON object", &Violation{Path: "", Message: "not valid JSON"}
 }
 
 // near shows up to 24 bytes of s before offset (and the byte at it) for a message, in

@@ -235,8 +235,16 @@ func (e *Executor) Execute(ctx context.Context, tc toolbus.ToolCall, p toolbus.P
 	if d, ok := ctx.Deadline(); ok && !deadline.Before(d) {
 		deadline, ownDeadline = d, false
 	}
-	timer := time.NewTimer(time.Until(deadline))
-	defer timer.Stop()
+	// The run state (pooled, with its timer) serves the whole call; it goes back to the
+	// pool unless the call is abandoned to a Func still running.
+	st := getRunState(time.Until(deadline))
+	timer, pooled := st.timer, true
+	defer func() {
+		timer.Stop()
+		if pooled {
+			putRunState(st)
+		}
+	}()
 	var sem chan struct{}
 	if n := ent.tool.MaxConcurrency; n > 0 {
 		sem = e.sem(ent.tool.Name, n)
@@ -263,7 +271,6 @@ func (e *Executor) Execute(ctx context.Context, tc toolbus.ToolCall, p toolbus.P
 	}
 
 	cctx := &callCtx{parent: ctx, deadline: deadline}
-	st := getRunState()
 	st.ctx, st.ent, st.callID, st.args, st.sem, st.log = cctx, ent, tc.CallID, args, sem, e.log
 	go st.run()
 	select {
@@ -273,6 +280,7 @@ func (e *Executor) Execute(ctx context.Context, tc toolbus.ToolCall, p toolbus.P
 		case <-st.done:
 		default:
 			st.abandoned.Store(true)
+			pooled = false
 			cctx.cancel(ctx.Err())
 			c.ctxDone(ctx, false, timeout, phaseRunning)
 			return res
@@ -282,13 +290,13 @@ func (e *Executor) Execute(ctx context.Context, tc toolbus.ToolCall, p toolbus.P
 		case <-st.done:
 		default:
 			st.abandoned.Store(true)
+			pooled = false
 			cctx.cancel(context.DeadlineExceeded)
 			c.ctxDone(ctx, ownDeadline && ctx.Err() == nil, timeout, phaseRunning)
 			return res
 		}
 	}
 	out, err, panicked := st.out, st.err, st.panicked
-	putRunState(st)
 	defer cctx.cancel(context.Canceled) // the call is over: release a timer the tool started
 
 	switch {
@@ -349,6 +357,7 @@ func (e *Executor) sem(name string, n int) chan struct{} {
 // done, never when the call was abandoned.
 type runState struct {
 	done      chan struct{}
+	timer     *time.Timer // the call's deadline, owned by Execute
 	ctx       context.Context
 	ent       *entry
 	callID    string
@@ -363,16 +372,19 @@ type runState struct {
 
 var runStatePool sync.Pool
 
-func getRunState() *runState {
+// getRunState returns a run state whose timer fires after d.
+func getRunState(d time.Duration) *runState {
 	if st, ok := runStatePool.Get().(*runState); ok {
+		st.timer.Reset(d) // stopped when it was put back
 		return st
 	}
-	return &runState{done: make(chan struct{}, 1)}
+	return &runState{done: make(chan struct{}, 1), timer: time.NewTimer(d)}
 }
 
+// putRunState puts back a run state whose timer is stopped and whose Func returned.
 func putRunState(st *runState) {
-	done := st.done
-	*st = runState{done: done}
+	done, timer := st.done, st.timer
+	*st = runState{done: done, timer: timer}
 	runStatePool.Put(st)
 }
 

@@ -1,6 +1,7 @@
 package injector
 
 import (
+	"context"
 	"strconv"
 	"sync"
 
@@ -101,26 +102,94 @@ func (s *steps) evictIdle() {
 }
 
 // callCache keeps the calls of recently joined steps' assistant messages (which never
-// change once recorded), so checking a result against its call costs no read.
+// change once recorded), so checking a result against its call costs no read; the
+// results of a step that arrive together share one read.
 type callCache struct {
-	mu sync.Mutex
-	m  map[string][]toolbus.ToolCall
+	mu      sync.Mutex
+	m       map[string][]toolbus.ToolCall
+	loading map[string]*callLoad
 }
 
-func newCallCache() *callCache { return &callCache{m: map[string][]toolbus.ToolCall{}} }
-
-func (c *callCache) get(id string) ([]toolbus.ToolCall, bool) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	calls, ok := c.m[id]
-	return calls, ok
+// callLoad is a read of a step's calls in progress.
+type callLoad struct {
+	done  chan struct{}
+	calls []toolbus.ToolCall
+	err   error
 }
 
-func (c *callCache) put(id string, calls []toolbus.ToolCall) {
+func newCallCache() *callCache {
+	return &callCache{m: map[string][]toolbus.ToolCall{}, loading: map[string]*callLoad{}}
+}
+
+// get returns the calls of step id, reading them with read unless they are cached or
+// being read already (then it waits for that read).
+func (c *callCache) get(ctx context.Context, id string, read func() ([]toolbus.ToolCall, error)) ([]toolbus.ToolCall, error) {
 	c.mu.Lock()
-	defer c.mu.Unlock()
-	if len(c.m) >= 4096 {
-		clear(c.m) // bounded; entries reload from the history bucket
+	if calls, ok := c.m[id]; ok {
+		c.mu.Unlock()
+		return calls, nil
 	}
-	c.m[id] = calls
+	if l := c.loading[id]; l != nil {
+		c.mu.Unlock()
+		select {
+		case <-l.done:
+			return l.calls, l.err
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	l := &callLoad{done: make(chan struct{})}
+	c.loading[id] = l
+	c.mu.Unlock()
+	l.calls, l.err = read()
+	c.mu.Lock()
+	delete(c.loading, id)
+	if l.err == nil {
+		if len(c.m) >= 4096 {
+			clear(c.m) // bounded; entries reload from the history bucket
+		}
+		c.m[id] = l.calls
+	}
+	c.mu.Unlock()
+	close(l.done)
+	return l.calls, l.err
+}
+
+// resultCache keeps the results this injector joined into steps not yet settled (a
+// stored result never changes: the first one stands), so settling a step reads back
+// only the results another injector joined.
+type resultCache struct {
+	mu sync.Mutex
+	m  map[string]map[int]*toolbus.ToolResult
+}
+
+func newResultCache() *resultCache { return &resultCache{m: map[string]map[int]*toolbus.ToolResult{}} }
+
+func (c *resultCache) put(id string, idx int, r toolbus.ToolResult) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	m := c.m[id]
+	if m == nil {
+		if len(c.m) >= 8192 {
+			clear(c.m) // bounded; results reload from the history bucket
+		}
+		m = map[int]*toolbus.ToolResult{}
+		c.m[id] = m
+	}
+	m[idx] = &r
+}
+
+// get returns the cached result of call idx of step id.
+func (c *resultCache) get(id string, idx int) (*toolbus.ToolResult, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	r, ok := c.m[id][idx]
+	return r, ok
+}
+
+// forget drops the results of a settled step.
+func (c *resultCache) forget(id string) {
+	c.mu.Lock()
+	delete(c.m, id)
+	c.mu.Unlock()
 }

@@ -134,6 +134,8 @@ type Injector struct {
 	log    *slog.Logger
 	steps  *steps
 	calls  *callCache
+	// results this injector joined into steps not yet settled
+	results *resultCache
 }
 
 // New returns an injector, or the error of cfg.Validate.
@@ -143,7 +145,7 @@ func New(bus *events.Bus, cfg Config) (*Injector, error) {
 	}
 	cfg.setDefaults()
 	return &Injector{cfg: cfg, bus: bus, source: events.Source("injector", cfg.Instance), steps: newSteps(),
-		calls: newCallCache(), log: cfg.Logger.With("component", "injector", "instance", cfg.Instance)}, nil
+		calls: newCallCache(), results: newResultCache(), log: cfg.Logger.With("component", "injector", "instance", cfg.Instance)}, nil
 }
 
 // Run consumes results, approvals, cancellations, run.started and deadline timers until
@@ -359,16 +361,13 @@ func (in *Injector) checkCall(ctx context.Context, run string, step, idx, count 
 // stepCalls returns the calls of a step's recorded assistant message (cached: the first
 // recorded message stands forever).
 func (in *Injector) stepCalls(ctx context.Context, run string, step int) ([]toolbus.ToolCall, error) {
-	id := stepID(run, step)
-	if c, ok := in.calls.get(id); ok {
-		return c, nil
-	}
-	mr, err := in.bus.Assistant(ctx, run, step)
-	if err != nil {
-		return nil, err
-	}
-	in.calls.put(id, mr.Message.ToolCalls)
-	return mr.Message.ToolCalls, nil
+	return in.calls.get(ctx, stepID(run, step), func() ([]toolbus.ToolCall, error) {
+		mr, err := in.bus.Assistant(ctx, run, step)
+		if err != nil {
+			return nil, err
+		}
+		return mr.Message.ToolCalls, nil
+	})
 }
 
 // Finished joins one result. The result must match its call in the step's recorded
@@ -391,6 +390,7 @@ func (in *Injector) Finished(ctx context.Context, tf toolbus.ToolFinished) error
 	if err != nil {
 		return err
 	}
+	in.results.put(stepID(tf.RunID, tf.Step), tf.CallIndex, stored)
 	// Whoever stored the result, the join state must count it (the writer may have died
 	// before it did).
 	if err := in.update(ctx, tf.RunID, tf.Step, tf.CallCount, func(st *store.StepState) bool {
@@ -543,9 +543,12 @@ func (in *Injector) settle(ctx context.Context, st *store.StepState) error {
 		in.log.Info("step settled after the run ended: nothing follows", "run_id", st.RunID, "step", st.Step, "status", state.Status)
 		return in.bus.PublishOutcome(ctx, in.source, state)
 	}
-	rec, err := in.bus.AssembleStep(ctx, st)
+	rec, err := in.assemble(ctx, st)
 	if err != nil {
 		return err
+	}
+	if rec.Complete() {
+		defer in.results.forget(stepID(st.RunID, st.Step))
 	}
 	if !rec.Complete() {
 		pending, err := in.undecided(ctx, rec)
@@ -575,6 +578,38 @@ func (in *Injector) settle(ctx context.Context, st *store.StepState) error {
 	}
 	_, err = in.bus.PublishEvent(ctx, events.ModelRequestedEvent(in.source, toolbus.ModelRequested{RunID: rec.RunID, Step: rec.Step + 1}))
 	return err
+}
+
+// assemble is Bus.AssembleStep with the results this injector joined itself taken from
+// its cache and the waiting calls from the step's cached calls: only the results other
+// injectors joined are read.
+func (in *Injector) assemble(ctx context.Context, st *store.StepState) (*store.StepRecord, error) {
+	rec := store.NewStepRecord(st.RunID, st.Step, st.CallCount)
+	id := stepID(st.RunID, st.Step)
+	for i := 0; i < st.CallCount; i++ {
+		switch {
+		case st.Received.Has(i):
+			if r, ok := in.results.get(id, i); ok {
+				rec.Results[i] = r
+				continue
+			}
+			r, err := in.bus.Result(ctx, st.RunID, st.Step, i)
+			if err != nil {
+				return nil, err
+			}
+			rec.Results[i] = &r
+		case st.Waiting.Has(i):
+			calls, err := in.stepCalls(ctx, st.RunID, st.Step)
+			if err != nil {
+				return nil, err
+			}
+			if i < len(calls) {
+				c := calls[i]
+				rec.Waiting[i] = &c
+			}
+		}
+	}
+	return rec, nil
 }
 
 // undecided returns the calls of a step that wait for a decision nobody made yet.

@@ -256,7 +256,8 @@ func (p *Planner) Step(ctx context.Context, run string, step int, traceparent st
 		}
 		return fmt.Errorf("%w: step %d of run %s, which ended %s", events.ErrPoison, step, run, st.Status)
 	}
-	if err := p.current(ctx, run, step); err != nil {
+	prev, recorded, err := p.current(ctx, run, step)
+	if err != nil {
 		return err
 	}
 	if !rs.Limits.Deadline.IsZero() && time.Now().After(rs.Limits.Deadline) {
@@ -281,11 +282,8 @@ func (p *Planner) Step(ctx context.Context, run string, step int, traceparent st
 	)
 	// Reuse what the model already said for this step, if it was recorded (a redelivery,
 	// or a duplicate request): the model is called once per step.
-	switch mr, err = p.bus.Assistant(ctx, run, step); {
-	case err == nil:
-		got = true
-	case !errors.Is(err, events.ErrNotFound):
-		return err
+	if recorded != nil {
+		mr, got = *recorded, true
 	}
 	if !got && len(rs.Calls) > 0 {
 		// A pre-planned run: its calls are step 0, and no model is ever called.
@@ -296,7 +294,7 @@ func (p *Planner) Step(ctx context.Context, run string, step int, traceparent st
 		got = true
 	}
 	if !got {
-		if mr, err = p.callModel(ctx, rs, step); err != nil {
+		if mr, err = p.callModel(ctx, rs, step, prev); err != nil {
 			span.SetStatus(codes.Error, err.Error())
 			span.SetAttributes(attribute.String("error.type", toolbus.CodeModelError))
 			if errors.Is(err, ErrPermanent) {
@@ -351,23 +349,36 @@ func (p *Planner) Step(ctx context.Context, run string, step int, traceparent st
 }
 
 // current checks that step is the run's current step: step 0, or the step after a
-// complete one, and not a step the run already went past.
-func (p *Planner) current(ctx context.Context, run string, step int) error {
+// complete one, and not a step the run already went past. It returns the join state of
+// the step before (nil for step 0), which the history reuses, and the assistant message
+// already recorded for step (nil when there is none).
+func (p *Planner) current(ctx context.Context, run string, step int) (*store.StepState, *toolbus.ModelResponded, error) {
+	var prev *store.StepState
 	if step > 0 {
 		js, _, err := p.bus.StepState(ctx, run, step-1)
 		if errors.Is(err, events.ErrNotFound) || (err == nil && !js.Complete()) {
-			return fmt.Errorf("%w: step %d of run %s requested before step %d completed", events.ErrPoison, step, run, step-1)
+			return nil, nil, fmt.Errorf("%w: step %d of run %s requested before step %d completed", events.ErrPoison, step, run, step-1)
 		}
 		if err != nil {
-			return err
+			return nil, nil, err
 		}
+		prev = js
+	}
+	mr, err := p.bus.Assistant(ctx, run, step)
+	if errors.Is(err, events.ErrNotFound) {
+		// Nothing recorded for this step, so nothing for a later one either: a step is
+		// asked for only after the calls of the step before were answered.
+		return prev, nil, nil
+	}
+	if err != nil {
+		return nil, nil, err
 	}
 	if _, err := p.bus.Assistant(ctx, run, step+1); err == nil {
-		return fmt.Errorf("%w: step %d of run %s requested after the run went past it", events.ErrPoison, step, run)
+		return nil, nil, fmt.Errorf("%w: step %d of run %s requested after the run went past it", events.ErrPoison, step, run)
 	} else if !errors.Is(err, events.ErrNotFound) {
-		return err
+		return nil, nil, err
 	}
-	return nil
+	return prev, &mr, nil
 }
 
 // publishCalls publishes one tool.requested per call, up to the per-step cap; each call
@@ -407,8 +418,8 @@ func (p *Planner) rejectExcess(ctx context.Context, run string, step, i int, cal
 		toolbus.ToolFinished{RunID: run, Step: step, CallIndex: i, CallCount: len(calls), ToolResult: res}).Traced(traceparent))
 }
 
-func (p *Planner) callModel(ctx context.Context, rs *toolbus.RunStarted, step int) (toolbus.ModelResponded, error) {
-	msgs, err := p.history(ctx, rs.RunID, step)
+func (p *Planner) callModel(ctx context.Context, rs *toolbus.RunStarted, step int, prev *store.StepState) (toolbus.ModelResponded, error) {
+	msgs, err := p.history(ctx, rs.RunID, step, prev)
 	if err != nil {
 		return toolbus.ModelResponded{}, err
 	}
@@ -475,7 +486,7 @@ func NormalizeCallIDs(step int, calls []toolbus.ToolCall) []toolbus.ToolCall {
 
 // history returns the messages before step, from the cache when it holds the steps
 // before, else from the history store.
-func (p *Planner) history(ctx context.Context, run string, step int) ([]toolbus.Message, error) {
+func (p *Planner) history(ctx context.Context, run string, step int, prev *store.StepState) ([]toolbus.Message, error) {
 	p.mu.Lock()
 	h := p.cache[run]
 	var (
@@ -506,7 +517,15 @@ func (p *Planner) history(ctx context.Context, run string, step int) ([]toolbus.
 			// only its results are read.
 			msgs = append(msgs, *asst)
 			if len(asst.ToolCalls) > 0 {
-				rec, _, err := p.bus.Step(ctx, run, s)
+				var (
+					rec *store.StepRecord
+					err error
+				)
+				if prev != nil && prev.Step == s {
+					rec, err = p.bus.AssembleStep(ctx, prev) // its join state was just read
+				} else {
+					rec, _, err = p.bus.Step(ctx, run, s)
+				}
 				if err != nil {
 					return nil, err
 				}

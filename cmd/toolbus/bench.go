@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"runtime"
 	"runtime/pprof"
 	"slices"
@@ -47,20 +48,44 @@ type benchRow struct {
 	FloorP99MS   float64 `json:"floor_step_p99_ms"`
 	InprocP50MS  float64 `json:"inproc_step_p50_ms"`
 	// R runs in flight: throughput.
-	Runs             int     `json:"runs_in_flight"`
-	ToolbusCallsPS   float64 `json:"toolbus_calls_per_s"`
-	ToolbusStepsPS   float64 `json:"toolbus_steps_per_s"`
-	FloorCallsPS     float64 `json:"floor_calls_per_s"`
-	InprocCallsPS    float64 `json:"inproc_calls_per_s"`
-	LatencyVsFloor   float64 `json:"latency_toolbus_over_floor"`
-	LatencyVsInproc  float64 `json:"latency_toolbus_over_inproc"`
-	ThroughputVFloor float64 `json:"throughput_toolbus_over_floor"`
+	Runs           int     `json:"runs_in_flight"`
+	ToolbusCallsPS float64 `json:"toolbus_calls_per_s"`
+	ToolbusStepsPS float64 `json:"toolbus_steps_per_s"`
+	FloorCallsPS   float64 `json:"floor_calls_per_s"`
+	InprocCallsPS  float64 `json:"inproc_calls_per_s"`
+	// CPU time of the whole process (toolbus and the embedded server) per call while
+	// saturated: unlike calls/s, it hardly moves when other work shares the machine.
+	ToolbusCPUUSPerCall float64 `json:"toolbus_cpu_us_per_call"`
+	FloorCPUUSPerCall   float64 `json:"floor_cpu_us_per_call"`
+	// Messages the server received per call while saturated (publishes, requests,
+	// acknowledgements): the bus work a call costs, whatever the machine.
+	ToolbusMsgsPerCall float64 `json:"toolbus_server_msgs_per_call"`
+	FloorMsgsPerCall   float64 `json:"floor_server_msgs_per_call"`
+	LatencyVsFloor     float64 `json:"latency_toolbus_over_floor"`
+	LatencyVsInproc    float64 `json:"latency_toolbus_over_inproc"`
+	ThroughputVFloor   float64 `json:"throughput_toolbus_over_floor"`
+}
+
+// longRow is one line of the long-run table: the step latency at the start and at the
+// end of runs of many steps, one run in flight. History reads that grew with the run
+// would show as a last/first ratio above 1.
+type longRow struct {
+	Storage    string `json:"storage"`
+	Durability string `json:"durability"`
+	K          int    `json:"calls_per_step"`
+	Steps      int    `json:"steps_per_run"`
+	Runs       int    `json:"runs"`
+	// FirstP50MS is the p50 of steps 1-10, LastP50MS of the last ten steps.
+	FirstP50MS float64 `json:"first_steps_p50_ms"`
+	LastP50MS  float64 `json:"last_steps_p50_ms"`
+	LastVFirst float64 `json:"last_over_first"`
 }
 
 type benchReport struct {
 	When    time.Time  `json:"when"`
 	Machine string     `json:"machine"`
 	Rows    []benchRow `json:"rows"`
+	Long    []longRow  `json:"long_runs,omitempty"`
 }
 
 // cmdBench measures toolbus beside the raw JetStream floor and an in-process loop, in
@@ -75,12 +100,17 @@ func cmdBench(ctx context.Context, args []string, out io.Writer) error {
 	runs := fs.Int("runs", 200, "runs in flight for the throughput figures")
 	storages := fs.String("storage", "memory,file", "storage kinds")
 	durabilities := fs.String("durability", "default", "durability modes of the server, comma-separated: default (fsync every 2 min), strict (fsync every write; file storage only)")
-	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the saturated toolbus case to this file")
+	longSteps := fs.Int("long-steps", 100, "steps of the long runs (the long-run table; 0: none)")
+	longK := fs.Int("long-k", 4, "calls per step of the long runs")
+	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the saturated toolbus case to this file (one file per row, named after it, when there are several rows)")
 	if err := fs.Parse(args); err != nil {
 		return &exitError{code: 2}
 	}
 	if *steps < 2 {
 		return &exitError{code: 2, msg: "bench: -steps must be at least 2"}
+	}
+	if *longSteps != 0 && (*longSteps < 20 || *longK < 1) {
+		return &exitError{code: 2, msg: "bench: -long-steps must be 0 or at least 20, -long-k at least 1"}
 	}
 	var kList []int
 	for _, s := range strings.Split(*ks, ",") {
@@ -100,20 +130,38 @@ func cmdBench(ctx context.Context, args []string, out io.Writer) error {
 			return &exitError{code: 2, msg: "bench: bad -durability " + *durabilities + " (default, strict)"}
 		}
 	}
+	type combo struct{ storage, mode string }
+	var combos []combo
 	for _, storage := range strings.Split(*storages, ",") {
 		storage = strings.TrimSpace(storage)
 		for _, mode := range modes {
 			if mode == "strict" && storage == "memory" {
 				continue // nothing to fsync
 			}
-			for _, k := range kList {
-				row, err := benchOne(ctx, storage, mode, k, *steps, *latRuns, *runs, *cpuProfile)
-				if err != nil {
-					return err
-				}
-				rep.Rows = append(rep.Rows, row)
-				fmt.Fprintf(os.Stderr, "bench: %s %s K=%d done\n", row.Storage, row.Durability, k)
+			combos = append(combos, combo{storage, mode})
+		}
+	}
+	for _, c := range combos {
+		for _, k := range kList {
+			prof := *cpuProfile
+			if prof != "" && len(combos)*len(kList) > 1 {
+				ext := filepath.Ext(prof)
+				prof = fmt.Sprintf("%s-%s-%s-k%d%s", strings.TrimSuffix(prof, ext), c.storage, c.mode, k, ext)
 			}
+			row, err := benchOne(ctx, c.storage, c.mode, k, *steps, *latRuns, *runs, prof)
+			if err != nil {
+				return err
+			}
+			rep.Rows = append(rep.Rows, row)
+			fmt.Fprintf(os.Stderr, "bench: %s %s K=%d done\n", row.Storage, row.Durability, k)
+		}
+		if *longSteps > 0 {
+			lr, err := benchLong(ctx, c.storage, c.mode, *longK, *longSteps, 3)
+			if err != nil {
+				return err
+			}
+			rep.Long = append(rep.Long, lr)
+			fmt.Fprintf(os.Stderr, "bench: %s %s long runs of %d steps done\n", c.storage, c.mode, *longSteps)
 		}
 	}
 	printBench(out, rep)
@@ -134,11 +182,22 @@ func machine() string {
 
 func printBench(out io.Writer, rep benchReport) {
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "storage\tdurability\tK\tstep p50 ms\tp99 ms\tfloor p50\tin-proc p50\tx floor\tx in-proc\t\truns\tcalls/s\tsteps/s\tfloor calls/s\tin-proc calls/s\tx floor\t")
+	fmt.Fprintln(tw, "storage\tdurability\tK\tstep p50 ms\tp99 ms\tfloor p50\tin-proc p50\tx floor\tx in-proc\t\truns\tcalls/s\tsteps/s\tfloor calls/s\tin-proc calls/s\tx floor\tCPU us/call\tfloor CPU\tmsgs/call\tfloor msgs\t")
 	for _, r := range rep.Rows {
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%.3f\t%.3f\t%.3f\t%.4f\t%.2f\t%.0f\t\t%d\t%.0f\t%.0f\t%.0f\t%.0f\t%.2f\t\n",
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%.3f\t%.3f\t%.3f\t%.4f\t%.2f\t%.0f\t\t%d\t%.0f\t%.0f\t%.0f\t%.0f\t%.2f\t%.0f\t%.0f\t%.1f\t%.1f\t\n",
 			r.Storage, r.Durability, r.K, r.ToolbusP50MS, r.ToolbusP99MS, r.FloorP50MS, r.InprocP50MS, r.LatencyVsFloor, r.LatencyVsInproc,
-			r.Runs, r.ToolbusCallsPS, r.ToolbusStepsPS, r.FloorCallsPS, r.InprocCallsPS, r.ThroughputVFloor)
+			r.Runs, r.ToolbusCallsPS, r.ToolbusStepsPS, r.FloorCallsPS, r.InprocCallsPS, r.ThroughputVFloor,
+			r.ToolbusCPUUSPerCall, r.FloorCPUUSPerCall, r.ToolbusMsgsPerCall, r.FloorMsgsPerCall)
+	}
+	tw.Flush()
+	if len(rep.Long) == 0 {
+		return
+	}
+	fmt.Fprintln(out)
+	tw = tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "long runs\tdurability\tK\tsteps\truns\tsteps 1-10 p50 ms\tlast 10 p50 ms\tlast/first\t")
+	for _, r := range rep.Long {
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%.3f\t%.3f\t%.2f\t\n", r.Storage, r.Durability, r.K, r.Steps, r.Runs, r.FirstP50MS, r.LastP50MS, r.LastVFirst)
 	}
 	tw.Flush()
 }
@@ -158,21 +217,28 @@ func benchOne(ctx context.Context, storage, durability string, k, steps, latRuns
 	memory := storage == "memory"
 
 	// toolbus
-	lat, tput, err := benchToolbus(ctx, srv, memory, k, steps, latRuns, runs, cpuProfile)
+	in0 := serverMsgs(srv)
+	lat, tput, cpu, err := benchToolbus(ctx, srv, memory, k, steps, latRuns, runs, cpuProfile)
+	row.ToolbusMsgsPerCall = float64(serverMsgs(srv)-in0) / float64((runs+latRuns+1)*(steps-1)*k)
 	if err != nil {
 		return row, fmt.Errorf("bench toolbus: %w", err)
 	}
+	calls := float64(runs * (steps - 1) * k)
 	row.ToolbusP50MS, row.ToolbusP99MS = pct(lat, 50), pct(lat, 99)
 	row.ToolbusCallsPS = tput * float64(k)
 	row.ToolbusStepsPS = tput
+	row.ToolbusCPUUSPerCall = float64(cpu.Microseconds()) / calls
 
 	// raw JetStream floor: the same hops per step, no toolbus logic
-	flat, ftput, err := benchFloor(ctx, srv, memory, k, steps, latRuns, runs)
+	in0 = serverMsgs(srv)
+	flat, ftput, fcpu, err := benchFloor(ctx, srv, memory, k, steps, latRuns, runs)
+	row.FloorMsgsPerCall = float64(serverMsgs(srv)-in0) / float64((runs+latRuns+1)*(steps-1)*k)
 	if err != nil {
 		return row, fmt.Errorf("bench floor: %w", err)
 	}
 	row.FloorP50MS, row.FloorP99MS = pct(flat, 50), pct(flat, 99)
 	row.FloorCallsPS = ftput * float64(k)
+	row.FloorCPUUSPerCall = float64(fcpu.Microseconds()) / calls
 
 	// in-process loop: the same executor, no bus
 	ilat, itput := benchInproc(ctx, k, steps, latRuns, runs)
@@ -189,6 +255,15 @@ func benchOne(ctx context.Context, storage, durability string, k, steps, latRuns
 		row.ThroughputVFloor = row.ToolbusCallsPS / row.FloorCallsPS
 	}
 	return row, nil
+}
+
+// serverMsgs is the number of messages the server received from clients so far.
+func serverMsgs(srv *embedded.Server) int64 {
+	v, err := srv.Varz(nil)
+	if err != nil {
+		return 0
+	}
+	return v.InMsgs
 }
 
 func pct(d []time.Duration, p int) float64 {
@@ -235,139 +310,212 @@ func (c *stepClock) latencies(run string) []time.Duration {
 	return out
 }
 
-func benchToolbus(ctx context.Context, srv *embedded.Server, memory bool, k, steps, latRuns, runs int, cpuProfile string) ([]time.Duration, float64, error) {
+// benchStack is toolbus in one process on an embedded server: an executor, a planner
+// and an injector with an instant scripted model that records when each step reached it.
+type benchStack struct {
+	bus   *events.Bus
+	clock *stepClock
+	ended chan string
+	close func()
+}
+
+// newBenchStack starts the stack; runs whose id starts with "long" last longSteps steps,
+// the others steps.
+func newBenchStack(ctx context.Context, srv *embedded.Server, memory bool, k, steps, longSteps, runs int) (*benchStack, error) {
 	nc, err := srv.Connect()
 	if err != nil {
-		return nil, 0, err
+		return nil, err
 	}
-	defer nc.Close()
-	bus, _, err := events.Setup(ctx, nc, events.Config{Memory: memory, Stream: "TOOLBUS"})
-	if err != nil {
-		return nil, 0, err
+	var cleanup []func()
+	st := &benchStack{clock: &stepClock{times: map[string][]time.Time{}}, ended: make(chan string, runs),
+		close: func() {
+			for i := len(cleanup) - 1; i >= 0; i-- {
+				cleanup[i]()
+			}
+		}}
+	cleanup = append(cleanup, nc.Close)
+	fail := func(err error) (*benchStack, error) { st.close(); return nil, err }
+	if st.bus, _, err = events.Setup(ctx, nc, events.Config{Memory: memory, Stream: "TOOLBUS"}); err != nil {
+		return fail(err)
 	}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	clock := &stepClock{times: map[string][]time.Time{}}
-	noop := NoopScript(k, steps)
+	short, long := NoopScript(k, steps), NoopScript(k, longSteps)
 	model := planner.ModelFunc(func(ctx context.Context, req planner.Request) (planner.Response, error) {
-		clock.mark(req.RunID, req.Step)
-		return noop.Complete(ctx, req)
+		st.clock.mark(req.RunID, req.Step)
+		if strings.HasPrefix(req.RunID, "long") {
+			return long.Complete(ctx, req)
+		}
+		return short.Complete(ctx, req)
 	})
 	reg := executor.NewRegistry()
 	if err := packs.Register(reg, "diag"); err != nil {
-		return nil, 0, err
+		return fail(err)
 	}
 	exec := executor.New(reg, executor.WithLogger(log), executor.WithInstance("bench"))
 	wctx, stop := context.WithCancel(ctx)
 	var wg sync.WaitGroup
-	defer func() { stop(); wg.Wait() }()
+	cleanup = append(cleanup, func() { stop(); wg.Wait() })
 	const conc = 256
 	runW := func(f func(context.Context) error) {
 		wg.Add(1)
 		go func() { defer wg.Done(); _ = f(wctx) }()
 	}
 	wc := events.WorkerConfig{Instance: "bench", Concurrency: conc, Logger: log, Grace: time.Second}
-	w, err := worker.New(bus, exec, worker.Config{WorkerConfig: wc})
+	w, err := worker.New(st.bus, exec, worker.Config{WorkerConfig: wc})
 	if err != nil {
-		return nil, 0, err
+		return fail(err)
 	}
 	runW(w.Run)
 	var cat *store.Catalog
 	for i := 0; i < 200; i++ {
-		if cat, err = bus.WatchCatalog(wctx, log); err != nil {
-			return nil, 0, err
+		if cat, err = st.bus.WatchCatalog(wctx, log); err != nil {
+			return fail(err)
 		}
 		if _, ok := cat.Lookup("noop"); ok {
 			break
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	p, err := planner.New(bus, model, cat, planner.Config{WorkerConfig: wc})
+	maxSteps := max(steps, longSteps) + 1
+	p, err := planner.New(st.bus, model, cat, planner.Config{WorkerConfig: wc})
 	if err != nil {
-		return nil, 0, err
+		return fail(err)
 	}
-	in, err := injector.New(bus, injector.Config{WorkerConfig: wc, Defaults: toolbus.DefaultLimits{MaxSteps: steps + 1}})
+	in, err := injector.New(st.bus, injector.Config{WorkerConfig: wc, Defaults: toolbus.DefaultLimits{MaxSteps: maxSteps}})
 	if err != nil {
-		return nil, 0, err
+		return fail(err)
 	}
 	runW(p.Run)
 	runW(in.Run)
-
-	ended := make(chan string, runs+latRuns)
 	sub, err := nc.Subscribe("toolbus.*.run.*", func(m *nats.Msg) {
 		if strings.HasSuffix(m.Subject, ".run.started") || strings.HasSuffix(m.Subject, ".run.cancel") {
 			return
 		}
 		run, _ := events.RunIDFromSubject(m.Subject)
-		ended <- run
+		st.ended <- run
 	})
 	if err != nil {
-		return nil, 0, err
+		return fail(err)
 	}
-	defer sub.Unsubscribe() //nolint:errcheck
-	prefix := fmt.Sprintf("b%d-%d-", k, time.Now().UnixNano()%1e9)
-	start := func(run string) error {
-		return bus.StartRun(ctx, "/toolbus/bench/1", toolbus.RunStarted{RunID: run,
-			Messages: []toolbus.Message{{Role: toolbus.RoleUser, Content: "bench"}}, Limits: toolbus.Limits{MaxSteps: steps + 1}})
-	}
-	wait := func(n int) error {
-		timeout := time.After(5 * time.Minute)
-		for i := 0; i < n; i++ {
-			select {
-			case <-ended:
-			case <-timeout:
-				return errors.New("runs did not finish in 5 minutes")
-			}
+	cleanup = append(cleanup, func() { _ = sub.Unsubscribe() })
+	return st, nil
+}
+
+func (st *benchStack) start(ctx context.Context, run string, steps int) error {
+	return st.bus.StartRun(ctx, "/toolbus/bench/1", toolbus.RunStarted{RunID: run,
+		Messages: []toolbus.Message{{Role: toolbus.RoleUser, Content: "bench"}}, Limits: toolbus.Limits{MaxSteps: steps + 1}})
+}
+
+func (st *benchStack) wait(n int) error {
+	timeout := time.After(5 * time.Minute)
+	for i := 0; i < n; i++ {
+		select {
+		case <-st.ended:
+		case <-timeout:
+			return errors.New("runs did not finish in 5 minutes")
 		}
-		return nil
 	}
+	return nil
+}
+
+func benchToolbus(ctx context.Context, srv *embedded.Server, memory bool, k, steps, latRuns, runs int, cpuProfile string) ([]time.Duration, float64, time.Duration, error) {
+	st, err := newBenchStack(ctx, srv, memory, k, steps, 0, runs+latRuns+1)
+	if err != nil {
+		return nil, 0, 0, err
+	}
+	defer st.close()
+	prefix := fmt.Sprintf("b%d-%d-", k, time.Now().UnixNano()%1e9)
 	// warm up
-	if err := start(prefix + "warm"); err != nil {
-		return nil, 0, err
+	if err := st.start(ctx, prefix+"warm", steps); err != nil {
+		return nil, 0, 0, err
 	}
-	if err := wait(1); err != nil {
-		return nil, 0, err
+	if err := st.wait(1); err != nil {
+		return nil, 0, 0, err
 	}
 	var lat []time.Duration
 	for i := 0; i < latRuns; i++ {
 		run := prefix + "lat" + strconv.Itoa(i)
-		if err := start(run); err != nil {
-			return nil, 0, err
+		if err := st.start(ctx, run, steps); err != nil {
+			return nil, 0, 0, err
 		}
-		if err := wait(1); err != nil {
-			return nil, 0, err
+		if err := st.wait(1); err != nil {
+			return nil, 0, 0, err
 		}
-		lat = append(lat, clock.latencies(run)...)
+		lat = append(lat, st.clock.latencies(run)...)
 	}
 	if cpuProfile != "" {
 		f, err := os.Create(cpuProfile)
 		if err != nil {
-			return nil, 0, err
+			return nil, 0, 0, err
 		}
 		defer f.Close()
 		if err := pprof.StartCPUProfile(f); err != nil {
-			return nil, 0, err
+			return nil, 0, 0, err
 		}
 		defer pprof.StopCPUProfile()
 	}
-	t0 := time.Now()
+	t0, c0 := time.Now(), cpuTime()
 	for i := 0; i < runs; i++ {
-		if err := start(prefix + "tp" + strconv.Itoa(i)); err != nil {
-			return nil, 0, err
+		if err := st.start(ctx, prefix+"tp"+strconv.Itoa(i), steps); err != nil {
+			return nil, 0, 0, err
 		}
 	}
-	if err := wait(runs); err != nil {
-		return nil, 0, err
+	if err := st.wait(runs); err != nil {
+		return nil, 0, 0, err
 	}
 	el := time.Since(t0).Seconds()
-	return lat, float64(runs*(steps-1)) / el, nil
+	return lat, float64(runs*(steps-1)) / el, cpuTime() - c0, nil
+}
+
+// benchLong runs n runs of steps steps, one at a time, and compares the latency of
+// their first steps with that of their last ones.
+func benchLong(ctx context.Context, storage, durability string, k, steps, n int) (longRow, error) {
+	row := longRow{Storage: storage, Durability: durability, K: k, Steps: steps, Runs: n}
+	dir, err := os.MkdirTemp("", "toolbus-bench-")
+	if err != nil {
+		return row, err
+	}
+	defer os.RemoveAll(dir)
+	srv, err := embedded.Start(embedded.Config{Port: -1, StoreDir: dir, SyncAlways: durability == "strict"})
+	if err != nil {
+		return row, err
+	}
+	defer srv.Stop()
+	st, err := newBenchStack(ctx, srv, storage == "memory", k, steps, steps, n+1)
+	if err != nil {
+		return row, fmt.Errorf("bench long runs: %w", err)
+	}
+	defer st.close()
+	prefix := fmt.Sprintf("long%d-%d-", k, time.Now().UnixNano()%1e9)
+	var first, last []time.Duration
+	for i := 0; i <= n; i++ { // the first run warms up
+		run := prefix + strconv.Itoa(i)
+		if err := st.start(ctx, run, steps); err != nil {
+			return row, err
+		}
+		if err := st.wait(1); err != nil {
+			return row, err
+		}
+		lat := st.clock.latencies(run) // lat[i] is step i+1
+		if i == 0 || len(lat) < 20 {
+			continue
+		}
+		first = append(first, lat[:10]...)
+		last = append(last, lat[len(lat)-10:]...)
+	}
+	row.FirstP50MS, row.LastP50MS = pct(first, 50), pct(last, 50)
+	if row.FirstP50MS > 0 {
+		row.LastVFirst = row.LastP50MS / row.FirstP50MS
+	}
+	return row, nil
 }
 
 // benchFloor runs the same hops per step as toolbus with raw JetStream and no toolbus
 // logic: req -> K x call -> K x done -> next req, each a publish and a consume with ack.
-func benchFloor(ctx context.Context, srv *embedded.Server, memory bool, k, steps, latRuns, runs int) ([]time.Duration, float64, error) {
+func benchFloor(ctx context.Context, srv *embedded.Server, memory bool, k, steps, latRuns, runs int) ([]time.Duration, float64, time.Duration, error) {
 	nc, err := srv.Connect()
 	if err != nil {
-		return nil, 0, err
+		return nil, 0, 0, err
 	}
 	defer nc.Close()
 	js, _ := jetstream.New(nc)
@@ -378,7 +526,7 @@ func benchFloor(ctx context.Context, srv *embedded.Server, memory bool, k, steps
 	name := fmt.Sprintf("FLOOR%d_%d", k, time.Now().UnixNano()%1e9)
 	stream, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: []string{name + ".>"}, Storage: st})
 	if err != nil {
-		return nil, 0, err
+		return nil, 0, 0, err
 	}
 	defer js.DeleteStream(context.WithoutCancel(ctx), name) //nolint:errcheck
 	cons := func(stage string) (jetstream.Consumer, error) {
@@ -436,10 +584,10 @@ func benchFloor(ctx context.Context, srv *embedded.Server, memory bool, k, steps
 		}
 		return nil
 	}); err != nil {
-		return nil, 0, err
+		return nil, 0, 0, err
 	}
 	if err := stage("call", func(run string, step int) error { return pub(name+".done."+run, run, step) }); err != nil {
-		return nil, 0, err
+		return nil, 0, 0, err
 	}
 	if err := stage("done", func(run string, step int) error {
 		key := run + "." + strconv.Itoa(step)
@@ -449,7 +597,7 @@ func benchFloor(ctx context.Context, srv *embedded.Server, memory bool, k, steps
 		}
 		return nil
 	}); err != nil {
-		return nil, 0, err
+		return nil, 0, 0, err
 	}
 	wait := func(n int) error {
 		timeout := time.After(5 * time.Minute)
@@ -466,26 +614,26 @@ func benchFloor(ctx context.Context, srv *embedded.Server, memory bool, k, steps
 	for i := 0; i < latRuns+1; i++ {
 		run := "lat" + strconv.Itoa(i)
 		if err := pub(name+".req."+run, run, 0); err != nil {
-			return nil, 0, err
+			return nil, 0, 0, err
 		}
 		if err := wait(1); err != nil {
-			return nil, 0, err
+			return nil, 0, 0, err
 		}
 		if i > 0 { // the first is a warm-up
 			lat = append(lat, clock.latencies(run)...)
 		}
 	}
-	t0 := time.Now()
+	t0, c0 := time.Now(), cpuTime()
 	for i := 0; i < runs; i++ {
 		run := "tp" + strconv.Itoa(i)
 		if err := pub(name+".req."+run, run, 0); err != nil {
-			return nil, 0, err
+			return nil, 0, 0, err
 		}
 	}
 	if err := wait(runs); err != nil {
-		return nil, 0, err
+		return nil, 0, 0, err
 	}
-	return lat, float64(runs*(steps-1)) / time.Since(t0).Seconds(), nil
+	return lat, float64(runs*(steps-1)) / time.Since(t0).Seconds(), cpuTime() - c0, nil
 }
 
 // benchInproc runs the same workload as a direct loop: model, then the K calls through

@@ -148,6 +148,8 @@ type Worker struct {
 	claimed   map[string]bool                     // claim keys this worker is handling
 	cancelled map[string]time.Time                // runs cancelled recently
 
+	ends *endedRuns // runs known to have ended, from their outcome events
+
 	extra sync.WaitGroup // queues added by Sync
 }
 
@@ -162,9 +164,17 @@ func New(bus *events.Bus, exec *executor.Executor, cfg Config) (*Worker, error) 
 		return nil, err
 	}
 	cfg.setDefaults()
+	ends := &endedRuns{nc: bus.NC, ended: map[string]toolbus.RunStatus{}, info: func(ctx context.Context) (uint64, error) {
+		si, err := bus.Stream.Info(ctx)
+		if err != nil {
+			return 0, fmt.Errorf("executor: stream info: %w", err)
+		}
+		return si.State.LastSeq, nil
+	}}
 	return &Worker{cfg: cfg, bus: bus, exec: exec, source: events.Source("executor", cfg.Instance),
 		log:      cfg.Logger.With("component", "executor", "instance", cfg.Instance),
-		inflight: map[string]map[*callHandle]struct{}{}, claimed: map[string]bool{}, cancelled: map[string]time.Time{}}, nil
+		inflight: map[string]map[*callHandle]struct{}{}, claimed: map[string]bool{}, cancelled: map[string]time.Time{},
+		ends: ends}, nil
 }
 
 // Run binds the queue of every served tool (creating it when it does not exist and the
@@ -203,6 +213,12 @@ func (w *Worker) serve(ctx context.Context) error {
 		return fmt.Errorf("executor: subscribe to cancellations: %w", err)
 	}
 	defer sub.Unsubscribe() //nolint:errcheck // connection may be closing
+	if err := w.ends.listen(ctx); err != nil {
+		// Without them every call reads its run's state, as it always may.
+		w.ends.close()
+		w.log.Warn("run outcomes not followed: each call reads its run's state (give the executor's credentials subscribe permission on toolbus.*.run.<outcome>)", "error", err)
+	}
+	defer w.ends.close()
 	queues := append([]string{events.UnknownToolToken}, served...)
 	consumers := make([]jetstream.Consumer, 0, len(queues))
 	for _, tool := range queues {
@@ -427,7 +443,7 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) error {
 	}
 	// The run, not the call event, says what the call may do: allowlist, principal and
 	// deadline come from the run's first run.started.
-	rs, err := w.bus.RunStarted(ctx, req.RunID)
+	rs, startSeq, err := w.bus.RunStartedAt(ctx, req.RunID)
 	if err != nil {
 		if errors.Is(err, events.ErrRunNotFound) {
 			return fmt.Errorf("%w: call %s of a run that was never started", events.ErrPoison, meta.ID)
@@ -441,7 +457,11 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) error {
 		return &events.DeferError{Delay: max(w.cfg.AckWait/3, time.Second), Reason: "call already being handled by this process"}
 	}
 	defer w.release(key)
-	if w.cfg.RunMaxInFlight > 0 {
+	// A run's calls in flight are those of its current step: the next step is asked for
+	// only once every call of this one has a result or waits for approval. A step of at
+	// most RunMaxInFlight calls therefore stays under the cap by itself, and only the
+	// calls of larger steps take one of the run's slots (a KV create and a delete each).
+	if w.cfg.RunMaxInFlight > 0 && req.CallCount > w.cfg.RunMaxInFlight {
 		slot, ok, err := w.bus.AcquireRunSlot(ctx, req.RunID, w.cfg.RunMaxInFlight, key, w.cfg.Instance)
 		if err != nil {
 			return err
@@ -488,13 +508,13 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) error {
 		}
 		span.End()
 	}()
-	state, _, err := w.bus.RunState(ctx, req.RunID)
+	ended, err := w.runEnded(ctx, req.RunID, startSeq)
 	switch {
-	case err != nil && !errors.Is(err, events.ErrRunNotFound):
+	case err != nil:
 		return err
-	case state.Status.Terminal():
+	case ended != "":
 		res = executor.ErrorResult(req.Call, toolbus.StatusCancelled, toolbus.CodeRunEnded,
-			fmt.Sprintf("the run had already ended (%s) when this call was taken: it was not run", state.Status))
+			fmt.Sprintf("the run had already ended (%s) when this call was taken: it was not run", ended))
 	case attempt >= w.cfg.MaxDeliver && attempt > 1:
 		res = executor.ErrorResult(req.Call, toolbus.StatusFailed, toolbus.CodeToolInternalError,
 			fmt.Sprintf("the call did not finish in %d attempts (its executor died each time); it was not run again", attempt-1))
@@ -558,6 +578,23 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) error {
 	w.cfg.Metrics.CallFinished(tool, string(res.Status), res.Code(), time.Duration(res.DurationMS)*time.Millisecond, ran)
 	log().Info("call finished", "status", res.Status, "code", res.Code(), "duration_ms", res.DurationMS, "attempt", attempt)
 	return nil
+}
+
+// runEnded returns the outcome of a run that already ended, or "" while it goes on: from
+// the outcome events the worker follows when they answer for the run, else from the run
+// state.
+func (w *Worker) runEnded(ctx context.Context, run string, startSeq uint64) (toolbus.RunStatus, error) {
+	if status, ok := w.ends.lookup(run, startSeq); ok {
+		return status, nil
+	}
+	state, _, err := w.bus.RunState(ctx, run)
+	if err != nil && !errors.Is(err, events.ErrRunNotFound) {
+		return "", err
+	}
+	if state.Status.Terminal() {
+		return state.Status, nil
+	}
+	return "", nil
 }
 
 // hold marks a call as handled by this process; false when it already is.

@@ -1,0 +1,85 @@
+package worker
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/toolbus/toolbus"
+	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/eventstest"
+)
+
+// The outcome subscriptions answer for runs started after they listened, and only for
+// those: an outcome published later is seen, a run started before is left to the run
+// state, and so is every run once a message may have been lost.
+func TestEndedRunsFromOutcomeEvents(t *testing.T) {
+	srv := eventstest.RunJetStream(t)
+	ctx := eventstest.Context(t, time.Minute)
+	bus, _, err := events.Setup(ctx, srv.Conn, events.Config{Memory: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := func(run string) uint64 {
+		t.Helper()
+		if err := bus.StartRun(ctx, "/test", toolbus.RunStarted{RunID: run}); err != nil {
+			t.Fatal(err)
+		}
+		seq, err := bus.RunStartedSeq(ctx, run)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return seq
+	}
+	before := start("before")
+	w, err := New(bus, nil, Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.ends.listen(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer w.ends.close()
+	after, other := start("after"), start("other")
+
+	if _, ok := w.ends.lookup("before", before); ok {
+		t.Error("a run started before the subscriptions is answered by them")
+	}
+	if st, ok := w.ends.lookup("after", after); !ok || st != "" {
+		t.Errorf("a run started after the subscriptions, not ended: got %q, %v; want \"\", true", st, ok)
+	}
+	if _, err := bus.Publish(ctx, events.SubjectRunEnded("after", toolbus.RunCancelled), events.Meta{
+		ID: "after/0/run.cancelled", Type: events.TypeRunEnded(toolbus.RunCancelled), Source: "/test", RunID: "after",
+	}, toolbus.RunEnded{RunID: "after", Status: toolbus.RunCancelled}); err != nil {
+		t.Fatal(err)
+	}
+	eventstest.Eventually(t, 10*time.Second, func() error {
+		if st, ok := w.ends.lookup("after", after); !ok || st != toolbus.RunCancelled {
+			return fmt.Errorf("got %q, %v; want cancelled, true", st, ok)
+		}
+		return nil
+	})
+	if st, ok := w.ends.lookup("other", other); !ok || st != "" {
+		t.Errorf("another run: got %q, %v; want \"\", true", st, ok)
+	}
+
+	// A lost message (here: the map emptied to bound it) makes every run not known to
+	// have ended go to the run state until the subscriptions are trusted again.
+	w.ends.mu.Lock()
+	w.ends.from = 0
+	w.ends.mu.Unlock()
+	if _, ok := w.ends.lookup("other", other); ok {
+		t.Error("untrusted subscriptions answered")
+	}
+	eventstest.Eventually(t, 10*time.Second, func() error {
+		w.ends.mu.Lock()
+		defer w.ends.mu.Unlock()
+		if w.ends.from < other {
+			return fmt.Errorf("trusted from sequence %d, want at least %d", w.ends.from, other)
+		}
+		return nil
+	})
+	if _, ok := w.ends.lookup("other", other); ok {
+		t.Error("a run started before the new trusted sequence is answered by the subscriptions")
+	}
+}
