@@ -4,8 +4,10 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/eventstest"
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/executor/worker"
 )
@@ -14,6 +16,10 @@ import (
 // of replacing a bad value with its default.
 func TestNewRefusesBadConfig(t *testing.T) {
 	exec := executor.New(executor.NewRegistry())
+	bus, _, err := events.Setup(eventstest.Context(t, time.Minute), eventstest.RunJetStream(t).Conn, events.Config{Memory: true})
+	if err != nil {
+		t.Fatal(err)
+	}
 	cases := []struct {
 		name string
 		cfg  worker.Config
@@ -28,7 +34,7 @@ func TestNewRefusesBadConfig(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			w, err := worker.New(nil, exec, tc.cfg)
+			w, err := worker.New(bus, exec, tc.cfg)
 			if tc.want == "" {
 				if err != nil || w == nil {
 					t.Fatalf("New: %v, %v; want a worker", w, err)
