@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -22,13 +23,13 @@ import (
 	"github.com/toolbus/toolbus/executor/mcptools"
 )
 
-// fixture is an in-process go-sdk server reached over the in-memory transport; every
-// (re)connection gets a new server session, and crash ends the current one.
+// fixture is an in-process go-sdk server reached over an in-memory pipe; every
+// (re)connection gets a new server session, and crash breaks the current pipe.
 type fixture struct {
-	srv      *mcp.Server
-	dials    atomic.Int32
-	mu       sync.Mutex
-	sessions []*mcp.ServerSession
+	srv   *mcp.Server
+	dials atomic.Int32
+	mu    sync.Mutex
+	ends  []net.Conn // the server's end of each connection's pipe
 	// cancelled receives the name of a tool whose handler saw its context end (the SDK
 	// delivers notifications/cancelled that way).
 	cancelled chan string
@@ -97,25 +98,31 @@ func newFixture(t *testing.T) *fixture {
 	return f
 }
 
+// dial is mcp.NewInMemoryTransports with the server's end of the pipe kept, so crash
+// can break it.
 func (f *fixture) dial(ctx context.Context) (mcp.Transport, error) {
 	f.dials.Add(1)
-	ct, st := mcp.NewInMemoryTransports()
-	ss, err := f.srv.Connect(ctx, st, nil)
-	if err != nil {
+	cEnd, sEnd := net.Pipe()
+	if _, err := f.srv.Connect(ctx, &mcp.IOTransport{Reader: sEnd, Writer: sEnd}, nil); err != nil {
 		return nil, err
 	}
 	f.mu.Lock()
-	f.sessions = append(f.sessions, ss)
+	f.ends = append(f.ends, sEnd)
 	f.mu.Unlock()
-	return ct, nil
+	return &mcp.IOTransport{Reader: cEnd, Writer: cEnd}, nil
 }
 
-// crash ends the current server session, as a stdio server that dies does.
+// crash closes the server's end of the current pipe, as a stdio server that dies closes
+// its stdout: the client reads EOF at once. Not ServerSession.Close: that close is
+// graceful, it closes the stream only once the handlers in flight have returned, and the
+// slow tool returns only when cancelled; it got cancelled only when the response of the
+// cancelled subscriptions/listen happened to be written after the close began, so a call
+// in flight sometimes ran into its 30s timeout.
 func (f *fixture) crash() {
 	f.mu.Lock()
-	ss := f.sessions[len(f.sessions)-1]
+	end := f.ends[len(f.ends)-1]
 	f.mu.Unlock()
-	_ = ss.Close()
+	_ = end.Close()
 }
 
 func quietLog() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
@@ -270,7 +277,12 @@ func TestCrashAndRestart(t *testing.T) {
 	go func() { done <- call(ctx, ex, "fx__slow", `{}`) }()
 	waitFor(t, f.started, "the call never reached the server")
 	f.crash()
-	res := <-done
+	var res toolbus.ToolResult
+	select {
+	case res = <-done:
+	case <-time.After(10 * time.Second): // well under the tool's 30s timeout
+		t.Fatal("the call in flight during the crash did not end promptly")
+	}
 	if res.Status != toolbus.StatusFailed || res.Code() != mcptools.CodeUnavailable || res.Error == nil || !res.Error.Retryable {
 		t.Fatalf("call in flight during the crash: %+v, want a retryable %s failure", res, mcptools.CodeUnavailable)
 	}
