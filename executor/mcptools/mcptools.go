@@ -288,6 +288,9 @@ func (s *server) connect(ctx context.Context) (*mcp.ClientSession, error) {
 func (s *server) supervise(ctx context.Context, sess *mcp.ClientSession) {
 	for {
 		err := sess.Wait()
+		// Close releases what the SDK keeps for an ended session (its listen request's
+		// goroutine waits for Close, not for the connection's end).
+		_ = sess.Close()
 		s.mu.Lock()
 		s.sess = nil
 		s.up = make(chan struct{})
