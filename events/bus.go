@@ -15,7 +15,23 @@ import (
 )
 
 // DefaultStream is the name of the event stream unless Config.Stream sets another.
-const DefaultStream = "TOOLBUS"
+// The defaults of Config, in one place. The envconfig default tags of Config repeat
+// them (a tag must be a literal); TestConfigDefaultTags checks that they agree.
+const (
+	// DefaultStream is the name of the event stream.
+	DefaultStream = "TOOLBUS"
+	// DefaultMaxAge is how long events are kept for audit.
+	DefaultMaxAge = 7 * 24 * time.Hour
+	// DefaultDuplicates is the stream's duplicate window.
+	DefaultDuplicates = 10 * time.Minute
+	// DefaultReplicas is the replicas of the stream and buckets.
+	DefaultReplicas = 1
+	// DefaultInstanceTTL is how long an executor instance stays in the catalog after
+	// its last heartbeat.
+	DefaultInstanceTTL = 10 * time.Second
+	// DefaultOutputsMaxBytes bounds the object store of large tool outputs (1 GiB).
+	DefaultOutputsMaxBytes = 1 << 30
+)
 
 // Errors callers branch on: the store's, which the bus's own reads return too.
 var (
@@ -54,19 +70,19 @@ func (c *Config) setDefaults() {
 		c.Stream = DefaultStream
 	}
 	if c.MaxAge == 0 {
-		c.MaxAge = 7 * 24 * time.Hour
+		c.MaxAge = DefaultMaxAge
 	}
 	if c.Duplicates == 0 {
-		c.Duplicates = 10 * time.Minute
+		c.Duplicates = DefaultDuplicates
 	}
 	if c.Replicas == 0 {
-		c.Replicas = 1
+		c.Replicas = DefaultReplicas
 	}
 	if c.InstanceTTL <= 0 {
-		c.InstanceTTL = 10 * time.Second
+		c.InstanceTTL = DefaultInstanceTTL
 	}
 	if c.OutputsMaxBytes == 0 {
-		c.OutputsMaxBytes = 1 << 30
+		c.OutputsMaxBytes = DefaultOutputsMaxBytes
 	}
 }
 
