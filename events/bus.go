@@ -160,6 +160,7 @@ func open(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, cfg Config
 	if kvs.Outputs, err = js.ObjectStore(ctx, store.BucketOutputs); err != nil {
 		return nil, missing("object store", store.BucketOutputs, err)
 	}
+	kvs.Conn = nc
 	b.Store = store.New(kvs, cfg.InstanceTTL)
 	return b, nil
 }

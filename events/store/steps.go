@@ -246,12 +246,22 @@ func (s *Store) Step(ctx context.Context, run string, step int) (*StepRecord, ui
 // assemble reads the results and waiting calls a join state marks.
 func (s *Store) assemble(ctx context.Context, st *StepState) (*StepRecord, error) {
 	rec := NewStepRecord(st.RunID, st.Step, st.CallCount)
-	var asst *toolbus.ModelResponded
+	var (
+		asst    *toolbus.ModelResponded
+		batched map[int]toolbus.ToolResult
+	)
+	if st.Received.Count() > 1 {
+		// One request for every result of the step; what it misses is read on its own.
+		batched, _ = s.batchResults(ctx, st.RunID, st.Step, st.CallCount)
+	}
 	for i := 0; i < st.CallCount; i++ {
 		if st.Received.Has(i) {
-			r, err := s.Result(ctx, st.RunID, st.Step, i)
-			if err != nil {
-				return nil, err
+			r, ok := batched[i]
+			if !ok {
+				var err error
+				if r, err = s.Result(ctx, st.RunID, st.Step, i); err != nil {
+					return nil, err
+				}
 			}
 			rec.Results[i] = &r
 			continue

@@ -135,3 +135,47 @@ func TestCatalog(t *testing.T) {
 		t.Fatalf("openai export %+v", got)
 	}
 }
+
+// Step reads the results of a step with one batched request: it returns exactly the
+// results the join state marks, by call index, and none of another step or of a run
+// whose id begins the same way.
+func TestStepReadsResultsInOneBatch(t *testing.T) {
+	bus := openBus(t)
+	ctx := eventstest.Context(t, time.Minute)
+	put := func(run string, step, idx int, content string) {
+		t.Helper()
+		if _, _, err := bus.PutResult(ctx, run, step, idx, toolbus.ToolResult{CallID: content, Tool: "t",
+			Status: toolbus.StatusSucceeded, Content: content}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := 0; i < 5; i++ {
+		put("r1", 2, i, "r1/2/"+string(rune('a'+i)))
+		put("r1", 3, i, "r1/3/"+string(rune('a'+i)))
+		put("r10", 2, i, "r10/2/"+string(rune('a'+i)))
+	}
+	st := store.NewStepState("r1", 2, 6) // call 5 has no result, call 4 is not counted yet
+	for _, i := range []int{0, 1, 2, 3} {
+		st.Received.Set(i)
+	}
+	if _, err := bus.PutStepState(ctx, st, 0); err != nil {
+		t.Fatal(err)
+	}
+	rec, _, err := bus.Step(ctx, "r1", 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, r := range rec.Results {
+		switch {
+		case i < 4 && (r == nil || r.Content != "r1/2/"+string(rune('a'+i))):
+			t.Fatalf("result %d = %+v", i, r)
+		case i >= 4 && r != nil:
+			t.Fatalf("result %d not joined yet, got %+v", i, r)
+		}
+	}
+	// A counted result that is not stored is an error, batched or not.
+	st.Received.Set(5)
+	if _, err := bus.AssembleStep(ctx, st); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("missing result: %v", err)
+	}
+}
