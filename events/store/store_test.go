@@ -179,3 +179,49 @@ func TestStepReadsResultsInOneBatch(t *testing.T) {
 		t.Fatalf("missing result: %v", err)
 	}
 }
+
+// PlanView reads in one request what the planner needs before a step: the join state
+// of the step before with its results, and the step's recorded assistant message.
+func TestPlanView(t *testing.T) {
+	bus := openBus(t)
+	ctx := eventstest.Context(t, time.Minute)
+	v, err := bus.PlanView(ctx, "pv", 0)
+	if err != nil || v.Prev != nil || v.Assistant != nil {
+		t.Fatalf("empty run: %+v, %v", v, err)
+	}
+	calls := []toolbus.ToolCall{{CallID: "a", Tool: "t"}, {CallID: "b", Tool: "t"}}
+	if _, _, err := bus.PutAssistant(ctx, toolbus.ModelResponded{RunID: "pv", Step: 0,
+		Message: toolbus.Message{Role: toolbus.RoleAssistant, ToolCalls: calls}}); err != nil {
+		t.Fatal(err)
+	}
+	if v, err = bus.PlanView(ctx, "pv", 0); err != nil || v.Assistant == nil || len(v.Assistant.Message.ToolCalls) != 2 {
+		t.Fatalf("recorded step 0: %+v, %v", v, err)
+	}
+	if v, err = bus.PlanView(ctx, "pv", 1); err != nil || v.Prev != nil || v.Assistant != nil {
+		t.Fatalf("step 1 before any result: %+v, %v", v, err)
+	}
+	st := store.NewStepState("pv", 0, 2)
+	for i, c := range calls {
+		if _, _, err := bus.PutResult(ctx, "pv", 0, i, toolbus.ToolResult{CallID: c.CallID, Tool: "t",
+			Status: toolbus.StatusSucceeded, Content: "out " + c.CallID}); err != nil {
+			t.Fatal(err)
+		}
+		st.Received.Set(i)
+	}
+	if _, err := bus.PutStepState(ctx, st, 0); err != nil {
+		t.Fatal(err)
+	}
+	v, err = bus.PlanView(ctx, "pv", 1)
+	if err != nil || v.Prev == nil || !v.Prev.Complete() || v.Assistant != nil || len(v.Results) != 2 {
+		t.Fatalf("step 1: %+v, %v", v, err)
+	}
+	rec, err := bus.AssemblePlanView(ctx, v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, r := range rec.Results {
+		if r == nil || r.Content != "out "+calls[i].CallID {
+			t.Fatalf("result %d = %+v", i, r)
+		}
+	}
+}
