@@ -240,7 +240,20 @@ func (p *Planner) Step(ctx context.Context, run string, step int, traceparent st
 	}
 	// Only a running run's current step is planned: a forged or duplicate request for
 	// another step, or for an ended run, is terminated with the reason and calls no model.
+	// The run state and the step's view (current) are read at once: two round trips in
+	// parallel, not one after the other.
+	type stepView struct {
+		prev     store.PlanView
+		recorded *toolbus.ModelResponded
+		err      error
+	}
+	viewed := make(chan stepView, 1)
+	go func() {
+		prev, recorded, err := p.current(ctx, run, step)
+		viewed <- stepView{prev, recorded, err}
+	}()
 	st, _, err := p.bus.RunState(ctx, run)
+	view := <-viewed
 	if err != nil {
 		if errors.Is(err, events.ErrRunNotFound) {
 			return fmt.Errorf("%w: step %d of run %s, which has no run state", events.ErrPoison, step, run)
@@ -256,9 +269,9 @@ func (p *Planner) Step(ctx context.Context, run string, step int, traceparent st
 		}
 		return fmt.Errorf("%w: step %d of run %s, which ended %s", events.ErrPoison, step, run, st.Status)
 	}
-	prev, recorded, err := p.current(ctx, run, step)
-	if err != nil {
-		return err
+	prev, recorded := view.prev, view.recorded
+	if view.err != nil {
+		return view.err
 	}
 	if !rs.Limits.Deadline.IsZero() && time.Now().After(rs.Limits.Deadline) {
 		return p.end(ctx, run, step, toolbus.RunEnded{RunID: run, Status: toolbus.RunLimitReached,
