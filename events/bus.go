@@ -176,6 +176,14 @@ func open(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, cfg Config
 	if kvs.Outputs, err = js.ObjectStore(ctx, store.BucketOutputs); err != nil {
 		return nil, missing("object store", store.BucketOutputs, err)
 	}
+	// Batched reads of the history are direct gets, which any replica answers: they are
+	// used only where that is the leader (one replica). Replicated buckets read key by
+	// key from the leader (leaderReads).
+	if hs, err := js.Stream(ctx, "KV_"+store.BucketHistory); err == nil {
+		if c := hs.CachedInfo().Config; c.Replicas <= 1 && c.AllowDirect {
+			kvs.Conn = nc
+		}
+	}
 	b.Store = store.New(kvs, cfg.InstanceTTL)
 	return b, nil
 }

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/cloudevents/sdk-go/v2/binding"
@@ -84,38 +85,84 @@ var ceSpecs = spec.WithPrefix(headerPrefix)
 // repeated in Nats-Msg-Id. m.ID, m.Type and m.Source are required; m.Time defaults to
 // now, m.DataSchema to DataSchema(m.Type), m.Subject to the call id or the run id.
 //
-// The attributes are validated by the CloudEvents SDK (event.EventContextV1) and
-// written straight to the headers, as the SDK's binary binding would write them.
+// The attributes are validated as the CloudEvents SDK (event.EventContextV1.Validate)
+// validates them and written straight to the headers, as the SDK's binary binding would
+// write them. The source and dataschema, which repeat from event to event, are checked
+// with the SDK once per distinct value; an event that fails any check is validated by
+// the SDK itself, whose error Encode returns.
 func Encode(natsSubject string, m Meta, data any) (*nats.Msg, error) {
 	body, err := json.Marshal(data)
 	if err != nil {
 		return nil, fmt.Errorf("events: encode %s data: %w", m.Type, err)
 	}
 	m.fill()
-	ec, err := m.context()
-	if err != nil {
-		return nil, err
+	if !m.valid() {
+		if _, err := m.context(); err != nil {
+			return nil, err
+		}
 	}
-	msg := nats.NewMsg(natsSubject)
-	h := msg.Header
+	h := make(nats.Header, 14)
 	h[headerPrefix+"specversion"] = []string{event.CloudEventsVersionV1}
-	h[headerPrefix+"id"] = []string{ec.ID}
+	h[headerPrefix+"id"] = []string{m.ID}
 	h[headerPrefix+"source"] = []string{m.Source}
-	h[headerPrefix+"type"] = []string{ec.Type}
+	h[headerPrefix+"type"] = []string{m.Type}
 	h[headerPrefix+"subject"] = []string{m.Subject}
-	h[headerPrefix+"time"] = []string{ec.Time.String()}
+	h[headerPrefix+"time"] = []string{types.FormatTime(m.Time)}
 	h[headerPrefix+"dataschema"] = []string{m.DataSchema}
 	h[HeaderContentType] = []string{ContentTypeJSON}
-	for name, v := range ec.Extensions {
-		str, err := types.Format(v)
-		if err != nil {
-			return nil, fmt.Errorf("events: extension %s: %w", name, err)
-		}
-		h[headerPrefix+name] = []string{str}
+	if m.RunID != "" {
+		h[headerPrefix+ExtRunID] = []string{m.RunID}
+	}
+	h[headerPrefix+ExtStep] = []string{strconv.Itoa(int(int32(m.Step)))}
+	if m.HasCall || m.CallID != "" {
+		h[headerPrefix+ExtCallID] = []string{m.CallID}
+		h[headerPrefix+ExtCallIndex] = []string{strconv.Itoa(int(int32(m.CallIndex)))}
+		h[headerPrefix+ExtCallCount] = []string{strconv.Itoa(int(int32(m.CallCount)))}
+	}
+	if m.TraceParent != "" {
+		h[headerPrefix+ExtTraceParent] = []string{m.TraceParent}
 	}
 	h[HeaderMsgID] = []string{m.ID}
-	msg.Data = body
-	return msg, nil
+	return &nats.Msg{Subject: natsSubject, Header: h, Data: body}, nil
+}
+
+// valid reports whether the SDK would accept the context of m (after fill), checking
+// the source and the dataschema with the SDK once per distinct value (validURIs).
+func (m Meta) valid() bool {
+	return strings.TrimSpace(m.ID) != "" && strings.TrimSpace(m.Type) != "" &&
+		(m.Subject == "" || strings.TrimSpace(m.Subject) != "") &&
+		validURIs.check(m.Source, m.DataSchema)
+}
+
+// validURIs remembers the source and dataschema pairs the SDK accepted (a bounded set:
+// a worker has one source, the contract a schema per type).
+var validURIs = &uriCache{ok: map[[2]string]bool{}}
+
+type uriCache struct {
+	mu sync.RWMutex
+	ok map[[2]string]bool
+}
+
+func (c *uriCache) check(source, schema string) bool {
+	k := [2]string{source, schema}
+	c.mu.RLock()
+	ok, known := c.ok[k]
+	c.mu.RUnlock()
+	if known {
+		return ok
+	}
+	// The SDK's own checks of these two attributes (as context and Validate make them).
+	ok = false
+	if src := types.ParseURIRef(source); src != nil && source != "" && strings.TrimSpace(src.String()) != "" {
+		u := types.ParseURI(schema)
+		ok = u == nil || u.Validate()
+	}
+	c.mu.Lock()
+	if len(c.ok) < 1024 {
+		c.ok[k] = ok
+	}
+	c.mu.Unlock()
+	return ok
 }
 
 // fill applies the defaults of Encode.
@@ -269,12 +316,22 @@ func decodeStructured(msg *nats.Msg) (Meta, []byte, string, error) {
 }
 
 // decodeBinary reads a binary-mode message: the ce-* headers fill an SDK
-// EventContextV1, which the SDK validates.
+// EventContextV1, which the SDK validates. A message that passes the same checks made
+// directly (decodeBinaryDirect) is read without building the SDK's context.
 func decodeBinary(msg *nats.Msg) (Meta, []byte, string, error) {
 	var m Meta
 	if header(msg, headerPrefix+"specversion") != event.CloudEventsVersionV1 {
 		return m, nil, "", fmt.Errorf("%w: no %sspecversion 1.0 header and not structured mode", ErrNotCloudEvent, headerPrefix)
 	}
+	if m, ct, ok := decodeBinaryDirect(msg); ok {
+		return m, msg.Data, ct, nil
+	}
+	return decodeBinarySDK(msg)
+}
+
+// decodeBinarySDK is decodeBinary through the SDK's EventContextV1 and its checks.
+func decodeBinarySDK(msg *nats.Msg) (Meta, []byte, string, error) {
+	var m Meta
 	ec := &event.EventContextV1{}
 	exts := map[string]any{}
 	ct := ""
@@ -340,6 +397,153 @@ func decodeBinary(msg *nats.Msg) (Meta, []byte, string, error) {
 		return m, nil, "", err
 	}
 	return m, msg.Data, ct, nil
+}
+
+// decodeBinaryDirect reads the attributes of a binary-mode message as decodeBinary's
+// SDK path does (the same trimming, URI normalisation and checks, the source and
+// dataschema checked with the SDK once per distinct value), into Meta directly. ok is
+// false for anything that path would refuse: it then reports the error.
+func decodeBinaryDirect(msg *nats.Msg) (m Meta, ct string, ok bool) {
+	var (
+		src, schema                    string
+		haveSrc                        bool
+		step, index, count             string
+		haveStep, haveIndex, haveCount bool
+	)
+	for k, vs := range msg.Header {
+		if len(vs) == 0 {
+			continue
+		}
+		val := vs[0]
+		lk := k
+		if !strings.HasPrefix(k, headerPrefix) {
+			lk = strings.ToLower(k)
+		}
+		if lk == "content-type" {
+			ct = val
+			continue
+		}
+		name, isCE := strings.CutPrefix(lk, headerPrefix)
+		if !isCE {
+			continue
+		}
+		switch strings.ToLower(name) {
+		case "id":
+			m.ID = strings.TrimSpace(val)
+		case "source":
+			src, haveSrc = val, true
+		case "type":
+			m.Type = strings.TrimSpace(val)
+		case "subject":
+			m.Subject = strings.TrimSpace(val)
+		case "time":
+			ts, err := types.ParseTimestamp(val)
+			if err != nil {
+				return m, "", false
+			}
+			if ts != nil {
+				m.Time = ts.Time
+			}
+		case "dataschema":
+			schema = val
+		case "datacontenttype":
+			ct = val
+		case ExtRunID:
+			m.RunID = val
+		case ExtTraceParent:
+			m.TraceParent = val
+		case ExtStep:
+			step, haveStep = val, true
+		case ExtCallID:
+			m.CallID, m.HasCall = val, true
+		case ExtCallIndex:
+			index, haveIndex = val, true
+		case ExtCallCount:
+			count, haveCount = val, true
+		}
+	}
+	if m.ID == "" || m.Type == "" || !haveSrc {
+		return m, "", false
+	}
+	var err error
+	if m.Source, ok = decodedURIs.source(src); !ok {
+		return m, "", false
+	}
+	if m.DataSchema, ok = decodedURIs.schema(schema); !ok {
+		return m, "", false
+	}
+	atoi := func(s string, present bool) int {
+		if !present || err != nil {
+			return 0
+		}
+		var n int
+		n, err = strconv.Atoi(s)
+		return n
+	}
+	m.Step = atoi(step, haveStep)
+	if m.HasCall {
+		m.CallIndex = atoi(index, haveIndex)
+		m.CallCount = atoi(count, haveCount)
+	}
+	if err != nil {
+		return m, "", false
+	}
+	return m, ct, true
+}
+
+// decodedURIs remembers how the SDK reads the source and dataschema values met so far
+// (a bounded set: the sources of a deployment's workers, a schema per type).
+var decodedURIs = &decodeCache{sources: map[string]normalized{}, schemas: map[string]normalized{}}
+
+type normalized struct {
+	value string
+	ok    bool
+}
+
+type decodeCache struct {
+	mu               sync.RWMutex
+	sources, schemas map[string]normalized
+}
+
+func (c *decodeCache) lookup(m map[string]normalized, raw string, read func(string) normalized) (string, bool) {
+	c.mu.RLock()
+	n, known := m[raw]
+	c.mu.RUnlock()
+	if !known {
+		n = read(raw)
+		c.mu.Lock()
+		if len(m) < 1024 {
+			m[raw] = n
+		}
+		c.mu.Unlock()
+	}
+	return n.value, n.ok
+}
+
+// source is what SetSource and Validate make of a ce-source value.
+func (c *decodeCache) source(raw string) (string, bool) {
+	return c.lookup(c.sources, raw, func(raw string) normalized {
+		ec := &event.EventContextV1{}
+		if ec.SetSource(raw) != nil {
+			return normalized{}
+		}
+		v := ec.Source.String()
+		return normalized{value: v, ok: strings.TrimSpace(v) != ""}
+	})
+}
+
+// schema is what SetDataSchema and Validate make of a ce-dataschema value ("" for none).
+func (c *decodeCache) schema(raw string) (string, bool) {
+	return c.lookup(c.schemas, raw, func(raw string) normalized {
+		ec := &event.EventContextV1{}
+		if ec.SetDataSchema(raw) != nil {
+			return normalized{}
+		}
+		if ec.DataSchema == nil {
+			return normalized{ok: true}
+		}
+		return normalized{value: ec.DataSchema.String(), ok: ec.DataSchema.Validate()}
+	})
 }
 
 func (m *Meta) readExtensions(exts map[string]any) error {

@@ -240,7 +240,20 @@ func (p *Planner) Step(ctx context.Context, run string, step int, traceparent st
 	}
 	// Only a running run's current step is planned: a forged or duplicate request for
 	// another step, or for an ended run, is terminated with the reason and calls no model.
+	// The run state and the step's view (current) are read at once: two round trips in
+	// parallel, not one after the other.
+	type stepView struct {
+		prev     store.PlanView
+		recorded *toolbus.ModelResponded
+		err      error
+	}
+	viewed := make(chan stepView, 1)
+	go func() {
+		prev, recorded, err := p.current(ctx, run, step)
+		viewed <- stepView{prev, recorded, err}
+	}()
 	st, _, err := p.bus.RunState(ctx, run)
+	view := <-viewed
 	if err != nil {
 		if errors.Is(err, events.ErrRunNotFound) {
 			return fmt.Errorf("%w: step %d of run %s, which has no run state", events.ErrPoison, step, run)
@@ -256,9 +269,9 @@ func (p *Planner) Step(ctx context.Context, run string, step int, traceparent st
 		}
 		return fmt.Errorf("%w: step %d of run %s, which ended %s", events.ErrPoison, step, run, st.Status)
 	}
-	prev, recorded, err := p.current(ctx, run, step)
-	if err != nil {
-		return err
+	prev, recorded := view.prev, view.recorded
+	if view.err != nil {
+		return view.err
 	}
 	if !rs.Limits.Deadline.IsZero() && time.Now().After(rs.Limits.Deadline) {
 		return p.end(ctx, run, step, toolbus.RunEnded{RunID: run, Status: toolbus.RunLimitReached,
@@ -349,36 +362,29 @@ func (p *Planner) Step(ctx context.Context, run string, step int, traceparent st
 }
 
 // current checks that step is the run's current step: step 0, or the step after a
-// complete one, and not a step the run already went past. It returns the join state of
-// the step before (nil for step 0), which the history reuses, and the assistant message
-// already recorded for step (nil when there is none).
-func (p *Planner) current(ctx context.Context, run string, step int) (*store.StepState, *toolbus.ModelResponded, error) {
-	var prev *store.StepState
-	if step > 0 {
-		js, _, err := p.bus.StepState(ctx, run, step-1)
-		if errors.Is(err, events.ErrNotFound) || (err == nil && !js.Complete()) {
-			return nil, nil, fmt.Errorf("%w: step %d of run %s requested before step %d completed", events.ErrPoison, step, run, step-1)
-		}
-		if err != nil {
-			return nil, nil, err
-		}
-		prev = js
+// complete one, and not a step the run already went past. It returns what it read (one
+// batched request): the join state of the step before (nil for step 0) and its results,
+// which the history reuses, and the assistant message already recorded for step (nil
+// when there is none).
+func (p *Planner) current(ctx context.Context, run string, step int) (store.PlanView, *toolbus.ModelResponded, error) {
+	v, err := p.bus.PlanView(ctx, run, step)
+	if err != nil {
+		return store.PlanView{}, nil, err
 	}
-	mr, err := p.bus.Assistant(ctx, run, step)
-	if errors.Is(err, events.ErrNotFound) {
+	if step > 0 && (v.Prev == nil || !v.Prev.Complete()) {
+		return store.PlanView{}, nil, fmt.Errorf("%w: step %d of run %s requested before step %d completed", events.ErrPoison, step, run, step-1)
+	}
+	if v.Assistant == nil {
 		// Nothing recorded for this step, so nothing for a later one either: a step is
 		// asked for only after the calls of the step before were answered.
-		return prev, nil, nil
-	}
-	if err != nil {
-		return nil, nil, err
+		return v, nil, nil
 	}
 	if _, err := p.bus.Assistant(ctx, run, step+1); err == nil {
-		return nil, nil, fmt.Errorf("%w: step %d of run %s requested after the run went past it", events.ErrPoison, step, run)
+		return store.PlanView{}, nil, fmt.Errorf("%w: step %d of run %s requested after the run went past it", events.ErrPoison, step, run)
 	} else if !errors.Is(err, events.ErrNotFound) {
-		return nil, nil, err
+		return store.PlanView{}, nil, err
 	}
-	return prev, &mr, nil
+	return v, v.Assistant, nil
 }
 
 // publishCalls publishes one tool.requested per call, up to the per-step cap; each call
@@ -418,7 +424,7 @@ func (p *Planner) rejectExcess(ctx context.Context, run string, step, i int, cal
 		toolbus.ToolFinished{RunID: run, Step: step, CallIndex: i, CallCount: len(calls), ToolResult: res}).Traced(traceparent))
 }
 
-func (p *Planner) callModel(ctx context.Context, rs *toolbus.RunStarted, step int, prev *store.StepState) (toolbus.ModelResponded, error) {
+func (p *Planner) callModel(ctx context.Context, rs *toolbus.RunStarted, step int, prev store.PlanView) (toolbus.ModelResponded, error) {
 	msgs, err := p.history(ctx, rs.RunID, step, prev)
 	if err != nil {
 		return toolbus.ModelResponded{}, err
@@ -486,7 +492,7 @@ func NormalizeCallIDs(step int, calls []toolbus.ToolCall) []toolbus.ToolCall {
 
 // history returns the messages before step, from the cache when it holds the steps
 // before, else from the history store.
-func (p *Planner) history(ctx context.Context, run string, step int, prev *store.StepState) ([]toolbus.Message, error) {
+func (p *Planner) history(ctx context.Context, run string, step int, prev store.PlanView) ([]toolbus.Message, error) {
 	p.mu.Lock()
 	h := p.cache[run]
 	var (
@@ -521,8 +527,8 @@ func (p *Planner) history(ctx context.Context, run string, step int, prev *store
 					rec *store.StepRecord
 					err error
 				)
-				if prev != nil && prev.Step == s {
-					rec, err = p.bus.AssembleStep(ctx, prev) // its join state was just read
+				if prev.Prev != nil && prev.Prev.Step == s {
+					rec, err = p.bus.AssemblePlanView(ctx, prev) // its join state and results were just read
 				} else {
 					rec, _, err = p.bus.Step(ctx, run, s)
 				}

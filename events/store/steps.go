@@ -171,17 +171,25 @@ func (s *Store) StepState(ctx context.Context, run string, step int) (*StepState
 		}
 		return nil, 0, fmt.Errorf("store: get %s: %w", key, err)
 	}
+	st, err := decodeStepState(key, e.Value())
+	if err != nil {
+		return nil, 0, err
+	}
+	return st, e.Revision(), nil
+}
+
+func decodeStepState(key string, raw []byte) (*StepState, error) {
 	st := new(StepState)
-	if err := json.Unmarshal(e.Value(), st); err != nil {
-		return nil, 0, fmt.Errorf("store: decode %s: %w", key, err)
+	if err := json.Unmarshal(raw, st); err != nil {
+		return nil, fmt.Errorf("store: decode %s: %w", key, err)
 	}
 	if !st.valid() {
-		return nil, 0, fmt.Errorf("store: %s: malformed join state", key)
+		return nil, fmt.Errorf("store: %s: malformed join state", key)
 	}
 	if len(st.Waiting) == 0 {
 		st.Waiting = NewBits(st.CallCount)
 	}
-	return st, e.Revision(), nil
+	return st, nil
 }
 
 // PutStepState writes a step's join state with compare-and-set: revision 0 creates it.
@@ -245,13 +253,26 @@ func (s *Store) Step(ctx context.Context, run string, step int) (*StepRecord, ui
 
 // assemble reads the results and waiting calls a join state marks.
 func (s *Store) assemble(ctx context.Context, st *StepState) (*StepRecord, error) {
+	return s.assembleWith(ctx, st, nil)
+}
+
+// assembleWith is assemble with results already read (by call index); the others are
+// read here.
+func (s *Store) assembleWith(ctx context.Context, st *StepState, known map[int]toolbus.ToolResult) (*StepRecord, error) {
 	rec := NewStepRecord(st.RunID, st.Step, st.CallCount)
 	var asst *toolbus.ModelResponded
+	if known == nil && st.Received.Count() > 1 {
+		// One request for every result of the step; what it misses is read on its own.
+		known, _ = s.batchResults(ctx, st.RunID, st.Step, st.CallCount)
+	}
 	for i := 0; i < st.CallCount; i++ {
 		if st.Received.Has(i) {
-			r, err := s.Result(ctx, st.RunID, st.Step, i)
-			if err != nil {
-				return nil, err
+			r, ok := known[i]
+			if !ok {
+				var err error
+				if r, err = s.Result(ctx, st.RunID, st.Step, i); err != nil {
+					return nil, err
+				}
 			}
 			rec.Results[i] = &r
 			continue
@@ -276,4 +297,68 @@ func (s *Store) assemble(ctx context.Context, st *StepState) (*StepRecord, error
 // AssembleStep is Step for a join state already loaded.
 func (s *Store) AssembleStep(ctx context.Context, st *StepState) (*StepRecord, error) {
 	return s.assemble(ctx, st)
+}
+
+// PlanView is what the planner reads before planning a step: the join state of the step
+// before and the results it had when read, and the assistant message already recorded
+// for the step.
+type PlanView struct {
+	// Prev is the join state of step-1; nil for step 0 or when nothing was joined yet.
+	Prev *StepState
+	// Results are results of step-1 by call index, read with Prev (possibly not all
+	// of them: AssemblePlanView reads the missing ones).
+	Results map[int]toolbus.ToolResult
+	// Assistant is the assistant message recorded for the step; nil when none is.
+	Assistant *toolbus.ModelResponded
+}
+
+// PlanView reads the planner's view of step of run with one batched request (the join
+// state of the step before, its results and the step's assistant message), or key by key
+// where batched reads are not available.
+func (s *Store) PlanView(ctx context.Context, run string, step int) (PlanView, error) {
+	var v PlanView
+	filters := []string{stepKey(run, step, "a")}
+	if step > 0 {
+		filters = append(filters, stepKey(run, step-1, "s"), stepKey(run, step-1, "r")+".*")
+	}
+	if vals, ok := s.lastValues(ctx, filters, batchMax); ok {
+		if raw, ok := vals[stepKey(run, step, "a")]; ok {
+			mr := new(toolbus.ModelResponded)
+			if err := json.Unmarshal(raw, mr); err != nil {
+				return v, fmt.Errorf("store: decode %s: %w", stepKey(run, step, "a"), err)
+			}
+			v.Assistant = mr
+		}
+		if step > 0 {
+			if raw, ok := vals[stepKey(run, step-1, "s")]; ok {
+				st, err := decodeStepState(stepKey(run, step-1, "s"), raw)
+				if err != nil {
+					return v, err
+				}
+				v.Prev = st
+				v.Results = decodeResults(vals, stepKey(run, step-1, "r")+".", st.CallCount)
+			}
+		}
+		return v, nil
+	}
+	if step > 0 {
+		st, _, err := s.StepState(ctx, run, step-1)
+		if err != nil && !errors.Is(err, ErrNotFound) {
+			return v, err
+		}
+		v.Prev = st
+	}
+	mr, err := s.Assistant(ctx, run, step)
+	if err != nil && !errors.Is(err, ErrNotFound) {
+		return v, err
+	}
+	if err == nil {
+		v.Assistant = &mr
+	}
+	return v, nil
+}
+
+// AssemblePlanView is AssembleStep of v.Prev with the results read with it.
+func (s *Store) AssemblePlanView(ctx context.Context, v PlanView) (*StepRecord, error) {
+	return s.assembleWith(ctx, v.Prev, v.Results)
 }

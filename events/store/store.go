@@ -6,8 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"sync/atomic"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -30,6 +32,9 @@ const (
 type Buckets struct {
 	History, Runs, Tools, Approvals, Claims, Instances jetstream.KeyValue
 	Outputs                                            jetstream.ObjectStore
+	// Conn, when set, lets the store read the results of a step with one batched
+	// direct get instead of one read per result.
+	Conn *nats.Conn
 }
 
 // Store reads and writes the shared state. It is safe for concurrent use.
@@ -42,13 +47,17 @@ type Store struct {
 	instances   jetstream.KeyValue
 	outputs     jetstream.ObjectStore
 	instanceTTL time.Duration
+	conn        *nats.Conn
+	// batchOffUntil: batched reads are not tried before this time (unix ns).
+	batchOffUntil atomic.Int64
+	batch         batchMux
 }
 
 // New returns a Store over opened buckets; instanceTTL is the TTL of the instances
 // bucket (executors heartbeat every third of it).
 func New(b Buckets, instanceTTL time.Duration) *Store {
 	return &Store{history: b.History, runs: b.Runs, tools: b.Tools, approvals: b.Approvals,
-		claims: b.Claims, instances: b.Instances, outputs: b.Outputs, instanceTTL: instanceTTL}
+		claims: b.Claims, instances: b.Instances, outputs: b.Outputs, instanceTTL: instanceTTL, conn: b.Conn}
 }
 
 // Errors callers branch on.

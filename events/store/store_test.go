@@ -135,3 +135,93 @@ func TestCatalog(t *testing.T) {
 		t.Fatalf("openai export %+v", got)
 	}
 }
+
+// Step reads the results of a step with one batched request: it returns exactly the
+// results the join state marks, by call index, and none of another step or of a run
+// whose id begins the same way.
+func TestStepReadsResultsInOneBatch(t *testing.T) {
+	bus := openBus(t)
+	ctx := eventstest.Context(t, time.Minute)
+	put := func(run string, step, idx int, content string) {
+		t.Helper()
+		if _, _, err := bus.PutResult(ctx, run, step, idx, toolbus.ToolResult{CallID: content, Tool: "t",
+			Status: toolbus.StatusSucceeded, Content: content}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := 0; i < 5; i++ {
+		put("r1", 2, i, "r1/2/"+string(rune('a'+i)))
+		put("r1", 3, i, "r1/3/"+string(rune('a'+i)))
+		put("r10", 2, i, "r10/2/"+string(rune('a'+i)))
+	}
+	st := store.NewStepState("r1", 2, 6) // call 5 has no result, call 4 is not counted yet
+	for _, i := range []int{0, 1, 2, 3} {
+		st.Received.Set(i)
+	}
+	if _, err := bus.PutStepState(ctx, st, 0); err != nil {
+		t.Fatal(err)
+	}
+	rec, _, err := bus.Step(ctx, "r1", 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, r := range rec.Results {
+		switch {
+		case i < 4 && (r == nil || r.Content != "r1/2/"+string(rune('a'+i))):
+			t.Fatalf("result %d = %+v", i, r)
+		case i >= 4 && r != nil:
+			t.Fatalf("result %d not joined yet, got %+v", i, r)
+		}
+	}
+	// A counted result that is not stored is an error, batched or not.
+	st.Received.Set(5)
+	if _, err := bus.AssembleStep(ctx, st); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("missing result: %v", err)
+	}
+}
+
+// PlanView reads in one request what the planner needs before a step: the join state
+// of the step before with its results, and the step's recorded assistant message.
+func TestPlanView(t *testing.T) {
+	bus := openBus(t)
+	ctx := eventstest.Context(t, time.Minute)
+	v, err := bus.PlanView(ctx, "pv", 0)
+	if err != nil || v.Prev != nil || v.Assistant != nil {
+		t.Fatalf("empty run: %+v, %v", v, err)
+	}
+	calls := []toolbus.ToolCall{{CallID: "a", Tool: "t"}, {CallID: "b", Tool: "t"}}
+	if _, _, err := bus.PutAssistant(ctx, toolbus.ModelResponded{RunID: "pv", Step: 0,
+		Message: toolbus.Message{Role: toolbus.RoleAssistant, ToolCalls: calls}}); err != nil {
+		t.Fatal(err)
+	}
+	if v, err = bus.PlanView(ctx, "pv", 0); err != nil || v.Assistant == nil || len(v.Assistant.Message.ToolCalls) != 2 {
+		t.Fatalf("recorded step 0: %+v, %v", v, err)
+	}
+	if v, err = bus.PlanView(ctx, "pv", 1); err != nil || v.Prev != nil || v.Assistant != nil {
+		t.Fatalf("step 1 before any result: %+v, %v", v, err)
+	}
+	st := store.NewStepState("pv", 0, 2)
+	for i, c := range calls {
+		if _, _, err := bus.PutResult(ctx, "pv", 0, i, toolbus.ToolResult{CallID: c.CallID, Tool: "t",
+			Status: toolbus.StatusSucceeded, Content: "out " + c.CallID}); err != nil {
+			t.Fatal(err)
+		}
+		st.Received.Set(i)
+	}
+	if _, err := bus.PutStepState(ctx, st, 0); err != nil {
+		t.Fatal(err)
+	}
+	v, err = bus.PlanView(ctx, "pv", 1)
+	if err != nil || v.Prev == nil || !v.Prev.Complete() || v.Assistant != nil || len(v.Results) != 2 {
+		t.Fatalf("step 1: %+v, %v", v, err)
+	}
+	rec, err := bus.AssemblePlanView(ctx, v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, r := range rec.Results {
+		if r == nil || r.Content != "out "+calls[i].CallID {
+			t.Fatalf("result %d = %+v", i, r)
+		}
+	}
+}

@@ -1,0 +1,67 @@
+package events
+
+import (
+	"reflect"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+)
+
+// The direct reading of binary-mode attributes accepts exactly what the SDK path
+// accepts and reads the same attributes from it.
+func TestDecodeBinaryDirectMatchesSDK(t *testing.T) {
+	good, err := Encode("toolbus.r.tool.finished.x", Meta{ID: "r/0/c/tool.finished", Type: TypeToolFinished,
+		Source: "/toolbus/executor/e1", RunID: "r", Step: 3, CallID: "c", CallIndex: 1, CallCount: 2, HasCall: true,
+		TraceParent: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", Time: time.Unix(1700000000, 123456789)}, map[string]int{"a": 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	with := func(kv ...string) *nats.Msg {
+		h := nats.Header{}
+		for k, v := range good.Header {
+			h[k] = v
+		}
+		for i := 0; i+1 < len(kv); i += 2 {
+			if kv[i+1] == "<none>" {
+				delete(h, kv[i])
+				continue
+			}
+			h[kv[i]] = []string{kv[i+1]}
+		}
+		return &nats.Msg{Subject: "s", Header: h, Data: good.Data}
+	}
+	cases := []*nats.Msg{
+		good,
+		with("ce-id", "  spaced  "), with("ce-id", " "), with("ce-id", "<none>"),
+		with("ce-type", ""), with("ce-type", " t "),
+		with("ce-source", ""), with("ce-source", "<none>"), with("ce-source", "::bad"), with("ce-source", "http://x/ y"),
+		with("ce-source", "urn:a:b"), with("ce-source", "HTTP://Example.com/%7Ea"),
+		with("ce-dataschema", ""), with("ce-dataschema", "<none>"), with("ce-dataschema", "relative/path"),
+		with("ce-dataschema", "::bad"), with("ce-dataschema", " https://x/s.json "),
+		with("ce-subject", " "), with("ce-subject", "<none>"),
+		with("ce-time", "yesterday"), with("ce-time", ""), with("ce-time", "<none>"),
+		with("ce-step", ""), with("ce-step", "x"), with("ce-step", "<none>"), with("ce-step", "-4"),
+		with("ce-callid", "<none>"), with("ce-callid", ""), with("ce-callindex", "1.5"), with("ce-callcount", "<none>"),
+		with("ce-runid", "<none>"), with("ce-traceparent", "<none>"), with("ce-other", "v"),
+		with("CE-ID", "upper", "ce-id", "<none>"), with("Ce-Step", "7", "ce-step", "<none>"),
+		with("Content-Type", "<none>", "ce-datacontenttype", "text/plain"), with("content-type", "application/json; x=y", "Content-Type", "<none>"),
+	}
+	for i, msg := range cases {
+		dm, dct, ok := decodeBinaryDirect(msg)
+		sm, sdata, sct, serr := decodeBinarySDK(msg)
+		if !ok {
+			if serr == nil {
+				t.Errorf("case %d: refused directly, accepted by the SDK path as %+v", i, sm)
+			}
+			continue
+		}
+		if serr != nil {
+			t.Errorf("case %d: accepted directly as %+v, refused by the SDK path: %v", i, dm, serr)
+			continue
+		}
+		if !reflect.DeepEqual(dm, sm) || dct != sct || string(sdata) != string(msg.Data) {
+			t.Errorf("case %d: direct %+v %q, SDK %+v %q", i, dm, dct, sm, sct)
+		}
+	}
+}
