@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"iter"
 	"strconv"
 	"strings"
 	"sync"
@@ -131,38 +132,50 @@ func Encode(natsSubject string, m Meta, data any) (*nats.Msg, error) {
 func (m Meta) valid() bool {
 	return strings.TrimSpace(m.ID) != "" && strings.TrimSpace(m.Type) != "" &&
 		(m.Subject == "" || strings.TrimSpace(m.Subject) != "") &&
-		validURIs.check(m.Source, m.DataSchema)
+		validURIs.get([2]string{m.Source, m.DataSchema}, uriPairValid)
 }
 
-// validURIs remembers the source and dataschema pairs the SDK accepted (a bounded set:
-// a worker has one source, the contract a schema per type).
-var validURIs = &uriCache{ok: map[[2]string]bool{}}
+// validURIs remembers the source and dataschema pairs the SDK accepted (a worker has
+// one source, the contract a schema per type).
+var validURIs = newMemo[[2]string, bool]()
 
-type uriCache struct {
-	mu sync.RWMutex
-	ok map[[2]string]bool
-}
-
-func (c *uriCache) check(source, schema string) bool {
-	k := [2]string{source, schema}
-	c.mu.RLock()
-	ok, known := c.ok[k]
-	c.mu.RUnlock()
-	if known {
-		return ok
-	}
-	// The SDK's own checks of these two attributes (as context and Validate make them).
-	ok = false
+// uriPairValid is the SDK's own checks of a source and a dataschema, as context and
+// Validate make them.
+func uriPairValid(k [2]string) bool {
+	source, schema := k[0], k[1]
 	if src := types.ParseURIRef(source); src != nil && source != "" && strings.TrimSpace(src.String()) != "" {
 		u := types.ParseURI(schema)
-		ok = u == nil || u.Validate()
+		return u == nil || u.Validate()
 	}
+	return false
+}
+
+// memo is a bounded, concurrency-safe cache of a pure function's results: the codec
+// asks the SDK about each distinct source and dataschema once, not once per event.
+type memo[K comparable, V any] struct {
+	mu sync.RWMutex
+	m  map[K]V
+}
+
+func newMemo[K comparable, V any]() *memo[K, V] { return &memo[K, V]{m: map[K]V{}} }
+
+// get returns f(k), computing it on first use; at most 1024 results are kept (values
+// beyond that are computed each time: a bounded set of workers and types stays far
+// below it).
+func (c *memo[K, V]) get(k K, f func(K) V) V {
+	c.mu.RLock()
+	v, known := c.m[k]
+	c.mu.RUnlock()
+	if known {
+		return v
+	}
+	v = f(k)
 	c.mu.Lock()
-	if len(c.ok) < 1024 {
-		c.ok[k] = ok
+	if len(c.m) < 1024 {
+		c.m[k] = v
 	}
 	c.mu.Unlock()
-	return ok
+	return v
 }
 
 // fill applies the defaults of Encode.
@@ -329,32 +342,74 @@ func decodeBinary(msg *nats.Msg) (Meta, []byte, string, error) {
 	return decodeBinarySDK(msg)
 }
 
+// contentTypeAttr is the name binaryAttributes gives the Content-Type header (a
+// CloudEvents attribute name has no '-', so it cannot collide with one).
+const contentTypeAttr = "content-type"
+
+// binaryAttributes yields the CloudEvents attributes of a binary-mode message: the name
+// of each ce- header in lower case without its prefix, and its first value; the
+// Content-Type header is yielded as contentTypeAttr. Both decode paths read the headers
+// through it, so they agree on which headers count. NATS header names keep their case,
+// so one attribute may come twice ("ce-step" and "Ce-Step"); which one counts must not
+// depend on the map's order: the lower-case one, else the smallest name.
+func binaryAttributes(msg *nats.Msg) iter.Seq2[string, string] {
+	return func(yield func(string, string) bool) {
+		for k, vs := range msg.Header {
+			if len(vs) == 0 {
+				continue
+			}
+			var name string
+			switch {
+			case len(k) == len(contentTypeAttr) && strings.EqualFold(k, contentTypeAttr):
+				name = contentTypeAttr
+			case len(k) > len(headerPrefix) && strings.EqualFold(k[:len(headerPrefix)], headerPrefix):
+				name = strings.ToLower(k[len(headerPrefix):])
+			default:
+				continue
+			}
+			if shadowed(msg.Header, k) {
+				continue
+			}
+			if !yield(name, vs[0]) {
+				return
+			}
+		}
+	}
+}
+
+// shadowed reports whether another header of h names the same attribute as k and takes
+// precedence: a lower-case k never is shadowed; another k is by the lower-case name or a
+// smaller name equal to it but for case.
+func shadowed(h nats.Header, k string) bool {
+	lower := true
+	for i := 0; i < len(k); i++ {
+		if 'A' <= k[i] && k[i] <= 'Z' {
+			lower = false
+			break
+		}
+	}
+	if lower {
+		return false
+	}
+	for k2, vs := range h {
+		if len(vs) > 0 && k2 != k && len(k2) == len(k) && strings.EqualFold(k2, k) && (k2 < k || k2 == strings.ToLower(k)) {
+			return true
+		}
+	}
+	return false
+}
+
 // decodeBinarySDK is decodeBinary through the SDK's EventContextV1 and its checks.
 func decodeBinarySDK(msg *nats.Msg) (Meta, []byte, string, error) {
 	var m Meta
 	ec := &event.EventContextV1{}
 	exts := map[string]any{}
 	ct := ""
-	for k, vs := range msg.Header {
-		if len(vs) == 0 {
-			continue
-		}
-		val := vs[0]
-		lk := k
-		if !strings.HasPrefix(k, headerPrefix) {
-			lk = strings.ToLower(k)
-		}
-		if lk == "content-type" {
-			ct = val
-			continue
-		}
-		name, ok := strings.CutPrefix(lk, headerPrefix)
-		if !ok {
-			continue
-		}
-		name = strings.ToLower(name)
+	for name, val := range binaryAttributes(msg) {
 		var err error
 		switch name {
+		case contentTypeAttr:
+			ct = val
 		case "specversion":
 		case "id":
 			err = ec.SetID(val)
@@ -410,24 +465,10 @@ func decodeBinaryDirect(msg *nats.Msg) (m Meta, ct string, ok bool) {
 		step, index, count             string
 		haveStep, haveIndex, haveCount bool
 	)
-	for k, vs := range msg.Header {
-		if len(vs) == 0 {
-			continue
-		}
-		val := vs[0]
-		lk := k
-		if !strings.HasPrefix(k, headerPrefix) {
-			lk = strings.ToLower(k)
-		}
-		if lk == "content-type" {
+	for name, val := range binaryAttributes(msg) {
+		switch name {
+		case contentTypeAttr:
 			ct = val
-			continue
-		}
-		name, isCE := strings.CutPrefix(lk, headerPrefix)
-		if !isCE {
-			continue
-		}
-		switch strings.ToLower(name) {
 		case "id":
 			m.ID = strings.TrimSpace(val)
 		case "source":
@@ -466,12 +507,14 @@ func decodeBinaryDirect(msg *nats.Msg) (m Meta, ct string, ok bool) {
 		return m, "", false
 	}
 	var err error
-	if m.Source, ok = decodedURIs.source(src); !ok {
+	n := decodedSources.get(src, readSource)
+	if m.Source = n.value; !n.ok {
 		return m, "", false
 	}
-	if m.DataSchema, ok = decodedURIs.schema(schema); !ok {
+	if n = decodedSchemas.get(schema, readSchema); !n.ok {
 		return m, "", false
 	}
+	m.DataSchema = n.value
 	atoi := func(s string, present bool) int {
 		if !present || err != nil {
 			return 0
@@ -491,59 +534,39 @@ func decodeBinaryDirect(msg *nats.Msg) (m Meta, ct string, ok bool) {
 	return m, ct, true
 }
 
-// decodedURIs remembers how the SDK reads the source and dataschema values met so far
-// (a bounded set: the sources of a deployment's workers, a schema per type).
-var decodedURIs = &decodeCache{sources: map[string]normalized{}, schemas: map[string]normalized{}}
+// decodedSources and decodedSchemas remember how the SDK reads the source and
+// dataschema values met so far.
+var (
+	decodedSources = newMemo[string, normalized]()
+	decodedSchemas = newMemo[string, normalized]()
+)
 
 type normalized struct {
 	value string
 	ok    bool
 }
 
-type decodeCache struct {
-	mu               sync.RWMutex
-	sources, schemas map[string]normalized
-}
-
-func (c *decodeCache) lookup(m map[string]normalized, raw string, read func(string) normalized) (string, bool) {
-	c.mu.RLock()
-	n, known := m[raw]
-	c.mu.RUnlock()
-	if !known {
-		n = read(raw)
-		c.mu.Lock()
-		if len(m) < 1024 {
-			m[raw] = n
-		}
-		c.mu.Unlock()
+// readSource is what SetSource and Validate make of a ce-source value.
+func readSource(raw string) normalized {
+	ec := &event.EventContextV1{}
+	if ec.SetSource(raw) != nil {
+		return normalized{}
 	}
-	return n.value, n.ok
+	v := ec.Source.String()
+	return normalized{value: v, ok: strings.TrimSpace(v) != ""}
 }
 
-// source is what SetSource and Validate make of a ce-source value.
-func (c *decodeCache) source(raw string) (string, bool) {
-	return c.lookup(c.sources, raw, func(raw string) normalized {
-		ec := &event.EventContextV1{}
-		if ec.SetSource(raw) != nil {
-			return normalized{}
-		}
-		v := ec.Source.String()
-		return normalized{value: v, ok: strings.TrimSpace(v) != ""}
-	})
-}
-
-// schema is what SetDataSchema and Validate make of a ce-dataschema value ("" for none).
-func (c *decodeCache) schema(raw string) (string, bool) {
-	return c.lookup(c.schemas, raw, func(raw string) normalized {
-		ec := &event.EventContextV1{}
-		if ec.SetDataSchema(raw) != nil {
-			return normalized{}
-		}
-		if ec.DataSchema == nil {
-			return normalized{ok: true}
-		}
-		return normalized{value: ec.DataSchema.String(), ok: ec.DataSchema.Validate()}
-	})
+// readSchema is what SetDataSchema and Validate make of a ce-dataschema value ("" for
+// none).
+func readSchema(raw string) normalized {
+	ec := &event.EventContextV1{}
+	if ec.SetDataSchema(raw) != nil {
+		return normalized{}
+	}
+	if ec.DataSchema == nil {
+		return normalized{ok: true}
+	}
+	return normalized{value: ec.DataSchema.String(), ok: ec.DataSchema.Validate()}
 }
 
 func (m *Meta) readExtensions(exts map[string]any) error {

@@ -1,6 +1,7 @@
 package events
 
 import (
+	"fmt"
 	"reflect"
 	"testing"
 	"time"
@@ -48,20 +49,42 @@ func TestDecodeBinaryDirectMatchesSDK(t *testing.T) {
 		with("Content-Type", "<none>", "ce-datacontenttype", "text/plain"), with("content-type", "application/json; x=y", "Content-Type", "<none>"),
 	}
 	for i, msg := range cases {
-		dm, dct, ok := decodeBinaryDirect(msg)
-		sm, sdata, sct, serr := decodeBinarySDK(msg)
-		if !ok {
-			if serr == nil {
-				t.Errorf("case %d: refused directly, accepted by the SDK path as %+v", i, sm)
-			}
-			continue
-		}
-		if serr != nil {
-			t.Errorf("case %d: accepted directly as %+v, refused by the SDK path: %v", i, dm, serr)
-			continue
-		}
-		if !reflect.DeepEqual(dm, sm) || dct != sct || string(sdata) != string(msg.Data) {
-			t.Errorf("case %d: direct %+v %q, SDK %+v %q", i, dm, dct, sm, sct)
+		if err := directMatchesSDK(msg); err != "" {
+			t.Errorf("case %d: %s", i, err)
 		}
 	}
+}
+
+// directMatchesSDK compares the two decode paths on msg: "" when they agree.
+func directMatchesSDK(msg *nats.Msg) string {
+	dm, dct, ok := decodeBinaryDirect(msg)
+	sm, sdata, sct, serr := decodeBinarySDK(msg)
+	switch {
+	case !ok && serr == nil:
+		return fmt.Sprintf("refused directly, accepted by the SDK path as %+v", sm)
+	case ok && serr != nil:
+		return fmt.Sprintf("accepted directly as %+v, refused by the SDK path: %v", dm, serr)
+	case ok && (!reflect.DeepEqual(dm, sm) || dct != sct || string(sdata) != string(msg.Data)):
+		return fmt.Sprintf("direct %+v %q, SDK %+v %q", dm, dct, sm, sct)
+	}
+	return ""
+}
+
+// FuzzDecodeBinaryDirect: whatever the attribute values, the direct reading accepts
+// exactly what the SDK path accepts and reads the same Meta.
+func FuzzDecodeBinaryDirect(f *testing.F) {
+	f.Add("r/0/c/tool.finished", "toolbus.tool.finished", "/toolbus/executor/e1", "", "c", "2023-11-14T22:13:20.123456789Z", "3", "1", "Ce-Step")
+	f.Add(" ", "t", "::bad", "relative/path", " ", "yesterday", "x", "1.5", "CE-ID")
+	f.Add("id", "t", "HTTP://Example.com/%7Ea", " https://x/s.json ", "", "", "-4", "", "content-type")
+	f.Fuzz(func(t *testing.T, id, typ, source, schema, subject, tm, step, index, extra string) {
+		h := nats.Header{
+			"ce-specversion": {"1.0"}, "ce-id": {id}, "ce-type": {typ}, "ce-source": {source},
+			"ce-dataschema": {schema}, "ce-subject": {subject}, "ce-time": {tm}, "ce-step": {step},
+			"ce-callid": {"c"}, "ce-callindex": {index}, "ce-callcount": {"2"}, "Content-Type": {ContentTypeJSON},
+		}
+		h[extra] = []string{id} // a header of any name: an attribute again in other case, or none
+		if err := directMatchesSDK(&nats.Msg{Subject: "s", Header: h, Data: []byte(`{}`)}); err != "" {
+			t.Fatal(err)
+		}
+	})
 }
