@@ -30,7 +30,8 @@ bench: build
 
 ## fuzz: a short run of every fuzz target
 fuzz:
-	$(GO) test -run '^$$' -fuzz FuzzDecode -fuzztime 20s ./events
+	$(GO) test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime 20s ./events
+	$(GO) test -run '^$$' -fuzz '^FuzzDecodeBinaryDirect$$' -fuzztime 20s ./events
 	$(GO) test -run '^$$' -fuzz FuzzArguments -fuzztime 20s ./executor
 	$(GO) test -run '^$$' -fuzz FuzzTruncate -fuzztime 20s ./executor
 	$(GO) test -run '^$$' -fuzz FuzzRedact -fuzztime 20s ./executor
