@@ -11,6 +11,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/sourcegraph/conc"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -242,18 +243,15 @@ func (p *Planner) Step(ctx context.Context, run string, step int, traceparent st
 	// another step, or for an ended run, is terminated with the reason and calls no model.
 	// The run state and the step's view (current) are read at once: two round trips in
 	// parallel, not one after the other.
-	type stepView struct {
+	var (
+		viewed   conc.WaitGroup
 		prev     store.PlanView
 		recorded *toolbus.ModelResponded
-		err      error
-	}
-	viewed := make(chan stepView, 1)
-	go func() {
-		prev, recorded, err := p.current(ctx, run, step)
-		viewed <- stepView{prev, recorded, err}
-	}()
+		viewErr  error
+	)
+	viewed.Go(func() { prev, recorded, viewErr = p.current(ctx, run, step) })
 	st, _, err := p.bus.RunState(ctx, run)
-	view := <-viewed
+	viewed.Wait()
 	if err != nil {
 		if errors.Is(err, events.ErrRunNotFound) {
 			return fmt.Errorf("%w: step %d of run %s, which has no run state", events.ErrPoison, step, run)
@@ -269,9 +267,8 @@ func (p *Planner) Step(ctx context.Context, run string, step int, traceparent st
 		}
 		return fmt.Errorf("%w: step %d of run %s, which ended %s", events.ErrPoison, step, run, st.Status)
 	}
-	prev, recorded := view.prev, view.recorded
-	if view.err != nil {
-		return view.err
+	if viewErr != nil {
+		return viewErr
 	}
 	if !rs.Limits.Deadline.IsZero() && time.Now().After(rs.Limits.Deadline) {
 		return p.end(ctx, run, step, toolbus.RunEnded{RunID: run, Status: toolbus.RunLimitReached,
