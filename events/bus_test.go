@@ -11,15 +11,7 @@ import (
 	"github.com/toolbus/toolbus/events/store"
 )
 
-func openBus(t *testing.T) *events.Bus {
-	t.Helper()
-	b := eventstest.RunJetStream(t)
-	bus, _, err := events.Setup(eventstest.Context(t, time.Minute), b.Conn, events.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return bus
-}
+func openBus(t *testing.T) *events.Bus { return eventstest.Setup(t, events.Config{}) }
 
 func TestBusStores(t *testing.T) {
 	bus := openBus(t)

@@ -22,12 +22,7 @@ import (
 // joinBus is a bus on a fresh embedded server.
 func joinBus(t *testing.T) (context.Context, *events.Bus) {
 	t.Helper()
-	ctx := eventstest.Context(t, time.Minute)
-	bus, _, err := events.Setup(ctx, eventstest.RunJetStream(t).Conn, events.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return ctx, bus
+	return eventstest.Context(t, time.Minute), eventstest.Setup(t, events.Config{})
 }
 
 // joinInjector is an injector on bus (not running: the tests call its join directly).

@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/toolbus/toolbus/embedded"
+	"github.com/toolbus/toolbus/events"
 )
 
 // Bus is a running test server with one client connection.
@@ -43,6 +44,17 @@ func RunJetStream(t testing.TB) *Bus {
 		srv.Stop()
 	})
 	return &Bus{Server: srv, Conn: nc, JS: js, URL: srv.ClientURL()}
+}
+
+// Setup is RunJetStream with toolbus's stream and buckets set up by cfg (events.Setup):
+// the bus a worker or store test uses.
+func Setup(t testing.TB, cfg events.Config) *events.Bus {
+	t.Helper()
+	bus, _, err := events.Setup(Context(t, time.Minute), RunJetStream(t).Conn, cfg)
+	if err != nil {
+		t.Fatalf("eventstest: setup: %v", err)
+	}
+	return bus
 }
 
 // Connect opens another in-process connection, closed when the test ends.

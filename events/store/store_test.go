@@ -12,25 +12,13 @@ import (
 )
 
 // openBus sets up a bus on a fresh embedded server; its store is what these tests use.
-func openBus(t *testing.T) *events.Bus {
-	t.Helper()
-	b := eventstest.RunJetStream(t)
-	bus, _, err := events.Setup(eventstest.Context(t, time.Minute), b.Conn, events.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return bus
-}
+func openBus(t *testing.T) *events.Bus { return eventstest.Setup(t, events.Config{}) }
 
 // An instance that stops heartbeating leaves the catalog by the bucket's TTL (the
 // server's delete marker), and its tools are no longer offered.
 func TestInstanceExpiresFromCatalog(t *testing.T) {
-	b := eventstest.RunJetStream(t)
 	ctx := eventstest.Context(t, time.Minute)
-	bus, _, err := events.Setup(ctx, b.Conn, events.Config{InstanceTTL: time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
+	bus := eventstest.Setup(t, events.Config{InstanceTTL: time.Second})
 	if err := bus.PublishTool(ctx, toolbus.ToolContract{Name: "solo"}); err != nil {
 		t.Fatal(err)
 	}

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
@@ -16,10 +15,7 @@ import (
 // of replacing a bad value with its default.
 func TestNewRefusesBadConfig(t *testing.T) {
 	exec := executor.New(executor.NewRegistry())
-	bus, _, err := events.Setup(eventstest.Context(t, time.Minute), eventstest.RunJetStream(t).Conn, events.Config{Memory: true})
-	if err != nil {
-		t.Fatal(err)
-	}
+	bus := eventstest.Setup(t, events.Config{Memory: true})
 	cases := []struct {
 		name string
 		cfg  worker.Config

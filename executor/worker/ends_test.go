@@ -14,12 +14,8 @@ import (
 // those: an outcome published later is seen, a run started before is left to the run
 // state, and so is every run once a message may have been lost.
 func TestEndedRunsFromOutcomeEvents(t *testing.T) {
-	srv := eventstest.RunJetStream(t)
 	ctx := eventstest.Context(t, time.Minute)
-	bus, _, err := events.Setup(ctx, srv.Conn, events.Config{Memory: true})
-	if err != nil {
-		t.Fatal(err)
-	}
+	bus := eventstest.Setup(t, events.Config{Memory: true})
 	start := func(run string) uint64 {
 		t.Helper()
 		if err := bus.StartRun(ctx, "/test", toolbus.RunStarted{RunID: run}); err != nil {
