@@ -13,8 +13,8 @@ import (
 
 var goBlock = regexp.MustCompile("(?s)```go\n(.*?)```")
 
-// Every Go snippet of the README is a whole file that compiles against this
-// module: the snippets are built through an overlay as packages inside the module, so
+// Every Go snippet of the README, deploy/README.md and docs/*.md is a whole file that
+// compiles against this module: the snippets are built through an overlay as packages inside the module, so
 // a renamed function or a changed signature breaks this test, not a reader.
 func TestReadmeGoSnippetsCompile(t *testing.T) {
 	if testing.Short() {
@@ -26,7 +26,11 @@ func TestReadmeGoSnippetsCompile(t *testing.T) {
 	}
 	overlay := map[string]string{}
 	var pkgs []string
-	for _, doc := range []string{"README.md", "deploy/README.md"} {
+	docs, err := filepath.Glob("docs/*.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, doc := range append([]string{"README.md", "deploy/README.md"}, docs...) {
 		text, err := os.ReadFile(doc)
 		if err != nil {
 			t.Fatal(err)
@@ -47,7 +51,7 @@ func TestReadmeGoSnippetsCompile(t *testing.T) {
 		}
 	}
 	if len(pkgs) == 0 {
-		t.Fatal("no Go snippets found: the README shows code")
+		t.Fatal("no Go snippets found: docs/writing-tools.md shows code")
 	}
 	ov, err := json.Marshal(map[string]any{"Replace": overlay})
 	if err != nil {
@@ -59,6 +63,6 @@ func TestReadmeGoSnippetsCompile(t *testing.T) {
 	}
 	args := append([]string{"build", "-overlay", ovFile, "-o", os.DevNull}, pkgs...)
 	if out, err := exec.Command("go", args...).CombinedOutput(); err != nil {
-		t.Errorf("go build of the README snippets: %v\n%s", err, out)
+		t.Errorf("go build of the documents' Go snippets: %v\n%s", err, out)
 	}
 }

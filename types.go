@@ -8,7 +8,7 @@ import (
 // Status is the outcome of one tool call (ToolResult.Status).
 type Status string
 
-// Tool call statuses. See CONTRACT.md and the README.
+// Tool call statuses. See CONTRACT.md.
 const (
 	// StatusSucceeded: the tool ran and returned a result (an empty result is a success).
 	StatusSucceeded Status = "succeeded"

@@ -104,7 +104,7 @@ func TestSaturatedExecutorRunsNothingTwice(t *testing.T) {
 	t.Logf("queue redeliveries while saturated: %d", ci.CachedInfo().NumRedelivered)
 }
 
-// The example of the README's "Deploy your own tools" runs as its own process beside
+// The example of docs/writing-tools.md's "Deploy your own tools" runs as its own process beside
 // the built-in fleet: its tool enters the catalog with its instance, a run calls it and
 // a built-in tool in one step, and when the process stops its tool leaves the catalog.
 func TestCustomExecutorExample(t *testing.T) {

@@ -23,7 +23,7 @@ import (
 	"github.com/toolbus/toolbus/internal/golden"
 )
 
-// example is one event of the contract with fixed values: the README, CONTRACT.md and
+// example is one event of the contract with fixed values: CONTRACT.md and
 // the schema tests all show or check what the real encoder makes of it.
 type example struct {
 	Type    string
@@ -34,7 +34,7 @@ type example struct {
 
 // The documents whose example blocks are generated from the encoder (paths from the
 // events package directory).
-var exampleDocs = []string{"../README.md", "../CONTRACT.md"}
+var exampleDocs = []string{"../CONTRACT.md"}
 
 var exampleAt = time.Date(2026, 11, 29, 12, 0, 3, 250_000_000, time.UTC)
 
@@ -132,6 +132,8 @@ func examples() []example {
 		ended(toolbus.RunLimitReached, 10, toolbus.RunEnded{Reason: "max steps 10 reached", Code: toolbus.LimitMaxSteps,
 			StepsUsed: 10, Usage: toolbus.Usage{InputTokens: 9100, OutputTokens: 800}}),
 		ended(toolbus.RunCancelled, 1, toolbus.RunEnded{Reason: "wrong incident", StepsUsed: 1, Usage: usage}),
+		{events.TypeRunTimer, events.SubjectTimer(exRun), withID(run("injector", 0), events.IDTimer(exRun)),
+			events.RunTimer{RunID: exRun, Deadline: exampleAt.Add(10 * time.Minute)}},
 	}
 }
 
@@ -151,16 +153,31 @@ func (e example) encode(t testing.TB) *nats.Msg {
 }
 
 // contractTypes returns events.EventTypes, after checking that it lists every Type*
-// constant of subjects.go (read from the source, so a new event type cannot be left out
-// of the schemas, the examples and the AsyncAPI document) and every run outcome.
+// constant of the package's source files (read from the source, so a new event type
+// cannot be left out of the schemas, the examples, the AsyncAPI document and
+// CONTRACT.md) and every run outcome.
 func contractTypes(t testing.TB) []string {
 	t.Helper()
-	f, err := parser.ParseFile(token.NewFileSet(), "subjects.go", nil, 0)
+	files, err := filepath.Glob("*.go")
 	if err != nil {
 		t.Fatal(err)
 	}
+	var decls []ast.Decl
+	for _, name := range files {
+		if strings.HasSuffix(name, "_test.go") {
+			continue
+		}
+		f, err := parser.ParseFile(token.NewFileSet(), name, nil, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		decls = append(decls, f.Decls...)
+	}
+	if len(decls) == 0 {
+		t.Fatal("no declarations in package events")
+	}
 	types := events.EventTypes()
-	for _, d := range f.Decls {
+	for _, d := range decls {
 		g, ok := d.(*ast.GenDecl)
 		if !ok || g.Tok != token.CONST {
 			continue
@@ -244,7 +261,7 @@ func (e example) wireBlock(t testing.TB) string {
 // fenced block that follows it.
 var exampleBlockRE = regexp.MustCompile("(?s)<!-- (data|wire): ([a-z_.]+(?:#[0-9]+)?) -->\n```([a-z]*)\n(.*?)\n```")
 
-// The example payloads of the README and CONTRACT.md are what the encoder writes, so the
+// The example payloads of CONTRACT.md are what the encoder writes, so the
 // documentation cannot drift from the wire. Regenerate the blocks with
 // go test ./events -run ExampleBlocks -update.
 func TestExampleBlocks(t *testing.T) {

@@ -102,6 +102,8 @@ func sampleSubject(t *testing.T, typ, r, x string) string {
 		return events.SubjectApproval(r, false)
 	case events.TypeRunCancel:
 		return events.SubjectRunCancel(r)
+	case events.TypeRunTimer:
+		return events.SubjectTimer(r)
 	}
 	if s, ok := strings.CutPrefix(typ, "toolbus.run."); ok {
 		return events.SubjectRunEnded(r, toolbus.RunStatus(s))
@@ -236,6 +238,8 @@ func TestAsyncAPI(t *testing.T) {
 		{"injector", "send", events.TypeModelRequested},
 		{"operator", "send", events.TypeApprovalGranted},
 		{"operator", "send", events.TypeRunCancel},
+		{"injector", "send", events.TypeRunTimer},
+		{"injector", "receive", events.TypeRunTimer},
 	} {
 		i, ok := msgByName[want.typ]
 		if !ok {

@@ -39,6 +39,8 @@ func dataType(t testing.TB, typ string) any {
 		return toolbus.Approval{}
 	case events.TypeRunCancel:
 		return toolbus.Cancel{}
+	case events.TypeRunTimer:
+		return events.RunTimer{}
 	}
 	if strings.HasPrefix(typ, "toolbus.run.") {
 		return toolbus.RunEnded{}

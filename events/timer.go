@@ -20,6 +20,10 @@ func IDTimer(run string) string { return run + "/timer.deadline" }
 
 // RunTimer is the data of a run's deadline timer.
 type RunTimer struct {
-	RunID    string    `json:"run_id"`
+	// RunID is the run whose deadline this is.
+	RunID string `json:"run_id"`
+	// Deadline is the run's deadline (RunStarted.limits.deadline, or the injector's
+	// default run timeout from the run's start): the run ends limit_reached / deadline
+	// when it passes with the run still going.
 	Deadline time.Time `json:"deadline"`
 }

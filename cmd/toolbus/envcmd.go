@@ -38,41 +38,62 @@ var envDefaults = map[string]string{
 	"TOOLBUS_MAX_CALLS_PER_STEP": strconv.Itoa(planner.DefaultMaxCallsPerStep),
 }
 
-// cmdEnv prints every TOOLBUS_* variable: name, default and meaning.
-func cmdEnv(cfg Config, out io.Writer) error {
+// envVar is one variable of `toolbus env`: its name, default ("-" when none) and meaning.
+type envVar struct{ Name, Default, Meaning string }
+
+// envVars returns every TOOLBUS_* variable of Config, in the order of its fields. It is
+// what `toolbus env` prints and what docs/configuration.md shows (TestConfigurationDoc).
+func envVars(cfg Config) ([]envVar, error) {
 	// envconfig renders the variables through a template; a unit separator keeps the
 	// columns apart so that missing descriptions can be filled in here.
 	const sep = "\x1f"
 	var raw bytes.Buffer
 	format := `{{range .}}{{usage_key .}}` + sep + `{{usage_default .}}` + sep + `{{usage_description .}}` + "\n{{end}}"
 	if err := envconfig.Usagef(envPrefix, &cfg, &raw, format); err != nil {
-		return fmt.Errorf("env: %w", err)
+		return nil, fmt.Errorf("env: %w", err)
 	}
-	fmt.Fprintln(out, "toolbus reads its settings from these environment variables (unset: the default).")
-	fmt.Fprintln(out)
-	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "VARIABLE\tDEFAULT\tMEANING")
+	var vars []envVar
 	for _, line := range strings.Split(strings.TrimRight(raw.String(), "\n"), "\n") {
 		f := strings.SplitN(line, sep, 3)
 		if len(f) != 3 {
 			continue
 		}
-		key, def, desc := strings.TrimSpace(f[0]), strings.TrimSpace(f[1]), strings.TrimSpace(f[2])
-		if desc == "" {
-			desc = envDescriptions[key]
+		v := envVar{Name: strings.TrimSpace(f[0]), Default: strings.TrimSpace(f[1]), Meaning: strings.TrimSpace(f[2])}
+		if v.Meaning == "" {
+			v.Meaning = envDescriptions[v.Name]
 		}
-		if def == "" {
-			def = envDefaults[key]
+		if v.Default == "" {
+			v.Default = envDefaults[v.Name]
 		}
-		if def == "" {
-			def = "-"
+		if v.Default == "" {
+			v.Default = "-"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\n", key, def, desc)
+		vars = append(vars, v)
+	}
+	return vars, nil
+}
+
+// envModelCredentials names the providers' own variables, which the planner's model
+// adapters read as the providers' SDKs do.
+const envModelCredentials = "OPENAI_API_KEY, OPENAI_BASE_URL, ANTHROPIC_API_KEY, ANTHROPIC_BASE_URL"
+
+// cmdEnv prints every TOOLBUS_* variable: name, default and meaning.
+func cmdEnv(cfg Config, out io.Writer) error {
+	vars, err := envVars(cfg)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintln(out, "toolbus reads its settings from these environment variables (unset: the default).")
+	fmt.Fprintln(out)
+	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "VARIABLE\tDEFAULT\tMEANING")
+	for _, v := range vars {
+		fmt.Fprintf(tw, "%s\t%s\t%s\n", v.Name, v.Default, v.Meaning)
 	}
 	if err := tw.Flush(); err != nil {
 		return fmt.Errorf("env: %w", err)
 	}
 	fmt.Fprintln(out)
-	fmt.Fprintln(out, "Model credentials (planner): OPENAI_API_KEY, OPENAI_BASE_URL, ANTHROPIC_API_KEY, ANTHROPIC_BASE_URL.")
+	fmt.Fprintln(out, "Model credentials (planner): "+envModelCredentials+".")
 	return nil
 }

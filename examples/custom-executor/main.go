@@ -1,6 +1,6 @@
 // Command custom-executor is an executor of your own: one tool, served beside the
 // toolbus fleet from the same TOOLBUS_* configuration (see "Deploy your own tools" in
-// the README). Run it with TOOLBUS_NATS_URL pointing at the toolbus NATS server.
+// docs/writing-tools.md). Run it with TOOLBUS_NATS_URL pointing at the toolbus NATS server.
 package main
 
 import (
