@@ -1,6 +1,9 @@
 package events_test
 
 import (
+	"os"
+	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -105,5 +108,26 @@ func TestContractSubjects(t *testing.T) {
 	}
 	for typ := range documented {
 		t.Errorf("CONTRACT.md documents event type %s, which is not in events.EventTypes", typ)
+	}
+}
+
+// CONTRACT.md links the schema of every event type (the files of schemas/, which
+// TestSchemasUpToDate keeps true to the Go types), and links no schema that is not there.
+func TestContractLinksSchemas(t *testing.T) {
+	raw, err := os.ReadFile("../CONTRACT.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := string(raw)
+	for _, typ := range contractTypes(t) {
+		link := "(schemas/" + events.SchemaFile(typ) + ")"
+		if !strings.Contains(text, link) {
+			t.Errorf("CONTRACT.md does not link the schema of %s %s", typ, link)
+		}
+	}
+	for _, m := range regexp.MustCompile(`\(schemas/([^)]+\.json)\)`).FindAllStringSubmatch(text, -1) {
+		if _, err := os.Stat(filepath.Join(schemaDir, m[1])); err != nil {
+			t.Errorf("CONTRACT.md links schemas/%s: %v", m[1], err)
+		}
 	}
 }
