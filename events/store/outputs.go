@@ -87,4 +87,3 @@ func (s *Store) Output(ctx context.Context, ref string) ([]byte, error) {
 	}
 	return buf.Bytes(), nil
 }
-
