@@ -208,7 +208,11 @@ func Generate(permsFile, dir string) (Result, error) { return GenerateGrants(per
 // (operator.nk, account.nk: keep them offline, they sign new users). The server
 // settings of auth-users.conf and auth-nkeys.conf are those of single.conf, next to
 // permsFile.
-func GenerateGrants(permsFile, dir string, g Grants) (Result, error) {
+func GenerateGrants(permsFile, dir string, g Grants, opts ...Option) (Result, error) {
+	o := options{bcryptCost: bcrypt.DefaultCost}
+	for _, f := range opts {
+		f(&o)
+	}
 	if err := g.Validate(); err != nil {
 		return Result{}, fmt.Errorf("natsjwt: grants: %w", err)
 	}
@@ -244,7 +248,7 @@ func GenerateGrants(permsFile, dir string, g Grants) (Result, error) {
 			return Result{}, fmt.Errorf("natsjwt: %w", err)
 		}
 		pw := base64.RawURLEncoding.EncodeToString(b)
-		hash, err := bcrypt.GenerateFromPassword([]byte(pw), bcrypt.DefaultCost)
+		hash, err := bcrypt.GenerateFromPassword([]byte(pw), o.bcryptCost)
 		if err != nil {
 			return Result{}, fmt.Errorf("natsjwt: %w", err)
 		}
@@ -280,6 +284,15 @@ func GenerateGrants(permsFile, dir string, g Grants) (Result, error) {
 	}
 	return res, nil
 }
+
+// Option changes how GenerateGrants issues credentials.
+type Option func(*options)
+
+type options struct{ bcryptCost int }
+
+// WithBcryptCost sets the cost of the password hashes (default bcrypt.DefaultCost): the
+// server pays it on every login; tests lower it.
+func WithBcryptCost(cost int) Option { return func(o *options) { o.bcryptCost = cost } }
 
 // confPermissions renders p in the server configuration syntax.
 func confPermissions(p Permissions) string {
