@@ -39,32 +39,43 @@ type Permissions struct {
 	PubAllow, PubDeny, SubAllow, SubDeny []string
 }
 
-// TeamTemplate is the name, in permissions.conf, of the permissions every team
-// executor user starts from (TEAM_EXECUTOR); TeamPermissions adds its tools.
+// TeamTemplate is the key, in the Permissions ReadPermissions returns, of the
+// permissions every team executor user starts from: TEAM_EXECUTOR of
+// team-executor.conf, next to permissions.conf. TeamPermissions adds its tools.
 const TeamTemplate = "team_executor"
 
-// ReadPermissions parses permissions.conf and returns the lists of every role, and of
-// the team executor template under TeamTemplate.
+// ReadPermissions parses permissions.conf and returns the lists of every role, and the
+// team executor template (team-executor.conf in the same directory) under TeamTemplate.
 func ReadPermissions(file string) (map[string]Permissions, error) {
+	out := map[string]Permissions{}
+	if err := readPermissions(file, Roles, out); err != nil {
+		return nil, err
+	}
+	if err := readPermissions(filepath.Join(filepath.Dir(file), "team-executor.conf"), []string{TeamTemplate}, out); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func readPermissions(file string, roles []string, out map[string]Permissions) error {
 	m, err := conf.ParseFile(file)
 	if err != nil {
-		return nil, fmt.Errorf("natsjwt: %s: %w", file, err)
+		return fmt.Errorf("natsjwt: %s: %w", file, err)
 	}
-	out := map[string]Permissions{}
-	for _, role := range append(slices.Clone(Roles), TeamTemplate) {
+	for _, role := range roles {
 		r, ok := m[strings.ToUpper(role)].(map[string]any)
 		if !ok {
-			return nil, fmt.Errorf("natsjwt: %s: no %s permissions", file, strings.ToUpper(role))
+			return fmt.Errorf("natsjwt: %s: no %s permissions", file, strings.ToUpper(role))
 		}
 		var p Permissions
 		p.PubAllow, p.PubDeny = lists(r["publish"])
 		p.SubAllow, p.SubDeny = lists(r["subscribe"])
 		if len(p.PubAllow) == 0 || len(p.SubAllow) == 0 {
-			return nil, fmt.Errorf("natsjwt: %s: %s has no publish or subscribe allow list", file, role)
+			return fmt.Errorf("natsjwt: %s: %s has no publish or subscribe allow list", file, role)
 		}
 		out[role] = p
 	}
-	return out, nil
+	return nil
 }
 
 func lists(v any) (allow, deny []string) {
