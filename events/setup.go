@@ -172,7 +172,7 @@ func ReadMirrorName(stream string) string { return stream + "_READ" }
 
 // Change is one thing Setup created, updated or found as wanted.
 type Change struct {
-	// Kind is stream, bucket, object store or consumer.
+	// Kind is stream, bucket or consumer.
 	Kind string
 	Name string
 	// Action is created, updated or unchanged.
@@ -182,7 +182,7 @@ type Change struct {
 func (c Change) String() string { return c.Action + " " + c.Kind + " " + c.Name }
 
 // Setup (admin) creates or updates the stream (which denies message deletes and
-// purges), every bucket and object store and the durable consumers of the planner and
+// purges), every bucket and the durable consumers of the planner and
 // injector (WorkerConsumers), plus what opts add; it is idempotent. It returns the bus,
 // which may also create or update the consumers its workers bind to, and the changes.
 //

@@ -49,7 +49,7 @@ type Config struct {
 	// MaxAckPending bounds calls in flight across all workers of the consumer (default 1000).
 	MaxAckPending int
 	// InlineOutputMax is the largest output kept in the event itself (default 256 KiB);
-	// larger outputs go to the object store and the result carries a reference.
+	// larger outputs go to the outputs bucket and the result carries a reference.
 	InlineOutputMax int
 	// Metrics, when set, records the calls this worker runs (telemetry.Metrics).
 	Metrics Metrics
