@@ -19,14 +19,15 @@ type docKey struct{ bucket, key string }
 // keyFuncs are the functions that build keys, each used by storeKeys below. A new key
 // function fails TestContractStoreKeys until it is added here and its layout to the
 // contract.
-var keyFuncs = []string{"stepKey", "resultKey", "decisionKey", "ClaimKey", "slotKey", "InstanceKey"}
+var keyFuncs = []string{"stepKey", "resultKey", "decisionKey", "ClaimKey", "slotKey", "InstanceKey", "OutputKey"}
 
 // storeKeys returns every key layout the store writes, built with the functions it
 // writes with from sentinels, then written with CONTRACT.md's placeholders.
 func storeKeys() []docKey {
-	const run, step, call, index, slot = "RUNX", 7, "CALLX", 3, 5
+	const run, tool, step, call, index, slot, chunk = "RUNX", "TOOLX", 7, "CALLX", 3, 5, 9
 	// The index and slot first: a replacer does not match again inside a replaced step.
-	numbers := strings.NewReplacer(".r."+strconv.Itoa(index), ".r.<index>", ".slot."+strconv.Itoa(slot), ".slot.<i>")
+	numbers := strings.NewReplacer(".r."+strconv.Itoa(index), ".r.<index>", ".slot."+strconv.Itoa(slot), ".slot.<i>",
+		call+"."+strconv.Itoa(chunk), call+".<i>")
 	ph := strings.NewReplacer("RUNX", "<run>", "CALLX", "<call_id>", "TOOLX", "<tool>", "INSTX", "<instance>",
 		"."+strconv.Itoa(step)+".", ".<step>.", "/"+strconv.Itoa(step)+"/", "/<step>/")
 	keys := []docKey{
@@ -35,13 +36,13 @@ func storeKeys() []docKey {
 		{BucketHistory, resultKey(run, step, index)},
 		{BucketRuns, run},
 		{BucketApprovals, decisionKey(run, step, call)},
-		{BucketTools, "TOOLX"},
+		{BucketTools, tool},
 		{BucketInstances, InstanceKey("INSTX")},
-		{BucketClaims, ClaimKey(run, step, call)},
-		{BucketClaims, slotKey(run, slot)},
-		// The object name of a large output is chosen by the executor worker
-		// (keepLargeOutput): <run>/<step>/<call_id>.
-		{BucketOutputs, run + "/" + strconv.Itoa(step) + "/" + call},
+		{BucketClaims, ClaimKey(tool, run, step, call)},
+		{BucketClaims, slotKey(tool, run, slot)},
+		// PutOutput writes the chunks of an output, then its .meta.
+		{BucketOutputs, OutputKey(tool, run, step, call) + "." + strconv.Itoa(chunk)},
+		{BucketOutputs, OutputKey(tool, run, step, call) + ".meta"},
 	}
 	for i := range keys {
 		keys[i].key = ph.Replace(numbers.Replace(keys[i].key))
