@@ -45,6 +45,10 @@ const headerExpectedLastSubjSeq = "Nats-Expected-Last-Subject-Sequence"
 // messages stored on its subject meanwhile.
 const maxGuardedAttempts = 100
 
+// guardHook, when set (tests), runs between the look-up of a guarded publish and the
+// publish itself: where two publishers of the same event race.
+var guardHook func()
+
 // squats counts the events of this process whose id was found squatted (tests and
 // operators read it through SquatsSeen).
 var squats atomic.Uint64
@@ -127,6 +131,9 @@ func (b *Bus) publishGuarded(ctx context.Context, msg *nats.Msg, m Meta) (*jetst
 			return &jetstream.PubAck{Stream: b.Stream.CachedInfo().Config.Name, Sequence: seq, Duplicate: true}, nil
 		}
 		last = seq
+		if guardHook != nil {
+			guardHook()
+		}
 		guarded.Header.Set(headerExpectedLastSubjSeq, strconv.FormatUint(last, 10))
 		ack, err := b.JS.PublishMsg(ctx, guarded)
 		if err == nil {
