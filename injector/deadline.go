@@ -84,9 +84,12 @@ func (in *Injector) timer(ctx context.Context, msg jetstream.Msg) {
 	if err == nil {
 		err = events.CheckSubject(msg.Subject(), meta, &t)
 	}
-	if err != nil || !toolbus.ValidRunID(run) {
+	if err == nil && !toolbus.ValidRunID(run) {
+		err = fmt.Errorf("%w: invalid run id %q", events.ErrPoison, run)
+	}
+	if err != nil {
 		in.log.Warn("not a deadline timer of this run: terminated", "subject", msg.Subject(), "error", err)
-		_ = msg.TermWithReason("not a deadline timer of this run")
+		_ = msg.TermWithReason(truncate("not a deadline timer of this run: "+err.Error(), 200))
 		return
 	}
 	// The deadline is the run's own (its first run.started), not what the timer says.
