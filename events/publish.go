@@ -10,6 +10,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nuid"
 )
 
 // Publishing that no other party can suppress.
@@ -27,7 +28,8 @@ import (
 // (same subject, type and id: a re-publish, or the same event from another worker)
 // only when all three match; only a publisher allowed on the event's own subject can
 // store such a message. Anything else is a squat, and the event is published again
-// without a message id, guarded per subject instead: the publisher looks for the event
+// under a message id nobody can predict (<id>/guarded/<random>), guarded per subject
+// instead: the publisher looks for the event
 // among the messages of its subject (crash-safe re-publishing still stores it once)
 // and publishes with Nats-Expected-Last-Subject-Sequence set to the last one it saw,
 // so two publishers of the same event (a redelivery racing another worker) cannot both
@@ -37,6 +39,10 @@ import (
 // The common path costs nothing: a publish that is not a duplicate is stored and
 // acknowledged as before. A true duplicate costs one direct get; a squatted event a
 // walk over its subject (a handful of messages of one run) and one more publish.
+
+// GuardedIDSeparator separates the event id from the random suffix of the Nats-Msg-Id of
+// an event published under the per-subject guard: <id>/guarded/<random>.
+const GuardedIDSeparator = "/guarded/"
 
 // headerExpectedLastSubjSeq is the JetStream header of optimistic concurrency per subject.
 const headerExpectedLastSubjSeq = "Nats-Expected-Last-Subject-Sequence"
@@ -112,14 +118,15 @@ func sameEvent(raw *jetstream.RawStreamMsg, subject string, m Meta) bool {
 }
 
 // publishGuarded stores msg on its subject unless the subject already holds the event,
-// without a message id: the guard is the subject's last sequence.
+// under a random message id: the guard is the subject's last sequence.
 func (b *Bus) publishGuarded(ctx context.Context, msg *nats.Msg, m Meta) (*jetstream.PubAck, error) {
 	guarded := nats.NewMsg(msg.Subject)
 	for k, v := range msg.Header {
-		if k != HeaderMsgID {
-			guarded.Header[k] = v
-		}
+		guarded.Header[k] = v
 	}
+	// A message id nobody can know before it is stored (so nobody can squat it), which
+	// the contract still finds in the header; the guard, not the id, keeps it unique.
+	guarded.Header.Set(HeaderMsgID, m.ID+GuardedIDSeparator+nuid.Next())
 	guarded.Data = msg.Data
 	var last uint64
 	for attempt := 0; attempt < maxGuardedAttempts; attempt++ {
