@@ -25,9 +25,10 @@ import (
 //
 // So a duplicate acknowledgement is not trusted: it names the sequence of the message
 // stored under the id, and the publisher reads that message. It is this very event
-// (same subject, type and id: a re-publish, or the same event from another worker)
-// only when all three match; only a publisher allowed on the event's own subject can
-// store such a message. Anything else is a squat, and the event is published again
+// (same subject, type and id, with data that agrees with the subject: a re-publish, or
+// the same event from another worker) only when all of these match; only a publisher
+// allowed on the event's own subject can store such a message, and then only an event
+// of that very run. Anything else is a squat, and the event is published again
 // under a message id nobody can predict (<id>/guarded/<random>), guarded per subject
 // instead: the publisher looks for the event
 // among the messages of its subject (crash-safe re-publishing still stores it once)
@@ -108,13 +109,23 @@ func (b *Bus) settleDuplicate(ctx context.Context, msg *nats.Msg, ack *jetstream
 	return b.publishGuarded(ctx, msg, want.Meta)
 }
 
-// sameEvent reports whether a stored message is the event (subject, type, id).
+// sameEvent reports whether a stored message is the event: the same subject, type and
+// id, and data that agrees with that subject (CheckSubject). A message on the event's
+// own subject whose data names another run is no event of this run: consumers
+// terminate it, so it must not stand in for the real one either.
 func sameEvent(raw *jetstream.RawStreamMsg, subject string, m Meta) bool {
 	if raw == nil || raw.Subject != subject {
 		return false
 	}
 	got, err := DecodeEvent(&nats.Msg{Subject: raw.Subject, Header: raw.Header, Data: raw.Data})
-	return err == nil && got.ID == m.ID && got.Type == m.Type
+	if err != nil || got.ID != m.ID || got.Type != m.Type {
+		return false
+	}
+	v := DataOf(got.Type)
+	if v == nil {
+		return true
+	}
+	return got.Bind(v) == nil && CheckSubject(raw.Subject, got.Meta, v) == nil
 }
 
 // publishGuarded stores msg on its subject unless the subject already holds the event,

@@ -204,6 +204,38 @@ func TestStartRunAfterSquat(t *testing.T) {
 	}
 }
 
+// A squat on the event's own subject (which a client may use for any run's run.started
+// or approvals) with the event's type and id, but data naming another run, is no event
+// of this run: it suppresses nothing either.
+func TestSquatOnOwnSubjectWithAnotherRunsData(t *testing.T) {
+	bus := openBus(t)
+	ctx := eventstest.Context(t, time.Minute)
+	rs := toolbus.RunStarted{RunID: "own-1", Messages: []toolbus.Message{{Role: toolbus.RoleUser, Content: "q"}}}
+	forged := events.RunStartedEvent("/evil", toolbus.RunStarted{RunID: "elsewhere"})
+	forged.Meta.ID = events.IDRunStarted(rs.RunID)
+	squat(t, ctx, bus.JS, events.SubjectRunStarted(rs.RunID), forged)
+	if err := bus.StartRun(ctx, "/test", rs); err != nil {
+		t.Fatalf("StartRun after a squat on its own subject: %v", err)
+	}
+	if got, err := bus.RunStarted(ctx, rs.RunID); err != nil || got.RunID != rs.RunID {
+		t.Fatalf("RunStarted = %+v, %v", got, err)
+	}
+	approval := events.ApprovalEvent("/test", 0, toolbus.Approval{RunID: "own-1", CallID: "a", Who: "alice"}, true)
+	fake := events.ApprovalEvent("/evil", 0, toolbus.Approval{RunID: "elsewhere", CallID: "a", Who: "mallory"}, true)
+	fake.Meta.ID, fake.Meta.RunID = approval.Meta.ID, ""
+	squat(t, ctx, bus.JS, approval.Subject, fake)
+	if _, err := bus.PublishEvent(ctx, approval); err != nil {
+		t.Fatal(err)
+	}
+	seqs := onSubject(t, ctx, bus, approval)
+	if len(seqs) != 2 { // the squat (same id, another run's data) and the real one
+		t.Fatalf("%d messages with the approval's id on its subject, want the squat and the real one", len(seqs))
+	}
+	if _, ok, err := bus.Stored(ctx, approval); err != nil || !ok {
+		t.Fatalf("the real approval is not stored: %v, %v", ok, err)
+	}
+}
+
 // Subject and body agree: the envelope of every event type passes CheckSubject, and
 // each way a subject can disagree with its event (another run, another tool, another
 // outcome or approval type, attributes naming another run or call) is a

@@ -372,7 +372,15 @@ async function publishResult(req, meta, result) {
   // duplicate is the same event"): it is this result only if the message stored there has
   // its subject, type and id. Otherwise the id was squatted: store the result under the
   // per-subject guard.
-  const isOurs = (sm) => sm.subject === subject && sm.header.get('ce-id') === id && sm.header.get('ce-type') === type;
+  const isOurs = (sm) => {
+    if (sm.subject !== subject || sm.header.get('ce-id') !== id || sm.header.get('ce-type') !== type) return false;
+    try { // and its data names this run and call (a squat on our own subject does not)
+      const d = JSON.parse(dec.decode(sm.data));
+      return d.run_id === req.run_id && d.call_id === req.call.call_id;
+    } catch {
+      return false;
+    }
+  };
   try {
     if (isOurs(await jsm.streams.getMessage(cfg.stream, { seq: ack.seq }))) return;
   } catch (err) {
