@@ -45,7 +45,7 @@ func (e *MismatchError) Unwrap() []error { return []error{ErrSubjectMismatch, Er
 // CheckSubject reports (as a *MismatchError) whether the subject of an event disagrees
 // with its type, attributes or data: the subject must be toolbus.<run>.<type>, with the
 // tool token of the call for tool events (SubjectToolRequested and its siblings; a
-// tool.requested may also be on UnknownToolToken), <run> must be the data's run_id and
+// tool.requested, and the tool.finished answering it, may also be on UnknownToolToken), <run> must be the data's run_id and
 // the runid extension when present, the callid extension when present must be the
 // data's call id, and a run outcome's status must be its type's. data is the decoded
 // data of the event, a contract type or a pointer to one; other values are checked
@@ -77,7 +77,8 @@ func CheckSubject(subject string, m Meta, data any) error {
 	case toolbus.ToolRequested:
 		bodyRun, callID, tools = d.RunID, d.Call.CallID, []string{ToolToken(d.Call.Tool), UnknownToolToken}
 	case toolbus.ToolFinished:
-		bodyRun, callID, tools = d.RunID, d.CallID, []string{ToolToken(d.Tool)}
+		// A call taken from the unknown-tool queue is answered there (ToolFinishedEventOn).
+		bodyRun, callID, tools = d.RunID, d.CallID, []string{ToolToken(d.Tool), UnknownToolToken}
 	case toolbus.ToolWaiting:
 		bodyRun, callID, tools = d.RunID, d.Call.CallID, []string{ToolToken(d.Call.Tool)}
 	case toolbus.Approval:

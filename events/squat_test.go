@@ -284,6 +284,9 @@ func TestCheckSubject(t *testing.T) {
 				mismatch("a "+other.Meta.Type+" on "+e.Subject, check(e.Subject, other.Meta, other.Data))
 			}
 			if tf, ok := e.Data.(toolbus.ToolFinished); ok {
+				if err := check(events.SubjectToolFinished(run, "_unknown"), e.Meta, tf); err != nil {
+					t.Errorf("a result on the _unknown queue's subject: %v", err)
+				}
 				tf.Tool = "other_tool"
 				mismatch("another tool", check(e.Subject, e.Meta, tf))
 			}
