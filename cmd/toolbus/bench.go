@@ -104,7 +104,7 @@ func cmdBench(ctx context.Context, args []string, out io.Writer) error {
 	longK := fs.Int("long-k", 4, "calls per step of the long runs")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the saturated toolbus case to this file (one file per row, named after it, when there are several rows)")
 	if err := fs.Parse(args); err != nil {
-		return &exitError{code: 2}
+		return flagError(err)
 	}
 	if *steps < 2 {
 		return &exitError{code: 2, msg: "bench: -steps must be at least 2"}

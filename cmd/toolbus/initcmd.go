@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -19,12 +18,11 @@ import (
 // least-privilege credentials only bind to them. It is idempotent and prints what it
 // created, updated or found unchanged.
 func cmdInit(ctx context.Context, cfg Config, log *slog.Logger, args []string, out, errOut io.Writer) error {
-	fs := flag.NewFlagSet("init", flag.ContinueOnError)
-	fs.SetOutput(errOut)
+	fs := newFlagSet("init", "init [--tools a,b] [--read-mirror=false]   (admin credentials; TOOLBUS_NATS_URL must be set)", errOut)
 	tools := fs.String("tools", "", "comma-separated tools whose queue consumers to create (default: every tool of TOOLBUS_EXECUTOR_TOOLS, else of the TOOLBUS_TOOLS packs)")
 	mirror := fs.Bool("read-mirror", true, "create the read mirror of the stream, where readers (run, tail, replay) create their consumers")
 	if err := fs.Parse(args); err != nil {
-		return &exitError{code: 2}
+		return flagError(err)
 	}
 	if fs.NArg() > 0 {
 		return &exitError{code: 2, msg: "init: unexpected arguments " + strings.Join(fs.Args(), " ")}
