@@ -35,7 +35,7 @@ type Config struct {
 	// they take the defaults of package events (envDefaults shows them in toolbus env).
 	events.WorkerConfig
 
-	Tools         string        `envconfig:"TOOLS" default:"demo" desc:"built-in tool packs served by executors (demo, calc, diag: diag's panic, big_output, sleep... only when asked for)"`
+	Tools         string        `envconfig:"TOOLS" default:"demo" desc:"built-in tool packs served by executors (demo, diag: diag's panic, big_output, sleep... only when asked for)"`
 	MCPConfig     string        `envconfig:"MCP_CONFIG" desc:"JSON file of MCP servers whose tools executors serve (mcpServers: command/args/env or url/headers)"`
 	ExecutorTools []string      `envconfig:"EXECUTOR_TOOLS" desc:"serve only these tools of the packs (deployments may overlap: each tool has one shared queue)"`
 	CallTimeout   time.Duration `envconfig:"CALL_TIMEOUT" default:"30s" desc:"default tool timeout"`
