@@ -111,9 +111,6 @@ func ParseScriptFile(r io.Reader) (*ScriptModel, error) {
 			ids[c.ID] = true
 		}
 	}
-	if f.Name == "" {
-		f.Name = "script"
-	}
 	return &ScriptModel{file: f}, nil
 }
 
@@ -126,8 +123,14 @@ type ScriptModel struct {
 
 var _ Model = (*ScriptModel)(nil)
 
-// Name is the model name the script's answers carry.
-func (s *ScriptModel) Name() string { return s.file.Name }
+// Name is the model name the script's answers carry: the file's "name", else
+// script:<file name> (LoadScriptFile), else script.
+func (s *ScriptModel) Name() string {
+	if s.file.Name == "" {
+		return "script"
+	}
+	return s.file.Name
+}
 
 var resultRef = regexp.MustCompile(`\{\{\s*result:\s*([^}\s]+)\s*\}\}`)
 
@@ -139,7 +142,7 @@ func (s *ScriptModel) Complete(ctx context.Context, req Request) (Response, erro
 	if req.Step >= len(s.file.Steps) {
 		where := s.path
 		if where == "" {
-			where = s.file.Name
+			where = s.Name()
 		}
 		return Response{}, Permanent(fmt.Errorf("script %s has %d step(s): no answer for step %d (end the script with a step without calls)", where, len(s.file.Steps), req.Step))
 	}
@@ -148,7 +151,7 @@ func (s *ScriptModel) Complete(ctx context.Context, req Request) (Response, erro
 	for _, c := range st.Calls {
 		msg.ToolCalls = append(msg.ToolCalls, toolbus.ToolCall{CallID: c.ID, Tool: c.Tool, Arguments: string(c.Arguments)})
 	}
-	return Response{Message: msg, Model: s.file.Name}, nil
+	return Response{Message: msg, Model: s.Name()}, nil
 }
 
 // expandScript replaces {{result:<id>}} and {{results}} in text with the results in msgs.

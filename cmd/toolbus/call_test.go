@@ -18,7 +18,6 @@ import (
 	"github.com/toolbus/toolbus/events/eventstest"
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/executor/worker"
-	"github.com/toolbus/toolbus/planner"
 )
 
 // callJSON is the output of toolbus call --json.

@@ -7,8 +7,6 @@ import (
 	"sync"
 
 	"github.com/toolbus/toolbus/planner"
-	"github.com/toolbus/toolbus/planner/anthropic"
-	"github.com/toolbus/toolbus/planner/openai"
 )
 
 // newModel builds the model named by TOOLBUS_MODEL:
@@ -69,10 +67,7 @@ func baseModel(cfg Config) (planner.Model, error) {
 		if key == "" && base == "" {
 			return nil, fmt.Errorf("TOOLBUS_MODEL=%s needs OPENAI_API_KEY (or OPENAI_BASE_URL for a local OpenAI-compatible server)", cfg.Model)
 		}
-		if kind == "openai" {
-			return openai.NewChat(openai.ChatOptions{APIKey: key, BaseURL: base, Model: arg, Logger: log})
-		}
-		return openai.NewResponses(openai.ResponsesOptions{APIKey: key, BaseURL: base, Model: arg, Logger: log})
+		return providerModel(kind, arg, key, base, log)
 	case "anthropic":
 		if arg == "" {
 			return nil, fmt.Errorf("TOOLBUS_MODEL=anthropic:<model> needs a model name, e.g. anthropic:claude-sonnet-4-5")
@@ -81,7 +76,7 @@ func baseModel(cfg Config) (planner.Model, error) {
 		if key == "" && base == "" && os.Getenv("ANTHROPIC_AUTH_TOKEN") == "" {
 			return nil, fmt.Errorf("TOOLBUS_MODEL=%s needs ANTHROPIC_API_KEY", cfg.Model)
 		}
-		return anthropic.New(anthropic.Options{APIKey: key, BaseURL: base, Model: arg, Logger: log})
+		return providerModel(kind, arg, key, base, log)
 	}
 	return nil, fmt.Errorf("unknown model %q (TOOLBUS_MODEL: script:incident, script:<file.json>, replay:<file>, openai:<model>, openai-responses:<model>, anthropic:<model>)", cfg.Model)
 }
