@@ -93,6 +93,10 @@ type benchReport struct {
 func cmdBench(ctx context.Context, args []string, out io.Writer) error {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.SetOutput(out)
+	fs.Usage = func() {
+		fmt.Fprintln(out, "usage: toolbus bench [flags]   (measure toolbus beside raw JetStream and an in-process loop)")
+		fs.PrintDefaults()
+	}
 	jsonPath := fs.String("json", "", "also write the figures as JSON to this file")
 	ks := fs.String("k", "1,4,16", "calls per step")
 	steps := fs.Int("steps", 5, "steps per run (the last one answers)")

@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"reflect"
@@ -62,6 +63,9 @@ type Config struct {
 
 	LogLevel  string `envconfig:"LOG_LEVEL" default:"info" desc:"debug, info, warn or error"`
 	LogFormat string `envconfig:"LOG_FORMAT" default:"text" desc:"text or json"`
+
+	// logOut is where logs go: the stderr of run (default os.Stderr).
+	logOut io.Writer
 }
 
 const envPrefix = "TOOLBUS"
@@ -165,10 +169,14 @@ func (c Config) logger() *slog.Logger {
 		lvl = slog.LevelInfo
 	}
 	opts := &slog.HandlerOptions{Level: lvl}
-	if strings.EqualFold(c.LogFormat, "json") {
-		return slog.New(slog.NewJSONHandler(os.Stderr, opts))
+	out := c.logOut
+	if out == nil {
+		out = os.Stderr
 	}
-	return slog.New(slog.NewTextHandler(os.Stderr, opts))
+	if strings.EqualFold(c.LogFormat, "json") {
+		return slog.New(slog.NewJSONHandler(out, opts))
+	}
+	return slog.New(slog.NewTextHandler(out, opts))
 }
 
 func (c Config) packs() []string {

@@ -210,6 +210,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "toolbus:", err)
 		return 2
 	}
+	cfg.logOut = stderr
 	cmd, rest := args[0], args[1:]
 	if clientCommands[cmd] {
 		cfg.LogLevel = clientLogLevel(cfg.LogLevel, os.Getenv("TOOLBUS_LOG_LEVEL") != "", verbose(rest))
