@@ -120,7 +120,10 @@ func cmdCall(ctx context.Context, cfg Config, log *slog.Logger, args []string, s
 		}
 		return fmt.Errorf("call: %w", err)
 	}
-	res, ended, waiting, err := awaitCall(ctx, watch, rs.RunID)
+	res, ended, waiting, err := awaitCall(ctx, watch, rs.RunID, func(p *printer) {
+		// Silent for a while: say what the call waits for (no planner, no executor...).
+		fmt.Fprintln(errOut, strings.TrimSpace(waitingHint(ctx, c.bus, p)))
+	})
 	if err != nil {
 		if ctx.Err() != nil {
 			return &exitError{code: 130, msg: "interrupted; the call goes on: toolbus cancel " + rs.RunID}
@@ -186,9 +189,12 @@ func callRun(run, principal string, tc toolbus.ToolContract, args string, now ti
 }
 
 // awaitCall follows a call run until it ends (the result is the tool.finished of its
-// call) or its call waits for approval.
-func awaitCall(ctx context.Context, watch *events.Watcher, run string) (res *toolbus.ToolResult, ended toolbus.RunEnded, waiting bool, err error) {
+// call) or its call waits for approval; after waitHint of silence it calls hint once per
+// silence with a printer that knows what the run waits for.
+func awaitCall(ctx context.Context, watch *events.Watcher, run string, hint func(*printer)) (res *toolbus.ToolResult, ended toolbus.RunEnded, waiting bool, err error) {
 	done := false
+	p := newPrinter(io.Discard)
+	idleSince, hinted := time.Now(), false
 	v := audit.Visitor{
 		ToolFinished: func(_ events.StoredEvent, tf toolbus.ToolFinished) {
 			if tf.CallID == preplannedCallID {
@@ -208,9 +214,16 @@ func awaitCall(ctx context.Context, watch *events.Watcher, run string) (res *too
 		if err != nil {
 			return nil, ended, false, err
 		}
-		if ok {
-			v.Visit(ev)
+		if !ok {
+			if !hinted && time.Since(idleSince) >= waitHint {
+				hinted = true
+				hint(p)
+			}
+			continue
 		}
+		idleSince, hinted = time.Now(), false
+		p.print(ev)
+		v.Visit(ev)
 	}
 	if ended.Status == toolbus.RunWaitingForApproval {
 		waiting = true

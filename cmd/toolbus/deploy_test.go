@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -166,7 +167,17 @@ func TestDeployYourOwnTools(t *testing.T) {
 		return nil
 	})
 
+	// The rest of the fleet: a planner and an injector (toolbus call's run goes through them).
 	t.Setenv("TOOLBUS_NATS_URL", srv.URL)
+	t.Setenv("TOOLBUS_LOG_LEVEL", "warn")
+	cfg, err := loadConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, stopRoles := context.WithCancel(ctx)
+	rolesDone := make(chan error, 1)
+	go func() { rolesDone <- cmdRole2(rctx, cfg, "planner", "injector") }()
+	t.Cleanup(func() { stopRoles(); <-rolesDone })
 	t.Setenv("TOOLBUS_LOG_LEVEL", "")
 	code, out, errOut := cli(t, "tools")
 	wantCode(t, "toolbus tools", code, 0, out, errOut)
@@ -192,4 +203,16 @@ func TestDeployYourOwnTools(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatal("no trace reached the OTLP endpoint (OTEL_EXPORTER_OTLP_ENDPOINT)")
 	}
+}
+
+// cmdRole2 runs roles against TOOLBUS_NATS_URL in this process, as `toolbus planner` and
+// `toolbus injector` would.
+func cmdRole2(ctx context.Context, cfg Config, roles ...string) error {
+	log := cfg.logger()
+	c, err := openBus(ctx, cfg, log, false)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	return runRoles(ctx, cfg, c.bus, log, roles...)
 }

@@ -51,7 +51,7 @@ func baseModel(cfg Config) (planner.Model, error) {
 			return NoopScript(4, 3), nil
 		}
 		if _, err := os.Stat(arg); err != nil {
-			return nil, fmt.Errorf("script %q: not a built-in script (incident, approval, noop) nor a readable script file: %w", arg, err)
+			return nil, fmt.Errorf("unknown script %q: not a built-in script (incident, approval, noop) nor a readable script file: %w", arg, err)
 		}
 		return planner.LoadScriptFile(arg)
 	case "replay":
