@@ -44,6 +44,10 @@ const (
 	CodeToolError         = "tool_error"
 	CodeToolInternalError = "tool_internal_error"
 	CodeInvalidToolOutput = "invalid_tool_output"
+	// CodePermissionDenied: the server refused an operation the executor needs for the
+	// call to its credentials; the message names the subject (the missing permission).
+	// It fails the run by default: no retry can fix a deployment's permissions.
+	CodePermissionDenied = "permission_denied"
 	// CodeRunEnded: the call was taken after its run had ended; it did not run
 	// (status cancelled).
 	CodeRunEnded = "run_ended"

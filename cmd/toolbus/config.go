@@ -51,7 +51,7 @@ type Config struct {
 	MaxCallsPerStep int           `envconfig:"MAX_CALLS_PER_STEP" desc:"calls of one step that run; the rest get a rejected result (too_many_calls)"`
 	RunTimeout      time.Duration `envconfig:"RUN_TIMEOUT" default:"10m" desc:"default run deadline, from its start"`
 	TokenBudget     int64         `envconfig:"TOKEN_BUDGET" desc:"default token budget of a run (0: none)"`
-	FailOn          []string      `envconfig:"FAIL_ON" default:"unknown_tool,tool_internal_error,invalid_tool_output" desc:"error codes that fail a run"`
+	FailOn          []string      `envconfig:"FAIL_ON" default:"unknown_tool,tool_internal_error,invalid_tool_output,permission_denied" desc:"error codes that fail a run"`
 
 	// MetricsAddr serves /metrics, /healthz and /readyz (host:port) for every role of the
 	// process; empty serves nothing.

@@ -427,11 +427,52 @@ func (w *Worker) track(run string, h *callHandle) (untrack func()) {
 }
 
 func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) error {
+	start := time.Now()
+	var (
+		req  toolbus.ToolRequested
+		meta events.Meta
+	)
+	err := w.handleCall(ctx, msg, &req, &meta)
+	if err == nil || !errors.Is(w.bus.Denied(start, err), events.ErrPermissionDenied) {
+		return err
+	}
+	return w.denied(ctx, req, meta, w.bus.Denied(start, err))
+}
+
+// denied ends a call that the executor's credentials do not let it handle: it publishes
+// a failed result whose code (permission_denied) and message name the missing
+// permission, at once, instead of the call timing out on every delivery. If even that
+// publish is refused the message is terminated with the reason: nothing this executor
+// can do for the call will work until its permissions change (the run's deadline then
+// ends the call).
+func (w *Worker) denied(ctx context.Context, req toolbus.ToolRequested, meta events.Meta, err error) error {
+	log := w.log.With("run_id", req.RunID, "step", req.Step, "call_id", req.Call.CallID, "tool", req.Call.Tool)
+	log.Error("call ended: the executor's credentials miss a permission", "error", err)
+	if meta.Type != events.TypeToolRequested || req.RunID == "" {
+		return fmt.Errorf("%w: %w", events.ErrPoison, err)
+	}
+	res := executor.ErrorResult(req.Call, toolbus.StatusFailed, toolbus.CodePermissionDenied,
+		"the executor could not handle this call: "+err.Error())
+	res.Executor = w.cfg.Instance
+	start := time.Now()
+	_, perr := w.bus.PublishEvent(ctx, events.ToolFinishedEvent(w.source, toolbus.ToolFinished{
+		RunID: req.RunID, Step: req.Step, CallIndex: req.CallIndex, CallCount: req.CallCount, ToolResult: res}).Traced(meta.TraceParent))
+	if perr != nil {
+		return fmt.Errorf("%w: %w (and its result could not be published: %w)", events.ErrPoison, err, w.bus.Denied(start, perr))
+	}
+	w.cfg.Metrics.CallFinished(req.Call.Tool, string(res.Status), res.Code(), 0, false)
+	return nil
+}
+
+// handleCall handles one delivery of a call; it fills req and meta as soon as it decoded
+// them.
+func (w *Worker) handleCall(ctx context.Context, msg jetstream.Msg, out *toolbus.ToolRequested, outMeta *events.Meta) error {
 	var req toolbus.ToolRequested
 	meta, err := events.DecodeMsg(msg, &req)
 	if err != nil {
 		return err
 	}
+	*out, *outMeta = req, meta
 	if meta.Type != events.TypeToolRequested || !toolbus.ValidRunID(req.RunID) || req.Step < 0 ||
 		req.CallCount <= 0 || req.CallIndex < 0 || req.CallIndex >= req.CallCount {
 		return fmt.Errorf("%w: bad tool.requested %s (run %q, index %d of %d)", events.ErrPoison, meta.ID, req.RunID, req.CallIndex, req.CallCount)
@@ -741,8 +782,12 @@ const busRetryFor = 2 * time.Minute
 func (w *Worker) retry(ctx context.Context, msg jetstream.Msg, log func() *slog.Logger, what string, op func() error) error {
 	stopBeat := func() {}
 	defer func() { stopBeat() }()
+	start := time.Now()
 	return retry.Do(ctx, retry.Policy{For: busRetryFor, Base: 100 * time.Millisecond, Max: 2 * time.Second,
 		OnError: func(n int, err error, wait time.Duration) (time.Duration, error) {
+			if derr := w.bus.Denied(start, err); errors.Is(derr, events.ErrPermissionDenied) {
+				return 0, derr // retrying cannot fix missing permissions
+			}
 			if n == 1 { // heartbeats only once the operation fails: the common case costs none
 				stopBeat = events.Heartbeat(msg, w.cfg.AckWait/3)
 			}
