@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/audit"
@@ -401,4 +402,84 @@ func counterValue(t *testing.T, m *telemetry.Metrics, name string) float64 {
 	}
 	t.Fatalf("no counter %s", name)
 	return 0
+}
+
+// Readers cannot exhaust shared limits: readers create no consumer (direct gets), the
+// client and the planner may create none, and `toolbus init` bounds every stream where
+// a consumer could still be made. With every such stream filled to its limit (the read
+// mirror by the executor role, which may still create consumers there, the buckets by
+// the admin), a restarting planner and `toolbus mcp` still read the catalog, the client
+// still lists runs and tools, follows and reads runs, and a run completes.
+func TestRolesReadersCannotExhaustConsumers(t *testing.T) {
+	kind := credentialKinds()[0]
+	url, opts := kind.start(t)
+	s := startSecured(t, url, opts)
+	admin := s.buses["admin"]
+	fill := map[string]*events.Bus{
+		events.ReadMirrorName(events.DefaultStream): s.buses["executor"],
+		"KV_" + store.BucketTools:                   admin,
+		"KV_" + store.BucketInstances:               admin,
+		"KV_" + store.BucketRuns:                    admin,
+	}
+	for name, by := range fill {
+		st, err := admin.JS.Stream(s.ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := st.CachedInfo().Config
+		if c.MaxConsumers != events.ReaderMaxConsumers || c.ConsumerLimits.InactiveThreshold != events.ReaderConsumerInactive {
+			t.Fatalf("%s: max_consumers %d, inactive threshold %v: toolbus init sets %d and %v", name,
+				c.MaxConsumers, c.ConsumerLimits.InactiveThreshold, events.ReaderMaxConsumers, events.ReaderConsumerInactive)
+		}
+		for i := 0; ; i++ {
+			_, err := by.JS.CreateConsumer(s.ctx, name, jetstream.ConsumerConfig{Durable: fmt.Sprintf("fill_%d", i), AckPolicy: jetstream.AckNonePolicy})
+			if err != nil {
+				if !strings.Contains(err.Error(), "maximum consumers limit reached") {
+					t.Fatalf("%s: consumer %d: %v", name, i, err)
+				}
+				if i != events.ReaderMaxConsumers {
+					t.Fatalf("%s full after %d consumers, want %d", name, i, events.ReaderMaxConsumers)
+				}
+				break
+			}
+		}
+	}
+	if v := s.viol.all(); len(v) > 0 {
+		t.Fatalf("violations while filling: %v", v)
+	}
+	// A planner that starts now, and `toolbus mcp` (client credentials), read the catalog.
+	for _, role := range []string{"planner", "client"} {
+		cat, err := s.buses[role].WatchCatalog(s.ctx, nil)
+		if err != nil {
+			t.Fatalf("%s reads the catalog with every reader stream full: %v", role, err)
+		}
+		if _, ok := cat.Lookup("calculator"); !ok || len(cat.Tools(nil)) == 0 {
+			t.Fatalf("%s: catalog without calculator: %+v", role, cat.Tools(nil))
+		}
+	}
+	log := testLogger()
+	cat, err := s.buses["planner"].WatchCatalog(s.ctx, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pctx, stop := context.WithCancel(s.ctx)
+	done := make(chan error, 1)
+	go func() {
+		done <- must(planner.New(s.buses["planner"], secModel(), cat, planner.Config{WorkerConfig: events.WorkerConfig{Instance: "planner-2", Grace: time.Second, Logger: log}})).Run(pctx)
+	}()
+	t.Cleanup(func() { stop(); <-done })
+	// Two planners now serve; the run completes and the client reads it every way.
+	tail, err := s.buses["client"].Watch(s.ctx, events.FilterAll, false)
+	if err != nil {
+		t.Fatalf("client tails with every reader stream full: %v", err)
+	}
+	s.runOnce("full-1")
+	s.clientReads("full-1")
+	waitWatched(t, s.ctx, tail, "tail", events.SubjectRunEnded("full-1", toolbus.RunCompleted))
+	if cs, err := s.buses["client"].Contracts(s.ctx); err != nil || len(cs) == 0 {
+		t.Fatalf("client lists tools: %v %d", err, len(cs))
+	}
+	if ins, err := s.buses["client"].Instances(s.ctx); err != nil || len(ins) == 0 {
+		t.Fatalf("client lists instances: %v %d", err, len(ins))
+	}
 }

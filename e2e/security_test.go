@@ -376,6 +376,29 @@ func roleAttacks(t *testing.T, role string) []attack {
 				return err
 			}},
 	}
+	// Readers create no consumer anywhere (they read with direct gets), so a client or
+	// the planner cannot fill a stream's consumer limit: every create form is refused.
+	if role == "client" || role == "planner" {
+		for _, st := range []string{"KV_" + store.BucketTools, "KV_" + store.BucketRuns, "KV_" + store.BucketInstances, events.ReadMirrorName(stream)} {
+			as = append(as,
+				api("durable consumer on "+st, "$JS.API.CONSUMER.CREATE."+st+".squat", func(ctx context.Context, js jetstream.JetStream) error {
+					_, err := js.CreateConsumer(ctx, st, jetstream.ConsumerConfig{Durable: "squat", AckPolicy: jetstream.AckNonePolicy})
+					return err
+				}),
+				attack{name: "legacy durable create on " + st, subject: "$JS.API.CONSUMER.DURABLE.CREATE." + st + ".squat2",
+					do: func(ctx context.Context, nc *nats.Conn, _ jetstream.JetStream) error {
+						req := `{"stream_name":"` + st + `","config":{"durable_name":"squat2","ack_policy":"none"}}`
+						_, err := nc.RequestWithContext(ctx, "$JS.API.CONSUMER.DURABLE.CREATE."+st+".squat2", []byte(req))
+						return err
+					}},
+				attack{name: "legacy ephemeral create on " + st, subject: "$JS.API.CONSUMER.CREATE." + st,
+					do: func(ctx context.Context, nc *nats.Conn, _ jetstream.JetStream) error {
+						req := `{"stream_name":"` + st + `","config":{"ack_policy":"none"}}`
+						_, err := nc.RequestWithContext(ctx, "$JS.API.CONSUMER.CREATE."+st, []byte(req))
+						return err
+					}})
+		}
+	}
 	// Every durable, including the role's own, is the admin's: no delete, no update.
 	for _, c := range []string{events.ConsumerPlanner, events.ConsumerInjector, events.ConsumerInjectorApprovals, events.ToolConsumer("calculator")} {
 		as = append(as,

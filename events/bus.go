@@ -186,6 +186,7 @@ func open(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, cfg Config
 			kvs.Conn = nc
 		}
 	}
+	kvs.JS = js
 	b.Store = store.New(kvs, cfg.InstanceTTL)
 	return b, nil
 }

@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"sort"
@@ -54,18 +55,15 @@ func (s *Store) InstanceAlive(ctx context.Context, name string) (bool, error) {
 
 // Instances lists the live executor instances, sorted by name.
 func (s *Store) Instances(ctx context.Context) ([]Instance, error) {
-	lister, err := s.instances.ListKeys(ctx)
+	var out []Instance
+	err := s.walk(ctx, s.instances, func(_ string, val []byte) {
+		var in Instance
+		if json.Unmarshal(val, &in) == nil {
+			out = append(out, in)
+		}
+	})
 	if err != nil {
 		return nil, fmt.Errorf("store: list instances: %w", err)
-	}
-	defer lister.Stop() //nolint:errcheck // nothing to do
-	var out []Instance
-	for k := range lister.Keys() {
-		var in Instance
-		if err := s.getJSON(ctx, s.instances, k, &in); err != nil {
-			continue // expired between list and get
-		}
-		out = append(out, in)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out, nil
