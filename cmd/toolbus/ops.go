@@ -415,6 +415,9 @@ func cmdTail(ctx context.Context, cfg Config, log *slog.Logger, args []string, o
 	if err != nil {
 		return fmt.Errorf("tail: %w", err)
 	}
+	if run == "" && !*all {
+		fmt.Fprintln(errOut, "following every run from now on (Ctrl-C stops)")
+	}
 	t := &tailer{out: out, colour: colour, prefixRun: run == ""}
 	for {
 		ev, ok, err := watch.Next(ctx, time.Second)
