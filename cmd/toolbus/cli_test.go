@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
@@ -293,6 +295,29 @@ func TestCLIRunSaysWhatItWaitsFor(t *testing.T) {
 	}()
 	t.Cleanup(func() { stop(); <-idone })
 	follow("wait-planner", "(waiting for the planner", "no worker consumes queue planner")
+
+	// A planner that fails on every message (as one whose credentials miss a
+	// permission does): the run names the failing worker, not only the queue.
+	cons, err := bus.Stream.Consumer(ctx, events.ConsumerPlanner)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fctx, fstop := context.WithCancel(ctx)
+	fdone := make(chan struct{})
+	go func() {
+		defer close(fdone)
+		for fctx.Err() == nil {
+			batch, err := cons.Fetch(10, jetstream.FetchMaxWait(200*time.Millisecond))
+			if err != nil {
+				continue
+			}
+			for m := range batch.Messages() {
+				_ = m.NakWithDelay(100 * time.Millisecond)
+			}
+		}
+	}()
+	t.Cleanup(func() { fstop(); <-fdone })
+	follow("wait-failing", "(waiting for the planner", "the worker of queue planner keeps failing")
 }
 
 // TestCLIRunRefusesUnknownTools: --tools naming a tool no executor serves is refused
