@@ -16,11 +16,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nkeys"
@@ -221,6 +223,31 @@ func securedPipeline(t *testing.T, natsBin, toolbusBin, dir, conf, scheme string
 		if out := client(c.args...); !strings.Contains(out, c.want) {
 			t.Fatalf("toolbus %v: output lacks %q:\n%s", c.args, c.want, out)
 		}
+	}
+	// `toolbus mcp` (stdio) with the client's credentials lists the catalog and calls a tool.
+	{
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, toolbusBin, "mcp")
+		cmd.Env = childEnv(append([]string{"TOOLBUS_NATS_URL=" + url, "TOOLBUS_INSTANCE=client-mcp"}, roleEnv["client"]...))
+		cmd.Stderr = io.Discard
+		dieWithParent(cmd)
+		cs, err := mcp.NewClient(&mcp.Implementation{Name: "faults-host", Version: "v0"}, nil).Connect(ctx, &mcp.CommandTransport{Command: cmd}, nil)
+		if err != nil {
+			t.Fatalf("toolbus mcp as the client: %v", err)
+		}
+		tools, err := cs.ListTools(ctx, nil)
+		if err != nil || !slices.ContainsFunc(tools.Tools, func(tl *mcp.Tool) bool { return tl.Name == "calculator" }) {
+			t.Fatalf("toolbus mcp lists %v (%v), want calculator", tools, err)
+		}
+		res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "calculator", Arguments: map[string]any{"expression": "2+3*4"}})
+		if err != nil || res.IsError || len(res.Content) == 0 {
+			t.Fatalf("toolbus mcp calls calculator: %+v %v", res, err)
+		}
+		if tc, ok := res.Content[0].(*mcp.TextContent); !ok || !strings.Contains(tc.Text, "14") {
+			t.Fatalf("toolbus mcp: calculator answered %+v", res.Content[0])
+		}
+		_ = cs.Close()
 	}
 	// Every role is ready and no operation was refused to its credentials.
 	for role, addr := range metricsAddr {
