@@ -45,6 +45,8 @@ func matrixModel() planner.Model {
 			return planner.Calls(call("d", "deploy", `{"service":"api"}`))(req), nil
 		case "cancel", "deadline":
 			return planner.Calls(call("h", "hold", `{}`))(req), nil
+		case "output":
+			return planner.Calls(call("o", "big_output", `{"bytes":2000000}`))(req), nil
 		default:
 			return planner.Calls(call("a", "noop", `{}`), call("b", "calculator", `{"expression":"2+3"}`))(req), nil
 		}
@@ -149,6 +151,19 @@ func matrixFeatures(deploy *deployTool, held <-chan string) []feature {
 			}
 			if !slices.ContainsFunc(runs, func(r store.RunState) bool { return r.RunID == run && r.Status == toolbus.RunCompleted }) {
 				t.Fatalf("run %s not listed as completed: %+v", run, runs)
+			}
+		}},
+		{"output", func(t *testing.T, s *secured, run string) {
+			// A large output goes to the object store; the console shows it whole.
+			s.start(run, toolbus.Limits{})
+			s.waitOutcome(run, toolbus.RunCompleted)
+			r := s.result(run, "o")
+			if r.Status != toolbus.StatusSucceeded || r.Truncated == nil || r.Truncated.Ref == "" {
+				t.Fatalf("large output not kept in the object store: %+v", r)
+			}
+			data, err := s.buses["client"].Output(s.ctx, r.Truncated.Ref)
+			if err != nil || len(data) != r.Truncated.OriginalBytes {
+				t.Fatalf("client reads the output: %d bytes, %v; want %d", len(data), err, r.Truncated.OriginalBytes)
 			}
 		}},
 		{"replay", func(t *testing.T, s *secured, run string) {

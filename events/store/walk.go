@@ -31,7 +31,7 @@ func (s *Store) walk(ctx context.Context, kv jetstream.KeyValue, fn func(key str
 			return nil
 		}
 	}
-	st, err := s.bucketStream(ctx, kv.Bucket())
+	st, err := s.stream(ctx, "KV_"+kv.Bucket())
 	if err != nil {
 		return err
 	}
@@ -52,18 +52,18 @@ func (s *Store) walk(ctx context.Context, kv jetstream.KeyValue, fn func(key str
 	}
 }
 
-// bucketStream returns the stream of a bucket, looked up once.
-func (s *Store) bucketStream(ctx context.Context, bucket string) (jetstream.Stream, error) {
-	if v, ok := s.streams.Load(bucket); ok {
+// stream returns a bucket's stream (KV_<bucket>, OBJ_<bucket>), looked up once.
+func (s *Store) stream(ctx context.Context, name string) (jetstream.Stream, error) {
+	if v, ok := s.streams.Load(name); ok {
 		return v.(jetstream.Stream), nil
 	}
 	if s.js == nil {
-		return nil, fmt.Errorf("store: read %s: no JetStream handle", bucket)
+		return nil, fmt.Errorf("store: read %s: no JetStream handle", name)
 	}
-	st, err := s.js.Stream(ctx, "KV_"+bucket)
+	st, err := s.js.Stream(ctx, name)
 	if err != nil {
-		return nil, fmt.Errorf("store: bucket %s: %w", bucket, err)
+		return nil, fmt.Errorf("store: stream %s: %w", name, err)
 	}
-	s.streams.Store(bucket, st)
+	s.streams.Store(name, st)
 	return st, nil
 }
