@@ -37,6 +37,7 @@ const (
 	MetricPoison           = "toolbus_poison_terminated_total"
 	MetricReady            = "toolbus_ready"
 	MetricPermissionDenied = "toolbus_permission_denied_total"
+	MetricContractRefused  = "toolbus_tool_contract_refused_total"
 )
 
 // Metrics holds the collectors of one process; every role of the process shares it.
@@ -56,6 +57,7 @@ type Metrics struct {
 	redeliver *prometheus.CounterVec
 	poison    *prometheus.CounterVec
 	denied    prometheus.Counter
+	refused   *prometheus.CounterVec
 
 	mu     sync.Mutex
 	roles  map[string]int // role -> consume loops serving
@@ -96,6 +98,8 @@ func New() *Metrics {
 			Help: "Messages handled on a second or later delivery, by consumer."}, []string{"consumer"}),
 		poison: prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricPoison,
 			Help: "Poison messages terminated (never redelivered), by consumer."}, []string{"consumer"}),
+		refused: prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricContractRefused,
+			Help: "Tool contracts the catalog refused because they differ from the registered one (no version bump), by tool."}, []string{"tool"}),
 		ready: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: MetricReady,
 			Help: "1 when the role's consumers are bound and consuming, else 0."}, []string{"role"}),
 		denied: prometheus.NewCounter(prometheus.CounterOpts{Name: MetricPermissionDenied,
@@ -103,7 +107,7 @@ func New() *Metrics {
 		roles: map[string]int{},
 	}
 	reg.MustRegister(m.calls, m.duration, m.inflight, m.join, m.modelDur, m.modelErrs, m.tokens, m.runs,
-		m.redeliver, m.poison, m.ready, m.denied,
+		m.redeliver, m.poison, m.refused, m.ready, m.denied,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -124,6 +128,9 @@ func (m *Metrics) CallFinished(tool, status, code string, d time.Duration, ran b
 		m.duration.WithLabelValues(tool).Observe(d.Seconds())
 	}
 }
+
+// ContractRefused implements worker.Metrics.
+func (m *Metrics) ContractRefused(tool string) { m.refused.WithLabelValues(tool).Inc() }
 
 // ModelCalled implements planner.Metrics.
 func (m *Metrics) ModelCalled(model string, d time.Duration, u toolbus.Usage, err error) {
