@@ -277,7 +277,7 @@ func (s *secured) waitOutcome(run string, status toolbus.RunStatus) toolbus.RunE
 			}
 		}
 		if !found || last.Status != status {
-			return fmt.Errorf("run %s: latest outcome %q, want %s (violations %v)", run, last.Status, status, s.viol.all())
+			return fmt.Errorf("run %s: latest outcome %q (%s: %s), want %s (violations %v)", run, last.Status, last.Code, last.Reason, status, s.viol.all())
 		}
 		return nil
 	})

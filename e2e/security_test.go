@@ -224,8 +224,11 @@ func startSecuredWith(t *testing.T, url string, opts map[string][]nats.Option, m
 		if err != nil {
 			return err
 		}
-		if _, ok := cat.Lookup("calculator"); !ok {
-			return errors.New("no calculator in the catalog yet")
+		// Every tool: the planner's catalog starts from what is published now.
+		for _, name := range reg.Names() {
+			if _, ok := cat.Lookup(name); !ok {
+				return fmt.Errorf("no %s in the catalog yet", name)
+			}
 		}
 		return nil
 	})
