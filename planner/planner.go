@@ -397,7 +397,7 @@ func (p *Planner) publishCalls(ctx context.Context, rs *toolbus.RunStarted, step
 			futures = append(futures, f)
 			continue
 		}
-		_, served := p.catalog.Lookup(c.Tool) // no executor serves it: any executor rejects it
+		_, served := p.catalog.Resolve(ctx, c.Tool) // no executor serves it: it is rejected, never run
 		f, err := p.bus.PublishEventAsync(ctx, events.ToolRequestedEvent(p.source, toolbus.ToolRequested{
 			RunID: rs.RunID, Step: step, CallIndex: i, CallCount: len(calls), Call: c,
 			Deadline: rs.Limits.Deadline, Principal: rs.Principal, AllowedTools: rs.AllowedTools,

@@ -80,6 +80,7 @@ func (s *Store) PublishTool(ctx context.Context, c toolbus.ToolContract, replace
 // tool, kept current by re-reading both buckets every CatalogPoll. A tool is offered to
 // models only while at least one live instance serves it.
 type Catalog struct {
+	store     *Store // for Resolve; nil in a catalog built without a store
 	mu        sync.RWMutex
 	tools     map[string]toolbus.ToolContract
 	instances map[string]Instance // by instance key
@@ -96,7 +97,7 @@ var CatalogPoll = 250 * time.Millisecond
 // `toolbus mcp` must read the catalog even when readers filled the consumer limit of
 // the bucket's stream.
 func (s *Store) WatchCatalog(ctx context.Context, log *slog.Logger) (*Catalog, error) {
-	c := &Catalog{tools: map[string]toolbus.ToolContract{}, instances: map[string]Instance{}}
+	c := &Catalog{store: s, tools: map[string]toolbus.ToolContract{}, instances: map[string]Instance{}}
 	if err := s.refreshCatalog(ctx, c, log); err != nil {
 		return nil, err
 	}
@@ -157,6 +158,30 @@ func (c *Catalog) Lookup(name string) (toolbus.ToolContract, bool) {
 	defer c.mu.RUnlock()
 	t, ok := c.tools[name]
 	return t, ok
+}
+
+// Resolve is Lookup that, for a tool this view does not hold yet, reads the tool's
+// catalog entry from the bucket before answering. The view lags the bucket by up to one
+// CatalogPoll, and a call routed as "no executor serves it" is rejected, never run: a
+// tool published a moment before its first call must not be refused for that lag.
+func (c *Catalog) Resolve(ctx context.Context, name string) (toolbus.ToolContract, bool) {
+	if t, ok := c.Lookup(name); ok || c.store == nil || !toolbus.ValidToolName(name) {
+		return t, ok
+	}
+	e, err := c.store.tools.Get(ctx, name)
+	if err != nil {
+		return toolbus.ToolContract{}, false
+	}
+	var tc toolbus.ToolContract
+	if json.Unmarshal(e.Value(), &tc) != nil {
+		return toolbus.ToolContract{}, false
+	}
+	c.mu.Lock()
+	if _, ok := c.tools[name]; !ok {
+		c.tools[name] = tc
+	}
+	c.mu.Unlock()
+	return tc, true
 }
 
 // Serving returns the names of the live instances that serve tool, sorted.
