@@ -87,16 +87,6 @@ func ReadEvents(ctx context.Context, stream jetstream.Stream, filter string) ([]
 	if err != nil {
 		return nil, fmt.Errorf("events: read %s: %w", filter, err)
 	}
-	// The read is over when this returns: delete the consumer rather than leave it to
-	// linger until its inactivity threshold, so that many reads in a row (a console's page
-	// loads) never pile up consumers against the stream's limit.
-	defer func() {
-		if ci := cons.CachedInfo(); ci != nil {
-			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-			defer cancel()
-			_ = stream.DeleteConsumer(dctx, ci.Name) //nolint:errcheck // best effort: it expires anyway
-		}
-	}()
 	// The consumer counts the matching events when it is created: read that many.
 	remaining := cons.CachedInfo().NumPending
 	var out []StoredEvent

@@ -334,7 +334,7 @@ func (c *console) runPage(w http.ResponseWriter, r *http.Request) {
 		steps   []*consoleStep
 	)
 	err := c.hub.read(r.Context(), func(ctx context.Context) error {
-		evs, err := c.bus.RunEvents(ctx, run)
+		evs, err := c.hub.runEvents(ctx, run)
 		if err != nil || len(evs) == 0 {
 			return err
 		}

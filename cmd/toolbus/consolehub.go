@@ -2,12 +2,17 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/internal/retry"
@@ -142,4 +147,65 @@ func (h *consoleHub) read(ctx context.Context, f func(context.Context) error) er
 	}
 	defer func() { <-h.slots }()
 	return f(ctx)
+}
+
+// runEvents reads the events of run from the bus's reader as events.Bus.RunEvents does,
+// on an ephemeral consumer of its own that it deletes when done: a page load leaves no
+// consumer behind (an ordered consumer would linger until its inactivity threshold, and
+// a thousand page loads would fill the stream's consumer limit).
+func (h *consoleHub) runEvents(ctx context.Context, run string) ([]events.StoredEvent, error) {
+	stream := h.bus.Reader()
+	cons, err := stream.CreateConsumer(ctx, jetstream.ConsumerConfig{
+		FilterSubject: events.SubjectRun(run), DeliverPolicy: jetstream.DeliverAllPolicy,
+		AckPolicy: jetstream.AckNonePolicy, MemoryStorage: true, InactiveThreshold: time.Minute,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("console: read %s: %w", run, err)
+	}
+	name := cons.CachedInfo().Name
+	defer func() {
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_ = stream.DeleteConsumer(dctx, name) //nolint:errcheck // best effort: it expires anyway
+	}()
+	remaining := cons.CachedInfo().NumPending
+	var out []events.StoredEvent
+	for remaining > 0 {
+		batch, err := cons.Fetch(int(min(remaining, 512)), jetstream.FetchMaxWait(5*time.Second))
+		if err != nil {
+			return nil, fmt.Errorf("console: read %s: %w", run, err)
+		}
+		n := 0
+		for msg := range batch.Messages() {
+			n++
+			md, err := msg.Metadata()
+			if err == nil {
+				remaining = md.NumPending
+			}
+			out = append(out, storedEvent(msg, md))
+		}
+		if n == 0 {
+			if err := batch.Error(); err != nil && ctx.Err() == nil && !errors.Is(err, jetstream.ErrNoMessages) && !errors.Is(err, nats.ErrTimeout) {
+				return nil, fmt.Errorf("console: read %s: %w", run, err)
+			}
+			return nil, fmt.Errorf("console: read %s: the stream stopped delivering with %d event(s) left", run, remaining)
+		}
+	}
+	return out, nil
+}
+
+// storedEvent decodes a delivered message as events.StoredEvent.
+func storedEvent(msg jetstream.Msg, md *jetstream.MsgMetadata) events.StoredEvent {
+	ev := events.StoredEvent{Subject: msg.Subject()}
+	if md != nil {
+		ev.Seq, ev.Time = md.Sequence.Stream, md.Timestamp
+	}
+	var data json.RawMessage
+	meta, err := events.DecodeMsg(msg, &data)
+	if err != nil {
+		ev.Err = err
+		return ev
+	}
+	ev.Meta, ev.Data = meta, data
+	return ev
 }
