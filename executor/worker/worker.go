@@ -49,7 +49,7 @@ type Config struct {
 	// MaxAckPending bounds calls in flight across all workers of the consumer (default 1000).
 	MaxAckPending int
 	// InlineOutputMax is the largest output kept in the event itself (default 256 KiB);
-	// larger outputs go to the object store and the result carries a reference.
+	// larger outputs go to the outputs bucket and the result carries a reference.
 	InlineOutputMax int
 	// Metrics, when set, records the calls this worker runs (telemetry.Metrics).
 	Metrics Metrics
@@ -58,6 +58,16 @@ type Config struct {
 	// Tracer makes the span of each call (default: the global provider's, a no-op unless
 	// tracing is configured).
 	Tracer trace.Tracer
+	// Team names the team that owns the tools this worker serves; the catalog records it
+	// as each tool's owner. With per-team credentials (go run ./deploy/nats/gen -grants)
+	// the server lets a team write the catalog entries, queues, claims, results and
+	// outputs of its granted tools only, whatever this field says.
+	Team string
+	// ReplaceContracts lets this worker replace a registered contract that differs from
+	// its own without a higher Version: an owner changing its tool on purpose. Without
+	// it such an offer is refused: the worker does not start (or Sync fails), logs it
+	// and counts it (Metrics.ContractRefused).
+	ReplaceContracts bool
 }
 
 // Metrics records what a worker does. It is an interface so that this package does not
@@ -71,6 +81,9 @@ type Metrics interface {
 	// ran; ran is false for a call refused without running (unknown tool, not allowed,
 	// denied, run ended).
 	CallFinished(tool, status, code string, d time.Duration, ran bool)
+	// ContractRefused is called when the catalog refused this worker's contract of tool
+	// because it differs from the registered one (store.ErrContractChanged).
+	ContractRefused(tool string)
 }
 
 type nopMetrics struct{}
@@ -78,6 +91,7 @@ type nopMetrics struct{}
 func (nopMetrics) CallStarted(string)                                       {}
 func (nopMetrics) CallStopped(string)                                       {}
 func (nopMetrics) CallFinished(string, string, string, time.Duration, bool) {}
+func (nopMetrics) ContractRefused(string)                                   {}
 
 // Defaults of Config (the shared ones are events.DefaultConcurrency and its siblings).
 const (
@@ -237,7 +251,7 @@ func (w *Worker) serve(ctx context.Context) error {
 	defer stopBeat()
 	for _, name := range served {
 		t, _ := w.exec.Registry().Lookup(name)
-		if err := w.bus.PublishTool(ctx, t.Contract()); err != nil {
+		if err := w.publishTool(ctx, t); err != nil {
 			return err
 		}
 	}
@@ -272,7 +286,7 @@ func (w *Worker) Sync(ctx context.Context) error {
 			continue
 		}
 		// Publishing every contract again also covers a tool whose schema changed.
-		if err := w.bus.PublishTool(ctx, t.Contract()); err != nil {
+		if err := w.publishTool(ctx, t); err != nil {
 			return err
 		}
 		if !w.serving[name] {
@@ -302,6 +316,23 @@ func (w *Worker) Sync(ctx context.Context) error {
 	}
 	w.log.Info("executor tools changed", "tools", names, "added", added)
 	return nil
+}
+
+// publishTool offers t's contract, with this worker's team as owner, to the catalog. A
+// refusal (the registered contract differs) is logged and counted here and returned.
+func (w *Worker) publishTool(ctx context.Context, t executor.Tool) error {
+	c := t.Contract()
+	c.Owner = w.cfg.Team
+	err := w.bus.PublishTool(ctx, c, w.cfg.ReplaceContracts)
+	var changed *store.ContractChangedError
+	if errors.As(err, &changed) {
+		w.cfg.Metrics.ContractRefused(t.Name)
+		w.log.Error("tool contract refused: the catalog holds a different contract for this tool",
+			"tool", t.Name, "registered_owner", changed.Registered.Owner, "registered_version", changed.Registered.Version,
+			"offered_owner", c.Owner, "offered_version", c.Version)
+		return fmt.Errorf("executor: %w", err)
+	}
+	return err
 }
 
 // serves reports whether this worker serves tool now.
@@ -436,6 +467,14 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) error {
 		req.CallCount <= 0 || req.CallIndex < 0 || req.CallIndex >= req.CallCount {
 		return fmt.Errorf("%w: bad tool.requested %s (run %q, index %d of %d)", events.ErrPoison, meta.ID, req.RunID, req.CallIndex, req.CallCount)
 	}
+	// The queue the call came from (the subject's tool token) scopes everything the call
+	// writes: its claim, its stored output and its result's subject, which the team's
+	// credentials allow for its own tools only. A call from the unknown-tool queue,
+	// which every team serves, is never run.
+	queue := events.ToolTokenOfSubject(msg.Subject())
+	if queue != events.UnknownToolToken && queue != events.ToolToken(req.Call.Tool) {
+		return fmt.Errorf("%w: tool.requested %s for tool %q on the queue of %q", events.ErrPoison, meta.ID, req.Call.Tool, queue)
+	}
 	// The call's logger is built only when something is logged: With is not free and
 	// this is the hot path.
 	log := func() *slog.Logger {
@@ -450,7 +489,7 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) error {
 		}
 		return err
 	}
-	key := store.ClaimKey(req.RunID, req.Step, req.Call.CallID)
+	key := store.ClaimKey(queue, req.RunID, req.Step, req.Call.CallID)
 	if !w.hold(key) {
 		// This process already handles the call (a redelivery that overtook it): that
 		// handling acknowledges it.
@@ -462,7 +501,7 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) error {
 	// most RunMaxInFlight calls therefore stays under the cap by itself, and only the
 	// calls of larger steps take one of the run's slots (a KV create and a delete each).
 	if w.cfg.RunMaxInFlight > 0 && req.CallCount > w.cfg.RunMaxInFlight {
-		slot, ok, err := w.bus.AcquireRunSlot(ctx, req.RunID, w.cfg.RunMaxInFlight, key, w.cfg.Instance)
+		slot, ok, err := w.bus.AcquireRunSlot(ctx, queue, req.RunID, w.cfg.RunMaxInFlight, key, w.cfg.Instance)
 		if err != nil {
 			return err
 		}
@@ -473,12 +512,12 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) error {
 		defer func() {
 			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 			defer cancel()
-			if err := w.bus.ReleaseRunSlot(rctx, req.RunID, slot); err != nil {
+			if err := w.bus.ReleaseRunSlot(rctx, queue, req.RunID, slot); err != nil {
 				log().Warn("run slot not released; it frees when this instance's heartbeat expires", "error", err)
 			}
 		}()
 	}
-	run, attempt, err := w.claim(ctx, msg, req, log)
+	run, attempt, err := w.claim(ctx, msg, queue, req, log)
 	if err != nil || !run {
 		return err
 	}
@@ -518,7 +557,7 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) error {
 	case attempt >= w.cfg.MaxDeliver && attempt > 1:
 		res = executor.ErrorResult(req.Call, toolbus.StatusFailed, toolbus.CodeToolInternalError,
 			fmt.Sprintf("the call did not finish in %d attempts (its executor died each time); it was not run again", attempt-1))
-	case !w.serves(req.Call.Tool):
+	case queue == events.UnknownToolToken || !w.serves(req.Call.Tool):
 		res = executor.ErrorResult(req.Call, toolbus.StatusRejected, toolbus.CodeUnknownTool, fmt.Sprintf("no executor serves a tool named %q", req.Call.Tool))
 	case !rs.Allows(req.Call.Tool):
 		res = executor.ErrorResult(req.Call, toolbus.StatusRejected, toolbus.CodeNotAuthorized, fmt.Sprintf("tool %q is not allowed in this run", req.Call.Tool))
@@ -529,7 +568,7 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) error {
 			switch {
 			case errors.Is(err, events.ErrNotFound):
 				// Nothing runs: the call's re-issue after the decision claims it anew.
-				if err := w.bus.ReleaseClaim(ctx, req.RunID, req.Step, req.Call.CallID); err != nil {
+				if err := w.bus.ReleaseClaim(ctx, queue, req.RunID, req.Step, req.Call.CallID); err != nil {
 					return err
 				}
 				return w.wait(ctx, req, log())
@@ -558,13 +597,13 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) error {
 	// The call ran: its result must not be lost to a bus hiccup (a redelivered call whose
 	// result is not stored runs again), so storing it is retried in place.
 	if err := w.retry(ctx, msg, log, "store the large output", func() error {
-		return w.keepLargeOutput(ctx, req, &res)
+		return w.keepLargeOutput(ctx, queue, req, &res)
 	}); err != nil {
 		return err
 	}
 	err = w.retry(ctx, msg, log, "publish the result", func() error {
-		_, err := w.bus.PublishEvent(ctx, events.ToolFinishedEvent(w.source, toolbus.ToolFinished{
-			RunID: req.RunID, Step: req.Step, CallIndex: req.CallIndex, CallCount: req.CallCount, ToolResult: res}).Traced(meta.TraceParent))
+		_, err := w.bus.PublishEvent(ctx, events.ToolFinishedEventOn(w.source, toolbus.ToolFinished{
+			RunID: req.RunID, Step: req.Step, CallIndex: req.CallIndex, CallCount: req.CallCount, ToolResult: res}, queue).Traced(meta.TraceParent))
 		return err
 	})
 	if err != nil {
@@ -634,7 +673,7 @@ const runFullDelay = 250 * time.Millisecond
 // executor it waits, sending heartbeats, until that executor stores the result or dies;
 // an executor that died mid-call is replaced with a compare-and-set, and the call runs
 // again with the same idempotency key.
-func (w *Worker) claim(ctx context.Context, msg jetstream.Msg, req toolbus.ToolRequested, log func() *slog.Logger) (bool, int, error) {
+func (w *Worker) claim(ctx context.Context, msg jetstream.Msg, queue string, req toolbus.ToolRequested, log func() *slog.Logger) (bool, int, error) {
 	mine := store.Claim{Instance: w.cfg.Instance, Attempt: 1, At: time.Now().UTC()}
 	var (
 		cur     store.Claim
@@ -642,7 +681,7 @@ func (w *Worker) claim(ctx context.Context, msg jetstream.Msg, req toolbus.ToolR
 		claimed bool
 	)
 	err := w.retry(ctx, msg, log, "claim the call", func() (err error) {
-		cur, rev, err = w.bus.ClaimCall(ctx, req.RunID, req.Step, req.Call.CallID, mine)
+		cur, rev, err = w.bus.ClaimCall(ctx, queue, req.RunID, req.Step, req.Call.CallID, mine)
 		claimed = err == nil
 		if errors.Is(err, store.ErrClaimed) {
 			return nil
@@ -658,7 +697,7 @@ func (w *Worker) claim(ctx context.Context, msg jetstream.Msg, req toolbus.ToolR
 	stopBeat := events.Heartbeat(msg, w.cfg.AckWait/3)
 	defer stopBeat()
 	for {
-		stored, err := w.resultStored(ctx, req)
+		stored, err := w.resultStored(ctx, queue, req)
 		if err != nil {
 			return false, 0, err
 		}
@@ -674,7 +713,7 @@ func (w *Worker) claim(ctx context.Context, msg jetstream.Msg, req toolbus.ToolR
 		}
 		if !alive {
 			mine.Attempt = cur.Attempt + 1
-			err := w.bus.TakeOverClaim(ctx, req.RunID, req.Step, req.Call.CallID, mine, rev)
+			err := w.bus.TakeOverClaim(ctx, queue, req.RunID, req.Step, req.Call.CallID, mine, rev)
 			if err == nil {
 				log().Warn("the executor that claimed this call is gone: running it again with the same idempotency key",
 					"claimed_by", cur.Instance, "attempt", mine.Attempt)
@@ -690,7 +729,7 @@ func (w *Worker) claim(ctx context.Context, msg jetstream.Msg, req toolbus.ToolR
 		case <-time.After(claimPoll):
 		}
 		mine.Attempt = 1
-		if cur, rev, err = w.bus.ClaimCall(ctx, req.RunID, req.Step, req.Call.CallID, mine); err == nil {
+		if cur, rev, err = w.bus.ClaimCall(ctx, queue, req.RunID, req.Step, req.Call.CallID, mine); err == nil {
 			return true, 1, nil // the claim went away (expired with the retention): ours now
 		} else if !errors.Is(err, store.ErrClaimed) {
 			return false, 0, err
@@ -760,13 +799,13 @@ func (w *Worker) wait(ctx context.Context, req toolbus.ToolRequested, log *slog.
 	return err
 }
 
-// keepLargeOutput moves an output too large for an event to the object store.
-func (w *Worker) keepLargeOutput(ctx context.Context, req toolbus.ToolRequested, res *toolbus.ToolResult) error {
+// keepLargeOutput moves an output too large for an event to the outputs bucket, under
+// the key prefix of the call's queue.
+func (w *Worker) keepLargeOutput(ctx context.Context, queue string, req toolbus.ToolRequested, res *toolbus.ToolResult) error {
 	if len(res.Output) <= w.cfg.InlineOutputMax {
 		return nil
 	}
-	name := req.RunID + "/" + strconv.Itoa(req.Step) + "/" + req.Call.CallID
-	ref, err := w.bus.PutOutput(ctx, name, res.Output)
+	ref, err := w.bus.PutOutput(ctx, queue, req.RunID, req.Step, req.Call.CallID, res.Output)
 	if err != nil {
 		return err
 	}
@@ -781,8 +820,8 @@ func (w *Worker) keepLargeOutput(ctx context.Context, req toolbus.ToolRequested,
 // resultStored reports whether the stream already holds the tool.finished of req. It
 // walks the results of the run's tool with direct gets (next message on the subject):
 // an executor's credentials may not create consumers on the event stream.
-func (w *Worker) resultStored(ctx context.Context, req toolbus.ToolRequested) (bool, error) {
-	subject := events.SubjectToolFinished(req.RunID, req.Call.Tool)
+func (w *Worker) resultStored(ctx context.Context, queue string, req toolbus.ToolRequested) (bool, error) {
+	subject := events.SubjectToolFinished(req.RunID, queue)
 	want := events.IDToolFinished(req.RunID, req.Step, req.Call.CallID)
 	for seq := uint64(1); ; {
 		raw, err := w.bus.Stream.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(subject))
