@@ -47,6 +47,12 @@ type Config struct {
 	// Tracer makes the span of each step's model call (default: the global provider's,
 	// a no-op unless tracing is configured).
 	Tracer trace.Tracer
+	// Models, when set, serves the runs that name a model (RunStarted.Model): it returns
+	// the Model for that name, or an error when this planner cannot serve it, which
+	// fails the run with code model_error and the error as its reason. Runs that name no
+	// model get the planner's own. When nil, every run gets the planner's own model,
+	// whatever it names.
+	Models func(name string) (Model, error)
 }
 
 // Metrics records what a planner does. It is an interface so that this package does not
@@ -159,7 +165,7 @@ func (p *Planner) Run(ctx context.Context) error {
 	// A local view of cancellations spares a run-state read per step; redeliveries
 	// still read the run state.
 	sub, err := p.bus.NC.Subscribe(events.FilterRunCancel, func(m *nats.Msg) {
-		if run, ok := events.RunIDFromSubject(m.Subject); ok {
+		if run, ok := events.CancelOf(m); ok {
 			p.mu.Lock()
 			if len(p.cancelled) > 100000 {
 				clear(p.cancelled)
@@ -198,6 +204,9 @@ func (p *Planner) handle(ctx context.Context, msg jetstream.Msg) error {
 	}
 	if meta.Type != events.TypeModelRequested || !toolbus.ValidRunID(req.RunID) || req.Step < 0 {
 		return fmt.Errorf("%w: unexpected %s event for run %q step %d", events.ErrPoison, meta.Type, req.RunID, req.Step)
+	}
+	if err := events.CheckSubject(msg.Subject(), meta, &req); err != nil {
+		return err
 	}
 	delivered := uint64(1)
 	if md, err := msg.Metadata(); err == nil {
@@ -330,7 +339,7 @@ func (p *Planner) Step(ctx context.Context, run string, step int, traceparent st
 	if err != nil {
 		return err
 	}
-	futures := []jetstream.PubAckFuture{responded}
+	futures := []*events.PubFuture{responded}
 
 	used, err := p.usage(ctx, run, step, mr.Usage)
 	if err != nil {
@@ -387,7 +396,7 @@ func (p *Planner) current(ctx context.Context, run string, step int) (store.Plan
 // publishCalls publishes one tool.requested per call, up to the per-step cap; each call
 // beyond the cap gets a rejected result (too_many_calls) published here, so the step
 // still has one result per call and the model reads why.
-func (p *Planner) publishCalls(ctx context.Context, rs *toolbus.RunStarted, step int, calls []toolbus.ToolCall, traceparent string, futures []jetstream.PubAckFuture) error {
+func (p *Planner) publishCalls(ctx context.Context, rs *toolbus.RunStarted, step int, calls []toolbus.ToolCall, traceparent string, futures []*events.PubFuture) error {
 	for i, c := range calls {
 		if i >= p.cfg.MaxCallsPerStep {
 			f, err := p.rejectExcess(ctx, rs.RunID, step, i, calls, traceparent)
@@ -411,7 +420,7 @@ func (p *Planner) publishCalls(ctx context.Context, rs *toolbus.RunStarted, step
 }
 
 // rejectExcess publishes the rejected result of call i, beyond the per-step cap.
-func (p *Planner) rejectExcess(ctx context.Context, run string, step, i int, calls []toolbus.ToolCall, traceparent string) (jetstream.PubAckFuture, error) {
+func (p *Planner) rejectExcess(ctx context.Context, run string, step, i int, calls []toolbus.ToolCall, traceparent string) (*events.PubFuture, error) {
 	c := calls[i]
 	msg := fmt.Sprintf("not run: this step asked for %d tool calls and at most %d run per step; ask for the rest in a later step",
 		len(calls), p.cfg.MaxCallsPerStep)
@@ -433,8 +442,15 @@ func (p *Planner) callModel(ctx context.Context, rs *toolbus.RunStarted, step in
 		mctx, c2 = context.WithDeadline(mctx, rs.Limits.Deadline)
 		defer c2()
 	}
+	model := p.model
+	if rs.Model != "" && p.cfg.Models != nil {
+		if model, err = p.cfg.Models(rs.Model); err != nil {
+			// Retrying cannot help: the planner is configured as it is.
+			return toolbus.ModelResponded{}, Permanent(fmt.Errorf("planner: run %s names model %q, which this planner cannot serve: %w", rs.RunID, rs.Model, err))
+		}
+	}
 	start := time.Now()
-	resp, err := p.model.Complete(mctx, Request{
+	resp, err := model.Complete(mctx, Request{
 		RunID: rs.RunID, Step: step, Model: rs.Model, Messages: msgs, Tools: p.catalog.Tools(rs),
 	})
 	// Labelled by the run's model, not the response's: the run's is the configured name

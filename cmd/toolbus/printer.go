@@ -1,10 +1,12 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/audit"
@@ -20,6 +22,10 @@ type printer struct {
 	open map[string]string
 	// model is the model the planner answered with, printed when it first shows.
 	model string
+	// requested is the model the run named, if any.
+	requested string
+	// timers prints the run's deadline timer (tail); a run's own timeline leaves it out.
+	timers bool
 }
 
 func newPrinter(out io.Writer) *printer { return &printer{out: out, open: map[string]string{}} }
@@ -76,7 +82,10 @@ func (p *printer) print(ev events.StoredEvent) (status toolbus.RunStatus, done b
 	}
 	v := audit.Visitor{
 		Undecodable: func(ev events.StoredEvent, err error) {
-			if ev.Err != nil {
+			switch {
+			case errors.Is(ev.Err, events.ErrSubjectMismatch):
+				fmt.Fprintf(p.out, "  ! ignored %s #%d: %v\n", ev.Meta.Type, ev.Seq, err)
+			case ev.Err != nil:
 				fmt.Fprintf(p.out, "  ? undecodable message on %s: %v\n", ev.Subject, err)
 			}
 		},
@@ -87,14 +96,19 @@ func (p *printer) print(ev events.StoredEvent) (status toolbus.RunStatus, done b
 					q = m.Content
 				}
 			}
-			// rs.Model is what this client's TOOLBUS_MODEL asked for; the planner answers
-			// with its own model, which its first answer names.
+			// A run names a model only when asked to (toolbus run --model); otherwise the
+			// planner answers with its own, which its first answer names.
+			p.requested = rs.Model
 			fmt.Fprintf(p.out, "run %s started: %q\n", rs.RunID, q)
 		},
 		ModelResponded: func(_ events.StoredEvent, mr toolbus.ModelResponded) {
 			if mr.Model != "" && mr.Model != p.model {
 				p.model = mr.Model
-				fmt.Fprintf(p.out, "model %s (the planner's)\n", mr.Model)
+				whose := "the planner's"
+				if p.requested != "" {
+					whose = "asked for by the run: " + p.requested
+				}
+				fmt.Fprintf(p.out, "model %s (%s)\n", mr.Model, whose)
 			}
 			clear(p.open)
 			for _, c := range mr.Message.ToolCalls {
@@ -125,6 +139,14 @@ func (p *printer) print(ev events.StoredEvent) (status toolbus.RunStatus, done b
 			fmt.Fprintf(p.out, "        %s %s by %s %s\n", strings.TrimPrefix(ev.Meta.Type, "toolbus."), a.CallID, a.Who, a.Why)
 		},
 		Cancel: func(events.StoredEvent, toolbus.Cancel) { fmt.Fprintln(p.out, "cancel requested") },
+		Timer: func(_ events.StoredEvent, t events.RunTimer) {
+			if p.timers {
+				fmt.Fprintf(p.out, "deadline timer set: the run ends at %s if it still goes on\n", t.Deadline.UTC().Format(time.RFC3339))
+			}
+		},
+		Other: func(ev events.StoredEvent) {
+			fmt.Fprintf(p.out, "  ? event %s (unknown to this version of toolbus)\n", ev.Meta.Type)
+		},
 		RunEnded: func(_ events.StoredEvent, re toolbus.RunEnded) {
 			fmt.Fprintf(p.out, "run %s: %s after %d step(s), %d tokens", re.RunID, re.Status, re.StepsUsed, re.Usage.Total())
 			if re.Code != "" {

@@ -20,8 +20,12 @@
 //
 // Configuration: the TOOLBUS_* variables the Go executor reads (TOOLBUS_NATS_URL,
 // TOOLBUS_STREAM, TOOLBUS_INSTANCE, TOOLBUS_ACK_WAIT, TOOLBUS_MAX_DELIVER,
-// TOOLBUS_INSTANCE_TTL, TOOLBUS_CALL_TIMEOUT), plus TOOLBUS_NODE_TOOL to rename the tool.
+// TOOLBUS_INSTANCE_TTL, TOOLBUS_CALL_TIMEOUT), the operations settings of the binary
+// (TOOLBUS_LOG_LEVEL, TOOLBUS_LOG_FORMAT, TOOLBUS_METRICS_ADDR: /metrics, /healthz,
+// /readyz), plus TOOLBUS_NODE_TOOL to rename the tool.
+import http from 'node:http';
 import os from 'node:os';
+import { randomUUID } from 'node:crypto';
 import { connect, AckPolicy, DeliverPolicy, headers as natsHeaders, nanos } from 'nats';
 import { CloudEvent } from 'cloudevents';
 
@@ -58,8 +62,56 @@ const cfg = {
   breakRule: env.TOOLBUS_NODE_BREAK || '',
 };
 const source = `/toolbus/executor/${cfg.instance}`;
-const log = (msg, fields = {}) =>
-  console.error(JSON.stringify({ time: new Date().toISOString(), component: 'node-executor', instance: cfg.instance, msg, ...fields }));
+
+// ---- logs, metrics, health: the settings of the toolbus binary ---------------------
+
+const LEVELS = { debug: -4, info: 0, warn: 4, error: 8 };
+const logLevel = (env.TOOLBUS_LOG_LEVEL || 'info').toLowerCase();
+const logFormat = (env.TOOLBUS_LOG_FORMAT || 'text').toLowerCase();
+if (!(logLevel in LEVELS)) throw new Error(`TOOLBUS_LOG_LEVEL ${logLevel}: want debug, info, warn or error`);
+if (logFormat !== 'text' && logFormat !== 'json') throw new Error(`TOOLBUS_LOG_FORMAT ${logFormat}: want text or json`);
+/** Logs on stderr like Go's slog: JSON lines, or key=value text. */
+const log = (msg, fields = {}, level = 'info') => {
+  if (LEVELS[level] < LEVELS[logLevel]) return;
+  const rec = { time: new Date().toISOString(), level: level.toUpperCase(), msg, component: 'node-executor', instance: cfg.instance, ...fields };
+  if (logFormat === 'json') {
+    console.error(JSON.stringify(rec));
+    return;
+  }
+  console.error(Object.entries(rec).map(([k, v]) => `${k}=${typeof v === 'string' && !/[\s"=]/.test(v) ? v : JSON.stringify(v)}`).join(' '));
+};
+
+/** toolbus_tool_calls_total by tool, status and code, as the Go executors export it. */
+const callCounts = new Map();
+const countCall = (tool, status, code) => {
+  const key = JSON.stringify([tool, status, code || '']);
+  callCounts.set(key, (callCounts.get(key) || 0) + 1);
+};
+const health = { connected: false, serving: false };
+if (env.TOOLBUS_METRICS_ADDR) {
+  const [host, port] = [env.TOOLBUS_METRICS_ADDR.replace(/:[^:]*$/, ''), Number(env.TOOLBUS_METRICS_ADDR.replace(/^.*:/, ''))];
+  const srv = http.createServer((req, res) => {
+    if (req.method !== 'GET') return res.writeHead(405).end();
+    if (req.url === '/healthz') return res.writeHead(200).end('ok\n');
+    if (req.url === '/readyz') {
+      if (!health.connected) return res.writeHead(503).end('not connected to NATS\n');
+      if (!health.serving) return res.writeHead(503).end('consumers not bound: executor\n');
+      return res.writeHead(200).end('ready\n');
+    }
+    if (req.url === '/metrics') {
+      const lines = ['# TYPE toolbus_tool_calls_total counter'];
+      for (const [key, n] of callCounts) {
+        const [tool, status, code] = JSON.parse(key);
+        lines.push(`toolbus_tool_calls_total{code="${code}",status="${status}",tool="${tool}"} ${n}`);
+      }
+      lines.push('# TYPE toolbus_ready gauge', `toolbus_ready{role="executor"} ${health.serving ? 1 : 0}`);
+      return res.writeHead(200, { 'content-type': 'text/plain; version=0.0.4' }).end(lines.join('\n') + '\n');
+    }
+    return res.writeHead(404).end();
+  });
+  srv.unref();
+  srv.listen(port, host || '127.0.0.1', () => log('metrics serving', { addr: `${srv.address().address}:${srv.address().port}`, paths: '/metrics /healthz /readyz' }));
+}
 
 // ---- the tool ----------------------------------------------------------------------
 
@@ -166,6 +218,14 @@ const errorResult = (call, status, code, message, extra = {}) => ({
 // ---- the executor --------------------------------------------------------------------
 
 const nc = await connect({ servers: cfg.url.split(','), name: `toolbus node executor ${cfg.instance}` });
+health.connected = true;
+(async () => {
+  for await (const st of nc.status()) {
+    if (st.type === 'disconnect') health.connected = false;
+    if (st.type === 'reconnect') health.connected = true;
+  }
+})().catch(() => {});
+nc.closed().then(() => { health.connected = false; });
 const js = nc.jetstream();
 const jsm = await nc.jetstreamManager();
 const kvTools = await js.views.kv('toolbus_tools', { bindOnly: true });
@@ -197,7 +257,7 @@ const beat = () =>
     name: cfg.instance, tools: [cfg.tool], concurrency: 64, started_at: startedAt, heartbeat_at: new Date().toISOString(),
   })));
 await beat();
-const beatTimer = setInterval(() => beat().catch((err) => log('instance heartbeat failed', { error: String(err) })),
+const beatTimer = setInterval(() => beat().catch((err) => log('instance heartbeat failed', { error: String(err) }, 'warn')),
   Math.max(cfg.instanceTTLMS / 3, 100));
 await kvTools.put(cfg.tool, enc.encode(JSON.stringify(contract)));
 
@@ -208,6 +268,17 @@ const cancelSub = nc.subscribe('toolbus.*.run.cancel', {
   callback: (err, m) => {
     if (err) return;
     const run = m.subject.split('.')[1];
+    // Subject and body agree (CONTRACT.md): a cancel whose data names another run cancels nothing.
+    let ev;
+    try {
+      ev = decodeEvent(m);
+    } catch {
+      return;
+    }
+    if (ev.attrs.type !== 'toolbus.run.cancel' || ev.data?.run_id !== run || (ev.attrs.runid && ev.attrs.runid !== run)) {
+      log('run.cancel ignored: its data does not name the run of its subject', { subject: m.subject });
+      return;
+    }
     cancelled.add(run);
     for (const ac of inflight.get(run) ?? []) ac.abort(new Error('run cancelled'));
   },
@@ -229,7 +300,7 @@ async function runStarted(run) {
   return rs;
 }
 
-/** Whether the result of a call is already in the stream (by its deterministic id). */
+/** Whether the result of a call is already in the stream (by its deterministic ce-id). */
 async function resultStored(req) {
   const want = `${req.run_id}/${req.step}/${req.call.call_id}/tool.finished`;
   const oc = await js.consumers.get(cfg.stream, { filterSubjects: [`toolbus.${req.run_id}.tool.finished.${req.call.tool}`] });
@@ -241,7 +312,7 @@ async function resultStored(req) {
   const iter = await oc.fetch({ max_messages: pending, expires: 2000 });
   let found = false;
   for await (const m of iter) {
-    if (m.headers?.get('Nats-Msg-Id') === want) found = true;
+    if (m.headers?.get('ce-id') === want && m.headers?.get('ce-type') === 'toolbus.tool.finished') found = true;
     if (m.info.pending === 0) break;
   }
   await oc.delete().catch(() => {});
@@ -354,8 +425,51 @@ async function publishResult(req, meta, result) {
   }
   h.set('Content-Type', 'application/json');
   const data = { run_id: req.run_id, step: req.step, call_index: req.call_index, call_count: req.call_count, ...result };
-  await js.publish(`toolbus.${req.run_id}.tool.finished.${validName(req.call.tool) ? req.call.tool : '_unknown'}`,
-    enc.encode(JSON.stringify(data)), { msgID: id, headers: h });
+  const subject = `toolbus.${req.run_id}.tool.finished.${validName(req.call.tool) ? req.call.tool : '_unknown'}`;
+  const body = enc.encode(JSON.stringify(data));
+  const ack = await js.publish(subject, body, { msgID: id, headers: h });
+  if (!ack.duplicate) return;
+  // A duplicate acknowledgement only says that some message took the id (CONTRACT.md, "A
+  // duplicate is the same event"): it is this result only if the message stored there has
+  // its subject, type and id. Otherwise the id was squatted: store the result under the
+  // per-subject guard.
+  const isOurs = (sm) => {
+    if (sm.subject !== subject || sm.header.get('ce-id') !== id || sm.header.get('ce-type') !== type) return false;
+    try { // and its data names this run and call (a squat on our own subject does not)
+      const d = JSON.parse(dec.decode(sm.data));
+      return d.run_id === req.run_id && d.call_id === req.call.call_id;
+    } catch {
+      return false;
+    }
+  };
+  try {
+    if (isOurs(await jsm.streams.getMessage(cfg.stream, { seq: ack.seq }))) return;
+  } catch (err) {
+    if (!String(err?.message).includes('no message found')) throw err;
+  }
+  log('result id squatted: publishing under the per-subject guard', { id, subject, squatted_by_seq: ack.seq });
+  h.set('Nats-Msg-Id', `${id}/guarded/${randomUUID()}`);
+  let last = 0;
+  for (let attempt = 0; attempt < 100; attempt++) {
+    for (;;) {
+      let sm;
+      try {
+        sm = await jsm.streams.getMessage(cfg.stream, { seq: last + 1, next_by_subj: subject });
+      } catch (err) {
+        if (String(err?.message).includes('no message found')) break;
+        throw err;
+      }
+      if (isOurs(sm)) return; // stored already (a re-publish, or another process)
+      last = sm.seq;
+    }
+    try {
+      await js.publish(subject, body, { headers: h, expect: { lastSubjectSequence: last } });
+      return;
+    } catch (err) {
+      if (!String(err?.message).includes('wrong last sequence')) throw err;
+    }
+  }
+  throw new Error(`result ${id}: the subject ${subject} kept changing`);
 }
 
 async function handle(msg) {
@@ -363,21 +477,29 @@ async function handle(msg) {
   try {
     ev = decodeEvent(msg);
   } catch (err) {
-    log('poison message terminated', { subject: msg.subject, reason: String(err) });
+    log('poison message terminated', { subject: msg.subject, reason: String(err) }, 'warn');
     msg.term();
     return;
   }
   const req = ev.data;
+  // Subject and body agree (CONTRACT.md): the subject names the call's run and tool.
+  const [, subjectRun, , , token] = msg.subject.split('.');
+  if (req && (req.run_id !== subjectRun || (ev.attrs.runid && ev.attrs.runid !== subjectRun) ||
+      (token !== '_unknown' && token !== req.call?.tool))) {
+    log('poison message terminated', { subject: msg.subject, reason: 'subject and body disagree' });
+    msg.term('subject and body disagree');
+    return;
+  }
   if (ev.attrs.type !== 'toolbus.tool.requested' || !req || !validRun(req.run_id) || !Number.isInteger(req.step) ||
       req.step < 0 || !Number.isInteger(req.call_count) || req.call_count <= 0 || !Number.isInteger(req.call_index) ||
       req.call_index < 0 || req.call_index >= req.call_count || typeof req.call?.call_id !== 'string' || !req.call.call_id) {
-    log('poison message terminated', { subject: msg.subject, reason: 'bad tool.requested' });
+    log('poison message terminated', { subject: msg.subject, reason: 'bad tool.requested' }, 'warn');
     msg.term();
     return;
   }
   const rs = await runStarted(req.run_id);
   if (!rs) {
-    log('poison message terminated', { subject: msg.subject, reason: 'call of a run that was never started' });
+    log('poison message terminated', { subject: msg.subject, reason: 'call of a run that was never started' }, 'warn');
     msg.term();
     return;
   }
@@ -395,12 +517,14 @@ async function handle(msg) {
   result.attempt = attempt;
   result.executor = cfg.instance;
   await publishResult(req, ev.attrs, result);
+  countCall(result.tool, result.status, result.error && result.error.code);
   if (cfg.breakRule === 'two_results') await publishResult(req, ev.attrs, result);
   msg.ack(); // only once the result is stored: a crash before this redelivers the call
 }
 
 const consumer = await js.consumers.get(cfg.stream, durable);
 const messages = await consumer.consume({ max_messages: 64 });
+health.serving = true;
 log('executor serving', { tools: [cfg.tool], queue: durable });
 
 let stopping = false;
@@ -408,6 +532,7 @@ async function stop(signal) {
   if (stopping) return;
   stopping = true;
   log('stopping', { signal });
+  health.serving = false;
   messages.stop();
   clearInterval(beatTimer);
   cancelSub.unsubscribe();
@@ -420,7 +545,7 @@ process.on('SIGTERM', () => stop('SIGTERM'));
 const running = new Set();
 for await (const m of messages) {
   const p = handle(m).catch((err) => {
-    log('call failed, handed back for redelivery', { subject: m.subject, error: String(err) });
+    log('call failed, handed back for redelivery', { subject: m.subject, error: String(err) }, 'warn');
     m.nak(1000);
   });
   running.add(p);

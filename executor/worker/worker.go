@@ -1,12 +1,14 @@
 package worker
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -70,7 +72,7 @@ type Config struct {
 	ReplaceContracts bool
 }
 
-// Metrics records what a worker does. It is an interface so that this package does not
+// Metrics records what a worker does. It is an interface so that a Worker does not
 // depend on a metrics library; implementations must be safe for concurrent use.
 type Metrics interface {
 	// CallStarted is called when a call's tool starts running, CallStopped when it
@@ -235,12 +237,25 @@ func (w *Worker) serve(ctx context.Context) error {
 	defer w.ends.close()
 	queues := append([]string{events.UnknownToolToken}, served...)
 	consumers := make([]jetstream.Consumer, 0, len(queues))
+	missing := &MissingQueuesError{}
 	for _, tool := range queues {
 		cons, err := w.queue(ctx, tool)
+		var me *MissingQueuesError
+		if errors.As(err, &me) {
+			// Go on: one error names every queue an admin must create, not the first.
+			if tool != events.UnknownToolToken {
+				missing.Tools = append(missing.Tools, tool)
+			}
+			missing.Err = cmp.Or(missing.Err, me.Err)
+			continue
+		}
 		if err != nil {
 			return err
 		}
 		consumers = append(consumers, cons)
+	}
+	if missing.Err != nil {
+		return missing
 	}
 	// The instance is live before its tools are offered: the planner offers a tool only
 	// while an instance serves it.
@@ -361,10 +376,27 @@ func (w *Worker) queue(ctx context.Context, tool string) (jetstream.Consumer, er
 	}
 	cons, err = w.bus.Consumer(ctx, events.ToolConsumerConfig(tool, w.cfg.AckWait, w.cfg.MaxAckPending))
 	if err != nil {
-		return nil, fmt.Errorf("executor: create the queue of tool %q (with credentials that may not create consumers, an admin runs `toolbus init --tools %s` first): %w", tool, tool, err)
+		return nil, &MissingQueuesError{Tools: []string{tool}, Err: err}
 	}
 	return cons, nil
 }
+
+// MissingQueuesError is returned by Run when the queues of some tools do not exist and
+// the worker could not create them (credentials that may not create consumers): an
+// administrator creates them all with the one command Error names.
+type MissingQueuesError struct {
+	// Tools whose queue is missing, in the order the worker serves them.
+	Tools []string
+	// Err is the first creation failure.
+	Err error
+}
+
+func (e *MissingQueuesError) Error() string {
+	return fmt.Sprintf("executor: the queues of %d tool(s) do not exist and could not be created (%v): %s; an admin creates them with `toolbus init --tools %s` (or `toolbus init` with this executor's TOOLBUS_TOOLS, TOOLBUS_EXECUTOR_TOOLS and TOOLBUS_MCP_CONFIG)",
+		len(e.Tools), e.Err, strings.Join(e.Tools, ", "), strings.Join(e.Tools, ","))
+}
+
+func (e *MissingQueuesError) Unwrap() error { return e.Err }
 
 // heartbeat records this instance in the instances bucket now and every third of the
 // instance TTL; the returned stop removes it.
@@ -417,8 +449,11 @@ func (w *Worker) served() ([]string, error) {
 }
 
 func (w *Worker) onCancel(m *nats.Msg) {
-	run, ok := events.RunIDFromSubject(m.Subject)
+	// The run the subject names, once the body agrees: the injector terminates a cancel
+	// whose body names another run, and nothing may act on it here either.
+	run, ok := events.CancelOf(m)
 	if !ok {
+		w.log.Warn("run.cancel ignored: not a cancel of the run its subject names", "subject", m.Subject)
 		return
 	}
 	w.mu.Lock()
@@ -466,6 +501,11 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) error {
 	if meta.Type != events.TypeToolRequested || !toolbus.ValidRunID(req.RunID) || req.Step < 0 ||
 		req.CallCount <= 0 || req.CallIndex < 0 || req.CallIndex >= req.CallCount {
 		return fmt.Errorf("%w: bad tool.requested %s (run %q, index %d of %d)", events.ErrPoison, meta.ID, req.RunID, req.CallIndex, req.CallCount)
+	}
+	// The subject names the call's run and tool: a call whose body names another run or
+	// tool is not run.
+	if err := events.CheckSubject(msg.Subject(), meta, &req); err != nil {
+		return err
 	}
 	// The queue the call came from (the subject's tool token) scopes everything the call
 	// writes: its claim, its stored output and its result's subject, which the team's
@@ -821,19 +861,10 @@ func (w *Worker) keepLargeOutput(ctx context.Context, queue string, req toolbus.
 // walks the results of the run's tool with direct gets (next message on the subject):
 // an executor's credentials may not create consumers on the event stream.
 func (w *Worker) resultStored(ctx context.Context, queue string, req toolbus.ToolRequested) (bool, error) {
-	subject := events.SubjectToolFinished(req.RunID, queue)
-	want := events.IDToolFinished(req.RunID, req.Step, req.Call.CallID)
-	for seq := uint64(1); ; {
-		raw, err := w.bus.Stream.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(subject))
-		if errors.Is(err, jetstream.ErrMsgNotFound) {
-			return false, nil
-		}
-		if err != nil {
-			return false, fmt.Errorf("executor: look up stored result: %w", err)
-		}
-		if raw.Header.Get(events.HeaderMsgID) == want {
-			return true, nil
-		}
-		seq = raw.Sequence + 1
+	_, stored, err := w.bus.Stored(ctx, events.ToolFinishedEventOn(w.source, toolbus.ToolFinished{RunID: req.RunID, Step: req.Step,
+		CallIndex: req.CallIndex, CallCount: req.CallCount, ToolResult: toolbus.ToolResult{CallID: req.Call.CallID, Tool: req.Call.Tool}}, queue))
+	if err != nil {
+		return false, fmt.Errorf("executor: look up stored result: %w", err)
 	}
+	return stored, nil
 }
