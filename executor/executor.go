@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime/debug"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -44,6 +45,7 @@ type Executor struct {
 	instance   string
 	defTimeout time.Duration
 	defMaxOut  int
+	secrets    secretValues
 	sems       sync.Map // tool name -> chan struct{} (tools with MaxConcurrency > 0)
 }
 
@@ -99,6 +101,22 @@ func WithDefaultMaxOutputBytes(n int) Option {
 			e.defMaxOut = max(n, MinOutputBytes)
 		}
 	}
+}
+
+// WithSecrets makes the executor replace each of values (those of at least MinSecretLen
+// bytes) with "[REDACTED]" wherever it occurs in a result, error message or details,
+// before any pattern of RedactText: the credentials of the process itself (its NATS
+// password or token, nkey seed, model API keys) that a tool could read and print.
+func WithSecrets(values ...string) Option {
+	return func(e *Executor) { e.secrets = newSecretValues(append(slices.Clone([]string(e.secrets)), values...)) }
+}
+
+// secretValues returns the values of WithSecrets (none on a nil Executor).
+func (e *Executor) secretValues() secretValues {
+	if e == nil {
+		return nil
+	}
+	return e.secrets
 }
 
 // Registry returns the registry the executor serves.

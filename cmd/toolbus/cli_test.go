@@ -74,7 +74,7 @@ func TestCLIHelpAndVersion(t *testing.T) {
 		{args: []string{"planner", "--help"}, stdout: "usage: toolbus planner", emptyErr: true},
 		{args: []string{"executor", "--help"}, stdout: "usage: toolbus executor", emptyErr: true},
 		{args: []string{"injector", "--help"}, stdout: "usage: toolbus injector", emptyErr: true},
-		{args: []string{"console", "--help"}, stdout: "TOOLBUS_CONSOLE_TOKEN", emptyErr: true},
+		{args: []string{"console", "--help"}, stdout: "TOOLBUS_CONSOLE_USERS_FILE", emptyErr: true},
 		{args: []string{"env", "--help"}, stdout: "usage: toolbus env", emptyErr: true},
 		{args: []string{"run", "--help"}, stdout: "usage: toolbus run", emptyErr: true},
 		{args: []string{"approve", "--help"}, stdout: "usage: toolbus approve", emptyErr: true},
@@ -145,6 +145,7 @@ func TestCLIReadOnlyCommandsCreateNothing(t *testing.T) {
 		t.Run(args[0], func(t *testing.T) {
 			dir := noServerEnv(t)
 			t.Setenv("TOOLBUS_CONSOLE_ADDR", "127.0.0.1:0")
+			t.Setenv("TOOLBUS_CONSOLE_PUBLIC_READ", "true") // else it refuses to start, before it looks
 			code, out, errOut := cli(t, args...)
 			wantCode(t, args[0], code, 1, out, errOut)
 			wantContains(t, args[0], errOut, "nothing to read", "no local store")

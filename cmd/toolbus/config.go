@@ -60,8 +60,20 @@ type Config struct {
 	// process; empty serves nothing.
 	MetricsAddr string `envconfig:"METRICS_ADDR" desc:"address (host:port) of /metrics, /healthz and /readyz for the roles of this process; empty: none"`
 
-	ConsoleAddr  string `envconfig:"CONSOLE_ADDR" desc:"web console address (host:port) of toolbus console, and of toolbus up when set"`
-	ConsoleToken string `envconfig:"CONSOLE_TOKEN" desc:"token that approve, deny and cancel in the web console need (unset: the console is read-only)"`
+	ConsoleAddr string `envconfig:"CONSOLE_ADDR" desc:"web console address (host:port) of toolbus console, and of toolbus up when set"`
+	// The console's users (see access.go for the access-list format).
+	ConsoleUsers        string   `envconfig:"CONSOLE_USERS" desc:"console users, inline: entries 'NAME sha256:HEX [teams=a,b]' separated by ';' (toolbus token NAME makes one)"`
+	ConsoleUsersFile    string   `envconfig:"CONSOLE_USERS_FILE" desc:"console users file, one 'NAME sha256:HEX [teams=a,b]' per line; re-read when it changes (delete a line to revoke)"`
+	ConsolePublicRead   bool     `envconfig:"CONSOLE_PUBLIC_READ" desc:"let anyone who reaches the console read every run without signing in (actions still need a user)"`
+	ConsoleAllowedHosts []string `envconfig:"CONSOLE_ALLOWED_HOSTS" desc:"Host names the console answers besides loopback and its listen host (DNS rebinding guard)"`
+
+	// The HTTP door of `toolbus mcp --http` (see access.go for the access-list format).
+	MCPTokens         string        `envconfig:"MCP_TOKENS" desc:"access list of toolbus mcp --http, inline: entries 'NAME sha256:HEX [teams=a,b]' separated by ';' (toolbus token NAME makes one)"`
+	MCPTokensFile     string        `envconfig:"MCP_TOKENS_FILE" desc:"access list file of toolbus mcp --http, one 'NAME sha256:HEX [teams=a,b]' per line; re-read when it changes (delete a line to revoke)"`
+	MCPAllowedHosts   []string      `envconfig:"MCP_ALLOWED_HOSTS" desc:"Host names toolbus mcp --http answers besides loopback and its listen host (DNS rebinding guard)"`
+	MCPAllowedOrigins []string      `envconfig:"MCP_ALLOWED_ORIGINS" desc:"browser origins (https://app.example) allowed to call toolbus mcp --http besides its own"`
+	MCPSessionTimeout time.Duration `envconfig:"MCP_SESSION_TIMEOUT" default:"30m" desc:"toolbus mcp --http closes a session idle this long"`
+	MCPMaxSessions    int           `envconfig:"MCP_MAX_SESSIONS" default:"100" desc:"live sessions of toolbus mcp --http; more initialize requests get 503"`
 
 	LogLevel  string `envconfig:"LOG_LEVEL" default:"info" desc:"debug, info, warn or error"`
 	LogFormat string `envconfig:"LOG_FORMAT" default:"text" desc:"text or json"`

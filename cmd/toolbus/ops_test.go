@@ -36,10 +36,14 @@ type opsPipeline struct {
 	reqs map[string][]planner.Request
 }
 
+// opsPipelineDeadline bounds a pipeline's life (its workers stop then); a load test
+// raises it. No test of this package runs in parallel.
+var opsPipelineDeadline = 3 * time.Minute
+
 func startOpsPipeline(t *testing.T, scripts map[string]*planner.Script, extra ...executor.Tool) *opsPipeline {
 	t.Helper()
 	srv := eventstest.RunJetStream(t)
-	ctx := eventstest.Context(t, 3*time.Minute)
+	ctx := eventstest.Context(t, opsPipelineDeadline)
 	bus, _, err := events.Setup(ctx, srv.Conn, events.Config{})
 	if err != nil {
 		t.Fatal(err)
