@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -10,9 +9,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/internal/retry"
@@ -149,63 +145,13 @@ func (h *consoleHub) read(ctx context.Context, f func(context.Context) error) er
 	return f(ctx)
 }
 
-// runEvents reads the events of run from the bus's reader as events.Bus.RunEvents does,
-// on an ephemeral consumer of its own that it deletes when done: a page load leaves no
-// consumer behind (an ordered consumer would linger until its inactivity threshold, and
-// a thousand page loads would fill the stream's consumer limit).
+// runEvents reads the events of run with direct gets (events.Bus.RunEvents), which
+// create no consumer: a page load leaves nothing behind on the server, and the console
+// needs no right to create consumers (the client role has none).
 func (h *consoleHub) runEvents(ctx context.Context, run string) ([]events.StoredEvent, error) {
-	stream := h.bus.Reader()
-	cons, err := stream.CreateConsumer(ctx, jetstream.ConsumerConfig{
-		FilterSubject: events.SubjectRun(run), DeliverPolicy: jetstream.DeliverAllPolicy,
-		AckPolicy: jetstream.AckNonePolicy, MemoryStorage: true, InactiveThreshold: time.Minute,
-	})
+	evs, err := h.bus.RunEvents(ctx, run)
 	if err != nil {
 		return nil, fmt.Errorf("console: read %s: %w", run, err)
 	}
-	name := cons.CachedInfo().Name
-	defer func() {
-		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		_ = stream.DeleteConsumer(dctx, name) //nolint:errcheck // best effort: it expires anyway
-	}()
-	remaining := cons.CachedInfo().NumPending
-	var out []events.StoredEvent
-	for remaining > 0 {
-		batch, err := cons.Fetch(int(min(remaining, 512)), jetstream.FetchMaxWait(5*time.Second))
-		if err != nil {
-			return nil, fmt.Errorf("console: read %s: %w", run, err)
-		}
-		n := 0
-		for msg := range batch.Messages() {
-			n++
-			md, err := msg.Metadata()
-			if err == nil {
-				remaining = md.NumPending
-			}
-			out = append(out, storedEvent(msg, md))
-		}
-		if n == 0 {
-			if err := batch.Error(); err != nil && ctx.Err() == nil && !errors.Is(err, jetstream.ErrNoMessages) && !errors.Is(err, nats.ErrTimeout) {
-				return nil, fmt.Errorf("console: read %s: %w", run, err)
-			}
-			return nil, fmt.Errorf("console: read %s: the stream stopped delivering with %d event(s) left", run, remaining)
-		}
-	}
-	return out, nil
-}
-
-// storedEvent decodes a delivered message as events.StoredEvent.
-func storedEvent(msg jetstream.Msg, md *jetstream.MsgMetadata) events.StoredEvent {
-	ev := events.StoredEvent{Subject: msg.Subject()}
-	if md != nil {
-		ev.Seq, ev.Time = md.Sequence.Stream, md.Timestamp
-	}
-	var data json.RawMessage
-	meta, err := events.DecodeMsg(msg, &data)
-	if err != nil {
-		ev.Err = err
-		return ev
-	}
-	ev.Meta, ev.Data = meta, data
-	return ev
+	return evs, nil
 }
