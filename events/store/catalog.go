@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sort"
 	"sync"
 
@@ -124,7 +125,9 @@ func (c *Catalog) servingLocked(tool string) []string {
 		}
 	}
 	sort.Strings(out)
-	return out
+	// A restarted process (same name, new boot id) is listed once while its
+	// predecessor's record expires.
+	return slices.Compact(out)
 }
 
 // Tools returns the contracts allowed by rs (all when rs is nil) that at least one live
