@@ -17,7 +17,7 @@ func TestLease(t *testing.T) {
 	}
 	start := time.Now()
 	l.renewed(start)
-	if d := l.Deadline(); !d.Equal(start.Add(2*time.Second - l.margin)) || l.margin <= 0 {
+	if d := l.Deadline(); !d.Equal(start.Add(2*time.Second-l.margin)) || l.margin <= 0 {
 		t.Fatalf("deadline %v, want start + TTL - margin (margin %v)", d.Sub(start), l.margin)
 	}
 	// An older renewal acknowledged late never moves the deadline back.
