@@ -59,6 +59,10 @@ const (
 	CodeStoreError = "store_error"
 	// CodeModelError: the model API refused the request or kept failing.
 	CodeModelError = "model_error"
+	// CodeModelAnswerTooLarge: the model's answer is larger than the bus can store
+	// (planner.Config.MaxAnswerBytes): the run ends at once and the model, which was
+	// paid for that answer, is not asked again.
+	CodeModelAnswerTooLarge = "model_answer_too_large"
 )
 
 // ToolCall is one call proposed by the model: the raw arguments exactly as the model sent

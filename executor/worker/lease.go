@@ -33,15 +33,57 @@ import (
 // lease in time, and the error of a handling that stopped for it.
 var errLeaseLost = errors.New("executor: lease lost (instance heartbeat not renewed in time): the call is handed back")
 
-// lease is a worker's hold on its claims; it implements executor.Lease.
+// lease is a worker's hold on its claims. A lapse (the deadline passed before a
+// renewal) ends it for every call that started under it, even once renewals resume:
+// those calls see it through a leaseView, which implements executor.Lease.
 type lease struct {
 	ttl, margin time.Duration
-	onExpire    func() // called (from a timer goroutine) when the deadline passes unrenewed
+	onExpire    func() // called once per lapse, when it is noticed
 
 	mu      sync.Mutex
 	until   time.Time // monotonic; zero before the first renewal
+	gen     uint64    // lapses so far
+	down    bool      // lapsed and not renewed since
 	timer   *time.Timer
 	stopped bool
+}
+
+// leaseView is the lease as one call holds it: valid while the lease has not lapsed
+// since the call started.
+type leaseView struct {
+	l   *lease
+	gen uint64
+}
+
+// view returns the lease as a call starting now holds it.
+func (l *lease) view() leaseView {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return leaseView{l, l.gen}
+}
+
+// Deadline implements executor.Lease: when the lease runs out unless renewed, or the
+// zero time once it lapsed since the call started.
+func (v leaseView) Deadline() time.Time {
+	v.l.mu.Lock()
+	defer v.l.mu.Unlock()
+	if v.l.gen != v.gen {
+		return time.Time{}
+	}
+	return v.l.until
+}
+
+// valid reports whether the call still holds the lease.
+func (v leaseView) valid() bool { return time.Now().Before(v.Deadline()) }
+
+// lapseLocked records a lapse noticed now; it reports whether it is a new one.
+func (l *lease) lapseLocked() bool {
+	if l.down || l.until.IsZero() || time.Now().Before(l.until) {
+		return false
+	}
+	l.down = true
+	l.gen++
+	return true
 }
 
 func newLease(ttl time.Duration, onExpire func()) *lease {
@@ -52,19 +94,30 @@ func newLease(ttl time.Duration, onExpire func()) *lease {
 // so the lease survives three renewals in a row that fail or are late.
 func (l *lease) renewEvery() time.Duration { return max(l.ttl/5, 20*time.Millisecond) }
 
-// renewed records a renewal acknowledged by the server that was sent at start.
+// renewed records a renewal acknowledged by the server that was sent at start. A
+// renewal acknowledged after the deadline passed (the process was paused, or cut off)
+// is a lapse all the same: the calls under the old lease are lost.
 func (l *lease) renewed(start time.Time) {
 	l.mu.Lock()
-	defer l.mu.Unlock()
-	until := start.Add(l.ttl - l.margin)
-	if l.stopped || !until.After(l.until) {
+	if l.stopped {
+		l.mu.Unlock()
 		return
 	}
-	l.until = until
-	if l.timer == nil {
-		l.timer = time.AfterFunc(time.Until(until), l.fire)
-	} else {
-		l.timer.Reset(time.Until(until))
+	lapsed := l.lapseLocked()
+	if until := start.Add(l.ttl - l.margin); until.After(l.until) {
+		l.until = until
+		if time.Now().Before(until) {
+			l.down = false
+		}
+		if l.timer == nil {
+			l.timer = time.AfterFunc(time.Until(until), l.fire)
+		} else {
+			l.timer.Reset(time.Until(until))
+		}
+	}
+	l.mu.Unlock()
+	if lapsed {
+		l.onExpire()
 	}
 }
 
@@ -81,8 +134,11 @@ func (l *lease) fire() {
 		l.mu.Unlock()
 		return
 	}
+	lapsed := l.lapseLocked()
 	l.mu.Unlock()
-	l.onExpire()
+	if lapsed {
+		l.onExpire()
+	}
 }
 
 // Deadline returns when the lease runs out unless renewed (zero before the first
@@ -93,8 +149,8 @@ func (l *lease) Deadline() time.Time {
 	return l.until
 }
 
-// valid reports whether the lease holds now: no other executor can have taken over a
-// call of this worker.
+// valid reports whether the lease holds now: a call claimed now cannot be taken over
+// before the deadline.
 func (l *lease) valid() bool { return time.Now().Before(l.Deadline()) }
 
 // stop ends the lease (the worker stops and removes its instance record).

@@ -55,3 +55,44 @@ func TestLease(t *testing.T) {
 	}
 	l.stop()
 }
+
+// TestLeaseLapseIsFinalForItsCalls: a call that started under a lease that then
+// lapsed (a pause: no renewal reached the server in time) holds nothing even once
+// renewals resume, whatever notices the lapse first (the timer, or the late renewal);
+// a call started after the renewal holds the new lease.
+func TestLeaseLapseIsFinalForItsCalls(t *testing.T) {
+	for _, timerFirst := range []bool{true, false} {
+		var fired atomic.Int32
+		l := newLease(time.Second, func() { fired.Add(1) })
+		l.renewed(time.Now())
+		if !timerFirst {
+			l.timer.Stop() // as if the process resumed and the renewal ran before the timer
+		}
+		before := l.view()
+		if !before.valid() {
+			t.Fatal("fresh lease not valid")
+		}
+		for time.Now().Before(l.Deadline()) {
+			time.Sleep(10 * time.Millisecond)
+		}
+		if before.valid() {
+			t.Fatal("valid past its deadline")
+		}
+		if timerFirst {
+			for fired.Load() == 0 {
+				time.Sleep(10 * time.Millisecond)
+			}
+		}
+		l.renewed(time.Now()) // renewals resume
+		if n := fired.Load(); n != 1 {
+			t.Fatalf("timer first %v: lapse reported %d times, want once", timerFirst, n)
+		}
+		if before.valid() || !before.Deadline().IsZero() {
+			t.Fatalf("timer first %v: a call from before the lapse holds the lease again", timerFirst)
+		}
+		if after := l.view(); !after.valid() {
+			t.Fatalf("timer first %v: a call after the renewal does not hold the lease", timerFirst)
+		}
+		l.stop()
+	}
+}

@@ -449,13 +449,13 @@ func (w *Worker) onCancel(m *nats.Msg) {
 	w.log.Info("run cancelled", "run_id", run, "calls_cancelled", n)
 }
 
-func (w *Worker) track(run string, h *callHandle) (untrack func()) {
+func (w *Worker) track(run string, h *callHandle, lv leaseView) (untrack func()) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if _, done := w.cancelled[run]; done {
 		h.cancel(errRunCancelled)
 	}
-	if !w.lease.valid() { // lost between the check in handle and here: leaseLost missed it
+	if !lv.valid() { // lost between the start of the call and here: leaseLost missed it
 		h.cancel(errLeaseLost)
 	}
 	m := w.inflight[run]
@@ -503,6 +503,8 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) error {
 		// be taken over before the lease is renewed.
 		return &events.DeferError{Delay: max(w.cfg.AckWait/3, time.Second), Reason: "no valid lease: instance heartbeat not renewed"}
 	}
+	// The call holds the lease as it is now: a lapse from here on loses it for good.
+	lv := w.lease.view()
 	key := store.ClaimKey(req.RunID, req.Step, req.Call.CallID)
 	if !w.hold(key) {
 		// This process already handles the call (a redelivery that overtook it): that
@@ -600,7 +602,7 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) error {
 		if res.Status == "" {
 			ran = true
 			w.cfg.Metrics.CallStarted(req.Call.Tool)
-			res, err = w.run(ctx, msg, req, rs, attempt)
+			res, err = w.run(ctx, msg, req, rs, attempt, lv)
 			w.cfg.Metrics.CallStopped(req.Call.Tool)
 			if errors.Is(err, errLeaseLost) {
 				return w.handBack(ctx, msg, req, own, log)
@@ -610,7 +612,7 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) error {
 			}
 		}
 	}
-	if !w.lease.valid() {
+	if !lv.valid() {
 		// Another executor may own the call by now: this result is not published.
 		return w.handBack(ctx, msg, req, own, log)
 	}
@@ -624,7 +626,7 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) error {
 		return err
 	}
 	err = w.retry(ctx, msg, log, "publish the result", func() error {
-		if !w.lease.valid() {
+		if !lv.valid() {
 			return errLeaseLost // each try checks: a late publication could follow a take-over
 		}
 		_, err := w.bus.PublishEvent(ctx, events.ToolFinishedEvent(w.source, toolbus.ToolFinished{
@@ -814,7 +816,7 @@ func (w *Worker) abandon(ctx context.Context, msg jetstream.Msg, req toolbus.Too
 }
 
 // run executes the call with its deadline, cancellation and InProgress heartbeats.
-func (w *Worker) run(ctx context.Context, msg jetstream.Msg, req toolbus.ToolRequested, rs *toolbus.RunStarted, attempt int) (toolbus.ToolResult, error) {
+func (w *Worker) run(ctx context.Context, msg jetstream.Msg, req toolbus.ToolRequested, rs *toolbus.RunStarted, attempt int, lv leaseView) (toolbus.ToolResult, error) {
 	callCtx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	deadline := req.Deadline
@@ -826,20 +828,20 @@ func (w *Worker) run(ctx context.Context, msg jetstream.Msg, req toolbus.ToolReq
 		callCtx, c2 = context.WithDeadline(callCtx, deadline)
 		defer c2()
 	}
-	untrack := w.track(req.RunID, &callHandle{cancel: cancel})
+	untrack := w.track(req.RunID, &callHandle{cancel: cancel}, lv)
 	defer untrack()
 	callCtx = executor.WithCallInfo(callCtx, executor.CallInfo{
 		RunID: req.RunID, Step: req.Step, CallID: req.Call.CallID, CallIndex: req.CallIndex, Tool: req.Call.Tool,
 		Principal: rs.Principal, Attempt: attempt,
 		IdempotencyKey: req.RunID + "/" + strconv.Itoa(req.Step) + "/" + req.Call.CallID,
-		Lease:          w.lease,
+		Lease:          lv,
 	})
 
 	stopBeat := events.Heartbeat(msg, w.cfg.AckWait/3)
 	res := w.exec.Execute(callCtx, req.Call, rs.Principal)
 	stopBeat()
 
-	if errors.Is(context.Cause(callCtx), errLeaseLost) || !w.lease.valid() {
+	if errors.Is(context.Cause(callCtx), errLeaseLost) || !lv.valid() {
 		return res, fmt.Errorf("call %s: %w", req.Call.CallID, errLeaseLost)
 	}
 	if ctx.Err() != nil && !errors.Is(context.Cause(callCtx), errRunCancelled) {
