@@ -154,7 +154,7 @@ func New(bus *events.Bus, cfg Config) (*Injector, error) {
 	cfg.setDefaults()
 	return &Injector{cfg: cfg, bus: bus, source: events.Source("injector", cfg.Instance), steps: newSteps(),
 		timers: heldTimers{m: map[string]jetstream.Msg{}},
-		calls: newCallCache(), results: newResultCache(), log: cfg.Logger.With("component", "injector", "instance", cfg.Instance)}, nil
+		calls:  newCallCache(), results: newResultCache(), log: cfg.Logger.With("component", "injector", "instance", cfg.Instance)}, nil
 }
 
 // Run consumes results, approvals, cancellations, run.started and deadline timers until
