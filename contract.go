@@ -20,6 +20,13 @@ type ToolContract struct {
 	MaxOutputBytes int           `json:"max_output_bytes,omitempty"`
 	MaxConcurrency int           `json:"max_concurrency,omitempty"`
 	RedactFields   []string      `json:"redact_fields,omitempty"`
+	// Owner is the team whose executors serve the tool (the catalog records it; with
+	// per-team credentials only that team may write the entry).
+	Owner string `json:"owner,omitempty"`
+	// Version numbers the contract: an executor may replace a registered contract that
+	// differs from its own only with a higher version (or on purpose, with
+	// TOOLBUS_EXECUTOR_REPLACE_CONTRACTS).
+	Version int `json:"version,omitempty"`
 }
 
 var nameRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)

@@ -85,7 +85,7 @@ type ToolError struct {
 type Truncation struct {
 	OriginalBytes int `json:"original_bytes"`
 	KeptBytes     int `json:"kept_bytes"`
-	// Ref names where the whole output is kept (for example an object store reference);
+	// Ref names where the whole output is kept (for example kv://toolbus_outputs/<key>);
 	// empty when the whole output is in ToolResult.Output.
 	Ref string `json:"ref,omitempty"`
 }

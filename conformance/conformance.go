@@ -180,7 +180,7 @@ func Check(ctx context.Context, nc *nats.Conn, url string, cfg Config) (rep Repo
 			continue
 		}
 		run := runOf(c)
-		if err := poll(ctx, func() error { return claimed(ctx, bus, run, c.name) }); err != nil {
+		if err := poll(ctx, func() error { return claimed(ctx, bus, cfg.Tool, run, c.name) }); err != nil {
 			fail("cancel: the call was never claimed, so it never ran: %v", err)
 			continue
 		}
@@ -314,12 +314,12 @@ func request(ctx context.Context, bus *events.Bus, run, tool string, c call) err
 }
 
 // claimed reports (as nil) whether the executor claimed the call in the claims bucket.
-func claimed(ctx context.Context, bus *events.Bus, run, callID string) error {
+func claimed(ctx context.Context, bus *events.Bus, tool, run, callID string) error {
 	kv, err := bus.JS.KeyValue(ctx, store.BucketClaims)
 	if err != nil {
 		return err
 	}
-	_, err = kv.Get(ctx, store.ClaimKey(run, 0, callID))
+	_, err = kv.Get(ctx, store.ClaimKey(events.ToolToken(tool), run, 0, callID))
 	return err
 }
 

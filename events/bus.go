@@ -29,7 +29,7 @@ const (
 	// DefaultInstanceTTL is how long an executor instance stays in the catalog after
 	// its last heartbeat.
 	DefaultInstanceTTL = 10 * time.Second
-	// DefaultOutputsMaxBytes bounds the object store of large tool outputs (1 GiB).
+	// DefaultOutputsMaxBytes bounds the bucket of large tool outputs (1 GiB).
 	DefaultOutputsMaxBytes = 1 << 30
 )
 
@@ -60,7 +60,7 @@ type Config struct {
 	// InstanceTTL is how long an executor instance stays in the catalog after its last
 	// heartbeat (default 10s); executors heartbeat every third of it.
 	InstanceTTL time.Duration `envconfig:"INSTANCE_TTL" default:"10s"`
-	// OutputsMaxBytes bounds the object store of large tool outputs (default 1 GiB; -1
+	// OutputsMaxBytes bounds the bucket of large tool outputs (default 1 GiB; -1
 	// unbounded): when full, storing a new output fails instead of filling the disk.
 	OutputsMaxBytes int64 `envconfig:"OUTPUTS_MAX_BYTES" default:"1073741824"`
 }
@@ -168,13 +168,11 @@ func open(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, cfg Config
 	}{
 		{store.BucketHistory, &kvs.History}, {store.BucketRuns, &kvs.Runs}, {store.BucketTools, &kvs.Tools},
 		{store.BucketApprovals, &kvs.Approvals}, {store.BucketClaims, &kvs.Claims}, {store.BucketInstances, &kvs.Instances},
+		{store.BucketOutputs, &kvs.Outputs},
 	} {
 		if *bk.kv, err = js.KeyValue(ctx, bk.name); err != nil {
 			return nil, missing("bucket", bk.name, err)
 		}
-	}
-	if kvs.Outputs, err = js.ObjectStore(ctx, store.BucketOutputs); err != nil {
-		return nil, missing("object store", store.BucketOutputs, err)
 	}
 	// Batched reads of the history are direct gets, which any replica answers: they are
 	// used only where that is the leader (one replica). Replicated buckets read key by

@@ -1,6 +1,7 @@
 package events_test
 
 import (
+	"bytes"
 	"errors"
 	"testing"
 	"time"
@@ -104,13 +105,37 @@ func TestBusStores(t *testing.T) {
 	}
 
 	// Large outputs.
-	big := make([]byte, 3<<20)
-	ref, err := bus.PutOutput(ctx, "r1/0/call_1", big)
+	big := make([]byte, 3<<20+17)
+	for i := range big {
+		big[i] = byte(i * 7)
+	}
+	ref, err := bus.PutOutput(ctx, "calc", "r1", 0, "call.1", big)
 	if err != nil {
 		t.Fatal(err)
 	}
+	if ref != "kv://toolbus_outputs/calc.r1.0.call=2E1" {
+		t.Fatalf("ref %s", ref)
+	}
 	back, err := bus.Output(ctx, ref)
-	if err != nil || len(back) != len(big) {
+	if err != nil || !bytes.Equal(back, big) {
 		t.Fatalf("output %d bytes, %v", len(back), err)
+	}
+	// Written again (the call ran again), shorter: the new output, whole.
+	if _, err := bus.PutOutput(ctx, "calc", "r1", 0, "call.1", big[:10]); err != nil {
+		t.Fatal(err)
+	}
+	if back, err := bus.Output(ctx, ref); err != nil || !bytes.Equal(back, big[:10]) {
+		t.Fatalf("output rewritten: %d bytes, %v", len(back), err)
+	}
+	// A chunk changed behind the meta is detected.
+	kv, err := bus.JS.KeyValue(ctx, "toolbus_outputs")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Put(ctx, "calc.r1.0.call=2E1.0", []byte("0123456789")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := bus.Output(ctx, ref); !errors.Is(err, store.ErrOutputCorrupt) {
+		t.Fatalf("corrupt output read: %v", err)
 	}
 }

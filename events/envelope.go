@@ -66,6 +66,18 @@ func ToolFinishedEvent(source string, tf toolbus.ToolFinished) Envelope {
 	}, tf}
 }
 
+// ToolFinishedEventOn is the tool.finished event of a call taken from the queue of
+// token queue: UnknownToolToken puts the result on toolbus.<run>.tool.finished._unknown
+// (whoever answers the unknown-tool queue may publish only there, not on the subject of
+// a tool another team owns); any other token is ToolFinishedEvent.
+func ToolFinishedEventOn(source string, tf toolbus.ToolFinished, queue string) Envelope {
+	e := ToolFinishedEvent(source, tf)
+	if queue == UnknownToolToken {
+		e.Subject = SubjectToolFinished(tf.RunID, UnknownToolToken)
+	}
+	return e
+}
+
 // ToolWaitingEvent is the tool.waiting event of a call that waits for approval.
 func ToolWaitingEvent(source string, tw toolbus.ToolWaiting) Envelope {
 	return Envelope{SubjectToolWaiting(tw.RunID, tw.Call.Tool), Meta{

@@ -100,7 +100,7 @@ func examples() []example {
 				Output:  json.RawMessage(`{"lines":["auth-api: pool exhausted","password=[REDACTED]"]}`),
 				Content: `{"lines":["auth-api: pool exhausted",` + "\n[... 5226496 bytes omitted ...]\n" + `"password=[REDACTED]"]}`,
 				Truncated: &toolbus.Truncation{OriginalBytes: 5242880, KeptBytes: 16384,
-					Ref: "objectstore://toolbus_outputs/run-7f3a/0/call_03"},
+					Ref: "kv://toolbus_outputs/big_output.run-7f3a.0.call_03"},
 				Redactions: 1, Attempt: 1, DurationMS: 40, Executor: "exec-1"}}},
 		{events.TypeToolFinished + "#3", events.SubjectToolFinished(exRun, "calculator"),
 			finishedMeta(toolbus.ToolCall{CallID: "call_04", Tool: "calculator"}, 1),

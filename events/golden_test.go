@@ -19,7 +19,7 @@ func TestContractGolden(t *testing.T) {
 			Content: `{"error":{"code":"incident_not_found","message":"no incident INC-404","retryable":false}}`,
 			Attempt: 1, DurationMS: 12, Executor: "exec-1"},
 		"tool_result_truncated": toolbus.ToolResult{CallID: "call_02", Tool: "big_output", Status: toolbus.StatusSucceeded,
-			Content: "{...}", Truncated: &toolbus.Truncation{OriginalBytes: 5242880, KeptBytes: 16384, Ref: "objectstore://toolbus_outputs/r/0/call_02"},
+			Content: "{...}", Truncated: &toolbus.Truncation{OriginalBytes: 5242880, KeptBytes: 16384, Ref: "kv://toolbus_outputs/big_output.r.0.call_02"},
 			Redactions: 1, Attempt: 2, DurationMS: 40, Executor: "exec-2"},
 		"assistant_message": toolbus.Message{Role: toolbus.RoleAssistant, Content: "Let me check.", Reasoning: "thinking",
 			ReasoningSignature: "sig", ToolCalls: []toolbus.ToolCall{{CallID: "call_01", Tool: "lookup_incident", Arguments: `{"incident_id":"INC-404"}`}}},

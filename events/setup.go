@@ -172,7 +172,7 @@ func ReadMirrorName(stream string) string { return stream + "_READ" }
 
 // Change is one thing Setup created, updated or found as wanted.
 type Change struct {
-	// Kind is stream, bucket, object store or consumer.
+	// Kind is stream, bucket or consumer.
 	Kind string
 	Name string
 	// Action is created, updated or unchanged.
@@ -182,7 +182,7 @@ type Change struct {
 func (c Change) String() string { return c.Action + " " + c.Kind + " " + c.Name }
 
 // Setup (admin) creates or updates the stream (which denies message deletes and
-// purges), every bucket and object store and the durable consumers of the planner and
+// purges), every bucket and the durable consumers of the planner and
 // injector (WorkerConsumers), plus what opts add; it is idempotent. It returns the bus,
 // which may also create or update the consumers its workers bind to, and the changes.
 //
@@ -253,6 +253,9 @@ func Setup(ctx context.Context, nc *nats.Conn, cfg Config, opts ...SetupOption) 
 			Bucket: bk.name, Description: bk.desc, History: 1, TTL: kvTTL(bk.name, cfg),
 			Storage: cfg.storage(), Replicas: cfg.Replicas, MaxValueSize: -1,
 		}
+		if bk.name == store.BucketOutputs {
+			kc.MaxBytes = cfg.OutputsMaxBytes
+		}
 		if bk.name == store.BucketInstances {
 			// An expired instance leaves a delete marker, so catalog watchers see it go.
 			kc.LimitMarkerTTL = max(cfg.InstanceTTL, time.Second)
@@ -277,26 +280,6 @@ func Setup(ctx context.Context, nc *nats.Conn, cfg Config, opts ...SetupOption) 
 		}
 		note("bucket", bk.name, existed, before, after.CachedInfo().Config)
 	}
-	{
-		var before any
-		s, err := js.Stream(ctx, "OBJ_"+store.BucketOutputs)
-		existed := err == nil
-		if existed {
-			before = s.CachedInfo().Config
-		}
-		if _, err := js.CreateOrUpdateObjectStore(ctx, jetstream.ObjectStoreConfig{
-			Bucket: store.BucketOutputs, Description: "whole tool outputs too large for an event",
-			TTL: cfg.MaxAge, Storage: cfg.storage(), Replicas: cfg.Replicas, MaxBytes: cfg.OutputsMaxBytes,
-		}); err != nil {
-			return nil, nil, fmt.Errorf("events: object store %s: %w", store.BucketOutputs, err)
-		}
-		after, err := js.Stream(ctx, "OBJ_"+store.BucketOutputs)
-		if err != nil {
-			return nil, nil, fmt.Errorf("events: object store %s: %w", store.BucketOutputs, err)
-		}
-		note("object store", store.BucketOutputs, existed, before, after.CachedInfo().Config)
-	}
-
 	b, err := open(ctx, nc, js, cfg)
 	if err != nil {
 		return nil, nil, err
@@ -338,6 +321,7 @@ var buckets = []struct{ name, desc string }{
 	{store.BucketApprovals, "approval decisions per call"},
 	{store.BucketClaims, "executions claimed by executors, one key per call"},
 	{store.BucketInstances, "live executor instances (heartbeats)"},
+	{store.BucketOutputs, "whole tool outputs too large for an event, in chunks, one key prefix per tool"},
 }
 
 func upsertStream(ctx context.Context, js jetstream.JetStream, sc jetstream.StreamConfig, note func(kind, name string, existed bool, before, after any)) error {

@@ -103,6 +103,12 @@ func ToolToken(tool string) string {
 	return UnknownToolToken
 }
 
+// ToolTokenOfSubject returns the last token of a tool.requested, tool.finished or
+// tool.waiting subject: the tool's token (or UnknownToolToken).
+func ToolTokenOfSubject(subject string) string {
+	return subject[strings.LastIndexByte(subject, '.')+1:]
+}
+
 // RunIDFromSubject returns the run id token of a toolbus subject.
 func RunIDFromSubject(subject string) (string, bool) {
 	rest, ok := strings.CutPrefix(subject, SubjectPrefix+".")

@@ -56,6 +56,9 @@ type Tool struct {
 	// anywhere in the output and in error details. Keys match ignoring case, '_' and
 	// '-' ("api_key" also covers "apiKey" and "API-KEY").
 	RedactFields []string
+	// Version numbers the contract in the catalog: a changed contract replaces the
+	// registered one only with a higher version (see worker.Config.ReplaceContracts).
+	Version int
 	// Func is the implementation (required).
 	Func Func
 }
@@ -78,6 +81,7 @@ func (t Tool) Contract() toolbus.ToolContract {
 		MaxOutputBytes: t.MaxOutputBytes,
 		MaxConcurrency: t.MaxConcurrency,
 		RedactFields:   slices.Clone(t.RedactFields),
+		Version:        t.Version,
 	}
 }
 

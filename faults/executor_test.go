@@ -51,7 +51,7 @@ func TestFaultExecutorKill(t *testing.T) {
 		}
 		for i := 0; i < 3; i++ {
 			ctx, cancel := e.op()
-			entry, err := claims.Get(ctx, store.ClaimKey("kill-exec", 0, fmt.Sprintf("c%d", i)))
+			entry, err := claims.Get(ctx, store.ClaimKey("append", "kill-exec", 0, fmt.Sprintf("c%d", i)))
 			cancel()
 			if err != nil {
 				return fmt.Errorf("call c%d not claimed yet: %w", i, err)

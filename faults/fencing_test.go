@@ -47,7 +47,7 @@ func fenceCase(t *testing.T, e *env, run string, viaProxy bool) (a *proc, proxy 
 		}
 		for i := 0; i < 2; i++ {
 			ctx, cancel := e.op()
-			entry, err := claims.Get(ctx, store.ClaimKey(run, 0, fmt.Sprintf("c%d", i)))
+			entry, err := claims.Get(ctx, store.ClaimKey("append", run, 0, fmt.Sprintf("c%d", i)))
 			cancel()
 			if err != nil {
 				return fmt.Errorf("call c%d not claimed yet: %w", i, err)
@@ -150,7 +150,7 @@ func TestFaultRestartSameName(t *testing.T) {
 	e.eventually("both calls claimed by exec-x", 30*time.Second, func() error {
 		for i := 0; i < 2; i++ {
 			ctx, cancel := e.op()
-			entry, err := claims.Get(ctx, store.ClaimKey(run, 0, fmt.Sprintf("c%d", i)))
+			entry, err := claims.Get(ctx, store.ClaimKey("append", run, 0, fmt.Sprintf("c%d", i)))
 			cancel()
 			if err != nil {
 				return fmt.Errorf("call c%d not claimed yet: %w", i, err)

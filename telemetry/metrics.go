@@ -35,6 +35,7 @@ const (
 	MetricRedeliveries     = "toolbus_redeliveries_total"
 	MetricPoison           = "toolbus_poison_terminated_total"
 	MetricReady            = "toolbus_ready"
+	MetricContractRefused  = "toolbus_tool_contract_refused_total"
 )
 
 // Metrics holds the collectors of one process; every role of the process shares it.
@@ -53,6 +54,7 @@ type Metrics struct {
 	runs      *prometheus.CounterVec
 	redeliver *prometheus.CounterVec
 	poison    *prometheus.CounterVec
+	refused   *prometheus.CounterVec
 
 	mu     sync.Mutex
 	roles  map[string]int // role -> consume loops serving
@@ -92,12 +94,14 @@ func New() *Metrics {
 			Help: "Messages handled on a second or later delivery, by consumer."}, []string{"consumer"}),
 		poison: prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricPoison,
 			Help: "Poison messages terminated (never redelivered), by consumer."}, []string{"consumer"}),
+		refused: prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricContractRefused,
+			Help: "Tool contracts the catalog refused because they differ from the registered one (no version bump), by tool."}, []string{"tool"}),
 		ready: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: MetricReady,
 			Help: "1 when the role's consumers are bound and consuming, else 0."}, []string{"role"}),
 		roles: map[string]int{},
 	}
 	reg.MustRegister(m.calls, m.duration, m.inflight, m.join, m.modelDur, m.modelErrs, m.tokens, m.runs,
-		m.redeliver, m.poison, m.ready,
+		m.redeliver, m.poison, m.refused, m.ready,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -118,6 +122,9 @@ func (m *Metrics) CallFinished(tool, status, code string, d time.Duration, ran b
 		m.duration.WithLabelValues(tool).Observe(d.Seconds())
 	}
 }
+
+// ContractRefused implements worker.Metrics.
+func (m *Metrics) ContractRefused(tool string) { m.refused.WithLabelValues(tool).Inc() }
 
 // ModelCalled implements planner.Metrics.
 func (m *Metrics) ModelCalled(model string, d time.Duration, u toolbus.Usage, err error) {

@@ -218,7 +218,7 @@ func TestConsoleHTTP(t *testing.T) {
 		p.submit("c-big", toolbus.Limits{})
 		p.waitStatus("c-big", toolbus.RunCompleted)
 		_, body := get(t, rw.URL+"/runs/c-big")
-		wantContains(t, "run page of a truncated output", body, "truncated:", "whole output in objectstore://",
+		wantContains(t, "run page of a truncated output", body, "truncated:", "whole output in kv://",
 			`<pre class="text full-output">{&#34;data&#34;:&#34;`+strings.Repeat("x", 299000))
 	})
 	t.Run("unknown run", func(t *testing.T) {

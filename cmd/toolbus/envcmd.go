@@ -24,7 +24,7 @@ var envDescriptions = map[string]string{
 	"TOOLBUS_MEMORY_STORAGE":    "keep the stream and buckets in memory (tests, demos)",
 	"TOOLBUS_REPLICAS":          "replicas of the stream and buckets (1, or 3 on a cluster)",
 	"TOOLBUS_INSTANCE_TTL":      "an executor instance leaves the catalog this long after its last heartbeat",
-	"TOOLBUS_OUTPUTS_MAX_BYTES": "size bound of the object store of large tool outputs (-1: none)",
+	"TOOLBUS_OUTPUTS_MAX_BYTES": "size bound of the bucket of large tool outputs (-1: none)",
 }
 
 // envDefaults are the defaults of the variables whose default lives in a worker package

@@ -23,7 +23,7 @@ func TestInitIdempotent(t *testing.T) {
 		t.Fatalf("init: exit %d\n%s%s", code, out.String(), errOut.String())
 	}
 	for _, want := range []string{"created stream TOOLBUS", "created stream TOOLBUS_READ", "created bucket toolbus_runs",
-		"created object store toolbus_outputs", "created consumer planner", "created consumer injector-cancel",
+		"created bucket toolbus_outputs", "created consumer planner", "created consumer injector-cancel",
 		"created consumer tool_calculator", "created consumer tool__unknown"} {
 		if !strings.Contains(out.String(), want) {
 			t.Fatalf("first init output lacks %q:\n%s", want, out.String())
@@ -39,7 +39,7 @@ func TestInitIdempotent(t *testing.T) {
 	if !strings.Contains(out.String(), "unchanged consumer tool_calculator") {
 		t.Fatalf("second init output:\n%s", out.String())
 	}
-	// The stream denies deletes and purges; the object store is bounded.
+	// The stream denies deletes and purges; the outputs bucket is bounded.
 	bus, err := events.Open(ctx, srv.Conn, events.Config{})
 	if err != nil {
 		t.Fatalf("open after init: %v", err)
@@ -51,12 +51,12 @@ func TestInitIdempotent(t *testing.T) {
 	if bus.Reader().CachedInfo().Config.Name != "TOOLBUS_READ" {
 		t.Fatal("the bus does not read from the mirror")
 	}
-	obj, err := srv.JS.Stream(ctx, "OBJ_"+store.BucketOutputs)
+	obj, err := srv.JS.Stream(ctx, "KV_"+store.BucketOutputs)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if mb := obj.CachedInfo().Config.MaxBytes; mb != 1<<30 {
-		t.Fatalf("object store max bytes %d, want 1 GiB", mb)
+		t.Fatalf("outputs bucket max bytes %d, want 1 GiB", mb)
 	}
 	// Bad usage exits 2.
 	if code := run(ctx, []string{"init", "--tools", "no spaces allowed"}, &out, &errOut); code != 2 {

@@ -109,7 +109,7 @@ func runExecutor(ctx context.Context, cfg Config, bus *events.Bus, log *slog.Log
 	exec := executor.New(reg, executor.WithLogger(log), executor.WithInstance(cfg.Instance),
 		executor.WithDefaultTimeout(cfg.CallTimeout), executor.WithDefaultMaxOutputBytes(cfg.MaxOutput))
 	w, err := worker.New(bus, exec, worker.Config{
-		WorkerConfig: cfg.worker(log), Tools: cfg.ExecutorTools,
+		WorkerConfig: cfg.worker(log), Tools: cfg.ExecutorTools, Team: cfg.Team, ReplaceContracts: cfg.ReplaceContracts,
 		Metrics: executorMetrics(tel), Observer: serveObserver(tel, "executor"),
 	})
 	if err != nil {

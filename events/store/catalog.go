@@ -1,8 +1,10 @@
 package store
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -13,16 +15,64 @@ import (
 	"github.com/toolbus/toolbus"
 )
 
+// ErrContractChanged is returned by PublishTool when the catalog already holds a
+// different contract for the tool and the offer neither bumps its version nor replaces
+// it on purpose: a second deployment (or a stale one) must not silently change what the
+// model is told about another's tool.
+var ErrContractChanged = errors.New("store: tool contract differs from the registered one")
+
+// ContractChangedError is the ErrContractChanged of one tool: what is registered and
+// what was offered.
+type ContractChangedError struct {
+	Tool                string
+	Registered, Offered toolbus.ToolContract
+}
+
+func (e *ContractChangedError) Error() string {
+	return fmt.Sprintf("%s: %s (registered: owner %q version %d; offered: owner %q version %d; bump the tool's Version or replace it on purpose with TOOLBUS_EXECUTOR_REPLACE_CONTRACTS=true)",
+		ErrContractChanged, e.Tool, e.Registered.Owner, e.Registered.Version, e.Offered.Owner, e.Offered.Version)
+}
+
+func (e *ContractChangedError) Unwrap() error { return ErrContractChanged }
+
 // PublishTool writes a tool contract to the catalog (key = tool name). Executors call it
-// at start for every tool they serve.
-func (s *Store) PublishTool(ctx context.Context, c toolbus.ToolContract) error {
+// at start for every tool they serve. An entry that already holds the same contract is
+// left alone. A different one is replaced only when c.Version is higher than the
+// registered version or replace is true; otherwise PublishTool returns a
+// *ContractChangedError (ErrContractChanged) and writes nothing. The write is a
+// compare-and-set on the revision read, so two offers racing cannot both win.
+func (s *Store) PublishTool(ctx context.Context, c toolbus.ToolContract, replace bool) error {
 	if !toolbus.ValidToolName(c.Name) {
 		return fmt.Errorf("store: invalid tool name %q", c.Name)
 	}
-	if _, err := s.tools.Put(ctx, c.Name, mustJSON(c)); err != nil {
-		return fmt.Errorf("store: catalog put %s: %w", c.Name, err)
+	for attempt := 0; ; attempt++ {
+		e, err := s.tools.Get(ctx, c.Name)
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			if _, err := s.tools.Create(ctx, c.Name, mustJSON(c)); err == nil {
+				return nil
+			} else if !errors.Is(err, jetstream.ErrKeyExists) || attempt > 3 {
+				return fmt.Errorf("store: catalog put %s: %w", c.Name, err)
+			}
+			continue // someone registered it meanwhile: compare with theirs
+		}
+		if err != nil {
+			return fmt.Errorf("store: catalog get %s: %w", c.Name, err)
+		}
+		var cur toolbus.ToolContract
+		if json.Unmarshal(e.Value(), &cur) == nil {
+			if bytes.Equal(mustJSON(cur), mustJSON(c)) {
+				return nil
+			}
+			if !replace && c.Version <= cur.Version {
+				return &ContractChangedError{Tool: c.Name, Registered: cur, Offered: c}
+			}
+		} // an undecodable entry is replaced
+		if _, err := s.tools.Update(ctx, c.Name, mustJSON(c), e.Revision()); err == nil {
+			return nil
+		} else if attempt > 3 {
+			return fmt.Errorf("store: catalog put %s: %w", c.Name, err)
+		}
 	}
-	return nil
 }
 
 // Catalog is a live view of the tool catalog and of the executor instances serving each

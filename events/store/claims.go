@@ -30,16 +30,19 @@ type Claim struct {
 // ErrClaimed is returned by ClaimCall when another execution holds the claim.
 var ErrClaimed = errors.New("store: call already claimed")
 
-// ClaimKey is the key of a call's claim: <run>.<step>.<call_id> (call id made key-safe).
-func ClaimKey(run string, step int, callID string) string {
-	return run + "." + strconv.Itoa(step) + "." + kvSafe(callID)
+// ClaimKey is the key of a call's claim: <tool>.<run>.<step>.<call_id> (call id made
+// key-safe), where tool is the subject token of the queue the call came from (the tool's
+// name, or "_unknown"). The tool comes first so that a subject permission
+// ($KV.toolbus_claims.<tool>.>) gives a team's executors the claims of its tools only.
+func ClaimKey(tool, run string, step int, callID string) string {
+	return tool + "." + run + "." + strconv.Itoa(step) + "." + kvSafe(callID)
 }
 
 // ClaimCall claims a call for c.Instance. When the call is already claimed it returns
 // the current claim, its revision and ErrClaimed; TakeOverClaim then replaces it only if
 // it is still that revision.
-func (s *Store) ClaimCall(ctx context.Context, run string, step int, callID string, c Claim) (Claim, uint64, error) {
-	key := ClaimKey(run, step, callID)
+func (s *Store) ClaimCall(ctx context.Context, tool, run string, step int, callID string, c Claim) (Claim, uint64, error) {
+	key := ClaimKey(tool, run, step, callID)
 	rev, err := s.claims.Create(ctx, key, mustJSON(c))
 	if err == nil {
 		return c, rev, nil
@@ -62,8 +65,8 @@ func (s *Store) ClaimCall(ctx context.Context, run string, step int, callID stri
 // the new revision: the executor that held it died or abandoned it. ErrConflict when
 // someone else changed it first. The executor that holds a claim also uses it to mark
 // its attempt abandoned.
-func (s *Store) TakeOverClaim(ctx context.Context, run string, step int, callID string, c Claim, rev uint64) (uint64, error) {
-	key := ClaimKey(run, step, callID)
+func (s *Store) TakeOverClaim(ctx context.Context, tool, run string, step int, callID string, c Claim, rev uint64) (uint64, error) {
+	key := ClaimKey(tool, run, step, callID)
 	rev, err := s.claims.Update(ctx, key, mustJSON(c), rev)
 	if err != nil {
 		var apiErr *jetstream.APIError
@@ -76,8 +79,8 @@ func (s *Store) TakeOverClaim(ctx context.Context, run string, step int, callID 
 }
 
 // CurrentClaim returns the claim of a call and its revision (ErrNotFound when none).
-func (s *Store) CurrentClaim(ctx context.Context, run string, step int, callID string) (Claim, uint64, error) {
-	key := ClaimKey(run, step, callID)
+func (s *Store) CurrentClaim(ctx context.Context, tool, run string, step int, callID string) (Claim, uint64, error) {
+	key := ClaimKey(tool, run, step, callID)
 	e, err := s.claims.Get(ctx, key)
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		return Claim{}, 0, fmt.Errorf("%w: claim %s", ErrNotFound, key)
@@ -94,17 +97,19 @@ func (s *Store) CurrentClaim(ctx context.Context, run string, step int, callID s
 
 // ReleaseClaim removes a call's claim: the call did not run (it waits for approval) and
 // its re-issue must be able to claim it.
-func (s *Store) ReleaseClaim(ctx context.Context, run string, step int, callID string) error {
-	if err := s.claims.Delete(ctx, ClaimKey(run, step, callID)); err != nil {
+func (s *Store) ReleaseClaim(ctx context.Context, tool, run string, step int, callID string) error {
+	if err := s.claims.Delete(ctx, ClaimKey(tool, run, step, callID)); err != nil {
 		return fmt.Errorf("store: release claim: %w", err)
 	}
 	return nil
 }
 
-// A run's calls in flight across the fleet are bounded by slots: keys <run>.slot.<i>
-// (i < the cap) in the claims bucket, each created by the executor that runs a call of
-// the run and deleted when the call ends. Distinct keys never contend, so taking a slot
-// is one KV create when the run is under its cap.
+// A run's calls of one tool in flight across the fleet are bounded by slots: keys
+// <tool>.<run>.slot.<i> (i < the cap) in the claims bucket, each created by the executor
+// that runs a call of the run and deleted when the call ends. Distinct keys never
+// contend, so taking a slot is one KV create when the run is under its cap. The slots
+// are per tool, like the claims, so that one team's executors cannot hold the slots
+// another team's calls need.
 
 // runSlot is the value of a slot key.
 type runSlot struct {
@@ -113,32 +118,35 @@ type runSlot struct {
 	Call     string `json:"call"`
 }
 
-func slotKey(run string, i int) string { return run + ".slot." + strconv.Itoa(i) }
+func slotKey(tool, run string, i int) string {
+	return tool + "." + run + ".slot." + strconv.Itoa(i)
+}
 
 // slotTries bounds the creates tried per acquisition: a run near its cap may be told it
 // is full while a slot is free; the call is then handed back and tried again.
 const slotTries = 8
 
-// AcquireRunSlot takes one of the cap slots of run for a call (key is the call's claim
-// key). It returns the slot and true, or false when the run has cap calls in flight.
-// Slots held by instances (name and boot id) that are no longer alive are taken over.
-func (s *Store) AcquireRunSlot(ctx context.Context, run string, limit int, key, instance, boot string) (int, bool, error) {
+// AcquireRunSlot takes one of the cap slots of run and tool (the queue's token) for a
+// call (key is the call's claim key). It returns the slot and true, or false when the
+// run has cap calls in flight. Slots held by instances (name and boot id) that are no
+// longer alive are taken over.
+func (s *Store) AcquireRunSlot(ctx context.Context, tool, run string, limit int, key, instance, boot string) (int, bool, error) {
 	val := mustJSON(runSlot{Instance: instance, Boot: boot, Call: key})
 	start := int(fnv32(key) % uint32(limit))
 	tries := min(limit, slotTries)
 	for j := 0; j < tries; j++ {
 		i := (start + j) % limit
-		if _, err := s.claims.Create(ctx, slotKey(run, i), val); err == nil {
+		if _, err := s.claims.Create(ctx, slotKey(tool, run, i), val); err == nil {
 			return i, true, nil
 		} else if !errors.Is(err, jetstream.ErrKeyExists) {
-			return 0, false, fmt.Errorf("store: run slot %s: %w", slotKey(run, i), err)
+			return 0, false, fmt.Errorf("store: run slot %s: %w", slotKey(tool, run, i), err)
 		}
 	}
 	// Full: free the slots of executors that died holding them.
 	alive := map[runSlot]bool{}
 	for j := 0; j < tries; j++ {
 		i := (start + j) % limit
-		e, err := s.claims.Get(ctx, slotKey(run, i))
+		e, err := s.claims.Get(ctx, slotKey(tool, run, i))
 		if err != nil {
 			continue // released meanwhile: the next acquisition gets it
 		}
@@ -155,7 +163,7 @@ func (s *Store) AcquireRunSlot(ctx context.Context, run string, limit int, key, 
 			alive[owner] = ok
 		}
 		if !ok {
-			if _, err := s.claims.Update(ctx, slotKey(run, i), val, e.Revision()); err == nil {
+			if _, err := s.claims.Update(ctx, slotKey(tool, run, i), val, e.Revision()); err == nil {
 				return i, true, nil
 			}
 		}
@@ -164,9 +172,9 @@ func (s *Store) AcquireRunSlot(ctx context.Context, run string, limit int, key, 
 }
 
 // ReleaseRunSlot frees a slot taken by AcquireRunSlot.
-func (s *Store) ReleaseRunSlot(ctx context.Context, run string, slot int) error {
-	if err := s.claims.Delete(ctx, slotKey(run, slot)); err != nil {
-		return fmt.Errorf("store: release run slot %s: %w", slotKey(run, slot), err)
+func (s *Store) ReleaseRunSlot(ctx context.Context, tool, run string, slot int) error {
+	if err := s.claims.Delete(ctx, slotKey(tool, run, slot)); err != nil {
+		return fmt.Errorf("store: release run slot %s: %w", slotKey(tool, run, slot), err)
 	}
 	return nil
 }

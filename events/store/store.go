@@ -19,7 +19,8 @@ const (
 	BucketHistory   = "toolbus_history"
 	BucketRuns      = "toolbus_runs"
 	BucketApprovals = "toolbus_approvals"
-	BucketOutputs   = "toolbus_outputs"
+	// BucketOutputs holds whole outputs too large for an event (see PutOutput).
+	BucketOutputs = "toolbus_outputs"
 	// BucketClaims holds one key per call that an executor claimed before running it,
 	// and the run slots.
 	BucketClaims = "toolbus_claims"
@@ -30,8 +31,7 @@ const (
 
 // Buckets are the handles a Store works on.
 type Buckets struct {
-	History, Runs, Tools, Approvals, Claims, Instances jetstream.KeyValue
-	Outputs                                            jetstream.ObjectStore
+	History, Runs, Tools, Approvals, Claims, Instances, Outputs jetstream.KeyValue
 	// Conn, when set, lets the store read the results of a step with one batched
 	// direct get instead of one read per result.
 	Conn *nats.Conn
@@ -45,7 +45,7 @@ type Store struct {
 	approvals   jetstream.KeyValue
 	claims      jetstream.KeyValue
 	instances   jetstream.KeyValue
-	outputs     jetstream.ObjectStore
+	outputs     jetstream.KeyValue
 	instanceTTL time.Duration
 	conn        *nats.Conn
 	// batchOffUntil: batched reads are not tried before this time (unix ns).

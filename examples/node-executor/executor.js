@@ -253,7 +253,9 @@ async function resultStored(req) {
  * is already stored, 'later' when a live executor holds it (the message comes back).
  */
 async function claim(req, attempt) {
-  const key = `${req.run_id}.${req.step}.${kvSafe(req.call.call_id)}`;
+  // <tool>.<run>.<step>.<call_id>: the tool (this queue's) first, so per-team credentials
+  // can scope the claims a team writes to its own tools.
+  const key = `${cfg.tool}.${req.run_id}.${req.step}.${kvSafe(req.call.call_id)}`;
   const mine = enc.encode(JSON.stringify({ instance: cfg.instance, attempt, at: new Date().toISOString() }));
   try {
     await kvClaims.create(key, mine);

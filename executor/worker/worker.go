@@ -49,7 +49,7 @@ type Config struct {
 	// MaxAckPending bounds calls in flight across all workers of the consumer (default 1000).
 	MaxAckPending int
 	// InlineOutputMax is the largest output kept in the event itself (default 256 KiB);
-	// larger outputs go to the object store and the result carries a reference.
+	// larger outputs go to the outputs bucket and the result carries a reference.
 	InlineOutputMax int
 	// Metrics, when set, records the calls this worker runs (telemetry.Metrics).
 	Metrics Metrics
@@ -58,6 +58,16 @@ type Config struct {
 	// Tracer makes the span of each call (default: the global provider's, a no-op unless
 	// tracing is configured).
 	Tracer trace.Tracer
+	// Team names the team that owns the tools this worker serves; the catalog records it
+	// as each tool's owner. With per-team credentials (go run ./deploy/nats/gen -grants)
+	// the server lets a team write the catalog entries, queues, claims, results and
+	// outputs of its granted tools only, whatever this field says.
+	Team string
+	// ReplaceContracts lets this worker replace a registered contract that differs from
+	// its own without a higher Version: an owner changing its tool on purpose. Without
+	// it such an offer is refused: the worker does not start (or Sync fails), logs it
+	// and counts it (Metrics.ContractRefused).
+	ReplaceContracts bool
 }
 
 // Metrics records what a worker does. It is an interface so that this package does not
@@ -71,6 +81,9 @@ type Metrics interface {
 	// ran; ran is false for a call refused without running (unknown tool, not allowed,
 	// denied, run ended).
 	CallFinished(tool, status, code string, d time.Duration, ran bool)
+	// ContractRefused is called when the catalog refused this worker's contract of tool
+	// because it differs from the registered one (store.ErrContractChanged).
+	ContractRefused(tool string)
 }
 
 type nopMetrics struct{}
@@ -78,6 +91,7 @@ type nopMetrics struct{}
 func (nopMetrics) CallStarted(string)                                       {}
 func (nopMetrics) CallStopped(string)                                       {}
 func (nopMetrics) CallFinished(string, string, string, time.Duration, bool) {}
+func (nopMetrics) ContractRefused(string)                                   {}
 
 // Defaults of Config (the shared ones are events.DefaultConcurrency and its siblings).
 const (
@@ -261,7 +275,7 @@ func (w *Worker) serve(ctx context.Context) error {
 	defer stopBeat()
 	for _, name := range served {
 		t, _ := w.exec.Registry().Lookup(name)
-		if err := w.bus.PublishTool(ctx, t.Contract()); err != nil {
+		if err := w.publishTool(ctx, t); err != nil {
 			return err
 		}
 	}
@@ -302,7 +316,7 @@ func (w *Worker) Sync(ctx context.Context) error {
 			continue
 		}
 		// Publishing every contract again also covers a tool whose schema changed.
-		if err := w.bus.PublishTool(ctx, t.Contract()); err != nil {
+		if err := w.publishTool(ctx, t); err != nil {
 			return err
 		}
 		if !serving[name] { // serving is replaced, never modified: reading it unlocked is safe
@@ -334,6 +348,23 @@ func (w *Worker) Sync(ctx context.Context) error {
 	}
 	w.log.Info("executor tools changed", "tools", names, "added", added)
 	return nil
+}
+
+// publishTool offers t's contract, with this worker's team as owner, to the catalog. A
+// refusal (the registered contract differs) is logged and counted here and returned.
+func (w *Worker) publishTool(ctx context.Context, t executor.Tool) error {
+	c := t.Contract()
+	c.Owner = w.cfg.Team
+	err := w.bus.PublishTool(ctx, c, w.cfg.ReplaceContracts)
+	var changed *store.ContractChangedError
+	if errors.As(err, &changed) {
+		w.cfg.Metrics.ContractRefused(t.Name)
+		w.log.Error("tool contract refused: the catalog holds a different contract for this tool",
+			"tool", t.Name, "registered_owner", changed.Registered.Owner, "registered_version", changed.Registered.Version,
+			"offered_owner", c.Owner, "offered_version", c.Version)
+		return fmt.Errorf("executor: %w", err)
+	}
+	return err
 }
 
 // serves reports whether this worker serves tool now.
@@ -484,6 +515,14 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) error {
 		req.CallCount <= 0 || req.CallIndex < 0 || req.CallIndex >= req.CallCount {
 		return fmt.Errorf("%w: bad tool.requested %s (run %q, index %d of %d)", events.ErrPoison, meta.ID, req.RunID, req.CallIndex, req.CallCount)
 	}
+	// The queue the call came from (the subject's tool token) scopes everything the call
+	// writes: its claim, its stored output and its result's subject, which the team's
+	// credentials allow for its own tools only. A call from the unknown-tool queue,
+	// which every team serves, is never run.
+	queue := events.ToolTokenOfSubject(msg.Subject())
+	if queue != events.UnknownToolToken && queue != events.ToolToken(req.Call.Tool) {
+		return fmt.Errorf("%w: tool.requested %s for tool %q on the queue of %q", events.ErrPoison, meta.ID, req.Call.Tool, queue)
+	}
 	// The call's logger is built only when something is logged: With is not free and
 	// this is the hot path.
 	log := func() *slog.Logger {
@@ -505,7 +544,7 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) error {
 	}
 	// The call holds the lease as it is now: a lapse from here on loses it for good.
 	lv := w.lease.view()
-	key := store.ClaimKey(req.RunID, req.Step, req.Call.CallID)
+	key := store.ClaimKey(queue, req.RunID, req.Step, req.Call.CallID)
 	if !w.hold(key) {
 		// This process already handles the call (a redelivery that overtook it): that
 		// handling acknowledges it.
@@ -517,7 +556,7 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) error {
 	// most RunMaxInFlight calls therefore stays under the cap by itself, and only the
 	// calls of larger steps take one of the run's slots (a KV create and a delete each).
 	if w.cfg.RunMaxInFlight > 0 && req.CallCount > w.cfg.RunMaxInFlight {
-		slot, ok, err := w.bus.AcquireRunSlot(ctx, req.RunID, w.cfg.RunMaxInFlight, key, w.cfg.Instance, w.boot)
+		slot, ok, err := w.bus.AcquireRunSlot(ctx, queue, req.RunID, w.cfg.RunMaxInFlight, key, w.cfg.Instance, w.boot)
 		if err != nil {
 			return err
 		}
@@ -528,12 +567,12 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) error {
 		defer func() {
 			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 			defer cancel()
-			if err := w.bus.ReleaseRunSlot(rctx, req.RunID, slot); err != nil {
+			if err := w.bus.ReleaseRunSlot(rctx, queue, req.RunID, slot); err != nil {
 				log().Warn("run slot not released; it frees when this instance's heartbeat expires", "error", err)
 			}
 		}()
 	}
-	run, own, err := w.claim(ctx, msg, req, log)
+	run, own, err := w.claim(ctx, msg, queue, req, log)
 	if err != nil || !run {
 		return err
 	}
@@ -574,7 +613,7 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) error {
 	case attempt >= w.cfg.MaxDeliver && attempt > 1:
 		res = executor.ErrorResult(req.Call, toolbus.StatusFailed, toolbus.CodeToolInternalError,
 			fmt.Sprintf("the call did not finish in %d attempts (its executor died each time); it was not run again", attempt-1))
-	case !w.serves(req.Call.Tool):
+	case queue == events.UnknownToolToken || !w.serves(req.Call.Tool):
 		res = executor.ErrorResult(req.Call, toolbus.StatusRejected, toolbus.CodeUnknownTool, fmt.Sprintf("no executor serves a tool named %q", req.Call.Tool))
 	case !rs.Allows(req.Call.Tool):
 		res = executor.ErrorResult(req.Call, toolbus.StatusRejected, toolbus.CodeNotAuthorized, fmt.Sprintf("tool %q is not allowed in this run", req.Call.Tool))
@@ -585,7 +624,7 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) error {
 			switch {
 			case errors.Is(err, events.ErrNotFound):
 				// Nothing runs: the call's re-issue after the decision claims it anew.
-				if err := w.bus.ReleaseClaim(ctx, req.RunID, req.Step, req.Call.CallID); err != nil {
+				if err := w.bus.ReleaseClaim(ctx, queue, req.RunID, req.Step, req.Call.CallID); err != nil {
 					return err
 				}
 				return w.wait(ctx, req, log())
@@ -605,7 +644,7 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) error {
 			res, err = w.run(ctx, msg, req, rs, attempt, lv)
 			w.cfg.Metrics.CallStopped(req.Call.Tool)
 			if errors.Is(err, errLeaseLost) {
-				return w.handBack(ctx, msg, req, own, log)
+				return w.handBack(ctx, msg, queue, req, own, log)
 			}
 			if err != nil {
 				return err
@@ -614,14 +653,14 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) error {
 	}
 	if !lv.valid() {
 		// Another executor may own the call by now: this result is not published.
-		return w.handBack(ctx, msg, req, own, log)
+		return w.handBack(ctx, msg, queue, req, own, log)
 	}
 	res.Attempt = attempt
 	res.Executor = w.cfg.Instance
 	// The call ran: its result must not be lost to a bus hiccup (a redelivered call whose
 	// result is not stored runs again), so storing it is retried in place.
 	if err := w.retry(ctx, msg, log, "store the large output", func() error {
-		return w.keepLargeOutput(ctx, req, &res)
+		return w.keepLargeOutput(ctx, queue, req, &res)
 	}); err != nil {
 		return err
 	}
@@ -629,12 +668,12 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) error {
 		if !lv.valid() {
 			return errLeaseLost // each try checks: a late publication could follow a take-over
 		}
-		_, err := w.bus.PublishEvent(ctx, events.ToolFinishedEvent(w.source, toolbus.ToolFinished{
-			RunID: req.RunID, Step: req.Step, CallIndex: req.CallIndex, CallCount: req.CallCount, ToolResult: res}).Traced(meta.TraceParent))
+		_, err := w.bus.PublishEvent(ctx, events.ToolFinishedEventOn(w.source, toolbus.ToolFinished{
+			RunID: req.RunID, Step: req.Step, CallIndex: req.CallIndex, CallCount: req.CallCount, ToolResult: res}, queue).Traced(meta.TraceParent))
 		return err
 	})
 	if errors.Is(err, errLeaseLost) {
-		return w.handBack(ctx, msg, req, own, log)
+		return w.handBack(ctx, msg, queue, req, own, log)
 	}
 	if err != nil {
 		return err
@@ -655,8 +694,8 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) error {
 
 // handBack gives up an attempt whose lease ran out before its result was stored: the
 // claim is marked abandoned and the call redelivered (to any executor) after a delay.
-func (w *Worker) handBack(ctx context.Context, msg jetstream.Msg, req toolbus.ToolRequested, own owned, log func() *slog.Logger) error {
-	if err := w.abandon(ctx, msg, req, own, log); err != nil {
+func (w *Worker) handBack(ctx context.Context, msg jetstream.Msg, queue string, req toolbus.ToolRequested, own owned, log func() *slog.Logger) error {
+	if err := w.abandon(ctx, msg, queue, req, own, log); err != nil {
 		return err
 	}
 	return &events.DeferError{Delay: max(w.cfg.AckWait/3, time.Second), Reason: errLeaseLost.Error()}
@@ -720,7 +759,7 @@ type owned struct {
 // (its instance record, name and boot id, expired) or abandons the attempt; then the
 // claim is taken over with a compare-and-set, and the call runs again with the same
 // idempotency key.
-func (w *Worker) claim(ctx context.Context, msg jetstream.Msg, req toolbus.ToolRequested, log func() *slog.Logger) (bool, owned, error) {
+func (w *Worker) claim(ctx context.Context, msg jetstream.Msg, queue string, req toolbus.ToolRequested, log func() *slog.Logger) (bool, owned, error) {
 	mine := store.Claim{Instance: w.cfg.Instance, Boot: w.boot, Attempt: 1, At: time.Now().UTC()}
 	var (
 		cur     store.Claim
@@ -728,7 +767,7 @@ func (w *Worker) claim(ctx context.Context, msg jetstream.Msg, req toolbus.ToolR
 		claimed bool
 	)
 	err := w.retry(ctx, msg, log, "claim the call", func() (err error) {
-		cur, rev, err = w.bus.ClaimCall(ctx, req.RunID, req.Step, req.Call.CallID, mine)
+		cur, rev, err = w.bus.ClaimCall(ctx, queue, req.RunID, req.Step, req.Call.CallID, mine)
 		claimed = err == nil
 		if errors.Is(err, store.ErrClaimed) {
 			return nil
@@ -744,7 +783,7 @@ func (w *Worker) claim(ctx context.Context, msg jetstream.Msg, req toolbus.ToolR
 	stopBeat := events.Heartbeat(msg, w.cfg.AckWait/3)
 	defer stopBeat()
 	for {
-		stored, err := w.resultStored(ctx, req)
+		stored, err := w.resultStored(ctx, queue, req)
 		if err != nil {
 			return false, owned{}, err
 		}
@@ -762,11 +801,11 @@ func (w *Worker) claim(ctx context.Context, msg jetstream.Msg, req toolbus.ToolR
 		}
 		if !alive {
 			mine.Attempt = cur.Attempt + 1
-			nrev, err := w.bus.TakeOverClaim(ctx, req.RunID, req.Step, req.Call.CallID, mine, rev)
+			nrev, err := w.bus.TakeOverClaim(ctx, queue, req.RunID, req.Step, req.Call.CallID, mine, rev)
 			if err == nil {
 				// A result stored between the check above and the take-over was
 				// published by an attempt that still held its lease: it is the call's.
-				if stored, err := w.resultStored(ctx, req); err != nil || stored {
+				if stored, err := w.resultStored(ctx, queue, req); err != nil || stored {
 					return false, owned{}, err
 				}
 				why := "the executor that claimed this call is gone"
@@ -787,7 +826,7 @@ func (w *Worker) claim(ctx context.Context, msg jetstream.Msg, req toolbus.ToolR
 		case <-time.After(claimPoll):
 		}
 		mine.Attempt = 1
-		if cur, rev, err = w.bus.ClaimCall(ctx, req.RunID, req.Step, req.Call.CallID, mine); err == nil {
+		if cur, rev, err = w.bus.ClaimCall(ctx, queue, req.RunID, req.Step, req.Call.CallID, mine); err == nil {
 			return true, owned{mine, rev}, nil // the claim went away (expired with the retention): ours now
 		} else if !errors.Is(err, store.ErrClaimed) {
 			return false, owned{}, err
@@ -798,11 +837,11 @@ func (w *Worker) claim(ctx context.Context, msg jetstream.Msg, req toolbus.ToolR
 // abandon marks this worker's attempt at a call abandoned (its lease ran out before a
 // result was stored), so that the next delivery runs the call again at once even though
 // this executor is alive. A claim already taken over is left alone.
-func (w *Worker) abandon(ctx context.Context, msg jetstream.Msg, req toolbus.ToolRequested, o owned, log func() *slog.Logger) error {
+func (w *Worker) abandon(ctx context.Context, msg jetstream.Msg, queue string, req toolbus.ToolRequested, o owned, log func() *slog.Logger) error {
 	c := o.claim
 	c.Abandoned = true
 	err := w.retry(ctx, msg, log, "abandon the claim", func() error {
-		_, err := w.bus.TakeOverClaim(ctx, req.RunID, req.Step, req.Call.CallID, c, o.rev)
+		_, err := w.bus.TakeOverClaim(ctx, queue, req.RunID, req.Step, req.Call.CallID, c, o.rev)
 		if errors.Is(err, events.ErrConflict) {
 			return nil // taken over already (or an earlier try of this write landed)
 		}
@@ -884,13 +923,13 @@ func (w *Worker) wait(ctx context.Context, req toolbus.ToolRequested, log *slog.
 	return err
 }
 
-// keepLargeOutput moves an output too large for an event to the object store.
-func (w *Worker) keepLargeOutput(ctx context.Context, req toolbus.ToolRequested, res *toolbus.ToolResult) error {
+// keepLargeOutput moves an output too large for an event to the outputs bucket, under
+// the key prefix of the call's queue.
+func (w *Worker) keepLargeOutput(ctx context.Context, queue string, req toolbus.ToolRequested, res *toolbus.ToolResult) error {
 	if len(res.Output) <= w.cfg.InlineOutputMax {
 		return nil
 	}
-	name := req.RunID + "/" + strconv.Itoa(req.Step) + "/" + req.Call.CallID
-	ref, err := w.bus.PutOutput(ctx, name, res.Output)
+	ref, err := w.bus.PutOutput(ctx, queue, req.RunID, req.Step, req.Call.CallID, res.Output)
 	if err != nil {
 		return err
 	}
@@ -905,8 +944,8 @@ func (w *Worker) keepLargeOutput(ctx context.Context, req toolbus.ToolRequested,
 // resultStored reports whether the stream already holds the tool.finished of req. It
 // walks the results of the run's tool with direct gets (next message on the subject):
 // an executor's credentials may not create consumers on the event stream.
-func (w *Worker) resultStored(ctx context.Context, req toolbus.ToolRequested) (bool, error) {
-	subject := events.SubjectToolFinished(req.RunID, req.Call.Tool)
+func (w *Worker) resultStored(ctx context.Context, queue string, req toolbus.ToolRequested) (bool, error) {
+	subject := events.SubjectToolFinished(req.RunID, queue)
 	want := events.IDToolFinished(req.RunID, req.Step, req.Call.CallID)
 	for seq := uint64(1); ; {
 		raw, err := w.bus.Stream.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(subject))

@@ -1,9 +1,19 @@
-// Command gen writes the operator/JWT setup of toolbus (see package natsjwt):
+// Command gen issues the NATS credentials of toolbus: one user per role and, from an
+// administrator's grants, one executor user per team that may serve only the team's
+// tools (see package natsjwt). It writes every kind NATS offers:
 //
-//	go run ./deploy/nats/gen [-perms deploy/nats/permissions.conf] [-out deploy/nats/jwt]
+//	go run ./deploy/nats/gen [-perms deploy/nats/permissions.conf] [-grants grants.json] [-out deploy/nats/jwt]
 //
-// then run nats-server -c deploy/nats/jwt/auth-jwt.conf and give each toolbus process
-// its deploy/nats/jwt/<role>.creds as TOOLBUS_NATS_CREDS.
+// grants.json: {"teams": {"payments": ["refund", "ledger_lookup"], "search": ["web_search"]}}
+//
+// Then run nats-server with one of the configs written into -out:
+//
+//	auth-jwt.conf     operator/JWT: give each process its <user>.creds (TOOLBUS_NATS_CREDS)
+//	auth-users.conf   users and passwords (bcrypt): TOOLBUS_NATS_USER=<user>, TOOLBUS_NATS_PASSWORD=$(cat <user>.password)
+//	auth-nkeys.conf   nkeys: TOOLBUS_NATS_NKEY=<user>.nk
+//
+// where <user> is a role (admin, planner, executor, injector, client) or
+// executor-<team>. The output directory holds secrets: keep it out of git.
 package main
 
 import (
@@ -16,15 +26,24 @@ import (
 
 func main() {
 	perms := flag.String("perms", "deploy/nats/permissions.conf", "role permissions")
+	grants := flag.String("grants", "", "grants file: the tools of each team (JSON, {\"teams\": {\"<team>\": [\"<tool>\", ...]}})")
 	out := flag.String("out", "deploy/nats/jwt", "output directory (holds secrets: keep it out of git)")
 	flag.Parse()
-	res, err := natsjwt.Generate(*perms, *out)
+	var g natsjwt.Grants
+	if *grants != "" {
+		var err error
+		if g, err = natsjwt.ReadGrants(*grants); err != nil {
+			fmt.Fprintln(os.Stderr, "gen:", err)
+			os.Exit(1)
+		}
+	}
+	res, err := natsjwt.GenerateGrants(*perms, *out, g)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "gen:", err)
 		os.Exit(1)
 	}
-	fmt.Println("server config:", res.Config)
-	for _, role := range natsjwt.Roles {
-		fmt.Printf("%-8s %s\n", role, res.Creds[role])
+	fmt.Println("server configs:", res.Config, res.UsersConfig, res.NkeysConfig)
+	for _, u := range natsjwt.Users(nil, g) {
+		fmt.Printf("%-20s %s  %s  %s\n", u.Name, res.Creds[u.Name], res.Passwords[u.Name], res.Seeds[u.Name])
 	}
 }

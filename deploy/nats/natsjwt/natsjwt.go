@@ -1,18 +1,34 @@
-// Package natsjwt makes the operator/JWT setup of toolbus: an operator, a system
-// account, a TOOLBUS account with JetStream, and one user per role whose JWT carries the
-// permissions of deploy/nats/permissions.conf. `go run ./deploy/nats/gen` calls it; the
-// security tests start a server from what it writes.
+// Package natsjwt issues the credentials of toolbus from deploy/nats/permissions.conf
+// and an administrator's grants (which team serves which tools): one user per role and
+// one executor user per team, in each kind NATS offers: user/password (bcrypt hashes in
+// the server config, the passwords in files), nkeys (public keys in the server config,
+// the seeds in files) and the operator/JWT setup (an operator, a system account, a
+// TOOLBUS account with JetStream, and one user JWT per user carrying its permissions).
+// `go run ./deploy/nats/gen` calls it; the security tests start servers from what it
+// writes.
 package natsjwt
 
 import (
+	"crypto/rand"
+	"encoding/base64"
+	"encoding/json"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats-server/v2/conf"
 	"github.com/nats-io/nkeys"
+	"golang.org/x/crypto/bcrypt"
+
+	"github.com/toolbus/toolbus"
+	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/store"
 )
 
 // Roles are the toolbus roles, as named in permissions.conf (upper case there).
@@ -23,27 +39,43 @@ type Permissions struct {
 	PubAllow, PubDeny, SubAllow, SubDeny []string
 }
 
-// ReadPermissions parses permissions.conf and returns the lists of every role.
+// TeamTemplate is the key, in the Permissions ReadPermissions returns, of the
+// permissions every team executor user starts from: TEAM_EXECUTOR of
+// team-executor.conf, next to permissions.conf. TeamPermissions adds its tools.
+const TeamTemplate = "team_executor"
+
+// ReadPermissions parses permissions.conf and returns the lists of every role, and the
+// team executor template (team-executor.conf in the same directory) under TeamTemplate.
 func ReadPermissions(file string) (map[string]Permissions, error) {
+	out := map[string]Permissions{}
+	if err := readPermissions(file, Roles, out); err != nil {
+		return nil, err
+	}
+	if err := readPermissions(filepath.Join(filepath.Dir(file), "team-executor.conf"), []string{TeamTemplate}, out); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func readPermissions(file string, roles []string, out map[string]Permissions) error {
 	m, err := conf.ParseFile(file)
 	if err != nil {
-		return nil, fmt.Errorf("natsjwt: %s: %w", file, err)
+		return fmt.Errorf("natsjwt: %s: %w", file, err)
 	}
-	out := map[string]Permissions{}
-	for _, role := range Roles {
+	for _, role := range roles {
 		r, ok := m[strings.ToUpper(role)].(map[string]any)
 		if !ok {
-			return nil, fmt.Errorf("natsjwt: %s: no %s permissions", file, strings.ToUpper(role))
+			return fmt.Errorf("natsjwt: %s: no %s permissions", file, strings.ToUpper(role))
 		}
 		var p Permissions
 		p.PubAllow, p.PubDeny = lists(r["publish"])
 		p.SubAllow, p.SubDeny = lists(r["subscribe"])
 		if len(p.PubAllow) == 0 || len(p.SubAllow) == 0 {
-			return nil, fmt.Errorf("natsjwt: %s: %s has no publish or subscribe allow list", file, role)
+			return fmt.Errorf("natsjwt: %s: %s has no publish or subscribe allow list", file, role)
 		}
 		out[role] = p
 	}
-	return out, nil
+	return nil
 }
 
 func lists(v any) (allow, deny []string) {
@@ -66,25 +98,144 @@ func strs(v any) []string {
 	return out
 }
 
+// Grants is what an administrator grants: the tools each team owns. Each team gets an
+// executor user, "executor-<team>", whose permissions are TEAM_EXECUTOR plus, for each of
+// its tools, the queue, catalog entry, claims, outputs and results of that tool only
+// (TeamPermissions). A tool belongs to one team at most.
+type Grants struct {
+	Teams map[string][]string `json:"teams"`
+}
+
+// ReadGrants reads a grants file (JSON: {"teams": {"<team>": ["<tool>", ...]}}) and
+// validates it.
+func ReadGrants(file string) (Grants, error) {
+	var g Grants
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return g, fmt.Errorf("natsjwt: %w", err)
+	}
+	if err := json.Unmarshal(b, &g); err != nil {
+		return g, fmt.Errorf("natsjwt: %s: %w", file, err)
+	}
+	if err := g.Validate(); err != nil {
+		return g, fmt.Errorf("natsjwt: %s: %w", file, err)
+	}
+	return g, nil
+}
+
+var teamRE = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,31}$`)
+
+// Validate checks team names ([a-z0-9_-], at most 32), tool names (toolbus tool names,
+// not the unknown-tool token) and that no tool is granted to two teams.
+func (g Grants) Validate() error {
+	owner := map[string]string{}
+	for _, team := range slices.Sorted(maps.Keys(g.Teams)) {
+		if !teamRE.MatchString(team) {
+			return fmt.Errorf("invalid team name %q: 1 to 32 of [a-z0-9_-]", team)
+		}
+		for _, tool := range g.Teams[team] {
+			if !toolbus.ValidToolName(tool) || tool == events.UnknownToolToken {
+				return fmt.Errorf("team %s: invalid tool name %q", team, tool)
+			}
+			if o, ok := owner[tool]; ok {
+				return fmt.Errorf("tool %s granted to two teams: %s and %s", tool, o, team)
+			}
+			owner[tool] = team
+		}
+	}
+	return nil
+}
+
+// TeamUser is the user name of a team's executor credentials.
+func TeamUser(team string) string { return "executor-" + team }
+
+// TeamPermissions returns the template (TEAM_EXECUTOR) with the subjects of tools added:
+// pull and ack their queues, write their catalog entries, claims and outputs, publish
+// their results and waiting notices.
+func TeamPermissions(template Permissions, stream string, tools []string) Permissions {
+	p := Permissions{PubAllow: slices.Clone(template.PubAllow), PubDeny: slices.Clone(template.PubDeny),
+		SubAllow: slices.Clone(template.SubAllow), SubDeny: slices.Clone(template.SubDeny)}
+	for _, tool := range tools {
+		durable := events.ToolConsumer(tool)
+		p.PubAllow = append(p.PubAllow,
+			"$JS.API.CONSUMER.MSG.NEXT."+stream+"."+durable,
+			"$JS.ACK."+stream+"."+durable+".>",
+			"$JS.ACK.*.*."+stream+"."+durable+".>",
+			"$KV."+store.BucketTools+"."+tool,
+			"$KV."+store.BucketClaims+"."+tool+".>",
+			"$KV."+store.BucketOutputs+"."+tool+".>",
+			events.SubjectPrefix+".*.tool.finished."+tool,
+			events.SubjectPrefix+".*.tool.waiting."+tool,
+		)
+	}
+	return p
+}
+
+// User is one set of credentials to issue: a name and its permissions.
+type User struct {
+	Name  string
+	Perms Permissions
+}
+
+// Users lists the users of perms (the roles) and grants (one executor per team), in a
+// stable order: the roles, then the teams by name.
+func Users(perms map[string]Permissions, g Grants) []User {
+	var out []User
+	for _, role := range Roles {
+		out = append(out, User{Name: role, Perms: perms[role]})
+	}
+	for _, team := range slices.Sorted(maps.Keys(g.Teams)) {
+		out = append(out, User{Name: TeamUser(team), Perms: TeamPermissions(perms[TeamTemplate], events.DefaultStream, g.Teams[team])})
+	}
+	return out
+}
+
 // Result is what Generate wrote.
 type Result struct {
-	// Config is the server configuration (auth-jwt.conf): listen, JetStream, operator,
-	// system account and a memory resolver preloaded with the account JWTs.
+	// Config is the server configuration of the operator/JWT setup (auth-jwt.conf):
+	// listen, JetStream, operator, system account and a memory resolver preloaded with
+	// the account JWTs.
 	Config string
-	// Creds maps each role to its credentials file (TOOLBUS_NATS_CREDS).
-	Creds map[string]string
+	// UsersConfig (auth-users.conf) and NkeysConfig (auth-nkeys.conf) are the server
+	// configurations of the user/password and nkey setups: single.conf's settings and
+	// one user per role and team with its permissions inline.
+	UsersConfig, NkeysConfig string
+	// Creds maps each user (role, or TeamUser) to its credentials file
+	// (TOOLBUS_NATS_CREDS), Passwords to the file holding its password
+	// (TOOLBUS_NATS_USER=<user>, TOOLBUS_NATS_PASSWORD), Seeds to its nkey seed file
+	// (TOOLBUS_NATS_NKEY).
+	Creds, Passwords, Seeds map[string]string
 	// Operator, System and Account are the public keys.
 	Operator, System, Account string
 }
 
-// Generate writes, into dir, auth-jwt.conf, one <role>.creds per role and the seeds of
-// the operator and the account (operator.nk, account.nk: keep them offline, they sign
-// new users), with the role permissions read from permsFile.
-func Generate(permsFile, dir string) (Result, error) {
+// Generate writes the credentials of the roles of permsFile, without teams (see
+// GenerateGrants).
+func Generate(permsFile, dir string) (Result, error) { return GenerateGrants(permsFile, dir, Grants{}) }
+
+// GenerateGrants writes, into dir, for every role of permsFile and every team of g:
+// auth-jwt.conf and one <user>.creds; auth-users.conf and one <user>.password;
+// auth-nkeys.conf and one <user>.nk; plus the seeds of the operator and the account
+// (operator.nk, account.nk: keep them offline, they sign new users). The server
+// settings of auth-users.conf and auth-nkeys.conf are those of single.conf, next to
+// permsFile.
+func GenerateGrants(permsFile, dir string, g Grants, opts ...Option) (Result, error) {
+	o := options{bcryptCost: bcrypt.DefaultCost}
+	for _, f := range opts {
+		f(&o)
+	}
+	if err := g.Validate(); err != nil {
+		return Result{}, fmt.Errorf("natsjwt: grants: %w", err)
+	}
 	perms, err := ReadPermissions(permsFile)
 	if err != nil {
 		return Result{}, err
 	}
+	single, err := os.ReadFile(filepath.Join(filepath.Dir(permsFile), "single.conf"))
+	if err != nil {
+		return Result{}, fmt.Errorf("natsjwt: server settings: %w", err)
+	}
+	users := Users(perms, g)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return Result{}, fmt.Errorf("natsjwt: %w", err)
 	}
@@ -95,19 +246,92 @@ func Generate(permsFile, dir string) (Result, error) {
 		}
 		return p, nil
 	}
+	res := Result{Creds: map[string]string{}, Passwords: map[string]string{}, Seeds: map[string]string{}}
+	if err := generateJWT(users, write, &res); err != nil {
+		return Result{}, err
+	}
+
+	// User/password and nkeys: the same users, permissions inline.
+	var pwUsers, nkUsers strings.Builder
+	for _, u := range users {
+		b := make([]byte, 18)
+		if _, err := rand.Read(b); err != nil {
+			return Result{}, fmt.Errorf("natsjwt: %w", err)
+		}
+		pw := base64.RawURLEncoding.EncodeToString(b)
+		hash, err := bcrypt.GenerateFromPassword([]byte(pw), o.bcryptCost)
+		if err != nil {
+			return Result{}, fmt.Errorf("natsjwt: %w", err)
+		}
+		if res.Passwords[u.Name], err = write(u.Name+".password", []byte(pw)); err != nil {
+			return Result{}, err
+		}
+		fmt.Fprintf(&pwUsers, "    {user: %q, password: %q, permissions: %s}\n", u.Name, hash, confPermissions(u.Perms))
+		kp, err := nkeys.CreateUser()
+		if err != nil {
+			return Result{}, fmt.Errorf("natsjwt: %w", err)
+		}
+		pub, _ := kp.PublicKey()
+		seed, _ := kp.Seed()
+		if res.Seeds[u.Name], err = write(u.Name+".nk", seed); err != nil {
+			return Result{}, err
+		}
+		fmt.Fprintf(&nkUsers, "    # %s\n    {nkey: %q, permissions: %s}\n", u.Name, pub, confPermissions(u.Perms))
+	}
+	head := func(kind string) string {
+		return fmt.Sprintf(`# toolbus with %s, written by go run ./deploy/nats/gen: one user per role and
+# one executor user per team (executor-<team>), each with its permissions inline (the
+# roles' from permissions.conf, the teams' from TEAM_EXECUTOR plus their granted tools).
+# Generated: regenerate it when permissions.conf or the grants change.
+`, kind) + string(single) + "\n"
+	}
+	if res.UsersConfig, err = write("auth-users.conf", []byte(head("users and passwords (bcrypt hashes; the passwords are in <user>.password)")+
+		"authorization {\n  users = [\n"+pwUsers.String()+"  ]\n}\n")); err != nil {
+		return Result{}, err
+	}
+	if res.NkeysConfig, err = write("auth-nkeys.conf", []byte(head("nkeys (public keys; the seeds are in <user>.nk)")+
+		"authorization {\n  users = [\n"+nkUsers.String()+"  ]\n}\n")); err != nil {
+		return Result{}, err
+	}
+	return res, nil
+}
+
+// Option changes how GenerateGrants issues credentials.
+type Option func(*options)
+
+type options struct{ bcryptCost int }
+
+// WithBcryptCost sets the cost of the password hashes (default bcrypt.DefaultCost): the
+// server pays it on every login; tests lower it.
+func WithBcryptCost(cost int) Option { return func(o *options) { o.bcryptCost = cost } }
+
+// confPermissions renders p in the server configuration syntax.
+func confPermissions(p Permissions) string {
+	list := func(ss []string) string {
+		q := make([]string, len(ss))
+		for i, s := range ss {
+			q[i] = strconv.Quote(s)
+		}
+		return "[" + strings.Join(q, ", ") + "]"
+	}
+	return fmt.Sprintf("{publish: {allow: %s, deny: %s}, subscribe: {allow: %s, deny: %s}}",
+		list(p.PubAllow), list(p.PubDeny), list(p.SubAllow), list(p.SubDeny))
+}
+
+func generateJWT(users []User, write func(string, []byte) (string, error), res *Result) error {
 	okp, err := nkeys.CreateOperator()
 	if err != nil {
-		return Result{}, err
+		return err
 	}
 	opub, _ := okp.PublicKey()
 	skp, err := nkeys.CreateAccount()
 	if err != nil {
-		return Result{}, err
+		return err
 	}
 	spub, _ := skp.PublicKey()
 	akp, err := nkeys.CreateAccount()
 	if err != nil {
-		return Result{}, err
+		return err
 	}
 	apub, _ := akp.PublicKey()
 
@@ -116,58 +340,58 @@ func Generate(permsFile, dir string) (Result, error) {
 	oc.SystemAccount = spub
 	opJWT, err := oc.Encode(okp)
 	if err != nil {
-		return Result{}, err
+		return err
 	}
 	sc := jwt.NewAccountClaims(spub)
 	sc.Name = "SYS"
 	sysJWT, err := sc.Encode(okp)
 	if err != nil {
-		return Result{}, err
+		return err
 	}
 	ac := jwt.NewAccountClaims(apub)
 	ac.Name = "TOOLBUS"
 	ac.Limits.JetStreamLimits = jwt.JetStreamLimits{MemoryStorage: -1, DiskStorage: -1, Streams: -1, Consumer: -1}
 	accJWT, err := ac.Encode(okp)
 	if err != nil {
-		return Result{}, err
+		return err
 	}
-	res := Result{Creds: map[string]string{}, Operator: opub, System: spub, Account: apub}
-	for _, role := range Roles {
+	res.Operator, res.System, res.Account = opub, spub, apub
+	for _, u := range users {
 		ukp, err := nkeys.CreateUser()
 		if err != nil {
-			return Result{}, err
+			return err
 		}
 		upub, _ := ukp.PublicKey()
 		uc := jwt.NewUserClaims(upub)
-		uc.Name = role
-		p := perms[role]
-		uc.Pub.Allow, uc.Pub.Deny = p.PubAllow, p.PubDeny
-		uc.Sub.Allow, uc.Sub.Deny = p.SubAllow, p.SubDeny
+		uc.Name = u.Name
+		uc.Pub.Allow, uc.Pub.Deny = u.Perms.PubAllow, u.Perms.PubDeny
+		uc.Sub.Allow, uc.Sub.Deny = u.Perms.SubAllow, u.Perms.SubDeny
 		userJWT, err := uc.Encode(akp)
 		if err != nil {
-			return Result{}, err
+			return err
 		}
 		seed, _ := ukp.Seed()
 		creds, err := jwt.FormatUserConfig(userJWT, seed)
 		if err != nil {
-			return Result{}, err
+			return err
 		}
-		if res.Creds[role], err = write(role+".creds", creds); err != nil {
-			return Result{}, err
+		if res.Creds[u.Name], err = write(u.Name+".creds", creds); err != nil {
+			return err
 		}
 	}
 	oseed, _ := okp.Seed()
 	aseed, _ := akp.Seed()
 	if _, err := write("operator.nk", oseed); err != nil {
-		return Result{}, err
+		return err
 	}
 	if _, err := write("account.nk", aseed); err != nil {
-		return Result{}, err
+		return err
 	}
 	cfg := fmt.Sprintf(`# Operator/JWT mode for toolbus, written by go run ./deploy/nats/gen: one account
-# (TOOLBUS, JetStream enabled) and one user per role, whose JWT carries the permissions
-# of deploy/nats/permissions.conf. Give each process its <role>.creds file:
-#   TOOLBUS_NATS_CREDS=/run/secrets/<role>.creds
+# (TOOLBUS, JetStream enabled), one user per role and one executor user per team, whose
+# JWT carries its permissions (permissions.conf; TEAM_EXECUTOR plus the team's tools).
+# Give each process its <user>.creds file:
+#   TOOLBUS_NATS_CREDS=/run/secrets/<user>.creds
 # The admin runs toolbus init once. The accounts are preloaded into a memory resolver;
 # for accounts managed at run time, use nsc and a full resolver instead.
 server_name: toolbus-nats-1
@@ -192,8 +416,6 @@ resolver_preload: {
   %s: %s
 }
 `, opJWT, spub, spub, sysJWT, apub, accJWT)
-	if res.Config, err = write("auth-jwt.conf", []byte(cfg)); err != nil {
-		return Result{}, err
-	}
-	return res, nil
+	res.Config, err = write("auth-jwt.conf", []byte(cfg))
+	return err
 }
