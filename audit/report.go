@@ -1,6 +1,7 @@
 package audit
 
 import (
+	"errors"
 	"fmt"
 	"sort"
 	"strconv"
@@ -23,6 +24,10 @@ const (
 	ViolationUnknownCall     = "unknown_call"      // a request for a call the model did not ask for
 	ViolationStepOrder       = "step_order"        // a step requested out of order or before the results it needs
 	ViolationTerminal        = "terminal_state"    // not exactly one terminal outcome, last
+	// ViolationSubjectMismatch: an event whose subject and body disagree (another run,
+	// tool, status or type than its subject names); consumers terminated it and it
+	// counts for no run.
+	ViolationSubjectMismatch = "subject_mismatch"
 )
 
 // Violation is one broken invariant.
@@ -201,6 +206,11 @@ func (a *analysis) transcriptUpTo(n int) []toolbus.Message {
 
 func (a *analysis) undecodable(ev events.StoredEvent, err error) {
 	e := a.e
+	if errors.Is(ev.Err, events.ErrSubjectMismatch) {
+		e.Summary = "ignored: " + ev.Err.Error()
+		a.addV(ViolationSubjectMismatch, ev.Seq, ev.Meta.Step, ev.Meta.CallID, "%s #%d on %s: %v", ev.Meta.Type, ev.Seq, ev.Subject, ev.Err)
+		return
+	}
 	if ev.Err != nil {
 		e.Type = "undecodable"
 		e.Summary = "undecodable message on " + ev.Subject + ": " + ev.Err.Error()

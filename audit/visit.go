@@ -31,8 +31,10 @@ type Visitor struct {
 	Cancel   func(events.StoredEvent, toolbus.Cancel)
 	// RunEnded gets the run's outcomes (toolbus.run.<status>).
 	RunEnded func(events.StoredEvent, toolbus.RunEnded)
-	// Undecodable gets a message that is not a toolbus event (ev.Err is set) or whose
-	// data does not decode into its type (err is the decoding error).
+	// Undecodable gets a message that is not a toolbus event (ev.Err is set), an event
+	// whose subject and body disagree (ev.Err wraps events.ErrSubjectMismatch: it counts
+	// for no run) or whose data does not decode into its type (err is the decoding
+	// error).
 	Undecodable func(ev events.StoredEvent, err error)
 	// Other gets an event of a type with no callback above.
 	Other func(events.StoredEvent)

@@ -5,6 +5,8 @@
 // catalog entry and live instance, valid / malformed / schema-violating / unknown
 // arguments, not allowed tools, the run's deadline, cancellation, calls longer than the
 // ack wait (heartbeats), poison input, exactly one result per call, deterministic ids,
+// a result whose id another message took first (it is still stored), a call or a
+// cancellation whose subject and data name different runs (neither is acted on),
 // CloudEvents attributes and data that validates against schemas/.
 //
 // The tool under test takes {"ms": <integer>} (how long to work, in milliseconds) and
@@ -29,6 +31,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	sjs "github.com/santhosh-tekuri/jsonschema/v6"
 
 	"github.com/toolbus/toolbus"
@@ -77,6 +80,12 @@ type call struct {
 	cancel bool
 	// long marks the call that outlives two ack waits.
 	long bool
+	// squat publishes, before the call, a message carrying the id of its result on
+	// another run's subject: the result must still be stored.
+	squat bool
+	// forgedCancel publishes, once the call is claimed, a run.cancel on the call's run
+	// subject whose data names another run: the call must not be cancelled.
+	forgedCancel bool
 }
 
 // Check runs the executor of cfg against the server of nc (url is the server's client
@@ -162,6 +171,8 @@ func Check(ctx context.Context, nc *nats.Conn, url string, cfg Config) (rep Repo
 		{name: "deadline", args: `{"ms":600000}`, deadline: time.Now().Add(time.Second), wantStatus: toolbus.StatusTimedOut, wantCode: toolbus.CodeTimeout},
 		{name: "cancel", args: `{"ms":600000}`, cancel: true, wantStatus: toolbus.StatusCancelled, wantCode: toolbus.CodeCancelled},
 		{name: "long", args: fmt.Sprintf(`{"ms":%d}`, long.Milliseconds()), long: true, wantStatus: toolbus.StatusSucceeded},
+		{name: "squatted", args: `{"ms":1}`, squat: true, wantStatus: toolbus.StatusSucceeded},
+		{name: "forged_cancel", args: `{"ms":3000}`, forgedCancel: true, wantStatus: toolbus.StatusSucceeded},
 	}
 	stamp := strconv.FormatInt(time.Now().UnixNano()%1e9, 36)
 	runOf := func(c call) string { return "conf-" + stamp + "-" + strings.ReplaceAll(c.name, "_", "-") }
@@ -175,13 +186,33 @@ func Check(ctx context.Context, nc *nats.Conn, url string, cfg Config) (rep Repo
 	if _, err := bus.JS.Publish(ctx, events.SubjectToolRequested(poisonRun, cfg.Tool), []byte("not json at all")); err != nil {
 		return rep, fmt.Errorf("conformance: %w", err)
 	}
+	// Subject and body disagree: a call on this run's subject whose data names another
+	// (started) run. The executor must run nothing and publish no result for either.
+	mismatchRun, mismatchOther := "conf-"+stamp+"-mismatch", "conf-"+stamp+"-mismatch-other"
+	for _, run := range []string{mismatchRun, mismatchOther} {
+		if err := bus.StartRun(ctx, events.Source("conformance", "suite"), toolbus.RunStarted{RunID: run, Principal: toolbus.Principal{ID: "conformance"}}); err != nil {
+			return rep, fmt.Errorf("conformance: %w", err)
+		}
+	}
+	forgedCall := events.ToolRequestedEvent(events.Source("planner", "conformance"), toolbus.ToolRequested{RunID: mismatchOther, Step: 0,
+		CallIndex: 0, CallCount: 1, Call: toolbus.ToolCall{CallID: "mismatch", Tool: cfg.Tool, Arguments: `{"ms":1}`}}, true)
+	if _, err := bus.Publish(ctx, events.SubjectToolRequested(mismatchRun, cfg.Tool), forgedCall.Meta, forgedCall.Data); err != nil {
+		return rep, fmt.Errorf("conformance: %w", err)
+	}
 	for _, c := range calls {
-		if !c.cancel {
+		if !c.cancel && !c.forgedCancel {
 			continue
 		}
 		run := runOf(c)
 		if err := poll(ctx, func() error { return claimed(ctx, bus, cfg.Tool, run, c.name) }); err != nil {
-			fail("cancel: the call was never claimed, so it never ran: %v", err)
+			fail("%s: the call was never claimed, so it never ran: %v", c.name, err)
+			continue
+		}
+		if c.forgedCancel {
+			forged := events.CancelEvent(events.Source("conformance", "suite"), toolbus.Cancel{RunID: "conf-" + stamp + "-elsewhere", Reason: "forged"})
+			if _, err := bus.Publish(ctx, events.SubjectRunCancel(run), forged.Meta, forged.Data); err != nil {
+				return rep, err
+			}
 			continue
 		}
 		if _, err := bus.PublishCancel(ctx, events.Source("conformance", "suite"), toolbus.Cancel{RunID: run, Reason: "conformance"}); err != nil {
@@ -246,7 +277,9 @@ func Check(ctx context.Context, nc *nats.Conn, url string, cfg Config) (rep Repo
 		mu.Lock()
 		n := len(published[k])
 		mu.Unlock()
-		if n != 1 {
+		// A squatted result is published twice: once under its id, which the stream
+		// drops (the squat holds the id), once under the per-subject guard.
+		if n != 1 && !(c.squat && n == 2) {
 			fail("%s: %d tool.finished published for one call, want exactly 1", c.name, n)
 		}
 		if stored, err := countStored(ctx, bus, run); err != nil {
@@ -259,6 +292,14 @@ func Check(ctx context.Context, nc *nats.Conn, url string, cfg Config) (rep Repo
 		return rep, err
 	} else if n != 0 {
 		fail("poison: %d tool.finished for a message that is not a CloudEvent", n)
+	}
+	for _, run := range []string{mismatchRun, mismatchOther} {
+		if n, err := countStored(ctx, bus, run); err != nil {
+			return rep, err
+		} else if n != 0 {
+			fail("subject and body disagree: %d tool.finished for a call whose subject names run %s and data run %s (it must be terminated, not run)",
+				n, mismatchRun, mismatchOther)
+		}
 	}
 	return rep, nil
 }
@@ -301,6 +342,15 @@ func request(ctx context.Context, bus *events.Bus, run, tool string, c call) err
 		AllowedTools: c.allowed, Limits: toolbus.Limits{Deadline: c.deadline}, Principal: toolbus.Principal{ID: "conformance"}}
 	if err := bus.StartRun(ctx, events.Source("conformance", "suite"), rs); err != nil {
 		return fmt.Errorf("conformance: start run %s: %w", run, err)
+	}
+	if c.squat {
+		// What any party allowed to publish on another run's run.started may do.
+		id := events.IDToolFinished(run, 0, c.name)
+		m := nats.NewMsg(events.SubjectRunStarted(run + "-decoy"))
+		m.Data = []byte("squat " + id)
+		if _, err := bus.JS.PublishMsg(ctx, m, jetstream.WithMsgID(id)); err != nil {
+			return fmt.Errorf("conformance: squat %s: %w", id, err)
+		}
 	}
 	tc := toolbus.ToolCall{CallID: c.name, Tool: tool, Arguments: c.args}
 	_, err := bus.PublishEvent(ctx, events.ToolRequestedEvent(events.Source("planner", "conformance"),
@@ -377,6 +427,14 @@ func checkContract(ctx context.Context, bus *events.Bus, tool string, fail func(
 func checkResult(msg *nats.Msg, run, tool string, c call, schema *sjs.Schema, fail func(string, ...any)) {
 	wantID := events.IDToolFinished(run, 0, c.name)
 	h := func(k string) string { return msg.Header.Get(k) }
+	if c.squat {
+		// Stored under the per-subject guard: the id another message took, plus a random
+		// suffix (CONTRACT.md, "A duplicate is the same event").
+		if got := h(events.HeaderMsgID); !strings.HasPrefix(got, wantID+events.GuardedIDSeparator) {
+			fail("header %s = %q, want %q followed by a random suffix (its id was squatted)", events.HeaderMsgID, got, wantID+events.GuardedIDSeparator)
+		}
+		msg.Header.Set(events.HeaderMsgID, wantID)
+	}
 	for k, want := range map[string]string{
 		"ce-specversion": "1.0", "ce-type": events.TypeToolFinished, "ce-id": wantID, events.HeaderMsgID: wantID,
 		"ce-dataschema": events.DataSchema(events.TypeToolFinished), "ce-subject": c.name, "ce-runid": run,

@@ -245,18 +245,16 @@ func kvTTL(name string, cfg Config) time.Duration {
 func (b *Bus) Config() Config { return b.cfg }
 
 // Publish encodes and publishes one event and waits for the stream's acknowledgement. A
-// duplicate (same id inside the duplicate window) is acknowledged and not stored again.
+// duplicate (the same event, same subject, type and id, inside the duplicate window) is
+// acknowledged and not stored again; a message of another subject or type that took the
+// event's id does not suppress it (see publishMsg).
 func (b *Bus) Publish(ctx context.Context, subject string, m Meta, data any) (*jetstream.PubAck, error) {
 	msg, err := Encode(subject, m, data)
 	if err != nil {
 		return nil, err
 	}
 	InjectTrace(ctx, msg.Header) // the span of ctx parents the consumer's (no-op untraced)
-	ack, err := b.JS.PublishMsg(ctx, msg, jetstream.WithMsgID(m.ID))
-	if err != nil {
-		return nil, fmt.Errorf("events: publish %s: %w", m.ID, err)
-	}
-	return ack, nil
+	return b.publishMsg(ctx, msg, m.ID)
 }
 
 // Source returns the CloudEvents source of a component instance.

@@ -264,23 +264,6 @@ func DecodeMsg(msg jetstream.Msg, v any) (Meta, error) {
 	return Decode(natsMsg(msg), v)
 }
 
-// AwaitAcks waits for every publish future; it returns the first failure.
-func AwaitAcks(ctx context.Context, futures []jetstream.PubAckFuture) error {
-	var first error
-	for _, f := range futures {
-		select {
-		case <-f.Ok():
-		case err := <-f.Err():
-			if first == nil {
-				first = fmt.Errorf("events: publish %s: %w", f.Msg().Header.Get(HeaderMsgID), err)
-			}
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}
-	return first
-}
-
 // Heartbeat tells the server every period that msg is still being worked on, so work
 // longer than the consumer's AckWait is not redelivered while its worker is alive.
 // Call stop when the work ends.

@@ -123,15 +123,17 @@ func TimerEvent(source string, t RunTimer) Envelope {
 }
 
 // PublishEvent publishes e and waits for the stream's acknowledgement; the span of ctx
-// parents the consumer's. A duplicate (same id inside the duplicate window) is
-// acknowledged and not stored again.
+// parents the consumer's. A duplicate (the same event inside the duplicate window) is
+// acknowledged and not stored again; another message that took e's id does not
+// suppress it.
 func (b *Bus) PublishEvent(ctx context.Context, e Envelope) (*jetstream.PubAck, error) {
 	return b.Publish(ctx, e.Subject, e.Meta, e.Data)
 }
 
-// PublishEventAsync publishes e without waiting; the returned future resolves on the
-// stream's acknowledgement. The span of ctx parents the consumer's.
-func (b *Bus) PublishEventAsync(ctx context.Context, e Envelope) (jetstream.PubAckFuture, error) {
+// PublishEventAsync publishes e without waiting; AwaitAcks (or the future's Wait) waits
+// for the stream's acknowledgement and checks a duplicate one as PublishEvent does. The
+// span of ctx parents the consumer's.
+func (b *Bus) PublishEventAsync(ctx context.Context, e Envelope) (*PubFuture, error) {
 	msg, err := Encode(e.Subject, e.Meta, e.Data)
 	if err != nil {
 		return nil, err
@@ -141,5 +143,5 @@ func (b *Bus) PublishEventAsync(ctx context.Context, e Envelope) (jetstream.PubA
 	if err != nil {
 		return nil, fmt.Errorf("events: publish %s: %w", e.Meta.ID, err)
 	}
-	return f, nil
+	return &PubFuture{bus: b, f: f, id: e.Meta.ID}, nil
 }

@@ -84,25 +84,32 @@ func (b *Bus) RunStartedSeq(ctx context.Context, run string) (uint64, error) {
 	return seq, err
 }
 
-// firstRunStarted reads the first message on the run's run.started subject.
+// firstRunStarted reads the first run.started of the run's subject whose data names
+// the run: a message there that is not a run.started of this run (a forgery whose body
+// names another run, or no event at all) never starts it, and consumers terminate it.
 func (b *Bus) firstRunStarted(ctx context.Context, run string) (*toolbus.RunStarted, uint64, error) {
-	raw, err := b.Stream.GetMsg(ctx, 1, jetstream.WithGetMsgSubject(SubjectRunStarted(run)))
-	if err != nil {
-		if errors.Is(err, jetstream.ErrMsgNotFound) {
-			return nil, 0, fmt.Errorf("%w: %s", ErrRunNotFound, run)
+	subject := SubjectRunStarted(run)
+	for seq := uint64(1); ; {
+		raw, err := b.Stream.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(subject))
+		if err != nil {
+			if errors.Is(err, jetstream.ErrMsgNotFound) {
+				return nil, 0, fmt.Errorf("%w: %s", ErrRunNotFound, run)
+			}
+			return nil, 0, fmt.Errorf("events: run.started of %s: %w", run, err)
 		}
-		return nil, 0, fmt.Errorf("events: run.started of %s: %w", run, err)
+		seq = raw.Sequence + 1
+		rs := new(toolbus.RunStarted)
+		m, err := Decode(&nats.Msg{Subject: raw.Subject, Header: raw.Header, Data: raw.Data}, rs)
+		if err != nil || m.Type != TypeRunStarted || CheckSubject(raw.Subject, m, rs) != nil {
+			continue
+		}
+		// A run cannot start after the stream stored its start: a client-chosen start in
+		// the future would push the deadline cap (MaxRunTimeout, from the start) with it.
+		if !raw.Time.IsZero() && (rs.StartedAt.IsZero() || rs.StartedAt.After(raw.Time)) {
+			rs.StartedAt = raw.Time.UTC()
+		}
+		return rs, raw.Sequence, nil
 	}
-	rs := new(toolbus.RunStarted)
-	if _, err := Decode(&nats.Msg{Subject: raw.Subject, Header: raw.Header, Data: raw.Data}, rs); err != nil {
-		return nil, 0, err
-	}
-	// A run cannot start after the stream stored its start: a client-chosen start in
-	// the future would push the deadline cap (MaxRunTimeout, from the start) with it.
-	if !raw.Time.IsZero() && (rs.StartedAt.IsZero() || rs.StartedAt.After(raw.Time)) {
-		rs.StartedAt = raw.Time.UTC()
-	}
-	return rs, raw.Sequence, nil
 }
 
 // EndRun records a run outcome and publishes run.<status>. It returns ErrRunEnded (and
@@ -132,7 +139,7 @@ func (b *Bus) PublishOutcome(ctx context.Context, source string, st store.RunSta
 		ended = &toolbus.RunEnded{RunID: st.RunID, Status: st.Status, Code: st.Code, Reason: st.Reason, StepsUsed: st.Step + 1}
 	}
 	e := RunEndedEvent(source, st.Step, *ended)
-	if raw, err := b.Stream.GetLastMsgForSubject(ctx, e.Subject); err == nil && raw.Header.Get(HeaderMsgID) == e.Meta.ID {
+	if raw, err := b.Stream.GetLastMsgForSubject(ctx, e.Subject); err == nil && sameEvent(raw, e.Subject, e.Meta) {
 		return nil
 	}
 	_, err := b.PublishEvent(ctx, e)
@@ -160,23 +167,39 @@ func (b *Bus) PublishCancel(ctx context.Context, source string, c toolbus.Cancel
 	return b.PublishEvent(ctx, CancelEvent(source, c))
 }
 
-// CancelRequest returns the run.cancel event of a run, if one was published.
+// CancelRequest returns the run.cancel event of a run, if one was published: the last
+// one on its subject, or when that one names another run (a forgery consumers
+// terminate), the first that names this run.
 func (b *Bus) CancelRequest(ctx context.Context, run string) (toolbus.Cancel, bool, error) {
-	raw, err := b.Stream.GetLastMsgForSubject(ctx, SubjectRunCancel(run))
+	subject := SubjectRunCancel(run)
+	read := func(raw *jetstream.RawStreamMsg) (toolbus.Cancel, bool) {
+		var c toolbus.Cancel
+		m, err := Decode(&nats.Msg{Subject: raw.Subject, Header: raw.Header, Data: raw.Data}, &c)
+		return c, err == nil && m.Type == TypeRunCancel && CheckSubject(raw.Subject, m, &c) == nil
+	}
+	raw, err := b.Stream.GetLastMsgForSubject(ctx, subject)
 	if err != nil {
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
 			return toolbus.Cancel{}, false, nil
 		}
 		return toolbus.Cancel{}, false, fmt.Errorf("events: run.cancel of %s: %w", run, err)
 	}
-	var c toolbus.Cancel
-	if _, err := Decode(&nats.Msg{Subject: raw.Subject, Header: raw.Header, Data: raw.Data}, &c); err != nil {
-		return toolbus.Cancel{}, false, err
+	if c, ok := read(raw); ok {
+		return c, true, nil
 	}
-	if c.RunID == "" {
-		c.RunID = run
+	for seq := uint64(1); ; {
+		raw, err := b.Stream.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(subject))
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			return toolbus.Cancel{}, false, nil
+		}
+		if err != nil {
+			return toolbus.Cancel{}, false, fmt.Errorf("events: run.cancel of %s: %w", run, err)
+		}
+		if c, ok := read(raw); ok {
+			return c, true, nil
+		}
+		seq = raw.Sequence + 1
 	}
-	return c, true, nil
 }
 
 // History returns the messages a model reads before planning step: the run's input

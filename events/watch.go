@@ -23,12 +23,14 @@ type StoredEvent struct {
 	Meta Meta
 	// Data is the event's data (JSON).
 	Data json.RawMessage
-	// Err is set when the message is not a decodable toolbus event; Meta and Data are
-	// then empty.
+	// Err is set when the message is not a decodable toolbus event (Meta and Data are
+	// then empty), or when its subject and body disagree (an error wrapping
+	// ErrSubjectMismatch; Meta and Data are kept, for the report): such an event counts
+	// for no run.
 	Err error
 }
 
-// Decode decodes the event's data into v.
+// Decode decodes the event's data into v; it fails for an event with Err set.
 func (e StoredEvent) Decode(v any) error {
 	if e.Err != nil {
 		return e.Err
@@ -62,6 +64,7 @@ func eventOf(msg jetstream.Msg) (StoredEvent, *jetstream.MsgMetadata) {
 		return ev, md
 	}
 	ev.Meta, ev.Data = meta, data
+	ev.Err = checkStored(ev.Subject, meta, data)
 	return ev, md
 }
 

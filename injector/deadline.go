@@ -175,8 +175,18 @@ func (in *Injector) timer(ctx context.Context, msg jetstream.Msg) {
 	var t events.RunTimer
 	meta, err := events.DecodeMsg(msg, &t)
 	run, _ := events.RunIDFromSubject(msg.Subject())
-	if err != nil || meta.Type != events.TypeRunTimer || t.RunID != run || !toolbus.ValidRunID(run) {
-		_ = msg.TermWithReason("not a deadline timer of this run")
+	if err == nil && meta.Type != events.TypeRunTimer {
+		err = fmt.Errorf("%w: a %s event on the timer subject %s", events.ErrPoison, meta.Type, msg.Subject())
+	}
+	if err == nil {
+		err = events.CheckSubject(msg.Subject(), meta, &t)
+	}
+	if err == nil && !toolbus.ValidRunID(run) {
+		err = fmt.Errorf("%w: invalid run id %q", events.ErrPoison, run)
+	}
+	if err != nil {
+		in.log.Warn("not a deadline timer of this run: terminated", "subject", msg.Subject(), "error", err)
+		_ = msg.TermWithReason(truncate("not a deadline timer of this run: "+err.Error(), 200))
 		return
 	}
 	// The deadline is the run's own (its first run.started), not what the timer says.
@@ -246,7 +256,7 @@ func (in *Injector) Deadline(ctx context.Context, run string, deadline time.Time
 	for i, c := range calls {
 		index[c.CallID] = i
 	}
-	futures := make([]jetstream.PubAckFuture, 0, len(unanswered))
+	futures := make([]*events.PubFuture, 0, len(unanswered))
 	for _, c := range unanswered {
 		i, ok := index[c.CallID]
 		if !ok {

@@ -238,51 +238,33 @@ func (in *Injector) dispatch(ctx context.Context, msg jetstream.Msg) error {
 	if err != nil {
 		return err
 	}
-	switch ev.Type {
-	case events.TypeToolFinished:
-		var tf toolbus.ToolFinished
-		if err := ev.Bind(&tf); err != nil {
-			return err
-		}
-		return in.Finished(ctx, tf)
-	case events.TypeToolWaiting:
-		var tw toolbus.ToolWaiting
-		if err := ev.Bind(&tw); err != nil {
-			return err
-		}
-		return in.Waiting(ctx, tw)
-	case events.TypeApprovalGranted, events.TypeApprovalDenied:
-		var a toolbus.Approval
-		if err := ev.Bind(&a); err != nil {
-			return err
-		}
-		if a.RunID == "" {
-			a.RunID = ev.RunID
-		}
-		return in.Decided(ctx, a, ev.Step, ev.Type == events.TypeApprovalGranted)
-	case events.TypeRunCancel:
-		var c toolbus.Cancel
-		if err := ev.Bind(&c); err != nil {
-			return err
-		}
-		if c.RunID == "" {
-			c.RunID = ev.RunID
-		}
-		return in.Cancelled(ctx, c)
-	case events.TypeRunStarted:
-		var rs toolbus.RunStarted
-		if err := ev.Bind(&rs); err != nil {
-			return err
-		}
+	data := events.DataOf(ev.Type)
+	if data == nil {
+		return fmt.Errorf("%w: unexpected event type %q on %s", events.ErrPoison, ev.Type, msg.Subject())
+	}
+	if err := ev.Bind(data); err != nil {
+		return err
+	}
+	// The subject is what the publisher's permissions allowed: an event whose body names
+	// another run, tool or outcome than its subject is terminated, never applied.
+	if err := events.CheckSubject(msg.Subject(), ev.Meta, data); err != nil {
+		return err
+	}
+	switch d := data.(type) {
+	case *toolbus.ToolFinished:
+		return in.Finished(ctx, *d)
+	case *toolbus.ToolWaiting:
+		return in.Waiting(ctx, *d)
+	case *toolbus.Approval:
+		return in.Decided(ctx, *d, ev.Step, ev.Type == events.TypeApprovalGranted)
+	case *toolbus.Cancel:
+		return in.Cancelled(ctx, *d)
+	case *toolbus.RunStarted:
 		md, err := msg.Metadata()
 		if err != nil {
 			return fmt.Errorf("injector: metadata of %s: %w", msg.Subject(), err)
 		}
-		run, _ := events.RunIDFromSubject(msg.Subject())
-		if rs.RunID != run {
-			return fmt.Errorf("%w: run.started for run %q on the subject of run %q", events.ErrPoison, rs.RunID, run)
-		}
-		return in.Started(ctx, rs, md.Sequence.Stream)
+		return in.Started(ctx, *d, md.Sequence.Stream)
 	}
 	return fmt.Errorf("%w: unexpected event type %q on %s", events.ErrPoison, ev.Type, msg.Subject())
 }

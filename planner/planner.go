@@ -172,7 +172,7 @@ func (p *Planner) Run(ctx context.Context) error {
 	// A local view of cancellations spares a run-state read per step; redeliveries
 	// still read the run state.
 	sub, err := p.bus.NC.Subscribe(events.FilterRunCancel, func(m *nats.Msg) {
-		if run, ok := events.RunIDFromSubject(m.Subject); ok {
+		if run, ok := events.CancelOf(m); ok {
 			p.mu.Lock()
 			if len(p.cancelled) > 100000 {
 				clear(p.cancelled)
@@ -211,6 +211,9 @@ func (p *Planner) handle(ctx context.Context, msg jetstream.Msg) error {
 	}
 	if meta.Type != events.TypeModelRequested || !toolbus.ValidRunID(req.RunID) || req.Step < 0 {
 		return fmt.Errorf("%w: unexpected %s event for run %q step %d", events.ErrPoison, meta.Type, req.RunID, req.Step)
+	}
+	if err := events.CheckSubject(msg.Subject(), meta, &req); err != nil {
+		return err
 	}
 	delivered := uint64(1)
 	if md, err := msg.Metadata(); err == nil {
@@ -353,7 +356,7 @@ func (p *Planner) Step(ctx context.Context, run string, step int, traceparent st
 	if err != nil {
 		return err
 	}
-	futures := []jetstream.PubAckFuture{responded}
+	futures := []*events.PubFuture{responded}
 
 	used, err := p.usage(ctx, run, step, mr.Usage)
 	if err != nil {
@@ -410,7 +413,7 @@ func (p *Planner) current(ctx context.Context, run string, step int) (store.Plan
 // publishCalls publishes one tool.requested per call, up to the per-step cap; each call
 // beyond the cap gets a rejected result (too_many_calls) published here, so the step
 // still has one result per call and the model reads why.
-func (p *Planner) publishCalls(ctx context.Context, rs *toolbus.RunStarted, step int, calls []toolbus.ToolCall, traceparent string, futures []jetstream.PubAckFuture) error {
+func (p *Planner) publishCalls(ctx context.Context, rs *toolbus.RunStarted, step int, calls []toolbus.ToolCall, traceparent string, futures []*events.PubFuture) error {
 	for i, c := range calls {
 		if i >= p.cfg.MaxCallsPerStep {
 			f, err := p.rejectExcess(ctx, rs.RunID, step, i, calls, traceparent)
@@ -434,7 +437,7 @@ func (p *Planner) publishCalls(ctx context.Context, rs *toolbus.RunStarted, step
 }
 
 // rejectExcess publishes the rejected result of call i, beyond the per-step cap.
-func (p *Planner) rejectExcess(ctx context.Context, run string, step, i int, calls []toolbus.ToolCall, traceparent string) (jetstream.PubAckFuture, error) {
+func (p *Planner) rejectExcess(ctx context.Context, run string, step, i int, calls []toolbus.ToolCall, traceparent string) (*events.PubFuture, error) {
 	c := calls[i]
 	msg := fmt.Sprintf("not run: this step asked for %d tool calls and at most %d run per step; ask for the rest in a later step",
 		len(calls), p.cfg.MaxCallsPerStep)

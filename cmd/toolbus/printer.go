@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"sort"
@@ -76,7 +77,10 @@ func (p *printer) print(ev events.StoredEvent) (status toolbus.RunStatus, done b
 	}
 	v := audit.Visitor{
 		Undecodable: func(ev events.StoredEvent, err error) {
-			if ev.Err != nil {
+			switch {
+			case errors.Is(ev.Err, events.ErrSubjectMismatch):
+				fmt.Fprintf(p.out, "  ! ignored %s #%d: %v\n", ev.Meta.Type, ev.Seq, err)
+			case ev.Err != nil:
 				fmt.Fprintf(p.out, "  ? undecodable message on %s: %v\n", ev.Subject, err)
 			}
 		},

@@ -22,6 +22,7 @@
 // TOOLBUS_STREAM, TOOLBUS_INSTANCE, TOOLBUS_ACK_WAIT, TOOLBUS_MAX_DELIVER,
 // TOOLBUS_INSTANCE_TTL, TOOLBUS_CALL_TIMEOUT), plus TOOLBUS_NODE_TOOL to rename the tool.
 import os from 'node:os';
+import { randomUUID } from 'node:crypto';
 import { connect, AckPolicy, DeliverPolicy, headers as natsHeaders, nanos } from 'nats';
 import { CloudEvent } from 'cloudevents';
 
@@ -208,6 +209,17 @@ const cancelSub = nc.subscribe('toolbus.*.run.cancel', {
   callback: (err, m) => {
     if (err) return;
     const run = m.subject.split('.')[1];
+    // Subject and body agree (CONTRACT.md): a cancel whose data names another run cancels nothing.
+    let ev;
+    try {
+      ev = decodeEvent(m);
+    } catch {
+      return;
+    }
+    if (ev.attrs.type !== 'toolbus.run.cancel' || ev.data?.run_id !== run || (ev.attrs.runid && ev.attrs.runid !== run)) {
+      log('run.cancel ignored: its data does not name the run of its subject', { subject: m.subject });
+      return;
+    }
     cancelled.add(run);
     for (const ac of inflight.get(run) ?? []) ac.abort(new Error('run cancelled'));
   },
@@ -229,7 +241,7 @@ async function runStarted(run) {
   return rs;
 }
 
-/** Whether the result of a call is already in the stream (by its deterministic id). */
+/** Whether the result of a call is already in the stream (by its deterministic ce-id). */
 async function resultStored(req) {
   const want = `${req.run_id}/${req.step}/${req.call.call_id}/tool.finished`;
   const oc = await js.consumers.get(cfg.stream, { filterSubjects: [`toolbus.${req.run_id}.tool.finished.${req.call.tool}`] });
@@ -241,7 +253,7 @@ async function resultStored(req) {
   const iter = await oc.fetch({ max_messages: pending, expires: 2000 });
   let found = false;
   for await (const m of iter) {
-    if (m.headers?.get('Nats-Msg-Id') === want) found = true;
+    if (m.headers?.get('ce-id') === want && m.headers?.get('ce-type') === 'toolbus.tool.finished') found = true;
     if (m.info.pending === 0) break;
   }
   await oc.delete().catch(() => {});
@@ -354,8 +366,51 @@ async function publishResult(req, meta, result) {
   }
   h.set('Content-Type', 'application/json');
   const data = { run_id: req.run_id, step: req.step, call_index: req.call_index, call_count: req.call_count, ...result };
-  await js.publish(`toolbus.${req.run_id}.tool.finished.${validName(req.call.tool) ? req.call.tool : '_unknown'}`,
-    enc.encode(JSON.stringify(data)), { msgID: id, headers: h });
+  const subject = `toolbus.${req.run_id}.tool.finished.${validName(req.call.tool) ? req.call.tool : '_unknown'}`;
+  const body = enc.encode(JSON.stringify(data));
+  const ack = await js.publish(subject, body, { msgID: id, headers: h });
+  if (!ack.duplicate) return;
+  // A duplicate acknowledgement only says that some message took the id (CONTRACT.md, "A
+  // duplicate is the same event"): it is this result only if the message stored there has
+  // its subject, type and id. Otherwise the id was squatted: store the result under the
+  // per-subject guard.
+  const isOurs = (sm) => {
+    if (sm.subject !== subject || sm.header.get('ce-id') !== id || sm.header.get('ce-type') !== type) return false;
+    try { // and its data names this run and call (a squat on our own subject does not)
+      const d = JSON.parse(dec.decode(sm.data));
+      return d.run_id === req.run_id && d.call_id === req.call.call_id;
+    } catch {
+      return false;
+    }
+  };
+  try {
+    if (isOurs(await jsm.streams.getMessage(cfg.stream, { seq: ack.seq }))) return;
+  } catch (err) {
+    if (!String(err?.message).includes('no message found')) throw err;
+  }
+  log('result id squatted: publishing under the per-subject guard', { id, subject, squatted_by_seq: ack.seq });
+  h.set('Nats-Msg-Id', `${id}/guarded/${randomUUID()}`);
+  let last = 0;
+  for (let attempt = 0; attempt < 100; attempt++) {
+    for (;;) {
+      let sm;
+      try {
+        sm = await jsm.streams.getMessage(cfg.stream, { seq: last + 1, next_by_subj: subject });
+      } catch (err) {
+        if (String(err?.message).includes('no message found')) break;
+        throw err;
+      }
+      if (isOurs(sm)) return; // stored already (a re-publish, or another process)
+      last = sm.seq;
+    }
+    try {
+      await js.publish(subject, body, { headers: h, expect: { lastSubjectSequence: last } });
+      return;
+    } catch (err) {
+      if (!String(err?.message).includes('wrong last sequence')) throw err;
+    }
+  }
+  throw new Error(`result ${id}: the subject ${subject} kept changing`);
 }
 
 async function handle(msg) {
@@ -368,6 +423,14 @@ async function handle(msg) {
     return;
   }
   const req = ev.data;
+  // Subject and body agree (CONTRACT.md): the subject names the call's run and tool.
+  const [, subjectRun, , , token] = msg.subject.split('.');
+  if (req && (req.run_id !== subjectRun || (ev.attrs.runid && ev.attrs.runid !== subjectRun) ||
+      (token !== '_unknown' && token !== req.call?.tool))) {
+    log('poison message terminated', { subject: msg.subject, reason: 'subject and body disagree' });
+    msg.term('subject and body disagree');
+    return;
+  }
   if (ev.attrs.type !== 'toolbus.tool.requested' || !req || !validRun(req.run_id) || !Number.isInteger(req.step) ||
       req.step < 0 || !Number.isInteger(req.call_count) || req.call_count <= 0 || !Number.isInteger(req.call_index) ||
       req.call_index < 0 || req.call_index >= req.call_count || typeof req.call?.call_id !== 'string' || !req.call.call_id) {

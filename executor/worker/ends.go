@@ -53,7 +53,8 @@ func (e *endedRuns) listen(ctx context.Context) error {
 	for _, st := range terminalStatuses {
 		status := st
 		sub, err := e.nc.Subscribe(events.SubjectRunEnded("*", status), func(m *nats.Msg) {
-			if run, ok := events.RunIDFromSubject(m.Subject); ok {
+			// Only an outcome whose body agrees with its subject ends a run.
+			if run, typ, err := events.CheckMsg(m); err == nil && typ == events.TypeRunEnded(status) {
 				e.mu.Lock()
 				if len(e.ended) >= 100000 {
 					clear(e.ended) // bounded: forgotten runs are read from the store again

@@ -462,8 +462,11 @@ func (w *Worker) served() ([]string, error) {
 }
 
 func (w *Worker) onCancel(m *nats.Msg) {
-	run, ok := events.RunIDFromSubject(m.Subject)
+	// The run the subject names, once the body agrees: the injector terminates a cancel
+	// whose body names another run, and nothing may act on it here either.
+	run, ok := events.CancelOf(m)
 	if !ok {
+		w.log.Warn("run.cancel ignored: not a cancel of the run its subject names", "subject", m.Subject)
 		return
 	}
 	w.mu.Lock()
@@ -514,6 +517,11 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) error {
 	if meta.Type != events.TypeToolRequested || !toolbus.ValidRunID(req.RunID) || req.Step < 0 ||
 		req.CallCount <= 0 || req.CallIndex < 0 || req.CallIndex >= req.CallCount {
 		return fmt.Errorf("%w: bad tool.requested %s (run %q, index %d of %d)", events.ErrPoison, meta.ID, req.RunID, req.CallIndex, req.CallCount)
+	}
+	// The subject names the call's run and tool: a call whose body names another run or
+	// tool is not run.
+	if err := events.CheckSubject(msg.Subject(), meta, &req); err != nil {
+		return err
 	}
 	// The queue the call came from (the subject's tool token) scopes everything the call
 	// writes: its claim, its stored output and its result's subject, which the team's
@@ -945,19 +953,10 @@ func (w *Worker) keepLargeOutput(ctx context.Context, queue string, req toolbus.
 // walks the results of the run's tool with direct gets (next message on the subject):
 // an executor's credentials may not create consumers on the event stream.
 func (w *Worker) resultStored(ctx context.Context, queue string, req toolbus.ToolRequested) (bool, error) {
-	subject := events.SubjectToolFinished(req.RunID, queue)
-	want := events.IDToolFinished(req.RunID, req.Step, req.Call.CallID)
-	for seq := uint64(1); ; {
-		raw, err := w.bus.Stream.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(subject))
-		if errors.Is(err, jetstream.ErrMsgNotFound) {
-			return false, nil
-		}
-		if err != nil {
-			return false, fmt.Errorf("executor: look up stored result: %w", err)
-		}
-		if raw.Header.Get(events.HeaderMsgID) == want {
-			return true, nil
-		}
-		seq = raw.Sequence + 1
+	_, stored, err := w.bus.Stored(ctx, events.ToolFinishedEventOn(w.source, toolbus.ToolFinished{RunID: req.RunID, Step: req.Step,
+		CallIndex: req.CallIndex, CallCount: req.CallCount, ToolResult: toolbus.ToolResult{CallID: req.Call.CallID, Tool: req.Call.Tool}}, queue))
+	if err != nil {
+		return false, fmt.Errorf("executor: look up stored result: %w", err)
 	}
+	return stored, nil
 }
