@@ -5,13 +5,21 @@ PKGS    := ./...
 
 .PHONY: demo test test-faults bench build vet fmt fuzz clean
 
-## demo: the incident scenario end to end on an embedded JetStream server
-demo: build
-	@mkdir -p data
-	TOOLBUS_DATA_DIR=$${TOOLBUS_DATA_DIR:-$(CURDIR)/data} TOOLBUS_MODEL=$${TOOLBUS_MODEL:-replay:planner/testdata/incident.jsonl} $(BIN) run "What is going on with INC-404?"
+DEMO_BIN := bin/toolbus-demo
+# The demo binary links no provider SDK and no OTLP exporter (-tags toolbus_lite): its first
+# build takes a fraction of the full one; scripts, script files, cassettes, call, replay,
+# tail and the console all work. -trimpath and -s -w make it smaller and link faster.
+LITE    := -tags toolbus_lite -trimpath -ldflags='-s -w'
 
+## demo: the incident scenario end to end on an embedded JetStream server
+demo:
+	$(GO) build $(LITE) -o $(DEMO_BIN) ./cmd/toolbus
+	@mkdir -p data
+	TOOLBUS_DATA_DIR=$${TOOLBUS_DATA_DIR:-$(CURDIR)/data} TOOLBUS_MODEL=$${TOOLBUS_MODEL:-replay:planner/testdata/incident.jsonl} $(DEMO_BIN) run "What is going on with INC-404?"
+
+## build: the full binary (every model provider, OTLP tracing)
 build:
-	$(GO) build -o $(BIN) ./cmd/toolbus
+	$(GO) build -trimpath -ldflags='-s -w' -o $(BIN) ./cmd/toolbus
 
 ## test: vet, then every test with the race detector (real embedded JetStream)
 test:

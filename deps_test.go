@@ -73,3 +73,26 @@ func TestDependencyDirection(t *testing.T) {
 		})
 	}
 }
+
+// The demo binary (make demo: -tags toolbus_lite) links no model provider SDK and no OTLP
+// exporter (nor gRPC, which only the exporter brings): they are most of a cold build.
+// go vet type-checks the files the tag selects.
+func TestLiteBuildLinksNoSDK(t *testing.T) {
+	if testing.Short() {
+		t.Skip("type-checks the lite build")
+	}
+	out, err := exec.Command("go", "list", "-deps", "-tags", "toolbus_lite", "./cmd/toolbus").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go list: %v\n%s", err, out)
+	}
+	for _, dep := range strings.Fields(string(out)) {
+		for _, bad := range []string{"github.com/openai/", "github.com/anthropics/", "google.golang.org/grpc", "go.opentelemetry.io/otel/exporters/"} {
+			if strings.HasPrefix(dep, bad) {
+				t.Errorf("the toolbus_lite build links %s", dep)
+			}
+		}
+	}
+	if out, err := exec.Command("go", "vet", "-tags", "toolbus_lite", "./cmd/toolbus", "./telemetry").CombinedOutput(); err != nil {
+		t.Fatalf("go vet -tags toolbus_lite: %v\n%s", err, out)
+	}
+}

@@ -83,22 +83,24 @@ type Call struct {
 
 // Report is the audit of one run (`toolbus replay --json` prints it as is).
 type Report struct {
-	RunID      string             `json:"run_id"`
-	Status     toolbus.RunStatus  `json:"status"`
-	Code       string             `json:"code,omitempty"`
-	Reason     string             `json:"reason,omitempty"`
-	Answer     string             `json:"answer,omitempty"`
-	Pending    []toolbus.ToolCall `json:"pending,omitempty"`
-	Model      string             `json:"model,omitempty"`
-	Principal  string             `json:"principal,omitempty"`
-	Limits     toolbus.Limits     `json:"limits"`
-	StartedAt  time.Time          `json:"started_at,omitzero"`
-	DurationMS int64              `json:"duration_ms"`
-	Steps      int                `json:"steps"`
-	Usage      toolbus.Usage      `json:"usage"`
-	Events     int                `json:"events"`
-	Timeline   []TimelineEntry    `json:"timeline"`
-	Calls      []Call             `json:"calls"`
+	RunID   string             `json:"run_id"`
+	Status  toolbus.RunStatus  `json:"status"`
+	Code    string             `json:"code,omitempty"`
+	Reason  string             `json:"reason,omitempty"`
+	Answer  string             `json:"answer,omitempty"`
+	Pending []toolbus.ToolCall `json:"pending,omitempty"`
+	// Model is the model the run named (RunStarted.Model), else the one that answered
+	// its first step (the planner's own).
+	Model      string          `json:"model,omitempty"`
+	Principal  string          `json:"principal,omitempty"`
+	Limits     toolbus.Limits  `json:"limits"`
+	StartedAt  time.Time       `json:"started_at,omitzero"`
+	DurationMS int64           `json:"duration_ms"`
+	Steps      int             `json:"steps"`
+	Usage      toolbus.Usage   `json:"usage"`
+	Events     int             `json:"events"`
+	Timeline   []TimelineEntry `json:"timeline"`
+	Calls      []Call          `json:"calls"`
 	// Transcript is the conversation as the model was sent it: the run's input
 	// messages, then per step the assistant message whole and its tool messages in call
 	// order; the last message is the model's last answer. Requests say how many of
@@ -145,6 +147,9 @@ func Analyze(run string, evs []events.StoredEvent) *Report {
 		RunStarted: a.runStarted, ModelRequested: a.modelRequested, ModelResponded: a.modelResponded,
 		ToolRequested: a.toolRequested, ToolWaiting: a.toolWaiting, ToolFinished: a.toolFinished,
 		Approval: a.approval, Cancel: a.cancel, RunEnded: a.runEnded, Undecodable: a.undecodable,
+		Timer: func(_ events.StoredEvent, t events.RunTimer) {
+			a.e.Summary = "the run ends at " + t.Deadline.UTC().Format(time.RFC3339) + " if it still goes on then"
+		},
 		Other: func(ev events.StoredEvent) { a.e.Summary = "unknown event type " + ev.Meta.Type },
 	}
 	for _, ev := range evs {
@@ -299,6 +304,9 @@ func (a *analysis) modelResponded(ev events.StoredEvent, mr toolbus.ModelRespond
 		a.addV(ViolationStepOrder, ev.Seq, mr.Step, "", "step %d answered but never requested", mr.Step)
 	}
 	st.responded = &mr
+	if a.r.Model == "" {
+		a.r.Model = mr.Model
+	}
 	a.r.Usage = a.r.Usage.Add(mr.Usage)
 	e.DurationMS = mr.LatencyMS
 	calls := mr.Message.ToolCalls

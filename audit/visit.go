@@ -29,6 +29,9 @@ type Visitor struct {
 	// Approval gets toolbus.approval.granted (granted) and toolbus.approval.denied.
 	Approval func(ev events.StoredEvent, a toolbus.Approval, granted bool)
 	Cancel   func(events.StoredEvent, toolbus.Cancel)
+	// Timer gets the run's deadline timer (toolbus.timer.deadline), which the injector
+	// publishes when it starts the run.
+	Timer func(events.StoredEvent, events.RunTimer)
 	// RunEnded gets the run's outcomes (toolbus.run.<status>).
 	RunEnded func(events.StoredEvent, toolbus.RunEnded)
 	// Undecodable gets a message that is not a toolbus event (ev.Err is set), an event
@@ -74,6 +77,8 @@ func (v *Visitor) Visit(ev events.StoredEvent) {
 		}
 	case typ == events.TypeRunCancel:
 		visit(v, ev, v.Cancel)
+	case typ == events.TypeRunTimer:
+		visit(v, ev, v.Timer)
 	case strings.HasPrefix(typ, "toolbus.run."):
 		visit(v, ev, v.RunEnded)
 	default:

@@ -27,6 +27,7 @@ func recorder(got *[]string) Visitor {
 			}
 		},
 		Cancel:      func(events.StoredEvent, toolbus.Cancel) { rec("Cancel") },
+		Timer:       func(_ events.StoredEvent, t events.RunTimer) { rec("Timer " + t.RunID) },
 		RunEnded:    func(_ events.StoredEvent, re toolbus.RunEnded) { rec("RunEnded " + string(re.Status)) },
 		Undecodable: func(ev events.StoredEvent, err error) { rec("Undecodable " + ev.Meta.Type) },
 		Other:       func(ev events.StoredEvent) { rec("Other " + ev.Meta.Type) },
@@ -47,13 +48,15 @@ func TestVisitorDispatch(t *testing.T) {
 	l.finished(1, 0, 0, 1, rok("x", "noop", `{}`), "")
 	l.cancel(1, "stop", "ann")
 	l.ended(1, 0, toolbus.RunEnded{Status: toolbus.RunCancelled})
-	l.add(1, "toolbus.run-v.timer", events.Meta{ID: "t1", Type: "toolbus.timer.deadline"}, map[string]any{})
+	l.add(1, "toolbus.run-v.timer.deadline", events.Meta{ID: "t1", Type: events.TypeRunTimer}, map[string]any{"run_id": "run-v"})
+	l.add(1, "toolbus.run-v.other", events.Meta{ID: "o1", Type: "toolbus.something.new"}, map[string]any{})
 
 	var got []string
 	v := recorder(&got)
 	v.Walk(l.evs)
 	want := []string{"RunStarted", "ModelRequested", "ModelResponded", "ToolRequested", "ToolWaiting",
-		"Approval granted", "Approval denied", "ToolFinished", "Cancel", "RunEnded cancelled", "Other toolbus.timer.deadline"}
+		"Approval granted", "Approval denied", "ToolFinished", "Cancel", "RunEnded cancelled", "Timer run-v",
+		"Other toolbus.something.new"}
 	if g, w := mustJSON(t, got), mustJSON(t, want); g != w {
 		t.Fatalf("visited %s, want %s", g, w)
 	}

@@ -54,6 +54,12 @@ type Config struct {
 	// Tracer makes the span of each step's model call (default: the global provider's,
 	// a no-op unless tracing is configured).
 	Tracer trace.Tracer
+	// Models, when set, serves the runs that name a model (RunStarted.Model): it returns
+	// the Model for that name, or an error when this planner cannot serve it, which
+	// fails the run with code model_error and the error as its reason. Runs that name no
+	// model get the planner's own. When nil, every run gets the planner's own model,
+	// whatever it names.
+	Models func(name string) (Model, error)
 }
 
 // Metrics records what a planner does. It is an interface so that this package does not
@@ -459,8 +465,15 @@ func (p *Planner) callModel(ctx context.Context, rs *toolbus.RunStarted, step in
 		mctx, c2 = context.WithDeadline(mctx, rs.Limits.Deadline)
 		defer c2()
 	}
+	model := p.model
+	if rs.Model != "" && p.cfg.Models != nil {
+		if model, err = p.cfg.Models(rs.Model); err != nil {
+			// Retrying cannot help: the planner is configured as it is.
+			return toolbus.ModelResponded{}, Permanent(fmt.Errorf("planner: run %s names model %q, which this planner cannot serve: %w", rs.RunID, rs.Model, err))
+		}
+	}
 	start := time.Now()
-	resp, err := p.model.Complete(mctx, Request{
+	resp, err := model.Complete(mctx, Request{
 		RunID: rs.RunID, Step: step, Model: rs.Model, Messages: msgs, Tools: p.catalog.Tools(rs),
 	})
 	// Labelled by the run's model, not the response's: the run's is the configured name

@@ -7,8 +7,6 @@ import (
 	"strings"
 
 	"go.opentelemetry.io/otel"
-	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
-	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/sdk/resource"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
@@ -44,15 +42,7 @@ func SetupTracing(ctx context.Context, service string) (shutdown func(context.Co
 	if proto == "" {
 		proto = os.Getenv("OTEL_EXPORTER_OTLP_PROTOCOL")
 	}
-	var exp sdktrace.SpanExporter
-	switch proto {
-	case "grpc":
-		exp, err = otlptracegrpc.New(ctx)
-	case "", "http/protobuf":
-		exp, err = otlptracehttp.New(ctx)
-	default:
-		return nil, fmt.Errorf("telemetry: OTLP protocol %q is not supported (grpc or http/protobuf)", proto)
-	}
+	exp, err := newExporter(ctx, proto)
 	if err != nil {
 		return nil, fmt.Errorf("telemetry: trace exporter: %w", err)
 	}

@@ -93,6 +93,10 @@ type benchReport struct {
 func cmdBench(ctx context.Context, args []string, out io.Writer) error {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.SetOutput(out)
+	fs.Usage = func() {
+		fmt.Fprintln(out, "usage: toolbus bench [flags]   (measure toolbus beside raw JetStream and an in-process loop)")
+		fs.PrintDefaults()
+	}
 	jsonPath := fs.String("json", "", "also write the figures as JSON to this file")
 	ks := fs.String("k", "1,4,16", "calls per step")
 	steps := fs.Int("steps", 5, "steps per run (the last one answers)")
@@ -104,7 +108,7 @@ func cmdBench(ctx context.Context, args []string, out io.Writer) error {
 	longK := fs.Int("long-k", 4, "calls per step of the long runs")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the saturated toolbus case to this file (one file per row, named after it, when there are several rows)")
 	if err := fs.Parse(args); err != nil {
-		return &exitError{code: 2}
+		return flagError(err)
 	}
 	if *steps < 2 {
 		return &exitError{code: 2, msg: "bench: -steps must be at least 2"}

@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"reflect"
@@ -35,7 +36,7 @@ type Config struct {
 	// they take the defaults of package events (envDefaults shows them in toolbus env).
 	events.WorkerConfig
 
-	Tools            string        `envconfig:"TOOLS" default:"demo" desc:"built-in tool packs served by executors (demo, calc, diag: diag's panic, big_output, sleep... only when asked for)"`
+	Tools            string        `envconfig:"TOOLS" default:"demo" desc:"built-in tool packs served by executors (demo, diag: diag's panic, big_output, sleep... only when asked for)"`
 	MCPConfig        string        `envconfig:"MCP_CONFIG" desc:"JSON file of MCP servers whose tools executors serve (mcpServers: command/args/env or url/headers)"`
 	ExecutorTools    []string      `envconfig:"EXECUTOR_TOOLS" desc:"serve only these tools of the packs (deployments may overlap: each tool has one shared queue)"`
 	Team             string        `envconfig:"TEAM" desc:"team owning the tools this executor serves (recorded as their owner in the catalog)"`
@@ -68,6 +69,9 @@ type Config struct {
 
 	LogLevel  string `envconfig:"LOG_LEVEL" default:"info" desc:"debug, info, warn or error"`
 	LogFormat string `envconfig:"LOG_FORMAT" default:"text" desc:"text or json"`
+
+	// logOut is where logs go: the stderr of run (default os.Stderr).
+	logOut io.Writer
 }
 
 const envPrefix = "TOOLBUS"
@@ -175,10 +179,14 @@ func (c Config) logger() *slog.Logger {
 		lvl = slog.LevelInfo
 	}
 	opts := &slog.HandlerOptions{Level: lvl}
-	if strings.EqualFold(c.LogFormat, "json") {
-		return slog.New(slog.NewJSONHandler(os.Stderr, opts))
+	out := c.logOut
+	if out == nil {
+		out = os.Stderr
 	}
-	return slog.New(slog.NewTextHandler(os.Stderr, opts))
+	if strings.EqualFold(c.LogFormat, "json") {
+		return slog.New(slog.NewJSONHandler(out, opts))
+	}
+	return slog.New(slog.NewTextHandler(out, opts))
 }
 
 func (c Config) packs() []string {

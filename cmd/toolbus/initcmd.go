@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -12,6 +11,7 @@ import (
 
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/executor/mcptools"
 )
 
 // cmdInit (admin) creates or updates the stream, the buckets, the read mirror and the
@@ -19,12 +19,11 @@ import (
 // least-privilege credentials only bind to them. It is idempotent and prints what it
 // created, updated or found unchanged.
 func cmdInit(ctx context.Context, cfg Config, log *slog.Logger, args []string, out, errOut io.Writer) error {
-	fs := flag.NewFlagSet("init", flag.ContinueOnError)
-	fs.SetOutput(errOut)
-	tools := fs.String("tools", "", "comma-separated tools whose queue consumers to create (default: every tool of TOOLBUS_EXECUTOR_TOOLS, else of the TOOLBUS_TOOLS packs)")
+	fs := newFlagSet("init", "init [--tools a,b] [--read-mirror=false]   (admin credentials; TOOLBUS_NATS_URL must be set)", errOut)
+	tools := fs.String("tools", "", "comma-separated tools whose queue consumers to create (default: TOOLBUS_EXECUTOR_TOOLS, else every tool of the TOOLBUS_TOOLS packs and of the MCP servers of TOOLBUS_MCP_CONFIG)")
 	mirror := fs.Bool("read-mirror", true, "create the read mirror of the stream, where readers (run, tail, replay) create their consumers")
 	if err := fs.Parse(args); err != nil {
-		return &exitError{code: 2}
+		return flagError(err)
 	}
 	if fs.NArg() > 0 {
 		return &exitError{code: 2, msg: "init: unexpected arguments " + strings.Join(fs.Args(), " ")}
@@ -32,7 +31,7 @@ func cmdInit(ctx context.Context, cfg Config, log *slog.Logger, args []string, o
 	if cfg.URL == "" {
 		return &exitError{code: 2, msg: "init: TOOLBUS_NATS_URL is not set (the embedded server of `toolbus up` sets itself up)"}
 	}
-	names, err := initTools(cfg, *tools)
+	names, err := initTools(ctx, cfg, *tools, log)
 	if err != nil {
 		return &exitError{code: 2, msg: "init: " + err.Error()}
 	}
@@ -59,8 +58,11 @@ func cmdInit(ctx context.Context, cfg Config, log *slog.Logger, args []string, o
 	return nil
 }
 
-// initTools is the list of tools whose queue consumers init creates.
-func initTools(cfg Config, flagTools string) ([]string, error) {
+// initTools is the list of tools whose queue consumers init creates: --tools, else
+// TOOLBUS_EXECUTOR_TOOLS, else every tool the executors of this configuration serve:
+// those of the TOOLBUS_TOOLS packs and of the MCP servers of TOOLBUS_MCP_CONFIG (init
+// starts them, lists their tools and stops them).
+func initTools(ctx context.Context, cfg Config, flagTools string, log *slog.Logger) ([]string, error) {
 	var names []string
 	for _, t := range strings.Split(flagTools, ",") {
 		if t = strings.TrimSpace(t); t != "" {
@@ -74,6 +76,21 @@ func initTools(cfg Config, flagTools string) ([]string, error) {
 		reg, err := newRegistry(cfg)
 		if err != nil {
 			return nil, err
+		}
+		if cfg.MCPConfig != "" {
+			mc, err := mcptools.LoadConfig(cfg.MCPConfig)
+			if err != nil {
+				return nil, err
+			}
+			p, err := mcptools.New(reg, mc, mcptools.Options{Logger: log})
+			if err != nil {
+				return nil, err
+			}
+			err = p.Start(ctx)
+			p.Close()
+			if err != nil {
+				return nil, fmt.Errorf("TOOLBUS_MCP_CONFIG %s: %w", cfg.MCPConfig, err)
+			}
 		}
 		names = reg.Names()
 	}

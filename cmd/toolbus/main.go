@@ -5,6 +5,7 @@
 //	toolbus init [--tools a,b]      (admin) create the stream, buckets and consumers
 //	toolbus planner|executor|injector  one role against TOOLBUS_NATS_URL
 //	toolbus run "question"          submit a run and stream its events until it ends
+//	toolbus call <tool> '<json>'    call one tool through the fleet (a pre-planned run)
 //	toolbus approve|deny|cancel     decide a call waiting for approval, cancel a run
 //	toolbus runs|tail|replay        list runs, follow events live, audit a run
 //	toolbus tools                   list the tool catalog and who serves each tool
@@ -93,6 +94,39 @@ func version() string {
 	return v + " " + bi.GoVersion
 }
 
+// clientCommands are the commands a person runs against a pipeline: their output is
+// the answer, so they log only warnings and errors (not "connected to NATS", nor the
+// in-process workers of an embedded run) unless -v or TOOLBUS_LOG_LEVEL asks for more.
+var clientCommands = map[string]bool{
+	"init": true, "run": true, "call": true, "approve": true, "deny": true, "cancel": true,
+	"runs": true, "tools": true, "tail": true, "replay": true,
+}
+
+// verbose reports whether a command's arguments (before any "--") ask for -v.
+func verbose(args []string) bool {
+	for _, a := range args {
+		switch a {
+		case "--":
+			return false
+		case "-v", "--v", "-v=true", "--v=true":
+			return true
+		}
+	}
+	return false
+}
+
+// clientLogLevel is the log level of a client command: info with -v (debug stays
+// debug), the level TOOLBUS_LOG_LEVEL sets when set, else warn.
+func clientLogLevel(level string, set, verbose bool) string {
+	switch {
+	case verbose && (level == "warn" || level == "error" || !set):
+		return "info"
+	case verbose, set:
+		return level
+	}
+	return "warn"
+}
+
 // exitError carries a specific exit code.
 type exitError struct {
 	code int
@@ -113,6 +147,10 @@ commands:
                            run one role against TOOLBUS_NATS_URL (set up by toolbus init)
   run [flags] "question"   submit a run and stream its events until it ends
                            (with no TOOLBUS_NATS_URL it runs the whole pipeline in-process)
+  call <tool> ['<json>'] [--json]
+                           call one tool through the fleet as a pre-planned run (audited; no
+                           model); prints its output; exit 0 succeeded, 1 failed, 3 waits for
+                           approval, 4 rejected, 5 timed out, 6 cancelled
   approve <run> <call_id> [--reason text] [--who name]
                            grant a call that waits for approval; the call runs and the run goes on
   deny <run> <call_id> --reason text [--who name]
@@ -134,7 +172,8 @@ commands:
   env                      list the TOOLBUS_* configuration variables
   version                  print the version (also --version)
 
-Every command takes -h or --help.
+Every command takes -h or --help; client commands (init, run, call, approve, deny, cancel,
+runs, tools, tail, replay) log only warnings unless -v (or TOOLBUS_LOG_LEVEL) asks for more.
 `
 
 // run is main without the process: tests call it.
@@ -171,8 +210,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "toolbus:", err)
 		return 2
 	}
-	log := cfg.logger()
+	cfg.logOut = stderr
 	cmd, rest := args[0], args[1:]
+	if clientCommands[cmd] {
+		cfg.LogLevel = clientLogLevel(cfg.LogLevel, os.Getenv("TOOLBUS_LOG_LEVEL") != "", verbose(rest))
+	}
+	log := cfg.logger()
 	switch cmd {
 	case "up":
 		err = cmdUp(ctx, cfg, log)
@@ -182,6 +225,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		err = cmdRole(ctx, cfg, log, cmd)
 	case "run":
 		err = cmdRun(ctx, cfg, log, rest, stdout, stderr)
+	case "call":
+		err = cmdCall(ctx, cfg, log, rest, stdinOf, stdout, stderr)
 	case "approve", "deny":
 		err = cmdDecide(ctx, cfg, log, rest, stdout, stderr, cmd == "approve")
 	case "cancel":

@@ -4,15 +4,16 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"sync"
 
 	"github.com/toolbus/toolbus/planner"
-	"github.com/toolbus/toolbus/planner/anthropic"
-	"github.com/toolbus/toolbus/planner/openai"
 )
 
 // newModel builds the model named by TOOLBUS_MODEL:
 //
-//	script:incident | script:noop     scripted models (no network)
+//	script:incident | script:approval | script:noop
+//	                                  built-in scripted models (no network)
+//	script:<file.json>                a script file written by hand (planner.LoadScriptFile)
 //	replay:<file>                     answers from a cassette (no network)
 //	openai:<model>                    OpenAI Chat Completions, or any compatible server
 //	openai-responses:<model>          OpenAI Responses
@@ -49,7 +50,10 @@ func baseModel(cfg Config) (planner.Model, error) {
 		case "noop":
 			return NoopScript(4, 3), nil
 		}
-		return nil, fmt.Errorf("unknown script %q (want incident, approval or noop)", arg)
+		if _, err := os.Stat(arg); err != nil {
+			return nil, fmt.Errorf("unknown script %q: not a built-in script (incident, approval, noop) nor a readable script file: %w", arg, err)
+		}
+		return planner.LoadScriptFile(arg)
 	case "replay":
 		if arg == "" {
 			return nil, fmt.Errorf("TOOLBUS_MODEL=replay:<file> needs a cassette file")
@@ -63,10 +67,7 @@ func baseModel(cfg Config) (planner.Model, error) {
 		if key == "" && base == "" {
 			return nil, fmt.Errorf("TOOLBUS_MODEL=%s needs OPENAI_API_KEY (or OPENAI_BASE_URL for a local OpenAI-compatible server)", cfg.Model)
 		}
-		if kind == "openai" {
-			return openai.NewChat(openai.ChatOptions{APIKey: key, BaseURL: base, Model: arg, Logger: log})
-		}
-		return openai.NewResponses(openai.ResponsesOptions{APIKey: key, BaseURL: base, Model: arg, Logger: log})
+		return providerModel(kind, arg, key, base, log)
 	case "anthropic":
 		if arg == "" {
 			return nil, fmt.Errorf("TOOLBUS_MODEL=anthropic:<model> needs a model name, e.g. anthropic:claude-sonnet-4-5")
@@ -75,7 +76,39 @@ func baseModel(cfg Config) (planner.Model, error) {
 		if key == "" && base == "" && os.Getenv("ANTHROPIC_AUTH_TOKEN") == "" {
 			return nil, fmt.Errorf("TOOLBUS_MODEL=%s needs ANTHROPIC_API_KEY", cfg.Model)
 		}
-		return anthropic.New(anthropic.Options{APIKey: key, BaseURL: base, Model: arg, Logger: log})
+		return providerModel(kind, arg, key, base, log)
 	}
-	return nil, fmt.Errorf("unknown model %q (TOOLBUS_MODEL: script:incident, replay:<file>, openai:<model>, openai-responses:<model>, anthropic:<model>)", cfg.Model)
+	return nil, fmt.Errorf("unknown model %q (TOOLBUS_MODEL: script:incident, script:<file.json>, replay:<file>, openai:<model>, openai-responses:<model>, anthropic:<model>)", cfg.Model)
+}
+
+// modelSet serves the models that runs name (RunStarted.Model, toolbus run --model):
+// the planner's own (TOOLBUS_MODEL) and any other this process can build (a script, a
+// cassette, a provider whose key is set), each built once and kept.
+type modelSet struct {
+	cfg Config
+
+	mu     sync.Mutex
+	models map[string]planner.Model
+}
+
+func newModelSet(cfg Config, own planner.Model) *modelSet {
+	return &modelSet{cfg: cfg, models: map[string]planner.Model{cfg.Model: own}}
+}
+
+// resolve returns the model named name, building it on first use; the error says why
+// this planner cannot serve it (no such model, no API key, no such file).
+func (s *modelSet) resolve(name string) (planner.Model, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if m, ok := s.models[name]; ok {
+		return m, nil
+	}
+	cfg := s.cfg
+	cfg.Model = name
+	m, err := newModel(cfg)
+	if err != nil {
+		return nil, err
+	}
+	s.models[name] = m
+	return m, nil
 }

@@ -9,7 +9,9 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"os/user"
 	"sort"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -48,9 +50,13 @@ func parseInterleaved(fs *flag.FlagSet, args []string) ([]string, error) {
 	}
 }
 
+// newFlagSet is the flag set of a command. Every command takes -v (read by run before
+// the command starts: see verbose); the flag is defined here so that it parses and shows
+// in the command's help.
 func newFlagSet(name, synopsis string, out io.Writer) *flag.FlagSet {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(out)
+	fs.Bool("v", false, "verbose: log the connection and the workers' activity on stderr (as TOOLBUS_LOG_LEVEL=info)")
 	fs.Usage = func() {
 		fmt.Fprintf(out, "usage: toolbus %s\n", synopsis)
 		fs.PrintDefaults()
@@ -72,7 +78,8 @@ func usageError(fs *flag.FlagSet, msg string) error {
 	return &exitError{code: 2, msg: msg}
 }
 
-// who names the person acting: --who, else $USER.
+// who names the person acting: --who, else $USER, else the account of the process
+// (os/user: containers and cron jobs often run without $USER), else its uid.
 func who(flagValue string) string {
 	if flagValue != "" {
 		return flagValue
@@ -80,7 +87,10 @@ func who(flagValue string) string {
 	if u := os.Getenv("USER"); u != "" {
 		return u
 	}
-	return "unknown"
+	if u, err := user.Current(); err == nil && u.Username != "" {
+		return u.Username
+	}
+	return "uid:" + strconv.Itoa(os.Getuid())
 }
 
 // cmdDecide publishes approval.granted (approve) or approval.denied (deny) for a call
@@ -262,7 +272,7 @@ func cmdRuns(ctx context.Context, cfg Config, log *slog.Logger, args []string, o
 	if *status != "" && !validStatus(*status) {
 		return &exitError{code: 2, msg: fmt.Sprintf("runs: unknown status %q: want one of %s", *status, statusList())}
 	}
-	c, err := openReader(ctx, cfg, quietLogger(cfg, log))
+	c, err := openReader(ctx, cfg, log)
 	if err != nil {
 		return err
 	}
@@ -350,15 +360,6 @@ func age(d time.Duration) string {
 		return fmt.Sprintf("%dh%02dm", int(d/time.Hour), int(d%time.Hour/time.Minute))
 	}
 	return fmt.Sprintf("%dd%02dh", int(d/(24*time.Hour)), int(d%(24*time.Hour)/time.Hour))
-}
-
-// quietLogger keeps the embedded server's start-up line out of read-only commands.
-func quietLogger(cfg Config, log *slog.Logger) *slog.Logger {
-	if cfg.URL == "" && os.Getenv("TOOLBUS_LOG_LEVEL") == "" {
-		cfg.LogLevel = "warn"
-		return cfg.logger()
-	}
-	return log
 }
 
 // cmdTail follows events live: one run's (and stops when it ends) or every run's.
@@ -469,7 +470,9 @@ type tailer struct {
 // print renders one event and returns the run status it reports, if any.
 func (t *tailer) print(ev events.StoredEvent) toolbus.RunStatus {
 	t.buf.Reset()
-	status, _ := newPrinter(&t.buf).print(ev)
+	p := newPrinter(&t.buf)
+	p.timers = true
+	status, _ := p.print(ev)
 	text := strings.TrimRight(t.buf.String(), "\n")
 	if text == "" {
 		return status

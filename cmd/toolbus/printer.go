@@ -6,6 +6,7 @@ import (
 	"io"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/audit"
@@ -21,6 +22,10 @@ type printer struct {
 	open map[string]string
 	// model is the model the planner answered with, printed when it first shows.
 	model string
+	// requested is the model the run named, if any.
+	requested string
+	// timers prints the run's deadline timer (tail); a run's own timeline leaves it out.
+	timers bool
 }
 
 func newPrinter(out io.Writer) *printer { return &printer{out: out, open: map[string]string{}} }
@@ -91,14 +96,19 @@ func (p *printer) print(ev events.StoredEvent) (status toolbus.RunStatus, done b
 					q = m.Content
 				}
 			}
-			// rs.Model is what this client's TOOLBUS_MODEL asked for; the planner answers
-			// with its own model, which its first answer names.
+			// A run names a model only when asked to (toolbus run --model); otherwise the
+			// planner answers with its own, which its first answer names.
+			p.requested = rs.Model
 			fmt.Fprintf(p.out, "run %s started: %q\n", rs.RunID, q)
 		},
 		ModelResponded: func(_ events.StoredEvent, mr toolbus.ModelResponded) {
 			if mr.Model != "" && mr.Model != p.model {
 				p.model = mr.Model
-				fmt.Fprintf(p.out, "model %s (the planner's)\n", mr.Model)
+				whose := "the planner's"
+				if p.requested != "" {
+					whose = "asked for by the run: " + p.requested
+				}
+				fmt.Fprintf(p.out, "model %s (%s)\n", mr.Model, whose)
 			}
 			clear(p.open)
 			for _, c := range mr.Message.ToolCalls {
@@ -129,6 +139,14 @@ func (p *printer) print(ev events.StoredEvent) (status toolbus.RunStatus, done b
 			fmt.Fprintf(p.out, "        %s %s by %s %s\n", strings.TrimPrefix(ev.Meta.Type, "toolbus."), a.CallID, a.Who, a.Why)
 		},
 		Cancel: func(events.StoredEvent, toolbus.Cancel) { fmt.Fprintln(p.out, "cancel requested") },
+		Timer: func(_ events.StoredEvent, t events.RunTimer) {
+			if p.timers {
+				fmt.Fprintf(p.out, "deadline timer set: the run ends at %s if it still goes on\n", t.Deadline.UTC().Format(time.RFC3339))
+			}
+		},
+		Other: func(ev events.StoredEvent) {
+			fmt.Fprintf(p.out, "  ? event %s (unknown to this version of toolbus)\n", ev.Meta.Type)
+		},
 		RunEnded: func(_ events.StoredEvent, re toolbus.RunEnded) {
 			fmt.Fprintf(p.out, "run %s: %s after %d step(s), %d tokens", re.RunID, re.Status, re.StepsUsed, re.Usage.Total())
 			if re.Code != "" {

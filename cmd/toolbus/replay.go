@@ -40,7 +40,7 @@ func cmdReplay(ctx context.Context, cfg Config, log *slog.Logger, args []string,
 	if !toolbus.ValidRunID(run) {
 		return &exitError{code: 2, msg: fmt.Sprintf("replay: invalid run id %q", run)}
 	}
-	c, err := openReader(ctx, cfg, quietLogger(cfg, log))
+	c, err := openReader(ctx, cfg, log)
 	if err != nil {
 		return err
 	}

@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"os"
 	"sort"
 	"strings"
 	"time"
@@ -32,6 +31,7 @@ func cmdRun(ctx context.Context, cfg Config, log *slog.Logger, args []string, ou
 	timeout := fs.Duration("timeout", cfg.RunTimeout, "run deadline from now")
 	budget := fs.Int64("token-budget", cfg.TokenBudget, "token budget (0: none)")
 	principal := fs.String("principal", "cli", "principal the run acts for")
+	model := fs.String("model", "", "model of this run, e.g. script:./greet.json or openai:gpt-4.1 (default: the planner's TOOLBUS_MODEL); a planner that cannot serve it fails the run saying why")
 	// Flags may follow the question (toolbus run "q" --max-steps 1): they are flags, not
 	// words of the question; a question that starts with "-" comes after "--".
 	pos, err := parseInterleaved(fs, args)
@@ -48,8 +48,13 @@ func cmdRun(ctx context.Context, cfg Config, log *slog.Logger, args []string, ou
 	if !toolbus.ValidRunID(*runID) {
 		return &exitError{code: 2, msg: fmt.Sprintf("run: invalid run id %q: use 1-128 of [A-Za-z0-9_-]", *runID)}
 	}
+	if *model != "" && cfg.URL == "" {
+		cfg.Model = *model // the in-process planner's own model is the run's
+	}
+	// The run names a model only when asked to: a planner serves the others with its own
+	// (TOOLBUS_MODEL of the planner, not of this client).
 	rs := toolbus.RunStarted{
-		RunID: *runID, Model: cfg.Model, Principal: toolbus.Principal{ID: *principal},
+		RunID: *runID, Model: *model, Principal: toolbus.Principal{ID: *principal},
 		Messages: []toolbus.Message{{Role: toolbus.RoleSystem, Content: *system}, {Role: toolbus.RoleUser, Content: question}},
 		Limits:   toolbus.Limits{MaxSteps: *maxSteps, Deadline: time.Now().Add(*timeout).UTC(), TokenBudget: *budget},
 	}
@@ -65,10 +70,6 @@ func cmdRun(ctx context.Context, cfg Config, log *slog.Logger, args []string, ou
 		if _, err := baseModel(cfg); err != nil {
 			return &exitError{code: 2, msg: fmt.Sprintf("run: model %s: %v", cfg.Model, err)}
 		}
-	}
-	if cfg.URL == "" && os.Getenv("TOOLBUS_LOG_LEVEL") == "" {
-		cfg.LogLevel = "warn" // the in-process workers stay quiet; the events tell the story
-		log = cfg.logger()
 	}
 	c, err := openBus(ctx, cfg, log, true)
 	if err != nil {

@@ -34,7 +34,7 @@ func cmdTools(ctx context.Context, cfg Config, log *slog.Logger, args []string, 
 	if len(pos) != 0 {
 		return usageError(fs, "tools: no arguments expected")
 	}
-	c, err := openReader(ctx, cfg, quietLogger(cfg, log))
+	c, err := openReader(ctx, cfg, log)
 	if err != nil {
 		return err
 	}

@@ -20,7 +20,10 @@
 //
 // Configuration: the TOOLBUS_* variables the Go executor reads (TOOLBUS_NATS_URL,
 // TOOLBUS_STREAM, TOOLBUS_INSTANCE, TOOLBUS_ACK_WAIT, TOOLBUS_MAX_DELIVER,
-// TOOLBUS_INSTANCE_TTL, TOOLBUS_CALL_TIMEOUT), plus TOOLBUS_NODE_TOOL to rename the tool.
+// TOOLBUS_INSTANCE_TTL, TOOLBUS_CALL_TIMEOUT), the operations settings of the binary
+// (TOOLBUS_LOG_LEVEL, TOOLBUS_LOG_FORMAT, TOOLBUS_METRICS_ADDR: /metrics, /healthz,
+// /readyz), plus TOOLBUS_NODE_TOOL to rename the tool.
+import http from 'node:http';
 import os from 'node:os';
 import { randomUUID } from 'node:crypto';
 import { connect, AckPolicy, DeliverPolicy, headers as natsHeaders, nanos } from 'nats';
@@ -59,8 +62,56 @@ const cfg = {
   breakRule: env.TOOLBUS_NODE_BREAK || '',
 };
 const source = `/toolbus/executor/${cfg.instance}`;
-const log = (msg, fields = {}) =>
-  console.error(JSON.stringify({ time: new Date().toISOString(), component: 'node-executor', instance: cfg.instance, msg, ...fields }));
+
+// ---- logs, metrics, health: the settings of the toolbus binary ---------------------
+
+const LEVELS = { debug: -4, info: 0, warn: 4, error: 8 };
+const logLevel = (env.TOOLBUS_LOG_LEVEL || 'info').toLowerCase();
+const logFormat = (env.TOOLBUS_LOG_FORMAT || 'text').toLowerCase();
+if (!(logLevel in LEVELS)) throw new Error(`TOOLBUS_LOG_LEVEL ${logLevel}: want debug, info, warn or error`);
+if (logFormat !== 'text' && logFormat !== 'json') throw new Error(`TOOLBUS_LOG_FORMAT ${logFormat}: want text or json`);
+/** Logs on stderr like Go's slog: JSON lines, or key=value text. */
+const log = (msg, fields = {}, level = 'info') => {
+  if (LEVELS[level] < LEVELS[logLevel]) return;
+  const rec = { time: new Date().toISOString(), level: level.toUpperCase(), msg, component: 'node-executor', instance: cfg.instance, ...fields };
+  if (logFormat === 'json') {
+    console.error(JSON.stringify(rec));
+    return;
+  }
+  console.error(Object.entries(rec).map(([k, v]) => `${k}=${typeof v === 'string' && !/[\s"=]/.test(v) ? v : JSON.stringify(v)}`).join(' '));
+};
+
+/** toolbus_tool_calls_total by tool, status and code, as the Go executors export it. */
+const callCounts = new Map();
+const countCall = (tool, status, code) => {
+  const key = JSON.stringify([tool, status, code || '']);
+  callCounts.set(key, (callCounts.get(key) || 0) + 1);
+};
+const health = { connected: false, serving: false };
+if (env.TOOLBUS_METRICS_ADDR) {
+  const [host, port] = [env.TOOLBUS_METRICS_ADDR.replace(/:[^:]*$/, ''), Number(env.TOOLBUS_METRICS_ADDR.replace(/^.*:/, ''))];
+  const srv = http.createServer((req, res) => {
+    if (req.method !== 'GET') return res.writeHead(405).end();
+    if (req.url === '/healthz') return res.writeHead(200).end('ok\n');
+    if (req.url === '/readyz') {
+      if (!health.connected) return res.writeHead(503).end('not connected to NATS\n');
+      if (!health.serving) return res.writeHead(503).end('consumers not bound: executor\n');
+      return res.writeHead(200).end('ready\n');
+    }
+    if (req.url === '/metrics') {
+      const lines = ['# TYPE toolbus_tool_calls_total counter'];
+      for (const [key, n] of callCounts) {
+        const [tool, status, code] = JSON.parse(key);
+        lines.push(`toolbus_tool_calls_total{code="${code}",status="${status}",tool="${tool}"} ${n}`);
+      }
+      lines.push('# TYPE toolbus_ready gauge', `toolbus_ready{role="executor"} ${health.serving ? 1 : 0}`);
+      return res.writeHead(200, { 'content-type': 'text/plain; version=0.0.4' }).end(lines.join('\n') + '\n');
+    }
+    return res.writeHead(404).end();
+  });
+  srv.unref();
+  srv.listen(port, host || '127.0.0.1', () => log('metrics serving', { addr: `${srv.address().address}:${srv.address().port}`, paths: '/metrics /healthz /readyz' }));
+}
 
 // ---- the tool ----------------------------------------------------------------------
 
@@ -167,6 +218,14 @@ const errorResult = (call, status, code, message, extra = {}) => ({
 // ---- the executor --------------------------------------------------------------------
 
 const nc = await connect({ servers: cfg.url.split(','), name: `toolbus node executor ${cfg.instance}` });
+health.connected = true;
+(async () => {
+  for await (const st of nc.status()) {
+    if (st.type === 'disconnect') health.connected = false;
+    if (st.type === 'reconnect') health.connected = true;
+  }
+})().catch(() => {});
+nc.closed().then(() => { health.connected = false; });
 const js = nc.jetstream();
 const jsm = await nc.jetstreamManager();
 const kvTools = await js.views.kv('toolbus_tools', { bindOnly: true });
@@ -198,7 +257,7 @@ const beat = () =>
     name: cfg.instance, tools: [cfg.tool], concurrency: 64, started_at: startedAt, heartbeat_at: new Date().toISOString(),
   })));
 await beat();
-const beatTimer = setInterval(() => beat().catch((err) => log('instance heartbeat failed', { error: String(err) })),
+const beatTimer = setInterval(() => beat().catch((err) => log('instance heartbeat failed', { error: String(err) }, 'warn')),
   Math.max(cfg.instanceTTLMS / 3, 100));
 await kvTools.put(cfg.tool, enc.encode(JSON.stringify(contract)));
 
@@ -418,7 +477,7 @@ async function handle(msg) {
   try {
     ev = decodeEvent(msg);
   } catch (err) {
-    log('poison message terminated', { subject: msg.subject, reason: String(err) });
+    log('poison message terminated', { subject: msg.subject, reason: String(err) }, 'warn');
     msg.term();
     return;
   }
@@ -434,13 +493,13 @@ async function handle(msg) {
   if (ev.attrs.type !== 'toolbus.tool.requested' || !req || !validRun(req.run_id) || !Number.isInteger(req.step) ||
       req.step < 0 || !Number.isInteger(req.call_count) || req.call_count <= 0 || !Number.isInteger(req.call_index) ||
       req.call_index < 0 || req.call_index >= req.call_count || typeof req.call?.call_id !== 'string' || !req.call.call_id) {
-    log('poison message terminated', { subject: msg.subject, reason: 'bad tool.requested' });
+    log('poison message terminated', { subject: msg.subject, reason: 'bad tool.requested' }, 'warn');
     msg.term();
     return;
   }
   const rs = await runStarted(req.run_id);
   if (!rs) {
-    log('poison message terminated', { subject: msg.subject, reason: 'call of a run that was never started' });
+    log('poison message terminated', { subject: msg.subject, reason: 'call of a run that was never started' }, 'warn');
     msg.term();
     return;
   }
@@ -458,12 +517,14 @@ async function handle(msg) {
   result.attempt = attempt;
   result.executor = cfg.instance;
   await publishResult(req, ev.attrs, result);
+  countCall(result.tool, result.status, result.error && result.error.code);
   if (cfg.breakRule === 'two_results') await publishResult(req, ev.attrs, result);
   msg.ack(); // only once the result is stored: a crash before this redelivers the call
 }
 
 const consumer = await js.consumers.get(cfg.stream, durable);
 const messages = await consumer.consume({ max_messages: 64 });
+health.serving = true;
 log('executor serving', { tools: [cfg.tool], queue: durable });
 
 let stopping = false;
@@ -471,6 +532,7 @@ async function stop(signal) {
   if (stopping) return;
   stopping = true;
   log('stopping', { signal });
+  health.serving = false;
   messages.stop();
   clearInterval(beatTimer);
   cancelSub.unsubscribe();
@@ -483,7 +545,7 @@ process.on('SIGTERM', () => stop('SIGTERM'));
 const running = new Set();
 for await (const m of messages) {
   const p = handle(m).catch((err) => {
-    log('call failed, handed back for redelivery', { subject: m.subject, error: String(err) });
+    log('call failed, handed back for redelivery', { subject: m.subject, error: String(err) }, 'warn');
     m.nak(1000);
   });
   running.add(p);

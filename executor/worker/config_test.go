@@ -43,3 +43,26 @@ func TestNewRefusesBadConfig(t *testing.T) {
 		})
 	}
 }
+
+// TestLoadEnvOperations: Serve reads the binary's logging and metrics settings and
+// refuses values the binary refuses.
+func TestLoadEnvOperations(t *testing.T) {
+	t.Setenv("TOOLBUS_METRICS_ADDR", "127.0.0.1:9464")
+	t.Setenv("TOOLBUS_LOG_LEVEL", "debug")
+	t.Setenv("TOOLBUS_LOG_FORMAT", "json")
+	cfg, err := worker.LoadEnv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.MetricsAddr != "127.0.0.1:9464" || cfg.LogLevel != "debug" || cfg.LogFormat != "json" {
+		t.Fatalf("LoadEnv = %+v", cfg)
+	}
+	for env, bad := range map[string]string{"TOOLBUS_LOG_LEVEL": "loud", "TOOLBUS_LOG_FORMAT": "xml"} {
+		t.Run(env, func(t *testing.T) {
+			t.Setenv(env, bad)
+			if _, err := worker.LoadEnv(); err == nil || !strings.Contains(err.Error(), env) {
+				t.Fatalf("LoadEnv with %s=%s: %v, want an error naming it", env, bad, err)
+			}
+		})
+	}
+}

@@ -1,10 +1,12 @@
 package worker
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/kelseyhightower/envconfig"
@@ -12,10 +14,12 @@ import (
 	"github.com/toolbus/toolbus/connect"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/executor"
+	"github.com/toolbus/toolbus/telemetry"
 )
 
 // EnvConfig is what Serve reads from the environment: the same TOOLBUS_* variables as
-// the toolbus binary's executor role.
+// the toolbus binary's executor role, with the same logging, metrics, health and
+// tracing (OTEL_*) settings.
 type EnvConfig struct {
 	connect.Options
 	events.Config
@@ -27,6 +31,33 @@ type EnvConfig struct {
 	Tools       []string      `envconfig:"EXECUTOR_TOOLS"`
 	CallTimeout time.Duration `envconfig:"CALL_TIMEOUT" default:"30s"`
 	MaxOutput   int           `envconfig:"MAX_OUTPUT_BYTES" default:"16384"`
+	// MetricsAddr serves /metrics, /healthz and /readyz on host:port
+	// (TOOLBUS_METRICS_ADDR), as the binary does; empty serves nothing.
+	MetricsAddr string `envconfig:"METRICS_ADDR"`
+	// LogLevel (TOOLBUS_LOG_LEVEL: debug, info, warn, error) and LogFormat
+	// (TOOLBUS_LOG_FORMAT: text, json) make the logger, on stderr, unless Logger is set.
+	LogLevel  string `envconfig:"LOG_LEVEL" default:"info"`
+	LogFormat string `envconfig:"LOG_FORMAT" default:"text"`
+	// ServiceName names the process in traces unless OTEL_SERVICE_NAME does (default
+	// toolbus-executor). Tracing is on when the OTEL_* variables ask for it, as in the
+	// binary (telemetry.SetupTracing).
+	ServiceName string `ignored:"true"`
+}
+
+// logger is the logger of cfg's level and format, on stderr.
+func (c EnvConfig) logger() (*slog.Logger, error) {
+	var lvl slog.Level
+	if err := lvl.UnmarshalText([]byte(cmp.Or(strings.TrimSpace(c.LogLevel), "info"))); err != nil {
+		return nil, fmt.Errorf("executor: config: TOOLBUS_LOG_LEVEL %q: want debug, info, warn or error", c.LogLevel)
+	}
+	opts := &slog.HandlerOptions{Level: lvl}
+	switch strings.ToLower(cmp.Or(strings.TrimSpace(c.LogFormat), "text")) {
+	case "text":
+		return slog.New(slog.NewTextHandler(os.Stderr, opts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(os.Stderr, opts)), nil
+	}
+	return nil, fmt.Errorf("executor: config: TOOLBUS_LOG_FORMAT %q: want text or json", c.LogFormat)
 }
 
 // LoadEnv reads EnvConfig from the TOOLBUS_* environment variables and validates the
@@ -39,6 +70,9 @@ func LoadEnv() (EnvConfig, error) {
 	if err := c.WorkerConfig.Validate(); err != nil {
 		return c, fmt.Errorf("executor: config: %w", err)
 	}
+	if _, err := c.logger(); err != nil {
+		return c, err
+	}
 	if c.Instance == "" {
 		h, _ := os.Hostname()
 		c.Instance = fmt.Sprintf("%s-%d", h, os.Getpid())
@@ -49,7 +83,9 @@ func LoadEnv() (EnvConfig, error) {
 // Serve runs an executor of your own: it connects to the bus from the TOOLBUS_*
 // environment (TOOLBUS_NATS_URL and credentials, as the toolbus binary does), joins the
 // queue of every tool in reg (shared with every other process serving the same tool),
-// publishes the tools to the catalog and runs calls until ctx ends, then drains. opts
+// publishes the tools to the catalog and runs calls until ctx ends, then drains. Like the
+// binary, it logs at TOOLBUS_LOG_LEVEL in TOOLBUS_LOG_FORMAT, serves /metrics, /healthz
+// and /readyz at TOOLBUS_METRICS_ADDR and exports traces when OTEL_* asks for them. opts
 // configure the executor.Executor (WithAuthorizer, executor.WithLogger...).
 func Serve(ctx context.Context, reg *executor.Registry, opts ...executor.Option) error {
 	cfg, err := LoadEnv()
@@ -60,15 +96,29 @@ func Serve(ctx context.Context, reg *executor.Registry, opts ...executor.Option)
 }
 
 // ServeConfig is Serve with an explicit configuration (cfg.Logger, when set, replaces
-// slog.Default()).
+// the logger of LogLevel and LogFormat).
 func ServeConfig(ctx context.Context, cfg EnvConfig, reg *executor.Registry, opts ...executor.Option) error {
 	if err := cfg.WorkerConfig.Validate(); err != nil {
 		return fmt.Errorf("executor: %w", err)
 	}
 	log := cfg.Logger
 	if log == nil {
-		log = slog.Default()
+		var err error
+		if log, err = cfg.logger(); err != nil {
+			return err
+		}
 	}
+	shutdownTracing, err := telemetry.SetupTracing(ctx, cmp.Or(cfg.ServiceName, "toolbus-executor"))
+	if err != nil {
+		return fmt.Errorf("executor: %w", err)
+	}
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		if err := shutdownTracing(sctx); err != nil {
+			log.Warn("spans not flushed", "error", err)
+		}
+	}()
 	nc, err := connect.Dial(ctx, cfg.Options, "toolbus executor "+cfg.Instance, log)
 	if err != nil {
 		return fmt.Errorf("executor: %w", err)
@@ -81,12 +131,23 @@ func ServeConfig(ctx context.Context, cfg EnvConfig, reg *executor.Registry, opt
 	if err != nil {
 		return err
 	}
+	wcfg := Config{Tools: cfg.Tools}
+	if cfg.MetricsAddr != "" {
+		m := telemetry.New()
+		m.WatchQueues(bus, 0, log)
+		srv, err := telemetry.Listen(cfg.MetricsAddr, m.Handler(nc.IsConnected), log)
+		if err != nil {
+			return fmt.Errorf("executor: %w", err)
+		}
+		defer srv.Close() //nolint:errcheck // at exit
+		wcfg.Metrics, wcfg.Observer = m, m.Observer("executor")
+	}
 	opts = append([]executor.Option{executor.WithInstance(cfg.Instance), executor.WithDefaultTimeout(cfg.CallTimeout),
 		executor.WithDefaultMaxOutputBytes(cfg.MaxOutput), executor.WithLogger(log)}, opts...)
 	exec := executor.New(reg, opts...)
-	wc := cfg.WorkerConfig
-	wc.Logger = log
-	w, err := New(bus, exec, Config{WorkerConfig: wc, Tools: cfg.Tools})
+	wcfg.WorkerConfig = cfg.WorkerConfig
+	wcfg.Logger = log
+	w, err := New(bus, exec, wcfg)
 	if err != nil {
 		return err
 	}

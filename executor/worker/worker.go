@@ -1,12 +1,14 @@
 package worker
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -70,7 +72,7 @@ type Config struct {
 	ReplaceContracts bool
 }
 
-// Metrics records what a worker does. It is an interface so that this package does not
+// Metrics records what a worker does. It is an interface so that a Worker does not
 // depend on a metrics library; implementations must be safe for concurrent use.
 type Metrics interface {
 	// CallStarted is called when a call's tool starts running, CallStopped when it
@@ -259,12 +261,25 @@ func (w *Worker) serve(ctx context.Context) error {
 	defer w.ends.close()
 	queues := append([]string{events.UnknownToolToken}, served...)
 	consumers := make([]jetstream.Consumer, 0, len(queues))
+	missing := &MissingQueuesError{}
 	for _, tool := range queues {
 		cons, err := w.queue(ctx, tool)
+		var me *MissingQueuesError
+		if errors.As(err, &me) {
+			// Go on: one error names every queue an admin must create, not the first.
+			if tool != events.UnknownToolToken {
+				missing.Tools = append(missing.Tools, tool)
+			}
+			missing.Err = cmp.Or(missing.Err, me.Err)
+			continue
+		}
 		if err != nil {
 			return err
 		}
 		consumers = append(consumers, cons)
+	}
+	if missing.Err != nil {
+		return missing
 	}
 	// The instance is live before its tools are offered: the planner offers a tool only
 	// while an instance serves it.
@@ -393,10 +408,27 @@ func (w *Worker) queue(ctx context.Context, tool string) (jetstream.Consumer, er
 	}
 	cons, err = w.bus.Consumer(ctx, events.ToolConsumerConfig(tool, w.cfg.AckWait, w.cfg.MaxAckPending))
 	if err != nil {
-		return nil, fmt.Errorf("executor: create the queue of tool %q (with credentials that may not create consumers, an admin runs `toolbus init --tools %s` first): %w", tool, tool, err)
+		return nil, &MissingQueuesError{Tools: []string{tool}, Err: err}
 	}
 	return cons, nil
 }
+
+// MissingQueuesError is returned by Run when the queues of some tools do not exist and
+// the worker could not create them (credentials that may not create consumers): an
+// administrator creates them all with the one command Error names.
+type MissingQueuesError struct {
+	// Tools whose queue is missing, in the order the worker serves them.
+	Tools []string
+	// Err is the first creation failure.
+	Err error
+}
+
+func (e *MissingQueuesError) Error() string {
+	return fmt.Sprintf("executor: the queues of %d tool(s) do not exist and could not be created (%v): %s; an admin creates them with `toolbus init --tools %s` (or `toolbus init` with this executor's TOOLBUS_TOOLS, TOOLBUS_EXECUTOR_TOOLS and TOOLBUS_MCP_CONFIG)",
+		len(e.Tools), e.Err, strings.Join(e.Tools, ", "), strings.Join(e.Tools, ","))
+}
+
+func (e *MissingQueuesError) Unwrap() error { return e.Err }
 
 // heartbeat records this instance in the instances bucket now and every
 // lease.renewEvery, each acknowledged write renewing the lease; the returned stop ends

@@ -1,0 +1,198 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/toolbus/toolbus"
+	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/eventstest"
+	"github.com/toolbus/toolbus/executor"
+	"github.com/toolbus/toolbus/executor/worker"
+)
+
+// callJSON is the output of toolbus call --json.
+type callJSON struct {
+	RunID  string             `json:"run_id"`
+	Result toolbus.ToolResult `json:"result"`
+}
+
+// TestCallEmbedded: toolbus call with no server runs the call on the embedded default,
+// prints the output, exits by status, and leaves an audited run in the local store.
+func TestCallEmbedded(t *testing.T) {
+	noServerEnv(t)
+	code, out, errOut := cli(t, "call", "calculator", `{"expression":"6*7"}`)
+	wantCode(t, "call calculator", code, 0, out, errOut)
+	wantContains(t, "call calculator", out, "42")
+	if errOut != "" {
+		t.Fatalf("call logged on stderr without -v:\n%s", errOut)
+	}
+
+	code, out, errOut = cli(t, "call", "--json", "--id", "call-embedded", "calculator", `{"expression":"2+3"}`)
+	wantCode(t, "call --json", code, 0, out, errOut)
+	var got callJSON
+	if err := json.Unmarshal([]byte(out), &got); err != nil {
+		t.Fatalf("call --json: %v\n%s", err, out)
+	}
+	if got.RunID != "call-embedded" || got.Result.Status != toolbus.StatusSucceeded || got.Result.Tool != "calculator" || !strings.Contains(string(got.Result.Output), "5") {
+		t.Fatalf("call --json = %+v", got)
+	}
+	code, out, errOut = cli(t, "replay", "call-embedded")
+	wantCode(t, "replay of the call", code, 0, out, errOut)
+	wantContains(t, "replay of the call", out, "run call-embedded: completed", "calculator", "invariants: ok")
+
+	stdinOf = strings.NewReader(`{"incident_id":"INC-404"}`)
+	t.Cleanup(func() { stdinOf = os.Stdin })
+	code, out, errOut = cli(t, "call", "lookup_incident", "-")
+	wantCode(t, "call of a failing tool", code, callExitFailed, out, errOut)
+	wantContains(t, "call of a failing tool", errOut, "lookup_incident failed (incident_not_found)", "toolbus replay call-")
+
+	code, out, errOut = cli(t, "call", "calculator", `{"nope":1}`)
+	wantCode(t, "call with invalid arguments", code, callExitRejected, out, errOut)
+	wantContains(t, "call with invalid arguments", errOut, "calculator rejected (invalid_arguments)")
+
+	code, out, errOut = cli(t, "call", "nosuch")
+	wantCode(t, "call of an unknown tool", code, callExitUsage, out, errOut)
+	wantContains(t, "call of an unknown tool", errOut, `unknown tool "nosuch"`, "calculator")
+
+	code, out, errOut = cli(t, "call", "calculator", `{not json`)
+	wantCode(t, "call with bad JSON", code, callExitUsage, out, errOut)
+}
+
+// TestCallServer: toolbus call against a running pipeline (TOOLBUS_NATS_URL): the
+// result, a timeout, and a call that needs approval (exit 3, then approved).
+func TestCallServer(t *testing.T) {
+	p := startOpsPipeline(t, nil, deployForOps())
+	code, out, errOut := p.toolbus("call", "calculator", `{"expression":"2^10"}`)
+	wantCode(t, "call", code, 0, out, errOut)
+	wantContains(t, "call", out, "1024")
+
+	code, out, errOut = p.toolbus("call", "sleep", `{"ms":60000}`, "--json", "--timeout", "500ms")
+	if code == 0 {
+		t.Fatalf("a call past its deadline succeeded:\n%s", out)
+	}
+	wantContains(t, "call past its deadline", out+errOut, "call-")
+
+	code, out, errOut = p.toolbus("call", "--id", "call-deploy", "deploy", `{"service":"api"}`)
+	wantCode(t, "call of a tool that needs approval", code, callExitApproval, out, errOut)
+	wantContains(t, "call of a tool that needs approval", out, "toolbus approve call-deploy call_0")
+	code, out, errOut = p.toolbus("approve", "call-deploy", "call_0")
+	wantCode(t, "approve", code, 0, out, errOut)
+	p.waitStatus("call-deploy", toolbus.RunCompleted)
+
+	code, out, errOut = p.toolbus("call", "fail", `{"message":"boom"}`)
+	wantCode(t, "call of fail", code, callExitFailed, out, errOut)
+}
+
+// TestScriptFileDrivesACustomTool: a script file (TOOLBUS_MODEL=script:<file>) drives
+// a custom tool end to end through the binary's planner and injector, with no key;
+// toolbus run --model names another script for one run, and a model the planner cannot
+// serve fails that run saying why.
+func TestScriptFileDrivesACustomTool(t *testing.T) {
+	dir := t.TempDir()
+	greetScript := filepath.Join(dir, "greet.json")
+	if err := os.WriteFile(greetScript, []byte(`{
+  "steps": [
+    {"say": "Let me greet Ada.", "calls": [{"id": "g", "tool": "greet", "arguments": {"name": "Ada"}}]},
+    {"say": "Done: {{result:g}}"}
+  ]
+}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	otherScript := filepath.Join(dir, "twice.json")
+	if err := os.WriteFile(otherScript, []byte(`{"name": "twice", "steps": [
+    {"calls": [{"tool": "greet", "arguments": {"name": "Bob"}}, {"tool": "greet", "arguments": {"name": "Eve"}}]},
+    {"say": "{{results}}"}
+  ]}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	srv := eventstest.RunJetStream(t)
+	ctx := eventstest.Context(t, 3*time.Minute)
+	bus, _, err := events.Setup(ctx, srv.Conn, events.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := executor.NewRegistry()
+	type in struct {
+		Name string `json:"name"`
+	}
+	type outT struct {
+		Greeting string `json:"greeting"`
+	}
+	if err := executor.RegisterFunc(reg, executor.Tool{Name: "greet", Description: "Greets someone by name."}, func(_ context.Context, a in) (outT, error) {
+		return outT{Greeting: "hello, " + a.Name}, nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	wctx, stop := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	t.Cleanup(func() { stop(); wg.Wait() })
+	w, err := worker.New(bus, executor.New(reg), worker.Config{WorkerConfig: events.WorkerConfig{Instance: "greeter", Logger: log}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wg.Add(2)
+	go func() { defer wg.Done(); _ = w.Run(wctx) }()
+
+	t.Setenv("TOOLBUS_NATS_URL", srv.URL)
+	t.Setenv("TOOLBUS_LOG_LEVEL", "warn")
+	t.Setenv("TOOLBUS_MODEL", "script:"+greetScript)
+	t.Setenv("OPENAI_API_KEY", "")
+	t.Setenv("OPENAI_BASE_URL", "")
+	cfg, err := loadConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		defer wg.Done()
+		if err := runRoles(wctx, cfg, bus, log, "planner", "injector"); err != nil && wctx.Err() == nil {
+			t.Errorf("roles: %v", err)
+		}
+	}()
+
+	var out, errOut strings.Builder
+	code := run(ctx, []string{"run", "--id", "script-1", "Greet Ada"}, &out, &errOut)
+	wantCode(t, "run with the script file", code, 0, out.String(), errOut.String())
+	wantContains(t, "run with the script file", out.String(), "model script:greet (the planner's)", "-> g greet(", `answer: Done: {"greeting":"hello, Ada"}`)
+
+	out.Reset()
+	errOut.Reset()
+	code = run(ctx, []string{"run", "--id", "script-2", "--model", "script:" + otherScript, "Greet two"}, &out, &errOut)
+	wantCode(t, "run --model", code, 0, out.String(), errOut.String())
+	wantContains(t, "run --model", out.String(), "model twice (asked for by the run: script:"+otherScript+")",
+		"greet: {\"greeting\":\"hello, Bob\"}", "greet: {\"greeting\":\"hello, Eve\"}")
+	evs, err := bus.RunEvents(ctx, "script-2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var recorded []string
+	for _, ev := range evs {
+		if ev.Meta.Type == events.TypeModelResponded {
+			var mr toolbus.ModelResponded
+			if err := ev.Decode(&mr); err != nil {
+				t.Fatal(err)
+			}
+			recorded = append(recorded, mr.Model)
+		}
+	}
+	if fmt.Sprint(recorded) != "[twice twice]" {
+		t.Fatalf("model.responded of the run record %v, want the run's model twice", recorded)
+	}
+
+	out.Reset()
+	errOut.Reset()
+	code = run(ctx, []string{"run", "--id", "script-3", "--model", "openai:gpt-4.1", "Greet"}, &out, &errOut)
+	wantCode(t, "run --model the planner cannot serve", code, 1, out.String(), errOut.String())
+	wantContains(t, "run --model the planner cannot serve", out.String(), "model_error", `names model "openai:gpt-4.1", which this planner cannot serve`, "OPENAI_API_KEY")
+}
