@@ -137,9 +137,41 @@ type CallInfo struct {
 	// Attempt counts deliveries of this call, from 1; it goes into ToolResult.Attempt.
 	Attempt int
 	// IdempotencyKey is stable across attempts of the same call (<run>/<step>/<call_id>):
-	// a call runs again only when the executor that claimed it died mid-call, and then
-	// with the same key, so a downstream system can drop the repeat.
+	// a call runs again only when the executor that claimed it died mid-call or lost its
+	// lease, and then with the same key, so a downstream system can drop the repeat.
 	IdempotencyKey string
+	// Lease is the executor's hold on the call (nil outside an executor worker); see
+	// LeaseValid.
+	Lease Lease
+}
+
+// Lease is an executor's hold on the calls it runs. While it holds, no other executor
+// can have taken the call over; once it runs out the call's context is cancelled and
+// the call may run again elsewhere, so a tool checks it before an irreversible step.
+type Lease interface {
+	// Deadline is when the lease runs out unless the executor renews it meanwhile (it
+	// moves forward with each renewal; zero: no lease).
+	Deadline() time.Time
+}
+
+// LeaseDeadline returns when the executor's lease on the call runs out unless renewed,
+// and false when the call runs outside an executor worker (no lease).
+func (ci CallInfo) LeaseDeadline() (time.Time, bool) {
+	if ci.Lease == nil {
+		return time.Time{}, false
+	}
+	return ci.Lease.Deadline(), true
+}
+
+// LeaseValid reports whether the executor still holds the call: no other executor can
+// have taken it over. A tool with an irreversible step checks it just before the step
+// (after any long wait) and returns an error instead when it is false. Without a lease
+// (outside a worker) it is true.
+func (ci CallInfo) LeaseValid() bool {
+	if ci.Lease == nil {
+		return true
+	}
+	return time.Now().Before(ci.Lease.Deadline())
 }
 
 type callInfoKey struct{}

@@ -51,10 +51,14 @@ type Config struct {
 	MaxSteps int `envconfig:"MAX_STEPS" desc:"default step limit of a run"`
 	// MaxCallsPerStep caps the calls of one step that run; the rest are rejected
 	// (too_many_calls). Unset: planner.DefaultMaxCallsPerStep.
-	MaxCallsPerStep int           `envconfig:"MAX_CALLS_PER_STEP" desc:"calls of one step that run; the rest get a rejected result (too_many_calls)"`
-	RunTimeout      time.Duration `envconfig:"RUN_TIMEOUT" default:"10m" desc:"default run deadline, from its start"`
-	TokenBudget     int64         `envconfig:"TOKEN_BUDGET" desc:"default token budget of a run (0: none)"`
-	FailOn          []string      `envconfig:"FAIL_ON" default:"unknown_tool,tool_internal_error,invalid_tool_output,permission_denied" desc:"error codes that fail a run"`
+	MaxCallsPerStep int `envconfig:"MAX_CALLS_PER_STEP" desc:"calls of one step that run; the rest get a rejected result (too_many_calls)"`
+	// MaxAnswerBytes bounds a model answer (planner.Config.MaxAnswerBytes).
+	MaxAnswerBytes int           `envconfig:"MAX_ANSWER_BYTES" desc:"largest model answer (JSON bytes) recorded; a larger one fails the run model_answer_too_large after one model call (0: the server's max_payload less 16 KiB)"`
+	RunTimeout     time.Duration `envconfig:"RUN_TIMEOUT" default:"10m" desc:"default run deadline, from its start"`
+	// MaxRunTimeout caps every run's deadline (a client may ask for any).
+	MaxRunTimeout time.Duration `envconfig:"MAX_RUN_TIMEOUT" default:"24h" desc:"cap of any run's deadline, from its start (0: no cap)"`
+	TokenBudget   int64         `envconfig:"TOKEN_BUDGET" desc:"default token budget of a run (0: none)"`
+	FailOn        []string      `envconfig:"FAIL_ON" default:"unknown_tool,tool_internal_error,invalid_tool_output,permission_denied" desc:"error codes that fail a run"`
 
 	// MetricsAddr serves /metrics, /healthz and /readyz (host:port) for every role of the
 	// process; empty serves nothing.
@@ -125,6 +129,10 @@ func (c Config) validate() error {
 		err = events.InvalidField("MaxSteps", c.MaxSteps, fmt.Sprintf("1 or more (unset: %d)", injector.DefaultMaxSteps))
 	case c.RunTimeout < 0:
 		err = events.InvalidField("RunTimeout", c.RunTimeout, "0s (none) or more")
+	case c.MaxAnswerBytes < 0:
+		err = events.InvalidField("MaxAnswerBytes", c.MaxAnswerBytes, "0 (the server's bound) or more")
+	case c.MaxRunTimeout < 0:
+		err = events.InvalidField("MaxRunTimeout", c.MaxRunTimeout, "0s (no cap) or more")
 	case c.TokenBudget < 0:
 		err = events.InvalidField("TokenBudget", c.TokenBudget, "0 (none) or more")
 	case c.CallTimeout < 0:

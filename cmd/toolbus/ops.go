@@ -27,7 +27,7 @@ import (
 
 // defaultLimits are the limits the workers give runs that set none.
 func (c Config) defaultLimits() toolbus.DefaultLimits {
-	return toolbus.DefaultLimits{MaxSteps: c.MaxSteps, RunTimeout: c.RunTimeout, TokenBudget: c.TokenBudget}
+	return toolbus.DefaultLimits{MaxSteps: c.MaxSteps, RunTimeout: c.RunTimeout, TokenBudget: c.TokenBudget, MaxRunTimeout: c.MaxRunTimeout}
 }
 
 // parseInterleaved parses flags that may come before, between or after the positional

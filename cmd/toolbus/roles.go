@@ -146,7 +146,7 @@ func runPlanner(ctx context.Context, cfg Config, bus *events.Bus, log *slog.Logg
 		return err
 	}
 	p, err := planner.New(bus, model, cat, planner.Config{
-		WorkerConfig: cfg.worker(log), Defaults: cfg.defaultLimits(), MaxCallsPerStep: cfg.MaxCallsPerStep,
+		WorkerConfig: cfg.worker(log), Defaults: cfg.defaultLimits(), MaxCallsPerStep: cfg.MaxCallsPerStep, MaxAnswerBytes: cfg.MaxAnswerBytes,
 		Metrics: plannerMetrics(tel), Observer: serveObserver(tel, "planner"),
 		Models: newModelSet(cfg, model).resolve,
 	})

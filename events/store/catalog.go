@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -202,7 +203,9 @@ func (c *Catalog) servingLocked(tool string) []string {
 		}
 	}
 	sort.Strings(out)
-	return out
+	// A restarted process (same name, new boot id) is listed once while its
+	// predecessor's record expires.
+	return slices.Compact(out)
 }
 
 // Tools returns the contracts allowed by rs (all when rs is nil) that at least one live
