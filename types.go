@@ -44,6 +44,10 @@ const (
 	CodeToolError         = "tool_error"
 	CodeToolInternalError = "tool_internal_error"
 	CodeInvalidToolOutput = "invalid_tool_output"
+	// CodePermissionDenied: the server refused an operation the executor needs for the
+	// call to its credentials; the message names the subject (the missing permission).
+	// It fails the run by default: no retry can fix a deployment's permissions.
+	CodePermissionDenied = "permission_denied"
 	// CodeRunEnded: the call was taken after its run had ended; it did not run
 	// (status cancelled).
 	CodeRunEnded = "run_ended"
@@ -59,6 +63,10 @@ const (
 	CodeStoreError = "store_error"
 	// CodeModelError: the model API refused the request or kept failing.
 	CodeModelError = "model_error"
+	// CodeModelAnswerTooLarge: the model's answer is larger than the bus can store
+	// (planner.Config.MaxAnswerBytes): the run ends at once and the model, which was
+	// paid for that answer, is not asked again.
+	CodeModelAnswerTooLarge = "model_answer_too_large"
 )
 
 // ToolCall is one call proposed by the model: the raw arguments exactly as the model sent
@@ -358,14 +366,19 @@ type DefaultLimits struct {
 	// RunTimeout gives a run with no deadline the deadline StartedAt + RunTimeout.
 	RunTimeout  time.Duration
 	TokenBudget int64
+	// MaxRunTimeout caps every run's deadline, its own included, at StartedAt +
+	// MaxRunTimeout (TOOLBUS_MAX_RUN_TIMEOUT; 0: no cap): the client chooses the
+	// deadline, and a run holds its deadline timer until the run ends.
+	MaxRunTimeout time.Duration
 }
 
 // WithDefaults returns rs with its zero limits filled from d (rs itself is not changed:
 // it may be shared through the run cache).
 func (rs *RunStarted) WithDefaults(d DefaultLimits) *RunStarted {
 	l := rs.Limits
+	capped := d.MaxRunTimeout > 0 && !rs.StartedAt.IsZero() && (l.Deadline.IsZero() || l.Deadline.After(rs.StartedAt.Add(d.MaxRunTimeout)))
 	if (l.MaxSteps > 0 || d.MaxSteps <= 0) && (!l.Deadline.IsZero() || d.RunTimeout <= 0 || rs.StartedAt.IsZero()) &&
-		(l.TokenBudget > 0 || d.TokenBudget <= 0) {
+		(l.TokenBudget > 0 || d.TokenBudget <= 0) && !capped {
 		return rs
 	}
 	cp := *rs
@@ -377,6 +390,11 @@ func (rs *RunStarted) WithDefaults(d DefaultLimits) *RunStarted {
 	}
 	if l.TokenBudget <= 0 && d.TokenBudget > 0 {
 		cp.Limits.TokenBudget = d.TokenBudget
+	}
+	if d.MaxRunTimeout > 0 && !rs.StartedAt.IsZero() {
+		if limit := rs.StartedAt.Add(d.MaxRunTimeout); cp.Limits.Deadline.IsZero() || cp.Limits.Deadline.After(limit) {
+			cp.Limits.Deadline = limit
+		}
 	}
 	return &cp
 }

@@ -68,17 +68,19 @@ type ModelRequest struct {
 
 // Call is the audit of one call.
 type Call struct {
-	Step      int                 `json:"step"`
-	Index     int                 `json:"index"`
-	CallID    string              `json:"call_id"`
-	Tool      string              `json:"tool"`
-	Arguments string              `json:"arguments"`
-	Requested int                 `json:"requested"`
-	Waited    bool                `json:"waited,omitempty"`
-	Decision  string              `json:"decision,omitempty"`
-	DecidedBy string              `json:"decided_by,omitempty"`
-	Results   int                 `json:"results"`
-	Result    *toolbus.ToolResult `json:"result,omitempty"`
+	Step      int    `json:"step"`
+	Index     int    `json:"index"`
+	CallID    string `json:"call_id"`
+	Tool      string `json:"tool"`
+	Arguments string `json:"arguments"`
+	Requested int    `json:"requested"`
+	Waited    bool   `json:"waited,omitempty"`
+	Decision  string `json:"decision,omitempty"`
+	DecidedBy string `json:"decided_by,omitempty"`
+	// DecidedWhy is the reason the decider gave.
+	DecidedWhy string              `json:"decided_why,omitempty"`
+	Results    int                 `json:"results"`
+	Result     *toolbus.ToolResult `json:"result,omitempty"`
 }
 
 // Report is the audit of one run (`toolbus replay --json` prints it as is).
@@ -374,7 +376,7 @@ func (a *analysis) approval(_ events.StoredEvent, ap toolbus.Approval, granted b
 	if rc != nil {
 		e.Tool = rc.Tool
 		if rc.Decision == "" {
-			rc.Decision, rc.DecidedBy = verb, ap.Who
+			rc.Decision, rc.DecidedBy, rc.DecidedWhy = verb, ap.Who, ap.Why
 		}
 	}
 }

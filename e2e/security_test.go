@@ -164,11 +164,22 @@ func secModel() planner.Model {
 // planner, executor and injector; the client connection submits runs.
 func startSecured(t *testing.T, url string, opts map[string][]nats.Option) *secured {
 	t.Helper()
+	return startSecuredWith(t, url, opts, secModel())
+}
+
+// startSecuredWith is startSecured with another model and extra tools for the executor.
+func startSecuredWith(t *testing.T, url string, opts map[string][]nats.Option, model planner.Model, extra ...executor.Tool) *secured {
+	t.Helper()
 	ctx := eventstest.Context(t, 3*time.Minute)
 	s := &secured{t: t, ctx: ctx, url: url, opts: opts, viol: &violations{}, conns: map[string]*nats.Conn{}, buses: map[string]*events.Bus{}}
 	reg := executor.NewRegistry()
 	if err := packs.Register(reg, "demo", "diag"); err != nil {
 		t.Fatal(err)
+	}
+	for _, tool := range extra {
+		if err := reg.Register(tool); err != nil {
+			t.Fatal(err)
+		}
 	}
 	admin, err := connectAs(t, url, "admin", s.viol, opts["admin"]...)
 	if err != nil {
@@ -213,8 +224,11 @@ func startSecured(t *testing.T, url string, opts map[string][]nats.Option) *secu
 		if err != nil {
 			return err
 		}
-		if _, ok := cat.Lookup("calculator"); !ok {
-			return errors.New("no calculator in the catalog yet")
+		// Every tool: the planner's catalog starts from what is published now.
+		for _, name := range reg.Names() {
+			if _, ok := cat.Lookup(name); !ok {
+				return fmt.Errorf("no %s in the catalog yet", name)
+			}
 		}
 		return nil
 	})
@@ -222,7 +236,7 @@ func startSecured(t *testing.T, url string, opts map[string][]nats.Option) *secu
 	if err != nil {
 		t.Fatal(err)
 	}
-	run("planner", must(planner.New(s.buses["planner"], secModel(), cat, planner.Config{WorkerConfig: events.WorkerConfig{Instance: "sec-planner", Grace: time.Second, Logger: log}})).Run)
+	run("planner", must(planner.New(s.buses["planner"], model, cat, planner.Config{WorkerConfig: events.WorkerConfig{Instance: "sec-planner", Grace: time.Second, Logger: log}})).Run)
 	run("injector", must(injector.New(s.buses["injector"], injector.Config{WorkerConfig: events.WorkerConfig{Instance: "sec-injector", Grace: time.Second, Logger: log}})).Run)
 	return s
 }
@@ -364,6 +378,29 @@ func roleAttacks(t *testing.T, role string) []attack {
 				_, err := nc.RequestWithContext(ctx, "$JS.API.CONSUMER.CREATE."+stream, []byte(req))
 				return err
 			}},
+	}
+	// Readers create no consumer anywhere (they read with direct gets), so a client or
+	// the planner cannot fill a stream's consumer limit: every create form is refused.
+	if role == "client" || role == "planner" {
+		for _, st := range []string{"KV_" + store.BucketTools, "KV_" + store.BucketRuns, "KV_" + store.BucketInstances, events.ReadMirrorName(stream)} {
+			as = append(as,
+				api("durable consumer on "+st, "$JS.API.CONSUMER.CREATE."+st+".squat", func(ctx context.Context, js jetstream.JetStream) error {
+					_, err := js.CreateConsumer(ctx, st, jetstream.ConsumerConfig{Durable: "squat", AckPolicy: jetstream.AckNonePolicy})
+					return err
+				}),
+				attack{name: "legacy durable create on " + st, subject: "$JS.API.CONSUMER.DURABLE.CREATE." + st + ".squat2",
+					do: func(ctx context.Context, nc *nats.Conn, _ jetstream.JetStream) error {
+						req := `{"stream_name":"` + st + `","config":{"durable_name":"squat2","ack_policy":"none"}}`
+						_, err := nc.RequestWithContext(ctx, "$JS.API.CONSUMER.DURABLE.CREATE."+st+".squat2", []byte(req))
+						return err
+					}},
+				attack{name: "legacy ephemeral create on " + st, subject: "$JS.API.CONSUMER.CREATE." + st,
+					do: func(ctx context.Context, nc *nats.Conn, _ jetstream.JetStream) error {
+						req := `{"stream_name":"` + st + `","config":{"ack_policy":"none"}}`
+						_, err := nc.RequestWithContext(ctx, "$JS.API.CONSUMER.CREATE."+st, []byte(req))
+						return err
+					}})
+		}
 	}
 	// Every durable, including the role's own, is the admin's: no delete, no update.
 	for _, c := range []string{events.ConsumerPlanner, events.ConsumerInjector, events.ConsumerInjectorApprovals, events.ToolConsumer("calculator")} {
@@ -622,10 +659,30 @@ func setPasswords(t *testing.T) map[string]string {
 // server with nothing changed, the client's reads, and another full run after the
 // attacks.
 func TestSecurityRoles(t *testing.T) {
-	for _, mode := range []struct {
-		name  string
-		start func(t *testing.T) (url string, opts map[string][]nats.Option)
-	}{
+	for _, mode := range credentialKinds() {
+		t.Run(mode.name, func(t *testing.T) {
+			url, opts := mode.start(t)
+			s := startSecured(t, url, opts)
+			s.runOnce("sec-" + mode.name + "-1")
+			s.clientReads("sec-" + mode.name + "-1")
+			s.checkRoles()
+			s.runOnce("sec-" + mode.name + "-2")
+		})
+	}
+}
+
+// credentialKind starts a server from a deploy/nats config with one credential per role
+// of one kind, and returns its URL and each role's connect options.
+type credentialKind struct {
+	name  string
+	start func(t *testing.T) (url string, opts map[string][]nats.Option)
+}
+
+// credentialKinds are the ways deploy/nats gives credentials: user/password
+// (auth-users.conf), nkeys (auth-nkeys.conf) and JWTs (go run ./deploy/nats/gen), all
+// with the role permissions of permissions.conf.
+func credentialKinds() []credentialKind {
+	return []credentialKind{
 		{"user-password", func(t *testing.T) (string, map[string][]nats.Option) {
 			pw := setPasswords(t)
 			srv := startConfigured(t, "auth-users.conf")
@@ -667,15 +724,6 @@ func TestSecurityRoles(t *testing.T) {
 			}
 			return srv.ClientURL(), opts
 		}},
-	} {
-		t.Run(mode.name, func(t *testing.T) {
-			url, opts := mode.start(t)
-			s := startSecured(t, url, opts)
-			s.runOnce("sec-" + mode.name + "-1")
-			s.clientReads("sec-" + mode.name + "-1")
-			s.checkRoles()
-			s.runOnce("sec-" + mode.name + "-2")
-		})
 	}
 }
 

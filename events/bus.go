@@ -111,6 +111,8 @@ type Bus struct {
 
 	mu       sync.Mutex
 	runCache map[string]cachedRun
+	// perms records the permission violations the server reports to the connection.
+	perms *permissions
 }
 
 // cachedRun is a run's first run.started and its stream sequence.
@@ -143,7 +145,7 @@ func newJS(nc *nats.Conn) (jetstream.JetStream, error) {
 }
 
 func open(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, cfg Config) (*Bus, error) {
-	b := &Bus{cfg: cfg, NC: nc, JS: js, runCache: map[string]cachedRun{}}
+	b := &Bus{cfg: cfg, NC: nc, JS: js, runCache: map[string]cachedRun{}, perms: watchPermissions(nc)}
 	missing := func(what, name string, err error) error {
 		if errors.Is(err, jetstream.ErrStreamNotFound) || errors.Is(err, jetstream.ErrBucketNotFound) {
 			return fmt.Errorf("%w: %s %s does not exist", ErrNotSetUp, what, name)
@@ -182,6 +184,7 @@ func open(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, cfg Config
 			kvs.Conn = nc
 		}
 	}
+	kvs.JS = js
 	b.Store = store.New(kvs, cfg.InstanceTTL)
 	return b, nil
 }

@@ -103,6 +103,11 @@ func (b *Bus) firstRunStarted(ctx context.Context, run string) (*toolbus.RunStar
 		if err != nil || m.Type != TypeRunStarted || CheckSubject(raw.Subject, m, rs) != nil {
 			continue
 		}
+		// A run cannot start after the stream stored its start: a client-chosen start in
+		// the future would push the deadline cap (MaxRunTimeout, from the start) with it.
+		if !raw.Time.IsZero() && (rs.StartedAt.IsZero() || rs.StartedAt.After(raw.Time)) {
+			rs.StartedAt = raw.Time.UTC()
+		}
 		return rs, raw.Sequence, nil
 	}
 }

@@ -227,6 +227,9 @@ func Setup(ctx context.Context, nc *nats.Conn, cfg Config, opts ...SetupOption) 
 		// answers with stale data (a run.started not there yet); replicated streams are
 		// read through their leader.
 		AllowDirect: cfg.Replicas <= 1,
+		// Only an administrator creates consumers here (one durable per worker queue
+		// and per tool): an explicit limit above the server's default of 1,000.
+		MaxConsumers: EventStreamMaxConsumers,
 	}
 	if err := upsertStream(ctx, js, sc, note); err != nil {
 		return nil, nil, err
@@ -244,6 +247,7 @@ func Setup(ctx context.Context, nc *nats.Conn, cfg Config, opts ...SetupOption) 
 			DenyPurge:   true,
 			AllowDirect: cfg.Replicas <= 1,
 		}
+		readerLimits(&mc)
 		if err := upsertStream(ctx, js, mc, note); err != nil {
 			return nil, nil, err
 		}
@@ -273,6 +277,9 @@ func Setup(ctx context.Context, nc *nats.Conn, cfg Config, opts ...SetupOption) 
 			if _, err := leaderReads(ctx, js, bk.name); err != nil {
 				return nil, nil, err
 			}
+		}
+		if err := limitReaders(ctx, js, "KV_"+bk.name); err != nil {
+			return nil, nil, err
 		}
 		after, err := js.Stream(ctx, "KV_"+bk.name)
 		if err != nil {
@@ -322,6 +329,42 @@ var buckets = []struct{ name, desc string }{
 	{store.BucketClaims, "executions claimed by executors, one key per call"},
 	{store.BucketInstances, "live executor instances (heartbeats)"},
 	{store.BucketOutputs, "whole tool outputs too large for an event, in chunks, one key prefix per tool"},
+}
+
+// Consumer limits `toolbus init` sets. Readers (tail, replay, runs, tools, toolbus run,
+// toolbus mcp, the console, the planner's catalog) create no consumer: they read with
+// direct gets. The limits bound what a role that may still create consumers somewhere
+// (or an administrator's tool) can leave behind: a stream where readers might create
+// consumers holds at most ReaderMaxConsumers, and any consumer created there, durable
+// or not, is deleted ReaderConsumerInactive after its last use (the server refuses a
+// longer inactive threshold).
+const (
+	EventStreamMaxConsumers = 10000
+	ReaderMaxConsumers      = 1000
+	ReaderConsumerInactive  = 5 * time.Minute // nats.go's ordered consumers ask for 5 minutes
+)
+
+func readerLimits(sc *jetstream.StreamConfig) {
+	sc.MaxConsumers = ReaderMaxConsumers
+	sc.ConsumerLimits = jetstream.StreamConsumerLimits{InactiveThreshold: ReaderConsumerInactive}
+}
+
+// limitReaders sets the reader limits on the stream of a bucket (the KV and object
+// store APIs do not expose them).
+func limitReaders(ctx context.Context, js jetstream.JetStream, name string) error {
+	s, err := js.Stream(ctx, name)
+	if err != nil {
+		return fmt.Errorf("events: stream %s: %w", name, err)
+	}
+	c := s.CachedInfo().Config
+	if c.MaxConsumers == ReaderMaxConsumers && c.ConsumerLimits.InactiveThreshold == ReaderConsumerInactive {
+		return nil
+	}
+	readerLimits(&c)
+	if _, err := js.UpdateStream(ctx, c); err != nil {
+		return fmt.Errorf("events: stream %s: consumer limits: %w", name, err)
+	}
+	return nil
 }
 
 func upsertStream(ctx context.Context, js jetstream.JetStream, sc jetstream.StreamConfig, note func(kind, name string, existed bool, before, after any)) error {

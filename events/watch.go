@@ -48,74 +48,56 @@ func (e StoredEvent) IsRunEnded() bool {
 	return e.Err == nil && strings.HasPrefix(t, "toolbus.run.") && t != TypeRunStarted && t != TypeRunCancel
 }
 
-// eventOf reads one delivered message into a StoredEvent.
-func eventOf(msg jetstream.Msg) (StoredEvent, *jetstream.MsgMetadata) {
-	ev := StoredEvent{Subject: msg.Subject()}
-	md, err := msg.Metadata()
-	if err == nil {
-		ev.Seq, ev.Time = md.Sequence.Stream, md.Timestamp
-	} else {
-		md = nil
-	}
+// storedOf reads one stored message into a StoredEvent.
+func storedOf(raw *jetstream.RawStreamMsg) StoredEvent {
+	ev := StoredEvent{Seq: raw.Sequence, Subject: raw.Subject, Time: raw.Time}
 	var data json.RawMessage
-	meta, err := DecodeMsg(msg, &data)
+	meta, err := Decode(&nats.Msg{Subject: raw.Subject, Header: raw.Header, Data: raw.Data}, &data)
 	if err != nil {
 		ev.Err = err
-		return ev, md
+		return ev
 	}
 	ev.Meta, ev.Data = meta, data
 	ev.Err = checkStored(ev.Subject, meta, data)
-	return ev, md
+	return ev
 }
 
-// noEventYet is what a fetch returns when no event came in time.
-func noEventYet(err error) bool {
-	return errors.Is(err, jetstream.ErrNoMessages) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout)
-}
-
-// RunEvents returns every stored event of a run, in stream order, read from the
-// reader (the read mirror when there is one). It reads the events stored when it is
-// called and returns without waiting: the result is one consistent prefix of the run.
-// Nothing is acknowledged, nothing is executed. A run with no event gives none.
+// RunEvents returns every stored event of a run, in stream order. It reads the events
+// stored when it is called and returns without waiting: the result is one consistent
+// prefix of the run. Nothing is acknowledged, nothing is executed. A run with no event
+// gives none.
+//
+// Readers create no consumer: they read with direct gets (the next message on the
+// filter from a sequence), which every role may send and which cost the server nothing
+// that outlives the request. A consumer per reader would count toward the stream's
+// consumer limit, which a reader could then fill for everyone.
 func (b *Bus) RunEvents(ctx context.Context, run string) ([]StoredEvent, error) {
-	return ReadEvents(ctx, b.reader, SubjectRun(run))
+	return ReadEvents(ctx, b.Stream, SubjectRun(run))
 }
 
 // ReadEvents returns the events stored on a stream's subjects matching filter (FilterAll,
-// SubjectRun...), in stream order, as RunEvents does.
+// SubjectRun...), in stream order, up to the last one stored when it is called, as
+// RunEvents does.
 func ReadEvents(ctx context.Context, stream jetstream.Stream, filter string) ([]StoredEvent, error) {
-	cons, err := stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{filter}, DeliverPolicy: jetstream.DeliverAllPolicy,
-	})
+	info, err := stream.Info(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("events: read %s: %w", filter, err)
 	}
-	// The consumer counts the matching events when it is created: read that many.
-	remaining := cons.CachedInfo().NumPending
+	last := info.State.LastSeq
 	var out []StoredEvent
-	for remaining > 0 {
-		if err := ctx.Err(); err != nil {
-			return nil, err
+	for seq := uint64(1); seq <= last; {
+		raw, err := stream.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(filter))
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			break
 		}
-		batch, err := cons.Fetch(int(min(remaining, 512)), jetstream.FetchMaxWait(5*time.Second))
 		if err != nil {
 			return nil, fmt.Errorf("events: read %s: %w", filter, err)
 		}
-		n := 0
-		for msg := range batch.Messages() {
-			n++
-			ev, md := eventOf(msg)
-			if md != nil {
-				remaining = md.NumPending
-			}
-			out = append(out, ev)
+		if raw.Sequence > last {
+			break
 		}
-		if err := batch.Error(); err != nil && !noEventYet(err) {
-			return nil, fmt.Errorf("events: read %s: %w", filter, err)
-		}
-		if n == 0 {
-			return nil, fmt.Errorf("events: read %s: the stream stopped delivering with %d event(s) left", filter, remaining)
-		}
+		out = append(out, storedOf(raw))
+		seq = raw.Sequence + 1
 	}
 	return out, nil
 }
@@ -123,48 +105,59 @@ func ReadEvents(ctx context.Context, stream jetstream.Stream, filter string) ([]
 // Watcher follows the events stored on some subjects, in stream order, as they are
 // stored. It is not safe for concurrent use.
 type Watcher struct {
-	cons   jetstream.Consumer
+	stream jetstream.Stream
 	filter string
+	next   uint64 // the sequence to read from
 }
 
 // Watch follows the events of filter (SubjectRun(run) for one run, FilterAll for every
-// run) on the reader: from the first stored one when all is set, else from the next one
-// stored. The events a run stores after Watch returns are all delivered, so a caller
-// that starts a run should watch it first.
+// run): from the first stored one when all is set, else from the next one stored. The
+// events a run stores after Watch returns are all delivered, so a caller that starts a
+// run should watch it first. Like RunEvents it creates no consumer: it reads with direct
+// gets and polls for new events.
 func (b *Bus) Watch(ctx context.Context, filter string, all bool) (*Watcher, error) {
-	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: []string{filter}, DeliverPolicy: jetstream.DeliverAllPolicy}
+	w := &Watcher{stream: b.Stream, filter: filter, next: 1}
 	if !all {
-		// An ordered consumer is created on its first fetch: DeliverNew would start
-		// there, not here. Start after the last event stored now instead.
-		info, err := b.reader.Info(ctx)
+		info, err := b.Stream.Info(ctx)
 		if err != nil {
 			return nil, fmt.Errorf("events: watch %s: %w", filter, err)
 		}
-		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, info.State.LastSeq+1
+		w.next = info.State.LastSeq + 1
 	}
-	cons, err := b.reader.OrderedConsumer(ctx, cfg)
-	if err != nil {
-		return nil, fmt.Errorf("events: watch %s: %w", filter, err)
-	}
-	return &Watcher{cons: cons, filter: filter}, nil
+	return w, nil
 }
+
+// watchPoll bounds how long a watcher waits between two looks for a new event.
+const watchPoll = 100 * time.Millisecond
 
 // Next returns the next event, waiting at most wait for it; ok is false when none came
 // in that time. It returns ctx's error once ctx is done.
 func (w *Watcher) Next(ctx context.Context, wait time.Duration) (ev StoredEvent, ok bool, err error) {
-	if err := ctx.Err(); err != nil {
-		return StoredEvent{}, false, err
-	}
-	msg, err := w.cons.Next(jetstream.FetchMaxWait(wait))
-	if err != nil {
-		if ctx.Err() != nil {
-			return StoredEvent{}, false, ctx.Err()
+	deadline := time.Now().Add(wait)
+	pause := 5 * time.Millisecond
+	for {
+		if err := ctx.Err(); err != nil {
+			return StoredEvent{}, false, err
 		}
-		if noEventYet(err) {
+		raw, err := w.stream.GetMsg(ctx, w.next, jetstream.WithGetMsgSubject(w.filter))
+		switch {
+		case err == nil:
+			w.next = raw.Sequence + 1
+			return storedOf(raw), true, nil
+		case ctx.Err() != nil:
+			return StoredEvent{}, false, ctx.Err()
+		case !errors.Is(err, jetstream.ErrMsgNotFound):
+			return StoredEvent{}, false, fmt.Errorf("events: watch %s: %w", w.filter, err)
+		}
+		left := time.Until(deadline)
+		if left <= 0 {
 			return StoredEvent{}, false, nil
 		}
-		return StoredEvent{}, false, fmt.Errorf("events: watch %s: %w", w.filter, err)
+		select {
+		case <-ctx.Done():
+			return StoredEvent{}, false, ctx.Err()
+		case <-time.After(min(pause, left)):
+		}
+		pause = min(pause*2, watchPoll)
 	}
-	ev, _ = eventOf(msg)
-	return ev, true, nil
 }

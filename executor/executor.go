@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime/debug"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -44,6 +45,7 @@ type Executor struct {
 	instance   string
 	defTimeout time.Duration
 	defMaxOut  int
+	secrets    secretValues
 	sems       sync.Map // tool name -> chan struct{} (tools with MaxConcurrency > 0)
 }
 
@@ -101,6 +103,22 @@ func WithDefaultMaxOutputBytes(n int) Option {
 	}
 }
 
+// WithSecrets makes the executor replace each of values (those of at least MinSecretLen
+// bytes) with "[REDACTED]" wherever it occurs in a result, error message or details,
+// before any pattern of RedactText: the credentials of the process itself (its NATS
+// password or token, nkey seed, model API keys) that a tool could read and print.
+func WithSecrets(values ...string) Option {
+	return func(e *Executor) { e.secrets = newSecretValues(append(slices.Clone([]string(e.secrets)), values...)) }
+}
+
+// secretValues returns the values of WithSecrets (none on a nil Executor).
+func (e *Executor) secretValues() secretValues {
+	if e == nil {
+		return nil
+	}
+	return e.secrets
+}
+
 // Registry returns the registry the executor serves.
 func (e *Executor) Registry() *Registry { return e.reg }
 
@@ -119,9 +137,41 @@ type CallInfo struct {
 	// Attempt counts deliveries of this call, from 1; it goes into ToolResult.Attempt.
 	Attempt int
 	// IdempotencyKey is stable across attempts of the same call (<run>/<step>/<call_id>):
-	// a call runs again only when the executor that claimed it died mid-call, and then
-	// with the same key, so a downstream system can drop the repeat.
+	// a call runs again only when the executor that claimed it died mid-call or lost its
+	// lease, and then with the same key, so a downstream system can drop the repeat.
 	IdempotencyKey string
+	// Lease is the executor's hold on the call (nil outside an executor worker); see
+	// LeaseValid.
+	Lease Lease
+}
+
+// Lease is an executor's hold on the calls it runs. While it holds, no other executor
+// can have taken the call over; once it runs out the call's context is cancelled and
+// the call may run again elsewhere, so a tool checks it before an irreversible step.
+type Lease interface {
+	// Deadline is when the lease runs out unless the executor renews it meanwhile (it
+	// moves forward with each renewal; zero: no lease).
+	Deadline() time.Time
+}
+
+// LeaseDeadline returns when the executor's lease on the call runs out unless renewed,
+// and false when the call runs outside an executor worker (no lease).
+func (ci CallInfo) LeaseDeadline() (time.Time, bool) {
+	if ci.Lease == nil {
+		return time.Time{}, false
+	}
+	return ci.Lease.Deadline(), true
+}
+
+// LeaseValid reports whether the executor still holds the call: no other executor can
+// have taken it over. A tool with an irreversible step checks it just before the step
+// (after any long wait) and returns an error instead when it is false. Without a lease
+// (outside a worker) it is true.
+func (ci CallInfo) LeaseValid() bool {
+	if ci.Lease == nil {
+		return true
+	}
+	return time.Now().Before(ci.Lease.Deadline())
 }
 
 type callInfoKey struct{}

@@ -78,7 +78,7 @@ func (c *call) structured(b []byte) {
 		c.text(s)
 		return
 	}
-	v, n := redactValue(v, c.ent.redact)
+	v, n := redactValue(v, c.ent.redact, c.e.secretValues())
 	canon := appendCanonical(make([]byte, 0, len(b)+len(b)/8), v)
 	c.succeed(canon, string(canon), n)
 }
@@ -88,7 +88,7 @@ func (c *call) text(s string) {
 	if !utf8.ValidString(s) {
 		s = strings.ToValidUTF8(s, "\uFFFD")
 	}
-	s, n := RedactText(s)
+	s, n := c.e.secretValues().text(s)
 	c.succeed(appendJSONString(make([]byte, 0, len(s)+2), s), s, n)
 }
 
@@ -118,7 +118,7 @@ func (c *call) fail(status toolbus.Status, code, msg string, retryable bool, det
 	r := c.res
 	r.Status = status
 	r.Output = nil
-	msg, n := RedactText(stripStack(msg))
+	msg, n := c.e.secretValues().text(stripStack(msg))
 	r.Redactions += n
 	var keys []string
 	if c.ent != nil {
@@ -128,7 +128,7 @@ func (c *call) fail(status toolbus.Status, code, msg string, retryable bool, det
 	if details != nil {
 		if b, err := marshalJSON(details); err == nil {
 			if v, err := decodeJSON(b); err == nil && v != nil {
-				v, n := redactValue(v, keys)
+				v, n := redactValue(v, keys, c.e.secretValues())
 				if b := appendCanonical(nil, v); len(b) <= maxDetailsBytes {
 					te.Details = b
 					r.Redactions += n

@@ -2,6 +2,7 @@ package executor
 
 import (
 	"regexp"
+	"slices"
 	"strings"
 )
 
@@ -202,20 +203,53 @@ func RedactText(s string) (string, int) {
 	return s, total
 }
 
+// MinSecretLen is the shortest secret value WithSecrets redacts: a shorter value would
+// also match ordinary words and numbers.
+const MinSecretLen = 8
+
+// secretValues are exact values to redact wherever they occur (WithSecrets).
+type secretValues []string
+
+// newSecretValues keeps the values of at least MinSecretLen bytes, longest first (a
+// secret that contains another is replaced whole).
+func newSecretValues(values []string) secretValues {
+	var out secretValues
+	for _, v := range values {
+		if len(v) >= MinSecretLen && !slices.Contains(out, v) {
+			out = append(out, v)
+		}
+	}
+	slices.SortFunc(out, func(a, b string) int { return len(b) - len(a) })
+	return out
+}
+
+// text replaces the secret values in s, then what RedactText finds.
+func (sv secretValues) text(s string) (string, int) {
+	n := 0
+	for _, v := range sv {
+		if c := strings.Count(s, v); c > 0 {
+			s = strings.ReplaceAll(s, v, Redacted)
+			n += c
+		}
+	}
+	s, m := RedactText(s)
+	return s, n + m
+}
+
 // redactValue redacts a decoded JSON value (map[string]any, []any, string, json.Number,
 // bool, nil) in place where possible and returns the new value and the number of
 // replacements: values of keys in keys (normalized, see normalizeKey) become Redacted,
-// and every string (and object key) goes through RedactText.
-func redactValue(v any, keys []string) (any, int) {
+// and every string (and object key) goes through RedactText and the secret values.
+func redactValue(v any, keys []string, sv secretValues) (any, int) {
 	switch x := v.(type) {
 	case string:
-		s, n := RedactText(x)
+		s, n := sv.text(x)
 		return s, n
 	case []any:
 		total := 0
 		for i, e := range x {
 			var n int
-			x[i], n = redactValue(e, keys)
+			x[i], n = redactValue(e, keys, sv)
 			total += n
 		}
 		return x, total
@@ -232,9 +266,9 @@ func redactValue(v any, keys []string) (any, int) {
 				continue
 			}
 			var n int
-			x[k], n = redactValue(e, keys)
+			x[k], n = redactValue(e, keys, sv)
 			total += n
-			if nk, n := RedactText(k); n > 0 {
+			if nk, n := sv.text(k); n > 0 {
 				renames = append(renames, [2]string{k, nk})
 				total += n
 			}

@@ -1,11 +1,13 @@
 package executor_test
 
 import (
+	"context"
 	"encoding/json"
 	"strings"
 	"testing"
 	"unicode/utf8"
 
+	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/executor"
 )
 
@@ -115,4 +117,48 @@ func FuzzRedact(f *testing.F) {
 			t.Fatalf("redaction broke JSON %q: %q", s, out)
 		}
 	})
+}
+
+// TestWithSecretsRedactsByValue: the values of the process's own secrets are replaced
+// wherever a tool puts them (text, structured output, error message), even when they
+// match no pattern; values shorter than MinSecretLen are not (they would hit words).
+func TestWithSecretsRedactsByValue(t *testing.T) {
+	natsPassword := fake("pl41n-", "n4ts-", "passw0rd")
+	reg := executor.NewRegistry()
+	echo := func(ctx context.Context, args json.RawMessage) (any, error) {
+		var in struct{ Mode string }
+		_ = json.Unmarshal(args, &in)
+		switch in.Mode {
+		case "json":
+			return map[string]any{"env": []any{"TOOLBUS_NATS_PASSWORD=" + natsPassword, "short"}, natsPassword: 1}, nil
+		case "error":
+			return nil, executor.NewError("tool_error", "login failed with "+natsPassword+" (short)")
+		}
+		return "PASSWORD=" + natsPassword + " and again " + natsPassword + "; short", nil
+	}
+	if err := reg.Register(executor.Tool{Name: "echo", Description: "echoes", InputSchema: json.RawMessage(`{"type":"object"}`), Func: echo}); err != nil {
+		t.Fatal(err)
+	}
+	e := executor.New(reg, executor.WithSecrets(natsPassword, "short", ""))
+	for _, mode := range []string{"text", "json", "error"} {
+		t.Run(mode, func(t *testing.T) {
+			res := e.Execute(context.Background(), toolbus.ToolCall{CallID: "c", Tool: "echo", Arguments: `{"mode":"` + mode + `"}`}, toolbus.Principal{ID: "p"})
+			all := res.Content + string(res.Output)
+			if res.Error != nil {
+				all += res.Error.Message
+			}
+			if strings.Contains(all, natsPassword) {
+				t.Fatalf("the secret value reached the result: %s", all)
+			}
+			if !strings.Contains(all, executor.Redacted) || res.Redactions == 0 {
+				t.Fatalf("nothing redacted (%d): %s", res.Redactions, all)
+			}
+			if !strings.Contains(all, "short") {
+				t.Fatalf("a value under MinSecretLen was redacted: %s", all)
+			}
+			if len(res.Output) > 0 && !json.Valid(res.Output) {
+				t.Fatalf("output is no longer JSON: %s", res.Output)
+			}
+		})
+	}
 }

@@ -9,16 +9,20 @@ import (
 	"crypto/x509/pkix"
 	"encoding/pem"
 	"fmt"
+	"io"
 	"math/big"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nkeys"
@@ -131,9 +135,11 @@ func securedPipeline(t *testing.T, natsBin, toolbusBin, dir, conf, scheme string
 	if err != nil {
 		t.Fatal(err)
 	}
+	metricsAddr := map[string]string{}
 	for _, role := range []string{"executor", "planner", "injector"} {
+		metricsAddr[role] = fmt.Sprintf("127.0.0.1:%d", freePort(t))
 		env := append([]string{"TOOLBUS_NATS_URL=" + url, "TOOLBUS_INSTANCE=" + role, "TOOLBUS_MODEL=script:noop",
-			"TOOLBUS_GRACE=2s", "TOOLBUS_TOOLS=demo,diag"}, roleEnv[role]...)
+			"TOOLBUS_GRACE=2s", "TOOLBUS_TOOLS=demo,diag", "TOOLBUS_METRICS_ADDR=" + metricsAddr[role]}, roleEnv[role]...)
 		procs = append(procs, startProc(t, dir, role, toolbusBin, []string{role}, env))
 	}
 	// The executor is up when its tools are in the catalog.
@@ -189,6 +195,73 @@ func securedPipeline(t *testing.T, natsBin, toolbusBin, dir, conf, scheme string
 	}
 	if n != 8 {
 		t.Fatalf("%d results in the stream, want 8 (2 steps of 4 noop calls): %v", n, info.State.Subjects)
+	}
+	// The client's other commands, with its own credentials.
+	client := func(args ...string) string {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, toolbusBin, args...)
+		cmd.Env = childEnv(append([]string{"TOOLBUS_NATS_URL=" + url, "TOOLBUS_INSTANCE=client"}, roleEnv["client"]...))
+		dieWithParent(cmd)
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			dump()
+			t.Fatalf("toolbus %v: %v\n%s", args, err, out)
+		}
+		return string(out)
+	}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"tools"}, "noop"},
+		{[]string{"runs"}, run},
+		{[]string{"tail", "--all", run}, "run " + run + ": completed"},
+		{[]string{"replay", run}, run},
+	} {
+		if out := client(c.args...); !strings.Contains(out, c.want) {
+			t.Fatalf("toolbus %v: output lacks %q:\n%s", c.args, c.want, out)
+		}
+	}
+	// `toolbus mcp` (stdio) with the client's credentials lists the catalog and calls a tool.
+	{
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, toolbusBin, "mcp")
+		cmd.Env = childEnv(append([]string{"TOOLBUS_NATS_URL=" + url, "TOOLBUS_INSTANCE=client-mcp"}, roleEnv["client"]...))
+		cmd.Stderr = io.Discard
+		dieWithParent(cmd)
+		cs, err := mcp.NewClient(&mcp.Implementation{Name: "faults-host", Version: "v0"}, nil).Connect(ctx, &mcp.CommandTransport{Command: cmd}, nil)
+		if err != nil {
+			t.Fatalf("toolbus mcp as the client: %v", err)
+		}
+		tools, err := cs.ListTools(ctx, nil)
+		if err != nil || !slices.ContainsFunc(tools.Tools, func(tl *mcp.Tool) bool { return tl.Name == "calculator" }) {
+			t.Fatalf("toolbus mcp lists %v (%v), want calculator", tools, err)
+		}
+		res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "calculator", Arguments: map[string]any{"expression": "2+3*4"}})
+		if err != nil || res.IsError || len(res.Content) == 0 {
+			t.Fatalf("toolbus mcp calls calculator: %+v %v", res, err)
+		}
+		if tc, ok := res.Content[0].(*mcp.TextContent); !ok || !strings.Contains(tc.Text, "14") {
+			t.Fatalf("toolbus mcp: calculator answered %+v", res.Content[0])
+		}
+		_ = cs.Close()
+	}
+	// Every role is ready and no operation was refused to its credentials.
+	for role, addr := range metricsAddr {
+		for path, want := range map[string]string{"/readyz": "ready", "/metrics": "toolbus_permission_denied_total 0"} {
+			resp, err := http.Get("http://" + addr + path)
+			if err != nil {
+				t.Fatalf("%s %s: %v", role, path, err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusOK || !strings.Contains(string(b), want) {
+				t.Fatalf("%s %s: %d, want 200 with %q:\n%.2000s", role, path, resp.StatusCode, want, b)
+			}
+		}
 	}
 	for _, p := range append(procs, srv) {
 		if strings.Contains(strings.ToLower(p.logText()), "permissions violation") {

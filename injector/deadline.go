@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/toolbus/toolbus"
@@ -28,12 +29,108 @@ import (
 //
 // Time spent waiting for approval counts toward the deadline: a run left waiting past
 // its deadline ends limit_reached / deadline with its pending calls listed.
+//
+// A held timer takes one of the MaxTimers slots, so a timer must not outlive its run:
+// the injector that holds it keeps its delivery in memory (heldTimers) and
+// acknowledges it as soon as it hears the run's outcome (the outcome events, which
+// every injector follows), and a timer is held at most timerRecheck at a time, after
+// which it is checked again (and acknowledged if its run ended), so the timers of an
+// injector that restarted free their slots too. The client chooses the deadline; the
+// injector caps it (Config.Defaults.MaxRunTimeout).
 
 // timerRetry is the delay before a timer whose handling failed is tried again.
 const timerRetry = 2 * time.Second
 
+// timerRecheck bounds how long a timer is held before it is checked again: the longest
+// an ended run keeps its timer slot when no injector that held the timer heard its
+// outcome (the injector restarted, or the outcome event was missed).
+const timerRecheck = 5 * time.Minute
+
+// terminalStatuses are the run outcomes after which a run's timer is not needed.
+var terminalStatuses = []toolbus.RunStatus{toolbus.RunCompleted, toolbus.RunFailed, toolbus.RunLimitReached, toolbus.RunCancelled}
+
+// heldTimers are the deliveries of deadline timers this injector handed back with a
+// delay (one per run; their number is bounded by the timer consumer's MaxAckPending).
+type heldTimers struct {
+	mu sync.Mutex
+	m  map[string]jetstream.Msg
+}
+
+// hold records msg as the held timer of run.
+func (h *heldTimers) hold(run string, msg jetstream.Msg) {
+	h.mu.Lock()
+	h.m[run] = msg
+	h.mu.Unlock()
+}
+
+// take removes and returns the held timer of run (nil when none).
+func (h *heldTimers) take(run string) jetstream.Msg {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	msg := h.m[run]
+	delete(h.m, run)
+	return msg
+}
+
+// nak hands msg back for d unless it was taken meanwhile (then it was acknowledged).
+func (h *heldTimers) nak(run string, msg jetstream.Msg, d time.Duration) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.m[run] == msg {
+		_ = msg.NakWithDelay(d)
+	}
+}
+
+// len is the number of timers held.
+func (h *heldTimers) len() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return len(h.m)
+}
+
+// runEnded frees the timer of a run that ended, if this injector holds it. The
+// acknowledgement goes straight to the delivery's reply subject: the client refuses a
+// second acknowledgement of a message it already handed back, the server takes it (it
+// acknowledges by stream sequence, whatever the delivery).
+func (in *Injector) runEnded(run string) {
+	if msg := in.timers.take(run); msg != nil && msg.Reply() != "" {
+		_ = in.bus.NC.Publish(msg.Reply(), []byte("+ACK"))
+	}
+}
+
+// followOutcomes subscribes to the run outcome events (core NATS) so that held timers
+// are freed as their runs end; the returned func unsubscribes.
+func (in *Injector) followOutcomes() (func(), error) {
+	var subs []*nats.Subscription
+	stop := func() {
+		for _, s := range subs {
+			_ = s.Unsubscribe() // the connection may be closing
+		}
+	}
+	for _, st := range terminalStatuses {
+		sub, err := in.bus.NC.Subscribe(events.SubjectRunEnded("*", st), func(m *nats.Msg) {
+			if run, ok := events.RunIDFromSubject(m.Subject); ok {
+				in.runEnded(run)
+			}
+		})
+		if err != nil {
+			stop()
+			return nil, fmt.Errorf("injector: follow run outcomes: %w", err)
+		}
+		subs = append(subs, sub)
+	}
+	return stop, nil
+}
+
 // serveTimers consumes deadline timers until ctx ends.
 func (in *Injector) serveTimers(ctx context.Context, cons jetstream.Consumer) error {
+	unfollow, err := in.followOutcomes()
+	if err != nil {
+		// Timers of ended runs are then freed by their next check (timerRecheck).
+		in.log.Warn("run outcomes not followed: timers of ended runs are freed within "+timerRecheck.String(), "error", err)
+	} else {
+		defer unfollow()
+	}
 	workCtx, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelWork()
 	var wg sync.WaitGroup
@@ -108,10 +205,19 @@ func (in *Injector) timer(ctx context.Context, msg jetstream.Msg) {
 		return
 	}
 	if wait := time.Until(deadline.Add(in.cfg.DeadlineGrace)); wait > 0 {
-		// Not due: the server holds it until then (a slot of MaxAckPending, no goroutine).
-		_ = msg.NakWithDelay(wait)
+		// Not due: the server holds it until then, or until the next check (a slot of
+		// MaxAckPending, no goroutine), unless the run ends first. It is recorded as held
+		// before the run state is read, so an outcome published meanwhile frees it.
+		in.timers.hold(run, msg)
+		st, _, err := in.bus.RunState(ctx, run)
+		if err == nil && st.Status.Terminal() {
+			in.runEnded(run)
+			return
+		}
+		in.timers.nak(run, msg, min(wait, timerRecheck))
 		return
 	}
+	in.timers.take(run) // due: no longer held
 	if err := in.Deadline(ctx, run, deadline); err != nil {
 		in.log.Warn("deadline timer failed, trying again", "run_id", run, "error", err)
 		_ = msg.NakWithDelay(timerRetry)

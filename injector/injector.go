@@ -59,6 +59,9 @@ const (
 	DefaultMaxDeliver = 10
 	// DefaultDeadlineGrace is the default of Config.DeadlineGrace.
 	DefaultDeadlineGrace = 2 * time.Second
+	// DefaultMaxRunTimeout is the default of Config.Defaults.MaxRunTimeout: the cap of
+	// any run's deadline, from its start.
+	DefaultMaxRunTimeout = 24 * time.Hour
 	// DefaultMaxTimers is the default of Config.MaxTimers.
 	DefaultMaxTimers = 100000
 )
@@ -114,6 +117,9 @@ func (c *Config) setDefaults() {
 	if c.Defaults.MaxSteps == 0 {
 		c.Defaults.MaxSteps = DefaultMaxSteps
 	}
+	if c.Defaults.MaxRunTimeout == 0 {
+		c.Defaults.MaxRunTimeout = DefaultMaxRunTimeout
+	}
 	if c.DeadlineGrace == 0 {
 		c.DeadlineGrace = DefaultDeadlineGrace
 	}
@@ -136,6 +142,8 @@ type Injector struct {
 	calls  *callCache
 	// results this injector joined into steps not yet settled
 	results *resultCache
+	// timers are the deadline timers this injector holds (see deadline.go)
+	timers heldTimers
 }
 
 // New returns an injector, or the error of cfg.Validate.
@@ -145,7 +153,8 @@ func New(bus *events.Bus, cfg Config) (*Injector, error) {
 	}
 	cfg.setDefaults()
 	return &Injector{cfg: cfg, bus: bus, source: events.Source("injector", cfg.Instance), steps: newSteps(),
-		calls: newCallCache(), results: newResultCache(), log: cfg.Logger.With("component", "injector", "instance", cfg.Instance)}, nil
+		timers: heldTimers{m: map[string]jetstream.Msg{}},
+		calls:  newCallCache(), results: newResultCache(), log: cfg.Logger.With("component", "injector", "instance", cfg.Instance)}, nil
 }
 
 // Run consumes results, approvals, cancellations, run.started and deadline timers until

@@ -9,7 +9,7 @@ import (
 )
 
 // DefaultFailOn are the error codes that fail a run instead of going back to the model.
-var DefaultFailOn = []string{toolbus.CodeUnknownTool, toolbus.CodeToolInternalError, toolbus.CodeInvalidToolOutput}
+var DefaultFailOn = []string{toolbus.CodeUnknownTool, toolbus.CodeToolInternalError, toolbus.CodeInvalidToolOutput, toolbus.CodePermissionDenied}
 
 // Rules are the stop rules applied when a step's results are all in.
 type Rules struct {

@@ -2,6 +2,7 @@ package planner
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -40,6 +41,12 @@ type Config struct {
 	// DefaultMaxCallsPerStep): each call beyond it gets a rejected result (code
 	// too_many_calls) from the planner itself.
 	MaxCallsPerStep int
+	// MaxAnswerBytes bounds a model answer (the model.responded data as JSON): a larger
+	// one ends the run failed with code model_answer_too_large, without asking the model
+	// again. 0, or more than the server accepts in one message (its max_payload, 1 MiB
+	// by default) less AnswerHeadroom, means that bound: a larger answer could not be
+	// recorded, and the step would be retried, the model paid each time.
+	MaxAnswerBytes int
 	// Metrics, when set, records model calls and the runs this planner ends.
 	Metrics Metrics
 	// Observer, when set, watches the consume loop (readiness, redeliveries, poison).
@@ -72,6 +79,9 @@ func (nopMetrics) RunEnded(string, string)                                 {}
 
 // Defaults of Config (the shared ones are events.DefaultConcurrency and its siblings).
 const (
+	// AnswerHeadroom is what a recorded answer leaves of the server's max_payload for
+	// the message's headers and envelope.
+	AnswerHeadroom = 16 << 10
 	// DefaultMaxCallsPerStep is the default of Config.MaxCallsPerStep.
 	DefaultMaxCallsPerStep = 128
 	// DefaultModelTimeout is the default of Config.ModelTimeout.
@@ -91,6 +101,9 @@ func (c Config) Validate() error {
 	case c.MaxCallsPerStep < 0:
 		return fmt.Errorf("planner: %w", events.InvalidField("MaxCallsPerStep", c.MaxCallsPerStep,
 			fmt.Sprintf("1 or more (0: default %d)", DefaultMaxCallsPerStep)))
+	case c.MaxAnswerBytes < 0:
+		return fmt.Errorf("planner: %w", events.InvalidField("MaxAnswerBytes", c.MaxAnswerBytes,
+			"1 or more (0: what the server accepts)"))
 	}
 	return nil
 }
@@ -321,8 +334,18 @@ func (p *Planner) Step(ctx context.Context, run string, step int, traceparent st
 			}
 			return err
 		}
+		// An answer the bus cannot record would fail every retry of the step, each
+		// retry paying the model again: the run ends now.
+		if limit := p.maxAnswer(); limit > 0 {
+			if b, merr := json.Marshal(mr); merr == nil && len(b) > limit {
+				return p.answerTooLarge(ctx, run, step, len(b), limit)
+			}
+		}
 		// The first recorded answer wins (another planner may have raced us).
 		if mr, _, err = p.bus.PutAssistant(ctx, mr); err != nil {
+			if tooLarge(err) {
+				return p.answerTooLarge(ctx, run, step, 0, p.maxAnswer())
+			}
 			return err
 		}
 	}
@@ -406,7 +429,7 @@ func (p *Planner) publishCalls(ctx context.Context, rs *toolbus.RunStarted, step
 			futures = append(futures, f)
 			continue
 		}
-		_, served := p.catalog.Lookup(c.Tool) // no executor serves it: any executor rejects it
+		_, served := p.catalog.Resolve(ctx, c.Tool) // no executor serves it: it is rejected, never run
 		f, err := p.bus.PublishEventAsync(ctx, events.ToolRequestedEvent(p.source, toolbus.ToolRequested{
 			RunID: rs.RunID, Step: step, CallIndex: i, CallCount: len(calls), Call: c,
 			Deadline: rs.Limits.Deadline, Principal: rs.Principal, AllowedTools: rs.AllowedTools,
@@ -606,6 +629,36 @@ func (p *Planner) forget(run string) {
 	p.mu.Lock()
 	delete(p.cache, run)
 	p.mu.Unlock()
+}
+
+// maxAnswer is the largest model answer (JSON bytes) the planner records: the server's
+// max_payload less AnswerHeadroom, or Config.MaxAnswerBytes when smaller; 0 when
+// neither is known.
+func (p *Planner) maxAnswer() int {
+	limit := int(p.bus.NC.MaxPayload()) - AnswerHeadroom
+	if p.cfg.MaxAnswerBytes > 0 && (limit <= 0 || p.cfg.MaxAnswerBytes < limit) {
+		limit = p.cfg.MaxAnswerBytes
+	}
+	return max(limit, 0)
+}
+
+// answerTooLarge ends a run whose model answer cannot be recorded (size 0: the store
+// refused it).
+func (p *Planner) answerTooLarge(ctx context.Context, run string, step, size, limit int) error {
+	what := "is larger than"
+	if size > 0 {
+		what = fmt.Sprintf("is %d bytes, over", size)
+	}
+	return p.fail(ctx, run, step, toolbus.CodeModelAnswerTooLarge,
+		fmt.Sprintf("the model's answer at step %d %s the %d bytes the bus can record (TOOLBUS_MAX_ANSWER_BYTES); it is not asked again", step, what, limit))
+}
+
+// tooLarge reports whether a store error says the message exceeds what the server
+// accepts.
+func tooLarge(err error) bool {
+	var apiErr *jetstream.APIError
+	return errors.Is(err, nats.ErrMaxPayload) ||
+		(errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamMessageExceedsMaximum)
 }
 
 func (p *Planner) fail(ctx context.Context, run string, step int, code, reason string) error {

@@ -8,6 +8,7 @@ package telemetry
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"sync"
 	"time"
@@ -35,6 +36,7 @@ const (
 	MetricRedeliveries     = "toolbus_redeliveries_total"
 	MetricPoison           = "toolbus_poison_terminated_total"
 	MetricReady            = "toolbus_ready"
+	MetricPermissionDenied = "toolbus_permission_denied_total"
 	MetricContractRefused  = "toolbus_tool_contract_refused_total"
 )
 
@@ -54,12 +56,14 @@ type Metrics struct {
 	runs      *prometheus.CounterVec
 	redeliver *prometheus.CounterVec
 	poison    *prometheus.CounterVec
+	denied    prometheus.Counter
 	refused   *prometheus.CounterVec
 
 	mu     sync.Mutex
 	roles  map[string]int // role -> consume loops serving
 	ready  *prometheus.GaugeVec
 	queues *queueCollector
+	checks []func() error // more readiness conditions (WatchPermissions)
 }
 
 // New returns the metrics of a process, registered with a registry of their own that
@@ -98,10 +102,12 @@ func New() *Metrics {
 			Help: "Tool contracts the catalog refused because they differ from the registered one (no version bump), by tool."}, []string{"tool"}),
 		ready: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: MetricReady,
 			Help: "1 when the role's consumers are bound and consuming, else 0."}, []string{"role"}),
+		denied: prometheus.NewCounter(prometheus.CounterOpts{Name: MetricPermissionDenied,
+			Help: "Operations the server refused to this process's credentials (permissions violations)."}),
 		roles: map[string]int{},
 	}
 	reg.MustRegister(m.calls, m.duration, m.inflight, m.join, m.modelDur, m.modelErrs, m.tokens, m.runs,
-		m.redeliver, m.poison, m.refused, m.ready,
+		m.redeliver, m.poison, m.refused, m.ready, m.denied,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -171,6 +177,42 @@ func (m *Metrics) Ready() (bool, []string) {
 		}
 	}
 	return len(m.roles) > 0 && len(notReady) == 0, notReady
+}
+
+// WatchPermissions counts, logs and reports as not ready (/readyz, until
+// events.DenialHold passes without another) every operation the server refuses to the
+// bus's credentials: a role missing a permission fails its work, it must not look
+// healthy.
+func (m *Metrics) WatchPermissions(bus *events.Bus, log *slog.Logger) {
+	if log == nil {
+		log = slog.Default()
+	}
+	bus.OnDenied(func(pe *events.PermissionError) {
+		m.denied.Inc()
+		log.Error("the server refused an operation to this process's credentials", "op", pe.Op, "subject", pe.Subject)
+	})
+	m.mu.Lock()
+	m.checks = append(m.checks, func() error {
+		if pe, at, ok := bus.Denial(); ok {
+			return fmt.Errorf("%w (%s ago)", pe, time.Since(at).Round(time.Second))
+		}
+		return nil
+	})
+	m.mu.Unlock()
+}
+
+// problems returns what the readiness checks report.
+func (m *Metrics) problems() []string {
+	m.mu.Lock()
+	checks := m.checks
+	m.mu.Unlock()
+	var out []string
+	for _, c := range checks {
+		if err := c(); err != nil {
+			out = append(out, err.Error())
+		}
+	}
+	return out
 }
 
 type observer struct {

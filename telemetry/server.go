@@ -28,6 +28,10 @@ func (m *Metrics) Handler(connected func() bool) http.Handler {
 			http.Error(w, "not connected to NATS", http.StatusServiceUnavailable)
 			return
 		}
+		if probs := m.problems(); len(probs) > 0 {
+			http.Error(w, "not ready: "+strings.Join(probs, "; "), http.StatusServiceUnavailable)
+			return
+		}
 		ok, notReady := m.Ready()
 		if !ok {
 			sort.Strings(notReady)

@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
@@ -72,7 +74,7 @@ func TestCLIHelpAndVersion(t *testing.T) {
 		{args: []string{"planner", "--help"}, stdout: "usage: toolbus planner", emptyErr: true},
 		{args: []string{"executor", "--help"}, stdout: "usage: toolbus executor", emptyErr: true},
 		{args: []string{"injector", "--help"}, stdout: "usage: toolbus injector", emptyErr: true},
-		{args: []string{"console", "--help"}, stdout: "TOOLBUS_CONSOLE_TOKEN", emptyErr: true},
+		{args: []string{"console", "--help"}, stdout: "TOOLBUS_CONSOLE_USERS_FILE", emptyErr: true},
 		{args: []string{"env", "--help"}, stdout: "usage: toolbus env", emptyErr: true},
 		{args: []string{"run", "--help"}, stdout: "usage: toolbus run", emptyErr: true},
 		{args: []string{"approve", "--help"}, stdout: "usage: toolbus approve", emptyErr: true},
@@ -143,6 +145,7 @@ func TestCLIReadOnlyCommandsCreateNothing(t *testing.T) {
 		t.Run(args[0], func(t *testing.T) {
 			dir := noServerEnv(t)
 			t.Setenv("TOOLBUS_CONSOLE_ADDR", "127.0.0.1:0")
+			t.Setenv("TOOLBUS_CONSOLE_PUBLIC_READ", "true") // else it refuses to start, before it looks
 			code, out, errOut := cli(t, args...)
 			wantCode(t, args[0], code, 1, out, errOut)
 			wantContains(t, args[0], errOut, "nothing to read", "no local store")
@@ -293,6 +296,29 @@ func TestCLIRunSaysWhatItWaitsFor(t *testing.T) {
 	}()
 	t.Cleanup(func() { stop(); <-idone })
 	follow("wait-planner", "(waiting for the planner", "no worker consumes queue planner")
+
+	// A planner that fails on every message (as one whose credentials miss a
+	// permission does): the run names the failing worker, not only the queue.
+	cons, err := bus.Stream.Consumer(ctx, events.ConsumerPlanner)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fctx, fstop := context.WithCancel(ctx)
+	fdone := make(chan struct{})
+	go func() {
+		defer close(fdone)
+		for fctx.Err() == nil {
+			batch, err := cons.Fetch(10, jetstream.FetchMaxWait(200*time.Millisecond))
+			if err != nil {
+				continue
+			}
+			for m := range batch.Messages() {
+				_ = m.NakWithDelay(100 * time.Millisecond)
+			}
+		}
+	}()
+	t.Cleanup(func() { fstop(); <-fdone })
+	follow("wait-failing", "(waiting for the planner", "the worker of queue planner keeps failing")
 }
 
 // TestCLIRunRefusesUnknownTools: --tools naming a tool no executor serves is refused

@@ -51,17 +51,33 @@ type Config struct {
 	MaxSteps int `envconfig:"MAX_STEPS" desc:"default step limit of a run"`
 	// MaxCallsPerStep caps the calls of one step that run; the rest are rejected
 	// (too_many_calls). Unset: planner.DefaultMaxCallsPerStep.
-	MaxCallsPerStep int           `envconfig:"MAX_CALLS_PER_STEP" desc:"calls of one step that run; the rest get a rejected result (too_many_calls)"`
-	RunTimeout      time.Duration `envconfig:"RUN_TIMEOUT" default:"10m" desc:"default run deadline, from its start"`
-	TokenBudget     int64         `envconfig:"TOKEN_BUDGET" desc:"default token budget of a run (0: none)"`
-	FailOn          []string      `envconfig:"FAIL_ON" default:"unknown_tool,tool_internal_error,invalid_tool_output" desc:"error codes that fail a run"`
+	MaxCallsPerStep int `envconfig:"MAX_CALLS_PER_STEP" desc:"calls of one step that run; the rest get a rejected result (too_many_calls)"`
+	// MaxAnswerBytes bounds a model answer (planner.Config.MaxAnswerBytes).
+	MaxAnswerBytes int           `envconfig:"MAX_ANSWER_BYTES" desc:"largest model answer (JSON bytes) recorded; a larger one fails the run model_answer_too_large after one model call (0: the server's max_payload less 16 KiB)"`
+	RunTimeout     time.Duration `envconfig:"RUN_TIMEOUT" default:"10m" desc:"default run deadline, from its start"`
+	// MaxRunTimeout caps every run's deadline (a client may ask for any).
+	MaxRunTimeout time.Duration `envconfig:"MAX_RUN_TIMEOUT" default:"24h" desc:"cap of any run's deadline, from its start (0: no cap)"`
+	TokenBudget   int64         `envconfig:"TOKEN_BUDGET" desc:"default token budget of a run (0: none)"`
+	FailOn        []string      `envconfig:"FAIL_ON" default:"unknown_tool,tool_internal_error,invalid_tool_output,permission_denied" desc:"error codes that fail a run"`
 
 	// MetricsAddr serves /metrics, /healthz and /readyz (host:port) for every role of the
 	// process; empty serves nothing.
 	MetricsAddr string `envconfig:"METRICS_ADDR" desc:"address (host:port) of /metrics, /healthz and /readyz for the roles of this process; empty: none"`
 
-	ConsoleAddr  string `envconfig:"CONSOLE_ADDR" desc:"web console address (host:port) of toolbus console, and of toolbus up when set"`
-	ConsoleToken string `envconfig:"CONSOLE_TOKEN" desc:"token that approve, deny and cancel in the web console need (unset: the console is read-only)"`
+	ConsoleAddr string `envconfig:"CONSOLE_ADDR" desc:"web console address (host:port) of toolbus console, and of toolbus up when set"`
+	// The console's users (see access.go for the access-list format).
+	ConsoleUsers        string   `envconfig:"CONSOLE_USERS" desc:"console users, inline: entries 'NAME sha256:HEX [teams=a,b]' separated by ';' (toolbus token NAME makes one)"`
+	ConsoleUsersFile    string   `envconfig:"CONSOLE_USERS_FILE" desc:"console users file, one 'NAME sha256:HEX [teams=a,b]' per line; re-read when it changes (delete a line to revoke)"`
+	ConsolePublicRead   bool     `envconfig:"CONSOLE_PUBLIC_READ" desc:"let anyone who reaches the console read every run without signing in (actions still need a user)"`
+	ConsoleAllowedHosts []string `envconfig:"CONSOLE_ALLOWED_HOSTS" desc:"Host names the console answers besides loopback and its listen host (DNS rebinding guard)"`
+
+	// The HTTP door of `toolbus mcp --http` (see access.go for the access-list format).
+	MCPTokens         string        `envconfig:"MCP_TOKENS" desc:"access list of toolbus mcp --http, inline: entries 'NAME sha256:HEX [teams=a,b]' separated by ';' (toolbus token NAME makes one)"`
+	MCPTokensFile     string        `envconfig:"MCP_TOKENS_FILE" desc:"access list file of toolbus mcp --http, one 'NAME sha256:HEX [teams=a,b]' per line; re-read when it changes (delete a line to revoke)"`
+	MCPAllowedHosts   []string      `envconfig:"MCP_ALLOWED_HOSTS" desc:"Host names toolbus mcp --http answers besides loopback and its listen host (DNS rebinding guard)"`
+	MCPAllowedOrigins []string      `envconfig:"MCP_ALLOWED_ORIGINS" desc:"browser origins (https://app.example) allowed to call toolbus mcp --http besides its own"`
+	MCPSessionTimeout time.Duration `envconfig:"MCP_SESSION_TIMEOUT" default:"30m" desc:"toolbus mcp --http closes a session idle this long"`
+	MCPMaxSessions    int           `envconfig:"MCP_MAX_SESSIONS" default:"100" desc:"live sessions of toolbus mcp --http; more initialize requests get 503"`
 
 	LogLevel  string `envconfig:"LOG_LEVEL" default:"info" desc:"debug, info, warn or error"`
 	LogFormat string `envconfig:"LOG_FORMAT" default:"text" desc:"text or json"`
@@ -113,6 +129,10 @@ func (c Config) validate() error {
 		err = events.InvalidField("MaxSteps", c.MaxSteps, fmt.Sprintf("1 or more (unset: %d)", injector.DefaultMaxSteps))
 	case c.RunTimeout < 0:
 		err = events.InvalidField("RunTimeout", c.RunTimeout, "0s (none) or more")
+	case c.MaxAnswerBytes < 0:
+		err = events.InvalidField("MaxAnswerBytes", c.MaxAnswerBytes, "0 (the server's bound) or more")
+	case c.MaxRunTimeout < 0:
+		err = events.InvalidField("MaxRunTimeout", c.MaxRunTimeout, "0s (no cap) or more")
 	case c.TokenBudget < 0:
 		err = events.InvalidField("TokenBudget", c.TokenBudget, "0 (none) or more")
 	case c.CallTimeout < 0:

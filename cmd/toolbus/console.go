@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"crypto/subtle"
 	"embed"
 	"encoding/json"
 	"errors"
@@ -27,8 +26,8 @@ import (
 // audit as `toolbus replay` (audit.Analyze over the run's events, read from the bus's
 // reader). Live updates are server-sent events: one per event stored on the stream,
 // after which the page fetches itself again. Approve, deny and cancel publish the same
-// events as the CLI and need TOOLBUS_CONSOLE_TOKEN; with no token the console is
-// read-only. Everything a model or tool wrote reaches the browser through html/template
+// events as the CLI, with the signed-in user as the actor (consoleauth.go: who may read
+// and act). Everything a model or tool wrote reaches the browser through html/template
 // escaping, and the page's script never writes HTML from data.
 
 //go:embed consoleui
@@ -40,20 +39,32 @@ const consoleMaxRuns = 200
 // consoleMaxOutput bounds the full output shown for one call.
 const consoleMaxOutput = 1 << 20
 
-// errConsoleForbidden is the answer to an action without the console token.
-var errConsoleForbidden = errors.New("console: this action needs TOOLBUS_CONSOLE_TOKEN")
+// consoleOptions configures the console.
+type consoleOptions struct {
+	// Users may sign in (nil: nobody; then PublicRead must be set).
+	Users *accessSource
+	// PublicRead lets anyone who reaches the console read it (never act).
+	PublicRead bool
+	// Listen is the console's address, and AllowedHosts the other names users reach it
+	// by (the Host check).
+	Listen       string
+	AllowedHosts []string
+	Instance     string
+}
 
 // console serves the web console over one bus.
 type console struct {
 	bus    *events.Bus
-	token  string
+	auth   *consoleAuth
+	hub    *consoleHub
 	source string
 	log    *slog.Logger
 	tmpl   *template.Template
 }
 
-// newConsole returns the console's handler. An empty token makes it read-only.
-func newConsole(bus *events.Bus, token, instance string, log *slog.Logger) (http.Handler, error) {
+// newConsole returns the console's handler; its live streams follow the bus until ctx
+// ends.
+func newConsole(ctx context.Context, bus *events.Bus, opts consoleOptions, log *slog.Logger) (http.Handler, error) {
 	tmpl, err := template.New("console").Funcs(template.FuncMap{
 		// x is a position on the 0-1000 axis of a timeline row, from a percentage.
 		"x":  func(pct float64) string { return fmt.Sprintf("%.1f", pct*10) },
@@ -73,7 +84,9 @@ func newConsole(bus *events.Bus, token, instance string, log *slog.Logger) (http
 	if err != nil {
 		return nil, fmt.Errorf("console: templates: %w", err)
 	}
-	c := &console{bus: bus, token: token, source: events.Source("console", instance), log: log, tmpl: tmpl}
+	c := &console{bus: bus, auth: newConsoleAuth(opts.Users, opts.PublicRead, newHostPolicy(opts.Listen, opts.AllowedHosts)),
+		hub: newConsoleHub(bus, log), source: events.Source("console", opts.Instance), log: log, tmpl: tmpl}
+	go c.hub.run(ctx)
 	static, err := fs.Sub(consoleFS, "consoleui/static")
 	if err != nil {
 		return nil, fmt.Errorf("console: assets: %w", err)
@@ -86,7 +99,11 @@ func newConsole(bus *events.Bus, token, instance string, log *slog.Logger) (http
 	mux.HandleFunc("POST /runs/{run}/deny", c.decide(false))
 	mux.HandleFunc("POST /runs/{run}/cancel", c.cancel)
 	mux.HandleFunc("GET /events", c.sse)
-	return securityHeaders(mux), nil
+	mux.HandleFunc("GET /login", c.loginPage)
+	mux.HandleFunc("POST /login", c.login)
+	mux.HandleFunc("POST /logout", c.logout)
+	mux.HandleFunc("GET /readyz", c.ready)
+	return securityHeaders(c.auth.wrap(mux)), nil
 }
 
 // securityHeaders forbids inline scripts and framing: even markup that escaped the
@@ -128,6 +145,9 @@ func cmdConsole(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if cfg.ConsoleAddr == "" {
 		return &exitError{code: 2, msg: "console: set TOOLBUS_CONSOLE_ADDR (host:port), for example 127.0.0.1:8080"}
 	}
+	if _, err := consoleOptionsOf(cfg); err != nil {
+		return err
+	}
 	c, err := openReader(ctx, cfg, log)
 	if err != nil {
 		return err
@@ -136,16 +156,45 @@ func cmdConsole(ctx context.Context, cfg Config, log *slog.Logger) error {
 	return runConsole(ctx, cfg, c.bus, log)
 }
 
+// consoleOptionsOf reads the console's users and settings; the console needs users
+// unless it is explicitly public and read-only.
+func consoleOptionsOf(cfg Config) (consoleOptions, error) {
+	listen, _, err := loopbackAddr(cfg.ConsoleAddr)
+	if err != nil {
+		return consoleOptions{}, &exitError{code: 2, msg: "console: TOOLBUS_CONSOLE_ADDR " + err.Error()}
+	}
+	opts := consoleOptions{PublicRead: cfg.ConsolePublicRead, Listen: listen, AllowedHosts: cfg.ConsoleAllowedHosts, Instance: cfg.Instance}
+	if cfg.ConsoleUsers == "" && cfg.ConsoleUsersFile == "" {
+		if !cfg.ConsolePublicRead {
+			return opts, &exitError{code: 2, msg: "console: set TOOLBUS_CONSOLE_USERS_FILE (who may sign in; `toolbus token NAME` makes an entry), or TOOLBUS_CONSOLE_PUBLIC_READ=true for a read-only console anyone who reaches it can read"}
+		}
+		return opts, nil
+	}
+	if opts.Users, err = newAccessSource(cfg.ConsoleUsers, cfg.ConsoleUsersFile); err != nil {
+		return opts, &exitError{code: 2, msg: "console: " + err.Error()}
+	}
+	return opts, nil
+}
+
 // runConsole serves the console of bus at TOOLBUS_CONSOLE_ADDR until ctx ends.
 func runConsole(ctx context.Context, cfg Config, bus *events.Bus, log *slog.Logger) error {
-	h, err := newConsole(bus, cfg.ConsoleToken, cfg.Instance, log)
+	opts, err := consoleOptionsOf(cfg)
 	if err != nil {
 		return err
 	}
-	if cfg.ConsoleToken == "" {
-		log.Info("console is read-only: set TOOLBUS_CONSOLE_TOKEN to approve, deny and cancel from it")
+	h, err := newConsole(ctx, bus, opts, log)
+	if err != nil {
+		return err
 	}
-	return serveConsole(ctx, cfg.ConsoleAddr, h, log)
+	if opts.Users == nil {
+		log.Warn("console is public and read-only: anyone who reaches it reads every run; set TOOLBUS_CONSOLE_USERS_FILE to require sign-in and to act")
+	} else if opts.PublicRead {
+		log.Warn("console reads are public (TOOLBUS_CONSOLE_PUBLIC_READ): anyone who reaches it reads every run")
+	}
+	if _, beyond, _ := loopbackAddr(cfg.ConsoleAddr); beyond {
+		log.Warn("console listens beyond this machine: serve it behind TLS and set TOOLBUS_CONSOLE_ALLOWED_HOSTS to the names users reach it by", "addr", opts.Listen)
+	}
+	return serveConsole(ctx, opts.Listen, h, log)
 }
 
 // runRow is one line of the runs list.
@@ -161,16 +210,36 @@ var consoleStatuses = []toolbus.RunStatus{toolbus.RunRunning, toolbus.RunWaiting
 	toolbus.RunFailed, toolbus.RunLimitReached, toolbus.RunCancelled}
 
 func (c *console) runsPage(w http.ResponseWriter, r *http.Request) {
-	ctx := r.Context()
 	filter := r.URL.Query().Get("status")
 	if filter != "" && !validStatus(filter) {
 		http.Error(w, fmt.Sprintf("unknown status %q: want one of %s", filter, statusList()), http.StatusBadRequest)
 		return
 	}
-	runs, err := c.bus.Runs(ctx)
-	if err != nil {
+	var rows []runRow
+	if err := c.hub.read(r.Context(), func(ctx context.Context) error {
+		var err error
+		rows, err = c.runRows(ctx, filter)
+		return err
+	}); err != nil {
 		c.fail(w, err)
 		return
+	}
+	c.render(w, "runs.html", c.pageData(r, map[string]any{"Runs": rows, "Filter": filter, "Statuses": consoleStatuses}))
+}
+
+// pageData adds who is signed in (and whether they may act) to a page's data.
+func (c *console) pageData(r *http.Request, data map[string]any) map[string]any {
+	u, ok := userOf(r)
+	data["CanAct"] = ok
+	data["User"] = u.Name
+	return data
+}
+
+// runRows reads the runs list.
+func (c *console) runRows(ctx context.Context, filter string) ([]runRow, error) {
+	runs, err := c.bus.Runs(ctx)
+	if err != nil {
+		return nil, err
 	}
 	sort.SliceStable(runs, func(i, j int) bool { return runs[i].StartedAt.After(runs[j].StartedAt) })
 	now := time.Now()
@@ -198,7 +267,7 @@ func (c *console) runsPage(w http.ResponseWriter, r *http.Request) {
 		}
 		rows = append(rows, row)
 	}
-	c.render(w, "runs.html", map[string]any{"Runs": rows, "Filter": filter, "Statuses": consoleStatuses, "CanAct": c.token != ""})
+	return rows, nil
 }
 
 func validStatus(s string) bool {
@@ -254,34 +323,43 @@ type consoleStep struct {
 }
 
 func (c *console) runPage(w http.ResponseWriter, r *http.Request) {
-	ctx := r.Context()
 	run := r.PathValue("run")
 	if !toolbus.ValidRunID(run) {
 		http.Error(w, "invalid run id", http.StatusBadRequest)
 		return
 	}
-	evs, err := c.bus.RunEvents(ctx, run)
+	var (
+		rep     *audit.Report
+		waiting []toolbus.ToolCall
+		steps   []*consoleStep
+	)
+	err := c.hub.read(r.Context(), func(ctx context.Context) error {
+		evs, err := c.hub.runEvents(ctx, run)
+		if err != nil || len(evs) == 0 {
+			return err
+		}
+		rep = audit.Analyze(run, evs)
+		st, _, stErr := c.bus.RunState(ctx, run)
+		if stErr == nil && st.Status == toolbus.RunWaitingForApproval && st.Ended != nil {
+			waiting = st.Ended.Pending
+		} else if rep.Status == toolbus.RunWaitingForApproval {
+			waiting = rep.Pending
+		}
+		steps = c.steps(ctx, rep)
+		return nil
+	})
 	if err != nil {
 		c.fail(w, err)
 		return
 	}
-	if len(evs) == 0 {
+	if rep == nil {
 		http.Error(w, fmt.Sprintf("run %s not found", run), http.StatusNotFound)
 		return
 	}
-	rep := audit.Analyze(run, evs)
-	st, _, stErr := c.bus.RunState(ctx, run)
-	var waiting []toolbus.ToolCall
-	if stErr == nil && st.Status == toolbus.RunWaitingForApproval && st.Ended != nil {
-		waiting = st.Ended.Pending
-	} else if rep.Status == toolbus.RunWaitingForApproval {
-		waiting = rep.Pending
-	}
-	steps := c.steps(ctx, rep)
-	c.render(w, "run.html", map[string]any{
-		"R": rep, "Steps": steps, "Waiting": waiting, "CanAct": c.token != "",
+	c.render(w, "run.html", c.pageData(r, map[string]any{
+		"R": rep, "Steps": steps, "Waiting": waiting,
 		"Active": !rep.Status.Terminal(), "Duration": ms(rep.DurationMS),
-	})
+	}))
 }
 
 // ms renders a duration in milliseconds.
@@ -327,27 +405,22 @@ func (c *console) steps(ctx context.Context, rep *audit.Report) []*consoleStep {
 	return out
 }
 
-// authorized checks the console token of an action (constant time).
-func (c *console) authorized(r *http.Request) error {
-	if c.token == "" {
-		return fmt.Errorf("%w: the console is read-only", errConsoleForbidden)
+// actor returns the signed-in user who acts (consoleAuth.wrap lets no POST through
+// without one; a public console's anonymous reader cannot act).
+func actor(w http.ResponseWriter, r *http.Request) (string, bool) {
+	u, ok := userOf(r)
+	if !ok {
+		http.Error(w, "console: sign in to approve, deny or cancel", http.StatusUnauthorized)
 	}
-	got := r.PostFormValue("token")
-	if got == "" {
-		got = strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer ")
-	}
-	if subtle.ConstantTimeCompare([]byte(got), []byte(c.token)) != 1 {
-		return fmt.Errorf("%w: wrong or missing token", errConsoleForbidden)
-	}
-	return nil
+	return u.Name, ok
 }
 
 func (c *console) decide(granted bool) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		ctx := r.Context()
 		run := r.PathValue("run")
-		if err := c.authorized(r); err != nil {
-			http.Error(w, err.Error(), http.StatusForbidden)
+		who, ok := actor(w, r)
+		if !ok {
 			return
 		}
 		if !toolbus.ValidRunID(run) {
@@ -364,7 +437,7 @@ func (c *console) decide(granted bool) http.HandlerFunc {
 			c.actionError(w, err)
 			return
 		}
-		a := toolbus.Approval{RunID: run, CallID: callID, Who: consoleWho(r), Why: reason}
+		a := toolbus.Approval{RunID: run, CallID: callID, Who: who, Why: reason}
 		if _, err := c.bus.PublishApproval(ctx, c.source, step, a, granted); err != nil {
 			c.fail(w, err)
 			return
@@ -377,8 +450,8 @@ func (c *console) decide(granted bool) http.HandlerFunc {
 func (c *console) cancel(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
 	run := r.PathValue("run")
-	if err := c.authorized(r); err != nil {
-		http.Error(w, err.Error(), http.StatusForbidden)
+	who, ok := actor(w, r)
+	if !ok {
 		return
 	}
 	if !toolbus.ValidRunID(run) {
@@ -398,21 +471,13 @@ func (c *console) cancel(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, fmt.Sprintf("run %s already ended: %s", run, st.Status), http.StatusConflict)
 		return
 	}
-	cn := toolbus.Cancel{RunID: run, Reason: strings.TrimSpace(r.PostFormValue("reason")), Who: consoleWho(r)}
+	cn := toolbus.Cancel{RunID: run, Reason: strings.TrimSpace(r.PostFormValue("reason")), Who: who}
 	if _, err := c.bus.PublishCancel(ctx, c.source, cn); err != nil {
 		c.fail(w, err)
 		return
 	}
 	c.log.Info("console cancel", "run", run, "who", cn.Who)
 	http.Redirect(w, r, "/runs/"+run, http.StatusSeeOther)
-}
-
-// consoleWho names who acted from the console: the form's name, else "console".
-func consoleWho(r *http.Request) string {
-	if w := strings.TrimSpace(r.PostFormValue("who")); w != "" {
-		return oneLine(w, 80)
-	}
-	return "console"
 }
 
 // actionError answers an action the run's state refuses (the CLI's exit 1 cases).
@@ -426,51 +491,65 @@ func (c *console) actionError(w http.ResponseWriter, err error) {
 }
 
 // sse streams one event per message stored on the run's subjects (or every run's),
-// from now on: the page then fetches itself again.
+// from now on: the page then fetches itself again. Every stream shares the hub's one
+// watcher of the bus.
 func (c *console) sse(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
-	filter := events.FilterAll
-	if run := r.URL.Query().Get("run"); run != "" {
-		if !toolbus.ValidRunID(run) {
-			http.Error(w, "invalid run id", http.StatusBadRequest)
-			return
-		}
-		filter = events.SubjectRun(run)
+	run := r.URL.Query().Get("run")
+	if run != "" && !toolbus.ValidRunID(run) {
+		http.Error(w, "invalid run id", http.StatusBadRequest)
+		return
 	}
 	flusher, ok := w.(http.Flusher)
 	if !ok {
 		http.Error(w, "streaming unsupported", http.StatusInternalServerError)
 		return
 	}
-	watch, err := c.bus.Watch(ctx, filter, false)
-	if err != nil {
-		c.fail(w, err)
+	ch, ok := c.hub.subscribe(run)
+	if !ok {
+		w.Header().Set("Retry-After", "30")
+		http.Error(w, "console: too many live streams open", http.StatusServiceUnavailable)
 		return
 	}
+	defer c.hub.unsubscribe(ch)
 	w.Header().Set("Content-Type", "text/event-stream")
 	w.Header().Set("Cache-Control", "no-store")
-	// The watch exists: events from here on reach this page. "ready" tells the page
-	// to fetch itself once, for what was stored before.
+	// Subscribed: events from here on reach this page. "ready" tells the page to fetch
+	// itself once, for what was stored before.
 	fmt.Fprint(w, "event: ready\ndata: {}\n\n")
 	flusher.Flush()
+	keepalive := time.NewTicker(30 * time.Second)
+	defer keepalive.Stop()
 	for {
-		ev, ok, err := watch.Next(ctx, time.Second)
-		if err != nil {
+		var err error
+		select {
+		case <-ctx.Done():
 			return
+		case <-keepalive.C:
+			_, err = fmt.Fprint(w, ": keepalive\n\n")
+		case n := <-ch:
+			if n.Type == "ready" {
+				_, err = fmt.Fprint(w, "event: ready\ndata: {}\n\n")
+				break
+			}
+			b, _ := json.Marshal(map[string]string{"subject": n.Subject, "type": n.Type})
+			_, err = fmt.Fprintf(w, "event: bus\ndata: %s\n\n", b)
 		}
-		if !ok {
-			continue
-		}
-		typ := ev.Meta.Type
-		if typ == "" {
-			typ = "event"
-		}
-		b, _ := json.Marshal(map[string]string{"subject": ev.Subject, "type": typ})
-		if _, err := fmt.Fprintf(w, "event: bus\ndata: %s\n\n", b); err != nil {
+		if err != nil {
 			return
 		}
 		flusher.Flush()
 	}
+}
+
+// ready answers 200 once the live updates follow the bus (a probe: no user needed,
+// nothing of any run told).
+func (c *console) ready(w http.ResponseWriter, _ *http.Request) {
+	if !c.hub.live.Load() {
+		http.Error(w, "not ready: not following the bus", http.StatusServiceUnavailable)
+		return
+	}
+	fmt.Fprintln(w, "ok")
 }
 
 func (c *console) render(w http.ResponseWriter, name string, data any) {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -13,6 +14,7 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -70,10 +72,32 @@ func consoleScripts() map[string]*planner.Script {
 	}
 }
 
-// startConsole serves the console of the pipeline's bus with token.
-func startConsole(t *testing.T, p *opsPipeline, token string) *httptest.Server {
+// consoleUsers are the users of the console tests: name -> token.
+type consoleUsers map[string]string
+
+// usersFile writes an access list of new tokens for names and returns its path and the
+// tokens.
+func usersFile(t *testing.T, names ...string) (string, consoleUsers) {
 	t.Helper()
-	h, err := newConsole(p.bus, token, "console-test", slog.New(slog.NewTextHandler(io.Discard, nil)))
+	users := consoleUsers{}
+	var lines []string
+	for _, n := range names {
+		users[n] = newToken()
+		lines = append(lines, accessEntry(n, users[n], nil))
+	}
+	path := filepath.Join(t.TempDir(), "console-users")
+	if err := os.WriteFile(path, []byte(strings.Join(lines, "\n")+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path, users
+}
+
+// startConsole serves the console of the pipeline's bus with opts; the Host check
+// allows httptest's 127.0.0.1.
+func startConsole(t *testing.T, p *opsPipeline, opts consoleOptions) *httptest.Server {
+	t.Helper()
+	opts.Instance = "console-test"
+	h, err := newConsole(p.ctx, p.bus, opts, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -82,61 +106,133 @@ func startConsole(t *testing.T, p *opsPipeline, token string) *httptest.Server {
 	return srv
 }
 
-func get(t *testing.T, u string) (int, string) {
+// startConsoleWithUsers serves a console whose users are names, and returns their tokens.
+func startConsoleWithUsers(t *testing.T, p *opsPipeline, names ...string) (*httptest.Server, consoleUsers, string) {
 	t.Helper()
-	resp, err := http.Get(u)
+	path, users := usersFile(t, names...)
+	src, err := newAccessSource("", path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b)
+	return startConsole(t, p, consoleOptions{Users: src}), users, path
 }
 
-func post(t *testing.T, u string, form url.Values) (int, string) {
+// request sends a request with a bearer token (when set) and edits, not following
+// redirects.
+func request(t *testing.T, method, u, token string, form url.Values, edit func(*http.Request)) (int, string, *http.Response) {
 	t.Helper()
+	var body io.Reader
+	if form != nil {
+		body = strings.NewReader(form.Encode())
+	}
+	req, err := http.NewRequest(method, u, body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if form != nil {
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	if edit != nil {
+		edit(req)
+	}
 	c := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
-	resp, err := c.PostForm(u, form)
+	resp, err := c.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b)
+	return resp.StatusCode, string(b), resp
 }
 
-// TestConsoleHTTP checks the console's rules without a browser: actions need the token
-// (and a read-only console refuses them all), a refused action publishes nothing, a
-// granted one publishes the CLI's event, the status filter refuses unknown statuses,
-// and what a tool or model wrote is escaped.
+func get(t *testing.T, u, token string) (int, string) {
+	t.Helper()
+	code, body, _ := request(t, http.MethodGet, u, token, nil, nil)
+	return code, body
+}
+
+func post(t *testing.T, u, token string, form url.Values) (int, string) {
+	t.Helper()
+	if form == nil {
+		form = url.Values{}
+	}
+	code, body, _ := request(t, http.MethodPost, u, token, form, nil)
+	return code, body
+}
+
+// TestConsoleHTTP checks the console's rules without a browser: reads and actions need
+// a user (401 without one or with a wrong token), a public console reads but never acts,
+// foreign Host headers and cross-origin posts are refused, a refused action publishes
+// nothing, a decision records the user who made it (shown with the reason), a signed-in
+// browser session ends when its user is removed, and what a tool or model wrote is
+// escaped.
 func TestConsoleHTTP(t *testing.T) {
 	p := startOpsPipeline(t, consoleScripts(), deployForOps(), hostileTool())
-	rw := startConsole(t, p, "s3cret")
-	ro := startConsole(t, p, "")
+	rw, users, usersPath := startConsoleWithUsers(t, p, "erin", "frank")
+	pub := startConsole(t, p, consoleOptions{PublicRead: true})
+	erin := users["erin"]
 
 	p.submit("c-http", toolbus.Limits{})
 	p.waitStatus("c-http", toolbus.RunWaitingForApproval)
 	p.submit("c-hostile", toolbus.Limits{})
 	p.waitStatus("c-hostile", toolbus.RunCompleted)
 
+	t.Run("reads need a user", func(t *testing.T) {
+		for _, path := range []string{"/", "/runs/c-http", "/events", "/events?run=c-http"} {
+			for _, tok := range []string{"", newToken(), "sha256:" + strings.Repeat("0", 64)} {
+				if code, body := get(t, rw.URL+path, tok); code != http.StatusUnauthorized || strings.Contains(body, "c-http") {
+					t.Errorf("GET %s with token %q: %d, want 401 and nothing of the run:\n%s", path, tok, code, body)
+				}
+			}
+		}
+		// A browser is sent to the sign-in page.
+		code, _, resp := request(t, http.MethodGet, rw.URL+"/runs/c-http", "", nil, func(r *http.Request) { r.Header.Set("Accept", "text/html") })
+		if code != http.StatusSeeOther || resp.Header.Get("Location") != "/login?next=/runs/c-http" {
+			t.Errorf("browser without a session: %d to %q, want 303 to the sign-in page", code, resp.Header.Get("Location"))
+		}
+		if code, body := get(t, rw.URL+"/runs/c-http", erin); code != http.StatusOK || !strings.Contains(body, "signed in as") {
+			t.Errorf("GET with erin's token: %d\n%s", code, body)
+		}
+	})
+
+	t.Run("foreign host", func(t *testing.T) {
+		code, body, _ := request(t, http.MethodGet, rw.URL+"/", erin, nil, func(r *http.Request) { r.Host = "evil.example" })
+		if code != http.StatusForbidden {
+			t.Fatalf("Host evil.example: %d, want 403: %s", code, body)
+		}
+	})
+
 	refused := []struct {
-		name string
-		srv  *httptest.Server
-		path string
-		form url.Values
+		name  string
+		srv   *httptest.Server
+		path  string
+		token string
+		form  url.Values
+		edit  func(*http.Request)
+		want  int
 	}{
-		{"approve without token", rw, "/runs/c-http/approve", url.Values{"call": {"b"}}},
-		{"approve with a wrong token", rw, "/runs/c-http/approve", url.Values{"call": {"b"}, "token": {"s3cre"}}},
-		{"deny without token", rw, "/runs/c-http/deny", url.Values{"call": {"b"}, "reason": {"no"}}},
-		{"cancel without token", rw, "/runs/c-http/cancel", nil},
-		{"read-only approve", ro, "/runs/c-http/approve", url.Values{"call": {"b"}, "token": {""}}},
-		{"read-only cancel", ro, "/runs/c-http/cancel", url.Values{"token": {"s3cret"}}},
+		{"approve without a user", rw, "/runs/c-http/approve", "", url.Values{"call": {"b"}}, nil, http.StatusUnauthorized},
+		{"approve with a wrong token", rw, "/runs/c-http/approve", newToken(), url.Values{"call": {"b"}}, nil, http.StatusUnauthorized},
+		{"deny without a user", rw, "/runs/c-http/deny", "", url.Values{"call": {"b"}, "reason": {"no"}}, nil, http.StatusUnauthorized},
+		{"cancel without a user", rw, "/runs/c-http/cancel", "", nil, nil, http.StatusUnauthorized},
+		{"public console approve", pub, "/runs/c-http/approve", "", url.Values{"call": {"b"}}, nil, http.StatusUnauthorized},
+		{"public console cancel", pub, "/runs/c-http/cancel", erin, nil, nil, http.StatusUnauthorized},
+		{"cross-site post", rw, "/runs/c-http/cancel", erin, nil, func(r *http.Request) { r.Header.Set("Sec-Fetch-Site", "cross-site") }, http.StatusForbidden},
+		{"foreign origin post", rw, "/runs/c-http/cancel", erin, nil, func(r *http.Request) { r.Header.Set("Origin", "https://evil.example") }, http.StatusForbidden},
+		{"cross-site sign-in", rw, "/login", "", url.Values{"token": {erin}}, func(r *http.Request) { r.Header.Set("Origin", "https://evil.example") }, http.StatusForbidden},
 	}
 	for _, tc := range refused {
 		t.Run(tc.name, func(t *testing.T) {
-			code, body := post(t, tc.srv.URL+tc.path, tc.form)
-			if code != http.StatusForbidden {
-				t.Fatalf("status %d, want 403: %s", code, body)
+			form := tc.form
+			if form == nil {
+				form = url.Values{}
+			}
+			code, body, _ := request(t, http.MethodPost, tc.srv.URL+tc.path, tc.token, form, tc.edit)
+			if code != tc.want {
+				t.Fatalf("status %d, want %d: %s", code, tc.want, body)
 			}
 		})
 	}
@@ -151,30 +247,34 @@ func TestConsoleHTTP(t *testing.T) {
 		}
 	}
 
-	t.Run("read-only pages have no actions", func(t *testing.T) {
-		_, body := get(t, ro.URL+"/runs/c-http")
-		wantContains(t, "read-only run page", body, "read-only", "waiting for approval", `deploy`)
-		if strings.Contains(body, "/approve") || strings.Contains(body, "/cancel") {
-			t.Fatalf("read-only page offers actions:\n%s", body)
+	t.Run("public pages have no actions", func(t *testing.T) {
+		code, body := get(t, pub.URL+"/runs/c-http", "")
+		if code != http.StatusOK {
+			t.Fatalf("public read: %d", code)
 		}
-		_, body = get(t, rw.URL+"/runs/c-http")
-		wantContains(t, "run page with a token", body, `formaction="/runs/c-http/approve"`, `action="/runs/c-http/cancel"`)
+		wantContains(t, "public run page", body, "read-only", "waiting for approval", `deploy`)
+		if strings.Contains(body, "/approve") || strings.Contains(body, "/cancel") {
+			t.Fatalf("public page offers actions:\n%s", body)
+		}
+		_, body = get(t, rw.URL+"/runs/c-http", erin)
+		wantContains(t, "run page of a user", body, `formaction="/runs/c-http/approve"`, `action="/runs/c-http/cancel"`)
 	})
 
 	t.Run("deny needs a reason", func(t *testing.T) {
-		code, body := post(t, rw.URL+"/runs/c-http/deny", url.Values{"call": {"b"}, "token": {"s3cret"}})
+		code, body := post(t, rw.URL+"/runs/c-http/deny", erin, url.Values{"call": {"b"}})
 		if code != http.StatusBadRequest {
 			t.Fatalf("status %d, want 400: %s", code, body)
 		}
 	})
 	t.Run("unknown call", func(t *testing.T) {
-		code, body := post(t, rw.URL+"/runs/c-http/approve", url.Values{"call": {"nope"}, "token": {"s3cret"}})
+		code, body := post(t, rw.URL+"/runs/c-http/approve", erin, url.Values{"call": {"nope"}})
 		if code != http.StatusConflict || !strings.Contains(body, "does not wait for approval") {
 			t.Fatalf("status %d, want 409: %s", code, body)
 		}
 	})
-	t.Run("deny with the token", func(t *testing.T) {
-		code, body := post(t, rw.URL+"/runs/c-http/deny", url.Values{"call": {"b"}, "token": {"s3cret"}, "reason": {"freeze"}, "who": {"erin"}})
+	t.Run("deny as erin", func(t *testing.T) {
+		// A "who" field cannot name someone else: the actor is the signed-in user.
+		code, body := post(t, rw.URL+"/runs/c-http/deny", erin, url.Values{"call": {"b"}, "reason": {"change freeze"}, "who": {"mallory"}})
 		if code != http.StatusSeeOther {
 			t.Fatalf("status %d, want 303: %s", code, body)
 		}
@@ -187,23 +287,69 @@ func TestConsoleHTTP(t *testing.T) {
 		if len(r.Calls) == 0 || r.Calls[0].Decision != "denied" || r.Calls[0].DecidedBy != "erin" || !r.OK {
 			t.Fatalf("report after the console's deny: %+v", r.Calls)
 		}
+		_, body = get(t, rw.URL+"/runs/c-http", users["frank"])
+		wantContains(t, "run page after the decision", body, `denied by <b class="decided-by">erin</b>: <q class="decided-why">change freeze</q>`)
+	})
+	t.Run("browser session", func(t *testing.T) {
+		code, body, resp := request(t, http.MethodPost, rw.URL+"/login", "", url.Values{"token": {"tbk_wrong"}}, nil)
+		if code != http.StatusUnauthorized || len(resp.Cookies()) != 0 {
+			t.Fatalf("sign-in with a wrong token: %d, cookies %v: %s", code, resp.Cookies(), body)
+		}
+		code, _, resp = request(t, http.MethodPost, rw.URL+"/login", "", url.Values{"token": {users["frank"]}, "next": {"//evil.example/"}}, nil)
+		if code != http.StatusSeeOther || resp.Header.Get("Location") != "/" {
+			t.Fatalf("sign-in: %d to %q, want 303 to / (never another host)", code, resp.Header.Get("Location"))
+		}
+		var session *http.Cookie
+		for _, c := range resp.Cookies() {
+			if c.Name == consoleCookie {
+				session = c
+			}
+		}
+		if session == nil || !session.HttpOnly || session.SameSite != http.SameSiteStrictMode {
+			t.Fatalf("session cookie %+v: want HttpOnly, SameSite=Strict", session)
+		}
+		withCookie := func(c *http.Cookie) func(*http.Request) { return func(r *http.Request) { r.AddCookie(c) } }
+		if code, body, _ := request(t, http.MethodGet, rw.URL+"/", "", nil, withCookie(session)); code != http.StatusOK || !strings.Contains(body, `<b id="user">frank</b>`) {
+			t.Fatalf("GET / with frank's session: %d\n%s", code, body)
+		}
+		forged := *session
+		forged.Value = strings.Replace(session.Value, base64.RawURLEncoding.EncodeToString([]byte("frank")), base64.RawURLEncoding.EncodeToString([]byte("erin")), 1)
+		if code, _, _ := request(t, http.MethodGet, rw.URL+"/", "", nil, withCookie(&forged)); code != http.StatusUnauthorized {
+			t.Fatalf("a session edited to name erin: %d, want 401", code)
+		}
+		// Revoke frank: delete his line. His session ends without a restart.
+		if err := os.WriteFile(usersPath, []byte(accessEntry("erin", erin, nil)+"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		eventstest.Eventually(t, 30*time.Second, func() error {
+			if code, _, _ := request(t, http.MethodGet, rw.URL+"/", "", nil, withCookie(session)); code != http.StatusUnauthorized {
+				return fmt.Errorf("frank's session still reads: %d", code)
+			}
+			if code, _ := get(t, rw.URL+"/", users["frank"]); code != http.StatusUnauthorized {
+				return fmt.Errorf("frank's token still reads: %d", code)
+			}
+			return nil
+		})
+		if code, _ := get(t, rw.URL+"/", erin); code != http.StatusOK {
+			t.Fatalf("erin after frank's revocation: %d", code)
+		}
 	})
 	t.Run("status filter", func(t *testing.T) {
-		code, body := get(t, rw.URL+"/?status=bogus")
+		code, body := get(t, rw.URL+"/?status=bogus", erin)
 		if code != http.StatusBadRequest || !strings.Contains(body, "waiting_for_approval") {
 			t.Fatalf("status %d, want 400 listing the statuses: %s", code, body)
 		}
-		code, body = get(t, rw.URL+"/?status=completed")
+		code, body = get(t, rw.URL+"/?status=completed", erin)
 		if code != http.StatusOK || !strings.Contains(body, `id="run-c-hostile"`) {
 			t.Fatalf("completed runs: %d\n%s", code, body)
 		}
-		_, body = get(t, rw.URL+"/?status=running")
+		_, body = get(t, rw.URL+"/?status=running", erin)
 		if strings.Contains(body, `id="run-c-hostile"`) {
 			t.Fatalf("running filter lists a completed run:\n%s", body)
 		}
 	})
 	t.Run("escaped", func(t *testing.T) {
-		code, body := get(t, rw.URL+"/runs/c-hostile")
+		code, body := get(t, rw.URL+"/runs/c-hostile", erin)
 		if code != http.StatusOK {
 			t.Fatalf("status %d", code)
 		}
@@ -217,12 +363,12 @@ func TestConsoleHTTP(t *testing.T) {
 	t.Run("full output from the object store", func(t *testing.T) {
 		p.submit("c-big", toolbus.Limits{})
 		p.waitStatus("c-big", toolbus.RunCompleted)
-		_, body := get(t, rw.URL+"/runs/c-big")
+		_, body := get(t, rw.URL+"/runs/c-big", erin)
 		wantContains(t, "run page of a truncated output", body, "truncated:", "whole output in kv://",
 			`<pre class="text full-output">{&#34;data&#34;:&#34;`+strings.Repeat("x", 299000))
 	})
 	t.Run("unknown run", func(t *testing.T) {
-		if code, _ := get(t, rw.URL+"/runs/no-such-run"); code != http.StatusNotFound {
+		if code, _ := get(t, rw.URL+"/runs/no-such-run", erin); code != http.StatusNotFound {
 			t.Fatalf("status %d, want 404", code)
 		}
 	})
@@ -295,8 +441,13 @@ func do(t *testing.T, bctx context.Context, what string, actions ...chromedp.Act
 // tool output and answer stay inert text.
 func TestConsoleBrowser(t *testing.T) {
 	p := startOpsPipeline(t, consoleScripts(), deployForOps(), hostileTool())
-	srv := startConsole(t, p, "s3cret")
+	srv, users, _ := startConsoleWithUsers(t, p, "grace")
 	bctx, dialogs := browser(t)
+	do(t, bctx, "sign in", chromedp.Navigate(srv.URL+"/"),
+		chromedp.WaitVisible(`#login-token`, chromedp.ByID),
+		chromedp.SendKeys(`#login-token`, users["grace"], chromedp.ByID),
+		chromedp.Submit(`#login`, chromedp.ByID),
+		chromedp.WaitVisible(`#user`, chromedp.ByID))
 
 	t.Run("live list and cancel", func(t *testing.T) {
 		// The list is open and following the stream before the run exists.
@@ -320,7 +471,6 @@ func TestConsoleBrowser(t *testing.T) {
 			chromedp.Evaluate(`document.querySelector("#run-c-live a").click()`, nil),
 			chromedp.WaitVisible(`#cancel`, chromedp.ByID),
 			settled(),
-			chromedp.SendKeys(`#token`, "s3cret", chromedp.ByID),
 			chromedp.SendKeys(`#cancel-form input.reason`, "wrong question", chromedp.ByQuery),
 			chromedp.Click(`#cancel`, chromedp.ByID),
 			chromedp.WaitVisible(`#live[data-status="cancelled"]`, chromedp.ByQuery))
@@ -342,8 +492,6 @@ func TestConsoleBrowser(t *testing.T) {
 			chromedp.Navigate(srv.URL+"/runs/c-approve"),
 			chromedp.WaitVisible(`#decide-b button.approve`, chromedp.ByQuery),
 			settled(),
-			chromedp.Evaluate(`document.getElementById("token").value = ""`, nil),
-			chromedp.SendKeys(`#token`, "s3cret", chromedp.ByID),
 			chromedp.SendKeys(`#decide-b input.reason`, "CHG-7", chromedp.ByQuery),
 			chromedp.Click(`#decide-b button.approve`, chromedp.ByQuery),
 			chromedp.WaitVisible(`#live[data-status="completed"]`, chromedp.ByQuery))
@@ -353,7 +501,7 @@ func TestConsoleBrowser(t *testing.T) {
 			t.Fatal(err)
 		}
 		r := audit.Analyze("c-approve", evs)
-		if len(r.Calls) != 2 || r.Calls[1].Decision != "granted" || r.Calls[1].DecidedBy != "console" || r.Answer != "deployed api" {
+		if len(r.Calls) != 2 || r.Calls[1].Decision != "granted" || r.Calls[1].DecidedBy != "grace" || r.Answer != "deployed api" {
 			t.Fatalf("report after the click: %+v", r)
 		}
 		var answer string
@@ -403,8 +551,8 @@ func TestConsoleBrowser(t *testing.T) {
 	}
 }
 
-// TestUpServesConsole: toolbus up serves the console when TOOLBUS_CONSOLE_ADDR is set,
-// read-only without a token, and stops it with the workers.
+// TestUpServesConsole: toolbus up serves the console when TOOLBUS_CONSOLE_ADDR is set
+// (public and read-only only when asked for), and stops it with the workers.
 func TestUpServesConsole(t *testing.T) {
 	noServerEnv(t)
 	t.Setenv("TOOLBUS_LOG_LEVEL", "warn")
@@ -422,7 +570,7 @@ func TestUpServesConsole(t *testing.T) {
 	nln.Close()
 	t.Setenv("TOOLBUS_LISTEN", natsAddr)
 	t.Setenv("TOOLBUS_CONSOLE_ADDR", addr)
-	t.Setenv("TOOLBUS_CONSOLE_TOKEN", "")
+	t.Setenv("TOOLBUS_CONSOLE_PUBLIC_READ", "true")
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	var out, errOut syncBuffer

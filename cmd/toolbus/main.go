@@ -42,7 +42,8 @@ var commandHelp = map[string]string{
 	"injector": roleHelp("injector", "joins each step's results in call order and publishes the next model request or the run's outcome"),
 	"console": `usage: toolbus console
   serve the web console at TOOLBUS_CONSOLE_ADDR (host:port): runs, their timelines, calls and
-  transcripts, live. Approve, deny and cancel need TOOLBUS_CONSOLE_TOKEN (read-only without it).
+  transcripts, live. Users sign in with a token of TOOLBUS_CONSOLE_USERS_FILE (toolbus token NAME
+  makes one) to read, approve, deny and cancel; TOOLBUS_CONSOLE_PUBLIC_READ=true lets anyone read.
   Reads TOOLBUS_NATS_URL, else the local store of the embedded server (TOOLBUS_DATA_DIR).
 `,
 	"env": `usage: toolbus env
@@ -164,10 +165,13 @@ commands:
                            follow events live (new ones; --all from the start)
   replay <run> [--json]    audit a run from the stream: timeline, transcript, invariants
                            (exit 1 when an invariant is broken)
-  console                  serve the web console at TOOLBUS_CONSOLE_ADDR (actions need
-                           TOOLBUS_CONSOLE_TOKEN; read-only without it)
-  mcp [--http ADDR]        serve the tool catalog to MCP hosts over stdio (or streamable HTTP);
+  console                  serve the web console at TOOLBUS_CONSOLE_ADDR (users sign in with
+                           a token of TOOLBUS_CONSOLE_USERS_FILE)
+  mcp [--http ADDR]        serve the tool catalog to MCP hosts over stdio (or streamable HTTP,
+                           for the bearer tokens of TOOLBUS_MCP_TOKENS_FILE);
                            each tools/call is a run on the bus (audit, allowlist, timeouts)
+  token NAME [--teams a,b] a new token for mcp --http or the console, and its access-list line
+  ready [URL]              exit 0 when this process's /readyz answers 200 (container health checks)
   bench [flags]            measure toolbus beside raw JetStream and an in-process loop
   env                      list the TOOLBUS_* configuration variables
   version                  print the version (also --version)
@@ -245,6 +249,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		err = cmdMCP(ctx, cfg, log, rest, stdout, stderr)
 	case "bench":
 		err = cmdBench(ctx, rest, stdout)
+	case "token":
+		err = cmdToken(rest, stdout, stderr)
+	case "ready":
+		err = cmdReady(ctx, cfg, rest, stdout, stderr)
 	case "env":
 		err = cmdEnv(cfg, stdout)
 	default:

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -21,16 +22,35 @@ import (
 )
 
 // cmdMCP serves the tool catalog as an MCP server: over stdio by default (stdout then
-// carries only MCP messages; logs go to stderr), or over streamable HTTP with --http.
+// carries only MCP messages; logs go to stderr), or over streamable HTTP with --http,
+// where every request needs a bearer token of TOOLBUS_MCP_TOKENS(_FILE) and the runs
+// carry the token's principal.
 func cmdMCP(ctx context.Context, cfg Config, log *slog.Logger, args []string, out, errOut io.Writer) error {
-	fs := newFlagSet("mcp", "mcp [--http ADDR]   (serve the catalog to MCP hosts; TOOLBUS_NATS_URL must be set)", errOut)
-	addr := fs.String("http", "", "serve streamable HTTP on this address (default: stdio)")
-	principal := fs.String("principal", "mcp", "principal the runs act for")
+	fs := newFlagSet("mcp", "mcp [--http ADDR]   (serve the catalog to MCP hosts; TOOLBUS_NATS_URL must be set; --http needs TOOLBUS_MCP_TOKENS_FILE)", errOut)
+	addr := fs.String("http", "", "serve streamable HTTP on this address; \":8090\" listens on 127.0.0.1 only (default: stdio)")
+	principal := fs.String("principal", "mcp", "principal the runs act for over stdio (over HTTP: each token's)")
 	if err := fs.Parse(args); err != nil {
 		return flagError(err)
 	}
 	if fs.NArg() > 0 {
 		return &exitError{code: 2, msg: fmt.Sprintf("mcp: unexpected argument %q", fs.Arg(0))}
+	}
+	var (
+		access *accessSource
+		listen string
+		beyond bool
+	)
+	if *addr != "" {
+		var err error
+		if listen, beyond, err = loopbackAddr(*addr); err != nil {
+			return &exitError{code: 2, msg: "mcp: --http " + err.Error()}
+		}
+		if cfg.MCPTokens == "" && cfg.MCPTokensFile == "" {
+			return &exitError{code: 2, msg: "mcp: --http needs TOOLBUS_MCP_TOKENS_FILE (or TOOLBUS_MCP_TOKENS): the principals and token hashes allowed in; `toolbus token NAME` makes one"}
+		}
+		if access, err = newAccessSource(cfg.MCPTokens, cfg.MCPTokensFile); err != nil {
+			return &exitError{code: 2, msg: "mcp: " + err.Error()}
+		}
 	}
 	c, err := openBus(ctx, cfg, log, false)
 	if err != nil {
@@ -50,16 +70,26 @@ func cmdMCP(ctx context.Context, cfg Config, log *slog.Logger, args []string, ou
 		}
 		return err
 	}
-	h := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv }, nil)
-	hs := &http.Server{Addr: *addr, Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	h := mcpHTTPHandler(srv, mcpHTTPConfig{
+		Listen: listen, Access: access, AllowedHosts: cfg.MCPAllowedHosts, AllowedOrigins: cfg.MCPAllowedOrigins,
+		SessionTimeout: cfg.MCPSessionTimeout, MaxSessions: cfg.MCPMaxSessions, Logger: log,
+	})
+	ln, err := net.Listen("tcp", listen)
+	if err != nil {
+		return fmt.Errorf("mcp: %w", err)
+	}
+	hs := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
 	go func() {
 		<-ctx.Done()
 		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		_ = hs.Shutdown(sctx) //nolint:errcheck // best effort at exit
 	}()
-	log.Info("toolbus mcp serving streamable HTTP", "addr", *addr)
-	if err := hs.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
+	log.Info("toolbus mcp serving streamable HTTP", "addr", ln.Addr().String(), "principals", access.current().len())
+	if beyond {
+		log.Warn("toolbus mcp listens beyond this machine: anyone who reaches it with a token calls tools; serve it behind TLS (a reverse proxy) and set TOOLBUS_MCP_ALLOWED_HOSTS to the names clients use", "addr", ln.Addr().String())
+	}
+	if err := hs.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 		return fmt.Errorf("mcp: %w", err)
 	}
 	return nil
@@ -120,6 +150,7 @@ func newMCPServer(ctx context.Context, bus *events.Bus, cfg mcpConfig) (*mcp.Ser
 	}
 	b := &mcpBridge{bus: bus, cat: cat, cfg: cfg, offered: map[string]string{}}
 	b.srv = mcp.NewServer(&mcp.Implementation{Name: "toolbus", Version: version()}, &mcp.ServerOptions{Logger: cfg.Logger})
+	b.srv.AddReceivingMiddleware(cancelledAnswers)
 	b.sync()
 	go func() {
 		t := time.NewTicker(cfg.Refresh)
@@ -233,8 +264,9 @@ func (b *mcpBridge) call(ctx context.Context, req *mcp.CallToolRequest) (*mcp.Ca
 		deadline = max(deadline, b.cfg.ApprovalTimeout)
 	}
 	run := "mcp-" + strings.TrimPrefix(newRunID(), "run-")
+	who, teams := callerOf(req, b.cfg.Principal)
 	rs := toolbus.RunStarted{
-		RunID: run, Principal: toolbus.Principal{ID: b.cfg.Principal}, AllowedTools: []string{name},
+		RunID: run, Principal: toolbus.Principal{ID: who, Roles: teams}, AllowedTools: []string{name},
 		Messages: []toolbus.Message{{Role: toolbus.RoleUser, Content: "MCP tools/call " + name}},
 		Limits:   toolbus.Limits{MaxSteps: 2, Deadline: time.Now().Add(deadline).UTC()},
 		Calls:    []toolbus.ToolCall{{CallID: mcpCallID, Tool: name, Arguments: args}},
@@ -246,7 +278,7 @@ func (b *mcpBridge) call(ctx context.Context, req *mcp.CallToolRequest) (*mcp.Ca
 	if err := b.bus.StartRun(ctx, b.cfg.Source, rs); err != nil {
 		return nil, fmt.Errorf("mcp: start run for %s: %w", name, err)
 	}
-	b.cfg.Logger.Info("mcp call started", "tool", name, "run_id", run)
+	b.cfg.Logger.Info("mcp call started", "tool", name, "run_id", run, "principal", who)
 	var answer *mcp.CallToolResult
 	v := audit.Visitor{
 		ToolFinished: func(_ events.StoredEvent, tf toolbus.ToolFinished) {
@@ -271,7 +303,7 @@ func (b *mcpBridge) call(ctx context.Context, req *mcp.CallToolRequest) (*mcp.Ca
 			if ctx.Err() != nil {
 				// The host cancelled or went away: cancel the run, so the call is too.
 				cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-				_, _ = b.bus.PublishCancel(cctx, b.cfg.Source, toolbus.Cancel{RunID: run, Reason: "the MCP request was cancelled", Who: b.cfg.Principal}) //nolint:errcheck // best effort
+				_, _ = b.bus.PublishCancel(cctx, b.cfg.Source, toolbus.Cancel{RunID: run, Reason: "the MCP request was cancelled", Who: who}) //nolint:errcheck // best effort
 				cancel()
 				return nil, ctx.Err()
 			}

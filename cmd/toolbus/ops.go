@@ -27,7 +27,7 @@ import (
 
 // defaultLimits are the limits the workers give runs that set none.
 func (c Config) defaultLimits() toolbus.DefaultLimits {
-	return toolbus.DefaultLimits{MaxSteps: c.MaxSteps, RunTimeout: c.RunTimeout, TokenBudget: c.TokenBudget}
+	return toolbus.DefaultLimits{MaxSteps: c.MaxSteps, RunTimeout: c.RunTimeout, TokenBudget: c.TokenBudget, MaxRunTimeout: c.MaxRunTimeout}
 }
 
 // parseInterleaved parses flags that may come before, between or after the positional
@@ -415,6 +415,9 @@ func cmdTail(ctx context.Context, cfg Config, log *slog.Logger, args []string, o
 	watch, err := c.bus.Watch(ctx, filter, *all)
 	if err != nil {
 		return fmt.Errorf("tail: %w", err)
+	}
+	if run == "" && !*all {
+		fmt.Fprintln(errOut, "following every run from now on (Ctrl-C stops)")
 	}
 	t := &tailer{out: out, colour: colour, prefixRun: run == ""}
 	for {

@@ -107,7 +107,8 @@ func runExecutor(ctx context.Context, cfg Config, bus *events.Bus, log *slog.Log
 		return err
 	}
 	exec := executor.New(reg, executor.WithLogger(log), executor.WithInstance(cfg.Instance),
-		executor.WithDefaultTimeout(cfg.CallTimeout), executor.WithDefaultMaxOutputBytes(cfg.MaxOutput))
+		executor.WithDefaultTimeout(cfg.CallTimeout), executor.WithDefaultMaxOutputBytes(cfg.MaxOutput),
+		executor.WithSecrets(cfg.secretValues()...))
 	w, err := worker.New(bus, exec, worker.Config{
 		WorkerConfig: cfg.worker(log), Tools: cfg.ExecutorTools, Team: cfg.Team, ReplaceContracts: cfg.ReplaceContracts,
 		Metrics: executorMetrics(tel), Observer: serveObserver(tel, "executor"),
@@ -145,7 +146,7 @@ func runPlanner(ctx context.Context, cfg Config, bus *events.Bus, log *slog.Logg
 		return err
 	}
 	p, err := planner.New(bus, model, cat, planner.Config{
-		WorkerConfig: cfg.worker(log), Defaults: cfg.defaultLimits(), MaxCallsPerStep: cfg.MaxCallsPerStep,
+		WorkerConfig: cfg.worker(log), Defaults: cfg.defaultLimits(), MaxCallsPerStep: cfg.MaxCallsPerStep, MaxAnswerBytes: cfg.MaxAnswerBytes,
 		Metrics: plannerMetrics(tel), Observer: serveObserver(tel, "planner"),
 		Models: newModelSet(cfg, model).resolve,
 	})

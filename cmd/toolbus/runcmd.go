@@ -108,7 +108,7 @@ func cmdRun(ctx context.Context, cfg Config, log *slog.Logger, args []string, ou
 		return err
 	}
 	p := newPrinter(out)
-	idleSince, hinted := time.Now(), false
+	idleSince, lastHint := time.Now(), ""
 	for {
 		ev, ok, err := watch.Next(ctx, time.Second)
 		if err != nil {
@@ -118,9 +118,13 @@ func cmdRun(ctx context.Context, cfg Config, log *slog.Logger, args []string, ou
 			return fmt.Errorf("run: %w", err)
 		}
 		if !ok {
-			if !hinted && time.Since(idleSince) >= waitHint {
-				hinted = true // once per silence
-				fmt.Fprintln(out, waitingHint(ctx, c.bus, p))
+			if time.Since(idleSince) >= waitHint {
+				// Said once per silence, and again when what it finds changes (a worker
+				// that starts failing on the run's message).
+				if h := waitingHint(ctx, c.bus, p); h != lastHint {
+					lastHint = h
+					fmt.Fprintln(out, h)
+				}
 			}
 			if c.srv != nil {
 				select {
@@ -135,7 +139,7 @@ func cmdRun(ctx context.Context, cfg Config, log *slog.Logger, args []string, ou
 			}
 			continue
 		}
-		idleSince, hinted = time.Now(), false
+		idleSince, lastHint = time.Now(), ""
 		status, done := p.print(ev)
 		if done {
 			switch status {
@@ -207,8 +211,14 @@ func waitingHint(ctx context.Context, bus *events.Bus, p *printer) string {
 		if err != nil {
 			continue
 		}
-		if info.NumWaiting == 0 && info.NumAckPending == 0 && !info.PushBound {
+		switch {
+		case info.NumWaiting == 0 && info.NumAckPending == 0 && !info.PushBound:
 			line += fmt.Sprintf("; warning: no worker consumes queue %s (%d message(s) pending): is one running?", name, info.NumPending)
+		case info.NumRedelivered > 0:
+			// A worker takes messages and fails on them: a crash loop, a store it
+			// cannot reach, credentials missing a permission.
+			line += fmt.Sprintf("; warning: the worker of queue %s keeps failing on %d message(s) (redelivered): its log and /readyz say why (a missing permission is named there)",
+				name, info.NumRedelivered)
 		}
 	}
 	return line + ")"

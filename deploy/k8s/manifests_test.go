@@ -4,12 +4,14 @@ package k8s_test
 
 import (
 	"bytes"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 
+	"github.com/nats-io/nats-server/v2/server"
 	appsv1 "k8s.io/api/apps/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -47,36 +49,56 @@ type kustomization struct {
 	Kind       string   `json:"kind"`
 	Namespace  string   `json:"namespace"`
 	Resources  []string `json:"resources"`
+	Images     []struct {
+		Name    string `json:"name"`
+		NewName string `json:"newName"`
+		NewTag  string `json:"newTag"`
+	} `json:"images"`
 }
 
 type manifests struct {
-	deployments map[string]*appsv1.Deployment
-	jobs        []*batchv1.Job
-	configMaps  map[string]*corev1.ConfigMap
-	scaled      []*scaledObject
+	kustomization kustomization
+	deployments   map[string]*appsv1.Deployment
+	jobs          []*batchv1.Job
+	configMaps    map[string]*corev1.ConfigMap
+	scaled        []*scaledObject
+	services      []*corev1.Service
 }
 
-// load decodes every document of the files kustomization.yaml lists, strictly, with the
-// type its apiVersion and kind name.
-func load(t *testing.T) manifests {
+// load decodes every document of the files the kustomization.yaml of dir lists (the
+// base "." or "optional"), strictly, with the type its apiVersion and kind name.
+func load(t *testing.T, dirs ...string) manifests {
 	t.Helper()
-	raw, err := os.ReadFile("kustomization.yaml")
+	if len(dirs) == 0 {
+		dirs = []string{"."}
+	}
+	m := manifests{deployments: map[string]*appsv1.Deployment{}, configMaps: map[string]*corev1.ConfigMap{}}
+	for _, dir := range dirs {
+		loadDir(t, dir, &m)
+	}
+	return m
+}
+
+func loadDir(t *testing.T, dir string, m *manifests) {
+	t.Helper()
+	raw, err := os.ReadFile(filepath.Join(dir, "kustomization.yaml"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	var k kustomization
 	if err := yaml.UnmarshalStrict(raw, &k); err != nil {
-		t.Fatalf("kustomization.yaml: %v", err)
+		t.Fatalf("%s/kustomization.yaml: %v", dir, err)
 	}
-	files, _ := filepath.Glob("*.yaml")
+	m.kustomization = k
+	files, _ := filepath.Glob(filepath.Join(dir, "*.yaml"))
 	for _, f := range files {
+		f = filepath.Base(f)
 		if f != "kustomization.yaml" && f != "nats-values.yaml" && !slices.Contains(k.Resources, f) {
-			t.Errorf("%s is not listed in kustomization.yaml", f)
+			t.Errorf("%s/%s is not listed in its kustomization.yaml", dir, f)
 		}
 	}
-	m := manifests{deployments: map[string]*appsv1.Deployment{}, configMaps: map[string]*corev1.ConfigMap{}}
 	for _, f := range k.Resources {
-		raw, err := os.ReadFile(f)
+		raw, err := os.ReadFile(filepath.Join(dir, f))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -97,6 +119,10 @@ func load(t *testing.T) manifests {
 				obj = j
 			case "v1 ConfigMap":
 				obj = &corev1.ConfigMap{}
+			case "v1 Service":
+				sv := &corev1.Service{}
+				m.services = append(m.services, sv)
+				obj = sv
 			case "v1 Namespace":
 				obj = &corev1.Namespace{}
 			case "keda.sh/v1alpha1 ScaledObject":
@@ -117,7 +143,6 @@ func load(t *testing.T) manifests {
 			}
 		}
 	}
-	return m
 }
 
 func TestManifestsParse(t *testing.T) {
@@ -139,6 +164,9 @@ func TestManifestsParse(t *testing.T) {
 			if probe == nil || probe.HTTPGet == nil || probe.HTTPGet.Path != path {
 				t.Errorf("%s: no %s probe", f, path)
 			}
+		}
+		if c[0].Image != "toolbus" {
+			t.Errorf("%s: image %q, want \"toolbus\" (kustomization.yaml's images entry names the real one)", f, c[0].Image)
 		}
 	}
 	for _, r := range []string{"planner", "executor", "injector"} {
@@ -243,5 +271,201 @@ func TestNATSValuesParse(t *testing.T) {
 	}
 	if !v.Config.Cluster.Enabled || v.Config.Cluster.Replicas != 3 || !v.Config.JetStream.Enabled || !v.Config.Monitor.Enabled {
 		t.Errorf("want a 3-node JetStream cluster with monitoring: %+v", v.Config)
+	}
+}
+
+// roleOf is the NATS role a toolbus container acts as, from its command.
+func roleOf(args []string) string {
+	switch args[0] {
+	case "init":
+		return "admin"
+	case "console", "mcp":
+		return "client"
+	}
+	return args[0]
+}
+
+// secretRef returns the Secret name and key an env variable of c comes from.
+func secretRef(c corev1.Container, name string) (string, string) {
+	for _, e := range c.Env {
+		if e.Name == name && e.ValueFrom != nil && e.ValueFrom.SecretKeyRef != nil {
+			return e.ValueFrom.SecretKeyRef.Name, e.ValueFrom.SecretKeyRef.Key
+		}
+	}
+	return "", ""
+}
+
+// diagTools are the tools of the diag pack (panic, big_output...): never deployed.
+func diagTools(t *testing.T) []string {
+	t.Helper()
+	all, demo := executor.NewRegistry(), executor.NewRegistry()
+	if err := packs.Register(all, "demo", "diag"); err != nil {
+		t.Fatal(err)
+	}
+	if err := packs.Register(demo, "demo"); err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, n := range all.Names() {
+		if _, ok := demo.Lookup(n); !ok {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// TestManifestsSecureAsShipped: every pod connects to NATS as its own role with the
+// credentials of the Secret toolbus-nats-<role> (never a shared admin), the diag pack is
+// deployed nowhere, and the optional doors read their access lists from Secrets and
+// probe /readyz.
+func TestManifestsSecureAsShipped(t *testing.T) {
+	m := load(t, ".", "optional")
+	var containers []corev1.Container
+	for _, d := range m.deployments {
+		containers = append(containers, d.Spec.Template.Spec.Containers...)
+	}
+	for _, j := range m.jobs {
+		containers = append(containers, j.Spec.Template.Spec.Containers...)
+	}
+	diag := diagTools(t)
+	for _, c := range containers {
+		role := roleOf(c.Args)
+		for _, v := range []string{"TOOLBUS_NATS_USER", "TOOLBUS_NATS_PASSWORD"} {
+			want := map[string]string{"TOOLBUS_NATS_USER": "user", "TOOLBUS_NATS_PASSWORD": "password"}[v]
+			if name, key := secretRef(c, v); name != "toolbus-nats-"+role || key != want {
+				t.Errorf("%s (%s): %s from Secret %q key %q, want toolbus-nats-%s key %s", c.Name, strings.Join(c.Args, " "), v, name, key, role, want)
+			}
+		}
+		for _, e := range c.Env {
+			if e.Name == "TOOLBUS_TOOLS" && strings.Contains(e.Value, "diag") {
+				t.Errorf("%s serves the diag pack", c.Name)
+			}
+			if e.Name == "TOOLBUS_EXECUTOR_TOOLS" {
+				for _, d := range diag {
+					if slices.Contains(strings.Split(e.Value, ","), d) {
+						t.Errorf("%s serves the diag tool %s", c.Name, d)
+					}
+				}
+			}
+		}
+		for i, a := range c.Args {
+			if a == "--tools" && i+1 < len(c.Args) {
+				for _, d := range diag {
+					if slices.Contains(strings.Split(c.Args[i+1], ","), d) {
+						t.Errorf("%s sets up the queue of the diag tool %s", c.Name, d)
+					}
+				}
+			}
+		}
+	}
+	if tools := m.configMaps["toolbus"].Data["TOOLBUS_TOOLS"]; strings.Contains(tools, "diag") {
+		t.Errorf("ConfigMap toolbus: TOOLBUS_TOOLS=%s includes the diag pack", tools)
+	}
+	doors := map[string]string{"console": "toolbus-console-users", "mcp": "toolbus-mcp-tokens"}
+	for _, d := range m.deployments {
+		c := d.Spec.Template.Spec.Containers[0]
+		secret, ok := doors[c.Args[0]]
+		if !ok {
+			continue
+		}
+		delete(doors, c.Args[0])
+		found := false
+		for _, v := range d.Spec.Template.Spec.Volumes {
+			found = found || (v.Secret != nil && v.Secret.SecretName == secret)
+		}
+		if !found {
+			t.Errorf("%s does not read its access list from the Secret %s", d.Name, secret)
+		}
+		if p := c.ReadinessProbe; p == nil || p.HTTPGet == nil || p.HTTPGet.Path != "/readyz" {
+			t.Errorf("%s: no /readyz readiness probe", d.Name)
+		}
+	}
+	if len(doors) != 0 {
+		t.Errorf("optional deployments missing: %v", doors)
+	}
+}
+
+// TestNATSAuthForKubernetes parses the NATS configuration the Helm chart builds from
+// nats-values.yaml (its $include of the Secret toolbus-nats-auth, holding nats-auth.conf
+// and deploy/nats/permissions.conf) with nats-server's parser: one user per role, each
+// with the permissions auth-users.conf gives it, its password from the role Secret's
+// bcrypt key.
+func TestNATSAuthForKubernetes(t *testing.T) {
+	raw, err := os.ReadFile("nats-values.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var v struct {
+		Config struct {
+			Merge map[string]any `json:"merge"`
+		} `json:"config"`
+		Container struct {
+			Env map[string]struct {
+				ValueFrom corev1.EnvVarSource `json:"valueFrom"`
+			} `json:"env"`
+		} `json:"container"`
+	}
+	if err := yaml.Unmarshal(raw, &v); err != nil {
+		t.Fatal(err)
+	}
+	inc, _ := v.Config.Merge["$include"].(string)
+	if inc == "" {
+		t.Fatal("nats-values.yaml includes no authorization")
+	}
+	// The chart's layout: /etc/nats-config/nats.conf, the Secret at /etc/nats-auth.
+	root := t.TempDir()
+	for _, d := range []string{"nats-config", "nats-auth"} {
+		if err := os.MkdirAll(filepath.Join(root, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	copyFile := func(from, to string) {
+		b, err := os.ReadFile(from)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(to, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	copyFile("nats-auth.conf", filepath.Join(root, "nats-auth", "auth.conf"))
+	copyFile(filepath.Join("..", "nats", "permissions.conf"), filepath.Join(root, "nats-auth", "permissions.conf"))
+	conf := filepath.Join(root, "nats-config", "nats.conf")
+	if err := os.WriteFile(conf, []byte("port: 4222\njetstream {}\ninclude "+inc+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	roles := []string{"admin", "planner", "executor", "injector", "client"}
+	for _, r := range roles {
+		envName := "TOOLBUS_" + strings.ToUpper(r) + "_PASSWORD"
+		t.Setenv(envName, "pw-"+r)
+		ref := v.Container.Env[envName].ValueFrom.SecretKeyRef
+		if ref == nil || ref.Name != "toolbus-nats-"+r || ref.Key != "bcrypt" {
+			t.Errorf("the NATS servers read %s from %+v, want Secret toolbus-nats-%s key bcrypt", envName, ref, r)
+		}
+	}
+	k8sOpts, err := server.ProcessConfigFile(conf)
+	if err != nil {
+		t.Fatalf("the chart's config with nats-values.yaml's include: %v", err)
+	}
+	composeOpts, err := server.ProcessConfigFile(filepath.Join("..", "nats", "auth-users.conf"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	perms := func(o *server.Options) map[string]string {
+		out := map[string]string{}
+		for _, u := range o.Users {
+			b, _ := json.Marshal(u.Permissions)
+			out[u.Username] = string(b)
+		}
+		return out
+	}
+	got, want := perms(k8sOpts), perms(composeOpts)
+	for _, r := range roles {
+		if got[r] == "" || got[r] != want[r] {
+			t.Errorf("user %s: permissions %s, want those of auth-users.conf %s", r, got[r], want[r])
+		}
+	}
+	if len(got) != len(want) {
+		t.Errorf("users %v, want those of auth-users.conf %v", got, want)
 	}
 }

@@ -126,7 +126,7 @@ func (s *Store) lastValues(ctx context.Context, filters []string, max int) (map[
 	for i, f := range filters {
 		subjects[i] = historySubjectPrefix + f
 	}
-	out, ok, fatal := s.readBatch(ctx, subjects, max)
+	out, _, ok, fatal := s.readBatch(ctx, BucketHistory, subjects, max)
 	if fatal {
 		s.batchOffUntil.Store(time.Now().Add(batchPause).UnixNano())
 	}
@@ -140,19 +140,22 @@ type batchReq struct {
 	Batch     int      `json:"batch"`
 }
 
-// readBatch sends one multi_last direct get and collects its answers. fatal: batched
-// reads do not work here (no direct gets on the bucket, a refused or unanswered request).
-func (s *Store) readBatch(ctx context.Context, subjects []string, max int) (_ map[string][]byte, ok, fatal bool) {
+// readBatch sends one multi_last direct get and collects its answers; n counts the
+// messages answered (deleted and expired keys included: n == max means the answer may
+// be cut). fatal: batched reads do not work here (no direct gets on the bucket, a
+// refused or unanswered request).
+func (s *Store) readBatch(ctx context.Context, bucket string, subjects []string, max int) (_ map[string][]byte, n int, ok, fatal bool) {
+	prefix := "$KV." + bucket + "."
 	ctx, cancel := context.WithTimeout(ctx, batchTimeout)
 	defer cancel()
 	reply, ch, done, err := s.batch.open(s.conn)
 	if err != nil {
-		return nil, false, true
+		return nil, 0, false, true
 	}
 	defer done()
 	req, _ := json.Marshal(batchReq{MultiLast: subjects, Batch: max})
-	if err := s.conn.PublishRequest("$JS.API.DIRECT.GET.KV_"+BucketHistory, reply, req); err != nil {
-		return nil, false, false
+	if err := s.conn.PublishRequest("$JS.API.DIRECT.GET.KV_"+bucket, reply, req); err != nil {
+		return nil, 0, false, false
 	}
 	out := make(map[string][]byte, min(max, 64))
 	for {
@@ -161,21 +164,25 @@ func (s *Store) readBatch(ctx context.Context, subjects []string, max int) (_ ma
 		case m = <-ch:
 		case <-ctx.Done():
 			// No answer in time (a request the credentials refuse is dropped silently).
-			return nil, false, ctx.Err() == context.DeadlineExceeded
+			return nil, 0, false, ctx.Err() == context.DeadlineExceeded
 		}
 		if status := m.Header.Get("Status"); status != "" {
 			switch status {
 			case "204", "404": // end of batch; nothing stored
-				return out, true, false
+				return out, n, true, false
 			case "413": // more keys than a batch answers: read them one by one
-				return nil, false, false
+				return nil, 0, false, false
 			}
-			return nil, false, true // 503 no direct gets, 408 bad request...
+			return nil, 0, false, true // 503 no direct gets, 408 bad request...
 		}
+		n++
 		if m.Header.Get("KV-Operation") != "" {
 			continue // a deleted or purged key
 		}
-		key, ok := strings.CutPrefix(m.Header.Get("Nats-Subject"), historySubjectPrefix)
+		if m.Header.Get("Nats-Marker-Reason") != "" {
+			continue // an expired key
+		}
+		key, ok := strings.CutPrefix(m.Header.Get("Nats-Subject"), prefix)
 		if !ok {
 			continue
 		}

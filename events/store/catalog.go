@@ -7,10 +7,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sort"
 	"sync"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/toolbus/toolbus"
 )
 
@@ -75,77 +78,79 @@ func (s *Store) PublishTool(ctx context.Context, c toolbus.ToolContract, replace
 }
 
 // Catalog is a live view of the tool catalog and of the executor instances serving each
-// tool, kept current by two KV watchers. A tool is offered to models only while at
-// least one live instance serves it.
+// tool, kept current by re-reading both buckets every CatalogPoll. A tool is offered to
+// models only while at least one live instance serves it.
 type Catalog struct {
+	store     *Store // for Resolve; nil in a catalog built without a store
 	mu        sync.RWMutex
 	tools     map[string]toolbus.ToolContract
 	instances map[string]Instance // by instance key
 }
 
-// WatchCatalog starts watching the catalog and the instances until ctx ends. The
-// returned catalog holds every tool and live instance present at start.
+// CatalogPoll is how often a catalog view re-reads the catalog and the instances.
+var CatalogPoll = 250 * time.Millisecond
+
+// WatchCatalog reads the catalog and the instances, and re-reads them every CatalogPoll
+// until ctx ends. The returned catalog holds every tool and live instance present at
+// start.
+//
+// It reads with direct gets and creates no consumer (no KV watch): the planner and
+// `toolbus mcp` must read the catalog even when readers filled the consumer limit of
+// the bucket's stream.
 func (s *Store) WatchCatalog(ctx context.Context, log *slog.Logger) (*Catalog, error) {
-	c := &Catalog{tools: map[string]toolbus.ToolContract{}, instances: map[string]Instance{}}
-	if err := watchBucket(ctx, s.tools, log, func(key string, val []byte) {
-		var tc toolbus.ToolContract
-		if val == nil {
-			delete(c.tools, key)
-		} else if err := json.Unmarshal(val, &tc); err == nil {
-			c.tools[key] = tc
-		} else if log != nil {
-			log.Warn("catalog entry ignored", "tool", key, "error", err)
-		}
-	}, &c.mu); err != nil {
+	c := &Catalog{store: s, tools: map[string]toolbus.ToolContract{}, instances: map[string]Instance{}}
+	if err := s.refreshCatalog(ctx, c, log); err != nil {
 		return nil, err
 	}
-	if err := watchBucket(ctx, s.instances, log, func(key string, val []byte) {
-		var in Instance
-		if val == nil {
-			delete(c.instances, key)
-		} else if err := json.Unmarshal(val, &in); err == nil {
-			c.instances[key] = in
+	go func() {
+		t := time.NewTicker(CatalogPoll)
+		defer t.Stop()
+		failing := false
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			err := s.refreshCatalog(ctx, c, nil)
+			switch {
+			case err != nil && !failing && ctx.Err() == nil && log != nil:
+				log.Warn("catalog not refreshed; using the last one read", "error", err)
+			case err == nil && failing && log != nil:
+				log.Info("catalog refreshed again")
+			}
+			failing = err != nil
 		}
-	}, &c.mu); err != nil {
-		return nil, err
-	}
+	}()
 	return c, nil
 }
 
-// watchBucket applies every value of kv (nil for a deleted or expired key) under mu,
-// and returns once the initial values are applied.
-func watchBucket(ctx context.Context, kv jetstream.KeyValue, log *slog.Logger, apply func(key string, val []byte), mu *sync.RWMutex) error {
-	w, err := kv.WatchAll(ctx)
-	if err != nil {
-		return fmt.Errorf("store: watch %s: %w", kv.Bucket(), err)
-	}
-	ready := make(chan struct{})
-	go func() {
-		defer w.Stop() //nolint:errcheck // nothing to do on stop failure
-		initial := true
-		for e := range w.Updates() {
-			if e == nil { // end of the initial values
-				if initial {
-					initial = false
-					close(ready)
-				}
-				continue
-			}
-			mu.Lock()
-			if e.Operation() == jetstream.KeyValuePut {
-				apply(e.Key(), e.Value())
-			} else {
-				apply(e.Key(), nil)
-			}
-			mu.Unlock()
+// refreshCatalog reads both buckets and replaces the view's content with what it read.
+func (s *Store) refreshCatalog(ctx context.Context, c *Catalog, log *slog.Logger) error {
+	tools := map[string]toolbus.ToolContract{}
+	if err := s.walk(ctx, s.tools, func(key string, val []byte) {
+		var tc toolbus.ToolContract
+		if err := json.Unmarshal(val, &tc); err == nil {
+			tools[key] = tc
+		} else if log != nil {
+			log.Warn("catalog entry ignored", "tool", key, "error", err)
 		}
-	}()
-	select {
-	case <-ready:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
+	}); err != nil {
+		return fmt.Errorf("store: read the catalog: %w", err)
 	}
+	instances := map[string]Instance{}
+	if err := s.walk(ctx, s.instances, func(key string, val []byte) {
+		var in Instance
+		if json.Unmarshal(val, &in) == nil {
+			instances[key] = in
+		}
+	}); err != nil {
+		return fmt.Errorf("store: read the instances: %w", err)
+	}
+	c.mu.Lock()
+	c.tools, c.instances = tools, instances
+	c.mu.Unlock()
+	return nil
 }
 
 // Lookup returns the contract of a tool, whether or not an instance serves it now.
@@ -154,6 +159,30 @@ func (c *Catalog) Lookup(name string) (toolbus.ToolContract, bool) {
 	defer c.mu.RUnlock()
 	t, ok := c.tools[name]
 	return t, ok
+}
+
+// Resolve is Lookup that, for a tool this view does not hold yet, reads the tool's
+// catalog entry from the bucket before answering. The view lags the bucket by up to one
+// CatalogPoll, and a call routed as "no executor serves it" is rejected, never run: a
+// tool published a moment before its first call must not be refused for that lag.
+func (c *Catalog) Resolve(ctx context.Context, name string) (toolbus.ToolContract, bool) {
+	if t, ok := c.Lookup(name); ok || c.store == nil || !toolbus.ValidToolName(name) {
+		return t, ok
+	}
+	e, err := c.store.tools.Get(ctx, name)
+	if err != nil {
+		return toolbus.ToolContract{}, false
+	}
+	var tc toolbus.ToolContract
+	if json.Unmarshal(e.Value(), &tc) != nil {
+		return toolbus.ToolContract{}, false
+	}
+	c.mu.Lock()
+	if _, ok := c.tools[name]; !ok {
+		c.tools[name] = tc
+	}
+	c.mu.Unlock()
+	return tc, true
 }
 
 // Serving returns the names of the live instances that serve tool, sorted.
@@ -174,7 +203,9 @@ func (c *Catalog) servingLocked(tool string) []string {
 		}
 	}
 	sort.Strings(out)
-	return out
+	// A restarted process (same name, new boot id) is listed once while its
+	// predecessor's record expires.
+	return slices.Compact(out)
 }
 
 // Tools returns the contracts allowed by rs (all when rs is nil) that at least one live
@@ -201,18 +232,15 @@ func (c *Catalog) Tools(rs *toolbus.RunStarted) []toolbus.ToolContract {
 // Contracts lists every tool contract in the catalog, sorted by name, whether or not an
 // instance serves it now.
 func (s *Store) Contracts(ctx context.Context) ([]toolbus.ToolContract, error) {
-	lister, err := s.tools.ListKeys(ctx)
+	var out []toolbus.ToolContract
+	err := s.walk(ctx, s.tools, func(_ string, val []byte) {
+		var tc toolbus.ToolContract
+		if json.Unmarshal(val, &tc) == nil {
+			out = append(out, tc)
+		}
+	})
 	if err != nil {
 		return nil, fmt.Errorf("store: list catalog: %w", err)
-	}
-	defer lister.Stop() //nolint:errcheck // nothing to do
-	var out []toolbus.ToolContract
-	for k := range lister.Keys() {
-		var tc toolbus.ToolContract
-		if err := s.getJSON(ctx, s.tools, k, &tc); err != nil {
-			continue
-		}
-		out = append(out, tc)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out, nil

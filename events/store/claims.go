@@ -12,11 +12,19 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// Claim is an executor's claim on one call, taken before the tool runs.
+// Claim is an executor's claim on one call, taken before the tool runs. Its revision in
+// the bucket is the fencing token of the attempt: every change of owner is a
+// compare-and-set on it.
 type Claim struct {
-	Instance string    `json:"instance"`
-	Attempt  int       `json:"attempt"`
-	At       time.Time `json:"at"`
+	Instance string `json:"instance"`
+	// Boot is the boot id of the claiming process (Instance.Boot).
+	Boot    string    `json:"boot,omitempty"`
+	Attempt int       `json:"attempt"`
+	At      time.Time `json:"at"`
+	// Abandoned marks an attempt its executor gave up without a result (its lease ran
+	// out mid-call): the next delivery takes the claim over at once, whether or not the
+	// executor is alive.
+	Abandoned bool `json:"abandoned,omitempty"`
 }
 
 // ErrClaimed is returned by ClaimCall when another execution holds the claim.
@@ -53,18 +61,38 @@ func (s *Store) ClaimCall(ctx context.Context, tool, run string, step int, callI
 	return cur, e.Revision(), ErrClaimed
 }
 
-// TakeOverClaim replaces the claim at revision rev with c (compare-and-set): the
-// executor that held it died. ErrConflict when someone else took it over first.
-func (s *Store) TakeOverClaim(ctx context.Context, tool, run string, step int, callID string, c Claim, rev uint64) error {
+// TakeOverClaim replaces the claim at revision rev with c (compare-and-set) and returns
+// the new revision: the executor that held it died or abandoned it. ErrConflict when
+// someone else changed it first. The executor that holds a claim also uses it to mark
+// its attempt abandoned.
+func (s *Store) TakeOverClaim(ctx context.Context, tool, run string, step int, callID string, c Claim, rev uint64) (uint64, error) {
 	key := ClaimKey(tool, run, step, callID)
-	if _, err := s.claims.Update(ctx, key, mustJSON(c), rev); err != nil {
+	rev, err := s.claims.Update(ctx, key, mustJSON(c), rev)
+	if err != nil {
 		var apiErr *jetstream.APIError
 		if errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence {
-			return fmt.Errorf("%w: claim %s: %w", ErrConflict, key, err)
+			return 0, fmt.Errorf("%w: claim %s: %w", ErrConflict, key, err)
 		}
-		return fmt.Errorf("store: take over claim %s: %w", key, err)
+		return 0, fmt.Errorf("store: take over claim %s: %w", key, err)
 	}
-	return nil
+	return rev, nil
+}
+
+// CurrentClaim returns the claim of a call and its revision (ErrNotFound when none).
+func (s *Store) CurrentClaim(ctx context.Context, tool, run string, step int, callID string) (Claim, uint64, error) {
+	key := ClaimKey(tool, run, step, callID)
+	e, err := s.claims.Get(ctx, key)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return Claim{}, 0, fmt.Errorf("%w: claim %s", ErrNotFound, key)
+	}
+	if err != nil {
+		return Claim{}, 0, fmt.Errorf("store: read claim %s: %w", key, err)
+	}
+	var c Claim
+	if err := json.Unmarshal(e.Value(), &c); err != nil {
+		return Claim{}, 0, fmt.Errorf("store: decode claim %s: %w", key, err)
+	}
+	return c, e.Revision(), nil
 }
 
 // ReleaseClaim removes a call's claim: the call did not run (it waits for approval) and
@@ -86,6 +114,7 @@ func (s *Store) ReleaseClaim(ctx context.Context, tool, run string, step int, ca
 // runSlot is the value of a slot key.
 type runSlot struct {
 	Instance string `json:"instance"`
+	Boot     string `json:"boot,omitempty"`
 	Call     string `json:"call"`
 }
 
@@ -98,10 +127,11 @@ func slotKey(tool, run string, i int) string {
 const slotTries = 8
 
 // AcquireRunSlot takes one of the cap slots of run and tool (the queue's token) for a
-// call (key is the call's claim key). It returns the slot and true, or false when the run has cap calls in flight.
-// Slots held by instances that are no longer alive are taken over.
-func (s *Store) AcquireRunSlot(ctx context.Context, tool, run string, limit int, key, instance string) (int, bool, error) {
-	val := mustJSON(runSlot{Instance: instance, Call: key})
+// call (key is the call's claim key). It returns the slot and true, or false when the
+// run has cap calls in flight. Slots held by instances (name and boot id) that are no
+// longer alive are taken over.
+func (s *Store) AcquireRunSlot(ctx context.Context, tool, run string, limit int, key, instance, boot string) (int, bool, error) {
+	val := mustJSON(runSlot{Instance: instance, Boot: boot, Call: key})
 	start := int(fnv32(key) % uint32(limit))
 	tries := min(limit, slotTries)
 	for j := 0; j < tries; j++ {
@@ -113,7 +143,7 @@ func (s *Store) AcquireRunSlot(ctx context.Context, tool, run string, limit int,
 		}
 	}
 	// Full: free the slots of executors that died holding them.
-	alive := map[string]bool{}
+	alive := map[runSlot]bool{}
 	for j := 0; j < tries; j++ {
 		i := (start + j) % limit
 		e, err := s.claims.Get(ctx, slotKey(tool, run, i))
@@ -124,12 +154,13 @@ func (s *Store) AcquireRunSlot(ctx context.Context, tool, run string, limit int,
 		if json.Unmarshal(e.Value(), &held) != nil {
 			continue
 		}
-		ok, seen := alive[held.Instance]
+		owner := runSlot{Instance: held.Instance, Boot: held.Boot}
+		ok, seen := alive[owner]
 		if !seen {
-			if ok, err = s.InstanceAlive(ctx, held.Instance); err != nil {
+			if ok, err = s.InstanceAlive(ctx, held.Instance, held.Boot); err != nil {
 				return 0, false, err
 			}
-			alive[held.Instance] = ok
+			alive[owner] = ok
 		}
 		if !ok {
 			if _, err := s.claims.Update(ctx, slotKey(tool, run, i), val, e.Revision()); err == nil {

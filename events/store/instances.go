@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"sort"
@@ -11,37 +12,48 @@ import (
 )
 
 // Instance is the heartbeat record of one executor process in the instances bucket
-// (key = InstanceKey(name)). It disappears TTL after the last heartbeat.
+// (key = InstanceKey(name, boot)). It disappears TTL after the last heartbeat.
 type Instance struct {
-	Name        string    `json:"name"`
+	Name string `json:"name"`
+	// Boot is random per process start: a process restarted under the same name (a
+	// container keeps its hostname and runs as pid 1 again) is a new instance, so the
+	// calls its predecessor claimed are taken over once the predecessor's record expires.
+	Boot        string    `json:"boot,omitempty"`
 	Tools       []string  `json:"tools"`
 	Concurrency int       `json:"concurrency"`
 	StartedAt   time.Time `json:"started_at"`
 	HeartbeatAt time.Time `json:"heartbeat_at"`
 }
 
-// InstanceKey maps an instance name to its key in the instances bucket (injective).
-func InstanceKey(name string) string { return kvSafe(name) }
+// InstanceKey maps an instance (name and boot id) to its key in the instances bucket
+// (injective: kvSafe escapes dots).
+func InstanceKey(name, boot string) string {
+	if boot == "" {
+		return kvSafe(name)
+	}
+	return kvSafe(name) + "." + kvSafe(boot)
+}
 
 // PutInstance records (or refreshes) the heartbeat of an executor instance.
 func (s *Store) PutInstance(ctx context.Context, in Instance) error {
-	if _, err := s.instances.Put(ctx, InstanceKey(in.Name), mustJSON(in)); err != nil {
+	if _, err := s.instances.Put(ctx, InstanceKey(in.Name, in.Boot), mustJSON(in)); err != nil {
 		return fmt.Errorf("store: instance heartbeat %s: %w", in.Name, err)
 	}
 	return nil
 }
 
 // DeleteInstance removes an instance at shutdown, so the catalog drops it at once.
-func (s *Store) DeleteInstance(ctx context.Context, name string) error {
-	if err := s.instances.Delete(ctx, InstanceKey(name)); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
+func (s *Store) DeleteInstance(ctx context.Context, name, boot string) error {
+	if err := s.instances.Delete(ctx, InstanceKey(name, boot)); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
 		return fmt.Errorf("store: delete instance %s: %w", name, err)
 	}
 	return nil
 }
 
-// InstanceAlive reports whether an instance heartbeated within the instance TTL.
-func (s *Store) InstanceAlive(ctx context.Context, name string) (bool, error) {
-	_, err := s.instances.Get(ctx, InstanceKey(name))
+// InstanceAlive reports whether an instance (name and boot id) heartbeated within the
+// instance TTL.
+func (s *Store) InstanceAlive(ctx context.Context, name, boot string) (bool, error) {
+	_, err := s.instances.Get(ctx, InstanceKey(name, boot))
 	switch {
 	case err == nil:
 		return true, nil
@@ -54,18 +66,15 @@ func (s *Store) InstanceAlive(ctx context.Context, name string) (bool, error) {
 
 // Instances lists the live executor instances, sorted by name.
 func (s *Store) Instances(ctx context.Context) ([]Instance, error) {
-	lister, err := s.instances.ListKeys(ctx)
+	var out []Instance
+	err := s.walk(ctx, s.instances, func(_ string, val []byte) {
+		var in Instance
+		if json.Unmarshal(val, &in) == nil {
+			out = append(out, in)
+		}
+	})
 	if err != nil {
 		return nil, fmt.Errorf("store: list instances: %w", err)
-	}
-	defer lister.Stop() //nolint:errcheck // nothing to do
-	var out []Instance
-	for k := range lister.Keys() {
-		var in Instance
-		if err := s.getJSON(ctx, s.instances, k, &in); err != nil {
-			continue // expired between list and get
-		}
-		out = append(out, in)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out, nil

@@ -43,18 +43,15 @@ func (s *Store) RunState(ctx context.Context, run string) (RunState, uint64, err
 
 // Runs lists the state of every run in the runs bucket.
 func (s *Store) Runs(ctx context.Context) ([]RunState, error) {
-	lister, err := s.runs.ListKeys(ctx)
+	var out []RunState
+	err := s.walk(ctx, s.runs, func(_ string, val []byte) {
+		var st RunState
+		if json.Unmarshal(val, &st) == nil {
+			out = append(out, st)
+		}
+	})
 	if err != nil {
 		return nil, fmt.Errorf("store: list runs: %w", err)
-	}
-	defer lister.Stop()
-	var out []RunState
-	for k := range lister.Keys() {
-		st, _, err := s.RunState(ctx, k)
-		if err != nil {
-			continue
-		}
-		out = append(out, st)
 	}
 	return out, nil
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -35,6 +36,9 @@ type Buckets struct {
 	// Conn, when set, lets the store read the results of a step with one batched
 	// direct get instead of one read per result.
 	Conn *nats.Conn
+	// JS lists buckets with direct gets, without a consumer (Runs, Contracts,
+	// Instances, WatchCatalog).
+	JS jetstream.JetStream
 }
 
 // Store reads and writes the shared state. It is safe for concurrent use.
@@ -51,13 +55,15 @@ type Store struct {
 	// batchOffUntil: batched reads are not tried before this time (unix ns).
 	batchOffUntil atomic.Int64
 	batch         batchMux
+	js            jetstream.JetStream
+	streams       sync.Map // bucket -> jetstream.Stream
 }
 
 // New returns a Store over opened buckets; instanceTTL is the TTL of the instances
 // bucket (executors heartbeat every third of it).
 func New(b Buckets, instanceTTL time.Duration) *Store {
 	return &Store{history: b.History, runs: b.Runs, tools: b.Tools, approvals: b.Approvals,
-		claims: b.Claims, instances: b.Instances, outputs: b.Outputs, instanceTTL: instanceTTL, conn: b.Conn}
+		claims: b.Claims, instances: b.Instances, outputs: b.Outputs, instanceTTL: instanceTTL, conn: b.Conn, js: b.JS}
 }
 
 // Errors callers branch on.

@@ -26,7 +26,7 @@ func TestInstanceExpiresFromCatalog(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := bus.PutInstance(ctx, store.Instance{Name: "only/one", Tools: []string{"solo"}}); err != nil {
+	if err := bus.PutInstance(ctx, store.Instance{Name: "only/one", Boot: "b1", Tools: []string{"solo"}}); err != nil {
 		t.Fatal(err)
 	}
 	eventstest.Eventually(t, 10*time.Second, func() error {
@@ -35,8 +35,12 @@ func TestInstanceExpiresFromCatalog(t *testing.T) {
 		}
 		return nil
 	})
-	if alive, err := bus.InstanceAlive(ctx, "only/one"); err != nil || !alive {
+	if alive, err := bus.InstanceAlive(ctx, "only/one", "b1"); err != nil || !alive {
 		t.Fatalf("alive %v, %v", alive, err)
+	}
+	// The same name with another boot id is another instance (a restarted process).
+	if alive, err := bus.InstanceAlive(ctx, "only/one", "b2"); err != nil || alive {
+		t.Fatalf("another boot of the same name alive %v, %v", alive, err)
 	}
 	// No more heartbeats: gone within the TTL (plus the server's expiry tick).
 	eventstest.Eventually(t, 30*time.Second, func() error {
@@ -45,7 +49,7 @@ func TestInstanceExpiresFromCatalog(t *testing.T) {
 		}
 		return nil
 	})
-	if alive, err := bus.InstanceAlive(ctx, "only/one"); err != nil || alive {
+	if alive, err := bus.InstanceAlive(ctx, "only/one", "b1"); err != nil || alive {
 		t.Fatalf("expired instance alive %v, %v", alive, err)
 	}
 	if _, ok := cat.Lookup("solo"); !ok {
@@ -68,11 +72,15 @@ func TestClaims(t *testing.T) {
 	if _, _, err := bus.ClaimCall(ctx, "t", "r1", 1, "call.1", store.Claim{Instance: "b"}); err != nil {
 		t.Fatal(err)
 	}
-	if err := bus.TakeOverClaim(ctx, "t", "r1", 0, "call.1", store.Claim{Instance: "b", Attempt: 2}, rev); err != nil {
-		t.Fatal(err)
+	nrev, err := bus.TakeOverClaim(ctx, "t", "r1", 0, "call.1", store.Claim{Instance: "b", Attempt: 2}, rev)
+	if err != nil || nrev <= rev {
+		t.Fatal(nrev, err)
+	}
+	if c, crev, err := bus.CurrentClaim(ctx, "t", "r1", 0, "call.1"); err != nil || crev != nrev || c.Instance != "b" || c.Attempt != 2 {
+		t.Fatalf("current claim %+v rev %d (want %d): %v", c, crev, nrev, err)
 	}
 	// A second taker with the old revision loses.
-	if err := bus.TakeOverClaim(ctx, "t", "r1", 0, "call.1", store.Claim{Instance: "c", Attempt: 2}, rev); !errors.Is(err, store.ErrConflict) {
+	if _, err := bus.TakeOverClaim(ctx, "t", "r1", 0, "call.1", store.Claim{Instance: "c", Attempt: 2}, rev); !errors.Is(err, store.ErrConflict) {
 		t.Fatalf("stale take-over: %v", err)
 	}
 	cur, _, _ = bus.ClaimCall(ctx, "t", "r1", 0, "call.1", store.Claim{Instance: "d"})

@@ -54,16 +54,101 @@ const (
 // ErrConfig is wrapped by the errors of LoadConfig and New for an unusable configuration.
 var ErrConfig = errors.New("mcptools: invalid configuration")
 
-// Server is one entry of "mcpServers": either Command (stdio) or URL (streamable HTTP).
+// Server is one entry of "mcpServers": either Command (stdio) or URL (streamable HTTP),
+// and the policy of its tools.
 type Server struct {
-	// Command starts a stdio server (looked up in PATH); Args are its arguments and Env
-	// is added to the executor's environment.
+	// Command starts a stdio server (looked up in PATH) with Args. Its environment is
+	// Env and nothing else of the executor's but PATH and HOME: never the executor's
+	// TOOLBUS_* settings nor its NATS credentials. A value "${NAME}" is the executor's
+	// variable NAME (for a key the server needs), except TOOLBUS_* and NATS_* ones.
 	Command string            `json:"command,omitempty"`
 	Args    []string          `json:"args,omitempty"`
 	Env     map[string]string `json:"env,omitempty"`
 	// URL of a streamable HTTP server, with Headers sent on every request.
 	URL     string            `json:"url,omitempty"`
 	Headers map[string]string `json:"headers,omitempty"`
+	Policy
+}
+
+// Policy is what an operator allows of a server's tools. Tool names are the server's own
+// (not the toolbus <server>__<tool> names); "*" in a list means every tool.
+type Policy struct {
+	// AllowTools, when set, are the only tools served; DenyTools are never served.
+	AllowTools []string `json:"allowTools,omitempty"`
+	DenyTools  []string `json:"denyTools,omitempty"`
+	// NeedsApproval are the tools whose calls wait for a person's approval.
+	NeedsApproval []string `json:"needsApproval,omitempty"`
+	// Timeout bounds each call of the server's tools ("30s"; empty: Options.Timeout).
+	Timeout Duration `json:"timeout,omitempty"`
+}
+
+// serves reports whether the policy lets the tool be served.
+func (p Policy) serves(tool string) bool {
+	if matchAny(p.DenyTools, tool) {
+		return false
+	}
+	return len(p.AllowTools) == 0 || matchAny(p.AllowTools, tool)
+}
+
+func matchAny(list []string, tool string) bool {
+	return slices.Contains(list, tool) || slices.Contains(list, "*")
+}
+
+// Duration is a time.Duration written as a Go duration string in JSON ("30s", "2m").
+type Duration time.Duration
+
+// UnmarshalJSON reads "30s".
+func (d *Duration) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := json.Unmarshal(b, &s); err != nil {
+		return fmt.Errorf("a duration is a string such as \"30s\": %w", err)
+	}
+	v, err := time.ParseDuration(s)
+	if err != nil || v < 0 {
+		return fmt.Errorf("duration %q: want a positive Go duration such as \"30s\"", s)
+	}
+	*d = Duration(v)
+	return nil
+}
+
+// MarshalJSON writes "30s".
+func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(time.Duration(d).String()) }
+
+// inheritedEnv are the only variables of the executor a stdio server gets besides its
+// own Env: enough to find and run its interpreter (npx, uvx, node).
+var inheritedEnv = []string{"PATH", "HOME"}
+
+// forbiddenEnvPrefixes are the executor's variables no server may be given by "${NAME}":
+// toolbus's own settings and credentials.
+var forbiddenEnvPrefixes = []string{"TOOLBUS_", "NATS_"}
+
+// childEnv is the environment of a stdio server: PATH and HOME, then env with "${NAME}"
+// values read from lookup.
+func childEnv(env map[string]string, lookup func(string) (string, bool)) []string {
+	var out []string
+	for _, k := range inheritedEnv {
+		if v, ok := lookup(k); ok {
+			if _, own := env[k]; !own {
+				out = append(out, k+"="+v)
+			}
+		}
+	}
+	for _, k := range slices.Sorted(maps.Keys(env)) {
+		v := env[k]
+		if name, ok := envRef(v); ok {
+			v, _ = lookup(name)
+		}
+		out = append(out, k+"="+v)
+	}
+	return out
+}
+
+// envRef returns NAME of a value "${NAME}".
+func envRef(v string) (string, bool) {
+	if strings.HasPrefix(v, "${") && strings.HasSuffix(v, "}") && len(v) > 3 {
+		return v[2 : len(v)-1], true
+	}
+	return "", false
 }
 
 // Config is the content of a TOOLBUS_MCP_CONFIG file.
@@ -92,6 +177,15 @@ func (c Config) check() error {
 		if name == "" {
 			return fmt.Errorf("%w: a server has an empty name", ErrConfig)
 		}
+		for k, v := range s.Env {
+			if ref, ok := envRef(v); ok {
+				for _, p := range forbiddenEnvPrefixes {
+					if strings.HasPrefix(strings.ToUpper(ref), p) {
+						return fmt.Errorf("%w: server %q: env %s=${%s}: the executor's %s* variables are its own settings and credentials, never given to a tool", ErrConfig, name, k, ref, p)
+					}
+				}
+			}
+		}
 	}
 	return nil
 }
@@ -111,10 +205,7 @@ func (s Server) Dial() Dialer {
 	return func(context.Context) (mcp.Transport, error) {
 		// Not CommandContext: the process lives as long as the provider, not a call.
 		cmd := exec.Command(s.Command, s.Args...)
-		cmd.Env = os.Environ()
-		for k, v := range s.Env {
-			cmd.Env = append(cmd.Env, k+"="+v)
-		}
+		cmd.Env = childEnv(s.Env, os.LookupEnv)
 		cmd.Stderr = os.Stderr
 		return &mcp.CommandTransport{Command: cmd, TerminateDuration: 2 * time.Second}, nil
 	}
@@ -177,14 +268,19 @@ func New(reg *executor.Registry, cfg Config, opts Options) (*Provider, error) {
 	p := &Provider{reg: reg, opts: opts, log: opts.Logger.With("component", "mcp")}
 	names := slices.Sorted(maps.Keys(cfg.MCPServers))
 	for _, name := range names {
-		p.AddServer(name, cfg.MCPServers[name].Dial())
+		p.AddServerPolicy(name, cfg.MCPServers[name].Dial(), cfg.MCPServers[name].Policy)
 	}
 	return p, nil
 }
 
-// AddServer adds a server reached through dial; call it before Start.
-func (p *Provider) AddServer(name string, dial Dialer) {
-	p.servers = append(p.servers, &server{name: name, prefix: sanitize(name) + "__", dial: dial, p: p,
+// AddServer adds a server reached through dial, all of its tools served; call it before
+// Start.
+func (p *Provider) AddServer(name string, dial Dialer) { p.AddServerPolicy(name, dial, Policy{}) }
+
+// AddServerPolicy adds a server reached through dial whose tools policy filters and
+// marks; call it before Start.
+func (p *Provider) AddServerPolicy(name string, dial Dialer, policy Policy) {
+	p.servers = append(p.servers, &server{name: name, prefix: sanitize(name) + "__", dial: dial, p: p, policy: policy,
 		log: p.log.With("mcp_server", name), tools: map[string]string{}, up: make(chan struct{})})
 }
 
@@ -242,6 +338,7 @@ type server struct {
 	name, prefix string
 	dial         Dialer
 	p            *Provider
+	policy       Policy
 	log          *slog.Logger
 
 	// syncMu serializes tool list refreshes, so an older listing never overwrites a
@@ -345,6 +442,9 @@ func (s *server) sync(ctx context.Context, sess *mcp.ClientSession) error {
 		if err != nil {
 			return fmt.Errorf("list tools: %w", err)
 		}
+		if !s.policy.serves(t.Name) {
+			continue // the configuration's allowTools/denyTools leave it out
+		}
 		tool, err := s.tool(t)
 		if err != nil {
 			s.log.Warn("MCP tool skipped", "tool", t.Name, "error", err)
@@ -443,13 +543,18 @@ func (s *server) tool(t *mcp.Tool) (executor.Tool, error) {
 		desc = t.Title
 	}
 	name := t.Name
+	timeout := s.p.opts.Timeout
+	if s.policy.Timeout > 0 {
+		timeout = time.Duration(s.policy.Timeout)
+	}
 	return executor.Tool{
 		Name:        s.toolName(name),
 		Description: desc,
 		InputSchema: schema,
 		// OutputSchema is not enforced: the server is the authority on its output.
-		ReadOnly: t.Annotations != nil && t.Annotations.ReadOnlyHint,
-		Timeout:  s.p.opts.Timeout,
+		ReadOnly:      t.Annotations != nil && t.Annotations.ReadOnlyHint,
+		Timeout:       timeout,
+		NeedsApproval: matchAny(s.policy.NeedsApproval, name),
 		Func: func(ctx context.Context, args json.RawMessage) (any, error) {
 			return s.call(ctx, name, args)
 		},

@@ -152,7 +152,12 @@ type Worker struct {
 	exec   *executor.Executor
 	source string
 	log    *slog.Logger
+	// boot is random per process start: with the instance name it identifies this
+	// worker in its instance record, claims and run slots (see store.Instance.Boot).
+	boot  string
+	lease *lease
 
+	syncMu     sync.Mutex // serializes Sync
 	smu        sync.RWMutex
 	serving    map[string]bool // tools this worker serves
 	servedList []string        // the same, in the order offered (the instance record)
@@ -187,10 +192,29 @@ func New(bus *events.Bus, exec *executor.Executor, cfg Config) (*Worker, error) 
 		}
 		return si.State.LastSeq, nil
 	}}
-	return &Worker{cfg: cfg, bus: bus, exec: exec, source: events.Source("executor", cfg.Instance),
-		log:      cfg.Logger.With("component", "executor", "instance", cfg.Instance),
+	boot := newBootID()
+	w := &Worker{cfg: cfg, bus: bus, exec: exec, source: events.Source("executor", cfg.Instance), boot: boot,
+		log:      cfg.Logger.With("component", "executor", "instance", cfg.Instance, "boot", boot),
 		inflight: map[string]map[*callHandle]struct{}{}, claimed: map[string]bool{}, cancelled: map[string]time.Time{},
-		ends: ends}, nil
+		ends: ends}
+	w.lease = newLease(bus.InstanceTTL(), w.leaseLost)
+	return w, nil
+}
+
+// leaseLost cancels every running call: the lease ran out, another executor may take
+// them over from now on plus the margin.
+func (w *Worker) leaseLost() {
+	w.mu.Lock()
+	n := 0
+	for _, hs := range w.inflight {
+		for h := range hs {
+			h.cancel(errLeaseLost)
+			n++
+		}
+	}
+	w.mu.Unlock()
+	w.log.Warn("lease lost: instance heartbeat not renewed in time; running calls cancelled and handed back",
+		"calls_cancelled", n, "ttl", w.lease.ttl)
 }
 
 // Run binds the queue of every served tool (creating it when it does not exist and the
@@ -284,13 +308,19 @@ func (w *Worker) serve(ctx context.Context) error {
 // lists exactly the registered tools, so the planner stops offering removed ones at once.
 // A worker limited to Config.Tools serves that fixed subset and ignores Sync.
 // Sync before Run, or after Run returned, does nothing.
+//
+// Calls keep running while Sync talks to the bus: the read lock that every call takes
+// is held only to read and to swap the set of served tools, never across network I/O.
 func (w *Worker) Sync(ctx context.Context) error {
 	if len(w.cfg.Tools) > 0 {
 		return nil
 	}
-	w.smu.Lock()
-	defer w.smu.Unlock()
-	if w.runCtx == nil || w.runCtx.Err() != nil {
+	w.syncMu.Lock() // one Sync at a time: each computes its changes from the last one's result
+	defer w.syncMu.Unlock()
+	w.smu.RLock()
+	runCtx, serveCfg, serving := w.runCtx, w.serveCfg, w.serving
+	w.smu.RUnlock()
+	if runCtx == nil || runCtx.Err() != nil {
 		return nil
 	}
 	names := w.exec.Registry().Names()
@@ -304,7 +334,7 @@ func (w *Worker) Sync(ctx context.Context) error {
 		if err := w.publishTool(ctx, t); err != nil {
 			return err
 		}
-		if !w.serving[name] {
+		if !serving[name] { // serving is replaced, never modified: reading it unlocked is safe
 			added = append(added, name)
 		}
 	}
@@ -314,18 +344,20 @@ func (w *Worker) Sync(ctx context.Context) error {
 			return err
 		}
 		w.extra.Go(func() {
-			if err := events.ServeAll(w.runCtx, []jetstream.Consumer{cons}, w.serveCfg, w.handle); err != nil {
+			if err := events.ServeAll(runCtx, []jetstream.Consumer{cons}, serveCfg, w.handle); err != nil {
 				w.log.Error("queue stopped", "tool", name, "error", err)
 			}
 		})
 	}
-	serving := make(map[string]bool, len(names))
+	next := make(map[string]bool, len(names))
 	for _, n := range names {
-		serving[n] = true
+		next[n] = true
 	}
-	w.serving, w.servedList = serving, names
+	w.smu.Lock()
+	w.serving, w.servedList = next, names
+	w.smu.Unlock()
 	now := time.Now().UTC()
-	if err := w.bus.PutInstance(ctx, store.Instance{Name: w.cfg.Instance, Tools: names, Concurrency: w.cfg.Concurrency,
+	if err := w.bus.PutInstance(ctx, store.Instance{Name: w.cfg.Instance, Boot: w.boot, Tools: names, Concurrency: w.cfg.Concurrency,
 		StartedAt: now, HeartbeatAt: now}); err != nil {
 		return err
 	}
@@ -398,39 +430,52 @@ func (e *MissingQueuesError) Error() string {
 
 func (e *MissingQueuesError) Unwrap() error { return e.Err }
 
-// heartbeat records this instance in the instances bucket now and every third of the
-// instance TTL; the returned stop removes it.
+// heartbeat records this instance in the instances bucket now and every
+// lease.renewEvery, each acknowledged write renewing the lease; the returned stop ends
+// the lease and removes the record.
 func (w *Worker) heartbeat(ctx context.Context, served []string) (stop func(), err error) {
-	now := time.Now().UTC()
-	in := store.Instance{Name: w.cfg.Instance, Tools: served, Concurrency: w.cfg.Concurrency, StartedAt: now, HeartbeatAt: now}
+	start := time.Now()
+	in := store.Instance{Name: w.cfg.Instance, Boot: w.boot, Tools: served, Concurrency: w.cfg.Concurrency,
+		StartedAt: start.UTC(), HeartbeatAt: start.UTC()}
 	if err := w.bus.PutInstance(ctx, in); err != nil {
 		return nil, err
 	}
+	w.lease.renewed(start)
 	done := make(chan struct{})
 	finished := make(chan struct{})
 	go func() {
 		defer close(finished)
-		t := time.NewTicker(max(w.bus.InstanceTTL()/3, 100*time.Millisecond))
+		every := w.lease.renewEvery()
+		t := time.NewTicker(every)
 		defer t.Stop()
 		for {
 			select {
 			case <-done:
 				return
 			case <-t.C:
-				in.HeartbeatAt = time.Now().UTC()
+				// The start of the write, not its acknowledgement, bounds the record's
+				// expiry from below: the server stores it after it was sent.
+				start := time.Now()
+				in.HeartbeatAt = start.UTC()
 				in.Tools = w.servedTools()
-				if err := w.bus.PutInstance(ctx, in); err != nil {
-					w.log.Warn("instance heartbeat failed", "error", err)
+				pctx, cancel := context.WithTimeout(ctx, every)
+				err := w.bus.PutInstance(pctx, in)
+				cancel()
+				if err != nil {
+					w.log.Warn("instance heartbeat failed", "error", err, "lease_deadline", w.lease.Deadline())
+					continue
 				}
+				w.lease.renewed(start)
 			}
 		}
 	}()
 	return func() {
 		close(done)
 		<-finished
+		w.lease.stop()
 		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer cancel()
-		if err := w.bus.DeleteInstance(dctx, w.cfg.Instance); err != nil {
+		if err := w.bus.DeleteInstance(dctx, w.cfg.Instance, w.boot); err != nil {
 			w.log.Warn("instance not removed from the catalog; it expires by itself", "error", err)
 		}
 	}, nil
@@ -470,11 +515,14 @@ func (w *Worker) onCancel(m *nats.Msg) {
 	w.log.Info("run cancelled", "run_id", run, "calls_cancelled", n)
 }
 
-func (w *Worker) track(run string, h *callHandle) (untrack func()) {
+func (w *Worker) track(run string, h *callHandle, lv leaseView) (untrack func()) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if _, done := w.cancelled[run]; done {
 		h.cancel(errRunCancelled)
+	}
+	if !lv.valid() { // lost between the start of the call and here: leaseLost missed it
+		h.cancel(errLeaseLost)
 	}
 	m := w.inflight[run]
 	if m == nil {
@@ -493,11 +541,52 @@ func (w *Worker) track(run string, h *callHandle) (untrack func()) {
 }
 
 func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) error {
+	start := time.Now()
+	var (
+		req  toolbus.ToolRequested
+		meta events.Meta
+	)
+	err := w.handleCall(ctx, msg, &req, &meta)
+	if err == nil || !errors.Is(w.bus.Denied(start, err), events.ErrPermissionDenied) {
+		return err
+	}
+	return w.denied(ctx, req, meta, w.bus.Denied(start, err))
+}
+
+// denied ends a call that the executor's credentials do not let it handle: it publishes
+// a failed result whose code (permission_denied) and message name the missing
+// permission, at once, instead of the call timing out on every delivery. If even that
+// publish is refused the message is terminated with the reason: nothing this executor
+// can do for the call will work until its permissions change (the run's deadline then
+// ends the call).
+func (w *Worker) denied(ctx context.Context, req toolbus.ToolRequested, meta events.Meta, err error) error {
+	log := w.log.With("run_id", req.RunID, "step", req.Step, "call_id", req.Call.CallID, "tool", req.Call.Tool)
+	log.Error("call ended: the executor's credentials miss a permission", "error", err)
+	if meta.Type != events.TypeToolRequested || req.RunID == "" {
+		return fmt.Errorf("%w: %w", events.ErrPoison, err)
+	}
+	res := executor.ErrorResult(req.Call, toolbus.StatusFailed, toolbus.CodePermissionDenied,
+		"the executor could not handle this call: "+err.Error())
+	res.Executor = w.cfg.Instance
+	start := time.Now()
+	_, perr := w.bus.PublishEvent(ctx, events.ToolFinishedEvent(w.source, toolbus.ToolFinished{
+		RunID: req.RunID, Step: req.Step, CallIndex: req.CallIndex, CallCount: req.CallCount, ToolResult: res}).Traced(meta.TraceParent))
+	if perr != nil {
+		return fmt.Errorf("%w: %w (and its result could not be published: %w)", events.ErrPoison, err, w.bus.Denied(start, perr))
+	}
+	w.cfg.Metrics.CallFinished(req.Call.Tool, string(res.Status), res.Code(), 0, false)
+	return nil
+}
+
+// handleCall handles one delivery of a call; it fills req and meta as soon as it decoded
+// them.
+func (w *Worker) handleCall(ctx context.Context, msg jetstream.Msg, out *toolbus.ToolRequested, outMeta *events.Meta) error {
 	var req toolbus.ToolRequested
 	meta, err := events.DecodeMsg(msg, &req)
 	if err != nil {
 		return err
 	}
+	*out, *outMeta = req, meta
 	if meta.Type != events.TypeToolRequested || !toolbus.ValidRunID(req.RunID) || req.Step < 0 ||
 		req.CallCount <= 0 || req.CallIndex < 0 || req.CallIndex >= req.CallCount {
 		return fmt.Errorf("%w: bad tool.requested %s (run %q, index %d of %d)", events.ErrPoison, meta.ID, req.RunID, req.CallIndex, req.CallCount)
@@ -529,6 +618,13 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) error {
 		}
 		return err
 	}
+	if !w.lease.valid() {
+		// Cut off from the bus (or just resumed from a pause): a claim taken now could
+		// be taken over before the lease is renewed.
+		return &events.DeferError{Delay: max(w.cfg.AckWait/3, time.Second), Reason: "no valid lease: instance heartbeat not renewed"}
+	}
+	// The call holds the lease as it is now: a lapse from here on loses it for good.
+	lv := w.lease.view()
 	key := store.ClaimKey(queue, req.RunID, req.Step, req.Call.CallID)
 	if !w.hold(key) {
 		// This process already handles the call (a redelivery that overtook it): that
@@ -541,7 +637,7 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) error {
 	// most RunMaxInFlight calls therefore stays under the cap by itself, and only the
 	// calls of larger steps take one of the run's slots (a KV create and a delete each).
 	if w.cfg.RunMaxInFlight > 0 && req.CallCount > w.cfg.RunMaxInFlight {
-		slot, ok, err := w.bus.AcquireRunSlot(ctx, queue, req.RunID, w.cfg.RunMaxInFlight, key, w.cfg.Instance)
+		slot, ok, err := w.bus.AcquireRunSlot(ctx, queue, req.RunID, w.cfg.RunMaxInFlight, key, w.cfg.Instance, w.boot)
 		if err != nil {
 			return err
 		}
@@ -557,10 +653,11 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) error {
 			}
 		}()
 	}
-	run, attempt, err := w.claim(ctx, msg, queue, req, log)
+	run, own, err := w.claim(ctx, msg, queue, req, log)
 	if err != nil || !run {
 		return err
 	}
+	attempt := own.claim.Attempt
 
 	var (
 		res toolbus.ToolResult
@@ -625,12 +722,19 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) error {
 		if res.Status == "" {
 			ran = true
 			w.cfg.Metrics.CallStarted(req.Call.Tool)
-			res, err = w.run(ctx, msg, req, rs, attempt)
+			res, err = w.run(ctx, msg, req, rs, attempt, lv)
 			w.cfg.Metrics.CallStopped(req.Call.Tool)
+			if errors.Is(err, errLeaseLost) {
+				return w.handBack(ctx, msg, queue, req, own, log)
+			}
 			if err != nil {
 				return err
 			}
 		}
+	}
+	if !lv.valid() {
+		// Another executor may own the call by now: this result is not published.
+		return w.handBack(ctx, msg, queue, req, own, log)
 	}
 	res.Attempt = attempt
 	res.Executor = w.cfg.Instance
@@ -642,16 +746,22 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) error {
 		return err
 	}
 	err = w.retry(ctx, msg, log, "publish the result", func() error {
+		if !lv.valid() {
+			return errLeaseLost // each try checks: a late publication could follow a take-over
+		}
 		_, err := w.bus.PublishEvent(ctx, events.ToolFinishedEventOn(w.source, toolbus.ToolFinished{
 			RunID: req.RunID, Step: req.Step, CallIndex: req.CallIndex, CallCount: req.CallCount, ToolResult: res}, queue).Traced(meta.TraceParent))
 		return err
 	})
+	if errors.Is(err, errLeaseLost) {
+		return w.handBack(ctx, msg, queue, req, own, log)
+	}
 	if err != nil {
 		return err
 	}
 	// Counted once the result is stored: one count per published result.
 	tool := req.Call.Tool
-	if !w.serving[tool] {
+	if !w.serves(tool) {
 		tool = events.UnknownToolToken // the model names tools: keep the label set bounded
 	}
 	w.cfg.Metrics.CallFinished(tool, string(res.Status), res.Code(), time.Duration(res.DurationMS)*time.Millisecond, ran)
@@ -661,6 +771,15 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) error {
 		log().Debug("call finished", "status", res.Status, "code", res.Code(), "duration_ms", res.DurationMS, "attempt", attempt)
 	}
 	return nil
+}
+
+// handBack gives up an attempt whose lease ran out before its result was stored: the
+// claim is marked abandoned and the call redelivered (to any executor) after a delay.
+func (w *Worker) handBack(ctx context.Context, msg jetstream.Msg, queue string, req toolbus.ToolRequested, own owned, log func() *slog.Logger) error {
+	if err := w.abandon(ctx, msg, queue, req, own, log); err != nil {
+		return err
+	}
+	return &events.DeferError{Delay: max(w.cfg.AckWait/3, time.Second), Reason: errLeaseLost.Error()}
 }
 
 // runEnded returns the outcome of a run that already ended, or "" while it goes on: from
@@ -705,16 +824,24 @@ const claimPoll = time.Second
 // (up to twice this, so the retries of a large step spread out).
 const runFullDelay = 250 * time.Millisecond
 
+// owned is the claim of a call this worker owns: the attempt it runs and the claim's
+// revision, its fencing token (abandoning the attempt is a compare-and-set on it).
+type owned struct {
+	claim store.Claim
+	rev   uint64
+}
+
 // claim takes the execution of a call before its tool runs, so a call runs at most once
-// while the executor that claimed it lives. It returns true when this worker owns the
-// call and must produce its result, with the execution's attempt number (1, or one more
-// than the claim it took over); false when the call is done elsewhere (its result is
-// stored) and the message is only acknowledged. When the claim belongs to a live
-// executor it waits, sending heartbeats, until that executor stores the result or dies;
-// an executor that died mid-call is replaced with a compare-and-set, and the call runs
-// again with the same idempotency key.
-func (w *Worker) claim(ctx context.Context, msg jetstream.Msg, queue string, req toolbus.ToolRequested, log func() *slog.Logger) (bool, int, error) {
-	mine := store.Claim{Instance: w.cfg.Instance, Attempt: 1, At: time.Now().UTC()}
+// while the executor that claimed it holds its lease. It returns true when this worker
+// owns the call and must produce its result, with the claim (its attempt is 1, or one
+// more than the claim it took over); false when the call is done elsewhere (its result
+// is stored) and the message is only acknowledged. When the claim belongs to a live
+// executor it waits, sending heartbeats, until that executor stores the result, dies
+// (its instance record, name and boot id, expired) or abandons the attempt; then the
+// claim is taken over with a compare-and-set, and the call runs again with the same
+// idempotency key.
+func (w *Worker) claim(ctx context.Context, msg jetstream.Msg, queue string, req toolbus.ToolRequested, log func() *slog.Logger) (bool, owned, error) {
+	mine := store.Claim{Instance: w.cfg.Instance, Boot: w.boot, Attempt: 1, At: time.Now().UTC()}
 	var (
 		cur     store.Claim
 		rev     uint64
@@ -729,56 +856,87 @@ func (w *Worker) claim(ctx context.Context, msg jetstream.Msg, queue string, req
 		return err
 	})
 	if err != nil {
-		return false, 0, err
+		return false, owned{}, err
 	}
 	if claimed {
-		return true, 1, nil
+		return true, owned{mine, rev}, nil
 	}
 	stopBeat := events.Heartbeat(msg, w.cfg.AckWait/3)
 	defer stopBeat()
 	for {
 		stored, err := w.resultStored(ctx, queue, req)
 		if err != nil {
-			return false, 0, err
+			return false, owned{}, err
 		}
 		if stored {
 			log().Info("result already stored, call not run again", "claimed_by", cur.Instance)
-			return false, 0, nil
+			return false, owned{}, nil
 		}
 		alive := false
-		if cur.Instance != w.cfg.Instance { // our own earlier claim: that handling is over
-			if alive, err = w.bus.InstanceAlive(ctx, cur.Instance); err != nil {
-				return false, 0, err
+		// Our own earlier claim (same name and boot): that handling is over (hold
+		// keeps two handlings of a call in one process apart).
+		if !cur.Abandoned && (cur.Instance != w.cfg.Instance || cur.Boot != w.boot) {
+			if alive, err = w.bus.InstanceAlive(ctx, cur.Instance, cur.Boot); err != nil {
+				return false, owned{}, err
 			}
 		}
 		if !alive {
 			mine.Attempt = cur.Attempt + 1
-			err := w.bus.TakeOverClaim(ctx, queue, req.RunID, req.Step, req.Call.CallID, mine, rev)
+			nrev, err := w.bus.TakeOverClaim(ctx, queue, req.RunID, req.Step, req.Call.CallID, mine, rev)
 			if err == nil {
-				log().Warn("the executor that claimed this call is gone: running it again with the same idempotency key",
-					"claimed_by", cur.Instance, "attempt", mine.Attempt)
-				return true, mine.Attempt, nil
+				// A result stored between the check above and the take-over was
+				// published by an attempt that still held its lease: it is the call's.
+				if stored, err := w.resultStored(ctx, queue, req); err != nil || stored {
+					return false, owned{}, err
+				}
+				why := "the executor that claimed this call is gone"
+				if cur.Abandoned {
+					why = "the executor that claimed this call lost its lease and handed it back"
+				}
+				log().Warn(why+": running it again with the same idempotency key",
+					"claimed_by", cur.Instance, "claimed_boot", cur.Boot, "attempt", mine.Attempt)
+				return true, owned{mine, nrev}, nil
 			}
 			if !errors.Is(err, events.ErrConflict) {
-				return false, 0, err
+				return false, owned{}, err
 			}
 		}
 		select {
 		case <-ctx.Done():
-			return false, 0, ctx.Err()
+			return false, owned{}, ctx.Err()
 		case <-time.After(claimPoll):
 		}
 		mine.Attempt = 1
 		if cur, rev, err = w.bus.ClaimCall(ctx, queue, req.RunID, req.Step, req.Call.CallID, mine); err == nil {
-			return true, 1, nil // the claim went away (expired with the retention): ours now
+			return true, owned{mine, rev}, nil // the claim went away (expired with the retention): ours now
 		} else if !errors.Is(err, store.ErrClaimed) {
-			return false, 0, err
+			return false, owned{}, err
 		}
 	}
 }
 
+// abandon marks this worker's attempt at a call abandoned (its lease ran out before a
+// result was stored), so that the next delivery runs the call again at once even though
+// this executor is alive. A claim already taken over is left alone.
+func (w *Worker) abandon(ctx context.Context, msg jetstream.Msg, queue string, req toolbus.ToolRequested, o owned, log func() *slog.Logger) error {
+	c := o.claim
+	c.Abandoned = true
+	err := w.retry(ctx, msg, log, "abandon the claim", func() error {
+		_, err := w.bus.TakeOverClaim(ctx, queue, req.RunID, req.Step, req.Call.CallID, c, o.rev)
+		if errors.Is(err, events.ErrConflict) {
+			return nil // taken over already (or an earlier try of this write landed)
+		}
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	log().Warn("lease lost mid-call: attempt abandoned, the call is handed back", "attempt", c.Attempt)
+	return nil
+}
+
 // run executes the call with its deadline, cancellation and InProgress heartbeats.
-func (w *Worker) run(ctx context.Context, msg jetstream.Msg, req toolbus.ToolRequested, rs *toolbus.RunStarted, attempt int) (toolbus.ToolResult, error) {
+func (w *Worker) run(ctx context.Context, msg jetstream.Msg, req toolbus.ToolRequested, rs *toolbus.RunStarted, attempt int, lv leaseView) (toolbus.ToolResult, error) {
 	callCtx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	deadline := req.Deadline
@@ -790,18 +948,22 @@ func (w *Worker) run(ctx context.Context, msg jetstream.Msg, req toolbus.ToolReq
 		callCtx, c2 = context.WithDeadline(callCtx, deadline)
 		defer c2()
 	}
-	untrack := w.track(req.RunID, &callHandle{cancel: cancel})
+	untrack := w.track(req.RunID, &callHandle{cancel: cancel}, lv)
 	defer untrack()
 	callCtx = executor.WithCallInfo(callCtx, executor.CallInfo{
 		RunID: req.RunID, Step: req.Step, CallID: req.Call.CallID, CallIndex: req.CallIndex, Tool: req.Call.Tool,
 		Principal: rs.Principal, Attempt: attempt,
 		IdempotencyKey: req.RunID + "/" + strconv.Itoa(req.Step) + "/" + req.Call.CallID,
+		Lease:          lv,
 	})
 
 	stopBeat := events.Heartbeat(msg, w.cfg.AckWait/3)
 	res := w.exec.Execute(callCtx, req.Call, rs.Principal)
 	stopBeat()
 
+	if errors.Is(context.Cause(callCtx), errLeaseLost) || !lv.valid() {
+		return res, fmt.Errorf("call %s: %w", req.Call.CallID, errLeaseLost)
+	}
 	if ctx.Err() != nil && !errors.Is(context.Cause(callCtx), errRunCancelled) {
 		// The worker is shutting down past its grace period: no result, the call is
 		// redelivered to another worker.
@@ -820,8 +982,15 @@ const busRetryFor = 2 * time.Minute
 func (w *Worker) retry(ctx context.Context, msg jetstream.Msg, log func() *slog.Logger, what string, op func() error) error {
 	stopBeat := func() {}
 	defer func() { stopBeat() }()
+	start := time.Now()
 	return retry.Do(ctx, retry.Policy{For: busRetryFor, Base: 100 * time.Millisecond, Max: 2 * time.Second,
 		OnError: func(n int, err error, wait time.Duration) (time.Duration, error) {
+			if derr := w.bus.Denied(start, err); errors.Is(derr, events.ErrPermissionDenied) {
+				return 0, derr // retrying cannot fix missing permissions
+			}
+			if errors.Is(err, errLeaseLost) {
+				return 0, err // retrying cannot bring the lease back in time
+			}
 			if n == 1 { // heartbeats only once the operation fails: the common case costs none
 				stopBeat = events.Heartbeat(msg, w.cfg.AckWait/3)
 			}

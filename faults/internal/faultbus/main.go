@@ -189,6 +189,11 @@ func appendTool(cfg config, name string) executor.Tool {
 					return nil, ctx.Err()
 				}
 			}
+			// A cooperative tool: the side effect only while the executor holds the
+			// call (after a pause, or cut off, another executor may own it).
+			if !ci.LeaseValid() {
+				return nil, errors.New("lease lost before the side effect: not done")
+			}
 			mu.Lock()
 			defer mu.Unlock()
 			f, err := os.OpenFile(cfg.AppendFile, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)

@@ -1,21 +1,10 @@
-// toolbus console: live updates and the console token. Plain JS, no build step.
+// toolbus console: live updates. Plain JS, no build step.
 // The page is rendered (and escaped) by the server; this script never builds HTML from
 // data: on each server-sent event it fetches the page again and swaps the #live
 // element of the parsed document in (a parsed document runs no script).
 (function () {
   'use strict';
-  var tokenKey = 'toolbus-console-token';
-  var tok = document.getElementById('token');
-  if (tok) {
-    tok.value = sessionStorage.getItem(tokenKey) || '';
-    tok.addEventListener('input', function () { sessionStorage.setItem(tokenKey, tok.value); });
-  }
-  // Actions carry the token in their form (hidden field), never in the URL.
-  document.addEventListener('submit', function (e) {
-    var f = e.target;
-    if (f.elements && f.elements.token && tok) { f.elements.token.value = tok.value; }
-  });
-
+  // Actions are plain forms: the session cookie (SameSite=Strict) says who acts.
   var src = document.body.dataset.sse;
   if (!src || !window.EventSource) { return; }
   var timer = null, busy = false, again = false;

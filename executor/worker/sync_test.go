@@ -1,0 +1,100 @@
+package worker_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/toolbus/toolbus"
+	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/eventstest"
+	"github.com/toolbus/toolbus/executor"
+	"github.com/toolbus/toolbus/executor/worker"
+)
+
+func echoTool(name string) executor.Tool {
+	return executor.Tool{Name: name, Description: "echo", ReadOnly: true,
+		InputSchema: json.RawMessage(`{"type":"object"}`),
+		Func:        func(_ context.Context, args json.RawMessage) (any, error) { return args, nil }}
+}
+
+// TestSyncDuringCalls runs Sync (what an MCP server's list_changed triggers) over and
+// over while the worker handles calls: under -race it fails if a call reads the set of
+// served tools without the lock while Sync replaces it, and every call still gets its
+// one result while Syncs talk to the bus.
+func TestSyncDuringCalls(t *testing.T) {
+	bus := eventstest.Setup(t, events.Config{Memory: true})
+	ctx := eventstest.Context(t, 2*time.Minute)
+	reg := executor.NewRegistry()
+	if err := reg.Register(echoTool("echo")); err != nil {
+		t.Fatal(err)
+	}
+	w, err := worker.New(bus, executor.New(reg), worker.Config{WorkerConfig: events.WorkerConfig{Instance: "sync", Concurrency: 8}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- w.Run(runCtx) }()
+	t.Cleanup(func() { stop(); <-done })
+	eventstest.Eventually(t, 30*time.Second, func() error {
+		_, err := bus.Stream.Consumer(ctx, events.ToolConsumer("echo"))
+		return err
+	})
+	const run, calls = "sync-race", 60
+	if err := bus.StartRun(ctx, events.Source("test", "t"), toolbus.RunStarted{RunID: run, Model: "m",
+		Principal: toolbus.Principal{ID: "p"}, Messages: []toolbus.Message{{Role: toolbus.RoleUser, Content: "x"}}}); err != nil {
+		t.Fatal(err)
+	}
+	syncs := make(chan error, 1)
+	syncCtx, stopSync := context.WithCancel(ctx)
+	defer stopSync()
+	go func() {
+		var err error
+		for i := 0; syncCtx.Err() == nil && err == nil; i++ {
+			name := fmt.Sprintf("extra%d", i%3)
+			if i%2 == 0 {
+				err = reg.Register(echoTool(name))
+			} else {
+				reg.Unregister(name)
+			}
+			if err == nil {
+				err = w.Sync(syncCtx)
+			}
+		}
+		if syncCtx.Err() != nil {
+			err = nil
+		}
+		syncs <- err
+	}()
+	for i := 0; i < calls; i++ {
+		call := toolbus.ToolCall{CallID: fmt.Sprintf("c%d", i), Tool: "echo", Arguments: `{}`}
+		if _, err := bus.PublishEvent(ctx, events.ToolRequestedEvent("test", toolbus.ToolRequested{
+			RunID: run, Step: 0, CallIndex: i, CallCount: calls, Call: call}, true)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	eventstest.Eventually(t, 60*time.Second, func() error {
+		evs, err := bus.RunEvents(ctx, run)
+		if err != nil {
+			return err
+		}
+		n := 0
+		for _, e := range evs {
+			if e.Meta.Type == events.TypeToolFinished {
+				n++
+			}
+		}
+		if n != calls {
+			return fmt.Errorf("%d of %d results", n, calls)
+		}
+		return nil
+	})
+	stopSync()
+	if err := <-syncs; err != nil && !errors.Is(err, context.Canceled) {
+		t.Fatalf("Sync: %v", err)
+	}
+}

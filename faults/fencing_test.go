@@ -1,0 +1,226 @@
+package faults_test
+
+import (
+	"fmt"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/store"
+)
+
+// The fencing tests cut a live executor off mid-call, by a TCP proxy between it and the
+// server or by SIGSTOP, for longer than its lease, while another executor is up. The
+// append tool is cooperative (it waits on its context and checks CallInfo.LeaseValid
+// before its side effect). Before the lease, the cut-off executor kept running its tool
+// while the other took the claim over: the side effect happened twice. Now the cut-off
+// executor stops the tool at its lease deadline, before anyone may take over, so each
+// call has exactly one side effect (from the executor that took it over, attempt 2) and
+// one result, and the run completes.
+
+// fenceCase starts a planner (two append calls of 5 s), an injector and executor exec-a
+// (through proxy when given), waits until exec-a has claimed both calls, starts exec-b,
+// and returns exec-a and the side-effect file.
+func fenceCase(t *testing.T, e *env, run string, viaProxy bool) (a *proc, proxy *tcpProxy, file string) {
+	t.Helper()
+	file = filepath.Join(e.dir, "side-effects")
+	e.faultbusRole("planner", "planner-1", "TOOLBUS_MODEL=append:2x1:5000-5000")
+	e.toolbusRole("injector", "injector-1")
+	extra := []string{"TOOLBUS_ACK_WAIT=2s", "TOOLBUS_CONCURRENCY=8", "TOOLBUS_FAULT_APPEND_FILE=" + file}
+	if viaProxy {
+		proxy = newTCPProxy(t, strings.TrimPrefix(e.nodes[0].url(), "nats://"))
+		extra = append(extra, "TOOLBUS_NATS_URL="+proxy.url()) // later assignments win
+	}
+	a = e.faultbusRole("executor", "exec-a", extra...)
+	e.waitReady([]string{"append"}, "planner", "injector", "executor")
+	e.submit([]string{run})
+	claims, err := e.bus.JS.KeyValue(e.ctx, store.BucketClaims)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.eventually("both calls claimed by exec-a", 30*time.Second, func() error {
+		if n := e.count(events.FilterToolFinished); n > 0 {
+			t.Fatalf("%d results before the fault", n)
+		}
+		for i := 0; i < 2; i++ {
+			ctx, cancel := e.op()
+			entry, err := claims.Get(ctx, store.ClaimKey("append", run, 0, fmt.Sprintf("c%d", i)))
+			cancel()
+			if err != nil {
+				return fmt.Errorf("call c%d not claimed yet: %w", i, err)
+			}
+			if !strings.Contains(string(entry.Value()), `"exec-a"`) {
+				return fmt.Errorf("call c%d claimed by %s", i, entry.Value())
+			}
+		}
+		return nil
+	})
+	e.faultbusRole("executor", "exec-b", "TOOLBUS_ACK_WAIT=2s", "TOOLBUS_CONCURRENCY=8", "TOOLBUS_FAULT_APPEND_FILE="+file)
+	return a, proxy, file
+}
+
+// checkFenced: one result and one side effect per call, each by exec-b at attempt 2.
+func checkFenced(t *testing.T, e *env, run, file string) {
+	t.Helper()
+	e.waitCompleted([]string{run}, 90*time.Second)
+	tl := e.tally()
+	e.checkRuns(tl, []string{run}, 1, 2)
+	checkSideEffects(t, file, []string{run}, 1, 2)
+	for key, lines := range scanLines(t, file) {
+		if f := strings.Fields(lines[0]); len(f) < 3 || f[1] != "exec-b" || f[2] != "2" {
+			t.Errorf("side effect of %s: %q, want exec-b at attempt 2", key, lines)
+		}
+	}
+}
+
+// TestFaultPartitionExecutor cuts exec-a from the server for 6 s (the instance TTL is
+// 2 s: its lease runs out 1.6 s after its last renewal) in the middle of its two 5 s
+// calls. It runs in plain `go test` (about 20 s).
+func TestFaultPartitionExecutor(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes")
+	}
+	e := newEnv(t, 1)
+	const run = "partition-exec"
+	a, proxy, file := fenceCase(t, e, run, true)
+	proxy.cut()
+	time.Sleep(6 * time.Second) // the fault itself: longer than TTL + ack wait
+	proxy.heal()
+	checkFenced(t, e, run, file)
+	e.eventually("exec-a logs its lease lost", 10*time.Second, func() error {
+		if !strings.Contains(a.logText(), "lease lost") {
+			return fmt.Errorf("no lease-lost line in exec-a's log:\n%s", a.logTail(20))
+		}
+		return nil
+	})
+}
+
+// TestFaultPauseExecutor stops exec-a (SIGSTOP) for 6 s in the middle of its two 5 s
+// calls, then resumes it (SIGCONT): on resuming its tool's wait is over, and the tool
+// finds its lease lost before the side effect. It runs in plain `go test` (about 20 s).
+func TestFaultPauseExecutor(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes")
+	}
+	e := newEnv(t, 1)
+	const run = "pause-exec"
+	a, _, file := fenceCase(t, e, run, false)
+	pause(t, a, 6*time.Second)
+	checkFenced(t, e, run, file)
+}
+
+// pause stops p for d, then resumes it.
+func pause(t *testing.T, p *proc, d time.Duration) {
+	t.Helper()
+	if err := p.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(d) // the fault itself
+	if err := p.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestFaultRestartSameName kills -9 exec-a (instance name "exec-x") with two calls in
+// flight and restarts it at once under the same name, as a container keeps its
+// hostname and runs as pid 1 again (so <hostname>-<pid> repeats); the restarted process
+// serves another tool only, so the calls are redelivered to exec-b. Before the boot id,
+// exec-b saw "exec-x" alive (the restarted process heartbeats under that name) and held
+// the calls until the run's deadline; now the old instance (name and boot id) expires
+// one TTL after its death and exec-b takes the calls over. It runs in plain `go test`.
+func TestFaultRestartSameName(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes")
+	}
+	e := newEnv(t, 1)
+	const run = "restart-same-name"
+	file := filepath.Join(e.dir, "side-effects")
+	e.faultbusRole("planner", "planner-1", "TOOLBUS_MODEL=append:2x1:4000-4000")
+	e.toolbusRole("injector", "injector-1")
+	a := e.faultbusRole("executor", "exec-x", "TOOLBUS_ACK_WAIT=2s", "TOOLBUS_FAULT_APPEND_FILE="+file)
+	e.waitReady([]string{"append"}, "planner", "injector", "executor")
+	e.submit([]string{run})
+	claims, err := e.bus.JS.KeyValue(e.ctx, store.BucketClaims)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.eventually("both calls claimed by exec-x", 30*time.Second, func() error {
+		for i := 0; i < 2; i++ {
+			ctx, cancel := e.op()
+			entry, err := claims.Get(ctx, store.ClaimKey("append", run, 0, fmt.Sprintf("c%d", i)))
+			cancel()
+			if err != nil {
+				return fmt.Errorf("call c%d not claimed yet: %w", i, err)
+			}
+			if !strings.Contains(string(entry.Value()), `"exec-x"`) {
+				return fmt.Errorf("call c%d claimed by %s", i, entry.Value())
+			}
+		}
+		return nil
+	})
+	a.kill()
+	killed := time.Now()
+	e.worker(e.faultbus, "executor", "exec-x", "TOOLBUS_ACK_WAIT=2s", "TOOLBUS_EXECUTOR_TOOLS=noop")
+	e.faultbusRole("executor", "exec-b", "TOOLBUS_ACK_WAIT=2s", "TOOLBUS_FAULT_APPEND_FILE="+file)
+	// Ack wait (2 s) + TTL (2 s) + a claim poll (1 s) + the 4 s call, with room for a busy
+	// machine; before the boot id the calls waited for the run's deadline (10 minutes).
+	e.waitCompleted([]string{run}, 60*time.Second)
+	t.Logf("completed %v after the kill", time.Since(killed).Round(time.Millisecond))
+	tl := e.tally()
+	e.checkRuns(tl, []string{run}, 1, 2)
+	checkSideEffects(t, file, []string{run}, 1, 2)
+	for key, lines := range scanLines(t, file) {
+		if f := strings.Fields(lines[0]); len(f) < 3 || f[1] != "exec-b" || f[2] != "2" {
+			t.Errorf("side effect of %s: %q, want exec-b at attempt 2", key, lines)
+		}
+	}
+}
+
+// TestFaultPauseAndPartitionRoles pauses (SIGSTOP, 6 s) or cuts from the server (a TCP
+// proxy, 6 s) the planner or the injector while runs have append calls in flight, then
+// resumes it: every run completes, each call has one result and one side effect.
+func TestFaultPauseAndPartitionRoles(t *testing.T) {
+	suite(t)
+	for _, role := range []string{"planner", "injector"} {
+		for _, fault := range []string{"pause", "partition"} {
+			t.Run(role+"-"+fault, func(t *testing.T) {
+				e := newEnv(t, 1)
+				file := filepath.Join(e.dir, "side-effects")
+				var proxy *tcpProxy
+				viaProxy := func(r string) []string {
+					if r != role || fault != "partition" {
+						return nil
+					}
+					proxy = newTCPProxy(t, strings.TrimPrefix(e.nodes[0].url(), "nats://"))
+					return []string{"TOOLBUS_NATS_URL=" + proxy.url()}
+				}
+				planner := e.faultbusRole("planner", "planner-1", append([]string{"TOOLBUS_MODEL=append:2x2:500-3000", "TOOLBUS_ACK_WAIT=3s"}, viaProxy("planner")...)...)
+				injector := e.faultbusRole("injector", "injector-1", viaProxy("injector")...)
+				e.faultbusRole("executor", "exec-1", "TOOLBUS_ACK_WAIT=2s", "TOOLBUS_FAULT_APPEND_FILE="+file)
+				e.waitReady([]string{"append"}, "planner", "injector", "executor")
+				runs := runIDs(role+"-"+fault, 6)
+				e.submit(runs)
+				e.eventually("calls in flight", 30*time.Second, func() error {
+					if n := e.count(events.FilterToolFinished); n < 2 {
+						return fmt.Errorf("%d results", n)
+					}
+					return nil
+				})
+				target := map[string]*proc{"planner": planner, "injector": injector}[role]
+				if fault == "pause" {
+					pause(t, target, 6*time.Second)
+				} else {
+					proxy.cut()
+					time.Sleep(6 * time.Second) // the fault itself
+					proxy.heal()
+				}
+				e.waitCompleted(runs, 2*time.Minute)
+				e.checkRuns(e.tally(), runs, 2, 2)
+				checkSideEffects(t, file, runs, 2, 2)
+			})
+		}
+	}
+}

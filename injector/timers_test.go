@@ -1,0 +1,128 @@
+package injector
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/toolbus/toolbus"
+	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/eventstest"
+)
+
+// TestEndedRunsFreeTheirTimers: many runs with far deadlines (a year, which the cap
+// brings down to a day) end at once (cancelled); their deadline timers are freed as they
+// end, not at their deadlines, so with MaxTimers 5 a victim run started afterwards still
+// ends by its own 2 s deadline, and once it ended the injector holds no timer and no
+// per-run state for any of them: the timer consumer has nothing pending, and the step,
+// call and result caches are empty.
+func TestEndedRunsFreeTheirTimers(t *testing.T) {
+	n := 200
+	if os.Getenv("TOOLBUS_FAULTS") == "1" {
+		n = 2000
+	}
+	ctx := eventstest.Context(t, 5*time.Minute)
+	bus := eventstest.Setup(t, events.Config{Memory: true})
+	in, err := New(bus, Config{WorkerConfig: events.WorkerConfig{Instance: "timers", Concurrency: 16,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}, MaxTimers: 5, DeadlineGrace: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- in.Run(runCtx) }()
+	t.Cleanup(func() { stop(); <-done })
+
+	start := func(run string, deadline time.Time) {
+		t.Helper()
+		if err := bus.StartRun(ctx, events.Source("test", "t"), toolbus.RunStarted{RunID: run, Model: "m",
+			Principal: toolbus.Principal{ID: "p"}, Limits: toolbus.Limits{Deadline: deadline},
+			Messages: []toolbus.Message{{Role: toolbus.RoleUser, Content: "x"}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	status := func(run string) toolbus.RunStatus {
+		st, _, err := bus.RunState(ctx, run)
+		if err != nil {
+			return ""
+		}
+		return st.Status
+	}
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 16)
+	for i := 0; i < n; i++ {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			run := fmt.Sprintf("short-%04d", i)
+			start(run, time.Now().AddDate(1, 0, 0))
+			eventstest.Eventually(t, time.Minute, func() error {
+				if status(run) == "" {
+					return fmt.Errorf("run %s not recorded", run)
+				}
+				return nil
+			})
+			if _, err := bus.PublishCancel(ctx, events.Source("test", "t"), toolbus.Cancel{RunID: run, Reason: "short"}); err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	wg.Wait()
+	eventstest.Eventually(t, 2*time.Minute, func() error {
+		for i := 0; i < n; i++ {
+			if run := fmt.Sprintf("short-%04d", i); status(run) != toolbus.RunCancelled {
+				return fmt.Errorf("run %s: %q", run, status(run))
+			}
+		}
+		return nil
+	})
+	victim := "victim"
+	start(victim, time.Now().Add(2*time.Second))
+	// Without freeing, the victim's timer would wait for a slot until the short runs'
+	// deadlines (a day): generous bounds, still far below that.
+	eventstest.Eventually(t, time.Minute, func() error {
+		st, _, err := bus.RunState(ctx, victim)
+		if err != nil {
+			return err
+		}
+		if st.Status != toolbus.RunLimitReached || st.Code != toolbus.LimitDeadline {
+			return fmt.Errorf("victim %s/%s", st.Status, st.Code)
+		}
+		return nil
+	})
+	eventstest.Eventually(t, time.Minute, func() error {
+		cons, err := bus.Stream.Consumer(ctx, "injector-timers")
+		if err != nil {
+			return err
+		}
+		ci, err := cons.Info(ctx)
+		if err != nil {
+			return err
+		}
+		if ci.NumAckPending != 0 || ci.NumPending != 0 {
+			return fmt.Errorf("timer consumer: %d held, %d waiting", ci.NumAckPending, ci.NumPending)
+		}
+		if h := in.timers.len(); h != 0 {
+			return fmt.Errorf("%d timers held in memory", h)
+		}
+		return nil
+	})
+	in.steps.mu.Lock()
+	steps := len(in.steps.m)
+	in.steps.mu.Unlock()
+	in.calls.mu.Lock()
+	calls := len(in.calls.m) + len(in.calls.loading)
+	in.calls.mu.Unlock()
+	in.results.mu.Lock()
+	results := len(in.results.m)
+	in.results.mu.Unlock()
+	if steps+calls+results != 0 {
+		t.Errorf("ended runs still hold per-run state: %d step queues, %d cached call lists, %d result sets", steps, calls, results)
+	}
+}
