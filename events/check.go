@@ -107,6 +107,13 @@ func CheckSubject(subject string, m Meta, data any) error {
 		}
 		return nil
 	}
+	if tf, ok := deref(data).(toolbus.ToolFinished); ok && rest == base+"."+UnknownToolToken && ToolToken(tf.Tool) != UnknownToolToken &&
+		(tf.Status != toolbus.StatusRejected || tf.Error == nil || tf.Error.Code != toolbus.CodeUnknownTool) {
+		// Every team may publish on tool.finished._unknown; the only answer that queue
+		// gives is "no executor serves it". Anything else there is another team forging
+		// a result for a tool it does not own.
+		return bad("a result on %s for tool %q must be rejected/unknown_tool", SubjectPrefix+"."+run+"."+base+"."+UnknownToolToken, tf.Tool)
+	}
 	for _, tool := range tools {
 		if rest == base+"."+tool {
 			return nil
