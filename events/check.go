@@ -107,6 +107,12 @@ func CheckSubject(subject string, m Meta, data any) error {
 		}
 		return nil
 	}
+	if tf, ok := deref(data).(toolbus.ToolFinished); ok && rest == base+"."+UnknownToolToken && ToolToken(tf.Tool) != UnknownToolToken && !unknownQueueAnswer(tf.ToolResult) {
+		// Every team may publish on tool.finished._unknown, and that queue never runs a
+		// call: an output there is another team forging a result for a tool it does not own.
+		return bad("a result on %s for tool %q must be the unknown-tool queue's answer (rejected unknown_tool, or the run ended, or the call given up), not an output",
+			SubjectPrefix+"."+run+"."+base+"."+UnknownToolToken, tf.Tool)
+	}
 	for _, tool := range tools {
 		if rest == base+"."+tool {
 			return nil
@@ -221,4 +227,18 @@ func CheckMsg(msg *nats.Msg) (run string, typ string, err error) {
 func CancelOf(msg *nats.Msg) (string, bool) {
 	run, typ, err := CheckMsg(msg)
 	return run, err == nil && typ == TypeRunCancel
+}
+
+// unknownQueueAnswer reports whether r is an answer the unknown-tool queue gives: it never
+// runs a call, so it answers only that no executor serves the tool, that the run had
+// ended, or that the call was given up after its executors died.
+func unknownQueueAnswer(r toolbus.ToolResult) bool {
+	if r.Error == nil || r.Status == toolbus.StatusSucceeded {
+		return false
+	}
+	switch r.Error.Code {
+	case toolbus.CodeUnknownTool, toolbus.CodeRunEnded, toolbus.CodeToolInternalError:
+		return true
+	}
+	return false
 }

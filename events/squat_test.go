@@ -284,9 +284,16 @@ func TestCheckSubject(t *testing.T) {
 				mismatch("a "+other.Meta.Type+" on "+e.Subject, check(e.Subject, other.Meta, other.Data))
 			}
 			if tf, ok := e.Data.(toolbus.ToolFinished); ok {
-				if err := check(events.SubjectToolFinished(run, "_unknown"), e.Meta, tf); err != nil {
-					t.Errorf("a result on the _unknown queue's subject: %v", err)
+				// Every team may publish on tool.finished._unknown: there, a result for a
+				// tool with a valid name can only be the queue's "no executor serves it".
+				unknown := tf
+				unknown.Status, unknown.Error = toolbus.StatusRejected, &toolbus.ToolError{Code: toolbus.CodeUnknownTool, Message: "no executor serves it"}
+				if err := check(events.SubjectToolFinished(run, "_unknown"), e.Meta, unknown); err != nil {
+					t.Errorf("an unknown_tool rejection on the _unknown queue's subject: %v", err)
 				}
+				forged := tf
+				forged.Status, forged.Error, forged.Content = toolbus.StatusSucceeded, nil, "forged by another team"
+				mismatch("a succeeded result on the _unknown queue's subject", check(events.SubjectToolFinished(run, "_unknown"), e.Meta, forged))
 				tf.Tool = "other_tool"
 				mismatch("another tool", check(e.Subject, e.Meta, tf))
 			}

@@ -11,6 +11,7 @@
 //	auth-jwt.conf     operator/JWT: give each process its <user>.creds (TOOLBUS_NATS_CREDS)
 //	auth-users.conf   users and passwords (bcrypt): TOOLBUS_NATS_USER=<user>, TOOLBUS_NATS_PASSWORD=$(cat <user>.password)
 //	auth-nkeys.conf   nkeys: TOOLBUS_NATS_NKEY=<user>.nk
+//	k8s-secrets.yaml  one Kubernetes Secret per user (toolbus-nats-<user>: user, password, bcrypt) for deploy/k8s
 //
 // where <user> is a role (admin, planner, executor, injector, client) or
 // executor-<team>. The output directory holds secrets: keep it out of git.
@@ -43,6 +44,7 @@ func main() {
 		os.Exit(1)
 	}
 	fmt.Println("server configs:", res.Config, res.UsersConfig, res.NkeysConfig)
+	fmt.Println("kubernetes secrets:", res.K8sSecrets)
 	for _, u := range natsjwt.Users(nil, g) {
 		fmt.Printf("%-20s %s  %s  %s\n", u.Name, res.Creds[u.Name], res.Passwords[u.Name], res.Seeds[u.Name])
 	}

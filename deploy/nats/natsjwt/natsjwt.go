@@ -207,6 +207,10 @@ type Result struct {
 	Creds, Passwords, Seeds map[string]string
 	// Operator, System and Account are the public keys.
 	Operator, System, Account string
+	// K8sSecrets (k8s-secrets.yaml) holds one Kubernetes Secret per user,
+	// toolbus-nats-<user> with the keys user, password and bcrypt, in the shape the
+	// manifests of deploy/k8s read (deploy/README.md, "Kubernetes").
+	K8sSecrets string
 }
 
 // Generate writes the credentials of the roles of permsFile, without teams (see
@@ -252,7 +256,7 @@ func GenerateGrants(permsFile, dir string, g Grants, opts ...Option) (Result, er
 	}
 
 	// User/password and nkeys: the same users, permissions inline.
-	var pwUsers, nkUsers strings.Builder
+	var pwUsers, nkUsers, secrets strings.Builder
 	for _, u := range users {
 		b := make([]byte, 18)
 		if _, err := rand.Read(b); err != nil {
@@ -267,6 +271,9 @@ func GenerateGrants(permsFile, dir string, g Grants, opts ...Option) (Result, er
 			return Result{}, err
 		}
 		fmt.Fprintf(&pwUsers, "    {user: %q, password: %q, permissions: %s}\n", u.Name, hash, confPermissions(u.Perms))
+		// JSON strings are YAML double-quoted scalars: a bcrypt hash's "$" needs no escaping.
+		fmt.Fprintf(&secrets, "---\napiVersion: v1\nkind: Secret\nmetadata:\n  name: %q\n  namespace: toolbus\ntype: Opaque\nstringData:\n  user: %q\n  password: %q\n  bcrypt: %q\n",
+			"toolbus-nats-"+u.Name, u.Name, pw, hash)
 		kp, err := nkeys.CreateUser()
 		if err != nil {
 			return Result{}, fmt.Errorf("natsjwt: %w", err)
@@ -291,6 +298,11 @@ func GenerateGrants(permsFile, dir string, g Grants, opts ...Option) (Result, er
 	}
 	if res.NkeysConfig, err = write("auth-nkeys.conf", []byte(head("nkeys (public keys; the seeds are in <user>.nk)")+
 		"authorization {\n  users = [\n"+nkUsers.String()+"  ]\n}\n")); err != nil {
+		return Result{}, err
+	}
+	if res.K8sSecrets, err = write("k8s-secrets.yaml", []byte("# toolbus NATS credentials as Kubernetes Secrets, written by go run ./deploy/nats/gen\n"+
+		"# (kubectl apply -f k8s-secrets.yaml): one toolbus-nats-<user> per role and team, with the\n"+
+		"# password of auth-users.conf. Holds secrets: keep it out of git.\n"+secrets.String())); err != nil {
 		return Result{}, err
 	}
 	return res, nil

@@ -1,10 +1,15 @@
 package natsjwt_test
 
 import (
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+
+	"golang.org/x/crypto/bcrypt"
+	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/yaml"
 
 	"github.com/toolbus/toolbus/deploy/nats/natsjwt"
 )
@@ -48,6 +53,50 @@ func TestTeamPermissions(t *testing.T) {
 		if strings.Contains(s, ".>") && (strings.HasPrefix(s, "$KV.toolbus_tools") || strings.HasPrefix(s, "toolbus.*.tool.")) ||
 			s == "$JS.API.CONSUMER.MSG.NEXT.TOOLBUS.*" || s == "$KV.toolbus_claims.>" || s == "$KV.toolbus_outputs.>" {
 			t.Errorf("team permissions allow %s: more than its tools", s)
+		}
+	}
+}
+
+// The generator's Kubernetes Secrets are valid Secrets, one per role and team, in the
+// shape deploy/k8s reads (user, password, bcrypt), carrying the same password as the
+// user/password setup and a bcrypt hash of it.
+func TestGenerateK8sSecrets(t *testing.T) {
+	dir := t.TempDir()
+	g := natsjwt.Grants{Teams: map[string][]string{"payments": {"refund"}}}
+	res, err := natsjwt.GenerateGrants(filepath.Join("..", "permissions.conf"), dir, g, natsjwt.WithBcryptCost(bcrypt.MinCost))
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := os.ReadFile(res.K8sSecrets)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]corev1.Secret{}
+	for _, doc := range strings.Split(string(raw), "\n---\n") {
+		if strings.TrimSpace(strings.TrimPrefix(doc, "---")) == "" || !strings.Contains(doc, "kind: Secret") {
+			continue
+		}
+		var s corev1.Secret
+		if err := yaml.UnmarshalStrict([]byte(strings.TrimPrefix(doc, "---\n")), &s); err != nil {
+			t.Fatalf("not a Secret: %v\n%s", err, doc)
+		}
+		got[s.Name] = s
+	}
+	for _, u := range []string{"admin", "planner", "executor", "injector", "client", natsjwt.TeamUser("payments")} {
+		s, ok := got["toolbus-nats-"+u]
+		if !ok {
+			t.Errorf("no Secret for %s (have %d)", u, len(got))
+			continue
+		}
+		pw, err := os.ReadFile(res.Passwords[u])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s.Namespace != "toolbus" || s.StringData["user"] != u || s.StringData["password"] != string(pw) {
+			t.Errorf("Secret of %s: namespace %q user %q, password matches the file: %v", u, s.Namespace, s.StringData["user"], s.StringData["password"] == string(pw))
+		}
+		if err := bcrypt.CompareHashAndPassword([]byte(s.StringData["bcrypt"]), pw); err != nil {
+			t.Errorf("Secret of %s: bcrypt is not the password's hash: %v", u, err)
 		}
 	}
 }
