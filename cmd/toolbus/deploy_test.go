@@ -22,17 +22,18 @@ import (
 	"github.com/toolbus/toolbus/events/eventstest"
 )
 
-// readmeSection returns the README's section under heading (up to the next "## ").
-func readmeSection(t *testing.T, heading string) string {
+// docSection returns the section of the document at path (from the repository root)
+// under heading, up to the next "## ".
+func docSection(t *testing.T, path, heading string) string {
 	t.Helper()
-	b, err := os.ReadFile("../../README.md")
+	b, err := os.ReadFile(filepath.Join("../..", path))
 	if err != nil {
 		t.Fatal(err)
 	}
 	s := string(b)
 	i := strings.Index(s, "\n"+heading+"\n")
 	if i < 0 {
-		t.Fatalf("README has no %q", heading)
+		t.Fatalf("%s has no %q", path, heading)
 	}
 	s = s[i+len(heading)+2:]
 	if j := strings.Index(s, "\n## "); j >= 0 {
@@ -52,8 +53,8 @@ func goCmd(t *testing.T, dir string, env []string, args ...string) {
 	}
 }
 
-// TestDeployYourOwnTools does what the README's "Deploy your own tools" says, from an
-// empty directory: go mod init, replace toolbus with this checkout, the README's
+// TestDeployYourOwnTools does what "Deploy your own tools" of docs/writing-tools.md says,
+// from an empty directory: go mod init, replace toolbus with this checkout, the page's
 // main.go, a build (offline, from the module cache), then the executor against a
 // server: its tool is in `toolbus tools`, /readyz answers ready, /metrics counts the
 // call made with `toolbus call`, its logs are JSON (TOOLBUS_LOG_FORMAT) and its spans
@@ -62,7 +63,7 @@ func TestDeployYourOwnTools(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds a module")
 	}
-	section := readmeSection(t, "## Deploy your own tools")
+	section := docSection(t, "docs/writing-tools.md", "## Deploy your own tools")
 	m := regexp.MustCompile("(?s)```go\n(.*?)```").FindStringSubmatch(section)
 	if m == nil {
 		t.Fatal("the section shows no Go program")
