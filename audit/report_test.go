@@ -49,7 +49,7 @@ func (l *runLog) add(ms int, subject string, m events.Meta, data any) {
 }
 
 func (l *runLog) started(msgs ...toolbus.Message) {
-	l.add(0, events.SubjectRunStarted(l.run), events.Meta{ID: events.IDRunStarted(l.run), Type: events.TypeRunStarted},
+	l.add(0, events.SubjectRunStarted(l.run, "cli"), events.Meta{ID: events.IDRunStarted(l.run), Type: events.TypeRunStarted},
 		toolbus.RunStarted{RunID: l.run, Messages: msgs, Model: "script", Principal: toolbus.Principal{ID: "cli"},
 			Limits: toolbus.Limits{MaxSteps: 10, Deadline: l.t0.Add(10 * time.Minute)}, StartedAt: l.t0})
 }
@@ -95,12 +95,12 @@ func (l *runLog) approval(ms, step int, callID string, granted bool, who, why st
 	if granted {
 		typ = events.TypeApprovalGranted
 	}
-	l.add(ms, events.SubjectApproval(l.run, granted), events.Meta{ID: "a-" + callID, Type: typ, Step: step, CallID: callID},
+	l.add(ms, events.SubjectApproval(l.run, granted, who), events.Meta{ID: "a-" + callID, Type: typ, Step: step, CallID: callID},
 		toolbus.Approval{RunID: l.run, CallID: callID, Who: who, Why: why})
 }
 
 func (l *runLog) cancel(ms int, reason, who string) {
-	l.add(ms, events.SubjectRunCancel(l.run), events.Meta{ID: events.IDRunCancel(l.run), Type: events.TypeRunCancel},
+	l.add(ms, events.SubjectRunCancel(l.run, who), events.Meta{ID: events.IDRunCancel(l.run), Type: events.TypeRunCancel},
 		toolbus.Cancel{RunID: l.run, Reason: reason, Who: who})
 }
 

@@ -210,7 +210,7 @@ func Check(ctx context.Context, nc *nats.Conn, url string, cfg Config) (rep Repo
 		}
 		if c.forgedCancel {
 			forged := events.CancelEvent(events.Source("conformance", "suite"), toolbus.Cancel{RunID: "conf-" + stamp + "-elsewhere", Reason: "forged"})
-			if _, err := bus.Publish(ctx, events.SubjectRunCancel(run), forged.Meta, forged.Data); err != nil {
+			if _, err := bus.Publish(ctx, events.SubjectRunCancel(run, ""), forged.Meta, forged.Data); err != nil {
 				return rep, err
 			}
 			continue
@@ -346,7 +346,7 @@ func request(ctx context.Context, bus *events.Bus, run, tool string, c call) err
 	if c.squat {
 		// What any party allowed to publish on another run's run.started may do.
 		id := events.IDToolFinished(run, 0, c.name)
-		m := nats.NewMsg(events.SubjectRunStarted(run + "-decoy"))
+		m := nats.NewMsg(events.SubjectRunStarted(run+"-decoy", "conformance"))
 		m.Data = []byte("squat " + id)
 		if _, err := bus.JS.PublishMsg(ctx, m, jetstream.WithMsgID(id)); err != nil {
 			return fmt.Errorf("conformance: squat %s: %w", id, err)

@@ -361,7 +361,7 @@ func TestRunIDIsNeverReused(t *testing.T) {
 	// The same event published directly, with the original id (outside the window) and
 	// with a new one: both are stored, and both are terminated.
 	for _, id := range []string{events.IDRunStarted("once-1"), "forged/run.started"} {
-		ack, err := s.bus.Publish(s.ctx, events.SubjectRunStarted("once-1"), events.Meta{
+		ack, err := s.bus.Publish(s.ctx, events.SubjectRunStarted("once-1", ""), events.Meta{
 			ID: id, Type: events.TypeRunStarted, Source: "/forger", RunID: "once-1",
 		}, toolbus.RunStarted{RunID: "once-1", AllowedTools: []string{"noop"},
 			Messages: []toolbus.Message{{Role: toolbus.RoleUser, Content: "again"}}})
@@ -456,7 +456,7 @@ func TestApprovalBoundToItsStep(t *testing.T) {
 		return waitingFor("call_X")(re) && re.StepsUsed == 2
 	})
 	// The step-0 decision again, as a new event (a late or repeated decision).
-	if _, err := s.bus.Publish(s.ctx, events.SubjectApproval("bound-1", true), events.Meta{
+	if _, err := s.bus.Publish(s.ctx, events.SubjectApproval("bound-1", true, "mallory"), events.Meta{
 		ID: "late-decision", Type: events.TypeApprovalGranted, Source: "/late", RunID: "bound-1", Step: 0,
 		CallID: "call_X", HasCall: true,
 	}, toolbus.Approval{RunID: "bound-1", CallID: "call_X", Who: "mallory"}); err != nil {

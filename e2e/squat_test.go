@@ -109,8 +109,8 @@ func TestSquattingWithRoleCredentials(t *testing.T) {
 		role     string
 		subjects []string
 	}{
-		{"client", []string{events.SubjectRunStarted("decoy-c"), events.SubjectRunCancel("decoy-c"),
-			events.SubjectApproval("decoy-c", true), events.SubjectApproval("decoy-c", false)}},
+		{"client", []string{events.SubjectRunStarted("decoy-c", ""), events.SubjectRunCancel("decoy-c", ""),
+			events.SubjectApproval("decoy-c", true, ""), events.SubjectApproval("decoy-c", false, "")}},
 		{"executor", []string{events.SubjectToolFinished("decoy-e", "noop"), events.SubjectToolWaiting("decoy-e", "noop")}},
 	}
 	for _, sq := range squatters {
@@ -182,7 +182,7 @@ func TestSquattingEveryOutcome(t *testing.T) {
 	s := newStack(t, model, deploy.tool())
 	s.startAll()
 	_, js := s.srv.Connect(t)
-	subjects := []string{events.SubjectRunStarted("decoy"), events.SubjectApproval("decoy", true),
+	subjects := []string{events.SubjectRunStarted("decoy", ""), events.SubjectApproval("decoy", true, ""),
 		events.SubjectToolFinished("decoy", "noop"), events.SubjectToolWaiting("decoy", "deploy")}
 	for _, run := range []string{"sq-granted", "sq-cancelled", "sq-deadline"} {
 		squatAll(t, s.ctx, js, subjects, runIDs(run, 2, "a", "b"))
@@ -263,11 +263,11 @@ func TestSubjectBodyMismatch(t *testing.T) {
 	}
 	forgeries := []forgery{
 		// The reported one: an approval for the victim's call under another run's subject.
-		{"approval of another run", events.SubjectApproval("decoy", true),
+		{"approval of another run", events.SubjectApproval("decoy", true, "mallory"),
 			events.ApprovalEvent(src, 0, toolbus.Approval{RunID: "victim", CallID: "a", Who: "mallory"}, true), events.ConsumerInjectorApprovals},
-		{"granted on the denied subject", events.SubjectApproval("decoy", false),
+		{"granted on the denied subject", events.SubjectApproval("decoy", false, "mallory"),
 			events.ApprovalEvent(src, 0, toolbus.Approval{RunID: "decoy", CallID: "a", Who: "mallory"}, true), events.ConsumerInjectorApprovals},
-		{"cancel of another run", events.SubjectRunCancel("decoy"),
+		{"cancel of another run", events.SubjectRunCancel("decoy", "mallory"),
 			events.CancelEvent(src, toolbus.Cancel{RunID: "victim", Who: "mallory"}), events.ConsumerInjectorCancel},
 		{"result of another run's call", events.SubjectToolFinished("decoy", "deploy"),
 			events.ToolFinishedEvent(src, toolbus.ToolFinished{RunID: "victim", Step: 0, CallIndex: 0, CallCount: 2,
@@ -277,7 +277,7 @@ func TestSubjectBodyMismatch(t *testing.T) {
 				ToolResult: toolbus.ToolResult{CallID: "a", Tool: "deploy", Status: toolbus.StatusSucceeded, Content: "forged"}}), events.ConsumerInjector},
 		{"wait of another run", events.SubjectToolWaiting("decoy", "deploy"),
 			events.ToolWaitingEvent(src, toolbus.ToolWaiting{RunID: "victim", Step: 0, CallIndex: 0, CallCount: 2, Call: deployCall}), events.ConsumerInjectorWaiting},
-		{"run.started of another run", events.SubjectRunStarted("decoy-2"),
+		{"run.started of another run", events.SubjectRunStarted("decoy-2", ""),
 			events.RunStartedEvent(src, toolbus.RunStarted{RunID: "decoy-3", Messages: []toolbus.Message{{Role: toolbus.RoleUser, Content: "x"}}}), events.ConsumerInjectorStarted},
 		{"step request of another run", events.SubjectModelRequested("decoy"),
 			events.ModelRequestedEvent(src, toolbus.ModelRequested{RunID: "victim", Step: 1}), events.ConsumerPlanner},

@@ -114,7 +114,7 @@ func BenchmarkPublish(b *testing.B) {
 			i++
 			e := event(i)
 			b.StopTimer()
-			msg, err := events.Encode(events.SubjectRunStarted("decoy"), e.Meta, e.Data)
+			msg, err := events.Encode(events.SubjectRunStarted("decoy", ""), e.Meta, e.Data)
 			if err != nil {
 				b.Fatal(err)
 			}

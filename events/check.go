@@ -66,10 +66,11 @@ func CheckSubject(subject string, m Meta, data any) error {
 		bodyRun string
 		callID  string
 		tools   []string // the tool tokens the subject may end in
+		who     *string  // the identity the subject must end in (IdentityToken)
 	)
 	switch d := deref(data).(type) {
 	case toolbus.RunStarted:
-		bodyRun = d.RunID
+		bodyRun, who = d.RunID, &d.Principal.ID
 	case toolbus.ModelRequested:
 		bodyRun = d.RunID
 	case toolbus.ModelResponded:
@@ -82,9 +83,9 @@ func CheckSubject(subject string, m Meta, data any) error {
 	case toolbus.ToolWaiting:
 		bodyRun, callID, tools = d.RunID, d.Call.CallID, []string{ToolToken(d.Call.Tool)}
 	case toolbus.Approval:
-		bodyRun, callID = d.RunID, d.CallID
+		bodyRun, callID, who = d.RunID, d.CallID, &d.Who
 	case toolbus.Cancel:
-		bodyRun = d.RunID
+		bodyRun, who = d.RunID, &d.Who
 	case toolbus.RunEnded:
 		bodyRun = d.RunID
 		if "run."+string(d.Status) != base {
@@ -100,6 +101,19 @@ func CheckSubject(subject string, m Meta, data any) error {
 	}
 	if m.CallID != "" && callID != "" && m.CallID != callID {
 		return bad("the callid attribute %q is not the data's call %q", m.CallID, callID)
+	}
+	if who != nil {
+		// The identity token is what the publisher's credentials allowed (a client bound
+		// to one principal may publish only ...run.started.<principal>): the body must
+		// name that very identity, or it would claim someone else's.
+		token, ok := strings.CutPrefix(rest, base+".")
+		if !ok || strings.Contains(token, ".") {
+			return bad("a %s event belongs on %s", m.Type, SubjectPrefix+"."+run+"."+base+"."+IdentityToken(*who))
+		}
+		if IdentityToken(*who) != token {
+			return bad("the subject names %q, the data %q", token, *who)
+		}
+		return nil
 	}
 	if tools == nil {
 		if rest != base {

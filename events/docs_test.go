@@ -19,6 +19,10 @@ const (
 	docTool = "TOOLX"
 	docCall = "CALLX"
 	docStep = 7
+	// docPrincipal and docActor are the identity tokens a run.started and an approval or
+	// cancel end in.
+	docPrincipal = "PRINCIPALX"
+	docActor     = "ACTORX"
 )
 
 // docData returns data of event type typ filled with the sentinels: run docRun, step
@@ -27,7 +31,7 @@ func docData(t *testing.T, typ string) any {
 	call := toolbus.ToolCall{CallID: docCall, Tool: docTool}
 	switch typ {
 	case events.TypeRunStarted:
-		return toolbus.RunStarted{RunID: docRun}
+		return toolbus.RunStarted{RunID: docRun, Principal: toolbus.Principal{ID: docPrincipal}}
 	case events.TypeModelRequested:
 		return toolbus.ModelRequested{RunID: docRun, Step: docStep}
 	case events.TypeModelResponded:
@@ -40,9 +44,9 @@ func docData(t *testing.T, typ string) any {
 	case events.TypeToolWaiting:
 		return toolbus.ToolWaiting{RunID: docRun, Step: docStep, CallIndex: 1, CallCount: 4, Call: call}
 	case events.TypeApprovalGranted, events.TypeApprovalDenied:
-		return toolbus.Approval{RunID: docRun, CallID: docCall}
+		return toolbus.Approval{RunID: docRun, CallID: docCall, Who: docActor}
 	case events.TypeRunCancel:
-		return toolbus.Cancel{RunID: docRun}
+		return toolbus.Cancel{RunID: docRun, Who: docActor}
 	case events.TypeRunTimer:
 		return events.RunTimer{RunID: docRun}
 	}
@@ -55,7 +59,8 @@ func docData(t *testing.T, typ string) any {
 
 // docPlaceholders writes a subject or id built from the sentinels as CONTRACT.md does.
 func docPlaceholders(s string) string {
-	return strings.NewReplacer(docRun, "<run>", docTool, "<tool>", docCall, "<call_id>", "/7/", "/<step>/").Replace(s)
+	return strings.NewReplacer(docRun, "<run>", docTool, "<tool>", docCall, "<call_id>", "/7/", "/<step>/",
+		docPrincipal, "<principal>", docActor, "<actor>").Replace(s)
 }
 
 // The subject table of CONTRACT.md names every event type of the code, each with the

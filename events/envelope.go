@@ -28,7 +28,7 @@ func (e Envelope) Traced(traceparent string) Envelope {
 
 // RunStartedEvent is the run.started event submitting rs.
 func RunStartedEvent(source string, rs toolbus.RunStarted) Envelope {
-	return Envelope{SubjectRunStarted(rs.RunID),
+	return Envelope{SubjectRunStarted(rs.RunID, rs.Principal.ID),
 		Meta{ID: IDRunStarted(rs.RunID), Type: TypeRunStarted, Source: source, RunID: rs.RunID}, rs}
 }
 
@@ -93,7 +93,7 @@ func ApprovalEvent(source string, step int, a toolbus.Approval, granted bool) En
 	if granted {
 		typ = TypeApprovalGranted
 	}
-	return Envelope{SubjectApproval(a.RunID, granted), Meta{
+	return Envelope{SubjectApproval(a.RunID, granted, a.Who), Meta{
 		ID: IDApproval(a.RunID, strconv.Itoa(step)+"/"+a.CallID, granted), Type: typ, Source: source,
 		RunID: a.RunID, Step: step, CallID: a.CallID, HasCall: true,
 	}, a}
@@ -101,7 +101,7 @@ func ApprovalEvent(source string, step int, a toolbus.Approval, granted bool) En
 
 // CancelEvent is the run.cancel event of a run.
 func CancelEvent(source string, c toolbus.Cancel) Envelope {
-	return Envelope{SubjectRunCancel(c.RunID),
+	return Envelope{SubjectRunCancel(c.RunID, c.Who),
 		Meta{ID: IDRunCancel(c.RunID), Type: TypeRunCancel, Source: source, RunID: c.RunID}, c}
 }
 

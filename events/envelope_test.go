@@ -55,14 +55,14 @@ func TestEnvelopesAgreeWithData(t *testing.T) {
 	}{
 		// Values that differ from each other (step 3, call 1 of 4), so a field taken from
 		// the wrong place shows.
-		{events.TypeRunStarted, toolbus.RunStarted{RunID: run}},
+		{events.TypeRunStarted, toolbus.RunStarted{RunID: run, Principal: toolbus.Principal{ID: "alice"}}},
 		{events.TypeModelRequested, toolbus.ModelRequested{RunID: run, Step: step}},
 		{events.TypeModelResponded, toolbus.ModelResponded{RunID: run, Step: step}},
 		{events.TypeToolRequested, toolbus.ToolRequested{RunID: run, Step: step, CallIndex: 1, CallCount: 4, Call: call}},
 		{events.TypeToolFinished, toolbus.ToolFinished{RunID: run, Step: step, CallIndex: 1, CallCount: 4, ToolResult: res}},
 		{events.TypeToolWaiting, toolbus.ToolWaiting{RunID: run, Step: step, CallIndex: 1, CallCount: 4, Call: call}},
-		{events.TypeApprovalGranted, toolbus.Approval{RunID: run, CallID: call.CallID}},
-		{events.TypeApprovalDenied, toolbus.Approval{RunID: run, CallID: call.CallID}},
+		{events.TypeApprovalGranted, toolbus.Approval{RunID: run, CallID: call.CallID, Who: "bob"}},
+		{events.TypeApprovalDenied, toolbus.Approval{RunID: run, CallID: call.CallID, Who: "bob"}},
 		{events.TypeRunCancel, toolbus.Cancel{RunID: run}},
 		{events.TypeRunTimer, events.RunTimer{RunID: run, Deadline: time.Unix(0, 0).UTC()}},
 	}
@@ -105,6 +105,15 @@ func TestEnvelopesAgreeWithData(t *testing.T) {
 			wantSubject := "toolbus." + fields.RunID + "." + strings.TrimPrefix(c.typ, "toolbus.")
 			if fields.Tool != "" && c.typ != events.TypeApprovalGranted && c.typ != events.TypeApprovalDenied {
 				wantSubject += "." + fields.Tool
+			}
+			// and the identity the event claims (IdentityToken), which permissions bind.
+			switch d := c.data.(type) {
+			case toolbus.RunStarted:
+				wantSubject += "." + d.Principal.ID
+			case toolbus.Approval:
+				wantSubject += "." + d.Who
+			case toolbus.Cancel:
+				wantSubject += "." + events.NoIdentityToken
 			}
 			if msg.Subject != wantSubject {
 				t.Errorf("subject %q, want %q", msg.Subject, wantSubject)

@@ -69,7 +69,7 @@ func examples() []example {
 	}
 	usage := toolbus.Usage{InputTokens: 812, OutputTokens: 98}
 	return []example{
-		{events.TypeRunStarted, events.SubjectRunStarted(exRun), withID(run("client", 0), events.IDRunStarted(exRun)),
+		{events.TypeRunStarted, events.SubjectRunStarted(exRun, principal.ID), withID(run("client", 0), events.IDRunStarted(exRun)),
 			toolbus.RunStarted{RunID: exRun, Messages: []toolbus.Message{
 				{Role: toolbus.RoleSystem, Content: "You are the on-call assistant."},
 				{Role: toolbus.RoleUser, Content: "What is going on with INC-404?"}},
@@ -113,15 +113,15 @@ func examples() []example {
 		{events.TypeToolWaiting, events.SubjectToolWaiting(exRun, call1.Tool),
 			withID(tool("executor", 0, call1, 1, 2), events.IDToolWaiting(exRun, 0, call1.CallID)),
 			toolbus.ToolWaiting{RunID: exRun, Step: 0, CallIndex: 1, CallCount: 2, Call: call1}},
-		{events.TypeApprovalGranted, events.SubjectApproval(exRun, true),
+		{events.TypeApprovalGranted, events.SubjectApproval(exRun, true, "bob"),
 			events.Meta{ID: events.IDApproval(exRun, "0/"+call1.CallID, true), Source: events.Source("cli", "bob"), Time: exampleAt,
 				RunID: exRun, Step: 0, CallID: call1.CallID, HasCall: true},
 			toolbus.Approval{RunID: exRun, CallID: call1.CallID, Who: "bob", Why: "change CHG-1 approved"}},
-		{events.TypeApprovalDenied, events.SubjectApproval(exRun, false),
+		{events.TypeApprovalDenied, events.SubjectApproval(exRun, false, "bob"),
 			events.Meta{ID: events.IDApproval(exRun, "0/"+call1.CallID, false), Source: events.Source("cli", "bob"), Time: exampleAt,
 				RunID: exRun, Step: 0, CallID: call1.CallID, HasCall: true},
 			toolbus.Approval{RunID: exRun, CallID: call1.CallID, Who: "bob", Why: "not during the freeze"}},
-		{events.TypeRunCancel, events.SubjectRunCancel(exRun), withID(run("cli", 0), events.IDRunCancel(exRun)),
+		{events.TypeRunCancel, events.SubjectRunCancel(exRun, "alice"), withID(run("cli", 0), events.IDRunCancel(exRun)),
 			toolbus.Cancel{RunID: exRun, Reason: "wrong incident", Who: "alice"}},
 		ended(toolbus.RunCompleted, 2, toolbus.RunEnded{Answer: "INC-404 does not exist. INC-001 is a high-severity incident on auth-api.",
 			StepsUsed: 3, Usage: toolbus.Usage{InputTokens: 2400, OutputTokens: 310}}),

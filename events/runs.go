@@ -25,6 +25,9 @@ func (b *Bus) StartRun(ctx context.Context, source string, rs toolbus.RunStarted
 	if !toolbus.ValidRunID(rs.RunID) {
 		return fmt.Errorf("events: invalid run id %q: use 1-128 of [A-Za-z0-9_-]", rs.RunID)
 	}
+	if IdentityToken(rs.Principal.ID) == "" {
+		return fmt.Errorf("events: invalid principal id %q: use 1-128 of [A-Za-z0-9_-] (it is a subject token)", rs.Principal.ID)
+	}
 	for _, t := range rs.AllowedTools {
 		if !toolbus.ValidToolName(t) {
 			return fmt.Errorf("events: invalid tool name %q in allowed tools", t)
@@ -43,6 +46,11 @@ func (b *Bus) StartRun(ctx context.Context, source string, rs toolbus.RunStarted
 		return err
 	}
 	if ack.Duplicate {
+		return fmt.Errorf("%w: %s (submitted concurrently)", ErrRunExists, rs.RunID)
+	}
+	// A concurrent submission for another principal is on another subject, so the
+	// stream stores both; only the first one starts the run.
+	if _, seq, err := b.firstRunStarted(ctx, rs.RunID); err == nil && seq != ack.Sequence {
 		return fmt.Errorf("%w: %s (submitted concurrently)", ErrRunExists, rs.RunID)
 	}
 	return nil
@@ -84,11 +92,12 @@ func (b *Bus) RunStartedSeq(ctx context.Context, run string) (uint64, error) {
 	return seq, err
 }
 
-// firstRunStarted reads the first run.started of the run's subject whose data names
-// the run: a message there that is not a run.started of this run (a forgery whose body
-// names another run, or no event at all) never starts it, and consumers terminate it.
+// firstRunStarted reads the first run.started of the run's subjects (whatever principal
+// they name) whose data names the run and the principal of its subject: a message there
+// that is not a run.started of this run (a forgery whose body names another run or
+// another principal, or no event at all) never starts it, and consumers terminate it.
 func (b *Bus) firstRunStarted(ctx context.Context, run string) (*toolbus.RunStarted, uint64, error) {
-	subject := SubjectRunStarted(run)
+	subject := SubjectRunStartedAny(run)
 	for seq := uint64(1); ; {
 		raw, err := b.Stream.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(subject))
 		if err != nil {
@@ -155,6 +164,9 @@ func (b *Bus) PublishApproval(ctx context.Context, source string, step int, a to
 	if !toolbus.ValidRunID(a.RunID) || a.CallID == "" {
 		return nil, fmt.Errorf("events: approval needs a valid run id and a call id")
 	}
+	if IdentityToken(a.Who) == "" {
+		return nil, fmt.Errorf("events: invalid approver %q: use 1-128 of [A-Za-z0-9_-] (it is a subject token)", a.Who)
+	}
 	return b.PublishEvent(ctx, ApprovalEvent(source, step, a, granted))
 }
 
@@ -164,29 +176,18 @@ func (b *Bus) PublishCancel(ctx context.Context, source string, c toolbus.Cancel
 	if !toolbus.ValidRunID(c.RunID) {
 		return nil, fmt.Errorf("events: cancel needs a valid run id")
 	}
+	if IdentityToken(c.Who) == "" {
+		return nil, fmt.Errorf("events: invalid canceller %q: use 1-128 of [A-Za-z0-9_-] (it is a subject token)", c.Who)
+	}
 	return b.PublishEvent(ctx, CancelEvent(source, c))
 }
 
-// CancelRequest returns the run.cancel event of a run, if one was published: the last
-// one on its subject, or when that one names another run (a forgery consumers
-// terminate), the first that names this run.
+// CancelRequest returns the run.cancel event of a run, if one was published: the first
+// one on its subjects (whoever sent it) whose body agrees with its subject; a message
+// there naming another run or another actor (a forgery consumers terminate) cancels
+// nothing.
 func (b *Bus) CancelRequest(ctx context.Context, run string) (toolbus.Cancel, bool, error) {
-	subject := SubjectRunCancel(run)
-	read := func(raw *jetstream.RawStreamMsg) (toolbus.Cancel, bool) {
-		var c toolbus.Cancel
-		m, err := Decode(&nats.Msg{Subject: raw.Subject, Header: raw.Header, Data: raw.Data}, &c)
-		return c, err == nil && m.Type == TypeRunCancel && CheckSubject(raw.Subject, m, &c) == nil
-	}
-	raw, err := b.Stream.GetLastMsgForSubject(ctx, subject)
-	if err != nil {
-		if errors.Is(err, jetstream.ErrMsgNotFound) {
-			return toolbus.Cancel{}, false, nil
-		}
-		return toolbus.Cancel{}, false, fmt.Errorf("events: run.cancel of %s: %w", run, err)
-	}
-	if c, ok := read(raw); ok {
-		return c, true, nil
-	}
+	subject := SubjectRunCancelAny(run)
 	for seq := uint64(1); ; {
 		raw, err := b.Stream.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(subject))
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
@@ -195,7 +196,9 @@ func (b *Bus) CancelRequest(ctx context.Context, run string) (toolbus.Cancel, bo
 		if err != nil {
 			return toolbus.Cancel{}, false, fmt.Errorf("events: run.cancel of %s: %w", run, err)
 		}
-		if c, ok := read(raw); ok {
+		var c toolbus.Cancel
+		m, err := Decode(&nats.Msg{Subject: raw.Subject, Header: raw.Header, Data: raw.Data}, &c)
+		if err == nil && m.Type == TypeRunCancel && CheckSubject(raw.Subject, m, &c) == nil {
 			return c, true, nil
 		}
 		seq = raw.Sequence + 1

@@ -85,7 +85,7 @@ func parseAsyncAPI(t *testing.T) asyncAPISummary {
 func sampleSubject(t *testing.T, typ, r, x string) string {
 	switch typ {
 	case events.TypeRunStarted:
-		return events.SubjectRunStarted(r)
+		return events.SubjectRunStarted(r, "p")
 	case events.TypeModelRequested:
 		return events.SubjectModelRequested(r)
 	case events.TypeModelResponded:
@@ -97,11 +97,11 @@ func sampleSubject(t *testing.T, typ, r, x string) string {
 	case events.TypeToolWaiting:
 		return events.SubjectToolWaiting(r, x)
 	case events.TypeApprovalGranted:
-		return events.SubjectApproval(r, true)
+		return events.SubjectApproval(r, true, "p")
 	case events.TypeApprovalDenied:
-		return events.SubjectApproval(r, false)
+		return events.SubjectApproval(r, false, "p")
 	case events.TypeRunCancel:
-		return events.SubjectRunCancel(r)
+		return events.SubjectRunCancel(r, "p")
 	case events.TypeRunTimer:
 		return events.SubjectTimer(r)
 	}
@@ -182,13 +182,15 @@ func TestAsyncAPI(t *testing.T) {
 				continue
 			}
 			found = true
-			sample := strings.NewReplacer("{run}", "run-1", "{tool}", "calculator").Replace(ch.Address)
+			sample := strings.NewReplacer("{run}", "run-1", "{tool}", "calculator", "{principal}", "p", "{actor}", "p").Replace(ch.Address)
 			if want := sampleSubject(t, typ, "run-1", "calculator"); sample != want {
 				t.Errorf("%s: channel %s address %s, the workers publish on %s", typ, ch.ID, ch.Address, want)
 			}
 			wantParams := []string{"run"}
-			if strings.Contains(ch.Address, "{tool}") {
-				wantParams = append(wantParams, "tool")
+			for _, p := range []string{"tool", "principal", "actor"} {
+				if strings.Contains(ch.Address, "{"+p+"}") {
+					wantParams = append(wantParams, p)
+				}
 			}
 			if !slices.Equal(ch.Parameters, wantParams) {
 				t.Errorf("%s: channel %s parameters %v, want %v", typ, ch.ID, ch.Parameters, wantParams)

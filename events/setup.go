@@ -165,7 +165,7 @@ func SetupReadMirror() SetupOption {
 }
 
 // FilterRunStarted selects the run.started events of every run.
-const FilterRunStarted = SubjectPrefix + ".*.run.started"
+const FilterRunStarted = SubjectPrefix + ".*.run.started.*"
 
 // ReadMirrorName is the name of the read mirror of a stream.
 func ReadMirrorName(stream string) string { return stream + "_READ" }

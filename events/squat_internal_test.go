@@ -50,7 +50,7 @@ func TestSquattedEventRaceStoredOnce(t *testing.T) {
 	t.Cleanup(func() { guardHook = nil })
 	e := ToolFinishedEvent("/toolbus/executor/1", toolbus.ToolFinished{RunID: "race", Step: 0, CallIndex: 0, CallCount: 1,
 		ToolResult: toolbus.ToolResult{CallID: "c", Tool: "noop", Status: toolbus.StatusSucceeded, Content: "{}"}})
-	squatMsg, err := Encode(SubjectRunStarted("decoy"), e.Meta, e.Data)
+	squatMsg, err := Encode(SubjectRunStarted("decoy", ""), e.Meta, e.Data)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -23,7 +24,7 @@ func everyEnvelope(t *testing.T, run string) []events.Envelope {
 	res := toolbus.ToolResult{CallID: call.CallID, Tool: call.Tool, Status: toolbus.StatusSucceeded, Content: "ok"}
 	const src = "/toolbus/test/1"
 	envs := []events.Envelope{
-		events.RunStartedEvent(src, toolbus.RunStarted{RunID: run}),
+		events.RunStartedEvent(src, toolbus.RunStarted{RunID: run, Principal: toolbus.Principal{ID: "carol"}}),
 		events.TimerEvent(src, events.RunTimer{RunID: run, Deadline: time.Unix(1e9, 0).UTC()}),
 		events.ModelRequestedEvent(src, toolbus.ModelRequested{RunID: run, Step: 1}),
 		events.ModelRespondedEvent(src, toolbus.ModelResponded{RunID: run, Step: 1}),
@@ -55,9 +56,9 @@ func everyEnvelope(t *testing.T, run string) []events.Envelope {
 // executor (tool.finished, tool.waiting) may publish on, for a run of their own.
 func squatSubjects(decoy string) map[string]string {
 	return map[string]string{
-		"client run.started":      events.SubjectRunStarted(decoy),
-		"client run.cancel":       events.SubjectRunCancel(decoy),
-		"client approval":         events.SubjectApproval(decoy, true),
+		"client run.started":      events.SubjectRunStarted(decoy, ""),
+		"client run.cancel":       events.SubjectRunCancel(decoy, ""),
+		"client approval":         events.SubjectApproval(decoy, true, ""),
 		"executor tool.finished":  events.SubjectToolFinished(decoy, "noop"),
 		"executor tool.waiting":   events.SubjectToolWaiting(decoy, "noop"),
 		"executor unknown result": events.SubjectToolFinished(decoy, "not a tool"),
@@ -192,7 +193,7 @@ func TestStartRunAfterSquat(t *testing.T) {
 	bus := openBus(t)
 	ctx := eventstest.Context(t, time.Minute)
 	rs := toolbus.RunStarted{RunID: "ticket-4711", Messages: []toolbus.Message{{Role: toolbus.RoleUser, Content: "q"}}}
-	squat(t, ctx, bus.JS, events.SubjectRunStarted("decoy"), events.RunStartedEvent("/evil", rs))
+	squat(t, ctx, bus.JS, events.SubjectRunStarted("decoy", ""), events.RunStartedEvent("/evil", rs))
 	if err := bus.StartRun(ctx, "/test", rs); err != nil {
 		t.Fatalf("StartRun after a squat: %v", err)
 	}
@@ -213,7 +214,7 @@ func TestSquatOnOwnSubjectWithAnotherRunsData(t *testing.T) {
 	rs := toolbus.RunStarted{RunID: "own-1", Messages: []toolbus.Message{{Role: toolbus.RoleUser, Content: "q"}}}
 	forged := events.RunStartedEvent("/evil", toolbus.RunStarted{RunID: "elsewhere"})
 	forged.Meta.ID = events.IDRunStarted(rs.RunID)
-	squat(t, ctx, bus.JS, events.SubjectRunStarted(rs.RunID), forged)
+	squat(t, ctx, bus.JS, events.SubjectRunStarted(rs.RunID, ""), forged)
 	if err := bus.StartRun(ctx, "/test", rs); err != nil {
 		t.Fatalf("StartRun after a squat on its own subject: %v", err)
 	}
@@ -308,6 +309,16 @@ func TestCheckSubject(t *testing.T) {
 				tw.Call.Tool = "other_tool"
 				mismatch("another tool", check(e.Subject, e.Meta, tw))
 			}
+			switch e.Data.(type) {
+			case toolbus.RunStarted, toolbus.Approval, toolbus.Cancel:
+				// The identity token is what the server bound to the publisher's credentials:
+				// a body claiming another identity, or a subject without one, is a mismatch.
+				base := e.Subject[:strings.LastIndexByte(e.Subject, '.')]
+				mismatch("another identity's subject", check(base+".mallory", e.Meta, e.Data))
+				mismatch("no identity token", check(base, e.Meta, e.Data))
+				mismatch("the none token", check(base+"."+events.NoIdentityToken, e.Meta, e.Data))
+				mismatch("two tokens", check(e.Subject+".x", e.Meta, e.Data))
+			}
 			if re, ok := e.Data.(toolbus.RunEnded); ok {
 				re.Status = toolbus.RunCompleted
 				if e.Meta.Type != events.TypeRunEnded(toolbus.RunCompleted) {
@@ -325,7 +336,7 @@ func TestForgedFirstEventsDoNotCount(t *testing.T) {
 	bus := openBus(t)
 	ctx := eventstest.Context(t, time.Minute)
 	forged := events.RunStartedEvent("/evil", toolbus.RunStarted{RunID: "victim"})
-	if _, err := bus.Publish(ctx, events.SubjectRunStarted("decoy"), forged.Meta, forged.Data); err != nil {
+	if _, err := bus.Publish(ctx, events.SubjectRunStarted("decoy", ""), forged.Meta, forged.Data); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := bus.RunStarted(ctx, "decoy"); !errors.Is(err, events.ErrRunNotFound) {
@@ -338,7 +349,7 @@ func TestForgedFirstEventsDoNotCount(t *testing.T) {
 		t.Fatalf("RunStarted(decoy) = %+v, %v", rs, err)
 	}
 	cancel := events.CancelEvent("/evil", toolbus.Cancel{RunID: "victim", Who: "mallory"})
-	if _, err := bus.Publish(ctx, events.SubjectRunCancel("decoy"), cancel.Meta, cancel.Data); err != nil {
+	if _, err := bus.Publish(ctx, events.SubjectRunCancel("decoy", "mallory"), cancel.Meta, cancel.Data); err != nil {
 		t.Fatal(err)
 	}
 	if c, ok, err := bus.CancelRequest(ctx, "decoy"); err != nil || ok {

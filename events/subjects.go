@@ -34,8 +34,38 @@ const UnknownToolToken = "_unknown"
 // Subjects. Every subject carries the run id as its second token, so toolbus.<run>.>
 // replays one run in order.
 
-// SubjectRunStarted is toolbus.<run>.run.started.
-func SubjectRunStarted(run string) string { return SubjectPrefix + "." + run + ".run.started" }
+// NoIdentityToken is the identity token of an event that names nobody: a run.started
+// with no principal id, an approval or cancel with no who.
+const NoIdentityToken = "_none"
+
+// IdentityToken returns the subject token of a principal or actor id: the id itself
+// when it is a subject token of [A-Za-z0-9_-] (1 to 128 characters), NoIdentityToken
+// for an empty id, and "" for an id that cannot be a token (publishers refuse it).
+//
+// The identity is a token of the subject (run.started.<principal>,
+// approval.<decision>.<actor>, run.cancel.<actor>) so that the server's subject
+// permissions can bind it to a credential: a client credential allowed only
+// toolbus.*.run.started.alice can start runs for alice and nobody else, and every
+// consumer checks that the body names the identity of its subject (CheckSubject).
+func IdentityToken(id string) string {
+	switch {
+	case id == "":
+		return NoIdentityToken
+	case toolbus.ValidRunID(id):
+		return id
+	}
+	return ""
+}
+
+// SubjectRunStarted is toolbus.<run>.run.started.<principal>: the principal's identity
+// token (IdentityToken) ends the subject.
+func SubjectRunStarted(run, principal string) string {
+	return SubjectPrefix + "." + run + ".run.started." + IdentityToken(principal)
+}
+
+// SubjectRunStartedAny is toolbus.<run>.run.started.*: the run.started events of a run,
+// whoever they name.
+func SubjectRunStartedAny(run string) string { return SubjectPrefix + "." + run + ".run.started.*" }
 
 // SubjectModelRequested is toolbus.<run>.model.requested.
 func SubjectModelRequested(run string) string { return SubjectPrefix + "." + run + ".model.requested" }
@@ -59,16 +89,23 @@ func SubjectToolWaiting(run, tool string) string {
 	return SubjectPrefix + "." + run + ".tool.waiting." + ToolToken(tool)
 }
 
-// SubjectApproval is toolbus.<run>.approval.granted or .denied.
-func SubjectApproval(run string, granted bool) string {
+// SubjectApproval is toolbus.<run>.approval.granted.<actor> or .denied.<actor>: the
+// identity token (IdentityToken) of who decided ends the subject.
+func SubjectApproval(run string, granted bool, who string) string {
 	if granted {
-		return SubjectPrefix + "." + run + ".approval.granted"
+		return SubjectPrefix + "." + run + ".approval.granted." + IdentityToken(who)
 	}
-	return SubjectPrefix + "." + run + ".approval.denied"
+	return SubjectPrefix + "." + run + ".approval.denied." + IdentityToken(who)
 }
 
-// SubjectRunCancel is toolbus.<run>.run.cancel.
-func SubjectRunCancel(run string) string { return SubjectPrefix + "." + run + ".run.cancel" }
+// SubjectRunCancel is toolbus.<run>.run.cancel.<actor>: the identity token
+// (IdentityToken) of who cancels ends the subject.
+func SubjectRunCancel(run, who string) string {
+	return SubjectPrefix + "." + run + ".run.cancel." + IdentityToken(who)
+}
+
+// SubjectRunCancelAny is toolbus.<run>.run.cancel.*: the cancels of a run, whoever sent them.
+func SubjectRunCancelAny(run string) string { return SubjectPrefix + "." + run + ".run.cancel.*" }
 
 // SubjectRunEnded is toolbus.<run>.run.<status>.
 func SubjectRunEnded(run string, s toolbus.RunStatus) string {
@@ -86,7 +123,7 @@ const (
 	FilterToolFinished   = SubjectPrefix + ".*.tool.finished.>"
 	FilterToolWaiting    = SubjectPrefix + ".*.tool.waiting.>"
 	FilterApprovals      = SubjectPrefix + ".*.approval.>"
-	FilterRunCancel      = SubjectPrefix + ".*.run.cancel"
+	FilterRunCancel      = SubjectPrefix + ".*.run.cancel.*"
 	FilterRunEnded       = SubjectPrefix + ".*.run.*"
 )
 

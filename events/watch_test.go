@@ -25,7 +25,7 @@ func TestRunEventsAndWatch(t *testing.T) {
 	if err := bus.StartRun(ctx, "/test", toolbus.RunStarted{RunID: "other"}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := bus.JS.Publish(ctx, events.SubjectRunCancel("w1"), []byte("not an event")); err != nil {
+	if _, err := bus.JS.Publish(ctx, events.SubjectRunCancel("w1", ""), []byte("not an event")); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := bus.PublishCancel(ctx, "/test", toolbus.Cancel{RunID: "w1", Reason: "done"}); err != nil {

@@ -392,7 +392,7 @@ func newBenchStack(ctx context.Context, srv *embedded.Server, memory bool, k, st
 	runW(p.Run)
 	runW(in.Run)
 	sub, err := nc.Subscribe("toolbus.*.run.*", func(m *nats.Msg) {
-		if strings.HasSuffix(m.Subject, ".run.started") || strings.HasSuffix(m.Subject, ".run.cancel") {
+		if strings.Contains(m.Subject, ".run.started.") || strings.Contains(m.Subject, ".run.cancel.") {
 			return
 		}
 		run, _ := events.RunIDFromSubject(m.Subject)

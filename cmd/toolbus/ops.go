@@ -531,7 +531,7 @@ func eventColour(ev events.StoredEvent, status toolbus.RunStatus) string {
 		return ansiRed
 	case strings.Contains(subject, ".model.responded"):
 		return ansiCyan
-	case strings.HasSuffix(subject, ".run.started"):
+	case strings.Contains(subject, ".run.started."):
 		return ansiBold
 	}
 	return ansiYellow

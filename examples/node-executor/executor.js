@@ -264,10 +264,12 @@ await kvTools.put(cfg.tool, enc.encode(JSON.stringify(contract)));
 // run.cancel: abort the run's calls in flight.
 const inflight = new Map(); // run id -> Set<AbortController>
 const cancelled = new Set();
-const cancelSub = nc.subscribe('toolbus.*.run.cancel', {
+// The subject is toolbus.<run>.run.cancel.<actor>: the last token is who cancels (the
+// identity the server's permissions bound to the sender's credentials).
+const cancelSub = nc.subscribe('toolbus.*.run.cancel.*', {
   callback: (err, m) => {
     if (err) return;
-    const run = m.subject.split('.')[1];
+    const [, run, , , actor] = m.subject.split('.');
     // Subject and body agree (CONTRACT.md): a cancel whose data names another run cancels nothing.
     let ev;
     try {
@@ -275,8 +277,9 @@ const cancelSub = nc.subscribe('toolbus.*.run.cancel', {
     } catch {
       return;
     }
-    if (ev.attrs.type !== 'toolbus.run.cancel' || ev.data?.run_id !== run || (ev.attrs.runid && ev.attrs.runid !== run)) {
-      log('run.cancel ignored: its data does not name the run of its subject', { subject: m.subject });
+    if (ev.attrs.type !== 'toolbus.run.cancel' || ev.data?.run_id !== run || (ev.attrs.runid && ev.attrs.runid !== run) ||
+        (ev.data?.who || '_none') !== actor) {
+      log('run.cancel ignored: its data does not name the run and actor of its subject', { subject: m.subject });
       return;
     }
     cancelled.add(run);
@@ -284,20 +287,36 @@ const cancelSub = nc.subscribe('toolbus.*.run.cancel', {
   },
 });
 
-/** The run.started data of a run (direct get of the last message on its subject). */
+/**
+ * The run.started data of a run: the first message on toolbus.<run>.run.started.<principal>
+ * (whatever principal) whose data names the run and the principal of its subject; a later
+ * one, or one that disagrees with its subject, never counts (CONTRACT.md).
+ */
 const runs = new Map();
 async function runStarted(run) {
   if (runs.has(run)) return runs.get(run);
-  let sm;
-  try {
-    sm = await jsm.streams.getMessage(cfg.stream, { last_by_subj: `toolbus.${run}.run.started` });
-  } catch (err) {
-    if (String(err?.message).includes('no message found')) return null;
-    throw err;
+  for (let seq = 1; ;) {
+    let sm;
+    try {
+      sm = await jsm.streams.getMessage(cfg.stream, { seq, next_by_subj: `toolbus.${run}.run.started.*` });
+    } catch (err) {
+      if (String(err?.message).includes('no message found')) return null;
+      throw err;
+    }
+    seq = sm.seq + 1;
+    let ev;
+    try {
+      ev = decodeEvent({ headers: sm.header, data: sm.data });
+    } catch {
+      continue;
+    }
+    const rs = ev.data;
+    if (ev.attrs.type !== 'toolbus.run.started' || rs?.run_id !== run || (rs.principal?.id || '_none') !== sm.subject.split('.')[4]) {
+      continue;
+    }
+    runs.set(run, rs);
+    return rs;
   }
-  const rs = decodeEvent({ headers: sm.header, data: sm.data }).data;
-  runs.set(run, rs);
-  return rs;
 }
 
 /** Whether the result of a call is already in the stream (by its deterministic ce-id). */

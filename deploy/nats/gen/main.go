@@ -4,7 +4,14 @@
 //
 //	go run ./deploy/nats/gen [-perms deploy/nats/permissions.conf] [-grants grants.json] [-out deploy/nats/jwt]
 //
-// grants.json: {"teams": {"payments": ["refund", "ledger_lookup"], "search": ["web_search"]}}
+// grants.json:
+//
+//	{"teams": {"payments": ["refund", "ledger_lookup"], "search": ["web_search"]},
+//	 "clients": {"alice": ["alice"], "helpdesk": ["alice", "bob"]}}
+//
+// A team gets executor credentials that serve only its tools; a client entry gets client
+// credentials that start runs only for, and approve, deny and cancel only as, the
+// identities listed (the principal id of run.started, the who of decisions and cancels).
 //
 // Then run nats-server with one of the configs written into -out:
 //
@@ -13,8 +20,8 @@
 //	auth-nkeys.conf   nkeys: TOOLBUS_NATS_NKEY=<user>.nk
 //	k8s-secrets.yaml  one Kubernetes Secret per user (toolbus-nats-<user>: user, password, bcrypt) for deploy/k8s
 //
-// where <user> is a role (admin, planner, executor, injector, client) or
-// executor-<team>. The output directory holds secrets: keep it out of git.
+// where <user> is a role (admin, planner, executor, injector, client),
+// executor-<team> or client-<name>. The output directory holds secrets: keep it out of git.
 package main
 
 import (
@@ -27,7 +34,7 @@ import (
 
 func main() {
 	perms := flag.String("perms", "deploy/nats/permissions.conf", "role permissions")
-	grants := flag.String("grants", "", "grants file: the tools of each team (JSON, {\"teams\": {\"<team>\": [\"<tool>\", ...]}})")
+	grants := flag.String("grants", "", "grants file: the tools of each team and the identities of each bound client (JSON, {\"teams\": {\"<team>\": [\"<tool>\", ...]}, \"clients\": {\"<name>\": [\"<identity>\", ...]}})")
 	out := flag.String("out", "deploy/nats/jwt", "output directory (holds secrets: keep it out of git)")
 	flag.Parse()
 	var g natsjwt.Grants

@@ -102,8 +102,18 @@ func strs(v any) []string {
 // executor user, "executor-<team>", whose permissions are TEAM_EXECUTOR plus, for each of
 // its tools, the queue, catalog entry, claims, outputs and results of that tool only
 // (TeamPermissions). A tool belongs to one team at most.
+//
+// Clients binds client credentials to identities: each entry "<name>": [<identity>, ...]
+// gets a client user, "client-<name>", whose permissions are CLIENT's with the
+// identity-bearing subjects (run.started.<principal>, approval.<decision>.<actor>,
+// run.cancel.<actor>) narrowed to those identities (ClientPermissions): it starts runs
+// only for them and decides and cancels only as them. One identity makes a credential
+// of one person or service; several make a front door (a gateway that authenticates its
+// own users, such as `toolbus mcp --http` or the console) trusted for those. The
+// shipped "client" role may name any identity: it is such a front door for everyone.
 type Grants struct {
-	Teams map[string][]string `json:"teams"`
+	Teams   map[string][]string `json:"teams"`
+	Clients map[string][]string `json:"clients,omitempty"`
 }
 
 // ReadGrants reads a grants file (JSON: {"teams": {"<team>": ["<tool>", ...]}}) and
@@ -143,7 +153,57 @@ func (g Grants) Validate() error {
 			owner[tool] = team
 		}
 	}
+	for _, name := range slices.Sorted(maps.Keys(g.Clients)) {
+		if !teamRE.MatchString(name) {
+			return fmt.Errorf("invalid client name %q: 1 to 32 of [a-z0-9_-]", name)
+		}
+		if len(g.Clients[name]) == 0 {
+			return fmt.Errorf("client %s: no identity", name)
+		}
+		for _, id := range g.Clients[name] {
+			// "_none" (and every token starting with "_") is reserved: it stands for no
+			// identity, which a bound credential never is.
+			if events.IdentityToken(id) != id || strings.HasPrefix(id, "_") {
+				return fmt.Errorf("client %s: invalid identity %q: 1 to 128 of [A-Za-z0-9_-], not starting with _", name, id)
+			}
+		}
+	}
 	return nil
+}
+
+// ClientUser is the user name of client credentials bound to identities.
+func ClientUser(name string) string { return "client-" + name }
+
+// identitySubjects are the subjects of CLIENT whose last token is an identity
+// (events.IdentityToken), each with a "*" there: ClientPermissions narrows them.
+var identitySubjects = []string{
+	events.SubjectPrefix + ".*.run.started.*",
+	events.SubjectPrefix + ".*.run.cancel.*",
+	events.SubjectPrefix + ".*.approval.granted.*",
+	events.SubjectPrefix + ".*.approval.denied.*",
+}
+
+// ClientPermissions returns the client template (CLIENT) with its identity-bearing
+// subjects allowed only for ids: the server then refuses a run.started for another
+// principal, and an approval or a cancel in another actor's name.
+func ClientPermissions(template Permissions, ids []string) (Permissions, error) {
+	p := Permissions{PubDeny: slices.Clone(template.PubDeny),
+		SubAllow: slices.Clone(template.SubAllow), SubDeny: slices.Clone(template.SubDeny)}
+	found := 0
+	for _, s := range template.PubAllow {
+		if !slices.Contains(identitySubjects, s) {
+			p.PubAllow = append(p.PubAllow, s)
+			continue
+		}
+		found++
+		for _, id := range ids {
+			p.PubAllow = append(p.PubAllow, strings.TrimSuffix(s, "*")+id)
+		}
+	}
+	if found != len(identitySubjects) {
+		return Permissions{}, fmt.Errorf("natsjwt: CLIENT allows %d of the identity subjects %v: cannot bind it", found, identitySubjects)
+	}
+	return p, nil
 }
 
 // TeamUser is the user name of a team's executor credentials.
@@ -187,6 +247,12 @@ func Users(perms map[string]Permissions, g Grants) []User {
 	for _, team := range slices.Sorted(maps.Keys(g.Teams)) {
 		out = append(out, User{Name: TeamUser(team), Perms: TeamPermissions(perms[TeamTemplate], events.DefaultStream, g.Teams[team])})
 	}
+	for _, name := range slices.Sorted(maps.Keys(g.Clients)) {
+		// An unbindable template leaves no permission at all (fail closed); GenerateGrants
+		// reports the error.
+		p, _ := ClientPermissions(perms["client"], g.Clients[name]) //nolint:errcheck // checked by GenerateGrants
+		out = append(out, User{Name: ClientUser(name), Perms: p})
+	}
 	return out
 }
 
@@ -217,7 +283,8 @@ type Result struct {
 // GenerateGrants).
 func Generate(permsFile, dir string) (Result, error) { return GenerateGrants(permsFile, dir, Grants{}) }
 
-// GenerateGrants writes, into dir, for every role of permsFile and every team of g:
+// GenerateGrants writes, into dir, for every role of permsFile and every team and
+// bound client of g:
 // auth-jwt.conf and one <user>.creds; auth-users.conf and one <user>.password;
 // auth-nkeys.conf and one <user>.nk; plus the seeds of the operator and the account
 // (operator.nk, account.nk: keep them offline, they sign new users). The server
@@ -238,6 +305,11 @@ func GenerateGrants(permsFile, dir string, g Grants, opts ...Option) (Result, er
 	single, err := os.ReadFile(filepath.Join(filepath.Dir(permsFile), "single.conf"))
 	if err != nil {
 		return Result{}, fmt.Errorf("natsjwt: server settings: %w", err)
+	}
+	if len(g.Clients) > 0 {
+		if _, err := ClientPermissions(perms["client"], nil); err != nil {
+			return Result{}, err
+		}
 	}
 	users := Users(perms, g)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
