@@ -170,6 +170,12 @@ func startSecured(t *testing.T, url string, opts map[string][]nats.Option) *secu
 // startSecuredWith is startSecured with another model and extra tools for the executor.
 func startSecuredWith(t *testing.T, url string, opts map[string][]nats.Option, model planner.Model, extra ...executor.Tool) *secured {
 	t.Helper()
+	return startSecuredExec(t, url, opts, model, nil, extra...)
+}
+
+// startSecuredExec is startSecuredWith with options for the executor (an authorizer).
+func startSecuredExec(t *testing.T, url string, opts map[string][]nats.Option, model planner.Model, execOpts []executor.Option, extra ...executor.Tool) *secured {
+	t.Helper()
 	ctx := eventstest.Context(t, 3*time.Minute)
 	s := &secured{t: t, ctx: ctx, url: url, opts: opts, viol: &violations{}, conns: map[string]*nats.Conn{}, buses: map[string]*events.Bus{}}
 	reg := executor.NewRegistry()
@@ -217,7 +223,7 @@ func startSecuredWith(t *testing.T, url string, opts map[string][]nats.Option, m
 		}()
 	}
 	log := testLogger()
-	run("executor", must(worker.New(s.buses["executor"], executor.New(reg, executor.WithInstance("sec-executor"), executor.WithLogger(log)),
+	run("executor", must(worker.New(s.buses["executor"], executor.New(reg, append([]executor.Option{executor.WithInstance("sec-executor"), executor.WithLogger(log)}, execOpts...)...),
 		worker.Config{WorkerConfig: events.WorkerConfig{Instance: "sec-executor", Grace: time.Second, Logger: log}})).Run)
 	eventstest.Eventually(t, 30*time.Second, func() error {
 		cat, err := s.buses["planner"].WatchCatalog(ctx, nil)

@@ -210,29 +210,7 @@ func (s *teamsBus) checkRun(id string) toolbus.ToolResult {
 
 func TestSecurityTeams(t *testing.T) {
 	perms := filepath.Join("..", "deploy", "nats", "permissions.conf")
-	for _, mode := range []struct {
-		name string
-		conf func(natsjwt.Result) string
-		opt  func(t *testing.T, res natsjwt.Result, user string) nats.Option
-	}{
-		{"user-password", func(r natsjwt.Result) string { return r.UsersConfig }, func(t *testing.T, r natsjwt.Result, u string) nats.Option {
-			pw, err := os.ReadFile(r.Passwords[u])
-			if err != nil {
-				t.Fatal(err)
-			}
-			return nats.UserInfo(u, string(pw))
-		}},
-		{"nkeys", func(r natsjwt.Result) string { return r.NkeysConfig }, func(t *testing.T, r natsjwt.Result, u string) nats.Option {
-			o, err := nats.NkeyOptionFromSeed(r.Seeds[u])
-			if err != nil {
-				t.Fatal(err)
-			}
-			return o
-		}},
-		{"jwt", func(r natsjwt.Result) string { return r.Config }, func(_ *testing.T, r natsjwt.Result, u string) nats.Option {
-			return nats.UserCredentials(r.Creds[u])
-		}},
-	} {
+	for _, mode := range genModes() {
 		t.Run(mode.name, func(t *testing.T) {
 			res, err := natsjwt.GenerateGrants(perms, t.TempDir(), teamGrants, natsjwt.WithBcryptCost(bcrypt.MinCost))
 			if err != nil {
