@@ -277,15 +277,16 @@ func TestSecurityTeams(t *testing.T) {
 			// Alpha's calls complete with alpha's results, the forged one was never stored.
 			s.checkRun(second)
 
-			// The unknown-tool queue: both teams serve it, the call gets one result.
+			// A tool nobody serves: the planner answers its call, exactly once, on the
+			// tool's own result subject (no team may publish a result for it).
 			unknown := "teams-" + mode.name + "-unknown"
 			if ended := s.run(unknown); ended.Status != toolbus.RunFailed || ended.Code != toolbus.CodeUnknownTool {
 				t.Fatalf("%s: %s/%s (%s), want failed/unknown_tool", unknown, ended.Status, ended.Code, ended.Reason)
 			}
 			ur, us := s.results(unknown)
 			if len(ur["u"]) != 1 || ur["u"][0].Status != toolbus.StatusRejected || ur["u"][0].Code() != toolbus.CodeUnknownTool ||
-				us["u"][0] != events.SubjectToolFinished(unknown, events.UnknownToolToken) {
-				t.Fatalf("unknown tool: results %+v on %v, want one rejected/unknown_tool on tool.finished._unknown", ur["u"], us["u"])
+				us["u"][0] != events.SubjectToolFinished(unknown, "nonexistent") || !strings.Contains(ur["u"][0].Executor, "planner") {
+				t.Fatalf("unknown tool: results %+v on %v, want one rejected/unknown_tool by the planner on tool.finished.nonexistent", ur["u"], us["u"])
 			}
 		})
 	}
@@ -337,6 +338,13 @@ func (s *teamsBus) beta(next, done string) {
 	publish("acknowledge on alpha's queue", raw("$JS.ACK."+stream+"."+events.ToolConsumer("calculator")+".1.1.1.1.1", "+ACK"))
 	publish("publish a result for alpha's call", finMsg)
 	publish("publish a waiting notice for alpha's call", waitMsg)
+	// The unknown-tool subjects are nobody's: a team can neither take the calls of tools
+	// nobody serves nor answer another team's call as "not served" (a denial of it).
+	notServed := forged
+	notServed.Status, notServed.Content = toolbus.StatusRejected, "no executor serves it"
+	notServed.Error = &toolbus.ToolError{Code: toolbus.CodeUnknownTool, Message: "no executor serves it"}
+	publish("answer alpha's call as not served", encodeOrFail(t, events.SubjectToolFinished(next, events.UnknownToolToken), fin.Meta, notServed))
+	request("join the unknown-tool queue", "$JS.API.CONSUMER.MSG.NEXT."+stream+"."+events.ToolConsumer(events.UnknownToolToken), `{"batch":1,"no_wait":true}`)
 	publish("rewrite alpha's catalog entry", raw("$KV."+store.BucketTools+".calculator", injected))
 	publish("claim alpha's call", raw("$KV."+store.BucketClaims+"."+store.ClaimKey("calculator", next, 0, "b"), `{"instance":"beta-1","attempt":1}`))
 	publish("claim alpha's call under the old key", raw("$KV."+store.BucketClaims+"."+next+".0.b", `{"instance":"beta-1","attempt":1}`))

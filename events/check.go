@@ -45,7 +45,9 @@ func (e *MismatchError) Unwrap() []error { return []error{ErrSubjectMismatch, Er
 // CheckSubject reports (as a *MismatchError) whether the subject of an event disagrees
 // with its type, attributes or data: the subject must be toolbus.<run>.<type>, with the
 // tool token of the call for tool events (SubjectToolRequested and its siblings; a
-// tool.requested, and the tool.finished answering it, may also be on UnknownToolToken), <run> must be the data's run_id and
+// tool.requested may also be on UnknownToolToken: the record of a call nobody serves,
+// which the planner answers), and the identity token (IdentityToken) of the principal
+// or actor for run.started, approvals and cancels; <run> must be the data's run_id and
 // the runid extension when present, the callid extension when present must be the
 // data's call id, and a run outcome's status must be its type's. data is the decoded
 // data of the event, a contract type or a pointer to one; other values are checked
@@ -78,8 +80,9 @@ func CheckSubject(subject string, m Meta, data any) error {
 	case toolbus.ToolRequested:
 		bodyRun, callID, tools = d.RunID, d.Call.CallID, []string{ToolToken(d.Call.Tool), UnknownToolToken}
 	case toolbus.ToolFinished:
-		// A call taken from the unknown-tool queue is answered there (ToolFinishedEventOn).
-		bodyRun, callID, tools = d.RunID, d.CallID, []string{ToolToken(d.Tool), UnknownToolToken}
+		// A result is on its tool's subject, which only the tool's owners (and the
+		// planner and injector) may publish: no result subject is shared between teams.
+		bodyRun, callID, tools = d.RunID, d.CallID, []string{ToolToken(d.Tool)}
 	case toolbus.ToolWaiting:
 		bodyRun, callID, tools = d.RunID, d.Call.CallID, []string{ToolToken(d.Call.Tool)}
 	case toolbus.Approval:
@@ -120,12 +123,6 @@ func CheckSubject(subject string, m Meta, data any) error {
 			return bad("a %s event belongs on %s", m.Type, SubjectPrefix+"."+run+"."+base)
 		}
 		return nil
-	}
-	if tf, ok := deref(data).(toolbus.ToolFinished); ok && rest == base+"."+UnknownToolToken && ToolToken(tf.Tool) != UnknownToolToken && !unknownQueueAnswer(tf.ToolResult) {
-		// Every team may publish on tool.finished._unknown, and that queue never runs a
-		// call: an output there is another team forging a result for a tool it does not own.
-		return bad("a result on %s for tool %q must be the unknown-tool queue's answer (rejected unknown_tool, or the run ended, or the call given up), not an output",
-			SubjectPrefix+"."+run+"."+base+"."+UnknownToolToken, tf.Tool)
 	}
 	for _, tool := range tools {
 		if rest == base+"."+tool {
@@ -241,18 +238,4 @@ func CheckMsg(msg *nats.Msg) (run string, typ string, err error) {
 func CancelOf(msg *nats.Msg) (string, bool) {
 	run, typ, err := CheckMsg(msg)
 	return run, err == nil && typ == TypeRunCancel
-}
-
-// unknownQueueAnswer reports whether r is an answer the unknown-tool queue gives: it never
-// runs a call, so it answers only that no executor serves the tool, that the run had
-// ended, or that the call was given up after its executors died.
-func unknownQueueAnswer(r toolbus.ToolResult) bool {
-	if r.Error == nil || r.Status == toolbus.StatusSucceeded {
-		return false
-	}
-	switch r.Error.Code {
-	case toolbus.CodeUnknownTool, toolbus.CodeRunEnded, toolbus.CodeToolInternalError:
-		return true
-	}
-	return false
 }

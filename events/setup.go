@@ -300,8 +300,10 @@ func Setup(ctx context.Context, nc *nats.Conn, cfg Config, opts ...SetupOption) 
 	}
 	if o.toolCfg != nil {
 		seen := map[string]bool{}
-		for _, t := range append([]string{UnknownToolToken}, o.tools...) {
-			if tok := ToolToken(t); !seen[tok] {
+		// No queue for UnknownToolToken: the planner answers the calls of tools nobody
+		// serves itself, so nobody consumes tool.requested._unknown.
+		for _, t := range o.tools {
+			if tok := ToolToken(t); tok != UnknownToolToken && !seen[tok] {
 				seen[tok] = true
 				ccs = append(ccs, o.toolCfg(tok))
 			}

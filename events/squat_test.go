@@ -285,16 +285,22 @@ func TestCheckSubject(t *testing.T) {
 				mismatch("a "+other.Meta.Type+" on "+e.Subject, check(e.Subject, other.Meta, other.Data))
 			}
 			if tf, ok := e.Data.(toolbus.ToolFinished); ok {
-				// Every team may publish on tool.finished._unknown: there, a result for a
-				// tool with a valid name can only be the queue's "no executor serves it".
+				// The result of a validly named tool is on its tool's subject only, even
+				// the planner's unknown_tool answer: no result subject is shared by teams.
 				unknown := tf
 				unknown.Status, unknown.Error = toolbus.StatusRejected, &toolbus.ToolError{Code: toolbus.CodeUnknownTool, Message: "no executor serves it"}
-				if err := check(events.SubjectToolFinished(run, "_unknown"), e.Meta, unknown); err != nil {
-					t.Errorf("an unknown_tool rejection on the _unknown queue's subject: %v", err)
+				mismatch("an unknown_tool rejection on the _unknown subject", check(events.SubjectToolFinished(run, "_unknown"), e.Meta, unknown))
+				if err := check(events.SubjectToolFinished(run, tf.Tool), e.Meta, unknown); err != nil {
+					t.Errorf("an unknown_tool rejection on the tool's subject: %v", err)
 				}
 				forged := tf
 				forged.Status, forged.Error, forged.Content = toolbus.StatusSucceeded, nil, "forged by another team"
-				mismatch("a succeeded result on the _unknown queue's subject", check(events.SubjectToolFinished(run, "_unknown"), e.Meta, forged))
+				mismatch("a succeeded result on the _unknown subject", check(events.SubjectToolFinished(run, "_unknown"), e.Meta, forged))
+				invalid := unknown
+				invalid.Tool = "not a tool"
+				if err := check(events.SubjectToolFinished(run, "_unknown"), e.Meta, invalid); err != nil {
+					t.Errorf("the result of an invalid tool name on the _unknown subject: %v", err)
+				}
 				tf.Tool = "other_tool"
 				mismatch("another tool", check(e.Subject, e.Meta, tf))
 			}

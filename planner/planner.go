@@ -429,7 +429,7 @@ func (p *Planner) publishCalls(ctx context.Context, rs *toolbus.RunStarted, step
 			futures = append(futures, f)
 			continue
 		}
-		_, served := p.catalog.Resolve(ctx, c.Tool) // no executor serves it: it is rejected, never run
+		_, served := p.catalog.Resolve(ctx, c.Tool)
 		f, err := p.bus.PublishEventAsync(ctx, events.ToolRequestedEvent(p.source, toolbus.ToolRequested{
 			RunID: rs.RunID, Step: step, CallIndex: i, CallCount: len(calls), Call: c,
 			Deadline: rs.Limits.Deadline, Principal: rs.Principal, AllowedTools: rs.AllowedTools,
@@ -438,8 +438,38 @@ func (p *Planner) publishCalls(ctx context.Context, rs *toolbus.RunStarted, step
 			return err
 		}
 		futures = append(futures, f)
+		if !served {
+			// No executor serves it: the call is recorded on tool.requested._unknown,
+			// which nobody consumes, and answered here, so it still gets exactly one
+			// result and no executor credentials need a result subject shared by
+			// every team (where one team could answer another team's calls).
+			if f, err = p.rejectUnserved(ctx, rs.RunID, step, i, calls, traceparent); err != nil {
+				return err
+			}
+			futures = append(futures, f)
+		}
 	}
 	return events.AwaitAcks(ctx, futures)
+}
+
+// rejectUnserved publishes the rejected result (unknown_tool) of call i, whose tool no
+// executor serves: on the tool's own result subject (tool.finished._unknown for a name
+// that is not a valid tool name).
+func (p *Planner) rejectUnserved(ctx context.Context, run string, step, i int, calls []toolbus.ToolCall, traceparent string) (*events.PubFuture, error) {
+	c := calls[i]
+	name := c.Tool
+	if len(name) > 100 { // the model names tools: keep the message bounded
+		name = name[:100] + "..."
+	}
+	terr := toolbus.ToolError{Code: toolbus.CodeUnknownTool, Message: fmt.Sprintf("no executor serves a tool named %q", name)}
+	content, err := json.Marshal(map[string]toolbus.ToolError{"error": terr})
+	if err != nil {
+		return nil, fmt.Errorf("planner: unknown tool result: %w", err)
+	}
+	res := toolbus.ToolResult{CallID: c.CallID, Tool: c.Tool, Status: toolbus.StatusRejected, Content: string(content),
+		Executor: p.source, Attempt: 1, Error: &terr}
+	return p.bus.PublishEventAsync(ctx, events.ToolFinishedEvent(p.source,
+		toolbus.ToolFinished{RunID: run, Step: step, CallIndex: i, CallCount: len(calls), ToolResult: res}).Traced(traceparent))
 }
 
 // rejectExcess publishes the rejected result of call i, beyond the per-step cap.

@@ -259,17 +259,17 @@ func (w *Worker) serve(ctx context.Context) error {
 		w.log.Warn("run outcomes not followed: each call reads its run's state (give the executor's credentials subscribe permission on toolbus.*.run.<outcome>)", "error", err)
 	}
 	defer w.ends.close()
-	queues := append([]string{events.UnknownToolToken}, served...)
-	consumers := make([]jetstream.Consumer, 0, len(queues))
+	// Only the queues of the served tools: a call of a tool no executor serves is
+	// answered by the planner (unknown_tool), so no executor consumes the unknown-tool
+	// subject and no team may publish a result there for another team's call.
+	consumers := make([]jetstream.Consumer, 0, len(served))
 	missing := &MissingQueuesError{}
-	for _, tool := range queues {
+	for _, tool := range served {
 		cons, err := w.queue(ctx, tool)
 		var me *MissingQueuesError
 		if errors.As(err, &me) {
 			// Go on: one error names every queue an admin must create, not the first.
-			if tool != events.UnknownToolToken {
-				missing.Tools = append(missing.Tools, tool)
-			}
+			missing.Tools = append(missing.Tools, tool)
 			missing.Err = cmp.Or(missing.Err, me.Err)
 			continue
 		}
