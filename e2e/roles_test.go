@@ -394,6 +394,55 @@ func TestRolesPermissionViolationNotSilent(t *testing.T) {
 	}
 }
 
+// The planner and the injector do not stall on a permission their credentials miss
+// either: each ends the run at once as failed/permission_denied, with a reason naming the
+// missing subject. The planner here may not record the assistant message (the history
+// bucket), the injector may not ask for a step (model.requested).
+func TestRolesPlannerInjectorPermissionDenied(t *testing.T) {
+	for _, c := range []struct {
+		role, block, section, next, run, missing string
+	}{
+		{"planner", "PLANNER = {", `"$KV.toolbus_history.>"`, "EXECUTOR = {", "plain-planner-denied", "$KV.toolbus_history."},
+		{"injector", "INJECTOR = {", `"toolbus.*.model.requested"`, "CLIENT = {", "plain-injector-denied", ".model.requested"},
+	} {
+		t.Run(c.role, func(t *testing.T) {
+			dir := t.TempDir()
+			conf := readDeployFile(t, "permissions.conf")
+			i0, i1 := strings.Index(conf, c.block), strings.Index(conf, c.next)
+			var kept []string
+			for _, line := range strings.Split(conf[i0:i1], "\n") {
+				if strings.TrimSpace(line) != c.section {
+					kept = append(kept, line)
+				}
+			}
+			if len(kept) == len(strings.Split(conf[i0:i1], "\n")) {
+				t.Fatalf("%s has no %s to take away", c.block, c.section)
+			}
+			writeFile(t, dir, "permissions.conf", []byte(conf[:i0]+strings.Join(kept, "\n")+conf[i1:]))
+			for _, f := range []string{"auth-users.conf", "single.conf"} {
+				writeFile(t, dir, f, []byte(readDeployFile(t, f)))
+			}
+			pw := setPasswords(t)
+			srv := startConfigured(t, filepath.Join(dir, "auth-users.conf"))
+			opts := map[string][]nats.Option{}
+			for _, role := range allRoles {
+				opts[role] = []nats.Option{nats.UserInfo(role, pw[role])}
+			}
+			s := startSecuredWith(t, srv.ClientURL(), opts, matrixModel())
+			start := time.Now()
+			s.start(c.run, toolbus.Limits{})
+			ended := s.waitOutcome(c.run, toolbus.RunFailed)
+			t.Logf("the run failed %v after it started: %s", time.Since(start).Round(time.Millisecond), ended.Reason)
+			if ended.Code != toolbus.CodePermissionDenied || !strings.Contains(ended.Reason, c.missing) || !strings.Contains(ended.Reason, c.role) {
+				t.Fatalf("outcome %+v, want failed/permission_denied naming the %s and %s", ended, c.role, c.missing)
+			}
+			if !strings.Contains(strings.Join(s.viol.of(c.role), "\n"), c.missing) {
+				t.Fatalf("no violation of the %s on %s: %v", c.role, c.missing, s.viol.all())
+			}
+		})
+	}
+}
+
 func readDeployFile(t *testing.T, name string) string {
 	t.Helper()
 	b, err := os.ReadFile(filepath.Join("..", "deploy", "nats", name))

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -203,7 +204,11 @@ func (in *Injector) Run(ctx context.Context) error {
 // for an infrastructure reason on the last one, the run ends failed with code
 // store_error (best effort) and the event is terminated, so nothing loops forever.
 func (in *Injector) handle(ctx context.Context, msg jetstream.Msg) error {
+	start := time.Now()
 	err := in.dispatch(ctx, msg)
+	if derr := in.bus.Denied(start, err); errors.Is(derr, events.ErrPermissionDenied) {
+		return in.denied(ctx, msg, start, derr)
+	}
 	if err == nil || errors.Is(err, events.ErrPoison) || errors.Is(err, events.ErrNotCloudEvent) {
 		return err
 	}
@@ -224,6 +229,28 @@ func (in *Injector) handle(ctx context.Context, msg jetstream.Msg) error {
 		}
 	}
 	return fmt.Errorf("%w: gave up after %d deliveries: %w", events.ErrPoison, md.NumDelivered, err)
+}
+
+// denied ends the run of an event the injector's credentials do not let it handle, with
+// the code permission_denied and a reason naming the missing permission, and terminates
+// the event: no redelivery can help until the permissions change, and the run must not
+// stall until its deadline.
+func (in *Injector) denied(ctx context.Context, msg jetstream.Msg, start time.Time, err error) error {
+	in.log.Error("event failed: the injector's credentials miss a permission; the run ends", "subject", msg.Subject(), "error", err)
+	run, ok := events.RunIDFromSubject(msg.Subject())
+	if !ok || !toolbus.ValidRunID(run) {
+		return fmt.Errorf("%w: %w", events.ErrPoison, err)
+	}
+	step, serr := in.bus.CurrentStep(ctx, run)
+	if serr != nil && !errors.Is(serr, events.ErrNotFound) {
+		in.log.Warn("could not read the run's step before ending it", "run_id", run, "step", step, "error", serr)
+	}
+	typ := strings.TrimPrefix(strings.TrimPrefix(msg.Subject(), events.SubjectPrefix+"."+run+"."), events.SubjectPrefix+".")
+	if eerr := in.end(ctx, step, toolbus.RunEnded{RunID: run, Status: toolbus.RunFailed, Code: toolbus.CodePermissionDenied,
+		StepsUsed: step + 1, Reason: truncate(fmt.Sprintf("the injector could not handle %s: %v", typ, err), 500)}); eerr != nil {
+		return fmt.Errorf("%w: %w (and the run could not be ended: %w)", events.ErrPoison, err, in.bus.Denied(start, eerr))
+	}
+	return fmt.Errorf("%w: %w", events.ErrPoison, err)
 }
 
 func truncate(s string, n int) string {

@@ -86,6 +86,8 @@ const (
 	DefaultMaxCallsPerStep = 128
 	// DefaultModelTimeout is the default of Config.ModelTimeout.
 	DefaultModelTimeout = 2 * time.Minute
+	// busWriteTimeout bounds the bus writes of a step after its model call.
+	busWriteTimeout = 10 * time.Second
 )
 
 // Validate reports the first field out of range (an *events.ConfigError wrapping
@@ -210,6 +212,7 @@ func (p *Planner) ended(run string) bool {
 }
 
 func (p *Planner) handle(ctx context.Context, msg jetstream.Msg) error {
+	start := time.Now()
 	var req toolbus.ModelRequested
 	meta, err := events.DecodeMsg(msg, &req)
 	if err != nil {
@@ -233,6 +236,17 @@ func (p *Planner) handle(ctx context.Context, msg jetstream.Msg) error {
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.ModelTimeout+p.cfg.AckWait)
 	defer cancel()
 	err = p.Step(ctx, req.RunID, req.Step, meta.TraceParent)
+	if derr := p.bus.Denied(start, err); errors.Is(derr, events.ErrPermissionDenied) {
+		// The planner's credentials miss a permission: no redelivery can help, so the run
+		// ends now with a code and a reason naming it, instead of stalling until its
+		// deadline.
+		p.log.Error("step failed: the planner's credentials miss a permission; the run ends", "run_id", req.RunID, "step", req.Step, "error", derr)
+		if ferr := p.fail(ctx, req.RunID, req.Step, toolbus.CodePermissionDenied,
+			fmt.Sprintf("the planner could not plan step %d: %v", req.Step, derr)); ferr != nil {
+			return fmt.Errorf("%w: %w (and the run could not be ended: %w)", events.ErrPoison, derr, p.bus.Denied(start, ferr))
+		}
+		return nil
+	}
 	if err != nil && !errors.Is(err, events.ErrPoison) && !errors.Is(err, events.ErrRunEnded) &&
 		delivered >= uint64(p.cfg.MaxDeliver) {
 		// Last delivery: end the run rather than leave it hanging.
@@ -320,7 +334,10 @@ func (p *Planner) Step(ctx context.Context, run string, step int, traceparent st
 	if !got && len(rs.Calls) > 0 {
 		// A pre-planned run: its calls are step 0, and no model is ever called.
 		mr = prePlanned(rs, step)
-		if mr, _, err = p.bus.PutAssistant(ctx, mr); err != nil {
+		wctx, cancel := context.WithTimeout(ctx, busWriteTimeout)
+		mr, _, err = p.bus.PutAssistant(wctx, mr)
+		cancel()
+		if err != nil {
 			return err
 		}
 		got = true
@@ -342,7 +359,10 @@ func (p *Planner) Step(ctx context.Context, run string, step int, traceparent st
 			}
 		}
 		// The first recorded answer wins (another planner may have raced us).
-		if mr, _, err = p.bus.PutAssistant(ctx, mr); err != nil {
+		wctx, cancel := context.WithTimeout(ctx, busWriteTimeout)
+		mr, _, err = p.bus.PutAssistant(wctx, mr)
+		cancel()
+		if err != nil {
 			if tooLarge(err) {
 				return p.answerTooLarge(ctx, run, step, 0, p.maxAnswer())
 			}
@@ -350,6 +370,11 @@ func (p *Planner) Step(ctx context.Context, run string, step int, traceparent st
 		}
 	}
 	p.rememberAssistant(run, step, mr)
+	// Past the model call every operation is a bus write of milliseconds: bound them, so
+	// that one the server refuses (a missing permission, which the server only drops)
+	// fails in seconds and ends the run rather than holding the step for its whole budget.
+	ctx, cancelWrites := context.WithTimeout(ctx, busWriteTimeout)
+	defer cancelWrites()
 	span.SetAttributes(
 		attribute.String("gen_ai.response.model", mr.Model),
 		attribute.Int64("gen_ai.usage.input_tokens", mr.Usage.InputTokens),
