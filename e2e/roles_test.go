@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
@@ -19,10 +20,13 @@ import (
 
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/audit"
+	"github.com/toolbus/toolbus/console"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
 	"github.com/toolbus/toolbus/events/store"
 	"github.com/toolbus/toolbus/executor"
+	"github.com/toolbus/toolbus/executor/mcptools"
+	"github.com/toolbus/toolbus/internal/door"
 	"github.com/toolbus/toolbus/planner"
 	"github.com/toolbus/toolbus/telemetry"
 )
@@ -47,6 +51,8 @@ func matrixModel() planner.Model {
 			return planner.Calls(call("h", "hold", `{}`))(req), nil
 		case "output":
 			return planner.Calls(call("o", "big_output", `{"bytes":2000000}`))(req), nil
+		case "mcp":
+			return planner.Calls(call("m", "everything__echo", `{"message":"through the bus"}`))(req), nil
 		default:
 			return planner.Calls(call("a", "noop", `{}`), call("b", "calculator", `{"expression":"2+3"}`))(req), nil
 		}
@@ -166,6 +172,65 @@ func matrixFeatures(deploy *deployTool, held <-chan string) []feature {
 				t.Fatalf("client reads the output: %d bytes, %v; want %d", len(data), err, r.Truncated.OriginalBytes)
 			}
 		}},
+		{"mcp", func(t *testing.T, s *secured, run string) {
+			// A tool of an MCP server (TOOLBUS_MCP_CONFIG), served by the executor role.
+			s.start(run, toolbus.Limits{})
+			s.waitOutcome(run, toolbus.RunCompleted)
+			if r := s.result(run, "m"); r.Status != toolbus.StatusSucceeded || !strings.Contains(r.Content, "through the bus") {
+				t.Fatalf("MCP tool call: %+v", r)
+			}
+		}},
+		{"console", func(t *testing.T, s *secured, run string) {
+			// The console's actions (approve, deny, cancel over HTTP, as a signed-in user)
+			// on the client's credentials.
+			srv := consoleOn(t, s, "erin")
+			act := func(path string, form url.Values) {
+				t.Helper()
+				req, err := http.NewRequestWithContext(s.ctx, http.MethodPost, srv.URL+path, strings.NewReader(form.Encode()))
+				if err != nil {
+					t.Fatal(err)
+				}
+				req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+				req.Header.Set("Authorization", "Bearer "+srv.token)
+				c := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+				resp, err := c.Do(req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				body, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != http.StatusSeeOther {
+					t.Fatalf("POST %s: %d %s", path, resp.StatusCode, body)
+				}
+			}
+			for _, granted := range []bool{true, false} {
+				r, path, want := "approve-"+run, "/approve", toolbus.StatusSucceeded
+				if !granted {
+					r, path, want = "deny-"+run, "/deny", toolbus.StatusRejected
+				}
+				s.start(r, toolbus.Limits{})
+				s.waitOutcome(r, toolbus.RunWaitingForApproval)
+				act("/runs/"+r+path, url.Values{"call": {"d"}, "reason": {"matrix"}})
+				s.waitOutcome(r, toolbus.RunCompleted)
+				if got := s.result(r, "d"); got.Status != want {
+					t.Fatalf("%s through the console: %+v, want %s", path, got, want)
+				}
+				evs, err := s.buses["client"].RunEvents(s.ctx, r)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if rep := audit.Analyze(r, evs); len(rep.Calls) == 0 || rep.Calls[0].DecidedBy != "erin" {
+					t.Fatalf("%s through the console: decided by %+v, want erin", path, rep.Calls)
+				}
+			}
+			c := "cancel-" + run
+			s.start(c, toolbus.Limits{})
+			waitHeld(t, held, c)
+			act("/runs/"+c+"/cancel", url.Values{"reason": {"matrix"}})
+			if ended := s.waitOutcome(c, toolbus.RunCancelled); !strings.Contains(ended.Reason, "erin") {
+				t.Fatalf("cancelled through the console: %q, want it to name erin", ended.Reason)
+			}
+		}},
 		{"replay", func(t *testing.T, s *secured, run string) {
 			s.start(run, toolbus.Limits{})
 			s.waitOutcome(run, toolbus.RunCompleted)
@@ -189,7 +254,7 @@ func TestRolesFeatureMatrix(t *testing.T) {
 			url, opts := kind.start(t)
 			deploy := newDeployTool()
 			held := make(chan string, 16)
-			s := startSecuredWith(t, url, opts, matrixModel(), deploy.tool(), holdUntilDone(held))
+			s := startSecuredWith(t, url, opts, matrixModel(), deploy.tool(), holdUntilDone(held), mcpEchoTool(t))
 			for _, f := range matrixFeatures(deploy, held) {
 				t.Run(f.name, func(t *testing.T) {
 					f.run(t, s, f.name+"-"+kind.name)
@@ -200,6 +265,61 @@ func TestRolesFeatureMatrix(t *testing.T) {
 			}
 		})
 	}
+}
+
+// consoleServer is a web console served over the client's bus, and the token of its user.
+type consoleServer struct {
+	*httptest.Server
+	token string
+}
+
+// consoleOn serves the web console (package console) over the client's credentials with
+// one user, user.
+func consoleOn(t *testing.T, s *secured, user string) consoleServer {
+	t.Helper()
+	token := door.NewToken()
+	path := writeFile(t, t.TempDir(), "console-users", []byte(door.Entry(user, token, nil)+"\n"))
+	src, err := door.NewSource("", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := console.New(s.ctx, s.buses["client"], console.Options{Users: src, Instance: "matrix"}, testLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(h)
+	t.Cleanup(func() { srv.CloseClientConnections(); srv.Close() })
+	return consoleServer{srv, token}
+}
+
+// mcpEchoTool is the echo tool of server-everything (an MCP server over stdio, as
+// TOOLBUS_MCP_CONFIG configures one), as the executor serves it: everything__echo.
+func mcpEchoTool(t *testing.T) executor.Tool {
+	t.Helper()
+	mods := mcpModules(t)
+	reg := executor.NewRegistry()
+	p, err := mcptools.New(reg, mcptools.Config{MCPServers: map[string]mcptools.Server{
+		"everything": {
+			Command: "node",
+			Args:    []string{filepath.Join(mods, "@modelcontextprotocol", "server-everything", "dist", "index.js"), "stdio"},
+			Policy:  mcptools.Policy{AllowTools: []string{"echo"}},
+		},
+	}}, mcptools.Options{Logger: testLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The server lives as long as the test: Start's context may bound its process.
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	if err := p.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	tool, ok := reg.Lookup("everything__echo")
+	if !ok {
+		t.Fatalf("server-everything serves %v, no echo", p.Tools())
+	}
+	return tool
 }
 
 // holdUntilDone is a tool that reports its run and blocks until its context ends.
