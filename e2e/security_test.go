@@ -1044,3 +1044,65 @@ func TestSecurityPrincipalReachesAuthorizer(t *testing.T) {
 	}
 	t.Logf("bob refused: %s", r.Content)
 }
+
+// Executors take the allowlist and the principal from the run's first run.started, never
+// from the call: a forged tool.requested (from a party allowed to publish calls) that
+// names a tool outside the run's allowlist and grants it, or that names another
+// principal, is rejected as not_authorized, or runs with the run's own principal.
+func TestForgedCallCannotGrantToolsOrPrincipal(t *testing.T) {
+	var (
+		mu   sync.Mutex
+		seen []string // principal ids the authorizer was given
+	)
+	auth := executor.AuthorizerFunc(func(_ context.Context, p toolbus.Principal, _ string, _ json.RawMessage) error {
+		mu.Lock()
+		seen = append(seen, p.ID)
+		mu.Unlock()
+		return nil
+	})
+	s := newStack(t, &planner.Script{})
+	s.start("exec-auth", must(worker.New(s.bus,
+		executor.New(s.reg, executor.WithAuthorizer(auth), executor.WithInstance("exec-auth"), executor.WithLogger(s.log)),
+		worker.Config{WorkerConfig: events.WorkerConfig{Instance: "exec-auth", Grace: time.Second, Logger: s.log}})).Run)
+	// No planner: the run stays running at step 0, and only the forged calls reach the
+	// executor.
+	s.startInjector("injector-1")
+	const run = "forged-grant"
+	s.submit(run, toolbus.Limits{}, "noop") // principal "tester", only noop allowed
+	eventstest.Eventually(t, 20*time.Second, func() error {
+		_, err := s.bus.CurrentStep(s.ctx, run)
+		return err
+	})
+	forged := []toolbus.ToolRequested{
+		{RunID: run, CallIndex: 0, CallCount: 2, Call: call("z1", "calculator", `{"expression":"1+1"}`),
+			AllowedTools: []string{"calculator", "noop"}, Principal: toolbus.Principal{ID: "tester"}},
+		{RunID: run, CallIndex: 1, CallCount: 2, Call: call("z2", "noop", `{}`),
+			AllowedTools: []string{"noop"}, Principal: toolbus.Principal{ID: "mallory", Roles: []string{"admin"}}},
+	}
+	for _, tr := range forged {
+		if _, err := s.bus.PublishEvent(s.ctx, events.ToolRequestedEvent("/evil", tr, true)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got := map[string]toolbus.ToolResult{}
+	eventstest.Eventually(t, 30*time.Second, func() error {
+		for _, tf := range s.finished(run) {
+			got[tf.CallID] = tf.ToolResult
+		}
+		if len(got) < 2 {
+			return fmt.Errorf("results %v", got)
+		}
+		return nil
+	})
+	if r := got["z1"]; r.Status != toolbus.StatusRejected || r.Code() != toolbus.CodeNotAuthorized {
+		t.Fatalf("a call granting itself calculator: %+v, want rejected/not_authorized", r)
+	}
+	if r := got["z2"]; r.Status != toolbus.StatusSucceeded {
+		t.Fatalf("the forged noop call: %+v", r)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(seen) != 1 || seen[0] != "tester" {
+		t.Fatalf("the authorizer was given %v, want the run's principal tester once", seen)
+	}
+}
