@@ -27,6 +27,12 @@ func TestGrantsValidate(t *testing.T) {
 		{"the unknown-tool queue", natsjwt.Grants{Teams: map[string][]string{"a": {"_unknown"}}}, "invalid tool"},
 		{"a wildcard tool", natsjwt.Grants{Teams: map[string][]string{"a": {"*"}}}, "invalid tool"},
 		{"a bad team name", natsjwt.Grants{Teams: map[string][]string{"A.b": {"x"}}}, "invalid team"},
+		{"a bound client", natsjwt.Grants{Clients: map[string][]string{"helpdesk": {"alice", "bob"}}}, ""},
+		{"a client without identity", natsjwt.Grants{Clients: map[string][]string{"a": nil}}, "no identity"},
+		{"a wildcard identity", natsjwt.Grants{Clients: map[string][]string{"a": {"*"}}}, "invalid identity"},
+		{"a multi-token identity", natsjwt.Grants{Clients: map[string][]string{"a": {"alice.bob"}}}, "invalid identity"},
+		{"the none identity", natsjwt.Grants{Clients: map[string][]string{"a": {"_none"}}}, "invalid identity"},
+		{"a bad client name", natsjwt.Grants{Clients: map[string][]string{"A b": {"alice"}}}, "invalid client"},
 	} {
 		err := c.g.Validate()
 		if (c.want == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), c.want)) {
@@ -102,5 +108,35 @@ func TestGenerateK8sSecrets(t *testing.T) {
 		if err := bcrypt.CompareHashAndPassword([]byte(s.StringData["bcrypt"]), pw); err != nil {
 			t.Errorf("Secret of %s: bcrypt is not the password's hash: %v", u, err)
 		}
+	}
+}
+
+// A bound client's permissions are the client role's with the identity-bearing subjects
+// (run.started, run.cancel, approvals) allowed for its identities only.
+func TestClientPermissions(t *testing.T) {
+	perms, err := natsjwt.ReadPermissions(filepath.Join("..", "permissions.conf"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := natsjwt.ClientPermissions(perms["client"], []string{"alice"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"toolbus.*.run.started.alice", "toolbus.*.run.cancel.alice",
+		"toolbus.*.approval.granted.alice", "toolbus.*.approval.denied.alice", "$JS.API.DIRECT.GET.TOOLBUS.>"} {
+		if !slices.Contains(p.PubAllow, want) {
+			t.Errorf("alice's permissions lack %s", want)
+		}
+	}
+	for _, s := range p.PubAllow {
+		if strings.HasPrefix(s, "toolbus.") && !strings.HasSuffix(s, ".alice") {
+			t.Errorf("alice's permissions allow %s: another identity", s)
+		}
+	}
+	if len(p.PubAllow) != len(perms["client"].PubAllow) || !slices.Equal(p.PubDeny, perms["client"].PubDeny) {
+		t.Errorf("alice's permissions are not the client's with the identities narrowed: %d allows, the client has %d", len(p.PubAllow), len(perms["client"].PubAllow))
+	}
+	if _, err := natsjwt.ClientPermissions(perms["planner"], []string{"alice"}); err == nil {
+		t.Error("a template without the identity subjects was bound")
 	}
 }
