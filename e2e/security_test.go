@@ -1064,6 +1064,19 @@ func TestForgedCallCannotGrantToolsOrPrincipal(t *testing.T) {
 	s.start("exec-auth", must(worker.New(s.bus,
 		executor.New(s.reg, executor.WithAuthorizer(auth), executor.WithInstance("exec-auth"), executor.WithLogger(s.log)),
 		worker.Config{WorkerConfig: events.WorkerConfig{Instance: "exec-auth", Grace: time.Second, Logger: s.log}})).Run)
+	// Every queue is bound (the catalog is published after them) before a call is sent.
+	eventstest.Eventually(t, 20*time.Second, func() error {
+		cat, err := s.bus.WatchCatalog(s.ctx, nil)
+		if err != nil {
+			return err
+		}
+		for _, name := range s.reg.Names() {
+			if _, ok := cat.Lookup(name); !ok {
+				return fmt.Errorf("catalog without %s", name)
+			}
+		}
+		return nil
+	})
 	// No planner: the run stays running at step 0, and only the forged calls reach the
 	// executor.
 	s.startInjector("injector-1")
