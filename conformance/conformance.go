@@ -37,6 +37,7 @@ import (
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/store"
+	"github.com/toolbus/toolbus/internal/testutil"
 )
 
 // Config says how to start the executor under test.
@@ -305,7 +306,7 @@ func Check(ctx context.Context, nc *nats.Conn, url string, cfg Config) (rep Repo
 }
 
 // start runs the executor with its output captured.
-func start(cfg Config, url, instance string) (*exec.Cmd, *syncBuffer, error) {
+func start(cfg Config, url, instance string) (*exec.Cmd, *testutil.Buffer, error) {
 	if len(cfg.Command) == 0 {
 		return nil, nil, errors.New("conformance: no executor command")
 	}
@@ -314,7 +315,7 @@ func start(cfg Config, url, instance string) (*exec.Cmd, *syncBuffer, error) {
 	cmd.Env = append(os.Environ(), "TOOLBUS_NATS_URL="+url, "TOOLBUS_INSTANCE="+instance,
 		"TOOLBUS_ACK_WAIT="+cfg.AckWait.String())
 	cmd.Env = append(cmd.Env, cfg.Env...)
-	out := &syncBuffer{}
+	out := &testutil.Buffer{}
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
 		return nil, nil, fmt.Errorf("conformance: start %v: %w", cfg.Command, err)
@@ -323,7 +324,7 @@ func start(cfg Config, url, instance string) (*exec.Cmd, *syncBuffer, error) {
 }
 
 // stop asks the executor to stop (SIGTERM), kills it if it does not, and returns its output.
-func stop(cmd *exec.Cmd, out *syncBuffer) string {
+func stop(cmd *exec.Cmd, out *testutil.Buffer) string {
 	_ = cmd.Process.Signal(syscall.SIGTERM)
 	done := make(chan struct{})
 	go func() { _ = cmd.Wait(); close(done) }()
@@ -531,22 +532,4 @@ func poll(ctx context.Context, f func() error) error {
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
-}
-
-// syncBuffer is a bytes.Buffer safe for the process's concurrent writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

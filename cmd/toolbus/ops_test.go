@@ -5,8 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
-	"log/slog"
 	"strings"
 	"sync"
 	"testing"
@@ -58,25 +56,10 @@ func startOpsPipeline(t *testing.T, scripts map[string]*planner.Script, extra ..
 			t.Fatal(err)
 		}
 	}
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	wctx, stop := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	t.Cleanup(func() { stop(); wg.Wait() })
-	serve := func(w interface{ Run(context.Context) error }, err error) {
-		t.Helper()
-		if err != nil {
-			t.Fatal(err)
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if err := w.Run(wctx); err != nil && wctx.Err() == nil {
-				t.Errorf("worker: %v", err)
-			}
-		}()
-	}
+	log := testutil.Logger()
+	roles := testutil.NewGroup(t, ctx)
 	exec := executor.New(reg, executor.WithLogger(log), executor.WithInstance("exec-1"))
-	serve(worker.New(bus, exec, worker.Config{WorkerConfig: events.WorkerConfig{Instance: "exec-1", Logger: log, Grace: time.Second}}))
+	roles.Go("exec-1", testutil.Must(worker.New(bus, exec, worker.Config{WorkerConfig: events.WorkerConfig{Instance: "exec-1", Logger: log, Grace: time.Second}})).Run)
 	eventstest.Eventually(t, 10*time.Second, func() error {
 		cat, err := bus.WatchCatalog(ctx, nil)
 		if err != nil {
@@ -101,8 +84,8 @@ func startOpsPipeline(t *testing.T, scripts map[string]*planner.Script, extra ..
 		}
 		return s.Complete(ctx, req)
 	})
-	serve(planner.New(bus, model, cat, planner.Config{WorkerConfig: events.WorkerConfig{Instance: "planner-1", Logger: log, Grace: time.Second}}))
-	serve(injector.New(bus, injector.Config{WorkerConfig: events.WorkerConfig{Instance: "injector-1", Logger: log, Grace: time.Second}}))
+	roles.Go("planner-1", testutil.Must(planner.New(bus, model, cat, planner.Config{WorkerConfig: events.WorkerConfig{Instance: "planner-1", Logger: log, Grace: time.Second}})).Run)
+	roles.Go("injector-1", testutil.Must(injector.New(bus, injector.Config{WorkerConfig: events.WorkerConfig{Instance: "injector-1", Logger: log, Grace: time.Second}})).Run)
 
 	t.Setenv("TOOLBUS_NATS_URL", srv.URL)
 	t.Setenv("TOOLBUS_LOG_LEVEL", "warn")
