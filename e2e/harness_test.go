@@ -143,7 +143,7 @@ func (s *stack) startExecutor(name string, cfg worker.Config) {
 	if cfg.Grace == 0 {
 		cfg.Grace = time.Second
 	}
-	exec := executor.New(s.reg, executor.WithLogger(s.log), executor.WithInstance(name))
+	exec := must(executor.New(s.reg, executor.WithLogger(s.log), executor.WithInstance(name)))
 	w := must(worker.New(s.busOf("executor"), exec, cfg))
 	s.start(name, w.Run)
 	// The planner must see every tool this executor serves before the first run.

@@ -706,7 +706,7 @@ func TestSecurityPrincipalReachesAuthorizer(t *testing.T) {
 	}}
 	s := newStack(t, model)
 	s.start("exec-auth", must(worker.New(s.bus,
-		executor.New(s.reg, executor.WithAuthorizer(auth), executor.WithInstance("exec-auth"), executor.WithLogger(s.log)),
+		must(executor.New(s.reg, executor.WithAuthorizer(auth), executor.WithInstance("exec-auth"), executor.WithLogger(s.log))),
 		worker.Config{WorkerConfig: events.WorkerConfig{Instance: "exec-auth", Grace: time.Second, Logger: s.log}})).Run)
 	eventstest.Eventually(t, 10*time.Second, func() error {
 		cat, err := s.bus.WatchCatalog(s.ctx, nil)

@@ -86,7 +86,7 @@ func (s *teamsBus) teamWorker(team, instance string, tools []string, replace boo
 	if err := packs.Register(reg, "demo", "diag"); err != nil {
 		s.t.Fatal(err)
 	}
-	return must(worker.New(s.buses[natsjwt.TeamUser(team)], executor.New(reg, executor.WithInstance(instance), executor.WithLogger(s.log)),
+	return must(worker.New(s.buses[natsjwt.TeamUser(team)], must(executor.New(reg, executor.WithInstance(instance), executor.WithLogger(s.log))),
 		worker.Config{WorkerConfig: events.WorkerConfig{Instance: instance, Grace: time.Second, Logger: s.log},
 			Tools: tools, Team: team, InlineOutputMax: 1024, ReplaceContracts: replace}))
 }

@@ -49,57 +49,79 @@ type Executor struct {
 	sems       sync.Map // tool name -> chan struct{} (tools with MaxConcurrency > 0)
 }
 
-// Option configures an Executor.
-type Option func(*Executor)
+// Option configures an Executor. An option out of its range makes New return an error
+// wrapping ErrInvalidOption.
+type Option func(*Executor) error
+
+// ErrInvalidOption is wrapped by the error of New for an option out of its range: New
+// refuses it instead of replacing it with a value the caller did not ask for.
+var ErrInvalidOption = errors.New("executor: invalid option")
 
 // New returns an Executor over reg (nil means an empty registry). Tools may still be
-// registered in reg after New.
-func New(reg *Registry, opts ...Option) *Executor {
+// registered in reg after New. An option out of its range is an error wrapping
+// ErrInvalidOption.
+func New(reg *Registry, opts ...Option) (*Executor, error) {
 	if reg == nil {
 		reg = NewRegistry()
 	}
 	e := &Executor{reg: reg, log: slog.Default(), defTimeout: DefaultTimeout, defMaxOut: DefaultMaxOutputBytes}
 	for _, o := range opts {
-		if o != nil {
-			o(e)
+		if o == nil {
+			continue
+		}
+		if err := o(e); err != nil {
+			return nil, err
 		}
 	}
-	return e
+	return e, nil
 }
 
 // WithAuthorizer sets the authorization hook (gate 4); nil allows every call.
-func WithAuthorizer(a Authorizer) Option { return func(e *Executor) { e.auth = a } }
+func WithAuthorizer(a Authorizer) Option {
+	return func(e *Executor) error { e.auth = a; return nil }
+}
 
 // WithLogger sets the logger for panics (with their stacks, at error level) and for
 // tools that outlive their timeout; nil keeps slog.Default().
 func WithLogger(l *slog.Logger) Option {
-	return func(e *Executor) {
+	return func(e *Executor) error {
 		if l != nil {
 			e.log = l
 		}
+		return nil
 	}
 }
 
 // WithInstance names this executor instance; the name goes into ToolResult.Executor.
-func WithInstance(name string) Option { return func(e *Executor) { e.instance = name } }
+func WithInstance(name string) Option {
+	return func(e *Executor) error { e.instance = name; return nil }
+}
 
-// WithDefaultTimeout sets the timeout of tools whose Timeout is 0; d <= 0 keeps
-// DefaultTimeout.
+// WithDefaultTimeout sets the timeout of tools whose Timeout is 0; 0 keeps
+// DefaultTimeout, a negative d is an error.
 func WithDefaultTimeout(d time.Duration) Option {
-	return func(e *Executor) {
+	return func(e *Executor) error {
+		if d < 0 {
+			return fmt.Errorf("%w: default timeout %v: want 0 (the default) or more", ErrInvalidOption, d)
+		}
 		if d > 0 {
 			e.defTimeout = d
 		}
+		return nil
 	}
 }
 
 // WithDefaultMaxOutputBytes sets the content bound of tools whose MaxOutputBytes is 0;
-// n <= 0 keeps DefaultMaxOutputBytes, and n is raised to MinOutputBytes if smaller.
+// 0 keeps DefaultMaxOutputBytes, a negative n or one below MinOutputBytes is an error.
 func WithDefaultMaxOutputBytes(n int) Option {
-	return func(e *Executor) {
-		if n > 0 {
-			e.defMaxOut = max(n, MinOutputBytes)
+	return func(e *Executor) error {
+		if n < 0 || (n > 0 && n < MinOutputBytes) {
+			return fmt.Errorf("%w: default max output bytes %d: want 0 (the default) or at least %d", ErrInvalidOption, n, MinOutputBytes)
 		}
+		if n > 0 {
+			e.defMaxOut = n
+		}
+		return nil
 	}
 }
 
@@ -108,7 +130,10 @@ func WithDefaultMaxOutputBytes(n int) Option {
 // before any pattern of RedactText: the credentials of the process itself (its NATS
 // password or token, nkey seed, model API keys) that a tool could read and print.
 func WithSecrets(values ...string) Option {
-	return func(e *Executor) { e.secrets = newSecretValues(append(slices.Clone([]string(e.secrets)), values...)) }
+	return func(e *Executor) error {
+		e.secrets = newSecretValues(append(slices.Clone([]string(e.secrets)), values...))
+		return nil
+	}
 }
 
 // secretValues returns the values of WithSecrets (none on a nil Executor).

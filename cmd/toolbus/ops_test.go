@@ -58,7 +58,7 @@ func startOpsPipeline(t *testing.T, scripts map[string]*planner.Script, extra ..
 	}
 	log := testutil.Logger()
 	roles := testutil.NewGroup(t, ctx)
-	exec := executor.New(reg, executor.WithLogger(log), executor.WithInstance("exec-1"))
+	exec := testutil.Must(executor.New(reg, executor.WithLogger(log), executor.WithInstance("exec-1")))
 	roles.Go("exec-1", testutil.Must(worker.New(bus, exec, worker.Config{WorkerConfig: events.WorkerConfig{Instance: "exec-1", Logger: log, Grace: time.Second}})).Run)
 	eventstest.Eventually(t, 10*time.Second, func() error {
 		cat, err := bus.WatchCatalog(ctx, nil)
