@@ -254,14 +254,25 @@ func (e *Executor) Execute(ctx context.Context, tc toolbus.ToolCall, p toolbus.P
 	}
 	res.Executor = e.instance
 	c.maxOut = e.defMaxOut
+	if args, ok := c.admit(ctx, tc, p); ok {
+		c.run(ctx, start, tc.CallID, args)
+	}
+	return res
+}
 
+// admit passes a call through gates 1 to 4: the tool exists, the arguments are one JSON
+// object that matches its input schema, the principal may call it. It returns the
+// arguments, or false when it has set the call's result (a rejection, or the context
+// done before the call started).
+func (c *call) admit(ctx context.Context, tc toolbus.ToolCall, p toolbus.Principal) (json.RawMessage, bool) {
+	e := c.e
 	// Gate 1: the tool exists.
 	ent, ok := e.reg.lookup(tc.Tool)
 	if !ok {
 		c.fail(toolbus.StatusRejected, toolbus.CodeUnknownTool,
 			fmt.Sprintf("unknown tool %s: no tool with this name is registered; call only the tools you were given, with their exact names", quoteName(tc.Tool)),
 			false, nil)
-		return res
+		return nil, false
 	}
 	c.ent = ent
 	if ent.tool.MaxOutputBytes > 0 {
@@ -272,7 +283,7 @@ func (e *Executor) Execute(ctx context.Context, tc toolbus.ToolCall, p toolbus.P
 	args, v, msg, viol := parseArguments(tc.Arguments)
 	if viol != nil {
 		c.fail(toolbus.StatusRejected, toolbus.CodeInvalidArguments, msg, false, []Violation{*viol})
-		return res
+		return nil, false
 	}
 
 	// Gate 3: the arguments match the input schema.
@@ -282,29 +293,34 @@ func (e *Executor) Execute(ctx context.Context, tc toolbus.ToolCall, p toolbus.P
 			fmt.Sprintf("arguments do not match the input schema of %s (%s; fix all of them and call again):\n%s",
 				ent.tool.Name, plural(len(vs), "violation", "violations"), violationText(vs)),
 			false, vs)
-		return res
+		return nil, false
 	}
 
 	// Gate 4: the principal may call the tool.
 	if ctx.Err() != nil {
 		c.ctxDone(ctx, false, 0, "before it started")
-		return res
+		return nil, false
 	}
 	if e.auth != nil {
 		if err := e.authorize(ctx, p, ent.tool.Name, args); err != nil {
 			if ctx.Err() != nil {
 				c.ctxDone(ctx, false, 0, "before it started")
-				return res
+				return nil, false
 			}
 			c.fail(toolbus.StatusRejected, toolbus.CodeNotAuthorized, notAuthorizedMessage(ent.tool.Name, err), false, nil)
-			return res
+			return nil, false
 		}
 	}
+	return args, true
+}
 
-	// Gates 5 and 6: a concurrency slot, then run under min(timeout, ctx).
+// run passes an admitted call through gates 5 and 6 (a concurrency slot, then the Func
+// under min(timeout, ctx)) and sets its result.
+func (c *call) run(ctx context.Context, start time.Time, callID string, args json.RawMessage) {
+	ent := c.ent
 	timeout := ent.tool.Timeout
 	if timeout <= 0 {
-		timeout = e.defTimeout
+		timeout = c.e.defTimeout
 	}
 	deadline, ownDeadline := start.Add(timeout), true
 	if d, ok := ctx.Deadline(); ok && !deadline.Before(d) {
@@ -320,33 +336,20 @@ func (e *Executor) Execute(ctx context.Context, tc toolbus.ToolCall, p toolbus.P
 			putRunState(st)
 		}
 	}()
-	var sem chan struct{}
-	if n := ent.tool.MaxConcurrency; n > 0 {
-		sem = e.sem(ent.tool.Name, n)
-		select {
-		case sem <- struct{}{}:
-		default:
-			select {
-			case sem <- struct{}{}:
-			case <-ctx.Done():
-				c.ctxDone(ctx, false, timeout, waitingFor(n))
-				return res
-			case <-timer.C:
-				c.ctxDone(ctx, ownDeadline, timeout, waitingFor(n))
-				return res
-			}
-		}
+	sem, ok := c.acquire(ctx, timer, ownDeadline, timeout)
+	if !ok {
+		return
 	}
 	if ctx.Err() != nil || !time.Now().Before(deadline) {
 		if sem != nil {
 			<-sem
 		}
 		c.ctxDone(ctx, ownDeadline && ctx.Err() == nil, timeout, "before it started")
-		return res
+		return
 	}
 
 	cctx := &callCtx{parent: ctx, deadline: deadline}
-	st.ctx, st.ent, st.callID, st.args, st.sem, st.log = cctx, ent, tc.CallID, args, sem, e.log
+	st.ctx, st.ent, st.callID, st.args, st.sem, st.log = cctx, ent, callID, args, sem, c.e.log
 	go st.run()
 	select {
 	case <-st.done:
@@ -358,7 +361,7 @@ func (e *Executor) Execute(ctx context.Context, tc toolbus.ToolCall, p toolbus.P
 			pooled = false
 			cctx.cancel(ctx.Err())
 			c.ctxDone(ctx, false, timeout, phaseRunning)
-			return res
+			return
 		}
 	case <-timer.C:
 		select {
@@ -368,7 +371,7 @@ func (e *Executor) Execute(ctx context.Context, tc toolbus.ToolCall, p toolbus.P
 			pooled = false
 			cctx.cancel(context.DeadlineExceeded)
 			c.ctxDone(ctx, ownDeadline && ctx.Err() == nil, timeout, phaseRunning)
-			return res
+			return
 		}
 	}
 	out, err, panicked := st.out, st.err, st.panicked
@@ -382,7 +385,31 @@ func (e *Executor) Execute(ctx context.Context, tc toolbus.ToolCall, p toolbus.P
 	default:
 		c.output(out)
 	}
-	return res
+}
+
+// acquire takes a slot of a tool with MaxConcurrency (gate 5), waiting until ctx ends or
+// timer fires. It returns the semaphore to release (nil for a tool without a bound),
+// or false when it has set the call's result.
+func (c *call) acquire(ctx context.Context, timer *time.Timer, ownDeadline bool, timeout time.Duration) (chan struct{}, bool) {
+	n := c.ent.tool.MaxConcurrency
+	if n <= 0 {
+		return nil, true
+	}
+	sem := c.e.sem(c.ent.tool.Name, n)
+	select {
+	case sem <- struct{}{}:
+		return sem, true
+	default:
+	}
+	select {
+	case sem <- struct{}{}:
+		return sem, true
+	case <-ctx.Done():
+		c.ctxDone(ctx, false, timeout, waitingFor(n))
+	case <-timer.C:
+		c.ctxDone(ctx, ownDeadline, timeout, waitingFor(n))
+	}
+	return nil, false
 }
 
 func waitingFor(n int) string {

@@ -542,108 +542,133 @@ func benchFloor(ctx context.Context, srv *embedded.Server, memory bool, k, steps
 		return nil, 0, 0, err
 	}
 	defer js.DeleteStream(context.WithoutCancel(ctx), name) //nolint:errcheck
-	cons := func(stage string) (jetstream.Consumer, error) {
-		return stream.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{Durable: stage, FilterSubject: name + "." + stage + ".>", AckPolicy: jetstream.AckExplicitPolicy, MaxAckPending: 10000})
+	f := &floor{ctx: ctx, js: js, stream: stream, name: name, clock: &stepClock{times: map[string][]time.Time{}},
+		ended: make(chan struct{}, runs+latRuns+1)}
+	defer f.stop()
+	if err := f.stages(k, steps); err != nil {
+		return nil, 0, 0, err
 	}
-	clock := &stepClock{times: map[string][]time.Time{}}
-	ended := make(chan struct{}, runs+latRuns)
-	var counts sync.Map // run.step -> *int32
-	type hdr = nats.Header
-	pub := func(subj, run string, step int) error {
-		m := nats.NewMsg(subj)
-		m.Header = hdr{"run": {run}, "step": {strconv.Itoa(step)}}
-		m.Data = make([]byte, 200)
-		_, err := js.PublishMsg(ctx, m)
-		return err
-	}
-	var ccs []jetstream.ConsumeContext
-	defer func() {
-		for _, c := range ccs {
-			c.Stop()
-		}
-	}()
-	stage := func(s string, h func(run string, step int) error) error {
-		c, err := cons(s)
-		if err != nil {
-			return err
-		}
-		sem := make(chan struct{}, 256)
-		cc, err := c.Consume(func(m jetstream.Msg) {
-			sem <- struct{}{}
-			go func() {
-				defer func() { <-sem }()
-				step, _ := strconv.Atoi(m.Headers().Get("step"))
-				if err := h(m.Headers().Get("run"), step); err == nil {
-					_ = m.Ack()
-				}
-			}()
-		}, jetstream.PullMaxMessages(256))
-		if err != nil {
-			return err
-		}
-		ccs = append(ccs, cc)
-		return nil
-	}
-	if err := stage("req", func(run string, step int) error {
-		clock.mark(run, step)
+	return f.measure(steps, latRuns, runs)
+}
+
+// floor is the pipeline of benchFloor: a stream and a durable consumer per stage.
+type floor struct {
+	ctx    context.Context
+	js     jetstream.JetStream
+	stream jetstream.Stream
+	name   string
+	clock  *stepClock
+	ended  chan struct{} // a run's last step arrived
+	ccs    []jetstream.ConsumeContext
+}
+
+// stages starts the three stages: a request publishes k calls (or ends the run at its
+// last step), a call publishes its done, the k-th done of a step requests the next.
+func (f *floor) stages(k, steps int) error {
+	if err := f.stage("req", func(run string, step int) error {
+		f.clock.mark(run, step)
 		if step >= steps-1 {
-			ended <- struct{}{}
+			f.ended <- struct{}{}
 			return nil
 		}
-		for i := 0; i < k; i++ {
-			if err := pub(name+".call."+run, run, step); err != nil {
+		for range k {
+			if err := f.pub("call", run, step); err != nil {
 				return err
 			}
 		}
 		return nil
 	}); err != nil {
-		return nil, 0, 0, err
+		return err
 	}
-	if err := stage("call", func(run string, step int) error { return pub(name+".done."+run, run, step) }); err != nil {
-		return nil, 0, 0, err
+	if err := f.stage("call", func(run string, step int) error { return f.pub("done", run, step) }); err != nil {
+		return err
 	}
-	if err := stage("done", func(run string, step int) error {
-		key := run + "." + strconv.Itoa(step)
-		v, _ := counts.LoadOrStore(key, new(int32))
+	var counts sync.Map // run.step -> *int32
+	return f.stage("done", func(run string, step int) error {
+		v, _ := counts.LoadOrStore(run+"."+strconv.Itoa(step), new(int32))
 		if atomic.AddInt32(v.(*int32), 1) == int32(k) {
-			return pub(name+".req."+run, run, step+1)
+			return f.pub("req", run, step+1)
 		}
 		return nil
-	}); err != nil {
-		return nil, 0, 0, err
+	})
+}
+
+// pub publishes a 200-byte message of a run's step to a stage.
+func (f *floor) pub(stage, run string, step int) error {
+	m := nats.NewMsg(f.name + "." + stage + "." + run)
+	m.Header = nats.Header{"run": {run}, "step": {strconv.Itoa(step)}}
+	m.Data = make([]byte, 200)
+	_, err := f.js.PublishMsg(f.ctx, m)
+	return err
+}
+
+// stage consumes a stage's messages, 256 at once, acknowledging each that h handled.
+func (f *floor) stage(s string, h func(run string, step int) error) error {
+	c, err := f.stream.CreateOrUpdateConsumer(f.ctx, jetstream.ConsumerConfig{Durable: s, FilterSubject: f.name + "." + s + ".>",
+		AckPolicy: jetstream.AckExplicitPolicy, MaxAckPending: 10000})
+	if err != nil {
+		return err
 	}
-	wait := func(n int) error {
-		timeout := time.After(5 * time.Minute)
-		for i := 0; i < n; i++ {
-			select {
-			case <-ended:
-			case <-timeout:
-				return errors.New("floor runs did not finish")
+	sem := make(chan struct{}, 256)
+	cc, err := c.Consume(func(m jetstream.Msg) {
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem }()
+			step, _ := strconv.Atoi(m.Headers().Get("step"))
+			if err := h(m.Headers().Get("run"), step); err == nil {
+				_ = m.Ack()
 			}
-		}
-		return nil
+		}()
+	}, jetstream.PullMaxMessages(256))
+	if err != nil {
+		return err
 	}
+	f.ccs = append(f.ccs, cc)
+	return nil
+}
+
+func (f *floor) stop() {
+	for _, c := range f.ccs {
+		c.Stop()
+	}
+}
+
+// wait waits for n runs to end.
+func (f *floor) wait(n int) error {
+	timeout := time.After(5 * time.Minute)
+	for range n {
+		select {
+		case <-f.ended:
+		case <-timeout:
+			return errors.New("floor runs did not finish")
+		}
+	}
+	return nil
+}
+
+// measure runs latRuns runs one after the other (after a warm-up) for the step
+// latencies, then runs runs at once for the throughput and the CPU time they took.
+func (f *floor) measure(steps, latRuns, runs int) ([]time.Duration, float64, time.Duration, error) {
 	var lat []time.Duration
-	for i := 0; i < latRuns+1; i++ {
+	for i := range latRuns + 1 {
 		run := "lat" + strconv.Itoa(i)
-		if err := pub(name+".req."+run, run, 0); err != nil {
+		if err := f.pub("req", run, 0); err != nil {
 			return nil, 0, 0, err
 		}
-		if err := wait(1); err != nil {
+		if err := f.wait(1); err != nil {
 			return nil, 0, 0, err
 		}
 		if i > 0 { // the first is a warm-up
-			lat = append(lat, clock.latencies(run)...)
+			lat = append(lat, f.clock.latencies(run)...)
 		}
 	}
 	t0, c0 := time.Now(), cpuTime()
-	for i := 0; i < runs; i++ {
-		run := "tp" + strconv.Itoa(i)
-		if err := pub(name+".req."+run, run, 0); err != nil {
+	for i := range runs {
+		if err := f.pub("req", "tp"+strconv.Itoa(i), 0); err != nil {
 			return nil, 0, 0, err
 		}
 	}
-	if err := wait(runs); err != nil {
+	if err := f.wait(runs); err != nil {
 		return nil, 0, 0, err
 	}
 	return lat, float64(runs*(steps-1)) / time.Since(t0).Seconds(), cpuTime() - c0, nil
