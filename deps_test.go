@@ -63,8 +63,10 @@ var (
 var depRules = []depRule{
 	{prefix: ".", exact: true, notModule: allButSDK, notOutside: busLibs, why: "the domain types import nothing and link no bus"},
 	{prefix: "audit", notModule: workers, why: "the audit reads events and imports no worker"},
+	{prefix: "internal", notModule: []string{"cmd", "e2e", "faults", "examples"}, why: "internal packages serve the module's packages, never its binaries or tests"},
 	{prefix: "internal/bench", notModule: []string{"cmd", "e2e", "faults", "examples"}, why: "the benchmark wires the roles in-process; the command calls it"},
 	{prefix: "cmd", notModule: []string{"e2e", "faults", "examples"}, why: "the command wires the roles"},
+	{prefix: "console", notModule: workers, why: "the console reads the bus and imports no worker"},
 	{prefix: "conformance", notModule: workers, why: "the conformance suite drives an executor process over the bus only"},
 	{prefix: "connect", notModule: append([]string{"events"}, workers...), why: "connection options know nothing of the wire"},
 	{prefix: "deploy", notModule: workers, why: "deployment files and their generators link no worker"},
@@ -81,6 +83,7 @@ var depRules = []depRule{
 	{prefix: "internal/retry", notModule: allButSDK, why: "the retry loop imports nothing of the module"},
 	{prefix: "internal/golden", notModule: allButSDK, why: "test helpers import nothing of the module: any package's tests may use them"},
 	{prefix: "internal/testutil", notModule: allButSDK, why: "test helpers import nothing of the module: any package's tests may use them"},
+	{prefix: "mcpserver", notModule: workers, why: "the MCP server reads and starts runs over the bus and imports no worker"},
 	{prefix: "planner", notModule: []string{"executor", "injector", "cmd", "internal/bench", "e2e", "faults", "examples"}, why: "workers meet only on the bus"},
 	{prefix: "planner", exact: true, notOutside: sdks,
 		why: "implementing planner.Model links no provider SDK (the adapters live in planner/openai and planner/anthropic)"},

@@ -15,9 +15,7 @@ import (
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
 	"github.com/toolbus/toolbus/executor"
-	"github.com/toolbus/toolbus/executor/packs"
-	"github.com/toolbus/toolbus/executor/worker"
-	"github.com/toolbus/toolbus/injector"
+	"github.com/toolbus/toolbus/internal/testpipe"
 	"github.com/toolbus/toolbus/internal/testutil"
 	"github.com/toolbus/toolbus/planner"
 )
@@ -40,54 +38,14 @@ var opsPipelineDeadline = 3 * time.Minute
 
 func startOpsPipeline(t *testing.T, scripts map[string]*planner.Script, extra ...executor.Tool) *opsPipeline {
 	t.Helper()
-	srv := eventstest.RunJetStream(t)
-	ctx := eventstest.Context(t, opsPipelineDeadline)
-	bus, _, err := events.Setup(ctx, srv.Conn, events.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &opsPipeline{t: t, ctx: ctx, srv: srv, bus: bus, reqs: map[string][]planner.Request{}}
-	reg := executor.NewRegistry()
-	if err := packs.Register(reg, "demo", "diag"); err != nil {
-		t.Fatal(err)
-	}
-	for _, tool := range extra {
-		if err := reg.Register(tool); err != nil {
-			t.Fatal(err)
-		}
-	}
-	log := testutil.Logger()
-	roles := testutil.NewGroup(t, ctx)
-	exec := testutil.Must(executor.New(reg, executor.WithLogger(log), executor.WithInstance("exec-1")))
-	roles.Go("exec-1", testutil.Must(worker.New(bus, exec, worker.Config{WorkerConfig: events.WorkerConfig{Instance: "exec-1", Logger: log, Grace: time.Second}})).Run)
-	eventstest.Eventually(t, 10*time.Second, func() error {
-		cat, err := bus.WatchCatalog(ctx, nil)
-		if err != nil {
-			return err
-		}
-		if _, ok := cat.Lookup("noop"); !ok {
-			return fmt.Errorf("catalog not published yet")
-		}
-		return nil
-	})
-	cat, err := bus.WatchCatalog(ctx, log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	model := planner.ModelFunc(func(ctx context.Context, req planner.Request) (planner.Response, error) {
+	p := &opsPipeline{t: t, reqs: map[string][]planner.Request{}}
+	tp := testpipe.Start(t, opsPipelineDeadline, testpipe.ScriptByRun(scripts, func(req planner.Request) {
 		p.mu.Lock()
 		p.reqs[req.RunID] = append(p.reqs[req.RunID], req)
 		p.mu.Unlock()
-		s, ok := scripts[req.RunID]
-		if !ok {
-			return planner.Response{}, planner.Permanent(fmt.Errorf("no script for %s", req.RunID))
-		}
-		return s.Complete(ctx, req)
-	})
-	roles.Go("planner-1", testutil.Must(planner.New(bus, model, cat, planner.Config{WorkerConfig: events.WorkerConfig{Instance: "planner-1", Logger: log, Grace: time.Second}})).Run)
-	roles.Go("injector-1", testutil.Must(injector.New(bus, injector.Config{WorkerConfig: events.WorkerConfig{Instance: "injector-1", Logger: log, Grace: time.Second}})).Run)
-
-	t.Setenv("TOOLBUS_NATS_URL", srv.URL)
+	}), extra...)
+	p.ctx, p.srv, p.bus = tp.Ctx, tp.Srv, tp.Bus
+	t.Setenv("TOOLBUS_NATS_URL", tp.Srv.URL)
 	t.Setenv("TOOLBUS_LOG_LEVEL", "warn")
 	t.Setenv("USER", "carol")
 	return p
