@@ -3,7 +3,6 @@ package console
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -19,6 +18,7 @@ import (
 // pipeline is a whole pipeline (executor, planner, injector) on an embedded server: the
 // runs the console shows. Its model follows a script per run id.
 type pipeline struct {
+	*testpipe.Pipeline
 	t   *testing.T
 	ctx context.Context
 	srv *eventstest.Bus
@@ -35,7 +35,7 @@ var pipelineDeadline = 3 * time.Minute
 func startPipeline(t *testing.T, scripts map[string]*planner.Script, extra ...executor.Tool) *pipeline {
 	t.Helper()
 	tp := testpipe.Start(t, pipelineDeadline, testpipe.ScriptByRun(scripts, nil), extra...)
-	return &pipeline{t: t, ctx: tp.Ctx, srv: tp.Srv, bus: tp.Bus}
+	return &pipeline{Pipeline: tp, t: t, ctx: tp.Ctx, srv: tp.Srv, bus: tp.Bus}
 }
 
 // submit starts run with the question "question for <run>" (principal "tester").
@@ -47,44 +47,16 @@ func (p *pipeline) submit(run string, limits toolbus.Limits) {
 // submitAs starts run for principal with question.
 func (p *pipeline) submitAs(run, principal, question string, limits toolbus.Limits) {
 	p.t.Helper()
-	if err := p.bus.StartRun(p.ctx, "/test", toolbus.RunStarted{
-		RunID: run, Model: "script", Principal: toolbus.Principal{ID: principal}, Limits: limits,
-		Messages: []toolbus.Message{{Role: toolbus.RoleSystem, Content: "sys"}, {Role: toolbus.RoleUser, Content: question}},
-	}); err != nil {
-		p.t.Fatal(err)
-	}
+	p.SubmitAs(run, principal, question, limits)
 }
 
 func (p *pipeline) waitStatus(run string, want toolbus.RunStatus) {
 	p.t.Helper()
-	eventstest.Eventually(p.t, 30*time.Second, func() error {
-		st, _, err := p.bus.RunState(p.ctx, run)
-		if err != nil {
-			return err
-		}
-		if st.Status != want {
-			return fmt.Errorf("run %s is %s, want %s", run, st.Status, want)
-		}
-		return nil
-	})
+	p.WaitStatus(run, want)
 }
 
 // waitEvent waits until the run has an event of type typ.
-func (p *pipeline) waitEvent(run, typ string) {
-	p.t.Helper()
-	eventstest.Eventually(p.t, 30*time.Second, func() error {
-		evs, err := p.bus.RunEvents(p.ctx, run)
-		if err != nil {
-			return err
-		}
-		for _, e := range evs {
-			if e.Meta.Type == typ {
-				return nil
-			}
-		}
-		return fmt.Errorf("run %s has no %s yet", run, typ)
-	})
-}
+func (p *pipeline) waitEvent(run, typ string) { p.t.Helper(); p.WaitEvent(run, typ) }
 
 func wantContains(t *testing.T, what, got string, wants ...string) {
 	t.Helper()

@@ -23,6 +23,7 @@ import (
 // opsPipeline is a whole pipeline on an embedded server, driven through run() as the
 // toolbus binary is, with TOOLBUS_NATS_URL pointing at the server.
 type opsPipeline struct {
+	*testpipe.Pipeline
 	t   *testing.T
 	ctx context.Context
 	srv *eventstest.Bus
@@ -44,7 +45,7 @@ func startOpsPipeline(t *testing.T, scripts map[string]*planner.Script, extra ..
 		p.reqs[req.RunID] = append(p.reqs[req.RunID], req)
 		p.mu.Unlock()
 	}), extra...)
-	p.ctx, p.srv, p.bus = tp.Ctx, tp.Srv, tp.Bus
+	p.Pipeline, p.ctx, p.srv, p.bus = tp, tp.Ctx, tp.Srv, tp.Bus
 	t.Setenv("TOOLBUS_NATS_URL", tp.Srv.URL)
 	t.Setenv("TOOLBUS_LOG_LEVEL", "warn")
 	t.Setenv("USER", "carol")
@@ -64,44 +65,16 @@ func (p *opsPipeline) toolbusCtx(ctx context.Context, args ...string) (code int,
 
 func (p *opsPipeline) submit(run string, limits toolbus.Limits) {
 	p.t.Helper()
-	if err := p.bus.StartRun(p.ctx, "/test", toolbus.RunStarted{
-		RunID: run, Model: "script", Principal: toolbus.Principal{ID: "tester"}, Limits: limits,
-		Messages: []toolbus.Message{{Role: toolbus.RoleSystem, Content: "sys"}, {Role: toolbus.RoleUser, Content: "question for " + run}},
-	}); err != nil {
-		p.t.Fatal(err)
-	}
+	p.SubmitAs(run, "tester", "question for "+run, limits)
 }
 
 func (p *opsPipeline) waitStatus(run string, want toolbus.RunStatus) {
 	p.t.Helper()
-	eventstest.Eventually(p.t, 30*time.Second, func() error {
-		st, _, err := p.bus.RunState(p.ctx, run)
-		if err != nil {
-			return err
-		}
-		if st.Status != want {
-			return fmt.Errorf("run %s is %s, want %s", run, st.Status, want)
-		}
-		return nil
-	})
+	p.WaitStatus(run, want)
 }
 
 // waitEvent waits until the run has an event of type typ.
-func (p *opsPipeline) waitEvent(run, typ string) {
-	p.t.Helper()
-	eventstest.Eventually(p.t, 30*time.Second, func() error {
-		evs, err := p.bus.RunEvents(p.ctx, run)
-		if err != nil {
-			return err
-		}
-		for _, e := range evs {
-			if e.Meta.Type == typ {
-				return nil
-			}
-		}
-		return fmt.Errorf("run %s has no %s yet", run, typ)
-	})
-}
+func (p *opsPipeline) waitEvent(run, typ string) { p.t.Helper(); p.WaitEvent(run, typ) }
 
 // waitFollowing waits until tail says on stderr that it follows (line): events stored
 // after that are all shown.

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
 	"github.com/toolbus/toolbus/executor"
@@ -24,6 +25,7 @@ import (
 
 // Pipeline is a running pipeline; its roles stop at the end of the test.
 type Pipeline struct {
+	t     *testing.T
 	Srv   *eventstest.Bus
 	Bus   *events.Bus
 	Ctx   context.Context // ends after the deadline given to Start
@@ -51,7 +53,7 @@ func Start(t *testing.T, d time.Duration, model planner.Model, extra ...executor
 			t.Fatal(err)
 		}
 	}
-	p := &Pipeline{Srv: srv, Bus: bus, Ctx: ctx, Log: testutil.Logger(), Roles: testutil.NewGroup(t, ctx)}
+	p := &Pipeline{t: t, Srv: srv, Bus: bus, Ctx: ctx, Log: testutil.Logger(), Roles: testutil.NewGroup(t, ctx)}
 	exec := testutil.Must(executor.New(reg, executor.WithLogger(p.Log), executor.WithInstance("exec-1")))
 	p.Roles.Go("exec-1", testutil.Must(worker.New(bus, exec, worker.Config{WorkerConfig: p.worker("exec-1")})).Run)
 	eventstest.Eventually(t, 10*time.Second, func() error {
@@ -92,5 +94,48 @@ func ScriptByRun(scripts map[string]*planner.Script, seen func(planner.Request))
 			return planner.Response{}, planner.Permanent(fmt.Errorf("no script for %s", req.RunID))
 		}
 		return s.Complete(ctx, req)
+	})
+}
+
+// SubmitAs starts run for principal with question (and the system message "sys").
+func (p *Pipeline) SubmitAs(run, principal, question string, limits toolbus.Limits) {
+	p.t.Helper()
+	if err := p.Bus.StartRun(p.Ctx, "/test", toolbus.RunStarted{
+		RunID: run, Model: "script", Principal: toolbus.Principal{ID: principal}, Limits: limits,
+		Messages: []toolbus.Message{{Role: toolbus.RoleSystem, Content: "sys"}, {Role: toolbus.RoleUser, Content: question}},
+	}); err != nil {
+		p.t.Fatal(err)
+	}
+}
+
+// WaitStatus waits until the run's state is want.
+func (p *Pipeline) WaitStatus(run string, want toolbus.RunStatus) {
+	p.t.Helper()
+	eventstest.Eventually(p.t, 30*time.Second, func() error {
+		st, _, err := p.Bus.RunState(p.Ctx, run)
+		if err != nil {
+			return err
+		}
+		if st.Status != want {
+			return fmt.Errorf("run %s is %s, want %s", run, st.Status, want)
+		}
+		return nil
+	})
+}
+
+// WaitEvent waits until the run has an event of type typ.
+func (p *Pipeline) WaitEvent(run, typ string) {
+	p.t.Helper()
+	eventstest.Eventually(p.t, 30*time.Second, func() error {
+		evs, err := p.Bus.RunEvents(p.Ctx, run)
+		if err != nil {
+			return err
+		}
+		for _, e := range evs {
+			if e.Meta.Type == typ {
+				return nil
+			}
+		}
+		return fmt.Errorf("run %s has no %s yet", run, typ)
 	})
 }
