@@ -56,7 +56,9 @@ func Start(t *testing.T, d time.Duration, model planner.Model, extra ...executor
 	p := &Pipeline{t: t, Srv: srv, Bus: bus, Ctx: ctx, Log: testutil.Logger(), Roles: testutil.NewGroup(t, ctx)}
 	exec := testutil.Must(executor.New(reg, executor.WithLogger(p.Log), executor.WithInstance("exec-1")))
 	p.Roles.Go("exec-1", testutil.Must(worker.New(bus, exec, worker.Config{WorkerConfig: p.worker("exec-1")})).Run)
-	eventstest.Eventually(t, 10*time.Second, func() error {
+	// Every tool, not only the first: a run may call any of them at once. The executor
+	// publishes them one by one, which takes a while on a busy machine.
+	eventstest.Eventually(t, time.Minute, func() error {
 		cat, err := bus.WatchCatalog(ctx, nil)
 		if err != nil {
 			return err
