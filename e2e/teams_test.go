@@ -63,11 +63,12 @@ func startTeams(t *testing.T, url string, opts map[string][]nats.Option) *teamsB
 	for _, team := range []string{"alpha", "beta"} {
 		s.start(natsjwt.TeamUser(team), s.teamWorker(team, team+"-1", teamGrants.Teams[team], false).Run)
 	}
+	// The planner's own view of the catalog (its credentials may read it).
+	cat, err := s.buses["planner"].WatchCatalog(s.ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
 	eventstest.Eventually(t, 30*time.Second, func() error {
-		cat, err := s.buses["planner"].WatchCatalog(s.ctx, nil)
-		if err != nil {
-			return err
-		}
 		for _, tool := range tools {
 			if len(cat.Serving(tool)) == 0 {
 				return fmt.Errorf("%s not served yet", tool)

@@ -58,11 +58,11 @@ func Start(t *testing.T, d time.Duration, model planner.Model, extra ...executor
 	p.Roles.Go("exec-1", testutil.Must(worker.New(bus, exec, worker.Config{WorkerConfig: p.worker("exec-1")})).Run)
 	// Every tool, not only the first: a run may call any of them at once. The executor
 	// publishes them one by one, which takes a while on a busy machine.
+	cat, err := bus.WatchCatalog(ctx, p.Log)
+	if err != nil {
+		t.Fatal(err)
+	}
 	eventstest.Eventually(t, time.Minute, func() error {
-		cat, err := bus.WatchCatalog(ctx, nil)
-		if err != nil {
-			return err
-		}
 		for _, name := range reg.Names() {
 			if _, ok := cat.Lookup(name); !ok {
 				return fmt.Errorf("%s not in the catalog yet", name)
@@ -70,10 +70,6 @@ func Start(t *testing.T, d time.Duration, model planner.Model, extra ...executor
 		}
 		return nil
 	})
-	cat, err := bus.WatchCatalog(ctx, p.Log)
-	if err != nil {
-		t.Fatal(err)
-	}
 	p.Roles.Go("planner-1", testutil.Must(planner.New(bus, model, cat, planner.Config{WorkerConfig: p.worker("planner-1")})).Run)
 	p.Roles.Go("injector-1", testutil.Must(injector.New(bus, injector.Config{WorkerConfig: p.worker("injector-1")})).Run)
 	return p
