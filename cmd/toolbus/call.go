@@ -17,6 +17,7 @@ import (
 	"github.com/toolbus/toolbus/audit"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/store"
+	"github.com/toolbus/toolbus/internal/callrun"
 )
 
 // The exit codes of `toolbus call`: the status of the tool's result.
@@ -79,7 +80,7 @@ func cmdCall(ctx context.Context, cfg Config, log *slog.Logger, args []string, s
 		return &exitError{code: callExitUsage, msg: fmt.Sprintf("call: invalid tool name %q", tool)}
 	}
 	if *runID == "" {
-		*runID = "call-" + strings.TrimPrefix(newRunID(), "run-")
+		*runID = callrun.NewID("call")
 	}
 	if !toolbus.ValidRunID(*runID) {
 		return &exitError{code: callExitUsage, msg: fmt.Sprintf("call: invalid run id %q: use 1-128 of [A-Za-z0-9_-]", *runID)}
@@ -109,7 +110,10 @@ func cmdCall(ctx context.Context, cfg Config, log *slog.Logger, args []string, s
 	if !ok {
 		return &exitError{code: callExitUsage, msg: "call: " + unknownToolMessage(tool, cat)}
 	}
-	rs := callRun(*runID, *principal, tc, argText, time.Now(), *timeout, cfg.RunTimeout)
+	rs := callrun.Build(callrun.Spec{
+		RunID: *runID, Principal: toolbus.Principal{ID: *principal}, Tool: tc, Arguments: argText, Via: "toolbus call",
+		Deadline: *timeout, ApprovalTimeout: max(cfg.RunTimeout, 10*time.Minute),
+	}, time.Now())
 	watch, err := c.bus.Watch(ctx, events.SubjectRun(rs.RunID), true)
 	if err != nil {
 		return fmt.Errorf("call: %w", err)
@@ -133,7 +137,7 @@ func cmdCall(ctx context.Context, cfg Config, log *slog.Logger, args []string, s
 	switch {
 	case waiting:
 		fmt.Fprintf(out, "%s needs approval: toolbus approve %s %s (or toolbus deny %s %s --reason ...); toolbus replay %s shows the result\n",
-			tool, rs.RunID, preplannedCallID, rs.RunID, preplannedCallID, rs.RunID)
+			tool, rs.RunID, callrun.CallID, rs.RunID, callrun.CallID, rs.RunID)
 		return &exitError{code: callExitApproval}
 	case res == nil:
 		msg := fmt.Sprintf("run %s ended %s before the call answered", rs.RunID, ended.Status)
@@ -163,31 +167,6 @@ func cmdCall(ctx context.Context, cfg Config, log *slog.Logger, args []string, s
 	return &exitError{code: code, msg: msg + "; toolbus replay " + rs.RunID + " shows the run"}
 }
 
-// preplannedCallID is the call id of the one call of a `toolbus call` run.
-const preplannedCallID = "call_0"
-
-// callRun is the run.started of one pre-planned call: the call is step 0 (no model is
-// called), the allowlist is the tool alone, and the deadline covers the tool's timeout
-// (an approval wait gets the run timeout), as `toolbus mcp` does for a tools/call.
-func callRun(run, principal string, tc toolbus.ToolContract, args string, now time.Time, deadline, approvalTimeout time.Duration) toolbus.RunStarted {
-	if deadline <= 0 {
-		timeout := tc.Timeout
-		if timeout <= 0 {
-			timeout = time.Minute
-		}
-		deadline = timeout + deadlineSlack
-		if tc.NeedsApproval {
-			deadline = max(deadline, approvalTimeout, 10*time.Minute)
-		}
-	}
-	return toolbus.RunStarted{
-		RunID: run, Principal: toolbus.Principal{ID: principal}, AllowedTools: []string{tc.Name},
-		Messages: []toolbus.Message{{Role: toolbus.RoleUser, Content: "toolbus call " + tc.Name}},
-		Limits:   toolbus.Limits{MaxSteps: 2, Deadline: now.Add(deadline).UTC()},
-		Calls:    []toolbus.ToolCall{{CallID: preplannedCallID, Tool: tc.Name, Arguments: args}},
-	}
-}
-
 // awaitCall follows a call run until it ends (the result is the tool.finished of its
 // call) or its call waits for approval; after waitHint of silence it calls hint once per
 // silence with a printer that knows what the run waits for.
@@ -197,7 +176,7 @@ func awaitCall(ctx context.Context, watch *events.Watcher, run string, hint func
 	idleSince, hinted := time.Now(), false
 	v := audit.Visitor{
 		ToolFinished: func(_ events.StoredEvent, tf toolbus.ToolFinished) {
-			if tf.CallID == preplannedCallID {
+			if tf.CallID == callrun.CallID {
 				r := tf.ToolResult
 				res = &r
 			}

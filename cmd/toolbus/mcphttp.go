@@ -1,25 +1,19 @@
 package main
 
 import (
-	"bytes"
-	"context"
-	"encoding/json"
 	"fmt"
 	"log/slog"
 	"net/http"
-	"strings"
 	"time"
 
-	"github.com/modelcontextprotocol/go-sdk/auth"
-	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/toolbus/toolbus/mcpserver"
 )
 
 // The front door of `toolbus mcp --http`, outermost first: the Host header (DNS
-// rebinding), the Origin header (a browser page of another site), the bearer token
-// (401 without one that the access list knows), the session cap, then go-sdk's
-// streamable HTTP handler with an idle timeout, whose answers to cancelled requests are
-// dropped.
+// rebinding), the Origin header (a browser page of another site), then the MCP
+// package's handler (bearer token of the access list, session cap, streamable HTTP).
 
 // mcpHTTPConfig configures the HTTP door of the MCP server.
 type mcpHTTPConfig struct {
@@ -40,21 +34,13 @@ type mcpHTTPConfig struct {
 
 // mcpHTTPHandler returns the HTTP handler of srv behind the door of cfg.
 func mcpHTTPHandler(srv *mcp.Server, cfg mcpHTTPConfig) http.Handler {
-	h := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv }, &mcp.StreamableHTTPOptions{
-		SessionTimeout: cfg.SessionTimeout, Logger: cfg.Logger,
+	next := mcpserver.HTTPHandler(srv, mcpserver.HTTPConfig{
+		Verify: func(token string) (string, []string, bool) {
+			id, ok := cfg.Access.current().lookup(token)
+			return id.Name, id.Teams, ok
+		},
+		SessionTimeout: cfg.SessionTimeout, MaxSessions: cfg.MaxSessions, Logger: cfg.Logger,
 	})
-	var next http.Handler = dropCancelledAnswers(h)
-	next = sessionCap(srv, cfg.MaxSessions, next)
-	verify := func(_ context.Context, token string, _ *http.Request) (*auth.TokenInfo, error) {
-		id, ok := cfg.Access.current().lookup(token)
-		if !ok {
-			return nil, fmt.Errorf("%w: unknown token", auth.ErrInvalidToken)
-		}
-		// UserID ties a session to its principal: the SDK refuses a session id presented
-		// with another principal's token.
-		return &auth.TokenInfo{UserID: id.Name, Extra: map[string]any{"teams": id.Teams}}, nil
-	}
-	next = auth.RequireBearerToken(verify, &auth.RequireBearerTokenOptions{AllowMissingExpiration: true})(next)
 	hosts := newHostPolicy(cfg.Listen, cfg.AllowedHosts)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !hosts.ok(r) {
@@ -71,104 +57,4 @@ func mcpHTTPHandler(srv *mcp.Server, cfg mcpHTTPConfig) http.Handler {
 		}
 		next.ServeHTTP(w, r)
 	})
-}
-
-// sessionCap answers a new session (a request without Mcp-Session-Id) 503 while max
-// sessions live: each costs memory until it ends or idles out.
-func sessionCap(srv *mcp.Server, max int, next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if max > 0 && r.Method == http.MethodPost && r.Header.Get("Mcp-Session-Id") == "" {
-			n := 0
-			for range srv.Sessions() {
-				n++
-			}
-			if n >= max {
-				w.Header().Set("Retry-After", "10")
-				http.Error(w, fmt.Sprintf("too many MCP sessions (%d): close one or wait for idle ones to time out (TOOLBUS_MCP_MAX_SESSIONS)", n), http.StatusServiceUnavailable)
-				return
-			}
-		}
-		next.ServeHTTP(w, r)
-	})
-}
-
-// codeRequestCancelled is the error of a request whose client cancelled it (the code
-// LSP gives it). Over HTTP the answer is dropped, as the MCP specification asks ("the
-// receiver SHOULD NOT send a response for the cancelled request"); go-sdk v1.8.0 always
-// writes one, so the door removes it.
-const codeRequestCancelled = -32800
-
-// cancelledAnswers is receiving middleware: a request whose context ended (the client
-// sent notifications/cancelled, or went away) returns codeRequestCancelled, whatever
-// the handler returned.
-func cancelledAnswers(next mcp.MethodHandler) mcp.MethodHandler {
-	return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
-		res, err := next(ctx, method, req)
-		if ctx.Err() != nil && !strings.HasPrefix(method, "notifications/") {
-			return nil, &jsonrpc.Error{Code: codeRequestCancelled, Message: "request cancelled"}
-		}
-		return res, err
-	}
-}
-
-// dropCancelledAnswers removes the answers with codeRequestCancelled from what the
-// streamable handler writes (one Write per server-sent event, or the JSON body).
-func dropCancelledAnswers(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		next.ServeHTTP(&answerFilter{ResponseWriter: w}, r)
-	})
-}
-
-type answerFilter struct {
-	http.ResponseWriter
-}
-
-func (f *answerFilter) Write(b []byte) (int, error) {
-	if isCancelledAnswer(b) {
-		return len(b), nil
-	}
-	return f.ResponseWriter.Write(b)
-}
-
-// Unwrap lets http.ResponseController flush the stream.
-func (f *answerFilter) Unwrap() http.ResponseWriter { return f.ResponseWriter }
-
-// Flush flushes the underlying writer.
-func (f *answerFilter) Flush() {
-	if fl, ok := f.ResponseWriter.(http.Flusher); ok {
-		fl.Flush()
-	}
-}
-
-// isCancelledAnswer reports whether b is an SSE event or a JSON body whose message is an
-// error response with codeRequestCancelled.
-func isCancelledAnswer(b []byte) bool {
-	if !bytes.Contains(b, []byte("-32800")) {
-		return false
-	}
-	data := b
-	if i := bytes.Index(b, []byte("data: ")); i >= 0 {
-		data = bytes.TrimSpace(b[i+len("data: "):])
-	}
-	var msg struct {
-		ID    json.RawMessage `json:"id"`
-		Error *struct {
-			Code int `json:"code"`
-		} `json:"error"`
-	}
-	if json.Unmarshal(data, &msg) != nil {
-		return false
-	}
-	return len(msg.ID) > 0 && msg.Error != nil && msg.Error.Code == codeRequestCancelled
-}
-
-// callerOf returns the principal and teams of an MCP request: the bearer token's
-// identity over HTTP, else (stdio: the host started this process) the default.
-func callerOf(req *mcp.CallToolRequest, def string) (string, []string) {
-	if req != nil && req.Extra != nil && req.Extra.TokenInfo != nil && req.Extra.TokenInfo.UserID != "" {
-		ti := req.Extra.TokenInfo
-		teams, _ := ti.Extra["teams"].([]string)
-		return ti.UserID, teams
-	}
-	return def, nil
 }

@@ -1,0 +1,153 @@
+package mcpserver
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/auth"
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+)
+
+// The MCP part of the HTTP door, outermost first: the bearer token (401 without one
+// that Verify knows), the session cap, then go-sdk's streamable HTTP handler with an
+// idle timeout, whose answers to cancelled requests are dropped. The checks of Host and
+// Origin headers are the command's (they are shared with the console).
+
+// HTTPConfig configures the streamable HTTP handler of the MCP server.
+type HTTPConfig struct {
+	// Verify returns the principal and teams of a bearer token, ok false for a token
+	// nobody holds.
+	Verify func(token string) (principal string, teams []string, ok bool)
+	// SessionTimeout closes a session idle this long.
+	SessionTimeout time.Duration
+	// MaxSessions caps the live sessions; initialize beyond it is answered 503.
+	MaxSessions int
+	Logger      *slog.Logger
+}
+
+// HTTPHandler returns the streamable HTTP handler of srv: every request needs a bearer
+// token that cfg.Verify knows, and the runs of a session act for its token's principal.
+func HTTPHandler(srv *mcp.Server, cfg HTTPConfig) http.Handler {
+	h := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv }, &mcp.StreamableHTTPOptions{
+		SessionTimeout: cfg.SessionTimeout, Logger: cfg.Logger,
+	})
+	var next http.Handler = dropCancelledAnswers(h)
+	next = sessionCap(srv, cfg.MaxSessions, next)
+	verify := func(_ context.Context, token string, _ *http.Request) (*auth.TokenInfo, error) {
+		name, teams, ok := cfg.Verify(token)
+		if !ok {
+			return nil, fmt.Errorf("%w: unknown token", auth.ErrInvalidToken)
+		}
+		// UserID ties a session to its principal: the SDK refuses a session id presented
+		// with another principal's token.
+		return &auth.TokenInfo{UserID: name, Extra: map[string]any{"teams": teams}}, nil
+	}
+	return auth.RequireBearerToken(verify, &auth.RequireBearerTokenOptions{AllowMissingExpiration: true})(next)
+}
+
+// sessionCap answers a new session (a request without Mcp-Session-Id) 503 while max
+// sessions live: each costs memory until it ends or idles out.
+func sessionCap(srv *mcp.Server, max int, next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if max > 0 && r.Method == http.MethodPost && r.Header.Get("Mcp-Session-Id") == "" {
+			n := 0
+			for range srv.Sessions() {
+				n++
+			}
+			if n >= max {
+				w.Header().Set("Retry-After", "10")
+				http.Error(w, fmt.Sprintf("too many MCP sessions (%d): close one or wait for idle ones to time out (TOOLBUS_MCP_MAX_SESSIONS)", n), http.StatusServiceUnavailable)
+				return
+			}
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// codeRequestCancelled is the error of a request whose client cancelled it (the code
+// LSP gives it). Over HTTP the answer is dropped, as the MCP specification asks ("the
+// receiver SHOULD NOT send a response for the cancelled request"); go-sdk v1.8.0 always
+// writes one, so the door removes it.
+const codeRequestCancelled = -32800
+
+// cancelledAnswers is receiving middleware: a request whose context ended (the client
+// sent notifications/cancelled, or went away) returns codeRequestCancelled, whatever
+// the handler returned.
+func cancelledAnswers(next mcp.MethodHandler) mcp.MethodHandler {
+	return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
+		res, err := next(ctx, method, req)
+		if ctx.Err() != nil && !strings.HasPrefix(method, "notifications/") {
+			return nil, &jsonrpc.Error{Code: codeRequestCancelled, Message: "request cancelled"}
+		}
+		return res, err
+	}
+}
+
+// dropCancelledAnswers removes the answers with codeRequestCancelled from what the
+// streamable handler writes (one Write per server-sent event, or the JSON body).
+func dropCancelledAnswers(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		next.ServeHTTP(&answerFilter{ResponseWriter: w}, r)
+	})
+}
+
+type answerFilter struct {
+	http.ResponseWriter
+}
+
+func (f *answerFilter) Write(b []byte) (int, error) {
+	if isCancelledAnswer(b) {
+		return len(b), nil
+	}
+	return f.ResponseWriter.Write(b)
+}
+
+// Unwrap lets http.ResponseController flush the stream.
+func (f *answerFilter) Unwrap() http.ResponseWriter { return f.ResponseWriter }
+
+// Flush flushes the underlying writer.
+func (f *answerFilter) Flush() {
+	if fl, ok := f.ResponseWriter.(http.Flusher); ok {
+		fl.Flush()
+	}
+}
+
+// isCancelledAnswer reports whether b is an SSE event or a JSON body whose message is an
+// error response with codeRequestCancelled.
+func isCancelledAnswer(b []byte) bool {
+	if !bytes.Contains(b, []byte("-32800")) {
+		return false
+	}
+	data := b
+	if i := bytes.Index(b, []byte("data: ")); i >= 0 {
+		data = bytes.TrimSpace(b[i+len("data: "):])
+	}
+	var msg struct {
+		ID    json.RawMessage `json:"id"`
+		Error *struct {
+			Code int `json:"code"`
+		} `json:"error"`
+	}
+	if json.Unmarshal(data, &msg) != nil {
+		return false
+	}
+	return len(msg.ID) > 0 && msg.Error != nil && msg.Error.Code == codeRequestCancelled
+}
+
+// callerOf returns the principal and teams of an MCP request: the bearer token's
+// identity over HTTP, else (stdio: the host started this process) the default.
+func callerOf(req *mcp.CallToolRequest, def string) (string, []string) {
+	if req != nil && req.Extra != nil && req.Extra.TokenInfo != nil && req.Extra.TokenInfo.UserID != "" {
+		ti := req.Extra.TokenInfo
+		teams, _ := ti.Extra["teams"].([]string)
+		return ti.UserID, teams
+	}
+	return def, nil
+}
