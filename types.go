@@ -293,6 +293,28 @@ type ToolWaiting struct {
 	Call      ToolCall `json:"call"`
 }
 
+// ToolProgress is the data of tool.progress: how far a running call has come, as its
+// tool reports it. A report renews the call's liveness (a long-running tool that stops
+// reporting is timed out after its heartbeat timeout); it never changes the call's
+// result, and a report for a call that is not running is not published (readers ignore
+// one that has no running call).
+type ToolProgress struct {
+	RunID  string `json:"run_id"`
+	Step   int    `json:"step"`
+	CallID string `json:"call_id"`
+	Tool   string `json:"tool"`
+	// Attempt is the execution of the call that reports (ToolResult.Attempt).
+	Attempt int `json:"attempt"`
+	// Seq numbers the reports of one attempt from 1; a reader keeps the highest.
+	Seq int `json:"seq"`
+	// Done is the work done so far, in the tool's unit; Total the whole work, 0 when
+	// unknown.
+	Done  float64 `json:"done"`
+	Total float64 `json:"total,omitempty"`
+	// Message says what the tool is doing, for people.
+	Message string `json:"message,omitempty"`
+}
+
 // Approval is the data of approval.granted and approval.denied.
 type Approval struct {
 	RunID  string `json:"run_id"`

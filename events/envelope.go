@@ -86,6 +86,14 @@ func ToolWaitingEvent(source string, tw toolbus.ToolWaiting) Envelope {
 	}, tw}
 }
 
+// ToolProgressEvent is a tool.progress event of a running call.
+func ToolProgressEvent(source string, tp toolbus.ToolProgress) Envelope {
+	return Envelope{SubjectToolProgress(tp.RunID, tp.Tool), Meta{
+		ID: IDToolProgress(tp.RunID, tp.Step, tp.CallID, tp.Attempt, tp.Seq), Type: TypeToolProgress, Source: source,
+		RunID: tp.RunID, Step: tp.Step, CallID: tp.CallID, HasCall: true,
+	}, tp}
+}
+
 // ApprovalEvent is the approval.granted or approval.denied event of a decision on a call
 // of step (the step is not in the data: call ids are unique within a step only).
 func ApprovalEvent(source string, step int, a toolbus.Approval, granted bool) Envelope {

@@ -18,6 +18,7 @@ const (
 	TypeToolRequested   = "toolbus.tool.requested"
 	TypeToolFinished    = "toolbus.tool.finished"
 	TypeToolWaiting     = "toolbus.tool.waiting"
+	TypeToolProgress    = "toolbus.tool.progress"
 	TypeApprovalGranted = "toolbus.approval.granted"
 	TypeApprovalDenied  = "toolbus.approval.denied"
 	TypeRunCancel       = "toolbus.run.cancel"
@@ -59,6 +60,11 @@ func SubjectToolWaiting(run, tool string) string {
 	return SubjectPrefix + "." + run + ".tool.waiting." + ToolToken(tool)
 }
 
+// SubjectToolProgress is toolbus.<run>.tool.progress.<tool>.
+func SubjectToolProgress(run, tool string) string {
+	return SubjectPrefix + "." + run + ".tool.progress." + ToolToken(tool)
+}
+
 // SubjectApproval is toolbus.<run>.approval.granted or .denied.
 func SubjectApproval(run string, granted bool) string {
 	if granted {
@@ -85,6 +91,7 @@ const (
 	FilterToolRequested  = SubjectPrefix + ".*.tool.requested.>"
 	FilterToolFinished   = SubjectPrefix + ".*.tool.finished.>"
 	FilterToolWaiting    = SubjectPrefix + ".*.tool.waiting.>"
+	FilterToolProgress   = SubjectPrefix + ".*.tool.progress.>"
 	FilterApprovals      = SubjectPrefix + ".*.approval.>"
 	FilterRunCancel      = SubjectPrefix + ".*.run.cancel"
 	FilterRunEnded       = SubjectPrefix + ".*.run.*"
@@ -153,6 +160,11 @@ func IDToolFinished(run string, step int, callID string) string {
 // IDToolWaiting is <run>/<step>/<call_id>/tool.waiting.
 func IDToolWaiting(run string, step int, callID string) string {
 	return run + "/" + strconv.Itoa(step) + "/" + callID + "/tool.waiting"
+}
+
+// IDToolProgress is <run>/<step>/<call_id>/tool.progress/<attempt>/<seq>.
+func IDToolProgress(run string, step int, callID string, attempt, seq int) string {
+	return run + "/" + strconv.Itoa(step) + "/" + callID + "/tool.progress/" + strconv.Itoa(attempt) + "/" + strconv.Itoa(seq)
 }
 
 // IDRunEnded is <run>/<step>/run.<status>.
