@@ -14,12 +14,15 @@ type ToolContract struct {
 	InputSchema  json.RawMessage `json:"input_schema"`
 	OutputSchema json.RawMessage `json:"output_schema,omitempty"`
 	// ReadOnly is false for tools with side effects; those get an idempotency key.
-	ReadOnly       bool          `json:"read_only"`
-	NeedsApproval  bool          `json:"needs_approval,omitempty"`
-	Timeout        time.Duration `json:"timeout,omitempty"`
-	MaxOutputBytes int           `json:"max_output_bytes,omitempty"`
-	MaxConcurrency int           `json:"max_concurrency,omitempty"`
-	RedactFields   []string      `json:"redact_fields,omitempty"`
+	ReadOnly      bool          `json:"read_only"`
+	NeedsApproval bool          `json:"needs_approval,omitempty"`
+	Timeout       time.Duration `json:"timeout,omitempty"`
+	// HeartbeatTimeout marks a long-running tool: a call that reports no progress
+	// (tool.progress) for this long is timed out; Timeout is then its longest run.
+	HeartbeatTimeout time.Duration `json:"heartbeat_timeout,omitempty"`
+	MaxOutputBytes   int           `json:"max_output_bytes,omitempty"`
+	MaxConcurrency   int           `json:"max_concurrency,omitempty"`
+	RedactFields     []string      `json:"redact_fields,omitempty"`
 	// Owner is the team whose executors serve the tool (the catalog records it; with
 	// per-team credentials only that team may write the entry).
 	Owner string `json:"owner,omitempty"`

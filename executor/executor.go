@@ -320,34 +320,70 @@ func (e *Executor) Execute(ctx context.Context, tc toolbus.ToolCall, p toolbus.P
 		return res
 	}
 
-	cctx := &callCtx{parent: ctx, deadline: deadline}
+	cctx := &callCtx{parent: ctx, deadline: deadline, lastBeat: time.Now()}
+	cctx.sink, _ = ctx.Value(progressSinkKey{}).(ProgressSink)
 	st.ctx, st.ent, st.callID, st.args, st.sem, st.log = cctx, ent, tc.CallID, args, sem, e.log
+	// A long-running tool's heartbeat timer: checked when it would run out, moved on by
+	// each report (Progress). Other tools have none (a nil channel never fires).
+	var (
+		beat    <-chan time.Time
+		beatTmr *time.Timer
+		hb      = ent.tool.HeartbeatTimeout
+	)
+	if hb > 0 {
+		beatTmr = time.NewTimer(hb)
+		defer beatTmr.Stop()
+		beat = beatTmr.C
+	}
 	go st.run()
-	select {
-	case <-st.done:
-	case <-ctx.Done():
+	// abandon gives the call up to a Func still running: its goroutine keeps the run
+	// state, and a late report is refused with why.
+	abandon := func(err error, why string) {
+		st.abandoned.Store(true)
+		pooled = false
+		cctx.end(err, why)
+	}
+wait:
+	for {
 		select {
 		case <-st.done:
-		default:
-			st.abandoned.Store(true)
-			pooled = false
-			cctx.cancel(ctx.Err())
-			c.ctxDone(ctx, false, timeout, phaseRunning)
-			return res
-		}
-	case <-timer.C:
-		select {
-		case <-st.done:
-		default:
-			st.abandoned.Store(true)
-			pooled = false
-			cctx.cancel(context.DeadlineExceeded)
-			c.ctxDone(ctx, ownDeadline && ctx.Err() == nil, timeout, phaseRunning)
-			return res
+			break wait
+		case <-ctx.Done():
+			select {
+			case <-st.done:
+				break wait
+			default:
+				abandon(ctx.Err(), "the call was cancelled or its deadline passed")
+				c.ctxDone(ctx, false, timeout, phaseRunning)
+				return res
+			}
+		case <-timer.C:
+			select {
+			case <-st.done:
+				break wait
+			default:
+				abandon(context.DeadlineExceeded, "its timeout passed")
+				c.ctxDone(ctx, ownDeadline && ctx.Err() == nil, timeout, phaseRunning)
+				return res
+			}
+		case <-beat:
+			if left := hb - cctx.sinceBeat(); left > 0 {
+				beatTmr.Reset(left)
+				continue
+			}
+			select {
+			case <-st.done:
+				break wait
+			default:
+				why := fmt.Sprintf("the tool reported no progress for %s (its heartbeat timeout)", hb)
+				abandon(context.DeadlineExceeded, why)
+				c.fail(toolbus.StatusTimedOut, toolbus.CodeTimeout, why+"; it may succeed if retried", true, nil)
+				return res
+			}
 		}
 	}
 	out, err, panicked := st.out, st.err, st.panicked
-	defer cctx.cancel(context.Canceled) // the call is over: release a timer the tool started
+	defer cctx.end(context.Canceled, "the tool had returned") // the call is over: release a timer the tool started
 
 	switch {
 	case panicked:

@@ -44,8 +44,15 @@ type Tool struct {
 	// calling Execute.
 	NeedsApproval bool
 	// Timeout bounds a call, including the wait for a concurrency slot; 0 means the
-	// executor default (30s).
+	// executor default (30s). For a long-running tool (HeartbeatTimeout set) it is the
+	// longest a call may run however often it reports progress.
 	Timeout time.Duration
+	// HeartbeatTimeout makes the tool long-running: a call that reports no progress
+	// (Progress) for this long, from its start or its last report, is timed out, as a
+	// Temporal activity's heartbeat timeout does; one that keeps reporting runs until it
+	// returns, up to Timeout. 0: not long-running (reports are still published). When
+	// set, it must be less than Timeout.
+	HeartbeatTimeout time.Duration
 	// MaxOutputBytes bounds ToolResult.Content in bytes; 0 means the executor default
 	// (16384). When set it must be at least MinOutputBytes.
 	MaxOutputBytes int
@@ -71,17 +78,18 @@ const MinOutputBytes = 256
 // catalog and what events.OpenAITools and friends convert for the model APIs).
 func (t Tool) Contract() toolbus.ToolContract {
 	return toolbus.ToolContract{
-		Name:           t.Name,
-		Description:    t.Description,
-		InputSchema:    t.InputSchema,
-		OutputSchema:   t.OutputSchema,
-		ReadOnly:       t.ReadOnly,
-		NeedsApproval:  t.NeedsApproval,
-		Timeout:        t.Timeout,
-		MaxOutputBytes: t.MaxOutputBytes,
-		MaxConcurrency: t.MaxConcurrency,
-		RedactFields:   slices.Clone(t.RedactFields),
-		Version:        t.Version,
+		Name:             t.Name,
+		Description:      t.Description,
+		InputSchema:      t.InputSchema,
+		OutputSchema:     t.OutputSchema,
+		ReadOnly:         t.ReadOnly,
+		NeedsApproval:    t.NeedsApproval,
+		Timeout:          t.Timeout,
+		HeartbeatTimeout: t.HeartbeatTimeout,
+		MaxOutputBytes:   t.MaxOutputBytes,
+		MaxConcurrency:   t.MaxConcurrency,
+		RedactFields:     slices.Clone(t.RedactFields),
+		Version:          t.Version,
 	}
 }
 
@@ -130,6 +138,9 @@ func (r *Registry) register(t Tool, checkOutput bool) error {
 	}
 	if t.Timeout < 0 || t.MaxConcurrency < 0 || t.MaxOutputBytes < 0 {
 		return invalid(t.Name, "Timeout, MaxConcurrency and MaxOutputBytes must not be negative")
+	}
+	if t.HeartbeatTimeout < 0 || (t.HeartbeatTimeout > 0 && t.HeartbeatTimeout >= t.Timeout) {
+		return invalid(t.Name, "HeartbeatTimeout %s must be 0 (not long-running) or positive and less than Timeout %s (the longest a call may run)", t.HeartbeatTimeout, t.Timeout)
 	}
 	if t.MaxOutputBytes != 0 && t.MaxOutputBytes < MinOutputBytes {
 		return invalid(t.Name, "MaxOutputBytes must be 0 (default) or at least %d", MinOutputBytes)
