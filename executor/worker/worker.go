@@ -53,6 +53,9 @@ type Config struct {
 	// InlineOutputMax is the largest output kept in the event itself (default 256 KiB);
 	// larger outputs go to the outputs bucket and the result carries a reference.
 	InlineOutputMax int
+	// ProgressInterval is the least time between two tool.progress events of one call
+	// (default DefaultProgressInterval): a report made sooner replaces the pending one.
+	ProgressInterval time.Duration
 	// Metrics, when set, records the calls this worker runs (telemetry.Metrics).
 	Metrics Metrics
 	// Observer, when set, watches the consume loop (readiness, redeliveries, poison).
@@ -115,6 +118,8 @@ func (c Config) Validate() error {
 	switch {
 	case c.MaxAckPending < 0:
 		err = events.InvalidField("MaxAckPending", c.MaxAckPending, fmt.Sprintf("1 or more (0: default %d)", DefaultMaxAckPending))
+	case c.ProgressInterval < 0:
+		err = events.InvalidField("ProgressInterval", c.ProgressInterval, fmt.Sprintf("positive (0: default %s)", DefaultProgressInterval))
 	case c.InlineOutputMax < 0:
 		err = events.InvalidField("InlineOutputMax", c.InlineOutputMax, fmt.Sprintf("1 or more (0: default %d)", DefaultInlineOutputMax))
 	}
@@ -134,6 +139,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.InlineOutputMax == 0 {
 		c.InlineOutputMax = DefaultInlineOutputMax
+	}
+	if c.ProgressInterval == 0 {
+		c.ProgressInterval = DefaultProgressInterval
 	}
 	if c.Metrics == nil {
 		c.Metrics = nopMetrics{}
@@ -957,9 +965,14 @@ func (w *Worker) run(ctx context.Context, msg jetstream.Msg, req toolbus.ToolReq
 		Lease:          lv,
 	})
 
+	// The tool's progress reports go to a publisher of their own, throttled; its last
+	// report is published before the result.
+	sink, stopProgress := w.startProgress(ctx, msg, req, attempt, lv)
+	callCtx = executor.WithProgressSink(callCtx, sink)
 	stopBeat := events.Heartbeat(msg, w.cfg.AckWait/3)
 	res := w.exec.Execute(callCtx, req.Call, rs.Principal)
 	stopBeat()
+	stopProgress()
 
 	if errors.Is(context.Cause(callCtx), errLeaseLost) || !lv.valid() {
 		return res, fmt.Errorf("call %s: %w", req.Call.CallID, errLeaseLost)
