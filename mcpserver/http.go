@@ -13,18 +13,26 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/auth"
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/toolbus/toolbus/internal/door"
 )
 
-// The MCP part of the HTTP door, outermost first: the bearer token (401 without one
-// that Verify knows), the session cap, then go-sdk's streamable HTTP handler with an
-// idle timeout, whose answers to cancelled requests are dropped. The checks of Host and
-// Origin headers are the command's (they are shared with the console).
+// The HTTP door of `toolbus mcp --http`, outermost first: the Host header (DNS
+// rebinding), the Origin header (a browser page of another site), the bearer token
+// (401 without one that the access list knows), the session cap, then go-sdk's
+// streamable HTTP handler with an idle timeout, whose answers to cancelled requests are
+// dropped.
 
-// HTTPConfig configures the streamable HTTP handler of the MCP server.
+// HTTPConfig configures the streamable HTTP door of the MCP server.
 type HTTPConfig struct {
-	// Verify returns the principal and teams of a bearer token, ok false for a token
-	// nobody holds.
-	Verify func(token string) (principal string, teams []string, ok bool)
+	// Listen is the address served (for the Host check).
+	Listen string
+	// Access maps bearer tokens to principals.
+	Access *door.Source
+	// AllowedHosts are host names besides loopback and Listen's host that clients use.
+	AllowedHosts []string
+	// AllowedOrigins are browser origins allowed besides the server's own.
+	AllowedOrigins []string
 	// SessionTimeout closes a session idle this long.
 	SessionTimeout time.Duration
 	// MaxSessions caps the live sessions; initialize beyond it is answered 503.
@@ -32,8 +40,9 @@ type HTTPConfig struct {
 	Logger      *slog.Logger
 }
 
-// HTTPHandler returns the streamable HTTP handler of srv: every request needs a bearer
-// token that cfg.Verify knows, and the runs of a session act for its token's principal.
+// HTTPHandler returns the streamable HTTP handler of srv behind the door of cfg: every
+// request needs a bearer token of cfg.Access, and the runs of a session act for its
+// token's principal. GET /readyz answers "ok" without a token.
 func HTTPHandler(srv *mcp.Server, cfg HTTPConfig) http.Handler {
 	h := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv }, &mcp.StreamableHTTPOptions{
 		SessionTimeout: cfg.SessionTimeout, Logger: cfg.Logger,
@@ -41,15 +50,31 @@ func HTTPHandler(srv *mcp.Server, cfg HTTPConfig) http.Handler {
 	var next http.Handler = dropCancelledAnswers(h)
 	next = sessionCap(srv, cfg.MaxSessions, next)
 	verify := func(_ context.Context, token string, _ *http.Request) (*auth.TokenInfo, error) {
-		name, teams, ok := cfg.Verify(token)
+		id, ok := cfg.Access.Current().Lookup(token)
 		if !ok {
 			return nil, fmt.Errorf("%w: unknown token", auth.ErrInvalidToken)
 		}
 		// UserID ties a session to its principal: the SDK refuses a session id presented
 		// with another principal's token.
-		return &auth.TokenInfo{UserID: name, Extra: map[string]any{"teams": teams}}, nil
+		return &auth.TokenInfo{UserID: id.Name, Extra: map[string]any{"teams": id.Teams}}, nil
 	}
-	return auth.RequireBearerToken(verify, &auth.RequireBearerTokenOptions{AllowMissingExpiration: true})(next)
+	next = auth.RequireBearerToken(verify, &auth.RequireBearerTokenOptions{AllowMissingExpiration: true})(next)
+	hosts := door.NewHostPolicy(cfg.Listen, cfg.AllowedHosts)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !hosts.OK(r) {
+			http.Error(w, fmt.Sprintf("forbidden Host %q: add it to TOOLBUS_MCP_ALLOWED_HOSTS if clients use that name", r.Host), http.StatusForbidden)
+			return
+		}
+		if r.URL.Path == "/readyz" && r.Method == http.MethodGet {
+			fmt.Fprintln(w, "ok") // a probe: no token needed, nothing told
+			return
+		}
+		if !door.OriginOK(r, cfg.AllowedOrigins) {
+			http.Error(w, fmt.Sprintf("forbidden Origin %q: add it to TOOLBUS_MCP_ALLOWED_ORIGINS to allow a browser client of that site", r.Header.Get("Origin")), http.StatusForbidden)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
 }
 
 // sessionCap answers a new session (a request without Mcp-Session-Id) 503 while max

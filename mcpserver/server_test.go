@@ -22,6 +22,7 @@ import (
 	"github.com/toolbus/toolbus/executor/packs"
 	"github.com/toolbus/toolbus/executor/worker"
 	"github.com/toolbus/toolbus/injector"
+	"github.com/toolbus/toolbus/internal/door"
 	"github.com/toolbus/toolbus/mcpserver"
 	"github.com/toolbus/toolbus/planner"
 )
@@ -259,14 +260,17 @@ func TestMCPCallTool(t *testing.T) {
 // TestMCPHTTPSessions: sessions beyond the cap are refused (503) and idle ones close.
 func TestMCPHTTPSessions(t *testing.T) {
 	p := startPipeline(t)
-	const tok = "carol-token"
+	tok := door.NewToken()
+	access, err := door.NewSource(door.Entry("carol", tok, nil), "")
+	if err != nil {
+		t.Fatal(err)
+	}
 	srv, err := mcpserver.New(p.ctx, p.bus, mcpserver.Config{Source: "/mcp-test", Logger: quiet()})
 	if err != nil {
 		t.Fatal(err)
 	}
 	hs := httptest.NewServer(mcpserver.HTTPHandler(srv, mcpserver.HTTPConfig{
-		Verify:         func(token string) (string, []string, bool) { return "carol", nil, token == tok },
-		SessionTimeout: time.Second, MaxSessions: 3, Logger: quiet(),
+		Listen: "127.0.0.1:0", Access: access, SessionTimeout: time.Second, MaxSessions: 3, Logger: quiet(),
 	}))
 	defer hs.Close()
 	initialize := func() int {

@@ -20,6 +20,7 @@ import (
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
 	"github.com/toolbus/toolbus/events/store"
+	"github.com/toolbus/toolbus/internal/door"
 	"github.com/toolbus/toolbus/mcpserver"
 )
 
@@ -83,9 +84,9 @@ func TestMCPStdioBinary(t *testing.T) {
 // Origin and Host headers are refused, and a cancelled request gets no answer.
 func TestMCPHTTP(t *testing.T) {
 	p := startOpsPipeline(t, nil)
-	alice, bob := newToken(), newToken()
+	alice, bob := door.NewToken(), door.NewToken()
 	tokens := filepath.Join(t.TempDir(), "mcp-tokens")
-	if err := os.WriteFile(tokens, []byte("# MCP callers\n"+accessEntry("alice", alice, []string{"ops"})+"\n"+accessEntry("bob", bob, nil)+"\n"), 0o600); err != nil {
+	if err := os.WriteFile(tokens, []byte("# MCP callers\n"+door.Entry("alice", alice, []string{"ops"})+"\n"+door.Entry("bob", bob, nil)+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	t.Setenv("TOOLBUS_MCP_TOKENS_FILE", tokens)
@@ -125,8 +126,8 @@ func TestMCPHTTP(t *testing.T) {
 			want                      int
 		}{
 			{name: "no token", want: http.StatusUnauthorized},
-			{name: "wrong token", token: newToken(), want: http.StatusUnauthorized},
-			{name: "token's hash as token", token: strings.Fields(accessEntry("alice", alice, nil))[1], want: http.StatusUnauthorized},
+			{name: "wrong token", token: door.NewToken(), want: http.StatusUnauthorized},
+			{name: "token's hash as token", token: strings.Fields(door.Entry("alice", alice, nil))[1], want: http.StatusUnauthorized},
 			{name: "foreign origin", token: alice, origin: "https://evil.example", want: http.StatusForbidden},
 			{name: "null origin", token: alice, origin: "null", want: http.StatusForbidden},
 			{name: "foreign host (DNS rebinding)", token: alice, host: "evil.example:" + port, want: http.StatusForbidden},
