@@ -28,6 +28,9 @@ const (
 	// tool, status or type than its subject names); consumers terminated it and it
 	// counts for no run.
 	ViolationSubjectMismatch = "subject_mismatch"
+	// ViolationProgressNotRunning: a tool.progress for a call that was not running (no
+	// tool.requested before it, or after its tool.finished); readers ignore it.
+	ViolationProgressNotRunning = "progress_not_running"
 )
 
 // Violation is one broken invariant.
@@ -147,7 +150,7 @@ func Analyze(run string, evs []events.StoredEvent) *Report {
 	}
 	v := Visitor{
 		RunStarted: a.runStarted, ModelRequested: a.modelRequested, ModelResponded: a.modelResponded,
-		ToolRequested: a.toolRequested, ToolWaiting: a.toolWaiting, ToolFinished: a.toolFinished,
+		ToolRequested: a.toolRequested, ToolWaiting: a.toolWaiting, ToolFinished: a.toolFinished, ToolProgress: a.toolProgress,
 		Approval: a.approval, Cancel: a.cancel, RunEnded: a.runEnded, Undecodable: a.undecodable,
 		Timer: func(_ events.StoredEvent, t events.RunTimer) {
 			a.e.Summary = "the run ends at " + t.Deadline.UTC().Format(time.RFC3339) + " if it still goes on then"
@@ -354,6 +357,29 @@ func (a *analysis) toolWaiting(_ events.StoredEvent, tw toolbus.ToolWaiting) {
 	if rc := a.findCall(tw.Step, tw.Call.CallID); rc != nil {
 		rc.Waited = true
 	}
+}
+
+func (a *analysis) toolProgress(ev events.StoredEvent, tp toolbus.ToolProgress) {
+	e := a.e
+	e.Step, e.CallID, e.Tool = tp.Step, tp.CallID, tp.Tool
+	e.Summary = ProgressText(tp)
+	if rc := a.findCall(tp.Step, tp.CallID); rc == nil || rc.Requested == 0 || rc.Results > 0 {
+		e.Summary = "ignored: progress for a call that is not running (" + e.Summary + ")"
+		a.addV(ViolationProgressNotRunning, ev.Seq, tp.Step, tp.CallID, "tool.progress %d of call %s when the call was not running (no request before it, or after its result)", tp.Seq, tp.CallID)
+	}
+}
+
+// ProgressText says how far a call has come: "40/120 (33%): searched 40 archives",
+// "40: ..." when the total is unknown.
+func ProgressText(tp toolbus.ToolProgress) string {
+	s := strconv.FormatFloat(tp.Done, 'f', -1, 64)
+	if tp.Total > 0 {
+		s += "/" + strconv.FormatFloat(tp.Total, 'f', -1, 64) + fmt.Sprintf(" (%d%%)", int(100*tp.Done/tp.Total))
+	}
+	if tp.Message != "" {
+		s += ": " + OneLine(tp.Message, 100)
+	}
+	return "progress " + s
 }
 
 func (a *analysis) approval(_ events.StoredEvent, ap toolbus.Approval, granted bool) {

@@ -436,13 +436,23 @@ type tailer struct {
 	colour    bool
 	prefixRun bool
 	buf       bytes.Buffer
+	// finished holds the calls seen finishing (run/step/call id), whose late progress
+	// reports are ignored; it is forgotten when it grows past maxTailFinished.
+	finished map[string]bool
 }
+
+// maxTailFinished bounds the finished calls a tail remembers.
+const maxTailFinished = 100_000
 
 // print renders one event and returns the run status it reports, if any.
 func (t *tailer) print(ev events.StoredEvent) toolbus.RunStatus {
 	t.buf.Reset()
 	p := newPrinter(&t.buf)
 	p.timers = true
+	if t.finished == nil || len(t.finished) > maxTailFinished {
+		t.finished = map[string]bool{}
+	}
+	p.finished = t.finished
 	status, _ := p.print(ev)
 	text := strings.TrimRight(t.buf.String(), "\n")
 	if text == "" {
@@ -497,6 +507,8 @@ func eventColour(ev events.StoredEvent, status toolbus.RunStatus) string {
 			return ansiGreen
 		}
 		return ansiRed
+	case strings.Contains(subject, ".tool.progress."):
+		return ansiDim
 	case strings.Contains(subject, ".model.responded"):
 		return ansiCyan
 	case strings.HasSuffix(subject, ".run.started"):

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -26,9 +27,19 @@ type printer struct {
 	requested string
 	// timers prints the run's deadline timer (tail); a run's own timeline leaves it out.
 	timers bool
+	// finished holds the calls with a result (run/step/call id): their progress reports
+	// are ignored.
+	finished map[string]bool
 }
 
-func newPrinter(out io.Writer) *printer { return &printer{out: out, open: map[string]string{}} }
+func newPrinter(out io.Writer) *printer {
+	return &printer{out: out, open: map[string]string{}, finished: map[string]bool{}}
+}
+
+// callKey names a call across runs.
+func callKey(run string, step int, callID string) string {
+	return run + "/" + strconv.Itoa(step) + "/" + callID
+}
 
 // waitingFor says what the run waits for after the last event printed, and the durable
 // consumers whose workers would serve it.
@@ -77,8 +88,8 @@ func resultLine(r toolbus.ToolResult) string {
 
 // print renders one event; it reports the run status and whether the run stopped.
 func (p *printer) print(ev events.StoredEvent) (status toolbus.RunStatus, done bool) {
-	if ev.Err == nil {
-		p.last = ev.Meta.Type
+	if ev.Err == nil && ev.Meta.Type != events.TypeToolProgress {
+		p.last = ev.Meta.Type // a report changes nothing the run waits for
 	}
 	v := audit.Visitor{
 		Undecodable: func(ev events.StoredEvent, err error) {
@@ -130,7 +141,15 @@ func (p *printer) print(ev events.StoredEvent) (status toolbus.RunStatus, done b
 		},
 		ToolFinished: func(_ events.StoredEvent, tf toolbus.ToolFinished) {
 			delete(p.open, tf.CallID)
+			p.finished[callKey(tf.RunID, tf.Step, tf.CallID)] = true
 			fmt.Fprintln(p.out, resultLine(tf.ToolResult))
+		},
+		ToolProgress: func(_ events.StoredEvent, tp toolbus.ToolProgress) {
+			if p.finished[callKey(tp.RunID, tp.Step, tp.CallID)] {
+				fmt.Fprintf(p.out, "  ! ignored tool.progress %d of %s %s: the call is not running (it has its result)\n", tp.Seq, tp.CallID, tp.Tool)
+				return
+			}
+			fmt.Fprintf(p.out, "        .. %s %s %s\n", tp.CallID, tp.Tool, audit.ProgressText(tp))
 		},
 		ToolWaiting: func(_ events.StoredEvent, tw toolbus.ToolWaiting) {
 			fmt.Fprintf(p.out, "        .. %s %s waits for approval\n", tw.Call.CallID, tw.Call.Tool)
