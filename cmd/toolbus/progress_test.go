@@ -88,4 +88,3 @@ func TestSilentLongRunningToolTimesOut(t *testing.T) {
 		t.Fatalf("toolbus call silent: exit %d, %s; want %d and the heartbeat timeout named", code, errOut, callExitTimedOut)
 	}
 }
-
