@@ -163,7 +163,8 @@ const (
 )
 
 // call runs one tools/call as a pre-planned run and maps its tool.finished to the
-// result. A call that needs approval is answered at once with an error naming the run
+// result; while the call runs, its progress reports go to the host as progress
+// notifications when the request carries a progressToken. A call that needs approval is answered at once with an error naming the run
 // and call to approve: an MCP host's request would otherwise hold for minutes with no
 // progress the user can see, and many hosts time requests out well before that; the
 // run waits for the decision (up to ApprovalTimeout) and `toolbus replay` shows it.
@@ -192,7 +193,23 @@ func (b *bridge) call(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallT
 	}
 	b.cfg.Logger.Info("mcp call started", "tool", name, "run_id", run, "principal", who)
 	var answer *mcp.CallToolResult
+	// The host asked for progress (a progressToken): the call's tool.progress events are
+	// forwarded as notifications/progress, whose progress must increase (a report that
+	// does not move done forward is not sent).
+	token := req.Params.GetProgressToken()
+	sent := -1.0
 	v := audit.Visitor{
+		ToolProgress: func(_ events.StoredEvent, tp toolbus.ToolProgress) {
+			if token == nil || answer != nil || tp.CallID != callrun.CallID || tp.Step != 0 || tp.Done <= sent || req.Session == nil {
+				return
+			}
+			sent = tp.Done
+			if err := req.Session.NotifyProgress(ctx, &mcp.ProgressNotificationParams{
+				ProgressToken: token, Progress: tp.Done, Total: tp.Total, Message: tp.Message,
+			}); err != nil {
+				b.cfg.Logger.Debug("mcp progress not sent", "run_id", run, "error", err)
+			}
+		},
 		ToolFinished: func(_ events.StoredEvent, tf toolbus.ToolFinished) {
 			if tf.CallID == callrun.CallID {
 				answer = toolResult(tf.ToolResult)

@@ -332,3 +332,117 @@ func mcpPost(t *testing.T, endpoint, token, session, body string, edit func(*htt
 	}
 	return resp
 }
+
+// crawlTool is a long-running tool (heartbeat timeout hb) that reports increasing
+// progress every hb/20 for 2.5 heartbeat timeouts, then answers.
+func crawlTool(hb time.Duration) executor.Tool {
+	return executor.Tool{Name: "crawl", Description: "crawls for a while, reporting progress", ReadOnly: true,
+		InputSchema: json.RawMessage(`{"type":"object"}`), Timeout: 10 * time.Minute, HeartbeatTimeout: hb,
+		Func: func(ctx context.Context, _ json.RawMessage) (any, error) {
+			start, n := time.Now(), 0
+			for time.Since(start) < 5*hb/2 {
+				n++
+				if err := executor.Progress(ctx, float64(n), 1000, fmt.Sprintf("page %d", n)); err != nil {
+					return nil, err
+				}
+				select {
+				case <-ctx.Done():
+					return nil, ctx.Err()
+				case <-time.After(hb / 20):
+				}
+			}
+			return map[string]int{"pages": n}, nil
+		}}
+}
+
+// TestMCPProgress: a host that sends a progressToken gets the call's progress as
+// notifications/progress (increasing, with the tool's message) before the result; a
+// long-running tool that keeps reporting outlives its heartbeat timeout.
+func TestMCPProgress(t *testing.T) {
+	p := startPipeline(t, crawlTool(time.Second))
+	var (
+		mu  sync.Mutex
+		got []*mcp.ProgressNotificationParams
+	)
+	cs := mcpClient(t, p, &mcp.ClientOptions{ProgressNotificationHandler: func(_ context.Context, req *mcp.ProgressNotificationClientRequest) {
+		mu.Lock()
+		got = append(got, req.Params)
+		mu.Unlock()
+	}})
+	waitOffered(t, p, cs, "crawl")
+	params := &mcp.CallToolParams{Name: "crawl", Arguments: map[string]any{}}
+	params.SetProgressToken("crawl-1")
+	res, err := cs.CallTool(p.ctx, params)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.IsError || !strings.Contains(resultText(res), "pages") {
+		t.Fatalf("crawl: isError %v, %q", res.IsError, resultText(res))
+	}
+	// Notifications and the result travel on one connection in order; the handler runs
+	// as each arrives.
+	eventstest.Eventually(t, 10*time.Second, func() error {
+		mu.Lock()
+		defer mu.Unlock()
+		if len(got) == 0 {
+			return fmt.Errorf("no progress notification")
+		}
+		return nil
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	last := -1.0
+	for _, n := range got {
+		if n.ProgressToken != "crawl-1" || n.Total != 1000 || !strings.HasPrefix(n.Message, "page ") || n.Progress <= last {
+			t.Fatalf("progress notification %+v (after %v): want token crawl-1, total 1000, a page message, increasing", n, last)
+		}
+		last = n.Progress
+	}
+}
+
+// TestMCPNoProgressWithoutToken: without a progressToken the host gets no progress
+// notifications, only the result.
+func TestMCPNoProgressWithoutToken(t *testing.T) {
+	p := startPipeline(t, crawlTool(time.Second))
+	var (
+		mu sync.Mutex
+		n  int
+	)
+	cs := mcpClient(t, p, &mcp.ClientOptions{ProgressNotificationHandler: func(context.Context, *mcp.ProgressNotificationClientRequest) {
+		mu.Lock()
+		n++
+		mu.Unlock()
+	}})
+	waitOffered(t, p, cs, "crawl")
+	res, err := cs.CallTool(p.ctx, &mcp.CallToolParams{Name: "crawl", Arguments: map[string]any{}})
+	if err != nil || res.IsError {
+		t.Fatalf("crawl: %v %+v", err, res)
+	}
+	// A notification sent would have arrived before the result on the same connection;
+	// a list round trip after the result flushes anything still in flight.
+	if _, err := cs.ListTools(p.ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if n != 0 {
+		t.Fatalf("%d progress notifications without a progressToken", n)
+	}
+}
+
+// waitOffered waits until tools/list offers tool.
+func waitOffered(t *testing.T, p *pipeline, cs *mcp.ClientSession, tool string) {
+	t.Helper()
+	eventstest.Eventually(t, 30*time.Second, func() error {
+		list, err := cs.ListTools(p.ctx, nil)
+		if err != nil {
+			return err
+		}
+		for _, tl := range list.Tools {
+			if tl.Name == tool {
+				return nil
+			}
+		}
+		return fmt.Errorf("%s not offered yet", tool)
+	})
+}
