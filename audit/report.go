@@ -84,6 +84,16 @@ type Call struct {
 	DecidedWhy string              `json:"decided_why,omitempty"`
 	Results    int                 `json:"results"`
 	Result     *toolbus.ToolResult `json:"result,omitempty"`
+	// Progress is the call's last progress report while it ran (tool.progress).
+	Progress *toolbus.ToolProgress `json:"progress,omitempty"`
+}
+
+// ProgressText says how far the call had come by its last report ("" without one).
+func (c Call) ProgressText() string {
+	if c.Progress == nil {
+		return ""
+	}
+	return ProgressText(*c.Progress)
 }
 
 // Report is the audit of one run (`toolbus replay --json` prints it as is).
@@ -363,9 +373,14 @@ func (a *analysis) toolProgress(ev events.StoredEvent, tp toolbus.ToolProgress) 
 	e := a.e
 	e.Step, e.CallID, e.Tool = tp.Step, tp.CallID, tp.Tool
 	e.Summary = ProgressText(tp)
-	if rc := a.findCall(tp.Step, tp.CallID); rc == nil || rc.Requested == 0 || rc.Results > 0 {
+	rc := a.findCall(tp.Step, tp.CallID)
+	if rc == nil || rc.Requested == 0 || rc.Results > 0 {
 		e.Summary = "ignored: progress for a call that is not running (" + e.Summary + ")"
 		a.addV(ViolationProgressNotRunning, ev.Seq, tp.Step, tp.CallID, "tool.progress %d of call %s when the call was not running (no request before it, or after its result)", tp.Seq, tp.CallID)
+		return
+	}
+	if rc.Progress == nil || tp.Attempt > rc.Progress.Attempt || (tp.Attempt == rc.Progress.Attempt && tp.Seq > rc.Progress.Seq) {
+		rc.Progress = &tp
 	}
 }
 

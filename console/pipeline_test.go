@@ -173,3 +173,24 @@ func deployTool() executor.Tool {
 func call(id, tool, args string) toolbus.ToolCall {
 	return toolbus.ToolCall{CallID: id, Tool: tool, Arguments: args}
 }
+
+// crawlTool is a long-running tool that reports progress every 50ms until release is
+// closed, then answers.
+func crawlTool(release <-chan struct{}) executor.Tool {
+	return executor.Tool{Name: "crawl", Description: "crawls until released, reporting progress", ReadOnly: true,
+		InputSchema: json.RawMessage(`{"type":"object"}`), Timeout: 2 * time.Minute, HeartbeatTimeout: 10 * time.Second,
+		Func: func(ctx context.Context, _ json.RawMessage) (any, error) {
+			for n := 1; ; n++ {
+				if err := executor.Progress(ctx, float64(n), 0, fmt.Sprintf("page %d", n)); err != nil {
+					return nil, err
+				}
+				select {
+				case <-release:
+					return "crawled", nil
+				case <-ctx.Done():
+					return nil, ctx.Err()
+				case <-time.After(50 * time.Millisecond):
+				}
+			}
+		}}
+}
