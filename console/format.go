@@ -26,7 +26,7 @@ func funcs() template.FuncMap {
 		"unixms": func(t time.Time) int64 { return t.UnixMilli() },
 		// since is the time elapsed since t, as the page's script keeps counting it.
 		"since": func(t time.Time) string { return dur(time.Since(t)) },
-		"stamp":  func(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05.000Z") },
+		"stamp": func(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05.000Z") },
 		// showCode reports whether a code says more than the status it goes with (a
 		// cancelled run's code is "cancelled": shown once).
 		"showCode": func(status, code string) bool { return code != "" && code != status },

@@ -102,9 +102,29 @@ func (c *server) runPage(w http.ResponseWriter, r *http.Request) {
 }
 
 // callTimes are the moments of one call on the run's axis (milliseconds from its start;
-// -1 when it has not happened).
+// -1 when it has not happened). A call that needs approval is requested, then waits,
+// then (granted) is requested again: its execution starts at the request after the
+// decision.
 type callTimes struct {
 	waiting, decided, requested, finished int64
+	requests                              []int64
+}
+
+// execStart is when the call's execution began: its first request, or for a call that
+// waited, its first request after the decision (-1: not yet).
+func (t *callTimes) execStart() int64 {
+	if t.waiting < 0 {
+		return t.requested
+	}
+	if t.decided < 0 {
+		return -1
+	}
+	for _, r := range t.requests {
+		if r >= t.decided {
+			return r
+		}
+	}
+	return -1
 }
 
 // timesOf reads when each call waited, was decided, requested and finished.
@@ -114,7 +134,7 @@ func timesOf(rep *audit.Report) map[[2]string]*callTimes {
 		k := [2]string{itoa(step), call}
 		t := out[k]
 		if t == nil {
-			t = &callTimes{-1, -1, -1, -1}
+			t = &callTimes{waiting: -1, decided: -1, requested: -1, finished: -1}
 			out[k] = t
 		}
 		return t
@@ -136,6 +156,7 @@ func timesOf(rep *audit.Report) map[[2]string]*callTimes {
 			first(&t.decided, e.AtMS)
 		case "tool.requested":
 			first(&t.requested, e.AtMS)
+			t.requests = append(t.requests, e.AtMS)
 		case "tool.finished":
 			first(&t.finished, e.AtMS)
 		}
@@ -178,7 +199,7 @@ func (c *server) steps(ctx context.Context, rep *audit.Report, now time.Time) ([
 			cc := &consoleCall{CallLayout: cl, Bar: pos(cl.Start, cl.End)}
 			t := times[[2]string{itoa(cl.Step), cl.CallID}]
 			if t == nil {
-				t = &callTimes{-1, -1, -1, -1}
+				t = &callTimes{waiting: -1, decided: -1, requested: -1, finished: -1}
 			}
 			if cl.Waited && t.waiting >= 0 {
 				waitEnd := t.decided
@@ -192,14 +213,14 @@ func (c *server) steps(ctx context.Context, rep *audit.Report, now time.Time) ([
 				}
 				cc.HasWait, cc.Wait, cc.WaitMS = true, pos(t.waiting, waitEnd), waitEnd-t.waiting
 			}
-			if t.requested >= 0 {
+			if from := t.execStart(); from >= 0 {
 				execEnd := t.finished
 				if execEnd < 0 || cl.Result == nil {
 					execEnd = end
 					cc.Running = active
-					cc.Since = at(t.requested)
+					cc.Since = at(from)
 				}
-				cc.HasExec, cc.Exec = true, pos(t.requested, execEnd)
+				cc.HasExec, cc.Exec = true, pos(from, execEnd)
 			}
 			cc.Waiting = cc.Waiting && active
 			switch {

@@ -156,8 +156,8 @@ func (c *server) openCalls(ctx context.Context) ([]openCall, bool, error) {
 			t := times[[2]string{itoa(call.Step), call.CallID}]
 			oc := openCall{Run: st.RunID, CallID: call.CallID, Tool: call.Tool, Step: call.Step}
 			switch {
-			case t != nil && t.requested >= 0:
-				oc.State, oc.Since = "running", at(t.requested)
+			case t != nil && t.execStart() >= 0:
+				oc.State, oc.Since = "running", at(t.execStart())
 			case call.Waited && call.Decision == "":
 				oc.State = "waiting for approval"
 				if t != nil && t.waiting >= 0 {
