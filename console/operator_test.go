@@ -26,7 +26,8 @@ import (
 // Chromium against a live pipeline: consistent counts and statuses, live durations,
 // running calls and waits shown as such, pretty JSON, the time axis, search and paging,
 // filters, the tools page, the raw events. TOOLBUS_CONSOLE_SCREENSHOTS=<dir> also saves
-// the screenshots of docs/console.md there (runs.png, run.png, tools.png).
+// the screenshots of docs/console.md there (console-runs.png, console-run.png,
+// console-tools.png).
 
 // holdTool blocks until its call is cancelled or release is closed: a call that runs as
 // long as the test needs.
@@ -236,7 +237,7 @@ func TestConsoleOperator(t *testing.T) {
 		if !strings.Contains(liveState, "running") || !strings.Contains(waitState, "waiting for approval") {
 			t.Fatalf("open calls: o-live %q, o-wait %q", liveState, waitState)
 		}
-		screenshot(t, bctx, "tools.png")
+		screenshot(t, bctx, "console-tools.png")
 	})
 
 	t.Run("running and waiting", func(t *testing.T) {
@@ -277,7 +278,7 @@ func TestConsoleOperator(t *testing.T) {
 		if segs != 2 || !strings.HasPrefix(waitDur, "waited ") {
 			t.Fatalf("the approved call: %d of its 2 segments (wait, run), %q; want both and how long it waited", segs, waitDur)
 		}
-		screenshot(t, bctx, "run.png")
+		screenshot(t, bctx, "console-run.png")
 	})
 
 	t.Run("pretty JSON", func(t *testing.T) {
@@ -347,12 +348,12 @@ func TestConsoleOperator(t *testing.T) {
 		if len(ids) != 3 || ids[0] != "o-page-6" || count != "runs 1–3 of 7 matching" {
 			t.Fatalf("first page %q (%q): want o-page-6 first, 3 of 7", ids, count)
 		}
-		ids, _ = readPage("next page", chromedp.Click(`#next`, chromedp.ByID), chromedp.WaitVisible(`#prev`, chromedp.ByID))
+		ids, _ = readPage("next page", chromedp.Evaluate(`document.querySelector("#next").click()`, nil), chromedp.WaitVisible(`#prev`, chromedp.ByID))
 		if len(ids) != 3 {
 			t.Fatalf("second page %q", ids)
 		}
 		var hasNext bool
-		ids, count = readPage("last page", chromedp.Click(`#next`, chromedp.ByID),
+		ids, count = readPage("last page", chromedp.Evaluate(`document.querySelector("#next").click()`, nil),
 			chromedp.WaitVisible(`tr[data-run="o-page-0"]`, chromedp.ByQuery))
 		do(t, bctx, "no next page", chromedp.Evaluate(`!!document.querySelector("#next")`, &hasNext))
 		if len(ids) != 1 || ids[0] != "o-page-0" || hasNext || count != "runs 7–7 of 7 matching" {
@@ -396,7 +397,7 @@ func TestConsoleOperator(t *testing.T) {
 		want("carol's runs until the second", rows("time", "principal=carol&until="+until), "o-page-1", "o-page-0")
 		screenshot(t, bctx, "") // no picture of a filtered list
 		do(t, bctx, "the whole list", chromedp.Navigate(srv.URL+"/"), chromedp.WaitVisible(`#run-o-live`, chromedp.ByID))
-		screenshot(t, bctx, "runs.png")
+		screenshot(t, bctx, "console-runs.png")
 	})
 
 	t.Run("raw events", func(t *testing.T) {
@@ -409,7 +410,7 @@ func TestConsoleOperator(t *testing.T) {
 		do(t, bctx, "the raw events",
 			chromedp.Navigate(srv.URL+"/runs/o-steps"),
 			chromedp.WaitVisible(`#raw-events`, chromedp.ByID),
-			chromedp.Click(`#raw-events`, chromedp.ByID),
+			chromedp.Evaluate(`document.querySelector("#raw-events").click()`, nil),
 			chromedp.WaitVisible(`#events-json`, chromedp.ByID),
 			chromedp.Evaluate(`[...document.querySelectorAll("details.event pre.cloudevent")].map(e => e.textContent)`, &shown),
 			chromedp.Evaluate(`fetch("/runs/o-steps/events.json").then(r => r.text())`, &asJSON, func(p *runtime.EvaluateParams) *runtime.EvaluateParams {

@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
@@ -40,12 +42,20 @@ var pipelineDeadline = 3 * time.Minute
 func startPipeline(t *testing.T, scripts map[string]*planner.Script, extra ...executor.Tool) *pipeline {
 	t.Helper()
 	srv := eventstest.RunJetStream(t)
+	p := startPipelineOn(t, srv.Conn, scripts, extra...)
+	p.srv = srv
+	return p
+}
+
+// startPipelineOn is startPipeline on a connection that may set the bus up (admin).
+func startPipelineOn(t *testing.T, nc *nats.Conn, scripts map[string]*planner.Script, extra ...executor.Tool) *pipeline {
+	t.Helper()
 	ctx := eventstest.Context(t, pipelineDeadline)
-	bus, _, err := events.Setup(ctx, srv.Conn, events.Config{})
+	bus, _, err := events.Setup(ctx, nc, events.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &pipeline{t: t, ctx: ctx, srv: srv, bus: bus}
+	p := &pipeline{t: t, ctx: ctx, bus: bus}
 	reg := executor.NewRegistry()
 	if err := packs.Register(reg, "demo", "diag"); err != nil {
 		t.Fatal(err)
