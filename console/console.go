@@ -25,9 +25,11 @@ import (
 )
 
 // The web console: `toolbus console` (and `toolbus up` when TOOLBUS_CONSOLE_ADDR is set)
-// serves the runs list and a page per run, rendered by html/template from the same
-// audit as `toolbus replay` (audit.Analyze over the run's events, read from the bus's
-// reader). Live updates are server-sent events: one per event stored on the stream,
+// serves the runs list (runs.go), a page per run (run.go) and its raw events
+// (rawevents.go), and the tools page (tools.go), rendered by html/template (ui/) from
+// the same audit as `toolbus replay` (audit.Analyze over the run's events, read with
+// direct gets: the console creates no consumer). A new page adds a route (routes), a
+// handler and a template. Live updates are server-sent events: one per event stored on the stream,
 // after which the page fetches itself again. Approve, deny and cancel publish the same
 // events as the CLI, with the signed-in user as the actor (auth.go: who may read
 // and act). Everything a model or tool wrote reaches the browser through html/template
