@@ -20,12 +20,14 @@ import (
 	"github.com/toolbus/toolbus/executor/packs"
 	"github.com/toolbus/toolbus/executor/worker"
 	"github.com/toolbus/toolbus/injector"
+	"github.com/toolbus/toolbus/internal/testpipe"
 	"github.com/toolbus/toolbus/planner"
 )
 
 // pipeline is a whole pipeline (executor, planner, injector) on an embedded server: the
 // runs the console shows. Its model follows a script per run id.
 type pipeline struct {
+	*testpipe.Pipeline
 	t   *testing.T
 	ctx context.Context
 	srv *eventstest.Bus
@@ -41,13 +43,12 @@ var pipelineDeadline = 5 * time.Minute
 // run id, and an injector.
 func startPipeline(t *testing.T, scripts map[string]*planner.Script, extra ...executor.Tool) *pipeline {
 	t.Helper()
-	srv := eventstest.RunJetStream(t)
-	p := startPipelineOn(t, srv.Conn, scripts, extra...)
-	p.srv = srv
-	return p
+	tp := testpipe.Start(t, pipelineDeadline, testpipe.ScriptByRun(scripts, nil), extra...)
+	return &pipeline{Pipeline: tp, t: t, ctx: tp.Ctx, srv: tp.Srv, bus: tp.Bus}
 }
 
-// startPipelineOn is startPipeline on a connection that may set the bus up (admin).
+// startPipelineOn is startPipeline on a connection that may set the bus up (admin): its
+// pipeline has no testpipe.Pipeline (the helpers below read the bus).
 func startPipelineOn(t *testing.T, nc *nats.Conn, scripts map[string]*planner.Script, extra ...executor.Tool) *pipeline {
 	t.Helper()
 	ctx := eventstest.Context(t, pipelineDeadline)
@@ -82,7 +83,10 @@ func startPipelineOn(t *testing.T, nc *nats.Conn, scripts map[string]*planner.Sc
 			}
 		}()
 	}
-	exec := executor.New(reg, executor.WithLogger(log), executor.WithInstance("exec-1"))
+	exec, err := executor.New(reg, executor.WithLogger(log), executor.WithInstance("exec-1"))
+	if err != nil {
+		t.Fatal(err)
+	}
 	serve(worker.New(bus, exec, worker.Config{WorkerConfig: events.WorkerConfig{Instance: "exec-1", Logger: log, Grace: time.Second}}))
 	// Deadlines are generous: the tests share a loaded machine.
 	eventstest.Eventually(t, time.Minute, func() error {
