@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
@@ -18,12 +20,14 @@ import (
 	"github.com/toolbus/toolbus/executor/packs"
 	"github.com/toolbus/toolbus/executor/worker"
 	"github.com/toolbus/toolbus/injector"
+	"github.com/toolbus/toolbus/internal/testpipe"
 	"github.com/toolbus/toolbus/planner"
 )
 
 // pipeline is a whole pipeline (executor, planner, injector) on an embedded server: the
 // runs the console shows. Its model follows a script per run id.
 type pipeline struct {
+	*testpipe.Pipeline
 	t   *testing.T
 	ctx context.Context
 	srv *eventstest.Bus
@@ -32,20 +36,27 @@ type pipeline struct {
 
 // pipelineDeadline bounds a pipeline's life (its workers stop then); a load test raises
 // it. No test of this package runs in parallel.
-var pipelineDeadline = 3 * time.Minute
+var pipelineDeadline = 5 * time.Minute
 
 // startPipeline starts the workers on a fresh server: the demo and diag packs and extra
 // tools on one executor instance ("exec-1"), a planner whose model follows scripts by
 // run id, and an injector.
 func startPipeline(t *testing.T, scripts map[string]*planner.Script, extra ...executor.Tool) *pipeline {
 	t.Helper()
-	srv := eventstest.RunJetStream(t)
+	tp := testpipe.Start(t, pipelineDeadline, testpipe.ScriptByRun(scripts, nil), extra...)
+	return &pipeline{Pipeline: tp, t: t, ctx: tp.Ctx, srv: tp.Srv, bus: tp.Bus}
+}
+
+// startPipelineOn is startPipeline on a connection that may set the bus up (admin): its
+// pipeline has no testpipe.Pipeline (the helpers below read the bus).
+func startPipelineOn(t *testing.T, nc *nats.Conn, scripts map[string]*planner.Script, extra ...executor.Tool) *pipeline {
+	t.Helper()
 	ctx := eventstest.Context(t, pipelineDeadline)
-	bus, _, err := events.Setup(ctx, srv.Conn, events.Config{})
+	bus, _, err := events.Setup(ctx, nc, events.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &pipeline{t: t, ctx: ctx, srv: srv, bus: bus}
+	p := &pipeline{t: t, ctx: ctx, bus: bus}
 	reg := executor.NewRegistry()
 	if err := packs.Register(reg, "demo", "diag"); err != nil {
 		t.Fatal(err)
@@ -72,9 +83,13 @@ func startPipeline(t *testing.T, scripts map[string]*planner.Script, extra ...ex
 			}
 		}()
 	}
-	exec := executor.New(reg, executor.WithLogger(log), executor.WithInstance("exec-1"))
+	exec, err := executor.New(reg, executor.WithLogger(log), executor.WithInstance("exec-1"))
+	if err != nil {
+		t.Fatal(err)
+	}
 	serve(worker.New(bus, exec, worker.Config{WorkerConfig: events.WorkerConfig{Instance: "exec-1", Logger: log, Grace: time.Second}}))
-	eventstest.Eventually(t, 10*time.Second, func() error {
+	// Deadlines are generous: the tests share a loaded machine.
+	eventstest.Eventually(t, time.Minute, func() error {
 		cat, err := bus.WatchCatalog(ctx, nil)
 		if err != nil {
 			return err
@@ -119,7 +134,7 @@ func (p *pipeline) submitAs(run, principal, question string, limits toolbus.Limi
 
 func (p *pipeline) waitStatus(run string, want toolbus.RunStatus) {
 	p.t.Helper()
-	eventstest.Eventually(p.t, 30*time.Second, func() error {
+	eventstest.Eventually(p.t, time.Minute, func() error {
 		st, _, err := p.bus.RunState(p.ctx, run)
 		if err != nil {
 			return err
@@ -134,7 +149,7 @@ func (p *pipeline) waitStatus(run string, want toolbus.RunStatus) {
 // waitEvent waits until the run has an event of type typ.
 func (p *pipeline) waitEvent(run, typ string) {
 	p.t.Helper()
-	eventstest.Eventually(p.t, 30*time.Second, func() error {
+	eventstest.Eventually(p.t, time.Minute, func() error {
 		evs, err := p.bus.RunEvents(p.ctx, run)
 		if err != nil {
 			return err

@@ -24,7 +24,11 @@ func longRunning(t *testing.T, hb, max time.Duration, fn executor.Func) *executo
 	}); err != nil {
 		t.Fatal(err)
 	}
-	return executor.New(reg)
+	e, err := executor.New(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e
 }
 
 // reports collects what a sink receives.

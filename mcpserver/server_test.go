@@ -23,6 +23,7 @@ import (
 	"github.com/toolbus/toolbus/executor/worker"
 	"github.com/toolbus/toolbus/injector"
 	"github.com/toolbus/toolbus/internal/door"
+	"github.com/toolbus/toolbus/internal/testutil"
 	"github.com/toolbus/toolbus/mcpserver"
 	"github.com/toolbus/toolbus/planner"
 )
@@ -77,7 +78,7 @@ func startPipeline(t *testing.T, extra ...executor.Tool) *pipeline {
 	wc := func(instance string) events.WorkerConfig {
 		return events.WorkerConfig{Instance: instance, Logger: log, Grace: time.Second}
 	}
-	exec := executor.New(reg, executor.WithLogger(log), executor.WithInstance("exec-1"))
+	exec := testutil.Must(executor.New(reg, executor.WithLogger(log), executor.WithInstance("exec-1")))
 	serve(worker.New(bus, exec, worker.Config{WorkerConfig: wc("exec-1")}))
 	cat, err := bus.WatchCatalog(ctx, log)
 	if err != nil {

@@ -12,6 +12,7 @@ import (
 	"github.com/toolbus/toolbus/events/eventstest"
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/executor/worker"
+	"github.com/toolbus/toolbus/internal/testutil"
 )
 
 // TestProgressPublishedThrottled: a running call's reports reach the bus as
@@ -39,7 +40,7 @@ func TestProgressPublishedThrottled(t *testing.T) {
 		}}); err != nil {
 		t.Fatal(err)
 	}
-	w, err := worker.New(bus, executor.New(reg), worker.Config{WorkerConfig: events.WorkerConfig{Instance: "prog"}, ProgressInterval: 100 * time.Millisecond})
+	w, err := worker.New(bus, testutil.Must(executor.New(reg)), worker.Config{WorkerConfig: events.WorkerConfig{Instance: "prog"}, ProgressInterval: 100 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}

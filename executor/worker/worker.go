@@ -586,8 +586,8 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) error {
 // can do for the call will work until its permissions change (the run's deadline then
 // ends the call).
 func (w *Worker) denied(ctx context.Context, req toolbus.ToolRequested, meta events.Meta, err error) error {
-	log := w.log.With("run_id", req.RunID, "step", req.Step, "call_id", req.Call.CallID, "tool", req.Call.Tool)
-	log.Error("call ended: the executor's credentials miss a permission", "error", err)
+	// The error paths are logged once, by the consume loop that terminates the message;
+	// only the call ended with a result is logged here.
 	if meta.Type != events.TypeToolRequested || req.RunID == "" {
 		return fmt.Errorf("%w: %w", events.ErrPoison, err)
 	}
@@ -600,6 +600,8 @@ func (w *Worker) denied(ctx context.Context, req toolbus.ToolRequested, meta eve
 	if perr != nil {
 		return fmt.Errorf("%w: %w (and its result could not be published: %w)", events.ErrPoison, err, w.bus.Denied(start, perr))
 	}
+	w.log.Error("call ended: the executor's credentials miss a permission",
+		"run_id", req.RunID, "step", req.Step, "call_id", req.Call.CallID, "tool", req.Call.Tool, "error", err)
 	w.cfg.Metrics.CallFinished(req.Call.Tool, string(res.Status), res.Code(), 0, false)
 	return nil
 }
