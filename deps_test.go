@@ -44,6 +44,7 @@ func TestDependencyDirection(t *testing.T) {
 		{pkg: "planner/modeltest", notOutside: []string{"github.com/openai/", "github.com/anthropics/"},
 			why: "the Model conformance suite links no provider SDK"},
 		{pkg: "audit", notModule: workers, why: "the audit reads events and imports no worker"},
+		{pkg: "console", notModule: []string{"executor", "planner", "injector", "cmd"}, why: "the console reads the bus and imports no worker"},
 		{pkg: "injector", notModule: []string{"executor", "planner", "cmd"}, why: "workers meet only on the bus"},
 		{pkg: "internal/golden", notModule: []string{"events", "executor", "planner", "injector", "cmd", "embedded", "connect"},
 			why: "test helpers import nothing of the module: any package's tests may use them"},

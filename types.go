@@ -322,6 +322,10 @@ const (
 	RunCancelled          RunStatus = "cancelled"
 )
 
+// RunStatuses are every run status, in the order a person reads them (the filters of
+// `toolbus runs --status` and of the console).
+var RunStatuses = []RunStatus{RunRunning, RunWaitingForApproval, RunCompleted, RunFailed, RunLimitReached, RunCancelled}
+
 // Terminal reports whether no further step may follow s.
 func (s RunStatus) Terminal() bool {
 	switch s {

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"strings"
 	"testing"
+
+	"github.com/toolbus/toolbus/internal/door"
 )
 
 // TestTokenCommand: `toolbus token` prints a token and the line that lets exactly it in.
@@ -24,41 +26,19 @@ func TestTokenCommand(t *testing.T) {
 	if !strings.HasPrefix(tok, "tbk_") || strings.Contains(entry, tok) {
 		t.Fatalf("token %q, entry %q: want a tbk_ token and an entry without it", tok, entry)
 	}
-	list, err := parseAccess(entry, "test")
+	list, err := door.Parse(entry, "test")
 	if err != nil {
 		t.Fatal(err)
 	}
-	id, ok := list.lookup(tok)
+	id, ok := list.Lookup(tok)
 	if !ok || id.Name != "alice" || strings.Join(id.Teams, ",") != "ops,payments" {
 		t.Fatalf("lookup = %+v, %v", id, ok)
 	}
-	if _, ok := list.lookup(tok + "x"); ok {
+	if _, ok := list.Lookup(tok + "x"); ok {
 		t.Fatal("another token got in")
 	}
-	if _, ok := list.lookup(strings.Fields(entry)[1]); ok {
+	if _, ok := list.Lookup(strings.Fields(entry)[1]); ok {
 		t.Fatal("the hash itself got in")
-	}
-}
-
-// TestParseAccessRefuses: a list with a plain token, a bad hash or a duplicate is an error
-// naming the entry, never a partial list.
-func TestParseAccessRefuses(t *testing.T) {
-	good := accessEntry("bob", newToken(), nil)
-	for _, bad := range []string{
-		"alice tbk_plaintexttoken",
-		"alice sha256:1234",
-		"alice sha256:" + strings.Repeat("zz", 32),
-		"alice",
-		"alice sha256:" + strings.Repeat("ab", 32) + " ops",
-		good + "\n" + strings.Replace(good, "bob", "carol", 1),
-	} {
-		if _, err := parseAccess(bad, "test"); err == nil {
-			t.Errorf("%q was accepted", bad)
-		}
-	}
-	l, err := parseAccess("# users\n\n"+good+" # bob\n;", "test")
-	if err != nil || l.len() != 1 {
-		t.Fatalf("comments and blank entries: %v, %d entries", err, l.len())
 	}
 }
 

@@ -19,6 +19,7 @@ import (
 	"github.com/toolbus/toolbus/audit"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/store"
+	"github.com/toolbus/toolbus/internal/door"
 )
 
 // cmdMCP serves the tool catalog as an MCP server: over stdio by default (stdout then
@@ -36,19 +37,19 @@ func cmdMCP(ctx context.Context, cfg Config, log *slog.Logger, args []string, ou
 		return &exitError{code: 2, msg: fmt.Sprintf("mcp: unexpected argument %q", fs.Arg(0))}
 	}
 	var (
-		access *accessSource
+		access *door.Source
 		listen string
 		beyond bool
 	)
 	if *addr != "" {
 		var err error
-		if listen, beyond, err = loopbackAddr(*addr); err != nil {
+		if listen, beyond, err = door.LoopbackAddr(*addr); err != nil {
 			return &exitError{code: 2, msg: "mcp: --http " + err.Error()}
 		}
 		if cfg.MCPTokens == "" && cfg.MCPTokensFile == "" {
 			return &exitError{code: 2, msg: "mcp: --http needs TOOLBUS_MCP_TOKENS_FILE (or TOOLBUS_MCP_TOKENS): the principals and token hashes allowed in; `toolbus token NAME` makes one"}
 		}
-		if access, err = newAccessSource(cfg.MCPTokens, cfg.MCPTokensFile); err != nil {
+		if access, err = door.NewSource(cfg.MCPTokens, cfg.MCPTokensFile); err != nil {
 			return &exitError{code: 2, msg: "mcp: " + err.Error()}
 		}
 	}
@@ -85,7 +86,7 @@ func cmdMCP(ctx context.Context, cfg Config, log *slog.Logger, args []string, ou
 		defer cancel()
 		_ = hs.Shutdown(sctx) //nolint:errcheck // best effort at exit
 	}()
-	log.Info("toolbus mcp serving streamable HTTP", "addr", ln.Addr().String(), "principals", access.current().len())
+	log.Info("toolbus mcp serving streamable HTTP", "addr", ln.Addr().String(), "principals", access.Current().Len())
 	if beyond {
 		log.Warn("toolbus mcp listens beyond this machine: anyone who reaches it with a token calls tools; serve it behind TLS (a reverse proxy) and set TOOLBUS_MCP_ALLOWED_HOSTS to the names clients use", "addr", ln.Addr().String())
 	}

@@ -24,6 +24,7 @@ import (
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
 	"github.com/toolbus/toolbus/events/store"
+	"github.com/toolbus/toolbus/internal/door"
 )
 
 // mcpClient connects a go-sdk client over the in-memory transport to the MCP server of
@@ -202,9 +203,9 @@ func TestMCPStdioBinary(t *testing.T) {
 // Origin and Host headers are refused, and a cancelled request gets no answer.
 func TestMCPHTTP(t *testing.T) {
 	p := startOpsPipeline(t, nil)
-	alice, bob := newToken(), newToken()
+	alice, bob := door.NewToken(), door.NewToken()
 	tokens := filepath.Join(t.TempDir(), "mcp-tokens")
-	if err := os.WriteFile(tokens, []byte("# MCP callers\n"+accessEntry("alice", alice, []string{"ops"})+"\n"+accessEntry("bob", bob, nil)+"\n"), 0o600); err != nil {
+	if err := os.WriteFile(tokens, []byte("# MCP callers\n"+door.Entry("alice", alice, []string{"ops"})+"\n"+door.Entry("bob", bob, nil)+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	t.Setenv("TOOLBUS_MCP_TOKENS_FILE", tokens)
@@ -244,8 +245,8 @@ func TestMCPHTTP(t *testing.T) {
 			want                      int
 		}{
 			{name: "no token", want: http.StatusUnauthorized},
-			{name: "wrong token", token: newToken(), want: http.StatusUnauthorized},
-			{name: "token's hash as token", token: strings.Fields(accessEntry("alice", alice, nil))[1], want: http.StatusUnauthorized},
+			{name: "wrong token", token: door.NewToken(), want: http.StatusUnauthorized},
+			{name: "token's hash as token", token: strings.Fields(door.Entry("alice", alice, nil))[1], want: http.StatusUnauthorized},
 			{name: "foreign origin", token: alice, origin: "https://evil.example", want: http.StatusForbidden},
 			{name: "null origin", token: alice, origin: "null", want: http.StatusForbidden},
 			{name: "foreign host (DNS rebinding)", token: alice, host: "evil.example:" + port, want: http.StatusForbidden},
@@ -365,8 +366,8 @@ func TestMCPHTTP(t *testing.T) {
 // TestMCPHTTPSessions: sessions beyond the cap are refused (503) and idle ones close.
 func TestMCPHTTPSessions(t *testing.T) {
 	p := startOpsPipeline(t, nil)
-	tok := newToken()
-	access, err := newAccessSource(accessEntry("carol", tok, nil), "")
+	tok := door.NewToken()
+	access, err := door.NewSource(door.Entry("carol", tok, nil), "")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,6 +13,8 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/auth"
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/toolbus/toolbus/internal/door"
 )
 
 // The front door of `toolbus mcp --http`, outermost first: the Host header (DNS
@@ -26,7 +28,7 @@ type mcpHTTPConfig struct {
 	// Listen is the address served (for the Host check).
 	Listen string
 	// Access maps bearer tokens to principals.
-	Access *accessSource
+	Access *door.Source
 	// AllowedHosts are host names besides loopback and Listen's host that clients use.
 	AllowedHosts []string
 	// AllowedOrigins are browser origins allowed besides the server's own.
@@ -46,7 +48,7 @@ func mcpHTTPHandler(srv *mcp.Server, cfg mcpHTTPConfig) http.Handler {
 	var next http.Handler = dropCancelledAnswers(h)
 	next = sessionCap(srv, cfg.MaxSessions, next)
 	verify := func(_ context.Context, token string, _ *http.Request) (*auth.TokenInfo, error) {
-		id, ok := cfg.Access.current().lookup(token)
+		id, ok := cfg.Access.Current().Lookup(token)
 		if !ok {
 			return nil, fmt.Errorf("%w: unknown token", auth.ErrInvalidToken)
 		}
@@ -55,9 +57,9 @@ func mcpHTTPHandler(srv *mcp.Server, cfg mcpHTTPConfig) http.Handler {
 		return &auth.TokenInfo{UserID: id.Name, Extra: map[string]any{"teams": id.Teams}}, nil
 	}
 	next = auth.RequireBearerToken(verify, &auth.RequireBearerTokenOptions{AllowMissingExpiration: true})(next)
-	hosts := newHostPolicy(cfg.Listen, cfg.AllowedHosts)
+	hosts := door.NewHostPolicy(cfg.Listen, cfg.AllowedHosts)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !hosts.ok(r) {
+		if !hosts.OK(r) {
 			http.Error(w, fmt.Sprintf("forbidden Host %q: add it to TOOLBUS_MCP_ALLOWED_HOSTS if clients use that name", r.Host), http.StatusForbidden)
 			return
 		}
@@ -65,7 +67,7 @@ func mcpHTTPHandler(srv *mcp.Server, cfg mcpHTTPConfig) http.Handler {
 			fmt.Fprintln(w, "ok") // a probe: no token needed, nothing told
 			return
 		}
-		if !originOK(r, cfg.AllowedOrigins) {
+		if !door.OriginOK(r, cfg.AllowedOrigins) {
 			http.Error(w, fmt.Sprintf("forbidden Origin %q: add it to TOOLBUS_MCP_ALLOWED_ORIGINS to allow a browser client of that site", r.Header.Get("Origin")), http.StatusForbidden)
 			return
 		}

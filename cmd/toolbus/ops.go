@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"os"
 	"os/user"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -19,6 +20,7 @@ import (
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/store"
+	"github.com/toolbus/toolbus/internal/decide"
 )
 
 // The operator's commands: approve, deny, cancel, runs and tail. They talk to a running
@@ -156,58 +158,24 @@ func cmdDecide(ctx context.Context, cfg Config, log *slog.Logger, args []string,
 	return nil
 }
 
-// waitingCall finds the call callID in the run's current step and checks that it still
-// waits for a decision. It returns the step and the call.
+// statusList is statuses separated by commas.
+func statusList(statuses []toolbus.RunStatus) string {
+	s := make([]string, len(statuses))
+	for i, st := range statuses {
+		s[i] = string(st)
+	}
+	return strings.Join(s, ", ")
+}
+
+// waitingCall finds the call callID that waits for a decision in the run's current step
+// (decide.Waiting); a refusal of the run's state exits 1.
 func waitingCall(ctx context.Context, bus *events.Bus, run, callID string) (int, toolbus.ToolCall, error) {
-	st, _, err := bus.RunState(ctx, run)
-	if err != nil {
-		if errors.Is(err, events.ErrRunNotFound) {
-			return 0, toolbus.ToolCall{}, &exitError{code: 1, msg: fmt.Sprintf("run %s not found", run)}
-		}
-		return 0, toolbus.ToolCall{}, err
+	step, call, err := decide.Waiting(ctx, bus, run, callID)
+	var refused *decide.RefusedError
+	if errors.As(err, &refused) {
+		return 0, toolbus.ToolCall{}, &exitError{code: 1, msg: refused.Msg}
 	}
-	if st.Status.Terminal() {
-		return 0, toolbus.ToolCall{}, &exitError{code: 1, msg: fmt.Sprintf("run %s already ended: %s", run, st.Status)}
-	}
-	step, err := bus.CurrentStep(ctx, run)
-	if err != nil {
-		return 0, toolbus.ToolCall{}, err
-	}
-	rec, _, err := bus.Step(ctx, run, step)
-	if err != nil && !errors.Is(err, events.ErrNotFound) {
-		return 0, toolbus.ToolCall{}, err
-	}
-	if rec != nil {
-		for i, w := range rec.Waiting {
-			if w == nil || w.CallID != callID {
-				continue
-			}
-			if i < len(rec.Results) && rec.Results[i] != nil {
-				return 0, toolbus.ToolCall{}, &exitError{code: 1, msg: fmt.Sprintf("call %s of run %s was already decided: %s",
-					callID, run, rec.Results[i].Status)}
-			}
-			if d, err := bus.StepDecision(ctx, run, step, callID); err == nil {
-				verb := "granted"
-				if !d.Granted {
-					verb = "denied"
-				}
-				return 0, toolbus.ToolCall{}, &exitError{code: 1, msg: fmt.Sprintf("call %s of run %s was already %s by %s",
-					callID, run, verb, d.Who)}
-			}
-			return step, *w, nil
-		}
-	}
-	var waiting []string
-	if rec != nil {
-		for _, c := range rec.Pending() {
-			waiting = append(waiting, c.CallID)
-		}
-	}
-	msg := fmt.Sprintf("call %s of run %s does not wait for approval (run %s at step %d", callID, run, st.Status, step)
-	if len(waiting) > 0 {
-		msg += "; waiting: " + strings.Join(waiting, ", ")
-	}
-	return 0, toolbus.ToolCall{}, &exitError{code: 1, msg: msg + ")"}
+	return step, call, err
 }
 
 // cmdCancel publishes run.cancel: every executor cancels the run's calls in flight and
@@ -269,8 +237,8 @@ func cmdRuns(ctx context.Context, cfg Config, log *slog.Logger, args []string, o
 	if len(pos) != 0 {
 		return usageError(fs, "runs: no arguments expected")
 	}
-	if *status != "" && !validStatus(*status) {
-		return &exitError{code: 2, msg: fmt.Sprintf("runs: unknown status %q: want one of %s", *status, statusList())}
+	if *status != "" && !slices.Contains(toolbus.RunStatuses, toolbus.RunStatus(*status)) {
+		return &exitError{code: 2, msg: fmt.Sprintf("runs: unknown status %q: want one of %s", *status, statusList(toolbus.RunStatuses))}
 	}
 	c, err := openReader(ctx, cfg, log)
 	if err != nil {

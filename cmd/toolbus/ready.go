@@ -7,6 +7,8 @@ import (
 	"net"
 	"net/http"
 	"time"
+
+	"github.com/toolbus/toolbus/internal/door"
 )
 
 // cmdReady asks this host's /readyz (at TOOLBUS_METRICS_ADDR, or the URL given) and exits
@@ -26,7 +28,7 @@ func cmdReady(ctx context.Context, cfg Config, args []string, stdout, stderr io.
 		if err != nil {
 			return &exitError{code: 2, msg: fmt.Sprintf("ready: TOOLBUS_METRICS_ADDR %q: %v", cfg.MetricsAddr, err)}
 		}
-		if host == "" || isWildcard(host) {
+		if host == "" || door.IsWildcard(host) {
 			host = "127.0.0.1"
 		}
 		u = "http://" + net.JoinHostPort(host, port) + "/readyz"

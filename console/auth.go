@@ -1,4 +1,4 @@
-package main
+package console
 
 import (
 	"context"
@@ -12,9 +12,11 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/toolbus/toolbus/internal/door"
 )
 
-// Console identity. Users are an access list (access.go) of names and token hashes:
+// Console door.Identity. Users are an access list (internal/door) of names and token hashes:
 // TOOLBUS_CONSOLE_USERS_FILE or TOOLBUS_CONSOLE_USERS. A script sends its token as
 // "Authorization: Bearer"; a browser signs in once on /login with its token and gets a
 // session cookie (HttpOnly, SameSite=Strict, signed with a key of this process) that
@@ -26,7 +28,7 @@ import (
 // CSRF: the session cookie is SameSite=Strict, and every POST passes
 // http.CrossOriginProtection (Sec-Fetch-Site, else Origin against Host): a page of
 // another site can neither send the cookie nor post cross-origin. DNS rebinding: the Host
-// header must be one of the console's names (hostPolicy).
+// header must be one of the console's names (door.HostPolicy).
 
 // consoleCookie is the session cookie's name.
 const consoleCookie = "toolbus_console"
@@ -34,66 +36,66 @@ const consoleCookie = "toolbus_console"
 // consoleSessionTTL is how long a browser session lasts.
 const consoleSessionTTL = 12 * time.Hour
 
-// consoleAuth authenticates the console's requests.
-type consoleAuth struct {
-	users      *accessSource // nil: nobody can sign in
+// auth authenticates the console's requests.
+type auth struct {
+	users      *door.Source // nil: nobody can sign in
 	publicRead bool
 	key        []byte // HMAC key of the session cookies, per process
-	hosts      hostPolicy
+	hosts      door.HostPolicy
 }
 
 type ctxUserKey struct{}
 
-// userOf returns the request's signed-in user, if any (set by consoleAuth.wrap).
-func userOf(r *http.Request) (identity, bool) {
-	id, ok := r.Context().Value(ctxUserKey{}).(identity)
+// userOf returns the request's signed-in user, if any (set by auth.wrap).
+func userOf(r *http.Request) (door.Identity, bool) {
+	id, ok := r.Context().Value(ctxUserKey{}).(door.Identity)
 	return id, ok
 }
 
-func newConsoleAuth(users *accessSource, publicRead bool, hosts hostPolicy) *consoleAuth {
+func newAuth(users *door.Source, publicRead bool, hosts door.HostPolicy) *auth {
 	key := make([]byte, 32)
 	_, _ = rand.Read(key) // crypto/rand.Read never fails
-	return &consoleAuth{users: users, publicRead: publicRead, key: key, hosts: hosts}
+	return &auth{users: users, publicRead: publicRead, key: key, hosts: hosts}
 }
 
 // identify returns the user of a bearer token or of a valid session cookie.
-func (a *consoleAuth) identify(r *http.Request) (identity, bool) {
+func (a *auth) identify(r *http.Request) (door.Identity, bool) {
 	if a.users == nil {
-		return identity{}, false
+		return door.Identity{}, false
 	}
-	list := a.users.current()
-	if tok := bearerToken(r); tok != "" {
-		return list.lookup(tok)
+	list := a.users.Current()
+	if tok := door.BearerToken(r); tok != "" {
+		return list.Lookup(tok)
 	}
 	c, err := r.Cookie(consoleCookie)
 	if err != nil {
-		return identity{}, false
+		return door.Identity{}, false
 	}
 	name, hash, ok := a.verifySession(c.Value)
 	if !ok {
-		return identity{}, false
+		return door.Identity{}, false
 	}
-	id, ok := list.byHash[hash]
+	id, ok := list.LookupHash(hash)
 	if !ok || id.Name != name {
-		return identity{}, false // revoked since
+		return door.Identity{}, false // revoked since
 	}
 	return id, true
 }
 
 // session returns a cookie value for user, signed in with token hash hash.
-func (a *consoleAuth) session(name string, hash [sha256.Size]byte, exp time.Time) string {
+func (a *auth) session(name string, hash [sha256.Size]byte, exp time.Time) string {
 	payload := strings.Join([]string{base64.RawURLEncoding.EncodeToString([]byte(name)), hex.EncodeToString(hash[:]), strconv.FormatInt(exp.Unix(), 10)}, ".")
 	return payload + "." + a.mac(payload)
 }
 
-func (a *consoleAuth) mac(payload string) string {
+func (a *auth) mac(payload string) string {
 	m := hmac.New(sha256.New, a.key)
 	m.Write([]byte(payload))
 	return base64.RawURLEncoding.EncodeToString(m.Sum(nil))
 }
 
 // verifySession checks a cookie value's signature and expiry.
-func (a *consoleAuth) verifySession(v string) (name string, hash [sha256.Size]byte, ok bool) {
+func (a *auth) verifySession(v string) (name string, hash [sha256.Size]byte, ok bool) {
 	i := strings.LastIndexByte(v, '.')
 	if i < 0 || !hmac.Equal([]byte(a.mac(v[:i])), []byte(v[i+1:])) {
 		return "", hash, false
@@ -115,13 +117,13 @@ func (a *consoleAuth) verifySession(v string) (name string, hash [sha256.Size]by
 // wrap applies the Host check, cross-origin protection and authentication to next:
 // /login, /logout and the static assets are open; reads need a user unless publicRead;
 // POSTs always need one.
-func (a *consoleAuth) wrap(next http.Handler) http.Handler {
+func (a *auth) wrap(next http.Handler) http.Handler {
 	cop := http.NewCrossOriginProtection()
 	cop.SetDenyHandler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "console: cross-origin request refused", http.StatusForbidden)
 	}))
 	return cop.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !a.hosts.ok(r) {
+		if !a.hosts.OK(r) {
 			http.Error(w, fmt.Sprintf("console: forbidden Host %q: add it to TOOLBUS_CONSOLE_ALLOWED_HOSTS if users reach the console by that name", r.Host), http.StatusForbidden)
 			return
 		}
@@ -139,7 +141,7 @@ func (a *consoleAuth) wrap(next http.Handler) http.Handler {
 			next.ServeHTTP(w, r)
 			return
 		}
-		if bearerToken(r) == "" && safe && strings.Contains(r.Header.Get("Accept"), "text/html") {
+		if door.BearerToken(r) == "" && safe && strings.Contains(r.Header.Get("Accept"), "text/html") {
 			http.Redirect(w, r, "/login?next="+urlPathOnly(r.URL.RequestURI()), http.StatusSeeOther)
 			return
 		}
@@ -157,18 +159,18 @@ func urlPathOnly(p string) string {
 }
 
 // loginPage shows the sign-in form.
-func (c *console) loginPage(w http.ResponseWriter, r *http.Request) {
+func (c *server) loginPage(w http.ResponseWriter, r *http.Request) {
 	c.render(w, "login.html", map[string]any{"Next": urlPathOnly(r.URL.Query().Get("next")), "Error": ""})
 }
 
 // login checks a token and sets the session cookie.
-func (c *console) login(w http.ResponseWriter, r *http.Request) {
+func (c *server) login(w http.ResponseWriter, r *http.Request) {
 	next := urlPathOnly(r.PostFormValue("next"))
 	tok := strings.TrimSpace(r.PostFormValue("token"))
-	var id identity
+	var id door.Identity
 	ok := false
 	if c.auth.users != nil {
-		id, ok = c.auth.users.current().lookup(tok)
+		id, ok = c.auth.users.Current().Lookup(tok)
 	}
 	if !ok {
 		w.WriteHeader(http.StatusUnauthorized)
@@ -185,7 +187,7 @@ func (c *console) login(w http.ResponseWriter, r *http.Request) {
 }
 
 // logout clears the session cookie.
-func (c *console) logout(w http.ResponseWriter, r *http.Request) {
+func (c *server) logout(w http.ResponseWriter, r *http.Request) {
 	http.SetCookie(w, &http.Cookie{Name: consoleCookie, Value: "", Path: "/", MaxAge: -1, HttpOnly: true, SameSite: http.SameSiteStrictMode})
 	http.Redirect(w, r, "/login", http.StatusSeeOther)
 }

@@ -1,4 +1,4 @@
-package main
+package console
 
 import (
 	"context"
@@ -16,7 +16,7 @@ import (
 
 // The console's bus readers are bounded whatever the number of browsers: one watcher of
 // every run's events is fanned out to all the live streams (SSE), and the pages' reads
-// take one of consoleReaders slots (each read's consumer is deleted when it is done).
+// take one of consoleReaders slots (each reads with direct gets: no consumer).
 // No number of page loads or open streams adds consumers to the server.
 
 const (
@@ -36,8 +36,8 @@ type consoleNote struct {
 	Subject, Type string
 }
 
-// consoleHub fans the events of one watcher out to the live streams.
-type consoleHub struct {
+// hub fans the events of one watcher out to the live streams.
+type hub struct {
 	bus   *events.Bus
 	log   *slog.Logger
 	slots chan struct{}
@@ -48,14 +48,14 @@ type consoleHub struct {
 	subs map[chan consoleNote]string // stream -> subject prefix it follows ("" all)
 }
 
-func newConsoleHub(bus *events.Bus, log *slog.Logger) *consoleHub {
-	return &consoleHub{bus: bus, log: log, slots: make(chan struct{}, consoleReaders), subs: map[chan consoleNote]string{}}
+func newHub(bus *events.Bus, log *slog.Logger) *hub {
+	return &hub{bus: bus, log: log, slots: make(chan struct{}, consoleReaders), subs: map[chan consoleNote]string{}}
 }
 
 // run watches every run's events until ctx ends, from the next one stored, and sends
 // each to the streams that follow its run. A failed watch is started again (the streams
 // then fetch their page once more: they may have missed events).
-func (h *consoleHub) run(ctx context.Context) {
+func (h *hub) run(ctx context.Context) {
 	_ = retry.Do(ctx, retry.Policy{Base: 200 * time.Millisecond, Max: 10 * time.Second,
 		OnError: func(_ int, err error, wait time.Duration) (time.Duration, error) {
 			h.log.Warn("console: live updates interrupted; watching again", "err", err, "retry_in", wait)
@@ -86,7 +86,7 @@ func (h *consoleHub) run(ctx context.Context) {
 
 // broadcast sends n to every stream that follows its subject (all of them for a
 // "ready"). A stream whose buffer is full misses it: it refreshes on the next anyway.
-func (h *consoleHub) broadcast(n consoleNote) {
+func (h *hub) broadcast(n consoleNote) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	for ch, prefix := range h.subs {
@@ -102,7 +102,7 @@ func (h *consoleHub) broadcast(n consoleNote) {
 
 // subscribe returns a stream of the events of run ("" every run), or false when
 // consoleMaxStreams streams are open.
-func (h *consoleHub) subscribe(run string) (chan consoleNote, bool) {
+func (h *hub) subscribe(run string) (chan consoleNote, bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if len(h.subs) >= consoleMaxStreams {
@@ -117,21 +117,21 @@ func (h *consoleHub) subscribe(run string) (chan consoleNote, bool) {
 	return ch, true
 }
 
-func (h *consoleHub) unsubscribe(ch chan consoleNote) {
+func (h *hub) unsubscribe(ch chan consoleNote) {
 	h.mu.Lock()
 	delete(h.subs, ch)
 	h.mu.Unlock()
 }
 
 // streams is the number of open streams.
-func (h *consoleHub) streams() int {
+func (h *hub) streams() int {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return len(h.subs)
 }
 
 // read runs f in a reader slot, waiting at most consoleReadWait for one.
-func (h *consoleHub) read(ctx context.Context, f func(context.Context) error) error {
+func (h *hub) read(ctx context.Context, f func(context.Context) error) error {
 	t := time.NewTimer(consoleReadWait)
 	defer t.Stop()
 	select {
@@ -148,7 +148,7 @@ func (h *consoleHub) read(ctx context.Context, f func(context.Context) error) er
 // runEvents reads the events of run with direct gets (events.Bus.RunEvents), which
 // create no consumer: a page load leaves nothing behind on the server, and the console
 // needs no right to create consumers (the client role has none).
-func (h *consoleHub) runEvents(ctx context.Context, run string) ([]events.StoredEvent, error) {
+func (h *hub) runEvents(ctx context.Context, run string) ([]events.StoredEvent, error) {
 	evs, err := h.bus.RunEvents(ctx, run)
 	if err != nil {
 		return nil, fmt.Errorf("console: read %s: %w", run, err)

@@ -1,0 +1,525 @@
+// Package console is the web console of toolbus: the runs list, a page per run, the
+// tools and their queues, and the human decisions, server-rendered with html/template
+// from the same audit as `toolbus replay`. cmd/toolbus wires it (toolbus console, and
+// toolbus up with TOOLBUS_CONSOLE_ADDR).
+package console
+
+import (
+	"context"
+	"embed"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"html/template"
+	"io/fs"
+	"log/slog"
+	"net"
+	"net/http"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/toolbus/toolbus"
+	"github.com/toolbus/toolbus/audit"
+	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/store"
+	"github.com/toolbus/toolbus/internal/decide"
+	"github.com/toolbus/toolbus/internal/door"
+)
+
+// The web console: `toolbus console` (and `toolbus up` when TOOLBUS_CONSOLE_ADDR is set)
+// serves the runs list and a page per run, rendered by html/template from the same
+// audit as `toolbus replay` (audit.Analyze over the run's events, read from the bus's
+// reader). Live updates are server-sent events: one per event stored on the stream,
+// after which the page fetches itself again. Approve, deny and cancel publish the same
+// events as the CLI, with the signed-in user as the actor (auth.go: who may read
+// and act). Everything a model or tool wrote reaches the browser through html/template
+// escaping, and the page's script never writes HTML from data.
+
+//go:embed ui
+var uiFS embed.FS
+
+// consoleMaxRuns bounds the runs list (newest first).
+const consoleMaxRuns = 200
+
+// consoleMaxOutput bounds the full output shown for one call.
+const consoleMaxOutput = 1 << 20
+
+// Options configures the console.
+type Options struct {
+	// Users may sign in (nil: nobody; then PublicRead must be set).
+	Users *door.Source
+	// PublicRead lets anyone who reaches the console read it (never act).
+	PublicRead bool
+	// Listen is the console's address, and AllowedHosts the other names users reach it
+	// by (the Host check).
+	Listen       string
+	AllowedHosts []string
+	// Instance names this console in the source of the events it publishes.
+	Instance string
+}
+
+// server serves the web console over one bus.
+type server struct {
+	bus    *events.Bus
+	auth   *auth
+	hub    *hub
+	source string
+	log    *slog.Logger
+	tmpl   *template.Template
+}
+
+// New returns the console's handler; its live streams follow the bus until ctx ends.
+func New(ctx context.Context, bus *events.Bus, opts Options, log *slog.Logger) (http.Handler, error) {
+	tmpl, err := template.New("console").Funcs(template.FuncMap{
+		// x is a position on the 0-1000 axis of a timeline row, from a percentage.
+		"x":  func(pct float64) string { return fmt.Sprintf("%.1f", pct*10) },
+		"ms": ms,
+		"rawjson": func(b json.RawMessage) string {
+			if len(b) == 0 {
+				return ""
+			}
+			var v any
+			if json.Unmarshal(b, &v) != nil {
+				return string(b)
+			}
+			out, _ := json.MarshalIndent(v, "", "  ")
+			return string(out)
+		},
+	}).ParseFS(uiFS, "ui/*.html")
+	if err != nil {
+		return nil, fmt.Errorf("console: templates: %w", err)
+	}
+	c := &server{bus: bus, auth: newAuth(opts.Users, opts.PublicRead, door.NewHostPolicy(opts.Listen, opts.AllowedHosts)),
+		hub: newHub(bus, log), source: events.Source("console", opts.Instance), log: log, tmpl: tmpl}
+	go c.hub.run(ctx)
+	static, err := fs.Sub(uiFS, "ui/static")
+	if err != nil {
+		return nil, fmt.Errorf("console: assets: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("GET /static/", http.StripPrefix("/static/", http.FileServerFS(static)))
+	mux.HandleFunc("GET /{$}", c.runsPage)
+	mux.HandleFunc("GET /runs/{run}", c.runPage)
+	mux.HandleFunc("POST /runs/{run}/approve", c.decide(true))
+	mux.HandleFunc("POST /runs/{run}/deny", c.decide(false))
+	mux.HandleFunc("POST /runs/{run}/cancel", c.cancel)
+	mux.HandleFunc("GET /events", c.sse)
+	mux.HandleFunc("GET /login", c.loginPage)
+	mux.HandleFunc("POST /login", c.login)
+	mux.HandleFunc("POST /logout", c.logout)
+	mux.HandleFunc("GET /readyz", c.ready)
+	return securityHeaders(c.auth.wrap(mux)), nil
+}
+
+// securityHeaders forbids inline scripts and framing: even markup that escaped the
+// templates could not run.
+func securityHeaders(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Security-Policy", "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self'; frame-ancestors 'none'")
+		w.Header().Set("X-Content-Type-Options", "nosniff")
+		h.ServeHTTP(w, r)
+	})
+}
+
+// Serve serves h at addr until ctx ends.
+func Serve(ctx context.Context, addr string, h http.Handler, log *slog.Logger) error {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("console: listen %s: %w", addr, err)
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, BaseContext: func(net.Listener) context.Context { return ctx }}
+	log.Info("console serving", "url", "http://"+ln.Addr().String())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		<-ctx.Done()
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(sctx)
+	}()
+	err = srv.Serve(ln)
+	<-done
+	if errors.Is(err, http.ErrServerClosed) {
+		return nil
+	}
+	return fmt.Errorf("console: %w", err)
+}
+
+// runRow is one line of the runs list.
+type runRow struct {
+	store.RunState
+	Question string
+	Tokens   int64
+	Age      string
+}
+
+func (c *server) runsPage(w http.ResponseWriter, r *http.Request) {
+	filter := r.URL.Query().Get("status")
+	if filter != "" && !slices.Contains(toolbus.RunStatuses, toolbus.RunStatus(filter)) {
+		http.Error(w, fmt.Sprintf("unknown status %q: want one of %s", filter, statusList(toolbus.RunStatuses)), http.StatusBadRequest)
+		return
+	}
+	var rows []runRow
+	if err := c.hub.read(r.Context(), func(ctx context.Context) error {
+		var err error
+		rows, err = c.runRows(ctx, filter)
+		return err
+	}); err != nil {
+		c.fail(w, err)
+		return
+	}
+	c.render(w, "runs.html", c.pageData(r, map[string]any{"Runs": rows, "Filter": filter, "Statuses": toolbus.RunStatuses}))
+}
+
+// pageData adds who is signed in (and whether they may act) to a page's data.
+func (c *server) pageData(r *http.Request, data map[string]any) map[string]any {
+	u, ok := userOf(r)
+	data["CanAct"] = ok
+	data["User"] = u.Name
+	return data
+}
+
+// runRows reads the runs list.
+func (c *server) runRows(ctx context.Context, filter string) ([]runRow, error) {
+	runs, err := c.bus.Runs(ctx)
+	if err != nil {
+		return nil, err
+	}
+	sort.SliceStable(runs, func(i, j int) bool { return runs[i].StartedAt.After(runs[j].StartedAt) })
+	now := time.Now()
+	var rows []runRow
+	for _, st := range runs {
+		if filter != "" && string(st.Status) != filter {
+			continue
+		}
+		if len(rows) == consoleMaxRuns {
+			break
+		}
+		row := runRow{RunState: st, Age: age(now.Sub(st.StartedAt))}
+		if !st.Status.Terminal() {
+			if step, err := c.bus.CurrentStep(ctx, st.RunID); err == nil {
+				row.Step = step
+			}
+		}
+		if rs, err := c.bus.RunStarted(ctx, st.RunID); err == nil {
+			row.Question = question(rs.Messages)
+		}
+		if st.Ended != nil && st.Status != toolbus.RunWaitingForApproval {
+			row.Tokens = st.Ended.Usage.Total()
+		} else if u, err := c.bus.UsageSoFar(ctx, st.RunID, row.Step); err == nil {
+			row.Tokens = u.Total()
+		}
+		rows = append(rows, row)
+	}
+	return rows, nil
+}
+
+// question is the run's last user message.
+func question(msgs []toolbus.Message) string {
+	for i := len(msgs) - 1; i >= 0; i-- {
+		if msgs[i].Role == toolbus.RoleUser {
+			return audit.OneLine(msgs[i].Content, 160)
+		}
+	}
+	return ""
+}
+
+// bar places a span on the run's time axis, in percent.
+type bar struct {
+	Left, Width float64
+}
+
+// consoleCall is one call of a step, on the timeline and in detail.
+type consoleCall struct {
+	audit.CallLayout
+	Bar        bar
+	FullOutput string
+	OutputErr  string
+}
+
+// consoleStep is one step: the model call, then its calls.
+type consoleStep struct {
+	N          int
+	Model      bar
+	ModelMS    int64
+	Responded  bool
+	Calls      []*consoleCall
+	Assistant  string
+	Reasoning  string
+	StepTokens int64
+}
+
+func (c *server) runPage(w http.ResponseWriter, r *http.Request) {
+	run := r.PathValue("run")
+	if !toolbus.ValidRunID(run) {
+		http.Error(w, "invalid run id", http.StatusBadRequest)
+		return
+	}
+	var (
+		rep     *audit.Report
+		waiting []toolbus.ToolCall
+		steps   []*consoleStep
+	)
+	err := c.hub.read(r.Context(), func(ctx context.Context) error {
+		evs, err := c.hub.runEvents(ctx, run)
+		if err != nil || len(evs) == 0 {
+			return err
+		}
+		rep = audit.Analyze(run, evs)
+		st, _, stErr := c.bus.RunState(ctx, run)
+		if stErr == nil && st.Status == toolbus.RunWaitingForApproval && st.Ended != nil {
+			waiting = st.Ended.Pending
+		} else if rep.Status == toolbus.RunWaitingForApproval {
+			waiting = rep.Pending
+		}
+		steps = c.steps(ctx, rep)
+		return nil
+	})
+	if err != nil {
+		c.fail(w, err)
+		return
+	}
+	if rep == nil {
+		http.Error(w, fmt.Sprintf("run %s not found", run), http.StatusNotFound)
+		return
+	}
+	c.render(w, "run.html", c.pageData(r, map[string]any{
+		"R": rep, "Steps": steps, "Waiting": waiting,
+		"Active": !rep.Status.Terminal(), "Duration": ms(rep.DurationMS),
+	}))
+}
+
+// statusList is statuses separated by commas.
+func statusList(statuses []toolbus.RunStatus) string {
+	s := make([]string, len(statuses))
+	for i, st := range statuses {
+		s[i] = string(st)
+	}
+	return strings.Join(s, ", ")
+}
+
+// ms renders a duration in milliseconds.
+func ms(v int64) string {
+	if v <= 0 {
+		return "<1ms"
+	}
+	return (time.Duration(v) * time.Millisecond).String()
+}
+
+// steps places the report's layout (audit.Report.Layout) on the page's time axis, in
+// percent, with the full output of truncated results.
+func (c *server) steps(ctx context.Context, rep *audit.Report) []*consoleStep {
+	layout, span := rep.Layout()
+	pos := func(from, to int64) bar {
+		to = max(to, from)
+		return bar{Left: float64(from) * 100 / float64(span), Width: max(0.5, float64(to-from)*100/float64(span))}
+	}
+	out := make([]*consoleStep, 0, len(layout))
+	for _, sl := range layout {
+		s := &consoleStep{N: sl.N, Responded: sl.Responded}
+		if sl.Requested {
+			s.Model, s.ModelMS = pos(sl.ModelFrom, sl.ModelTo), sl.ModelTo-sl.ModelFrom
+		}
+		for _, cl := range sl.Calls {
+			cc := &consoleCall{CallLayout: cl, Bar: pos(cl.Start, cl.End)}
+			if rc := cl.Result; rc != nil {
+				if tr := rc.Truncated; tr != nil && tr.Ref != "" {
+					if data, err := c.bus.Output(ctx, tr.Ref); err != nil {
+						cc.OutputErr = err.Error()
+					} else {
+						if len(data) > consoleMaxOutput {
+							data = data[:consoleMaxOutput]
+						}
+						cc.FullOutput = string(data)
+					}
+				}
+			}
+			s.Calls = append(s.Calls, cc)
+		}
+		out = append(out, s)
+	}
+	return out
+}
+
+// actor returns the signed-in user who acts (consoleAuth.wrap lets no POST through
+// without one; a public console's anonymous reader cannot act).
+func actor(w http.ResponseWriter, r *http.Request) (string, bool) {
+	u, ok := userOf(r)
+	if !ok {
+		http.Error(w, "console: sign in to approve, deny or cancel", http.StatusUnauthorized)
+	}
+	return u.Name, ok
+}
+
+func (c *server) decide(granted bool) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		ctx := r.Context()
+		run := r.PathValue("run")
+		who, ok := actor(w, r)
+		if !ok {
+			return
+		}
+		if !toolbus.ValidRunID(run) {
+			http.Error(w, "invalid run id", http.StatusBadRequest)
+			return
+		}
+		callID, reason := r.PostFormValue("call"), strings.TrimSpace(r.PostFormValue("reason"))
+		if !granted && reason == "" {
+			http.Error(w, "deny: a reason is required: the model reads it", http.StatusBadRequest)
+			return
+		}
+		step, _, err := decide.Waiting(ctx, c.bus, run, callID)
+		if err != nil {
+			c.actionError(w, err)
+			return
+		}
+		a := toolbus.Approval{RunID: run, CallID: callID, Who: who, Why: reason}
+		if _, err := c.bus.PublishApproval(ctx, c.source, step, a, granted); err != nil {
+			c.fail(w, err)
+			return
+		}
+		c.log.Info("console decision", "run", run, "call", callID, "granted", granted, "who", a.Who)
+		http.Redirect(w, r, "/runs/"+run, http.StatusSeeOther)
+	}
+}
+
+func (c *server) cancel(w http.ResponseWriter, r *http.Request) {
+	ctx := r.Context()
+	run := r.PathValue("run")
+	who, ok := actor(w, r)
+	if !ok {
+		return
+	}
+	if !toolbus.ValidRunID(run) {
+		http.Error(w, "invalid run id", http.StatusBadRequest)
+		return
+	}
+	st, _, err := c.bus.RunState(ctx, run)
+	if err != nil {
+		if errors.Is(err, events.ErrRunNotFound) {
+			http.Error(w, fmt.Sprintf("run %s not found", run), http.StatusNotFound)
+			return
+		}
+		c.fail(w, err)
+		return
+	}
+	if st.Status.Terminal() {
+		http.Error(w, fmt.Sprintf("run %s already ended: %s", run, st.Status), http.StatusConflict)
+		return
+	}
+	cn := toolbus.Cancel{RunID: run, Reason: strings.TrimSpace(r.PostFormValue("reason")), Who: who}
+	if _, err := c.bus.PublishCancel(ctx, c.source, cn); err != nil {
+		c.fail(w, err)
+		return
+	}
+	c.log.Info("console cancel", "run", run, "who", cn.Who)
+	http.Redirect(w, r, "/runs/"+run, http.StatusSeeOther)
+}
+
+// actionError answers an action the run's state refuses (409, as the CLI exits 1).
+func (c *server) actionError(w http.ResponseWriter, err error) {
+	var refused *decide.RefusedError
+	if errors.As(err, &refused) {
+		http.Error(w, refused.Msg, http.StatusConflict)
+		return
+	}
+	c.fail(w, err)
+}
+
+// sse streams one event per message stored on the run's subjects (or every run's),
+// from now on: the page then fetches itself again. Every stream shares the hub's one
+// watcher of the bus.
+func (c *server) sse(w http.ResponseWriter, r *http.Request) {
+	ctx := r.Context()
+	run := r.URL.Query().Get("run")
+	if run != "" && !toolbus.ValidRunID(run) {
+		http.Error(w, "invalid run id", http.StatusBadRequest)
+		return
+	}
+	flusher, ok := w.(http.Flusher)
+	if !ok {
+		http.Error(w, "streaming unsupported", http.StatusInternalServerError)
+		return
+	}
+	ch, ok := c.hub.subscribe(run)
+	if !ok {
+		w.Header().Set("Retry-After", "30")
+		http.Error(w, "console: too many live streams open", http.StatusServiceUnavailable)
+		return
+	}
+	defer c.hub.unsubscribe(ch)
+	w.Header().Set("Content-Type", "text/event-stream")
+	w.Header().Set("Cache-Control", "no-store")
+	// Subscribed: events from here on reach this page. "ready" tells the page to fetch
+	// itself once, for what was stored before.
+	fmt.Fprint(w, "event: ready\ndata: {}\n\n")
+	flusher.Flush()
+	keepalive := time.NewTicker(30 * time.Second)
+	defer keepalive.Stop()
+	for {
+		var err error
+		select {
+		case <-ctx.Done():
+			return
+		case <-keepalive.C:
+			_, err = fmt.Fprint(w, ": keepalive\n\n")
+		case n := <-ch:
+			if n.Type == "ready" {
+				_, err = fmt.Fprint(w, "event: ready\ndata: {}\n\n")
+				break
+			}
+			b, _ := json.Marshal(map[string]string{"subject": n.Subject, "type": n.Type})
+			_, err = fmt.Fprintf(w, "event: bus\ndata: %s\n\n", b)
+		}
+		if err != nil {
+			return
+		}
+		flusher.Flush()
+	}
+}
+
+// ready answers 200 once the live updates follow the bus (a probe: no user needed,
+// nothing of any run told).
+func (c *server) ready(w http.ResponseWriter, _ *http.Request) {
+	if !c.hub.live.Load() {
+		http.Error(w, "not ready: not following the bus", http.StatusServiceUnavailable)
+		return
+	}
+	fmt.Fprintln(w, "ok")
+}
+
+func (c *server) render(w http.ResponseWriter, name string, data any) {
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-store")
+	if err := c.tmpl.ExecuteTemplate(w, name, data); err != nil {
+		c.log.Warn("console: render", "page", name, "err", err)
+	}
+}
+
+func (c *server) fail(w http.ResponseWriter, err error) {
+	if errors.Is(err, errConsoleBusy) {
+		w.Header().Set("Retry-After", "5")
+		http.Error(w, err.Error(), http.StatusServiceUnavailable)
+		return
+	}
+	c.log.Warn("console", "err", err)
+	http.Error(w, err.Error(), http.StatusInternalServerError)
+}
+
+// age renders how long ago something happened, coarsely (1m05s, 3h07m, 2d04h).
+func age(d time.Duration) string {
+	if d < 0 {
+		d = 0
+	}
+	switch {
+	case d < time.Minute:
+		return fmt.Sprintf("%ds", int(d/time.Second))
+	case d < time.Hour:
+		return fmt.Sprintf("%dm%02ds", int(d/time.Minute), int(d%time.Minute/time.Second))
+	case d < 24*time.Hour:
+		return fmt.Sprintf("%dh%02dm", int(d/time.Hour), int(d%time.Hour/time.Minute))
+	}
+	return fmt.Sprintf("%dd%02dh", int(d/(24*time.Hour)), int(d%(24*time.Hour)/time.Hour))
+}

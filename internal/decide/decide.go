@@ -1,0 +1,77 @@
+// Package decide serves the human decisions on a run (approve and deny today): it finds
+// the call a decision is about and says why the run's state refuses it. The CLI
+// (toolbus approve, deny) and the console share it, so both refuse the same cases with
+// the same words.
+package decide
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/toolbus/toolbus"
+	"github.com/toolbus/toolbus/events"
+)
+
+// RefusedError is a decision the run's state refuses: the run is unknown or ended, the
+// call was already decided or does not wait. Msg says which, for a person.
+type RefusedError struct {
+	Msg string
+}
+
+func (e *RefusedError) Error() string { return e.Msg }
+
+// Waiting finds the call callID in the run's current step and checks that it still
+// waits for a decision. It returns the step and the call.
+func Waiting(ctx context.Context, bus *events.Bus, run, callID string) (int, toolbus.ToolCall, error) {
+	st, _, err := bus.RunState(ctx, run)
+	if err != nil {
+		if errors.Is(err, events.ErrRunNotFound) {
+			return 0, toolbus.ToolCall{}, &RefusedError{Msg: fmt.Sprintf("run %s not found", run)}
+		}
+		return 0, toolbus.ToolCall{}, err
+	}
+	if st.Status.Terminal() {
+		return 0, toolbus.ToolCall{}, &RefusedError{Msg: fmt.Sprintf("run %s already ended: %s", run, st.Status)}
+	}
+	step, err := bus.CurrentStep(ctx, run)
+	if err != nil {
+		return 0, toolbus.ToolCall{}, err
+	}
+	rec, _, err := bus.Step(ctx, run, step)
+	if err != nil && !errors.Is(err, events.ErrNotFound) {
+		return 0, toolbus.ToolCall{}, err
+	}
+	if rec != nil {
+		for i, w := range rec.Waiting {
+			if w == nil || w.CallID != callID {
+				continue
+			}
+			if i < len(rec.Results) && rec.Results[i] != nil {
+				return 0, toolbus.ToolCall{}, &RefusedError{Msg: fmt.Sprintf("call %s of run %s was already decided: %s",
+					callID, run, rec.Results[i].Status)}
+			}
+			if d, err := bus.StepDecision(ctx, run, step, callID); err == nil {
+				verb := "granted"
+				if !d.Granted {
+					verb = "denied"
+				}
+				return 0, toolbus.ToolCall{}, &RefusedError{Msg: fmt.Sprintf("call %s of run %s was already %s by %s",
+					callID, run, verb, d.Who)}
+			}
+			return step, *w, nil
+		}
+	}
+	var waiting []string
+	if rec != nil {
+		for _, c := range rec.Pending() {
+			waiting = append(waiting, c.CallID)
+		}
+	}
+	msg := fmt.Sprintf("call %s of run %s does not wait for approval (run %s at step %d", callID, run, st.Status, step)
+	if len(waiting) > 0 {
+		msg += "; waiting: " + strings.Join(waiting, ", ")
+	}
+	return 0, toolbus.ToolCall{}, &RefusedError{Msg: msg + ")"}
+}
