@@ -2,6 +2,7 @@ package worker
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -50,10 +51,11 @@ type delivery struct {
 	own      owned     // the claim this worker holds
 
 	// Filled by decide and execute, read by publish and the middleware.
-	res       toolbus.ToolResult // the result; Status "" until a stage sets it
-	ran       bool               // the tool ran: the in-flight gauge counted it
-	parked    bool               // the call waits for a person: nothing is published
-	published bool               // the result is stored in the stream
+	res       toolbus.ToolResult     // the result; Status "" until a stage sets it
+	ran       bool                   // the tool ran: the in-flight gauge counted it
+	parked    bool                   // the call waits for a person: nothing is published
+	edit      *toolbus.HumanDecision // a person's edit of the arguments, applied by decide
+	published bool                   // the result is stored in the stream
 }
 
 // log returns the call's logger. It is built only when something is logged: With is
@@ -97,6 +99,9 @@ func (w *Worker) process(ctx context.Context, d *delivery) error {
 	err := w.decide(ctx, d)
 	if err == nil && !d.parked {
 		err = w.execute(ctx, d)
+		if err == nil {
+			err = w.retryLater(ctx, d)
+		}
 		if err == nil {
 			err = w.publish(ctx, d)
 		}
@@ -252,14 +257,45 @@ func (w *Worker) decide(ctx context.Context, d *delivery) error {
 		return w.wait(ctx, d.req, d.log())
 	case err != nil:
 		return err
+	case !dec.Granted && dec.Response != "":
+		d.res = responded(call, dec.Approval)
 	case !dec.Granted:
 		msg := "a person denied this call"
 		if dec.Why != "" {
 			msg += ": " + dec.Why
 		}
 		d.res = executor.ErrorResult(call, toolbus.StatusRejected, toolbus.CodeApprovalDenied, msg)
+	case dec.Arguments != "":
+		// The call runs with the person's arguments (the injector checked them against
+		// the tool's schema before recording the decision; Execute checks them again).
+		d.edit = &toolbus.HumanDecision{Kind: toolbus.DecisionEdited, Who: dec.Who, Arguments: dec.Arguments}
+		d.req.Call.Arguments = dec.Arguments
 	}
 	return nil
+}
+
+// responded is the result of a call a person answered in the tool's place: the tool did
+// not run, the answer is the result, and both the event (Human) and the text the model
+// reads say so.
+func responded(call toolbus.ToolCall, a toolbus.Approval) toolbus.ToolResult {
+	out, _ := json.Marshal(a.Response) // a string always encodes
+	return toolbus.ToolResult{CallID: call.CallID, Tool: call.Tool, Status: toolbus.StatusSucceeded, Output: out,
+		Content: fmt.Sprintf("[answered by a person (%s) in place of the tool, which did not run]\n%s", a.Who, a.Response),
+		Human:   &toolbus.HumanDecision{Kind: toolbus.DecisionResponded, Who: a.Who}}
+}
+
+// editNoteMax bounds the edited arguments quoted in the note the model reads.
+const editNoteMax = 512
+
+// markEdited marks the result of a call that ran with a person's arguments, in the event
+// and in the text the model reads (the model's own call still shows its arguments).
+func markEdited(res *toolbus.ToolResult, e *toolbus.HumanDecision) {
+	res.Human = e
+	args := e.Arguments
+	if len(args) > editNoteMax {
+		args = args[:editNoteMax] + "…"
+	}
+	res.Content = fmt.Sprintf("[a person (%s) edited the arguments of this call; it ran with %s]\n%s", e.Who, args, res.Content)
 }
 
 // execute runs the tool, unless an earlier stage already set the call's result.
@@ -275,6 +311,9 @@ func (w *Worker) execute(ctx context.Context, d *delivery) error {
 		return err
 	}
 	d.res = res
+	if d.edit != nil {
+		markEdited(&d.res, d.edit)
+	}
 	return nil
 }
 
@@ -287,6 +326,7 @@ func (w *Worker) publish(ctx context.Context, d *delivery) error {
 	}
 	d.res.Attempt = d.attempt()
 	d.res.Executor = w.cfg.Instance
+	d.res.Retries = d.own.claim.Retries
 	// The call ran: its result must not be lost to a bus hiccup (a redelivered call whose
 	// result is not stored runs again), so storing it is retried in place.
 	if err := w.retry(ctx, d.msg, d.log, "store the large output", func() error {
@@ -331,7 +371,9 @@ func (w *Worker) permissionDenied(next handlerFunc) handlerFunc {
 // one result.
 func (w *Worker) lastDelivery(next handlerFunc) handlerFunc {
 	return func(ctx context.Context, d *delivery) error {
-		if a := d.attempt(); d.res.Status == "" && a >= w.cfg.MaxDeliver && a > 1 {
+		// Attempts that failed and were retried by the tool's policy finished: only
+		// the executions that died count.
+		if a := d.attempt() - len(d.own.claim.Retries); d.res.Status == "" && a >= w.cfg.MaxDeliver && a > 1 {
 			d.res = executor.ErrorResult(d.req.Call, toolbus.StatusFailed, toolbus.CodeToolInternalError,
 				fmt.Sprintf("the call did not finish in %d attempts (its executor died each time); it was not run again", a-1))
 		}

@@ -639,13 +639,17 @@ func (w *Worker) claim(ctx context.Context, msg jetstream.Msg, queue string, req
 			}
 		}
 		if !alive {
-			mine.Attempt = cur.Attempt + 1
+			mine.Attempt, mine.Retries = cur.Attempt+1, cur.Retries
 			nrev, err := w.bus.TakeOverClaim(ctx, queue, req.RunID, req.Step, req.Call.CallID, mine, rev)
 			if err == nil {
 				// A result stored between the check above and the take-over was
 				// published by an attempt that still held its lease: it is the call's.
 				if stored, err := w.resultStored(ctx, queue, req); err != nil || stored {
 					return false, owned{}, err
+				}
+				if cur.Retry {
+					log().Info("retrying the call by the tool's policy, with the same idempotency key", "attempt", mine.Attempt)
+					return true, owned{mine, nrev}, nil
 				}
 				why := "the executor that claimed this call is gone"
 				if cur.Abandoned {
@@ -664,7 +668,7 @@ func (w *Worker) claim(ctx context.Context, msg jetstream.Msg, queue string, req
 			return false, owned{}, ctx.Err()
 		case <-time.After(claimPoll):
 		}
-		mine.Attempt = 1
+		mine.Attempt, mine.Retries = 1, nil
 		if cur, rev, err = w.bus.ClaimCall(ctx, queue, req.RunID, req.Step, req.Call.CallID, mine); err == nil {
 			return true, owned{mine, rev}, nil // the claim went away (expired with the retention): ours now
 		} else if !errors.Is(err, store.ErrClaimed) {
@@ -697,11 +701,7 @@ func (w *Worker) abandon(ctx context.Context, msg jetstream.Msg, queue string, r
 func (w *Worker) run(ctx context.Context, msg jetstream.Msg, req toolbus.ToolRequested, rs *toolbus.RunStarted, attempt int, lv leaseView) (toolbus.ToolResult, error) {
 	callCtx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	deadline := req.Deadline
-	if d := rs.Limits.Deadline; !d.IsZero() && (deadline.IsZero() || d.Before(deadline)) {
-		deadline = d
-	}
-	if !deadline.IsZero() {
+	if deadline := callDeadline(req, rs); !deadline.IsZero() {
 		var c2 context.CancelFunc
 		callCtx, c2 = context.WithDeadline(callCtx, deadline)
 		defer c2()
