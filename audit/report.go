@@ -86,9 +86,9 @@ type Call struct {
 	// model's (Arguments), for an edit.
 	EditedArguments string `json:"edited_arguments,omitempty"`
 	// Response is the person's answer in the tool's place, for a response.
-	Response   string              `json:"response,omitempty"`
-	Results    int                 `json:"results"`
-	Result     *toolbus.ToolResult `json:"result,omitempty"`
+	Response string              `json:"response,omitempty"`
+	Results  int                 `json:"results"`
+	Result   *toolbus.ToolResult `json:"result,omitempty"`
 }
 
 // Report is the audit of one run (`toolbus replay --json` prints it as is).
