@@ -108,6 +108,12 @@ type ToolResult struct {
 	Attempt    int         `json:"attempt,omitempty"`
 	DurationMS int64       `json:"duration_ms"`
 	Executor   string      `json:"executor,omitempty"`
+	// LeaseUntil is the fencing deadline of the attempt that produced the result, by
+	// the NATS server's clock: until then no other attempt could take the call over. A
+	// result the stream stored before it is the call's; one stored later (an executor
+	// cut off from the bus whose publication arrived late) is joined only if no later
+	// attempt owns the call. Absent on results that no executor attempt produced.
+	LeaseUntil *time.Time `json:"lease_until,omitempty"`
 	// Human is set when a person edited the call's arguments or answered in the tool's
 	// place (Approval).
 	Human *HumanDecision `json:"human,omitempty"`

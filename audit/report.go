@@ -435,6 +435,19 @@ func (a *analysis) toolFinished(ev events.StoredEvent, tf toolbus.ToolFinished) 
 	if tf.CallIndex != rc.Index {
 		a.addV(ViolationCallOrder, ev.Seq, tf.Step, res.CallID, "result of call %s carries index %d, but it is call %d of the step", res.CallID, tf.CallIndex, rc.Index)
 	}
+	if prev := rc.Result; prev != nil && prev.Attempt > 0 && res.Attempt > 0 && prev.Attempt != res.Attempt {
+		// Two executor attempts at the call: the earlier one was cut off from the bus and
+		// its publication arrived late. The result of the later attempt stands (the
+		// injector holds the late one back while the later attempt owns the call).
+		if res.Attempt < prev.Attempt {
+			e.Summary += fmt.Sprintf(" (late result of attempt %d, superseded by attempt %d: ignored)", res.Attempt, prev.Attempt)
+			return
+		}
+		e.Summary += fmt.Sprintf(" (supersedes the late result of attempt %d)", prev.Attempt)
+		res.Output = nil
+		rc.Result = &res
+		return
+	}
 	rc.Results++
 	if rc.Results > 1 {
 		a.addV(ViolationDuplicateResult, ev.Seq, tf.Step, res.CallID, "call %s of step %d has %d results; the first stands", res.CallID, tf.Step, rc.Results)

@@ -25,7 +25,7 @@ func TestConsoleDecisions(t *testing.T) {
 	p := startPipeline(t, scripts, deployTool())
 	srv, users, _ := startConsoleWithUsers(t, p, "erin")
 	erin := users["erin"]
-	report := func(run string) audit.Report {
+	report := func(run string) *audit.Report {
 		evs, err := p.bus.RunEvents(p.ctx, run)
 		if err != nil {
 			t.Fatal(err)

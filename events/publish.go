@@ -11,6 +11,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nuid"
+
+	toolbus "github.com/toolbus/toolbus"
 )
 
 // Publishing that no other party can suppress.
@@ -92,10 +94,18 @@ func (b *Bus) settleDuplicate(ctx context.Context, msg *nats.Msg, ack *jetstream
 	if err != nil {
 		return nil, err
 	}
+	attempt := attemptOf(want)
 	raw, err := b.Stream.GetMsg(ctx, ack.Sequence)
 	switch {
-	case err == nil && sameEvent(raw, msg.Subject, want.Meta):
+	case err == nil && sameEvent(raw, msg.Subject, want.Meta, attempt):
 		return ack, nil
+	case err == nil && sameEvent(raw, msg.Subject, want.Meta, 0):
+		// The result of another attempt at the call: one cut off from the bus whose
+		// publication arrived late. This attempt's result is stored beside it (the
+		// injector joins the one of the attempt that owns the call).
+		slog.Default().Info("result of another attempt stored under the id: storing this attempt's beside it",
+			"id", want.ID, "attempt", attempt, "stored_seq", ack.Sequence)
+		return b.publishGuarded(ctx, msg, want.Meta, attempt)
 	case err != nil && !errors.Is(err, jetstream.ErrMsgNotFound):
 		return nil, fmt.Errorf("events: publish %s: read the message stored under its id: %w", want.ID, err)
 	}
@@ -106,14 +116,18 @@ func (b *Bus) settleDuplicate(ctx context.Context, msg *nats.Msg, ack *jetstream
 	}
 	slog.Default().Warn("event id squatted: publishing under the per-subject guard",
 		"id", want.ID, "subject", msg.Subject, "squatted_by_seq", ack.Sequence, "squatter_subject", holder)
-	return b.publishGuarded(ctx, msg, want.Meta)
+	return b.publishGuarded(ctx, msg, want.Meta, attempt)
 }
 
 // sameEvent reports whether a stored message is the event: the same subject, type and
 // id, and data that agrees with that subject (CheckSubject). A message on the event's
 // own subject whose data names another run is no event of this run: consumers
-// terminate it, so it must not stand in for the real one either.
-func sameEvent(raw *jetstream.RawStreamMsg, subject string, m Meta) bool {
+// terminate it, so it must not stand in for the real one either. For a tool.finished
+// of an executor attempt (attempt > 0), a result of another attempt is not it either:
+// a late result of an attempt that was cut off must not stand in for the result of the
+// attempt that took the call over (the injector joins the latter); attempt 0 matches a
+// result of any attempt.
+func sameEvent(raw *jetstream.RawStreamMsg, subject string, m Meta, attempt int) bool {
 	if raw == nil || raw.Subject != subject {
 		return false
 	}
@@ -125,12 +139,31 @@ func sameEvent(raw *jetstream.RawStreamMsg, subject string, m Meta) bool {
 	if v == nil {
 		return true
 	}
-	return got.Bind(v) == nil && CheckSubject(raw.Subject, got.Meta, v) == nil
+	if got.Bind(v) != nil || CheckSubject(raw.Subject, got.Meta, v) != nil {
+		return false
+	}
+	if tf, ok := v.(*toolbus.ToolFinished); ok && attempt > 0 && tf.Attempt > 0 && tf.Attempt != attempt {
+		return false
+	}
+	return true
+}
+
+// attemptOf returns the attempt of a tool.finished event (0 for any other event, or a
+// result no executor attempt produced).
+func attemptOf(e Event) int {
+	if e.Type != TypeToolFinished {
+		return 0
+	}
+	var tf toolbus.ToolFinished
+	if e.Bind(&tf) != nil {
+		return 0
+	}
+	return tf.Attempt
 }
 
 // publishGuarded stores msg on its subject unless the subject already holds the event,
 // under a random message id: the guard is the subject's last sequence.
-func (b *Bus) publishGuarded(ctx context.Context, msg *nats.Msg, m Meta) (*jetstream.PubAck, error) {
+func (b *Bus) publishGuarded(ctx context.Context, msg *nats.Msg, m Meta, attempt int) (*jetstream.PubAck, error) {
 	guarded := nats.NewMsg(msg.Subject)
 	for k, v := range msg.Header {
 		guarded.Header[k] = v
@@ -140,8 +173,8 @@ func (b *Bus) publishGuarded(ctx context.Context, msg *nats.Msg, m Meta) (*jetst
 	guarded.Header.Set(HeaderMsgID, m.ID+GuardedIDSeparator+nuid.Next())
 	guarded.Data = msg.Data
 	var last uint64
-	for attempt := 0; attempt < maxGuardedAttempts; attempt++ {
-		seq, found, err := b.findOnSubject(ctx, msg.Subject, m, last+1)
+	for try := 0; try < maxGuardedAttempts; try++ {
+		seq, found, err := b.findOnSubject(ctx, msg.Subject, m, attempt, last+1)
 		if err != nil {
 			return nil, err
 		}
@@ -169,7 +202,7 @@ func (b *Bus) publishGuarded(ctx context.Context, msg *nats.Msg, m Meta) (*jetst
 // findOnSubject walks the messages of subject from sequence from on: it returns the
 // sequence of the event when one of them is it, else the sequence of the last message
 // (from-1 when there is none from there on).
-func (b *Bus) findOnSubject(ctx context.Context, subject string, m Meta, from uint64) (seq uint64, found bool, err error) {
+func (b *Bus) findOnSubject(ctx context.Context, subject string, m Meta, attempt int, from uint64) (seq uint64, found bool, err error) {
 	last := from - 1
 	for {
 		raw, err := b.Stream.GetMsg(ctx, last+1, jetstream.WithGetMsgSubject(subject))
@@ -179,7 +212,7 @@ func (b *Bus) findOnSubject(ctx context.Context, subject string, m Meta, from ui
 		if err != nil {
 			return 0, false, fmt.Errorf("events: look up %s on %s: %w", m.ID, subject, err)
 		}
-		if sameEvent(raw, subject, m) {
+		if sameEvent(raw, subject, m, attempt) {
 			return raw.Sequence, true, nil
 		}
 		last = raw.Sequence
@@ -190,7 +223,7 @@ func (b *Bus) findOnSubject(ctx context.Context, subject string, m Meta, from ui
 // its sequence: a direct-get walk over the messages of its subject, which any role
 // with read access may make.
 func (b *Bus) Stored(ctx context.Context, e Envelope) (uint64, bool, error) {
-	seq, found, err := b.findOnSubject(ctx, e.Subject, e.Meta, 1)
+	seq, found, err := b.findOnSubject(ctx, e.Subject, e.Meta, 0, 1)
 	if !found {
 		seq = 0
 	}

@@ -139,7 +139,7 @@ func (b *Bus) PublishOutcome(ctx context.Context, source string, st store.RunSta
 		ended = &toolbus.RunEnded{RunID: st.RunID, Status: st.Status, Code: st.Code, Reason: st.Reason, StepsUsed: st.Step + 1}
 	}
 	e := RunEndedEvent(source, st.Step, *ended)
-	if raw, err := b.Stream.GetLastMsgForSubject(ctx, e.Subject); err == nil && sameEvent(raw, e.Subject, e.Meta) {
+	if raw, err := b.Stream.GetLastMsgForSubject(ctx, e.Subject); err == nil && sameEvent(raw, e.Subject, e.Meta, 0) {
 		return nil
 	}
 	_, err := b.PublishEvent(ctx, e)

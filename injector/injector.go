@@ -253,6 +253,9 @@ func (in *Injector) dispatch(ctx context.Context, msg jetstream.Msg) error {
 	}
 	switch d := data.(type) {
 	case *toolbus.ToolFinished:
+		if err := in.fence(ctx, msg, *d); err != nil {
+			return err
+		}
 		return in.Finished(ctx, *d)
 	case *toolbus.ToolWaiting:
 		return in.Waiting(ctx, *d)
@@ -396,6 +399,53 @@ func (in *Injector) Finished(ctx context.Context, tf toolbus.ToolFinished) error
 			events.ErrPoison, res.CallID, tf.RunID, tf.Step, tf.CallIndex)
 	}
 	return nil
+}
+
+// fence decides whether a result an executor attempt produced may be joined. A result
+// the stream stored before its attempt's fencing deadline (LeaseUntil, by the server's
+// clock) was stored while that attempt held the call: it is joined, at no cost. One
+// stored later comes from an executor that was cut off or paused, its publication
+// delivered late: it is joined only if no later attempt owns the call. While a later
+// attempt's owner is alive and has not yielded to this result, it is handed back
+// (DeferError), so that the later attempt's result, when it comes, is the one joined
+// (this one is then a differing duplicate and terminated). The wait is bounded: on its
+// last delivery, or once that owner is gone, the result is joined after all, so a call
+// never loses its only result.
+func (in *Injector) fence(ctx context.Context, msg jetstream.Msg, tf toolbus.ToolFinished) error {
+	res := tf.ToolResult
+	if res.LeaseUntil == nil || res.Attempt < 1 {
+		return nil
+	}
+	md, err := msg.Metadata()
+	if err != nil {
+		return fmt.Errorf("injector: metadata of %s: %w", msg.Subject(), err)
+	}
+	if md.Timestamp.Before(*res.LeaseUntil) {
+		return nil
+	}
+	queue := events.ToolTokenOfSubject(msg.Subject())
+	c, _, err := in.bus.CurrentClaim(ctx, queue, tf.RunID, tf.Step, res.CallID)
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		return nil
+	case err != nil:
+		return err
+	case c.Attempt <= res.Attempt || c.Yielded:
+		return nil
+	}
+	alive, err := in.bus.InstanceAlive(ctx, c.Instance, c.Boot)
+	if err != nil {
+		return err
+	}
+	log := in.log.With("run_id", tf.RunID, "step", tf.Step, "call_id", res.CallID, "attempt", res.Attempt,
+		"owner_attempt", c.Attempt, "owner", c.Instance, "stored", md.Timestamp, "lease_until", *res.LeaseUntil)
+	if !alive || md.NumDelivered >= uint64(in.cfg.MaxDeliver) {
+		log.Warn("late result of a superseded attempt joined: the attempt that owns the call is gone or did not answer in time")
+		return nil
+	}
+	log.Info("late result of a superseded attempt held back: a later attempt owns the call")
+	return &events.DeferError{Delay: min(time.Second<<min(md.NumDelivered-1, 6), time.Minute),
+		Reason: fmt.Sprintf("result of attempt %d stored after its lease; attempt %d owns the call", res.Attempt, c.Attempt)}
 }
 
 // Waiting records a call that waits for approval.

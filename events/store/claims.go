@@ -33,6 +33,12 @@ type Claim struct {
 	// Retries are the failed attempts retried so far, oldest first; each take-over
 	// carries them on, and the final result publishes them (ToolResult.Retries).
 	Retries []toolbus.FailedAttempt `json:"retries,omitempty"`
+	// Yielded marks an attempt that took the claim over and then found the call's
+	// result already stored by an earlier attempt (one cut off from the bus whose
+	// publication arrived late): it did not run, and that earlier result is the call's.
+	// The injector reads it to tell such a result from one an attempt that runs will
+	// replace.
+	Yielded bool `json:"yielded,omitempty"`
 }
 
 // ErrClaimed is returned by ClaimCall when another execution holds the claim.

@@ -34,12 +34,32 @@ func InstanceKey(name, boot string) string {
 	return kvSafe(name) + "." + kvSafe(boot)
 }
 
-// PutInstance records (or refreshes) the heartbeat of an executor instance.
-func (s *Store) PutInstance(ctx context.Context, in Instance) error {
-	if _, err := s.instances.Put(ctx, InstanceKey(in.Name, in.Boot), mustJSON(in)); err != nil {
-		return fmt.Errorf("store: instance heartbeat %s: %w", in.Name, err)
+// PutInstance records (or refreshes) the heartbeat of an executor instance; it returns
+// the record's revision.
+func (s *Store) PutInstance(ctx context.Context, in Instance) (uint64, error) {
+	rev, err := s.instances.Put(ctx, InstanceKey(in.Name, in.Boot), mustJSON(in))
+	if err != nil {
+		return 0, fmt.Errorf("store: instance heartbeat %s: %w", in.Name, err)
 	}
-	return nil
+	return rev, nil
+}
+
+// InstanceStoredAt returns when the server stored the instance record of name and boot
+// at revision rev or later, by the server's clock: the record expires one TTL after
+// that, which is what an executor's fencing deadline is measured from (see
+// toolbus.ToolResult.LeaseUntil). ErrNotFound when the record is gone or older than rev
+// (a read served by a replica that lags).
+func (s *Store) InstanceStoredAt(ctx context.Context, name, boot string, rev uint64) (time.Time, error) {
+	e, err := s.instances.Get(ctx, InstanceKey(name, boot))
+	switch {
+	case errors.Is(err, jetstream.ErrKeyNotFound):
+		return time.Time{}, fmt.Errorf("%w: instance %s", ErrNotFound, name)
+	case err != nil:
+		return time.Time{}, fmt.Errorf("store: instance %s: %w", name, err)
+	case e.Revision() < rev:
+		return time.Time{}, fmt.Errorf("%w: instance %s at revision %d (read %d)", ErrNotFound, name, rev, e.Revision())
+	}
+	return e.Created(), nil
 }
 
 // DeleteInstance removes an instance at shutdown, so the catalog drops it at once.

@@ -26,7 +26,7 @@ func TestInstanceExpiresFromCatalog(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := bus.PutInstance(ctx, store.Instance{Name: "only/one", Boot: "b1", Tools: []string{"solo"}}); err != nil {
+	if _, err := bus.PutInstance(ctx, store.Instance{Name: "only/one", Boot: "b1", Tools: []string{"solo"}}); err != nil {
 		t.Fatal(err)
 	}
 	eventstest.Eventually(t, 10*time.Second, func() error {
@@ -111,7 +111,7 @@ func TestCatalog(t *testing.T) {
 	if err := bus.PublishTool(ctx, toolbus.ToolContract{Name: "b"}, false); err != nil {
 		t.Fatal(err)
 	}
-	if err := bus.PutInstance(ctx, store.Instance{Name: "x-1", Tools: []string{"a", "b"}}); err != nil {
+	if _, err := bus.PutInstance(ctx, store.Instance{Name: "x-1", Tools: []string{"a", "b"}}); err != nil {
 		t.Fatal(err)
 	}
 	eventstest.Eventually(t, 5*time.Second, func() error {

@@ -327,6 +327,10 @@ func (w *Worker) publish(ctx context.Context, d *delivery) error {
 	d.res.Attempt = d.attempt()
 	d.res.Executor = w.cfg.Instance
 	d.res.Retries = d.own.claim.Retries
+	if until := d.lv.serverDeadline(); !until.IsZero() {
+		until = until.UTC()
+		d.res.LeaseUntil = &until
+	}
 	// The call ran: its result must not be lost to a bus hiccup (a redelivered call whose
 	// result is not stored runs again), so storing it is retried in place.
 	if err := w.retry(ctx, d.msg, d.log, "store the large output", func() error {

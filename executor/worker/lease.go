@@ -40,12 +40,15 @@ type lease struct {
 	ttl, margin time.Duration
 	onExpire    func() // called once per lapse, when it is noticed
 
-	mu      sync.Mutex
-	until   time.Time // monotonic; zero before the first renewal
-	gen     uint64    // lapses so far
-	down    bool      // lapsed and not renewed since
-	timer   *time.Timer
-	stopped bool
+	mu    sync.Mutex
+	until time.Time // monotonic; zero before the first renewal
+	// serverUntil is the lease deadline by the server's clock (stamp), or zero when
+	// no renewal's stored time is known: what results carry as LeaseUntil.
+	serverUntil time.Time
+	gen         uint64 // lapses so far
+	down        bool   // lapsed and not renewed since
+	timer       *time.Timer
+	stopped     bool
 }
 
 // leaseView is the lease as one call holds it: valid while the lease has not lapsed
@@ -75,6 +78,17 @@ func (v leaseView) Deadline() time.Time {
 
 // valid reports whether the call still holds the lease.
 func (v leaseView) valid() bool { return time.Now().Before(v.Deadline()) }
+
+// serverDeadline is the lease deadline by the server's clock, or zero once the lease
+// lapsed since the call started (or when no renewal's stored time is known).
+func (v leaseView) serverDeadline() time.Time {
+	v.l.mu.Lock()
+	defer v.l.mu.Unlock()
+	if v.l.gen != v.gen || v.l.down {
+		return time.Time{}
+	}
+	return v.l.serverUntil
+}
 
 // lapseLocked records a lapse noticed now; it reports whether it is a new one.
 func (l *lease) lapseLocked() bool {
@@ -118,6 +132,24 @@ func (l *lease) renewed(start time.Time) {
 	l.mu.Unlock()
 	if lapsed {
 		l.onExpire()
+	}
+}
+
+// stamp records, for a renewal sent at start and acknowledged rtt later, the time
+// the server stored it (by its clock). The instance record expires one TTL after
+// stored; the server-clock deadline is
+//
+//	stored + TTL − margin − rtt
+//
+// which is not later, in real time, than the monotonic deadline the renewal set
+// (start + TTL − margin): the server stored it at most rtt after it was sent. So a
+// result the stream stored before it was stored while this lease held, with no clock
+// offset between executor and server involved.
+func (l *lease) stamp(stored time.Time, rtt time.Duration) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if until := stored.Add(l.ttl - l.margin - rtt); until.After(l.serverUntil) {
+		l.serverUntil = until
 	}
 }
 

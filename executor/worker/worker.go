@@ -357,7 +357,7 @@ func (w *Worker) Sync(ctx context.Context) error {
 	w.serving, w.servedList = next, names
 	w.smu.Unlock()
 	now := time.Now().UTC()
-	if err := w.bus.PutInstance(ctx, store.Instance{Name: w.cfg.Instance, Boot: w.boot, Tools: names, Concurrency: w.cfg.Concurrency,
+	if _, err := w.bus.PutInstance(ctx, store.Instance{Name: w.cfg.Instance, Boot: w.boot, Tools: names, Concurrency: w.cfg.Concurrency,
 		StartedAt: now, HeartbeatAt: now}); err != nil {
 		return err
 	}
@@ -430,6 +430,20 @@ func (e *MissingQueuesError) Error() string {
 
 func (e *MissingQueuesError) Unwrap() error { return e.Err }
 
+// stampLease reads when the server stored the heartbeat at revision rev, sent at start,
+// and moves the lease's server-clock deadline (results carry it as LeaseUntil). On a
+// failed read the previous, earlier deadline stays: results stored after it are
+// checked against their claim by the injector, which costs a read, never correctness.
+func (w *Worker) stampLease(ctx context.Context, rev uint64, start time.Time) {
+	rtt := time.Since(start)
+	stored, err := w.bus.InstanceStoredAt(ctx, w.cfg.Instance, w.boot, rev)
+	if err != nil {
+		w.log.Debug("heartbeat's stored time not read; results keep the previous fencing deadline", "error", err)
+		return
+	}
+	w.lease.stamp(stored, rtt)
+}
+
 // heartbeat records this instance in the instances bucket now and every
 // lease.renewEvery, each acknowledged write renewing the lease; the returned stop ends
 // the lease and removes the record.
@@ -437,10 +451,12 @@ func (w *Worker) heartbeat(ctx context.Context, served []string) (stop func(), e
 	start := time.Now()
 	in := store.Instance{Name: w.cfg.Instance, Boot: w.boot, Tools: served, Concurrency: w.cfg.Concurrency,
 		StartedAt: start.UTC(), HeartbeatAt: start.UTC()}
-	if err := w.bus.PutInstance(ctx, in); err != nil {
+	rev, err := w.bus.PutInstance(ctx, in)
+	if err != nil {
 		return nil, err
 	}
 	w.lease.renewed(start)
+	w.stampLease(ctx, rev, start)
 	done := make(chan struct{})
 	finished := make(chan struct{})
 	go func() {
@@ -459,13 +475,15 @@ func (w *Worker) heartbeat(ctx context.Context, served []string) (stop func(), e
 				in.HeartbeatAt = start.UTC()
 				in.Tools = w.servedTools()
 				pctx, cancel := context.WithTimeout(ctx, every)
-				err := w.bus.PutInstance(pctx, in)
-				cancel()
+				rev, err := w.bus.PutInstance(pctx, in)
 				if err != nil {
+					cancel()
 					w.log.Warn("instance heartbeat failed", "error", err, "lease_deadline", w.lease.Deadline())
 					continue
 				}
 				w.lease.renewed(start)
+				w.stampLease(pctx, rev, start)
+				cancel()
 			}
 		}
 	}()
@@ -578,6 +596,11 @@ func (w *Worker) release(key string) {
 // whether that executor finished or died.
 const claimPoll = time.Second
 
+// takeoverHook, when set (tests), runs right after a take-over of a claim, before the
+// look-up of a result stored meanwhile: where a late result of the earlier attempt
+// races the new one.
+var takeoverHook func()
+
 // runFullDelay is the least delay before a call of a run at its cap is taken again
 // (up to twice this, so the retries of a large step spread out).
 const runFullDelay = 250 * time.Millisecond
@@ -642,9 +665,18 @@ func (w *Worker) claim(ctx context.Context, msg jetstream.Msg, queue string, req
 			mine.Attempt, mine.Retries = cur.Attempt+1, cur.Retries
 			nrev, err := w.bus.TakeOverClaim(ctx, queue, req.RunID, req.Step, req.Call.CallID, mine, rev)
 			if err == nil {
+				if takeoverHook != nil {
+					takeoverHook()
+				}
 				// A result stored between the check above and the take-over was
-				// published by an attempt that still held its lease: it is the call's.
+				// published by an earlier attempt (one that held its lease then, or a
+				// late publication of one cut off): it is the call's. The claim says so,
+				// so that the injector joins that result instead of waiting for this
+				// attempt's.
 				if stored, err := w.resultStored(ctx, queue, req); err != nil || stored {
+					if err == nil {
+						err = w.yield(ctx, msg, queue, req, owned{mine, nrev}, log)
+					}
 					return false, owned{}, err
 				}
 				if cur.Retry {
@@ -675,6 +707,25 @@ func (w *Worker) claim(ctx context.Context, msg jetstream.Msg, queue string, req
 			return false, owned{}, err
 		}
 	}
+}
+
+// yield marks this worker's attempt, which took the claim over, as yielded to the
+// result an earlier attempt stored meanwhile: the attempt does not run.
+func (w *Worker) yield(ctx context.Context, msg jetstream.Msg, queue string, req toolbus.ToolRequested, o owned, log func() *slog.Logger) error {
+	c := o.claim
+	c.Yielded = true
+	err := w.retry(ctx, msg, log, "yield the claim", func() error {
+		_, err := w.bus.TakeOverClaim(ctx, queue, req.RunID, req.Step, req.Call.CallID, c, o.rev)
+		if errors.Is(err, events.ErrConflict) {
+			return nil // changed since (or an earlier try of this write landed)
+		}
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	log().Info("result of an earlier attempt stored after the take-over: this attempt yields to it", "attempt", c.Attempt)
+	return nil
 }
 
 // abandon marks this worker's attempt at a call abandoned (its lease ran out before a
