@@ -417,7 +417,7 @@ func TestEditRefusedOnTheBus(t *testing.T) {
 		t.Fatalf("deploy ran %d times after refused decisions", n)
 	}
 	publish(toolbus.Approval{RunID: "edit-bus", CallID: "b", Who: "erin", Arguments: `{"service":"web"}`}, true)
-	ended := s.waitEnd("edit-bus")
+	ended := s.waitOutcome("edit-bus", "completed", statusIs(toolbus.RunCompleted))
 	if ended.Status != toolbus.RunCompleted || !strings.Contains(ended.Answer, `{"deployed":"web"}`) || !strings.Contains(ended.Answer, "a person (erin) edited") {
 		t.Fatalf("run ended %+v", ended)
 	}

@@ -147,7 +147,7 @@ func cmdDecide(ctx context.Context, cfg Config, log *slog.Logger, args []string,
 		}
 		a.Why = cmp.Or(*message, a.Why)
 		if strings.TrimSpace(a.Why) == "" {
-			return usageError(fs, "deny: --message (or --reason) is required: the model reads it")
+			return usageError(fs, "deny: --reason is required (or --message): the model reads it")
 		}
 	case "respond":
 		a.Response = *answer
