@@ -8,6 +8,7 @@ import (
 
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/audit"
+	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/planner"
 )
 
@@ -48,7 +49,7 @@ func TestConsoleDecisions(t *testing.T) {
 	if code != http.StatusSeeOther {
 		t.Fatalf("edit: %d %s", code, body)
 	}
-	p.waitStatus("c-edit", toolbus.RunCompleted)
+	p.waitEvent("c-edit", events.TypeRunEnded(toolbus.RunCompleted))
 	r := report("c-edit")
 	if c := r.Calls[0]; c.DecisionKind != toolbus.DecisionEdited || c.EditedArguments != `{"service":"web"}` || c.DecidedBy != "erin" ||
 		!strings.Contains(r.Answer, `{"deployed":"web"}`) {
@@ -64,7 +65,7 @@ func TestConsoleDecisions(t *testing.T) {
 	if code != http.StatusSeeOther {
 		t.Fatalf("respond: %d %s", code, body)
 	}
-	p.waitStatus("c-respond", toolbus.RunCompleted)
+	p.waitEvent("c-respond", events.TypeRunEnded(toolbus.RunCompleted))
 	r = report("c-respond")
 	if c := r.Calls[0]; c.DecisionKind != toolbus.DecisionResponded || c.Response != "done by hand" ||
 		!strings.Contains(r.Answer, "answered by a person (erin) in place of the tool") {
