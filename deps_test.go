@@ -8,70 +8,160 @@ import (
 
 const mod = "github.com/toolbus/toolbus"
 
-// deps lists the packages pkg links (go list -deps), its own included.
-func deps(t *testing.T, pkg string) []string {
+// modulePackages returns every package of the module (go list ./..., relative to the
+// module: "." for the root) with the packages it links (go list -deps).
+func modulePackages(t *testing.T) map[string][]string {
 	t.Helper()
-	out, err := exec.Command("go", "list", "-deps", "./"+pkg).CombinedOutput()
+	out, err := exec.Command("go", "list", "-f", `{{.ImportPath}} {{join .Deps " "}}`, "./...").CombinedOutput()
 	if err != nil {
-		t.Fatalf("go list %s: %v\n%s", pkg, err, out)
+		t.Fatalf("go list: %v\n%s", err, out)
 	}
-	return strings.Fields(string(out))
+	pkgs := map[string][]string{}
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		f := strings.Fields(line)
+		pkgs[rel(f[0])] = f[1:]
+	}
+	return pkgs
 }
 
-// The dependency rule of the architecture: events (and its store) imports no worker;
-// executor, planner and injector import events and never each other; audit reads
-// events and imports no worker; only cmd/ wires them. Beyond the module's own packages, some packages must not link whole families
-// of outside modules.
-func TestDependencyDirection(t *testing.T) {
-	workers := []string{"executor", "planner", "injector", "cmd"}
-	tests := []struct {
-		pkg string
-		// module packages (and their subpackages) pkg must not link
-		notModule []string
-		// import path prefixes of outside modules pkg must not link
-		notOutside []string
-		why        string
-	}{
-		{pkg: ".", notModule: []string{""}, notOutside: []string{"github.com/nats-io/", "github.com/cloudevents/"},
-			why: "the domain types import nothing and link no bus"},
-		{pkg: "executor", notModule: []string{"planner", "injector", "cmd"}, notOutside: []string{"github.com/nats-io/", "github.com/cloudevents/"},
-			why: "the executor core runs in-process without NATS or CloudEvents (the bus side is executor/worker)"},
-		{pkg: "events", notModule: workers, why: "the wire imports no worker"},
-		{pkg: "events/store", notModule: append([]string{"events"}, workers...), notOutside: []string{"github.com/cloudevents/"},
-			why: "the store is state, not wire"},
-		{pkg: "planner", notModule: []string{"executor", "injector", "cmd"}, notOutside: []string{"github.com/openai/", "github.com/anthropics/"},
-			why: "implementing planner.Model links no provider SDK (the adapters live in planner/openai and planner/anthropic)"},
-		{pkg: "planner/modeltest", notOutside: []string{"github.com/openai/", "github.com/anthropics/"},
-			why: "the Model conformance suite links no provider SDK"},
-		{pkg: "audit", notModule: workers, why: "the audit reads events and imports no worker"},
-		{pkg: "console", notModule: []string{"executor", "planner", "injector", "cmd"}, why: "the console reads the bus and imports no worker"},
-		{pkg: "injector", notModule: []string{"executor", "planner", "cmd"}, why: "workers meet only on the bus"},
-		{pkg: "internal/golden", notModule: []string{"events", "executor", "planner", "injector", "cmd", "embedded", "connect"},
-			why: "test helpers import nothing of the module: any package's tests may use them"},
+// rel is an import path of the module relative to it ("." for the root).
+func rel(path string) string {
+	if path == mod {
+		return "."
 	}
-	for _, tt := range tests {
-		t.Run(tt.pkg, func(t *testing.T) {
-			self := mod
-			if tt.pkg != "." {
-				self = mod + "/" + tt.pkg
-			}
-			for _, dep := range deps(t, tt.pkg) {
-				for _, bad := range tt.notModule {
-					p := mod
-					if bad != "" {
-						p = mod + "/" + bad
-					}
-					if dep != self && (dep == p || strings.HasPrefix(dep, p+"/")) {
-						t.Errorf("%s depends on %s: %s", tt.pkg, dep, tt.why)
-					}
-				}
-				for _, bad := range tt.notOutside {
+	return strings.TrimPrefix(path, mod+"/")
+}
+
+// under reports whether the package pkg (relative) is prefix or below it.
+func under(pkg, prefix string) bool {
+	return pkg == prefix || strings.HasPrefix(pkg, prefix+"/")
+}
+
+// depRule is a rule of the package map: the packages under prefix (all of them, or
+// only prefix itself when exact) must not link the module packages under any of
+// notModule, nor outside packages whose path starts with one of notOutside.
+type depRule struct {
+	prefix     string
+	exact      bool
+	notModule  []string
+	notOutside []string
+	why        string
+}
+
+// workers are the packages that do a role's work or wire the roles together.
+var workers = []string{"executor", "planner", "injector", "cmd", "internal/bench", "e2e", "faults", "examples"}
+
+var (
+	sdks      = []string{"github.com/openai/", "github.com/anthropics/"}
+	busLibs   = []string{"github.com/nats-io/", "github.com/cloudevents/"}
+	allButSDK = append([]string{"events", "audit", "telemetry", "conformance", "connect", "embedded", "deploy", "internal"}, workers...)
+)
+
+// depRules: every rule whose prefix covers a package applies to it. Every package of the
+// module must be covered by at least one rule (beyond the root's), so a new package
+// needs a line here saying where it stands.
+var depRules = []depRule{
+	{prefix: ".", exact: true, notModule: allButSDK, notOutside: busLibs, why: "the domain types import nothing and link no bus"},
+	{prefix: "audit", notModule: workers, why: "the audit reads events and imports no worker"},
+	{prefix: "internal", notModule: []string{"cmd", "e2e", "faults", "examples"}, why: "internal packages serve the module's packages, never its binaries or tests"},
+	{prefix: "internal/bench", notModule: []string{"cmd", "e2e", "faults", "examples"}, why: "the benchmark wires the roles in-process; the command calls it"},
+	{prefix: "cmd", notModule: []string{"e2e", "faults", "examples"}, why: "the command wires the roles"},
+	{prefix: "console", notModule: workers, why: "the console reads the bus and imports no worker"},
+	{prefix: "conformance", notModule: workers, why: "the conformance suite drives an executor process over the bus only"},
+	{prefix: "connect", notModule: append([]string{"events"}, workers...), why: "connection options know nothing of the wire"},
+	{prefix: "deploy", notModule: workers, why: "deployment files and their generators link no worker"},
+	{prefix: "e2e", notModule: []string{"faults", "examples"}, why: "the end-to-end tests wire the roles in-process"},
+	{prefix: "embedded", notModule: append([]string{"events"}, workers...), why: "the embedded server knows nothing of the wire"},
+	{prefix: "events", notModule: append([]string{"audit", "telemetry", "conformance", "deploy"}, workers...), why: "the wire imports no worker"},
+	{prefix: "events/store", notModule: []string{"events"}, notOutside: []string{"github.com/cloudevents/"}, why: "the store is state, not wire"},
+	{prefix: "examples", notModule: []string{"planner", "injector", "cmd", "internal/bench", "e2e", "faults"}, why: "an executor example uses the executor side only"},
+	{prefix: "executor", notModule: []string{"planner", "injector", "cmd", "internal/bench", "e2e", "faults", "examples"}, why: "workers meet only on the bus"},
+	{prefix: "executor", exact: true, notModule: []string{"events", "executor/worker"}, notOutside: busLibs,
+		why: "the executor core runs in-process without NATS or CloudEvents (the bus side is executor/worker)"},
+	{prefix: "faults", notModule: []string{"cmd", "e2e", "examples"}, why: "the fault tests run the binaries; faultbus wires its own roles"},
+	{prefix: "injector", notModule: []string{"executor", "planner", "cmd", "internal/bench", "e2e", "faults", "examples"}, why: "workers meet only on the bus"},
+	{prefix: "internal/retry", notModule: allButSDK, why: "the retry loop imports nothing of the module"},
+	{prefix: "internal/golden", notModule: allButSDK, why: "test helpers import nothing of the module: any package's tests may use them"},
+	{prefix: "internal/testutil", notModule: allButSDK, why: "test helpers import nothing of the module: any package's tests may use them"},
+	{prefix: "mcpserver", notModule: workers, why: "the MCP server reads and starts runs over the bus and imports no worker"},
+	{prefix: "planner", notModule: []string{"executor", "injector", "cmd", "internal/bench", "e2e", "faults", "examples"}, why: "workers meet only on the bus"},
+	{prefix: "planner", exact: true, notOutside: sdks,
+		why: "implementing planner.Model links no provider SDK (the adapters live in planner/openai and planner/anthropic)"},
+	{prefix: "planner/modeltest", notOutside: sdks, why: "the Model conformance suite links no provider SDK"},
+	{prefix: "telemetry", notModule: workers, why: "metrics and tracing link no worker"},
+}
+
+// checkDeps applies depRules to pkg (relative to the module) linking deps (import
+// paths): what each rule it breaks says, and whether a rule beyond the root's covers it.
+func checkDeps(pkg string, deps []string) (broken []string, covered bool) {
+	for _, r := range depRules {
+		if r.exact && pkg != r.prefix || !r.exact && !under(pkg, r.prefix) {
+			continue
+		}
+		covered = covered || !r.exact
+		for _, dep := range deps {
+			if !strings.HasPrefix(dep, mod) {
+				for _, bad := range r.notOutside {
 					if strings.HasPrefix(dep, bad) {
-						t.Errorf("%s depends on %s: %s", tt.pkg, dep, tt.why)
+						broken = append(broken, pkg+" links "+dep+": "+r.why)
 					}
 				}
+				continue
 			}
-		})
+			d := rel(dep)
+			for _, bad := range r.notModule {
+				// A package may link its own subpackages (and the root's rule is exact).
+				if !under(d, pkg) && under(d, bad) {
+					broken = append(broken, pkg+" links "+d+": "+r.why)
+				}
+			}
+		}
+	}
+	return broken, covered
+}
+
+// The package map of the architecture, for every package of the module by prefix:
+// events imports no worker; executor, planner and injector import events and never
+// each other; only cmd (and the tests and binaries that stand in for it) wires them.
+func TestDependencyDirection(t *testing.T) {
+	pkgs := modulePackages(t)
+	if len(pkgs) < 30 {
+		t.Fatalf("go list ./... lists %d packages", len(pkgs))
+	}
+	for pkg, deps := range pkgs {
+		broken, covered := checkDeps(pkg, deps)
+		for _, b := range broken {
+			t.Error(b)
+		}
+		if !covered && pkg != "." {
+			t.Errorf("package %s is covered by no rule of depRules: add one saying what it may link", pkg)
+		}
+	}
+}
+
+// The rules catch what they are for: events linking a worker, the executor linking
+// the planner, the executor core linking NATS, a package no rule covers.
+func TestDependencyRulesBite(t *testing.T) {
+	for _, c := range []struct{ pkg, dep string }{
+		{"events", mod + "/executor/worker"},
+		{"events/store", mod + "/events"},
+		{"executor/worker", mod + "/planner"},
+		{"executor", "github.com/nats-io/nats.go"},
+		{"executor", mod + "/events"},
+		{"injector", mod + "/executor"},
+		{"planner", "github.com/openai/openai-go/v3"},
+		{"internal/testutil", mod + "/events"},
+		{".", mod + "/events"},
+	} {
+		if broken, _ := checkDeps(c.pkg, []string{c.dep}); len(broken) == 0 {
+			t.Errorf("%s linking %s breaks no rule", c.pkg, c.dep)
+		}
+	}
+	if _, covered := checkDeps("newpkg", nil); covered {
+		t.Error("a package under no prefix counts as covered")
+	}
+	if broken, covered := checkDeps("executor/worker", []string{mod + "/events", mod + "/executor", mod}); len(broken) != 0 || !covered {
+		t.Errorf("executor/worker linking events and the executor: %v, covered %v", broken, covered)
 	}
 }
 

@@ -37,6 +37,7 @@ import (
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/store"
+	"github.com/toolbus/toolbus/internal/testutil"
 )
 
 // Config says how to start the executor under test.
@@ -100,7 +101,6 @@ func Check(ctx context.Context, nc *nats.Conn, url string, cfg Config) (rep Repo
 	}
 	ctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
 	defer cancel()
-	fail := func(format string, args ...any) { rep.Failures = append(rep.Failures, fmt.Sprintf(format, args...)) }
 
 	// The suite stands in for the admin: it sets the stream and buckets up (idempotent).
 	bus, _, err := events.Setup(ctx, nc, events.Config{})
@@ -111,20 +111,9 @@ func Check(ctx context.Context, nc *nats.Conn, url string, cfg Config) (rep Repo
 	if err != nil {
 		return rep, err
 	}
-	// Every publish of a result, seen on a core subscription: the stream drops a
-	// republished id, but a second publish is still a second result.
-	var (
-		mu        sync.Mutex
-		published = map[string][]*nats.Msg{} // run/step/call -> results as published
-	)
-	sub, err := nc.Subscribe(events.FilterToolFinished, func(m *nats.Msg) {
-		var tf toolbus.ToolFinished
-		_, _ = events.Decode(m, &tf)
-		mu.Lock()
-		k := tf.RunID + "/" + strconv.Itoa(tf.Step) + "/" + tf.CallID
-		published[k] = append(published[k], m)
-		mu.Unlock()
-	})
+	s := &suite{ctx: ctx, cfg: cfg, bus: bus, rep: &rep, schema: schema, published: map[string][]*nats.Msg{},
+		stamp: strconv.FormatInt(time.Now().UnixNano()%1e9, 36)}
+	sub, err := nc.Subscribe(events.FilterToolFinished, s.recordPublished)
 	if err != nil {
 		return rep, fmt.Errorf("conformance: %w", err)
 	}
@@ -137,31 +126,101 @@ func Check(ctx context.Context, nc *nats.Conn, url string, cfg Config) (rep Repo
 	}
 	defer func() { rep.Log = stop(proc, out) }()
 
-	// Catalog: the tool's contract, and a live instance serving it.
+	if !s.checkCatalog() {
+		return rep, nil
+	}
+	if err := s.requestAll(); err != nil {
+		return rep, err
+	}
+	if err := s.cancelClaimed(); err != nil {
+		return rep, err
+	}
+	// A last call, after the poison: the queue still flows.
+	after := call{name: "after_poison", args: `{"ms":1}`, wantStatus: toolbus.StatusSucceeded}
+	if err := request(ctx, bus, s.runOf(after), cfg.Tool, after); err != nil {
+		return rep, err
+	}
+	s.calls = append(s.calls, after)
+	s.checkResults()
+	return rep, s.checkCounts()
+}
+
+// suite is one run of Check: the cases it published and what it saw.
+type suite struct {
+	ctx    context.Context
+	cfg    Config
+	bus    *events.Bus
+	rep    *Report
+	schema *sjs.Schema
+	stamp  string // makes the run ids of this check unique
+	calls  []call
+
+	// Every publish of a result, seen on a core subscription: the stream drops a
+	// republished id, but a second publish is still a second result.
+	mu        sync.Mutex
+	published map[string][]*nats.Msg // run/step/call -> results as published
+
+	redelivered int // the most redeliveries the tool's queue counted
+}
+
+func (s *suite) fail(format string, args ...any) {
+	s.rep.Failures = append(s.rep.Failures, fmt.Sprintf(format, args...))
+}
+
+// runOf is the run id of a case.
+func (s *suite) runOf(c call) string {
+	return "conf-" + s.stamp + "-" + strings.ReplaceAll(c.name, "_", "-")
+}
+
+// The runs of the poison message and of the call whose subject and data disagree.
+func (s *suite) poisonRun() string { return "conf-" + s.stamp + "-poison" }
+func (s *suite) mismatchRuns() []string {
+	return []string{"conf-" + s.stamp + "-mismatch", "conf-" + s.stamp + "-mismatch-other"}
+}
+
+func (s *suite) recordPublished(m *nats.Msg) {
+	var tf toolbus.ToolFinished
+	_, _ = events.Decode(m, &tf)
+	s.mu.Lock()
+	k := tf.RunID + "/" + strconv.Itoa(tf.Step) + "/" + tf.CallID
+	s.published[k] = append(s.published[k], m)
+	s.mu.Unlock()
+}
+
+// checkCatalog checks the tool's contract and that a live instance serves it; false
+// when there is none (nothing else can be checked).
+func (s *suite) checkCatalog() bool {
+	ctx, bus, tool := s.ctx, s.bus, s.cfg.Tool
 	if err := poll(ctx, func() error {
 		cs, err := bus.Contracts(ctx)
 		if err != nil {
 			return err
 		}
-		if !slices.ContainsFunc(cs, func(c toolbus.ToolContract) bool { return c.Name == cfg.Tool }) {
-			return fmt.Errorf("no %s in the catalog (KV %s)", cfg.Tool, store.BucketTools)
+		if !slices.ContainsFunc(cs, func(c toolbus.ToolContract) bool { return c.Name == tool }) {
+			return fmt.Errorf("no %s in the catalog (KV %s)", tool, store.BucketTools)
 		}
 		ins, err := bus.Instances(ctx)
 		if err != nil {
 			return err
 		}
-		if !slices.ContainsFunc(ins, func(in store.Instance) bool { return slices.Contains(in.Tools, cfg.Tool) }) {
-			return fmt.Errorf("no live instance serving %s (KV %s)", cfg.Tool, store.BucketInstances)
+		if !slices.ContainsFunc(ins, func(in store.Instance) bool { return slices.Contains(in.Tools, tool) }) {
+			return fmt.Errorf("no live instance serving %s (KV %s)", tool, store.BucketInstances)
 		}
 		return nil
 	}); err != nil {
-		fail("catalog: %v", err)
-		return rep, nil
+		s.fail("catalog: %v", err)
+		return false
 	}
-	checkContract(ctx, bus, cfg.Tool, fail)
+	checkContract(ctx, bus, tool, s.fail)
+	return true
+}
 
-	long := 2*cfg.AckWait + cfg.AckWait/2
-	calls := []call{
+// requestAll publishes every case, the poison message and the call whose subject and
+// data name different runs.
+func (s *suite) requestAll() error {
+	ctx, bus, tool := s.ctx, s.bus, s.cfg.Tool
+	long := 2*s.cfg.AckWait + s.cfg.AckWait/2
+	s.calls = []call{
 		{name: "valid", args: `{"ms":1}`, wantStatus: toolbus.StatusSucceeded},
 		{name: "malformed", args: `{"ms":`, wantStatus: toolbus.StatusRejected, wantCode: toolbus.CodeInvalidArguments},
 		{name: "not_an_object", args: `[1]`, wantStatus: toolbus.StatusRejected, wantCode: toolbus.CodeInvalidArguments},
@@ -174,138 +233,148 @@ func Check(ctx context.Context, nc *nats.Conn, url string, cfg Config) (rep Repo
 		{name: "squatted", args: `{"ms":1}`, squat: true, wantStatus: toolbus.StatusSucceeded},
 		{name: "forged_cancel", args: `{"ms":3000}`, forgedCancel: true, wantStatus: toolbus.StatusSucceeded},
 	}
-	stamp := strconv.FormatInt(time.Now().UnixNano()%1e9, 36)
-	runOf := func(c call) string { return "conf-" + stamp + "-" + strings.ReplaceAll(c.name, "_", "-") }
-	for _, c := range calls {
-		if err := request(ctx, bus, runOf(c), cfg.Tool, c); err != nil {
-			return rep, err
+	for _, c := range s.calls {
+		if err := request(ctx, bus, s.runOf(c), tool, c); err != nil {
+			return err
 		}
 	}
 	// Poison: not a CloudEvent, on the tool's queue. The executor terminates it and goes on.
-	poisonRun := "conf-" + stamp + "-poison"
-	if _, err := bus.JS.Publish(ctx, events.SubjectToolRequested(poisonRun, cfg.Tool), []byte("not json at all")); err != nil {
-		return rep, fmt.Errorf("conformance: %w", err)
+	if _, err := bus.JS.Publish(ctx, events.SubjectToolRequested(s.poisonRun(), tool), []byte("not json at all")); err != nil {
+		return fmt.Errorf("conformance: %w", err)
 	}
 	// Subject and body disagree: a call on this run's subject whose data names another
 	// (started) run. The executor must run nothing and publish no result for either.
-	mismatchRun, mismatchOther := "conf-"+stamp+"-mismatch", "conf-"+stamp+"-mismatch-other"
-	for _, run := range []string{mismatchRun, mismatchOther} {
+	mismatch := s.mismatchRuns()
+	for _, run := range mismatch {
 		if err := bus.StartRun(ctx, events.Source("conformance", "suite"), toolbus.RunStarted{RunID: run, Principal: toolbus.Principal{ID: "conformance"}}); err != nil {
-			return rep, fmt.Errorf("conformance: %w", err)
+			return fmt.Errorf("conformance: %w", err)
 		}
 	}
-	forgedCall := events.ToolRequestedEvent(events.Source("planner", "conformance"), toolbus.ToolRequested{RunID: mismatchOther, Step: 0,
-		CallIndex: 0, CallCount: 1, Call: toolbus.ToolCall{CallID: "mismatch", Tool: cfg.Tool, Arguments: `{"ms":1}`}}, true)
-	if _, err := bus.Publish(ctx, events.SubjectToolRequested(mismatchRun, cfg.Tool), forgedCall.Meta, forgedCall.Data); err != nil {
-		return rep, fmt.Errorf("conformance: %w", err)
+	forgedCall := events.ToolRequestedEvent(events.Source("planner", "conformance"), toolbus.ToolRequested{RunID: mismatch[1], Step: 0,
+		CallIndex: 0, CallCount: 1, Call: toolbus.ToolCall{CallID: "mismatch", Tool: tool, Arguments: `{"ms":1}`}}, true)
+	if _, err := bus.Publish(ctx, events.SubjectToolRequested(mismatch[0], tool), forgedCall.Meta, forgedCall.Data); err != nil {
+		return fmt.Errorf("conformance: %w", err)
 	}
-	for _, c := range calls {
+	return nil
+}
+
+// cancelClaimed cancels the cancel case once it is claimed, and publishes the forged
+// cancellation of the forged_cancel case once it is.
+func (s *suite) cancelClaimed() error {
+	ctx, bus := s.ctx, s.bus
+	for _, c := range s.calls {
 		if !c.cancel && !c.forgedCancel {
 			continue
 		}
-		run := runOf(c)
-		if err := poll(ctx, func() error { return claimed(ctx, bus, cfg.Tool, run, c.name) }); err != nil {
-			fail("%s: the call was never claimed, so it never ran: %v", c.name, err)
+		run := s.runOf(c)
+		if err := poll(ctx, func() error { return claimed(ctx, bus, s.cfg.Tool, run, c.name) }); err != nil {
+			s.fail("%s: the call was never claimed, so it never ran: %v", c.name, err)
 			continue
 		}
 		if c.forgedCancel {
-			forged := events.CancelEvent(events.Source("conformance", "suite"), toolbus.Cancel{RunID: "conf-" + stamp + "-elsewhere", Reason: "forged"})
+			forged := events.CancelEvent(events.Source("conformance", "suite"), toolbus.Cancel{RunID: "conf-" + s.stamp + "-elsewhere", Reason: "forged"})
 			if _, err := bus.Publish(ctx, events.SubjectRunCancel(run), forged.Meta, forged.Data); err != nil {
-				return rep, err
+				return err
 			}
 			continue
 		}
 		if _, err := bus.PublishCancel(ctx, events.Source("conformance", "suite"), toolbus.Cancel{RunID: run, Reason: "conformance"}); err != nil {
-			return rep, err
+			return err
 		}
 	}
-	// A last call, after the poison: the queue still flows.
-	after := call{name: "after_poison", args: `{"ms":1}`, wantStatus: toolbus.StatusSucceeded}
-	if err := request(ctx, bus, runOf(after), cfg.Tool, after); err != nil {
-		return rep, err
-	}
-	calls = append(calls, after)
+	return nil
+}
 
-	// A live executor acks every call or sends heartbeats while it runs: the queue never
-	// redelivers a call here. Sampled while the results come in and until the queue is idle.
-	redelivered := 0
-	sample := func() (events.ToolQueue, error) {
-		q, err := bus.ToolQueueInfo(ctx, cfg.Tool)
-		if err == nil {
-			redelivered = max(redelivered, q.Redelivers)
-		}
-		return q, err
+// sample reads the tool's queue, keeping the most redeliveries seen.
+func (s *suite) sample() (events.ToolQueue, error) {
+	q, err := s.bus.ToolQueueInfo(s.ctx, s.cfg.Tool)
+	if err == nil {
+		s.redelivered = max(s.redelivered, q.Redelivers)
 	}
-	for _, c := range calls {
-		run := runOf(c)
+	return q, err
+}
+
+// checkResults checks the stored result of every case, then waits for the queue to be
+// idle. A live executor acks every call or sends heartbeats while it runs: the queue
+// never redelivers a call here (sampled while the results come in and until the queue
+// is idle).
+func (s *suite) checkResults() {
+	ctx, tool := s.ctx, s.cfg.Tool
+	for _, c := range s.calls {
+		run := s.runOf(c)
 		var msg *nats.Msg
 		err := poll(ctx, func() error {
-			_, _ = sample()
+			_, _ = s.sample()
 			var err error
-			msg, err = storedResult(ctx, bus, run, cfg.Tool)
+			msg, err = storedResult(ctx, s.bus, run, tool)
 			return err
 		})
 		if err != nil {
-			fail("%s: no tool.finished in the stream: %v", c.name, err)
+			s.fail("%s: no tool.finished in the stream: %v", c.name, err)
 			continue
 		}
-		checkResult(msg, run, cfg.Tool, c, schema, func(format string, args ...any) {
-			fail(c.name+": "+format, args...)
+		checkResult(msg, run, tool, c, s.schema, func(format string, args ...any) {
+			s.fail(c.name+": "+format, args...)
 		})
 	}
 	// Wait for the queue to be idle (nothing pending, nothing unacknowledged), so a late
-	// second result of a redelivered call is counted below.
+	// second result of a redelivered call is counted by checkCounts.
 	if err := poll(ctx, func() error {
-		q, err := sample()
+		q, err := s.sample()
 		if err != nil {
 			return err
 		}
 		if q.Pending > 0 || q.InFlight > 0 {
-			return fmt.Errorf("queue of %s: %d pending, %d unacknowledged", cfg.Tool, q.Pending, q.InFlight)
+			return fmt.Errorf("queue of %s: %d pending, %d unacknowledged", tool, q.Pending, q.InFlight)
 		}
 		return nil
 	}); err != nil {
-		fail("the queue never became idle (every call must be acknowledged once its result is stored): %v", err)
+		s.fail("the queue never became idle (every call must be acknowledged once its result is stored): %v", err)
 	}
-	if redelivered > 0 {
-		fail("the queue redelivered %d call(s) while the executor lived: the executor sent no heartbeats (working/InProgress) during a call longer than the ack wait, or did not ack", redelivered)
+	if s.redelivered > 0 {
+		s.fail("the queue redelivered %d call(s) while the executor lived: the executor sent no heartbeats (working/InProgress) during a call longer than the ack wait, or did not ack", s.redelivered)
 	}
-	// Exactly one result per call, both published and stored; none for the poison.
-	for _, c := range calls {
-		run := runOf(c)
-		k := run + "/0/" + c.name
-		mu.Lock()
-		n := len(published[k])
-		mu.Unlock()
+}
+
+// checkCounts checks exactly one result per call, both published and stored, and none
+// for the poison message or the call whose subject and data disagree.
+func (s *suite) checkCounts() error {
+	ctx, bus := s.ctx, s.bus
+	for _, c := range s.calls {
+		run := s.runOf(c)
+		s.mu.Lock()
+		n := len(s.published[run+"/0/"+c.name])
+		s.mu.Unlock()
 		// A squatted result is published twice: once under its id, which the stream
 		// drops (the squat holds the id), once under the per-subject guard.
 		if n != 1 && !(c.squat && n == 2) {
-			fail("%s: %d tool.finished published for one call, want exactly 1", c.name, n)
+			s.fail("%s: %d tool.finished published for one call, want exactly 1", c.name, n)
 		}
 		if stored, err := countStored(ctx, bus, run); err != nil {
-			return rep, err
+			return err
 		} else if stored != 1 {
-			fail("%s: %d tool.finished stored for one call, want exactly 1", c.name, stored)
+			s.fail("%s: %d tool.finished stored for one call, want exactly 1", c.name, stored)
 		}
 	}
-	if n, err := countStored(ctx, bus, poisonRun); err != nil {
-		return rep, err
+	if n, err := countStored(ctx, bus, s.poisonRun()); err != nil {
+		return err
 	} else if n != 0 {
-		fail("poison: %d tool.finished for a message that is not a CloudEvent", n)
+		s.fail("poison: %d tool.finished for a message that is not a CloudEvent", n)
 	}
-	for _, run := range []string{mismatchRun, mismatchOther} {
+	mismatch := s.mismatchRuns()
+	for _, run := range mismatch {
 		if n, err := countStored(ctx, bus, run); err != nil {
-			return rep, err
+			return err
 		} else if n != 0 {
-			fail("subject and body disagree: %d tool.finished for a call whose subject names run %s and data run %s (it must be terminated, not run)",
-				n, mismatchRun, mismatchOther)
+			s.fail("subject and body disagree: %d tool.finished for a call whose subject names run %s and data run %s (it must be terminated, not run)",
+				n, mismatch[0], mismatch[1])
 		}
 	}
-	return rep, nil
+	return nil
 }
 
 // start runs the executor with its output captured.
-func start(cfg Config, url, instance string) (*exec.Cmd, *syncBuffer, error) {
+func start(cfg Config, url, instance string) (*exec.Cmd, *testutil.Buffer, error) {
 	if len(cfg.Command) == 0 {
 		return nil, nil, errors.New("conformance: no executor command")
 	}
@@ -314,7 +383,7 @@ func start(cfg Config, url, instance string) (*exec.Cmd, *syncBuffer, error) {
 	cmd.Env = append(os.Environ(), "TOOLBUS_NATS_URL="+url, "TOOLBUS_INSTANCE="+instance,
 		"TOOLBUS_ACK_WAIT="+cfg.AckWait.String())
 	cmd.Env = append(cmd.Env, cfg.Env...)
-	out := &syncBuffer{}
+	out := &testutil.Buffer{}
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
 		return nil, nil, fmt.Errorf("conformance: start %v: %w", cfg.Command, err)
@@ -323,7 +392,7 @@ func start(cfg Config, url, instance string) (*exec.Cmd, *syncBuffer, error) {
 }
 
 // stop asks the executor to stop (SIGTERM), kills it if it does not, and returns its output.
-func stop(cmd *exec.Cmd, out *syncBuffer) string {
+func stop(cmd *exec.Cmd, out *testutil.Buffer) string {
 	_ = cmd.Process.Signal(syscall.SIGTERM)
 	done := make(chan struct{})
 	go func() { _ = cmd.Wait(); close(done) }()
@@ -531,22 +600,4 @@ func poll(ctx context.Context, f func() error) error {
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
-}
-
-// syncBuffer is a bytes.Buffer safe for the process's concurrent writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

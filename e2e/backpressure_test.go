@@ -78,7 +78,7 @@ func newBPWorker(t *testing.T, name string, concurrency, toolLimit int, freeGate
 			t.Fatal(err)
 		}
 	}
-	w.executor = executor.New(w.registry, executor.WithInstance(name))
+	w.executor = must(executor.New(w.registry, executor.WithInstance(name)))
 	w.workerCfg = worker.Config{WorkerConfig: events.WorkerConfig{Instance: name, Concurrency: concurrency, Grace: time.Second}}
 	return w
 }

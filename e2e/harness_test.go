@@ -3,37 +3,58 @@ package e2e_test
 import (
 	"context"
 	"fmt"
-	"io"
 	"log/slog"
-	"os"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go"
 
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/audit"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
 	"github.com/toolbus/toolbus/executor"
+	"github.com/toolbus/toolbus/executor/packs"
 	"github.com/toolbus/toolbus/executor/worker"
 	"github.com/toolbus/toolbus/injector"
+	"github.com/toolbus/toolbus/internal/testutil"
 	"github.com/toolbus/toolbus/planner"
 )
 
-// stack is a running pipeline on an embedded server.
+// stack is a running pipeline: the one harness of the end-to-end, security and team
+// tests. On an embedded server every role shares one connection (bus); on a server
+// started from the shipped deploy/nats files (newSecuredStack) every role connects
+// with its own credentials (buses, conns), and bus is the admin's.
 type stack struct {
 	t       *testing.T
-	srv     *eventstest.Bus
+	srv     *eventstest.Bus // nil on a secured server
 	bus     *events.Bus
 	reg     *executor.Registry
 	model   planner.Model
 	ctx     context.Context
 	log     *slog.Logger
 	rules   injector.Rules
-	mu      sync.Mutex
-	stops   map[string]func()
+	roles   *testutil.Group
 	seenReq *requestLog
+
+	// With role credentials (newSecuredStack): each user's connection and bus, the
+	// server's URL and each user's connect options, and the permission violations
+	// the server sent to any of them.
+	url   string
+	opts  map[string][]nats.Option
+	conns map[string]*nats.Conn
+	buses map[string]*events.Bus
+	viol  *violations
+}
+
+// busOf is the bus a role works on: its own under role credentials, else the shared one.
+func (s *stack) busOf(role string) *events.Bus {
+	if b, ok := s.buses[role]; ok {
+		return b
+	}
+	return s.bus
 }
 
 // requestLog records every request the model received.
@@ -62,12 +83,7 @@ func (l *requestLog) forStep(run string, step int) (planner.Request, bool) {
 	return planner.Request{}, false
 }
 
-func testLogger() *slog.Logger {
-	if os.Getenv("TOOLBUS_TEST_LOG") != "" {
-		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	}
-	return slog.New(slog.NewTextHandler(io.Discard, nil))
-}
+func testLogger() *slog.Logger { return testutil.Logger() }
 
 // newStack starts a bus with the demo and diag packs plus extra tools; roles are started
 // separately so tests can stop and restart them.
@@ -76,42 +92,50 @@ func newStack(t *testing.T, model planner.Model, extra ...executor.Tool) *stack 
 	return newStackOn(t, eventstest.RunJetStream(t), model, extra...)
 }
 
-// start runs a role under a name until stop(name) or the end of the test.
-func (s *stack) start(name string, run func(ctx context.Context) error) {
-	ctx, cancel := context.WithCancel(s.ctx)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		if err := run(ctx); err != nil && ctx.Err() == nil {
-			s.t.Errorf("%s: %v", name, err)
+// newStackOn is newStack on a server the test started.
+func newStackOn(t *testing.T, srv *eventstest.Bus, model planner.Model, extra ...executor.Tool) *stack {
+	t.Helper()
+	return newStackOnWith(t, srv, events.Config{}, model, extra...)
+}
+
+// newStackOnWith is newStackOn with the bus set up from cfg.
+func newStackOnWith(t *testing.T, srv *eventstest.Bus, cfg events.Config, model planner.Model, extra ...executor.Tool) *stack {
+	t.Helper()
+	ctx := eventstest.Context(t, 3*time.Minute)
+	bus, _, err := events.Setup(ctx, srv.Conn, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := newStackBare(t, ctx, model, extra...)
+	s.srv, s.bus = srv, bus
+	return s
+}
+
+// newStackBare is a stack with no bus yet: the registry (the demo and diag packs plus
+// extra), the model (its requests recorded) and the roles' group.
+func newStackBare(t *testing.T, ctx context.Context, model planner.Model, extra ...executor.Tool) *stack {
+	t.Helper()
+	reg := executor.NewRegistry()
+	if err := packs.Register(reg, "demo", "diag"); err != nil {
+		t.Fatal(err)
+	}
+	for _, tool := range extra {
+		if err := reg.Register(tool); err != nil {
+			t.Fatal(err)
 		}
-	}()
-	s.mu.Lock()
-	s.stops[name] = func() { cancel(); <-done }
-	s.mu.Unlock()
+	}
+	s := &stack{t: t, reg: reg, ctx: ctx, log: testLogger(), roles: testutil.NewGroup(t, ctx), seenReq: &requestLog{}}
+	s.model = s.seenReq.wrap(model)
+	return s
 }
 
-func (s *stack) stop(name string) {
-	s.mu.Lock()
-	f := s.stops[name]
-	delete(s.stops, name)
-	s.mu.Unlock()
-	if f != nil {
-		f()
-	}
-}
+// start runs a role under a name until stop(name) or the end of the test.
+func (s *stack) start(name string, run func(ctx context.Context) error) { s.roles.Go(name, run) }
 
-func (s *stack) stopAll() {
-	s.mu.Lock()
-	names := make([]string, 0, len(s.stops))
-	for n := range s.stops {
-		names = append(names, n)
-	}
-	s.mu.Unlock()
-	for _, n := range names {
-		s.stop(n)
-	}
-}
+// stop stops the roles started under name and waits for them to return.
+func (s *stack) stop(name string) { s.roles.Stop(name) }
+
+func (s *stack) stopAll() { s.roles.StopAll() }
 
 func (s *stack) startExecutor(name string, cfg worker.Config) {
 	cfg.Instance = name
@@ -119,8 +143,8 @@ func (s *stack) startExecutor(name string, cfg worker.Config) {
 	if cfg.Grace == 0 {
 		cfg.Grace = time.Second
 	}
-	exec := executor.New(s.reg, executor.WithLogger(s.log), executor.WithInstance(name))
-	w := must(worker.New(s.bus, exec, cfg))
+	exec := must(executor.New(s.reg, executor.WithLogger(s.log), executor.WithInstance(name)))
+	w := must(worker.New(s.busOf("executor"), exec, cfg))
 	s.start(name, w.Run)
 	// The planner must see every tool this executor serves before the first run.
 	cat, err := s.bus.WatchCatalog(s.ctx, nil)
@@ -142,16 +166,16 @@ func (s *stack) startExecutor(name string, cfg worker.Config) {
 }
 
 func (s *stack) startPlanner(name string) {
-	cat, err := s.bus.WatchCatalog(s.ctx, s.log)
+	cat, err := s.busOf("planner").WatchCatalog(s.ctx, s.log)
 	if err != nil {
 		s.t.Fatal(err)
 	}
-	p := must(planner.New(s.bus, s.model, cat, planner.Config{WorkerConfig: events.WorkerConfig{Instance: name, Logger: s.log, Grace: time.Second}}))
+	p := must(planner.New(s.busOf("planner"), s.model, cat, planner.Config{WorkerConfig: events.WorkerConfig{Instance: name, Logger: s.log, Grace: time.Second}}))
 	s.start(name, p.Run)
 }
 
 func (s *stack) startInjector(name string) {
-	in := must(injector.New(s.bus, injector.Config{WorkerConfig: events.WorkerConfig{Instance: name, Logger: s.log, Grace: time.Second}, Rules: s.rules}))
+	in := must(injector.New(s.busOf("injector"), injector.Config{WorkerConfig: events.WorkerConfig{Instance: name, Logger: s.log, Grace: time.Second}, Rules: s.rules}))
 	s.start(name, in.Run)
 }
 
@@ -251,11 +275,5 @@ func toolRoles(msgs []toolbus.Message) string {
 	return b.String()
 }
 
-// must returns what a worker constructor built; a test that configures a worker out of
-// range fails here (the constructors' refusals are tested in their own packages).
-func must[T any](v T, err error) T {
-	if err != nil {
-		panic(err)
-	}
-	return v
-}
+// must returns what a worker constructor built (testutil.Must).
+func must[T any](v T, err error) T { return testutil.Must(v, err) }

@@ -20,7 +20,6 @@ import (
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
 	"github.com/toolbus/toolbus/executor"
-	"github.com/toolbus/toolbus/executor/packs"
 	"github.com/toolbus/toolbus/internal/testutil"
 	"github.com/toolbus/toolbus/planner"
 )
@@ -112,35 +111,6 @@ func (w *terminations) wait(t *testing.T, seq uint64) termAdvisory {
 		return nil
 	})
 	return a
-}
-
-// newStackOn is newStack on a server the test started.
-func newStackOn(t *testing.T, srv *eventstest.Bus, model planner.Model, extra ...executor.Tool) *stack {
-	t.Helper()
-	return newStackOnWith(t, srv, events.Config{}, model, extra...)
-}
-
-// newStackOnWith is newStackOn with the bus set up from cfg.
-func newStackOnWith(t *testing.T, srv *eventstest.Bus, cfg events.Config, model planner.Model, extra ...executor.Tool) *stack {
-	t.Helper()
-	ctx := eventstest.Context(t, 3*time.Minute)
-	bus, _, err := events.Setup(ctx, srv.Conn, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	reg := executor.NewRegistry()
-	if err := packs.Register(reg, "demo", "diag"); err != nil {
-		t.Fatal(err)
-	}
-	for _, tool := range extra {
-		if err := reg.Register(tool); err != nil {
-			t.Fatal(err)
-		}
-	}
-	s := &stack{t: t, srv: srv, bus: bus, reg: reg, ctx: ctx, log: testLogger(), stops: map[string]func(){}, seenReq: &requestLog{}}
-	s.model = s.seenReq.wrap(model)
-	t.Cleanup(s.stopAll)
-	return s
 }
 
 // quiet waits until no consumer of the stack has a message pending or unacknowledged:

@@ -73,7 +73,7 @@ func TestMCPServerSeesNoToolbusSecrets(t *testing.T) {
 	})
 
 	t.Run("environment", func(t *testing.T) {
-		ex := executor.New(reg, executor.WithSecrets(natsPassword))
+		ex := must(executor.New(reg, executor.WithSecrets(natsPassword)))
 		res := ex.Execute(ctx, toolbus.ToolCall{CallID: "c", Tool: "everything__get-env", Arguments: "{}"}, toolbus.Principal{ID: "p"})
 		if res.Status != toolbus.StatusSucceeded {
 			t.Fatalf("get-env: %s %s", res.Status, res.Content)

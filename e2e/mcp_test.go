@@ -213,7 +213,7 @@ func TestMCPListChangedReachesCatalog(t *testing.T) {
 		func(context.Context, *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
 			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "early"}}}, nil
 		})
-	exec := executor.New(s.reg, executor.WithLogger(s.log), executor.WithInstance("mcp-exec"))
+	exec := must(executor.New(s.reg, executor.WithLogger(s.log), executor.WithInstance("mcp-exec")))
 	w := must(worker.New(s.bus, exec, worker.Config{WorkerConfig: events.WorkerConfig{Instance: "mcp-exec", Logger: s.log, Grace: time.Second}}))
 	p, err := mcptools.New(s.reg, mcptools.Config{}, mcptools.Options{Logger: s.log, OnChange: w.Sync})
 	if err != nil {

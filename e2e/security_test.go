@@ -13,7 +13,6 @@ import (
 	"fmt"
 	"math/big"
 	"net"
-	"os"
 	"path/filepath"
 	"reflect"
 	"slices"
@@ -23,7 +22,6 @@ import (
 	"time"
 
 	"github.com/nats-io/jwt/v2"
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nkeys"
@@ -34,9 +32,7 @@ import (
 	"github.com/toolbus/toolbus/events/eventstest"
 	"github.com/toolbus/toolbus/events/store"
 	"github.com/toolbus/toolbus/executor"
-	"github.com/toolbus/toolbus/executor/packs"
 	"github.com/toolbus/toolbus/executor/worker"
-	"github.com/toolbus/toolbus/injector"
 	"github.com/toolbus/toolbus/planner"
 )
 
@@ -44,207 +40,6 @@ import (
 // them, configured by the files of deploy/nats (loaded as they are, only the addresses
 // and the store directory changed). The admin sets the bus up (what `toolbus init`
 // does); every other role only binds, and may do only what its role does.
-
-var secRoles = []string{"planner", "executor", "injector", "client"}
-
-// allRoles are secRoles plus the admin.
-var allRoles = append([]string{"admin"}, secRoles...)
-
-// startConfigured starts an embedded server from a deploy/nats config file on a random
-// port of 127.0.0.1, with its store in a temp dir and no monitoring port.
-func startConfigured(t *testing.T, file string) *server.Server {
-	t.Helper()
-	if !filepath.IsAbs(file) {
-		file = filepath.Join("..", "deploy", "nats", file)
-	}
-	opts, err := server.ProcessConfigFile(file)
-	if err != nil {
-		t.Fatalf("%s: %v", file, err)
-	}
-	return startSecServer(t, opts)
-}
-
-func startSecServer(t *testing.T, opts *server.Options) *server.Server {
-	t.Helper()
-	opts.Host, opts.Port = "127.0.0.1", -1
-	opts.HTTPHost, opts.HTTPPort = "", 0
-	opts.StoreDir = t.TempDir()
-	opts.NoLog, opts.NoSigs = true, true
-	srv, err := server.NewServer(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Start()
-	if !srv.ReadyForConnections(10 * time.Second) {
-		srv.Shutdown()
-		t.Fatal("server not ready")
-	}
-	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
-	return srv
-}
-
-// violations records the permission errors the server sends to each connection.
-type violations struct {
-	mu   sync.Mutex
-	list []string
-}
-
-func (v *violations) add(s string) {
-	v.mu.Lock()
-	v.list = append(v.list, s)
-	v.mu.Unlock()
-}
-
-func (v *violations) all() []string {
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	return slices.Clone(v.list)
-}
-
-func (v *violations) of(role string) []string {
-	var out []string
-	for _, s := range v.all() {
-		if strings.HasPrefix(s, role+": ") {
-			out = append(out, s)
-		}
-	}
-	return out
-}
-
-// has reports whether role got a violation naming subject.
-func (v *violations) has(role, subject string) bool {
-	for _, s := range v.of(role) {
-		if strings.Contains(s, `"`+subject+`"`) {
-			return true
-		}
-	}
-	return false
-}
-
-// connectAs connects as role with opts, recording permission violations.
-func connectAs(t *testing.T, url, role string, v *violations, opts ...nats.Option) (*nats.Conn, error) {
-	t.Helper()
-	opts = append([]nats.Option{
-		nats.Name("toolbus " + role), nats.Timeout(2 * time.Second), nats.NoReconnect(),
-		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
-			if v != nil && strings.Contains(strings.ToLower(err.Error()), "permissions violation") {
-				v.add(role + ": " + err.Error())
-			}
-		}),
-	}, opts...)
-	nc, err := nats.Connect(url, opts...)
-	if err == nil {
-		t.Cleanup(nc.Close)
-	}
-	return nc, err
-}
-
-// secured is a pipeline whose roles each connect with their own credentials.
-type secured struct {
-	t     *testing.T
-	ctx   context.Context
-	url   string
-	opts  map[string][]nats.Option
-	viol  *violations
-	conns map[string]*nats.Conn
-	buses map[string]*events.Bus
-	wg    sync.WaitGroup
-	stop  context.CancelFunc
-}
-
-func secModel() planner.Model {
-	return &planner.Script{Steps: []func(planner.Request) planner.Response{
-		planner.Calls(call("a", "noop", `{}`), call("b", "calculator", `{"expression":"2+3"}`)),
-		planner.Answer("done"),
-	}}
-}
-
-// startSecured connects the admin, which sets the bus up as `toolbus init` does, then
-// every role with its own options, which only binds (events.Open), and starts the
-// planner, executor and injector; the client connection submits runs.
-func startSecured(t *testing.T, url string, opts map[string][]nats.Option) *secured {
-	t.Helper()
-	return startSecuredWith(t, url, opts, secModel())
-}
-
-// startSecuredWith is startSecured with another model and extra tools for the executor.
-func startSecuredWith(t *testing.T, url string, opts map[string][]nats.Option, model planner.Model, extra ...executor.Tool) *secured {
-	t.Helper()
-	ctx := eventstest.Context(t, 3*time.Minute)
-	s := &secured{t: t, ctx: ctx, url: url, opts: opts, viol: &violations{}, conns: map[string]*nats.Conn{}, buses: map[string]*events.Bus{}}
-	reg := executor.NewRegistry()
-	if err := packs.Register(reg, "demo", "diag"); err != nil {
-		t.Fatal(err)
-	}
-	for _, tool := range extra {
-		if err := reg.Register(tool); err != nil {
-			t.Fatal(err)
-		}
-	}
-	admin, err := connectAs(t, url, "admin", s.viol, opts["admin"]...)
-	if err != nil {
-		t.Fatalf("admin connects: %v", err)
-	}
-	// What `toolbus init --tools <demo tools>` does.
-	adminBus, changes, err := events.Setup(ctx, admin, events.Config{},
-		events.SetupTools(reg.Names(), 30*time.Second, 1000), events.SetupReadMirror())
-	if err != nil {
-		t.Fatalf("admin sets the bus up: %v", err)
-	}
-	t.Logf("setup: %v", changes)
-	s.conns["admin"], s.buses["admin"] = admin, adminBus
-	for _, role := range secRoles {
-		nc, err := connectAs(t, url, role, s.viol, opts[role]...)
-		if err != nil {
-			t.Fatalf("%s connects: %v", role, err)
-		}
-		bus, err := events.Open(ctx, nc, events.Config{})
-		if err != nil {
-			t.Fatalf("%s opens the bus: %v", role, err)
-		}
-		s.conns[role], s.buses[role] = nc, bus
-	}
-	wctx, stop := context.WithCancel(ctx)
-	s.stop = stop
-	t.Cleanup(s.shutdown)
-	run := func(name string, f func(context.Context) error) {
-		s.wg.Add(1)
-		go func() {
-			defer s.wg.Done()
-			if err := f(wctx); err != nil && wctx.Err() == nil {
-				t.Errorf("%s: %v", name, err)
-			}
-		}()
-	}
-	log := testLogger()
-	run("executor", must(worker.New(s.buses["executor"], executor.New(reg, executor.WithInstance("sec-executor"), executor.WithLogger(log)),
-		worker.Config{WorkerConfig: events.WorkerConfig{Instance: "sec-executor", Grace: time.Second, Logger: log}})).Run)
-	eventstest.Eventually(t, 30*time.Second, func() error {
-		cat, err := s.buses["planner"].WatchCatalog(ctx, nil)
-		if err != nil {
-			return err
-		}
-		// Every tool: the planner's catalog starts from what is published now.
-		for _, name := range reg.Names() {
-			if _, ok := cat.Lookup(name); !ok {
-				return fmt.Errorf("no %s in the catalog yet", name)
-			}
-		}
-		return nil
-	})
-	cat, err := s.buses["planner"].WatchCatalog(wctx, log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	run("planner", must(planner.New(s.buses["planner"], model, cat, planner.Config{WorkerConfig: events.WorkerConfig{Instance: "sec-planner", Grace: time.Second, Logger: log}})).Run)
-	run("injector", must(injector.New(s.buses["injector"], injector.Config{WorkerConfig: events.WorkerConfig{Instance: "sec-injector", Grace: time.Second, Logger: log}})).Run)
-	return s
-}
-
-func (s *secured) shutdown() {
-	s.stop()
-	s.wg.Wait()
-}
 
 // runOnce submits a run as the client and waits for it to complete.
 func (s *secured) runOnce(run string) {
@@ -633,27 +428,6 @@ func (s *secured) clientReads(run string) {
 	}
 }
 
-func writeFile(t *testing.T, dir, name string, data []byte) string {
-	t.Helper()
-	p := filepath.Join(dir, name)
-	if err := os.WriteFile(p, data, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return p
-}
-
-// setPasswords sets the role passwords auth-users.conf reads and returns them.
-func setPasswords(t *testing.T) map[string]string {
-	pw := map[string]string{}
-	for _, role := range allRoles {
-		b := make([]byte, 12)
-		_, _ = rand.Read(b)
-		pw[role] = fmt.Sprintf("%x", b)
-		t.Setenv("TOOLBUS_"+strings.ToUpper(role)+"_PASSWORD", pw[role])
-	}
-	return pw
-}
-
 // The role table, for each way deploy/nats gives credentials: a full run with every
 // role on its own credentials, every forbidden operation of every role refused by the
 // server with nothing changed, the client's reads, and another full run after the
@@ -668,62 +442,6 @@ func TestSecurityRoles(t *testing.T) {
 			s.checkRoles()
 			s.runOnce("sec-" + mode.name + "-2")
 		})
-	}
-}
-
-// credentialKind starts a server from a deploy/nats config with one credential per role
-// of one kind, and returns its URL and each role's connect options.
-type credentialKind struct {
-	name  string
-	start func(t *testing.T) (url string, opts map[string][]nats.Option)
-}
-
-// credentialKinds are the ways deploy/nats gives credentials: user/password
-// (auth-users.conf), nkeys (auth-nkeys.conf) and JWTs (go run ./deploy/nats/gen), all
-// with the role permissions of permissions.conf.
-func credentialKinds() []credentialKind {
-	return []credentialKind{
-		{"user-password", func(t *testing.T) (string, map[string][]nats.Option) {
-			pw := setPasswords(t)
-			srv := startConfigured(t, "auth-users.conf")
-			opts := map[string][]nats.Option{}
-			for _, role := range allRoles {
-				opts[role] = []nats.Option{nats.UserInfo(role, pw[role])}
-			}
-			return srv.ClientURL(), opts
-		}},
-		{"nkeys", func(t *testing.T) (string, map[string][]nats.Option) {
-			dir := t.TempDir()
-			opts := map[string][]nats.Option{}
-			for _, role := range allRoles {
-				kp, err := nkeys.CreateUser()
-				if err != nil {
-					t.Fatal(err)
-				}
-				pub, _ := kp.PublicKey()
-				seed, _ := kp.Seed()
-				t.Setenv("TOOLBUS_"+strings.ToUpper(role)+"_NKEY", pub)
-				o, err := nats.NkeyOptionFromSeed(writeFile(t, dir, role+".nk", seed))
-				if err != nil {
-					t.Fatal(err)
-				}
-				opts[role] = []nats.Option{o}
-			}
-			srv := startConfigured(t, "auth-nkeys.conf")
-			return srv.ClientURL(), opts
-		}},
-		{"jwt", func(t *testing.T) (string, map[string][]nats.Option) {
-			res, err := natsjwt.Generate(filepath.Join("..", "deploy", "nats", "permissions.conf"), t.TempDir())
-			if err != nil {
-				t.Fatal(err)
-			}
-			srv := startConfigured(t, res.Config)
-			opts := map[string][]nats.Option{}
-			for _, role := range allRoles {
-				opts[role] = []nats.Option{nats.UserCredentials(res.Creds[role])}
-			}
-			return srv.ClientURL(), opts
-		}},
 	}
 }
 
@@ -988,7 +706,7 @@ func TestSecurityPrincipalReachesAuthorizer(t *testing.T) {
 	}}
 	s := newStack(t, model)
 	s.start("exec-auth", must(worker.New(s.bus,
-		executor.New(s.reg, executor.WithAuthorizer(auth), executor.WithInstance("exec-auth"), executor.WithLogger(s.log)),
+		must(executor.New(s.reg, executor.WithAuthorizer(auth), executor.WithInstance("exec-auth"), executor.WithLogger(s.log))),
 		worker.Config{WorkerConfig: events.WorkerConfig{Instance: "exec-auth", Grace: time.Second, Logger: s.log}})).Run)
 	eventstest.Eventually(t, 10*time.Second, func() error {
 		cat, err := s.bus.WatchCatalog(s.ctx, nil)

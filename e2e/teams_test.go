@@ -7,7 +7,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -23,7 +22,6 @@ import (
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/executor/packs"
 	"github.com/toolbus/toolbus/executor/worker"
-	"github.com/toolbus/toolbus/injector"
 	"github.com/toolbus/toolbus/planner"
 )
 
@@ -53,61 +51,24 @@ func teamModel() planner.Model {
 	}}
 }
 
-type teamsBus struct {
-	t    *testing.T
-	ctx  context.Context
-	url  string
-	opts map[string][]nats.Option // by user: roles and executor-<team>
-	viol *violations
-	bus  map[string]*events.Bus
-	wg   sync.WaitGroup
-	stop context.CancelFunc
-}
+// teamsBus is a stack on a server with team credentials: an executor of each team,
+// the planner and the injector each on their own credentials.
+type teamsBus struct{ *stack }
 
 func startTeams(t *testing.T, url string, opts map[string][]nats.Option) *teamsBus {
 	t.Helper()
-	ctx := eventstest.Context(t, 4*time.Minute)
-	s := &teamsBus{t: t, ctx: ctx, url: url, opts: opts, viol: &violations{}, bus: map[string]*events.Bus{}}
 	tools := []string{"calculator", "big_output", "noop"}
-	admin, err := connectAs(t, url, "admin", s.viol, opts["admin"]...)
+	users := []string{"planner", "injector", "client", natsjwt.TeamUser("alpha"), natsjwt.TeamUser("beta")}
+	s := &teamsBus{newSecuredStack(t, url, opts, users, teamModel())}
+	for _, team := range []string{"alpha", "beta"} {
+		s.start(natsjwt.TeamUser(team), s.teamWorker(team, team+"-1", teamGrants.Teams[team], false).Run)
+	}
+	// The planner's own view of the catalog (its credentials may read it).
+	cat, err := s.buses["planner"].WatchCatalog(s.ctx, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if s.bus["admin"], _, err = events.Setup(ctx, admin, events.Config{}, events.SetupTools(tools, 30*time.Second, 1000), events.SetupReadMirror()); err != nil {
-		t.Fatal(err)
-	}
-	for _, u := range []string{"planner", "injector", "client", natsjwt.TeamUser("alpha"), natsjwt.TeamUser("beta")} {
-		nc, err := connectAs(t, url, u, s.viol, opts[u]...)
-		if err != nil {
-			t.Fatalf("%s connects: %v", u, err)
-		}
-		if s.bus[u], err = events.Open(ctx, nc, events.Config{}); err != nil {
-			t.Fatalf("%s opens the bus: %v", u, err)
-		}
-	}
-	wctx, stop := context.WithCancel(ctx)
-	s.stop = stop
-	t.Cleanup(func() { s.stop(); s.wg.Wait() })
-	log := testLogger()
-	run := func(name string, f func(context.Context) error) {
-		s.wg.Add(1)
-		go func() {
-			defer s.wg.Done()
-			if err := f(wctx); err != nil && wctx.Err() == nil {
-				t.Errorf("%s: %v", name, err)
-			}
-		}()
-	}
-	for _, team := range []string{"alpha", "beta"} {
-		u := natsjwt.TeamUser(team)
-		w := s.teamWorker(team, team+"-1", teamGrants.Teams[team], false)
-		run(u, w.Run)
-	}
 	eventstest.Eventually(t, 30*time.Second, func() error {
-		cat, err := s.bus["planner"].WatchCatalog(ctx, nil)
-		if err != nil {
-			return err
-		}
 		for _, tool := range tools {
 			if len(cat.Serving(tool)) == 0 {
 				return fmt.Errorf("%s not served yet", tool)
@@ -115,12 +76,8 @@ func startTeams(t *testing.T, url string, opts map[string][]nats.Option) *teamsB
 		}
 		return nil
 	})
-	cat, err := s.bus["planner"].WatchCatalog(wctx, log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	run("planner", must(planner.New(s.bus["planner"], teamModel(), cat, planner.Config{WorkerConfig: events.WorkerConfig{Instance: "teams-planner", Grace: time.Second, Logger: log}})).Run)
-	run("injector", must(injector.New(s.bus["injector"], injector.Config{WorkerConfig: events.WorkerConfig{Instance: "teams-injector", Grace: time.Second, Logger: log}})).Run)
+	s.startPlanner("teams-planner")
+	s.startInjector("teams-injector")
 	return s
 }
 
@@ -130,9 +87,8 @@ func (s *teamsBus) teamWorker(team, instance string, tools []string, replace boo
 	if err := packs.Register(reg, "demo", "diag"); err != nil {
 		s.t.Fatal(err)
 	}
-	log := testLogger()
-	return must(worker.New(s.bus[natsjwt.TeamUser(team)], executor.New(reg, executor.WithInstance(instance), executor.WithLogger(log)),
-		worker.Config{WorkerConfig: events.WorkerConfig{Instance: instance, Grace: time.Second, Logger: log},
+	return must(worker.New(s.buses[natsjwt.TeamUser(team)], must(executor.New(reg, executor.WithInstance(instance), executor.WithLogger(s.log))),
+		worker.Config{WorkerConfig: events.WorkerConfig{Instance: instance, Grace: time.Second, Logger: s.log},
 			Tools: tools, Team: team, InlineOutputMax: 1024, ReplaceContracts: replace}))
 }
 
@@ -140,7 +96,7 @@ func (s *teamsBus) teamWorker(team, instance string, tools []string, replace boo
 func (s *teamsBus) run(id string) toolbus.RunEnded {
 	t := s.t
 	t.Helper()
-	client := s.bus["client"]
+	client := s.buses["client"]
 	if err := client.StartRun(s.ctx, events.Source("cli", "teams"), toolbus.RunStarted{RunID: id, Principal: toolbus.Principal{ID: "teams-tester"},
 		Messages: []toolbus.Message{{Role: toolbus.RoleUser, Content: "go"}}}); err != nil {
 		t.Fatalf("client starts %s: %v", id, err)
@@ -160,7 +116,7 @@ func (s *teamsBus) run(id string) toolbus.RunEnded {
 // results returns the tool.finished events of a run by call id, with their subjects.
 func (s *teamsBus) results(run string) (map[string][]toolbus.ToolFinished, map[string][]string) {
 	s.t.Helper()
-	evs, err := events.ReadEvents(s.ctx, s.bus["admin"].Stream, events.SubjectRun(run))
+	evs, err := events.ReadEvents(s.ctx, s.buses["admin"].Stream, events.SubjectRun(run))
 	if err != nil {
 		s.t.Fatal(err)
 	}
@@ -247,7 +203,7 @@ func TestSecurityTeams(t *testing.T) {
 			s := startTeams(t, srv.ClientURL(), opts)
 			first := "teams-" + mode.name + "-1"
 			big := s.checkRun(first)
-			admin := s.bus["admin"]
+			admin := s.buses["admin"]
 			whole, err := admin.Output(s.ctx, big.Truncated.Ref)
 			if err != nil || len(whole) < 300000 {
 				t.Fatalf("alpha's output: %d bytes, %v", len(whole), err)
@@ -377,7 +333,7 @@ func (s *teamsBus) beta(next, done string) {
 		}
 		return nil
 	})
-	if _, err := s.bus["admin"].Stream.GetLastMsgForSubject(s.ctx, fin.Subject); !errors.Is(err, jetstream.ErrMsgNotFound) {
+	if _, err := s.buses["admin"].Stream.GetLastMsgForSubject(s.ctx, fin.Subject); !errors.Is(err, jetstream.ErrMsgNotFound) {
 		t.Fatalf("the forged result was stored: %v", err)
 	}
 	t.Logf("beta: %d attempts on alpha's tools refused by the server", len(attempts))

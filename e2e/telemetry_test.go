@@ -54,7 +54,7 @@ func TestMetricsAfterAScriptedRun(t *testing.T) {
 		t.Fatalf("/healthz: %d, want 200", code)
 	}
 
-	exec := executor.New(s.reg, executor.WithLogger(s.log), executor.WithInstance("executor-m"))
+	exec := must(executor.New(s.reg, executor.WithLogger(s.log), executor.WithInstance("executor-m")))
 	w := must(worker.New(s.bus, exec, worker.Config{WorkerConfig: events.WorkerConfig{Instance: "executor-m", Logger: s.log, Grace: time.Second}, Metrics: m, Observer: m.Observer("executor")}))
 	s.start("executor-m", w.Run)
 	cat, err := s.bus.WatchCatalog(s.ctx, s.log)

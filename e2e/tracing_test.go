@@ -53,7 +53,7 @@ func TestOneTracePerRunAcrossTheBus(t *testing.T) {
 	_, injTracer := provider()
 	_ = injTracer // the injector makes no span; its provider stands for its process
 
-	exec := executor.New(s.reg, executor.WithLogger(s.log), executor.WithInstance("executor-t"))
+	exec := must(executor.New(s.reg, executor.WithLogger(s.log), executor.WithInstance("executor-t")))
 	s.start("executor-t", must(worker.New(s.bus, exec, worker.Config{WorkerConfig: events.WorkerConfig{Instance: "executor-t", Logger: s.log, Grace: time.Second}, Tracer: execTracer})).Run)
 	cat, err := s.bus.WatchCatalog(s.ctx, s.log)
 	if err != nil {

@@ -198,19 +198,55 @@ func Setup(ctx context.Context, nc *nats.Conn, cfg Config, opts ...SetupOption) 
 	if err != nil {
 		return nil, nil, err
 	}
-	var changes []Change
-	note := func(kind, name string, existed bool, before, after any) {
-		a := "created"
-		if existed {
-			a = "unchanged"
-			if !jsonEqual(before, after) {
-				a = "updated"
-			}
-		}
-		changes = append(changes, Change{Kind: kind, Name: name, Action: a})
+	var changes changeLog
+	if err := upsertStream(ctx, js, eventStreamConfig(cfg), changes.note); err != nil {
+		return nil, nil, err
 	}
+	if o.readMirror {
+		if err := upsertStream(ctx, js, readMirrorConfig(cfg), changes.note); err != nil {
+			return nil, nil, err
+		}
+	}
+	for _, bk := range buckets {
+		if err := setupBucket(ctx, js, cfg, bk.name, bk.desc, changes.note); err != nil {
+			return nil, nil, err
+		}
+	}
+	b, err := open(ctx, nc, js, cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	b.manage = true
+	for _, cc := range o.consumers() {
+		_, existed, changed, err := b.ensureConsumer(ctx, cc)
+		if err != nil {
+			return nil, nil, err
+		}
+		changes.add("consumer", cc.Durable, existed, changed)
+	}
+	return b, changes, nil
+}
 
-	sc := jetstream.StreamConfig{
+// changeLog collects the changes of Setup.
+type changeLog []Change
+
+// note records what was done to a stream or bucket: created, or updated if its config
+// before differs from after.
+func (l *changeLog) note(kind, name string, existed bool, before, after any) {
+	l.add(kind, name, existed, existed && !jsonEqual(before, after))
+}
+
+func (l *changeLog) add(kind, name string, existed, changed bool) {
+	a := "created"
+	if existed {
+		a = map[bool]string{true: "updated", false: "unchanged"}[changed]
+	}
+	*l = append(*l, Change{Kind: kind, Name: name, Action: a})
+}
+
+// eventStreamConfig is the configuration of the event stream.
+func eventStreamConfig(cfg Config) jetstream.StreamConfig {
+	return jetstream.StreamConfig{
 		Name:        cfg.Stream,
 		Description: "toolbus events (CONTRACT.md)",
 		Subjects:    []string{FilterAll},
@@ -231,67 +267,67 @@ func Setup(ctx context.Context, nc *nats.Conn, cfg Config, opts ...SetupOption) 
 		// and per tool): an explicit limit above the server's default of 1,000.
 		MaxConsumers: EventStreamMaxConsumers,
 	}
-	if err := upsertStream(ctx, js, sc, note); err != nil {
-		return nil, nil, err
+}
+
+// readMirrorConfig is the configuration of the read mirror (SetupReadMirror).
+func readMirrorConfig(cfg Config) jetstream.StreamConfig {
+	mc := jetstream.StreamConfig{
+		Name:        ReadMirrorName(cfg.Stream),
+		Description: "read mirror of " + cfg.Stream + ": readers' ephemeral consumers live here",
+		Mirror:      &jetstream.StreamSource{Name: cfg.Stream},
+		Retention:   jetstream.LimitsPolicy,
+		MaxAge:      cfg.MaxAge,
+		Storage:     cfg.storage(),
+		Replicas:    cfg.Replicas,
+		DenyDelete:  true,
+		DenyPurge:   true,
+		AllowDirect: cfg.Replicas <= 1,
 	}
-	if o.readMirror {
-		mc := jetstream.StreamConfig{
-			Name:        ReadMirrorName(cfg.Stream),
-			Description: "read mirror of " + cfg.Stream + ": readers' ephemeral consumers live here",
-			Mirror:      &jetstream.StreamSource{Name: cfg.Stream},
-			Retention:   jetstream.LimitsPolicy,
-			MaxAge:      cfg.MaxAge,
-			Storage:     cfg.storage(),
-			Replicas:    cfg.Replicas,
-			DenyDelete:  true,
-			DenyPurge:   true,
-			AllowDirect: cfg.Replicas <= 1,
-		}
-		readerLimits(&mc)
-		if err := upsertStream(ctx, js, mc, note); err != nil {
-			return nil, nil, err
+	readerLimits(&mc)
+	return mc
+}
+
+// setupBucket creates or updates a bucket and notes what it did.
+func setupBucket(ctx context.Context, js jetstream.JetStream, cfg Config, name, desc string, note func(kind, name string, existed bool, before, after any)) error {
+	kc := jetstream.KeyValueConfig{
+		Bucket: name, Description: desc, History: 1, TTL: kvTTL(name, cfg),
+		Storage: cfg.storage(), Replicas: cfg.Replicas, MaxValueSize: -1,
+	}
+	if name == store.BucketOutputs {
+		kc.MaxBytes = cfg.OutputsMaxBytes
+	}
+	if name == store.BucketInstances {
+		// An expired instance leaves a delete marker, so catalog watchers see it go.
+		kc.LimitMarkerTTL = max(cfg.InstanceTTL, time.Second)
+	}
+	var before any
+	s, err := js.Stream(ctx, "KV_"+name)
+	existed := err == nil
+	if existed {
+		before = s.CachedInfo().Config
+	}
+	if _, err := js.CreateOrUpdateKeyValue(ctx, kc); err != nil {
+		return fmt.Errorf("events: bucket %s: %w", name, err)
+	}
+	if cfg.Replicas > 1 {
+		if _, err := leaderReads(ctx, js, name); err != nil {
+			return err
 		}
 	}
-	for _, bk := range buckets {
-		kc := jetstream.KeyValueConfig{
-			Bucket: bk.name, Description: bk.desc, History: 1, TTL: kvTTL(bk.name, cfg),
-			Storage: cfg.storage(), Replicas: cfg.Replicas, MaxValueSize: -1,
-		}
-		if bk.name == store.BucketOutputs {
-			kc.MaxBytes = cfg.OutputsMaxBytes
-		}
-		if bk.name == store.BucketInstances {
-			// An expired instance leaves a delete marker, so catalog watchers see it go.
-			kc.LimitMarkerTTL = max(cfg.InstanceTTL, time.Second)
-		}
-		var before any
-		s, err := js.Stream(ctx, "KV_"+bk.name)
-		existed := err == nil
-		if existed {
-			before = s.CachedInfo().Config
-		}
-		if _, err := js.CreateOrUpdateKeyValue(ctx, kc); err != nil {
-			return nil, nil, fmt.Errorf("events: bucket %s: %w", bk.name, err)
-		}
-		if cfg.Replicas > 1 {
-			if _, err := leaderReads(ctx, js, bk.name); err != nil {
-				return nil, nil, err
-			}
-		}
-		if err := limitReaders(ctx, js, "KV_"+bk.name); err != nil {
-			return nil, nil, err
-		}
-		after, err := js.Stream(ctx, "KV_"+bk.name)
-		if err != nil {
-			return nil, nil, fmt.Errorf("events: bucket %s: %w", bk.name, err)
-		}
-		note("bucket", bk.name, existed, before, after.CachedInfo().Config)
+	if err := limitReaders(ctx, js, "KV_"+name); err != nil {
+		return err
 	}
-	b, err := open(ctx, nc, js, cfg)
+	after, err := js.Stream(ctx, "KV_"+name)
 	if err != nil {
-		return nil, nil, err
+		return fmt.Errorf("events: bucket %s: %w", name, err)
 	}
-	b.manage = true
+	note("bucket", name, existed, before, after.CachedInfo().Config)
+	return nil
+}
+
+// consumers are the durable consumers Setup creates: the planner's and the injector's,
+// and with SetupTools each tool's queue and the unknown-tool queue.
+func (o *setupOptions) consumers() []ConsumerConfig {
 	var ccs []ConsumerConfig
 	for _, role := range []string{RolePlanner, RoleInjector} {
 		for _, wc := range WorkerConsumers(role, o.workers[role]) {
@@ -307,18 +343,7 @@ func Setup(ctx context.Context, nc *nats.Conn, cfg Config, opts ...SetupOption) 
 			}
 		}
 	}
-	for _, cc := range ccs {
-		_, existed, changed, err := b.ensureConsumer(ctx, cc)
-		if err != nil {
-			return nil, nil, err
-		}
-		a := "created"
-		if existed {
-			a = map[bool]string{true: "updated", false: "unchanged"}[changed]
-		}
-		changes = append(changes, Change{Kind: "consumer", Name: cc.Durable, Action: a})
-	}
-	return b, changes, nil
+	return ccs
 }
 
 var buckets = []struct{ name, desc string }{

@@ -7,6 +7,7 @@ import (
 
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/executor"
+	"github.com/toolbus/toolbus/internal/testutil"
 )
 
 // BenchmarkExecute measures the whole call path for a no-op tool with a small schema.
@@ -21,7 +22,7 @@ func BenchmarkExecute(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	ex := executor.New(reg, executor.WithInstance("bench"))
+	ex := testutil.Must(executor.New(reg, executor.WithInstance("bench")))
 	ctx := context.Background()
 	call := toolbus.ToolCall{CallID: "call_1", Tool: "noop", Arguments: `{"x":"hello"}`}
 	p := toolbus.Principal{ID: "bench"}
@@ -52,7 +53,7 @@ func BenchmarkExecuteTyped(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	ex := executor.New(reg)
+	ex := testutil.Must(executor.New(reg))
 	ctx := context.Background()
 	call := toolbus.ToolCall{CallID: "call_1", Tool: "weather", Arguments: `{"city":"Paris","units":"metric"}`}
 	b.ReportAllocs()

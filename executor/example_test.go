@@ -35,7 +35,10 @@ func Example() {
 	if err != nil {
 		panic(err)
 	}
-	ex := executor.New(reg, executor.WithInstance("example"))
+	ex, err := executor.New(reg, executor.WithInstance("example"))
+	if err != nil {
+		panic(err)
+	}
 
 	for _, args := range []string{`{"city":"Paris"}`, `{"city":"Atlantis"}`, `{"town":"Paris"}`} {
 		res := ex.Execute(context.Background(), toolbus.ToolCall{CallID: "call_1", Tool: "get_weather", Arguments: args},

@@ -49,57 +49,79 @@ type Executor struct {
 	sems       sync.Map // tool name -> chan struct{} (tools with MaxConcurrency > 0)
 }
 
-// Option configures an Executor.
-type Option func(*Executor)
+// Option configures an Executor. An option out of its range makes New return an error
+// wrapping ErrInvalidOption.
+type Option func(*Executor) error
+
+// ErrInvalidOption is wrapped by the error of New for an option out of its range: New
+// refuses it instead of replacing it with a value the caller did not ask for.
+var ErrInvalidOption = errors.New("executor: invalid option")
 
 // New returns an Executor over reg (nil means an empty registry). Tools may still be
-// registered in reg after New.
-func New(reg *Registry, opts ...Option) *Executor {
+// registered in reg after New. An option out of its range is an error wrapping
+// ErrInvalidOption.
+func New(reg *Registry, opts ...Option) (*Executor, error) {
 	if reg == nil {
 		reg = NewRegistry()
 	}
 	e := &Executor{reg: reg, log: slog.Default(), defTimeout: DefaultTimeout, defMaxOut: DefaultMaxOutputBytes}
 	for _, o := range opts {
-		if o != nil {
-			o(e)
+		if o == nil {
+			continue
+		}
+		if err := o(e); err != nil {
+			return nil, err
 		}
 	}
-	return e
+	return e, nil
 }
 
 // WithAuthorizer sets the authorization hook (gate 4); nil allows every call.
-func WithAuthorizer(a Authorizer) Option { return func(e *Executor) { e.auth = a } }
+func WithAuthorizer(a Authorizer) Option {
+	return func(e *Executor) error { e.auth = a; return nil }
+}
 
 // WithLogger sets the logger for panics (with their stacks, at error level) and for
 // tools that outlive their timeout; nil keeps slog.Default().
 func WithLogger(l *slog.Logger) Option {
-	return func(e *Executor) {
+	return func(e *Executor) error {
 		if l != nil {
 			e.log = l
 		}
+		return nil
 	}
 }
 
 // WithInstance names this executor instance; the name goes into ToolResult.Executor.
-func WithInstance(name string) Option { return func(e *Executor) { e.instance = name } }
+func WithInstance(name string) Option {
+	return func(e *Executor) error { e.instance = name; return nil }
+}
 
-// WithDefaultTimeout sets the timeout of tools whose Timeout is 0; d <= 0 keeps
-// DefaultTimeout.
+// WithDefaultTimeout sets the timeout of tools whose Timeout is 0; 0 keeps
+// DefaultTimeout, a negative d is an error.
 func WithDefaultTimeout(d time.Duration) Option {
-	return func(e *Executor) {
+	return func(e *Executor) error {
+		if d < 0 {
+			return fmt.Errorf("%w: default timeout %v: want 0 (the default) or more", ErrInvalidOption, d)
+		}
 		if d > 0 {
 			e.defTimeout = d
 		}
+		return nil
 	}
 }
 
 // WithDefaultMaxOutputBytes sets the content bound of tools whose MaxOutputBytes is 0;
-// n <= 0 keeps DefaultMaxOutputBytes, and n is raised to MinOutputBytes if smaller.
+// 0 keeps DefaultMaxOutputBytes, a negative n or one below MinOutputBytes is an error.
 func WithDefaultMaxOutputBytes(n int) Option {
-	return func(e *Executor) {
-		if n > 0 {
-			e.defMaxOut = max(n, MinOutputBytes)
+	return func(e *Executor) error {
+		if n < 0 || (n > 0 && n < MinOutputBytes) {
+			return fmt.Errorf("%w: default max output bytes %d: want 0 (the default) or at least %d", ErrInvalidOption, n, MinOutputBytes)
 		}
+		if n > 0 {
+			e.defMaxOut = n
+		}
+		return nil
 	}
 }
 
@@ -108,7 +130,10 @@ func WithDefaultMaxOutputBytes(n int) Option {
 // before any pattern of RedactText: the credentials of the process itself (its NATS
 // password or token, nkey seed, model API keys) that a tool could read and print.
 func WithSecrets(values ...string) Option {
-	return func(e *Executor) { e.secrets = newSecretValues(append(slices.Clone([]string(e.secrets)), values...)) }
+	return func(e *Executor) error {
+		e.secrets = newSecretValues(append(slices.Clone([]string(e.secrets)), values...))
+		return nil
+	}
 }
 
 // secretValues returns the values of WithSecrets (none on a nil Executor).
@@ -229,14 +254,25 @@ func (e *Executor) Execute(ctx context.Context, tc toolbus.ToolCall, p toolbus.P
 	}
 	res.Executor = e.instance
 	c.maxOut = e.defMaxOut
+	if args, ok := c.admit(ctx, tc, p); ok {
+		c.run(ctx, start, tc.CallID, args)
+	}
+	return res
+}
 
+// admit passes a call through gates 1 to 4: the tool exists, the arguments are one JSON
+// object that matches its input schema, the principal may call it. It returns the
+// arguments, or false when it has set the call's result (a rejection, or the context
+// done before the call started).
+func (c *call) admit(ctx context.Context, tc toolbus.ToolCall, p toolbus.Principal) (json.RawMessage, bool) {
+	e := c.e
 	// Gate 1: the tool exists.
 	ent, ok := e.reg.lookup(tc.Tool)
 	if !ok {
 		c.fail(toolbus.StatusRejected, toolbus.CodeUnknownTool,
 			fmt.Sprintf("unknown tool %s: no tool with this name is registered; call only the tools you were given, with their exact names", quoteName(tc.Tool)),
 			false, nil)
-		return res
+		return nil, false
 	}
 	c.ent = ent
 	if ent.tool.MaxOutputBytes > 0 {
@@ -247,7 +283,7 @@ func (e *Executor) Execute(ctx context.Context, tc toolbus.ToolCall, p toolbus.P
 	args, v, msg, viol := parseArguments(tc.Arguments)
 	if viol != nil {
 		c.fail(toolbus.StatusRejected, toolbus.CodeInvalidArguments, msg, false, []Violation{*viol})
-		return res
+		return nil, false
 	}
 
 	// Gate 3: the arguments match the input schema.
@@ -257,29 +293,34 @@ func (e *Executor) Execute(ctx context.Context, tc toolbus.ToolCall, p toolbus.P
 			fmt.Sprintf("arguments do not match the input schema of %s (%s; fix all of them and call again):\n%s",
 				ent.tool.Name, plural(len(vs), "violation", "violations"), violationText(vs)),
 			false, vs)
-		return res
+		return nil, false
 	}
 
 	// Gate 4: the principal may call the tool.
 	if ctx.Err() != nil {
 		c.ctxDone(ctx, false, 0, "before it started")
-		return res
+		return nil, false
 	}
 	if e.auth != nil {
 		if err := e.authorize(ctx, p, ent.tool.Name, args); err != nil {
 			if ctx.Err() != nil {
 				c.ctxDone(ctx, false, 0, "before it started")
-				return res
+				return nil, false
 			}
 			c.fail(toolbus.StatusRejected, toolbus.CodeNotAuthorized, notAuthorizedMessage(ent.tool.Name, err), false, nil)
-			return res
+			return nil, false
 		}
 	}
+	return args, true
+}
 
-	// Gates 5 and 6: a concurrency slot, then run under min(timeout, ctx).
+// run passes an admitted call through gates 5 and 6 (a concurrency slot, then the Func
+// under min(timeout, ctx)) and sets its result.
+func (c *call) run(ctx context.Context, start time.Time, callID string, args json.RawMessage) {
+	ent := c.ent
 	timeout := ent.tool.Timeout
 	if timeout <= 0 {
-		timeout = e.defTimeout
+		timeout = c.e.defTimeout
 	}
 	deadline, ownDeadline := start.Add(timeout), true
 	if d, ok := ctx.Deadline(); ok && !deadline.Before(d) {
@@ -295,33 +336,20 @@ func (e *Executor) Execute(ctx context.Context, tc toolbus.ToolCall, p toolbus.P
 			putRunState(st)
 		}
 	}()
-	var sem chan struct{}
-	if n := ent.tool.MaxConcurrency; n > 0 {
-		sem = e.sem(ent.tool.Name, n)
-		select {
-		case sem <- struct{}{}:
-		default:
-			select {
-			case sem <- struct{}{}:
-			case <-ctx.Done():
-				c.ctxDone(ctx, false, timeout, waitingFor(n))
-				return res
-			case <-timer.C:
-				c.ctxDone(ctx, ownDeadline, timeout, waitingFor(n))
-				return res
-			}
-		}
+	sem, ok := c.acquire(ctx, timer, ownDeadline, timeout)
+	if !ok {
+		return
 	}
 	if ctx.Err() != nil || !time.Now().Before(deadline) {
 		if sem != nil {
 			<-sem
 		}
 		c.ctxDone(ctx, ownDeadline && ctx.Err() == nil, timeout, "before it started")
-		return res
+		return
 	}
 
 	cctx := &callCtx{parent: ctx, deadline: deadline}
-	st.ctx, st.ent, st.callID, st.args, st.sem, st.log = cctx, ent, tc.CallID, args, sem, e.log
+	st.ctx, st.ent, st.callID, st.args, st.sem, st.log = cctx, ent, callID, args, sem, c.e.log
 	go st.run()
 	select {
 	case <-st.done:
@@ -333,7 +361,7 @@ func (e *Executor) Execute(ctx context.Context, tc toolbus.ToolCall, p toolbus.P
 			pooled = false
 			cctx.cancel(ctx.Err())
 			c.ctxDone(ctx, false, timeout, phaseRunning)
-			return res
+			return
 		}
 	case <-timer.C:
 		select {
@@ -343,7 +371,7 @@ func (e *Executor) Execute(ctx context.Context, tc toolbus.ToolCall, p toolbus.P
 			pooled = false
 			cctx.cancel(context.DeadlineExceeded)
 			c.ctxDone(ctx, ownDeadline && ctx.Err() == nil, timeout, phaseRunning)
-			return res
+			return
 		}
 	}
 	out, err, panicked := st.out, st.err, st.panicked
@@ -357,7 +385,31 @@ func (e *Executor) Execute(ctx context.Context, tc toolbus.ToolCall, p toolbus.P
 	default:
 		c.output(out)
 	}
-	return res
+}
+
+// acquire takes a slot of a tool with MaxConcurrency (gate 5), waiting until ctx ends or
+// timer fires. It returns the semaphore to release (nil for a tool without a bound),
+// or false when it has set the call's result.
+func (c *call) acquire(ctx context.Context, timer *time.Timer, ownDeadline bool, timeout time.Duration) (chan struct{}, bool) {
+	n := c.ent.tool.MaxConcurrency
+	if n <= 0 {
+		return nil, true
+	}
+	sem := c.e.sem(c.ent.tool.Name, n)
+	select {
+	case sem <- struct{}{}:
+		return sem, true
+	default:
+	}
+	select {
+	case sem <- struct{}{}:
+		return sem, true
+	case <-ctx.Done():
+		c.ctxDone(ctx, false, timeout, waitingFor(n))
+	case <-timer.C:
+		c.ctxDone(ctx, ownDeadline, timeout, waitingFor(n))
+	}
+	return nil, false
 }
 
 func waitingFor(n int) string {

@@ -130,7 +130,7 @@ func newFixture(t testing.TB, opts ...executor.Option) *fixture {
 	})
 	opts = append([]executor.Option{executor.WithAuthorizer(auth), executor.WithInstance("exec-test"),
 		executor.WithLogger(slog.New(slog.NewTextHandler(f.log, &slog.HandlerOptions{Level: slog.LevelDebug})))}, opts...)
-	f.ex = executor.New(reg, opts...)
+	f.ex = testutil.Must(executor.New(reg, opts...))
 	return f
 }
 
@@ -458,7 +458,7 @@ func TestToolSeesDeadlineAndCallInfo(t *testing.T) {
 	ci := executor.CallInfo{RunID: "run1", Step: 2, CallIndex: 1, Attempt: 3, IdempotencyKey: "run1/2/call_1"}
 	ctx := executor.WithCallInfo(context.Background(), ci)
 	before := time.Now()
-	r := executor.New(reg).Execute(ctx, call("peek", `{}`), principal)
+	r := testutil.Must(executor.New(reg)).Execute(ctx, call("peek", `{}`), principal)
 	if r.Status != toolbus.StatusSucceeded || r.Attempt != 3 || !reflect.DeepEqual(got, ci) {
 		t.Fatalf("result %+v, call info %+v", r, got)
 	}
@@ -495,7 +495,7 @@ func TestConcurrencyLimit(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ex := executor.New(reg, executor.WithLogger(slog.New(slog.DiscardHandler)))
+	ex := testutil.Must(executor.New(reg, executor.WithLogger(slog.New(slog.DiscardHandler))))
 	var wg sync.WaitGroup
 	results := make([]toolbus.ToolResult, 5)
 	for i := range results {
@@ -556,11 +556,11 @@ func TestAuthorizerSeesValidatedCall(t *testing.T) {
 	}
 	var gotP toolbus.Principal
 	var gotArgs string
-	ex := executor.New(reg, executor.WithAuthorizer(executor.AuthorizerFunc(
+	ex := testutil.Must(executor.New(reg, executor.WithAuthorizer(executor.AuthorizerFunc(
 		func(_ context.Context, p toolbus.Principal, tool string, args json.RawMessage) error {
 			gotP, gotArgs = p, string(args)
 			return executor.NewError("ignored_code", "only admins may search")
-		})))
+		}))))
 	r := ex.Execute(context.Background(), call("t", `{"q":"x"}`), principal)
 	if r.Code() != toolbus.CodeNotAuthorized || r.Error.Message != "not authorized to call t: only admins may search" ||
 		gotP.ID != "user-1" || gotArgs != `{"q":"x"}` || ran.Load() != 0 {
@@ -573,8 +573,8 @@ func TestAuthorizerSeesValidatedCall(t *testing.T) {
 		t.Fatalf("%+v args %s", r, gotArgs)
 	}
 	// A panicking authorizer rejects.
-	ex = executor.New(reg, executor.WithLogger(slog.New(slog.DiscardHandler)), executor.WithAuthorizer(executor.AuthorizerFunc(
-		func(context.Context, toolbus.Principal, string, json.RawMessage) error { panic("auth backend down") })))
+	ex = testutil.Must(executor.New(reg, executor.WithLogger(slog.New(slog.DiscardHandler)), executor.WithAuthorizer(executor.AuthorizerFunc(
+		func(context.Context, toolbus.Principal, string, json.RawMessage) error { panic("auth backend down") }))))
 	r = ex.Execute(context.Background(), call("t", `{"q":"x"}`), principal)
 	if r.Code() != toolbus.CodeNotAuthorized || strings.Contains(r.Content, "backend down") || ran.Load() != 0 {
 		t.Fatalf("%+v", r)
@@ -596,7 +596,7 @@ func TestBigOutputIsTruncated(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	ex := executor.New(reg)
+	ex := testutil.Must(executor.New(reg))
 	for _, tc := range []struct {
 		tool string
 		max  int
@@ -625,19 +625,19 @@ func TestErrorMessagesAreBounded(t *testing.T) {
 		Func: func(context.Context, json.RawMessage) (any, error) { return nil, errors.New(long) }}); err != nil {
 		t.Fatal(err)
 	}
-	r := executor.New(reg).Execute(context.Background(), call("loud", `{}`), principal)
+	r := testutil.Must(executor.New(reg)).Execute(context.Background(), call("loud", `{}`), principal)
 	if len(r.Content) > 512 || !json.Valid([]byte(r.Content)) || !strings.Contains(r.Error.Message, "truncated") {
 		t.Fatalf("content %d bytes: %q", len(r.Content), r.Content)
 	}
 	// A long unknown tool name is cut in the message.
-	r = executor.New(reg).Execute(context.Background(), call(strings.Repeat("x", 10000), `{}`), principal)
+	r = testutil.Must(executor.New(reg)).Execute(context.Background(), call(strings.Repeat("x", 10000), `{}`), principal)
 	if r.Code() != toolbus.CodeUnknownTool || len(r.Error.Message) > 300 {
 		t.Fatalf("%+v", r.Error)
 	}
 }
 
 func TestExecuteNilContextAndEmptyExecutor(t *testing.T) {
-	ex := executor.New(nil)
+	ex := testutil.Must(executor.New(nil))
 	//nolint:staticcheck // a nil context must not panic
 	r := ex.Execute(nil, call("x", `{}`), principal)
 	if r.Code() != toolbus.CodeUnknownTool || ex.Registry() == nil {
@@ -692,7 +692,7 @@ func TestBadValuesFromToolsDoNotPanic(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	ex := executor.New(reg, executor.WithLogger(slog.New(slog.DiscardHandler)))
+	ex := testutil.Must(executor.New(reg, executor.WithLogger(slog.New(slog.DiscardHandler))))
 	want := map[string]string{"marshal_panic": toolbus.CodeToolInternalError, "details_panic": toolbus.CodeToolInternalError,
 		"details_bad": "x", "nil_typed_error": toolbus.CodeToolError, "stack_in_error": toolbus.CodeToolError,
 		"frame_in_error": toolbus.CodeToolError}
@@ -705,6 +705,29 @@ func TestBadValuesFromToolsDoNotPanic(t *testing.T) {
 			if strings.Contains(r.Content, bad) {
 				t.Errorf("%s: content %q has %q", name, r.Content, bad)
 			}
+		}
+	}
+}
+
+// New refuses an option out of its range instead of replacing it with another value;
+// zero keeps the default.
+func TestNewRefusesBadOptions(t *testing.T) {
+	for name, opt := range map[string]executor.Option{
+		"negative timeout":         executor.WithDefaultTimeout(-time.Second),
+		"negative max output":      executor.WithDefaultMaxOutputBytes(-1),
+		"max output below the min": executor.WithDefaultMaxOutputBytes(executor.MinOutputBytes - 1),
+	} {
+		if ex, err := executor.New(nil, opt); !errors.Is(err, executor.ErrInvalidOption) || ex != nil {
+			t.Errorf("%s: New = %v, %v; want nil and ErrInvalidOption", name, ex, err)
+		}
+	}
+	for name, opt := range map[string]executor.Option{
+		"zero timeout (the default)":    executor.WithDefaultTimeout(0),
+		"zero max output (the default)": executor.WithDefaultMaxOutputBytes(0),
+		"the min output":                executor.WithDefaultMaxOutputBytes(executor.MinOutputBytes),
+	} {
+		if _, err := executor.New(nil, opt); err != nil {
+			t.Errorf("%s: %v", name, err)
 		}
 	}
 }

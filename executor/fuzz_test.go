@@ -8,6 +8,7 @@ import (
 
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/executor"
+	"github.com/toolbus/toolbus/internal/testutil"
 )
 
 // FuzzArguments runs Execute on arbitrary argument strings: it never panics, the status is
@@ -38,7 +39,7 @@ func FuzzArguments(f *testing.F) {
 	if err != nil {
 		f.Fatal(err)
 	}
-	ex := executor.New(reg)
+	ex := testutil.Must(executor.New(reg))
 	f.Fuzz(func(t *testing.T, args string) {
 		ran = 0
 		r := ex.Execute(context.Background(), toolbus.ToolCall{CallID: "c", Tool: "search", Arguments: args}, toolbus.Principal{})

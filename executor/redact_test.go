@@ -9,6 +9,7 @@ import (
 
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/executor"
+	"github.com/toolbus/toolbus/internal/testutil"
 )
 
 // Fake secrets are assembled at run time so no secret-looking literal sits in the source.
@@ -139,7 +140,7 @@ func TestWithSecretsRedactsByValue(t *testing.T) {
 	if err := reg.Register(executor.Tool{Name: "echo", Description: "echoes", InputSchema: json.RawMessage(`{"type":"object"}`), Func: echo}); err != nil {
 		t.Fatal(err)
 	}
-	e := executor.New(reg, executor.WithSecrets(natsPassword, "short", ""))
+	e := testutil.Must(executor.New(reg, executor.WithSecrets(natsPassword, "short", "")))
 	for _, mode := range []string{"text", "json", "error"} {
 		t.Run(mode, func(t *testing.T) {
 			res := e.Execute(context.Background(), toolbus.ToolCall{CallID: "c", Tool: "echo", Arguments: `{"mode":"` + mode + `"}`}, toolbus.Principal{ID: "p"})

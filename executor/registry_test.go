@@ -15,6 +15,7 @@ import (
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/internal/golden"
+	"github.com/toolbus/toolbus/internal/testutil"
 )
 
 func noop(context.Context, json.RawMessage) (any, error) { return nil, nil }
@@ -203,7 +204,7 @@ func TestRegisterFuncSchemas(t *testing.T) {
 		}
 	}
 
-	ex := executor.New(r)
+	ex := testutil.Must(executor.New(r))
 	res := ex.Execute(context.Background(), call("search", `{"query":"db","tags":[],"filter":{"service":"auth"},"since":"2024-01-02T03:04:05Z"}`), principal)
 	if res.Status != toolbus.StatusSucceeded || res.Content != `{"items":[{"id":"INC-1","title":"db"}],"total":1}` {
 		t.Fatalf("%+v", res)
@@ -261,7 +262,7 @@ func TestRegisterFuncEdgeCases(t *testing.T) {
 	if tool.OutputSchema != nil || !strings.Contains(string(tool.InputSchema), "depth") {
 		t.Errorf("tree schemas: in %s out %s", tool.InputSchema, tool.OutputSchema)
 	}
-	ex := executor.New(r)
+	ex := testutil.Must(executor.New(r))
 	if res := ex.Execute(context.Background(), call("tree", `{"depth":0}`), principal); res.Status != toolbus.StatusSucceeded || res.Content != "null" {
 		t.Errorf("nil pointer output: %+v", res)
 	}

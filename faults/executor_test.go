@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/toolbus/toolbus/events"
-	"github.com/toolbus/toolbus/events/store"
 )
 
 // TestFaultExecutorKill kills -9 an executor process while it runs three calls of the
@@ -34,31 +33,14 @@ func TestFaultExecutorKill(t *testing.T) {
 
 	// The three calls are in exec-a's hands (delivered, claimed by exec-a, not
 	// acknowledged) and none has finished: kill it mid-call.
-	claims, err := e.bus.JS.KeyValue(e.ctx, store.BucketClaims)
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.eventually("3 calls claimed and in flight on exec-a", 30*time.Second, func() error {
-		if n := e.count(events.FilterToolFinished); n > 0 {
-			t.Fatalf("%d results before the kill: the calls finished too early", n)
-		}
+	e.waitClaimed("kill-exec", "exec-a", 3, func() error {
+		_ = e.noResults()
 		ci, err := e.consumerInfo(events.ToolConsumer("append"))
 		if err != nil {
 			return err
 		}
 		if ci.NumAckPending != 3 {
 			return fmt.Errorf("%d calls in flight", ci.NumAckPending)
-		}
-		for i := 0; i < 3; i++ {
-			ctx, cancel := e.op()
-			entry, err := claims.Get(ctx, store.ClaimKey("append", "kill-exec", 0, fmt.Sprintf("c%d", i)))
-			cancel()
-			if err != nil {
-				return fmt.Errorf("call c%d not claimed yet: %w", i, err)
-			}
-			if !strings.Contains(string(entry.Value()), `"exec-a"`) {
-				return fmt.Errorf("call c%d claimed by %s", i, entry.Value())
-			}
 		}
 		return nil
 	})
@@ -85,12 +67,7 @@ func TestFaultExecutorKill(t *testing.T) {
 			}
 		}
 	}
-	checkSideEffects(t, file, runs, 1, 3)
-	for key, lines := range scanLines(t, file) {
-		if f := strings.Fields(lines[0]); len(f) < 3 || f[1] != "exec-b" || f[2] != "2" {
-			t.Errorf("side effect of %s: %q, want exec-b at attempt 2", key, lines)
-		}
-	}
+	checkTakenOver(t, file, runs, 1, 3, "exec-b")
 	if !strings.Contains(a.logText(), "executor serving") {
 		t.Errorf("exec-a log does not show it served:\n%s", a.logTail(10))
 	}

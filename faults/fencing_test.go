@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/toolbus/toolbus/events"
-	"github.com/toolbus/toolbus/events/store"
 )
 
 // The fencing tests cut a live executor off mid-call, by a TCP proxy between it and the
@@ -37,27 +36,7 @@ func fenceCase(t *testing.T, e *env, run string, viaProxy bool) (a *proc, proxy 
 	a = e.faultbusRole("executor", "exec-a", extra...)
 	e.waitReady([]string{"append"}, "planner", "injector", "executor")
 	e.submit([]string{run})
-	claims, err := e.bus.JS.KeyValue(e.ctx, store.BucketClaims)
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.eventually("both calls claimed by exec-a", 30*time.Second, func() error {
-		if n := e.count(events.FilterToolFinished); n > 0 {
-			t.Fatalf("%d results before the fault", n)
-		}
-		for i := 0; i < 2; i++ {
-			ctx, cancel := e.op()
-			entry, err := claims.Get(ctx, store.ClaimKey("append", run, 0, fmt.Sprintf("c%d", i)))
-			cancel()
-			if err != nil {
-				return fmt.Errorf("call c%d not claimed yet: %w", i, err)
-			}
-			if !strings.Contains(string(entry.Value()), `"exec-a"`) {
-				return fmt.Errorf("call c%d claimed by %s", i, entry.Value())
-			}
-		}
-		return nil
-	})
+	e.waitClaimed(run, "exec-a", 2, e.noResults)
 	e.faultbusRole("executor", "exec-b", "TOOLBUS_ACK_WAIT=2s", "TOOLBUS_CONCURRENCY=8", "TOOLBUS_FAULT_APPEND_FILE="+file)
 	return a, proxy, file
 }
@@ -68,12 +47,7 @@ func checkFenced(t *testing.T, e *env, run, file string) {
 	e.waitCompleted([]string{run}, 90*time.Second)
 	tl := e.tally()
 	e.checkRuns(tl, []string{run}, 1, 2)
-	checkSideEffects(t, file, []string{run}, 1, 2)
-	for key, lines := range scanLines(t, file) {
-		if f := strings.Fields(lines[0]); len(f) < 3 || f[1] != "exec-b" || f[2] != "2" {
-			t.Errorf("side effect of %s: %q, want exec-b at attempt 2", key, lines)
-		}
-	}
+	checkTakenOver(t, file, []string{run}, 1, 2, "exec-b")
 }
 
 // TestFaultPartitionExecutor cuts exec-a from the server for 6 s (the instance TTL is
@@ -143,24 +117,7 @@ func TestFaultRestartSameName(t *testing.T) {
 	a := e.faultbusRole("executor", "exec-x", "TOOLBUS_ACK_WAIT=2s", "TOOLBUS_FAULT_APPEND_FILE="+file)
 	e.waitReady([]string{"append"}, "planner", "injector", "executor")
 	e.submit([]string{run})
-	claims, err := e.bus.JS.KeyValue(e.ctx, store.BucketClaims)
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.eventually("both calls claimed by exec-x", 30*time.Second, func() error {
-		for i := 0; i < 2; i++ {
-			ctx, cancel := e.op()
-			entry, err := claims.Get(ctx, store.ClaimKey("append", run, 0, fmt.Sprintf("c%d", i)))
-			cancel()
-			if err != nil {
-				return fmt.Errorf("call c%d not claimed yet: %w", i, err)
-			}
-			if !strings.Contains(string(entry.Value()), `"exec-x"`) {
-				return fmt.Errorf("call c%d claimed by %s", i, entry.Value())
-			}
-		}
-		return nil
-	})
+	e.waitClaimed(run, "exec-x", 2, nil)
 	a.kill()
 	killed := time.Now()
 	e.worker(e.faultbus, "executor", "exec-x", "TOOLBUS_ACK_WAIT=2s", "TOOLBUS_EXECUTOR_TOOLS=noop")
@@ -171,12 +128,7 @@ func TestFaultRestartSameName(t *testing.T) {
 	t.Logf("completed %v after the kill", time.Since(killed).Round(time.Millisecond))
 	tl := e.tally()
 	e.checkRuns(tl, []string{run}, 1, 2)
-	checkSideEffects(t, file, []string{run}, 1, 2)
-	for key, lines := range scanLines(t, file) {
-		if f := strings.Fields(lines[0]); len(f) < 3 || f[1] != "exec-b" || f[2] != "2" {
-			t.Errorf("side effect of %s: %q, want exec-b at attempt 2", key, lines)
-		}
-	}
+	checkTakenOver(t, file, []string{run}, 1, 2, "exec-b")
 }
 
 // TestFaultPauseAndPartitionRoles pauses (SIGSTOP, 6 s) or cuts from the server (a TCP

@@ -940,3 +940,55 @@ func checkSideEffects(t testing.TB, path string, runs []string, steps, calls int
 	}
 	return len(lines)
 }
+
+// waitClaimed waits until instance holds the claim of each of the run's step-0 calls c0
+// .. c<calls-1> (delivered, claimed, not finished). check, when given, runs first on
+// each poll (a condition the wait also needs, or a t.Fatal on what must not happen).
+func (e *env) waitClaimed(run, instance string, calls int, check func() error) {
+	e.t.Helper()
+	claims, err := e.bus.JS.KeyValue(e.ctx, store.BucketClaims)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.eventually(fmt.Sprintf("%d calls claimed by %s", calls, instance), 30*time.Second, func() error {
+		if check != nil {
+			if err := check(); err != nil {
+				return err
+			}
+		}
+		for i := range calls {
+			ctx, cancel := e.op()
+			entry, err := claims.Get(ctx, store.ClaimKey("append", run, 0, fmt.Sprintf("c%d", i)))
+			cancel()
+			if err != nil {
+				return fmt.Errorf("call c%d not claimed yet: %w", i, err)
+			}
+			if !strings.Contains(string(entry.Value()), `"`+instance+`"`) {
+				return fmt.Errorf("call c%d claimed by %s", i, entry.Value())
+			}
+		}
+		return nil
+	})
+}
+
+// noResults is a waitClaimed check: a result before the fault fails the test (the
+// calls finished too early for the fault to hit them).
+func (e *env) noResults() error {
+	if n := e.count(events.FilterToolFinished); n > 0 {
+		e.t.Fatalf("%d results before the fault", n)
+	}
+	return nil
+}
+
+// checkTakenOver asserts that the append tool ran exactly once for every call of the
+// runs (checkSideEffects), each time on instance at attempt 2: the executor that took
+// the calls over from one that was killed, paused or cut off.
+func checkTakenOver(t testing.TB, path string, runs []string, steps, calls int, instance string) {
+	t.Helper()
+	checkSideEffects(t, path, runs, steps, calls)
+	for key, lines := range scanLines(t, path) {
+		if f := strings.Fields(lines[0]); len(f) < 3 || f[1] != instance || f[2] != "2" {
+			t.Errorf("side effect of %s: %q, want %s at attempt 2", key, lines, instance)
+		}
+	}
+}

@@ -212,7 +212,7 @@ func (in *Injector) handle(ctx context.Context, msg jetstream.Msg) error {
 	if merr != nil || md.NumDelivered < uint64(in.cfg.MaxDeliver) {
 		return err
 	}
-	in.log.Error("event failed on its last delivery: the run ends", "subject", msg.Subject(), "error", err)
+	// Not logged here: the consume loop logs the poison error returned below, once.
 	if run, ok := events.RunIDFromSubject(msg.Subject()); ok && toolbus.ValidRunID(run) {
 		step, serr := in.bus.CurrentStep(ctx, run)
 		if serr != nil {
@@ -224,7 +224,7 @@ func (in *Injector) handle(ctx context.Context, msg jetstream.Msg) error {
 			in.log.Error("could not end the run after the last delivery (its deadline timer will)", "run_id", run, "error", eerr)
 		}
 	}
-	return fmt.Errorf("%w: gave up after %d deliveries: %w", events.ErrPoison, md.NumDelivered, err)
+	return fmt.Errorf("%w: gave up after %d deliveries, the run ends: %w", events.ErrPoison, md.NumDelivered, err)
 }
 
 func truncate(s string, n int) string {

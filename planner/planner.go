@@ -281,13 +281,7 @@ func (p *Planner) Step(ctx context.Context, run string, step int, traceparent st
 		return err
 	}
 	if st.Status.Terminal() {
-		p.forget(run)
-		// If the run's end was recorded but its outcome lost in a crash, publish it now
-		// (best effort: the injectors and the deadline timer also do).
-		if err := p.bus.PublishOutcome(ctx, p.source, st); err != nil {
-			p.log.Warn("could not republish the outcome of an ended run", "run_id", run, "status", st.Status, "error", err)
-		}
-		return fmt.Errorf("%w: step %d of run %s, which ended %s", events.ErrPoison, step, run, st.Status)
+		return p.stepOfEndedRun(ctx, run, step, st)
 	}
 	if viewErr != nil {
 		return viewErr
@@ -297,16 +291,7 @@ func (p *Planner) Step(ctx context.Context, run string, step int, traceparent st
 			Code: toolbus.LimitDeadline, Reason: "run deadline passed before step " + strconv.Itoa(step), StepsUsed: step})
 	}
 
-	// The step's span: one per step of the run's trace (GenAI conventions, "chat
-	// <model>"); the tool.requested events carry it to the executors' spans.
-	ctx, span := p.cfg.Tracer.Start(trace.ContextWithRemoteSpanContext(ctx, events.RunTraceContext(run, traceparent)),
-		"chat "+rs.Model, trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(
-			attribute.String("gen_ai.operation.name", "chat"),
-			attribute.String("gen_ai.request.model", rs.Model),
-			attribute.String("gen_ai.conversation.id", run),
-			attribute.String("toolbus.run_id", run),
-			attribute.Int("toolbus.step", step),
-		))
+	ctx, span := p.stepSpan(ctx, rs, step, traceparent)
 	defer span.End()
 	var (
 		mr  toolbus.ModelResponded
@@ -358,6 +343,37 @@ func (p *Planner) Step(ctx context.Context, run string, step int, traceparent st
 		attribute.Bool("toolbus.model_reused", got),
 	)
 
+	return p.publishResponse(ctx, rs, step, mr, traceparent)
+}
+
+// stepOfEndedRun refuses a step of a run that ended (a poison error). If the run's end
+// was recorded but its outcome lost in a crash, it publishes the outcome now (best
+// effort: the injectors and the deadline timer also do).
+func (p *Planner) stepOfEndedRun(ctx context.Context, run string, step int, st store.RunState) error {
+	p.forget(run)
+	if err := p.bus.PublishOutcome(ctx, p.source, st); err != nil {
+		p.log.Warn("could not republish the outcome of an ended run", "run_id", run, "status", st.Status, "error", err)
+	}
+	return fmt.Errorf("%w: step %d of run %s, which ended %s", events.ErrPoison, step, run, st.Status)
+}
+
+// stepSpan starts the step's span: one per step of the run's trace (GenAI conventions,
+// "chat <model>"); the tool.requested events carry it to the executors' spans.
+func (p *Planner) stepSpan(ctx context.Context, rs *toolbus.RunStarted, step int, traceparent string) (context.Context, trace.Span) {
+	return p.cfg.Tracer.Start(trace.ContextWithRemoteSpanContext(ctx, events.RunTraceContext(rs.RunID, traceparent)),
+		"chat "+rs.Model, trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(
+			attribute.String("gen_ai.operation.name", "chat"),
+			attribute.String("gen_ai.request.model", rs.Model),
+			attribute.String("gen_ai.conversation.id", rs.RunID),
+			attribute.String("toolbus.run_id", rs.RunID),
+			attribute.Int("toolbus.step", step),
+		))
+}
+
+// publishResponse publishes the step's model.responded, then ends the run (token budget
+// exceeded, or an answer with no tool calls) or requests its tool calls.
+func (p *Planner) publishResponse(ctx context.Context, rs *toolbus.RunStarted, step int, mr toolbus.ModelResponded, traceparent string) error {
+	run := rs.RunID
 	responded, err := p.bus.PublishEventAsync(ctx, events.ModelRespondedEvent(p.source, mr).Traced(traceparent))
 	if err != nil {
 		return err

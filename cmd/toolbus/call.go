@@ -42,47 +42,9 @@ const callHelp = `usage: toolbus call <tool> ['<json arguments>' | -] [flags]
 
 // cmdCall runs one tool call as a pre-planned run and prints its result.
 func cmdCall(ctx context.Context, cfg Config, log *slog.Logger, args []string, stdin io.Reader, out, errOut io.Writer) error {
-	fs := newFlagSet("call", "call <tool> ['<json>' | -] [flags]", errOut)
-	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), callHelp)
-		fs.PrintDefaults()
-	}
-	asJSON := fs.Bool("json", false, "print the run id and the whole tool result as JSON")
-	principal := fs.String("principal", "cli", "principal the run acts for")
-	runID := fs.String("id", "", "run id (default: call-<random>)")
-	timeout := fs.Duration("timeout", 0, "run deadline from now (default: the tool's timeout plus 15s; approval: TOOLBUS_RUN_TIMEOUT)")
-	pos, err := parseInterleaved(fs, args)
+	req, err := parseCall(args, stdin, errOut)
 	if err != nil {
-		return flagError(err)
-	}
-	if len(pos) < 1 || len(pos) > 2 {
-		return usageError(fs, `call: give the tool and its JSON arguments, e.g. toolbus call calculator '{"expression":"6*7"}'`)
-	}
-	tool, argText := pos[0], "{}"
-	if len(pos) == 2 {
-		argText = pos[1]
-	}
-	if argText == "-" {
-		b, err := io.ReadAll(stdin)
-		if err != nil {
-			return fmt.Errorf("call: read arguments: %w", err)
-		}
-		argText = string(b)
-	}
-	if argText = strings.TrimSpace(argText); argText == "" {
-		argText = "{}"
-	}
-	if !json.Valid([]byte(argText)) {
-		return &exitError{code: callExitUsage, msg: fmt.Sprintf("call: the arguments are not JSON: %s", oneLine(argText, 80))}
-	}
-	if !toolbus.ValidToolName(tool) {
-		return &exitError{code: callExitUsage, msg: fmt.Sprintf("call: invalid tool name %q", tool)}
-	}
-	if *runID == "" {
-		*runID = "call-" + strings.TrimPrefix(newRunID(), "run-")
-	}
-	if !toolbus.ValidRunID(*runID) {
-		return &exitError{code: callExitUsage, msg: fmt.Sprintf("call: invalid run id %q: use 1-128 of [A-Za-z0-9_-]", *runID)}
+		return err
 	}
 	if cfg.URL == "" {
 		// The in-process planner only records the pre-planned step: it never calls a
@@ -105,11 +67,11 @@ func cmdCall(ctx context.Context, cfg Config, log *slog.Logger, args []string, s
 	if err != nil {
 		return fmt.Errorf("call: catalog: %w", err)
 	}
-	tc, ok := cat.Lookup(tool)
+	tc, ok := cat.Lookup(req.tool)
 	if !ok {
-		return &exitError{code: callExitUsage, msg: "call: " + unknownToolMessage(tool, cat)}
+		return &exitError{code: callExitUsage, msg: "call: " + unknownToolMessage(req.tool, cat)}
 	}
-	rs := callRun(*runID, *principal, tc, argText, time.Now(), *timeout, cfg.RunTimeout)
+	rs := callRun(req.runID, req.principal, tc, req.args, time.Now(), req.timeout, cfg.RunTimeout)
 	watch, err := c.bus.Watch(ctx, events.SubjectRun(rs.RunID), true)
 	if err != nil {
 		return fmt.Errorf("call: %w", err)
@@ -130,23 +92,85 @@ func cmdCall(ctx context.Context, cfg Config, log *slog.Logger, args []string, s
 		}
 		return fmt.Errorf("call: %w", err)
 	}
+	return req.report(out, rs.RunID, res, ended, waiting)
+}
+
+// callRequest is what toolbus call was asked: the tool, its arguments (JSON text) and
+// the run's settings.
+type callRequest struct {
+	tool, args       string
+	runID, principal string
+	timeout          time.Duration
+	asJSON           bool
+}
+
+// parseCall reads the flags, the tool and its arguments (from stdin for "-").
+func parseCall(args []string, stdin io.Reader, errOut io.Writer) (callRequest, error) {
+	fs := newFlagSet("call", "call <tool> ['<json>' | -] [flags]", errOut)
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), callHelp)
+		fs.PrintDefaults()
+	}
+	var req callRequest
+	fs.BoolVar(&req.asJSON, "json", false, "print the run id and the whole tool result as JSON")
+	fs.StringVar(&req.principal, "principal", "cli", "principal the run acts for")
+	fs.StringVar(&req.runID, "id", "", "run id (default: call-<random>)")
+	fs.DurationVar(&req.timeout, "timeout", 0, "run deadline from now (default: the tool's timeout plus 15s; approval: TOOLBUS_RUN_TIMEOUT)")
+	pos, err := parseInterleaved(fs, args)
+	if err != nil {
+		return req, flagError(err)
+	}
+	if len(pos) < 1 || len(pos) > 2 {
+		return req, usageError(fs, `call: give the tool and its JSON arguments, e.g. toolbus call calculator '{"expression":"6*7"}'`)
+	}
+	req.tool, req.args = pos[0], "{}"
+	if len(pos) == 2 {
+		req.args = pos[1]
+	}
+	if req.args == "-" {
+		b, err := io.ReadAll(stdin)
+		if err != nil {
+			return req, fmt.Errorf("call: read arguments: %w", err)
+		}
+		req.args = string(b)
+	}
+	if req.args = strings.TrimSpace(req.args); req.args == "" {
+		req.args = "{}"
+	}
+	if !json.Valid([]byte(req.args)) {
+		return req, &exitError{code: callExitUsage, msg: fmt.Sprintf("call: the arguments are not JSON: %s", oneLine(req.args, 80))}
+	}
+	if !toolbus.ValidToolName(req.tool) {
+		return req, &exitError{code: callExitUsage, msg: fmt.Sprintf("call: invalid tool name %q", req.tool)}
+	}
+	if req.runID == "" {
+		req.runID = "call-" + strings.TrimPrefix(newRunID(), "run-")
+	}
+	if !toolbus.ValidRunID(req.runID) {
+		return req, &exitError{code: callExitUsage, msg: fmt.Sprintf("call: invalid run id %q: use 1-128 of [A-Za-z0-9_-]", req.runID)}
+	}
+	return req, nil
+}
+
+// report prints the call's result (or what it waits for) and returns its exit code.
+func (req callRequest) report(out io.Writer, run string, res *toolbus.ToolResult, ended toolbus.RunEnded, waiting bool) error {
 	switch {
 	case waiting:
 		fmt.Fprintf(out, "%s needs approval: toolbus approve %s %s (or toolbus deny %s %s --reason ...); toolbus replay %s shows the result\n",
-			tool, rs.RunID, preplannedCallID, rs.RunID, preplannedCallID, rs.RunID)
+			req.tool, run, preplannedCallID, run, preplannedCallID, run)
 		return &exitError{code: callExitApproval}
 	case res == nil:
-		msg := fmt.Sprintf("run %s ended %s before the call answered", rs.RunID, ended.Status)
+		msg := fmt.Sprintf("run %s ended %s before the call answered", run, ended.Status)
 		if ended.Code != "" || ended.Reason != "" {
 			msg += ": " + strings.TrimSpace(ended.Code+" "+ended.Reason)
 		}
 		return &exitError{code: callExitFailed, msg: msg}
 	}
-	if *asJSON {
+	if req.asJSON {
 		if err := writeJSON(out, struct {
 			RunID  string             `json:"run_id"`
 			Result toolbus.ToolResult `json:"result"`
-		}{rs.RunID, *res}); err != nil {
+		}{run, *res}); err != nil {
 			return err
 		}
 	} else if res.Status == toolbus.StatusSucceeded {
@@ -156,11 +180,11 @@ func cmdCall(ctx context.Context, cfg Config, log *slog.Logger, args []string, s
 	if code == callExitSucceeded {
 		return nil
 	}
-	msg := fmt.Sprintf("%s %s", tool, res.Status)
+	msg := fmt.Sprintf("%s %s", req.tool, res.Status)
 	if res.Error != nil {
 		msg += fmt.Sprintf(" (%s): %s", res.Error.Code, oneLine(res.Error.Message, 200))
 	}
-	return &exitError{code: code, msg: msg + "; toolbus replay " + rs.RunID + " shows the run"}
+	return &exitError{code: code, msg: msg + "; toolbus replay " + run + " shows the run"}
 }
 
 // preplannedCallID is the call id of the one call of a `toolbus call` run.

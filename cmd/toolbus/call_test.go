@@ -18,6 +18,7 @@ import (
 	"github.com/toolbus/toolbus/events/eventstest"
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/executor/worker"
+	"github.com/toolbus/toolbus/internal/testutil"
 )
 
 // callJSON is the output of toolbus call --json.
@@ -138,7 +139,7 @@ func TestScriptFileDrivesACustomTool(t *testing.T) {
 	wctx, stop := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	t.Cleanup(func() { stop(); wg.Wait() })
-	w, err := worker.New(bus, executor.New(reg), worker.Config{WorkerConfig: events.WorkerConfig{Instance: "greeter", Logger: log}})
+	w, err := worker.New(bus, testutil.Must(executor.New(reg)), worker.Config{WorkerConfig: events.WorkerConfig{Instance: "greeter", Logger: log}})
 	if err != nil {
 		t.Fatal(err)
 	}

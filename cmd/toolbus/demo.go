@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"strconv"
@@ -91,18 +90,4 @@ func lastTool(msgs []toolbus.Message, callID string) *toolbus.Message {
 		}
 	}
 	return nil
-}
-
-// NoopScript asks for k noop calls at each of the first steps-1 steps, then answers.
-func NoopScript(k, steps int) planner.Model {
-	return planner.ModelFunc(func(_ context.Context, req planner.Request) (planner.Response, error) {
-		if req.Step >= steps-1 {
-			return planner.Response{Message: toolbus.Message{Role: toolbus.RoleAssistant, Content: "done"}}, nil
-		}
-		calls := make([]toolbus.ToolCall, k)
-		for i := range calls {
-			calls[i] = toolbus.ToolCall{CallID: "c" + strconv.Itoa(i), Tool: "noop", Arguments: `{}`}
-		}
-		return planner.Response{Message: toolbus.Message{Role: toolbus.RoleAssistant, ToolCalls: calls}}, nil
-	})
 }

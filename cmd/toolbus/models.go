@@ -6,6 +6,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/toolbus/toolbus/internal/bench"
 	"github.com/toolbus/toolbus/planner"
 )
 
@@ -48,7 +49,7 @@ func baseModel(cfg Config) (planner.Model, error) {
 		case "approval":
 			return ApprovalScript(), nil
 		case "noop":
-			return NoopScript(4, 3), nil
+			return bench.NoopScript(4, 3), nil
 		}
 		if _, err := os.Stat(arg); err != nil {
 			return nil, fmt.Errorf("unknown script %q: not a built-in script (incident, approval, noop) nor a readable script file: %w", arg, err)

@@ -5,8 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
-	"log/slog"
 	"strings"
 	"sync"
 	"testing"
@@ -17,9 +15,7 @@ import (
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
 	"github.com/toolbus/toolbus/executor"
-	"github.com/toolbus/toolbus/executor/packs"
-	"github.com/toolbus/toolbus/executor/worker"
-	"github.com/toolbus/toolbus/injector"
+	"github.com/toolbus/toolbus/internal/testpipe"
 	"github.com/toolbus/toolbus/internal/testutil"
 	"github.com/toolbus/toolbus/planner"
 )
@@ -27,6 +23,7 @@ import (
 // opsPipeline is a whole pipeline on an embedded server, driven through run() as the
 // toolbus binary is, with TOOLBUS_NATS_URL pointing at the server.
 type opsPipeline struct {
+	*testpipe.Pipeline
 	t   *testing.T
 	ctx context.Context
 	srv *eventstest.Bus
@@ -42,69 +39,14 @@ var opsPipelineDeadline = 3 * time.Minute
 
 func startOpsPipeline(t *testing.T, scripts map[string]*planner.Script, extra ...executor.Tool) *opsPipeline {
 	t.Helper()
-	srv := eventstest.RunJetStream(t)
-	ctx := eventstest.Context(t, opsPipelineDeadline)
-	bus, _, err := events.Setup(ctx, srv.Conn, events.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &opsPipeline{t: t, ctx: ctx, srv: srv, bus: bus, reqs: map[string][]planner.Request{}}
-	reg := executor.NewRegistry()
-	if err := packs.Register(reg, "demo", "diag"); err != nil {
-		t.Fatal(err)
-	}
-	for _, tool := range extra {
-		if err := reg.Register(tool); err != nil {
-			t.Fatal(err)
-		}
-	}
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	wctx, stop := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	t.Cleanup(func() { stop(); wg.Wait() })
-	serve := func(w interface{ Run(context.Context) error }, err error) {
-		t.Helper()
-		if err != nil {
-			t.Fatal(err)
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if err := w.Run(wctx); err != nil && wctx.Err() == nil {
-				t.Errorf("worker: %v", err)
-			}
-		}()
-	}
-	exec := executor.New(reg, executor.WithLogger(log), executor.WithInstance("exec-1"))
-	serve(worker.New(bus, exec, worker.Config{WorkerConfig: events.WorkerConfig{Instance: "exec-1", Logger: log, Grace: time.Second}}))
-	eventstest.Eventually(t, 10*time.Second, func() error {
-		cat, err := bus.WatchCatalog(ctx, nil)
-		if err != nil {
-			return err
-		}
-		if _, ok := cat.Lookup("noop"); !ok {
-			return fmt.Errorf("catalog not published yet")
-		}
-		return nil
-	})
-	cat, err := bus.WatchCatalog(ctx, log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	model := planner.ModelFunc(func(ctx context.Context, req planner.Request) (planner.Response, error) {
+	p := &opsPipeline{t: t, reqs: map[string][]planner.Request{}}
+	tp := testpipe.Start(t, opsPipelineDeadline, testpipe.ScriptByRun(scripts, func(req planner.Request) {
 		p.mu.Lock()
 		p.reqs[req.RunID] = append(p.reqs[req.RunID], req)
 		p.mu.Unlock()
-		s, ok := scripts[req.RunID]
-		if !ok {
-			return planner.Response{}, planner.Permanent(fmt.Errorf("no script for %s", req.RunID))
-		}
-		return s.Complete(ctx, req)
-	})
-	serve(planner.New(bus, model, cat, planner.Config{WorkerConfig: events.WorkerConfig{Instance: "planner-1", Logger: log, Grace: time.Second}}))
-	serve(injector.New(bus, injector.Config{WorkerConfig: events.WorkerConfig{Instance: "injector-1", Logger: log, Grace: time.Second}}))
-
-	t.Setenv("TOOLBUS_NATS_URL", srv.URL)
+	}), extra...)
+	p.Pipeline, p.ctx, p.srv, p.bus = tp, tp.Ctx, tp.Srv, tp.Bus
+	t.Setenv("TOOLBUS_NATS_URL", tp.Srv.URL)
 	t.Setenv("TOOLBUS_LOG_LEVEL", "warn")
 	t.Setenv("USER", "carol")
 	return p
@@ -123,44 +65,16 @@ func (p *opsPipeline) toolbusCtx(ctx context.Context, args ...string) (code int,
 
 func (p *opsPipeline) submit(run string, limits toolbus.Limits) {
 	p.t.Helper()
-	if err := p.bus.StartRun(p.ctx, "/test", toolbus.RunStarted{
-		RunID: run, Model: "script", Principal: toolbus.Principal{ID: "tester"}, Limits: limits,
-		Messages: []toolbus.Message{{Role: toolbus.RoleSystem, Content: "sys"}, {Role: toolbus.RoleUser, Content: "question for " + run}},
-	}); err != nil {
-		p.t.Fatal(err)
-	}
+	p.SubmitAs(run, "tester", "question for "+run, limits)
 }
 
 func (p *opsPipeline) waitStatus(run string, want toolbus.RunStatus) {
 	p.t.Helper()
-	eventstest.Eventually(p.t, 30*time.Second, func() error {
-		st, _, err := p.bus.RunState(p.ctx, run)
-		if err != nil {
-			return err
-		}
-		if st.Status != want {
-			return fmt.Errorf("run %s is %s, want %s", run, st.Status, want)
-		}
-		return nil
-	})
+	p.WaitStatus(run, want)
 }
 
 // waitEvent waits until the run has an event of type typ.
-func (p *opsPipeline) waitEvent(run, typ string) {
-	p.t.Helper()
-	eventstest.Eventually(p.t, 30*time.Second, func() error {
-		evs, err := p.bus.RunEvents(p.ctx, run)
-		if err != nil {
-			return err
-		}
-		for _, e := range evs {
-			if e.Meta.Type == typ {
-				return nil
-			}
-		}
-		return fmt.Errorf("run %s has no %s yet", run, typ)
-	})
-}
+func (p *opsPipeline) waitEvent(run, typ string) { p.t.Helper(); p.WaitEvent(run, typ) }
 
 // waitFollowing waits until tail says on stderr that it follows (line): events stored
 // after that are all shown.

@@ -106,9 +106,12 @@ func runExecutor(ctx context.Context, cfg Config, bus *events.Bus, log *slog.Log
 	if err != nil {
 		return err
 	}
-	exec := executor.New(reg, executor.WithLogger(log), executor.WithInstance(cfg.Instance),
+	exec, err := executor.New(reg, executor.WithLogger(log), executor.WithInstance(cfg.Instance),
 		executor.WithDefaultTimeout(cfg.CallTimeout), executor.WithDefaultMaxOutputBytes(cfg.MaxOutput),
 		executor.WithSecrets(cfg.secretValues()...))
+	if err != nil {
+		return err
+	}
 	w, err := worker.New(bus, exec, worker.Config{
 		WorkerConfig: cfg.worker(log), Tools: cfg.ExecutorTools, Team: cfg.Team, ReplaceContracts: cfg.ReplaceContracts,
 		Metrics: executorMetrics(tel), Observer: serveObserver(tel, "executor"),

@@ -23,47 +23,13 @@ import (
 // cmdRun submits a run and prints its events live until it ends. With no
 // TOOLBUS_NATS_URL it runs the whole pipeline in this process on an embedded server.
 func cmdRun(ctx context.Context, cfg Config, log *slog.Logger, args []string, out, errOut io.Writer) error {
-	fs := newFlagSet("run", `run [flags] "question"   (flags may come before or after the question; -- ends them)`, errOut)
-	runID := fs.String("id", "", "run id (default: random)")
-	system := fs.String("system", "You are an on-call assistant. Use the tools to check facts before answering.", "system message")
-	tools := fs.String("tools", "", "comma-separated allowed tools (default: all)")
-	maxSteps := fs.Int("max-steps", cmp.Or(cfg.MaxSteps, injector.DefaultMaxSteps), "step limit")
-	timeout := fs.Duration("timeout", cfg.RunTimeout, "run deadline from now")
-	budget := fs.Int64("token-budget", cfg.TokenBudget, "token budget (0: none)")
-	principal := fs.String("principal", "cli", "principal the run acts for")
-	model := fs.String("model", "", "model of this run, e.g. script:./greet.json or openai:gpt-4.1 (default: the planner's TOOLBUS_MODEL); a planner that cannot serve it fails the run saying why")
-	// Flags may follow the question (toolbus run "q" --max-steps 1): they are flags, not
-	// words of the question; a question that starts with "-" comes after "--".
-	pos, err := parseInterleaved(fs, args)
+	rs, err := parseRun(cfg, args, errOut)
 	if err != nil {
-		return flagError(err)
+		return err
 	}
-	question := strings.Join(pos, " ")
-	if strings.TrimSpace(question) == "" {
-		return &exitError{code: 2, msg: `run: give the question, e.g. toolbus run "What is going on with INC-404?"`}
+	if rs.Model != "" && cfg.URL == "" {
+		cfg.Model = rs.Model // the in-process planner's own model is the run's
 	}
-	if *runID == "" {
-		*runID = newRunID()
-	}
-	if !toolbus.ValidRunID(*runID) {
-		return &exitError{code: 2, msg: fmt.Sprintf("run: invalid run id %q: use 1-128 of [A-Za-z0-9_-]", *runID)}
-	}
-	if *model != "" && cfg.URL == "" {
-		cfg.Model = *model // the in-process planner's own model is the run's
-	}
-	// The run names a model only when asked to: a planner serves the others with its own
-	// (TOOLBUS_MODEL of the planner, not of this client).
-	rs := toolbus.RunStarted{
-		RunID: *runID, Model: *model, Principal: toolbus.Principal{ID: *principal},
-		Messages: []toolbus.Message{{Role: toolbus.RoleSystem, Content: *system}, {Role: toolbus.RoleUser, Content: question}},
-		Limits:   toolbus.Limits{MaxSteps: *maxSteps, Deadline: time.Now().Add(*timeout).UTC(), TokenBudget: *budget},
-	}
-	if *tools != "" {
-		for _, t := range strings.Split(*tools, ",") {
-			rs.AllowedTools = append(rs.AllowedTools, strings.TrimSpace(t))
-		}
-	}
-
 	if cfg.URL == "" {
 		// The in-process planner needs its model: say what is missing (an API key...)
 		// before anything starts, not that no executor published its tools.
@@ -84,36 +50,97 @@ func cmdRun(ctx context.Context, cfg Config, log *slog.Logger, args []string, ou
 			stopWorkers()
 			return err
 		}
+	} else {
+		workersDone = nil // no in-process workers: nothing to wait for
 	}
-	workersStopped := false
+	f := &runFollower{c: c, run: rs.RunID, out: out, workersDone: workersDone}
 	defer func() {
 		stopWorkers()
-		if c.srv != nil && !workersStopped {
-			<-workersDone
+		if f.workersDone != nil {
+			<-f.workersDone
 		}
 	}()
 
 	if err := checkAllowedTools(wctx, c.bus, rs.AllowedTools); err != nil {
 		return err
 	}
-	watch, err := c.bus.Watch(ctx, events.SubjectRun(*runID), true)
+	watch, err := c.bus.Watch(ctx, events.SubjectRun(rs.RunID), true)
 	if err != nil {
 		return fmt.Errorf("run: %w", err)
 	}
 	if err := c.bus.StartRun(ctx, events.Source("cli", cfg.Instance), rs); err != nil {
 		if errors.Is(err, events.ErrRunExists) {
 			// A run id names one run forever: it is never replayed nor restarted.
-			return &exitError{code: 2, msg: fmt.Sprintf("run: run id %q already exists; choose another id (toolbus replay %s shows that run)", *runID, *runID)}
+			return &exitError{code: 2, msg: fmt.Sprintf("run: run id %q already exists; choose another id (toolbus replay %s shows that run)", rs.RunID, rs.RunID)}
 		}
 		return err
 	}
-	p := newPrinter(out)
+	return f.follow(ctx, watch)
+}
+
+// parseRun reads the flags and the question of toolbus run into the run to start.
+func parseRun(cfg Config, args []string, errOut io.Writer) (toolbus.RunStarted, error) {
+	fs := newFlagSet("run", `run [flags] "question"   (flags may come before or after the question; -- ends them)`, errOut)
+	runID := fs.String("id", "", "run id (default: random)")
+	system := fs.String("system", "You are an on-call assistant. Use the tools to check facts before answering.", "system message")
+	tools := fs.String("tools", "", "comma-separated allowed tools (default: all)")
+	maxSteps := fs.Int("max-steps", cmp.Or(cfg.MaxSteps, injector.DefaultMaxSteps), "step limit")
+	timeout := fs.Duration("timeout", cfg.RunTimeout, "run deadline from now")
+	budget := fs.Int64("token-budget", cfg.TokenBudget, "token budget (0: none)")
+	principal := fs.String("principal", "cli", "principal the run acts for")
+	model := fs.String("model", "", "model of this run, e.g. script:./greet.json or openai:gpt-4.1 (default: the planner's TOOLBUS_MODEL); a planner that cannot serve it fails the run saying why")
+	// Flags may follow the question (toolbus run "q" --max-steps 1): they are flags, not
+	// words of the question; a question that starts with "-" comes after "--".
+	pos, err := parseInterleaved(fs, args)
+	if err != nil {
+		return toolbus.RunStarted{}, flagError(err)
+	}
+	question := strings.Join(pos, " ")
+	if strings.TrimSpace(question) == "" {
+		return toolbus.RunStarted{}, &exitError{code: 2, msg: `run: give the question, e.g. toolbus run "What is going on with INC-404?"`}
+	}
+	if *runID == "" {
+		*runID = newRunID()
+	}
+	if !toolbus.ValidRunID(*runID) {
+		return toolbus.RunStarted{}, &exitError{code: 2, msg: fmt.Sprintf("run: invalid run id %q: use 1-128 of [A-Za-z0-9_-]", *runID)}
+	}
+	// The run names a model only when asked to: a planner serves the others with its own
+	// (TOOLBUS_MODEL of the planner, not of this client).
+	rs := toolbus.RunStarted{
+		RunID: *runID, Model: *model, Principal: toolbus.Principal{ID: *principal},
+		Messages: []toolbus.Message{{Role: toolbus.RoleSystem, Content: *system}, {Role: toolbus.RoleUser, Content: question}},
+		Limits:   toolbus.Limits{MaxSteps: *maxSteps, Deadline: time.Now().Add(*timeout).UTC(), TokenBudget: *budget},
+	}
+	if *tools != "" {
+		for _, t := range strings.Split(*tools, ",") {
+			rs.AllowedTools = append(rs.AllowedTools, strings.TrimSpace(t))
+		}
+	}
+	return rs, nil
+}
+
+// runFollower prints a run's events as they come until it ends, and says what the run
+// waits for when nothing comes.
+type runFollower struct {
+	c   *conn
+	run string
+	out io.Writer
+	// workersDone reports the end of the in-process workers (nil: none, or already
+	// received).
+	workersDone chan error
+}
+
+// follow prints the run's events from watch until its outcome; the exit code says
+// which (0 completed, 3 waiting for approval, 1 otherwise; 130 interrupted).
+func (f *runFollower) follow(ctx context.Context, watch *events.Watcher) error {
+	p := newPrinter(f.out)
 	idleSince, lastHint := time.Now(), ""
 	for {
 		ev, ok, err := watch.Next(ctx, time.Second)
 		if err != nil {
 			if ctx.Err() != nil {
-				return &exitError{code: 130, msg: "interrupted; the run goes on: toolbus cancel " + *runID}
+				return &exitError{code: 130, msg: "interrupted; the run goes on: toolbus cancel " + f.run}
 			}
 			return fmt.Errorf("run: %w", err)
 		}
@@ -121,27 +148,18 @@ func cmdRun(ctx context.Context, cfg Config, log *slog.Logger, args []string, ou
 			if time.Since(idleSince) >= waitHint {
 				// Said once per silence, and again when what it finds changes (a worker
 				// that starts failing on the run's message).
-				if h := waitingHint(ctx, c.bus, p); h != lastHint {
+				if h := waitingHint(ctx, f.c.bus, p); h != lastHint {
 					lastHint = h
-					fmt.Fprintln(out, h)
+					fmt.Fprintln(f.out, h)
 				}
 			}
-			if c.srv != nil {
-				select {
-				case werr := <-workersDone: // the in-process workers stopped: nothing will answer
-					workersStopped = true
-					if werr == nil {
-						werr = errors.New("the workers stopped")
-					}
-					return fmt.Errorf("run: %w; the run goes on when workers serve it: toolbus tail %s", werr, *runID)
-				default:
-				}
+			if err := f.workersStopped(); err != nil {
+				return err
 			}
 			continue
 		}
 		idleSince, lastHint = time.Now(), ""
-		status, done := p.print(ev)
-		if done {
+		if status, done := p.print(ev); done {
 			switch status {
 			case toolbus.RunCompleted:
 				return nil
@@ -151,6 +169,21 @@ func cmdRun(ctx context.Context, cfg Config, log *slog.Logger, args []string, ou
 				return &exitError{code: 1}
 			}
 		}
+	}
+}
+
+// workersStopped returns an error once the in-process workers stopped: nothing will
+// answer the run.
+func (f *runFollower) workersStopped() error {
+	select {
+	case werr := <-f.workersDone: // never ready when nil
+		f.workersDone = nil
+		if werr == nil {
+			werr = errors.New("the workers stopped")
+		}
+		return fmt.Errorf("run: %w; the run goes on when workers serve it: toolbus tail %s", werr, f.run)
+	default:
+		return nil
 	}
 }
 

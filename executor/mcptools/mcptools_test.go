@@ -21,6 +21,7 @@ import (
 	"github.com/toolbus/toolbus/events/eventstest"
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/executor/mcptools"
+	"github.com/toolbus/toolbus/internal/testutil"
 )
 
 // fixture is an in-process go-sdk server reached over an in-memory pipe; every
@@ -139,7 +140,7 @@ func start(t *testing.T, f *fixture, onChange func(context.Context) error) (*exe
 		t.Fatal(err)
 	}
 	t.Cleanup(p.Close)
-	return reg, executor.New(reg, executor.WithLogger(quietLog()))
+	return reg, testutil.Must(executor.New(reg, executor.WithLogger(quietLog())))
 }
 
 func call(ctx context.Context, ex *executor.Executor, tool, args string) toolbus.ToolResult {

@@ -15,7 +15,10 @@ func ExampleRegister() {
 	if err := packs.Register(reg, "demo"); err != nil {
 		panic(err)
 	}
-	ex := executor.New(reg)
+	ex, err := executor.New(reg)
+	if err != nil {
+		panic(err)
+	}
 
 	r := ex.Execute(context.Background(),
 		toolbus.ToolCall{CallID: "c1", Tool: "calculator", Arguments: `{"expression":"2 + 3 * 4"}`},
@@ -27,7 +30,7 @@ func ExampleRegister() {
 		toolbus.Principal{ID: "example"})
 	fmt.Println(r.Status, r.Error.Code)
 
-	err := packs.Register(reg, "nope")
+	err = packs.Register(reg, "nope")
 	fmt.Println(errors.Is(err, packs.ErrUnknownPack))
 	// Output:
 	// succeeded {"value":14}

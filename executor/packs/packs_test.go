@@ -13,6 +13,7 @@ import (
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/executor/packs"
+	"github.com/toolbus/toolbus/internal/testutil"
 )
 
 var principal = toolbus.Principal{ID: "packs-test"}
@@ -23,7 +24,7 @@ func newExecutor(t testing.TB, names ...string) *executor.Executor {
 	if err := packs.Register(reg, names...); err != nil {
 		t.Fatalf("Register(%v): %v", names, err)
 	}
-	return executor.New(reg)
+	return testutil.Must(executor.New(reg))
 }
 
 func call(tool, args string) toolbus.ToolCall {
@@ -156,7 +157,7 @@ func TestRegisterNothing(t *testing.T) {
 	if err := packs.Register(reg, []string{}...); err != nil {
 		t.Fatalf("Register(empty) = %v", err)
 	}
-	r := executor.New(reg).Execute(context.Background(), call("calculator", `{"expression":"1"}`), principal)
+	r := testutil.Must(executor.New(reg)).Execute(context.Background(), call("calculator", `{"expression":"1"}`), principal)
 	check(t, r, toolbus.StatusRejected, toolbus.CodeUnknownTool)
 	// All tools can be added afterwards.
 	if err := packs.Register(reg, packs.Names()...); err != nil {
@@ -462,7 +463,7 @@ func TestRestartService(t *testing.T) {
 	if !ok || !tool.NeedsApproval || tool.ReadOnly {
 		t.Fatalf("restart_service: %+v", tool.Contract())
 	}
-	ex := executor.New(reg)
+	ex := testutil.Must(executor.New(reg))
 	ctx := executor.WithCallInfo(context.Background(), executor.CallInfo{IdempotencyKey: "r/0/c1"})
 	res := ex.Execute(ctx, toolbus.ToolCall{CallID: "c1", Tool: "restart_service", Arguments: `{"service":"auth-api"}`}, toolbus.Principal{})
 	if res.Status != toolbus.StatusSucceeded || !strings.Contains(res.Content, `"idempotency_key":"r/0/c1"`) {

@@ -9,12 +9,13 @@ import (
 	"github.com/toolbus/toolbus/events/eventstest"
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/executor/worker"
+	"github.com/toolbus/toolbus/internal/testutil"
 )
 
 // TestNewRefusesBadConfig: New returns the error of Validate, naming the field, instead
 // of replacing a bad value with its default.
 func TestNewRefusesBadConfig(t *testing.T) {
-	exec := executor.New(executor.NewRegistry())
+	exec := testutil.Must(executor.New(executor.NewRegistry()))
 	bus := eventstest.Setup(t, events.Config{Memory: true})
 	cases := []struct {
 		name string

@@ -448,7 +448,8 @@ func (w *Worker) logged(next handlerFunc) handlerFunc {
 // ends the call).
 func (w *Worker) denied(ctx context.Context, d *delivery, err error) error {
 	req := d.req
-	d.log().Error("call ended: the executor's credentials miss a permission", "error", err)
+	// The error paths are logged once, by the consume loop that terminates the message;
+	// only the call ended with a result is logged here.
 	if !d.decoded || d.meta.Type != events.TypeToolRequested || req.RunID == "" {
 		return fmt.Errorf("%w: %w", events.ErrPoison, err)
 	}
@@ -461,6 +462,7 @@ func (w *Worker) denied(ctx context.Context, d *delivery, err error) error {
 	if perr != nil {
 		return fmt.Errorf("%w: %w (and its result could not be published: %w)", events.ErrPoison, err, w.bus.Denied(start, perr))
 	}
+	d.log().Error("call ended: the executor's credentials miss a permission", "error", err)
 	w.cfg.Metrics.CallFinished(req.Call.Tool, string(res.Status), res.Code(), 0, false)
 	return nil
 }

@@ -144,7 +144,10 @@ func ServeConfig(ctx context.Context, cfg EnvConfig, reg *executor.Registry, opt
 	}
 	opts = append([]executor.Option{executor.WithInstance(cfg.Instance), executor.WithDefaultTimeout(cfg.CallTimeout),
 		executor.WithDefaultMaxOutputBytes(cfg.MaxOutput), executor.WithLogger(log)}, opts...)
-	exec := executor.New(reg, opts...)
+	exec, err := executor.New(reg, opts...)
+	if err != nil {
+		return err
+	}
 	wcfg.WorkerConfig = cfg.WorkerConfig
 	wcfg.Logger = log
 	w, err := New(bus, exec, wcfg)

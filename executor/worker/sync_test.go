@@ -13,6 +13,7 @@ import (
 	"github.com/toolbus/toolbus/events/eventstest"
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/executor/worker"
+	"github.com/toolbus/toolbus/internal/testutil"
 )
 
 func echoTool(name string) executor.Tool {
@@ -32,7 +33,7 @@ func TestSyncDuringCalls(t *testing.T) {
 	if err := reg.Register(echoTool("echo")); err != nil {
 		t.Fatal(err)
 	}
-	w, err := worker.New(bus, executor.New(reg), worker.Config{WorkerConfig: events.WorkerConfig{Instance: "sync", Concurrency: 8}})
+	w, err := worker.New(bus, testutil.Must(executor.New(reg)), worker.Config{WorkerConfig: events.WorkerConfig{Instance: "sync", Concurrency: 8}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/toolbus/toolbus/events/store"
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/executor/worker"
+	"github.com/toolbus/toolbus/internal/testutil"
 )
 
 // An executor takes over the claim of a call whose owner is gone, and the owner's
@@ -54,7 +55,7 @@ func TestTakeOverYieldsToALateResult(t *testing.T) {
 			}
 		})
 	})
-	w, err := worker.New(bus, executor.New(reg), worker.Config{WorkerConfig: events.WorkerConfig{Instance: "exec-b"}})
+	w, err := worker.New(bus, testutil.Must(executor.New(reg)), worker.Config{WorkerConfig: events.WorkerConfig{Instance: "exec-b"}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -145,7 +145,10 @@ func run(ctx context.Context, cfg config, role string, log *slog.Logger) error {
 				return err
 			}
 		}
-		exec := executor.New(reg, executor.WithLogger(log), executor.WithInstance(cfg.Instance))
+		exec, err := executor.New(reg, executor.WithLogger(log), executor.WithInstance(cfg.Instance))
+		if err != nil {
+			return err
+		}
 		return serve(worker.New(bus, exec, worker.Config{WorkerConfig: events.WorkerConfig{Instance: cfg.Instance, Concurrency: cfg.Concurrency, AckWait: cfg.AckWait, MaxDeliver: cfg.MaxDeliver, Grace: cfg.Grace, Logger: log},
 			Tools: cfg.ExecutorTools,
 		}))(ctx)

@@ -1,0 +1,265 @@
+package e2e_test
+
+// The half of the harness for servers started from the shipped deploy/nats files: the
+// server, each role's credentials of each kind, connections that record permission
+// violations, and stacks whose roles each use their own credentials.
+
+import (
+	"crypto/rand"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nkeys"
+
+	"github.com/toolbus/toolbus/deploy/nats/natsjwt"
+	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/eventstest"
+	"github.com/toolbus/toolbus/executor"
+	"github.com/toolbus/toolbus/executor/worker"
+	"github.com/toolbus/toolbus/planner"
+)
+
+var secRoles = []string{"planner", "executor", "injector", "client"}
+
+// allRoles are secRoles plus the admin.
+var allRoles = append([]string{"admin"}, secRoles...)
+
+// startConfigured starts an embedded server from a deploy/nats config file on a random
+// port of 127.0.0.1, with its store in a temp dir and no monitoring port.
+func startConfigured(t *testing.T, file string) *server.Server {
+	t.Helper()
+	if !filepath.IsAbs(file) {
+		file = filepath.Join("..", "deploy", "nats", file)
+	}
+	opts, err := server.ProcessConfigFile(file)
+	if err != nil {
+		t.Fatalf("%s: %v", file, err)
+	}
+	return startSecServer(t, opts)
+}
+
+func startSecServer(t *testing.T, opts *server.Options) *server.Server {
+	t.Helper()
+	opts.Host, opts.Port = "127.0.0.1", -1
+	opts.HTTPHost, opts.HTTPPort = "", 0
+	opts.StoreDir = t.TempDir()
+	opts.NoLog, opts.NoSigs = true, true
+	srv, err := server.NewServer(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Start()
+	if !srv.ReadyForConnections(10 * time.Second) {
+		srv.Shutdown()
+		t.Fatal("server not ready")
+	}
+	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
+	return srv
+}
+
+// violations records the permission errors the server sends to each connection.
+type violations struct {
+	mu   sync.Mutex
+	list []string
+}
+
+func (v *violations) add(s string) {
+	v.mu.Lock()
+	v.list = append(v.list, s)
+	v.mu.Unlock()
+}
+
+func (v *violations) all() []string {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return slices.Clone(v.list)
+}
+
+func (v *violations) of(role string) []string {
+	var out []string
+	for _, s := range v.all() {
+		if strings.HasPrefix(s, role+": ") {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// has reports whether role got a violation naming subject.
+func (v *violations) has(role, subject string) bool {
+	for _, s := range v.of(role) {
+		if strings.Contains(s, `"`+subject+`"`) {
+			return true
+		}
+	}
+	return false
+}
+
+// connectAs connects as role with opts, recording permission violations.
+func connectAs(t *testing.T, url, role string, v *violations, opts ...nats.Option) (*nats.Conn, error) {
+	t.Helper()
+	opts = append([]nats.Option{
+		nats.Name("toolbus " + role), nats.Timeout(2 * time.Second), nats.NoReconnect(),
+		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+			if v != nil && strings.Contains(strings.ToLower(err.Error()), "permissions violation") {
+				v.add(role + ": " + err.Error())
+			}
+		}),
+	}, opts...)
+	nc, err := nats.Connect(url, opts...)
+	if err == nil {
+		t.Cleanup(nc.Close)
+	}
+	return nc, err
+}
+
+// secured is a stack whose roles each connect with their own credentials: the admin,
+// which set the bus up, and secRoles.
+type secured struct{ *stack }
+
+func secModel() planner.Model {
+	return &planner.Script{Steps: []func(planner.Request) planner.Response{
+		planner.Calls(call("a", "noop", `{}`), call("b", "calculator", `{"expression":"2+3"}`)),
+		planner.Answer("done"),
+	}}
+}
+
+// startSecured connects the admin, which sets the bus up as `toolbus init` does, then
+// every role with its own options, which only binds (events.Open), and starts the
+// planner, executor and injector; the client connection submits runs.
+func startSecured(t *testing.T, url string, opts map[string][]nats.Option) *secured {
+	t.Helper()
+	return startSecuredWith(t, url, opts, secModel())
+}
+
+// startSecuredWith is startSecured with another model and extra tools for the executor.
+func startSecuredWith(t *testing.T, url string, opts map[string][]nats.Option, model planner.Model, extra ...executor.Tool) *secured {
+	t.Helper()
+	s := newSecuredStack(t, url, opts, secRoles, model, extra...)
+	s.startExecutor("sec-executor", worker.Config{})
+	s.startPlanner("sec-planner")
+	s.startInjector("sec-injector")
+	return &secured{s}
+}
+
+// newSecuredStack is a stack on the server at url, started from the shipped deploy/nats
+// files: the admin connects and sets the bus up as `toolbus init --tools <the
+// registry's tools>` does, then each of users connects with its own options and only
+// binds (events.Open). No role is started.
+func newSecuredStack(t *testing.T, url string, opts map[string][]nats.Option, users []string, model planner.Model, extra ...executor.Tool) *stack {
+	t.Helper()
+	s := newStackBare(t, eventstest.Context(t, 4*time.Minute), model, extra...)
+	s.url, s.opts, s.viol = url, opts, &violations{}
+	s.conns, s.buses = map[string]*nats.Conn{}, map[string]*events.Bus{}
+	admin, err := connectAs(t, url, "admin", s.viol, opts["admin"]...)
+	if err != nil {
+		t.Fatalf("admin connects: %v", err)
+	}
+	adminBus, changes, err := events.Setup(s.ctx, admin, events.Config{},
+		events.SetupTools(s.reg.Names(), 30*time.Second, 1000), events.SetupReadMirror())
+	if err != nil {
+		t.Fatalf("admin sets the bus up: %v", err)
+	}
+	t.Logf("setup: %v", changes)
+	s.bus, s.conns["admin"], s.buses["admin"] = adminBus, admin, adminBus
+	for _, u := range users {
+		nc, err := connectAs(t, url, u, s.viol, opts[u]...)
+		if err != nil {
+			t.Fatalf("%s connects: %v", u, err)
+		}
+		bus, err := events.Open(s.ctx, nc, events.Config{})
+		if err != nil {
+			t.Fatalf("%s opens the bus: %v", u, err)
+		}
+		s.conns[u], s.buses[u] = nc, bus
+	}
+	return s
+}
+
+// shutdown stops every role and waits for them.
+func (s *secured) shutdown() { s.stopAll() }
+
+func writeFile(t *testing.T, dir, name string, data []byte) string {
+	t.Helper()
+	p := filepath.Join(dir, name)
+	if err := os.WriteFile(p, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// setPasswords sets the role passwords auth-users.conf reads and returns them.
+func setPasswords(t *testing.T) map[string]string {
+	pw := map[string]string{}
+	for _, role := range allRoles {
+		b := make([]byte, 12)
+		_, _ = rand.Read(b)
+		pw[role] = fmt.Sprintf("%x", b)
+		t.Setenv("TOOLBUS_"+strings.ToUpper(role)+"_PASSWORD", pw[role])
+	}
+	return pw
+}
+
+// credentialKind starts a server from a deploy/nats config with one credential per role
+// of one kind, and returns its URL and each role's connect options.
+type credentialKind struct {
+	name  string
+	start func(t *testing.T) (url string, opts map[string][]nats.Option)
+}
+
+// credentialKinds are the ways deploy/nats gives credentials: user/password
+// (auth-users.conf), nkeys (auth-nkeys.conf) and JWTs (go run ./deploy/nats/gen), all
+// with the role permissions of permissions.conf.
+func credentialKinds() []credentialKind {
+	return []credentialKind{
+		{"user-password", func(t *testing.T) (string, map[string][]nats.Option) {
+			pw := setPasswords(t)
+			srv := startConfigured(t, "auth-users.conf")
+			opts := map[string][]nats.Option{}
+			for _, role := range allRoles {
+				opts[role] = []nats.Option{nats.UserInfo(role, pw[role])}
+			}
+			return srv.ClientURL(), opts
+		}},
+		{"nkeys", func(t *testing.T) (string, map[string][]nats.Option) {
+			dir := t.TempDir()
+			opts := map[string][]nats.Option{}
+			for _, role := range allRoles {
+				kp, err := nkeys.CreateUser()
+				if err != nil {
+					t.Fatal(err)
+				}
+				pub, _ := kp.PublicKey()
+				seed, _ := kp.Seed()
+				t.Setenv("TOOLBUS_"+strings.ToUpper(role)+"_NKEY", pub)
+				o, err := nats.NkeyOptionFromSeed(writeFile(t, dir, role+".nk", seed))
+				if err != nil {
+					t.Fatal(err)
+				}
+				opts[role] = []nats.Option{o}
+			}
+			srv := startConfigured(t, "auth-nkeys.conf")
+			return srv.ClientURL(), opts
+		}},
+		{"jwt", func(t *testing.T) (string, map[string][]nats.Option) {
+			res, err := natsjwt.Generate(filepath.Join("..", "deploy", "nats", "permissions.conf"), t.TempDir())
+			if err != nil {
+				t.Fatal(err)
+			}
+			srv := startConfigured(t, res.Config)
+			opts := map[string][]nats.Option{}
+			for _, role := range allRoles {
+				opts[role] = []nats.Option{nats.UserCredentials(res.Creds[role])}
+			}
+			return srv.ClientURL(), opts
+		}},
+	}
+}

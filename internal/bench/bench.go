@@ -1,0 +1,741 @@
+// Package bench measures the toolbus pipeline beside the raw JetStream floor (the
+// same hops with no toolbus logic) and an in-process loop (no bus), in one process:
+// the figures of `toolbus bench` and docs/performance.md.
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"runtime"
+	"runtime/pprof"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"text/tabwriter"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/toolbus/toolbus"
+	"github.com/toolbus/toolbus/embedded"
+	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/store"
+	"github.com/toolbus/toolbus/executor"
+	"github.com/toolbus/toolbus/executor/packs"
+	"github.com/toolbus/toolbus/executor/worker"
+	"github.com/toolbus/toolbus/injector"
+	"github.com/toolbus/toolbus/planner"
+)
+
+// Row is one line of the bench table.
+type Row struct {
+	Storage string `json:"storage"`
+	// Durability is default or strict (the server fsyncs every write).
+	Durability string `json:"durability"`
+	K          int    `json:"calls_per_step"`
+	Steps      int    `json:"steps_per_run"`
+	// One run in flight: per-step latency.
+	ToolbusP50MS float64 `json:"toolbus_step_p50_ms"`
+	ToolbusP99MS float64 `json:"toolbus_step_p99_ms"`
+	FloorP50MS   float64 `json:"floor_step_p50_ms"`
+	FloorP99MS   float64 `json:"floor_step_p99_ms"`
+	InprocP50MS  float64 `json:"inproc_step_p50_ms"`
+	// R runs in flight: throughput.
+	Runs           int     `json:"runs_in_flight"`
+	ToolbusCallsPS float64 `json:"toolbus_calls_per_s"`
+	ToolbusStepsPS float64 `json:"toolbus_steps_per_s"`
+	FloorCallsPS   float64 `json:"floor_calls_per_s"`
+	InprocCallsPS  float64 `json:"inproc_calls_per_s"`
+	// CPU time of the whole process (toolbus and the embedded server) per call while
+	// saturated: unlike calls/s, it hardly moves when other work shares the machine.
+	ToolbusCPUUSPerCall float64 `json:"toolbus_cpu_us_per_call"`
+	FloorCPUUSPerCall   float64 `json:"floor_cpu_us_per_call"`
+	// Messages the server received per call while saturated (publishes, requests,
+	// acknowledgements): the bus work a call costs, whatever the machine.
+	ToolbusMsgsPerCall float64 `json:"toolbus_server_msgs_per_call"`
+	FloorMsgsPerCall   float64 `json:"floor_server_msgs_per_call"`
+	LatencyVsFloor     float64 `json:"latency_toolbus_over_floor"`
+	LatencyVsInproc    float64 `json:"latency_toolbus_over_inproc"`
+	ThroughputVFloor   float64 `json:"throughput_toolbus_over_floor"`
+}
+
+// LongRow is one line of the long-run table: the step latency at the start and at the
+// end of runs of many steps, one run in flight. History reads that grew with the run
+// would show as a last/first ratio above 1.
+type LongRow struct {
+	Storage    string `json:"storage"`
+	Durability string `json:"durability"`
+	K          int    `json:"calls_per_step"`
+	Steps      int    `json:"steps_per_run"`
+	Runs       int    `json:"runs"`
+	// FirstP50MS is the p50 of steps 1-10, LastP50MS of the last ten steps.
+	FirstP50MS float64 `json:"first_steps_p50_ms"`
+	LastP50MS  float64 `json:"last_steps_p50_ms"`
+	LastVFirst float64 `json:"last_over_first"`
+}
+
+// Report is what a benchmark measured: a row per storage, durability and K, and the
+// long runs.
+type Report struct {
+	When    time.Time `json:"when"`
+	Machine string    `json:"machine"`
+	Rows    []Row     `json:"rows"`
+	Long    []LongRow `json:"long_runs,omitempty"`
+}
+
+// Options are what a benchmark measures (the flags of toolbus bench).
+type Options struct {
+	// K lists the calls per step, one row each.
+	K []int
+	// Steps per run (the last one answers), at least 2.
+	Steps int
+	// LatencyRuns are the sequential runs of the latency figures.
+	LatencyRuns int
+	// Runs in flight for the throughput figures.
+	Runs int
+	// Storages lists the storage kinds: memory, file.
+	Storages []string
+	// Durabilities lists the server's durability modes: default (fsync every 2 min),
+	// strict (fsync every write; file storage only).
+	Durabilities []string
+	// LongSteps are the steps of the long runs (0: no long-run table), at least 20;
+	// LongK their calls per step.
+	LongSteps, LongK int
+	// CPUProfile, when set, is where a CPU profile of the saturated toolbus case is
+	// written (one file per row, named after it, when there are several rows).
+	CPUProfile string
+	// Progress receives a line per row done (nil: none).
+	Progress io.Writer
+}
+
+// Validate reports the first option out of its range.
+func (o Options) Validate() error {
+	if o.Steps < 2 {
+		return errors.New("bench: -steps must be at least 2")
+	}
+	if o.LongSteps != 0 && (o.LongSteps < 20 || o.LongK < 1) {
+		return errors.New("bench: -long-steps must be 0 or at least 20, -long-k at least 1")
+	}
+	for _, k := range o.K {
+		if k < 1 {
+			return fmt.Errorf("bench: bad -k %d", k)
+		}
+	}
+	for _, d := range o.Durabilities {
+		if d != "default" && d != "strict" {
+			return fmt.Errorf("bench: bad -durability %s (default, strict)", d)
+		}
+	}
+	return nil
+}
+
+// Run measures toolbus beside the raw JetStream floor and an in-process loop, in this
+// process, for each storage, durability and K of opts.
+func Run(ctx context.Context, opts Options) (Report, error) {
+	if err := opts.Validate(); err != nil {
+		return Report{}, err
+	}
+	progress := opts.Progress
+	if progress == nil {
+		progress = io.Discard
+	}
+	rep := Report{When: time.Now().UTC(), Machine: machine()}
+	type combo struct{ storage, mode string }
+	var combos []combo
+	for _, storage := range opts.Storages {
+		for _, mode := range opts.Durabilities {
+			if mode == "strict" && storage == "memory" {
+				continue // nothing to fsync
+			}
+			combos = append(combos, combo{storage, mode})
+		}
+	}
+	for _, c := range combos {
+		for _, k := range opts.K {
+			prof := opts.CPUProfile
+			if prof != "" && len(combos)*len(opts.K) > 1 {
+				ext := filepath.Ext(prof)
+				prof = fmt.Sprintf("%s-%s-%s-k%d%s", strings.TrimSuffix(prof, ext), c.storage, c.mode, k, ext)
+			}
+			row, err := benchOne(ctx, c.storage, c.mode, k, opts.Steps, opts.LatencyRuns, opts.Runs, prof)
+			if err != nil {
+				return rep, err
+			}
+			rep.Rows = append(rep.Rows, row)
+			fmt.Fprintf(progress, "bench: %s %s K=%d done\n", row.Storage, row.Durability, k)
+		}
+		if opts.LongSteps > 0 {
+			lr, err := benchLong(ctx, c.storage, c.mode, opts.LongK, opts.LongSteps, 3)
+			if err != nil {
+				return rep, err
+			}
+			rep.Long = append(rep.Long, lr)
+			fmt.Fprintf(progress, "bench: %s %s long runs of %d steps done\n", c.storage, c.mode, opts.LongSteps)
+		}
+	}
+	return rep, nil
+}
+
+func machine() string {
+	h, _ := os.Hostname()
+	return fmt.Sprintf("%s, %d CPUs", h, numCPU())
+}
+
+// Print writes the report as tables.
+func Print(out io.Writer, rep Report) {
+	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "storage\tdurability\tK\tstep p50 ms\tp99 ms\tfloor p50\tin-proc p50\tx floor\tx in-proc\t\truns\tcalls/s\tsteps/s\tfloor calls/s\tin-proc calls/s\tx floor\tCPU us/call\tfloor CPU\tmsgs/call\tfloor msgs\t")
+	for _, r := range rep.Rows {
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%.3f\t%.3f\t%.3f\t%.4f\t%.2f\t%.0f\t\t%d\t%.0f\t%.0f\t%.0f\t%.0f\t%.2f\t%.0f\t%.0f\t%.1f\t%.1f\t\n",
+			r.Storage, r.Durability, r.K, r.ToolbusP50MS, r.ToolbusP99MS, r.FloorP50MS, r.InprocP50MS, r.LatencyVsFloor, r.LatencyVsInproc,
+			r.Runs, r.ToolbusCallsPS, r.ToolbusStepsPS, r.FloorCallsPS, r.InprocCallsPS, r.ThroughputVFloor,
+			r.ToolbusCPUUSPerCall, r.FloorCPUUSPerCall, r.ToolbusMsgsPerCall, r.FloorMsgsPerCall)
+	}
+	tw.Flush()
+	if len(rep.Long) == 0 {
+		return
+	}
+	fmt.Fprintln(out)
+	tw = tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "long runs\tdurability\tK\tsteps\truns\tsteps 1-10 p50 ms\tlast 10 p50 ms\tlast/first\t")
+	for _, r := range rep.Long {
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%.3f\t%.3f\t%.2f\t\n", r.Storage, r.Durability, r.K, r.Steps, r.Runs, r.FirstP50MS, r.LastP50MS, r.LastVFirst)
+	}
+	tw.Flush()
+}
+
+func benchOne(ctx context.Context, storage, durability string, k, steps, latRuns, runs int, cpuProfile string) (Row, error) {
+	row := Row{Storage: storage, Durability: durability, K: k, Steps: steps, Runs: runs}
+	dir, err := os.MkdirTemp("", "toolbus-bench-")
+	if err != nil {
+		return row, err
+	}
+	defer os.RemoveAll(dir)
+	srv, err := embedded.Start(embedded.Config{Port: -1, StoreDir: dir, SyncAlways: durability == "strict"})
+	if err != nil {
+		return row, err
+	}
+	defer srv.Stop()
+	memory := storage == "memory"
+
+	// toolbus
+	in0 := serverMsgs(srv)
+	lat, tput, cpu, err := benchToolbus(ctx, srv, memory, k, steps, latRuns, runs, cpuProfile)
+	row.ToolbusMsgsPerCall = float64(serverMsgs(srv)-in0) / float64((runs+latRuns+1)*(steps-1)*k)
+	if err != nil {
+		return row, fmt.Errorf("bench toolbus: %w", err)
+	}
+	calls := float64(runs * (steps - 1) * k)
+	row.ToolbusP50MS, row.ToolbusP99MS = pct(lat, 50), pct(lat, 99)
+	row.ToolbusCallsPS = tput * float64(k)
+	row.ToolbusStepsPS = tput
+	row.ToolbusCPUUSPerCall = float64(cpu.Microseconds()) / calls
+
+	// raw JetStream floor: the same hops per step, no toolbus logic
+	in0 = serverMsgs(srv)
+	flat, ftput, fcpu, err := benchFloor(ctx, srv, memory, k, steps, latRuns, runs)
+	row.FloorMsgsPerCall = float64(serverMsgs(srv)-in0) / float64((runs+latRuns+1)*(steps-1)*k)
+	if err != nil {
+		return row, fmt.Errorf("bench floor: %w", err)
+	}
+	row.FloorP50MS, row.FloorP99MS = pct(flat, 50), pct(flat, 99)
+	row.FloorCallsPS = ftput * float64(k)
+	row.FloorCPUUSPerCall = float64(fcpu.Microseconds()) / calls
+
+	// in-process loop: the same executor, no bus
+	ilat, itput := benchInproc(ctx, k, steps, latRuns, runs)
+	row.InprocP50MS = pct(ilat, 50)
+	row.InprocCallsPS = itput * float64(k)
+
+	if row.FloorP50MS > 0 {
+		row.LatencyVsFloor = row.ToolbusP50MS / row.FloorP50MS
+	}
+	if row.InprocP50MS > 0 {
+		row.LatencyVsInproc = row.ToolbusP50MS / row.InprocP50MS
+	}
+	if row.FloorCallsPS > 0 {
+		row.ThroughputVFloor = row.ToolbusCallsPS / row.FloorCallsPS
+	}
+	return row, nil
+}
+
+// serverMsgs is the number of messages the server received from clients so far.
+func serverMsgs(srv *embedded.Server) int64 {
+	v, err := srv.Varz(nil)
+	if err != nil {
+		return 0
+	}
+	return v.InMsgs
+}
+
+func pct(d []time.Duration, p int) float64 {
+	if len(d) == 0 {
+		return 0
+	}
+	s := slices.Clone(d)
+	slices.Sort(s)
+	i := (len(s)*p + 99) / 100
+	if i > 0 {
+		i--
+	}
+	return float64(s[i].Microseconds()) / 1000
+}
+
+// stepClock records when each step of each run reached the model.
+type stepClock struct {
+	mu    sync.Mutex
+	times map[string][]time.Time
+}
+
+func (c *stepClock) mark(run string, step int) {
+	now := time.Now()
+	c.mu.Lock()
+	ts := c.times[run]
+	for len(ts) <= step {
+		ts = append(ts, time.Time{})
+	}
+	if ts[step].IsZero() {
+		ts[step] = now
+	}
+	c.times[run] = ts
+	c.mu.Unlock()
+}
+
+func (c *stepClock) latencies(run string) []time.Duration {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	ts := c.times[run]
+	var out []time.Duration
+	for i := 1; i < len(ts); i++ {
+		out = append(out, ts[i].Sub(ts[i-1]))
+	}
+	return out
+}
+
+// benchStack is toolbus in one process on an embedded server: an executor, a planner
+// and an injector with an instant scripted model that records when each step reached it.
+type benchStack struct {
+	bus   *events.Bus
+	clock *stepClock
+	ended chan string
+	close func()
+}
+
+// newBenchStack starts the stack; runs whose id starts with "long" last longSteps steps,
+// the others steps.
+func newBenchStack(ctx context.Context, srv *embedded.Server, memory bool, k, steps, longSteps, runs int) (*benchStack, error) {
+	nc, err := srv.Connect()
+	if err != nil {
+		return nil, err
+	}
+	var cleanup []func()
+	st := &benchStack{clock: &stepClock{times: map[string][]time.Time{}}, ended: make(chan string, runs),
+		close: func() {
+			for i := len(cleanup) - 1; i >= 0; i-- {
+				cleanup[i]()
+			}
+		}}
+	cleanup = append(cleanup, nc.Close)
+	fail := func(err error) (*benchStack, error) { st.close(); return nil, err }
+	if st.bus, _, err = events.Setup(ctx, nc, events.Config{Memory: memory, Stream: "TOOLBUS"}); err != nil {
+		return fail(err)
+	}
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	short, long := NoopScript(k, steps), NoopScript(k, longSteps)
+	model := planner.ModelFunc(func(ctx context.Context, req planner.Request) (planner.Response, error) {
+		st.clock.mark(req.RunID, req.Step)
+		if strings.HasPrefix(req.RunID, "long") {
+			return long.Complete(ctx, req)
+		}
+		return short.Complete(ctx, req)
+	})
+	reg := executor.NewRegistry()
+	if err := packs.Register(reg, "diag"); err != nil {
+		return fail(err)
+	}
+	exec, err := executor.New(reg, executor.WithLogger(log), executor.WithInstance("bench"))
+	if err != nil {
+		return fail(err)
+	}
+	wctx, stop := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	cleanup = append(cleanup, func() { stop(); wg.Wait() })
+	const conc = 256
+	runW := func(f func(context.Context) error) {
+		wg.Add(1)
+		go func() { defer wg.Done(); _ = f(wctx) }()
+	}
+	wc := events.WorkerConfig{Instance: "bench", Concurrency: conc, Logger: log, Grace: time.Second}
+	w, err := worker.New(st.bus, exec, worker.Config{WorkerConfig: wc})
+	if err != nil {
+		return fail(err)
+	}
+	runW(w.Run)
+	var cat *store.Catalog
+	for i := 0; i < 200; i++ {
+		if cat, err = st.bus.WatchCatalog(wctx, log); err != nil {
+			return fail(err)
+		}
+		if _, ok := cat.Lookup("noop"); ok {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	maxSteps := max(steps, longSteps) + 1
+	p, err := planner.New(st.bus, model, cat, planner.Config{WorkerConfig: wc})
+	if err != nil {
+		return fail(err)
+	}
+	in, err := injector.New(st.bus, injector.Config{WorkerConfig: wc, Defaults: toolbus.DefaultLimits{MaxSteps: maxSteps}})
+	if err != nil {
+		return fail(err)
+	}
+	runW(p.Run)
+	runW(in.Run)
+	sub, err := nc.Subscribe("toolbus.*.run.*", func(m *nats.Msg) {
+		if strings.HasSuffix(m.Subject, ".run.started") || strings.HasSuffix(m.Subject, ".run.cancel") {
+			return
+		}
+		run, _ := events.RunIDFromSubject(m.Subject)
+		st.ended <- run
+	})
+	if err != nil {
+		return fail(err)
+	}
+	cleanup = append(cleanup, func() { _ = sub.Unsubscribe() })
+	return st, nil
+}
+
+func (st *benchStack) start(ctx context.Context, run string, steps int) error {
+	return st.bus.StartRun(ctx, "/toolbus/bench/1", toolbus.RunStarted{RunID: run,
+		Messages: []toolbus.Message{{Role: toolbus.RoleUser, Content: "bench"}}, Limits: toolbus.Limits{MaxSteps: steps + 1}})
+}
+
+func (st *benchStack) wait(n int) error {
+	timeout := time.After(5 * time.Minute)
+	for i := 0; i < n; i++ {
+		select {
+		case <-st.ended:
+		case <-timeout:
+			return errors.New("runs did not finish in 5 minutes")
+		}
+	}
+	return nil
+}
+
+func benchToolbus(ctx context.Context, srv *embedded.Server, memory bool, k, steps, latRuns, runs int, cpuProfile string) ([]time.Duration, float64, time.Duration, error) {
+	st, err := newBenchStack(ctx, srv, memory, k, steps, 0, runs+latRuns+1)
+	if err != nil {
+		return nil, 0, 0, err
+	}
+	defer st.close()
+	prefix := fmt.Sprintf("b%d-%d-", k, time.Now().UnixNano()%1e9)
+	// warm up
+	if err := st.start(ctx, prefix+"warm", steps); err != nil {
+		return nil, 0, 0, err
+	}
+	if err := st.wait(1); err != nil {
+		return nil, 0, 0, err
+	}
+	var lat []time.Duration
+	for i := 0; i < latRuns; i++ {
+		run := prefix + "lat" + strconv.Itoa(i)
+		if err := st.start(ctx, run, steps); err != nil {
+			return nil, 0, 0, err
+		}
+		if err := st.wait(1); err != nil {
+			return nil, 0, 0, err
+		}
+		lat = append(lat, st.clock.latencies(run)...)
+	}
+	if cpuProfile != "" {
+		f, err := os.Create(cpuProfile)
+		if err != nil {
+			return nil, 0, 0, err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return nil, 0, 0, err
+		}
+		defer pprof.StopCPUProfile()
+	}
+	t0, c0 := time.Now(), cpuTime()
+	for i := 0; i < runs; i++ {
+		if err := st.start(ctx, prefix+"tp"+strconv.Itoa(i), steps); err != nil {
+			return nil, 0, 0, err
+		}
+	}
+	if err := st.wait(runs); err != nil {
+		return nil, 0, 0, err
+	}
+	el := time.Since(t0).Seconds()
+	return lat, float64(runs*(steps-1)) / el, cpuTime() - c0, nil
+}
+
+// benchLong runs n runs of steps steps, one at a time, and compares the latency of
+// their first steps with that of their last ones.
+func benchLong(ctx context.Context, storage, durability string, k, steps, n int) (LongRow, error) {
+	row := LongRow{Storage: storage, Durability: durability, K: k, Steps: steps, Runs: n}
+	dir, err := os.MkdirTemp("", "toolbus-bench-")
+	if err != nil {
+		return row, err
+	}
+	defer os.RemoveAll(dir)
+	srv, err := embedded.Start(embedded.Config{Port: -1, StoreDir: dir, SyncAlways: durability == "strict"})
+	if err != nil {
+		return row, err
+	}
+	defer srv.Stop()
+	st, err := newBenchStack(ctx, srv, storage == "memory", k, steps, steps, n+1)
+	if err != nil {
+		return row, fmt.Errorf("bench long runs: %w", err)
+	}
+	defer st.close()
+	prefix := fmt.Sprintf("long%d-%d-", k, time.Now().UnixNano()%1e9)
+	var first, last []time.Duration
+	for i := 0; i <= n; i++ { // the first run warms up
+		run := prefix + strconv.Itoa(i)
+		if err := st.start(ctx, run, steps); err != nil {
+			return row, err
+		}
+		if err := st.wait(1); err != nil {
+			return row, err
+		}
+		lat := st.clock.latencies(run) // lat[i] is step i+1
+		if i == 0 || len(lat) < 20 {
+			continue
+		}
+		first = append(first, lat[:10]...)
+		last = append(last, lat[len(lat)-10:]...)
+	}
+	row.FirstP50MS, row.LastP50MS = pct(first, 50), pct(last, 50)
+	if row.FirstP50MS > 0 {
+		row.LastVFirst = row.LastP50MS / row.FirstP50MS
+	}
+	return row, nil
+}
+
+// benchFloor runs the same hops per step as toolbus with raw JetStream and no toolbus
+// logic: req -> K x call -> K x done -> next req, each a publish and a consume with ack.
+func benchFloor(ctx context.Context, srv *embedded.Server, memory bool, k, steps, latRuns, runs int) ([]time.Duration, float64, time.Duration, error) {
+	nc, err := srv.Connect()
+	if err != nil {
+		return nil, 0, 0, err
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	st := jetstream.FileStorage
+	if memory {
+		st = jetstream.MemoryStorage
+	}
+	name := fmt.Sprintf("FLOOR%d_%d", k, time.Now().UnixNano()%1e9)
+	stream, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: []string{name + ".>"}, Storage: st})
+	if err != nil {
+		return nil, 0, 0, err
+	}
+	defer js.DeleteStream(context.WithoutCancel(ctx), name) //nolint:errcheck
+	f := &floor{ctx: ctx, js: js, stream: stream, name: name, clock: &stepClock{times: map[string][]time.Time{}},
+		ended: make(chan struct{}, runs+latRuns+1)}
+	defer f.stop()
+	if err := f.stages(k, steps); err != nil {
+		return nil, 0, 0, err
+	}
+	return f.measure(steps, latRuns, runs)
+}
+
+// floor is the pipeline of benchFloor: a stream and a durable consumer per stage.
+type floor struct {
+	ctx    context.Context
+	js     jetstream.JetStream
+	stream jetstream.Stream
+	name   string
+	clock  *stepClock
+	ended  chan struct{} // a run's last step arrived
+	ccs    []jetstream.ConsumeContext
+}
+
+// stages starts the three stages: a request publishes k calls (or ends the run at its
+// last step), a call publishes its done, the k-th done of a step requests the next.
+func (f *floor) stages(k, steps int) error {
+	if err := f.stage("req", func(run string, step int) error {
+		f.clock.mark(run, step)
+		if step >= steps-1 {
+			f.ended <- struct{}{}
+			return nil
+		}
+		for range k {
+			if err := f.pub("call", run, step); err != nil {
+				return err
+			}
+		}
+		return nil
+	}); err != nil {
+		return err
+	}
+	if err := f.stage("call", func(run string, step int) error { return f.pub("done", run, step) }); err != nil {
+		return err
+	}
+	var counts sync.Map // run.step -> *int32
+	return f.stage("done", func(run string, step int) error {
+		v, _ := counts.LoadOrStore(run+"."+strconv.Itoa(step), new(int32))
+		if atomic.AddInt32(v.(*int32), 1) == int32(k) {
+			return f.pub("req", run, step+1)
+		}
+		return nil
+	})
+}
+
+// pub publishes a 200-byte message of a run's step to a stage.
+func (f *floor) pub(stage, run string, step int) error {
+	m := nats.NewMsg(f.name + "." + stage + "." + run)
+	m.Header = nats.Header{"run": {run}, "step": {strconv.Itoa(step)}}
+	m.Data = make([]byte, 200)
+	_, err := f.js.PublishMsg(f.ctx, m)
+	return err
+}
+
+// stage consumes a stage's messages, 256 at once, acknowledging each that h handled.
+func (f *floor) stage(s string, h func(run string, step int) error) error {
+	c, err := f.stream.CreateOrUpdateConsumer(f.ctx, jetstream.ConsumerConfig{Durable: s, FilterSubject: f.name + "." + s + ".>",
+		AckPolicy: jetstream.AckExplicitPolicy, MaxAckPending: 10000})
+	if err != nil {
+		return err
+	}
+	sem := make(chan struct{}, 256)
+	cc, err := c.Consume(func(m jetstream.Msg) {
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem }()
+			step, _ := strconv.Atoi(m.Headers().Get("step"))
+			if err := h(m.Headers().Get("run"), step); err == nil {
+				_ = m.Ack()
+			}
+		}()
+	}, jetstream.PullMaxMessages(256))
+	if err != nil {
+		return err
+	}
+	f.ccs = append(f.ccs, cc)
+	return nil
+}
+
+func (f *floor) stop() {
+	for _, c := range f.ccs {
+		c.Stop()
+	}
+}
+
+// wait waits for n runs to end.
+func (f *floor) wait(n int) error {
+	timeout := time.After(5 * time.Minute)
+	for range n {
+		select {
+		case <-f.ended:
+		case <-timeout:
+			return errors.New("floor runs did not finish")
+		}
+	}
+	return nil
+}
+
+// measure runs latRuns runs one after the other (after a warm-up) for the step
+// latencies, then runs runs at once for the throughput and the CPU time they took.
+func (f *floor) measure(steps, latRuns, runs int) ([]time.Duration, float64, time.Duration, error) {
+	var lat []time.Duration
+	for i := range latRuns + 1 {
+		run := "lat" + strconv.Itoa(i)
+		if err := f.pub("req", run, 0); err != nil {
+			return nil, 0, 0, err
+		}
+		if err := f.wait(1); err != nil {
+			return nil, 0, 0, err
+		}
+		if i > 0 { // the first is a warm-up
+			lat = append(lat, f.clock.latencies(run)...)
+		}
+	}
+	t0, c0 := time.Now(), cpuTime()
+	for i := range runs {
+		if err := f.pub("req", "tp"+strconv.Itoa(i), 0); err != nil {
+			return nil, 0, 0, err
+		}
+	}
+	if err := f.wait(runs); err != nil {
+		return nil, 0, 0, err
+	}
+	return lat, float64(runs*(steps-1)) / time.Since(t0).Seconds(), cpuTime() - c0, nil
+}
+
+// benchInproc runs the same workload as a direct loop: model, then the K calls through
+// the same executor, then the history append; no bus.
+func benchInproc(ctx context.Context, k, steps, latRuns, runs int) ([]time.Duration, float64) {
+	reg := executor.NewRegistry()
+	_ = packs.Register(reg, "diag")
+	exec, err := executor.New(reg, executor.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))))
+	if err != nil {
+		panic(err) // no option that can be out of range
+	}
+	model := NoopScript(k, steps)
+	oneRun := func(run string, lat *[]time.Duration) {
+		msgs := []toolbus.Message{{Role: toolbus.RoleUser, Content: "bench"}}
+		last := time.Now()
+		for step := 0; step < steps; step++ {
+			resp, _ := model.Complete(ctx, planner.Request{RunID: run, Step: step, Messages: msgs})
+			now := time.Now()
+			if step > 0 && lat != nil {
+				*lat = append(*lat, now.Sub(last))
+			}
+			last = now
+			msgs = append(msgs, resp.Message)
+			if len(resp.Message.ToolCalls) == 0 {
+				return
+			}
+			results := make([]toolbus.ToolResult, len(resp.Message.ToolCalls))
+			var wg sync.WaitGroup
+			for i, c := range resp.Message.ToolCalls {
+				wg.Add(1)
+				go func() { defer wg.Done(); results[i] = exec.Execute(ctx, c, toolbus.Principal{}) }()
+			}
+			wg.Wait()
+			for _, r := range results {
+				msgs = append(msgs, toolbus.ToolMessage(r))
+			}
+		}
+	}
+	var lat []time.Duration
+	for i := 0; i < latRuns*5; i++ {
+		oneRun("lat", &lat)
+	}
+	t0 := time.Now()
+	var wg sync.WaitGroup
+	for i := 0; i < runs; i++ {
+		wg.Add(1)
+		go func() { defer wg.Done(); oneRun("tp", nil) }()
+	}
+	wg.Wait()
+	return lat, float64(runs*(steps-1)) / time.Since(t0).Seconds()
+}
+
+func numCPU() int { return runtime.NumCPU() }
+
+// NoopScript asks for k noop calls at each of the first steps-1 steps, then answers.
+func NoopScript(k, steps int) planner.Model {
+	return planner.ModelFunc(func(_ context.Context, req planner.Request) (planner.Response, error) {
+		if req.Step >= steps-1 {
+			return planner.Response{Message: toolbus.Message{Role: toolbus.RoleAssistant, Content: "done"}}, nil
+		}
+		calls := make([]toolbus.ToolCall, k)
+		for i := range calls {
+			calls[i] = toolbus.ToolCall{CallID: "c" + strconv.Itoa(i), Tool: "noop", Arguments: `{}`}
+		}
+		return planner.Response{Message: toolbus.Message{Role: toolbus.RoleAssistant, ToolCalls: calls}}, nil
+	})
+}
