@@ -496,13 +496,6 @@ func TestConsoleBrowser(t *testing.T) {
 		if answer != "deployed api" {
 			t.Fatalf("answer %q", answer)
 		}
-		if path := os.Getenv("TOOLBUS_CONSOLE_SCREENSHOT"); path != "" {
-			var png []byte
-			do(t, bctx, "screenshot", chromedp.FullScreenshot(&png, 100))
-			if err := os.WriteFile(path, png, 0o644); err != nil {
-				t.Fatal(err)
-			}
-		}
 	})
 
 	t.Run("hostile output is text", func(t *testing.T) {
