@@ -81,9 +81,17 @@ type Call struct {
 	Decision  string `json:"decision,omitempty"`
 	DecidedBy string `json:"decided_by,omitempty"`
 	// DecidedWhy is the reason the decider gave.
-	DecidedWhy string              `json:"decided_why,omitempty"`
-	Results    int                 `json:"results"`
-	Result     *toolbus.ToolResult `json:"result,omitempty"`
+	DecidedWhy string `json:"decided_why,omitempty"`
+	// DecisionKind is what the person decided (toolbus.Approval.Kind): approved, edited,
+	// rejected or responded.
+	DecisionKind string `json:"decision_kind,omitempty"`
+	// EditedArguments are the person's arguments the call ran with instead of the
+	// model's (Arguments), for an edit.
+	EditedArguments string `json:"edited_arguments,omitempty"`
+	// Response is the person's answer in the tool's place, for a response.
+	Response string              `json:"response,omitempty"`
+	Results  int                 `json:"results"`
+	Result   *toolbus.ToolResult `json:"result,omitempty"`
 	// Progress is the call's last progress report while it ran (tool.progress).
 	Progress *toolbus.ToolProgress `json:"progress,omitempty"`
 }
@@ -405,6 +413,12 @@ func (a *analysis) approval(_ events.StoredEvent, ap toolbus.Approval, granted b
 		verb = "denied"
 	}
 	e.Summary = fmt.Sprintf("approval %s by %s", verb, orDash(ap.Who))
+	switch kind := ap.Kind(granted); kind {
+	case toolbus.DecisionEdited:
+		e.Summary = fmt.Sprintf("approval granted with edited arguments %s by %s", OneLine(ap.Arguments, 100), orDash(ap.Who))
+	case toolbus.DecisionResponded:
+		e.Summary = fmt.Sprintf("answered in the tool's place by %s: %s", orDash(ap.Who), OneLine(ap.Response, 100))
+	}
 	if ap.Why != "" {
 		e.Summary += ": " + OneLine(ap.Why, 100)
 	}
@@ -418,6 +432,7 @@ func (a *analysis) approval(_ events.StoredEvent, ap toolbus.Approval, granted b
 		e.Tool = rc.Tool
 		if rc.Decision == "" {
 			rc.Decision, rc.DecidedBy, rc.DecidedWhy = verb, ap.Who, ap.Why
+			rc.DecisionKind, rc.EditedArguments, rc.Response = ap.Kind(granted), ap.Arguments, ap.Response
 		}
 	}
 }
@@ -434,6 +449,16 @@ func (a *analysis) toolFinished(ev events.StoredEvent, tf toolbus.ToolFinished) 
 			code = ""
 		}
 		e.Summary = fmt.Sprintf("%s%s (%s) in %d ms on %s", res.Status, code, OneLine(res.Error.Message, 80), res.DurationMS, orDash(res.Executor))
+	}
+	if len(res.Retries) > 0 {
+		parts := make([]string, len(res.Retries))
+		for i, fa := range res.Retries {
+			parts[i] = fmt.Sprintf("#%d %s on %s, retried after %d ms", fa.Attempt, fa.Error.Code, orDash(fa.Executor), fa.RetryAfterMS)
+		}
+		e.Summary += ", after failed attempts retried by the tool's policy: " + strings.Join(parts, "; ")
+	}
+	if res.Human != nil {
+		e.Summary += fmt.Sprintf(" (%s by %s)", res.Human.Kind, orDash(res.Human.Who))
 	}
 	if res.Attempt > 1 {
 		e.Summary += fmt.Sprintf(", attempt %d", res.Attempt)

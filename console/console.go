@@ -107,8 +107,9 @@ func (c *server) routes() []route {
 		{"GET /runs/{run}/events", c.eventsPage},
 		{"GET /runs/{run}/events.json", c.eventsJSON},
 		{"GET /tools", c.toolsPage},
-		{"POST /runs/{run}/approve", c.decide(true)},
-		{"POST /runs/{run}/deny", c.decide(false)},
+		{"POST /runs/{run}/approve", c.decide("approve")},
+		{"POST /runs/{run}/deny", c.decide("deny")},
+		{"POST /runs/{run}/respond", c.decide("respond")},
 		{"POST /runs/{run}/cancel", c.cancel},
 		{"GET /events", c.sse},
 		{"GET /login", c.loginPage},
@@ -170,7 +171,11 @@ func actor(w http.ResponseWriter, r *http.Request) (string, bool) {
 	return u.Name, ok
 }
 
-func (c *server) decide(granted bool) http.HandlerFunc {
+// decide serves a person's decision on a waiting call: approve (with "args": an edit,
+// checked against the tool's schema before anything is published), deny (the model
+// reads "reason") or respond ("answer" becomes the call's result), as the CLI does.
+func (c *server) decide(kind string) http.HandlerFunc {
+	granted := kind == "approve"
 	return func(w http.ResponseWriter, r *http.Request) {
 		ctx := r.Context()
 		run := r.PathValue("run")
@@ -183,21 +188,38 @@ func (c *server) decide(granted bool) http.HandlerFunc {
 			return
 		}
 		callID, reason := r.PostFormValue("call"), strings.TrimSpace(r.PostFormValue("reason"))
-		if !granted && reason == "" {
-			http.Error(w, "deny: a reason is required: the model reads it", http.StatusBadRequest)
-			return
+		a := toolbus.Approval{RunID: run, CallID: callID, Who: who, Why: reason}
+		switch kind {
+		case "deny":
+			if reason == "" {
+				http.Error(w, "deny: a reason is required: the model reads it", http.StatusBadRequest)
+				return
+			}
+		case "respond":
+			a.Response = strings.TrimSpace(r.PostFormValue("answer"))
+			if a.Response == "" {
+				http.Error(w, "respond: an answer is required: the model reads it as the call's result", http.StatusBadRequest)
+				return
+			}
 		}
-		step, _, err := decide.Waiting(ctx, c.bus, run, callID)
+		step, call, err := decide.Waiting(ctx, c.bus, run, callID)
 		if err != nil {
 			c.actionError(w, err)
 			return
 		}
-		a := toolbus.Approval{RunID: run, CallID: callID, Who: who, Why: reason}
+		// The form shows the model's arguments for editing: unchanged, it is an approval.
+		if args := strings.TrimSpace(r.PostFormValue("args")); granted && args != "" && args != call.Arguments {
+			if err := decide.CheckEdit(ctx, c.bus, call, args); err != nil {
+				c.actionError(w, err)
+				return
+			}
+			a.Arguments = args
+		}
 		if _, err := c.bus.PublishApproval(ctx, c.source, step, a, granted); err != nil {
 			c.fail(w, err)
 			return
 		}
-		c.log.Info("console decision", "run", run, "call", callID, "granted", granted, "who", a.Who)
+		c.log.Info("console decision", "run", run, "call", callID, "decision", a.Kind(granted), "who", a.Who)
 		http.Redirect(w, r, "/runs/"+run, http.StatusSeeOther)
 	}
 }

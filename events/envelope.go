@@ -2,6 +2,8 @@ package events
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"strconv"
 
@@ -101,8 +103,15 @@ func ApprovalEvent(source string, step int, a toolbus.Approval, granted bool) En
 	if granted {
 		typ = TypeApprovalGranted
 	}
+	id := IDApproval(a.RunID, strconv.Itoa(step)+"/"+a.CallID, granted)
+	if granted && a.Arguments != "" {
+		// An edit's id names its arguments: an edit refused as invalid does not keep a
+		// corrected one out of the stream's duplicate window.
+		sum := sha256.Sum256([]byte(a.Arguments))
+		id += "/edit/" + hex.EncodeToString(sum[:6])
+	}
 	return Envelope{SubjectApproval(a.RunID, granted), Meta{
-		ID: IDApproval(a.RunID, strconv.Itoa(step)+"/"+a.CallID, granted), Type: typ, Source: source,
+		ID: id, Type: typ, Source: source,
 		RunID: a.RunID, Step: step, CallID: a.CallID, HasCall: true,
 	}, a}
 }

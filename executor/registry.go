@@ -66,6 +66,11 @@ type Tool struct {
 	// Version numbers the contract in the catalog: a changed contract replaces the
 	// registered one only with a higher version (see worker.Config.ReplaceContracts).
 	Version int
+	// Retry is the tool's retry policy (toolbus.RetryPolicy): failures with the codes it
+	// names are retried by the fleet with backoff and jitter, with the same idempotency
+	// key, within the run's deadline; only the final result goes to the model. Nil: no
+	// retries. Register refuses a policy out of range (RetryPolicy.Validate).
+	Retry *toolbus.RetryPolicy
 	// Func is the implementation (required).
 	Func Func
 }
@@ -90,7 +95,17 @@ func (t Tool) Contract() toolbus.ToolContract {
 		MaxConcurrency:   t.MaxConcurrency,
 		RedactFields:     slices.Clone(t.RedactFields),
 		Version:          t.Version,
+		Retry:            clonePolicy(t.Retry),
 	}
+}
+
+func clonePolicy(p *toolbus.RetryPolicy) *toolbus.RetryPolicy {
+	if p == nil {
+		return nil
+	}
+	c := *p
+	c.Codes = slices.Clone(p.Codes)
+	return &c
 }
 
 // entry is a registered tool with everything precomputed for Execute.
@@ -152,6 +167,12 @@ func (r *Registry) register(t Tool, checkOutput bool) error {
 	}
 	if len(bytes.TrimSpace(t.InputSchema)) == 0 {
 		return invalid(t.Name, "InputSchema is required")
+	}
+	if t.Retry != nil {
+		if err := t.Retry.Validate(); err != nil {
+			return invalid(t.Name, "%v", err)
+		}
+		t.Retry = clonePolicy(t.Retry)
 	}
 	t.InputSchema = slices.Clone(t.InputSchema)
 	t.OutputSchema = slices.Clone(t.OutputSchema)

@@ -72,7 +72,13 @@ func (p *printer) waitingFor() (string, []string) {
 
 // resultLine renders one tool result of the timeline.
 func resultLine(r toolbus.ToolResult) string {
-	line := fmt.Sprintf("        <- %s %s: %s", r.CallID, r.Tool, r.Status)
+	var line string
+	// Each attempt the tool's retry policy retried, then the result the model reads.
+	for _, fa := range r.Retries {
+		line += fmt.Sprintf("        <- %s %s: attempt %d %s %s (%s) on %s, retried after %d ms\n", r.CallID, r.Tool, fa.Attempt,
+			fa.Status, fa.Error.Code, oneLine(fa.Error.Message, 60), fa.Executor, fa.RetryAfterMS)
+	}
+	line += fmt.Sprintf("        <- %s %s: %s", r.CallID, r.Tool, r.Status)
 	if r.Error != nil {
 		if r.Error.Code != string(r.Status) { // not "cancelled cancelled"
 			line += " " + r.Error.Code
@@ -82,6 +88,9 @@ func resultLine(r toolbus.ToolResult) string {
 	line += fmt.Sprintf(" in %d ms on %s", r.DurationMS, r.Executor)
 	if r.Truncated != nil {
 		line += fmt.Sprintf(" [content truncated %d -> %d bytes]", r.Truncated.OriginalBytes, r.Truncated.KeptBytes)
+	}
+	if r.Human != nil {
+		line += fmt.Sprintf(" [%s by %s]", r.Human.Kind, r.Human.Who)
 	}
 	return line
 }
@@ -155,7 +164,14 @@ func (p *printer) print(ev events.StoredEvent) (status toolbus.RunStatus, done b
 			fmt.Fprintf(p.out, "        .. %s %s waits for approval\n", tw.Call.CallID, tw.Call.Tool)
 		},
 		Approval: func(ev events.StoredEvent, a toolbus.Approval, _ bool) {
-			fmt.Fprintf(p.out, "        %s %s by %s %s\n", strings.TrimPrefix(ev.Meta.Type, "toolbus."), a.CallID, a.Who, a.Why)
+			line := fmt.Sprintf("        %s %s by %s %s", strings.TrimPrefix(ev.Meta.Type, "toolbus."), a.CallID, a.Who, a.Why)
+			if a.Arguments != "" {
+				line += " edited arguments: " + oneLine(a.Arguments, 80)
+			}
+			if a.Response != "" {
+				line += " answer: " + oneLine(a.Response, 80)
+			}
+			fmt.Fprintln(p.out, strings.TrimRight(line, " "))
 		},
 		Cancel: func(events.StoredEvent, toolbus.Cancel) { fmt.Fprintln(p.out, "cancel requested") },
 		Timer: func(_ events.StoredEvent, t events.RunTimer) {
