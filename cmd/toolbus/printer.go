@@ -121,33 +121,7 @@ func (p *printer) print(ev events.StoredEvent) (status toolbus.RunStatus, done b
 			p.requested = rs.Model
 			fmt.Fprintf(p.out, "run %s started: %q\n", rs.RunID, q)
 		},
-		ModelResponded: func(_ events.StoredEvent, mr toolbus.ModelResponded) {
-			if mr.Model != "" && mr.Model != p.model {
-				p.model = mr.Model
-				whose := "the planner's"
-				if p.requested != "" {
-					whose = "asked for by the run: " + p.requested
-				}
-				fmt.Fprintf(p.out, "model %s (%s)\n", mr.Model, whose)
-			}
-			clear(p.open)
-			for _, c := range mr.Message.ToolCalls {
-				p.open[c.CallID] = c.Tool
-			}
-			text := oneLine(mr.Message.Content, 100)
-			if len(mr.Message.ToolCalls) == 0 {
-				fmt.Fprintf(p.out, "step %d  model answered (%d ms)\n", mr.Step, mr.LatencyMS)
-				return
-			}
-			fmt.Fprintf(p.out, "step %d  model asked for %d call(s) (%d ms)", mr.Step, len(mr.Message.ToolCalls), mr.LatencyMS)
-			if text != "" {
-				fmt.Fprintf(p.out, ": %s", text)
-			}
-			fmt.Fprintln(p.out)
-			for _, c := range mr.Message.ToolCalls {
-				fmt.Fprintf(p.out, "        -> %s %s(%s)\n", c.CallID, c.Tool, oneLine(c.Arguments, 80))
-			}
-		},
+		ModelResponded: func(_ events.StoredEvent, mr toolbus.ModelResponded) { p.modelResponded(mr) },
 		ToolFinished: func(_ events.StoredEvent, tf toolbus.ToolFinished) {
 			delete(p.open, tf.CallID)
 			p.finished[callKey(tf.RunID, tf.Step, tf.CallID)] = true
@@ -163,17 +137,8 @@ func (p *printer) print(ev events.StoredEvent) (status toolbus.RunStatus, done b
 		ToolWaiting: func(_ events.StoredEvent, tw toolbus.ToolWaiting) {
 			fmt.Fprintf(p.out, "        .. %s %s waits for approval\n", tw.Call.CallID, tw.Call.Tool)
 		},
-		Approval: func(ev events.StoredEvent, a toolbus.Approval, _ bool) {
-			line := fmt.Sprintf("        %s %s by %s %s", strings.TrimPrefix(ev.Meta.Type, "toolbus."), a.CallID, a.Who, a.Why)
-			if a.Arguments != "" {
-				line += " edited arguments: " + oneLine(a.Arguments, 80)
-			}
-			if a.Response != "" {
-				line += " answer: " + oneLine(a.Response, 80)
-			}
-			fmt.Fprintln(p.out, strings.TrimRight(line, " "))
-		},
-		Cancel: func(events.StoredEvent, toolbus.Cancel) { fmt.Fprintln(p.out, "cancel requested") },
+		Approval: func(ev events.StoredEvent, a toolbus.Approval, _ bool) { p.approval(ev, a) },
+		Cancel:   func(events.StoredEvent, toolbus.Cancel) { fmt.Fprintln(p.out, "cancel requested") },
 		Timer: func(_ events.StoredEvent, t events.RunTimer) {
 			if p.timers {
 				fmt.Fprintf(p.out, "deadline timer set: the run ends at %s if it still goes on\n", t.Deadline.UTC().Format(time.RFC3339))
@@ -202,6 +167,47 @@ func (p *printer) print(ev events.StoredEvent) (status toolbus.RunStatus, done b
 	}
 	v.Visit(ev)
 	return status, done
+}
+
+// modelResponded prints a step's answer: the model (when it changes), the calls asked for.
+func (p *printer) modelResponded(mr toolbus.ModelResponded) {
+	if mr.Model != "" && mr.Model != p.model {
+		p.model = mr.Model
+		whose := "the planner's"
+		if p.requested != "" {
+			whose = "asked for by the run: " + p.requested
+		}
+		fmt.Fprintf(p.out, "model %s (%s)\n", mr.Model, whose)
+	}
+	clear(p.open)
+	for _, c := range mr.Message.ToolCalls {
+		p.open[c.CallID] = c.Tool
+	}
+	text := oneLine(mr.Message.Content, 100)
+	if len(mr.Message.ToolCalls) == 0 {
+		fmt.Fprintf(p.out, "step %d  model answered (%d ms)\n", mr.Step, mr.LatencyMS)
+		return
+	}
+	fmt.Fprintf(p.out, "step %d  model asked for %d call(s) (%d ms)", mr.Step, len(mr.Message.ToolCalls), mr.LatencyMS)
+	if text != "" {
+		fmt.Fprintf(p.out, ": %s", text)
+	}
+	fmt.Fprintln(p.out)
+	for _, c := range mr.Message.ToolCalls {
+		fmt.Fprintf(p.out, "        -> %s %s(%s)\n", c.CallID, c.Tool, oneLine(c.Arguments, 80))
+	}
+}
+
+// approval prints a person's decision, with an edit's arguments or an answer.
+func (p *printer) approval(ev events.StoredEvent, a toolbus.Approval) {
+	line := fmt.Sprintf("        %s %s by %s %s", strings.TrimPrefix(ev.Meta.Type, "toolbus."), a.CallID, a.Who, a.Why)
+	if a.Arguments != "" {
+		line += " edited arguments: " + oneLine(a.Arguments, 80)
+	}
+	if a.Response != "" {
+		line += " answer: " + oneLine(a.Response, 80)
+	}
+	fmt.Fprintln(p.out, strings.TrimRight(line, " "))
 }
 
 // oneLine folds s onto one line and cuts it to n bytes (audit.OneLine).
