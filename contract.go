@@ -2,7 +2,10 @@ package toolbus
 
 import (
 	"encoding/json"
+	"fmt"
 	"regexp"
+	"slices"
+	"strings"
 	"time"
 )
 
@@ -14,12 +17,15 @@ type ToolContract struct {
 	InputSchema  json.RawMessage `json:"input_schema"`
 	OutputSchema json.RawMessage `json:"output_schema,omitempty"`
 	// ReadOnly is false for tools with side effects; those get an idempotency key.
-	ReadOnly       bool          `json:"read_only"`
-	NeedsApproval  bool          `json:"needs_approval,omitempty"`
-	Timeout        time.Duration `json:"timeout,omitempty"`
-	MaxOutputBytes int           `json:"max_output_bytes,omitempty"`
-	MaxConcurrency int           `json:"max_concurrency,omitempty"`
-	RedactFields   []string      `json:"redact_fields,omitempty"`
+	ReadOnly      bool          `json:"read_only"`
+	NeedsApproval bool          `json:"needs_approval,omitempty"`
+	Timeout       time.Duration `json:"timeout,omitempty"`
+	// HeartbeatTimeout marks a long-running tool: a call that reports no progress
+	// (tool.progress) for this long is timed out; Timeout is then its longest run.
+	HeartbeatTimeout time.Duration `json:"heartbeat_timeout,omitempty"`
+	MaxOutputBytes   int           `json:"max_output_bytes,omitempty"`
+	MaxConcurrency   int           `json:"max_concurrency,omitempty"`
+	RedactFields     []string      `json:"redact_fields,omitempty"`
 	// Owner is the team whose executors serve the tool (the catalog records it; with
 	// per-team credentials only that team may write the entry).
 	Owner string `json:"owner,omitempty"`
@@ -27,6 +33,74 @@ type ToolContract struct {
 	// differs from its own only with a higher version (or on purpose, with
 	// TOOLBUS_EXECUTOR_REPLACE_CONTRACTS).
 	Version int `json:"version,omitempty"`
+	// Retry is the tool's retry policy: a failure it names is retried by the fleet with
+	// backoff, within the run's deadline, and only the final result goes to the model.
+	// Nil: no retries.
+	Retry *RetryPolicy `json:"retry,omitempty"`
+}
+
+// RetryPolicy is a tool's retry policy. The runtime, not the model, retries a failed call
+// whose error code it names: attempt n+1 starts after a backoff of InitialBackoff·2^(n-1)
+// (at most MaxBackoff) with jitter (half to all of it), with the same idempotency key, up
+// to MaxAttempts attempts in all and never past the run's deadline. Each failed attempt is
+// recorded in the final result (ToolResult.Retries).
+type RetryPolicy struct {
+	// MaxAttempts counts every attempt, the first included: 2 to MaxRetryAttempts.
+	MaxAttempts int `json:"max_attempts"`
+	// InitialBackoff is the wait before the second attempt (at least 1ms).
+	InitialBackoff time.Duration `json:"initial_backoff"`
+	// MaxBackoff caps the wait between attempts (at least InitialBackoff, at most
+	// MaxRetryBackoff).
+	MaxBackoff time.Duration `json:"max_backoff"`
+	// Codes are the error codes retried. Empty: every failure the tool marked retryable
+	// (ToolError.Retryable).
+	Codes []string `json:"codes,omitempty"`
+}
+
+// Bounds of a RetryPolicy.
+const (
+	MaxRetryAttempts = 20
+	MaxRetryBackoff  = time.Hour
+)
+
+// Validate reports the first field of p out of range, naming it.
+func (p RetryPolicy) Validate() error {
+	switch {
+	case p.MaxAttempts < 2 || p.MaxAttempts > MaxRetryAttempts:
+		return fmt.Errorf("retry policy: max_attempts %d: want 2 to %d (the first attempt included)", p.MaxAttempts, MaxRetryAttempts)
+	case p.InitialBackoff < time.Millisecond:
+		return fmt.Errorf("retry policy: initial_backoff %s: want at least 1ms", p.InitialBackoff)
+	case p.MaxBackoff < p.InitialBackoff:
+		return fmt.Errorf("retry policy: max_backoff %s: want at least initial_backoff (%s)", p.MaxBackoff, p.InitialBackoff)
+	case p.MaxBackoff > MaxRetryBackoff:
+		return fmt.Errorf("retry policy: max_backoff %s: want at most %s", p.MaxBackoff, MaxRetryBackoff)
+	}
+	for _, c := range p.Codes {
+		if c == "" || strings.TrimSpace(c) != c {
+			return fmt.Errorf("retry policy: codes: %q is not an error code", c)
+		}
+	}
+	return nil
+}
+
+// Retries reports whether p retries a failure with error e.
+func (p RetryPolicy) Retries(e *ToolError) bool {
+	if e == nil {
+		return false
+	}
+	if len(p.Codes) == 0 {
+		return e.Retryable
+	}
+	return slices.Contains(p.Codes, e.Code)
+}
+
+// Backoff returns the wait before the attempt after attempt (1-based), before jitter.
+func (p RetryPolicy) Backoff(attempt int) time.Duration {
+	d := p.InitialBackoff
+	for i := 1; i < attempt && d < p.MaxBackoff; i++ {
+		d *= 2
+	}
+	return min(d, p.MaxBackoff)
 }
 
 var nameRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)

@@ -80,6 +80,7 @@ var depRules = []depRule{
 		why: "the executor core runs in-process without NATS or CloudEvents (the bus side is executor/worker)"},
 	{prefix: "faults", notModule: []string{"cmd", "e2e", "examples"}, why: "the fault tests run the binaries; faultbus wires its own roles"},
 	{prefix: "injector", notModule: []string{"executor", "planner", "cmd", "internal/bench", "e2e", "faults", "examples"}, why: "workers meet only on the bus"},
+	{prefix: "internal/callrun", notModule: workers, why: "the run of one pre-planned call is built alike by the command and the MCP server"},
 	{prefix: "internal/retry", notModule: allButSDK, why: "the retry loop imports nothing of the module"},
 	{prefix: "internal/golden", notModule: allButSDK, why: "test helpers import nothing of the module: any package's tests may use them"},
 	{prefix: "internal/testutil", notModule: allButSDK, why: "test helpers import nothing of the module: any package's tests may use them"},

@@ -114,6 +114,25 @@ type ToolResult struct {
 	// cut off from the bus whose publication arrived late) is joined only if no later
 	// attempt owns the call. Absent on results that no executor attempt produced.
 	LeaseUntil *time.Time `json:"lease_until,omitempty"`
+	// Human is set when a person edited the call's arguments or answered in the tool's
+	// place (Approval).
+	Human *HumanDecision `json:"human,omitempty"`
+	// Retries are the failed attempts retried by the tool's retry policy before this
+	// result, oldest first (ToolContract.Retry); the model reads only this result.
+	Retries []FailedAttempt `json:"retries,omitempty"`
+}
+
+// FailedAttempt is one attempt of a call that failed and was retried by the tool's
+// retry policy.
+type FailedAttempt struct {
+	Attempt    int       `json:"attempt"`
+	Status     Status    `json:"status"`
+	Error      ToolError `json:"error"`
+	DurationMS int64     `json:"duration_ms"`
+	Executor   string    `json:"executor,omitempty"`
+	At         time.Time `json:"at"`
+	// RetryAfterMS is the backoff before the next attempt.
+	RetryAfterMS int64 `json:"retry_after_ms"`
 }
 
 // Code returns the error code of r, or "" when r has no error.
@@ -299,12 +318,82 @@ type ToolWaiting struct {
 	Call      ToolCall `json:"call"`
 }
 
-// Approval is the data of approval.granted and approval.denied.
+// ToolProgress is the data of tool.progress: how far a running call has come, as its
+// tool reports it. A report renews the call's liveness (a long-running tool that stops
+// reporting is timed out after its heartbeat timeout); it never changes the call's
+// result, and a report for a call that is not running is not published (readers ignore
+// one that has no running call).
+type ToolProgress struct {
+	RunID  string `json:"run_id"`
+	Step   int    `json:"step"`
+	CallID string `json:"call_id"`
+	Tool   string `json:"tool"`
+	// Attempt is the execution of the call that reports (ToolResult.Attempt).
+	Attempt int `json:"attempt"`
+	// Seq numbers the reports of one attempt from 1; a reader keeps the highest.
+	Seq int `json:"seq"`
+	// Done is the work done so far, in the tool's unit; Total the whole work, 0 when
+	// unknown.
+	Done  float64 `json:"done"`
+	Total float64 `json:"total,omitempty"`
+	// Message says what the tool is doing, for people.
+	Message string `json:"message,omitempty"`
+}
+
+// Approval is the data of approval.granted and approval.denied: a person's decision on
+// a call that waits. Four decisions travel on the two types:
+//
+//   - approve: approval.granted; the call runs with the model's arguments;
+//   - edit: approval.granted with Arguments; the call runs with the person's arguments
+//     (a JSON object valid against the tool's input schema, else the decision is
+//     refused and the call still waits);
+//   - reject: approval.denied; the model reads Why (result rejected / approval_denied);
+//   - respond: approval.denied with Response; the tool does not run and Response
+//     becomes the call's result (succeeded, marked ToolResult.Human "responded").
 type Approval struct {
 	RunID  string `json:"run_id"`
 	CallID string `json:"call_id"`
 	Who    string `json:"who"`
 	Why    string `json:"why,omitempty"`
+	// Arguments (approval.granted only) are the person's edit of the call's arguments,
+	// one JSON object; empty keeps the model's.
+	Arguments string `json:"arguments,omitempty"`
+	// Response (approval.denied only) answers in the tool's place: the call's result.
+	Response string `json:"response,omitempty"`
+}
+
+// Decision kinds of a person (Approval, HumanDecision.Kind).
+const (
+	DecisionApproved  = "approved"
+	DecisionEdited    = "edited"
+	DecisionRejected  = "rejected"
+	DecisionResponded = "responded"
+)
+
+// Kind returns the decision a of kind granted (approval.granted) or not stands for:
+// DecisionApproved, DecisionEdited, DecisionRejected or DecisionResponded.
+func (a Approval) Kind(granted bool) string {
+	switch {
+	case granted && a.Arguments != "":
+		return DecisionEdited
+	case granted:
+		return DecisionApproved
+	case a.Response != "":
+		return DecisionResponded
+	}
+	return DecisionRejected
+}
+
+// HumanDecision marks a result that a person shaped: the call ran with arguments a
+// person edited, or a person answered in the tool's place.
+type HumanDecision struct {
+	// Kind is DecisionEdited or DecisionResponded.
+	Kind string `json:"kind"`
+	// Who decided.
+	Who string `json:"who"`
+	// Arguments are the ones the call ran with, for an edit (the model's are the call's,
+	// in tool.requested and model.responded).
+	Arguments string `json:"arguments,omitempty"`
 }
 
 // Cancel is the data of run.cancel.

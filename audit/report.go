@@ -28,6 +28,9 @@ const (
 	// tool, status or type than its subject names); consumers terminated it and it
 	// counts for no run.
 	ViolationSubjectMismatch = "subject_mismatch"
+	// ViolationProgressNotRunning: a tool.progress for a call that was not running (no
+	// tool.requested before it, or after its tool.finished); readers ignore it.
+	ViolationProgressNotRunning = "progress_not_running"
 )
 
 // Violation is one broken invariant.
@@ -78,9 +81,27 @@ type Call struct {
 	Decision  string `json:"decision,omitempty"`
 	DecidedBy string `json:"decided_by,omitempty"`
 	// DecidedWhy is the reason the decider gave.
-	DecidedWhy string              `json:"decided_why,omitempty"`
-	Results    int                 `json:"results"`
-	Result     *toolbus.ToolResult `json:"result,omitempty"`
+	DecidedWhy string `json:"decided_why,omitempty"`
+	// DecisionKind is what the person decided (toolbus.Approval.Kind): approved, edited,
+	// rejected or responded.
+	DecisionKind string `json:"decision_kind,omitempty"`
+	// EditedArguments are the person's arguments the call ran with instead of the
+	// model's (Arguments), for an edit.
+	EditedArguments string `json:"edited_arguments,omitempty"`
+	// Response is the person's answer in the tool's place, for a response.
+	Response string              `json:"response,omitempty"`
+	Results  int                 `json:"results"`
+	Result   *toolbus.ToolResult `json:"result,omitempty"`
+	// Progress is the call's last progress report while it ran (tool.progress).
+	Progress *toolbus.ToolProgress `json:"progress,omitempty"`
+}
+
+// ProgressText says how far the call had come by its last report ("" without one).
+func (c Call) ProgressText() string {
+	if c.Progress == nil {
+		return ""
+	}
+	return ProgressText(*c.Progress)
 }
 
 // Report is the audit of one run (`toolbus replay --json` prints it as is).
@@ -147,7 +168,7 @@ func Analyze(run string, evs []events.StoredEvent) *Report {
 	}
 	v := Visitor{
 		RunStarted: a.runStarted, ModelRequested: a.modelRequested, ModelResponded: a.modelResponded,
-		ToolRequested: a.toolRequested, ToolWaiting: a.toolWaiting, ToolFinished: a.toolFinished,
+		ToolRequested: a.toolRequested, ToolWaiting: a.toolWaiting, ToolFinished: a.toolFinished, ToolProgress: a.toolProgress,
 		Approval: a.approval, Cancel: a.cancel, RunEnded: a.runEnded, Undecodable: a.undecodable,
 		Timer: func(_ events.StoredEvent, t events.RunTimer) {
 			a.e.Summary = "the run ends at " + t.Deadline.UTC().Format(time.RFC3339) + " if it still goes on then"
@@ -356,6 +377,34 @@ func (a *analysis) toolWaiting(_ events.StoredEvent, tw toolbus.ToolWaiting) {
 	}
 }
 
+func (a *analysis) toolProgress(ev events.StoredEvent, tp toolbus.ToolProgress) {
+	e := a.e
+	e.Step, e.CallID, e.Tool = tp.Step, tp.CallID, tp.Tool
+	e.Summary = ProgressText(tp)
+	rc := a.findCall(tp.Step, tp.CallID)
+	if rc == nil || rc.Requested == 0 || rc.Results > 0 {
+		e.Summary = "ignored: progress for a call that is not running (" + e.Summary + ")"
+		a.addV(ViolationProgressNotRunning, ev.Seq, tp.Step, tp.CallID, "tool.progress %d of call %s when the call was not running (no request before it, or after its result)", tp.Seq, tp.CallID)
+		return
+	}
+	if rc.Progress == nil || tp.Attempt > rc.Progress.Attempt || (tp.Attempt == rc.Progress.Attempt && tp.Seq > rc.Progress.Seq) {
+		rc.Progress = &tp
+	}
+}
+
+// ProgressText says how far a call has come: "40/120 (33%): searched 40 archives",
+// "40: ..." when the total is unknown.
+func ProgressText(tp toolbus.ToolProgress) string {
+	s := strconv.FormatFloat(tp.Done, 'f', -1, 64)
+	if tp.Total > 0 {
+		s += "/" + strconv.FormatFloat(tp.Total, 'f', -1, 64) + fmt.Sprintf(" (%d%%)", int(100*tp.Done/tp.Total))
+	}
+	if tp.Message != "" {
+		s += ": " + OneLine(tp.Message, 100)
+	}
+	return "progress " + s
+}
+
 func (a *analysis) approval(_ events.StoredEvent, ap toolbus.Approval, granted bool) {
 	e := a.e
 	e.CallID = ap.CallID
@@ -364,6 +413,12 @@ func (a *analysis) approval(_ events.StoredEvent, ap toolbus.Approval, granted b
 		verb = "denied"
 	}
 	e.Summary = fmt.Sprintf("approval %s by %s", verb, orDash(ap.Who))
+	switch kind := ap.Kind(granted); kind {
+	case toolbus.DecisionEdited:
+		e.Summary = fmt.Sprintf("approval granted with edited arguments %s by %s", OneLine(ap.Arguments, 100), orDash(ap.Who))
+	case toolbus.DecisionResponded:
+		e.Summary = fmt.Sprintf("answered in the tool's place by %s: %s", orDash(ap.Who), OneLine(ap.Response, 100))
+	}
 	if ap.Why != "" {
 		e.Summary += ": " + OneLine(ap.Why, 100)
 	}
@@ -377,6 +432,7 @@ func (a *analysis) approval(_ events.StoredEvent, ap toolbus.Approval, granted b
 		e.Tool = rc.Tool
 		if rc.Decision == "" {
 			rc.Decision, rc.DecidedBy, rc.DecidedWhy = verb, ap.Who, ap.Why
+			rc.DecisionKind, rc.EditedArguments, rc.Response = ap.Kind(granted), ap.Arguments, ap.Response
 		}
 	}
 }
@@ -393,6 +449,16 @@ func (a *analysis) toolFinished(ev events.StoredEvent, tf toolbus.ToolFinished) 
 			code = ""
 		}
 		e.Summary = fmt.Sprintf("%s%s (%s) in %d ms on %s", res.Status, code, OneLine(res.Error.Message, 80), res.DurationMS, orDash(res.Executor))
+	}
+	if len(res.Retries) > 0 {
+		parts := make([]string, len(res.Retries))
+		for i, fa := range res.Retries {
+			parts[i] = fmt.Sprintf("#%d %s on %s, retried after %d ms", fa.Attempt, fa.Error.Code, orDash(fa.Executor), fa.RetryAfterMS)
+		}
+		e.Summary += ", after failed attempts retried by the tool's policy: " + strings.Join(parts, "; ")
+	}
+	if res.Human != nil {
+		e.Summary += fmt.Sprintf(" (%s by %s)", res.Human.Kind, orDash(res.Human.Who))
 	}
 	if res.Attempt > 1 {
 		e.Summary += fmt.Sprintf(", attempt %d", res.Attempt)

@@ -341,3 +341,48 @@ func TestPlural(t *testing.T) {
 		}
 	}
 }
+
+func (l *runLog) progress(ms, step int, c toolbus.ToolCall, seq int, done, total float64, msg string) {
+	l.add(ms, events.SubjectToolProgress(l.run, c.Tool), events.Meta{ID: events.IDToolProgress(l.run, step, c.CallID, 1, seq),
+		Type: events.TypeToolProgress, Step: step, CallID: c.CallID},
+		toolbus.ToolProgress{RunID: l.run, Step: step, CallID: c.CallID, Tool: c.Tool, Attempt: 1, Seq: seq, Done: done, Total: total, Message: msg})
+}
+
+// TestAnalyzeProgress: a report of a running call is in the timeline; one of a call that
+// is not running (never requested, or after its result) is ignored and flagged.
+func TestAnalyzeProgress(t *testing.T) {
+	l := newRunLog(t, "run-p")
+	c := rcall("c1", "crawl", `{}`)
+	l.started(toolbus.Message{Role: toolbus.RoleUser, Content: "crawl"})
+	l.requested(1, 0)
+	l.responded(1, 0, "", 10, c)
+	l.progress(1, 0, rcall("ghost", "crawl", `{}`), 1, 1, 0, "") // never requested
+	l.toolRequested(1, 0, 0, 1, c, false)
+	l.progress(5, 0, c, 1, 40, 120, "searched 40 archives")
+	l.finished(5, 0, 0, 1, rok("c1", "crawl", "done"), "")
+	l.progress(5, 0, c, 2, 120, 120, "late")
+	r := Analyze(l.run, l.evs)
+	var summaries []string
+	for _, e := range r.Timeline {
+		if e.Type == "tool.progress" {
+			summaries = append(summaries, e.Summary)
+		}
+	}
+	want := []string{
+		"ignored: progress for a call that is not running (progress 1)",
+		"progress 40/120 (33%): searched 40 archives",
+		"ignored: progress for a call that is not running (progress 120/120 (100%): late)",
+	}
+	if strings.Join(summaries, "\n") != strings.Join(want, "\n") {
+		t.Fatalf("progress in the timeline:\n%s\nwant:\n%s", strings.Join(summaries, "\n"), strings.Join(want, "\n"))
+	}
+	n := 0
+	for _, v := range r.Violations {
+		if v.Code == ViolationProgressNotRunning {
+			n++
+		}
+	}
+	if n != 2 {
+		t.Fatalf("%d progress_not_running violations, want 2: %+v", n, r.Violations)
+	}
+}

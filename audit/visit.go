@@ -25,6 +25,7 @@ type Visitor struct {
 	ModelResponded func(events.StoredEvent, toolbus.ModelResponded)
 	ToolRequested  func(events.StoredEvent, toolbus.ToolRequested)
 	ToolWaiting    func(events.StoredEvent, toolbus.ToolWaiting)
+	ToolProgress   func(events.StoredEvent, toolbus.ToolProgress)
 	ToolFinished   func(events.StoredEvent, toolbus.ToolFinished)
 	// Approval gets toolbus.approval.granted (granted) and toolbus.approval.denied.
 	Approval func(ev events.StoredEvent, a toolbus.Approval, granted bool)
@@ -71,6 +72,8 @@ func (v *Visitor) Visit(ev events.StoredEvent) {
 		visit(v, ev, v.ToolWaiting)
 	case typ == events.TypeToolFinished:
 		visit(v, ev, v.ToolFinished)
+	case typ == events.TypeToolProgress:
+		visit(v, ev, v.ToolProgress)
 	case typ == events.TypeApprovalGranted || typ == events.TypeApprovalDenied:
 		if v.Approval != nil {
 			visit(v, ev, func(ev events.StoredEvent, a toolbus.Approval) { v.Approval(ev, a, typ == events.TypeApprovalGranted) })

@@ -17,6 +17,7 @@ package conformance
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -62,6 +63,9 @@ type Config struct {
 type Report struct {
 	// Failures lists every broken rule; empty when the executor conforms.
 	Failures []string
+	// Progress counts the tool.progress events the executor published (reporting
+	// progress is optional; the ones published must keep the rules).
+	Progress int
 	// Log is the executor's output, for diagnosing failures.
 	Log string
 }
@@ -336,10 +340,26 @@ func (s *suite) checkResults() {
 	}
 }
 
+// checkProgress checks progress, where the executor reports it: only while the call
+// runs (before its result), on the call's subject with data that agrees, in sequence.
+func (s *suite) checkProgress() error {
+	for _, c := range s.calls {
+		n, err := checkProgress(s.ctx, s.bus, s.runOf(c), c.name, func(format string, args ...any) { s.fail(c.name+": "+format, args...) })
+		if err != nil {
+			return err
+		}
+		s.rep.Progress += n
+	}
+	return nil
+}
+
 // checkCounts checks exactly one result per call, both published and stored, and none
 // for the poison message or the call whose subject and data disagree.
 func (s *suite) checkCounts() error {
 	ctx, bus := s.ctx, s.bus
+	if err := s.checkProgress(); err != nil {
+		return err
+	}
 	for _, c := range s.calls {
 		run := s.runOf(c)
 		s.mu.Lock()
@@ -460,6 +480,45 @@ func countStored(ctx context.Context, bus *events.Bus, run string) (int, error) 
 		return 0, fmt.Errorf("conformance: %w", err)
 	}
 	return len(evs), nil
+}
+
+// checkProgress checks the tool.progress events of one call's run and returns how
+// many there are.
+func checkProgress(ctx context.Context, bus *events.Bus, run, callID string, fail func(string, ...any)) (int, error) {
+	evs, err := events.ReadEvents(ctx, bus.Stream, events.SubjectRun(run))
+	if err != nil {
+		return 0, err
+	}
+	n, finished, lastSeq := 0, false, 0
+	for _, ev := range evs {
+		switch ev.Meta.Type {
+		case events.TypeToolFinished:
+			finished = true
+		case events.TypeToolProgress:
+			n++
+			if ev.Err != nil {
+				fail("tool.progress on %s: %v", ev.Subject, ev.Err)
+				continue
+			}
+			var tp toolbus.ToolProgress
+			if err := json.Unmarshal(ev.Data, &tp); err != nil {
+				fail("tool.progress data does not decode: %v", err)
+				continue
+			}
+			switch {
+			case finished:
+				fail("tool.progress %d published after the call's tool.finished: progress is only for a running call", tp.Seq)
+			case tp.CallID != callID || tp.Step != 0:
+				fail("tool.progress names call %q of step %d, want %q of step 0", tp.CallID, tp.Step, callID)
+			case tp.Seq <= lastSeq:
+				fail("tool.progress seq %d after %d: want increasing", tp.Seq, lastSeq)
+			case ev.Meta.ID != events.IDToolProgress(run, 0, callID, tp.Attempt, tp.Seq):
+				fail("tool.progress id %q, want %q", ev.Meta.ID, events.IDToolProgress(run, 0, callID, tp.Attempt, tp.Seq))
+			}
+			lastSeq = tp.Seq
+		}
+	}
+	return n, nil
 }
 
 // checkContract checks the tool's catalog entry.

@@ -65,7 +65,13 @@ func nodeExecutor(t *testing.T) []string {
 
 // The JavaScript executor of examples/node-executor, written from the contract alone.
 func TestNodeExecutor(t *testing.T) {
-	requireOK(t, run(t, conformance.Config{Command: nodeExecutor(t), Tool: "delay"}))
+	rep := run(t, conformance.Config{Command: nodeExecutor(t), Tool: "delay"})
+	requireOK(t, rep)
+	// It reports progress while it waits: the long call published tool.progress events,
+	// which kept the rules (only while the call ran, in sequence).
+	if rep.Progress == 0 {
+		t.Fatal("the Node executor published no tool.progress during a call of several seconds")
+	}
 }
 
 // The suite is not a formality: the Node executor with one rule broken fails it.

@@ -15,23 +15,21 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"slices"
-	"sort"
 	"strings"
 	"time"
 
 	"github.com/toolbus/toolbus"
-	"github.com/toolbus/toolbus/audit"
 	"github.com/toolbus/toolbus/events"
-	"github.com/toolbus/toolbus/events/store"
 	"github.com/toolbus/toolbus/internal/decide"
 	"github.com/toolbus/toolbus/internal/door"
 )
 
 // The web console: `toolbus console` (and `toolbus up` when TOOLBUS_CONSOLE_ADDR is set)
-// serves the runs list and a page per run, rendered by html/template from the same
-// audit as `toolbus replay` (audit.Analyze over the run's events, read from the bus's
-// reader). Live updates are server-sent events: one per event stored on the stream,
+// serves the runs list (runs.go), a page per run (run.go) and its raw events
+// (rawevents.go), and the tools page (tools.go), rendered by html/template (ui/) from
+// the same audit as `toolbus replay` (audit.Analyze over the run's events, read with
+// direct gets: the console creates no consumer). A new page adds a route (routes), a
+// handler and a template. Live updates are server-sent events: one per event stored on the stream,
 // after which the page fetches itself again. Approve, deny and cancel publish the same
 // events as the CLI, with the signed-in user as the actor (auth.go: who may read
 // and act). Everything a model or tool wrote reaches the browser through html/template
@@ -40,8 +38,11 @@ import (
 //go:embed ui
 var uiFS embed.FS
 
-// consoleMaxRuns bounds the runs list (newest first).
-const consoleMaxRuns = 200
+// Page sizes of the runs list: the default and the largest a request may ask for (n=).
+const (
+	consolePageSize    = 50
+	consoleMaxPageSize = 200
+)
 
 // consoleMaxOutput bounds the full output shown for one call.
 const consoleMaxOutput = 1 << 20
@@ -72,22 +73,7 @@ type server struct {
 
 // New returns the console's handler; its live streams follow the bus until ctx ends.
 func New(ctx context.Context, bus *events.Bus, opts Options, log *slog.Logger) (http.Handler, error) {
-	tmpl, err := template.New("console").Funcs(template.FuncMap{
-		// x is a position on the 0-1000 axis of a timeline row, from a percentage.
-		"x":  func(pct float64) string { return fmt.Sprintf("%.1f", pct*10) },
-		"ms": ms,
-		"rawjson": func(b json.RawMessage) string {
-			if len(b) == 0 {
-				return ""
-			}
-			var v any
-			if json.Unmarshal(b, &v) != nil {
-				return string(b)
-			}
-			out, _ := json.MarshalIndent(v, "", "  ")
-			return string(out)
-		},
-	}).ParseFS(uiFS, "ui/*.html")
+	tmpl, err := template.New("console").Funcs(funcs()).ParseFS(uiFS, "ui/*.html")
 	if err != nil {
 		return nil, fmt.Errorf("console: templates: %w", err)
 	}
@@ -100,17 +86,37 @@ func New(ctx context.Context, bus *events.Bus, opts Options, log *slog.Logger) (
 	}
 	mux := http.NewServeMux()
 	mux.Handle("GET /static/", http.StripPrefix("/static/", http.FileServerFS(static)))
-	mux.HandleFunc("GET /{$}", c.runsPage)
-	mux.HandleFunc("GET /runs/{run}", c.runPage)
-	mux.HandleFunc("POST /runs/{run}/approve", c.decide(true))
-	mux.HandleFunc("POST /runs/{run}/deny", c.decide(false))
-	mux.HandleFunc("POST /runs/{run}/cancel", c.cancel)
-	mux.HandleFunc("GET /events", c.sse)
-	mux.HandleFunc("GET /login", c.loginPage)
-	mux.HandleFunc("POST /login", c.login)
-	mux.HandleFunc("POST /logout", c.logout)
-	mux.HandleFunc("GET /readyz", c.ready)
+	for _, r := range c.routes() {
+		mux.HandleFunc(r.pattern, r.handler)
+	}
 	return securityHeaders(c.auth.wrap(mux)), nil
+}
+
+// route is one page or action of the console.
+type route struct {
+	pattern string
+	handler http.HandlerFunc
+}
+
+// routes are the console's pages and actions (a new page or decision adds its line).
+// Reads need a user unless the console is public; every POST needs one (auth.wrap).
+func (c *server) routes() []route {
+	return []route{
+		{"GET /{$}", c.runsPage},
+		{"GET /runs/{run}", c.runPage},
+		{"GET /runs/{run}/events", c.eventsPage},
+		{"GET /runs/{run}/events.json", c.eventsJSON},
+		{"GET /tools", c.toolsPage},
+		{"POST /runs/{run}/approve", c.decide("approve")},
+		{"POST /runs/{run}/deny", c.decide("deny")},
+		{"POST /runs/{run}/respond", c.decide("respond")},
+		{"POST /runs/{run}/cancel", c.cancel},
+		{"GET /events", c.sse},
+		{"GET /login", c.loginPage},
+		{"POST /login", c.login},
+		{"POST /logout", c.logout},
+		{"GET /readyz", c.ready},
+	}
 }
 
 // securityHeaders forbids inline scripts and framing: even markup that escaped the
@@ -147,200 +153,12 @@ func Serve(ctx context.Context, addr string, h http.Handler, log *slog.Logger) e
 	return fmt.Errorf("console: %w", err)
 }
 
-// runRow is one line of the runs list.
-type runRow struct {
-	store.RunState
-	Question string
-	Tokens   int64
-	Age      string
-}
-
-func (c *server) runsPage(w http.ResponseWriter, r *http.Request) {
-	filter := r.URL.Query().Get("status")
-	if filter != "" && !slices.Contains(toolbus.RunStatuses, toolbus.RunStatus(filter)) {
-		http.Error(w, fmt.Sprintf("unknown status %q: want one of %s", filter, statusList(toolbus.RunStatuses)), http.StatusBadRequest)
-		return
-	}
-	var rows []runRow
-	if err := c.hub.read(r.Context(), func(ctx context.Context) error {
-		var err error
-		rows, err = c.runRows(ctx, filter)
-		return err
-	}); err != nil {
-		c.fail(w, err)
-		return
-	}
-	c.render(w, "runs.html", c.pageData(r, map[string]any{"Runs": rows, "Filter": filter, "Statuses": toolbus.RunStatuses}))
-}
-
 // pageData adds who is signed in (and whether they may act) to a page's data.
 func (c *server) pageData(r *http.Request, data map[string]any) map[string]any {
 	u, ok := userOf(r)
 	data["CanAct"] = ok
 	data["User"] = u.Name
 	return data
-}
-
-// runRows reads the runs list.
-func (c *server) runRows(ctx context.Context, filter string) ([]runRow, error) {
-	runs, err := c.bus.Runs(ctx)
-	if err != nil {
-		return nil, err
-	}
-	sort.SliceStable(runs, func(i, j int) bool { return runs[i].StartedAt.After(runs[j].StartedAt) })
-	now := time.Now()
-	var rows []runRow
-	for _, st := range runs {
-		if filter != "" && string(st.Status) != filter {
-			continue
-		}
-		if len(rows) == consoleMaxRuns {
-			break
-		}
-		row := runRow{RunState: st, Age: age(now.Sub(st.StartedAt))}
-		if !st.Status.Terminal() {
-			if step, err := c.bus.CurrentStep(ctx, st.RunID); err == nil {
-				row.Step = step
-			}
-		}
-		if rs, err := c.bus.RunStarted(ctx, st.RunID); err == nil {
-			row.Question = question(rs.Messages)
-		}
-		if st.Ended != nil && st.Status != toolbus.RunWaitingForApproval {
-			row.Tokens = st.Ended.Usage.Total()
-		} else if u, err := c.bus.UsageSoFar(ctx, st.RunID, row.Step); err == nil {
-			row.Tokens = u.Total()
-		}
-		rows = append(rows, row)
-	}
-	return rows, nil
-}
-
-// question is the run's last user message.
-func question(msgs []toolbus.Message) string {
-	for i := len(msgs) - 1; i >= 0; i-- {
-		if msgs[i].Role == toolbus.RoleUser {
-			return audit.OneLine(msgs[i].Content, 160)
-		}
-	}
-	return ""
-}
-
-// bar places a span on the run's time axis, in percent.
-type bar struct {
-	Left, Width float64
-}
-
-// consoleCall is one call of a step, on the timeline and in detail.
-type consoleCall struct {
-	audit.CallLayout
-	Bar        bar
-	FullOutput string
-	OutputErr  string
-}
-
-// consoleStep is one step: the model call, then its calls.
-type consoleStep struct {
-	N          int
-	Model      bar
-	ModelMS    int64
-	Responded  bool
-	Calls      []*consoleCall
-	Assistant  string
-	Reasoning  string
-	StepTokens int64
-}
-
-func (c *server) runPage(w http.ResponseWriter, r *http.Request) {
-	run := r.PathValue("run")
-	if !toolbus.ValidRunID(run) {
-		http.Error(w, "invalid run id", http.StatusBadRequest)
-		return
-	}
-	var (
-		rep     *audit.Report
-		waiting []toolbus.ToolCall
-		steps   []*consoleStep
-	)
-	err := c.hub.read(r.Context(), func(ctx context.Context) error {
-		evs, err := c.hub.runEvents(ctx, run)
-		if err != nil || len(evs) == 0 {
-			return err
-		}
-		rep = audit.Analyze(run, evs)
-		st, _, stErr := c.bus.RunState(ctx, run)
-		if stErr == nil && st.Status == toolbus.RunWaitingForApproval && st.Ended != nil {
-			waiting = st.Ended.Pending
-		} else if rep.Status == toolbus.RunWaitingForApproval {
-			waiting = rep.Pending
-		}
-		steps = c.steps(ctx, rep)
-		return nil
-	})
-	if err != nil {
-		c.fail(w, err)
-		return
-	}
-	if rep == nil {
-		http.Error(w, fmt.Sprintf("run %s not found", run), http.StatusNotFound)
-		return
-	}
-	c.render(w, "run.html", c.pageData(r, map[string]any{
-		"R": rep, "Steps": steps, "Waiting": waiting,
-		"Active": !rep.Status.Terminal(), "Duration": ms(rep.DurationMS),
-	}))
-}
-
-// statusList is statuses separated by commas.
-func statusList(statuses []toolbus.RunStatus) string {
-	s := make([]string, len(statuses))
-	for i, st := range statuses {
-		s[i] = string(st)
-	}
-	return strings.Join(s, ", ")
-}
-
-// ms renders a duration in milliseconds.
-func ms(v int64) string {
-	if v <= 0 {
-		return "<1ms"
-	}
-	return (time.Duration(v) * time.Millisecond).String()
-}
-
-// steps places the report's layout (audit.Report.Layout) on the page's time axis, in
-// percent, with the full output of truncated results.
-func (c *server) steps(ctx context.Context, rep *audit.Report) []*consoleStep {
-	layout, span := rep.Layout()
-	pos := func(from, to int64) bar {
-		to = max(to, from)
-		return bar{Left: float64(from) * 100 / float64(span), Width: max(0.5, float64(to-from)*100/float64(span))}
-	}
-	out := make([]*consoleStep, 0, len(layout))
-	for _, sl := range layout {
-		s := &consoleStep{N: sl.N, Responded: sl.Responded}
-		if sl.Requested {
-			s.Model, s.ModelMS = pos(sl.ModelFrom, sl.ModelTo), sl.ModelTo-sl.ModelFrom
-		}
-		for _, cl := range sl.Calls {
-			cc := &consoleCall{CallLayout: cl, Bar: pos(cl.Start, cl.End)}
-			if rc := cl.Result; rc != nil {
-				if tr := rc.Truncated; tr != nil && tr.Ref != "" {
-					if data, err := c.bus.Output(ctx, tr.Ref); err != nil {
-						cc.OutputErr = err.Error()
-					} else {
-						if len(data) > consoleMaxOutput {
-							data = data[:consoleMaxOutput]
-						}
-						cc.FullOutput = string(data)
-					}
-				}
-			}
-			s.Calls = append(s.Calls, cc)
-		}
-		out = append(out, s)
-	}
-	return out
 }
 
 // actor returns the signed-in user who acts (consoleAuth.wrap lets no POST through
@@ -353,7 +171,11 @@ func actor(w http.ResponseWriter, r *http.Request) (string, bool) {
 	return u.Name, ok
 }
 
-func (c *server) decide(granted bool) http.HandlerFunc {
+// decide serves a person's decision on a waiting call: approve (with "args": an edit,
+// checked against the tool's schema before anything is published), deny (the model
+// reads "reason") or respond ("answer" becomes the call's result), as the CLI does.
+func (c *server) decide(kind string) http.HandlerFunc {
+	granted := kind == "approve"
 	return func(w http.ResponseWriter, r *http.Request) {
 		ctx := r.Context()
 		run := r.PathValue("run")
@@ -366,21 +188,38 @@ func (c *server) decide(granted bool) http.HandlerFunc {
 			return
 		}
 		callID, reason := r.PostFormValue("call"), strings.TrimSpace(r.PostFormValue("reason"))
-		if !granted && reason == "" {
-			http.Error(w, "deny: a reason is required: the model reads it", http.StatusBadRequest)
-			return
+		a := toolbus.Approval{RunID: run, CallID: callID, Who: who, Why: reason}
+		switch kind {
+		case "deny":
+			if reason == "" {
+				http.Error(w, "deny: a reason is required: the model reads it", http.StatusBadRequest)
+				return
+			}
+		case "respond":
+			a.Response = strings.TrimSpace(r.PostFormValue("answer"))
+			if a.Response == "" {
+				http.Error(w, "respond: an answer is required: the model reads it as the call's result", http.StatusBadRequest)
+				return
+			}
 		}
-		step, _, err := decide.Waiting(ctx, c.bus, run, callID)
+		step, call, err := decide.Waiting(ctx, c.bus, run, callID)
 		if err != nil {
 			c.actionError(w, err)
 			return
 		}
-		a := toolbus.Approval{RunID: run, CallID: callID, Who: who, Why: reason}
+		// The form shows the model's arguments for editing: unchanged, it is an approval.
+		if args := strings.TrimSpace(r.PostFormValue("args")); granted && args != "" && args != call.Arguments {
+			if err := decide.CheckEdit(ctx, c.bus, call, args); err != nil {
+				c.actionError(w, err)
+				return
+			}
+			a.Arguments = args
+		}
 		if _, err := c.bus.PublishApproval(ctx, c.source, step, a, granted); err != nil {
 			c.fail(w, err)
 			return
 		}
-		c.log.Info("console decision", "run", run, "call", callID, "granted", granted, "who", a.Who)
+		c.log.Info("console decision", "run", run, "call", callID, "decision", a.Kind(granted), "who", a.Who)
 		http.Redirect(w, r, "/runs/"+run, http.StatusSeeOther)
 	}
 }
@@ -506,20 +345,4 @@ func (c *server) fail(w http.ResponseWriter, err error) {
 	}
 	c.log.Warn("console", "err", err)
 	http.Error(w, err.Error(), http.StatusInternalServerError)
-}
-
-// age renders how long ago something happened, coarsely (1m05s, 3h07m, 2d04h).
-func age(d time.Duration) string {
-	if d < 0 {
-		d = 0
-	}
-	switch {
-	case d < time.Minute:
-		return fmt.Sprintf("%ds", int(d/time.Second))
-	case d < time.Hour:
-		return fmt.Sprintf("%dm%02ds", int(d/time.Minute), int(d%time.Minute/time.Second))
-	case d < 24*time.Hour:
-		return fmt.Sprintf("%dh%02dm", int(d/time.Hour), int(d%time.Hour/time.Minute))
-	}
-	return fmt.Sprintf("%dd%02dh", int(d/(24*time.Hour)), int(d%(24*time.Hour)/time.Hour))
 }

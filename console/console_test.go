@@ -26,6 +26,7 @@ import (
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
 	"github.com/toolbus/toolbus/executor"
+	"github.com/toolbus/toolbus/internal/callrun"
 	"github.com/toolbus/toolbus/internal/door"
 	"github.com/toolbus/toolbus/planner"
 )
@@ -438,7 +439,8 @@ func do(t *testing.T, bctx context.Context, what string, actions ...chromedp.Act
 // it cancelled, a waiting call approved by a click lets the run complete, and a hostile
 // tool output and answer stay inert text.
 func TestConsoleBrowser(t *testing.T) {
-	p := startPipeline(t, consoleScripts(), deployTool(), hostileTool())
+	release := make(chan struct{})
+	p := startPipeline(t, consoleScripts(), deployTool(), hostileTool(), crawlTool(release))
 	srv, users, _ := startConsoleWithUsers(t, p, "grace")
 	bctx, dialogs := browser(t)
 	do(t, bctx, "sign in", chromedp.Navigate(srv.URL+"/"),
@@ -496,13 +498,27 @@ func TestConsoleBrowser(t *testing.T) {
 		if answer != "deployed api" {
 			t.Fatalf("answer %q", answer)
 		}
-		if path := os.Getenv("TOOLBUS_CONSOLE_SCREENSHOT"); path != "" {
-			var png []byte
-			do(t, bctx, "screenshot", chromedp.FullScreenshot(&png, 100))
-			if err := os.WriteFile(path, png, 0o644); err != nil {
-				t.Fatal(err)
-			}
+	})
+
+	t.Run("live progress", func(t *testing.T) {
+		const run = "c-progress"
+		do(t, bctx, "open the run page before it starts", chromedp.Navigate(srv.URL+"/runs/c-live"),
+			chromedp.WaitReady(`body[data-live="on"]`, chromedp.ByQuery))
+		if err := p.bus.StartRun(p.ctx, "/test", callrun.Build(callrun.Spec{RunID: run, Principal: toolbus.Principal{ID: "tester"},
+			Tool: toolbus.ToolContract{Name: "crawl", Timeout: 2 * time.Minute}, Arguments: "{}", Via: "test"}, time.Now())); err != nil {
+			t.Fatal(err)
 		}
+		var shown string
+		do(t, bctx, "the running call shows its progress, live",
+			chromedp.Navigate(srv.URL+"/runs/"+run),
+			chromedp.WaitReady(`body[data-live="on"]`, chromedp.ByQuery),
+			chromedp.WaitVisible(`.row.call[data-call="call_0"] .progress`, chromedp.ByQuery),
+			text(`.row.call[data-call="call_0"] .progress`, &shown))
+		if !strings.HasPrefix(shown, "progress ") || !strings.Contains(shown, ": page ") {
+			t.Fatalf("progress shown as %q", shown)
+		}
+		close(release)
+		do(t, bctx, "the call finishes", chromedp.WaitVisible(`.row.call[data-call="call_0"][data-status="succeeded"]`, chromedp.ByQuery))
 	})
 
 	t.Run("hostile output is text", func(t *testing.T) {

@@ -143,17 +143,17 @@ func TestConsoleBoundedReaders(t *testing.T) {
 		t.Fatalf("%d streams opened and %d refused, want %d and %d", opened.Load(), refused.Load(), consoleMaxStreams, streams-consoleMaxStreams)
 	}
 
-	// Page loads, 3 clients per reader slot at a time, while the streams are open; and a
-	// run. More at once would only queue for the slots: past consoleReadWait a page is
+	// Page loads, two clients per reader slot, while the streams are open; and a run.
+	// More at once would only queue for the slots: past consoleReadWait a page is
 	// answered 503 (busy), which a machine loaded by other tests can reach.
 	p.submitAs("c-load-1", "tester", "under load", toolbus.Limits{})
-	// Each page load reads the bus (with direct gets, no consumer): 400 of
-	// them keep the test inside the pipeline's deadline on a loaded machine under -race.
-	const loads = 400
+	// Each page load reads the bus (with direct gets, no consumer): 200 of them keep the
+	// test inside the pipeline's deadline on a loaded machine under -race.
+	const loads = 200
 	var failed atomic.Int64
 	var firstErr atomic.Value
 	var lwg sync.WaitGroup
-	lsem := make(chan struct{}, 3*consoleReaders)
+	lsem := make(chan struct{}, 2*consoleReaders)
 	for i := range loads {
 		lwg.Add(1)
 		lsem <- struct{}{}

@@ -368,3 +368,60 @@ func TestApprovalRacesTheWaitingEvent(t *testing.T) {
 		t.Fatalf("%d results", got)
 	}
 }
+
+// An edit published on the bus (not through the CLI, which checks it first) whose
+// arguments the tool's schema refuses is refused by the injector: not recorded, the call
+// still waits and nothing runs; a corrected edit (its own event id) then decides the
+// call, which runs once with the person's arguments. A response on approval.granted is
+// refused the same way.
+func TestEditRefusedOnTheBus(t *testing.T) {
+	deploy := newDeployTool()
+	model := &planner.Script{Steps: []func(planner.Request) planner.Response{
+		planner.Calls(call("b", "deploy", `{"service":"api"}`)),
+		func(req planner.Request) planner.Response {
+			return planner.Answer(req.Messages[len(req.Messages)-1].Content)(req)
+		},
+	}}
+	s := newStack(t, model, deploy.tool())
+	s.startAll()
+	s.submit("edit-bus", toolbus.Limits{})
+	s.waitOutcome("edit-bus", "waiting for b", waitingFor("b"))
+	publish := func(a toolbus.Approval, granted bool) {
+		t.Helper()
+		if _, err := s.bus.PublishApproval(s.ctx, events.Source("test", "approver"), 0, a, granted); err != nil {
+			t.Fatal(err)
+		}
+	}
+	publish(toolbus.Approval{RunID: "edit-bus", CallID: "b", Who: "mallory", Arguments: `{"service":42}`}, true)
+	publish(toolbus.Approval{RunID: "edit-bus", CallID: "b", Who: "mallory", Response: "granted and answered"}, true)
+	// Both refusals are terminated by the injector: wait until its queue has no
+	// pending approvals, then check that nothing was recorded.
+	eventstest.Eventually(t, 30*time.Second, func() error {
+		ci, err := s.bus.Stream.Consumer(s.ctx, "injector-approvals")
+		if err != nil {
+			return err
+		}
+		info, err := ci.Info(s.ctx)
+		if err != nil {
+			return err
+		}
+		if info.NumPending > 0 || info.NumAckPending > 0 {
+			return fmt.Errorf("injector has %d approvals pending", info.NumPending+uint64(info.NumAckPending))
+		}
+		return nil
+	})
+	if d, err := s.bus.StepDecision(s.ctx, "edit-bus", 0, "b"); err == nil {
+		t.Fatalf("a refused decision was recorded: %+v", d)
+	}
+	if n := deploy.total(); n != 0 {
+		t.Fatalf("deploy ran %d times after refused decisions", n)
+	}
+	publish(toolbus.Approval{RunID: "edit-bus", CallID: "b", Who: "erin", Arguments: `{"service":"web"}`}, true)
+	ended := s.waitOutcome("edit-bus", "completed", statusIs(toolbus.RunCompleted))
+	if ended.Status != toolbus.RunCompleted || !strings.Contains(ended.Answer, `{"deployed":"web"}`) || !strings.Contains(ended.Answer, "a person (erin) edited") {
+		t.Fatalf("run ended %+v", ended)
+	}
+	if n := deploy.total(); n != 1 {
+		t.Fatalf("deploy ran %d times, want once", n)
+	}
+}

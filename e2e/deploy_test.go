@@ -208,14 +208,14 @@ func (l *lockedWriter) Write(p []byte) (int, error) {
 	return l.w.Write(p)
 }
 
-// A flood run cannot take the whole fleet: it asks for 120 calls that all block until
+// A flood run cannot take the whole fleet: it asks for 60 calls that all block until
 // the test releases them, on two executors of 8 slots each, with a per-run cap of 4
 // calls in flight across the fleet. A small run started after it, calling the same
 // tool, completes while every flood call is still held (without the cap the flood would
 // fill all 16 slots and the small run would wait forever), and the flood never has
 // more than 4 calls running at once. Nothing here depends on timing.
 func TestRunCapLeavesRoomForOthers(t *testing.T) {
-	const floodCalls, limit = 120, 4
+	const floodCalls, limit = 60, 4
 	var (
 		mu            sync.Mutex
 		running, peak = map[string]int{}, map[string]int{}

@@ -228,7 +228,7 @@ func (s *stack) waitEnd(run string, statuses ...toolbus.RunStatus) toolbus.RunEn
 		statuses = []toolbus.RunStatus{toolbus.RunCompleted, toolbus.RunFailed, toolbus.RunLimitReached, toolbus.RunCancelled, toolbus.RunWaitingForApproval}
 	}
 	var ended toolbus.RunEnded
-	eventstest.Eventually(s.t, 60*time.Second, func() error {
+	eventstest.Eventually(s.t, 150*time.Second, func() error {
 		for _, st := range statuses {
 			raw, err := s.bus.Stream.GetLastMsgForSubject(s.ctx, events.SubjectRunEnded(run, st))
 			if err != nil {

@@ -43,6 +43,8 @@ func docData(t *testing.T, typ string) any {
 			ToolResult: toolbus.ToolResult{CallID: docCall, Tool: docTool, Status: toolbus.StatusSucceeded}}
 	case events.TypeToolWaiting:
 		return toolbus.ToolWaiting{RunID: docRun, Step: docStep, CallIndex: 1, CallCount: 4, Call: call}
+	case events.TypeToolProgress:
+		return toolbus.ToolProgress{RunID: docRun, Step: docStep, CallID: docCall, Tool: docTool, Attempt: 1, Seq: 1}
 	case events.TypeApprovalGranted, events.TypeApprovalDenied:
 		return toolbus.Approval{RunID: docRun, CallID: docCall, Who: docActor}
 	case events.TypeRunCancel:
@@ -97,6 +99,10 @@ func TestContractSubjects(t *testing.T) {
 		if typ == events.TypeRunEnded(toolbus.RunWaitingForApproval) {
 			// The id of a waiting outcome ends in the number of pending calls (one here).
 			want.id = strings.TrimSuffix(want.id, "/1") + "/<pending>"
+		}
+		if typ == events.TypeToolProgress {
+			// The id of a report ends in its attempt and sequence number (1 and 1 here).
+			want.id = strings.TrimSuffix(want.id, "/1/1") + "/<attempt>/<seq>"
 		}
 		got, ok := documented[typ]
 		if !ok {

@@ -2,6 +2,8 @@ package events
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"strconv"
 
@@ -86,6 +88,14 @@ func ToolWaitingEvent(source string, tw toolbus.ToolWaiting) Envelope {
 	}, tw}
 }
 
+// ToolProgressEvent is a tool.progress event of a running call.
+func ToolProgressEvent(source string, tp toolbus.ToolProgress) Envelope {
+	return Envelope{SubjectToolProgress(tp.RunID, tp.Tool), Meta{
+		ID: IDToolProgress(tp.RunID, tp.Step, tp.CallID, tp.Attempt, tp.Seq), Type: TypeToolProgress, Source: source,
+		RunID: tp.RunID, Step: tp.Step, CallID: tp.CallID, HasCall: true,
+	}, tp}
+}
+
 // ApprovalEvent is the approval.granted or approval.denied event of a decision on a call
 // of step (the step is not in the data: call ids are unique within a step only).
 func ApprovalEvent(source string, step int, a toolbus.Approval, granted bool) Envelope {
@@ -93,8 +103,15 @@ func ApprovalEvent(source string, step int, a toolbus.Approval, granted bool) En
 	if granted {
 		typ = TypeApprovalGranted
 	}
+	id := IDApproval(a.RunID, strconv.Itoa(step)+"/"+a.CallID, granted)
+	if granted && a.Arguments != "" {
+		// An edit's id names its arguments: an edit refused as invalid does not keep a
+		// corrected one out of the stream's duplicate window.
+		sum := sha256.Sum256([]byte(a.Arguments))
+		id += "/edit/" + hex.EncodeToString(sum[:6])
+	}
 	return Envelope{SubjectApproval(a.RunID, granted, a.Who), Meta{
-		ID: IDApproval(a.RunID, strconv.Itoa(step)+"/"+a.CallID, granted), Type: typ, Source: source,
+		ID: id, Type: typ, Source: source,
 		RunID: a.RunID, Step: step, CallID: a.CallID, HasCall: true,
 	}, a}
 }

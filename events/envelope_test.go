@@ -28,6 +28,8 @@ func envelopeOf(t *testing.T, typ string, step int, data any) events.Envelope {
 		return events.ToolFinishedEvent(src, d)
 	case toolbus.ToolWaiting:
 		return events.ToolWaitingEvent(src, d)
+	case toolbus.ToolProgress:
+		return events.ToolProgressEvent(src, d)
 	case toolbus.Approval:
 		return events.ApprovalEvent(src, step, d, typ == events.TypeApprovalGranted)
 	case toolbus.Cancel:
@@ -61,6 +63,7 @@ func TestEnvelopesAgreeWithData(t *testing.T) {
 		{events.TypeToolRequested, toolbus.ToolRequested{RunID: run, Step: step, CallIndex: 1, CallCount: 4, Call: call}},
 		{events.TypeToolFinished, toolbus.ToolFinished{RunID: run, Step: step, CallIndex: 1, CallCount: 4, ToolResult: res}},
 		{events.TypeToolWaiting, toolbus.ToolWaiting{RunID: run, Step: step, CallIndex: 1, CallCount: 4, Call: call}},
+		{events.TypeToolProgress, toolbus.ToolProgress{RunID: run, Step: step, CallID: call.CallID, Tool: call.Tool, Attempt: 2, Seq: 5, Done: 3, Total: 10}},
 		{events.TypeApprovalGranted, toolbus.Approval{RunID: run, CallID: call.CallID, Who: "bob"}},
 		{events.TypeApprovalDenied, toolbus.Approval{RunID: run, CallID: call.CallID, Who: "bob"}},
 		{events.TypeRunCancel, toolbus.Cancel{RunID: run}},

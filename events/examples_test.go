@@ -87,6 +87,11 @@ func examples() []example {
 			toolbus.ToolRequested{RunID: exRun, Step: 0, CallIndex: 0, CallCount: 2, Call: call0,
 				Deadline: exampleAt.Add(10 * time.Minute), Principal: principal,
 				AllowedTools: []string{"lookup_incident", "restart_service"}}},
+		{events.TypeToolProgress, events.SubjectToolProgress(exRun, call0.Tool),
+			events.Meta{ID: events.IDToolProgress(exRun, 0, call0.CallID, 1, 3), Source: events.Source("executor", "exec-1"), Time: exampleAt,
+				RunID: exRun, Step: 0, CallID: call0.CallID, HasCall: true},
+			toolbus.ToolProgress{RunID: exRun, Step: 0, CallID: call0.CallID, Tool: call0.Tool, Attempt: 1, Seq: 3,
+				Done: 40, Total: 120, Message: "searched 40 of 120 archives"}},
 		{events.TypeToolFinished, events.SubjectToolFinished(exRun, call0.Tool), finishedMeta(call0, 0),
 			toolbus.ToolFinished{RunID: exRun, Step: 0, CallIndex: 0, CallCount: 2, ToolResult: toolbus.ToolResult{
 				CallID: call0.CallID, Tool: call0.Tool, Status: toolbus.StatusFailed,

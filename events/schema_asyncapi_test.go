@@ -96,6 +96,8 @@ func sampleSubject(t *testing.T, typ, r, x string) string {
 		return events.SubjectToolFinished(r, x)
 	case events.TypeToolWaiting:
 		return events.SubjectToolWaiting(r, x)
+	case events.TypeToolProgress:
+		return events.SubjectToolProgress(r, x)
 	case events.TypeApprovalGranted:
 		return events.SubjectApproval(r, true, "p")
 	case events.TypeApprovalDenied:
@@ -236,6 +238,7 @@ func TestAsyncAPI(t *testing.T) {
 		{"executor", "receive", events.TypeToolRequested},
 		{"executor", "send", events.TypeToolFinished},
 		{"executor", "send", events.TypeToolWaiting},
+		{"executor", "send", events.TypeToolProgress},
 		{"injector", "receive", events.TypeToolFinished},
 		{"injector", "send", events.TypeModelRequested},
 		{"operator", "send", events.TypeApprovalGranted},

@@ -35,6 +35,8 @@ func dataType(t testing.TB, typ string) any {
 		return toolbus.ToolFinished{}
 	case events.TypeToolWaiting:
 		return toolbus.ToolWaiting{}
+	case events.TypeToolProgress:
+		return toolbus.ToolProgress{}
 	case events.TypeApprovalGranted, events.TypeApprovalDenied:
 		return toolbus.Approval{}
 	case events.TypeRunCancel:

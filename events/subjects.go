@@ -18,6 +18,7 @@ const (
 	TypeToolRequested   = "toolbus.tool.requested"
 	TypeToolFinished    = "toolbus.tool.finished"
 	TypeToolWaiting     = "toolbus.tool.waiting"
+	TypeToolProgress    = "toolbus.tool.progress"
 	TypeApprovalGranted = "toolbus.approval.granted"
 	TypeApprovalDenied  = "toolbus.approval.denied"
 	TypeRunCancel       = "toolbus.run.cancel"
@@ -89,6 +90,11 @@ func SubjectToolWaiting(run, tool string) string {
 	return SubjectPrefix + "." + run + ".tool.waiting." + ToolToken(tool)
 }
 
+// SubjectToolProgress is toolbus.<run>.tool.progress.<tool>.
+func SubjectToolProgress(run, tool string) string {
+	return SubjectPrefix + "." + run + ".tool.progress." + ToolToken(tool)
+}
+
 // SubjectApproval is toolbus.<run>.approval.granted.<actor> or .denied.<actor>: the
 // identity token (IdentityToken) of who decided ends the subject.
 func SubjectApproval(run string, granted bool, who string) string {
@@ -122,6 +128,7 @@ const (
 	FilterToolRequested  = SubjectPrefix + ".*.tool.requested.>"
 	FilterToolFinished   = SubjectPrefix + ".*.tool.finished.>"
 	FilterToolWaiting    = SubjectPrefix + ".*.tool.waiting.>"
+	FilterToolProgress   = SubjectPrefix + ".*.tool.progress.>"
 	FilterApprovals      = SubjectPrefix + ".*.approval.>"
 	FilterRunCancel      = SubjectPrefix + ".*.run.cancel.*"
 	FilterRunEnded       = SubjectPrefix + ".*.run.*"
@@ -190,6 +197,11 @@ func IDToolFinished(run string, step int, callID string) string {
 // IDToolWaiting is <run>/<step>/<call_id>/tool.waiting.
 func IDToolWaiting(run string, step int, callID string) string {
 	return run + "/" + strconv.Itoa(step) + "/" + callID + "/tool.waiting"
+}
+
+// IDToolProgress is <run>/<step>/<call_id>/tool.progress/<attempt>/<seq>.
+func IDToolProgress(run string, step int, callID string, attempt, seq int) string {
+	return run + "/" + strconv.Itoa(step) + "/" + callID + "/tool.progress/" + strconv.Itoa(attempt) + "/" + strconv.Itoa(seq)
 }
 
 // IDRunEnded is <run>/<step>/run.<status>.

@@ -19,6 +19,12 @@ type callCtx struct {
 	err        error
 	timer      *time.Timer
 	stopParent func() bool
+
+	// Progress (progress.go): the sink of the reports, when the last one was made (or
+	// the call started), and why the call ended, for a report made after.
+	sink     ProgressSink
+	lastBeat time.Time
+	ended    string
 }
 
 var _ context.Context = (*callCtx)(nil)
@@ -26,8 +32,14 @@ var _ context.Context = (*callCtx)(nil)
 // Deadline returns the call's deadline: min(start + tool timeout, parent deadline).
 func (c *callCtx) Deadline() (time.Time, bool) { return c.deadline, true }
 
-// Value looks key up in the parent (CallInfo, trace context, ...).
-func (c *callCtx) Value(key any) any { return c.parent.Value(key) }
+// Value looks key up in the parent (CallInfo, trace context, ...); progressKey finds
+// the call itself (Progress).
+func (c *callCtx) Value(key any) any {
+	if _, ok := key.(progressKey); ok {
+		return c
+	}
+	return c.parent.Value(key)
+}
 
 // Done returns a channel closed at the deadline, when the parent ends, or when the
 // executor ends the call; the first call starts the timer.

@@ -348,34 +348,16 @@ func (c *call) run(ctx context.Context, start time.Time, callID string, args jso
 		return
 	}
 
-	cctx := &callCtx{parent: ctx, deadline: deadline}
+	cctx := &callCtx{parent: ctx, deadline: deadline, lastBeat: time.Now()}
+	cctx.sink, _ = ctx.Value(progressSinkKey{}).(ProgressSink)
 	st.ctx, st.ent, st.callID, st.args, st.sem, st.log = cctx, ent, callID, args, sem, c.e.log
 	go st.run()
-	select {
-	case <-st.done:
-	case <-ctx.Done():
-		select {
-		case <-st.done:
-		default:
-			st.abandoned.Store(true)
-			pooled = false
-			cctx.cancel(ctx.Err())
-			c.ctxDone(ctx, false, timeout, phaseRunning)
-			return
-		}
-	case <-timer.C:
-		select {
-		case <-st.done:
-		default:
-			st.abandoned.Store(true)
-			pooled = false
-			cctx.cancel(context.DeadlineExceeded)
-			c.ctxDone(ctx, ownDeadline && ctx.Err() == nil, timeout, phaseRunning)
-			return
-		}
+	if !c.await(ctx, st, cctx, timer, ownDeadline, timeout) {
+		pooled = false // abandoned to a Func still running: its goroutine keeps the run state
+		return
 	}
 	out, err, panicked := st.out, st.err, st.panicked
-	defer cctx.cancel(context.Canceled) // the call is over: release a timer the tool started
+	defer cctx.end(context.Canceled, "the tool had returned") // the call is over: release a timer the tool started
 
 	switch {
 	case panicked:
@@ -384,6 +366,67 @@ func (c *call) run(ctx context.Context, start time.Time, callID string, args jso
 		c.toolError(ctx, cctx, ownDeadline, timeout, err)
 	default:
 		c.output(out)
+	}
+}
+
+// await waits for the tool's Func to return (true), or gives the call up (false, with
+// the call's result set) when the call is cancelled, its timeout passes, or a
+// long-running tool reports no progress for its heartbeat timeout. A given-up call is
+// abandoned to its Func: a late report is refused with why.
+func (c *call) await(ctx context.Context, st *runState, cctx *callCtx, timer *time.Timer, ownDeadline bool, timeout time.Duration) bool {
+	// A long-running tool's heartbeat timer: checked when it would run out, moved on by
+	// each report (Progress). Other tools have none (a nil channel never fires).
+	var (
+		beat    <-chan time.Time
+		beatTmr *time.Timer
+		hb      = c.ent.tool.HeartbeatTimeout
+	)
+	if hb > 0 {
+		beatTmr = time.NewTimer(hb)
+		defer beatTmr.Stop()
+		beat = beatTmr.C
+	}
+	abandon := func(err error, why string) {
+		st.abandoned.Store(true)
+		cctx.end(err, why)
+	}
+	for {
+		select {
+		case <-st.done:
+			return true
+		case <-ctx.Done():
+			select {
+			case <-st.done:
+				return true
+			default:
+				abandon(ctx.Err(), "the call was cancelled or its deadline passed")
+				c.ctxDone(ctx, false, timeout, phaseRunning)
+				return false
+			}
+		case <-timer.C:
+			select {
+			case <-st.done:
+				return true
+			default:
+				abandon(context.DeadlineExceeded, "its timeout passed")
+				c.ctxDone(ctx, ownDeadline && ctx.Err() == nil, timeout, phaseRunning)
+				return false
+			}
+		case <-beat:
+			if left := hb - cctx.sinceBeat(); left > 0 {
+				beatTmr.Reset(left)
+				continue
+			}
+			select {
+			case <-st.done:
+				return true
+			default:
+				why := fmt.Sprintf("the tool reported no progress for %s (its heartbeat timeout)", hb)
+				abandon(context.DeadlineExceeded, why)
+				c.fail(toolbus.StatusTimedOut, toolbus.CodeTimeout, why+"; it may succeed if retried", true, nil)
+				return false
+			}
+		}
 	}
 }
 

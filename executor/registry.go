@@ -44,8 +44,15 @@ type Tool struct {
 	// calling Execute.
 	NeedsApproval bool
 	// Timeout bounds a call, including the wait for a concurrency slot; 0 means the
-	// executor default (30s).
+	// executor default (30s). For a long-running tool (HeartbeatTimeout set) it is the
+	// longest a call may run however often it reports progress.
 	Timeout time.Duration
+	// HeartbeatTimeout makes the tool long-running: a call that reports no progress
+	// (Progress) for this long, from its start or its last report, is timed out, as a
+	// Temporal activity's heartbeat timeout does; one that keeps reporting runs until it
+	// returns, up to Timeout. 0: not long-running (reports are still published). When
+	// set, it must be less than Timeout.
+	HeartbeatTimeout time.Duration
 	// MaxOutputBytes bounds ToolResult.Content in bytes; 0 means the executor default
 	// (16384). When set it must be at least MinOutputBytes.
 	MaxOutputBytes int
@@ -59,6 +66,11 @@ type Tool struct {
 	// Version numbers the contract in the catalog: a changed contract replaces the
 	// registered one only with a higher version (see worker.Config.ReplaceContracts).
 	Version int
+	// Retry is the tool's retry policy (toolbus.RetryPolicy): failures with the codes it
+	// names are retried by the fleet with backoff and jitter, with the same idempotency
+	// key, within the run's deadline; only the final result goes to the model. Nil: no
+	// retries. Register refuses a policy out of range (RetryPolicy.Validate).
+	Retry *toolbus.RetryPolicy
 	// Func is the implementation (required).
 	Func Func
 }
@@ -71,18 +83,29 @@ const MinOutputBytes = 256
 // catalog and what events.OpenAITools and friends convert for the model APIs).
 func (t Tool) Contract() toolbus.ToolContract {
 	return toolbus.ToolContract{
-		Name:           t.Name,
-		Description:    t.Description,
-		InputSchema:    t.InputSchema,
-		OutputSchema:   t.OutputSchema,
-		ReadOnly:       t.ReadOnly,
-		NeedsApproval:  t.NeedsApproval,
-		Timeout:        t.Timeout,
-		MaxOutputBytes: t.MaxOutputBytes,
-		MaxConcurrency: t.MaxConcurrency,
-		RedactFields:   slices.Clone(t.RedactFields),
-		Version:        t.Version,
+		Name:             t.Name,
+		Description:      t.Description,
+		InputSchema:      t.InputSchema,
+		OutputSchema:     t.OutputSchema,
+		ReadOnly:         t.ReadOnly,
+		NeedsApproval:    t.NeedsApproval,
+		Timeout:          t.Timeout,
+		HeartbeatTimeout: t.HeartbeatTimeout,
+		MaxOutputBytes:   t.MaxOutputBytes,
+		MaxConcurrency:   t.MaxConcurrency,
+		RedactFields:     slices.Clone(t.RedactFields),
+		Version:          t.Version,
+		Retry:            clonePolicy(t.Retry),
 	}
+}
+
+func clonePolicy(p *toolbus.RetryPolicy) *toolbus.RetryPolicy {
+	if p == nil {
+		return nil
+	}
+	c := *p
+	c.Codes = slices.Clone(p.Codes)
+	return &c
 }
 
 // entry is a registered tool with everything precomputed for Execute.
@@ -131,6 +154,9 @@ func (r *Registry) register(t Tool, checkOutput bool) error {
 	if t.Timeout < 0 || t.MaxConcurrency < 0 || t.MaxOutputBytes < 0 {
 		return invalid(t.Name, "Timeout, MaxConcurrency and MaxOutputBytes must not be negative")
 	}
+	if t.HeartbeatTimeout < 0 || (t.HeartbeatTimeout > 0 && t.HeartbeatTimeout >= t.Timeout) {
+		return invalid(t.Name, "HeartbeatTimeout %s must be 0 (not long-running) or positive and less than Timeout %s (the longest a call may run)", t.HeartbeatTimeout, t.Timeout)
+	}
 	if t.MaxOutputBytes != 0 && t.MaxOutputBytes < MinOutputBytes {
 		return invalid(t.Name, "MaxOutputBytes must be 0 (default) or at least %d", MinOutputBytes)
 	}
@@ -141,6 +167,12 @@ func (r *Registry) register(t Tool, checkOutput bool) error {
 	}
 	if len(bytes.TrimSpace(t.InputSchema)) == 0 {
 		return invalid(t.Name, "InputSchema is required")
+	}
+	if t.Retry != nil {
+		if err := t.Retry.Validate(); err != nil {
+			return invalid(t.Name, "%v", err)
+		}
+		t.Retry = clonePolicy(t.Retry)
 	}
 	t.InputSchema = slices.Clone(t.InputSchema)
 	t.OutputSchema = slices.Clone(t.OutputSchema)

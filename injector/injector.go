@@ -14,6 +14,7 @@ import (
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/store"
+	"github.com/toolbus/toolbus/internal/argcheck"
 )
 
 // Config configures an injector worker. Zero fields take their defaults; New refuses
@@ -774,6 +775,9 @@ func (in *Injector) Decided(ctx context.Context, a toolbus.Approval, step int, g
 		in.log.Warn("approval for a call the current step does not make ignored", "run_id", a.RunID, "call_id", a.CallID, "step", current)
 		return nil
 	}
+	if err := in.checkDecision(ctx, a, granted, mr.Message.ToolCalls[idx]); err != nil {
+		return err
+	}
 	d, err := in.bus.DecideStep(ctx, current, store.Decision{Approval: a, Granted: granted})
 	if err != nil {
 		return err
@@ -790,6 +794,38 @@ func (in *Injector) Decided(ctx context.Context, a toolbus.Approval, step int, g
 		return err
 	}
 	return in.reissue(ctx, rec, idx)
+}
+
+// checkDecision refuses a decision that cannot apply to call: a response on
+// approval.granted, edited arguments on approval.denied, or edited arguments that are not
+// one JSON object valid against the tool's input schema (from the catalog). A refused
+// decision is terminated with the reason and not recorded: the call still waits, and a
+// corrected decision (an edit's id names its arguments) decides it.
+func (in *Injector) checkDecision(ctx context.Context, a toolbus.Approval, granted bool, call toolbus.ToolCall) error {
+	switch {
+	case granted && a.Response != "":
+		return fmt.Errorf("%w: decision on call %q of run %s refused: a response (in the tool's place) travels on approval.denied; the call still waits",
+			events.ErrPoison, a.CallID, a.RunID)
+	case !granted && a.Arguments != "":
+		return fmt.Errorf("%w: decision on call %q of run %s refused: edited arguments travel on approval.granted; the call still waits",
+			events.ErrPoison, a.CallID, a.RunID)
+	case !granted || a.Arguments == "":
+		return nil
+	}
+	tc, err := in.bus.Contract(ctx, call.Tool)
+	if errors.Is(err, events.ErrNotFound) {
+		return fmt.Errorf("%w: edit of call %q of run %s refused: tool %q is not in the catalog, its arguments cannot be checked; the call still waits",
+			events.ErrPoison, a.CallID, a.RunID, call.Tool)
+	}
+	if err != nil {
+		return err
+	}
+	if err := argcheck.Check(tc.InputSchema, a.Arguments); err != nil {
+		in.log.Warn("edit refused: the edited arguments do not match the tool's schema; the call still waits",
+			"run_id", a.RunID, "call_id", a.CallID, "tool", call.Tool, "who", a.Who, "error", err)
+		return fmt.Errorf("%w: edit of call %q of run %s by %s refused: %w; the call still waits", events.ErrPoison, a.CallID, a.RunID, a.Who, err)
+	}
+	return nil
 }
 
 // reissue publishes again the request of a waiting call that has a decision, marked

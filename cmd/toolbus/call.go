@@ -17,6 +17,7 @@ import (
 	"github.com/toolbus/toolbus/audit"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/store"
+	"github.com/toolbus/toolbus/internal/callrun"
 )
 
 // The exit codes of `toolbus call`: the status of the tool's result.
@@ -71,7 +72,10 @@ func cmdCall(ctx context.Context, cfg Config, log *slog.Logger, args []string, s
 	if !ok {
 		return &exitError{code: callExitUsage, msg: "call: " + unknownToolMessage(req.tool, cat)}
 	}
-	rs := callRun(req.runID, req.principal, tc, req.args, time.Now(), req.timeout, cfg.RunTimeout)
+	rs := callrun.Build(callrun.Spec{
+		RunID: req.runID, Principal: toolbus.Principal{ID: req.principal}, Tool: tc, Arguments: req.args, Via: "toolbus call",
+		Deadline: req.timeout, ApprovalTimeout: max(cfg.RunTimeout, 10*time.Minute),
+	}, time.Now())
 	watch, err := c.bus.Watch(ctx, events.SubjectRun(rs.RunID), true)
 	if err != nil {
 		return fmt.Errorf("call: %w", err)
@@ -157,7 +161,7 @@ func (req callRequest) report(out io.Writer, run string, res *toolbus.ToolResult
 	switch {
 	case waiting:
 		fmt.Fprintf(out, "%s needs approval: toolbus approve %s %s (or toolbus deny %s %s --reason ...); toolbus replay %s shows the result\n",
-			req.tool, run, preplannedCallID, run, preplannedCallID, run)
+			req.tool, run, callrun.CallID, run, callrun.CallID, run)
 		return &exitError{code: callExitApproval}
 	case res == nil:
 		msg := fmt.Sprintf("run %s ended %s before the call answered", run, ended.Status)
@@ -187,31 +191,6 @@ func (req callRequest) report(out io.Writer, run string, res *toolbus.ToolResult
 	return &exitError{code: code, msg: msg + "; toolbus replay " + run + " shows the run"}
 }
 
-// preplannedCallID is the call id of the one call of a `toolbus call` run.
-const preplannedCallID = "call_0"
-
-// callRun is the run.started of one pre-planned call: the call is step 0 (no model is
-// called), the allowlist is the tool alone, and the deadline covers the tool's timeout
-// (an approval wait gets the run timeout), as `toolbus mcp` does for a tools/call.
-func callRun(run, principal string, tc toolbus.ToolContract, args string, now time.Time, deadline, approvalTimeout time.Duration) toolbus.RunStarted {
-	if deadline <= 0 {
-		timeout := tc.Timeout
-		if timeout <= 0 {
-			timeout = time.Minute
-		}
-		deadline = timeout + deadlineSlack
-		if tc.NeedsApproval {
-			deadline = max(deadline, approvalTimeout, 10*time.Minute)
-		}
-	}
-	return toolbus.RunStarted{
-		RunID: run, Principal: toolbus.Principal{ID: principal}, AllowedTools: []string{tc.Name},
-		Messages: []toolbus.Message{{Role: toolbus.RoleUser, Content: "toolbus call " + tc.Name}},
-		Limits:   toolbus.Limits{MaxSteps: 2, Deadline: now.Add(deadline).UTC()},
-		Calls:    []toolbus.ToolCall{{CallID: preplannedCallID, Tool: tc.Name, Arguments: args}},
-	}
-}
-
 // awaitCall follows a call run until it ends (the result is the tool.finished of its
 // call) or its call waits for approval; after waitHint of silence it calls hint once per
 // silence with a printer that knows what the run waits for.
@@ -221,7 +200,7 @@ func awaitCall(ctx context.Context, watch *events.Watcher, run string, hint func
 	idleSince, hinted := time.Now(), false
 	v := audit.Visitor{
 		ToolFinished: func(_ events.StoredEvent, tf toolbus.ToolFinished) {
-			if tf.CallID == preplannedCallID {
+			if tf.CallID == callrun.CallID {
 				r := tf.ToolResult
 				res = &r
 			}

@@ -41,6 +41,7 @@ type Config struct {
 	ExecutorTools    []string      `envconfig:"EXECUTOR_TOOLS" desc:"serve only these tools of the packs (deployments may overlap: each tool has one shared queue)"`
 	Team             string        `envconfig:"TEAM" desc:"team owning the tools this executor serves (recorded as their owner in the catalog)"`
 	ReplaceContracts bool          `envconfig:"EXECUTOR_REPLACE_CONTRACTS" desc:"replace registered tool contracts that differ from this executor's without a version bump (an owner changing its tools on purpose)"`
+	ProgressInterval time.Duration `envconfig:"EXECUTOR_PROGRESS_INTERVAL" default:"1s" desc:"least time between two tool.progress events of one call (a report made sooner replaces the pending one)"`
 	CallTimeout      time.Duration `envconfig:"CALL_TIMEOUT" default:"30s" desc:"default tool timeout"`
 	MaxOutput        int           `envconfig:"MAX_OUTPUT_BYTES" default:"16384" desc:"default bound of what the model reads of one result"`
 

@@ -6,7 +6,7 @@
 //	toolbus planner|executor|injector  one role against TOOLBUS_NATS_URL
 //	toolbus run "question"          submit a run and stream its events until it ends
 //	toolbus call <tool> '<json>'    call one tool through the fleet (a pre-planned run)
-//	toolbus approve|deny|cancel     decide a call waiting for approval, cancel a run
+//	toolbus approve|deny|respond|cancel  decide a call waiting for approval, cancel a run
 //	toolbus runs|tail|replay        list runs, follow events live, audit a run
 //	toolbus tools                   list the tool catalog and who serves each tool
 //	toolbus console                 web console at TOOLBUS_CONSOLE_ADDR
@@ -99,7 +99,7 @@ func version() string {
 // the answer, so they log only warnings and errors (not "connected to NATS", nor the
 // in-process workers of an embedded run) unless -v or TOOLBUS_LOG_LEVEL asks for more.
 var clientCommands = map[string]bool{
-	"init": true, "run": true, "call": true, "approve": true, "deny": true, "cancel": true,
+	"init": true, "run": true, "call": true, "approve": true, "deny": true, "respond": true, "cancel": true,
 	"runs": true, "tools": true, "tail": true, "replay": true,
 }
 
@@ -152,10 +152,14 @@ commands:
                            call one tool through the fleet as a pre-planned run (audited; no
                            model); prints its output; exit 0 succeeded, 1 failed, 3 waits for
                            approval, 4 rejected, 5 timed out, 6 cancelled
-  approve <run> <call_id> [--reason text] [--who name]
-                           grant a call that waits for approval; the call runs and the run goes on
-  deny <run> <call_id> --reason text [--who name]
-                           deny it; the model reads rejected/approval_denied with the reason
+  approve <run> <call_id> [--args '{...}'] [--reason text] [--step n] [--who name]
+                           grant a call that waits for approval; the call runs (with --args: with
+                           your arguments, checked against the tool's schema) and the run goes on
+  deny <run> <call_id> --message text [--step n] [--who name]
+                           deny it; the model reads rejected/approval_denied with the message
+  respond <run> <call_id> --answer text [--step n] [--who name]
+                           answer in the tool's place: the tool does not run, the model reads the
+                           answer as the call's result
   cancel <run> [--reason text]
                            cancel a run: calls in flight are cancelled, the run ends cancelled
   runs [--json] [--status s]
@@ -176,7 +180,7 @@ commands:
   env                      list the TOOLBUS_* configuration variables
   version                  print the version (also --version)
 
-Every command takes -h or --help; client commands (init, run, call, approve, deny, cancel,
+Every command takes -h or --help; client commands (init, run, call, approve, deny, respond, cancel,
 runs, tools, tail, replay) log only warnings unless -v (or TOOLBUS_LOG_LEVEL) asks for more.
 `
 
@@ -231,8 +235,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		err = cmdRun(ctx, cfg, log, rest, stdout, stderr)
 	case "call":
 		err = cmdCall(ctx, cfg, log, rest, stdinOf, stdout, stderr)
-	case "approve", "deny":
-		err = cmdDecide(ctx, cfg, log, rest, stdout, stderr, cmd == "approve")
+	case "approve", "deny", "respond":
+		err = cmdDecide(ctx, cfg, log, rest, stdout, stderr, cmd)
 	case "cancel":
 		err = cmdCancel(ctx, cfg, log, rest, stdout, stderr)
 	case "runs":

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -95,23 +96,39 @@ func who(flagValue string) string {
 	return "uid:" + strconv.Itoa(os.Getuid())
 }
 
-// cmdDecide publishes approval.granted (approve) or approval.denied (deny) for a call
-// that waits for approval in the run's current step.
-func cmdDecide(ctx context.Context, cfg Config, log *slog.Logger, args []string, out, errOut io.Writer, granted bool) error {
-	name, synopsis := "approve", "approve <run> <call_id> [--reason text] [--who name]"
-	if !granted {
-		name, synopsis = "deny", "deny <run> <call_id> --reason text [--who name]"
-	}
+// cmdDecide publishes a person's decision on a call that waits for approval in the
+// run's current step: approve (approval.granted, with --args an edit of the arguments),
+// deny (approval.denied; the model reads --message) or respond (approval.denied with a
+// response: the tool does not run and the answer is the call's result).
+func cmdDecide(ctx context.Context, cfg Config, log *slog.Logger, args []string, out, errOut io.Writer, kind string) error {
+	name, synopsis := kind, map[string]string{
+		"approve": "approve <run> <call_id> [--args '{...}'] [--reason text] [--step n] [--who name]",
+		"deny":    "deny <run> <call_id> --message text [--step n] [--who name]",
+		"respond": "respond <run> <call_id> (--answer text | <answer>) [--step n] [--who name]",
+	}[kind]
 	fs := newFlagSet(name, synopsis, errOut)
 	reasonHelp := "why (kept with the decision in the audit record)"
-	if !granted {
-		reasonHelp = "why (required: the model reads it)"
+	if kind == "deny" {
+		reasonHelp = "why (required: the model reads it); the same as --message"
 	}
 	reason := fs.String("reason", "", reasonHelp)
+	var message, answer, edited *string
+	switch kind {
+	case "approve":
+		edited = fs.String("args", "", "run the call with these arguments instead of the model's (one JSON object, checked against the tool's input schema)")
+	case "deny":
+		message = fs.String("message", "", "what the model reads (required)")
+	case "respond":
+		answer = fs.String("answer", "", "the answer in the tool's place: the call's result, which the model reads")
+	}
+	stepFlag := fs.Int("step", -1, "the step of the call (refused unless it is the run's current step)")
 	by := fs.String("who", "", "who decides (default $USER)")
 	pos, err := parseInterleaved(fs, args)
 	if err != nil {
 		return flagError(err)
+	}
+	if kind == "respond" && len(pos) == 3 && *answer == "" {
+		*answer, pos = pos[2], pos[:2]
 	}
 	if len(pos) != 2 {
 		return usageError(fs, name+": give the run id and the call id")
@@ -120,8 +137,23 @@ func cmdDecide(ctx context.Context, cfg Config, log *slog.Logger, args []string,
 	if !toolbus.ValidRunID(run) {
 		return &exitError{code: 2, msg: fmt.Sprintf("%s: invalid run id %q", name, run)}
 	}
-	if !granted && strings.TrimSpace(*reason) == "" {
-		return usageError(fs, "deny: --reason is required: the model reads it")
+	a := toolbus.Approval{RunID: run, CallID: callID, Why: *reason}
+	switch kind {
+	case "approve":
+		a.Arguments = strings.TrimSpace(*edited)
+	case "deny":
+		if *message != "" && a.Why != "" && *message != a.Why {
+			return usageError(fs, "deny: give --message or --reason, not both")
+		}
+		a.Why = cmp.Or(*message, a.Why)
+		if strings.TrimSpace(a.Why) == "" {
+			return usageError(fs, "deny: --reason is required (or --message): the model reads it")
+		}
+	case "respond":
+		a.Response = *answer
+		if strings.TrimSpace(a.Response) == "" {
+			return usageError(fs, "respond: give the answer (--answer text): the model reads it as the call's result")
+		}
 	}
 	c, err := openBus(ctx, cfg, log, false)
 	if err != nil {
@@ -129,19 +161,23 @@ func cmdDecide(ctx context.Context, cfg Config, log *slog.Logger, args []string,
 	}
 	defer c.Close()
 
-	step, call, err := waitingCall(ctx, c.bus, run, callID)
+	step, call, err := waitingCall(ctx, c.bus, run, callID, *stepFlag)
 	if err != nil {
 		return err
 	}
-	a := toolbus.Approval{RunID: run, CallID: callID, Who: who(*by), Why: *reason}
+	if a.Arguments != "" {
+		if err := refusal(decide.CheckEdit(ctx, c.bus, call, a.Arguments)); err != nil {
+			return err
+		}
+	}
+	a.Who = who(*by)
+	granted := kind == "approve"
 	ack, err := c.bus.PublishApproval(ctx, events.Source("cli", cfg.Instance), step, a, granted)
 	if err != nil {
 		return err
 	}
-	verb := "approved"
-	if !granted {
-		verb = "denied"
-	}
+	verb := map[string]string{toolbus.DecisionApproved: "approved", toolbus.DecisionEdited: "approved with edited arguments",
+		toolbus.DecisionRejected: "denied", toolbus.DecisionResponded: "answered in the tool's place"}[a.Kind(granted)]
 	fmt.Fprintf(out, "%s call %s %s(%s) of run %s, step %d, by %s", verb, call.CallID, call.Tool, oneLine(call.Arguments, 60), run, step, a.Who)
 	if a.Why != "" {
 		fmt.Fprintf(out, ": %s", a.Why)
@@ -150,9 +186,14 @@ func cmdDecide(ctx context.Context, cfg Config, log *slog.Logger, args []string,
 	if ack.Duplicate {
 		fmt.Fprintln(out, "(the same decision was already published; nothing changes)")
 	}
-	if granted {
+	switch a.Kind(granted) {
+	case toolbus.DecisionEdited:
+		fmt.Fprintf(out, "the call runs with %s and the run goes on: toolbus tail %s\n", oneLine(a.Arguments, 60), run)
+	case toolbus.DecisionApproved:
 		fmt.Fprintf(out, "the call runs and the run goes on: toolbus tail %s\n", run)
-	} else {
+	case toolbus.DecisionResponded:
+		fmt.Fprintf(out, "the tool does not run; the model reads the answer as the call's result: toolbus tail %s\n", run)
+	default:
 		fmt.Fprintf(out, "the model reads the denial (approval_denied) and goes on: toolbus tail %s\n", run)
 	}
 	return nil
@@ -169,13 +210,18 @@ func statusList(statuses []toolbus.RunStatus) string {
 
 // waitingCall finds the call callID that waits for a decision in the run's current step
 // (decide.Waiting); a refusal of the run's state exits 1.
-func waitingCall(ctx context.Context, bus *events.Bus, run, callID string) (int, toolbus.ToolCall, error) {
-	step, call, err := decide.Waiting(ctx, bus, run, callID)
+func waitingCall(ctx context.Context, bus *events.Bus, run, callID string, step int) (int, toolbus.ToolCall, error) {
+	step, call, err := decide.WaitingAt(ctx, bus, run, callID, step)
+	return step, call, refusal(err)
+}
+
+// refusal turns a decision the run's state refuses (decide.RefusedError) into exit 1.
+func refusal(err error) error {
 	var refused *decide.RefusedError
 	if errors.As(err, &refused) {
-		return 0, toolbus.ToolCall{}, &exitError{code: 1, msg: refused.Msg}
+		return &exitError{code: 1, msg: refused.Msg}
 	}
-	return step, call, err
+	return err
 }
 
 // cmdCancel publishes run.cancel: every executor cancels the run's calls in flight and
@@ -436,13 +482,23 @@ type tailer struct {
 	colour    bool
 	prefixRun bool
 	buf       bytes.Buffer
+	// finished holds the calls seen finishing (run/step/call id), whose late progress
+	// reports are ignored; it is forgotten when it grows past maxTailFinished.
+	finished map[string]bool
 }
+
+// maxTailFinished bounds the finished calls a tail remembers.
+const maxTailFinished = 100_000
 
 // print renders one event and returns the run status it reports, if any.
 func (t *tailer) print(ev events.StoredEvent) toolbus.RunStatus {
 	t.buf.Reset()
 	p := newPrinter(&t.buf)
 	p.timers = true
+	if t.finished == nil || len(t.finished) > maxTailFinished {
+		t.finished = map[string]bool{}
+	}
+	p.finished = t.finished
 	status, _ := p.print(ev)
 	text := strings.TrimRight(t.buf.String(), "\n")
 	if text == "" {
@@ -497,6 +553,8 @@ func eventColour(ev events.StoredEvent, status toolbus.RunStatus) string {
 			return ansiGreen
 		}
 		return ansiRed
+	case strings.Contains(subject, ".tool.progress."):
+		return ansiDim
 	case strings.Contains(subject, ".model.responded"):
 		return ansiCyan
 	case strings.Contains(subject, ".run.started."):

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -26,9 +27,19 @@ type printer struct {
 	requested string
 	// timers prints the run's deadline timer (tail); a run's own timeline leaves it out.
 	timers bool
+	// finished holds the calls with a result (run/step/call id): their progress reports
+	// are ignored.
+	finished map[string]bool
 }
 
-func newPrinter(out io.Writer) *printer { return &printer{out: out, open: map[string]string{}} }
+func newPrinter(out io.Writer) *printer {
+	return &printer{out: out, open: map[string]string{}, finished: map[string]bool{}}
+}
+
+// callKey names a call across runs.
+func callKey(run string, step int, callID string) string {
+	return run + "/" + strconv.Itoa(step) + "/" + callID
+}
 
 // waitingFor says what the run waits for after the last event printed, and the durable
 // consumers whose workers would serve it.
@@ -61,7 +72,13 @@ func (p *printer) waitingFor() (string, []string) {
 
 // resultLine renders one tool result of the timeline.
 func resultLine(r toolbus.ToolResult) string {
-	line := fmt.Sprintf("        <- %s %s: %s", r.CallID, r.Tool, r.Status)
+	var line string
+	// Each attempt the tool's retry policy retried, then the result the model reads.
+	for _, fa := range r.Retries {
+		line += fmt.Sprintf("        <- %s %s: attempt %d %s %s (%s) on %s, retried after %d ms\n", r.CallID, r.Tool, fa.Attempt,
+			fa.Status, fa.Error.Code, oneLine(fa.Error.Message, 60), fa.Executor, fa.RetryAfterMS)
+	}
+	line += fmt.Sprintf("        <- %s %s: %s", r.CallID, r.Tool, r.Status)
 	if r.Error != nil {
 		if r.Error.Code != string(r.Status) { // not "cancelled cancelled"
 			line += " " + r.Error.Code
@@ -72,13 +89,16 @@ func resultLine(r toolbus.ToolResult) string {
 	if r.Truncated != nil {
 		line += fmt.Sprintf(" [content truncated %d -> %d bytes]", r.Truncated.OriginalBytes, r.Truncated.KeptBytes)
 	}
+	if r.Human != nil {
+		line += fmt.Sprintf(" [%s by %s]", r.Human.Kind, r.Human.Who)
+	}
 	return line
 }
 
 // print renders one event; it reports the run status and whether the run stopped.
 func (p *printer) print(ev events.StoredEvent) (status toolbus.RunStatus, done bool) {
-	if ev.Err == nil {
-		p.last = ev.Meta.Type
+	if ev.Err == nil && ev.Meta.Type != events.TypeToolProgress {
+		p.last = ev.Meta.Type // a report changes nothing the run waits for
 	}
 	v := audit.Visitor{
 		Undecodable: func(ev events.StoredEvent, err error) {
@@ -101,44 +121,24 @@ func (p *printer) print(ev events.StoredEvent) (status toolbus.RunStatus, done b
 			p.requested = rs.Model
 			fmt.Fprintf(p.out, "run %s started: %q\n", rs.RunID, q)
 		},
-		ModelResponded: func(_ events.StoredEvent, mr toolbus.ModelResponded) {
-			if mr.Model != "" && mr.Model != p.model {
-				p.model = mr.Model
-				whose := "the planner's"
-				if p.requested != "" {
-					whose = "asked for by the run: " + p.requested
-				}
-				fmt.Fprintf(p.out, "model %s (%s)\n", mr.Model, whose)
-			}
-			clear(p.open)
-			for _, c := range mr.Message.ToolCalls {
-				p.open[c.CallID] = c.Tool
-			}
-			text := oneLine(mr.Message.Content, 100)
-			if len(mr.Message.ToolCalls) == 0 {
-				fmt.Fprintf(p.out, "step %d  model answered (%d ms)\n", mr.Step, mr.LatencyMS)
-				return
-			}
-			fmt.Fprintf(p.out, "step %d  model asked for %d call(s) (%d ms)", mr.Step, len(mr.Message.ToolCalls), mr.LatencyMS)
-			if text != "" {
-				fmt.Fprintf(p.out, ": %s", text)
-			}
-			fmt.Fprintln(p.out)
-			for _, c := range mr.Message.ToolCalls {
-				fmt.Fprintf(p.out, "        -> %s %s(%s)\n", c.CallID, c.Tool, oneLine(c.Arguments, 80))
-			}
-		},
+		ModelResponded: func(_ events.StoredEvent, mr toolbus.ModelResponded) { p.modelResponded(mr) },
 		ToolFinished: func(_ events.StoredEvent, tf toolbus.ToolFinished) {
 			delete(p.open, tf.CallID)
+			p.finished[callKey(tf.RunID, tf.Step, tf.CallID)] = true
 			fmt.Fprintln(p.out, resultLine(tf.ToolResult))
+		},
+		ToolProgress: func(_ events.StoredEvent, tp toolbus.ToolProgress) {
+			if p.finished[callKey(tp.RunID, tp.Step, tp.CallID)] {
+				fmt.Fprintf(p.out, "  ! ignored tool.progress %d of %s %s: the call is not running (it has its result)\n", tp.Seq, tp.CallID, tp.Tool)
+				return
+			}
+			fmt.Fprintf(p.out, "        .. %s %s %s\n", tp.CallID, tp.Tool, audit.ProgressText(tp))
 		},
 		ToolWaiting: func(_ events.StoredEvent, tw toolbus.ToolWaiting) {
 			fmt.Fprintf(p.out, "        .. %s %s waits for approval\n", tw.Call.CallID, tw.Call.Tool)
 		},
-		Approval: func(ev events.StoredEvent, a toolbus.Approval, _ bool) {
-			fmt.Fprintf(p.out, "        %s %s by %s %s\n", strings.TrimPrefix(ev.Meta.Type, "toolbus."), a.CallID, a.Who, a.Why)
-		},
-		Cancel: func(events.StoredEvent, toolbus.Cancel) { fmt.Fprintln(p.out, "cancel requested") },
+		Approval: func(ev events.StoredEvent, a toolbus.Approval, _ bool) { p.approval(ev, a) },
+		Cancel:   func(events.StoredEvent, toolbus.Cancel) { fmt.Fprintln(p.out, "cancel requested") },
 		Timer: func(_ events.StoredEvent, t events.RunTimer) {
 			if p.timers {
 				fmt.Fprintf(p.out, "deadline timer set: the run ends at %s if it still goes on\n", t.Deadline.UTC().Format(time.RFC3339))
@@ -167,6 +167,47 @@ func (p *printer) print(ev events.StoredEvent) (status toolbus.RunStatus, done b
 	}
 	v.Visit(ev)
 	return status, done
+}
+
+// modelResponded prints a step's answer: the model (when it changes), the calls asked for.
+func (p *printer) modelResponded(mr toolbus.ModelResponded) {
+	if mr.Model != "" && mr.Model != p.model {
+		p.model = mr.Model
+		whose := "the planner's"
+		if p.requested != "" {
+			whose = "asked for by the run: " + p.requested
+		}
+		fmt.Fprintf(p.out, "model %s (%s)\n", mr.Model, whose)
+	}
+	clear(p.open)
+	for _, c := range mr.Message.ToolCalls {
+		p.open[c.CallID] = c.Tool
+	}
+	text := oneLine(mr.Message.Content, 100)
+	if len(mr.Message.ToolCalls) == 0 {
+		fmt.Fprintf(p.out, "step %d  model answered (%d ms)\n", mr.Step, mr.LatencyMS)
+		return
+	}
+	fmt.Fprintf(p.out, "step %d  model asked for %d call(s) (%d ms)", mr.Step, len(mr.Message.ToolCalls), mr.LatencyMS)
+	if text != "" {
+		fmt.Fprintf(p.out, ": %s", text)
+	}
+	fmt.Fprintln(p.out)
+	for _, c := range mr.Message.ToolCalls {
+		fmt.Fprintf(p.out, "        -> %s %s(%s)\n", c.CallID, c.Tool, oneLine(c.Arguments, 80))
+	}
+}
+
+// approval prints a person's decision, with an edit's arguments or an answer.
+func (p *printer) approval(ev events.StoredEvent, a toolbus.Approval) {
+	line := fmt.Sprintf("        %s %s by %s %s", strings.TrimPrefix(ev.Meta.Type, "toolbus."), a.CallID, a.Who, a.Why)
+	if a.Arguments != "" {
+		line += " edited arguments: " + oneLine(a.Arguments, 80)
+	}
+	if a.Response != "" {
+		line += " answer: " + oneLine(a.Response, 80)
+	}
+	fmt.Fprintln(p.out, strings.TrimRight(line, " "))
 }
 
 // oneLine folds s onto one line and cuts it to n bytes (audit.OneLine).

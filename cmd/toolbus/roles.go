@@ -114,7 +114,8 @@ func runExecutor(ctx context.Context, cfg Config, bus *events.Bus, log *slog.Log
 	}
 	w, err := worker.New(bus, exec, worker.Config{
 		WorkerConfig: cfg.worker(log), Tools: cfg.ExecutorTools, Team: cfg.Team, ReplaceContracts: cfg.ReplaceContracts,
-		Metrics: executorMetrics(tel), Observer: serveObserver(tel, "executor"),
+		ProgressInterval: cfg.ProgressInterval,
+		Metrics:          executorMetrics(tel), Observer: serveObserver(tel, "executor"),
 	})
 	if err != nil {
 		return err

@@ -245,3 +245,14 @@ func (s *Store) Contracts(ctx context.Context) ([]toolbus.ToolContract, error) {
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out, nil
 }
+
+// Contract returns the catalog entry of the tool name; ErrNotFound when none is
+// registered.
+func (s *Store) Contract(ctx context.Context, name string) (toolbus.ToolContract, error) {
+	var tc toolbus.ToolContract
+	if !toolbus.ValidToolName(name) {
+		return tc, fmt.Errorf("%w: invalid tool name %q", ErrNotFound, name)
+	}
+	err := s.getJSON(ctx, s.tools, name, &tc)
+	return tc, err
+}

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/toolbus/toolbus"
 )
 
 // Claim is an executor's claim on one call, taken before the tool runs. Its revision in
@@ -25,6 +27,12 @@ type Claim struct {
 	// out mid-call): the next delivery takes the claim over at once, whether or not the
 	// executor is alive.
 	Abandoned bool `json:"abandoned,omitempty"`
+	// Retry marks an abandoned attempt that failed and is retried by the tool's retry
+	// policy (not a lost lease).
+	Retry bool `json:"retry,omitempty"`
+	// Retries are the failed attempts retried so far, oldest first; each take-over
+	// carries them on, and the final result publishes them (ToolResult.Retries).
+	Retries []toolbus.FailedAttempt `json:"retries,omitempty"`
 	// Yielded marks an attempt that took the claim over and then found the call's
 	// result already stored by an earlier attempt (one cut off from the bus whose
 	// publication arrived late): it did not run, and that earlier result is the call's.

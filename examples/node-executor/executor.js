@@ -14,6 +14,8 @@
 //   - runs the tool under the earliest of its timeout, the call's deadline and the run's
 //     deadline, cancels it on run.cancel, and tells JetStream it is alive (working())
 //     while a call runs longer than the ack wait;
+//   - reports the call's progress while it runs (tool.progress, at most one a second,
+//     the latest kept, the last one before the result);
 //   - publishes exactly one tool.finished per call: a CloudEvent in binary mode (ce-*
 //     headers) with the deterministic id <run>/<step>/<call_id>/tool.finished, also sent
 //     as Nats-Msg-Id, and the ToolResult at the top level of the data; then acks.
@@ -156,16 +158,25 @@ function violations(args) {
   return out.length ? out : null;
 }
 
-/** Runs the tool; it stops early when signal aborts. */
-function runTool(args, signal) {
+/**
+ * Runs the tool; it stops early when signal aborts. While it waits it reports how long
+ * it has waited (progress(done, total, message)), every quarter of a second.
+ */
+function runTool(args, signal, progress = () => {}) {
   return new Promise((resolve, reject) => {
     const started = Date.now();
+    const ticker = setInterval(() => {
+      const waited = Date.now() - started;
+      progress(Math.min(waited, args.ms), args.ms, `waited ${waited} of ${args.ms} ms`);
+    }, 250);
     const timer = setTimeout(() => {
+      clearInterval(ticker);
       signal.removeEventListener('abort', onAbort);
       resolve({ waited_ms: Date.now() - started, ...(args.label !== undefined ? { label: args.label } : {}) });
     }, args.ms);
     const onAbort = () => {
       clearTimeout(timer);
+      clearInterval(ticker);
       reject(signal.reason);
     };
     if (signal.aborted) onAbort();
@@ -408,8 +419,9 @@ async function execute(req, rs, attempt, msg) {
   inflight.set(req.run_id, set.add(ac));
   const alive = setInterval(() => cfg.breakRule !== 'no_heartbeat' && msg.working(), Math.max(cfg.ackWaitMS / 3, 100)); // not redelivered while alive
   const started = Date.now();
+  const progress = progressReporter(req, attempt);
   try {
-    const output = await runTool(args, ac.signal);
+    const output = await runTool(args, ac.signal, progress.report);
     const content = JSON.stringify(output);
     return { call_id: call.call_id, tool: call.tool, status: 'succeeded', output, content, duration_ms: Date.now() - started };
   } catch (err) {
@@ -418,11 +430,72 @@ async function execute(req, rs, attempt, msg) {
       : errorResult(call, 'cancelled', 'cancelled', 'the run was cancelled');
     return { ...r, duration_ms: Date.now() - started };
   } finally {
+    await progress.finish(); // the last report goes out before the result
     clearTimeout(timer);
     clearInterval(alive);
     set.delete(ac);
     if (set.size === 0) inflight.delete(req.run_id);
   }
+}
+
+// How often a call's progress may be published (CONTRACT.md, "Progress and long-running
+// tools"): a report made sooner replaces the pending one.
+const PROGRESS_INTERVAL_MS = 1000;
+
+/**
+ * The progress of one running call: report(done, total, message) keeps the latest
+ * report and publishes at most one tool.progress per PROGRESS_INTERVAL_MS; finish()
+ * publishes the pending one and refuses any later report (the call is no longer
+ * running: the report is dropped and report returns false).
+ */
+function progressReporter(req, attempt) {
+  let seq = 0;
+  let pending = null;
+  let last = 0;
+  let timer = null;
+  let finished = false;
+  let sending = Promise.resolve();
+  const send = () => {
+    timer = null;
+    if (!pending) return sending;
+    const p = pending;
+    pending = null;
+    last = Date.now();
+    sending = sending.then(() => publishProgress(req, p)).catch((err) => log('progress not published', { run_id: req.run_id, call_id: req.call.call_id, error: String(err) }, 'warn'));
+    return sending;
+  };
+  return {
+    report(done, total, message) {
+      if (finished) return false;
+      seq += 1;
+      pending = { run_id: req.run_id, step: req.step, call_id: req.call.call_id, tool: req.call.tool, attempt, seq, done, ...(total > 0 ? { total } : {}), ...(message ? { message } : {}) };
+      if (!timer) timer = setTimeout(send, Math.max(0, last + PROGRESS_INTERVAL_MS - Date.now()));
+      return true;
+    },
+    async finish() {
+      finished = true;
+      if (timer) clearTimeout(timer);
+      await send();
+    },
+  };
+}
+
+/** Publishes one tool.progress of a running call (binary-mode CloudEvent). */
+async function publishProgress(req, data) {
+  const type = 'toolbus.tool.progress';
+  const id = `${req.run_id}/${req.step}/${req.call.call_id}/tool.progress/${data.attempt}/${data.seq}`;
+  const ev = new CloudEvent({
+    id, source, type, subject: req.call.call_id, time: new Date().toISOString(),
+    dataschema: `https://toolbus.dev/schemas/${type}.v1.json`, datacontenttype: 'application/json',
+    runid: req.run_id, step: String(req.step), callid: req.call.call_id, callindex: '0', callcount: '0',
+  });
+  const h = natsHeaders();
+  for (const [k, v] of Object.entries(ev.toJSON())) {
+    if (k === 'data' || k === 'datacontenttype' || v === undefined) continue;
+    h.set(`ce-${k}`, String(v));
+  }
+  h.set('Content-Type', 'application/json');
+  await js.publish(`toolbus.${req.run_id}.tool.progress.${req.call.tool}`, enc.encode(JSON.stringify(data)), { msgID: id, headers: h });
 }
 
 /** Publishes the one tool.finished of a call (binary-mode CloudEvent). */

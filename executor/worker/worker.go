@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"strconv"
 	"strings"
 	"sync"
@@ -15,8 +14,6 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel"
-	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/toolbus/toolbus"
@@ -53,6 +50,9 @@ type Config struct {
 	// InlineOutputMax is the largest output kept in the event itself (default 256 KiB);
 	// larger outputs go to the outputs bucket and the result carries a reference.
 	InlineOutputMax int
+	// ProgressInterval is the least time between two tool.progress events of one call
+	// (default DefaultProgressInterval): a report made sooner replaces the pending one.
+	ProgressInterval time.Duration
 	// Metrics, when set, records the calls this worker runs (telemetry.Metrics).
 	Metrics Metrics
 	// Observer, when set, watches the consume loop (readiness, redeliveries, poison).
@@ -115,6 +115,8 @@ func (c Config) Validate() error {
 	switch {
 	case c.MaxAckPending < 0:
 		err = events.InvalidField("MaxAckPending", c.MaxAckPending, fmt.Sprintf("1 or more (0: default %d)", DefaultMaxAckPending))
+	case c.ProgressInterval < 0:
+		err = events.InvalidField("ProgressInterval", c.ProgressInterval, fmt.Sprintf("positive (0: default %s)", DefaultProgressInterval))
 	case c.InlineOutputMax < 0:
 		err = events.InvalidField("InlineOutputMax", c.InlineOutputMax, fmt.Sprintf("1 or more (0: default %d)", DefaultInlineOutputMax))
 	}
@@ -134,6 +136,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.InlineOutputMax == 0 {
 		c.InlineOutputMax = DefaultInlineOutputMax
+	}
+	if c.ProgressInterval == 0 {
+		c.ProgressInterval = DefaultProgressInterval
 	}
 	if c.Metrics == nil {
 		c.Metrics = nopMetrics{}
@@ -172,6 +177,8 @@ type Worker struct {
 	ends *endedRuns // runs known to have ended, from their outcome events
 
 	extra sync.WaitGroup // queues added by Sync
+
+	handler handlerFunc // the stages and middleware of a delivery (handle.go)
 }
 
 type callHandle struct{ cancel context.CancelCauseFunc }
@@ -198,6 +205,7 @@ func New(bus *events.Bus, exec *executor.Executor, cfg Config) (*Worker, error) 
 		inflight: map[string]map[*callHandle]struct{}{}, claimed: map[string]bool{}, cancelled: map[string]time.Time{},
 		ends: ends}
 	w.lease = newLease(bus.InstanceTTL(), w.leaseLost)
+	w.handler = w.pipeline()
 	return w, nil
 }
 
@@ -558,254 +566,6 @@ func (w *Worker) track(run string, h *callHandle, lv leaseView) (untrack func())
 	}
 }
 
-func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) error {
-	start := time.Now()
-	var (
-		req  toolbus.ToolRequested
-		meta events.Meta
-	)
-	err := w.handleCall(ctx, msg, &req, &meta)
-	if err == nil || !errors.Is(w.bus.Denied(start, err), events.ErrPermissionDenied) {
-		return err
-	}
-	return w.denied(ctx, req, meta, w.bus.Denied(start, err))
-}
-
-// denied ends a call that the executor's credentials do not let it handle: it publishes
-// a failed result whose code (permission_denied) and message name the missing
-// permission, at once, instead of the call timing out on every delivery. If even that
-// publish is refused the message is terminated with the reason: nothing this executor
-// can do for the call will work until its permissions change (the run's deadline then
-// ends the call).
-func (w *Worker) denied(ctx context.Context, req toolbus.ToolRequested, meta events.Meta, err error) error {
-	// The error paths are logged once, by the consume loop that terminates the message;
-	// only the call ended with a result is logged here.
-	if meta.Type != events.TypeToolRequested || req.RunID == "" {
-		return fmt.Errorf("%w: %w", events.ErrPoison, err)
-	}
-	res := executor.ErrorResult(req.Call, toolbus.StatusFailed, toolbus.CodePermissionDenied,
-		"the executor could not handle this call: "+err.Error())
-	res.Executor = w.cfg.Instance
-	start := time.Now()
-	_, perr := w.bus.PublishEvent(ctx, events.ToolFinishedEvent(w.source, toolbus.ToolFinished{
-		RunID: req.RunID, Step: req.Step, CallIndex: req.CallIndex, CallCount: req.CallCount, ToolResult: res}).Traced(meta.TraceParent))
-	if perr != nil {
-		return fmt.Errorf("%w: %w (and its result could not be published: %w)", events.ErrPoison, err, w.bus.Denied(start, perr))
-	}
-	w.log.Error("call ended: the executor's credentials miss a permission",
-		"run_id", req.RunID, "step", req.Step, "call_id", req.Call.CallID, "tool", req.Call.Tool, "error", err)
-	w.cfg.Metrics.CallFinished(req.Call.Tool, string(res.Status), res.Code(), 0, false)
-	return nil
-}
-
-// handleCall handles one delivery of a call; it fills req and meta as soon as it decoded
-// them.
-func (w *Worker) handleCall(ctx context.Context, msg jetstream.Msg, out *toolbus.ToolRequested, outMeta *events.Meta) error {
-	var req toolbus.ToolRequested
-	meta, err := events.DecodeMsg(msg, &req)
-	if err != nil {
-		return err
-	}
-	*out, *outMeta = req, meta
-	if meta.Type != events.TypeToolRequested || !toolbus.ValidRunID(req.RunID) || req.Step < 0 ||
-		req.CallCount <= 0 || req.CallIndex < 0 || req.CallIndex >= req.CallCount {
-		return fmt.Errorf("%w: bad tool.requested %s (run %q, index %d of %d)", events.ErrPoison, meta.ID, req.RunID, req.CallIndex, req.CallCount)
-	}
-	// The subject names the call's run and tool: a call whose body names another run or
-	// tool is not run.
-	if err := events.CheckSubject(msg.Subject(), meta, &req); err != nil {
-		return err
-	}
-	// The queue the call came from (the subject's tool token) scopes everything the call
-	// writes: its claim, its stored output and its result's subject, which the team's
-	// credentials allow for its own tools only. A call from the unknown-tool queue,
-	// which every team serves, is never run.
-	queue := events.ToolTokenOfSubject(msg.Subject())
-	if queue != events.UnknownToolToken && queue != events.ToolToken(req.Call.Tool) {
-		return fmt.Errorf("%w: tool.requested %s for tool %q on the queue of %q", events.ErrPoison, meta.ID, req.Call.Tool, queue)
-	}
-	// The call's logger is built only when something is logged: With is not free and
-	// this is the hot path.
-	log := func() *slog.Logger {
-		return w.log.With("run_id", req.RunID, "step", req.Step, "call_id", req.Call.CallID, "tool", req.Call.Tool)
-	}
-	// The run, not the call event, says what the call may do: allowlist, principal and
-	// deadline come from the run's first run.started.
-	rs, startSeq, err := w.bus.RunStartedAt(ctx, req.RunID)
-	if err != nil {
-		if errors.Is(err, events.ErrRunNotFound) {
-			return fmt.Errorf("%w: call %s of a run that was never started", events.ErrPoison, meta.ID)
-		}
-		return err
-	}
-	if !w.lease.valid() {
-		// Cut off from the bus (or just resumed from a pause): a claim taken now could
-		// be taken over before the lease is renewed.
-		return &events.DeferError{Delay: max(w.cfg.AckWait/3, time.Second), Reason: "no valid lease: instance heartbeat not renewed"}
-	}
-	// The call holds the lease as it is now: a lapse from here on loses it for good.
-	lv := w.lease.view()
-	key := store.ClaimKey(queue, req.RunID, req.Step, req.Call.CallID)
-	if !w.hold(key) {
-		// This process already handles the call (a redelivery that overtook it): that
-		// handling acknowledges it.
-		return &events.DeferError{Delay: max(w.cfg.AckWait/3, time.Second), Reason: "call already being handled by this process"}
-	}
-	defer w.release(key)
-	// A run's calls in flight are those of its current step: the next step is asked for
-	// only once every call of this one has a result or waits for approval. A step of at
-	// most RunMaxInFlight calls therefore stays under the cap by itself, and only the
-	// calls of larger steps take one of the run's slots (a KV create and a delete each).
-	if w.cfg.RunMaxInFlight > 0 && req.CallCount > w.cfg.RunMaxInFlight {
-		slot, ok, err := w.bus.AcquireRunSlot(ctx, queue, req.RunID, w.cfg.RunMaxInFlight, key, w.cfg.Instance, w.boot)
-		if err != nil {
-			return err
-		}
-		if !ok {
-			return &events.DeferError{Delay: runFullDelay + time.Duration(rand.Int64N(int64(runFullDelay))),
-				Reason: fmt.Sprintf("run %s has %d calls in flight", req.RunID, w.cfg.RunMaxInFlight)}
-		}
-		defer func() {
-			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-			defer cancel()
-			if err := w.bus.ReleaseRunSlot(rctx, queue, req.RunID, slot); err != nil {
-				log().Warn("run slot not released; it frees when this instance's heartbeat expires", "error", err)
-			}
-		}()
-	}
-	run, own, err := w.claim(ctx, msg, queue, req, log)
-	if err != nil || !run {
-		return err
-	}
-	attempt := own.claim.Attempt
-
-	var (
-		res toolbus.ToolResult
-		ran bool // the tool ran: the in-flight gauge counts it
-	)
-	// The call's span (GenAI conventions, "execute_tool <tool>"), a child of the step's
-	// span carried in the tool.requested headers; the tool.finished carries it on.
-	ctx, span := w.cfg.Tracer.Start(events.ExtractTrace(ctx, msg.Headers()), "execute_tool "+req.Call.Tool,
-		trace.WithSpanKind(trace.SpanKindInternal), trace.WithAttributes(
-			attribute.String("gen_ai.operation.name", "execute_tool"),
-			attribute.String("gen_ai.tool.name", req.Call.Tool),
-			attribute.String("gen_ai.tool.call.id", req.Call.CallID),
-			attribute.String("toolbus.run_id", req.RunID),
-			attribute.Int("toolbus.step", req.Step),
-			attribute.Int("toolbus.attempt", attempt),
-		))
-	defer func() {
-		if res.Status != "" {
-			span.SetAttributes(attribute.String("toolbus.tool.status", string(res.Status)))
-			if res.Status != toolbus.StatusSucceeded {
-				span.SetAttributes(attribute.String("error.type", res.Code()))
-				span.SetStatus(codes.Error, res.Code())
-			}
-		}
-		span.End()
-	}()
-	ended, err := w.runEnded(ctx, req.RunID, startSeq)
-	switch {
-	case err != nil:
-		return err
-	case ended != "":
-		res = executor.ErrorResult(req.Call, toolbus.StatusCancelled, toolbus.CodeRunEnded,
-			fmt.Sprintf("the run had already ended (%s) when this call was taken: it was not run", ended))
-	case attempt >= w.cfg.MaxDeliver && attempt > 1:
-		res = executor.ErrorResult(req.Call, toolbus.StatusFailed, toolbus.CodeToolInternalError,
-			fmt.Sprintf("the call did not finish in %d attempts (its executor died each time); it was not run again", attempt-1))
-	case queue == events.UnknownToolToken || !w.serves(req.Call.Tool):
-		res = executor.ErrorResult(req.Call, toolbus.StatusRejected, toolbus.CodeUnknownTool, fmt.Sprintf("no executor serves a tool named %q", req.Call.Tool))
-	case !rs.Allows(req.Call.Tool):
-		res = executor.ErrorResult(req.Call, toolbus.StatusRejected, toolbus.CodeNotAuthorized, fmt.Sprintf("tool %q is not allowed in this run", req.Call.Tool))
-	default:
-		t, _ := w.exec.Registry().Lookup(req.Call.Tool)
-		if t.NeedsApproval {
-			d, err := w.bus.StepDecision(ctx, req.RunID, req.Step, req.Call.CallID)
-			switch {
-			case errors.Is(err, events.ErrNotFound):
-				// Nothing runs: the call's re-issue after the decision claims it anew.
-				if err := w.bus.ReleaseClaim(ctx, queue, req.RunID, req.Step, req.Call.CallID); err != nil {
-					return err
-				}
-				return w.wait(ctx, req, log())
-			case err != nil:
-				return err
-			case !d.Granted:
-				msg := "a person denied this call"
-				if d.Why != "" {
-					msg += ": " + d.Why
-				}
-				res = executor.ErrorResult(req.Call, toolbus.StatusRejected, toolbus.CodeApprovalDenied, msg)
-			}
-		}
-		if res.Status == "" {
-			ran = true
-			w.cfg.Metrics.CallStarted(req.Call.Tool)
-			res, err = w.run(ctx, msg, req, rs, attempt, lv)
-			w.cfg.Metrics.CallStopped(req.Call.Tool)
-			if errors.Is(err, errLeaseLost) {
-				return w.handBack(ctx, msg, queue, req, own, log)
-			}
-			if err != nil {
-				return err
-			}
-		}
-	}
-	if !lv.valid() {
-		// Another executor may own the call by now: this result is not published.
-		return w.handBack(ctx, msg, queue, req, own, log)
-	}
-	res.Attempt = attempt
-	res.Executor = w.cfg.Instance
-	if until := lv.serverDeadline(); !until.IsZero() {
-		until = until.UTC()
-		res.LeaseUntil = &until
-	}
-	// The call ran: its result must not be lost to a bus hiccup (a redelivered call whose
-	// result is not stored runs again), so storing it is retried in place.
-	if err := w.retry(ctx, msg, log, "store the large output", func() error {
-		return w.keepLargeOutput(ctx, queue, req, &res)
-	}); err != nil {
-		return err
-	}
-	err = w.retry(ctx, msg, log, "publish the result", func() error {
-		if !lv.valid() {
-			return errLeaseLost // each try checks: a late publication could follow a take-over
-		}
-		_, err := w.bus.PublishEvent(ctx, events.ToolFinishedEventOn(w.source, toolbus.ToolFinished{
-			RunID: req.RunID, Step: req.Step, CallIndex: req.CallIndex, CallCount: req.CallCount, ToolResult: res}, queue).Traced(meta.TraceParent))
-		return err
-	})
-	if errors.Is(err, errLeaseLost) {
-		return w.handBack(ctx, msg, queue, req, own, log)
-	}
-	if err != nil {
-		return err
-	}
-	// Counted once the result is stored: one count per published result.
-	tool := req.Call.Tool
-	if !w.serves(tool) {
-		tool = events.UnknownToolToken // the model names tools: keep the label set bounded
-	}
-	w.cfg.Metrics.CallFinished(tool, string(res.Status), res.Code(), time.Duration(res.DurationMS)*time.Millisecond, ran)
-	// One line per call at debug: at info it cost a few percent of a call's CPU at load
-	// (the stream already records every call for audit).
-	if w.log.Enabled(ctx, slog.LevelDebug) {
-		log().Debug("call finished", "status", res.Status, "code", res.Code(), "duration_ms", res.DurationMS, "attempt", attempt)
-	}
-	return nil
-}
-
-// handBack gives up an attempt whose lease ran out before its result was stored: the
-// claim is marked abandoned and the call redelivered (to any executor) after a delay.
-func (w *Worker) handBack(ctx context.Context, msg jetstream.Msg, queue string, req toolbus.ToolRequested, own owned, log func() *slog.Logger) error {
-	if err := w.abandon(ctx, msg, queue, req, own, log); err != nil {
-		return err
-	}
-	return &events.DeferError{Delay: max(w.cfg.AckWait/3, time.Second), Reason: errLeaseLost.Error()}
-}
-
 // runEnded returns the outcome of a run that already ended, or "" while it goes on: from
 // the outcome events the worker follows when they answer for the run, else from the run
 // state.
@@ -910,7 +670,7 @@ func (w *Worker) claim(ctx context.Context, msg jetstream.Msg, queue string, req
 			}
 		}
 		if !alive {
-			mine.Attempt = cur.Attempt + 1
+			mine.Attempt, mine.Retries = cur.Attempt+1, cur.Retries
 			nrev, err := w.bus.TakeOverClaim(ctx, queue, req.RunID, req.Step, req.Call.CallID, mine, rev)
 			if err == nil {
 				if takeoverHook != nil {
@@ -926,6 +686,10 @@ func (w *Worker) claim(ctx context.Context, msg jetstream.Msg, queue string, req
 						err = w.yield(ctx, msg, queue, req, owned{mine, nrev}, log)
 					}
 					return false, owned{}, err
+				}
+				if cur.Retry {
+					log().Info("retrying the call by the tool's policy, with the same idempotency key", "attempt", mine.Attempt)
+					return true, owned{mine, nrev}, nil
 				}
 				why := "the executor that claimed this call is gone"
 				if cur.Abandoned {
@@ -944,7 +708,7 @@ func (w *Worker) claim(ctx context.Context, msg jetstream.Msg, queue string, req
 			return false, owned{}, ctx.Err()
 		case <-time.After(claimPoll):
 		}
-		mine.Attempt = 1
+		mine.Attempt, mine.Retries = 1, nil
 		if cur, rev, err = w.bus.ClaimCall(ctx, queue, req.RunID, req.Step, req.Call.CallID, mine); err == nil {
 			return true, owned{mine, rev}, nil // the claim went away (expired with the retention): ours now
 		} else if !errors.Is(err, store.ErrClaimed) {
@@ -996,11 +760,7 @@ func (w *Worker) abandon(ctx context.Context, msg jetstream.Msg, queue string, r
 func (w *Worker) run(ctx context.Context, msg jetstream.Msg, req toolbus.ToolRequested, rs *toolbus.RunStarted, attempt int, lv leaseView) (toolbus.ToolResult, error) {
 	callCtx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	deadline := req.Deadline
-	if d := rs.Limits.Deadline; !d.IsZero() && (deadline.IsZero() || d.Before(deadline)) {
-		deadline = d
-	}
-	if !deadline.IsZero() {
+	if deadline := callDeadline(req, rs); !deadline.IsZero() {
 		var c2 context.CancelFunc
 		callCtx, c2 = context.WithDeadline(callCtx, deadline)
 		defer c2()
@@ -1014,9 +774,14 @@ func (w *Worker) run(ctx context.Context, msg jetstream.Msg, req toolbus.ToolReq
 		Lease:          lv,
 	})
 
+	// The tool's progress reports go to a publisher of their own, throttled; its last
+	// report is published before the result.
+	sink, stopProgress := w.startProgress(ctx, msg, req, attempt, lv)
+	callCtx = executor.WithProgressSink(callCtx, sink)
 	stopBeat := events.Heartbeat(msg, w.cfg.AckWait/3)
 	res := w.exec.Execute(callCtx, req.Call, rs.Principal)
 	stopBeat()
+	stopProgress()
 
 	if errors.Is(context.Cause(callCtx), errLeaseLost) || !lv.valid() {
 		return res, fmt.Errorf("call %s: %w", req.Call.CallID, errLeaseLost)

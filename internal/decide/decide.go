@@ -1,4 +1,4 @@
-// Package decide serves the human decisions on a run (approve and deny today): it finds
+// Package decide serves the human decisions on a run (approve, edit, reject, respond): it finds
 // the call a decision is about and says why the run's state refuses it. The CLI
 // (toolbus approve, deny) and the console share it, so both refuse the same cases with
 // the same words.
@@ -12,6 +12,7 @@ import (
 
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/internal/argcheck"
 )
 
 // RefusedError is a decision the run's state refuses: the run is unknown or ended, the
@@ -74,4 +75,42 @@ func Waiting(ctx context.Context, bus *events.Bus, run, callID string) (int, too
 		msg += "; waiting: " + strings.Join(waiting, ", ")
 	}
 	return 0, toolbus.ToolCall{}, &RefusedError{Msg: msg + ")"}
+}
+
+// WaitingAt is Waiting for a decision that names the call's step: a step other than the
+// run's current one is refused (a decision binds to its call and step, and call ids
+// repeat across steps). step < 0 names none.
+func WaitingAt(ctx context.Context, bus *events.Bus, run, callID string, step int) (int, toolbus.ToolCall, error) {
+	if step >= 0 {
+		st, _, err := bus.RunState(ctx, run)
+		if err == nil && !st.Status.Terminal() {
+			current, err := bus.CurrentStep(ctx, run)
+			if err != nil {
+				return 0, toolbus.ToolCall{}, err
+			}
+			if current != step {
+				return 0, toolbus.ToolCall{}, &RefusedError{Msg: fmt.Sprintf(
+					"call %s of run %s: step %d is not the run's current step (%d): a decision applies to a call of the current step only",
+					callID, run, step, current)}
+			}
+		}
+	}
+	return Waiting(ctx, bus, run, callID)
+}
+
+// CheckEdit refuses edited arguments for call that are not one JSON object valid
+// against the tool's input schema in the catalog, before anything is published: the
+// call still waits and a corrected edit can decide it.
+func CheckEdit(ctx context.Context, bus *events.Bus, call toolbus.ToolCall, args string) error {
+	tc, err := bus.Contract(ctx, call.Tool)
+	if errors.Is(err, events.ErrNotFound) {
+		return &RefusedError{Msg: fmt.Sprintf("edit of call %s refused: tool %s is not in the catalog, its arguments cannot be checked", call.CallID, call.Tool)}
+	}
+	if err != nil {
+		return err
+	}
+	if err := argcheck.Check(tc.InputSchema, args); err != nil {
+		return &RefusedError{Msg: fmt.Sprintf("edit of call %s %s refused: %v; nothing was published, the call still waits", call.CallID, call.Tool, err)}
+	}
+	return nil
 }

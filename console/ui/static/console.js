@@ -4,6 +4,31 @@
 // element of the parsed document in (a parsed document runs no script).
 (function () {
   'use strict';
+  // Live durations: every element with data-since (milliseconds since the epoch) shows
+  // the time elapsed since then, counted each second (textContent: never HTML). The
+  // format is the server's (format.go dur).
+  function dur(ms) {
+    if (ms < 1) { return '<1ms'; }
+    if (ms < 1000) { return Math.floor(ms) + 'ms'; }
+    var s = ms / 1000;
+    if (s < 10) { return s.toFixed(1) + 's'; }
+    if (s < 60) { return Math.floor(s) + 's'; }
+    var m = Math.floor(s / 60), h = Math.floor(m / 60);
+    function two(n) { return (n < 10 ? '0' : '') + n; }
+    if (m < 60) { return m + 'm' + two(Math.floor(s % 60)) + 's'; }
+    return h + 'h' + two(m % 60) + 'm';
+  }
+  function tick() {
+    var now = Date.now();
+    var els = document.querySelectorAll('[data-since]');
+    for (var i = 0; i < els.length; i++) {
+      var since = Number(els[i].dataset.since);
+      if (since > 0) { els[i].textContent = dur(Math.max(0, now - since)); }
+    }
+  }
+  tick();
+  setInterval(tick, 1000);
+
   // Actions are plain forms: the session cookie (SameSite=Strict) says who acts.
   var src = document.body.dataset.sse;
   if (!src || !window.EventSource) { return; }
@@ -35,6 +60,7 @@
         var live = document.getElementById('live');
         if (next && live && !editing()) {
           live.replaceWith(document.adoptNode(next));
+          tick();
           document.body.dataset.updated = String(Date.now());
         }
       })

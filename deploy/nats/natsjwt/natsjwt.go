@@ -226,6 +226,7 @@ func TeamPermissions(template Permissions, stream string, tools []string) Permis
 			"$KV."+store.BucketOutputs+"."+tool+".>",
 			events.SubjectPrefix+".*.tool.finished."+tool,
 			events.SubjectPrefix+".*.tool.waiting."+tool,
+			events.SubjectPrefix+".*.tool.progress."+tool,
 		)
 	}
 	return p

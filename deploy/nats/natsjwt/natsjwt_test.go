@@ -49,7 +49,7 @@ func TestTeamPermissions(t *testing.T) {
 	}
 	p := natsjwt.TeamPermissions(perms[natsjwt.TeamTemplate], "TOOLBUS", []string{"calc"})
 	for _, want := range []string{"$JS.API.CONSUMER.MSG.NEXT.TOOLBUS.tool_calc", "$JS.ACK.TOOLBUS.tool_calc.>", "$KV.toolbus_tools.calc",
-		"$KV.toolbus_claims.calc.>", "$KV.toolbus_outputs.calc.>", "toolbus.*.tool.finished.calc", "toolbus.*.tool.waiting.calc"} {
+		"$KV.toolbus_claims.calc.>", "$KV.toolbus_outputs.calc.>", "toolbus.*.tool.finished.calc", "toolbus.*.tool.waiting.calc", "toolbus.*.tool.progress.calc"} {
 		if !slices.Contains(p.PubAllow, want) {
 			t.Errorf("team permissions lack %s", want)
 		}

@@ -1,4 +1,4 @@
-package main
+package mcpserver
 
 import (
 	"bytes"
@@ -17,14 +17,14 @@ import (
 	"github.com/toolbus/toolbus/internal/door"
 )
 
-// The front door of `toolbus mcp --http`, outermost first: the Host header (DNS
+// The HTTP door of `toolbus mcp --http`, outermost first: the Host header (DNS
 // rebinding), the Origin header (a browser page of another site), the bearer token
 // (401 without one that the access list knows), the session cap, then go-sdk's
 // streamable HTTP handler with an idle timeout, whose answers to cancelled requests are
 // dropped.
 
-// mcpHTTPConfig configures the HTTP door of the MCP server.
-type mcpHTTPConfig struct {
+// HTTPConfig configures the streamable HTTP door of the MCP server.
+type HTTPConfig struct {
 	// Listen is the address served (for the Host check).
 	Listen string
 	// Access maps bearer tokens to principals.
@@ -40,8 +40,10 @@ type mcpHTTPConfig struct {
 	Logger      *slog.Logger
 }
 
-// mcpHTTPHandler returns the HTTP handler of srv behind the door of cfg.
-func mcpHTTPHandler(srv *mcp.Server, cfg mcpHTTPConfig) http.Handler {
+// HTTPHandler returns the streamable HTTP handler of srv behind the door of cfg: every
+// request needs a bearer token of cfg.Access, and the runs of a session act for its
+// token's principal. GET /readyz answers "ok" without a token.
+func HTTPHandler(srv *mcp.Server, cfg HTTPConfig) http.Handler {
 	h := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv }, &mcp.StreamableHTTPOptions{
 		SessionTimeout: cfg.SessionTimeout, Logger: cfg.Logger,
 	})
