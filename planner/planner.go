@@ -307,52 +307,9 @@ func (p *Planner) Step(ctx context.Context, run string, step int, traceparent st
 
 	ctx, span := p.stepSpan(ctx, rs, step, traceparent)
 	defer span.End()
-	var (
-		mr  toolbus.ModelResponded
-		got bool
-	)
-	// Reuse what the model already said for this step, if it was recorded (a redelivery,
-	// or a duplicate request): the model is called once per step.
-	if recorded != nil {
-		mr, got = *recorded, true
-	}
-	if !got && len(rs.Calls) > 0 {
-		// A pre-planned run: its calls are step 0, and no model is ever called.
-		mr = prePlanned(rs, step)
-		wctx, cancel := context.WithTimeout(ctx, busWriteTimeout)
-		mr, _, err = p.bus.PutAssistant(wctx, mr)
-		cancel()
-		if err != nil {
-			return err
-		}
-		got = true
-	}
-	if !got {
-		if mr, err = p.callModel(ctx, rs, step, prev); err != nil {
-			span.SetStatus(codes.Error, err.Error())
-			span.SetAttributes(attribute.String("error.type", toolbus.CodeModelError))
-			if errors.Is(err, ErrPermanent) {
-				return p.fail(ctx, run, step, toolbus.CodeModelError, err.Error())
-			}
-			return err
-		}
-		// An answer the bus cannot record would fail every retry of the step, each
-		// retry paying the model again: the run ends now.
-		if limit := p.maxAnswer(); limit > 0 {
-			if b, merr := json.Marshal(mr); merr == nil && len(b) > limit {
-				return p.answerTooLarge(ctx, run, step, len(b), limit)
-			}
-		}
-		// The first recorded answer wins (another planner may have raced us).
-		wctx, cancel := context.WithTimeout(ctx, busWriteTimeout)
-		mr, _, err = p.bus.PutAssistant(wctx, mr)
-		cancel()
-		if err != nil {
-			if tooLarge(err) {
-				return p.answerTooLarge(ctx, run, step, 0, p.maxAnswer())
-			}
-			return err
-		}
+	mr, got, err := p.answer(ctx, span, rs, step, prev, recorded)
+	if err != nil {
+		return err
 	}
 	p.rememberAssistant(run, step, mr)
 	// Past the model call every operation is a bus write of milliseconds: bound them, so
@@ -369,6 +326,58 @@ func (p *Planner) Step(ctx context.Context, run string, step int, traceparent st
 	)
 
 	return p.publishResponse(ctx, rs, step, mr, traceparent)
+}
+
+// answer returns the step's assistant message, recorded: the one already recorded (a
+// redelivery or a duplicate request: the model is called once per step), the
+// pre-planned calls of a run that has them, or the model's answer. got reports that
+// the model was not called. An error may be the run's end (p.fail, answerTooLarge).
+func (p *Planner) answer(ctx context.Context, span trace.Span, rs *toolbus.RunStarted, step int, prev store.PlanView, recorded *toolbus.ModelResponded) (mr toolbus.ModelResponded, got bool, err error) {
+	run := rs.RunID
+	// Reuse what the model already said for this step, if it was recorded (a redelivery,
+	// or a duplicate request): the model is called once per step.
+	if recorded != nil {
+		mr, got = *recorded, true
+	}
+	if !got && len(rs.Calls) > 0 {
+		// A pre-planned run: its calls are step 0, and no model is ever called.
+		mr = prePlanned(rs, step)
+		wctx, cancel := context.WithTimeout(ctx, busWriteTimeout)
+		mr, _, err = p.bus.PutAssistant(wctx, mr)
+		cancel()
+		if err != nil {
+			return mr, got, err
+		}
+		got = true
+	}
+	if !got {
+		if mr, err = p.callModel(ctx, rs, step, prev); err != nil {
+			span.SetStatus(codes.Error, err.Error())
+			span.SetAttributes(attribute.String("error.type", toolbus.CodeModelError))
+			if errors.Is(err, ErrPermanent) {
+				return mr, got, p.fail(ctx, run, step, toolbus.CodeModelError, err.Error())
+			}
+			return mr, got, err
+		}
+		// An answer the bus cannot record would fail every retry of the step, each
+		// retry paying the model again: the run ends now.
+		if limit := p.maxAnswer(); limit > 0 {
+			if b, merr := json.Marshal(mr); merr == nil && len(b) > limit {
+				return mr, got, p.answerTooLarge(ctx, run, step, len(b), limit)
+			}
+		}
+		// The first recorded answer wins (another planner may have raced us).
+		wctx, cancel := context.WithTimeout(ctx, busWriteTimeout)
+		mr, _, err = p.bus.PutAssistant(wctx, mr)
+		cancel()
+		if err != nil {
+			if tooLarge(err) {
+				return mr, got, p.answerTooLarge(ctx, run, step, 0, p.maxAnswer())
+			}
+			return mr, got, err
+		}
+	}
+	return mr, got, nil
 }
 
 // stepOfEndedRun refuses a step of a run that ended (a poison error). If the run's end
