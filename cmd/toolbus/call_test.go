@@ -145,6 +145,18 @@ func TestScriptFileDrivesACustomTool(t *testing.T) {
 	}
 	wg.Add(2)
 	go func() { defer wg.Done(); _ = w.Run(wctx) }()
+	// The planner offers only tools a live executor serves: wait until the catalog
+	// says the greeter serves greet (the planner started below reads it at its start).
+	eventstest.Eventually(t, time.Minute, func() error {
+		cat, err := bus.WatchCatalog(ctx, nil)
+		if err != nil {
+			return err
+		}
+		if _, ok := cat.Lookup("greet"); !ok {
+			return fmt.Errorf("greet not in the catalog with a live executor yet")
+		}
+		return nil
+	})
 
 	t.Setenv("TOOLBUS_NATS_URL", srv.URL)
 	t.Setenv("TOOLBUS_LOG_LEVEL", "warn")
