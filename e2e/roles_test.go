@@ -338,7 +338,7 @@ func holdUntilDone(held chan<- string) executor.Tool {
 
 func waitHeld(t *testing.T, held <-chan string, run string) {
 	t.Helper()
-	timeout := time.After(60 * time.Second)
+	timeout := time.After(120 * time.Second)
 	for {
 		select {
 		case r := <-held:
