@@ -184,7 +184,7 @@ func TestLiteBuildLinksNoSDK(t *testing.T) {
 			}
 		}
 	}
-	if out, err := exec.Command("go", "vet", "-tags", "toolbus_lite", "./cmd/toolbus", "./telemetry").CombinedOutput(); err != nil {
+	if out, err := exec.Command("go", "vet", "-tags", "toolbus_lite", "./cmd/toolbus", "./telemetry", "./planner/models").CombinedOutput(); err != nil {
 		t.Fatalf("go vet -tags toolbus_lite: %v\n%s", err, out)
 	}
 }

@@ -9,6 +9,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
+	"strings"
 	"time"
 
 	"github.com/kelseyhightower/envconfig"
@@ -105,4 +107,29 @@ func Dial(ctx context.Context, o Options, name string, log *slog.Logger) (*nats.
 		return nil, fmt.Errorf("connect: %s: %w", o.URL, err)
 	}
 	return nc, nil
+}
+
+// Secrets are the values of o's credentials: the password and token, the nkey seed and
+// the credentials file's JWT and seed (not the file's "-----BEGIN ..." armour and
+// prose). An executor redacts them from every tool output by value
+// (executor.WithSecrets): a tool that prints its environment or a file it found must not
+// hand them to the model, the stream or the console. An unreadable file adds nothing
+// (the connection reports it).
+func (o Options) Secrets() []string {
+	out := []string{o.Password, o.Token}
+	for _, f := range []string{o.NKeySeed, o.Creds} {
+		if f == "" {
+			continue
+		}
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			if line = strings.TrimSpace(line); line != "" && !strings.HasPrefix(line, "---") && !strings.Contains(line, " ") {
+				out = append(out, line)
+			}
+		}
+	}
+	return out
 }

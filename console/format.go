@@ -119,20 +119,4 @@ func axisLabel(v int64) string {
 
 func trimZero(s string) string { return strings.TrimSuffix(s, ".0") }
 
-// age renders how long ago something happened, coarsely (1m05s, 3h07m, 2d04h).
-func age(d time.Duration) string {
-	if d < 0 {
-		d = 0
-	}
-	switch {
-	case d < time.Minute:
-		return fmt.Sprintf("%ds", int(d/time.Second))
-	case d < time.Hour:
-		return fmt.Sprintf("%dm%02ds", int(d/time.Minute), int(d%time.Minute/time.Second))
-	case d < 24*time.Hour:
-		return fmt.Sprintf("%dh%02dm", int(d/time.Hour), int(d%time.Hour/time.Minute))
-	}
-	return fmt.Sprintf("%dd%02dh", int(d/(24*time.Hour)), int(d%(24*time.Hour)/time.Hour))
-}
-
 func itoa(n int) string { return strconv.Itoa(n) }

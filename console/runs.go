@@ -241,7 +241,7 @@ func (c *server) matches(ctx context.Context, q runQuery, st store.RunState) (bo
 // runRow reads what a line shows beyond the run's state. A detail that cannot be read
 // is left out rather than failing the list.
 func (c *server) runRow(ctx context.Context, st store.RunState, now time.Time) runRow {
-	row := runRow{RunState: st, Age: age(now.Sub(st.StartedAt)), Active: !st.Status.Terminal()}
+	row := runRow{RunState: st, Age: audit.Age(now.Sub(st.StartedAt)), Active: !st.Status.Terminal()}
 	if rs, err := c.bus.RunStarted(ctx, st.RunID); err == nil {
 		row.Question, row.Principal, row.Model = audit.OneLine(lastUserMessage(rs.Messages), 160), rs.Principal.ID, rs.Model
 	}

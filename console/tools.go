@@ -85,7 +85,7 @@ func (c *server) tools(ctx context.Context, now time.Time) (toolsView, error) {
 	}
 	sort.Slice(instances, func(i, j int) bool { return instances[i].Name < instances[j].Name })
 	for _, in := range instances {
-		view.Instances = append(view.Instances, instanceView{Instance: in, Heartbeat: age(now.Sub(in.HeartbeatAt))})
+		view.Instances = append(view.Instances, instanceView{Instance: in, Heartbeat: audit.Age(now.Sub(in.HeartbeatAt))})
 	}
 	byName := map[string]*toolView{}
 	for _, tc := range contracts {

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -9,26 +8,14 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"sort"
 	"strings"
 	"time"
 
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/audit"
 	"github.com/toolbus/toolbus/events"
-	"github.com/toolbus/toolbus/events/store"
 	"github.com/toolbus/toolbus/internal/callrun"
-)
-
-// The exit codes of `toolbus call`: the status of the tool's result.
-const (
-	callExitSucceeded = 0
-	callExitFailed    = 1 // failed, or the run ended without a result
-	callExitUsage     = 2 // bad flags or JSON, unknown tool
-	callExitApproval  = 3 // the call waits for approval (as toolbus run)
-	callExitRejected  = 4 // rejected: invalid arguments, not authorized, denied
-	callExitTimedOut  = 5
-	callExitCancelled = 6
+	"github.com/toolbus/toolbus/internal/timeline"
 )
 
 const callHelp = `usage: toolbus call <tool> ['<json arguments>' | -] [flags]
@@ -70,7 +57,7 @@ func cmdCall(ctx context.Context, cfg Config, log *slog.Logger, args []string, s
 	}
 	tc, ok := cat.Lookup(req.tool)
 	if !ok {
-		return &exitError{code: callExitUsage, msg: "call: " + unknownToolMessage(req.tool, cat)}
+		return &exitError{code: callrun.ExitUsage, msg: "call: " + callrun.UnknownTool(req.tool, cat)}
 	}
 	rs := callrun.Build(callrun.Spec{
 		RunID: req.runID, Principal: toolbus.Principal{ID: req.principal}, Tool: tc, Arguments: req.args, Via: "toolbus call",
@@ -82,13 +69,13 @@ func cmdCall(ctx context.Context, cfg Config, log *slog.Logger, args []string, s
 	}
 	if err := c.bus.StartRun(ctx, events.Source("cli", cfg.Instance), rs); err != nil {
 		if errors.Is(err, events.ErrRunExists) {
-			return &exitError{code: callExitUsage, msg: fmt.Sprintf("call: run id %q already exists; choose another id", rs.RunID)}
+			return &exitError{code: callrun.ExitUsage, msg: fmt.Sprintf("call: run id %q already exists; choose another id", rs.RunID)}
 		}
 		return fmt.Errorf("call: %w", err)
 	}
-	res, ended, waiting, err := awaitCall(ctx, watch, rs.RunID, func(p *printer) {
+	o, err := callrun.Await(ctx, watch, waitHint, func(p *timeline.Printer) {
 		// Silent for a while: say what the call waits for (no planner, no executor...).
-		fmt.Fprintln(errOut, strings.TrimSpace(waitingHint(ctx, c.bus, p)))
+		fmt.Fprintln(errOut, strings.TrimSpace(timeline.WaitingHint(ctx, c.bus, p)))
 	})
 	if err != nil {
 		if ctx.Err() != nil {
@@ -96,7 +83,7 @@ func cmdCall(ctx context.Context, cfg Config, log *slog.Logger, args []string, s
 		}
 		return fmt.Errorf("call: %w", err)
 	}
-	return req.report(out, rs.RunID, res, ended, waiting)
+	return req.report(out, rs.RunID, o)
 }
 
 // callRequest is what toolbus call was asked: the tool, its arguments (JSON text) and
@@ -142,141 +129,54 @@ func parseCall(args []string, stdin io.Reader, errOut io.Writer) (callRequest, e
 		req.args = "{}"
 	}
 	if !json.Valid([]byte(req.args)) {
-		return req, &exitError{code: callExitUsage, msg: fmt.Sprintf("call: the arguments are not JSON: %s", oneLine(req.args, 80))}
+		return req, &exitError{code: callrun.ExitUsage, msg: fmt.Sprintf("call: the arguments are not JSON: %s", audit.OneLine(req.args, 80))}
 	}
 	if !toolbus.ValidToolName(req.tool) {
-		return req, &exitError{code: callExitUsage, msg: fmt.Sprintf("call: invalid tool name %q", req.tool)}
+		return req, &exitError{code: callrun.ExitUsage, msg: fmt.Sprintf("call: invalid tool name %q", req.tool)}
 	}
 	if req.runID == "" {
-		req.runID = "call-" + strings.TrimPrefix(newRunID(), "run-")
+		req.runID = callrun.NewID("call")
 	}
 	if !toolbus.ValidRunID(req.runID) {
-		return req, &exitError{code: callExitUsage, msg: fmt.Sprintf("call: invalid run id %q: use 1-128 of [A-Za-z0-9_-]", req.runID)}
+		return req, &exitError{code: callrun.ExitUsage, msg: fmt.Sprintf("call: invalid run id %q: use 1-128 of [A-Za-z0-9_-]", req.runID)}
 	}
 	return req, nil
 }
 
 // report prints the call's result (or what it waits for) and returns its exit code.
-func (req callRequest) report(out io.Writer, run string, res *toolbus.ToolResult, ended toolbus.RunEnded, waiting bool) error {
+func (req callRequest) report(out io.Writer, run string, o callrun.Outcome) error {
+	res, ended := o.Result, o.Ended
 	switch {
-	case waiting:
+	case o.Waiting:
 		fmt.Fprintf(out, "%s needs approval: toolbus approve %s %s (or toolbus deny %s %s --reason ...); toolbus replay %s shows the result\n",
 			req.tool, run, callrun.CallID, run, callrun.CallID, run)
-		return &exitError{code: callExitApproval}
+		return &exitError{code: callrun.ExitApproval}
 	case res == nil:
 		msg := fmt.Sprintf("run %s ended %s before the call answered", run, ended.Status)
 		if ended.Code != "" || ended.Reason != "" {
 			msg += ": " + strings.TrimSpace(ended.Code+" "+ended.Reason)
 		}
-		return &exitError{code: callExitFailed, msg: msg}
+		return &exitError{code: callrun.ExitFailed, msg: msg}
 	}
 	if req.asJSON {
-		if err := writeJSON(out, struct {
+		if err := timeline.WriteJSON(out, struct {
 			RunID  string             `json:"run_id"`
 			Result toolbus.ToolResult `json:"result"`
 		}{run, *res}); err != nil {
 			return err
 		}
 	} else if res.Status == toolbus.StatusSucceeded {
-		writeOutput(out, *res)
+		callrun.WriteOutput(out, *res)
 	}
-	code := callExitCode(res.Status)
-	if code == callExitSucceeded {
+	code := callrun.ExitCode(res.Status)
+	if code == callrun.ExitSucceeded {
 		return nil
 	}
 	msg := fmt.Sprintf("%s %s", req.tool, res.Status)
 	if res.Error != nil {
-		msg += fmt.Sprintf(" (%s): %s", res.Error.Code, oneLine(res.Error.Message, 200))
+		msg += fmt.Sprintf(" (%s): %s", res.Error.Code, audit.OneLine(res.Error.Message, 200))
 	}
 	return &exitError{code: code, msg: msg + "; toolbus replay " + run + " shows the run"}
-}
-
-// awaitCall follows a call run until it ends (the result is the tool.finished of its
-// call) or its call waits for approval; after waitHint of silence it calls hint once per
-// silence with a printer that knows what the run waits for.
-func awaitCall(ctx context.Context, watch *events.Watcher, run string, hint func(*printer)) (res *toolbus.ToolResult, ended toolbus.RunEnded, waiting bool, err error) {
-	done := false
-	p := newPrinter(io.Discard)
-	idleSince, hinted := time.Now(), false
-	v := audit.Visitor{
-		ToolFinished: func(_ events.StoredEvent, tf toolbus.ToolFinished) {
-			if tf.CallID == callrun.CallID {
-				r := tf.ToolResult
-				res = &r
-			}
-		},
-		ToolWaiting: func(events.StoredEvent, toolbus.ToolWaiting) { waiting, done = true, true },
-		RunEnded: func(_ events.StoredEvent, re toolbus.RunEnded) {
-			if re.Status.Terminal() || re.Status == toolbus.RunWaitingForApproval {
-				ended, done = re, true
-			}
-		},
-	}
-	for !done {
-		ev, ok, err := watch.Next(ctx, time.Second)
-		if err != nil {
-			return nil, ended, false, err
-		}
-		if !ok {
-			if !hinted && time.Since(idleSince) >= waitHint {
-				hinted = true
-				hint(p)
-			}
-			continue
-		}
-		idleSince, hinted = time.Now(), false
-		p.print(ev)
-		v.Visit(ev)
-	}
-	if ended.Status == toolbus.RunWaitingForApproval {
-		waiting = true
-	}
-	return res, ended, waiting, nil
-}
-
-// callExitCode maps a result status to the exit code of `toolbus call`.
-func callExitCode(s toolbus.Status) int {
-	switch s {
-	case toolbus.StatusSucceeded:
-		return callExitSucceeded
-	case toolbus.StatusRejected:
-		return callExitRejected
-	case toolbus.StatusTimedOut:
-		return callExitTimedOut
-	case toolbus.StatusCancelled:
-		return callExitCancelled
-	}
-	return callExitFailed
-}
-
-// writeOutput prints a result's output: JSON indented, else the text the model reads.
-func writeOutput(out io.Writer, r toolbus.ToolResult) {
-	if o := bytes.TrimSpace(r.Output); len(o) > 0 && json.Valid(o) {
-		var b bytes.Buffer
-		if err := json.Indent(&b, o, "", "  "); err == nil {
-			var s string
-			if json.Unmarshal(o, &s) == nil {
-				fmt.Fprintln(out, s) // a JSON string prints as its text
-				return
-			}
-			fmt.Fprintln(out, b.String())
-			return
-		}
-	}
-	fmt.Fprintln(out, r.Content)
-}
-
-// unknownToolMessage says that no executor serves tool and lists the catalog.
-func unknownToolMessage(tool string, cat *store.Catalog) string {
-	var known []string
-	for _, tc := range cat.Tools(nil) {
-		known = append(known, tc.Name)
-	}
-	sort.Strings(known)
-	if len(known) == 0 {
-		return fmt.Sprintf("unknown tool %q: the catalog is empty (is an executor running?)", tool)
-	}
-	return fmt.Sprintf("unknown tool %q: no executor serves it; the catalog has %s", tool, strings.Join(known, ", "))
 }
 
 // startInProcess runs the executor, planner and injector on the embedded bus of c until

@@ -18,6 +18,7 @@ import (
 	"github.com/toolbus/toolbus/events/eventstest"
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/executor/worker"
+	"github.com/toolbus/toolbus/internal/callrun"
 	"github.com/toolbus/toolbus/internal/testutil"
 )
 
@@ -54,19 +55,19 @@ func TestCallEmbedded(t *testing.T) {
 	stdinOf = strings.NewReader(`{"incident_id":"INC-404"}`)
 	t.Cleanup(func() { stdinOf = os.Stdin })
 	code, out, errOut = cli(t, "call", "lookup_incident", "-")
-	wantCode(t, "call of a failing tool", code, callExitFailed, out, errOut)
+	wantCode(t, "call of a failing tool", code, callrun.ExitFailed, out, errOut)
 	wantContains(t, "call of a failing tool", errOut, "lookup_incident failed (incident_not_found)", "toolbus replay call-")
 
 	code, out, errOut = cli(t, "call", "calculator", `{"nope":1}`)
-	wantCode(t, "call with invalid arguments", code, callExitRejected, out, errOut)
+	wantCode(t, "call with invalid arguments", code, callrun.ExitRejected, out, errOut)
 	wantContains(t, "call with invalid arguments", errOut, "calculator rejected (invalid_arguments)")
 
 	code, out, errOut = cli(t, "call", "nosuch")
-	wantCode(t, "call of an unknown tool", code, callExitUsage, out, errOut)
+	wantCode(t, "call of an unknown tool", code, callrun.ExitUsage, out, errOut)
 	wantContains(t, "call of an unknown tool", errOut, `unknown tool "nosuch"`, "calculator")
 
 	code, out, errOut = cli(t, "call", "calculator", `{not json`)
-	wantCode(t, "call with bad JSON", code, callExitUsage, out, errOut)
+	wantCode(t, "call with bad JSON", code, callrun.ExitUsage, out, errOut)
 }
 
 // TestCallServer: toolbus call against a running pipeline (TOOLBUS_NATS_URL): the
@@ -84,14 +85,14 @@ func TestCallServer(t *testing.T) {
 	wantContains(t, "call past its deadline", out+errOut, "call-")
 
 	code, out, errOut = p.toolbus("call", "--id", "call-deploy", "deploy", `{"service":"api"}`)
-	wantCode(t, "call of a tool that needs approval", code, callExitApproval, out, errOut)
+	wantCode(t, "call of a tool that needs approval", code, callrun.ExitApproval, out, errOut)
 	wantContains(t, "call of a tool that needs approval", out, "toolbus approve call-deploy call_0")
 	code, out, errOut = p.toolbus("approve", "call-deploy", "call_0")
 	wantCode(t, "approve", code, 0, out, errOut)
 	p.waitStatus("call-deploy", toolbus.RunCompleted)
 
 	code, out, errOut = p.toolbus("call", "fail", `{"message":"boom"}`)
-	wantCode(t, "call of fail", code, callExitFailed, out, errOut)
+	wantCode(t, "call of fail", code, callrun.ExitFailed, out, errOut)
 }
 
 // TestScriptFileDrivesACustomTool: a script file (TOOLBUS_MODEL=script:<file>) drives

@@ -21,6 +21,7 @@ import (
 	"github.com/toolbus/toolbus/events/eventstest"
 	"github.com/toolbus/toolbus/injector"
 	"github.com/toolbus/toolbus/internal/testutil"
+	"github.com/toolbus/toolbus/internal/timeline"
 	"github.com/toolbus/toolbus/planner"
 )
 
@@ -173,12 +174,12 @@ func TestCLIRunFlagsAfterQuestion(t *testing.T) {
 func TestCLIMessages(t *testing.T) {
 	cancelled := toolbus.ToolResult{CallID: "s", Tool: "sleep", Status: toolbus.StatusCancelled, Executor: "e1",
 		Error: &toolbus.ToolError{Code: "cancelled", Message: "run cancelled"}}
-	if got, want := resultLine(cancelled), "        <- s sleep: cancelled (run cancelled) in 0 ms on e1"; got != want {
+	if got, want := timeline.ResultLine(cancelled), "        <- s sleep: cancelled (run cancelled) in 0 ms on e1"; got != want {
 		t.Errorf("cancelled result:\n got %q\nwant %q", got, want)
 	}
 	failed := toolbus.ToolResult{CallID: "l", Tool: "lookup", Status: toolbus.StatusFailed, Executor: "e1", DurationMS: 3,
 		Error: &toolbus.ToolError{Code: "incident_not_found", Message: "no incident"}}
-	if got, want := resultLine(failed), "        <- l lookup: failed incident_not_found (no incident) in 3 ms on e1"; got != want {
+	if got, want := timeline.ResultLine(failed), "        <- l lookup: failed incident_not_found (no incident) in 3 ms on e1"; got != want {
 		t.Errorf("failed result:\n got %q\nwant %q", got, want)
 	}
 	base := errors.New("replay: no cassette")

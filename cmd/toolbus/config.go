@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"io"
@@ -16,6 +17,7 @@ import (
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/injector"
 	"github.com/toolbus/toolbus/planner"
+	"github.com/toolbus/toolbus/telemetry"
 )
 
 // Config is every setting of toolbus, read from TOOLBUS_* environment variables.
@@ -45,7 +47,7 @@ type Config struct {
 	CallTimeout      time.Duration `envconfig:"CALL_TIMEOUT" default:"30s" desc:"default tool timeout"`
 	MaxOutput        int           `envconfig:"MAX_OUTPUT_BYTES" default:"16384" desc:"default bound of what the model reads of one result"`
 
-	// Record is read by newModel (TOOLBUS_RECORD); the field makes `toolbus env` list it.
+	// Record is the cassette every model exchange is appended to (models.Options.Record).
 	Record string `envconfig:"RECORD" desc:"append every model exchange to this JSONL cassette (replay it with TOOLBUS_MODEL=replay:<file>)"`
 	Model  string `envconfig:"MODEL" default:"script:incident" desc:"model: script:incident, replay:<file>, openai:<model>, openai-responses:<model>, anthropic:<model>"`
 	// MaxSteps is the step limit of runs that set none (unset: injector.DefaultMaxSteps).
@@ -94,21 +96,11 @@ func loadConfig() (Config, error) {
 	if err := envconfig.Process(envPrefix, &c); err != nil {
 		return c, fmt.Errorf("config: %w", err)
 	}
+	if _, err := telemetry.NewLogger(c.LogLevel, c.LogFormat, io.Discard); err != nil {
+		return c, fmt.Errorf("config: %w", err)
+	}
 	// Empty (TOOLBUS_LOG_LEVEL= set but empty) means the default.
-	switch strings.ToLower(strings.TrimSpace(c.LogLevel)) {
-	case "":
-		c.LogLevel = "info"
-	case "debug", "info", "warn", "error":
-	default:
-		return c, fmt.Errorf("config: TOOLBUS_LOG_LEVEL %q: want debug, info, warn or error", c.LogLevel)
-	}
-	switch strings.ToLower(strings.TrimSpace(c.LogFormat)) {
-	case "":
-		c.LogFormat = "text"
-	case "text", "json":
-	default:
-		return c, fmt.Errorf("config: TOOLBUS_LOG_FORMAT %q: want text or json", c.LogFormat)
-	}
+	c.LogLevel = cmp.Or(strings.ToLower(strings.TrimSpace(c.LogLevel)), "info")
 	if err := c.validate(); err != nil {
 		return c, err
 	}
@@ -186,20 +178,14 @@ func (c Config) syncAlways() (bool, error) {
 	return false, fmt.Errorf("config: TOOLBUS_DURABILITY %q: want default or strict", c.Durability)
 }
 
+// logger is the logger of TOOLBUS_LOG_LEVEL and TOOLBUS_LOG_FORMAT (checked by
+// loadConfig), on the stderr of run.
 func (c Config) logger() *slog.Logger {
-	var lvl slog.Level
-	if err := lvl.UnmarshalText([]byte(strings.TrimSpace(c.LogLevel))); err != nil {
-		lvl = slog.LevelInfo
+	log, err := telemetry.NewLogger(c.LogLevel, c.LogFormat, cmp.Or[io.Writer](c.logOut, os.Stderr))
+	if err != nil {
+		return slog.Default()
 	}
-	opts := &slog.HandlerOptions{Level: lvl}
-	out := c.logOut
-	if out == nil {
-		out = os.Stderr
-	}
-	if strings.EqualFold(c.LogFormat, "json") {
-		return slog.New(slog.NewJSONHandler(out, opts))
-	}
-	return slog.New(slog.NewTextHandler(out, opts))
+	return log
 }
 
 func (c Config) packs() []string {

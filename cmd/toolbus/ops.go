@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"cmp"
 	"context"
 	"errors"
@@ -12,16 +11,15 @@ import (
 	"os"
 	"os/user"
 	"slices"
-	"sort"
 	"strconv"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"github.com/toolbus/toolbus"
+	"github.com/toolbus/toolbus/audit"
 	"github.com/toolbus/toolbus/events"
-	"github.com/toolbus/toolbus/events/store"
 	"github.com/toolbus/toolbus/internal/decide"
+	"github.com/toolbus/toolbus/internal/timeline"
 )
 
 // The operator's commands: approve, deny, cancel, runs and tail. They talk to a running
@@ -178,7 +176,7 @@ func cmdDecide(ctx context.Context, cfg Config, log *slog.Logger, args []string,
 	}
 	verb := map[string]string{toolbus.DecisionApproved: "approved", toolbus.DecisionEdited: "approved with edited arguments",
 		toolbus.DecisionRejected: "denied", toolbus.DecisionResponded: "answered in the tool's place"}[a.Kind(granted)]
-	fmt.Fprintf(out, "%s call %s %s(%s) of run %s, step %d, by %s", verb, call.CallID, call.Tool, oneLine(call.Arguments, 60), run, step, a.Who)
+	fmt.Fprintf(out, "%s call %s %s(%s) of run %s, step %d, by %s", verb, call.CallID, call.Tool, audit.OneLine(call.Arguments, 60), run, step, a.Who)
 	if a.Why != "" {
 		fmt.Fprintf(out, ": %s", a.Why)
 	}
@@ -188,7 +186,7 @@ func cmdDecide(ctx context.Context, cfg Config, log *slog.Logger, args []string,
 	}
 	switch a.Kind(granted) {
 	case toolbus.DecisionEdited:
-		fmt.Fprintf(out, "the call runs with %s and the run goes on: toolbus tail %s\n", oneLine(a.Arguments, 60), run)
+		fmt.Fprintf(out, "the call runs with %s and the run goes on: toolbus tail %s\n", audit.OneLine(a.Arguments, 60), run)
 	case toolbus.DecisionApproved:
 		fmt.Fprintf(out, "the call runs and the run goes on: toolbus tail %s\n", run)
 	case toolbus.DecisionResponded:
@@ -312,68 +310,7 @@ func cmdRuns(ctx context.Context, cfg Config, log *slog.Logger, args []string, o
 		}
 		runs = kept
 	}
-	return writeRuns(out, runs, time.Now(), *asJSON)
-}
-
-// writeRuns prints run states newest first, as a table or as JSON.
-func writeRuns(out io.Writer, runs []store.RunState, now time.Time, asJSON bool) error {
-	sort.SliceStable(runs, func(i, j int) bool {
-		if !runs[i].StartedAt.Equal(runs[j].StartedAt) {
-			return runs[i].StartedAt.After(runs[j].StartedAt)
-		}
-		return runs[i].RunID < runs[j].RunID
-	})
-	if asJSON {
-		type row struct {
-			store.RunState
-			AgeMS int64 `json:"age_ms"`
-		}
-		rows := make([]row, 0, len(runs))
-		for _, r := range runs {
-			rows = append(rows, row{RunState: r, AgeMS: now.Sub(r.StartedAt).Milliseconds()})
-		}
-		return writeJSON(out, rows)
-	}
-	if len(runs) == 0 {
-		fmt.Fprintln(out, "no runs")
-		return nil
-	}
-	var buf bytes.Buffer
-	tw := tabwriter.NewWriter(&buf, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "RUN\tSTATUS\tSTEP\tAGE\tUPDATED\tREASON")
-	for _, r := range runs {
-		reason := r.Reason
-		if r.Code != "" {
-			reason = "[" + r.Code + "] " + reason
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s ago\t%s\n", r.RunID, r.Status, r.Step, age(now.Sub(r.StartedAt)),
-			age(now.Sub(r.UpdatedAt)), oneLine(reason, 60))
-	}
-	if err := tw.Flush(); err != nil {
-		return err
-	}
-	for _, line := range strings.SplitAfter(buf.String(), "\n") {
-		if line != "" {
-			fmt.Fprintln(out, strings.TrimRight(line, " \n"))
-		}
-	}
-	return nil
-}
-
-// age renders a duration the way people read ages: 4s, 3m12s, 5h2m, 3d4h.
-func age(d time.Duration) string {
-	if d < 0 {
-		d = 0
-	}
-	switch {
-	case d < time.Minute:
-		return fmt.Sprintf("%ds", int(d/time.Second))
-	case d < time.Hour:
-		return fmt.Sprintf("%dm%02ds", int(d/time.Minute), int(d%time.Minute/time.Second))
-	case d < 24*time.Hour:
-		return fmt.Sprintf("%dh%02dm", int(d/time.Hour), int(d%time.Hour/time.Minute))
-	}
-	return fmt.Sprintf("%dd%02dh", int(d/(24*time.Hour)), int(d%(24*time.Hour)/time.Hour))
+	return timeline.WriteRuns(out, runs, time.Now(), *asJSON)
 }
 
 // cmdTail follows events live: one run's (and stops when it ends) or every run's.
@@ -398,7 +335,7 @@ func cmdTail(ctx context.Context, cfg Config, log *slog.Logger, args []string, o
 	var colour bool
 	switch *colorMode {
 	case "auto":
-		colour = isTerminal(out) && os.Getenv("NO_COLOR") == ""
+		colour = timeline.IsTerminal(out) && os.Getenv("NO_COLOR") == ""
 	case "always":
 		colour = true
 	case "never":
@@ -433,7 +370,7 @@ func cmdTail(ctx context.Context, cfg Config, log *slog.Logger, args []string, o
 	if run == "" && !*all {
 		fmt.Fprintln(errOut, "following every run from now on (Ctrl-C stops)")
 	}
-	t := &tailer{out: out, colour: colour, prefixRun: run == ""}
+	t := &timeline.Tailer{Out: out, Colour: colour, PrefixRun: run == ""}
 	for {
 		ev, ok, err := watch.Next(ctx, time.Second)
 		if err != nil {
@@ -445,120 +382,9 @@ func cmdTail(ctx context.Context, cfg Config, log *slog.Logger, args []string, o
 		if !ok {
 			continue
 		}
-		status := t.print(ev)
+		status := t.Print(ev)
 		if run != "" && status.Terminal() {
 			return nil
 		}
 	}
-}
-
-// isTerminal reports whether w is a character device (a terminal), without new
-// dependencies.
-func isTerminal(w io.Writer) bool {
-	f, ok := w.(*os.File)
-	if !ok {
-		return false
-	}
-	fi, err := f.Stat()
-	return err == nil && fi.Mode()&os.ModeCharDevice != 0
-}
-
-// ANSI colours of the tail.
-const (
-	ansiReset   = "\x1b[0m"
-	ansiBold    = "\x1b[1m"
-	ansiDim     = "\x1b[2m"
-	ansiRed     = "\x1b[31m"
-	ansiGreen   = "\x1b[32m"
-	ansiYellow  = "\x1b[33m"
-	ansiMagenta = "\x1b[35m"
-	ansiCyan    = "\x1b[36m"
-)
-
-// tailer renders events with the run timeline printer, coloured by kind and outcome,
-// each line prefixed with its run id when several runs are followed.
-type tailer struct {
-	out       io.Writer
-	colour    bool
-	prefixRun bool
-	buf       bytes.Buffer
-	// finished holds the calls seen finishing (run/step/call id), whose late progress
-	// reports are ignored; it is forgotten when it grows past maxTailFinished.
-	finished map[string]bool
-}
-
-// maxTailFinished bounds the finished calls a tail remembers.
-const maxTailFinished = 100_000
-
-// print renders one event and returns the run status it reports, if any.
-func (t *tailer) print(ev events.StoredEvent) toolbus.RunStatus {
-	t.buf.Reset()
-	p := newPrinter(&t.buf)
-	p.timers = true
-	if t.finished == nil || len(t.finished) > maxTailFinished {
-		t.finished = map[string]bool{}
-	}
-	p.finished = t.finished
-	status, _ := p.print(ev)
-	text := strings.TrimRight(t.buf.String(), "\n")
-	if text == "" {
-		return status
-	}
-	colour := ""
-	if t.colour {
-		colour = eventColour(ev, status)
-	}
-	prefix := ""
-	if t.prefixRun {
-		if run, ok := events.RunIDFromSubject(ev.Subject); ok {
-			prefix = run + " "
-			if t.colour {
-				prefix = ansiDim + prefix + ansiReset
-			}
-		}
-	}
-	var b strings.Builder
-	for _, line := range strings.Split(text, "\n") {
-		b.WriteString(prefix)
-		if colour != "" {
-			b.WriteString(colour + line + ansiReset)
-		} else {
-			b.WriteString(line)
-		}
-		b.WriteByte('\n')
-	}
-	_, _ = io.WriteString(t.out, b.String())
-	return status
-}
-
-// eventColour picks the colour of an event: outcomes by status, results green when they
-// succeeded and red when not, the model cyan, approvals and cancellation yellow.
-func eventColour(ev events.StoredEvent, status toolbus.RunStatus) string {
-	if status != "" {
-		switch status {
-		case toolbus.RunCompleted:
-			return ansiBold + ansiGreen
-		case toolbus.RunFailed:
-			return ansiBold + ansiRed
-		case toolbus.RunLimitReached:
-			return ansiBold + ansiMagenta
-		}
-		return ansiBold + ansiYellow
-	}
-	subject := ev.Subject
-	switch {
-	case strings.Contains(subject, ".tool.finished."):
-		var tf toolbus.ToolFinished
-		if err := ev.Decode(&tf); err == nil && tf.ToolResult.Status == toolbus.StatusSucceeded {
-			return ansiGreen
-		}
-		return ansiRed
-	case strings.Contains(subject, ".tool.progress."):
-		return ansiDim
-	case strings.Contains(subject, ".model.responded"):
-		return ansiCyan
-	case strings.Contains(subject, ".run.started."):
-		return ansiBold
-	}
-	return ansiYellow
 }

@@ -290,7 +290,7 @@ func TestOpsCommands(t *testing.T) {
 		}
 		code, out, errOut = p.toolbus("tail", "--all", "--color", "always", "ops-approve")
 		wantCode(t, "tail --color always", code, 0, out, errOut)
-		wantContains(t, "tail --color always", out, ansiBold+ansiGreen+"run ops-approve: completed")
+		wantContains(t, "tail --color always", out, "\x1b[1m\x1b[32m"+"run ops-approve: completed")
 
 		code, out, errOut = p.toolbus("tail", "ops-approve")
 		wantCode(t, "tail of an ended run", code, 0, out, errOut)

@@ -84,7 +84,7 @@ func TestProgressReachesTail(t *testing.T) {
 func TestSilentLongRunningToolTimesOut(t *testing.T) {
 	p := startOpsPipeline(t, nil, silentTool(time.Second))
 	code, _, errOut := p.toolbus("call", "silent", "{}")
-	if code != callExitTimedOut || !strings.Contains(errOut, "no progress for 1s") {
-		t.Fatalf("toolbus call silent: exit %d, %s; want %d and the heartbeat timeout named", code, errOut, callExitTimedOut)
+	if code != callrun.ExitTimedOut || !strings.Contains(errOut, "no progress for 1s") {
+		t.Fatalf("toolbus call silent: exit %d, %s; want %d and the heartbeat timeout named", code, errOut, callrun.ExitTimedOut)
 	}
 }

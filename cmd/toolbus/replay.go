@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
@@ -10,20 +9,13 @@ import (
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/audit"
 	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/internal/timeline"
 )
 
 // `toolbus replay <run>` is the auditor's view of a run: it reads the run's events from
 // the stream in order (nothing is executed, no store but the stream is read), prints the
 // timeline, rebuilds the transcript the model was sent and checks the invariants of the
 // contract. The analysis (audit.Analyze) is a pure function of the events.
-
-// writeJSON prints v as indented JSON, with <, > and & as they are.
-func writeJSON(w io.Writer, v any) error {
-	enc := json.NewEncoder(w)
-	enc.SetEscapeHTML(false)
-	enc.SetIndent("", "  ")
-	return enc.Encode(v)
-}
 
 // cmdReplay prints the audit of a run and exits 1 when an invariant is broken.
 func cmdReplay(ctx context.Context, cfg Config, log *slog.Logger, args []string, out, errOut io.Writer) error {
@@ -54,7 +46,7 @@ func cmdReplay(ctx context.Context, cfg Config, log *slog.Logger, args []string,
 	}
 	r := audit.Analyze(run, evs)
 	if *asJSON {
-		if err := writeJSON(out, r); err != nil {
+		if err := timeline.WriteJSON(out, r); err != nil {
 			return err
 		}
 	} else {

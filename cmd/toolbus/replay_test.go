@@ -12,6 +12,7 @@ import (
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events/store"
 	"github.com/toolbus/toolbus/internal/golden"
+	"github.com/toolbus/toolbus/internal/timeline"
 )
 
 func mustJSON(t *testing.T, v any) string {
@@ -56,7 +57,7 @@ func TestWriteRuns(t *testing.T) {
 		{RunID: "run-mid", Status: toolbus.RunLimitReached, Step: 9, Code: "max_steps", Reason: "max steps 10 reached", StartedAt: now.Add(-3*time.Minute - 4*time.Second), UpdatedAt: now.Add(-2 * time.Minute)},
 	}
 	var out bytes.Buffer
-	if err := writeRuns(&out, runs, now, false); err != nil {
+	if err := timeline.WriteRuns(&out, runs, now, false); err != nil {
 		t.Fatal(err)
 	}
 	golden.Check(t, filepath.Join("testdata", "runs.txt"), out.Bytes())

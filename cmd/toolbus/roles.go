@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"strings"
 	"time"
 
@@ -16,7 +17,9 @@ import (
 	"github.com/toolbus/toolbus/executor/packs"
 	"github.com/toolbus/toolbus/executor/worker"
 	"github.com/toolbus/toolbus/injector"
+	"github.com/toolbus/toolbus/internal/bench"
 	"github.com/toolbus/toolbus/planner"
+	"github.com/toolbus/toolbus/planner/models"
 	"github.com/toolbus/toolbus/telemetry"
 )
 
@@ -141,7 +144,7 @@ func runExecutor(ctx context.Context, cfg Config, bus *events.Bus, log *slog.Log
 }
 
 func runPlanner(ctx context.Context, cfg Config, bus *events.Bus, log *slog.Logger, tel *telemetry.Metrics) error {
-	model, err := newModel(cfg)
+	model, err := models.New(cfg.Model, cfg.modelOptions())
 	if err != nil {
 		return err
 	}
@@ -152,7 +155,7 @@ func runPlanner(ctx context.Context, cfg Config, bus *events.Bus, log *slog.Logg
 	p, err := planner.New(bus, model, cat, planner.Config{
 		WorkerConfig: cfg.worker(log), Defaults: cfg.defaultLimits(), MaxCallsPerStep: cfg.MaxCallsPerStep, MaxAnswerBytes: cfg.MaxAnswerBytes,
 		Metrics: plannerMetrics(tel), Observer: serveObserver(tel, "planner"),
-		Models: newModelSet(cfg, model).resolve,
+		Models: models.NewSet(cfg.Model, model, cfg.modelOptions()).Resolve,
 	})
 	if err != nil {
 		return err
@@ -169,4 +172,19 @@ func runInjector(ctx context.Context, cfg Config, bus *events.Bus, log *slog.Log
 		return err
 	}
 	return in.Run(ctx)
+}
+
+// modelOptions build the models of TOOLBUS_MODEL and of the runs that name one; the
+// benchmark's noop script (script:noop) is built in too.
+func (c Config) modelOptions() models.Options {
+	return models.Options{Logger: c.logger(), Record: c.Record, Scripts: map[string]func() planner.Model{
+		"noop": func() planner.Model { return bench.NoopScript(4, 3) },
+	}}
+}
+
+// secretValues are the values of this process's own credentials, which the executor
+// redacts from every tool output (connect.Options.Secrets), and the model providers' API
+// keys.
+func (c Config) secretValues() []string {
+	return append(c.Options.Secrets(), os.Getenv("OPENAI_API_KEY"), os.Getenv("ANTHROPIC_API_KEY"))
 }

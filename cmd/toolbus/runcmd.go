@@ -3,21 +3,19 @@ package main
 import (
 	"cmp"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
-	"sort"
 	"strings"
 	"time"
-
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/injector"
+	"github.com/toolbus/toolbus/internal/callrun"
+	"github.com/toolbus/toolbus/internal/timeline"
+	"github.com/toolbus/toolbus/planner/models"
 )
 
 // cmdRun submits a run and prints its events live until it ends. With no
@@ -33,7 +31,7 @@ func cmdRun(ctx context.Context, cfg Config, log *slog.Logger, args []string, ou
 	if cfg.URL == "" {
 		// The in-process planner needs its model: say what is missing (an API key...)
 		// before anything starts, not that no executor published its tools.
-		if _, err := baseModel(cfg); err != nil {
+		if _, err := models.Base(cfg.Model, cfg.modelOptions()); err != nil {
 			return &exitError{code: 2, msg: fmt.Sprintf("run: model %s: %v", cfg.Model, err)}
 		}
 	}
@@ -100,7 +98,7 @@ func parseRun(cfg Config, args []string, errOut io.Writer) (toolbus.RunStarted, 
 		return toolbus.RunStarted{}, &exitError{code: 2, msg: `run: give the question, e.g. toolbus run "What is going on with INC-404?"`}
 	}
 	if *runID == "" {
-		*runID = newRunID()
+		*runID = callrun.NewID("run")
 	}
 	if !toolbus.ValidRunID(*runID) {
 		return toolbus.RunStarted{}, &exitError{code: 2, msg: fmt.Sprintf("run: invalid run id %q: use 1-128 of [A-Za-z0-9_-]", *runID)}
@@ -134,7 +132,7 @@ type runFollower struct {
 // follow prints the run's events from watch until its outcome; the exit code says
 // which (0 completed, 3 waiting for approval, 1 otherwise; 130 interrupted).
 func (f *runFollower) follow(ctx context.Context, watch *events.Watcher) error {
-	p := newPrinter(f.out)
+	p := timeline.NewPrinter(f.out)
 	idleSince, lastHint := time.Now(), ""
 	for {
 		ev, ok, err := watch.Next(ctx, time.Second)
@@ -148,7 +146,7 @@ func (f *runFollower) follow(ctx context.Context, watch *events.Watcher) error {
 			if time.Since(idleSince) >= waitHint {
 				// Said once per silence, and again when what it finds changes (a worker
 				// that starts failing on the run's message).
-				if h := waitingHint(ctx, f.c.bus, p); h != lastHint {
+				if h := timeline.WaitingHint(ctx, f.c.bus, p); h != lastHint {
 					lastHint = h
 					fmt.Fprintln(f.out, h)
 				}
@@ -159,7 +157,7 @@ func (f *runFollower) follow(ctx context.Context, watch *events.Watcher) error {
 			continue
 		}
 		idleSince, lastHint = time.Now(), ""
-		if status, done := p.print(ev); done {
+		if status, done := p.Print(ev); done {
 			switch status {
 			case toolbus.RunCompleted:
 				return nil
@@ -198,10 +196,7 @@ func checkAllowedTools(ctx context.Context, bus *events.Bus, allowed []string) e
 	if err != nil {
 		return fmt.Errorf("run: catalog: %w", err)
 	}
-	var known []string
-	for _, tc := range cat.Tools(nil) {
-		known = append(known, tc.Name)
-	}
+	known := callrun.ToolNames(cat)
 	if len(known) == 0 {
 		return nil
 	}
@@ -212,7 +207,6 @@ func checkAllowedTools(ctx context.Context, bus *events.Bus, allowed []string) e
 		}
 	}
 	if len(unknown) > 0 {
-		sort.Strings(known)
 		return &exitError{code: 2, msg: fmt.Sprintf("run: --tools: no executor serves %s; the catalog has %s",
 			strings.Join(unknown, ", "), strings.Join(known, ", "))}
 	}
@@ -221,47 +215,6 @@ func checkAllowedTools(ctx context.Context, bus *events.Bus, allowed []string) e
 
 // waitHint is how long a run may be silent before `toolbus run` says what it waits for.
 var waitHint = 5 * time.Second
-
-// waitingHint says what a silent run waits for and warns when no worker consumes that
-// queue (no planner, no executor of a tool). Without the right to read consumers (least
-// privilege) it says what the run waits for only.
-func waitingHint(ctx context.Context, bus *events.Bus, p *printer) string {
-	what, consumers := p.waitingFor()
-	// A client without the right to read consumers gets no answer: do not hold the run.
-	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-	defer cancel()
-	line := "        (waiting for " + what
-	for _, name := range consumers {
-		cons, err := bus.Stream.Consumer(ctx, name)
-		if errors.Is(err, jetstream.ErrConsumerNotFound) {
-			line += fmt.Sprintf("; warning: queue %s does not exist, nothing serves it", name)
-			continue
-		}
-		if err != nil {
-			continue
-		}
-		info, err := cons.Info(ctx)
-		if err != nil {
-			continue
-		}
-		switch {
-		case info.NumWaiting == 0 && info.NumAckPending == 0 && !info.PushBound:
-			line += fmt.Sprintf("; warning: no worker consumes queue %s (%d message(s) pending): is one running?", name, info.NumPending)
-		case info.NumRedelivered > 0:
-			// A worker takes messages and fails on them: a crash loop, a store it
-			// cannot reach, credentials missing a permission.
-			line += fmt.Sprintf("; warning: the worker of queue %s keeps failing on %d message(s) (redelivered): its log and /readyz say why (a missing permission is named there)",
-				name, info.NumRedelivered)
-		}
-	}
-	return line + ")"
-}
-
-func newRunID() string {
-	b := make([]byte, 6)
-	_, _ = rand.Read(b)
-	return "run-" + hex.EncodeToString(b)
-}
 
 // waitForCatalog waits until the in-process executor has published its tools, so the
 // first model request sees them.

@@ -9,7 +9,9 @@ import (
 	"strings"
 	"text/tabwriter"
 
+	"github.com/toolbus/toolbus/audit"
 	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/internal/timeline"
 )
 
 // toolRow is one line of `toolbus tools`.
@@ -44,7 +46,7 @@ func cmdTools(ctx context.Context, cfg Config, log *slog.Logger, args []string, 
 		return err
 	}
 	if *asJSON {
-		return writeJSON(out, rows)
+		return timeline.WriteJSON(out, rows)
 	}
 	if len(rows) == 0 {
 		fmt.Fprintln(out, "no tools in the catalog")
@@ -57,7 +59,7 @@ func cmdTools(ctx context.Context, cfg Config, log *slog.Logger, args []string, 
 		if inst == "" {
 			inst = "- (not offered)"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\n", r.Name, inst, r.Pending, r.InFlight, oneLine(r.Description, 60))
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\n", r.Name, inst, r.Pending, r.InFlight, audit.OneLine(r.Description, 60))
 	}
 	return tw.Flush()
 }

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"strings"
 	"time"
 
 	"github.com/kelseyhightower/envconfig"
@@ -46,18 +45,11 @@ type EnvConfig struct {
 
 // logger is the logger of cfg's level and format, on stderr.
 func (c EnvConfig) logger() (*slog.Logger, error) {
-	var lvl slog.Level
-	if err := lvl.UnmarshalText([]byte(cmp.Or(strings.TrimSpace(c.LogLevel), "info"))); err != nil {
-		return nil, fmt.Errorf("executor: config: TOOLBUS_LOG_LEVEL %q: want debug, info, warn or error", c.LogLevel)
+	log, err := telemetry.NewLogger(c.LogLevel, c.LogFormat, os.Stderr)
+	if err != nil {
+		return nil, fmt.Errorf("executor: config: %w", err)
 	}
-	opts := &slog.HandlerOptions{Level: lvl}
-	switch strings.ToLower(cmp.Or(strings.TrimSpace(c.LogFormat), "text")) {
-	case "text":
-		return slog.New(slog.NewTextHandler(os.Stderr, opts)), nil
-	case "json":
-		return slog.New(slog.NewJSONHandler(os.Stderr, opts)), nil
-	}
-	return nil, fmt.Errorf("executor: config: TOOLBUS_LOG_FORMAT %q: want text or json", c.LogFormat)
+	return log, nil
 }
 
 // LoadEnv reads EnvConfig from the TOOLBUS_* environment variables and validates the

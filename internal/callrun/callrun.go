@@ -1,5 +1,6 @@
 // Package callrun builds the run of one pre-planned tool call: what `toolbus call` and
-// `toolbus mcp` start for a call that names its tool and arguments, with no model.
+// `toolbus mcp` start for a call that names its tool and arguments, with no model; and
+// follows such a run to its result (Await) for `toolbus call`.
 package callrun
 
 import (

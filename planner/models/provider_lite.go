@@ -1,6 +1,6 @@
 //go:build toolbus_lite
 
-package main
+package models
 
 import (
 	"fmt"

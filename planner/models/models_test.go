@@ -1,9 +1,10 @@
-package main
+package models
 
 import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -16,10 +17,15 @@ import (
 	"github.com/toolbus/toolbus/planner/openai"
 )
 
-const incidentCassette = "../../planner/testdata/incident.jsonl"
+const incidentCassette = "../testdata/incident.jsonl"
+
+// testOptions build models quietly, with one more built-in script (noop).
+var testOptions = Options{Logger: slog.New(slog.DiscardHandler), Scripts: map[string]func() planner.Model{
+	"noop": func() planner.Model { return planner.ModelFunc(nil) },
+}}
 
 func TestNewModelKinds(t *testing.T) {
-	for _, k := range []string{"OPENAI_API_KEY", "OPENAI_BASE_URL", "ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", "ANTHROPIC_AUTH_TOKEN", "TOOLBUS_RECORD"} {
+	for _, k := range []string{"OPENAI_API_KEY", "OPENAI_BASE_URL", "ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", "ANTHROPIC_AUTH_TOKEN"} {
 		t.Setenv(k, "")
 	}
 	tests := []struct {
@@ -30,7 +36,7 @@ func TestNewModelKinds(t *testing.T) {
 	}{
 		{model: "script:incident", want: &planner.Script{}},
 		{model: "script:noop", want: planner.ModelFunc(nil)},
-		{model: "script:nope", wantErr: "unknown script"},
+		{model: "script:nope", wantErr: "unknown script \"nope\": not a built-in script (incident, approval, noop)"},
 		{model: "replay:" + incidentCassette, want: &planner.Replay{}},
 		{model: "replay:", wantErr: "needs a cassette file"},
 		{model: "replay:/does/not/exist.jsonl", wantErr: "planner: replay"},
@@ -49,7 +55,7 @@ func TestNewModelKinds(t *testing.T) {
 			for k, v := range tt.env {
 				t.Setenv(k, v)
 			}
-			m, err := newModel(Config{Model: tt.model, LogLevel: "error"})
+			m, err := New(tt.model, testOptions)
 			if tt.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
 					t.Fatalf("err = %v, want %q", err, tt.wantErr)
@@ -68,8 +74,9 @@ func TestNewModelKinds(t *testing.T) {
 
 func TestNewModelRecords(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "rec.jsonl")
-	t.Setenv("TOOLBUS_RECORD", path)
-	m, err := newModel(Config{Model: "script:incident", LogLevel: "error"})
+	o := testOptions
+	o.Record = path
+	m, err := New("script:incident", o)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,7 @@
-package main
+// Package timeline renders runs' events as the lines a person reads in a terminal: the
+// timeline `toolbus run` and `toolbus call` print as a run goes on, the coloured lines of
+// `toolbus tail`, the runs table of `toolbus runs`, and what a silent run waits for.
+package timeline
 
 import (
 	"errors"
@@ -14,8 +17,8 @@ import (
 	"github.com/toolbus/toolbus/events"
 )
 
-// printer renders a run's events as a human timeline.
-type printer struct {
+// Printer renders a run's events as a human timeline.
+type Printer struct {
 	out io.Writer
 	// last is the type of the last event printed, and open the calls of the current step
 	// without a result (call id -> tool): what the run waits for.
@@ -25,15 +28,16 @@ type printer struct {
 	model string
 	// requested is the model the run named, if any.
 	requested string
-	// timers prints the run's deadline timer (tail); a run's own timeline leaves it out.
-	timers bool
+	// Timers prints the run's deadline timer (tail); a run's own timeline leaves it out.
+	Timers bool
 	// finished holds the calls with a result (run/step/call id): their progress reports
 	// are ignored.
 	finished map[string]bool
 }
 
-func newPrinter(out io.Writer) *printer {
-	return &printer{out: out, open: map[string]string{}, finished: map[string]bool{}}
+// NewPrinter returns a printer writing to out.
+func NewPrinter(out io.Writer) *Printer {
+	return &Printer{out: out, open: map[string]string{}, finished: map[string]bool{}}
 }
 
 // callKey names a call across runs.
@@ -41,9 +45,9 @@ func callKey(run string, step int, callID string) string {
 	return run + "/" + strconv.Itoa(step) + "/" + callID
 }
 
-// waitingFor says what the run waits for after the last event printed, and the durable
+// WaitingFor says what the run waits for after the last event printed, and the durable
 // consumers whose workers would serve it.
-func (p *printer) waitingFor() (string, []string) {
+func (p *Printer) WaitingFor() (string, []string) {
 	switch p.last {
 	case "", events.TypeRunStarted, events.TypeToolFinished:
 		return "the injector", []string{events.ConsumerInjector + "-started", events.ConsumerInjector}
@@ -70,8 +74,8 @@ func (p *printer) waitingFor() (string, []string) {
 	return "the next event", nil
 }
 
-// resultLine renders one tool result of the timeline.
-func resultLine(r toolbus.ToolResult) string {
+// ResultLine renders one tool result of the timeline.
+func ResultLine(r toolbus.ToolResult) string {
 	var line string
 	// Each attempt the tool's retry policy retried, then the result the model reads.
 	for _, fa := range r.Retries {
@@ -95,8 +99,8 @@ func resultLine(r toolbus.ToolResult) string {
 	return line
 }
 
-// print renders one event; it reports the run status and whether the run stopped.
-func (p *printer) print(ev events.StoredEvent) (status toolbus.RunStatus, done bool) {
+// Print renders one event; it reports the run status and whether the run stopped.
+func (p *Printer) Print(ev events.StoredEvent) (status toolbus.RunStatus, done bool) {
 	if ev.Err == nil && ev.Meta.Type != events.TypeToolProgress {
 		p.last = ev.Meta.Type // a report changes nothing the run waits for
 	}
@@ -125,7 +129,7 @@ func (p *printer) print(ev events.StoredEvent) (status toolbus.RunStatus, done b
 		ToolFinished: func(_ events.StoredEvent, tf toolbus.ToolFinished) {
 			delete(p.open, tf.CallID)
 			p.finished[callKey(tf.RunID, tf.Step, tf.CallID)] = true
-			fmt.Fprintln(p.out, resultLine(tf.ToolResult))
+			fmt.Fprintln(p.out, ResultLine(tf.ToolResult))
 		},
 		ToolProgress: func(_ events.StoredEvent, tp toolbus.ToolProgress) {
 			if p.finished[callKey(tp.RunID, tp.Step, tp.CallID)] {
@@ -140,7 +144,7 @@ func (p *printer) print(ev events.StoredEvent) (status toolbus.RunStatus, done b
 		Approval: func(ev events.StoredEvent, a toolbus.Approval, _ bool) { p.approval(ev, a) },
 		Cancel:   func(events.StoredEvent, toolbus.Cancel) { fmt.Fprintln(p.out, "cancel requested") },
 		Timer: func(_ events.StoredEvent, t events.RunTimer) {
-			if p.timers {
+			if p.Timers {
 				fmt.Fprintf(p.out, "deadline timer set: the run ends at %s if it still goes on\n", t.Deadline.UTC().Format(time.RFC3339))
 			}
 		},
@@ -170,7 +174,7 @@ func (p *printer) print(ev events.StoredEvent) (status toolbus.RunStatus, done b
 }
 
 // modelResponded prints a step's answer: the model (when it changes), the calls asked for.
-func (p *printer) modelResponded(mr toolbus.ModelResponded) {
+func (p *Printer) modelResponded(mr toolbus.ModelResponded) {
 	if mr.Model != "" && mr.Model != p.model {
 		p.model = mr.Model
 		whose := "the planner's"
@@ -199,7 +203,7 @@ func (p *printer) modelResponded(mr toolbus.ModelResponded) {
 }
 
 // approval prints a person's decision, with an edit's arguments or an answer.
-func (p *printer) approval(ev events.StoredEvent, a toolbus.Approval) {
+func (p *Printer) approval(ev events.StoredEvent, a toolbus.Approval) {
 	line := fmt.Sprintf("        %s %s by %s %s", strings.TrimPrefix(ev.Meta.Type, "toolbus."), a.CallID, a.Who, a.Why)
 	if a.Arguments != "" {
 		line += " edited arguments: " + oneLine(a.Arguments, 80)
