@@ -49,7 +49,7 @@ type depRule struct {
 }
 
 // workers are the packages that do a role's work or wire the roles together.
-var workers = []string{"executor", "planner", "injector", "cmd", "internal/bench", "e2e", "faults", "examples"}
+var workers = []string{"executor", "planner", "injector", "cmd", "internal/node", "internal/bench", "e2e", "faults", "examples"}
 
 var (
 	sdks      = []string{"github.com/openai/", "github.com/anthropics/"}
@@ -81,6 +81,8 @@ var depRules = []depRule{
 	{prefix: "faults", notModule: []string{"cmd", "e2e", "examples"}, why: "the fault tests run the binaries; faultbus wires its own roles"},
 	{prefix: "injector", notModule: []string{"executor", "planner", "cmd", "internal/bench", "e2e", "faults", "examples"}, why: "workers meet only on the bus"},
 	{prefix: "internal/callrun", notModule: workers, why: "the run of one pre-planned call is built alike by the command and the MCP server"},
+	{prefix: "internal/node", notModule: []string{"cmd", "e2e", "faults", "examples"}, why: "a toolbus process (configuration, bus, roles) is wired here for the command, never from it"},
+	{prefix: "internal/timeline", notModule: workers, why: "the terminal views of runs read events and import no worker"},
 	{prefix: "internal/retry", notModule: allButSDK, why: "the retry loop imports nothing of the module"},
 	{prefix: "internal/golden", notModule: allButSDK, why: "test helpers import nothing of the module: any package's tests may use them"},
 	{prefix: "internal/testutil", notModule: allButSDK, why: "test helpers import nothing of the module: any package's tests may use them"},
@@ -152,6 +154,8 @@ func TestDependencyRulesBite(t *testing.T) {
 		{"injector", mod + "/executor"},
 		{"planner", "github.com/openai/openai-go/v3"},
 		{"internal/testutil", mod + "/events"},
+		{"internal/timeline", mod + "/internal/node"},
+		{"internal/node", mod + "/cmd/toolbus"},
 		{".", mod + "/events"},
 	} {
 		if broken, _ := checkDeps(c.pkg, []string{c.dep}); len(broken) == 0 {

@@ -120,3 +120,65 @@ func TestLongFuncsFinds(t *testing.T) {
 		t.Fatalf("long functions %v, want a.go:Long and a.go:G.M of %d lines", got, maxFuncLines+2)
 	}
 }
+
+// maxCommandLines bounds the Go lines (tests aside) of cmd/toolbus: the command is wiring
+// and command line; what it does lives in the packages that own it (internal/node,
+// internal/timeline, internal/callrun, planner/models, console, mcpserver...).
+const maxCommandLines = 2000
+
+// goLines counts the lines of the non-test Go files under dir (testdata aside).
+func goLines(t *testing.T, dir string) int {
+	t.Helper()
+	n := 0
+	err := filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			if path != dir && d.Name() == "testdata" {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
+			return nil
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		n += strings.Count(string(b), "\n")
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// cmd/toolbus stays a command: at most maxCommandLines lines of Go outside its tests.
+func TestCommandStaysWiring(t *testing.T) {
+	if n := goLines(t, "cmd/toolbus"); n > maxCommandLines {
+		t.Errorf("cmd/toolbus has %d lines of Go outside tests, over %d: move the logic to the package that owns it", n, maxCommandLines)
+	} else {
+		t.Logf("cmd/toolbus: %d lines of Go outside tests (at most %d)", n, maxCommandLines)
+	}
+}
+
+// The count takes every non-test Go file, in subfolders too, and leaves out tests and
+// testdata.
+func TestGoLinesCounts(t *testing.T) {
+	dir := t.TempDir()
+	for name, lines := range map[string]int{"a.go": 3, "a_test.go": 5, "sub/b.go": 2, "testdata/c.go": 7, "README.md": 4} {
+		path := filepath.Join(dir, name)
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, []byte(strings.Repeat("x\n", lines)), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := goLines(t, dir); got != 5 {
+		t.Fatalf("goLines = %d, want 5 (a.go and sub/b.go)", got)
+	}
+}

@@ -15,6 +15,7 @@ import (
 	"github.com/toolbus/toolbus/audit"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/internal/callrun"
+	"github.com/toolbus/toolbus/internal/node"
 	"github.com/toolbus/toolbus/internal/timeline"
 )
 
@@ -39,19 +40,19 @@ func cmdCall(ctx context.Context, cfg Config, log *slog.Logger, args []string, s
 		// model, so it needs no key whatever TOOLBUS_MODEL says.
 		cfg.Model = "script:noop"
 	}
-	c, err := openBus(ctx, cfg, log, true)
+	c, err := node.Open(ctx, cfg, log, true)
 	if err != nil {
 		return err
 	}
 	defer c.Close()
-	if c.srv != nil {
-		stop, err := startInProcess(ctx, cfg, c, log)
+	if c.Server != nil {
+		stop, err := node.StartInProcess(ctx, cfg, c, log)
 		if err != nil {
 			return err
 		}
 		defer stop()
 	}
-	cat, err := c.bus.WatchCatalog(ctx, nil)
+	cat, err := c.Bus.WatchCatalog(ctx, nil)
 	if err != nil {
 		return fmt.Errorf("call: catalog: %w", err)
 	}
@@ -63,11 +64,11 @@ func cmdCall(ctx context.Context, cfg Config, log *slog.Logger, args []string, s
 		RunID: req.runID, Principal: toolbus.Principal{ID: req.principal}, Tool: tc, Arguments: req.args, Via: "toolbus call",
 		Deadline: req.timeout, ApprovalTimeout: max(cfg.RunTimeout, 10*time.Minute),
 	}, time.Now())
-	watch, err := c.bus.Watch(ctx, events.SubjectRun(rs.RunID), true)
+	watch, err := c.Bus.Watch(ctx, events.SubjectRun(rs.RunID), true)
 	if err != nil {
 		return fmt.Errorf("call: %w", err)
 	}
-	if err := c.bus.StartRun(ctx, events.Source("cli", cfg.Instance), rs); err != nil {
+	if err := c.Bus.StartRun(ctx, events.Source("cli", cfg.Instance), rs); err != nil {
 		if errors.Is(err, events.ErrRunExists) {
 			return &exitError{code: callrun.ExitUsage, msg: fmt.Sprintf("call: run id %q already exists; choose another id", rs.RunID)}
 		}
@@ -75,7 +76,7 @@ func cmdCall(ctx context.Context, cfg Config, log *slog.Logger, args []string, s
 	}
 	o, err := callrun.Await(ctx, watch, waitHint, func(p *timeline.Printer) {
 		// Silent for a while: say what the call waits for (no planner, no executor...).
-		fmt.Fprintln(errOut, strings.TrimSpace(timeline.WaitingHint(ctx, c.bus, p)))
+		fmt.Fprintln(errOut, strings.TrimSpace(timeline.WaitingHint(ctx, c.Bus, p)))
 	})
 	if err != nil {
 		if ctx.Err() != nil {
@@ -177,23 +178,6 @@ func (req callRequest) report(out io.Writer, run string, o callrun.Outcome) erro
 		msg += fmt.Sprintf(" (%s): %s", res.Error.Code, audit.OneLine(res.Error.Message, 200))
 	}
 	return &exitError{code: code, msg: msg + "; toolbus replay " + run + " shows the run"}
-}
-
-// startInProcess runs the executor, planner and injector on the embedded bus of c until
-// the returned stop is called, once the executor has published its tools.
-func startInProcess(ctx context.Context, cfg Config, c *conn, log *slog.Logger) (stop func(), err error) {
-	wctx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- runRoles(wctx, cfg, c.bus, log, "executor", "planner", "injector") }()
-	stop = func() {
-		cancel()
-		<-done
-	}
-	if err := waitForCatalog(ctx, c.bus, done); err != nil {
-		cancel()
-		return nil, err
-	}
-	return stop, nil
 }
 
 // stdinOf is where `toolbus call -` reads its arguments (tests replace it).

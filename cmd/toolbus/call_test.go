@@ -19,6 +19,7 @@ import (
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/executor/worker"
 	"github.com/toolbus/toolbus/internal/callrun"
+	"github.com/toolbus/toolbus/internal/node"
 	"github.com/toolbus/toolbus/internal/testutil"
 )
 
@@ -164,13 +165,13 @@ func TestScriptFileDrivesACustomTool(t *testing.T) {
 	t.Setenv("TOOLBUS_MODEL", "script:"+greetScript)
 	t.Setenv("OPENAI_API_KEY", "")
 	t.Setenv("OPENAI_BASE_URL", "")
-	cfg, err := loadConfig()
+	cfg, err := node.Load()
 	if err != nil {
 		t.Fatal(err)
 	}
 	go func() {
 		defer wg.Done()
-		if err := runRoles(wctx, cfg, bus, log, "planner", "injector"); err != nil && wctx.Err() == nil {
+		if err := node.RunRoles(wctx, cfg, bus, log, "planner", "injector"); err != nil && wctx.Err() == nil {
 			t.Errorf("roles: %v", err)
 		}
 	}()

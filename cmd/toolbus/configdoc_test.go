@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/toolbus/toolbus/internal/golden"
+	"github.com/toolbus/toolbus/internal/node"
 )
 
 // configurationDoc is the configuration page, whose table is the output of `toolbus env`.
@@ -18,7 +19,7 @@ const (
 )
 
 // envTable renders vars as the markdown table of docs/configuration.md.
-func envTable(vars []envVar) string {
+func envTable(vars []node.EnvVar) string {
 	cell := func(s string) string { return strings.ReplaceAll(s, "|", `\|`) }
 	var b strings.Builder
 	b.WriteString("| variable | default | meaning |\n| --- | --- | --- |\n")
@@ -36,7 +37,7 @@ func envTable(vars []envVar) string {
 // Config (or a changed default or description) fails this test until the page is
 // regenerated with -update.
 func TestConfigurationDoc(t *testing.T) {
-	vars, err := envVars(Config{})
+	vars, err := node.EnvVars(Config{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -24,7 +24,7 @@ func cmdConsole(ctx context.Context, cfg Config, log *slog.Logger) error {
 		return err
 	}
 	defer c.Close()
-	return runConsole(ctx, cfg, c.bus, log)
+	return runConsole(ctx, cfg, c.Bus, log)
 }
 
 // consoleOptionsOf reads the console's users and settings; the console needs users

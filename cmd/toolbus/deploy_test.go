@@ -20,6 +20,7 @@ import (
 
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
+	"github.com/toolbus/toolbus/internal/node"
 )
 
 // docSection returns the section of the document at path (from the repository root)
@@ -171,7 +172,7 @@ func TestDeployYourOwnTools(t *testing.T) {
 	// The rest of the fleet: a planner and an injector (toolbus call's run goes through them).
 	t.Setenv("TOOLBUS_NATS_URL", srv.URL)
 	t.Setenv("TOOLBUS_LOG_LEVEL", "warn")
-	cfg, err := loadConfig()
+	cfg, err := node.Load()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -209,11 +210,11 @@ func TestDeployYourOwnTools(t *testing.T) {
 // cmdRole2 runs roles against TOOLBUS_NATS_URL in this process, as `toolbus planner` and
 // `toolbus injector` would.
 func cmdRole2(ctx context.Context, cfg Config, roles ...string) error {
-	log := cfg.logger()
-	c, err := openBus(ctx, cfg, log, false)
+	log := cfg.Logger()
+	c, err := node.Open(ctx, cfg, log, false)
 	if err != nil {
 		return err
 	}
 	defer c.Close()
-	return runRoles(ctx, cfg, c.bus, log, roles...)
+	return node.RunRoles(ctx, cfg, c.Bus, log, roles...)
 }

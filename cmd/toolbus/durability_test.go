@@ -6,6 +6,8 @@ import (
 	"log/slog"
 	"testing"
 	"time"
+
+	"github.com/toolbus/toolbus/internal/node"
 )
 
 // TOOLBUS_DURABILITY picks the embedded server's fsync mode; a bad value is an error.
@@ -15,29 +17,29 @@ func TestDurabilityMode(t *testing.T) {
 		strict bool
 	}{{"", false}, {"default", false}, {"strict", true}, {"STRICT", true}} {
 		t.Run("mode="+c.mode, func(t *testing.T) {
-			cfg, err := loadConfig()
+			cfg, err := node.Load()
 			if err != nil {
 				t.Fatal(err)
 			}
 			cfg.URL, cfg.DataDir, cfg.Durability = "", t.TempDir(), c.mode
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
-			conn, err := openBus(ctx, cfg, slog.New(slog.NewTextHandler(io.Discard, nil)), true)
+			conn, err := node.Open(ctx, cfg, slog.New(slog.NewTextHandler(io.Discard, nil)), true)
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer conn.Close()
-			if got := conn.srv.SyncAlways(); got != c.strict {
+			if got := conn.Server.SyncAlways(); got != c.strict {
 				t.Fatalf("TOOLBUS_DURABILITY=%q: sync always = %v, want %v", c.mode, got, c.strict)
 			}
 		})
 	}
-	cfg, err := loadConfig()
+	cfg, err := node.Load()
 	if err != nil {
 		t.Fatal(err)
 	}
 	cfg.URL, cfg.DataDir, cfg.Durability = "", t.TempDir(), "paranoid"
-	if _, err := openBus(context.Background(), cfg, slog.New(slog.NewTextHandler(io.Discard, nil)), true); err == nil {
+	if _, err := node.Open(context.Background(), cfg, slog.New(slog.NewTextHandler(io.Discard, nil)), true); err == nil {
 		t.Fatal("TOOLBUS_DURABILITY=paranoid accepted")
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/executor/mcptools"
+	"github.com/toolbus/toolbus/internal/node"
 )
 
 // cmdInit (admin) creates or updates the stream, the buckets, the read mirror and the
@@ -44,7 +45,7 @@ func cmdInit(ctx context.Context, cfg Config, log *slog.Logger, args []string, o
 		return fmt.Errorf("init: connect %s: %w", cfg.URL, err)
 	}
 	defer nc.Close()
-	setup := append(setupOptions(cfg), events.SetupTools(names, cfg.AckWait, 0))
+	setup := append(node.SetupOptions(cfg), events.SetupTools(names, cfg.AckWait, 0))
 	if *mirror {
 		setup = append(setup, events.SetupReadMirror())
 	}
@@ -73,7 +74,7 @@ func initTools(ctx context.Context, cfg Config, flagTools string, log *slog.Logg
 		names = cfg.ExecutorTools
 	}
 	if len(names) == 0 {
-		reg, err := newRegistry(cfg)
+		reg, err := node.NewRegistry(cfg)
 		if err != nil {
 			return nil, err
 		}

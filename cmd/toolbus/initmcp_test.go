@@ -19,6 +19,7 @@ import (
 	natsserver "github.com/nats-io/nats-server/v2/test"
 
 	"github.com/toolbus/toolbus/events/eventstest"
+	"github.com/toolbus/toolbus/internal/node"
 )
 
 // mcpFixtureConfig serves an MCP server with two tools over streamable HTTP and writes
@@ -83,7 +84,7 @@ func TestInitCreatesEveryQueue(t *testing.T) {
 	t.Setenv("TOOLBUS_INSTANCE", "exec-least")
 	code, out, errOut = runAs(ctx, "exec", "executor")
 	wantCode(t, "executor without its queues", code, 1, out, errOut)
-	reg, err := newRegistry(Config{Tools: "diag"})
+	reg, err := node.NewRegistry(Config{Tools: "diag"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -105,13 +106,13 @@ func TestInitCreatesEveryQueue(t *testing.T) {
 	wantCode(t, cmdline, code, 0, out, errOut)
 	os.Setenv("TOOLBUS_NATS_USER", "exec")
 	os.Setenv("TOOLBUS_NATS_PASSWORD", "exec")
-	cfg, err := loadConfig()
+	cfg, err := node.Load()
 	if err != nil {
 		t.Fatal(err)
 	}
 	ectx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
-	go func() { done <- cmdRole(ectx, cfg, cfg.logger(), "executor") }()
+	go func() { done <- cmdRole(ectx, cfg, cfg.Logger(), "executor") }()
 	eventstest.Eventually(t, time.Minute, func() error {
 		code, out, errOut := runAs(ctx, "admin", "tools", "--json")
 		if code != 0 {

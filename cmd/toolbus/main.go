@@ -18,10 +18,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"runtime/debug"
 	"syscall"
+
+	"github.com/toolbus/toolbus/internal/node"
 )
 
 func main() {
@@ -213,17 +217,17 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		// stdout (flagError makes -h exit 0).
 		stderr = stdout
 	}
-	cfg, err := loadConfig()
+	cfg, err := node.Load()
 	if err != nil {
 		fmt.Fprintln(stderr, "toolbus:", err)
 		return 2
 	}
-	cfg.logOut = stderr
+	cfg.LogOut = stderr
 	cmd, rest := args[0], args[1:]
 	if clientCommands[cmd] {
 		cfg.LogLevel = clientLogLevel(cfg.LogLevel, os.Getenv("TOOLBUS_LOG_LEVEL") != "", verbose(rest))
 	}
-	log := cfg.logger()
+	log := cfg.Logger()
 	switch cmd {
 	case "up":
 		err = cmdUp(ctx, cfg, log)
@@ -275,4 +279,24 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	return 0
+}
+
+// Config is the configuration of the process (package node).
+type Config = node.Config
+
+// errNoStore: a read-only command found neither TOOLBUS_NATS_URL nor a local store.
+var errNoStore = errors.New("nothing to read")
+
+// openReader opens the bus for a command that only reads (runs, tools, replay, console):
+// TOOLBUS_NATS_URL, else the local store of the embedded server, which must exist: a
+// read-only command never creates ./data.
+func openReader(ctx context.Context, cfg Config, log *slog.Logger) (*node.Conn, error) {
+	if cfg.URL == "" {
+		store := filepath.Join(cfg.DataDir, "jetstream")
+		if _, err := os.Stat(store); err != nil {
+			return nil, &exitError{code: 1, msg: fmt.Sprintf("%v: TOOLBUS_NATS_URL is not set and there is no local store in %s (start toolbus up, or set TOOLBUS_NATS_URL)",
+				errNoStore, store)}
+		}
+	}
+	return node.Open(ctx, cfg, log, true)
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/internal/door"
+	"github.com/toolbus/toolbus/internal/node"
 	"github.com/toolbus/toolbus/mcpserver"
 )
 
@@ -48,12 +49,12 @@ func cmdMCP(ctx context.Context, cfg Config, log *slog.Logger, args []string, ou
 			return &exitError{code: 2, msg: "mcp: " + err.Error()}
 		}
 	}
-	c, err := openBus(ctx, cfg, log, false)
+	c, err := node.Open(ctx, cfg, log, false)
 	if err != nil {
 		return err
 	}
 	defer c.Close()
-	srv, err := mcpserver.New(ctx, c.bus, mcpserver.Config{
+	srv, err := mcpserver.New(ctx, c.Bus, mcpserver.Config{
 		Source: events.Source("mcp", cfg.Instance), Principal: *principal, ApprovalTimeout: cfg.RunTimeout,
 		Version: version(), Logger: log,
 	})

@@ -19,17 +19,13 @@ import (
 	"github.com/toolbus/toolbus/audit"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/internal/decide"
+	"github.com/toolbus/toolbus/internal/node"
 	"github.com/toolbus/toolbus/internal/timeline"
 )
 
 // The operator's commands: approve, deny, cancel, runs and tail. They talk to a running
 // pipeline through TOOLBUS_NATS_URL (runs, like replay, can also read the local store of
 // the embedded server).
-
-// defaultLimits are the limits the workers give runs that set none.
-func (c Config) defaultLimits() toolbus.DefaultLimits {
-	return toolbus.DefaultLimits{MaxSteps: c.MaxSteps, RunTimeout: c.RunTimeout, TokenBudget: c.TokenBudget, MaxRunTimeout: c.MaxRunTimeout}
-}
 
 // parseInterleaved parses flags that may come before, between or after the positional
 // arguments (toolbus deny run-1 call_1 --reason "..."), and returns the positional ones.
@@ -153,24 +149,24 @@ func cmdDecide(ctx context.Context, cfg Config, log *slog.Logger, args []string,
 			return usageError(fs, "respond: give the answer (--answer text): the model reads it as the call's result")
 		}
 	}
-	c, err := openBus(ctx, cfg, log, false)
+	c, err := node.Open(ctx, cfg, log, false)
 	if err != nil {
 		return err
 	}
 	defer c.Close()
 
-	step, call, err := waitingCall(ctx, c.bus, run, callID, *stepFlag)
+	step, call, err := waitingCall(ctx, c.Bus, run, callID, *stepFlag)
 	if err != nil {
 		return err
 	}
 	if a.Arguments != "" {
-		if err := refusal(decide.CheckEdit(ctx, c.bus, call, a.Arguments)); err != nil {
+		if err := refusal(decide.CheckEdit(ctx, c.Bus, call, a.Arguments)); err != nil {
 			return err
 		}
 	}
 	a.Who = who(*by)
 	granted := kind == "approve"
-	ack, err := c.bus.PublishApproval(ctx, events.Source("cli", cfg.Instance), step, a, granted)
+	ack, err := c.Bus.PublishApproval(ctx, events.Source("cli", cfg.Instance), step, a, granted)
 	if err != nil {
 		return err
 	}
@@ -239,12 +235,12 @@ func cmdCancel(ctx context.Context, cfg Config, log *slog.Logger, args []string,
 	if !toolbus.ValidRunID(run) {
 		return &exitError{code: 2, msg: fmt.Sprintf("cancel: invalid run id %q", run)}
 	}
-	c, err := openBus(ctx, cfg, log, false)
+	c, err := node.Open(ctx, cfg, log, false)
 	if err != nil {
 		return err
 	}
 	defer c.Close()
-	st, _, err := c.bus.RunState(ctx, run)
+	st, _, err := c.Bus.RunState(ctx, run)
 	if err != nil {
 		if errors.Is(err, events.ErrRunNotFound) {
 			return &exitError{code: 1, msg: fmt.Sprintf("run %s not found", run)}
@@ -254,7 +250,7 @@ func cmdCancel(ctx context.Context, cfg Config, log *slog.Logger, args []string,
 	if st.Status.Terminal() {
 		return &exitError{code: 1, msg: fmt.Sprintf("run %s already ended: %s", run, st.Status)}
 	}
-	ack, err := c.bus.PublishCancel(ctx, events.Source("cli", cfg.Instance), toolbus.Cancel{RunID: run, Reason: *reason, Who: who(*by)})
+	ack, err := c.Bus.PublishCancel(ctx, events.Source("cli", cfg.Instance), toolbus.Cancel{RunID: run, Reason: *reason, Who: who(*by)})
 	if err != nil {
 		return err
 	}
@@ -289,14 +285,14 @@ func cmdRuns(ctx context.Context, cfg Config, log *slog.Logger, args []string, o
 		return err
 	}
 	defer c.Close()
-	runs, err := c.bus.Runs(ctx)
+	runs, err := c.Bus.Runs(ctx)
 	if err != nil {
 		return err
 	}
 	for i, r := range runs {
 		if !r.Status.Terminal() {
 			// The run state records the step when a run waits or ends; ask where it is.
-			if step, err := c.bus.CurrentStep(ctx, r.RunID); err == nil {
+			if step, err := c.Bus.CurrentStep(ctx, r.RunID); err == nil {
 				runs[i].Step = step
 			}
 		}
@@ -342,7 +338,7 @@ func cmdTail(ctx context.Context, cfg Config, log *slog.Logger, args []string, o
 	default:
 		return usageError(fs, "tail: --color is auto, always or never")
 	}
-	c, err := openBus(ctx, cfg, log, false)
+	c, err := node.Open(ctx, cfg, log, false)
 	if err != nil {
 		return err
 	}
@@ -350,7 +346,7 @@ func cmdTail(ctx context.Context, cfg Config, log *slog.Logger, args []string, o
 	filter := events.FilterAll
 	if run != "" {
 		filter = events.SubjectRun(run)
-		st, _, err := c.bus.RunState(ctx, run)
+		st, _, err := c.Bus.RunState(ctx, run)
 		switch {
 		case errors.Is(err, events.ErrRunNotFound):
 			// Nothing to skip: follow it from its first event.
@@ -363,7 +359,7 @@ func cmdTail(ctx context.Context, cfg Config, log *slog.Logger, args []string, o
 			return nil
 		}
 	}
-	watch, err := c.bus.Watch(ctx, filter, *all)
+	watch, err := c.Bus.Watch(ctx, filter, *all)
 	if err != nil {
 		return fmt.Errorf("tail: %w", err)
 	}

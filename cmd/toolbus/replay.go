@@ -37,7 +37,7 @@ func cmdReplay(ctx context.Context, cfg Config, log *slog.Logger, args []string,
 		return err
 	}
 	defer c.Close()
-	evs, err := c.bus.RunEvents(ctx, run)
+	evs, err := c.Bus.RunEvents(ctx, run)
 	if err != nil {
 		return fmt.Errorf("replay: %w", err)
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/injector"
 	"github.com/toolbus/toolbus/internal/callrun"
+	"github.com/toolbus/toolbus/internal/node"
 	"github.com/toolbus/toolbus/internal/timeline"
 	"github.com/toolbus/toolbus/planner/models"
 )
@@ -31,20 +32,20 @@ func cmdRun(ctx context.Context, cfg Config, log *slog.Logger, args []string, ou
 	if cfg.URL == "" {
 		// The in-process planner needs its model: say what is missing (an API key...)
 		// before anything starts, not that no executor published its tools.
-		if _, err := models.Base(cfg.Model, cfg.modelOptions()); err != nil {
+		if _, err := models.Base(cfg.Model, cfg.ModelOptions()); err != nil {
 			return &exitError{code: 2, msg: fmt.Sprintf("run: model %s: %v", cfg.Model, err)}
 		}
 	}
-	c, err := openBus(ctx, cfg, log, true)
+	c, err := node.Open(ctx, cfg, log, true)
 	if err != nil {
 		return err
 	}
 	defer c.Close()
 	wctx, stopWorkers := context.WithCancel(ctx)
 	workersDone := make(chan error, 1)
-	if c.srv != nil {
-		go func() { workersDone <- runRoles(wctx, cfg, c.bus, log, "executor", "planner", "injector") }()
-		if err := waitForCatalog(ctx, c.bus, workersDone); err != nil {
+	if c.Server != nil {
+		go func() { workersDone <- node.RunRoles(wctx, cfg, c.Bus, log, "executor", "planner", "injector") }()
+		if err := node.WaitForCatalog(ctx, c.Bus, workersDone); err != nil {
 			stopWorkers()
 			return err
 		}
@@ -59,14 +60,14 @@ func cmdRun(ctx context.Context, cfg Config, log *slog.Logger, args []string, ou
 		}
 	}()
 
-	if err := checkAllowedTools(wctx, c.bus, rs.AllowedTools); err != nil {
+	if err := checkAllowedTools(wctx, c.Bus, rs.AllowedTools); err != nil {
 		return err
 	}
-	watch, err := c.bus.Watch(ctx, events.SubjectRun(rs.RunID), true)
+	watch, err := c.Bus.Watch(ctx, events.SubjectRun(rs.RunID), true)
 	if err != nil {
 		return fmt.Errorf("run: %w", err)
 	}
-	if err := c.bus.StartRun(ctx, events.Source("cli", cfg.Instance), rs); err != nil {
+	if err := c.Bus.StartRun(ctx, events.Source("cli", cfg.Instance), rs); err != nil {
 		if errors.Is(err, events.ErrRunExists) {
 			// A run id names one run forever: it is never replayed nor restarted.
 			return &exitError{code: 2, msg: fmt.Sprintf("run: run id %q already exists; choose another id (toolbus replay %s shows that run)", rs.RunID, rs.RunID)}
@@ -121,7 +122,7 @@ func parseRun(cfg Config, args []string, errOut io.Writer) (toolbus.RunStarted, 
 // runFollower prints a run's events as they come until it ends, and says what the run
 // waits for when nothing comes.
 type runFollower struct {
-	c   *conn
+	c   *node.Conn
 	run string
 	out io.Writer
 	// workersDone reports the end of the in-process workers (nil: none, or already
@@ -146,7 +147,7 @@ func (f *runFollower) follow(ctx context.Context, watch *events.Watcher) error {
 			if time.Since(idleSince) >= waitHint {
 				// Said once per silence, and again when what it finds changes (a worker
 				// that starts failing on the run's message).
-				if h := timeline.WaitingHint(ctx, f.c.bus, p); h != lastHint {
+				if h := timeline.WaitingHint(ctx, f.c.Bus, p); h != lastHint {
 					lastHint = h
 					fmt.Fprintln(f.out, h)
 				}
@@ -215,29 +216,3 @@ func checkAllowedTools(ctx context.Context, bus *events.Bus, allowed []string) e
 
 // waitHint is how long a run may be silent before `toolbus run` says what it waits for.
 var waitHint = 5 * time.Second
-
-// waitForCatalog waits until the in-process executor has published its tools, so the
-// first model request sees them.
-// A worker that fails meanwhile (workersDone) is the error, not the missing tools.
-func waitForCatalog(ctx context.Context, bus *events.Bus, workersDone <-chan error) error {
-	cat, err := bus.WatchCatalog(ctx, nil)
-	if err != nil {
-		return err
-	}
-	for i := 0; i < 500; i++ {
-		if _, ok := cat.Lookup("noop"); ok || len(cat.Tools(nil)) > 0 {
-			return nil
-		}
-		select {
-		case err := <-workersDone:
-			if err == nil {
-				err = errors.New("the workers stopped")
-			}
-			return fmt.Errorf("run: %w", err)
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(10 * time.Millisecond):
-		}
-	}
-	return errors.New("run: no executor published its tools")
-}

@@ -41,7 +41,7 @@ func cmdTools(ctx context.Context, cfg Config, log *slog.Logger, args []string, 
 		return err
 	}
 	defer c.Close()
-	rows, err := toolRows(ctx, c.bus)
+	rows, err := toolRows(ctx, c.Bus)
 	if err != nil {
 		return err
 	}

@@ -1,8 +1,7 @@
-package main
+package node
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -15,33 +14,37 @@ import (
 	"github.com/toolbus/toolbus/events"
 )
 
-// conn is an open connection to the bus, and the embedded server when toolbus runs one.
-type conn struct {
-	srv *embedded.Server
-	nc  *nats.Conn
-	bus *events.Bus
+// Conn is an open connection to the bus, and the embedded server when the process runs
+// one.
+type Conn struct {
+	// Server is the embedded server (nil: the process connected to TOOLBUS_NATS_URL).
+	Server *embedded.Server
+	// NC is the connection, and Bus the bus on it.
+	NC  *nats.Conn
+	Bus *events.Bus
 }
 
-func (c *conn) Close() {
-	if c.nc != nil {
-		_ = c.nc.Drain()
-		c.nc.Close()
+// Close drains the connection and stops the embedded server.
+func (c *Conn) Close() {
+	if c.NC != nil {
+		_ = c.NC.Drain()
+		c.NC.Close()
 	}
-	if c.srv != nil {
-		c.srv.Stop()
+	if c.Server != nil {
+		c.Server.Stop()
 	}
 }
 
-// openBus opens the bus: TOOLBUS_NATS_URL when set, else an embedded JetStream server
+// Open opens the bus: TOOLBUS_NATS_URL when set, else an embedded JetStream server
 // with its file store in the data dir (only when embed is true).
-func openBus(ctx context.Context, cfg Config, log *slog.Logger, embed bool) (*conn, error) {
-	c := &conn{}
+func Open(ctx context.Context, cfg Config, log *slog.Logger, embed bool) (*Conn, error) {
+	c := &Conn{}
 	opts, err := cfg.NATSOptions("toolbus "+cfg.Instance, log)
 	if err != nil {
 		return nil, err
 	}
 	if cfg.URL != "" {
-		c.nc, err = nats.Connect(cfg.URL, opts...)
+		c.NC, err = nats.Connect(cfg.URL, opts...)
 		if err != nil {
 			return nil, fmt.Errorf("connect %s: %w", cfg.URL, err)
 		}
@@ -50,7 +53,7 @@ func openBus(ctx context.Context, cfg Config, log *slog.Logger, embed bool) (*co
 		if !embed {
 			return nil, fmt.Errorf("TOOLBUS_NATS_URL is not set: this role connects to a running NATS server (or use `toolbus up`)")
 		}
-		strict, err := cfg.syncAlways()
+		strict, err := cfg.SyncAlways()
 		if err != nil {
 			return nil, err
 		}
@@ -65,47 +68,30 @@ func openBus(ctx context.Context, cfg Config, log *slog.Logger, embed bool) (*co
 		if err := os.MkdirAll(ecfg.StoreDir, 0o755); err != nil {
 			return nil, fmt.Errorf("data dir: %w", err)
 		}
-		c.srv, err = embedded.Start(ecfg)
+		c.Server, err = embedded.Start(ecfg)
 		if err != nil {
 			return nil, err
 		}
-		log.Info("embedded JetStream server started", "url", c.srv.ClientURL(), "store", ecfg.StoreDir,
-			"durability", durabilityName(c.srv.SyncAlways()))
-		c.nc, err = c.srv.Connect(opts...)
+		log.Info("embedded JetStream server started", "url", c.Server.ClientURL(), "store", ecfg.StoreDir,
+			"durability", durabilityName(c.Server.SyncAlways()))
+		c.NC, err = c.Server.Connect(opts...)
 		if err != nil {
-			c.srv.Stop()
+			c.Server.Stop()
 			return nil, err
 		}
 	}
-	if c.srv != nil {
+	if c.Server != nil {
 		// The embedded server's single user is admin: it sets the bus up itself.
-		c.bus, _, err = events.Setup(ctx, c.nc, cfg.Config, setupOptions(cfg)...)
+		c.Bus, _, err = events.Setup(ctx, c.NC, cfg.Config, SetupOptions(cfg)...)
 	} else {
 		// A running server was set up by `toolbus init`: bind to what exists.
-		c.bus, err = events.Open(ctx, c.nc, cfg.Config)
+		c.Bus, err = events.Open(ctx, c.NC, cfg.Config)
 	}
 	if err != nil {
 		c.Close()
 		return nil, err
 	}
 	return c, nil
-}
-
-// errNoStore: a read-only command found neither TOOLBUS_NATS_URL nor a local store.
-var errNoStore = errors.New("nothing to read")
-
-// openReader opens the bus for a command that only reads (runs, tools, replay, console):
-// TOOLBUS_NATS_URL, else the local store of the embedded server, which must exist: a
-// read-only command never creates ./data.
-func openReader(ctx context.Context, cfg Config, log *slog.Logger) (*conn, error) {
-	if cfg.URL == "" {
-		store := filepath.Join(cfg.DataDir, "jetstream")
-		if _, err := os.Stat(store); err != nil {
-			return nil, &exitError{code: 1, msg: fmt.Sprintf("%v: TOOLBUS_NATS_URL is not set and there is no local store in %s (start toolbus up, or set TOOLBUS_NATS_URL)",
-				errNoStore, store)}
-		}
-	}
-	return openBus(ctx, cfg, log, true)
 }
 
 // durabilityName names the mode a server runs in, for logs.
@@ -116,9 +102,9 @@ func durabilityName(syncAlways bool) string {
 	return "default (fsync every 2 min)"
 }
 
-// setupOptions are the Setup options matching this configuration: the workers'
+// SetupOptions are the Setup options matching this configuration: the workers'
 // consumers with the settings the workers will bind with.
-func setupOptions(cfg Config) []events.SetupOption {
+func SetupOptions(cfg Config) []events.SetupOption {
 	return []events.SetupOption{
 		events.SetupWorkers(events.RolePlanner, events.WorkerSettings{AckWait: cfg.AckWait, Concurrency: cfg.Concurrency}),
 		events.SetupWorkers(events.RoleInjector, events.WorkerSettings{AckWait: cfg.AckWait, Concurrency: cfg.Concurrency}),

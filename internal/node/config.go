@@ -1,4 +1,4 @@
-package main
+package node
 
 import (
 	"cmp"
@@ -13,6 +13,7 @@ import (
 
 	"github.com/kelseyhightower/envconfig"
 
+	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/connect"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/injector"
@@ -85,13 +86,15 @@ type Config struct {
 	LogLevel  string `envconfig:"LOG_LEVEL" default:"info" desc:"debug, info, warn or error"`
 	LogFormat string `envconfig:"LOG_FORMAT" default:"text" desc:"text or json"`
 
-	// logOut is where logs go: the stderr of run (default os.Stderr).
-	logOut io.Writer
+	// LogOut is where logs go (default os.Stderr): the stderr of the command.
+	LogOut io.Writer `ignored:"true"`
 }
 
-const envPrefix = "TOOLBUS"
+const envPrefix = connect.EnvPrefix
 
-func loadConfig() (Config, error) {
+// Load reads the configuration from the TOOLBUS_* environment variables, refusing
+// settings out of range with the variable named.
+func Load() (Config, error) {
 	var c Config
 	if err := envconfig.Process(envPrefix, &c); err != nil {
 		return c, fmt.Errorf("config: %w", err)
@@ -167,8 +170,8 @@ func envName(field string) string {
 	return field
 }
 
-// syncAlways reports whether TOOLBUS_DURABILITY asks for strict durability.
-func (c Config) syncAlways() (bool, error) {
+// SyncAlways reports whether TOOLBUS_DURABILITY asks for strict durability.
+func (c Config) SyncAlways() (bool, error) {
 	switch strings.ToLower(strings.TrimSpace(c.Durability)) {
 	case "", "default":
 		return false, nil
@@ -178,10 +181,10 @@ func (c Config) syncAlways() (bool, error) {
 	return false, fmt.Errorf("config: TOOLBUS_DURABILITY %q: want default or strict", c.Durability)
 }
 
-// logger is the logger of TOOLBUS_LOG_LEVEL and TOOLBUS_LOG_FORMAT (checked by
-// loadConfig), on the stderr of run.
-func (c Config) logger() *slog.Logger {
-	log, err := telemetry.NewLogger(c.LogLevel, c.LogFormat, cmp.Or[io.Writer](c.logOut, os.Stderr))
+// Logger is the logger of TOOLBUS_LOG_LEVEL and TOOLBUS_LOG_FORMAT (checked by Load),
+// on LogOut.
+func (c Config) Logger() *slog.Logger {
+	log, err := telemetry.NewLogger(c.LogLevel, c.LogFormat, cmp.Or[io.Writer](c.LogOut, os.Stderr))
 	if err != nil {
 		return slog.Default()
 	}
@@ -196,4 +199,9 @@ func (c Config) packs() []string {
 		}
 	}
 	return out
+}
+
+// DefaultLimits are the limits the workers give runs that set none.
+func (c Config) DefaultLimits() toolbus.DefaultLimits {
+	return toolbus.DefaultLimits{MaxSteps: c.MaxSteps, RunTimeout: c.RunTimeout, TokenBudget: c.TokenBudget, MaxRunTimeout: c.MaxRunTimeout}
 }

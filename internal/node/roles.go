@@ -1,4 +1,4 @@
-package main
+package node
 
 import (
 	"context"
@@ -33,8 +33,8 @@ var roles = map[string]role{
 	"injector": runInjector,
 }
 
-// runRoles runs the named roles on one bus until ctx ends; the first failure stops all.
-func runRoles(ctx context.Context, cfg Config, bus *events.Bus, log *slog.Logger, names ...string) error {
+// RunRoles runs the named roles on one bus until ctx ends; the first failure stops all.
+func RunRoles(ctx context.Context, cfg Config, bus *events.Bus, log *slog.Logger, names ...string) error {
 	parent := ctx
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -96,7 +96,8 @@ func (c Config) worker(log *slog.Logger) events.WorkerConfig {
 	return wc
 }
 
-func newRegistry(cfg Config) (*executor.Registry, error) {
+// NewRegistry is the registry of the built-in tool packs of TOOLBUS_TOOLS.
+func NewRegistry(cfg Config) (*executor.Registry, error) {
 	reg := executor.NewRegistry()
 	if err := packs.Register(reg, cfg.packs()...); err != nil {
 		return nil, err
@@ -105,7 +106,7 @@ func newRegistry(cfg Config) (*executor.Registry, error) {
 }
 
 func runExecutor(ctx context.Context, cfg Config, bus *events.Bus, log *slog.Logger, tel *telemetry.Metrics) error {
-	reg, err := newRegistry(cfg)
+	reg, err := NewRegistry(cfg)
 	if err != nil {
 		return err
 	}
@@ -144,7 +145,7 @@ func runExecutor(ctx context.Context, cfg Config, bus *events.Bus, log *slog.Log
 }
 
 func runPlanner(ctx context.Context, cfg Config, bus *events.Bus, log *slog.Logger, tel *telemetry.Metrics) error {
-	model, err := models.New(cfg.Model, cfg.modelOptions())
+	model, err := models.New(cfg.Model, cfg.ModelOptions())
 	if err != nil {
 		return err
 	}
@@ -153,9 +154,9 @@ func runPlanner(ctx context.Context, cfg Config, bus *events.Bus, log *slog.Logg
 		return err
 	}
 	p, err := planner.New(bus, model, cat, planner.Config{
-		WorkerConfig: cfg.worker(log), Defaults: cfg.defaultLimits(), MaxCallsPerStep: cfg.MaxCallsPerStep, MaxAnswerBytes: cfg.MaxAnswerBytes,
+		WorkerConfig: cfg.worker(log), Defaults: cfg.DefaultLimits(), MaxCallsPerStep: cfg.MaxCallsPerStep, MaxAnswerBytes: cfg.MaxAnswerBytes,
 		Metrics: plannerMetrics(tel), Observer: serveObserver(tel, "planner"),
-		Models: models.NewSet(cfg.Model, model, cfg.modelOptions()).Resolve,
+		Models: models.NewSet(cfg.Model, model, cfg.ModelOptions()).Resolve,
 	})
 	if err != nil {
 		return err
@@ -165,7 +166,7 @@ func runPlanner(ctx context.Context, cfg Config, bus *events.Bus, log *slog.Logg
 
 func runInjector(ctx context.Context, cfg Config, bus *events.Bus, log *slog.Logger, tel *telemetry.Metrics) error {
 	in, err := injector.New(bus, injector.Config{
-		WorkerConfig: cfg.worker(log), Rules: injector.Rules{FailOn: cfg.FailOn}, Defaults: cfg.defaultLimits(),
+		WorkerConfig: cfg.worker(log), Rules: injector.Rules{FailOn: cfg.FailOn}, Defaults: cfg.DefaultLimits(),
 		Metrics: injectorMetrics(tel), Observer: serveObserver(tel, "injector"),
 	})
 	if err != nil {
@@ -174,10 +175,10 @@ func runInjector(ctx context.Context, cfg Config, bus *events.Bus, log *slog.Log
 	return in.Run(ctx)
 }
 
-// modelOptions build the models of TOOLBUS_MODEL and of the runs that name one; the
+// ModelOptions build the models of TOOLBUS_MODEL and of the runs that name one; the
 // benchmark's noop script (script:noop) is built in too.
-func (c Config) modelOptions() models.Options {
-	return models.Options{Logger: c.logger(), Record: c.Record, Scripts: map[string]func() planner.Model{
+func (c Config) ModelOptions() models.Options {
+	return models.Options{Logger: c.Logger(), Record: c.Record, Scripts: map[string]func() planner.Model{
 		"noop": func() planner.Model { return bench.NoopScript(4, 3) },
 	}}
 }
@@ -187,4 +188,47 @@ func (c Config) modelOptions() models.Options {
 // keys.
 func (c Config) secretValues() []string {
 	return append(c.Options.Secrets(), os.Getenv("OPENAI_API_KEY"), os.Getenv("ANTHROPIC_API_KEY"))
+}
+
+// StartInProcess runs the executor, planner and injector on the embedded bus of c until
+// the returned stop is called, once the executor has published its tools.
+func StartInProcess(ctx context.Context, cfg Config, c *Conn, log *slog.Logger) (stop func(), err error) {
+	wctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- RunRoles(wctx, cfg, c.Bus, log, "executor", "planner", "injector") }()
+	stop = func() {
+		cancel()
+		<-done
+	}
+	if err := WaitForCatalog(ctx, c.Bus, done); err != nil {
+		cancel()
+		return nil, err
+	}
+	return stop, nil
+}
+
+// WaitForCatalog waits until the in-process executor has published its tools, so the
+// first model request sees them.
+// A worker that fails meanwhile (workersDone) is the error, not the missing tools.
+func WaitForCatalog(ctx context.Context, bus *events.Bus, workersDone <-chan error) error {
+	cat, err := bus.WatchCatalog(ctx, nil)
+	if err != nil {
+		return err
+	}
+	for i := 0; i < 500; i++ {
+		if _, ok := cat.Lookup("noop"); ok || len(cat.Tools(nil)) > 0 {
+			return nil
+		}
+		select {
+		case err := <-workersDone:
+			if err == nil {
+				err = errors.New("the workers stopped")
+			}
+			return fmt.Errorf("run: %w", err)
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	return errors.New("run: no executor published its tools")
 }
