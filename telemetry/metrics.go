@@ -3,7 +3,8 @@
 //
 // The worker packages do not import it: each defines the small Metrics interface it
 // calls (worker.Metrics, planner.Metrics, injector.Metrics) and events defines
-// ServeObserver; *Metrics implements all of them, and cmd/toolbus wires it in.
+// ServeObserver; *Metrics implements all of them, and internal/node (the binary) and
+// worker.Serve (custom executors) wire it in.
 package telemetry
 
 import (
@@ -40,7 +41,8 @@ const (
 	MetricContractRefused  = "toolbus_tool_contract_refused_total"
 )
 
-// Metrics holds the collectors of one process; every role of the process shares it.
+// Metrics holds the collectors of one process; every role of the process shares it, and
+// it exports the collectors of those roles only (New's roles).
 // Its methods implement worker.Metrics, planner.Metrics, injector.Metrics and, through
 // Observer, events.ServeObserver.
 type Metrics struct {
@@ -66,9 +68,19 @@ type Metrics struct {
 	checks []func() error // more readiness conditions (WatchPermissions)
 }
 
-// New returns the metrics of a process, registered with a registry of their own that
-// also holds the Go runtime and process collectors.
-func New() *Metrics {
+// The roles whose collectors New registers.
+const (
+	RolePlanner  = "planner"
+	RoleExecutor = "executor"
+	RoleInjector = "injector"
+)
+
+// New returns the metrics of a process that runs roles (every role when none is named),
+// registered with a registry of their own that also holds the Go runtime and process
+// collectors and what every role reports (readiness, redeliveries, poison messages,
+// permission denials). A role's own collectors are registered only where it runs: an
+// executor exports no step-join histogram that would stay at 0.
+func New(roles ...string) *Metrics {
 	reg := prometheus.NewRegistry()
 	m := &Metrics{
 		reg: reg,
@@ -106,9 +118,25 @@ func New() *Metrics {
 			Help: "Operations the server refused to this process's credentials (permissions violations)."}),
 		roles: map[string]int{},
 	}
-	reg.MustRegister(m.calls, m.duration, m.inflight, m.join, m.modelDur, m.modelErrs, m.tokens, m.runs,
-		m.redeliver, m.poison, m.refused, m.ready, m.denied,
+	reg.MustRegister(m.redeliver, m.poison, m.ready, m.denied,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	if len(roles) == 0 {
+		roles = []string{RolePlanner, RoleExecutor, RoleInjector}
+	}
+	own := map[string][]prometheus.Collector{
+		RoleExecutor: {m.calls, m.duration, m.inflight, m.refused},
+		RolePlanner:  {m.modelDur, m.modelErrs, m.tokens, m.runs},
+		RoleInjector: {m.join, m.runs},
+	}
+	registered := map[prometheus.Collector]bool{}
+	for _, role := range roles {
+		for _, c := range own[role] {
+			if !registered[c] { // runs is both the planner's and the injector's
+				registered[c] = true
+				reg.MustRegister(c)
+			}
+		}
+	}
 	return m
 }
 

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -13,26 +12,57 @@ import (
 
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
+	"github.com/toolbus/toolbus/internal/testutil"
 )
 
 // `toolbus executor` with TOOLBUS_METRICS_ADDR serves /healthz, /readyz (ready once its
-// tool queues are bound) and /metrics, and stops serving when the role stops.
+// tool queues are bound) and /metrics, and stops serving when the role stops. Each role
+// exports its own metrics: the injector's step-join histogram shows where the injector
+// runs, not on an executor (where it would stay at 0).
 func TestRoleServesMetrics(t *testing.T) {
 	srv := eventstest.RunJetStream(t)
 	ctx := eventstest.Context(t, 2*time.Minute)
-	if _, _, err := events.Setup(ctx, srv.Conn, events.Config{}); err != nil {
+	if _, _, err := events.Setup(ctx, srv.Conn, events.Config{}, events.SetupWorkers(events.RoleInjector, events.WorkerSettings{})); err != nil {
 		t.Fatal(err)
 	}
-	addr := freeAddr(t)
 	t.Setenv("TOOLBUS_NATS_URL", srv.URL)
-	t.Setenv("TOOLBUS_METRICS_ADDR", addr)
 	t.Setenv("TOOLBUS_LOG_LEVEL", "warn")
 	t.Setenv("TOOLBUS_GRACE", "1s")
+	for _, c := range []struct {
+		role        string
+		want, wantN []string
+	}{
+		{role: "executor", want: []string{`toolbus_ready{role="executor"} 1`, `toolbus_tool_queue_pending{tool="calculator"} 0`},
+			wantN: []string{"toolbus_step_join_duration_seconds", `role="injector"`}},
+		{role: "injector", want: []string{`toolbus_ready{role="injector"} 1`, "toolbus_step_join_duration_seconds_count 0"},
+			wantN: []string{`role="executor"`}},
+	} {
+		t.Run(c.role, func(t *testing.T) {
+			body := roleMetrics(t, ctx, c.role)
+			for _, want := range c.want {
+				if !strings.Contains(body, want) {
+					t.Errorf("/metrics of %s lacks %q:\n%s", c.role, want, body)
+				}
+			}
+			for _, not := range c.wantN {
+				if strings.Contains(body, not) {
+					t.Errorf("/metrics of %s has %q:\n%s", c.role, not, body)
+				}
+			}
+		})
+	}
+}
 
+// roleMetrics runs `toolbus <role>` with TOOLBUS_METRICS_ADDR until /readyz answers 200,
+// reads /metrics, stops the role and checks that the metrics server stopped with it.
+func roleMetrics(t *testing.T, ctx context.Context, role string) string {
+	addr := freeAddr(t)
+	t.Setenv("TOOLBUS_METRICS_ADDR", addr)
 	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	done := make(chan int, 1)
-	var stderr bytes.Buffer
-	go func() { done <- run(rctx, []string{"executor"}, io.Discard, &stderr) }()
+	var stderr testutil.Buffer
+	go func() { done <- run(rctx, []string{role}, io.Discard, &stderr) }()
 
 	eventstest.Eventually(t, 60*time.Second, func() error {
 		code, body, err := httpGet("http://" + addr + "/readyz")
@@ -48,23 +78,19 @@ func TestRoleServesMetrics(t *testing.T) {
 	if err != nil || code != http.StatusOK {
 		t.Fatalf("/metrics: %d %v", code, err)
 	}
-	for _, want := range []string{`toolbus_ready{role="executor"} 1`, `toolbus_tool_queue_pending{tool="calculator"} 0`} {
-		if !strings.Contains(body, want) {
-			t.Errorf("/metrics lacks %q:\n%s", want, body)
-		}
-	}
 	cancel()
 	select {
 	case c := <-done:
 		if c != 0 {
-			t.Fatalf("executor exited %d: %s", c, stderr.String())
+			t.Fatalf("%s exited %d: %s", role, c, stderr.String())
 		}
 	case <-time.After(60 * time.Second):
-		t.Fatal("executor did not stop")
+		t.Fatalf("%s did not stop", role)
 	}
 	if _, _, err := httpGet("http://" + addr + "/healthz"); err == nil {
 		t.Fatal("the metrics server still answers after the role stopped")
 	}
+	return body
 }
 
 func freeAddr(t *testing.T) string {

@@ -125,7 +125,7 @@ func ServeConfig(ctx context.Context, cfg EnvConfig, reg *executor.Registry, opt
 	}
 	wcfg := Config{Tools: cfg.Tools}
 	if cfg.MetricsAddr != "" {
-		m := telemetry.New()
+		m := telemetry.New(telemetry.RoleExecutor)
 		m.WatchQueues(bus, 0, log)
 		srv, err := telemetry.Listen(cfg.MetricsAddr, m.Handler(nc.IsConnected), log)
 		if err != nil {

@@ -38,7 +38,7 @@ func RunRoles(ctx context.Context, cfg Config, bus *events.Bus, log *slog.Logger
 	parent := ctx
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	tel, stopTel, err := startTelemetry(cfg, bus, log)
+	tel, stopTel, err := startTelemetry(cfg, bus, log, names)
 	if err != nil {
 		return err
 	}

@@ -11,13 +11,13 @@ import (
 )
 
 // startTelemetry serves metrics, /healthz and /readyz at cfg.MetricsAddr for the roles of
-// this process; with no address it returns nil metrics (nothing is recorded) and a no-op
+// this process (only those roles' collectors: telemetry.New); with no address it returns nil metrics (nothing is recorded) and a no-op
 // stop.
-func startTelemetry(cfg Config, bus *events.Bus, log *slog.Logger) (*telemetry.Metrics, func(), error) {
+func startTelemetry(cfg Config, bus *events.Bus, log *slog.Logger, roles []string) (*telemetry.Metrics, func(), error) {
 	if cfg.MetricsAddr == "" {
 		return nil, func() {}, nil
 	}
-	m := telemetry.New()
+	m := telemetry.New(roles...)
 	m.WatchQueues(bus, 0, log)
 	m.WatchPermissions(bus, log)
 	srv, err := telemetry.Listen(cfg.MetricsAddr, m.Handler(bus.NC.IsConnected), log)
