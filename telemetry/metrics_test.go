@@ -23,7 +23,7 @@ func families(t *testing.T, m *Metrics) map[string]bool {
 // process exports readiness.
 func TestMetricsPerRole(t *testing.T) {
 	for _, c := range []struct {
-		roles      []string
+		roles       []string
 		has, hasNot []string
 	}{
 		{roles: []string{RoleExecutor}, has: []string{MetricReady, MetricPermissionDenied}, hasNot: []string{MetricStepJoin}},
