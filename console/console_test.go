@@ -175,9 +175,9 @@ func TestConsoleHTTP(t *testing.T) {
 	erin := users["erin"]
 
 	p.submit("c-http", toolbus.Limits{})
-	p.waitStatus("c-http", toolbus.RunWaitingForApproval)
+	p.WaitStatus("c-http", toolbus.RunWaitingForApproval)
 	p.submit("c-hostile", toolbus.Limits{})
-	p.waitStatus("c-hostile", toolbus.RunCompleted)
+	p.WaitStatus("c-hostile", toolbus.RunCompleted)
 
 	t.Run("reads need a user", func(t *testing.T) {
 		for _, path := range []string{"/", "/runs/c-http", "/events", "/events?run=c-http"} {
@@ -277,7 +277,7 @@ func TestConsoleHTTP(t *testing.T) {
 		if code != http.StatusSeeOther {
 			t.Fatalf("status %d, want 303: %s", code, body)
 		}
-		p.waitStatus("c-http", toolbus.RunCompleted)
+		p.WaitStatus("c-http", toolbus.RunCompleted)
 		evs, err := p.bus.RunEvents(p.ctx, "c-http")
 		if err != nil {
 			t.Fatal(err)
@@ -361,7 +361,7 @@ func TestConsoleHTTP(t *testing.T) {
 	})
 	t.Run("full output from the object store", func(t *testing.T) {
 		p.submit("c-big", toolbus.Limits{})
-		p.waitStatus("c-big", toolbus.RunCompleted)
+		p.WaitStatus("c-big", toolbus.RunCompleted)
 		_, body := get(t, rw.URL+"/runs/c-big", erin)
 		wantContains(t, "run page of a truncated output", body, "truncated:", "whole output in kv://",
 			`<pre class="text full-output">{&#34;data&#34;:&#34;`+strings.Repeat("x", 299000))
@@ -453,7 +453,7 @@ func TestConsoleBrowser(t *testing.T) {
 		// The list is open and following the stream before the run exists.
 		do(t, bctx, "open the runs list", chromedp.Navigate(srv.URL+"/"),
 			chromedp.WaitReady(`body[data-live="on"]`, chromedp.ByQuery))
-		p.submitAs("c-live", "tester", "sleep a long time", toolbus.Limits{})
+		p.SubmitAs("c-live", "tester", "sleep a long time", toolbus.Limits{})
 		do(t, bctx, "the run appears in the list while it runs",
 			chromedp.WaitVisible(`tr[data-run="c-live"][data-status="running"]`, chromedp.ByQuery))
 		var q string
@@ -461,7 +461,7 @@ func TestConsoleBrowser(t *testing.T) {
 		if q != "sleep a long time" {
 			t.Fatalf("question %q", q)
 		}
-		p.waitEvent("c-live", events.TypeToolRequested)
+		p.WaitEvent("c-live", events.TypeToolRequested)
 
 		do(t, bctx, "cancel from the run page",
 			chromedp.Evaluate(`document.querySelector("#run-c-live a").click()`, nil),
@@ -470,12 +470,12 @@ func TestConsoleBrowser(t *testing.T) {
 			chromedp.SendKeys(`#cancel-form input.reason`, "wrong question", chromedp.ByQuery),
 			chromedp.Click(`#cancel`, chromedp.ByID),
 			chromedp.WaitVisible(`#live[data-status="cancelled"]`, chromedp.ByQuery))
-		p.waitStatus("c-live", toolbus.RunCancelled)
+		p.WaitStatus("c-live", toolbus.RunCancelled)
 	})
 
 	t.Run("approve by clicking", func(t *testing.T) {
 		p.submit("c-approve", toolbus.Limits{})
-		p.waitStatus("c-approve", toolbus.RunWaitingForApproval)
+		p.WaitStatus("c-approve", toolbus.RunWaitingForApproval)
 		do(t, bctx, "approve from the run page",
 			chromedp.Navigate(srv.URL+"/runs/c-approve"),
 			chromedp.WaitVisible(`#decide-b button.approve`, chromedp.ByQuery),
@@ -483,7 +483,7 @@ func TestConsoleBrowser(t *testing.T) {
 			chromedp.SendKeys(`#decide-b input.reason`, "CHG-7", chromedp.ByQuery),
 			chromedp.Click(`#decide-b button.approve`, chromedp.ByQuery),
 			chromedp.WaitVisible(`#live[data-status="completed"]`, chromedp.ByQuery))
-		p.waitStatus("c-approve", toolbus.RunCompleted)
+		p.WaitStatus("c-approve", toolbus.RunCompleted)
 		evs, err := p.bus.RunEvents(p.ctx, "c-approve")
 		if err != nil {
 			t.Fatal(err)
@@ -523,7 +523,7 @@ func TestConsoleBrowser(t *testing.T) {
 
 	t.Run("hostile output is text", func(t *testing.T) {
 		p.submit("c-hostile", toolbus.Limits{})
-		p.waitStatus("c-hostile", toolbus.RunCompleted)
+		p.WaitStatus("c-hostile", toolbus.RunCompleted)
 		var answer, content string
 		var tags int
 		do(t, bctx, "open the hostile run",

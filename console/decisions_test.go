@@ -35,7 +35,7 @@ func TestConsoleDecisions(t *testing.T) {
 	}
 
 	p.submit("c-edit", toolbus.Limits{})
-	p.waitStatus("c-edit", toolbus.RunWaitingForApproval)
+	p.WaitStatus("c-edit", toolbus.RunWaitingForApproval)
 	_, body := get(t, srv.URL+"/runs/c-edit", erin)
 	wantContains(t, "run page", body, `name="args"`, `formaction="/runs/c-edit/respond"`)
 	code, body := post(t, srv.URL+"/runs/c-edit/approve", erin, url.Values{"call": {"b"}, "args": {`{"service":42}`}})
@@ -49,7 +49,7 @@ func TestConsoleDecisions(t *testing.T) {
 	if code != http.StatusSeeOther {
 		t.Fatalf("edit: %d %s", code, body)
 	}
-	p.waitEvent("c-edit", events.TypeRunEnded(toolbus.RunCompleted))
+	p.WaitEvent("c-edit", events.TypeRunEnded(toolbus.RunCompleted))
 	r := report("c-edit")
 	if c := r.Calls[0]; c.DecisionKind != toolbus.DecisionEdited || c.EditedArguments != `{"service":"web"}` || c.DecidedBy != "erin" ||
 		!strings.Contains(r.Answer, `{"deployed":"web"}`) {
@@ -57,7 +57,7 @@ func TestConsoleDecisions(t *testing.T) {
 	}
 
 	p.submit("c-respond", toolbus.Limits{})
-	p.waitStatus("c-respond", toolbus.RunWaitingForApproval)
+	p.WaitStatus("c-respond", toolbus.RunWaitingForApproval)
 	if code, _ := post(t, srv.URL+"/runs/c-respond/respond", erin, url.Values{"call": {"b"}}); code != http.StatusBadRequest {
 		t.Fatalf("respond without an answer: %d, want 400", code)
 	}
@@ -65,7 +65,7 @@ func TestConsoleDecisions(t *testing.T) {
 	if code != http.StatusSeeOther {
 		t.Fatalf("respond: %d %s", code, body)
 	}
-	p.waitEvent("c-respond", events.TypeRunEnded(toolbus.RunCompleted))
+	p.WaitEvent("c-respond", events.TypeRunEnded(toolbus.RunCompleted))
 	r = report("c-respond")
 	if c := r.Calls[0]; c.DecisionKind != toolbus.DecisionResponded || c.Response != "done by hand" ||
 		!strings.Contains(r.Answer, "answered by a person (erin) in place of the tool") {

@@ -51,7 +51,7 @@ func TestConsoleBoundedReaders(t *testing.T) {
 	srv, users, _ := startConsoleWithUsers(t, p, "ivy")
 	tok := users["ivy"]
 	p.submit("c-load-0", toolbus.Limits{})
-	p.waitStatus("c-load-0", toolbus.RunCompleted)
+	p.WaitStatus("c-load-0", toolbus.RunCompleted)
 	js, err := jetstream.New(p.srv.Conn)
 	if err != nil {
 		t.Fatal(err)
@@ -146,7 +146,7 @@ func TestConsoleBoundedReaders(t *testing.T) {
 	// Page loads, two clients per reader slot, while the streams are open; and a run.
 	// More at once would only queue for the slots: past consoleReadWait a page is
 	// answered 503 (busy), which a machine loaded by other tests can reach.
-	p.submitAs("c-load-1", "tester", "under load", toolbus.Limits{})
+	p.SubmitAs("c-load-1", "tester", "under load", toolbus.Limits{})
 	// Each page load reads the bus (with direct gets, no consumer): 200 of them keep the
 	// test inside the pipeline's deadline on a loaded machine under -race.
 	const loads = 200
@@ -175,10 +175,10 @@ func TestConsoleBoundedReaders(t *testing.T) {
 	if n := failed.Load(); n > 0 {
 		t.Errorf("%d of %d page loads failed, first: %v", n, loads, firstErr.Load())
 	}
-	p.waitStatus("c-load-1", toolbus.RunCompleted)
+	p.WaitStatus("c-load-1", toolbus.RunCompleted)
 	// A run started meanwhile reaches the live streams and completes.
 	p.submit("c-load-2", toolbus.Limits{})
-	p.waitStatus("c-load-2", toolbus.RunCompleted)
+	p.WaitStatus("c-load-2", toolbus.RunCompleted)
 
 	closeStreams()
 	swg.Wait()

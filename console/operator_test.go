@@ -129,25 +129,25 @@ func TestConsoleOperator(t *testing.T) {
 
 	// The runs: alice's three steps and JSON, bob's cancelled, live and waiting runs,
 	// then seven of carol's to page through.
-	p.submitAs("o-steps", "alice", "three steps please", toolbus.Limits{})
-	p.submitAs("o-json", "alice", "echo some json", toolbus.Limits{})
-	p.submitAs("o-cancel", "bob", "to be cancelled", toolbus.Limits{})
-	p.submitAs("o-live", "bob", "hold on", toolbus.Limits{})
-	p.submitAs("o-wait", "bob", "deploy api", toolbus.Limits{})
-	p.waitStatus("o-steps", toolbus.RunCompleted)
-	p.waitStatus("o-json", toolbus.RunCompleted)
-	p.waitStatus("o-wait", toolbus.RunWaitingForApproval)
-	p.waitEvent("o-cancel", events.TypeToolRequested)
+	p.SubmitAs("o-steps", "alice", "three steps please", toolbus.Limits{})
+	p.SubmitAs("o-json", "alice", "echo some json", toolbus.Limits{})
+	p.SubmitAs("o-cancel", "bob", "to be cancelled", toolbus.Limits{})
+	p.SubmitAs("o-live", "bob", "hold on", toolbus.Limits{})
+	p.SubmitAs("o-wait", "bob", "deploy api", toolbus.Limits{})
+	p.WaitStatus("o-steps", toolbus.RunCompleted)
+	p.WaitStatus("o-json", toolbus.RunCompleted)
+	p.WaitStatus("o-wait", toolbus.RunWaitingForApproval)
+	p.WaitEvent("o-cancel", events.TypeToolRequested)
 	if _, err := p.bus.PublishCancel(p.ctx, "/test", toolbus.Cancel{RunID: "o-cancel", Reason: "not needed", Who: "olga"}); err != nil {
 		t.Fatal(err)
 	}
-	p.waitStatus("o-cancel", toolbus.RunCancelled)
-	p.waitEvent("o-live", events.TypeToolRequested)
+	p.WaitStatus("o-cancel", toolbus.RunCancelled)
+	p.WaitEvent("o-live", events.TypeToolRequested)
 	var pageStarts []time.Time
 	for i := range 7 {
 		run := fmt.Sprintf("o-page-%d", i)
-		p.submitAs(run, "carol", fmt.Sprintf("paging needle %d", i), toolbus.Limits{})
-		p.waitStatus(run, toolbus.RunCompleted)
+		p.SubmitAs(run, "carol", fmt.Sprintf("paging needle %d", i), toolbus.Limits{})
+		p.WaitStatus(run, toolbus.RunCompleted)
 		st, _, err := p.bus.RunState(p.ctx, run)
 		if err != nil {
 			t.Fatal(err)
@@ -268,7 +268,7 @@ func TestConsoleOperator(t *testing.T) {
 		if _, err := p.bus.PublishApproval(p.ctx, "/test", step.Step, toolbus.Approval{RunID: "o-wait", CallID: "d", Who: "olga"}, true); err != nil {
 			t.Fatal(err)
 		}
-		p.waitStatus("o-wait", toolbus.RunCompleted)
+		p.WaitStatus("o-wait", toolbus.RunCompleted)
 		var segs int
 		do(t, bctx, "the call after the approval",
 			chromedp.Navigate(srv.URL+"/runs/o-wait"),

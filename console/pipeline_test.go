@@ -4,10 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
-	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -17,9 +14,6 @@ import (
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
 	"github.com/toolbus/toolbus/executor"
-	"github.com/toolbus/toolbus/executor/packs"
-	"github.com/toolbus/toolbus/executor/worker"
-	"github.com/toolbus/toolbus/injector"
 	"github.com/toolbus/toolbus/internal/testpipe"
 	"github.com/toolbus/toolbus/planner"
 )
@@ -47,120 +41,17 @@ func startPipeline(t *testing.T, scripts map[string]*planner.Script, extra ...ex
 	return &pipeline{Pipeline: tp, t: t, ctx: tp.Ctx, srv: tp.Srv, bus: tp.Bus}
 }
 
-// startPipelineOn is startPipeline on a connection that may set the bus up (admin): its
-// pipeline has no testpipe.Pipeline (the helpers below read the bus).
+// startPipelineOn is startPipeline on a connection that may set the bus up (admin).
 func startPipelineOn(t *testing.T, nc *nats.Conn, scripts map[string]*planner.Script, extra ...executor.Tool) *pipeline {
 	t.Helper()
-	ctx := eventstest.Context(t, pipelineDeadline)
-	bus, _, err := events.Setup(ctx, nc, events.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &pipeline{t: t, ctx: ctx, bus: bus}
-	reg := executor.NewRegistry()
-	if err := packs.Register(reg, "demo", "diag"); err != nil {
-		t.Fatal(err)
-	}
-	for _, tool := range extra {
-		if err := reg.Register(tool); err != nil {
-			t.Fatal(err)
-		}
-	}
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	wctx, stop := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	t.Cleanup(func() { stop(); wg.Wait() })
-	serve := func(w interface{ Run(context.Context) error }, err error) {
-		t.Helper()
-		if err != nil {
-			t.Fatal(err)
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if err := w.Run(wctx); err != nil && wctx.Err() == nil {
-				t.Errorf("worker: %v", err)
-			}
-		}()
-	}
-	exec, err := executor.New(reg, executor.WithLogger(log), executor.WithInstance("exec-1"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	serve(worker.New(bus, exec, worker.Config{WorkerConfig: events.WorkerConfig{Instance: "exec-1", Logger: log, Grace: time.Second}}))
-	// Deadlines are generous: the tests share a loaded machine.
-	eventstest.Eventually(t, time.Minute, func() error {
-		cat, err := bus.WatchCatalog(ctx, nil)
-		if err != nil {
-			return err
-		}
-		if _, ok := cat.Lookup("noop"); !ok {
-			return fmt.Errorf("catalog not published yet")
-		}
-		return nil
-	})
-	cat, err := bus.WatchCatalog(ctx, log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	model := planner.ModelFunc(func(ctx context.Context, req planner.Request) (planner.Response, error) {
-		s, ok := scripts[req.RunID]
-		if !ok {
-			return planner.Response{}, planner.Permanent(fmt.Errorf("no script for %s", req.RunID))
-		}
-		return s.Complete(ctx, req)
-	})
-	serve(planner.New(bus, model, cat, planner.Config{WorkerConfig: events.WorkerConfig{Instance: "planner-1", Logger: log, Grace: time.Second}}))
-	serve(injector.New(bus, injector.Config{WorkerConfig: events.WorkerConfig{Instance: "injector-1", Logger: log, Grace: time.Second}}))
-	return p
+	tp := testpipe.StartOn(t, nc, pipelineDeadline, testpipe.ScriptByRun(scripts, nil), extra...)
+	return &pipeline{Pipeline: tp, t: t, ctx: tp.Ctx, bus: tp.Bus}
 }
 
 // submit starts run with the question "question for <run>" (principal "tester").
 func (p *pipeline) submit(run string, limits toolbus.Limits) {
 	p.t.Helper()
-	p.submitAs(run, "tester", "question for "+run, limits)
-}
-
-// submitAs starts run for principal with question.
-func (p *pipeline) submitAs(run, principal, question string, limits toolbus.Limits) {
-	p.t.Helper()
-	if err := p.bus.StartRun(p.ctx, "/test", toolbus.RunStarted{
-		RunID: run, Model: "script", Principal: toolbus.Principal{ID: principal}, Limits: limits,
-		Messages: []toolbus.Message{{Role: toolbus.RoleSystem, Content: "sys"}, {Role: toolbus.RoleUser, Content: question}},
-	}); err != nil {
-		p.t.Fatal(err)
-	}
-}
-
-func (p *pipeline) waitStatus(run string, want toolbus.RunStatus) {
-	p.t.Helper()
-	eventstest.Eventually(p.t, time.Minute, func() error {
-		st, _, err := p.bus.RunState(p.ctx, run)
-		if err != nil {
-			return err
-		}
-		if st.Status != want {
-			return fmt.Errorf("run %s is %s, want %s", run, st.Status, want)
-		}
-		return nil
-	})
-}
-
-// waitEvent waits until the run has an event of type typ.
-func (p *pipeline) waitEvent(run, typ string) {
-	p.t.Helper()
-	eventstest.Eventually(p.t, time.Minute, func() error {
-		evs, err := p.bus.RunEvents(p.ctx, run)
-		if err != nil {
-			return err
-		}
-		for _, e := range evs {
-			if e.Meta.Type == typ {
-				return nil
-			}
-		}
-		return fmt.Errorf("run %s has no %s yet", run, typ)
-	})
+	p.SubmitAs(run, "tester", "question for "+run, limits)
 }
 
 func wantContains(t *testing.T, what, got string, wants ...string) {

@@ -68,8 +68,8 @@ func TestConsoleClientRole(t *testing.T) {
 	}, deployTool())
 	p.submit("r-done", toolbus.Limits{})
 	p.submit("r-wait", toolbus.Limits{})
-	p.waitStatus("r-done", toolbus.RunCompleted)
-	p.waitStatus("r-wait", toolbus.RunWaitingForApproval)
+	p.WaitStatus("r-done", toolbus.RunCompleted)
+	p.WaitStatus("r-wait", toolbus.RunWaitingForApproval)
 
 	var mu sync.Mutex
 	var violations []string

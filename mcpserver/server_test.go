@@ -19,19 +19,17 @@ import (
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
 	"github.com/toolbus/toolbus/executor"
-	"github.com/toolbus/toolbus/executor/packs"
-	"github.com/toolbus/toolbus/executor/worker"
-	"github.com/toolbus/toolbus/injector"
 	"github.com/toolbus/toolbus/internal/door"
-	"github.com/toolbus/toolbus/internal/testutil"
+	"github.com/toolbus/toolbus/internal/testpipe"
 	"github.com/toolbus/toolbus/mcpserver"
 	"github.com/toolbus/toolbus/planner"
 )
 
 // pipeline is the executor (demo and diag packs plus extra tools), a planner whose model
 // must never be called (a pre-planned run calls none) and the injector, on an embedded
-// server.
+// server (testpipe).
 type pipeline struct {
+	*testpipe.Pipeline
 	t   *testing.T
 	ctx context.Context
 	bus *events.Bus
@@ -42,97 +40,19 @@ type pipeline struct {
 
 func startPipeline(t *testing.T, extra ...executor.Tool) *pipeline {
 	t.Helper()
-	srv := eventstest.RunJetStream(t)
-	ctx := eventstest.Context(t, 3*time.Minute)
-	bus, _, err := events.Setup(ctx, srv.Conn, events.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &pipeline{t: t, ctx: ctx, bus: bus}
-	reg := executor.NewRegistry()
-	if err := packs.Register(reg, "demo", "diag"); err != nil {
-		t.Fatal(err)
-	}
-	for _, tool := range extra {
-		if err := reg.Register(tool); err != nil {
-			t.Fatal(err)
-		}
-	}
-	log := quiet()
-	wctx, stop := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	t.Cleanup(func() { stop(); wg.Wait() })
-	serve := func(w interface{ Run(context.Context) error }, err error) {
-		t.Helper()
-		if err != nil {
-			t.Fatal(err)
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if err := w.Run(wctx); err != nil && wctx.Err() == nil {
-				t.Errorf("worker: %v", err)
-			}
-		}()
-	}
-	wc := func(instance string) events.WorkerConfig {
-		return events.WorkerConfig{Instance: instance, Logger: log, Grace: time.Second}
-	}
-	exec := testutil.Must(executor.New(reg, executor.WithLogger(log), executor.WithInstance("exec-1")))
-	serve(worker.New(bus, exec, worker.Config{WorkerConfig: wc("exec-1")}))
-	cat, err := bus.WatchCatalog(ctx, log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	eventstest.Eventually(t, 10*time.Second, func() error {
-		if _, ok := cat.Lookup("noop"); !ok {
-			return fmt.Errorf("catalog not published yet")
-		}
-		return nil
-	})
+	p := &pipeline{t: t}
 	model := planner.ModelFunc(func(context.Context, planner.Request) (planner.Response, error) {
 		p.mu.Lock()
 		p.modelCalled++
 		p.mu.Unlock()
 		return planner.Response{}, planner.Permanent(fmt.Errorf("no model in these tests"))
 	})
-	serve(planner.New(bus, model, cat, planner.Config{WorkerConfig: wc("planner-1")}))
-	serve(injector.New(bus, injector.Config{WorkerConfig: wc("injector-1")}))
+	tp := testpipe.Start(t, 3*time.Minute, model, extra...)
+	p.Pipeline, p.ctx, p.bus = tp, tp.Ctx, tp.Bus
 	return p
 }
 
 func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
-
-func (p *pipeline) waitStatus(run string, want toolbus.RunStatus) {
-	p.t.Helper()
-	eventstest.Eventually(p.t, 30*time.Second, func() error {
-		st, _, err := p.bus.RunState(p.ctx, run)
-		if err != nil {
-			return err
-		}
-		if st.Status != want {
-			return fmt.Errorf("run %s is %s, want %s", run, st.Status, want)
-		}
-		return nil
-	})
-}
-
-// waitEvent waits until the run has an event of type typ.
-func (p *pipeline) waitEvent(run, typ string) {
-	p.t.Helper()
-	eventstest.Eventually(p.t, 30*time.Second, func() error {
-		evs, err := p.bus.RunEvents(p.ctx, run)
-		if err != nil {
-			return err
-		}
-		for _, e := range evs {
-			if e.Meta.Type == typ {
-				return nil
-			}
-		}
-		return fmt.Errorf("run %s has no %s yet", run, typ)
-	})
-}
 
 // mcpClient connects a go-sdk client over the in-memory transport to the MCP server of
 // the pipeline's catalog.
@@ -245,9 +165,9 @@ func TestMCPCallTool(t *testing.T) {
 			}
 			// The audit record: the call and its result are in the stream, and the run
 			// ended completed without any model call.
-			p.waitEvent(run, events.TypeToolRequested)
-			p.waitEvent(run, events.TypeToolFinished)
-			p.waitStatus(run, toolbus.RunCompleted)
+			p.WaitEvent(run, events.TypeToolRequested)
+			p.WaitEvent(run, events.TypeToolFinished)
+			p.WaitStatus(run, toolbus.RunCompleted)
 			p.mu.Lock()
 			calls := p.modelCalled
 			p.mu.Unlock()

@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
@@ -25,7 +27,8 @@ import (
 
 // Pipeline is a running pipeline; its roles stop at the end of the test.
 type Pipeline struct {
-	t     *testing.T
+	t *testing.T
+	// Srv is the embedded server (nil: StartOn, on the test's own connection).
 	Srv   *eventstest.Bus
 	Bus   *events.Bus
 	Ctx   context.Context // ends after the deadline given to Start
@@ -39,8 +42,17 @@ type Pipeline struct {
 func Start(t *testing.T, d time.Duration, model planner.Model, extra ...executor.Tool) *Pipeline {
 	t.Helper()
 	srv := eventstest.RunJetStream(t)
+	p := StartOn(t, srv.Conn, d, model, extra...)
+	p.Srv = srv
+	return p
+}
+
+// StartOn is Start on the test's own connection nc (to a server it runs with its own
+// accounts or permissions), which must be allowed to set the bus up.
+func StartOn(t *testing.T, nc *nats.Conn, d time.Duration, model planner.Model, extra ...executor.Tool) *Pipeline {
+	t.Helper()
 	ctx := eventstest.Context(t, d)
-	bus, _, err := events.Setup(ctx, srv.Conn, events.Config{})
+	bus, _, err := events.Setup(ctx, nc, events.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -53,7 +65,7 @@ func Start(t *testing.T, d time.Duration, model planner.Model, extra ...executor
 			t.Fatal(err)
 		}
 	}
-	p := &Pipeline{t: t, Srv: srv, Bus: bus, Ctx: ctx, Log: testutil.Logger(), Roles: testutil.NewGroup(t, ctx)}
+	p := &Pipeline{t: t, Bus: bus, Ctx: ctx, Log: testutil.Logger(), Roles: testutil.NewGroup(t, ctx)}
 	exec := testutil.Must(executor.New(reg, executor.WithLogger(p.Log), executor.WithInstance("exec-1")))
 	p.Roles.Go("exec-1", testutil.Must(worker.New(bus, exec, worker.Config{WorkerConfig: p.worker("exec-1")})).Run)
 	// Every tool, not only the first: a run may call any of them at once. The executor
@@ -106,10 +118,11 @@ func (p *Pipeline) SubmitAs(run, principal, question string, limits toolbus.Limi
 	}
 }
 
-// WaitStatus waits until the run's state is want.
+// WaitStatus waits (a minute at most: the tests share a loaded machine) until the run's
+// state is want.
 func (p *Pipeline) WaitStatus(run string, want toolbus.RunStatus) {
 	p.t.Helper()
-	eventstest.Eventually(p.t, 30*time.Second, func() error {
+	eventstest.Eventually(p.t, time.Minute, func() error {
 		st, _, err := p.Bus.RunState(p.Ctx, run)
 		if err != nil {
 			return err
@@ -124,7 +137,7 @@ func (p *Pipeline) WaitStatus(run string, want toolbus.RunStatus) {
 // WaitEvent waits until the run has an event of type typ.
 func (p *Pipeline) WaitEvent(run, typ string) {
 	p.t.Helper()
-	eventstest.Eventually(p.t, 30*time.Second, func() error {
+	eventstest.Eventually(p.t, time.Minute, func() error {
 		evs, err := p.Bus.RunEvents(p.Ctx, run)
 		if err != nil {
 			return err
