@@ -442,21 +442,7 @@ func generateJWT(users []User, write func(string, []byte) (string, error), res *
 	}
 	res.Operator, res.System, res.Account = opub, spub, apub
 	for _, u := range users {
-		ukp, err := nkeys.CreateUser()
-		if err != nil {
-			return err
-		}
-		upub, _ := ukp.PublicKey()
-		uc := jwt.NewUserClaims(upub)
-		uc.Name = u.Name
-		uc.Pub.Allow, uc.Pub.Deny = u.Perms.PubAllow, u.Perms.PubDeny
-		uc.Sub.Allow, uc.Sub.Deny = u.Perms.SubAllow, u.Perms.SubDeny
-		userJWT, err := uc.Encode(akp)
-		if err != nil {
-			return err
-		}
-		seed, _ := ukp.Seed()
-		creds, err := jwt.FormatUserConfig(userJWT, seed)
+		creds, err := userCreds(u, akp)
 		if err != nil {
 			return err
 		}
@@ -503,4 +489,24 @@ resolver_preload: {
 `, opJWT, spub, spub, sysJWT, apub, accJWT)
 	res.Config, err = write("auth-jwt.conf", []byte(cfg))
 	return err
+}
+
+// userCreds is the credentials file of a new user of the account akp: its JWT, carrying
+// u's permissions and signed by the account, and its nkey seed.
+func userCreds(u User, akp nkeys.KeyPair) ([]byte, error) {
+	ukp, err := nkeys.CreateUser()
+	if err != nil {
+		return nil, err
+	}
+	upub, _ := ukp.PublicKey()
+	uc := jwt.NewUserClaims(upub)
+	uc.Name = u.Name
+	uc.Pub.Allow, uc.Pub.Deny = u.Perms.PubAllow, u.Perms.PubDeny
+	uc.Sub.Allow, uc.Sub.Deny = u.Perms.SubAllow, u.Perms.SubDeny
+	userJWT, err := uc.Encode(akp)
+	if err != nil {
+		return nil, err
+	}
+	seed, _ := ukp.Seed()
+	return jwt.FormatUserConfig(userJWT, seed)
 }
