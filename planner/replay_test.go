@@ -178,7 +178,7 @@ func TestReplayErrors(t *testing.T) {
 }
 
 // TestIncidentCassette replays the demo cassette (recorded from the incident script,
-// see cmd/toolbus/models_test.go) the way the planner asks for it.
+// see planner/models/models_test.go) the way the planner asks for it.
 func TestIncidentCassette(t *testing.T) {
 	rp, err := planner.OpenReplay(filepath.Join("testdata", "incident.jsonl"))
 	if err != nil {
