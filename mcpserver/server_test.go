@@ -22,6 +22,7 @@ import (
 	"github.com/toolbus/toolbus/internal/door"
 	"github.com/toolbus/toolbus/internal/testpipe"
 	"github.com/toolbus/toolbus/mcpserver"
+	"github.com/toolbus/toolbus/mcpserver/mcptest"
 	"github.com/toolbus/toolbus/planner"
 )
 
@@ -195,7 +196,7 @@ func TestMCPHTTPSessions(t *testing.T) {
 	}))
 	defer hs.Close()
 	initialize := func() int {
-		resp := mcpPost(t, hs.URL, tok, "", mcpInitialize, nil)
+		resp := mcptest.Post(t, hs.URL, tok, "", mcptest.Initialize, nil)
 		io.Copy(io.Discard, resp.Body)
 		resp.Body.Close()
 		return resp.StatusCode
@@ -222,36 +223,6 @@ func TestMCPHTTPSessions(t *testing.T) {
 	if code := initialize(); code != http.StatusOK {
 		t.Fatalf("after the idle sessions closed: status %d", code)
 	}
-}
-
-const mcpInitialize = `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"raw","version":"0"}}}`
-
-// mcpPost posts one JSON-RPC message to a streamable HTTP endpoint.
-func mcpPost(t *testing.T, endpoint, token, session, body string, edit func(*http.Request)) *http.Response {
-	t.Helper()
-	req, err := http.NewRequest(http.MethodPost, endpoint, strings.NewReader(body))
-	if err != nil {
-		t.Error(err)
-		return nil
-	}
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Accept", "application/json, text/event-stream")
-	if token != "" {
-		req.Header.Set("Authorization", "Bearer "+token)
-	}
-	if session != "" {
-		req.Header.Set("Mcp-Session-Id", session)
-		req.Header.Set("Mcp-Protocol-Version", "2025-06-18")
-	}
-	if edit != nil {
-		edit(req)
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Error(err)
-		return &http.Response{StatusCode: 0, Body: io.NopCloser(strings.NewReader("")), Header: http.Header{}}
-	}
-	return resp
 }
 
 // crawlTool is a long-running tool (heartbeat timeout hb) that reports increasing

@@ -22,6 +22,7 @@ import (
 	"github.com/toolbus/toolbus/events/store"
 	"github.com/toolbus/toolbus/internal/door"
 	"github.com/toolbus/toolbus/mcpserver"
+	"github.com/toolbus/toolbus/mcpserver/mcptest"
 )
 
 func resultText(r *mcp.CallToolResult) string {
@@ -135,7 +136,7 @@ func TestMCPHTTP(t *testing.T) {
 		}
 		for _, tt := range tests {
 			t.Run(tt.name, func(t *testing.T) {
-				resp := mcpPost(t, endpoint, tt.token, "", mcpInitialize, func(r *http.Request) {
+				resp := mcptest.Post(t, endpoint, tt.token, "", mcptest.Initialize, func(r *http.Request) {
 					if tt.origin != "" {
 						r.Header.Set("Origin", tt.origin)
 					}
@@ -178,14 +179,14 @@ func TestMCPHTTP(t *testing.T) {
 	})
 
 	t.Run("session bound to its principal", func(t *testing.T) {
-		resp := mcpPost(t, endpoint, alice, "", mcpInitialize, nil)
+		resp := mcptest.Post(t, endpoint, alice, "", mcptest.Initialize, nil)
 		io.Copy(io.Discard, resp.Body)
 		resp.Body.Close()
 		sid := resp.Header.Get("Mcp-Session-Id")
 		if sid == "" {
 			t.Fatal("initialize gave no session id")
 		}
-		resp = mcpPost(t, endpoint, bob, sid, `{"jsonrpc":"2.0","id":2,"method":"tools/list"}`, nil)
+		resp = mcptest.Post(t, endpoint, bob, sid, `{"jsonrpc":"2.0","id":2,"method":"tools/list"}`, nil)
 		body, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
 		if resp.StatusCode < 400 {
@@ -194,11 +195,11 @@ func TestMCPHTTP(t *testing.T) {
 	})
 
 	t.Run("cancelled request not answered", func(t *testing.T) {
-		resp := mcpPost(t, endpoint, alice, "", mcpInitialize, nil)
+		resp := mcptest.Post(t, endpoint, alice, "", mcptest.Initialize, nil)
 		io.Copy(io.Discard, resp.Body)
 		resp.Body.Close()
 		sid := resp.Header.Get("Mcp-Session-Id")
-		resp = mcpPost(t, endpoint, alice, sid, `{"jsonrpc":"2.0","method":"notifications/initialized"}`, nil)
+		resp = mcptest.Post(t, endpoint, alice, sid, `{"jsonrpc":"2.0","method":"notifications/initialized"}`, nil)
 		resp.Body.Close()
 		before, err := p.bus.Runs(p.ctx)
 		if err != nil {
@@ -206,7 +207,7 @@ func TestMCPHTTP(t *testing.T) {
 		}
 		answer := make(chan string, 1)
 		go func() {
-			resp := mcpPost(t, endpoint, alice, sid, `{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"sleep","arguments":{"ms":60000}}}`, nil)
+			resp := mcptest.Post(t, endpoint, alice, sid, `{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"sleep","arguments":{"ms":60000}}}`, nil)
 			b, _ := io.ReadAll(resp.Body)
 			resp.Body.Close()
 			answer <- string(b)
@@ -229,7 +230,7 @@ func TestMCPHTTP(t *testing.T) {
 			return nil
 		})
 		p.waitEvent(run, events.TypeToolRequested)
-		resp = mcpPost(t, endpoint, alice, sid, `{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":7,"reason":"user stopped it"}}`, nil)
+		resp = mcptest.Post(t, endpoint, alice, sid, `{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":7,"reason":"user stopped it"}}`, nil)
 		resp.Body.Close()
 		select {
 		case got := <-answer:
@@ -242,36 +243,6 @@ func TestMCPHTTP(t *testing.T) {
 		// The run is cancelled with the call.
 		p.waitStatus(run, toolbus.RunCancelled)
 	})
-}
-
-const mcpInitialize = `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"raw","version":"0"}}}`
-
-// mcpPost posts one JSON-RPC message to a streamable HTTP endpoint.
-func mcpPost(t *testing.T, endpoint, token, session, body string, edit func(*http.Request)) *http.Response {
-	t.Helper()
-	req, err := http.NewRequest(http.MethodPost, endpoint, strings.NewReader(body))
-	if err != nil {
-		t.Error(err)
-		return nil
-	}
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Accept", "application/json, text/event-stream")
-	if token != "" {
-		req.Header.Set("Authorization", "Bearer "+token)
-	}
-	if session != "" {
-		req.Header.Set("Mcp-Session-Id", session)
-		req.Header.Set("Mcp-Protocol-Version", "2025-06-18")
-	}
-	if edit != nil {
-		edit(req)
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Error(err)
-		return &http.Response{StatusCode: 0, Body: io.NopCloser(strings.NewReader("")), Header: http.Header{}}
-	}
-	return resp
 }
 
 // mcpHTTPClient connects a go-sdk client that sends token on every request.
