@@ -16,13 +16,11 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
 	"github.com/toolbus/toolbus/injector"
 	"github.com/toolbus/toolbus/internal/node"
 	"github.com/toolbus/toolbus/internal/testutil"
-	"github.com/toolbus/toolbus/internal/timeline"
 	"github.com/toolbus/toolbus/planner"
 )
 
@@ -168,21 +166,6 @@ func TestCLIRunFlagsAfterQuestion(t *testing.T) {
 	code, out, errOut = cli(t, "run", "--id", "dashes", "--max-steps", "1", "--", "--max-steps", "is", "text")
 	wantCode(t, "run --", code, 1, out, errOut)
 	wantContains(t, "run --", out, `run dashes started: "--max-steps is text"`)
-}
-
-// TestCLIMessages: a result's line does not repeat its status as its code, counts are
-// English, and a role's error names it once.
-func TestCLIMessages(t *testing.T) {
-	cancelled := toolbus.ToolResult{CallID: "s", Tool: "sleep", Status: toolbus.StatusCancelled, Executor: "e1",
-		Error: &toolbus.ToolError{Code: "cancelled", Message: "run cancelled"}}
-	if got, want := timeline.ResultLine(cancelled), "        <- s sleep: cancelled (run cancelled) in 0 ms on e1"; got != want {
-		t.Errorf("cancelled result:\n got %q\nwant %q", got, want)
-	}
-	failed := toolbus.ToolResult{CallID: "l", Tool: "lookup", Status: toolbus.StatusFailed, Executor: "e1", DurationMS: 3,
-		Error: &toolbus.ToolError{Code: "incident_not_found", Message: "no incident"}}
-	if got, want := timeline.ResultLine(failed), "        <- l lookup: failed incident_not_found (no incident) in 3 ms on e1"; got != want {
-		t.Errorf("failed result:\n got %q\nwant %q", got, want)
-	}
 }
 
 // TestCLIEnv: toolbus env lists every variable, TOOLBUS_RECORD included, each with what
