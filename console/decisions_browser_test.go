@@ -97,16 +97,10 @@ func TestConsoleDecisionsInBrowser(t *testing.T) {
 
 	t.Run("edit", func(t *testing.T) {
 		open("b-edit")
-		var refusal string
 		do(t, bctx, "approve an edit the schema refuses",
 			setArgs(`{"service":42}`),
-			chromedp.Click(`#decide-b button.approve`, chromedp.ByQuery),
-			chromedp.WaitVisible(`body`, chromedp.ByQuery),
-			chromedp.Poll(`document.body.innerText.includes("refused")`, nil),
-			chromedp.Evaluate(`document.body.innerText`, &refusal))
-		if !strings.Contains(refusal, "edit of call b deploy refused") {
-			t.Fatalf("the refused edit shows %q", refusal)
-		}
+			chromedp.Click(`#decide-b button.approve`, chromedp.ByQuery))
+		waitPageText(t, bctx, "edit of call b deploy refused")
 		if _, err := p.bus.StepDecision(p.ctx, "b-edit", 0, "b"); err == nil {
 			t.Fatal("the refused edit was recorded")
 		}
@@ -191,4 +185,23 @@ func TestConsoleDecisionsInBrowser(t *testing.T) {
 	if n := dialogs.Load(); n != 0 {
 		t.Fatalf("%d JavaScript dialog(s) opened", n)
 	}
+}
+
+// waitPageText waits until the page the browser shows says want. The page is polled
+// from Go because a click that submits a form replaces the document under a browser-side
+// poll.
+func waitPageText(t *testing.T, bctx context.Context, want string) {
+	t.Helper()
+	deadline := time.Now().Add(90 * time.Second)
+	var shown string
+	for time.Now().Before(deadline) {
+		ctx, cancel := context.WithTimeout(bctx, 5*time.Second)
+		err := chromedp.Run(ctx, chromedp.Evaluate(`document.body ? document.body.innerText : ""`, &shown))
+		cancel()
+		if err == nil && strings.Contains(shown, want) {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatalf("the page never said %q; it shows %q", want, shown)
 }
