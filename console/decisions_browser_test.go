@@ -86,7 +86,7 @@ func TestConsoleDecisionsInBrowser(t *testing.T) {
 	open := func(run string) {
 		t.Helper()
 		p.submit(run, toolbus.Limits{})
-		p.waitStatus(run, toolbus.RunWaitingForApproval)
+		p.WaitStatus(run, toolbus.RunWaitingForApproval)
 		do(t, bctx, "open "+run, chromedp.Navigate(srv.URL+"/runs/"+run),
 			chromedp.WaitVisible(`#decide-b button.approve`, chromedp.ByQuery), settled())
 	}
@@ -159,7 +159,7 @@ func TestConsoleDecisionsInBrowser(t *testing.T) {
 
 	t.Run("retried attempts", func(t *testing.T) {
 		p.submit("b-flaky", toolbus.Limits{})
-		p.waitEvent("b-flaky", events.TypeRunEnded(toolbus.RunCompleted))
+		p.WaitEvent("b-flaky", events.TypeRunEnded(toolbus.RunCompleted))
 		var attempts []string
 		do(t, bctx, "open the retried run", chromedp.Navigate(srv.URL+"/runs/b-flaky"),
 			chromedp.WaitVisible(`#call-0-f ol.retries`, chromedp.ByQuery),
