@@ -12,6 +12,7 @@ import (
 
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
+	"github.com/toolbus/toolbus/events/provision"
 	"github.com/toolbus/toolbus/internal/testutil"
 )
 
@@ -22,7 +23,7 @@ import (
 func TestRoleServesMetrics(t *testing.T) {
 	srv := eventstest.RunJetStream(t)
 	ctx := eventstest.Context(t, 2*time.Minute)
-	if _, _, err := events.Setup(ctx, srv.Conn, events.Config{}, events.SetupWorkers(events.RoleInjector, events.WorkerSettings{})); err != nil {
+	if _, _, err := provision.Setup(ctx, srv.Conn, events.Config{}, provision.WithWorkers(provision.RoleInjector, provision.WorkerSettings{})); err != nil {
 		t.Fatal(err)
 	}
 	t.Setenv("TOOLBUS_NATS_URL", srv.URL)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/toolbus/toolbus/embedded"
 	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/provision"
 )
 
 // Conn is an open connection to the bus, and the embedded server when the process runs
@@ -82,7 +83,7 @@ func Open(ctx context.Context, cfg Config, log *slog.Logger, embed bool) (*Conn,
 	}
 	if c.Server != nil {
 		// The embedded server's single user is admin: it sets the bus up itself.
-		c.Bus, _, err = events.Setup(ctx, c.NC, cfg.Config, SetupOptions(cfg)...)
+		c.Bus, _, err = provision.Setup(ctx, c.NC, cfg.Config, SetupOptions(cfg)...)
 	} else {
 		// A running server was set up by `toolbus init`: bind to what exists.
 		c.Bus, err = events.Open(ctx, c.NC, cfg.Config)
@@ -104,10 +105,10 @@ func durabilityName(syncAlways bool) string {
 
 // SetupOptions are the Setup options matching this configuration: the workers'
 // consumers with the settings the workers will bind with.
-func SetupOptions(cfg Config) []events.SetupOption {
-	return []events.SetupOption{
-		events.SetupWorkers(events.RolePlanner, events.WorkerSettings{AckWait: cfg.AckWait, Concurrency: cfg.Concurrency}),
-		events.SetupWorkers(events.RoleInjector, events.WorkerSettings{AckWait: cfg.AckWait, Concurrency: cfg.Concurrency}),
+func SetupOptions(cfg Config) []provision.Option {
+	return []provision.Option{
+		provision.WithWorkers(provision.RolePlanner, provision.WorkerSettings{AckWait: cfg.AckWait, Concurrency: cfg.Concurrency}),
+		provision.WithWorkers(provision.RoleInjector, provision.WorkerSettings{AckWait: cfg.AckWait, Concurrency: cfg.Concurrency}),
 	}
 }
 

@@ -17,6 +17,7 @@ import (
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
+	"github.com/toolbus/toolbus/events/provision"
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/executor/packs"
 	"github.com/toolbus/toolbus/executor/worker"
@@ -52,7 +53,7 @@ func Start(t *testing.T, d time.Duration, model planner.Model, extra ...executor
 func StartOn(t *testing.T, nc *nats.Conn, d time.Duration, model planner.Model, extra ...executor.Tool) *Pipeline {
 	t.Helper()
 	ctx := eventstest.Context(t, d)
-	bus, _, err := events.Setup(ctx, nc, events.Config{})
+	bus, _, err := provision.Setup(ctx, nc, events.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
