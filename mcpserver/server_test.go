@@ -99,7 +99,7 @@ func TestMCPListTools(t *testing.T) {
 	for _, tool := range res.Tools {
 		got[tool.Name] = tool
 	}
-	cat, err := p.bus.WatchCatalog(p.ctx, nil)
+	cat, err := p.bus.Store().WatchCatalog(p.ctx, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

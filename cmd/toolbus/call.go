@@ -52,7 +52,7 @@ func cmdCall(ctx context.Context, cfg Config, log *slog.Logger, args []string, s
 		}
 		defer stop()
 	}
-	cat, err := c.Bus.WatchCatalog(ctx, nil)
+	cat, err := c.Bus.Store().WatchCatalog(ctx, nil)
 	if err != nil {
 		return fmt.Errorf("call: catalog: %w", err)
 	}

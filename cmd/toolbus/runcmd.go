@@ -193,7 +193,7 @@ func checkAllowedTools(ctx context.Context, bus *events.Bus, allowed []string) e
 	if len(allowed) == 0 {
 		return nil
 	}
-	cat, err := bus.WatchCatalog(ctx, nil)
+	cat, err := bus.Store().WatchCatalog(ctx, nil)
 	if err != nil {
 		return fmt.Errorf("run: catalog: %w", err)
 	}

@@ -149,7 +149,7 @@ func runPlanner(ctx context.Context, cfg Config, bus *events.Bus, log *slog.Logg
 	if err != nil {
 		return err
 	}
-	cat, err := bus.WatchCatalog(ctx, log)
+	cat, err := bus.Store().WatchCatalog(ctx, log)
 	if err != nil {
 		return err
 	}
@@ -211,7 +211,7 @@ func StartInProcess(ctx context.Context, cfg Config, c *Conn, log *slog.Logger) 
 // first model request sees them.
 // A worker that fails meanwhile (workersDone) is the error, not the missing tools.
 func WaitForCatalog(ctx context.Context, bus *events.Bus, workersDone <-chan error) error {
-	cat, err := bus.WatchCatalog(ctx, nil)
+	cat, err := bus.Store().WatchCatalog(ctx, nil)
 	if err != nil {
 		return err
 	}

@@ -21,7 +21,7 @@ func WaitingHint(ctx context.Context, bus *events.Bus, p *Printer) string {
 	defer cancel()
 	line := "        (waiting for " + what
 	for _, name := range consumers {
-		cons, err := bus.Stream.Consumer(ctx, name)
+		cons, err := bus.EventStream().Consumer(ctx, name)
 		if errors.Is(err, jetstream.ErrConsumerNotFound) {
 			line += fmt.Sprintf("; warning: queue %s does not exist, nothing serves it", name)
 			continue
