@@ -460,7 +460,7 @@ func (in *Injector) fence(ctx context.Context, msg jetstream.Msg, tf toolbus.Too
 	case c.Attempt <= res.Attempt || c.Yielded:
 		return nil
 	}
-	alive, err := in.bus.InstanceAlive(ctx, c.Instance, c.Boot)
+	alive, err := in.bus.InstanceAlive(ctx, c.Team, c.Instance, c.Boot)
 	if err != nil {
 		return err
 	}

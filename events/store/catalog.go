@@ -142,6 +142,7 @@ func (s *Store) refreshCatalog(ctx context.Context, c *Catalog, log *slog.Logger
 	if err := s.walk(ctx, s.instances, func(key string, val []byte) {
 		var in Instance
 		if json.Unmarshal(val, &in) == nil {
+			in.Team = InstanceTeam(key) // the key's team is what the server checked
 			instances[key] = in
 		}
 	}); err != nil {
@@ -185,21 +186,24 @@ func (c *Catalog) Resolve(ctx context.Context, name string) (toolbus.ToolContrac
 	return tc, true
 }
 
-// Serving returns the names of the live instances that serve tool, sorted.
+// Serving returns the names of the live instances that serve tool, sorted. An instance
+// serves only the tools its team owns (servesFor).
 func (c *Catalog) Serving(tool string) []string {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
 	return c.servingLocked(tool)
 }
 
+// servesFor is Instance.Serves with the contract of tool this view holds.
+func (c *Catalog) servesFor(in Instance, tool string) bool {
+	return in.Serves(c.tools[tool].Owner, tool)
+}
+
 func (c *Catalog) servingLocked(tool string) []string {
 	var out []string
 	for _, in := range c.instances {
-		for _, t := range in.Tools {
-			if t == tool {
-				out = append(out, in.Name)
-				break
-			}
+		if c.servesFor(in, tool) {
+			out = append(out, in.Name)
 		}
 	}
 	sort.Strings(out)
@@ -215,7 +219,9 @@ func (c *Catalog) Tools(rs *toolbus.RunStarted) []toolbus.ToolContract {
 	live := make(map[string]bool, len(c.tools))
 	for _, in := range c.instances {
 		for _, t := range in.Tools {
-			live[t] = true
+			if c.servesFor(in, t) {
+				live[t] = true
+			}
 		}
 	}
 	out := make([]toolbus.ToolContract, 0, len(c.tools))

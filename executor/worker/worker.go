@@ -63,7 +63,9 @@ type Config struct {
 	// Team names the team that owns the tools this worker serves; the catalog records it
 	// as each tool's owner. With per-team credentials (go run ./deploy/nats/gen -grants)
 	// the server lets a team write the catalog entries, queues, claims, results and
-	// outputs of its granted tools only, whatever this field says.
+	// outputs of its granted tools only, whatever this field says, and its instance
+	// records only under this team's token (store.InstanceKey): the field must name the
+	// team of the credentials, or the worker's heartbeat is refused and it does not start.
 	Team string
 	// ReplaceContracts lets this worker replace a registered contract that differs from
 	// its own without a higher Version: an owner changing its tool on purpose. Without
@@ -119,6 +121,10 @@ func (c Config) Validate() error {
 		err = events.InvalidField("ProgressInterval", c.ProgressInterval, fmt.Sprintf("positive (0: default %s)", DefaultProgressInterval))
 	case c.InlineOutputMax < 0:
 		err = events.InvalidField("InlineOutputMax", c.InlineOutputMax, fmt.Sprintf("1 or more (0: default %d)", DefaultInlineOutputMax))
+	case c.Team != "" && !store.ValidTeam(c.Team):
+		// The team is a token of the instance records' keys, which per-team credentials
+		// are scoped by.
+		err = events.InvalidField("Team", c.Team, "1 to 32 of [a-z0-9_-], starting with a letter or digit (empty: no team)")
 	}
 	if err != nil {
 		return fmt.Errorf("executor: %w", err)
@@ -365,7 +371,7 @@ func (w *Worker) Sync(ctx context.Context) error {
 	w.serving, w.servedList = next, names
 	w.smu.Unlock()
 	now := time.Now().UTC()
-	if _, err := w.bus.PutInstance(ctx, store.Instance{Name: w.cfg.Instance, Boot: w.boot, Tools: names, Concurrency: w.cfg.Concurrency,
+	if _, err := w.bus.PutInstance(ctx, store.Instance{Team: w.cfg.Team, Name: w.cfg.Instance, Boot: w.boot, Tools: names, Concurrency: w.cfg.Concurrency,
 		StartedAt: now, HeartbeatAt: now}); err != nil {
 		return err
 	}
@@ -444,7 +450,7 @@ func (e *MissingQueuesError) Unwrap() error { return e.Err }
 // checked against their claim by the injector, which costs a read, never correctness.
 func (w *Worker) stampLease(ctx context.Context, rev uint64, start time.Time) {
 	rtt := time.Since(start)
-	stored, err := w.bus.InstanceStoredAt(ctx, w.cfg.Instance, w.boot, rev)
+	stored, err := w.bus.InstanceStoredAt(ctx, w.cfg.Team, w.cfg.Instance, w.boot, rev)
 	if err != nil {
 		w.log.Debug("heartbeat's stored time not read; results keep the previous fencing deadline", "error", err)
 		return
@@ -457,7 +463,7 @@ func (w *Worker) stampLease(ctx context.Context, rev uint64, start time.Time) {
 // the lease and removes the record.
 func (w *Worker) heartbeat(ctx context.Context, served []string) (stop func(), err error) {
 	start := time.Now()
-	in := store.Instance{Name: w.cfg.Instance, Boot: w.boot, Tools: served, Concurrency: w.cfg.Concurrency,
+	in := store.Instance{Team: w.cfg.Team, Name: w.cfg.Instance, Boot: w.boot, Tools: served, Concurrency: w.cfg.Concurrency,
 		StartedAt: start.UTC(), HeartbeatAt: start.UTC()}
 	rev, err := w.bus.PutInstance(ctx, in)
 	if err != nil {
@@ -501,7 +507,7 @@ func (w *Worker) heartbeat(ctx context.Context, served []string) (stop func(), e
 		w.lease.stop()
 		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer cancel()
-		if err := w.bus.DeleteInstance(dctx, w.cfg.Instance, w.boot); err != nil {
+		if err := w.bus.DeleteInstance(dctx, w.cfg.Team, w.cfg.Instance, w.boot); err != nil {
 			w.log.Warn("instance not removed from the catalog; it expires by itself", "error", err)
 		}
 	}, nil
@@ -630,7 +636,7 @@ type owned struct {
 // claim is taken over with a compare-and-set, and the call runs again with the same
 // idempotency key.
 func (w *Worker) claim(ctx context.Context, msg jetstream.Msg, queue string, req toolbus.ToolRequested, log func() *slog.Logger) (bool, owned, error) {
-	mine := store.Claim{Instance: w.cfg.Instance, Boot: w.boot, Attempt: 1, At: time.Now().UTC()}
+	mine := store.Claim{Team: w.cfg.Team, Instance: w.cfg.Instance, Boot: w.boot, Attempt: 1, At: time.Now().UTC()}
 	var (
 		cur     store.Claim
 		rev     uint64
@@ -665,7 +671,7 @@ func (w *Worker) claim(ctx context.Context, msg jetstream.Msg, queue string, req
 		// Our own earlier claim (same name and boot): that handling is over (hold
 		// keeps two handlings of a call in one process apart).
 		if !cur.Abandoned && (cur.Instance != w.cfg.Instance || cur.Boot != w.boot) {
-			if alive, err = w.bus.InstanceAlive(ctx, cur.Instance, cur.Boot); err != nil {
+			if alive, err = w.bus.InstanceAlive(ctx, cur.Team, cur.Instance, cur.Boot); err != nil {
 				return false, owned{}, err
 			}
 		}
