@@ -2,11 +2,13 @@ package store
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"sort"
 	"sync"
@@ -184,6 +186,16 @@ func (c *Catalog) Resolve(ctx context.Context, name string) (toolbus.ToolContrac
 	}
 	c.mu.Unlock()
 	return tc, true
+}
+
+// Instances returns the live instances this view holds, sorted by team and name (each
+// one's Team is its key's).
+func (c *Catalog) Instances() []Instance {
+	c.mu.RLock()
+	out := slices.Collect(maps.Values(c.instances))
+	c.mu.RUnlock()
+	slices.SortFunc(out, func(a, b Instance) int { return cmp.Or(cmp.Compare(a.Team, b.Team), cmp.Compare(a.Name, b.Name)) })
+	return out
 }
 
 // Serving returns the names of the live instances that serve tool, sorted. An instance
