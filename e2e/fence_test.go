@@ -106,7 +106,7 @@ func lateResultCases(team string) []lateCase {
 // the executors are played with s.bus.
 func lateResult(t *testing.T, s *stack, tc lateCase) {
 	t.Helper()
-	if err := s.bus.PublishTool(s.ctx, toolbus.ToolContract{Name: fencedTool, Description: "fenced",
+	if err := s.bus.Store().PublishTool(s.ctx, toolbus.ToolContract{Name: fencedTool, Description: "fenced",
 		InputSchema: json.RawMessage(`{"type":"object"}`)}, false); err != nil {
 		t.Fatal(err)
 	}
@@ -120,7 +120,7 @@ func lateResult(t *testing.T, s *stack, tc lateCase) {
 		}
 		return nil
 	})
-	if _, _, err := s.bus.ClaimCall(s.ctx, fencedTool, run, 0, "c1", tc.claim); err != nil {
+	if _, _, err := s.bus.Store().ClaimCall(s.ctx, fencedTool, run, 0, "c1", tc.claim); err != nil {
 		t.Fatal(err)
 	}
 	if tc.ownerAlive {
@@ -141,7 +141,7 @@ func lateResult(t *testing.T, s *stack, tc lateCase) {
 		// The injector received the late result and handed it back (it is
 		// redelivered) without joining it: the model was not asked again.
 		eventstest.Eventually(t, 30*time.Second, func() error {
-			info, err := s.bus.Stream.Consumer(s.ctx, events.ConsumerInjector)
+			info, err := s.bus.EventStream().Consumer(s.ctx, events.ConsumerInjector)
 			if err != nil {
 				return err
 			}
@@ -195,7 +195,7 @@ func lateResult(t *testing.T, s *stack, tc lateCase) {
 func keepAlive(t *testing.T, s *stack, team, name, boot string) {
 	t.Helper()
 	put := func() error {
-		_, err := s.bus.PutInstance(s.ctx, store.Instance{Team: team, Name: name, Boot: boot, HeartbeatAt: time.Now().UTC()})
+		_, err := s.bus.Store().PutInstance(s.ctx, store.Instance{Team: team, Name: name, Boot: boot, HeartbeatAt: time.Now().UTC()})
 		return err
 	}
 	if err := put(); err != nil {
@@ -205,7 +205,7 @@ func keepAlive(t *testing.T, s *stack, team, name, boot string) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		tick := time.NewTicker(s.bus.InstanceTTL() / 5)
+		tick := time.NewTicker(s.bus.Store().InstanceTTL() / 5)
 		defer tick.Stop()
 		for {
 			select {
@@ -242,7 +242,7 @@ func TestResultsCarryTheirLease(t *testing.T) {
 			t.Errorf("result of %s carries no lease_until", tf.CallID)
 		case !ev.Time.Before(*tf.LeaseUntil):
 			t.Errorf("result of %s stored at %s, not before its lease_until %s", tf.CallID, ev.Time, tf.LeaseUntil)
-		case tf.LeaseUntil.After(ev.Time.Add(s.bus.InstanceTTL())):
+		case tf.LeaseUntil.After(ev.Time.Add(s.bus.Store().InstanceTTL())):
 			t.Errorf("result of %s: lease_until %s is more than one instance TTL after it was stored (%s)", tf.CallID, tf.LeaseUntil, ev.Time)
 		}
 	}})

@@ -76,7 +76,7 @@ func TestSecurityTeamInstances(t *testing.T) {
 					Concurrency: 1, Grace: time.Second, Logger: s.log}, Tools: []string{"held"}, Team: "alpha"}))
 				s.start(instance, w.Run)
 			}
-			cat, err := s.buses["planner"].WatchCatalog(s.ctx, nil)
+			cat, err := s.buses["planner"].Store().WatchCatalog(s.ctx, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -111,7 +111,7 @@ func TestSecurityTeamInstances(t *testing.T) {
 
 			// Copies of the call, as redeliveries would bring them, while alpha-1 runs it.
 			admin := s.buses["admin"]
-			evs, err := events.ReadEvents(s.ctx, admin.Stream, events.SubjectRun(run))
+			evs, err := events.ReadEvents(s.ctx, admin.EventStream(), events.SubjectRun(run))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -130,7 +130,7 @@ func TestSecurityTeamInstances(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			queue := must(admin.Stream.Consumer(s.ctx, events.ToolConsumer("held")))
+			queue := must(admin.EventStream().Consumer(s.ctx, events.ToolConsumer("held")))
 			eventstest.Eventually(t, 30*time.Second, func() error {
 				ci, err := queue.Info(s.ctx)
 				if err != nil {
@@ -144,7 +144,7 @@ func TestSecurityTeamInstances(t *testing.T) {
 
 			// Beta attacks alpha-1's record with its own credentials, on a fresh connection.
 			var rec store.Instance
-			ins, err := admin.Instances(s.ctx)
+			ins, err := admin.Store().Instances(s.ctx)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -186,7 +186,7 @@ func TestSecurityTeamInstances(t *testing.T) {
 						t.Fatalf("%s: %v", a.name, err)
 					}
 				}
-				if _, err := admin.InstanceStoredAt(s.ctx, "alpha", "alpha-1", rec.Boot, 0); err != nil {
+				if _, err := admin.Store().InstanceStoredAt(s.ctx, "alpha", "alpha-1", rec.Boot, 0); err != nil {
 					t.Fatalf("alpha-1's record after beta's attacks: %v", err)
 				}
 				time.Sleep(100 * time.Millisecond)
@@ -202,7 +202,7 @@ func TestSecurityTeamInstances(t *testing.T) {
 			// A heartbeat under beta's own token naming alpha's tool is beta's to write,
 			// and counts for nothing.
 			betaBus := must(events.Open(s.ctx, nc, events.Config{}))
-			if _, err := betaBus.PutInstance(s.ctx, store.Instance{Team: "beta", Name: "beta-spy", Boot: "b", Tools: []string{"held", "noop"}}); err != nil {
+			if _, err := betaBus.Store().PutInstance(s.ctx, store.Instance{Team: "beta", Name: "beta-spy", Boot: "b", Tools: []string{"held", "noop"}}); err != nil {
 				t.Fatalf("beta's own heartbeat: %v", err)
 			}
 			eventstest.Eventually(t, 10*time.Second, func() error {

@@ -382,7 +382,7 @@ func newBenchStack(ctx context.Context, srv *embedded.Server, memory bool, k, st
 	runW(w.Run)
 	var cat *store.Catalog
 	for i := 0; i < 200; i++ {
-		if cat, err = st.bus.WatchCatalog(wctx, log); err != nil {
+		if cat, err = st.bus.Store().WatchCatalog(wctx, log); err != nil {
 			return fail(err)
 		}
 		if _, ok := cat.Lookup("noop"); ok {
