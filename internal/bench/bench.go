@@ -65,6 +65,14 @@ type Row struct {
 	LatencyVsFloor     float64 `json:"latency_toolbus_over_floor"`
 	LatencyVsInproc    float64 `json:"latency_toolbus_over_inproc"`
 	ThroughputVFloor   float64 `json:"throughput_toolbus_over_floor"`
+	// Subjects splits the toolbus messages per call of the saturated case by kind of
+	// subject (with Options.Subjects).
+	Subjects map[string]float64 `json:"toolbus_msgs_per_call_by_subject,omitempty"`
+	// Redelivered counts the deliveries of toolbus messages after the first, and
+	// Trouble names them and the warnings logged, over the whole toolbus case (a healthy
+	// row has none: a collapse shows here).
+	Redelivered int64  `json:"toolbus_redelivered"`
+	Trouble     string `json:"toolbus_trouble,omitempty"`
 }
 
 // LongRow is one line of the long-run table: the step latency at the start and at the
@@ -112,6 +120,10 @@ type Options struct {
 	// CPUProfile, when set, is where a CPU profile of the saturated toolbus case is
 	// written (one file per row, named after it, when there are several rows).
 	CPUProfile string
+	// Subjects counts the toolbus messages of the saturated case by kind of subject
+	// (a subscription to every subject: it costs CPU of its own, so the CPU figures of
+	// such a run are not comparable).
+	Subjects bool
 	// Progress receives a line per row done (nil: none).
 	Progress io.Writer
 }
@@ -165,7 +177,7 @@ func Run(ctx context.Context, opts Options) (Report, error) {
 				ext := filepath.Ext(prof)
 				prof = fmt.Sprintf("%s-%s-%s-k%d%s", strings.TrimSuffix(prof, ext), c.storage, c.mode, k, ext)
 			}
-			row, err := benchOne(ctx, c.storage, c.mode, k, opts.Steps, opts.LatencyRuns, opts.Runs, prof)
+			row, err := benchOne(ctx, c.storage, c.mode, k, opts, prof)
 			if err != nil {
 				return rep, err
 			}
@@ -200,6 +212,12 @@ func Print(out io.Writer, rep Report) {
 			r.ToolbusCPUUSPerCall, r.FloorCPUUSPerCall, r.ToolbusMsgsPerCall, r.FloorMsgsPerCall)
 	}
 	tw.Flush()
+	for _, r := range rep.Rows {
+		if r.Trouble != "" {
+			fmt.Fprintf(out, "%s %s K=%d: %s\n", r.Storage, r.Durability, r.K, r.Trouble)
+		}
+	}
+	printSubjects(out, rep)
 	if len(rep.Long) == 0 {
 		return
 	}
@@ -212,7 +230,8 @@ func Print(out io.Writer, rep Report) {
 	tw.Flush()
 }
 
-func benchOne(ctx context.Context, storage, durability string, k, steps, latRuns, runs int, cpuProfile string) (Row, error) {
+func benchOne(ctx context.Context, storage, durability string, k int, opts Options, cpuProfile string) (Row, error) {
+	steps, latRuns, runs := opts.Steps, opts.LatencyRuns, opts.Runs
 	row := Row{Storage: storage, Durability: durability, K: k, Steps: steps, Runs: runs}
 	dir, err := os.MkdirTemp("", "toolbus-bench-")
 	if err != nil {
@@ -228,7 +247,18 @@ func benchOne(ctx context.Context, storage, durability string, k, steps, latRuns
 
 	// toolbus
 	in0 := serverMsgs(srv)
-	lat, tput, cpu, err := benchToolbus(ctx, srv, memory, k, steps, latRuns, runs, cpuProfile)
+	var subj *subjectCounter
+	if opts.Subjects {
+		if subj, err = countSubjects(srv); err != nil {
+			return row, err
+		}
+	}
+	trbl := newTrouble()
+	lat, tput, cpu, err := benchToolbus(ctx, srv, memory, k, steps, latRuns, runs, cpuProfile, trbl)
+	row.Redelivered, row.Trouble = trbl.summary()
+	if subj != nil {
+		row.Subjects = subj.stop(float64((runs + latRuns + 1) * (steps - 1) * k))
+	}
 	row.ToolbusMsgsPerCall = float64(serverMsgs(srv)-in0) / float64((runs+latRuns+1)*(steps-1)*k)
 	if err != nil {
 		return row, fmt.Errorf("bench toolbus: %w", err)
@@ -324,6 +354,7 @@ func (c *stepClock) latencies(run string) []time.Duration {
 // and an injector with an instant scripted model that records when each step reached it.
 type benchStack struct {
 	bus   *events.Bus
+	trbl  *trouble
 	clock *stepClock
 	ended chan string
 	close func()
@@ -331,13 +362,13 @@ type benchStack struct {
 
 // newBenchStack starts the stack; runs whose id starts with "long" last longSteps steps,
 // the others steps.
-func newBenchStack(ctx context.Context, srv *embedded.Server, memory bool, k, steps, longSteps, runs int) (*benchStack, error) {
+func newBenchStack(ctx context.Context, srv *embedded.Server, memory bool, k, steps, longSteps, runs int, trbl *trouble) (*benchStack, error) {
 	nc, err := srv.Connect()
 	if err != nil {
 		return nil, err
 	}
 	var cleanup []func()
-	st := &benchStack{clock: &stepClock{times: map[string][]time.Time{}}, ended: make(chan string, runs),
+	st := &benchStack{trbl: trbl, clock: &stepClock{times: map[string][]time.Time{}}, ended: make(chan string, runs),
 		close: func() {
 			for i := len(cleanup) - 1; i >= 0; i-- {
 				cleanup[i]()
@@ -348,7 +379,7 @@ func newBenchStack(ctx context.Context, srv *embedded.Server, memory bool, k, st
 	if st.bus, _, err = events.Setup(ctx, nc, events.Config{Memory: memory, Stream: "TOOLBUS"}); err != nil {
 		return fail(err)
 	}
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	log := slog.New(st.trbl)
 	short, long := NoopScript(k, steps), NoopScript(k, longSteps)
 	model := planner.ModelFunc(func(ctx context.Context, req planner.Request) (planner.Response, error) {
 		st.clock.mark(req.RunID, req.Step)
@@ -374,7 +405,7 @@ func newBenchStack(ctx context.Context, srv *embedded.Server, memory bool, k, st
 		go func() { defer wg.Done(); _ = f(wctx) }()
 	}
 	wc := events.WorkerConfig{Instance: "bench", Concurrency: conc, Logger: log, Grace: time.Second}
-	w, err := worker.New(st.bus, exec, worker.Config{WorkerConfig: wc})
+	w, err := worker.New(st.bus, exec, worker.Config{WorkerConfig: wc, Observer: st.trbl})
 	if err != nil {
 		return fail(err)
 	}
@@ -390,11 +421,11 @@ func newBenchStack(ctx context.Context, srv *embedded.Server, memory bool, k, st
 		time.Sleep(10 * time.Millisecond)
 	}
 	maxSteps := max(steps, longSteps) + 1
-	p, err := planner.New(st.bus, model, cat, planner.Config{WorkerConfig: wc})
+	p, err := planner.New(st.bus, model, cat, planner.Config{WorkerConfig: wc, Observer: st.trbl})
 	if err != nil {
 		return fail(err)
 	}
-	in, err := injector.New(st.bus, injector.Config{WorkerConfig: wc, Defaults: toolbus.DefaultLimits{MaxSteps: maxSteps}})
+	in, err := injector.New(st.bus, injector.Config{WorkerConfig: wc, Observer: st.trbl, Defaults: toolbus.DefaultLimits{MaxSteps: maxSteps}})
 	if err != nil {
 		return fail(err)
 	}
@@ -431,8 +462,8 @@ func (st *benchStack) wait(n int) error {
 	return nil
 }
 
-func benchToolbus(ctx context.Context, srv *embedded.Server, memory bool, k, steps, latRuns, runs int, cpuProfile string) ([]time.Duration, float64, time.Duration, error) {
-	st, err := newBenchStack(ctx, srv, memory, k, steps, 0, runs+latRuns+1)
+func benchToolbus(ctx context.Context, srv *embedded.Server, memory bool, k, steps, latRuns, runs int, cpuProfile string, trbl *trouble) ([]time.Duration, float64, time.Duration, error) {
+	st, err := newBenchStack(ctx, srv, memory, k, steps, 0, runs+latRuns+1, trbl)
 	if err != nil {
 		return nil, 0, 0, err
 	}
@@ -494,7 +525,7 @@ func benchLong(ctx context.Context, storage, durability string, k, steps, n int)
 		return row, err
 	}
 	defer srv.Stop()
-	st, err := newBenchStack(ctx, srv, storage == "memory", k, steps, steps, n+1)
+	st, err := newBenchStack(ctx, srv, storage == "memory", k, steps, steps, n+1, newTrouble())
 	if err != nil {
 		return row, fmt.Errorf("bench long runs: %w", err)
 	}
