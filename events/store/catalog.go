@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"sort"
 	"sync"
@@ -85,7 +86,19 @@ type Catalog struct {
 	mu        sync.RWMutex
 	tools     map[string]toolbus.ToolContract
 	instances map[string]Instance // by instance key
+
+	// Only the refreshing goroutine uses these. toolsSeq is the last message of the
+	// tools bucket read (0: read it whole next time); polls counts the refreshes.
+	toolsSeq uint64
+	polls    int
 }
+
+// catalogFullEvery is how many polls go by between two whole reads of the tools
+// bucket; in between only the changes since the last message read are (one request,
+// usually answered with nothing). The bucket has no TTL, so every change is a new
+// message; the whole reads also cover what no message tells (an administrator who
+// deletes messages from the bucket's stream).
+const catalogFullEvery = 120
 
 // CatalogPoll is how often a catalog view re-reads the catalog and the instances.
 var CatalogPoll = 250 * time.Millisecond
@@ -126,16 +139,11 @@ func (s *Store) WatchCatalog(ctx context.Context, log *slog.Logger) (*Catalog, e
 }
 
 // refreshCatalog reads both buckets and replaces the view's content with what it read.
+// The tools bucket, which rarely changes, is read whole every catalogFullEvery polls and
+// otherwise from the last message read on; the instances bucket is read whole.
 func (s *Store) refreshCatalog(ctx context.Context, c *Catalog, log *slog.Logger) error {
-	tools := map[string]toolbus.ToolContract{}
-	if err := s.walk(ctx, s.tools, func(key string, val []byte) {
-		var tc toolbus.ToolContract
-		if err := json.Unmarshal(val, &tc); err == nil {
-			tools[key] = tc
-		} else if log != nil {
-			log.Warn("catalog entry ignored", "tool", key, "error", err)
-		}
-	}); err != nil {
+	tools, err := s.refreshTools(ctx, c, log)
+	if err != nil {
 		return fmt.Errorf("store: read the catalog: %w", err)
 	}
 	instances := map[string]Instance{}
@@ -151,6 +159,72 @@ func (s *Store) refreshCatalog(ctx context.Context, c *Catalog, log *slog.Logger
 	c.tools, c.instances = tools, instances
 	c.mu.Unlock()
 	return nil
+}
+
+// refreshTools returns the catalog's tools as they are now: the changes since the last
+// read applied to a copy of the current map (the same map when nothing changed), or a
+// whole read.
+func (s *Store) refreshTools(ctx context.Context, c *Catalog, log *slog.Logger) (map[string]toolbus.ToolContract, error) {
+	decode := func(tools map[string]toolbus.ToolContract, key string, val []byte) {
+		var tc toolbus.ToolContract
+		if err := json.Unmarshal(val, &tc); err == nil {
+			tools[key] = tc
+		} else {
+			delete(tools, key)
+			if log != nil {
+				log.Warn("catalog entry ignored", "tool", key, "error", err)
+			}
+		}
+	}
+	c.polls++
+	if c.toolsSeq > 0 && c.polls%catalogFullEvery != 0 {
+		c.mu.RLock()
+		cur := c.tools
+		c.mu.RUnlock()
+		var next map[string]toolbus.ToolContract
+		last, err := s.readFrom(ctx, s.tools.Bucket(), c.toolsSeq+1, func(key string, val []byte, deleted bool) {
+			if next == nil {
+				next = maps.Clone(cur)
+			}
+			if deleted {
+				delete(next, key)
+			} else {
+				decode(next, key, val)
+			}
+		})
+		if err == nil {
+			c.toolsSeq = max(c.toolsSeq, last)
+			if next == nil {
+				return cur, nil
+			}
+			return next, nil
+		}
+		if !errors.Is(err, errBatchUnavailable) {
+			return nil, err
+		}
+	}
+	// A whole read: batched from the start of the bucket's stream, else key by key.
+	tools := map[string]toolbus.ToolContract{}
+	last, err := s.readFrom(ctx, s.tools.Bucket(), 1, func(key string, val []byte, deleted bool) {
+		if deleted {
+			delete(tools, key)
+		} else {
+			decode(tools, key, val)
+		}
+	})
+	if err == nil {
+		c.toolsSeq = last
+		return tools, nil
+	}
+	c.toolsSeq = 0
+	if !errors.Is(err, errBatchUnavailable) {
+		return nil, err
+	}
+	clear(tools)
+	if err := s.walk(ctx, s.tools, func(key string, val []byte) { decode(tools, key, val) }); err != nil {
+		return nil, err
+	}
+	return tools, nil
 }
 
 // Lookup returns the contract of a tool, whether or not an instance serves it now.

@@ -93,10 +93,11 @@ type LongRow struct {
 // Report is what a benchmark measured: a row per storage, durability and K, and the
 // long runs.
 type Report struct {
-	When    time.Time `json:"when"`
-	Machine string    `json:"machine"`
-	Rows    []Row     `json:"rows"`
-	Long    []LongRow `json:"long_runs,omitempty"`
+	When    time.Time  `json:"when"`
+	Machine string     `json:"machine"`
+	Rows    []Row      `json:"rows"`
+	Long    []LongRow  `json:"long_runs,omitempty"`
+	Scale   []ScaleRow `json:"scale,omitempty"`
 }
 
 // Options are what a benchmark measures (the flags of toolbus bench).
@@ -117,6 +118,9 @@ type Options struct {
 	// LongSteps are the steps of the long runs (0: no long-run table), at least 20;
 	// LongK their calls per step.
 	LongSteps, LongK int
+	// Scale lists the scale rows (none when Scale.Tools is empty); they use Steps
+	// and Runs, default durability and each storage.
+	Scale ScaleOptions
 	// CPUProfile, when set, is where a CPU profile of the saturated toolbus case is
 	// written (one file per row, named after it, when there are several rows).
 	CPUProfile string
@@ -135,6 +139,11 @@ func (o Options) Validate() error {
 	}
 	if o.LongSteps != 0 && (o.LongSteps < 20 || o.LongK < 1) {
 		return errors.New("bench: -long-steps must be 0 or at least 20, -long-k at least 1")
+	}
+	for _, n := range o.Scale.Tools {
+		if n < 1 || o.Scale.Deployments < 1 || o.Scale.K < 1 {
+			return errors.New("bench: -scale-tools must be at least 1, -scale-deployments and -scale-k at least 1")
+		}
 	}
 	for _, k := range o.K {
 		if k < 1 {
@@ -193,6 +202,16 @@ func Run(ctx context.Context, opts Options) (Report, error) {
 			fmt.Fprintf(progress, "bench: %s %s long runs of %d steps done\n", c.storage, c.mode, opts.LongSteps)
 		}
 	}
+	for _, storage := range opts.Storages {
+		for _, n := range opts.Scale.Tools {
+			sr, err := benchScale(ctx, storage, n, opts.Scale.Deployments, opts.Scale.K, opts.Steps, opts.Runs, opts.Subjects)
+			if err != nil {
+				return rep, fmt.Errorf("bench scale: %w", err)
+			}
+			rep.Scale = append(rep.Scale, sr)
+			fmt.Fprintf(progress, "bench: %s scale %d tools done\n", storage, n)
+		}
+	}
 	return rep, nil
 }
 
@@ -218,6 +237,7 @@ func Print(out io.Writer, rep Report) {
 		}
 	}
 	printSubjects(out, rep)
+	printScale(out, rep.Scale)
 	if len(rep.Long) == 0 {
 		return
 	}

@@ -117,29 +117,34 @@ func consumerKind(c string) string {
 // printSubjects writes the per-call messages of each row by kind of subject.
 func printSubjects(out io.Writer, rep Report) {
 	for _, r := range rep.Rows {
-		if len(r.Subjects) == 0 {
-			continue
-		}
-		fmt.Fprintf(out, "\nmessages per call by subject, %s %s K=%d (total %.2f)\n", r.Storage, r.Durability, r.K, sum(r.Subjects))
-		keys := make([]string, 0, len(r.Subjects))
-		for k := range r.Subjects {
-			keys = append(keys, k)
-		}
-		slices.SortFunc(keys, func(a, b string) int {
-			if r.Subjects[a] != r.Subjects[b] {
-				if r.Subjects[a] > r.Subjects[b] {
-					return -1
-				}
-				return 1
-			}
-			return strings.Compare(a, b)
-		})
-		tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
-		for _, k := range keys {
-			fmt.Fprintf(tw, "  %.3f\t%s\n", r.Subjects[k], k)
-		}
-		tw.Flush()
+		printSubjectCounts(out, fmt.Sprintf("messages per call by subject, %s %s K=%d", r.Storage, r.Durability, r.K), r.Subjects)
 	}
+}
+
+// printSubjectCounts writes counts by kind of subject, the largest first.
+func printSubjectCounts(out io.Writer, title string, counts map[string]float64) {
+	if len(counts) == 0 {
+		return
+	}
+	fmt.Fprintf(out, "\n%s (total %.2f)\n", title, sum(counts))
+	keys := make([]string, 0, len(counts))
+	for k := range counts {
+		keys = append(keys, k)
+	}
+	slices.SortFunc(keys, func(a, b string) int {
+		if counts[a] != counts[b] {
+			if counts[a] > counts[b] {
+				return -1
+			}
+			return 1
+		}
+		return strings.Compare(a, b)
+	})
+	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
+	for _, k := range keys {
+		fmt.Fprintf(tw, "  %.3f\t%s\n", counts[k], k)
+	}
+	tw.Flush()
 }
 
 func sum(m map[string]float64) float64 {
