@@ -86,6 +86,9 @@ type Catalog struct {
 	mu        sync.RWMutex
 	tools     map[string]toolbus.ToolContract
 	instances map[string]Instance // by instance key
+	// offered caches the contracts of the live tools, sorted by name (nil: not
+	// computed since tools or instances last changed): Tools runs at every step.
+	offered []toolbus.ToolContract
 
 	// Only the refreshing goroutine uses these. toolsSeq is the last message of the
 	// tools bucket read (0: read it whole next time); polls counts the refreshes.
@@ -156,7 +159,7 @@ func (s *Store) refreshCatalog(ctx context.Context, c *Catalog, log *slog.Logger
 		return fmt.Errorf("store: read the instances: %w", err)
 	}
 	c.mu.Lock()
-	c.tools, c.instances = tools, instances
+	c.tools, c.instances, c.offered = tools, instances, nil
 	c.mu.Unlock()
 	return nil
 }
@@ -253,7 +256,9 @@ func (c *Catalog) Resolve(ctx context.Context, name string) (toolbus.ToolContrac
 	}
 	c.mu.Lock()
 	if _, ok := c.tools[name]; !ok {
+		c.tools = maps.Clone(c.tools) // refreshTools may share the map it returned
 		c.tools[name] = tc
+		c.offered = nil
 	}
 	c.mu.Unlock()
 	return tc, true
@@ -284,8 +289,35 @@ func (c *Catalog) servingLocked(tool string) []string {
 
 // Tools returns the contracts allowed by rs (all when rs is nil) that at least one live
 // instance serves, sorted by name: a tool whose last executor is gone is not offered.
+// The slice may be shared with other callers: do not modify it.
 func (c *Catalog) Tools(rs *toolbus.RunStarted) []toolbus.ToolContract {
+	offered := c.liveTools()
+	if rs == nil || len(rs.AllowedTools) == 0 {
+		return slices.Clip(offered)
+	}
+	out := make([]toolbus.ToolContract, 0, min(len(offered), len(rs.AllowedTools)))
+	for _, t := range offered {
+		if rs.Allows(t.Name) {
+			out = append(out, t)
+		}
+	}
+	return out
+}
+
+// liveTools returns the contracts of the tools a live instance serves, sorted by name,
+// computed once per change of the catalog or the instances.
+func (c *Catalog) liveTools() []toolbus.ToolContract {
 	c.mu.RLock()
+	offered := c.offered
+	c.mu.RUnlock()
+	if offered != nil {
+		return offered
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.offered != nil {
+		return c.offered
+	}
 	live := make(map[string]bool, len(c.tools))
 	for _, in := range c.instances {
 		for _, t := range in.Tools {
@@ -294,12 +326,12 @@ func (c *Catalog) Tools(rs *toolbus.RunStarted) []toolbus.ToolContract {
 	}
 	out := make([]toolbus.ToolContract, 0, len(c.tools))
 	for _, t := range c.tools {
-		if live[t.Name] && (rs == nil || rs.Allows(t.Name)) {
+		if live[t.Name] {
 			out = append(out, t)
 		}
 	}
-	c.mu.RUnlock()
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	c.offered = out
 	return out
 }
 

@@ -71,8 +71,9 @@ type Row struct {
 	// Redelivered counts the deliveries of toolbus messages after the first, and
 	// Trouble names them and the warnings logged, over the whole toolbus case (a healthy
 	// row has none: a collapse shows here).
-	Redelivered int64  `json:"toolbus_redelivered"`
-	Trouble     string `json:"toolbus_trouble,omitempty"`
+	Redelivered      int64  `json:"toolbus_redelivered"`
+	FloorRedelivered int64  `json:"floor_redelivered"`
+	Trouble          string `json:"toolbus_trouble,omitempty"`
 }
 
 // LongRow is one line of the long-run table: the step latency at the start and at the
@@ -204,7 +205,12 @@ func Run(ctx context.Context, opts Options) (Report, error) {
 	}
 	for _, storage := range opts.Storages {
 		for _, n := range opts.Scale.Tools {
-			sr, err := benchScale(ctx, storage, n, opts.Scale.Deployments, opts.Scale.K, opts.Steps, opts.Runs, opts.Subjects)
+			prof := opts.CPUProfile
+			if prof != "" {
+				ext := filepath.Ext(prof)
+				prof = fmt.Sprintf("%s-%s-scale-%d%s", strings.TrimSuffix(prof, ext), storage, n, ext)
+			}
+			sr, err := benchScale(ctx, storage, n, opts.Scale.Deployments, opts.Scale.K, opts.Steps, opts.Runs, opts.Subjects, prof)
 			if err != nil {
 				return rep, fmt.Errorf("bench scale: %w", err)
 			}
@@ -234,6 +240,9 @@ func Print(out io.Writer, rep Report) {
 	for _, r := range rep.Rows {
 		if r.Trouble != "" {
 			fmt.Fprintf(out, "%s %s K=%d: %s\n", r.Storage, r.Durability, r.K, r.Trouble)
+		}
+		if r.FloorRedelivered > 0 {
+			fmt.Fprintf(out, "%s %s K=%d: floor redelivered %d\n", r.Storage, r.Durability, r.K, r.FloorRedelivered)
 		}
 	}
 	printSubjects(out, rep)
@@ -291,7 +300,7 @@ func benchOne(ctx context.Context, storage, durability string, k int, opts Optio
 
 	// raw JetStream floor: the same hops per step, no toolbus logic
 	in0 = serverMsgs(srv)
-	flat, ftput, fcpu, err := benchFloor(ctx, srv, memory, k, steps, latRuns, runs)
+	flat, ftput, fcpu, err := benchFloor(ctx, srv, memory, k, steps, latRuns, runs, &row.FloorRedelivered)
 	row.FloorMsgsPerCall = float64(serverMsgs(srv)-in0) / float64((runs+latRuns+1)*(steps-1)*k)
 	if err != nil {
 		return row, fmt.Errorf("bench floor: %w", err)
@@ -576,7 +585,7 @@ func benchLong(ctx context.Context, storage, durability string, k, steps, n int)
 
 // benchFloor runs the same hops per step as toolbus with raw JetStream and no toolbus
 // logic: req -> K x call -> K x done -> next req, each a publish and a consume with ack.
-func benchFloor(ctx context.Context, srv *embedded.Server, memory bool, k, steps, latRuns, runs int) ([]time.Duration, float64, time.Duration, error) {
+func benchFloor(ctx context.Context, srv *embedded.Server, memory bool, k, steps, latRuns, runs int, redelivered *int64) ([]time.Duration, float64, time.Duration, error) {
 	nc, err := srv.Connect()
 	if err != nil {
 		return nil, 0, 0, err
@@ -599,6 +608,7 @@ func benchFloor(ctx context.Context, srv *embedded.Server, memory bool, k, steps
 	if err := f.stages(k, steps); err != nil {
 		return nil, 0, 0, err
 	}
+	defer func() { *redelivered = f.redel.Load() }()
 	return f.measure(steps, latRuns, runs)
 }
 
@@ -611,6 +621,7 @@ type floor struct {
 	clock  *stepClock
 	ended  chan struct{} // a run's last step arrived
 	ccs    []jetstream.ConsumeContext
+	redel  atomic.Int64 // deliveries after the first
 }
 
 // stages starts the three stages: a request publishes k calls (or ends the run at its
@@ -665,6 +676,9 @@ func (f *floor) stage(s string, h func(run string, step int) error) error {
 		sem <- struct{}{}
 		go func() {
 			defer func() { <-sem }()
+			if md, err := m.Metadata(); err == nil && md.NumDelivered > 1 {
+				f.redel.Add(1)
+			}
 			step, _ := strconv.Atoi(m.Headers().Get("step"))
 			if err := h(m.Headers().Get("run"), step); err == nil {
 				_ = m.Ack()

@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"sync"
@@ -112,7 +113,7 @@ func spreadScript(names []string, k, steps int) planner.Model {
 var scaleNoopResult any = json.RawMessage(`{}`)
 
 // benchScale measures one scale row on a server of its own.
-func benchScale(ctx context.Context, storage string, tools, deps, k, steps, runs int, subjects bool) (ScaleRow, error) {
+func benchScale(ctx context.Context, storage string, tools, deps, k, steps, runs int, subjects bool, cpuProfile string) (ScaleRow, error) {
 	row := ScaleRow{Storage: storage, Tools: tools, Deployments: deps, K: k, Steps: steps, Runs: runs}
 	dir, err := os.MkdirTemp("", "toolbus-bench-scale-")
 	if err != nil {
@@ -285,6 +286,17 @@ func benchScale(ctx context.Context, storage string, tools, deps, k, steps, runs
 	}
 
 	// Saturated.
+	if cpuProfile != "" {
+		f, err := os.Create(cpuProfile)
+		if err != nil {
+			return row, err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return row, err
+		}
+		defer pprof.StopCPUProfile()
+	}
 	m0, c0 = serverMsgs(srv), cpuTime()
 	t0 = time.Now()
 	for i := range runs {
