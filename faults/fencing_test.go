@@ -176,3 +176,71 @@ func TestFaultPauseAndPartitionRoles(t *testing.T) {
 		}
 	}
 }
+
+// TestFaultLateResultFenced: a result that exec-a published while its lease held is
+// held in the network (a proxy freezes exec-a's connection, both ways, at the moment it
+// publishes the result) until exec-b has taken the call over; then it reaches the
+// server, after its lease_until, while exec-b's attempt owns the call. The injector
+// fences it: the step joins exec-b's result (attempt 2), not the late one, though the
+// late one is stored first. The tool ran once in each lease (two side effects: exec-a's
+// ran before its result was lost in the network, which no runtime can undo); the run
+// completes with one joined result. It runs in plain `go test` (about 20 s).
+func TestFaultLateResultFenced(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes")
+	}
+	e := newEnv(t, 1)
+	const run = "late-result"
+	file := filepath.Join(e.dir, "side-effects")
+	e.faultbusRole("planner", "planner-1", "TOOLBUS_MODEL=append:1x1:5000-5000")
+	e.toolbusRole("injector", "injector-1")
+	proxy := newTCPProxy(t, strings.TrimPrefix(e.nodes[0].url(), "nats://"))
+	tripped := proxy.holdAtPublish(".tool.finished.")
+	e.faultbusRole("executor", "exec-a", "TOOLBUS_ACK_WAIT=2s", "TOOLBUS_FAULT_APPEND_FILE="+file, "TOOLBUS_NATS_URL="+proxy.url())
+	e.waitReady([]string{"append"}, "planner", "injector", "executor")
+	e.submit([]string{run})
+	e.waitClaimed(run, "exec-a", 1, e.noResults)
+	e.faultbusRole("executor", "exec-b", "TOOLBUS_ACK_WAIT=2s", "TOOLBUS_FAULT_APPEND_FILE="+file)
+	select {
+	case <-tripped:
+	case <-time.After(60 * time.Second):
+		t.Fatal("exec-a never published its result")
+	}
+	e.waitClaimed(run, "exec-b", 1, nil)
+	proxy.release() // exec-b's 5 s call has just started: the late result arrives first
+	e.waitCompleted([]string{run}, 90*time.Second)
+
+	results := e.tally()[run].finished[callKey{0, "c0"}]
+	if len(results) != 2 {
+		t.Fatalf("%d results of c0 stored, want exec-a's late one and exec-b's", len(results))
+	}
+	late, owner := results[0].ToolResult, results[1].ToolResult
+	if late.Executor != "exec-a" || late.Attempt != 1 || owner.Executor != "exec-b" || owner.Attempt != 2 {
+		t.Fatalf("stored results in order: %s attempt %d, %s attempt %d; want exec-a's (1) before exec-b's (2)",
+			late.Executor, late.Attempt, owner.Executor, owner.Attempt)
+	}
+	// The late result reached the stream after its lease: the path under test is the
+	// injector's fence, not the common one.
+	ctx, cancel := e.op()
+	evs, err := events.ReadEvents(ctx, e.bus.Stream, events.SubjectToolFinished(run, "append"))
+	cancel()
+	if err != nil || len(evs) != 2 {
+		t.Fatalf("read the results: %d, %v", len(evs), err)
+	}
+	if late.LeaseUntil == nil || !evs[0].Time.After(*late.LeaseUntil) {
+		t.Fatalf("exec-a's result was stored at %v, lease_until %v: not late", evs[0].Time, late.LeaseUntil)
+	}
+	ctx, cancel = e.op()
+	rec, _, err := e.bus.Step(ctx, run, 0)
+	cancel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rec.Results) != 1 || rec.Results[0] == nil || rec.Results[0].Executor != "exec-b" || rec.Results[0].Attempt != 2 {
+		t.Fatalf("the step joined %+v, want exec-b's result of attempt 2", rec.Results)
+	}
+	lines := scanLines(t, file)[run+"/0/c0"]
+	if len(lines) != 2 || !strings.Contains(lines[0], " exec-a 1 ") || !strings.Contains(lines[1], " exec-b 2 ") {
+		t.Fatalf("side effects of c0: %q, want exec-a's (attempt 1) then exec-b's (attempt 2)", lines)
+	}
+}
