@@ -129,6 +129,9 @@ type Options struct {
 	// (a subscription to every subject: it costs CPU of its own, so the CPU figures of
 	// such a run are not comparable).
 	Subjects bool
+	// Diag counts the workers' debug records too (handed-back messages, consume errors),
+	// at some CPU cost.
+	Diag bool
 	// Progress receives a line per row done (nil: none).
 	Progress io.Writer
 }
@@ -283,6 +286,7 @@ func benchOne(ctx context.Context, storage, durability string, k int, opts Optio
 		}
 	}
 	trbl := newTrouble()
+	trbl.debug = opts.Diag
 	lat, tput, cpu, err := benchToolbus(ctx, srv, memory, k, steps, latRuns, runs, cpuProfile, trbl)
 	row.Redelivered, row.Trouble = trbl.summary()
 	if subj != nil {

@@ -158,6 +158,7 @@ func sum(m map[string]float64) float64 {
 // trouble counts what goes wrong while saturated: redeliveries per consumer (the loops'
 // observer) and the warnings the workers log, by message. A healthy row has none.
 type trouble struct {
+	debug bool // count debug records too (costs CPU: the hot path logs at debug)
 	mu    sync.Mutex
 	redel map[string]int64
 	warns map[string]int64
@@ -179,9 +180,15 @@ func (t *trouble) Terminated(consumer string) {
 }
 
 // Enabled, Handle, WithAttrs and WithGroup make trouble a slog.Handler of warnings.
-func (t *trouble) Enabled(_ context.Context, l slog.Level) bool { return l >= slog.LevelWarn }
+func (t *trouble) Enabled(_ context.Context, l slog.Level) bool {
+	return l >= slog.LevelWarn || t.debug && l >= slog.LevelDebug
+}
 func (t *trouble) Handle(_ context.Context, r slog.Record) error {
 	t.mu.Lock()
+	if r.Level < slog.LevelWarn && r.Message == "call finished" {
+		t.mu.Unlock()
+		return nil
+	}
 	t.warns[r.Message]++
 	t.mu.Unlock()
 	return nil
