@@ -167,9 +167,7 @@ func ServeAll(ctx context.Context, consumers []jetstream.Consumer, cfg ServeConf
 				dispatch(workCtx, log, obs, cfg.NakDelay, h, msg)
 			})
 		}, jetstream.PullMaxMessages(share), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
-			if !errors.Is(err, jetstream.ErrNoHeartbeat) {
-				log.Debug("consume", "error", err)
-			}
+			log.Debug("consume: " + err.Error())
 		}))
 		if err != nil {
 			return fmt.Errorf("events: consume: %w", err)
