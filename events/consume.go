@@ -147,6 +147,7 @@ func ServeAll(ctx context.Context, consumers []jetstream.Consumer, cfg ServeConf
 		}
 	}()
 	for _, cons := range consumers {
+		name := cons.CachedInfo().Name
 		cc, err := cons.Consume(func(msg jetstream.Msg) {
 			received := time.Now()
 			// A message delivered while the loop stops goes back at once: the pool
@@ -167,7 +168,7 @@ func ServeAll(ctx context.Context, consumers []jetstream.Consumer, cfg ServeConf
 				dispatch(workCtx, log, obs, cfg.NakDelay, h, msg)
 			})
 		}, jetstream.PullMaxMessages(share), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
-			log.Debug("consume: " + err.Error())
+			log.Debug("consume " + name + ": " + err.Error())
 		}))
 		if err != nil {
 			return fmt.Errorf("events: consume: %w", err)

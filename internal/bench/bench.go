@@ -213,7 +213,7 @@ func Run(ctx context.Context, opts Options) (Report, error) {
 				ext := filepath.Ext(prof)
 				prof = fmt.Sprintf("%s-%s-scale-%d%s", strings.TrimSuffix(prof, ext), storage, n, ext)
 			}
-			sr, err := benchScale(ctx, storage, n, opts.Scale.Deployments, opts.Scale.K, opts.Steps, opts.Runs, opts.Subjects, prof)
+			sr, err := benchScale(ctx, storage, n, opts.Scale, opts.Steps, opts.Runs, opts.Subjects, prof)
 			if err != nil {
 				return rep, fmt.Errorf("bench scale: %w", err)
 			}

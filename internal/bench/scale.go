@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -67,6 +68,8 @@ type ScaleOptions struct {
 	Tools       []int
 	Deployments int
 	K           int
+	// Idle is how long the idle cost is measured (0: DefaultScaleIdle).
+	Idle time.Duration
 }
 
 // scaleTools names n tools.
@@ -112,8 +115,47 @@ func spreadScript(names []string, k, steps int) planner.Model {
 
 var scaleNoopResult any = json.RawMessage(`{}`)
 
+// DefaultScaleIdle is how long the idle cost is measured: longer than a pull request's
+// expiry (30 s), so that every bound queue renews its pull once in the window.
+const DefaultScaleIdle = 31 * time.Second
+
+// scaleStack is the pipeline of a scale row: the tools' queues set up, deployments
+// serving them, a planner and an injector, on a server of its own.
+type scaleStack struct {
+	srv     *embedded.Server
+	bus     *events.Bus
+	nc      *nats.Conn
+	names   []string
+	trbl    *trouble
+	log     *slog.Logger
+	ended   chan string
+	wctx    context.Context
+	wg      sync.WaitGroup
+	cleanup []func()
+}
+
+func (st *scaleStack) close() {
+	for i := len(st.cleanup) - 1; i >= 0; i-- {
+		st.cleanup[i]()
+	}
+}
+
+func (st *scaleStack) connect() (*nats.Conn, error) {
+	nc, err := st.srv.Connect()
+	if err == nil {
+		st.cleanup = append(st.cleanup, nc.Close)
+	}
+	return nc, err
+}
+
+func (st *scaleStack) run(f func(context.Context) error) {
+	st.wg.Add(1)
+	go func() { defer st.wg.Done(); _ = f(st.wctx) }()
+}
+
 // benchScale measures one scale row on a server of its own.
-func benchScale(ctx context.Context, storage string, tools, deps, k, steps, runs int, subjects bool, cpuProfile string) (ScaleRow, error) {
+func benchScale(ctx context.Context, storage string, tools int, so ScaleOptions, steps, runs int, subjects bool, cpuProfile string) (ScaleRow, error) {
+	deps, k := so.Deployments, so.K
 	row := ScaleRow{Storage: storage, Tools: tools, Deployments: deps, K: k, Steps: steps, Runs: runs}
 	dir, err := os.MkdirTemp("", "toolbus-bench-scale-")
 	if err != nil {
@@ -125,197 +167,220 @@ func benchScale(ctx context.Context, storage string, tools, deps, k, steps, runs
 		return row, err
 	}
 	defer srv.Stop()
+	st := &scaleStack{srv: srv, names: scaleTools(tools), trbl: newTrouble(), ended: make(chan string, runs+1)}
+	st.log = slog.New(st.trbl)
+	defer st.close()
+	wctx, stop := context.WithCancel(ctx)
+	st.wctx = wctx
+	st.cleanup = append(st.cleanup, func() { stop(); st.wg.Wait() })
 	cfg := events.Config{Memory: storage == "memory", Stream: "TOOLBUS"}
-	names := scaleTools(tools)
+	if err := st.setup(ctx, cfg, &row); err != nil {
+		return row, err
+	}
+	if err := st.deploy(ctx, cfg, deps, &row); err != nil {
+		return row, err
+	}
+	if err := st.workers(ctx, k, steps); err != nil {
+		return row, err
+	}
+	prefix := fmt.Sprintf("s%d-%d-", tools, time.Now().UnixNano()%1e9)
+	if err := st.start(ctx, prefix+"warm", steps); err != nil {
+		return row, err
+	}
+	if err := st.wait(1); err != nil {
+		return row, err
+	}
+	if err := st.idle(ctx, cmp.Or(so.Idle, DefaultScaleIdle), subjects, &row); err != nil {
+		return row, err
+	}
+	if err := st.saturate(ctx, prefix, k, steps, runs, subjects, cpuProfile, &row); err != nil {
+		return row, err
+	}
+	row.Redelivered, row.Trouble = st.trbl.summary()
+	return row, nil
+}
 
-	var cleanup []func()
-	defer func() {
-		for i := len(cleanup) - 1; i >= 0; i-- {
-			cleanup[i]()
-		}
-	}()
-	connect := func() (*nats.Conn, error) {
-		nc, err := srv.Connect()
-		if err == nil {
-			cleanup = append(cleanup, nc.Close)
-		}
-		return nc, err
-	}
-	nc, err := connect()
+// setup sets up the stream, the buckets and a queue per tool, as `toolbus init` does,
+// and times it.
+func (st *scaleStack) setup(ctx context.Context, cfg events.Config, row *ScaleRow) error {
+	nc, err := st.connect()
 	if err != nil {
-		return row, err
+		return err
 	}
+	st.nc = nc
 	t0 := time.Now()
-	bus, _, err := events.Setup(ctx, nc, cfg, events.SetupTools(names, 0, 0))
-	if err != nil {
-		return row, err
+	if st.bus, _, err = events.Setup(ctx, nc, cfg, events.SetupTools(st.names, 0, 0)); err != nil {
+		return err
 	}
 	row.InitMS = float64(time.Since(t0).Microseconds()) / 1000
 	js, err := jetstream.New(nc)
 	if err != nil {
-		return row, err
+		return err
 	}
 	if si, err := js.Stream(ctx, cfg.Stream); err == nil {
 		row.Consumers, row.MaxConsumers = si.CachedInfo().State.Consumers, si.CachedInfo().Config.MaxConsumers
 	}
+	return nil
+}
 
-	trbl := newTrouble()
-	log := slog.New(trbl)
-	wctx, stop := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	cleanup = append(cleanup, func() { stop(); wg.Wait() })
-	runW := func(f func(context.Context) error) {
-		wg.Add(1)
-		go func() { defer wg.Done(); _ = f(wctx) }()
-	}
+// deploy starts deps executor deployments, each on a connection of its own with the
+// default concurrency, serving its tools (servedBy).
+func (st *scaleStack) deploy(ctx context.Context, cfg events.Config, deps int, row *ScaleRow) error {
 	for d := range deps {
-		served := servedBy(names, d, deps)
+		served := servedBy(st.names, d, deps)
 		row.Bound += len(served)
-		dnc, err := connect()
+		dnc, err := st.connect()
 		if err != nil {
-			return row, err
+			return err
 		}
 		dbus, err := events.Open(ctx, dnc, cfg)
 		if err != nil {
-			return row, err
+			return err
 		}
 		reg := executor.NewRegistry()
 		for _, name := range served {
 			if err := reg.Register(executor.Tool{Name: name, Description: "bench no-op", InputSchema: json.RawMessage(`{"type":"object"}`),
 				ReadOnly: true, Func: func(context.Context, json.RawMessage) (any, error) { return scaleNoopResult, nil }}); err != nil {
-				return row, err
+				return err
 			}
 		}
 		inst := "dep" + strconv.Itoa(d)
-		exec, err := executor.New(reg, executor.WithLogger(log), executor.WithInstance(inst))
+		exec, err := executor.New(reg, executor.WithLogger(st.log), executor.WithInstance(inst))
 		if err != nil {
-			return row, err
+			return err
 		}
-		w, err := worker.New(dbus, exec, worker.Config{WorkerConfig: events.WorkerConfig{Instance: inst, Logger: log, Grace: time.Second}, Observer: trbl})
+		w, err := worker.New(dbus, exec, worker.Config{WorkerConfig: events.WorkerConfig{Instance: inst, Logger: st.log, Grace: time.Second}, Observer: st.trbl})
 		if err != nil {
-			return row, err
+			return err
 		}
-		runW(w.Run)
+		st.run(w.Run)
 	}
-	var cat *store.Catalog
-	if cat, err = bus.WatchCatalog(wctx, log); err != nil {
-		return row, err
+	return nil
+}
+
+// workers waits until every tool is in the catalog, then starts the planner (with a
+// script that spreads the calls over the tools) and the injector.
+func (st *scaleStack) workers(ctx context.Context, k, steps int) error {
+	cat, err := st.bus.WatchCatalog(st.wctx, st.log)
+	if err != nil {
+		return err
 	}
-	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(50 * time.Millisecond) {
-		all := true
-		for _, n := range names {
-			if _, ok := cat.Lookup(n); !ok {
-				all = false
-				break
-			}
-		}
-		if all {
-			break
-		}
+	for deadline := time.Now().Add(2 * time.Minute); !st.allServed(cat); time.Sleep(50 * time.Millisecond) {
 		if time.Now().After(deadline) {
-			return row, errors.New("bench scale: the tools did not all reach the catalog in 2 minutes")
+			return errors.New("bench scale: the tools did not all reach the catalog in 2 minutes")
 		}
 	}
-	wc := events.WorkerConfig{Instance: "bench", Concurrency: 256, Logger: log, Grace: time.Second}
-	p, err := planner.New(bus, spreadScript(names, k, steps), cat, planner.Config{WorkerConfig: wc, Observer: trbl})
+	wc := events.WorkerConfig{Instance: "bench", Concurrency: 256, Logger: st.log, Grace: time.Second}
+	p, err := planner.New(st.bus, spreadScript(st.names, k, steps), cat, planner.Config{WorkerConfig: wc, Observer: st.trbl})
 	if err != nil {
-		return row, err
+		return err
 	}
-	in, err := injector.New(bus, injector.Config{WorkerConfig: wc, Observer: trbl, Defaults: toolbus.DefaultLimits{MaxSteps: steps + 1}})
+	in, err := injector.New(st.bus, injector.Config{WorkerConfig: wc, Observer: st.trbl, Defaults: toolbus.DefaultLimits{MaxSteps: steps + 1}})
 	if err != nil {
-		return row, err
+		return err
 	}
-	runW(p.Run)
-	runW(in.Run)
-	ended := make(chan string, runs+1)
-	sub, err := nc.Subscribe("toolbus.*.run.*", func(m *nats.Msg) {
+	st.run(p.Run)
+	st.run(in.Run)
+	sub, err := st.nc.Subscribe("toolbus.*.run.*", func(m *nats.Msg) {
 		if strings.Contains(m.Subject, ".run.started.") || strings.Contains(m.Subject, ".run.cancel.") {
 			return
 		}
 		run, _ := events.RunIDFromSubject(m.Subject)
-		ended <- run
+		st.ended <- run
 	})
 	if err != nil {
-		return row, err
+		return err
 	}
-	cleanup = append(cleanup, func() { _ = sub.Unsubscribe() })
-	start := func(run string) error {
-		return bus.StartRun(ctx, "/toolbus/bench/1", toolbus.RunStarted{RunID: run,
-			Messages: []toolbus.Message{{Role: toolbus.RoleUser, Content: "bench"}}, Limits: toolbus.Limits{MaxSteps: steps + 1}})
-	}
-	wait := func(n int) error {
-		timeout := time.After(5 * time.Minute)
-		for range n {
-			select {
-			case <-ended:
-			case <-timeout:
-				return errors.New("bench scale: runs did not finish in 5 minutes")
-			}
-		}
-		return nil
-	}
-	prefix := fmt.Sprintf("s%d-%d-", tools, time.Now().UnixNano()%1e9)
-	if err := start(prefix + "warm"); err != nil {
-		return row, err
-	}
-	if err := wait(1); err != nil {
-		return row, err
-	}
+	st.cleanup = append(st.cleanup, func() { _ = sub.Unsubscribe() })
+	return nil
+}
 
-	// Idle: every queue bound, nothing to do.
-	const idle = 5 * time.Second
+func (st *scaleStack) allServed(cat *store.Catalog) bool {
+	for _, n := range st.names {
+		if _, ok := cat.Lookup(n); !ok {
+			return false
+		}
+	}
+	return true
+}
+
+func (st *scaleStack) start(ctx context.Context, run string, steps int) error {
+	return st.bus.StartRun(ctx, "/toolbus/bench/1", toolbus.RunStarted{RunID: run,
+		Messages: []toolbus.Message{{Role: toolbus.RoleUser, Content: "bench"}}, Limits: toolbus.Limits{MaxSteps: steps + 1}})
+}
+
+func (st *scaleStack) wait(n int) error {
+	timeout := time.After(5 * time.Minute)
+	for range n {
+		select {
+		case <-st.ended:
+		case <-timeout:
+			return errors.New("bench scale: runs did not finish in 5 minutes")
+		}
+	}
+	return nil
+}
+
+// idle measures what the bound queues cost with no call in flight.
+func (st *scaleStack) idle(ctx context.Context, scaleIdle time.Duration, subjects bool, row *ScaleRow) error {
 	var subj *subjectCounter
 	if subjects {
-		if subj, err = countSubjects(srv); err != nil {
-			return row, err
+		var err error
+		if subj, err = countSubjects(st.srv); err != nil {
+			return err
 		}
 	}
-	m0, c0 := serverMsgs(srv), cpuTime()
+	m0, c0 := serverMsgs(st.srv), cpuTime()
 	select {
-	case <-time.After(idle):
+	case <-time.After(scaleIdle):
 	case <-ctx.Done():
-		return row, ctx.Err()
+		return ctx.Err()
 	}
-	row.IdleMsgsPerS = float64(serverMsgs(srv)-m0) / idle.Seconds()
-	row.IdleCPUPct = 100 * (cpuTime() - c0).Seconds() / idle.Seconds()
+	row.IdleMsgsPerS = float64(serverMsgs(st.srv)-m0) / scaleIdle.Seconds()
+	row.IdleCPUPct = 100 * (cpuTime() - c0).Seconds() / scaleIdle.Seconds()
 	if subj != nil {
-		row.IdleSubjects = subj.stop(idle.Seconds())
-		if subj, err = countSubjects(srv); err != nil {
-			return row, err
+		row.IdleSubjects = subj.stop(scaleIdle.Seconds())
+	}
+	return nil
+}
+
+// saturate starts runs runs at once and measures throughput, CPU and messages per call.
+func (st *scaleStack) saturate(ctx context.Context, prefix string, k, steps, runs int, subjects bool, cpuProfile string, row *ScaleRow) error {
+	var subj *subjectCounter
+	if subjects {
+		var err error
+		if subj, err = countSubjects(st.srv); err != nil {
+			return err
 		}
 	}
-
-	// Saturated.
 	if cpuProfile != "" {
 		f, err := os.Create(cpuProfile)
 		if err != nil {
-			return row, err
+			return err
 		}
 		defer f.Close()
 		if err := pprof.StartCPUProfile(f); err != nil {
-			return row, err
+			return err
 		}
 		defer pprof.StopCPUProfile()
 	}
-	m0, c0 = serverMsgs(srv), cpuTime()
-	t0 = time.Now()
+	m0, c0, t0 := serverMsgs(st.srv), cpuTime(), time.Now()
 	for i := range runs {
-		if err := start(prefix + "tp" + strconv.Itoa(i)); err != nil {
-			return row, err
+		if err := st.start(ctx, prefix+"tp"+strconv.Itoa(i), steps); err != nil {
+			return err
 		}
 	}
-	if err := wait(runs); err != nil {
-		return row, err
+	if err := st.wait(runs); err != nil {
+		return err
 	}
 	calls := float64(runs * (steps - 1) * k)
 	row.CallsPS = calls / time.Since(t0).Seconds()
 	row.CPUUSPerCall = float64((cpuTime() - c0).Microseconds()) / calls
-	row.MsgsPerCall = float64(serverMsgs(srv)-m0) / calls
-	row.Redelivered, row.Trouble = trbl.summary()
+	row.MsgsPerCall = float64(serverMsgs(st.srv)-m0) / calls
 	if subj != nil {
 		row.Subjects = subj.stop(calls)
 	}
-	return row, nil
+	return nil
 }
 
 // printScale writes the scale table.
