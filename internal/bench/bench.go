@@ -485,14 +485,37 @@ func (st *benchStack) start(ctx context.Context, run string, steps int) error {
 
 func (st *benchStack) wait(n int) error {
 	timeout := time.After(5 * time.Minute)
-	for i := 0; i < n; i++ {
+	stalled := time.NewTicker(3 * time.Second)
+	defer stalled.Stop()
+	for i := 0; i < n; {
 		select {
 		case <-st.ended:
+			i++
+			stalled.Reset(3 * time.Second)
+		case <-stalled.C:
+			if st.trbl.debug {
+				st.trbl.note("stalled 3 s: " + st.consumers())
+			}
 		case <-timeout:
 			return errors.New("runs did not finish in 5 minutes")
 		}
 	}
 	return nil
+}
+
+// consumers describes the stream's consumers that have work: what a stall waits on.
+func (st *benchStack) consumers() string {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	var out []string
+	for ci := range st.bus.Stream.ListConsumers(ctx).Info() {
+		if ci.NumPending+uint64(ci.NumAckPending)+uint64(ci.NumRedelivered) == 0 {
+			continue
+		}
+		out = append(out, fmt.Sprintf("%s{pending %d, ack pending %d, redelivered %d, waiting %d}",
+			ci.Name, ci.NumPending, ci.NumAckPending, ci.NumRedelivered, ci.NumWaiting))
+	}
+	return strings.Join(out, " ")
 }
 
 func benchToolbus(ctx context.Context, srv *embedded.Server, memory bool, k, steps, latRuns, runs int, cpuProfile string, trbl *trouble) ([]time.Duration, float64, time.Duration, error) {

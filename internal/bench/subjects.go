@@ -196,6 +196,13 @@ func (t *trouble) Handle(_ context.Context, r slog.Record) error {
 func (t *trouble) WithAttrs([]slog.Attr) slog.Handler { return t }
 func (t *trouble) WithGroup(string) slog.Handler      { return t }
 
+// note records a line of its own.
+func (t *trouble) note(s string) {
+	t.mu.Lock()
+	t.warns[s]++
+	t.mu.Unlock()
+}
+
 // summary returns the redeliveries and warnings so far, as "name=count" lists.
 func (t *trouble) summary() (redelivered int64, detail string) {
 	t.mu.Lock()
