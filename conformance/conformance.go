@@ -37,6 +37,7 @@ import (
 
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/provision"
 	"github.com/toolbus/toolbus/events/store"
 	"github.com/toolbus/toolbus/internal/testutil"
 )
@@ -107,7 +108,7 @@ func Check(ctx context.Context, nc *nats.Conn, url string, cfg Config) (rep Repo
 	defer cancel()
 
 	// The suite stands in for the admin: it sets the stream and buckets up (idempotent).
-	bus, _, err := events.Setup(ctx, nc, events.Config{})
+	bus, _, err := provision.Setup(ctx, nc, events.Config{})
 	if err != nil {
 		return rep, fmt.Errorf("conformance: %w", err)
 	}

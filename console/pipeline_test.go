@@ -16,6 +16,7 @@ import (
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
+	"github.com/toolbus/toolbus/events/provision"
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/executor/packs"
 	"github.com/toolbus/toolbus/executor/worker"
@@ -52,7 +53,7 @@ func startPipeline(t *testing.T, scripts map[string]*planner.Script, extra ...ex
 func startPipelineOn(t *testing.T, nc *nats.Conn, scripts map[string]*planner.Script, extra ...executor.Tool) *pipeline {
 	t.Helper()
 	ctx := eventstest.Context(t, pipelineDeadline)
-	bus, _, err := events.Setup(ctx, nc, events.Config{})
+	bus, _, err := provision.Setup(ctx, nc, events.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -22,6 +22,7 @@ import (
 	"github.com/toolbus/toolbus/deploy/nats/natsjwt"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
+	"github.com/toolbus/toolbus/events/provision"
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/executor/worker"
 	"github.com/toolbus/toolbus/planner"
@@ -173,8 +174,8 @@ func newSecuredStack(t *testing.T, url string, opts map[string][]nats.Option, us
 	if err != nil {
 		t.Fatalf("admin connects: %v", err)
 	}
-	adminBus, changes, err := events.Setup(s.ctx, admin, events.Config{},
-		events.SetupTools(s.reg.Names(), 30*time.Second, 1000), events.SetupReadMirror())
+	adminBus, changes, err := provision.Setup(s.ctx, admin, events.Config{},
+		provision.WithTools(s.reg.Names(), 30*time.Second, 1000), provision.WithReadMirror())
 	if err != nil {
 		t.Fatalf("admin sets the bus up: %v", err)
 	}

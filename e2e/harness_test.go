@@ -15,6 +15,7 @@ import (
 	"github.com/toolbus/toolbus/audit"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
+	"github.com/toolbus/toolbus/events/provision"
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/executor/packs"
 	"github.com/toolbus/toolbus/executor/worker"
@@ -102,7 +103,7 @@ func newStackOn(t *testing.T, srv *eventstest.Bus, model planner.Model, extra ..
 func newStackOnWith(t *testing.T, srv *eventstest.Bus, cfg events.Config, model planner.Model, extra ...executor.Tool) *stack {
 	t.Helper()
 	ctx := eventstest.Context(t, 3*time.Minute)
-	bus, _, err := events.Setup(ctx, srv.Conn, cfg)
+	bus, _, err := provision.Setup(ctx, srv.Conn, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

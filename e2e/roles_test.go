@@ -23,6 +23,7 @@ import (
 	"github.com/toolbus/toolbus/console"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
+	"github.com/toolbus/toolbus/events/provision"
 	"github.com/toolbus/toolbus/events/store"
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/executor/mcptools"
@@ -611,9 +612,9 @@ func TestRolesReadersCannotExhaustConsumers(t *testing.T) {
 			t.Fatal(err)
 		}
 		c := st.CachedInfo().Config
-		if c.MaxConsumers != events.ReaderMaxConsumers || c.ConsumerLimits.InactiveThreshold != events.ReaderConsumerInactive {
+		if c.MaxConsumers != provision.ReaderMaxConsumers || c.ConsumerLimits.InactiveThreshold != provision.ReaderConsumerInactive {
 			t.Fatalf("%s: max_consumers %d, inactive threshold %v: toolbus init sets %d and %v", name,
-				c.MaxConsumers, c.ConsumerLimits.InactiveThreshold, events.ReaderMaxConsumers, events.ReaderConsumerInactive)
+				c.MaxConsumers, c.ConsumerLimits.InactiveThreshold, provision.ReaderMaxConsumers, provision.ReaderConsumerInactive)
 		}
 		for i := 0; ; i++ {
 			_, err := by.JS.CreateConsumer(s.ctx, name, jetstream.ConsumerConfig{Durable: fmt.Sprintf("fill_%d", i), AckPolicy: jetstream.AckNonePolicy})
@@ -621,8 +622,8 @@ func TestRolesReadersCannotExhaustConsumers(t *testing.T) {
 				if !strings.Contains(err.Error(), "maximum consumers limit reached") {
 					t.Fatalf("%s: consumer %d: %v", name, i, err)
 				}
-				if i != events.ReaderMaxConsumers {
-					t.Fatalf("%s full after %d consumers, want %d", name, i, events.ReaderMaxConsumers)
+				if i != provision.ReaderMaxConsumers {
+					t.Fatalf("%s full after %d consumers, want %d", name, i, provision.ReaderMaxConsumers)
 				}
 				break
 			}

@@ -2,7 +2,6 @@ package events
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"sync"
@@ -10,7 +9,9 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/toolbus/toolbus"
+	"github.com/toolbus/toolbus/connect"
 	"github.com/toolbus/toolbus/events/store"
 )
 
@@ -86,11 +87,10 @@ func (c *Config) setDefaults() {
 	}
 }
 
-func (c Config) storage() jetstream.StorageType {
-	if c.Memory {
-		return jetstream.MemoryStorage
-	}
-	return jetstream.FileStorage
+// WithDefaults returns c with its zero fields set to the defaults.
+func (c Config) WithDefaults() Config {
+	c.setDefaults()
+	return c
 }
 
 // Bus is toolbus's view of JetStream: the connection, the event stream (publishing with
@@ -103,16 +103,16 @@ type Bus struct {
 	JS     jetstream.JetStream
 	Stream jetstream.Stream
 	reader jetstream.Stream
-	// manage: this bus was set up by an administrator (Setup) and creates or updates
-	// the consumers its workers bind to; an opened one only binds.
-	manage bool
+	// admin: this bus was opened by an administrator (OpenAdmin, provision.Setup) and
+	// creates or updates the consumers its workers bind to; an opened one only binds.
+	admin bool
 	// Store is the shared state in the buckets the bus opened.
 	*store.Store
 
 	mu       sync.Mutex
 	runCache map[string]cachedRun
 	// perms records the permission violations the server reports to the connection.
-	perms *permissions
+	perms *connect.Permissions
 }
 
 // cachedRun is a run's first run.started and its stream sequence.
@@ -121,8 +121,8 @@ type cachedRun struct {
 	seq uint64
 }
 
-// Open binds to the stream and the buckets that exist (Setup, or `toolbus init`, made
-// them): it looks them up and creates or updates nothing, so a worker with
+// Open binds to the stream and the buckets that exist (provision.Setup, or `toolbus
+// init`, made them): it looks them up and creates or updates nothing, so a worker with
 // least-privilege credentials can open the bus. A missing one is an error wrapping
 // ErrNotSetUp.
 func Open(ctx context.Context, nc *nats.Conn, cfg Config) (*Bus, error) {
@@ -133,6 +133,21 @@ func Open(ctx context.Context, nc *nats.Conn, cfg Config) (*Bus, error) {
 	}
 	return open(ctx, nc, js, cfg)
 }
+
+// OpenAdmin is Open for an administrator's connection (provision.Setup opens its bus
+// so): Admin reports true, and provision.Consumer creates or updates the consumers the
+// bus's workers bind to, retrying while a cluster elects leaders.
+func OpenAdmin(ctx context.Context, nc *nats.Conn, cfg Config) (*Bus, error) {
+	b, err := Open(ctx, nc, cfg)
+	if err != nil {
+		return nil, err
+	}
+	b.admin = true
+	return b, nil
+}
+
+// Admin reports whether the bus was opened by an administrator (OpenAdmin).
+func (b *Bus) Admin() bool { return b.admin }
 
 func newJS(nc *nats.Conn) (jetstream.JetStream, error) {
 	// An async publish whose ack never comes (a stream leader lost mid-flight) must fail,
@@ -145,7 +160,7 @@ func newJS(nc *nats.Conn) (jetstream.JetStream, error) {
 }
 
 func open(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, cfg Config) (*Bus, error) {
-	b := &Bus{cfg: cfg, NC: nc, JS: js, runCache: map[string]cachedRun{}, perms: watchPermissions(nc)}
+	b := &Bus{cfg: cfg, NC: nc, JS: js, runCache: map[string]cachedRun{}, perms: connect.WatchPermissions(nc)}
 	missing := func(what, name string, err error) error {
 		if errors.Is(err, jetstream.ErrStreamNotFound) || errors.Is(err, jetstream.ErrBucketNotFound) {
 			return fmt.Errorf("%w: %s %s does not exist", ErrNotSetUp, what, name)
@@ -194,56 +209,6 @@ func open(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, cfg Config
 // there, where no worker's durable lives), else the event stream itself.
 func (b *Bus) Reader() jetstream.Stream { return b.reader }
 
-func jsonEqual(a, b any) bool {
-	ja, err1 := json.Marshal(a)
-	jb, err2 := json.Marshal(b)
-	return err1 == nil && err2 == nil && string(ja) == string(jb)
-}
-
-// leaderReads returns a handle on a replicated bucket whose reads go to the stream
-// leader. KV buckets turn direct gets on, which any replica answers: a follower that has
-// not applied the latest writes returns stale values (a step record missing results).
-// Opening a bucket turns them on again, so the setting is checked around the handle.
-func leaderReads(ctx context.Context, js jetstream.JetStream, bucket string) (jetstream.KeyValue, error) {
-	name := "KV_" + bucket
-	directOff := func() (bool, error) {
-		s, err := js.Stream(ctx, name)
-		if err != nil {
-			return false, err
-		}
-		c := s.CachedInfo().Config
-		if !c.AllowDirect {
-			return true, nil
-		}
-		c.AllowDirect = false
-		_, err = js.UpdateStream(ctx, c)
-		return false, err
-	}
-	for attempt := 0; attempt < 20; attempt++ {
-		if _, err := directOff(); err != nil {
-			return nil, fmt.Errorf("events: bucket %s: leader reads: %w", bucket, err)
-		}
-		k, err := js.KeyValue(ctx, bucket)
-		if err != nil {
-			return nil, fmt.Errorf("events: bucket %s: %w", bucket, err)
-		}
-		if off, err := directOff(); err == nil && off {
-			return k, nil
-		}
-	}
-	return nil, fmt.Errorf("events: bucket %s: direct gets keep being turned on", bucket)
-}
-
-func kvTTL(name string, cfg Config) time.Duration {
-	switch name {
-	case store.BucketTools:
-		return 0
-	case store.BucketInstances:
-		return cfg.InstanceTTL
-	}
-	return cfg.MaxAge
-}
-
 // Config returns the configuration the bus was opened with (defaults applied).
 func (b *Bus) Config() Config { return b.cfg }
 
@@ -262,3 +227,18 @@ func (b *Bus) Publish(ctx context.Context, subject string, m Meta, data any) (*j
 
 // Source returns the CloudEvents source of a component instance.
 func Source(component, instance string) string { return "/toolbus/" + component + "/" + instance }
+
+// Denied turns err, an operation's error, into a *connect.PermissionError when the
+// server refused an operation of this bus's connection since start (the operation's
+// start): a refused request is only dropped by the server, so err is a timeout that
+// says nothing. It returns err unchanged otherwise (nil for nil).
+func (b *Bus) Denied(start time.Time, err error) error { return b.perms.Denied(start, err) }
+
+// Denial returns the last permission violation of this bus's connection and when it
+// happened, while it is more recent than connect.DenialHold: a role whose credentials
+// miss a permission it uses is not ready.
+func (b *Bus) Denial() (*connect.PermissionError, time.Time, bool) { return b.perms.Denial() }
+
+// OnDenied calls f (which must not block) for each permission violation the server
+// reports to this bus's connection from now on: a metric, a log line.
+func (b *Bus) OnDenied(f func(*connect.PermissionError)) { b.perms.OnDenied(f) }

@@ -23,6 +23,13 @@ import (
 // disagrees, with the reason; readers (replay, audit, the console) report it as a
 // violation and never count it for either run.
 
+// ErrPoison is wrapped by handler errors for a message that can never be processed (not
+// a CloudEvent, undecodable data, an unknown event type). The consume loop terminates
+// such messages with the reason instead of redelivering them; JetStream then emits the
+// advisory $JS.EVENT.ADVISORY.CONSUMER.MSG_TERMINATED.<stream>.<consumer>, which
+// operators watch.
+var ErrPoison = errors.New("events: poison message")
+
 // ErrSubjectMismatch is wrapped by the error of an event whose subject and body (or
 // attributes) disagree. The error also wraps ErrPoison: consumers terminate the event.
 var ErrSubjectMismatch = errors.New("events: subject and body disagree")

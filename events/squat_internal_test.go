@@ -7,10 +7,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/embedded"
+	"github.com/toolbus/toolbus/events/store"
 )
 
 // Two workers publishing the same squatted event at once (a redelivery racing the
@@ -29,10 +31,7 @@ func TestSquattedEventRaceStoredOnce(t *testing.T) {
 	t.Cleanup(nc.Close)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	bus, _, err := Setup(ctx, nc, Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	bus := openMinimal(ctx, t, nc)
 	const racers = 2
 	var (
 		arrived sync.WaitGroup
@@ -83,4 +82,29 @@ func TestSquattedEventRaceStoredOnce(t *testing.T) {
 	if n != 1 {
 		t.Fatalf("the raced event is stored %d times, want once", n)
 	}
+}
+
+// openMinimal creates the event stream and the buckets as package provision does (which
+// this internal test cannot import: provision imports events) and opens the bus.
+func openMinimal(ctx context.Context, t *testing.T, nc *nats.Conn) *Bus {
+	t.Helper()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: DefaultStream, Subjects: []string{FilterAll},
+		Duplicates: DefaultDuplicates, AllowDirect: true}); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{store.BucketHistory, store.BucketRuns, store.BucketTools, store.BucketApprovals,
+		store.BucketClaims, store.BucketInstances, store.BucketOutputs} {
+		if _, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: name}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	bus, err := Open(ctx, nc, Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return bus
 }

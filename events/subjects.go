@@ -132,6 +132,8 @@ const (
 	FilterApprovals      = SubjectPrefix + ".*.approval.>"
 	FilterRunCancel      = SubjectPrefix + ".*.run.cancel.*"
 	FilterRunEnded       = SubjectPrefix + ".*.run.*"
+	// FilterRunStarted selects the run.started events of every run.
+	FilterRunStarted = SubjectPrefix + ".*.run.started.*"
 )
 
 // FilterToolRequestedFor selects the requests of one tool across all runs.

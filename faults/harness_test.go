@@ -23,6 +23,7 @@ import (
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/audit"
 	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/provision"
 	"github.com/toolbus/toolbus/events/store"
 )
 
@@ -330,7 +331,7 @@ func newEnv(t *testing.T, n int) *env {
 	e.eventually("open the bus", 60*time.Second, func() error {
 		ctx, cancel := context.WithTimeout(e.ctx, 30*time.Second)
 		defer cancel()
-		e.bus, _, err = events.Setup(ctx, e.nc, e.cfg)
+		e.bus, _, err = provision.Setup(ctx, e.nc, e.cfg)
 		return err
 	})
 	return e

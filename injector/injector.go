@@ -12,7 +12,10 @@ import (
 	"github.com/sourcegraph/conc"
 
 	"github.com/toolbus/toolbus"
+	"github.com/toolbus/toolbus/connect"
 	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/consume"
+	"github.com/toolbus/toolbus/events/provision"
 	"github.com/toolbus/toolbus/events/store"
 	"github.com/toolbus/toolbus/internal/argcheck"
 )
@@ -49,7 +52,7 @@ type Config struct {
 	// Metrics, when set, records step joins and the runs this injector ends.
 	Metrics Metrics
 	// Observer, when set, watches the consume loops (readiness, redeliveries, poison).
-	Observer events.ServeObserver
+	Observer consume.Observer
 }
 
 // Defaults of Config (the shared ones are events.DefaultConcurrency and its siblings).
@@ -169,11 +172,11 @@ func New(bus *events.Bus, cfg Config) (*Injector, error) {
 // Run consumes results, approvals, cancellations, run.started and deadline timers until
 // ctx ends, then drains.
 //
-// Each input has a consumer of its own (events.WorkerConsumers) with a single filter
+// Each input has a consumer of its own (provision.WorkerConsumers) with a single filter
 // subject: a multi-filter consumer intersects every subject of the stream on each
 // fetch, which cost a fifth of the CPU at load.
 func (in *Injector) Run(ctx context.Context) error {
-	inputs := events.WorkerConsumers(events.RoleInjector, events.WorkerSettings{
+	inputs := provision.WorkerConsumers(provision.RoleInjector, provision.WorkerSettings{
 		Durable: in.cfg.Durable, AckWait: in.cfg.AckWait, MaxDeliver: in.cfg.MaxDeliver,
 		Concurrency: in.cfg.Concurrency, MaxTimers: in.cfg.MaxTimers,
 	})
@@ -188,7 +191,7 @@ func (in *Injector) Run(ctx context.Context) error {
 		"stream", in.bus.Config().Stream, "nats", in.bus.NC.ConnectedUrlRedacted())
 	defer in.log.Info("injector stopped")
 	for _, input := range inputs {
-		cons, err := in.bus.Consumer(ctx, input.ConsumerConfig)
+		cons, err := provision.Consumer(ctx, in.bus, input.ConsumerConfig)
 		if err != nil {
 			return err
 		}
@@ -197,7 +200,7 @@ func (in *Injector) Run(ctx context.Context) error {
 			continue
 		}
 		wg.Go(func() {
-			errs <- events.Serve(ctx, cons, events.ServeConfig{
+			errs <- consume.Serve(ctx, cons, consume.Config{
 				Concurrency: input.Concurrency, Grace: in.cfg.Grace, Logger: in.log, NakDelay: 500 * time.Millisecond,
 				Observer: in.cfg.Observer,
 			}, in.handle)
@@ -219,7 +222,7 @@ func (in *Injector) Run(ctx context.Context) error {
 func (in *Injector) handle(ctx context.Context, msg jetstream.Msg) error {
 	start := time.Now()
 	err := in.dispatch(ctx, msg)
-	if derr := in.bus.Denied(start, err); errors.Is(derr, events.ErrPermissionDenied) {
+	if derr := in.bus.Denied(start, err); errors.Is(derr, connect.ErrPermissionDenied) {
 		return in.denied(ctx, msg, start, derr)
 	}
 	if err == nil || errors.Is(err, events.ErrPoison) || errors.Is(err, events.ErrNotCloudEvent) {
@@ -483,7 +486,7 @@ func (in *Injector) fence(ctx context.Context, msg jetstream.Msg, tf toolbus.Too
 		return nil
 	}
 	log.Info("late result of a superseded attempt held back: a later attempt owns the call")
-	return &events.DeferError{Delay: min(time.Second<<min(md.NumDelivered-1, 6), time.Minute),
+	return &consume.DeferError{Delay: min(time.Second<<min(md.NumDelivered-1, 6), time.Minute),
 		Reason: fmt.Sprintf("result of attempt %d stored after its lease; attempt %d owns the call", res.Attempt, c.Attempt)}
 }
 

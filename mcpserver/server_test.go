@@ -18,6 +18,7 @@ import (
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
+	"github.com/toolbus/toolbus/events/provision"
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/executor/packs"
 	"github.com/toolbus/toolbus/executor/worker"
@@ -44,7 +45,7 @@ func startPipeline(t *testing.T, extra ...executor.Tool) *pipeline {
 	t.Helper()
 	srv := eventstest.RunJetStream(t)
 	ctx := eventstest.Context(t, 3*time.Minute)
-	bus, _, err := events.Setup(ctx, srv.Conn, events.Config{})
+	bus, _, err := provision.Setup(ctx, srv.Conn, events.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}

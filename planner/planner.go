@@ -19,7 +19,10 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/toolbus/toolbus"
+	"github.com/toolbus/toolbus/connect"
 	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/consume"
+	"github.com/toolbus/toolbus/events/provision"
 	"github.com/toolbus/toolbus/events/store"
 )
 
@@ -50,7 +53,7 @@ type Config struct {
 	// Metrics, when set, records model calls and the runs this planner ends.
 	Metrics Metrics
 	// Observer, when set, watches the consume loop (readiness, redeliveries, poison).
-	Observer events.ServeObserver
+	Observer consume.Observer
 	// Tracer makes the span of each step's model call (default: the global provider's,
 	// a no-op unless tracing is configured).
 	Tracer trace.Tracer
@@ -170,10 +173,10 @@ func New(bus *events.Bus, model Model, catalog *store.Catalog, cfg Config) (*Pla
 
 // Run consumes model.requested until ctx ends, then drains.
 func (p *Planner) Run(ctx context.Context) error {
-	wc := events.WorkerConsumers(events.RolePlanner, events.WorkerSettings{
+	wc := provision.WorkerConsumers(provision.RolePlanner, provision.WorkerSettings{
 		Durable: p.cfg.Durable, AckWait: p.cfg.AckWait, MaxDeliver: p.cfg.MaxDeliver, Concurrency: p.cfg.Concurrency,
 	})[0]
-	cons, err := p.bus.Consumer(ctx, wc.ConsumerConfig)
+	cons, err := provision.Consumer(ctx, p.bus, wc.ConsumerConfig)
 	if err != nil {
 		return err
 	}
@@ -196,7 +199,7 @@ func (p *Planner) Run(ctx context.Context) error {
 	defer sub.Unsubscribe() //nolint:errcheck // the connection may be closing
 	p.log.Info("planner serving", "consumer", p.cfg.Durable, "concurrency", p.cfg.Concurrency,
 		"stream", p.bus.Config().Stream, "nats", p.bus.NC.ConnectedUrlRedacted())
-	err = events.Serve(ctx, cons, events.ServeConfig{
+	err = consume.Serve(ctx, cons, consume.Config{
 		Concurrency: p.cfg.Concurrency, Grace: p.cfg.Grace, Logger: p.log, NakDelay: 2 * time.Second,
 		Observer: p.cfg.Observer,
 	}, p.handle)
@@ -230,13 +233,13 @@ func (p *Planner) handle(ctx context.Context, msg jetstream.Msg) error {
 	}
 	// A model call can outlast AckWait: heartbeats keep the step with this planner while
 	// it lives, and a dead planner's step is redelivered after one AckWait.
-	stopBeat := events.Heartbeat(msg, p.cfg.AckWait/3)
+	stopBeat := consume.Heartbeat(msg, p.cfg.AckWait/3)
 	defer stopBeat()
 	// The heartbeats must not keep a step forever: the whole step is bounded.
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.ModelTimeout+p.cfg.AckWait)
 	defer cancel()
 	err = p.Step(ctx, req.RunID, req.Step, meta.TraceParent)
-	if derr := p.bus.Denied(start, err); errors.Is(derr, events.ErrPermissionDenied) {
+	if derr := p.bus.Denied(start, err); errors.Is(derr, connect.ErrPermissionDenied) {
 		// The planner's credentials miss a permission: no redelivery can help, so the run
 		// ends now with a code and a reason naming it, instead of stalling until its
 		// deadline.

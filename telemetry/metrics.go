@@ -17,7 +17,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/toolbus/toolbus"
+	"github.com/toolbus/toolbus/connect"
 	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/consume"
 )
 
 // Metric names exported by toolbus. The dashboard test checks that deploy/grafana only
@@ -42,7 +44,7 @@ const (
 
 // Metrics holds the collectors of one process; every role of the process shares it.
 // Its methods implement worker.Metrics, planner.Metrics, injector.Metrics and, through
-// Observer, events.ServeObserver.
+// Observer, consume.Observer.
 type Metrics struct {
 	reg *prometheus.Registry
 
@@ -152,10 +154,10 @@ func (m *Metrics) StepJoined(d time.Duration) { m.join.Observe(d.Seconds()) }
 // RunEnded implements planner.Metrics and injector.Metrics.
 func (m *Metrics) RunEnded(outcome, code string) { m.runs.WithLabelValues(outcome, code).Inc() }
 
-// Observer returns the events.ServeObserver of a role's consume loops: it counts
+// Observer returns the consume.Observer of a role's consume loops: it counts
 // redeliveries and poison messages and makes the role ready while its loops serve.
 // Registering a role makes /readyz wait for it.
-func (m *Metrics) Observer(role string) events.ServeObserver {
+func (m *Metrics) Observer(role string) consume.Observer {
 	m.mu.Lock()
 	if _, ok := m.roles[role]; !ok {
 		m.roles[role] = 0
@@ -180,14 +182,14 @@ func (m *Metrics) Ready() (bool, []string) {
 }
 
 // WatchPermissions counts, logs and reports as not ready (/readyz, until
-// events.DenialHold passes without another) every operation the server refuses to the
+// connect.DenialHold passes without another) every operation the server refuses to the
 // bus's credentials: a role missing a permission fails its work, it must not look
 // healthy.
 func (m *Metrics) WatchPermissions(bus *events.Bus, log *slog.Logger) {
 	if log == nil {
 		log = slog.Default()
 	}
-	bus.OnDenied(func(pe *events.PermissionError) {
+	bus.OnDenied(func(pe *connect.PermissionError) {
 		m.denied.Inc()
 		log.Error("the server refused an operation to this process's credentials", "op", pe.Op, "subject", pe.Subject)
 	})

@@ -16,6 +16,7 @@ import (
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
+	"github.com/toolbus/toolbus/events/provision"
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/executor/worker"
 	"github.com/toolbus/toolbus/internal/testutil"
@@ -119,7 +120,7 @@ func TestScriptFileDrivesACustomTool(t *testing.T) {
 
 	srv := eventstest.RunJetStream(t)
 	ctx := eventstest.Context(t, 3*time.Minute)
-	bus, _, err := events.Setup(ctx, srv.Conn, events.Config{})
+	bus, _, err := provision.Setup(ctx, srv.Conn, events.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}

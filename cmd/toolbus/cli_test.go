@@ -19,6 +19,7 @@ import (
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
+	"github.com/toolbus/toolbus/events/provision"
 	"github.com/toolbus/toolbus/injector"
 	"github.com/toolbus/toolbus/internal/testutil"
 	"github.com/toolbus/toolbus/planner"
@@ -233,8 +234,8 @@ func TestCLIRunSaysWhatItWaitsFor(t *testing.T) {
 	t.Cleanup(func() { waitHint = old })
 	srv := eventstest.RunJetStream(t)
 	ctx := eventstest.Context(t, 2*time.Minute)
-	bus, _, err := events.Setup(ctx, srv.Conn, events.Config{},
-		events.SetupWorkers(events.RolePlanner, events.WorkerSettings{}), events.SetupWorkers(events.RoleInjector, events.WorkerSettings{}))
+	bus, _, err := provision.Setup(ctx, srv.Conn, events.Config{},
+		provision.WithWorkers(provision.RolePlanner, provision.WorkerSettings{}), provision.WithWorkers(provision.RoleInjector, provision.WorkerSettings{}))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/toolbus/toolbus/embedded"
 	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/provision"
 )
 
 // conn is an open connection to the bus, and the embedded server when toolbus runs one.
@@ -79,7 +80,7 @@ func openBus(ctx context.Context, cfg Config, log *slog.Logger, embed bool) (*co
 	}
 	if c.srv != nil {
 		// The embedded server's single user is admin: it sets the bus up itself.
-		c.bus, _, err = events.Setup(ctx, c.nc, cfg.Config, setupOptions(cfg)...)
+		c.bus, _, err = provision.Setup(ctx, c.nc, cfg.Config, setupOptions(cfg)...)
 	} else {
 		// A running server was set up by `toolbus init`: bind to what exists.
 		c.bus, err = events.Open(ctx, c.nc, cfg.Config)
@@ -118,10 +119,10 @@ func durabilityName(syncAlways bool) string {
 
 // setupOptions are the Setup options matching this configuration: the workers'
 // consumers with the settings the workers will bind with.
-func setupOptions(cfg Config) []events.SetupOption {
-	return []events.SetupOption{
-		events.SetupWorkers(events.RolePlanner, events.WorkerSettings{AckWait: cfg.AckWait, Concurrency: cfg.Concurrency}),
-		events.SetupWorkers(events.RoleInjector, events.WorkerSettings{AckWait: cfg.AckWait, Concurrency: cfg.Concurrency}),
+func setupOptions(cfg Config) []provision.Option {
+	return []provision.Option{
+		provision.WithWorkers(provision.RolePlanner, provision.WorkerSettings{AckWait: cfg.AckWait, Concurrency: cfg.Concurrency}),
+		provision.WithWorkers(provision.RoleInjector, provision.WorkerSettings{AckWait: cfg.AckWait, Concurrency: cfg.Concurrency}),
 	}
 }
 

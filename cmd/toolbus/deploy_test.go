@@ -20,6 +20,7 @@ import (
 
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
+	"github.com/toolbus/toolbus/events/provision"
 )
 
 // docSection returns the section of the document at path (from the repository root)
@@ -102,7 +103,7 @@ func TestDeployYourOwnTools(t *testing.T) {
 
 	srv := eventstest.RunJetStream(t)
 	ctx := eventstest.Context(t, 3*time.Minute)
-	if _, _, err := events.Setup(ctx, srv.Conn, events.Config{}); err != nil {
+	if _, _, err := provision.Setup(ctx, srv.Conn, events.Config{}); err != nil {
 		t.Fatal(err)
 	}
 	cmd := exec.Command(filepath.Join(dir, "shout"))

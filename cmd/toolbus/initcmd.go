@@ -10,7 +10,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/toolbus/toolbus"
-	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/provision"
 	"github.com/toolbus/toolbus/executor/mcptools"
 )
 
@@ -44,11 +44,11 @@ func cmdInit(ctx context.Context, cfg Config, log *slog.Logger, args []string, o
 		return fmt.Errorf("init: connect %s: %w", cfg.URL, err)
 	}
 	defer nc.Close()
-	setup := append(setupOptions(cfg), events.SetupTools(names, cfg.AckWait, 0))
+	setup := append(setupOptions(cfg), provision.WithTools(names, cfg.AckWait, 0))
 	if *mirror {
-		setup = append(setup, events.SetupReadMirror())
+		setup = append(setup, provision.WithReadMirror())
 	}
-	_, changes, err := events.Setup(ctx, nc, cfg.Config, setup...)
+	_, changes, err := provision.Setup(ctx, nc, cfg.Config, setup...)
 	if err != nil {
 		return fmt.Errorf("init: %w", err)
 	}

@@ -4,6 +4,7 @@ import (
 	"log/slog"
 
 	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/consume"
 	"github.com/toolbus/toolbus/executor/worker"
 	"github.com/toolbus/toolbus/injector"
 	"github.com/toolbus/toolbus/planner"
@@ -51,7 +52,7 @@ func injectorMetrics(m *telemetry.Metrics) injector.Metrics {
 	return m
 }
 
-func serveObserver(m *telemetry.Metrics, role string) events.ServeObserver {
+func serveObserver(m *telemetry.Metrics, role string) consume.Observer {
 	if m == nil {
 		return nil
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
+	"github.com/toolbus/toolbus/events/provision"
 )
 
 // `toolbus executor` with TOOLBUS_METRICS_ADDR serves /healthz, /readyz (ready once its
@@ -20,7 +21,7 @@ import (
 func TestRoleServesMetrics(t *testing.T) {
 	srv := eventstest.RunJetStream(t)
 	ctx := eventstest.Context(t, 2*time.Minute)
-	if _, _, err := events.Setup(ctx, srv.Conn, events.Config{}); err != nil {
+	if _, _, err := provision.Setup(ctx, srv.Conn, events.Config{}); err != nil {
 		t.Fatal(err)
 	}
 	addr := freeAddr(t)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/toolbus/toolbus/embedded"
 	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/provision"
 )
 
 // Bus is a running test server with one client connection.
@@ -46,11 +47,11 @@ func RunJetStream(t testing.TB) *Bus {
 	return &Bus{Server: srv, Conn: nc, JS: js, URL: srv.ClientURL()}
 }
 
-// Setup is RunJetStream with toolbus's stream and buckets set up by cfg (events.Setup):
+// Setup is RunJetStream with toolbus's stream and buckets set up by cfg (provision.Setup):
 // the bus a worker or store test uses.
 func Setup(t testing.TB, cfg events.Config) *events.Bus {
 	t.Helper()
-	bus, _, err := events.Setup(Context(t, time.Minute), RunJetStream(t).Conn, cfg)
+	bus, _, err := provision.Setup(Context(t, time.Minute), RunJetStream(t).Conn, cfg)
 	if err != nil {
 		t.Fatalf("eventstest: setup: %v", err)
 	}

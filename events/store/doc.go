@@ -5,6 +5,6 @@
 // chunks), all in JetStream key-value buckets. Every write two workers may race on is a
 // create, where the first write stands, or a compare-and-set.
 //
-// events.Setup (or `toolbus init`) creates the buckets and events.Open opens them; an
+// provision.Setup (or `toolbus init`) creates the buckets and events.Open opens them; an
 // events.Bus embeds the Store over them, so workers reach the state through their bus.
 package store

@@ -15,7 +15,9 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/toolbus/toolbus"
+	"github.com/toolbus/toolbus/connect"
 	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/consume"
 	"github.com/toolbus/toolbus/events/store"
 	"github.com/toolbus/toolbus/executor"
 )
@@ -68,7 +70,7 @@ func (d *delivery) log() *slog.Logger {
 func (d *delivery) attempt() int { return d.own.claim.Attempt }
 
 // handlerFunc handles a delivery. It returns nil once the delivery may be acknowledged;
-// any other error is mapped to an acknowledgement kind by events.ServeAll.
+// any other error is mapped to an acknowledgement kind by consume.ServeAll.
 type handlerFunc func(ctx context.Context, d *delivery) error
 
 // middleware wraps a handlerFunc with a concern that is not a stage.
@@ -88,7 +90,7 @@ func (w *Worker) pipeline() handlerFunc {
 	return chain(admitted, w.permissionDenied, w.admit)
 }
 
-// handle is the events.ServeAll handler of every queue.
+// handle is the consume.ServeAll handler of every queue.
 func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) error {
 	return w.handler(ctx, &delivery{msg: msg, start: time.Now(), base: w.log})
 }
@@ -136,7 +138,7 @@ func (w *Worker) admit(next handlerFunc) handlerFunc {
 		if !w.lease.valid() {
 			// Cut off from the bus (or just resumed from a pause): a claim taken now
 			// could be taken over before the lease is renewed.
-			return &events.DeferError{Delay: max(w.cfg.AckWait/3, time.Second), Reason: "no valid lease: instance heartbeat not renewed"}
+			return &consume.DeferError{Delay: max(w.cfg.AckWait/3, time.Second), Reason: "no valid lease: instance heartbeat not renewed"}
 		}
 		// The call holds the lease as it is now: a lapse from here on loses it for good.
 		d.lv = w.lease.view()
@@ -144,7 +146,7 @@ func (w *Worker) admit(next handlerFunc) handlerFunc {
 		if !w.hold(key) {
 			// This process already handles the call (a redelivery that overtook it):
 			// that handling acknowledges it.
-			return &events.DeferError{Delay: max(w.cfg.AckWait/3, time.Second), Reason: "call already being handled by this process"}
+			return &consume.DeferError{Delay: max(w.cfg.AckWait/3, time.Second), Reason: "call already being handled by this process"}
 		}
 		defer w.release(key)
 		releaseSlot, err := w.runSlot(ctx, d, key)
@@ -213,7 +215,7 @@ func (w *Worker) runSlot(ctx context.Context, d *delivery, key string) (release 
 		return nil, err
 	}
 	if !ok {
-		return nil, &events.DeferError{Delay: runFullDelay + time.Duration(rand.Int64N(int64(runFullDelay))),
+		return nil, &consume.DeferError{Delay: runFullDelay + time.Duration(rand.Int64N(int64(runFullDelay))),
 			Reason: fmt.Sprintf("run %s has %d calls in flight", d.req.RunID, w.cfg.RunMaxInFlight)}
 	}
 	return func() {
@@ -362,7 +364,7 @@ func (w *Worker) permissionDenied(next handlerFunc) handlerFunc {
 			return nil
 		}
 		derr := w.bus.Denied(d.start, err)
-		if !errors.Is(derr, events.ErrPermissionDenied) {
+		if !errors.Is(derr, connect.ErrPermissionDenied) {
 			return err
 		}
 		return w.denied(ctx, d, derr)
@@ -473,5 +475,5 @@ func (w *Worker) handBack(ctx context.Context, d *delivery) error {
 	if err := w.abandon(ctx, d.msg, d.queue, d.req, d.own, d.log); err != nil {
 		return err
 	}
-	return &events.DeferError{Delay: max(w.cfg.AckWait/3, time.Second), Reason: errLeaseLost.Error()}
+	return &consume.DeferError{Delay: max(w.cfg.AckWait/3, time.Second), Reason: errLeaseLost.Error()}
 }

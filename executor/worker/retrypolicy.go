@@ -10,6 +10,7 @@ import (
 
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/consume"
 )
 
 // Retries owned by the runtime. A tool whose contract declares a retry policy
@@ -24,7 +25,7 @@ import (
 // the claim.
 
 // retryLater hands a failed attempt back for another one when the tool's retry policy
-// asks for it; it returns a *events.DeferError then, nil when the result is final.
+// asks for it; it returns a *consume.DeferError then, nil when the result is final.
 func (w *Worker) retryLater(ctx context.Context, d *delivery) error {
 	if !d.ran || d.res.Status == toolbus.StatusSucceeded || d.res.Error == nil {
 		return nil
@@ -62,7 +63,7 @@ func (w *Worker) retryLater(ctx context.Context, d *delivery) error {
 	}
 	d.log().Info("call failed, retried by the tool's policy", "attempt", c.Attempt, "code", d.res.Code(),
 		"retry_after", delay, "max_attempts", t.Retry.MaxAttempts)
-	return &events.DeferError{Delay: delay, Reason: fmt.Sprintf("attempt %d failed (%s): retried by the tool's policy", c.Attempt, d.res.Code())}
+	return &consume.DeferError{Delay: delay, Reason: fmt.Sprintf("attempt %d failed (%s): retried by the tool's policy", c.Attempt, d.res.Code())}
 }
 
 // callDeadline is the earlier of the call's and its run's deadlines (zero: none).

@@ -17,7 +17,10 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/toolbus/toolbus"
+	"github.com/toolbus/toolbus/connect"
 	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/consume"
+	"github.com/toolbus/toolbus/events/provision"
 	"github.com/toolbus/toolbus/events/store"
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/internal/retry"
@@ -56,7 +59,7 @@ type Config struct {
 	// Metrics, when set, records the calls this worker runs (telemetry.Metrics).
 	Metrics Metrics
 	// Observer, when set, watches the consume loop (readiness, redeliveries, poison).
-	Observer events.ServeObserver
+	Observer consume.Observer
 	// Tracer makes the span of each call (default: the global provider's, a no-op unless
 	// tracing is configured).
 	Tracer trace.Tracer
@@ -167,7 +170,7 @@ type Worker struct {
 	serving    map[string]bool // tools this worker serves
 	servedList []string        // the same, in the order offered (the instance record)
 	runCtx     context.Context // Run's context, for queues added by Sync
-	serveCfg   events.ServeConfig
+	serveCfg   consume.Config
 
 	mu        sync.Mutex
 	inflight  map[string]map[*callHandle]struct{} // run id -> running calls
@@ -245,7 +248,7 @@ func (w *Worker) serve(ctx context.Context) error {
 	}
 	w.servedList = served
 	w.runCtx = ctx
-	w.serveCfg = events.ServeConfig{
+	w.serveCfg = consume.Config{
 		Concurrency: w.cfg.Concurrency, Grace: w.cfg.Grace, Logger: w.log, NakDelay: time.Second,
 		MaxWait: w.cfg.AckWait / 3, Observer: w.cfg.Observer,
 	}
@@ -298,7 +301,7 @@ func (w *Worker) serve(ctx context.Context) error {
 	}
 	w.log.Info("executor serving", "tools", served, "concurrency", w.cfg.Concurrency,
 		"stream", w.bus.Config().Stream, "nats", w.bus.NC.ConnectedUrlRedacted())
-	err = events.ServeAll(ctx, consumers, w.serveCfg, w.handle)
+	err = consume.ServeAll(ctx, consumers, w.serveCfg, w.handle)
 	w.extra.Wait()
 	w.log.Info("executor stopped", "error", err)
 	return err
@@ -346,7 +349,7 @@ func (w *Worker) Sync(ctx context.Context) error {
 			return err
 		}
 		w.extra.Go(func() {
-			if err := events.ServeAll(runCtx, []jetstream.Consumer{cons}, serveCfg, w.handle); err != nil {
+			if err := consume.ServeAll(runCtx, []jetstream.Consumer{cons}, serveCfg, w.handle); err != nil {
 				w.log.Error("queue stopped", "tool", name, "error", err)
 			}
 		})
@@ -408,7 +411,7 @@ func (w *Worker) queue(ctx context.Context, tool string) (jetstream.Consumer, er
 	if !errors.Is(err, jetstream.ErrConsumerNotFound) {
 		return nil, fmt.Errorf("executor: queue %s: %w", name, err)
 	}
-	cons, err = w.bus.Consumer(ctx, events.ToolConsumerConfig(tool, w.cfg.AckWait, w.cfg.MaxAckPending))
+	cons, err = provision.Consumer(ctx, w.bus, provision.ToolConsumerConfig(tool, w.cfg.AckWait, w.cfg.MaxAckPending))
 	if err != nil {
 		return nil, &MissingQueuesError{Tools: []string{tool}, Err: err}
 	}
@@ -644,7 +647,7 @@ func (w *Worker) claim(ctx context.Context, msg jetstream.Msg, queue string, req
 	if claimed {
 		return true, owned{mine, rev}, nil
 	}
-	stopBeat := events.Heartbeat(msg, w.cfg.AckWait/3)
+	stopBeat := consume.Heartbeat(msg, w.cfg.AckWait/3)
 	defer stopBeat()
 	for {
 		stored, err := w.resultStored(ctx, queue, req)
@@ -772,7 +775,7 @@ func (w *Worker) run(ctx context.Context, msg jetstream.Msg, req toolbus.ToolReq
 	// report is published before the result.
 	sink, stopProgress := w.startProgress(ctx, msg, req, attempt, lv)
 	callCtx = executor.WithProgressSink(callCtx, sink)
-	stopBeat := events.Heartbeat(msg, w.cfg.AckWait/3)
+	stopBeat := consume.Heartbeat(msg, w.cfg.AckWait/3)
 	res := w.exec.Execute(callCtx, req.Call, rs.Principal)
 	stopBeat()
 	stopProgress()
@@ -801,14 +804,14 @@ func (w *Worker) retry(ctx context.Context, msg jetstream.Msg, log func() *slog.
 	start := time.Now()
 	return retry.Do(ctx, retry.Policy{For: busRetryFor, Base: 100 * time.Millisecond, Max: 2 * time.Second,
 		OnError: func(n int, err error, wait time.Duration) (time.Duration, error) {
-			if derr := w.bus.Denied(start, err); errors.Is(derr, events.ErrPermissionDenied) {
+			if derr := w.bus.Denied(start, err); errors.Is(derr, connect.ErrPermissionDenied) {
 				return 0, derr // retrying cannot fix missing permissions
 			}
 			if errors.Is(err, errLeaseLost) {
 				return 0, err // retrying cannot bring the lease back in time
 			}
 			if n == 1 { // heartbeats only once the operation fails: the common case costs none
-				stopBeat = events.Heartbeat(msg, w.cfg.AckWait/3)
+				stopBeat = consume.Heartbeat(msg, w.cfg.AckWait/3)
 			}
 			log().Warn("bus operation failed, retrying", "op", what, "retry", n, "error", err)
 			return wait, nil

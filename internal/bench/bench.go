@@ -27,6 +27,7 @@ import (
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/embedded"
 	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/provision"
 	"github.com/toolbus/toolbus/events/store"
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/executor/packs"
@@ -409,7 +410,7 @@ func newBenchStack(ctx context.Context, srv *embedded.Server, memory bool, k, st
 		}}
 	cleanup = append(cleanup, nc.Close)
 	fail := func(err error) (*benchStack, error) { st.close(); return nil, err }
-	if st.bus, _, err = events.Setup(ctx, nc, events.Config{Memory: memory, Stream: "TOOLBUS"}); err != nil {
+	if st.bus, _, err = provision.Setup(ctx, nc, events.Config{Memory: memory, Stream: "TOOLBUS"}); err != nil {
 		return fail(err)
 	}
 	log := slog.New(st.trbl)

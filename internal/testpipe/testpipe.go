@@ -15,6 +15,7 @@ import (
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
+	"github.com/toolbus/toolbus/events/provision"
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/executor/packs"
 	"github.com/toolbus/toolbus/executor/worker"
@@ -40,7 +41,7 @@ func Start(t *testing.T, d time.Duration, model planner.Model, extra ...executor
 	t.Helper()
 	srv := eventstest.RunJetStream(t)
 	ctx := eventstest.Context(t, d)
-	bus, _, err := events.Setup(ctx, srv.Conn, events.Config{})
+	bus, _, err := provision.Setup(ctx, srv.Conn, events.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,7 +1,13 @@
-package events
+// Package provision creates what the bus needs, as an administrator: the event stream,
+// its read mirror, the buckets of the shared state and the durable consumers of the
+// workers, with their limits. Setup is idempotent (`toolbus init`, `toolbus up`, tests);
+// Consumer binds a worker to its durable, creating or updating it where the credentials
+// allow.
+package provision
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -11,13 +17,10 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/store"
 	"github.com/toolbus/toolbus/internal/retry"
 )
-
-// ErrNotSetUp is wrapped by Open and Bus.Consumer when a stream, bucket or consumer is
-// missing and this connection may not create it: an administrator runs `toolbus init`.
-var ErrNotSetUp = errors.New("events: not set up (run `toolbus init` with admin credentials)")
 
 // Roles of the worker consumers.
 const (
@@ -26,17 +29,25 @@ const (
 	RoleExecutor = "executor"
 )
 
-// Durable consumer names of the planner and injector (Setup creates them; the workers
-// bind to them). deploy/nats/permissions.conf grants each role its own names only.
-const (
-	ConsumerPlanner           = "planner"
-	ConsumerInjector          = "injector"
-	ConsumerInjectorWaiting   = "injector-waiting"
-	ConsumerInjectorApprovals = "injector-approvals"
-	ConsumerInjectorCancel    = "injector-cancel"
-	ConsumerInjectorStarted   = "injector-started"
-	ConsumerInjectorTimers    = "injector-timers"
-)
+// ConsumerConfig configures a durable pull consumer shared by every process of a role.
+type ConsumerConfig struct {
+	// Durable name; every process with the same name shares the work, no duplicates.
+	Durable string
+	// Filters are the subjects the consumer takes.
+	Filters []string
+	// AckWait before an unacknowledged message is redelivered (default 30s). Long work
+	// sends InProgress heartbeats.
+	AckWait time.Duration
+	// MaxDeliver bounds deliveries (default 10; -1 unlimited).
+	MaxDeliver int
+	// BackOff between redeliveries after a Nak without delay.
+	BackOff []time.Duration
+	// MaxAckPending bounds messages in flight across all processes (default 1000).
+	MaxAckPending int
+	// DeliverNew starts a consumer created on a stream with history at the next message
+	// instead of the first; an existing durable keeps its position either way.
+	DeliverNew bool
+}
 
 // WorkerSettings are the knobs of a role's consumers; zero values take the defaults.
 // `toolbus init` and the workers derive them from the same TOOLBUS_* settings, so the
@@ -82,18 +93,18 @@ func WorkerConsumers(role string, s WorkerSettings) []WorkerConsumer {
 	switch role {
 	case RolePlanner:
 		if s.Durable == "" {
-			s.Durable = ConsumerPlanner
+			s.Durable = events.ConsumerPlanner
 		}
 		if s.MaxDeliver == 0 {
 			s.MaxDeliver = 5
 		}
 		return []WorkerConsumer{{Role: role, Concurrency: s.Concurrency, ConsumerConfig: ConsumerConfig{
-			Durable: s.Durable, Filters: []string{FilterModelRequested},
+			Durable: s.Durable, Filters: []string{events.FilterModelRequested},
 			AckWait: s.AckWait, MaxDeliver: s.MaxDeliver, MaxAckPending: s.Concurrency * 4,
 		}}}
 	case RoleInjector:
 		if s.Durable == "" {
-			s.Durable = ConsumerInjector
+			s.Durable = events.ConsumerInjector
 		}
 		if s.MaxDeliver == 0 {
 			s.MaxDeliver = 10
@@ -105,11 +116,11 @@ func WorkerConsumers(role string, s WorkerSettings) []WorkerConsumer {
 			name, filter string
 			concurrency  int
 		}{
-			{s.Durable, FilterToolFinished, s.Concurrency},
-			{s.Durable + "-waiting", FilterToolWaiting, 8},
-			{s.Durable + "-approvals", FilterApprovals, 8},
-			{s.Durable + "-cancel", FilterRunCancel, 8},
-			{s.Durable + "-started", FilterRunStarted, 8},
+			{s.Durable, events.FilterToolFinished, s.Concurrency},
+			{s.Durable + "-waiting", events.FilterToolWaiting, 8},
+			{s.Durable + "-approvals", events.FilterApprovals, 8},
+			{s.Durable + "-cancel", events.FilterRunCancel, 8},
+			{s.Durable + "-started", events.FilterRunStarted, 8},
 		}
 		out := make([]WorkerConsumer, 0, len(inputs)+1)
 		for _, in := range inputs {
@@ -122,7 +133,7 @@ func WorkerConsumers(role string, s WorkerSettings) []WorkerConsumer {
 		// run's deadline, so their number in flight is bounded by MaxTimers, not by a
 		// handler's concurrency, and they are redelivered forever.
 		out = append(out, WorkerConsumer{Role: role, Timers: true, ConsumerConfig: ConsumerConfig{
-			Durable: s.Durable + "-timers", Filters: []string{FilterTimers},
+			Durable: s.Durable + "-timers", Filters: []string{events.FilterTimers},
 			AckWait: s.AckWait, MaxDeliver: -1, MaxAckPending: s.MaxTimers,
 		}})
 		return out
@@ -130,8 +141,8 @@ func WorkerConsumers(role string, s WorkerSettings) []WorkerConsumer {
 	return nil
 }
 
-// SetupOption adds to what Setup creates.
-type SetupOption func(*setupOptions)
+// Option adds to what Setup creates.
+type Option func(*setupOptions)
 
 type setupOptions struct {
 	tools      []string
@@ -140,10 +151,10 @@ type setupOptions struct {
 	readMirror bool
 }
 
-// SetupTools also creates the queue consumer of each tool (ToolConsumerConfig) and the
+// WithTools also creates the queue consumer of each tool (ToolConsumerConfig) and the
 // one of calls for unknown tools, so executors with least-privilege credentials only
 // bind to them. ackWait and maxAckPending are the executors' settings.
-func SetupTools(tools []string, ackWait time.Duration, maxAckPending int) SetupOption {
+func WithTools(tools []string, ackWait time.Duration, maxAckPending int) Option {
 	return func(o *setupOptions) {
 		o.tools = append(o.tools, tools...)
 		o.toolCfg = func(tool string) ConsumerConfig {
@@ -152,23 +163,17 @@ func SetupTools(tools []string, ackWait time.Duration, maxAckPending int) SetupO
 	}
 }
 
-// SetupWorkers sets the settings of a role's consumers (default WorkerSettings{}).
-func SetupWorkers(role string, s WorkerSettings) SetupOption {
+// WithWorkers sets the settings of a role's consumers (default WorkerSettings{}).
+func WithWorkers(role string, s WorkerSettings) Option {
 	return func(o *setupOptions) { o.workers[role] = s }
 }
 
-// SetupReadMirror also creates the read mirror of the stream (ReadMirrorName): readers
+// WithReadMirror also creates the read mirror of the stream (events.ReadMirrorName): readers
 // without the right to create consumers on the event stream (tail, replay, `toolbus
 // run`) create their ephemeral consumers there, where no worker's durable lives.
-func SetupReadMirror() SetupOption {
+func WithReadMirror() Option {
 	return func(o *setupOptions) { o.readMirror = true }
 }
-
-// FilterRunStarted selects the run.started events of every run.
-const FilterRunStarted = SubjectPrefix + ".*.run.started.*"
-
-// ReadMirrorName is the name of the read mirror of a stream.
-func ReadMirrorName(stream string) string { return stream + "_READ" }
 
 // Change is one thing Setup created, updated or found as wanted.
 type Change struct {
@@ -188,15 +193,15 @@ func (c Change) String() string { return c.Action + " " + c.Kind + " " + c.Name 
 //
 // The embedded server's single user is admin: `toolbus up` and tests call Setup; a
 // deployment with per-role credentials runs `toolbus init` once and its workers Open.
-func Setup(ctx context.Context, nc *nats.Conn, cfg Config, opts ...SetupOption) (*Bus, []Change, error) {
-	cfg.setDefaults()
+func Setup(ctx context.Context, nc *nats.Conn, cfg events.Config, opts ...Option) (*events.Bus, []Change, error) {
+	cfg = cfg.WithDefaults()
 	o := &setupOptions{workers: map[string]WorkerSettings{}}
 	for _, opt := range opts {
 		opt(o)
 	}
-	js, err := newJS(nc)
+	js, err := jetstream.New(nc)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, fmt.Errorf("provision: jetstream: %w", err)
 	}
 	var changes changeLog
 	if err := upsertStream(ctx, js, eventStreamConfig(cfg), changes.note); err != nil {
@@ -212,13 +217,12 @@ func Setup(ctx context.Context, nc *nats.Conn, cfg Config, opts ...SetupOption) 
 			return nil, nil, err
 		}
 	}
-	b, err := open(ctx, nc, js, cfg)
+	b, err := events.OpenAdmin(ctx, nc, cfg)
 	if err != nil {
 		return nil, nil, err
 	}
-	b.manage = true
 	for _, cc := range o.consumers() {
-		_, existed, changed, err := b.ensureConsumer(ctx, cc)
+		_, existed, changed, err := ensureConsumer(ctx, b, cc)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -245,15 +249,15 @@ func (l *changeLog) add(kind, name string, existed, changed bool) {
 }
 
 // eventStreamConfig is the configuration of the event stream.
-func eventStreamConfig(cfg Config) jetstream.StreamConfig {
+func eventStreamConfig(cfg events.Config) jetstream.StreamConfig {
 	return jetstream.StreamConfig{
 		Name:        cfg.Stream,
 		Description: "toolbus events (CONTRACT.md)",
-		Subjects:    []string{FilterAll},
+		Subjects:    []string{events.FilterAll},
 		Retention:   jetstream.LimitsPolicy,
 		MaxAge:      cfg.MaxAge,
 		Duplicates:  cfg.Duplicates,
-		Storage:     cfg.storage(),
+		Storage:     storage(cfg),
 		Replicas:    cfg.Replicas,
 		// The events are the audit trail: no message delete, no purge, by anyone but an
 		// administrator who first updates this setting.
@@ -269,15 +273,15 @@ func eventStreamConfig(cfg Config) jetstream.StreamConfig {
 	}
 }
 
-// readMirrorConfig is the configuration of the read mirror (SetupReadMirror).
-func readMirrorConfig(cfg Config) jetstream.StreamConfig {
+// readMirrorConfig is the configuration of the read mirror (WithReadMirror).
+func readMirrorConfig(cfg events.Config) jetstream.StreamConfig {
 	mc := jetstream.StreamConfig{
-		Name:        ReadMirrorName(cfg.Stream),
+		Name:        events.ReadMirrorName(cfg.Stream),
 		Description: "read mirror of " + cfg.Stream + ": readers' ephemeral consumers live here",
 		Mirror:      &jetstream.StreamSource{Name: cfg.Stream},
 		Retention:   jetstream.LimitsPolicy,
 		MaxAge:      cfg.MaxAge,
-		Storage:     cfg.storage(),
+		Storage:     storage(cfg),
 		Replicas:    cfg.Replicas,
 		DenyDelete:  true,
 		DenyPurge:   true,
@@ -288,10 +292,10 @@ func readMirrorConfig(cfg Config) jetstream.StreamConfig {
 }
 
 // setupBucket creates or updates a bucket and notes what it did.
-func setupBucket(ctx context.Context, js jetstream.JetStream, cfg Config, name, desc string, note func(kind, name string, existed bool, before, after any)) error {
+func setupBucket(ctx context.Context, js jetstream.JetStream, cfg events.Config, name, desc string, note func(kind, name string, existed bool, before, after any)) error {
 	kc := jetstream.KeyValueConfig{
 		Bucket: name, Description: desc, History: 1, TTL: kvTTL(name, cfg),
-		Storage: cfg.storage(), Replicas: cfg.Replicas, MaxValueSize: -1,
+		Storage: storage(cfg), Replicas: cfg.Replicas, MaxValueSize: -1,
 	}
 	if name == store.BucketOutputs {
 		kc.MaxBytes = cfg.OutputsMaxBytes
@@ -307,7 +311,7 @@ func setupBucket(ctx context.Context, js jetstream.JetStream, cfg Config, name, 
 		before = s.CachedInfo().Config
 	}
 	if _, err := js.CreateOrUpdateKeyValue(ctx, kc); err != nil {
-		return fmt.Errorf("events: bucket %s: %w", name, err)
+		return fmt.Errorf("provision: bucket %s: %w", name, err)
 	}
 	if cfg.Replicas > 1 {
 		if _, err := leaderReads(ctx, js, name); err != nil {
@@ -319,14 +323,14 @@ func setupBucket(ctx context.Context, js jetstream.JetStream, cfg Config, name, 
 	}
 	after, err := js.Stream(ctx, "KV_"+name)
 	if err != nil {
-		return fmt.Errorf("events: bucket %s: %w", name, err)
+		return fmt.Errorf("provision: bucket %s: %w", name, err)
 	}
 	note("bucket", name, existed, before, after.CachedInfo().Config)
 	return nil
 }
 
 // consumers are the durable consumers Setup creates: the planner's and the injector's,
-// and with SetupTools each tool's queue and the unknown-tool queue.
+// and with WithTools each tool's queue and the unknown-tool queue.
 func (o *setupOptions) consumers() []ConsumerConfig {
 	var ccs []ConsumerConfig
 	for _, role := range []string{RolePlanner, RoleInjector} {
@@ -336,10 +340,10 @@ func (o *setupOptions) consumers() []ConsumerConfig {
 	}
 	if o.toolCfg != nil {
 		seen := map[string]bool{}
-		// No queue for UnknownToolToken: the planner answers the calls of tools nobody
+		// No queue for events.UnknownToolToken: the planner answers the calls of tools nobody
 		// serves itself, so nobody consumes tool.requested._unknown.
 		for _, t := range o.tools {
-			if tok := ToolToken(t); tok != UnknownToolToken && !seen[tok] {
+			if tok := events.ToolToken(t); tok != events.UnknownToolToken && !seen[tok] {
 				seen[tok] = true
 				ccs = append(ccs, o.toolCfg(tok))
 			}
@@ -381,7 +385,7 @@ func readerLimits(sc *jetstream.StreamConfig) {
 func limitReaders(ctx context.Context, js jetstream.JetStream, name string) error {
 	s, err := js.Stream(ctx, name)
 	if err != nil {
-		return fmt.Errorf("events: stream %s: %w", name, err)
+		return fmt.Errorf("provision: stream %s: %w", name, err)
 	}
 	c := s.CachedInfo().Config
 	if c.MaxConsumers == ReaderMaxConsumers && c.ConsumerLimits.InactiveThreshold == ReaderConsumerInactive {
@@ -389,9 +393,17 @@ func limitReaders(ctx context.Context, js jetstream.JetStream, name string) erro
 	}
 	readerLimits(&c)
 	if _, err := js.UpdateStream(ctx, c); err != nil {
-		return fmt.Errorf("events: stream %s: consumer limits: %w", name, err)
+		return fmt.Errorf("provision: stream %s: consumer limits: %w", name, err)
 	}
 	return nil
+}
+
+// storage is the storage of the stream and buckets cfg describes.
+func storage(cfg events.Config) jetstream.StorageType {
+	if cfg.Memory {
+		return jetstream.MemoryStorage
+	}
+	return jetstream.FileStorage
 }
 
 func upsertStream(ctx context.Context, js jetstream.JetStream, sc jetstream.StreamConfig, note func(kind, name string, existed bool, before, after any)) error {
@@ -403,7 +415,7 @@ func upsertStream(ctx context.Context, js jetstream.JetStream, sc jetstream.Stre
 	}
 	s, err = js.CreateOrUpdateStream(ctx, sc)
 	if err != nil {
-		return fmt.Errorf("events: stream %s: %w", sc.Name, err)
+		return fmt.Errorf("provision: stream %s: %w", sc.Name, err)
 	}
 	note("stream", sc.Name, existed, before, s.CachedInfo().Config)
 	return nil
@@ -449,11 +461,35 @@ func sameConsumer(have, want jetstream.ConsumerConfig) bool {
 		have.DeliverPolicy == want.DeliverPolicy && have.AckPolicy == want.AckPolicy
 }
 
+// Consumer binds to a durable pull consumer on the toolbus stream of b. A bus from Setup
+// (events.OpenAdmin) creates it, or updates it to cc, as needed. A bus from events.Open
+// binds to the existing one; when it is missing or differs from cc it tries once to
+// create or update it (which a role's credentials usually forbid) and otherwise uses the
+// consumer as the administrator configured it; a missing one is then an error wrapping
+// events.ErrNotSetUp.
+func Consumer(ctx context.Context, b *events.Bus, cc ConsumerConfig) (jetstream.Consumer, error) {
+	cons, _, _, err := ensureConsumer(ctx, b, cc)
+	return cons, err
+}
+
+// ToolConsumerConfig is the consumer of one tool's queue. Created on a stream that
+// already holds calls, it starts with the calls published after it (DeliverNew): a
+// queue never re-runs history. Deliveries are unlimited: a call handed back because its
+// run is at its cap is not a failure, and executors bound the executions of a call
+// through its claim instead.
+func ToolConsumerConfig(tool string, ackWait time.Duration, maxAckPending int) ConsumerConfig {
+	return ConsumerConfig{
+		Durable: events.ToolConsumer(tool), Filters: []string{events.FilterToolRequestedFor(tool)},
+		AckWait: ackWait, MaxDeliver: -1, MaxAckPending: maxAckPending, DeliverNew: true,
+	}
+}
+
 // ensureConsumer binds to cc's durable, creating or updating it when the bus may (see
 // Consumer). It reports whether the consumer existed and whether it was changed.
-func (b *Bus) ensureConsumer(ctx context.Context, cc ConsumerConfig) (cons jetstream.Consumer, existed, changed bool, err error) {
+func ensureConsumer(ctx context.Context, b *events.Bus, cc ConsumerConfig) (cons jetstream.Consumer, existed, changed bool, err error) {
 	want := cc.jetstream()
-	have, err := b.Stream.Consumer(ctx, cc.Durable)
+	stream := b.Stream
+	have, err := stream.Consumer(ctx, cc.Durable)
 	switch {
 	case err == nil:
 		existed = true
@@ -461,13 +497,13 @@ func (b *Bus) ensureConsumer(ctx context.Context, cc ConsumerConfig) (cons jetst
 			return have, true, false, nil
 		}
 	case !errors.Is(err, jetstream.ErrConsumerNotFound):
-		return nil, false, false, fmt.Errorf("events: consumer %s: %w", cc.Durable, err)
+		return nil, false, false, fmt.Errorf("provision: consumer %s: %w", cc.Durable, err)
 	}
-	if !b.manage {
+	if !b.Admin() {
 		// One attempt, bounded: a role without the right gets no answer at all (the
 		// server drops the request as a permissions violation).
 		actx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		cons, err := b.Stream.CreateOrUpdateConsumer(actx, want)
+		cons, err := stream.CreateOrUpdateConsumer(actx, want)
 		cancel()
 		switch {
 		case err == nil:
@@ -477,7 +513,7 @@ func (b *Bus) ensureConsumer(ctx context.Context, cc ConsumerConfig) (cons jetst
 				"consumer", cc.Durable, "error", err)
 			return have, true, false, nil
 		default:
-			return nil, false, false, fmt.Errorf("%w: consumer %s does not exist and could not be created: %w", ErrNotSetUp, cc.Durable, err)
+			return nil, false, false, fmt.Errorf("%w: consumer %s does not exist and could not be created: %w", events.ErrNotSetUp, cc.Durable, err)
 		}
 	}
 	// A replicated consumer can take seconds to create while a cluster elects leaders:
@@ -492,11 +528,61 @@ func (b *Bus) ensureConsumer(ctx context.Context, cc ConsumerConfig) (cons jetst
 			return wait, nil
 		}}, func(ctx context.Context) error {
 		var err error
-		cons, err = b.Stream.CreateOrUpdateConsumer(ctx, want)
+		cons, err = stream.CreateOrUpdateConsumer(ctx, want)
 		return err
 	})
 	if err != nil {
-		return nil, existed, false, fmt.Errorf("events: consumer %s: %w", cc.Durable, err)
+		return nil, existed, false, fmt.Errorf("provision: consumer %s: %w", cc.Durable, err)
 	}
 	return cons, existed, true, nil
+}
+
+func jsonEqual(a, b any) bool {
+	ja, err1 := json.Marshal(a)
+	jb, err2 := json.Marshal(b)
+	return err1 == nil && err2 == nil && string(ja) == string(jb)
+}
+
+// leaderReads returns a handle on a replicated bucket whose reads go to the stream
+// leader. KV buckets turn direct gets on, which any replica answers: a follower that has
+// not applied the latest writes returns stale values (a step record missing results).
+// Opening a bucket turns them on again, so the setting is checked around the handle.
+func leaderReads(ctx context.Context, js jetstream.JetStream, bucket string) (jetstream.KeyValue, error) {
+	name := "KV_" + bucket
+	directOff := func() (bool, error) {
+		s, err := js.Stream(ctx, name)
+		if err != nil {
+			return false, err
+		}
+		c := s.CachedInfo().Config
+		if !c.AllowDirect {
+			return true, nil
+		}
+		c.AllowDirect = false
+		_, err = js.UpdateStream(ctx, c)
+		return false, err
+	}
+	for attempt := 0; attempt < 20; attempt++ {
+		if _, err := directOff(); err != nil {
+			return nil, fmt.Errorf("provision: bucket %s: leader reads: %w", bucket, err)
+		}
+		k, err := js.KeyValue(ctx, bucket)
+		if err != nil {
+			return nil, fmt.Errorf("provision: bucket %s: %w", bucket, err)
+		}
+		if off, err := directOff(); err == nil && off {
+			return k, nil
+		}
+	}
+	return nil, fmt.Errorf("provision: bucket %s: direct gets keep being turned on", bucket)
+}
+
+func kvTTL(name string, cfg events.Config) time.Duration {
+	switch name {
+	case store.BucketTools:
+		return 0
+	case store.BucketInstances:
+		return cfg.InstanceTTL
+	}
+	return cfg.MaxAge
 }

@@ -1,4 +1,4 @@
-package events_test
+package consume_test
 
 import (
 	"context"
@@ -10,15 +10,17 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/consume"
 	"github.com/toolbus/toolbus/events/eventstest"
+	"github.com/toolbus/toolbus/events/provision"
 )
 
 // A handler that panics does not block its queue: Serve recovers, terminates the
 // message with the panic as reason (it is not redelivered), and handles the next ones.
 func TestServeRecoversHandlerPanics(t *testing.T) {
-	bus := openBus(t)
+	bus := eventstest.Setup(t, events.Config{})
 	ctx := eventstest.Context(t, time.Minute)
-	cons, err := bus.Consumer(ctx, events.ConsumerConfig{Durable: "panics", Filters: []string{"toolbus.p.>"},
+	cons, err := provision.Consumer(ctx, bus, provision.ConsumerConfig{Durable: "panics", Filters: []string{"toolbus.p.>"},
 		AckWait: 30 * time.Second, MaxDeliver: 5, MaxAckPending: 1})
 	if err != nil {
 		t.Fatal(err)
@@ -30,7 +32,7 @@ func TestServeRecoversHandlerPanics(t *testing.T) {
 	serveCtx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() {
-		done <- events.Serve(serveCtx, cons, events.ServeConfig{Concurrency: 1, Grace: time.Second},
+		done <- consume.Serve(serveCtx, cons, consume.Config{Concurrency: 1, Grace: time.Second},
 			func(_ context.Context, msg jetstream.Msg) error {
 				mu.Lock()
 				handled[msg.Subject()]++

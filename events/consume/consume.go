@@ -1,4 +1,8 @@
-package events
+// Package consume is the consume loop of the workers: it serves durable pull consumers
+// with bounded concurrency, acknowledges what a handler finished, hands back what must
+// wait (DeferError), redelivers infrastructure failures with a growing delay and
+// terminates poison messages (events.ErrPoison) with their reason.
+package consume
 
 import (
 	"context"
@@ -10,51 +14,17 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/sourcegraph/conc/pool"
+
+	"github.com/toolbus/toolbus/events"
 )
 
-// ErrPoison is wrapped by handler errors for a message that can never be processed (not
-// a CloudEvent, undecodable data, an unknown event type). Serve terminates such messages
-// with the reason instead of redelivering them; JetStream then emits the advisory
-// $JS.EVENT.ADVISORY.CONSUMER.MSG_TERMINATED.<stream>.<consumer>, which operators watch.
-var ErrPoison = errors.New("events: poison message")
-
-// ConsumerConfig configures a durable pull consumer shared by every process of a role.
-type ConsumerConfig struct {
-	// Durable name; every process with the same name shares the work, no duplicates.
-	Durable string
-	// Filters are the subjects the consumer takes.
-	Filters []string
-	// AckWait before an unacknowledged message is redelivered (default 30s). Long work
-	// sends InProgress heartbeats.
-	AckWait time.Duration
-	// MaxDeliver bounds deliveries (default 10; -1 unlimited).
-	MaxDeliver int
-	// BackOff between redeliveries after a Nak without delay.
-	BackOff []time.Duration
-	// MaxAckPending bounds messages in flight across all processes (default 1000).
-	MaxAckPending int
-	// DeliverNew starts a consumer created on a stream with history at the next message
-	// instead of the first; an existing durable keeps its position either way.
-	DeliverNew bool
-}
-
-// Consumer binds to a durable pull consumer on the toolbus stream. A bus from Setup
-// creates it, or updates it to cc, as needed. A bus from Open binds to the existing
-// one; when it is missing or differs from cc it tries once to create or update it
-// (which a role's credentials usually forbid) and otherwise uses the consumer as the
-// administrator configured it; a missing one is then an error wrapping ErrNotSetUp.
-func (b *Bus) Consumer(ctx context.Context, cc ConsumerConfig) (jetstream.Consumer, error) {
-	cons, _, _, err := b.ensureConsumer(ctx, cc)
-	return cons, err
-}
-
 // Handler processes one message. Returning nil acknowledges it; an error wrapping
-// ErrPoison or ErrNotCloudEvent terminates it with the error as reason; any other error
+// events.ErrPoison or events.ErrNotCloudEvent terminates it with the error as reason; any other error
 // is an infrastructure failure and the message is redelivered after a delay.
 type Handler func(ctx context.Context, msg jetstream.Msg) error
 
-// ServeConfig bounds a Serve loop.
-type ServeConfig struct {
+// Config bounds a Serve loop.
+type Config struct {
 	// Concurrency is the number of messages handled at once (default 64).
 	Concurrency int
 	// Grace is how long in-flight handlers may run after ctx ends before their context is
@@ -71,12 +41,12 @@ type ServeConfig struct {
 	Logger  *slog.Logger
 	// Observer, when set, is told when the loop serves and stops and about redeliveries
 	// and terminated poison messages (metrics, readiness). nil observes nothing.
-	Observer ServeObserver
+	Observer Observer
 }
 
-// ServeObserver watches Serve loops; implementations must be safe for concurrent use and
+// Observer watches Serve loops; implementations must be safe for concurrent use and
 // cheap (they run on the delivery path). The consumer argument is its durable name.
-type ServeObserver interface {
+type Observer interface {
 	// Serving is called once the loop consumes from every one of its consumers.
 	Serving(consumers []string)
 	// Stopped is called when the loop returns.
@@ -99,7 +69,7 @@ func (nopObserver) Terminated(string)  {}
 // pool blocks intake when full: back-pressure). On ctx end it stops intake, waits up to
 // cfg.Grace for in-flight handlers, then cancels their context and waits for them.
 // Messages fetched but not handled are redelivered by the server after AckWait.
-func Serve(ctx context.Context, cons jetstream.Consumer, cfg ServeConfig, h Handler) error {
+func Serve(ctx context.Context, cons jetstream.Consumer, cfg Config, h Handler) error {
 	return ServeAll(ctx, []jetstream.Consumer{cons}, cfg, h)
 }
 
@@ -116,7 +86,7 @@ const pullHeartbeat = 5 * time.Second
 // ServeAll is Serve over several consumers (an executor's tool queues) sharing one
 // concurrency limit. Each consumer buffers at most a fair share of the limit, so a
 // message rarely waits in the client for a slot.
-func ServeAll(ctx context.Context, consumers []jetstream.Consumer, cfg ServeConfig, h Handler) error {
+func ServeAll(ctx context.Context, consumers []jetstream.Consumer, cfg Config, h Handler) error {
 	if cfg.Concurrency <= 0 {
 		cfg.Concurrency = 64
 	}
@@ -181,7 +151,7 @@ func ServeAll(ctx context.Context, consumers []jetstream.Consumer, cfg ServeConf
 			log.Debug("consume " + name + ": " + err.Error())
 		}))
 		if err != nil {
-			return fmt.Errorf("events: consume: %w", err)
+			return fmt.Errorf("consume: %w", err)
 		}
 		running = append(running, cc)
 	}
@@ -210,7 +180,7 @@ func ServeAll(ctx context.Context, consumers []jetstream.Consumer, cfg ServeConf
 	return nil
 }
 
-func dispatch(ctx context.Context, log *slog.Logger, obs ServeObserver, nakDelay time.Duration, h Handler, msg jetstream.Msg) {
+func dispatch(ctx context.Context, log *slog.Logger, obs Observer, nakDelay time.Duration, h Handler, msg jetstream.Msg) {
 	md, merr := msg.Metadata()
 	if merr == nil && md.NumDelivered > 1 {
 		obs.Redelivered(md.Consumer)
@@ -227,7 +197,7 @@ func dispatch(ctx context.Context, log *slog.Logger, obs ServeObserver, nakDelay
 		if aerr := msg.Ack(); aerr != nil {
 			log.Warn("ack failed", "subject", msg.Subject(), "error", aerr)
 		}
-	case errors.Is(err, ErrPoison) || errors.Is(err, ErrNotCloudEvent):
+	case errors.Is(err, events.ErrPoison) || errors.Is(err, events.ErrNotCloudEvent):
 		log.Error("poison message terminated", "subject", msg.Subject(), "reason", err)
 		if merr == nil {
 			obs.Terminated(md.Consumer)
@@ -255,7 +225,7 @@ func dispatch(ctx context.Context, log *slog.Logger, obs ServeObserver, nakDelay
 func safeHandle(ctx context.Context, h Handler, msg jetstream.Msg) (err error) {
 	defer func() {
 		if r := recover(); r != nil {
-			err = fmt.Errorf("%w: handler panic: %v", ErrPoison, r)
+			err = fmt.Errorf("%w: handler panic: %v", events.ErrPoison, r)
 		}
 	}()
 	return h(ctx, msg)
@@ -266,11 +236,6 @@ func truncate(s string, n int) string {
 		return s
 	}
 	return s[:n]
-}
-
-// DecodeMsg decodes a consumed JetStream message into v; errors wrap ErrNotCloudEvent.
-func DecodeMsg(msg jetstream.Msg, v any) (Meta, error) {
-	return Decode(natsMsg(msg), v)
 }
 
 // Heartbeat tells the server every period that msg is still being worked on, so work
@@ -291,28 +256,6 @@ func Heartbeat(msg jetstream.Msg, period time.Duration) (stop func()) {
 		}
 	}()
 	return func() { close(done) }
-}
-
-// DecodeEventMsg decodes the attributes of a consumed message and keeps its data for
-// a later Bind, so a consumer that switches on the type reads the headers once.
-func DecodeEventMsg(msg jetstream.Msg) (Event, error) {
-	return DecodeEvent(natsMsg(msg))
-}
-
-// ToolConsumer is the durable consumer name of one tool's queue: every executor that
-// serves the tool, in any deployment, shares it, so each call runs on one of them.
-func ToolConsumer(tool string) string { return "tool_" + ToolToken(tool) }
-
-// ToolConsumerConfig is the consumer of one tool's queue. Created on a stream that
-// already holds calls, it starts with the calls published after it (DeliverNew): a
-// queue never re-runs history. Deliveries are unlimited: a call handed back because its
-// run is at its cap is not a failure, and executors bound the executions of a call
-// through its claim instead.
-func ToolConsumerConfig(tool string, ackWait time.Duration, maxAckPending int) ConsumerConfig {
-	return ConsumerConfig{
-		Durable: ToolConsumer(tool), Filters: []string{FilterToolRequestedFor(tool)},
-		AckWait: ackWait, MaxDeliver: -1, MaxAckPending: maxAckPending, DeliverNew: true,
-	}
 }
 
 // DeferError hands a message back to be delivered again after Delay, without the

@@ -1,4 +1,4 @@
-package events
+package connect
 
 import (
 	"errors"
@@ -43,8 +43,9 @@ var DenialHold = 5 * time.Minute
 
 var violationRE = regexp.MustCompile(`(?i)permissions violation for (publish|subscribe) to "([^"]+)"`)
 
-// permissions records the permission violations the server reports to one connection.
-type permissions struct {
+// Permissions records the permission violations the server reports to one connection.
+// It is safe for concurrent use; a nil *Permissions records nothing.
+type Permissions struct {
 	mu       sync.Mutex
 	last     *PermissionError
 	lastAt   time.Time
@@ -52,10 +53,10 @@ type permissions struct {
 	onDenied []func(*PermissionError)
 }
 
-// watchPermissions installs a tracker in front of nc's error handler. Each bus opened
+// WatchPermissions installs a tracker in front of nc's error handler. Each bus opened
 // on nc has its own (a connection carries one set of credentials: each sees them all).
-func watchPermissions(nc *nats.Conn) *permissions {
-	p := &permissions{}
+func WatchPermissions(nc *nats.Conn) *Permissions {
+	p := &Permissions{}
 	prev := nc.ErrorHandler()
 	nc.SetErrorHandler(func(c *nats.Conn, s *nats.Subscription, err error) {
 		if errors.Is(err, nats.ErrPermissionViolation) {
@@ -68,7 +69,7 @@ func watchPermissions(nc *nats.Conn) *permissions {
 	return p
 }
 
-func (p *permissions) record(err error) {
+func (p *Permissions) record(err error) {
 	m := violationRE.FindStringSubmatch(err.Error())
 	pe := &PermissionError{Op: "publish", Subject: err.Error()}
 	if m != nil {
@@ -85,7 +86,7 @@ func (p *permissions) record(err error) {
 }
 
 // since returns the last violation recorded at or after t, or nil.
-func (p *permissions) since(t time.Time) *PermissionError {
+func (p *Permissions) since(t time.Time) *PermissionError {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.last == nil || p.lastAt.Before(t) {
@@ -96,14 +97,14 @@ func (p *permissions) since(t time.Time) *PermissionError {
 }
 
 // Denied turns err, an operation's error, into a *PermissionError when the server
-// refused an operation of this bus's connection since start (the operation's start):
-// a refused request is only dropped by the server, so err is a timeout that says
+// refused an operation of the connection since start (the operation's start): a
+// refused request is only dropped by the server, so err is a timeout that says
 // nothing. It returns err unchanged otherwise (nil for nil).
-func (b *Bus) Denied(start time.Time, err error) error {
-	if err == nil || errors.Is(err, ErrPermissionDenied) || b.perms == nil {
+func (p *Permissions) Denied(start time.Time, err error) error {
+	if err == nil || errors.Is(err, ErrPermissionDenied) || p == nil {
 		return err
 	}
-	pe := b.perms.since(start)
+	pe := p.since(start)
 	if pe == nil {
 		return err
 	}
@@ -111,29 +112,29 @@ func (b *Bus) Denied(start time.Time, err error) error {
 	return pe
 }
 
-// Denial returns the last permission violation of this bus's connection and when it
+// Denial returns the last permission violation of the connection and when it
 // happened, while it is more recent than DenialHold: a role whose credentials miss a
 // permission it uses is not ready.
-func (b *Bus) Denial() (*PermissionError, time.Time, bool) {
-	if b.perms == nil {
+func (p *Permissions) Denial() (*PermissionError, time.Time, bool) {
+	if p == nil {
 		return nil, time.Time{}, false
 	}
-	b.perms.mu.Lock()
-	defer b.perms.mu.Unlock()
-	if b.perms.last == nil || time.Since(b.perms.lastAt) > DenialHold {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.last == nil || time.Since(p.lastAt) > DenialHold {
 		return nil, time.Time{}, false
 	}
-	pe := *b.perms.last
-	return &pe, b.perms.lastAt, true
+	pe := *p.last
+	return &pe, p.lastAt, true
 }
 
 // OnDenied calls f (which must not block) for each permission violation the server
-// reports to this bus's connection from now on: a metric, a log line.
-func (b *Bus) OnDenied(f func(*PermissionError)) {
-	if b.perms == nil {
+// reports to the connection from now on: a metric, a log line.
+func (p *Permissions) OnDenied(f func(*PermissionError)) {
+	if p == nil {
 		return
 	}
-	b.perms.mu.Lock()
-	b.perms.onDenied = append(b.perms.onDenied, f)
-	b.perms.mu.Unlock()
+	p.mu.Lock()
+	p.onDenied = append(p.onDenied, f)
+	p.mu.Unlock()
 }
