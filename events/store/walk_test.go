@@ -7,6 +7,7 @@ import (
 
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
+	"github.com/toolbus/toolbus/events/provision"
 	"github.com/toolbus/toolbus/events/store"
 )
 
@@ -15,7 +16,7 @@ import (
 func TestCatalogOfManyToolsReadInFewRequests(t *testing.T) {
 	ctx := eventstest.Context(t, 2*time.Minute)
 	tb := eventstest.RunJetStream(t)
-	bus, _, err := events.Setup(ctx, tb.Conn, events.Config{})
+	bus, _, err := provision.Setup(ctx, tb.Conn, events.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -23,6 +23,7 @@ import (
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/embedded"
 	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/provision"
 	"github.com/toolbus/toolbus/events/store"
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/executor/worker"
@@ -209,7 +210,7 @@ func (st *scaleStack) setup(ctx context.Context, cfg events.Config, row *ScaleRo
 	}
 	st.nc = nc
 	t0 := time.Now()
-	if st.bus, _, err = events.Setup(ctx, nc, cfg, events.SetupTools(st.names, 0, 0)); err != nil {
+	if st.bus, _, err = provision.Setup(ctx, nc, cfg, provision.WithTools(st.names, 0, 0)); err != nil {
 		return err
 	}
 	row.InitMS = float64(time.Since(t0).Microseconds()) / 1000
