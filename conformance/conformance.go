@@ -197,14 +197,14 @@ func (s *suite) recordPublished(m *nats.Msg) {
 func (s *suite) checkCatalog() bool {
 	ctx, bus, tool := s.ctx, s.bus, s.cfg.Tool
 	if err := poll(ctx, func() error {
-		cs, err := bus.Contracts(ctx)
+		cs, err := bus.Store().Contracts(ctx)
 		if err != nil {
 			return err
 		}
 		if !slices.ContainsFunc(cs, func(c toolbus.ToolContract) bool { return c.Name == tool }) {
 			return fmt.Errorf("no %s in the catalog (KV %s)", tool, store.BucketTools)
 		}
-		ins, err := bus.Instances(ctx)
+		ins, err := bus.Store().Instances(ctx)
 		if err != nil {
 			return err
 		}
@@ -244,7 +244,7 @@ func (s *suite) requestAll() error {
 		}
 	}
 	// Poison: not a CloudEvent, on the tool's queue. The executor terminates it and goes on.
-	if _, err := bus.JS.Publish(ctx, events.SubjectToolRequested(s.poisonRun(), tool), []byte("not json at all")); err != nil {
+	if _, err := bus.JetStream().Publish(ctx, events.SubjectToolRequested(s.poisonRun(), tool), []byte("not json at all")); err != nil {
 		return fmt.Errorf("conformance: %w", err)
 	}
 	// Subject and body disagree: a call on this run's subject whose data names another
@@ -438,7 +438,7 @@ func request(ctx context.Context, bus *events.Bus, run, tool string, c call) err
 		id := events.IDToolFinished(run, 0, c.name)
 		m := nats.NewMsg(events.SubjectRunStarted(run+"-decoy", "conformance"))
 		m.Data = []byte("squat " + id)
-		if _, err := bus.JS.PublishMsg(ctx, m, jetstream.WithMsgID(id)); err != nil {
+		if _, err := bus.JetStream().PublishMsg(ctx, m, jetstream.WithMsgID(id)); err != nil {
 			return fmt.Errorf("conformance: squat %s: %w", id, err)
 		}
 	}
@@ -455,7 +455,7 @@ func request(ctx context.Context, bus *events.Bus, run, tool string, c call) err
 
 // claimed reports (as nil) whether the executor claimed the call in the claims bucket.
 func claimed(ctx context.Context, bus *events.Bus, tool, run, callID string) error {
-	kv, err := bus.JS.KeyValue(ctx, store.BucketClaims)
+	kv, err := bus.JetStream().KeyValue(ctx, store.BucketClaims)
 	if err != nil {
 		return err
 	}
@@ -465,7 +465,7 @@ func claimed(ctx context.Context, bus *events.Bus, tool, run, callID string) err
 
 // storedResult returns the first tool.finished of a run in the stream.
 func storedResult(ctx context.Context, bus *events.Bus, run, tool string) (*nats.Msg, error) {
-	raw, err := bus.Stream.GetLastMsgForSubject(ctx, events.SubjectToolFinished(run, tool))
+	raw, err := bus.EventStream().GetLastMsgForSubject(ctx, events.SubjectToolFinished(run, tool))
 	if err != nil {
 		return nil, err
 	}
@@ -476,7 +476,7 @@ func storedResult(ctx context.Context, bus *events.Bus, run, tool string) (*nats
 
 // countStored counts the tool.finished events of a run in the stream.
 func countStored(ctx context.Context, bus *events.Bus, run string) (int, error) {
-	evs, err := events.ReadEvents(ctx, bus.Stream, events.SubjectPrefix+"."+run+".tool.finished.>")
+	evs, err := events.ReadEvents(ctx, bus.EventStream(), events.SubjectPrefix+"."+run+".tool.finished.>")
 	if err != nil {
 		return 0, fmt.Errorf("conformance: %w", err)
 	}
@@ -486,7 +486,7 @@ func countStored(ctx context.Context, bus *events.Bus, run string) (int, error) 
 // checkProgress checks the tool.progress events of one call's run and returns how
 // many there are.
 func checkProgress(ctx context.Context, bus *events.Bus, run, callID string, fail func(string, ...any)) (int, error) {
-	evs, err := events.ReadEvents(ctx, bus.Stream, events.SubjectRun(run))
+	evs, err := events.ReadEvents(ctx, bus.EventStream(), events.SubjectRun(run))
 	if err != nil {
 		return 0, err
 	}
@@ -524,7 +524,7 @@ func checkProgress(ctx context.Context, bus *events.Bus, run, callID string, fai
 
 // checkContract checks the tool's catalog entry.
 func checkContract(ctx context.Context, bus *events.Bus, tool string, fail func(string, ...any)) {
-	cs, err := bus.Contracts(ctx)
+	cs, err := bus.Store().Contracts(ctx)
 	if err != nil {
 		fail("catalog: %v", err)
 		return

@@ -235,7 +235,7 @@ func (c *server) cancel(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "invalid run id", http.StatusBadRequest)
 		return
 	}
-	st, _, err := c.bus.RunState(ctx, run)
+	st, _, err := c.bus.Store().RunState(ctx, run)
 	if err != nil {
 		if errors.Is(err, events.ErrRunNotFound) {
 			http.Error(w, fmt.Sprintf("run %s not found", run), http.StatusNotFound)

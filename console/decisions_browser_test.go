@@ -101,7 +101,7 @@ func TestConsoleDecisionsInBrowser(t *testing.T) {
 			setArgs(`{"service":42}`),
 			chromedp.Click(`#decide-b button.approve`, chromedp.ByQuery))
 		waitPageText(t, bctx, "edit of call b deploy refused")
-		if _, err := p.bus.StepDecision(p.ctx, "b-edit", 0, "b"); err == nil {
+		if _, err := p.bus.Store().StepDecision(p.ctx, "b-edit", 0, "b"); err == nil {
 			t.Fatal("the refused edit was recorded")
 		}
 		var kind, ran string

@@ -42,7 +42,7 @@ func TestConsoleDecisions(t *testing.T) {
 	if code != http.StatusConflict || !strings.Contains(body, "edit of call b deploy refused") {
 		t.Fatalf("invalid edit: %d %s, want 409 with the reason", code, body)
 	}
-	if _, err := p.bus.StepDecision(p.ctx, "c-edit", 0, "b"); err == nil {
+	if _, err := p.bus.Store().StepDecision(p.ctx, "c-edit", 0, "b"); err == nil {
 		t.Fatal("an invalid edit was recorded")
 	}
 	code, body = post(t, srv.URL+"/runs/c-edit/approve", erin, url.Values{"call": {"b"}, "args": {`{"service":"web"}`}})

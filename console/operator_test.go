@@ -148,7 +148,7 @@ func TestConsoleOperator(t *testing.T) {
 		run := fmt.Sprintf("o-page-%d", i)
 		p.submitAs(run, "carol", fmt.Sprintf("paging needle %d", i), toolbus.Limits{})
 		p.waitStatus(run, toolbus.RunCompleted)
-		st, _, err := p.bus.RunState(p.ctx, run)
+		st, _, err := p.bus.Store().RunState(p.ctx, run)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -261,7 +261,7 @@ func TestConsoleOperator(t *testing.T) {
 			t.Fatalf("o-wait's call: status %q, wait bars minus run bars %d, %q; want a wait bar only, waiting for approval and for how long", wait, waitBars, waitDur)
 		}
 		// Approved, the call shows its wait and then its run.
-		step, _, err := p.bus.RunState(p.ctx, "o-wait")
+		step, _, err := p.bus.Store().RunState(p.ctx, "o-wait")
 		if err != nil {
 			t.Fatal(err)
 		}

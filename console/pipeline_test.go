@@ -91,7 +91,7 @@ func startPipelineOn(t *testing.T, nc *nats.Conn, scripts map[string]*planner.Sc
 	serve(worker.New(bus, exec, worker.Config{WorkerConfig: events.WorkerConfig{Instance: "exec-1", Logger: log, Grace: time.Second}}))
 	// Deadlines are generous: the tests share a loaded machine.
 	eventstest.Eventually(t, time.Minute, func() error {
-		cat, err := bus.WatchCatalog(ctx, nil)
+		cat, err := bus.Store().WatchCatalog(ctx, nil)
 		if err != nil {
 			return err
 		}
@@ -100,7 +100,7 @@ func startPipelineOn(t *testing.T, nc *nats.Conn, scripts map[string]*planner.Sc
 		}
 		return nil
 	})
-	cat, err := bus.WatchCatalog(ctx, log)
+	cat, err := bus.Store().WatchCatalog(ctx, log)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -136,7 +136,7 @@ func (p *pipeline) submitAs(run, principal, question string, limits toolbus.Limi
 func (p *pipeline) waitStatus(run string, want toolbus.RunStatus) {
 	p.t.Helper()
 	eventstest.Eventually(p.t, time.Minute, func() error {
-		st, _, err := p.bus.RunState(p.ctx, run)
+		st, _, err := p.bus.Store().RunState(p.ctx, run)
 		if err != nil {
 			return err
 		}

@@ -76,7 +76,7 @@ func (c *server) runPage(w http.ResponseWriter, r *http.Request) {
 		}
 		rep := audit.Analyze(run, evs)
 		view = &runView{R: rep, Active: !rep.Status.Terminal()}
-		st, _, stErr := c.bus.RunState(ctx, run)
+		st, _, stErr := c.bus.Store().RunState(ctx, run)
 		if stErr == nil && st.Status == toolbus.RunWaitingForApproval && st.Ended != nil {
 			view.Waiting = st.Ended.Pending
 		} else if rep.Status == toolbus.RunWaitingForApproval {
@@ -246,7 +246,7 @@ func (c *server) fullOutput(ctx context.Context, cc *consoleCall) {
 	if rc == nil || rc.Truncated == nil || rc.Truncated.Ref == "" {
 		return
 	}
-	data, err := c.bus.Output(ctx, rc.Truncated.Ref)
+	data, err := c.bus.Store().Output(ctx, rc.Truncated.Ref)
 	if err != nil {
 		cc.OutputErr = err.Error()
 		return

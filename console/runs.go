@@ -157,11 +157,11 @@ func (c *server) runsPage(w http.ResponseWriter, r *http.Request) {
 // runs reads the list: every run state, filtered and searched, then the page's rows.
 func (c *server) runs(ctx context.Context, q runQuery) (runsView, error) {
 	view := runsView{Query: q, Statuses: toolbus.RunStatuses}
-	states, err := c.bus.Runs(ctx)
+	states, err := c.bus.Store().Runs(ctx)
 	if err != nil {
 		return view, err
 	}
-	if contracts, err := c.bus.Contracts(ctx); err == nil {
+	if contracts, err := c.bus.Store().Contracts(ctx); err == nil {
 		for _, tc := range contracts {
 			view.Tools = append(view.Tools, tc.Name)
 		}
@@ -250,7 +250,7 @@ func (c *server) runRow(ctx context.Context, st store.RunState, now time.Time) r
 	}
 	step := st.Step
 	if row.Active {
-		if s, err := c.bus.CurrentStep(ctx, st.RunID); err == nil {
+		if s, err := c.bus.Store().CurrentStep(ctx, st.RunID); err == nil {
 			step = s
 		}
 	} else {
@@ -258,7 +258,7 @@ func (c *server) runRow(ctx context.Context, st store.RunState, now time.Time) r
 	}
 	if st.Ended != nil && st.Status != toolbus.RunWaitingForApproval {
 		row.Tokens = st.Ended.Usage.Total()
-	} else if u, err := c.bus.UsageSoFar(ctx, st.RunID, step); err == nil {
+	} else if u, err := c.bus.Store().UsageSoFar(ctx, st.RunID, step); err == nil {
 		row.Tokens = u.Total()
 	}
 	return row

@@ -75,11 +75,11 @@ func (c *server) toolsPage(w http.ResponseWriter, r *http.Request) {
 // tools joins the catalog, the instances, the queues and the open calls.
 func (c *server) tools(ctx context.Context, now time.Time) (toolsView, error) {
 	var view toolsView
-	contracts, err := c.bus.Contracts(ctx)
+	contracts, err := c.bus.Store().Contracts(ctx)
 	if err != nil {
 		return view, err
 	}
-	instances, err := c.bus.Instances(ctx)
+	instances, err := c.bus.Store().Instances(ctx)
 	if err != nil {
 		return view, err
 	}
@@ -125,7 +125,7 @@ func (c *server) tools(ctx context.Context, now time.Time) (toolsView, error) {
 // openCalls reads the calls without a result of the active runs (the newest
 // consoleMaxActiveScan of them; partial when there are more).
 func (c *server) openCalls(ctx context.Context) ([]openCall, bool, error) {
-	states, err := c.bus.Runs(ctx)
+	states, err := c.bus.Store().Runs(ctx)
 	if err != nil {
 		return nil, false, err
 	}

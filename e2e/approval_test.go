@@ -58,7 +58,7 @@ func (d *deployTool) total() int {
 // `toolbus approve` and `toolbus deny` do.
 func (s *stack) decide(run, callID string, granted bool, why string) {
 	s.t.Helper()
-	step, err := s.bus.CurrentStep(s.ctx, run)
+	step, err := s.bus.Store().CurrentStep(s.ctx, run)
 	if err != nil {
 		s.t.Fatal(err)
 	}
@@ -142,7 +142,7 @@ func TestApprovalGrantedKeepsEveryResult(t *testing.T) {
 	if n := deploy.total(); n != 0 {
 		t.Fatalf("deploy ran %d times before approval", n)
 	}
-	st, _, err := s.bus.RunState(s.ctx, "approve-1")
+	st, _, err := s.bus.Store().RunState(s.ctx, "approve-1")
 	if err != nil || st.Status != toolbus.RunWaitingForApproval || st.Step != 0 {
 		t.Fatalf("run state %+v %v", st, err)
 	}
@@ -305,13 +305,13 @@ func TestApprovalBeforeTheCallWaits(t *testing.T) {
 	s.startInjector("injector-1")
 	s.submit("early-1", toolbus.Limits{})
 	eventstest.Eventually(t, 10*time.Second, func() error {
-		_, err := s.bus.Assistant(s.ctx, "early-1", 0)
+		_, err := s.bus.Store().Assistant(s.ctx, "early-1", 0)
 		return err
 	})
 	s.decide("early-1", "b", true, "pre-approved")
 	// The decision is recorded before any executor sees the call.
 	eventstest.Eventually(t, 10*time.Second, func() error {
-		_, err := s.bus.StepDecision(s.ctx, "early-1", 0, "b")
+		_, err := s.bus.Store().StepDecision(s.ctx, "early-1", 0, "b")
 		return err
 	})
 	s.startExecutor("executor-2", worker.Config{})
@@ -397,7 +397,7 @@ func TestEditRefusedOnTheBus(t *testing.T) {
 	// Both refusals are terminated by the injector: wait until its queue has no
 	// pending approvals, then check that nothing was recorded.
 	eventstest.Eventually(t, 30*time.Second, func() error {
-		ci, err := s.bus.Stream.Consumer(s.ctx, "injector-approvals")
+		ci, err := s.bus.EventStream().Consumer(s.ctx, "injector-approvals")
 		if err != nil {
 			return err
 		}
@@ -410,7 +410,7 @@ func TestEditRefusedOnTheBus(t *testing.T) {
 		}
 		return nil
 	})
-	if d, err := s.bus.StepDecision(s.ctx, "edit-bus", 0, "b"); err == nil {
+	if d, err := s.bus.Store().StepDecision(s.ctx, "edit-bus", 0, "b"); err == nil {
 		t.Fatalf("a refused decision was recorded: %+v", d)
 	}
 	if n := deploy.total(); n != 0 {

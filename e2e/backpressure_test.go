@@ -122,7 +122,7 @@ func TestBackPressureLimits(t *testing.T) {
 		s.start(w.name, must(worker.New(s.bus, w.executor, cfg)).Run)
 	}
 	eventstest.Eventually(t, 10*time.Second, func() error {
-		cat, err := s.bus.WatchCatalog(s.ctx, nil)
+		cat, err := s.bus.Store().WatchCatalog(s.ctx, nil)
 		if err != nil {
 			return err
 		}

@@ -16,7 +16,7 @@ import (
 // are d (what TOOLBUS_MAX_STEPS, TOOLBUS_RUN_TIMEOUT and TOOLBUS_TOKEN_BUDGET set).
 func (s *stack) startWithDefaults(d toolbus.DefaultLimits, extra worker.Config) {
 	s.startExecutor("executor-1", extra)
-	cat, err := s.bus.WatchCatalog(s.ctx, s.log)
+	cat, err := s.bus.Store().WatchCatalog(s.ctx, s.log)
 	if err != nil {
 		s.t.Fatal(err)
 	}

@@ -39,7 +39,7 @@ func (s *stack) waitIdle(durable string) {
 	s.t.Helper()
 	eventstest.Eventually(s.t, 30*time.Second, func() error {
 		for _, durable := range executorQueues(s, []string{durable}) {
-			cons, err := s.bus.Stream.Consumer(s.ctx, durable)
+			cons, err := s.bus.EventStream().Consumer(s.ctx, durable)
 			if err != nil {
 				return err
 			}
@@ -64,7 +64,7 @@ func executorQueues(s *stack, durables []string) []string {
 			out = append(out, d)
 			continue
 		}
-		for name := range s.bus.Stream.ConsumerNames(s.ctx).Name() {
+		for name := range s.bus.EventStream().ConsumerNames(s.ctx).Name() {
 			if strings.HasPrefix(name, "tool_") {
 				out = append(out, name)
 			}
@@ -110,7 +110,7 @@ func TestCancelInFlightOnEveryExecutor(t *testing.T) {
 		t.Fatal(err)
 	}
 	eventstest.Eventually(t, 10*time.Second, func() error {
-		st, _, err := s.bus.RunState(s.ctx, "cancel-1")
+		st, _, err := s.bus.Store().RunState(s.ctx, "cancel-1")
 		if err != nil {
 			return err
 		}
@@ -153,7 +153,7 @@ func TestCancelInFlightOnEveryExecutor(t *testing.T) {
 	}
 	s.waitIdle("injector")
 
-	st, _, err := s.bus.RunState(s.ctx, "cancel-1")
+	st, _, err := s.bus.Store().RunState(s.ctx, "cancel-1")
 	if err != nil || st.Status != toolbus.RunCancelled {
 		t.Fatalf("run state %+v %v", st, err)
 	}
@@ -195,7 +195,7 @@ func TestCancelWhileWaitingForApproval(t *testing.T) {
 	if n := deploy.total(); n != 0 {
 		t.Fatalf("deploy ran %d times in a cancelled run", n)
 	}
-	if _, err := s.bus.StepDecision(s.ctx, "cancel-waiting", 0, "b"); !errors.Is(err, events.ErrNotFound) {
+	if _, err := s.bus.Store().StepDecision(s.ctx, "cancel-waiting", 0, "b"); !errors.Is(err, events.ErrNotFound) {
 		t.Fatalf("a decision was recorded for an ended run: %v", err)
 	}
 	if outs := s.outcomes("cancel-waiting"); outs[len(outs)-1].Status != toolbus.RunCancelled {
@@ -214,7 +214,7 @@ func TestCancelEndedRun(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.waitIdle("injector")
-	st, _, err := s.bus.RunState(s.ctx, "cancel-late")
+	st, _, err := s.bus.Store().RunState(s.ctx, "cancel-late")
 	if err != nil || st.Status != toolbus.RunCompleted {
 		t.Fatalf("run state %+v %v", st, err)
 	}

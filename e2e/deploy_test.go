@@ -97,7 +97,7 @@ func TestSaturatedExecutorRunsNothingTwice(t *testing.T) {
 	if len(res) != calls {
 		t.Fatalf("%d results for %d calls", len(res), calls)
 	}
-	ci, err := s.bus.Stream.Consumer(s.ctx, events.ToolConsumer("slow_effect"))
+	ci, err := s.bus.EventStream().Consumer(s.ctx, events.ToolConsumer("slow_effect"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -123,7 +123,7 @@ func TestCustomExecutorExample(t *testing.T) {
 	}}
 	s := newStack(t, model)
 	s.startAll()
-	cat, err := s.bus.WatchCatalog(s.ctx, nil)
+	cat, err := s.bus.Store().WatchCatalog(s.ctx, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -59,7 +59,7 @@ func TestLateResultOfSupersededAttempt(t *testing.T) {
 			s := newStack(t, model)
 			// The tool is in the catalog (the planner routes the call to its queue) but
 			// no executor runs here: the test answers for them.
-			if err := s.bus.PublishTool(s.ctx, toolbus.ToolContract{Name: tool, Description: "fenced",
+			if err := s.bus.Store().PublishTool(s.ctx, toolbus.ToolContract{Name: tool, Description: "fenced",
 				InputSchema: json.RawMessage(`{"type":"object"}`)}, false); err != nil {
 				t.Fatal(err)
 			}
@@ -73,7 +73,7 @@ func TestLateResultOfSupersededAttempt(t *testing.T) {
 				}
 				return nil
 			})
-			if _, _, err := s.bus.ClaimCall(s.ctx, tool, run, 0, "c1", tc.claim); err != nil {
+			if _, _, err := s.bus.Store().ClaimCall(s.ctx, tool, run, 0, "c1", tc.claim); err != nil {
 				t.Fatal(err)
 			}
 			if tc.ownerAlive {
@@ -94,7 +94,7 @@ func TestLateResultOfSupersededAttempt(t *testing.T) {
 				// The injector received the late result and handed it back (it is
 				// redelivered) without joining it: the model was not asked again.
 				eventstest.Eventually(t, 30*time.Second, func() error {
-					info, err := s.bus.Stream.Consumer(s.ctx, events.ConsumerInjector)
+					info, err := s.bus.EventStream().Consumer(s.ctx, events.ConsumerInjector)
 					if err != nil {
 						return err
 					}
@@ -150,7 +150,7 @@ func TestLateResultOfSupersededAttempt(t *testing.T) {
 func keepAlive(t *testing.T, s *stack, name, boot string) {
 	t.Helper()
 	put := func() error {
-		_, err := s.bus.PutInstance(s.ctx, store.Instance{Name: name, Boot: boot, HeartbeatAt: time.Now().UTC()})
+		_, err := s.bus.Store().PutInstance(s.ctx, store.Instance{Name: name, Boot: boot, HeartbeatAt: time.Now().UTC()})
 		return err
 	}
 	if err := put(); err != nil {
@@ -160,7 +160,7 @@ func keepAlive(t *testing.T, s *stack, name, boot string) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		tick := time.NewTicker(s.bus.InstanceTTL() / 5)
+		tick := time.NewTicker(s.bus.Store().InstanceTTL() / 5)
 		defer tick.Stop()
 		for {
 			select {
@@ -197,7 +197,7 @@ func TestResultsCarryTheirLease(t *testing.T) {
 			t.Errorf("result of %s carries no lease_until", tf.CallID)
 		case !ev.Time.Before(*tf.LeaseUntil):
 			t.Errorf("result of %s stored at %s, not before its lease_until %s", tf.CallID, ev.Time, tf.LeaseUntil)
-		case tf.LeaseUntil.After(ev.Time.Add(s.bus.InstanceTTL())):
+		case tf.LeaseUntil.After(ev.Time.Add(s.bus.Store().InstanceTTL())):
 			t.Errorf("result of %s: lease_until %s is more than one instance TTL after it was stored (%s)", tf.CallID, tf.LeaseUntil, ev.Time)
 		}
 	}})

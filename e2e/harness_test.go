@@ -148,7 +148,7 @@ func (s *stack) startExecutor(name string, cfg worker.Config, opts ...executor.O
 	w := must(worker.New(s.busOf("executor"), exec, cfg))
 	s.start(name, w.Run)
 	// The planner must see every tool this executor serves before the first run.
-	cat, err := s.bus.WatchCatalog(s.ctx, nil)
+	cat, err := s.bus.Store().WatchCatalog(s.ctx, nil)
 	if err != nil {
 		s.t.Fatal(err)
 	}
@@ -167,7 +167,7 @@ func (s *stack) startExecutor(name string, cfg worker.Config, opts ...executor.O
 }
 
 func (s *stack) startPlanner(name string) {
-	cat, err := s.busOf("planner").WatchCatalog(s.ctx, s.log)
+	cat, err := s.busOf("planner").Store().WatchCatalog(s.ctx, s.log)
 	if err != nil {
 		s.t.Fatal(err)
 	}
@@ -202,7 +202,7 @@ func (s *stack) submit(run string, limits toolbus.Limits, allowed ...string) {
 // runEvents returns every event of a run in stream order.
 func (s *stack) runEvents(run string) []events.StoredEvent {
 	s.t.Helper()
-	evs, err := events.ReadEvents(s.ctx, s.bus.Stream, events.SubjectRun(run))
+	evs, err := events.ReadEvents(s.ctx, s.bus.EventStream(), events.SubjectRun(run))
 	if err != nil {
 		s.t.Fatal(err)
 	}
@@ -231,7 +231,7 @@ func (s *stack) waitEnd(run string, statuses ...toolbus.RunStatus) toolbus.RunEn
 	var ended toolbus.RunEnded
 	eventstest.Eventually(s.t, 150*time.Second, func() error {
 		for _, st := range statuses {
-			raw, err := s.bus.Stream.GetLastMsgForSubject(s.ctx, events.SubjectRunEnded(run, st))
+			raw, err := s.bus.EventStream().GetLastMsgForSubject(s.ctx, events.SubjectRunEnded(run, st))
 			if err != nil {
 				continue
 			}

@@ -32,7 +32,7 @@ func TestHugeOutputKeptWhole(t *testing.T) {
 	if r.Truncated.OriginalBytes < 3<<20 || len(r.Content) > 16384 {
 		t.Fatalf("bounds: original %d, content %d", r.Truncated.OriginalBytes, len(r.Content))
 	}
-	whole, err := s.bus.Output(s.ctx, r.Truncated.Ref)
+	whole, err := s.bus.Store().Output(s.ctx, r.Truncated.Ref)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -119,7 +119,7 @@ func quiet(t *testing.T, s *stack, durables ...string) {
 	t.Helper()
 	eventstest.Eventually(t, 20*time.Second, func() error {
 		for _, d := range executorQueues(s, durables) {
-			c, err := s.bus.Stream.Consumer(s.ctx, d)
+			c, err := s.bus.EventStream().Consumer(s.ctx, d)
 			if err != nil {
 				return err
 			}
@@ -355,7 +355,7 @@ func TestHostileDuplicateResultFirstStands(t *testing.T) {
 	const run = "dup-1"
 	s.submit(run, toolbus.Limits{})
 	eventstest.Eventually(t, 10*time.Second, func() error {
-		rec, _, err := s.bus.Step(s.ctx, run, 0)
+		rec, _, err := s.bus.Store().Step(s.ctx, run, 0)
 		if err != nil {
 			return err
 		}
@@ -410,7 +410,7 @@ func TestHostileDuplicateResultFirstStands(t *testing.T) {
 	if _, ok := adv.get(sameAck.Sequence); ok {
 		t.Fatal("an identical duplicate was terminated")
 	}
-	rec, _, err := s.bus.Step(s.ctx, run, 0)
+	rec, _, err := s.bus.Store().Step(s.ctx, run, 0)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -151,7 +151,7 @@ func TestDeadlineEndsAStepThatNeverCompletes(t *testing.T) {
 	}}
 	s := newStack(t, model, lost)
 	s.startExecutor("executor-lost", worker.Config{Tools: []string{"lost"}})
-	cat, err := s.bus.WatchCatalog(s.ctx, nil)
+	cat, err := s.bus.Store().WatchCatalog(s.ctx, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -239,7 +239,7 @@ func TestOutcomeRepublishedAfterCrash(t *testing.T) {
 	if crashes.Load() < 1 {
 		t.Fatal("the crash was never injected")
 	}
-	st, _, err := s.bus.RunState(s.ctx, "crash-1")
+	st, _, err := s.bus.Store().RunState(s.ctx, "crash-1")
 	if err != nil || st.Ended == nil || st.Ended.Code != toolbus.LimitMaxSteps {
 		t.Fatalf("stored outcome %+v, %v", st, err)
 	}
@@ -298,14 +298,14 @@ func TestForgedResultsCannotReplaceOrWedgeAStep(t *testing.T) {
 	s.publishForged("f-callid", forged(1, 2, "zzz", "gate")) // wrong call id
 	s.publishForged("f-tool", forged(1, 2, "b", "noop"))     // wrong tool
 	s.waitIdle("injector")
-	if st, _, err := s.bus.StepState(s.ctx, "forged-1", 0); err == nil && st.Received.Count() != 0 {
+	if st, _, err := s.bus.Store().StepState(s.ctx, "forged-1", 0); err == nil && st.Received.Count() != 0 {
 		t.Fatalf("forged results joined: %+v", st)
 	}
 
 	close(release)
 	// The real result of a is joined; a forged duplicate behind it is terminated.
 	eventstest.Eventually(t, 30*time.Second, func() error {
-		_, err := s.bus.Result(s.ctx, "forged-1", 0, 0)
+		_, err := s.bus.Store().Result(s.ctx, "forged-1", 0, 0)
 		return err
 	})
 	s.publishForged("f-dup", forged(0, 2, "a", "gate"))
@@ -321,7 +321,7 @@ func TestForgedResultsCannotReplaceOrWedgeAStep(t *testing.T) {
 		t.Fatalf("step 1 history: %d tool messages, %d real; want 2 real: %+v", all, real, req.Messages)
 	}
 	s.waitIdle("injector")
-	if r, err := s.bus.Result(s.ctx, "forged-1", 0, 0); err != nil || !strings.Contains(r.Content, "real") {
+	if r, err := s.bus.Store().Result(s.ctx, "forged-1", 0, 0); err != nil || !strings.Contains(r.Content, "real") {
 		t.Fatalf("joined result of a: %+v %v", r, err)
 	}
 }
@@ -381,7 +381,7 @@ func TestRunIDIsNeverReused(t *testing.T) {
 	if seq, err := s.bus.RunStartedSeq(s.ctx, "once-1"); err != nil || seq != firstSeq {
 		t.Fatalf("first run.started at %d (%v), want %d", seq, err, firstSeq)
 	}
-	if st, _, err := s.bus.RunState(s.ctx, "once-1"); err != nil || st.Status != toolbus.RunCompleted {
+	if st, _, err := s.bus.Store().RunState(s.ctx, "once-1"); err != nil || st.Status != toolbus.RunCompleted {
 		t.Fatalf("run state %+v %v", st, err)
 	}
 	if n := countType(s.runEvents("once-1"), events.TypeModelRequested); n != 2 {
@@ -444,7 +444,7 @@ func TestApprovalBoundToItsStep(t *testing.T) {
 	s.waitOutcome("bound-1", "waiting for call_X", waitingFor("call_X"))
 	s.decide("bound-1", "call_X", true, "step 0")
 	eventstest.Eventually(t, 30*time.Second, func() error {
-		if _, err := s.bus.Assistant(s.ctx, "bound-1", 1); err != nil {
+		if _, err := s.bus.Store().Assistant(s.ctx, "bound-1", 1); err != nil {
 			return err
 		}
 		if n := len(s.outcomes("bound-1")); n < 2 {
@@ -464,13 +464,13 @@ func TestApprovalBoundToItsStep(t *testing.T) {
 	}
 	s.waitIdle("injector-approvals")
 	s.waitIdle("injector")
-	if _, err := s.bus.StepDecision(s.ctx, "bound-1", 1, "call_X"); !errors.Is(err, events.ErrNotFound) {
+	if _, err := s.bus.Store().StepDecision(s.ctx, "bound-1", 1, "call_X"); !errors.Is(err, events.ErrNotFound) {
 		t.Fatalf("step 1 decision: %v, want none", err)
 	}
 	if n := deploy.total(); n != 1 {
 		t.Fatalf("deploy ran %d times before step 1 was decided, want 1", n)
 	}
-	if st, _, err := s.bus.RunState(s.ctx, "bound-1"); err != nil || st.Status != toolbus.RunWaitingForApproval {
+	if st, _, err := s.bus.Store().RunState(s.ctx, "bound-1"); err != nil || st.Status != toolbus.RunWaitingForApproval {
 		t.Fatalf("run state %+v %v, want waiting_for_approval", st, err)
 	}
 	s.decide("bound-1", "call_X", true, "step 1")
@@ -536,13 +536,13 @@ func TestPersistentStoreFailureEndsTheRun(t *testing.T) {
 	s.submit("store-1", toolbus.Limits{Deadline: time.Now().Add(2 * time.Minute)})
 	s.waitEvents("store-1", events.TypeToolRequested, 1)
 	// From now on the history bucket refuses every write: results cannot be joined.
-	hist, err := s.bus.JS.Stream(s.ctx, "KV_"+store.BucketHistory)
+	hist, err := s.bus.JetStream().Stream(s.ctx, "KV_"+store.BucketHistory)
 	if err != nil {
 		t.Fatal(err)
 	}
 	cfg := hist.CachedInfo().Config
 	cfg.MaxMsgSize = 8
-	if _, err := s.bus.JS.UpdateStream(s.ctx, cfg); err != nil {
+	if _, err := s.bus.JetStream().UpdateStream(s.ctx, cfg); err != nil {
 		t.Fatal(err)
 	}
 	close(release)

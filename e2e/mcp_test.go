@@ -231,7 +231,7 @@ func TestMCPListChangedReachesCatalog(t *testing.T) {
 	}
 	t.Cleanup(p.Close)
 	s.start("mcp-exec", w.Run)
-	cat, err := s.bus.WatchCatalog(s.ctx, nil)
+	cat, err := s.bus.Store().WatchCatalog(s.ctx, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

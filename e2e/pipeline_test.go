@@ -282,7 +282,7 @@ func TestInjectorRestartMidStep(t *testing.T) {
 	s.submit("restart-1", toolbus.Limits{})
 	// The first result is joined by injector-1...
 	eventstest.Eventually(t, 10*time.Second, func() error {
-		rec, _, err := s.bus.Step(s.ctx, "restart-1", 0)
+		rec, _, err := s.bus.Store().Step(s.ctx, "restart-1", 0)
 		if err != nil {
 			return err
 		}

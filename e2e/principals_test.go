@@ -127,7 +127,7 @@ func TestSecurityPrincipalsBound(t *testing.T) {
 					}
 					return fmt.Errorf("%s: no permissions violation on %s: %v", what, subject, s.viol.all())
 				})
-				if raw, err := admin.Stream.GetMsg(s.ctx, 1, jetstream.WithGetMsgSubject(subject)); !errors.Is(err, jetstream.ErrMsgNotFound) {
+				if raw, err := admin.EventStream().GetMsg(s.ctx, 1, jetstream.WithGetMsgSubject(subject)); !errors.Is(err, jetstream.ErrMsgNotFound) {
 					t.Fatalf("%s: the stream has #%v on %s (%v)", what, raw, subject, err)
 				}
 				t.Logf("%s: refused by the server (%v)", what, err)
@@ -181,7 +181,7 @@ func TestSecurityPrincipalsBound(t *testing.T) {
 				t.Fatal(err)
 			}
 			s.waitOutcome(approve, toolbus.RunWaitingForApproval)
-			step, err := alice.CurrentStep(s.ctx, approve)
+			step, err := alice.Store().CurrentStep(s.ctx, approve)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -196,7 +196,7 @@ func TestSecurityPrincipalsBound(t *testing.T) {
 				events.ApprovalEvent(src, step, toolbus.Approval{RunID: approve, CallID: "d", Who: "bob"}, true))
 			mismatchTerminated(t, tr, seq, events.ConsumerInjectorApprovals)
 			mismatchInReplay(approve, seq)
-			if _, err := admin.StepDecision(s.ctx, approve, step, "d"); !errors.Is(err, events.ErrNotFound) {
+			if _, err := admin.Store().StepDecision(s.ctx, approve, step, "d"); !errors.Is(err, events.ErrNotFound) {
 				t.Fatalf("a decision was recorded: %v", err)
 			}
 			if n := deploy.total(); n != 0 {

@@ -115,7 +115,7 @@ func matrixFeatures(deploy *deployTool, held <-chan string) []feature {
 		{"tools", func(t *testing.T, s *secured, _ string) {
 			// What `toolbus tools` reads: the catalog and the live instances.
 			client := s.buses["client"]
-			cs, err := client.Contracts(s.ctx)
+			cs, err := client.Store().Contracts(s.ctx)
 			if err != nil {
 				t.Fatalf("client lists the catalog: %v", err)
 			}
@@ -128,7 +128,7 @@ func matrixFeatures(deploy *deployTool, held <-chan string) []feature {
 					t.Fatalf("catalog %v has no %s", names, want)
 				}
 			}
-			ins, err := client.Instances(s.ctx)
+			ins, err := client.Store().Instances(s.ctx)
 			if err != nil || len(ins) == 0 {
 				t.Fatalf("client lists instances: %v %+v", err, ins)
 			}
@@ -152,7 +152,7 @@ func matrixFeatures(deploy *deployTool, held <-chan string) []feature {
 		{"runs", func(t *testing.T, s *secured, run string) {
 			s.start(run, toolbus.Limits{})
 			s.waitOutcome(run, toolbus.RunCompleted)
-			runs, err := s.buses["client"].Runs(s.ctx)
+			runs, err := s.buses["client"].Store().Runs(s.ctx)
 			if err != nil {
 				t.Fatalf("client lists runs: %v", err)
 			}
@@ -168,7 +168,7 @@ func matrixFeatures(deploy *deployTool, held <-chan string) []feature {
 			if r.Status != toolbus.StatusSucceeded || r.Truncated == nil || r.Truncated.Ref == "" {
 				t.Fatalf("large output not kept in the object store: %+v", r)
 			}
-			data, err := s.buses["client"].Output(s.ctx, r.Truncated.Ref)
+			data, err := s.buses["client"].Store().Output(s.ctx, r.Truncated.Ref)
 			if err != nil || len(data) != r.Truncated.OriginalBytes {
 				t.Fatalf("client reads the output: %d bytes, %v; want %d", len(data), err, r.Truncated.OriginalBytes)
 			}
@@ -409,7 +409,7 @@ func (s *secured) waitOutcome(run string, status toolbus.RunStatus) toolbus.RunE
 func (s *secured) decide(run, callID string, granted bool) {
 	s.t.Helper()
 	client := s.buses["client"]
-	step, err := client.CurrentStep(s.ctx, run)
+	step, err := client.Store().CurrentStep(s.ctx, run)
 	if err != nil {
 		s.t.Fatalf("client reads the step of %s: %v", run, err)
 	}
@@ -607,7 +607,7 @@ func TestRolesReadersCannotExhaustConsumers(t *testing.T) {
 		"KV_" + store.BucketRuns:                    admin,
 	}
 	for name, by := range fill {
-		st, err := admin.JS.Stream(s.ctx, name)
+		st, err := admin.JetStream().Stream(s.ctx, name)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -617,7 +617,7 @@ func TestRolesReadersCannotExhaustConsumers(t *testing.T) {
 				c.MaxConsumers, c.ConsumerLimits.InactiveThreshold, provision.ReaderMaxConsumers, provision.ReaderConsumerInactive)
 		}
 		for i := 0; ; i++ {
-			_, err := by.JS.CreateConsumer(s.ctx, name, jetstream.ConsumerConfig{Durable: fmt.Sprintf("fill_%d", i), AckPolicy: jetstream.AckNonePolicy})
+			_, err := by.JetStream().CreateConsumer(s.ctx, name, jetstream.ConsumerConfig{Durable: fmt.Sprintf("fill_%d", i), AckPolicy: jetstream.AckNonePolicy})
 			if err != nil {
 				if !strings.Contains(err.Error(), "maximum consumers limit reached") {
 					t.Fatalf("%s: consumer %d: %v", name, i, err)
@@ -634,7 +634,7 @@ func TestRolesReadersCannotExhaustConsumers(t *testing.T) {
 	}
 	// A planner that starts now, and `toolbus mcp` (client credentials), read the catalog.
 	for _, role := range []string{"planner", "client"} {
-		cat, err := s.buses[role].WatchCatalog(s.ctx, nil)
+		cat, err := s.buses[role].Store().WatchCatalog(s.ctx, nil)
 		if err != nil {
 			t.Fatalf("%s reads the catalog with every reader stream full: %v", role, err)
 		}
@@ -643,7 +643,7 @@ func TestRolesReadersCannotExhaustConsumers(t *testing.T) {
 		}
 	}
 	log := testLogger()
-	cat, err := s.buses["planner"].WatchCatalog(s.ctx, log)
+	cat, err := s.buses["planner"].Store().WatchCatalog(s.ctx, log)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -661,10 +661,10 @@ func TestRolesReadersCannotExhaustConsumers(t *testing.T) {
 	s.runOnce("full-1")
 	s.clientReads("full-1")
 	waitWatched(t, s.ctx, tail, "tail", events.SubjectRunEnded("full-1", toolbus.RunCompleted))
-	if cs, err := s.buses["client"].Contracts(s.ctx); err != nil || len(cs) == 0 {
+	if cs, err := s.buses["client"].Store().Contracts(s.ctx); err != nil || len(cs) == 0 {
 		t.Fatalf("client lists tools: %v %d", err, len(cs))
 	}
-	if ins, err := s.buses["client"].Instances(s.ctx); err != nil || len(ins) == 0 {
+	if ins, err := s.buses["client"].Store().Instances(s.ctx); err != nil || len(ins) == 0 {
 		t.Fatalf("client lists instances: %v %d", err, len(ins))
 	}
 }

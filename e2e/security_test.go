@@ -54,7 +54,7 @@ func (s *secured) runOnce(run string) {
 	}
 	client := s.buses["client"]
 	eventstest.Eventually(t, 60*time.Second, func() error {
-		if _, err := client.Stream.GetLastMsgForSubject(s.ctx, events.SubjectRunEnded(run, toolbus.RunCompleted)); err != nil {
+		if _, err := client.EventStream().GetLastMsgForSubject(s.ctx, events.SubjectRunEnded(run, toolbus.RunCompleted)); err != nil {
 			return fmt.Errorf("run %s not completed: %w (violations %v)", run, err, s.viol.all())
 		}
 		return nil
@@ -85,7 +85,7 @@ func (s *secured) forbidden(role, subject string) {
 		}
 		return fmt.Errorf("no violation recorded for %s on %s: %v", role, subject, s.viol.all())
 	})
-	if _, err := s.buses["admin"].Stream.GetLastMsgForSubject(s.ctx, subject); !errors.Is(err, jetstream.ErrMsgNotFound) {
+	if _, err := s.buses["admin"].EventStream().GetLastMsgForSubject(s.ctx, subject); !errors.Is(err, jetstream.ErrMsgNotFound) {
 		t.Fatalf("the stream has a message on %s: %v", subject, err)
 	}
 }
@@ -286,13 +286,13 @@ func (s *secured) checkRoles() {
 	t := s.t
 	t.Helper()
 	admin := s.buses["admin"]
-	before, err := admin.Stream.Info(s.ctx)
+	before, err := admin.EventStream().Info(s.ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	consumersBefore := map[string]jetstream.ConsumerConfig{}
 	for _, c := range []string{events.ConsumerPlanner, events.ConsumerInjector, events.ConsumerInjectorApprovals, events.ToolConsumer("calculator")} {
-		ci, err := admin.Stream.Consumer(s.ctx, c)
+		ci, err := admin.EventStream().Consumer(s.ctx, c)
 		if err != nil {
 			t.Fatalf("consumer %s: %v", c, err)
 		}
@@ -350,7 +350,7 @@ func (s *secured) checkRoles() {
 	}
 	t.Logf("%d forbidden operations refused across %d roles", refused, len(secRoles))
 
-	after, err := admin.Stream.Info(s.ctx)
+	after, err := admin.EventStream().Info(s.ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -361,7 +361,7 @@ func (s *secured) checkRoles() {
 		t.Fatalf("the stream does not deny delete and purge: %+v", after.Config)
 	}
 	for c, cfg := range consumersBefore {
-		ci, err := admin.Stream.Consumer(s.ctx, c)
+		ci, err := admin.EventStream().Consumer(s.ctx, c)
 		if err != nil {
 			t.Fatalf("consumer %s after the attacks: %v", c, err)
 		}
@@ -369,7 +369,7 @@ func (s *secured) checkRoles() {
 			t.Fatalf("consumer %s changed: %+v -> %+v", c, cfg, got)
 		}
 	}
-	if _, err := admin.Stream.Consumer(s.ctx, "sneaky"); !errors.Is(err, jetstream.ErrConsumerNotFound) {
+	if _, err := admin.EventStream().Consumer(s.ctx, "sneaky"); !errors.Is(err, jetstream.ErrConsumerNotFound) {
 		t.Fatalf("the sneaky consumer exists: %v", err)
 	}
 	for _, role := range secRoles {
@@ -378,13 +378,13 @@ func (s *secured) checkRoles() {
 			if slices.Contains(eventOwners[ev], role) {
 				continue
 			}
-			if _, err := admin.Stream.GetLastMsgForSubject(s.ctx, subj); !errors.Is(err, jetstream.ErrMsgNotFound) {
+			if _, err := admin.EventStream().GetLastMsgForSubject(s.ctx, subj); !errors.Is(err, jetstream.ErrMsgNotFound) {
 				t.Fatalf("the stream stored a forged %s: %v", subj, err)
 			}
 		}
 	}
 	for _, bk := range []string{store.BucketRuns, store.BucketHistory, store.BucketApprovals, store.BucketTools, store.BucketClaims, store.BucketInstances} {
-		kv, err := admin.JS.KeyValue(s.ctx, bk)
+		kv, err := admin.JetStream().KeyValue(s.ctx, bk)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -415,7 +415,7 @@ func (s *secured) clientReads(run string) {
 		}
 		return fmt.Errorf("the client's read of %s has no run.completed yet", run)
 	})
-	runs, err := client.Runs(s.ctx)
+	runs, err := client.Store().Runs(s.ctx)
 	if err != nil {
 		t.Fatalf("client lists runs: %v", err)
 	}
@@ -709,7 +709,7 @@ func TestSecurityPrincipalReachesAuthorizer(t *testing.T) {
 		must(executor.New(s.reg, executor.WithAuthorizer(auth), executor.WithInstance("exec-auth"), executor.WithLogger(s.log))),
 		worker.Config{WorkerConfig: events.WorkerConfig{Instance: "exec-auth", Grace: time.Second, Logger: s.log}})).Run)
 	eventstest.Eventually(t, 10*time.Second, func() error {
-		cat, err := s.bus.WatchCatalog(s.ctx, nil)
+		cat, err := s.bus.Store().WatchCatalog(s.ctx, nil)
 		if err != nil {
 			return err
 		}
@@ -778,7 +778,7 @@ func TestForgedCallCannotGrantToolsOrPrincipal(t *testing.T) {
 		worker.Config{WorkerConfig: events.WorkerConfig{Instance: "exec-auth", Grace: time.Second, Logger: s.log}})).Run)
 	// Every queue is bound (the catalog is published after them) before a call is sent.
 	eventstest.Eventually(t, 20*time.Second, func() error {
-		cat, err := s.bus.WatchCatalog(s.ctx, nil)
+		cat, err := s.bus.Store().WatchCatalog(s.ctx, nil)
 		if err != nil {
 			return err
 		}
@@ -795,7 +795,7 @@ func TestForgedCallCannotGrantToolsOrPrincipal(t *testing.T) {
 	const run = "forged-grant"
 	s.submit(run, toolbus.Limits{}, "noop") // principal "tester", only noop allowed
 	eventstest.Eventually(t, 20*time.Second, func() error {
-		_, err := s.bus.CurrentStep(s.ctx, run)
+		_, err := s.bus.Store().CurrentStep(s.ctx, run)
 		return err
 	})
 	forged := []toolbus.ToolRequested{

@@ -303,7 +303,7 @@ func TestSubjectBodyMismatch(t *testing.T) {
 	// Nothing happened to the victim or the decoy: both still wait, the deploy never ran,
 	// decoy-2 never started.
 	for _, run := range []string{"victim", "decoy"} {
-		st, _, err := s.bus.RunState(s.ctx, run)
+		st, _, err := s.bus.Store().RunState(s.ctx, run)
 		if err != nil || st.Status != toolbus.RunWaitingForApproval {
 			t.Fatalf("run %s: %s, %v; want still waiting", run, st.Status, err)
 		}
@@ -311,7 +311,7 @@ func TestSubjectBodyMismatch(t *testing.T) {
 			t.Fatalf("run %s outcomes %+v", run, outs)
 		}
 	}
-	if _, _, err := s.bus.RunState(s.ctx, "decoy-2"); !errors.Is(err, events.ErrRunNotFound) {
+	if _, _, err := s.bus.Store().RunState(s.ctx, "decoy-2"); !errors.Is(err, events.ErrRunNotFound) {
 		t.Fatalf("decoy-2 has a run state: %v", err)
 	}
 	if n := deploy.total(); n != 0 {

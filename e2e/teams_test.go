@@ -63,7 +63,7 @@ func startTeams(t *testing.T, url string, opts map[string][]nats.Option) *teamsB
 		s.start(natsjwt.TeamUser(team), s.teamWorker(team, team+"-1", teamGrants.Teams[team], false).Run)
 	}
 	// The planner's own view of the catalog (its credentials may read it).
-	cat, err := s.buses["planner"].WatchCatalog(s.ctx, nil)
+	cat, err := s.buses["planner"].Store().WatchCatalog(s.ctx, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -103,7 +103,7 @@ func (s *teamsBus) run(id string) toolbus.RunEnded {
 	var ended toolbus.RunEnded
 	eventstest.Eventually(t, 60*time.Second, func() error {
 		for _, st := range []toolbus.RunStatus{toolbus.RunCompleted, toolbus.RunFailed} {
-			if raw, err := client.Stream.GetLastMsgForSubject(s.ctx, events.SubjectRunEnded(id, st)); err == nil {
+			if raw, err := client.EventStream().GetLastMsgForSubject(s.ctx, events.SubjectRunEnded(id, st)); err == nil {
 				return jsonUnmarshalData(raw, &ended)
 			}
 		}
@@ -115,7 +115,7 @@ func (s *teamsBus) run(id string) toolbus.RunEnded {
 // results returns the tool.finished events of a run by call id, with their subjects.
 func (s *teamsBus) results(run string) (map[string][]toolbus.ToolFinished, map[string][]string) {
 	s.t.Helper()
-	evs, err := events.ReadEvents(s.ctx, s.buses["admin"].Stream, events.SubjectRun(run))
+	evs, err := events.ReadEvents(s.ctx, s.buses["admin"].EventStream(), events.SubjectRun(run))
 	if err != nil {
 		s.t.Fatal(err)
 	}
@@ -181,11 +181,11 @@ func TestSecurityTeams(t *testing.T) {
 			first := "teams-" + mode.name + "-1"
 			big := s.checkRun(first)
 			admin := s.buses["admin"]
-			whole, err := admin.Output(s.ctx, big.Truncated.Ref)
+			whole, err := admin.Store().Output(s.ctx, big.Truncated.Ref)
 			if err != nil || len(whole) < 300000 {
 				t.Fatalf("alpha's output: %d bytes, %v", len(whole), err)
 			}
-			catBefore, err := admin.Contracts(s.ctx)
+			catBefore, err := admin.Store().Contracts(s.ctx)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -220,14 +220,14 @@ func TestSecurityTeams(t *testing.T) {
 			t.Logf("beta's executor serving calculator: %v", err)
 
 			// Nothing of alpha's changed or was lost.
-			catAfter, err := admin.Contracts(s.ctx)
+			catAfter, err := admin.Store().Contracts(s.ctx)
 			if err != nil {
 				t.Fatal(err)
 			}
 			if fmt.Sprint(catAfter) != fmt.Sprint(catBefore) {
 				t.Fatalf("the catalog changed:\n%+v\n%+v", catBefore, catAfter)
 			}
-			if again, err := admin.Output(s.ctx, big.Truncated.Ref); err != nil || string(again) != string(whole) {
+			if again, err := admin.Store().Output(s.ctx, big.Truncated.Ref); err != nil || string(again) != string(whole) {
 				t.Fatalf("alpha's output after the attacks: %d bytes, %v", len(again), err)
 			}
 			// Alpha's calls complete with alpha's results, the forged one was never stored.
@@ -318,7 +318,7 @@ func (s *teamsBus) beta(next, done string) {
 		}
 		return nil
 	})
-	if _, err := s.buses["admin"].Stream.GetLastMsgForSubject(s.ctx, fin.Subject); !errors.Is(err, jetstream.ErrMsgNotFound) {
+	if _, err := s.buses["admin"].EventStream().GetLastMsgForSubject(s.ctx, fin.Subject); !errors.Is(err, jetstream.ErrMsgNotFound) {
 		t.Fatalf("the forged result was stored: %v", err)
 	}
 	t.Logf("beta: %d attempts on alpha's tools refused by the server", len(attempts))

@@ -40,7 +40,7 @@ func TestMetricsAfterAScriptedRun(t *testing.T) {
 	}))
 	m := telemetry.New()
 	m.WatchQueues(s.bus, 10*time.Second, s.log)
-	srv := httptest.NewServer(m.Handler(s.bus.NC.IsConnected))
+	srv := httptest.NewServer(m.Handler(s.bus.Conn().IsConnected))
 	t.Cleanup(srv.Close)
 
 	// Registered roles that do not serve yet: not ready.
@@ -57,7 +57,7 @@ func TestMetricsAfterAScriptedRun(t *testing.T) {
 	exec := must(executor.New(s.reg, executor.WithLogger(s.log), executor.WithInstance("executor-m")))
 	w := must(worker.New(s.bus, exec, worker.Config{WorkerConfig: events.WorkerConfig{Instance: "executor-m", Logger: s.log, Grace: time.Second}, Metrics: m, Observer: m.Observer("executor")}))
 	s.start("executor-m", w.Run)
-	cat, err := s.bus.WatchCatalog(s.ctx, s.log)
+	cat, err := s.bus.Store().WatchCatalog(s.ctx, s.log)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -55,7 +55,7 @@ func TestOneTracePerRunAcrossTheBus(t *testing.T) {
 
 	exec := must(executor.New(s.reg, executor.WithLogger(s.log), executor.WithInstance("executor-t")))
 	s.start("executor-t", must(worker.New(s.bus, exec, worker.Config{WorkerConfig: events.WorkerConfig{Instance: "executor-t", Logger: s.log, Grace: time.Second}, Tracer: execTracer})).Run)
-	cat, err := s.bus.WatchCatalog(s.ctx, s.log)
+	cat, err := s.bus.Store().WatchCatalog(s.ctx, s.log)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -30,7 +30,7 @@ func TestResultsOfTwoAttemptsStoredBesideEachOther(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	evs, err := events.ReadEvents(ctx, bus.Stream, events.SubjectRun("twice"))
+	evs, err := events.ReadEvents(ctx, bus.EventStream(), events.SubjectRun("twice"))
 	if err != nil {
 		t.Fatal(err)
 	}

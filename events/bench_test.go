@@ -83,7 +83,7 @@ func BenchmarkPublish(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			if _, err := bus.JS.PublishMsg(ctx, msg, jetstream.WithMsgID(e.Meta.ID)); err != nil {
+			if _, err := bus.JetStream().PublishMsg(ctx, msg, jetstream.WithMsgID(e.Meta.ID)); err != nil {
 				b.Fatal(err)
 			}
 		}
@@ -118,7 +118,7 @@ func BenchmarkPublish(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			if _, err := bus.JS.PublishMsg(ctx, msg, jetstream.WithMsgID(e.Meta.ID)); err != nil {
+			if _, err := bus.JetStream().PublishMsg(ctx, msg, jetstream.WithMsgID(e.Meta.ID)); err != nil {
 				b.Fatal(err)
 			}
 			b.StartTimer()

@@ -94,20 +94,20 @@ func (c Config) WithDefaults() Config {
 }
 
 // Bus is toolbus's view of JetStream: the connection, the event stream (publishing with
-// deterministic ids, reading a run's events) and the shared state, the embedded
-// *store.Store whose methods (history, run states, approvals, catalog, claims, outputs)
-// a Bus has. It is safe for concurrent use.
+// deterministic ids, reading a run's events) and the shared state in the buckets it
+// opened (Store: history, run states, approvals, catalog, claims, outputs). It is safe
+// for concurrent use.
 type Bus struct {
 	cfg    Config
-	NC     *nats.Conn
-	JS     jetstream.JetStream
-	Stream jetstream.Stream
+	nc     *nats.Conn
+	js     jetstream.JetStream
+	stream jetstream.Stream
 	reader jetstream.Stream
 	// admin: this bus was opened by an administrator (OpenAdmin, provision.Setup) and
 	// creates or updates the consumers its workers bind to; an opened one only binds.
 	admin bool
-	// Store is the shared state in the buckets the bus opened.
-	*store.Store
+	// state is the shared state in the buckets the bus opened.
+	state *store.Store
 
 	mu       sync.Mutex
 	runCache map[string]cachedRun
@@ -160,7 +160,7 @@ func newJS(nc *nats.Conn) (jetstream.JetStream, error) {
 }
 
 func open(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, cfg Config) (*Bus, error) {
-	b := &Bus{cfg: cfg, NC: nc, JS: js, runCache: map[string]cachedRun{}, perms: connect.WatchPermissions(nc)}
+	b := &Bus{cfg: cfg, nc: nc, js: js, runCache: map[string]cachedRun{}, perms: connect.WatchPermissions(nc)}
 	missing := func(what, name string, err error) error {
 		if errors.Is(err, jetstream.ErrStreamNotFound) || errors.Is(err, jetstream.ErrBucketNotFound) {
 			return fmt.Errorf("%w: %s %s does not exist", ErrNotSetUp, what, name)
@@ -168,11 +168,11 @@ func open(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, cfg Config
 		return fmt.Errorf("events: %s %s: %w", what, name, err)
 	}
 	var err error
-	if b.Stream, err = js.Stream(ctx, cfg.Stream); err != nil {
+	if b.stream, err = js.Stream(ctx, cfg.Stream); err != nil {
 		return nil, missing("stream", cfg.Stream, err)
 	}
 	// Readers create their ephemeral consumers on the read mirror when there is one.
-	b.reader = b.Stream
+	b.reader = b.stream
 	if m, err := js.Stream(ctx, ReadMirrorName(cfg.Stream)); err == nil {
 		b.reader = m
 	} else if !errors.Is(err, jetstream.ErrStreamNotFound) {
@@ -200,9 +200,25 @@ func open(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, cfg Config
 		}
 	}
 	kvs.JS = js
-	b.Store = store.New(kvs, cfg.InstanceTTL)
+	b.state = store.New(kvs, cfg.InstanceTTL)
 	return b, nil
 }
+
+// Store is the shared state in the buckets the bus opened: history, run states,
+// approvals, the tool catalog, claims, instances and large outputs.
+func (b *Bus) Store() *store.Store { return b.state }
+
+// Conn is the bus's NATS connection, for core NATS subscriptions (run.cancel and run
+// outcomes, which workers follow without a consumer) and connection health.
+func (b *Bus) Conn() *nats.Conn { return b.nc }
+
+// JetStream is the JetStream context of the bus's connection, for what the Bus does not
+// wrap (raw publishes of conformance and fault tests, bucket handles).
+func (b *Bus) JetStream() jetstream.JetStream { return b.js }
+
+// EventStream is the event stream the bus publishes to, for its durable consumers
+// (package events/provision binds them, readers inspect them) and stream state.
+func (b *Bus) EventStream() jetstream.Stream { return b.stream }
 
 // Reader is the stream readers create their ephemeral (ordered) consumers on: the read
 // mirror when `toolbus init` made one (least-privilege roles may create consumers only

@@ -12,7 +12,7 @@ import (
 // read with one direct get like RunEvents: no consumer. ErrNotFound when there is none.
 // The console asks it whether a run called a tool (SubjectRunTool).
 func (b *Bus) FirstEvent(ctx context.Context, filter string) (StoredEvent, error) {
-	raw, err := b.Stream.GetMsg(ctx, 1, jetstream.WithGetMsgSubject(filter))
+	raw, err := b.stream.GetMsg(ctx, 1, jetstream.WithGetMsgSubject(filter))
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		return StoredEvent{}, fmt.Errorf("%w: no event on %s", ErrNotFound, filter)
 	}
@@ -26,7 +26,7 @@ func (b *Bus) FirstEvent(ctx context.Context, filter string) (StoredEvent, error
 // direct get: no consumer. ErrNotFound when there is none. The console reads a run's
 // step count from its last model.responded.
 func (b *Bus) LastEvent(ctx context.Context, subject string) (StoredEvent, error) {
-	raw, err := b.Stream.GetLastMsgForSubject(ctx, subject)
+	raw, err := b.stream.GetLastMsgForSubject(ctx, subject)
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		return StoredEvent{}, fmt.Errorf("%w: no event on %s", ErrNotFound, subject)
 	}

@@ -55,8 +55,8 @@ func NewRunOutcomes(nc *nats.Conn, lastSeq func(context.Context) (uint64, error)
 
 // RunOutcomes returns the outcome follower of the bus's connection.
 func (b *Bus) RunOutcomes() *RunOutcomes {
-	return NewRunOutcomes(b.NC, func(ctx context.Context) (uint64, error) {
-		si, err := b.Stream.Info(ctx)
+	return NewRunOutcomes(b.Conn(), func(ctx context.Context) (uint64, error) {
+		si, err := b.EventStream().Info(ctx)
 		if err != nil {
 			return 0, fmt.Errorf("events: stream info: %w", err)
 		}

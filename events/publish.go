@@ -75,7 +75,7 @@ var ErrSquatted = errors.New("events: event id squatted")
 // for the stream's acknowledgement. A duplicate acknowledgement is checked against
 // what the stream holds (settleDuplicate).
 func (b *Bus) publishMsg(ctx context.Context, msg *nats.Msg, id string) (*jetstream.PubAck, error) {
-	ack, err := b.JS.PublishMsg(ctx, msg, jetstream.WithMsgID(id))
+	ack, err := b.js.PublishMsg(ctx, msg, jetstream.WithMsgID(id))
 	if err != nil {
 		return nil, fmt.Errorf("events: publish %s: %w", id, err)
 	}
@@ -95,7 +95,7 @@ func (b *Bus) settleDuplicate(ctx context.Context, msg *nats.Msg, ack *jetstream
 		return nil, err
 	}
 	attempt := attemptOf(want)
-	raw, err := b.Stream.GetMsg(ctx, ack.Sequence)
+	raw, err := b.stream.GetMsg(ctx, ack.Sequence)
 	switch {
 	case err == nil && sameEvent(raw, msg.Subject, want.Meta, attempt):
 		return ack, nil
@@ -179,14 +179,14 @@ func (b *Bus) publishGuarded(ctx context.Context, msg *nats.Msg, m Meta, attempt
 			return nil, err
 		}
 		if found {
-			return &jetstream.PubAck{Stream: b.Stream.CachedInfo().Config.Name, Sequence: seq, Duplicate: true}, nil
+			return &jetstream.PubAck{Stream: b.stream.CachedInfo().Config.Name, Sequence: seq, Duplicate: true}, nil
 		}
 		last = seq
 		if guardHook != nil {
 			guardHook()
 		}
 		guarded.Header.Set(headerExpectedLastSubjSeq, strconv.FormatUint(last, 10))
-		ack, err := b.JS.PublishMsg(ctx, guarded)
+		ack, err := b.js.PublishMsg(ctx, guarded)
 		if err == nil {
 			return ack, nil
 		}
@@ -205,7 +205,7 @@ func (b *Bus) publishGuarded(ctx context.Context, msg *nats.Msg, m Meta, attempt
 func (b *Bus) findOnSubject(ctx context.Context, subject string, m Meta, attempt int, from uint64) (seq uint64, found bool, err error) {
 	last := from - 1
 	for {
-		raw, err := b.Stream.GetMsg(ctx, last+1, jetstream.WithGetMsgSubject(subject))
+		raw, err := b.stream.GetMsg(ctx, last+1, jetstream.WithGetMsgSubject(subject))
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
 			return last, false, nil
 		}

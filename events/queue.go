@@ -19,7 +19,7 @@ type ToolQueue struct {
 // ToolQueueInfo reads the consumer of a tool's queue. ErrNotFound when no executor ever
 // served the tool.
 func (b *Bus) ToolQueueInfo(ctx context.Context, tool string) (ToolQueue, error) {
-	c, err := b.Stream.Consumer(ctx, ToolConsumer(tool))
+	c, err := b.stream.Consumer(ctx, ToolConsumer(tool))
 	if err != nil {
 		if errors.Is(err, jetstream.ErrConsumerNotFound) {
 			return ToolQueue{Tool: tool}, fmt.Errorf("%w: queue of %s", ErrNotFound, tool)

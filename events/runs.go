@@ -99,7 +99,7 @@ func (b *Bus) RunStartedSeq(ctx context.Context, run string) (uint64, error) {
 func (b *Bus) firstRunStarted(ctx context.Context, run string) (*toolbus.RunStarted, uint64, error) {
 	subject := SubjectRunStartedAny(run)
 	for seq := uint64(1); ; {
-		raw, err := b.Stream.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(subject))
+		raw, err := b.stream.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(subject))
 		if err != nil {
 			if errors.Is(err, jetstream.ErrMsgNotFound) {
 				return nil, 0, fmt.Errorf("%w: %s", ErrRunNotFound, run)
@@ -127,7 +127,7 @@ func (b *Bus) firstRunStarted(ctx context.Context, run string) (*toolbus.RunStar
 // a crash), the stored outcome is published again: its id is deterministic, and
 // PublishOutcome skips it when the stream already has it.
 func (b *Bus) EndRun(ctx context.Context, source string, step int, ended toolbus.RunEnded) error {
-	st, err := b.RecordEnd(ctx, step, ended)
+	st, err := b.state.RecordEnd(ctx, step, ended)
 	if err != nil {
 		return err
 	}
@@ -148,7 +148,7 @@ func (b *Bus) PublishOutcome(ctx context.Context, source string, st store.RunSta
 		ended = &toolbus.RunEnded{RunID: st.RunID, Status: st.Status, Code: st.Code, Reason: st.Reason, StepsUsed: st.Step + 1}
 	}
 	e := RunEndedEvent(source, st.Step, *ended)
-	if raw, err := b.Stream.GetLastMsgForSubject(ctx, e.Subject); err == nil && sameEvent(raw, e.Subject, e.Meta, 0) {
+	if raw, err := b.stream.GetLastMsgForSubject(ctx, e.Subject); err == nil && sameEvent(raw, e.Subject, e.Meta, 0) {
 		return nil
 	}
 	_, err := b.PublishEvent(ctx, e)
@@ -189,7 +189,7 @@ func (b *Bus) PublishCancel(ctx context.Context, source string, c toolbus.Cancel
 func (b *Bus) CancelRequest(ctx context.Context, run string) (toolbus.Cancel, bool, error) {
 	subject := SubjectRunCancelAny(run)
 	for seq := uint64(1); ; {
-		raw, err := b.Stream.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(subject))
+		raw, err := b.stream.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(subject))
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
 			return toolbus.Cancel{}, false, nil
 		}
@@ -215,7 +215,7 @@ func (b *Bus) History(ctx context.Context, run string, step int) ([]toolbus.Mess
 	}
 	msgs := append([]toolbus.Message(nil), rs.Messages...)
 	for s := 0; s < step; s++ {
-		more, err := b.StepMessages(ctx, run, s)
+		more, err := b.state.StepMessages(ctx, run, s)
 		if err != nil {
 			return nil, err
 		}
@@ -226,7 +226,7 @@ func (b *Bus) History(ctx context.Context, run string, step int) ([]toolbus.Mess
 
 // LastModelRequest returns the step of the run's latest model.requested event.
 func (b *Bus) LastModelRequest(ctx context.Context, run string) (int, error) {
-	raw, err := b.Stream.GetLastMsgForSubject(ctx, SubjectModelRequested(run))
+	raw, err := b.stream.GetLastMsgForSubject(ctx, SubjectModelRequested(run))
 	if err != nil {
 		return 0, fmt.Errorf("events: last model request of %s: %w", run, err)
 	}

@@ -53,7 +53,7 @@ func TestSquattedEventRaceStoredOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := bus.JS.PublishMsg(ctx, squatMsg, jetstream.WithMsgID(e.Meta.ID)); err != nil {
+	if _, err := bus.js.PublishMsg(ctx, squatMsg, jetstream.WithMsgID(e.Meta.ID)); err != nil {
 		t.Fatal(err)
 	}
 	var wg sync.WaitGroup
@@ -73,7 +73,7 @@ func TestSquattedEventRaceStoredOnce(t *testing.T) {
 	}
 	n := 0
 	for seq := uint64(1); ; n++ {
-		raw, err := bus.Stream.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(e.Subject))
+		raw, err := bus.stream.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(e.Subject))
 		if err != nil {
 			break
 		}

@@ -86,7 +86,7 @@ func onSubject(t *testing.T, ctx context.Context, bus *events.Bus, e events.Enve
 	t.Helper()
 	var seqs []uint64
 	for seq := uint64(1); ; {
-		raw, err := bus.Stream.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(e.Subject))
+		raw, err := bus.EventStream().GetMsg(ctx, seq, jetstream.WithGetMsgSubject(e.Subject))
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
 			return seqs
 		}
@@ -117,7 +117,7 @@ func TestSquattedIDDoesNotSuppressEvent(t *testing.T) {
 			run := fmt.Sprintf("victim-%d", n)
 			for _, e := range everyEnvelope(t, run) {
 				t.Run(fmt.Sprintf("%s/async=%v/%s", who, async, e.Meta.Type), func(t *testing.T) {
-					squat(t, ctx, bus.JS, subject, e)
+					squat(t, ctx, bus.JetStream(), subject, e)
 					publish := func() {
 						t.Helper()
 						if !async {
@@ -195,7 +195,7 @@ func TestStartRunAfterSquat(t *testing.T) {
 	bus := openBus(t)
 	ctx := eventstest.Context(t, time.Minute)
 	rs := toolbus.RunStarted{RunID: "ticket-4711", Messages: []toolbus.Message{{Role: toolbus.RoleUser, Content: "q"}}}
-	squat(t, ctx, bus.JS, events.SubjectRunStarted("decoy", ""), events.RunStartedEvent("/evil", rs))
+	squat(t, ctx, bus.JetStream(), events.SubjectRunStarted("decoy", ""), events.RunStartedEvent("/evil", rs))
 	if err := bus.StartRun(ctx, "/test", rs); err != nil {
 		t.Fatalf("StartRun after a squat: %v", err)
 	}
@@ -216,7 +216,7 @@ func TestSquatOnOwnSubjectWithAnotherRunsData(t *testing.T) {
 	rs := toolbus.RunStarted{RunID: "own-1", Messages: []toolbus.Message{{Role: toolbus.RoleUser, Content: "q"}}}
 	forged := events.RunStartedEvent("/evil", toolbus.RunStarted{RunID: "elsewhere"})
 	forged.Meta.ID = events.IDRunStarted(rs.RunID)
-	squat(t, ctx, bus.JS, events.SubjectRunStarted(rs.RunID, ""), forged)
+	squat(t, ctx, bus.JetStream(), events.SubjectRunStarted(rs.RunID, ""), forged)
 	if err := bus.StartRun(ctx, "/test", rs); err != nil {
 		t.Fatalf("StartRun after a squat on its own subject: %v", err)
 	}
@@ -226,7 +226,7 @@ func TestSquatOnOwnSubjectWithAnotherRunsData(t *testing.T) {
 	approval := events.ApprovalEvent("/test", 0, toolbus.Approval{RunID: "own-1", CallID: "a", Who: "alice"}, true)
 	fake := events.ApprovalEvent("/evil", 0, toolbus.Approval{RunID: "elsewhere", CallID: "a", Who: "mallory"}, true)
 	fake.Meta.ID, fake.Meta.RunID = approval.Meta.ID, ""
-	squat(t, ctx, bus.JS, approval.Subject, fake)
+	squat(t, ctx, bus.JetStream(), approval.Subject, fake)
 	if _, err := bus.PublishEvent(ctx, approval); err != nil {
 		t.Fatal(err)
 	}

@@ -72,7 +72,7 @@ func storedOf(raw *jetstream.RawStreamMsg) StoredEvent {
 // that outlives the request. A consumer per reader would count toward the stream's
 // consumer limit, which a reader could then fill for everyone.
 func (b *Bus) RunEvents(ctx context.Context, run string) ([]StoredEvent, error) {
-	return ReadEvents(ctx, b.Stream, SubjectRun(run))
+	return ReadEvents(ctx, b.stream, SubjectRun(run))
 }
 
 // ReadEvents returns the events stored on a stream's subjects matching filter (FilterAll,
@@ -116,9 +116,9 @@ type Watcher struct {
 // run should watch it first. Like RunEvents it creates no consumer: it reads with direct
 // gets and polls for new events.
 func (b *Bus) Watch(ctx context.Context, filter string, all bool) (*Watcher, error) {
-	w := &Watcher{stream: b.Stream, filter: filter, next: 1}
+	w := &Watcher{stream: b.stream, filter: filter, next: 1}
 	if !all {
-		info, err := b.Stream.Info(ctx)
+		info, err := b.stream.Info(ctx)
 		if err != nil {
 			return nil, fmt.Errorf("events: watch %s: %w", filter, err)
 		}

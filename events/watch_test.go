@@ -25,7 +25,7 @@ func TestRunEventsAndWatch(t *testing.T) {
 	if err := bus.StartRun(ctx, "/test", toolbus.RunStarted{RunID: "other"}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := bus.JS.Publish(ctx, events.SubjectRunCancel("w1", ""), []byte("not an event")); err != nil {
+	if _, err := bus.JetStream().Publish(ctx, events.SubjectRunCancel("w1", ""), []byte("not an event")); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := bus.PublishCancel(ctx, "/test", toolbus.Cancel{RunID: "w1", Reason: "done"}); err != nil {
@@ -83,7 +83,7 @@ func TestRunEventsAndWatch(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := bus.JS.PublishMsg(ctx, msg); err != nil {
+	if _, err := bus.JetStream().PublishMsg(ctx, msg); err != nil {
 		t.Fatal(err)
 	}
 	ev, ok, err := next.Next(ctx, 10*time.Second)

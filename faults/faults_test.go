@@ -145,7 +145,7 @@ func TestFaultInjectorKill(t *testing.T) {
 	for _, run := range runs {
 		for s := 0; s < 3; s++ {
 			ctx, cancel := e.op()
-			if rec, _, err := e.bus.Step(ctx, run, s); err == nil && !rec.Complete() {
+			if rec, _, err := e.bus.Store().Step(ctx, run, s); err == nil && !rec.Complete() {
 				partial++
 			}
 			cancel()
@@ -212,7 +212,7 @@ func TestFaultInjectorKillAfterPublish(t *testing.T) {
 	open := -1
 	for s := 0; s < 3; s++ {
 		ctx, cancel := e.op()
-		rec, _, err := e.bus.Step(ctx, run, s)
+		rec, _, err := e.bus.Store().Step(ctx, run, s)
 		cancel()
 		if err == nil && rec.Complete() {
 			open = s
@@ -302,7 +302,7 @@ func TestFaultClusterNodeLoss(t *testing.T) {
 	e.toolbusRole("injector", "injector-1")
 	e.waitReady([]string{"append"}, "planner", "injector", "executor")
 	ctx, cancel := e.op()
-	info, err := e.bus.Stream.Info(ctx)
+	info, err := e.bus.EventStream().Info(ctx)
 	cancel()
 	if err != nil {
 		t.Fatal(err)
@@ -319,7 +319,7 @@ func TestFaultClusterNodeLoss(t *testing.T) {
 		return nil
 	})
 	ctx, cancel = e.op()
-	info, err = e.bus.Stream.Info(ctx)
+	info, err = e.bus.EventStream().Info(ctx)
 	cancel()
 	if err != nil {
 		t.Fatal(err)
@@ -340,7 +340,7 @@ func TestFaultClusterNodeLoss(t *testing.T) {
 	st := e.checkRuns(e.tally(), runs, 3, 4)
 	n := checkSideEffects(t, file, runs, 3, 4)
 	ctx, cancel = e.op()
-	info, err = e.bus.Stream.Info(ctx)
+	info, err = e.bus.EventStream().Info(ctx)
 	cancel()
 	if err != nil {
 		t.Fatal(err)

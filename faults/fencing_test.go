@@ -222,7 +222,7 @@ func TestFaultLateResultFenced(t *testing.T) {
 	// The late result reached the stream after its lease: the path under test is the
 	// injector's fence, not the common one.
 	ctx, cancel := e.op()
-	evs, err := events.ReadEvents(ctx, e.bus.Stream, events.SubjectToolFinished(run, "append"))
+	evs, err := events.ReadEvents(ctx, e.bus.EventStream(), events.SubjectToolFinished(run, "append"))
 	cancel()
 	if err != nil || len(evs) != 2 {
 		t.Fatalf("read the results: %d, %v", len(evs), err)
@@ -231,7 +231,7 @@ func TestFaultLateResultFenced(t *testing.T) {
 		t.Fatalf("exec-a's result was stored at %v, lease_until %v: not late", evs[0].Time, late.LeaseUntil)
 	}
 	ctx, cancel = e.op()
-	rec, _, err := e.bus.Step(ctx, run, 0)
+	rec, _, err := e.bus.Store().Step(ctx, run, 0)
 	cancel()
 	if err != nil {
 		t.Fatal(err)

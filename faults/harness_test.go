@@ -500,7 +500,7 @@ func (e *env) waitReady(tools []string, consumers ...string) {
 	e.eventually("workers ready", 60*time.Second, func() error {
 		ctx, cancel := e.op()
 		defer cancel()
-		kv, err := e.bus.JS.KeyValue(ctx, store.BucketTools)
+		kv, err := e.bus.JetStream().KeyValue(ctx, store.BucketTools)
 		if err != nil {
 			return err
 		}
@@ -521,7 +521,7 @@ func (e *env) waitReady(tools []string, consumers ...string) {
 			}
 		}
 		for _, c := range names {
-			if _, err := e.bus.Stream.Consumer(ctx, c); err != nil {
+			if _, err := e.bus.EventStream().Consumer(ctx, c); err != nil {
 				return fmt.Errorf("consumer %s: %w", c, err)
 			}
 		}
@@ -585,7 +585,7 @@ func (e *env) submitN(runs []string, n int) {
 func (e *env) counts(filter string) map[string]uint64 {
 	ctx, cancel := e.op()
 	defer cancel()
-	info, err := e.bus.Stream.Info(ctx, jetstream.WithSubjectFilter(filter))
+	info, err := e.bus.EventStream().Info(ctx, jetstream.WithSubjectFilter(filter))
 	if err != nil {
 		return nil
 	}
@@ -650,7 +650,7 @@ func (e *env) waitCompleted(runs []string, d time.Duration) {
 func (e *env) lastData(subject string) string {
 	ctx, cancel := e.op()
 	defer cancel()
-	m, err := e.bus.Stream.GetLastMsgForSubject(ctx, subject)
+	m, err := e.bus.EventStream().GetLastMsgForSubject(ctx, subject)
 	if err != nil {
 		return err.Error()
 	}
@@ -666,7 +666,7 @@ func (e *env) op() (context.Context, context.CancelFunc) {
 func (e *env) consumerInfo(name string) (*jetstream.ConsumerInfo, error) {
 	ctx, cancel := e.op()
 	defer cancel()
-	c, err := e.bus.Stream.Consumer(ctx, name)
+	c, err := e.bus.EventStream().Consumer(ctx, name)
 	if err != nil {
 		return nil, err
 	}
@@ -699,7 +699,7 @@ func (e *env) tally() map[string]*runTally {
 	e.t.Helper()
 	ctx, cancel := context.WithTimeout(e.ctx, 2*time.Minute)
 	defer cancel()
-	evs, err := events.ReadEvents(ctx, e.bus.Stream, events.FilterAll)
+	evs, err := events.ReadEvents(ctx, e.bus.EventStream(), events.FilterAll)
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -847,7 +847,7 @@ func (e *env) checkRuns(tl map[string]*runTally, runs []string, steps, calls int
 				}
 			}
 			ctx, cancel := e.op()
-			rec, _, err := e.bus.Step(ctx, run, s)
+			rec, _, err := e.bus.Store().Step(ctx, run, s)
 			cancel()
 			if err != nil {
 				fail("%s step %d: step record: %v", run, s, err)
@@ -947,7 +947,7 @@ func checkSideEffects(t testing.TB, path string, runs []string, steps, calls int
 // each poll (a condition the wait also needs, or a t.Fatal on what must not happen).
 func (e *env) waitClaimed(run, instance string, calls int, check func() error) {
 	e.t.Helper()
-	claims, err := e.bus.JS.KeyValue(e.ctx, store.BucketClaims)
+	claims, err := e.bus.JetStream().KeyValue(e.ctx, store.BucketClaims)
 	if err != nil {
 		e.t.Fatal(err)
 	}

@@ -94,7 +94,7 @@ func (h *heldTimers) len() int {
 // acknowledges by stream sequence, whatever the delivery).
 func (in *Injector) runEnded(run string) {
 	if msg := in.timers.take(run); msg != nil && msg.Reply() != "" {
-		_ = in.bus.NC.Publish(msg.Reply(), []byte("+ACK"))
+		_ = in.bus.Conn().Publish(msg.Reply(), []byte("+ACK"))
 	}
 }
 
@@ -108,7 +108,7 @@ func (in *Injector) followOutcomes() (func(), error) {
 		}
 	}
 	for _, st := range terminalStatuses {
-		sub, err := in.bus.NC.Subscribe(events.SubjectRunEnded("*", st), func(m *nats.Msg) {
+		sub, err := in.bus.Conn().Subscribe(events.SubjectRunEnded("*", st), func(m *nats.Msg) {
 			if run, ok := events.RunIDFromSubject(m.Subject); ok {
 				in.runEnded(run)
 			}
@@ -209,7 +209,7 @@ func (in *Injector) timer(ctx context.Context, msg jetstream.Msg) {
 		// MaxAckPending, no goroutine), unless the run ends first. It is recorded as held
 		// before the run state is read, so an outcome published meanwhile frees it.
 		in.timers.hold(run, msg)
-		st, _, err := in.bus.RunState(ctx, run)
+		st, _, err := in.bus.Store().RunState(ctx, run)
 		if err == nil && st.Status.Terminal() {
 			in.runEnded(run)
 			return
@@ -233,7 +233,7 @@ func (in *Injector) timer(ctx context.Context, msg jetstream.Msg) {
 // outcome is published if a crash lost it. It is idempotent: the outcome is recorded
 // first, whole, and every publication has a deterministic id.
 func (in *Injector) Deadline(ctx context.Context, run string, deadline time.Time) error {
-	st, _, err := in.bus.RunState(ctx, run)
+	st, _, err := in.bus.Store().RunState(ctx, run)
 	if err != nil {
 		return err
 	}
@@ -294,7 +294,7 @@ func (in *Injector) Deadline(ctx context.Context, run string, deadline time.Time
 // current step that have no result. When the run ended otherwise meanwhile, it
 // republishes that outcome if needed and returns an empty state (nothing more to do).
 func (in *Injector) recordDeadline(ctx context.Context, run string, deadline time.Time) (store.RunState, error) {
-	step, err := in.bus.CurrentStep(ctx, run)
+	step, err := in.bus.Store().CurrentStep(ctx, run)
 	if err != nil {
 		return store.RunState{}, err
 	}
@@ -303,7 +303,7 @@ func (in *Injector) recordDeadline(ctx context.Context, run string, deadline tim
 		return store.RunState{}, err // not found: the step's model call is under way, no calls yet
 	}
 	var received store.Bits
-	if js, _, err := in.bus.StepState(ctx, run, step); err == nil {
+	if js, _, err := in.bus.Store().StepState(ctx, run, step); err == nil {
 		received = js.Received
 	} else if !errors.Is(err, events.ErrNotFound) {
 		return store.RunState{}, err
@@ -318,7 +318,7 @@ func (in *Injector) recordDeadline(ctx context.Context, run string, deadline tim
 		StepsUsed: step + 1, Unanswered: unanswered, Usage: in.usage(ctx, run, step+1),
 		Reason: fmt.Sprintf("run deadline %s passed with %d call(s) of step %d unanswered",
 			deadline.UTC().Format(time.RFC3339), len(unanswered), step)}
-	stored, err := in.bus.RecordEnd(ctx, step, ended)
+	stored, err := in.bus.Store().RecordEnd(ctx, step, ended)
 	if errors.Is(err, events.ErrRunEnded) {
 		return store.RunState{}, in.bus.PublishOutcome(ctx, in.source, stored)
 	}

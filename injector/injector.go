@@ -188,7 +188,7 @@ func (in *Injector) Run(ctx context.Context) error {
 	}
 	defer in.ends.Close()
 	in.log.Info("injector serving", "consumer", in.cfg.Durable, "concurrency", in.cfg.Concurrency,
-		"stream", in.bus.Config().Stream, "nats", in.bus.NC.ConnectedUrlRedacted())
+		"stream", in.bus.Config().Stream, "nats", in.bus.Conn().ConnectedUrlRedacted())
 	defer in.log.Info("injector stopped")
 	for _, input := range inputs {
 		cons, err := provision.Consumer(ctx, in.bus, input.ConsumerConfig)
@@ -234,7 +234,7 @@ func (in *Injector) handle(ctx context.Context, msg jetstream.Msg) error {
 	}
 	// Not logged here: the consume loop logs the poison error returned below, once.
 	if run, ok := events.RunIDFromSubject(msg.Subject()); ok && toolbus.ValidRunID(run) {
-		step, serr := in.bus.CurrentStep(ctx, run)
+		step, serr := in.bus.Store().CurrentStep(ctx, run)
 		if serr != nil {
 			// The store is what keeps failing: end the run anyway, at the step we know.
 			in.log.Warn("could not read the run's step before ending it", "run_id", run, "step", step, "error", serr)
@@ -257,7 +257,7 @@ func (in *Injector) denied(ctx context.Context, msg jetstream.Msg, start time.Ti
 	if !ok || !toolbus.ValidRunID(run) {
 		return fmt.Errorf("%w: %w", events.ErrPoison, err)
 	}
-	step, serr := in.bus.CurrentStep(ctx, run)
+	step, serr := in.bus.Store().CurrentStep(ctx, run)
 	if serr != nil && !errors.Is(serr, events.ErrNotFound) {
 		in.log.Warn("could not read the run's step before ending it", "run_id", run, "step", step, "error", serr)
 	}
@@ -339,21 +339,21 @@ func (in *Injector) Started(ctx context.Context, rs toolbus.RunStarted, seq uint
 		return fmt.Errorf("%w: run %s already exists (started by the run.started at sequence %d): this later run.started changes nothing",
 			events.ErrPoison, rs.RunID, first)
 	}
-	created, err := in.bus.CreateRunState(ctx, rs.RunID, rs.StartedAt)
+	created, err := in.bus.Store().CreateRunState(ctx, rs.RunID, rs.StartedAt)
 	if err != nil {
 		return err
 	}
 	if !created {
 		// A redelivery: redo the publications (deterministic ids) only while the run has
 		// not gone past its start.
-		st, _, err := in.bus.RunState(ctx, rs.RunID)
+		st, _, err := in.bus.Store().RunState(ctx, rs.RunID)
 		if err != nil {
 			return err
 		}
 		if st.Status != toolbus.RunRunning || st.Step != 0 {
 			return nil
 		}
-		if _, err := in.bus.Assistant(ctx, rs.RunID, 0); err == nil {
+		if _, err := in.bus.Store().Assistant(ctx, rs.RunID, 0); err == nil {
 			return nil
 		} else if !errors.Is(err, events.ErrNotFound) {
 			return err
@@ -399,7 +399,7 @@ func (in *Injector) checkCall(ctx context.Context, run string, step, idx, count 
 // recorded message stands forever).
 func (in *Injector) stepCalls(ctx context.Context, run string, step int) ([]toolbus.ToolCall, error) {
 	return in.calls.get(ctx, stepID(run, step), func() ([]toolbus.ToolCall, error) {
-		mr, err := in.bus.Assistant(ctx, run, step)
+		mr, err := in.bus.Store().Assistant(ctx, run, step)
 		if err != nil {
 			return nil, err
 		}
@@ -423,7 +423,7 @@ func (in *Injector) Finished(ctx context.Context, tf toolbus.ToolFinished) error
 		return err
 	}
 	res := tf.ToolResult
-	stored, _, err := in.bus.PutResult(ctx, tf.RunID, tf.Step, tf.CallIndex, res)
+	stored, _, err := in.bus.Store().PutResult(ctx, tf.RunID, tf.Step, tf.CallIndex, res)
 	if err != nil {
 		return err
 	}
@@ -466,7 +466,7 @@ func (in *Injector) fence(ctx context.Context, msg jetstream.Msg, tf toolbus.Too
 		return nil
 	}
 	queue := events.ToolTokenOfSubject(msg.Subject())
-	c, _, err := in.bus.CurrentClaim(ctx, queue, tf.RunID, tf.Step, res.CallID)
+	c, _, err := in.bus.Store().CurrentClaim(ctx, queue, tf.RunID, tf.Step, res.CallID)
 	switch {
 	case errors.Is(err, store.ErrNotFound):
 		return nil
@@ -475,7 +475,7 @@ func (in *Injector) fence(ctx context.Context, msg jetstream.Msg, tf toolbus.Too
 	case c.Attempt <= res.Attempt || c.Yielded:
 		return nil
 	}
-	alive, err := in.bus.InstanceAlive(ctx, c.Instance, c.Boot)
+	alive, err := in.bus.Store().InstanceAlive(ctx, c.Instance, c.Boot)
 	if err != nil {
 		return err
 	}
@@ -508,13 +508,13 @@ func (in *Injector) Waiting(ctx context.Context, tw toolbus.ToolWaiting) error {
 		return err
 	}
 	// The decision may have come before the call waited: apply it now.
-	if _, err := in.bus.StepDecision(ctx, tw.RunID, tw.Step, call.CallID); err != nil {
+	if _, err := in.bus.Store().StepDecision(ctx, tw.RunID, tw.Step, call.CallID); err != nil {
 		if errors.Is(err, events.ErrNotFound) {
 			return nil
 		}
 		return err
 	}
-	rec, _, err := in.bus.Step(ctx, tw.RunID, tw.Step)
+	rec, _, err := in.bus.Store().Step(ctx, tw.RunID, tw.Step)
 	if err != nil {
 		return err
 	}
@@ -552,7 +552,7 @@ func (in *Injector) apply(ctx context.Context, run string, step, count int, ops 
 			st, rev, optimistic = store.NewStepState(run, step, count), 0, true
 		default:
 			var err error
-			st, rev, err = in.bus.StepState(ctx, run, step)
+			st, rev, err = in.bus.Store().StepState(ctx, run, step)
 			if errors.Is(err, events.ErrNotFound) {
 				st, rev, err = store.NewStepState(run, step, count), 0, nil
 			}
@@ -579,7 +579,7 @@ func (in *Injector) apply(ctx context.Context, run string, step, count int, ops 
 			}
 			return &cachedStep{st: st, rev: rev}, in.settle(ctx, st)
 		}
-		newRev, err := in.bus.PutStepState(ctx, st, rev)
+		newRev, err := in.bus.Store().PutStepState(ctx, st, rev)
 		if errors.Is(err, events.ErrConflict) && attempt < 100 {
 			cached = nil // another injector wrote it: read it again
 			continue
@@ -596,7 +596,7 @@ func (in *Injector) apply(ctx context.Context, run string, step, count int, ops 
 // asked for a later step or ended (and its outcome is on the stream). Only duplicates
 // pay for this read.
 func (in *Injector) settled(ctx context.Context, st *store.StepState) bool {
-	if rs, _, err := in.bus.RunState(ctx, st.RunID); err == nil && rs.Status.Terminal() {
+	if rs, _, err := in.bus.Store().RunState(ctx, st.RunID); err == nil && rs.Status.Terminal() {
 		// Republish the outcome if a crash lost it (nothing when the stream has it).
 		return in.bus.PublishOutcome(ctx, in.source, rs) == nil
 	}
@@ -656,7 +656,7 @@ func (in *Injector) settle(ctx context.Context, st *store.StepState) error {
 		return in.end(ctx, rec.Step, *ended)
 	}
 	if state.Status != toolbus.RunRunning {
-		if err := in.bus.SetRunState(ctx, rec.RunID, toolbus.RunRunning, rec.Step+1, "", ""); err != nil {
+		if err := in.bus.Store().SetRunState(ctx, rec.RunID, toolbus.RunRunning, rec.Step+1, "", ""); err != nil {
 			return err
 		}
 	}
@@ -679,7 +679,7 @@ func (in *Injector) runState(ctx context.Context, st *store.StepState, startSeq 
 			return store.RunState{RunID: st.RunID, Status: toolbus.RunRunning}, nil
 		}
 	}
-	state, _, err := in.bus.RunState(ctx, st.RunID)
+	state, _, err := in.bus.Store().RunState(ctx, st.RunID)
 	if err != nil && !errors.Is(err, events.ErrRunNotFound) {
 		return state, err
 	}
@@ -699,7 +699,7 @@ func (in *Injector) assemble(ctx context.Context, st *store.StepState) (*store.S
 				rec.Results[i] = r
 				continue
 			}
-			r, err := in.bus.Result(ctx, st.RunID, st.Step, i)
+			r, err := in.bus.Store().Result(ctx, st.RunID, st.Step, i)
 			if err != nil {
 				return nil, err
 			}
@@ -722,7 +722,7 @@ func (in *Injector) assemble(ctx context.Context, st *store.StepState) (*store.S
 func (in *Injector) undecided(ctx context.Context, rec *store.StepRecord) ([]toolbus.ToolCall, error) {
 	var out []toolbus.ToolCall
 	for _, c := range rec.Pending() {
-		_, err := in.bus.StepDecision(ctx, rec.RunID, rec.Step, c.CallID)
+		_, err := in.bus.Store().StepDecision(ctx, rec.RunID, rec.Step, c.CallID)
 		if errors.Is(err, events.ErrNotFound) {
 			out = append(out, c)
 		} else if err != nil {
@@ -746,7 +746,7 @@ func (in *Injector) cancelledBy(ctx context.Context, rec *store.StepRecord) (too
 // stored outcome is published again if the stream lacks it (a crash between the state
 // write and the publish), and nothing else happens.
 func (in *Injector) end(ctx context.Context, step int, ended toolbus.RunEnded) error {
-	st, err := in.bus.RecordEnd(ctx, step, ended)
+	st, err := in.bus.Store().RecordEnd(ctx, step, ended)
 	if errors.Is(err, events.ErrRunEnded) {
 		return in.bus.PublishOutcome(ctx, in.source, st)
 	}
@@ -778,7 +778,7 @@ func (in *Injector) Decided(ctx context.Context, a toolbus.Approval, step int, g
 	if !toolbus.ValidRunID(a.RunID) || a.CallID == "" {
 		return fmt.Errorf("%w: approval without run id or call id", events.ErrPoison)
 	}
-	st, _, err := in.bus.RunState(ctx, a.RunID)
+	st, _, err := in.bus.Store().RunState(ctx, a.RunID)
 	if err != nil {
 		if errors.Is(err, events.ErrRunNotFound) {
 			return fmt.Errorf("%w: %w", events.ErrPoison, err)
@@ -789,7 +789,7 @@ func (in *Injector) Decided(ctx context.Context, a toolbus.Approval, step int, g
 		in.log.Warn("approval for an ended run ignored", "run_id", a.RunID, "call_id", a.CallID, "status", st.Status)
 		return nil
 	}
-	current, err := in.bus.CurrentStep(ctx, a.RunID)
+	current, err := in.bus.Store().CurrentStep(ctx, a.RunID)
 	if err != nil {
 		return err
 	}
@@ -797,7 +797,7 @@ func (in *Injector) Decided(ctx context.Context, a toolbus.Approval, step int, g
 		return fmt.Errorf("%w: decision for call %q names step %d, run %s is at step %d: it applies to that step only",
 			events.ErrPoison, a.CallID, step, a.RunID, current)
 	}
-	mr, err := in.bus.Assistant(ctx, a.RunID, current)
+	mr, err := in.bus.Store().Assistant(ctx, a.RunID, current)
 	if err != nil && !errors.Is(err, events.ErrNotFound) {
 		return err
 	}
@@ -815,7 +815,7 @@ func (in *Injector) Decided(ctx context.Context, a toolbus.Approval, step int, g
 	if err := in.checkDecision(ctx, a, granted, mr.Message.ToolCalls[idx]); err != nil {
 		return err
 	}
-	d, err := in.bus.DecideStep(ctx, current, store.Decision{Approval: a, Granted: granted})
+	d, err := in.bus.Store().DecideStep(ctx, current, store.Decision{Approval: a, Granted: granted})
 	if err != nil {
 		return err
 	}
@@ -823,7 +823,7 @@ func (in *Injector) Decided(ctx context.Context, a toolbus.Approval, step int, g
 		in.log.Warn("a later decision ignored: the first one stands", "run_id", a.RunID, "call_id", a.CallID,
 			"granted", d.Granted, "who", d.Who)
 	}
-	rec, _, err := in.bus.Step(ctx, a.RunID, current)
+	rec, _, err := in.bus.Store().Step(ctx, a.RunID, current)
 	if errors.Is(err, events.ErrNotFound) {
 		return nil // the call has not waited yet: the executor or Waiting applies the decision
 	}
@@ -849,7 +849,7 @@ func (in *Injector) checkDecision(ctx context.Context, a toolbus.Approval, grant
 	case !granted || a.Arguments == "":
 		return nil
 	}
-	tc, err := in.bus.Contract(ctx, call.Tool)
+	tc, err := in.bus.Store().Contract(ctx, call.Tool)
 	if errors.Is(err, events.ErrNotFound) {
 		return fmt.Errorf("%w: edit of call %q of run %s refused: tool %q is not in the catalog, its arguments cannot be checked; the call still waits",
 			events.ErrPoison, a.CallID, a.RunID, call.Tool)
@@ -871,7 +871,7 @@ func (in *Injector) reissue(ctx context.Context, rec *store.StepRecord, idx int)
 	if idx >= len(rec.Waiting) || rec.Waiting[idx] == nil || rec.Results[idx] != nil {
 		return nil // not waiting yet (Waiting re-issues), or already answered
 	}
-	if err := in.bus.SetRunState(ctx, rec.RunID, toolbus.RunRunning, rec.Step, "", ""); err != nil {
+	if err := in.bus.Store().SetRunState(ctx, rec.RunID, toolbus.RunRunning, rec.Step, "", ""); err != nil {
 		if errors.Is(err, events.ErrRunEnded) {
 			return nil
 		}
@@ -895,7 +895,7 @@ func (in *Injector) Cancelled(ctx context.Context, c toolbus.Cancel) error {
 	if !toolbus.ValidRunID(c.RunID) {
 		return fmt.Errorf("%w: cancel without a valid run id", events.ErrPoison)
 	}
-	step, err := in.bus.CurrentStep(ctx, c.RunID)
+	step, err := in.bus.Store().CurrentStep(ctx, c.RunID)
 	if err != nil {
 		if errors.Is(err, events.ErrRunNotFound) {
 			return fmt.Errorf("%w: %w", events.ErrPoison, err)
@@ -918,7 +918,7 @@ func (in *Injector) Cancelled(ctx context.Context, c toolbus.Cancel) error {
 func (in *Injector) usage(ctx context.Context, run string, upTo int) toolbus.Usage {
 	var u toolbus.Usage
 	for s := 0; s < upTo; s++ {
-		mr, err := in.bus.Assistant(ctx, run, s)
+		mr, err := in.bus.Store().Assistant(ctx, run, s)
 		if err != nil {
 			break
 		}

@@ -44,7 +44,7 @@ func receive(idx int) func(*store.StepState) bool {
 // It returns the state's revision.
 func wantReceived(t *testing.T, ctx context.Context, bus *events.Bus, run string, step, count int, want ...int) uint64 {
 	t.Helper()
-	st, rev, err := bus.StepState(ctx, run, step)
+	st, rev, err := bus.Store().StepState(ctx, run, step)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -148,12 +148,12 @@ func TestJoinConflictingWrite(t *testing.T) {
 	wantReceived(t, ctx, bus, "run-1", 0, 5, 0, 1, 2)
 
 	// A writer outside any injector does the same.
-	st, rev, err := bus.StepState(ctx, "run-1", 0)
+	st, rev, err := bus.Store().StepState(ctx, "run-1", 0)
 	if err != nil {
 		t.Fatal(err)
 	}
 	st.Waiting.Set(3)
-	if _, err := bus.PutStepState(ctx, st, rev); err != nil {
+	if _, err := bus.Store().PutStepState(ctx, st, rev); err != nil {
 		t.Fatal(err)
 	}
 	if err := a.update(ctx, "run-1", 0, 5, func(st *store.StepState) bool { return st.Waiting.Set(3) }); err != nil {

@@ -47,7 +47,7 @@ func TestEndedRunsFreeTheirTimers(t *testing.T) {
 		}
 	}
 	status := func(run string) toolbus.RunStatus {
-		st, _, err := bus.RunState(ctx, run)
+		st, _, err := bus.Store().RunState(ctx, run)
 		if err != nil {
 			return ""
 		}
@@ -87,7 +87,7 @@ func TestEndedRunsFreeTheirTimers(t *testing.T) {
 	// Without freeing, the victim's timer would wait for a slot until the short runs'
 	// deadlines (a day): generous bounds, still far below that.
 	eventstest.Eventually(t, time.Minute, func() error {
-		st, _, err := bus.RunState(ctx, victim)
+		st, _, err := bus.Store().RunState(ctx, victim)
 		if err != nil {
 			return err
 		}
@@ -97,7 +97,7 @@ func TestEndedRunsFreeTheirTimers(t *testing.T) {
 		return nil
 	})
 	eventstest.Eventually(t, time.Minute, func() error {
-		cons, err := bus.Stream.Consumer(ctx, "injector-timers")
+		cons, err := bus.EventStream().Consumer(ctx, "injector-timers")
 		if err != nil {
 			return err
 		}

@@ -69,7 +69,7 @@ func New(ctx context.Context, bus *events.Bus, cfg Config) (*mcp.Server, error) 
 	if cfg.Refresh <= 0 {
 		cfg.Refresh = time.Second
 	}
-	cat, err := bus.WatchCatalog(ctx, cfg.Logger)
+	cat, err := bus.Store().WatchCatalog(ctx, cfg.Logger)
 	if err != nil {
 		return nil, fmt.Errorf("mcp: catalog: %w", err)
 	}

@@ -81,7 +81,7 @@ func startPipeline(t *testing.T, extra ...executor.Tool) *pipeline {
 	}
 	exec := testutil.Must(executor.New(reg, executor.WithLogger(log), executor.WithInstance("exec-1")))
 	serve(worker.New(bus, exec, worker.Config{WorkerConfig: wc("exec-1")}))
-	cat, err := bus.WatchCatalog(ctx, log)
+	cat, err := bus.Store().WatchCatalog(ctx, log)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -107,7 +107,7 @@ func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)
 func (p *pipeline) waitStatus(run string, want toolbus.RunStatus) {
 	p.t.Helper()
 	eventstest.Eventually(p.t, 30*time.Second, func() error {
-		st, _, err := p.bus.RunState(p.ctx, run)
+		st, _, err := p.bus.Store().RunState(p.ctx, run)
 		if err != nil {
 			return err
 		}
@@ -179,7 +179,7 @@ func TestMCPListTools(t *testing.T) {
 	for _, tool := range res.Tools {
 		got[tool.Name] = tool
 	}
-	cat, err := p.bus.WatchCatalog(p.ctx, nil)
+	cat, err := p.bus.Store().WatchCatalog(p.ctx, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

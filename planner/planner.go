@@ -182,7 +182,7 @@ func (p *Planner) Run(ctx context.Context) error {
 	}
 	// A local view of cancellations spares a run-state read per step; redeliveries
 	// still read the run state.
-	sub, err := p.bus.NC.Subscribe(events.FilterRunCancel, func(m *nats.Msg) {
+	sub, err := p.bus.Conn().Subscribe(events.FilterRunCancel, func(m *nats.Msg) {
 		if run, ok := events.CancelOf(m); ok {
 			p.mu.Lock()
 			if len(p.cancelled) > 100000 {
@@ -198,7 +198,7 @@ func (p *Planner) Run(ctx context.Context) error {
 	}
 	defer sub.Unsubscribe() //nolint:errcheck // the connection may be closing
 	p.log.Info("planner serving", "consumer", p.cfg.Durable, "concurrency", p.cfg.Concurrency,
-		"stream", p.bus.Config().Stream, "nats", p.bus.NC.ConnectedUrlRedacted())
+		"stream", p.bus.Config().Stream, "nats", p.bus.Conn().ConnectedUrlRedacted())
 	err = consume.Serve(ctx, cons, consume.Config{
 		Concurrency: p.cfg.Concurrency, Grace: p.cfg.Grace, Logger: p.log, NakDelay: 2 * time.Second,
 		Observer: p.cfg.Observer,
@@ -289,7 +289,7 @@ func (p *Planner) Step(ctx context.Context, run string, step int, traceparent st
 		viewErr  error
 	)
 	viewed.Go(func() { prev, recorded, viewErr = p.current(ctx, run, step) })
-	st, _, err := p.bus.RunState(ctx, run)
+	st, _, err := p.bus.Store().RunState(ctx, run)
 	viewed.Wait()
 	if err != nil {
 		if errors.Is(err, events.ErrRunNotFound) {
@@ -346,7 +346,7 @@ func (p *Planner) answer(ctx context.Context, span trace.Span, rs *toolbus.RunSt
 		// A pre-planned run: its calls are step 0, and no model is ever called.
 		mr = prePlanned(rs, step)
 		wctx, cancel := context.WithTimeout(ctx, busWriteTimeout)
-		mr, _, err = p.bus.PutAssistant(wctx, mr)
+		mr, _, err = p.bus.Store().PutAssistant(wctx, mr)
 		cancel()
 		if err != nil {
 			return mr, got, err
@@ -371,7 +371,7 @@ func (p *Planner) answer(ctx context.Context, span trace.Span, rs *toolbus.RunSt
 		}
 		// The first recorded answer wins (another planner may have raced us).
 		wctx, cancel := context.WithTimeout(ctx, busWriteTimeout)
-		mr, _, err = p.bus.PutAssistant(wctx, mr)
+		mr, _, err = p.bus.Store().PutAssistant(wctx, mr)
 		cancel()
 		if err != nil {
 			if tooLarge(err) {
@@ -449,7 +449,7 @@ func (p *Planner) publishResponse(ctx context.Context, rs *toolbus.RunStarted, s
 // which the history reuses, and the assistant message already recorded for step (nil
 // when there is none).
 func (p *Planner) current(ctx context.Context, run string, step int) (store.PlanView, *toolbus.ModelResponded, error) {
-	v, err := p.bus.PlanView(ctx, run, step)
+	v, err := p.bus.Store().PlanView(ctx, run, step)
 	if err != nil {
 		return store.PlanView{}, nil, err
 	}
@@ -461,7 +461,7 @@ func (p *Planner) current(ctx context.Context, run string, step int) (store.Plan
 		// asked for only after the calls of the step before were answered.
 		return v, nil, nil
 	}
-	if _, err := p.bus.Assistant(ctx, run, step+1); err == nil {
+	if _, err := p.bus.Store().Assistant(ctx, run, step+1); err == nil {
 		return store.PlanView{}, nil, fmt.Errorf("%w: step %d of run %s requested after the run went past it", events.ErrPoison, step, run)
 	} else if !errors.Is(err, events.ErrNotFound) {
 		return store.PlanView{}, nil, err
@@ -629,7 +629,7 @@ func (p *Planner) history(ctx context.Context, run string, step int, prev store.
 		if err != nil {
 			return nil, err
 		}
-		u, err := p.bus.UsageSoFar(ctx, run, step)
+		u, err := p.bus.Store().UsageSoFar(ctx, run, step)
 		if err != nil {
 			return nil, err
 		}
@@ -647,9 +647,9 @@ func (p *Planner) history(ctx context.Context, run string, step int, prev store.
 					err error
 				)
 				if prev.Prev != nil && prev.Prev.Step == s {
-					rec, err = p.bus.AssemblePlanView(ctx, prev) // its join state and results were just read
+					rec, err = p.bus.Store().AssemblePlanView(ctx, prev) // its join state and results were just read
 				} else {
-					rec, _, err = p.bus.Step(ctx, run, s)
+					rec, _, err = p.bus.Store().Step(ctx, run, s)
 				}
 				if err != nil {
 					return nil, err
@@ -658,11 +658,11 @@ func (p *Planner) history(ctx context.Context, run string, step int, prev store.
 			}
 			continue
 		}
-		more, err := p.bus.StepMessages(ctx, run, s)
+		more, err := p.bus.Store().StepMessages(ctx, run, s)
 		if err != nil {
 			return nil, err
 		}
-		mr, err := p.bus.Assistant(ctx, run, s)
+		mr, err := p.bus.Store().Assistant(ctx, run, s)
 		if err != nil {
 			return nil, err
 		}
@@ -692,7 +692,7 @@ func (p *Planner) usage(ctx context.Context, run string, step int, u toolbus.Usa
 		return total, nil
 	}
 	p.mu.Unlock()
-	before, err := p.bus.UsageSoFar(ctx, run, step)
+	before, err := p.bus.Store().UsageSoFar(ctx, run, step)
 	if err != nil {
 		return toolbus.Usage{}, err
 	}
@@ -718,7 +718,7 @@ func (p *Planner) forget(run string) {
 // max_payload less AnswerHeadroom, or Config.MaxAnswerBytes when smaller; 0 when
 // neither is known.
 func (p *Planner) maxAnswer() int {
-	limit := int(p.bus.NC.MaxPayload()) - AnswerHeadroom
+	limit := int(p.bus.Conn().MaxPayload()) - AnswerHeadroom
 	if p.cfg.MaxAnswerBytes > 0 && (limit <= 0 || p.cfg.MaxAnswerBytes < limit) {
 		limit = p.cfg.MaxAnswerBytes
 	}

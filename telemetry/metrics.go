@@ -278,7 +278,7 @@ func (c *queueCollector) Describe(ch chan<- *prometheus.Desc) {
 func (c *queueCollector) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
 	defer cancel()
-	contracts, err := c.bus.Contracts(ctx)
+	contracts, err := c.bus.Store().Contracts(ctx)
 	if err != nil {
 		c.log.Debug("metrics: tool catalog unreadable", "error", err)
 		return

@@ -64,7 +64,7 @@ func cmdCall(ctx context.Context, cfg Config, log *slog.Logger, args []string, s
 		}
 		defer stop()
 	}
-	cat, err := c.bus.WatchCatalog(ctx, nil)
+	cat, err := c.bus.Store().WatchCatalog(ctx, nil)
 	if err != nil {
 		return fmt.Errorf("call: catalog: %w", err)
 	}

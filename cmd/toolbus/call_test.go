@@ -149,7 +149,7 @@ func TestScriptFileDrivesACustomTool(t *testing.T) {
 	// The planner offers only tools a live executor serves: wait until the catalog
 	// says the greeter serves greet (the planner started below reads it at its start).
 	eventstest.Eventually(t, time.Minute, func() error {
-		cat, err := bus.WatchCatalog(ctx, nil)
+		cat, err := bus.Store().WatchCatalog(ctx, nil)
 		if err != nil {
 			return err
 		}

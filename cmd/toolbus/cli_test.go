@@ -285,7 +285,7 @@ func TestCLIRunSaysWhatItWaitsFor(t *testing.T) {
 
 	// A planner that fails on every message (as one whose credentials miss a
 	// permission does): the run names the failing worker, not only the queue.
-	cons, err := bus.Stream.Consumer(ctx, events.ConsumerPlanner)
+	cons, err := bus.EventStream().Consumer(ctx, events.ConsumerPlanner)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -67,7 +67,7 @@ func TestUpServesConsole(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		cat, err := bus.WatchCatalog(ctx, nil)
+		cat, err := bus.Store().WatchCatalog(ctx, nil)
 		if err != nil {
 			return err
 		}

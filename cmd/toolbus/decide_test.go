@@ -118,10 +118,10 @@ func TestHumanDecisions(t *testing.T) {
 		if n := countEvents(t, p, "hd-edit", events.TypeApprovalGranted); n != 0 {
 			t.Fatalf("%d approval.granted published by refused edits", n)
 		}
-		if _, err := p.bus.StepDecision(p.ctx, "hd-edit", 0, "b"); err == nil {
+		if _, err := p.bus.Store().StepDecision(p.ctx, "hd-edit", 0, "b"); err == nil {
 			t.Fatal("a refused edit was recorded as the decision")
 		}
-		if st, _, _ := p.bus.RunState(p.ctx, "hd-edit"); st.Status != toolbus.RunWaitingForApproval {
+		if st, _, _ := p.bus.Store().RunState(p.ctx, "hd-edit"); st.Status != toolbus.RunWaitingForApproval {
 			t.Fatalf("run is %s after refused edits, want it still waiting", st.Status)
 		}
 

@@ -48,7 +48,7 @@ func TestInitIdempotent(t *testing.T) {
 	if err != nil {
 		t.Fatalf("open after init: %v", err)
 	}
-	c := bus.Stream.CachedInfo().Config
+	c := bus.EventStream().CachedInfo().Config
 	if !c.DenyDelete || !c.DenyPurge {
 		t.Fatalf("stream config %+v: want deny delete and purge", c)
 	}

@@ -200,7 +200,7 @@ func TestMCPHTTP(t *testing.T) {
 		sid := resp.Header.Get("Mcp-Session-Id")
 		resp = mcpPost(t, endpoint, alice, sid, `{"jsonrpc":"2.0","method":"notifications/initialized"}`, nil)
 		resp.Body.Close()
-		before, err := p.bus.Runs(p.ctx)
+		before, err := p.bus.Store().Runs(p.ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -214,7 +214,7 @@ func TestMCPHTTP(t *testing.T) {
 		// The call is a run on the bus: wait until its sleep is requested, then cancel it.
 		var run string
 		eventstest.Eventually(t, 30*time.Second, func() error {
-			runs, err := p.bus.Runs(p.ctx)
+			runs, err := p.bus.Store().Runs(p.ctx)
 			if err != nil {
 				return err
 			}

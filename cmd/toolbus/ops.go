@@ -246,7 +246,7 @@ func cmdCancel(ctx context.Context, cfg Config, log *slog.Logger, args []string,
 		return err
 	}
 	defer c.Close()
-	st, _, err := c.bus.RunState(ctx, run)
+	st, _, err := c.bus.Store().RunState(ctx, run)
 	if err != nil {
 		if errors.Is(err, events.ErrRunNotFound) {
 			return &exitError{code: 1, msg: fmt.Sprintf("run %s not found", run)}
@@ -291,14 +291,14 @@ func cmdRuns(ctx context.Context, cfg Config, log *slog.Logger, args []string, o
 		return err
 	}
 	defer c.Close()
-	runs, err := c.bus.Runs(ctx)
+	runs, err := c.bus.Store().Runs(ctx)
 	if err != nil {
 		return err
 	}
 	for i, r := range runs {
 		if !r.Status.Terminal() {
 			// The run state records the step when a run waits or ends; ask where it is.
-			if step, err := c.bus.CurrentStep(ctx, r.RunID); err == nil {
+			if step, err := c.bus.Store().CurrentStep(ctx, r.RunID); err == nil {
 				runs[i].Step = step
 			}
 		}
@@ -413,7 +413,7 @@ func cmdTail(ctx context.Context, cfg Config, log *slog.Logger, args []string, o
 	filter := events.FilterAll
 	if run != "" {
 		filter = events.SubjectRun(run)
-		st, _, err := c.bus.RunState(ctx, run)
+		st, _, err := c.bus.Store().RunState(ctx, run)
 		switch {
 		case errors.Is(err, events.ErrRunNotFound):
 			// Nothing to skip: follow it from its first event.

@@ -145,7 +145,7 @@ func runPlanner(ctx context.Context, cfg Config, bus *events.Bus, log *slog.Logg
 	if err != nil {
 		return err
 	}
-	cat, err := bus.WatchCatalog(ctx, log)
+	cat, err := bus.Store().WatchCatalog(ctx, log)
 	if err != nil {
 		return err
 	}

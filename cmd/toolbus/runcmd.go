@@ -194,7 +194,7 @@ func checkAllowedTools(ctx context.Context, bus *events.Bus, allowed []string) e
 	if len(allowed) == 0 {
 		return nil
 	}
-	cat, err := bus.WatchCatalog(ctx, nil)
+	cat, err := bus.Store().WatchCatalog(ctx, nil)
 	if err != nil {
 		return fmt.Errorf("run: catalog: %w", err)
 	}
@@ -232,7 +232,7 @@ func waitingHint(ctx context.Context, bus *events.Bus, p *printer) string {
 	defer cancel()
 	line := "        (waiting for " + what
 	for _, name := range consumers {
-		cons, err := bus.Stream.Consumer(ctx, name)
+		cons, err := bus.EventStream().Consumer(ctx, name)
 		if errors.Is(err, jetstream.ErrConsumerNotFound) {
 			line += fmt.Sprintf("; warning: queue %s does not exist, nothing serves it", name)
 			continue
@@ -267,7 +267,7 @@ func newRunID() string {
 // first model request sees them.
 // A worker that fails meanwhile (workersDone) is the error, not the missing tools.
 func waitForCatalog(ctx context.Context, bus *events.Bus, workersDone <-chan error) error {
-	cat, err := bus.WatchCatalog(ctx, nil)
+	cat, err := bus.Store().WatchCatalog(ctx, nil)
 	if err != nil {
 		return err
 	}

@@ -25,7 +25,7 @@ func TestRunRefusesAnExistingRunID(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	later, err := p.bus.Stream.GetMsg(p.ctx, first+1, jetstream.WithGetMsgSubject(events.SubjectRunStartedAny("taken-1")))
+	later, err := p.bus.EventStream().GetMsg(p.ctx, first+1, jetstream.WithGetMsgSubject(events.SubjectRunStartedAny("taken-1")))
 	if !errors.Is(err, jetstream.ErrMsgNotFound) {
 		t.Fatalf("a run.started after the first at %d: %v (%v): the refused run published one", first, later, err)
 	}

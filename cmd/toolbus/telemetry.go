@@ -21,7 +21,7 @@ func startTelemetry(cfg Config, bus *events.Bus, log *slog.Logger) (*telemetry.M
 	m := telemetry.New()
 	m.WatchQueues(bus, 0, log)
 	m.WatchPermissions(bus, log)
-	srv, err := telemetry.Listen(cfg.MetricsAddr, m.Handler(bus.NC.IsConnected), log)
+	srv, err := telemetry.Listen(cfg.MetricsAddr, m.Handler(bus.Conn().IsConnected), log)
 	if err != nil {
 		return nil, nil, err
 	}

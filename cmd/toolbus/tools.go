@@ -64,11 +64,11 @@ func cmdTools(ctx context.Context, cfg Config, log *slog.Logger, args []string, 
 
 // toolRows joins the catalog, the live instances and the queues.
 func toolRows(ctx context.Context, bus *events.Bus) ([]toolRow, error) {
-	contracts, err := bus.Contracts(ctx)
+	contracts, err := bus.Store().Contracts(ctx)
 	if err != nil {
 		return nil, err
 	}
-	instances, err := bus.Instances(ctx)
+	instances, err := bus.Store().Instances(ctx)
 	if err != nil {
 		return nil, err
 	}

@@ -12,7 +12,7 @@ import (
 // contract whose instances are gone is listed as not offered.
 func TestToolsCommand(t *testing.T) {
 	p := startOpsPipeline(t, nil)
-	if err := p.bus.PublishTool(p.ctx, toolbus.ToolContract{Name: "orphan", Description: "nobody serves me"}, false); err != nil {
+	if err := p.bus.Store().PublishTool(p.ctx, toolbus.ToolContract{Name: "orphan", Description: "nobody serves me"}, false); err != nil {
 		t.Fatal(err)
 	}
 	code, out, errOut := p.toolbus("tools", "--json")

@@ -47,7 +47,7 @@ func TestServeRecoversHandlerPanics(t *testing.T) {
 
 	// MaxAckPending 1: a panicking message left unacknowledged would hold the queue.
 	for _, subj := range []string{"toolbus.p.boom", "toolbus.p.after1", "toolbus.p.after2"} {
-		if _, err := bus.JS.Publish(ctx, subj, []byte("x")); err != nil {
+		if _, err := bus.JetStream().Publish(ctx, subj, []byte("x")); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -488,7 +488,7 @@ func ToolConsumerConfig(tool string, ackWait time.Duration, maxAckPending int) C
 // Consumer). It reports whether the consumer existed and whether it was changed.
 func ensureConsumer(ctx context.Context, b *events.Bus, cc ConsumerConfig) (cons jetstream.Consumer, existed, changed bool, err error) {
 	want := cc.jetstream()
-	stream := b.Stream
+	stream := b.EventStream()
 	have, err := stream.Consumer(ctx, cc.Durable)
 	switch {
 	case err == nil:

@@ -40,11 +40,11 @@ func TestCatalogOfManyToolsReadInFewRequests(t *testing.T) {
 	if _, err := kv.Put(ctx, "t0001", []byte(`{"name":"t0001","description":"again"}`)); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := bus.PutInstance(ctx, store.Instance{Name: "all", Boot: "b", Tools: []string{"t0001", "t0002"}}); err != nil {
+	if _, err := bus.Store().PutInstance(ctx, store.Instance{Name: "all", Boot: "b", Tools: []string{"t0001", "t0002"}}); err != nil {
 		t.Fatal(err)
 	}
 	before := serverIn(t, tb)
-	cat, err := bus.WatchCatalog(ctx, nil)
+	cat, err := bus.Store().WatchCatalog(ctx, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -210,7 +210,7 @@ func (w *Worker) runSlot(ctx context.Context, d *delivery, key string) (release 
 	if w.cfg.RunMaxInFlight <= 0 || d.req.CallCount <= w.cfg.RunMaxInFlight {
 		return func() {}, nil
 	}
-	slot, ok, err := w.bus.AcquireRunSlot(ctx, d.queue, d.req.RunID, w.cfg.RunMaxInFlight, key, w.cfg.Instance, w.boot)
+	slot, ok, err := w.bus.Store().AcquireRunSlot(ctx, d.queue, d.req.RunID, w.cfg.RunMaxInFlight, key, w.cfg.Instance, w.boot)
 	if err != nil {
 		return nil, err
 	}
@@ -221,7 +221,7 @@ func (w *Worker) runSlot(ctx context.Context, d *delivery, key string) (release 
 	return func() {
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer cancel()
-		if err := w.bus.ReleaseRunSlot(rctx, d.queue, d.req.RunID, slot); err != nil {
+		if err := w.bus.Store().ReleaseRunSlot(rctx, d.queue, d.req.RunID, slot); err != nil {
 			d.log().Warn("run slot not released; it frees when this instance's heartbeat expires", "error", err)
 		}
 	}, nil
@@ -249,10 +249,10 @@ func (w *Worker) decide(ctx context.Context, d *delivery) error {
 	if !t.NeedsApproval {
 		return nil
 	}
-	dec, err := w.bus.StepDecision(ctx, d.req.RunID, d.req.Step, call.CallID)
+	dec, err := w.bus.Store().StepDecision(ctx, d.req.RunID, d.req.Step, call.CallID)
 	switch {
 	case errors.Is(err, events.ErrNotFound):
-		if err := w.bus.ReleaseClaim(ctx, d.queue, d.req.RunID, d.req.Step, call.CallID); err != nil {
+		if err := w.bus.Store().ReleaseClaim(ctx, d.queue, d.req.RunID, d.req.Step, call.CallID); err != nil {
 			return err
 		}
 		d.parked = true

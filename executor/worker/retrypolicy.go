@@ -52,7 +52,7 @@ func (w *Worker) retryLater(ctx context.Context, d *delivery) error {
 		Attempt: c.Attempt, Status: d.res.Status, Error: *d.res.Error, DurationMS: d.res.DurationMS,
 		Executor: w.cfg.Instance, At: time.Now().UTC(), RetryAfterMS: delay.Milliseconds()})
 	err := w.retry(ctx, d.msg, d.log, "record the failed attempt", func() error {
-		_, err := w.bus.TakeOverClaim(ctx, d.queue, d.req.RunID, d.req.Step, d.req.Call.CallID, c, d.own.rev)
+		_, err := w.bus.Store().TakeOverClaim(ctx, d.queue, d.req.RunID, d.req.Step, d.req.Call.CallID, c, d.own.rev)
 		if errors.Is(err, events.ErrConflict) {
 			return nil // taken over already (or an earlier try of this write landed)
 		}

@@ -201,7 +201,7 @@ func New(bus *events.Bus, exec *executor.Executor, cfg Config) (*Worker, error) 
 		log:      cfg.Logger.With("component", "executor", "instance", cfg.Instance, "boot", boot),
 		inflight: map[string]map[*callHandle]struct{}{}, claimed: map[string]bool{}, cancelled: map[string]time.Time{},
 		ends: ends}
-	w.lease = newLease(bus.InstanceTTL(), w.leaseLost)
+	w.lease = newLease(bus.Store().InstanceTTL(), w.leaseLost)
 	w.handler = w.pipeline()
 	return w, nil
 }
@@ -253,7 +253,7 @@ func (w *Worker) serve(ctx context.Context) error {
 		MaxWait: w.cfg.AckWait / 3, Observer: w.cfg.Observer,
 	}
 	w.smu.Unlock()
-	sub, err := w.bus.NC.Subscribe(events.FilterRunCancel, w.onCancel)
+	sub, err := w.bus.Conn().Subscribe(events.FilterRunCancel, w.onCancel)
 	if err != nil {
 		return fmt.Errorf("executor: subscribe to cancellations: %w", err)
 	}
@@ -300,7 +300,7 @@ func (w *Worker) serve(ctx context.Context) error {
 		}
 	}
 	w.log.Info("executor serving", "tools", served, "concurrency", w.cfg.Concurrency,
-		"stream", w.bus.Config().Stream, "nats", w.bus.NC.ConnectedUrlRedacted())
+		"stream", w.bus.Config().Stream, "nats", w.bus.Conn().ConnectedUrlRedacted())
 	err = consume.ServeAll(ctx, consumers, w.serveCfg, w.handle)
 	w.extra.Wait()
 	w.log.Info("executor stopped", "error", err)
@@ -362,7 +362,7 @@ func (w *Worker) Sync(ctx context.Context) error {
 	w.serving, w.servedList = next, names
 	w.smu.Unlock()
 	now := time.Now().UTC()
-	if _, err := w.bus.PutInstance(ctx, store.Instance{Name: w.cfg.Instance, Boot: w.boot, Tools: names, Concurrency: w.cfg.Concurrency,
+	if _, err := w.bus.Store().PutInstance(ctx, store.Instance{Name: w.cfg.Instance, Boot: w.boot, Tools: names, Concurrency: w.cfg.Concurrency,
 		StartedAt: now, HeartbeatAt: now}); err != nil {
 		return err
 	}
@@ -375,7 +375,7 @@ func (w *Worker) Sync(ctx context.Context) error {
 func (w *Worker) publishTool(ctx context.Context, t executor.Tool) error {
 	c := t.Contract()
 	c.Owner = w.cfg.Team
-	err := w.bus.PublishTool(ctx, c, w.cfg.ReplaceContracts)
+	err := w.bus.Store().PublishTool(ctx, c, w.cfg.ReplaceContracts)
 	var changed *store.ContractChangedError
 	if errors.As(err, &changed) {
 		w.cfg.Metrics.ContractRefused(t.Name)
@@ -404,7 +404,7 @@ func (w *Worker) servedTools() []string {
 // queue binds the durable consumer of one tool's queue, creating it if it is missing.
 func (w *Worker) queue(ctx context.Context, tool string) (jetstream.Consumer, error) {
 	name := events.ToolConsumer(tool)
-	cons, err := w.bus.Stream.Consumer(ctx, name)
+	cons, err := w.bus.EventStream().Consumer(ctx, name)
 	if err == nil {
 		return cons, nil
 	}
@@ -441,7 +441,7 @@ func (e *MissingQueuesError) Unwrap() error { return e.Err }
 // checked against their claim by the injector, which costs a read, never correctness.
 func (w *Worker) stampLease(ctx context.Context, rev uint64, start time.Time) {
 	rtt := time.Since(start)
-	stored, err := w.bus.InstanceStoredAt(ctx, w.cfg.Instance, w.boot, rev)
+	stored, err := w.bus.Store().InstanceStoredAt(ctx, w.cfg.Instance, w.boot, rev)
 	if err != nil {
 		w.log.Debug("heartbeat's stored time not read; results keep the previous fencing deadline", "error", err)
 		return
@@ -456,7 +456,7 @@ func (w *Worker) heartbeat(ctx context.Context, served []string) (stop func(), e
 	start := time.Now()
 	in := store.Instance{Name: w.cfg.Instance, Boot: w.boot, Tools: served, Concurrency: w.cfg.Concurrency,
 		StartedAt: start.UTC(), HeartbeatAt: start.UTC()}
-	rev, err := w.bus.PutInstance(ctx, in)
+	rev, err := w.bus.Store().PutInstance(ctx, in)
 	if err != nil {
 		return nil, err
 	}
@@ -480,7 +480,7 @@ func (w *Worker) heartbeat(ctx context.Context, served []string) (stop func(), e
 				in.HeartbeatAt = start.UTC()
 				in.Tools = w.servedTools()
 				pctx, cancel := context.WithTimeout(ctx, every)
-				rev, err := w.bus.PutInstance(pctx, in)
+				rev, err := w.bus.Store().PutInstance(pctx, in)
 				if err != nil {
 					cancel()
 					w.log.Warn("instance heartbeat failed", "error", err, "lease_deadline", w.lease.Deadline())
@@ -498,7 +498,7 @@ func (w *Worker) heartbeat(ctx context.Context, served []string) (stop func(), e
 		w.lease.stop()
 		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer cancel()
-		if err := w.bus.DeleteInstance(dctx, w.cfg.Instance, w.boot); err != nil {
+		if err := w.bus.Store().DeleteInstance(dctx, w.cfg.Instance, w.boot); err != nil {
 			w.log.Warn("instance not removed from the catalog; it expires by itself", "error", err)
 		}
 	}, nil
@@ -570,7 +570,7 @@ func (w *Worker) runEnded(ctx context.Context, run string, startSeq uint64) (too
 	if status, ok := w.ends.Lookup(run, startSeq); ok {
 		return status, nil
 	}
-	state, _, err := w.bus.RunState(ctx, run)
+	state, _, err := w.bus.Store().RunState(ctx, run)
 	if err != nil && !errors.Is(err, events.ErrRunNotFound) {
 		return "", err
 	}
@@ -634,7 +634,7 @@ func (w *Worker) claim(ctx context.Context, msg jetstream.Msg, queue string, req
 		claimed bool
 	)
 	err := w.retry(ctx, msg, log, "claim the call", func() (err error) {
-		cur, rev, err = w.bus.ClaimCall(ctx, queue, req.RunID, req.Step, req.Call.CallID, mine)
+		cur, rev, err = w.bus.Store().ClaimCall(ctx, queue, req.RunID, req.Step, req.Call.CallID, mine)
 		claimed = err == nil
 		if errors.Is(err, store.ErrClaimed) {
 			return nil
@@ -662,13 +662,13 @@ func (w *Worker) claim(ctx context.Context, msg jetstream.Msg, queue string, req
 		// Our own earlier claim (same name and boot): that handling is over (hold
 		// keeps two handlings of a call in one process apart).
 		if !cur.Abandoned && (cur.Instance != w.cfg.Instance || cur.Boot != w.boot) {
-			if alive, err = w.bus.InstanceAlive(ctx, cur.Instance, cur.Boot); err != nil {
+			if alive, err = w.bus.Store().InstanceAlive(ctx, cur.Instance, cur.Boot); err != nil {
 				return false, owned{}, err
 			}
 		}
 		if !alive {
 			mine.Attempt, mine.Retries = cur.Attempt+1, cur.Retries
-			nrev, err := w.bus.TakeOverClaim(ctx, queue, req.RunID, req.Step, req.Call.CallID, mine, rev)
+			nrev, err := w.bus.Store().TakeOverClaim(ctx, queue, req.RunID, req.Step, req.Call.CallID, mine, rev)
 			if err == nil {
 				if takeoverHook != nil {
 					takeoverHook()
@@ -706,7 +706,7 @@ func (w *Worker) claim(ctx context.Context, msg jetstream.Msg, queue string, req
 		case <-time.After(claimPoll):
 		}
 		mine.Attempt, mine.Retries = 1, nil
-		if cur, rev, err = w.bus.ClaimCall(ctx, queue, req.RunID, req.Step, req.Call.CallID, mine); err == nil {
+		if cur, rev, err = w.bus.Store().ClaimCall(ctx, queue, req.RunID, req.Step, req.Call.CallID, mine); err == nil {
 			return true, owned{mine, rev}, nil // the claim went away (expired with the retention): ours now
 		} else if !errors.Is(err, store.ErrClaimed) {
 			return false, owned{}, err
@@ -720,7 +720,7 @@ func (w *Worker) yield(ctx context.Context, msg jetstream.Msg, queue string, req
 	c := o.claim
 	c.Yielded = true
 	err := w.retry(ctx, msg, log, "yield the claim", func() error {
-		_, err := w.bus.TakeOverClaim(ctx, queue, req.RunID, req.Step, req.Call.CallID, c, o.rev)
+		_, err := w.bus.Store().TakeOverClaim(ctx, queue, req.RunID, req.Step, req.Call.CallID, c, o.rev)
 		if errors.Is(err, events.ErrConflict) {
 			return nil // changed since (or an earlier try of this write landed)
 		}
@@ -740,7 +740,7 @@ func (w *Worker) abandon(ctx context.Context, msg jetstream.Msg, queue string, r
 	c := o.claim
 	c.Abandoned = true
 	err := w.retry(ctx, msg, log, "abandon the claim", func() error {
-		_, err := w.bus.TakeOverClaim(ctx, queue, req.RunID, req.Step, req.Call.CallID, c, o.rev)
+		_, err := w.bus.Store().TakeOverClaim(ctx, queue, req.RunID, req.Step, req.Call.CallID, c, o.rev)
 		if errors.Is(err, events.ErrConflict) {
 			return nil // taken over already (or an earlier try of this write landed)
 		}
@@ -833,7 +833,7 @@ func (w *Worker) keepLargeOutput(ctx context.Context, queue string, req toolbus.
 	if len(res.Output) <= w.cfg.InlineOutputMax {
 		return nil
 	}
-	ref, err := w.bus.PutOutput(ctx, queue, req.RunID, req.Step, req.Call.CallID, res.Output)
+	ref, err := w.bus.Store().PutOutput(ctx, queue, req.RunID, req.Step, req.Call.CallID, res.Output)
 	if err != nil {
 		return err
 	}

@@ -41,7 +41,7 @@ func TestTakeOverYieldsToALateResult(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The first attempt's executor (no instance record: gone) claimed the call.
-	if _, _, err := bus.ClaimCall(ctx, "side", run, 0, "c1", store.Claim{Instance: "exec-a", Boot: "b1", Attempt: 1}); err != nil {
+	if _, _, err := bus.Store().ClaimCall(ctx, "side", run, 0, "c1", store.Claim{Instance: "exec-a", Boot: "b1", Attempt: 1}); err != nil {
 		t.Fatal(err)
 	}
 	late := time.Now().Add(-time.Minute).UTC()
@@ -64,7 +64,7 @@ func TestTakeOverYieldsToALateResult(t *testing.T) {
 	go func() { done <- w.Run(runCtx) }()
 	t.Cleanup(func() { stop(); <-done; worker.SetTakeoverHook(nil) })
 	eventstest.Eventually(t, 30*time.Second, func() error {
-		_, err := bus.Stream.Consumer(ctx, events.ToolConsumer("side"))
+		_, err := bus.EventStream().Consumer(ctx, events.ToolConsumer("side"))
 		return err
 	})
 	if _, err := bus.PublishEvent(ctx, events.ToolRequestedEvent("test", toolbus.ToolRequested{RunID: run, Step: 0, CallIndex: 0, CallCount: 1,
@@ -72,7 +72,7 @@ func TestTakeOverYieldsToALateResult(t *testing.T) {
 		t.Fatal(err)
 	}
 	eventstest.Eventually(t, 30*time.Second, func() error {
-		c, _, err := bus.CurrentClaim(ctx, "side", run, 0, "c1")
+		c, _, err := bus.Store().CurrentClaim(ctx, "side", run, 0, "c1")
 		if err != nil {
 			return err
 		}
@@ -83,7 +83,7 @@ func TestTakeOverYieldsToALateResult(t *testing.T) {
 	})
 	// The call's message is settled, with no result of attempt 2 and no second run.
 	eventstest.Eventually(t, 30*time.Second, func() error {
-		cons, err := bus.Stream.Consumer(ctx, events.ToolConsumer("side"))
+		cons, err := bus.EventStream().Consumer(ctx, events.ToolConsumer("side"))
 		if err != nil {
 			return err
 		}
@@ -99,7 +99,7 @@ func TestTakeOverYieldsToALateResult(t *testing.T) {
 	if n := ran.Load(); n != 0 {
 		t.Errorf("the tool ran %d times after the take-over, want 0", n)
 	}
-	evs, err := events.ReadEvents(ctx, bus.Stream, events.SubjectRun(run))
+	evs, err := events.ReadEvents(ctx, bus.EventStream(), events.SubjectRun(run))
 	if err != nil {
 		t.Fatal(err)
 	}

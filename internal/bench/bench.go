@@ -446,7 +446,7 @@ func newBenchStack(ctx context.Context, srv *embedded.Server, memory bool, k, st
 	runW(w.Run)
 	var cat *store.Catalog
 	for i := 0; i < 200; i++ {
-		if cat, err = st.bus.WatchCatalog(wctx, log); err != nil {
+		if cat, err = st.bus.Store().WatchCatalog(wctx, log); err != nil {
 			return fail(err)
 		}
 		if _, ok := cat.Lookup("noop"); ok {
@@ -509,7 +509,7 @@ func (st *benchStack) consumers() string {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	var out []string
-	for ci := range st.bus.Stream.ListConsumers(ctx).Info() {
+	for ci := range st.bus.EventStream().ListConsumers(ctx).Info() {
 		if ci.NumPending+uint64(ci.NumAckPending)+uint64(ci.NumRedelivered) == 0 {
 			continue
 		}

@@ -262,7 +262,7 @@ func (st *scaleStack) deploy(ctx context.Context, cfg events.Config, deps int, r
 // workers waits until every tool is in the catalog, then starts the planner (with a
 // script that spreads the calls over the tools) and the injector.
 func (st *scaleStack) workers(ctx context.Context, k, steps int) error {
-	cat, err := st.bus.WatchCatalog(st.wctx, st.log)
+	cat, err := st.bus.Store().WatchCatalog(st.wctx, st.log)
 	if err != nil {
 		return err
 	}

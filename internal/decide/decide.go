@@ -26,7 +26,7 @@ func (e *RefusedError) Error() string { return e.Msg }
 // Waiting finds the call callID in the run's current step and checks that it still
 // waits for a decision. It returns the step and the call.
 func Waiting(ctx context.Context, bus *events.Bus, run, callID string) (int, toolbus.ToolCall, error) {
-	st, _, err := bus.RunState(ctx, run)
+	st, _, err := bus.Store().RunState(ctx, run)
 	if err != nil {
 		if errors.Is(err, events.ErrRunNotFound) {
 			return 0, toolbus.ToolCall{}, &RefusedError{Msg: fmt.Sprintf("run %s not found", run)}
@@ -36,11 +36,11 @@ func Waiting(ctx context.Context, bus *events.Bus, run, callID string) (int, too
 	if st.Status.Terminal() {
 		return 0, toolbus.ToolCall{}, &RefusedError{Msg: fmt.Sprintf("run %s already ended: %s", run, st.Status)}
 	}
-	step, err := bus.CurrentStep(ctx, run)
+	step, err := bus.Store().CurrentStep(ctx, run)
 	if err != nil {
 		return 0, toolbus.ToolCall{}, err
 	}
-	rec, _, err := bus.Step(ctx, run, step)
+	rec, _, err := bus.Store().Step(ctx, run, step)
 	if err != nil && !errors.Is(err, events.ErrNotFound) {
 		return 0, toolbus.ToolCall{}, err
 	}
@@ -53,7 +53,7 @@ func Waiting(ctx context.Context, bus *events.Bus, run, callID string) (int, too
 				return 0, toolbus.ToolCall{}, &RefusedError{Msg: fmt.Sprintf("call %s of run %s was already decided: %s",
 					callID, run, rec.Results[i].Status)}
 			}
-			if d, err := bus.StepDecision(ctx, run, step, callID); err == nil {
+			if d, err := bus.Store().StepDecision(ctx, run, step, callID); err == nil {
 				verb := "granted"
 				if !d.Granted {
 					verb = "denied"
@@ -82,9 +82,9 @@ func Waiting(ctx context.Context, bus *events.Bus, run, callID string) (int, too
 // repeat across steps). step < 0 names none.
 func WaitingAt(ctx context.Context, bus *events.Bus, run, callID string, step int) (int, toolbus.ToolCall, error) {
 	if step >= 0 {
-		st, _, err := bus.RunState(ctx, run)
+		st, _, err := bus.Store().RunState(ctx, run)
 		if err == nil && !st.Status.Terminal() {
-			current, err := bus.CurrentStep(ctx, run)
+			current, err := bus.Store().CurrentStep(ctx, run)
 			if err != nil {
 				return 0, toolbus.ToolCall{}, err
 			}
@@ -102,7 +102,7 @@ func WaitingAt(ctx context.Context, bus *events.Bus, run, callID string, step in
 // against the tool's input schema in the catalog, before anything is published: the
 // call still waits and a corrected edit can decide it.
 func CheckEdit(ctx context.Context, bus *events.Bus, call toolbus.ToolCall, args string) error {
-	tc, err := bus.Contract(ctx, call.Tool)
+	tc, err := bus.Store().Contract(ctx, call.Tool)
 	if errors.Is(err, events.ErrNotFound) {
 		return &RefusedError{Msg: fmt.Sprintf("edit of call %s refused: tool %s is not in the catalog, its arguments cannot be checked", call.CallID, call.Tool)}
 	}

@@ -59,7 +59,7 @@ func Start(t *testing.T, d time.Duration, model planner.Model, extra ...executor
 	p.Roles.Go("exec-1", testutil.Must(worker.New(bus, exec, worker.Config{WorkerConfig: p.worker("exec-1")})).Run)
 	// Every tool, not only the first: a run may call any of them at once. The executor
 	// publishes them one by one, which takes a while on a busy machine.
-	cat, err := bus.WatchCatalog(ctx, p.Log)
+	cat, err := bus.Store().WatchCatalog(ctx, p.Log)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -111,7 +111,7 @@ func (p *Pipeline) SubmitAs(run, principal, question string, limits toolbus.Limi
 func (p *Pipeline) WaitStatus(run string, want toolbus.RunStatus) {
 	p.t.Helper()
 	eventstest.Eventually(p.t, 30*time.Second, func() error {
-		st, _, err := p.Bus.RunState(p.Ctx, run)
+		st, _, err := p.Bus.Store().RunState(p.Ctx, run)
 		if err != nil {
 			return err
 		}

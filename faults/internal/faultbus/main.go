@@ -128,7 +128,7 @@ func run(ctx context.Context, cfg config, role string, log *slog.Logger) error {
 		if err != nil {
 			return err
 		}
-		cat, err := bus.WatchCatalog(ctx, log)
+		cat, err := bus.Store().WatchCatalog(ctx, log)
 		if err != nil {
 			return err
 		}
