@@ -183,7 +183,7 @@ type Worker struct {
 	claimed   map[string]bool                     // claim keys this worker is handling
 	cancelled map[string]time.Time                // runs cancelled recently
 
-	ends *endedRuns // runs known to have ended, from their outcome events
+	ends *events.RunOutcomes // runs known to have ended, from their outcome events
 
 	extra sync.WaitGroup // queues added by Sync
 
@@ -201,13 +201,7 @@ func New(bus *events.Bus, exec *executor.Executor, cfg Config) (*Worker, error) 
 		return nil, err
 	}
 	cfg.setDefaults()
-	ends := &endedRuns{nc: bus.Conn(), ended: map[string]toolbus.RunStatus{}, info: func(ctx context.Context) (uint64, error) {
-		si, err := bus.EventStream().Info(ctx)
-		if err != nil {
-			return 0, fmt.Errorf("executor: stream info: %w", err)
-		}
-		return si.State.LastSeq, nil
-	}}
+	ends := bus.RunOutcomes()
 	boot := newBootID()
 	w := &Worker{cfg: cfg, bus: bus, exec: exec, source: events.Source("executor", cfg.Instance), boot: boot,
 		log:      cfg.Logger.With("component", "executor", "instance", cfg.Instance, "boot", boot),
@@ -270,12 +264,12 @@ func (w *Worker) serve(ctx context.Context) error {
 		return fmt.Errorf("executor: subscribe to cancellations: %w", err)
 	}
 	defer sub.Unsubscribe() //nolint:errcheck // connection may be closing
-	if err := w.ends.listen(ctx); err != nil {
+	if err := w.ends.Listen(ctx); err != nil {
 		// Without them every call reads its run's state, as it always may.
-		w.ends.close()
+		w.ends.Close()
 		w.log.Warn("run outcomes not followed: each call reads its run's state (give the executor's credentials subscribe permission on toolbus.*.run.<outcome>)", "error", err)
 	}
-	defer w.ends.close()
+	defer w.ends.Close()
 	// Only the queues of the served tools: a call of a tool no executor serves is
 	// answered by the planner (unknown_tool), so no executor consumes the unknown-tool
 	// subject and no team may publish a result there for another team's call.
@@ -579,7 +573,7 @@ func (w *Worker) track(run string, h *callHandle, lv leaseView) (untrack func())
 // the outcome events the worker follows when they answer for the run, else from the run
 // state.
 func (w *Worker) runEnded(ctx context.Context, run string, startSeq uint64) (toolbus.RunStatus, error) {
-	if status, ok := w.ends.lookup(run, startSeq); ok {
+	if status, ok := w.ends.Lookup(run, startSeq); ok {
 		return status, nil
 	}
 	state, _, err := w.bus.Store().RunState(ctx, run)
