@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"net/http"
-	"slices"
 	"sort"
 	"time"
 
@@ -91,7 +90,7 @@ func (c *server) tools(ctx context.Context, now time.Time) (toolsView, error) {
 	for _, tc := range contracts {
 		tv := &toolView{ToolContract: tc, Instances: []string{}}
 		for _, in := range instances {
-			if slices.Contains(in.Tools, tc.Name) {
+			if in.Serves(tc.Owner, tc.Name) {
 				tv.Instances = append(tv.Instances, in.Name)
 			}
 		}

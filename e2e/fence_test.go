@@ -24,133 +24,178 @@ import (
 // owner's instance record and the results, written as the executors write them), so
 // each ordering is exact; the planner and the injector are the real ones.
 func TestLateResultOfSupersededAttempt(t *testing.T) {
-	const tool = "fenced_tool"
-	past := time.Now().Add(-time.Hour).UTC()
-	future := time.Now().Add(time.Hour).UTC()
-	cases := []struct {
-		name string
-		// claim is the call's claim when the late result (attempt 1) arrives.
-		claim store.Claim
-		// ownerAlive keeps the claim's owner's instance record alive.
-		ownerAlive bool
-		// lateLease is the late result's LeaseUntil.
-		lateLease time.Time
-		// second publishes the owning attempt's result once the late one is held back.
-		second bool
-		want   string
-	}{
-		{name: "held back while a later attempt owns the call", claim: store.Claim{Instance: "exec-b", Boot: "b2", Attempt: 2},
-			ownerAlive: true, lateLease: past, second: true, want: "attempt 2"},
-		{name: "joined when the later attempt yielded to it", claim: store.Claim{Instance: "exec-b", Boot: "b2", Attempt: 2, Yielded: true},
-			ownerAlive: true, lateLease: past, want: "attempt 1"},
-		{name: "joined when the later attempt's owner is gone", claim: store.Claim{Instance: "exec-b", Boot: "b2", Attempt: 2},
-			lateLease: past, want: "attempt 1"},
-		{name: "joined when its own attempt still owns the call", claim: store.Claim{Instance: "exec-a", Boot: "b1", Attempt: 1},
-			lateLease: past, want: "attempt 1"},
-		{name: "stored before its lease ran out: joined as it comes", claim: store.Claim{Instance: "exec-b", Boot: "b2", Attempt: 2},
-			ownerAlive: true, lateLease: future, want: "attempt 1"},
-	}
-	for _, tc := range cases {
+	for _, tc := range lateResultCases("") {
 		t.Run(tc.name, func(t *testing.T) {
-			model := &planner.Script{Steps: []func(planner.Request) planner.Response{
-				planner.Calls(call("c1", tool, `{}`)),
-				planner.Answer("done"),
-			}}
-			s := newStack(t, model)
-			// The tool is in the catalog (the planner routes the call to its queue) but
-			// no executor runs here: the test answers for them.
-			if err := s.bus.Store().PublishTool(s.ctx, toolbus.ToolContract{Name: tool, Description: "fenced",
-				InputSchema: json.RawMessage(`{"type":"object"}`)}, false); err != nil {
-				t.Fatal(err)
-			}
-			s.startPlanner("planner-1")
-			s.startInjector("injector-1")
-			run := "fence-" + strings.ReplaceAll(strings.Fields(tc.name)[0], " ", "")
-			s.submit(run, toolbus.Limits{})
-			eventstest.Eventually(t, 30*time.Second, func() error {
-				if countType(s.runEvents(run), events.TypeToolRequested) == 0 {
-					return fmt.Errorf("no tool.requested yet")
+			s := newStack(t, fenceModel())
+			lateResult(t, s, tc)
+		})
+	}
+}
+
+// The injector fences late results with the shipped injector role credentials, not
+// admin: it reads the call's claim and its owner's instance record (of a team: the
+// record is keyed by the team, store.InstanceKey). A late result of a superseded attempt
+// is held back while the owning attempt's executor is alive, and joined once it is
+// gone, with no permission violation. For each credential kind of deploy/nats.
+func TestRolesInjectorFence(t *testing.T) {
+	for _, kind := range credentialKinds() {
+		t.Run(kind.name, func(t *testing.T) {
+			for _, tc := range lateResultCases("alpha") {
+				if !strings.HasPrefix(tc.name, "held back") && !strings.HasPrefix(tc.name, "joined when the later attempt's owner is gone") {
+					continue
 				}
-				return nil
-			})
-			if _, _, err := s.bus.Store().ClaimCall(s.ctx, tool, run, 0, "c1", tc.claim); err != nil {
-				t.Fatal(err)
-			}
-			if tc.ownerAlive {
-				keepAlive(t, s, tc.claim.Instance, tc.claim.Boot)
-			}
-			publish := func(attempt int, lease time.Time) {
-				t.Helper()
-				src := events.Source("executor", fmt.Sprintf("exec-%d", attempt))
-				if _, err := s.bus.PublishEvent(s.ctx, events.ToolFinishedEvent(src, toolbus.ToolFinished{
-					RunID: run, Step: 0, CallIndex: 0, CallCount: 1, ToolResult: toolbus.ToolResult{
-						CallID: "c1", Tool: tool, Status: toolbus.StatusSucceeded, Content: fmt.Sprintf("attempt %d", attempt),
-						Attempt: attempt, LeaseUntil: &lease, Executor: fmt.Sprintf("exec-%d", attempt)}})); err != nil {
-					t.Fatal(err)
-				}
-			}
-			publish(1, tc.lateLease)
-			if tc.second {
-				// The injector received the late result and handed it back (it is
-				// redelivered) without joining it: the model was not asked again.
-				eventstest.Eventually(t, 30*time.Second, func() error {
-					info, err := s.bus.EventStream().Consumer(s.ctx, events.ConsumerInjector)
-					if err != nil {
-						return err
+				t.Run(tc.name, func(t *testing.T) {
+					// A server per case: an owner's record of one case must not be alive in
+					// the next.
+					url, opts := kind.start(t)
+					s := newSecuredStack(t, url, opts, []string{"planner", "injector"}, fenceModel())
+					lateResult(t, s, tc)
+					if v := s.viol.all(); len(v) > 0 {
+						t.Fatalf("permission violations: %v", v)
 					}
-					ci, err := info.Info(s.ctx)
-					if err != nil {
-						return err
-					}
-					if ci.NumRedelivered == 0 {
-						return fmt.Errorf("late result not handed back yet (ack pending %d)", ci.NumAckPending)
-					}
-					return nil
 				})
-				if _, ok := s.seenReq.forStep(run, 1); ok {
-					t.Fatal("the step was joined with the late result of the superseded attempt")
-				}
-				publish(2, future)
-			}
-			if ended := s.waitEnd(run); ended.Status != toolbus.RunCompleted {
-				t.Fatalf("run ended %+v", ended)
-			}
-			req, ok := s.seenReq.forStep(run, 1)
-			if !ok {
-				t.Fatal("the model was not asked for step 1")
-			}
-			last := req.Messages[len(req.Messages)-1]
-			if last.Role != toolbus.RoleTool || last.Content != tc.want {
-				t.Fatalf("the model read %s %q, want the tool message %q", last.Role, last.Content, tc.want)
-			}
-			// Both results are in the stream when both were published; the replay
-			// reads the later attempt's as the call's, with no violation.
-			if n := countType(s.runEvents(run), events.TypeToolFinished); tc.second && n != 2 {
-				t.Errorf("%d tool.finished stored, want both attempts' results", n)
-			}
-			rep := replayOf(t, s.ctx, s.bus, run)
-			if len(rep.Violations) != 0 {
-				t.Errorf("replay violations: %+v", rep.Violations)
-			}
-			var read string
-			for _, c := range rep.Calls {
-				if c.Result != nil {
-					read = c.Result.Content
-				}
-			}
-			if read != tc.want {
-				t.Errorf("replay reads the call's result %q, want %q", read, tc.want)
 			}
 		})
 	}
 }
 
+// fencedTool is the tool of the fencing tests: in the catalog, served by no executor
+// (the test answers for them).
+const fencedTool = "fenced_tool"
+
+func fenceModel() planner.Model {
+	return &planner.Script{Steps: []func(planner.Request) planner.Response{
+		planner.Calls(call("c1", fencedTool, `{}`)),
+		planner.Answer("done"),
+	}}
+}
+
+// lateCase is one ordering of a late result (attempt 1) and the call's claim.
+type lateCase struct {
+	name string
+	// claim is the call's claim when the late result (attempt 1) arrives.
+	claim store.Claim
+	// ownerAlive keeps the claim's owner's instance record alive.
+	ownerAlive bool
+	// lateLease is the late result's LeaseUntil.
+	lateLease time.Time
+	// second publishes the owning attempt's result once the late one is held back.
+	second bool
+	want   string
+}
+
+// lateResultCases are the orderings, with the executors of team (empty: untokened).
+func lateResultCases(team string) []lateCase {
+	past := time.Now().Add(-time.Hour).UTC()
+	future := time.Now().Add(time.Hour).UTC()
+	return []lateCase{
+		{name: "held back while a later attempt owns the call", claim: store.Claim{Team: team, Instance: "exec-b", Boot: "b2", Attempt: 2},
+			ownerAlive: true, lateLease: past, second: true, want: "attempt 2"},
+		{name: "joined when the later attempt yielded to it", claim: store.Claim{Team: team, Instance: "exec-b", Boot: "b2", Attempt: 2, Yielded: true},
+			ownerAlive: true, lateLease: past, want: "attempt 1"},
+		{name: "joined when the later attempt's owner is gone", claim: store.Claim{Team: team, Instance: "exec-b", Boot: "b2", Attempt: 2},
+			lateLease: past, want: "attempt 1"},
+		{name: "joined when its own attempt still owns the call", claim: store.Claim{Team: team, Instance: "exec-a", Boot: "b1", Attempt: 1},
+			lateLease: past, want: "attempt 1"},
+		{name: "stored before its lease ran out: joined as it comes", claim: store.Claim{Team: team, Instance: "exec-b", Boot: "b2", Attempt: 2},
+			ownerAlive: true, lateLease: future, want: "attempt 1"},
+	}
+}
+
+// lateResult plays tc on s: the planner and the injector are started on their buses,
+// the executors are played with s.bus.
+func lateResult(t *testing.T, s *stack, tc lateCase) {
+	t.Helper()
+	if err := s.bus.Store().PublishTool(s.ctx, toolbus.ToolContract{Name: fencedTool, Description: "fenced",
+		InputSchema: json.RawMessage(`{"type":"object"}`)}, false); err != nil {
+		t.Fatal(err)
+	}
+	s.startPlanner("planner-1")
+	s.startInjector("injector-1")
+	run := "fence-" + strings.ReplaceAll(strings.Fields(tc.name)[0], " ", "")
+	s.submit(run, toolbus.Limits{})
+	eventstest.Eventually(t, 30*time.Second, func() error {
+		if countType(s.runEvents(run), events.TypeToolRequested) == 0 {
+			return fmt.Errorf("no tool.requested yet")
+		}
+		return nil
+	})
+	if _, _, err := s.bus.Store().ClaimCall(s.ctx, fencedTool, run, 0, "c1", tc.claim); err != nil {
+		t.Fatal(err)
+	}
+	if tc.ownerAlive {
+		keepAlive(t, s, tc.claim.Team, tc.claim.Instance, tc.claim.Boot)
+	}
+	publish := func(attempt int, lease time.Time) {
+		t.Helper()
+		src := events.Source("executor", fmt.Sprintf("exec-%d", attempt))
+		if _, err := s.bus.PublishEvent(s.ctx, events.ToolFinishedEvent(src, toolbus.ToolFinished{
+			RunID: run, Step: 0, CallIndex: 0, CallCount: 1, ToolResult: toolbus.ToolResult{
+				CallID: "c1", Tool: fencedTool, Status: toolbus.StatusSucceeded, Content: fmt.Sprintf("attempt %d", attempt),
+				Attempt: attempt, LeaseUntil: &lease, Executor: fmt.Sprintf("exec-%d", attempt)}})); err != nil {
+			t.Fatal(err)
+		}
+	}
+	publish(1, tc.lateLease)
+	if tc.second {
+		// The injector received the late result and handed it back (it is
+		// redelivered) without joining it: the model was not asked again.
+		eventstest.Eventually(t, 30*time.Second, func() error {
+			info, err := s.bus.EventStream().Consumer(s.ctx, events.ConsumerInjector)
+			if err != nil {
+				return err
+			}
+			ci, err := info.Info(s.ctx)
+			if err != nil {
+				return err
+			}
+			if ci.NumRedelivered == 0 {
+				return fmt.Errorf("late result not handed back yet (ack pending %d)", ci.NumAckPending)
+			}
+			return nil
+		})
+		if _, ok := s.seenReq.forStep(run, 1); ok {
+			t.Fatal("the step was joined with the late result of the superseded attempt")
+		}
+		publish(2, time.Now().Add(time.Hour).UTC())
+	}
+	if ended := s.waitEnd(run); ended.Status != toolbus.RunCompleted {
+		t.Fatalf("run ended %+v", ended)
+	}
+	req, ok := s.seenReq.forStep(run, 1)
+	if !ok {
+		t.Fatal("the model was not asked for step 1")
+	}
+	last := req.Messages[len(req.Messages)-1]
+	if last.Role != toolbus.RoleTool || last.Content != tc.want {
+		t.Fatalf("the model read %s %q, want the tool message %q", last.Role, last.Content, tc.want)
+	}
+	// Both results are in the stream when both were published; the replay
+	// reads the later attempt's as the call's, with no violation.
+	if n := countType(s.runEvents(run), events.TypeToolFinished); tc.second && n != 2 {
+		t.Errorf("%d tool.finished stored, want both attempts' results", n)
+	}
+	rep := replayOf(t, s.ctx, s.bus, run)
+	if len(rep.Violations) != 0 {
+		t.Errorf("replay violations: %+v", rep.Violations)
+	}
+	var read string
+	for _, c := range rep.Calls {
+		if c.Result != nil {
+			read = c.Result.Content
+		}
+	}
+	if read != tc.want {
+		t.Errorf("replay reads the call's result %q, want %q", read, tc.want)
+	}
+}
+
 // keepAlive keeps an executor instance record alive (as its heartbeats would) until
 // the end of the test.
-func keepAlive(t *testing.T, s *stack, name, boot string) {
+func keepAlive(t *testing.T, s *stack, team, name, boot string) {
 	t.Helper()
 	put := func() error {
-		_, err := s.bus.Store().PutInstance(s.ctx, store.Instance{Name: name, Boot: boot, HeartbeatAt: time.Now().UTC()})
+		_, err := s.bus.Store().PutInstance(s.ctx, store.Instance{Team: team, Name: name, Boot: boot, HeartbeatAt: time.Now().UTC()})
 		return err
 	}
 	if err := put(); err != nil {

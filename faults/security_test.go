@@ -8,6 +8,7 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"errors"
 	"fmt"
 	"io"
 	"math/big"
@@ -26,7 +27,9 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nkeys"
+	"golang.org/x/crypto/bcrypt"
 
+	"github.com/toolbus/toolbus/deploy/nats/natsjwt"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/store"
 )
@@ -87,15 +90,105 @@ func TestFaultSecurityRoles(t *testing.T) {
 		}
 		securedPipeline(t, natsBin, toolbusBin, dir, "auth-nkeys.conf", "nats", serverEnv, roleEnv, check)
 	})
+
+	// The operator/JWT setup exactly as `go run ./deploy/nats/gen -grants` writes it: the
+	// server runs auth-jwt.conf (operator, accounts, memory resolver), every process
+	// gets its <user>.creds. The executor is a team's (executor-alpha, granted the
+	// tools the pipeline calls, with TOOLBUS_TEAM=alpha), and a client bound to alice
+	// may start runs for alice only.
+	t.Run("JWT from deploy/nats/gen", func(t *testing.T) {
+		dir := t.TempDir()
+		grants := natsjwt.Grants{Teams: map[string][]string{"alpha": {"noop", "calculator"}},
+			Clients: map[string][]string{"alice": {"alice"}}}
+		res, err := natsjwt.GenerateGrants(filepath.Join("..", "deploy", "nats", "permissions.conf"), filepath.Join(dir, "gen"), grants,
+			natsjwt.WithBcryptCost(bcrypt.MinCost))
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The generated config's store is /data: here the test's directory.
+		b, err := os.ReadFile(res.Config)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(string(b), "store_dir: /data") || !strings.Contains(string(b), "resolver: MEMORY") {
+			t.Fatalf("auth-jwt.conf is not the operator setup the test expects:\n%s", b)
+		}
+		b = []byte(strings.ReplaceAll(string(b), "store_dir: /data", "store_dir: "+strconv.Quote(filepath.Join(dir, "store"))))
+		if err := os.WriteFile(res.Config, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		creds := func(user string) []string { return []string{"TOOLBUS_NATS_CREDS=" + res.Creds[user]} }
+		roleEnv := map[string][]string{}
+		for _, role := range roles {
+			roleEnv[role] = creds(role)
+		}
+		roleEnv["executor"] = append(creds(natsjwt.TeamUser("alpha")), "TOOLBUS_TEAM=alpha", "TOOLBUS_EXECUTOR_TOOLS=noop,calculator")
+		url, dump := securedPipeline(t, natsBin, toolbusBin, dir, res.Config, "nats", nil, roleEnv, []nats.Option{nats.UserCredentials(res.Creds["admin"])})
+
+		run := func(id, principal string) (string, error) {
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			defer cancel()
+			cmd := exec.CommandContext(ctx, toolbusBin, "run", "--id", id, "--principal", principal, "add nothing")
+			cmd.Env = childEnv(append([]string{"TOOLBUS_NATS_URL=" + url, "TOOLBUS_INSTANCE=alice-cli"}, creds(natsjwt.ClientUser("alice"))...))
+			dieWithParent(cmd)
+			out, err := cmd.CombinedOutput()
+			return string(out), err
+		}
+		// Alice's bound credentials start a run for alice...
+		if out, err := run("jwt-alice", "alice"); err != nil || !strings.Contains(out, "run jwt-alice: completed") {
+			dump()
+			t.Fatalf("toolbus run --principal alice as client-alice: %v\n%s", err, out)
+		}
+		// ...and the server refuses them a run for bob: nothing is stored.
+		out, err := run("jwt-bob", "bob")
+		if err == nil || !strings.Contains(strings.ToLower(out), "permissions violation") {
+			dump()
+			t.Fatalf("toolbus run --principal bob as client-alice: %v, want a permissions violation:\n%s", err, out)
+		}
+		t.Logf("client-alice starting a run for bob: %v\n%s", err, out)
+		nc, err := nats.Connect(url, nats.UserCredentials(res.Creds["admin"]))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer nc.Close()
+		js, err := jetstream.New(nc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		stream, err := js.Stream(ctx, events.DefaultStream)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := stream.GetLastMsgForSubject(ctx, events.SubjectRun("jwt-bob")); !errors.Is(err, jetstream.ErrMsgNotFound) {
+			t.Fatalf("the stream holds an event of the refused run: %v", err)
+		}
+		// The team's executor heartbeats under its team's key.
+		kv, err := js.KeyValue(ctx, store.BucketInstances)
+		if err != nil {
+			t.Fatal(err)
+		}
+		keys, err := kv.Keys(ctx)
+		if err != nil || len(keys) == 0 || !slices.ContainsFunc(keys, func(k string) bool { return store.InstanceTeam(k) == "alpha" }) {
+			t.Fatalf("instance records %v (%v), want the team alpha's executor under its team's key", keys, err)
+		}
+	})
 }
 
-// securedPipeline starts nats-server with a deploy config and the roles with their
-// credentials, runs `toolbus run` as the client and checks the run from the stream.
-func securedPipeline(t *testing.T, natsBin, toolbusBin, dir, conf, scheme string, serverEnv []string, roleEnv map[string][]string, check []nats.Option) {
+// securedPipeline starts nats-server with a deploy config (a file of deploy/nats, or the
+// absolute path of one the generator wrote) and the roles with their credentials, runs
+// `toolbus run` as the client and checks the run from the stream. It returns the
+// server's URL and a dump of every process's log tail.
+func securedPipeline(t *testing.T, natsBin, toolbusBin, dir, conf, scheme string, serverEnv []string, roleEnv map[string][]string, check []nats.Option) (string, func()) {
 	t.Helper()
 	port := freePort(t)
-	cfgDir := deployCopy(t, filepath.Join(dir, "conf"), filepath.Join(dir, "store"))
-	srv := startProc(t, dir, "nats", natsBin, []string{"-c", filepath.Join(cfgDir, conf), "-a", "127.0.0.1",
+	confPath := conf
+	if !filepath.IsAbs(conf) {
+		confPath = filepath.Join(deployCopy(t, filepath.Join(dir, "conf"), filepath.Join(dir, "store")), conf)
+	}
+	conf = filepath.Base(conf)
+	srv := startProc(t, dir, "nats", natsBin, []string{"-c", confPath, "-a", "127.0.0.1",
 		"-p", strconv.Itoa(port), "-m", strconv.Itoa(freePort(t))}, serverEnv)
 	url := fmt.Sprintf("%s://127.0.0.1:%d", scheme, port)
 	var nc *nats.Conn
@@ -270,6 +363,7 @@ func securedPipeline(t *testing.T, natsBin, toolbusBin, dir, conf, scheme string
 		}
 	}
 	t.Logf("%s: run completed by role processes with their own credentials:\n%s", conf, out)
+	return url, dump
 }
 
 // writePKI writes a CA, a server certificate for 127.0.0.1 and a client certificate.

@@ -149,6 +149,9 @@ type Injector struct {
 	results *resultCache
 	// timers are the deadline timers this injector holds (see deadline.go)
 	timers heldTimers
+	// ends are the runs known to have ended, from their outcome events: a step settles
+	// without reading its run's state when they answer for the run (runState)
+	ends *events.RunOutcomes
 }
 
 // New returns an injector, or the error of cfg.Validate.
@@ -157,9 +160,13 @@ func New(bus *events.Bus, cfg Config) (*Injector, error) {
 		return nil, err
 	}
 	cfg.setDefaults()
+	var ends *events.RunOutcomes
+	if bus != nil {
+		ends = bus.RunOutcomes()
+	}
 	return &Injector{cfg: cfg, bus: bus, source: events.Source("injector", cfg.Instance), steps: newSteps(),
-		timers: heldTimers{m: map[string]jetstream.Msg{}},
-		calls:  newCallCache(), results: newResultCache(), log: cfg.Logger.With("component", "injector", "instance", cfg.Instance)}, nil
+		timers: heldTimers{m: map[string]jetstream.Msg{}}, ends: ends,
+		calls: newCallCache(), results: newResultCache(), log: cfg.Logger.With("component", "injector", "instance", cfg.Instance)}, nil
 }
 
 // Run consumes results, approvals, cancellations, run.started and deadline timers until
@@ -175,6 +182,11 @@ func (in *Injector) Run(ctx context.Context) error {
 	})
 	var wg conc.WaitGroup
 	errs := make(chan error, len(inputs))
+	if err := in.ends.Listen(ctx); err != nil {
+		// Without them every step reads its run's state, as it always may.
+		in.log.Warn("run outcomes not followed: each step reads its run's state", "error", err)
+	}
+	defer in.ends.Close()
 	in.log.Info("injector serving", "consumer", in.cfg.Durable, "concurrency", in.cfg.Concurrency,
 		"stream", in.bus.Config().Stream, "nats", in.bus.Conn().ConnectedUrlRedacted())
 	defer in.log.Info("injector stopped")
@@ -463,7 +475,7 @@ func (in *Injector) fence(ctx context.Context, msg jetstream.Msg, tf toolbus.Too
 	case c.Attempt <= res.Attempt || c.Yielded:
 		return nil
 	}
-	alive, err := in.bus.Store().InstanceAlive(ctx, c.Instance, c.Boot)
+	alive, err := in.bus.Store().InstanceAlive(ctx, c.Team, c.Instance, c.Boot)
 	if err != nil {
 		return err
 	}
@@ -598,15 +610,15 @@ func (in *Injector) settle(ctx context.Context, st *store.StepState) error {
 	if !st.Settled() {
 		return nil
 	}
-	rs, err := in.bus.RunStarted(ctx, st.RunID)
+	rs, startSeq, err := in.bus.RunStartedAt(ctx, st.RunID)
 	if err != nil {
 		if errors.Is(err, events.ErrRunNotFound) {
 			return fmt.Errorf("%w: %w", events.ErrPoison, err)
 		}
 		return err
 	}
-	state, _, err := in.bus.Store().RunState(ctx, st.RunID)
-	if err != nil && !errors.Is(err, events.ErrRunNotFound) {
+	state, err := in.runState(ctx, st, startSeq)
+	if err != nil {
 		return err
 	}
 	if state.Status.Terminal() {
@@ -650,6 +662,28 @@ func (in *Injector) settle(ctx context.Context, st *store.StepState) error {
 	}
 	_, err = in.bus.PublishEvent(ctx, events.ModelRequestedEvent(in.source, toolbus.ModelRequested{RunID: rec.RunID, Step: rec.Step + 1}))
 	return err
+}
+
+// runState returns what settle needs of the run's state. While the outcome events
+// answer for the run (it started after this injector followed them) and say it has not
+// ended, and no call of the step waited for a person (only then can the run be waiting
+// for approval), the run is running and nothing is read; otherwise the state is read.
+//
+// The outcome events miss an end recorded in the run state whose event is not published
+// yet (a crash between the two): the step's model.requested is then published, and the
+// planner, which reads the run state before planning any step, refuses it and
+// publishes the lost outcome. So no step of an ended run is planned either way.
+func (in *Injector) runState(ctx context.Context, st *store.StepState, startSeq uint64) (store.RunState, error) {
+	if st.Waiting.Count() == 0 {
+		if status, ok := in.ends.Lookup(st.RunID, startSeq); ok && status == "" {
+			return store.RunState{RunID: st.RunID, Status: toolbus.RunRunning}, nil
+		}
+	}
+	state, _, err := in.bus.Store().RunState(ctx, st.RunID)
+	if err != nil && !errors.Is(err, events.ErrRunNotFound) {
+		return state, err
+	}
+	return state, nil
 }
 
 // assemble is Bus.AssembleStep with the results this injector joined itself taken from

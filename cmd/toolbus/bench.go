@@ -33,6 +33,11 @@ func cmdBench(ctx context.Context, args []string, out io.Writer) error {
 	fs.IntVar(&opts.LongSteps, "long-steps", 100, "steps of the long runs (the long-run table; 0: none)")
 	fs.IntVar(&opts.LongK, "long-k", 4, "calls per step of the long runs")
 	fs.StringVar(&opts.CPUProfile, "cpuprofile", "", "write a CPU profile of the saturated toolbus case to this file (one file per row, named after it, when there are several rows)")
+	fs.BoolVar(&opts.Diag, "diag", false, "also count the workers' debug records (handed-back messages, consume errors) in the trouble line (costs CPU of its own)")
+	fs.BoolVar(&opts.Subjects, "subjects", false, "also count the toolbus messages per call by kind of subject (costs CPU of its own)")
+	scaleTools := fs.String("scale-tools", "10,1000", "tool counts of the scale rows, comma-separated (empty: none): each tool served by two of -scale-deployments deployments, the calls spread over all tools")
+	fs.IntVar(&opts.Scale.Deployments, "scale-deployments", 20, "executor deployments of the scale rows")
+	fs.IntVar(&opts.Scale.K, "scale-k", 4, "calls per step of the scale rows")
 	if err := fs.Parse(args); err != nil {
 		return flagError(err)
 	}
@@ -44,6 +49,15 @@ func cmdBench(ctx context.Context, args []string, out io.Writer) error {
 		opts.K = append(opts.K, k)
 	}
 	opts.Storages, opts.Durabilities = splitList(*storages), splitList(*durabilities)
+	if strings.TrimSpace(*scaleTools) != "" {
+		for _, s := range splitList(*scaleTools) {
+			n, err := strconv.Atoi(s)
+			if err != nil || n < 1 {
+				return &exitError{code: 2, msg: "bench: bad -scale-tools " + *scaleTools}
+			}
+			opts.Scale.Tools = append(opts.Scale.Tools, n)
+		}
+	}
 	if err := opts.Validate(); err != nil {
 		return &exitError{code: 2, msg: err.Error()}
 	}

@@ -78,11 +78,8 @@ func toolRows(ctx context.Context, bus *events.Bus) ([]toolRow, error) {
 	for _, tc := range contracts {
 		r := toolRow{Name: tc.Name, Description: tc.Description, Instances: []string{}}
 		for _, in := range instances {
-			for _, t := range in.Tools {
-				if t == tc.Name {
-					r.Instances = append(r.Instances, in.Name)
-					break
-				}
+			if in.Serves(tc.Owner, tc.Name) {
+				r.Instances = append(r.Instances, in.Name)
 			}
 		}
 		r.Offered = len(r.Instances) > 0

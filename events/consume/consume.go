@@ -73,6 +73,16 @@ func Serve(ctx context.Context, cons jetstream.Consumer, cfg Config, h Handler) 
 	return ServeAll(ctx, []jetstream.Consumer{cons}, cfg, h)
 }
 
+// pullHeartbeat is how often the server tells an idle pull request of a consume loop
+// that it is alive; the client re-issues its pull after two missed ones. Under load a
+// loop's pull sometimes vanishes from the server while the client still counts on it
+// (seen at saturation: thousands of calls pending on a tool's queue, no pull waiting,
+// nothing delivered): the loop then stalls until the heartbeats are missed. With the
+// default (15 s, half the pull expiry) that was 30 s, a collapse of the throughput to a
+// few percent; with 5 s it is at most 10 s. An idle pull costs one heartbeat, server to
+// client, per period.
+const pullHeartbeat = 5 * time.Second
+
 // ServeAll is Serve over several consumers (an executor's tool queues) sharing one
 // concurrency limit. Each consumer buffers at most a fair share of the limit, so a
 // message rarely waits in the client for a slot.
@@ -117,6 +127,7 @@ func ServeAll(ctx context.Context, consumers []jetstream.Consumer, cfg Config, h
 		}
 	}()
 	for _, cons := range consumers {
+		name := cons.CachedInfo().Name
 		cc, err := cons.Consume(func(msg jetstream.Msg) {
 			received := time.Now()
 			// A message delivered while the loop stops goes back at once: the pool
@@ -136,10 +147,8 @@ func ServeAll(ctx context.Context, consumers []jetstream.Consumer, cfg Config, h
 				}
 				dispatch(workCtx, log, obs, cfg.NakDelay, h, msg)
 			})
-		}, jetstream.PullMaxMessages(share), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
-			if !errors.Is(err, jetstream.ErrNoHeartbeat) {
-				log.Debug("consume", "error", err)
-			}
+		}, jetstream.PullMaxMessages(share), jetstream.PullHeartbeat(pullHeartbeat), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+			log.Debug("consume " + name + ": " + err.Error())
 		}))
 		if err != nil {
 			return fmt.Errorf("consume: %w", err)

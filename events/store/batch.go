@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"strconv"
 	"strings"
 	"sync"
@@ -187,5 +188,93 @@ func (s *Store) readBatch(ctx context.Context, bucket string, subjects []string,
 			continue
 		}
 		out[key] = m.Data
+	}
+}
+
+// seqBatchReq asks for the messages of a stream from a sequence on whose subjects match
+// a filter (a batched direct get).
+type seqBatchReq struct {
+	Seq     uint64 `json:"seq"`
+	NextFor string `json:"next_by_subj"`
+	Batch   int    `json:"batch"`
+}
+
+// errBatchUnavailable: batched direct gets do not work here (no direct gets on the
+// bucket, credentials that may not send them, no answer); the caller reads key by key.
+var errBatchUnavailable = errors.New("store: batched reads unavailable")
+
+// readFrom reads the messages of a bucket's stream from sequence from on, in stream
+// order, with batched direct gets of up to batchMax messages each, until none is left
+// (the server counts what is left after each batch). fn gets each message's key, data
+// and whether it is a delete or expiry marker. It returns the sequence of the last
+// message read (0 when none was).
+func (s *Store) readFrom(ctx context.Context, bucket string, from uint64, fn func(key string, val []byte, deleted bool)) (uint64, error) {
+	prefix := "$KV." + bucket + "."
+	var read uint64
+	for {
+		more, last, err := s.readSeqBatch(ctx, bucket, prefix+">", from, func(m *nats.Msg) {
+			key, ok := strings.CutPrefix(m.Header.Get("Nats-Subject"), prefix)
+			if !ok {
+				return
+			}
+			deleted := m.Header.Get("KV-Operation") != "" || m.Header.Get("Nats-Marker-Reason") != ""
+			fn(key, m.Data, deleted)
+		})
+		read = max(read, last)
+		if err != nil || !more {
+			return read, err
+		}
+		from = last + 1
+	}
+}
+
+// readSeqBatch sends one batched direct get from sequence from and hands each message
+// to fn. more reports that matching messages are left after last, the sequence of the
+// last one answered.
+func (s *Store) readSeqBatch(ctx context.Context, bucket, filter string, from uint64, fn func(*nats.Msg)) (more bool, last uint64, err error) {
+	if s.conn == nil || time.Now().UnixNano() < s.batchOffUntil.Load() {
+		return false, 0, errBatchUnavailable
+	}
+	fail := func(fatal bool) (bool, uint64, error) {
+		if fatal {
+			s.batchOffUntil.Store(time.Now().Add(batchPause).UnixNano())
+		}
+		return false, 0, errBatchUnavailable
+	}
+	ctx, cancel := context.WithTimeout(ctx, batchTimeout)
+	defer cancel()
+	reply, ch, done, err := s.batch.open(s.conn)
+	if err != nil {
+		return fail(true)
+	}
+	defer done()
+	req, _ := json.Marshal(seqBatchReq{Seq: max(from, 1), NextFor: filter, Batch: batchMax})
+	if err := s.conn.PublishRequest("$JS.API.DIRECT.GET.KV_"+bucket, reply, req); err != nil {
+		return fail(false)
+	}
+	for {
+		var m *nats.Msg
+		select {
+		case m = <-ch:
+		case <-ctx.Done():
+			// No answer in time (a request the credentials refuse is dropped silently).
+			return fail(ctx.Err() == context.DeadlineExceeded)
+		}
+		switch m.Header.Get("Status") {
+		case "":
+		case "404": // nothing from there on
+			return false, last, nil
+		case "204": // end of batch: what is left after it
+			pending, _ := strconv.ParseUint(m.Header.Get("Nats-Num-Pending"), 10, 64)
+			return pending > 0 && last > 0, last, nil
+		default:
+			return fail(true) // 503 no direct gets, 408 bad request...
+		}
+		seq, err := strconv.ParseUint(m.Header.Get("Nats-Sequence"), 10, 64)
+		if err != nil || seq < last {
+			return fail(true)
+		}
+		last = seq
+		fn(m)
 	}
 }

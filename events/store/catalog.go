@@ -2,11 +2,13 @@ package store
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"sort"
 	"sync"
@@ -85,7 +87,22 @@ type Catalog struct {
 	mu        sync.RWMutex
 	tools     map[string]toolbus.ToolContract
 	instances map[string]Instance // by instance key
+	// offered caches the contracts of the live tools, sorted by name (nil: not
+	// computed since tools or instances last changed): Tools runs at every step.
+	offered []toolbus.ToolContract
+
+	// Only the refreshing goroutine uses these. toolsSeq is the last message of the
+	// tools bucket read (0: read it whole next time); polls counts the refreshes.
+	toolsSeq uint64
+	polls    int
 }
+
+// catalogFullEvery is how many polls go by between two whole reads of the tools
+// bucket; in between only the changes since the last message read are (one request,
+// usually answered with nothing). The bucket has no TTL, so every change is a new
+// message; the whole reads also cover what no message tells (an administrator who
+// deletes messages from the bucket's stream).
+const catalogFullEvery = 120
 
 // CatalogPoll is how often a catalog view re-reads the catalog and the instances.
 var CatalogPoll = 250 * time.Millisecond
@@ -126,31 +143,93 @@ func (s *Store) WatchCatalog(ctx context.Context, log *slog.Logger) (*Catalog, e
 }
 
 // refreshCatalog reads both buckets and replaces the view's content with what it read.
+// The tools bucket, which rarely changes, is read whole every catalogFullEvery polls and
+// otherwise from the last message read on; the instances bucket is read whole.
 func (s *Store) refreshCatalog(ctx context.Context, c *Catalog, log *slog.Logger) error {
-	tools := map[string]toolbus.ToolContract{}
-	if err := s.walk(ctx, s.tools, func(key string, val []byte) {
-		var tc toolbus.ToolContract
-		if err := json.Unmarshal(val, &tc); err == nil {
-			tools[key] = tc
-		} else if log != nil {
-			log.Warn("catalog entry ignored", "tool", key, "error", err)
-		}
-	}); err != nil {
+	tools, err := s.refreshTools(ctx, c, log)
+	if err != nil {
 		return fmt.Errorf("store: read the catalog: %w", err)
 	}
 	instances := map[string]Instance{}
 	if err := s.walk(ctx, s.instances, func(key string, val []byte) {
 		var in Instance
 		if json.Unmarshal(val, &in) == nil {
+			in.Team = InstanceTeam(key) // the key's team is what the server checked
 			instances[key] = in
 		}
 	}); err != nil {
 		return fmt.Errorf("store: read the instances: %w", err)
 	}
 	c.mu.Lock()
-	c.tools, c.instances = tools, instances
+	c.tools, c.instances, c.offered = tools, instances, nil
 	c.mu.Unlock()
 	return nil
+}
+
+// refreshTools returns the catalog's tools as they are now: the changes since the last
+// read applied to a copy of the current map (the same map when nothing changed), or a
+// whole read.
+func (s *Store) refreshTools(ctx context.Context, c *Catalog, log *slog.Logger) (map[string]toolbus.ToolContract, error) {
+	decode := func(tools map[string]toolbus.ToolContract, key string, val []byte) {
+		var tc toolbus.ToolContract
+		if err := json.Unmarshal(val, &tc); err == nil {
+			tools[key] = tc
+		} else {
+			delete(tools, key)
+			if log != nil {
+				log.Warn("catalog entry ignored", "tool", key, "error", err)
+			}
+		}
+	}
+	c.polls++
+	if c.toolsSeq > 0 && c.polls%catalogFullEvery != 0 {
+		c.mu.RLock()
+		cur := c.tools
+		c.mu.RUnlock()
+		var next map[string]toolbus.ToolContract
+		last, err := s.readFrom(ctx, s.tools.Bucket(), c.toolsSeq+1, func(key string, val []byte, deleted bool) {
+			if next == nil {
+				next = maps.Clone(cur)
+			}
+			if deleted {
+				delete(next, key)
+			} else {
+				decode(next, key, val)
+			}
+		})
+		if err == nil {
+			c.toolsSeq = max(c.toolsSeq, last)
+			if next == nil {
+				return cur, nil
+			}
+			return next, nil
+		}
+		if !errors.Is(err, errBatchUnavailable) {
+			return nil, err
+		}
+	}
+	// A whole read: batched from the start of the bucket's stream, else key by key.
+	tools := map[string]toolbus.ToolContract{}
+	last, err := s.readFrom(ctx, s.tools.Bucket(), 1, func(key string, val []byte, deleted bool) {
+		if deleted {
+			delete(tools, key)
+		} else {
+			decode(tools, key, val)
+		}
+	})
+	if err == nil {
+		c.toolsSeq = last
+		return tools, nil
+	}
+	c.toolsSeq = 0
+	if !errors.Is(err, errBatchUnavailable) {
+		return nil, err
+	}
+	clear(tools)
+	if err := s.walk(ctx, s.tools, func(key string, val []byte) { decode(tools, key, val) }); err != nil {
+		return nil, err
+	}
+	return tools, nil
 }
 
 // Lookup returns the contract of a tool, whether or not an instance serves it now.
@@ -179,27 +258,42 @@ func (c *Catalog) Resolve(ctx context.Context, name string) (toolbus.ToolContrac
 	}
 	c.mu.Lock()
 	if _, ok := c.tools[name]; !ok {
+		c.tools = maps.Clone(c.tools) // refreshTools may share the map it returned
 		c.tools[name] = tc
+		c.offered = nil
 	}
 	c.mu.Unlock()
 	return tc, true
 }
 
-// Serving returns the names of the live instances that serve tool, sorted.
+// Instances returns the live instances this view holds, sorted by team and name (each
+// one's Team is its key's).
+func (c *Catalog) Instances() []Instance {
+	c.mu.RLock()
+	out := slices.Collect(maps.Values(c.instances))
+	c.mu.RUnlock()
+	slices.SortFunc(out, func(a, b Instance) int { return cmp.Or(cmp.Compare(a.Team, b.Team), cmp.Compare(a.Name, b.Name)) })
+	return out
+}
+
+// Serving returns the names of the live instances that serve tool, sorted. An instance
+// serves only the tools its team owns (servesFor).
 func (c *Catalog) Serving(tool string) []string {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
 	return c.servingLocked(tool)
 }
 
+// servesFor is Instance.Serves with the contract of tool this view holds.
+func (c *Catalog) servesFor(in Instance, tool string) bool {
+	return in.Serves(c.tools[tool].Owner, tool)
+}
+
 func (c *Catalog) servingLocked(tool string) []string {
 	var out []string
 	for _, in := range c.instances {
-		for _, t := range in.Tools {
-			if t == tool {
-				out = append(out, in.Name)
-				break
-			}
+		if c.servesFor(in, tool) {
+			out = append(out, in.Name)
 		}
 	}
 	sort.Strings(out)
@@ -210,22 +304,51 @@ func (c *Catalog) servingLocked(tool string) []string {
 
 // Tools returns the contracts allowed by rs (all when rs is nil) that at least one live
 // instance serves, sorted by name: a tool whose last executor is gone is not offered.
+// The slice may be shared with other callers: do not modify it.
 func (c *Catalog) Tools(rs *toolbus.RunStarted) []toolbus.ToolContract {
+	offered := c.liveTools()
+	if rs == nil || len(rs.AllowedTools) == 0 {
+		return slices.Clip(offered)
+	}
+	out := make([]toolbus.ToolContract, 0, min(len(offered), len(rs.AllowedTools)))
+	for _, t := range offered {
+		if rs.Allows(t.Name) {
+			out = append(out, t)
+		}
+	}
+	return out
+}
+
+// liveTools returns the contracts of the tools a live instance serves, sorted by name,
+// computed once per change of the catalog or the instances.
+func (c *Catalog) liveTools() []toolbus.ToolContract {
 	c.mu.RLock()
+	offered := c.offered
+	c.mu.RUnlock()
+	if offered != nil {
+		return offered
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.offered != nil {
+		return c.offered
+	}
 	live := make(map[string]bool, len(c.tools))
 	for _, in := range c.instances {
 		for _, t := range in.Tools {
-			live[t] = true
+			if c.servesFor(in, t) {
+				live[t] = true
+			}
 		}
 	}
 	out := make([]toolbus.ToolContract, 0, len(c.tools))
 	for _, t := range c.tools {
-		if live[t.Name] && (rs == nil || rs.Allows(t.Name)) {
+		if live[t.Name] {
 			out = append(out, t)
 		}
 	}
-	c.mu.RUnlock()
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	c.offered = out
 	return out
 }
 

@@ -18,6 +18,9 @@ import (
 // the bucket is the fencing token of the attempt: every change of owner is a
 // compare-and-set on it.
 type Claim struct {
+	// Team and Instance name the claiming executor (Instance.Team, Instance.Name): its
+	// liveness is the instance record InstanceKey(Team, Instance, Boot).
+	Team     string `json:"team,omitempty"`
 	Instance string `json:"instance"`
 	// Boot is the boot id of the claiming process (Instance.Boot).
 	Boot    string    `json:"boot,omitempty"`
@@ -127,6 +130,7 @@ func (s *Store) ReleaseClaim(ctx context.Context, tool, run string, step int, ca
 
 // runSlot is the value of a slot key.
 type runSlot struct {
+	Team     string `json:"team,omitempty"`
 	Instance string `json:"instance"`
 	Boot     string `json:"boot,omitempty"`
 	Call     string `json:"call"`
@@ -142,10 +146,10 @@ const slotTries = 8
 
 // AcquireRunSlot takes one of the cap slots of run and tool (the queue's token) for a
 // call (key is the call's claim key). It returns the slot and true, or false when the
-// run has cap calls in flight. Slots held by instances (name and boot id) that are no
-// longer alive are taken over.
-func (s *Store) AcquireRunSlot(ctx context.Context, tool, run string, limit int, key, instance, boot string) (int, bool, error) {
-	val := mustJSON(runSlot{Instance: instance, Boot: boot, Call: key})
+// run has cap calls in flight. Slots held by instances (team, name and boot id) that are
+// no longer alive are taken over.
+func (s *Store) AcquireRunSlot(ctx context.Context, tool, run string, limit int, key, team, instance, boot string) (int, bool, error) {
+	val := mustJSON(runSlot{Team: team, Instance: instance, Boot: boot, Call: key})
 	start := int(fnv32(key) % uint32(limit))
 	tries := min(limit, slotTries)
 	for j := 0; j < tries; j++ {
@@ -168,10 +172,10 @@ func (s *Store) AcquireRunSlot(ctx context.Context, tool, run string, limit int,
 		if json.Unmarshal(e.Value(), &held) != nil {
 			continue
 		}
-		owner := runSlot{Instance: held.Instance, Boot: held.Boot}
+		owner := runSlot{Team: held.Team, Instance: held.Instance, Boot: held.Boot}
 		ok, seen := alive[owner]
 		if !seen {
-			if ok, err = s.InstanceAlive(ctx, held.Instance, held.Boot); err != nil {
+			if ok, err = s.InstanceAlive(ctx, held.Team, held.Instance, held.Boot); err != nil {
 				return 0, false, err
 			}
 			alive[owner] = ok

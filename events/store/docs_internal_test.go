@@ -28,7 +28,7 @@ func storeKeys() []docKey {
 	// The index and slot first: a replacer does not match again inside a replaced step.
 	numbers := strings.NewReplacer(".r."+strconv.Itoa(index), ".r.<index>", ".slot."+strconv.Itoa(slot), ".slot.<i>",
 		call+"."+strconv.Itoa(chunk), call+".<i>")
-	ph := strings.NewReplacer("RUNX", "<run>", "CALLX", "<call_id>", "TOOLX", "<tool>", "INSTX", "<instance>", "BOOTX", "<boot>",
+	ph := strings.NewReplacer("RUNX", "<run>", "CALLX", "<call_id>", "TOOLX", "<tool>", "INSTX", "<instance>", "BOOTX", "<boot>", "TEAMX", "<team>",
 		"."+strconv.Itoa(step)+".", ".<step>.", "/"+strconv.Itoa(step)+"/", "/<step>/")
 	keys := []docKey{
 		{BucketHistory, stepKey(run, step, "a")},
@@ -37,7 +37,8 @@ func storeKeys() []docKey {
 		{BucketRuns, run},
 		{BucketApprovals, decisionKey(run, step, call)},
 		{BucketTools, tool},
-		{BucketInstances, InstanceKey("INSTX", "BOOTX")},
+		{BucketInstances, InstanceKey("", "INSTX", "BOOTX")},
+		{BucketInstances, InstanceKey("TEAMX", "INSTX", "BOOTX")},
 		{BucketClaims, ClaimKey(tool, run, step, call)},
 		{BucketClaims, slotKey(tool, run, slot)},
 		// PutOutput writes the chunks of an output, then its .meta.

@@ -2,6 +2,7 @@ package store_test
 
 import (
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -35,11 +36,11 @@ func TestInstanceExpiresFromCatalog(t *testing.T) {
 		}
 		return nil
 	})
-	if alive, err := bus.Store().InstanceAlive(ctx, "only/one", "b1"); err != nil || !alive {
+	if alive, err := bus.Store().InstanceAlive(ctx, "", "only/one", "b1"); err != nil || !alive {
 		t.Fatalf("alive %v, %v", alive, err)
 	}
 	// The same name with another boot id is another instance (a restarted process).
-	if alive, err := bus.Store().InstanceAlive(ctx, "only/one", "b2"); err != nil || alive {
+	if alive, err := bus.Store().InstanceAlive(ctx, "", "only/one", "b2"); err != nil || alive {
 		t.Fatalf("another boot of the same name alive %v, %v", alive, err)
 	}
 	// No more heartbeats: gone within the TTL (plus the server's expiry tick).
@@ -49,7 +50,7 @@ func TestInstanceExpiresFromCatalog(t *testing.T) {
 		}
 		return nil
 	})
-	if alive, err := bus.Store().InstanceAlive(ctx, "only/one", "b1"); err != nil || alive {
+	if alive, err := bus.Store().InstanceAlive(ctx, "", "only/one", "b1"); err != nil || alive {
 		t.Fatalf("expired instance alive %v, %v", alive, err)
 	}
 	if _, ok := cat.Lookup("solo"); !ok {
@@ -277,4 +278,101 @@ func TestCatalogRefusesChangedContract(t *testing.T) {
 	if err := bus.Store().PublishTool(ctx, orig, true); err != nil || desc() != orig.Description {
 		t.Fatalf("replace on purpose: %v (%s)", err, desc())
 	}
+}
+
+// Instance records are keyed by team: a team's instance under <team>.<instance>.<boot>
+// (three tokens, which per-team credentials are scoped by), the untokened team's under
+// <instance>.<boot>. The liveness of a claim's owner is read under its team, and an
+// instance counts as serving a tool only if its key's team owns the tool: another
+// team's heartbeat naming the tool makes it neither offered nor listed as served.
+func TestInstancesOfTeams(t *testing.T) {
+	for _, c := range []struct{ team, name, boot, want string }{
+		{"alpha", "a.1", "b", "alpha"}, {"", "a.1", "b", ""}, {"", "x", "", ""}, {"alpha", "x", "", "alpha"},
+	} {
+		key := store.InstanceKey(c.team, c.name, c.boot)
+		if got := store.InstanceTeam(key); got != c.want {
+			t.Errorf("InstanceTeam(%q) = %q, want %q", key, got, c.want)
+		}
+		if c.team != "" && strings.Count(key, ".") != 2 {
+			t.Errorf("team key %q has not three tokens", key)
+		}
+	}
+	for _, bad := range []string{"Alpha", "a.b", "a b", "_x", strings.Repeat("a", 33)} {
+		if store.ValidTeam(bad) {
+			t.Errorf("ValidTeam(%q)", bad)
+		}
+	}
+
+	ctx := eventstest.Context(t, time.Minute)
+	bus := openBus(t)
+	if _, err := bus.Store().PutInstance(ctx, store.Instance{Team: "Not A Token", Name: "z"}); err == nil {
+		t.Fatal("an instance of an invalid team was recorded")
+	}
+	for _, tc := range []toolbus.ToolContract{{Name: "calc", Owner: "alpha"}, {Name: "solo"}, {Name: "orphan", Owner: "gamma"}} {
+		if err := bus.Store().PublishTool(ctx, tc, false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, in := range []store.Instance{
+		{Team: "alpha", Name: "a-1", Boot: "b1", Tools: []string{"calc"}},
+		// beta names tools it does not own: alpha's, the untokened team's, and one whose
+		// team (gamma) has no live instance.
+		{Team: "beta", Name: "b-1", Boot: "b1", Tools: []string{"calc", "solo", "orphan"}},
+		{Name: "x-1", Boot: "b1", Tools: []string{"solo"}},
+	} {
+		if _, err := bus.Store().PutInstance(ctx, in); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, c := range []struct {
+		team, name string
+		want       bool
+	}{{"alpha", "a-1", true}, {"", "a-1", false}, {"beta", "a-1", false}, {"", "x-1", true}, {"alpha", "x-1", false}} {
+		if alive, err := bus.Store().InstanceAlive(ctx, c.team, c.name, "b1"); err != nil || alive != c.want {
+			t.Errorf("InstanceAlive(%q, %q) = %v, %v; want %v", c.team, c.name, alive, err, c.want)
+		}
+	}
+	ins, err := bus.Store().Instances(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	teams := map[string]string{}
+	for _, in := range ins {
+		teams[in.Name] = in.Team
+	}
+	if teams["a-1"] != "alpha" || teams["b-1"] != "beta" || teams["x-1"] != "" || len(teams) != 3 {
+		t.Fatalf("instances by team: %v", teams)
+	}
+	cat, err := bus.Store().WatchCatalog(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := cat.Serving("calc"); len(got) != 1 || got[0] != "a-1" {
+		t.Errorf("calc served by %v, want alpha's a-1 only", got)
+	}
+	if got := cat.Serving("solo"); len(got) != 1 || got[0] != "x-1" {
+		t.Errorf("solo served by %v, want the untokened x-1 only", got)
+	}
+	if got := cat.Serving("orphan"); len(got) != 0 {
+		t.Errorf("orphan served by %v, want nobody (its team has no instance)", got)
+	}
+	var offered []string
+	for _, tc := range cat.Tools(nil) {
+		offered = append(offered, tc.Name)
+	}
+	if strings.Join(offered, ",") != "calc,solo" {
+		t.Errorf("offered %v, want calc,solo (orphan is named only by another team's instance)", offered)
+	}
+	// Alpha's instance gone: beta's heartbeat naming calc does not keep calc offered.
+	if err := bus.Store().DeleteInstance(ctx, "alpha", "a-1", "b1"); err != nil {
+		t.Fatal(err)
+	}
+	eventstest.Eventually(t, 10*time.Second, func() error {
+		for _, tc := range cat.Tools(nil) {
+			if tc.Name == "calc" {
+				return errors.New("calc still offered")
+			}
+		}
+		return nil
+	})
 }

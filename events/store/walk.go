@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"maps"
 	"slices"
-	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -20,16 +19,23 @@ import (
 // value per key, so each live key is read once; deleted and expired keys (markers) are
 // skipped.
 func (s *Store) walk(ctx context.Context, kv jetstream.KeyValue, fn func(key string, val []byte)) error {
-	// One batched direct get (multi_last) reads the whole bucket where the server
-	// allows it (one replica, direct gets on); else one direct get per key.
-	if s.conn != nil && time.Now().UnixNano() >= s.batchOffUntil.Load() {
-		vals, n, ok, _ := s.readBatch(ctx, kv.Bucket(), []string{"$KV." + kv.Bucket() + ".>"}, batchMax)
-		if ok && n < batchMax {
-			for _, k := range slices.Sorted(maps.Keys(vals)) {
-				fn(k, vals[k])
-			}
-			return nil
+	// Batched direct gets (up to batchMax messages each, in stream order) read the
+	// whole bucket in a request or a few, whatever its size, where the server allows
+	// them (one replica, direct gets on); else one direct get per key.
+	vals := map[string][]byte{}
+	_, err := s.readFrom(ctx, kv.Bucket(), 1, func(key string, val []byte, deleted bool) {
+		// A key written again while the batches are read shows twice: the last one stands.
+		if deleted {
+			delete(vals, key)
+		} else {
+			vals[key] = val
 		}
+	})
+	if err == nil {
+		for _, k := range slices.Sorted(maps.Keys(vals)) {
+			fn(k, vals[k])
+		}
+		return nil
 	}
 	st, err := s.stream(ctx, "KV_"+kv.Bucket())
 	if err != nil {

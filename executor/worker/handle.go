@@ -210,7 +210,7 @@ func (w *Worker) runSlot(ctx context.Context, d *delivery, key string) (release 
 	if w.cfg.RunMaxInFlight <= 0 || d.req.CallCount <= w.cfg.RunMaxInFlight {
 		return func() {}, nil
 	}
-	slot, ok, err := w.bus.Store().AcquireRunSlot(ctx, d.queue, d.req.RunID, w.cfg.RunMaxInFlight, key, w.cfg.Instance, w.boot)
+	slot, ok, err := w.bus.Store().AcquireRunSlot(ctx, d.queue, d.req.RunID, w.cfg.RunMaxInFlight, key, w.cfg.Team, w.cfg.Instance, w.boot)
 	if err != nil {
 		return nil, err
 	}

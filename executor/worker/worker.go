@@ -66,7 +66,9 @@ type Config struct {
 	// Team names the team that owns the tools this worker serves; the catalog records it
 	// as each tool's owner. With per-team credentials (go run ./deploy/nats/gen -grants)
 	// the server lets a team write the catalog entries, queues, claims, results and
-	// outputs of its granted tools only, whatever this field says.
+	// outputs of its granted tools only, whatever this field says, and its instance
+	// records only under this team's token (store.InstanceKey): the field must name the
+	// team of the credentials, or the worker's heartbeat is refused and it does not start.
 	Team string
 	// ReplaceContracts lets this worker replace a registered contract that differs from
 	// its own without a higher Version: an owner changing its tool on purpose. Without
@@ -122,6 +124,10 @@ func (c Config) Validate() error {
 		err = events.InvalidField("ProgressInterval", c.ProgressInterval, fmt.Sprintf("positive (0: default %s)", DefaultProgressInterval))
 	case c.InlineOutputMax < 0:
 		err = events.InvalidField("InlineOutputMax", c.InlineOutputMax, fmt.Sprintf("1 or more (0: default %d)", DefaultInlineOutputMax))
+	case c.Team != "" && !store.ValidTeam(c.Team):
+		// The team is a token of the instance records' keys, which per-team credentials
+		// are scoped by.
+		err = events.InvalidField("Team", c.Team, "1 to 32 of [a-z0-9_-], starting with a letter or digit (empty: no team)")
 	}
 	if err != nil {
 		return fmt.Errorf("executor: %w", err)
@@ -177,7 +183,7 @@ type Worker struct {
 	claimed   map[string]bool                     // claim keys this worker is handling
 	cancelled map[string]time.Time                // runs cancelled recently
 
-	ends *endedRuns // runs known to have ended, from their outcome events
+	ends *events.RunOutcomes // runs known to have ended, from their outcome events
 
 	extra sync.WaitGroup // queues added by Sync
 
@@ -195,13 +201,7 @@ func New(bus *events.Bus, exec *executor.Executor, cfg Config) (*Worker, error) 
 		return nil, err
 	}
 	cfg.setDefaults()
-	ends := &endedRuns{nc: bus.Conn(), ended: map[string]toolbus.RunStatus{}, info: func(ctx context.Context) (uint64, error) {
-		si, err := bus.EventStream().Info(ctx)
-		if err != nil {
-			return 0, fmt.Errorf("executor: stream info: %w", err)
-		}
-		return si.State.LastSeq, nil
-	}}
+	ends := bus.RunOutcomes()
 	boot := newBootID()
 	w := &Worker{cfg: cfg, bus: bus, exec: exec, source: events.Source("executor", cfg.Instance), boot: boot,
 		log:      cfg.Logger.With("component", "executor", "instance", cfg.Instance, "boot", boot),
@@ -264,12 +264,12 @@ func (w *Worker) serve(ctx context.Context) error {
 		return fmt.Errorf("executor: subscribe to cancellations: %w", err)
 	}
 	defer sub.Unsubscribe() //nolint:errcheck // connection may be closing
-	if err := w.ends.listen(ctx); err != nil {
+	if err := w.ends.Listen(ctx); err != nil {
 		// Without them every call reads its run's state, as it always may.
-		w.ends.close()
+		w.ends.Close()
 		w.log.Warn("run outcomes not followed: each call reads its run's state (give the executor's credentials subscribe permission on toolbus.*.run.<outcome>)", "error", err)
 	}
-	defer w.ends.close()
+	defer w.ends.Close()
 	// Only the queues of the served tools: a call of a tool no executor serves is
 	// answered by the planner (unknown_tool), so no executor consumes the unknown-tool
 	// subject and no team may publish a result there for another team's call.
@@ -368,7 +368,7 @@ func (w *Worker) Sync(ctx context.Context) error {
 	w.serving, w.servedList = next, names
 	w.smu.Unlock()
 	now := time.Now().UTC()
-	if _, err := w.bus.Store().PutInstance(ctx, store.Instance{Name: w.cfg.Instance, Boot: w.boot, Tools: names, Concurrency: w.cfg.Concurrency,
+	if _, err := w.bus.Store().PutInstance(ctx, store.Instance{Team: w.cfg.Team, Name: w.cfg.Instance, Boot: w.boot, Tools: names, Concurrency: w.cfg.Concurrency,
 		StartedAt: now, HeartbeatAt: now}); err != nil {
 		return err
 	}
@@ -447,7 +447,7 @@ func (e *MissingQueuesError) Unwrap() error { return e.Err }
 // checked against their claim by the injector, which costs a read, never correctness.
 func (w *Worker) stampLease(ctx context.Context, rev uint64, start time.Time) {
 	rtt := time.Since(start)
-	stored, err := w.bus.Store().InstanceStoredAt(ctx, w.cfg.Instance, w.boot, rev)
+	stored, err := w.bus.Store().InstanceStoredAt(ctx, w.cfg.Team, w.cfg.Instance, w.boot, rev)
 	if err != nil {
 		w.log.Debug("heartbeat's stored time not read; results keep the previous fencing deadline", "error", err)
 		return
@@ -460,7 +460,7 @@ func (w *Worker) stampLease(ctx context.Context, rev uint64, start time.Time) {
 // the lease and removes the record.
 func (w *Worker) heartbeat(ctx context.Context, served []string) (stop func(), err error) {
 	start := time.Now()
-	in := store.Instance{Name: w.cfg.Instance, Boot: w.boot, Tools: served, Concurrency: w.cfg.Concurrency,
+	in := store.Instance{Team: w.cfg.Team, Name: w.cfg.Instance, Boot: w.boot, Tools: served, Concurrency: w.cfg.Concurrency,
 		StartedAt: start.UTC(), HeartbeatAt: start.UTC()}
 	rev, err := w.bus.Store().PutInstance(ctx, in)
 	if err != nil {
@@ -504,7 +504,7 @@ func (w *Worker) heartbeat(ctx context.Context, served []string) (stop func(), e
 		w.lease.stop()
 		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer cancel()
-		if err := w.bus.Store().DeleteInstance(dctx, w.cfg.Instance, w.boot); err != nil {
+		if err := w.bus.Store().DeleteInstance(dctx, w.cfg.Team, w.cfg.Instance, w.boot); err != nil {
 			w.log.Warn("instance not removed from the catalog; it expires by itself", "error", err)
 		}
 	}, nil
@@ -573,7 +573,7 @@ func (w *Worker) track(run string, h *callHandle, lv leaseView) (untrack func())
 // the outcome events the worker follows when they answer for the run, else from the run
 // state.
 func (w *Worker) runEnded(ctx context.Context, run string, startSeq uint64) (toolbus.RunStatus, error) {
-	if status, ok := w.ends.lookup(run, startSeq); ok {
+	if status, ok := w.ends.Lookup(run, startSeq); ok {
 		return status, nil
 	}
 	state, _, err := w.bus.Store().RunState(ctx, run)
@@ -633,7 +633,7 @@ type owned struct {
 // claim is taken over with a compare-and-set, and the call runs again with the same
 // idempotency key.
 func (w *Worker) claim(ctx context.Context, msg jetstream.Msg, queue string, req toolbus.ToolRequested, log func() *slog.Logger) (bool, owned, error) {
-	mine := store.Claim{Instance: w.cfg.Instance, Boot: w.boot, Attempt: 1, At: time.Now().UTC()}
+	mine := store.Claim{Team: w.cfg.Team, Instance: w.cfg.Instance, Boot: w.boot, Attempt: 1, At: time.Now().UTC()}
 	var (
 		cur     store.Claim
 		rev     uint64
@@ -668,7 +668,7 @@ func (w *Worker) claim(ctx context.Context, msg jetstream.Msg, queue string, req
 		// Our own earlier claim (same name and boot): that handling is over (hold
 		// keeps two handlings of a call in one process apart).
 		if !cur.Abandoned && (cur.Instance != w.cfg.Instance || cur.Boot != w.boot) {
-			if alive, err = w.bus.Store().InstanceAlive(ctx, cur.Instance, cur.Boot); err != nil {
+			if alive, err = w.bus.Store().InstanceAlive(ctx, cur.Team, cur.Instance, cur.Boot); err != nil {
 				return false, owned{}, err
 			}
 		}

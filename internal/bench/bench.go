@@ -66,6 +66,15 @@ type Row struct {
 	LatencyVsFloor     float64 `json:"latency_toolbus_over_floor"`
 	LatencyVsInproc    float64 `json:"latency_toolbus_over_inproc"`
 	ThroughputVFloor   float64 `json:"throughput_toolbus_over_floor"`
+	// Subjects splits the toolbus messages per call of the saturated case by kind of
+	// subject (with Options.Subjects).
+	Subjects map[string]float64 `json:"toolbus_msgs_per_call_by_subject,omitempty"`
+	// Redelivered counts the deliveries of toolbus messages after the first, and
+	// Trouble names them and the warnings logged, over the whole toolbus case (a healthy
+	// row has none: a collapse shows here).
+	Redelivered      int64  `json:"toolbus_redelivered"`
+	FloorRedelivered int64  `json:"floor_redelivered"`
+	Trouble          string `json:"toolbus_trouble,omitempty"`
 }
 
 // LongRow is one line of the long-run table: the step latency at the start and at the
@@ -86,10 +95,11 @@ type LongRow struct {
 // Report is what a benchmark measured: a row per storage, durability and K, and the
 // long runs.
 type Report struct {
-	When    time.Time `json:"when"`
-	Machine string    `json:"machine"`
-	Rows    []Row     `json:"rows"`
-	Long    []LongRow `json:"long_runs,omitempty"`
+	When    time.Time  `json:"when"`
+	Machine string     `json:"machine"`
+	Rows    []Row      `json:"rows"`
+	Long    []LongRow  `json:"long_runs,omitempty"`
+	Scale   []ScaleRow `json:"scale,omitempty"`
 }
 
 // Options are what a benchmark measures (the flags of toolbus bench).
@@ -110,9 +120,19 @@ type Options struct {
 	// LongSteps are the steps of the long runs (0: no long-run table), at least 20;
 	// LongK their calls per step.
 	LongSteps, LongK int
+	// Scale lists the scale rows (none when Scale.Tools is empty); they use Steps
+	// and Runs, default durability and each storage.
+	Scale ScaleOptions
 	// CPUProfile, when set, is where a CPU profile of the saturated toolbus case is
 	// written (one file per row, named after it, when there are several rows).
 	CPUProfile string
+	// Subjects counts the toolbus messages of the saturated case by kind of subject
+	// (a subscription to every subject: it costs CPU of its own, so the CPU figures of
+	// such a run are not comparable).
+	Subjects bool
+	// Diag counts the workers' debug records too (handed-back messages, consume errors),
+	// at some CPU cost.
+	Diag bool
 	// Progress receives a line per row done (nil: none).
 	Progress io.Writer
 }
@@ -124,6 +144,11 @@ func (o Options) Validate() error {
 	}
 	if o.LongSteps != 0 && (o.LongSteps < 20 || o.LongK < 1) {
 		return errors.New("bench: -long-steps must be 0 or at least 20, -long-k at least 1")
+	}
+	for _, n := range o.Scale.Tools {
+		if n < 1 || o.Scale.Deployments < 1 || o.Scale.K < 1 {
+			return errors.New("bench: -scale-tools must be at least 1, -scale-deployments and -scale-k at least 1")
+		}
 	}
 	for _, k := range o.K {
 		if k < 1 {
@@ -166,7 +191,7 @@ func Run(ctx context.Context, opts Options) (Report, error) {
 				ext := filepath.Ext(prof)
 				prof = fmt.Sprintf("%s-%s-%s-k%d%s", strings.TrimSuffix(prof, ext), c.storage, c.mode, k, ext)
 			}
-			row, err := benchOne(ctx, c.storage, c.mode, k, opts.Steps, opts.LatencyRuns, opts.Runs, prof)
+			row, err := benchOne(ctx, c.storage, c.mode, k, opts, prof)
 			if err != nil {
 				return rep, err
 			}
@@ -180,6 +205,21 @@ func Run(ctx context.Context, opts Options) (Report, error) {
 			}
 			rep.Long = append(rep.Long, lr)
 			fmt.Fprintf(progress, "bench: %s %s long runs of %d steps done\n", c.storage, c.mode, opts.LongSteps)
+		}
+	}
+	for _, storage := range opts.Storages {
+		for _, n := range opts.Scale.Tools {
+			prof := opts.CPUProfile
+			if prof != "" {
+				ext := filepath.Ext(prof)
+				prof = fmt.Sprintf("%s-%s-scale-%d%s", strings.TrimSuffix(prof, ext), storage, n, ext)
+			}
+			sr, err := benchScale(ctx, storage, n, opts.Scale, opts.Steps, opts.Runs, opts.Subjects, prof)
+			if err != nil {
+				return rep, fmt.Errorf("bench scale: %w", err)
+			}
+			rep.Scale = append(rep.Scale, sr)
+			fmt.Fprintf(progress, "bench: %s scale %d tools done\n", storage, n)
 		}
 	}
 	return rep, nil
@@ -201,6 +241,16 @@ func Print(out io.Writer, rep Report) {
 			r.ToolbusCPUUSPerCall, r.FloorCPUUSPerCall, r.ToolbusMsgsPerCall, r.FloorMsgsPerCall)
 	}
 	tw.Flush()
+	for _, r := range rep.Rows {
+		if r.Trouble != "" {
+			fmt.Fprintf(out, "%s %s K=%d: %s\n", r.Storage, r.Durability, r.K, r.Trouble)
+		}
+		if r.FloorRedelivered > 0 {
+			fmt.Fprintf(out, "%s %s K=%d: floor redelivered %d\n", r.Storage, r.Durability, r.K, r.FloorRedelivered)
+		}
+	}
+	printSubjects(out, rep)
+	printScale(out, rep.Scale)
 	if len(rep.Long) == 0 {
 		return
 	}
@@ -213,7 +263,8 @@ func Print(out io.Writer, rep Report) {
 	tw.Flush()
 }
 
-func benchOne(ctx context.Context, storage, durability string, k, steps, latRuns, runs int, cpuProfile string) (Row, error) {
+func benchOne(ctx context.Context, storage, durability string, k int, opts Options, cpuProfile string) (Row, error) {
+	steps, latRuns, runs := opts.Steps, opts.LatencyRuns, opts.Runs
 	row := Row{Storage: storage, Durability: durability, K: k, Steps: steps, Runs: runs}
 	dir, err := os.MkdirTemp("", "toolbus-bench-")
 	if err != nil {
@@ -229,7 +280,19 @@ func benchOne(ctx context.Context, storage, durability string, k, steps, latRuns
 
 	// toolbus
 	in0 := serverMsgs(srv)
-	lat, tput, cpu, err := benchToolbus(ctx, srv, memory, k, steps, latRuns, runs, cpuProfile)
+	var subj *subjectCounter
+	if opts.Subjects {
+		if subj, err = countSubjects(srv); err != nil {
+			return row, err
+		}
+	}
+	trbl := newTrouble()
+	trbl.debug = opts.Diag
+	lat, tput, cpu, err := benchToolbus(ctx, srv, memory, k, steps, latRuns, runs, cpuProfile, trbl)
+	row.Redelivered, row.Trouble = trbl.summary()
+	if subj != nil {
+		row.Subjects = subj.stop(float64((runs + latRuns + 1) * (steps - 1) * k))
+	}
 	row.ToolbusMsgsPerCall = float64(serverMsgs(srv)-in0) / float64((runs+latRuns+1)*(steps-1)*k)
 	if err != nil {
 		return row, fmt.Errorf("bench toolbus: %w", err)
@@ -242,7 +305,7 @@ func benchOne(ctx context.Context, storage, durability string, k, steps, latRuns
 
 	// raw JetStream floor: the same hops per step, no toolbus logic
 	in0 = serverMsgs(srv)
-	flat, ftput, fcpu, err := benchFloor(ctx, srv, memory, k, steps, latRuns, runs)
+	flat, ftput, fcpu, err := benchFloor(ctx, srv, memory, k, steps, latRuns, runs, &row.FloorRedelivered)
 	row.FloorMsgsPerCall = float64(serverMsgs(srv)-in0) / float64((runs+latRuns+1)*(steps-1)*k)
 	if err != nil {
 		return row, fmt.Errorf("bench floor: %w", err)
@@ -325,6 +388,7 @@ func (c *stepClock) latencies(run string) []time.Duration {
 // and an injector with an instant scripted model that records when each step reached it.
 type benchStack struct {
 	bus   *events.Bus
+	trbl  *trouble
 	clock *stepClock
 	ended chan string
 	close func()
@@ -332,13 +396,13 @@ type benchStack struct {
 
 // newBenchStack starts the stack; runs whose id starts with "long" last longSteps steps,
 // the others steps.
-func newBenchStack(ctx context.Context, srv *embedded.Server, memory bool, k, steps, longSteps, runs int) (*benchStack, error) {
+func newBenchStack(ctx context.Context, srv *embedded.Server, memory bool, k, steps, longSteps, runs int, trbl *trouble) (*benchStack, error) {
 	nc, err := srv.Connect()
 	if err != nil {
 		return nil, err
 	}
 	var cleanup []func()
-	st := &benchStack{clock: &stepClock{times: map[string][]time.Time{}}, ended: make(chan string, runs),
+	st := &benchStack{trbl: trbl, clock: &stepClock{times: map[string][]time.Time{}}, ended: make(chan string, runs),
 		close: func() {
 			for i := len(cleanup) - 1; i >= 0; i-- {
 				cleanup[i]()
@@ -349,7 +413,7 @@ func newBenchStack(ctx context.Context, srv *embedded.Server, memory bool, k, st
 	if st.bus, _, err = provision.Setup(ctx, nc, events.Config{Memory: memory, Stream: "TOOLBUS"}); err != nil {
 		return fail(err)
 	}
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	log := slog.New(st.trbl)
 	short, long := NoopScript(k, steps), NoopScript(k, longSteps)
 	model := planner.ModelFunc(func(ctx context.Context, req planner.Request) (planner.Response, error) {
 		st.clock.mark(req.RunID, req.Step)
@@ -375,7 +439,7 @@ func newBenchStack(ctx context.Context, srv *embedded.Server, memory bool, k, st
 		go func() { defer wg.Done(); _ = f(wctx) }()
 	}
 	wc := events.WorkerConfig{Instance: "bench", Concurrency: conc, Logger: log, Grace: time.Second}
-	w, err := worker.New(st.bus, exec, worker.Config{WorkerConfig: wc})
+	w, err := worker.New(st.bus, exec, worker.Config{WorkerConfig: wc, Observer: st.trbl})
 	if err != nil {
 		return fail(err)
 	}
@@ -391,11 +455,11 @@ func newBenchStack(ctx context.Context, srv *embedded.Server, memory bool, k, st
 		time.Sleep(10 * time.Millisecond)
 	}
 	maxSteps := max(steps, longSteps) + 1
-	p, err := planner.New(st.bus, model, cat, planner.Config{WorkerConfig: wc})
+	p, err := planner.New(st.bus, model, cat, planner.Config{WorkerConfig: wc, Observer: st.trbl})
 	if err != nil {
 		return fail(err)
 	}
-	in, err := injector.New(st.bus, injector.Config{WorkerConfig: wc, Defaults: toolbus.DefaultLimits{MaxSteps: maxSteps}})
+	in, err := injector.New(st.bus, injector.Config{WorkerConfig: wc, Observer: st.trbl, Defaults: toolbus.DefaultLimits{MaxSteps: maxSteps}})
 	if err != nil {
 		return fail(err)
 	}
@@ -422,9 +486,17 @@ func (st *benchStack) start(ctx context.Context, run string, steps int) error {
 
 func (st *benchStack) wait(n int) error {
 	timeout := time.After(5 * time.Minute)
-	for i := 0; i < n; i++ {
+	stalled := time.NewTicker(3 * time.Second)
+	defer stalled.Stop()
+	for i := 0; i < n; {
 		select {
 		case <-st.ended:
+			i++
+			stalled.Reset(3 * time.Second)
+		case <-stalled.C:
+			if st.trbl.debug {
+				st.trbl.note("stalled 3 s: " + st.consumers())
+			}
 		case <-timeout:
 			return errors.New("runs did not finish in 5 minutes")
 		}
@@ -432,8 +504,23 @@ func (st *benchStack) wait(n int) error {
 	return nil
 }
 
-func benchToolbus(ctx context.Context, srv *embedded.Server, memory bool, k, steps, latRuns, runs int, cpuProfile string) ([]time.Duration, float64, time.Duration, error) {
-	st, err := newBenchStack(ctx, srv, memory, k, steps, 0, runs+latRuns+1)
+// consumers describes the stream's consumers that have work: what a stall waits on.
+func (st *benchStack) consumers() string {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	var out []string
+	for ci := range st.bus.EventStream().ListConsumers(ctx).Info() {
+		if ci.NumPending+uint64(ci.NumAckPending)+uint64(ci.NumRedelivered) == 0 {
+			continue
+		}
+		out = append(out, fmt.Sprintf("%s{pending %d, ack pending %d, redelivered %d, waiting %d}",
+			ci.Name, ci.NumPending, ci.NumAckPending, ci.NumRedelivered, ci.NumWaiting))
+	}
+	return strings.Join(out, " ")
+}
+
+func benchToolbus(ctx context.Context, srv *embedded.Server, memory bool, k, steps, latRuns, runs int, cpuProfile string, trbl *trouble) ([]time.Duration, float64, time.Duration, error) {
+	st, err := newBenchStack(ctx, srv, memory, k, steps, 0, runs+latRuns+1, trbl)
 	if err != nil {
 		return nil, 0, 0, err
 	}
@@ -495,7 +582,7 @@ func benchLong(ctx context.Context, storage, durability string, k, steps, n int)
 		return row, err
 	}
 	defer srv.Stop()
-	st, err := newBenchStack(ctx, srv, storage == "memory", k, steps, steps, n+1)
+	st, err := newBenchStack(ctx, srv, storage == "memory", k, steps, steps, n+1, newTrouble())
 	if err != nil {
 		return row, fmt.Errorf("bench long runs: %w", err)
 	}
@@ -526,7 +613,7 @@ func benchLong(ctx context.Context, storage, durability string, k, steps, n int)
 
 // benchFloor runs the same hops per step as toolbus with raw JetStream and no toolbus
 // logic: req -> K x call -> K x done -> next req, each a publish and a consume with ack.
-func benchFloor(ctx context.Context, srv *embedded.Server, memory bool, k, steps, latRuns, runs int) ([]time.Duration, float64, time.Duration, error) {
+func benchFloor(ctx context.Context, srv *embedded.Server, memory bool, k, steps, latRuns, runs int, redelivered *int64) ([]time.Duration, float64, time.Duration, error) {
 	nc, err := srv.Connect()
 	if err != nil {
 		return nil, 0, 0, err
@@ -549,6 +636,7 @@ func benchFloor(ctx context.Context, srv *embedded.Server, memory bool, k, steps
 	if err := f.stages(k, steps); err != nil {
 		return nil, 0, 0, err
 	}
+	defer func() { *redelivered = f.redel.Load() }()
 	return f.measure(steps, latRuns, runs)
 }
 
@@ -561,6 +649,7 @@ type floor struct {
 	clock  *stepClock
 	ended  chan struct{} // a run's last step arrived
 	ccs    []jetstream.ConsumeContext
+	redel  atomic.Int64 // deliveries after the first
 }
 
 // stages starts the three stages: a request publishes k calls (or ends the run at its
@@ -615,6 +704,9 @@ func (f *floor) stage(s string, h func(run string, step int) error) error {
 		sem <- struct{}{}
 		go func() {
 			defer func() { <-sem }()
+			if md, err := m.Metadata(); err == nil && md.NumDelivered > 1 {
+				f.redel.Add(1)
+			}
 			step, _ := strconv.Atoi(m.Headers().Get("step"))
 			if err := h(m.Headers().Get("run"), step); err == nil {
 				_ = m.Ack()

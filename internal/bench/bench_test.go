@@ -54,3 +54,53 @@ func TestRunSmall(t *testing.T) {
 		t.Fatalf("table:\n%s", out.String())
 	}
 }
+
+// A small scale row sets up a queue per tool, binds each to two deployments, spreads
+// the calls over every tool and measures each column.
+func TestScaleSmall(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs the pipeline")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	rep, err := Run(ctx, Options{K: []int{1}, Steps: 2, LatencyRuns: 1, Runs: 2, Storages: []string{"memory"}, Durabilities: []string{"default"},
+		Scale: ScaleOptions{Tools: []int{5}, Deployments: 3, K: 3, Idle: 100 * time.Millisecond}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Scale) != 1 {
+		t.Fatalf("%d scale rows, want 1", len(rep.Scale))
+	}
+	r := rep.Scale[0]
+	// 5 tools over 3 deployments: each tool served by two of them.
+	if r.Tools != 5 || r.Bound != 10 || r.Consumers < 5 || r.MaxConsumers <= 1000 || r.CallsPS <= 0 || r.MsgsPerCall <= 0 || r.InitMS <= 0 {
+		t.Fatalf("scale row %+v", r)
+	}
+	var out bytes.Buffer
+	Print(&out, rep)
+	if !strings.Contains(out.String(), "deployments") {
+		t.Fatalf("table:\n%s", out.String())
+	}
+}
+
+// Every tool is served by two deployments, whatever the numbers.
+func TestServedBy(t *testing.T) {
+	for _, c := range []struct{ tools, deps int }{{10, 20}, {1000, 20}, {5, 3}, {1, 4}} {
+		names := scaleTools(c.tools)
+		count := map[string]int{}
+		for d := range c.deps {
+			served := servedBy(names, d, c.deps)
+			if len(served) == 0 {
+				t.Errorf("%d tools, %d deployments: deployment %d serves nothing", c.tools, c.deps, d)
+			}
+			for _, n := range served {
+				count[n]++
+			}
+		}
+		for _, n := range names {
+			if count[n] < 2 && c.deps > 1 && c.tools > 1 {
+				t.Errorf("%d tools, %d deployments: %s served by %d", c.tools, c.deps, n, count[n])
+			}
+		}
+	}
+}

@@ -42,7 +42,7 @@ type Config struct {
 	Tools            string        `envconfig:"TOOLS" default:"demo" desc:"built-in tool packs served by executors (demo, diag: diag's panic, big_output, sleep... only when asked for)"`
 	MCPConfig        string        `envconfig:"MCP_CONFIG" desc:"JSON file of MCP servers whose tools executors serve (mcpServers: command/args/env or url/headers)"`
 	ExecutorTools    []string      `envconfig:"EXECUTOR_TOOLS" desc:"serve only these tools of the packs (deployments may overlap: each tool has one shared queue)"`
-	Team             string        `envconfig:"TEAM" desc:"team owning the tools this executor serves (recorded as their owner in the catalog)"`
+	Team             string        `envconfig:"TEAM" desc:"team owning the tools this executor serves (recorded as their owner in the catalog; its instance records are keyed by it: with per-team credentials, the team of the credentials)"`
 	ReplaceContracts bool          `envconfig:"EXECUTOR_REPLACE_CONTRACTS" desc:"replace registered tool contracts that differ from this executor's without a version bump (an owner changing its tools on purpose)"`
 	ProgressInterval time.Duration `envconfig:"EXECUTOR_PROGRESS_INTERVAL" default:"1s" desc:"least time between two tool.progress events of one call (a report made sooner replaces the pending one)"`
 	CallTimeout      time.Duration `envconfig:"CALL_TIMEOUT" default:"30s" desc:"default tool timeout"`

@@ -99,9 +99,10 @@ func strs(v any) []string {
 }
 
 // Grants is what an administrator grants: the tools each team owns. Each team gets an
-// executor user, "executor-<team>", whose permissions are TEAM_EXECUTOR plus, for each of
-// its tools, the queue, catalog entry, claims, outputs and results of that tool only
-// (TeamPermissions). A tool belongs to one team at most.
+// executor user, "executor-<team>", whose permissions are TEAM_EXECUTOR plus the team's
+// own instance records and, for each of its tools, the queue, catalog entry, claims,
+// outputs and results of that tool only (TeamPermissions). A tool belongs to one team at
+// most. The team's executors run with TOOLBUS_TEAM=<team> (worker.Config.Team).
 //
 // Clients binds client credentials to identities: each entry "<name>": [<identity>, ...]
 // gets a client user, "client-<name>", whose permissions are CLIENT's with the
@@ -133,14 +134,16 @@ func ReadGrants(file string) (Grants, error) {
 	return g, nil
 }
 
-var teamRE = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,31}$`)
+// nameRE is what a client name may be (the same as a team's, store.ValidTeam).
+var nameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,31}$`)
 
 // Validate checks team names ([a-z0-9_-], at most 32), tool names (toolbus tool names,
 // not the unknown-tool token) and that no tool is granted to two teams.
 func (g Grants) Validate() error {
 	owner := map[string]string{}
 	for _, team := range slices.Sorted(maps.Keys(g.Teams)) {
-		if !teamRE.MatchString(team) {
+		// The team is a token of its instance records' keys (store.InstanceKey).
+		if !store.ValidTeam(team) {
 			return fmt.Errorf("invalid team name %q: 1 to 32 of [a-z0-9_-]", team)
 		}
 		for _, tool := range g.Teams[team] {
@@ -154,7 +157,7 @@ func (g Grants) Validate() error {
 		}
 	}
 	for _, name := range slices.Sorted(maps.Keys(g.Clients)) {
-		if !teamRE.MatchString(name) {
+		if !nameRE.MatchString(name) {
 			return fmt.Errorf("invalid client name %q: 1 to 32 of [a-z0-9_-]", name)
 		}
 		if len(g.Clients[name]) == 0 {
@@ -209,12 +212,14 @@ func ClientPermissions(template Permissions, ids []string) (Permissions, error) 
 // TeamUser is the user name of a team's executor credentials.
 func TeamUser(team string) string { return "executor-" + team }
 
-// TeamPermissions returns the template (TEAM_EXECUTOR) with the subjects of tools added:
-// pull and ack their queues, write their catalog entries, claims and outputs, publish
-// their results and waiting notices.
-func TeamPermissions(template Permissions, stream string, tools []string) Permissions {
+// TeamPermissions returns the template (TEAM_EXECUTOR) with the subjects of team and
+// its tools added: write the team's instance records (store.InstanceKey: keys of three
+// tokens starting with the team's), pull and ack the tools' queues, write their catalog
+// entries, claims and outputs, publish their results, waiting notices and progress.
+func TeamPermissions(template Permissions, stream, team string, tools []string) Permissions {
 	p := Permissions{PubAllow: slices.Clone(template.PubAllow), PubDeny: slices.Clone(template.PubDeny),
 		SubAllow: slices.Clone(template.SubAllow), SubDeny: slices.Clone(template.SubDeny)}
+	p.PubAllow = append(p.PubAllow, "$KV."+store.BucketInstances+"."+team+".*.*")
 	for _, tool := range tools {
 		durable := events.ToolConsumer(tool)
 		p.PubAllow = append(p.PubAllow,
@@ -246,7 +251,7 @@ func Users(perms map[string]Permissions, g Grants) []User {
 		out = append(out, User{Name: role, Perms: perms[role]})
 	}
 	for _, team := range slices.Sorted(maps.Keys(g.Teams)) {
-		out = append(out, User{Name: TeamUser(team), Perms: TeamPermissions(perms[TeamTemplate], events.DefaultStream, g.Teams[team])})
+		out = append(out, User{Name: TeamUser(team), Perms: TeamPermissions(perms[TeamTemplate], events.DefaultStream, team, g.Teams[team])})
 	}
 	for _, name := range slices.Sorted(maps.Keys(g.Clients)) {
 		// An unbindable template leaves no permission at all (fail closed); GenerateGrants

@@ -41,14 +41,15 @@ func TestGrantsValidate(t *testing.T) {
 	}
 }
 
-// A team's executor permissions are the template plus the subjects of its tools only.
+// A team's executor permissions are the template plus its own instance records and the
+// subjects of its tools only.
 func TestTeamPermissions(t *testing.T) {
 	perms, err := natsjwt.ReadPermissions(filepath.Join("..", "permissions.conf"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := natsjwt.TeamPermissions(perms[natsjwt.TeamTemplate], "TOOLBUS", []string{"calc"})
-	for _, want := range []string{"$JS.API.CONSUMER.MSG.NEXT.TOOLBUS.tool_calc", "$JS.ACK.TOOLBUS.tool_calc.>", "$KV.toolbus_tools.calc",
+	p := natsjwt.TeamPermissions(perms[natsjwt.TeamTemplate], "TOOLBUS", "pay", []string{"calc"})
+	for _, want := range []string{"$KV.toolbus_instances.pay.*.*", "$JS.API.CONSUMER.MSG.NEXT.TOOLBUS.tool_calc", "$JS.ACK.TOOLBUS.tool_calc.>", "$KV.toolbus_tools.calc",
 		"$KV.toolbus_claims.calc.>", "$KV.toolbus_outputs.calc.>", "toolbus.*.tool.finished.calc", "toolbus.*.tool.waiting.calc", "toolbus.*.tool.progress.calc"} {
 		if !slices.Contains(p.PubAllow, want) {
 			t.Errorf("team permissions lack %s", want)
@@ -61,8 +62,9 @@ func TestTeamPermissions(t *testing.T) {
 			t.Errorf("team permissions allow %s: the unknown-tool queue or its results", s)
 		}
 		if strings.Contains(s, ".>") && (strings.HasPrefix(s, "$KV.toolbus_tools") || strings.HasPrefix(s, "toolbus.*.tool.")) ||
-			s == "$JS.API.CONSUMER.MSG.NEXT.TOOLBUS.*" || s == "$KV.toolbus_claims.>" || s == "$KV.toolbus_outputs.>" {
-			t.Errorf("team permissions allow %s: more than its tools", s)
+			s == "$JS.API.CONSUMER.MSG.NEXT.TOOLBUS.*" || s == "$KV.toolbus_claims.>" || s == "$KV.toolbus_outputs.>" ||
+			strings.HasPrefix(s, "$KV.toolbus_instances.") && s != "$KV.toolbus_instances.pay.*.*" {
+			t.Errorf("team permissions allow %s: more than its tools and its own instance records", s)
 		}
 	}
 }

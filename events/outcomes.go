@@ -1,4 +1,4 @@
-package worker
+package events
 
 import (
 	"context"
@@ -11,14 +11,14 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/toolbus/toolbus"
-	"github.com/toolbus/toolbus/events"
 )
 
-// endedRuns is what a worker learns of ended runs from their outcome events
+// RunOutcomes is what a worker learns of ended runs from their outcome events
 // (toolbus.<run>.run.<terminal status>, core NATS subscriptions), so that checking
-// whether a call's run already ended costs no read of the run state per call.
+// whether a run already ended costs no read of the run state each time (an executor per
+// call, the injector per step).
 //
-// A subscription only hears what is published while it listens. The worker therefore
+// A subscription only hears what is published while it listens. A worker therefore
 // trusts it only for runs that started while it listened: it records the stream's last
 // sequence once its subscriptions are in place (from), and a run whose first run.started
 // has a higher sequence started afterwards, so every outcome of that run reached the
@@ -26,7 +26,7 @@ import (
 // whenever the subscriptions may have missed a message (a reconnection, a slow-consumer
 // drop, the map emptied to bound it), the run state is read as before, until a new
 // sequence is recorded.
-type endedRuns struct {
+type RunOutcomes struct {
 	nc   *nats.Conn
 	info func(context.Context) (uint64, error) // the stream's last sequence
 
@@ -40,21 +40,39 @@ type endedRuns struct {
 	lastTry    time.Time
 }
 
-// terminalStatuses are the outcomes after which a run takes no more calls.
-var terminalStatuses = []toolbus.RunStatus{toolbus.RunCompleted, toolbus.RunFailed, toolbus.RunLimitReached, toolbus.RunCancelled}
+// terminalOutcomes are the outcomes after which a run takes no more calls.
+var terminalOutcomes = []toolbus.RunStatus{toolbus.RunCompleted, toolbus.RunFailed, toolbus.RunLimitReached, toolbus.RunCancelled}
 
-// errNoOutcomeSubscription: the credentials may not subscribe to outcome events (a
+// ErrNoOutcomeSubscription: the credentials may not subscribe to outcome events (a
 // deployment whose permissions predate them); the worker reads the run state instead.
-var errNoOutcomeSubscription = errors.New("executor: no permission to subscribe to run outcomes")
+var ErrNoOutcomeSubscription = errors.New("events: no permission to subscribe to run outcomes")
 
-// listen subscribes to the outcome events and records the sequence from which they are
-// trusted. An error leaves the worker reading run states, as before the subscriptions.
-func (e *endedRuns) listen(ctx context.Context) error {
-	for _, st := range terminalStatuses {
+// NewRunOutcomes returns the outcome follower of a connection; lastSeq returns the event
+// stream's last sequence. It follows nothing until Listen.
+func NewRunOutcomes(nc *nats.Conn, lastSeq func(context.Context) (uint64, error)) *RunOutcomes {
+	return &RunOutcomes{nc: nc, info: lastSeq, ended: map[string]toolbus.RunStatus{}}
+}
+
+// RunOutcomes returns the outcome follower of the bus's connection.
+func (b *Bus) RunOutcomes() *RunOutcomes {
+	return NewRunOutcomes(b.Conn(), func(ctx context.Context) (uint64, error) {
+		si, err := b.EventStream().Info(ctx)
+		if err != nil {
+			return 0, fmt.Errorf("events: stream info: %w", err)
+		}
+		return si.State.LastSeq, nil
+	})
+}
+
+// Listen subscribes to the outcome events and records the sequence from which they are
+// trusted. An error leaves the worker reading run states, as before the subscriptions
+// (call Close).
+func (e *RunOutcomes) Listen(ctx context.Context) error {
+	for _, st := range terminalOutcomes {
 		status := st
-		sub, err := e.nc.Subscribe(events.SubjectRunEnded("*", status), func(m *nats.Msg) {
+		sub, err := e.nc.Subscribe(SubjectRunEnded("*", status), func(m *nats.Msg) {
 			// Only an outcome whose body agrees with its subject ends a run.
-			if run, typ, err := events.CheckMsg(m); err == nil && typ == events.TypeRunEnded(status) {
+			if run, typ, err := CheckMsg(m); err == nil && typ == TypeRunEnded(status) {
 				e.mu.Lock()
 				if len(e.ended) >= 100000 {
 					clear(e.ended) // bounded: forgotten runs are read from the store again
@@ -65,7 +83,7 @@ func (e *endedRuns) listen(ctx context.Context) error {
 			}
 		})
 		if err != nil {
-			return fmt.Errorf("executor: subscribe to run outcomes: %w", err)
+			return fmt.Errorf("events: subscribe to run outcomes: %w", err)
 		}
 		e.mu.Lock()
 		e.subs = append(e.subs, sub)
@@ -74,8 +92,8 @@ func (e *endedRuns) listen(ctx context.Context) error {
 	return e.refresh(ctx)
 }
 
-// close removes the subscriptions.
-func (e *endedRuns) close() {
+// Close removes the subscriptions.
+func (e *RunOutcomes) Close() {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	for _, s := range e.subs {
@@ -87,17 +105,17 @@ func (e *endedRuns) close() {
 
 // refresh records the sequence from which the subscriptions are trusted: the stream's
 // last sequence, read once the server has every subscription.
-func (e *endedRuns) refresh(ctx context.Context) error {
+func (e *RunOutcomes) refresh(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	reconnects := e.nc.Stats().Reconnects
 	if err := e.nc.FlushWithContext(ctx); err != nil {
-		return fmt.Errorf("executor: flush outcome subscriptions: %w", err)
+		return fmt.Errorf("events: flush outcome subscriptions: %w", err)
 	}
 	// A refused subscription is reported asynchronously, before the flush's answer.
 	if err := e.nc.LastError(); errors.Is(err, nats.ErrPermissionViolation) &&
 		strings.Contains(err.Error(), "."+string(toolbus.RunCompleted)) {
-		return fmt.Errorf("%w: %w", errNoOutcomeSubscription, err)
+		return fmt.Errorf("%w: %w", ErrNoOutcomeSubscription, err)
 	}
 	seq, err := e.info(ctx)
 	if err != nil {
@@ -113,7 +131,7 @@ func (e *endedRuns) refresh(ctx context.Context) error {
 	return nil
 }
 
-func (e *endedRuns) droppedNow() int {
+func (e *RunOutcomes) droppedNow() int {
 	e.mu.Lock()
 	subs := e.subs
 	e.mu.Unlock()
@@ -126,10 +144,12 @@ func (e *endedRuns) droppedNow() int {
 	return n
 }
 
-// lookup returns the outcome of a run whose first run.started has sequence startSeq,
-// and whether the subscriptions answer for it; when they do not, the caller reads the
-// run state.
-func (e *endedRuns) lookup(run string, startSeq uint64) (toolbus.RunStatus, bool) {
+// Lookup returns the outcome of a run whose first run.started has sequence startSeq
+// ("" while it has not ended), and whether the subscriptions answer for it; when they
+// do not, the caller reads the run state. An outcome recorded in the run state but not
+// published yet (a crash between the two) is not seen: callers for whom that matters
+// read the run state.
+func (e *RunOutcomes) Lookup(run string, startSeq uint64) (toolbus.RunStatus, bool) {
 	e.mu.Lock()
 	status, ok := e.ended[run]
 	from, reconnects, dropped := e.from, e.reconnects, e.dropped

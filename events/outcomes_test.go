@@ -1,4 +1,4 @@
-package worker
+package events_test
 
 import (
 	"fmt"
@@ -28,20 +28,17 @@ func TestEndedRunsFromOutcomeEvents(t *testing.T) {
 		return seq
 	}
 	before := start("before")
-	w, err := New(bus, nil, Config{})
-	if err != nil {
+	ends := bus.RunOutcomes()
+	if err := ends.Listen(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if err := w.ends.listen(ctx); err != nil {
-		t.Fatal(err)
-	}
-	defer w.ends.close()
+	defer ends.Close()
 	after, other := start("after"), start("other")
 
-	if _, ok := w.ends.lookup("before", before); ok {
+	if _, ok := ends.Lookup("before", before); ok {
 		t.Error("a run started before the subscriptions is answered by them")
 	}
-	if st, ok := w.ends.lookup("after", after); !ok || st != "" {
+	if st, ok := ends.Lookup("after", after); !ok || st != "" {
 		t.Errorf("a run started after the subscriptions, not ended: got %q, %v; want \"\", true", st, ok)
 	}
 	if _, err := bus.Publish(ctx, events.SubjectRunEnded("after", toolbus.RunCancelled), events.Meta{
@@ -50,32 +47,28 @@ func TestEndedRunsFromOutcomeEvents(t *testing.T) {
 		t.Fatal(err)
 	}
 	eventstest.Eventually(t, 10*time.Second, func() error {
-		if st, ok := w.ends.lookup("after", after); !ok || st != toolbus.RunCancelled {
+		if st, ok := ends.Lookup("after", after); !ok || st != toolbus.RunCancelled {
 			return fmt.Errorf("got %q, %v; want cancelled, true", st, ok)
 		}
 		return nil
 	})
-	if st, ok := w.ends.lookup("other", other); !ok || st != "" {
+	if st, ok := ends.Lookup("other", other); !ok || st != "" {
 		t.Errorf("another run: got %q, %v; want \"\", true", st, ok)
 	}
 
 	// A lost message (here: the map emptied to bound it) makes every run not known to
 	// have ended go to the run state until the subscriptions are trusted again.
-	w.ends.mu.Lock()
-	w.ends.from = 0
-	w.ends.mu.Unlock()
-	if _, ok := w.ends.lookup("other", other); ok {
+	ends.ForgetTrust()
+	if _, ok := ends.Lookup("other", other); ok {
 		t.Error("untrusted subscriptions answered")
 	}
 	eventstest.Eventually(t, 10*time.Second, func() error {
-		w.ends.mu.Lock()
-		defer w.ends.mu.Unlock()
-		if w.ends.from < other {
-			return fmt.Errorf("trusted from sequence %d, want at least %d", w.ends.from, other)
+		if from := ends.TrustedFrom(); from < other {
+			return fmt.Errorf("trusted from sequence %d, want at least %d", from, other)
 		}
 		return nil
 	})
-	if _, ok := w.ends.lookup("other", other); ok {
+	if _, ok := ends.Lookup("other", other); ok {
 		t.Error("a run started before the new trusted sequence is answered by the subscriptions")
 	}
 }

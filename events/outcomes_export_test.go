@@ -1,0 +1,15 @@
+package events
+
+// ForgetTrust makes the outcome subscriptions untrusted, as a lost message does.
+func (e *RunOutcomes) ForgetTrust() {
+	e.mu.Lock()
+	e.from = 0
+	e.mu.Unlock()
+}
+
+// TrustedFrom is the sequence from which the subscriptions are trusted (0: not).
+func (e *RunOutcomes) TrustedFrom() uint64 {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.from
+}
