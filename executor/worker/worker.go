@@ -723,19 +723,11 @@ func (w *Worker) claim(ctx context.Context, msg jetstream.Msg, queue string, req
 // yield marks this worker's attempt, which took the claim over, as yielded to the
 // result an earlier attempt stored meanwhile: the attempt does not run.
 func (w *Worker) yield(ctx context.Context, msg jetstream.Msg, queue string, req toolbus.ToolRequested, o owned, log func() *slog.Logger) error {
-	c := o.claim
-	c.Yielded = true
-	err := w.retry(ctx, msg, log, "yield the claim", func() error {
-		_, err := w.bus.Store().TakeOverClaim(ctx, queue, req.RunID, req.Step, req.Call.CallID, c, o.rev)
-		if errors.Is(err, events.ErrConflict) {
-			return nil // changed since (or an earlier try of this write landed)
-		}
-		return err
-	})
-	if err != nil {
+	o.claim.Yielded = true
+	if err := w.markClaim(ctx, msg, queue, req, o, log, "yield the claim"); err != nil {
 		return err
 	}
-	log().Info("result of an earlier attempt stored after the take-over: this attempt yields to it", "attempt", c.Attempt)
+	log().Info("result of an earlier attempt stored after the take-over: this attempt yields to it", "attempt", o.claim.Attempt)
 	return nil
 }
 
@@ -743,20 +735,25 @@ func (w *Worker) yield(ctx context.Context, msg jetstream.Msg, queue string, req
 // result was stored), so that the next delivery runs the call again at once even though
 // this executor is alive. A claim already taken over is left alone.
 func (w *Worker) abandon(ctx context.Context, msg jetstream.Msg, queue string, req toolbus.ToolRequested, o owned, log func() *slog.Logger) error {
-	c := o.claim
-	c.Abandoned = true
-	err := w.retry(ctx, msg, log, "abandon the claim", func() error {
-		_, err := w.bus.Store().TakeOverClaim(ctx, queue, req.RunID, req.Step, req.Call.CallID, c, o.rev)
+	o.claim.Abandoned = true
+	if err := w.markClaim(ctx, msg, queue, req, o, log, "abandon the claim"); err != nil {
+		return err
+	}
+	log().Warn("lease lost mid-call: attempt abandoned, the call is handed back", "attempt", o.claim.Attempt)
+	return nil
+}
+
+// markClaim writes o.claim over the revision this worker owns. A conflict means the
+// claim changed since (taken over) or an earlier try of this write landed: either way
+// there is nothing left to mark.
+func (w *Worker) markClaim(ctx context.Context, msg jetstream.Msg, queue string, req toolbus.ToolRequested, o owned, log func() *slog.Logger, what string) error {
+	return w.retry(ctx, msg, log, what, func() error {
+		_, err := w.bus.Store().TakeOverClaim(ctx, queue, req.RunID, req.Step, req.Call.CallID, o.claim, o.rev)
 		if errors.Is(err, events.ErrConflict) {
-			return nil // taken over already (or an earlier try of this write landed)
+			return nil
 		}
 		return err
 	})
-	if err != nil {
-		return err
-	}
-	log().Warn("lease lost mid-call: attempt abandoned, the call is handed back", "attempt", c.Attempt)
-	return nil
 }
 
 // run executes the call with its deadline, cancellation and InProgress heartbeats.

@@ -263,19 +263,29 @@ func Print(out io.Writer, rep Report) {
 	tw.Flush()
 }
 
+// startServer starts an embedded server on a store directory of its own (fsync on
+// every write when strict); stop stops it and removes the directory.
+func startServer(strict bool) (srv *embedded.Server, stop func(), err error) {
+	dir, err := os.MkdirTemp("", "toolbus-bench-")
+	if err != nil {
+		return nil, nil, err
+	}
+	srv, err = embedded.Start(embedded.Config{Port: -1, StoreDir: dir, SyncAlways: strict})
+	if err != nil {
+		_ = os.RemoveAll(dir)
+		return nil, nil, err
+	}
+	return srv, func() { srv.Stop(); _ = os.RemoveAll(dir) }, nil
+}
+
 func benchOne(ctx context.Context, storage, durability string, k int, opts Options, cpuProfile string) (Row, error) {
 	steps, latRuns, runs := opts.Steps, opts.LatencyRuns, opts.Runs
 	row := Row{Storage: storage, Durability: durability, K: k, Steps: steps, Runs: runs}
-	dir, err := os.MkdirTemp("", "toolbus-bench-")
+	srv, stopServer, err := startServer(durability == "strict")
 	if err != nil {
 		return row, err
 	}
-	defer os.RemoveAll(dir)
-	srv, err := embedded.Start(embedded.Config{Port: -1, StoreDir: dir, SyncAlways: durability == "strict"})
-	if err != nil {
-		return row, err
-	}
-	defer srv.Stop()
+	defer stopServer()
 	memory := storage == "memory"
 
 	// toolbus
@@ -572,16 +582,11 @@ func benchToolbus(ctx context.Context, srv *embedded.Server, memory bool, k, ste
 // their first steps with that of their last ones.
 func benchLong(ctx context.Context, storage, durability string, k, steps, n int) (LongRow, error) {
 	row := LongRow{Storage: storage, Durability: durability, K: k, Steps: steps, Runs: n}
-	dir, err := os.MkdirTemp("", "toolbus-bench-")
+	srv, stopServer, err := startServer(durability == "strict")
 	if err != nil {
 		return row, err
 	}
-	defer os.RemoveAll(dir)
-	srv, err := embedded.Start(embedded.Config{Port: -1, StoreDir: dir, SyncAlways: durability == "strict"})
-	if err != nil {
-		return row, err
-	}
-	defer srv.Stop()
+	defer stopServer()
 	st, err := newBenchStack(ctx, srv, storage == "memory", k, steps, steps, n+1, newTrouble())
 	if err != nil {
 		return row, fmt.Errorf("bench long runs: %w", err)

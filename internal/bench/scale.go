@@ -158,16 +158,11 @@ func (st *scaleStack) run(f func(context.Context) error) {
 func benchScale(ctx context.Context, storage string, tools int, so ScaleOptions, steps, runs int, subjects bool, cpuProfile string) (ScaleRow, error) {
 	deps, k := so.Deployments, so.K
 	row := ScaleRow{Storage: storage, Tools: tools, Deployments: deps, K: k, Steps: steps, Runs: runs}
-	dir, err := os.MkdirTemp("", "toolbus-bench-scale-")
+	srv, stopServer, err := startServer(false)
 	if err != nil {
 		return row, err
 	}
-	defer os.RemoveAll(dir)
-	srv, err := embedded.Start(embedded.Config{Port: -1, StoreDir: dir})
-	if err != nil {
-		return row, err
-	}
-	defer srv.Stop()
+	defer stopServer()
 	st := &scaleStack{srv: srv, names: scaleTools(tools), trbl: newTrouble(), ended: make(chan string, runs+1)}
 	st.log = slog.New(st.trbl)
 	defer st.close()
