@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -74,14 +75,53 @@ func Serve(ctx context.Context, cons jetstream.Consumer, cfg Config, h Handler) 
 }
 
 // pullHeartbeat is how often the server tells an idle pull request of a consume loop
-// that it is alive; the client re-issues its pull after two missed ones. Under load a
-// loop's pull sometimes vanishes from the server while the client still counts on it
-// (seen at saturation: thousands of calls pending on a tool's queue, no pull waiting,
-// nothing delivered): the loop then stalls until the heartbeats are missed. With the
-// default (15 s, half the pull expiry) that was 30 s, a collapse of the throughput to a
-// few percent; with 5 s it is at most 10 s. An idle pull costs one heartbeat, server to
-// client, per period.
+// that it is alive; the client pulls again after two missed ones (10 s), the last resort
+// when a loop lost its pull (see stallSilence for the first). An idle pull costs one
+// heartbeat, server to client, per period.
 const pullHeartbeat = 5 * time.Second
+
+// A consume loop of nats.go (v1.55.0, jetstream.Consumer.Consume) can lose its pull: it
+// pulls again when its count of messages still due falls below half its batch, but
+// skips that check while its previous pull request is being published (fetchInProgress).
+// When the goroutine that publishes is descheduled long enough for the server to answer
+// that request and for the loop to handle every message it was owed (a busy machine at
+// saturation: seen within milliseconds), the count reaches zero while no check may pull,
+// and no further message comes to make one: the loop waits, the server holds no pull
+// for it, and the queue behind it stops until the missed heartbeats (2 x pullHeartbeat)
+// make the client pull again. That was the collapse of the bench at saturation (a run
+// at a few percent of the floor). The loops watch for it themselves: a loop that
+// handled at least stallBurst messages, then got nothing for stallSilence while it had
+// free slots, asks the server for its consumer's state (one request per such silence,
+// none while idle: the next check needs stallBurst new messages), and when no pull is
+// waiting there it starts a new consume loop on the consumer (the old one drains).
+const (
+	stallSilence = 500 * time.Millisecond
+	stallBurst   = 8
+)
+
+// PullObserver is implemented by an Observer that wants to know when a loop pulled again
+// because the server held no pull for it (a loop that would have stalled until its
+// heartbeats were missed).
+type PullObserver interface {
+	PullRestarted(consumer string)
+}
+
+// feed is one consumer of a ServeAll loop: its current consume context and what the
+// stall watch needs to know of it.
+type feed struct {
+	cons jetstream.Consumer
+	name string
+	mu   sync.Mutex // guards cc and stopped
+	cc   jetstream.ConsumeContext
+	// stopped is set when the loop ends: no consume context is started after it.
+	stopped bool
+	// inCallback counts the deliveries being handed to the pool (one at a time unless a
+	// drained context is still delivering), last is when one last entered or left
+	// (unix ns), burst counts the messages since the last check.
+	inCallback atomic.Int32
+	last       atomic.Int64
+	burst      atomic.Int64
+}
 
 // ServeAll is Serve over several consumers (an executor's tool queues) sharing one
 // concurrency limit. Each consumer buffers at most a fair share of the limit, so a
@@ -118,18 +158,31 @@ func ServeAll(ctx context.Context, consumers []jetstream.Consumer, cfg Config, h
 	var (
 		gate   sync.RWMutex
 		closed bool
+		busy   atomic.Int64 // handlers running: the pool has free slots while below Concurrency
 	)
 	share := max(1, cfg.Concurrency/len(consumers))
-	var running []jetstream.ConsumeContext
-	defer func() {
-		for _, cc := range running {
-			cc.Stop()
+	feeds := make([]*feed, 0, len(consumers))
+	stopAll := func() {
+		for _, f := range feeds {
+			f.mu.Lock()
+			f.stopped = true
+			if f.cc != nil {
+				f.cc.Stop()
+			}
+			f.mu.Unlock()
 		}
-	}()
-	for _, cons := range consumers {
-		name := cons.CachedInfo().Name
-		cc, err := cons.Consume(func(msg jetstream.Msg) {
+	}
+	defer stopAll()
+	start := func(f *feed) error {
+		cc, err := f.cons.Consume(func(msg jetstream.Msg) {
 			received := time.Now()
+			f.inCallback.Add(1)
+			f.last.Store(received.UnixNano())
+			f.burst.Add(1)
+			defer func() {
+				f.last.Store(time.Now().UnixNano())
+				f.inCallback.Add(-1)
+			}()
 			// A message delivered while the loop stops goes back at once: the pool
 			// takes no work once it is being waited on.
 			gate.RLock()
@@ -139,6 +192,8 @@ func ServeAll(ctx context.Context, consumers []jetstream.Consumer, cfg Config, h
 				return
 			}
 			p.Go(func() {
+				busy.Add(1)
+				defer busy.Add(-1)
 				if waited := time.Since(received); waited > cfg.MaxWait {
 					// Too old to trust: hand it back to be delivered again.
 					log.Debug("message waited too long for a slot, handed back", "subject", msg.Subject(), "waited", waited)
@@ -148,20 +203,43 @@ func ServeAll(ctx context.Context, consumers []jetstream.Consumer, cfg Config, h
 				dispatch(workCtx, log, obs, cfg.NakDelay, h, msg)
 			})
 		}, jetstream.PullMaxMessages(share), jetstream.PullHeartbeat(pullHeartbeat), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
-			log.Debug("consume " + name + ": " + err.Error())
+			log.Debug("consume " + f.name + ": " + err.Error())
 		}))
 		if err != nil {
 			return fmt.Errorf("consume: %w", err)
 		}
-		running = append(running, cc)
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		if f.stopped {
+			cc.Stop()
+			return nil
+		}
+		if f.cc != nil {
+			// Drain, not Stop: whatever the old context was delivered is still handled.
+			f.cc.Drain()
+		}
+		f.cc = cc
+		return nil
 	}
+	for i, cons := range consumers {
+		f := &feed{cons: cons, name: names[i]}
+		if err := start(f); err != nil {
+			return err
+		}
+		feeds = append(feeds, f)
+	}
+	watchCtx, stopWatch := context.WithCancel(ctx)
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		watchStalls(watchCtx, feeds, func() bool { return busy.Load() < int64(cfg.Concurrency) }, start, log, obs)
+	}()
 	obs.Serving(names)
 	defer obs.Stopped(names)
 	<-ctx.Done()
-	for _, cc := range running {
-		cc.Stop()
-	}
-	running = nil
+	stopWatch()
+	<-watched
+	stopAll()
 	done := make(chan struct{})
 	go func() {
 		gate.Lock() // waits for a callback blocked on a full pool: the grace below covers it
@@ -178,6 +256,55 @@ func ServeAll(ctx context.Context, consumers []jetstream.Consumer, cfg Config, h
 		<-done
 	}
 	return nil
+}
+
+// watchStalls checks, every half stallSilence until ctx ends, whether a feed that was
+// busy went silent while the pool has free slots (see stallSilence), and then whether
+// the server still holds a pull for it; when it holds none, it starts the feed again.
+func watchStalls(ctx context.Context, feeds []*feed, freeSlots func() bool, start func(*feed) error, log *slog.Logger, obs Observer) {
+	t := time.NewTicker(stallSilence / 2)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		now := time.Now().UnixNano()
+		for _, f := range feeds {
+			if f.burst.Load() < stallBurst || f.inCallback.Load() > 0 || now-f.last.Load() < int64(stallSilence) || !freeSlots() {
+				continue
+			}
+			f.burst.Store(0)
+			ictx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			ci, err := f.cons.Info(ictx)
+			cancel()
+			if err != nil {
+				if ctx.Err() != nil {
+					return
+				}
+				// Look again at the next tick (a consumer being re-created, a slow
+				// server); a consumer that is gone for good stops the checks soon
+				// enough: its loop gets no message to re-arm them.
+				log.Debug("consume "+f.name+": consumer state unknown", "error", err)
+				if !errors.Is(err, jetstream.ErrConsumerNotFound) {
+					f.burst.Store(stallBurst)
+				}
+				continue
+			}
+			if ci.NumWaiting > 0 {
+				continue // a pull waits (this loop's, or another process's on a shared queue)
+			}
+			log.Warn("consume: the server holds no pull for this loop, pulling again", "consumer", f.name, "pending", ci.NumPending)
+			if po, ok := obs.(PullObserver); ok {
+				po.PullRestarted(f.name)
+			}
+			if err := start(f); err != nil {
+				log.Warn("consume: pulling again failed", "consumer", f.name, "error", err)
+				f.burst.Store(stallBurst) // try again at the next tick
+			}
+		}
+	}
 }
 
 func dispatch(ctx context.Context, log *slog.Logger, obs Observer, nakDelay time.Duration, h Handler, msg jetstream.Msg) {

@@ -1,0 +1,7 @@
+package consume
+
+// The stall watch's thresholds, for the tests that drive it.
+const (
+	StallBurst   = stallBurst
+	StallSilence = stallSilence
+)
