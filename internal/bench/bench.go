@@ -75,6 +75,66 @@ type Row struct {
 	Redelivered      int64  `json:"toolbus_redelivered"`
 	FloorRedelivered int64  `json:"floor_redelivered"`
 	Trouble          string `json:"toolbus_trouble,omitempty"`
+	// Stalls counts the 3 s windows of the toolbus case in which no run ended, and
+	// PullRestarts the pulls the consume loops made again because the server held
+	// none for them (events/consume): a collapse shows in either.
+	Stalls       int64 `json:"toolbus_stalls"`
+	PullRestarts int64 `json:"toolbus_pull_restarts"`
+	// Repeat numbers the measurement of this row (1..Options.Repeat) when it is
+	// measured several times in a row; 0 when once.
+	Repeat int `json:"repeat,omitempty"`
+}
+
+// SpreadRow is what several measurements in a row of one row (Options.Repeat) spread
+// over: the slowest and the fastest calls/s of the saturated case and their ratio, and
+// per measurement the stalls, pull restarts and redeliveries.
+type SpreadRow struct {
+	Storage      string  `json:"storage"`
+	Durability   string  `json:"durability"`
+	K            int     `json:"calls_per_step"`
+	Measurements int     `json:"measurements"`
+	MinCallsPS   float64 `json:"min_calls_per_s"`
+	MaxCallsPS   float64 `json:"max_calls_per_s"`
+	MaxOverMin   float64 `json:"max_over_min"`
+	// MinXFloor and MaxXFloor are the extremes of toolbus calls/s over the floor's of the
+	// same measurement (less sensitive to the load of a shared machine).
+	MinXFloor    float64 `json:"min_throughput_over_floor"`
+	MaxXFloor    float64 `json:"max_throughput_over_floor"`
+	Stalls       []int64 `json:"stalls"`
+	PullRestarts []int64 `json:"pull_restarts"`
+	Redelivered  []int64 `json:"redelivered"`
+}
+
+// Spread computes the spread of every row measured more than once in rows.
+func Spread(rows []Row) []SpreadRow {
+	var out []SpreadRow
+	idx := map[string]int{}
+	for _, r := range rows {
+		if r.Repeat == 0 {
+			continue
+		}
+		key := fmt.Sprintf("%s/%s/%d", r.Storage, r.Durability, r.K)
+		i, ok := idx[key]
+		if !ok {
+			i = len(out)
+			idx[key] = i
+			out = append(out, SpreadRow{Storage: r.Storage, Durability: r.Durability, K: r.K,
+				MinCallsPS: r.ToolbusCallsPS, MaxCallsPS: r.ToolbusCallsPS, MinXFloor: r.ThroughputVFloor, MaxXFloor: r.ThroughputVFloor})
+		}
+		sp := &out[i]
+		sp.Measurements++
+		sp.MinCallsPS, sp.MaxCallsPS = min(sp.MinCallsPS, r.ToolbusCallsPS), max(sp.MaxCallsPS, r.ToolbusCallsPS)
+		sp.MinXFloor, sp.MaxXFloor = min(sp.MinXFloor, r.ThroughputVFloor), max(sp.MaxXFloor, r.ThroughputVFloor)
+		sp.Stalls = append(sp.Stalls, r.Stalls)
+		sp.PullRestarts = append(sp.PullRestarts, r.PullRestarts)
+		sp.Redelivered = append(sp.Redelivered, r.Redelivered)
+	}
+	for i := range out {
+		if out[i].MinCallsPS > 0 {
+			out[i].MaxOverMin = out[i].MaxCallsPS / out[i].MinCallsPS
+		}
+	}
+	return out
 }
 
 // LongRow is one line of the long-run table: the step latency at the start and at the
@@ -100,6 +160,8 @@ type Report struct {
 	Rows    []Row      `json:"rows"`
 	Long    []LongRow  `json:"long_runs,omitempty"`
 	Scale   []ScaleRow `json:"scale,omitempty"`
+	// Spread summarizes the rows measured several times in a row (Options.Repeat).
+	Spread []SpreadRow `json:"spread,omitempty"`
 }
 
 // Options are what a benchmark measures (the flags of toolbus bench).
@@ -133,6 +195,9 @@ type Options struct {
 	// Diag counts the workers' debug records too (handed-back messages, consume errors),
 	// at some CPU cost.
 	Diag bool
+	// Repeat measures each row this many times in a row (0 or 1: once); the report
+	// then has a row per measurement and their spread.
+	Repeat int
 	// Progress receives a line per row done (nil: none).
 	Progress io.Writer
 }
@@ -141,6 +206,9 @@ type Options struct {
 func (o Options) Validate() error {
 	if o.Steps < 2 {
 		return errors.New("bench: -steps must be at least 2")
+	}
+	if o.Repeat < 0 {
+		return errors.New("bench: -repeat must be at least 1")
 	}
 	if o.LongSteps != 0 && (o.LongSteps < 20 || o.LongK < 1) {
 		return errors.New("bench: -long-steps must be 0 or at least 20, -long-k at least 1")
@@ -184,19 +252,33 @@ func Run(ctx context.Context, opts Options) (Report, error) {
 			combos = append(combos, combo{storage, mode})
 		}
 	}
+	repeat := max(1, opts.Repeat)
 	for _, c := range combos {
 		for _, k := range opts.K {
-			prof := opts.CPUProfile
-			if prof != "" && len(combos)*len(opts.K) > 1 {
-				ext := filepath.Ext(prof)
-				prof = fmt.Sprintf("%s-%s-%s-k%d%s", strings.TrimSuffix(prof, ext), c.storage, c.mode, k, ext)
+			for r := range repeat {
+				prof := opts.CPUProfile
+				if prof != "" && len(combos)*len(opts.K)*repeat > 1 {
+					ext := filepath.Ext(prof)
+					suffix := ""
+					if repeat > 1 {
+						suffix = fmt.Sprintf("-r%d", r+1)
+					}
+					prof = fmt.Sprintf("%s-%s-%s-k%d%s%s", strings.TrimSuffix(prof, ext), c.storage, c.mode, k, suffix, ext)
+				}
+				row, err := benchOne(ctx, c.storage, c.mode, k, opts, prof)
+				if repeat > 1 {
+					row.Repeat = r + 1
+				}
+				if err != nil {
+					return rep, err
+				}
+				rep.Rows = append(rep.Rows, row)
+				if repeat > 1 {
+					fmt.Fprintf(progress, "bench: %s %s K=%d done (%d of %d: %.0f calls/s)\n", row.Storage, row.Durability, k, r+1, repeat, row.ToolbusCallsPS)
+				} else {
+					fmt.Fprintf(progress, "bench: %s %s K=%d done\n", row.Storage, row.Durability, k)
+				}
 			}
-			row, err := benchOne(ctx, c.storage, c.mode, k, opts, prof)
-			if err != nil {
-				return rep, err
-			}
-			rep.Rows = append(rep.Rows, row)
-			fmt.Fprintf(progress, "bench: %s %s K=%d done\n", row.Storage, row.Durability, k)
 		}
 		if opts.LongSteps > 0 {
 			lr, err := benchLong(ctx, c.storage, c.mode, opts.LongK, opts.LongSteps, 3)
@@ -207,6 +289,7 @@ func Run(ctx context.Context, opts Options) (Report, error) {
 			fmt.Fprintf(progress, "bench: %s %s long runs of %d steps done\n", c.storage, c.mode, opts.LongSteps)
 		}
 	}
+	rep.Spread = Spread(rep.Rows)
 	for _, storage := range opts.Storages {
 		for _, n := range opts.Scale.Tools {
 			prof := opts.CPUProfile
@@ -242,13 +325,18 @@ func Print(out io.Writer, rep Report) {
 	}
 	tw.Flush()
 	for _, r := range rep.Rows {
+		name := fmt.Sprintf("%s %s K=%d", r.Storage, r.Durability, r.K)
+		if r.Repeat > 0 {
+			name += fmt.Sprintf(" (%d)", r.Repeat)
+		}
 		if r.Trouble != "" {
-			fmt.Fprintf(out, "%s %s K=%d: %s\n", r.Storage, r.Durability, r.K, r.Trouble)
+			fmt.Fprintf(out, "%s: %s\n", name, r.Trouble)
 		}
 		if r.FloorRedelivered > 0 {
-			fmt.Fprintf(out, "%s %s K=%d: floor redelivered %d\n", r.Storage, r.Durability, r.K, r.FloorRedelivered)
+			fmt.Fprintf(out, "%s: floor redelivered %d\n", name, r.FloorRedelivered)
 		}
 	}
+	printSpread(out, rep.Spread)
 	printSubjects(out, rep)
 	printScale(out, rep.Scale)
 	if len(rep.Long) == 0 {
@@ -261,6 +349,30 @@ func Print(out io.Writer, rep Report) {
 		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%.3f\t%.3f\t%.2f\t\n", r.Storage, r.Durability, r.K, r.Steps, r.Runs, r.FirstP50MS, r.LastP50MS, r.LastVFirst)
 	}
 	tw.Flush()
+}
+
+// printSpread writes the spread of the rows measured several times in a row.
+func printSpread(out io.Writer, spread []SpreadRow) {
+	if len(spread) == 0 {
+		return
+	}
+	fmt.Fprintln(out)
+	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "spread\tdurability\tK\tn\tmin calls/s\tmax calls/s\tmax/min\tx floor min\tx floor max\tstalls\tpull restarts\tredelivered\t")
+	for _, s := range spread {
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%.0f\t%.0f\t%.2f\t%.2f\t%.2f\t%s\t%s\t%s\t\n", s.Storage, s.Durability, s.K, s.Measurements,
+			s.MinCallsPS, s.MaxCallsPS, s.MaxOverMin, s.MinXFloor, s.MaxXFloor, joinInts(s.Stalls), joinInts(s.PullRestarts), joinInts(s.Redelivered))
+	}
+	tw.Flush()
+}
+
+// joinInts writes counts per measurement as 0/2/0.
+func joinInts(v []int64) string {
+	parts := make([]string, len(v))
+	for i, n := range v {
+		parts[i] = strconv.FormatInt(n, 10)
+	}
+	return strings.Join(parts, "/")
 }
 
 // startServer starts an embedded server on a store directory of its own (fsync on
@@ -300,6 +412,7 @@ func benchOne(ctx context.Context, storage, durability string, k int, opts Optio
 	trbl.debug = opts.Diag
 	lat, tput, cpu, err := benchToolbus(ctx, srv, memory, k, steps, latRuns, runs, cpuProfile, trbl)
 	row.Redelivered, row.Trouble = trbl.summary()
+	row.Stalls, row.PullRestarts = trbl.stalls.Load(), trbl.restarts.Load()
 	if subj != nil {
 		row.Subjects = subj.stop(float64((runs + latRuns + 1) * (steps - 1) * k))
 	}
@@ -504,6 +617,7 @@ func (st *benchStack) wait(n int) error {
 			i++
 			stalled.Reset(3 * time.Second)
 		case <-stalled.C:
+			st.trbl.stalls.Add(1)
 			if st.trbl.debug {
 				st.trbl.note("stalled 3 s: " + st.consumers())
 			}

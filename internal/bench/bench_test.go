@@ -20,6 +20,7 @@ func TestOptionsValidate(t *testing.T) {
 		"long runs, no K":    func(o *Options) { o.LongSteps, o.LongK = 20, 0 },
 		"K of 0":             func(o *Options) { o.K = []int{1, 0} },
 		"unknown durability": func(o *Options) { o.Durabilities = []string{"sometimes"} },
+		"negative repeat":    func(o *Options) { o.Repeat = -1 },
 	} {
 		o := good
 		mod(&o)
@@ -52,6 +53,49 @@ func TestRunSmall(t *testing.T) {
 	Print(&out, rep)
 	if !strings.Contains(out.String(), "memory") {
 		t.Fatalf("table:\n%s", out.String())
+	}
+}
+
+// -repeat measures each row that many times in a row and reports their spread.
+func TestRunRepeat(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs the pipeline")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	rep, err := Run(ctx, Options{K: []int{1}, Steps: 2, LatencyRuns: 1, Runs: 4, Storages: []string{"memory"}, Durabilities: []string{"default"}, Repeat: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Rows) != 2 || rep.Rows[0].Repeat != 1 || rep.Rows[1].Repeat != 2 {
+		t.Fatalf("rows %+v, want the row twice, numbered 1 and 2", rep.Rows)
+	}
+	if len(rep.Spread) != 1 || rep.Spread[0].Measurements != 2 || rep.Spread[0].MinCallsPS <= 0 || rep.Spread[0].MaxOverMin < 1 || len(rep.Spread[0].Stalls) != 2 {
+		t.Fatalf("spread %+v", rep.Spread)
+	}
+	var out bytes.Buffer
+	Print(&out, rep)
+	if !strings.Contains(out.String(), "max/min") {
+		t.Fatalf("table:\n%s", out.String())
+	}
+}
+
+// Spread takes the extremes of each row's measurements and lists the trouble of each.
+func TestSpread(t *testing.T) {
+	row := func(k, repeat int, callsPS, xFloor float64, stalls int64) Row {
+		return Row{Storage: "file", Durability: "default", K: k, Repeat: repeat, ToolbusCallsPS: callsPS, ThroughputVFloor: xFloor, Stalls: stalls}
+	}
+	got := Spread([]Row{row(16, 1, 3000, 0.3, 0), row(16, 2, 400, 0.04, 5), row(16, 3, 2800, 0.28, 0), row(4, 1, 1000, 0.2, 0), row(1, 0, 9, 9, 9)})
+	if len(got) != 2 {
+		t.Fatalf("%d spread rows, want 2 (a row measured once has none): %+v", len(got), got)
+	}
+	s := got[0]
+	if s.K != 16 || s.Measurements != 3 || s.MinCallsPS != 400 || s.MaxCallsPS != 3000 || s.MaxOverMin != 7.5 ||
+		s.MinXFloor != 0.04 || s.MaxXFloor != 0.3 || joinInts(s.Stalls) != "0/5/0" {
+		t.Fatalf("spread %+v", s)
+	}
+	if got[1].K != 4 || got[1].MaxOverMin != 1 {
+		t.Fatalf("spread %+v", got[1])
 	}
 }
 

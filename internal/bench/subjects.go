@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"text/tabwriter"
 
 	"github.com/nats-io/nats.go"
@@ -162,6 +163,9 @@ type trouble struct {
 	mu    sync.Mutex
 	redel map[string]int64
 	warns map[string]int64
+	// stalls counts the 3 s windows in which no run ended, restarts the pulls made
+	// again by the consume loops (consume.PullObserver).
+	stalls, restarts atomic.Int64
 }
 
 func newTrouble() *trouble { return &trouble{redel: map[string]int64{}, warns: map[string]int64{}} }
@@ -173,6 +177,7 @@ func (t *trouble) Redelivered(consumer string) {
 	t.redel[consumerKind(consumer)]++
 	t.mu.Unlock()
 }
+func (t *trouble) PullRestarted(string) { t.restarts.Add(1) }
 func (t *trouble) Terminated(consumer string) {
 	t.mu.Lock()
 	t.warns["terminated on "+consumerKind(consumer)]++
