@@ -93,7 +93,8 @@ const pullHeartbeat = 5 * time.Second
 // handled at least stallBurst messages, then got nothing for stallSilence while it had
 // free slots, asks the server for its consumer's state (one request per such silence,
 // none while idle: the next check needs stallBurst new messages), and when no pull is
-// waiting there it starts a new consume loop on the consumer (the old one drains).
+// waiting there and the server delivered nothing during the silence (so nothing is on
+// its way to the loop) it starts a new consume loop on the consumer (the old one drains).
 const (
 	stallSilence = 500 * time.Millisecond
 	stallBurst   = 8
@@ -294,6 +295,15 @@ func watchStalls(ctx context.Context, feeds []*feed, freeSlots func() bool, star
 			}
 			if ci.NumWaiting > 0 {
 				continue // a pull waits (this loop's, or another process's on a shared queue)
+			}
+			if last := ci.Delivered.Last; last != nil && ci.TimeStamp.Sub(*last) < stallSilence {
+				// The server delivered during the silence (both times are its own): the
+				// loop's last pulls were just filled and their messages are on their way
+				// (or another process took them). Not a stall; look again after a
+				// silence from now.
+				f.last.Store(time.Now().UnixNano())
+				f.burst.Store(stallBurst)
+				continue
 			}
 			log.Warn("consume: the server holds no pull for this loop, pulling again", "consumer", f.name, "pending", ci.NumPending)
 			if po, ok := obs.(PullObserver); ok {
