@@ -310,6 +310,11 @@ func (in *Injector) dispatch(ctx context.Context, msg jetstream.Msg) error {
 		if err != nil {
 			return fmt.Errorf("injector: metadata of %s: %w", msg.Subject(), err)
 		}
+		// A run.started the stream stored as its run's first message needs no read to
+		// know it is the first run.started.
+		if toolbus.ValidRunID(d.RunID) && in.bus.StartedFirst(*d, md.Sequence.Stream, md.Timestamp, msg.Headers()) {
+			return in.started(ctx, *d)
+		}
 		return in.Started(ctx, *d, md.Sequence.Stream)
 	}
 	return fmt.Errorf("%w: unexpected event type %q on %s", events.ErrPoison, ev.Type, msg.Subject())
@@ -339,6 +344,11 @@ func (in *Injector) Started(ctx context.Context, rs toolbus.RunStarted, seq uint
 		return fmt.Errorf("%w: run %s already exists (started by the run.started at sequence %d): this later run.started changes nothing",
 			events.ErrPoison, rs.RunID, first)
 	}
+	return in.started(ctx, rs)
+}
+
+// started starts a run whose run.started is known to be its first.
+func (in *Injector) started(ctx context.Context, rs toolbus.RunStarted) error {
 	created, err := in.bus.Store().CreateRunState(ctx, rs.RunID, rs.StartedAt)
 	if err != nil {
 		return err
