@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
@@ -368,6 +370,18 @@ func TestRunIDIsNeverReused(t *testing.T) {
 		if err != nil || ack.Duplicate {
 			t.Fatalf("direct publish %s: %+v %v", id, ack, err)
 		}
+	}
+	// And one carrying a condition the stream checked, over its own subject only (empty
+	// before it): it says nothing of the run, and is terminated too.
+	forged := events.RunStartedEvent("/forger", toolbus.RunStarted{RunID: "once-1", Principal: toolbus.Principal{ID: "forger"}})
+	msg, err := events.Encode(forged.Subject, forged.Meta, forged.Data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg.Header.Set("Nats-Expected-Last-Subject-Sequence", "0")
+	msg.Header.Set("Nats-Expected-Last-Subject-Sequence-Subject", forged.Subject)
+	if _, err := s.bus.JetStream().PublishMsg(s.ctx, msg, jetstream.WithMsgID("forged/conditional")); err != nil {
+		t.Fatalf("direct conditional publish: %v", err)
 	}
 	s.waitIdle("injector-started")
 	s.waitIdle("planner")

@@ -171,6 +171,8 @@ func (b *Bus) publishGuarded(ctx context.Context, msg *nats.Msg, m Meta, attempt
 	// A message id nobody can know before it is stored (so nobody can squat it), which
 	// the contract still finds in the header; the guard, not the id, keeps it unique.
 	guarded.Header.Set(HeaderMsgID, m.ID+GuardedIDSeparator+nuid.Next())
+	// The guard is the event's own subject, whatever condition msg was published with.
+	guarded.Header.Del(headerExpectedLastSubjSeqSubj)
 	guarded.Data = msg.Data
 	var last uint64
 	for try := 0; try < maxGuardedAttempts; try++ {

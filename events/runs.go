@@ -16,11 +16,27 @@ import (
 // one run forever.
 var ErrRunExists = errors.New("events: run id already exists")
 
+// headerExpectedLastSubjSeqSubj names the subject, wildcards allowed, whose last sequence
+// Nats-Expected-Last-Subject-Sequence checks instead of the message's own subject.
+const headerExpectedLastSubjSeqSubj = "Nats-Expected-Last-Subject-Sequence-Subject"
+
+// errRunHasMessages: a run.started published as the first message of its run was not
+// stored so (the run's subjects hold a message, or its id was taken): StartRun decides
+// by reading.
+var errRunHasMessages = errors.New("events: the run's subjects hold a message")
+
 // StartRun submits a run: it publishes run.started, and nothing else. The injector that
-// consumes the first run.started of a run id records the run and asks for step 0. An id
-// that already has a run.started on the stream is refused with ErrRunExists before
-// anything is published, and a publish the stream reports as a duplicate (a concurrent
-// submission of the same id) is refused the same way.
+// consumes the first run.started of a run id records the run and asks for step 0.
+//
+// A new run id costs one publish: the run.started is published on condition that no
+// message of the run exists (Nats-Expected-Last-Subject-Sequence 0 over
+// toolbus.<run>.>), so the server stores it only as the run's first message, and of
+// two concurrent submissions of one id it stores one. When the condition fails, the
+// run's subjects are read as before: an id that already has a run.started is refused
+// with ErrRunExists and nothing is published; messages of the run that are no
+// run.started of it (forgeries, which consumers terminate) do not keep the id from
+// starting, and a publish the stream reports as a duplicate (a concurrent submission)
+// is refused the same way.
 func (b *Bus) StartRun(ctx context.Context, source string, rs toolbus.RunStarted) error {
 	if !toolbus.ValidRunID(rs.RunID) {
 		return fmt.Errorf("events: invalid run id %q: use 1-128 of [A-Za-z0-9_-]", rs.RunID)
@@ -33,15 +49,28 @@ func (b *Bus) StartRun(ctx context.Context, source string, rs toolbus.RunStarted
 			return fmt.Errorf("events: invalid tool name %q in allowed tools", t)
 		}
 	}
+	if rs.StartedAt.IsZero() {
+		rs.StartedAt = time.Now().UTC()
+	}
+	e := RunStartedEvent(source, rs)
+	seq, err := b.publishFirstOfRun(ctx, e)
+	switch {
+	case err == nil && b.attestsFirst():
+		return nil
+	case err == nil:
+		// A replicated stream checks the condition before its proposals are applied, so
+		// a message still in flight on another subject of the run is not seen: read
+		// which run.started is the first.
+		return b.checkFirstRunStarted(ctx, rs.RunID, seq)
+	case !errors.Is(err, errRunHasMessages):
+		return err
+	}
 	if _, _, err := b.firstRunStarted(ctx, rs.RunID); err == nil {
 		return fmt.Errorf("%w: %s", ErrRunExists, rs.RunID)
 	} else if !errors.Is(err, ErrRunNotFound) {
 		return err
 	}
-	if rs.StartedAt.IsZero() {
-		rs.StartedAt = time.Now().UTC()
-	}
-	ack, err := b.PublishEvent(ctx, RunStartedEvent(source, rs))
+	ack, err := b.PublishEvent(ctx, e)
 	if err != nil {
 		return err
 	}
@@ -50,10 +79,85 @@ func (b *Bus) StartRun(ctx context.Context, source string, rs toolbus.RunStarted
 	}
 	// A concurrent submission for another principal is on another subject, so the
 	// stream stores both; only the first one starts the run.
-	if _, seq, err := b.firstRunStarted(ctx, rs.RunID); err == nil && seq != ack.Sequence {
-		return fmt.Errorf("%w: %s (submitted concurrently)", ErrRunExists, rs.RunID)
+	return b.checkFirstRunStarted(ctx, rs.RunID, ack.Sequence)
+}
+
+// checkFirstRunStarted returns ErrRunExists unless the run.started stored at seq is the
+// run's first.
+func (b *Bus) checkFirstRunStarted(ctx context.Context, run string, seq uint64) error {
+	if _, first, err := b.firstRunStarted(ctx, run); err == nil && first != seq {
+		return fmt.Errorf("%w: %s (submitted concurrently)", ErrRunExists, run)
 	}
 	return nil
+}
+
+// publishFirstOfRun publishes a run.started on condition that no message of its run is
+// stored, and returns its sequence. errRunHasMessages when the condition failed, or the
+// stream reported the id as a duplicate (taken by a message on another subject, as no
+// message of the run exists).
+func (b *Bus) publishFirstOfRun(ctx context.Context, e Envelope) (uint64, error) {
+	msg, err := Encode(e.Subject, e.Meta, e.Data)
+	if err != nil {
+		return 0, err
+	}
+	InjectTrace(ctx, msg.Header)
+	msg.Header.Set(headerExpectedLastSubjSeq, "0")
+	msg.Header.Set(headerExpectedLastSubjSeqSubj, SubjectRun(e.Meta.RunID))
+	ack, err := b.js.PublishMsg(ctx, msg, jetstream.WithMsgID(e.Meta.ID))
+	switch {
+	case wrongLastSequence(err):
+		return 0, errRunHasMessages
+	case err != nil:
+		return 0, fmt.Errorf("events: publish %s: %w", e.Meta.ID, err)
+	case ack.Duplicate:
+		return 0, errRunHasMessages
+	}
+	return ack.Sequence, nil
+}
+
+// attestsFirst reports whether a stored message that carries the condition of
+// publishFirstOfRun was the first message of its run when the stream stored it: the
+// stream checks such a condition atomically with the write when it has one replica and
+// takes no batch publishes (a replicated stream, or a batch, checks it before earlier
+// messages in flight are applied). Decided from the stream's configuration as read when
+// the bus was opened.
+func (b *Bus) attestsFirst() bool {
+	c := b.stream.CachedInfo().Config
+	return c.Replicas <= 1 && !c.AllowAtomicPublish && !c.AllowBatchPublish
+}
+
+// FirstOfRun reports whether the stream attests that the stored message with headers h
+// was the first message of run: it carries the condition StartRun publishes a new run
+// with (Nats-Expected-Last-Subject-Sequence 0 over toolbus.<run>.>, exactly once each),
+// which the stream checked when it stored it (attestsFirst). Any publisher may send
+// these headers, but the stream stores such a message only when the condition holds;
+// a mirror or a source drops them.
+func (b *Bus) FirstOfRun(h nats.Header, run string) bool {
+	seq, subj := h.Values(headerExpectedLastSubjSeq), h.Values(headerExpectedLastSubjSeqSubj)
+	return len(seq) == 1 && seq[0] == "0" && len(subj) == 1 && subj[0] == SubjectRun(run) && b.attestsFirst()
+}
+
+// StartedFirst takes a run.started a consumer received (its data, checked against its
+// subject, stream sequence, stored time and headers) as the run's first without reading
+// the stream, when the stream attests that it was the run's first message (FirstOfRun):
+// it caches it for RunStarted and returns true. Otherwise it returns false and the
+// caller reads (RunStartedSeq).
+func (b *Bus) StartedFirst(rs toolbus.RunStarted, seq uint64, stored time.Time, h nats.Header) bool {
+	if !b.FirstOfRun(h, rs.RunID) {
+		return false
+	}
+	b.cacheRun(rs.RunID, startedAt(&rs, stored), seq)
+	return true
+}
+
+// startedAt returns rs with its start no later than the time the stream stored it: a
+// run cannot start after the stream stored its start, and a client-chosen start in the
+// future would push the deadline cap (MaxRunTimeout, from the start) with it.
+func startedAt(rs *toolbus.RunStarted, stored time.Time) *toolbus.RunStarted {
+	if !stored.IsZero() && (rs.StartedAt.IsZero() || rs.StartedAt.After(stored)) {
+		rs.StartedAt = stored.UTC()
+	}
+	return rs
 }
 
 // RunStarted returns the run.started data of a run: the FIRST run.started on its subject
@@ -76,13 +180,18 @@ func (b *Bus) RunStartedAt(ctx context.Context, run string) (*toolbus.RunStarted
 	if err != nil {
 		return nil, 0, err
 	}
+	b.cacheRun(run, rs, seq)
+	return rs, seq, nil
+}
+
+// cacheRun remembers the first run.started of a run: it never changes.
+func (b *Bus) cacheRun(run string, rs *toolbus.RunStarted, seq uint64) {
 	b.mu.Lock()
+	defer b.mu.Unlock()
 	if len(b.runCache) > 10000 {
 		clear(b.runCache) // a bounded cache; entries are cheap to reload
 	}
 	b.runCache[run] = cachedRun{rs: rs, seq: seq}
-	b.mu.Unlock()
-	return rs, seq, nil
 }
 
 // RunStartedSeq returns the stream sequence of the first run.started of a run: the only
@@ -137,7 +246,11 @@ func (b *Bus) EndRun(ctx context.Context, source string, step int, ended toolbus
 // PublishOutcome publishes the outcome event recorded in a run state (the second half of
 // EndRun). It publishes nothing when the stream already holds that very event, so an
 // outcome republished after a crash reaches the stream once even past the duplicate
-// window.
+// window. A terminal outcome (one per run: the run state records the first and never
+// leaves it) is published on condition that its subject holds no message
+// (Nats-Expected-Last-Subject-Sequence 0): the common case costs one publish; only
+// when the subject holds a message (the outcome published before, or a forgery there)
+// is it read, as a waiting_for_approval's always is (a run may wait several times).
 func (b *Bus) PublishOutcome(ctx context.Context, source string, st store.RunState) error {
 	ended := st.Ended
 	if ended == nil {
@@ -148,11 +261,43 @@ func (b *Bus) PublishOutcome(ctx context.Context, source string, st store.RunSta
 		ended = &toolbus.RunEnded{RunID: st.RunID, Status: st.Status, Code: st.Code, Reason: st.Reason, StepsUsed: st.Step + 1}
 	}
 	e := RunEndedEvent(source, st.Step, *ended)
+	if ended.Status.Terminal() {
+		if err := b.publishOnEmptySubject(ctx, e); !errors.Is(err, errSubjectTaken) {
+			return err
+		}
+	}
 	if raw, err := b.stream.GetLastMsgForSubject(ctx, e.Subject); err == nil && sameEvent(raw, e.Subject, e.Meta, 0) {
 		return nil
 	}
 	_, err := b.PublishEvent(ctx, e)
 	return err
+}
+
+// errSubjectTaken: an event published on condition that its subject is empty was not
+// stored: the subject holds a message.
+var errSubjectTaken = errors.New("events: the subject holds a message")
+
+// publishOnEmptySubject publishes e on condition that its subject holds no message;
+// errSubjectTaken when it does. A duplicate acknowledgement (its id taken on another
+// subject, as its own is empty) is settled as every publish's is.
+func (b *Bus) publishOnEmptySubject(ctx context.Context, e Envelope) error {
+	msg, err := Encode(e.Subject, e.Meta, e.Data)
+	if err != nil {
+		return err
+	}
+	InjectTrace(ctx, msg.Header)
+	msg.Header.Set(headerExpectedLastSubjSeq, "0")
+	ack, err := b.js.PublishMsg(ctx, msg, jetstream.WithMsgID(e.Meta.ID))
+	switch {
+	case wrongLastSequence(err):
+		return errSubjectTaken
+	case err != nil:
+		return fmt.Errorf("events: publish %s: %w", e.Meta.ID, err)
+	case ack.Duplicate:
+		_, err = b.settleDuplicate(ctx, msg, ack)
+		return err
+	}
+	return nil
 }
 
 // PublishApproval publishes a person's (or a service's) decision on a call that waits

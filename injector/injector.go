@@ -310,6 +310,11 @@ func (in *Injector) dispatch(ctx context.Context, msg jetstream.Msg) error {
 		if err != nil {
 			return fmt.Errorf("injector: metadata of %s: %w", msg.Subject(), err)
 		}
+		// A run.started the stream stored as its run's first message needs no read to
+		// know it is the first run.started.
+		if toolbus.ValidRunID(d.RunID) && in.bus.StartedFirst(*d, md.Sequence.Stream, md.Timestamp, msg.Headers()) {
+			return in.started(ctx, *d)
+		}
 		return in.Started(ctx, *d, md.Sequence.Stream)
 	}
 	return fmt.Errorf("%w: unexpected event type %q on %s", events.ErrPoison, ev.Type, msg.Subject())
@@ -339,6 +344,11 @@ func (in *Injector) Started(ctx context.Context, rs toolbus.RunStarted, seq uint
 		return fmt.Errorf("%w: run %s already exists (started by the run.started at sequence %d): this later run.started changes nothing",
 			events.ErrPoison, rs.RunID, first)
 	}
+	return in.started(ctx, rs)
+}
+
+// started starts a run whose run.started is known to be its first.
+func (in *Injector) started(ctx context.Context, rs toolbus.RunStarted) error {
 	created, err := in.bus.Store().CreateRunState(ctx, rs.RunID, rs.StartedAt)
 	if err != nil {
 		return err
@@ -408,10 +418,12 @@ func (in *Injector) stepCalls(ctx context.Context, run string, step int) ([]tool
 }
 
 // Finished joins one result. The result must match its call in the step's recorded
-// assistant message. It is stored under its own key, where the first result stands; a
-// duplicate changes nothing (but re-drives the step's decision, in case a crash
-// interrupted it), and a duplicate whose content differs is reported as poison
-// (terminated with the reason).
+// assistant message. It is kept inline in the step's join state, written by the
+// compare-and-set that marks it received; one too large for the state's inline budget
+// is first stored under its own key (where the first result stands), then marked. The
+// first result the join state marks stands: a duplicate changes nothing (but re-drives
+// the step's decision, in case a crash interrupted it), and a duplicate whose content
+// differs is reported as poison (terminated with the reason).
 func (in *Injector) Finished(ctx context.Context, tf toolbus.ToolFinished) error {
 	if err := validPosition(tf.RunID, tf.Step, tf.CallIndex, tf.CallCount); err != nil {
 		return err
@@ -423,17 +435,63 @@ func (in *Injector) Finished(ctx context.Context, tf toolbus.ToolFinished) error
 		return err
 	}
 	res := tf.ToolResult
-	stored, _, err := in.bus.Store().PutResult(ctx, tf.RunID, tf.Step, tf.CallIndex, res)
-	if err != nil {
+	res.Output = nil
+	id, idx := stepID(tf.RunID, tf.Step), tf.CallIndex
+	raw := store.EncodeResult(res)
+	budget := in.bus.Store().InlineBudget()
+	// What the last application of the change found (a change is applied again when its
+	// compare-and-set loses): the call's result already marked (prev), or no room.
+	var (
+		prev *store.StepState
+		full bool
+	)
+	join := func(st *store.StepState) bool {
+		prev, full = nil, false
+		if st.Received.Has(idx) {
+			prev = st.Clone()
+			return false
+		}
+		joined, noRoom := st.JoinInline(idx, raw, budget)
+		full = noRoom
+		return joined
+	}
+	if len(raw) > store.InlineResultMax {
+		full = true // never inline: no round for it
+	} else if err := in.update(ctx, tf.RunID, tf.Step, tf.CallCount, join); err != nil {
 		return err
 	}
-	in.results.put(stepID(tf.RunID, tf.Step), tf.CallIndex, stored)
-	// Whoever stored the result, the join state must count it (the writer may have died
-	// before it did).
-	if err := in.update(ctx, tf.RunID, tf.Step, tf.CallCount, func(st *store.StepState) bool {
-		return st.Received.Set(tf.CallIndex)
-	}); err != nil {
-		return err
+	stored := res
+	switch {
+	case full:
+		// Overflow: under its own key first (the first there stands), then marked, so
+		// a reader that sees the mark finds the key.
+		var err error
+		if stored, _, err = in.bus.Store().PutResult(ctx, tf.RunID, tf.Step, idx, res); err != nil {
+			return err
+		}
+		mark := func(st *store.StepState) bool {
+			prev = nil
+			if st.Received.Has(idx) {
+				prev = st.Clone()
+				return false
+			}
+			return st.Received.Set(idx)
+		}
+		in.results.put(id, idx, stored)
+		if err := in.update(ctx, tf.RunID, tf.Step, tf.CallCount, mark); err != nil {
+			return err
+		}
+		if prev != nil {
+			// Marked meanwhile by another result (inline): that one stands.
+			if stored, err = in.bus.Store().ResultOf(ctx, prev, idx); err != nil {
+				return err
+			}
+		}
+	case prev != nil:
+		var err error
+		if stored, err = in.bus.Store().ResultOf(ctx, prev, idx); err != nil {
+			return err
+		}
 	}
 	if stored.Status != res.Status || stored.Content != res.Content {
 		// Terminated (not acknowledged) so that the termination advisory tells operators.
@@ -525,8 +583,9 @@ func (in *Injector) Waiting(ctx context.Context, tw toolbus.ToolWaiting) error {
 // step if every call is accounted for. Changes to one step that arrive while a write of
 // that step is in flight are applied together in the next write (group commit): a step
 // of K results costs about two writes of its join state, not K, and a handler returns
-// only once its change is stored. The join state is a few bit sets, so it stays small
-// whatever the number of calls and the size of their results.
+// only once its change is stored. The join state is a few bit sets and the results
+// that fit its inline budget, so it stays bounded whatever the number of calls and the
+// size of their results.
 func (in *Injector) update(ctx context.Context, run string, step, count int, change func(*store.StepState) bool) error {
 	return in.steps.submit(stepID(run, step), change, func(ops []func(*store.StepState) bool, cached *cachedStep) (*cachedStep, error) {
 		return in.apply(ctx, run, step, count, ops, cached)
@@ -686,21 +745,29 @@ func (in *Injector) runState(ctx context.Context, st *store.StepState, startSeq 
 	return state, nil
 }
 
-// assemble is Bus.AssembleStep with the results this injector joined itself taken from
-// its cache and the waiting calls from the step's cached calls: only the results other
-// injectors joined are read.
+// assemble is Bus.AssembleStep with the results inline in st taken from it, the ones
+// this injector stored under their own keys from its cache, and the waiting calls from
+// the step's cached calls: only the results other injectors stored under their own keys
+// (too large to inline, or of a step joined before results were inlined) are read.
 func (in *Injector) assemble(ctx context.Context, st *store.StepState) (*store.StepRecord, error) {
 	rec := store.NewStepRecord(st.RunID, st.Step, st.CallCount)
 	id := stepID(st.RunID, st.Step)
 	for i := 0; i < st.CallCount; i++ {
 		switch {
 		case st.Received.Has(i):
-			if r, ok := in.results.get(id, i); ok {
-				rec.Results[i] = r
+			r, ok, err := st.Inline(i)
+			if err != nil {
+				return nil, err
+			}
+			if ok {
+				rec.Results[i] = &r
 				continue
 			}
-			r, err := in.bus.Store().Result(ctx, st.RunID, st.Step, i)
-			if err != nil {
+			if c, ok := in.results.get(id, i); ok {
+				rec.Results[i] = c
+				continue
+			}
+			if r, err = in.bus.Store().ResultOf(ctx, st, i); err != nil {
 				return nil, err
 			}
 			rec.Results[i] = &r

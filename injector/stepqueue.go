@@ -155,9 +155,11 @@ func (c *callCache) get(ctx context.Context, id string, read func() ([]toolbus.T
 	return l.calls, l.err
 }
 
-// resultCache keeps the results this injector joined into steps not yet settled (a
-// stored result never changes: the first one stands), so settling a step reads back
-// only the results another injector joined.
+// resultCache keeps the results this injector stored under their own keys (too large
+// for the join state's inline budget) for steps not yet settled (a stored result never
+// changes: the first one stands), so settling a step reads back only the results
+// another injector stored there. It is consulted only for a call the join state marks
+// without an inline result: then the result under its key is the call's.
 type resultCache struct {
 	mu sync.Mutex
 	m  map[string]map[int]*toolbus.ToolResult

@@ -100,18 +100,42 @@ func (b Bits) Count() int {
 	return n
 }
 
+// The inline budget of a join state. A result is kept inline in its step's join state
+// (written by the compare-and-set that marks it received: no write of its own) when its
+// encoding is at most InlineResultMax bytes and the inline results of the state stay
+// within InlineStateMax bytes (less on a server whose max_payload is under four times
+// that: see Store.InlineBudget); any other result is written under its own key first
+// (the overflow, <run>.<step>.r.<index>).
+//
+// Why these sizes: every compare-and-set of a step (one to three per step with group
+// commit, more when injectors race) rewrites the whole state, and the planner reads it
+// whole. One message saved per result costs the server about what copying and storing a
+// few KiB costs, so a result of a few KiB is worth inlining and a larger one is not;
+// 32 KiB bounds what a rewrite copies to the cost of a few messages and stays far below
+// any max_payload toolbus runs with (its events carry results of 16 KiB and more).
+const (
+	InlineResultMax = 4 << 10
+	InlineStateMax  = 32 << 10
+)
+
 // StepState is the join state of one step, kept small and bounded: which calls have a
-// result and which wait for approval, as bit sets. It lives in the history bucket under
-// <run>.<step>.s and is updated with compare-and-set, so any number of injectors can
-// join concurrently and a restart loses nothing. The results themselves are one key
-// each (<run>.<step>.r.<index>, written with Create: the first result stands), and the
-// waiting calls are read from the step's recorded assistant message.
+// result and which wait for approval, as bit sets, and the results that fit the inline
+// budget. It lives in the history bucket under <run>.<step>.s and is updated with
+// compare-and-set, so any number of injectors can join concurrently, a restart loses
+// nothing, and the first result the state marks for a call stands. A marked result
+// missing from Results is under its own key (<run>.<step>.r.<index>), written with
+// Create before the compare-and-set that marked it: a result too large to inline, or
+// any result of a step joined before results were inlined. The waiting calls are read
+// from the step's recorded assistant message.
 type StepState struct {
 	RunID     string `json:"run_id"`
 	Step      int    `json:"step"`
 	CallCount int    `json:"call_count"`
 	Received  Bits   `json:"received"`
 	Waiting   Bits   `json:"waiting,omitempty"`
+	// Results are the inline results by call index: a ToolResult without its output,
+	// as JSON (decoded only when read). Never changed once set.
+	Results map[int]json.RawMessage `json:"results,omitempty"`
 }
 
 // NewStepState returns the empty join state of a step of n calls.
@@ -124,8 +148,70 @@ func (s *StepState) Clone() *StepState {
 	cp := *s
 	cp.Received = append(Bits(nil), s.Received...)
 	cp.Waiting = append(Bits(nil), s.Waiting...)
+	if s.Results != nil {
+		cp.Results = make(map[int]json.RawMessage, len(s.Results)+4)
+		for i, r := range s.Results { // the values are never changed: shared
+			cp.Results[i] = r
+		}
+	}
 	return &cp
 }
+
+// EncodeResult is the stored form of a result: its JSON without the output (the stream
+// has it).
+func EncodeResult(res toolbus.ToolResult) json.RawMessage {
+	res.Output = nil
+	return mustJSON(res)
+}
+
+// inlineCost is what an inline result adds to the state's JSON: the result, its key and
+// punctuation.
+func inlineCost(idx, size int) int { return size + len(strconv.Itoa(idx)) + 4 }
+
+// InlineBytes is the size the inline results take in the state's JSON.
+func (s *StepState) InlineBytes() int {
+	n := 0
+	for i, r := range s.Results {
+		n += inlineCost(i, len(r))
+	}
+	return n
+}
+
+// JoinInline marks call idx received with its result res (EncodeResult) inline, when
+// the call has no result yet and res fits the inline budget of budget bytes in all
+// (Store.InlineBudget). It reports whether it did; full reports that the call has no
+// result but res does not fit: it must then be written under its own key
+// (Store.PutResult) before a later change marks it (Received.Set).
+func (s *StepState) JoinInline(idx int, res json.RawMessage, budget int) (joined, full bool) {
+	if idx < 0 || idx >= s.CallCount || s.Received.Has(idx) {
+		return false, false
+	}
+	if len(res) > InlineResultMax || s.InlineBytes()+inlineCost(idx, len(res)) > budget {
+		return false, true
+	}
+	s.Received.Set(idx)
+	if s.Results == nil {
+		s.Results = map[int]json.RawMessage{}
+	}
+	s.Results[idx] = res
+	return true, false
+}
+
+// Inline returns the inline result of call idx; ok is false when the call has none
+// inline (no result yet, or one under its own key).
+func (s *StepState) Inline(idx int) (r toolbus.ToolResult, ok bool, err error) {
+	raw, ok := s.Results[idx]
+	if !ok {
+		return r, false, nil
+	}
+	if err := json.Unmarshal(raw, &r); err != nil {
+		return r, false, fmt.Errorf("store: decode inline result %d of %s step %d: %w", idx, s.RunID, s.Step, err)
+	}
+	return r, true, nil
+}
+
+// Overflowed counts the calls with a result that is not inline (under its own key).
+func (s *StepState) Overflowed() int { return s.Received.Count() - len(s.Results) }
 
 // Complete reports whether every call has a result.
 func (s *StepState) Complete() bool { return s.Received.Count() == s.CallCount }
@@ -153,7 +239,15 @@ func (s *StepState) Unanswered() []int {
 
 func (s *StepState) valid() bool {
 	n := (s.CallCount + 7) / 8
-	return s.CallCount > 0 && s.CallCount <= MaxStepCalls && len(s.Received) == n && (len(s.Waiting) == n || len(s.Waiting) == 0)
+	if !(s.CallCount > 0 && s.CallCount <= MaxStepCalls && len(s.Received) == n && (len(s.Waiting) == n || len(s.Waiting) == 0)) {
+		return false
+	}
+	for i := range s.Results { // an inline result is written with its mark, never alone
+		if !s.Received.Has(i) {
+			return false
+		}
+	}
+	return true
 }
 
 func resultKey(run string, step, idx int) string {
@@ -216,9 +310,23 @@ func (s *Store) PutStepState(ctx context.Context, st *StepState, revision uint64
 	return rev, nil
 }
 
-// PutResult records the result of call idx of a step; the first result stands. It
-// returns the stored result and whether this call stored it. The result's Output is not
-// kept (the stream has it).
+// InlineBudget is how many bytes the inline results of a join state may take in all:
+// InlineStateMax, or a quarter of the server's max_payload when that is less, so that a
+// join state (bit sets and inline results) always fits in one message.
+func (s *Store) InlineBudget() int {
+	if s.conn != nil {
+		if p := int(s.conn.MaxPayload()) / 4; p > 0 && p < InlineStateMax {
+			return p
+		}
+	}
+	return InlineStateMax
+}
+
+// PutResult records the result of call idx of a step under its own key (the overflow
+// of a result that does not fit inline, see StepState.JoinInline); the first result
+// under that key stands. It returns the stored result and whether this call stored it.
+// The result's Output is not kept (the stream has it). The key is written before the
+// compare-and-set that marks the call received, so a reader that sees the mark finds it.
 func (s *Store) PutResult(ctx context.Context, run string, step, idx int, res toolbus.ToolResult) (toolbus.ToolResult, bool, error) {
 	res.Output = nil
 	key := resultKey(run, step, idx)
@@ -226,22 +334,48 @@ func (s *Store) PutResult(ctx context.Context, run string, step, idx int, res to
 		if !errors.Is(err, jetstream.ErrKeyExists) {
 			return res, false, fmt.Errorf("store: put %s: %w", key, err)
 		}
-		prev, err := s.Result(ctx, run, step, idx)
+		prev, err := s.overflowResult(ctx, run, step, idx)
 		return prev, false, err
 	}
 	return res, true, nil
 }
 
-// Result returns the recorded result of call idx of a step; ErrNotFound when none.
-func (s *Store) Result(ctx context.Context, run string, step, idx int) (toolbus.ToolResult, error) {
+// overflowResult reads the result of call idx stored under its own key.
+func (s *Store) overflowResult(ctx context.Context, run string, step, idx int) (toolbus.ToolResult, error) {
 	var r toolbus.ToolResult
 	err := s.getJSON(ctx, s.history, resultKey(run, step, idx), &r)
 	return r, err
 }
 
-// Step assembles the joined view of a step from its join state, its result keys and
-// (for waiting calls) its assistant message, with the join state's revision.
-// ErrNotFound when nothing has been joined yet.
+// Result returns the joined result of call idx of a step (the one its join state
+// marks, inline or under its own key); ErrNotFound when the call has none yet.
+func (s *Store) Result(ctx context.Context, run string, step, idx int) (toolbus.ToolResult, error) {
+	st, _, err := s.StepState(ctx, run, step)
+	if err != nil {
+		return toolbus.ToolResult{}, err
+	}
+	if !st.Received.Has(idx) {
+		return toolbus.ToolResult{}, fmt.Errorf("%w: %s: call %d has no result", ErrNotFound, stepKey(run, step, "s"), idx)
+	}
+	return s.ResultOf(ctx, st, idx)
+}
+
+// ResultOf returns the result of call idx that the join state st marks: inline, or read
+// from its own key (a result too large to inline, or a step joined before results were
+// inlined). ErrNotFound when st marks none.
+func (s *Store) ResultOf(ctx context.Context, st *StepState, idx int) (toolbus.ToolResult, error) {
+	if !st.Received.Has(idx) {
+		return toolbus.ToolResult{}, fmt.Errorf("%w: %s: call %d has no result", ErrNotFound, stepKey(st.RunID, st.Step, "s"), idx)
+	}
+	if r, ok, err := st.Inline(idx); ok || err != nil {
+		return r, err
+	}
+	return s.overflowResult(ctx, st.RunID, st.Step, idx)
+}
+
+// Step assembles the joined view of a step from its join state (with its inline
+// results), the keys of the results not inline and (for waiting calls) its assistant
+// message, with the join state's revision. ErrNotFound when nothing has been joined yet.
 func (s *Store) Step(ctx context.Context, run string, step int) (*StepRecord, uint64, error) {
 	st, rev, err := s.StepState(ctx, run, step)
 	if err != nil {
@@ -256,22 +390,27 @@ func (s *Store) assemble(ctx context.Context, st *StepState) (*StepRecord, error
 	return s.assembleWith(ctx, st, nil)
 }
 
-// assembleWith is assemble with results already read (by call index); the others are
-// read here.
+// assembleWith is assemble with results not inline already read (by call index); the
+// others are read here.
 func (s *Store) assembleWith(ctx context.Context, st *StepState, known map[int]toolbus.ToolResult) (*StepRecord, error) {
 	rec := NewStepRecord(st.RunID, st.Step, st.CallCount)
 	var asst *toolbus.ModelResponded
-	if known == nil && st.Received.Count() > 1 {
-		// One request for every result of the step; what it misses is read on its own.
+	if known == nil && st.Overflowed() > 1 {
+		// One request for every result under its own key; what it misses is read on
+		// its own.
 		known, _ = s.batchResults(ctx, st.RunID, st.Step, st.CallCount)
 	}
 	for i := 0; i < st.CallCount; i++ {
 		if st.Received.Has(i) {
-			r, ok := known[i]
+			r, ok, err := st.Inline(i)
+			if err != nil {
+				return nil, err
+			}
 			if !ok {
-				var err error
-				if r, err = s.Result(ctx, st.RunID, st.Step, i); err != nil {
-					return nil, err
+				if r, ok = known[i]; !ok {
+					if r, err = s.overflowResult(ctx, st.RunID, st.Step, i); err != nil {
+						return nil, err
+					}
 				}
 			}
 			rec.Results[i] = &r
@@ -300,21 +439,23 @@ func (s *Store) AssembleStep(ctx context.Context, st *StepState) (*StepRecord, e
 }
 
 // PlanView is what the planner reads before planning a step: the join state of the step
-// before and the results it had when read, and the assistant message already recorded
-// for the step.
+// before (with its inline results) and the results under their own keys it had when
+// read, and the assistant message already recorded for the step.
 type PlanView struct {
 	// Prev is the join state of step-1; nil for step 0 or when nothing was joined yet.
 	Prev *StepState
-	// Results are results of step-1 by call index, read with Prev (possibly not all
-	// of them: AssemblePlanView reads the missing ones).
+	// Results are the results of step-1 under their own keys (not inline), by call
+	// index, read with Prev (possibly not all of them: AssemblePlanView reads the
+	// missing ones).
 	Results map[int]toolbus.ToolResult
 	// Assistant is the assistant message recorded for the step; nil when none is.
 	Assistant *toolbus.ModelResponded
 }
 
 // PlanView reads the planner's view of step of run with one batched request (the join
-// state of the step before, its results and the step's assistant message), or key by key
-// where batched reads are not available.
+// state of the step before with its inline results, the results of that step under
+// their own keys, and the step's assistant message), or key by key where batched reads
+// are not available.
 func (s *Store) PlanView(ctx context.Context, run string, step int) (PlanView, error) {
 	var v PlanView
 	filters := []string{stepKey(run, step, "a")}
