@@ -140,13 +140,11 @@ func ServeAll(ctx context.Context, consumers []jetstream.Consumer, cfg Config, h
 	if cfg.MaxWait <= 0 {
 		cfg.MaxWait = 10 * time.Second
 	}
-	log := cfg.Logger
-	if log == nil {
-		log = slog.Default()
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
 	}
-	obs := cfg.Observer
-	if obs == nil {
-		obs = nopObserver{}
+	if cfg.Observer == nil {
+		cfg.Observer = nopObserver{}
 	}
 	names := make([]string, 0, len(consumers))
 	for _, cons := range consumers {
@@ -155,108 +153,131 @@ func ServeAll(ctx context.Context, consumers []jetstream.Consumer, cfg Config, h
 	// Handlers get a context that outlives ctx by the grace period.
 	workCtx, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelWork()
-	p := pool.New().WithMaxGoroutines(cfg.Concurrency)
-	var (
-		gate   sync.RWMutex
-		closed bool
-		busy   atomic.Int64 // handlers running: the pool has free slots while below Concurrency
-	)
-	share := max(1, cfg.Concurrency/len(consumers))
-	feeds := make([]*feed, 0, len(consumers))
-	stopAll := func() {
-		for _, f := range feeds {
-			f.mu.Lock()
-			f.stopped = true
-			if f.cc != nil {
-				f.cc.Stop()
-			}
-			f.mu.Unlock()
-		}
-	}
-	defer stopAll()
-	start := func(f *feed) error {
-		cc, err := f.cons.Consume(func(msg jetstream.Msg) {
-			received := time.Now()
-			f.inCallback.Add(1)
-			f.last.Store(received.UnixNano())
-			f.burst.Add(1)
-			defer func() {
-				f.last.Store(time.Now().UnixNano())
-				f.inCallback.Add(-1)
-			}()
-			// A message delivered while the loop stops goes back at once: the pool
-			// takes no work once it is being waited on.
-			gate.RLock()
-			defer gate.RUnlock()
-			if closed {
-				_ = msg.Nak()
-				return
-			}
-			p.Go(func() {
-				busy.Add(1)
-				defer busy.Add(-1)
-				if waited := time.Since(received); waited > cfg.MaxWait {
-					// Too old to trust: hand it back to be delivered again.
-					log.Debug("message waited too long for a slot, handed back", "subject", msg.Subject(), "waited", waited)
-					_ = msg.Nak()
-					return
-				}
-				dispatch(workCtx, log, obs, cfg.NakDelay, h, msg)
-			})
-		}, jetstream.PullMaxMessages(share), jetstream.PullHeartbeat(pullHeartbeat), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
-			log.Debug("consume " + f.name + ": " + err.Error())
-		}))
-		if err != nil {
-			return fmt.Errorf("consume: %w", err)
-		}
-		f.mu.Lock()
-		defer f.mu.Unlock()
-		if f.stopped {
-			cc.Stop()
-			return nil
-		}
-		if f.cc != nil {
-			// Drain, not Stop: whatever the old context was delivered is still handled.
-			f.cc.Drain()
-		}
-		f.cc = cc
-		return nil
-	}
+	l := &serveLoop{cfg: cfg, h: h, workCtx: workCtx, p: pool.New().WithMaxGoroutines(cfg.Concurrency),
+		share: max(1, cfg.Concurrency/len(consumers))}
+	defer l.stopFeeds()
 	for i, cons := range consumers {
 		f := &feed{cons: cons, name: names[i]}
-		if err := start(f); err != nil {
+		if err := l.start(f); err != nil {
 			return err
 		}
-		feeds = append(feeds, f)
+		l.feeds = append(l.feeds, f)
 	}
 	watchCtx, stopWatch := context.WithCancel(ctx)
 	watched := make(chan struct{})
 	go func() {
 		defer close(watched)
-		watchStalls(watchCtx, feeds, func() bool { return busy.Load() < int64(cfg.Concurrency) }, start, log, obs)
+		watchStalls(watchCtx, l.feeds, func() bool { return l.busy.Load() < int64(cfg.Concurrency) }, l.start, cfg.Logger, cfg.Observer)
 	}()
-	obs.Serving(names)
-	defer obs.Stopped(names)
+	cfg.Observer.Serving(names)
+	defer cfg.Observer.Stopped(names)
 	<-ctx.Done()
 	stopWatch()
 	<-watched
-	stopAll()
+	l.stopFeeds()
+	l.finish(cancelWork)
+	return nil
+}
+
+// serveLoop is the state of a ServeAll: the pool its consumers share and their feeds.
+type serveLoop struct {
+	cfg     Config
+	h       Handler
+	workCtx context.Context
+	p       *pool.Pool
+	share   int
+	feeds   []*feed
+	gate    sync.RWMutex
+	closed  bool         // under gate: the pool takes no more work
+	busy    atomic.Int64 // handlers running: the pool has free slots while below Concurrency
+}
+
+// start starts a consume loop on f's consumer (again, when the stall watch found its
+// pull lost: the previous one then drains).
+func (l *serveLoop) start(f *feed) error {
+	cc, err := f.cons.Consume(func(msg jetstream.Msg) { l.deliver(f, msg) },
+		jetstream.PullMaxMessages(l.share), jetstream.PullHeartbeat(pullHeartbeat), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+			l.cfg.Logger.Debug("consume " + f.name + ": " + err.Error())
+		}))
+	if err != nil {
+		return fmt.Errorf("consume: %w", err)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.stopped {
+		cc.Stop()
+		return nil
+	}
+	if f.cc != nil {
+		// Drain, not Stop: whatever the old context was delivered is still handled.
+		f.cc.Drain()
+	}
+	f.cc = cc
+	return nil
+}
+
+// deliver hands a delivered message to the pool, blocking while the pool is full
+// (back-pressure), and keeps f's figures for the stall watch.
+func (l *serveLoop) deliver(f *feed, msg jetstream.Msg) {
+	received := time.Now()
+	f.inCallback.Add(1)
+	f.last.Store(received.UnixNano())
+	f.burst.Add(1)
+	defer func() {
+		f.last.Store(time.Now().UnixNano())
+		f.inCallback.Add(-1)
+	}()
+	// A message delivered while the loop stops goes back at once: the pool takes no
+	// work once it is being waited on.
+	l.gate.RLock()
+	defer l.gate.RUnlock()
+	if l.closed {
+		_ = msg.Nak()
+		return
+	}
+	l.p.Go(func() {
+		l.busy.Add(1)
+		defer l.busy.Add(-1)
+		if waited := time.Since(received); waited > l.cfg.MaxWait {
+			// Too old to trust: hand it back to be delivered again.
+			l.cfg.Logger.Debug("message waited too long for a slot, handed back", "subject", msg.Subject(), "waited", waited)
+			_ = msg.Nak()
+			return
+		}
+		dispatch(l.workCtx, l.cfg.Logger, l.cfg.Observer, l.cfg.NakDelay, l.h, msg)
+	})
+}
+
+// stopFeeds stops every feed's consume loop; none starts after it.
+func (l *serveLoop) stopFeeds() {
+	for _, f := range l.feeds {
+		f.mu.Lock()
+		f.stopped = true
+		if f.cc != nil {
+			f.cc.Stop()
+		}
+		f.mu.Unlock()
+	}
+}
+
+// finish closes the pool to new work and waits up to cfg.Grace for in-flight handlers,
+// then cancels their context and waits for them.
+func (l *serveLoop) finish(cancelWork context.CancelFunc) {
 	done := make(chan struct{})
 	go func() {
-		gate.Lock() // waits for a callback blocked on a full pool: the grace below covers it
-		closed = true
-		gate.Unlock()
-		p.Wait()
+		l.gate.Lock() // waits for a callback blocked on a full pool: the grace below covers it
+		l.closed = true
+		l.gate.Unlock()
+		l.p.Wait()
 		close(done)
 	}()
 	select {
 	case <-done:
-	case <-time.After(cfg.Grace):
-		log.Warn("grace period over, cancelling in-flight work")
+	case <-time.After(l.cfg.Grace):
+		l.cfg.Logger.Warn("grace period over, cancelling in-flight work")
 		cancelWork()
 		<-done
 	}
-	return nil
 }
 
 // watchStalls checks, every half stallSilence until ctx ends, whether a feed that was
