@@ -94,7 +94,8 @@ const pullHeartbeat = 5 * time.Second
 // free slots, asks the server for its consumer's state (one request per such silence,
 // none while idle: the next check needs stallBurst new messages), and when no pull is
 // waiting there and the server delivered nothing during the silence (so nothing is on
-// its way to the loop) it starts a new consume loop on the consumer (the old one drains).
+// its way to the loop) it starts a new consume loop on the consumer; the old one is
+// drained once it delivered nothing for stallSilence more.
 const (
 	stallSilence = 500 * time.Millisecond
 	stallBurst   = 8
@@ -112,16 +113,44 @@ type PullObserver interface {
 type feed struct {
 	cons jetstream.Consumer
 	name string
-	mu   sync.Mutex // guards cc and stopped
+	mu   sync.Mutex // guards cc, retired and stopped
 	cc   jetstream.ConsumeContext
+	// ccLast is when cc last delivered (unix ns).
+	ccLast *atomic.Int64
+	// retired are the contexts replaced by a new one: each is drained once it delivered
+	// nothing for stallSilence (unsubscribing a context whose pull the server is filling
+	// would send that batch nowhere, back only after AckWait).
+	retired []retiredContext
 	// stopped is set when the loop ends: no consume context is started after it.
 	stopped bool
 	// inCallback counts the deliveries being handed to the pool (one at a time unless a
-	// drained context is still delivering), last is when one last entered or left
+	// retired context is still delivering), last is when one last entered or left
 	// (unix ns), burst counts the messages since the last check.
 	inCallback atomic.Int32
 	last       atomic.Int64
 	burst      atomic.Int64
+}
+
+// retiredContext is a consume context replaced by a new one, and when it last
+// delivered or was replaced (unix ns).
+type retiredContext struct {
+	cc   jetstream.ConsumeContext
+	last *atomic.Int64
+}
+
+// drainRetired drains the retired contexts that delivered nothing for stallSilence.
+func (f *feed) drainRetired(now int64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	kept := f.retired[:0]
+	for _, r := range f.retired {
+		if now-r.last.Load() >= int64(stallSilence) {
+			r.cc.Drain()
+			continue
+		}
+		kept = append(kept, r)
+	}
+	f.retired = kept
 }
 
 // ServeAll is Serve over several consumers (an executor's tool queues) sharing one
@@ -195,7 +224,8 @@ type serveLoop struct {
 // start starts a consume loop on f's consumer (again, when the stall watch found its
 // pull lost: the previous one then drains).
 func (l *serveLoop) start(f *feed) error {
-	cc, err := f.cons.Consume(func(msg jetstream.Msg) { l.deliver(f, msg) },
+	last := new(atomic.Int64)
+	cc, err := f.cons.Consume(func(msg jetstream.Msg) { l.deliver(f, last, msg) },
 		jetstream.PullMaxMessages(l.share), jetstream.PullHeartbeat(pullHeartbeat), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
 			l.cfg.Logger.Debug("consume " + f.name + ": " + err.Error())
 		}))
@@ -209,19 +239,22 @@ func (l *serveLoop) start(f *feed) error {
 		return nil
 	}
 	if f.cc != nil {
-		// Drain, not Stop: whatever the old context was delivered is still handled.
-		f.cc.Drain()
+		// Retired, drained once silent (drainRetired): whatever it is delivered until
+		// then is still handled.
+		f.retired = append(f.retired, retiredContext{cc: f.cc, last: f.ccLast})
+		f.ccLast.Store(time.Now().UnixNano())
 	}
-	f.cc = cc
+	f.cc, f.ccLast = cc, last
 	return nil
 }
 
 // deliver hands a delivered message to the pool, blocking while the pool is full
 // (back-pressure), and keeps f's figures for the stall watch.
-func (l *serveLoop) deliver(f *feed, msg jetstream.Msg) {
+func (l *serveLoop) deliver(f *feed, ccLast *atomic.Int64, msg jetstream.Msg) {
 	received := time.Now()
 	f.inCallback.Add(1)
 	f.last.Store(received.UnixNano())
+	ccLast.Store(received.UnixNano())
 	f.burst.Add(1)
 	defer func() {
 		f.last.Store(time.Now().UnixNano())
@@ -256,6 +289,10 @@ func (l *serveLoop) stopFeeds() {
 		if f.cc != nil {
 			f.cc.Stop()
 		}
+		for _, r := range f.retired {
+			r.cc.Stop()
+		}
+		f.retired = nil
 		f.mu.Unlock()
 	}
 }
@@ -294,6 +331,7 @@ func watchStalls(ctx context.Context, feeds []*feed, freeSlots func() bool, star
 		}
 		now := time.Now().UnixNano()
 		for _, f := range feeds {
+			f.drainRetired(now)
 			if f.burst.Load() < stallBurst || f.inCallback.Load() > 0 || now-f.last.Load() < int64(stallSilence) || !freeSlots() {
 				continue
 			}
