@@ -445,49 +445,44 @@ func (in *Injector) Finished(ctx context.Context, tf toolbus.ToolFinished) error
 		prev *store.StepState
 		full bool
 	)
-	join := func(st *store.StepState) bool {
-		prev, full = nil, false
-		if st.Received.Has(idx) {
-			prev = st.Clone()
-			return false
+	// mark marks the call received: with its result inline when inline is set and the
+	// result fits, or only the mark (its result under its own key already).
+	mark := func(inline bool) func(*store.StepState) bool {
+		return func(st *store.StepState) bool {
+			prev, full = nil, false
+			if st.Received.Has(idx) {
+				prev = st.Clone()
+				return false
+			}
+			if !inline {
+				return st.Received.Set(idx)
+			}
+			joined, noRoom := st.JoinInline(idx, raw, budget)
+			full = noRoom
+			return joined
 		}
-		joined, noRoom := st.JoinInline(idx, raw, budget)
-		full = noRoom
-		return joined
 	}
 	if len(raw) > store.InlineResultMax {
 		full = true // never inline: no round for it
-	} else if err := in.update(ctx, tf.RunID, tf.Step, tf.CallCount, join); err != nil {
+	} else if err := in.update(ctx, tf.RunID, tf.Step, tf.CallCount, mark(true)); err != nil {
 		return err
 	}
 	stored := res
-	switch {
-	case full:
+	if full {
 		// Overflow: under its own key first (the first there stands), then marked, so
 		// a reader that sees the mark finds the key.
 		var err error
 		if stored, _, err = in.bus.Store().PutResult(ctx, tf.RunID, tf.Step, idx, res); err != nil {
 			return err
 		}
-		mark := func(st *store.StepState) bool {
-			prev = nil
-			if st.Received.Has(idx) {
-				prev = st.Clone()
-				return false
-			}
-			return st.Received.Set(idx)
-		}
 		in.results.put(id, idx, stored)
-		if err := in.update(ctx, tf.RunID, tf.Step, tf.CallCount, mark); err != nil {
+		if err := in.update(ctx, tf.RunID, tf.Step, tf.CallCount, mark(false)); err != nil {
 			return err
 		}
-		if prev != nil {
-			// Marked meanwhile by another result (inline): that one stands.
-			if stored, err = in.bus.Store().ResultOf(ctx, prev, idx); err != nil {
-				return err
-			}
-		}
-	case prev != nil:
+	}
+	if prev != nil {
+		// The call was marked already (a duplicate, or another result marked meanwhile):
+		// the result the join state marks stands.
 		var err error
 		if stored, err = in.bus.Store().ResultOf(ctx, prev, idx); err != nil {
 			return err
