@@ -244,11 +244,19 @@ func (r RunStarted) Allows(tool string) bool {
 	return false
 }
 
-// ModelRequested is the data of model.requested: the step to plan. The history is read
-// from the history store, not re-sent.
+// ModelRequested is the data of model.requested: the step to plan. The history is kept
+// in the history store and not re-sent; only the results of the step before may ride
+// along (PrevResults), so that the planner need not read them back.
 type ModelRequested struct {
 	RunID string `json:"run_id"`
 	Step  int    `json:"step"`
+	// PrevResults are the joined results of step-1, one per call in call order, as the
+	// step's join state holds them (without Output), when their encoding fits the
+	// injector's budget (the history store's inline budget, 32 KiB by default); absent
+	// for step 0 and for larger results, which the planner reads from the history store.
+	// The planner uses them only for the calls it recorded itself, matched one to one
+	// (call id and tool, in order); otherwise it reads the store.
+	PrevResults []ToolResult `json:"prev_results,omitempty"`
 }
 
 // ModelResponded is the data of model.responded: the whole assistant message of a step.

@@ -256,6 +256,13 @@ func TestAsyncAPI(t *testing.T) {
 			t.Errorf("no operation: %s %ss %s", want.role, want.action, want.typ)
 		}
 	}
+	// Only the injector asks for a step (deploy/nats/permissions.conf): no client does.
+	for _, op := range doc.Operations {
+		if i, ok := msgByName[events.TypeModelRequested]; ok && op.Action == "send" &&
+			slices.Contains(op.Messages, doc.Messages[i].ID) && !slices.Contains(op.Tags, "injector") {
+			t.Errorf("operation %s: %v send %s, which only the injector may publish", op.ID, op.Tags, events.TypeModelRequested)
+		}
+	}
 	// The encoder's headers are what the document says.
 	for _, e := range examples() {
 		s, ok := headerSchemas[baseType(e.Type)]

@@ -714,8 +714,39 @@ func (in *Injector) settle(ctx context.Context, st *store.StepState) error {
 			return err
 		}
 	}
-	_, err = in.bus.PublishEvent(ctx, events.ModelRequestedEvent(in.source, toolbus.ModelRequested{RunID: rec.RunID, Step: rec.Step + 1}))
+	_, err = in.bus.PublishEvent(ctx, events.ModelRequestedEvent(in.source, toolbus.ModelRequested{RunID: rec.RunID, Step: rec.Step + 1,
+		PrevResults: carried(st, rec, in.bus.Store().InlineBudget())}))
 	return err
+}
+
+// carried returns the results of the complete step rec (whose join state is st), in
+// call order and without their Output, for the next model.requested to carry when their
+// encoding fits budget bytes (the history store's inline budget: at most a quarter of
+// the server's max_payload); nil otherwise, and the planner reads them from the store.
+// They are what the store holds for the step (rec was assembled from its join state), so
+// the planner builds the same tool messages from either, and spares a read of the
+// history bucket per step.
+func carried(st *store.StepState, rec *store.StepRecord, budget int) []toolbus.ToolResult {
+	size := 2 // the brackets of the array
+	for i, r := range rec.Results {
+		if r == nil {
+			return nil
+		}
+		if raw, ok := st.Results[i]; ok {
+			size += len(raw) + 1 // the inline result is its own encoding
+		} else {
+			size += len(store.EncodeResult(*r)) + 1
+		}
+		if size > budget {
+			return nil
+		}
+	}
+	out := make([]toolbus.ToolResult, len(rec.Results))
+	for i, r := range rec.Results {
+		out[i] = *r
+		out[i].Output = nil
+	}
+	return out
 }
 
 // runState returns what settle needs of the run's state. While the outcome events

@@ -238,7 +238,7 @@ func (p *Planner) handle(ctx context.Context, msg jetstream.Msg) error {
 	// The heartbeats must not keep a step forever: the whole step is bounded.
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.ModelTimeout+p.cfg.AckWait)
 	defer cancel()
-	err = p.Step(ctx, req.RunID, req.Step, meta.TraceParent)
+	err = p.plan(ctx, req, delivered == 1, meta.TraceParent)
 	if derr := p.bus.Denied(start, err); errors.Is(derr, connect.ErrPermissionDenied) {
 		// The planner's credentials miss a permission: no redelivery can help, so the run
 		// ends now with a code and a reason naming it, instead of stalling until its
@@ -265,6 +265,12 @@ func (p *Planner) handle(ctx context.Context, msg jetstream.Msg) error {
 // Step plans one step of a run. It is idempotent: a step already answered is
 // republished as recorded (the stream drops the duplicates), without a model call.
 func (p *Planner) Step(ctx context.Context, run string, step int, traceparent string) error {
+	return p.plan(ctx, toolbus.ModelRequested{RunID: run, Step: step}, false, traceparent)
+}
+
+// plan plans the step req asks for; first reports that req is on its first delivery.
+func (p *Planner) plan(ctx context.Context, req toolbus.ModelRequested, first bool, traceparent string) error {
+	run, step := req.RunID, req.Step
 	rs, err := p.bus.RunStarted(ctx, run)
 	if err != nil {
 		if errors.Is(err, events.ErrRunNotFound) {
@@ -281,14 +287,20 @@ func (p *Planner) Step(ctx context.Context, run string, step int, traceparent st
 	// Only a running run's current step is planned: a forged or duplicate request for
 	// another step, or for an ended run, is terminated with the reason and calls no model.
 	// The run state and the step's view (current) are read at once: two round trips in
-	// parallel, not one after the other.
+	// parallel, not one after the other. The view is not read at all when the request
+	// itself vouches for it (viewless); the run state always is: it is what refuses a
+	// step of a run whose end was recorded but whose outcome event a crash lost.
 	var (
 		viewed   conc.WaitGroup
-		prev     store.PlanView
+		view     stepView
 		recorded *toolbus.ModelResponded
 		viewErr  error
 	)
-	viewed.Go(func() { prev, recorded, viewErr = p.current(ctx, run, step) })
+	if carried, ok := p.viewless(req, first); ok {
+		view = stepView{carried: carried, skipped: true}
+	} else {
+		viewed.Go(func() { view.prev, recorded, viewErr = p.current(ctx, run, step) })
+	}
 	st, _, err := p.bus.Store().RunState(ctx, run)
 	viewed.Wait()
 	if err != nil {
@@ -310,11 +322,11 @@ func (p *Planner) Step(ctx context.Context, run string, step int, traceparent st
 
 	ctx, span := p.stepSpan(ctx, rs, step, traceparent)
 	defer span.End()
-	mr, got, err := p.answer(ctx, span, rs, step, prev, recorded)
+	mr, got, err := p.answer(ctx, span, rs, step, view, recorded)
 	if err != nil {
 		return err
 	}
-	p.rememberAssistant(run, step, mr)
+	p.rememberAssistant(rs, step, mr)
 	// Past the model call every operation is a bus write of milliseconds: bound them, so
 	// that one the server refuses (a missing permission, which the server only drops)
 	// fails in seconds and ends the run rather than holding the step for its whole budget.
@@ -335,7 +347,7 @@ func (p *Planner) Step(ctx context.Context, run string, step int, traceparent st
 // redelivery or a duplicate request: the model is called once per step), the
 // pre-planned calls of a run that has them, or the model's answer. got reports that
 // the model was not called. An error may be the run's end (p.fail, answerTooLarge).
-func (p *Planner) answer(ctx context.Context, span trace.Span, rs *toolbus.RunStarted, step int, prev store.PlanView, recorded *toolbus.ModelResponded) (mr toolbus.ModelResponded, got bool, err error) {
+func (p *Planner) answer(ctx context.Context, span trace.Span, rs *toolbus.RunStarted, step int, view stepView, recorded *toolbus.ModelResponded) (mr toolbus.ModelResponded, got bool, err error) {
 	run := rs.RunID
 	// Reuse what the model already said for this step, if it was recorded (a redelivery,
 	// or a duplicate request): the model is called once per step.
@@ -354,7 +366,10 @@ func (p *Planner) answer(ctx context.Context, span trace.Span, rs *toolbus.RunSt
 		got = true
 	}
 	if !got {
-		if mr, err = p.callModel(ctx, rs, step, prev); err != nil {
+		if mr, err = p.callModel(ctx, rs, step, view); err != nil {
+			if rec, ok := p.recordedAfterAll(ctx, view, run, step); ok {
+				return rec, true, nil
+			}
 			span.SetStatus(codes.Error, err.Error())
 			span.SetAttributes(attribute.String("error.type", toolbus.CodeModelError))
 			if errors.Is(err, ErrPermanent) {
@@ -366,6 +381,9 @@ func (p *Planner) answer(ctx context.Context, span trace.Span, rs *toolbus.RunSt
 		// retry paying the model again: the run ends now.
 		if limit := p.maxAnswer(); limit > 0 {
 			if b, merr := json.Marshal(mr); merr == nil && len(b) > limit {
+				if rec, ok := p.recordedAfterAll(ctx, view, run, step); ok {
+					return rec, true, nil
+				}
 				return mr, got, p.answerTooLarge(ctx, run, step, len(b), limit)
 			}
 		}
@@ -381,6 +399,18 @@ func (p *Planner) answer(ctx context.Context, span trace.Span, rs *toolbus.RunSt
 		}
 	}
 	return mr, got, nil
+}
+
+// recordedAfterAll returns the answer recorded for step when the view was not read
+// (viewless) and the model call failed or its answer cannot be recorded: the request may
+// have been a duplicate of an answered step, whose recorded answer stands, so a failure
+// of the extra model call must not end the run or hold the step.
+func (p *Planner) recordedAfterAll(ctx context.Context, view stepView, run string, step int) (toolbus.ModelResponded, bool) {
+	if !view.skipped {
+		return toolbus.ModelResponded{}, false
+	}
+	mr, err := p.bus.Store().Assistant(ctx, run, step)
+	return mr, err == nil
 }
 
 // stepOfEndedRun refuses a step of a run that ended (a poison error). If the run's end
@@ -441,6 +471,87 @@ func (p *Planner) publishResponse(ctx context.Context, rs *toolbus.RunStarted, s
 			Answer: mr.Message.Content, StepsUsed: step + 1, Usage: used})
 	}
 	return p.publishCalls(ctx, rs, step, calls, traceparent, futures)
+}
+
+// stepView is what the planner plans a step from, besides the cache: the view current
+// read, or the results the request carried when the read was skipped (viewless).
+type stepView struct {
+	// prev is what current read (zero when the read was skipped).
+	prev store.PlanView
+	// carried are the results of step-1 the request carried, which answer the calls of
+	// the assistant message this planner recorded for step-1 (nil for step 0).
+	carried []toolbus.ToolResult
+	// skipped reports that the view was not read.
+	skipped bool
+}
+
+// viewless reports whether the step req asks for can be planned without reading its
+// view (current: one batched get on the history bucket), and returns the results of
+// step-1 to plan it with. It can only on the request's first delivery, and when either
+// req asks for step 0 of a run this planner has planned nothing of, or req carries the
+// results of step-1 and this planner's cache holds the run's history up to step-1 with
+// the assistant message it recorded for step-1, whose calls the results answer one to
+// one (count, call ids, tools, in order). Otherwise the view is read, as on every
+// redelivery.
+//
+// What the view serves, and what serves it instead:
+//   - The results of step-1, for the history: carried. Only the injector (and admin)
+//     may publish model.requested (deploy/nats/permissions.conf), and the injector
+//     carries the results of the step record it assembled from the join state, which it
+//     writes too: they are as trustworthy as the join state. They are used only for the
+//     calls this planner recorded itself; anything else is read from the store.
+//   - The check that step is current (step-1 complete; no answer for step+1): the
+//     injector asks for step only once step-1 is complete, and carries its results. A
+//     planner whose latest planned step of the run is step-1 reads a first delivery of
+//     the request the injector published after it; a request the run went past would be
+//     one published again after the stream's duplicate window dropped the copies.
+//   - The reuse of an answer already recorded for step (the model is called once per
+//     step): a duplicate request on its first delivery (two injectors racing, another
+//     planner planned the step) calls the model, and PutAssistant (first write wins)
+//     returns the answer recorded first, which is what is published and remembered; a
+//     failed extra call falls back to it too (recordedAfterAll). The cost is one model
+//     call, which concurrent duplicates already pay when both read before either records.
+//
+// The run state is read either way: it refuses a step of an ended run (see
+// injector.runState for an end whose outcome event a crash lost).
+func (p *Planner) viewless(req toolbus.ModelRequested, first bool) ([]toolbus.ToolResult, bool) {
+	if !first {
+		return nil, false
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	h := p.cache[req.RunID]
+	if req.Step == 0 {
+		return nil, h == nil && len(req.PrevResults) == 0
+	}
+	if h == nil || h.upTo != req.Step-1 || h.pending == nil || !answers(req.PrevResults, h.pending.ToolCalls) {
+		return nil, false
+	}
+	return req.PrevResults, true
+}
+
+// answers reports whether results answer calls one to one: as many, and each in call
+// order names its call's id and tool, with a valid status.
+func answers(results []toolbus.ToolResult, calls []toolbus.ToolCall) bool {
+	if len(results) == 0 || len(results) != len(calls) {
+		return false
+	}
+	for i, r := range results {
+		if r.CallID != calls[i].CallID || r.Tool != calls[i].Tool || !r.Status.Valid() {
+			return false
+		}
+	}
+	return true
+}
+
+// toolMessages returns the tool messages of the results of a complete step, in call
+// order: what store.StepRecord.ToolMessages builds from the same results in the store.
+func toolMessages(results []toolbus.ToolResult) []toolbus.Message {
+	out := make([]toolbus.Message, len(results))
+	for i, r := range results {
+		out[i] = toolbus.ToolMessage(r)
+	}
+	return out
 }
 
 // current checks that step is the run's current step: step 0, or the step after a
@@ -536,8 +647,8 @@ func (p *Planner) rejectExcess(ctx context.Context, run string, step, i int, cal
 		toolbus.ToolFinished{RunID: run, Step: step, CallIndex: i, CallCount: len(calls), ToolResult: res}).Traced(traceparent))
 }
 
-func (p *Planner) callModel(ctx context.Context, rs *toolbus.RunStarted, step int, prev store.PlanView) (toolbus.ModelResponded, error) {
-	msgs, err := p.history(ctx, rs.RunID, step, prev)
+func (p *Planner) callModel(ctx context.Context, rs *toolbus.RunStarted, step int, view stepView) (toolbus.ModelResponded, error) {
+	msgs, err := p.history(ctx, rs.RunID, step, view)
 	if err != nil {
 		return toolbus.ModelResponded{}, err
 	}
@@ -610,8 +721,10 @@ func NormalizeCallIDs(step int, calls []toolbus.ToolCall) []toolbus.ToolCall {
 }
 
 // history returns the messages before step, from the cache when it holds the steps
-// before, else from the history store.
-func (p *Planner) history(ctx context.Context, run string, step int, prev store.PlanView) ([]toolbus.Message, error) {
+// before, else from the history store. The results of the step before come from the
+// request (view.carried) when they answer the calls of the assistant message cached for
+// that step, else from the view read (view.prev), else from the store.
+func (p *Planner) history(ctx context.Context, run string, step int, view stepView) ([]toolbus.Message, error) {
 	p.mu.Lock()
 	h := p.cache[run]
 	var (
@@ -642,11 +755,16 @@ func (p *Planner) history(ctx context.Context, run string, step int, prev store.
 			// only its results are read.
 			msgs = append(msgs, *asst)
 			if len(asst.ToolCalls) > 0 {
+				if s == step-1 && answers(view.carried, asst.ToolCalls) {
+					// The request carried them: nothing is read.
+					msgs = append(msgs, toolMessages(view.carried)...)
+					continue
+				}
 				var (
 					rec *store.StepRecord
 					err error
 				)
-				if prev.Prev != nil && prev.Prev.Step == s {
+				if prev := view.prev; prev.Prev != nil && prev.Prev.Step == s {
 					rec, err = p.bus.Store().AssemblePlanView(ctx, prev) // its join state and results were just read
 				} else {
 					rec, _, err = p.bus.Store().Step(ctx, run, s)
@@ -674,10 +792,18 @@ func (p *Planner) history(ctx context.Context, run string, step int, prev store.
 }
 
 // rememberAssistant keeps the assistant message of step for the next step's history.
-func (p *Planner) rememberAssistant(run string, step int, mr toolbus.ModelResponded) {
+// The history before step 0 is the run's input, known without a read: step 0 starts the
+// cache of a run even when no model was called (a pre-planned run), so that the next
+// step can be planned from the cache and the results its request carries.
+func (p *Planner) rememberAssistant(rs *toolbus.RunStarted, step int, mr toolbus.ModelResponded) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if h := p.cache[run]; h != nil && h.upTo == step {
+	h := p.cache[rs.RunID]
+	if h == nil && step == 0 {
+		h = &runHistory{msgs: append([]toolbus.Message(nil), rs.Messages...)}
+		p.rememberLocked(rs.RunID, h)
+	}
+	if h != nil && h.upTo == step {
 		h.pending, h.pendingUsage = &mr.Message, mr.Usage
 	}
 }
@@ -702,6 +828,10 @@ func (p *Planner) usage(ctx context.Context, run string, step int, u toolbus.Usa
 func (p *Planner) remember(run string, h *runHistory) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.rememberLocked(run, h)
+}
+
+func (p *Planner) rememberLocked(run string, h *runHistory) {
 	if len(p.cache) >= 4096 {
 		clear(p.cache) // bounded; entries reload from the store
 	}
