@@ -1,10 +1,12 @@
 package e2e_test
 
 import (
+	"encoding/json"
 	"strings"
 	"testing"
 
 	"github.com/toolbus/toolbus"
+	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/planner"
 )
 
@@ -83,4 +85,74 @@ func TestLongRunWithLargeHistory(t *testing.T) {
 	if total < 5<<20-1<<16 {
 		t.Fatalf("only %d bytes of output in total", total)
 	}
+}
+
+// The model.requested of step 1 carries the joined results of step 0 (a failed call, a
+// large output truncated for the model, arguments rejected by the input schema), and
+// the planner, which recorded step 0 itself, plans step 1 from them: the model reads
+// exactly the history the store holds (what a planner that reads the store builds).
+func TestCarriedResultsAreTheStoresHistory(t *testing.T) {
+	model := &planner.Script{Steps: []func(planner.Request) planner.Response{
+		planner.Calls(call("c_fail", "fail", `{"code":"not_found","message":"no such thing"}`),
+			call("c_big", "big_output", `{"bytes":200000}`),
+			call("c_bad", "calculator", `{"nope":1}`)),
+		planner.Answer("done"),
+	}}
+	s := newStack(t, model)
+	s.startAll()
+	s.submit("carry-1", toolbus.Limits{})
+	if ended := s.waitEnd("carry-1"); ended.Status != toolbus.RunCompleted {
+		t.Fatalf("status %s (%s)", ended.Status, ended.Reason)
+	}
+	var carried []toolbus.ToolResult
+	for _, ev := range s.runEvents("carry-1") {
+		if ev.Meta.Type != events.TypeModelRequested || ev.Meta.Step != 1 {
+			continue
+		}
+		var mr toolbus.ModelRequested
+		if err := json.Unmarshal(ev.Data, &mr); err != nil {
+			t.Fatal(err)
+		}
+		carried = mr.PrevResults
+	}
+	rec, _, err := s.bus.Store().Step(s.ctx, "carry-1", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(carried) != 3 || len(rec.Results) != 3 {
+		t.Fatalf("step 1's request carried %d results, the store holds %d; want 3", len(carried), len(rec.Results))
+	}
+	for i, want := range []toolbus.Status{toolbus.StatusFailed, toolbus.StatusSucceeded, toolbus.StatusRejected} {
+		if carried[i].Status != want {
+			t.Errorf("result %d: %s, want %s", i, carried[i].Status, want)
+		}
+	}
+	if carried[1].Truncated == nil || len(carried[1].Output) != 0 {
+		t.Errorf("the large result: truncated %+v, output %d bytes; want truncated and no output", carried[1].Truncated, len(carried[1].Output))
+	}
+	for i, r := range rec.Results {
+		if got, want := mustJSON(t, carried[i]), mustJSON(t, *r); string(got) != string(want) {
+			t.Errorf("result %d carried:\n%s\nstored:\n%s", i, got, want)
+		}
+	}
+	want, err := s.bus.History(s.ctx, "carry-1", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req, ok := s.seenReq.forStep("carry-1", 1)
+	if !ok {
+		t.Fatal("the model was not asked for step 1")
+	}
+	if got, want := mustJSON(t, req.Messages), mustJSON(t, want); string(got) != string(want) {
+		t.Errorf("the model read for step 1:\n%s\nthe store's history is:\n%s", got, want)
+	}
+}
+
+func mustJSON(t *testing.T, v any) []byte {
+	t.Helper()
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
 }
