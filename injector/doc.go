@@ -1,5 +1,6 @@
 // Package injector joins the results of each step in call order, whatever order they
-// finish in, and decides what follows: the next model request, or a run outcome
+// finish in, and decides what follows: the next model request (carrying the step's
+// results when they fit the history store's inline budget), or a run outcome
 // (failed, limit_reached, waiting_for_approval). It also applies approval decisions and
 // cancellations.
 //

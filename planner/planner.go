@@ -227,9 +227,11 @@ func (p *Planner) handle(ctx context.Context, msg jetstream.Msg) error {
 	if err := events.CheckSubject(msg.Subject(), meta, &req); err != nil {
 		return err
 	}
-	delivered := uint64(1)
+	// first: the request's first delivery, the only one that may be planned without
+	// reading the step's view (viewless).
+	delivered, first := uint64(1), false
 	if md, err := msg.Metadata(); err == nil {
-		delivered = md.NumDelivered
+		delivered, first = md.NumDelivered, md.NumDelivered == 1
 	}
 	// A model call can outlast AckWait: heartbeats keep the step with this planner while
 	// it lives, and a dead planner's step is redelivered after one AckWait.
@@ -238,7 +240,7 @@ func (p *Planner) handle(ctx context.Context, msg jetstream.Msg) error {
 	// The heartbeats must not keep a step forever: the whole step is bounded.
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.ModelTimeout+p.cfg.AckWait)
 	defer cancel()
-	err = p.plan(ctx, req, delivered == 1, meta.TraceParent)
+	err = p.plan(ctx, req, first, meta.TraceParent)
 	if derr := p.bus.Denied(start, err); errors.Is(derr, connect.ErrPermissionDenied) {
 		// The planner's credentials miss a permission: no redelivery can help, so the run
 		// ends now with a code and a reason naming it, instead of stalling until its
