@@ -168,6 +168,13 @@ func startSecuredWith(t *testing.T, url string, opts map[string][]nats.Option, m
 // binds (events.Open). No role is started.
 func newSecuredStack(t *testing.T, url string, opts map[string][]nats.Option, users []string, model planner.Model, extra ...executor.Tool) *stack {
 	t.Helper()
+	return newSecuredStackConfig(t, url, events.Config{}, opts, users, model, extra...)
+}
+
+// newSecuredStackConfig is newSecuredStack with the bus configuration cfg, for the
+// admin's setup and every user's bus alike.
+func newSecuredStackConfig(t *testing.T, url string, cfg events.Config, opts map[string][]nats.Option, users []string, model planner.Model, extra ...executor.Tool) *stack {
+	t.Helper()
 	s := newStackBare(t, eventstest.Context(t, 4*time.Minute), model, extra...)
 	s.url, s.opts, s.viol = url, opts, &violations{}
 	s.conns, s.buses = map[string]*nats.Conn{}, map[string]*events.Bus{}
@@ -175,7 +182,7 @@ func newSecuredStack(t *testing.T, url string, opts map[string][]nats.Option, us
 	if err != nil {
 		t.Fatalf("admin connects: %v", err)
 	}
-	adminBus, changes, err := provision.Setup(s.ctx, admin, events.Config{},
+	adminBus, changes, err := provision.Setup(s.ctx, admin, cfg,
 		provision.WithTools(s.reg.Names(), 30*time.Second, 1000), provision.WithReadMirror())
 	if err != nil {
 		t.Fatalf("admin sets the bus up: %v", err)
@@ -187,7 +194,7 @@ func newSecuredStack(t *testing.T, url string, opts map[string][]nats.Option, us
 		if err != nil {
 			t.Fatalf("%s connects: %v", u, err)
 		}
-		bus, err := events.Open(s.ctx, nc, events.Config{})
+		bus, err := events.Open(s.ctx, nc, cfg)
 		if err != nil {
 			t.Fatalf("%s opens the bus: %v", u, err)
 		}

@@ -68,7 +68,12 @@ func TestSecurityTeamInstances(t *testing.T) {
 				planner.Calls(call("h", "held", `{}`)), planner.Answer("done"),
 			}}
 			alpha := natsjwt.TeamUser("alpha")
-			s := newSecuredStack(t, srv.ClientURL(), opts, []string{"planner", "injector", "client", alpha}, model, held)
+			// The point is that beta's writes cause no takeover, not how a lease fares on a
+			// starved machine: with the default 10 s TTL, renewals held up for 8 s (a
+			// loaded CI under -race) let alpha-1's own lease lapse, and alpha-2 then takes
+			// the call over by design. A deleted record is gone at once whatever the TTL.
+			s := newSecuredStackConfig(t, srv.ClientURL(), events.Config{InstanceTTL: time.Minute}, opts,
+				[]string{"planner", "injector", "client", alpha}, model, held)
 			startAlpha := func(instance string) {
 				exec := must(executor.New(s.reg, executor.WithInstance(instance), executor.WithLogger(s.log)))
 				// One call at a time: while alpha-1 runs the call, the copies go to alpha-2.
