@@ -170,7 +170,9 @@ func New(bus *events.Bus, cfg Config) (*Injector, error) {
 }
 
 // Run consumes results, approvals, cancellations, run.started and deadline timers until
-// ctx ends, then drains.
+// ctx ends, then drains. It also follows the run outcomes and the model.responded events
+// (core subscriptions) so that steps read neither their run's state nor their calls when
+// these answer for them.
 //
 // Each input has a consumer of its own (provision.WorkerConsumers) with a single filter
 // subject: a multi-filter consumer intersects every subject of the stream on each
