@@ -248,6 +248,7 @@ func (in *Injector) Deadline(ctx context.Context, run string, deadline time.Time
 	}
 	// From here on, the stored outcome (this attempt's or a crashed one's) names the calls.
 	step, unanswered := stored.Step, stored.Ended.Unanswered
+	defer in.calls.forget(stepID(run, step))
 	calls, err := in.stepCalls(ctx, run, step)
 	if err != nil && !errors.Is(err, events.ErrNotFound) {
 		return err
@@ -298,7 +299,7 @@ func (in *Injector) recordDeadline(ctx context.Context, run string, deadline tim
 	if err != nil {
 		return store.RunState{}, err
 	}
-	calls, err := in.stepCalls(ctx, run, step)
+	calls, err := in.stepCallsFull(ctx, run, step) // the outcome lists them whole
 	if err != nil && !errors.Is(err, events.ErrNotFound) {
 		return store.RunState{}, err // not found: the step's model call is under way, no calls yet
 	}

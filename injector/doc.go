@@ -5,7 +5,10 @@
 //
 // The injector also starts runs: the first run.started of a run id records the run, arms
 // its deadline timer and asks for step 0; a later run.started for the same id is
-// terminated. Results are checked against the step's recorded assistant message.
+// terminated. Results are checked against the calls of the step's recorded assistant
+// message, which the injector learns from the step's model.responded event (a core NATS
+// subscription; only the planner publishes it, with the recorded answer) or, when it
+// missed that event, reads once (calls.go).
 //
 // The join state of a step lives in JetStream: one key per result in the history bucket
 // (created once: the first result stands) and a small join record of bit sets updated

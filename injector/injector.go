@@ -170,7 +170,9 @@ func New(bus *events.Bus, cfg Config) (*Injector, error) {
 }
 
 // Run consumes results, approvals, cancellations, run.started and deadline timers until
-// ctx ends, then drains.
+// ctx ends, then drains. It also follows the run outcomes and the model.responded events
+// (core subscriptions) so that steps read neither their run's state nor their calls when
+// these answer for them.
 //
 // Each input has a consumer of its own (provision.WorkerConsumers) with a single filter
 // subject: a multi-filter consumer intersects every subject of the stream on each
@@ -187,6 +189,12 @@ func (in *Injector) Run(ctx context.Context) error {
 		in.log.Warn("run outcomes not followed: each step reads its run's state", "error", err)
 	}
 	defer in.ends.Close()
+	stopCalls, err := in.followCalls(ctx)
+	if err != nil {
+		// Without them every step reads its assistant message, as it always may.
+		in.log.Warn("model.responded not followed: each step reads its assistant message", "error", err)
+	}
+	defer stopCalls()
 	in.log.Info("injector serving", "consumer", in.cfg.Durable, "concurrency", in.cfg.Concurrency,
 		"stream", in.bus.Config().Stream, "nats", in.bus.Conn().ConnectedUrlRedacted())
 	defer in.log.Info("injector stopped")
@@ -405,10 +413,21 @@ func (in *Injector) checkCall(ctx context.Context, run string, step, idx, count 
 	return nil
 }
 
-// stepCalls returns the calls of a step's recorded assistant message (cached: the first
-// recorded message stands forever).
+// stepCalls returns the call ids and tools of a step's recorded assistant message, from
+// its model.responded event when the injector heard it (followCalls), else read once
+// and cached (the first recorded message stands forever). The arguments may be missing:
+// stepCallsFull has them.
 func (in *Injector) stepCalls(ctx context.Context, run string, step int) ([]toolbus.ToolCall, error) {
-	return in.calls.get(ctx, stepID(run, step), func() ([]toolbus.ToolCall, error) {
+	return in.readCalls(ctx, run, step, false)
+}
+
+// stepCallsFull is stepCalls with the calls' arguments.
+func (in *Injector) stepCallsFull(ctx context.Context, run string, step int) ([]toolbus.ToolCall, error) {
+	return in.readCalls(ctx, run, step, true)
+}
+
+func (in *Injector) readCalls(ctx context.Context, run string, step int, full bool) ([]toolbus.ToolCall, error) {
+	return in.calls.get(ctx, stepID(run, step), full, func() ([]toolbus.ToolCall, error) {
 		mr, err := in.bus.Store().Assistant(ctx, run, step)
 		if err != nil {
 			return nil, err
@@ -583,7 +602,11 @@ func (in *Injector) Waiting(ctx context.Context, tw toolbus.ToolWaiting) error {
 // size of their results.
 func (in *Injector) update(ctx context.Context, run string, step, count int, change func(*store.StepState) bool) error {
 	return in.steps.submit(stepID(run, step), change, func(ops []func(*store.StepState) bool, cached *cachedStep) (*cachedStep, error) {
-		return in.apply(ctx, run, step, count, ops, cached)
+		next, err := in.apply(ctx, run, step, count, ops, cached)
+		if err == nil && next != nil && next.st.Complete() {
+			in.calls.forget(stepID(run, step)) // its results are all in: no more checks
+		}
+		return next, err
 	})
 }
 
@@ -768,7 +791,7 @@ func (in *Injector) assemble(ctx context.Context, st *store.StepState) (*store.S
 			}
 			rec.Results[i] = &r
 		case st.Waiting.Has(i):
-			calls, err := in.stepCalls(ctx, st.RunID, st.Step)
+			calls, err := in.stepCallsFull(ctx, st.RunID, st.Step)
 			if err != nil {
 				return nil, err
 			}
@@ -809,6 +832,9 @@ func (in *Injector) cancelledBy(ctx context.Context, rec *store.StepRecord) (too
 // stored outcome is published again if the stream lacks it (a crash between the state
 // write and the publish), and nothing else happens.
 func (in *Injector) end(ctx context.Context, step int, ended toolbus.RunEnded) error {
+	if ended.Status.Terminal() {
+		defer in.calls.forget(stepID(ended.RunID, step))
+	}
 	st, err := in.bus.Store().RecordEnd(ctx, step, ended)
 	if errors.Is(err, events.ErrRunEnded) {
 		return in.bus.PublishOutcome(ctx, in.source, st)

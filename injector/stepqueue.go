@@ -2,6 +2,7 @@ package injector
 
 import (
 	"context"
+	"slices"
 	"strconv"
 	"sync"
 
@@ -101,13 +102,34 @@ func (s *steps) evictIdle() {
 	}
 }
 
-// callCache keeps the calls of recently joined steps' assistant messages (which never
-// change once recorded), so checking a result against its call costs no read; the
-// results of a step that arrive together share one read.
+// callCache keeps the calls of steps' recorded assistant messages (which never change
+// once recorded), so checking a result against its call costs no read. Entries come
+// from the step's model.responded event, heard on a core subscription (followCalls:
+// call ids and tools only), or from a read of the assistant message (the whole calls);
+// the results of a step that arrive together share one read.
+//
+// It is bounded in two generations: entries go into the current map; when it holds
+// callGeneration entries it becomes the old one and the previous old one is dropped, and
+// a hit in the old map moves the entry back to the current one. So the steps in flight
+// stay, and steps this injector never joins (their results went to another injector)
+// or whose events came too late age out. A step's entry is forgotten when its step
+// completes or its run ends here. A miss is a read, as before the cache.
 type callCache struct {
-	mu      sync.Mutex
-	m       map[string][]toolbus.ToolCall
-	loading map[string]*callLoad
+	mu       sync.Mutex
+	cur, old map[string]callEntry
+	loading  map[string]*callLoad
+}
+
+// callGeneration is the number of entries of one generation of callCache: well above
+// the steps in flight at saturation (each takes one entry while its results come in).
+const callGeneration = 8192
+
+// callEntry is the calls of one step; full is false when they come from the step's
+// model.responded event, which keeps the call ids and tools only (the arguments, up to
+// the size of the whole answer, are not needed to check a result).
+type callEntry struct {
+	calls []toolbus.ToolCall
+	full  bool
 }
 
 // callLoad is a read of a step's calls in progress.
@@ -118,16 +140,39 @@ type callLoad struct {
 }
 
 func newCallCache() *callCache {
-	return &callCache{m: map[string][]toolbus.ToolCall{}, loading: map[string]*callLoad{}}
+	return &callCache{cur: map[string]callEntry{}, old: map[string]callEntry{}, loading: map[string]*callLoad{}}
+}
+
+// lookup returns the entry of step id; called with c.mu held.
+func (c *callCache) lookup(id string) (callEntry, bool) {
+	if e, ok := c.cur[id]; ok {
+		return e, true
+	}
+	e, ok := c.old[id]
+	if ok {
+		delete(c.old, id)
+		c.insert(id, e)
+	}
+	return e, ok
+}
+
+// insert stores the entry of step id in the current generation; called with c.mu held.
+func (c *callCache) insert(id string, e callEntry) {
+	if len(c.cur) >= callGeneration {
+		c.old, c.cur = c.cur, make(map[string]callEntry, callGeneration)
+	}
+	delete(c.old, id)
+	c.cur[id] = e
 }
 
 // get returns the calls of step id, reading them with read unless they are cached or
-// being read already (then it waits for that read).
-func (c *callCache) get(ctx context.Context, id string, read func() ([]toolbus.ToolCall, error)) ([]toolbus.ToolCall, error) {
+// being read already (then it waits for that read). full asks for the whole calls (with
+// their arguments): an entry that has only the ids and tools is then read again.
+func (c *callCache) get(ctx context.Context, id string, full bool, read func() ([]toolbus.ToolCall, error)) ([]toolbus.ToolCall, error) {
 	c.mu.Lock()
-	if calls, ok := c.m[id]; ok {
+	if e, ok := c.lookup(id); ok && (e.full || !full) {
 		c.mu.Unlock()
-		return calls, nil
+		return e.calls, nil
 	}
 	if l := c.loading[id]; l != nil {
 		c.mu.Unlock()
@@ -145,14 +190,46 @@ func (c *callCache) get(ctx context.Context, id string, read func() ([]toolbus.T
 	c.mu.Lock()
 	delete(c.loading, id)
 	if l.err == nil {
-		if len(c.m) >= 4096 {
-			clear(c.m) // bounded; entries reload from the history bucket
-		}
-		c.m[id] = l.calls
+		c.insert(id, callEntry{calls: l.calls, full: true})
 	}
 	c.mu.Unlock()
 	close(l.done)
 	return l.calls, l.err
+}
+
+// heard stores the calls of step id from its model.responded event, keeping their ids
+// and tools only. An entry with the same ids and tools stays as it is (it may hold the
+// arguments); a different one is replaced: the planner publishes the recorded answer,
+// so the latest event is the record (they differ only if the record itself was lost
+// and written again).
+func (c *callCache) heard(id string, calls []toolbus.ToolCall) {
+	ids := make([]toolbus.ToolCall, len(calls))
+	for i, call := range calls {
+		ids[i] = toolbus.ToolCall{CallID: call.CallID, Tool: call.Tool}
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if e, ok := c.lookup(id); ok && slices.EqualFunc(e.calls, ids, func(a, b toolbus.ToolCall) bool {
+		return a.CallID == b.CallID && a.Tool == b.Tool
+	}) {
+		return
+	}
+	c.insert(id, callEntry{calls: ids})
+}
+
+// forget drops the calls of step id (its step completed, or its run ended).
+func (c *callCache) forget(id string) {
+	c.mu.Lock()
+	delete(c.cur, id)
+	delete(c.old, id)
+	c.mu.Unlock()
+}
+
+// len returns the number of cached steps and of reads in progress.
+func (c *callCache) len() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.cur) + len(c.old) + len(c.loading)
 }
 
 // resultCache keeps the results this injector stored under their own keys (too large
