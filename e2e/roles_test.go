@@ -420,27 +420,34 @@ func (s *secured) decide(run, callID string, granted bool) {
 	}
 }
 
-// result returns the stored result of a call, read as the client.
+// result returns the stored result of a call, read as the client. It polls: the result
+// may be stored after the run's outcome (a cancelled run ends before its executor hands
+// back the cancelled call), and the client reads the read mirror, which follows the
+// stream.
 func (s *secured) result(run, callID string) toolbus.ToolResult {
 	s.t.Helper()
-	evs, err := s.buses["client"].RunEvents(s.ctx, run)
-	if err != nil {
-		s.t.Fatal(err)
-	}
-	for _, ev := range evs {
-		if ev.Meta.Type != events.TypeToolFinished {
-			continue
+	var res *toolbus.ToolResult
+	eventstest.Eventually(s.t, 30*time.Second, func() error {
+		evs, err := s.buses["client"].RunEvents(s.ctx, run)
+		if err != nil {
+			return err
 		}
-		var tf toolbus.ToolFinished
-		if err := ev.Decode(&tf); err != nil {
-			s.t.Fatal(err)
+		for _, ev := range evs {
+			if ev.Meta.Type != events.TypeToolFinished {
+				continue
+			}
+			var tf toolbus.ToolFinished
+			if err := ev.Decode(&tf); err != nil {
+				return err
+			}
+			if tf.ToolResult.CallID == callID {
+				res = &tf.ToolResult
+				return nil
+			}
 		}
-		if tf.ToolResult.CallID == callID {
-			return tf.ToolResult
-		}
-	}
-	s.t.Fatalf("run %s has no result for %s", run, callID)
-	return toolbus.ToolResult{}
+		return fmt.Errorf("run %s has no result for %s", run, callID)
+	})
+	return *res
 }
 
 // A permission violation is never silent: with an executor role that may not read the
