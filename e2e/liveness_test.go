@@ -566,3 +566,53 @@ func TestPersistentStoreFailureEndsTheRun(t *testing.T) {
 	}
 	s.waitIdle("injector")
 }
+
+// An end recorded in the run state whose outcome event a crash lost (the state is
+// written here directly, as by an ender that crashed before publishing): the step the
+// injector then asks for (its outcome events do not know the end) calls no model. The
+// planner knows the end from the run state's write, which it follows with its outcome
+// events instead of reading the run state at every step; it then publishes the lost
+// outcome.
+func TestEndRecordedButNotPublishedPlansNoStep(t *testing.T) {
+	release := make(chan struct{})
+	model := planner.ModelFunc(func(_ context.Context, req planner.Request) (planner.Response, error) {
+		if req.Step > 0 {
+			return planner.Answer("done")(req), nil
+		}
+		if req.RunID == "warm-1" {
+			return planner.Calls(call("n", "noop", `{}`))(req), nil
+		}
+		return planner.Calls(call("a", "gate", `{}`))(req), nil
+	})
+	s := newStack(t, model, gateTool(release))
+	s.startAll()
+	// The workers trust their followed ends for the runs that start after the first
+	// lookup (on an empty stream they trust nothing): one run first.
+	s.submit("warm-1", toolbus.Limits{})
+	if ended := s.waitEnd("warm-1"); ended.Status != toolbus.RunCompleted {
+		t.Fatalf("warm-up run: %+v", ended)
+	}
+	s.submit("lost-end-1", toolbus.Limits{Deadline: time.Now().Add(2 * time.Minute)})
+	s.waitEvents("lost-end-1", events.TypeToolRequested, 1)
+	if _, err := s.bus.Store().RecordEnd(s.ctx, 0, toolbus.RunEnded{RunID: "lost-end-1", Status: toolbus.RunFailed,
+		Code: toolbus.CodeStoreError, Reason: "ended by a worker that crashed before publishing", StepsUsed: 1}); err != nil {
+		t.Fatal(err)
+	}
+	close(release)
+	ended := s.waitEnd("lost-end-1")
+	if ended.Status != toolbus.RunFailed || ended.Code != toolbus.CodeStoreError {
+		t.Fatalf("outcome %+v, want the recorded failed / store_error", ended)
+	}
+	s.waitIdle("planner")
+	if reqs := s.seenReq.requests("lost-end-1"); len(reqs) != 1 || reqs[0].Step != 0 {
+		t.Fatalf("%d model requests, want step 0's only", len(reqs))
+	}
+	// The injector did ask for step 1 (its outcome events did not know the end): the
+	// planner is what refused it.
+	if n := countType(s.runEvents("lost-end-1"), events.TypeModelRequested); n != 2 {
+		t.Fatalf("%d model.requested events, want 2 (steps 0 and 1)", n)
+	}
+	if n := len(s.outcomes("lost-end-1")); n != 1 {
+		t.Fatalf("%d outcome events, want exactly 1", n)
+	}
+}

@@ -3,6 +3,7 @@ package e2e_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -419,27 +420,34 @@ func (s *secured) decide(run, callID string, granted bool) {
 	}
 }
 
-// result returns the stored result of a call, read as the client.
+// result returns the stored result of a call, read as the client. It polls: the result
+// may be stored after the run's outcome (a cancelled run ends before its executor hands
+// back the cancelled call), and the client reads the read mirror, which follows the
+// stream.
 func (s *secured) result(run, callID string) toolbus.ToolResult {
 	s.t.Helper()
-	evs, err := s.buses["client"].RunEvents(s.ctx, run)
-	if err != nil {
-		s.t.Fatal(err)
-	}
-	for _, ev := range evs {
-		if ev.Meta.Type != events.TypeToolFinished {
-			continue
+	var res *toolbus.ToolResult
+	eventstest.Eventually(s.t, 30*time.Second, func() error {
+		evs, err := s.buses["client"].RunEvents(s.ctx, run)
+		if err != nil {
+			return err
 		}
-		var tf toolbus.ToolFinished
-		if err := ev.Decode(&tf); err != nil {
-			s.t.Fatal(err)
+		for _, ev := range evs {
+			if ev.Meta.Type != events.TypeToolFinished {
+				continue
+			}
+			var tf toolbus.ToolFinished
+			if err := ev.Decode(&tf); err != nil {
+				return err
+			}
+			if tf.ToolResult.CallID == callID {
+				res = &tf.ToolResult
+				return nil
+			}
 		}
-		if tf.ToolResult.CallID == callID {
-			return tf.ToolResult
-		}
-	}
-	s.t.Fatalf("run %s has no result for %s", run, callID)
-	return toolbus.ToolResult{}
+		return fmt.Errorf("run %s has no result for %s", run, callID)
+	})
+	return *res
 }
 
 // A permission violation is never silent: with an executor role that may not read the
@@ -666,5 +674,69 @@ func TestRolesReadersCannotExhaustConsumers(t *testing.T) {
 	}
 	if ins, err := s.buses["client"].Store().Instances(s.ctx); err != nil || len(ins) == 0 {
 		t.Fatalf("client lists instances: %v %d", err, len(ins))
+	}
+}
+
+// The planner learns ends from the outcome events and the run states' writes (core
+// NATS): with the shipped credentials, the planner may follow both; an executor may not
+// follow the run states' writes (the follower says so, and a worker then reads run
+// states) nor write one: a terminal run state an executor forges for someone's run is
+// refused by the server, and the run goes on and completes.
+func TestRolesRunStateWritesFollowed(t *testing.T) {
+	dir := t.TempDir()
+	for _, f := range []string{"permissions.conf", "auth-users.conf", "single.conf"} {
+		writeFile(t, dir, f, []byte(readDeployFile(t, f)))
+	}
+	pw := setPasswords(t)
+	srv := startConfigured(t, filepath.Join(dir, "auth-users.conf"))
+	opts := map[string][]nats.Option{}
+	for _, role := range allRoles {
+		opts[role] = []nats.Option{nats.UserInfo(role, pw[role])}
+	}
+	s := startSecuredWith(t, srv.ClientURL(), opts, matrixModel())
+
+	follow := func(role string) error {
+		t.Helper()
+		seen := &violations{}
+		nc, err := connectAs(t, srv.ClientURL(), role, seen, opts[role]...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		bus, err := events.Open(s.ctx, nc, events.Config{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ends := bus.RunOutcomes()
+		ends.FollowRunStates()
+		defer ends.Close()
+		return ends.Listen(s.ctx)
+	}
+	if err := follow("planner"); err != nil {
+		t.Fatalf("the planner follows run ends: %v", err)
+	}
+	if err := follow("executor"); !errors.Is(err, events.ErrNoOutcomeSubscription) {
+		t.Fatalf("an executor follows the run states' writes: %v, want ErrNoOutcomeSubscription", err)
+	}
+
+	const run = "plain-forged-end"
+	s.start(run, toolbus.Limits{})
+	seen := &violations{}
+	nc, err := connectAs(t, srv.ClientURL(), "executor", seen, opts["executor"]...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	subject := "$KV." + store.BucketRuns + "." + run
+	forged := []byte(`{"run_id":"` + run + `","status":"failed","step":0}`)
+	if err := publishAndFlush(s.ctx, nc, subject, forged, nil); err != nil {
+		t.Fatal(err)
+	}
+	eventstest.Eventually(t, 15*time.Second, func() error {
+		if !seen.has("executor", subject) {
+			return fmt.Errorf("no permissions violation on %s (got %v)", subject, seen.all())
+		}
+		return nil
+	})
+	if ended := s.waitOutcome(run, toolbus.RunCompleted); ended.Status != toolbus.RunCompleted {
+		t.Fatalf("outcome %+v", ended)
 	}
 }

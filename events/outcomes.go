@@ -2,15 +2,18 @@ package events
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
 
 	"github.com/toolbus/toolbus"
+	"github.com/toolbus/toolbus/events/store"
 )
 
 // RunOutcomes is what a worker learns of ended runs from their outcome events
@@ -29,6 +32,12 @@ import (
 type RunOutcomes struct {
 	nc   *nats.Conn
 	info func(context.Context) (uint64, error) // the stream's last sequence
+	// states, when set, is the subject of the run states' writes ($KV.<runs bucket>.>),
+	// followed too (FollowRunStates) by stateSub, whose handler counts what it handled.
+	states       string
+	stateSub     *nats.Subscription
+	stateHandled atomic.Uint64
+	stateHook    func(run string) // tests: called before a write is recorded
 
 	mu         sync.Mutex
 	ended      map[string]toolbus.RunStatus
@@ -64,22 +73,33 @@ func (b *Bus) RunOutcomes() *RunOutcomes {
 	})
 }
 
-// Listen subscribes to the outcome events and records the sequence from which they are
-// trusted. An error leaves the worker reading run states, as before the subscriptions
-// (call Close).
+// FollowRunStates makes Listen follow the writes of the run states as well (core NATS,
+// $KV.<runs bucket>.>): an end is then known from the write that records it, before its
+// outcome event is published, and even when a crash between the two loses the event.
+// That closes the one gap of the outcome events (see Lookup), so a worker that must not
+// act on an ended run (the planner, before calling the model) can trust the follower as
+// it would a read of the run state. Call it before Listen.
+//
+// A core subscription sees every write the server lets through, including a
+// compare-and-set the bucket then refuses. Only the planner and the injector may write
+// run states, and they write a terminal state only to end the run: a refused write is
+// retried until the run has ended (Store.RecordEnd; the retry of a writer that crashed
+// comes with the redelivery of what it was handling), so a terminal write seen means
+// the run has ended or is being ended.
+func (e *RunOutcomes) FollowRunStates() {
+	e.states = "$KV." + store.BucketRuns + ".>"
+}
+
+// Listen subscribes to the outcome events (and the run states' writes, see
+// FollowRunStates) and records the sequence from which they are trusted. An error
+// leaves the worker reading run states, as before the subscriptions (call Close).
 func (e *RunOutcomes) Listen(ctx context.Context) error {
 	for _, st := range terminalOutcomes {
 		status := st
 		sub, err := e.nc.Subscribe(SubjectRunEnded("*", status), func(m *nats.Msg) {
 			// Only an outcome whose body agrees with its subject ends a run.
 			if run, typ, err := CheckMsg(m); err == nil && typ == TypeRunEnded(status) {
-				e.mu.Lock()
-				if len(e.ended) >= 100000 {
-					clear(e.ended) // bounded: forgotten runs are read from the store again
-					e.from = 0
-				}
-				e.ended[run] = status
-				e.mu.Unlock()
+				e.record(run, status)
 			}
 		})
 		if err != nil {
@@ -89,7 +109,50 @@ func (e *RunOutcomes) Listen(ctx context.Context) error {
 		e.subs = append(e.subs, sub)
 		e.mu.Unlock()
 	}
+	if e.states != "" {
+		sub, err := e.nc.Subscribe(e.states, func(m *nats.Msg) {
+			e.stateWritten(m)
+			e.stateHandled.Add(1)
+		})
+		if err != nil {
+			return fmt.Errorf("events: subscribe to run states: %w", err)
+		}
+		e.mu.Lock()
+		e.subs, e.stateSub = append(e.subs, sub), sub
+		e.mu.Unlock()
+	}
 	return e.refresh(ctx)
+}
+
+// stateWritten records the end a run-state write records. Deletes and purges (the
+// KV-Operation header) and bodies that name another run than their key are ignored.
+func (e *RunOutcomes) stateWritten(m *nats.Msg) {
+	if m.Header.Get("KV-Operation") != "" {
+		return
+	}
+	run := strings.TrimPrefix(m.Subject, strings.TrimSuffix(e.states, ">"))
+	var st struct {
+		RunID  string            `json:"run_id"`
+		Status toolbus.RunStatus `json:"status"`
+	}
+	if !toolbus.ValidRunID(run) || json.Unmarshal(m.Data, &st) != nil || st.RunID != run || !st.Status.Terminal() {
+		return
+	}
+	if e.stateHook != nil {
+		e.stateHook(run)
+	}
+	e.record(run, st.Status)
+}
+
+// record notes that run ended with status.
+func (e *RunOutcomes) record(run string, status toolbus.RunStatus) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if len(e.ended) >= 100000 {
+		clear(e.ended) // bounded: forgotten runs are read from the store again
+		e.from = 0
+	}
+	e.ended[run] = status
 }
 
 // Close removes the subscriptions.
@@ -99,7 +162,7 @@ func (e *RunOutcomes) Close() {
 	for _, s := range e.subs {
 		_ = s.Unsubscribe() // the connection may be closing
 	}
-	e.subs = nil
+	e.subs, e.stateSub = nil, nil
 	e.from = 0
 }
 
@@ -113,8 +176,8 @@ func (e *RunOutcomes) refresh(ctx context.Context) error {
 		return fmt.Errorf("events: flush outcome subscriptions: %w", err)
 	}
 	// A refused subscription is reported asynchronously, before the flush's answer.
-	if err := e.nc.LastError(); errors.Is(err, nats.ErrPermissionViolation) &&
-		strings.Contains(err.Error(), "."+string(toolbus.RunCompleted)) {
+	// The connection keeps the last one: after the flush, one of ours if any was refused.
+	if err := e.nc.LastError(); errors.Is(err, nats.ErrPermissionViolation) && e.refused(err) {
 		return fmt.Errorf("%w: %w", ErrNoOutcomeSubscription, err)
 	}
 	seq, err := e.info(ctx)
@@ -129,6 +192,41 @@ func (e *RunOutcomes) refresh(ctx context.Context) error {
 	}
 	e.from, e.reconnects, e.dropped = seq, reconnects, dropped
 	return nil
+}
+
+// statesCaughtUp reports whether every run-state write the connection had received
+// when it was called has been handled (true when run states are not followed). One
+// server sends this connection what it handles in the order it handles it, so once this
+// holds, an end written before the server delivered the step being checked (on the same
+// connection) is in the map. Across a cluster the write and the delivery may take
+// different routes: an end written within that latency of the delivery may be missed,
+// as a read of the run state just before the write would miss it. Pending is read first: a write not pending then had been delivered to the
+// handler, so it is counted by Delivered, read next, and handled once the count of
+// handled writes, read last, reaches it.
+func (e *RunOutcomes) statesCaughtUp() bool {
+	e.mu.Lock()
+	sub := e.stateSub
+	e.mu.Unlock()
+	if sub == nil {
+		return true
+	}
+	if n, _, err := sub.Pending(); err != nil || n > 0 {
+		return false
+	}
+	d, err := sub.Delivered()
+	return err == nil && e.stateHandled.Load() >= uint64(d)
+}
+
+// refused reports whether a permissions violation names one of the follower's subjects.
+func (e *RunOutcomes) refused(err error) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, s := range e.subs {
+		if strings.Contains(err.Error(), `"`+s.Subject+`"`) {
+			return true
+		}
+	}
+	return false
 }
 
 func (e *RunOutcomes) droppedNow() int {
@@ -158,7 +256,9 @@ func (e *RunOutcomes) Lookup(run string, startSeq uint64) (toolbus.RunStatus, bo
 		return status, true
 	}
 	if from > 0 && e.nc.Stats().Reconnects == reconnects && e.droppedNow() == dropped {
-		return "", startSeq > from
+		// A write received but not handled yet could be the run's end: not an answer
+		// (the caller reads), but no reason to distrust the subscriptions either.
+		return "", startSeq > from && e.statesCaughtUp()
 	}
 	// Not trusted yet, or messages may have been lost: read the run state until a new
 	// sequence is recorded.

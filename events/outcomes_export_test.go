@@ -13,3 +13,7 @@ func (e *RunOutcomes) TrustedFrom() uint64 {
 	defer e.mu.Unlock()
 	return e.from
 }
+
+// OnStateWrite sets a function called with the run of each terminal run-state write
+// before it is recorded (set it before Listen).
+func (e *RunOutcomes) OnStateWrite(f func(run string)) { e.stateHook = f }

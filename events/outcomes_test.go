@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
@@ -71,4 +73,116 @@ func TestEndedRunsFromOutcomeEvents(t *testing.T) {
 	if _, ok := ends.Lookup("other", other); ok {
 		t.Error("a run started before the new trusted sequence is answered by the subscriptions")
 	}
+}
+
+// Followed run-state writes tell an end before its outcome event, and when a crash lost
+// the event: the outcome events alone do not. Only a terminal write whose body names the
+// run of its key counts, and a write received but not yet handled keeps the follower
+// from answering (the caller reads) without making it distrust its subscriptions.
+func TestEndedRunsFromRunStateWrites(t *testing.T) {
+	ctx := eventstest.Context(t, time.Minute)
+	bus := eventstest.Setup(t, events.Config{Memory: true})
+	// The followers trust themselves from the stream's last sequence: not 0.
+	if err := bus.StartRun(ctx, "/test", toolbus.RunStarted{RunID: "first"}); err != nil {
+		t.Fatal(err)
+	}
+	plain := bus.RunOutcomes()
+	if err := plain.Listen(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer plain.Close()
+	ends := bus.RunOutcomes()
+	ends.FollowRunStates()
+	entered, release := make(chan struct{}), make(chan struct{})
+	ends.OnStateWrite(func(run string) {
+		if run == "held" {
+			close(entered)
+			<-release
+		}
+	})
+	if err := ends.Listen(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer ends.Close()
+	seqs := map[string]uint64{}
+	for _, run := range []string{"crashed", "waiting", "forged", "named", "deleted", "sync", "held"} {
+		if err := bus.StartRun(ctx, "/test", toolbus.RunStarted{RunID: run}); err != nil {
+			t.Fatal(err)
+		}
+		seq, err := bus.RunStartedSeq(ctx, run)
+		if err != nil {
+			t.Fatal(err)
+		}
+		seqs[run] = seq
+	}
+	lookup := func(f *events.RunOutcomes, run string) (toolbus.RunStatus, bool) {
+		return f.Lookup(run, seqs[run])
+	}
+
+	// The end is recorded, and its writer crashed before publishing the outcome event.
+	if _, err := bus.Store().RecordEnd(ctx, 0, toolbus.RunEnded{RunID: "crashed", Status: toolbus.RunFailed}); err != nil {
+		t.Fatal(err)
+	}
+	eventstest.Eventually(t, 10*time.Second, func() error {
+		if st, ok := lookup(ends, "crashed"); !ok || st != toolbus.RunFailed {
+			return fmt.Errorf("got %q, %v; want failed, true", st, ok)
+		}
+		return nil
+	})
+	if st, ok := lookup(plain, "crashed"); !ok || st != "" {
+		t.Fatalf("the outcome events alone: got %q, %v; want them blind to it (\"\", true) from=%d seq=%d", st, ok, plain.TrustedFrom(), seqs["crashed"])
+	}
+
+	// A run that waits is not ended; a write whose body names another run than its key,
+	// and a delete marker with a terminal body, end nothing.
+	if err := bus.Store().SetRunState(ctx, "waiting", toolbus.RunWaitingForApproval, 0, "", ""); err != nil {
+		t.Fatal(err)
+	}
+	nc := bus.Conn()
+	if err := nc.Publish("$KV.toolbus_runs.forged", []byte(`{"run_id":"named","status":"failed"}`)); err != nil {
+		t.Fatal(err)
+	}
+	del := nats.NewMsg("$KV.toolbus_runs.deleted")
+	del.Header.Set("KV-Operation", "DEL")
+	del.Data = []byte(`{"run_id":"deleted","status":"failed"}`)
+	if err := nc.PublishMsg(del); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := bus.Store().RecordEnd(ctx, 0, toolbus.RunEnded{RunID: "sync", Status: toolbus.RunCompleted}); err != nil {
+		t.Fatal(err)
+	}
+	eventstest.Eventually(t, 10*time.Second, func() error { // handled in order: the writes above are too
+		if st, _ := lookup(ends, "sync"); st != toolbus.RunCompleted {
+			return fmt.Errorf("sync: %q", st)
+		}
+		return nil
+	})
+	for _, run := range []string{"waiting", "forged", "named", "deleted"} {
+		if st, ok := lookup(ends, run); !ok || st != "" {
+			t.Errorf("%s: got %q, %v; want \"\", true", run, st, ok)
+		}
+	}
+
+	// A write in the handler, not yet recorded: no answer, and no loss of trust.
+	from := ends.TrustedFrom()
+	if _, err := bus.Store().RecordEnd(ctx, 0, toolbus.RunEnded{RunID: "held", Status: toolbus.RunCancelled}); err != nil {
+		t.Fatal(err)
+	}
+	<-entered
+	if st, ok := lookup(ends, "held"); ok {
+		t.Errorf("a write being handled: got %q, %v; want no answer", st, ok)
+	}
+	if st, ok := lookup(ends, "waiting"); ok {
+		t.Errorf("another run while a write is being handled: got %q, %v; want no answer", st, ok)
+	}
+	if got := ends.TrustedFrom(); got != from {
+		t.Errorf("trusted from %d, was %d: a write being handled is not a lost one", got, from)
+	}
+	close(release)
+	eventstest.Eventually(t, 10*time.Second, func() error {
+		if st, ok := lookup(ends, "held"); !ok || st != toolbus.RunCancelled {
+			return fmt.Errorf("got %q, %v; want cancelled, true", st, ok)
+		}
+		return nil
+	})
 }

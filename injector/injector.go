@@ -779,7 +779,8 @@ func carried(st *store.StepState, rec *store.StepRecord, budget int) []toolbus.T
 //
 // The outcome events miss an end recorded in the run state whose event is not published
 // yet (a crash between the two): the step's model.requested is then published, and the
-// planner, which reads the run state before planning any step, refuses it and
+// planner, which follows the run states' writes as well (or reads the run state when
+// they do not answer for the run), refuses it and
 // publishes the lost outcome. So no step of an ended run is planned either way.
 func (in *Injector) runState(ctx context.Context, st *store.StepState, startSeq uint64) (store.RunState, error) {
 	if st.Waiting.Count() == 0 {

@@ -144,6 +144,10 @@ type Planner struct {
 	mu        sync.Mutex
 	cache     map[string]*runHistory
 	cancelled map[string]struct{}
+	// ends are the runs known to have ended, from their outcome events and their run
+	// states' writes: a step is planned without reading its run's state when they answer
+	// for the run (runState)
+	ends *events.RunOutcomes
 }
 
 // runHistory caches what the planner knows of a run: the messages of steps < upTo,
@@ -163,11 +167,16 @@ func New(bus *events.Bus, model Model, catalog *store.Catalog, cfg Config) (*Pla
 		return nil, err
 	}
 	cfg.setDefaults()
+	var ends *events.RunOutcomes
+	if bus != nil {
+		ends = bus.RunOutcomes()
+		ends.FollowRunStates()
+	}
 	return &Planner{
 		cfg: cfg, bus: bus, model: model, catalog: catalog,
 		source: events.Source("planner", cfg.Instance),
 		log:    cfg.Logger.With("component", "planner", "instance", cfg.Instance),
-		cache:  map[string]*runHistory{}, cancelled: map[string]struct{}{},
+		cache:  map[string]*runHistory{}, cancelled: map[string]struct{}{}, ends: ends,
 	}, nil
 }
 
@@ -197,6 +206,11 @@ func (p *Planner) Run(ctx context.Context) error {
 		return fmt.Errorf("planner: subscribe to cancellations: %w", err)
 	}
 	defer sub.Unsubscribe() //nolint:errcheck // the connection may be closing
+	if err := p.ends.Listen(ctx); err != nil {
+		// Without them every step reads its run's state, as it always may.
+		p.log.Warn("run ends not followed: each step reads its run's state", "error", err)
+	}
+	defer p.ends.Close()
 	p.log.Info("planner serving", "consumer", p.cfg.Durable, "concurrency", p.cfg.Concurrency,
 		"stream", p.bus.Config().Stream, "nats", p.bus.Conn().ConnectedUrlRedacted())
 	err = consume.Serve(ctx, cons, consume.Config{
@@ -273,7 +287,7 @@ func (p *Planner) Step(ctx context.Context, run string, step int, traceparent st
 // plan plans the step req asks for; first reports that req is on its first delivery.
 func (p *Planner) plan(ctx context.Context, req toolbus.ModelRequested, first bool, traceparent string) error {
 	run, step := req.RunID, req.Step
-	rs, err := p.bus.RunStarted(ctx, run)
+	rs, startSeq, err := p.bus.RunStartedAt(ctx, run)
 	if err != nil {
 		if errors.Is(err, events.ErrRunNotFound) {
 			return fmt.Errorf("%w: %w", events.ErrPoison, err)
@@ -288,10 +302,11 @@ func (p *Planner) plan(ctx context.Context, req toolbus.ModelRequested, first bo
 	}
 	// Only a running run's current step is planned: a forged or duplicate request for
 	// another step, or for an ended run, is terminated with the reason and calls no model.
-	// The run state and the step's view (current) are read at once: two round trips in
-	// parallel, not one after the other. The view is not read at all when the request
-	// itself vouches for it (viewless); the run state always is: it is what refuses a
-	// step of a run whose end was recorded but whose outcome event a crash lost.
+	// The run state (runState) and the step's view (current) are read at once: two round
+	// trips in parallel, not one after the other. The view is not read at all when the
+	// request itself vouches for it (viewless); the run's state is always established
+	// (read, or known from the followed run ends): it is what refuses a step of a run
+	// whose end was recorded but whose outcome event a crash lost.
 	var (
 		viewed   conc.WaitGroup
 		view     stepView
@@ -303,7 +318,7 @@ func (p *Planner) plan(ctx context.Context, req toolbus.ModelRequested, first bo
 	} else {
 		viewed.Go(func() { view.prev, recorded, viewErr = p.current(ctx, run, step) })
 	}
-	st, _, err := p.bus.Store().RunState(ctx, run)
+	st, err := p.runState(ctx, run, startSeq)
 	viewed.Wait()
 	if err != nil {
 		if errors.Is(err, events.ErrRunNotFound) {
@@ -343,6 +358,21 @@ func (p *Planner) plan(ctx context.Context, req toolbus.ModelRequested, first bo
 	)
 
 	return p.publishResponse(ctx, rs, step, mr, traceparent)
+}
+
+// runState returns what planning a step needs of its run's state. While the followed
+// ends (outcome events and run-state writes, RunOutcomes.FollowRunStates) answer for the
+// run and know no end, the run is running and nothing is read; otherwise the state is
+// read. Either way an end recorded before the step is seen: the followed writes include
+// the one that records it, even when the crash of its writer lost the outcome event.
+func (p *Planner) runState(ctx context.Context, run string, startSeq uint64) (store.RunState, error) {
+	if p.ends != nil {
+		if status, ok := p.ends.Lookup(run, startSeq); ok && status == "" {
+			return store.RunState{RunID: run, Status: toolbus.RunRunning}, nil
+		}
+	}
+	st, _, err := p.bus.Store().RunState(ctx, run)
+	return st, err
 }
 
 // answer returns the step's assistant message, recorded: the one already recorded (a
@@ -514,8 +544,9 @@ type stepView struct {
 //     failed extra call falls back to it too (recordedAfterAll). The cost is one model
 //     call, which concurrent duplicates already pay when both read before either records.
 //
-// The run state is read either way: it refuses a step of an ended run (see
-// injector.runState for an end whose outcome event a crash lost).
+// The run's state is checked either way (runState: read, or known from the followed run
+// ends, which include the run-state write of an end whose outcome event a crash lost):
+// it refuses a step of an ended run.
 func (p *Planner) viewless(req toolbus.ModelRequested, first bool) ([]toolbus.ToolResult, bool) {
 	if !first {
 		return nil, false
