@@ -248,6 +248,8 @@ type Provider struct {
 	servers []*server
 	cancel  context.CancelFunc
 	wg      sync.WaitGroup
+	// sessionEnded, for tests, is called when a session ended, before it is marked so.
+	sessionEnded func()
 }
 
 // New returns a Provider that registers the tools of every server of cfg in reg once
@@ -385,13 +387,13 @@ func (s *server) connect(ctx context.Context) (*mcp.ClientSession, error) {
 func (s *server) supervise(ctx context.Context, sess *mcp.ClientSession) {
 	for {
 		err := sess.Wait()
+		if h := s.p.sessionEnded; h != nil {
+			h()
+		}
 		// Close releases what the SDK keeps for an ended session (its listen request's
 		// goroutine waits for Close, not for the connection's end).
 		_ = sess.Close()
-		s.mu.Lock()
-		s.sess = nil
-		s.up = make(chan struct{})
-		s.mu.Unlock()
+		s.down(sess)
 		if ctx.Err() != nil {
 			return
 		}
@@ -561,6 +563,19 @@ func (s *server) tool(t *mcp.Tool) (executor.Tool, error) {
 	}, nil
 }
 
+// down marks sess ended, unless it was already: calls then wait for the next session.
+// Both the supervisor and a call that found the session closing mark it, whichever
+// comes first; the channel the waiters wait on is made once per ended session, and the
+// next connect closes it.
+func (s *server) down(sess *mcp.ClientSession) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.sess == sess {
+		s.sess = nil
+		s.up = make(chan struct{})
+	}
+}
+
 // session returns the live session, waiting for a reconnection while ctx allows.
 func (s *server) session(ctx context.Context) (*mcp.ClientSession, error) {
 	for {
@@ -581,11 +596,26 @@ func (s *server) session(ctx context.Context) (*mcp.ClientSession, error) {
 // call runs tools/call. ctx carries the call's deadline; when it ends the SDK sends
 // notifications/cancelled to the server.
 func (s *server) call(ctx context.Context, name string, args json.RawMessage) (any, error) {
-	sess, err := s.session(ctx)
-	if err != nil {
-		return nil, err
+	var (
+		res *mcp.CallToolResult
+		err error
+	)
+	for attempt := 0; ; attempt++ {
+		var sess *mcp.ClientSession
+		if sess, err = s.session(ctx); err != nil {
+			return nil, err
+		}
+		res, err = sess.CallTool(ctx, &mcp.CallToolParams{Name: name, Arguments: args})
+		// ErrConnectionClosed: the session was closing before the call was written (the
+		// server died and the supervisor has not noticed yet), so the server never saw
+		// it: waiting for the next session and calling there runs it once. A call that
+		// was written and lost its connection fails with the read error instead, and is
+		// not called again (it may have run).
+		if err == nil || !errors.Is(err, mcp.ErrConnectionClosed) || ctx.Err() != nil || attempt >= 3 {
+			break
+		}
+		s.down(sess)
 	}
-	res, err := sess.CallTool(ctx, &mcp.CallToolParams{Name: name, Arguments: args})
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil, ctx.Err() // the executor reports the timeout or cancellation

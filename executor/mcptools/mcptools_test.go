@@ -128,12 +128,15 @@ func (f *fixture) crash() {
 
 func quietLog() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
-func start(t *testing.T, f *fixture, onChange func(context.Context) error) (*executor.Registry, *executor.Executor) {
+func start(t *testing.T, f *fixture, onChange func(context.Context) error, setup ...func(*mcptools.Provider)) (*executor.Registry, *executor.Executor) {
 	t.Helper()
 	reg := executor.NewRegistry()
 	p, err := mcptools.New(reg, mcptools.Config{}, mcptools.Options{Logger: quietLog(), OnChange: onChange, MinBackoff: 10 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
+	}
+	for _, f := range setup {
+		f(p)
 	}
 	p.AddServer("fx", f.dial)
 	if err := p.Start(eventstest.Context(t, 2*time.Minute)); err != nil {
@@ -326,5 +329,54 @@ func TestLoadConfig(t *testing.T) {
 				t.Errorf("config %+v", c)
 			}
 		})
+	}
+}
+
+// A call made after the server died but before the provider noticed (the supervisor
+// held here) was never written to the dead connection: it waits for the reconnection
+// and runs there, instead of failing.
+func TestCallBetweenCrashAndNoticeWaitsForTheRestart(t *testing.T) {
+	f := newFixture(t)
+	ended, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	_, ex := start(t, f, nil, func(p *mcptools.Provider) {
+		p.OnSessionEnded(func() {
+			once.Do(func() {
+				close(ended)
+				<-release
+			})
+		})
+	})
+	var released sync.Once
+	unblock := func() { released.Do(func() { close(release) }) }
+	t.Cleanup(unblock) // before the provider's Close (cleanups run last first)
+	ctx := eventstest.Context(t, time.Minute)
+	if res := call(ctx, ex, "fx__echo", `{"text":"before"}`); res.Status != toolbus.StatusSucceeded {
+		t.Fatalf("before the crash: %+v", res)
+	}
+	f.crash()
+	select {
+	case <-ended:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the session's end was never seen")
+	}
+	done := make(chan toolbus.ToolResult, 1)
+	go func() { done <- call(ctx, ex, "fx__echo", `{"text":"after"}`) }()
+	select {
+	case res := <-done:
+		t.Fatalf("the call ended before the provider reconnected: %+v", res)
+	case <-time.After(200 * time.Millisecond): // it waits (a failure would come at once; the check below catches it too)
+	}
+	unblock()
+	select {
+	case res := <-done:
+		if res.Status != toolbus.StatusSucceeded || res.Content != "echo: after" {
+			t.Fatalf("the call after the crash: %+v, want it run on the new session", res)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the call never ran")
+	}
+	if n := f.dials.Load(); n != 2 {
+		t.Fatalf("dialled %d times, want one reconnection", n)
 	}
 }
