@@ -38,11 +38,17 @@ type RunOutcomes struct {
 	stateSub     *nats.Subscription
 	stateHandled atomic.Uint64
 	stateHook    func(run string) // tests: called before a write is recorded
+	// onEnded, when set (OnEnded), is called with each end once it is recorded.
+	onEnded func(run string, status toolbus.RunStatus)
 
-	mu         sync.Mutex
-	ended      map[string]toolbus.RunStatus
-	subs       []*nats.Subscription
-	from       uint64 // 0: the subscriptions are not trusted
+	mu    sync.Mutex
+	ended map[string]toolbus.RunStatus
+	subs  []*nats.Subscription
+	// trusted: the subscriptions answer for runs whose first run.started is after from
+	// (the stream's last sequence when they were in place: 0 on an empty stream).
+	trusted    bool
+	from       uint64
+	epoch      uint64 // counts the recorded froms, so that a lookup distrusts only the one it saw
 	reconnects uint64 // the connection's reconnections when from was recorded
 	dropped    int    // messages the subscriptions dropped when from was recorded
 	refreshing bool
@@ -144,16 +150,26 @@ func (e *RunOutcomes) stateWritten(m *nats.Msg) {
 	e.record(run, st.Status)
 }
 
-// record notes that run ended with status.
+// record notes that run ended with status, then tells the OnEnded function.
 func (e *RunOutcomes) record(run string, status toolbus.RunStatus) {
 	e.mu.Lock()
-	defer e.mu.Unlock()
 	if len(e.ended) >= 100000 {
 		clear(e.ended) // bounded: forgotten runs are read from the store again
-		e.from = 0
+		e.trusted = false
 	}
 	e.ended[run] = status
+	e.mu.Unlock()
+	if e.onEnded != nil {
+		e.onEnded(run, status)
+	}
 }
+
+// OnEnded sets a function called with each run end the follower hears, after Lookup
+// answers with it: whoever records something of a run and then looks the run up is
+// either answered with the end or called with it afterwards, never neither (one
+// subscription of its own could hear the end before this follower records it). Set it
+// before Listen.
+func (e *RunOutcomes) OnEnded(f func(run string, status toolbus.RunStatus)) { e.onEnded = f }
 
 // Close removes the subscriptions.
 func (e *RunOutcomes) Close() {
@@ -163,7 +179,7 @@ func (e *RunOutcomes) Close() {
 		_ = s.Unsubscribe() // the connection may be closing
 	}
 	e.subs, e.stateSub = nil, nil
-	e.from = 0
+	e.trusted = false
 }
 
 // refresh records the sequence from which the subscriptions are trusted: the stream's
@@ -190,7 +206,8 @@ func (e *RunOutcomes) refresh(ctx context.Context) error {
 	if len(e.subs) == 0 || e.nc.Stats().Reconnects != reconnects {
 		return nil // closed, or reconnected meanwhile: the next call tries again
 	}
-	e.from, e.reconnects, e.dropped = seq, reconnects, dropped
+	e.trusted, e.from, e.reconnects, e.dropped = true, seq, reconnects, dropped
+	e.epoch++
 	return nil
 }
 
@@ -250,12 +267,12 @@ func (e *RunOutcomes) droppedNow() int {
 func (e *RunOutcomes) Lookup(run string, startSeq uint64) (toolbus.RunStatus, bool) {
 	e.mu.Lock()
 	status, ok := e.ended[run]
-	from, reconnects, dropped := e.from, e.reconnects, e.dropped
+	trusted, from, epoch, reconnects, dropped := e.trusted, e.from, e.epoch, e.reconnects, e.dropped
 	e.mu.Unlock()
 	if ok {
 		return status, true
 	}
-	if from > 0 && e.nc.Stats().Reconnects == reconnects && e.droppedNow() == dropped {
+	if trusted && e.nc.Stats().Reconnects == reconnects && e.droppedNow() == dropped {
 		// A write received but not handled yet could be the run's end: not an answer
 		// (the caller reads), but no reason to distrust the subscriptions either.
 		return "", startSeq > from && e.statesCaughtUp()
@@ -263,8 +280,8 @@ func (e *RunOutcomes) Lookup(run string, startSeq uint64) (toolbus.RunStatus, bo
 	// Not trusted yet, or messages may have been lost: read the run state until a new
 	// sequence is recorded.
 	e.mu.Lock()
-	if e.from == from {
-		e.from = 0
+	if e.epoch == epoch {
+		e.trusted = false
 	}
 	start := !e.refreshing && len(e.subs) > 0 && time.Since(e.lastTry) > time.Second
 	if start {

@@ -186,3 +186,43 @@ func TestEndedRunsFromRunStateWrites(t *testing.T) {
 		return nil
 	})
 }
+
+// Subscriptions in place on an empty stream answer for the first run started after
+// them: every event of that run comes later (an empty stream used to leave them
+// untrusted until something else was published and a lookup refreshed them).
+func TestEndedRunsFromAnEmptyStream(t *testing.T) {
+	ctx := eventstest.Context(t, time.Minute)
+	bus := eventstest.Setup(t, events.Config{Memory: true})
+	ends := bus.RunOutcomes()
+	if err := ends.Listen(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer ends.Close()
+	if !ends.Trusted() || ends.TrustedFrom() != 0 {
+		t.Fatalf("on an empty stream: trusted %v from %d, want true from 0", ends.Trusted(), ends.TrustedFrom())
+	}
+	if err := bus.StartRun(ctx, "/test", toolbus.RunStarted{RunID: "first"}); err != nil {
+		t.Fatal(err)
+	}
+	seq, err := bus.RunStartedSeq(ctx, "first")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st, ok := ends.Lookup("first", seq); !ok || st != "" {
+		t.Errorf("the first run of the stream, not ended: got %q, %v; want \"\", true", st, ok)
+	}
+	// Trust lost: an empty-stream sequence recorded earlier is not kept.
+	ends.ForgetTrust()
+	if _, ok := ends.Lookup("first", seq); ok {
+		t.Error("untrusted subscriptions answered")
+	}
+	eventstest.Eventually(t, 10*time.Second, func() error {
+		if !ends.Trusted() || ends.TrustedFrom() < seq {
+			return fmt.Errorf("trusted %v from %d, want from at least %d", ends.Trusted(), ends.TrustedFrom(), seq)
+		}
+		return nil
+	})
+	if _, ok := ends.Lookup("first", seq); ok {
+		t.Error("a run started before the new trusted sequence is answered by the subscriptions")
+	}
+}

@@ -7,7 +7,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/toolbus/toolbus"
@@ -33,7 +32,7 @@ import (
 // A held timer takes one of the MaxTimers slots, so a timer must not outlive its run:
 // the injector that holds it keeps its delivery in memory (heldTimers) and
 // acknowledges it as soon as it hears the run's outcome (the outcome events, which
-// every injector follows), and a timer is held at most timerRecheck at a time, after
+// every injector follows: RunOutcomes.OnEnded), and a timer is held at most timerRecheck at a time, after
 // which it is checked again (and acknowledged if its run ended), so the timers of an
 // injector that restarted free their slots too. The client chooses the deadline; the
 // injector caps it (Config.Defaults.MaxRunTimeout).
@@ -45,9 +44,6 @@ const timerRetry = 2 * time.Second
 // an ended run keeps its timer slot when no injector that held the timer heard its
 // outcome (the injector restarted, or the outcome event was missed).
 const timerRecheck = 5 * time.Minute
-
-// terminalStatuses are the run outcomes after which a run's timer is not needed.
-var terminalStatuses = []toolbus.RunStatus{toolbus.RunCompleted, toolbus.RunFailed, toolbus.RunLimitReached, toolbus.RunCancelled}
 
 // heldTimers are the deliveries of deadline timers this injector handed back with a
 // delay (one per run; their number is bounded by the timer consumer's MaxAckPending).
@@ -98,39 +94,8 @@ func (in *Injector) runEnded(run string) {
 	}
 }
 
-// followOutcomes subscribes to the run outcome events (core NATS) so that held timers
-// are freed as their runs end; the returned func unsubscribes.
-func (in *Injector) followOutcomes() (func(), error) {
-	var subs []*nats.Subscription
-	stop := func() {
-		for _, s := range subs {
-			_ = s.Unsubscribe() // the connection may be closing
-		}
-	}
-	for _, st := range terminalStatuses {
-		sub, err := in.bus.Conn().Subscribe(events.SubjectRunEnded("*", st), func(m *nats.Msg) {
-			if run, ok := events.RunIDFromSubject(m.Subject); ok {
-				in.runEnded(run)
-			}
-		})
-		if err != nil {
-			stop()
-			return nil, fmt.Errorf("injector: follow run outcomes: %w", err)
-		}
-		subs = append(subs, sub)
-	}
-	return stop, nil
-}
-
 // serveTimers consumes deadline timers until ctx ends.
 func (in *Injector) serveTimers(ctx context.Context, cons jetstream.Consumer) error {
-	unfollow, err := in.followOutcomes()
-	if err != nil {
-		// Timers of ended runs are then freed by their next check (timerRecheck).
-		in.log.Warn("run outcomes not followed: timers of ended runs are freed within "+timerRecheck.String(), "error", err)
-	} else {
-		defer unfollow()
-	}
 	workCtx, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelWork()
 	var wg sync.WaitGroup
@@ -190,7 +155,7 @@ func (in *Injector) timer(ctx context.Context, msg jetstream.Msg) {
 		return
 	}
 	// The deadline is the run's own (its first run.started), not what the timer says.
-	rs, err := in.bus.RunStarted(ctx, run)
+	rs, startSeq, err := in.bus.RunStartedAt(ctx, run)
 	if err != nil {
 		if errors.Is(err, events.ErrRunNotFound) {
 			_ = msg.TermWithReason("timer of a run that was never started")
@@ -207,10 +172,9 @@ func (in *Injector) timer(ctx context.Context, msg jetstream.Msg) {
 	if wait := time.Until(deadline.Add(in.cfg.DeadlineGrace)); wait > 0 {
 		// Not due: the server holds it until then, or until the next check (a slot of
 		// MaxAckPending, no goroutine), unless the run ends first. It is recorded as held
-		// before the run state is read, so an outcome published meanwhile frees it.
+		// before the run's end is looked up, so an outcome published meanwhile frees it.
 		in.timers.hold(run, msg)
-		st, _, err := in.bus.Store().RunState(ctx, run)
-		if err == nil && st.Status.Terminal() {
+		if in.runHasEnded(ctx, run, startSeq) {
 			in.runEnded(run)
 			return
 		}
@@ -224,6 +188,20 @@ func (in *Injector) timer(ctx context.Context, msg jetstream.Msg) {
 		return
 	}
 	_ = msg.Ack()
+}
+
+// runHasEnded reports whether a run whose timer is not due yet has ended. The outcome
+// events answer without a read while they answer for the run; otherwise the run state is
+// read. An end recorded whose outcome event a crash lost is not seen by the events: the
+// timer is then held until its next check (timerRecheck), which reads the run state.
+func (in *Injector) runHasEnded(ctx context.Context, run string, startSeq uint64) bool {
+	if in.ends != nil {
+		if status, ok := in.ends.Lookup(run, startSeq); ok {
+			return status.Terminal()
+		}
+	}
+	st, _, err := in.bus.Store().RunState(ctx, run)
+	return err == nil && st.Status.Terminal()
 }
 
 // Deadline ends a run whose deadline passed while it still runs (or waits for approval):

@@ -164,9 +164,14 @@ func New(bus *events.Bus, cfg Config) (*Injector, error) {
 	if bus != nil {
 		ends = bus.RunOutcomes()
 	}
-	return &Injector{cfg: cfg, bus: bus, source: events.Source("injector", cfg.Instance), steps: newSteps(),
+	in := &Injector{cfg: cfg, bus: bus, source: events.Source("injector", cfg.Instance), steps: newSteps(),
 		timers: heldTimers{m: map[string]jetstream.Msg{}}, ends: ends,
-		calls: newCallCache(), results: newResultCache(), log: cfg.Logger.With("component", "injector", "instance", cfg.Instance)}, nil
+		calls: newCallCache(), results: newResultCache(), log: cfg.Logger.With("component", "injector", "instance", cfg.Instance)}
+	if ends != nil {
+		// A run's end frees its deadline timer (deadline.go).
+		ends.OnEnded(func(run string, _ toolbus.RunStatus) { in.runEnded(run) })
+	}
+	return in, nil
 }
 
 // Run consumes results, approvals, cancellations, run.started and deadline timers until
@@ -185,8 +190,9 @@ func (in *Injector) Run(ctx context.Context) error {
 	var wg conc.WaitGroup
 	errs := make(chan error, len(inputs))
 	if err := in.ends.Listen(ctx); err != nil {
-		// Without them every step reads its run's state, as it always may.
-		in.log.Warn("run outcomes not followed: each step reads its run's state", "error", err)
+		// Without them every step reads its run's state, as it always may,
+		// and the deadline timers of ended runs are freed by their next check.
+		in.log.Warn("run outcomes not followed: each step reads its run's state, timers of ended runs are freed within "+timerRecheck.String(), "error", err)
 	}
 	defer in.ends.Close()
 	stopCalls, err := in.followCalls(ctx)

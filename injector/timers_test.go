@@ -2,9 +2,11 @@ package injector
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"os"
 	"sync"
 	"testing"
@@ -13,6 +15,7 @@ import (
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
+	"github.com/toolbus/toolbus/events/store"
 )
 
 // TestEndedRunsFreeTheirTimers: many runs with far deadlines (a year, which the cap
@@ -123,4 +126,65 @@ func TestEndedRunsFreeTheirTimers(t *testing.T) {
 	if steps+calls+results != 0 {
 		t.Errorf("ended runs still hold per-run state: %d step queues, %d cached call lists, %d result sets", steps, calls, results)
 	}
+}
+
+// TestTimerHeldWithoutReadingTheRunState: a run's deadline timer, first delivered while
+// the outcome events answer for the run (it started after the injector followed them),
+// is held until its deadline without a read of the run state; the run's end, heard
+// from its outcome event, still frees it.
+func TestTimerHeldWithoutReadingTheRunState(t *testing.T) {
+	ctx := eventstest.Context(t, 2*time.Minute)
+	bus := eventstest.Setup(t, events.Config{Memory: true})
+	in, err := New(bus, Config{WorkerConfig: events.WorkerConfig{Instance: "held",
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reads, err := bus.Conn().SubscribeSync("$JS.API.DIRECT.GET.KV_" + store.BucketRuns + ".>")
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- in.Run(runCtx) }()
+	t.Cleanup(func() { stop(); <-done })
+	eventstest.Eventually(t, time.Minute, func() error {
+		if _, ok := in.ends.Lookup("later", math.MaxUint64); !ok {
+			return errors.New("the outcome events do not answer yet")
+		}
+		return nil
+	})
+	const run = "held-timer"
+	if err := bus.StartRun(ctx, events.Source("test", "t"), toolbus.RunStarted{RunID: run, Model: "m",
+		Principal: toolbus.Principal{ID: "p"}, Limits: toolbus.Limits{Deadline: time.Now().Add(time.Hour)},
+		Messages: []toolbus.Message{{Role: toolbus.RoleUser, Content: "x"}}}); err != nil {
+		t.Fatal(err)
+	}
+	timersHeld := func(want int) func() error {
+		return func() error {
+			cons, err := bus.EventStream().Consumer(ctx, "injector-timers")
+			if err != nil {
+				return err
+			}
+			ci, err := cons.Info(ctx)
+			if err != nil {
+				return err
+			}
+			if ci.NumAckPending != want || in.timers.len() != want {
+				return fmt.Errorf("timers held: %d by the server, %d in memory; want %d", ci.NumAckPending, in.timers.len(), want)
+			}
+			return nil
+		}
+	}
+	eventstest.Eventually(t, time.Minute, timersHeld(1))
+	if err := bus.Conn().Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if n, _, _ := reads.Pending(); n != 0 {
+		t.Errorf("the run state was read %d times before the timer was held, want 0", n)
+	}
+	if _, err := bus.PublishCancel(ctx, events.Source("test", "t"), toolbus.Cancel{RunID: run, Reason: "done"}); err != nil {
+		t.Fatal(err)
+	}
+	eventstest.Eventually(t, time.Minute, timersHeld(0))
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -65,12 +66,14 @@ func (s *Store) CreateRunState(ctx context.Context, run string, startedAt time.T
 		startedAt = now
 	}
 	st := RunState{RunID: run, Status: toolbus.RunRunning, StartedAt: startedAt, UpdatedAt: now}
-	if _, err := s.runs.Create(ctx, run, mustJSON(st)); err != nil {
+	rev, err := s.runs.Create(ctx, run, mustJSON(st))
+	if err != nil {
 		if errors.Is(err, jetstream.ErrKeyExists) {
 			return false, nil
 		}
 		return false, fmt.Errorf("store: run state %s: %w", run, err)
 	}
+	s.written.remember(run, st, rev)
 	return true, nil
 }
 
@@ -85,7 +88,13 @@ func (s *Store) SetRunState(ctx context.Context, run string, status toolbus.RunS
 
 func (s *Store) setRunState(ctx context.Context, run string, status toolbus.RunStatus, step int, code, reason string, ended *toolbus.RunEnded) (RunState, error) {
 	for attempt := 0; attempt < 32; attempt++ {
-		st, rev, err := s.RunState(ctx, run)
+		// The state this store wrote last, while no other write is known: its compare-and-set
+		// fails if another writer came in between, and the loop then reads.
+		st, rev, ok := s.written.take(run)
+		var err error
+		if !ok || attempt > 0 {
+			st, rev, err = s.RunState(ctx, run)
+		}
 		if err != nil && !errors.Is(err, ErrRunNotFound) {
 			return st, err
 		}
@@ -100,12 +109,16 @@ func (s *Store) setRunState(ctx context.Context, run string, status toolbus.RunS
 			st.StartedAt = now
 		}
 		st.RunID, st.Status, st.Step, st.Code, st.Reason, st.UpdatedAt, st.Ended = run, status, step, code, reason, now, ended
+		var written uint64
 		if rev == 0 {
-			_, err = s.runs.Create(ctx, run, mustJSON(st))
+			written, err = s.runs.Create(ctx, run, mustJSON(st))
 		} else {
-			_, err = s.runs.Update(ctx, run, mustJSON(st), rev)
+			written, err = s.runs.Update(ctx, run, mustJSON(st), rev)
 		}
 		if err == nil {
+			if !st.Status.Terminal() {
+				s.written.remember(run, st, written)
+			}
 			return st, nil
 		}
 		var apiErr *jetstream.APIError
@@ -141,4 +154,54 @@ func (s *Store) CurrentStep(ctx context.Context, run string) (int, error) {
 		}
 		step++
 	}
+}
+
+// writtenStates remembers, per run, the run state this store wrote last and its
+// revision, so that the next write of the same run (typically its end, by the injector
+// that started it) is a compare-and-set on that revision instead of a read and then one:
+// one message less per run. A stale entry costs nothing but the read it would have
+// saved: the compare-and-set fails when anything else was written since. Two
+// generations of at most writtenGeneration runs each bound it; an entry is dropped when
+// used (the write that follows remembers its own) and never kept for an ended run.
+type writtenStates struct {
+	mu        sync.Mutex
+	cur, prev map[string]writtenState
+}
+
+// writtenState is a run state as written and the revision the bucket gave it.
+type writtenState struct {
+	st  RunState
+	rev uint64
+}
+
+// writtenGeneration is the size of a generation of writtenStates: the runs in flight of
+// one injector, twice over.
+const writtenGeneration = 8192
+
+// remember records st as the state of run written at revision rev.
+func (w *writtenStates) remember(run string, st RunState, rev uint64) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if len(w.cur) >= writtenGeneration {
+		w.prev, w.cur = w.cur, nil
+	}
+	if w.cur == nil {
+		w.cur = make(map[string]writtenState)
+	}
+	w.cur[run] = writtenState{st: st, rev: rev}
+}
+
+// take returns and forgets the state of run this store wrote last.
+func (w *writtenStates) take(run string) (RunState, uint64, bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if e, ok := w.cur[run]; ok {
+		delete(w.cur, run)
+		return e.st, e.rev, true
+	}
+	if e, ok := w.prev[run]; ok {
+		delete(w.prev, run)
+		return e.st, e.rev, true
+	}
+	return RunState{}, 0, false
 }

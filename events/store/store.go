@@ -57,6 +57,8 @@ type Store struct {
 	batch         batchMux
 	js            jetstream.JetStream
 	streams       sync.Map // bucket -> jetstream.Stream
+	// written: the run states this store wrote last (setRunState's first attempt).
+	written writtenStates
 }
 
 // New returns a Store over opened buckets; instanceTTL is the TTL of the instances
