@@ -39,6 +39,7 @@ func cmdBench(ctx context.Context, args []string, out io.Writer) error {
 	scaleTools := fs.String("scale-tools", "10,1000", "tool counts of the scale rows, comma-separated (empty: none): each tool served by two of -scale-deployments deployments, the calls spread over all tools")
 	fs.IntVar(&opts.Scale.Deployments, "scale-deployments", 20, "executor deployments of the scale rows")
 	fs.IntVar(&opts.Scale.K, "scale-k", 4, "calls per step of the scale rows")
+	fs.DurationVar(&opts.Scale.Idle, "scale-idle", bench.DefaultScaleIdle, "how long the idle cost of the scale rows is measured (at least a pull's expiry, so that every queue renews its pull in the window)")
 	if err := fs.Parse(args); err != nil {
 		return flagError(err)
 	}

@@ -74,11 +74,19 @@ func Serve(ctx context.Context, cons jetstream.Consumer, cfg Config, h Handler) 
 	return ServeAll(ctx, []jetstream.Consumer{cons}, cfg, h)
 }
 
-// pullHeartbeat is how often the server tells an idle pull request of a consume loop
-// that it is alive; the client pulls again after two missed ones (10 s), the last resort
-// when a loop lost its pull (see stallSilence for the first). An idle pull costs one
-// heartbeat, server to client, per period.
-const pullHeartbeat = 5 * time.Second
+// PullExpiry is how long a pull request of a consume loop waits on the server, and
+// pullHeartbeat how often the server tells a waiting one that it is alive; the client
+// pulls again when a request expires and after two missed heartbeats (60 s), the last
+// resort when a loop lost its pull without a word from the server (see stallSilence for
+// the first: the race of nats.go at saturation; a reconnection re-pulls at once). A
+// bound but idle queue costs one renewal per expiry (client to server) and one heartbeat
+// per period (server to client): with 2,000 queues bound (1,000 tools served by two
+// deployments each), 17 and 67 messages a second, where 30 s and 5 s cost 67 and 400
+// (docs/performance.md, "Idle queues").
+const (
+	PullExpiry    = 2 * time.Minute
+	pullHeartbeat = 30 * time.Second
+)
 
 // A consume loop of nats.go (v1.55.0, jetstream.Consumer.Consume) can lose its pull: it
 // pulls again when its count of messages still due falls below half its batch, but
@@ -121,6 +129,9 @@ type feed struct {
 	// nothing for stallSilence (unsubscribing a context whose pull the server is filling
 	// would send that batch nowhere, back only after AckWait).
 	retired []retiredContext
+	// nretired is len(retired), read without the lock: the watch's check of an idle
+	// feed (most feeds of a process bound to many queues) is one atomic load.
+	nretired atomic.Int32
 	// stopped is set when the loop ends: no consume context is started after it.
 	stopped bool
 	// inCallback counts the deliveries being handed to the pool (one at a time unless a
@@ -140,6 +151,9 @@ type retiredContext struct {
 
 // drainRetired drains the retired contexts that delivered nothing for stallSilence.
 func (f *feed) drainRetired(now int64) {
+	if f.nretired.Load() == 0 {
+		return
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	kept := f.retired[:0]
@@ -151,6 +165,7 @@ func (f *feed) drainRetired(now int64) {
 		kept = append(kept, r)
 	}
 	f.retired = kept
+	f.nretired.Store(int32(len(kept)))
 }
 
 // ServeAll is Serve over several consumers (an executor's tool queues) sharing one
@@ -226,7 +241,7 @@ type serveLoop struct {
 func (l *serveLoop) start(f *feed) error {
 	last := new(atomic.Int64)
 	cc, err := f.cons.Consume(func(msg jetstream.Msg) { l.deliver(f, last, msg) },
-		jetstream.PullMaxMessages(l.share), jetstream.PullHeartbeat(pullHeartbeat), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+		jetstream.PullMaxMessages(l.share), jetstream.PullExpiry(PullExpiry), jetstream.PullHeartbeat(pullHeartbeat), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
 			l.cfg.Logger.Debug("consume " + f.name + ": " + err.Error())
 		}))
 	if err != nil {
@@ -242,6 +257,7 @@ func (l *serveLoop) start(f *feed) error {
 		// Retired, drained once silent (drainRetired): whatever it is delivered until
 		// then is still handled.
 		f.retired = append(f.retired, retiredContext{cc: f.cc, last: f.ccLast})
+		f.nretired.Store(int32(len(f.retired)))
 		f.ccLast.Store(time.Now().UnixNano())
 	}
 	f.cc, f.ccLast = cc, last
@@ -293,6 +309,7 @@ func (l *serveLoop) stopFeeds() {
 			r.cc.Stop()
 		}
 		f.retired = nil
+		f.nretired.Store(0)
 		f.mu.Unlock()
 	}
 }

@@ -95,6 +95,17 @@ type Catalog struct {
 	// tools bucket read (0: read it whole next time); polls counts the refreshes.
 	toolsSeq uint64
 	polls    int
+	// toolsRaw and instancesRaw are the values each key was last decoded from, with what
+	// they decoded to: a re-read decodes only what changed (at 1,000 tools, decoding
+	// every entry at each poll was most of an idle planner's catalog cost).
+	toolsRaw     map[string]decoded[toolbus.ToolContract]
+	instancesRaw map[string]decoded[Instance]
+}
+
+// decoded is a value as read from a bucket and what it decoded to.
+type decoded[T any] struct {
+	raw string
+	v   T
 }
 
 // catalogFullEvery is how many polls go by between two whole reads of the tools
@@ -146,19 +157,31 @@ func (s *Store) WatchCatalog(ctx context.Context, log *slog.Logger) (*Catalog, e
 // The tools bucket, which rarely changes, is read whole every catalogFullEvery polls and
 // otherwise from the last message read on; the instances bucket is read whole.
 func (s *Store) refreshCatalog(ctx context.Context, c *Catalog, log *slog.Logger) error {
-	tools, err := s.refreshTools(ctx, c, log)
+	tools, toolsChanged, err := s.refreshTools(ctx, c, log)
 	if err != nil {
 		return fmt.Errorf("store: read the catalog: %w", err)
 	}
 	instances := map[string]Instance{}
+	raw := make(map[string]decoded[Instance], len(c.instancesRaw))
+	changed := toolsChanged
 	if err := s.walk(ctx, s.instances, func(key string, val []byte) {
+		if d, ok := c.instancesRaw[key]; ok && d.raw == string(val) {
+			instances[key], raw[key] = d.v, d
+			return
+		}
+		changed = true
 		var in Instance
 		if json.Unmarshal(val, &in) == nil {
 			in.Team = InstanceTeam(key) // the key's team is what the server checked
-			instances[key] = in
+			instances[key], raw[key] = in, decoded[Instance]{raw: string(val), v: in}
 		}
 	}); err != nil {
 		return fmt.Errorf("store: read the instances: %w", err)
+	}
+	changed = changed || len(raw) != len(c.instancesRaw)
+	c.instancesRaw = raw
+	if !changed {
+		return nil // the sorted list of live tools (offered) still holds
 	}
 	c.mu.Lock()
 	c.tools, c.instances, c.offered = tools, instances, nil
@@ -168,14 +191,27 @@ func (s *Store) refreshCatalog(ctx context.Context, c *Catalog, log *slog.Logger
 
 // refreshTools returns the catalog's tools as they are now: the changes since the last
 // read applied to a copy of the current map (the same map when nothing changed), or a
-// whole read.
-func (s *Store) refreshTools(ctx context.Context, c *Catalog, log *slog.Logger) (map[string]toolbus.ToolContract, error) {
+// whole read; and whether they changed.
+func (s *Store) refreshTools(ctx context.Context, c *Catalog, log *slog.Logger) (map[string]toolbus.ToolContract, bool, error) {
+	changed := false
+	// raw is the toolsRaw being built: the current one when changes are applied, a new
+	// one for a whole read.
+	if c.toolsRaw == nil {
+		c.toolsRaw = map[string]decoded[toolbus.ToolContract]{}
+	}
+	raw := c.toolsRaw
 	decode := func(tools map[string]toolbus.ToolContract, key string, val []byte) {
+		if d, ok := c.toolsRaw[key]; ok && d.raw == string(val) {
+			tools[key], raw[key] = d.v, d
+			return
+		}
+		changed = true
 		var tc toolbus.ToolContract
 		if err := json.Unmarshal(val, &tc); err == nil {
-			tools[key] = tc
+			tools[key], raw[key] = tc, decoded[toolbus.ToolContract]{raw: string(val), v: tc}
 		} else {
 			delete(tools, key)
+			delete(raw, key)
 			if log != nil {
 				log.Warn("catalog entry ignored", "tool", key, "error", err)
 			}
@@ -192,7 +228,10 @@ func (s *Store) refreshTools(ctx context.Context, c *Catalog, log *slog.Logger) 
 				next = maps.Clone(cur)
 			}
 			if deleted {
+				_, had := next[key]
+				changed = changed || had
 				delete(next, key)
+				delete(raw, key)
 			} else {
 				decode(next, key, val)
 			}
@@ -200,36 +239,41 @@ func (s *Store) refreshTools(ctx context.Context, c *Catalog, log *slog.Logger) 
 		if err == nil {
 			c.toolsSeq = max(c.toolsSeq, last)
 			if next == nil {
-				return cur, nil
+				return cur, false, nil
 			}
-			return next, nil
+			return next, changed, nil
 		}
 		if !errors.Is(err, errBatchUnavailable) {
-			return nil, err
+			return nil, false, err
 		}
 	}
 	// A whole read: batched from the start of the bucket's stream, else key by key.
 	tools := map[string]toolbus.ToolContract{}
+	before := len(c.toolsRaw)
+	raw = make(map[string]decoded[toolbus.ToolContract], before)
 	last, err := s.readFrom(ctx, s.tools.Bucket(), 1, func(key string, val []byte, deleted bool) {
 		if deleted {
 			delete(tools, key)
+			delete(raw, key)
 		} else {
 			decode(tools, key, val)
 		}
 	})
 	if err == nil {
-		c.toolsSeq = last
-		return tools, nil
+		c.toolsSeq, c.toolsRaw = last, raw
+		return tools, changed || len(raw) != before, nil
 	}
 	c.toolsSeq = 0
 	if !errors.Is(err, errBatchUnavailable) {
-		return nil, err
+		return nil, false, err
 	}
 	clear(tools)
+	clear(raw)
 	if err := s.walk(ctx, s.tools, func(key string, val []byte) { decode(tools, key, val) }); err != nil {
-		return nil, err
+		return nil, false, err
 	}
-	return tools, nil
+	c.toolsRaw = raw
+	return tools, true, nil
 }
 
 // Lookup returns the contract of a tool, whether or not an instance serves it now.

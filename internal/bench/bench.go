@@ -463,6 +463,15 @@ func serverMsgs(srv *embedded.Server) int64 {
 	return v.InMsgs
 }
 
+// serverOutMsgs is how many messages the server sent so far.
+func serverOutMsgs(srv *embedded.Server) int64 {
+	v, err := srv.Varz(nil)
+	if err != nil {
+		return 0
+	}
+	return v.OutMsgs
+}
+
 func pct(d []time.Duration, p int) float64 {
 	if len(d) == 0 {
 		return 0

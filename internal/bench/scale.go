@@ -23,6 +23,7 @@ import (
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/embedded"
 	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/consume"
 	"github.com/toolbus/toolbus/events/provision"
 	"github.com/toolbus/toolbus/events/store"
 	"github.com/toolbus/toolbus/executor"
@@ -54,9 +55,12 @@ type ScaleRow struct {
 	MsgsPerCall  float64 `json:"server_msgs_per_call"`
 	// Idle: what the bound queues cost with no call in flight.
 	IdleMsgsPerS float64 `json:"idle_server_msgs_per_s"`
-	IdleCPUPct   float64 `json:"idle_cpu_percent_of_a_core"`
-	Redelivered  int64   `json:"redelivered"`
-	Trouble      string  `json:"trouble,omitempty"`
+	// IdleOutMsgsPerS is what the server sends per second while idle (the idle pulls'
+	// heartbeats among them), beside IdleMsgsPerS, what it receives.
+	IdleOutMsgsPerS float64 `json:"idle_server_out_msgs_per_s"`
+	IdleCPUPct      float64 `json:"idle_cpu_percent_of_a_core"`
+	Redelivered     int64   `json:"redelivered"`
+	Trouble         string  `json:"trouble,omitempty"`
 	// IdleSubjects splits the idle messages per second by kind of subject, and Subjects
 	// the saturated messages per call (with Options.Subjects).
 	IdleSubjects map[string]float64 `json:"idle_msgs_per_s_by_subject,omitempty"`
@@ -117,8 +121,9 @@ func spreadScript(names []string, k, steps int) planner.Model {
 var scaleNoopResult any = json.RawMessage(`{}`)
 
 // DefaultScaleIdle is how long the idle cost is measured: longer than a pull request's
-// expiry (30 s), so that every bound queue renews its pull once in the window.
-const DefaultScaleIdle = 31 * time.Second
+// expiry (consume.PullExpiry), so that every bound queue renews its pull once in the
+// window.
+const DefaultScaleIdle = consume.PullExpiry + time.Second
 
 // scaleStack is the pipeline of a scale row: the tools' queues set up, deployments
 // serving them, a planner and an injector, on a server of its own.
@@ -327,12 +332,14 @@ func (st *scaleStack) idle(ctx context.Context, scaleIdle time.Duration, subject
 		}
 	}
 	m0, c0 := serverMsgs(st.srv), cpuTime()
+	o0 := serverOutMsgs(st.srv)
 	select {
 	case <-time.After(scaleIdle):
 	case <-ctx.Done():
 		return ctx.Err()
 	}
 	row.IdleMsgsPerS = float64(serverMsgs(st.srv)-m0) / scaleIdle.Seconds()
+	row.IdleOutMsgsPerS = float64(serverOutMsgs(st.srv)-o0) / scaleIdle.Seconds()
 	row.IdleCPUPct = 100 * (cpuTime() - c0).Seconds() / scaleIdle.Seconds()
 	if subj != nil {
 		row.IdleSubjects = subj.stop(scaleIdle.Seconds())
@@ -386,10 +393,10 @@ func printScale(out io.Writer, rows []ScaleRow) {
 	}
 	fmt.Fprintln(out)
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "scale\ttools\tdeployments\tbindings\tK\tinit ms\tconsumers\tmax\truns\tcalls/s\tCPU us/call\tmsgs/call\tidle msgs/s\tidle CPU %\tredelivered\t")
+	fmt.Fprintln(tw, "scale\ttools\tdeployments\tbindings\tK\tinit ms\tconsumers\tmax\truns\tcalls/s\tCPU us/call\tmsgs/call\tidle msgs/s\tidle out/s\tidle CPU %\tredelivered\t")
 	for _, r := range rows {
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%.0f\t%d\t%d\t%d\t%.0f\t%.0f\t%.2f\t%.1f\t%.2f\t%d\t\n", r.Storage, r.Tools, r.Deployments, r.Bound, r.K,
-			r.InitMS, r.Consumers, r.MaxConsumers, r.Runs, r.CallsPS, r.CPUUSPerCall, r.MsgsPerCall, r.IdleMsgsPerS, r.IdleCPUPct, r.Redelivered)
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%.0f\t%d\t%d\t%d\t%.0f\t%.0f\t%.2f\t%.1f\t%.1f\t%.2f\t%d\t\n", r.Storage, r.Tools, r.Deployments, r.Bound, r.K,
+			r.InitMS, r.Consumers, r.MaxConsumers, r.Runs, r.CallsPS, r.CPUUSPerCall, r.MsgsPerCall, r.IdleMsgsPerS, r.IdleOutMsgsPerS, r.IdleCPUPct, r.Redelivered)
 	}
 	tw.Flush()
 	for _, r := range rows {
