@@ -99,10 +99,24 @@ func (in *Injector) serveTimers(ctx context.Context, cons jetstream.Consumer) er
 	workCtx, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelWork()
 	var wg sync.WaitGroup
+	// gate orders the callback's wg.Add before the final wg.Wait: a delivery that the
+	// stopped loop still hands over goes back to the server at once.
+	var (
+		gate    sync.Mutex
+		stopped bool
+	)
 	slots := make(chan struct{}, 8)
 	cc, err := cons.Consume(func(msg jetstream.Msg) {
 		slots <- struct{}{}
+		gate.Lock()
+		if stopped {
+			gate.Unlock()
+			<-slots
+			_ = msg.Nak()
+			return
+		}
 		wg.Add(1)
+		gate.Unlock()
 		go func() {
 			defer func() { <-slots; wg.Done() }()
 			in.timer(workCtx, msg)
@@ -117,6 +131,9 @@ func (in *Injector) serveTimers(ctx context.Context, cons jetstream.Consumer) er
 	}
 	<-ctx.Done()
 	cc.Stop()
+	gate.Lock()
+	stopped = true
+	gate.Unlock()
 	done := make(chan struct{})
 	go func() { wg.Wait(); close(done) }()
 	select {
