@@ -289,8 +289,8 @@ func TestFaultNATSRestart(t *testing.T) {
 // TestFaultClusterNodeLoss runs on a 3-node JetStream cluster with the stream and
 // buckets replicated 3 times (TOOLBUS_REPLICAS=3) and kills -9 the node leading the
 // stream mid-run: the workers move to the other nodes and every run completes. The calls
-// are side effects, each ran exactly once (the default ack wait of 30 s outlasts the
-// leader elections).
+// are side effects, each ran exactly once (the ack wait and the executors' leases, 30 s
+// each, outlast the leader elections).
 func TestFaultClusterNodeLoss(t *testing.T) {
 	suite(t)
 	start := time.Now()

@@ -326,7 +326,12 @@ func newEnv(t *testing.T, n int) *env {
 	// instance TTL: short here, so recoveries take seconds.
 	e.cfg = events.Config{Replicas: 1, InstanceTTL: 2 * time.Second}
 	if n > 1 {
-		e.cfg.Replicas = 3
+		// A cluster's executors hold their leases through a node's loss: the lease must
+		// outlast the leader elections of the instances bucket (up to ~15 s measured
+		// under the race detector on 2 cores), or the executors, cut off from their
+		// renewals, hand their calls back and the calls run again with the same
+		// idempotency key, as docs/guarantees.md says a lost lease does.
+		e.cfg.Replicas, e.cfg.InstanceTTL = 3, 30*time.Second
 	}
 	e.eventually("open the bus", 60*time.Second, func() error {
 		ctx, cancel := context.WithTimeout(e.ctx, 30*time.Second)
