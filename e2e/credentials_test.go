@@ -45,26 +45,7 @@ func startConfigured(t *testing.T, file string) *server.Server {
 	if err != nil {
 		t.Fatalf("%s: %v", file, err)
 	}
-	return startSecServer(t, opts)
-}
-
-func startSecServer(t *testing.T, opts *server.Options) *server.Server {
-	t.Helper()
-	opts.Host, opts.Port = "127.0.0.1", -1
-	opts.HTTPHost, opts.HTTPPort = "", 0
-	opts.StoreDir = t.TempDir()
-	opts.NoLog, opts.NoSigs = true, true
-	srv, err := server.NewServer(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Start()
-	if !srv.ReadyForConnections(10 * time.Second) {
-		srv.Shutdown()
-		t.Fatal("server not ready")
-	}
-	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
-	return srv
+	return eventstest.StartServer(t, opts)
 }
 
 // violations records the permission errors the server sends to each connection.

@@ -50,26 +50,7 @@ func responded(run string, step, n int) toolbus.ModelResponded {
 // <run>.<step>.a of the history bucket) that reach the server.
 func assistantReads(t *testing.T, nc *nats.Conn, run string) func() int {
 	t.Helper()
-	sub, err := nc.SubscribeSync("$JS.API.DIRECT.GET.KV_" + store.BucketHistory + ".$KV." + store.BucketHistory + "." + run + ".*.a")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := nc.Flush(); err != nil {
-		t.Fatal(err)
-	}
-	return func() int {
-		t.Helper()
-		// Every request the server routed before this flush is in the subscription's
-		// pending list once the flush returns.
-		if err := nc.Flush(); err != nil {
-			t.Fatal(err)
-		}
-		n, _, err := sub.Pending()
-		if err != nil {
-			t.Fatal(err)
-		}
-		return n
-	}
+	return eventstest.Counter(t, nc, "$JS.API.DIRECT.GET.KV_"+store.BucketHistory+".$KV."+store.BucketHistory+"."+run+".*.a")
 }
 
 // TestStepJoinedFromHeardCalls: an injector (running, on its own connection) joins a
@@ -265,26 +246,7 @@ func startShipped(t *testing.T) (string, map[string]string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return startServer(t, opts), pw
-}
-
-func startServer(t *testing.T, opts *server.Options) string {
-	t.Helper()
-	opts.Host, opts.Port = "127.0.0.1", -1
-	opts.HTTPHost, opts.HTTPPort = "", 0
-	opts.StoreDir = t.TempDir()
-	opts.NoLog, opts.NoSigs = true, true
-	srv, err := server.NewServer(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Start()
-	if !srv.ReadyForConnections(10 * time.Second) {
-		srv.Shutdown()
-		t.Fatal("server not ready")
-	}
-	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
-	return srv.ClientURL()
+	return eventstest.StartServer(t, opts).ClientURL(), pw
 }
 
 // refusals records the permission violations the server reports to each connection.
@@ -396,11 +358,11 @@ func TestOnlyThePlannerFeedsTheCallCache(t *testing.T) {
 func TestCallSubscriptionRefused(t *testing.T) {
 	ctx := eventstest.Context(t, time.Minute)
 	all := &server.SubjectPermission{Allow: []string{">"}}
-	url := startServer(t, &server.Options{JetStream: true, Users: []*server.User{
+	url := eventstest.StartServer(t, &server.Options{JetStream: true, Users: []*server.User{
 		{Username: "admin", Password: "a", Permissions: &server.Permissions{Publish: all, Subscribe: all}},
 		{Username: "injector", Password: "i", Permissions: &server.Permissions{Publish: all,
 			Subscribe: &server.SubjectPermission{Allow: []string{"_INBOX.>", "toolbus.*.run.completed"}}}},
-	}})
+	}}).ClientURL()
 	r := &refusals{}
 	bus, _, err := provision.Setup(ctx, connectRole(t, url, "admin", "a", r), events.Config{})
 	if err != nil {

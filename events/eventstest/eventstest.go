@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -95,5 +96,53 @@ func Eventually(t testing.TB, total time.Duration, f func() error) {
 			t.Fatalf("eventstest: condition not met after %v: %v", total, err)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// StartServer starts a nats-server with opts (a deployment's configuration: accounts,
+// users, permissions) on a random port of 127.0.0.1, its store in a temp dir, and stops
+// it when the test ends.
+func StartServer(t testing.TB, opts *server.Options) *server.Server {
+	t.Helper()
+	opts.Host, opts.Port = "127.0.0.1", -1
+	opts.HTTPHost, opts.HTTPPort = "", 0
+	opts.StoreDir = t.TempDir()
+	opts.NoLog, opts.NoSigs = true, true
+	srv, err := server.NewServer(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Start()
+	if !srv.ReadyForConnections(10 * time.Second) {
+		srv.Shutdown()
+		t.Fatal("eventstest: server not ready")
+	}
+	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
+	return srv
+}
+
+// Counter subscribes nc to subject and returns how many messages the subscription has
+// received so far. Each call first makes a round trip on nc: a request another
+// connection sent and the server answered before the call was routed to the
+// subscription before that answer, so it is counted (how the tests count reads).
+func Counter(t testing.TB, nc *nats.Conn, subject string) func() int {
+	t.Helper()
+	sub, err := nc.SubscribeSync(subject)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	return func() int {
+		t.Helper()
+		if err := nc.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		n, _, err := sub.Pending()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
 	}
 }

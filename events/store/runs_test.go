@@ -5,8 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
-
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
@@ -57,13 +55,7 @@ func TestRunStateWritesAfterOwnWrite(t *testing.T) {
 				t.Fatal(err)
 			}
 			spy, _ := srv.Connect(t)
-			reads, err := spy.SubscribeSync("$JS.API.DIRECT.GET.KV_" + store.BucketRuns + ".>")
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := spy.Flush(); err != nil {
-				t.Fatal(err)
-			}
+			reads := eventstest.Counter(t, spy, "$JS.API.DIRECT.GET.KV_"+store.BucketRuns+".>")
 			const run = "r-written"
 			started := time.Date(2026, 12, 2, 3, 0, 0, 0, time.UTC)
 			if created, err := bus.Store().CreateRunState(ctx, run, started); err != nil || !created {
@@ -72,12 +64,12 @@ func TestRunStateWritesAfterOwnWrite(t *testing.T) {
 			if tc.between != nil {
 				tc.between(t, other.Store(), run)
 			}
-			before := pendingMsgs(t, spy, reads)
+			before := reads()
 			_, err = bus.Store().RecordEnd(ctx, 2, ended(run, toolbus.RunCompleted))
 			if !errors.Is(err, tc.wantErr) {
 				t.Fatalf("end: %v, want %v", err, tc.wantErr)
 			}
-			if got := pendingMsgs(t, spy, reads) - before; got != tc.reads {
+			if got := reads() - before; got != tc.reads {
 				t.Errorf("the end read the run state %d times, want %d", got, tc.reads)
 			}
 			st, _, err := other.Store().RunState(ctx, run)
@@ -90,18 +82,4 @@ func TestRunStateWritesAfterOwnWrite(t *testing.T) {
 			}
 		})
 	}
-}
-
-// pendingMsgs is how many messages sub received so far (after a round trip through the
-// server, so that every message it sent before is counted).
-func pendingMsgs(t *testing.T, nc *nats.Conn, sub *nats.Subscription) int {
-	t.Helper()
-	if err := nc.Flush(); err != nil {
-		t.Fatal(err)
-	}
-	n, _, err := sub.Pending()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return n
 }
