@@ -1,8 +1,6 @@
 package e2e_test
 
 import (
-	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"testing"
@@ -13,7 +11,6 @@ import (
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
-	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/planner"
 )
 
@@ -29,17 +26,7 @@ import (
 func TestSecurityForgedCallsNotHeard(t *testing.T) {
 	url, opts := credentialKinds()[0].start(t)
 	release := make(chan struct{})
-	gate := executor.Tool{
-		Name: "gate", Description: "waits for the test", InputSchema: objectSchema, ReadOnly: true,
-		Func: func(ctx context.Context, _ json.RawMessage) (any, error) {
-			select {
-			case <-release:
-				return map[string]int{"n": 1}, nil
-			case <-ctx.Done():
-				return nil, ctx.Err()
-			}
-		},
-	}
+	gate := releasedTool(release)
 	model := &planner.Script{Steps: []func(planner.Request) planner.Response{
 		planner.Calls(call("a", "noop", `{}`), call("b", "gate", `{}`)),
 		planner.Answer("done"),

@@ -333,17 +333,7 @@ func TestHostileOversizedMessage(t *testing.T) {
 // and in what the model reads.
 func TestHostileDuplicateResultFirstStands(t *testing.T) {
 	release := make(chan struct{})
-	gate := executor.Tool{
-		Name: "gate", Description: "waits for the test", InputSchema: objectSchema, ReadOnly: true,
-		Func: func(ctx context.Context, _ json.RawMessage) (any, error) {
-			select {
-			case <-release:
-				return map[string]int{"n": 1}, nil
-			case <-ctx.Done():
-				return nil, ctx.Err()
-			}
-		},
-	}
+	gate := releasedTool(release)
 	model := &planner.Script{Steps: []func(planner.Request) planner.Response{
 		planner.Calls(call("a", "noop", `{}`), call("b", "gate", `{}`)),
 		planner.Answer("done"),
@@ -433,4 +423,21 @@ func TestHostileDuplicateResultFirstStands(t *testing.T) {
 		t.Fatalf("no logged reason:\n%s", logs)
 	}
 	t.Logf("forged duplicate terminated: %s", a.Reason)
+}
+
+// releasedTool is the read-only tool "gate" answering {"n": 1} once release is closed (or
+// failing when its call is cancelled): a call the test holds open (gateTool answers
+// with the call's index instead).
+func releasedTool(release <-chan struct{}) executor.Tool {
+	return executor.Tool{
+		Name: "gate", Description: "waits for the test", InputSchema: objectSchema, ReadOnly: true,
+		Func: func(ctx context.Context, _ json.RawMessage) (any, error) {
+			select {
+			case <-release:
+				return map[string]int{"n": 1}, nil
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		},
+	}
 }
