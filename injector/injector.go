@@ -45,6 +45,11 @@ type Config struct {
 	// consumer's MaxAckPending, default DefaultMaxTimers); further runs get their timer
 	// as slots free up.
 	MaxTimers int
+	// JoinWindow bounds how long the results of a step that came in wait for the step's
+	// other results before they are written to its join state, so that a step is usually
+	// one write instead of two or three (steps.gather); the result that completes the
+	// step is never held. Default DefaultJoinWindow; a negative value writes at once.
+	JoinWindow time.Duration
 	// BeforeOutcome, when set, is called between the write of a run's terminal state and
 	// the publish of its outcome event; an error aborts the handler there, as a crash
 	// would. Fault-injection tests use it; production leaves it nil.
@@ -69,6 +74,10 @@ const (
 	DefaultMaxRunTimeout = 24 * time.Hour
 	// DefaultMaxTimers is the default of Config.MaxTimers.
 	DefaultMaxTimers = 100000
+	// DefaultJoinWindow is the default of Config.JoinWindow: the results of a step whose
+	// calls are quick come within it; a step with a slower call costs its first results
+	// that much more time before they are stored, far below any acknowledgement wait.
+	DefaultJoinWindow = 5 * time.Millisecond
 )
 
 // Validate reports the first field out of range (an *events.ConfigError wrapping
@@ -131,6 +140,9 @@ func (c *Config) setDefaults() {
 	if c.MaxTimers == 0 {
 		c.MaxTimers = DefaultMaxTimers
 	}
+	if c.JoinWindow == 0 {
+		c.JoinWindow = DefaultJoinWindow
+	}
 	if c.Metrics == nil {
 		c.Metrics = nopMetrics{}
 	}
@@ -164,7 +176,7 @@ func New(bus *events.Bus, cfg Config) (*Injector, error) {
 	if bus != nil {
 		ends = bus.RunOutcomes()
 	}
-	in := &Injector{cfg: cfg, bus: bus, source: events.Source("injector", cfg.Instance), steps: newSteps(),
+	in := &Injector{cfg: cfg, bus: bus, source: events.Source("injector", cfg.Instance), steps: newSteps(max(cfg.JoinWindow, 0)),
 		timers: heldTimers{m: map[string]jetstream.Msg{}}, ends: ends,
 		calls: newCallCache(), results: newResultCache(), log: cfg.Logger.With("component", "injector", "instance", cfg.Instance)}
 	if ends != nil {
@@ -600,14 +612,16 @@ func (in *Injector) Waiting(ctx context.Context, tw toolbus.ToolWaiting) error {
 }
 
 // update applies change to a step's join state with compare-and-set, then settles the
-// step if every call is accounted for. Changes to one step that arrive while a write of
-// that step is in flight are applied together in the next write (group commit): a step
-// of K results costs about two writes of its join state, not K, and a handler returns
-// only once its change is stored. The join state is a few bit sets and the results
+// step if every call is accounted for. Changes to one step are written together: those
+// that arrive while a write of that step is in flight go into the next write (group
+// commit), and a write that would not account for every call first waits up to
+// Config.JoinWindow for the others (steps.gather), so a step of K quick calls usually
+// costs one write of its join state, not K. A handler returns only once its change is
+// stored. The join state is a few bit sets and the results
 // that fit its inline budget, so it stays bounded whatever the number of calls and the
 // size of their results.
 func (in *Injector) update(ctx context.Context, run string, step, count int, change func(*store.StepState) bool) error {
-	return in.steps.submit(stepID(run, step), change, func(ops []func(*store.StepState) bool, cached *cachedStep) (*cachedStep, error) {
+	return in.steps.submit(stepID(run, step), change, count, func(ops []func(*store.StepState) bool, cached *cachedStep) (*cachedStep, error) {
 		next, err := in.apply(ctx, run, step, count, ops, cached)
 		if err == nil && next != nil && next.st.Complete() {
 			in.calls.forget(stepID(run, step)) // its results are all in: no more checks

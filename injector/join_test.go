@@ -190,7 +190,7 @@ func TestJoinGroupsQueuedChanges(t *testing.T) {
 		return in.apply(ctx, run, step, count, batch, cached)
 	}
 	errs := make(chan error, queued+1)
-	go func() { errs <- in.steps.submit(id, receive(0), write) }()
+	go func() { errs <- in.steps.submit(id, receive(0), count, write) }()
 	eventstest.Eventually(t, 10*time.Second, func() error {
 		mu.Lock()
 		defer mu.Unlock()
@@ -200,7 +200,7 @@ func TestJoinGroupsQueuedChanges(t *testing.T) {
 		return nil
 	})
 	for i := 1; i <= queued; i++ {
-		go func() { errs <- in.steps.submit(id, receive(i), write) }()
+		go func() { errs <- in.steps.submit(id, receive(i), count, write) }()
 	}
 	eventstest.Eventually(t, 10*time.Second, func() error {
 		in.steps.mu.Lock()
@@ -232,11 +232,137 @@ func TestJoinBatchFailure(t *testing.T) {
 	in := joinInjector(t, bus, "injector-1")
 	boom := errors.New("store down")
 	fail := func([]func(*store.StepState) bool, *cachedStep) (*cachedStep, error) { return nil, boom }
-	if err := in.steps.submit(stepID("run-1", 0), receive(0), fail); !errors.Is(err, boom) {
+	if err := in.steps.submit(stepID("run-1", 0), receive(0), 3, fail); !errors.Is(err, boom) {
 		t.Fatalf("submit: %v, want %v", err, boom)
 	}
 	if err := in.update(ctx, "run-1", 0, 3, receive(0)); err != nil {
 		t.Fatal(err)
 	}
 	wantReceived(t, ctx, bus, "run-1", 0, 3, 0)
+}
+
+// gatherSteps is a steps queue with window whose writes record their batch sizes and
+// apply the batch to an in-memory join state of a step of count calls (what is tested
+// is the queue: when it writes and what together, not the store).
+func gatherSteps(window time.Duration, count int) (*steps, func() []int, func(batch []func(*store.StepState) bool, cached *cachedStep) (*cachedStep, error)) {
+	s := newSteps(window)
+	var (
+		mu      sync.Mutex
+		batches []int
+	)
+	write := func(batch []func(*store.StepState) bool, cached *cachedStep) (*cachedStep, error) {
+		mu.Lock()
+		batches = append(batches, len(batch))
+		mu.Unlock()
+		st := store.NewStepState("run-1", 0, count)
+		if cached != nil {
+			st = cached.st.Clone()
+		}
+		for _, op := range batch {
+			op(st)
+		}
+		return &cachedStep{st: st, rev: 1}, nil
+	}
+	got := func() []int {
+		mu.Lock()
+		defer mu.Unlock()
+		return append([]int(nil), batches...)
+	}
+	return s, got, write
+}
+
+// TestJoinGathersAStep: the results of a step that come in wait for the others (the
+// join window) and are written together with the one that completes the step, in one
+// write; that one is not held: with a window of a minute, the step is written as soon as
+// its last result comes.
+func TestJoinGathersAStep(t *testing.T) {
+	const count = 4
+	s, batches, write := gatherSteps(time.Minute, count)
+	id := stepID("run-1", 0)
+	errs := make(chan error, count)
+	for i := range count - 1 {
+		go func() { errs <- s.submit(id, receive(i), count, write) }()
+	}
+	eventstest.Eventually(t, 10*time.Second, func() error {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if q := s.m[id]; q == nil || len(q.pending) != count-1 || q.wake == nil {
+			return errors.New("the first results are not gathering yet")
+		}
+		return nil
+	})
+	if b := batches(); len(b) != 0 {
+		t.Fatalf("written before the step's last result: batches %v", b)
+	}
+	go func() { errs <- s.submit(id, receive(count-1), count, write) }()
+	deadline := time.After(30 * time.Second) // far below the window
+	for range count {
+		select {
+		case err := <-errs:
+			if err != nil {
+				t.Fatal(err)
+			}
+		case <-deadline:
+			t.Fatalf("the results were held after the step's last one came (batches %v)", batches())
+		}
+	}
+	if b := batches(); len(b) != 1 || b[0] != count {
+		t.Errorf("batches %v, want [%d]: the whole step in one write", b, count)
+	}
+}
+
+// TestJoinWindowEnds: a step whose last result does not come is written when the window
+// ends, with what came; a step of one call never waits; a negative JoinWindow writes at
+// once.
+func TestJoinWindowEnds(t *testing.T) {
+	const count = 4
+	s, batches, write := gatherSteps(50*time.Millisecond, count)
+	id := stepID("run-1", 0)
+	errs := make(chan error, count-1)
+	for i := range count - 1 {
+		go func() { errs <- s.submit(id, receive(i), count, write) }()
+	}
+	deadline := time.After(30 * time.Second)
+	for range count - 1 {
+		select {
+		case err := <-errs:
+			if err != nil {
+				t.Fatal(err)
+			}
+		case <-deadline:
+			t.Fatalf("results of an incomplete step were held past the window (batches %v)", batches())
+		}
+	}
+	sum := 0
+	for _, n := range batches() {
+		sum += n
+	}
+	if sum != count-1 {
+		t.Errorf("batches %v, want the %d results written", batches(), count-1)
+	}
+
+	// One call: written at once, whatever the window.
+	one, oneBatches, oneWrite := gatherSteps(time.Hour, 1)
+	done := make(chan error, 1)
+	go func() { done <- one.submit(stepID("run-2", 0), receive(0), 1, oneWrite) }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatalf("a step of one call waited for the window (batches %v)", oneBatches())
+	}
+
+	// JoinWindow < 0: no window.
+	in, err := New(nil, Config{JoinWindow: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if in.steps.window != 0 {
+		t.Errorf("JoinWindow -1: window %v, want none", in.steps.window)
+	}
+	if in, _ := New(nil, Config{}); in.steps.window != DefaultJoinWindow {
+		t.Errorf("default window %v, want %v", in.steps.window, DefaultJoinWindow)
+	}
 }

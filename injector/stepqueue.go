@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"time"
 
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events/store"
@@ -19,17 +20,25 @@ import (
 type steps struct {
 	mu sync.Mutex
 	m  map[string]*stepQueue
+	// window bounds how long a writer gathers the changes of a step still on their way
+	// (gather); 0 writes at once.
+	window time.Duration
 }
 
 type stepQueue struct {
 	pending []*change
 	running bool
 	cached  *cachedStep
+	// wake is signalled when a change is queued while the writer gathers (gather).
+	wake chan struct{}
 }
 
 type change struct {
 	apply func(*store.StepState) bool
 	done  chan error
+	// accounts is set when the change accounts for a call (its result or its wait for
+	// approval): the writer counts these while it gathers.
+	accounts bool
 }
 
 type cachedStep struct {
@@ -37,16 +46,21 @@ type cachedStep struct {
 	rev uint64
 }
 
-func newSteps() *steps { return &steps{m: map[string]*stepQueue{}} }
+func newSteps(window time.Duration) *steps {
+	return &steps{m: map[string]*stepQueue{}, window: window}
+}
 
 func stepID(run string, step int) string { return run + "." + strconv.Itoa(step) }
 
 // submit queues a change of step id and returns once it is written (or failed). write
 // applies a batch to the record (cached is nil when it must be read) and returns the
-// record as written.
-func (s *steps) submit(id string, apply func(*store.StepState) bool,
+// record as written. calls is the step's number of calls when the change accounts for
+// one of them (a result, a wait for approval), 0 otherwise: a writer whose batch does
+// not yet account for every call first gathers, up to s.window, the changes still on
+// their way (gather).
+func (s *steps) submit(id string, apply func(*store.StepState) bool, calls int,
 	write func(batch []func(*store.StepState) bool, cached *cachedStep) (*cachedStep, error)) error {
-	c := &change{apply: apply, done: make(chan error, 1)}
+	c := &change{apply: apply, done: make(chan error, 1), accounts: calls > 0}
 	s.mu.Lock()
 	q := s.m[id]
 	if q == nil {
@@ -58,11 +72,20 @@ func (s *steps) submit(id string, apply func(*store.StepState) bool,
 	}
 	q.pending = append(q.pending, c)
 	if q.running {
+		if q.wake != nil {
+			select {
+			case q.wake <- struct{}{}:
+			default:
+			}
+		}
 		s.mu.Unlock()
 		return <-c.done
 	}
 	q.running = true
 	for {
+		if calls > 1 && s.window > 0 {
+			s.gather(q, calls)
+		}
 		batch := q.pending
 		q.pending = nil
 		cached := q.cached
@@ -91,6 +114,63 @@ func (s *steps) submit(id string, apply func(*store.StepState) bool,
 			return <-c.done
 		}
 	}
+}
+
+// gather waits, up to s.window and called with s.mu held (it releases it while it
+// waits), until the changes queued for q and those its cached state already holds
+// account for all calls of the step. The results of a step's calls usually arrive
+// within a few milliseconds of each other: written as they come, a step of K calls costs
+// two or three compare-and-set writes of its join state (the first result alone, then
+// the ones that queued behind it); gathered, one. The change that completes the step is
+// never held (the wait ends when it arrives), so the step settles no later than it
+// would have; only the results before it are stored (and acknowledged) up to s.window
+// later. A step whose other calls take longer is written after s.window as before.
+func (s *steps) gather(q *stepQueue, calls int) {
+	var timer *time.Timer
+	defer func() {
+		q.wake = nil
+		if timer != nil {
+			timer.Stop()
+		}
+	}()
+	for {
+		have := 0
+		if q.cached != nil {
+			have = accounted(q.cached.st)
+		}
+		for _, c := range q.pending {
+			if c.accounts {
+				have++
+			}
+		}
+		if have >= calls {
+			return
+		}
+		if timer == nil {
+			timer = time.NewTimer(s.window)
+			q.wake = make(chan struct{}, 1)
+		}
+		wake := q.wake
+		s.mu.Unlock()
+		select {
+		case <-wake:
+			s.mu.Lock()
+		case <-timer.C:
+			s.mu.Lock()
+			return
+		}
+	}
+}
+
+// accounted is the number of calls of a join state that have a result or wait.
+func accounted(st *store.StepState) int {
+	n := 0
+	for i := range st.CallCount {
+		if st.Received.Has(i) || st.Waiting.Has(i) {
+			n++
+		}
+	}
+	return n
 }
 
 // evictIdle forgets cached steps no handler is writing; called with s.mu held.
