@@ -17,7 +17,10 @@ import (
 // Deadlines by timer. Each run with a deadline gets one timer event on the stream
 // (published by Started). The timer consumer holds it with a negative acknowledgement
 // delayed until the deadline plus DeadlineGrace: the server keeps the timer, durable
-// across injector restarts, and redelivers it to any injector when it is due. A run
+// across injector restarts, and redelivers it to any injector when it is due. A timer
+// not due within the consumer's acknowledgement wait is first kept unanswered for half
+// of that wait (timerHold): most runs end by then, and their timer costs one
+// acknowledgement instead of a hand-back and an acknowledgement. A run
 // therefore ends by its deadline even when a step never completes (a lost call, a tool
 // no executor serves, an executor stopped mid-step).
 //
@@ -68,6 +71,20 @@ func (h *heldTimers) take(run string) jetstream.Msg {
 	return msg
 }
 
+// holdFor runs then (the timer's hand-back) after d unless msg was taken meanwhile
+// (its run ended: it was acknowledged) or replaced (a redelivery of the timer is held
+// instead).
+func (h *heldTimers) holdFor(run string, msg jetstream.Msg, d time.Duration, then func()) {
+	time.AfterFunc(d, func() {
+		h.mu.Lock()
+		held := h.m[run] == msg
+		h.mu.Unlock()
+		if held {
+			then()
+		}
+	})
+}
+
 // nak hands msg back for d unless it was taken meanwhile (then it was acknowledged).
 func (h *heldTimers) nak(run string, msg jetstream.Msg, d time.Duration) {
 	h.mu.Lock()
@@ -96,6 +113,9 @@ func (in *Injector) runEnded(run string) {
 
 // serveTimers consumes deadline timers until ctx ends.
 func (in *Injector) serveTimers(ctx context.Context, cons jetstream.Consumer) error {
+	if info := cons.CachedInfo(); info != nil {
+		in.timerAckWait.Store(int64(info.Config.AckWait))
+	}
 	workCtx, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelWork()
 	var wg sync.WaitGroup
@@ -195,6 +215,10 @@ func (in *Injector) timer(ctx context.Context, msg jetstream.Msg) {
 			in.runEnded(run)
 			return
 		}
+		if hold := in.timerHold(wait); hold > 0 {
+			in.timers.holdFor(run, msg, hold, func() { in.timers.nak(run, msg, min(wait-hold, timerRecheck)) })
+			return
+		}
 		in.timers.nak(run, msg, min(wait, timerRecheck))
 		return
 	}
@@ -205,6 +229,22 @@ func (in *Injector) timer(ctx context.Context, msg jetstream.Msg) {
 		return
 	}
 	_ = msg.Ack()
+}
+
+// timerHold is how long a timer delivery not due for wait is kept without a word to the
+// server before it is handed back with a delay: most runs end within seconds, and the
+// acknowledgement their end sends then is the only message their timer costs after its
+// delivery (a hand-back first would be one more). The server redelivers a delivery it
+// heard nothing about after the timer consumer's acknowledgement wait, so the hold is
+// half of that, and only for a timer not due before that wait is over: if this injector
+// dies while it holds the timer, the redelivery still comes before the deadline. 0 when
+// the timer is handed back at once.
+func (in *Injector) timerHold(wait time.Duration) time.Duration {
+	ackWait := time.Duration(in.timerAckWait.Load())
+	if ackWait <= 0 || wait < ackWait {
+		return 0
+	}
+	return ackWait / 2
 }
 
 // runHasEnded reports whether a run whose timer is not due yet has ended. The outcome

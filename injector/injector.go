@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -161,6 +162,9 @@ type Injector struct {
 	results *resultCache
 	// timers are the deadline timers this injector holds (see deadline.go)
 	timers heldTimers
+	// timerAckWait is the acknowledgement wait of the timer consumer (a time.Duration;
+	// 0 until it is known): see timerHold
+	timerAckWait atomic.Int64
 	// ends are the runs known to have ended, from their outcome events: a step settles
 	// without reading its run's state when they answer for the run (runState)
 	ends *events.RunOutcomes

@@ -8,9 +8,13 @@ import (
 	"log/slog"
 	"math"
 	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
@@ -181,4 +185,126 @@ func TestTimerHeldWithoutReadingTheRunState(t *testing.T) {
 		t.Fatal(err)
 	}
 	eventstest.Eventually(t, time.Minute, timersHeld(0))
+}
+
+// TestTimerHeldQuietly: a deadline timer not due before the timer consumer's
+// acknowledgement wait is kept without a word to the server for half of that wait
+// (timerHold): a run that ends meanwhile costs its timer one acknowledgement and no
+// hand-back; a run still going is handed back with a delay before the server would
+// redeliver.
+func TestTimerHeldQuietly(t *testing.T) {
+	ctx := eventstest.Context(t, 2*time.Minute)
+	bus := eventstest.Setup(t, events.Config{Memory: true})
+	const ackWait = 6 * time.Second
+	in, err := New(bus, Config{WorkerConfig: events.WorkerConfig{Instance: "quiet", AckWait: ackWait,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}, DeadlineGrace: time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var (
+		mu   sync.Mutex
+		acks []string
+	)
+	sub, err := bus.Conn().Subscribe("$JS.ACK."+bus.Config().Stream+".injector-timers.>", func(m *nats.Msg) {
+		mu.Lock()
+		acks = append(acks, strings.Fields(string(m.Data))[0])
+		mu.Unlock()
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	seen := func() []string {
+		_ = bus.Conn().Flush()
+		mu.Lock()
+		defer mu.Unlock()
+		return append([]string(nil), acks...)
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- in.Run(runCtx) }()
+	t.Cleanup(func() { stop(); <-done })
+	start := func(run string, deadline time.Time) {
+		t.Helper()
+		if err := bus.StartRun(ctx, events.Source("test", "t"), toolbus.RunStarted{RunID: run, Model: "m",
+			Principal: toolbus.Principal{ID: "p"}, Limits: toolbus.Limits{Deadline: deadline},
+			Messages: []toolbus.Message{{Role: toolbus.RoleUser, Content: "x"}}}); err != nil {
+			t.Fatal(err)
+		}
+		eventstest.Eventually(t, time.Minute, func() error {
+			in.timers.mu.Lock()
+			defer in.timers.mu.Unlock()
+			if in.timers.m[run] == nil {
+				return fmt.Errorf("timer of %s not held", run)
+			}
+			return nil
+		})
+	}
+	timerInfo := func() *jetstream.ConsumerInfo {
+		t.Helper()
+		cons, err := bus.EventStream().Consumer(ctx, "injector-timers")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ci, err := cons.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ci
+	}
+
+	// A run that ends within the hold: one acknowledgement, nothing else.
+	start("short", time.Now().Add(time.Hour))
+	if a := seen(); len(a) != 0 {
+		t.Fatalf("a timer held quietly answered the server: %v", a)
+	}
+	if _, err := bus.PublishCancel(ctx, events.Source("test", "t"), toolbus.Cancel{RunID: "short", Reason: "done"}); err != nil {
+		t.Fatal(err)
+	}
+	eventstest.Eventually(t, time.Minute, func() error {
+		if ci := timerInfo(); ci.NumAckPending != 0 {
+			return fmt.Errorf("%d timers held by the server", ci.NumAckPending)
+		}
+		return nil
+	})
+	if a := seen(); len(a) != 1 || a[0] != "+ACK" {
+		t.Fatalf("the short run's timer: %v, want one +ACK", a)
+	}
+
+	// A run still going when the hold ends: handed back before the acknowledgement wait.
+	start("long", time.Now().Add(time.Hour))
+	eventstest.Eventually(t, time.Minute, func() error {
+		if a := seen(); len(a) != 2 || a[1] != "-NAK" {
+			return fmt.Errorf("acknowledgements %v, want the long run's -NAK", a)
+		}
+		return nil
+	})
+	// Had the hold outlasted the acknowledgement wait, the server would have redelivered
+	// the timer before the hand-back.
+	if ci := timerInfo(); ci.NumRedelivered != 0 || ci.NumAckPending != 1 {
+		t.Errorf("timer consumer: %d redelivered, %d held; want 0 and 1", ci.NumRedelivered, ci.NumAckPending)
+	}
+}
+
+// TestTimerHoldBounds: a timer is held quietly only when it is not due before the timer
+// consumer's acknowledgement wait, and for half of it: a redelivery after a crash of the
+// injector that holds it still comes before the deadline.
+func TestTimerHoldBounds(t *testing.T) {
+	for _, tc := range []struct {
+		ackWait, wait, want time.Duration
+	}{
+		{0, time.Hour, 0},                       // the wait is not known yet
+		{30 * time.Second, 10 * time.Second, 0}, // due within the wait: handed back at once
+		{30 * time.Second, 30 * time.Second, 15 * time.Second},
+		{30 * time.Second, time.Hour, 15 * time.Second},
+	} {
+		in, err := New(nil, Config{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		in.timerAckWait.Store(int64(tc.ackWait))
+		if got := in.timerHold(tc.wait); got != tc.want {
+			t.Errorf("ack wait %v, due in %v: hold %v, want %v", tc.ackWait, tc.wait, got, tc.want)
+		}
+	}
 }
