@@ -11,11 +11,14 @@ import (
 
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/consume"
 	"github.com/toolbus/toolbus/events/store"
 )
 
-// Deadlines by timer. Each run with a deadline gets one timer event on the stream
-// (published by Started). The timer consumer holds it with a negative acknowledgement
+// Deadlines by timer. Each run with a deadline that is still going half the started
+// consumer's acknowledgement wait after its start (or whose deadline is nearer than
+// that wait) gets one timer event on the stream (armTimer; until then the run's
+// unacknowledged run.started stands in for it). The timer consumer holds it with a negative acknowledgement
 // delayed until the deadline plus DeadlineGrace: the server keeps the timer, durable
 // across injector restarts, and redelivers it to any injector when it is due. A timer
 // not due within the consumer's acknowledgement wait is first kept unanswered for half
@@ -109,7 +112,74 @@ func (in *Injector) runEnded(run string) {
 	if msg := in.timers.take(run); msg != nil && msg.Reply() != "" {
 		_ = in.bus.Conn().Publish(msg.Reply(), []byte("+ACK"))
 	}
+	if msg := in.starts.take(run); msg != nil && msg.Reply() != "" {
+		_ = in.bus.Conn().Publish(msg.Reply(), []byte("+ACK")) // the run ended young: no timer
+	}
 }
+
+// armTimer publishes the deadline timer of a run that has a deadline, or keeps the
+// run's first run.started delivery (sm) instead for a while (startHold) and returns
+// consume.ErrHeld: most runs end within seconds, and a run that ended before the hold is
+// over needs no timer (its end acknowledges the run.started: runEnded); one still going
+// then gets its timer, published before the run.started is acknowledged. Until then
+// the unacknowledged run.started is what keeps the deadline safe: if this injector dies,
+// the server redelivers it after the consumer's acknowledgement wait, which is before
+// the deadline (startHold), and the injector it goes to publishes the timer (started,
+// on a redelivery).
+func (in *Injector) armTimer(ctx context.Context, run string, deadline time.Time, sm startedMsg) error {
+	if deadline.IsZero() {
+		return nil
+	}
+	if sm.msg != nil {
+		if hold := in.startHold(time.Until(deadline.Add(in.cfg.DeadlineGrace))); hold > 0 {
+			in.starts.hold(run, sm.msg)
+			in.starts.holdFor(run, sm.msg, hold, func() { in.youngRunOver(run, deadline, sm) })
+			return consume.ErrHeld
+		}
+	}
+	_, err := in.bus.PublishEvent(ctx, events.TimerEvent(in.source, events.RunTimer{RunID: run, Deadline: deadline}))
+	return err
+}
+
+// youngRunOver ends the hold of a run's first run.started (armTimer): a run that has
+// not ended gets its timer, and the run.started is acknowledged.
+func (in *Injector) youngRunOver(run string, deadline time.Time, sm startedMsg) {
+	if in.starts.take(run) != sm.msg {
+		return // acknowledged by the run's end meanwhile
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if !in.runHasEnded(ctx, run, sm.seq) {
+		if _, err := in.bus.PublishEvent(ctx, events.TimerEvent(in.source, events.RunTimer{RunID: run, Deadline: deadline})); err != nil {
+			in.log.Warn("deadline timer not published: the run.started goes back, to arm it again", "run_id", run, "error", err)
+			_ = sm.msg.NakWithDelay(timerRetry)
+			return
+		}
+	}
+	if err := sm.msg.Ack(); err != nil {
+		in.log.Debug("run.started not acknowledged after its hold", "run_id", run, "error", err)
+	}
+}
+
+// startHold is how long the first run.started of a run due in wait may be kept
+// (armTimer): half the started consumer's acknowledgement wait, when the deadline is
+// not within that wait (a redelivery after this injector died comes before it), the
+// consumer's MaxAckPending leaves room for it (kept deliveries count there: this
+// injector keeps at most an eighth of it, so runs keep starting whatever it keeps, also
+// beside other injectors) and it is known; 0 otherwise, and the timer is published at
+// once.
+func (in *Injector) startHold(wait time.Duration) time.Duration {
+	ackWait, maxPending := time.Duration(in.startsAckWait.Load()), int(in.startsMax.Load())
+	if ackWait <= 0 || wait < ackWait || maxPending < minKeptStartsPending || in.starts.len() >= maxPending/8 {
+		return 0
+	}
+	return ackWait / 2
+}
+
+// minKeptStartsPending is the least MaxAckPending of the started consumer under which
+// no run.started is kept: one set up before the consumer's limit was raised for it
+// (provision) would otherwise fill with kept deliveries and hold new runs back.
+const minKeptStartsPending = 1024
 
 // serveTimers consumes deadline timers until ctx ends.
 func (in *Injector) serveTimers(ctx context.Context, cons jetstream.Consumer) error {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -165,6 +166,11 @@ type Injector struct {
 	// timerAckWait is the acknowledgement wait of the timer consumer (a time.Duration;
 	// 0 until it is known): see timerHold
 	timerAckWait atomic.Int64
+	// starts are the first run.started deliveries this injector keeps while their runs
+	// are young (armTimer), and startsAckWait and startsMax the started consumer's
+	// acknowledgement wait and MaxAckPending (0 until known: nothing is kept)
+	starts                   heldTimers
+	startsAckWait, startsMax atomic.Int64
 	// ends are the runs known to have ended, from their outcome events: a step settles
 	// without reading its run's state when they answer for the run (runState)
 	ends *events.RunOutcomes
@@ -181,7 +187,7 @@ func New(bus *events.Bus, cfg Config) (*Injector, error) {
 		ends = bus.RunOutcomes()
 	}
 	in := &Injector{cfg: cfg, bus: bus, source: events.Source("injector", cfg.Instance), steps: newSteps(max(cfg.JoinWindow, 0)),
-		timers: heldTimers{m: map[string]jetstream.Msg{}}, ends: ends,
+		timers: heldTimers{m: map[string]jetstream.Msg{}}, starts: heldTimers{m: map[string]jetstream.Msg{}}, ends: ends,
 		calls: newCallCache(), results: newResultCache(), log: cfg.Logger.With("component", "injector", "instance", cfg.Instance)}
 	if ends != nil {
 		// A run's end frees its deadline timer (deadline.go).
@@ -229,6 +235,12 @@ func (in *Injector) Run(ctx context.Context) error {
 			wg.Go(func() { errs <- in.serveTimers(ctx, cons) })
 			continue
 		}
+		if slices.Equal(input.Filters, []string{events.FilterRunStarted}) {
+			if info := cons.CachedInfo(); info != nil {
+				in.startsAckWait.Store(int64(info.Config.AckWait))
+				in.startsMax.Store(int64(info.Config.MaxAckPending))
+			}
+		}
 		wg.Go(func() {
 			errs <- consume.Serve(ctx, cons, consume.Config{
 				Concurrency: input.Concurrency, Grace: in.cfg.Grace, Logger: in.log, NakDelay: 500 * time.Millisecond,
@@ -255,7 +267,7 @@ func (in *Injector) handle(ctx context.Context, msg jetstream.Msg) error {
 	if derr := in.bus.Denied(start, err); errors.Is(derr, connect.ErrPermissionDenied) {
 		return in.denied(ctx, msg, start, derr)
 	}
-	if err == nil || errors.Is(err, events.ErrPoison) || errors.Is(err, events.ErrNotCloudEvent) {
+	if err == nil || errors.Is(err, events.ErrPoison) || errors.Is(err, events.ErrNotCloudEvent) || errors.Is(err, consume.ErrHeld) {
 		return err
 	}
 	md, merr := msg.Metadata()
@@ -343,7 +355,7 @@ func (in *Injector) dispatch(ctx context.Context, msg jetstream.Msg) error {
 		// A run.started the stream stored as its run's first message needs no read to
 		// know it is the first run.started.
 		if toolbus.ValidRunID(d.RunID) && in.bus.StartedFirst(*d, md.Sequence.Stream, md.Timestamp, msg.Headers()) {
-			return in.started(ctx, *d)
+			return in.started(ctx, *d, startedMsg{msg: msg, seq: md.Sequence.Stream})
 		}
 		return in.Started(ctx, *d, md.Sequence.Stream)
 	}
@@ -374,43 +386,55 @@ func (in *Injector) Started(ctx context.Context, rs toolbus.RunStarted, seq uint
 		return fmt.Errorf("%w: run %s already exists (started by the run.started at sequence %d): this later run.started changes nothing",
 			events.ErrPoison, rs.RunID, first)
 	}
-	return in.started(ctx, rs)
+	return in.started(ctx, rs, startedMsg{})
 }
 
-// started starts a run whose run.started is known to be its first.
-func (in *Injector) started(ctx context.Context, rs toolbus.RunStarted) error {
+// startedMsg is the delivery of a run's first run.started, when the injector may keep it
+// (armTimer); zero otherwise.
+type startedMsg struct {
+	msg jetstream.Msg
+	seq uint64 // its stream sequence
+}
+
+// started starts a run whose run.started is known to be its first: it records the run
+// as running, asks for step 0 and arms the run's deadline timer (armTimer).
+func (in *Injector) started(ctx context.Context, rs toolbus.RunStarted, sm startedMsg) error {
 	created, err := in.bus.Store().CreateRunState(ctx, rs.RunID, rs.StartedAt)
 	if err != nil {
 		return err
 	}
+	step0 := true
 	if !created {
-		// A redelivery: redo the publications (deterministic ids) only while the run has
-		// not gone past its start.
+		// A redelivery: ask for step 0 again (a deterministic id) only while the run has
+		// not gone past its start, and arm the timer of a run that has not ended (its
+		// first delivery may have been kept, and its keeper died: armTimer).
 		st, _, err := in.bus.Store().RunState(ctx, rs.RunID)
 		if err != nil {
 			return err
 		}
-		if st.Status != toolbus.RunRunning || st.Step != 0 {
+		if st.Status.Terminal() {
 			return nil
 		}
-		if _, err := in.bus.Store().Assistant(ctx, rs.RunID, 0); err == nil {
-			return nil
+		if st.Status != toolbus.RunRunning || st.Step != 0 {
+			step0 = false
+		} else if _, err := in.bus.Store().Assistant(ctx, rs.RunID, 0); err == nil {
+			step0 = false
 		} else if !errors.Is(err, events.ErrNotFound) {
 			return err
 		}
+		sm = startedMsg{} // the timer is published at once
 	}
 	full, err := in.bus.RunStarted(ctx, rs.RunID)
 	if err != nil {
 		return err
 	}
 	full = full.WithDefaults(in.cfg.Defaults)
-	if d := full.Limits.Deadline; !d.IsZero() {
-		if _, err := in.bus.PublishEvent(ctx, events.TimerEvent(in.source, events.RunTimer{RunID: rs.RunID, Deadline: d})); err != nil {
+	if step0 {
+		if _, err := in.bus.PublishEvent(ctx, events.ModelRequestedEvent(in.source, toolbus.ModelRequested{RunID: rs.RunID, Step: 0})); err != nil {
 			return err
 		}
 	}
-	_, err = in.bus.PublishEvent(ctx, events.ModelRequestedEvent(in.source, toolbus.ModelRequested{RunID: rs.RunID, Step: 0}))
-	return err
+	return in.armTimer(ctx, rs.RunID, full.Limits.Deadline, sm)
 }
 
 // checkCall verifies that a call position and identity match the step's recorded

@@ -19,6 +19,7 @@ import (
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
+	"github.com/toolbus/toolbus/events/provision"
 	"github.com/toolbus/toolbus/events/store"
 )
 
@@ -139,7 +140,7 @@ func TestEndedRunsFreeTheirTimers(t *testing.T) {
 func TestTimerHeldWithoutReadingTheRunState(t *testing.T) {
 	ctx := eventstest.Context(t, 2*time.Minute)
 	bus := eventstest.Setup(t, events.Config{Memory: true})
-	in, err := New(bus, Config{WorkerConfig: events.WorkerConfig{Instance: "held",
+	in, err := New(bus, Config{WorkerConfig: events.WorkerConfig{Instance: "held", AckWait: 4 * time.Second,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}})
 	if err != nil {
 		t.Fatal(err)
@@ -307,4 +308,148 @@ func TestTimerHoldBounds(t *testing.T) {
 			t.Errorf("ack wait %v, due in %v: hold %v, want %v", tc.ackWait, tc.wait, got, tc.want)
 		}
 	}
+}
+
+// startRun starts run with deadline on bus.
+func startRun(t *testing.T, ctx context.Context, bus *events.Bus, run string, deadline time.Time) {
+	t.Helper()
+	if err := bus.StartRun(ctx, events.Source("test", "t"), toolbus.RunStarted{RunID: run, Model: "m",
+		Principal: toolbus.Principal{ID: "p"}, Limits: toolbus.Limits{Deadline: deadline},
+		Messages: []toolbus.Message{{Role: toolbus.RoleUser, Content: "x"}}}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// runInjector runs in until the test ends (or stop is called).
+func runInjector(t *testing.T, ctx context.Context, in *Injector) (stop func()) {
+	t.Helper()
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- in.Run(runCtx) }()
+	var once sync.Once
+	stop = func() { once.Do(func() { cancel(); <-done }) }
+	t.Cleanup(stop)
+	return stop
+}
+
+// kept waits until in keeps the run.started of run (armTimer).
+func kept(t *testing.T, in *Injector, run string) {
+	t.Helper()
+	eventstest.Eventually(t, time.Minute, func() error {
+		in.starts.mu.Lock()
+		defer in.starts.mu.Unlock()
+		if in.starts.m[run] == nil {
+			return fmt.Errorf("the run.started of %s is not kept", run)
+		}
+		return nil
+	})
+}
+
+// TestYoungRunsNeedNoTimer: the first run.started of a run whose deadline is further
+// than the started consumer's acknowledgement wait is kept instead of publishing the
+// run's deadline timer at once: a run that ends while it is kept never gets a timer
+// (its end acknowledges the run.started); one still going when the hold is over gets its
+// timer, and its run.started is acknowledged then.
+func TestYoungRunsNeedNoTimer(t *testing.T) {
+	ctx := eventstest.Context(t, 2*time.Minute)
+	bus := eventstest.Setup(t, events.Config{Memory: true})
+	in, err := New(bus, Config{WorkerConfig: events.WorkerConfig{Instance: "young", AckWait: 4 * time.Second,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	timers := eventstest.Counter(t, bus.Conn(), events.FilterTimers)
+	runInjector(t, ctx, in)
+	startedPending := func() int {
+		cons, err := bus.EventStream().Consumer(ctx, "injector-started")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ci, err := cons.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ci.NumAckPending
+	}
+
+	startRun(t, ctx, bus, "young", time.Now().Add(time.Hour))
+	kept(t, in, "young")
+	if _, err := bus.PublishCancel(ctx, events.Source("test", "t"), toolbus.Cancel{RunID: "young", Reason: "done"}); err != nil {
+		t.Fatal(err)
+	}
+	eventstest.Eventually(t, time.Minute, func() error {
+		if n := startedPending(); n != 0 || in.starts.len() != 0 {
+			return fmt.Errorf("run.started kept: %d by the server, %d in memory", n, in.starts.len())
+		}
+		return nil
+	})
+	if n := timers(); n != 0 {
+		t.Fatalf("%d deadline timer(s) published for a run that ended young, want 0", n)
+	}
+
+	startRun(t, ctx, bus, "grown", time.Now().Add(time.Hour))
+	kept(t, in, "grown")
+	eventstest.Eventually(t, time.Minute, func() error {
+		if n := timers(); n != 1 {
+			return fmt.Errorf("%d deadline timers published, want the grown run's", n)
+		}
+		if n := startedPending(); n != 0 || in.starts.len() != 0 {
+			return fmt.Errorf("run.started kept: %d by the server, %d in memory", n, in.starts.len())
+		}
+		return nil
+	})
+}
+
+// TestKeptStartOutlivesItsKeeper: the injector that keeps a run's run.started dies
+// (its connection is gone) before the hold is over, and the run goes on past its start
+// meanwhile: the server redelivers the run.started to another injector, which arms the
+// deadline timer, and the run still ends by its deadline.
+func TestKeptStartOutlivesItsKeeper(t *testing.T) {
+	ctx := eventstest.Context(t, 2*time.Minute)
+	srv := eventstest.RunJetStream(t)
+	cfg := events.Config{Memory: true}
+	bus, _, err := provision.Setup(ctx, srv.Conn, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ncA, _ := srv.Connect(t)
+	busA, err := events.Open(ctx, ncA, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	const ackWait = 4 * time.Second
+	a, err := New(busA, Config{WorkerConfig: events.WorkerConfig{Instance: "keeper", AckWait: ackWait, Logger: quiet},
+		DeadlineGrace: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stopA := runInjector(t, ctx, a)
+	const run = "orphan"
+	deadline := time.Now().Add(ackWait + 2*time.Second)
+	startRun(t, ctx, bus, run, deadline)
+	kept(t, a, run)
+	ncA.Close() // dies: neither the timer nor an answer for the run.started comes from it
+	stopA()
+	// The run goes past its start meanwhile (the model answered step 0).
+	if _, _, err := bus.Store().PutAssistant(ctx, toolbus.ModelResponded{RunID: run, Step: 0,
+		Message: toolbus.Message{Role: toolbus.RoleAssistant, ToolCalls: []toolbus.ToolCall{{CallID: "c1", Tool: "slow"}}}}); err != nil {
+		t.Fatal(err)
+	}
+	b, err := New(bus, Config{WorkerConfig: events.WorkerConfig{Instance: "heir", AckWait: ackWait, Logger: quiet},
+		DeadlineGrace: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runInjector(t, ctx, b)
+	eventstest.Eventually(t, time.Minute, func() error {
+		st, _, err := bus.Store().RunState(ctx, run)
+		if err != nil {
+			return err
+		}
+		if st.Status != toolbus.RunLimitReached || st.Code != toolbus.LimitDeadline {
+			return fmt.Errorf("run %s/%s, want limit_reached/deadline", st.Status, st.Code)
+		}
+		return nil
+	})
 }

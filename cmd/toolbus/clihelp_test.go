@@ -94,7 +94,9 @@ func TestCLIQuietAndTimers(t *testing.T) {
 		"dx-timer": {Steps: []func(planner.Request) planner.Response{planner.Answer("hi")}},
 	})
 	t.Setenv("TOOLBUS_LOG_LEVEL", "")
-	p.submit("dx-timer", toolbus.Limits{Deadline: time.Now().Add(time.Hour).UTC()})
+	// A deadline nearer than the injector's acknowledgement wait (30 s): its timer is
+	// published at once (a run with a further one that ends at once gets none).
+	p.submit("dx-timer", toolbus.Limits{Deadline: time.Now().Add(20 * time.Second).UTC()})
 	p.waitStatus("dx-timer", toolbus.RunCompleted)
 
 	code, out, errOut := p.toolbus("runs")

@@ -401,6 +401,7 @@ func dispatch(ctx context.Context, log *slog.Logger, obs Observer, nakDelay time
 	err := safeHandle(ctx, h, msg)
 	var deferred *DeferError
 	switch {
+	case errors.Is(err, ErrHeld):
 	case errors.As(err, &deferred):
 		log.Debug("message handed back", "subject", msg.Subject(), "reason", deferred.Reason, "delay", deferred.Delay)
 		if nerr := msg.NakWithDelay(deferred.Delay); nerr != nil {
@@ -470,6 +471,14 @@ func Heartbeat(msg jetstream.Msg, period time.Duration) (stop func()) {
 	}()
 	return func() { close(done) }
 }
+
+// ErrHeld, returned by a handler, says that the handler keeps the message: it
+// acknowledges it (or hands it back) itself, later. The loop neither acknowledges nor
+// hands it back, and its slot of Concurrency is free at once; until the handler answers
+// for it, the message holds a slot of the consumer's MaxAckPending, and the server
+// redelivers it after the consumer's AckWait if nobody answered (the handler's process
+// died).
+var ErrHeld = errors.New("consume: the handler keeps the message")
 
 // DeferError hands a message back to be delivered again after Delay, without the
 // failure backoff and without a warning: the work is fine but must wait (a run at its

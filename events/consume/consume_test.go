@@ -69,3 +69,71 @@ func TestServeRecoversHandlerPanics(t *testing.T) {
 		t.Fatalf("the panicking message was handled %d times, want 1 (terminated, not redelivered)", handled["toolbus.p.boom"])
 	}
 }
+
+// A handler that returns ErrHeld keeps its message: Serve neither acknowledges nor hands
+// it back, its Concurrency slot is free for the next message at once, and the message
+// is done when the handler acknowledges it later.
+func TestServeLeavesHeldMessagesToTheirHandler(t *testing.T) {
+	bus := eventstest.Setup(t, events.Config{})
+	ctx := eventstest.Context(t, time.Minute)
+	cons, err := provision.Consumer(ctx, bus, provision.ConsumerConfig{Durable: "held", Filters: []string{"toolbus.h.>"},
+		AckWait: 30 * time.Second, MaxDeliver: 5, MaxAckPending: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var (
+		mu      sync.Mutex
+		kept    jetstream.Msg
+		handled = map[string]int{}
+	)
+	serveCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		done <- consume.Serve(serveCtx, cons, consume.Config{Concurrency: 1, Grace: time.Second},
+			func(_ context.Context, msg jetstream.Msg) error {
+				mu.Lock()
+				defer mu.Unlock()
+				handled[msg.Subject()]++
+				if msg.Subject() == "toolbus.h.kept" {
+					kept = msg
+					return consume.ErrHeld
+				}
+				return nil
+			})
+	}()
+	defer func() { stop(); <-done }()
+	for _, subj := range []string{"toolbus.h.kept", "toolbus.h.next"} {
+		if _, err := bus.JetStream().Publish(ctx, subj, []byte("x")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	state := func(wantPending int) func() error {
+		return func() error {
+			ci, err := cons.Info(ctx)
+			if err != nil {
+				return err
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if handled["toolbus.h.next"] != 1 || ci.NumPending != 0 || ci.NumAckPending != wantPending || ci.NumRedelivered != 0 {
+				return fmt.Errorf("handled %v, %d pending, %d unacknowledged (want %d), %d redelivered",
+					handled, ci.NumPending, ci.NumAckPending, wantPending, ci.NumRedelivered)
+			}
+			return nil
+		}
+	}
+	// With one slot, the next message is handled while the first is kept, unacknowledged.
+	eventstest.Eventually(t, 30*time.Second, state(1))
+	mu.Lock()
+	msg := kept
+	mu.Unlock()
+	if err := msg.Ack(); err != nil {
+		t.Fatal(err)
+	}
+	eventstest.Eventually(t, 30*time.Second, state(0))
+	mu.Lock()
+	defer mu.Unlock()
+	if handled["toolbus.h.kept"] != 1 {
+		t.Fatalf("the kept message was handled %d times, want 1", handled["toolbus.h.kept"])
+	}
+}

@@ -124,9 +124,15 @@ func WorkerConsumers(role string, s WorkerSettings) []WorkerConsumer {
 		}
 		out := make([]WorkerConsumer, 0, len(inputs)+1)
 		for _, in := range inputs {
+			pending := in.concurrency * 8
+			if in.filter == events.FilterRunStarted {
+				// The injector keeps a young run's run.started instead of publishing its
+				// deadline timer at once (up to an eighth of this each), like the timers.
+				pending = max(pending, s.MaxTimers)
+			}
 			out = append(out, WorkerConsumer{Role: role, Concurrency: in.concurrency, ConsumerConfig: ConsumerConfig{
 				Durable: in.name, Filters: []string{in.filter},
-				AckWait: s.AckWait, MaxDeliver: s.MaxDeliver, MaxAckPending: in.concurrency * 8,
+				AckWait: s.AckWait, MaxDeliver: s.MaxDeliver, MaxAckPending: pending,
 			}})
 		}
 		// The deadline timers: each is held (a delayed negative acknowledgement) until its
