@@ -453,3 +453,36 @@ func TestKeptStartOutlivesItsKeeper(t *testing.T) {
 		return nil
 	})
 }
+
+// TestStartHoldBounds: a run.started is kept only when the deadline is not within the
+// started consumer's acknowledgement wait, the consumer's MaxAckPending was raised for it
+// (a consumer set up before, at 64, keeps nothing: runs would queue behind kept
+// deliveries), and this injector keeps less than an eighth of that limit.
+func TestStartHoldBounds(t *testing.T) {
+	for _, tc := range []struct {
+		name              string
+		ackWait, wait     time.Duration
+		maxPending, keeps int
+		want              time.Duration
+	}{
+		{"not known yet", 0, time.Hour, 0, 0, 0},
+		{"old consumer", 30 * time.Second, time.Hour, 64, 0, 0},
+		{"deadline within the wait", 30 * time.Second, 20 * time.Second, 100000, 0, 0},
+		{"kept", 30 * time.Second, time.Hour, 100000, 0, 15 * time.Second},
+		{"an eighth kept already", 30 * time.Second, time.Hour, 1024, 128, 0},
+		{"under an eighth", 30 * time.Second, time.Hour, 1024, 127, 15 * time.Second},
+	} {
+		in, err := New(nil, Config{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		in.startsAckWait.Store(int64(tc.ackWait))
+		in.startsMax.Store(int64(tc.maxPending))
+		for i := range tc.keeps {
+			in.starts.hold(fmt.Sprintf("run-%d", i), nil)
+		}
+		if got := in.startHold(tc.wait); got != tc.want {
+			t.Errorf("%s: hold %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
