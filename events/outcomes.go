@@ -38,6 +38,11 @@ type RunOutcomes struct {
 	stateSub     *nats.Subscription
 	stateHandled atomic.Uint64
 	stateHook    func(run string) // tests: called before a write is recorded
+	// handledMu guards handledCh, closed (and dropped) when a write was handled while a
+	// lookup waited for the writes received before it (statesCaughtUp).
+	handledMu sync.Mutex
+	handledCh chan struct{}
+	catchUp   time.Duration // statesCatchUp; tests change it
 	// onEnded, when set (OnEnded), is called with each end once it is recorded.
 	onEnded func(run string, status toolbus.RunStatus)
 
@@ -65,7 +70,7 @@ var ErrNoOutcomeSubscription = errors.New("events: no permission to subscribe to
 // NewRunOutcomes returns the outcome follower of a connection; lastSeq returns the event
 // stream's last sequence. It follows nothing until Listen.
 func NewRunOutcomes(nc *nats.Conn, lastSeq func(context.Context) (uint64, error)) *RunOutcomes {
-	return &RunOutcomes{nc: nc, info: lastSeq, ended: map[string]toolbus.RunStatus{}}
+	return &RunOutcomes{nc: nc, info: lastSeq, ended: map[string]toolbus.RunStatus{}, catchUp: statesCatchUp}
 }
 
 // RunOutcomes returns the outcome follower of the bus's connection.
@@ -119,6 +124,12 @@ func (e *RunOutcomes) Listen(ctx context.Context) error {
 		sub, err := e.nc.Subscribe(e.states, func(m *nats.Msg) {
 			e.stateWritten(m)
 			e.stateHandled.Add(1)
+			e.handledMu.Lock()
+			if e.handledCh != nil {
+				close(e.handledCh)
+				e.handledCh = nil
+			}
+			e.handledMu.Unlock()
 		})
 		if err != nil {
 			return fmt.Errorf("events: subscribe to run states: %w", err)
@@ -212,7 +223,8 @@ func (e *RunOutcomes) refresh(ctx context.Context) error {
 }
 
 // statesCaughtUp reports whether every run-state write the connection had received
-// when it was called has been handled (true when run states are not followed). One
+// when it was called has been handled (true when run states are not followed), waiting
+// up to statesCatchUp for the handler to get there. One
 // server sends this connection what it handles in the order it handles it, so once this
 // holds, an end written before the server delivered the step being checked (on the same
 // connection) is in the map. Across a cluster the write and the delivery may take
@@ -227,12 +239,62 @@ func (e *RunOutcomes) statesCaughtUp() bool {
 	if sub == nil {
 		return true
 	}
-	if n, _, err := sub.Pending(); err != nil || n > 0 {
+	// The writes received so far are at most those handed to the handler and those
+	// still counted pending (the one in the handler is counted by both until it returns).
+	n, _, err := sub.Pending()
+	if err != nil {
 		return false
 	}
 	d, err := sub.Delivered()
-	return err == nil && e.stateHandled.Load() >= uint64(d)
+	if err != nil {
+		return false
+	}
+	upper := uint64(d) + uint64(n)
+	// caught reports whether the writes received before the call are handled: as many as
+	// that bound, or none pending now and all handed over handled.
+	caught := func() bool {
+		if e.stateHandled.Load() >= upper {
+			return true
+		}
+		n, _, err := sub.Pending()
+		if err != nil || n > 0 {
+			return false
+		}
+		d, err := sub.Delivered()
+		return err == nil && e.stateHandled.Load() >= uint64(d)
+	}
+	if caught() {
+		return true
+	}
+	// The step being checked came right behind its run's latest write (a step is asked
+	// for after its run state is written): waiting for the handler, a matter of
+	// microseconds, is cheaper than a read of the run state. The handler says when it
+	// handled a write; the subscription counts it out of pending only after the handler
+	// returns, hence the short polls too.
+	deadline := time.Now().Add(e.catchUp)
+	poll := time.NewTicker(100 * time.Microsecond)
+	defer poll.Stop()
+	for time.Now().Before(deadline) {
+		e.handledMu.Lock()
+		if e.handledCh == nil {
+			e.handledCh = make(chan struct{})
+		}
+		handled := e.handledCh
+		e.handledMu.Unlock()
+		if caught() {
+			return true
+		}
+		select {
+		case <-handled:
+		case <-poll.C:
+		}
+	}
+	return caught()
 }
+
+// statesCatchUp bounds how long a lookup waits for the run-state writes received before
+// it to be handled; past it, the caller reads the run state.
+const statesCatchUp = 5 * time.Millisecond
 
 // refused reports whether a permissions violation names one of the follower's subjects.
 func (e *RunOutcomes) refused(err error) bool {
@@ -275,7 +337,13 @@ func (e *RunOutcomes) Lookup(run string, startSeq uint64) (toolbus.RunStatus, bo
 	if trusted && e.nc.Stats().Reconnects == reconnects && e.droppedNow() == dropped {
 		// A write received but not handled yet could be the run's end: not an answer
 		// (the caller reads), but no reason to distrust the subscriptions either.
-		return "", startSeq > from && e.statesCaughtUp()
+		if startSeq <= from || !e.statesCaughtUp() {
+			return "", false
+		}
+		e.mu.Lock()
+		status = e.ended[run] // the writes just handled may have ended it
+		e.mu.Unlock()
+		return status, true
 	}
 	// Not trusted yet, or messages may have been lost: read the run state until a new
 	// sequence is recorded.

@@ -1,5 +1,7 @@
 package events
 
+import "time"
+
 // ForgetTrust makes the outcome subscriptions untrusted, as a lost message does.
 func (e *RunOutcomes) ForgetTrust() {
 	e.mu.Lock()
@@ -28,3 +30,6 @@ func (e *RunOutcomes) Trusted() bool {
 // OnStateWrite sets a function called with the run of each terminal run-state write
 // before it is recorded (set it before Listen).
 func (e *RunOutcomes) OnStateWrite(f func(run string)) { e.stateHook = f }
+
+// SetCatchUp sets how long a lookup waits for the run-state writes received before it.
+func (e *RunOutcomes) SetCatchUp(d time.Duration) { e.catchUp = d }

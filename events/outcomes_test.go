@@ -226,3 +226,57 @@ func TestEndedRunsFromAnEmptyStream(t *testing.T) {
 		t.Error("a run started before the new trusted sequence is answered by the subscriptions")
 	}
 }
+
+// A lookup that comes while run-state writes received before it are still being
+// handled waits for them (statesCatchUp) and answers, instead of sending its caller to
+// read the run state: the step of a run comes right behind its latest write.
+func TestEndedRunsWaitForTheWritesBefore(t *testing.T) {
+	ctx := eventstest.Context(t, time.Minute)
+	bus := eventstest.Setup(t, events.Config{Memory: true})
+	if err := bus.StartRun(ctx, "/test", toolbus.RunStarted{RunID: "first"}); err != nil {
+		t.Fatal(err)
+	}
+	ends := bus.RunOutcomes()
+	ends.FollowRunStates()
+	ends.SetCatchUp(time.Minute) // far beyond the release below
+	entered, release := make(chan struct{}), make(chan struct{})
+	ends.OnStateWrite(func(run string) {
+		if run == "held" {
+			close(entered)
+			<-release
+		}
+	})
+	if err := ends.Listen(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer ends.Close()
+	if err := bus.StartRun(ctx, "/test", toolbus.RunStarted{RunID: "held"}); err != nil {
+		t.Fatal(err)
+	}
+	seq, err := bus.RunStartedSeq(ctx, "held")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := bus.Store().RecordEnd(ctx, 0, toolbus.RunEnded{RunID: "held", Status: toolbus.RunCancelled}); err != nil {
+		t.Fatal(err)
+	}
+	<-entered
+	type answer struct {
+		st toolbus.RunStatus
+		ok bool
+	}
+	got := make(chan answer, 1)
+	go func() {
+		st, ok := ends.Lookup("held", seq)
+		got <- answer{st, ok}
+	}()
+	select {
+	case a := <-got:
+		t.Fatalf("answered %q, %v while the write before it was being handled: want a wait", a.st, a.ok)
+	case <-time.After(100 * time.Millisecond):
+	}
+	close(release)
+	if a := <-got; !a.ok || a.st != toolbus.RunCancelled {
+		t.Fatalf("got %q, %v; want cancelled, true once the write was handled", a.st, a.ok)
+	}
+}
