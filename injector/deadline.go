@@ -18,12 +18,12 @@ import (
 // Deadlines by timer. Each run with a deadline that is still going half the started
 // consumer's acknowledgement wait after its start (or whose deadline is nearer than
 // that wait) gets one timer event on the stream (armTimer; until then the run's
-// unacknowledged run.started stands in for it). The timer consumer holds it with a negative acknowledgement
-// delayed until the deadline plus DeadlineGrace: the server keeps the timer, durable
-// across injector restarts, and redelivers it to any injector when it is due. A timer
-// not due within the consumer's acknowledgement wait is first kept unanswered for half
-// of that wait (timerHold): most runs end by then, and their timer costs one
-// acknowledgement instead of a hand-back and an acknowledgement. A run
+// unacknowledged run.started stands in for it). The timer consumer holds it with a
+// negative acknowledgement delayed until the deadline plus DeadlineGrace: the server
+// keeps the timer, durable across injector restarts, and redelivers it to any injector
+// when it is due. A timer not due within the consumer's acknowledgement wait is first
+// kept unanswered for half of that wait (timerHold): most runs end by then, and their
+// timer costs one acknowledgement instead of a hand-back and an acknowledgement. A run
 // therefore ends by its deadline even when a step never completes (a lost call, a tool
 // no executor serves, an executor stopped mid-step).
 //
