@@ -93,13 +93,7 @@ func TestEndedRunsFromRunStateWrites(t *testing.T) {
 	defer plain.Close()
 	ends := bus.RunOutcomes()
 	ends.FollowRunStates()
-	entered, release := make(chan struct{}), make(chan struct{})
-	ends.OnStateWrite(func(run string) {
-		if run == "held" {
-			close(entered)
-			<-release
-		}
-	})
+	entered, release := holdStateWrite(ends, "held")
 	if err := ends.Listen(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -239,13 +233,7 @@ func TestEndedRunsWaitForTheWritesBefore(t *testing.T) {
 	ends := bus.RunOutcomes()
 	ends.FollowRunStates()
 	ends.SetCatchUp(time.Minute) // far beyond the release below
-	entered, release := make(chan struct{}), make(chan struct{})
-	ends.OnStateWrite(func(run string) {
-		if run == "held" {
-			close(entered)
-			<-release
-		}
-	})
+	entered, release := holdStateWrite(ends, "held")
 	if err := ends.Listen(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -279,4 +267,17 @@ func TestEndedRunsWaitForTheWritesBefore(t *testing.T) {
 	if a := <-got; !a.ok || a.st != toolbus.RunCancelled {
 		t.Fatalf("got %q, %v; want cancelled, true once the write was handled", a.st, a.ok)
 	}
+}
+
+// holdStateWrite makes ends' handler of run-state writes stop at the write of run:
+// entered is closed when it gets there, and it goes on once release is closed.
+func holdStateWrite(ends *events.RunOutcomes, run string) (entered, release chan struct{}) {
+	entered, release = make(chan struct{}), make(chan struct{})
+	ends.OnStateWrite(func(r string) {
+		if r == run {
+			close(entered)
+			<-release
+		}
+	})
+	return entered, release
 }

@@ -41,19 +41,8 @@ func TestEndedRunsFreeTheirTimers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	runCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- in.Run(runCtx) }()
-	t.Cleanup(func() { stop(); <-done })
-
-	start := func(run string, deadline time.Time) {
-		t.Helper()
-		if err := bus.StartRun(ctx, events.Source("test", "t"), toolbus.RunStarted{RunID: run, Model: "m",
-			Principal: toolbus.Principal{ID: "p"}, Limits: toolbus.Limits{Deadline: deadline},
-			Messages: []toolbus.Message{{Role: toolbus.RoleUser, Content: "x"}}}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	runInjector(t, ctx, in)
+	start := func(run string, deadline time.Time) { t.Helper(); startRun(t, ctx, bus, run, deadline) }
 	status := func(run string) toolbus.RunStatus {
 		st, _, err := bus.Store().RunState(ctx, run)
 		if err != nil {
@@ -146,10 +135,7 @@ func TestTimerHeldWithoutReadingTheRunState(t *testing.T) {
 		t.Fatal(err)
 	}
 	reads := eventstest.Counter(t, bus.Conn(), "$JS.API.DIRECT.GET.KV_"+store.BucketRuns+".>")
-	runCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- in.Run(runCtx) }()
-	t.Cleanup(func() { stop(); <-done })
+	runInjector(t, ctx, in)
 	eventstest.Eventually(t, time.Minute, func() error {
 		if _, ok := in.ends.Lookup("later", math.MaxUint64); !ok {
 			return errors.New("the outcome events do not answer yet")
@@ -157,11 +143,7 @@ func TestTimerHeldWithoutReadingTheRunState(t *testing.T) {
 		return nil
 	})
 	const run = "held-timer"
-	if err := bus.StartRun(ctx, events.Source("test", "t"), toolbus.RunStarted{RunID: run, Model: "m",
-		Principal: toolbus.Principal{ID: "p"}, Limits: toolbus.Limits{Deadline: time.Now().Add(time.Hour)},
-		Messages: []toolbus.Message{{Role: toolbus.RoleUser, Content: "x"}}}); err != nil {
-		t.Fatal(err)
-	}
+	startRun(t, ctx, bus, run, time.Now().Add(time.Hour))
 	timersHeld := func(want int) func() error {
 		return func() error {
 			cons, err := bus.EventStream().Consumer(ctx, "injector-timers")
@@ -221,17 +203,10 @@ func TestTimerHeldQuietly(t *testing.T) {
 		defer mu.Unlock()
 		return append([]string(nil), acks...)
 	}
-	runCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- in.Run(runCtx) }()
-	t.Cleanup(func() { stop(); <-done })
+	runInjector(t, ctx, in)
 	start := func(run string, deadline time.Time) {
 		t.Helper()
-		if err := bus.StartRun(ctx, events.Source("test", "t"), toolbus.RunStarted{RunID: run, Model: "m",
-			Principal: toolbus.Principal{ID: "p"}, Limits: toolbus.Limits{Deadline: deadline},
-			Messages: []toolbus.Message{{Role: toolbus.RoleUser, Content: "x"}}}); err != nil {
-			t.Fatal(err)
-		}
+		startRun(t, ctx, bus, run, deadline)
 		eventstest.Eventually(t, time.Minute, func() error {
 			in.timers.mu.Lock()
 			defer in.timers.mu.Unlock()

@@ -20,30 +20,19 @@ import (
 func TestServeRecoversHandlerPanics(t *testing.T) {
 	bus := eventstest.Setup(t, events.Config{})
 	ctx := eventstest.Context(t, time.Minute)
-	cons, err := provision.Consumer(ctx, bus, provision.ConsumerConfig{Durable: "panics", Filters: []string{"toolbus.p.>"},
-		AckWait: 30 * time.Second, MaxDeliver: 5, MaxAckPending: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
 	var (
 		mu      sync.Mutex
 		handled = map[string]int{}
 	)
-	serveCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() {
-		done <- consume.Serve(serveCtx, cons, consume.Config{Concurrency: 1, Grace: time.Second},
-			func(_ context.Context, msg jetstream.Msg) error {
-				mu.Lock()
-				handled[msg.Subject()]++
-				mu.Unlock()
-				if msg.Subject() == "toolbus.p.boom" {
-					panic("boom")
-				}
-				return nil
-			})
-	}()
-	defer func() { stop(); <-done }()
+	cons := serve(t, bus, "p", 1, func(_ context.Context, msg jetstream.Msg) error {
+		mu.Lock()
+		handled[msg.Subject()]++
+		mu.Unlock()
+		if msg.Subject() == "toolbus.p.boom" {
+			panic("boom")
+		}
+		return nil
+	})
 
 	// MaxAckPending 1: a panicking message left unacknowledged would hold the queue.
 	for _, subj := range []string{"toolbus.p.boom", "toolbus.p.after1", "toolbus.p.after2"} {
@@ -76,32 +65,21 @@ func TestServeRecoversHandlerPanics(t *testing.T) {
 func TestServeLeavesHeldMessagesToTheirHandler(t *testing.T) {
 	bus := eventstest.Setup(t, events.Config{})
 	ctx := eventstest.Context(t, time.Minute)
-	cons, err := provision.Consumer(ctx, bus, provision.ConsumerConfig{Durable: "held", Filters: []string{"toolbus.h.>"},
-		AckWait: 30 * time.Second, MaxDeliver: 5, MaxAckPending: 10})
-	if err != nil {
-		t.Fatal(err)
-	}
 	var (
 		mu      sync.Mutex
 		kept    jetstream.Msg
 		handled = map[string]int{}
 	)
-	serveCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() {
-		done <- consume.Serve(serveCtx, cons, consume.Config{Concurrency: 1, Grace: time.Second},
-			func(_ context.Context, msg jetstream.Msg) error {
-				mu.Lock()
-				defer mu.Unlock()
-				handled[msg.Subject()]++
-				if msg.Subject() == "toolbus.h.kept" {
-					kept = msg
-					return consume.ErrHeld
-				}
-				return nil
-			})
-	}()
-	defer func() { stop(); <-done }()
+	cons := serve(t, bus, "h", 10, func(_ context.Context, msg jetstream.Msg) error {
+		mu.Lock()
+		defer mu.Unlock()
+		handled[msg.Subject()]++
+		if msg.Subject() == "toolbus.h.kept" {
+			kept = msg
+			return consume.ErrHeld
+		}
+		return nil
+	})
 	for _, subj := range []string{"toolbus.h.kept", "toolbus.h.next"} {
 		if _, err := bus.JetStream().Publish(ctx, subj, []byte("x")); err != nil {
 			t.Fatal(err)
@@ -136,4 +114,21 @@ func TestServeLeavesHeldMessagesToTheirHandler(t *testing.T) {
 	if handled["toolbus.h.kept"] != 1 {
 		t.Fatalf("the kept message was handled %d times, want 1", handled["toolbus.h.kept"])
 	}
+}
+
+// serve runs consume.Serve with one slot on a new consumer of the toolbus.<name>.>
+// messages until the test ends, handling them with h.
+func serve(t *testing.T, bus *events.Bus, name string, maxAckPending int, h consume.Handler) jetstream.Consumer {
+	t.Helper()
+	ctx := eventstest.Context(t, time.Minute)
+	cons, err := provision.Consumer(ctx, bus, provision.ConsumerConfig{Durable: name, Filters: []string{"toolbus." + name + ".>"},
+		AckWait: 30 * time.Second, MaxDeliver: 5, MaxAckPending: maxAckPending})
+	if err != nil {
+		t.Fatal(err)
+	}
+	serveCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- consume.Serve(serveCtx, cons, consume.Config{Concurrency: 1, Grace: time.Second}, h) }()
+	t.Cleanup(func() { stop(); <-done })
+	return cons
 }
