@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
 )
 
@@ -346,4 +347,100 @@ func TestFaultClusterNodeLoss(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("%s; %d side effects, each once; new stream leader %s; took %v", st, n, info.Cluster.Leader, time.Since(start).Round(time.Millisecond))
+}
+
+// TestFaultKeptStartsOutliveTheirInjector kills -9 the injector (the real binary) while
+// it keeps the run.started of young runs instead of their deadline timers (no planner:
+// the runs never get past step 0). A new injector gets the run.started again after the
+// ack wait, arms each timer, and every run ends limit_reached / deadline: one timer
+// event and one outcome per run, and no run.started left unacknowledged.
+func TestFaultKeptStartsOutliveTheirInjector(t *testing.T) {
+	suite(t)
+	const ackWait = 20 * time.Second // a run.started is kept for half of it
+	e := newEnv(t, 1)
+	wait := "TOOLBUS_ACK_WAIT=" + ackWait.String()
+	inj := e.toolbusRole("injector", "injector-a", wait)
+	e.eventually("the injector's run.started consumer", 60*time.Second, func() error {
+		ci, err := e.consumerInfo(events.ConsumerInjectorStarted)
+		if err != nil {
+			return err
+		}
+		if ci.Config.AckWait != ackWait {
+			return fmt.Errorf("ack wait %v, want %v", ci.Config.AckWait, ackWait)
+		}
+		return nil
+	})
+	runs := runIDs("kept", 10)
+	deadline := time.Now().Add(2 * ackWait).UTC()
+	for _, run := range runs {
+		ctx, cancel := e.op()
+		err := e.bus.StartRun(ctx, events.Source("faults", "test"), toolbus.RunStarted{
+			RunID: run, Model: "faultbus", Principal: toolbus.Principal{ID: "faults"},
+			Messages: []toolbus.Message{{Role: toolbus.RoleUser, Content: "run " + run}},
+			Limits:   toolbus.Limits{Deadline: deadline},
+		})
+		cancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.eventually("every run.started kept, no timer yet", ackWait/2, func() error {
+		ci, err := e.consumerInfo(events.ConsumerInjectorStarted)
+		if err != nil {
+			return err
+		}
+		if ci.NumAckPending != len(runs) {
+			return fmt.Errorf("%d run.started kept", ci.NumAckPending)
+		}
+		return nil
+	})
+	if n := e.count(events.FilterTimers); n != 0 {
+		t.Fatalf("%d timers published while the runs were young, want 0", n)
+	}
+	inj.kill()
+	e.toolbusRole("injector", "injector-b", wait)
+	e.eventually("every run ended by its deadline", 3*time.Minute, func() error {
+		for _, run := range runs {
+			ctx, cancel := e.op()
+			st, _, err := e.bus.Store().RunState(ctx, run)
+			cancel()
+			if err != nil {
+				return err
+			}
+			if st.Status != toolbus.RunLimitReached || st.Code != toolbus.LimitDeadline {
+				return fmt.Errorf("run %s is %s/%s", run, st.Status, st.Code)
+			}
+		}
+		return nil
+	})
+	e.eventually("one outcome per run", 30*time.Second, func() error {
+		outcomes := e.counts(events.SubjectRunEnded("*", toolbus.RunLimitReached))
+		if len(outcomes) != len(runs) {
+			return fmt.Errorf("outcomes %v", outcomes)
+		}
+		return nil
+	})
+	for subject, n := range e.counts(events.FilterTimers) {
+		if n != 1 {
+			t.Errorf("%d timers on %s, want 1", n, subject)
+		}
+	}
+	if n := len(e.counts(events.FilterTimers)); n != len(runs) {
+		t.Errorf("timers of %d runs, want %d", n, len(runs))
+	}
+	for subject, n := range e.counts(events.SubjectRunEnded("*", toolbus.RunLimitReached)) {
+		if n != 1 {
+			t.Errorf("%d outcomes on %s, want 1", n, subject)
+		}
+	}
+	e.eventually("no run.started left unacknowledged", 30*time.Second, func() error {
+		ci, err := e.consumerInfo(events.ConsumerInjectorStarted)
+		if err != nil {
+			return err
+		}
+		if ci.NumAckPending != 0 || ci.NumPending != 0 {
+			return fmt.Errorf("run.started: %d unacknowledged, %d waiting", ci.NumAckPending, ci.NumPending)
+		}
+		return nil
+	})
 }
