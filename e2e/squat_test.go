@@ -164,6 +164,22 @@ func TestSquattingWithRoleCredentials(t *testing.T) {
 			if got := countType(evs, events.TypeRunTimer); got > 1 {
 				t.Errorf("%d %s events stored, want at most 1", got, events.TypeRunTimer)
 			}
+			// The injector kept the young run's run.started (its deadline is minutes
+			// away); with the injector role's credentials, the run's end acknowledged it.
+			eventstest.Eventually(t, time.Minute, func() error {
+				cons, err := s.buses["admin"].EventStream().Consumer(s.ctx, events.ConsumerInjectorStarted)
+				if err != nil {
+					return err
+				}
+				ci, err := cons.Info(s.ctx)
+				if err != nil {
+					return err
+				}
+				if ci.NumAckPending != 0 || ci.NumRedelivered != 0 {
+					return fmt.Errorf("run.started: %d unacknowledged, %d redelivered", ci.NumAckPending, ci.NumRedelivered)
+				}
+				return nil
+			})
 		})
 	}
 	// Every event of both runs found its id taken (the workers run in this process).
