@@ -5,6 +5,7 @@
 package consume
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -43,6 +44,13 @@ type Config struct {
 	// Observer, when set, is told when the loop serves and stops and about redeliveries
 	// and terminated poison messages (metrics, readiness). nil observes nothing.
 	Observer Observer
+	// Doorbell, when set, lets idle queues stop pulling until it rings (park.go); nil
+	// keeps every queue pulling.
+	Doorbell Doorbell
+	// ParkAfter is how long a queue must be idle before it parks (default
+	// DefaultParkAfter), ParkCheck how often a parked queue asks the server whether
+	// something waits for it all the same (default DefaultParkCheck).
+	ParkAfter, ParkCheck time.Duration
 }
 
 // Observer watches Serve loops; implementations must be safe for concurrent use and
@@ -140,6 +148,16 @@ type feed struct {
 	inCallback atomic.Int32
 	last       atomic.Int64
 	burst      atomic.Int64
+	// parked is set while the queue does not pull (park.go), bell stops its doorbell
+	// (under mu); rung is set by the doorbell. The watch alone uses the rest: missed is
+	// the doorbell's Missed when the queue parked, nextCheck when a parked queue asks
+	// the server next, noBell that the doorbell refused this queue.
+	parked    atomic.Bool
+	bell      func()
+	rung      atomic.Bool
+	missed    uint64
+	nextCheck time.Time
+	noBell    bool
 }
 
 // retiredContext is a consume context replaced by a new one, and when it last
@@ -198,10 +216,12 @@ func ServeAll(ctx context.Context, consumers []jetstream.Consumer, cfg Config, h
 	workCtx, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelWork()
 	l := &serveLoop{cfg: cfg, h: h, workCtx: workCtx, p: pool.New().WithMaxGoroutines(cfg.Concurrency),
-		share: max(1, cfg.Concurrency/len(consumers))}
+		share: max(1, cfg.Concurrency/len(consumers)), wake: make(chan struct{}, 1),
+		parkAfter: cmp.Or(cfg.ParkAfter, DefaultParkAfter), parkCheck: cmp.Or(cfg.ParkCheck, DefaultParkCheck)}
 	defer l.stopFeeds()
 	for i, cons := range consumers {
 		f := &feed{cons: cons, name: names[i]}
+		f.last.Store(time.Now().UnixNano()) // idle from now on, as far as parking goes
 		if err := l.start(f); err != nil {
 			return err
 		}
@@ -211,7 +231,7 @@ func ServeAll(ctx context.Context, consumers []jetstream.Consumer, cfg Config, h
 	watched := make(chan struct{})
 	go func() {
 		defer close(watched)
-		watchStalls(watchCtx, l.feeds, func() bool { return l.busy.Load() < int64(cfg.Concurrency) }, l.start, cfg.Logger, cfg.Observer)
+		l.watch(watchCtx)
 	}()
 	cfg.Observer.Serving(names)
 	defer cfg.Observer.Stopped(names)
@@ -234,6 +254,10 @@ type serveLoop struct {
 	gate    sync.RWMutex
 	closed  bool         // under gate: the pool takes no more work
 	busy    atomic.Int64 // handlers running: the pool has free slots while below Concurrency
+	// wake wakes the watch when a parked queue's doorbell rings.
+	wake                 chan struct{}
+	parkAfter, parkCheck time.Duration
+	bellRefused          bool // the watch warned that a doorbell was refused
 }
 
 // start starts a consume loop on f's consumer (again, when the stall watch found its
@@ -310,6 +334,10 @@ func (l *serveLoop) stopFeeds() {
 		}
 		f.retired = nil
 		f.nretired.Store(0)
+		if f.bell != nil {
+			f.bell()
+			f.bell = nil
+		}
 		f.mu.Unlock()
 	}
 }
@@ -334,10 +362,14 @@ func (l *serveLoop) finish(cancelWork context.CancelFunc) {
 	}
 }
 
-// watchStalls checks, every half stallSilence until ctx ends, whether a feed that was
-// busy went silent while the pool has free slots (see stallSilence), and then whether
-// the server still holds a pull for it; when it holds none, it starts the feed again.
-func watchStalls(ctx context.Context, feeds []*feed, freeSlots func() bool, start func(*feed) error, log *slog.Logger, obs Observer) {
+// watch checks, every half stallSilence until ctx ends, whether a feed that was busy
+// went silent while the pool has free slots (see stallSilence), and then whether the
+// server still holds a pull for it; when it holds none, it starts the feed again. With
+// a Doorbell it also parks idle feeds and wakes parked ones (park.go), at once when a
+// doorbell rings.
+func (l *serveLoop) watch(ctx context.Context) {
+	feeds, start, log, obs := l.feeds, l.start, l.cfg.Logger, l.cfg.Observer
+	freeSlots := func() bool { return l.busy.Load() < int64(l.cfg.Concurrency) }
 	t := time.NewTicker(stallSilence / 2)
 	defer t.Stop()
 	for {
@@ -345,9 +377,21 @@ func watchStalls(ctx context.Context, feeds []*feed, freeSlots func() bool, star
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		case <-l.wake:
 		}
-		now := time.Now().UnixNano()
+		wall := time.Now()
+		now := wall.UnixNano()
 		for _, f := range feeds {
+			if l.cfg.Doorbell != nil {
+				if f.parked.Load() {
+					l.parked(ctx, f, wall)
+					continue
+				}
+				l.park(ctx, f, wall)
+				if f.parked.Load() {
+					continue
+				}
+			}
 			f.drainRetired(now)
 			if f.burst.Load() < stallBurst || f.inCallback.Load() > 0 || now-f.last.Load() < int64(stallSilence) || !freeSlots() {
 				continue

@@ -257,6 +257,9 @@ func (w *Worker) serve(ctx context.Context) error {
 	w.serveCfg = consume.Config{
 		Concurrency: w.cfg.Concurrency, Grace: w.cfg.Grace, Logger: w.log, NakDelay: time.Second,
 		MaxWait: w.cfg.AckWait / 3, Observer: w.cfg.Observer,
+		// Idle tool queues stop pulling until a call is published for them: a
+		// deployment bound to many rarely used tools costs the server nothing for them.
+		Doorbell: consume.NewSubjectDoorbell(w.bus.Conn()),
 	}
 	w.smu.Unlock()
 	sub, err := w.bus.Conn().Subscribe(events.FilterRunCancel, w.onCancel)

@@ -215,7 +215,8 @@ func TeamUser(team string) string { return "executor-" + team }
 // TeamPermissions returns the template (TEAM_EXECUTOR) with the subjects of team and
 // its tools added: write the team's instance records (store.InstanceKey: keys of three
 // tokens starting with the team's), pull and ack the tools' queues, write their catalog
-// entries, claims and outputs, publish their results, waiting notices and progress.
+// entries, claims and outputs, publish their results, waiting notices and progress, and
+// listen to their calls while their queues are idle.
 func TeamPermissions(template Permissions, stream, team string, tools []string) Permissions {
 	p := Permissions{PubAllow: slices.Clone(template.PubAllow), PubDeny: slices.Clone(template.PubDeny),
 		SubAllow: slices.Clone(template.SubAllow), SubDeny: slices.Clone(template.SubDeny)}
@@ -233,6 +234,8 @@ func TeamPermissions(template Permissions, stream, team string, tools []string) 
 			events.SubjectPrefix+".*.tool.waiting."+tool,
 			events.SubjectPrefix+".*.tool.progress."+tool,
 		)
+		// The doorbell of the tool's queue while it is idle (consume.Doorbell).
+		p.SubAllow = append(p.SubAllow, events.FilterToolRequestedFor(tool))
 	}
 	return p
 }

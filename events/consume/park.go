@@ -1,0 +1,213 @@
+package consume
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// A bound queue that is idle still costs the server its pull: a heartbeat every
+// pullHeartbeat and a renewal every PullExpiry, per queue and per process (2,000 of
+// them for 1,000 tools served by two deployments each). A loop with a Doorbell parks a
+// queue that delivered nothing for Config.ParkAfter, with nothing in flight on it anywhere: it
+// first listens to the doorbell, then stops pulling, then asks the server whether
+// anything is pending or unacknowledged on the consumer (a message published before
+// the doorbell listened). A parked queue costs nothing until the doorbell rings (a
+// message was published on its filter) or the connection reconnected (rings may have
+// been lost meanwhile); it then pulls again. Redeliveries publish nothing, so a queue
+// with anything unacknowledged never parks, and a parked queue asks the server again
+// after parkRecheck (messages of other servers whose interest in the doorbell was not
+// known yet when they were published) and then every Config.ParkCheck (the last resort for a
+// ring lost some other way: a parked queue serves what waits for it within ParkCheck
+// whatever happened to its rings).
+const (
+	DefaultParkAfter = PullExpiry
+	DefaultParkCheck = 5 * PullExpiry
+	parkRecheck      = time.Second
+)
+
+// Doorbell tells parked queues that work may have come for them (Config.Doorbell).
+type Doorbell interface {
+	// Listen calls ring, which must not block, whenever a message may have been
+	// published for cons, until stop is called. It returns once the server listens; an
+	// error (ErrDoorbellRefused when the credentials may not listen) leaves the queue
+	// pulling.
+	Listen(ctx context.Context, cons jetstream.Consumer, ring func()) (stop func(), err error)
+	// Missed changes whenever rings may have been lost (the connection reconnected):
+	// every parked queue then pulls again.
+	Missed() uint64
+}
+
+// ParkObserver is implemented by an Observer that wants to know when a queue parks and
+// when it pulls again.
+type ParkObserver interface {
+	Parked(consumer string, parked bool)
+}
+
+// ErrDoorbellRefused is returned by a Doorbell whose listener the server refused.
+var ErrDoorbellRefused = errors.New("consume: the server refused the doorbell")
+
+// NewSubjectDoorbell returns the Doorbell of consumers on nc: a core subscription to the
+// consumer's filter subjects, so any message published for it rings. The credentials
+// need subscribe permission on those subjects (deploy/nats/permissions.conf); without
+// it queues never park.
+func NewSubjectDoorbell(nc *nats.Conn) Doorbell { return subjectDoorbell{nc: nc} }
+
+type subjectDoorbell struct{ nc *nats.Conn }
+
+func (d subjectDoorbell) Listen(ctx context.Context, cons jetstream.Consumer, ring func()) (func(), error) {
+	cfg := cons.CachedInfo().Config
+	subjects := cfg.FilterSubjects
+	if cfg.FilterSubject != "" {
+		subjects = append(subjects, cfg.FilterSubject)
+	}
+	if len(subjects) == 0 {
+		return nil, fmt.Errorf("consume: consumer %s has no filter to listen to", cons.CachedInfo().Name)
+	}
+	subs := make([]*nats.Subscription, 0, len(subjects))
+	stop := func() {
+		for _, s := range subs {
+			_ = s.Unsubscribe() // the connection may be closing
+		}
+	}
+	for _, subj := range subjects {
+		s, err := d.nc.Subscribe(subj, func(*nats.Msg) { ring() })
+		if err != nil {
+			stop()
+			return nil, fmt.Errorf("consume: doorbell %s: %w", subj, err)
+		}
+		// The ring's body is a whole message: a limit could drop it.
+		_ = s.SetPendingLimits(-1, -1)
+		subs = append(subs, s)
+	}
+	if err := d.nc.FlushWithContext(ctx); err != nil {
+		stop()
+		return nil, fmt.Errorf("consume: doorbell: %w", err)
+	}
+	// A refused subscription is reported before the flush's answer, and the connection
+	// keeps the last error: after the flush, a refusal of ours names our subject.
+	if err := d.nc.LastError(); errors.Is(err, nats.ErrPermissionViolation) {
+		for _, subj := range subjects {
+			if strings.Contains(err.Error(), `"`+subj+`"`) {
+				stop()
+				return nil, fmt.Errorf("%w: %w", ErrDoorbellRefused, err)
+			}
+		}
+	}
+	return stop, nil
+}
+
+func (d subjectDoorbell) Missed() uint64 { return d.nc.Stats().Reconnects }
+
+// park makes f a parked queue if it has been idle for ParkAfter and nothing is pending
+// or unacknowledged on its consumer. Only the watch calls it (and parked and unpark).
+func (l *serveLoop) park(ctx context.Context, f *feed, now time.Time) {
+	if f.noBell || f.inCallback.Load() > 0 || f.nretired.Load() > 0 || now.UnixNano()-f.last.Load() < int64(l.parkAfter) {
+		return
+	}
+	missed := l.cfg.Doorbell.Missed()
+	f.rung.Store(false)
+	lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	stop, err := l.cfg.Doorbell.Listen(lctx, f.cons, func() {
+		f.rung.Store(true)
+		select {
+		case l.wake <- struct{}{}:
+		default:
+		}
+	})
+	cancel()
+	if err != nil && !errors.Is(err, ErrDoorbellRefused) {
+		// Try again once idle for as long again (a slow or reconnecting server).
+		f.last.Store(now.UnixNano())
+		if ctx.Err() == nil {
+			l.cfg.Logger.Debug("consume: cannot park the queue", "consumer", f.name, "error", err)
+		}
+		return
+	}
+	if err != nil {
+		f.noBell = true
+		level := slog.LevelDebug
+		if !l.bellRefused {
+			level, l.bellRefused = slog.LevelWarn, true // once per loop, not once per queue
+		}
+		l.cfg.Logger.Log(ctx, level, "consume: idle queues keep pulling (grant the credentials subscribe permission on their filters: deploy/nats/permissions.conf)", "consumer", f.name, "error", err)
+		return
+	}
+	f.mu.Lock()
+	if f.stopped {
+		f.mu.Unlock()
+		stop()
+		return
+	}
+	cc := f.cc
+	f.cc, f.bell, f.missed = nil, stop, missed
+	f.parked.Store(true)
+	f.mu.Unlock()
+	if cc != nil {
+		cc.Stop()
+	}
+	if po, ok := l.cfg.Observer.(ParkObserver); ok {
+		po.Parked(f.name, true)
+	}
+	f.nextCheck = now.Add(parkRecheck)
+	if !l.nothingWaits(ctx, f) {
+		l.unpark(f, "work waits")
+	}
+}
+
+// parked looks after a parked queue: it pulls again when rung, when rings may have been
+// missed, and when the server holds something for it at a check.
+func (l *serveLoop) parked(ctx context.Context, f *feed, now time.Time) {
+	switch {
+	case f.rung.Load():
+		l.unpark(f, "rung")
+	case l.cfg.Doorbell.Missed() != f.missed:
+		l.unpark(f, "reconnected")
+	case now.After(f.nextCheck):
+		// Spread the checks of queues parked together.
+		f.nextCheck = now.Add(l.parkCheck/2 + rand.N(l.parkCheck/2+1))
+		if !l.nothingWaits(ctx, f) {
+			l.unpark(f, "work waits")
+		}
+	}
+}
+
+// nothingWaits reports whether the server has nothing pending or unacknowledged on f's
+// consumer (false when it cannot tell).
+func (l *serveLoop) nothingWaits(ctx context.Context, f *feed) bool {
+	ictx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	ci, err := f.cons.Info(ictx)
+	return err == nil && ci.NumPending == 0 && ci.NumAckPending == 0
+}
+
+// unpark makes f pull again.
+func (l *serveLoop) unpark(f *feed, why string) {
+	f.mu.Lock()
+	bell := f.bell
+	f.bell = nil
+	f.parked.Store(false)
+	f.mu.Unlock()
+	if bell != nil {
+		bell()
+	}
+	f.rung.Store(false)
+	f.last.Store(time.Now().UnixNano())
+	l.cfg.Logger.Debug("consume: queue pulls again", "consumer", f.name, "why", why)
+	if po, ok := l.cfg.Observer.(ParkObserver); ok {
+		po.Parked(f.name, false)
+	}
+	if err := l.start(f); err != nil {
+		// Parked again at once with a ring pending: the next tick tries again.
+		l.cfg.Logger.Warn("consume: pulling again failed", "consumer", f.name, "error", err)
+		f.parked.Store(true)
+		f.rung.Store(true)
+	}
+}
