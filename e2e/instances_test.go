@@ -100,7 +100,7 @@ func TestSecurityTeamInstances(t *testing.T) {
 			s.startInjector("instances-injector")
 
 			run := "instances-" + mode.name
-			ts := &teamsBus{s}
+			ts := &teamsBus{s, newQueueParks()}
 			if err := s.buses["client"].StartRun(s.ctx, events.Source("cli", "instances"), toolbus.RunStarted{RunID: run,
 				Principal: toolbus.Principal{ID: "instances-tester"}, Messages: []toolbus.Message{{Role: toolbus.RoleUser, Content: "go"}}}); err != nil {
 				t.Fatal(err)

@@ -52,13 +52,16 @@ func teamModel() planner.Model {
 
 // teamsBus is a stack on a server with team credentials: an executor of each team,
 // the planner and the injector each on their own credentials.
-type teamsBus struct{ *stack }
+type teamsBus struct {
+	*stack
+	parks *queueParks
+}
 
 func startTeams(t *testing.T, url string, opts map[string][]nats.Option) *teamsBus {
 	t.Helper()
 	tools := []string{"calculator", "big_output", "noop"}
 	users := []string{"planner", "injector", "client", natsjwt.TeamUser("alpha"), natsjwt.TeamUser("beta")}
-	s := &teamsBus{newSecuredStack(t, url, opts, users, teamModel())}
+	s := &teamsBus{newSecuredStack(t, url, opts, users, teamModel()), newQueueParks()}
 	for _, team := range []string{"alpha", "beta"} {
 		s.start(natsjwt.TeamUser(team), s.teamWorker(team, team+"-1", teamGrants.Teams[team], false).Run)
 	}
@@ -88,7 +91,8 @@ func (s *teamsBus) teamWorker(team, instance string, tools []string, replace boo
 	}
 	return must(worker.New(s.buses[natsjwt.TeamUser(team)], must(executor.New(reg, executor.WithInstance(instance), executor.WithLogger(s.log))),
 		worker.Config{WorkerConfig: events.WorkerConfig{Instance: instance, Grace: time.Second, Logger: s.log},
-			Tools: tools, Team: team, InlineOutputMax: 1024, ReplaceContracts: replace}))
+			Tools: tools, Team: team, InlineOutputMax: 1024, ReplaceContracts: replace,
+			ParkAfter: 300 * time.Millisecond, Observer: s.parks}))
 }
 
 // run starts a run as the client and waits for its outcome.
@@ -195,6 +199,9 @@ func TestSecurityTeams(t *testing.T) {
 					t.Fatalf("catalog: %s owned by %q, want %q", c.Name, c.Owner, want)
 				}
 			}
+			// Each team's idle queues park: its credentials may listen to the calls of
+			// its own tools (the doorbells), and a refused one would be a violation.
+			s.parks.waitParked(t, s.stack, nil, "calculator", "big_output", "noop")
 			if v := s.viol.all(); len(v) > 0 {
 				t.Fatalf("permission violations in a normal run: %v", v)
 			}

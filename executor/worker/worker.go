@@ -56,6 +56,11 @@ type Config struct {
 	// ProgressInterval is the least time between two tool.progress events of one call
 	// (default DefaultProgressInterval): a report made sooner replaces the pending one.
 	ProgressInterval time.Duration
+	// ParkAfter is how long a tool queue must be idle before it stops pulling until a
+	// call is published for it (default consume.DefaultParkAfter; negative: never). The
+	// credentials need subscribe permission on the tools' tool.requested subjects
+	// (deploy/nats/permissions.conf); without it idle queues keep pulling.
+	ParkAfter time.Duration
 	// Metrics, when set, records the calls this worker runs (telemetry.Metrics).
 	Metrics Metrics
 	// Observer, when set, watches the consume loop (readiness, redeliveries, poison).
@@ -257,9 +262,12 @@ func (w *Worker) serve(ctx context.Context) error {
 	w.serveCfg = consume.Config{
 		Concurrency: w.cfg.Concurrency, Grace: w.cfg.Grace, Logger: w.log, NakDelay: time.Second,
 		MaxWait: w.cfg.AckWait / 3, Observer: w.cfg.Observer,
+		ParkAfter: w.cfg.ParkAfter,
+	}
+	if w.cfg.ParkAfter >= 0 {
 		// Idle tool queues stop pulling until a call is published for them: a
 		// deployment bound to many rarely used tools costs the server nothing for them.
-		Doorbell: consume.NewSubjectDoorbell(w.bus.Conn()),
+		w.serveCfg.Doorbell = consume.NewSubjectDoorbell(w.bus.Conn())
 	}
 	w.smu.Unlock()
 	sub, err := w.bus.Conn().Subscribe(events.FilterRunCancel, w.onCancel)

@@ -45,6 +45,7 @@ type Config struct {
 	Team             string        `envconfig:"TEAM" desc:"team owning the tools this executor serves (recorded as their owner in the catalog; its instance records are keyed by it: with per-team credentials, the team of the credentials)"`
 	ReplaceContracts bool          `envconfig:"EXECUTOR_REPLACE_CONTRACTS" desc:"replace registered tool contracts that differ from this executor's without a version bump (an owner changing its tools on purpose)"`
 	ProgressInterval time.Duration `envconfig:"EXECUTOR_PROGRESS_INTERVAL" default:"1s" desc:"least time between two tool.progress events of one call (a report made sooner replaces the pending one)"`
+	ParkAfter        time.Duration `envconfig:"EXECUTOR_PARK_AFTER" default:"2m" desc:"an executor's tool queue idle this long stops pulling until a call is published for it (needs subscribe permission on toolbus.*.tool.requested.<tool>); negative: never"`
 	CallTimeout      time.Duration `envconfig:"CALL_TIMEOUT" default:"30s" desc:"default tool timeout"`
 	MaxOutput        int           `envconfig:"MAX_OUTPUT_BYTES" default:"16384" desc:"default bound of what the model reads of one result"`
 
