@@ -90,7 +90,7 @@ func Serve(ctx context.Context, cons jetstream.Consumer, cfg Config, h Handler) 
 // bound but idle queue costs one renewal per expiry (client to server) and one heartbeat
 // per period (server to client): with 2,000 queues bound (1,000 tools served by two
 // deployments each), 17 and 67 messages a second, where 30 s and 5 s cost 67 and 400
-// (docs/performance.md, "Idle queues").
+// (docs/performance.md, "Idle queues"), unless the queues park (park.go).
 const (
 	PullExpiry    = 2 * time.Minute
 	pullHeartbeat = 30 * time.Second
@@ -151,13 +151,12 @@ type feed struct {
 	// parked is set while the queue does not pull (park.go), bell stops its doorbell
 	// (under mu); rung is set by the doorbell. The watch alone uses the rest: missed is
 	// the doorbell's Missed when the queue parked, nextCheck when a parked queue asks
-	// the server next, noBell that the doorbell refused this queue.
+	// the server next.
 	parked    atomic.Bool
 	bell      func()
 	rung      atomic.Bool
 	missed    uint64
 	nextCheck time.Time
-	noBell    bool
 }
 
 // retiredContext is a consume context replaced by a new one, and when it last
@@ -257,7 +256,7 @@ type serveLoop struct {
 	// wake wakes the watch when a parked queue's doorbell rings.
 	wake                 chan struct{}
 	parkAfter, parkCheck time.Duration
-	bellRefused          bool // the watch warned that a doorbell was refused
+	bellRefused          bool // a doorbell was refused: no queue of the loop parks
 }
 
 // start starts a consume loop on f's consumer (again, when the stall watch found its

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"math/rand/v2"
 	"strings"
 	"time"
@@ -16,17 +15,18 @@ import (
 // A bound queue that is idle still costs the server its pull: a heartbeat every
 // pullHeartbeat and a renewal every PullExpiry, per queue and per process (2,000 of
 // them for 1,000 tools served by two deployments each). A loop with a Doorbell parks a
-// queue that delivered nothing for Config.ParkAfter, with nothing in flight on it anywhere: it
-// first listens to the doorbell, then stops pulling, then asks the server whether
-// anything is pending or unacknowledged on the consumer (a message published before
-// the doorbell listened). A parked queue costs nothing until the doorbell rings (a
-// message was published on its filter) or the connection reconnected (rings may have
+// queue that delivered nothing for Config.ParkAfter while nothing is pending or
+// unacknowledged on its consumer: it first listens to the doorbell, then stops
+// pulling, then asks the server again (a message published before the doorbell
+// listened is pending). A parked queue costs nothing until the doorbell rings (a
+// message was published on its filter) or the connection reconnects (rings may have
 // been lost meanwhile); it then pulls again. Redeliveries publish nothing, so a queue
-// with anything unacknowledged never parks, and a parked queue asks the server again
-// after parkRecheck (messages of other servers whose interest in the doorbell was not
-// known yet when they were published) and then every Config.ParkCheck (the last resort for a
-// ring lost some other way: a parked queue serves what waits for it within ParkCheck
-// whatever happened to its rings).
+// with anything unacknowledged (another worker's call, which the server redelivers if
+// that worker dies) does not park. A parked queue asks the server again after
+// parkRecheck (a message stored through another server of a cluster before that one
+// knew of the doorbell) and then every Config.ParkCheck: the last resort for a ring
+// lost some other way, so whatever happens to its rings a parked queue serves what
+// waits for it within ParkCheck.
 const (
 	DefaultParkAfter = PullExpiry
 	DefaultParkCheck = 5 * PullExpiry
@@ -109,7 +109,13 @@ func (d subjectDoorbell) Missed() uint64 { return d.nc.Stats().Reconnects }
 // park makes f a parked queue if it has been idle for ParkAfter and nothing is pending
 // or unacknowledged on its consumer. Only the watch calls it (and parked and unpark).
 func (l *serveLoop) park(ctx context.Context, f *feed, now time.Time) {
-	if f.noBell || f.inCallback.Load() > 0 || f.nretired.Load() > 0 || now.UnixNano()-f.last.Load() < int64(l.parkAfter) {
+	if l.bellRefused || f.inCallback.Load() > 0 || f.nretired.Load() > 0 || now.UnixNano()-f.last.Load() < int64(l.parkAfter) {
+		return
+	}
+	if !l.nothingWaits(ctx, f) {
+		// Work is on its way or unacknowledged (another worker's, a redelivery to
+		// come): look again once idle for as long again.
+		f.last.Store(now.UnixNano())
 		return
 	}
 	missed := l.cfg.Doorbell.Missed()
@@ -132,12 +138,10 @@ func (l *serveLoop) park(ctx context.Context, f *feed, now time.Time) {
 		return
 	}
 	if err != nil {
-		f.noBell = true
-		level := slog.LevelDebug
-		if !l.bellRefused {
-			level, l.bellRefused = slog.LevelWarn, true // once per loop, not once per queue
-		}
-		l.cfg.Logger.Log(ctx, level, "consume: idle queues keep pulling (grant the credentials subscribe permission on their filters: deploy/nats/permissions.conf)", "consumer", f.name, "error", err)
+		// The credentials predate the doorbells: no queue of this loop tries again (each
+		// refusal is a permission violation the process reports).
+		l.bellRefused = true
+		l.cfg.Logger.Warn("consume: idle queues keep pulling (grant the credentials subscribe permission on their filters: deploy/nats/permissions.conf)", "consumer", f.name, "error", err)
 		return
 	}
 	f.mu.Lock()
@@ -157,6 +161,7 @@ func (l *serveLoop) park(ctx context.Context, f *feed, now time.Time) {
 		po.Parked(f.name, true)
 	}
 	f.nextCheck = now.Add(parkRecheck)
+	// Again now that the doorbell listens: a call published before it is pending.
 	if !l.nothingWaits(ctx, f) {
 		l.unpark(f, "work waits")
 	}

@@ -108,7 +108,7 @@ func TestScaleSmall(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	rep, err := Run(ctx, Options{K: []int{1}, Steps: 2, LatencyRuns: 1, Runs: 2, Storages: []string{"memory"}, Durabilities: []string{"default"},
-		Scale: ScaleOptions{Tools: []int{5}, Deployments: 3, K: 3, Idle: 100 * time.Millisecond}})
+		Scale: ScaleOptions{Tools: []int{5}, Deployments: 3, K: 3, Idle: 100 * time.Millisecond, ParkAfter: 200 * time.Millisecond}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -117,7 +117,8 @@ func TestScaleSmall(t *testing.T) {
 	}
 	r := rep.Scale[0]
 	// 5 tools over 3 deployments: each tool served by two of them.
-	if r.Tools != 5 || r.Bound != 10 || r.Consumers < 5 || r.MaxConsumers <= 1000 || r.CallsPS <= 0 || r.MsgsPerCall <= 0 || r.InitMS <= 0 {
+	// Every binding idle past ParkAfter is parked when the idle cost is measured.
+	if r.Tools != 5 || r.Bound != 10 || r.Parked != 10 || r.Consumers < 5 || r.MaxConsumers <= 1000 || r.CallsPS <= 0 || r.MsgsPerCall <= 0 || r.InitMS <= 0 {
 		t.Fatalf("scale row %+v", r)
 	}
 	var out bytes.Buffer

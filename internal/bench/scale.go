@@ -59,6 +59,9 @@ type ScaleRow struct {
 	// heartbeats among them), beside IdleMsgsPerS, what it receives.
 	IdleOutMsgsPerS float64 `json:"idle_server_out_msgs_per_s"`
 	IdleCPUPct      float64 `json:"idle_cpu_percent_of_a_core"`
+	// Parked is the number of bindings parked at the end of the idle window (their
+	// queues idle for the deployments' ParkAfter: consume.Doorbell).
+	Parked int64 `json:"parked_bindings"`
 	Redelivered     int64   `json:"redelivered"`
 	Trouble         string  `json:"trouble,omitempty"`
 	// IdleSubjects splits the idle messages per second by kind of subject, and Subjects
@@ -73,8 +76,11 @@ type ScaleOptions struct {
 	Tools       []int
 	Deployments int
 	K           int
-	// Idle is how long the idle cost is measured (0: DefaultScaleIdle).
+	// Idle is how long the idle cost is measured (0: DefaultScaleIdle), once every
+	// binding parked or ParkAfter and 10 s more passed.
 	Idle time.Duration
+	// ParkAfter is the deployments' worker.Config.ParkAfter (0: its default).
+	ParkAfter time.Duration
 }
 
 // scaleTools names n tools.
@@ -135,6 +141,7 @@ type scaleStack struct {
 	trbl    *trouble
 	log     *slog.Logger
 	ended   chan string
+	park    time.Duration // the deployments' ParkAfter
 	wctx    context.Context
 	wg      sync.WaitGroup
 	cleanup []func()
@@ -168,7 +175,7 @@ func benchScale(ctx context.Context, storage string, tools int, so ScaleOptions,
 		return row, err
 	}
 	defer stopServer()
-	st := &scaleStack{srv: srv, names: scaleTools(tools), trbl: newTrouble(), ended: make(chan string, runs+1)}
+	st := &scaleStack{srv: srv, names: scaleTools(tools), trbl: newTrouble(), ended: make(chan string, runs+1), park: so.ParkAfter}
 	st.log = slog.New(st.trbl)
 	defer st.close()
 	wctx, stop := context.WithCancel(ctx)
@@ -250,7 +257,7 @@ func (st *scaleStack) deploy(ctx context.Context, cfg events.Config, deps int, r
 		if err != nil {
 			return err
 		}
-		w, err := worker.New(dbus, exec, worker.Config{WorkerConfig: events.WorkerConfig{Instance: inst, Logger: st.log, Grace: time.Second}, Observer: st.trbl})
+		w, err := worker.New(dbus, exec, worker.Config{WorkerConfig: events.WorkerConfig{Instance: inst, Logger: st.log, Grace: time.Second}, Observer: st.trbl, ParkAfter: st.park})
 		if err != nil {
 			return err
 		}
@@ -322,8 +329,18 @@ func (st *scaleStack) wait(n int) error {
 	return nil
 }
 
-// idle measures what the bound queues cost with no call in flight.
+// idle measures what the bound queues cost with no call in flight, once they parked
+// (or the time to park and 10 s more passed: a binding that cannot park is measured
+// pulling).
 func (st *scaleStack) idle(ctx context.Context, scaleIdle time.Duration, subjects bool, row *ScaleRow) error {
+	settled := time.Now().Add(cmp.Or(st.park, consume.DefaultParkAfter) + 10*time.Second)
+	for st.trbl.parked.Load() < int64(row.Bound) && time.Now().Before(settled) {
+		select {
+		case <-time.After(100 * time.Millisecond):
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
 	var subj *subjectCounter
 	if subjects {
 		var err error
@@ -341,6 +358,7 @@ func (st *scaleStack) idle(ctx context.Context, scaleIdle time.Duration, subject
 	row.IdleMsgsPerS = float64(serverMsgs(st.srv)-m0) / scaleIdle.Seconds()
 	row.IdleOutMsgsPerS = float64(serverOutMsgs(st.srv)-o0) / scaleIdle.Seconds()
 	row.IdleCPUPct = 100 * (cpuTime() - c0).Seconds() / scaleIdle.Seconds()
+	row.Parked = st.trbl.parked.Load()
 	if subj != nil {
 		row.IdleSubjects = subj.stop(scaleIdle.Seconds())
 	}
@@ -393,10 +411,10 @@ func printScale(out io.Writer, rows []ScaleRow) {
 	}
 	fmt.Fprintln(out)
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "scale\ttools\tdeployments\tbindings\tK\tinit ms\tconsumers\tmax\truns\tcalls/s\tCPU us/call\tmsgs/call\tidle msgs/s\tidle out/s\tidle CPU %\tredelivered\t")
+	fmt.Fprintln(tw, "scale\ttools\tdeployments\tbindings\tK\tinit ms\tconsumers\tmax\truns\tcalls/s\tCPU us/call\tmsgs/call\tidle msgs/s\tidle out/s\tidle CPU %\tparked\tredelivered\t")
 	for _, r := range rows {
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%.0f\t%d\t%d\t%d\t%.0f\t%.0f\t%.2f\t%.1f\t%.1f\t%.2f\t%d\t\n", r.Storage, r.Tools, r.Deployments, r.Bound, r.K,
-			r.InitMS, r.Consumers, r.MaxConsumers, r.Runs, r.CallsPS, r.CPUUSPerCall, r.MsgsPerCall, r.IdleMsgsPerS, r.IdleOutMsgsPerS, r.IdleCPUPct, r.Redelivered)
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%.0f\t%d\t%d\t%d\t%.0f\t%.0f\t%.2f\t%.1f\t%.1f\t%.2f\t%d\t%d\t\n", r.Storage, r.Tools, r.Deployments, r.Bound, r.K,
+			r.InitMS, r.Consumers, r.MaxConsumers, r.Runs, r.CallsPS, r.CPUUSPerCall, r.MsgsPerCall, r.IdleMsgsPerS, r.IdleOutMsgsPerS, r.IdleCPUPct, r.Parked, r.Redelivered)
 	}
 	tw.Flush()
 	for _, r := range rows {

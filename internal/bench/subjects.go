@@ -164,8 +164,9 @@ type trouble struct {
 	redel map[string]int64
 	warns map[string]int64
 	// stalls counts the 3 s windows in which no run ended, restarts the pulls made
-	// again by the consume loops (consume.PullObserver).
-	stalls, restarts atomic.Int64
+	// again by the consume loops (consume.PullObserver), parked the queues parked now
+	// (consume.ParkObserver).
+	stalls, restarts, parked atomic.Int64
 }
 
 func newTrouble() *trouble { return &trouble{redel: map[string]int64{}, warns: map[string]int64{}} }
@@ -178,6 +179,13 @@ func (t *trouble) Redelivered(consumer string) {
 	t.mu.Unlock()
 }
 func (t *trouble) PullRestarted(string) { t.restarts.Add(1) }
+func (t *trouble) Parked(_ string, parked bool) {
+	if parked {
+		t.parked.Add(1)
+	} else {
+		t.parked.Add(-1)
+	}
+}
 func (t *trouble) Terminated(consumer string) {
 	t.mu.Lock()
 	t.warns["terminated on "+consumerKind(consumer)]++

@@ -68,6 +68,8 @@ type config struct {
 	AppendTools []string `envconfig:"FAULT_APPEND_TOOLS" default:"append"`
 	// ExecutorTools is the deployment subset of this executor (empty: every tool).
 	ExecutorTools []string `envconfig:"EXECUTOR_TOOLS"`
+	// ParkAfter unset takes the worker's default (worker.Config.ParkAfter).
+	ParkAfter time.Duration `envconfig:"EXECUTOR_PARK_AFTER"`
 	KillAfter     string   `envconfig:"FAULT_KILL_AFTER"`
 	// KillSkip: a write that also contains this fragment does not arm the kill (for
 	// example "/0/model.requested": the injector publishes step 0 when a run starts,
@@ -150,7 +152,7 @@ func run(ctx context.Context, cfg config, role string, log *slog.Logger) error {
 			return err
 		}
 		return serve(worker.New(bus, exec, worker.Config{WorkerConfig: events.WorkerConfig{Instance: cfg.Instance, Concurrency: cfg.Concurrency, AckWait: cfg.AckWait, MaxDeliver: cfg.MaxDeliver, Grace: cfg.Grace, Logger: log},
-			Tools: cfg.ExecutorTools,
+			Tools: cfg.ExecutorTools, ParkAfter: cfg.ParkAfter,
 		}))(ctx)
 	}
 }
