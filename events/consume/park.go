@@ -23,14 +23,17 @@ import (
 // been lost meanwhile); it then pulls again. Redeliveries publish nothing, so a queue
 // with anything unacknowledged (another worker's call, which the server redelivers if
 // that worker dies) does not park. A parked queue asks the server again after
-// parkRecheck (a message stored through another server of a cluster before that one
+// ParkRecheck (a message stored through another server of a cluster before that one
 // knew of the doorbell) and then every Config.ParkCheck: the last resort for a ring
 // lost some other way, so whatever happens to its rings a parked queue serves what
 // waits for it within ParkCheck.
+
+// DefaultParkAfter and DefaultParkCheck are the defaults of Config.ParkAfter and
+// Config.ParkCheck; ParkRecheck is when a queue asks the server again after parking.
 const (
 	DefaultParkAfter = PullExpiry
 	DefaultParkCheck = 5 * PullExpiry
-	parkRecheck      = time.Second
+	ParkRecheck      = time.Second
 )
 
 // Doorbell tells parked queues that work may have come for them (Config.Doorbell).
@@ -160,7 +163,7 @@ func (l *serveLoop) park(ctx context.Context, f *feed, now time.Time) {
 	if po, ok := l.cfg.Observer.(ParkObserver); ok {
 		po.Parked(f.name, true)
 	}
-	f.nextCheck = now.Add(parkRecheck)
+	f.nextCheck = now.Add(ParkRecheck)
 	// Again now that the doorbell listens: a call published before it is pending.
 	if !l.nothingWaits(ctx, f) {
 		l.unpark(f, "work waits")

@@ -61,9 +61,9 @@ type ScaleRow struct {
 	IdleCPUPct      float64 `json:"idle_cpu_percent_of_a_core"`
 	// Parked is the number of bindings parked at the end of the idle window (their
 	// queues idle for the deployments' ParkAfter: consume.Doorbell).
-	Parked int64 `json:"parked_bindings"`
-	Redelivered     int64   `json:"redelivered"`
-	Trouble         string  `json:"trouble,omitempty"`
+	Parked      int64  `json:"parked_bindings"`
+	Redelivered int64  `json:"redelivered"`
+	Trouble     string `json:"trouble,omitempty"`
 	// IdleSubjects splits the idle messages per second by kind of subject, and Subjects
 	// the saturated messages per call (with Options.Subjects).
 	IdleSubjects map[string]float64 `json:"idle_msgs_per_s_by_subject,omitempty"`
@@ -198,10 +198,12 @@ func benchScale(ctx context.Context, storage string, tools int, so ScaleOptions,
 	if err := st.wait(1); err != nil {
 		return row, err
 	}
-	if err := st.idle(ctx, cmp.Or(so.Idle, DefaultScaleIdle), subjects, &row); err != nil {
+	// Saturated first, while every queue still pulls (bound within ParkAfter): a queue
+	// that parked costs one pull more when its next call wakes it (docs/performance.md).
+	if err := st.saturate(ctx, prefix, k, steps, runs, subjects, cpuProfile, &row); err != nil {
 		return row, err
 	}
-	if err := st.saturate(ctx, prefix, k, steps, runs, subjects, cpuProfile, &row); err != nil {
+	if err := st.idle(ctx, cmp.Or(so.Idle, DefaultScaleIdle), subjects, &row); err != nil {
 		return row, err
 	}
 	row.Redelivered, row.Trouble = st.trbl.summary()
@@ -330,8 +332,8 @@ func (st *scaleStack) wait(n int) error {
 }
 
 // idle measures what the bound queues cost with no call in flight, once they parked
-// (or the time to park and 10 s more passed: a binding that cannot park is measured
-// pulling).
+// and made the check that follows a park (or the time to park and 10 s more passed: a
+// binding that cannot park is measured pulling).
 func (st *scaleStack) idle(ctx context.Context, scaleIdle time.Duration, subjects bool, row *ScaleRow) error {
 	settled := time.Now().Add(cmp.Or(st.park, consume.DefaultParkAfter) + 10*time.Second)
 	for st.trbl.parked.Load() < int64(row.Bound) && time.Now().Before(settled) {
@@ -340,6 +342,11 @@ func (st *scaleStack) idle(ctx context.Context, scaleIdle time.Duration, subject
 		case <-ctx.Done():
 			return ctx.Err()
 		}
+	}
+	select {
+	case <-time.After(consume.ParkRecheck + time.Second):
+	case <-ctx.Done():
+		return ctx.Err()
 	}
 	var subj *subjectCounter
 	if subjects {

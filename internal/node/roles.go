@@ -119,7 +119,7 @@ func runExecutor(ctx context.Context, cfg Config, bus *events.Bus, log *slog.Log
 	w, err := worker.New(bus, exec, worker.Config{
 		WorkerConfig: cfg.worker(log), Tools: cfg.ExecutorTools, Team: cfg.Team, ReplaceContracts: cfg.ReplaceContracts,
 		ProgressInterval: cfg.ProgressInterval, ParkAfter: cfg.ParkAfter,
-		Metrics:          executorMetrics(tel), Observer: serveObserver(tel, "executor"),
+		Metrics: executorMetrics(tel), Observer: serveObserver(tel, "executor"),
 	})
 	if err != nil {
 		return err

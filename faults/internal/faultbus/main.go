@@ -70,7 +70,7 @@ type config struct {
 	ExecutorTools []string `envconfig:"EXECUTOR_TOOLS"`
 	// ParkAfter unset takes the worker's default (worker.Config.ParkAfter).
 	ParkAfter time.Duration `envconfig:"EXECUTOR_PARK_AFTER"`
-	KillAfter     string   `envconfig:"FAULT_KILL_AFTER"`
+	KillAfter string        `envconfig:"FAULT_KILL_AFTER"`
 	// KillSkip: a write that also contains this fragment does not arm the kill (for
 	// example "/0/model.requested": the injector publishes step 0 when a run starts,
 	// and the suite wants the kill after a joined step).
