@@ -380,10 +380,14 @@ func (l *serveLoop) watch(ctx context.Context) {
 		}
 		wall := time.Now()
 		now := wall.UnixNano()
+		var missed uint64
+		if l.cfg.Doorbell != nil {
+			missed = l.cfg.Doorbell.Missed()
+		}
 		for _, f := range feeds {
 			if l.cfg.Doorbell != nil {
 				if f.parked.Load() {
-					l.parked(ctx, f, wall)
+					l.parked(ctx, f, wall, missed)
 					continue
 				}
 				l.park(ctx, f, wall)

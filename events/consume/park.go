@@ -171,12 +171,13 @@ func (l *serveLoop) park(ctx context.Context, f *feed, now time.Time) {
 }
 
 // parked looks after a parked queue: it pulls again when rung, when rings may have been
-// missed, and when the server holds something for it at a check.
-func (l *serveLoop) parked(ctx context.Context, f *feed, now time.Time) {
+// missed (missed, the doorbell's Missed read once per tick, differs from the one it
+// parked with), and when the server holds something for it at a check.
+func (l *serveLoop) parked(ctx context.Context, f *feed, now time.Time, missed uint64) {
 	switch {
 	case f.rung.Load():
 		l.unpark(f, "rung")
-	case l.cfg.Doorbell.Missed() != f.missed:
+	case missed != f.missed:
 		l.unpark(f, "reconnected")
 	case now.After(f.nextCheck):
 		// Spread the checks of queues parked together.
