@@ -32,7 +32,7 @@ func cmdBench(ctx context.Context, args []string, out io.Writer) error {
 	durabilities := fs.String("durability", "default", "durability modes of the server, comma-separated: default (fsync every 2 min), strict (fsync every write; file storage only)")
 	fs.IntVar(&opts.LongSteps, "long-steps", 100, "steps of the long runs (the long-run table; 0: none)")
 	fs.IntVar(&opts.LongK, "long-k", 4, "calls per step of the long runs")
-	fs.StringVar(&opts.CPUProfile, "cpuprofile", "", "write a CPU profile of the saturated toolbus case to this file (one file per row, named after it, when there are several rows)")
+	fs.StringVar(&opts.CPUProfile, "cpuprofile", "", "write a CPU profile of the saturated toolbus case to this file (one file per row, named after it, when there are several rows; a scale row also writes the profile of its idle window, with the suffix -idle)")
 	fs.BoolVar(&opts.Diag, "diag", false, "also count the workers' debug records (handed-back messages, consume errors) in the trouble line (costs CPU of its own)")
 	fs.IntVar(&opts.Repeat, "repeat", 1, "measure each row this many times in a row and print the spread of its calls/s (min, max, max/min) with the stalls, pull restarts and redeliveries of each measurement")
 	fs.BoolVar(&opts.Subjects, "subjects", false, "also count the toolbus messages per call by kind of subject (costs CPU of its own)")

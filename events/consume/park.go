@@ -15,24 +15,24 @@ import (
 // A bound queue that is idle still costs the server its pull: a heartbeat every
 // pullHeartbeat and a renewal every PullExpiry, per queue and per process (2,000 of
 // them for 1,000 tools served by two deployments each). A loop with a Doorbell parks a
-// queue that delivered nothing for Config.ParkAfter while nothing is pending or
-// unacknowledged on its consumer: it first listens to the doorbell, then stops
-// pulling, then asks the server again (a message published before the doorbell
-// listened is pending). A parked queue costs nothing until the doorbell rings (a
+// queue that delivered nothing for Config.ParkAfter: it listens to the doorbell, asks
+// the server whether anything is pending or unacknowledged on the consumer and, if
+// nothing is, stops pulling. A parked queue costs nothing until the doorbell rings (a
 // message was published on its filter) or the connection reconnects (rings may have
 // been lost meanwhile); it then pulls again. Redeliveries publish nothing, so a queue
 // with anything unacknowledged (another worker's call, which the server redelivers if
 // that worker dies) does not park. A parked queue asks the server again after
-// ParkRecheck (a message stored through another server of a cluster before that one
-// knew of the doorbell) and then every Config.ParkCheck: the last resort for a ring
-// lost some other way, so whatever happens to its rings a parked queue serves what
-// waits for it within ParkCheck.
+// ParkRecheck (a message published before the doorbell listened but stored after the
+// first answer, or stored through another server of a cluster before that one knew of
+// the doorbell) and then every Config.ParkCheck: the last resort for a ring lost some
+// other way, so whatever happens to its rings a parked queue serves what waits for it
+// within ParkCheck.
 
 // DefaultParkAfter and DefaultParkCheck are the defaults of Config.ParkAfter and
 // Config.ParkCheck; ParkRecheck is when a queue asks the server again after parking.
 const (
 	DefaultParkAfter = PullExpiry
-	DefaultParkCheck = 5 * PullExpiry
+	DefaultParkCheck = 15 * PullExpiry
 	ParkRecheck      = time.Second
 )
 
@@ -115,12 +115,6 @@ func (l *serveLoop) park(ctx context.Context, f *feed, now time.Time) {
 	if l.bellRefused || f.inCallback.Load() > 0 || f.nretired.Load() > 0 || now.UnixNano()-f.last.Load() < int64(l.parkAfter) {
 		return
 	}
-	if !l.nothingWaits(ctx, f) {
-		// Work is on its way or unacknowledged (another worker's, a redelivery to
-		// come): look again once idle for as long again.
-		f.last.Store(now.UnixNano())
-		return
-	}
 	missed := l.cfg.Doorbell.Missed()
 	f.rung.Store(false)
 	lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
@@ -147,6 +141,14 @@ func (l *serveLoop) park(ctx context.Context, f *feed, now time.Time) {
 		l.cfg.Logger.Warn("consume: idle queues keep pulling (grant the credentials subscribe permission on their filters: deploy/nats/permissions.conf)", "consumer", f.name, "error", err)
 		return
 	}
+	// Asked once the doorbell listens: a call published after this rings it.
+	if !l.nothingWaits(ctx, f) {
+		// Work is on its way or unacknowledged (another worker's, a redelivery to
+		// come): keep pulling, look again once idle for as long again.
+		stop()
+		f.last.Store(now.UnixNano())
+		return
+	}
 	f.mu.Lock()
 	if f.stopped {
 		f.mu.Unlock()
@@ -163,11 +165,9 @@ func (l *serveLoop) park(ctx context.Context, f *feed, now time.Time) {
 	if po, ok := l.cfg.Observer.(ParkObserver); ok {
 		po.Parked(f.name, true)
 	}
+	// A ring since Listen wakes it at the next tick; a call stored after the answer
+	// but published before the doorbell listened is found by the check at ParkRecheck.
 	f.nextCheck = now.Add(ParkRecheck)
-	// Again now that the doorbell listens: a call published before it is pending.
-	if !l.nothingWaits(ctx, f) {
-		l.unpark(f, "work waits")
-	}
 }
 
 // parked looks after a parked queue: it pulls again when rung, when rings may have been

@@ -77,6 +77,7 @@ func TestParkedQueuesLookForWorkWithoutTheirRing(t *testing.T) {
 		serveParked(t, cons, consume.Config{Doorbell: &deafDoorbell{}, ParkCheck: 2 * time.Second, Observer: obs},
 			func(context.Context, jetstream.Msg) error { handled.Add(1); return nil })
 		obs.waitParked(t, cons, 1)
+		time.Sleep(consume.ParkRecheck + 500*time.Millisecond) // past the check that follows a park
 		if _, err := bus.JetStream().Publish(ctx, "toolbus.deaf.x", []byte("x")); err != nil {
 			t.Fatal(err)
 		}

@@ -203,7 +203,11 @@ func benchScale(ctx context.Context, storage string, tools int, so ScaleOptions,
 	if err := st.saturate(ctx, prefix, k, steps, runs, subjects, cpuProfile, &row); err != nil {
 		return row, err
 	}
-	if err := st.idle(ctx, cmp.Or(so.Idle, DefaultScaleIdle), subjects, &row); err != nil {
+	idleProfile := ""
+	if cpuProfile != "" {
+		idleProfile = cpuProfile + "-idle"
+	}
+	if err := st.idle(ctx, cmp.Or(so.Idle, DefaultScaleIdle), subjects, idleProfile, &row); err != nil {
 		return row, err
 	}
 	row.Redelivered, row.Trouble = st.trbl.summary()
@@ -334,7 +338,7 @@ func (st *scaleStack) wait(n int) error {
 // idle measures what the bound queues cost with no call in flight, once they parked
 // and made the check that follows a park (or the time to park and 10 s more passed: a
 // binding that cannot park is measured pulling).
-func (st *scaleStack) idle(ctx context.Context, scaleIdle time.Duration, subjects bool, row *ScaleRow) error {
+func (st *scaleStack) idle(ctx context.Context, scaleIdle time.Duration, subjects bool, cpuProfile string, row *ScaleRow) error {
 	settled := time.Now().Add(cmp.Or(st.park, consume.DefaultParkAfter) + 10*time.Second)
 	for st.trbl.parked.Load() < int64(row.Bound) && time.Now().Before(settled) {
 		select {
@@ -354,6 +358,17 @@ func (st *scaleStack) idle(ctx context.Context, scaleIdle time.Duration, subject
 		if subj, err = countSubjects(st.srv); err != nil {
 			return err
 		}
+	}
+	if cpuProfile != "" {
+		f, err := os.Create(cpuProfile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
 	}
 	m0, c0 := serverMsgs(st.srv), cpuTime()
 	o0 := serverOutMsgs(st.srv)
