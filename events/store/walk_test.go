@@ -1,9 +1,15 @@
 package store_test
 
 import (
+	"context"
 	"fmt"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
@@ -102,4 +108,78 @@ func serverIn(t *testing.T, tb *eventstest.Bus) int64 {
 		t.Fatal(err)
 	}
 	return v.InMsgs
+}
+
+// A catalog view reads the tools bucket whole only when the bucket's stream changed
+// since its last whole read: while nothing changes, the periodic whole read is one
+// request for the stream's state. A message an administrator removes from the stream
+// (a purge of its subject: no message tells of it) changes that state, and the next whole read drops the tool.
+func TestCatalogReadsWholeOnlyWhatChanged(t *testing.T) {
+	defer store.SetCatalogFullEvery(2)()
+	poll := store.CatalogPoll
+	store.CatalogPoll = 20 * time.Millisecond
+	defer func() { store.CatalogPoll = poll }()
+	ctx := eventstest.Context(t, 2*time.Minute)
+	tb := eventstest.RunJetStream(t)
+	bus, _, err := provision.Setup(ctx, tb.Conn, events.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	kv, err := tb.JS.KeyValue(ctx, store.BucketTools)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 50 {
+		name := fmt.Sprintf("t%04d", i)
+		if _, err := kv.Put(ctx, name, []byte(fmt.Sprintf(`{"name":%q}`, name))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Whole reads: batched direct gets from the bucket's first message.
+	watcher, _ := tb.Connect(t)
+	var wholeReads atomic.Int64
+	sub, err := watcher.Subscribe("$JS.API.DIRECT.GET.KV_"+store.BucketTools, func(m *nats.Msg) {
+		if strings.Contains(string(m.Data), `"seq":1,`) {
+			wholeReads.Add(1)
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe() //nolint:errcheck
+	if err := watcher.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	wctx, stop := context.WithCancel(ctx)
+	defer stop()
+	cat, err := bus.Store().WatchCatalog(wctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 40 polls or more with nothing changing: 20 whole reads before this test's change,
+	// only the first one now.
+	time.Sleep(40 * store.CatalogPoll * 2)
+	if n := wholeReads.Load(); n != 1 {
+		t.Fatalf("%d whole reads of an unchanged tools bucket, want 1 (the first)", n)
+	}
+	if _, ok := cat.Lookup("t0007"); !ok {
+		t.Fatal("t0007 not in the catalog")
+	}
+	str, err := tb.JS.Stream(ctx, "KV_"+store.BucketTools)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A bucket's stream refuses message deletes; a purge of one subject is allowed.
+	if err := str.Purge(ctx, jetstream.WithPurgeSubject("$KV."+store.BucketTools+".t0007")); err != nil {
+		t.Fatal(err)
+	}
+	eventstest.Eventually(t, 30*time.Second, func() error {
+		if _, ok := cat.Lookup("t0007"); ok {
+			return fmt.Errorf("t0007, deleted from the stream, still in the catalog (%d whole reads)", wholeReads.Load())
+		}
+		return nil
+	})
+	if _, ok := cat.Lookup("t0008"); !ok {
+		t.Fatal("t0008 lost")
+	}
 }

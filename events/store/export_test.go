@@ -1,0 +1,9 @@
+package store
+
+// SetCatalogFullEvery sets how many polls go by between two whole reads of the tools
+// bucket until the returned function restores it.
+func SetCatalogFullEvery(n int) (restore func()) {
+	old := catalogFullEvery
+	catalogFullEvery = n
+	return func() { catalogFullEvery = old }
+}
