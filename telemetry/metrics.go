@@ -41,6 +41,7 @@ const (
 	MetricReady            = "toolbus_ready"
 	MetricPermissionDenied = "toolbus_permission_denied_total"
 	MetricContractRefused  = "toolbus_tool_contract_refused_total"
+	MetricQueuesParked     = "toolbus_tool_queues_parked"
 )
 
 // Metrics holds the collectors of one process; every role of the process shares it, and
@@ -62,6 +63,7 @@ type Metrics struct {
 	poison    *prometheus.CounterVec
 	denied    prometheus.Counter
 	refused   *prometheus.CounterVec
+	parked    prometheus.Gauge
 
 	mu     sync.Mutex
 	roles  map[string]int // role -> consume loops serving
@@ -114,6 +116,8 @@ func New(roles ...string) *Metrics {
 			Help: "Poison messages terminated (never redelivered), by consumer."}, []string{"consumer"}),
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricContractRefused,
 			Help: "Tool contracts the catalog refused because they differ from the registered one (no version bump), by tool."}, []string{"tool"}),
+		parked: prometheus.NewGauge(prometheus.GaugeOpts{Name: MetricQueuesParked,
+			Help: "Tool queues of this process that are parked: idle, not pulling until a call is published for their tool."}),
 		ready: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: MetricReady,
 			Help: "1 when the role's consumers are bound and consuming, else 0."}, []string{"role"}),
 		denied: prometheus.NewCounter(prometheus.CounterOpts{Name: MetricPermissionDenied,
@@ -126,7 +130,7 @@ func New(roles ...string) *Metrics {
 		roles = []string{RolePlanner, RoleExecutor, RoleInjector}
 	}
 	own := map[string][]prometheus.Collector{
-		RoleExecutor: {m.calls, m.duration, m.inflight, m.refused},
+		RoleExecutor: {m.calls, m.duration, m.inflight, m.refused, m.parked},
 		RolePlanner:  {m.modelDur, m.modelErrs, m.tokens, m.runs},
 		RoleInjector: {m.join, m.runs},
 	}
@@ -266,6 +270,15 @@ func (o *observer) add(d int) {
 
 func (o *observer) Redelivered(consumer string) { o.m.redeliver.WithLabelValues(consumer).Inc() }
 func (o *observer) Terminated(consumer string)  { o.m.poison.WithLabelValues(consumer).Inc() }
+
+// Parked implements consume.ParkObserver.
+func (o *observer) Parked(_ string, parked bool) {
+	if parked {
+		o.m.parked.Inc()
+	} else {
+		o.m.parked.Dec()
+	}
+}
 
 // WatchQueues adds the pending calls of every tool queue in the catalog, read from the
 // queues' consumer info on each scrape (bounded by timeout, default 2s). A scrape during

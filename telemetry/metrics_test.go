@@ -2,6 +2,8 @@ package telemetry
 
 import (
 	"testing"
+
+	"github.com/toolbus/toolbus/events/consume"
 )
 
 // families returns the metric families m exports (by name).
@@ -55,4 +57,29 @@ func TestMetricsPerRole(t *testing.T) {
 			t.Errorf("roles %v: %s exported %v, want %v", c.roles, MetricToolCalls, got[MetricToolCalls], want)
 		}
 	}
+}
+
+// An executor's observer counts its parked queues: parks raise the gauge, wakes lower it.
+func TestParkedQueuesGauge(t *testing.T) {
+	m := New(RoleExecutor)
+	po, ok := m.Observer(RoleExecutor).(consume.ParkObserver)
+	if !ok {
+		t.Fatal("the executor's observer is not told of parked queues")
+	}
+	po.Parked("tool_a", true)
+	po.Parked("tool_b", true)
+	po.Parked("tool_a", false)
+	mfs, err := m.Registry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == MetricQueuesParked {
+			if v := mf.GetMetric()[0].GetGauge().GetValue(); v != 1 {
+				t.Fatalf("%s = %v, want 1", MetricQueuesParked, v)
+			}
+			return
+		}
+	}
+	t.Fatalf("%s not exported", MetricQueuesParked)
 }
