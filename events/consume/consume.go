@@ -151,12 +151,15 @@ type feed struct {
 	// parked is set while the queue does not pull (park.go), bell stops its doorbell
 	// (under mu); rung is set by the doorbell. The watch alone uses the rest: missed is
 	// the doorbell's Missed when the queue parked, nextCheck when a parked queue asks
-	// the server next.
-	parked    atomic.Bool
-	bell      func()
-	rung      atomic.Bool
-	missed    uint64
-	nextCheck time.Time
+	// the server next, retryAt and retryDelay when and after how long a queue whose
+	// pulling again failed tries again.
+	parked     atomic.Bool
+	bell       func()
+	rung       atomic.Bool
+	missed     uint64
+	nextCheck  time.Time
+	retryAt    time.Time
+	retryDelay time.Duration
 }
 
 // retiredContext is a consume context replaced by a new one, and when it last

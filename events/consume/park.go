@@ -176,6 +176,9 @@ func (l *serveLoop) park(ctx context.Context, f *feed, now time.Time) {
 func (l *serveLoop) parked(ctx context.Context, f *feed, now time.Time, missed uint64) {
 	switch {
 	case f.rung.Load():
+		if now.Before(f.retryAt) {
+			return // pulling again failed a moment ago
+		}
 		l.unpark(f, "rung")
 	case missed != f.missed:
 		l.unpark(f, "reconnected")
@@ -214,9 +217,14 @@ func (l *serveLoop) unpark(f *feed, why string) {
 		po.Parked(f.name, false)
 	}
 	if err := l.start(f); err != nil {
-		// Parked again at once with a ring pending: the next tick tries again.
-		l.cfg.Logger.Warn("consume: pulling again failed", "consumer", f.name, "error", err)
+		// Parked again, without a doorbell, with a ring pending: tried again after a
+		// delay that doubles with each failure, up to stallSilence x 60 (30 s).
+		f.retryDelay = min(max(2*f.retryDelay, stallSilence), 60*stallSilence)
+		f.retryAt = time.Now().Add(f.retryDelay)
+		l.cfg.Logger.Warn("consume: pulling again failed", "consumer", f.name, "error", err, "retry in", f.retryDelay)
 		f.parked.Store(true)
 		f.rung.Store(true)
+		return
 	}
+	f.retryDelay = 0
 }

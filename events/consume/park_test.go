@@ -268,3 +268,51 @@ func serveParked(t *testing.T, cons jetstream.Consumer, cfg consume.Config, h co
 	go func() { defer wg.Done(); _ = consume.Serve(ctx, cons, cfg, h) }()
 	t.Cleanup(func() { stop(); wg.Wait() })
 }
+
+// failingConsumer is a consumer whose Consume fails while fail is set, counting calls.
+type failingConsumer struct {
+	jetstream.Consumer
+	fail  atomic.Bool
+	calls atomic.Int64
+}
+
+func (c *failingConsumer) Consume(h jetstream.MessageHandler, opts ...jetstream.PullConsumeOpt) (jetstream.ConsumeContext, error) {
+	c.calls.Add(1)
+	if c.fail.Load() {
+		return nil, errors.New("consume refused by the test")
+	}
+	return c.Consumer.Consume(h, opts...)
+}
+
+// A parked queue that cannot pull again when rung tries again after a growing delay,
+// not at every tick, and serves the call once it can.
+func TestParkedQueueRetriesPullingAgain(t *testing.T) {
+	bus := eventstest.Setup(t, events.Config{})
+	ctx := eventstest.Context(t, 2*time.Minute)
+	cons := &failingConsumer{Consumer: consumer(t, bus, "retry", 30*time.Second)}
+	var handled atomic.Int64
+	obs := &parks{}
+	serveParked(t, cons, consume.Config{Doorbell: consume.NewSubjectDoorbell(bus.Conn()), ParkCheck: time.Hour, Observer: obs},
+		func(context.Context, jetstream.Msg) error { handled.Add(1); return nil })
+	obs.waitParked(t, cons, 1)
+	cons.fail.Store(true)
+	before := cons.calls.Load()
+	if _, err := bus.JetStream().Publish(ctx, "toolbus.retry.x", []byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(4 * time.Second) // 16 ticks of the watch
+	// Tries after 0, 0.5, 1.5 and 3.5 s: a few, not one per tick.
+	if n := cons.calls.Load() - before; n < 2 || n > 5 {
+		t.Fatalf("%d tries to pull again in 4 s, want a few (backing off)", n)
+	}
+	if handled.Load() != 0 {
+		t.Fatal("handled while pulling failed")
+	}
+	cons.fail.Store(false)
+	eventstest.Eventually(t, 30*time.Second, func() error {
+		if n := handled.Load(); n != 1 {
+			return fmt.Errorf("%d handled, want 1", n)
+		}
+		return nil
+	})
+}
