@@ -677,17 +677,11 @@ func benchToolbus(ctx context.Context, srv *embedded.Server, memory bool, k, ste
 		}
 		lat = append(lat, st.clock.latencies(run)...)
 	}
-	if cpuProfile != "" {
-		f, err := os.Create(cpuProfile)
-		if err != nil {
-			return nil, 0, 0, err
-		}
-		defer f.Close()
-		if err := pprof.StartCPUProfile(f); err != nil {
-			return nil, 0, 0, err
-		}
-		defer pprof.StopCPUProfile()
+	stopProfile, err := startCPUProfile(cpuProfile)
+	if err != nil {
+		return nil, 0, 0, err
 	}
+	defer stopProfile()
 	t0, c0 := time.Now(), cpuTime()
 	for i := 0; i < runs; i++ {
 		if err := st.start(ctx, prefix+"tp"+strconv.Itoa(i), steps); err != nil {
@@ -959,4 +953,21 @@ func NoopScript(k, steps int) planner.Model {
 		}
 		return planner.Response{Message: toolbus.Message{Role: toolbus.RoleAssistant, ToolCalls: calls}}, nil
 	})
+}
+
+// startCPUProfile writes a CPU profile to path until stop is called (nothing when path
+// is empty).
+func startCPUProfile(path string) (stop func(), err error) {
+	if path == "" {
+		return func() {}, nil
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return func() { pprof.StopCPUProfile(); f.Close() }, nil
 }

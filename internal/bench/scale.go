@@ -9,8 +9,6 @@ import (
 	"hash/fnv"
 	"io"
 	"log/slog"
-	"os"
-	"runtime/pprof"
 	"strconv"
 	"strings"
 	"sync"
@@ -359,17 +357,11 @@ func (st *scaleStack) idle(ctx context.Context, scaleIdle time.Duration, subject
 			return err
 		}
 	}
-	if cpuProfile != "" {
-		f, err := os.Create(cpuProfile)
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		if err := pprof.StartCPUProfile(f); err != nil {
-			return err
-		}
-		defer pprof.StopCPUProfile()
+	stopProfile, err := startCPUProfile(cpuProfile)
+	if err != nil {
+		return err
 	}
+	defer stopProfile()
 	m0, c0 := serverMsgs(st.srv), cpuTime()
 	o0 := serverOutMsgs(st.srv)
 	select {
@@ -396,17 +388,11 @@ func (st *scaleStack) saturate(ctx context.Context, prefix string, k, steps, run
 			return err
 		}
 	}
-	if cpuProfile != "" {
-		f, err := os.Create(cpuProfile)
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		if err := pprof.StartCPUProfile(f); err != nil {
-			return err
-		}
-		defer pprof.StopCPUProfile()
+	stopProfile, err := startCPUProfile(cpuProfile)
+	if err != nil {
+		return err
 	}
+	defer stopProfile()
 	m0, c0, t0 := serverMsgs(st.srv), cpuTime(), time.Now()
 	for i := range runs {
 		if err := st.start(ctx, prefix+"tp"+strconv.Itoa(i), steps); err != nil {
