@@ -160,7 +160,10 @@ func (l *serveLoop) park(ctx context.Context, f *feed, now time.Time) {
 	f.parked.Store(true)
 	f.mu.Unlock()
 	if cc != nil {
-		cc.Stop()
+		// Drained, not stopped: a call the server handed to this pull before it heard
+		// of the unsubscription (between the answer above and now) is still handled,
+		// where a stop would drop it until the ack wait redelivered it.
+		cc.Drain()
 	}
 	if po, ok := l.cfg.Observer.(ParkObserver); ok {
 		po.Parked(f.name, true)
