@@ -138,3 +138,20 @@ func (p *Permissions) OnDenied(f func(*PermissionError)) {
 	p.onDenied = append(p.onDenied, f)
 	p.mu.Unlock()
 }
+
+// SubscribeRefused reports the permission violation that refused one of subjects to
+// nc, or nil. Call it after a flush that follows the subscriptions: the server reports
+// a refused subscription before answering the flush, and the connection keeps its last
+// error, so a refusal of one of these subscriptions is then that error.
+func SubscribeRefused(nc *nats.Conn, subjects ...string) error {
+	err := nc.LastError()
+	if !errors.Is(err, nats.ErrPermissionViolation) {
+		return nil
+	}
+	for _, subj := range subjects {
+		if strings.Contains(err.Error(), `"`+subj+`"`) {
+			return err
+		}
+	}
+	return nil
+}

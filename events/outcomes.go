@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/toolbus/toolbus"
+	"github.com/toolbus/toolbus/connect"
 	"github.com/toolbus/toolbus/events/store"
 )
 
@@ -202,9 +203,7 @@ func (e *RunOutcomes) refresh(ctx context.Context) error {
 	if err := e.nc.FlushWithContext(ctx); err != nil {
 		return fmt.Errorf("events: flush outcome subscriptions: %w", err)
 	}
-	// A refused subscription is reported asynchronously, before the flush's answer.
-	// The connection keeps the last one: after the flush, one of ours if any was refused.
-	if err := e.nc.LastError(); errors.Is(err, nats.ErrPermissionViolation) && e.refused(err) {
+	if err := connect.SubscribeRefused(e.nc, e.subjects()...); err != nil {
 		return fmt.Errorf("%w: %w", ErrNoOutcomeSubscription, err)
 	}
 	seq, err := e.info(ctx)
@@ -296,16 +295,15 @@ func (e *RunOutcomes) statesCaughtUp() bool {
 // it to be handled; past it, the caller reads the run state.
 const statesCatchUp = 5 * time.Millisecond
 
-// refused reports whether a permissions violation names one of the follower's subjects.
-func (e *RunOutcomes) refused(err error) bool {
+// subjects returns the subjects of the follower's subscriptions.
+func (e *RunOutcomes) subjects() []string {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	out := make([]string, 0, len(e.subs))
 	for _, s := range e.subs {
-		if strings.Contains(err.Error(), `"`+s.Subject+`"`) {
-			return true
-		}
+		out = append(out, s.Subject)
 	}
-	return false
+	return out
 }
 
 func (e *RunOutcomes) droppedNow() int {

@@ -5,11 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/toolbus/toolbus/connect"
 )
 
 // A bound queue that is idle still costs the server its pull: a heartbeat every
@@ -94,15 +95,9 @@ func (d subjectDoorbell) Listen(ctx context.Context, cons jetstream.Consumer, ri
 		stop()
 		return nil, fmt.Errorf("consume: doorbell: %w", err)
 	}
-	// A refused subscription is reported before the flush's answer, and the connection
-	// keeps the last error: after the flush, a refusal of ours names our subject.
-	if err := d.nc.LastError(); errors.Is(err, nats.ErrPermissionViolation) {
-		for _, subj := range subjects {
-			if strings.Contains(err.Error(), `"`+subj+`"`) {
-				stop()
-				return nil, fmt.Errorf("%w: %w", ErrDoorbellRefused, err)
-			}
-		}
+	if err := connect.SubscribeRefused(d.nc, subjects...); err != nil {
+		stop()
+		return nil, fmt.Errorf("%w: %w", ErrDoorbellRefused, err)
 	}
 	return stop, nil
 }

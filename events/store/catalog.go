@@ -112,15 +112,15 @@ type decoded[T any] struct {
 	v   T
 }
 
-// catalogFullEvery (a variable for the tests) is how many polls go by between two whole reads of the tools
-// bucket; in between only the changes since the last message read are (one request,
-// usually answered with nothing). The bucket has no TTL, so every change is a new
-// message; the whole reads also cover what no message tells (an administrator who
-// deletes messages from the bucket's stream). A whole read is skipped when no message
-// came since the last one and the stream's message count and last sequence are still
-// what that read left: a deleted message lowers the count (one request for the
-// stream's state instead of one message per tool: at 1,000 tools, 33 messages a second
-// less from the server to each idle catalog view).
+// catalogFullEvery (a variable for the tests) is how many polls go by between two
+// whole reads of the tools bucket; in between only the changes since the last message
+// read are (one request, usually answered with nothing). The bucket has no TTL, so
+// every change is a new message; the whole reads also cover what no message tells (an
+// administrator who purges a key's messages from the bucket's stream). A whole read is
+// skipped when no message came since the last one and the stream's message count and
+// last sequence are still what that read left, since a purge lowers the count: one
+// request for the stream's state instead of one message per tool (at 1,000 tools, 33
+// messages a second less from the server to each idle catalog view).
 var catalogFullEvery = 120
 
 // CatalogPoll is how often a catalog view re-reads the catalog and the instances.
