@@ -169,8 +169,19 @@ func (in *Injector) youngRunOver(run string, deadline time.Time, sm startedMsg) 
 // beside other injectors) and it is known; 0 otherwise, and the timer is published at
 // once.
 func (in *Injector) startHold(wait time.Duration) time.Duration {
-	ackWait, maxPending := time.Duration(in.startsAckWait.Load()), int(in.startsMax.Load())
-	if ackWait <= 0 || wait < ackWait || maxPending < minKeptStartsPending || in.starts.len() >= maxPending/8 {
+	if maxPending := int(in.startsMax.Load()); maxPending < minKeptStartsPending || in.starts.len() >= maxPending/8 {
+		return 0
+	}
+	return quietHold(time.Duration(in.startsAckWait.Load()), wait)
+}
+
+// quietHold is how long a delivery due in wait may be kept without a word to the server
+// of a consumer whose acknowledgement wait is ackWait: the server redelivers a delivery
+// it heard nothing about after ackWait, so the hold is half of it, and only for what is
+// not due within ackWait, so that if this injector dies meanwhile the redelivery still
+// comes before the due time. 0 otherwise (and for an unknown ackWait).
+func quietHold(ackWait, wait time.Duration) time.Duration {
+	if ackWait <= 0 || wait < ackWait {
 		return 0
 	}
 	return ackWait / 2
@@ -310,11 +321,7 @@ func (in *Injector) timer(ctx context.Context, msg jetstream.Msg) {
 // dies while it holds the timer, the redelivery still comes before the deadline. 0 when
 // the timer is handed back at once.
 func (in *Injector) timerHold(wait time.Duration) time.Duration {
-	ackWait := time.Duration(in.timerAckWait.Load())
-	if ackWait <= 0 || wait < ackWait {
-		return 0
-	}
-	return ackWait / 2
+	return quietHold(time.Duration(in.timerAckWait.Load()), wait)
 }
 
 // runHasEnded reports whether a run whose timer is not due yet has ended. The outcome
