@@ -212,10 +212,22 @@ func Setup(ctx context.Context, nc *nats.Conn, cfg events.Config, opts ...Option
 		return nil, nil, fmt.Errorf("provision: jetstream: %w", err)
 	}
 	var changes changeLog
-	if err := upsertStream(ctx, js, eventStreamConfig(cfg), changes.note); err != nil {
+	// A read mirror made by an earlier `toolbus init` counts as wanted: it must be
+	// updated with the stream, whose direct gets it would otherwise answer too
+	// (eventStreamConfig).
+	mirrored := o.readMirror
+	if !mirrored {
+		switch _, err := js.Stream(ctx, events.ReadMirrorName(cfg.Stream)); {
+		case err == nil:
+			mirrored = true
+		case !errors.Is(err, jetstream.ErrStreamNotFound):
+			return nil, nil, fmt.Errorf("provision: stream %s: %w", events.ReadMirrorName(cfg.Stream), err)
+		}
+	}
+	if err := upsertStream(ctx, js, eventStreamConfig(cfg, mirrored), changes.note); err != nil {
 		return nil, nil, err
 	}
-	if o.readMirror {
+	if mirrored {
 		if err := upsertStream(ctx, js, readMirrorConfig(cfg), changes.note); err != nil {
 			return nil, nil, err
 		}
@@ -257,7 +269,7 @@ func (l *changeLog) add(kind, name string, existed, changed bool) {
 }
 
 // eventStreamConfig is the configuration of the event stream.
-func eventStreamConfig(cfg events.Config) jetstream.StreamConfig {
+func eventStreamConfig(cfg events.Config, mirrored bool) jetstream.StreamConfig {
 	return jetstream.StreamConfig{
 		Name:        cfg.Stream,
 		Description: "toolbus events (CONTRACT.md)",
@@ -273,8 +285,11 @@ func eventStreamConfig(cfg events.Config) jetstream.StreamConfig {
 		DenyPurge:  true,
 		// Direct gets are answered by any replica, and a follower behind the leader
 		// answers with stale data (a run.started not there yet); replicated streams are
-		// read through their leader.
-		AllowDirect: cfg.Replicas <= 1,
+		// read through their leader. So is a mirrored one: the server makes a mirror of
+		// a stream that allows direct gets answer that stream's direct gets too, in the
+		// same queue group, from wherever its copy has got to (a publish acknowledged
+		// and then not found by its sequence). Its own direct gets stay on.
+		AllowDirect: cfg.Replicas <= 1 && !mirrored,
 		// Only an administrator creates consumers here (one durable per worker queue
 		// and per tool): an explicit limit above the server's default of 1,000.
 		MaxConsumers: EventStreamMaxConsumers,

@@ -1,8 +1,11 @@
 package provision_test
 
 import (
+	"fmt"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
@@ -72,5 +75,91 @@ func TestConsumerUpdatesOnAnAdminBus(t *testing.T) {
 	}
 	if opened.Admin() {
 		t.Error("an opened bus is an administrator's")
+	}
+}
+
+// Whatever reads the event stream reads what was stored before it asked: a message
+// is read back by its sequence as soon as its publish is acknowledged, and a run's
+// events up to it are all there. A mirror of a stream that allows direct gets answers
+// that stream's direct gets too (the server makes it inherit them), from wherever its
+// copy has got to: with the read mirror of `toolbus init`, part of the reads of the
+// event stream went to a copy that could be behind. The cases: a new deployment, one
+// set up before the stream turned its direct gets off (the mirror inherited them),
+// and such a one set up again without asking for the mirror (`toolbus up` on a server
+// `toolbus init` prepared).
+func TestEventStreamReadsItsOwnWrites(t *testing.T) {
+	mirror := provision.WithReadMirror()
+	for _, tc := range []struct {
+		name  string
+		older bool // the stream and mirror as a version with direct gets on both made them
+		opts  []provision.Option
+	}{
+		{"init", false, []provision.Option{mirror}},
+		{"init over an older init", true, []provision.Option{mirror}},
+		{"setup over an older init", true, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := eventstest.RunJetStream(t)
+			ctx := eventstest.Context(t, time.Minute)
+			if tc.older {
+				bus, _, err := provision.Setup(ctx, srv.Conn, events.Config{})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !bus.EventStream().CachedInfo().Config.AllowDirect {
+					t.Fatal("an unmirrored event stream does not allow direct gets")
+				}
+				m, err := bus.JetStream().CreateStream(ctx, jetstream.StreamConfig{Name: events.ReadMirrorName("TOOLBUS"),
+					Mirror: &jetstream.StreamSource{Name: "TOOLBUS"}, AllowDirect: true})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !m.CachedInfo().Config.MirrorDirect {
+					t.Fatal("the server did not make the mirror answer its origin's direct gets: the case tests nothing")
+				}
+			}
+			bus, _, err := provision.Setup(ctx, srv.Conn, events.Config{}, tc.opts...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			m, err := bus.JetStream().Stream(ctx, events.ReadMirrorName("TOOLBUS"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if m.CachedInfo().Config.MirrorDirect {
+				t.Error("the read mirror answers the event stream's direct gets")
+			}
+			// Bursts of publishes, each message read back once its burst is
+			// acknowledged: a copy behind by a burst misses a read more often than not.
+			stream := bus.EventStream()
+			missed := 0
+			const n, burst = 400, 20
+			for i := 0; i < n; i += burst {
+				acks := make([]jetstream.PubAckFuture, burst)
+				for j := range acks {
+					if acks[j], err = bus.JetStream().PublishAsync(events.SubjectRunStarted(fmt.Sprintf("r%d", i+j), "p"), []byte("{}")); err != nil {
+						t.Fatal(err)
+					}
+				}
+				for j, f := range acks {
+					var ack *jetstream.PubAck
+					select {
+					case ack = <-f.Ok():
+					case err := <-f.Err():
+						t.Fatal(err)
+					}
+					if _, err := stream.GetMsg(ctx, ack.Sequence); err != nil {
+						missed++
+						continue
+					}
+					if evs, err := bus.RunEvents(ctx, fmt.Sprintf("r%d", i+j)); err != nil || len(evs) != 1 {
+						missed++
+					}
+				}
+			}
+			if missed > 0 {
+				t.Fatalf("%d of %d messages not read back right after their publish was acknowledged", missed, n)
+			}
+		})
 	}
 }
