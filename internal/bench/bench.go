@@ -39,6 +39,8 @@ import (
 // Row is one line of the bench table.
 type Row struct {
 	Storage string `json:"storage"`
+	// ReadMirror: toolbus ran with the read mirror of the event stream (-read-mirror).
+	ReadMirror bool `json:"read_mirror,omitempty"`
 	// Durability is default or strict (the server fsyncs every write).
 	Durability string `json:"durability"`
 	K          int    `json:"calls_per_step"`
@@ -198,6 +200,10 @@ type Options struct {
 	// Repeat measures each row this many times in a row (0 or 1: once); the report
 	// then has a row per measurement and their spread.
 	Repeat int
+	// ReadMirror sets toolbus up with the read mirror of the event stream, as `toolbus
+	// init` does by default (the server then copies every event into it, and the
+	// event stream is read through its API instead of direct gets); the floor has none.
+	ReadMirror bool
 	// Progress receives a line per row done (nil: none).
 	Progress io.Writer
 }
@@ -315,6 +321,9 @@ func machine() string {
 
 // Print writes the report as tables.
 func Print(out io.Writer, rep Report) {
+	if len(rep.Rows) > 0 && rep.Rows[0].ReadMirror {
+		fmt.Fprintln(out, "toolbus with the read mirror of its event stream (-read-mirror), the floor without")
+	}
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "storage\tdurability\tK\tstep p50 ms\tp99 ms\tfloor p50\tin-proc p50\tx floor\tx in-proc\t\truns\tcalls/s\tsteps/s\tfloor calls/s\tin-proc calls/s\tx floor\tCPU us/call\tfloor CPU\tmsgs/call\tfloor msgs\t")
 	for _, r := range rep.Rows {
@@ -392,7 +401,7 @@ func startServer(strict bool) (srv *embedded.Server, stop func(), err error) {
 
 func benchOne(ctx context.Context, storage, durability string, k int, opts Options, cpuProfile string) (Row, error) {
 	steps, latRuns, runs := opts.Steps, opts.LatencyRuns, opts.Runs
-	row := Row{Storage: storage, Durability: durability, K: k, Steps: steps, Runs: runs}
+	row := Row{Storage: storage, Durability: durability, K: k, Steps: steps, Runs: runs, ReadMirror: opts.ReadMirror}
 	srv, stopServer, err := startServer(durability == "strict")
 	if err != nil {
 		return row, err
@@ -410,7 +419,7 @@ func benchOne(ctx context.Context, storage, durability string, k int, opts Optio
 	}
 	trbl := newTrouble()
 	trbl.debug = opts.Diag
-	lat, tput, cpu, err := benchToolbus(ctx, srv, memory, k, steps, latRuns, runs, cpuProfile, trbl)
+	lat, tput, cpu, err := benchToolbus(ctx, srv, setup{memory, opts.ReadMirror}, k, steps, latRuns, runs, cpuProfile, trbl)
 	row.Redelivered, row.Trouble = trbl.summary()
 	row.Stalls, row.PullRestarts = trbl.stalls.Load(), trbl.restarts.Load()
 	if subj != nil {
@@ -526,9 +535,12 @@ type benchStack struct {
 	close func()
 }
 
+// setup is how the bench's toolbus is set up: memory storage, the read mirror.
+type setup struct{ memory, readMirror bool }
+
 // newBenchStack starts the stack; runs whose id starts with "long" last longSteps steps,
 // the others steps.
-func newBenchStack(ctx context.Context, srv *embedded.Server, memory bool, k, steps, longSteps, runs int, trbl *trouble) (*benchStack, error) {
+func newBenchStack(ctx context.Context, srv *embedded.Server, set setup, k, steps, longSteps, runs int, trbl *trouble) (*benchStack, error) {
 	nc, err := srv.Connect()
 	if err != nil {
 		return nil, err
@@ -542,7 +554,11 @@ func newBenchStack(ctx context.Context, srv *embedded.Server, memory bool, k, st
 		}}
 	cleanup = append(cleanup, nc.Close)
 	fail := func(err error) (*benchStack, error) { st.close(); return nil, err }
-	if st.bus, _, err = provision.Setup(ctx, nc, events.Config{Memory: memory, Stream: "TOOLBUS"}); err != nil {
+	var mirror []provision.Option
+	if set.readMirror {
+		mirror = append(mirror, provision.WithReadMirror())
+	}
+	if st.bus, _, err = provision.Setup(ctx, nc, events.Config{Memory: set.memory, Stream: "TOOLBUS"}, mirror...); err != nil {
 		return fail(err)
 	}
 	log := slog.New(st.trbl)
@@ -652,8 +668,8 @@ func (st *benchStack) consumers() string {
 	return strings.Join(out, " ")
 }
 
-func benchToolbus(ctx context.Context, srv *embedded.Server, memory bool, k, steps, latRuns, runs int, cpuProfile string, trbl *trouble) ([]time.Duration, float64, time.Duration, error) {
-	st, err := newBenchStack(ctx, srv, memory, k, steps, 0, runs+latRuns+1, trbl)
+func benchToolbus(ctx context.Context, srv *embedded.Server, set setup, k, steps, latRuns, runs int, cpuProfile string, trbl *trouble) ([]time.Duration, float64, time.Duration, error) {
+	st, err := newBenchStack(ctx, srv, set, k, steps, 0, runs+latRuns+1, trbl)
 	if err != nil {
 		return nil, 0, 0, err
 	}
@@ -704,7 +720,7 @@ func benchLong(ctx context.Context, storage, durability string, k, steps, n int)
 		return row, err
 	}
 	defer stopServer()
-	st, err := newBenchStack(ctx, srv, storage == "memory", k, steps, steps, n+1, newTrouble())
+	st, err := newBenchStack(ctx, srv, setup{memory: storage == "memory"}, k, steps, steps, n+1, newTrouble())
 	if err != nil {
 		return row, fmt.Errorf("bench long runs: %w", err)
 	}

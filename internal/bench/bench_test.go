@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/toolbus/toolbus/events"
 )
 
 // Validate refuses each option out of its range.
@@ -147,5 +149,42 @@ func TestServedBy(t *testing.T) {
 				t.Errorf("%d tools, %d deployments: %s served by %d", c.tools, c.deps, n, count[n])
 			}
 		}
+	}
+}
+
+// -read-mirror sets toolbus up as `toolbus init` does by default: with the read mirror
+// of its event stream, which then serves no direct gets; the rows say so.
+func TestRunWithReadMirror(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs the pipeline")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	for _, mirror := range []bool{false, true} {
+		srv, stop, err := startServer(false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		st, err := newBenchStack(ctx, srv, setup{memory: true, readMirror: mirror}, 1, 2, 0, 1, newTrouble())
+		if err != nil {
+			stop()
+			t.Fatal(err)
+		}
+		_, err = st.bus.JetStream().Stream(ctx, events.ReadMirrorName("TOOLBUS"))
+		direct := st.bus.EventStream().CachedInfo().Config.AllowDirect
+		st.close()
+		stop()
+		if (err == nil) != mirror || direct == mirror {
+			t.Fatalf("read mirror %v: the mirror's lookup says %v, the event stream serves direct gets: %v", mirror, err, direct)
+		}
+	}
+	rep, err := Run(ctx, Options{K: []int{1}, Steps: 2, LatencyRuns: 1, Runs: 2, Storages: []string{"memory"}, Durabilities: []string{"default"}, ReadMirror: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	Print(&out, rep)
+	if !rep.Rows[0].ReadMirror || !strings.Contains(out.String(), "read mirror") {
+		t.Fatalf("the row does not say it ran with the read mirror: %+v\n%s", rep.Rows[0], out.String())
 	}
 }
