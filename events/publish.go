@@ -95,7 +95,7 @@ func (b *Bus) settleDuplicate(ctx context.Context, msg *nats.Msg, ack *jetstream
 		return nil, err
 	}
 	attempt := attemptOf(want)
-	raw, err := b.stream.GetMsg(ctx, ack.Sequence)
+	raw, err := getMsg(ctx, b.stream, ack.Sequence)
 	switch {
 	case err == nil && sameEvent(raw, msg.Subject, want.Meta, attempt):
 		return ack, nil
@@ -207,7 +207,7 @@ func (b *Bus) publishGuarded(ctx context.Context, msg *nats.Msg, m Meta, attempt
 func (b *Bus) findOnSubject(ctx context.Context, subject string, m Meta, attempt int, from uint64) (seq uint64, found bool, err error) {
 	last := from - 1
 	for {
-		raw, err := b.stream.GetMsg(ctx, last+1, jetstream.WithGetMsgSubject(subject))
+		raw, err := getMsg(ctx, b.stream, last+1, jetstream.WithGetMsgSubject(subject))
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
 			return last, false, nil
 		}

@@ -208,7 +208,7 @@ func (b *Bus) RunStartedSeq(ctx context.Context, run string) (uint64, error) {
 func (b *Bus) firstRunStarted(ctx context.Context, run string) (*toolbus.RunStarted, uint64, error) {
 	subject := SubjectRunStartedAny(run)
 	for seq := uint64(1); ; {
-		raw, err := b.stream.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(subject))
+		raw, err := getMsg(ctx, b.stream, seq, jetstream.WithGetMsgSubject(subject))
 		if err != nil {
 			if errors.Is(err, jetstream.ErrMsgNotFound) {
 				return nil, 0, fmt.Errorf("%w: %s", ErrRunNotFound, run)
@@ -266,7 +266,7 @@ func (b *Bus) PublishOutcome(ctx context.Context, source string, st store.RunSta
 			return err
 		}
 	}
-	if raw, err := b.stream.GetLastMsgForSubject(ctx, e.Subject); err == nil && sameEvent(raw, e.Subject, e.Meta, 0) {
+	if raw, err := getLastMsg(ctx, b.stream, e.Subject); err == nil && sameEvent(raw, e.Subject, e.Meta, 0) {
 		return nil
 	}
 	_, err := b.PublishEvent(ctx, e)
@@ -334,7 +334,7 @@ func (b *Bus) PublishCancel(ctx context.Context, source string, c toolbus.Cancel
 func (b *Bus) CancelRequest(ctx context.Context, run string) (toolbus.Cancel, bool, error) {
 	subject := SubjectRunCancelAny(run)
 	for seq := uint64(1); ; {
-		raw, err := b.stream.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(subject))
+		raw, err := getMsg(ctx, b.stream, seq, jetstream.WithGetMsgSubject(subject))
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
 			return toolbus.Cancel{}, false, nil
 		}
@@ -371,7 +371,7 @@ func (b *Bus) History(ctx context.Context, run string, step int) ([]toolbus.Mess
 
 // LastModelRequest returns the step of the run's latest model.requested event.
 func (b *Bus) LastModelRequest(ctx context.Context, run string) (int, error) {
-	raw, err := b.stream.GetLastMsgForSubject(ctx, SubjectModelRequested(run))
+	raw, err := getLastMsg(ctx, b.stream, SubjectModelRequested(run))
 	if err != nil {
 		return 0, fmt.Errorf("events: last model request of %s: %w", run, err)
 	}

@@ -163,3 +163,58 @@ func TestEventStreamReadsItsOwnWrites(t *testing.T) {
 		})
 	}
 }
+
+// A bus opened before `toolbus init` gave the event stream its read mirror (the stream
+// then stops serving direct gets, which its cached stream info still promises) keeps
+// reading: the first and last event of a run, and a run's events followed, each on a
+// bus of its own.
+func TestBusOpenedBeforeTheMirrorKeepsReading(t *testing.T) {
+	srv := eventstest.RunJetStream(t)
+	ctx := eventstest.Context(t, time.Minute)
+	if _, _, err := provision.Setup(ctx, srv.Conn, events.Config{}); err != nil {
+		t.Fatal(err)
+	}
+	reads := map[string]func(b *events.Bus) error{
+		"first event": func(b *events.Bus) error {
+			_, err := b.FirstEvent(ctx, events.SubjectRun("r"))
+			return err
+		},
+		"last event": func(b *events.Bus) error {
+			_, err := b.LastEvent(ctx, events.SubjectRunStarted("r", "p"))
+			return err
+		},
+		"followed": func(b *events.Bus) error {
+			w, err := b.Watch(ctx, events.SubjectRun("r"), true)
+			if err != nil {
+				return err
+			}
+			if _, ok, err := w.Next(ctx, 10*time.Second); !ok {
+				return fmt.Errorf("nothing came (%v)", err)
+			}
+			return nil
+		},
+	}
+	workers := map[string]*events.Bus{}
+	for name := range reads {
+		b, err := events.Open(ctx, srv.Conn, events.Config{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !b.EventStream().CachedInfo().Config.AllowDirect {
+			t.Fatal("the stream serves no direct gets before the mirror: the test tests nothing")
+		}
+		workers[name] = b
+	}
+	admin, _, err := provision.Setup(ctx, srv.Conn, events.Config{}, provision.WithReadMirror())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.JetStream().Publish(ctx, events.SubjectRunStarted("r", "p"), []byte("{}")); err != nil {
+		t.Fatal(err)
+	}
+	for name, read := range reads {
+		if err := read(workers[name]); err != nil {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+}
