@@ -91,10 +91,11 @@ type Catalog struct {
 	// computed since tools or instances last changed): Tools runs at every step.
 	offered []toolbus.ToolContract
 
-	// Only the refreshing goroutine uses these. toolsSeq is the last message of the
-	// tools bucket read (0: read it whole next time); polls counts the refreshes.
-	toolsSeq uint64
-	polls    int
+	// Only the refreshing goroutine uses these. toolsSeq and instancesSeq are the last
+	// message of each bucket read (0: read it whole next time); polls counts the
+	// refreshes.
+	toolsSeq, instancesSeq uint64
+	polls                  int
 	// whole is the tools bucket's stream as the last whole read left it (its message
 	// count and last sequence): while nothing was read since and the stream still says
 	// so, the next whole read is skipped.
@@ -112,15 +113,16 @@ type decoded[T any] struct {
 	v   T
 }
 
-// catalogFullEvery (a variable for the tests) is how many polls go by between two
-// whole reads of the tools bucket; in between only the changes since the last message
-// read are (one request, usually answered with nothing). The bucket has no TTL, so
-// every change is a new message; the whole reads also cover what no message tells (an
-// administrator who purges a key's messages from the bucket's stream). A whole read is
-// skipped when no message came since the last one and the stream's message count and
-// last sequence are still what that read left, since a purge lowers the count: one
-// request for the stream's state instead of one message per tool (at 1,000 tools, 33
-// messages a second less from the server to each idle catalog view).
+// catalogFullEvery (a variable for the tests) is how many polls go by between two whole
+// reads of each bucket; in between only the changes since the last message read are
+// (one request, usually answered with nothing, or with a heartbeat or two for the
+// instances). Every change is a new message (the tools bucket has no TTL; an expired
+// instance leaves a marker); the whole reads also cover what no message tells (an
+// administrator who purges a key's messages from the bucket's stream). A whole read of
+// the tools is skipped when no message came since the last one and the stream's message
+// count and last sequence are still what that read left, since a purge lowers the
+// count: one request for the stream's state instead of one message per tool (at 1,000
+// tools, 33 messages a second less from the server to each idle catalog view).
 var catalogFullEvery = 120
 
 // CatalogPoll is how often a catalog view re-reads the catalog and the instances.
@@ -162,32 +164,18 @@ func (s *Store) WatchCatalog(ctx context.Context, log *slog.Logger) (*Catalog, e
 }
 
 // refreshCatalog reads both buckets and replaces the view's content with what it read.
-// The tools bucket, which rarely changes, is read whole every catalogFullEvery polls and
-// otherwise from the last message read on; the instances bucket is read whole.
+// Each bucket is read whole every catalogFullEvery polls and otherwise from the last
+// message read on (refreshTools, refreshInstances).
 func (s *Store) refreshCatalog(ctx context.Context, c *Catalog, log *slog.Logger) error {
 	tools, toolsChanged, err := s.refreshTools(ctx, c, log)
 	if err != nil {
 		return fmt.Errorf("store: read the catalog: %w", err)
 	}
-	instances := map[string]Instance{}
-	raw := make(map[string]decoded[Instance], len(c.instancesRaw))
-	changed := toolsChanged
-	if err := s.walk(ctx, s.instances, func(key string, val []byte) {
-		if d, ok := c.instancesRaw[key]; ok && d.raw == string(val) {
-			instances[key], raw[key] = d.v, d
-			return
-		}
-		changed = true
-		var in Instance
-		if json.Unmarshal(val, &in) == nil {
-			in.Team = InstanceTeam(key) // the key's team is what the server checked
-			instances[key], raw[key] = in, decoded[Instance]{raw: string(val), v: in}
-		}
-	}); err != nil {
+	instances, instancesChanged, err := s.refreshInstances(ctx, c)
+	if err != nil {
 		return fmt.Errorf("store: read the instances: %w", err)
 	}
-	changed = changed || len(raw) != len(c.instancesRaw)
-	c.instancesRaw = raw
+	changed := toolsChanged || instancesChanged
 	if !changed {
 		return nil // the sorted list of live tools (offered) still holds
 	}
@@ -444,4 +432,103 @@ func (s *Store) Contract(ctx context.Context, name string) (toolbus.ToolContract
 	}
 	err := s.getJSON(ctx, s.tools, name, &tc)
 	return tc, err
+}
+
+// refreshInstances returns the live instances as they are now and whether they
+// changed, as refreshTools does for the tools: the messages since the last one read
+// (heartbeats, deletes at stop, and the marker the bucket leaves when an instance
+// expires: its LimitMarkerTTL) applied to a copy of the current map, one request
+// usually answered with a heartbeat or two; or a whole read every catalogFullEvery
+// polls, after a failed read (a marker lives only as long as an instance would: one
+// missed for good would keep a dead instance), while the bucket leaves no markers (set
+// up before it did), or key by key where batched reads are not served. At 1,000 tools
+// (20 instances of 100 tools each), reading the bucket whole at every poll was most of
+// an idle catalog view's cost.
+func (s *Store) refreshInstances(ctx context.Context, c *Catalog) (map[string]Instance, bool, error) {
+	changed := false
+	if c.instancesRaw == nil {
+		c.instancesRaw = map[string]decoded[Instance]{}
+	}
+	raw := c.instancesRaw
+	decode := func(ins map[string]Instance, key string, val []byte) {
+		if d, ok := c.instancesRaw[key]; ok && d.raw == string(val) {
+			ins[key], raw[key] = d.v, d
+			return
+		}
+		changed = true
+		var in Instance
+		if json.Unmarshal(val, &in) != nil {
+			delete(ins, key)
+			delete(raw, key)
+			return
+		}
+		in.Team = InstanceTeam(key) // the key's team is what the server checked
+		ins[key], raw[key] = in, decoded[Instance]{raw: string(val), v: in}
+	}
+	if c.instancesSeq > 0 && c.polls%catalogFullEvery != 0 {
+		c.mu.RLock()
+		cur := c.instances
+		c.mu.RUnlock()
+		var next map[string]Instance
+		last, err := s.readFrom(ctx, s.instances.Bucket(), c.instancesSeq+1, func(key string, val []byte, deleted bool) {
+			if next == nil {
+				next = maps.Clone(cur)
+			}
+			if deleted {
+				_, had := next[key]
+				changed = changed || had
+				delete(next, key)
+				delete(raw, key)
+			} else {
+				decode(next, key, val)
+			}
+		})
+		if err == nil {
+			c.instancesSeq = max(c.instancesSeq, last)
+			if next == nil {
+				return cur, false, nil
+			}
+			return next, changed, nil
+		}
+		c.instancesSeq = 0
+		if !errors.Is(err, errBatchUnavailable) {
+			return nil, false, err
+		}
+	}
+	// A whole read: batched from the start of the bucket's stream, else key by key.
+	marked := false
+	if st, err := s.instances.Status(ctx); err == nil {
+		if bs, ok := st.(*jetstream.KeyValueBucketStatus); ok && bs.StreamInfo() != nil {
+			marked = bs.StreamInfo().Config.SubjectDeleteMarkerTTL > 0
+		}
+	}
+	ins := map[string]Instance{}
+	before := len(c.instancesRaw)
+	raw = make(map[string]decoded[Instance], before)
+	last, err := s.readFrom(ctx, s.instances.Bucket(), 1, func(key string, val []byte, deleted bool) {
+		if deleted {
+			delete(ins, key)
+			delete(raw, key)
+		} else {
+			decode(ins, key, val)
+		}
+	})
+	if err == nil {
+		c.instancesRaw, c.instancesSeq = raw, 0
+		if marked {
+			c.instancesSeq = last
+		}
+		return ins, changed || len(raw) != before, nil
+	}
+	c.instancesSeq = 0
+	if !errors.Is(err, errBatchUnavailable) {
+		return nil, false, err
+	}
+	clear(ins)
+	clear(raw)
+	if err := s.walk(ctx, s.instances, func(key string, val []byte) { decode(ins, key, val) }); err != nil {
+		return nil, false, err
+	}
+	c.instancesRaw = raw
+	return ins, changed || len(raw) != before, nil
 }

@@ -1,7 +1,7 @@
 package store
 
-// SetCatalogFullEvery sets how many polls go by between two whole reads of the tools
-// bucket until the returned function restores it.
+// SetCatalogFullEvery sets how many polls go by between two whole reads of each
+// catalog bucket until the returned function restores it.
 func SetCatalogFullEvery(n int) (restore func()) {
 	old := catalogFullEvery
 	catalogFullEvery = n

@@ -183,3 +183,78 @@ func TestCatalogReadsWholeOnlyWhatChanged(t *testing.T) {
 		t.Fatal("t0008 lost")
 	}
 }
+
+// The instances are read whole once, then only from the last message read on: a
+// heartbeat, a new instance, one deleted at stop and one expired (the marker its
+// bucket leaves) all reach the view, with no further whole read. Whole reads at every
+// poll were most of an idle catalog view's cost at 1,000 tools.
+func TestCatalogReadsInstancesFromTheLastMessage(t *testing.T) {
+	defer store.SetCatalogFullEvery(1 << 30)()
+	poll := store.CatalogPoll
+	store.CatalogPoll = 20 * time.Millisecond
+	defer func() { store.CatalogPoll = poll }()
+	ctx := eventstest.Context(t, 2*time.Minute)
+	tb := eventstest.RunJetStream(t)
+	bus, _, err := provision.Setup(ctx, tb.Conn, events.Config{InstanceTTL: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := bus.Store()
+	put := func(name string) {
+		t.Helper()
+		now := time.Now()
+		if _, err := st.PutInstance(ctx, store.Instance{Name: name, Boot: "b", Tools: []string{"echo"}, Concurrency: 1, StartedAt: now, HeartbeatAt: now}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	put("stays")
+	put("stops")
+	put("dies")
+	watcher, _ := tb.Connect(t)
+	var wholeReads atomic.Int64
+	sub, err := watcher.Subscribe("$JS.API.DIRECT.GET.KV_"+store.BucketInstances, func(m *nats.Msg) {
+		if strings.Contains(string(m.Data), `"seq":1,`) {
+			wholeReads.Add(1)
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe() //nolint:errcheck
+	if err := watcher.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	wctx, stop := context.WithCancel(ctx)
+	defer stop()
+	cat, err := st.WatchCatalog(wctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	serving := func() string { return strings.Join(cat.Serving("echo"), ",") }
+	if got := serving(); got != "dies,stays,stops" {
+		t.Fatalf("serving echo: %q", got)
+	}
+	// "stays" heartbeats; "stops" is deleted; "late" starts; "dies" stops heartbeating
+	// and expires after the bucket's TTL.
+	beat := time.NewTicker(300 * time.Millisecond)
+	defer beat.Stop()
+	if err := st.DeleteInstance(ctx, "", "stops", "b"); err != nil {
+		t.Fatal(err)
+	}
+	put("late")
+	eventstest.Eventually(t, 30*time.Second, func() error {
+		select {
+		case <-beat.C:
+			put("stays")
+			put("late")
+		default:
+		}
+		if got := serving(); got != "late,stays" {
+			return fmt.Errorf("serving echo: %q, want late,stays", got)
+		}
+		return nil
+	})
+	if n := wholeReads.Load(); n != 1 {
+		t.Fatalf("%d whole reads of the instances, want 1 (the first)", n)
+	}
+}
