@@ -218,26 +218,10 @@ func (s *Store) refreshTools(ctx context.Context, c *Catalog, log *slog.Logger) 
 		c.mu.RLock()
 		cur := c.tools
 		c.mu.RUnlock()
-		var next map[string]toolbus.ToolContract
-		last, err := s.readFrom(ctx, s.tools.Bucket(), c.toolsSeq+1, func(key string, val []byte, deleted bool) {
-			if next == nil {
-				next = maps.Clone(cur)
-			}
-			if deleted {
-				_, had := next[key]
-				changed = changed || had
-				delete(next, key)
-				delete(raw, key)
-			} else {
-				decode(next, key, val)
-			}
-		})
+		next, last, removed, err := readChanges(ctx, s, s.tools.Bucket(), c.toolsSeq, cur, raw, decode)
 		if err == nil {
 			c.toolsSeq = max(c.toolsSeq, last)
-			if next == nil {
-				return cur, false, nil
-			}
-			return next, changed, nil
+			return next, changed || removed, nil
 		}
 		if !errors.Is(err, errBatchUnavailable) {
 			return nil, false, err
@@ -469,26 +453,10 @@ func (s *Store) refreshInstances(ctx context.Context, c *Catalog) (map[string]In
 		c.mu.RLock()
 		cur := c.instances
 		c.mu.RUnlock()
-		var next map[string]Instance
-		last, err := s.readFrom(ctx, s.instances.Bucket(), c.instancesSeq+1, func(key string, val []byte, deleted bool) {
-			if next == nil {
-				next = maps.Clone(cur)
-			}
-			if deleted {
-				_, had := next[key]
-				changed = changed || had
-				delete(next, key)
-				delete(raw, key)
-			} else {
-				decode(next, key, val)
-			}
-		})
+		next, last, removed, err := readChanges(ctx, s, s.instances.Bucket(), c.instancesSeq, cur, raw, decode)
 		if err == nil {
 			c.instancesSeq = max(c.instancesSeq, last)
-			if next == nil {
-				return cur, false, nil
-			}
-			return next, changed, nil
+			return next, changed || removed, nil
 		}
 		c.instancesSeq = 0
 		if !errors.Is(err, errBatchUnavailable) {
@@ -531,4 +499,27 @@ func (s *Store) refreshInstances(ctx context.Context, c *Catalog) (map[string]In
 	}
 	c.instancesRaw = raw
 	return ins, changed || len(raw) != before, nil
+}
+
+// readChanges applies the messages of bucket after seq to a copy of cur, made at the
+// first message (cur itself when none came): decode for a value, a removal for a
+// delete, purge or expiry marker. It returns the map, the last sequence read and
+// whether a key held was removed.
+func readChanges[T any](ctx context.Context, s *Store, bucket string, seq uint64, cur map[string]T, raw map[string]decoded[T], decode func(map[string]T, string, []byte)) (map[string]T, uint64, bool, error) {
+	next, copied, removed := cur, false, false
+	last, err := s.readFrom(ctx, bucket, seq+1, func(key string, val []byte, deleted bool) {
+		if !copied {
+			next, copied = maps.Clone(cur), true
+		}
+		if !deleted {
+			decode(next, key, val)
+			return
+		}
+		if _, had := next[key]; had {
+			removed = true
+		}
+		delete(next, key)
+		delete(raw, key)
+	})
+	return next, last, removed, err
 }

@@ -135,21 +135,7 @@ func TestCatalogReadsWholeOnlyWhatChanged(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	// Whole reads: batched direct gets from the bucket's first message.
-	watcher, _ := tb.Connect(t)
-	var wholeReads atomic.Int64
-	sub, err := watcher.Subscribe("$JS.API.DIRECT.GET.KV_"+store.BucketTools, func(m *nats.Msg) {
-		if strings.Contains(string(m.Data), `"seq":1,`) {
-			wholeReads.Add(1)
-		}
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sub.Unsubscribe() //nolint:errcheck
-	if err := watcher.Flush(); err != nil {
-		t.Fatal(err)
-	}
+	wholeReads := countWholeReads(t, tb, store.BucketTools)
 	wctx, stop := context.WithCancel(ctx)
 	defer stop()
 	cat, err := bus.Store().WatchCatalog(wctx, nil)
@@ -210,20 +196,7 @@ func TestCatalogReadsInstancesFromTheLastMessage(t *testing.T) {
 	put("stays")
 	put("stops")
 	put("dies")
-	watcher, _ := tb.Connect(t)
-	var wholeReads atomic.Int64
-	sub, err := watcher.Subscribe("$JS.API.DIRECT.GET.KV_"+store.BucketInstances, func(m *nats.Msg) {
-		if strings.Contains(string(m.Data), `"seq":1,`) {
-			wholeReads.Add(1)
-		}
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sub.Unsubscribe() //nolint:errcheck
-	if err := watcher.Flush(); err != nil {
-		t.Fatal(err)
-	}
+	wholeReads := countWholeReads(t, tb, store.BucketInstances)
 	wctx, stop := context.WithCancel(ctx)
 	defer stop()
 	cat, err := st.WatchCatalog(wctx, nil)
@@ -257,4 +230,25 @@ func TestCatalogReadsInstancesFromTheLastMessage(t *testing.T) {
 	if n := wholeReads.Load(); n != 1 {
 		t.Fatalf("%d whole reads of the instances, want 1 (the first)", n)
 	}
+}
+
+// countWholeReads counts the whole reads of bucket from now on: batched direct gets
+// from the bucket's first message.
+func countWholeReads(t *testing.T, tb *eventstest.Bus, bucket string) *atomic.Int64 {
+	t.Helper()
+	watcher, _ := tb.Connect(t)
+	var n atomic.Int64
+	sub, err := watcher.Subscribe("$JS.API.DIRECT.GET.KV_"+bucket, func(m *nats.Msg) {
+		if strings.Contains(string(m.Data), `"seq":1,`) {
+			n.Add(1)
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	if err := watcher.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	return &n
 }
