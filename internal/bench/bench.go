@@ -85,6 +85,8 @@ type Row struct {
 	// Repeat numbers the measurement of this row (1..Options.Repeat) when it is
 	// measured several times in a row; 0 when once.
 	Repeat int `json:"repeat,omitempty"`
+	// Hops is where the steps of the latency runs waited (Options.Hops).
+	Hops *HopRow `json:"hops,omitempty"`
 }
 
 // SpreadRow is what several measurements in a row of one row (Options.Repeat) spread
@@ -200,6 +202,9 @@ type Options struct {
 	// Repeat measures each row this many times in a row (0 or 1: once); the report
 	// then has a row per measurement and their spread.
 	Repeat int
+	// Hops measures where the steps of the latency runs wait, hop by hop, from the
+	// times the server stored each event, record and claim (HopRow).
+	Hops bool
 	// ReadMirror sets toolbus up with the read mirror of the event stream, as `toolbus
 	// init` does by default (the server then copies every event into it, and the
 	// event stream is read through its API instead of direct gets); the floor has none.
@@ -346,6 +351,13 @@ func Print(out io.Writer, rep Report) {
 		}
 	}
 	printSpread(out, rep.Spread)
+	var hops []HopRow
+	for _, r := range rep.Rows {
+		if r.Hops != nil {
+			hops = append(hops, *r.Hops)
+		}
+	}
+	printHops(out, hops)
 	printSubjects(out, rep)
 	printScale(out, rep.Scale)
 	if len(rep.Long) == 0 {
@@ -419,7 +431,12 @@ func benchOne(ctx context.Context, storage, durability string, k int, opts Optio
 	}
 	trbl := newTrouble()
 	trbl.debug = opts.Diag
-	lat, tput, cpu, err := benchToolbus(ctx, srv, setup{memory, opts.ReadMirror}, k, steps, latRuns, runs, cpuProfile, trbl)
+	var hops *hopSamples
+	if opts.Hops {
+		hops = &hopSamples{}
+	}
+	lat, tput, cpu, err := benchToolbus(ctx, srv, setup{memory, opts.ReadMirror}, k, steps, latRuns, runs, cpuProfile, trbl, hops)
+
 	row.Redelivered, row.Trouble = trbl.summary()
 	row.Stalls, row.PullRestarts = trbl.stalls.Load(), trbl.restarts.Load()
 	if subj != nil {
@@ -428,6 +445,15 @@ func benchOne(ctx context.Context, storage, durability string, k int, opts Optio
 	row.ToolbusMsgsPerCall = float64(serverMsgs(srv)-in0) / float64((runs+latRuns+1)*(steps-1)*k)
 	if err != nil {
 		return row, fmt.Errorf("bench toolbus: %w", err)
+	}
+	if hops != nil {
+		// Read once the row's messages are counted: the reads are the bench's, not toolbus's.
+		if row.Hops, err = measureHops(ctx, srv, row, hops.runs); err != nil {
+			return row, err
+		}
+		if hops.wall > 0 {
+			row.Hops.Cores = hops.cpu.Seconds() / hops.wall.Seconds()
+		}
 	}
 	calls := float64(runs * (steps - 1) * k)
 	row.ToolbusP50MS, row.ToolbusP99MS = pct(lat, 50), pct(lat, 99)
@@ -668,7 +694,14 @@ func (st *benchStack) consumers() string {
 	return strings.Join(out, " ")
 }
 
-func benchToolbus(ctx context.Context, srv *embedded.Server, set setup, k, steps, latRuns, runs int, cpuProfile string, trbl *trouble) ([]time.Duration, float64, time.Duration, error) {
+// hopSamples are the latency runs whose hops are measured (Options.Hops), and the CPU
+// and wall time they took.
+type hopSamples struct {
+	runs      []string
+	cpu, wall time.Duration
+}
+
+func benchToolbus(ctx context.Context, srv *embedded.Server, set setup, k, steps, latRuns, runs int, cpuProfile string, trbl *trouble, hops *hopSamples) ([]time.Duration, float64, time.Duration, error) {
 	st, err := newBenchStack(ctx, srv, set, k, steps, 0, runs+latRuns+1, trbl)
 	if err != nil {
 		return nil, 0, 0, err
@@ -682,7 +715,11 @@ func benchToolbus(ctx context.Context, srv *embedded.Server, set setup, k, steps
 	if err := st.wait(1); err != nil {
 		return nil, 0, 0, err
 	}
-	var lat []time.Duration
+	var (
+		lat       []time.Duration
+		latRunIDs []string
+	)
+	lt0, lc0 := time.Now(), cpuTime()
 	for i := 0; i < latRuns; i++ {
 		run := prefix + "lat" + strconv.Itoa(i)
 		if err := st.start(ctx, run, steps); err != nil {
@@ -692,6 +729,10 @@ func benchToolbus(ctx context.Context, srv *embedded.Server, set setup, k, steps
 			return nil, 0, 0, err
 		}
 		lat = append(lat, st.clock.latencies(run)...)
+		latRunIDs = append(latRunIDs, run)
+	}
+	if hops != nil {
+		hops.runs, hops.cpu, hops.wall = latRunIDs, cpuTime()-lc0, time.Since(lt0)
 	}
 	stopProfile, err := startCPUProfile(cpuProfile)
 	if err != nil {
