@@ -15,7 +15,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/sourcegraph/conc/pool"
 
 	"github.com/toolbus/toolbus/events"
 )
@@ -217,7 +216,7 @@ func ServeAll(ctx context.Context, consumers []jetstream.Consumer, cfg Config, h
 	// Handlers get a context that outlives ctx by the grace period.
 	workCtx, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelWork()
-	l := &serveLoop{cfg: cfg, h: h, workCtx: workCtx, p: pool.New().WithMaxGoroutines(cfg.Concurrency),
+	l := &serveLoop{cfg: cfg, h: h, workCtx: workCtx, p: newWorkers(cfg.Concurrency),
 		share: max(1, cfg.Concurrency/len(consumers)), wake: make(chan struct{}, 1),
 		parkAfter: cmp.Or(cfg.ParkAfter, DefaultParkAfter), parkCheck: cmp.Or(cfg.ParkCheck, DefaultParkCheck)}
 	defer l.stopFeeds()
@@ -250,7 +249,7 @@ type serveLoop struct {
 	cfg     Config
 	h       Handler
 	workCtx context.Context
-	p       *pool.Pool
+	p       *workers
 	share   int
 	feeds   []*feed
 	gate    sync.RWMutex
