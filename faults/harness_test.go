@@ -260,14 +260,27 @@ type natsNode struct {
 
 func (n *natsNode) url() string { return "nats://127.0.0.1:" + strconv.Itoa(n.port) }
 
+// handedOut are the ports freePort returned: the kernel may give a port just closed to
+// the next listener, and two ports of one server (client and monitor) that came out
+// the same made it fail to start ("address already in use").
+var handedOut sync.Map
+
+// freePort returns a port free on 127.0.0.1 that it never returned before.
 func freePort(t testing.TB) int {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	for range 100 {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		port := l.Addr().(*net.TCPAddr).Port
+		l.Close()
+		if _, dup := handedOut.LoadOrStore(port, true); !dup {
+			return port
+		}
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	t.Fatal("no free port that was not handed out already")
+	return 0
 }
 
 // env is one test's deployment: nats-server processes, worker processes, and the test's
