@@ -436,7 +436,6 @@ func benchOne(ctx context.Context, storage, durability string, k int, opts Optio
 		hops = &hopSamples{}
 	}
 	lat, tput, cpu, err := benchToolbus(ctx, srv, setup{memory, opts.ReadMirror}, k, steps, latRuns, runs, cpuProfile, trbl, hops)
-
 	row.Redelivered, row.Trouble = trbl.summary()
 	row.Stalls, row.PullRestarts = trbl.stalls.Load(), trbl.restarts.Load()
 	if subj != nil {
@@ -448,11 +447,8 @@ func benchOne(ctx context.Context, storage, durability string, k int, opts Optio
 	}
 	if hops != nil {
 		// Read once the row's messages are counted: the reads are the bench's, not toolbus's.
-		if row.Hops, err = measureHops(ctx, srv, row, hops.runs); err != nil {
+		if row.Hops, err = measureHops(ctx, srv, row, hops); err != nil {
 			return row, err
-		}
-		if hops.wall > 0 {
-			row.Hops.Cores = hops.cpu.Seconds() / hops.wall.Seconds()
 		}
 	}
 	calls := float64(runs * (steps - 1) * k)

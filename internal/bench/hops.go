@@ -169,9 +169,9 @@ func readStored(ctx context.Context, js jetstream.JetStream, stream, filter stri
 	return out, nil
 }
 
-// measureHops measures the hops of the steps of runs, which the toolbus case of row ran
-// on srv (its event stream is TOOLBUS).
-func measureHops(ctx context.Context, srv *embedded.Server, r Row, runs []string) (*HopRow, error) {
+// measureHops measures the hops of the steps of the latency runs of hs, which the
+// toolbus case of row ran on srv (its event stream is TOOLBUS).
+func measureHops(ctx context.Context, srv *embedded.Server, r Row, hs *hopSamples) (*HopRow, error) {
 	nc, err := srv.Connect()
 	if err != nil {
 		return nil, err
@@ -181,13 +181,16 @@ func measureHops(ctx context.Context, srv *embedded.Server, r Row, runs []string
 	if err != nil {
 		return nil, err
 	}
-	hops, step, err := runHops(ctx, js, "TOOLBUS", runs, r.Steps)
+	hops, step, err := runHops(ctx, js, "TOOLBUS", hs.runs, r.Steps)
 	if err != nil {
 		return nil, err
 	}
 	hr := &HopRow{Storage: r.Storage, Durability: r.Durability, K: r.K, Steps: len(step), StepP50MS: pct(step, 50)}
 	for _, h := range hops {
 		hr.P50MS = append(hr.P50MS, pct(h, 50))
+	}
+	if hs.wall > 0 {
+		hr.Cores = hs.cpu.Seconds() / hs.wall.Seconds()
 	}
 	return hr, nil
 }
