@@ -206,6 +206,18 @@ func TestSecurityTeams(t *testing.T) {
 				t.Fatalf("permission violations in a normal run: %v", v)
 			}
 
+			// What teams do not get: confidentiality. Beta's executor credentials read
+			// alpha's call, its arguments and its stored output (the trust model says so:
+			// docs/deployment-and-security.md); when this fails, say what teams now get.
+			betaBus := s.buses[natsjwt.TeamUser("beta")]
+			raw, err := betaBus.EventStream().GetLastMsgForSubject(s.ctx, events.SubjectToolRequested(first, "calculator"))
+			if err != nil || !strings.Contains(string(raw.Data), "2+3") {
+				t.Fatalf("beta reading alpha's call: %v (%+v)", err, raw)
+			}
+			if out, err := betaBus.Store().Output(s.ctx, big.Truncated.Ref); err != nil || string(out) != string(whole) {
+				t.Fatalf("beta reading alpha's output: %d bytes, %v", len(out), err)
+			}
+
 			second := "teams-" + mode.name + "-2"
 			s.beta(second, first)
 
