@@ -136,35 +136,20 @@ func stepMarks(msgs []stored, run string, s int) ([]time.Time, error) {
 	return marks, nil
 }
 
-// readStored reads every message of stream on filter with its store time.
+// readStored reads every message of stream on filter with its store time (the events'
+// reader: records of the buckets, which are no events, keep their subject and time).
 func readStored(ctx context.Context, js jetstream.JetStream, stream, filter string) ([]stored, error) {
-	c, err := js.OrderedConsumer(ctx, stream, jetstream.OrderedConsumerConfig{FilterSubjects: []string{filter}})
+	st, err := js.Stream(ctx, stream)
 	if err != nil {
 		return nil, fmt.Errorf("bench hops: %s: %w", stream, err)
 	}
-	info, err := c.Info(ctx)
+	evs, err := events.ReadEvents(ctx, st, filter)
 	if err != nil {
 		return nil, fmt.Errorf("bench hops: %s: %w", stream, err)
 	}
-	want := int(info.NumPending)
-	var out []stored
-	for len(out) < want {
-		b, err := c.Fetch(want-len(out), jetstream.FetchMaxWait(5*time.Second))
-		if err != nil {
-			return nil, fmt.Errorf("bench hops: %s: %w", stream, err)
-		}
-		n := 0
-		for m := range b.Messages() {
-			n++
-			md, err := m.Metadata()
-			if err != nil {
-				return nil, err
-			}
-			out = append(out, stored{md.Timestamp, m.Subject()})
-		}
-		if b.Error() != nil || n == 0 {
-			return nil, fmt.Errorf("bench hops: %s: read %d of %d messages: %v", stream, len(out), want, b.Error())
-		}
+	out := make([]stored, len(evs))
+	for i, ev := range evs {
+		out[i] = stored{ev.Time, ev.Subject}
 	}
 	return out, nil
 }
