@@ -1,7 +1,6 @@
 package toolbus_test
 
 import (
-	"io/fs"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -9,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"unicode"
+
+	"github.com/toolbus/toolbus/internal/testutil"
 )
 
 var (
@@ -61,28 +62,7 @@ func mdAnchors(text string) map[string]bool {
 // deploy/, examples/...) names a file that exists and, into a Markdown file, an anchor
 // that file has: a newcomer following the documents never lands on nothing.
 func TestDocLinks(t *testing.T) {
-	var docs []string
-	err := filepath.WalkDir(".", func(path string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		if d.IsDir() {
-			if path != "." && skipDir(d.Name()) {
-				return filepath.SkipDir
-			}
-			return nil
-		}
-		if strings.HasSuffix(path, ".md") {
-			docs = append(docs, path)
-		}
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(docs) < 10 {
-		t.Fatalf("found only %d Markdown files: %v", len(docs), docs)
-	}
+	docs := testutil.MarkdownFiles(t, ".")
 	anchors := map[string]map[string]bool{}
 	anchorsOf := func(path string) map[string]bool {
 		if a, ok := anchors[path]; ok {

@@ -37,7 +37,7 @@ func sourceConsts(t *testing.T, dir string, recursive bool) []goConst {
 			return err
 		}
 		if d.IsDir() {
-			if path != dir && (!recursive || skipDir(d.Name())) {
+			if path != dir && (!recursive || testutil.SkipDir(d.Name())) {
 				return filepath.SkipDir
 			}
 			return nil
@@ -86,12 +86,6 @@ func sourceConsts(t *testing.T, dir string, recursive bool) []goConst {
 		t.Fatal(err)
 	}
 	return out
-}
-
-// skipDir reports the directories that hold no source of the module.
-func skipDir(name string) bool {
-	return strings.HasPrefix(name, ".") || strings.HasPrefix(name, "_") || name == "testdata" ||
-		name == "node_modules" || name == "bin" || name == "data"
 }
 
 // firstCells returns the cells of column 0 of a table of CONTRACT.md that are one code
@@ -215,7 +209,7 @@ func TestEnvVarsDocumented(t *testing.T) {
 			return err
 		}
 		if d.IsDir() {
-			if path != "." && (skipDir(d.Name()) || path == "faults") {
+			if path != "." && (testutil.SkipDir(d.Name()) || path == "faults") {
 				return filepath.SkipDir
 			}
 			return nil
@@ -322,7 +316,7 @@ func TestReadmeLayout(t *testing.T) {
 	for _, e := range top {
 		name := e.Name()
 		switch {
-		case skipDir(name) || name == "bench":
+		case testutil.SkipDir(name) || name == "bench":
 		case e.IsDir():
 			want = append(want, name+"/")
 		case strings.HasSuffix(name, ".go"), name == "go.mod", name == "go.sum", name == "README.md",

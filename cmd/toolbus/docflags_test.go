@@ -1,7 +1,6 @@
 package main
 
 import (
-	"io/fs"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -9,6 +8,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/toolbus/toolbus/internal/testutil"
 )
 
 // docCommand is one toolbus command line quoted in a Markdown file: a line of a code
@@ -123,22 +124,10 @@ func TestDocCommandFlags(t *testing.T) {
 	}
 	root := filepath.Join("..", "..")
 	var checked int
-	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		if d.IsDir() {
-			if path != root && (strings.HasPrefix(d.Name(), ".") || d.Name() == "node_modules" || d.Name() == "testdata") {
-				return filepath.SkipDir
-			}
-			return nil
-		}
-		if !strings.HasSuffix(path, ".md") {
-			return nil
-		}
+	for _, path := range testutil.MarkdownFiles(t, root) {
 		b, err := os.ReadFile(path)
 		if err != nil {
-			return err
+			t.Fatal(err)
 		}
 		rel, _ := filepath.Rel(root, path)
 		for _, dc := range docCommands(rel, string(b), flagSpansOf[filepath.ToSlash(rel)]) {
@@ -152,10 +141,6 @@ func TestDocCommandFlags(t *testing.T) {
 				}
 			}
 		}
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
 	}
 	t.Logf("%d toolbus command lines checked", checked)
 	if checked < 30 {

@@ -1,7 +1,9 @@
 package testutil
 
 import (
+	"io/fs"
 	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -66,4 +68,41 @@ func CodeCell(cell string) string {
 		return m[1]
 	}
 	return ""
+}
+
+// SkipDir reports whether the repository walks of the documentation tests skip a
+// directory: hidden ones, "_" ones, testdata, node_modules, and the build and data
+// directories a run leaves.
+func SkipDir(name string) bool {
+	return strings.HasPrefix(name, ".") || strings.HasPrefix(name, "_") || name == "testdata" ||
+		name == "node_modules" || name == "bin" || name == "data"
+}
+
+// MarkdownFiles returns the paths of the Markdown files under root (SkipDir), and fails
+// the test when it finds fewer than 10: a walk that found nothing would check nothing.
+func MarkdownFiles(t testing.TB, root string) []string {
+	t.Helper()
+	var docs []string
+	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			if path != root && SkipDir(d.Name()) {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if strings.HasSuffix(path, ".md") {
+			docs = append(docs, path)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(docs) < 10 {
+		t.Fatalf("found only %d Markdown files under %s: %v", len(docs), root, docs)
+	}
+	return docs
 }
