@@ -5,6 +5,8 @@ package embedded
 import (
 	"errors"
 	"fmt"
+	"os"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -37,10 +39,37 @@ type Config struct {
 // Server is a running embedded server.
 type Server struct {
 	*server.Server
+	lock *storeLock
 }
 
-// Start starts a JetStream-enabled server and waits until it accepts connections.
+// Start starts a JetStream-enabled server and waits until it accepts connections. The
+// store directory is this process's until Stop (or its end): Start refuses a directory
+// whose server runs in another process, with an *InUseError naming it and its URL.
 func Start(cfg Config) (*Server, error) {
+	var lock *storeLock
+	if cfg.StoreDir != "" {
+		var err error
+		if lock, err = lockStore(cfg.StoreDir); err != nil {
+			return nil, err
+		}
+	}
+	srv, err := start(cfg)
+	if err != nil {
+		lock.release()
+		return nil, err
+	}
+	if lock != nil {
+		h := Holder{PID: os.Getpid(), URL: srv.ClientURL(), Command: strings.Join(os.Args, " ")}
+		if err := lock.write(h); err != nil {
+			srv.Shutdown()
+			lock.release()
+			return nil, err
+		}
+	}
+	return &Server{Server: srv, lock: lock}, nil
+}
+
+func start(cfg Config) (*server.Server, error) {
 	host := cfg.Host
 	if host == "" {
 		host = "127.0.0.1"
@@ -68,7 +97,7 @@ func Start(cfg Config) (*Server, error) {
 		srv.Shutdown()
 		return nil, ErrNotReady
 	}
-	return &Server{Server: srv}, nil
+	return srv, nil
 }
 
 // SyncAlways reports whether the running JetStream fsyncs every write (the setting its
@@ -93,4 +122,5 @@ func (s *Server) Connect(opts ...nats.Option) (*nats.Conn, error) {
 func (s *Server) Stop() {
 	s.Shutdown()
 	s.WaitForShutdown()
+	s.lock.release()
 }

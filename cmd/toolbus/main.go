@@ -25,6 +25,7 @@ import (
 	"runtime/debug"
 	"syscall"
 
+	"github.com/toolbus/toolbus/embedded"
 	"github.com/toolbus/toolbus/internal/node"
 )
 
@@ -296,6 +297,13 @@ func openReader(ctx context.Context, cfg Config, log *slog.Logger) (*node.Conn, 
 		if _, err := os.Stat(store); err != nil {
 			return nil, &exitError{code: 1, msg: fmt.Sprintf("%v: TOOLBUS_NATS_URL is not set and there is no local store in %s (start toolbus up, or set TOOLBUS_NATS_URL)",
 				errNoStore, store)}
+		}
+		// A store another process's server holds (toolbus up) is read through that
+		// server: a second server on the same files would lose writes.
+		if h, held := embedded.ReadHolder(store); held && h.URL != "" {
+			log.Info("the local store is held by another process: reading through its server", "pid", h.PID, "url", h.URL)
+			cfg.URL = h.URL
+			return node.Open(ctx, cfg, log, false)
 		}
 	}
 	return node.Open(ctx, cfg, log, true)

@@ -26,10 +26,10 @@ type EnvConfig struct {
 	// TOOLBUS_ACK_WAIT, TOOLBUS_MAX_DELIVER, TOOLBUS_GRACE (unset: the defaults of
 	// package events).
 	events.WorkerConfig
-	// Tools limits the process to these tools of the registry (TOOLBUS_EXECUTOR_TOOLS).
-	Tools       []string      `envconfig:"EXECUTOR_TOOLS"`
-	CallTimeout time.Duration `envconfig:"CALL_TIMEOUT" default:"30s"`
-	MaxOutput   int           `envconfig:"MAX_OUTPUT_BYTES" default:"16384"`
+	// Settings: TOOLBUS_EXECUTOR_TOOLS, TOOLBUS_TEAM, TOOLBUS_EXECUTOR_REPLACE_CONTRACTS,
+	// TOOLBUS_EXECUTOR_PROGRESS_INTERVAL, TOOLBUS_EXECUTOR_PARK_AFTER,
+	// TOOLBUS_CALL_TIMEOUT, TOOLBUS_MAX_OUTPUT_BYTES: the binary's executor settings.
+	Settings
 	// MetricsAddr serves /metrics, /healthz and /readyz on host:port
 	// (TOOLBUS_METRICS_ADDR), as the binary does; empty serves nothing.
 	MetricsAddr string `envconfig:"METRICS_ADDR"`
@@ -61,6 +61,9 @@ func LoadEnv() (EnvConfig, error) {
 	}
 	if err := c.WorkerConfig.Validate(); err != nil {
 		return c, fmt.Errorf("executor: config: %w", err)
+	}
+	if err := c.Settings.validate(); err != nil {
+		return c, err
 	}
 	if _, err := c.logger(); err != nil {
 		return c, err
@@ -123,7 +126,7 @@ func ServeConfig(ctx context.Context, cfg EnvConfig, reg *executor.Registry, opt
 	if err != nil {
 		return err
 	}
-	wcfg := Config{Tools: cfg.Tools}
+	wcfg := cfg.Settings.Config(cfg.WorkerConfig)
 	if cfg.MetricsAddr != "" {
 		m := telemetry.New(telemetry.RoleExecutor)
 		m.WatchQueues(bus, 0, log)
@@ -134,13 +137,11 @@ func ServeConfig(ctx context.Context, cfg EnvConfig, reg *executor.Registry, opt
 		defer srv.Close() //nolint:errcheck // at exit
 		wcfg.Metrics, wcfg.Observer = m, m.Observer("executor")
 	}
-	opts = append([]executor.Option{executor.WithInstance(cfg.Instance), executor.WithDefaultTimeout(cfg.CallTimeout),
-		executor.WithDefaultMaxOutputBytes(cfg.MaxOutput), executor.WithLogger(log)}, opts...)
+	opts = append(append(cfg.Settings.ExecutorOptions(cfg.Instance, cfg.Options), executor.WithLogger(log)), opts...)
 	exec, err := executor.New(reg, opts...)
 	if err != nil {
 		return err
 	}
-	wcfg.WorkerConfig = cfg.WorkerConfig
 	wcfg.Logger = log
 	w, err := New(bus, exec, wcfg)
 	if err != nil {

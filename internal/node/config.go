@@ -16,6 +16,7 @@ import (
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/connect"
 	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/executor/worker"
 	"github.com/toolbus/toolbus/injector"
 	"github.com/toolbus/toolbus/planner"
 	"github.com/toolbus/toolbus/telemetry"
@@ -39,15 +40,10 @@ type Config struct {
 	// they take the defaults of package events (envDefaults shows them in toolbus env).
 	events.WorkerConfig
 
-	Tools            string        `envconfig:"TOOLS" default:"demo" desc:"built-in tool packs served by executors (demo, diag: diag's panic, big_output, sleep... only when asked for)"`
-	MCPConfig        string        `envconfig:"MCP_CONFIG" desc:"JSON file of MCP servers whose tools executors serve (mcpServers: command/args/env or url/headers)"`
-	ExecutorTools    []string      `envconfig:"EXECUTOR_TOOLS" desc:"serve only these tools of the packs (deployments may overlap: each tool has one shared queue)"`
-	Team             string        `envconfig:"TEAM" desc:"team owning the tools this executor serves (recorded as their owner in the catalog; its instance records are keyed by it: with per-team credentials, the team of the credentials)"`
-	ReplaceContracts bool          `envconfig:"EXECUTOR_REPLACE_CONTRACTS" desc:"replace registered tool contracts that differ from this executor's without a version bump (an owner changing its tools on purpose)"`
-	ProgressInterval time.Duration `envconfig:"EXECUTOR_PROGRESS_INTERVAL" default:"1s" desc:"least time between two tool.progress events of one call (a report made sooner replaces the pending one)"`
-	ParkAfter        time.Duration `envconfig:"EXECUTOR_PARK_AFTER" default:"2m" desc:"an executor's tool queue idle this long stops pulling until a call is published for it (needs subscribe permission on toolbus.*.tool.requested.<tool>); negative: never"`
-	CallTimeout      time.Duration `envconfig:"CALL_TIMEOUT" default:"30s" desc:"default tool timeout"`
-	MaxOutput        int           `envconfig:"MAX_OUTPUT_BYTES" default:"16384" desc:"default bound of what the model reads of one result"`
+	Tools     string `envconfig:"TOOLS" default:"demo" desc:"built-in tool packs served by executors (demo, diag: diag's panic, big_output, sleep... only when asked for)"`
+	MCPConfig string `envconfig:"MCP_CONFIG" desc:"JSON file of MCP servers whose tools executors serve (mcpServers: command/args/env or url/headers)"`
+	// Settings are the executor's (worker.Settings): the same struct Serve reads.
+	worker.Settings
 
 	// Record is the cassette every model exchange is appended to (models.Options.Record).
 	Record string `envconfig:"RECORD" desc:"append every model exchange to this JSONL cassette (replay it with TOOLBUS_MODEL=replay:<file>)"`
@@ -132,10 +128,8 @@ func (c Config) validate() error {
 		err = events.InvalidField("MaxRunTimeout", c.MaxRunTimeout, "0s (no cap) or more")
 	case c.TokenBudget < 0:
 		err = events.InvalidField("TokenBudget", c.TokenBudget, "0 (none) or more")
-	case c.CallTimeout < 0:
-		err = events.InvalidField("CallTimeout", c.CallTimeout, "0s (the tool's own) or more")
-	case c.MaxOutput < 0:
-		err = events.InvalidField("MaxOutput", c.MaxOutput, "1 or more")
+	case c.Settings.Validate() != nil:
+		err = c.Settings.Validate()
 	default:
 		err = planner.Config{MaxCallsPerStep: c.MaxCallsPerStep}.Validate()
 	}

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
 	"strings"
 	"time"
 
@@ -110,17 +109,13 @@ func runExecutor(ctx context.Context, cfg Config, bus *events.Bus, log *slog.Log
 	if err != nil {
 		return err
 	}
-	exec, err := executor.New(reg, executor.WithLogger(log), executor.WithInstance(cfg.Instance),
-		executor.WithDefaultTimeout(cfg.CallTimeout), executor.WithDefaultMaxOutputBytes(cfg.MaxOutput),
-		executor.WithSecrets(cfg.secretValues()...))
+	exec, err := executor.New(reg, append(cfg.Settings.ExecutorOptions(cfg.Instance, cfg.Options), executor.WithLogger(log))...)
 	if err != nil {
 		return err
 	}
-	w, err := worker.New(bus, exec, worker.Config{
-		WorkerConfig: cfg.worker(log), Tools: cfg.ExecutorTools, Team: cfg.Team, ReplaceContracts: cfg.ReplaceContracts,
-		ProgressInterval: cfg.ProgressInterval, ParkAfter: cfg.ParkAfter,
-		Metrics: executorMetrics(tel), Observer: serveObserver(tel, "executor"),
-	})
+	wcfg := cfg.Settings.Config(cfg.worker(log))
+	wcfg.Metrics, wcfg.Observer = executorMetrics(tel), serveObserver(tel, "executor")
+	w, err := worker.New(bus, exec, wcfg)
 	if err != nil {
 		return err
 	}
@@ -181,13 +176,6 @@ func (c Config) ModelOptions() models.Options {
 	return models.Options{Logger: c.Logger(), Record: c.Record, Scripts: map[string]func() planner.Model{
 		"noop": func() planner.Model { return bench.NoopScript(4, 3) },
 	}}
-}
-
-// secretValues are the values of this process's own credentials, which the executor
-// redacts from every tool output (connect.Options.Secrets), and the model providers' API
-// keys.
-func (c Config) secretValues() []string {
-	return append(c.Options.Secrets(), os.Getenv("OPENAI_API_KEY"), os.Getenv("ANTHROPIC_API_KEY"))
 }
 
 // StartInProcess runs the executor, planner and injector on the embedded bus of c until
