@@ -1,6 +1,9 @@
 package connect
 
 import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"regexp"
@@ -25,10 +28,23 @@ type PermissionError struct {
 	Subject string
 	// Err is the operation's own error (a timeout), when there was one.
 	Err error
+	// Who names the credentials the server refused (a user, a JWT's name, an nkey).
+	Who string
+	// Hint says which grant is missing and how an administrator gives it (the bus's
+	// SetHint); empty: add the subject to the role's permissions.
+	Hint string
 }
 
 func (e *PermissionError) Error() string {
-	return fmt.Sprintf("permission denied: the credentials may not %s to %q (add it to the role's permissions)", e.Op, e.Subject)
+	who := "the credentials"
+	if e.Who != "" {
+		who = "the credentials of " + e.Who
+	}
+	hint := e.Hint
+	if hint == "" {
+		hint = "add it to the role's permissions"
+	}
+	return fmt.Sprintf("permission denied: %s may not %s to %q: %s", who, e.Op, e.Subject, hint)
 }
 
 // Is makes errors.Is(err, ErrPermissionDenied) true.
@@ -51,12 +67,33 @@ type Permissions struct {
 	lastAt   time.Time
 	count    uint64
 	onDenied []func(*PermissionError)
+	who      string
+	hint     func(op, subject string) string
+	guards   map[*guard]struct{}
+}
+
+// guard is an operation in flight that ends at the first refusal of a subject it uses.
+type guard struct {
+	prefixes []string
+	cancel   context.CancelCauseFunc
+}
+
+func (g *guard) matches(subject string) bool {
+	if len(g.prefixes) == 0 {
+		return true
+	}
+	for _, p := range g.prefixes {
+		if strings.HasPrefix(subject, p) {
+			return true
+		}
+	}
+	return false
 }
 
 // WatchPermissions installs a tracker in front of nc's error handler. Each bus opened
 // on nc has its own (a connection carries one set of credentials: each sees them all).
 func WatchPermissions(nc *nats.Conn) *Permissions {
-	p := &Permissions{}
+	p := &Permissions{who: Identity(nc), guards: map[*guard]struct{}{}}
 	prev := nc.ErrorHandler()
 	nc.SetErrorHandler(func(c *nats.Conn, s *nats.Subscription, err error) {
 		if errors.Is(err, nats.ErrPermissionViolation) {
@@ -76,12 +113,62 @@ func (p *Permissions) record(err error) {
 		pe.Op, pe.Subject = strings.ToLower(m[1]), m[2]
 	}
 	p.mu.Lock()
+	pe.Who = p.who
+	if p.hint != nil && m != nil {
+		pe.Hint = p.hint(pe.Op, pe.Subject)
+	}
 	p.last, p.lastAt = pe, time.Now()
 	p.count++
 	hooks := p.onDenied
+	for g := range p.guards {
+		if g.matches(pe.Subject) {
+			c := *pe
+			g.cancel(&c)
+		}
+	}
 	p.mu.Unlock()
 	for _, h := range hooks {
 		h(pe)
+	}
+}
+
+// SetHint sets what explains a refusal of subject: the grant that is missing and how
+// to give it (the bus knows its subjects; this package does not).
+func (p *Permissions) SetHint(hint func(op, subject string) string) {
+	if p == nil {
+		return
+	}
+	p.mu.Lock()
+	p.hint = hint
+	p.mu.Unlock()
+}
+
+// Guard returns a context for one operation that ends as soon as the server refuses
+// the connection a subject starting with one of prefixes (any subject with none), with
+// the *PermissionError as its cause, and done, which turns the operation's error into
+// that *PermissionError (or one Denied finds). The server only drops a refused request,
+// so without a guard the operation waits for its timeout and says nothing of why.
+func (p *Permissions) Guard(ctx context.Context, prefixes ...string) (context.Context, func(error) error) {
+	if p == nil {
+		return ctx, func(err error) error { return err }
+	}
+	start := time.Now()
+	gctx, cancel := context.WithCancelCause(ctx)
+	g := &guard{prefixes: prefixes, cancel: cancel}
+	p.mu.Lock()
+	p.guards[g] = struct{}{}
+	p.mu.Unlock()
+	return gctx, func(err error) error {
+		p.mu.Lock()
+		delete(p.guards, g)
+		p.mu.Unlock()
+		defer cancel(nil)
+		var pe *PermissionError
+		if err != nil && errors.As(context.Cause(gctx), &pe) {
+			pe.Err = err
+			return pe
+		}
+		return p.Denied(start, err)
 	}
 }
 
@@ -154,4 +241,48 @@ func SubscribeRefused(nc *nats.Conn, subjects ...string) error {
 		}
 	}
 	return nil
+}
+
+// Identity names the credentials of nc for messages: the user, the name in a user JWT,
+// or the public nkey.
+func Identity(nc *nats.Conn) string {
+	if nc == nil {
+		return ""
+	}
+	o := nc.Opts
+	switch {
+	case o.User != "":
+		return "user " + o.User
+	case o.UserJWT != nil:
+		if jwt, err := o.UserJWT(); err == nil {
+			if name := jwtName(jwt); name != "" {
+				return "user " + name
+			}
+		}
+		return "the JWT user"
+	case o.Nkey != "":
+		return "nkey " + o.Nkey
+	case o.Token != "":
+		return "the token"
+	}
+	return ""
+}
+
+// jwtName is the name claim of a JWT, read without checking it (for messages only).
+func jwtName(jwt string) string {
+	parts := strings.Split(jwt, ".")
+	if len(parts) != 3 {
+		return ""
+	}
+	b, err := base64.RawURLEncoding.DecodeString(parts[1])
+	if err != nil {
+		return ""
+	}
+	var c struct {
+		Name string `json:"name"`
+	}
+	if json.Unmarshal(b, &c) != nil {
+		return ""
+	}
+	return c.Name
 }

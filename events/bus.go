@@ -161,6 +161,7 @@ func newJS(nc *nats.Conn) (jetstream.JetStream, error) {
 
 func open(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, cfg Config) (*Bus, error) {
 	b := &Bus{cfg: cfg, nc: nc, js: js, runCache: map[string]cachedRun{}, perms: connect.WatchPermissions(nc)}
+	b.perms.SetHint(GrantHint)
 	missing := func(what, name string, err error) error {
 		if errors.Is(err, jetstream.ErrStreamNotFound) || errors.Is(err, jetstream.ErrBucketNotFound) {
 			return fmt.Errorf("%w: %s %s does not exist", ErrNotSetUp, what, name)
@@ -249,6 +250,15 @@ func Source(component, instance string) string { return "/toolbus/" + component 
 // start): a refused request is only dropped by the server, so err is a timeout that
 // says nothing. It returns err unchanged otherwise (nil for nil).
 func (b *Bus) Denied(start time.Time, err error) error { return b.perms.Denied(start, err) }
+
+// Guard returns a context for one operation on subjects starting with one of prefixes
+// that ends as soon as the server refuses one of them to this bus's credentials, and
+// done, which turns the operation's error into the *connect.PermissionError naming the
+// credentials, the subject and the missing grant (GrantHint): a refusal explains itself
+// at once instead of ending as a timeout.
+func (b *Bus) Guard(ctx context.Context, prefixes ...string) (context.Context, func(error) error) {
+	return b.perms.Guard(ctx, prefixes...)
+}
 
 // Denial returns the last permission violation of this bus's connection and when it
 // happened, while it is more recent than connect.DenialHold: a role whose credentials

@@ -37,7 +37,11 @@ var errRunHasMessages = errors.New("events: the run's subjects hold a message")
 // run.started of it (forgeries, which consumers terminate) do not keep the id from
 // starting, and a publish the stream reports as a duplicate (a concurrent submission)
 // is refused the same way.
-func (b *Bus) StartRun(ctx context.Context, source string, rs toolbus.RunStarted) error {
+func (b *Bus) StartRun(ctx context.Context, source string, rs toolbus.RunStarted) (err error) {
+	// A refused publish ends the start at once, naming the grant (a client bound to
+	// other identities), instead of waiting for the publish's timeout.
+	ctx, done := b.Guard(ctx, SubjectPrefix+"."+rs.RunID+".")
+	defer func() { err = done(err) }()
 	if !toolbus.ValidRunID(rs.RunID) {
 		return fmt.Errorf("events: invalid run id %q: use 1-128 of [A-Za-z0-9_-]", rs.RunID)
 	}
@@ -312,7 +316,9 @@ func (b *Bus) PublishApproval(ctx context.Context, source string, step int, a to
 	if IdentityToken(a.Who) == "" {
 		return nil, fmt.Errorf("events: invalid approver %q: use 1-128 of [A-Za-z0-9_-] (it is a subject token)", a.Who)
 	}
-	return b.PublishEvent(ctx, ApprovalEvent(source, step, a, granted))
+	ctx, done := b.Guard(ctx, SubjectPrefix+"."+a.RunID+".")
+	ack, err := b.PublishEvent(ctx, ApprovalEvent(source, step, a, granted))
+	return ack, done(err)
 }
 
 // PublishCancel publishes run.cancel: executors cancel the run's calls in flight and the
@@ -324,7 +330,9 @@ func (b *Bus) PublishCancel(ctx context.Context, source string, c toolbus.Cancel
 	if IdentityToken(c.Who) == "" {
 		return nil, fmt.Errorf("events: invalid canceller %q: use 1-128 of [A-Za-z0-9_-] (it is a subject token)", c.Who)
 	}
-	return b.PublishEvent(ctx, CancelEvent(source, c))
+	ctx, done := b.Guard(ctx, SubjectPrefix+"."+c.RunID+".")
+	ack, err := b.PublishEvent(ctx, CancelEvent(source, c))
+	return ack, done(err)
 }
 
 // CancelRequest returns the run.cancel event of a run, if one was published: the first

@@ -17,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/toolbus/toolbus/connect"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/store"
 	"github.com/toolbus/toolbus/internal/retry"
@@ -201,7 +202,13 @@ func (c Change) String() string { return c.Action + " " + c.Kind + " " + c.Name 
 //
 // The embedded server's single user is admin: `toolbus up` and tests call Setup; a
 // deployment with per-role credentials runs `toolbus init` once and its workers Open.
-func Setup(ctx context.Context, nc *nats.Conn, cfg events.Config, opts ...Option) (*events.Bus, []Change, error) {
+func Setup(ctx context.Context, nc *nats.Conn, cfg events.Config, opts ...Option) (_ *events.Bus, _ []Change, err error) {
+	// Credentials that are not the admin's are refused the first create: say so at
+	// once, naming them and the grant, rather than after the request's timeout.
+	perms := connect.WatchPermissions(nc)
+	perms.SetHint(events.GrantHint)
+	ctx, done := perms.Guard(ctx, "$JS.API.")
+	defer func() { err = done(err) }()
 	cfg = cfg.WithDefaults()
 	o := &setupOptions{workers: map[string]WorkerSettings{}}
 	for _, opt := range opts {

@@ -33,6 +33,11 @@ type ContractChangedError struct {
 }
 
 func (e *ContractChangedError) Error() string {
+	if e.Registered.Owner != "" && e.Offered.Owner != "" && e.Registered.Owner != e.Offered.Owner {
+		// Another team's tool: no version bump or replacement makes it this team's.
+		return fmt.Sprintf("%s: %s is owned by team %q (version %d); team %q may not offer it: serve it under another name, or an administrator moves the tool to your team",
+			ErrContractChanged, e.Tool, e.Registered.Owner, e.Registered.Version, e.Offered.Owner)
+	}
 	return fmt.Sprintf("%s: %s (registered: owner %q version %d; offered: owner %q version %d; bump the tool's Version or replace it on purpose with TOOLBUS_EXECUTOR_REPLACE_CONTRACTS=true)",
 		ErrContractChanged, e.Tool, e.Registered.Owner, e.Registered.Version, e.Offered.Owner, e.Offered.Version)
 }

@@ -264,6 +264,14 @@ func TestCatalogRefusesChangedContract(t *testing.T) {
 	if !errors.Is(err, store.ErrContractChanged) || !errors.As(err, &changed) || changed.Registered.Owner != "team-a" || changed.Offered.Owner != "team-b" {
 		t.Fatalf("changed contract: %v, want ErrContractChanged naming both owners", err)
 	}
+	// Another team's tool: the message names its owner and offers no bump or
+	// replacement, which would only end in a permission refusal.
+	if msg := err.Error(); !strings.Contains(msg, `owned by team "team-a"`) || strings.Contains(msg, "REPLACE_CONTRACTS") {
+		t.Fatalf("owner clash explained as %q", msg)
+	}
+	if same := (&store.ContractChangedError{Tool: "lookup", Registered: orig, Offered: orig}).Error(); !strings.Contains(same, "REPLACE_CONTRACTS") {
+		t.Fatalf("the owner's own change explained as %q", same)
+	}
 	if desc() != orig.Description || rev() != r0 {
 		t.Fatal("the refused contract was written")
 	}

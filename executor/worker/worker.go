@@ -392,7 +392,8 @@ func (w *Worker) Sync(ctx context.Context) error {
 func (w *Worker) publishTool(ctx context.Context, t executor.Tool) error {
 	c := t.Contract()
 	c.Owner = w.cfg.Team
-	err := w.bus.Store().PublishTool(ctx, c, w.cfg.ReplaceContracts)
+	pctx, done := w.bus.Guard(ctx, "$KV.")
+	err := done(w.bus.Store().PublishTool(pctx, c, w.cfg.ReplaceContracts))
 	var changed *store.ContractChangedError
 	if errors.As(err, &changed) {
 		w.cfg.Metrics.ContractRefused(t.Name)
@@ -473,8 +474,9 @@ func (w *Worker) heartbeat(ctx context.Context, served []string) (stop func(), e
 	start := time.Now()
 	in := store.Instance{Team: w.cfg.Team, Name: w.cfg.Instance, Boot: w.boot, Tools: served, Concurrency: w.cfg.Concurrency,
 		StartedAt: start.UTC(), HeartbeatAt: start.UTC()}
-	rev, err := w.bus.Store().PutInstance(ctx, in)
-	if err != nil {
+	pctx, guarded := w.bus.Guard(ctx, "$KV.")
+	rev, err := w.bus.Store().PutInstance(pctx, in)
+	if err = guarded(err); err != nil {
 		return nil, err
 	}
 	w.lease.renewed(start)
