@@ -55,4 +55,15 @@ func main() {
 	for _, u := range natsjwt.Users(nil, g) {
 		fmt.Printf("%-20s %s  %s  %s\n", u.Name, res.Creds[u.Name], res.Passwords[u.Name], res.Seeds[u.Name])
 	}
+	// What this run changed, and whom to hand what: a directory that held a
+	// deployment's keys keeps them and every credential whose permissions did not change.
+	for _, c := range res.Changes {
+		fmt.Printf("%-9s %s%s\n", c.What, c.User, handOut[c.What])
+	}
+}
+
+var handOut = map[string]string{
+	"new":     ": hand out its files; operator mode needs nothing on the server, users and nkeys a reload (nats-server --signal reload)",
+	"changed": ": hand out its new files (same password and nkey); reload the server (the old JWT is revoked once it loads the new account)",
+	"removed": ": its files are deleted; reload the server (users, nkeys; in operator mode its JWT is revoked)",
 }

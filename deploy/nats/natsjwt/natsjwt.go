@@ -9,8 +9,6 @@
 package natsjwt
 
 import (
-	"crypto/rand"
-	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"maps"
@@ -20,6 +18,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats-server/v2/conf"
@@ -286,6 +285,10 @@ type Result struct {
 	// toolbus-nats-<user> with the keys user, password and bcrypt, in the shape the
 	// manifests of deploy/k8s read (deploy/README.md, "Kubernetes").
 	K8sSecrets string
+	// Changes says, user by user, what this run did: a run on a directory that holds
+	// a deployment's keys keeps them and every credential whose permissions did not
+	// change.
+	Changes []Change
 }
 
 // Generate writes the credentials of the roles of permsFile, without teams (see
@@ -295,8 +298,14 @@ func Generate(permsFile, dir string) (Result, error) { return GenerateGrants(per
 // GenerateGrants writes, into dir, for every role of permsFile and every team and
 // bound client of g:
 // auth-jwt.conf and one <user>.creds; auth-users.conf and one <user>.password;
-// auth-nkeys.conf and one <user>.nk; plus the seeds of the operator and the account
-// (operator.nk, account.nk: keep them offline, they sign new users). The server
+// auth-nkeys.conf and one <user>.nk; plus the seeds of the operator, the system account
+// and the account (operator.nk, system.nk, account.nk: keep them offline, they sign new
+// users). A directory that already holds them is a deployment's: its keys, passwords
+// and nkeys are kept, a user whose permissions did not change keeps its .creds file
+// as it was, a user no longer granted is removed (its JWT revoked), and Result.Changes
+// says which is which. Adding a team or a bound client then needs nothing on a server
+// in operator mode; the users and nkeys configs need a reload (nats-server --signal
+// reload), which keeps every connection. The server
 // settings of auth-users.conf and auth-nkeys.conf are those of single.conf, next to
 // permsFile.
 func GenerateGrants(permsFile, dir string, g Grants, opts ...Option) (Result, error) {
@@ -332,18 +341,25 @@ func GenerateGrants(permsFile, dir string, g Grants, opts ...Option) (Result, er
 		return p, nil
 	}
 	res := Result{Creds: map[string]string{}, Passwords: map[string]string{}, Seeds: map[string]string{}}
-	if err := generateJWT(users, write, &res); err != nil {
+	kr := keyring{dir: dir}
+	revoked, err := kr.revocations()
+	if err != nil {
+		return Result{}, err
+	}
+	if res.Changes, err = kr.removed(users, revoked); err != nil {
+		return Result{}, err
+	}
+	if err := generateJWT(users, kr, revoked, write, &res); err != nil {
 		return Result{}, err
 	}
 
 	// User/password and nkeys: the same users, permissions inline.
 	var pwUsers, nkUsers, secrets strings.Builder
 	for _, u := range users {
-		b := make([]byte, 18)
-		if _, err := rand.Read(b); err != nil {
-			return Result{}, fmt.Errorf("natsjwt: %w", err)
+		pw, err := kr.password(u.Name)
+		if err != nil {
+			return Result{}, err
 		}
-		pw := base64.RawURLEncoding.EncodeToString(b)
 		hash, err := bcrypt.GenerateFromPassword([]byte(pw), o.bcryptCost)
 		if err != nil {
 			return Result{}, fmt.Errorf("natsjwt: %w", err)
@@ -355,15 +371,12 @@ func GenerateGrants(permsFile, dir string, g Grants, opts ...Option) (Result, er
 		// JSON strings are YAML double-quoted scalars: a bcrypt hash's "$" needs no escaping.
 		fmt.Fprintf(&secrets, "---\napiVersion: v1\nkind: Secret\nmetadata:\n  name: %q\n  namespace: toolbus\ntype: Opaque\nstringData:\n  user: %q\n  password: %q\n  bcrypt: %q\n",
 			"toolbus-nats-"+u.Name, u.Name, pw, hash)
-		kp, err := nkeys.CreateUser()
+		kp, err := kr.seed(u.Name+".nk", nkeys.CreateUser)
 		if err != nil {
-			return Result{}, fmt.Errorf("natsjwt: %w", err)
-		}
-		pub, _ := kp.PublicKey()
-		seed, _ := kp.Seed()
-		if res.Seeds[u.Name], err = write(u.Name+".nk", seed); err != nil {
 			return Result{}, err
 		}
+		pub, _ := kp.PublicKey()
+		res.Seeds[u.Name] = filepath.Join(dir, u.Name+".nk")
 		fmt.Fprintf(&nkUsers, "    # %s\n    {nkey: %q, permissions: %s}\n", u.Name, pub, confPermissions(u.Perms))
 	}
 	head := func(kind string) string {
@@ -411,18 +424,18 @@ func confPermissions(p Permissions) string {
 		list(p.PubAllow), list(p.PubDeny), list(p.SubAllow), list(p.SubDeny))
 }
 
-func generateJWT(users []User, write func(string, []byte) (string, error), res *Result) error {
-	okp, err := nkeys.CreateOperator()
+func generateJWT(users []User, kr keyring, revoked map[string]int64, write func(string, []byte) (string, error), res *Result) error {
+	okp, err := kr.seed("operator.nk", nkeys.CreateOperator)
 	if err != nil {
 		return err
 	}
 	opub, _ := okp.PublicKey()
-	skp, err := nkeys.CreateAccount()
+	skp, err := kr.seed("system.nk", nkeys.CreateAccount)
 	if err != nil {
 		return err
 	}
 	spub, _ := skp.PublicKey()
-	akp, err := nkeys.CreateAccount()
+	akp, err := kr.seed("account.nk", nkeys.CreateAccount)
 	if err != nil {
 		return err
 	}
@@ -444,26 +457,40 @@ func generateJWT(users []User, write func(string, []byte) (string, error), res *
 	ac := jwt.NewAccountClaims(apub)
 	ac.Name = "TOOLBUS"
 	ac.Limits.JetStreamLimits = jwt.JetStreamLimits{MemoryStorage: -1, DiskStorage: -1, Streams: -1, Consumer: -1}
-	accJWT, err := ac.Encode(okp)
-	if err != nil {
-		return err
-	}
 	res.Operator, res.System, res.Account = opub, spub, apub
 	for _, u := range users {
+		res.Creds[u.Name] = filepath.Join(kr.dir, u.Name+".creds")
+		old, existed := kr.userJWT(u.Name)
+		if existed && old.Issuer == apub && samePermissions(old, u.Perms) {
+			res.Changes = append(res.Changes, Change{User: u.Name, What: "unchanged"})
+			continue
+		}
+		what := "new"
+		if existed {
+			// Its permissions changed: the old JWT, which carries the old ones, is
+			// revoked (once the servers load the new account JWT).
+			what = "changed"
+			revoked[old.Subject] = time.Now().Unix()
+		}
 		creds, err := userCreds(u, akp)
 		if err != nil {
 			return err
 		}
-		if res.Creds[u.Name], err = write(u.Name+".creds", creds); err != nil {
+		if _, err = write(u.Name+".creds", creds); err != nil {
+			return err
+		}
+		res.Changes = append(res.Changes, Change{User: u.Name, What: what})
+	}
+	for key, at := range revoked {
+		ac.RevokeAt(key, time.Unix(at, 0))
+	}
+	if b, _ := json.MarshalIndent(revoked, "", "  "); len(revoked) > 0 {
+		if _, err := write(revocationsFile, b); err != nil {
 			return err
 		}
 	}
-	oseed, _ := okp.Seed()
-	aseed, _ := akp.Seed()
-	if _, err := write("operator.nk", oseed); err != nil {
-		return err
-	}
-	if _, err := write("account.nk", aseed); err != nil {
+	accJWT, err := ac.Encode(okp)
+	if err != nil {
 		return err
 	}
 	cfg := fmt.Sprintf(`# Operator/JWT mode for toolbus, written by go run ./deploy/nats/gen: one account

@@ -1,0 +1,156 @@
+package natsjwt
+
+import (
+	"crypto/rand"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/nats-io/jwt/v2"
+	"github.com/nats-io/nkeys"
+)
+
+// Change is what one run of GenerateGrants did to a user's credentials, so that an
+// administrator knows whom to hand what: a run that adds a team or grants a tool
+// touches only that tenant's credentials.
+type Change struct {
+	User string
+	// What: "new" (first issued), "changed" (its permissions changed: hand out the new
+	// files, reload the server for users and nkeys), "unchanged" (its files are as they
+	// were) or "removed" (its files deleted; in operator mode its JWT is revoked).
+	What string
+}
+
+// keyring keeps the secrets of a deployment in its output directory: the operator's,
+// the system account's and the toolbus account's seeds, and each user's password and
+// nkey seed. A second run of GenerateGrants on the same directory reuses them, so the
+// account keeps its identity (JetStream stores its streams under the account's public
+// key: a new account would hide the audit trail) and every user keeps its credentials.
+type keyring struct {
+	dir string
+}
+
+// seed returns the key pair kept in file, creating and keeping a new one with create
+// when the file does not exist.
+func (k keyring) seed(file string, create func() (nkeys.KeyPair, error)) (nkeys.KeyPair, error) {
+	p := filepath.Join(k.dir, file)
+	b, err := os.ReadFile(p)
+	switch {
+	case err == nil:
+		kp, err := nkeys.FromSeed([]byte(strings.TrimSpace(string(b))))
+		if err != nil {
+			return nil, fmt.Errorf("natsjwt: %s: %w", p, err)
+		}
+		return kp, nil
+	case !errors.Is(err, os.ErrNotExist):
+		return nil, fmt.Errorf("natsjwt: %w", err)
+	}
+	kp, err := create()
+	if err != nil {
+		return nil, fmt.Errorf("natsjwt: %w", err)
+	}
+	s, _ := kp.Seed()
+	if err := os.WriteFile(p, s, 0o600); err != nil {
+		return nil, fmt.Errorf("natsjwt: %w", err)
+	}
+	return kp, nil
+}
+
+// password returns the password kept for user, or a new random one (not yet kept: the
+// caller writes it with the rest of the user's files).
+func (k keyring) password(user string) (string, error) {
+	if b, err := os.ReadFile(filepath.Join(k.dir, user+".password")); err == nil && len(b) > 0 {
+		return string(b), nil
+	}
+	b := make([]byte, 18)
+	if _, err := rand.Read(b); err != nil {
+		return "", fmt.Errorf("natsjwt: %w", err)
+	}
+	return base64.RawURLEncoding.EncodeToString(b), nil
+}
+
+// userJWT returns the claims of the JWT in user's kept credentials file, if any.
+func (k keyring) userJWT(user string) (*jwt.UserClaims, bool) {
+	b, err := os.ReadFile(filepath.Join(k.dir, user+".creds"))
+	if err != nil {
+		return nil, false
+	}
+	tok, err := jwt.ParseDecoratedJWT(b)
+	if err != nil {
+		return nil, false
+	}
+	uc, err := jwt.DecodeUserClaims(tok)
+	if err != nil {
+		return nil, false
+	}
+	return uc, true
+}
+
+// samePermissions reports whether uc carries exactly p.
+func samePermissions(uc *jwt.UserClaims, p Permissions) bool {
+	eq := func(a jwt.StringList, b []string) bool {
+		return slices.Equal([]string(a), b) || (len(a) == 0 && len(b) == 0)
+	}
+	return eq(uc.Pub.Allow, p.PubAllow) && eq(uc.Pub.Deny, p.PubDeny) && eq(uc.Sub.Allow, p.SubAllow) && eq(uc.Sub.Deny, p.SubDeny)
+}
+
+// revocationsFile keeps the user keys revoked in operator mode (removed users), which
+// every account JWT this directory issues carries.
+const revocationsFile = "revocations.json"
+
+func (k keyring) revocations() (map[string]int64, error) {
+	r := map[string]int64{}
+	b, err := os.ReadFile(filepath.Join(k.dir, revocationsFile))
+	if errors.Is(err, os.ErrNotExist) {
+		return r, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("natsjwt: %w", err)
+	}
+	if err := json.Unmarshal(b, &r); err != nil {
+		return nil, fmt.Errorf("natsjwt: %s: %w", revocationsFile, err)
+	}
+	return r, nil
+}
+
+// removed deletes the files of the users kept in the directory that are not in users,
+// revoking their JWTs, and returns their changes.
+func (k keyring) removed(users []User, revoked map[string]int64) ([]Change, error) {
+	keep := map[string]bool{}
+	for _, u := range users {
+		keep[u.Name] = true
+	}
+	files, err := filepath.Glob(filepath.Join(k.dir, "*.password"))
+	if err != nil {
+		return nil, fmt.Errorf("natsjwt: %w", err)
+	}
+	var out []Change
+	for _, f := range files {
+		name := strings.TrimSuffix(filepath.Base(f), ".password")
+		if keep[name] {
+			continue
+		}
+		if uc, ok := k.userJWT(name); ok {
+			revoked[uc.Subject] = time.Now().Unix()
+		}
+		for _, ext := range []string{".password", ".nk", ".creds"} {
+			if err := os.Remove(filepath.Join(k.dir, name+ext)); err != nil && !errors.Is(err, os.ErrNotExist) {
+				return nil, fmt.Errorf("natsjwt: %w", err)
+			}
+		}
+		out = append(out, Change{User: name, What: "removed"})
+	}
+	if len(out) > 0 {
+		b, _ := json.MarshalIndent(revoked, "", "  ")
+		if err := os.WriteFile(filepath.Join(k.dir, revocationsFile), b, 0o600); err != nil {
+			return nil, fmt.Errorf("natsjwt: %w", err)
+		}
+	}
+	return out, nil
+}
