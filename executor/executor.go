@@ -73,6 +73,7 @@ func New(reg *Registry, opts ...Option) (*Executor, error) {
 			return nil, err
 		}
 	}
+	e.log = slog.New(&redactHandler{h: e.log.Handler(), sv: e.secrets})
 	return e, nil
 }
 
@@ -82,7 +83,8 @@ func WithAuthorizer(a Authorizer) Option {
 }
 
 // WithLogger sets the logger for panics (with their stacks, at error level) and for
-// tools that outlive their timeout; nil keeps slog.Default().
+// tools that outlive their timeout; nil keeps slog.Default(). What the executor logs is
+// redacted as results are (WithSecrets, RedactText).
 func WithLogger(l *slog.Logger) Option {
 	return func(e *Executor) error {
 		if l != nil {
@@ -349,7 +351,8 @@ func (c *call) run(ctx context.Context, start time.Time, callID string, args jso
 	}
 
 	cctx := &callCtx{parent: ctx, deadline: deadline, lastBeat: time.Now()}
-	cctx.sink, _ = ctx.Value(progressSinkKey{}).(ProgressSink)
+	sink, _ := ctx.Value(progressSinkKey{}).(ProgressSink)
+	cctx.sink = c.e.secretValues().sink(sink)
 	st.ctx, st.ent, st.callID, st.args, st.sem, st.log = cctx, ent, callID, args, sem, c.e.log
 	go st.run()
 	if !c.await(ctx, st, cctx, timer, ownDeadline, timeout) {
