@@ -156,7 +156,9 @@ func TestSecretsRedactedInEncodings(t *testing.T) {
 	secret := fake("s3cr3t/", "p@ss w0rd", "+?&")
 	other := base64.StdEncoding.EncodeToString([]byte("user:password"))
 	ex := printer(t, secret)
-	b64 := func(enc *base64.Encoding, prefix string) string { return enc.EncodeToString([]byte(prefix + secret + "\n")) }
+	b64 := func(enc *base64.Encoding, prefix string) string {
+		return enc.EncodeToString([]byte(prefix + secret + "\n"))
+	}
 	forms := map[string]string{
 		"basic header":        "Authorization: Basic " + b64(base64.StdEncoding, "user:"),
 		"base64 offset 0":     b64(base64.StdEncoding, ""),
