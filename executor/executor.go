@@ -146,6 +146,11 @@ func (e *Executor) secretValues() secretValues {
 	return e.secrets
 }
 
+// Logger returns the executor's logger: the one of WithLogger, redacting every line as
+// results are (WithSecrets, RedactText). Give it to what logs beside the executor (the
+// bus worker, MCP servers' tools), so their log lines are redacted too.
+func (e *Executor) Logger() *slog.Logger { return e.log }
+
 // Registry returns the registry the executor serves.
 func (e *Executor) Registry() *Registry { return e.reg }
 

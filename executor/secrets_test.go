@@ -6,6 +6,7 @@ import (
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"log/slog"
 	"maps"
 	"net/url"
@@ -256,6 +257,13 @@ func TestSecretsRedactedInLogs(t *testing.T) {
 	}
 	if leaks(buf.String(), secret) || !strings.Contains(buf.String(), "cannot log in with "+executor.Redacted) {
 		t.Fatalf("the panic value reached the log unredacted: %s", buf.String())
+	}
+	// What logs beside the executor (the bus worker, MCP servers) gets the same logger.
+	buf.Reset()
+	ex.Logger().With("server", "db").WithGroup("mcp").Warn("connection ended: "+secret, "error", errors.New("auth "+secret),
+		slog.Group("headers", "authorization", "Basic "+base64.StdEncoding.EncodeToString([]byte("u:"+secret))))
+	if leaks(buf.String(), secret) || strings.Count(buf.String(), executor.Redacted) != 3 {
+		t.Fatalf("Logger() let the secret through: %s", buf.String())
 	}
 }
 

@@ -116,6 +116,8 @@ func runExecutor(ctx context.Context, cfg Config, bus *events.Bus, log *slog.Log
 	if err != nil {
 		return err
 	}
+	// The worker and the MCP servers log what the executor does: redacted alike.
+	log = exec.Logger()
 	w, err := worker.New(bus, exec, worker.Config{
 		WorkerConfig: cfg.worker(log), Tools: cfg.ExecutorTools, Team: cfg.Team, ReplaceContracts: cfg.ReplaceContracts,
 		ProgressInterval: cfg.ProgressInterval, ParkAfter: cfg.ParkAfter,
