@@ -22,7 +22,7 @@ func (sv secretValues) split(v any) (any, int) {
 		return v, 0
 	}
 	var strs []string
-	v = walkStrings(v, func(s string) string { strs = append(strs, s); return s })
+	walkStrings(v, func(s string) (string, bool) { strs = append(strs, s); return s, false })
 	if len(strs) < 2 {
 		return v, 0
 	}
@@ -31,10 +31,10 @@ func (sv secretValues) split(v any) (any, int) {
 		return v, 0
 	}
 	i := 0
-	v = walkStrings(v, func(s string) string {
+	v = walkStrings(v, func(s string) (string, bool) {
 		c := cuts[i]
 		i++
-		return cutOut(s, c)
+		return cutOut(s, c), len(c) > 0
 	})
 	return v, n
 }
@@ -111,18 +111,33 @@ func cutOut(s string, ranges [][2]int) string {
 }
 
 // walkStrings calls f on every string value of v (not object keys), in the canonical
-// order, and puts back what f returns.
-func walkStrings(v any, f func(string) string) any {
+// order, and puts back what f returns when it reports a change (boxing an unchanged
+// string again would allocate).
+func walkStrings(v any, f func(string) (string, bool)) any {
 	switch x := v.(type) {
 	case string:
-		return f(x)
+		if s, changed := f(x); changed {
+			return s
+		}
 	case []any:
 		for i, e := range x {
-			x[i] = walkStrings(e, f)
+			if s, ok := e.(string); ok {
+				if s, changed := f(s); changed {
+					x[i] = s
+				}
+				continue
+			}
+			walkStrings(e, f)
 		}
 	case map[string]any:
 		for _, k := range slices.Sorted(maps.Keys(x)) {
-			x[k] = walkStrings(x[k], f)
+			if s, ok := x[k].(string); ok {
+				if s, changed := f(s); changed {
+					x[k] = s
+				}
+				continue
+			}
+			walkStrings(x[k], f)
 		}
 	}
 	return v
