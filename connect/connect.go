@@ -111,9 +111,9 @@ func Dial(ctx context.Context, o Options, name string, log *slog.Logger) (*nats.
 
 // Secrets are the values of o's credentials: the password and token, the nkey seed and
 // the credentials file's JWT and seed (not the file's "-----BEGIN ..." armour and
-// prose). An executor redacts them from every tool output by value
-// (executor.WithSecrets): a tool that prints its environment or a file it found must not
-// hand them to the model, the stream or the console. An unreadable file adds nothing
+// prose). An executor redacts them, and their hex, URL and base64 encodings, from every
+// text a tool influences (executor.WithSecrets): a tool that prints its environment or a
+// file it found must not hand them to the model, the stream or the console. An unreadable file adds nothing
 // (the connection reports it).
 func (o Options) Secrets() []string {
 	out := []string{o.Password, o.Token}

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/toolbus/toolbus/internal/door"
@@ -20,8 +21,10 @@ import (
 // TOOLBUS_CONSOLE_USERS_FILE or TOOLBUS_CONSOLE_USERS. A script sends its token as
 // "Authorization: Bearer"; a browser signs in once on /login with its token and gets a
 // session cookie (HttpOnly, SameSite=Strict, signed with a key of this process) that
-// names the user and the hash of the token it signed in with, so deleting the user's line
-// ends their sessions too. Every page and the live stream need a user, unless
+// names the user, the hash of the token it signed in with (so deleting the user's line
+// ends their sessions too) and a random session id that this process keeps until the
+// session signs out (POST /logout) or expires: a cookie replayed after sign-out is
+// refused, whatever its signature and expiry say. Every page and the live stream need a user, unless
 // TOOLBUS_CONSOLE_PUBLIC_READ opens reading to anyone who reaches the console; approve,
 // deny and cancel always need one, and record the user as the actor.
 //
@@ -42,6 +45,49 @@ type auth struct {
 	publicRead bool
 	key        []byte // HMAC key of the session cookies, per process
 	hosts      door.HostPolicy
+	live       liveSessions
+}
+
+// liveSessions are the ids of the browser sessions signed in and not signed out, with
+// their expiry.
+type liveSessions struct {
+	mu  sync.Mutex
+	exp map[string]time.Time
+}
+
+// add records a new session id valid until exp, dropping the expired ones.
+func (l *liveSessions) add(exp time.Time) string {
+	b := make([]byte, 16)
+	_, _ = rand.Read(b) // crypto/rand.Read never fails
+	id := base64.RawURLEncoding.EncodeToString(b)
+	now := time.Now()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.exp == nil {
+		l.exp = map[string]time.Time{}
+	}
+	for k, e := range l.exp {
+		if now.After(e) {
+			delete(l.exp, k)
+		}
+	}
+	l.exp[id] = exp
+	return id
+}
+
+// ok reports whether the session id is signed in and not expired.
+func (l *liveSessions) ok(id string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	e, ok := l.exp[id]
+	return ok && time.Now().Before(e)
+}
+
+// end signs the session id out.
+func (l *liveSessions) end(id string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	delete(l.exp, id)
 }
 
 type ctxUserKey struct{}
@@ -71,9 +117,9 @@ func (a *auth) identify(r *http.Request) (door.Identity, bool) {
 	if err != nil {
 		return door.Identity{}, false
 	}
-	name, hash, ok := a.verifySession(c.Value)
-	if !ok {
-		return door.Identity{}, false
+	name, hash, sid, ok := a.verifySession(c.Value)
+	if !ok || !a.live.ok(sid) {
+		return door.Identity{}, false // forged, expired or signed out
 	}
 	id, ok := list.LookupHash(hash)
 	if !ok || id.Name != name {
@@ -82,9 +128,11 @@ func (a *auth) identify(r *http.Request) (door.Identity, bool) {
 	return id, true
 }
 
-// session returns a cookie value for user, signed in with token hash hash.
+// session starts a session of user, signed in with token hash hash, and returns its
+// cookie value.
 func (a *auth) session(name string, hash [sha256.Size]byte, exp time.Time) string {
-	payload := strings.Join([]string{base64.RawURLEncoding.EncodeToString([]byte(name)), hex.EncodeToString(hash[:]), strconv.FormatInt(exp.Unix(), 10)}, ".")
+	sid := a.live.add(exp)
+	payload := strings.Join([]string{base64.RawURLEncoding.EncodeToString([]byte(name)), hex.EncodeToString(hash[:]), strconv.FormatInt(exp.Unix(), 10), sid}, ".")
 	return payload + "." + a.mac(payload)
 }
 
@@ -94,24 +142,25 @@ func (a *auth) mac(payload string) string {
 	return base64.RawURLEncoding.EncodeToString(m.Sum(nil))
 }
 
-// verifySession checks a cookie value's signature and expiry.
-func (a *auth) verifySession(v string) (name string, hash [sha256.Size]byte, ok bool) {
+// verifySession checks a cookie value's signature and expiry and returns its user,
+// token hash and session id (which the caller checks is still signed in).
+func (a *auth) verifySession(v string) (name string, hash [sha256.Size]byte, sid string, ok bool) {
 	i := strings.LastIndexByte(v, '.')
 	if i < 0 || !hmac.Equal([]byte(a.mac(v[:i])), []byte(v[i+1:])) {
-		return "", hash, false
+		return "", hash, "", false
 	}
 	f := strings.Split(v[:i], ".")
-	if len(f) != 3 {
-		return "", hash, false
+	if len(f) != 4 {
+		return "", hash, "", false
 	}
 	n, err1 := base64.RawURLEncoding.DecodeString(f[0])
 	h, err2 := hex.DecodeString(f[1])
 	exp, err3 := strconv.ParseInt(f[2], 10, 64)
 	if err1 != nil || err2 != nil || err3 != nil || len(h) != sha256.Size || time.Now().Unix() > exp {
-		return "", hash, false
+		return "", hash, "", false
 	}
 	copy(hash[:], h)
-	return string(n), hash, true
+	return string(n), hash, f[3], true
 }
 
 // wrap applies the Host check, cross-origin protection and authentication to next:
@@ -186,8 +235,14 @@ func (c *server) login(w http.ResponseWriter, r *http.Request) {
 	http.Redirect(w, r, next, http.StatusSeeOther)
 }
 
-// logout clears the session cookie.
+// logout ends the session on the server (its cookie is refused from now on, even
+// replayed) and clears the cookie.
 func (c *server) logout(w http.ResponseWriter, r *http.Request) {
+	if ck, err := r.Cookie(consoleCookie); err == nil {
+		if _, _, sid, ok := c.auth.verifySession(ck.Value); ok {
+			c.auth.live.end(sid)
+		}
+	}
 	http.SetCookie(w, &http.Cookie{Name: consoleCookie, Value: "", Path: "/", MaxAge: -1, HttpOnly: true, SameSite: http.SameSiteStrictMode})
 	http.Redirect(w, r, "/login", http.StatusSeeOther)
 }

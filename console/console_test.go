@@ -289,6 +289,35 @@ func TestConsoleHTTP(t *testing.T) {
 		_, body = get(t, rw.URL+"/runs/c-http", users["frank"])
 		wantContains(t, "run page after the decision", body, `denied by <b class="decided-by">erin</b>: <q class="decided-why">change freeze</q>`)
 	})
+	t.Run("sign-out ends the session on the server", func(t *testing.T) {
+		code, _, resp := request(t, http.MethodPost, rw.URL+"/login", "", url.Values{"token": {erin}}, nil)
+		var session *http.Cookie
+		for _, c := range resp.Cookies() {
+			if c.Name == consoleCookie {
+				session = c
+			}
+		}
+		if code != http.StatusSeeOther || session == nil {
+			t.Fatalf("sign-in: %d, cookie %v", code, session)
+		}
+		withCookie := func(r *http.Request) { r.AddCookie(session) }
+		if code, _, _ := request(t, http.MethodGet, rw.URL+"/", "", nil, withCookie); code != http.StatusOK {
+			t.Fatalf("GET / with erin's session: %d", code)
+		}
+		if code, _, _ := request(t, http.MethodPost, rw.URL+"/logout", "", url.Values{}, withCookie); code != http.StatusSeeOther {
+			t.Fatalf("sign-out: %d, want 303", code)
+		}
+		// The browser dropped the cookie; whoever kept a copy replays it.
+		if code, _, _ := request(t, http.MethodGet, rw.URL+"/", "", nil, withCookie); code != http.StatusUnauthorized {
+			t.Fatalf("GET / with the signed-out cookie replayed: %d, want 401", code)
+		}
+		if code, _, _ := request(t, http.MethodPost, rw.URL+"/runs/c-none/cancel", "", url.Values{}, withCookie); code != http.StatusUnauthorized {
+			t.Fatalf("POST with the signed-out cookie replayed: %d, want 401", code)
+		}
+		if code, _ := get(t, rw.URL+"/", erin); code != http.StatusOK {
+			t.Fatalf("erin's token after her browser signed out: %d (sign-out ends the session, not the token)", code)
+		}
+	})
 	t.Run("browser session", func(t *testing.T) {
 		code, body, resp := request(t, http.MethodPost, rw.URL+"/login", "", url.Values{"token": {"tbk_wrong"}}, nil)
 		if code != http.StatusUnauthorized || len(resp.Cookies()) != 0 {

@@ -63,3 +63,27 @@ func BenchmarkExecuteTyped(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkRedactSecrets measures the redaction of a 16 KiB JSON output (200 strings)
+// by three secrets, each with its encodings and the split check: the cost WithSecrets
+// adds to every result of the executor role.
+func BenchmarkRedactSecrets(b *testing.B) {
+	lines := make([]string, 200)
+	for i := range lines {
+		lines[i] = "2026-12-05T10:00:00Z auth-api: request served in 12ms, pool 7/64, ok " + string(rune('a'+i%26))
+	}
+	reg := executor.NewRegistry()
+	if err := reg.Register(executor.Tool{Name: "logs", InputSchema: json.RawMessage(`{"type":"object"}`),
+		Func: func(context.Context, json.RawMessage) (any, error) { return map[string]any{"lines": lines}, nil }}); err != nil {
+		b.Fatal(err)
+	}
+	ex := testutil.Must(executor.New(reg, executor.WithSecrets("n4ts-PwPwPwPwPwPw", "sk-not-a-real-key-0123456789abcdef", "s3cr3t/p@ss w0rd")))
+	ctx := context.Background()
+	call := toolbus.ToolCall{CallID: "call_1", Tool: "logs", Arguments: `{}`}
+	b.ReportAllocs()
+	for b.Loop() {
+		if res := ex.Execute(ctx, call, toolbus.Principal{}); res.Status != toolbus.StatusSucceeded || res.Redactions != 0 {
+			b.Fatalf("status %s, %d redactions", res.Status, res.Redactions)
+		}
+	}
+}

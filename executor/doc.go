@@ -87,7 +87,14 @@
 // # Redaction
 //
 // Secrets are replaced with "[REDACTED]" in Output, Content, error messages and error
-// details, and ToolResult.Redactions counts the replacements. Error messages are also
+// details, and ToolResult.Redactions counts the replacements; progress messages
+// (Progress) and what the executor logs (a tool's panic value) go through the same
+// redaction. The values of WithSecrets are matched as they are and in their hex, URL
+// (query and path escaping) and base64 (standard and URL alphabets, at any alignment
+// inside a longer encoded text) encodings, in every string, and across adjacent string
+// values of one JSON output or details (a secret split into two fields or elements is
+// replaced piece by piece); a secret split across two payloads or encoded otherwise is
+// not found. Error messages are also
 // cut at anything that looks like a Go stack trace ("goroutine N [", "file.go:12"). RedactText finds bearer
 // and basic credentials, OpenAI and Anthropic keys (sk-..., sk-ant-...), GitHub tokens
 // (ghp_, gho_, ghu_, ghs_, ghr_, github_pat_), Slack tokens (xox?-, xapp-), AWS access

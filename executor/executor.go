@@ -73,6 +73,7 @@ func New(reg *Registry, opts ...Option) (*Executor, error) {
 			return nil, err
 		}
 	}
+	e.log = slog.New(&redactHandler{h: e.log.Handler(), sv: e.secrets})
 	return e, nil
 }
 
@@ -82,7 +83,8 @@ func WithAuthorizer(a Authorizer) Option {
 }
 
 // WithLogger sets the logger for panics (with their stacks, at error level) and for
-// tools that outlive their timeout; nil keeps slog.Default().
+// tools that outlive their timeout; nil keeps slog.Default(). What the executor logs is
+// redacted as results are (WithSecrets, RedactText).
 func WithLogger(l *slog.Logger) Option {
 	return func(e *Executor) error {
 		if l != nil {
@@ -143,6 +145,11 @@ func (e *Executor) secretValues() secretValues {
 	}
 	return e.secrets
 }
+
+// Logger returns the executor's logger: the one of WithLogger, redacting every line as
+// results are (WithSecrets, RedactText). Give it to what logs beside the executor (the
+// bus worker, MCP servers' tools), so their log lines are redacted too.
+func (e *Executor) Logger() *slog.Logger { return e.log }
 
 // Registry returns the registry the executor serves.
 func (e *Executor) Registry() *Registry { return e.reg }
@@ -349,7 +356,8 @@ func (c *call) run(ctx context.Context, start time.Time, callID string, args jso
 	}
 
 	cctx := &callCtx{parent: ctx, deadline: deadline, lastBeat: time.Now()}
-	cctx.sink, _ = ctx.Value(progressSinkKey{}).(ProgressSink)
+	sink, _ := ctx.Value(progressSinkKey{}).(ProgressSink)
+	cctx.sink = c.e.secretValues().sink(sink)
 	st.ctx, st.ent, st.callID, st.args, st.sem, st.log = cctx, ent, callID, args, sem, c.e.log
 	go st.run()
 	if !c.await(ctx, st, cctx, timer, ownDeadline, timeout) {

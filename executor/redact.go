@@ -1,6 +1,9 @@
 package executor
 
 import (
+	"encoding/base64"
+	"encoding/hex"
+	"net/url"
 	"regexp"
 	"slices"
 	"strings"
@@ -207,24 +210,66 @@ func RedactText(s string) (string, int) {
 // also match ordinary words and numbers.
 const MinSecretLen = 8
 
-// secretValues are exact values to redact wherever they occur (WithSecrets).
+// secretValues are the exact texts to redact wherever they occur (WithSecrets): each
+// secret's value and its encodings (secretForms), longest first.
 type secretValues []string
 
-// newSecretValues keeps the values of at least MinSecretLen bytes, longest first (a
-// secret that contains another is replaced whole).
+// newSecretValues keeps the values of at least MinSecretLen bytes and adds their
+// encodings, longest first (a form that contains another is replaced whole).
 func newSecretValues(values []string) secretValues {
 	var out secretValues
 	for _, v := range values {
-		if len(v) >= MinSecretLen && !slices.Contains(out, v) {
-			out = append(out, v)
+		if len(v) < MinSecretLen || strings.Contains(Redacted, v) {
+			continue
+		}
+		for _, f := range secretForms(v) {
+			if len(f) >= MinSecretLen && !slices.Contains(out, f) {
+				out = append(out, f)
+			}
 		}
 	}
-	slices.SortFunc(out, func(a, b string) int { return len(b) - len(a) })
+	slices.SortStableFunc(out, func(a, b string) int { return len(b) - len(a) })
 	return out
+}
+
+// secretForms returns v and the forms a tool prints it in: hexadecimal (lower and upper
+// case), URL encoding (query and path escaping) and base64 (standard and URL alphabets).
+// A value base64-encoded inside a longer text (a "user:secret" header, a file) is
+// encoded at one of three alignments; each form is the part of the encoding that only
+// the value's bytes decide (the characters that mix in a neighbour's bits are left
+// out), so it is found whatever surrounds the value.
+func secretForms(v string) []string {
+	h := hex.EncodeToString([]byte(v))
+	forms := []string{v, h, strings.ToUpper(h), url.QueryEscape(v), url.PathEscape(v)}
+	for _, enc := range []*base64.Encoding{base64.RawStdEncoding, base64.RawURLEncoding} {
+		for k := range 3 {
+			forms = append(forms, base64Core(enc, v, k))
+		}
+	}
+	return forms
+}
+
+// base64Core returns the characters of the base64 encoding of v, preceded by k bytes,
+// that depend on v's bytes alone.
+func base64Core(enc *base64.Encoding, v string, k int) string {
+	b := enc.EncodeToString(append(make([]byte, k, k+len(v)), v...))
+	start := [3]int{0, 2, 3}[k] // the first characters hold bits of the k bytes before
+	end := len(b)
+	if (k+len(v))%3 != 0 {
+		end-- // the last character holds bits of the byte after v
+	}
+	return b[start:end]
 }
 
 // text replaces the secret values in s, then what RedactText finds.
 func (sv secretValues) text(s string) (string, int) {
+	s, n := sv.literal(s)
+	s, m := RedactText(s)
+	return s, n + m
+}
+
+// literal replaces the secret values (and their encodings) in s.
+func (sv secretValues) literal(s string) (string, int) {
 	n := 0
 	for _, v := range sv {
 		if c := strings.Count(s, v); c > 0 {
@@ -232,8 +277,18 @@ func (sv secretValues) text(s string) (string, int) {
 			n += c
 		}
 	}
-	s, m := RedactText(s)
-	return s, n + m
+	return s, n
+}
+
+// sink returns s with each report's message redacted as results are (nil for nil).
+func (sv secretValues) sink(s ProgressSink) ProgressSink {
+	if s == nil {
+		return nil
+	}
+	return func(r ProgressReport) {
+		r.Message, _ = sv.text(r.Message)
+		s(r)
+	}
 }
 
 // redactValue redacts a decoded JSON value (map[string]any, []any, string, json.Number,

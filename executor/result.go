@@ -77,6 +77,8 @@ func (c *call) structured(b []byte) {
 		return
 	}
 	v, n := redactValue(v, c.ent.redact, c.e.secretValues())
+	v, m := c.e.secretValues().split(v)
+	n += m
 	canon := appendCanonical(make([]byte, 0, len(b)+len(b)/8), v)
 	c.succeed(canon, string(canon), n)
 }
@@ -127,6 +129,8 @@ func (c *call) fail(status toolbus.Status, code, msg string, retryable bool, det
 		if b, err := marshalJSON(details); err == nil {
 			if v, err := decodeJSON(b); err == nil && v != nil {
 				v, n := redactValue(v, keys, c.e.secretValues())
+				v, m := c.e.secretValues().split(v)
+				n += m
 				if b := appendCanonical(nil, v); len(b) <= maxDetailsBytes {
 					te.Details = b
 					r.Redactions += n

@@ -3,6 +3,8 @@ package mcpserver
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"log/slog"
@@ -19,7 +21,7 @@ import (
 
 // The HTTP door of `toolbus mcp --http`, outermost first: the Host header (DNS
 // rebinding), the Origin header (a browser page of another site), the bearer token
-// (401 without one that the access list knows), the session cap, then go-sdk's
+// (401 without one that the access list knows), the session caps (sessions.go), then go-sdk's
 // streamable HTTP handler with an idle timeout, whose answers to cancelled requests are
 // dropped.
 
@@ -35,9 +37,11 @@ type HTTPConfig struct {
 	AllowedOrigins []string
 	// SessionTimeout closes a session idle this long.
 	SessionTimeout time.Duration
-	// MaxSessions caps the live sessions; initialize beyond it is answered 503.
-	MaxSessions int
-	Logger      *slog.Logger
+	// MaxSessions caps the live sessions of all tokens, MaxSessionsPerToken those of
+	// each token (0: no cap); see sessionCaps for who gives up a session and who gets
+	// 503.
+	MaxSessions, MaxSessionsPerToken int
+	Logger                           *slog.Logger
 }
 
 // HTTPHandler returns the streamable HTTP handler of srv behind the door of cfg: every
@@ -48,15 +52,18 @@ func HTTPHandler(srv *mcp.Server, cfg HTTPConfig) http.Handler {
 		SessionTimeout: cfg.SessionTimeout, Logger: cfg.Logger,
 	})
 	var next http.Handler = dropCancelledAnswers(h)
-	next = sessionCap(srv, cfg.MaxSessions, next)
+	caps := &sessionCaps{srv: srv, max: cfg.MaxSessions, perToken: cfg.MaxSessionsPerToken, live: map[string]capEntry{}}
+	next = caps.handler(next)
 	verify := func(_ context.Context, token string, _ *http.Request) (*auth.TokenInfo, error) {
 		id, ok := cfg.Access.Current().Lookup(token)
 		if !ok {
 			return nil, fmt.Errorf("%w: unknown token", auth.ErrInvalidToken)
 		}
-		// UserID ties a session to its principal: the SDK refuses a session id presented
-		// with another principal's token.
-		return &auth.TokenInfo{UserID: id.Name, Extra: map[string]any{"teams": id.Teams}}, nil
+		// UserID ties a session to the token that opened it (its hash, not its name):
+		// the SDK refuses a session id presented with any other token (403).
+		sum := sha256.Sum256([]byte(token))
+		return &auth.TokenInfo{UserID: "sha256:" + hex.EncodeToString(sum[:]),
+			Extra: map[string]any{"principal": id.Name, "teams": id.Teams}}, nil
 	}
 	next = auth.RequireBearerToken(verify, &auth.RequireBearerTokenOptions{AllowMissingExpiration: true})(next)
 	hosts := door.NewHostPolicy(cfg.Listen, cfg.AllowedHosts)
@@ -72,25 +79,6 @@ func HTTPHandler(srv *mcp.Server, cfg HTTPConfig) http.Handler {
 		if !door.OriginOK(r, cfg.AllowedOrigins) {
 			http.Error(w, fmt.Sprintf("forbidden Origin %q: add it to TOOLBUS_MCP_ALLOWED_ORIGINS to allow a browser client of that site", r.Header.Get("Origin")), http.StatusForbidden)
 			return
-		}
-		next.ServeHTTP(w, r)
-	})
-}
-
-// sessionCap answers a new session (a request without Mcp-Session-Id) 503 while max
-// sessions live: each costs memory until it ends or idles out.
-func sessionCap(srv *mcp.Server, max int, next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if max > 0 && r.Method == http.MethodPost && r.Header.Get("Mcp-Session-Id") == "" {
-			n := 0
-			for range srv.Sessions() {
-				n++
-			}
-			if n >= max {
-				w.Header().Set("Retry-After", "10")
-				http.Error(w, fmt.Sprintf("too many MCP sessions (%d): close one or wait for idle ones to time out (TOOLBUS_MCP_MAX_SESSIONS)", n), http.StatusServiceUnavailable)
-				return
-			}
 		}
 		next.ServeHTTP(w, r)
 	})
@@ -169,10 +157,12 @@ func isCancelledAnswer(b []byte) bool {
 // callerOf returns the principal and teams of an MCP request: the bearer token's
 // identity over HTTP, else (stdio: the host started this process) the default.
 func callerOf(req *mcp.CallToolRequest, def string) (string, []string) {
-	if req != nil && req.Extra != nil && req.Extra.TokenInfo != nil && req.Extra.TokenInfo.UserID != "" {
+	if req != nil && req.Extra != nil && req.Extra.TokenInfo != nil {
 		ti := req.Extra.TokenInfo
-		teams, _ := ti.Extra["teams"].([]string)
-		return ti.UserID, teams
+		if who, _ := ti.Extra["principal"].(string); who != "" {
+			teams, _ := ti.Extra["teams"].([]string)
+			return who, teams
+		}
 	}
 	return def, nil
 }

@@ -179,34 +179,48 @@ func TestMCPCallTool(t *testing.T) {
 	}
 }
 
-// TestMCPHTTPSessions: sessions beyond the cap are refused (503) and idle ones close.
-func TestMCPHTTPSessions(t *testing.T) {
-	p := startPipeline(t)
-	tok := door.NewToken()
-	access, err := door.NewSource(door.Entry("carol", tok, nil), "")
+// httpDoor serves srv behind the HTTP door with an access list of entries.
+func httpDoor(t *testing.T, srv *mcp.Server, cfg mcpserver.HTTPConfig, entries ...string) *httptest.Server {
+	t.Helper()
+	access, err := door.NewSource(strings.Join(entries, ";"), "")
 	if err != nil {
 		t.Fatal(err)
 	}
+	cfg.Listen, cfg.Access, cfg.Logger = "127.0.0.1:0", access, quiet()
+	hs := httptest.NewServer(mcpserver.HTTPHandler(srv, cfg))
+	t.Cleanup(hs.Close)
+	return hs
+}
+
+// postStatus posts body (in session when set) with tok and returns the status and the
+// session id of the answer.
+func postStatus(t *testing.T, hs *httptest.Server, tok, session, body string) (int, string) {
+	t.Helper()
+	resp := mcptest.Post(t, hs.URL, tok, session, body, nil)
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return resp.StatusCode, resp.Header.Get("Mcp-Session-Id")
+}
+
+const ping = `{"jsonrpc":"2.0","id":2,"method":"ping"}`
+
+// TestMCPHTTPSessions: a new session of a token that holds none is refused (503) once
+// the sessions of other tokens fill the cap, and idle sessions close.
+func TestMCPHTTPSessions(t *testing.T) {
+	p := startPipeline(t)
 	srv, err := mcpserver.New(p.ctx, p.bus, mcpserver.Config{Source: "/mcp-test", Logger: quiet()})
 	if err != nil {
 		t.Fatal(err)
 	}
-	hs := httptest.NewServer(mcpserver.HTTPHandler(srv, mcpserver.HTTPConfig{
-		Listen: "127.0.0.1:0", Access: access, SessionTimeout: time.Second, MaxSessions: 3, Logger: quiet(),
-	}))
-	defer hs.Close()
-	initialize := func() int {
-		resp := mcptest.Post(t, hs.URL, tok, "", mcptest.Initialize, nil)
-		io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		return resp.StatusCode
-	}
+	carol, dave := door.NewToken(), door.NewToken()
+	hs := httpDoor(t, srv, mcpserver.HTTPConfig{SessionTimeout: time.Second, MaxSessions: 3},
+		door.Entry("carol", carol, nil), door.Entry("dave", dave, nil))
 	for i := range 3 {
-		if code := initialize(); code != http.StatusOK {
+		if code, _ := postStatus(t, hs, carol, "", mcptest.Initialize); code != http.StatusOK {
 			t.Fatalf("session %d: status %d", i+1, code)
 		}
 	}
-	if code := initialize(); code != http.StatusServiceUnavailable {
+	if code, _ := postStatus(t, hs, dave, "", mcptest.Initialize); code != http.StatusServiceUnavailable {
 		t.Fatalf("a session beyond the cap: status %d, want 503", code)
 	}
 	// Idle sessions close after the timeout, and the cap has room again.
@@ -220,8 +234,83 @@ func TestMCPHTTPSessions(t *testing.T) {
 		}
 		return nil
 	})
-	if code := initialize(); code != http.StatusOK {
+	if code, _ := postStatus(t, hs, dave, "", mcptest.Initialize); code != http.StatusOK {
 		t.Fatalf("after the idle sessions closed: status %d", code)
+	}
+}
+
+// TestMCPHTTPSessionOwner: a session belongs to the token that opened it, not to the
+// token's name: another token of the same name (another device of a service, or the
+// new token of a rotation) gets 403 on it.
+func TestMCPHTTPSessionOwner(t *testing.T) {
+	p := startPipeline(t)
+	srv, err := mcpserver.New(p.ctx, p.bus, mcpserver.Config{Source: "/mcp-test", Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	laptop, phone := door.NewToken(), door.NewToken()
+	hs := httpDoor(t, srv, mcpserver.HTTPConfig{}, door.Entry("svc", laptop, nil), door.Entry("svc", phone, nil))
+	code, session := postStatus(t, hs, laptop, "", mcptest.Initialize)
+	if code != http.StatusOK || session == "" {
+		t.Fatalf("initialize: %d, session %q", code, session)
+	}
+	if code, _ := postStatus(t, hs, phone, session, ping); code != http.StatusForbidden {
+		t.Fatalf("the session used with another token of the same name: %d, want 403", code)
+	}
+	if code, _ := postStatus(t, hs, laptop, session, ping); code != http.StatusOK {
+		t.Fatalf("the session used with its own token: %d, want 200", code)
+	}
+}
+
+// TestMCPHTTPSessionCapPerToken: one token cannot take every session. A token at its
+// own cap, or at the total cap while it holds sessions, gives up its oldest session for
+// the new one; another token still gets a session, and only a token holding none is
+// refused when the others fill the total.
+func TestMCPHTTPSessionCapPerToken(t *testing.T) {
+	p := startPipeline(t)
+	srv, err := mcpserver.New(p.ctx, p.bus, mcpserver.Config{Source: "/mcp-test", Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	greedy, dave, erin := door.NewToken(), door.NewToken(), door.NewToken()
+	hs := httpDoor(t, srv, mcpserver.HTTPConfig{MaxSessions: 3, MaxSessionsPerToken: 2},
+		door.Entry("greedy", greedy, nil), door.Entry("dave", dave, nil), door.Entry("erin", erin, nil))
+	var mine []string
+	for i := range 5 {
+		code, s := postStatus(t, hs, greedy, "", mcptest.Initialize)
+		if code != http.StatusOK || s == "" {
+			t.Fatalf("greedy's session %d: %d, want 200 (its oldest given up)", i+1, code)
+		}
+		mine = append(mine, s)
+	}
+	// The three oldest were given up (404: the client opens a new one); the two newest live.
+	eventstest.Eventually(t, 10*time.Second, func() error {
+		for i, s := range mine {
+			code, _ := postStatus(t, hs, greedy, s, ping)
+			if want := map[bool]int{true: http.StatusNotFound, false: http.StatusOK}[i < 3]; code != want {
+				return fmt.Errorf("greedy's session %d: %d, want %d", i+1, code, want)
+			}
+		}
+		return nil
+	})
+	code, d1 := postStatus(t, hs, dave, "", mcptest.Initialize)
+	if code != http.StatusOK {
+		t.Fatalf("dave beside greedy's sessions: %d, want 200", code)
+	}
+	if code, _ := postStatus(t, hs, erin, "", mcptest.Initialize); code != http.StatusServiceUnavailable {
+		t.Fatalf("erin with the total cap full and no session of hers: %d, want 503", code)
+	}
+	if code, _ := postStatus(t, hs, dave, "", mcptest.Initialize); code != http.StatusOK {
+		t.Fatalf("dave's second session at the total cap: %d, want 200 (his oldest given up)", code)
+	}
+	eventstest.Eventually(t, 10*time.Second, func() error {
+		if code, _ := postStatus(t, hs, dave, d1, ping); code != http.StatusNotFound {
+			return fmt.Errorf("dave's first session: %d, want 404 (given up)", code)
+		}
+		return nil
+	})
+	if code, _ := postStatus(t, hs, greedy, mine[4], ping); code != http.StatusOK {
+		t.Fatalf("greedy's newest session after dave's: %d, want 200", code)
 	}
 }
 

@@ -70,7 +70,7 @@ func cmdMCP(ctx context.Context, cfg Config, log *slog.Logger, args []string, ou
 	}
 	h := mcpserver.HTTPHandler(srv, mcpserver.HTTPConfig{
 		Listen: listen, Access: access, AllowedHosts: cfg.MCPAllowedHosts, AllowedOrigins: cfg.MCPAllowedOrigins,
-		SessionTimeout: cfg.MCPSessionTimeout, MaxSessions: cfg.MCPMaxSessions, Logger: log,
+		SessionTimeout: cfg.MCPSessionTimeout, MaxSessions: cfg.MCPMaxSessions, MaxSessionsPerToken: cfg.MCPMaxSessionsPerToken, Logger: log,
 	})
 	ln, err := net.Listen("tcp", listen)
 	if err != nil {

@@ -142,7 +142,7 @@ func ServeConfig(ctx context.Context, cfg EnvConfig, reg *executor.Registry, opt
 	if err != nil {
 		return err
 	}
-	wcfg.Logger = log
+	wcfg.Logger = exec.Logger() // redacted as the executor redacts
 	w, err := New(bus, exec, wcfg)
 	if err != nil {
 		return err

@@ -32,8 +32,10 @@ import (
 // The name is the principal: the principal of the runs an MCP caller starts, the actor
 // of what a console user decides. Only the SHA-256 of a token is stored: tokens are 32
 // random bytes (`toolbus token NAME` makes one), so a fast hash is enough and a leaked
-// list gives nobody access. Revoking is deleting the line: a file is read again when it
-// changes (checked at most once a second), so no restart is needed.
+// list gives nobody access. Revoking is deleting (or replacing) the line: the file is read
+// again at the first use a second or more after the last read, and any change of its
+// content (compared by SHA-256, not by size or modification time, which a same-length
+// rotation copied with `cp -p` keeps) takes effect then, so no restart is needed.
 
 // ErrAccess is wrapped by the errors of an unusable access list.
 var ErrAccess = errors.New("access list")
@@ -136,8 +138,7 @@ type Source struct {
 	mu      sync.Mutex
 	list    *List
 	checked time.Time
-	modTime time.Time
-	size    int64
+	sum     [sha256.Size]byte // of the file's content the list was read from
 }
 
 // NewSource reads the list once; a missing or malformed file is an error at start.
@@ -150,26 +151,23 @@ func NewSource(inline, file string) (*Source, error) {
 }
 
 func (s *Source) reload() error {
-	text := s.inline
-	var mod time.Time
-	var size int64
+	var b []byte
 	if s.file != "" {
-		fi, err := os.Stat(s.file)
-		if err != nil {
+		var err error
+		if b, err = os.ReadFile(s.file); err != nil {
 			return fmt.Errorf("%w: %w", ErrAccess, err)
 		}
-		b, err := os.ReadFile(s.file)
-		if err != nil {
-			return fmt.Errorf("%w: %w", ErrAccess, err)
-		}
-		text += "\n" + string(b)
-		mod, size = fi.ModTime(), fi.Size()
 	}
-	l, err := Parse(text, s.where())
+	return s.parse(b)
+}
+
+// parse makes the list of the variable and the file's content b.
+func (s *Source) parse(b []byte) error {
+	l, err := Parse(s.inline+"\n"+string(b), s.where())
 	if err != nil {
 		return err
 	}
-	s.list, s.modTime, s.size, s.checked = l, mod, size, time.Now()
+	s.list, s.sum, s.checked = l, sha256.Sum256(b), time.Now()
 	return nil
 }
 
@@ -180,12 +178,14 @@ func (s *Source) where() string {
 	return "(variable)"
 }
 
-// recheck is how often a changed file is noticed.
+// recheck is how often the file is read again: a change of its content is noticed at
+// the first use a recheck or more after the last read.
 const recheck = time.Second
 
-// Current returns the list, read again when the file changed. A file that became
-// unreadable or malformed keeps nobody in: the list is then empty until it is fixed
-// (a revocation must never be undone by a typo).
+// Current returns the list, read again when the file's content changed (whatever its
+// size and modification time say). A file that became unreadable or malformed keeps
+// nobody in: the list is then empty until it is fixed (a revocation must never be
+// undone by a typo).
 func (s *Source) Current() *List {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -193,12 +193,12 @@ func (s *Source) Current() *List {
 		return s.list
 	}
 	s.checked = time.Now()
-	fi, err := os.Stat(s.file)
-	if err == nil && fi.ModTime().Equal(s.modTime) && fi.Size() == s.size {
+	b, err := os.ReadFile(s.file)
+	if err == nil && sha256.Sum256(b) == s.sum {
 		return s.list
 	}
-	if err := s.reload(); err != nil {
-		s.list = &List{}
+	if err != nil || s.parse(b) != nil {
+		s.list, s.sum = &List{}, [sha256.Size]byte{}
 	}
 	return s.list
 }

@@ -73,12 +73,13 @@ type Config struct {
 	ConsoleAllowedHosts []string `envconfig:"CONSOLE_ALLOWED_HOSTS" desc:"Host names the console answers besides loopback and its listen host (DNS rebinding guard)"`
 
 	// The HTTP door of `toolbus mcp --http` (see access.go for the access-list format).
-	MCPTokens         string        `envconfig:"MCP_TOKENS" desc:"access list of toolbus mcp --http, inline: entries 'NAME sha256:HEX [teams=a,b]' separated by ';' (toolbus token NAME makes one)"`
-	MCPTokensFile     string        `envconfig:"MCP_TOKENS_FILE" desc:"access list file of toolbus mcp --http, one 'NAME sha256:HEX [teams=a,b]' per line; re-read when it changes (delete a line to revoke)"`
-	MCPAllowedHosts   []string      `envconfig:"MCP_ALLOWED_HOSTS" desc:"Host names toolbus mcp --http answers besides loopback and its listen host (DNS rebinding guard)"`
-	MCPAllowedOrigins []string      `envconfig:"MCP_ALLOWED_ORIGINS" desc:"browser origins (https://app.example) allowed to call toolbus mcp --http besides its own"`
-	MCPSessionTimeout time.Duration `envconfig:"MCP_SESSION_TIMEOUT" default:"30m" desc:"toolbus mcp --http closes a session idle this long"`
-	MCPMaxSessions    int           `envconfig:"MCP_MAX_SESSIONS" default:"100" desc:"live sessions of toolbus mcp --http; more initialize requests get 503"`
+	MCPTokens              string        `envconfig:"MCP_TOKENS" desc:"access list of toolbus mcp --http, inline: entries 'NAME sha256:HEX [teams=a,b]' separated by ';' (toolbus token NAME makes one)"`
+	MCPTokensFile          string        `envconfig:"MCP_TOKENS_FILE" desc:"access list file of toolbus mcp --http, one 'NAME sha256:HEX [teams=a,b]' per line; re-read when it changes (delete a line to revoke)"`
+	MCPAllowedHosts        []string      `envconfig:"MCP_ALLOWED_HOSTS" desc:"Host names toolbus mcp --http answers besides loopback and its listen host (DNS rebinding guard)"`
+	MCPAllowedOrigins      []string      `envconfig:"MCP_ALLOWED_ORIGINS" desc:"browser origins (https://app.example) allowed to call toolbus mcp --http besides its own"`
+	MCPSessionTimeout      time.Duration `envconfig:"MCP_SESSION_TIMEOUT" default:"30m" desc:"toolbus mcp --http closes a session idle this long"`
+	MCPMaxSessions         int           `envconfig:"MCP_MAX_SESSIONS" default:"100" desc:"live sessions of toolbus mcp --http, all tokens together; a new one beyond it gives up its token's oldest session, or gets 503 when its token holds none"`
+	MCPMaxSessionsPerToken int           `envconfig:"MCP_MAX_SESSIONS_PER_TOKEN" default:"10" desc:"live sessions of toolbus mcp --http per token; a new one beyond it gives up the token's oldest session"`
 
 	LogLevel  string `envconfig:"LOG_LEVEL" default:"info" desc:"debug, info, warn or error"`
 	LogFormat string `envconfig:"LOG_FORMAT" default:"text" desc:"text or json"`

@@ -113,6 +113,8 @@ func runExecutor(ctx context.Context, cfg Config, bus *events.Bus, log *slog.Log
 	if err != nil {
 		return err
 	}
+	// The worker and the MCP servers log what the executor does: redacted alike.
+	log = exec.Logger()
 	wcfg := cfg.Settings.Config(cfg.worker(log))
 	wcfg.Metrics, wcfg.Observer = executorMetrics(tel), serveObserver(tel, "executor")
 	w, err := worker.New(bus, exec, wcfg)
