@@ -458,28 +458,8 @@ func generateJWT(users []User, kr keyring, revoked map[string]int64, write func(
 	ac.Name = "TOOLBUS"
 	ac.Limits.JetStreamLimits = jwt.JetStreamLimits{MemoryStorage: -1, DiskStorage: -1, Streams: -1, Consumer: -1}
 	res.Operator, res.System, res.Account = opub, spub, apub
-	for _, u := range users {
-		res.Creds[u.Name] = filepath.Join(kr.dir, u.Name+".creds")
-		old, existed := kr.userJWT(u.Name)
-		if existed && old.Issuer == apub && samePermissions(old, u.Perms) {
-			res.Changes = append(res.Changes, Change{User: u.Name, What: "unchanged"})
-			continue
-		}
-		what := "new"
-		if existed {
-			// Its permissions changed: the old JWT, which carries the old ones, is
-			// revoked (once the servers load the new account JWT).
-			what = "changed"
-			revoked[old.Subject] = time.Now().Unix()
-		}
-		creds, err := userCreds(u, akp)
-		if err != nil {
-			return err
-		}
-		if _, err = write(u.Name+".creds", creds); err != nil {
-			return err
-		}
-		res.Changes = append(res.Changes, Change{User: u.Name, What: what})
+	if err := issueUsers(users, kr, akp, apub, revoked, write, res); err != nil {
+		return err
 	}
 	for key, at := range revoked {
 		ac.RevokeAt(key, time.Unix(at, 0))
@@ -524,6 +504,36 @@ resolver_preload: {
 `, opJWT, spub, spub, sysJWT, apub, accJWT)
 	res.Config, err = write("auth-jwt.conf", []byte(cfg))
 	return err
+}
+
+// issueUsers writes the .creds of each user whose permissions are new or changed,
+// signed by the account akp, and records the change of every user in res; a changed
+// user's old JWT is added to revoked.
+func issueUsers(users []User, kr keyring, akp nkeys.KeyPair, apub string, revoked map[string]int64, write func(string, []byte) (string, error), res *Result) error {
+	for _, u := range users {
+		res.Creds[u.Name] = filepath.Join(kr.dir, u.Name+".creds")
+		old, existed := kr.userJWT(u.Name)
+		if existed && old.Issuer == apub && samePermissions(old, u.Perms) {
+			res.Changes = append(res.Changes, Change{User: u.Name, What: "unchanged"})
+			continue
+		}
+		what := "new"
+		if existed {
+			// Its permissions changed: the old JWT, which carries the old ones, is
+			// revoked (once the servers load the new account JWT).
+			what = "changed"
+			revoked[old.Subject] = time.Now().Unix()
+		}
+		creds, err := userCreds(u, akp)
+		if err != nil {
+			return err
+		}
+		if _, err = write(u.Name+".creds", creds); err != nil {
+			return err
+		}
+		res.Changes = append(res.Changes, Change{User: u.Name, What: what})
+	}
+	return nil
 }
 
 // userCreds is the credentials file of a new user of the account akp: its JWT, carrying
