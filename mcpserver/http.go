@@ -19,9 +19,10 @@ import (
 
 // The HTTP door of `toolbus mcp --http`, outermost first: the Host header (DNS
 // rebinding), the Origin header (a browser page of another site), the bearer token
-// (401 without one that the access list knows), the session cap, then go-sdk's
-// streamable HTTP handler with an idle timeout, whose answers to cancelled requests are
-// dropped.
+// (401 without one that the access list knows, with a WWW-Authenticate challenge), then
+// by revision: 2026-07-28 requests to go-sdk's stateless streamable handler, older ones
+// to the session cap and go-sdk's stateful handler with an idle timeout; answers to
+// cancelled requests are dropped.
 
 // HTTPConfig configures the streamable HTTP door of the MCP server.
 type HTTPConfig struct {
@@ -49,6 +50,7 @@ func HTTPHandler(srv *mcp.Server, cfg HTTPConfig) http.Handler {
 	})
 	var next http.Handler = dropCancelledAnswers(h)
 	next = sessionCap(srv, cfg.MaxSessions, next)
+	next = modernRequests(srv, cfg, next)
 	verify := func(_ context.Context, token string, _ *http.Request) (*auth.TokenInfo, error) {
 		id, ok := cfg.Access.Current().Lookup(token)
 		if !ok {
@@ -58,7 +60,7 @@ func HTTPHandler(srv *mcp.Server, cfg HTTPConfig) http.Handler {
 		// with another principal's token.
 		return &auth.TokenInfo{UserID: id.Name, Extra: map[string]any{"teams": id.Teams}}, nil
 	}
-	next = auth.RequireBearerToken(verify, &auth.RequireBearerTokenOptions{AllowMissingExpiration: true})(next)
+	next = challenge(auth.RequireBearerToken(verify, &auth.RequireBearerTokenOptions{AllowMissingExpiration: true})(next))
 	hosts := door.NewHostPolicy(cfg.Listen, cfg.AllowedHosts)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !hosts.OK(r) {
