@@ -377,3 +377,47 @@ func TestMCPUnauthorizedChallenge(t *testing.T) {
 		})
 	}
 }
+
+// TestMCPTraceparentJoinsTheRun: a traceparent in the request's _meta (SEP-414) is the
+// trace of the call's run: its run.started, model.requested, tool.requested and
+// tool.finished carry it, on both revisions; an invalid one is dropped.
+func TestMCPTraceparentJoinsTheRun(t *testing.T) {
+	p := startPipeline(t)
+	d := startDoor(t, p, mcpserver.Config{})
+	const tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+	for _, version := range []string{mcpserver.Protocol2026, "2025-06-18"} {
+		for _, sent := range []string{tp, "00-not-a-trace"} {
+			t.Run(version+"/"+sent, func(t *testing.T) {
+				cs := d.connect(t, d.carol, version, nil)
+				res, err := cs.CallTool(p.ctx, &mcp.CallToolParams{Name: "calculator", Arguments: map[string]any{"expression": "1+1"},
+					Meta: mcp.Meta{"traceparent": sent}})
+				if err != nil || res.IsError {
+					t.Fatalf("calculator: %v %q", err, resultText(res))
+				}
+				run, _ := res.Meta[mcpserver.MetaRun].(string)
+				p.WaitStatus(run, toolbus.RunCompleted)
+				want := tp
+				if sent != tp {
+					want = ""
+				}
+				evs, err := p.bus.RunEvents(p.ctx, run)
+				if err != nil {
+					t.Fatal(err)
+				}
+				seen := map[string]bool{}
+				for _, ev := range evs {
+					switch ev.Meta.Type {
+					case events.TypeRunStarted, events.TypeModelRequested, events.TypeToolRequested, events.TypeToolFinished:
+						seen[ev.Meta.Type] = true
+						if ev.Meta.TraceParent != want {
+							t.Errorf("%s carries traceparent %q, want %q", ev.Meta.Type, ev.Meta.TraceParent, want)
+						}
+					}
+				}
+				if len(seen) != 4 {
+					t.Fatalf("run %s has events %v", run, seen)
+				}
+			})
+		}
+	}
+}

@@ -199,7 +199,9 @@ func (b *bridge) call(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallT
 		RunID: callrun.NewID("mcp"), Principal: toolbus.Principal{ID: who, Roles: teams}, Tool: tc, Arguments: args,
 		Via: "MCP tools/call", DefaultToolTimeout: b.cfg.DefaultToolTimeout, ApprovalTimeout: b.cfg.ApprovalTimeout,
 	}, time.Now())
-	if err := b.bus.StartRun(ctx, b.cfg.Source, rs); err != nil {
+	// The request's W3C traceparent (_meta, SEP-414) is the trace the run joins.
+	tp, _ := req.Params.Meta["traceparent"].(string)
+	if err := b.bus.StartRun(events.WithTraceparent(ctx, tp), b.cfg.Source, rs); err != nil {
 		return nil, fmt.Errorf("mcp: start run for %s: %w", name, err)
 	}
 	b.cfg.Logger.Info("mcp call started", "tool", name, "run_id", rs.RunID, "principal", who)
