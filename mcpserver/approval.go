@@ -77,6 +77,7 @@ func approvalRequest(rs *toolbus.RunStarted, note string) *mcp.ElicitParams {
 // askApproval is the input_required answer to a call that waits for approval.
 func askApproval(rs *toolbus.RunStarted, note string) *mcp.CallToolResult {
 	return &mcp.CallToolResult{
+		Content:       []mcp.Content{}, // not null; no content goes with input requests
 		InputRequests: mcp.InputRequestMap{ApprovalKey: approvalRequest(rs, note)},
 		RequestState:  statePrefix + rs.RunID,
 	}

@@ -312,7 +312,7 @@ func TestMCPTaskCancel(t *testing.T) {
 	}
 	task := waitTask(t, cs, id, mcpserver.TaskCancelled)
 	p.WaitStatus(id, toolbus.RunCancelled)
-	if !strings.Contains(task.StatusMessage, "tasks/cancel by carol") {
+	if !strings.Contains(task.StatusMessage, "tasks/cancel (by carol)") {
 		t.Fatalf("cancelled task says %q", task.StatusMessage)
 	}
 }

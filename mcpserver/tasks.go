@@ -140,8 +140,9 @@ func (b *bridge) taskView(ctx context.Context, rs *toolbus.RunStarted, caps *mcp
 	t.Meta = mcp.Meta{MetaRun: rs.RunID, MetaCall: callrun.CallID}
 	last, waiting := rs.StartedAt, false
 	var (
-		finished *toolbus.ToolResult
-		ended    *toolbus.RunEnded
+		finished  *toolbus.ToolResult
+		ended     *toolbus.RunEnded
+		cancelled string // the run.cancel's reason
 	)
 	v := audit.Visitor{
 		ToolProgress: func(_ events.StoredEvent, tp toolbus.ToolProgress) { t.StatusMessage = progressText(tp) },
@@ -160,6 +161,7 @@ func (b *bridge) taskView(ctx context.Context, rs *toolbus.RunStarted, caps *mcp
 				ended = &re
 			}
 		},
+		Cancel: func(_ events.StoredEvent, c toolbus.Cancel) { cancelled = fmt.Sprintf("%s (by %s)", c.Reason, c.Who) },
 	}
 	for _, ev := range evs {
 		last = ev.Time
@@ -168,7 +170,7 @@ func (b *bridge) taskView(ctx context.Context, rs *toolbus.RunStarted, caps *mcp
 	t.LastUpdatedAt = last.UTC().Format(time.RFC3339Nano)
 	switch {
 	case ended != nil && ended.Status == toolbus.RunCancelled, finished != nil && finished.Status == toolbus.StatusCancelled:
-		t.Status = TaskCancelled
+		t.Status, t.StatusMessage = TaskCancelled, cancelled
 		if ended != nil {
 			t.StatusMessage = ended.Reason
 		}
@@ -267,7 +269,7 @@ func (b *bridge) cancelTask(ctx context.Context, _ *mcp.ServerSession, p *TaskPa
 	if err != nil {
 		return nil, err
 	}
-	if _, err := b.bus.PublishCancel(ctx, b.cfg.Source, toolbus.Cancel{RunID: rs.RunID, Reason: "tasks/cancel by " + who, Who: who}); err != nil {
+	if _, err := b.bus.PublishCancel(ctx, b.cfg.Source, toolbus.Cancel{RunID: rs.RunID, Reason: "tasks/cancel", Who: who}); err != nil {
 		return nil, fmt.Errorf("mcp: cancel task %s: %w", rs.RunID, err)
 	}
 	b.cfg.Logger.Info("mcp task cancelled", "run_id", rs.RunID, "who", who)
