@@ -148,6 +148,9 @@ func decisionOf(res *mcp.ElicitResult, run, who string) (toolbus.Approval, bool,
 // invalid edit, an empty answer) is returned as a note to ask again with; a call that
 // no longer waits (decided elsewhere, ended) is no error: the run says what happened.
 func (b *bridge) decideFrom(ctx context.Context, rs *toolbus.RunStarted, who string, res *mcp.ElicitResult) (note string, err error) {
+	if b.cfg.CLIApprovalsOnly {
+		return "", &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: "decisions over MCP are off (TOOLBUS_MCP_HOST_APPROVALS=false): " + instructionsText(rs)}
+	}
 	a, granted, err := decisionOf(res, rs.RunID, who)
 	if errors.Is(err, errNoDecision) {
 		return "", err

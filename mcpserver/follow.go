@@ -41,7 +41,7 @@ func (b *bridge) follow(ctx context.Context, req *mcp.CallToolRequest, rs *toolb
 		ToolWaiting: func(events.StoredEvent, toolbus.ToolWaiting) {
 			switch {
 			case decided:
-			case canElicit(caps):
+			case !b.cfg.CLIApprovalsOnly && canElicit(caps):
 				answer = askApproval(rs, "")
 			case asTask:
 				answer = taskHandle(run)

@@ -204,10 +204,8 @@ func post2026(t *testing.T, d *httpDoor, token, method, name string, params map[
 		Result map[string]any `json:"result"`
 		Error  map[string]any `json:"error"`
 	}
-	if resp.StatusCode == http.StatusOK {
-		if err := json.Unmarshal(raw, &msg); err != nil {
-			t.Fatalf("%s: %v in %s", method, err, raw)
-		}
+	if err := json.Unmarshal(raw, &msg); err != nil && resp.StatusCode == http.StatusOK {
+		t.Fatalf("%s: %v in %s", method, err, raw)
 	}
 	return msg.Result, msg.Error, resp.StatusCode
 }
@@ -419,5 +417,82 @@ func TestMCPTraceparentJoinsTheRun(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// TestMCPCallerDecidesOnlyOwnCalls: a requestState or a task id names a run, not a
+// permission: another token's caller who presents carol's cannot decide, update or
+// cancel her call, and nothing is published.
+func TestMCPCallerDecidesOnlyOwnCalls(t *testing.T) {
+	p := startPipeline(t)
+	d := startDoor(t, p, mcpserver.Config{TaskAfter: time.Minute})
+	created, rpcErr, _ := post2026(t, d, d.carol, "tools/call", "restart_service", map[string]any{"name": "restart_service", "arguments": map[string]any{"service": "auth-api"}})
+	run, _ := created["taskId"].(string)
+	if rpcErr != nil || run == "" {
+		t.Fatalf("carol's call: %v %v", created, rpcErr)
+	}
+	approve := map[string]any{"action": "accept", "content": map[string]any{"decision": "approve"}}
+	tests := []struct {
+		name, method, mcpName string
+		params                map[string]any
+	}{
+		{"retry with her requestState", "tools/call", "restart_service", map[string]any{"name": "restart_service", "arguments": map[string]any{"service": "auth-api"},
+			"requestState": "toolbus-run:" + run, "inputResponses": map[string]any{mcpserver.ApprovalKey: approve}}},
+		{"tasks/update of her task", "tasks/update", run, map[string]any{"taskId": run, "inputResponses": map[string]any{mcpserver.ApprovalKey: approve}}},
+		{"tasks/cancel of her task", "tasks/cancel", run, map[string]any{"taskId": run}},
+		{"tasks/get of her task", "tasks/get", run, map[string]any{"taskId": run}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			// go-sdk answers a 2026-07-28 request's error with HTTP 400.
+			res, rpcErr, status := post2026(t, d, d.dave, tt.method, tt.mcpName, tt.params)
+			if rpcErr == nil || rpcErr["code"] != -32602.0 {
+				t.Fatalf("dave's %s: status %d, result %v, error %v; want -32602", tt.method, status, res, rpcErr)
+			}
+		})
+	}
+	if got := approvals(t, p, run); len(got) != 0 {
+		t.Fatalf("decisions published on carol's call: %+v", got)
+	}
+	if _, ok, err := p.bus.CancelRequest(p.ctx, run); err != nil || ok {
+		t.Fatalf("carol's run has a run.cancel (%v, %v)", ok, err)
+	}
+	// Her own update decides it.
+	if _, rpcErr, _ := post2026(t, d, d.carol, "tasks/update", run, map[string]any{"taskId": run, "inputResponses": map[string]any{mcpserver.ApprovalKey: approve}}); rpcErr != nil {
+		t.Fatalf("carol's tasks/update: %v", rpcErr)
+	}
+	p.WaitStatus(run, toolbus.RunCompleted)
+	if got := approvals(t, p, run); len(got) != 1 || got[0].Who != "carol" {
+		t.Fatalf("decisions %+v, want carol's", got)
+	}
+}
+
+// TestMCPHostApprovalsOff: with CLIApprovalsOnly (TOOLBUS_MCP_HOST_APPROVALS=false) a
+// host that can show forms is not asked: the call is answered with the CLI
+// instructions, and a decision sent anyway (a forged retry) is refused with nothing
+// published.
+func TestMCPHostApprovalsOff(t *testing.T) {
+	p := startPipeline(t)
+	d := startDoor(t, p, mcpserver.Config{CLIApprovalsOnly: true})
+	asked := 0
+	cs := d.connect(t, d.carol, mcpserver.Protocol2026, &mcp.ClientOptions{ElicitationHandler: func(context.Context, *mcp.ElicitRequest) (*mcp.ElicitResult, error) {
+		asked++
+		return &mcp.ElicitResult{Action: "accept", Content: map[string]any{"decision": "approve"}}, nil
+	}})
+	res, err := cs.CallTool(p.ctx, &mcp.CallToolParams{Name: "restart_service", Arguments: map[string]any{"service": "auth-api"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !res.IsError || !strings.Contains(resultText(res), "toolbus approve mcp-") || asked != 0 {
+		t.Fatalf("result %q (asked %d times), want the CLI instructions and no form", resultText(res), asked)
+	}
+	run := runIDRE.FindString(resultText(res))
+	_, rpcErr, _ := post2026(t, d, d.carol, "tools/call", "restart_service", map[string]any{"name": "restart_service", "arguments": map[string]any{"service": "auth-api"},
+		"requestState": "toolbus-run:" + run, "inputResponses": map[string]any{mcpserver.ApprovalKey: map[string]any{"action": "accept", "content": map[string]any{"decision": "approve"}}}})
+	if rpcErr == nil || !strings.Contains(fmt.Sprint(rpcErr["message"]), "decisions over MCP are off") {
+		t.Fatalf("a decision sent anyway: %v, want refused", rpcErr)
+	}
+	if got := approvals(t, p, run); len(got) != 0 {
+		t.Fatalf("decisions published: %+v", got)
 	}
 }

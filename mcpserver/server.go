@@ -34,6 +34,10 @@ type Config struct {
 	DefaultToolTimeout time.Duration
 	// Refresh is how often the offered tools follow the catalog (default 1s).
 	Refresh time.Duration
+	// CLIApprovalsOnly stops asking the host's user to decide a call that needs approval
+	// (and refuses such decisions from MCP callers): the call waits for `toolbus approve`
+	// or the console, a decision of someone other than the caller.
+	CLIApprovalsOnly bool
 	// TaskAfter is how long a call whose request takes tasks (2026-07-28, extension
 	// io.modelcontextprotocol/tasks) is followed before it is answered with a task
 	// (default 5s).

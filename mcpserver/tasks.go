@@ -180,7 +180,7 @@ func (b *bridge) taskView(ctx context.Context, rs *toolbus.RunStarted, caps *mcp
 	case ended != nil:
 		t.Status = TaskCompleted
 		t.Result = errorResult(fmt.Sprintf("run %s ended %s before the call answered: %s %s", rs.RunID, ended.Status, ended.Code, ended.Reason))
-	case waiting && canElicit(caps):
+	case waiting && !b.cfg.CLIApprovalsOnly && canElicit(caps):
 		t.Status, t.StatusMessage = TaskInputRequired, "waits for approval"
 		t.InputRequests = mcp.InputRequestMap{ApprovalKey: approvalRequest(rs, "")}
 	case waiting:
