@@ -18,7 +18,9 @@ const Protocol2026 = "2026-07-28"
 // session.
 func modernRequests(srv *mcp.Server, cfg HTTPConfig, legacy http.Handler) http.Handler {
 	modern := dropCancelledAnswers(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv },
-		&mcp.StreamableHTTPOptions{Stateless: true, Logger: cfg.Logger}))
+		// A 2026-07-28 request lives as long as its POST: a client that closes it cancels
+		// the request, and so the call's run (as notifications/cancelled does on a session).
+		&mcp.StreamableHTTPOptions{Stateless: true, PropagateRequestCancellation: true, Logger: cfg.Logger}))
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Header.Get("Mcp-Protocol-Version") >= Protocol2026 {
 			modern.ServeHTTP(w, r)

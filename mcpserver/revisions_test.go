@@ -496,3 +496,33 @@ func TestMCPHostApprovalsOff(t *testing.T) {
 		t.Fatalf("decisions published: %+v", got)
 	}
 }
+
+// TestMCPClosedRequestCancelsRun: a 2026-07-28 client that gives up on a call (it
+// closes the request; the revision has no session to send notifications/cancelled on)
+// cancels the call's run, as a cancelled request of the older revisions does.
+func TestMCPClosedRequestCancelsRun(t *testing.T) {
+	p := startPipeline(t, crawlTool(10*time.Second))
+	d := startDoor(t, p, mcpserver.Config{})
+	cs := d.connect(t, d.carol, mcpserver.Protocol2026, nil)
+	waitOffered(t, p, cs, "crawl")
+	watch, err := p.bus.Watch(p.ctx, events.FilterAll, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(p.ctx, 2*time.Second)
+	defer cancel()
+	if _, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "crawl", Arguments: map[string]any{}}); err == nil {
+		t.Fatal("the call answered within 2s; it should run 25s")
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for time.Now().Before(deadline) {
+		ev, ok, err := watch.Next(p.ctx, time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ok && ev.Meta.Type == events.TypeRunEnded(toolbus.RunCancelled) && strings.HasPrefix(ev.Meta.RunID, "mcp-") {
+			return
+		}
+	}
+	t.Fatal("no MCP run ended cancelled after its request was closed")
+}
