@@ -272,6 +272,9 @@ func TestMCPTaskAcrossReconnect(t *testing.T) {
 		t.Fatalf("tools/call answered %v, want a working task", created)
 	}
 	cs := d.tasksClient(t, d.carol, nil) // the reconnect: a new client, no session
+	if caps := cs.InitializeResult().Capabilities; caps == nil || caps.Extensions[mcpserver.ExtTasks] == nil {
+		t.Fatalf("server/discover does not list the Tasks extension: %+v", caps)
+	}
 	working := waitTask(t, cs, id, mcpserver.TaskWorking)
 	if working.ResultType != "complete" {
 		t.Fatalf("tasks/get resultType %q", working.ResultType)
