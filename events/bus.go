@@ -115,10 +115,11 @@ type Bus struct {
 	perms *connect.Permissions
 }
 
-// cachedRun is a run's first run.started and its stream sequence.
+// cachedRun is a run's first run.started, its stream sequence and its traceparent.
 type cachedRun struct {
-	rs  *toolbus.RunStarted
-	seq uint64
+	rs          *toolbus.RunStarted
+	seq         uint64
+	traceparent string
 }
 
 // Open binds to the stream and the buckets that exist (provision.Setup, or `toolbus

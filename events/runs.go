@@ -56,7 +56,7 @@ func (b *Bus) StartRun(ctx context.Context, source string, rs toolbus.RunStarted
 	if rs.StartedAt.IsZero() {
 		rs.StartedAt = time.Now().UTC()
 	}
-	e := RunStartedEvent(source, rs)
+	e := RunStartedEvent(source, rs).Traced(traceparentOf(ctx))
 	seq, err := b.publishFirstOfRun(ctx, e)
 	switch {
 	case err == nil && b.attestsFirst():
@@ -69,7 +69,7 @@ func (b *Bus) StartRun(ctx context.Context, source string, rs toolbus.RunStarted
 	case !errors.Is(err, errRunHasMessages):
 		return err
 	}
-	if _, _, err := b.firstRunStarted(ctx, rs.RunID); err == nil {
+	if _, err := b.firstRunStarted(ctx, rs.RunID); err == nil {
 		return fmt.Errorf("%w: %s", ErrRunExists, rs.RunID)
 	} else if !errors.Is(err, ErrRunNotFound) {
 		return err
@@ -89,7 +89,7 @@ func (b *Bus) StartRun(ctx context.Context, source string, rs toolbus.RunStarted
 // checkFirstRunStarted returns ErrRunExists unless the run.started stored at seq is the
 // run's first.
 func (b *Bus) checkFirstRunStarted(ctx context.Context, run string, seq uint64) error {
-	if _, first, err := b.firstRunStarted(ctx, run); err == nil && first != seq {
+	if c, err := b.firstRunStarted(ctx, run); err == nil && c.seq != seq {
 		return fmt.Errorf("%w: %s (submitted concurrently)", ErrRunExists, run)
 	}
 	return nil
@@ -150,7 +150,7 @@ func (b *Bus) StartedFirst(rs toolbus.RunStarted, seq uint64, stored time.Time, 
 	if !b.FirstOfRun(h, rs.RunID) {
 		return false
 	}
-	b.cacheRun(rs.RunID, startedAt(&rs, stored), seq)
+	b.cacheRun(rs.RunID, cachedRun{rs: startedAt(&rs, stored), seq: seq, traceparent: h.Get(headerPrefix + ExtTraceParent)})
 	return true
 }
 
@@ -180,22 +180,33 @@ func (b *Bus) RunStartedAt(ctx context.Context, run string) (*toolbus.RunStarted
 	if ok {
 		return c.rs, c.seq, nil
 	}
-	rs, seq, err := b.firstRunStarted(ctx, run)
+	c, err := b.firstRunStarted(ctx, run)
 	if err != nil {
 		return nil, 0, err
 	}
-	b.cacheRun(run, rs, seq)
-	return rs, seq, nil
+	b.cacheRun(run, c)
+	return c.rs, c.seq, nil
+}
+
+// RunTraceparent returns the W3C traceparent the first run.started of a run carries
+// (its traceparent extension; empty when it carries none): the trace the run joins.
+func (b *Bus) RunTraceparent(ctx context.Context, run string) (string, error) {
+	if _, _, err := b.RunStartedAt(ctx, run); err != nil {
+		return "", err
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.runCache[run].traceparent, nil
 }
 
 // cacheRun remembers the first run.started of a run: it never changes.
-func (b *Bus) cacheRun(run string, rs *toolbus.RunStarted, seq uint64) {
+func (b *Bus) cacheRun(run string, c cachedRun) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if len(b.runCache) > 10000 {
 		clear(b.runCache) // a bounded cache; entries are cheap to reload
 	}
-	b.runCache[run] = cachedRun{rs: rs, seq: seq}
+	b.runCache[run] = c
 }
 
 // RunStartedSeq returns the stream sequence of the first run.started of a run: the only
@@ -209,15 +220,15 @@ func (b *Bus) RunStartedSeq(ctx context.Context, run string) (uint64, error) {
 // they name) whose data names the run and the principal of its subject: a message there
 // that is not a run.started of this run (a forgery whose body names another run or
 // another principal, or no event at all) never starts it, and consumers terminate it.
-func (b *Bus) firstRunStarted(ctx context.Context, run string) (*toolbus.RunStarted, uint64, error) {
+func (b *Bus) firstRunStarted(ctx context.Context, run string) (cachedRun, error) {
 	subject := SubjectRunStartedAny(run)
 	for seq := uint64(1); ; {
 		raw, err := getMsg(ctx, b.stream, seq, jetstream.WithGetMsgSubject(subject))
 		if err != nil {
 			if errors.Is(err, jetstream.ErrMsgNotFound) {
-				return nil, 0, fmt.Errorf("%w: %s", ErrRunNotFound, run)
+				return cachedRun{}, fmt.Errorf("%w: %s", ErrRunNotFound, run)
 			}
-			return nil, 0, fmt.Errorf("events: run.started of %s: %w", run, err)
+			return cachedRun{}, fmt.Errorf("events: run.started of %s: %w", run, err)
 		}
 		seq = raw.Sequence + 1
 		rs := new(toolbus.RunStarted)
@@ -230,7 +241,7 @@ func (b *Bus) firstRunStarted(ctx context.Context, run string) (*toolbus.RunStar
 		if !raw.Time.IsZero() && (rs.StartedAt.IsZero() || rs.StartedAt.After(raw.Time)) {
 			rs.StartedAt = raw.Time.UTC()
 		}
-		return rs, raw.Sequence, nil
+		return cachedRun{rs: rs, seq: raw.Sequence, traceparent: m.TraceParent}, nil
 	}
 }
 

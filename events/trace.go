@@ -71,3 +71,31 @@ func RunTraceContext(run, traceparent string) trace.SpanContext {
 	return trace.NewSpanContext(trace.SpanContextConfig{TraceID: tid, SpanID: sid,
 		TraceFlags: trace.FlagsSampled, Remote: true})
 }
+
+// traceparentKey is the context key of WithTraceparent.
+type traceparentKey struct{}
+
+// WithTraceparent returns ctx carrying a W3C traceparent for StartRun: the run's
+// run.started carries it (its traceparent extension), the injector passes it to the
+// run's model.requested, and so every span and event of the run joins that trace
+// (RunTraceContext). A traceparent that is not valid W3C trace context is dropped.
+func WithTraceparent(ctx context.Context, traceparent string) context.Context {
+	if !ValidTraceparent(traceparent) {
+		return ctx
+	}
+	return context.WithValue(ctx, traceparentKey{}, traceparent)
+}
+
+func traceparentOf(ctx context.Context) string {
+	tp, _ := ctx.Value(traceparentKey{}).(string)
+	return tp
+}
+
+// ValidTraceparent reports whether s is a valid W3C traceparent.
+func ValidTraceparent(s string) bool {
+	if s == "" {
+		return false
+	}
+	pctx := propagation.TraceContext{}.Extract(context.Background(), propagation.MapCarrier{"traceparent": s})
+	return trace.SpanContextFromContext(pctx).IsValid()
+}

@@ -430,7 +430,7 @@ func (in *Injector) started(ctx context.Context, rs toolbus.RunStarted, sm start
 	}
 	full = full.WithDefaults(in.cfg.Defaults)
 	if step0 {
-		if _, err := in.bus.PublishEvent(ctx, events.ModelRequestedEvent(in.source, toolbus.ModelRequested{RunID: rs.RunID, Step: 0})); err != nil {
+		if _, err := in.bus.PublishEvent(ctx, events.ModelRequestedEvent(in.source, toolbus.ModelRequested{RunID: rs.RunID, Step: 0}).Traced(in.traceparent(ctx, rs.RunID))); err != nil {
 			return err
 		}
 	}
@@ -786,8 +786,19 @@ func (in *Injector) settle(ctx context.Context, st *store.StepState) error {
 		}
 	}
 	_, err = in.bus.PublishEvent(ctx, events.ModelRequestedEvent(in.source, toolbus.ModelRequested{RunID: rec.RunID, Step: rec.Step + 1,
-		PrevResults: carried(st, rec, in.bus.Store().InlineBudget())}))
+		PrevResults: carried(st, rec, in.bus.Store().InlineBudget())}).Traced(in.traceparent(ctx, rec.RunID)))
 	return err
+}
+
+// traceparent is the W3C traceparent the run's run.started carries (none: ""): each
+// model.requested carries it on, so the planner's step span and the step's tool events
+// join the trace the run was started in (events.RunTraceContext).
+func (in *Injector) traceparent(ctx context.Context, run string) string {
+	tp, err := in.bus.RunTraceparent(ctx, run)
+	if err != nil {
+		in.log.Debug("run.started not read for its traceparent", "run_id", run, "error", err)
+	}
+	return tp
 }
 
 // carried returns the results of the complete step rec (whose join state is st), in

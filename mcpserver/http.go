@@ -21,9 +21,10 @@ import (
 
 // The HTTP door of `toolbus mcp --http`, outermost first: the Host header (DNS
 // rebinding), the Origin header (a browser page of another site), the bearer token
-// (401 without one that the access list knows), the session caps (sessions.go), then go-sdk's
-// streamable HTTP handler with an idle timeout, whose answers to cancelled requests are
-// dropped.
+// (401 without one that the access list knows, with a WWW-Authenticate challenge), then
+// by revision: 2026-07-28 requests to go-sdk's stateless streamable handler, older ones
+// to the session caps (sessions.go) and go-sdk's stateful handler with an idle timeout;
+// answers to cancelled requests are dropped.
 
 // HTTPConfig configures the streamable HTTP door of the MCP server.
 type HTTPConfig struct {
@@ -54,6 +55,7 @@ func HTTPHandler(srv *mcp.Server, cfg HTTPConfig) http.Handler {
 	var next http.Handler = dropCancelledAnswers(h)
 	caps := &sessionCaps{srv: srv, max: cfg.MaxSessions, perToken: cfg.MaxSessionsPerToken, live: map[string]capEntry{}}
 	next = caps.handler(next)
+	next = modernRequests(srv, cfg, next)
 	verify := func(_ context.Context, token string, _ *http.Request) (*auth.TokenInfo, error) {
 		id, ok := cfg.Access.Current().Lookup(token)
 		if !ok {
@@ -65,7 +67,7 @@ func HTTPHandler(srv *mcp.Server, cfg HTTPConfig) http.Handler {
 		return &auth.TokenInfo{UserID: "sha256:" + hex.EncodeToString(sum[:]),
 			Extra: map[string]any{"principal": id.Name, "teams": id.Teams}}, nil
 	}
-	next = auth.RequireBearerToken(verify, &auth.RequireBearerTokenOptions{AllowMissingExpiration: true})(next)
+	next = challenge(auth.RequireBearerToken(verify, &auth.RequireBearerTokenOptions{AllowMissingExpiration: true})(next))
 	hosts := door.NewHostPolicy(cfg.Listen, cfg.AllowedHosts)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !hosts.OK(r) {

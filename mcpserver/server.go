@@ -16,7 +16,6 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/toolbus/toolbus"
-	"github.com/toolbus/toolbus/audit"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/store"
 	"github.com/toolbus/toolbus/internal/callrun"
@@ -35,6 +34,16 @@ type Config struct {
 	DefaultToolTimeout time.Duration
 	// Refresh is how often the offered tools follow the catalog (default 1s).
 	Refresh time.Duration
+	// CLIApprovalsOnly stops asking the host's user to decide a call that needs approval
+	// (and refuses such decisions from MCP callers): the call waits for `toolbus approve`
+	// or the console, a decision of someone other than the caller.
+	CLIApprovalsOnly bool
+	// TaskAfter is how long a call whose request takes tasks (2026-07-28, extension
+	// io.modelcontextprotocol/tasks) is followed before it is answered with a task
+	// (default 5s).
+	TaskAfter time.Duration
+	// TaskPollInterval is the polling interval a task suggests (default 2s).
+	TaskPollInterval time.Duration
 	// Version is the server version told to hosts.
 	Version string
 	Logger  *slog.Logger
@@ -69,13 +78,24 @@ func New(ctx context.Context, bus *events.Bus, cfg Config) (*mcp.Server, error) 
 	if cfg.Refresh <= 0 {
 		cfg.Refresh = time.Second
 	}
+	if cfg.TaskAfter <= 0 {
+		cfg.TaskAfter = 5 * time.Second
+	}
+	if cfg.TaskPollInterval <= 0 {
+		cfg.TaskPollInterval = 2 * time.Second
+	}
 	cat, err := bus.Store().WatchCatalog(ctx, cfg.Logger)
 	if err != nil {
 		return nil, fmt.Errorf("mcp: catalog: %w", err)
 	}
 	b := &bridge{bus: bus, cat: cat, cfg: cfg, offered: map[string]string{}}
-	b.srv = mcp.NewServer(&mcp.Implementation{Name: "toolbus", Version: cfg.Version}, &mcp.ServerOptions{Logger: cfg.Logger})
-	b.srv.AddReceivingMiddleware(cancelledAnswers)
+	caps := &mcp.ServerCapabilities{Logging: &mcp.LoggingCapabilities{}} // the SDK's default, and tasks
+	caps.AddExtension(ExtTasks, nil)
+	b.srv = mcp.NewServer(&mcp.Implementation{Name: "toolbus", Version: cfg.Version}, &mcp.ServerOptions{Logger: cfg.Logger, Capabilities: caps})
+	if err := b.addTaskMethods(); err != nil {
+		return nil, fmt.Errorf("mcp: %w", err)
+	}
+	b.srv.AddReceivingMiddleware(b.taskResults, withCaller(cfg.Principal), cancelledAnswers)
 	b.sync()
 	go func() {
 		t := time.NewTicker(cfg.Refresh)
@@ -116,7 +136,7 @@ func (b *bridge) sync() {
 		b.offered[tc.Name] = key
 		desc := tc.Description
 		if tc.NeedsApproval {
-			desc += " (needs approval: a call waits for `toolbus approve`)"
+			desc += " (needs approval: the host asks its user, or the call waits for `toolbus approve`)"
 		}
 		b.srv.AddTool(&mcp.Tool{
 			Name: tc.Name, Description: desc, InputSchema: schema,
@@ -162,14 +182,15 @@ const (
 	MetaCall = "toolbus/call_id"
 )
 
-// call runs one tools/call as a pre-planned run and maps its tool.finished to the
-// result; while the call runs, its progress reports go to the host as progress
-// notifications when the request carries a progressToken. A call that needs approval is answered at once with an error naming the run
-// and call to approve: an MCP host's request would otherwise hold for minutes with no
-// progress the user can see, and many hosts time requests out well before that; the
-// run waits for the decision (up to ApprovalTimeout) and `toolbus replay` shows it.
+// call runs one tools/call as a pre-planned run and answers it as follow does; the
+// retry of a call that asked for input (requestState set) decides the call it names
+// (resume).
 func (b *bridge) call(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
 	name := req.Params.Name
+	who, teams := callerOf(req, b.cfg.Principal)
+	if req.Params.RequestState != "" {
+		return b.resume(ctx, req, who)
+	}
 	tc, ok := b.cat.Lookup(name)
 	if !ok {
 		return errorResult(fmt.Sprintf("unknown tool %q: no executor serves it", name)), nil
@@ -178,71 +199,17 @@ func (b *bridge) call(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallT
 	if args == "" || args == "null" {
 		args = "{}"
 	}
-	who, teams := callerOf(req, b.cfg.Principal)
 	rs := callrun.Build(callrun.Spec{
 		RunID: callrun.NewID("mcp"), Principal: toolbus.Principal{ID: who, Roles: teams}, Tool: tc, Arguments: args,
 		Via: "MCP tools/call", DefaultToolTimeout: b.cfg.DefaultToolTimeout, ApprovalTimeout: b.cfg.ApprovalTimeout,
 	}, time.Now())
-	run := rs.RunID
-	watch, err := b.bus.Watch(ctx, events.SubjectRun(run), true)
-	if err != nil {
-		return nil, fmt.Errorf("mcp: %w", err)
-	}
-	if err := b.bus.StartRun(ctx, b.cfg.Source, rs); err != nil {
+	// The request's W3C traceparent (_meta, SEP-414) is the trace the run joins.
+	tp, _ := req.Params.Meta["traceparent"].(string)
+	if err := b.bus.StartRun(events.WithTraceparent(ctx, tp), b.cfg.Source, rs); err != nil {
 		return nil, fmt.Errorf("mcp: start run for %s: %w", name, err)
 	}
-	b.cfg.Logger.Info("mcp call started", "tool", name, "run_id", run, "principal", who)
-	var answer *mcp.CallToolResult
-	// The host asked for progress (a progressToken): the call's tool.progress events are
-	// forwarded as notifications/progress, whose progress must increase (a report that
-	// does not move done forward is not sent).
-	token := req.Params.GetProgressToken()
-	sent := -1.0
-	v := audit.Visitor{
-		ToolProgress: func(_ events.StoredEvent, tp toolbus.ToolProgress) {
-			if token == nil || answer != nil || tp.CallID != callrun.CallID || tp.Step != 0 || tp.Done <= sent || req.Session == nil {
-				return
-			}
-			sent = tp.Done
-			if err := req.Session.NotifyProgress(ctx, &mcp.ProgressNotificationParams{
-				ProgressToken: token, Progress: tp.Done, Total: tp.Total, Message: tp.Message,
-			}); err != nil {
-				b.cfg.Logger.Debug("mcp progress not sent", "run_id", run, "error", err)
-			}
-		},
-		ToolFinished: func(_ events.StoredEvent, tf toolbus.ToolFinished) {
-			if tf.CallID == callrun.CallID {
-				answer = toolResult(tf.ToolResult)
-				answer.Meta = mcp.Meta{MetaRun: run, MetaCall: callrun.CallID}
-			}
-		},
-		ToolWaiting: func(events.StoredEvent, toolbus.ToolWaiting) {
-			answer = errorResult(fmt.Sprintf("%s needs approval: run %s, call %s waits for it until %s. Approve with `toolbus approve %s %s` (or deny with `toolbus deny %s %s --reason ...`); `toolbus replay %s` shows the result.",
-				name, run, callrun.CallID, rs.Limits.Deadline.Format(time.RFC3339), run, callrun.CallID, run, callrun.CallID, run))
-		},
-		RunEnded: func(_ events.StoredEvent, re toolbus.RunEnded) {
-			if re.Status != toolbus.RunRunning {
-				answer = errorResult(fmt.Sprintf("run %s ended %s before the call answered: %s %s", run, re.Status, re.Code, re.Reason))
-			}
-		},
-	}
-	for answer == nil {
-		ev, ok, err := watch.Next(ctx, time.Second)
-		if err != nil {
-			if ctx.Err() != nil {
-				// The host cancelled or went away: cancel the run, so the call is too.
-				cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-				_, _ = b.bus.PublishCancel(cctx, b.cfg.Source, toolbus.Cancel{RunID: run, Reason: "the MCP request was cancelled", Who: who}) //nolint:errcheck // best effort
-				cancel()
-				return nil, ctx.Err()
-			}
-			return nil, fmt.Errorf("mcp: %w", err)
-		}
-		if ok {
-			v.Visit(ev)
-		}
-	}
-	return answer, nil
+	b.cfg.Logger.Info("mcp call started", "tool", name, "run_id", rs.RunID, "principal", who)
+	return b.follow(ctx, req, &rs, who, false)
 }
 
 // toolResult maps a tool result to MCP: the text the model would read, the output as

@@ -56,7 +56,7 @@ func cmdMCP(ctx context.Context, cfg Config, log *slog.Logger, args []string, ou
 	defer c.Close()
 	srv, err := mcpserver.New(ctx, c.Bus, mcpserver.Config{
 		Source: events.Source("mcp", cfg.Instance), Principal: *principal, ApprovalTimeout: cfg.RunTimeout,
-		Version: version(), Logger: log,
+		Version: version(), Logger: log, CLIApprovalsOnly: !cfg.MCPHostApprovals,
 	})
 	if err != nil {
 		return err

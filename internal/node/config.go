@@ -73,6 +73,7 @@ type Config struct {
 	ConsoleAllowedHosts []string `envconfig:"CONSOLE_ALLOWED_HOSTS" desc:"Host names the console answers besides loopback and its listen host (DNS rebinding guard)"`
 
 	// The HTTP door of `toolbus mcp --http` (see access.go for the access-list format).
+	MCPHostApprovals       bool          `envconfig:"MCP_HOST_APPROVALS" default:"true" desc:"toolbus mcp asks the host's user to decide a call that needs approval (false: it waits for toolbus approve or the console)"`
 	MCPTokens              string        `envconfig:"MCP_TOKENS" desc:"access list of toolbus mcp --http, inline: entries 'NAME sha256:HEX [teams=a,b]' separated by ';' (toolbus token NAME makes one)"`
 	MCPTokensFile          string        `envconfig:"MCP_TOKENS_FILE" desc:"access list file of toolbus mcp --http, one 'NAME sha256:HEX [teams=a,b]' per line; re-read when it changes (delete a line to revoke)"`
 	MCPAllowedHosts        []string      `envconfig:"MCP_ALLOWED_HOSTS" desc:"Host names toolbus mcp --http answers besides loopback and its listen host (DNS rebinding guard)"`

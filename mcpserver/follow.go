@@ -1,0 +1,101 @@
+package mcpserver
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/toolbus/toolbus"
+	"github.com/toolbus/toolbus/audit"
+	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/internal/callrun"
+)
+
+// follow watches the run of an MCP call until it can answer the request: the call's
+// result; when the call waits for approval, the approval form (input_required) if the
+// client can ask its user, else a task if the request takes tasks, else how to decide
+// it with the CLI; and a task when the request takes tasks and the call outlasts
+// TaskAfter. decided: the caller's decision on the call was just published (a retry
+// after input_required), so its wait asks nothing again. While the call runs, its
+// progress reports go to the host as progress notifications when the request carries a
+// progressToken. A request cancelled (or a host gone) before the answer cancels the
+// run, so its call is cancelled too.
+func (b *bridge) follow(ctx context.Context, req *mcp.CallToolRequest, rs *toolbus.RunStarted, who string, decided bool) (*mcp.CallToolResult, error) {
+	run := rs.RunID
+	watch, err := b.bus.Watch(ctx, events.SubjectRun(run), true)
+	if err != nil {
+		return nil, fmt.Errorf("mcp: %w", err)
+	}
+	caps, asTask := req.ClientCapabilities(), takesTasks(req)
+	var answer *mcp.CallToolResult
+	v := audit.Visitor{
+		ToolProgress: b.progressForwarder(ctx, req, run, &answer),
+		ToolFinished: func(_ events.StoredEvent, tf toolbus.ToolFinished) {
+			if tf.CallID == callrun.CallID {
+				answer = toolResult(tf.ToolResult)
+				answer.Meta = mcp.Meta{MetaRun: run, MetaCall: callrun.CallID}
+			}
+		},
+		ToolWaiting: func(events.StoredEvent, toolbus.ToolWaiting) {
+			switch {
+			case decided:
+			case !b.cfg.CLIApprovalsOnly && canElicit(caps):
+				answer = askApproval(rs, "")
+			case asTask:
+				answer = taskHandle(run)
+			default:
+				answer = instructions(rs)
+			}
+		},
+		RunEnded: func(_ events.StoredEvent, re toolbus.RunEnded) {
+			if re.Status.Terminal() {
+				answer = errorResult(fmt.Sprintf("run %s ended %s before the call answered: %s %s", run, re.Status, re.Code, re.Reason))
+			}
+		},
+	}
+	taskAt := time.Now().Add(b.cfg.TaskAfter)
+	for answer == nil {
+		wait := time.Second
+		if asTask {
+			if wait = min(wait, time.Until(taskAt)); wait <= 0 {
+				return taskHandle(run), nil
+			}
+		}
+		ev, ok, err := watch.Next(ctx, wait)
+		if err != nil {
+			if ctx.Err() != nil {
+				// The host cancelled or went away: cancel the run, so the call is too.
+				cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+				_, _ = b.bus.PublishCancel(cctx, b.cfg.Source, toolbus.Cancel{RunID: run, Reason: "the MCP request was cancelled", Who: who}) //nolint:errcheck // best effort
+				cancel()
+				return nil, ctx.Err()
+			}
+			return nil, fmt.Errorf("mcp: %w", err)
+		}
+		if ok {
+			v.Visit(ev)
+		}
+	}
+	return answer, nil
+}
+
+// progressForwarder forwards the call's tool.progress events as notifications/progress
+// when the host asked for progress (a progressToken), until the request is answered;
+// progress must increase, so a report that does not move done forward is not sent.
+func (b *bridge) progressForwarder(ctx context.Context, req *mcp.CallToolRequest, run string, answer **mcp.CallToolResult) func(events.StoredEvent, toolbus.ToolProgress) {
+	token := req.Params.GetProgressToken()
+	sent := -1.0
+	return func(_ events.StoredEvent, tp toolbus.ToolProgress) {
+		if token == nil || *answer != nil || tp.CallID != callrun.CallID || tp.Step != 0 || tp.Done <= sent || req.Session == nil {
+			return
+		}
+		sent = tp.Done
+		if err := req.Session.NotifyProgress(ctx, &mcp.ProgressNotificationParams{
+			ProgressToken: token, Progress: tp.Done, Total: tp.Total, Message: tp.Message,
+		}); err != nil {
+			b.cfg.Logger.Debug("mcp progress not sent", "run_id", run, "error", err)
+		}
+	}
+}

@@ -1,0 +1,295 @@
+package mcpserver
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/toolbus/toolbus"
+	"github.com/toolbus/toolbus/audit"
+	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/internal/callrun"
+)
+
+// The Tasks extension (io.modelcontextprotocol/tasks, with the 2026-07-28 protocol): a
+// tools/call whose request declares the extension and that outlasts TaskAfter (or that
+// waits for a decision the host cannot ask its user for) is answered with a task: its
+// id is the call's run id, its state is read from the run's events (so any `toolbus
+// mcp` serves it, after a reconnect or a restart), tasks/update decides a call waiting
+// for approval and tasks/cancel publishes run.cancel.
+
+// ExtTasks is the identifier of the Tasks extension.
+const ExtTasks = "io.modelcontextprotocol/tasks"
+
+// The statuses of a task.
+const (
+	TaskWorking       = "working"
+	TaskInputRequired = "input_required"
+	TaskCompleted     = "completed"
+	TaskCancelled     = "cancelled"
+)
+
+// Task is the state of the task of an MCP call: the CreateTaskResult of its tools/call
+// (ResultType "task") and the answer to tasks/get (ResultType "complete").
+type Task struct {
+	mcp.ResultBase
+	ResultType    string `json:"resultType"`
+	TaskID        string `json:"taskId"`
+	Status        string `json:"status"`
+	StatusMessage string `json:"statusMessage,omitempty"`
+	CreatedAt     string `json:"createdAt"`
+	LastUpdatedAt string `json:"lastUpdatedAt"`
+	// TTLMs is null: a task lasts as long as its run's events are kept.
+	TTLMs          *int64 `json:"ttlMs"`
+	PollIntervalMs int64  `json:"pollIntervalMs,omitempty"`
+	// InputRequests (input_required) is the approval form of a call waiting for a decision.
+	InputRequests mcp.InputRequestMap `json:"inputRequests,omitempty"`
+	// Result (completed) is the call's result, as tools/call would have answered.
+	Result *mcp.CallToolResult `json:"result,omitempty"`
+}
+
+// TaskParams are the params of tasks/get, tasks/update (with InputResponses) and
+// tasks/cancel.
+type TaskParams struct {
+	mcp.ParamsBase
+	TaskID         string               `json:"taskId"`
+	InputResponses mcp.InputResponseMap `json:"inputResponses,omitempty"`
+}
+
+// TaskAck is the empty answer to tasks/update and tasks/cancel.
+type TaskAck struct {
+	mcp.ResultBase
+	ResultType string `json:"resultType"`
+}
+
+// metaTaskHandle marks (inside the server only) a tools/call answer to be replaced by
+// the CreateTaskResult of the named run (taskResults).
+const metaTaskHandle = "toolbus/task-handle"
+
+func taskHandle(run string) *mcp.CallToolResult {
+	return &mcp.CallToolResult{Meta: mcp.Meta{metaTaskHandle: run}}
+}
+
+// declaresTasks reports whether a request's _meta declares the Tasks extension in its
+// per-request client capabilities.
+func declaresTasks(meta mcp.Meta) bool {
+	raw, err := json.Marshal(meta[mcp.MetaKeyClientCapabilities])
+	if err != nil {
+		return false
+	}
+	var caps struct {
+		Extensions map[string]json.RawMessage `json:"extensions"`
+	}
+	_ = json.Unmarshal(raw, &caps) //nolint:errcheck // no capabilities, no tasks
+	_, ok := caps.Extensions[ExtTasks]
+	return ok
+}
+
+// takesTasks reports whether req may be answered with a task: it follows 2026-07-28 or
+// later and declares the extension.
+func takesTasks(req *mcp.CallToolRequest) bool {
+	return req.ProtocolVersion() >= "2026-07-28" && declaresTasks(req.Params.Meta)
+}
+
+// taskResults is receiving middleware: a tools/call answer marked by taskHandle becomes
+// the CreateTaskResult of its run.
+func (b *bridge) taskResults(next mcp.MethodHandler) mcp.MethodHandler {
+	return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
+		res, err := next(ctx, method, req)
+		ctr, ok := res.(*mcp.CallToolResult)
+		if err != nil || !ok || ctr.Meta == nil {
+			return res, err
+		}
+		run, ok := ctr.Meta[metaTaskHandle].(string)
+		if !ok {
+			return res, err
+		}
+		rs, err := b.bus.RunStarted(ctx, run)
+		if err != nil {
+			return nil, fmt.Errorf("mcp: task %s: %w", run, err)
+		}
+		var caps *mcp.ClientCapabilities
+		if cr, ok := req.(*mcp.CallToolRequest); ok {
+			caps = cr.ClientCapabilities()
+		}
+		t, err := b.taskView(ctx, rs, caps)
+		if err != nil {
+			return nil, err
+		}
+		t.ResultType = "task"
+		b.cfg.Logger.Info("mcp call answered as a task", "run_id", run, "status", t.Status)
+		return t, nil
+	}
+}
+
+// taskView reads the task of rs's call from its run's events; caps says whether a call
+// waiting for approval asks the user (input_required) or tells how to decide it.
+func (b *bridge) taskView(ctx context.Context, rs *toolbus.RunStarted, caps *mcp.ClientCapabilities) (*Task, error) {
+	evs, err := b.bus.RunEvents(ctx, rs.RunID)
+	if err != nil {
+		return nil, fmt.Errorf("mcp: task %s: %w", rs.RunID, err)
+	}
+	t := &Task{TaskID: rs.RunID, Status: TaskWorking, PollIntervalMs: b.cfg.TaskPollInterval.Milliseconds(),
+		CreatedAt: rs.StartedAt.UTC().Format(time.RFC3339Nano)}
+	t.Meta = mcp.Meta{MetaRun: rs.RunID, MetaCall: callrun.CallID}
+	last, waiting := rs.StartedAt, false
+	var (
+		finished  *toolbus.ToolResult
+		ended     *toolbus.RunEnded
+		cancelled string // the run.cancel's reason
+	)
+	v := audit.Visitor{
+		ToolProgress: func(_ events.StoredEvent, tp toolbus.ToolProgress) { t.StatusMessage = progressText(tp) },
+		ToolWaiting:  func(events.StoredEvent, toolbus.ToolWaiting) { waiting = true },
+		Approval: func(_ events.StoredEvent, a toolbus.Approval, granted bool) {
+			waiting, t.StatusMessage = false, a.Kind(granted)+" by "+a.Who
+		},
+		ToolFinished: func(_ events.StoredEvent, tf toolbus.ToolFinished) {
+			if tf.CallID == callrun.CallID {
+				r := tf.ToolResult
+				finished = &r
+			}
+		},
+		RunEnded: func(_ events.StoredEvent, re toolbus.RunEnded) {
+			if re.Status.Terminal() {
+				ended = &re
+			}
+		},
+		Cancel: func(_ events.StoredEvent, c toolbus.Cancel) { cancelled = fmt.Sprintf("%s (by %s)", c.Reason, c.Who) },
+	}
+	for _, ev := range evs {
+		last = ev.Time
+		v.Visit(ev)
+	}
+	t.LastUpdatedAt = last.UTC().Format(time.RFC3339Nano)
+	switch {
+	case ended != nil && ended.Status == toolbus.RunCancelled, finished != nil && finished.Status == toolbus.StatusCancelled:
+		t.Status, t.StatusMessage = TaskCancelled, cancelled
+		if ended != nil {
+			t.StatusMessage = ended.Reason
+		}
+	case finished != nil:
+		t.Status, t.Result = TaskCompleted, toolResult(*finished)
+		t.Result.Meta = mcp.Meta{MetaRun: rs.RunID, MetaCall: callrun.CallID}
+	case ended != nil:
+		t.Status = TaskCompleted
+		t.Result = errorResult(fmt.Sprintf("run %s ended %s before the call answered: %s %s", rs.RunID, ended.Status, ended.Code, ended.Reason))
+	case waiting && !b.cfg.CLIApprovalsOnly && canElicit(caps):
+		t.Status, t.StatusMessage = TaskInputRequired, "waits for approval"
+		t.InputRequests = mcp.InputRequestMap{ApprovalKey: approvalRequest(rs, "")}
+	case waiting:
+		t.StatusMessage = instructionsText(rs)
+	}
+	return t, nil
+}
+
+// progressText says how far a call has come.
+func progressText(tp toolbus.ToolProgress) string {
+	s := fmt.Sprintf("%g", tp.Done)
+	if tp.Total > 0 {
+		s += fmt.Sprintf(" of %g", tp.Total)
+	}
+	if tp.Message != "" {
+		s = tp.Message + " (" + s + ")"
+	}
+	return s
+}
+
+// addTaskMethods registers tasks/get, tasks/update and tasks/cancel.
+func (b *bridge) addTaskMethods() error {
+	return errors.Join(
+		mcp.AddReceivingCustomMethod(b.srv, "tasks/get", b.getTask),
+		mcp.AddReceivingCustomMethod(b.srv, "tasks/update", b.updateTask),
+		mcp.AddReceivingCustomMethod(b.srv, "tasks/cancel", b.cancelTask),
+	)
+}
+
+// taskRun checks a tasks/* request: it declares the extension and names a task of the
+// caller's. It returns the task's run.started and the caller.
+func (b *bridge) taskRun(ctx context.Context, p *TaskParams) (*toolbus.RunStarted, string, error) {
+	if p == nil || !declaresTasks(p.Meta) {
+		data, _ := json.Marshal(map[string]any{"requiredCapabilities": map[string]any{"extensions": map[string]any{ExtTasks: map[string]any{}}}})
+		return nil, "", &jsonrpc.Error{Code: mcp.CodeMissingRequiredClientCapabilities, Message: "Missing required client capability", Data: data}
+	}
+	who, _ := ctx.Value(callerKey{}).(string)
+	rs, err := b.ownRun(ctx, p.TaskID, who)
+	if err != nil {
+		return nil, "", &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: fmt.Sprintf("Failed to retrieve task: task %q not found", p.TaskID)}
+	}
+	return rs, who, nil
+}
+
+func (b *bridge) getTask(ctx context.Context, _ *mcp.ServerSession, p *TaskParams) (*Task, error) {
+	rs, _, err := b.taskRun(ctx, p)
+	if err != nil {
+		return nil, err
+	}
+	var caps *mcp.ClientCapabilities
+	if raw, err := json.Marshal(p.Meta[mcp.MetaKeyClientCapabilities]); err == nil {
+		_ = json.Unmarshal(raw, &caps) //nolint:errcheck // none: no form
+	}
+	t, err := b.taskView(ctx, rs, caps)
+	if err != nil {
+		return nil, err
+	}
+	t.ResultType = "complete"
+	return t, nil
+}
+
+// updateTask decides the task's call waiting for approval with the answer to its form;
+// an answer the run refuses (an invalid edit) is an error and the call still waits.
+func (b *bridge) updateTask(ctx context.Context, _ *mcp.ServerSession, p *TaskParams) (*TaskAck, error) {
+	rs, who, err := b.taskRun(ctx, p)
+	if err != nil {
+		return nil, err
+	}
+	if res, ok := p.InputResponses[ApprovalKey].(*mcp.ElicitResult); ok {
+		note, err := b.decideFrom(ctx, rs, who, res)
+		switch {
+		case errors.Is(err, errNoDecision):
+		case err != nil:
+			return nil, err
+		case note != "":
+			return nil, &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: note + " The call still waits."}
+		}
+	}
+	return &TaskAck{ResultType: "complete"}, nil
+}
+
+// cancelTask cancels the task's run (run.cancel, by the caller): its call is cancelled
+// and the task ends cancelled, unless the call finished first.
+func (b *bridge) cancelTask(ctx context.Context, _ *mcp.ServerSession, p *TaskParams) (*TaskAck, error) {
+	rs, who, err := b.taskRun(ctx, p)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := b.bus.PublishCancel(ctx, b.cfg.Source, toolbus.Cancel{RunID: rs.RunID, Reason: "tasks/cancel", Who: who}); err != nil {
+		return nil, fmt.Errorf("mcp: cancel task %s: %w", rs.RunID, err)
+	}
+	b.cfg.Logger.Info("mcp task cancelled", "run_id", rs.RunID, "who", who)
+	return &TaskAck{ResultType: "complete"}, nil
+}
+
+// callerKey is the context key of the caller of a tasks/* request (withCaller).
+type callerKey struct{}
+
+// withCaller is receiving middleware: the caller of a tasks/* request (the bearer
+// token's identity, else the default principal) goes in its context, where the
+// custom methods' handlers, which see no request extra, read it.
+func withCaller(def string) mcp.Middleware {
+	return func(next mcp.MethodHandler) mcp.MethodHandler {
+		return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
+			if strings.HasPrefix(method, "tasks/") {
+				who, _ := callerOf(&mcp.CallToolRequest{Extra: req.GetExtra()}, def)
+				ctx = context.WithValue(ctx, callerKey{}, who)
+			}
+			return next(ctx, method, req)
+		}
+	}
+}
