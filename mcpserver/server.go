@@ -95,7 +95,7 @@ func New(ctx context.Context, bus *events.Bus, cfg Config) (*mcp.Server, error) 
 	if err := b.addTaskMethods(); err != nil {
 		return nil, fmt.Errorf("mcp: %w", err)
 	}
-	b.srv.AddReceivingMiddleware(b.taskResults, withCaller(cfg.Principal), cancelledAnswers)
+	b.srv.AddReceivingMiddleware(b.taskResults, withCaller(cfg.Principal), b.teamTools(cfg.Principal), cancelledAnswers)
 	b.sync()
 	go func() {
 		t := time.NewTicker(cfg.Refresh)
@@ -192,7 +192,8 @@ func (b *bridge) call(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallT
 		return b.resume(ctx, req, who)
 	}
 	tc, ok := b.cat.Lookup(name)
-	if !ok {
+	if !ok || !offeredTo(tc, teams) {
+		// Another team's tool is as unknown to this token as a tool nobody serves.
 		return errorResult(fmt.Sprintf("unknown tool %q: no executor serves it", name)), nil
 	}
 	args := strings.TrimSpace(string(req.Params.Arguments))
