@@ -44,6 +44,25 @@ func (e *ContractChangedError) Error() string {
 
 func (e *ContractChangedError) Unwrap() error { return ErrContractChanged }
 
+// MaxContractBytes bounds a tool contract's JSON in the catalog. Every contract offered
+// to a run goes into each of its model requests, so on a shared tier one team's huge
+// description would cost every other team's runs: PublishTool refuses a larger one, and
+// every reader of the catalog ignores a larger entry (a team writing the bucket directly
+// gains nothing).
+const MaxContractBytes = 64 << 10
+
+// ErrContractTooLarge is wrapped by PublishTool's refusal of a contract over
+// MaxContractBytes.
+var ErrContractTooLarge = errors.New("store: tool contract too large")
+
+// errContractSize is the refusal of a catalog entry over MaxContractBytes, or nil.
+func errContractSize(tool string, val []byte) error {
+	if len(val) > MaxContractBytes {
+		return fmt.Errorf("%w: %s is %d bytes, over %d", ErrContractTooLarge, tool, len(val), MaxContractBytes)
+	}
+	return nil
+}
+
 // PublishTool writes a tool contract to the catalog (key = tool name). Executors call it
 // at start for every tool they serve. An entry that already holds the same contract is
 // left alone. A different one is replaced only when c.Version is higher than the
@@ -53,6 +72,9 @@ func (e *ContractChangedError) Unwrap() error { return ErrContractChanged }
 func (s *Store) PublishTool(ctx context.Context, c toolbus.ToolContract, replace bool) error {
 	if !toolbus.ValidToolName(c.Name) {
 		return fmt.Errorf("store: invalid tool name %q", c.Name)
+	}
+	if n := len(mustJSON(c)); n > MaxContractBytes {
+		return fmt.Errorf("%w: %s is %d bytes of JSON, over %d: shorten its description or input schema", ErrContractTooLarge, c.Name, n, MaxContractBytes)
 	}
 	for attempt := 0; ; attempt++ {
 		e, err := s.tools.Get(ctx, c.Name)
@@ -208,7 +230,11 @@ func (s *Store) refreshTools(ctx context.Context, c *Catalog, log *slog.Logger) 
 		}
 		changed = true
 		var tc toolbus.ToolContract
-		if err := json.Unmarshal(val, &tc); err == nil {
+		err := errContractSize(key, val)
+		if err == nil {
+			err = json.Unmarshal(val, &tc)
+		}
+		if err == nil {
 			tools[key], raw[key] = tc, decoded[toolbus.ToolContract]{raw: string(val), v: tc}
 		} else {
 			delete(tools, key)
@@ -296,7 +322,7 @@ func (c *Catalog) Resolve(ctx context.Context, name string) (toolbus.ToolContrac
 		return toolbus.ToolContract{}, false
 	}
 	var tc toolbus.ToolContract
-	if json.Unmarshal(e.Value(), &tc) != nil {
+	if errContractSize(name, e.Value()) != nil || json.Unmarshal(e.Value(), &tc) != nil {
 		return toolbus.ToolContract{}, false
 	}
 	c.mu.Lock()
