@@ -81,7 +81,7 @@ func cmdRun(ctx context.Context, cfg Config, log *slog.Logger, args []string, ou
 func parseRun(cfg Config, args []string, errOut io.Writer) (toolbus.RunStarted, error) {
 	fs := newFlagSet("run", `run [flags] "question"   (flags may come before or after the question; -- ends them)`, errOut)
 	runID := fs.String("id", "", "run id (default: random)")
-	system := fs.String("system", "You are an on-call assistant. Use the tools to check facts before answering.", "system message")
+	system := fs.String("system", "", "the run's system message (default: none; the model reads only the question)")
 	tools := fs.String("tools", "", "comma-separated allowed tools (default: all)")
 	maxSteps := fs.Int("max-steps", cmp.Or(cfg.MaxSteps, injector.DefaultMaxSteps), "step limit")
 	timeout := fs.Duration("timeout", cfg.RunTimeout, "run deadline from now")
@@ -108,8 +108,12 @@ func parseRun(cfg Config, args []string, errOut io.Writer) (toolbus.RunStarted, 
 	// (TOOLBUS_MODEL of the planner, not of this client).
 	rs := toolbus.RunStarted{
 		RunID: *runID, Model: *model, Principal: toolbus.Principal{ID: *principal},
-		Messages: []toolbus.Message{{Role: toolbus.RoleSystem, Content: *system}, {Role: toolbus.RoleUser, Content: question}},
+		Messages: []toolbus.Message{{Role: toolbus.RoleUser, Content: question}},
 		Limits:   toolbus.Limits{MaxSteps: *maxSteps, Deadline: time.Now().Add(*timeout).UTC(), TokenBudget: *budget},
+	}
+	if strings.TrimSpace(*system) != "" {
+		// Only when asked for: a run gets no persona it did not choose.
+		rs.Messages = append([]toolbus.Message{{Role: toolbus.RoleSystem, Content: *system}}, rs.Messages...)
 	}
 	if *tools != "" {
 		for _, t := range strings.Split(*tools, ",") {
