@@ -212,3 +212,33 @@ func TestScriptFileDrivesACustomTool(t *testing.T) {
 	wantCode(t, "run --model the planner cannot serve", code, 1, out.String(), errOut.String())
 	wantContains(t, "run --model the planner cannot serve", out.String(), "model_error", `names model "openai:gpt-4.1", which this planner cannot serve`, "OPENAI_API_KEY")
 }
+
+// TestTailLocalStore: with no TOOLBUS_NATS_URL, tail reads the local store as runs and
+// replay do: a run's stored events, or every run's, then it stops (nothing else writes
+// there); a run the store lacks exits 1. A command that must reach a server (approve)
+// says which command needs TOOLBUS_NATS_URL, not "this role".
+func TestTailLocalStore(t *testing.T) {
+	noServerEnv(t)
+	code, out, errOut := cli(t, "call", "--id", "tail-local", "calculator", `{"expression":"6*7"}`)
+	wantCode(t, "call calculator", code, 0, out, errOut)
+
+	code, out, errOut = cli(t, "tail", "tail-local")
+	wantCode(t, "tail of a stored run", code, 0, out, errOut)
+	wantContains(t, "tail of a stored run", out, "run tail-local started", "<- call_0 calculator: succeeded", "run tail-local: completed")
+	wantContains(t, "tail of a stored run", errOut, "local store")
+
+	code, out, errOut = cli(t, "tail")
+	wantCode(t, "tail of the local store", code, 0, out, errOut)
+	wantContains(t, "tail of the local store", out, "tail-local run tail-local started", "tail-local run tail-local: completed")
+
+	code, out, errOut = cli(t, "tail", "no-such-run")
+	wantCode(t, "tail of a run the store lacks", code, 1, out, errOut)
+	wantContains(t, "tail of a run the store lacks", errOut, "run no-such-run not found in the local store")
+
+	code, out, errOut = cli(t, "approve", "tail-local", "call_0")
+	wantCode(t, "approve with no server", code, 1, out, errOut)
+	wantContains(t, "approve with no server", errOut, "toolbus approve: TOOLBUS_NATS_URL is not set: this command connects")
+	if strings.Contains(errOut, "role") {
+		t.Errorf("approve calls itself a role: %s", errOut)
+	}
+}
