@@ -307,7 +307,13 @@ func cmdRuns(ctx context.Context, cfg Config, log *slog.Logger, args []string, o
 		}
 		runs = kept
 	}
-	return timeline.WriteRuns(out, runs, time.Now(), *asJSON)
+	calls := make(map[string]audit.Calls, len(runs))
+	for _, r := range runs {
+		if calls[r.RunID], err = audit.CountCalls(ctx, c.Bus, r.RunID); err != nil {
+			return err
+		}
+	}
+	return timeline.WriteRuns(out, runs, calls, time.Now(), *asJSON)
 }
 
 // cmdTail follows events live: one run's (and stops when it ends) or every run's.

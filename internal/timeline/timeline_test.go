@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/toolbus/toolbus"
+	"github.com/toolbus/toolbus/audit"
 	"github.com/toolbus/toolbus/events/store"
 	"github.com/toolbus/toolbus/internal/golden"
 )
@@ -25,7 +26,8 @@ func TestResultLine(t *testing.T) {
 	}
 }
 
-// The runs table: newest first, ages as people read them, codes before reasons.
+// The runs table: newest first, ages as people read them, codes before reasons, and the
+// calls that did not succeed beside the run's status (a completed run's failed calls).
 func TestWriteRuns(t *testing.T) {
 	now := time.Date(2026, 3, 4, 12, 0, 0, 0, time.UTC)
 	runs := []store.RunState{
@@ -33,8 +35,12 @@ func TestWriteRuns(t *testing.T) {
 		{RunID: "run-new", Status: toolbus.RunWaitingForApproval, Step: 0, Reason: "1 call(s) need approval", StartedAt: now.Add(-12 * time.Second), UpdatedAt: now.Add(-11 * time.Second)},
 		{RunID: "run-mid", Status: toolbus.RunLimitReached, Step: 9, Code: "max_steps", Reason: "max steps 10 reached", StartedAt: now.Add(-3*time.Minute - 4*time.Second), UpdatedAt: now.Add(-2 * time.Minute)},
 	}
+	calls := map[string]audit.Calls{
+		"run-old": {toolbus.StatusSucceeded: 1, toolbus.StatusFailed: 1, toolbus.StatusRejected: 1},
+		"run-mid": {toolbus.StatusSucceeded: 9},
+	}
 	var out bytes.Buffer
-	if err := WriteRuns(&out, runs, now, false); err != nil {
+	if err := WriteRuns(&out, runs, calls, now, false); err != nil {
 		t.Fatal(err)
 	}
 	golden.Check(t, filepath.Join("testdata", "runs.txt"), out.Bytes())
