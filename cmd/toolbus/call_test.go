@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -138,7 +137,8 @@ func TestScriptFileDrivesACustomTool(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	logs := &testutil.Buffer{}
+	log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	wctx, stop := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	t.Cleanup(func() { stop(); wg.Wait() })
@@ -211,6 +211,35 @@ func TestScriptFileDrivesACustomTool(t *testing.T) {
 	code = run(ctx, []string{"run", "--id", "script-3", "--model", "openai:gpt-4.1", "Greet"}, &out, &errOut)
 	wantCode(t, "run --model the planner cannot serve", code, 1, out.String(), errOut.String())
 	wantContains(t, "run --model the planner cannot serve", out.String(), "model_error", `names model "openai:gpt-4.1", which this planner cannot serve`, "OPENAI_API_KEY")
+
+	out.Reset()
+	errOut.Reset()
+	missing := filepath.Join(dir, "missing.json")
+	code = run(ctx, []string{"run", "--id", "script-4", "--model", "script:" + missing, "Greet"}, &out, &errOut)
+	wantCode(t, "run --model of a missing script file", code, 1, out.String(), errOut.String())
+	wantContains(t, "run --model of a missing script file", out.String(), "model_error", missing)
+	// A user's mistake ends the run saying why, and is no error of the planner's: once
+	// the planner is done with every request (none pending, none awaiting its ack), its
+	// log has no failed handler, no poison message, nothing at level ERROR.
+	eventstest.Eventually(t, time.Minute, func() error {
+		cons, err := bus.EventStream().Consumer(ctx, events.ConsumerPlanner)
+		if err != nil {
+			return err
+		}
+		info, err := cons.Info(ctx)
+		if err != nil {
+			return err
+		}
+		if info.NumPending+uint64(info.NumAckPending) > 0 {
+			return fmt.Errorf("the planner has %d request(s) pending, %d unacknowledged", info.NumPending, info.NumAckPending)
+		}
+		return nil
+	})
+	for _, line := range strings.Split(logs.String(), "\n") {
+		if strings.Contains(line, "level=ERROR") || strings.Contains(line, "handler failed") || strings.Contains(line, "poison message") {
+			t.Errorf("the planner logged a failed model name as its own failure: %s", line)
+		}
+	}
 }
 
 // TestTailLocalStore: with no TOOLBUS_NATS_URL, tail reads the local store as runs and
