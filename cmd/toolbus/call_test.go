@@ -186,7 +186,7 @@ func TestScriptFileDrivesACustomTool(t *testing.T) {
 	errOut.Reset()
 	code = run(ctx, []string{"run", "--id", "script-2", "--model", "script:" + otherScript, "Greet two"}, &out, &errOut)
 	wantCode(t, "run --model", code, 0, out.String(), errOut.String())
-	wantContains(t, "run --model", out.String(), "model twice (asked for by the run: script:"+otherScript+")",
+	wantContains(t, "run --model", out.String(), "model twice (asked for by the run: a script shipped with the run (",
 		"greet: {\"greeting\":\"hello, Bob\"}", "greet: {\"greeting\":\"hello, Eve\"}")
 	evs, err := bus.RunEvents(ctx, "script-2")
 	if err != nil {
@@ -204,6 +204,14 @@ func TestScriptFileDrivesACustomTool(t *testing.T) {
 	}
 	if fmt.Sprint(recorded) != "[twice twice]" {
 		t.Fatalf("model.responded of the run record %v, want the run's model twice", recorded)
+	}
+	// The script file travelled with the run (a planner on another host serves it).
+	rs, err := bus.RunStarted(ctx, "script-2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(rs.Model, `script:{"name":"twice","steps":[`) {
+		t.Fatalf("run.started names model %q, want the script itself", rs.Model)
 	}
 
 	out.Reset()

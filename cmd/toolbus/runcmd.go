@@ -87,7 +87,7 @@ func parseRun(cfg Config, args []string, errOut io.Writer) (toolbus.RunStarted, 
 	timeout := fs.Duration("timeout", cfg.RunTimeout, "run deadline from now")
 	budget := fs.Int64("token-budget", cfg.TokenBudget, "token budget (0: none)")
 	principal := fs.String("principal", "cli", "principal the run acts for")
-	model := fs.String("model", "", "model of this run, e.g. script:./greet.json or openai:gpt-4.1 (default: the planner's TOOLBUS_MODEL); a planner that cannot serve it fails the run saying why")
+	model := fs.String("model", "", "model of this run, e.g. script:./greet.json (a script file here travels with the run, up to 64 KiB) or openai:gpt-4.1 (default: the planner's TOOLBUS_MODEL); a planner that cannot serve it fails the run saying why")
 	// Flags may follow the question (toolbus run "q" --max-steps 1): they are flags, not
 	// words of the question; a question that starts with "-" comes after "--".
 	pos, err := parseInterleaved(fs, args)
@@ -101,6 +101,12 @@ func parseRun(cfg Config, args []string, errOut io.Writer) (toolbus.RunStarted, 
 	if *runID == "" {
 		*runID = callrun.NewID("run")
 	}
+	// A script file of this host travels with the run: the planner may be on another.
+	shipped, err := models.Ship(*model)
+	if err != nil {
+		return toolbus.RunStarted{}, &exitError{code: 2, msg: fmt.Sprintf("run: --model %s: %v", *model, err)}
+	}
+	*model = shipped
 	if !toolbus.ValidRunID(*runID) {
 		return toolbus.RunStarted{}, &exitError{code: 2, msg: fmt.Sprintf("run: invalid run id %q: use 1-128 of [A-Za-z0-9_-]", *runID)}
 	}
