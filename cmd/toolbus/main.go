@@ -167,7 +167,8 @@ commands:
   cancel <run> [--reason text]
                            cancel a run: calls in flight are cancelled, the run ends cancelled
   runs [--json] [--status s]
-                           list runs with their status and age
+                           list runs with their status, age and calls' results
+                           (a completed run's failed or rejected calls show)
   tools [--json]           list the tool catalog: instances serving each tool, pending calls
   tail [run] [--all] [--color auto|always|never]
                            follow events live (new ones; --all from the start); with no
