@@ -3,7 +3,7 @@ GO      ?= go
 BIN     := bin/toolbus
 PKGS    := ./...
 
-.PHONY: demo test test-faults bench build vet fmt fuzz clean
+.PHONY: demo install test test-faults bench build vet fmt fuzz clean
 
 DEMO_BIN := bin/toolbus-demo
 # The demo binary links no provider SDK and no OTLP exporter (-tags toolbus_lite): its first
@@ -11,17 +11,31 @@ DEMO_BIN := bin/toolbus-demo
 # tail and the console all work. -trimpath and -s -w make it smaller and link faster.
 LITE    := -tags toolbus_lite -trimpath -ldflags='-s -w'
 
-## demo: the incident scenario end to end on an embedded JetStream server
+DEMO_SYSTEM := You are an on-call assistant. Use the tools to check facts before answering.
+
+## demo: the incident scenario end to end on an embedded JetStream server (the first build
+## compiles nats-server: minutes on 2 cores; later builds take seconds)
 demo:
+	@echo "building $(DEMO_BIN) (the first build takes a few minutes on 2 cores; later ones seconds)"
 	$(GO) build $(LITE) -o $(DEMO_BIN) ./cmd/toolbus
 	@mkdir -p data
-	TOOLBUS_DATA_DIR=$${TOOLBUS_DATA_DIR:-$(CURDIR)/data} TOOLBUS_MODEL=$${TOOLBUS_MODEL:-replay:planner/testdata/incident.jsonl} $(DEMO_BIN) run "What is going on with INC-404?"
+	TOOLBUS_DATA_DIR=$${TOOLBUS_DATA_DIR:-$(CURDIR)/data} TOOLBUS_MODEL=$${TOOLBUS_MODEL:-replay:planner/testdata/incident.jsonl} $(DEMO_BIN) run -system "$(DEMO_SYSTEM)" "What is going on with INC-404?"
+	@echo "next: make install puts this binary on your PATH as toolbus, as every document writes it"
+
+## install: the demo's binary (the lite build) as toolbus in GOBIN (default $$(go env GOPATH)/bin),
+## so that the documents' `toolbus ...` commands run as written; it reuses the demo's build
+install:
+	$(GO) install $(LITE) ./cmd/toolbus
+	@dir="$$($(GO) env GOBIN)"; [ -n "$$dir" ] || dir="$$($(GO) env GOPATH)/bin"; \
+	echo "installed $$dir/toolbus"; \
+	case ":$$PATH:" in *":$$dir:"*) ;; *) echo "$$dir is not on your PATH: export PATH=\"$$dir:\$$PATH\"";; esac
 
 ## build: the full binary (every model provider, OTLP tracing)
 build:
 	$(GO) build -trimpath -ldflags='-s -w' -o $(BIN) ./cmd/toolbus
 
-## test: vet, then every test with the race detector (real embedded JetStream)
+## test: vet, then every test with the race detector (real embedded JetStream); on an empty
+## module cache the go command fetches the modules first (GOPROXY)
 test:
 	$(GO) vet $(PKGS)
 	$(GO) test -race -count=1 -timeout 12m $(PKGS)

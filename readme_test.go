@@ -66,3 +66,38 @@ func TestReadmeGoSnippetsCompile(t *testing.T) {
 		t.Errorf("go build of the documents' Go snippets: %v\n%s", err, out)
 	}
 }
+
+// `make install` puts the binary the README's `make demo` builds on the PATH under the name
+// every document writes, toolbus: a go install (into GOBIN) of ./cmd/toolbus with the
+// demo's build flags (so that it reuses the demo's build). The README says so, and how long
+// the first build takes.
+func TestMakeInstall(t *testing.T) {
+	if _, err := exec.LookPath("make"); err != nil {
+		t.Skip("make is not installed")
+	}
+	out, err := exec.Command("make", "-n", "install").CombinedOutput()
+	if err != nil {
+		t.Fatalf("make -n install: %v\n%s", err, out)
+	}
+	mk, err := os.ReadFile("Makefile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	lite := regexp.MustCompile(`(?m)^LITE\s*:=\s*(.*)$`).FindSubmatch(mk)
+	if lite == nil {
+		t.Fatal("the Makefile defines no LITE (the demo's build flags)")
+	}
+	want := "go install " + strings.TrimSpace(string(lite[1])) + " ./cmd/toolbus"
+	if !strings.Contains(string(out), want) {
+		t.Errorf("make install does not run %q:\n%s", want, out)
+	}
+	readme, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []string{"make install", "a few minutes on 2 cores"} {
+		if !strings.Contains(string(readme), s) {
+			t.Errorf("the README does not say %q", s)
+		}
+	}
+}

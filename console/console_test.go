@@ -64,6 +64,10 @@ func consoleScripts() map[string]*planner.Script {
 			planner.Calls(call("g", "big_output", `{"bytes":300000}`)),
 			planner.Answer("big"),
 		}},
+		"c-rejected": {Steps: []func(planner.Request) planner.Response{
+			planner.Calls(call("ok", "sleep", `{"ms":1}`), call("bad", "sleep", `{"ms":"soon"}`)),
+			planner.Answer("done, one call rejected"),
+		}},
 		"c-http": {Steps: []func(planner.Request) planner.Response{
 			planner.Calls(call("b", "deploy", `{"service":"db"}`)),
 			planner.Answer("done"),
@@ -548,6 +552,21 @@ func TestConsoleBrowser(t *testing.T) {
 		}
 		close(release)
 		do(t, bctx, "the call finishes", chromedp.WaitVisible(`.row.call[data-call="call_0"][data-status="succeeded"]`, chromedp.ByQuery))
+	})
+
+	t.Run("failed calls in the list", func(t *testing.T) {
+		// The run completes (the model answered) though one of its calls was rejected:
+		// the list says so beside the status.
+		p.submit("c-rejected", toolbus.Limits{})
+		p.WaitStatus("c-rejected", toolbus.RunCompleted)
+		var calls, class string
+		do(t, bctx, "read the run's calls in the list", chromedp.Navigate(srv.URL+"/"),
+			chromedp.WaitVisible(`tr[data-run="c-rejected"][data-status="completed"]`, chromedp.ByQuery),
+			text(`#run-c-rejected td.calls`, &calls),
+			chromedp.AttributeValue(`#run-c-rejected td.calls`, "class", &class, nil, chromedp.ByQuery))
+		if calls != "2 calls: 1 rejected" || !strings.Contains(class, "calls-bad") {
+			t.Fatalf("the list shows the calls of c-rejected as %q (class %q), want 2 calls: 1 rejected, marked", calls, class)
+		}
 	})
 
 	t.Run("hostile output is text", func(t *testing.T) {

@@ -22,8 +22,8 @@ import (
 // searched (q: run id, question, principal, model) and paged. The run states come from
 // one read of the runs bucket; a run's question and principal from its run.started
 // (cached by the bus: it never changes); whether it called a tool from one direct get on
-// its tool subjects; its step count from its last model.responded. Only the rows of
-// the page shown read more than the state.
+// its tool subjects; its step count from its last model.responded, its calls' results
+// from its tool.finished events. Only the rows of the page shown read more than the state.
 
 // runQuery is the runs list's query: its filters, search and page.
 type runQuery struct {
@@ -116,7 +116,10 @@ type runRow struct {
 	store.RunState
 	Question, Principal, Model string
 	// Steps counts the steps the model answered, as the run page does.
-	Steps  int
+	Steps int
+	// Calls counts the run's results by status: a run that completed may have calls
+	// that failed or were rejected, which its status does not say.
+	Calls  audit.Calls
 	Tokens int64
 	Age    string
 	// Duration is the run's length once it ended; Active runs show the time since
@@ -247,6 +250,9 @@ func (c *server) runRow(ctx context.Context, st store.RunState, now time.Time) r
 	}
 	if ev, err := c.bus.LastEvent(ctx, events.SubjectModelResponded(st.RunID)); err == nil && ev.Err == nil {
 		row.Steps = ev.Meta.Step + 1
+	}
+	if calls, err := audit.CountCalls(ctx, c.bus, st.RunID); err == nil {
+		row.Calls = calls
 	}
 	step := st.Step
 	if row.Active {

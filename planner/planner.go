@@ -340,6 +340,9 @@ func (p *Planner) plan(ctx context.Context, req toolbus.ModelRequested, first bo
 	ctx, span := p.stepSpan(ctx, rs, step, traceparent)
 	defer span.End()
 	mr, got, err := p.answer(ctx, span, rs, step, view, recorded)
+	if errors.Is(err, errEndedHere) {
+		return nil // the run ended with the step's failure (model_error...): nothing to publish
+	}
 	if err != nil {
 		return err
 	}
@@ -375,10 +378,21 @@ func (p *Planner) runState(ctx context.Context, run string, startSeq uint64) (st
 	return st, err
 }
 
+// errEndedHere: answer ended the run itself (p.fail) and the step has nothing to publish.
+var errEndedHere = errors.New("planner: the step ended its run")
+
+// endedHere is answer's error once it ended the run: the error of ending it, if any.
+func endedHere(err error) error {
+	if err != nil {
+		return err
+	}
+	return errEndedHere
+}
+
 // answer returns the step's assistant message, recorded: the one already recorded (a
 // redelivery or a duplicate request: the model is called once per step), the
 // pre-planned calls of a run that has them, or the model's answer. got reports that
-// the model was not called. An error may be the run's end (p.fail, answerTooLarge).
+// the model was not called. errEndedHere: it ended the run (p.fail, answerTooLarge).
 func (p *Planner) answer(ctx context.Context, span trace.Span, rs *toolbus.RunStarted, step int, view stepView, recorded *toolbus.ModelResponded) (mr toolbus.ModelResponded, got bool, err error) {
 	run := rs.RunID
 	// Reuse what the model already said for this step, if it was recorded (a redelivery,
@@ -405,7 +419,7 @@ func (p *Planner) answer(ctx context.Context, span trace.Span, rs *toolbus.RunSt
 			span.SetStatus(codes.Error, err.Error())
 			span.SetAttributes(attribute.String("error.type", toolbus.CodeModelError))
 			if errors.Is(err, ErrPermanent) {
-				return mr, got, p.fail(ctx, run, step, toolbus.CodeModelError, err.Error())
+				return mr, got, endedHere(p.fail(ctx, run, step, toolbus.CodeModelError, err.Error()))
 			}
 			return mr, got, err
 		}
@@ -416,7 +430,7 @@ func (p *Planner) answer(ctx context.Context, span trace.Span, rs *toolbus.RunSt
 				if rec, ok := p.recordedAfterAll(ctx, view, run, step); ok {
 					return rec, true, nil
 				}
-				return mr, got, p.answerTooLarge(ctx, run, step, len(b), limit)
+				return mr, got, endedHere(p.answerTooLarge(ctx, run, step, len(b), limit))
 			}
 		}
 		// The first recorded answer wins (another planner may have raced us).
@@ -425,7 +439,7 @@ func (p *Planner) answer(ctx context.Context, span trace.Span, rs *toolbus.RunSt
 		cancel()
 		if err != nil {
 			if tooLarge(err) {
-				return mr, got, p.answerTooLarge(ctx, run, step, 0, p.maxAnswer())
+				return mr, got, endedHere(p.answerTooLarge(ctx, run, step, 0, p.maxAnswer()))
 			}
 			return mr, got, err
 		}

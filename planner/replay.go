@@ -2,6 +2,7 @@ package planner
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -131,6 +132,10 @@ type Replay struct {
 	bound   map[string]string // request run id -> recorded run id
 	foreign int               // runs bound to a recording of another run id
 	calls   map[string]int    // request run id + step -> requests served
+
+	// name is the model name the answers carry: replay:<cassette> (OpenReplay), else
+	// the recorded one.
+	name string
 }
 
 var _ Model = (*Replay)(nil)
@@ -146,6 +151,7 @@ func OpenReplay(path string) (*Replay, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w (cassette %s)", err, path)
 	}
+	r.name = "replay:" + path // what serves the run, not the model recorded in it
 	return r, nil
 }
 
@@ -223,9 +229,6 @@ func (r *Replay) Complete(ctx context.Context, req Request) (Response, error) {
 	if msg.Role == "" {
 		msg.Role = toolbus.RoleAssistant
 	}
-	model := ex.Response.Model
-	if model == "" {
-		model = "replay"
-	}
+	model := cmp.Or(r.name, ex.Response.Model, "replay")
 	return Response{Message: msg, Usage: ex.Response.Usage, Model: model}, nil
 }

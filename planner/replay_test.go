@@ -200,6 +200,10 @@ func TestIncidentCassette(t *testing.T) {
 		if step == 2 && !strings.HasPrefix(resp.Message.Content, "INC-404 does not exist. INC-001 is a high-severity incident") {
 			t.Fatalf("answer %q", resp.Message.Content)
 		}
+		// The answers name what serves the run (the cassette), not the model recorded in it.
+		if want := "replay:" + filepath.Join("testdata", "incident.jsonl"); resp.Model != want {
+			t.Fatalf("step %d answered by model %q, want %q", step, resp.Model, want)
+		}
 	}
 	want := `lookup_incident{"incident_id":"INC-404"},calculator{"expression":"17 * 38 + 55"},lookup_incident{"incident_id":"INC-001"}`
 	if got := strings.Join(calls, ","); got != want {

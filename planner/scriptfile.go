@@ -78,6 +78,49 @@ func LoadScriptFile(path string) (*ScriptModel, error) {
 	return sm, nil
 }
 
+// MaxInlineScript bounds the script a run carries in its model name (InlineScript).
+const MaxInlineScript = 64 << 10
+
+// InlineScript returns the model name that carries the script file at path itself:
+// script:<the file as compact JSON, named>. A run that names it is served by any planner,
+// on any host, with no file there: `toolbus run --model script:<file>` ships the client's
+// file so. The file is checked here (LoadScriptFile) and may be at most MaxInlineScript
+// bytes as JSON.
+func InlineScript(path string) (string, error) {
+	sm, err := LoadScriptFile(path)
+	if err != nil {
+		return "", err
+	}
+	b, err := json.Marshal(sm.file)
+	if err != nil {
+		return "", fmt.Errorf("%w: %w", ErrScript, err)
+	}
+	if len(b) > MaxInlineScript {
+		return "", fmt.Errorf("%w: %s is %d bytes as JSON, over the %d a run may carry: put it on the planner's host (TOOLBUS_MODEL=script:<file>)",
+			ErrScript, path, len(b), MaxInlineScript)
+	}
+	return "script:" + string(b), nil
+}
+
+// IsInlineScript reports whether a model name carries its script (InlineScript).
+func IsInlineScript(name string) bool { return strings.HasPrefix(name, "script:{") }
+
+// ParseInlineScript is the model of a name that carries its script (InlineScript).
+func ParseInlineScript(name string) (*ScriptModel, error) {
+	text := strings.TrimPrefix(name, "script:")
+	if len(text) > MaxInlineScript {
+		return nil, fmt.Errorf("%w: the run's script is %d bytes, over %d", ErrScript, len(text), MaxInlineScript)
+	}
+	sm, err := ParseScriptFile(strings.NewReader(text))
+	if err != nil {
+		return nil, fmt.Errorf("%w (shipped with the run)", err)
+	}
+	if sm.file.Name == "" {
+		sm.file.Name = "script"
+	}
+	return sm, nil
+}
+
 // ParseScriptFile reads a script file from r. Unknown fields are errors (a misspelt
 // "calls" would otherwise answer at once).
 func ParseScriptFile(r io.Reader) (*ScriptModel, error) {

@@ -77,6 +77,9 @@ func cmdCall(ctx context.Context, cfg Config, log *slog.Logger, args []string, s
 	o, err := callrun.Await(ctx, watch, waitHint, func(p *timeline.Printer) {
 		// Silent for a while: say what the call waits for (no planner, no executor...).
 		fmt.Fprintln(errOut, strings.TrimSpace(timeline.WaitingHint(ctx, c.Bus, p)))
+	}, func(tp toolbus.ToolProgress) {
+		// A long call's reports, on stderr as tail shows them: stdout keeps the output.
+		fmt.Fprintf(errOut, ".. %s %s\n", req.tool, audit.ProgressText(tp))
 	})
 	if err != nil {
 		if ctx.Err() != nil {

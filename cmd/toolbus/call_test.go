@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -138,7 +137,8 @@ func TestScriptFileDrivesACustomTool(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	logs := &testutil.Buffer{}
+	log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	wctx, stop := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	t.Cleanup(func() { stop(); wg.Wait() })
@@ -186,7 +186,7 @@ func TestScriptFileDrivesACustomTool(t *testing.T) {
 	errOut.Reset()
 	code = run(ctx, []string{"run", "--id", "script-2", "--model", "script:" + otherScript, "Greet two"}, &out, &errOut)
 	wantCode(t, "run --model", code, 0, out.String(), errOut.String())
-	wantContains(t, "run --model", out.String(), "model twice (asked for by the run: script:"+otherScript+")",
+	wantContains(t, "run --model", out.String(), "model twice (asked for by the run: a script shipped with the run (",
 		"greet: {\"greeting\":\"hello, Bob\"}", "greet: {\"greeting\":\"hello, Eve\"}")
 	evs, err := bus.RunEvents(ctx, "script-2")
 	if err != nil {
@@ -205,10 +205,77 @@ func TestScriptFileDrivesACustomTool(t *testing.T) {
 	if fmt.Sprint(recorded) != "[twice twice]" {
 		t.Fatalf("model.responded of the run record %v, want the run's model twice", recorded)
 	}
+	// The script file travelled with the run (a planner on another host serves it).
+	rs, err := bus.RunStarted(ctx, "script-2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(rs.Model, `script:{"name":"twice","steps":[`) {
+		t.Fatalf("run.started names model %q, want the script itself", rs.Model)
+	}
 
 	out.Reset()
 	errOut.Reset()
 	code = run(ctx, []string{"run", "--id", "script-3", "--model", "openai:gpt-4.1", "Greet"}, &out, &errOut)
 	wantCode(t, "run --model the planner cannot serve", code, 1, out.String(), errOut.String())
 	wantContains(t, "run --model the planner cannot serve", out.String(), "model_error", `names model "openai:gpt-4.1", which this planner cannot serve`, "OPENAI_API_KEY")
+
+	out.Reset()
+	errOut.Reset()
+	missing := filepath.Join(dir, "missing.json")
+	code = run(ctx, []string{"run", "--id", "script-4", "--model", "script:" + missing, "Greet"}, &out, &errOut)
+	wantCode(t, "run --model of a missing script file", code, 1, out.String(), errOut.String())
+	wantContains(t, "run --model of a missing script file", out.String(), "model_error", missing)
+	// A user's mistake ends the run saying why, and is no error of the planner's: once
+	// the planner is done with every request (none pending, none awaiting its ack), its
+	// log has no failed handler, no poison message, nothing at level ERROR.
+	eventstest.Eventually(t, time.Minute, func() error {
+		cons, err := bus.EventStream().Consumer(ctx, events.ConsumerPlanner)
+		if err != nil {
+			return err
+		}
+		info, err := cons.Info(ctx)
+		if err != nil {
+			return err
+		}
+		if info.NumPending+uint64(info.NumAckPending) > 0 {
+			return fmt.Errorf("the planner has %d request(s) pending, %d unacknowledged", info.NumPending, info.NumAckPending)
+		}
+		return nil
+	})
+	for _, line := range strings.Split(logs.String(), "\n") {
+		if strings.Contains(line, "level=ERROR") || strings.Contains(line, "handler failed") || strings.Contains(line, "poison message") {
+			t.Errorf("the planner logged a failed model name as its own failure: %s", line)
+		}
+	}
+}
+
+// TestTailLocalStore: with no TOOLBUS_NATS_URL, tail reads the local store as runs and
+// replay do: a run's stored events, or every run's, then it stops (nothing else writes
+// there); a run the store lacks exits 1. A command that must reach a server (approve)
+// says which command needs TOOLBUS_NATS_URL, not "this role".
+func TestTailLocalStore(t *testing.T) {
+	noServerEnv(t)
+	code, out, errOut := cli(t, "call", "--id", "tail-local", "calculator", `{"expression":"6*7"}`)
+	wantCode(t, "call calculator", code, 0, out, errOut)
+
+	code, out, errOut = cli(t, "tail", "tail-local")
+	wantCode(t, "tail of a stored run", code, 0, out, errOut)
+	wantContains(t, "tail of a stored run", out, "run tail-local started", "<- call_0 calculator: succeeded", "run tail-local: completed")
+	wantContains(t, "tail of a stored run", errOut, "local store")
+
+	code, out, errOut = cli(t, "tail")
+	wantCode(t, "tail of the local store", code, 0, out, errOut)
+	wantContains(t, "tail of the local store", out, "tail-local run tail-local started", "tail-local run tail-local: completed")
+
+	code, out, errOut = cli(t, "tail", "no-such-run")
+	wantCode(t, "tail of a run the store lacks", code, 1, out, errOut)
+	wantContains(t, "tail of a run the store lacks", errOut, "run no-such-run not found in the local store")
+
+	code, out, errOut = cli(t, "approve", "tail-local", "call_0")
+	wantCode(t, "approve with no server", code, 1, out, errOut)
+	wantContains(t, "approve with no server", errOut, "toolbus approve: TOOLBUS_NATS_URL is not set: this command connects")
+	if strings.Contains(errOut, "role") {
+		t.Errorf("approve calls itself a role: %s", errOut)
+	}
 }

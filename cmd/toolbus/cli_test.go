@@ -142,8 +142,8 @@ func TestCLIRefusesBadValues(t *testing.T) {
 // TestCLIReadOnlyCommandsCreateNothing: with no server and no local store, read-only
 // commands say so and leave no ./data behind.
 func TestCLIReadOnlyCommandsCreateNothing(t *testing.T) {
-	for _, args := range [][]string{{"runs"}, {"tools"}, {"replay", "run-1"}, {"console"}} {
-		t.Run(args[0], func(t *testing.T) {
+	for _, args := range [][]string{{"runs"}, {"tools"}, {"replay", "run-1"}, {"console"}, {"tail"}, {"tail", "run-1"}} {
+		t.Run(strings.Join(args, "_"), func(t *testing.T) {
 			dir := noServerEnv(t)
 			t.Setenv("TOOLBUS_CONSOLE_ADDR", "127.0.0.1:0")
 			t.Setenv("TOOLBUS_CONSOLE_PUBLIC_READ", "true") // else it refuses to start, before it looks

@@ -1,12 +1,17 @@
 package main
 
 import (
+	"maps"
 	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/toolbus/toolbus/internal/golden"
 	"github.com/toolbus/toolbus/internal/node"
+	"github.com/toolbus/toolbus/internal/testutil"
 )
 
 // configurationDoc is the configuration page, whose table is the output of `toolbus env`.
@@ -67,5 +72,68 @@ func TestConfigurationDoc(t *testing.T) {
 	if table != want {
 		t.Errorf("the table of %s is not what toolbus env prints (go test ./cmd/toolbus -run ConfigurationDoc -update): %s",
 			configurationDoc, golden.Diff([]byte(table), []byte(want)))
+	}
+}
+
+// notConfig are the TOOLBUS_ variables the documents may name that are not settings of the
+// binary (toolbus env): docker compose's, the tests', the examples' (docs/configuration.md
+// lists them under "Other variables").
+var notConfig = map[string]string{
+	"TOOLBUS_ADMIN_PASSWORD":      "docker compose: the admin user's password",
+	"TOOLBUS_PLANNER_PASSWORD":    "docker compose",
+	"TOOLBUS_EXECUTOR_PASSWORD":   "docker compose",
+	"TOOLBUS_INJECTOR_PASSWORD":   "docker compose",
+	"TOOLBUS_CLIENT_PASSWORD":     "docker compose",
+	"TOOLBUS_FAULTS":              "make test-faults: runs the fault suite",
+	"TOOLBUS_FAULTS_LOGS":         "the fault suite: print the processes' logs",
+	"TOOLBUS_FAULT":               "TOOLBUS_FAULT_*: the fault suite's worker binary",
+	"TOOLBUS_CONSOLE_SCREENSHOTS": "the console's browser test",
+	"TOOLBUS_TEST_LOG":            "the tests' workers log",
+	"TOOLBUS_NODE_TOOL":           "examples/node-executor: the Node tool's name",
+	"TOOLBUS_TOKEN":               "docs/mcp.md: a host's variable holding its bearer token",
+	"TOOLBUS_READ":                "the read mirror's stream name, not a variable",
+	"TOOLBUS_NODE_BREAK":          "examples/node-executor: breaks the Node tool on purpose (conformance)",
+	"TOOLBUS_QUEUES":              "the queue stream's name, not a variable",
+}
+
+// docVar is a TOOLBUS_ variable named in a document; a name that ends with _ or _* is a
+// family (TOOLBUS_NATS_TLS_*).
+var docVar = regexp.MustCompile(`TOOLBUS_[A-Z0-9_]*[A-Z0-9](_\*|_)?`)
+
+// Every TOOLBUS_ variable a Markdown file of the repository names exists: a setting of
+// toolbus env (or, for a family such as TOOLBUS_NATS_TLS_*, the prefix of some), or one of
+// notConfig. A variable renamed or removed in the code fails here until the documents
+// follow.
+func TestDocVariablesExist(t *testing.T) {
+	vars, err := node.EnvVars(Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	known := map[string]bool{}
+	for _, v := range vars {
+		known[v.Name] = true
+	}
+	root := filepath.Join("..", "..")
+	var checked int
+	for _, path := range testutil.MarkdownFiles(t, root) {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rel, _ := filepath.Rel(root, path)
+		for _, m := range docVar.FindAllStringSubmatch(string(b), -1) {
+			name, family := strings.TrimSuffix(m[0], m[1]), m[1] != ""
+			checked++
+			if known[name] || notConfig[name] != "" {
+				continue
+			}
+			if family && slices.ContainsFunc(slices.Collect(maps.Keys(known)), func(k string) bool { return strings.HasPrefix(k, name+"_") }) {
+				continue
+			}
+			t.Errorf("%s names %s, which is no setting of toolbus env", rel, m[0])
+		}
+	}
+	if checked < 100 {
+		t.Fatalf("found only %d TOOLBUS_ variables in the Markdown files", checked)
 	}
 }

@@ -57,10 +57,10 @@ func goCmd(t *testing.T, dir string, env []string, args ...string) {
 
 // TestDeployYourOwnTools does what "Deploy your own tools" of docs/writing-tools.md says,
 // from an empty directory: go mod init, replace toolbus with this checkout, the page's
-// main.go, a build (offline, from the module cache), then the executor against a
-// server: its tool is in `toolbus tools`, /readyz answers ready, /metrics counts the
-// call made with `toolbus call`, its logs are JSON (TOOLBUS_LOG_FORMAT) and its spans
-// reach the OTLP endpoint of OTEL_EXPORTER_OTLP_ENDPOINT.
+// main.go, go mod tidy and a build, then the executor against a server: its tool is in
+// `toolbus tools`, /readyz answers ready, /metrics counts the call made with `toolbus call`,
+// its logs are JSON (TOOLBUS_LOG_FORMAT) and its spans reach the OTLP endpoint of
+// OTEL_EXPORTER_OTLP_ENDPOINT. It works from an empty module cache (buildOutsideModule).
 func TestDeployYourOwnTools(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds a module")
@@ -70,25 +70,8 @@ func TestDeployYourOwnTools(t *testing.T) {
 	if m == nil {
 		t.Fatal("the section shows no Go program")
 	}
-	for _, step := range []string{"go mod init example.com/shout", "go mod edit -replace github.com/toolbus/toolbus=", "go build -o shout ."} {
-		if !strings.Contains(section, step) {
-			t.Fatalf("the section no longer says %q: update this test with it", step)
-		}
-	}
-	root, err := filepath.Abs("../..")
-	if err != nil {
-		t.Fatal(err)
-	}
 	dir := t.TempDir()
-	// Offline: every module comes from the local module cache, already verified.
-	env := []string{"GOFLAGS=-mod=mod -buildvcs=false", "GOPROXY=off", "GOSUMDB=off", "GOWORK=off"}
-	goCmd(t, dir, env, "mod", "init", "example.com/shout")
-	goCmd(t, dir, env, "mod", "edit", "-replace", "github.com/toolbus/toolbus="+root)
-	if err := os.WriteFile(filepath.Join(dir, "main.go"), []byte(m[1]), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	goCmd(t, dir, env, "build", "-o", "shout", ".")
-
+	buildOutsideModule(t, section, dir, m[1])
 	// An OTLP/HTTP endpoint that records the trace exports.
 	var traces sync.WaitGroup
 	traces.Add(1)
@@ -206,6 +189,42 @@ func TestDeployYourOwnTools(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatal("no trace reached the OTLP endpoint (OTEL_EXPORTER_OTLP_ENDPOINT)")
 	}
+}
+
+// buildOutsideModule follows the section's steps in dir, a module outside this repository:
+// go mod init, a replace of toolbus by this checkout, main.go, go mod tidy, go build. The
+// go command resolves what the new module's graph needs itself: GOPROXY and GOMODCACHE
+// come from the environment as for the outer go (a fresh machine's empty module cache is
+// filled from the proxy; nothing has to run before). The checkout's go.sum is
+// the new module's starting go.sum: the new graph is part of toolbus's, so every module is
+// checked against the hashes this repository pins, with no checksum database needed.
+func buildOutsideModule(t *testing.T, section, dir, mainGo string) {
+	t.Helper()
+	steps := []string{"go mod init example.com/shout", "go mod edit -replace github.com/toolbus/toolbus=", "go mod tidy", "go build -o shout ."}
+	for _, step := range steps {
+		if !strings.Contains(section, step) {
+			t.Fatalf("the section no longer says %q: update this test with it", step)
+		}
+	}
+	root, err := filepath.Abs("../..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := []string{"GOWORK=off", "GOFLAGS=-buildvcs=false"}
+	goCmd(t, dir, env, "mod", "init", "example.com/shout")
+	goCmd(t, dir, env, "mod", "edit", "-replace", "github.com/toolbus/toolbus="+root)
+	sum, err := os.ReadFile(filepath.Join(root, "go.sum"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "go.sum"), sum, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "main.go"), []byte(mainGo), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	goCmd(t, dir, env, "mod", "tidy")
+	goCmd(t, dir, env, "build", "-o", "shout", ".")
 }
 
 // cmdRole2 runs roles against TOOLBUS_NATS_URL in this process, as `toolbus planner` and

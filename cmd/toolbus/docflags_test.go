@@ -175,3 +175,23 @@ func TestDocCommands(t *testing.T) {
 		}
 	}
 }
+
+// TestDocCommandTable holds the table "Every command" of docs/commands.md to the usage:
+// every command the usage lists has a row (the first cell names it: `toolbus x`, or
+// `y` beside it in the same cell).
+func TestDocCommandTable(t *testing.T) {
+	section := docSection(t, "docs/commands.md", "## Every command")
+	first := regexp.MustCompile("(?m)^\\| (.*?) \\|")
+	word := regexp.MustCompile("`(?:toolbus )?([a-z]+)\\b")
+	listed := map[string]bool{}
+	for _, row := range first.FindAllStringSubmatch(section, -1) {
+		for _, w := range word.FindAllStringSubmatch(row[1], -1) {
+			listed[w[1]] = true
+		}
+	}
+	for _, name := range usageCommands(t) {
+		if !listed[name] {
+			t.Errorf("docs/commands.md, \"Every command\": no row for toolbus %s (its usage lists it)", name)
+		}
+	}
+}

@@ -168,10 +168,12 @@ commands:
   cancel <run> [--reason text]
                            cancel a run: calls in flight are cancelled, the run ends cancelled
   runs [--json] [--status s]
-                           list runs with their status and age
+                           list runs with their status, age and calls' results
+                           (a completed run's failed or rejected calls show)
   tools [--json]           list the tool catalog: instances serving each tool, pending calls
   tail [run] [--all] [--color auto|always|never]
-                           follow events live (new ones; --all from the start)
+                           follow events live (new ones; --all from the start); with no
+                           TOOLBUS_NATS_URL, the stored events of the local store
   replay <run> [--json]    audit a run from the stream: timeline, transcript, invariants
                            (exit 1 when an invariant is broken)
   console                  serve the web console at TOOLBUS_CONSOLE_ADDR (users sign in with
@@ -275,6 +277,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 				fmt.Fprintln(stderr, "toolbus:", ee.msg)
 			}
 			return ee.code
+		}
+		if errors.Is(err, node.ErrNoURL) {
+			fmt.Fprintf(stderr, "toolbus %s: %v\n", cmd, err) // which command needs a server
+			return 1
 		}
 		fmt.Fprintln(stderr, "toolbus:", err)
 		return 1

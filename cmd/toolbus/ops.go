@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"os"
 	"os/user"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -24,8 +25,8 @@ import (
 )
 
 // The operator's commands: approve, deny, cancel, runs and tail. They talk to a running
-// pipeline through TOOLBUS_NATS_URL (runs, like replay, can also read the local store of
-// the embedded server).
+// pipeline through TOOLBUS_NATS_URL (runs and tail, like replay, can also read the local
+// store of the embedded server).
 
 // parseInterleaved parses flags that may come before, between or after the positional
 // arguments (toolbus deny run-1 call_1 --reason "..."), and returns the positional ones.
@@ -306,7 +307,13 @@ func cmdRuns(ctx context.Context, cfg Config, log *slog.Logger, args []string, o
 		}
 		runs = kept
 	}
-	return timeline.WriteRuns(out, runs, time.Now(), *asJSON)
+	calls := make(map[string]audit.Calls, len(runs))
+	for _, r := range runs {
+		if calls[r.RunID], err = audit.CountCalls(ctx, c.Bus, r.RunID); err != nil {
+			return err
+		}
+	}
+	return timeline.WriteRuns(out, runs, calls, time.Now(), *asJSON)
 }
 
 // cmdTail follows events live: one run's (and stops when it ends) or every run's.
@@ -338,16 +345,26 @@ func cmdTail(ctx context.Context, cfg Config, log *slog.Logger, args []string, o
 	default:
 		return usageError(fs, "tail: --color is auto, always or never")
 	}
-	c, err := node.Open(ctx, cfg, log, false)
+	c, err := openReader(ctx, cfg, log)
 	if err != nil {
 		return err
 	}
 	defer c.Close()
+	// The local store of the embedded server (no TOOLBUS_NATS_URL) has no writer but
+	// this process: tail shows what it holds, from the start, and stops at its end.
+	local := c.Server != nil
+	if local {
+		*all = true
+		fmt.Fprintf(errOut, "reading the local store %s (no TOOLBUS_NATS_URL): its stored events, then tail stops; set TOOLBUS_NATS_URL to follow a running server live\n",
+			filepath.Join(cfg.DataDir, "jetstream"))
+	}
 	filter := events.FilterAll
 	if run != "" {
 		filter = events.SubjectRun(run)
 		st, _, err := c.Bus.Store().RunState(ctx, run)
 		switch {
+		case errors.Is(err, events.ErrRunNotFound) && local:
+			return &exitError{code: 1, msg: fmt.Sprintf("run %s not found in the local store %s", run, filepath.Join(cfg.DataDir, "jetstream"))}
 		case errors.Is(err, events.ErrRunNotFound):
 			// Nothing to skip: follow it from its first event.
 			fmt.Fprintf(errOut, "run %s not started yet; waiting for its events\n", run)
@@ -376,6 +393,9 @@ func cmdTail(ctx context.Context, cfg Config, log *slog.Logger, args []string, o
 			return fmt.Errorf("tail: %w", err)
 		}
 		if !ok {
+			if local {
+				return nil // every stored event shown: nothing else will come
+			}
 			continue
 		}
 		status := t.Print(ev)

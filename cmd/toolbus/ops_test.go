@@ -5,6 +5,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -257,22 +259,34 @@ func TestOpsCommands(t *testing.T) {
 		code, out, errOut := p.toolbus("runs", "--json")
 		wantCode(t, "runs --json", code, 0, out, errOut)
 		var rows []struct {
-			RunID  string `json:"run_id"`
-			Status string `json:"status"`
-			AgeMS  int64  `json:"age_ms"`
+			RunID  string         `json:"run_id"`
+			Status string         `json:"status"`
+			AgeMS  int64          `json:"age_ms"`
+			Calls  map[string]int `json:"calls"`
 		}
 		if err := json.Unmarshal([]byte(out), &rows); err != nil {
 			t.Fatal(err)
 		}
-		got := map[string]string{}
+		got, calls := map[string]string{}, map[string]map[string]int{}
 		for _, r := range rows {
-			got[r.RunID] = r.Status
+			got[r.RunID], calls[r.RunID] = r.Status, r.Calls
 			if r.AgeMS < 0 {
 				t.Fatalf("negative age %+v", r)
 			}
 		}
 		if got["ops-approve"] != "completed" || got["ops-deny"] != "completed" || got["ops-cancel"] != "cancelled" {
 			t.Fatalf("runs %v", got)
+		}
+		// A run that completed says how its calls ended: the denied deploy was rejected.
+		if !maps.Equal(calls["ops-deny"], map[string]int{"rejected": 1}) || !maps.Equal(calls["ops-approve"], map[string]int{"succeeded": 2}) ||
+			!maps.Equal(calls["ops-cancel"], map[string]int{"cancelled": 1}) {
+			t.Fatalf("runs --json calls %v", calls)
+		}
+		code, out, errOut = p.toolbus("runs")
+		wantCode(t, "runs", code, 0, out, errOut)
+		if !regexp.MustCompile(`(?m)^ops-deny\s+completed\s+\d+\s+1 call: 1 rejected\s`).MatchString(out) ||
+			!regexp.MustCompile(`(?m)^ops-approve\s+completed\s+\d+\s+2 calls\s`).MatchString(out) {
+			t.Fatalf("runs does not show the calls that did not succeed:\n%s", out)
 		}
 		code, out, errOut = p.toolbus("runs", "--status", "cancelled")
 		wantCode(t, "runs --status", code, 0, out, errOut)

@@ -88,3 +88,16 @@ func TestSilentLongRunningToolTimesOut(t *testing.T) {
 		t.Fatalf("toolbus call silent: exit %d, %s; want %d and the heartbeat timeout named", code, errOut, callrun.ExitTimedOut)
 	}
 }
+
+// TestCallShowsProgress: `toolbus call` of a long-running tool shows its progress reports
+// on stderr while it runs, as tail does, and prints the output on stdout.
+func TestCallShowsProgress(t *testing.T) {
+	p := startOpsPipeline(t, nil, crawlTool(time.Second))
+	code, out, errOut := p.toolbus("call", "crawl", "{}")
+	wantCode(t, "toolbus call crawl", code, 0, out, errOut)
+	wantContains(t, "toolbus call crawl", errOut, ".. crawl progress 1: crawling")
+	wantContains(t, "toolbus call crawl", out, "crawled")
+	if strings.Contains(out, "progress") {
+		t.Fatalf("progress on stdout, where the output goes:\n%s", out)
+	}
+}

@@ -81,13 +81,13 @@ func cmdRun(ctx context.Context, cfg Config, log *slog.Logger, args []string, ou
 func parseRun(cfg Config, args []string, errOut io.Writer) (toolbus.RunStarted, error) {
 	fs := newFlagSet("run", `run [flags] "question"   (flags may come before or after the question; -- ends them)`, errOut)
 	runID := fs.String("id", "", "run id (default: random)")
-	system := fs.String("system", "You are an on-call assistant. Use the tools to check facts before answering.", "system message")
+	system := fs.String("system", "", "the run's system message (default: none; the model reads only the question)")
 	tools := fs.String("tools", "", "comma-separated allowed tools (default: all)")
 	maxSteps := fs.Int("max-steps", cmp.Or(cfg.MaxSteps, injector.DefaultMaxSteps), "step limit")
 	timeout := fs.Duration("timeout", cfg.RunTimeout, "run deadline from now")
 	budget := fs.Int64("token-budget", cfg.TokenBudget, "token budget (0: none)")
 	principal := fs.String("principal", "cli", "principal the run acts for")
-	model := fs.String("model", "", "model of this run, e.g. script:./greet.json or openai:gpt-4.1 (default: the planner's TOOLBUS_MODEL); a planner that cannot serve it fails the run saying why")
+	model := fs.String("model", "", "model of this run, e.g. script:./greet.json (a script file here travels with the run, up to 64 KiB) or openai:gpt-4.1 (default: the planner's TOOLBUS_MODEL); a planner that cannot serve it fails the run saying why")
 	// Flags may follow the question (toolbus run "q" --max-steps 1): they are flags, not
 	// words of the question; a question that starts with "-" comes after "--".
 	pos, err := parseInterleaved(fs, args)
@@ -101,6 +101,12 @@ func parseRun(cfg Config, args []string, errOut io.Writer) (toolbus.RunStarted, 
 	if *runID == "" {
 		*runID = callrun.NewID("run")
 	}
+	// A script file of this host travels with the run: the planner may be on another.
+	shipped, err := models.Ship(*model)
+	if err != nil {
+		return toolbus.RunStarted{}, &exitError{code: 2, msg: fmt.Sprintf("run: --model %s: %v", *model, err)}
+	}
+	*model = shipped
 	if !toolbus.ValidRunID(*runID) {
 		return toolbus.RunStarted{}, &exitError{code: 2, msg: fmt.Sprintf("run: invalid run id %q: use 1-128 of [A-Za-z0-9_-]", *runID)}
 	}
@@ -108,8 +114,12 @@ func parseRun(cfg Config, args []string, errOut io.Writer) (toolbus.RunStarted, 
 	// (TOOLBUS_MODEL of the planner, not of this client).
 	rs := toolbus.RunStarted{
 		RunID: *runID, Model: *model, Principal: toolbus.Principal{ID: *principal},
-		Messages: []toolbus.Message{{Role: toolbus.RoleSystem, Content: *system}, {Role: toolbus.RoleUser, Content: question}},
+		Messages: []toolbus.Message{{Role: toolbus.RoleUser, Content: question}},
 		Limits:   toolbus.Limits{MaxSteps: *maxSteps, Deadline: time.Now().Add(*timeout).UTC(), TokenBudget: *budget},
+	}
+	if strings.TrimSpace(*system) != "" {
+		// Only when asked for: a run gets no persona it did not choose.
+		rs.Messages = append([]toolbus.Message{{Role: toolbus.RoleSystem, Content: *system}}, rs.Messages...)
 	}
 	if *tools != "" {
 		for _, t := range strings.Split(*tools, ",") {

@@ -2,6 +2,8 @@ package main
 
 import (
 	"errors"
+	"io"
+	"slices"
 	"testing"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -28,5 +30,26 @@ func TestRunRefusesAnExistingRunID(t *testing.T) {
 	later, err := p.bus.EventStream().GetMsg(p.ctx, first+1, jetstream.WithGetMsgSubject(events.SubjectRunStartedAny("taken-1")))
 	if !errors.Is(err, jetstream.ErrMsgNotFound) {
 		t.Fatalf("a run.started after the first at %d: %v (%v): the refused run published one", first, later, err)
+	}
+}
+
+// A run that omits -system has no system message: no persona it did not choose; with
+// -system it has exactly that one, first.
+func TestRunSystemMessageOnlyWhenGiven(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want []toolbus.Message
+	}{
+		{[]string{"hello?"}, []toolbus.Message{{Role: toolbus.RoleUser, Content: "hello?"}}},
+		{[]string{"-system", "  ", "hello?"}, []toolbus.Message{{Role: toolbus.RoleUser, Content: "hello?"}}},
+		{[]string{"-system", "Be brief.", "hello?"}, []toolbus.Message{{Role: toolbus.RoleSystem, Content: "Be brief."}, {Role: toolbus.RoleUser, Content: "hello?"}}},
+	} {
+		rs, err := parseRun(Config{}, tc.args, io.Discard)
+		if err != nil {
+			t.Fatalf("%v: %v", tc.args, err)
+		}
+		if !slices.EqualFunc(rs.Messages, tc.want, func(a, b toolbus.Message) bool { return a.Role == b.Role && a.Content == b.Content }) {
+			t.Errorf("toolbus run %q: messages %+v, want %+v", tc.args, rs.Messages, tc.want)
+		}
 	}
 }

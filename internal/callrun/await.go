@@ -41,8 +41,9 @@ type Outcome struct {
 
 // Await follows a pre-planned run on watch until it ends (the result is the
 // tool.finished of its call) or its call waits for approval; after hintAfter of silence
-// it calls hint once per silence with a printer that knows what the run waits for.
-func Await(ctx context.Context, watch *events.Watcher, hintAfter time.Duration, hint func(*timeline.Printer)) (Outcome, error) {
+// it calls hint once per silence with a printer that knows what the run waits for, and
+// progress (when not nil) with each progress report of the call while it runs.
+func Await(ctx context.Context, watch *events.Watcher, hintAfter time.Duration, hint func(*timeline.Printer), progress func(toolbus.ToolProgress)) (Outcome, error) {
 	var o Outcome
 	done := false
 	p := timeline.NewPrinter(io.Discard)
@@ -52,6 +53,11 @@ func Await(ctx context.Context, watch *events.Watcher, hintAfter time.Duration, 
 			if tf.CallID == CallID {
 				r := tf.ToolResult
 				o.Result = &r
+			}
+		},
+		ToolProgress: func(_ events.StoredEvent, tp toolbus.ToolProgress) {
+			if progress != nil && tp.CallID == CallID && o.Result == nil {
+				progress(tp)
 			}
 		},
 		ToolWaiting: func(events.StoredEvent, toolbus.ToolWaiting) { o.Waiting, done = true, true },

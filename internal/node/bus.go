@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -36,6 +37,10 @@ func (c *Conn) Close() {
 	}
 }
 
+// ErrNoURL: a process that must connect to a running server (a role, a command that
+// publishes) found no TOOLBUS_NATS_URL.
+var ErrNoURL = errors.New("TOOLBUS_NATS_URL is not set: this command connects to a running NATS server (set TOOLBUS_NATS_URL, or run the pipeline with `toolbus up`)")
+
 // Open opens the bus: TOOLBUS_NATS_URL when set, else an embedded JetStream server
 // with its file store in the data dir (only when embed is true).
 func Open(ctx context.Context, cfg Config, log *slog.Logger, embed bool) (*Conn, error) {
@@ -52,7 +57,7 @@ func Open(ctx context.Context, cfg Config, log *slog.Logger, embed bool) (*Conn,
 		log.Info("connected to NATS", "url", cfg.URL, "durability", "set by the server (sync_interval; deploy/nats/strict.conf fsyncs every write)")
 	} else {
 		if !embed {
-			return nil, fmt.Errorf("TOOLBUS_NATS_URL is not set: this role connects to a running NATS server (or use `toolbus up`)")
+			return nil, ErrNoURL
 		}
 		strict, err := cfg.SyncAlways()
 		if err != nil {

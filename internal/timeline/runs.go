@@ -2,6 +2,7 @@ package timeline
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -22,8 +23,10 @@ func WriteJSON(w io.Writer, v any) error {
 	return enc.Encode(v)
 }
 
-// WriteRuns prints run states newest first, as a table or as JSON.
-func WriteRuns(out io.Writer, runs []store.RunState, now time.Time, asJSON bool) error {
+// WriteRuns prints run states newest first, as a table or as JSON, each with its calls'
+// results by status (calls, by run id: a run that completed may have had calls that
+// failed or were rejected).
+func WriteRuns(out io.Writer, runs []store.RunState, calls map[string]audit.Calls, now time.Time, asJSON bool) error {
 	sort.SliceStable(runs, func(i, j int) bool {
 		if !runs[i].StartedAt.Equal(runs[j].StartedAt) {
 			return runs[i].StartedAt.After(runs[j].StartedAt)
@@ -34,10 +37,16 @@ func WriteRuns(out io.Writer, runs []store.RunState, now time.Time, asJSON bool)
 		type row struct {
 			store.RunState
 			AgeMS int64 `json:"age_ms"`
+			// Calls counts the run's results by status (succeeded, failed, rejected...).
+			Calls audit.Calls `json:"calls"`
 		}
 		rows := make([]row, 0, len(runs))
 		for _, r := range runs {
-			rows = append(rows, row{RunState: r, AgeMS: now.Sub(r.StartedAt).Milliseconds()})
+			c := calls[r.RunID]
+			if c == nil {
+				c = audit.Calls{}
+			}
+			rows = append(rows, row{RunState: r, AgeMS: now.Sub(r.StartedAt).Milliseconds(), Calls: c})
 		}
 		return WriteJSON(out, rows)
 	}
@@ -47,13 +56,13 @@ func WriteRuns(out io.Writer, runs []store.RunState, now time.Time, asJSON bool)
 	}
 	var buf bytes.Buffer
 	tw := tabwriter.NewWriter(&buf, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "RUN\tSTATUS\tSTEP\tAGE\tUPDATED\tREASON")
+	fmt.Fprintln(tw, "RUN\tSTATUS\tSTEP\tCALLS\tAGE\tUPDATED\tREASON")
 	for _, r := range runs {
 		reason := r.Reason
 		if r.Code != "" {
 			reason = "[" + r.Code + "] " + reason
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s ago\t%s\n", r.RunID, r.Status, r.Step, audit.Age(now.Sub(r.StartedAt)),
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s ago\t%s\n", r.RunID, r.Status, r.Step, cmp.Or(calls[r.RunID].String(), "-"), audit.Age(now.Sub(r.StartedAt)),
 			audit.Age(now.Sub(r.UpdatedAt)), audit.OneLine(reason, 60))
 	}
 	if err := tw.Flush(); err != nil {

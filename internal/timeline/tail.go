@@ -46,21 +46,41 @@ type Tailer struct {
 	// finished holds the calls seen finishing (run/step/call id), whose late progress
 	// reports are ignored; it is forgotten when it grows past maxTailFinished.
 	finished map[string]bool
+	// printers are the runs' printers: what a run's earlier events said (the model it
+	// asked for, the model already named) shapes how its later ones read, as in the
+	// timeline of toolbus run. Forgotten when they grow past maxTailRuns.
+	printers map[string]*Printer
 }
 
-// maxTailFinished bounds the finished calls a tail remembers.
-const maxTailFinished = 100_000
+// maxTailFinished bounds the finished calls a tail remembers, maxTailRuns the runs.
+const (
+	maxTailFinished = 100_000
+	maxTailRuns     = 10_000
+)
+
+// printer is the printer of the run of ev (one for events of no run).
+func (t *Tailer) printer(ev events.StoredEvent) *Printer {
+	if t.finished == nil || len(t.finished) > maxTailFinished {
+		t.finished = map[string]bool{}
+	}
+	if t.printers == nil || len(t.printers) > maxTailRuns {
+		t.printers = map[string]*Printer{}
+	}
+	run, _ := events.RunIDFromSubject(ev.Subject)
+	p, ok := t.printers[run]
+	if !ok {
+		p = NewPrinter(&t.buf)
+		p.Timers = true
+		t.printers[run] = p
+	}
+	p.finished = t.finished
+	return p
+}
 
 // Print renders one event and returns the run status it reports, if any.
 func (t *Tailer) Print(ev events.StoredEvent) toolbus.RunStatus {
 	t.buf.Reset()
-	p := NewPrinter(&t.buf)
-	p.Timers = true
-	if t.finished == nil || len(t.finished) > maxTailFinished {
-		t.finished = map[string]bool{}
-	}
-	p.finished = t.finished
-	status, _ := p.Print(ev)
+	status, _ := t.printer(ev).Print(ev)
 	text := strings.TrimRight(t.buf.String(), "\n")
 	if text == "" {
 		return status

@@ -2,11 +2,15 @@ package timeline
 
 import (
 	"bytes"
+	"encoding/json"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/toolbus/toolbus"
+	"github.com/toolbus/toolbus/audit"
+	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/store"
 	"github.com/toolbus/toolbus/internal/golden"
 )
@@ -25,7 +29,8 @@ func TestResultLine(t *testing.T) {
 	}
 }
 
-// The runs table: newest first, ages as people read them, codes before reasons.
+// The runs table: newest first, ages as people read them, codes before reasons, and the
+// calls that did not succeed beside the run's status (a completed run's failed calls).
 func TestWriteRuns(t *testing.T) {
 	now := time.Date(2026, 3, 4, 12, 0, 0, 0, time.UTC)
 	runs := []store.RunState{
@@ -33,9 +38,54 @@ func TestWriteRuns(t *testing.T) {
 		{RunID: "run-new", Status: toolbus.RunWaitingForApproval, Step: 0, Reason: "1 call(s) need approval", StartedAt: now.Add(-12 * time.Second), UpdatedAt: now.Add(-11 * time.Second)},
 		{RunID: "run-mid", Status: toolbus.RunLimitReached, Step: 9, Code: "max_steps", Reason: "max steps 10 reached", StartedAt: now.Add(-3*time.Minute - 4*time.Second), UpdatedAt: now.Add(-2 * time.Minute)},
 	}
+	calls := map[string]audit.Calls{
+		"run-old": {toolbus.StatusSucceeded: 1, toolbus.StatusFailed: 1, toolbus.StatusRejected: 1},
+		"run-mid": {toolbus.StatusSucceeded: 9},
+	}
 	var out bytes.Buffer
-	if err := WriteRuns(&out, runs, now, false); err != nil {
+	if err := WriteRuns(&out, runs, calls, now, false); err != nil {
 		t.Fatal(err)
 	}
 	golden.Check(t, filepath.Join("testdata", "runs.txt"), out.Bytes())
+}
+
+// stored is an event of run as a tail reads it.
+func stored(t *testing.T, seq uint64, subject, typ string, data any) events.StoredEvent {
+	t.Helper()
+	raw, err := json.Marshal(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return events.StoredEvent{Seq: seq, Subject: subject, Meta: events.Meta{Type: typ}, Data: raw}
+}
+
+// tail names a run's model as the run's own timeline does: once, and as the run's
+// choice when the run asked for it (the events of several runs interleaved).
+func TestTailNamesTheModelAsRunDoes(t *testing.T) {
+	evs := []events.StoredEvent{
+		stored(t, 1, events.SubjectRunStarted("r1", "p"), events.TypeRunStarted, toolbus.RunStarted{RunID: "r1", Model: "script:steps.json",
+			Messages: []toolbus.Message{{Role: toolbus.RoleUser, Content: "q1"}}}),
+		stored(t, 2, events.SubjectRunStarted("r2", "p"), events.TypeRunStarted, toolbus.RunStarted{RunID: "r2",
+			Messages: []toolbus.Message{{Role: toolbus.RoleUser, Content: "q2"}}}),
+		stored(t, 3, events.SubjectModelResponded("r1"), events.TypeModelResponded, toolbus.ModelResponded{RunID: "r1", Step: 0, Model: "steps",
+			Message: toolbus.Message{Role: toolbus.RoleAssistant, ToolCalls: []toolbus.ToolCall{{CallID: "c", Tool: "noop", Arguments: "{}"}}}}),
+		stored(t, 4, events.SubjectModelResponded("r2"), events.TypeModelResponded, toolbus.ModelResponded{RunID: "r2", Step: 0, Model: "replay:x.jsonl",
+			Message: toolbus.Message{Role: toolbus.RoleAssistant, Content: "a"}}),
+		stored(t, 5, events.SubjectModelResponded("r1"), events.TypeModelResponded, toolbus.ModelResponded{RunID: "r1", Step: 1, Model: "steps",
+			Message: toolbus.Message{Role: toolbus.RoleAssistant, Content: "done"}}),
+	}
+	var out bytes.Buffer
+	tl := &Tailer{Out: &out, PrefixRun: true}
+	for _, ev := range evs {
+		tl.Print(ev)
+	}
+	got := out.String()
+	for _, want := range []string{"r1 model steps (asked for by the run: script:steps.json)\n", "r2 model replay:x.jsonl (the planner's)\n"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("tail lacks %q:\n%s", want, got)
+		}
+	}
+	if n := strings.Count(got, "model steps"); n != 1 {
+		t.Errorf("tail names r1's model %d times, want once:\n%s", n, got)
+	}
 }

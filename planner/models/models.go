@@ -77,6 +77,9 @@ func Base(name string, o Options) (planner.Model, error) {
 		if script, ok := o.Scripts[arg]; ok {
 			return script(), nil
 		}
+		if planner.IsInlineScript(name) {
+			return planner.ParseInlineScript(name) // shipped with the run: no file here
+		}
 		if _, err := os.Stat(arg); err != nil {
 			return nil, fmt.Errorf("unknown script %q: not a built-in script (%s) nor a readable script file: %w", arg, o.builtins(), err)
 		}
@@ -118,6 +121,20 @@ func (o Options) builtins() string {
 	return strings.Join(names, ", ")
 }
 
+// Ship returns the model name a client puts in its run for name: a script file that
+// exists here (script:<path>) travels with the run (planner.InlineScript), so that a
+// planner on another host serves it; any other name is the planner's to resolve.
+func Ship(name string) (string, error) {
+	kind, arg, _ := strings.Cut(name, ":")
+	if kind != "script" || arg == "" || planner.IsInlineScript(name) {
+		return name, nil
+	}
+	if fi, err := os.Stat(arg); err != nil || fi.IsDir() {
+		return name, nil // a built-in script, or a file on the planner's host
+	}
+	return planner.InlineScript(arg)
+}
+
 // Set serves the models that runs name (RunStarted.Model, toolbus run --model): the
 // planner's own (TOOLBUS_MODEL) and any other this process can build (a script, a
 // cassette, a provider whose key is set), each built once and kept.
@@ -136,6 +153,9 @@ func NewSet(name string, own planner.Model, o Options) *Set {
 // Resolve returns the model named name, building it on first use; the error says why
 // this planner cannot serve it (no such model, no API key, no such file).
 func (s *Set) Resolve(name string) (planner.Model, error) {
+	if planner.IsInlineScript(name) {
+		return New(name, s.opts) // each run's own: built per step (cheap), never kept
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if m, ok := s.models[name]; ok {

@@ -134,3 +134,50 @@ func TestIncidentCassetteMatchesScript(t *testing.T) {
 		t.Fatalf("%d exchanges, want the 3 steps of the demo", n)
 	}
 }
+
+// A script file of the client's host travels with the run (Ship): the model name carries
+// the script, and a planner with no such file serves it; a file over the bound is
+// refused saying why; other names are left to the planner.
+func TestShipScriptFile(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "greet.json")
+	script := `{"steps": [{"say": "hi", "calls": [{"id": "g", "tool": "greet", "arguments": {"name": "Ada"}}]}, {"say": "done"}]}`
+	if err := os.WriteFile(path, []byte(script), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	shipped, err := Ship("script:" + path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !planner.IsInlineScript(shipped) || !strings.Contains(shipped, `"name":"script:greet"`) {
+		t.Fatalf("Ship = %q, want the script itself, named", shipped)
+	}
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	set := NewSet("script:incident", planner.ModelFunc(nil), testOptions)
+	m, err := set.Resolve(shipped)
+	if err != nil {
+		t.Fatalf("a planner without the file: %v", err)
+	}
+	resp, err := m.Complete(context.Background(), planner.Request{RunID: "r", Step: 0})
+	if err != nil || len(resp.Message.ToolCalls) != 1 || resp.Message.ToolCalls[0].Tool != "greet" || resp.Model != "script:greet" {
+		t.Fatalf("the shipped script answered %+v, %v", resp, err)
+	}
+
+	big := filepath.Join(dir, "big.json")
+	if err := os.WriteFile(big, []byte(`{"steps": [{"say": "`+strings.Repeat("x", planner.MaxInlineScript)+`"}]}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Ship("script:" + big); err == nil || !strings.Contains(err.Error(), "over the 65536 a run may carry") {
+		t.Fatalf("Ship of a script over the bound: %v", err)
+	}
+	if _, err := set.Resolve("script:{" + strings.Repeat(" ", planner.MaxInlineScript) + "}"); err == nil {
+		t.Fatal("a planner served a run's script over the bound")
+	}
+	for _, name := range []string{"script:incident", "openai:gpt-4.1", "script:" + filepath.Join(dir, "missing.json"), ""} {
+		if got, err := Ship(name); err != nil || got != name {
+			t.Errorf("Ship(%q) = %q, %v; want it unchanged", name, got, err)
+		}
+	}
+}

@@ -2,7 +2,12 @@
 // administrator's grants, one executor user per team that may serve only the team's
 // tools (see package natsjwt). It writes every kind NATS offers:
 //
-//	go run ./deploy/nats/gen [-perms deploy/nats/permissions.conf] [-grants grants.json] [-out deploy/nats/jwt]
+//	go run ./deploy/nats/gen [-perms deploy/nats/permissions.conf] [-grants grants.json] [-out DIR]
+//
+// It runs from any directory of the checkout (go run ../../deploy/nats/gen from a
+// subdirectory works too): -perms defaults to this checkout's deploy/nats/permissions.conf,
+// and -out to toolbus/nats under the user's configuration directory ($XDG_CONFIG_HOME, else
+// ~/.config on Linux), outside the repository: what it writes are secrets.
 //
 // grants.json:
 //
@@ -25,45 +30,109 @@
 package main
 
 import (
+	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
+	"path/filepath"
+	"runtime"
 
 	"github.com/toolbus/toolbus/deploy/nats/natsjwt"
 )
 
-func main() {
-	perms := flag.String("perms", "deploy/nats/permissions.conf", "role permissions")
-	grants := flag.String("grants", "", "grants file: the tools of each team and the identities of each bound client (JSON, {\"teams\": {\"<team>\": [\"<tool>\", ...]}, \"clients\": {\"<name>\": [\"<identity>\", ...]}})")
-	out := flag.String("out", "deploy/nats/jwt", "output directory (holds secrets: keep it out of git)")
-	flag.Parse()
-	var g natsjwt.Grants
-	if *grants != "" {
-		var err error
-		if g, err = natsjwt.ReadGrants(*grants); err != nil {
-			fmt.Fprintln(os.Stderr, "gen:", err)
-			os.Exit(1)
+func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
+
+// run is main without the process: the tests call it.
+func run(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("gen", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	perms := fs.String("perms", "", "role permissions (default: deploy/nats/permissions.conf of this checkout)")
+	grants := fs.String("grants", "", "grants file: the tools of each team and the identities of each bound client (JSON, {\"teams\": {\"<team>\": [\"<tool>\", ...]}, \"clients\": {\"<name>\": [\"<identity>\", ...]}})")
+	out := fs.String("out", "", "output directory, created 0700 (default: toolbus/nats in the user's configuration directory, outside the repository: it holds secrets)")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if err := generate(*perms, *grants, *out, stdout); err != nil {
+		fmt.Fprintln(stderr, "gen:", err)
+		return 1
+	}
+	return 0
+}
+
+func generate(perms, grants, out string, stdout io.Writer) error {
+	var err error
+	if perms == "" {
+		if perms, err = defaultPerms(); err != nil {
+			return err
 		}
 	}
-	res, err := natsjwt.GenerateGrants(*perms, *out, g)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "gen:", err)
-		os.Exit(1)
+	if out == "" {
+		dir, err := os.UserConfigDir()
+		if err != nil {
+			return fmt.Errorf("no default output directory (%w): give -out", err)
+		}
+		out = filepath.Join(dir, "toolbus", "nats")
 	}
-	fmt.Println("server configs:", res.Config, res.UsersConfig, res.NkeysConfig)
-	fmt.Println("kubernetes secrets:", res.K8sSecrets)
+	if err := os.MkdirAll(out, 0o700); err != nil {
+		return err
+	}
+	var g natsjwt.Grants
+	if grants != "" {
+		if g, err = natsjwt.ReadGrants(grants); err != nil {
+			return err
+		}
+	}
+	res, err := natsjwt.GenerateGrants(perms, out, g)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintln(stdout, "wrote the credentials (secrets) to", out)
+	fmt.Fprintln(stdout, "server configs:", res.Config, res.UsersConfig, res.NkeysConfig)
+	fmt.Fprintln(stdout, "kubernetes secrets:", res.K8sSecrets)
 	for _, u := range natsjwt.Users(nil, g) {
-		fmt.Printf("%-20s %s  %s  %s\n", u.Name, res.Creds[u.Name], res.Passwords[u.Name], res.Seeds[u.Name])
+		fmt.Fprintf(stdout, "%-20s %s  %s  %s\n", u.Name, res.Creds[u.Name], res.Passwords[u.Name], res.Seeds[u.Name])
 	}
 	// What this run changed, and whom to hand what: a directory that held a
 	// deployment's keys keeps them and every credential whose permissions did not change.
 	for _, c := range res.Changes {
-		fmt.Printf("%-9s %s%s\n", c.What, c.User, handOut[c.What])
+		fmt.Fprintf(stdout, "%-9s %s%s\n", c.What, c.User, handOut[c.What])
 	}
+	return nil
 }
 
 var handOut = map[string]string{
 	"new":     ": hand out its files; operator mode needs nothing on the server, users and nkeys a reload (nats-server --signal reload)",
 	"changed": ": hand out its new files (same password and nkey); reload the server (the old JWT is revoked once it loads the new account)",
 	"removed": ": its files are deleted; reload the server (users, nkeys; in operator mode its JWT is revoked)",
+}
+
+// defaultPerms finds deploy/nats/permissions.conf: beside this program's source (go run,
+// from any directory), else in the working directory or one above it.
+func defaultPerms() (string, error) {
+	var tried []string
+	if _, file, _, ok := runtime.Caller(0); ok && filepath.IsAbs(file) {
+		p := filepath.Join(filepath.Dir(file), "..", "permissions.conf")
+		if _, err := os.Stat(p); err == nil {
+			return p, nil
+		}
+		tried = append(tried, p)
+	}
+	dir, err := os.Getwd()
+	for err == nil {
+		p := filepath.Join(dir, "deploy", "nats", "permissions.conf")
+		if _, serr := os.Stat(p); serr == nil {
+			return p, nil
+		}
+		tried = append(tried, p)
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			break
+		}
+		dir = parent
+	}
+	return "", fmt.Errorf("no permissions file (looked for %v): give -perms path/to/deploy/nats/permissions.conf", tried)
 }

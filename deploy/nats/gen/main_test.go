@@ -1,0 +1,48 @@
+package main
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// gen runs from any directory and writes its secrets outside the repository by default:
+// the permissions come from this checkout, the files go to toolbus/nats under the user's
+// configuration directory (created 0700), and nothing is written where it runs.
+func TestGenDefaultsFromAnyDirectory(t *testing.T) {
+	if testing.Short() {
+		t.Skip("generates keys")
+	}
+	cwd, config := t.TempDir(), t.TempDir()
+	t.Chdir(cwd)
+	t.Setenv("XDG_CONFIG_HOME", config)
+	t.Setenv("HOME", t.TempDir())
+	var out, errOut bytes.Buffer
+	if code := run(nil, &out, &errOut); code != 0 {
+		t.Fatalf("gen: exit %d\n%s%s", code, out.String(), errOut.String())
+	}
+	dir := filepath.Join(config, "toolbus", "nats")
+	for _, f := range []string{"auth-jwt.conf", "auth-users.conf", "admin.creds", "k8s-secrets.yaml"} {
+		if _, err := os.Stat(filepath.Join(dir, f)); err != nil {
+			t.Errorf("%s: %v", f, err)
+		}
+	}
+	if fi, err := os.Stat(dir); err != nil || fi.Mode().Perm() != 0o700 {
+		t.Errorf("the output directory: %v, mode %v; want 0700", err, fi.Mode().Perm())
+	}
+	if !strings.Contains(out.String(), "wrote the credentials (secrets) to "+dir) {
+		t.Errorf("gen does not say where the secrets are:\n%s", out.String())
+	}
+	if entries, _ := os.ReadDir(cwd); len(entries) != 0 {
+		t.Errorf("gen wrote into the directory it ran from: %v", entries)
+	}
+
+	// A missing permissions file is named, with the flag that gives one.
+	out.Reset()
+	errOut.Reset()
+	if code := run([]string{"-perms", filepath.Join(cwd, "nope.conf"), "-out", t.TempDir()}, &out, &errOut); code != 1 || !strings.Contains(errOut.String(), "nope.conf") {
+		t.Fatalf("gen with a missing -perms: exit %d, %s", code, errOut.String())
+	}
+}
