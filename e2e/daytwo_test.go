@@ -141,6 +141,34 @@ func TestDayTwoGrantsKeepTheDeployment(t *testing.T) {
 				}
 			}
 
+			// Rotating one credential: alpha's old credentials stop working once the server
+			// reloads; beta's files and connection are untouched.
+			alpha := natsjwt.TeamUser("alpha")
+			old := backup(t, res2, alpha)
+			betaCreds := readFile(t, res2.Creds[natsjwt.TeamUser("beta")])
+			res4, err := natsjwt.GenerateGrants(perms, dir, day2, natsjwt.WithBcryptCost(bcrypt.MinCost), natsjwt.WithRotate(alpha))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Contains(res4.Changes, natsjwt.Change{User: alpha, What: "rotated"}) ||
+				!bytes.Equal(betaCreds, readFile(t, res4.Creds[natsjwt.TeamUser("beta")])) {
+				t.Fatalf("rotation of %s: %v (beta's credentials must stay)", alpha, res4.Changes)
+			}
+			reloadConfigured(t, srv, mode.conf(res4), opts)
+			eventstest.Eventually(t, 30*time.Second, func() error {
+				if _, err := connectAs(t, srv.ClientURL(), alpha, nil, mode.opt(t, old, alpha)); err == nil {
+					return errors.New("alpha's rotated-out credentials still connect")
+				}
+				return nil
+			})
+			if _, _, err := connectBus(alpha, res4); err != nil {
+				t.Fatalf("alpha's new credentials: %v", err)
+			}
+			if err := beta.Store().PublishTool(ctx, toolbus.ToolContract{Name: "noop", Description: "nothing", Owner: "beta",
+				InputSchema: []byte(`{"type":"object"}`)}, false); err != nil {
+				t.Fatalf("beta's connection after alpha's rotation: %v", err)
+			}
+
 			// Removing a team deletes its files and, in operator mode, revokes its JWT.
 			res3 := gen(day1)
 			if !slices.Contains(res3.Changes, natsjwt.Change{User: natsjwt.TeamUser("beta"), What: "removed"}) {
@@ -177,4 +205,20 @@ func reloadConfigured(t *testing.T, srv *server.Server, file string, started *se
 	if err := srv.ReloadOptions(o); err != nil {
 		t.Fatalf("reload: %v", err)
 	}
+}
+
+// backup copies user's credential files of res aside and returns a Result naming the
+// copies: the credentials as they were before a rotation.
+func backup(t *testing.T, res natsjwt.Result, user string) natsjwt.Result {
+	t.Helper()
+	dir := t.TempDir()
+	out := natsjwt.Result{Creds: map[string]string{}, Passwords: map[string]string{}, Seeds: map[string]string{}}
+	for _, m := range []struct{ from, to map[string]string }{{res.Creds, out.Creds}, {res.Passwords, out.Passwords}, {res.Seeds, out.Seeds}} {
+		p := filepath.Join(dir, filepath.Base(m.from[user]))
+		if err := os.WriteFile(p, readFile(t, m.from[user]), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		m.to[user] = p
+	}
+	return out
 }

@@ -2,7 +2,10 @@
 // administrator's grants, one executor user per team that may serve only the team's
 // tools (see package natsjwt). It writes every kind NATS offers:
 //
-//	go run ./deploy/nats/gen [-perms deploy/nats/permissions.conf] [-grants grants.json] [-out DIR]
+//	go run ./deploy/nats/gen [-perms deploy/nats/permissions.conf] [-grants grants.json] [-out DIR] [-rotate user,...]
+//
+// Run again on the same -out, it keeps the deployment's keys and every credential whose
+// permissions did not change, and prints what changed (see natsjwt.GenerateGrants).
 //
 // It runs from any directory of the checkout (go run ../../deploy/nats/gen from a
 // subdirectory works too): -perms defaults to this checkout's deploy/nats/permissions.conf,
@@ -37,6 +40,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strings"
 
 	"github.com/toolbus/toolbus/deploy/nats/natsjwt"
 )
@@ -49,6 +53,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	perms := fs.String("perms", "", "role permissions (default: deploy/nats/permissions.conf of this checkout)")
 	grants := fs.String("grants", "", "grants file: the tools of each team and the identities of each bound client (JSON, {\"teams\": {\"<team>\": [\"<tool>\", ...]}, \"clients\": {\"<name>\": [\"<identity>\", ...]}})")
+	rotate := fs.String("rotate", "", "comma-separated users to issue new credentials for (new password, nkey and JWT; the old JWT is revoked); everyone else's are kept")
 	out := fs.String("out", "", "output directory, created 0700 (default: toolbus/nats in the user's configuration directory, outside the repository: it holds secrets)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -56,14 +61,18 @@ func run(args []string, stdout, stderr io.Writer) int {
 		}
 		return 2
 	}
-	if err := generate(*perms, *grants, *out, stdout); err != nil {
+	var rot []string
+	if *rotate != "" {
+		rot = strings.Split(*rotate, ",")
+	}
+	if err := generate(*perms, *grants, *out, rot, stdout); err != nil {
 		fmt.Fprintln(stderr, "gen:", err)
 		return 1
 	}
 	return 0
 }
 
-func generate(perms, grants, out string, stdout io.Writer) error {
+func generate(perms, grants, out string, rotate []string, stdout io.Writer) error {
 	var err error
 	if perms == "" {
 		if perms, err = defaultPerms(); err != nil {
@@ -86,7 +95,7 @@ func generate(perms, grants, out string, stdout io.Writer) error {
 			return err
 		}
 	}
-	res, err := natsjwt.GenerateGrants(perms, out, g)
+	res, err := natsjwt.GenerateGrants(perms, out, g, natsjwt.WithRotate(rotate...))
 	if err != nil {
 		return err
 	}
@@ -108,6 +117,7 @@ var handOut = map[string]string{
 	"new":     ": hand out its files; operator mode needs nothing on the server, users and nkeys a reload (nats-server --signal reload)",
 	"changed": ": hand out its new files (same password and nkey); reload the server (the old JWT is revoked once it loads the new account)",
 	"removed": ": its files are deleted; reload the server (users, nkeys; in operator mode its JWT is revoked)",
+	"rotated": ": hand out its new files; reload the server (the old password, nkey and JWT stop working once it does)",
 }
 
 // defaultPerms finds deploy/nats/permissions.conf: beside this program's source (go run,

@@ -27,6 +27,25 @@ type Change struct {
 	What string
 }
 
+// rotate forgets the kept credentials of the users named, revoking their JWTs, so that
+// this run issues new ones; a name that is not a user of this run is an error.
+func (k keyring) rotate(users []User, names []string, revoked map[string]int64) error {
+	for _, name := range names {
+		if !slices.ContainsFunc(users, func(u User) bool { return u.Name == name }) {
+			return fmt.Errorf("natsjwt: rotate %q: not a user of these grants", name)
+		}
+		if uc, ok := k.userJWT(name); ok {
+			revoked[uc.Subject] = time.Now().Unix()
+		}
+		for _, ext := range []string{".password", ".nk", ".creds"} {
+			if err := os.Remove(filepath.Join(k.dir, name+ext)); err != nil && !errors.Is(err, os.ErrNotExist) {
+				return fmt.Errorf("natsjwt: %w", err)
+			}
+		}
+	}
+	return nil
+}
+
 // keyring keeps the secrets of a deployment in its output directory: the operator's,
 // the system account's and the toolbus account's seeds, and each user's password and
 // nkey seed. A second run of GenerateGrants on the same directory reuses them, so the

@@ -342,14 +342,7 @@ func GenerateGrants(permsFile, dir string, g Grants, opts ...Option) (Result, er
 	}
 	res := Result{Creds: map[string]string{}, Passwords: map[string]string{}, Seeds: map[string]string{}}
 	kr := keyring{dir: dir}
-	revoked, err := kr.revocations()
-	if err != nil {
-		return Result{}, err
-	}
-	if res.Changes, err = kr.removed(users, revoked); err != nil {
-		return Result{}, err
-	}
-	if err := generateJWT(users, kr, revoked, write, &res); err != nil {
+	if err := issueKept(users, kr, o, write, &res); err != nil {
 		return Result{}, err
 	}
 
@@ -402,10 +395,45 @@ func GenerateGrants(permsFile, dir string, g Grants, opts ...Option) (Result, er
 	return res, nil
 }
 
+// issueKept issues the operator/JWT setup from the keys kept in kr: removed users' files
+// go (their JWTs revoked), rotated users' credentials are forgotten, and the changes of
+// every user land in res.
+func issueKept(users []User, kr keyring, o options, write func(string, []byte) (string, error), res *Result) error {
+	revoked, err := kr.revocations()
+	if err != nil {
+		return err
+	}
+	if res.Changes, err = kr.removed(users, revoked); err != nil {
+		return err
+	}
+	if err := kr.rotate(users, o.rotate, revoked); err != nil {
+		return err
+	}
+	if err := generateJWT(users, kr, revoked, write, res); err != nil {
+		return err
+	}
+	for i, c := range res.Changes {
+		if slices.Contains(o.rotate, c.User) {
+			res.Changes[i].What = "rotated"
+		}
+	}
+	return nil
+}
+
 // Option changes how GenerateGrants issues credentials.
 type Option func(*options)
 
-type options struct{ bcryptCost int }
+type options struct {
+	bcryptCost int
+	rotate     []string
+}
+
+// WithRotate issues new credentials for users (a new password, nkey and JWT, the old
+// JWT revoked) and keeps everyone else's: a leaked or departing credential is replaced
+// without touching another tenant. Result.Changes reports them as "rotated".
+func WithRotate(users ...string) Option {
+	return func(o *options) { o.rotate = append(o.rotate, users...) }
+}
 
 // WithBcryptCost sets the cost of the password hashes (default bcrypt.DefaultCost): the
 // server pays it on every login; tests lower it.
