@@ -166,8 +166,8 @@ func TestEnvelopesMatchExamples(t *testing.T) {
 		want.Type, want.Source, want.Time, want.TraceParent = baseType(ex.Type), e.Meta.Source, e.Meta.Time, e.Meta.TraceParent
 		if ended, ok := ex.Data.(toolbus.RunEnded); ok && ended.Status == toolbus.RunWaitingForApproval {
 			// A run waits once per remaining set of pending calls: the published id ends
-			// in their number (the example shows the id without it).
-			want.ID += "/" + strconv.Itoa(len(ended.Pending))
+			// in the set's name (the example shows the id without it).
+			want.ID += "/" + events.PendingSet(ended.Pending)
 		}
 		if e.Subject != ex.Subject || e.Meta != want {
 			got, _ := json.Marshal(e.Meta)
