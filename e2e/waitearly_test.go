@@ -14,14 +14,14 @@ import (
 	"github.com/toolbus/toolbus/planner"
 )
 
-// holdTool runs until the test releases it: the long sibling of a call that waits.
-type holdTool struct {
+// longTool runs until the test releases it: the long sibling of a call that waits.
+type longTool struct {
 	release chan struct{}
 	running atomic.Int32
 	done    atomic.Int32
 }
 
-func (h *holdTool) tool() executor.Tool {
+func (h *longTool) tool() executor.Tool {
 	return executor.Tool{
 		Name: "hold", Description: "runs until released", InputSchema: json.RawMessage(`{"type":"object"}`),
 		Timeout: 2 * time.Minute,
@@ -50,7 +50,7 @@ func TestRunWaitsAsSoonAsACallWaits(t *testing.T) {
 	for _, early := range []bool{true, false} {
 		t.Run(fmt.Sprintf("decided early %v", early), func(t *testing.T) {
 			deploy := newDeployTool()
-			hold := &holdTool{release: make(chan struct{})}
+			hold := &longTool{release: make(chan struct{})}
 			model := &planner.Script{Steps: []func(planner.Request) planner.Response{
 				planner.Calls(call("long", "hold", `{}`), call("b", "deploy", `{"service":"api"}`)),
 				planner.Answer("deployed"),
