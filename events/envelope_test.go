@@ -176,3 +176,30 @@ func TestEnvelopesMatchExamples(t *testing.T) {
 		}
 	}
 }
+
+// TestPendingSet: the id of run.waiting_for_approval names the set of pending calls, so
+// the same set announced twice is one event and another set of the same size (one call
+// decided, another waiting since) is a new one.
+func TestPendingSet(t *testing.T) {
+	c := func(ids ...string) []toolbus.ToolCall {
+		out := make([]toolbus.ToolCall, len(ids))
+		for i, id := range ids {
+			out[i] = toolbus.ToolCall{CallID: id, Tool: "deploy"}
+		}
+		return out
+	}
+	id := func(calls []toolbus.ToolCall) string {
+		return events.RunEndedEvent("s", 0, toolbus.RunEnded{RunID: "r", Status: toolbus.RunWaitingForApproval, Pending: calls}).Meta.ID
+	}
+	if id(c("a")) != id(c("a")) {
+		t.Error("the same set has two ids")
+	}
+	for _, other := range [][]toolbus.ToolCall{c("b"), c("a", "b"), c("ab"), c("a", "")} {
+		if id(c("a")) == id(other) {
+			t.Errorf("sets {a} and %v share the id %s", other, id(other))
+		}
+	}
+	if got := id(c("a", "b")); !strings.HasPrefix(got, "r/0/run.waiting_for_approval/2-") {
+		t.Errorf("id %s, want r/0/run.waiting_for_approval/2-<hash>", got)
+	}
+}
