@@ -487,7 +487,9 @@ func (w *Worker) heartbeat(ctx context.Context, served []string) (stop func(), e
 				start := time.Now()
 				in.HeartbeatAt = start.UTC()
 				in.Tools = w.servedTools()
-				pctx, cancel := context.WithTimeout(ctx, every)
+				// A slow write still renews the lease from its start: it may take up to
+				// the lease itself (a busy server), not only one period.
+				pctx, cancel := context.WithTimeout(ctx, w.lease.ttl-w.lease.margin)
 				rev, err := w.bus.Store().PutInstance(pctx, in)
 				if err != nil {
 					cancel()
