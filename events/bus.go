@@ -28,8 +28,9 @@ const (
 	// DefaultReplicas is the replicas of the stream and buckets.
 	DefaultReplicas = 1
 	// DefaultInstanceTTL is how long an executor instance stays in the catalog after
-	// its last heartbeat.
-	DefaultInstanceTTL = 10 * time.Second
+	// its last heartbeat: the executors' lease, and so about how long a call whose
+	// executor died waits before another executor takes it over (QueueAckWait).
+	DefaultInstanceTTL = 5 * time.Second
 	// DefaultOutputsMaxBytes bounds the bucket of large tool outputs (1 GiB).
 	DefaultOutputsMaxBytes = 1 << 30
 )
@@ -59,8 +60,9 @@ type Config struct {
 	// Replicas of the stream and buckets (1, or 3 on a cluster).
 	Replicas int `envconfig:"REPLICAS" default:"1"`
 	// InstanceTTL is how long an executor instance stays in the catalog after its last
-	// heartbeat (default 10s); executors heartbeat every third of it.
-	InstanceTTL time.Duration `envconfig:"INSTANCE_TTL" default:"10s"`
+	// heartbeat (default 5s); executors heartbeat every fifth of it. It is their lease:
+	// a call whose executor died is handed to another within about one TTL.
+	InstanceTTL time.Duration `envconfig:"INSTANCE_TTL" default:"5s"`
 	// OutputsMaxBytes bounds the bucket of large tool outputs (default 1 GiB; -1
 	// unbounded): when full, storing a new output fails instead of filling the disk.
 	OutputsMaxBytes int64 `envconfig:"OUTPUTS_MAX_BYTES" default:"1073741824"`

@@ -97,8 +97,9 @@ func TestContractSubjects(t *testing.T) {
 		e := envelopeOf(t, typ, docStep, docData(t, typ))
 		want := doc{docPlaceholders(e.Subject), docPlaceholders(e.Meta.ID)}
 		if typ == events.TypeRunEnded(toolbus.RunWaitingForApproval) {
-			// The id of a waiting outcome ends in the number of pending calls (one here).
-			want.id = strings.TrimSuffix(want.id, "/1") + "/<pending>"
+			// The id of a waiting outcome ends in the set of pending calls (one here).
+			pending := docData(t, typ).(toolbus.RunEnded).Pending
+			want.id = strings.TrimSuffix(want.id, "/"+events.PendingSet(pending)) + "/<pending>"
 		}
 		if typ == events.TypeToolProgress {
 			// The id of a report ends in its attempt and sequence number (1 and 1 here).

@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"hash/fnv"
 	"strconv"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -128,10 +129,25 @@ func CancelEvent(source string, c toolbus.Cancel) Envelope {
 func RunEndedEvent(source string, step int, ended toolbus.RunEnded) Envelope {
 	id := IDRunEnded(ended.RunID, step, ended.Status)
 	if ended.Status == toolbus.RunWaitingForApproval {
-		id += "/" + strconv.Itoa(len(ended.Pending))
+		id += "/" + PendingSet(ended.Pending)
 	}
 	return Envelope{SubjectRunEnded(ended.RunID, ended.Status),
 		Meta{ID: id, Type: TypeRunEnded(ended.Status), Source: source, RunID: ended.RunID, Step: step}, ended}
+}
+
+// PendingSet names a set of pending calls in the id of run.waiting_for_approval
+// (<run>/<step>/run.waiting_for_approval/<set>): their number, a dash and the FNV-1a
+// hash (8 hex digits) of their call ids in call order, each followed by a zero byte. A
+// run waits once per set: the same set announced again (when the first call waits, then
+// when the step settles) is one event, while another set of the same size (one call
+// decided, another waiting since) is a new one.
+func PendingSet(calls []toolbus.ToolCall) string {
+	h := fnv.New32a()
+	for _, c := range calls {
+		_, _ = h.Write([]byte(c.CallID))
+		_, _ = h.Write([]byte{0})
+	}
+	return strconv.Itoa(len(calls)) + "-" + fmt.Sprintf("%08x", h.Sum32())
 }
 
 // TimerEvent is the deadline timer of a run.

@@ -166,13 +166,40 @@ func TestEnvelopesMatchExamples(t *testing.T) {
 		want.Type, want.Source, want.Time, want.TraceParent = baseType(ex.Type), e.Meta.Source, e.Meta.Time, e.Meta.TraceParent
 		if ended, ok := ex.Data.(toolbus.RunEnded); ok && ended.Status == toolbus.RunWaitingForApproval {
 			// A run waits once per remaining set of pending calls: the published id ends
-			// in their number (the example shows the id without it).
-			want.ID += "/" + strconv.Itoa(len(ended.Pending))
+			// in the set's name (the example shows the id without it).
+			want.ID += "/" + events.PendingSet(ended.Pending)
 		}
 		if e.Subject != ex.Subject || e.Meta != want {
 			got, _ := json.Marshal(e.Meta)
 			exp, _ := json.Marshal(want)
 			t.Errorf("%s: envelope %s %s, example %s %s", ex.Type, e.Subject, got, ex.Subject, exp)
 		}
+	}
+}
+
+// TestPendingSet: the id of run.waiting_for_approval names the set of pending calls, so
+// the same set announced twice is one event and another set of the same size (one call
+// decided, another waiting since) is a new one.
+func TestPendingSet(t *testing.T) {
+	c := func(ids ...string) []toolbus.ToolCall {
+		out := make([]toolbus.ToolCall, len(ids))
+		for i, id := range ids {
+			out[i] = toolbus.ToolCall{CallID: id, Tool: "deploy"}
+		}
+		return out
+	}
+	id := func(calls []toolbus.ToolCall) string {
+		return events.RunEndedEvent("s", 0, toolbus.RunEnded{RunID: "r", Status: toolbus.RunWaitingForApproval, Pending: calls}).Meta.ID
+	}
+	if id(c("a")) != id(c("a")) {
+		t.Error("the same set has two ids")
+	}
+	for _, other := range [][]toolbus.ToolCall{c("b"), c("a", "b"), c("ab"), c("a", "")} {
+		if id(c("a")) == id(other) {
+			t.Errorf("sets {a} and %v share the id %s", other, id(other))
+		}
+	}
+	if got := id(c("a", "b")); !strings.HasPrefix(got, "r/0/run.waiting_for_approval/2-") {
+		t.Errorf("id %s, want r/0/run.waiting_for_approval/2-<hash>", got)
 	}
 }

@@ -24,6 +24,22 @@ const (
 	MinAckWait = time.Second
 )
 
+// QueueAckWait is the AckWait of a tool's queue: the executors' AckWait (0: the
+// default), but no longer than their lease (instanceTTL, 0: the default; at least
+// MinAckWait). A live executor tells the server every third of it that a call is still
+// running (InProgress); a dead one stops, and the call is redelivered about when its
+// claim may be taken over (the dead executor's instance record expires one TTL after
+// its last renewal), not an ack wait of 30 s later.
+func QueueAckWait(ackWait, instanceTTL time.Duration) time.Duration {
+	if ackWait <= 0 {
+		ackWait = DefaultAckWait
+	}
+	if instanceTTL <= 0 {
+		instanceTTL = DefaultInstanceTTL
+	}
+	return min(ackWait, max(instanceTTL, MinAckWait))
+}
+
 // ErrInvalidConfig is wrapped by every error of a Validate method: a field out of its
 // range. Constructors return it instead of replacing a bad value.
 var ErrInvalidConfig = errors.New("invalid config")

@@ -62,3 +62,22 @@ func TestWorkerConfigWithDefaults(t *testing.T) {
 		t.Errorf("set fields changed: %+v, want %+v", kept, set)
 	}
 }
+
+// TestQueueAckWait: a tool's queue waits the executors' AckWait, but no longer than
+// their lease (the instance TTL), and never under MinAckWait; zero values are the
+// defaults (30 s and 5 s: the queue waits 5 s).
+func TestQueueAckWait(t *testing.T) {
+	for _, tc := range []struct {
+		ackWait, ttl, want time.Duration
+	}{
+		{0, 0, events.DefaultInstanceTTL},
+		{0, 2 * time.Second, 2 * time.Second},
+		{2 * time.Second, 10 * time.Second, 2 * time.Second},
+		{30 * time.Second, time.Minute, 30 * time.Second},
+		{30 * time.Second, 100 * time.Millisecond, events.MinAckWait},
+	} {
+		if got := events.QueueAckWait(tc.ackWait, tc.ttl); got != tc.want {
+			t.Errorf("QueueAckWait(%v, %v) = %v, want %v", tc.ackWait, tc.ttl, got, tc.want)
+		}
+	}
+}

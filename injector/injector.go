@@ -608,37 +608,6 @@ func (in *Injector) fence(ctx context.Context, msg jetstream.Msg, tf toolbus.Too
 		Reason: fmt.Sprintf("result of attempt %d stored after its lease; attempt %d owns the call", res.Attempt, c.Attempt)}
 }
 
-// Waiting records a call that waits for approval.
-func (in *Injector) Waiting(ctx context.Context, tw toolbus.ToolWaiting) error {
-	if err := validPosition(tw.RunID, tw.Step, tw.CallIndex, tw.CallCount); err != nil {
-		return err
-	}
-	if err := in.checkCall(ctx, tw.RunID, tw.Step, tw.CallIndex, tw.CallCount, tw.Call.CallID, tw.Call.Tool); err != nil {
-		return err
-	}
-	call := tw.Call
-	if err := in.update(ctx, tw.RunID, tw.Step, tw.CallCount, func(st *store.StepState) bool {
-		if st.Received.Has(tw.CallIndex) {
-			return false
-		}
-		return st.Waiting.Set(tw.CallIndex)
-	}); err != nil {
-		return err
-	}
-	// The decision may have come before the call waited: apply it now.
-	if _, err := in.bus.Store().StepDecision(ctx, tw.RunID, tw.Step, call.CallID); err != nil {
-		if errors.Is(err, events.ErrNotFound) {
-			return nil
-		}
-		return err
-	}
-	rec, _, err := in.bus.Store().Step(ctx, tw.RunID, tw.Step)
-	if err != nil {
-		return err
-	}
-	return in.reissue(ctx, rec, tw.CallIndex)
-}
-
 // update applies change to a step's join state with compare-and-set, then settles the
 // step if every call is accounted for. Changes to one step are written together: those
 // that arrive while a write of that step is in flight go into the next write (group

@@ -155,19 +155,20 @@ type Option func(*setupOptions)
 
 type setupOptions struct {
 	tools      []string
-	toolCfg    func(tool string) ConsumerConfig
+	toolCfg    func(tool string, instanceTTL time.Duration) ConsumerConfig
 	workers    map[string]WorkerSettings
 	readMirror bool
 }
 
 // WithTools also creates the queue consumer of each tool (ToolConsumerConfig) and the
 // one of calls for unknown tools, so executors with least-privilege credentials only
-// bind to them. ackWait and maxAckPending are the executors' settings.
+// bind to them. ackWait and maxAckPending are the executors' settings (the queues'
+// AckWait is events.QueueAckWait of ackWait and the setup's instance TTL).
 func WithTools(tools []string, ackWait time.Duration, maxAckPending int) Option {
 	return func(o *setupOptions) {
 		o.tools = append(o.tools, tools...)
-		o.toolCfg = func(tool string) ConsumerConfig {
-			return ToolConsumerConfig(tool, ackWait, maxAckPending)
+		o.toolCfg = func(tool string, instanceTTL time.Duration) ConsumerConfig {
+			return ToolConsumerConfig(tool, events.QueueAckWait(ackWait, instanceTTL), maxAckPending)
 		}
 	}
 }
@@ -248,7 +249,7 @@ func Setup(ctx context.Context, nc *nats.Conn, cfg events.Config, opts ...Option
 	if err != nil {
 		return nil, nil, err
 	}
-	for _, cc := range o.consumers() {
+	for _, cc := range o.consumers(cfg.InstanceTTL) {
 		_, existed, changed, err := ensureConsumer(ctx, b, cc)
 		if err != nil {
 			return nil, nil, err
@@ -361,7 +362,7 @@ func setupBucket(ctx context.Context, js jetstream.JetStream, cfg events.Config,
 
 // consumers are the durable consumers Setup creates: the planner's and the injector's,
 // and with WithTools each tool's queue and the unknown-tool queue.
-func (o *setupOptions) consumers() []ConsumerConfig {
+func (o *setupOptions) consumers(instanceTTL time.Duration) []ConsumerConfig {
 	var ccs []ConsumerConfig
 	for _, role := range []string{RolePlanner, RoleInjector} {
 		for _, wc := range WorkerConsumers(role, o.workers[role]) {
@@ -375,7 +376,7 @@ func (o *setupOptions) consumers() []ConsumerConfig {
 		for _, t := range o.tools {
 			if tok := events.ToolToken(t); tok != events.UnknownToolToken && !seen[tok] {
 				seen[tok] = true
-				ccs = append(ccs, o.toolCfg(tok))
+				ccs = append(ccs, o.toolCfg(tok, instanceTTL))
 			}
 		}
 	}

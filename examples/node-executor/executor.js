@@ -56,7 +56,7 @@ const cfg = {
   instance: env.TOOLBUS_INSTANCE || `${os.hostname()}-${process.pid}`,
   ackWaitMS: duration(env.TOOLBUS_ACK_WAIT, 30000),
   maxDeliver: Number(env.TOOLBUS_MAX_DELIVER || 5),
-  instanceTTLMS: duration(env.TOOLBUS_INSTANCE_TTL, 10000),
+  instanceTTLMS: duration(env.TOOLBUS_INSTANCE_TTL, 5000),
   callTimeoutMS: duration(env.TOOLBUS_CALL_TIMEOUT, 30000),
   tool: env.TOOLBUS_NODE_TOOL || 'delay',
   // breakRule breaks one rule of the contract on purpose (two_results, no_heartbeat), so
@@ -244,10 +244,15 @@ const kvInstances = await js.views.kv('toolbus_instances', { bindOnly: true });
 const kvClaims = await js.views.kv('toolbus_claims', { bindOnly: true });
 const kvRuns = await js.views.kv('toolbus_runs', { bindOnly: true });
 
-// The tool's queue: bind, or create it as events.ToolConsumerConfig does.
+// The tool's queue: bind, or create it as events.ToolConsumerConfig does, with the ack
+// wait of events.QueueAckWait (no longer than the lease): a call whose executor died is
+// redelivered about when its claim may be taken over. A running call tells JetStream it
+// is alive every third of the queue's ack wait, as it is set.
 const durable = `tool_${cfg.tool}`;
+let queueAckWaitMS = Math.min(cfg.ackWaitMS, Math.max(cfg.instanceTTLMS, 1000));
 try {
-  await jsm.consumers.info(cfg.stream, durable);
+  const info = await jsm.consumers.info(cfg.stream, durable);
+  queueAckWaitMS = Math.min(queueAckWaitMS, info.config.ack_wait / 1e6);
 } catch (err) {
   if (!String(err?.message).includes('consumer not found')) throw err;
   await jsm.consumers.add(cfg.stream, {
@@ -255,7 +260,7 @@ try {
     filter_subject: `toolbus.*.tool.requested.${cfg.tool}`,
     ack_policy: AckPolicy.Explicit,
     deliver_policy: DeliverPolicy.New,
-    ack_wait: nanos(cfg.ackWaitMS),
+    ack_wait: nanos(queueAckWaitMS),
     max_deliver: cfg.maxDeliver,
     max_ack_pending: 1000,
   });
@@ -417,7 +422,7 @@ async function execute(req, rs, attempt, msg) {
     Math.max(0, Math.min(...deadlines) - Date.now()));
   const set = inflight.get(req.run_id) ?? new Set();
   inflight.set(req.run_id, set.add(ac));
-  const alive = setInterval(() => cfg.breakRule !== 'no_heartbeat' && msg.working(), Math.max(cfg.ackWaitMS / 3, 100)); // not redelivered while alive
+  const alive = setInterval(() => cfg.breakRule !== 'no_heartbeat' && msg.working(), Math.max(queueAckWaitMS / 3, 100)); // not redelivered while alive
   const started = Date.now();
   const progress = progressReporter(req, attempt);
   try {

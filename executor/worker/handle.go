@@ -138,7 +138,7 @@ func (w *Worker) admit(next handlerFunc) handlerFunc {
 		if !w.lease.valid() {
 			// Cut off from the bus (or just resumed from a pause): a claim taken now
 			// could be taken over before the lease is renewed.
-			return &consume.DeferError{Delay: max(w.cfg.AckWait/3, time.Second), Reason: "no valid lease: instance heartbeat not renewed"}
+			return &consume.DeferError{Delay: max(w.beatEvery(), time.Second), Reason: "no valid lease: instance heartbeat not renewed"}
 		}
 		// The call holds the lease as it is now: a lapse from here on loses it for good.
 		d.lv = w.lease.view()
@@ -146,7 +146,7 @@ func (w *Worker) admit(next handlerFunc) handlerFunc {
 		if !w.hold(key) {
 			// This process already handles the call (a redelivery that overtook it):
 			// that handling acknowledges it.
-			return &consume.DeferError{Delay: max(w.cfg.AckWait/3, time.Second), Reason: "call already being handled by this process"}
+			return &consume.DeferError{Delay: max(w.beatEvery(), time.Second), Reason: "call already being handled by this process"}
 		}
 		defer w.release(key)
 		releaseSlot, err := w.runSlot(ctx, d, key)
@@ -475,5 +475,5 @@ func (w *Worker) handBack(ctx context.Context, d *delivery) error {
 	if err := w.abandon(ctx, d.msg, d.queue, d.req, d.own, d.log); err != nil {
 		return err
 	}
-	return &consume.DeferError{Delay: max(w.cfg.AckWait/3, time.Second), Reason: errLeaseLost.Error()}
+	return &consume.DeferError{Delay: max(w.beatEvery(), time.Second), Reason: errLeaseLost.Error()}
 }

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -20,7 +21,6 @@ import (
 	"github.com/toolbus/toolbus/connect"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/consume"
-	"github.com/toolbus/toolbus/events/provision"
 	"github.com/toolbus/toolbus/events/store"
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/internal/retry"
@@ -30,9 +30,11 @@ import (
 // negative ones (Validate).
 type Config struct {
 	// WorkerConfig: Instance (default "executor"; names this process in results too),
-	// Concurrency (the most calls this worker runs at once), AckWait (before a call
-	// whose worker died is redelivered; long calls send InProgress heartbeats; it applies
-	// to the queues this worker creates, a queue that exists keeps its settings),
+	// Concurrency (the most calls this worker runs at once), AckWait (the longest a
+	// call whose worker died waits before it is redelivered: the queues this worker
+	// creates wait events.QueueAckWait, no longer than the instance TTL; running calls
+	// send InProgress heartbeats every third of it; a queue that exists keeps its
+	// settings),
 	// MaxDeliver (the executions of one call, counted by its claim: each execution that
 	// an executor started and did not finish counts; the last one does not run the tool
 	// but reports tool_internal_error, so a call that keeps killing its executor still
@@ -175,6 +177,8 @@ type Worker struct {
 	// worker in its instance record, claims and run slots (see store.Instance.Boot).
 	boot  string
 	lease *lease
+	// queueWait is the shortest AckWait of the queues this worker consumes (liveness.go).
+	queueWait atomic.Int64
 
 	syncMu     sync.Mutex // serializes Sync
 	smu        sync.RWMutex
@@ -213,6 +217,7 @@ func New(bus *events.Bus, exec *executor.Executor, cfg Config) (*Worker, error) 
 		inflight: map[string]map[*callHandle]struct{}{}, claimed: map[string]bool{}, cancelled: map[string]time.Time{},
 		ends: ends}
 	w.lease = newLease(bus.Store().InstanceTTL(), w.leaseLost)
+	w.queueWait.Store(int64(w.wantAckWait()))
 	w.handler = w.pipeline()
 	return w, nil
 }
@@ -261,7 +266,7 @@ func (w *Worker) serve(ctx context.Context) error {
 	w.runCtx = ctx
 	w.serveCfg = consume.Config{
 		Concurrency: w.cfg.Concurrency, Grace: w.cfg.Grace, Logger: w.log, NakDelay: time.Second,
-		MaxWait: w.cfg.AckWait / 3, Observer: w.cfg.Observer,
+		MaxWait: w.beatEvery(), Observer: w.cfg.Observer,
 		ParkAfter: w.cfg.ParkAfter,
 	}
 	if w.cfg.ParkAfter >= 0 {
@@ -303,6 +308,9 @@ func (w *Worker) serve(ctx context.Context) error {
 	if missing.Err != nil {
 		return missing
 	}
+	w.smu.Lock()
+	w.serveCfg.MaxWait = w.beatEvery() // a bound queue may wait less than this worker's own
+	w.smu.Unlock()
 	// The instance is live before its tools are offered: the planner offers a tool only
 	// while an instance serves it.
 	stopBeat, err := w.heartbeat(ctx, served)
@@ -419,23 +427,6 @@ func (w *Worker) servedTools() []string {
 	return w.servedList
 }
 
-// queue binds the durable consumer of one tool's queue, creating it if it is missing.
-func (w *Worker) queue(ctx context.Context, tool string) (jetstream.Consumer, error) {
-	name := events.ToolConsumer(tool)
-	cons, err := w.bus.EventStream().Consumer(ctx, name)
-	if err == nil {
-		return cons, nil
-	}
-	if !errors.Is(err, jetstream.ErrConsumerNotFound) {
-		return nil, fmt.Errorf("executor: queue %s: %w", name, err)
-	}
-	cons, err = provision.Consumer(ctx, w.bus, provision.ToolConsumerConfig(tool, w.cfg.AckWait, w.cfg.MaxAckPending))
-	if err != nil {
-		return nil, &MissingQueuesError{Tools: []string{tool}, Err: err}
-	}
-	return cons, nil
-}
-
 // MissingQueuesError is returned by Run when the queues of some tools do not exist and
 // the worker could not create them (credentials that may not create consumers): an
 // administrator creates them all with the one command Error names.
@@ -498,7 +489,9 @@ func (w *Worker) heartbeat(ctx context.Context, served []string) (stop func(), e
 				start := time.Now()
 				in.HeartbeatAt = start.UTC()
 				in.Tools = w.servedTools()
-				pctx, cancel := context.WithTimeout(ctx, every)
+				// A slow write still renews the lease from its start: it may take up to
+				// the lease itself (a busy server), not only one period.
+				pctx, cancel := context.WithTimeout(ctx, w.lease.ttl-w.lease.margin)
 				rev, err := w.bus.Store().PutInstance(pctx, in)
 				if err != nil {
 					cancel()
@@ -666,7 +659,7 @@ func (w *Worker) claim(ctx context.Context, msg jetstream.Msg, queue string, req
 	if claimed {
 		return true, owned{mine, rev}, nil
 	}
-	stopBeat := consume.Heartbeat(msg, w.cfg.AckWait/3)
+	stopBeat := consume.Heartbeat(msg, w.beatEvery())
 	defer stopBeat()
 	for {
 		stored, err := w.resultStored(ctx, queue, req)
@@ -791,7 +784,7 @@ func (w *Worker) run(ctx context.Context, msg jetstream.Msg, req toolbus.ToolReq
 	// report is published before the result.
 	sink, stopProgress := w.startProgress(ctx, msg, req, attempt, lv)
 	callCtx = executor.WithProgressSink(callCtx, sink)
-	stopBeat := consume.Heartbeat(msg, w.cfg.AckWait/3)
+	stopBeat := consume.Heartbeat(msg, w.beatEvery())
 	res := w.exec.Execute(callCtx, req.Call, rs.Principal)
 	stopBeat()
 	stopProgress()
@@ -827,7 +820,7 @@ func (w *Worker) retry(ctx context.Context, msg jetstream.Msg, log func() *slog.
 				return 0, err // retrying cannot bring the lease back in time
 			}
 			if n == 1 { // heartbeats only once the operation fails: the common case costs none
-				stopBeat = consume.Heartbeat(msg, w.cfg.AckWait/3)
+				stopBeat = consume.Heartbeat(msg, w.beatEvery())
 			}
 			log().Warn("bus operation failed, retrying", "op", what, "retry", n, "error", err)
 			return wait, nil

@@ -66,6 +66,9 @@ type config struct {
 	// <attempt> <tool>" lines), e.g. append_a,append_b for deployments that serve
 	// different subsets.
 	AppendTools []string `envconfig:"FAULT_APPEND_TOOLS" default:"append"`
+	// AppendHeartbeat, when set, makes the append tools long-running with this
+	// HeartbeatTimeout: while they wait they report progress four times per period.
+	AppendHeartbeat time.Duration `envconfig:"FAULT_APPEND_HEARTBEAT"`
 	// ExecutorTools is the deployment subset of this executor (empty: every tool).
 	ExecutorTools []string `envconfig:"EXECUTOR_TOOLS"`
 	// ParkAfter unset takes the worker's default (worker.Config.ParkAfter).
@@ -173,8 +176,12 @@ var appendMu sync.Mutex
 // the tool, "<idempotency key> <instance> <attempt> <tool>".
 func appendTool(cfg config, name string) executor.Tool {
 	mu := &appendMu
+	timeout := time.Duration(0)
+	if cfg.AppendHeartbeat > 0 {
+		timeout = 2 * time.Minute
+	}
 	return executor.Tool{
-		Name:        name,
+		Name: name, Timeout: timeout, HeartbeatTimeout: cfg.AppendHeartbeat,
 		Description: "Fault suite: wait ms milliseconds, then append the call's idempotency key to a file (a side effect).",
 		InputSchema: json.RawMessage(`{"type":"object","properties":{"ms":{"type":"integer","minimum":0,"maximum":60000}}}`),
 		ReadOnly:    false,
@@ -185,14 +192,8 @@ func appendTool(cfg config, name string) executor.Tool {
 			}
 			var in struct{ MS int }
 			_ = json.Unmarshal(args, &in)
-			if in.MS > 0 {
-				t := time.NewTimer(time.Duration(in.MS) * time.Millisecond)
-				select {
-				case <-t.C:
-				case <-ctx.Done():
-					t.Stop()
-					return nil, ctx.Err()
-				}
+			if err := waitReporting(ctx, time.Duration(in.MS)*time.Millisecond, cfg.AppendHeartbeat/4); err != nil {
+				return nil, err
 			}
 			// A cooperative tool: the side effect only while the executor holds the
 			// call (after a pause, or cut off, another executor may own it).
@@ -214,6 +215,33 @@ func appendTool(cfg config, name string) executor.Tool {
 			}
 			return map[string]string{"key": ci.IdempotencyKey}, nil
 		},
+	}
+}
+
+// waitReporting waits d, or until ctx ends, reporting progress every period (none when
+// period is 0).
+func waitReporting(ctx context.Context, d, period time.Duration) error {
+	if d <= 0 {
+		return nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	var tick <-chan time.Time
+	if period > 0 {
+		tk := time.NewTicker(period)
+		defer tk.Stop()
+		tick = tk.C
+	}
+	start := time.Now()
+	for {
+		select {
+		case <-t.C:
+			return nil
+		case <-tick:
+			_ = executor.Progress(ctx, float64(time.Since(start).Milliseconds()), float64(d.Milliseconds()), "waiting")
+		case <-ctx.Done():
+			return ctx.Err()
+		}
 	}
 }
 

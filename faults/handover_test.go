@@ -1,0 +1,89 @@
+package faults_test
+
+import (
+	"fmt"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/toolbus/toolbus/events"
+)
+
+// TestFaultHandoverWithinHeartbeat: the append tool is long-running with a 2 s
+// heartbeat timeout (it reports progress while it waits 4 s) and the executors keep the
+// default ack wait (30 s); the instance TTL is 2 s. exec-a dies mid-call (kill -9) or is
+// paused (SIGSTOP, resumed after 12 s). Another executor, exec-b, already up, finishes
+// the call within 10 s of the fault, with the side effect done once (by exec-b, attempt
+// 2): the call's queue redelivers it one lease after exec-a's last InProgress, not one
+// 30 s ack wait later (the call then finished 35 s after the kill). The paused exec-a,
+// resumed with its lease lost, neither does the side effect again nor publishes a
+// result.
+func TestFaultHandoverWithinHeartbeat(t *testing.T) {
+	suite(t)
+	for _, tc := range []struct {
+		name  string
+		fault func(a *proc)
+	}{
+		{"kill -9", func(a *proc) { a.kill() }},
+		{"SIGSTOP", func(a *proc) {
+			if err := a.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+				t.Fatal(err)
+			}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t, 1)
+			file := filepath.Join(e.dir, "side-effects")
+			exec := []string{"TOOLBUS_FAULT_APPEND_FILE=" + file, "TOOLBUS_FAULT_APPEND_HEARTBEAT=2s"}
+			e.faultbusRole("planner", "planner-1", "TOOLBUS_MODEL=append:1x1:4000-4000")
+			e.toolbusRole("injector", "injector-1")
+			a := e.faultbusRole("executor", "exec-a", exec...)
+			e.waitReady([]string{"append"}, "planner", "injector", "executor")
+			run := map[string]string{"kill -9": "handover-kill", "SIGSTOP": "handover-stop"}[tc.name]
+			e.submit([]string{run})
+			e.waitClaimed(run, "exec-a", 1, e.noResults)
+			b := e.faultbusRole("executor", "exec-b", exec...)
+			e.eventually("exec-b serving", 30*time.Second, func() error {
+				if !strings.Contains(b.logText(), "executor serving") {
+					return fmt.Errorf("exec-b log: %s", b.logTail(3))
+				}
+				return nil
+			})
+			if err := e.noResults(); err != nil {
+				t.Fatal(err)
+			}
+			tc.fault(a)
+			at := time.Now()
+			e.eventually("the call finished", 60*time.Second, func() error {
+				if n := e.count(events.FilterToolFinished); n != 1 {
+					return fmt.Errorf("%d results", n)
+				}
+				return nil
+			})
+			took := time.Since(at)
+			t.Logf("%s: call finished by another executor %v after the fault", tc.name, took.Round(10*time.Millisecond))
+			if took > 10*time.Second {
+				t.Errorf("call finished %v after the fault, want within 10 s", took.Round(10*time.Millisecond))
+			}
+			if tc.name == "SIGSTOP" {
+				if err := a.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+					t.Fatal(err)
+				}
+				// exec-a resumes with its lease lost: give it time to do what it would.
+				e.eventually("exec-a logs its lease lost", 30*time.Second, func() error {
+					if !strings.Contains(a.logText(), "lease lost") {
+						return fmt.Errorf("no lease-lost line in exec-a's log:\n%s", a.logTail(10))
+					}
+					return nil
+				})
+				time.Sleep(2 * time.Second) // the fault's aftermath: a late side effect would come now
+			}
+			e.waitCompleted([]string{run}, 60*time.Second)
+			tl := e.tally()
+			e.checkRuns(tl, []string{run}, 1, 1)
+			checkTakenOver(t, file, []string{run}, 1, 1, "exec-b")
+		})
+	}
+}
