@@ -3,6 +3,7 @@
 // tools (see package natsjwt). It writes every kind NATS offers:
 //
 //	go run ./deploy/nats/gen [-perms deploy/nats/permissions.conf] [-grants grants.json] [-out deploy/nats/jwt]
+//	                         [-listen 127.0.0.1:4222] [-store DIR]
 //
 // grants.json:
 //
@@ -13,7 +14,9 @@
 // credentials that start runs only for, and approve, deny and cancel only as, the
 // identities listed (the principal id of run.started, the who of decisions and cancels).
 //
-// Then run nats-server with one of the configs written into -out:
+// Then run a server with one of the configs written into -out (the toolbus binary runs
+// one: toolbus server -c deploy/nats/jwt/auth-jwt.conf -sd ./nats-data). They listen on
+// -listen (loopback unless told otherwise) and store in -store, or where -sd says:
 //
 //	auth-jwt.conf     operator/JWT: give each process its <user>.creds (TOOLBUS_NATS_CREDS)
 //	auth-users.conf   users and passwords (bcrypt): TOOLBUS_NATS_USER=<user>, TOOLBUS_NATS_PASSWORD=$(cat <user>.password)
@@ -36,6 +39,8 @@ func main() {
 	perms := flag.String("perms", "deploy/nats/permissions.conf", "role permissions")
 	grants := flag.String("grants", "", "grants file: the tools of each team and the identities of each bound client (JSON, {\"teams\": {\"<team>\": [\"<tool>\", ...]}, \"clients\": {\"<name>\": [\"<identity>\", ...]}})")
 	out := flag.String("out", "deploy/nats/jwt", "output directory (holds secrets: keep it out of git)")
+	listen := flag.String("listen", natsjwt.DefaultListen, "client address (host:port) the server configs listen on; 0.0.0.0:4222 for every interface")
+	storeDir := flag.String("store", "", "JetStream store directory written into the server configs (default: none, give it to the server: toolbus server -sd DIR)")
 	flag.Parse()
 	var g natsjwt.Grants
 	if *grants != "" {
@@ -45,7 +50,7 @@ func main() {
 			os.Exit(1)
 		}
 	}
-	res, err := natsjwt.GenerateGrants(*perms, *out, g)
+	res, err := natsjwt.GenerateGrants(*perms, *out, g, natsjwt.WithListen(*listen), natsjwt.WithStoreDir(*storeDir))
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "gen:", err)
 		os.Exit(1)
