@@ -548,7 +548,15 @@ func generateJWT(users []User, kr keyring, revoked map[string]int64, o options, 
 	if err != nil {
 		return err
 	}
-	cfg := fmt.Sprintf(`# Operator/JWT mode for toolbus, written by go run ./deploy/nats/gen: one account
+	cfg := jwtConfig(o, opJWT, spub, sysJWT, apub, accJWT)
+	res.Config, err = write("auth-jwt.conf", []byte(cfg))
+	return err
+}
+
+// jwtConfig is auth-jwt.conf: the server settings of o, the operator, the system
+// account and the memory resolver preloaded with the account JWTs.
+func jwtConfig(o options, opJWT, spub, sysJWT, apub, accJWT string) string {
+	return fmt.Sprintf(`# Operator/JWT mode for toolbus, written by go run ./deploy/nats/gen: one account
 # (TOOLBUS, JetStream enabled), one user per role and one executor user per team, whose
 # JWT carries its permissions (permissions.conf; TEAM_EXECUTOR plus the team's tools).
 # Give each process its <user>.creds file:
@@ -581,8 +589,6 @@ resolver_preload: {
   %s: %s
 }
 `, o.listen, o.listen, storeSetting(o), opJWT, spub, spub, sysJWT, apub, accJWT)
-	res.Config, err = write("auth-jwt.conf", []byte(cfg))
-	return err
 }
 
 // userCreds is the credentials file of a new user of the account akp: its JWT, carrying
