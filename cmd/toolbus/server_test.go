@@ -207,3 +207,47 @@ func userPassword(t *testing.T, res natsjwt.Result, user string) nats.Option {
 	}
 	return nats.UserInfo(user, string(pw))
 }
+
+// The flags of `toolbus server` override the file, its store_dir included (which
+// nats-server's -sd refuses); a JetStream file with no store directory and a bad -m are
+// refused.
+func TestServerOptions(t *testing.T) {
+	single := filepath.Join("..", "..", "deploy", "nats", "single.conf")
+	noStore := filepath.Join(t.TempDir(), "nostore.conf")
+	if err := os.WriteFile(noStore, []byte("jetstream {\n  max_file_store: 1GB\n}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name      string
+		f         serverFlags
+		host      string
+		port      int
+		store     string
+		http      int
+		wantErrIn string
+	}{
+		{name: "the file", f: serverFlags{config: single}, host: "0.0.0.0", port: 4222, store: "/data", http: 8222},
+		{name: "flags override it", f: serverFlags{config: single, storeDir: "/var/lib/nats", host: "127.0.0.1", port: 4333, monitor: "0"},
+			host: "127.0.0.1", port: 4333, store: "/var/lib/nats", http: 0},
+		{name: "no store", f: serverFlags{config: noStore}, wantErrIn: "no store_dir: give the directory with -sd DIR"},
+		{name: "-sd gives it", f: serverFlags{config: noStore, storeDir: "/s"}, host: "", port: 0, store: "/s"},
+		{name: "bad -m", f: serverFlags{config: single, monitor: "x"}, wantErrIn: `-m "x"`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			opts, err := serverOptions(tc.f)
+			if tc.wantErrIn != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErrIn) || !strings.Contains(err.Error(), tc.f.config) && tc.f.monitor == "" {
+					t.Fatalf("err = %v, want %q naming the file", err, tc.wantErrIn)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if opts.Host != tc.host || opts.Port != tc.port || opts.StoreDir != tc.store || opts.HTTPPort != tc.http || !opts.NoSigs {
+				t.Fatalf("host %q port %d store %q monitoring %d nosigs %v; want %q %d %q %d true",
+					opts.Host, opts.Port, opts.StoreDir, opts.HTTPPort, opts.NoSigs, tc.host, tc.port, tc.store, tc.http)
+			}
+		})
+	}
+}
