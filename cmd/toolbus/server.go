@@ -20,6 +20,7 @@ type serverFlags struct {
 	port                   int
 	// monitor is the monitoring port: "" as the file says, "0" none.
 	monitor string
+	debug   bool
 }
 
 // cmdServer runs a NATS server from a configuration file with the server library this
@@ -38,9 +39,12 @@ func cmdServer(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	fs.IntVar(&f.port, "p", 0, "port to listen on for clients (overrides the file's listen)")
 	fs.StringVar(&f.monitor, "m", "", "monitoring port, /healthz, /varz, /jsz (overrides the file's http port; 0: no monitoring)")
 	check := fs.Bool("t", false, "check the configuration and exit")
+	verbose := fs.Lookup("v")
+	verbose.Usage = "verbose: the server's debug log (as nats-server -D)"
 	if err := fs.Parse(args); err != nil {
 		return flagError(err)
 	}
+	f.debug = verbose.Value.String() == "true"
 	if fs.NArg() != 0 {
 		return usageError(fs, fmt.Sprintf("server: unexpected argument %q", fs.Arg(0)))
 	}
@@ -80,6 +84,11 @@ func serverOptions(f serverFlags) (*server.Options, error) {
 		}
 		opts.HTTPPort = port
 	}
+	if f.debug {
+		opts.Debug = true
+	}
+	// Timestamped log lines, as nats-server's -T (on by default there).
+	opts.Logtime = true
 	// This command handles the signals (serve): the library's handler exits the process.
 	opts.NoSigs = true
 	if opts.JetStream && opts.StoreDir == "" {
