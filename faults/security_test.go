@@ -59,7 +59,7 @@ func TestFaultSecurityRoles(t *testing.T) {
 		}
 		check := []nats.Option{nats.RootCAs(pki["ca.pem"]), nats.ClientCert(pki["client.pem"], pki["client-key.pem"]),
 			nats.UserInfo("admin", strings.TrimPrefix(roleEnv["admin"][1], "TOOLBUS_NATS_PASSWORD="))}
-		securedPipeline(t, natsBin, toolbusBin, dir, "tls.conf", "tls", serverEnv, roleEnv, check)
+		securedPipeline(t, []string{natsBin}, toolbusBin, dir, "tls.conf", "tls", serverEnv, roleEnv, check)
 	})
 
 	t.Run("nkey per role", func(t *testing.T) {
@@ -88,7 +88,7 @@ func TestFaultSecurityRoles(t *testing.T) {
 				check = []nats.Option{o}
 			}
 		}
-		securedPipeline(t, natsBin, toolbusBin, dir, "auth-nkeys.conf", "nats", serverEnv, roleEnv, check)
+		securedPipeline(t, []string{natsBin}, toolbusBin, dir, "auth-nkeys.conf", "nats", serverEnv, roleEnv, check)
 	})
 
 	// The operator/JWT setup exactly as `go run ./deploy/nats/gen -grants` writes it: the
@@ -100,22 +100,18 @@ func TestFaultSecurityRoles(t *testing.T) {
 		dir := t.TempDir()
 		grants := natsjwt.Grants{Teams: map[string][]string{"alpha": {"noop", "calculator"}},
 			Clients: map[string][]string{"alice": {"alice"}}}
+		// The generated config stores in the test's directory (gen -store).
 		res, err := natsjwt.GenerateGrants(filepath.Join("..", "deploy", "nats", "permissions.conf"), filepath.Join(dir, "gen"), grants,
-			natsjwt.WithBcryptCost(bcrypt.MinCost))
+			natsjwt.WithBcryptCost(bcrypt.MinCost), natsjwt.WithStoreDir(filepath.Join(dir, "store")))
 		if err != nil {
 			t.Fatal(err)
 		}
-		// The generated config's store is /data: here the test's directory.
 		b, err := os.ReadFile(res.Config)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if !strings.Contains(string(b), "store_dir: /data") || !strings.Contains(string(b), "resolver: MEMORY") {
+		if !strings.Contains(string(b), "resolver: MEMORY") {
 			t.Fatalf("auth-jwt.conf is not the operator setup the test expects:\n%s", b)
-		}
-		b = []byte(strings.ReplaceAll(string(b), "store_dir: /data", "store_dir: "+strconv.Quote(filepath.Join(dir, "store"))))
-		if err := os.WriteFile(res.Config, b, 0o600); err != nil {
-			t.Fatal(err)
 		}
 		creds := func(user string) []string { return []string{"TOOLBUS_NATS_CREDS=" + res.Creds[user]} }
 		roleEnv := map[string][]string{}
@@ -123,7 +119,9 @@ func TestFaultSecurityRoles(t *testing.T) {
 			roleEnv[role] = creds(role)
 		}
 		roleEnv["executor"] = append(creds(natsjwt.TeamUser("alpha")), "TOOLBUS_TEAM=alpha", "TOOLBUS_EXECUTOR_TOOLS=noop,calculator")
-		url, dump := securedPipeline(t, natsBin, toolbusBin, dir, res.Config, "nats", nil, roleEnv, []nats.Option{nats.UserCredentials(res.Creds["admin"])})
+		// The server is the toolbus binary's own (toolbus server): a multi-team
+		// deployment needs nothing but toolbus.
+		url, dump := securedPipeline(t, []string{toolbusBin, "server"}, toolbusBin, dir, res.Config, "nats", nil, roleEnv, []nats.Option{nats.UserCredentials(res.Creds["admin"])})
 
 		run := func(id, principal string) (string, error) {
 			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -176,11 +174,11 @@ func TestFaultSecurityRoles(t *testing.T) {
 	})
 }
 
-// securedPipeline starts nats-server with a deploy config (a file of deploy/nats, or the
-// absolute path of one the generator wrote) and the roles with their credentials, runs
+// securedPipeline starts a NATS server (server: nats-server, or toolbus server) with a
+// deploy config (a file of deploy/nats, or the absolute path of one the generator wrote) and the roles with their credentials, runs
 // `toolbus run` as the client and checks the run from the stream. It returns the
 // server's URL and a dump of every process's log tail.
-func securedPipeline(t *testing.T, natsBin, toolbusBin, dir, conf, scheme string, serverEnv []string, roleEnv map[string][]string, check []nats.Option) (string, func()) {
+func securedPipeline(t *testing.T, server []string, toolbusBin, dir, conf, scheme string, serverEnv []string, roleEnv map[string][]string, check []nats.Option) (string, func()) {
 	t.Helper()
 	port := freePort(t)
 	confPath := conf
@@ -188,8 +186,8 @@ func securedPipeline(t *testing.T, natsBin, toolbusBin, dir, conf, scheme string
 		confPath = filepath.Join(deployCopy(t, filepath.Join(dir, "conf"), filepath.Join(dir, "store")), conf)
 	}
 	conf = filepath.Base(conf)
-	srv := startProc(t, dir, "nats", natsBin, []string{"-c", confPath, "-a", "127.0.0.1",
-		"-p", strconv.Itoa(port), "-m", strconv.Itoa(freePort(t))}, serverEnv)
+	srv := startProc(t, dir, "nats", server[0], append(server[1:len(server):len(server)], "-c", confPath, "-a", "127.0.0.1",
+		"-p", strconv.Itoa(port), "-m", strconv.Itoa(freePort(t))), serverEnv)
 	url := fmt.Sprintf("%s://127.0.0.1:%d", scheme, port)
 	var nc *nats.Conn
 	deadline := time.Now().Add(30 * time.Second)

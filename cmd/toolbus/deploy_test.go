@@ -167,7 +167,7 @@ func TestDeployYourOwnTools(t *testing.T) {
 	t.Setenv("TOOLBUS_LOG_LEVEL", "")
 	code, out, errOut := cli(t, "tools")
 	wantCode(t, "toolbus tools", code, 0, out, errOut)
-	if !regexp.MustCompile(`(?m)^shout\s+shout-1\s`).MatchString(out) {
+	if !regexp.MustCompile(`(?m)^shout\s+-\s+-\s+shout-1\s`).MatchString(out) {
 		t.Fatalf("toolbus tools does not list shout served by shout-1:\n%s", out)
 	}
 	code, out, errOut = cli(t, "call", "shout", `{"text":"hello"}`)

@@ -10,6 +10,7 @@
 //	toolbus runs|tail|replay        list runs, follow events live, audit a run
 //	toolbus tools                   list the tool catalog and who serves each tool
 //	toolbus console                 web console at TOOLBUS_CONSOLE_ADDR
+//	toolbus server -c FILE          a NATS server from a configuration file (deploy/nats/)
 //	toolbus env                     print the configuration variables
 package main
 
@@ -182,6 +183,9 @@ commands:
                            for the bearer tokens of TOOLBUS_MCP_TOKENS_FILE);
                            each tools/call is a run on the bus (audit, allowlist, timeouts)
   token NAME [--teams a,b] a new token for mcp --http or the console, and its access-list line
+  server -c FILE [-sd DIR] run a NATS server from a configuration file (deploy/nats/, or what
+                           go run ./deploy/nats/gen writes): -sd, -a, -p override the file;
+                           SIGHUP reloads it; exit 1 when it is invalid
   ready [URL]              exit 0 when this process's /readyz answers 200 (container health checks)
   bench [flags]            measure toolbus beside raw JetStream and an in-process loop
   env                      list the TOOLBUS_* configuration variables
@@ -260,6 +264,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		err = cmdMCP(ctx, cfg, log, rest, stdout, stderr)
 	case "bench":
 		err = cmdBench(ctx, rest, stdout)
+	case "server":
+		err = cmdServer(ctx, rest, stdout, stderr)
 	case "token":
 		err = cmdToken(rest, stdout, stderr)
 	case "ready":

@@ -16,9 +16,13 @@ import (
 
 // toolRow is one line of `toolbus tools`.
 type toolRow struct {
-	Name        string   `json:"name"`
-	Description string   `json:"description"`
-	Instances   []string `json:"instances"`
+	Name        string `json:"name"`
+	Description string `json:"description"`
+	// Owner is the team whose executors serve the tool ("" when the contract names
+	// none); Version the contract's version (0 when unversioned).
+	Owner     string   `json:"owner"`
+	Version   int      `json:"version"`
+	Instances []string `json:"instances"`
 	// Pending counts calls waiting in the tool's queue; InFlight those being run.
 	Pending  uint64 `json:"pending"`
 	InFlight int    `json:"in_flight"`
@@ -53,13 +57,14 @@ func cmdTools(ctx context.Context, cfg Config, log *slog.Logger, args []string, 
 		return nil
 	}
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "TOOL\tINSTANCES\tPENDING\tIN FLIGHT\tDESCRIPTION")
+	fmt.Fprintln(tw, "TOOL\tOWNER\tVERSION\tINSTANCES\tPENDING\tIN FLIGHT\tDESCRIPTION")
 	for _, r := range rows {
 		inst := strings.Join(r.Instances, ",")
 		if inst == "" {
 			inst = "- (not offered)"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\n", r.Name, inst, r.Pending, r.InFlight, audit.OneLine(r.Description, 60))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%s\n", r.Name, orDash(r.Owner), orDash(versionText(r.Version)), inst,
+			r.Pending, r.InFlight, audit.OneLine(r.Description, 60))
 	}
 	return tw.Flush()
 }
@@ -76,7 +81,7 @@ func toolRows(ctx context.Context, bus *events.Bus) ([]toolRow, error) {
 	}
 	rows := make([]toolRow, 0, len(contracts))
 	for _, tc := range contracts {
-		r := toolRow{Name: tc.Name, Description: tc.Description, Instances: []string{}}
+		r := toolRow{Name: tc.Name, Description: tc.Description, Owner: tc.Owner, Version: tc.Version, Instances: []string{}}
 		for _, in := range instances {
 			if in.Serves(tc.Owner, tc.Name) {
 				r.Instances = append(r.Instances, in.Name)
@@ -91,4 +96,21 @@ func toolRows(ctx context.Context, bus *events.Bus) ([]toolRow, error) {
 		rows = append(rows, r)
 	}
 	return rows, nil
+}
+
+// orDash is s, or "-" when it is empty (a table cell is never blank).
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+// versionText is a contract's version as `toolbus tools` shows it: "v<n>", "" when
+// unversioned (0).
+func versionText(v int) string {
+	if v == 0 {
+		return ""
+	}
+	return fmt.Sprintf("v%d", v)
 }

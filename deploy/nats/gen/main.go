@@ -3,6 +3,7 @@
 // tools (see package natsjwt). It writes every kind NATS offers:
 //
 //	go run ./deploy/nats/gen [-perms deploy/nats/permissions.conf] [-grants grants.json] [-out DIR] [-rotate user,...]
+//	                         [-listen 127.0.0.1:4222] [-store DIR]
 //
 // Run again on the same -out, it keeps the deployment's keys and every credential whose
 // permissions did not change, and prints what changed (see natsjwt.GenerateGrants).
@@ -21,7 +22,9 @@
 // credentials that start runs only for, and approve, deny and cancel only as, the
 // identities listed (the principal id of run.started, the who of decisions and cancels).
 //
-// Then run nats-server with one of the configs written into -out:
+// Then run a server with one of the configs written into -out (the toolbus binary runs
+// one: toolbus server -c <out>/auth-jwt.conf -sd ./nats-data). They listen on
+// -listen (loopback unless told otherwise) and store in -store, or where -sd says:
 //
 //	auth-jwt.conf     operator/JWT: give each process its <user>.creds (TOOLBUS_NATS_CREDS)
 //	auth-users.conf   users and passwords (bcrypt): TOOLBUS_NATS_USER=<user>, TOOLBUS_NATS_PASSWORD=$(cat <user>.password)
@@ -53,6 +56,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	perms := fs.String("perms", "", "role permissions (default: deploy/nats/permissions.conf of this checkout)")
 	grants := fs.String("grants", "", "grants file: the tools of each team and the identities of each bound client (JSON, {\"teams\": {\"<team>\": [\"<tool>\", ...]}, \"clients\": {\"<name>\": [\"<identity>\", ...]}})")
+	listen := fs.String("listen", natsjwt.DefaultListen, "client address (host:port) the server configs listen on; 0.0.0.0:4222 for every interface")
+	storeDir := fs.String("store", "", "JetStream store directory written into the server configs (default: none, give it to the server: toolbus server -sd DIR)")
 	rotate := fs.String("rotate", "", "comma-separated users to issue new credentials for (new password, nkey and JWT; the old JWT is revoked); everyone else's are kept")
 	out := fs.String("out", "", "output directory, created 0700 (default: toolbus/nats in the user's configuration directory, outside the repository: it holds secrets)")
 	if err := fs.Parse(args); err != nil {
@@ -65,14 +70,15 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if *rotate != "" {
 		rot = strings.Split(*rotate, ",")
 	}
-	if err := generate(*perms, *grants, *out, rot, stdout); err != nil {
+	opts := []natsjwt.Option{natsjwt.WithRotate(rot...), natsjwt.WithListen(*listen), natsjwt.WithStoreDir(*storeDir)}
+	if err := generate(*perms, *grants, *out, opts, stdout); err != nil {
 		fmt.Fprintln(stderr, "gen:", err)
 		return 1
 	}
 	return 0
 }
 
-func generate(perms, grants, out string, rotate []string, stdout io.Writer) error {
+func generate(perms, grants, out string, opts []natsjwt.Option, stdout io.Writer) error {
 	var err error
 	if perms == "" {
 		if perms, err = defaultPerms(); err != nil {
@@ -95,7 +101,7 @@ func generate(perms, grants, out string, rotate []string, stdout io.Writer) erro
 			return err
 		}
 	}
-	res, err := natsjwt.GenerateGrants(perms, out, g, natsjwt.WithRotate(rotate...))
+	res, err := natsjwt.GenerateGrants(perms, out, g, opts...)
 	if err != nil {
 		return err
 	}

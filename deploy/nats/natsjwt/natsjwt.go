@@ -12,6 +12,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"maps"
+	"net"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -304,14 +305,17 @@ func Generate(permsFile, dir string) (Result, error) { return GenerateGrants(per
 // and nkeys are kept, a user whose permissions did not change keeps its .creds file
 // as it was, a user no longer granted is removed (its JWT revoked), and Result.Changes
 // says which is which. Adding a team or a bound client then needs nothing on a server
-// in operator mode; the users and nkeys configs need a reload (nats-server --signal
-// reload), which keeps every connection. The server
-// settings of auth-users.conf and auth-nkeys.conf are those of single.conf, next to
-// permsFile.
+// in operator mode; the users and nkeys configs need a reload (SIGHUP: kill -HUP the
+// toolbus server, or nats-server --signal reload), which keeps every connection. The
+// server settings of auth-users.conf and auth-nkeys.conf are those of single.conf, next
+// to permsFile, listening on loopback (WithListen) and storing where WithStoreDir says.
 func GenerateGrants(permsFile, dir string, g Grants, opts ...Option) (Result, error) {
-	o := options{bcryptCost: bcrypt.DefaultCost}
+	o := options{bcryptCost: bcrypt.DefaultCost, listen: DefaultListen}
 	for _, f := range opts {
 		f(&o)
+	}
+	if _, _, err := net.SplitHostPort(o.listen); err != nil {
+		return Result{}, fmt.Errorf("natsjwt: listen address %q: %w", o.listen, err)
 	}
 	if err := g.Validate(); err != nil {
 		return Result{}, fmt.Errorf("natsjwt: grants: %w", err)
@@ -320,9 +324,9 @@ func GenerateGrants(permsFile, dir string, g Grants, opts ...Option) (Result, er
 	if err != nil {
 		return Result{}, err
 	}
-	single, err := os.ReadFile(filepath.Join(filepath.Dir(permsFile), "single.conf"))
+	single, err := serverSettings(filepath.Join(filepath.Dir(permsFile), "single.conf"), o)
 	if err != nil {
-		return Result{}, fmt.Errorf("natsjwt: server settings: %w", err)
+		return Result{}, err
 	}
 	if len(g.Clients) > 0 {
 		if _, err := ClientPermissions(perms["client"], nil); err != nil {
@@ -377,7 +381,7 @@ func GenerateGrants(permsFile, dir string, g Grants, opts ...Option) (Result, er
 # one executor user per team (executor-<team>), each with its permissions inline (the
 # roles' from permissions.conf, the teams' from TEAM_EXECUTOR plus their granted tools).
 # Generated: regenerate it when permissions.conf or the grants change.
-`, kind) + string(single) + "\n"
+`, kind) + single + "\n"
 	}
 	if res.UsersConfig, err = write("auth-users.conf", []byte(head("users and passwords (bcrypt hashes; the passwords are in <user>.password)")+
 		"authorization {\n  users = [\n"+pwUsers.String()+"  ]\n}\n")); err != nil {
@@ -409,7 +413,7 @@ func issueKept(users []User, kr keyring, o options, write func(string, []byte) (
 	if err := kr.rotate(users, o.rotate, revoked); err != nil {
 		return err
 	}
-	if err := generateJWT(users, kr, revoked, write, res); err != nil {
+	if err := generateJWT(users, kr, revoked, o, write, res); err != nil {
 		return err
 	}
 	for i, c := range res.Changes {
@@ -426,6 +430,9 @@ type Option func(*options)
 type options struct {
 	bcryptCost int
 	rotate     []string
+	// listen is the client address of the configs; store their JetStream store
+	// directory ("": none, the server is given one: toolbus server -sd DIR).
+	listen, store string
 }
 
 // WithRotate issues new credentials for users (a new password, nkey and JWT, the old
@@ -438,6 +445,52 @@ func WithRotate(users ...string) Option {
 // WithBcryptCost sets the cost of the password hashes (default bcrypt.DefaultCost): the
 // server pays it on every login; tests lower it.
 func WithBcryptCost(cost int) Option { return func(o *options) { o.bcryptCost = cost } }
+
+// DefaultListen is the client address of the configs GenerateGrants writes unless
+// WithListen says otherwise: loopback, reachable from other hosts only on purpose.
+const DefaultListen = "127.0.0.1:4222"
+
+// WithListen sets the client address (host:port) the configs listen on (default
+// DefaultListen; "0.0.0.0:4222" for every interface).
+func WithListen(hostport string) Option { return func(o *options) { o.listen = hostport } }
+
+// WithStoreDir writes dir as the configs' JetStream store_dir. Without it the configs
+// name none and the server is given one when it starts (toolbus server -sd DIR, or
+// nats-server -sd DIR, which refuses a store_dir in the file).
+func WithStoreDir(dir string) Option { return func(o *options) { o.store = dir } }
+
+// storeSetting is the store_dir line of a generated config, or a comment saying where
+// the directory comes from when o names none.
+func storeSetting(o options) string {
+	if o.store == "" {
+		return "# no store_dir: give it when starting the server (toolbus server -sd DIR)"
+	}
+	return "store_dir: " + strconv.Quote(o.store)
+}
+
+var (
+	listenLine   = regexp.MustCompile(`(?m)^listen:.*$`)
+	storeDirLine = regexp.MustCompile(`(?m)^(\s*)store_dir:.*$`)
+)
+
+// serverSettings is single.conf's text for the users and nkeys configs: without its
+// leading comment (it is about single.conf itself), listening on o.listen and storing
+// in o.store.
+func serverSettings(file string, o options) (string, error) {
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return "", fmt.Errorf("natsjwt: server settings: %w", err)
+	}
+	s := string(b)
+	for strings.HasPrefix(s, "#") {
+		_, s, _ = strings.Cut(s, "\n")
+	}
+	if !listenLine.MatchString(s) || !storeDirLine.MatchString(s) {
+		return "", fmt.Errorf("natsjwt: server settings: %s has no listen or store_dir line to set", file)
+	}
+	s = listenLine.ReplaceAllLiteralString(s, "listen: "+o.listen)
+	return storeDirLine.ReplaceAllString(s, "${1}"+strings.ReplaceAll(storeSetting(o), "$", "$$")), nil
+}
 
 // confPermissions renders p in the server configuration syntax.
 func confPermissions(p Permissions) string {
@@ -452,7 +505,7 @@ func confPermissions(p Permissions) string {
 		list(p.PubAllow), list(p.PubDeny), list(p.SubAllow), list(p.SubDeny))
 }
 
-func generateJWT(users []User, kr keyring, revoked map[string]int64, write func(string, []byte) (string, error), res *Result) error {
+func generateJWT(users []User, kr keyring, revoked map[string]int64, o options, write func(string, []byte) (string, error), res *Result) error {
 	okp, err := kr.seed("operator.nk", nkeys.CreateOperator)
 	if err != nil {
 		return err
@@ -501,23 +554,35 @@ func generateJWT(users []User, kr keyring, revoked map[string]int64, write func(
 	if err != nil {
 		return err
 	}
-	cfg := fmt.Sprintf(`# Operator/JWT mode for toolbus, written by go run ./deploy/nats/gen: one account
+	cfg := jwtConfig(o, opJWT, spub, sysJWT, apub, accJWT)
+	res.Config, err = write("auth-jwt.conf", []byte(cfg))
+	return err
+}
+
+// jwtConfig is auth-jwt.conf: the server settings of o, the operator, the system
+// account and the memory resolver preloaded with the account JWTs.
+func jwtConfig(o options, opJWT, spub, sysJWT, apub, accJWT string) string {
+	return fmt.Sprintf(`# Operator/JWT mode for toolbus, written by go run ./deploy/nats/gen: one account
 # (TOOLBUS, JetStream enabled), one user per role and one executor user per team, whose
 # JWT carries its permissions (permissions.conf; TEAM_EXECUTOR plus the team's tools).
 # Give each process its <user>.creds file:
 #   TOOLBUS_NATS_CREDS=/run/secrets/<user>.creds
 # The admin runs toolbus init once. The accounts are preloaded into a memory resolver;
 # for accounts managed at run time, use nsc and a full resolver instead.
+# Run it with the toolbus binary (kill -HUP reloads it):
+#   toolbus server -c auth-jwt.conf -sd /var/lib/toolbus-nats
+# It listens on %s (go run ./deploy/nats/gen -listen 0.0.0.0:4222 for other hosts);
+# monitoring (/healthz, /varz, /jsz) stays on loopback.
 server_name: toolbus-nats-1
-listen: 0.0.0.0:4222
-http: 0.0.0.0:8222
+listen: %s
+http: 127.0.0.1:8222
 max_payload: 1MB
 # A user JWT carries its permissions and travels in the CONNECT line: the executor's
 # is longer than the default limit of 4 KB.
 max_control_line: 64KB
 
 jetstream {
-  store_dir: /data
+  %s
   max_memory_store: 256MB
   max_file_store: 10GB
 }
@@ -529,9 +594,7 @@ resolver_preload: {
   %s: %s
   %s: %s
 }
-`, opJWT, spub, spub, sysJWT, apub, accJWT)
-	res.Config, err = write("auth-jwt.conf", []byte(cfg))
-	return err
+`, o.listen, o.listen, storeSetting(o), opJWT, spub, spub, sysJWT, apub, accJWT)
 }
 
 // issueUsers writes the .creds of each user whose permissions are new or changed,
