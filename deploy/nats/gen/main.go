@@ -121,7 +121,7 @@ func generate(perms, grants, out string, opts []natsjwt.Option, stdout io.Writer
 
 var handOut = map[string]string{
 	"new":     ": hand out its files; operator mode needs nothing on the server, users and nkeys a reload (nats-server --signal reload)",
-	"changed": ": hand out its new files (same password and nkey); reload the server (the old JWT is revoked once it loads the new account)",
+	"changed": ": hand out its new files (same password and nkey); reload the server (an old JWT that may do more than the new one is revoked once it does)",
 	"removed": ": its files are deleted; reload the server (users, nkeys; in operator mode its JWT is revoked)",
 	"rotated": ": hand out its new files; reload the server (the old password, nkey and JWT stop working once it does)",
 }

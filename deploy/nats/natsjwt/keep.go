@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -172,4 +173,56 @@ func (k keyring) removed(users []User, revoked map[string]int64) ([]Change, erro
 		}
 	}
 	return out, nil
+}
+
+// kept returns the JWT kept in file while same says it still says what a fresh one
+// would, else the fresh one from encode, kept for the next run. A JWT re-encoded gets a
+// new issue time and id: the server refuses to reload a config whose operator JWT
+// changed at all, so an unchanged operator, system account or account keeps its text.
+func (k keyring) kept(file string, encode func() (string, error), same func(old string) bool) (string, error) {
+	p := filepath.Join(k.dir, file)
+	if b, err := os.ReadFile(p); err == nil && same(strings.TrimSpace(string(b))) {
+		return strings.TrimSpace(string(b)), nil
+	}
+	s, err := encode()
+	if err != nil {
+		return "", fmt.Errorf("natsjwt: %s: %w", file, err)
+	}
+	if err := os.WriteFile(p, []byte(s+"\n"), 0o600); err != nil {
+		return "", fmt.Errorf("natsjwt: %w", err)
+	}
+	return s, nil
+}
+
+// sameOperator reports whether old is an operator JWT equal to oc in what it says.
+func sameOperator(oc *jwt.OperatorClaims) func(string) bool {
+	return func(old string) bool {
+		c, err := jwt.DecodeOperatorClaims(old)
+		return err == nil && c.Subject == oc.Subject && c.Name == oc.Name && c.SystemAccount == oc.SystemAccount
+	}
+}
+
+// sameAccount reports whether old is an account JWT equal to ac in what it says: its
+// name, JetStream limits and revocations.
+func sameAccount(ac *jwt.AccountClaims) func(string) bool {
+	return func(old string) bool {
+		c, err := jwt.DecodeAccountClaims(old)
+		return err == nil && c.Subject == ac.Subject && c.Name == ac.Name &&
+			c.Limits.JetStreamLimits == ac.Limits.JetStreamLimits && maps.Equal(c.Revocations, ac.Revocations)
+	}
+}
+
+// narrows reports whether p takes away anything the old JWT allows: an allow it had
+// is gone, or a deny it lacked is new.
+func narrows(old *jwt.UserClaims, p Permissions) bool {
+	sub := func(a, b []string) bool { // a ⊆ b
+		for _, x := range a {
+			if !slices.Contains(b, x) {
+				return false
+			}
+		}
+		return true
+	}
+	return !sub(old.Pub.Allow, p.PubAllow) || !sub(old.Sub.Allow, p.SubAllow) ||
+		!sub(p.PubDeny, old.Pub.Deny) || !sub(p.SubDeny, old.Sub.Deny)
 }

@@ -525,13 +525,13 @@ func generateJWT(users []User, kr keyring, revoked map[string]int64, o options, 
 	oc := jwt.NewOperatorClaims(opub)
 	oc.Name = "toolbus"
 	oc.SystemAccount = spub
-	opJWT, err := oc.Encode(okp)
+	opJWT, err := kr.kept("operator.jwt", func() (string, error) { return oc.Encode(okp) }, sameOperator(oc))
 	if err != nil {
 		return err
 	}
 	sc := jwt.NewAccountClaims(spub)
 	sc.Name = "SYS"
-	sysJWT, err := sc.Encode(okp)
+	sysJWT, err := kr.kept("system.jwt", func() (string, error) { return sc.Encode(okp) }, sameAccount(sc))
 	if err != nil {
 		return err
 	}
@@ -550,7 +550,7 @@ func generateJWT(users []User, kr keyring, revoked map[string]int64, o options, 
 			return err
 		}
 	}
-	accJWT, err := ac.Encode(okp)
+	accJWT, err := kr.kept("account.jwt", func() (string, error) { return ac.Encode(okp) }, sameAccount(ac))
 	if err != nil {
 		return err
 	}
@@ -610,10 +610,14 @@ func issueUsers(users []User, kr keyring, akp nkeys.KeyPair, apub string, revoke
 		}
 		what := "new"
 		if existed {
-			// Its permissions changed: the old JWT, which carries the old ones, is
-			// revoked (once the servers load the new account JWT).
+			// Its permissions changed. An old JWT that may do more than the new one
+			// (a tool revoked) is revoked once the servers load the new account JWT;
+			// one that may do less (a tool granted) keeps working, so the team's
+			// running processes go on until they take the new credentials.
 			what = "changed"
-			revoked[old.Subject] = time.Now().Unix()
+			if narrows(old, u.Perms) {
+				revoked[old.Subject] = time.Now().Unix()
+			}
 		}
 		creds, err := userCreds(u, akp)
 		if err != nil {
