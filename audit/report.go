@@ -257,7 +257,7 @@ func (a *analysis) runStarted(ev events.StoredEvent, rs toolbus.RunStarted) {
 	}
 	a.started, a.startTime = &rs, ev.Time
 	a.r.Model, a.r.Principal, a.r.Limits, a.r.StartedAt = rs.Model, rs.Principal.ID, rs.Limits, ev.Time
-	e.Summary = fmt.Sprintf("run started (model %s, principal %s)", orDash(rs.Model), orDash(rs.Principal.ID))
+	e.Summary = fmt.Sprintf("run started (model %s, principal %s)", orDash(ModelName(rs.Model)), orDash(rs.Principal.ID))
 	for _, m := range rs.Messages {
 		e.Details = append(e.Details, fmt.Sprintf("%s: %s", m.Role, OneLine(m.Content, 100)))
 	}
@@ -642,4 +642,14 @@ func OneLine(s string, n int) string {
 		s = s[:cut] + "..."
 	}
 	return s
+}
+
+// ModelName names the model a run asked for, for people: a script the run carries
+// (script:{...}, up to 64 KiB shipped by its client) is named by its size, not printed
+// whole.
+func ModelName(model string) string {
+	if script, ok := strings.CutPrefix(model, "script:{"); ok {
+		return fmt.Sprintf("a script shipped with the run (%d bytes)", len(script)+1)
+	}
+	return model
 }

@@ -3,6 +3,7 @@ package audit
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"io"
 	"path/filepath"
 	"strings"
@@ -384,5 +385,27 @@ func TestAnalyzeProgress(t *testing.T) {
 	}
 	if n != 2 {
 		t.Fatalf("%d progress_not_running violations, want 2: %+v", n, r.Violations)
+	}
+}
+
+// A script shipped with the run (script:{...}, up to 64 KiB) is named by its size in
+// the timeline, never printed whole; other models are named as they are.
+func TestModelNameOfAShippedScript(t *testing.T) {
+	script := `script:{"steps":[` + strings.Repeat(`{"answer":"x"},`, 2000) + `{"answer":"done"}]}`
+	for _, c := range []struct{ model, want string }{
+		{script, fmt.Sprintf("a script shipped with the run (%d bytes)", len(script)-len("script:"))},
+		{"script:incident", "script:incident"},
+		{"anthropic:claude", "anthropic:claude"},
+	} {
+		if got := ModelName(c.model); got != c.want {
+			t.Errorf("ModelName(%.40q) = %q, want %q", c.model, got, c.want)
+		}
+	}
+	l := newRunLog(t, "run-s")
+	l.add(0, events.SubjectRunStarted(l.run, "cli"), events.Meta{ID: events.IDRunStarted(l.run), Type: events.TypeRunStarted},
+		toolbus.RunStarted{RunID: l.run, Model: script, Principal: toolbus.Principal{ID: "cli"}, StartedAt: l.t0})
+	r := Analyze(l.run, l.evs)
+	if len(r.Timeline) == 0 || strings.Contains(r.Timeline[0].Summary, `"steps"`) || !strings.Contains(r.Timeline[0].Summary, "shipped with the run") {
+		t.Fatalf("the run's start reads %q", r.Timeline[0].Summary)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"github.com/toolbus/toolbus/audit"
 	"html/template"
 	"math"
 	"strconv"
@@ -20,6 +21,8 @@ func funcs() template.FuncMap {
 		"ms":     ms,
 		"dur":    dur,
 		"pretty": pretty,
+		// model names a run's model; a script the run carries is named by its size.
+		"model": audit.ModelName,
 		"rawjson": func(b json.RawMessage) string {
 			return pretty(string(b))
 		},

@@ -246,7 +246,7 @@ func (c *server) matches(ctx context.Context, q runQuery, st store.RunState) (bo
 func (c *server) runRow(ctx context.Context, st store.RunState, now time.Time) runRow {
 	row := runRow{RunState: st, Age: audit.Age(now.Sub(st.StartedAt)), Active: !st.Status.Terminal()}
 	if rs, err := c.bus.RunStarted(ctx, st.RunID); err == nil {
-		row.Question, row.Principal, row.Model = audit.OneLine(lastUserMessage(rs.Messages), 160), rs.Principal.ID, rs.Model
+		row.Question, row.Principal, row.Model = audit.OneLine(lastUserMessage(rs.Messages), 160), rs.Principal.ID, audit.ModelName(rs.Model)
 	}
 	if ev, err := c.bus.LastEvent(ctx, events.SubjectModelResponded(st.RunID)); err == nil && ev.Err == nil {
 		row.Steps = ev.Meta.Step + 1

@@ -179,7 +179,7 @@ func (p *Printer) modelResponded(mr toolbus.ModelResponded) {
 		p.model = mr.Model
 		whose := "the planner's"
 		if p.requested != "" {
-			whose = "asked for by the run: " + requestedName(p.requested)
+			whose = "asked for by the run: " + audit.ModelName(p.requested)
 		}
 		fmt.Fprintf(p.out, "model %s (%s)\n", mr.Model, whose)
 	}
@@ -200,15 +200,6 @@ func (p *Printer) modelResponded(mr toolbus.ModelResponded) {
 	for _, c := range mr.Message.ToolCalls {
 		fmt.Fprintf(p.out, "        -> %s %s(%s)\n", c.CallID, c.Tool, oneLine(c.Arguments, 80))
 	}
-}
-
-// requestedName names the model a run asked for; a script the run carries
-// (script:{...}) is named by its size, not printed whole.
-func requestedName(model string) string {
-	if script, ok := strings.CutPrefix(model, "script:{"); ok {
-		return fmt.Sprintf("a script shipped with the run (%d bytes)", len(script)+1)
-	}
-	return model
 }
 
 // approval prints a person's decision, with an edit's arguments or an answer.
