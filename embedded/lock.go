@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -111,7 +112,7 @@ func ReadHolder(dir string) (Holder, bool) {
 	}
 	defer f.Close() //nolint:errcheck // read only
 	var h Holder
-	b, _ := os.ReadFile(path)
+	b, _ := io.ReadAll(f)
 	_ = json.Unmarshal(b, &h)
 	if flock(f) == nil {
 		funlock(f)

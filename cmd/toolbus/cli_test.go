@@ -121,6 +121,8 @@ func TestCLIRefusesBadValues(t *testing.T) {
 		{"negative max steps", map[string]string{"TOOLBUS_MAX_STEPS": "-2"}, []string{"runs"}, `config: TOOLBUS_MAX_STEPS -2: want 1 or more (unset: 10)`},
 		{"negative max calls per step", map[string]string{"TOOLBUS_MAX_CALLS_PER_STEP": "-1"}, []string{"runs"}, `config: TOOLBUS_MAX_CALLS_PER_STEP -1: want 1 or more (unset or 0: default 128)`},
 		{"negative token budget", map[string]string{"TOOLBUS_TOKEN_BUDGET": "-5"}, []string{"runs"}, `config: TOOLBUS_TOKEN_BUDGET -5: want 0 (none) or more`},
+		{"negative call timeout", map[string]string{"TOOLBUS_CALL_TIMEOUT": "-1s"}, []string{"runs"}, `config: TOOLBUS_CALL_TIMEOUT -1s: want 0s (the tool's own) or more`},
+		{"negative output bound", map[string]string{"TOOLBUS_MAX_OUTPUT_BYTES": "-1"}, []string{"runs"}, `config: TOOLBUS_MAX_OUTPUT_BYTES -1: want 1 or more`},
 		{"runs status", nil, []string{"runs", "--status", "bogus"}, `unknown status "bogus": want one of running, waiting_for_approval, completed, failed, limit_reached, cancelled`},
 		{"missing model key", map[string]string{"TOOLBUS_MODEL": "openai:gpt-4.1", "OPENAI_API_KEY": "", "OPENAI_BASE_URL": ""},
 			[]string{"run", "hi"}, "needs OPENAI_API_KEY"},

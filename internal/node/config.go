@@ -130,10 +130,10 @@ func (c Config) validate() error {
 		err = events.InvalidField("MaxRunTimeout", c.MaxRunTimeout, "0s (no cap) or more")
 	case c.TokenBudget < 0:
 		err = events.InvalidField("TokenBudget", c.TokenBudget, "0 (none) or more")
-	case c.Settings.Validate() != nil:
-		err = c.Settings.Validate()
 	default:
-		err = planner.Config{MaxCallsPerStep: c.MaxCallsPerStep}.Validate()
+		if err = c.Settings.Validate(); err == nil {
+			err = planner.Config{MaxCallsPerStep: c.MaxCallsPerStep}.Validate()
+		}
 	}
 	var ce *events.ConfigError
 	if errors.As(err, &ce) {
