@@ -5,12 +5,15 @@ import (
 	"errors"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
+	"strings"
+	"syscall"
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"golang.org/x/crypto/bcrypt"
 
@@ -19,6 +22,7 @@ import (
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
 	"github.com/toolbus/toolbus/events/provision"
+	"github.com/toolbus/toolbus/internal/testutil"
 )
 
 // Day two: an administrator adds a team and grants a tool to another by running
@@ -32,6 +36,7 @@ func TestDayTwoGrantsKeepTheDeployment(t *testing.T) {
 	perms := filepath.Join("..", "deploy", "nats", "permissions.conf")
 	day1 := natsjwt.Grants{Teams: map[string][]string{"alpha": {"calculator"}}}
 	day2 := natsjwt.Grants{Teams: map[string][]string{"alpha": {"calculator", "big_output"}, "beta": {"noop"}}}
+	bin := buildToolbus(t)
 	for _, mode := range genModes() {
 		t.Run(mode.name, func(t *testing.T) {
 			dir := t.TempDir()
@@ -43,22 +48,17 @@ func TestDayTwoGrantsKeepTheDeployment(t *testing.T) {
 				return res
 			}
 			res1 := gen(day1)
-			file := mode.conf(res1)
-			opts, err := server.ProcessConfigFile(file)
-			if err != nil {
-				t.Fatal(err)
-			}
-			srv := eventstest.StartServer(t, opts)
+			srv := startServerProcess(t, bin, mode.conf(res1))
 			ctx := eventstest.Context(t, 2*time.Minute)
 			connectBus := func(user string, res natsjwt.Result) (*nats.Conn, *events.Bus, error) {
-				nc, err := connectAs(t, srv.ClientURL(), user, nil, mode.opt(t, res, user))
+				nc, err := connectAs(t, srv.url, user, nil, mode.opt(t, res, user))
 				if err != nil {
 					return nil, nil, err
 				}
 				b, err := events.Open(ctx, nc, events.Config{})
 				return nc, b, err
 			}
-			adminNC, err := connectAs(t, srv.ClientURL(), "admin", nil, mode.opt(t, res1, "admin"))
+			adminNC, err := connectAs(t, srv.url, "admin", nil, mode.opt(t, res1, "admin"))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -89,7 +89,7 @@ func TestDayTwoGrantsKeepTheDeployment(t *testing.T) {
 			time.Sleep(1100 * time.Millisecond)
 			res2 := gen(day2)
 			if mode.name == "jwt" {
-				reloadConfigured(t, srv, mode.conf(res2), opts)
+				srv.reload(t)
 			}
 			if res2.Operator != res1.Operator || res2.Account != res1.Account || res2.System != res1.System {
 				t.Fatal("the second run made new operator or account keys")
@@ -107,7 +107,7 @@ func TestDayTwoGrantsKeepTheDeployment(t *testing.T) {
 				}
 			}
 			if mode.name != "jwt" {
-				reloadConfigured(t, srv, mode.conf(res2), opts)
+				srv.reload(t)
 			}
 
 			// Everything opened on day one still works: the client and alpha's executor.
@@ -161,9 +161,9 @@ func TestDayTwoGrantsKeepTheDeployment(t *testing.T) {
 				!bytes.Equal(betaCreds, readFile(t, res4.Creds[natsjwt.TeamUser("beta")])) {
 				t.Fatalf("rotation of %s: %v (beta's credentials must stay)", alpha, res4.Changes)
 			}
-			reloadConfigured(t, srv, mode.conf(res4), opts)
+			srv.reload(t)
 			eventstest.Eventually(t, 30*time.Second, func() error {
-				if _, err := connectAs(t, srv.ClientURL(), alpha, nil, mode.opt(t, old, alpha)); err == nil {
+				if _, err := connectAs(t, srv.url, alpha, nil, mode.opt(t, old, alpha)); err == nil {
 					return errors.New("alpha's rotated-out credentials still connect")
 				}
 				return nil
@@ -197,21 +197,69 @@ func readFile(t *testing.T, path string) []byte {
 	return b
 }
 
-// reloadConfigured reloads srv (started by eventstest.StartServer from opts) with the
-// configuration file, as `nats-server --signal reload` does, keeping its address and
-// store.
-func reloadConfigured(t *testing.T, srv *server.Server, file string, started *server.Options) {
+// serverProcess is a `toolbus server` process, as docs/deployment-and-security.md runs
+// one: a separate process whose configuration a SIGHUP reloads. (An in-process server
+// reloaded while clients use it trips the race detector inside nats-server itself, in
+// code no deployment runs under -race.)
+type serverProcess struct {
+	url     string
+	cmd     *exec.Cmd
+	log     *testutil.Buffer
+	reloads int
+}
+
+// startServerProcess runs `toolbus server -c config` with a store of its own on a free
+// loopback port, until the test ends.
+func startServerProcess(t *testing.T, bin, config string) *serverProcess {
 	t.Helper()
-	o, err := server.ProcessConfigFile(file)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	o.Host, o.Port = "127.0.0.1", srv.Addr().(*net.TCPAddr).Port
-	o.HTTPHost, o.HTTPPort = started.HTTPHost, started.HTTPPort
-	o.StoreDir, o.NoLog, o.NoSigs = started.StoreDir, true, true
-	if err := srv.ReloadOptions(o); err != nil {
-		t.Fatalf("reload: %v", err)
+	port := strconv.Itoa(l.Addr().(*net.TCPAddr).Port)
+	l.Close()
+	p := &serverProcess{url: "nats://127.0.0.1:" + port, log: &testutil.Buffer{}}
+	p.cmd = exec.Command(bin, "server", "-c", config, "-sd", t.TempDir(), "-a", "127.0.0.1", "-p", port, "-m", "0")
+	p.cmd.Stdout, p.cmd.Stderr = p.log, p.log
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
 	}
+	done := make(chan struct{})
+	go func() { _ = p.cmd.Wait(); close(done) }()
+	t.Cleanup(func() {
+		_ = p.cmd.Process.Kill()
+		<-done
+		if t.Failed() {
+			t.Logf("toolbus server's log:\n%s", p.log)
+		}
+	})
+	eventstest.Eventually(t, time.Minute, func() error {
+		if !strings.Contains(p.log.String(), "Server is ready") {
+			return errors.New("toolbus server not ready")
+		}
+		return nil
+	})
+	return p
+}
+
+// reload sends SIGHUP, as `kill -HUP` of the docs does, and waits for the server to log
+// that it loaded the file again.
+func (p *serverProcess) reload(t *testing.T) {
+	t.Helper()
+	if err := p.cmd.Process.Signal(syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	p.reloads++
+	eventstest.Eventually(t, time.Minute, func() error {
+		log := p.log.String()
+		if strings.Contains(log, "configuration not reloaded") {
+			t.Fatalf("the server refused the new configuration:\n%s", log)
+		}
+		if strings.Count(log, "reloaded") < p.reloads {
+			return errors.New("configuration not reloaded yet")
+		}
+		return nil
+	})
 }
 
 // backup copies user's credential files of res aside and returns a Result naming the
