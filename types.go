@@ -114,8 +114,11 @@ type ToolResult struct {
 	// cut off from the bus whose publication arrived late) is joined only if no later
 	// attempt owns the call. Absent on results that no executor attempt produced.
 	LeaseUntil *time.Time `json:"lease_until,omitempty"`
-	// Human is set when a person edited the call's arguments or answered in the tool's
-	// place (Approval).
+	// Human names the person's decision on a call that needed approval (Approval): the
+	// call ran as approved or with arguments a person edited, or was rejected, or a
+	// person answered in the tool's place. It is the decision that stood (the first one
+	// the decision policy accepted), which an auditor cannot tell from the approval
+	// events alone once some were refused.
 	Human *HumanDecision `json:"human,omitempty"`
 	// Retries are the failed attempts retried by the tool's retry policy before this
 	// result, oldest first (ToolContract.Retry); the model reads only this result.
@@ -224,7 +227,11 @@ type RunStarted struct {
 	Limits       Limits    `json:"limits"`
 	Model        string    `json:"model,omitempty"`
 	Principal    Principal `json:"principal"`
-	StartedAt    time.Time `json:"started_at"`
+	// Approvers are the identities who may decide on this run's calls and cancel it
+	// besides its principal (and the injector's TOOLBUS_DECIDERS): the decision policy a
+	// shared bus enforces where decisions are applied.
+	Approvers []string  `json:"approvers,omitempty"`
+	StartedAt time.Time `json:"started_at"`
 	// Calls, when set, pre-plan the run: they are the assistant message of step 0, which
 	// the planner records instead of calling the model, and the run ends completed after
 	// that step without a model call (`toolbus mcp` runs one MCP tools/call this way).
@@ -392,10 +399,10 @@ func (a Approval) Kind(granted bool) string {
 	return DecisionRejected
 }
 
-// HumanDecision marks a result that a person shaped: the call ran with arguments a
-// person edited, or a person answered in the tool's place.
+// HumanDecision marks a result that a person decided: the call ran as approved or with
+// arguments a person edited, was rejected, or a person answered in the tool's place.
 type HumanDecision struct {
-	// Kind is DecisionEdited or DecisionResponded.
+	// Kind is DecisionApproved, DecisionEdited, DecisionRejected or DecisionResponded.
 	Kind string `json:"kind"`
 	// Who decided.
 	Who string `json:"who"`

@@ -156,6 +156,15 @@ type analysis struct {
 	terminal  *TimelineEntry
 	order     []callKey // calls in the order the model asked for them
 	e         *TimelineEntry
+	// decisions are the approval events of each call, in stream order: the result names
+	// the one that stood (ToolResult.Human) when the decision policy refused others.
+	decisions map[callKey][]decisionEvent
+}
+
+// decisionEvent is one approval.granted or approval.denied of a call.
+type decisionEvent struct {
+	ap      toolbus.Approval
+	granted bool
 }
 
 // Analyze audits the events of one run, given in stream order (events.Bus.RunEvents).
@@ -164,7 +173,7 @@ func Analyze(run string, evs []events.StoredEvent) *Report {
 	a := &analysis{
 		r: &Report{RunID: run, Status: toolbus.RunRunning, Events: len(evs), Timeline: []TimelineEntry{},
 			Calls: []Call{}, Transcript: []toolbus.Message{}, Requests: []ModelRequest{}, Violations: []Violation{}},
-		steps: map[int]*stepState{}, lastStep: -1,
+		steps: map[int]*stepState{}, lastStep: -1, decisions: map[callKey][]decisionEvent{},
 	}
 	v := Visitor{
 		RunStarted: a.runStarted, ModelRequested: a.modelRequested, ModelResponded: a.modelResponded,
@@ -430,9 +439,35 @@ func (a *analysis) approval(_ events.StoredEvent, ap toolbus.Approval, granted b
 	}
 	if rc != nil {
 		e.Tool = rc.Tool
+		a.decisions[callKey{e.Step, ap.CallID}] = append(a.decisions[callKey{e.Step, ap.CallID}], decisionEvent{ap, granted})
 		if rc.Decision == "" {
-			rc.Decision, rc.DecidedBy, rc.DecidedWhy = verb, ap.Who, ap.Why
-			rc.DecisionKind, rc.EditedArguments, rc.Response = ap.Kind(granted), ap.Arguments, ap.Response
+			decide(rc, ap, granted)
+		}
+	}
+}
+
+// decide records ap as the decision on rc.
+func decide(rc *Call, ap toolbus.Approval, granted bool) {
+	rc.Decision = "granted"
+	if !granted {
+		rc.Decision = "denied"
+	}
+	rc.DecidedBy, rc.DecidedWhy = ap.Who, ap.Why
+	rc.DecisionKind, rc.EditedArguments, rc.Response = ap.Kind(granted), ap.Arguments, ap.Response
+}
+
+// standingDecision makes the decision a result names (Human) the call's decision: the
+// first approval event by that person of that kind. Until the result, the first
+// approval event stands in the report; a decision the injector refused (its policy, a
+// bad edit) comes first in the stream but is not the one the call ran under.
+func (a *analysis) standingDecision(rc *Call, step int, h *toolbus.HumanDecision) {
+	if h == nil || (rc.DecidedBy == h.Who && rc.DecisionKind == h.Kind) {
+		return
+	}
+	for _, d := range a.decisions[callKey{step, rc.CallID}] {
+		if d.ap.Who == h.Who && d.ap.Kind(d.granted) == h.Kind {
+			decide(rc, d.ap, d.granted)
+			return
 		}
 	}
 }
@@ -497,6 +532,7 @@ func (a *analysis) toolFinished(ev events.StoredEvent, tf toolbus.ToolFinished) 
 	}
 	res.Output = nil // the model reads Content; Output stays in the stream
 	rc.Result = &res
+	a.standingDecision(rc, tf.Step, res.Human)
 }
 
 func (a *analysis) cancel(_ events.StoredEvent, c toolbus.Cancel) {

@@ -123,10 +123,12 @@ func startSecured(t *testing.T, url string, opts map[string][]nats.Option) *secu
 	return startSecuredWith(t, url, opts, secModel())
 }
 
-// startSecuredExec is startSecuredWith with options for the executor (an authorizer).
-func startSecuredExec(t *testing.T, url string, opts map[string][]nats.Option, model planner.Model, execOpts []executor.Option, extra ...executor.Tool) *secured {
+// startSecuredExec is startSecuredWith with options for the executor (an authorizer)
+// and the injector's decision policy (injector.Config.Deciders).
+func startSecuredExec(t *testing.T, url string, opts map[string][]nats.Option, model planner.Model, execOpts []executor.Option, deciders []string, extra ...executor.Tool) *secured {
 	t.Helper()
 	s := newSecuredStack(t, url, opts, secRoles, model, extra...)
+	s.deciders = deciders
 	s.startExecutor("sec-executor", worker.Config{}, execOpts...)
 	s.startPlanner("sec-planner")
 	s.startInjector("sec-injector")

@@ -29,16 +29,18 @@ import (
 // started from the shipped deploy/nats files (newSecuredStack) every role connects
 // with its own credentials (buses, conns), and bus is the admin's.
 type stack struct {
-	t       *testing.T
-	srv     *eventstest.Bus // nil on a secured server
-	bus     *events.Bus
-	reg     *executor.Registry
-	model   planner.Model
-	ctx     context.Context
-	log     *slog.Logger
-	rules   injector.Rules
-	roles   *testutil.Group
-	seenReq *requestLog
+	t     *testing.T
+	srv   *eventstest.Bus // nil on a secured server
+	bus   *events.Bus
+	reg   *executor.Registry
+	model planner.Model
+	ctx   context.Context
+	log   *slog.Logger
+	rules injector.Rules
+	// deciders is the injector's decision policy (nil: anyone decides).
+	deciders []string
+	roles    *testutil.Group
+	seenReq  *requestLog
 
 	// With role credentials (newSecuredStack): each user's connection and bus, the
 	// server's URL and each user's connect options, and the permission violations
@@ -176,7 +178,7 @@ func (s *stack) startPlanner(name string) {
 }
 
 func (s *stack) startInjector(name string) {
-	in := must(injector.New(s.busOf("injector"), injector.Config{WorkerConfig: events.WorkerConfig{Instance: name, Logger: s.log, Grace: time.Second}, Rules: s.rules}))
+	in := must(injector.New(s.busOf("injector"), injector.Config{WorkerConfig: events.WorkerConfig{Instance: name, Logger: s.log, Grace: time.Second}, Rules: s.rules, Deciders: s.deciders}))
 	s.start(name, in.Run)
 }
 

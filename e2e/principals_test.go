@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -91,8 +92,10 @@ func TestSecurityPrincipalsBound(t *testing.T) {
 			})
 			deploy := newDeployTool()
 			held := make(chan string, 8)
+			// The injector's decision policy is the binary's on a shared server (no
+			// TOOLBUS_DECIDERS): a run's principal and the approvers its start lists.
 			s := startSecuredExec(t, srv.ClientURL(), opts, matrixModel(), []executor.Option{executor.WithAuthorizer(auth)},
-				deploy.tool(), holdUntilDone(held))
+				[]string{}, deploy.tool(), holdUntilDone(held))
 			tr := watchTerminations(t, s.conns["admin"])
 			as := map[string]*events.Bus{}
 			for _, who := range []string{"alice", "bob"} {
@@ -108,11 +111,19 @@ func TestSecurityPrincipalsBound(t *testing.T) {
 			alice, bob := as["alice"], as["bob"]
 			admin := s.buses["admin"]
 			src := events.Source("cli", "principals")
-			start := func(b *events.Bus, run, principal string) error {
+			start := func(b *events.Bus, run, principal string, approvers ...string) error {
 				ctx, cancel := context.WithTimeout(s.ctx, 5*time.Second)
 				defer cancel()
 				return b.StartRun(ctx, src, toolbus.RunStarted{RunID: run, Principal: toolbus.Principal{ID: principal},
-					Messages: []toolbus.Message{{Role: toolbus.RoleUser, Content: "go"}}})
+					Approvers: approvers, Messages: []toolbus.Message{{Role: toolbus.RoleUser, Content: "go"}}})
+			}
+			// notDecider waits for the injector to terminate #seq as a decision by someone
+			// the policy does not name.
+			notDecider := func(seq uint64, consumer string) {
+				t.Helper()
+				if a := tr.wait(t, seq); a.Consumer != consumer || !strings.Contains(a.Reason, "may not decide on or cancel run") {
+					t.Fatalf("#%d terminated by %s (%q), want %s refusing a decider the policy does not name", seq, a.Consumer, a.Reason, consumer)
+				}
 			}
 			// refused checks that alice's credentials were refused subject by the server
 			// and that the stream holds nothing there.
@@ -173,9 +184,11 @@ func TestSecurityPrincipalsBound(t *testing.T) {
 				}
 			}
 
-			// Bob's run waits for approval of a deploy. Alice approving as bob is refused;
-			// a decision under her subject naming bob is terminated; the deploy has not
-			// run. Her own approval runs it, and the audit says she decided.
+			// Bob's run waits for approval of a deploy. Alice approving as bob is refused by
+			// the server; a decision under her subject naming bob is terminated; her own
+			// approval is terminated by the decision policy (she is neither bob nor one of
+			// his approvers): nothing is recorded and the deploy has not run. Bob's own
+			// approval runs it, and the audit says he decided.
 			approve := "approve-" + mode.name
 			if err := start(bob, approve, "bob"); err != nil {
 				t.Fatal(err)
@@ -185,69 +198,104 @@ func TestSecurityPrincipalsBound(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			decide := func(who string) error {
+			decide := func(b *events.Bus, run, who string) (uint64, error) {
 				ctx, cancel := context.WithTimeout(s.ctx, 5*time.Second)
 				defer cancel()
-				_, err := alice.PublishApproval(ctx, src, step, toolbus.Approval{RunID: approve, CallID: "d", Who: who, Why: "ok"}, true)
-				return err
+				ack, err := b.PublishApproval(ctx, src, step, toolbus.Approval{RunID: run, CallID: "d", Who: who, Why: "ok"}, true)
+				if err != nil {
+					return 0, err
+				}
+				return ack.Sequence, nil
 			}
-			refused("approval as bob", decide("bob"), events.SubjectApproval(approve, true, "bob"))
+			_, err = decide(alice, approve, "bob")
+			refused("approval as bob", err, events.SubjectApproval(approve, true, "bob"))
 			seq = forge(alice, events.SubjectApproval(approve, true, "alice"),
 				events.ApprovalEvent(src, step, toolbus.Approval{RunID: approve, CallID: "d", Who: "bob"}, true))
 			mismatchTerminated(t, tr, seq, events.ConsumerInjectorApprovals)
 			mismatchInReplay(approve, seq)
+			seq, err = decide(alice, approve, "alice")
+			if err != nil {
+				t.Fatal(err)
+			}
+			notDecider(seq, events.ConsumerInjectorApprovals)
 			if _, err := admin.Store().StepDecision(s.ctx, approve, step, "d"); !errors.Is(err, events.ErrNotFound) {
 				t.Fatalf("a decision was recorded: %v", err)
 			}
 			if n := deploy.total(); n != 0 {
-				t.Fatalf("the deploy ran %d times before alice decided", n)
+				t.Fatalf("the deploy ran %d times before bob decided", n)
 			}
-			if err := decide("alice"); err != nil {
+			if _, err := decide(bob, approve, "bob"); err != nil {
 				t.Fatal(err)
 			}
 			s.waitOutcome(approve, toolbus.RunCompleted)
-			rep := replayOf(t, s.ctx, admin, approve)
-			var decidedBy []string
-			for _, c := range rep.Calls {
-				if c.CallID == "d" {
-					decidedBy = append(decidedBy, c.DecidedBy)
+			decidedBy := func(run string) []string {
+				rep := replayOf(t, s.ctx, admin, run)
+				if rep.Principal != "bob" {
+					t.Fatalf("the audit of %s records principal %q, want bob", run, rep.Principal)
 				}
+				var by []string
+				for _, c := range rep.Calls {
+					if c.CallID == "d" {
+						by = append(by, c.DecidedBy)
+					}
+				}
+				return by
 			}
-			if rep.Principal != "bob" {
-				t.Fatalf("the audit records principal %q, want bob", rep.Principal)
+			if by := decidedBy(approve); !slices.Equal(by, []string{"bob"}) {
+				t.Fatalf("the audit records the deploy decided by %v, want bob", by)
 			}
-			if len(decidedBy) != 1 || decidedBy[0] != "alice" {
-				t.Fatalf("the audit records the deploy decided by %v, want alice", decidedBy)
+			// A run whose start lists alice as an approver: her decision stands.
+			listed := "approve-listed-" + mode.name
+			if err := start(bob, listed, "bob", "alice"); err != nil {
+				t.Fatal(err)
+			}
+			s.waitOutcome(listed, toolbus.RunWaitingForApproval)
+			if _, err := decide(alice, listed, "alice"); err != nil {
+				t.Fatal(err)
+			}
+			s.waitOutcome(listed, toolbus.RunCompleted)
+			if by := decidedBy(listed); !slices.Equal(by, []string{"alice"}) {
+				t.Fatalf("the audit records the listed approver's deploy decided by %v, want alice", by)
 			}
 
-			// Bob's run holds a call. Alice cancelling as bob is refused and the call
-			// still runs; her own cancel ends the run, naming her.
+			// Bob's run holds a call. Alice cancelling as bob is refused by the server, her
+			// own cancel by the policy, and the call still runs; bob's cancel ends the run,
+			// naming him.
 			cancelRun := "cancel-" + mode.name
 			if err := start(bob, cancelRun, "bob"); err != nil {
 				t.Fatal(err)
 			}
 			waitHeld(t, held, cancelRun)
-			cancelAs := func(who string) error {
+			cancelAs := func(b *events.Bus, who string) (uint64, error) {
 				ctx, cancel := context.WithTimeout(s.ctx, 5*time.Second)
 				defer cancel()
-				_, err := alice.PublishCancel(ctx, src, toolbus.Cancel{RunID: cancelRun, Reason: "stop", Who: who})
-				return err
+				ack, err := b.PublishCancel(ctx, src, toolbus.Cancel{RunID: cancelRun, Reason: "stop", Who: who})
+				if err != nil {
+					return 0, err
+				}
+				return ack.Sequence, nil
 			}
-			refused("cancel as bob", cancelAs("bob"), events.SubjectRunCancel(cancelRun, "bob"))
-			if _, ok, err := admin.CancelRequest(s.ctx, cancelRun); err != nil || ok {
-				t.Fatalf("a cancel of %s is recorded: %v %v", cancelRun, ok, err)
-			}
-			if err := cancelAs("alice"); err != nil {
+			_, err = cancelAs(alice, "bob")
+			refused("cancel as bob", err, events.SubjectRunCancel(cancelRun, "bob"))
+			seq, err = cancelAs(alice, "alice")
+			if err != nil {
 				t.Fatal(err)
 			}
-			if ended := s.waitOutcome(cancelRun, toolbus.RunCancelled); !strings.Contains(ended.Reason, "by alice") {
-				t.Fatalf("cancelled: %q, want it to name alice", ended.Reason)
+			notDecider(seq, events.ConsumerInjectorCancel)
+			if st, _, err := admin.Store().RunState(s.ctx, cancelRun); err != nil || st.Status.Terminal() {
+				t.Fatalf("alice's refused cancel ended bob's run: %+v %v", st, err)
+			}
+			if _, err := cancelAs(bob, "bob"); err != nil {
+				t.Fatal(err)
+			}
+			if ended := s.waitOutcome(cancelRun, toolbus.RunCancelled); !strings.Contains(ended.Reason, "by bob") {
+				t.Fatalf("cancelled: %q, want it to name bob", ended.Reason)
 			}
 
 			// The authorizer was given the bound principal of each run, and nothing else.
 			mu.Lock()
 			defer mu.Unlock()
-			want := map[string]string{okRun: "alice", approve: "bob", cancelRun: "bob"}
+			want := map[string]string{okRun: "alice", approve: "bob", listed: "bob", cancelRun: "bob"}
 			for run, ids := range seen {
 				w, ok := want[run]
 				if !ok {

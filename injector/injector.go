@@ -60,6 +60,13 @@ type Config struct {
 	Metrics Metrics
 	// Observer, when set, watches the consume loops (readiness, redeliveries, poison).
 	Observer consume.Observer
+	// Deciders are the identities who may decide on and cancel every run, besides each
+	// run's principal and the approvers its start lists: the decision policy of a bus
+	// shared by clients that must not decide on each other's runs. nil (or an entry
+	// AnyoneDecides) lets everyone, as one party on its own bus needs; an empty, non-nil
+	// list lets only each run's principal and approvers. A refused decision or cancel is
+	// terminated with a NotDeciderError naming who may.
+	Deciders []string
 }
 
 // Defaults of Config (the shared ones are events.DefaultConcurrency and its siblings).
@@ -933,6 +940,9 @@ func (in *Injector) Decided(ctx context.Context, a toolbus.Approval, step int, g
 		}
 		return err
 	}
+	if err := in.checkDecider(ctx, a.RunID, a.Who); err != nil {
+		return err
+	}
 	if st.Status.Terminal() {
 		in.log.Warn("approval for an ended run ignored", "run_id", a.RunID, "call_id", a.CallID, "status", st.Status)
 		return nil
@@ -979,6 +989,23 @@ func (in *Injector) Decided(ctx context.Context, a toolbus.Approval, step int, g
 		return err
 	}
 	return in.reissue(ctx, rec, idx)
+}
+
+// checkDecider refuses (terminates, with the reason) a decision or cancel of run by who
+// when the decision policy does not name who for the run.
+func (in *Injector) checkDecider(ctx context.Context, run, who string) error {
+	if anyoneDecides(in.cfg.Deciders) {
+		return nil
+	}
+	rs, err := in.bus.RunStarted(ctx, run)
+	if err != nil {
+		return err
+	}
+	if err := mayDecide(in.cfg.Deciders, *rs, who); err != nil {
+		in.log.Warn("decision refused by the decision policy", "run_id", run, "who", who, "error", err)
+		return fmt.Errorf("%w: %w", events.ErrPoison, err)
+	}
+	return nil
 }
 
 // checkDecision refuses a decision that cannot apply to call: a response on
@@ -1048,6 +1075,9 @@ func (in *Injector) Cancelled(ctx context.Context, c toolbus.Cancel) error {
 		if errors.Is(err, events.ErrRunNotFound) {
 			return fmt.Errorf("%w: %w", events.ErrPoison, err)
 		}
+		return err
+	}
+	if err := in.checkDecider(ctx, c.RunID, c.Who); err != nil {
 		return err
 	}
 	reason := c.Reason

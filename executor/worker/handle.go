@@ -57,6 +57,7 @@ type delivery struct {
 	ran       bool                   // the tool ran: the in-flight gauge counted it
 	parked    bool                   // the call waits for a person: nothing is published
 	edit      *toolbus.HumanDecision // a person's edit of the arguments, applied by decide
+	approved  *toolbus.HumanDecision // a person's plain approval, named in the result (Human)
 	published bool                   // the result is stored in the stream
 }
 
@@ -267,7 +268,10 @@ func (w *Worker) decide(ctx context.Context, d *delivery) error {
 			msg += ": " + dec.Why
 		}
 		d.res = executor.ErrorResult(call, toolbus.StatusRejected, toolbus.CodeApprovalDenied, msg)
-	case dec.Arguments != "":
+		d.res.Human = &toolbus.HumanDecision{Kind: toolbus.DecisionRejected, Who: dec.Who}
+	case dec.Arguments == "":
+		d.approved = &toolbus.HumanDecision{Kind: toolbus.DecisionApproved, Who: dec.Who}
+	default:
 		// The call runs with the person's arguments (the injector checked them against
 		// the tool's schema before recording the decision; Execute checks them again).
 		d.edit = &toolbus.HumanDecision{Kind: toolbus.DecisionEdited, Who: dec.Who, Arguments: dec.Arguments}
@@ -315,6 +319,9 @@ func (w *Worker) execute(ctx context.Context, d *delivery) error {
 	d.res = res
 	if d.edit != nil {
 		markEdited(&d.res, d.edit)
+	}
+	if d.approved != nil {
+		d.res.Human = d.approved
 	}
 	return nil
 }

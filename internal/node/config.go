@@ -60,6 +60,8 @@ type Config struct {
 	MaxRunTimeout time.Duration `envconfig:"MAX_RUN_TIMEOUT" default:"24h" desc:"cap of any run's deadline, from its start (0: no cap)"`
 	TokenBudget   int64         `envconfig:"TOKEN_BUDGET" desc:"default token budget of a run (0: none)"`
 	FailOn        []string      `envconfig:"FAIL_ON" default:"unknown_tool,tool_internal_error,invalid_tool_output,permission_denied" desc:"error codes that fail a run"`
+	// Deciders may decide on and cancel every run besides its principal and approvers.
+	Deciders []string `envconfig:"DECIDERS" desc:"identities (besides a run's principal and the approvers its start lists) who may approve, deny, respond to and cancel every run; * lets anyone. Unset: * on the embedded server (one party), nobody else when TOOLBUS_NATS_URL names a shared server"`
 
 	// MetricsAddr serves /metrics, /healthz and /readyz (host:port) for every role of the
 	// process; empty serves nothing.

@@ -89,6 +89,17 @@ func roleError(name string, err error) error {
 }
 
 // worker is the shared worker settings of every role, logging to log.
+// DecisionPolicy is the injector's Deciders: TOOLBUS_DECIDERS, or when it is unset,
+// anyone on the embedded server (its one process is one party) and only each run's
+// principal and approvers on a shared server, where clients must not decide on each
+// other's runs.
+func (c Config) DecisionPolicy() []string {
+	if c.Deciders == nil && c.URL != "" {
+		return []string{}
+	}
+	return c.Deciders
+}
+
 func (c Config) worker(log *slog.Logger) events.WorkerConfig {
 	wc := c.WorkerConfig
 	wc.Logger = log
@@ -164,7 +175,7 @@ func runPlanner(ctx context.Context, cfg Config, bus *events.Bus, log *slog.Logg
 func runInjector(ctx context.Context, cfg Config, bus *events.Bus, log *slog.Logger, tel *telemetry.Metrics) error {
 	in, err := injector.New(bus, injector.Config{
 		WorkerConfig: cfg.worker(log), Rules: injector.Rules{FailOn: cfg.FailOn}, Defaults: cfg.DefaultLimits(),
-		Metrics: injectorMetrics(tel), Observer: serveObserver(tel, "injector"),
+		Metrics: injectorMetrics(tel), Observer: serveObserver(tel, "injector"), Deciders: cfg.DecisionPolicy(),
 	})
 	if err != nil {
 		return err
