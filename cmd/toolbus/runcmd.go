@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"strings"
 	"time"
 
@@ -86,7 +87,8 @@ func parseRun(cfg Config, args []string, errOut io.Writer) (toolbus.RunStarted, 
 	maxSteps := fs.Int("max-steps", cmp.Or(cfg.MaxSteps, injector.DefaultMaxSteps), "step limit")
 	timeout := fs.Duration("timeout", cfg.RunTimeout, "run deadline from now")
 	budget := fs.Int64("token-budget", cfg.TokenBudget, "token budget (0: none)")
-	principal := fs.String("principal", "cli", "principal the run acts for")
+	principal := fs.String("principal", who(""), "principal the run acts for (default: $USER, whom approve, deny and cancel name too)")
+	approvers := fs.String("approvers", "", "comma-separated identities who may decide on and cancel the run besides its principal")
 	model := fs.String("model", "", "model of this run, e.g. script:./greet.json (a script file here travels with the run, up to 64 KiB) or openai:gpt-4.1 (default: the planner's TOOLBUS_MODEL); a planner that cannot serve it fails the run saying why")
 	// Flags may follow the question (toolbus run "q" --max-steps 1): they are flags, not
 	// words of the question; a question that starts with "-" comes after "--".
@@ -113,7 +115,7 @@ func parseRun(cfg Config, args []string, errOut io.Writer) (toolbus.RunStarted, 
 	// The run names a model only when asked to: a planner serves the others with its own
 	// (TOOLBUS_MODEL of the planner, not of this client).
 	rs := toolbus.RunStarted{
-		RunID: *runID, Model: *model, Principal: toolbus.Principal{ID: *principal},
+		RunID: *runID, Model: *model, Principal: toolbus.Principal{ID: *principal}, Approvers: slices.DeleteFunc(splitList(*approvers), func(s string) bool { return s == "" }),
 		Messages: []toolbus.Message{{Role: toolbus.RoleUser, Content: question}},
 		Limits:   toolbus.Limits{MaxSteps: *maxSteps, Deadline: time.Now().Add(*timeout).UTC(), TokenBudget: *budget},
 	}

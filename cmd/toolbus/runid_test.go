@@ -53,3 +53,27 @@ func TestRunSystemMessageOnlyWhenGiven(t *testing.T) {
 		}
 	}
 }
+
+// A run's principal is the user who starts it unless -principal names another (so that
+// the same user's toolbus approve may decide on it under the decision policy), and
+// -approvers lists who else may decide on it.
+func TestRunPrincipalAndApprovers(t *testing.T) {
+	t.Setenv("USER", "dana")
+	for _, tc := range []struct {
+		args      []string
+		principal string
+		approvers []string
+	}{
+		{[]string{"hi?"}, "dana", nil},
+		{[]string{"-principal", "svc-billing", "hi?"}, "svc-billing", nil},
+		{[]string{"-approvers", "erin, ops,", "hi?"}, "dana", []string{"erin", "ops"}},
+	} {
+		rs, err := parseRun(Config{}, tc.args, io.Discard)
+		if err != nil {
+			t.Fatalf("%v: %v", tc.args, err)
+		}
+		if rs.Principal.ID != tc.principal || !slices.Equal(rs.Approvers, tc.approvers) {
+			t.Errorf("toolbus run %q: principal %q approvers %q, want %q %q", tc.args, rs.Principal.ID, rs.Approvers, tc.principal, tc.approvers)
+		}
+	}
+}
