@@ -48,6 +48,11 @@ import (
 
 type config struct {
 	NatsURL string `envconfig:"NATS_URL" required:"true"`
+	// Creds is the role's or team's credentials file (TOOLBUS_NATS_CREDS), as the
+	// toolbus binary reads it.
+	Creds string `envconfig:"NATS_CREDS"`
+	// Team owns the tools of an executor (TOOLBUS_TEAM), as with the toolbus binary.
+	Team string `envconfig:"TEAM"`
 	events.Config
 	Instance string `envconfig:"INSTANCE" default:"faultbus"`
 	// Concurrency, AckWait and MaxDeliver unset take the workers' defaults.
@@ -113,6 +118,9 @@ func run(ctx context.Context, cfg config, role string, log *slog.Logger) error {
 		}),
 		nats.ReconnectHandler(func(nc *nats.Conn) { log.Info("nats reconnected", "url", nc.ConnectedUrl()) }),
 	}
+	if cfg.Creds != "" {
+		opts = append(opts, nats.UserCredentials(cfg.Creds))
+	}
 	if cfg.KillAfter != "" {
 		opts = append(opts, nats.SetCustomDialer(&killDialer{log: log, after: []byte(cfg.KillAfter), skip: []byte(cfg.KillSkip)}))
 	}
@@ -155,7 +163,7 @@ func run(ctx context.Context, cfg config, role string, log *slog.Logger) error {
 			return err
 		}
 		return serve(worker.New(bus, exec, worker.Config{WorkerConfig: events.WorkerConfig{Instance: cfg.Instance, Concurrency: cfg.Concurrency, AckWait: cfg.AckWait, MaxDeliver: cfg.MaxDeliver, Grace: cfg.Grace, Logger: log},
-			Tools: cfg.ExecutorTools, ParkAfter: cfg.ParkAfter,
+			Tools: cfg.ExecutorTools, ParkAfter: cfg.ParkAfter, Team: cfg.Team,
 		}))(ctx)
 	}
 }

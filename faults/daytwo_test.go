@@ -1,0 +1,202 @@
+package faults_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/toolbus/toolbus/audit"
+	"github.com/toolbus/toolbus/events"
+)
+
+// TestFaultDayTwoInFlight runs docs/deployment-and-security.md's day two as written, on a
+// live multi-team deployment of separate processes in operator (JWT) mode: the
+// administrator generates the deployment with `go run ./deploy/nats/gen -grants`, runs
+// nats-server on the generated config and `toolbus init`; teams alpha and beta serve
+// append_a and append_b with their own credentials, and runs using both are in flight.
+// Then the administrator adds team gamma (append_d) and grants alpha a second tool
+// (append_c) by editing the grants and running gen again, creates the new tools' queues
+// with `toolbus init --tools`, and hands out the new files; nothing is done to the
+// server. No running process restarts or fails, the credentials of everyone unchanged
+// stay byte for byte, the in-flight runs complete with each call run exactly once
+// (counted by side effect), the new tools run on the new credentials (alpha's second
+// executor, gamma's), and every earlier run still replays without a violation.
+func TestFaultDayTwoInFlight(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes")
+	}
+	natsBin, toolbusBin, faultbusBin := binaries(t)
+	e := &env{t: t, ctx: t.Context(), dir: t.TempDir(), natsBin: natsBin, toolbus: toolbusBin, faultbus: faultbusBin,
+		cfg: events.Config{Replicas: 1, InstanceTTL: 2 * time.Second}}
+	t.Cleanup(e.dumpLogsOnFailure)
+	node := &natsNode{name: "n1", port: freePort(t), httpPort: freePort(t), store: filepath.Join(e.dir, "store")}
+	genDir := filepath.Join(e.dir, "nats")
+	creds := func(user string) string { return "TOOLBUS_NATS_CREDS=" + filepath.Join(genDir, user+".creds") }
+	gen := func(teams map[string][]string) string {
+		t.Helper()
+		grants := filepath.Join(e.dir, "grants.json")
+		b, err := json.Marshal(map[string]any{"teams": teams})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(grants, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		cmd := exec.CommandContext(e.ctx, goTool(), "run", "./deploy/nats/gen", "-grants", grants, "-out", genDir,
+			"-listen", "127.0.0.1:"+strconv.Itoa(node.port), "-store", node.store)
+		cmd.Dir = ".." // the repository root, where the docs run it
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("go run ./deploy/nats/gen: %v\n%s", err, out)
+		}
+		return string(out)
+	}
+	initTools := func(tools string) {
+		t.Helper()
+		p := startProc(t, e.dir, "init-"+tools, toolbusBin, []string{"init", "--tools", tools},
+			[]string{"TOOLBUS_NATS_URL=" + node.url(), creds("admin"), "TOOLBUS_INSTANCE_TTL=" + e.cfg.InstanceTTL.String()})
+		p.expect()
+		select {
+		case <-p.done:
+		case <-time.After(2 * time.Minute):
+			t.Fatalf("toolbus init --tools %s did not end:\n%s", tools, p.logTail(20))
+		}
+		if code := p.cmd.ProcessState.ExitCode(); code != 0 {
+			t.Fatalf("toolbus init --tools %s exited %d:\n%s", tools, code, p.logTail(20))
+		}
+	}
+
+	gen(map[string][]string{"alpha": {"append_a"}, "beta": {"append_b"}})
+	node.conf = filepath.Join(genDir, "auth-jwt.conf")
+	e.nodes = []*natsNode{node}
+	e.startNode(node)
+	e.eventually("nats-server on the generated config", time.Minute, func() error {
+		nc, err := nats.Connect(node.url(), nats.UserCredentials(filepath.Join(genDir, "admin.creds")), nats.MaxReconnects(-1))
+		if err != nil {
+			return err
+		}
+		e.nc = nc
+		return nil
+	})
+	t.Cleanup(e.nc.Close)
+	initTools("append_a,append_b")
+	var err error
+	if e.bus, err = events.Open(e.ctx, e.nc, e.cfg); err != nil {
+		t.Fatal(err)
+	}
+	day1 := map[string][]byte{}
+	for _, u := range []string{"admin", "planner", "injector", "client", "executor-beta"} {
+		day1[u] = readFile(t, filepath.Join(genDir, u+".creds"))
+	}
+
+	file := filepath.Join(e.dir, "side-effects")
+	executor := func(inst, team string, tools ...string) *proc {
+		list := strings.Join(tools, ",")
+		return e.faultbusRole("executor", inst, creds("executor-"+team), "TOOLBUS_TEAM="+team,
+			"TOOLBUS_EXECUTOR_TOOLS="+list, "TOOLBUS_FAULT_APPEND_TOOLS="+list, "TOOLBUS_FAULT_APPEND_FILE="+file)
+	}
+	e.faultbusRole("planner", "planner-1", creds("planner"), "TOOLBUS_MODEL=append_a+append_b:2x2:3000-6000")
+	e.toolbusRole("injector", "injector-1", creds("injector"))
+	executor("alpha-1", "alpha", "append_a")
+	executor("beta-1", "beta", "append_b")
+	e.waitReady([]string{"append_a", "append_b"}, "planner", "injector", "executor")
+	before := runIDs("before", 4)
+	e.submit(before)
+	e.waitCompleted(before, 3*time.Minute)
+	inFlight := runIDs("inflight", 12)
+	e.submit(inFlight)
+
+	// Day two, while those runs are in flight (each call takes 3 to 6 s).
+	out := gen(map[string][]string{"alpha": {"append_a", "append_c"}, "beta": {"append_b"}, "gamma": {"append_d"}})
+	for _, want := range []string{"executor-alpha", "executor-gamma"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("gen does not name %s:\n%s", want, out)
+		}
+	}
+	if done := e.count(events.FilterRunEnded); done >= len(before)+len(inFlight) {
+		t.Fatalf("every run ended before gen did (%d ended): nothing was in flight", done)
+	}
+	for u, b := range day1 {
+		if !bytes.Equal(b, readFile(t, filepath.Join(genDir, u+".creds"))) {
+			t.Errorf("%s's credentials were re-issued on day two", u)
+		}
+	}
+	initTools("append_c,append_d")
+	executor("alpha-2", "alpha", "append_a", "append_c")
+	executor("gamma-1", "gamma", "append_d")
+	e.waitReady([]string{"append_c", "append_d"}, "executor")
+	e.waitCompleted(inFlight, 3*time.Minute)
+
+	// The new grants work end to end: a call of each new tool through the pipeline.
+	for i, tool := range []string{"append_c", "append_d"} {
+		p := startProc(t, e.dir, "call-"+tool, toolbusBin, []string{"call", "--id", "day2-call-" + strconv.Itoa(i), tool, `{"ms":1}`},
+			[]string{"TOOLBUS_NATS_URL=" + node.url(), creds("client")})
+		p.expect()
+		select {
+		case <-p.done:
+		case <-time.After(2 * time.Minute):
+			t.Fatalf("toolbus call %s did not end:\n%s", tool, p.logTail(20))
+		}
+		if code := p.cmd.ProcessState.ExitCode(); code != 0 {
+			t.Fatalf("toolbus call %s exited %d:\n%s", tool, code, p.logTail(20))
+		}
+	}
+	after := runIDs("after", 4)
+	e.submit(after)
+	e.waitCompleted(after, 2*time.Minute)
+	e.checkProcs() // nobody restarted or failed
+
+	all := append(append(append([]string{}, before...), inFlight...), after...)
+	// Each call ran exactly once: the runs' calls, and the one call of each new tool.
+	var runsOnly bytes.Buffer
+	calls := map[string]int{}
+	for key, ls := range scanLines(t, file) {
+		if strings.HasPrefix(key, "day2-call-") {
+			run, _, _ := strings.Cut(key, "/")
+			calls[run] += len(ls)
+			continue
+		}
+		for _, l := range ls {
+			runsOnly.WriteString(l + "\n")
+		}
+	}
+	filtered := filepath.Join(e.dir, "side-effects-of-runs")
+	if err := os.WriteFile(filtered, runsOnly.Bytes(), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	checkSideEffects(t, filtered, all, 2, 2)
+	for i, tool := range []string{"append_c", "append_d"} {
+		if n := calls[fmt.Sprintf("day2-call-%d", i)]; n != 1 {
+			t.Errorf("%s ran %d times for its call, want once", tool, n)
+		}
+	}
+	st := e.checkRuns(e.tally(), all, 2, 2)
+	for _, run := range before {
+		evs, err := e.bus.RunEvents(e.ctx, run)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rep := audit.Analyze(run, evs); len(rep.Violations) != 0 || rep.Status != "completed" {
+			t.Fatalf("run %s after day two: %s, violations %+v", run, rep.Status, rep.Violations)
+		}
+	}
+	t.Logf("%s", st)
+}
+
+func readFile(t *testing.T, path string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
