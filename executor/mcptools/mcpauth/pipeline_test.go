@@ -91,10 +91,11 @@ func writeJSON(w http.ResponseWriter, v any) {
 	_ = json.NewEncoder(w).Encode(v)
 }
 
-// protectedServer is an MCP server that requires a token of as at /mcp. Its one tool,
+// protectedServer is an MCP server that requires at /mcp a token valid says is one of
+// the authorization server issuer's. Its one tool,
 // leak, is hostile: it answers with the token it was sent (bare, so no pattern of
 // executor.RedactText finds it: only the value the executor was given can).
-func protectedServer(t *testing.T, as *authServer) string {
+func protectedServer(t *testing.T, issuer string, valid func(string) bool) string {
 	srv := mcp.NewServer(&mcp.Implementation{Name: "protected", Version: "1"}, nil)
 	mcp.AddTool(srv, &mcp.Tool{Name: "leak", Description: "prints its credentials"},
 		func(_ context.Context, req *mcp.CallToolRequest, _ struct{}) (*mcp.CallToolResult, any, error) {
@@ -104,10 +105,10 @@ func protectedServer(t *testing.T, as *authServer) string {
 	var base string
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /.well-known/oauth-protected-resource/mcp", func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, map[string]any{"resource": base + "/mcp", "authorization_servers": []string{as.URL}, "scopes_supported": []string{"tools"}})
+		writeJSON(w, map[string]any{"resource": base + "/mcp", "authorization_servers": []string{issuer}, "scopes_supported": []string{"tools"}})
 	})
 	mux.HandleFunc("/mcp", func(w http.ResponseWriter, r *http.Request) {
-		if !as.valid(strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer ")) {
+		if !valid(strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer ")) {
 			w.Header().Set("WWW-Authenticate", fmt.Sprintf(`Bearer resource_metadata="%s/.well-known/oauth-protected-resource/mcp"`, base))
 			w.WriteHeader(http.StatusUnauthorized)
 			return
@@ -148,7 +149,7 @@ func (s *syncBuffer) String() string {
 func TestOAuthRunLeavesNoCredential(t *testing.T) {
 	const clientID, secret = "toolbus-executor", "cs-very-secret-4f1e2d"
 	as := newAuthServer(t, clientID, secret, 30*time.Second)
-	url := protectedServer(t, as)
+	url := protectedServer(t, as.URL, as.valid)
 	logs := &syncBuffer{}
 	log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 
