@@ -40,10 +40,11 @@ type authServer struct {
 	mu         sync.Mutex
 	issued     []string
 	resources  []string
+	scopes     map[string]string // token -> the scope it was granted
 }
 
 func newAuthServer(t *testing.T, id, secret string, ttl time.Duration) *authServer {
-	a := &authServer{id: id, secret: secret, ttl: ttl}
+	a := &authServer{id: id, secret: secret, ttl: ttl, scopes: map[string]string{}}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /.well-known/oauth-authorization-server", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, map[string]any{"issuer": a.URL, "token_endpoint": a.URL + "/token",
@@ -61,6 +62,7 @@ func newAuthServer(t *testing.T, id, secret string, ttl time.Duration) *authServ
 		a.mu.Lock()
 		a.issued = append(a.issued, tok)
 		a.resources = append(a.resources, r.FormValue("resource"))
+		a.scopes[tok] = r.FormValue("scope")
 		a.mu.Unlock()
 		writeJSON(w, map[string]any{"access_token": tok, "token_type": "Bearer", "expires_in": int(a.ttl.Seconds())})
 	})
