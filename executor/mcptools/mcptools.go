@@ -296,7 +296,7 @@ type Options struct {
 	// (mcpauth.ErrLoginRequired).
 	AuthorizationCodeFetcher auth.AuthorizationCodeFetcher
 	// HTTPClient makes the authorization's metadata, registration and token requests
-	// (default http.DefaultClient).
+	// (default: mcpauth's, with mcpauth.RequestTimeout).
 	HTTPClient *http.Client
 }
 

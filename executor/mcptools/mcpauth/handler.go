@@ -20,10 +20,14 @@ import (
 // again for client credentials), so a call never leaves with a token about to expire.
 const RefreshEarly = time.Minute
 
+// RequestTimeout bounds each metadata, registration and token request of the default
+// HTTP client: a token is also renewed where no call's deadline applies.
+const RequestTimeout = 30 * time.Second
+
 // Options tunes a Handler.
 type Options struct {
-	// HTTPClient makes the metadata, registration and token requests (default
-	// http.DefaultClient).
+	// HTTPClient makes the metadata, registration and token requests (default: a
+	// client with RequestTimeout).
 	HTTPClient *http.Client
 	// OnSecret is given every credential as it becomes known (the configuration's
 	// secrets at once, each new access and refresh token): the executor's AddSecrets, so
@@ -45,7 +49,7 @@ func Handler(cfg Config, opts Options) (auth.OAuthHandler, error) {
 	}
 	hc := opts.HTTPClient
 	if hc == nil {
-		hc = http.DefaultClient
+		hc = &http.Client{Timeout: RequestTimeout}
 	}
 	secret := opts.OnSecret
 	if secret == nil {
