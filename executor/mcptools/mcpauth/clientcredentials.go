@@ -53,7 +53,7 @@ func (h *clientCredentials) Authorize(ctx context.Context, req *http.Request, re
 	}
 	method := h.cfg.TokenEndpointAuthMethod
 	if method == "" {
-		method = pickMethod(d.as.TokenEndpointAuthMethodsSupported, h.cfg.PrivateKey != "")
+		method = pickMethod(d.as.TokenEndpointAuthMethodsSupported, h.cfg.PrivateKey != "", h.cfg.ClientSecret != "")
 	}
 	src := &ccSource{cfg: h.cfg, method: method, tokenURL: d.as.TokenEndpoint, audience: d.as.Issuer,
 		scopes: scopes, resource: d.resource, hc: h.hc}
@@ -101,18 +101,26 @@ func (s *ccSource) Token() (*oauth2.Token, error) {
 }
 
 // pickMethod is the first method the authorization server supports of those the
-// client can use; client_secret_basic when it lists none (RFC 8414's default).
-func pickMethod(supported []string, haveKey bool) string {
-	prefs := []string{AuthClientSecretBasic, AuthClientSecretPost}
+// client can use (private_key_jwt with a key, then client_secret_basic and
+// client_secret_post with a secret); the first the client can use when the server
+// lists none of them (client_secret_basic is RFC 8414's default).
+func pickMethod(supported []string, haveKey, haveSecret bool) string {
+	var prefs []string
 	if haveKey {
-		prefs = []string{AuthPrivateKeyJWT}
+		prefs = append(prefs, AuthPrivateKeyJWT)
+	}
+	if haveSecret {
+		prefs = append(prefs, AuthClientSecretBasic, AuthClientSecretPost)
 	}
 	for _, m := range prefs {
 		if slices.Contains(supported, m) {
 			return m
 		}
 	}
-	return prefs[0]
+	if haveSecret {
+		return AuthClientSecretBasic
+	}
+	return AuthPrivateKeyJWT
 }
 
 // discovery is what a 401 or 403 tells the client: the resource, its authorization
