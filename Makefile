@@ -89,3 +89,11 @@ npm:
 ## conformance: the executor conformance suite against the Go and the Node executors
 conformance: npm
 	$(GO) test -race -count=1 -v ./conformance/
+
+.PHONY: mcp-conformance-client
+## mcp-conformance-client: the official MCP conformance suite's client scenarios (initialize, tools_call,
+## sse-retry, every 2025-11-25 auth/ scenario, the client-credentials ones) against toolbus's MCP client
+## (tools/mcp-conformance/client); make test runs the same TestClientScenarios
+mcp-conformance-client:
+	npm ci --prefix tools/mcp-conformance --no-audit --no-fund
+	CI=true $(GO) test -count=1 -v -run TestClientScenarios ./tools/mcp-conformance/clienttest/

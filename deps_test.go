@@ -94,6 +94,8 @@ var depRules = []depRule{
 		why: "implementing planner.Model links no provider SDK (the adapters live in planner/openai and planner/anthropic)"},
 	{prefix: "planner/modeltest", notOutside: sdks, why: "the Model conformance suite links no provider SDK"},
 	{prefix: "telemetry", notModule: workers, why: "metrics and tracing link no worker"},
+	{prefix: "tools", notModule: []string{"planner", "injector", "cmd", "internal/bench", "e2e", "faults", "examples"},
+		why: "the conformance suites' wrappers drive the executor side (its MCP client) only"},
 }
 
 // checkDeps applies depRules to pkg (relative to the module) linking deps (import

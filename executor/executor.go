@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime/debug"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -45,7 +44,7 @@ type Executor struct {
 	instance   string
 	defTimeout time.Duration
 	defMaxOut  int
-	secrets    secretValues
+	secrets    *secretBox
 	sems       sync.Map // tool name -> chan struct{} (tools with MaxConcurrency > 0)
 }
 
@@ -64,7 +63,7 @@ func New(reg *Registry, opts ...Option) (*Executor, error) {
 	if reg == nil {
 		reg = NewRegistry()
 	}
-	e := &Executor{reg: reg, log: slog.Default(), defTimeout: DefaultTimeout, defMaxOut: DefaultMaxOutputBytes}
+	e := &Executor{reg: reg, log: slog.Default(), defTimeout: DefaultTimeout, defMaxOut: DefaultMaxOutputBytes, secrets: &secretBox{}}
 	for _, o := range opts {
 		if o == nil {
 			continue
@@ -73,7 +72,7 @@ func New(reg *Registry, opts ...Option) (*Executor, error) {
 			return nil, err
 		}
 	}
-	e.log = slog.New(&redactHandler{h: e.log.Handler(), sv: e.secrets})
+	e.log = slog.New(&redactHandler{h: e.log.Handler(), box: e.secrets})
 	return e, nil
 }
 
@@ -133,17 +132,23 @@ func WithDefaultMaxOutputBytes(n int) Option {
 // password or token, nkey seed, model API keys) that a tool could read and print.
 func WithSecrets(values ...string) Option {
 	return func(e *Executor) error {
-		e.secrets = newSecretValues(append(slices.Clone([]string(e.secrets)), values...))
+		e.secrets.add(values...)
 		return nil
 	}
 }
 
-// secretValues returns the values of WithSecrets (none on a nil Executor).
+// AddSecrets adds values to those of WithSecrets while the executor runs: credentials
+// the process obtains after New (an MCP server's OAuth access and refresh tokens) are
+// redacted from then on, in results, progress and log lines alike. Safe for concurrent
+// use.
+func (e *Executor) AddSecrets(values ...string) { e.secrets.add(values...) }
+
+// secretValues returns the values of WithSecrets and AddSecrets (none on a nil Executor).
 func (e *Executor) secretValues() secretValues {
 	if e == nil {
 		return nil
 	}
-	return e.secrets
+	return e.secrets.load()
 }
 
 // Logger returns the executor's logger: the one of WithLogger, redacting every line as

@@ -7,6 +7,8 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 )
 
 // Redacted replaces every secret the executor finds.
@@ -213,6 +215,42 @@ const MinSecretLen = 8
 // secretValues are the exact texts to redact wherever they occur (WithSecrets): each
 // secret's value and its encodings (secretForms), longest first.
 type secretValues []string
+
+// secretBox holds the secret values of an executor: those of WithSecrets, and those
+// AddSecrets adds while it runs. Readers load the current set without a lock.
+type secretBox struct {
+	mu  sync.Mutex // serializes add
+	raw []string
+	cur atomic.Pointer[secretValues]
+}
+
+// load returns the current values (none on a nil box).
+func (b *secretBox) load() secretValues {
+	if b == nil {
+		return nil
+	}
+	if p := b.cur.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// add adds values (those shorter than MinSecretLen are ignored, as by newSecretValues).
+func (b *secretBox) add(values ...string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	fresh := false
+	for _, v := range values {
+		if len(v) >= MinSecretLen && !slices.Contains(b.raw, v) {
+			b.raw = append(b.raw, v)
+			fresh = true
+		}
+	}
+	if fresh {
+		sv := newSecretValues(b.raw)
+		b.cur.Store(&sv)
+	}
+}
 
 // newSecretValues keeps the values of at least MinSecretLen bytes and adds their
 // encodings, longest first (a form that contains another is replaced whole).

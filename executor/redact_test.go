@@ -1,8 +1,10 @@
 package executor_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
+	"log/slog"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -161,5 +163,31 @@ func TestWithSecretsRedactsByValue(t *testing.T) {
 				t.Fatalf("output is no longer JSON: %s", res.Output)
 			}
 		})
+	}
+}
+
+// TestAddSecretsRedactsFromThenOn: a value added while the executor runs (an OAuth
+// access token obtained after New) is redacted in results and log lines from then on.
+func TestAddSecretsRedactsFromThenOn(t *testing.T) {
+	const token = "tok-added-after-new-0123"
+	reg := executor.NewRegistry()
+	if err := reg.Register(executor.Tool{Name: "echo", InputSchema: json.RawMessage(`{"type":"object"}`),
+		Func: func(context.Context, json.RawMessage) (any, error) { return "the token is " + token, nil }}); err != nil {
+		t.Fatal(err)
+	}
+	var logs bytes.Buffer
+	e := testutil.Must(executor.New(reg, executor.WithLogger(slog.New(slog.NewTextHandler(&logs, nil)))))
+	call := toolbus.ToolCall{CallID: "c1", Tool: "echo", Arguments: `{}`}
+	if r := e.Execute(context.Background(), call, toolbus.Principal{}); !strings.Contains(string(r.Output), token) {
+		t.Fatalf("before AddSecrets the output is the tool's: %s", r.Output)
+	}
+	e.AddSecrets(token)
+	r := e.Execute(context.Background(), call, toolbus.Principal{})
+	if strings.Contains(string(r.Output), token) || !strings.Contains(string(r.Output), executor.Redacted) {
+		t.Fatalf("after AddSecrets the token is redacted: %s", r.Output)
+	}
+	e.Logger().Info("token " + token)
+	if strings.Contains(logs.String(), token) {
+		t.Fatalf("a log line carries the added secret: %s", logs.String())
 	}
 }

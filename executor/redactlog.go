@@ -9,14 +9,14 @@ import (
 // string, error and Stringer value (a tool's panic value, an error it returned after
 // its call was abandoned) go through the secret values and RedactText.
 type redactHandler struct {
-	h  slog.Handler
-	sv secretValues
+	h   slog.Handler
+	box *secretBox
 }
 
 func (r *redactHandler) Enabled(ctx context.Context, l slog.Level) bool { return r.h.Enabled(ctx, l) }
 
 func (r *redactHandler) Handle(ctx context.Context, rec slog.Record) error {
-	msg, _ := r.sv.text(rec.Message)
+	msg, _ := r.box.load().text(rec.Message)
 	out := slog.NewRecord(rec.Time, rec.Level, msg, rec.PC)
 	rec.Attrs(func(a slog.Attr) bool {
 		out.AddAttrs(r.attr(a))
@@ -30,11 +30,11 @@ func (r *redactHandler) WithAttrs(as []slog.Attr) slog.Handler {
 	for i, a := range as {
 		red[i] = r.attr(a)
 	}
-	return &redactHandler{h: r.h.WithAttrs(red), sv: r.sv}
+	return &redactHandler{h: r.h.WithAttrs(red), box: r.box}
 }
 
 func (r *redactHandler) WithGroup(name string) slog.Handler {
-	return &redactHandler{h: r.h.WithGroup(name), sv: r.sv}
+	return &redactHandler{h: r.h.WithGroup(name), box: r.box}
 }
 
 // attr redacts one attribute's value (groups recursively).
@@ -42,7 +42,7 @@ func (r *redactHandler) attr(a slog.Attr) slog.Attr {
 	v := a.Value.Resolve()
 	switch v.Kind() {
 	case slog.KindString:
-		s, _ := r.sv.text(v.String())
+		s, _ := r.box.load().text(v.String())
 		return slog.String(a.Key, s)
 	case slog.KindGroup:
 		g := v.Group()
@@ -54,10 +54,10 @@ func (r *redactHandler) attr(a slog.Attr) slog.Attr {
 	case slog.KindAny:
 		switch x := v.Any().(type) {
 		case error:
-			s, _ := r.sv.text(x.Error())
+			s, _ := r.box.load().text(x.Error())
 			return slog.String(a.Key, s)
 		case interface{ String() string }:
-			s, _ := r.sv.text(x.String())
+			s, _ := r.box.load().text(x.String())
 			return slog.String(a.Key, s)
 		}
 	}

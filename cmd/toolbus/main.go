@@ -27,6 +27,7 @@ import (
 	"syscall"
 
 	"github.com/toolbus/toolbus/embedded"
+	"github.com/toolbus/toolbus/executor/mcptools"
 	"github.com/toolbus/toolbus/internal/node"
 )
 
@@ -183,6 +184,7 @@ commands:
                            for the bearer tokens of TOOLBUS_MCP_TOKENS_FILE);
                            each tools/call is a run on the bus (audit, allowlist, timeouts)
   token NAME [--teams a,b] a new token for mcp --http or the console, and its access-list line
+  mcp-login SERVER         log in once to an MCP server of TOOLBUS_MCP_CONFIG (authorization_code)
   server -c FILE [-sd DIR] run a NATS server from a configuration file (deploy/nats/, or what
                            go run ./deploy/nats/gen writes): -sd, -a, -p override the file;
                            SIGHUP reloads it; exit 1 when it is invalid
@@ -272,6 +274,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		err = cmdReady(ctx, cfg, rest, stdout, stderr)
 	case "env":
 		err = cmdEnv(cfg, stdout)
+	case "mcp-login":
+		err = mcptools.LoginCommand(ctx, cfg.MCPConfig, rest, stdout)
 	default:
 		fmt.Fprintf(stderr, "toolbus: unknown command %q\n\n%s", cmd, usage)
 		return 2

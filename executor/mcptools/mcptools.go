@@ -5,7 +5,8 @@
 //
 // Configuration has the shape MCP hosts use (Claude Desktop, Cursor): a JSON file with
 // "mcpServers" entries, each a stdio "command" with "args" and "env", or a streamable
-// HTTP "url" with "headers".
+// HTTP "url" with "headers" and, for a server that requires authorization, "oauth"
+// (package mcpauth).
 //
 // Results map as follows: isError becomes a failed tool_error with the server's text;
 // protocol and transport errors become retryable failures (code mcp_error or
@@ -34,11 +35,13 @@ import (
 	"sync"
 	"time"
 
+	"github.com/modelcontextprotocol/go-sdk/auth"
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/executor"
+	"github.com/toolbus/toolbus/executor/mcptools/mcpauth"
 	"github.com/toolbus/toolbus/internal/retry"
 )
 
@@ -67,6 +70,9 @@ type Server struct {
 	// URL of a streamable HTTP server, with Headers sent on every request.
 	URL     string            `json:"url,omitempty"`
 	Headers map[string]string `json:"headers,omitempty"`
+	// OAuth authorizes the HTTP server's requests as the MCP specification says
+	// (package mcpauth): the grant, the client's identity and credentials.
+	OAuth *mcpauth.Config `json:"oauth,omitempty"`
 	Policy
 }
 
@@ -166,6 +172,24 @@ func LoadConfig(path string) (Config, error) {
 	if err := json.Unmarshal(b, &c); err != nil {
 		return c, fmt.Errorf("%w: %s: %v", ErrConfig, path, err)
 	}
+	return c.Resolve(os.LookupEnv)
+}
+
+// Resolve returns c with the "${NAME}" values of its servers' oauth objects read from
+// lookup (os.LookupEnv), checked.
+func (c Config) Resolve(lookup func(string) (string, bool)) (Config, error) {
+	servers := make(map[string]Server, len(c.MCPServers))
+	for name, s := range c.MCPServers {
+		if s.OAuth != nil {
+			o, err := s.OAuth.Resolve(lookup)
+			if err != nil {
+				return c, fmt.Errorf("%w: server %q: %w", ErrConfig, name, err)
+			}
+			s.OAuth = &o
+		}
+		servers[name] = s
+	}
+	c.MCPServers = servers
 	return c, c.check()
 }
 
@@ -176,6 +200,14 @@ func (c Config) check() error {
 		}
 		if name == "" {
 			return fmt.Errorf("%w: a server has an empty name", ErrConfig)
+		}
+		if s.OAuth != nil {
+			if s.URL == "" {
+				return fmt.Errorf("%w: server %q: oauth applies to an HTTP server (url), not a command", ErrConfig, name)
+			}
+			if err := s.OAuth.Check(); err != nil {
+				return fmt.Errorf("%w: server %q: %w", ErrConfig, name, err)
+			}
 		}
 		for k, v := range s.Env {
 			if ref, ok := envRef(v); ok {
@@ -194,13 +226,30 @@ func (c Config) check() error {
 // reconnection.
 type Dialer func(ctx context.Context) (mcp.Transport, error)
 
-// Dial returns the Dialer of a configured server.
+// Dial returns the Dialer of a configured server without authorization (Server.OAuth is
+// used by New).
 func (s Server) Dial() Dialer {
+	s.OAuth = nil
+	d, _ := s.dial(Options{})
+	return d
+}
+
+// dial returns the Dialer of a configured server; an HTTP server with OAuth gets one
+// authorization handler for all its connections, so a reconnection reuses its token.
+func (s Server) dial(opts Options) (Dialer, error) {
 	if s.URL != "" {
 		hc := &http.Client{Transport: headerTransport{headers: maps.Clone(s.Headers), next: http.DefaultTransport}}
-		return func(context.Context) (mcp.Transport, error) {
-			return &mcp.StreamableClientTransport{Endpoint: s.URL, HTTPClient: hc}, nil
+		var oh auth.OAuthHandler
+		if s.OAuth != nil {
+			var err error
+			if oh, err = mcpauth.Handler(*s.OAuth, mcpauth.Options{HTTPClient: opts.HTTPClient, OnSecret: opts.OnSecret,
+				Fetcher: opts.AuthorizationCodeFetcher}); err != nil {
+				return nil, err
+			}
 		}
+		return func(context.Context) (mcp.Transport, error) {
+			return &mcp.StreamableClientTransport{Endpoint: s.URL, HTTPClient: hc, OAuthHandler: oh}, nil
+		}, nil
 	}
 	return func(context.Context) (mcp.Transport, error) {
 		// Not CommandContext: the process lives as long as the provider, not a call.
@@ -208,7 +257,7 @@ func (s Server) Dial() Dialer {
 		cmd.Env = childEnv(s.Env, os.LookupEnv)
 		cmd.Stderr = os.Stderr
 		return &mcp.CommandTransport{Command: cmd, TerminateDuration: 2 * time.Second}, nil
-	}
+	}, nil
 }
 
 type headerTransport struct {
@@ -237,6 +286,18 @@ type Options struct {
 	MinBackoff, MaxBackoff time.Duration
 	// Timeout is the executor.Tool Timeout of the MCP tools (0: the executor default).
 	Timeout time.Duration
+	// OnSecret is given every credential of the servers' authorization as it becomes
+	// known (client secrets and keys at New, each new OAuth token): the executor's
+	// AddSecrets, so none reaches a result, progress message or log line.
+	OnSecret func(values ...string)
+	// AuthorizationCodeFetcher sends a person to an authorization URL and returns the
+	// code (servers with the authorization_code grant and no usable stored token). Nil
+	// in executors: such a server fails to connect until an operator logs in
+	// (mcpauth.ErrLoginRequired).
+	AuthorizationCodeFetcher auth.AuthorizationCodeFetcher
+	// HTTPClient makes the authorization's metadata, registration and token requests
+	// (default: mcpauth's, with mcpauth.RequestTimeout).
+	HTTPClient *http.Client
 }
 
 // Provider keeps MCP servers connected and their tools registered.
@@ -270,7 +331,11 @@ func New(reg *executor.Registry, cfg Config, opts Options) (*Provider, error) {
 	p := &Provider{reg: reg, opts: opts, log: opts.Logger.With("component", "mcp")}
 	names := slices.Sorted(maps.Keys(cfg.MCPServers))
 	for _, name := range names {
-		p.AddServerPolicy(name, cfg.MCPServers[name].Dial(), cfg.MCPServers[name].Policy)
+		d, err := cfg.MCPServers[name].dial(opts)
+		if err != nil {
+			return nil, fmt.Errorf("mcptools: server %q: %w", name, err)
+		}
+		p.AddServerPolicy(name, d, cfg.MCPServers[name].Policy)
 	}
 	return p, nil
 }

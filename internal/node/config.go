@@ -41,7 +41,7 @@ type Config struct {
 	events.WorkerConfig
 
 	Tools     string `envconfig:"TOOLS" default:"demo" desc:"built-in tool packs served by executors (demo, diag: diag's panic, big_output, sleep... only when asked for)"`
-	MCPConfig string `envconfig:"MCP_CONFIG" desc:"JSON file of MCP servers whose tools executors serve (mcpServers: command/args/env or url/headers)"`
+	MCPConfig string `envconfig:"MCP_CONFIG" desc:"JSON file of MCP servers whose tools executors serve (mcpServers: command/args/env or url/headers/oauth)"`
 	// Settings are the executor's (worker.Settings): the same struct Serve reads.
 	worker.Settings
 

@@ -139,7 +139,7 @@ func runExecutor(ctx context.Context, cfg Config, bus *events.Bus, log *slog.Log
 		}
 		// The MCP tools are registered before the worker starts, so they enter the
 		// catalog with the packs; later tool list changes reach it through Sync.
-		p, err := mcptools.New(reg, mc, mcptools.Options{Logger: log, OnChange: w.Sync})
+		p, err := mcptools.New(reg, mc, mcptools.Options{Logger: log, OnChange: w.Sync, OnSecret: exec.AddSecrets})
 		if err != nil {
 			return err
 		}
