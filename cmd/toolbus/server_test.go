@@ -18,6 +18,7 @@ import (
 	"golang.org/x/crypto/bcrypt"
 
 	"github.com/toolbus/toolbus/deploy/nats/natsjwt"
+	"github.com/toolbus/toolbus/embedded"
 	"github.com/toolbus/toolbus/internal/testutil"
 )
 
@@ -219,24 +220,24 @@ func TestServerOptions(t *testing.T) {
 	}
 	for _, tc := range []struct {
 		name      string
-		f         serverFlags
+		f         embedded.Configured
 		host      string
 		port      int
 		store     string
 		http      int
 		wantErrIn string
 	}{
-		{name: "the file", f: serverFlags{config: single}, host: "0.0.0.0", port: 4222, store: "/data", http: 8222},
-		{name: "flags override it", f: serverFlags{config: single, storeDir: "/var/lib/nats", host: "127.0.0.1", port: 4333, monitor: "0"},
+		{name: "the file", f: embedded.Configured{Config: single}, host: "0.0.0.0", port: 4222, store: "/data", http: 8222},
+		{name: "flags override it", f: embedded.Configured{Config: single, StoreDir: "/var/lib/nats", Host: "127.0.0.1", Port: 4333, Monitor: "0"},
 			host: "127.0.0.1", port: 4333, store: "/var/lib/nats", http: 0},
-		{name: "no store", f: serverFlags{config: noStore}, wantErrIn: "no store_dir: give the directory with -sd DIR"},
-		{name: "-sd gives it", f: serverFlags{config: noStore, storeDir: "/s"}, host: "", port: 0, store: "/s"},
-		{name: "bad -m", f: serverFlags{config: single, monitor: "x"}, wantErrIn: `-m "x"`},
+		{name: "no store", f: embedded.Configured{Config: noStore}, wantErrIn: "no store_dir: give the directory with -sd DIR"},
+		{name: "-sd gives it", f: embedded.Configured{Config: noStore, StoreDir: "/s"}, host: "", port: 0, store: "/s"},
+		{name: "bad -m", f: embedded.Configured{Config: single, Monitor: "x"}, wantErrIn: `-m "x"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			opts, err := serverOptions(tc.f)
+			opts, err := embedded.ConfiguredOptions(tc.f)
 			if tc.wantErrIn != "" {
-				if err == nil || !strings.Contains(err.Error(), tc.wantErrIn) || !strings.Contains(err.Error(), tc.f.config) && tc.f.monitor == "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErrIn) || !strings.Contains(err.Error(), tc.f.Config) && tc.f.Monitor == "" {
 					t.Fatalf("err = %v, want %q naming the file", err, tc.wantErrIn)
 				}
 				return
