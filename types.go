@@ -2,6 +2,8 @@ package toolbus
 
 import (
 	"encoding/json"
+	"slices"
+	"strings"
 	"time"
 )
 
@@ -236,6 +238,14 @@ type RunStarted struct {
 	// the planner records instead of calling the model, and the run ends completed after
 	// that step without a model call (`toolbus mcp` runs one MCP tools/call this way).
 	Calls []ToolCall `json:"calls,omitempty"`
+}
+
+// NamesDecider reports whether who is the run's principal or one of its approvers: the
+// identities the decision policy accepts for every run, whatever the injector's
+// TOOLBUS_DECIDERS add.
+func (r RunStarted) NamesDecider(who string) bool {
+	who = strings.TrimSpace(who)
+	return who != "" && (who == r.Principal.ID || slices.Contains(r.Approvers, who))
 }
 
 // Allows reports whether the run may use tool.

@@ -37,7 +37,7 @@ func mayDecide(deciders []string, rs toolbus.RunStarted, who string) error {
 		return nil
 	}
 	who = strings.TrimSpace(who)
-	if who != "" && (who == rs.Principal.ID || slices.Contains(rs.Approvers, who) || slices.Contains(deciders, who)) {
+	if rs.NamesDecider(who) || (who != "" && slices.Contains(deciders, who)) {
 		return nil
 	}
 	return &NotDeciderError{Who: who, RunID: rs.RunID, Principal: rs.Principal.ID}

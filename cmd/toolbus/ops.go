@@ -166,6 +166,9 @@ func cmdDecide(ctx context.Context, cfg Config, log *slog.Logger, args []string,
 		}
 	}
 	a.Who = who(*by)
+	if note := decide.PolicyNote(ctx, c.Bus, run, a.Who); note != "" {
+		fmt.Fprintln(errOut, note)
+	}
 	granted := kind == "approve"
 	ack, err := c.Bus.PublishApproval(ctx, events.Source("cli", cfg.Instance), step, a, granted)
 	if err != nil {
@@ -250,6 +253,9 @@ func cmdCancel(ctx context.Context, cfg Config, log *slog.Logger, args []string,
 	}
 	if st.Status.Terminal() {
 		return &exitError{code: 1, msg: fmt.Sprintf("run %s already ended: %s", run, st.Status)}
+	}
+	if note := decide.PolicyNote(ctx, c.Bus, run, who(*by)); note != "" {
+		fmt.Fprintln(errOut, note)
 	}
 	ack, err := c.Bus.PublishCancel(ctx, events.Source("cli", cfg.Instance), toolbus.Cancel{RunID: run, Reason: *reason, Who: who(*by)})
 	if err != nil {

@@ -175,6 +175,9 @@ func TestOpsCommands(t *testing.T) {
 		code, out, errOut = p.toolbus("approve", "ops-approve", "b", "--reason", "CHG-42")
 		wantCode(t, "approve", code, 0, out, errOut)
 		wantContains(t, "approve", out, `approved call b deploy({"service":"api"}) of run ops-approve, step 0, by carol: CHG-42`)
+		// carol is not the run's principal: the CLI says the decision stands only where
+		// the injector's decision policy lists her (this injector lets anyone).
+		wantContains(t, "approve", errOut, "note: carol is neither the principal (tester) of run ops-approve nor one of its approvers", "TOOLBUS_DECIDERS")
 		p.waitStatus("ops-approve", toolbus.RunCompleted)
 
 		code, out, errOut = p.toolbus("approve", "ops-approve", "b")
