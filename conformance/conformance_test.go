@@ -43,18 +43,19 @@ func TestGoExecutor(t *testing.T) {
 	}))
 }
 
-// nodeExecutor returns the command of examples/node-executor. Without Node or its
-// packages the test is skipped on a developer machine and fails under CI (CI set),
-// where .ci/run installs them with npm ci.
+// nodeExecutor returns the command of examples/node-executor, a program on the
+// TypeScript package sdk/typescript (@toolbus/sdk). Without Node, the example's packages
+// or the package's build (dist/, made by its npm ci) the test is skipped on a developer
+// machine and fails under CI (CI set), where .ci/run installs and builds them.
 func nodeExecutor(t *testing.T) []string {
 	t.Helper()
 	const dir = "../examples/node-executor"
 	node, err := exec.LookPath("node")
 	if err == nil {
-		_, err = os.Stat(filepath.Join(dir, "node_modules", "nats", "package.json"))
+		_, err = os.Stat(filepath.Join(dir, "node_modules", "@toolbus", "sdk", "dist", "src", "index.js"))
 	}
 	if err != nil {
-		msg := "the Node executor's packages are not installed (cd examples/node-executor && npm ci): " + err.Error()
+		msg := "the Node executor's packages are not installed (npm ci --prefix sdk/typescript && npm ci --prefix examples/node-executor): " + err.Error()
 		if os.Getenv("CI") != "" {
 			t.Fatal(msg)
 		}
@@ -86,7 +87,7 @@ func TestNodeExecutorBroken(t *testing.T) {
 	cmd := nodeExecutor(t)
 	for _, c := range cases {
 		t.Run(c.breakRule, func(t *testing.T) {
-			rep := run(t, conformance.Config{Command: cmd, Tool: "delay", Env: []string{"TOOLBUS_NODE_BREAK=" + c.breakRule}})
+			rep := run(t, conformance.Config{Command: cmd, Tool: "delay", Env: []string{"TOOLBUS_SDK_BREAK=" + c.breakRule}})
 			if !strings.Contains(strings.Join(rep.Failures, "\n"), c.want) {
 				t.Log(rep.Log)
 				t.Fatalf("broken with %s, the report does not say %q:\n  %s", c.breakRule, c.want, strings.Join(rep.Failures, "\n  "))
