@@ -264,8 +264,10 @@ export class Executor {
   private cancelled = new Set<string>();
   private running = new Set<Promise<void>>();
   private streams: ConsumerMessages[] = [];
-  private stopping?: Promise<void>;
-  private stopRequested?: () => void;
+  private readonly stopped: Promise<void>;
+  private stopRequested!: () => void;
+  private readonly servingP: Promise<void>;
+  private servingResolve!: () => void;
   private readonly breakRule: string;
 
   constructor(opts: ExecutorOptions = {}) {
@@ -281,6 +283,13 @@ export class Executor {
     // Breaks one rule of the contract on purpose (two_results, no_heartbeat), so the
     // conformance suite can show it notices. Never set it in production.
     this.breakRule = this.env.TOOLBUS_SDK_BREAK ?? '';
+    this.stopped = new Promise((r) => (this.stopRequested = r));
+    this.servingP = new Promise((r) => (this.servingResolve = r));
+  }
+
+  /** Resolves once serve() consumes every queue (the instance and the contracts are recorded). */
+  serving(): Promise<void> {
+    return this.servingP;
   }
 
   /** Adds a tool; its schemas are compiled now (an invalid one throws). */
@@ -326,10 +335,9 @@ export class Executor {
       }
     })().catch(() => {});
     const bus = (this.bus = new Bus(this.nc, { stream: s.stream }));
-    const stopped = new Promise<void>((r) => (this.stopRequested = r));
     const onSignal = (sig: string) => {
       this.log.info('stopping', { signal: sig });
-      void this.stop();
+      this.stop();
     };
     if (opts.handleSignals) {
       process.once('SIGINT', onSignal);
@@ -362,8 +370,9 @@ export class Executor {
         void this.loop(messages);
       }
       this.metrics.ready = true;
+      this.servingResolve();
       this.log.info('executor serving', { tools: served, concurrency: s.concurrency, stream: s.stream, team: s.team });
-      await stopped;
+      await this.stopped;
     } finally {
       this.metrics.ready = false;
       for (const m of this.streams) m.stop();
@@ -379,13 +388,9 @@ export class Executor {
     }
   }
 
-  /** Stops serving (serve resolves once drained). */
-  stop(): Promise<void> {
-    this.stopping ??= new Promise<void>((r) => {
-      this.stopRequested?.();
-      r();
-    });
-    return this.stopping;
+  /** Stops serving: serve() resolves once the executor drained. */
+  stop(): void {
+    this.stopRequested();
   }
 
   private async loop(messages: ConsumerMessages): Promise<void> {
