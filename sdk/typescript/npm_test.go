@@ -2,6 +2,7 @@ package typescript_test
 
 import (
 	"context"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -9,12 +10,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/toolbus/toolbus/events"
-	"github.com/toolbus/toolbus/events/eventstest"
+	"github.com/toolbus/toolbus/internal/testpipe"
+	"github.com/toolbus/toolbus/planner"
 )
 
 // The TypeScript package's own tests (npm test: node's test runner) against a real NATS
-// JetStream server with toolbus's stream and buckets, started here. Without Node or the
+// JetStream server with toolbus's stream and buckets and the pipeline's roles, started
+// here (as testbus starts them for a standalone npm test). Without Node or the
 // package's install (npm ci --prefix sdk/typescript) the test is skipped on a developer
 // machine and fails under CI (CI set), where .ci/run installs it.
 func TestNPMTest(t *testing.T) {
@@ -29,11 +31,16 @@ func TestNPMTest(t *testing.T) {
 		}
 		t.Skip(msg)
 	}
-	bus := eventstest.Setup(t, events.Config{})
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	// What testbus runs for a standalone npm test: a planner of pre-planned runs, an
+	// injector and a Go executor of the demo and diag packs.
+	model := planner.ModelFunc(func(context.Context, planner.Request) (planner.Response, error) {
+		return planner.Response{}, errors.New("this bus serves pre-planned runs only")
+	})
+	p := testpipe.Start(t, 4*time.Minute, model)
+	ctx, cancel := context.WithTimeout(p.Ctx, 3*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, npm, "test")
-	cmd.Env = append(os.Environ(), "TOOLBUS_TEST_NATS_URL="+bus.Conn().ConnectedUrl())
+	cmd.Env = append(os.Environ(), "TOOLBUS_TEST_NATS_URL="+p.Srv.URL)
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("npm test: %v\n%s", err, out)

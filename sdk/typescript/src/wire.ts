@@ -463,12 +463,17 @@ export class Bus {
    * Publishes an event once (CONTRACT.md, "A duplicate is the same event"): a duplicate
    * acknowledgement counts only when the message stored under the id is this event;
    * otherwise the id was squatted and the event is stored under the per-subject guard.
-   * isOurs tells this event among stored messages (its data names the same thing).
+   * isOurs tells this event among stored messages (its data names the same thing);
+   * conditions are headers of the first publish only (Nats-Expected-*): a failed one
+   * rejects with the stream's error (isConflict).
    */
-  async publish(subj: string, attrs: Attrs, data: unknown, isOurs: (d: any) => boolean = () => true): Promise<void> {
+  async publish(subj: string, attrs: Attrs, data: unknown, isOurs: (d: any) => boolean = () => true,
+    conditions: Record<string, string> = {}): Promise<void> {
     const body = enc.encode(JSON.stringify(data));
+    const first = eventHeaders(attrs);
+    for (const [k, v] of Object.entries(conditions)) first.set(k, v);
+    const ack = await this.js.publish(subj, body, { msgID: attrs.id, headers: first });
     const h = eventHeaders(attrs);
-    const ack = await this.js.publish(subj, body, { msgID: attrs.id, headers: h });
     if (!ack.duplicate) return;
     const ours = (sm: StoredMsg | null) => {
       if (!sm || sm.subject !== subj || sm.header.get('ce-id') !== attrs.id || sm.header.get('ce-type') !== attrs.type) return false;

@@ -45,7 +45,9 @@ describe('executor', () => {
       for await (const k of await ins.keys('team-a.*.*')) keys.push(k);
       const mine = [];
       for (const k of keys) {
-        const v = JSON.parse(new TextDecoder().decode((await ins.get(k))!.value));
+        const e = await ins.get(k);
+        if (e?.operation !== 'PUT') continue; // an instance that stopped
+        const v = JSON.parse(new TextDecoder().decode(e.value));
         if (v.tools.includes(name)) mine.push(v);
       }
       assert.equal(mine.length, 1, `one live instance of team-a serving ${name} (keys ${keys})`);
