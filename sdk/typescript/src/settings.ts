@@ -101,7 +101,12 @@ function num(env: Env, name: string, def: number, min: number): number {
 function dur(env: Env, name: string, def: number, min: number): number {
   const v = env[name];
   if (v === undefined || v === '') return def;
-  const ms = parseDuration(v);
+  let ms: number;
+  try {
+    ms = parseDuration(v);
+  } catch (err) {
+    throw new ConfigError(`${name}=${v}: ${(err as Error).message}`);
+  }
   if (ms < min) throw new ConfigError(`${name}=${v}: want at least ${min}ms`);
   return ms;
 }
