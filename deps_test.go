@@ -94,7 +94,7 @@ var depRules = []depRule{
 		why: "implementing planner.Model links no provider SDK (the adapters live in planner/openai and planner/anthropic)"},
 	{prefix: "planner/modeltest", notOutside: sdks, why: "the Model conformance suite links no provider SDK"},
 	{prefix: "telemetry", notModule: workers, why: "metrics and tracing link no worker"},
-	{prefix: "sdk", notModule: []string{"audit", "telemetry", "conformance", "deploy", "internal/node", "internal/bench", "cmd", "e2e", "faults", "examples"},
+	{prefix: "sdk", notModule: []string{"audit", "conformance", "deploy", "internal/node", "internal/bench", "cmd", "e2e", "faults", "examples"},
 		why: "the other languages' packages meet toolbus on the bus only; their test server runs the real roles (planner, injector, a Go executor) on an embedded server"},
 }
 

@@ -720,7 +720,7 @@ export class Executor {
       } finally {
         this.release(ent);
       }
-      if (ac.signal.aborted && String((ac.signal.reason as Error)?.message) === LEASE_LOST) throw new Handback(0, LEASE_LOST);
+      if (ac.signal.aborted && String((ac.signal.reason as Error)?.message) === LEASE_LOST) throw await this.handBack(d);
       if (ac.signal.aborted && String((ac.signal.reason as Error)?.message) === 'shutdown') throw new Handback(1000, 'shutdown');
       if (why) {
         d.res = errorResult(call, why.status, why.status === 'cancelled' ? 'cancelled' : 'timeout', why.message,
