@@ -347,7 +347,7 @@ export class Executor {
     const cancelSub = this.nc.subscribe(subject.runCancelAll, { callback: (err, m) => { if (!err) this.onCancel(m.subject, m.headers, m.data); } });
     // Queues, then the instance (live before the tools are offered), then the contracts.
     let ackWait = queueAckWait(s.ackWaitMS, s.instanceTTLMS);
-    for (const t of served) ackWait = Math.min(ackWait, await bus.bindQueue(t, queueAckWait(s.ackWaitMS, s.instanceTTLMS), s.maxDeliver, s.maxAckPending));
+    for (const t of served) ackWait = Math.min(ackWait, await bus.bindQueue(t, queueAckWait(s.ackWaitMS, s.instanceTTLMS), s.maxAckPending));
     this.beatEveryMS = Math.max(ackWait / 3, 100);
     const stopBeat = await this.heartbeat(served);
     try {
@@ -678,9 +678,11 @@ export class Executor {
       if (!why) why = { status, message };
       ac.abort(new Error(reason));
     };
-    const timer = setTimeout(() => giveUp('timed_out', deadline === own
+    const expire = () => giveUp('timed_out', deadline === own
       ? `the tool did not finish within its timeout of ${fmtDuration(timeout)}; it may succeed if retried, possibly with a smaller request`
-      : 'the call deadline expired before the tool finished', 'timeout'), Math.max(0, deadline - Date.now()));
+      : 'the call deadline expired before the tool finished', 'timeout');
+    const timer = setTimeout(expire, Math.max(0, deadline - Date.now()));
+    if (deadline <= Date.now()) expire();
     let lastBeat = Date.now();
     const hb = ent.tool.heartbeatTimeoutMS ?? 0;
     const hbTimer = hb ? setInterval(() => {
@@ -713,6 +715,7 @@ export class Executor {
           ac.signal.addEventListener('abort', () => reject(ac.signal.reason), { once: true });
         });
         aborted.catch(() => {});
+        if (ac.signal.aborted) throw ac.signal.reason; // given up before it started: the tool does not run
         out = await Promise.race([Promise.resolve().then(() => ent.tool.run(checked.args, ctx)), aborted]);
       } catch (err) {
         failed = true;

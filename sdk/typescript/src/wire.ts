@@ -665,9 +665,10 @@ export class Bus {
 
   /**
    * Binds the durable consumer of a tool's queue, creating it when it is missing (and
-   * the credentials allow), as provision.ToolConsumerConfig does. Returns its ack wait in ms.
+   * the credentials allow), as provision.ToolConsumerConfig does: deliveries unlimited
+   * (executors bound the executions of a call through its claim). Returns its ack wait in ms.
    */
-  async bindQueue(tool: string, ackWaitMS: number, maxDeliver: number, maxAckPending: number): Promise<number> {
+  async bindQueue(tool: string, ackWaitMS: number, maxAckPending: number): Promise<number> {
     const jsm = await this.jsm();
     const name = toolConsumer(tool);
     try {
@@ -683,7 +684,7 @@ export class Bus {
         ack_policy: AckPolicy.Explicit,
         deliver_policy: DeliverPolicy.New,
         ack_wait: nanos(ackWaitMS),
-        max_deliver: maxDeliver,
+        max_deliver: -1,
         max_ack_pending: maxAckPending,
       });
       return (info.config.ack_wait ?? nanos(ackWaitMS)) / 1e6;
