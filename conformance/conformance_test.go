@@ -91,6 +91,7 @@ func TestNodeExecutorBroken(t *testing.T) {
 	}{
 		{"two_results", "tool.finished published for one call, want exactly 1"},
 		{"no_heartbeat", "the executor sent no heartbeats"},
+		{"ignore_live_claims", "the call ran while the executor that claimed it was alive"},
 	}
 	cmd := nodeExecutor(t)
 	for _, c := range cases {
