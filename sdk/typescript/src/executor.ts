@@ -269,6 +269,7 @@ export class Executor {
   private readonly servingP: Promise<void>;
   private servingResolve!: () => void;
   private readonly breakRule: string;
+  private metricsServer?: import('node:http').Server;
 
   constructor(opts: ExecutorOptions = {}) {
     this.env = opts.env ?? process.env;
@@ -286,6 +287,12 @@ export class Executor {
     this.breakRule = this.env.TOOLBUS_SDK_BREAK ?? '';
     this.stopped = new Promise((r) => (this.stopRequested = r));
     this.servingP = new Promise((r) => (this.servingResolve = r));
+  }
+
+  /** The address (host:port) of /metrics, /healthz and /readyz once serve() listens there (TOOLBUS_METRICS_ADDR). */
+  metricsAddress(): string | undefined {
+    const a = this.metricsServer?.address();
+    return a && typeof a === 'object' ? `${a.address}:${a.port}` : undefined;
   }
 
   /** Resolves once serve() consumes every queue (the instance and the contracts are recorded). */
@@ -326,7 +333,7 @@ export class Executor {
     const s = this.settings;
     const served = this.served();
     if (!served.length) throw new Error('toolbus: no tools registered');
-    if (s.metricsAddr) await serveMetrics(s.metricsAddr, this.metrics, this.log);
+    if (s.metricsAddr) this.metricsServer = await serveMetrics(s.metricsAddr, this.metrics, this.log);
     this.nc ??= await dial(s.connection, `toolbus executor ${s.instance}`);
     this.metrics.connected = true;
     void (async () => {
@@ -385,6 +392,7 @@ export class Executor {
         process.off('SIGTERM', onSignal);
       }
       if (this.ownConn) await this.nc.drain().catch(() => {});
+      this.metricsServer?.close();
       this.log.info('executor stopped');
     }
   }

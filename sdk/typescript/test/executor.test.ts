@@ -54,6 +54,24 @@ describe('executor', () => {
     }, { TOOLBUS_TEAM: 'team-a' });
   });
 
+  test('operations: /healthz, /readyz and /metrics with the Go executors\' names', async () => {
+    const name = unique('ops');
+    const { ex, done } = await startExecutor(nc, [{ name, description: 'd', inputSchema: obj({}), run: () => 'ok' }], { TOOLBUS_METRICS_ADDR: '127.0.0.1:0' });
+    try {
+      const base = `http://${ex.metricsAddress()}`;
+      assert.equal((await fetch(`${base}/healthz`)).status, 200);
+      const ready = await fetch(`${base}/readyz`);
+      assert.equal(ready.status, 200, await ready.text());
+      await result(bus, await request(bus, { tool: name, args: '{}' }));
+      const text = await (await fetch(`${base}/metrics`)).text();
+      assert.match(text, new RegExp(`^toolbus_tool_calls_total\\{code="",status="succeeded",tool="${name}"\\} 1$`, 'm'));
+      assert.match(text, /^toolbus_ready\{role="executor"\} 1$/m);
+    } finally {
+      ex.stop();
+      await done;
+    }
+  });
+
   test('a changed contract without a higher version is refused', async () => {
     const name = unique('ver');
     const tool = (description: string, version?: number): Tool => ({ name, description, inputSchema: obj({}), version, run: () => 'x' });

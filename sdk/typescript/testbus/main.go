@@ -2,7 +2,7 @@
 // no TOOLBUS_TEST_NATS_URL is given: an embedded NATS JetStream server on a random
 // loopback port with toolbus's stream and buckets set up (provision.Setup), and the
 // pipeline's roles on it: a planner (pre-planned runs only: a run that needs a model
-// fails with model_error), an injector and a Go executor serving the demo and diag
+// waits), an injector and a Go executor serving the demo and diag
 // packs. It prints the server's URL on one line of stdout and stops when stdin closes
 // (the test process that started it ended) or on SIGINT/SIGTERM.
 //
@@ -72,6 +72,14 @@ func run() error {
 	return roles()
 }
 
+// WaitingModel answers no run: this bus has no model, so a run that is not pre-planned
+// stays running (its model call waits until the planner's model timeout) and the
+// executor tests' runs, which a test drives call by call, are never ended by the pipeline.
+var WaitingModel = planner.ModelFunc(func(ctx context.Context, _ planner.Request) (planner.Response, error) {
+	<-ctx.Done()
+	return planner.Response{}, ctx.Err()
+})
+
 // Pipeline sets the bus up on nc and runs a planner (pre-planned runs only), an
 // injector and a Go executor of the demo and diag packs until ctx ends; wait waits for
 // them to stop.
@@ -101,10 +109,7 @@ func Pipeline(ctx context.Context, nc *nats.Conn, log *slog.Logger) (wait func()
 	if err != nil {
 		return nil, err
 	}
-	model := planner.ModelFunc(func(context.Context, planner.Request) (planner.Response, error) {
-		return planner.Response{}, errors.New("testbus: this bus serves pre-planned runs only (run.started with calls)")
-	})
-	p, err := planner.New(bus, model, cat, planner.Config{WorkerConfig: wc("planner-1")})
+	p, err := planner.New(bus, WaitingModel, cat, planner.Config{WorkerConfig: wc("planner-1")})
 	if err != nil {
 		return nil, err
 	}
