@@ -353,12 +353,13 @@ export class Executor {
     }
     // Cancellations: the run of the subject, once the body agrees.
     const cancelSub = this.nc.subscribe(subject.runCancelAll, { callback: (err, m) => { if (!err) this.onCancel(m.subject, m.headers, m.data); } });
-    // Queues, then the instance (live before the tools are offered), then the contracts.
-    let ackWait = queueAckWait(s.ackWaitMS, s.instanceTTLMS);
-    for (const t of served) ackWait = Math.min(ackWait, await bus.bindQueue(t, queueAckWait(s.ackWaitMS, s.instanceTTLMS), s.maxAckPending));
-    this.beatEveryMS = Math.max(ackWait / 3, 100);
-    const stopBeat = await this.heartbeat(served);
+    let stopBeat = async () => {};
     try {
+      // Queues, then the instance (live before the tools are offered), then the contracts.
+      let ackWait = queueAckWait(s.ackWaitMS, s.instanceTTLMS);
+      for (const t of served) ackWait = Math.min(ackWait, await bus.bindQueue(t, queueAckWait(s.ackWaitMS, s.instanceTTLMS), s.maxAckPending));
+      this.beatEveryMS = Math.max(ackWait / 3, 100);
+      stopBeat = await this.heartbeat(served);
       for (const t of served) {
         try {
           await bus.publishTool(this.entries.get(t)!.contract, s.replaceContracts);
