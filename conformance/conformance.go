@@ -189,6 +189,9 @@ type suite struct {
 	redelivered int // the most redeliveries the tool's queue counted
 
 	heldSince time.Time // when the call claimed by a live executor was published
+	// holderStop ends the renewals of that executor's instance record; holderDone is
+	// closed once they ended.
+	holderStop, holderDone chan struct{}
 }
 
 func (s *suite) fail(format string, args ...any) {
@@ -321,13 +324,20 @@ func (s *suite) prepare(c call) error {
 			Concurrency: 1, StartedAt: now, HeartbeatAt: now}); err != nil {
 			return fmt.Errorf("conformance: %w", err)
 		}
-		// Renewed until releaseHeld removes it (the bucket forgets it one TTL after the last write).
+		// Renewed until releaseHeld stops the renewals and removes it (the bucket would
+		// forget it one TTL after the last write).
+		s.holderStop, s.holderDone = make(chan struct{}), make(chan struct{})
 		go func() {
+			defer close(s.holderDone)
 			t := time.NewTicker(time.Second)
 			defer t.Stop()
-			for range t.C {
-				if ok, err := s.bus.Store().InstanceAlive(ctx, "", holder.Instance, holderBoot); err != nil || !ok || ctx.Err() != nil {
+			for {
+				select {
+				case <-s.holderStop:
 					return
+				case <-ctx.Done():
+					return
+				case <-t.C:
 				}
 				now := time.Now().UTC()
 				_, _ = s.bus.Store().PutInstance(ctx, store.Instance{Name: holder.Instance, Boot: holderBoot, Tools: []string{"conformance-holder"},
@@ -387,6 +397,8 @@ func (s *suite) releaseHeld() error {
 		} else if n > 0 {
 			s.fail("%s: the call ran while the executor that claimed it was alive (its claim's instance record was live)", c.name)
 		}
+		close(s.holderStop)
+		<-s.holderDone // no renewal after the removal
 		if err := s.bus.Store().DeleteInstance(s.ctx, "", holderName(s), holderBoot); err != nil {
 			return fmt.Errorf("conformance: %w", err)
 		}
