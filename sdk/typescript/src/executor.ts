@@ -162,6 +162,8 @@ function checkTool(t: Tool): void {
  */
 class Lease {
   until = 0;
+  /** The deadline by the server's clock (ms since the epoch; 0: unknown): what results carry as lease_until. */
+  serverUntil = 0;
   gen = 0;
   private timer?: NodeJS.Timeout;
   constructor(readonly ttl: number, private readonly onLapse: () => void) {}
@@ -185,6 +187,15 @@ class Lease {
   private lapse() {
     this.gen++;
     this.onLapse();
+  }
+  /**
+   * Records when the server stored a renewal sent at start and acknowledged rtt later:
+   * the record expires one TTL after that, so stored + TTL − margin − rtt is not later,
+   * in real time, than the deadline the renewal set, with no clock offset involved.
+   */
+  stamp(stored: Date, rtt: number) {
+    const until = stored.getTime() + this.ttl - this.ttl / 5 - rtt;
+    if (until > this.serverUntil) this.serverUntil = until;
   }
   valid(gen = this.gen) {
     return gen === this.gen && Date.now() < this.until;
@@ -431,9 +442,13 @@ export class Executor {
     const started = new Date().toISOString();
     const put = async () => {
       const start = Date.now();
-      await bus.putInstance({ ...(s.team ? { team: s.team } : {}), name: s.instance, boot: this.boot, tools, concurrency: s.concurrency,
+      const rev = await bus.putInstance({ ...(s.team ? { team: s.team } : {}), name: s.instance, boot: this.boot, tools, concurrency: s.concurrency,
         started_at: started, heartbeat_at: new Date(start).toISOString() });
       this.lease.renewed(start);
+      const rtt = Date.now() - start;
+      // The fencing deadline by the server's clock; on a failed read results keep the earlier one.
+      const stored = await bus.instanceStoredAt(s.team, s.instance, this.boot, rev).catch(() => null);
+      if (stored) this.lease.stamp(stored, rtt);
     };
     await put();
     const every = Math.max(s.instanceTTLMS / 5, 20);
@@ -880,6 +895,7 @@ export class Executor {
     if (!this.lease.valid(d.gen)) throw await this.handBack(d);
     res.attempt = d.claim.attempt;
     res.executor = this.settings.instance;
+    if (this.lease.serverUntil && this.lease.valid(d.gen)) res.lease_until = new Date(this.lease.serverUntil).toISOString();
     if (d.claim.retries?.length) res.retries = d.claim.retries;
     if (res.output !== undefined) {
       const body = Buffer.from(JSON.stringify(res.output));

@@ -577,6 +577,12 @@ export class Bus {
     return (await this.kv(Bucket.instances)).put(key.instance(in_.team ?? '', in_.name, in_.boot ?? ''), enc.encode(JSON.stringify(in_)));
   }
 
+  /** When the server stored the instance record at revision rev or later (null: gone, or a lagging read). */
+  async instanceStoredAt(team: string, name: string, boot: string, rev: number): Promise<Date | null> {
+    const e = await (await this.kv(Bucket.instances)).get(key.instance(team, name, boot));
+    return e && e.operation === 'PUT' && e.revision >= rev ? e.created : null;
+  }
+
   async deleteInstance(team: string, name: string, boot: string): Promise<void> {
     await (await this.kv(Bucket.instances)).delete(key.instance(team, name, boot));
   }

@@ -276,12 +276,16 @@ describe('executor', () => {
       const claims = await bus.kv(wire.Bucket.claims);
       const enc = new TextEncoder();
       // Dead: its instance record does not exist.
+      const before = Date.now();
       const dead = unique('run');
       await claims.create(wire.key.claim(name, dead, 0, 'call_1'), enc.encode(JSON.stringify({ instance: 'gone', boot: 'b1', attempt: 1, at: new Date().toISOString() })));
       await request(bus, { tool: name, args: '{}', run: dead });
       const r = await result(bus, dead);
       assert.deepEqual(r.output, { attempt: 2 });
       assert.equal(r.attempt, 2);
+      // The attempt's fencing deadline by the server's clock: within one TTL (5 s) of its last renewal.
+      const until = Date.parse(r.lease_until!);
+      assert.ok(until > before && until < Date.now() + 5000, `lease_until ${r.lease_until}`);
       // Live: an instance record that is renewed; the call is not run while it lives.
       const live = unique('run');
       await bus.putInstance({ name: 'alive', boot: 'b2', tools: [name], concurrency: 1, started_at: new Date().toISOString(), heartbeat_at: new Date().toISOString() });
