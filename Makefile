@@ -80,13 +80,14 @@ asyncapi:
 	node tools/asyncapi-validate/validate.js asyncapi.yaml
 
 .PHONY: npm conformance
-## npm: install the Node packages of the AsyncAPI validator and of the Node executor example
-## from their committed lockfiles (.ci/run does the same before make test)
+## npm: install the Node packages of the AsyncAPI validator, the TypeScript package (built by its
+## npm ci) and the Node executor example from their committed lockfiles (.ci/run does the same)
 npm:
 	npm ci --prefix tools/asyncapi-validate --ignore-scripts --no-audit --no-fund
+	npm ci --prefix sdk/typescript --no-audit --no-fund
 	npm ci --prefix examples/node-executor --ignore-scripts --no-audit --no-fund
 
-## conformance: the executor conformance suite against the Go and the Node executors
+## conformance: the executor conformance suite against the Go and the Node (TypeScript package) executors
 conformance: npm
 	$(GO) test -race -count=1 -v ./conformance/
 

@@ -96,6 +96,8 @@ var depRules = []depRule{
 	{prefix: "telemetry", notModule: workers, why: "metrics and tracing link no worker"},
 	{prefix: "tools", notModule: []string{"planner", "injector", "cmd", "internal/bench", "e2e", "faults", "examples"},
 		why: "the conformance suites' wrappers drive the executor side (its MCP client) only"},
+	{prefix: "sdk", notModule: []string{"audit", "conformance", "deploy", "internal/node", "internal/bench", "cmd", "e2e", "faults", "examples"},
+		why: "the other languages' packages meet toolbus on the bus only; their test server runs the real roles (planner, injector, a Go executor) on an embedded server"},
 }
 
 // checkDeps applies depRules to pkg (relative to the module) linking deps (import

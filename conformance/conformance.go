@@ -6,8 +6,11 @@
 // arguments, not allowed tools, the run's deadline, cancellation, calls longer than the
 // ack wait (heartbeats), poison input, exactly one result per call, deterministic ids,
 // a result whose id another message took first (it is still stored), a call or a
-// cancellation whose subject and data name different runs (neither is acted on),
-// CloudEvents attributes and data that validates against schemas/.
+// cancellation whose subject and data name different runs (neither is acted on), a call
+// of a run that already ended (not run: cancelled/run_ended), claims (a call claimed by
+// an executor that is gone is taken over with the next attempt; one claimed by a live
+// executor is not run until that executor is gone), CloudEvents attributes and data
+// that validates against schemas/.
 //
 // The tool under test takes {"ms": <integer>} (how long to work, in milliseconds) and
 // must reject unknown properties, like the diag pack's sleep tool and the Node example's
@@ -92,7 +95,22 @@ type call struct {
 	// forgedCancel publishes, once the call is claimed, a run.cancel on the call's run
 	// subject whose data names another run: the call must not be cancelled.
 	forgedCancel bool
+	// ended records the run as completed (its run state) before the call.
+	ended bool
+	// claimedBy claims the call before it is published for another executor: "gone"
+	// (no instance record) or "holder" (a live instance record, removed by the suite
+	// once the call was left alone for two ack waits).
+	claimedBy string
+	// wantAttempt, when set, is the attempt the result must carry.
+	wantAttempt int
 }
+
+// The executors the suite claims calls for.
+const (
+	claimedGone   = "gone"
+	claimedHolder = "holder"
+	holderBoot    = "b1"
+)
 
 // Check runs the executor of cfg against the server of nc (url is the server's client
 // URL for the executor process) and returns what it got wrong. The error is for a check
@@ -140,9 +158,12 @@ func Check(ctx context.Context, nc *nats.Conn, url string, cfg Config) (rep Repo
 	if err := s.cancelClaimed(); err != nil {
 		return rep, err
 	}
+	if err := s.releaseHeld(); err != nil {
+		return rep, err
+	}
 	// A last call, after the poison: the queue still flows.
 	after := call{name: "after_poison", args: `{"ms":1}`, wantStatus: toolbus.StatusSucceeded}
-	if err := request(ctx, bus, s.runOf(after), cfg.Tool, after); err != nil {
+	if err := request(ctx, bus, s.runOf(after), cfg.Tool, after, nil); err != nil {
 		return rep, err
 	}
 	s.calls = append(s.calls, after)
@@ -166,6 +187,11 @@ type suite struct {
 	published map[string][]*nats.Msg // run/step/call -> results as published
 
 	redelivered int // the most redeliveries the tool's queue counted
+
+	heldSince time.Time // when the call claimed by a live executor was published
+	// holderStop ends the renewals of that executor's instance record; holderDone is
+	// closed once they ended.
+	holderStop, holderDone chan struct{}
 }
 
 func (s *suite) fail(format string, args ...any) {
@@ -237,9 +263,13 @@ func (s *suite) requestAll() error {
 		{name: "long", args: fmt.Sprintf(`{"ms":%d}`, long.Milliseconds()), long: true, wantStatus: toolbus.StatusSucceeded},
 		{name: "squatted", args: `{"ms":1}`, squat: true, wantStatus: toolbus.StatusSucceeded},
 		{name: "forged_cancel", args: `{"ms":3000}`, forgedCancel: true, wantStatus: toolbus.StatusSucceeded},
+		{name: "run_ended", args: `{"ms":1}`, ended: true, wantStatus: toolbus.StatusCancelled, wantCode: toolbus.CodeRunEnded},
+		{name: "taken_over", args: `{"ms":1}`, claimedBy: claimedGone, wantStatus: toolbus.StatusSucceeded, wantAttempt: 2},
+		{name: "held", args: `{"ms":1}`, claimedBy: claimedHolder, wantStatus: toolbus.StatusSucceeded, wantAttempt: 2},
 	}
+	s.heldSince = time.Now()
 	for _, c := range s.calls {
-		if err := request(ctx, bus, s.runOf(c), tool, c); err != nil {
+		if err := request(ctx, bus, s.runOf(c), tool, c, func() error { return s.prepare(c) }); err != nil {
 			return err
 		}
 	}
@@ -259,6 +289,64 @@ func (s *suite) requestAll() error {
 		CallIndex: 0, CallCount: 1, Call: toolbus.ToolCall{CallID: "mismatch", Tool: tool, Arguments: `{"ms":1}`}}, true)
 	if _, err := bus.Publish(ctx, events.SubjectToolRequested(mismatch[0], tool), forgedCall.Meta, forgedCall.Data); err != nil {
 		return fmt.Errorf("conformance: %w", err)
+	}
+	return nil
+}
+
+// prepare records what a case needs before its call, once its run started: the run
+// ended (its outcome published, as the planner does, and its run state), or the call
+// claimed by another executor (gone, or alive until releaseHeld).
+func (s *suite) prepare(c call) error {
+	ctx, run := s.ctx, s.runOf(c)
+	if c.ended {
+		kv, err := s.bus.JetStream().KeyValue(ctx, store.BucketRuns)
+		if err != nil {
+			return fmt.Errorf("conformance: %w", err)
+		}
+		now := time.Now().UTC()
+		state, _ := json.Marshal(store.RunState{RunID: run, Status: toolbus.RunCompleted, StartedAt: now, UpdatedAt: now})
+		if _, err := kv.Put(ctx, run, state); err != nil {
+			return fmt.Errorf("conformance: %w", err)
+		}
+		ended := events.RunEndedEvent(events.Source("planner", "conformance"), 0, toolbus.RunEnded{RunID: run, Status: toolbus.RunCompleted, Answer: "done"})
+		if _, err := s.bus.PublishEvent(ctx, ended); err != nil {
+			return fmt.Errorf("conformance: %w", err)
+		}
+	}
+	if c.claimedBy == "" {
+		return nil
+	}
+	holder := store.Claim{Instance: "conformance-gone-" + s.stamp, Boot: "b0", Attempt: 1, At: time.Now().UTC()}
+	if c.claimedBy == claimedHolder {
+		holder.Instance, holder.Boot = holderName(s), holderBoot
+		now := time.Now().UTC()
+		if _, err := s.bus.Store().PutInstance(ctx, store.Instance{Name: holder.Instance, Boot: holderBoot, Tools: []string{"conformance-holder"},
+			Concurrency: 1, StartedAt: now, HeartbeatAt: now}); err != nil {
+			return fmt.Errorf("conformance: %w", err)
+		}
+		// Renewed until releaseHeld stops the renewals and removes it (the bucket would
+		// forget it one TTL after the last write).
+		s.holderStop, s.holderDone = make(chan struct{}), make(chan struct{})
+		go func() {
+			defer close(s.holderDone)
+			t := time.NewTicker(time.Second)
+			defer t.Stop()
+			for {
+				select {
+				case <-s.holderStop:
+					return
+				case <-ctx.Done():
+					return
+				case <-t.C:
+				}
+				now := time.Now().UTC()
+				_, _ = s.bus.Store().PutInstance(ctx, store.Instance{Name: holder.Instance, Boot: holderBoot, Tools: []string{"conformance-holder"},
+					Concurrency: 1, StartedAt: now, HeartbeatAt: now})
+			}
+		}()
+	}
+	if _, _, err := s.bus.Store().ClaimCall(ctx, events.ToolToken(s.cfg.Tool), run, 0, c.name, holder); err != nil {
+		return fmt.Errorf("conformance: claim %s: %w", c.name, err)
 	}
 	return nil
 }
@@ -289,6 +377,36 @@ func (s *suite) cancelClaimed() error {
 	}
 	return nil
 }
+
+// releaseHeld checks that the call claimed by a live executor is left alone for two ack
+// waits (no result), then removes that executor's instance record: the call must then be
+// taken over.
+func (s *suite) releaseHeld() error {
+	for _, c := range s.calls {
+		if c.claimedBy != claimedHolder {
+			continue
+		}
+		run := s.runOf(c)
+		select {
+		case <-s.ctx.Done():
+			return s.ctx.Err()
+		case <-time.After(time.Until(s.heldSince.Add(2 * s.cfg.AckWait))):
+		}
+		if n, err := countStored(s.ctx, s.bus, run); err != nil {
+			return err
+		} else if n > 0 {
+			s.fail("%s: the call ran while the executor that claimed it was alive (its claim's instance record was live)", c.name)
+		}
+		close(s.holderStop)
+		<-s.holderDone // no renewal after the removal
+		if err := s.bus.Store().DeleteInstance(s.ctx, "", holderName(s), holderBoot); err != nil {
+			return fmt.Errorf("conformance: %w", err)
+		}
+	}
+	return nil
+}
+
+func holderName(s *suite) string { return "conformance-holder-" + s.stamp }
 
 // sample reads the tool's queue, keeping the most redeliveries seen.
 func (s *suite) sample() (events.ToolQueue, error) {
@@ -426,8 +544,9 @@ func stop(cmd *exec.Cmd, out *testutil.Buffer) string {
 	return out.String()
 }
 
-// request starts a run and publishes its one call, as client and planner do.
-func request(ctx context.Context, bus *events.Bus, run, tool string, c call) error {
+// request starts a run and publishes its one call, as client and planner do; before,
+// when set, runs between the two.
+func request(ctx context.Context, bus *events.Bus, run, tool string, c call, before func() error) error {
 	rs := toolbus.RunStarted{RunID: run, Messages: []toolbus.Message{{Role: toolbus.RoleUser, Content: "conformance " + c.name}},
 		AllowedTools: c.allowed, Limits: toolbus.Limits{Deadline: c.deadline}, Principal: toolbus.Principal{ID: "conformance"}}
 	if err := bus.StartRun(ctx, events.Source("conformance", "suite"), rs); err != nil {
@@ -440,6 +559,11 @@ func request(ctx context.Context, bus *events.Bus, run, tool string, c call) err
 		m.Data = []byte("squat " + id)
 		if _, err := bus.JetStream().PublishMsg(ctx, m, jetstream.WithMsgID(id)); err != nil {
 			return fmt.Errorf("conformance: squat %s: %w", id, err)
+		}
+	}
+	if before != nil {
+		if err := before(); err != nil {
+			return err
 		}
 	}
 	tc := toolbus.ToolCall{CallID: c.name, Tool: tool, Arguments: c.args}
@@ -607,6 +731,9 @@ func checkResult(msg *nats.Msg, run, tool string, c call, schema *sjs.Schema, fa
 	}
 	if tf.Status != toolbus.StatusSucceeded && (tf.Error == nil || tf.Error.Message == "") {
 		fail("a %s result without an error message", tf.Status)
+	}
+	if c.wantAttempt > 0 && tf.Attempt != c.wantAttempt {
+		fail("attempt %d, want %d: a call claimed by an executor that is gone is taken over with the next attempt", tf.Attempt, c.wantAttempt)
 	}
 	if c.long && tf.Attempt != 1 {
 		fail("a call longer than two ack waits ran at attempt %d: the executor sent no heartbeats (working/InProgress) and it was redelivered", tf.Attempt)

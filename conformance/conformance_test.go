@@ -7,9 +7,17 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"golang.org/x/crypto/bcrypt"
 
 	"github.com/toolbus/toolbus/conformance"
+	"github.com/toolbus/toolbus/deploy/nats/natsjwt"
+	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
+	"github.com/toolbus/toolbus/events/provision"
 )
 
 // run checks one executor on a fresh embedded JetStream server.
@@ -43,18 +51,19 @@ func TestGoExecutor(t *testing.T) {
 	}))
 }
 
-// nodeExecutor returns the command of examples/node-executor. Without Node or its
-// packages the test is skipped on a developer machine and fails under CI (CI set),
-// where .ci/run installs them with npm ci.
+// nodeExecutor returns the command of examples/node-executor, a program on the
+// TypeScript package sdk/typescript (@toolbus/sdk). Without Node, the example's packages
+// or the package's build (dist/, made by its npm ci) the test is skipped on a developer
+// machine and fails under CI (CI set), where .ci/run installs and builds them.
 func nodeExecutor(t *testing.T) []string {
 	t.Helper()
 	const dir = "../examples/node-executor"
 	node, err := exec.LookPath("node")
 	if err == nil {
-		_, err = os.Stat(filepath.Join(dir, "node_modules", "nats", "package.json"))
+		_, err = os.Stat(filepath.Join(dir, "node_modules", "@toolbus", "sdk", "dist", "src", "index.js"))
 	}
 	if err != nil {
-		msg := "the Node executor's packages are not installed (cd examples/node-executor && npm ci): " + err.Error()
+		msg := "the Node executor's packages are not installed (npm ci --prefix sdk/typescript && npm ci --prefix examples/node-executor): " + err.Error()
 		if os.Getenv("CI") != "" {
 			t.Fatal(msg)
 		}
@@ -82,15 +91,104 @@ func TestNodeExecutorBroken(t *testing.T) {
 	}{
 		{"two_results", "tool.finished published for one call, want exactly 1"},
 		{"no_heartbeat", "the executor sent no heartbeats"},
+		{"ignore_live_claims", "the call ran while the executor that claimed it was alive"},
 	}
 	cmd := nodeExecutor(t)
 	for _, c := range cases {
 		t.Run(c.breakRule, func(t *testing.T) {
-			rep := run(t, conformance.Config{Command: cmd, Tool: "delay", Env: []string{"TOOLBUS_NODE_BREAK=" + c.breakRule}})
+			rep := run(t, conformance.Config{Command: cmd, Tool: "delay", Env: []string{"TOOLBUS_SDK_BREAK=" + c.breakRule}})
 			if !strings.Contains(strings.Join(rep.Failures, "\n"), c.want) {
 				t.Log(rep.Log)
 				t.Fatalf("broken with %s, the report does not say %q:\n  %s", c.breakRule, c.want, strings.Join(rep.Failures, "\n  "))
 			}
 		})
 	}
+}
+
+// The TypeScript package's executor on a team's own credentials, for each credential
+// kind deploy/nats/gen issues: an administrator grants team alpha the tool delay and
+// creates its queue; the executor (TOOLBUS_TEAM=alpha) may then write only alpha's
+// catalog entry, instance records, claims, outputs and results, and still keeps every
+// rule of the suite.
+func TestNodeExecutorTeamCredentials(t *testing.T) {
+	cmd := nodeExecutor(t)
+	perms := filepath.Join("..", "deploy", "nats", "permissions.conf")
+	grants := natsjwt.Grants{Teams: map[string][]string{"alpha": {"delay"}}}
+	team := natsjwt.TeamUser("alpha")
+	modes := []struct {
+		name  string
+		conf  func(natsjwt.Result) string
+		admin func(natsjwt.Result) nats.Option
+		env   func(natsjwt.Result) []string
+	}{
+		{"user-password", func(r natsjwt.Result) string { return r.UsersConfig },
+			func(r natsjwt.Result) nats.Option { return nats.UserInfo("admin", readFile(t, r.Passwords["admin"])) },
+			func(r natsjwt.Result) []string {
+				return []string{"TOOLBUS_NATS_USER=" + team, "TOOLBUS_NATS_PASSWORD=" + readFile(t, r.Passwords[team])}
+			}},
+		{"nkeys", func(r natsjwt.Result) string { return r.NkeysConfig },
+			func(r natsjwt.Result) nats.Option {
+				o, err := nats.NkeyOptionFromSeed(r.Seeds["admin"])
+				if err != nil {
+					t.Fatal(err)
+				}
+				return o
+			},
+			func(r natsjwt.Result) []string { return []string{"TOOLBUS_NATS_NKEY=" + r.Seeds[team]} }},
+		{"jwt", func(r natsjwt.Result) string { return r.Config },
+			func(r natsjwt.Result) nats.Option { return nats.UserCredentials(r.Creds["admin"]) },
+			func(r natsjwt.Result) []string { return []string{"TOOLBUS_NATS_CREDS=" + r.Creds[team]} }},
+	}
+	for _, mode := range modes {
+		t.Run(mode.name, func(t *testing.T) {
+			res, err := natsjwt.GenerateGrants(perms, t.TempDir(), grants, natsjwt.WithBcryptCost(bcrypt.MinCost))
+			if err != nil {
+				t.Fatal(err)
+			}
+			opts, err := server.ProcessConfigFile(mode.conf(res))
+			if err != nil {
+				t.Fatal(err)
+			}
+			srv := eventstest.StartServer(t, opts)
+			nc, err := nats.Connect(srv.ClientURL(), mode.admin(res))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer nc.Close()
+			// The admin's part: the stream, the buckets and the team's queue.
+			ctx := eventstest.Context(t, time.Minute)
+			if _, _, err := provision.Setup(ctx, nc, events.Config{}, provision.WithTools([]string{"delay"}, events.QueueAckWait(2*time.Second, 0), 1000)); err != nil {
+				t.Fatal(err)
+			}
+			rep, err := conformance.Check(context.Background(), nc, srv.ClientURL(), conformance.Config{Command: cmd, Tool: "delay",
+				Env: append(mode.env(res), "TOOLBUS_TEAM=alpha")})
+			if err != nil {
+				t.Fatalf("%v\n---- executor ----\n%s", err, rep.Log)
+			}
+			requireOK(t, rep)
+			// The catalog records the team as the tool's owner.
+			bus, err := events.Open(ctx, nc, events.Config{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			cs, err := bus.Store().Contracts(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, c := range cs {
+				if c.Name == "delay" && c.Owner != "alpha" {
+					t.Errorf("delay's owner in the catalog is %q, want alpha", c.Owner)
+				}
+			}
+		})
+	}
+}
+
+func readFile(t *testing.T, path string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
 }

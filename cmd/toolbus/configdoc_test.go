@@ -92,7 +92,8 @@ var notConfig = map[string]string{
 	"TOOLBUS_NODE_TOOL":           "examples/node-executor: the Node tool's name",
 	"TOOLBUS_TOKEN":               "docs/mcp.md: a host's variable holding its bearer token",
 	"TOOLBUS_READ":                "the read mirror's stream name, not a variable",
-	"TOOLBUS_NODE_BREAK":          "examples/node-executor: breaks the Node tool on purpose (conformance)",
+	"TOOLBUS_SDK_BREAK":           "sdk/typescript: breaks one rule on purpose (conformance)",
+	"TOOLBUS_TEST_NATS_URL":       "sdk/typescript: the server of its npm test",
 	"TOOLBUS_QUEUES":              "the queue stream's name, not a variable",
 }
 

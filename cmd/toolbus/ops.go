@@ -166,9 +166,7 @@ func cmdDecide(ctx context.Context, cfg Config, log *slog.Logger, args []string,
 		}
 	}
 	a.Who = who(*by)
-	if note := decide.PolicyNote(ctx, c.Bus, run, a.Who); note != "" {
-		fmt.Fprintln(errOut, note)
-	}
+	policyNote(ctx, c.Bus, run, a.Who, errOut)
 	granted := kind == "approve"
 	ack, err := c.Bus.PublishApproval(ctx, events.Source("cli", cfg.Instance), step, a, granted)
 	if err != nil {
@@ -195,6 +193,13 @@ func cmdDecide(ctx context.Context, cfg Config, log *slog.Logger, args []string,
 		fmt.Fprintf(out, "the model reads the denial (approval_denied) and goes on: toolbus tail %s\n", run)
 	}
 	return nil
+}
+
+// policyNote tells errOut when run does not name who as a decider (decide.PolicyNote).
+func policyNote(ctx context.Context, bus *events.Bus, run, who string, errOut io.Writer) {
+	if note := decide.PolicyNote(ctx, bus, run, who); note != "" {
+		fmt.Fprintln(errOut, note)
+	}
 }
 
 // statusList is statuses separated by commas.
@@ -254,9 +259,7 @@ func cmdCancel(ctx context.Context, cfg Config, log *slog.Logger, args []string,
 	if st.Status.Terminal() {
 		return &exitError{code: 1, msg: fmt.Sprintf("run %s already ended: %s", run, st.Status)}
 	}
-	if note := decide.PolicyNote(ctx, c.Bus, run, who(*by)); note != "" {
-		fmt.Fprintln(errOut, note)
-	}
+	policyNote(ctx, c.Bus, run, who(*by), errOut)
 	ack, err := c.Bus.PublishCancel(ctx, events.Source("cli", cfg.Instance), toolbus.Cancel{RunID: run, Reason: *reason, Who: who(*by)})
 	if err != nil {
 		return err

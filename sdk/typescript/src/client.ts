@@ -1,0 +1,206 @@
+// The client: what a service does on the bus besides serving tools — start runs, call
+// one tool through the fleet, decide on calls that wait for a person, cancel runs and
+// watch a run's events. Identities are subject tokens: a client whose credentials are
+// bound to one identity (deploy/nats/gen "clients" grants) publishes as it and only as it.
+import { randomBytes } from 'node:crypto';
+import type { NatsConnection } from '@nats-io/transport-node';
+import { DeliverPolicy } from '@nats-io/jetstream';
+import {
+  Bus, TERMINAL, Type, decodeEvent, id, isConflict, source, subject, validIdentity, validRunID, validToolName,
+  type Attrs, type Event, type Message, type Principal, type RunEnded, type RunStarted, type ToolCall, type ToolFinished,
+} from './wire.js';
+import { dial, settingsFromEnv, type ConnectionSettings } from './settings.js';
+
+export interface ClientOptions {
+  /** An open connection (default: dial TOOLBUS_NATS_* of env). */
+  connection?: NatsConnection;
+  env?: Record<string, string | undefined>;
+  /** The identity this client acts as: the principal of the runs it starts and the who of its decisions and cancellations. */
+  identity?: string;
+  /** TOOLBUS_STREAM (TOOLBUS). */
+  stream?: string;
+  /** Names this client in event sources (default client-<random>). */
+  name?: string;
+}
+
+/** A run id that already has a run.started: nothing was published. */
+export class RunExistsError extends Error {
+  override name = 'RunExistsError';
+}
+
+export interface StartRun {
+  /** Default: run-<12 hex digits>. */
+  runId?: string;
+  messages?: Message[];
+  allowedTools?: string[];
+  limits?: { maxSteps?: number; deadline?: Date; tokenBudget?: number };
+  /** A TOOLBUS_MODEL value (script:..., openai:...); empty: the planner's. */
+  model?: string;
+  /** Roles and attributes of the principal; its id is the client's identity. */
+  principal?: Omit<Principal, 'id'>;
+  /** Pre-planned calls: the assistant message of step 0, no model call. */
+  calls?: ToolCall[];
+  traceparent?: string;
+}
+
+/** A person's decision on a call that waits (CONTRACT.md, "A person's four decisions"). */
+export type Decision =
+  | { kind: 'approve'; why?: string }
+  | { kind: 'edit'; arguments: string | object; why?: string }
+  | { kind: 'reject'; why: string }
+  | { kind: 'respond'; response: string };
+
+/** One event of a run, as watch yields it. */
+export interface RunEvent<T = unknown> {
+  type: string;
+  subject: string;
+  seq: number;
+  attrs: Attrs;
+  data: T;
+}
+
+const newID = (prefix: string) => `${prefix}-${randomBytes(6).toString('hex')}`;
+
+export class Client {
+  readonly bus: Bus;
+  private readonly identity: string;
+  private readonly src: string;
+
+  private constructor(private readonly nc: NatsConnection, private readonly own: boolean, opts: ClientOptions) {
+    this.bus = new Bus(nc, { stream: opts.stream });
+    this.identity = opts.identity ?? '';
+    if (!validIdentity(this.identity)) throw new Error(`toolbus: identity ${JSON.stringify(this.identity)}: use 1-128 of [A-Za-z0-9_-]`);
+    this.src = source('client', opts.name ?? newID('client'));
+  }
+
+  /** A client on opts.connection, or connected with TOOLBUS_NATS_* (every credential kind). */
+  static async connect(opts: ClientOptions = {}): Promise<Client> {
+    if (opts.connection) return new Client(opts.connection, false, opts);
+    const s = settingsFromEnv(opts.env);
+    const conn: ConnectionSettings = s.connection;
+    return new Client(await dial(conn, `toolbus client ${opts.name ?? ''}`.trim()), true, { stream: s.stream, ...opts });
+  }
+
+  /** Closes the connection this client opened. */
+  async close(): Promise<void> {
+    if (this.own) await this.nc.drain();
+  }
+
+  /**
+   * Starts a run: its run.started, stored only as the first message of its run
+   * (a conditional publish), so an id that exists is refused (RunExistsError).
+   */
+  async startRun(r: StartRun): Promise<string> {
+    const run = r.runId ?? newID('run');
+    if (!validRunID(run)) throw new Error(`toolbus: invalid run id ${JSON.stringify(run)}: use 1-128 of [A-Za-z0-9_-]`);
+    for (const t of r.allowedTools ?? []) if (!validToolName(t)) throw new Error(`toolbus: invalid tool name ${JSON.stringify(t)} in allowed tools`);
+    const rs: RunStarted = {
+      run_id: run, messages: r.messages ?? [], principal: { ...(r.principal ?? {}), ...(this.identity ? { id: this.identity } : {}) },
+      started_at: new Date().toISOString(),
+      ...(r.allowedTools?.length ? { allowed_tools: r.allowedTools } : {}),
+      ...(r.model ? { model: r.model } : {}),
+      ...(r.calls?.length ? { calls: r.calls } : {}),
+    };
+    if (r.limits) {
+      rs.limits = {
+        ...(r.limits.maxSteps ? { max_steps: r.limits.maxSteps } : {}),
+        ...(r.limits.deadline ? { deadline: r.limits.deadline.toISOString() } : {}),
+        ...(r.limits.tokenBudget ? { token_budget: r.limits.tokenBudget } : {}),
+      };
+    }
+    const attrs: Attrs = { id: id.runStarted(run), type: Type.runStarted, source: this.src, subject: run, runid: run, step: '0',
+      ...(r.traceparent ? { traceparent: r.traceparent } : {}) };
+    const subj = subject.runStarted(run, this.identity);
+    try {
+      await this.bus.publish(subj, attrs, rs, (d) => d.run_id === run, {
+        'Nats-Expected-Last-Subject-Sequence': '0', 'Nats-Expected-Last-Subject-Sequence-Subject': subject.run(run),
+      });
+      return run;
+    } catch (err) {
+      if (!isConflict(err)) throw err;
+    }
+    // The run has messages: refused if one is its run.started; forgeries do not keep the id.
+    if (await this.bus.runStarted(run)) throw new RunExistsError(`toolbus: run id already exists: ${run}`);
+    await this.bus.publish(subj, attrs, rs, (d) => d.run_id === run);
+    const first = await this.bus.runStarted(run);
+    if (first && (first.rs.principal?.id ?? '') !== (this.identity || (rs.principal?.id ?? ''))) {
+      throw new RunExistsError(`toolbus: run id already exists: ${run} (submitted concurrently)`);
+    }
+    return run;
+  }
+
+  /**
+   * Calls one tool through the fleet: a pre-planned run of one call (as `toolbus call`),
+   * and its result once the tool.finished is stored. timeoutMS bounds the run (its deadline).
+   */
+  async call(tool: string, args: string | object, opts: { timeoutMS?: number; runId?: string } = {}): Promise<ToolFinished> {
+    if (!validToolName(tool)) throw new Error(`toolbus: invalid tool name ${JSON.stringify(tool)}`);
+    const timeout = opts.timeoutMS ?? 75000;
+    const run = await this.startRun({
+      runId: opts.runId ?? newID('call'), allowedTools: [tool], messages: [{ role: 'user', content: `sdk ${tool}` }],
+      limits: { maxSteps: 2, deadline: new Date(Date.now() + timeout) },
+      calls: [{ call_id: 'call_0', tool, arguments: typeof args === 'string' ? args : JSON.stringify(args) }],
+    });
+    const ac = new AbortController();
+    const timer = setTimeout(() => ac.abort(), timeout + 15000);
+    try {
+      for await (const ev of this.watch(run, { signal: ac.signal })) {
+        if (ev.type === Type.toolFinished) return ev.data as ToolFinished;
+        if ((TERMINAL as readonly string[]).some((t) => ev.type === `toolbus.run.${t}`)) {
+          const end = ev.data as RunEnded;
+          throw new Error(`toolbus: run ${run} ended ${end.status} without a result: ${end.reason ?? end.code ?? ''}`);
+        }
+      }
+    } finally {
+      clearTimeout(timer);
+    }
+    throw new Error(`toolbus: no result for run ${run} within ${timeout + 15000}ms`);
+  }
+
+  /** Decides on a call of step that waits for a person, as the client's identity. */
+  async decide(runId: string, step: number, callId: string, d: Decision): Promise<void> {
+    const granted = d.kind === 'approve' || d.kind === 'edit';
+    const data: Record<string, unknown> = { run_id: runId, call_id: callId, ...(this.identity ? { who: this.identity } : {}) };
+    if ('why' in d && d.why) data.why = d.why;
+    if (d.kind === 'edit') data.arguments = typeof d.arguments === 'string' ? d.arguments : JSON.stringify(d.arguments);
+    if (d.kind === 'respond') data.response = d.response;
+    const attrs: Attrs = { id: id.approval(runId, step, callId, granted, data.arguments as string | undefined),
+      type: granted ? Type.approvalGranted : Type.approvalDenied, source: this.src, subject: callId, runid: runId, step: String(step),
+      callid: callId, callindex: '0', callcount: '0' };
+    await this.bus.publish(subject.approval(runId, granted, this.identity), attrs, data, (x) => x.run_id === runId && x.call_id === callId);
+  }
+
+  /** Cancels a run, as the client's identity. */
+  async cancel(runId: string, reason: string): Promise<void> {
+    await this.bus.publish(subject.runCancel(runId, this.identity),
+      { id: id.runCancel(runId), type: Type.runCancel, source: this.src, subject: runId, runid: runId, step: '0' },
+      { run_id: runId, reason, ...(this.identity ? { who: this.identity } : {}) }, (x) => x.run_id === runId);
+  }
+
+  /**
+   * The events of a run from its start, live, in order; it ends after the run's outcome
+   * (a terminal one) or when signal aborts. Events whose subject and data disagree are skipped.
+   */
+  async *watch(runId: string, opts: { signal?: AbortSignal } = {}): AsyncGenerator<RunEvent> {
+    const c = await this.bus.js.consumers.get(this.bus.stream, { filter_subjects: [subject.run(runId)], deliver_policy: DeliverPolicy.All });
+    const msgs = await c.consume();
+    const stop = () => msgs.stop();
+    opts.signal?.addEventListener('abort', stop, { once: true });
+    try {
+      for await (const m of msgs) {
+        let ev: Event<{ run_id?: string; status?: string }>;
+        try {
+          ev = decodeEvent(m.headers, m.data);
+        } catch {
+          continue;
+        }
+        if (ev.data?.run_id !== runId) continue;
+        yield { type: ev.attrs.type, subject: m.subject, seq: m.seq, attrs: ev.attrs, data: ev.data };
+        if ((TERMINAL as readonly string[]).some((t) => ev.attrs.type === `toolbus.run.${t}`)) return;
+      }
+    } finally {
+      opts.signal?.removeEventListener('abort', stop);
+      stop();
+    }
+  }
+}

@@ -1,0 +1,938 @@
+// The executor: serves registered tools on the bus with the executor side of the
+// contract (CONTRACT.md; the Go twin is executor/worker). A delivery of a call goes
+//
+//   admit (decode, subject and body agree, the run, the lease, the claim)
+//   → decide (run ended, not allowed, approvals)
+//   → execute (arguments, timeouts, cancellation, progress, heartbeats)
+//   → retry by the tool's policy, or publish the one result, then ack.
+import { randomBytes } from 'node:crypto';
+import type { NatsConnection, Subscription } from '@nats-io/transport-node';
+import type { ConsumerMessages, JsMsg } from '@nats-io/jetstream';
+import type { ValidateFunction } from 'ajv';
+import {
+  Bus, ContractChangedError, PoisonError, Type, agreeingRun, callAttrs, decodeEvent, id, key, queueAckWait, source, subject,
+  validRunID, validToolName,
+  type Cancel, type Claim, type FailedAttempt, type Principal, type RunStarted, type ToolCall, type ToolContract,
+  type ToolProgress, type ToolRequested, type ToolResult,
+} from './wire.js';
+import { Redactor, checkArguments, compileSchema, errorResult, succeeded, violations, MIN_OUTPUT_BYTES } from './result.js';
+import { Logger, Metrics, serveMetrics } from './ops.js';
+import { dial, secretsOf, settingsFromEnv, type Settings } from './settings.js';
+
+// ---- the API of tools ------------------------------------------------------------------
+
+/** What a running tool knows of its call. */
+export interface ToolContext {
+  /** Aborted when the call times out, its run is cancelled, or the executor lost its lease. */
+  signal: AbortSignal;
+  runId: string;
+  step: number;
+  callId: string;
+  callIndex: number;
+  tool: string;
+  /** Who the run acts for, from the run's own run.started. */
+  principal: Principal;
+  /** The execution of the call, from 1 (a retry or a take-over runs it again). */
+  attempt: number;
+  /** Stable across attempts (<run>/<step>/<call_id>): pass it to side-effecting APIs. */
+  idempotencyKey: string;
+  /** The W3C trace context of the call, when the request carried one. */
+  traceparent?: string;
+  /**
+   * Reports progress (tool.progress, throttled to one per interval, the latest kept).
+   * It resets the heartbeat timeout of a long-running tool. False once the call's result
+   * was decided: the report is not published.
+   */
+  progress(done: number, total?: number, message?: string): boolean;
+  /** Whether the executor still holds the call (no other executor can have taken it over): check before an irreversible step. */
+  leaseValid(): boolean;
+}
+
+/** A tool's retry policy: the runtime retries a failure it names with backoff, within the run's deadline. */
+export interface Retry {
+  /** Every attempt, the first included: 2 to 20. */
+  maxAttempts: number;
+  initialBackoffMS: number;
+  maxBackoffMS: number;
+  /** The error codes retried; empty: every failure the tool marked retryable. */
+  codes?: string[];
+}
+
+/** A tool: its contract and its function. */
+export interface Tool<A = any> {
+  /** 1 to 64 of [A-Za-z0-9_-]. */
+  name: string;
+  /** What the model reads to choose the tool. */
+  description: string;
+  /** JSON Schema of the arguments (an object); calls that violate it are rejected before run is called. */
+  inputSchema: object;
+  /** JSON Schema of the output: an output that violates it fails the call (invalid_tool_output). */
+  outputSchema?: object;
+  readOnly?: boolean;
+  /** Each call waits for a person's decision (tool.waiting) before it runs. */
+  needsApproval?: boolean;
+  /** The tool's timeout (default TOOLBUS_CALL_TIMEOUT). */
+  timeoutMS?: number;
+  /** A long-running tool: a call that reports no progress for this long is timed out. */
+  heartbeatTimeoutMS?: number;
+  /** The bound of what the model reads (default TOOLBUS_MAX_OUTPUT_BYTES; at least 256). */
+  maxOutputBytes?: number;
+  /** Calls of the tool run at once in this process (0: no bound but the executor's). */
+  maxConcurrency?: number;
+  /** Output keys whose values are always redacted. */
+  redactFields?: string[];
+  /** The contract's version: a changed contract needs a higher one. */
+  version?: number;
+  retry?: Retry;
+  /** Runs the call; its return value is the output (a string is the text itself). Throw a ToolError for a failure with a code. */
+  run(args: A, ctx: ToolContext): unknown | Promise<unknown>;
+}
+
+/** A tool's failure with a stable code (default tool_error) the model and the retry policy read. */
+export class ToolError extends Error {
+  override name = 'ToolError';
+  readonly code: string;
+  readonly retryable: boolean;
+  readonly details?: unknown;
+  constructor(code: string, message: string, opts: { retryable?: boolean; details?: unknown } = {}) {
+    super(message);
+    this.code = code || 'tool_error';
+    this.retryable = !!opts.retryable;
+    this.details = opts.details;
+  }
+}
+
+// ---- registration ------------------------------------------------------------------------
+
+interface Entry {
+  tool: Tool;
+  contract: ToolContract;
+  input: ValidateFunction;
+  output?: ValidateFunction;
+  running: number;
+  waiters: (() => void)[];
+}
+
+const NS = 1e6; // nanoseconds per millisecond: the catalog's durations are Go's
+
+function contractOf(t: Tool, s: Settings): ToolContract {
+  const c: ToolContract = {
+    name: t.name, description: t.description, input_schema: t.inputSchema, read_only: !!t.readOnly,
+    timeout: Math.round((t.timeoutMS || s.callTimeoutMS) * NS),
+    max_output_bytes: t.maxOutputBytes || s.maxOutputBytes,
+  };
+  if (t.outputSchema) c.output_schema = t.outputSchema;
+  if (t.needsApproval) c.needs_approval = true;
+  if (t.heartbeatTimeoutMS) c.heartbeat_timeout = Math.round(t.heartbeatTimeoutMS * NS);
+  if (t.maxConcurrency) c.max_concurrency = t.maxConcurrency;
+  if (t.redactFields?.length) c.redact_fields = t.redactFields;
+  if (s.team) c.owner = s.team;
+  if (t.version) c.version = t.version;
+  if (t.retry) {
+    c.retry = { max_attempts: t.retry.maxAttempts, initial_backoff: Math.round(t.retry.initialBackoffMS * NS),
+      max_backoff: Math.round(t.retry.maxBackoffMS * NS), ...(t.retry.codes?.length ? { codes: t.retry.codes } : {}) };
+  }
+  return c;
+}
+
+function checkTool(t: Tool): void {
+  const bad = (why: string) => new Error(`toolbus: tool ${JSON.stringify(t?.name)}: ${why}`);
+  if (!validToolName(t?.name)) throw bad('a name is 1 to 64 of [A-Za-z0-9_-]');
+  if (!t.description) throw bad('no description (the model reads it)');
+  if (typeof t.run !== 'function') throw bad('no run function');
+  if (!t.inputSchema || typeof t.inputSchema !== 'object') throw bad('no input schema');
+  if (t.maxOutputBytes !== undefined && t.maxOutputBytes !== 0 && t.maxOutputBytes < MIN_OUTPUT_BYTES) throw bad(`maxOutputBytes below ${MIN_OUTPUT_BYTES}`);
+  for (const [k, v] of [['timeoutMS', t.timeoutMS], ['heartbeatTimeoutMS', t.heartbeatTimeoutMS], ['maxConcurrency', t.maxConcurrency]] as const) {
+    if (v !== undefined && !(v >= 0)) throw bad(`${k} ${v}: want 0 or more`);
+  }
+  const r = t.retry;
+  if (r) {
+    if (!Number.isInteger(r.maxAttempts) || r.maxAttempts < 2 || r.maxAttempts > 20) throw bad(`retry.maxAttempts ${r.maxAttempts}: want 2 to 20 (the first attempt included)`);
+    if (!(r.initialBackoffMS >= 1)) throw bad(`retry.initialBackoffMS ${r.initialBackoffMS}: want at least 1`);
+    if (!(r.maxBackoffMS >= r.initialBackoffMS) || r.maxBackoffMS > 3600000) throw bad(`retry.maxBackoffMS ${r.maxBackoffMS}: want initialBackoffMS to 1h`);
+  }
+}
+
+// ---- the lease -----------------------------------------------------------------------------
+
+/**
+ * The executor's hold on the calls it claimed: its instance record, renewed every fifth
+ * of the TTL. It holds until start of the last acknowledged renewal + TTL − TTL/5; a
+ * lapse ends it for every call that started under it (a new generation).
+ */
+class Lease {
+  until = 0;
+  /** The deadline by the server's clock (ms since the epoch; 0: unknown): what results carry as lease_until. */
+  serverUntil = 0;
+  gen = 0;
+  private timer?: NodeJS.Timeout;
+  constructor(readonly ttl: number, private readonly onLapse: () => void) {}
+  renewed(start: number) {
+    if (this.until && Date.now() >= this.until) this.lapse();
+    const until = start + this.ttl - this.ttl / 5;
+    if (until > this.until) {
+      this.until = until;
+      clearTimeout(this.timer);
+      this.timer = setTimeout(() => this.fire(), Math.max(0, until - Date.now()));
+      this.timer.unref();
+    }
+  }
+  private fire() {
+    if (Date.now() < this.until) {
+      this.timer = setTimeout(() => this.fire(), this.until - Date.now());
+      return;
+    }
+    this.lapse();
+  }
+  private lapse() {
+    this.gen++;
+    this.onLapse();
+  }
+  /**
+   * Records when the server stored a renewal sent at start and acknowledged rtt later:
+   * the record expires one TTL after that, so stored + TTL − margin − rtt is not later,
+   * in real time, than the deadline the renewal set, with no clock offset involved.
+   */
+  stamp(stored: Date, rtt: number) {
+    const until = stored.getTime() + this.ttl - this.ttl / 5 - rtt;
+    if (until > this.serverUntil) this.serverUntil = until;
+  }
+  valid(gen = this.gen) {
+    return gen === this.gen && Date.now() < this.until;
+  }
+  stop() {
+    clearTimeout(this.timer);
+  }
+}
+
+// ---- one delivery ----------------------------------------------------------------------------
+
+class Handback extends Error {
+  constructor(readonly delayMS: number, why: string) {
+    super(why);
+  }
+}
+
+const LEASE_LOST = 'lease lost (instance heartbeat not renewed in time): the call is handed back';
+
+interface Delivery {
+  msg: JsMsg;
+  req: ToolRequested;
+  traceparent?: string;
+  queue: string;
+  rs: RunStarted;
+  claimKey: string;
+  claim: Claim;
+  rev: number;
+  gen: number;
+  res?: ToolResult;
+  ran: boolean;
+  edit?: { who?: string; arguments: string };
+}
+
+function fmtDuration(ms: number): string {
+  if (ms % 3600000 === 0 && ms) return `${ms / 3600000}h0m0s`;
+  if (ms >= 60000) return `${Math.floor(ms / 60000)}m${(ms % 60000) / 1000}s`;
+  if (ms >= 1000) return `${ms / 1000}s`;
+  return `${ms}ms`;
+}
+
+const dec = new TextDecoder();
+const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+
+// ---- the executor --------------------------------------------------------------------------
+
+export interface ExecutorOptions {
+  /** Settings over those of the environment. */
+  settings?: Partial<Settings>;
+  /** The environment to read TOOLBUS_* from (default process.env). */
+  env?: Record<string, string | undefined>;
+  /** An open connection to use instead of dialling TOOLBUS_NATS_URL. */
+  connection?: NatsConnection;
+}
+
+/**
+ * Serves tools on the bus. register() the tools, then serve(): it binds each tool's
+ * queue, records the instance (its lease) and the contracts, and runs calls until
+ * stop() (or SIGINT/SIGTERM with handleSignals), then drains.
+ */
+export class Executor {
+  readonly settings: Settings;
+  readonly metrics = new Metrics();
+  private readonly env: Record<string, string | undefined>;
+  private readonly entries = new Map<string, Entry>();
+  private readonly boot = randomBytes(6).toString('hex');
+  private readonly src: string;
+  private red: Redactor;
+  private log: Logger;
+  private bus?: Bus;
+  private nc?: NatsConnection;
+  private ownConn: boolean;
+  private lease: Lease;
+  private beatEveryMS = 10000;
+  private inflight = new Map<string, Set<AbortController>>();
+  private handled = new Set<string>();
+  private cancelled = new Set<string>();
+  private running = new Set<Promise<void>>();
+  private streams: ConsumerMessages[] = [];
+  private readonly stopped: Promise<void>;
+  private stopRequested!: () => void;
+  private readonly servingP: Promise<void>;
+  private servingResolve!: () => void;
+  private readonly breakRule: string;
+  private metricsServer?: import('node:http').Server;
+
+  constructor(opts: ExecutorOptions = {}) {
+    this.env = opts.env ?? process.env;
+    this.settings = { ...settingsFromEnv(this.env), ...opts.settings };
+    const s = this.settings;
+    this.src = source('executor', s.instance);
+    this.red = new Redactor(secretsOf(s.connection, this.env));
+    this.log = new Logger(s.logLevel, s.logFormat, { component: 'executor', instance: s.instance, boot: this.boot }, this.red);
+    this.nc = opts.connection;
+    this.ownConn = !opts.connection;
+    this.lease = new Lease(s.instanceTTLMS, () => this.leaseLost());
+    // Breaks one rule of the contract on purpose (two_results, no_heartbeat,
+    // ignore_live_claims), so the
+    // conformance suite can show it notices. Never set it in production.
+    this.breakRule = this.env.TOOLBUS_SDK_BREAK ?? '';
+    this.stopped = new Promise((r) => (this.stopRequested = r));
+    this.servingP = new Promise((r) => (this.servingResolve = r));
+  }
+
+  /** The address (host:port) of /metrics, /healthz and /readyz once serve() listens there (TOOLBUS_METRICS_ADDR). */
+  metricsAddress(): string | undefined {
+    const a = this.metricsServer?.address();
+    return a && typeof a === 'object' ? `${a.address}:${a.port}` : undefined;
+  }
+
+  /** Resolves once serve() consumes every queue (the instance and the contracts are recorded). */
+  serving(): Promise<void> {
+    return this.servingP;
+  }
+
+  /** Adds a tool; its schemas are compiled now (an invalid one throws). */
+  register<A>(tool: Tool<A>): this {
+    checkTool(tool);
+    if (this.entries.has(tool.name)) throw new Error(`toolbus: tool ${tool.name} registered twice`);
+    this.entries.set(tool.name, {
+      tool, contract: contractOf(tool, this.settings), running: 0, waiters: [],
+      input: compileSchema(tool.inputSchema, `the input schema of ${tool.name}`),
+      output: tool.outputSchema ? compileSchema(tool.outputSchema, `the output schema of ${tool.name}`) : undefined,
+    });
+    return this;
+  }
+
+  /** The contracts of the registered tools, as the catalog will hold them. */
+  contracts(): ToolContract[] {
+    return [...this.entries.values()].map((e) => e.contract);
+  }
+
+  private served(): string[] {
+    const names = [...this.entries.keys()];
+    if (!this.settings.tools.length) return names;
+    for (const t of this.settings.tools) if (!this.entries.has(t)) throw new Error(`toolbus: tool ${t} of TOOLBUS_EXECUTOR_TOOLS is not registered`);
+    return this.settings.tools;
+  }
+
+  /**
+   * Serves until stop() is called (or, with handleSignals, SIGINT or SIGTERM), then
+   * drains: intake stops, running calls get the grace period, then are cancelled and
+   * handed back, the instance leaves the catalog. Rejects when it cannot start.
+   */
+  async serve(opts: { handleSignals?: boolean } = {}): Promise<void> {
+    const s = this.settings;
+    const served = this.served();
+    if (!served.length) throw new Error('toolbus: no tools registered');
+    if (s.metricsAddr) this.metricsServer = await serveMetrics(s.metricsAddr, this.metrics, this.log);
+    this.nc ??= await dial(s.connection, `toolbus executor ${s.instance}`);
+    this.metrics.connected = true;
+    void (async () => {
+      for await (const st of this.nc!.status()) {
+        if (st.type === 'disconnect') this.metrics.connected = false;
+        if (st.type === 'reconnect') this.metrics.connected = true;
+      }
+    })().catch(() => {});
+    const bus = (this.bus = new Bus(this.nc, { stream: s.stream }));
+    const onSignal = (sig: string) => {
+      this.log.info('stopping', { signal: sig });
+      this.stop();
+    };
+    if (opts.handleSignals) {
+      process.once('SIGINT', onSignal);
+      process.once('SIGTERM', onSignal);
+    }
+    // Cancellations: the run of the subject, once the body agrees.
+    const cancelSub = this.nc.subscribe(subject.runCancelAll, { callback: (err, m) => { if (!err) this.onCancel(m.subject, m.headers, m.data); } });
+    let stopBeat = async () => {};
+    try {
+      // Queues, then the instance (live before the tools are offered), then the contracts.
+      let ackWait = queueAckWait(s.ackWaitMS, s.instanceTTLMS);
+      for (const t of served) ackWait = Math.min(ackWait, await bus.bindQueue(t, queueAckWait(s.ackWaitMS, s.instanceTTLMS), s.maxAckPending));
+      this.beatEveryMS = Math.max(ackWait / 3, 100);
+      stopBeat = await this.heartbeat(served);
+      for (const t of served) {
+        try {
+          await bus.publishTool(this.entries.get(t)!.contract, s.replaceContracts);
+        } catch (err) {
+          if (err instanceof ContractChangedError) {
+            this.metrics.contractRefused(t);
+            this.log.error('tool contract refused: the catalog holds a different contract for this tool',
+              { tool: t, registered_owner: err.registered.owner ?? '', registered_version: err.registered.version ?? 0 });
+          }
+          throw err;
+        }
+      }
+      for (const t of served) {
+        const c = await bus.js.consumers.get(s.stream, `tool_${t}`);
+        const messages = await c.consume({ max_messages: Math.min(s.concurrency, 256), expires: Math.max(1000, Math.min(30000, ackWait)) });
+        this.streams.push(messages);
+        void this.loop(messages);
+      }
+      this.metrics.ready = true;
+      this.servingResolve();
+      this.log.info('executor serving', { tools: served, concurrency: s.concurrency, stream: s.stream, team: s.team });
+      await this.stopped;
+    } finally {
+      this.metrics.ready = false;
+      for (const m of this.streams) m.stop();
+      await this.drain();
+      cancelSub.unsubscribe();
+      await stopBeat();
+      if (opts.handleSignals) {
+        process.off('SIGINT', onSignal);
+        process.off('SIGTERM', onSignal);
+      }
+      if (this.ownConn) await this.nc.drain().catch(() => {});
+      this.metricsServer?.close();
+      this.log.info('executor stopped');
+    }
+  }
+
+  /** Stops serving: serve() resolves once the executor drained. */
+  stop(): void {
+    this.stopRequested();
+  }
+
+  private async loop(messages: ConsumerMessages): Promise<void> {
+    for await (const m of messages) {
+      while (this.running.size >= this.settings.concurrency) await Promise.race(this.running);
+      const p = this.handle(m).catch((err) => {
+        this.log.warn('call handed back for redelivery', { subject: m.subject, error: String(err?.message ?? err) });
+        m.nak(1000);
+      });
+      this.running.add(p);
+      void p.finally(() => this.running.delete(p));
+    }
+  }
+
+  private async drain(): Promise<void> {
+    const all = Promise.allSettled([...this.running]);
+    const grace = new Promise((r) => setTimeout(r, this.settings.graceMS).unref());
+    if (await Promise.race([all.then(() => true), grace.then(() => false)])) return;
+    for (const set of this.inflight.values()) for (const ac of set) ac.abort(new Error('shutdown'));
+    await all;
+  }
+
+  // -- liveness
+
+  private async heartbeat(tools: string[]): Promise<() => Promise<void>> {
+    const s = this.settings;
+    const bus = this.bus!;
+    const started = new Date().toISOString();
+    const put = async () => {
+      const start = Date.now();
+      const rev = await bus.putInstance({ ...(s.team ? { team: s.team } : {}), name: s.instance, boot: this.boot, tools, concurrency: s.concurrency,
+        started_at: started, heartbeat_at: new Date(start).toISOString() });
+      this.lease.renewed(start);
+      const rtt = Date.now() - start;
+      // The fencing deadline by the server's clock; on a failed read results keep the earlier one.
+      const stored = await bus.instanceStoredAt(s.team, s.instance, this.boot, rev).catch(() => null);
+      if (stored) this.lease.stamp(stored, rtt);
+    };
+    await put();
+    const every = Math.max(s.instanceTTLMS / 5, 20);
+    const timer = setInterval(() => put().catch((err) => this.log.warn('instance heartbeat failed', { error: String(err?.message ?? err) })), every);
+    return async () => {
+      clearInterval(timer);
+      this.lease.stop();
+      await bus.deleteInstance(s.team, s.instance, this.boot).catch((err) =>
+        this.log.warn('instance not removed from the catalog; it expires by itself', { error: String(err?.message ?? err) }));
+    };
+  }
+
+  private leaseLost() {
+    let n = 0;
+    for (const set of this.inflight.values()) for (const ac of set) {
+      ac.abort(new Error(LEASE_LOST));
+      n++;
+    }
+    this.log.warn('lease lost: instance heartbeat not renewed in time; running calls cancelled and handed back', { calls_cancelled: n });
+  }
+
+  private onCancel(subj: string, h: JsMsg['headers'] | undefined, data: Uint8Array) {
+    let run: string | undefined;
+    try {
+      run = agreeingRun(subj, decodeEvent<Cancel>(h, data), Type.runCancel);
+    } catch {
+      run = undefined;
+    }
+    if (!run) {
+      this.log.warn('run.cancel ignored: not a cancel of the run its subject names', { subject: subj });
+      return;
+    }
+    if (this.cancelled.size > 100000) this.cancelled.clear();
+    this.cancelled.add(run);
+    const set = this.inflight.get(run);
+    for (const ac of set ?? []) ac.abort(new Error('run cancelled'));
+    this.log.info('run cancelled', { run_id: run, calls_cancelled: set?.size ?? 0 });
+  }
+
+  /** Sends InProgress every third of the queue's ack wait until the returned function is called. */
+  private working(msg: JsMsg): () => void {
+    if (this.breakRule === 'no_heartbeat') return () => {};
+    const t = setInterval(() => msg.working(), this.beatEveryMS);
+    return () => clearInterval(t);
+  }
+
+  // -- a delivery
+
+  private async handle(msg: JsMsg): Promise<void> {
+    if (msg.info.redelivered) this.metrics.redeliveries++;
+    let d: Delivery | undefined;
+    try {
+      d = await this.admit(msg);
+    } catch (err) {
+      if (err instanceof PoisonError) {
+        this.metrics.poison++;
+        this.log.warn('poison message terminated', { subject: msg.subject, reason: err.message });
+        msg.term(err.message);
+        return;
+      }
+      if (err instanceof Handback) {
+        msg.nak(err.delayMS);
+        return;
+      }
+      throw err;
+    }
+    if (!d) return; // done elsewhere, acknowledged
+    try {
+      await this.process(d);
+    } catch (err) {
+      if (err instanceof Handback) {
+        msg.nak(err.delayMS);
+        return;
+      }
+      throw err;
+    } finally {
+      this.handled.delete(d.claimKey);
+    }
+  }
+
+  /** Decodes and admits a call: well formed, of a started run, from its own queue, with a valid lease, claimed. */
+  private async admit(msg: JsMsg): Promise<Delivery | undefined> {
+    const ev = decodeEvent<ToolRequested>(msg.headers, msg.data);
+    const req = ev.data;
+    if (ev.attrs.type !== Type.toolRequested || !req || !validRunID(req.run_id) || !Number.isInteger(req.step) || req.step < 0 ||
+      !Number.isInteger(req.call_count) || req.call_count <= 0 || !Number.isInteger(req.call_index) || req.call_index < 0 ||
+      req.call_index >= req.call_count || typeof req.call?.call_id !== 'string' || !req.call.call_id || typeof req.call.tool !== 'string') {
+      throw new PoisonError(`bad tool.requested ${ev.attrs.id}`);
+    }
+    if (typeof req.call.arguments !== 'string') req.call.arguments = req.call.arguments === undefined ? '' : JSON.stringify(req.call.arguments);
+    // Subject and body agree: the subject names the call's run and tool (its queue).
+    const [, run, , , queue] = msg.subject.split('.');
+    if (req.run_id !== run || (ev.attrs.runid && ev.attrs.runid !== run) || (ev.attrs.callid && ev.attrs.callid !== req.call.call_id)) {
+      throw new PoisonError(`subject and body disagree: ${msg.subject} carries a call of run ${req.run_id}`);
+    }
+    if (queue !== req.call.tool) throw new PoisonError(`tool.requested ${ev.attrs.id} for tool ${JSON.stringify(req.call.tool)} on the queue of ${queue}`);
+    const started = await this.bus!.runStarted(run);
+    if (!started) throw new PoisonError(`call ${ev.attrs.id} of a run that was never started`);
+    if (!this.lease.valid()) throw new Handback(Math.max(this.beatEveryMS, 1000), 'no valid lease: instance heartbeat not renewed');
+    const gen = this.lease.gen;
+    const claimKey = key.claim(queue, run, req.step, req.call.call_id);
+    if (this.handled.has(claimKey)) throw new Handback(Math.max(this.beatEveryMS, 1000), 'call already being handled by this process');
+    this.handled.add(claimKey);
+    try {
+      const own = await this.claim(msg, queue, req, claimKey);
+      if (!own) {
+        this.handled.delete(claimKey);
+        msg.ack();
+        return undefined;
+      }
+      return { msg, req, traceparent: ev.attrs.traceparent, queue, rs: started.rs, claimKey, claim: own.claim, rev: own.rev, gen, ran: false };
+    } catch (err) {
+      this.handled.delete(claimKey);
+      throw err;
+    }
+  }
+
+  /**
+   * Claims the call before it runs. Null when the call is done elsewhere (its result is
+   * stored). A claim of a live executor is waited on (with heartbeats) until its result
+   * is stored, it dies or it hands the call back; then it is taken over with a
+   * compare-and-set on its revision, the fencing token.
+   */
+  private async claim(msg: JsMsg, queue: string, req: ToolRequested, k: string): Promise<{ claim: Claim; rev: number } | null> {
+    const s = this.settings;
+    const bus = this.bus!;
+    const mine = (): Claim => ({ ...(s.team ? { team: s.team } : {}), instance: s.instance, boot: this.boot, attempt: 1, at: new Date().toISOString() });
+    let r = await bus.claimCall(k, mine());
+    if (r.created) return { claim: mine(), rev: r.rev };
+    const stopBeat = this.working(msg);
+    try {
+      for (;;) {
+        if (r.created) return { claim: mine(), rev: r.rev };
+        const { cur, rev } = r;
+        if (await bus.resultStored(queue, req.run_id, req.step, req.call.call_id)) {
+          this.log.info('result already stored, call not run again', { run_id: req.run_id, call_id: req.call.call_id, claimed_by: cur.instance });
+          return null;
+        }
+        let alive = false;
+        if (!cur.abandoned && (cur.instance !== s.instance || cur.boot !== this.boot) && this.breakRule !== 'ignore_live_claims') {
+          alive = await bus.instanceAlive(cur.team ?? '', cur.instance, cur.boot ?? '');
+        }
+        if (!alive) {
+          const c: Claim = { ...mine(), attempt: (cur.attempt || 1) + 1, ...(cur.retries?.length ? { retries: cur.retries } : {}) };
+          const nrev = await bus.updateClaim(k, c, rev);
+          if (nrev !== null) {
+            // A result stored between the look-up and the take-over is the call's: yield to it.
+            if (await bus.resultStored(queue, req.run_id, req.step, req.call.call_id)) {
+              await bus.updateClaim(k, { ...c, yielded: true }, nrev);
+              return null;
+            }
+            if (!cur.retry) {
+              this.log.warn(cur.abandoned ? 'the executor that claimed this call lost its lease and handed it back: running it again with the same idempotency key'
+                : 'the executor that claimed this call is gone: running it again with the same idempotency key',
+              { run_id: req.run_id, call_id: req.call.call_id, claimed_by: cur.instance, attempt: c.attempt });
+            }
+            return { claim: c, rev: nrev };
+          }
+        }
+        await sleep(1000);
+        r = await bus.claimCall(k, mine());
+      }
+    } finally {
+      stopBeat();
+    }
+  }
+
+  private async process(d: Delivery): Promise<void> {
+    const s = this.settings;
+    const bus = this.bus!;
+    const call = d.req.call;
+    const ended = await bus.runEnded(d.req.run_id);
+    if (ended) {
+      d.res = errorResult(call, 'cancelled', 'run_ended', `the run had already ended (${ended}) when this call was taken: it was not run`);
+    }
+    // The last execution a call is allowed reports tool_internal_error instead of running.
+    const died = d.claim.attempt - (d.claim.retries?.length ?? 0);
+    if (!d.res && died >= s.maxDeliver && died > 1) {
+      d.res = errorResult(call, 'failed', 'tool_internal_error', `the call did not finish in ${died - 1} attempts (its executor died each time); it was not run again`);
+    }
+    if (!d.res && (await this.decide(d)) === 'parked') return;
+    if (!d.res) await this.execute(d);
+    await this.retryLater(d);
+    await this.publish(d);
+  }
+
+  /** Settles what the call gets without running, or parks a call that waits for a person. */
+  private async decide(d: Delivery): Promise<'parked' | void> {
+    const call = d.req.call;
+    const ent = this.entries.get(call.tool);
+    const served = this.settings.tools.length ? this.settings.tools.includes(call.tool) : true;
+    if (!ent || !served) {
+      d.res = errorResult(call, 'rejected', 'unknown_tool', `no executor serves a tool named ${JSON.stringify(call.tool)}`);
+      return;
+    }
+    if (d.rs.allowed_tools?.length && !d.rs.allowed_tools.includes(call.tool)) {
+      d.res = errorResult(call, 'rejected', 'not_authorized', `tool ${JSON.stringify(call.tool)} is not allowed in this run`);
+      return;
+    }
+    if (!ent.tool.needsApproval) return;
+    const bus = this.bus!;
+    const dec = await bus.decision(d.req.run_id, d.req.step, call.call_id);
+    if (!dec) {
+      // Nobody decided yet: the call does not run; the re-issue after the decision claims it anew.
+      await bus.releaseClaim(d.claimKey);
+      const w = { run_id: d.req.run_id, step: d.req.step, call_index: d.req.call_index, call_count: d.req.call_count, call };
+      await bus.publish(subject.toolWaiting(d.req.run_id, call.tool),
+        callAttrs(Type.toolWaiting, this.src, id.toolWaiting(d.req.run_id, d.req.step, call.call_id), d.req.run_id, d.req.step, call.call_id,
+          d.req.call_index, d.req.call_count, d.traceparent), w, (x) => x.run_id === d.req.run_id && x.call?.call_id === call.call_id);
+      this.log.info('call waits for approval', { run_id: d.req.run_id, step: d.req.step, call_id: call.call_id, tool: call.tool });
+      d.msg.ack();
+      return 'parked';
+    }
+    if (!dec.granted && dec.response) {
+      d.res = {
+        call_id: call.call_id, tool: call.tool, status: 'succeeded', output: dec.response,
+        content: `[answered by a person (${dec.who ?? ''}) in place of the tool, which did not run]\n${dec.response}`,
+        human: { kind: 'responded', ...(dec.who ? { who: dec.who } : {}) }, duration_ms: 0,
+      };
+    } else if (!dec.granted) {
+      d.res = errorResult(call, 'rejected', 'approval_denied', 'a person denied this call' + (dec.why ? ': ' + dec.why : ''));
+    } else if (dec.arguments) {
+      d.edit = { who: dec.who, arguments: dec.arguments };
+      d.req.call = { ...call, arguments: dec.arguments };
+    }
+  }
+
+  /** Runs the tool: arguments, then its function under the earliest deadline, with progress and heartbeats. */
+  private async execute(d: Delivery): Promise<void> {
+    const s = this.settings;
+    const call = d.req.call;
+    const ent = this.entries.get(call.tool)!;
+    const maxOut = ent.tool.maxOutputBytes || s.maxOutputBytes;
+    const fields = ent.tool.redactFields ?? [];
+    const start = Date.now();
+    const checked = checkArguments(call.arguments, ent.input, call.tool);
+    if (!checked.ok) {
+      d.res = errorResult(call, 'rejected', 'invalid_arguments', checked.message, { details: checked.details, redactor: this.red, maxOut });
+      return;
+    }
+    // The earliest of the tool's timeout, the call's deadline and the run's deadline.
+    const timeout = ent.tool.timeoutMS || s.callTimeoutMS;
+    const own = start + timeout;
+    let deadline = own;
+    for (const t of [d.req.deadline, d.rs.limits?.deadline]) {
+      const ms = t ? Date.parse(t) : NaN;
+      if (!Number.isNaN(ms) && ms < deadline && !t!.startsWith('0001-')) deadline = ms;
+    }
+    const ac = new AbortController();
+    let why: { status: 'timed_out' | 'cancelled'; message: string } | undefined;
+    const giveUp = (status: 'timed_out' | 'cancelled', message: string, reason: string) => {
+      if (!why) why = { status, message };
+      ac.abort(new Error(reason));
+    };
+    const expire = () => giveUp('timed_out', deadline === own
+      ? `the tool did not finish within its timeout of ${fmtDuration(timeout)}; it may succeed if retried, possibly with a smaller request`
+      : 'the call deadline expired before the tool finished', 'timeout');
+    const timer = setTimeout(expire, Math.max(0, deadline - Date.now()));
+    if (deadline <= Date.now()) expire();
+    let lastBeat = Date.now();
+    const hb = ent.tool.heartbeatTimeoutMS ?? 0;
+    const hbTimer = hb ? setInterval(() => {
+      if (Date.now() - lastBeat >= hb) giveUp('timed_out', `the tool reported no progress for ${fmtDuration(hb)} (its heartbeat timeout); it may succeed if retried`, 'no progress');
+    }, Math.max(10, Math.min(hb / 4, 1000))) : undefined;
+    const set = this.inflight.get(d.req.run_id) ?? new Set<AbortController>();
+    this.inflight.set(d.req.run_id, set.add(ac));
+    if (this.cancelled.has(d.req.run_id)) giveUp('cancelled', 'the call was cancelled before the tool finished', 'run cancelled');
+    ac.signal.addEventListener('abort', () => {
+      const reason = String((ac.signal.reason as Error)?.message);
+      if (reason === 'run cancelled') why ??= { status: 'cancelled', message: 'the call was cancelled before the tool finished' };
+    });
+    const stopBeat = this.working(d.msg);
+    const progress = this.progressReporter(d, () => (lastBeat = Date.now()));
+    this.metrics.callStarted(call.tool);
+    d.ran = true;
+    const ctx: ToolContext = {
+      signal: ac.signal, runId: d.req.run_id, step: d.req.step, callId: call.call_id, callIndex: d.req.call_index, tool: call.tool,
+      principal: d.rs.principal ?? {}, attempt: d.claim.attempt, idempotencyKey: `${d.req.run_id}/${d.req.step}/${call.call_id}`,
+      traceparent: d.traceparent, progress: progress.report, leaseValid: () => this.lease.valid(d.gen),
+    };
+    try {
+      await this.acquire(ent, ac.signal);
+      let out: unknown;
+      let failure: unknown;
+      let failed = false;
+      try {
+        const aborted = new Promise<never>((_, reject) => {
+          if (ac.signal.aborted) reject(ac.signal.reason);
+          ac.signal.addEventListener('abort', () => reject(ac.signal.reason), { once: true });
+        });
+        aborted.catch(() => {});
+        if (ac.signal.aborted) throw ac.signal.reason; // given up before it started: the tool does not run
+        out = await Promise.race([Promise.resolve().then(() => ent.tool.run(checked.args, ctx)), aborted]);
+      } catch (err) {
+        failed = true;
+        failure = err;
+      } finally {
+        this.release(ent);
+      }
+      if (ac.signal.aborted && String((ac.signal.reason as Error)?.message) === LEASE_LOST) throw await this.handBack(d);
+      if (ac.signal.aborted && String((ac.signal.reason as Error)?.message) === 'shutdown') throw new Handback(1000, 'shutdown');
+      if (why) {
+        d.res = errorResult(call, why.status, why.status === 'cancelled' ? 'cancelled' : 'timeout', why.message,
+          { retryable: why.status === 'timed_out', redactor: this.red, maxOut });
+      } else if (failed) {
+        const te = failure instanceof ToolError ? failure : undefined;
+        d.res = errorResult(call, 'failed', te?.code ?? 'tool_error', te?.message || (failure as Error)?.message || String(failure),
+          { retryable: te?.retryable, details: te?.details, redactor: this.red, maxOut, fields });
+      } else if (ent.output && !ent.output(out === undefined ? null : JSON.parse(JSON.stringify(out ?? null)))) {
+        const vs = violations(ent.output.errors);
+        d.res = errorResult(call, 'failed', 'invalid_tool_output', 'the tool returned an invalid output: it does not match the tool\'s output schema:\n' +
+          vs.map((v) => `- ${v.path || '/'}: ${v.message}`).join('\n'), { details: vs, redactor: this.red, maxOut });
+      } else {
+        d.res = succeeded(call, out, this.red, maxOut, fields);
+      }
+    } finally {
+      clearTimeout(timer);
+      clearInterval(hbTimer);
+      stopBeat();
+      await progress.finish();
+      this.metrics.callStopped(call.tool);
+      set.delete(ac);
+      if (!set.size) this.inflight.delete(d.req.run_id);
+    }
+    if (d.res) {
+      d.res.duration_ms = Date.now() - start;
+      if (d.edit && d.res.status) {
+        let a = d.edit.arguments;
+        if (a.length > 512) a = a.slice(0, 512) + '…';
+        d.res.human = { kind: 'edited', ...(d.edit.who ? { who: d.edit.who } : {}), arguments: d.edit.arguments };
+        d.res.content = `[a person (${d.edit.who ?? ''}) edited the arguments of this call; it ran with ${a}]\n${d.res.content}`;
+      }
+    }
+  }
+
+  /** Takes a slot of a tool with maxConcurrency, waiting until one frees or the call is given up. */
+  private acquire(ent: Entry, signal: AbortSignal): Promise<void> {
+    const n = ent.tool.maxConcurrency ?? 0;
+    if (!n || ent.running < n) {
+      ent.running++;
+      return Promise.resolve();
+    }
+    return new Promise((resolve, reject) => {
+      const go = () => {
+        signal.removeEventListener('abort', onAbort);
+        ent.running++;
+        resolve();
+      };
+      const onAbort = () => {
+        ent.waiters = ent.waiters.filter((w) => w !== go);
+        reject(signal.reason);
+      };
+      ent.waiters.push(go);
+      signal.addEventListener('abort', onAbort, { once: true });
+    });
+  }
+
+  private release(ent: Entry) {
+    ent.running--;
+    const next = ent.waiters.shift();
+    if (next) next();
+  }
+
+  /**
+   * The progress of one running call: at most one tool.progress per interval, the latest
+   * kept; finish() publishes the pending one and refuses any later report.
+   */
+  private progressReporter(d: Delivery, onReport: () => void) {
+    const every = this.settings.progressIntervalMS;
+    const call = d.req.call;
+    let seq = 0;
+    let last = 0;
+    let pending: ToolProgress | null = null;
+    let timer: NodeJS.Timeout | null = null;
+    let finished = false;
+    let sending: Promise<void> = Promise.resolve();
+    const send = () => {
+      timer = null;
+      if (!pending) return sending;
+      const p = pending;
+      pending = null;
+      last = Date.now();
+      sending = sending.then(() => this.bus!.publish(subject.toolProgress(d.req.run_id, call.tool),
+        callAttrs(Type.toolProgress, this.src, id.toolProgress(d.req.run_id, d.req.step, call.call_id, p.attempt, p.seq), d.req.run_id,
+          d.req.step, call.call_id, 0, 0, d.traceparent), p, (x) => x.call_id === p.call_id && x.seq === p.seq))
+        .catch((err) => this.log.warn('progress not published', { run_id: d.req.run_id, call_id: call.call_id, error: String(err?.message ?? err) }));
+      return sending;
+    };
+    return {
+      report: (done: number, total?: number, message?: string): boolean => {
+        if (finished) return false;
+        onReport();
+        seq++;
+        const m = message ? this.red.text(message)[0] : undefined;
+        pending = { run_id: d.req.run_id, step: d.req.step, call_id: call.call_id, tool: call.tool, attempt: d.claim.attempt, seq,
+          done: Number(done) || 0, ...(total && total > 0 ? { total } : {}), ...(m ? { message: m } : {}) };
+        if (!timer) timer = setTimeout(send, Math.max(0, last + every - Date.now()));
+        return true;
+      },
+      finish: async () => {
+        finished = true;
+        if (timer) clearTimeout(timer);
+        await send();
+      },
+    };
+  }
+
+  /** Hands a failed attempt back for another when the tool's retry policy asks for it. */
+  private async retryLater(d: Delivery): Promise<void> {
+    const res = d.res!;
+    const ent = this.entries.get(d.req.call.tool);
+    const r = ent?.tool.retry;
+    if (!d.ran || !r || res.status === 'succeeded' || !res.error) return;
+    if (r.codes?.length ? !r.codes.includes(res.error.code) : !res.error.retryable) return;
+    const tried = (d.claim.retries?.length ?? 0) + 1;
+    if (tried >= r.maxAttempts) return;
+    let backoff = r.initialBackoffMS;
+    for (let i = 1; i < tried && backoff < r.maxBackoffMS; i++) backoff *= 2;
+    backoff = Math.min(backoff, r.maxBackoffMS);
+    const delay = Math.round(backoff / 2 + Math.random() * (backoff / 2));
+    const dl = [d.req.deadline, d.rs.limits?.deadline].map((t) => (t && !t.startsWith('0001-') ? Date.parse(t) : NaN)).filter((x) => !Number.isNaN(x));
+    if (dl.length && Date.now() + delay > Math.min(...dl)) return; // no time for another attempt
+    if (!this.lease.valid(d.gen)) throw await this.handBack(d);
+    const failed: FailedAttempt = { attempt: d.claim.attempt, status: res.status, error: res.error, duration_ms: res.duration_ms,
+      executor: this.settings.instance, at: new Date().toISOString(), retry_after_ms: delay };
+    const c: Claim = { ...d.claim, abandoned: true, retry: true, retries: [...(d.claim.retries ?? []), failed] };
+    await this.bus!.updateClaim(d.claimKey, c, d.rev);
+    this.log.info('call failed, retried by the tool\'s policy', { run_id: d.req.run_id, call_id: d.req.call.call_id, attempt: c.attempt,
+      code: res.error.code, retry_after_ms: delay, max_attempts: r.maxAttempts });
+    throw new Handback(delay, `attempt ${c.attempt} failed (${res.error.code}): retried by the tool's policy`);
+  }
+
+  /** Marks the attempt abandoned (its lease ran out before its result was stored), so the next delivery runs the call again at once. */
+  private async handBack(d: Delivery): Promise<Handback> {
+    await this.bus!.updateClaim(d.claimKey, { ...d.claim, abandoned: true }, d.rev);
+    this.log.warn('lease lost mid-call: attempt abandoned, the call is handed back', { run_id: d.req.run_id, call_id: d.req.call.call_id, attempt: d.claim.attempt });
+    return new Handback(Math.max(this.beatEveryMS, 1000), LEASE_LOST);
+  }
+
+  /** Stores the call's one result (its large output in the outputs bucket first), then acks. */
+  private async publish(d: Delivery): Promise<void> {
+    const bus = this.bus!;
+    const res = d.res!;
+    if (!this.lease.valid(d.gen)) throw await this.handBack(d);
+    res.attempt = d.claim.attempt;
+    res.executor = this.settings.instance;
+    if (this.lease.serverUntil && this.lease.valid(d.gen)) res.lease_until = new Date(this.lease.serverUntil).toISOString();
+    if (d.claim.retries?.length) res.retries = d.claim.retries;
+    if (res.output !== undefined) {
+      const body = Buffer.from(JSON.stringify(res.output));
+      if (body.length > this.settings.inlineOutputMax) {
+        const ref = await bus.putOutput(d.queue, d.req.run_id, d.req.step, res.call_id, body);
+        res.truncated = { ...(res.truncated ?? { original_bytes: body.length, kept_bytes: Buffer.byteLength(res.content) }), ref };
+        delete res.output;
+      }
+    }
+    const tf = { run_id: d.req.run_id, step: d.req.step, call_index: d.req.call_index, call_count: d.req.call_count, ...res };
+    const attrs = callAttrs(Type.toolFinished, this.src, id.toolFinished(d.req.run_id, d.req.step, res.call_id), d.req.run_id, d.req.step,
+      res.call_id, d.req.call_index, d.req.call_count, d.traceparent);
+    const ours = (x: { run_id?: string; call_id?: string; step?: number }) => x.run_id === d.req.run_id && x.call_id === res.call_id && x.step === d.req.step;
+    if (!this.lease.valid(d.gen)) throw await this.handBack(d);
+    await bus.publish(subject.toolFinished(d.req.run_id, d.queue), attrs, tf, ours);
+    if (this.breakRule === 'two_results') await bus.publish(subject.toolFinished(d.req.run_id, d.queue), attrs, tf, ours);
+    this.metrics.callFinished(res.tool, res.status, res.error?.code ?? '', res.duration_ms, d.ran);
+    this.log.debug('call finished', { run_id: d.req.run_id, call_id: res.call_id, tool: res.tool, status: res.status,
+      code: res.error?.code ?? '', duration_ms: res.duration_ms, attempt: res.attempt });
+    d.msg.ack(); // only once the result is stored: a crash before this redelivers the call
+  }
+}
+
+// ---- the module-level executor -------------------------------------------------------------
+
+let defaultExecutor: Executor | undefined;
+
+/** Registers a tool with the process's executor (configured from TOOLBUS_*). */
+export function register<A>(tool: Tool<A>): Executor {
+  defaultExecutor ??= new Executor();
+  return defaultExecutor.register(tool);
+}
+
+/** Serves the tools registered with register() until SIGINT or SIGTERM. */
+export function serve(): Promise<void> {
+  defaultExecutor ??= new Executor();
+  return defaultExecutor.serve({ handleSignals: true });
+}
+
+export type { ToolCall };

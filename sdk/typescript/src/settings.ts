@@ -1,0 +1,231 @@
+// Settings: the TOOLBUS_* variables the Go executors read (connect.Options,
+// events.WorkerConfig, events.Config, worker.Settings), read the same way, and the
+// connection they describe.
+import { readFileSync } from 'node:fs';
+import os from 'node:os';
+import { connect, credsAuthenticator, nkeyAuthenticator, type ConnectionOptions, type NatsConnection } from '@nats-io/transport-node';
+
+/** Thrown for a setting out of its range; the message names the variable. */
+export class ConfigError extends Error {
+  override name = 'ConfigError';
+}
+
+/** Parses a Go duration (300ms, 1.5s, 2m30s, 1h) into milliseconds. */
+export function parseDuration(text: string): number {
+  const units: Record<string, number> = { ns: 1e-6, us: 1e-3, 'µs': 1e-3, ms: 1, s: 1000, m: 60000, h: 3600000 };
+  const t = text.trim();
+  if (t === '0') return 0;
+  const neg = t.startsWith('-');
+  const body = neg || t.startsWith('+') ? t.slice(1) : t;
+  const re = /([0-9]*\.?[0-9]+)(ns|us|µs|ms|s|m|h)/gy;
+  let ms = 0;
+  let at = 0;
+  let m: RegExpExecArray | null;
+  while ((m = re.exec(body)) !== null) {
+    ms += Number(m[1]) * units[m[2]];
+    at = re.lastIndex;
+  }
+  if (at !== body.length || body.length === 0) throw new ConfigError(`not a duration: ${JSON.stringify(text)} (want e.g. 500ms, 30s, 2m)`);
+  return neg ? -ms : ms;
+}
+
+/** How to reach the bus: the server URL and every NATS credential kind (TOOLBUS_NATS_*). */
+export interface ConnectionSettings {
+  /** TOOLBUS_NATS_URL: one URL or several, comma-separated. */
+  url: string;
+  /** TOOLBUS_NATS_CREDS: a .creds file (JWT + nkey seed). */
+  creds?: string;
+  /** TOOLBUS_NATS_NKEY: an nkey seed file. */
+  nkey?: string;
+  /** TOOLBUS_NATS_USER, TOOLBUS_NATS_PASSWORD. */
+  user?: string;
+  password?: string;
+  /** TOOLBUS_NATS_TOKEN. */
+  token?: string;
+  /** TOOLBUS_NATS_TLS_CA, TOOLBUS_NATS_TLS_CERT, TOOLBUS_NATS_TLS_KEY. */
+  tlsCA?: string;
+  tlsCert?: string;
+  tlsKey?: string;
+}
+
+/** What an executor is configured with; every field has the Go executors' default. */
+export interface Settings {
+  connection: ConnectionSettings;
+  /** TOOLBUS_STREAM (TOOLBUS). */
+  stream: string;
+  /** TOOLBUS_INSTANCE (host-pid): names this process in results, sources and its instance record. */
+  instance: string;
+  /** TOOLBUS_TEAM: the team owning the tools (catalog owner; the token of its instance records). */
+  team: string;
+  /** TOOLBUS_CONCURRENCY (64): calls run at once. */
+  concurrency: number;
+  /** TOOLBUS_ACK_WAIT (30s), in ms. */
+  ackWaitMS: number;
+  /** TOOLBUS_MAX_DELIVER (5): executions of one call before it reports tool_internal_error. */
+  maxDeliver: number;
+  /** TOOLBUS_GRACE (30s), in ms: how long running calls may finish at shutdown. */
+  graceMS: number;
+  /** TOOLBUS_INSTANCE_TTL (5s), in ms: the lease. */
+  instanceTTLMS: number;
+  /** TOOLBUS_CALL_TIMEOUT (30s), in ms: the timeout of tools that set none. */
+  callTimeoutMS: number;
+  /** TOOLBUS_MAX_OUTPUT_BYTES (16384): the bound of what the model reads of tools that set none. */
+  maxOutputBytes: number;
+  /** TOOLBUS_EXECUTOR_TOOLS: serve only these of the registered tools (empty: all). */
+  tools: string[];
+  /** TOOLBUS_EXECUTOR_REPLACE_CONTRACTS: replace a registered contract that differs without a higher version. */
+  replaceContracts: boolean;
+  /** TOOLBUS_EXECUTOR_PROGRESS_INTERVAL (1s), in ms. */
+  progressIntervalMS: number;
+  /** TOOLBUS_METRICS_ADDR: host:port of /metrics, /healthz, /readyz (empty: none). */
+  metricsAddr: string;
+  /** TOOLBUS_LOG_LEVEL (info), TOOLBUS_LOG_FORMAT (text). */
+  logLevel: 'debug' | 'info' | 'warn' | 'error';
+  logFormat: 'text' | 'json';
+  /** Largest output kept in the event itself (256 KiB); larger ones go to KV toolbus_outputs. */
+  inlineOutputMax: number;
+  /** Calls handed back (queue bound) at most (1000). */
+  maxAckPending: number;
+}
+
+type Env = Record<string, string | undefined>;
+
+function num(env: Env, name: string, def: number, min: number): number {
+  const v = env[name];
+  if (v === undefined || v === '') return def;
+  const n = Number(v);
+  if (!Number.isInteger(n) || n < min) throw new ConfigError(`${name}=${v}: want an integer of at least ${min}`);
+  return n;
+}
+
+function dur(env: Env, name: string, def: number, min: number): number {
+  const v = env[name];
+  if (v === undefined || v === '') return def;
+  let ms: number;
+  try {
+    ms = parseDuration(v);
+  } catch (err) {
+    throw new ConfigError(`${name}=${v}: ${(err as Error).message}`);
+  }
+  if (ms < min) throw new ConfigError(`${name}=${v}: want at least ${min}ms`);
+  return ms;
+}
+
+function bool(env: Env, name: string): boolean {
+  const v = (env[name] ?? '').toLowerCase();
+  if (v === '' || v === 'false' || v === '0') return false;
+  if (v === 'true' || v === '1') return true;
+  throw new ConfigError(`${name}=${env[name]}: want true or false`);
+}
+
+/** Reads the settings from the environment (process.env by default), validating each. */
+export function settingsFromEnv(env: Env = process.env): Settings {
+  const team = env.TOOLBUS_TEAM ?? '';
+  if (team && !/^[a-z0-9][a-z0-9_-]{0,31}$/.test(team)) {
+    throw new ConfigError(`TOOLBUS_TEAM=${team}: want 1 to 32 of [a-z0-9_-], starting with a letter or digit`);
+  }
+  const logLevel = (env.TOOLBUS_LOG_LEVEL || 'info').toLowerCase();
+  if (!['debug', 'info', 'warn', 'error'].includes(logLevel)) throw new ConfigError(`TOOLBUS_LOG_LEVEL=${logLevel}: want debug, info, warn or error`);
+  const logFormat = (env.TOOLBUS_LOG_FORMAT || 'text').toLowerCase();
+  if (logFormat !== 'text' && logFormat !== 'json') throw new ConfigError(`TOOLBUS_LOG_FORMAT=${logFormat}: want text or json`);
+  const ackWait = dur(env, 'TOOLBUS_ACK_WAIT', 30000, 0);
+  if (ackWait !== 0 && ackWait < 1000) throw new ConfigError(`TOOLBUS_ACK_WAIT=${env.TOOLBUS_ACK_WAIT}: want 1s or more`);
+  const maxOut = num(env, 'TOOLBUS_MAX_OUTPUT_BYTES', 16384, 0);
+  return {
+    connection: {
+      url: env.TOOLBUS_NATS_URL ?? '',
+      creds: env.TOOLBUS_NATS_CREDS || undefined,
+      nkey: env.TOOLBUS_NATS_NKEY || undefined,
+      user: env.TOOLBUS_NATS_USER || undefined,
+      password: env.TOOLBUS_NATS_PASSWORD || undefined,
+      token: env.TOOLBUS_NATS_TOKEN || undefined,
+      tlsCA: env.TOOLBUS_NATS_TLS_CA || undefined,
+      tlsCert: env.TOOLBUS_NATS_TLS_CERT || undefined,
+      tlsKey: env.TOOLBUS_NATS_TLS_KEY || undefined,
+    },
+    stream: env.TOOLBUS_STREAM || 'TOOLBUS',
+    instance: env.TOOLBUS_INSTANCE || `${os.hostname()}-${process.pid}`,
+    team,
+    concurrency: num(env, 'TOOLBUS_CONCURRENCY', 64, 0) || 64,
+    ackWaitMS: ackWait || 30000,
+    maxDeliver: num(env, 'TOOLBUS_MAX_DELIVER', 5, 0) || 5,
+    graceMS: dur(env, 'TOOLBUS_GRACE', 30000, 0) || 30000,
+    instanceTTLMS: dur(env, 'TOOLBUS_INSTANCE_TTL', 5000, 0) || 5000,
+    callTimeoutMS: dur(env, 'TOOLBUS_CALL_TIMEOUT', 30000, 0) || 30000,
+    maxOutputBytes: maxOut || 16384,
+    tools: (env.TOOLBUS_EXECUTOR_TOOLS ?? '').split(',').map((s) => s.trim()).filter(Boolean),
+    replaceContracts: bool(env, 'TOOLBUS_EXECUTOR_REPLACE_CONTRACTS'),
+    progressIntervalMS: dur(env, 'TOOLBUS_EXECUTOR_PROGRESS_INTERVAL', 1000, 1) ,
+    metricsAddr: env.TOOLBUS_METRICS_ADDR ?? '',
+    logLevel: logLevel as Settings['logLevel'],
+    logFormat: logFormat as Settings['logFormat'],
+    inlineOutputMax: 256 << 10,
+    maxAckPending: 1000,
+  };
+}
+
+/**
+ * The nats.js options of the connection settings: every credential kind, TLS, and
+ * reconnection forever. A credential file that cannot be read is an error, never ignored.
+ */
+export function connectionOptions(c: ConnectionSettings, name: string): ConnectionOptions {
+  if (!c.url) throw new ConfigError('TOOLBUS_NATS_URL is not set');
+  const opts: ConnectionOptions = {
+    servers: c.url.split(',').map((s) => s.trim()).filter(Boolean),
+    name,
+    maxReconnectAttempts: -1,
+    reconnectTimeWait: 250,
+  };
+  const read = (what: string, file: string) => {
+    try {
+      return readFileSync(file);
+    } catch (err) {
+      throw new ConfigError(`${what} ${file}: ${(err as Error).message}`);
+    }
+  };
+  if (c.creds) opts.authenticator = credsAuthenticator(read('TOOLBUS_NATS_CREDS', c.creds));
+  else if (c.nkey) opts.authenticator = nkeyAuthenticator(new TextEncoder().encode(read('TOOLBUS_NATS_NKEY', c.nkey).toString().trim()));
+  if (c.user) {
+    opts.user = c.user;
+    opts.pass = c.password;
+  }
+  if (c.token) opts.token = c.token;
+  if (c.tlsCA || c.tlsCert) {
+    opts.tls = {};
+    if (c.tlsCA) opts.tls.caFile = c.tlsCA;
+    if (c.tlsCert) {
+      opts.tls.certFile = c.tlsCert;
+      opts.tls.keyFile = c.tlsKey;
+    }
+  }
+  return opts;
+}
+
+/** Connects with the connection settings (TOOLBUS_NATS_*). */
+export function dial(c: ConnectionSettings, name: string): Promise<NatsConnection> {
+  return connect(connectionOptions(c, name));
+}
+
+/**
+ * The values no tool may leak (connect.Options.Secrets and worker.Secrets): the NATS
+ * password and token, the nkey seed, the JWT and seed of a .creds file, and the model
+ * providers' API keys of the environment.
+ */
+export function secretsOf(c: ConnectionSettings, env: Env = process.env): string[] {
+  const out = [c.password ?? '', c.token ?? ''];
+  for (const f of [c.nkey, c.creds]) {
+    if (!f) continue;
+    let text: string;
+    try {
+      text = readFileSync(f, 'utf8');
+    } catch {
+      continue;
+    }
+    for (let line of text.split('\n')) {
+      line = line.trim();
+      if (line && !line.startsWith('---') && !line.includes(' ')) out.push(line);
+    }
+  }
+  out.push(env.OPENAI_API_KEY ?? '', env.ANTHROPIC_API_KEY ?? '');
+  return out.filter(Boolean);
+}

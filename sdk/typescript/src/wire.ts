@@ -1,0 +1,730 @@
+// The wire: everything this package knows of toolbus's event contract (CONTRACT.md) in
+// one module — subjects, event ids, the CloudEvents binary mode over NATS headers, the
+// data types, the stores' keys and values, and the bus operations an executor and a
+// client make (publishing with the squat guard, reading a run, claims, instance
+// records, decisions, outputs, the catalog). The executor and the client never build a
+// subject, key or header themselves: when the wire changes (tenancy over NATS
+// accounts), this module changes.
+import { createHash, randomUUID } from 'node:crypto';
+import { headers as natsHeaders, nanos, type MsgHdrs, type NatsConnection } from '@nats-io/transport-node';
+import {
+  AckPolicy,
+  DeliverPolicy,
+  JetStreamApiError,
+  jetstream,
+  jetstreamManager,
+  type JetStreamClient,
+  type JetStreamManager,
+  type StoredMsg,
+} from '@nats-io/jetstream';
+import { Kvm, type KV } from '@nats-io/kv';
+
+// ---- the data (the JSON of schemas/) -----------------------------------------------
+
+export type Status = 'succeeded' | 'failed' | 'rejected' | 'timed_out' | 'cancelled';
+
+export interface Principal {
+  id?: string;
+  roles?: string[];
+  [k: string]: unknown;
+}
+
+export interface ToolCall {
+  call_id: string;
+  tool: string;
+  arguments: string;
+}
+
+export interface ToolRequested {
+  run_id: string;
+  step: number;
+  call_index: number;
+  call_count: number;
+  call: ToolCall;
+  deadline?: string;
+  principal?: Principal;
+  allowed_tools?: string[];
+}
+
+export interface Message {
+  role: 'system' | 'user' | 'assistant' | 'tool';
+  content?: string;
+  [k: string]: unknown;
+}
+
+export interface Limits {
+  max_steps?: number;
+  deadline?: string;
+  token_budget?: number;
+}
+
+export interface RunStarted {
+  run_id: string;
+  messages?: Message[];
+  allowed_tools?: string[];
+  limits?: Limits;
+  model?: string;
+  principal?: Principal;
+  started_at?: string;
+  calls?: ToolCall[];
+}
+
+export interface ToolError {
+  code: string;
+  message: string;
+  retryable: boolean;
+  details?: unknown;
+}
+
+export interface FailedAttempt {
+  attempt: number;
+  status: Status;
+  error: ToolError;
+  duration_ms: number;
+  executor?: string;
+  at: string;
+  retry_after_ms?: number;
+}
+
+export interface HumanDecision {
+  kind: 'edited' | 'responded';
+  who?: string;
+  arguments?: string;
+}
+
+export interface ToolResult {
+  call_id: string;
+  tool: string;
+  status: Status;
+  output?: unknown;
+  error?: ToolError;
+  content: string;
+  truncated?: { original_bytes: number; kept_bytes: number; ref?: string };
+  redactions?: number;
+  human?: HumanDecision;
+  retries?: FailedAttempt[];
+  attempt?: number;
+  lease_until?: string;
+  duration_ms: number;
+  executor?: string;
+}
+
+export interface ToolFinished extends ToolResult {
+  run_id: string;
+  step: number;
+  call_index: number;
+  call_count: number;
+}
+
+export interface ToolProgress {
+  run_id: string;
+  step: number;
+  call_id: string;
+  tool: string;
+  attempt: number;
+  seq: number;
+  done: number;
+  total?: number;
+  message?: string;
+}
+
+export interface RetryPolicy {
+  max_attempts: number;
+  /** Nanoseconds, as every duration of the catalog. */
+  initial_backoff: number;
+  max_backoff: number;
+  codes?: string[];
+}
+
+/** A tool's entry in the catalog (KV toolbus_tools); durations in nanoseconds. */
+export interface ToolContract {
+  name: string;
+  description: string;
+  input_schema: unknown;
+  output_schema?: unknown;
+  read_only: boolean;
+  needs_approval?: boolean;
+  timeout?: number;
+  heartbeat_timeout?: number;
+  max_output_bytes?: number;
+  max_concurrency?: number;
+  redact_fields?: string[];
+  owner?: string;
+  version?: number;
+  retry?: RetryPolicy;
+}
+
+export interface Approval {
+  run_id: string;
+  call_id: string;
+  who?: string;
+  why?: string;
+  arguments?: string;
+  response?: string;
+}
+
+export interface Cancel {
+  run_id: string;
+  reason?: string;
+  who?: string;
+}
+
+export interface RunEnded {
+  run_id: string;
+  status: string;
+  answer?: string;
+  reason?: string;
+  code?: string;
+  pending?: ToolCall[];
+  steps_used?: number;
+  usage?: { input_tokens?: number; output_tokens?: number };
+  [k: string]: unknown;
+}
+
+/** A call's claim in KV toolbus_claims; its revision is the attempt's fencing token. */
+export interface Claim {
+  team?: string;
+  instance: string;
+  boot?: string;
+  attempt: number;
+  at: string;
+  abandoned?: boolean;
+  retry?: boolean;
+  retries?: FailedAttempt[];
+  yielded?: boolean;
+}
+
+/** An executor instance's record in KV toolbus_instances (its lease). */
+export interface Instance {
+  team?: string;
+  name: string;
+  boot?: string;
+  tools: string[];
+  concurrency: number;
+  started_at: string;
+  heartbeat_at: string;
+}
+
+/** A recorded approval decision (KV toolbus_approvals). */
+export interface Decision extends Approval {
+  granted: boolean;
+}
+
+// ---- names, subjects, ids, keys -----------------------------------------------------
+
+export const SUBJECT_PREFIX = 'toolbus';
+export const UNKNOWN_TOOL = '_unknown';
+export const NO_IDENTITY = '_none';
+
+export const Type = {
+  runStarted: 'toolbus.run.started',
+  modelRequested: 'toolbus.model.requested',
+  modelResponded: 'toolbus.model.responded',
+  toolRequested: 'toolbus.tool.requested',
+  toolProgress: 'toolbus.tool.progress',
+  toolFinished: 'toolbus.tool.finished',
+  toolWaiting: 'toolbus.tool.waiting',
+  approvalGranted: 'toolbus.approval.granted',
+  approvalDenied: 'toolbus.approval.denied',
+  runCancel: 'toolbus.run.cancel',
+  runCompleted: 'toolbus.run.completed',
+  runWaiting: 'toolbus.run.waiting_for_approval',
+  runFailed: 'toolbus.run.failed',
+  runLimitReached: 'toolbus.run.limit_reached',
+  runCancelled: 'toolbus.run.cancelled',
+} as const;
+
+/** The run outcomes a run ends with (each a CloudEvents type "toolbus.run.<outcome>"). */
+export const TERMINAL = ['completed', 'failed', 'limit_reached', 'cancelled'] as const;
+
+export const Bucket = {
+  tools: 'toolbus_tools',
+  instances: 'toolbus_instances',
+  claims: 'toolbus_claims',
+  runs: 'toolbus_runs',
+  approvals: 'toolbus_approvals',
+  outputs: 'toolbus_outputs',
+} as const;
+
+const TOKEN = /^[A-Za-z0-9_-]+$/;
+export const validToolName = (s: unknown): s is string => typeof s === 'string' && s.length >= 1 && s.length <= 64 && TOKEN.test(s);
+export const validRunID = (s: unknown): s is string => typeof s === 'string' && s.length >= 1 && s.length <= 128 && TOKEN.test(s);
+/** An identity (principal id, who): 1 to 128 of [A-Za-z0-9_-], or empty. */
+export const validIdentity = (s: unknown): boolean => s === undefined || s === '' || validRunID(s);
+export const validTeam = (s: string): boolean => /^[a-z0-9][a-z0-9_-]{0,31}$/.test(s);
+export const identityToken = (s?: string): string => (s ? s : NO_IDENTITY);
+export const toolToken = (tool: string): string => (validToolName(tool) ? tool : UNKNOWN_TOOL);
+
+export const subject = {
+  run: (run: string) => `${SUBJECT_PREFIX}.${run}.>`,
+  runStarted: (run: string, principal?: string) => `${SUBJECT_PREFIX}.${run}.run.started.${identityToken(principal)}`,
+  runStartedAny: (run: string) => `${SUBJECT_PREFIX}.${run}.run.started.*`,
+  runCancel: (run: string, who?: string) => `${SUBJECT_PREFIX}.${run}.run.cancel.${identityToken(who)}`,
+  runCancelAll: `${SUBJECT_PREFIX}.*.run.cancel.*`,
+  toolRequested: (run: string, tool: string) => `${SUBJECT_PREFIX}.${run}.tool.requested.${toolToken(tool)}`,
+  toolRequestedAll: (tool: string) => `${SUBJECT_PREFIX}.*.tool.requested.${tool}`,
+  toolFinished: (run: string, tool: string) => `${SUBJECT_PREFIX}.${run}.tool.finished.${toolToken(tool)}`,
+  toolWaiting: (run: string, tool: string) => `${SUBJECT_PREFIX}.${run}.tool.waiting.${toolToken(tool)}`,
+  toolProgress: (run: string, tool: string) => `${SUBJECT_PREFIX}.${run}.tool.progress.${toolToken(tool)}`,
+  approval: (run: string, granted: boolean, who?: string) =>
+    `${SUBJECT_PREFIX}.${run}.approval.${granted ? 'granted' : 'denied'}.${identityToken(who)}`,
+};
+
+export const id = {
+  toolFinished: (run: string, step: number, callID: string) => `${run}/${step}/${callID}/tool.finished`,
+  toolWaiting: (run: string, step: number, callID: string) => `${run}/${step}/${callID}/tool.waiting`,
+  toolProgress: (run: string, step: number, callID: string, attempt: number, seq: number) =>
+    `${run}/${step}/${callID}/tool.progress/${attempt}/${seq}`,
+  toolRequested: (run: string, step: number, callID: string) => `${run}/${step}/${callID}/tool.requested`,
+  runStarted: (run: string) => `${run}/run.started`,
+  runCancel: (run: string) => `${run}/run.cancel`,
+  approval: (run: string, step: number, callID: string, granted: boolean, args?: string) => {
+    let s = `${run}/${step}/${callID}/approval.${granted ? 'granted' : 'denied'}`;
+    if (granted && args) s += '/edit/' + createHash('sha256').update(args).digest('hex').slice(0, 12);
+    return s;
+  },
+};
+
+export const dataSchema = (type: string) => `https://toolbus.dev/schemas/${type}.v1.json`;
+export const source = (component: string, instance: string) => `/toolbus/${component}/${instance}`;
+
+/** The KV key form of a string: [A-Za-z0-9_-] kept, any other byte =XX. */
+export function kvSafe(s: string): string {
+  let out = '';
+  for (const b of Buffer.from(s, 'utf8')) {
+    const c = String.fromCharCode(b);
+    out += /[A-Za-z0-9_-]/.test(c) ? c : '=' + b.toString(16).toUpperCase().padStart(2, '0');
+  }
+  return out || '=';
+}
+
+export const key = {
+  claim: (queue: string, run: string, step: number, callID: string) => `${queue}.${run}.${step}.${kvSafe(callID)}`,
+  instance: (team: string, name: string, boot: string) =>
+    team ? `${team}.${kvSafe(name)}.${kvSafe(boot)}` : boot ? `${kvSafe(name)}.${kvSafe(boot)}` : kvSafe(name),
+  decision: (run: string, step: number, callID: string) => `${run}.${step}.${kvSafe(callID)}`,
+  output: (queue: string, run: string, step: number, callID: string) => `${queue}.${run}.${step}.${kvSafe(callID)}`,
+};
+
+/** The durable consumer of a tool's queue. */
+export const toolConsumer = (tool: string) => `tool_${tool}`;
+/** Chunks of a large output in KV toolbus_outputs. */
+export const OUTPUT_CHUNK = 128 << 10;
+
+/**
+ * The ack wait of a tool's queue (events.QueueAckWait): the executors' ack wait, but no
+ * longer than their lease (the instance TTL, at least 1 s).
+ */
+export const queueAckWait = (ackWaitMS: number, instanceTTLMS: number) => Math.min(ackWaitMS, Math.max(instanceTTLMS, 1000));
+
+// ---- CloudEvents over NATS headers ----------------------------------------------------
+
+/** The attributes of an event (the ce-* headers without the prefix). */
+export interface Attrs {
+  id: string;
+  type: string;
+  source: string;
+  subject?: string;
+  time?: string;
+  dataschema?: string;
+  runid?: string;
+  step?: string;
+  callid?: string;
+  callindex?: string;
+  callcount?: string;
+  traceparent?: string;
+  [ext: string]: string | undefined;
+}
+
+export interface Event<T = unknown> {
+  attrs: Attrs;
+  data: T;
+}
+
+/** Thrown for a message that is no CloudEvent of the contract (the consumer terminates it). */
+export class PoisonError extends Error {
+  override name = 'PoisonError';
+}
+
+const enc = new TextEncoder();
+const dec = new TextDecoder();
+
+/** Decodes a CloudEvent in binary mode (ce-* headers, names read case-insensitively) or structured mode. */
+export function decodeEvent<T>(hdrs: MsgHdrs | undefined, body: Uint8Array): Event<T> {
+  const h: Record<string, string> = {};
+  if (hdrs) for (const k of hdrs.keys()) h[k.toLowerCase()] = hdrs.get(k);
+  const ct = h['content-type'] ?? '';
+  try {
+    if (ct.startsWith('application/cloudevents+json')) {
+      const ev = JSON.parse(dec.decode(body));
+      if (ev?.specversion !== '1.0') throw new PoisonError('not a CloudEvent (specversion)');
+      const attrs: Attrs = { id: '', type: '', source: '' };
+      for (const [k, v] of Object.entries(ev)) if (k !== 'data' && k !== 'data_base64') attrs[k] = String(v);
+      return { attrs, data: ev.data as T };
+    }
+    if (h['ce-specversion'] !== '1.0') throw new PoisonError('not a CloudEvent: no ce-specversion 1.0');
+    const attrs: Attrs = { id: '', type: '', source: '' };
+    for (const [k, v] of Object.entries(h)) if (k.startsWith('ce-') && k !== 'ce-specversion') attrs[k.slice(3)] = v;
+    return { attrs, data: JSON.parse(dec.decode(body)) as T };
+  } catch (err) {
+    if (err instanceof PoisonError) throw err;
+    throw new PoisonError(`not a CloudEvent: ${(err as Error).message}`);
+  }
+}
+
+/** The headers of an event in binary mode, with its id in Nats-Msg-Id. */
+export function eventHeaders(a: Attrs): MsgHdrs {
+  const h = natsHeaders();
+  const all: Attrs = { time: new Date().toISOString(), dataschema: dataSchema(a.type), ...a };
+  h.set('ce-specversion', '1.0');
+  for (const [k, v] of Object.entries(all)) if (v !== undefined && v !== '') h.set(`ce-${k}`, v);
+  h.set('Content-Type', 'application/json');
+  h.set('Nats-Msg-Id', a.id);
+  return h;
+}
+
+/** The attributes of a tool event of a call (tool.finished, tool.waiting, tool.progress). */
+export function callAttrs(type: string, src: string, eventID: string, run: string, step: number, callID: string,
+  index: number, count: number, traceparent?: string): Attrs {
+  return {
+    id: eventID, type, source: src, subject: callID, runid: run, step: String(step), callid: callID,
+    callindex: String(index), callcount: String(count), ...(traceparent ? { traceparent } : {}),
+  };
+}
+
+/**
+ * The run whose subject the message is on, when its data and attributes agree with it
+ * (CONTRACT.md, "Subject and body agree"): type, run, and the identity of the subject's
+ * last token (principal or who). Undefined for a message that disagrees.
+ */
+export function agreeingRun(subj: string, ev: Event<{ run_id?: string; who?: string; principal?: Principal }>, type: string): string | undefined {
+  const tokens = subj.split('.');
+  const run = tokens[1];
+  const d = ev.data;
+  if (ev.attrs.type !== type || !d || d.run_id !== run || (ev.attrs.runid && ev.attrs.runid !== run)) return undefined;
+  const ident = type === Type.runStarted ? d.principal?.id : d.who;
+  if (tokens.length === 5 && identityToken(ident) !== tokens[4]) return undefined;
+  return run;
+}
+
+// ---- the bus ---------------------------------------------------------------------------
+
+export interface BusOptions {
+  stream?: string;
+}
+
+const codeOf = (err: unknown) => (err instanceof JetStreamApiError ? err.code : 0);
+/** JetStream's "wrong last sequence" (a compare-and-set or create lost). */
+export const isConflict = (err: unknown) => codeOf(err) === 10071 || /wrong last sequence/i.test(String((err as Error)?.message));
+
+/** The toolbus stream and stores on one connection: the operations of executors and clients. */
+export class Bus {
+  readonly js: JetStreamClient;
+  readonly stream: string;
+  private kvs = new Map<string, Promise<KV>>();
+  private jsmP?: Promise<JetStreamManager>;
+
+  constructor(readonly nc: NatsConnection, opts: BusOptions = {}) {
+    this.js = jetstream(nc);
+    this.stream = opts.stream || 'TOOLBUS';
+  }
+
+  jsm(): Promise<JetStreamManager> {
+    this.jsmP ??= jetstreamManager(this.nc, { checkAPI: false });
+    return this.jsmP;
+  }
+
+  kv(bucket: string): Promise<KV> {
+    let p = this.kvs.get(bucket);
+    if (!p) {
+      p = new Kvm(this.nc).open(bucket);
+      this.kvs.set(bucket, p);
+      p.catch(() => this.kvs.delete(bucket));
+    }
+    return p;
+  }
+
+  /** The message of the stream at seq, or the next one on subj from seq (null: none). */
+  async getMsg(q: { seq: number; next_by_subj?: string } | { last_by_subj: string }): Promise<StoredMsg | null> {
+    return (await this.jsm()).streams.getMessage(this.stream, q as never);
+  }
+
+  /** Every message of a subject filter, in order, read with gets (no consumer needed). */
+  async *read(filter: string, from = 1): AsyncGenerator<StoredMsg> {
+    for (let seq = from; ;) {
+      const sm = await this.getMsg({ seq, next_by_subj: filter });
+      if (!sm) return;
+      yield sm;
+      seq = sm.seq + 1;
+    }
+  }
+
+  /**
+   * Publishes an event once (CONTRACT.md, "A duplicate is the same event"): a duplicate
+   * acknowledgement counts only when the message stored under the id is this event;
+   * otherwise the id was squatted and the event is stored under the per-subject guard.
+   * isOurs tells this event among stored messages (its data names the same thing);
+   * conditions are headers of the first publish only (Nats-Expected-*): a failed one
+   * rejects with the stream's error (isConflict).
+   */
+  async publish(subj: string, attrs: Attrs, data: unknown, isOurs: (d: any) => boolean = () => true,
+    conditions: Record<string, string> = {}): Promise<void> {
+    const body = enc.encode(JSON.stringify(data));
+    const first = eventHeaders(attrs);
+    for (const [k, v] of Object.entries(conditions)) first.set(k, v);
+    const ack = await this.js.publish(subj, body, { msgID: attrs.id, headers: first });
+    const h = eventHeaders(attrs);
+    if (!ack.duplicate) return;
+    const ours = (sm: StoredMsg | null) => {
+      if (!sm || sm.subject !== subj || sm.header.get('ce-id') !== attrs.id || sm.header.get('ce-type') !== attrs.type) return false;
+      try {
+        return isOurs(JSON.parse(dec.decode(sm.data)));
+      } catch {
+        return false;
+      }
+    };
+    if (ours(await this.getMsg({ seq: ack.seq }))) return;
+    h.set('Nats-Msg-Id', `${attrs.id}/guarded/${randomUUID()}`);
+    for (let tries = 0; tries < 100; tries++) {
+      let last = 0;
+      for await (const sm of this.read(subj)) {
+        if (ours(sm)) return; // stored already (a re-publish, or another process)
+        last = sm.seq;
+      }
+      try {
+        await this.js.publish(subj, body, { headers: h, expect: { lastSubjectSequence: last } });
+        return;
+      } catch (err) {
+        if (!isConflict(err)) throw err;
+      }
+    }
+    throw new Error(`toolbus: event ${attrs.id}: the subject ${subj} kept changing`);
+  }
+
+  /** The first run.started of a run whose data agrees with its subject, and its sequence; null: never started. */
+  async runStarted(run: string): Promise<{ rs: RunStarted; seq: number } | null> {
+    for await (const sm of this.read(subject.runStartedAny(run))) {
+      let ev: Event<RunStarted>;
+      try {
+        ev = decodeEvent<RunStarted>(sm.header, sm.data);
+      } catch {
+        continue;
+      }
+      if (agreeingRun(sm.subject, ev, Type.runStarted) === run) return { rs: ev.data, seq: sm.seq };
+    }
+    return null;
+  }
+
+  /** The outcome of a run that ended (its run state), or '' while it goes on. */
+  async runEnded(run: string): Promise<string> {
+    const e = await (await this.kv(Bucket.runs)).get(run);
+    if (!e || e.operation !== 'PUT') return '';
+    try {
+      const st = JSON.parse(dec.decode(e.value));
+      return (TERMINAL as readonly string[]).includes(st.status) ? st.status : '';
+    } catch {
+      return '';
+    }
+  }
+
+  /** Whether the stream holds the tool.finished of a call (by its id, on its queue's result subject). */
+  async resultStored(queue: string, run: string, step: number, callID: string): Promise<boolean> {
+    const want = id.toolFinished(run, step, callID);
+    for await (const sm of this.read(subject.toolFinished(run, queue))) {
+      if (sm.header.get('ce-id') !== want || sm.header.get('ce-type') !== Type.toolFinished) continue;
+      try {
+        const d = JSON.parse(dec.decode(sm.data));
+        if (d.run_id === run && d.call_id === callID && d.step === step) return true;
+      } catch {
+        // a forgery under the id: not the result
+      }
+    }
+    return false;
+  }
+
+  // -- claims: the revision is the fencing token; every change of owner is a compare-and-set.
+
+  /** Creates a call's claim; returns its revision, or the current claim and revision when it exists. */
+  async claimCall(k: string, c: Claim): Promise<{ created: true; rev: number } | { created: false; cur: Claim; rev: number }> {
+    const kv = await this.kv(Bucket.claims);
+    try {
+      return { created: true, rev: await kv.create(k, enc.encode(JSON.stringify(c))) };
+    } catch (err) {
+      if (!isConflict(err)) throw err;
+    }
+    const e = await kv.get(k);
+    if (!e || e.operation !== 'PUT') return this.claimCall(k, c); // released meanwhile
+    return { created: false, cur: JSON.parse(dec.decode(e.value)), rev: e.revision };
+  }
+
+  /** Replaces the claim at revision rev; null when someone changed it first. */
+  async updateClaim(k: string, c: Claim, rev: number): Promise<number | null> {
+    try {
+      return await (await this.kv(Bucket.claims)).update(k, enc.encode(JSON.stringify(c)), rev);
+    } catch (err) {
+      if (isConflict(err)) return null;
+      throw err;
+    }
+  }
+
+  async releaseClaim(k: string): Promise<void> {
+    await (await this.kv(Bucket.claims)).delete(k);
+  }
+
+  // -- instances: an executor's lease.
+
+  async putInstance(in_: Instance): Promise<number> {
+    return (await this.kv(Bucket.instances)).put(key.instance(in_.team ?? '', in_.name, in_.boot ?? ''), enc.encode(JSON.stringify(in_)));
+  }
+
+  /** When the server stored the instance record at revision rev or later (null: gone, or a lagging read). */
+  async instanceStoredAt(team: string, name: string, boot: string, rev: number): Promise<Date | null> {
+    const e = await (await this.kv(Bucket.instances)).get(key.instance(team, name, boot));
+    return e && e.operation === 'PUT' && e.revision >= rev ? e.created : null;
+  }
+
+  async deleteInstance(team: string, name: string, boot: string): Promise<void> {
+    await (await this.kv(Bucket.instances)).delete(key.instance(team, name, boot));
+  }
+
+  async instanceAlive(team: string, name: string, boot: string): Promise<boolean> {
+    const e = await (await this.kv(Bucket.instances)).get(key.instance(team, name, boot));
+    return !!e && e.operation === 'PUT';
+  }
+
+  // -- approvals, outputs, catalog.
+
+  async decision(run: string, step: number, callID: string): Promise<Decision | null> {
+    const e = await (await this.kv(Bucket.approvals)).get(key.decision(run, step, callID));
+    if (!e || e.operation !== 'PUT') return null;
+    return JSON.parse(dec.decode(e.value));
+  }
+
+  /** Keeps a whole output in chunks, then its meta; returns its reference. */
+  async putOutput(queue: string, run: string, step: number, callID: string, data: Uint8Array): Promise<string> {
+    const kv = await this.kv(Bucket.outputs);
+    const k = key.output(queue, run, step, callID);
+    let n = 0;
+    for (let off = 0; off < data.length || n === 0; off += OUTPUT_CHUNK) {
+      await kv.put(`${k}.${n}`, data.subarray(off, Math.min(off + OUTPUT_CHUNK, data.length)));
+      n++;
+    }
+    const sha256 = createHash('sha256').update(data).digest('hex');
+    await kv.put(`${k}.meta`, enc.encode(JSON.stringify({ size: data.length, chunks: n, sha256 })));
+    return `kv://${Bucket.outputs}/${k}`;
+  }
+
+  /** Reads an output kept by putOutput, by its reference. */
+  async output(ref: string): Promise<Uint8Array> {
+    const kv = await this.kv(Bucket.outputs);
+    const k = ref.replace(`kv://${Bucket.outputs}/`, '');
+    const me = await kv.get(`${k}.meta`);
+    if (!me || me.operation !== 'PUT') throw new Error(`toolbus: output ${k} not found`);
+    const meta = JSON.parse(dec.decode(me.value));
+    const parts: Uint8Array[] = [];
+    for (let i = 0; i < meta.chunks; i++) {
+      const e = await kv.get(`${k}.${i}`);
+      if (!e) throw new Error(`toolbus: output ${k} chunk ${i} not found`);
+      parts.push(e.value);
+    }
+    const all = Buffer.concat(parts);
+    if (createHash('sha256').update(all).digest('hex') !== meta.sha256) throw new Error(`toolbus: output ${k} does not match its checksum`);
+    return all;
+  }
+
+  /**
+   * Offers a contract to the catalog: created, kept when the same, replaced by a higher
+   * version or on purpose (replace); any other offer is refused (ContractChangedError).
+   */
+  async publishTool(c: ToolContract, replace: boolean): Promise<void> {
+    const kv = await this.kv(Bucket.tools);
+    const body = enc.encode(JSON.stringify(c));
+    for (let attempt = 0; ; attempt++) {
+      const e = await kv.get(c.name);
+      if (!e || e.operation !== 'PUT') {
+        try {
+          await kv.create(c.name, body);
+          return;
+        } catch (err) {
+          if (!isConflict(err) || attempt > 3) throw err;
+          continue;
+        }
+      }
+      let cur: ToolContract | undefined;
+      try {
+        cur = JSON.parse(dec.decode(e.value));
+      } catch {
+        cur = undefined;
+      }
+      if (cur) {
+        if (canonicalJSON(normalizeContract(cur)) === canonicalJSON(normalizeContract(c))) return;
+        if (!replace && (c.version ?? 0) <= (cur.version ?? 0)) throw new ContractChangedError(c.name, cur, c);
+      }
+      try {
+        await kv.update(c.name, body, e.revision);
+        return;
+      } catch (err) {
+        if (attempt > 3) throw err;
+      }
+    }
+  }
+
+  /**
+   * Binds the durable consumer of a tool's queue, creating it when it is missing (and
+   * the credentials allow), as provision.ToolConsumerConfig does: deliveries unlimited
+   * (executors bound the executions of a call through its claim). Returns its ack wait in ms.
+   */
+  async bindQueue(tool: string, ackWaitMS: number, maxAckPending: number): Promise<number> {
+    const jsm = await this.jsm();
+    const name = toolConsumer(tool);
+    try {
+      const info = await jsm.consumers.info(this.stream, name);
+      return (info.config.ack_wait ?? nanos(ackWaitMS)) / 1e6;
+    } catch (err) {
+      if (codeOf(err) !== 10014) throw err; // consumer not found
+    }
+    try {
+      const info = await jsm.consumers.add(this.stream, {
+        durable_name: name,
+        filter_subject: subject.toolRequestedAll(tool),
+        ack_policy: AckPolicy.Explicit,
+        deliver_policy: DeliverPolicy.New,
+        ack_wait: nanos(ackWaitMS),
+        max_deliver: -1,
+        max_ack_pending: maxAckPending,
+      });
+      return (info.config.ack_wait ?? nanos(ackWaitMS)) / 1e6;
+    } catch (err) {
+      throw new Error(`toolbus: the queue of ${tool} (consumer ${name}) does not exist and could not be created (${(err as Error).message}): ` +
+        `an admin creates it with \`toolbus init --tools ${tool}\``, { cause: err });
+    }
+  }
+}
+
+/** The catalog holds a different contract for the tool and the offer has no higher version. */
+export class ContractChangedError extends Error {
+  override name = 'ContractChangedError';
+  constructor(readonly tool: string, readonly registered: ToolContract, readonly offered: ToolContract) {
+    super(`toolbus: the catalog holds a different contract for ${tool} (owner ${registered.owner || '-'}, version ${registered.version ?? 0}); ` +
+      `offer a higher version, or replace it on purpose (TOOLBUS_EXECUTOR_REPLACE_CONTRACTS=true)`);
+  }
+}
+
+/** The contract as Go encodes it (zero optional fields left out), for comparisons. */
+function normalizeContract(c: ToolContract): Record<string, unknown> {
+  const out: Record<string, unknown> = {};
+  for (const [k, v] of Object.entries(c)) {
+    if (v === undefined || v === null || v === 0 || v === '' || (v === false && k !== 'read_only') || (Array.isArray(v) && v.length === 0)) continue;
+    out[k] = v;
+  }
+  out.read_only = !!c.read_only;
+  return out;
+}
+
+/** JSON with object keys sorted at every level: the deterministic content the model reads. */
+export function canonicalJSON(v: unknown): string {
+  if (v === null || typeof v !== 'object') return JSON.stringify(v) ?? 'null';
+  if (Array.isArray(v)) return '[' + v.map((e) => canonicalJSON(e === undefined ? null : e)).join(',') + ']';
+  const keys = Object.keys(v as object).filter((k) => (v as Record<string, unknown>)[k] !== undefined).sort();
+  return '{' + keys.map((k) => JSON.stringify(k) + ':' + canonicalJSON((v as Record<string, unknown>)[k])).join(',') + '}';
+}

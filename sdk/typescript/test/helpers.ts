@@ -1,0 +1,123 @@
+// Test helpers: a real NATS JetStream server with toolbus's stream and buckets (from
+// TOOLBUS_TEST_NATS_URL, which the Go test of this package sets, or started here with
+// `go run ./testbus`), and the planner's side of a call (run.started, tool.requested).
+import { spawn, type ChildProcess } from 'node:child_process';
+import { createInterface } from 'node:readline';
+import { fileURLToPath } from 'node:url';
+import path from 'node:path';
+import { connect, type NatsConnection } from '@nats-io/transport-node';
+import { Executor, type Tool, wire } from '../src/index.js';
+import type { ToolFinished } from '../src/wire.js';
+
+const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..', '..');
+let server: ChildProcess | undefined;
+let urlP: Promise<string> | undefined;
+
+/** The URL of the test server (started once per test file). */
+export function serverURL(): Promise<string> {
+  urlP ??= (async () => {
+    if (process.env.TOOLBUS_TEST_NATS_URL) return process.env.TOOLBUS_TEST_NATS_URL;
+    server = spawn('go', ['run', './testbus'], { cwd: root, stdio: ['pipe', 'pipe', 'inherit'] });
+    const line = await new Promise<string>((resolve, reject) => {
+      const rl = createInterface({ input: server!.stdout! });
+      rl.once('line', resolve);
+      server!.once('exit', (code) => reject(new Error(`testbus exited (${code}) before printing its URL: is Go installed?`)));
+    });
+    return line.trim();
+  })();
+  return urlP;
+}
+
+/** Stops the server this file started (its stdin closes). */
+export function stopServer(): void {
+  server?.stdin?.end();
+}
+
+export async function connectTest(): Promise<NatsConnection> {
+  return connect({ servers: await serverURL() });
+}
+
+let n = 0;
+/** A name unique to this test process (tool names, run ids). */
+export function unique(prefix: string): string {
+  n++;
+  return `${prefix}-${process.pid}-${n}-${Date.now() % 100000}`;
+}
+
+/** Starts an executor serving tools on nc; returns it once it serves. */
+export async function startExecutor(nc: NatsConnection, tools: Tool[], env: Record<string, string> = {}): Promise<{ ex: Executor; done: Promise<void> }> {
+  const ex = new Executor({
+    connection: nc,
+    env: { TOOLBUS_INSTANCE: unique('ts'), TOOLBUS_ACK_WAIT: '2s', TOOLBUS_LOG_LEVEL: 'warn', TOOLBUS_GRACE: '2s', ...env },
+  });
+  for (const t of tools) ex.register(t);
+  const done = ex.serve();
+  await Promise.race([ex.serving(), done]);
+  return { ex, done };
+}
+
+export interface CallOpts {
+  tool: string;
+  args: string;
+  run?: string;
+  callId?: string;
+  step?: number;
+  allowed?: string[];
+  deadline?: string;
+  decided?: boolean;
+}
+
+/** Starts a run and publishes one call of it, as a client and the planner do; returns the run id. */
+export async function request(bus: wire.Bus, o: CallOpts): Promise<string> {
+  const run = o.run ?? unique('run');
+  const step = o.step ?? 0;
+  const callId = o.callId ?? 'call_1';
+  if (!o.decided) {
+    const rs: wire.RunStarted = { run_id: run, messages: [{ role: 'user', content: 'test' }], principal: { id: 'tester' },
+      ...(o.allowed ? { allowed_tools: o.allowed } : {}), ...(o.deadline ? { limits: { deadline: o.deadline } } : {}) };
+    await bus.publish(wire.subject.runStarted(run, 'tester'), { id: wire.id.runStarted(run), type: wire.Type.runStarted,
+      source: '/toolbus/test/suite', subject: run, runid: run, step: '0' }, rs);
+  }
+  const req: wire.ToolRequested = { run_id: run, step, call_index: 0, call_count: 1, call: { call_id: callId, tool: o.tool, arguments: o.args },
+    principal: { id: 'tester' }, ...(o.deadline ? { deadline: o.deadline } : {}) };
+  await bus.publish(wire.subject.toolRequested(run, o.tool),
+    wire.callAttrs(wire.Type.toolRequested, '/toolbus/planner/test', wire.id.toolRequested(run, step, callId) + (o.decided ? '/decided' : ''),
+      run, step, callId, 0, 1, '00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01'), req);
+  return run;
+}
+
+/** Polls f until it returns a value (not undefined) or ms pass. */
+export async function eventually<T>(f: () => Promise<T | undefined>, ms = 20000, what = 'condition'): Promise<T> {
+  const end = Date.now() + ms;
+  let last: unknown;
+  for (;;) {
+    try {
+      const v = await f();
+      if (v !== undefined) return v;
+    } catch (err) {
+      last = err;
+    }
+    if (Date.now() > end) throw new Error(`timed out waiting for ${what}${last ? `: ${last}` : ''}`);
+    await new Promise((r) => setTimeout(r, 50));
+  }
+}
+
+/** The events of a run's subjects of one type, decoded, in order. */
+export async function eventsOf<T>(bus: wire.Bus, run: string, type: string): Promise<{ subject: string; attrs: wire.Attrs; data: T }[]> {
+  const out = [];
+  for await (const sm of bus.read(wire.subject.run(run))) {
+    let ev: wire.Event<T>;
+    try {
+      ev = wire.decodeEvent<T>(sm.header, sm.data);
+    } catch {
+      continue; // poison on the run's subjects
+    }
+    if (ev.attrs.type === type) out.push({ subject: sm.subject, ...ev });
+  }
+  return out;
+}
+
+/** The stored tool.finished of a run's one call. */
+export function result(bus: wire.Bus, run: string): Promise<ToolFinished> {
+  return eventually(async () => (await eventsOf<ToolFinished>(bus, run, wire.Type.toolFinished))[0]?.data, 30000, `the result of ${run}`);
+}

@@ -1,0 +1,86 @@
+// Settings, redaction and bounding, without a bus.
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { writeFileSync, mkdtempSync } from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { ConfigError, Redactor, connectionOptions, parseDuration, secretsOf, settingsFromEnv, truncateText } from '../src/index.js';
+
+test('settings: the Go executors\' TOOLBUS_* variables, defaults and refusals', () => {
+  const s = settingsFromEnv({ TOOLBUS_NATS_URL: 'nats://a:4222,nats://b:4222', TOOLBUS_TEAM: 'team-a', TOOLBUS_ACK_WAIT: '1m30s',
+    TOOLBUS_CALL_TIMEOUT: '1.5s', TOOLBUS_EXECUTOR_TOOLS: 'x, y', TOOLBUS_CONCURRENCY: '8', TOOLBUS_EXECUTOR_REPLACE_CONTRACTS: 'true' });
+  assert.equal(s.ackWaitMS, 90000);
+  assert.equal(s.callTimeoutMS, 1500);
+  assert.equal(s.instanceTTLMS, 5000);
+  assert.equal(s.maxOutputBytes, 16384);
+  assert.deepEqual(s.tools, ['x', 'y']);
+  assert.equal(s.concurrency, 8);
+  assert.equal(s.replaceContracts, true);
+  assert.deepEqual(connectionOptions(s.connection, 'n').servers, ['nats://a:4222', 'nats://b:4222']);
+  for (const [k, v] of [['TOOLBUS_TEAM', 'Team A'], ['TOOLBUS_ACK_WAIT', '500ms'], ['TOOLBUS_CALL_TIMEOUT', 'soon'],
+    ['TOOLBUS_CONCURRENCY', '-1'], ['TOOLBUS_LOG_LEVEL', 'loud'], ['TOOLBUS_EXECUTOR_REPLACE_CONTRACTS', 'maybe']]) {
+    assert.throws(() => settingsFromEnv({ [k]: v }), (e: Error) => e instanceof ConfigError && e.message.includes(k), `${k}=${v}`);
+  }
+  assert.equal(parseDuration('2h'), 7200000);
+  assert.throws(() => connectionOptions({ url: '' }, 'n'), /TOOLBUS_NATS_URL/);
+});
+
+test('credentials: every kind becomes a connection option, and each secret is one the executor redacts', () => {
+  const dir = mkdtempSync(path.join(os.tmpdir(), 'toolbus-sdk-'));
+  const creds = path.join(dir, 'u.creds');
+  writeFileSync(creds, '-----BEGIN NATS USER JWT-----\neyJhbGciOi.jwt.sig\n------END NATS USER JWT------\n\n' +
+    '************************* IMPORTANT *************************\nNKEY Seed printed below can be used.\n\n' +
+    '-----BEGIN USER NKEY SEED-----\nSUACSEEDVALUEXXXX\n------END USER NKEY SEED------\n');
+  const s = settingsFromEnv({ TOOLBUS_NATS_URL: 'tls://h:4222', TOOLBUS_NATS_CREDS: creds, TOOLBUS_NATS_USER: 'u', TOOLBUS_NATS_PASSWORD: 'pw-secret-1',
+    TOOLBUS_NATS_TOKEN: 'tok-secret-2', TOOLBUS_NATS_TLS_CA: '/ca.pem', TOOLBUS_NATS_TLS_CERT: '/c.pem', TOOLBUS_NATS_TLS_KEY: '/k.pem' });
+  const o = connectionOptions(s.connection, 'n');
+  assert.ok(o.authenticator, 'creds file');
+  assert.equal(o.user, 'u');
+  assert.equal(o.pass, 'pw-secret-1');
+  assert.equal(o.token, 'tok-secret-2');
+  assert.deepEqual(o.tls, { caFile: '/ca.pem', certFile: '/c.pem', keyFile: '/k.pem' });
+  const secrets = secretsOf(s.connection, {});
+  assert.deepEqual(secrets.sort(), ['SUACSEEDVALUEXXXX', 'eyJhbGciOi.jwt.sig', 'pw-secret-1', 'tok-secret-2'].sort());
+  assert.throws(() => connectionOptions({ url: 'nats://h', nkey: path.join(dir, 'missing.nk') }, 'n'), /TOOLBUS_NATS_NKEY/);
+});
+
+test('redaction: secret values and their encodings, the patterns, redact fields', () => {
+  const secret = 'correct horse/battery';
+  const r = new Redactor([secret, 'short']);
+  const forms = [secret, Buffer.from(secret).toString('hex'), Buffer.from(secret).toString('hex').toUpperCase(),
+    'correct+horse%2Fbattery', 'correct%20horse%2Fbattery', Buffer.from('user:' + secret).toString('base64'),
+    Buffer.from(secret).toString('base64url')];
+  for (const f of forms) {
+    const [out, n] = r.text(`value ${f} end`);
+    assert.ok(n >= 1 && out.includes('[REDACTED]'), `${f} -> ${out}`);
+  }
+  assert.deepEqual(r.text('a short word'), ['a short word', 0], 'values under 8 bytes are not secrets');
+  assert.equal(r.text('Authorization: Bearer abcDEF123456789xyz')[0], 'Authorization: Bearer [REDACTED]');
+  assert.equal(r.text('postgres://app:hunter2@db:5432/x')[0], 'postgres://app:[REDACTED]@db:5432/x');
+  assert.equal(r.text('key sk-abcdefghijklmnopqrstuvwx0123')[0], 'key [REDACTED]');
+  assert.deepEqual(r.value({ Pass_Word: 'x', nested: [{ note: `has ${secret}` }] }, ['password']),
+    [{ Pass_Word: '[REDACTED]', nested: [{ note: 'has [REDACTED]' }] }, 2]);
+});
+
+test('bounding: head and tail around the marker, within the bound, never splitting a character', () => {
+  const s = 'ab€'.repeat(500); // 2,500 bytes
+  for (const max of [100, 257, 1000]) {
+    const [out, kept] = truncateText(s, max);
+    assert.ok(Buffer.byteLength(out) <= max, `${Buffer.byteLength(out)} > ${max}`);
+    assert.match(out, new RegExp(`…\\[truncated: kept ${kept} of 2500 bytes\\]…`));
+    assert.ok(!out.includes('\uFFFD'));
+    assert.ok(out.startsWith('ab€') && out.endsWith('ab€'));
+  }
+  assert.deepEqual(truncateText('short', 100), ['short', 5]);
+});
+
+test('metrics: the Go executors\' names', async () => {
+  const { Metrics } = await import('../src/index.js');
+  const m = new Metrics();
+  m.callFinished('lookup', 'failed', 'incident_not_found', 12, true);
+  m.ready = m.connected = true;
+  const text = m.text();
+  assert.match(text, /^toolbus_tool_calls_total\{code="incident_not_found",status="failed",tool="lookup"\} 1$/m);
+  assert.match(text, /^toolbus_tool_call_duration_seconds_count\{tool="lookup"\} 1$/m);
+  assert.match(text, /^toolbus_ready\{role="executor"\} 1$/m);
+});
