@@ -89,3 +89,12 @@ npm:
 ## conformance: the executor conformance suite against the Go and the Node executors
 conformance: npm
 	$(GO) test -race -count=1 -v ./conformance/
+
+.PHONY: mcp-conformance-server
+## mcp-conformance-server: the official MCP conformance suite's server scenarios against
+## `toolbus mcp --http` serving its fixture tools (tools/mcp-conformance; the suite and
+## Node 22 come from npm with the committed lockfile); the scenarios that do not apply to
+## a tool tier are in tools/mcp-conformance/server-expected-failures.yml with their reasons
+mcp-conformance-server:
+	npm ci --prefix tools/mcp-conformance --no-audit --no-fund
+	$(GO) test -race -count=1 -v -run '^TestServerScenarios$$' ./tools/mcp-conformance/
