@@ -2,6 +2,9 @@ package toolbus
 
 import (
 	"encoding/json"
+	"fmt"
+	"strconv"
+	"strings"
 	"time"
 )
 
@@ -120,6 +123,57 @@ type ToolResult struct {
 	// Retries are the failed attempts retried by the tool's retry policy before this
 	// result, oldest first (ToolContract.Retry); the model reads only this result.
 	Retries []FailedAttempt `json:"retries,omitempty"`
+	// Attachments are the images, sounds and files a succeeded call returned beside
+	// Content, in the tool's order (see Attachment).
+	Attachments []Attachment `json:"attachments,omitempty"`
+}
+
+// Attachment is an image, a sound or a file that a tool returns beside its text: bytes
+// with a media type. Small ones travel in the event (Data, base64 in JSON); one that
+// would make the event too large is kept in the outputs bucket like a large output
+// (Ref, kv://toolbus_outputs/<key>) and Data is empty. Size is the length of the bytes
+// either way. What reads the result passes them on as its reader accepts them: the MCP
+// door as image, audio or resource content, a model adapter as the provider's image or
+// file input (or a line that describes it, where the provider takes none).
+type Attachment struct {
+	// MediaType is the bytes' media type (image/png, audio/wav, application/pdf, ...).
+	MediaType string `json:"media_type"`
+	// Name is a file name for people and for providers that want one (optional).
+	Name string `json:"name,omitempty"`
+	// URI names the resource the bytes are, for MCP hosts (optional; MCP embedded
+	// resources carry it).
+	URI  string `json:"uri,omitempty"`
+	Size int    `json:"size"`
+	Data []byte `json:"data,omitempty"`
+	Ref  string `json:"ref,omitempty"`
+}
+
+// Kind is the attachment's kind by its media type: "image", "audio", "text" (text/*,
+// JSON, XML, YAML) or "file".
+func (a Attachment) Kind() string {
+	mt := strings.ToLower(a.MediaType)
+	switch {
+	case strings.HasPrefix(mt, "image/"):
+		return "image"
+	case strings.HasPrefix(mt, "audio/"):
+		return "audio"
+	case strings.HasPrefix(mt, "text/"), mt == "application/json", strings.HasSuffix(mt, "+json"),
+		mt == "application/xml", strings.HasSuffix(mt, "+xml"), mt == "application/yaml":
+		return "text"
+	}
+	return "file"
+}
+
+// Describe is a line that stands for the attachment where its bytes cannot go.
+func (a Attachment) Describe() string {
+	name := a.Name
+	if name == "" {
+		name = a.URI
+	}
+	if name != "" {
+		name = " " + strconv.Quote(name)
+	}
+	return fmt.Sprintf("[%s attachment%s: %s, %d bytes, not shown]", a.Kind(), name, a.MediaType, a.Size)
 }
 
 // FailedAttempt is one attempt of a call that failed and was retried by the tool's
@@ -173,16 +227,20 @@ type Message struct {
 	Name       string `json:"name,omitempty"`
 	// IsError marks a tool message whose result did not succeed (Anthropic is_error).
 	IsError bool `json:"is_error,omitempty"`
+	// Attachments are the images and files of a tool message's result
+	// (ToolResult.Attachments), with their bytes when the adapter reads them.
+	Attachments []Attachment `json:"attachments,omitempty"`
 }
 
 // ToolMessage builds the tool-role message that answers r.CallID.
 func ToolMessage(r ToolResult) Message {
 	return Message{
-		Role:       RoleTool,
-		Content:    r.Content,
-		ToolCallID: r.CallID,
-		Name:       r.Tool,
-		IsError:    r.Status != StatusSucceeded,
+		Role:        RoleTool,
+		Content:     r.Content,
+		ToolCallID:  r.CallID,
+		Name:        r.Tool,
+		IsError:     r.Status != StatusSucceeded,
+		Attachments: r.Attachments,
 	}
 }
 

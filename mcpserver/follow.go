@@ -34,7 +34,7 @@ func (b *bridge) follow(ctx context.Context, req *mcp.CallToolRequest, rs *toolb
 		ToolProgress: b.progressForwarder(ctx, req, run, &answer),
 		ToolFinished: func(_ events.StoredEvent, tf toolbus.ToolFinished) {
 			if tf.CallID == callrun.CallID {
-				answer = toolResult(tf.ToolResult)
+				answer = b.toolResult(ctx, tf.ToolResult)
 				answer.Meta = mcp.Meta{MetaRun: run, MetaCall: callrun.CallID}
 			}
 		},
