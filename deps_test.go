@@ -94,6 +94,10 @@ var depRules = []depRule{
 		why: "implementing planner.Model links no provider SDK (the adapters live in planner/openai and planner/anthropic)"},
 	{prefix: "planner/modeltest", notOutside: sdks, why: "the Model conformance suite links no provider SDK"},
 	{prefix: "telemetry", notModule: workers, why: "metrics and tracing link no worker"},
+	{prefix: "tools/mcp-conformance", notModule: []string{"cmd", "e2e", "faults", "examples"},
+		why: "the MCP conformance suite's Go side wires the roles in-process for its test, as e2e does"},
+	{prefix: "tools/mcp-conformance/fixtures", notModule: []string{"events", "planner", "injector", "mcpserver", "cmd", "internal"},
+		why: "the suite's fixture tools are an executor's tools, written on the executor SDK only"},
 }
 
 // checkDeps applies depRules to pkg (relative to the module) linking deps (import
