@@ -406,6 +406,31 @@ type ToolProgress struct {
 	Message string `json:"message,omitempty"`
 }
 
+// ToolLog is the data of tool.log: one line a running call's tool logged (the executor
+// SDK's logger, executor.Logger), for people and for the MCP host that called the tool
+// (notifications/message at the level it set). A log line never changes the call's
+// result or its liveness; it is redacted like every text of a result, and an executor
+// publishes a bounded number per call (the rest are counted in the last one's Dropped).
+type ToolLog struct {
+	RunID  string `json:"run_id"`
+	Step   int    `json:"step"`
+	CallID string `json:"call_id"`
+	Tool   string `json:"tool"`
+	// Attempt is the execution of the call that logs (ToolResult.Attempt).
+	Attempt int `json:"attempt"`
+	// Seq numbers the lines of one attempt from 1.
+	Seq int `json:"seq"`
+	// Level is the MCP (syslog) level: debug, info, notice, warning, error, critical,
+	// alert or emergency.
+	Level   string `json:"level"`
+	Message string `json:"message"`
+	// Attrs are the line's attributes as a JSON object (optional).
+	Attrs json.RawMessage `json:"attrs,omitempty"`
+	// Dropped counts the lines of the attempt not published before this one (over the
+	// executor's bound).
+	Dropped int `json:"dropped,omitempty"`
+}
+
 // Approval is the data of approval.granted and approval.denied: a person's decision on
 // a call that waits. Four decisions travel on the two types:
 //

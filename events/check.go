@@ -94,6 +94,8 @@ func CheckSubject(subject string, m Meta, data any) error {
 		bodyRun, callID, tools = d.RunID, d.Call.CallID, []string{ToolToken(d.Call.Tool)}
 	case toolbus.ToolProgress:
 		bodyRun, callID, tools = d.RunID, d.CallID, []string{ToolToken(d.Tool)}
+	case toolbus.ToolLog:
+		bodyRun, callID, tools = d.RunID, d.CallID, []string{ToolToken(d.Tool)}
 	case toolbus.Approval:
 		bodyRun, callID, who = d.RunID, d.CallID, &d.Who
 	case toolbus.Cancel:
@@ -168,6 +170,8 @@ func deref(v any) any {
 		return *p
 	case *toolbus.ToolProgress:
 		return *p
+	case *toolbus.ToolLog:
+		return *p
 	case *toolbus.Approval:
 		return *p
 	case *toolbus.Cancel:
@@ -198,6 +202,8 @@ func DataOf(typ string) any {
 		return new(toolbus.ToolWaiting)
 	case TypeToolProgress:
 		return new(toolbus.ToolProgress)
+	case TypeToolLog:
+		return new(toolbus.ToolLog)
 	case TypeApprovalGranted, TypeApprovalDenied:
 		return new(toolbus.Approval)
 	case TypeRunCancel:

@@ -97,6 +97,14 @@ func ToolProgressEvent(source string, tp toolbus.ToolProgress) Envelope {
 	}, tp}
 }
 
+// ToolLogEvent is a tool.log event of a running call.
+func ToolLogEvent(source string, tl toolbus.ToolLog) Envelope {
+	return Envelope{SubjectToolLog(tl.RunID, tl.Tool), Meta{
+		ID: IDToolLog(tl.RunID, tl.Step, tl.CallID, tl.Attempt, tl.Seq), Type: TypeToolLog, Source: source,
+		RunID: tl.RunID, Step: tl.Step, CallID: tl.CallID, HasCall: true,
+	}, tl}
+}
+
 // ApprovalEvent is the approval.granted or approval.denied event of a decision on a call
 // of step (the step is not in the data: call ids are unique within a step only).
 func ApprovalEvent(source string, step int, a toolbus.Approval, granted bool) Envelope {

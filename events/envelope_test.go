@@ -30,6 +30,8 @@ func envelopeOf(t *testing.T, typ string, step int, data any) events.Envelope {
 		return events.ToolWaitingEvent(src, d)
 	case toolbus.ToolProgress:
 		return events.ToolProgressEvent(src, d)
+	case toolbus.ToolLog:
+		return events.ToolLogEvent(src, d)
 	case toolbus.Approval:
 		return events.ApprovalEvent(src, step, d, typ == events.TypeApprovalGranted)
 	case toolbus.Cancel:
@@ -64,6 +66,7 @@ func TestEnvelopesAgreeWithData(t *testing.T) {
 		{events.TypeToolFinished, toolbus.ToolFinished{RunID: run, Step: step, CallIndex: 1, CallCount: 4, ToolResult: res}},
 		{events.TypeToolWaiting, toolbus.ToolWaiting{RunID: run, Step: step, CallIndex: 1, CallCount: 4, Call: call}},
 		{events.TypeToolProgress, toolbus.ToolProgress{RunID: run, Step: step, CallID: call.CallID, Tool: call.Tool, Attempt: 2, Seq: 5, Done: 3, Total: 10}},
+		{events.TypeToolLog, toolbus.ToolLog{RunID: run, Step: step, CallID: call.CallID, Tool: call.Tool, Attempt: 2, Seq: 4, Level: "info", Message: "m"}},
 		{events.TypeApprovalGranted, toolbus.Approval{RunID: run, CallID: call.CallID, Who: "bob"}},
 		{events.TypeApprovalDenied, toolbus.Approval{RunID: run, CallID: call.CallID, Who: "bob"}},
 		{events.TypeRunCancel, toolbus.Cancel{RunID: run}},

@@ -100,6 +100,11 @@ func examples() []example {
 				RunID: exRun, Step: 0, CallID: call0.CallID, HasCall: true},
 			toolbus.ToolProgress{RunID: exRun, Step: 0, CallID: call0.CallID, Tool: call0.Tool, Attempt: 1, Seq: 3,
 				Done: 40, Total: 120, Message: "searched 40 of 120 archives"}},
+		{events.TypeToolLog, events.SubjectToolLog(exRun, call0.Tool),
+			events.Meta{ID: events.IDToolLog(exRun, 0, call0.CallID, 1, 2), Source: events.Source("executor", "exec-1"), Time: exampleAt,
+				RunID: exRun, Step: 0, CallID: call0.CallID, HasCall: true},
+			toolbus.ToolLog{RunID: exRun, Step: 0, CallID: call0.CallID, Tool: call0.Tool, Attempt: 1, Seq: 2,
+				Level: "warning", Message: "archive 2025-11 is slow to answer", Attrs: json.RawMessage(`{"archive":"2025-11","ms":2300}`)}},
 		{events.TypeToolFinished, events.SubjectToolFinished(exRun, call0.Tool), finishedMeta(call0, 0),
 			toolbus.ToolFinished{RunID: exRun, Step: 0, CallIndex: 0, CallCount: 2, ToolResult: toolbus.ToolResult{
 				CallID: call0.CallID, Tool: call0.Tool, Status: toolbus.StatusFailed,

@@ -65,7 +65,7 @@ func eventHint(op string, t []string) string {
 		return fmt.Sprintf("they may not decide as %q: they are bound to other identities (%s)", last, grantsHowTo)
 	case "run.cancel":
 		return fmt.Sprintf("they may not cancel as %q: they are bound to other identities (%s)", last, grantsHowTo)
-	case "tool.finished", "tool.waiting", "tool.progress":
+	case "tool.finished", "tool.waiting", "tool.progress", "tool.log":
 		return fmt.Sprintf("tool %q is not granted to them: %s", last, grantsHowTo)
 	}
 	return "this event is another role's to publish"

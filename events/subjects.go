@@ -19,6 +19,7 @@ const (
 	TypeToolFinished    = "toolbus.tool.finished"
 	TypeToolWaiting     = "toolbus.tool.waiting"
 	TypeToolProgress    = "toolbus.tool.progress"
+	TypeToolLog         = "toolbus.tool.log"
 	TypeApprovalGranted = "toolbus.approval.granted"
 	TypeApprovalDenied  = "toolbus.approval.denied"
 	TypeRunCancel       = "toolbus.run.cancel"
@@ -95,6 +96,11 @@ func SubjectToolProgress(run, tool string) string {
 	return SubjectPrefix + "." + run + ".tool.progress." + ToolToken(tool)
 }
 
+// SubjectToolLog is toolbus.<run>.tool.log.<tool>.
+func SubjectToolLog(run, tool string) string {
+	return SubjectPrefix + "." + run + ".tool.log." + ToolToken(tool)
+}
+
 // SubjectApproval is toolbus.<run>.approval.granted.<actor> or .denied.<actor>: the
 // identity token (IdentityToken) of who decided ends the subject.
 func SubjectApproval(run string, granted bool, who string) string {
@@ -129,6 +135,7 @@ const (
 	FilterToolFinished   = SubjectPrefix + ".*.tool.finished.>"
 	FilterToolWaiting    = SubjectPrefix + ".*.tool.waiting.>"
 	FilterToolProgress   = SubjectPrefix + ".*.tool.progress.>"
+	FilterToolLog        = SubjectPrefix + ".*.tool.log.>"
 	FilterApprovals      = SubjectPrefix + ".*.approval.>"
 	FilterRunCancel      = SubjectPrefix + ".*.run.cancel.*"
 	FilterRunEnded       = SubjectPrefix + ".*.run.*"
@@ -204,6 +211,11 @@ func IDToolWaiting(run string, step int, callID string) string {
 // IDToolProgress is <run>/<step>/<call_id>/tool.progress/<attempt>/<seq>.
 func IDToolProgress(run string, step int, callID string, attempt, seq int) string {
 	return run + "/" + strconv.Itoa(step) + "/" + callID + "/tool.progress/" + strconv.Itoa(attempt) + "/" + strconv.Itoa(seq)
+}
+
+// IDToolLog is <run>/<step>/<call_id>/tool.log/<attempt>/<seq>.
+func IDToolLog(run string, step int, callID string, attempt, seq int) string {
+	return run + "/" + strconv.Itoa(step) + "/" + callID + "/tool.log/" + strconv.Itoa(attempt) + "/" + strconv.Itoa(seq)
 }
 
 // IDRunEnded is <run>/<step>/run.<status>.

@@ -233,6 +233,7 @@ func TeamPermissions(template Permissions, stream, team string, tools []string) 
 			events.SubjectPrefix+".*.tool.finished."+tool,
 			events.SubjectPrefix+".*.tool.waiting."+tool,
 			events.SubjectPrefix+".*.tool.progress."+tool,
+			events.SubjectPrefix+".*.tool.log."+tool,
 		)
 		// The doorbell of the tool's queue while it is idle (consume.Doorbell).
 		p.SubAllow = append(p.SubAllow, events.FilterToolRequestedFor(tool))
