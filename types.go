@@ -410,7 +410,7 @@ type ToolProgress struct {
 // SDK's logger, executor.Logger), for people and for the MCP host that called the tool
 // (notifications/message at the level it set). A log line never changes the call's
 // result or its liveness; it is redacted like every text of a result, and an executor
-// publishes a bounded number per call (the rest are counted in the last one's Dropped).
+// publishes a bounded number per call (then one line that counts the rest, Dropped).
 type ToolLog struct {
 	RunID  string `json:"run_id"`
 	Step   int    `json:"step"`
@@ -426,8 +426,8 @@ type ToolLog struct {
 	Message string `json:"message"`
 	// Attrs are the line's attributes as a JSON object (optional).
 	Attrs json.RawMessage `json:"attrs,omitempty"`
-	// Dropped counts the lines of the attempt not published before this one (over the
-	// executor's bound).
+	// Dropped, on the last line of an attempt that logged more than the executor
+	// publishes, counts the lines that were not published.
 	Dropped int `json:"dropped,omitempty"`
 }
 

@@ -25,6 +25,8 @@ type callCtx struct {
 	sink     ProgressSink
 	lastBeat time.Time
 	ended    string
+	// logSink redacts and hands on the tool's log records (toollog.go); nil: dropped.
+	logSink func(level, msg string, attrs map[string]any, at time.Time)
 }
 
 var _ context.Context = (*callCtx)(nil)

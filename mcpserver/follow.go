@@ -32,6 +32,7 @@ func (b *bridge) follow(ctx context.Context, req *mcp.CallToolRequest, rs *toolb
 	var answer *mcp.CallToolResult
 	v := audit.Visitor{
 		ToolProgress: b.progressForwarder(ctx, req, run, &answer),
+		ToolLog:      b.logForwarder(ctx, req, run, &answer),
 		ToolFinished: func(_ events.StoredEvent, tf toolbus.ToolFinished) {
 			if tf.CallID == callrun.CallID {
 				answer = b.toolResult(ctx, tf.ToolResult)
@@ -96,6 +97,25 @@ func (b *bridge) progressForwarder(ctx context.Context, req *mcp.CallToolRequest
 			ProgressToken: token, Progress: tp.Done, Total: tp.Total, Message: tp.Message,
 		}); err != nil {
 			b.cfg.Logger.Debug("mcp progress not sent", "run_id", run, "error", err)
+		}
+	}
+}
+
+// logForwarder forwards the call's tool.log events to the host as notifications/message
+// until the request is answered; the session sends only those at or above the level the
+// host set with logging/setLevel (none before it set one). The lines were redacted by
+// the executor, as results are.
+func (b *bridge) logForwarder(ctx context.Context, req *mcp.CallToolRequest, run string, answer **mcp.CallToolResult) func(events.StoredEvent, toolbus.ToolLog) {
+	return func(_ events.StoredEvent, tl toolbus.ToolLog) {
+		if *answer != nil || tl.CallID != callrun.CallID || tl.Step != 0 || req.Session == nil {
+			return
+		}
+		var data any = tl.Message
+		if len(tl.Attrs) > 0 {
+			data = map[string]any{"message": tl.Message, "attrs": tl.Attrs}
+		}
+		if err := req.Session.Log(ctx, &mcp.LoggingMessageParams{Level: mcp.LoggingLevel(tl.Level), Logger: tl.Tool, Data: data}); err != nil {
+			b.cfg.Logger.Debug("mcp log line not sent", "run_id", run, "error", err)
 		}
 	}
 }

@@ -784,10 +784,14 @@ func (w *Worker) run(ctx context.Context, msg jetstream.Msg, req toolbus.ToolReq
 	// report is published before the result.
 	sink, stopProgress := w.startProgress(ctx, msg, req, attempt, lv)
 	callCtx = executor.WithProgressSink(callCtx, sink)
+	// Its log lines go to a publisher of their own, in order, before the result.
+	logSink, stopLogs := w.startLogs(ctx, req, attempt, lv)
+	callCtx = executor.WithLogSink(callCtx, logSink)
 	stopBeat := consume.Heartbeat(msg, w.beatEvery())
 	res := w.exec.Execute(callCtx, req.Call, rs.Principal)
 	stopBeat()
 	stopProgress()
+	stopLogs()
 
 	if errors.Is(context.Cause(callCtx), errLeaseLost) || !lv.valid() {
 		return res, fmt.Errorf("call %s: %w", req.Call.CallID, errLeaseLost)
