@@ -79,11 +79,10 @@ func (h *callLogHandler) Handle(_ context.Context, r slog.Record) error {
 		return nil
 	}
 	obj := map[string]any{}
-	put := func(a slog.Attr) { addAttr(obj, h.groups, a) }
-	for _, a := range h.attrs {
-		put(a)
+	for _, a := range h.attrs { // already under the groups opened before them
+		addAttr(obj, nil, a)
 	}
-	r.Attrs(func(a slog.Attr) bool { put(a); return true })
+	r.Attrs(func(a slog.Attr) bool { addAttr(obj, h.groups, a); return true })
 	h.c.logSink(MCPLevel(r.Level), r.Message, obj, r.Time)
 	return nil
 }
@@ -133,11 +132,9 @@ func addAttr(obj map[string]any, groups []string, a slog.Attr) {
 			}
 			return
 		}
-		sub := map[string]any{}
 		for _, ga := range v.Group() {
-			addAttr(sub, nil, ga)
+			addAttr(obj, []string{a.Key}, ga)
 		}
-		obj[a.Key] = sub
 		return
 	}
 	if a.Key == "" {
