@@ -169,6 +169,10 @@ func Analyze(run string, evs []events.StoredEvent) *Report {
 	v := Visitor{
 		RunStarted: a.runStarted, ModelRequested: a.modelRequested, ModelResponded: a.modelResponded,
 		ToolRequested: a.toolRequested, ToolWaiting: a.toolWaiting, ToolFinished: a.toolFinished, ToolProgress: a.toolProgress,
+		ToolLog: func(_ events.StoredEvent, tl toolbus.ToolLog) {
+			a.e.Step, a.e.CallID, a.e.Tool = tl.Step, tl.CallID, tl.Tool
+			a.e.Summary = "log " + tl.Level + ": " + tl.Message
+		},
 		Approval: a.approval, Cancel: a.cancel, RunEnded: a.runEnded, Undecodable: a.undecodable,
 		Timer: func(_ events.StoredEvent, t events.RunTimer) {
 			a.e.Summary = "the run ends at " + t.Deadline.UTC().Format(time.RFC3339) + " if it still goes on then"
