@@ -431,6 +431,42 @@ type ToolLog struct {
 	Dropped int `json:"dropped,omitempty"`
 }
 
+// ToolQuestion is the data of tool.question: a running call's tool asks the run's caller
+// a question (executor.Ask) and waits for the answer (tool.answer) within its own
+// timeout. The MCP door asks the host that called the tool (an elicitation form).
+type ToolQuestion struct {
+	RunID  string `json:"run_id"`
+	Step   int    `json:"step"`
+	CallID string `json:"call_id"`
+	Tool   string `json:"tool"`
+	// Attempt is the execution of the call that asks (ToolResult.Attempt).
+	Attempt int `json:"attempt"`
+	// Seq numbers the questions of one attempt from 1.
+	Seq     int    `json:"seq"`
+	Message string `json:"message"`
+	// Schema is the JSON Schema of the answer's content: an object of primitive
+	// properties, as MCP elicitation requests take.
+	Schema json.RawMessage `json:"schema"`
+}
+
+// ToolAnswer is the data of tool.answer: the caller's answer to a ToolQuestion, by its
+// call, attempt and seq.
+type ToolAnswer struct {
+	RunID   string `json:"run_id"`
+	Step    int    `json:"step"`
+	CallID  string `json:"call_id"`
+	Tool    string `json:"tool"`
+	Attempt int    `json:"attempt"`
+	Seq     int    `json:"seq"`
+	// Action is accept (Content holds the answer), decline or cancel (MCP elicitation's).
+	Action  string          `json:"action"`
+	Content json.RawMessage `json:"content,omitempty"`
+	// Reason says why there is no answer (a caller that cannot be asked), for the tool.
+	Reason string `json:"reason,omitempty"`
+	// Who answered (the subject's last token is its identity token).
+	Who string `json:"who"`
+}
+
 // Approval is the data of approval.granted and approval.denied: a person's decision on
 // a call that waits. Four decisions travel on the two types:
 //
