@@ -359,6 +359,7 @@ func (c *call) run(ctx context.Context, start time.Time, callID string, args jso
 	sink, _ := ctx.Value(progressSinkKey{}).(ProgressSink)
 	cctx.sink = c.e.secretValues().sink(sink)
 	cctx.logSink = c.logSinkFor(ctx)
+	cctx.asker = c.askerFor(ctx)
 	st.ctx, st.ent, st.callID, st.args, st.sem, st.log = cctx, ent, callID, args, sem, c.e.log
 	go st.run()
 	if !c.await(ctx, st, cctx, timer, ownDeadline, timeout) {

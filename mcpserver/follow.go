@@ -17,12 +17,14 @@ import (
 // result; when the call waits for approval, the approval form (input_required) if the
 // client can ask its user, else a task if the request takes tasks, else how to decide
 // it with the CLI; and a task when the request takes tasks and the call outlasts
-// TaskAfter. decided: the caller's decision on the call was just published (a retry
-// after input_required), so its wait asks nothing again. While the call runs, its
+// TaskAfter; a question of the call's tool (tool.question) after asked goes to the host
+// as an input_required form when it can show one, else is answered cancel with the
+// reason. decided: the caller's decision on the call, or an answer, was just published
+// (a retry after input_required), so its approval wait asks nothing again. While the call runs, its
 // progress reports go to the host as progress notifications when the request carries a
 // progressToken. A request cancelled (or a host gone) before the answer cancels the
 // run, so its call is cancelled too.
-func (b *bridge) follow(ctx context.Context, req *mcp.CallToolRequest, rs *toolbus.RunStarted, who string, decided bool) (*mcp.CallToolResult, error) {
+func (b *bridge) follow(ctx context.Context, req *mcp.CallToolRequest, rs *toolbus.RunStarted, who string, decided bool, asked questionMark) (*mcp.CallToolResult, error) {
 	run := rs.RunID
 	watch, err := b.bus.Watch(ctx, events.SubjectRun(run), true)
 	if err != nil {
@@ -33,6 +35,17 @@ func (b *bridge) follow(ctx context.Context, req *mcp.CallToolRequest, rs *toolb
 	v := audit.Visitor{
 		ToolProgress: b.progressForwarder(ctx, req, run, &answer),
 		ToolLog:      b.logForwarder(ctx, req, run, &answer),
+		ToolQuestion: func(_ events.StoredEvent, q toolbus.ToolQuestion) {
+			if answer != nil || q.CallID != callrun.CallID || q.Step != 0 || !asked.after(q) {
+				return
+			}
+			asked = questionMark{q.Attempt, q.Seq}
+			if canElicit(caps) {
+				answer = askQuestion(run, q)
+				return
+			}
+			b.cannotAsk(ctx, q, who)
+		},
 		ToolFinished: func(_ events.StoredEvent, tf toolbus.ToolFinished) {
 			if tf.CallID == callrun.CallID {
 				answer = b.toolResult(ctx, tf.ToolResult)

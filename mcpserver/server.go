@@ -212,7 +212,7 @@ func (b *bridge) call(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallT
 		return nil, fmt.Errorf("mcp: start run for %s: %w", name, err)
 	}
 	b.cfg.Logger.Info("mcp call started", "tool", name, "run_id", rs.RunID, "principal", who)
-	return b.follow(ctx, req, &rs, who, false)
+	return b.follow(ctx, req, &rs, who, false, questionMark{})
 }
 
 // toolResult maps a tool result to MCP: the text the model would read, the output as

@@ -787,6 +787,8 @@ func (w *Worker) run(ctx context.Context, msg jetstream.Msg, req toolbus.ToolReq
 	// Its log lines go to a publisher of their own, in order, before the result.
 	logSink, stopLogs := w.startLogs(ctx, req, attempt, lv)
 	callCtx = executor.WithLogSink(callCtx, logSink)
+	// Its questions go to the run's caller; it waits for the answer within its timeout.
+	callCtx = executor.WithAsker(callCtx, w.asker(req, attempt, lv))
 	stopBeat := consume.Heartbeat(msg, w.beatEvery())
 	res := w.exec.Execute(callCtx, req.Call, rs.Principal)
 	stopBeat()
