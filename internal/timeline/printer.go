@@ -104,7 +104,8 @@ func ResultLine(r toolbus.ToolResult) string {
 
 // Print renders one event; it reports the run status and whether the run stopped.
 func (p *Printer) Print(ev events.StoredEvent) (status toolbus.RunStatus, done bool) {
-	if ev.Err == nil && ev.Meta.Type != events.TypeToolProgress && ev.Meta.Type != events.TypeToolLog {
+	if ev.Err == nil && ev.Meta.Type != events.TypeToolProgress && ev.Meta.Type != events.TypeToolLog &&
+		ev.Meta.Type != events.TypeToolQuestion && ev.Meta.Type != events.TypeToolAnswer {
 		p.last = ev.Meta.Type // a report or a log line changes nothing the run waits for
 	}
 	v := audit.Visitor{
@@ -145,6 +146,19 @@ func (p *Printer) Print(ev events.StoredEvent) (status toolbus.RunStatus, done b
 			if !p.finished[callKey(tl.RunID, tl.Step, tl.CallID)] {
 				fmt.Fprintf(p.out, "        .. %s %s log %s: %s\n", tl.CallID, tl.Tool, tl.Level, oneLine(tl.Message, 100))
 			}
+		},
+		ToolQuestion: func(_ events.StoredEvent, q toolbus.ToolQuestion) {
+			fmt.Fprintf(p.out, "        .. %s %s asks its caller: %s\n", q.CallID, q.Tool, oneLine(q.Message, 100))
+		},
+		ToolAnswer: func(_ events.StoredEvent, a toolbus.ToolAnswer) {
+			line := fmt.Sprintf("        .. %s %s answered by %s: %s", a.CallID, a.Tool, a.Who, a.Action)
+			if len(a.Content) > 0 {
+				line += " " + oneLine(string(a.Content), 100)
+			}
+			if a.Reason != "" {
+				line += " (" + oneLine(a.Reason, 100) + ")"
+			}
+			fmt.Fprintln(p.out, line)
 		},
 		ToolWaiting: func(_ events.StoredEvent, tw toolbus.ToolWaiting) {
 			fmt.Fprintf(p.out, "        .. %s %s waits for approval\n", tw.Call.CallID, tw.Call.Tool)

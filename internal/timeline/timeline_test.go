@@ -90,7 +90,7 @@ func TestTailNamesTheModelAsRunDoes(t *testing.T) {
 	}
 }
 
-// A running call's log lines are printed (not after its result), and a result's
+// A running call's log lines, questions and answers are printed (not after its result), and a result's
 // attachments are named on its line.
 func TestLogLinesAndAttachments(t *testing.T) {
 	call := toolbus.ToolCall{CallID: "c", Tool: "snap", Arguments: "{}"}
@@ -99,6 +99,8 @@ func TestLogLinesAndAttachments(t *testing.T) {
 	evs := []events.StoredEvent{
 		stored(t, 1, events.SubjectToolRequested("r1", "snap"), events.TypeToolRequested, toolbus.ToolRequested{RunID: "r1", Call: call, CallCount: 1}),
 		stored(t, 2, events.SubjectToolLog("r1", "snap"), events.TypeToolLog, toolbus.ToolLog{RunID: "r1", CallID: "c", Tool: "snap", Attempt: 1, Seq: 1, Level: "warning", Message: "slow camera"}),
+		stored(t, 3, events.SubjectToolQuestion("r1", "snap"), events.TypeToolQuestion, toolbus.ToolQuestion{RunID: "r1", CallID: "c", Tool: "snap", Attempt: 1, Seq: 1, Message: "which camera?", Schema: json.RawMessage(`{"type":"object"}`)}),
+		stored(t, 3, events.SubjectToolAnswer("r1", "alice"), events.TypeToolAnswer, toolbus.ToolAnswer{RunID: "r1", CallID: "c", Tool: "snap", Attempt: 1, Seq: 1, Action: "accept", Content: json.RawMessage(`{"camera":"front"}`), Who: "alice"}),
 		stored(t, 3, events.SubjectToolFinished("r1", "snap"), events.TypeToolFinished, toolbus.ToolFinished{RunID: "r1", CallCount: 1, ToolResult: res}),
 		stored(t, 4, events.SubjectToolLog("r1", "snap"), events.TypeToolLog, toolbus.ToolLog{RunID: "r1", CallID: "c", Tool: "snap", Attempt: 1, Seq: 2, Level: "info", Message: "late line"}),
 	}
@@ -108,7 +110,8 @@ func TestLogLinesAndAttachments(t *testing.T) {
 		p.Print(ev)
 	}
 	got := out.String()
-	for _, want := range []string{"        .. c snap log warning: slow camera\n", "succeeded in 0 ms on e1 [image image/png, 512 bytes]"} {
+	for _, want := range []string{"        .. c snap log warning: slow camera\n", "        .. c snap asks its caller: which camera?\n",
+		"        .. c snap answered by alice: accept {\"camera\":\"front\"}\n", "succeeded in 0 ms on e1 [image image/png, 512 bytes]"} {
 		if !strings.Contains(got, want) {
 			t.Errorf("timeline lacks %q:\n%s", want, got)
 		}
