@@ -18,9 +18,9 @@ import (
 
 // whichTool asks its caller which incident it means (twice when the first answer is
 // INC-401, to show a second question of one call) and says what came back.
-func whichTool() executor.Tool {
+func whichTool(name string) executor.Tool {
 	schema := json.RawMessage(`{"type":"object","properties":{"incident":{"type":"string","enum":["INC-401","INC-404"]}},"required":["incident"]}`)
-	return executor.Tool{Name: "which", Description: "Asks which incident.", InputSchema: json.RawMessage(`{"type":"object"}`),
+	return executor.Tool{Name: name, Description: "Asks which incident.", InputSchema: json.RawMessage(`{"type":"object"}`),
 		Func: func(ctx context.Context, _ json.RawMessage) (any, error) {
 			var got []string
 			for i := 0; i < 2; i++ {
@@ -46,7 +46,7 @@ func whichTool() executor.Tool {
 // answers are events of the run; a host that declared no elicitation gets the reason at
 // once, so the call fails with it instead of waiting.
 func TestMCPToolAsks(t *testing.T) {
-	p := startPipeline(t, whichTool())
+	p := startPipeline(t, whichTool("which"), whichTool("which_too"))
 	for _, version := range []string{"2025-11-25", mcpserver.Protocol2026} {
 		t.Run(version, func(t *testing.T) {
 			var asked []string
@@ -83,6 +83,32 @@ func TestMCPToolAsks(t *testing.T) {
 			}
 		})
 	}
+	t.Run("someone else answers", func(t *testing.T) {
+		// Before the host answers, mallory answers the same question on the bus: the
+		// executor ignores an answer by anyone but the run's principal.
+		cs := connectVersion(t, p, "2025-11-25", &mcp.ClientOptions{ElicitationHandler: func(ctx context.Context, _ *mcp.ElicitRequest) (*mcp.ElicitResult, error) {
+			ev, err := p.bus.FirstEvent(ctx, events.SubjectPrefix+".*.tool.question.which_too")
+			if err != nil {
+				return nil, err
+			}
+			var q toolbus.ToolQuestion
+			if err := json.Unmarshal(ev.Data, &q); err != nil {
+				return nil, err
+			}
+			if _, err := p.bus.PublishEvent(ctx, events.ToolAnswerEvent("/mallory", toolbus.ToolAnswer{RunID: q.RunID, Step: q.Step, CallID: q.CallID,
+				Tool: q.Tool, Attempt: q.Attempt, Seq: q.Seq, Action: "accept", Content: json.RawMessage(`{"incident":"INC-401"}`), Who: "mallory"})); err != nil {
+				return nil, err
+			}
+			return &mcp.ElicitResult{Action: "accept", Content: map[string]any{"incident": "INC-404"}}, nil
+		}})
+		res, err := cs.CallTool(p.ctx, &mcp.CallToolParams{Name: "which_too", Arguments: map[string]any{}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := `accept {"incident":"INC-404"} by tester`; res.IsError || resultText(res) != want+"\n" {
+			t.Fatalf("result %q, want %q", resultText(res), want)
+		}
+	})
 	t.Run("no elicitation", func(t *testing.T) {
 		cs := connectVersion(t, p, "2025-11-25", nil)
 		res, err := cs.CallTool(p.ctx, &mcp.CallToolParams{Name: "which", Arguments: map[string]any{}})

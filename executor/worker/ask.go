@@ -13,9 +13,10 @@ import (
 
 // asker returns the Asker of one running call: each question is published as a
 // tool.question event (seq from 1 per attempt) and answered by the first tool.answer
-// of the run with the same call, attempt and seq, heard on a core NATS subscription to
-// the run's answers made before the question is published. The wait ends with the
-// call's context.
+// of the run with the same call, attempt and seq by the run's principal (the caller:
+// nobody else answers its questions), heard on a core NATS subscription to the run's
+// answers made before the question is published. The wait ends with the call's
+// context.
 func (w *Worker) asker(req toolbus.ToolRequested, attempt int, lv leaseView) executor.Asker {
 	var (
 		mu  sync.Mutex
@@ -57,6 +58,10 @@ func (w *Worker) asker(req toolbus.ToolRequested, attempt int, lv leaseView) exe
 			}
 			if _, err := events.Decode(msg, &a); err != nil || a.CallID != tq.CallID || a.Step != tq.Step || a.Attempt != attempt || a.Seq != n {
 				continue // another question's
+			}
+			if a.Who != req.Principal.ID {
+				w.log.Warn("answer ignored: not by the run's caller", "run_id", req.RunID, "call_id", req.Call.CallID, "who", a.Who, "principal", req.Principal.ID)
+				continue
 			}
 			return executor.Answer{Action: a.Action, Content: a.Content, Reason: a.Reason, Who: a.Who}, nil
 		}
