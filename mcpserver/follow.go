@@ -20,9 +20,9 @@ import (
 // TaskAfter; a question of the call's tool (tool.question) after asked goes to the host
 // as an input_required form when it can show one, else is answered cancel with the
 // reason. decided: the caller's decision on the call, or an answer, was just published
-// (a retry after input_required), so its approval wait asks nothing again. While the call runs, its
-// progress reports go to the host as progress notifications when the request carries a
-// progressToken. A request cancelled (or a host gone) before the answer cancels the
+// (a retry after input_required), so its approval wait asks nothing again. While the
+// call runs, its progress reports go to the host as progress notifications when the
+// request carries a progressToken, and its log lines as log notifications. A request cancelled (or a host gone) before the answer cancels the
 // run, so its call is cancelled too.
 func (b *bridge) follow(ctx context.Context, req *mcp.CallToolRequest, rs *toolbus.RunStarted, who string, decided bool, asked questionMark) (*mcp.CallToolResult, error) {
 	run := rs.RunID
