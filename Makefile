@@ -98,3 +98,16 @@ conformance: npm
 mcp-conformance-client:
 	npm ci --prefix tools/mcp-conformance --no-audit --no-fund
 	CI=true $(GO) test -count=1 -v -run TestClientScenarios ./tools/mcp-conformance/clienttest/
+
+.PHONY: mcp-conformance-server
+## mcp-conformance-server: the official MCP conformance suite's server scenarios against
+## `toolbus mcp --http` serving its fixture tools (tools/mcp-conformance; the suite and
+## Node 22 come from npm with the committed lockfile); the scenarios that do not apply to
+## a tool tier are in tools/mcp-conformance/server-expected-failures.yml with their reasons
+mcp-conformance-server:
+	npm ci --prefix tools/mcp-conformance --no-audit --no-fund
+	$(GO) test -race -count=1 -v -run '^TestServerScenarios$$' ./tools/mcp-conformance/
+
+.PHONY: mcp-conformance
+## mcp-conformance: both sides of the official MCP conformance suite (make test runs both too)
+mcp-conformance: mcp-conformance-server mcp-conformance-client

@@ -94,10 +94,14 @@ var depRules = []depRule{
 		why: "implementing planner.Model links no provider SDK (the adapters live in planner/openai and planner/anthropic)"},
 	{prefix: "planner/modeltest", notOutside: sdks, why: "the Model conformance suite links no provider SDK"},
 	{prefix: "telemetry", notModule: workers, why: "metrics and tracing link no worker"},
-	{prefix: "tools", notModule: []string{"planner", "injector", "cmd", "internal/bench", "e2e", "faults", "examples"},
-		why: "the conformance suites' wrappers drive the executor side (its MCP client) only"},
+	{prefix: "tools/mcp-conformance/client", notModule: []string{"planner", "injector", "cmd", "internal/bench", "e2e", "faults", "examples"},
+		why: "the client scenarios' wrapper drives the executor side (its MCP client) only"},
 	{prefix: "sdk", notModule: []string{"audit", "conformance", "deploy", "internal/node", "internal/bench", "cmd", "e2e", "faults", "examples"},
 		why: "the other languages' packages meet toolbus on the bus only; their test server runs the real roles (planner, injector, a Go executor) on an embedded server"},
+	{prefix: "tools/mcp-conformance", notModule: []string{"cmd", "e2e", "faults", "examples"},
+		why: "the MCP conformance suite's Go side wires the roles in-process for its test, as e2e does"},
+	{prefix: "tools/mcp-conformance/fixtures", notModule: []string{"events", "planner", "injector", "mcpserver", "cmd", "internal"},
+		why: "the suite's fixture tools are an executor's tools, written on the executor SDK only"},
 }
 
 // checkDeps applies depRules to pkg (relative to the module) linking deps (import

@@ -2,7 +2,9 @@ package toolbus
 
 import (
 	"encoding/json"
+	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -125,6 +127,57 @@ type ToolResult struct {
 	// Retries are the failed attempts retried by the tool's retry policy before this
 	// result, oldest first (ToolContract.Retry); the model reads only this result.
 	Retries []FailedAttempt `json:"retries,omitempty"`
+	// Attachments are the images, sounds and files a succeeded call returned beside
+	// Content, in the tool's order (see Attachment).
+	Attachments []Attachment `json:"attachments,omitempty"`
+}
+
+// Attachment is an image, a sound or a file that a tool returns beside its text: bytes
+// with a media type. Small ones travel in the event (Data, base64 in JSON); one that
+// would make the event too large is kept in the outputs bucket like a large output
+// (Ref, kv://toolbus_outputs/<key>) and Data is empty. Size is the length of the bytes
+// either way. What reads the result passes them on as its reader accepts them: the MCP
+// door as image, audio or resource content, a model adapter as the provider's image or
+// file input (or a line that describes it, where the provider takes none).
+type Attachment struct {
+	// MediaType is the bytes' media type (image/png, audio/wav, application/pdf, ...).
+	MediaType string `json:"media_type"`
+	// Name is a file name for people and for providers that want one (optional).
+	Name string `json:"name,omitempty"`
+	// URI names the resource the bytes are, for MCP hosts (optional; MCP embedded
+	// resources carry it).
+	URI  string `json:"uri,omitempty"`
+	Size int    `json:"size"`
+	Data []byte `json:"data,omitempty"`
+	Ref  string `json:"ref,omitempty"`
+}
+
+// Kind is the attachment's kind by its media type: "image", "audio", "text" (text/*,
+// JSON, XML, YAML) or "file".
+func (a Attachment) Kind() string {
+	mt := strings.ToLower(a.MediaType)
+	switch {
+	case strings.HasPrefix(mt, "image/"):
+		return "image"
+	case strings.HasPrefix(mt, "audio/"):
+		return "audio"
+	case strings.HasPrefix(mt, "text/"), mt == "application/json", strings.HasSuffix(mt, "+json"),
+		mt == "application/xml", strings.HasSuffix(mt, "+xml"), mt == "application/yaml":
+		return "text"
+	}
+	return "file"
+}
+
+// Describe is a line that stands for the attachment where its bytes cannot go.
+func (a Attachment) Describe() string {
+	name := a.Name
+	if name == "" {
+		name = a.URI
+	}
+	if name != "" {
+		name = " " + strconv.Quote(name)
+	}
+	return fmt.Sprintf("[%s attachment%s: %s, %d bytes, not shown]", a.Kind(), name, a.MediaType, a.Size)
 }
 
 // FailedAttempt is one attempt of a call that failed and was retried by the tool's
@@ -178,16 +231,20 @@ type Message struct {
 	Name       string `json:"name,omitempty"`
 	// IsError marks a tool message whose result did not succeed (Anthropic is_error).
 	IsError bool `json:"is_error,omitempty"`
+	// Attachments are the images and files of a tool message's result
+	// (ToolResult.Attachments), with their bytes when the adapter reads them.
+	Attachments []Attachment `json:"attachments,omitempty"`
 }
 
 // ToolMessage builds the tool-role message that answers r.CallID.
 func ToolMessage(r ToolResult) Message {
 	return Message{
-		Role:       RoleTool,
-		Content:    r.Content,
-		ToolCallID: r.CallID,
-		Name:       r.Tool,
-		IsError:    r.Status != StatusSucceeded,
+		Role:        RoleTool,
+		Content:     r.Content,
+		ToolCallID:  r.CallID,
+		Name:        r.Tool,
+		IsError:     r.Status != StatusSucceeded,
+		Attachments: r.Attachments,
 	}
 }
 
@@ -363,6 +420,67 @@ type ToolProgress struct {
 	Total float64 `json:"total,omitempty"`
 	// Message says what the tool is doing, for people.
 	Message string `json:"message,omitempty"`
+}
+
+// ToolLog is the data of tool.log: one line a running call's tool logged (the executor
+// SDK's logger, executor.Logger), for people and for the MCP host that called the tool
+// (notifications/message at the level it set). A log line never changes the call's
+// result or its liveness; it is redacted like every text of a result, and an executor
+// publishes a bounded number per call (then one line that counts the rest, Dropped).
+type ToolLog struct {
+	RunID  string `json:"run_id"`
+	Step   int    `json:"step"`
+	CallID string `json:"call_id"`
+	Tool   string `json:"tool"`
+	// Attempt is the execution of the call that logs (ToolResult.Attempt).
+	Attempt int `json:"attempt"`
+	// Seq numbers the lines of one attempt from 1.
+	Seq int `json:"seq"`
+	// Level is the MCP (syslog) level: debug, info, notice, warning, error, critical,
+	// alert or emergency.
+	Level   string `json:"level"`
+	Message string `json:"message"`
+	// Attrs are the line's attributes as a JSON object (optional).
+	Attrs json.RawMessage `json:"attrs,omitempty"`
+	// Dropped, on the last line of an attempt that logged more than the executor
+	// publishes, counts the lines that were not published.
+	Dropped int `json:"dropped,omitempty"`
+}
+
+// ToolQuestion is the data of tool.question: a running call's tool asks the run's caller
+// a question (executor.Ask) and waits for the answer (tool.answer) within its own
+// timeout. The MCP door asks the host that called the tool (an elicitation form).
+type ToolQuestion struct {
+	RunID  string `json:"run_id"`
+	Step   int    `json:"step"`
+	CallID string `json:"call_id"`
+	Tool   string `json:"tool"`
+	// Attempt is the execution of the call that asks (ToolResult.Attempt).
+	Attempt int `json:"attempt"`
+	// Seq numbers the questions of one attempt from 1.
+	Seq     int    `json:"seq"`
+	Message string `json:"message"`
+	// Schema is the JSON Schema of the answer's content: an object of primitive
+	// properties, as MCP elicitation requests take.
+	Schema json.RawMessage `json:"schema"`
+}
+
+// ToolAnswer is the data of tool.answer: the caller's answer to a ToolQuestion, by its
+// call, attempt and seq.
+type ToolAnswer struct {
+	RunID   string `json:"run_id"`
+	Step    int    `json:"step"`
+	CallID  string `json:"call_id"`
+	Tool    string `json:"tool"`
+	Attempt int    `json:"attempt"`
+	Seq     int    `json:"seq"`
+	// Action is accept (Content holds the answer), decline or cancel (MCP elicitation's).
+	Action  string          `json:"action"`
+	Content json.RawMessage `json:"content,omitempty"`
+	// Reason says why there is no answer (a caller that cannot be asked), for the tool.
+	Reason string `json:"reason,omitempty"`
+	// Who answered (the subject's last token is its identity token).
+	Who string `json:"who"`
 }
 
 // Approval is the data of approval.granted and approval.denied: a person's decision on

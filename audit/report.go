@@ -178,6 +178,24 @@ func Analyze(run string, evs []events.StoredEvent) *Report {
 	v := Visitor{
 		RunStarted: a.runStarted, ModelRequested: a.modelRequested, ModelResponded: a.modelResponded,
 		ToolRequested: a.toolRequested, ToolWaiting: a.toolWaiting, ToolFinished: a.toolFinished, ToolProgress: a.toolProgress,
+		ToolLog: func(_ events.StoredEvent, tl toolbus.ToolLog) {
+			a.e.Step, a.e.CallID, a.e.Tool = tl.Step, tl.CallID, tl.Tool
+			a.e.Summary = "log " + tl.Level + ": " + tl.Message
+		},
+		ToolQuestion: func(_ events.StoredEvent, q toolbus.ToolQuestion) {
+			a.e.Step, a.e.CallID, a.e.Tool = q.Step, q.CallID, q.Tool
+			a.e.Summary = "asks its caller: " + q.Message
+		},
+		ToolAnswer: func(_ events.StoredEvent, an toolbus.ToolAnswer) {
+			a.e.Step, a.e.CallID, a.e.Tool = an.Step, an.CallID, an.Tool
+			a.e.Summary = "answered by " + an.Who + ": " + an.Action
+			if len(an.Content) > 0 {
+				a.e.Summary += " " + string(an.Content)
+			}
+			if an.Reason != "" {
+				a.e.Summary += " (" + an.Reason + ")"
+			}
+		},
 		Approval: a.approval, Cancel: a.cancel, RunEnded: a.runEnded, Undecodable: a.undecodable,
 		Timer: func(_ events.StoredEvent, t events.RunTimer) {
 			a.e.Summary = "the run ends at " + t.Deadline.UTC().Format(time.RFC3339) + " if it still goes on then"

@@ -409,3 +409,25 @@ func TestModelNameOfAShippedScript(t *testing.T) {
 		t.Fatalf("the run's start reads %q", r.Timeline[0].Summary)
 	}
 }
+
+// TestAnalyzeToolLog: a call's log line is in the timeline with its call and level.
+func TestAnalyzeToolLog(t *testing.T) {
+	l := newRunLog(t, "run-l")
+	c := rcall("c1", "crawl", `{}`)
+	l.started(toolbus.Message{Role: toolbus.RoleUser, Content: "crawl"})
+	l.requested(1, 0)
+	l.responded(1, 0, "", 10, c)
+	l.toolRequested(1, 0, 0, 1, c, false)
+	l.add(3, events.SubjectToolLog(l.run, c.Tool), events.Meta{ID: events.IDToolLog(l.run, 0, c.CallID, 1, 1), Type: events.TypeToolLog, Step: 0, CallID: c.CallID},
+		toolbus.ToolLog{RunID: l.run, CallID: c.CallID, Tool: c.Tool, Attempt: 1, Seq: 1, Level: "warning", Message: "archive slow"})
+	r := Analyze(l.run, l.evs)
+	for _, e := range r.Timeline {
+		if e.Type == "tool.log" {
+			if e.Summary != "log warning: archive slow" || e.CallID != "c1" || e.Tool != "crawl" {
+				t.Fatalf("timeline entry %+v", e)
+			}
+			return
+		}
+	}
+	t.Fatal("the timeline has no tool.log entry")
+}

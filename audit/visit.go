@@ -26,6 +26,9 @@ type Visitor struct {
 	ToolRequested  func(events.StoredEvent, toolbus.ToolRequested)
 	ToolWaiting    func(events.StoredEvent, toolbus.ToolWaiting)
 	ToolProgress   func(events.StoredEvent, toolbus.ToolProgress)
+	ToolLog        func(events.StoredEvent, toolbus.ToolLog)
+	ToolQuestion   func(events.StoredEvent, toolbus.ToolQuestion)
+	ToolAnswer     func(events.StoredEvent, toolbus.ToolAnswer)
 	ToolFinished   func(events.StoredEvent, toolbus.ToolFinished)
 	// Approval gets toolbus.approval.granted (granted) and toolbus.approval.denied.
 	Approval func(ev events.StoredEvent, a toolbus.Approval, granted bool)
@@ -74,6 +77,12 @@ func (v *Visitor) Visit(ev events.StoredEvent) {
 		visit(v, ev, v.ToolFinished)
 	case typ == events.TypeToolProgress:
 		visit(v, ev, v.ToolProgress)
+	case typ == events.TypeToolLog:
+		visit(v, ev, v.ToolLog)
+	case typ == events.TypeToolQuestion:
+		visit(v, ev, v.ToolQuestion)
+	case typ == events.TypeToolAnswer:
+		visit(v, ev, v.ToolAnswer)
 	case typ == events.TypeApprovalGranted || typ == events.TypeApprovalDenied:
 		if v.Approval != nil {
 			visit(v, ev, func(ev events.StoredEvent, a toolbus.Approval) { v.Approval(ev, a, typ == events.TypeApprovalGranted) })

@@ -94,6 +94,12 @@ func CheckSubject(subject string, m Meta, data any) error {
 		bodyRun, callID, tools = d.RunID, d.Call.CallID, []string{ToolToken(d.Call.Tool)}
 	case toolbus.ToolProgress:
 		bodyRun, callID, tools = d.RunID, d.CallID, []string{ToolToken(d.Tool)}
+	case toolbus.ToolLog:
+		bodyRun, callID, tools = d.RunID, d.CallID, []string{ToolToken(d.Tool)}
+	case toolbus.ToolQuestion:
+		bodyRun, callID, tools = d.RunID, d.CallID, []string{ToolToken(d.Tool)}
+	case toolbus.ToolAnswer:
+		bodyRun, callID, who = d.RunID, d.CallID, &d.Who
 	case toolbus.Approval:
 		bodyRun, callID, who = d.RunID, d.CallID, &d.Who
 	case toolbus.Cancel:
@@ -168,6 +174,12 @@ func deref(v any) any {
 		return *p
 	case *toolbus.ToolProgress:
 		return *p
+	case *toolbus.ToolLog:
+		return *p
+	case *toolbus.ToolQuestion:
+		return *p
+	case *toolbus.ToolAnswer:
+		return *p
 	case *toolbus.Approval:
 		return *p
 	case *toolbus.Cancel:
@@ -198,6 +210,12 @@ func DataOf(typ string) any {
 		return new(toolbus.ToolWaiting)
 	case TypeToolProgress:
 		return new(toolbus.ToolProgress)
+	case TypeToolLog:
+		return new(toolbus.ToolLog)
+	case TypeToolQuestion:
+		return new(toolbus.ToolQuestion)
+	case TypeToolAnswer:
+		return new(toolbus.ToolAnswer)
 	case TypeApprovalGranted, TypeApprovalDenied:
 		return new(toolbus.Approval)
 	case TypeRunCancel:

@@ -45,6 +45,12 @@ func docData(t *testing.T, typ string) any {
 		return toolbus.ToolWaiting{RunID: docRun, Step: docStep, CallIndex: 1, CallCount: 4, Call: call}
 	case events.TypeToolProgress:
 		return toolbus.ToolProgress{RunID: docRun, Step: docStep, CallID: docCall, Tool: docTool, Attempt: 1, Seq: 1}
+	case events.TypeToolLog:
+		return toolbus.ToolLog{RunID: docRun, Step: docStep, CallID: docCall, Tool: docTool, Attempt: 1, Seq: 1, Level: "info"}
+	case events.TypeToolQuestion:
+		return toolbus.ToolQuestion{RunID: docRun, Step: docStep, CallID: docCall, Tool: docTool, Attempt: 1, Seq: 1}
+	case events.TypeToolAnswer:
+		return toolbus.ToolAnswer{RunID: docRun, Step: docStep, CallID: docCall, Tool: docTool, Attempt: 1, Seq: 1, Who: docActor}
 	case events.TypeApprovalGranted, events.TypeApprovalDenied:
 		return toolbus.Approval{RunID: docRun, CallID: docCall, Who: docActor}
 	case events.TypeRunCancel:
@@ -101,7 +107,7 @@ func TestContractSubjects(t *testing.T) {
 			pending := docData(t, typ).(toolbus.RunEnded).Pending
 			want.id = strings.TrimSuffix(want.id, "/"+events.PendingSet(pending)) + "/<pending>"
 		}
-		if typ == events.TypeToolProgress {
+		if typ == events.TypeToolProgress || typ == events.TypeToolLog || typ == events.TypeToolQuestion || typ == events.TypeToolAnswer {
 			// The id of a report ends in its attempt and sequence number (1 and 1 here).
 			want.id = strings.TrimSuffix(want.id, "/1/1") + "/<attempt>/<seq>"
 		}

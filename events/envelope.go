@@ -97,6 +97,30 @@ func ToolProgressEvent(source string, tp toolbus.ToolProgress) Envelope {
 	}, tp}
 }
 
+// ToolLogEvent is a tool.log event of a running call.
+func ToolLogEvent(source string, tl toolbus.ToolLog) Envelope {
+	return Envelope{SubjectToolLog(tl.RunID, tl.Tool), Meta{
+		ID: IDToolLog(tl.RunID, tl.Step, tl.CallID, tl.Attempt, tl.Seq), Type: TypeToolLog, Source: source,
+		RunID: tl.RunID, Step: tl.Step, CallID: tl.CallID, HasCall: true,
+	}, tl}
+}
+
+// ToolQuestionEvent is a tool.question event of a running call.
+func ToolQuestionEvent(source string, q toolbus.ToolQuestion) Envelope {
+	return Envelope{SubjectToolQuestion(q.RunID, q.Tool), Meta{
+		ID: IDToolQuestion(q.RunID, q.Step, q.CallID, q.Attempt, q.Seq), Type: TypeToolQuestion, Source: source,
+		RunID: q.RunID, Step: q.Step, CallID: q.CallID, HasCall: true,
+	}, q}
+}
+
+// ToolAnswerEvent is the tool.answer event of an answer to a question.
+func ToolAnswerEvent(source string, a toolbus.ToolAnswer) Envelope {
+	return Envelope{SubjectToolAnswer(a.RunID, a.Who), Meta{
+		ID: IDToolAnswer(a.RunID, a.Step, a.CallID, a.Attempt, a.Seq), Type: TypeToolAnswer, Source: source,
+		RunID: a.RunID, Step: a.Step, CallID: a.CallID, HasCall: true,
+	}, a}
+}
+
 // ApprovalEvent is the approval.granted or approval.denied event of a decision on a call
 // of step (the step is not in the data: call ids are unique within a step only).
 func ApprovalEvent(source string, step int, a toolbus.Approval, granted bool) Envelope {

@@ -30,6 +30,12 @@ func envelopeOf(t *testing.T, typ string, step int, data any) events.Envelope {
 		return events.ToolWaitingEvent(src, d)
 	case toolbus.ToolProgress:
 		return events.ToolProgressEvent(src, d)
+	case toolbus.ToolLog:
+		return events.ToolLogEvent(src, d)
+	case toolbus.ToolQuestion:
+		return events.ToolQuestionEvent(src, d)
+	case toolbus.ToolAnswer:
+		return events.ToolAnswerEvent(src, d)
 	case toolbus.Approval:
 		return events.ApprovalEvent(src, step, d, typ == events.TypeApprovalGranted)
 	case toolbus.Cancel:
@@ -64,6 +70,9 @@ func TestEnvelopesAgreeWithData(t *testing.T) {
 		{events.TypeToolFinished, toolbus.ToolFinished{RunID: run, Step: step, CallIndex: 1, CallCount: 4, ToolResult: res}},
 		{events.TypeToolWaiting, toolbus.ToolWaiting{RunID: run, Step: step, CallIndex: 1, CallCount: 4, Call: call}},
 		{events.TypeToolProgress, toolbus.ToolProgress{RunID: run, Step: step, CallID: call.CallID, Tool: call.Tool, Attempt: 2, Seq: 5, Done: 3, Total: 10}},
+		{events.TypeToolLog, toolbus.ToolLog{RunID: run, Step: step, CallID: call.CallID, Tool: call.Tool, Attempt: 2, Seq: 4, Level: "info", Message: "m"}},
+		{events.TypeToolQuestion, toolbus.ToolQuestion{RunID: run, Step: step, CallID: call.CallID, Tool: call.Tool, Attempt: 2, Seq: 1, Message: "which?", Schema: json.RawMessage(`{"type":"object"}`)}},
+		{events.TypeToolAnswer, toolbus.ToolAnswer{RunID: run, Step: step, CallID: call.CallID, Tool: call.Tool, Attempt: 2, Seq: 1, Action: "accept", Content: json.RawMessage(`{"a":1}`), Who: "bob"}},
 		{events.TypeApprovalGranted, toolbus.Approval{RunID: run, CallID: call.CallID, Who: "bob"}},
 		{events.TypeApprovalDenied, toolbus.Approval{RunID: run, CallID: call.CallID, Who: "bob"}},
 		{events.TypeRunCancel, toolbus.Cancel{RunID: run}},
@@ -106,7 +115,7 @@ func TestEnvelopesAgreeWithData(t *testing.T) {
 			}
 			// Subject: toolbus.<run>.<type without its prefix>[.<tool>].
 			wantSubject := "toolbus." + fields.RunID + "." + strings.TrimPrefix(c.typ, "toolbus.")
-			if fields.Tool != "" && c.typ != events.TypeApprovalGranted && c.typ != events.TypeApprovalDenied {
+			if fields.Tool != "" && c.typ != events.TypeApprovalGranted && c.typ != events.TypeApprovalDenied && c.typ != events.TypeToolAnswer {
 				wantSubject += "." + fields.Tool
 			}
 			// and the identity the event claims (IdentityToken), which permissions bind.
@@ -114,6 +123,8 @@ func TestEnvelopesAgreeWithData(t *testing.T) {
 			case toolbus.RunStarted:
 				wantSubject += "." + d.Principal.ID
 			case toolbus.Approval:
+				wantSubject += "." + d.Who
+			case toolbus.ToolAnswer:
 				wantSubject += "." + d.Who
 			case toolbus.Cancel:
 				wantSubject += "." + events.NoIdentityToken

@@ -65,7 +65,9 @@ func eventHint(op string, t []string) string {
 		return fmt.Sprintf("they may not decide as %q: they are bound to other identities (%s)", last, grantsHowTo)
 	case "run.cancel":
 		return fmt.Sprintf("they may not cancel as %q: they are bound to other identities (%s)", last, grantsHowTo)
-	case "tool.finished", "tool.waiting", "tool.progress":
+	case "tool.answer":
+		return fmt.Sprintf("they may not answer as %q: they are bound to other identities (%s)", last, grantsHowTo)
+	case "tool.finished", "tool.waiting", "tool.progress", "tool.log", "tool.question":
 		return fmt.Sprintf("tool %q is not granted to them: %s", last, grantsHowTo)
 	}
 	return "this event is another role's to publish"

@@ -10,7 +10,7 @@ import "github.com/toolbus/toolbus"
 func EventTypes() []string {
 	return []string{
 		TypeRunStarted, TypeModelRequested, TypeModelResponded,
-		TypeToolRequested, TypeToolProgress, TypeToolFinished, TypeToolWaiting,
+		TypeToolRequested, TypeToolProgress, TypeToolLog, TypeToolQuestion, TypeToolAnswer, TypeToolFinished, TypeToolWaiting,
 		TypeApprovalGranted, TypeApprovalDenied, TypeRunCancel,
 		TypeRunEnded(toolbus.RunCompleted), TypeRunEnded(toolbus.RunWaitingForApproval), TypeRunEnded(toolbus.RunFailed),
 		TypeRunEnded(toolbus.RunLimitReached), TypeRunEnded(toolbus.RunCancelled),

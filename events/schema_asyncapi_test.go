@@ -98,6 +98,12 @@ func sampleSubject(t *testing.T, typ, r, x string) string {
 		return events.SubjectToolWaiting(r, x)
 	case events.TypeToolProgress:
 		return events.SubjectToolProgress(r, x)
+	case events.TypeToolLog:
+		return events.SubjectToolLog(r, x)
+	case events.TypeToolQuestion:
+		return events.SubjectToolQuestion(r, x)
+	case events.TypeToolAnswer:
+		return events.SubjectToolAnswer(r, "p")
 	case events.TypeApprovalGranted:
 		return events.SubjectApproval(r, true, "p")
 	case events.TypeApprovalDenied:
@@ -239,6 +245,10 @@ func TestAsyncAPI(t *testing.T) {
 		{"executor", "send", events.TypeToolFinished},
 		{"executor", "send", events.TypeToolWaiting},
 		{"executor", "send", events.TypeToolProgress},
+		{"executor", "send", events.TypeToolLog},
+		{"executor", "send", events.TypeToolQuestion},
+		{"executor", "receive", events.TypeToolAnswer},
+		{"client", "send", events.TypeToolAnswer},
 		{"injector", "receive", events.TypeToolFinished},
 		{"injector", "send", events.TypeModelRequested},
 		{"operator", "send", events.TypeApprovalGranted},

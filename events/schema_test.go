@@ -37,6 +37,12 @@ func dataType(t testing.TB, typ string) any {
 		return toolbus.ToolWaiting{}
 	case events.TypeToolProgress:
 		return toolbus.ToolProgress{}
+	case events.TypeToolLog:
+		return toolbus.ToolLog{}
+	case events.TypeToolQuestion:
+		return toolbus.ToolQuestion{}
+	case events.TypeToolAnswer:
+		return toolbus.ToolAnswer{}
 	case events.TypeApprovalGranted, events.TypeApprovalDenied:
 		return toolbus.Approval{}
 	case events.TypeRunCancel:

@@ -33,6 +33,9 @@ func everyEnvelope(t *testing.T, run string) []events.Envelope {
 		events.ToolFinishedEvent(src, toolbus.ToolFinished{RunID: run, Step: 1, CallIndex: 0, CallCount: 1, ToolResult: res}),
 		events.ToolWaitingEvent(src, toolbus.ToolWaiting{RunID: run, Step: 1, CallIndex: 0, CallCount: 1, Call: call}),
 		events.ToolProgressEvent(src, toolbus.ToolProgress{RunID: run, Step: 1, CallID: call.CallID, Tool: call.Tool, Attempt: 1, Seq: 1, Done: 1}),
+		events.ToolLogEvent(src, toolbus.ToolLog{RunID: run, Step: 1, CallID: call.CallID, Tool: call.Tool, Attempt: 1, Seq: 1, Level: "info", Message: "m"}),
+		events.ToolQuestionEvent(src, toolbus.ToolQuestion{RunID: run, Step: 1, CallID: call.CallID, Tool: call.Tool, Attempt: 1, Seq: 1, Message: "q", Schema: []byte(`{"type":"object"}`)}),
+		events.ToolAnswerEvent(src, toolbus.ToolAnswer{RunID: run, Step: 1, CallID: call.CallID, Tool: call.Tool, Attempt: 1, Seq: 1, Action: "cancel", Who: "bob"}),
 		events.ApprovalEvent(src, 1, toolbus.Approval{RunID: run, CallID: call.CallID, Who: "bob"}, true),
 		events.ApprovalEvent(src, 1, toolbus.Approval{RunID: run, CallID: call.CallID, Who: "bob"}, false),
 		events.CancelEvent(src, toolbus.Cancel{RunID: run, Who: "alice"}),
@@ -63,6 +66,9 @@ func squatSubjects(decoy string) map[string]string {
 		"executor tool.finished":  events.SubjectToolFinished(decoy, "noop"),
 		"executor tool.waiting":   events.SubjectToolWaiting(decoy, "noop"),
 		"executor tool.progress":  events.SubjectToolProgress(decoy, "noop"),
+		"executor tool.log":       events.SubjectToolLog(decoy, "noop"),
+		"executor tool.question":  events.SubjectToolQuestion(decoy, "noop"),
+		"client tool.answer":      events.SubjectToolAnswer(decoy, ""),
 		"executor unknown result": events.SubjectToolFinished(decoy, "not a tool"),
 	}
 }

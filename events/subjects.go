@@ -19,6 +19,9 @@ const (
 	TypeToolFinished    = "toolbus.tool.finished"
 	TypeToolWaiting     = "toolbus.tool.waiting"
 	TypeToolProgress    = "toolbus.tool.progress"
+	TypeToolLog         = "toolbus.tool.log"
+	TypeToolQuestion    = "toolbus.tool.question"
+	TypeToolAnswer      = "toolbus.tool.answer"
 	TypeApprovalGranted = "toolbus.approval.granted"
 	TypeApprovalDenied  = "toolbus.approval.denied"
 	TypeRunCancel       = "toolbus.run.cancel"
@@ -95,6 +98,25 @@ func SubjectToolProgress(run, tool string) string {
 	return SubjectPrefix + "." + run + ".tool.progress." + ToolToken(tool)
 }
 
+// SubjectToolLog is toolbus.<run>.tool.log.<tool>.
+func SubjectToolLog(run, tool string) string {
+	return SubjectPrefix + "." + run + ".tool.log." + ToolToken(tool)
+}
+
+// SubjectToolQuestion is toolbus.<run>.tool.question.<tool>.
+func SubjectToolQuestion(run, tool string) string {
+	return SubjectPrefix + "." + run + ".tool.question." + ToolToken(tool)
+}
+
+// SubjectToolAnswer is toolbus.<run>.tool.answer.<who>: the identity token of who
+// answered ends the subject, as an approval's.
+func SubjectToolAnswer(run, who string) string {
+	return SubjectPrefix + "." + run + ".tool.answer." + IdentityToken(who)
+}
+
+// FilterToolAnswers selects the answers of one run.
+func FilterToolAnswers(run string) string { return SubjectPrefix + "." + run + ".tool.answer.*" }
+
 // SubjectApproval is toolbus.<run>.approval.granted.<actor> or .denied.<actor>: the
 // identity token (IdentityToken) of who decided ends the subject.
 func SubjectApproval(run string, granted bool, who string) string {
@@ -129,6 +151,7 @@ const (
 	FilterToolFinished   = SubjectPrefix + ".*.tool.finished.>"
 	FilterToolWaiting    = SubjectPrefix + ".*.tool.waiting.>"
 	FilterToolProgress   = SubjectPrefix + ".*.tool.progress.>"
+	FilterToolLog        = SubjectPrefix + ".*.tool.log.>"
 	FilterApprovals      = SubjectPrefix + ".*.approval.>"
 	FilterRunCancel      = SubjectPrefix + ".*.run.cancel.*"
 	FilterRunEnded       = SubjectPrefix + ".*.run.*"
@@ -204,6 +227,22 @@ func IDToolWaiting(run string, step int, callID string) string {
 // IDToolProgress is <run>/<step>/<call_id>/tool.progress/<attempt>/<seq>.
 func IDToolProgress(run string, step int, callID string, attempt, seq int) string {
 	return run + "/" + strconv.Itoa(step) + "/" + callID + "/tool.progress/" + strconv.Itoa(attempt) + "/" + strconv.Itoa(seq)
+}
+
+// IDToolLog is <run>/<step>/<call_id>/tool.log/<attempt>/<seq>.
+func IDToolLog(run string, step int, callID string, attempt, seq int) string {
+	return run + "/" + strconv.Itoa(step) + "/" + callID + "/tool.log/" + strconv.Itoa(attempt) + "/" + strconv.Itoa(seq)
+}
+
+// IDToolQuestion is <run>/<step>/<call_id>/tool.question/<attempt>/<seq>.
+func IDToolQuestion(run string, step int, callID string, attempt, seq int) string {
+	return run + "/" + strconv.Itoa(step) + "/" + callID + "/tool.question/" + strconv.Itoa(attempt) + "/" + strconv.Itoa(seq)
+}
+
+// IDToolAnswer is <run>/<step>/<call_id>/tool.answer/<attempt>/<seq>: the first answer
+// to a question stands.
+func IDToolAnswer(run string, step int, callID string, attempt, seq int) string {
+	return run + "/" + strconv.Itoa(step) + "/" + callID + "/tool.answer/" + strconv.Itoa(attempt) + "/" + strconv.Itoa(seq)
 }
 
 // IDRunEnded is <run>/<step>/run.<status>.

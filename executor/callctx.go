@@ -25,6 +25,10 @@ type callCtx struct {
 	sink     ProgressSink
 	lastBeat time.Time
 	ended    string
+	// logSink redacts and hands on the tool's log records (toollog.go); nil: dropped.
+	logSink func(level, msg string, attrs map[string]any, at time.Time)
+	// asker asks the run's caller the tool's questions (ask.go); nil: nobody can.
+	asker Asker
 }
 
 var _ context.Context = (*callCtx)(nil)

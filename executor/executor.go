@@ -363,6 +363,8 @@ func (c *call) run(ctx context.Context, start time.Time, callID string, args jso
 	cctx := &callCtx{parent: ctx, deadline: deadline, lastBeat: time.Now()}
 	sink, _ := ctx.Value(progressSinkKey{}).(ProgressSink)
 	cctx.sink = c.e.secretValues().sink(sink)
+	cctx.logSink = c.logSinkFor(ctx)
+	cctx.asker = c.askerFor(ctx)
 	st.ctx, st.ent, st.callID, st.args, st.sem, st.log = cctx, ent, callID, args, sem, c.e.log
 	go st.run()
 	if !c.await(ctx, st, cctx, timer, ownDeadline, timeout) {

@@ -20,6 +20,17 @@ var nullJSON = json.RawMessage("null")
 // failure.
 func (c *call) output(out any) {
 	switch x := out.(type) {
+	case Attached:
+		c.output(x.Output)
+		if c.res.Status == toolbus.StatusSucceeded {
+			c.attach(x.Files)
+		}
+	case *Attached:
+		if x == nil {
+			c.succeed(nullJSON, "null", 0)
+			return
+		}
+		c.output(*x)
 	case nil:
 		c.succeed(nullJSON, "null", 0)
 	case string:

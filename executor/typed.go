@@ -43,8 +43,8 @@ func RegisterFunc[In, Out any](r *Registry, t Tool, fn func(ctx context.Context,
 		t.InputSchema = s
 	}
 	checkOutput := len(bytes.TrimSpace(t.OutputSchema)) > 0
-	if !checkOutput {
-		if s, err := deriveSchema(reflect.TypeFor[Out]()); err == nil {
+	if ot := reflect.TypeFor[Out](); !checkOutput && ot != attachedType && ot != reflect.PointerTo(attachedType) {
+		if s, err := deriveSchema(ot); err == nil {
 			t.OutputSchema = s
 		}
 	}
@@ -66,6 +66,7 @@ func RegisterFunc[In, Out any](r *Registry, t Tool, fn func(ctx context.Context,
 
 var (
 	rawMessageType = reflect.TypeFor[json.RawMessage]()
+	attachedType   = reflect.TypeFor[Attached]()
 	customSchema   = reflect.TypeFor[interface{ JSONSchema() *jsreflect.Schema }]()
 )
 

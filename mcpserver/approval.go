@@ -221,7 +221,7 @@ func (b *bridge) ownRun(ctx context.Context, run, who string) (*toolbus.RunStart
 // in inputResponses decides the call named by requestState, then the run is followed
 // as on the first round.
 func (b *bridge) resume(ctx context.Context, req *mcp.CallToolRequest, who string) (*mcp.CallToolResult, error) {
-	run, ok := strings.CutPrefix(req.Params.RequestState, statePrefix)
+	run, q, ok := parseState(req.Params.RequestState)
 	if !ok {
 		return nil, &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: "unknown requestState"}
 	}
@@ -231,6 +231,12 @@ func (b *bridge) resume(ctx context.Context, req *mcp.CallToolRequest, who strin
 	}
 	if rs.Calls[0].Tool != req.Params.Name {
 		return nil, &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: fmt.Sprintf("requestState names a call of %s, not %s", rs.Calls[0].Tool, req.Params.Name)}
+	}
+	if q.seq > 0 {
+		if err := b.answerFrom(ctx, req, rs, q, who); err != nil {
+			return nil, err
+		}
+		return b.follow(ctx, req, rs, who, true, q)
 	}
 	res, _ := req.Params.InputResponses[ApprovalKey].(*mcp.ElicitResult)
 	if res == nil {
@@ -245,5 +251,5 @@ func (b *bridge) resume(ctx context.Context, req *mcp.CallToolRequest, who strin
 	case note != "":
 		return askApproval(rs, note), nil
 	}
-	return b.follow(ctx, req, rs, who, true)
+	return b.follow(ctx, req, rs, who, true, questionMark{})
 }

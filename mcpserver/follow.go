@@ -17,12 +17,14 @@ import (
 // result; when the call waits for approval, the approval form (input_required) if the
 // client can ask its user, else a task if the request takes tasks, else how to decide
 // it with the CLI; and a task when the request takes tasks and the call outlasts
-// TaskAfter. decided: the caller's decision on the call was just published (a retry
-// after input_required), so its wait asks nothing again. While the call runs, its
-// progress reports go to the host as progress notifications when the request carries a
-// progressToken. A request cancelled (or a host gone) before the answer cancels the
+// TaskAfter; a question of the call's tool (tool.question) after asked goes to the host
+// as an input_required form when it can show one, else is answered cancel with the
+// reason. decided: the caller's decision on the call, or an answer, was just published
+// (a retry after input_required), so its approval wait asks nothing again. While the
+// call runs, its progress reports go to the host as progress notifications when the
+// request carries a progressToken, and its log lines as log notifications. A request cancelled (or a host gone) before the answer cancels the
 // run, so its call is cancelled too.
-func (b *bridge) follow(ctx context.Context, req *mcp.CallToolRequest, rs *toolbus.RunStarted, who string, decided bool) (*mcp.CallToolResult, error) {
+func (b *bridge) follow(ctx context.Context, req *mcp.CallToolRequest, rs *toolbus.RunStarted, who string, decided bool, asked questionMark) (*mcp.CallToolResult, error) {
 	run := rs.RunID
 	watch, err := b.bus.Watch(ctx, events.SubjectRun(run), true)
 	if err != nil {
@@ -32,9 +34,21 @@ func (b *bridge) follow(ctx context.Context, req *mcp.CallToolRequest, rs *toolb
 	var answer *mcp.CallToolResult
 	v := audit.Visitor{
 		ToolProgress: b.progressForwarder(ctx, req, run, &answer),
+		ToolLog:      b.logForwarder(ctx, req, run, &answer),
+		ToolQuestion: func(_ events.StoredEvent, q toolbus.ToolQuestion) {
+			if answer != nil || q.CallID != callrun.CallID || q.Step != 0 || !asked.after(q) {
+				return
+			}
+			asked = questionMark{q.Attempt, q.Seq}
+			if canElicit(caps) {
+				answer = askQuestion(run, q)
+				return
+			}
+			b.cannotAsk(ctx, q, who)
+		},
 		ToolFinished: func(_ events.StoredEvent, tf toolbus.ToolFinished) {
 			if tf.CallID == callrun.CallID {
-				answer = toolResult(tf.ToolResult)
+				answer = b.toolResult(ctx, tf.ToolResult)
 				answer.Meta = mcp.Meta{MetaRun: run, MetaCall: callrun.CallID}
 			}
 		},
@@ -96,6 +110,25 @@ func (b *bridge) progressForwarder(ctx context.Context, req *mcp.CallToolRequest
 			ProgressToken: token, Progress: tp.Done, Total: tp.Total, Message: tp.Message,
 		}); err != nil {
 			b.cfg.Logger.Debug("mcp progress not sent", "run_id", run, "error", err)
+		}
+	}
+}
+
+// logForwarder forwards the call's tool.log events to the host as notifications/message
+// until the request is answered; the session sends only those at or above the level the
+// host set with logging/setLevel (none before it set one). The lines were redacted by
+// the executor, as results are.
+func (b *bridge) logForwarder(ctx context.Context, req *mcp.CallToolRequest, run string, answer **mcp.CallToolResult) func(events.StoredEvent, toolbus.ToolLog) {
+	return func(_ events.StoredEvent, tl toolbus.ToolLog) {
+		if *answer != nil || tl.CallID != callrun.CallID || tl.Step != 0 || req.Session == nil {
+			return
+		}
+		var data any = tl.Message
+		if len(tl.Attrs) > 0 {
+			data = map[string]any{"message": tl.Message, "attrs": tl.Attrs}
+		}
+		if err := req.Session.Log(ctx, &mcp.LoggingMessageParams{Level: mcp.LoggingLevel(tl.Level), Logger: tl.Tool, Data: data}); err != nil {
+			b.cfg.Logger.Debug("mcp log line not sent", "run_id", run, "error", err)
 		}
 	}
 }

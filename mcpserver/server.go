@@ -9,9 +9,11 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"net/url"
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
@@ -210,17 +212,21 @@ func (b *bridge) call(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallT
 		return nil, fmt.Errorf("mcp: start run for %s: %w", name, err)
 	}
 	b.cfg.Logger.Info("mcp call started", "tool", name, "run_id", rs.RunID, "principal", who)
-	return b.follow(ctx, req, &rs, who, false)
+	return b.follow(ctx, req, &rs, who, false, questionMark{})
 }
 
 // toolResult maps a tool result to MCP: the text the model would read, the output as
-// structured content when it is an object, and isError for any status but succeeded.
-func toolResult(r toolbus.ToolResult) *mcp.CallToolResult {
+// structured content when it is an object, the attachments as image, audio or resource
+// content, and isError for any status but succeeded.
+func (b *bridge) toolResult(ctx context.Context, r toolbus.ToolResult) *mcp.CallToolResult {
 	text := r.Content
 	if text == "" && r.Error != nil {
 		text = r.Error.Message
 	}
-	res := &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: text}}}
+	res := &mcp.CallToolResult{}
+	if text != "" || len(r.Attachments) == 0 {
+		res.Content = []mcp.Content{&mcp.TextContent{Text: text}}
+	}
 	if r.Status != toolbus.StatusSucceeded {
 		res.IsError = true
 		if r.Error != nil && !strings.Contains(text, r.Error.Code) {
@@ -228,10 +234,48 @@ func toolResult(r toolbus.ToolResult) *mcp.CallToolResult {
 		}
 		return res
 	}
+	for i, a := range r.Attachments {
+		res.Content = append(res.Content, b.attachment(ctx, r, i, a))
+	}
 	if out := json.RawMessage(r.Output); len(out) > 0 && out[0] == '{' && json.Valid(out) {
 		res.StructuredContent = out
 	}
 	return res
+}
+
+// attachment maps attachment i of r to MCP content: image and audio content by its
+// media type, else an embedded resource (text for text media types, else a blob). The
+// bytes of an attachment kept in the outputs bucket are read from there; one that
+// cannot be read is a line of text that says so.
+func (b *bridge) attachment(ctx context.Context, r toolbus.ToolResult, i int, a toolbus.Attachment) mcp.Content {
+	data := a.Data
+	if a.Ref != "" && len(data) == 0 {
+		var err error
+		if data, err = b.bus.Store().Output(ctx, a.Ref); err != nil {
+			b.cfg.Logger.Warn("mcp: attachment not read", "call_id", r.CallID, "ref", a.Ref, "error", err)
+			return &mcp.TextContent{Text: a.Describe() + " (its bytes could not be read)"}
+		}
+	}
+	switch a.Kind() {
+	case "image":
+		return &mcp.ImageContent{Data: data, MIMEType: a.MediaType}
+	case "audio":
+		return &mcp.AudioContent{Data: data, MIMEType: a.MediaType}
+	}
+	uri := a.URI
+	if uri == "" {
+		uri = fmt.Sprintf("toolbus://call/%s/attachment/%d", r.CallID, i)
+		if a.Name != "" {
+			uri += "/" + url.PathEscape(a.Name)
+		}
+	}
+	rc := &mcp.ResourceContents{URI: uri, MIMEType: a.MediaType}
+	if a.Kind() == "text" && utf8.Valid(data) {
+		rc.Text = string(data)
+	} else {
+		rc.Blob = data
+	}
+	return &mcp.EmbeddedResource{Resource: rc}
 }
 
 func errorResult(text string) *mcp.CallToolResult {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -699,6 +700,7 @@ func (p *Planner) callModel(ctx context.Context, rs *toolbus.RunStarted, step in
 	if err != nil {
 		return toolbus.ModelResponded{}, err
 	}
+	msgs = p.attachmentBytes(ctx, rs.RunID, msgs)
 	mctx, cancel := context.WithTimeout(ctx, p.cfg.ModelTimeout)
 	defer cancel()
 	if !rs.Limits.Deadline.IsZero() {
@@ -729,6 +731,44 @@ func (p *Planner) callModel(ctx context.Context, rs *toolbus.RunStarted, step in
 		RunID: rs.RunID, Step: step, Message: resp.Message, Usage: resp.Usage,
 		Model: resp.Model, LatencyMS: time.Since(start).Milliseconds(),
 	}, nil
+}
+
+// MaxModelAttachmentBytes bounds the bytes of the attachments kept by reference that
+// the planner reads for one model request; past it, and for one it cannot read, the
+// adapter gets no bytes and describes the attachment.
+const MaxModelAttachmentBytes = 32 << 20
+
+// attachmentBytes returns msgs with the bytes of the attachments kept in the outputs
+// bucket (Ref, no Data) read from there, within MaxModelAttachmentBytes; msgs itself
+// is not changed (the history is cached).
+func (p *Planner) attachmentBytes(ctx context.Context, run string, msgs []toolbus.Message) []toolbus.Message {
+	budget := MaxModelAttachmentBytes
+	var out []toolbus.Message
+	for i, m := range msgs {
+		cloned := false
+		for j, a := range m.Attachments {
+			if a.Ref == "" || len(a.Data) > 0 || a.Size > budget {
+				continue
+			}
+			data, err := p.bus.Store().Output(ctx, a.Ref)
+			if err != nil {
+				p.log.Warn("attachment not read for the model: it is described instead", "run_id", run, "ref", a.Ref, "error", err)
+				continue
+			}
+			budget -= len(data)
+			if out == nil {
+				out = slices.Clone(msgs)
+			}
+			if !cloned {
+				out[i].Attachments, cloned = slices.Clone(m.Attachments), true
+			}
+			out[i].Attachments[j].Data = data
+		}
+	}
+	if out == nil {
+		return msgs
+	}
+	return out
 }
 
 // prePlannedModel names the "model" of the steps of a pre-planned run.

@@ -43,7 +43,11 @@ func OutputKey(tool, run string, step int, callID string) string {
 // came from) and returns its reference ("kv://toolbus_outputs/<key>"). Writing it again
 // (a call that ran again) replaces it.
 func (s *Store) PutOutput(ctx context.Context, tool, run string, step int, callID string, data []byte) (string, error) {
-	key := OutputKey(tool, run, step, callID)
+	return s.put(ctx, OutputKey(tool, run, step, callID), data)
+}
+
+// put keeps data in chunks under key, then its meta.
+func (s *Store) put(ctx context.Context, key string, data []byte) (string, error) {
 	n := 0
 	for off := 0; off < len(data) || n == 0; off += OutputChunk {
 		end := min(off+OutputChunk, len(data))
@@ -57,6 +61,12 @@ func (s *Store) PutOutput(ctx context.Context, tool, run string, step int, callI
 		return "", fmt.Errorf("store: put output %s: %w", key, err)
 	}
 	return OutputRefPrefix + key, nil
+}
+
+// PutAttachment keeps attachment i of a call's result (toolbus.Attachment) as PutOutput
+// keeps its output, under the output's key with .a<i> added, and returns its reference.
+func (s *Store) PutAttachment(ctx context.Context, tool, run string, step int, callID string, i int, data []byte) (string, error) {
+	return s.put(ctx, OutputKey(tool, run, step, callID)+".a"+strconv.Itoa(i), data)
 }
 
 // ErrOutputCorrupt: the chunks of a stored output do not match its checksum.

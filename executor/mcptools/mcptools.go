@@ -11,7 +11,8 @@
 // Results map as follows: isError becomes a failed tool_error with the server's text;
 // protocol and transport errors become retryable failures (code mcp_error or
 // mcp_unavailable); structuredContent becomes the output; otherwise the text content is
-// what the model reads, with images, audio and resources described rather than dropped.
+// what the model reads, with resource links and text resources described rather than
+// dropped; images, audio and binary resources pass through as the result's attachments.
 // A server whose connection ends (a stdio process that died, an HTTP session lost) is
 // connected again with exponential backoff; calls in flight get a retryable
 // mcp_unavailable result, and later calls wait for the new connection.
@@ -694,21 +695,53 @@ func (s *server) call(ctx context.Context, name string, args json.RawMessage) (a
 		return nil, executor.NewRetryableError(CodeUnavailable, fmt.Sprintf(
 			"the connection to the MCP server %q ended during the call (it is being restarted; the call may be tried again): %v", s.name, err))
 	}
-	text := Text(res.Content)
 	if res.IsError {
+		text := Text(res.Content)
 		if text == "" {
 			text = "the tool reported an error without a message"
 		}
 		return nil, executor.NewError(toolbus.CodeToolError, text)
 	}
+	rest, files := Attachments(res.Content)
+	var out any = Text(rest)
 	if res.StructuredContent != nil {
 		b, err := json.Marshal(res.StructuredContent)
 		if err != nil {
 			return nil, executor.NewError(toolbus.CodeInvalidToolOutput, "structuredContent is not JSON: "+err.Error())
 		}
-		return json.RawMessage(b), nil
+		out = json.RawMessage(b)
 	}
-	return text, nil
+	if len(files) > 0 {
+		return executor.Attach(out, files...), nil
+	}
+	return out, nil
+}
+
+// Attachments takes the images, audio and binary embedded resources out of content as
+// attachments, which pass through to the model and to MCP hosts (toolbus.Attachment),
+// and returns the rest, which Text renders.
+func Attachments(content []mcp.Content) ([]mcp.Content, []toolbus.Attachment) {
+	var (
+		rest  []mcp.Content
+		files []toolbus.Attachment
+	)
+	for _, c := range content {
+		switch x := c.(type) {
+		case *mcp.ImageContent:
+			files = append(files, toolbus.Attachment{MediaType: x.MIMEType, Data: x.Data})
+		case *mcp.AudioContent:
+			files = append(files, toolbus.Attachment{MediaType: x.MIMEType, Data: x.Data})
+		case *mcp.EmbeddedResource:
+			if r := x.Resource; r != nil && r.Text == "" && len(r.Blob) > 0 {
+				files = append(files, toolbus.Attachment{MediaType: r.MIMEType, URI: r.URI, Data: r.Blob})
+				continue
+			}
+			rest = append(rest, c)
+		default:
+			rest = append(rest, c)
+		}
+	}
+	return rest, files
 }
 
 // Text renders MCP content blocks as what the model reads: text as is, other blocks

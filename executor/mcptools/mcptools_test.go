@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"reflect"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -77,6 +78,8 @@ func newFixture(t *testing.T) *fixture {
 			return &mcp.CallToolResult{Content: []mcp.Content{
 				&mcp.TextContent{Text: "here it is"},
 				&mcp.ImageContent{MIMEType: "image/png", Data: []byte("12345")},
+				&mcp.AudioContent{MIMEType: "audio/wav", Data: []byte("RIFF")},
+				&mcp.EmbeddedResource{Resource: &mcp.ResourceContents{URI: "mem://c.pdf", MIMEType: "application/pdf", Blob: []byte("%PDF")}},
 				&mcp.ResourceLink{URI: "file:///tmp/a.txt", Name: "a.txt"},
 				&mcp.EmbeddedResource{Resource: &mcp.ResourceContents{URI: "mem://b", MIMEType: "text/plain", Text: "inner text"}},
 			}}, nil
@@ -179,13 +182,16 @@ func TestCall(t *testing.T) {
 		status           toolbus.Status
 		code             string
 		content          []string // substrings of what the model reads
+		files            []toolbus.Attachment
 		output           string
 	}{
 		{name: "text", tool: "fx__echo", args: `{"text":"hi"}`, status: toolbus.StatusSucceeded, content: []string{"echo: hi"}, output: `"echo: hi"`},
 		{name: "structured", tool: "fx__add", args: `{"a":2,"b":3}`, status: toolbus.StatusSucceeded, content: []string{`"sum":5`}, output: `{"sum":5}`},
 		{name: "isError", tool: "fx__fail", args: `{}`, status: toolbus.StatusFailed, code: toolbus.CodeToolError, content: []string{"disk quota exceeded on /data"}},
-		{name: "media described", tool: "fx__picture", args: `{}`, status: toolbus.StatusSucceeded,
-			content: []string{"here it is", "[image: image/png, 5 bytes]", "[resource link: a.txt <file:///tmp/a.txt>]", "[resource mem://b]", "inner text"}},
+		{name: "media passed through", tool: "fx__picture", args: `{}`, status: toolbus.StatusSucceeded,
+			content: []string{"here it is", "[resource link: a.txt <file:///tmp/a.txt>]", "[resource mem://b]", "inner text"},
+			files: []toolbus.Attachment{{MediaType: "image/png", Data: []byte("12345"), Size: 5}, {MediaType: "audio/wav", Data: []byte("RIFF"), Size: 4},
+				{MediaType: "application/pdf", URI: "mem://c.pdf", Data: []byte("%PDF"), Size: 4}}},
 		{name: "schema from server", tool: "fx__echo", args: `{"text":1}`, status: toolbus.StatusRejected, code: toolbus.CodeInvalidArguments},
 		{name: "protocol error", tool: "fx__broken", args: `{}`, status: toolbus.StatusFailed, code: mcptools.CodeProtocol, content: []string{"handler exploded", `"retryable":true`}},
 		{name: "renamed tool", tool: "fx__bad_name_x", args: `{}`, status: toolbus.StatusSucceeded, content: []string{"odd"}},
@@ -203,6 +209,12 @@ func TestCall(t *testing.T) {
 			}
 			if tc.output != "" && string(res.Output) != tc.output {
 				t.Errorf("output %s, want %s", res.Output, tc.output)
+			}
+			if !reflect.DeepEqual(res.Attachments, tc.files) {
+				t.Errorf("attachments %+v, want %+v", res.Attachments, tc.files)
+			}
+			if strings.Contains(res.Content, "[image:") || strings.Contains(res.Content, "[audio:") {
+				t.Errorf("content %q describes media that passed through", res.Content)
 			}
 		})
 	}

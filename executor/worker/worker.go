@@ -784,10 +784,16 @@ func (w *Worker) run(ctx context.Context, msg jetstream.Msg, req toolbus.ToolReq
 	// report is published before the result.
 	sink, stopProgress := w.startProgress(ctx, msg, req, attempt, lv)
 	callCtx = executor.WithProgressSink(callCtx, sink)
+	// Its log lines go to a publisher of their own, in order, before the result.
+	logSink, stopLogs := w.startLogs(ctx, req, attempt, lv)
+	callCtx = executor.WithLogSink(callCtx, logSink)
+	// Its questions go to the run's caller; it waits for the answer within its timeout.
+	callCtx = executor.WithAsker(callCtx, w.asker(req, attempt, lv))
 	stopBeat := consume.Heartbeat(msg, w.beatEvery())
 	res := w.exec.Execute(callCtx, req.Call, rs.Principal)
 	stopBeat()
 	stopProgress()
+	stopLogs()
 
 	if errors.Is(context.Cause(callCtx), errLeaseLost) || !lv.valid() {
 		return res, fmt.Errorf("call %s: %w", req.Call.CallID, errLeaseLost)
@@ -839,6 +845,9 @@ func (w *Worker) wait(ctx context.Context, req toolbus.ToolRequested, log *slog.
 // keepLargeOutput moves an output too large for an event to the outputs bucket, under
 // the key prefix of the call's queue.
 func (w *Worker) keepLargeOutput(ctx context.Context, queue string, req toolbus.ToolRequested, res *toolbus.ToolResult) error {
+	if err := w.keepLargeAttachments(ctx, queue, req, res); err != nil {
+		return err
+	}
 	if len(res.Output) <= w.cfg.InlineOutputMax {
 		return nil
 	}
@@ -851,6 +860,26 @@ func (w *Worker) keepLargeOutput(ctx context.Context, queue string, req toolbus.
 	}
 	res.Truncated.Ref = ref
 	res.Output = nil
+	return nil
+}
+
+// keepLargeAttachments moves to the outputs bucket the attachments that do not fit in
+// the event beside the output: the attachments travel inline while the output and the
+// inline attachments hold at most InlineOutputMax bytes in all.
+func (w *Worker) keepLargeAttachments(ctx context.Context, queue string, req toolbus.ToolRequested, res *toolbus.ToolResult) error {
+	inline := min(len(res.Output), w.cfg.InlineOutputMax)
+	for i := range res.Attachments {
+		a := &res.Attachments[i]
+		if a.Ref != "" || inline+len(a.Data) <= w.cfg.InlineOutputMax {
+			inline += len(a.Data)
+			continue
+		}
+		ref, err := w.bus.Store().PutAttachment(ctx, queue, req.RunID, req.Step, req.Call.CallID, i, a.Data)
+		if err != nil {
+			return err
+		}
+		a.Ref, a.Data = ref, nil
+	}
 	return nil
 }
 

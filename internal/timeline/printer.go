@@ -93,6 +93,9 @@ func ResultLine(r toolbus.ToolResult) string {
 	if r.Truncated != nil {
 		line += fmt.Sprintf(" [content truncated %d -> %d bytes]", r.Truncated.OriginalBytes, r.Truncated.KeptBytes)
 	}
+	for _, a := range r.Attachments {
+		line += fmt.Sprintf(" [%s %s, %d bytes]", a.Kind(), a.MediaType, a.Size)
+	}
 	if r.Human != nil {
 		line += fmt.Sprintf(" [%s by %s]", r.Human.Kind, r.Human.Who)
 	}
@@ -101,8 +104,9 @@ func ResultLine(r toolbus.ToolResult) string {
 
 // Print renders one event; it reports the run status and whether the run stopped.
 func (p *Printer) Print(ev events.StoredEvent) (status toolbus.RunStatus, done bool) {
-	if ev.Err == nil && ev.Meta.Type != events.TypeToolProgress {
-		p.last = ev.Meta.Type // a report changes nothing the run waits for
+	if ev.Err == nil && ev.Meta.Type != events.TypeToolProgress && ev.Meta.Type != events.TypeToolLog &&
+		ev.Meta.Type != events.TypeToolQuestion && ev.Meta.Type != events.TypeToolAnswer {
+		p.last = ev.Meta.Type // a report or a log line changes nothing the run waits for
 	}
 	v := audit.Visitor{
 		Undecodable: func(ev events.StoredEvent, err error) {
@@ -137,6 +141,24 @@ func (p *Printer) Print(ev events.StoredEvent) (status toolbus.RunStatus, done b
 				return
 			}
 			fmt.Fprintf(p.out, "        .. %s %s %s\n", tp.CallID, tp.Tool, audit.ProgressText(tp))
+		},
+		ToolLog: func(_ events.StoredEvent, tl toolbus.ToolLog) {
+			if !p.finished[callKey(tl.RunID, tl.Step, tl.CallID)] {
+				fmt.Fprintf(p.out, "        .. %s %s log %s: %s\n", tl.CallID, tl.Tool, tl.Level, oneLine(tl.Message, 100))
+			}
+		},
+		ToolQuestion: func(_ events.StoredEvent, q toolbus.ToolQuestion) {
+			fmt.Fprintf(p.out, "        .. %s %s asks its caller: %s\n", q.CallID, q.Tool, oneLine(q.Message, 100))
+		},
+		ToolAnswer: func(_ events.StoredEvent, a toolbus.ToolAnswer) {
+			line := fmt.Sprintf("        .. %s %s answered by %s: %s", a.CallID, a.Tool, a.Who, a.Action)
+			if len(a.Content) > 0 {
+				line += " " + oneLine(string(a.Content), 100)
+			}
+			if a.Reason != "" {
+				line += " (" + oneLine(a.Reason, 100) + ")"
+			}
+			fmt.Fprintln(p.out, line)
 		},
 		ToolWaiting: func(_ events.StoredEvent, tw toolbus.ToolWaiting) {
 			fmt.Fprintf(p.out, "        .. %s %s waits for approval\n", tw.Call.CallID, tw.Call.Tool)

@@ -134,7 +134,7 @@ func eventColour(ev events.StoredEvent, status toolbus.RunStatus) string {
 			return ansiGreen
 		}
 		return ansiRed
-	case strings.Contains(subject, ".tool.progress."):
+	case strings.Contains(subject, ".tool.progress."), strings.Contains(subject, ".tool.log."):
 		return ansiDim
 	case strings.Contains(subject, ".model.responded"):
 		return ansiCyan

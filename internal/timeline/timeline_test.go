@@ -89,3 +89,34 @@ func TestTailNamesTheModelAsRunDoes(t *testing.T) {
 		t.Errorf("tail names r1's model %d times, want once:\n%s", n, got)
 	}
 }
+
+// A running call's log lines, questions and answers are printed (not after its result), and a result's
+// attachments are named on its line.
+func TestLogLinesAndAttachments(t *testing.T) {
+	call := toolbus.ToolCall{CallID: "c", Tool: "snap", Arguments: "{}"}
+	res := toolbus.ToolResult{CallID: "c", Tool: "snap", Status: toolbus.StatusSucceeded, Executor: "e1",
+		Attachments: []toolbus.Attachment{{MediaType: "image/png", Size: 512}}}
+	evs := []events.StoredEvent{
+		stored(t, 1, events.SubjectToolRequested("r1", "snap"), events.TypeToolRequested, toolbus.ToolRequested{RunID: "r1", Call: call, CallCount: 1}),
+		stored(t, 2, events.SubjectToolLog("r1", "snap"), events.TypeToolLog, toolbus.ToolLog{RunID: "r1", CallID: "c", Tool: "snap", Attempt: 1, Seq: 1, Level: "warning", Message: "slow camera"}),
+		stored(t, 3, events.SubjectToolQuestion("r1", "snap"), events.TypeToolQuestion, toolbus.ToolQuestion{RunID: "r1", CallID: "c", Tool: "snap", Attempt: 1, Seq: 1, Message: "which camera?", Schema: json.RawMessage(`{"type":"object"}`)}),
+		stored(t, 3, events.SubjectToolAnswer("r1", "alice"), events.TypeToolAnswer, toolbus.ToolAnswer{RunID: "r1", CallID: "c", Tool: "snap", Attempt: 1, Seq: 1, Action: "accept", Content: json.RawMessage(`{"camera":"front"}`), Who: "alice"}),
+		stored(t, 3, events.SubjectToolFinished("r1", "snap"), events.TypeToolFinished, toolbus.ToolFinished{RunID: "r1", CallCount: 1, ToolResult: res}),
+		stored(t, 4, events.SubjectToolLog("r1", "snap"), events.TypeToolLog, toolbus.ToolLog{RunID: "r1", CallID: "c", Tool: "snap", Attempt: 1, Seq: 2, Level: "info", Message: "late line"}),
+	}
+	var out bytes.Buffer
+	p := NewPrinter(&out)
+	for _, ev := range evs {
+		p.Print(ev)
+	}
+	got := out.String()
+	for _, want := range []string{"        .. c snap log warning: slow camera\n", "        .. c snap asks its caller: which camera?\n",
+		"        .. c snap answered by alice: accept {\"camera\":\"front\"}\n", "succeeded in 0 ms on e1 [image image/png, 512 bytes]"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("timeline lacks %q:\n%s", want, got)
+		}
+	}
+	if strings.Contains(got, "late line") {
+		t.Errorf("timeline prints a log line after the call's result:\n%s", got)
+	}
+}

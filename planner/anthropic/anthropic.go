@@ -3,12 +3,14 @@ package anthropic
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
 	"strings"
+	"unicode/utf8"
 
 	sdk "github.com/anthropics/anthropic-sdk-go/v2"
 	"github.com/anthropics/anthropic-sdk-go/v2/option"
@@ -248,7 +250,42 @@ func anthropicToolResult(r toolbus.Message) sdk.ContentBlockParamUnion {
 	if content != "" {
 		tr.Content = []sdk.ToolResultBlockParamContentUnion{{OfText: &sdk.TextBlockParam{Text: content}}}
 	}
+	for _, a := range r.Attachments {
+		tr.Content = append(tr.Content, anthropicAttachment(a))
+	}
 	return sdk.ContentBlockParamUnion{OfToolResult: tr}
+}
+
+// anthropicImageTypes are the image media types the Messages API accepts.
+var anthropicImageTypes = map[string]bool{"image/jpeg": true, "image/png": true, "image/gif": true, "image/webp": true}
+
+// anthropicAttachment is a tool result's attachment as the Messages API takes it in a
+// tool_result: an image block (JPEG, PNG, GIF, WebP), a document block (a PDF, base64;
+// a text file, as plain text), or else a text block that describes it.
+func anthropicAttachment(a toolbus.Attachment) sdk.ToolResultBlockParamContentUnion {
+	mt := strings.ToLower(a.MediaType)
+	if i := strings.IndexByte(mt, ';'); i >= 0 {
+		mt = strings.TrimSpace(mt[:i])
+	}
+	switch {
+	case len(a.Data) == 0:
+	case anthropicImageTypes[mt]:
+		return sdk.ToolResultBlockParamContentUnion{OfImage: &sdk.ImageBlockParam{Source: sdk.ImageBlockParamSourceUnion{
+			OfBase64: &sdk.Base64ImageSourceParam{Data: base64.StdEncoding.EncodeToString(a.Data), MediaType: sdk.Base64ImageSourceMediaType(mt)}}}}
+	case mt == "application/pdf":
+		d := &sdk.DocumentBlockParam{Source: sdk.DocumentBlockParamSourceUnion{OfBase64: &sdk.Base64PDFSourceParam{Data: base64.StdEncoding.EncodeToString(a.Data)}}}
+		if a.Name != "" {
+			d.Title = sdk.String(a.Name)
+		}
+		return sdk.ToolResultBlockParamContentUnion{OfDocument: d}
+	case a.Kind() == "text" && utf8.Valid(a.Data):
+		d := &sdk.DocumentBlockParam{Source: sdk.DocumentBlockParamSourceUnion{OfText: &sdk.PlainTextSourceParam{Data: string(a.Data)}}}
+		if a.Name != "" {
+			d.Title = sdk.String(a.Name)
+		}
+		return sdk.ToolResultBlockParamContentUnion{OfDocument: d}
+	}
+	return sdk.ToolResultBlockParamContentUnion{OfText: &sdk.TextBlockParam{Text: a.Describe()}}
 }
 
 // anthropicBlock is the part of a content block toolbus reads from Raw.

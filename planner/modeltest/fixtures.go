@@ -154,3 +154,26 @@ func (s *Sleeps) Waits() []time.Duration {
 func FastRetry(attempts int, s *Sleeps) planner.RetryPolicy {
 	return planner.RetryPolicy{MaxAttempts: attempts, BaseDelay: time.Microsecond, MaxDelay: time.Minute, Sleep: s.Sleep}
 }
+
+// AttachmentHistory is a history whose one tool result carries attachments: a PNG, a
+// PDF, a CSV, a WAV and an image kept by reference whose bytes were not read (what
+// each adapter passes, or describes, is in its own test).
+func AttachmentHistory() []toolbus.Message {
+	return []toolbus.Message{
+		{Role: toolbus.RoleSystem, Content: "You are an operations assistant."},
+		{Role: toolbus.RoleUser, Content: "Show me the CPU chart."},
+		{Role: toolbus.RoleAssistant, ToolCalls: []toolbus.ToolCall{{CallID: "call_img", Tool: "chart", Arguments: `{"metric":"cpu"}`}}},
+		{Role: toolbus.RoleTool, ToolCallID: "call_img", Name: "chart", Content: "the CPU chart", Attachments: AttachmentFiles()},
+	}
+}
+
+// AttachmentFiles are the attachments of AttachmentHistory's tool result.
+func AttachmentFiles() []toolbus.Attachment {
+	return []toolbus.Attachment{
+		{MediaType: "image/png", Name: "cpu.png", Data: []byte("PNGDATA"), Size: 7},
+		{MediaType: "application/pdf", Name: "report.pdf", Data: []byte("%PDF-1"), Size: 6},
+		{MediaType: "text/csv", Name: "cpu.csv", Data: []byte("t,cpu\n1,93\n"), Size: 11},
+		{MediaType: "audio/wav", Data: []byte("RIFF"), Size: 4},
+		{MediaType: "image/png", Name: "big.png", Ref: "kv://toolbus_outputs/chart.r.0.call_img.a4", Size: 900000},
+	}
+}

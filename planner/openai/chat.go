@@ -164,11 +164,30 @@ func chatMessages(history []toolbus.Message) ([]sdk.ChatCompletionMessageParamUn
 		case toolbus.RoleAssistant:
 			out = append(out, chatAssistant(t.Msg))
 			for _, r := range t.Results {
-				out = append(out, sdk.ToolMessage(r.Content, r.ToolCallID))
+				out = append(out, sdk.ToolMessage(chatToolContent(r), r.ToolCallID))
 			}
 		}
 	}
 	return out, nil
+}
+
+// chatToolContent is the text of a tool message: Chat Completions tool messages take
+// text only, so each attachment of the result is a line that describes it, and the
+// model is told that it cannot see them.
+func chatToolContent(r toolbus.Message) string {
+	if len(r.Attachments) == 0 {
+		return r.Content
+	}
+	var b strings.Builder
+	b.WriteString(r.Content)
+	for _, a := range r.Attachments {
+		if b.Len() > 0 {
+			b.WriteByte('\n')
+		}
+		b.WriteString(a.Describe())
+	}
+	b.WriteString("\n(the tool returned these files; Chat Completions passes tool results as text only, so they are described, not shown)")
+	return b.String()
 }
 
 func chatAssistant(m toolbus.Message) sdk.ChatCompletionMessageParamUnion {

@@ -2,10 +2,13 @@ package openai
 
 import (
 	"context"
+	"encoding/base64"
 	"encoding/json"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"strings"
+	"unicode/utf8"
 
 	sdk "github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
@@ -147,11 +150,58 @@ func responsesInput(history []toolbus.Message) (responses.ResponseInputParam, er
 			for _, r := range t.Results {
 				item := responses.ResponseInputItemParamOfFunctionCallOutput(r.Content)
 				item.OfFunctionCallOutput.CallID = sdk.String(r.ToolCallID)
+				if len(r.Attachments) > 0 {
+					item.OfFunctionCallOutput.Output = responses.ResponseInputItemFunctionCallOutputOutputUnionParam{
+						OfResponseFunctionCallOutputItemArray: responsesOutputItems(r)}
+				}
 				out = append(out, item)
 			}
 		}
 	}
 	return out, nil
+}
+
+// responsesImageTypes are the image media types the Responses API accepts.
+var responsesImageTypes = map[string]bool{"image/jpeg": true, "image/png": true, "image/gif": true, "image/webp": true}
+
+// responsesOutputItems is the output of a function_call_output whose result has
+// attachments: its text as input_text, then each attachment as an input_image (JPEG,
+// PNG, GIF, WebP as a data URL), an input_file (a PDF as a data URL, with its file
+// name), the text itself for a text file, or an input_text that describes it.
+func responsesOutputItems(r toolbus.Message) responses.ResponseFunctionCallOutputItemListParam {
+	text := func(s string) responses.ResponseFunctionCallOutputItemUnionParam {
+		return responses.ResponseFunctionCallOutputItemUnionParam{OfInputText: &responses.ResponseInputTextContentParam{Text: s}}
+	}
+	var out responses.ResponseFunctionCallOutputItemListParam
+	if r.Content != "" {
+		out = append(out, text(r.Content))
+	}
+	for i, a := range r.Attachments {
+		mt := strings.ToLower(a.MediaType)
+		if j := strings.IndexByte(mt, ';'); j >= 0 {
+			mt = strings.TrimSpace(mt[:j])
+		}
+		dataURL := "data:" + mt + ";base64," + base64.StdEncoding.EncodeToString(a.Data)
+		switch {
+		case len(a.Data) == 0:
+			out = append(out, text(a.Describe()))
+		case responsesImageTypes[mt]:
+			out = append(out, responses.ResponseFunctionCallOutputItemUnionParam{OfInputImage: &responses.ResponseInputImageContentParam{
+				ImageURL: sdk.String(dataURL), Detail: responses.ResponseInputImageContentDetailAuto}})
+		case mt == "application/pdf":
+			name := a.Name
+			if name == "" {
+				name = fmt.Sprintf("attachment-%d.pdf", i+1)
+			}
+			out = append(out, responses.ResponseFunctionCallOutputItemUnionParam{OfInputFile: &responses.ResponseInputFileContentParam{
+				FileData: sdk.String(dataURL), Filename: sdk.String(name)}})
+		case a.Kind() == "text" && utf8.Valid(a.Data):
+			out = append(out, text(string(a.Data)))
+		default:
+			out = append(out, text(a.Describe()))
+		}
+	}
+	return out
 }
 
 // responsesItem is the part of an output item toolbus reads.

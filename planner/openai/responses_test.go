@@ -88,15 +88,54 @@ func responsesEntries(items []any) ([]modeltest.Entry, error) {
 			e := turn()
 			e.Calls = append(e.Calls, modeltest.Call{ID: modeltest.Str(it["call_id"]), Name: modeltest.Str(it["name"]), Args: args})
 		case "function_call_output":
-			if _, ok := it["output"].(string); !ok {
-				return nil, fmt.Errorf("input[%d].output must be a string", i)
+			text, err := functionCallOutput(i, it["output"])
+			if err != nil {
+				return nil, err
 			}
-			out = append(out, modeltest.Entry{Role: "tool", CallID: modeltest.Str(it["call_id"]), Text: modeltest.Str(it["output"])})
+			out = append(out, modeltest.Entry{Role: "tool", CallID: modeltest.Str(it["call_id"]), Text: text})
 		default:
 			return nil, fmt.Errorf("invalid value: '%s' (input[%d].type)", typ, i)
 		}
 	}
 	return out, nil
+}
+
+// functionCallOutput checks the output of function_call_output item i as the API
+// documents it (a string, or a list of input_text, input_image and input_file items)
+// and returns its text.
+func functionCallOutput(i int, v any) (string, error) {
+	if s, ok := v.(string); ok {
+		return s, nil
+	}
+	items, ok := v.([]any)
+	if !ok {
+		return "", fmt.Errorf("input[%d].output must be a string or an array of input items", i)
+	}
+	var text string
+	for j, iv := range items {
+		c := modeltest.Obj(iv)
+		switch modeltest.Str(c["type"]) {
+		case "input_text":
+			if _, ok := c["text"].(string); !ok {
+				return "", fmt.Errorf("input[%d].output[%d].text must be a string", i, j)
+			}
+			text += modeltest.Str(c["text"])
+		case "input_image":
+			if !strings.HasPrefix(modeltest.Str(c["image_url"]), "data:image/") && modeltest.Str(c["file_id"]) == "" {
+				return "", fmt.Errorf("input[%d].output[%d]: an input_image needs image_url or file_id", i, j)
+			}
+		case "input_file":
+			if modeltest.Str(c["file_data"]) != "" && modeltest.Str(c["filename"]) == "" {
+				return "", fmt.Errorf("input[%d].output[%d]: file_data needs a filename", i, j)
+			}
+			if modeltest.Str(c["file_data"]) == "" && modeltest.Str(c["file_id"]) == "" && modeltest.Str(c["file_url"]) == "" {
+				return "", fmt.Errorf("input[%d].output[%d]: an input_file needs file_data, file_id or file_url", i, j)
+			}
+		default:
+			return "", fmt.Errorf("invalid value: '%s' (input[%d].output[%d].type)", modeltest.Str(c["type"]), i, j)
+		}
+	}
+	return text, nil
 }
 
 func decodeResponsesRequest(body []byte) ([]modeltest.Entry, error) {

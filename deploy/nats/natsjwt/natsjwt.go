@@ -184,6 +184,7 @@ var identitySubjects = []string{
 	events.SubjectPrefix + ".*.run.cancel.*",
 	events.SubjectPrefix + ".*.approval.granted.*",
 	events.SubjectPrefix + ".*.approval.denied.*",
+	events.SubjectPrefix + ".*.tool.answer.*",
 }
 
 // ClientPermissions returns the client template (CLIENT) with its identity-bearing
@@ -233,6 +234,8 @@ func TeamPermissions(template Permissions, stream, team string, tools []string) 
 			events.SubjectPrefix+".*.tool.finished."+tool,
 			events.SubjectPrefix+".*.tool.waiting."+tool,
 			events.SubjectPrefix+".*.tool.progress."+tool,
+			events.SubjectPrefix+".*.tool.log."+tool,
+			events.SubjectPrefix+".*.tool.question."+tool,
 		)
 		// The doorbell of the tool's queue while it is idle (consume.Doorbell).
 		p.SubAllow = append(p.SubAllow, events.FilterToolRequestedFor(tool))

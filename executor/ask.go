@@ -1,0 +1,109 @@
+package executor
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+)
+
+// Questions to the caller.
+//
+// A tool asks the run's caller a question with Ask(ctx, message, schema): the schema is
+// the JSON Schema of the answer, an object of primitive properties (what an MCP
+// elicitation form takes). The bus worker publishes it as a tool.question event and
+// waits for the tool.answer, within the call's timeout; `toolbus mcp` asks the host that
+// called the tool. An accepted answer's content is checked against the schema. The
+// wait is not durable: an executor that stops while its call waits loses the question
+// (the call runs again on another delivery and asks again).
+
+// Answer is the caller's answer to a question.
+type Answer struct {
+	// Action is accept (Content holds the answer), decline or cancel.
+	Action  string
+	Content json.RawMessage
+	// Reason says why there is no answer, when the caller could not be asked.
+	Reason string
+	// Who answered.
+	Who string
+}
+
+// Question is what a tool asks (Asker's argument).
+type Question struct {
+	Message string
+	Schema  json.RawMessage
+}
+
+// Asker asks the run's caller a question and waits for the answer (the bus worker's,
+// WithAsker). ctx is the call's: it ends at the call's deadline.
+type Asker func(ctx context.Context, q Question) (Answer, error)
+
+// Errors of Ask.
+var (
+	// ErrCannotAsk: nobody can be asked here (no asker: the executor runs outside a bus
+	// worker, or the caller cannot answer questions).
+	ErrCannotAsk = errors.New("executor: the caller cannot be asked")
+	// ErrInvalidQuestion: the schema is not an object schema that compiles.
+	ErrInvalidQuestion = errors.New("executor: invalid question")
+	// ErrInvalidAnswer: an accepted answer does not match the question's schema.
+	ErrInvalidAnswer = errors.New("executor: the answer does not match the question's schema")
+)
+
+type askerKey struct{}
+
+// WithAsker returns a context whose calls ask their questions with a.
+func WithAsker(ctx context.Context, a Asker) context.Context {
+	return context.WithValue(ctx, askerKey{}, a)
+}
+
+// Ask asks the run's caller message and returns the answer: accept with its content
+// (valid against schema), decline or cancel. It waits at most until the call's
+// deadline. It returns an error wrapping ErrNotRunning under a context that is not a
+// running call's, ErrInvalidQuestion for a schema that is not an object schema,
+// ErrCannotAsk when nobody can answer, ErrInvalidAnswer for content that does not match
+// the schema, or the context's error.
+func Ask(ctx context.Context, message string, schema json.RawMessage) (Answer, error) {
+	c, _ := ctx.Value(progressKey{}).(*callCtx)
+	if c == nil || !c.running() {
+		return Answer{}, fmt.Errorf("%w: no tool call running in this context (call Ask with the context the tool was given)", ErrNotRunning)
+	}
+	if err := checkObjectSchema(schema); err != nil {
+		return Answer{}, fmt.Errorf("%w: %v", ErrInvalidQuestion, err)
+	}
+	compiled, err := compileSchema(schema, "question")
+	if err != nil {
+		return Answer{}, fmt.Errorf("%w: %v", ErrInvalidQuestion, err)
+	}
+	if c.asker == nil {
+		return Answer{}, fmt.Errorf("%w: this executor runs without a bus worker", ErrCannotAsk)
+	}
+	a, err := c.asker(ctx, Question{Message: message, Schema: schema})
+	if err != nil {
+		return Answer{}, err
+	}
+	if a.Action != "accept" {
+		return a, nil
+	}
+	v, err := decodeJSON(a.Content)
+	if err == nil {
+		err = compiled.Validate(v)
+	}
+	if err != nil {
+		return a, fmt.Errorf("%w: %v", ErrInvalidAnswer, err)
+	}
+	return a, nil
+}
+
+// askerFor returns the asker of ctx with the question's message redacted as results
+// are (nil when ctx has none).
+func (c *call) askerFor(ctx context.Context) Asker {
+	a, _ := ctx.Value(askerKey{}).(Asker)
+	if a == nil {
+		return nil
+	}
+	sv := c.e.secretValues()
+	return func(ctx context.Context, q Question) (Answer, error) {
+		q.Message, _ = sv.text(q.Message)
+		return a(ctx, q)
+	}
+}
