@@ -67,6 +67,10 @@ const (
 	// (planner.Config.MaxAnswerBytes): the run ends at once and the model, which was
 	// paid for that answer, is not asked again.
 	CodeModelAnswerTooLarge = "model_answer_too_large"
+	// CodeQuotaExceeded: the run's principal is at one of its bounds (runs in flight,
+	// starts per second, size of its run.started: injector.Quota) when the run started;
+	// nothing of it ran, and the reason names the bound.
+	CodeQuotaExceeded = "quota_exceeded"
 )
 
 // ToolCall is one call proposed by the model: the raw arguments exactly as the model sent

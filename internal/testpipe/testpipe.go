@@ -42,8 +42,14 @@ type Pipeline struct {
 // executor's tools.
 func Start(t *testing.T, d time.Duration, model planner.Model, extra ...executor.Tool) *Pipeline {
 	t.Helper()
+	return StartWithQuota(t, d, model, injector.Quota{}, extra...)
+}
+
+// StartWithQuota is Start with an injector that applies quota.
+func StartWithQuota(t *testing.T, d time.Duration, model planner.Model, quota injector.Quota, extra ...executor.Tool) *Pipeline {
+	t.Helper()
 	srv := eventstest.RunJetStream(t)
-	p := StartOn(t, srv.Conn, d, model, extra...)
+	p := startOn(t, srv.Conn, d, model, quota, extra...)
 	p.Srv = srv
 	return p
 }
@@ -51,6 +57,11 @@ func Start(t *testing.T, d time.Duration, model planner.Model, extra ...executor
 // StartOn is Start on the test's own connection nc (to a server it runs with its own
 // accounts or permissions), which must be allowed to set the bus up.
 func StartOn(t *testing.T, nc *nats.Conn, d time.Duration, model planner.Model, extra ...executor.Tool) *Pipeline {
+	t.Helper()
+	return startOn(t, nc, d, model, injector.Quota{}, extra...)
+}
+
+func startOn(t *testing.T, nc *nats.Conn, d time.Duration, model planner.Model, quota injector.Quota, extra ...executor.Tool) *Pipeline {
 	t.Helper()
 	ctx := eventstest.Context(t, d)
 	bus, _, err := provision.Setup(ctx, nc, events.Config{})
@@ -84,7 +95,7 @@ func StartOn(t *testing.T, nc *nats.Conn, d time.Duration, model planner.Model, 
 		return nil
 	})
 	p.Roles.Go("planner-1", testutil.Must(planner.New(bus, model, cat, planner.Config{WorkerConfig: p.worker("planner-1")})).Run)
-	p.Roles.Go("injector-1", testutil.Must(injector.New(bus, injector.Config{WorkerConfig: p.worker("injector-1")})).Run)
+	p.Roles.Go("injector-1", testutil.Must(injector.New(bus, injector.Config{WorkerConfig: p.worker("injector-1"), Quota: quota})).Run)
 	return p
 }
 
