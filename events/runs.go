@@ -67,7 +67,7 @@ func (b *Bus) StartRun(ctx context.Context, source string, rs toolbus.RunStarted
 		// which run.started is the first.
 		return b.checkFirstRunStarted(ctx, rs.RunID, seq)
 	case !errors.Is(err, errRunHasMessages):
-		return err
+		return streamFull(b.cfg.Stream, err)
 	}
 	if _, err := b.firstRunStarted(ctx, rs.RunID); err == nil {
 		return fmt.Errorf("%w: %s", ErrRunExists, rs.RunID)

@@ -179,8 +179,10 @@ type Injector struct {
 	// ends are the runs known to have ended, from their outcome events: a step settles
 	// without reading its run's state when they answer for the run (runState)
 	ends *events.RunOutcomes
-	// quota admits new runs per principal (quota.go)
+	// quota admits new runs per principal, room while the event stream has room
+	// (quota.go)
 	quota *admission
+	room  storeRoom
 }
 
 // New returns an injector, or the error of cfg.Validate.

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"golang.org/x/time/rate"
 
@@ -131,18 +132,57 @@ func (a *admission) admit(ctx context.Context, rs toolbus.RunStarted, ended func
 // admitted applies the quota to a new run: refused, the run ends failed with code
 // quota_exceeded and admitted returns false.
 func (in *Injector) admitted(ctx context.Context, rs toolbus.RunStarted) (bool, error) {
-	why, err := in.quota.admit(ctx, rs, func(ctx context.Context, run string) (bool, error) {
-		st, _, err := in.bus.Store().RunState(ctx, run)
-		if errors.Is(err, events.ErrRunNotFound) {
-			return true, nil // its state is gone: it ended long ago
-		}
-		if err != nil {
-			return false, err
-		}
-		return st.Status.Terminal(), nil
-	})
+	why, err := in.room.check(ctx, in.bus)
+	if err == nil && why == "" {
+		why, err = in.quota.admit(ctx, rs, in.hasEnded)
+	}
 	if err != nil || why == "" {
 		return err == nil, err
 	}
 	return false, in.end(ctx, 0, toolbus.RunEnded{RunID: rs.RunID, Status: toolbus.RunFailed, Code: toolbus.CodeQuotaExceeded, Reason: why})
+}
+
+// hasEnded reports whether run has ended (or its state is gone).
+func (in *Injector) hasEnded(ctx context.Context, run string) (bool, error) {
+	st, _, err := in.bus.Store().RunState(ctx, run)
+	if errors.Is(err, events.ErrRunNotFound) {
+		return true, nil // its state is gone: it ended long ago
+	}
+	if err != nil {
+		return false, err
+	}
+	return st.Status.Terminal(), nil
+}
+
+// storeRoom refuses new runs while the event stream holds StreamAdmitPercent of its
+// byte bound, reading the stream's info at most once per storeRoomRecheck. A stream
+// without a bound (as the injector opened it) costs nothing.
+type storeRoom struct {
+	mu         sync.Mutex
+	checked    time.Time
+	bytes, max int64
+}
+
+// storeRoomRecheck is how often the stream's fill is read again (a variable for tests).
+var storeRoomRecheck = time.Second
+
+func (r *storeRoom) check(ctx context.Context, bus *events.Bus) (string, error) {
+	s := bus.EventStream()
+	if s == nil || s.CachedInfo() == nil || s.CachedInfo().Config.MaxBytes <= 0 {
+		return "", nil
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if time.Since(r.checked) >= storeRoomRecheck {
+		info, err := s.Info(ctx)
+		if err != nil {
+			return "", fmt.Errorf("injector: event stream info: %w", err)
+		}
+		r.checked, r.bytes, r.max = time.Now(), int64(info.State.Bytes), info.Config.MaxBytes
+	}
+	if r.max > 0 && r.bytes*100 >= r.max*events.StreamAdmitPercent {
+		return fmt.Sprintf("the event stream %s holds %d of its %d bytes (TOOLBUS_STREAM_MAX_BYTES): new runs are refused above %d%% so that the runs in flight can finish; raise the bound or shorten TOOLBUS_RETENTION",
+			s.CachedInfo().Config.Name, r.bytes, r.max, events.StreamAdmitPercent), nil
+	}
+	return "", nil
 }
