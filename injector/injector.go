@@ -344,6 +344,9 @@ func (in *Injector) dispatch(ctx context.Context, msg jetstream.Msg) error {
 	if err := events.CheckSubject(msg.Subject(), ev.Meta, data); err != nil {
 		return err
 	}
+	if err := decisionSize(data); err != nil {
+		return err
+	}
 	switch d := data.(type) {
 	case *toolbus.ToolFinished:
 		if err := in.fence(ctx, msg, *d); err != nil {

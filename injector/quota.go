@@ -186,3 +186,13 @@ func (r *storeRoom) check(ctx context.Context, bus *events.Bus) (string, error) 
 	}
 	return "", nil
 }
+
+// decisionSize terminates an approval, denial or cancel over events.MaxDecisionBytes
+// unapplied (a poison error naming the bound).
+func decisionSize(data any) error {
+	switch data.(type) {
+	case *toolbus.Approval, *toolbus.Cancel:
+		return events.DecisionSize(data)
+	}
+	return nil
+}

@@ -130,3 +130,34 @@ func TestFullStreamRefusesNewRuns(t *testing.T) {
 		t.Fatalf("a start into the full stream: %v, want ErrStreamFull naming the bound", full)
 	}
 }
+
+// TestDecisionsAreBounded: a decision over events.MaxDecisionBytes is refused by the
+// publisher, naming the bound, and terminated unapplied by the injector (decisionSize);
+// one within it passes both.
+func TestDecisionsAreBounded(t *testing.T) {
+	big := strings.Repeat("x", events.MaxDecisionBytes)
+	for _, c := range []struct {
+		name string
+		d    any
+		ok   bool
+	}{
+		{"approval", &toolbus.Approval{RunID: "r", CallID: "c", Who: "alice", Why: "fine"}, true},
+		{"answer too large", &toolbus.Approval{RunID: "r", CallID: "c", Who: "alice", Response: big}, false},
+		{"cancel", &toolbus.Cancel{RunID: "r", Reason: "stop"}, true},
+		{"cancel reason too large", &toolbus.Cancel{RunID: "r", Reason: big}, false},
+	} {
+		err := decisionSize(c.d)
+		if c.ok != (err == nil) || !c.ok && (!errors.Is(err, events.ErrPoison) || !strings.Contains(err.Error(), "events.MaxDecisionBytes")) {
+			t.Errorf("%s: %v", c.name, err)
+		}
+	}
+	bus := eventstest.Setup(t, events.Config{Memory: true})
+	ctx := eventstest.Context(t, time.Minute)
+	if _, err := bus.PublishApproval(ctx, "/test", 0, toolbus.Approval{RunID: "r", CallID: "c", Who: "alice", Why: big}, true); err == nil ||
+		!strings.Contains(err.Error(), "over the bound") {
+		t.Fatalf("a too large approval published: %v", err)
+	}
+	if _, err := bus.PublishCancel(ctx, "/test", toolbus.Cancel{RunID: "r", Who: "alice", Reason: big}); err == nil {
+		t.Fatal("a too large cancel published")
+	}
+}
