@@ -94,7 +94,8 @@ type Truncation struct {
 	OriginalBytes int `json:"original_bytes"`
 	KeptBytes     int `json:"kept_bytes"`
 	// Ref names where the whole output is kept (for example kv://toolbus_outputs/<key>);
-	// empty when the whole output is in ToolResult.Output.
+	// empty when the whole output is in ToolResult.Output, or, with no Output, when it
+	// was not kept because the outputs bucket was full.
 	Ref string `json:"ref,omitempty"`
 }
 

@@ -40,7 +40,7 @@ func TestQuotaRefusesOneTenantNotTheOthers(t *testing.T) {
 	scripts := map[string]*planner.Script{"m-1": holding, "m-2": holding, "m-3": answering(), "m-big": answering(),
 		"a-1": answering(), "m-4": answering()}
 	quota := injector.Quota{MaxRunsInFlight: 2, MaxStartBytes: 4096}
-	p := testpipe.StartWithQuota(t, 3*time.Minute, testpipe.ScriptByRun(scripts, nil), quota, hold)
+	p := testpipe.StartWith(t, 3*time.Minute, testpipe.ScriptByRun(scripts, nil), testpipe.Options{Quota: quota}, hold)
 	ended := func(run string) toolbus.RunEnded {
 		t.Helper()
 		st, _, err := p.Bus.Store().RunState(p.Ctx, run)

@@ -42,14 +42,22 @@ type Pipeline struct {
 // executor's tools.
 func Start(t *testing.T, d time.Duration, model planner.Model, extra ...executor.Tool) *Pipeline {
 	t.Helper()
-	return StartWithQuota(t, d, model, injector.Quota{}, extra...)
+	return StartWith(t, d, model, Options{}, extra...)
 }
 
-// StartWithQuota is Start with an injector that applies quota.
-func StartWithQuota(t *testing.T, d time.Duration, model planner.Model, quota injector.Quota, extra ...executor.Tool) *Pipeline {
+// Options are a pipeline's settings beyond the defaults.
+type Options struct {
+	// Quota is the injector's.
+	Quota injector.Quota
+	// Bus sets the stream and buckets up.
+	Bus events.Config
+}
+
+// StartWith is Start with opts.
+func StartWith(t *testing.T, d time.Duration, model planner.Model, opts Options, extra ...executor.Tool) *Pipeline {
 	t.Helper()
 	srv := eventstest.RunJetStream(t)
-	p := startOn(t, srv.Conn, d, model, quota, extra...)
+	p := startOn(t, srv.Conn, d, model, opts, extra...)
 	p.Srv = srv
 	return p
 }
@@ -58,13 +66,13 @@ func StartWithQuota(t *testing.T, d time.Duration, model planner.Model, quota in
 // accounts or permissions), which must be allowed to set the bus up.
 func StartOn(t *testing.T, nc *nats.Conn, d time.Duration, model planner.Model, extra ...executor.Tool) *Pipeline {
 	t.Helper()
-	return startOn(t, nc, d, model, injector.Quota{}, extra...)
+	return startOn(t, nc, d, model, Options{}, extra...)
 }
 
-func startOn(t *testing.T, nc *nats.Conn, d time.Duration, model planner.Model, quota injector.Quota, extra ...executor.Tool) *Pipeline {
+func startOn(t *testing.T, nc *nats.Conn, d time.Duration, model planner.Model, opts Options, extra ...executor.Tool) *Pipeline {
 	t.Helper()
 	ctx := eventstest.Context(t, d)
-	bus, _, err := provision.Setup(ctx, nc, events.Config{})
+	bus, _, err := provision.Setup(ctx, nc, opts.Bus)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -95,7 +103,7 @@ func startOn(t *testing.T, nc *nats.Conn, d time.Duration, model planner.Model, 
 		return nil
 	})
 	p.Roles.Go("planner-1", testutil.Must(planner.New(bus, model, cat, planner.Config{WorkerConfig: p.worker("planner-1")})).Run)
-	p.Roles.Go("injector-1", testutil.Must(injector.New(bus, injector.Config{WorkerConfig: p.worker("injector-1"), Quota: quota})).Run)
+	p.Roles.Go("injector-1", testutil.Must(injector.New(bus, injector.Config{WorkerConfig: p.worker("injector-1"), Quota: opts.Quota})).Run)
 	return p
 }
 
