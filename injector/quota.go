@@ -66,10 +66,24 @@ func newAdmission(q Quota) *admission {
 	return &admission{q: q, by: map[string]*principalQuota{}}
 }
 
+// maxQuotaPrincipals bounds the principals an injector remembers: beyond it, those with
+// no run in flight are forgotten (their start rate starts afresh).
+const maxQuotaPrincipals = 100000
+
 func (a *admission) of(principal string) *principalQuota {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	pq := a.by[principal]
+	if pq == nil && len(a.by) >= maxQuotaPrincipals {
+		for p, q := range a.by {
+			if q.mu.TryLock() {
+				if len(q.inFlight) == 0 {
+					delete(a.by, p)
+				}
+				q.mu.Unlock()
+			}
+		}
+	}
 	if pq == nil {
 		pq = &principalQuota{inFlight: map[string]struct{}{}}
 		if a.q.StartsPerSecond > 0 {
