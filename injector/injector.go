@@ -197,7 +197,7 @@ func New(bus *events.Bus, cfg Config) (*Injector, error) {
 	}
 	in := &Injector{cfg: cfg, bus: bus, source: events.Source("injector", cfg.Instance), steps: newSteps(max(cfg.JoinWindow, 0)),
 		timers: heldTimers{m: map[string]jetstream.Msg{}}, starts: heldTimers{m: map[string]jetstream.Msg{}}, ends: ends,
-		calls: newCallCache(), results: newResultCache(), quota: newAdmission(cfg.Quota), log: cfg.Logger.With("component", "injector", "instance", cfg.Instance)}
+		calls: newCallCache(), results: newResultCache(), quota: newAdmission(cfg.Quota), room: storeRoom{every: storeRoomRecheck}, log: cfg.Logger.With("component", "injector", "instance", cfg.Instance)}
 	if ends != nil {
 		// A run's end frees its deadline timer (deadline.go).
 		ends.OnEnded(func(run string, _ toolbus.RunStatus) { in.runEnded(run) })

@@ -172,13 +172,15 @@ func (in *Injector) hasEnded(ctx context.Context, run string) (bool, error) {
 // byte bound, reading the stream's info at most once per storeRoomRecheck. A stream
 // without a bound (as the injector opened it) costs nothing.
 type storeRoom struct {
+	// every is how often the stream's fill is read again (storeRoomRecheck).
+	every      time.Duration
 	mu         sync.Mutex
 	checked    time.Time
 	bytes, max int64
 }
 
-// storeRoomRecheck is how often the stream's fill is read again (a variable for tests).
-var storeRoomRecheck = time.Second
+// storeRoomRecheck is how often the stream's fill is read again.
+const storeRoomRecheck = time.Second
 
 func (r *storeRoom) check(ctx context.Context, bus *events.Bus) (string, error) {
 	s := bus.EventStream()
@@ -187,7 +189,7 @@ func (r *storeRoom) check(ctx context.Context, bus *events.Bus) (string, error) 
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if time.Since(r.checked) >= storeRoomRecheck {
+	if time.Since(r.checked) >= r.every {
 		info, err := s.Info(ctx)
 		if err != nil {
 			return "", fmt.Errorf("injector: event stream info: %w", err)

@@ -60,8 +60,6 @@ func TestQuotaStartsPerSecond(t *testing.T) {
 // moves (its cancel is applied and recorded); a start into the full stream is refused
 // with ErrStreamFull, never a timeout.
 func TestFullStreamRefusesNewRuns(t *testing.T) {
-	defer func(d time.Duration) { storeRoomRecheck = d }(storeRoomRecheck)
-	storeRoomRecheck = 0
 	ctx := eventstest.Context(t, 2*time.Minute)
 	const bound = 512 << 10
 	bus := eventstest.Setup(t, events.Config{Memory: true, StreamMaxBytes: bound})
@@ -72,6 +70,7 @@ func TestFullStreamRefusesNewRuns(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	in.room.every = 0 // read the stream's fill at every start
 	runInjector(t, ctx, in)
 	status := func(run string) (toolbus.RunStatus, *toolbus.RunEnded) {
 		st, _, err := bus.Store().RunState(ctx, run)
