@@ -71,6 +71,10 @@ const (
 	// (planner.Config.MaxAnswerBytes): the run ends at once and the model, which was
 	// paid for that answer, is not asked again.
 	CodeModelAnswerTooLarge = "model_answer_too_large"
+	// CodeQuotaExceeded: the run's principal is at one of its bounds (runs in flight,
+	// starts per second, size of its run.started: injector.Quota) when the run started;
+	// nothing of it ran, and the reason names the bound.
+	CodeQuotaExceeded = "quota_exceeded"
 )
 
 // ToolCall is one call proposed by the model: the raw arguments exactly as the model sent
@@ -94,7 +98,8 @@ type Truncation struct {
 	OriginalBytes int `json:"original_bytes"`
 	KeptBytes     int `json:"kept_bytes"`
 	// Ref names where the whole output is kept (for example kv://toolbus_outputs/<key>);
-	// empty when the whole output is in ToolResult.Output.
+	// empty when the whole output is in ToolResult.Output, or, with no Output, when it
+	// was not kept because the outputs bucket was full.
 	Ref string `json:"ref,omitempty"`
 }
 

@@ -202,9 +202,15 @@ func (c *server) decide(kind string) http.HandlerFunc {
 				return
 			}
 		}
+		if !c.mustSee(w, r, run) {
+			return
+		}
 		step, call, err := decide.Waiting(ctx, c.bus, run, callID)
 		if err != nil {
 			c.actionError(w, err)
+			return
+		}
+		if !c.mayDecide(w, r, run, call.Tool) {
 			return
 		}
 		// The form shows the model's arguments for editing: unchanged, it is an approval.
@@ -233,6 +239,9 @@ func (c *server) cancel(w http.ResponseWriter, r *http.Request) {
 	}
 	if !toolbus.ValidRunID(run) {
 		http.Error(w, "invalid run id", http.StatusBadRequest)
+		return
+	}
+	if !c.mustSee(w, r, run) || !c.mayCancel(w, r, run) {
 		return
 	}
 	st, _, err := c.bus.Store().RunState(ctx, run)
@@ -277,6 +286,18 @@ func (c *server) sse(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "invalid run id", http.StatusBadRequest)
 		return
 	}
+	var filter *streamFilter
+	if run != "" && !c.mustSee(w, r, run) {
+		return
+	}
+	if v := viewerOf(r); run == "" && v.restricted {
+		vis, err := c.visibilityOf(ctx, v)
+		if err != nil {
+			c.fail(w, err)
+			return
+		}
+		filter = &streamFilter{vis: vis, seen: map[string]bool{}}
+	}
 	flusher, ok := w.(http.Flusher)
 	if !ok {
 		http.Error(w, "streaming unsupported", http.StatusInternalServerError)
@@ -308,6 +329,9 @@ func (c *server) sse(w http.ResponseWriter, r *http.Request) {
 			if n.Type == "ready" {
 				_, err = fmt.Fprint(w, "event: ready\ndata: {}\n\n")
 				break
+			}
+			if !filter.pass(ctx, n.Subject) {
+				continue
 			}
 			b, _ := json.Marshal(map[string]string{"subject": n.Subject, "type": n.Type})
 			_, err = fmt.Fprintf(w, "event: bus\ndata: %s\n\n", b)

@@ -61,6 +61,9 @@ func (c *server) readRawEvents(w http.ResponseWriter, r *http.Request) (string, 
 		http.Error(w, "invalid run id", http.StatusBadRequest)
 		return run, nil, false
 	}
+	if !c.mustSee(w, r, run) {
+		return run, nil, false
+	}
 	var evs []rawEvent
 	if err := c.hub.read(r.Context(), func(ctx context.Context) error {
 		var err error

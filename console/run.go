@@ -68,6 +68,12 @@ func (c *server) runPage(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "invalid run id", http.StatusBadRequest)
 		return
 	}
+	if !c.mustSee(w, r, run) {
+		return
+	}
+	v := viewerOf(r)
+	var decides map[string]bool
+	canCancel := false
 	var view *runView
 	err := c.hub.read(r.Context(), func(ctx context.Context) error {
 		evs, err := c.hub.runEvents(ctx, run)
@@ -83,6 +89,12 @@ func (c *server) runPage(w http.ResponseWriter, r *http.Request) {
 			view.Waiting = rep.Pending
 		}
 		var span int64
+		principal, err := c.principalOf(ctx, run)
+		if err != nil {
+			return err
+		}
+		decides = c.deciders(ctx, v, principal, view.Waiting)
+		canCancel, _ = v.mayCancel(principal)
 		view.Steps, span = c.steps(ctx, rep, time.Now())
 		view.Axis = axis(span)
 		if !view.Active {
@@ -98,7 +110,9 @@ func (c *server) runPage(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, fmt.Sprintf("run %s not found", run), http.StatusNotFound)
 		return
 	}
-	c.render(w, "run.html", c.pageData(r, map[string]any{"V": view, "R": view.R}))
+	data := c.pageData(r, map[string]any{"V": view, "R": view.R, "Decides": decides})
+	data["CanCancel"] = data["CanAct"] == true && canCancel
+	c.render(w, "run.html", data)
 }
 
 // callTimes are the moments of one call on the run's axis (milliseconds from its start;

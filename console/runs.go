@@ -148,7 +148,7 @@ func (c *server) runsPage(w http.ResponseWriter, r *http.Request) {
 	}
 	var view runsView
 	if err := c.hub.read(r.Context(), func(ctx context.Context) error {
-		view, err = c.runs(ctx, q)
+		view, err = c.runs(ctx, q, viewerOf(r))
 		return err
 	}); err != nil {
 		c.fail(w, err)
@@ -157,16 +157,23 @@ func (c *server) runsPage(w http.ResponseWriter, r *http.Request) {
 	c.render(w, "runs.html", c.pageData(r, map[string]any{"V": view}))
 }
 
-// runs reads the list: every run state, filtered and searched, then the page's rows.
-func (c *server) runs(ctx context.Context, q runQuery) (runsView, error) {
+// runs reads the list: every run state the viewer sees (tenancy.go), filtered and
+// searched, then the page's rows.
+func (c *server) runs(ctx context.Context, q runQuery, v viewer) (runsView, error) {
 	view := runsView{Query: q, Statuses: toolbus.RunStatuses}
 	states, err := c.bus.Store().Runs(ctx)
 	if err != nil {
 		return view, err
 	}
+	vis, err := c.visibilityOf(ctx, v)
+	if err != nil {
+		return view, err
+	}
 	if contracts, err := c.bus.Store().Contracts(ctx); err == nil {
 		for _, tc := range contracts {
-			view.Tools = append(view.Tools, tc.Name)
+			if v.seesTool(tc.Owner) {
+				view.Tools = append(view.Tools, tc.Name)
+			}
 		}
 		sort.Strings(view.Tools)
 	}
@@ -174,6 +181,9 @@ func (c *server) runs(ctx context.Context, q runQuery) (runsView, error) {
 	var match []store.RunState
 	for _, st := range states {
 		ok, err := c.matches(ctx, q, st)
+		if err == nil && ok {
+			ok, err = vis.sees(ctx, st.RunID)
+		}
 		if err != nil {
 			return view, err
 		}

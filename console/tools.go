@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"slices"
 	"sort"
 	"time"
 
@@ -62,7 +63,7 @@ func (c *server) toolsPage(w http.ResponseWriter, r *http.Request) {
 	var view toolsView
 	if err := c.hub.read(r.Context(), func(ctx context.Context) error {
 		var err error
-		view, err = c.tools(ctx, time.Now())
+		view, err = c.tools(ctx, time.Now(), viewerOf(r))
 		return err
 	}); err != nil {
 		c.fail(w, err)
@@ -71,8 +72,9 @@ func (c *server) toolsPage(w http.ResponseWriter, r *http.Request) {
 	c.render(w, "tools.html", c.pageData(r, map[string]any{"V": view}))
 }
 
-// tools joins the catalog, the instances, the queues and the open calls.
-func (c *server) tools(ctx context.Context, now time.Time) (toolsView, error) {
+// tools joins the catalog, the instances, the queues and the open calls, of the tools,
+// instances and runs the viewer sees (tenancy.go).
+func (c *server) tools(ctx context.Context, now time.Time, v viewer) (toolsView, error) {
 	var view toolsView
 	contracts, err := c.bus.Store().Contracts(ctx)
 	if err != nil {
@@ -83,11 +85,15 @@ func (c *server) tools(ctx context.Context, now time.Time) (toolsView, error) {
 		return view, err
 	}
 	sort.Slice(instances, func(i, j int) bool { return instances[i].Name < instances[j].Name })
+	instances = slices.DeleteFunc(instances, func(in store.Instance) bool { return !v.seesTeam(in.Team) })
 	for _, in := range instances {
 		view.Instances = append(view.Instances, instanceView{Instance: in, Heartbeat: audit.Age(now.Sub(in.HeartbeatAt))})
 	}
 	byName := map[string]*toolView{}
 	for _, tc := range contracts {
+		if !v.seesTool(tc.Owner) {
+			continue
+		}
 		tv := &toolView{ToolContract: tc, Instances: []string{}}
 		for _, in := range instances {
 			if in.Serves(tc.Owner, tc.Name) {
@@ -111,10 +117,13 @@ func (c *server) tools(ctx context.Context, now time.Time) (toolsView, error) {
 		return view, err
 	}
 	view.Partial = partial
+	if calls, err = c.visibleCalls(ctx, v, calls); err != nil {
+		return view, err
+	}
 	for _, oc := range calls {
 		if tv := byName[oc.Tool]; tv != nil {
 			tv.Calls = append(tv.Calls, oc)
-		} else {
+		} else if !v.restricted {
 			view.Unlisted = append(view.Unlisted, oc)
 		}
 	}
@@ -169,4 +178,30 @@ func (c *server) openCalls(ctx context.Context) ([]openCall, bool, error) {
 		}
 	}
 	return out, partial, nil
+}
+
+// visibleCalls keeps the open calls of the runs the viewer sees.
+func (c *server) visibleCalls(ctx context.Context, v viewer, calls []openCall) ([]openCall, error) {
+	if !v.restricted {
+		return calls, nil
+	}
+	vis, err := c.visibilityOf(ctx, v)
+	if err != nil {
+		return nil, err
+	}
+	seen := map[string]bool{}
+	var out []openCall
+	for _, oc := range calls {
+		ok, known := seen[oc.Run]
+		if !known {
+			if ok, err = vis.sees(ctx, oc.Run); err != nil {
+				return nil, err
+			}
+			seen[oc.Run] = ok
+		}
+		if ok {
+			out = append(out, oc)
+		}
+	}
+	return out, nil
 }

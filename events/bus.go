@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -66,6 +67,30 @@ type Config struct {
 	// OutputsMaxBytes bounds the bucket of large tool outputs (default 1 GiB; -1
 	// unbounded): when full, storing a new output fails instead of filling the disk.
 	OutputsMaxBytes int64 `envconfig:"OUTPUTS_MAX_BYTES" default:"1073741824"`
+	// StreamMaxBytes bounds the event stream (0: unbounded). Bounded, the stream
+	// discards nothing (discard new: the audit trail is never cut short): a publish into
+	// a full stream is refused (ErrStreamFull), and injectors refuse new runs
+	// (quota_exceeded) once it holds StreamAdmitPercent of the bound, so the runs in
+	// flight have the rest to finish in.
+	StreamMaxBytes int64 `envconfig:"STREAM_MAX_BYTES"`
+}
+
+// StreamAdmitPercent is how full (percent of Config.StreamMaxBytes) the event stream
+// may be for a new run to start.
+const StreamAdmitPercent = 90
+
+// ErrStreamFull wraps a publish the event stream refused because it holds
+// Config.StreamMaxBytes.
+var ErrStreamFull = errors.New("events: the event stream is full")
+
+// streamFull wraps err with ErrStreamFull when the stream refused a message for its
+// byte bound.
+func streamFull(stream string, err error) error {
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) && strings.Contains(apiErr.Description, "maximum bytes exceeded") {
+		return fmt.Errorf("%w: stream %s holds its TOOLBUS_STREAM_MAX_BYTES: raise the bound or shorten TOOLBUS_RETENTION (%w)", ErrStreamFull, stream, err)
+	}
+	return err
 }
 
 func (c *Config) setDefaults() {

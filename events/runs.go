@@ -2,6 +2,7 @@ package events
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -67,7 +68,7 @@ func (b *Bus) StartRun(ctx context.Context, source string, rs toolbus.RunStarted
 		// which run.started is the first.
 		return b.checkFirstRunStarted(ctx, rs.RunID, seq)
 	case !errors.Is(err, errRunHasMessages):
-		return err
+		return streamFull(b.cfg.Stream, err)
 	}
 	if _, err := b.firstRunStarted(ctx, rs.RunID); err == nil {
 		return fmt.Errorf("%w: %s", ErrRunExists, rs.RunID)
@@ -327,6 +328,9 @@ func (b *Bus) PublishApproval(ctx context.Context, source string, step int, a to
 	if IdentityToken(a.Who) == "" {
 		return nil, fmt.Errorf("events: invalid approver %q: use 1-128 of [A-Za-z0-9_-] (it is a subject token)", a.Who)
 	}
+	if err := DecisionSize(a); err != nil {
+		return nil, err
+	}
 	ctx, done := b.Guard(ctx, SubjectPrefix+"."+a.RunID+".")
 	ack, err := b.PublishEvent(ctx, ApprovalEvent(source, step, a, granted))
 	return ack, done(err)
@@ -340,6 +344,9 @@ func (b *Bus) PublishCancel(ctx context.Context, source string, c toolbus.Cancel
 	}
 	if IdentityToken(c.Who) == "" {
 		return nil, fmt.Errorf("events: invalid canceller %q: use 1-128 of [A-Za-z0-9_-] (it is a subject token)", c.Who)
+	}
+	if err := DecisionSize(c); err != nil {
+		return nil, err
 	}
 	ctx, done := b.Guard(ctx, SubjectPrefix+"."+c.RunID+".")
 	ack, err := b.PublishEvent(ctx, CancelEvent(source, c))
@@ -399,4 +406,23 @@ func (b *Bus) LastModelRequest(ctx context.Context, run string) (int, error) {
 		return 0, err
 	}
 	return mr.Step, nil
+}
+
+// MaxDecisionBytes bounds the data of an approval, denial or cancel (JSON bytes): a
+// larger one is refused by PublishApproval and PublishCancel, and terminated unapplied
+// by the injector.
+const MaxDecisionBytes = 64 << 10
+
+// DecisionSize refuses a decision (toolbus.Approval or toolbus.Cancel) whose data is
+// over MaxDecisionBytes, naming its size.
+func DecisionSize(d any) error {
+	b, err := json.Marshal(d)
+	if err != nil {
+		return fmt.Errorf("events: decision: %w", err)
+	}
+	if len(b) > MaxDecisionBytes {
+		return fmt.Errorf("%w: a decision of %d bytes is over the bound of %d (events.MaxDecisionBytes): shorten its reason, answer or arguments",
+			ErrPoison, len(b), MaxDecisionBytes)
+	}
+	return nil
 }

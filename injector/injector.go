@@ -67,6 +67,9 @@ type Config struct {
 	// list lets only each run's principal and approvers. A refused decision or cancel is
 	// terminated with a NotDeciderError naming who may.
 	Deciders []string
+	// Quota bounds each principal's runs in flight, starts per second and run.started
+	// size (quota.go); zero bounds nothing.
+	Quota Quota
 }
 
 // Defaults of Config (the shared ones are events.DefaultConcurrency and its siblings).
@@ -107,6 +110,8 @@ func (c Config) Validate() error {
 		err = events.InvalidField("Defaults.RunTimeout", c.Defaults.RunTimeout, "0s (none) or more")
 	case c.Defaults.TokenBudget < 0:
 		err = events.InvalidField("Defaults.TokenBudget", c.Defaults.TokenBudget, "0 (none) or more")
+	default:
+		err = c.Quota.Validate()
 	}
 	if err != nil {
 		return fmt.Errorf("injector: %w", err)
@@ -181,6 +186,10 @@ type Injector struct {
 	// ends are the runs known to have ended, from their outcome events: a step settles
 	// without reading its run's state when they answer for the run (runState)
 	ends *events.RunOutcomes
+	// quota admits new runs per principal, room while the event stream has room
+	// (quota.go)
+	quota *admission
+	room  storeRoom
 }
 
 // New returns an injector, or the error of cfg.Validate.
@@ -195,7 +204,7 @@ func New(bus *events.Bus, cfg Config) (*Injector, error) {
 	}
 	in := &Injector{cfg: cfg, bus: bus, source: events.Source("injector", cfg.Instance), steps: newSteps(max(cfg.JoinWindow, 0)),
 		timers: heldTimers{m: map[string]jetstream.Msg{}}, starts: heldTimers{m: map[string]jetstream.Msg{}}, ends: ends,
-		calls: newCallCache(), results: newResultCache(), log: cfg.Logger.With("component", "injector", "instance", cfg.Instance)}
+		calls: newCallCache(), results: newResultCache(), quota: newAdmission(cfg.Quota), room: storeRoom{every: storeRoomRecheck}, log: cfg.Logger.With("component", "injector", "instance", cfg.Instance)}
 	if ends != nil {
 		// A run's end frees its deadline timer (deadline.go).
 		ends.OnEnded(func(run string, _ toolbus.RunStatus) { in.runEnded(run) })
@@ -342,6 +351,9 @@ func (in *Injector) dispatch(ctx context.Context, msg jetstream.Msg) error {
 	if err := events.CheckSubject(msg.Subject(), ev.Meta, data); err != nil {
 		return err
 	}
+	if err := decisionSize(data); err != nil {
+		return err
+	}
 	switch d := data.(type) {
 	case *toolbus.ToolFinished:
 		if err := in.fence(ctx, msg, *d); err != nil {
@@ -430,6 +442,13 @@ func (in *Injector) started(ctx context.Context, rs toolbus.RunStarted, sm start
 			return err
 		}
 		sm = startedMsg{} // the timer is published at once
+	}
+	if step0 {
+		// A redelivery before step 0 is checked again: a refusal whose end failed
+		// must not start the run the next time.
+		if ok, err := in.admitted(ctx, rs); !ok {
+			return err // refused: the run ended failed (quota_exceeded), nothing else happens
+		}
 	}
 	full, err := in.bus.RunStarted(ctx, rs.RunID)
 	if err != nil {

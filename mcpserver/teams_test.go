@@ -24,7 +24,8 @@ import (
 
 // TestMCPTokensSeeTheirTeamsTools: a token that names teams lists and calls only the
 // tools those teams own (and the tools no team owns); another team's tool is unknown to
-// it and does not run. A token without teams sees every tool.
+// it and does not run. A token without teams sees every tool. The run a call starts
+// carries its caller: the token's name as principal, its teams as roles.
 func TestMCPTokensSeeTheirTeamsTools(t *testing.T) {
 	p := startPipeline(t)
 	var ran atomic.Int32
@@ -98,6 +99,22 @@ func TestMCPTokensSeeTheirTeamsTools(t *testing.T) {
 	res, err = hankCS.CallTool(p.ctx, &mcp.CallToolParams{Name: "payroll", Arguments: map[string]any{}})
 	if err != nil || res.IsError || ran.Load() != 1 {
 		t.Fatalf("hank calls his team's payroll: %v %+v (ran %d)", err, res, ran.Load())
+	}
+	// The run a door starts carries its caller: the token's name and teams.
+	states, err := p.bus.Store().Runs(p.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var principals []string
+	for _, st := range states {
+		rs, err := p.bus.RunStarted(p.ctx, st.RunID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		principals = append(principals, rs.Principal.ID+"/"+strings.Join(rs.Principal.Roles, ","))
+	}
+	if !slices.Contains(principals, "hank/hr") {
+		t.Fatalf("the runs' principals are %v: no run of hank with his team hr", principals)
 	}
 }
 

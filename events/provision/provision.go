@@ -278,7 +278,7 @@ func (l *changeLog) add(kind, name string, existed, changed bool) {
 
 // eventStreamConfig is the configuration of the event stream.
 func eventStreamConfig(cfg events.Config, mirrored bool) jetstream.StreamConfig {
-	return jetstream.StreamConfig{
+	sc := jetstream.StreamConfig{
 		Name:        cfg.Stream,
 		Description: "toolbus events (CONTRACT.md)",
 		Subjects:    []string{events.FilterAll},
@@ -301,7 +301,14 @@ func eventStreamConfig(cfg events.Config, mirrored bool) jetstream.StreamConfig 
 		// Only an administrator creates consumers here (one durable per worker queue
 		// and per tool): an explicit limit above the server's default of 1,000.
 		MaxConsumers: EventStreamMaxConsumers,
+		MaxBytes:     -1,
 	}
+	if cfg.StreamMaxBytes > 0 {
+		// Bounded: a full stream refuses new messages rather than dropping the oldest
+		// (the audit); the injectors stop admitting runs before it is full.
+		sc.MaxBytes, sc.Discard = cfg.StreamMaxBytes, jetstream.DiscardNew
+	}
+	return sc
 }
 
 // readMirrorConfig is the configuration of the read mirror (WithReadMirror).

@@ -218,3 +218,27 @@ func TestBusOpenedBeforeTheMirrorKeepsReading(t *testing.T) {
 		}
 	}
 }
+
+// TestSetupBoundsTheEventStream: TOOLBUS_STREAM_MAX_BYTES set, `toolbus init` (Setup)
+// gives the existing event stream that max_bytes with discard new (a full stream refuses
+// new messages, never drops the audit); unset again, the stream is unbounded again.
+func TestSetupBoundsTheEventStream(t *testing.T) {
+	srv := eventstest.RunJetStream(t)
+	ctx := eventstest.Context(t, time.Minute)
+	for _, c := range []struct {
+		bound, wantMax int64
+		discard        jetstream.DiscardPolicy
+	}{{0, -1, jetstream.DiscardOld}, {1 << 20, 1 << 20, jetstream.DiscardNew}, {0, -1, jetstream.DiscardOld}} {
+		bus, _, err := provision.Setup(ctx, srv.Conn, events.Config{StreamMaxBytes: c.bound})
+		if err != nil {
+			t.Fatal(err)
+		}
+		info, err := bus.EventStream().Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info.Config.MaxBytes != c.wantMax || info.Config.Discard != c.discard {
+			t.Errorf("StreamMaxBytes %d: the stream has max_bytes %d, discard %v; want %d, %v", c.bound, info.Config.MaxBytes, info.Config.Discard, c.wantMax, c.discard)
+		}
+	}
+}

@@ -27,6 +27,20 @@ const OutputChunk = 128 << 10
 // OutputRefPrefix starts the reference of an output kept by PutOutput.
 const OutputRefPrefix = "kv://" + BucketOutputs + "/"
 
+// ErrOutputsFull wraps a PutOutput the bucket refused because it holds its
+// TOOLBUS_OUTPUTS_MAX_BYTES.
+var ErrOutputsFull = errors.New("store: the outputs bucket is full (TOOLBUS_OUTPUTS_MAX_BYTES)")
+
+// outputsFull wraps err with ErrOutputsFull when the bucket refused a write for its
+// byte bound.
+func outputsFull(err error) error {
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) && strings.Contains(apiErr.Description, "maximum bytes exceeded") {
+		return fmt.Errorf("%w: %w", ErrOutputsFull, err)
+	}
+	return err
+}
+
 // outputMeta is the value of an output's .meta key.
 type outputMeta struct {
 	Size   int    `json:"size"`
@@ -52,13 +66,13 @@ func (s *Store) put(ctx context.Context, key string, data []byte) (string, error
 	for off := 0; off < len(data) || n == 0; off += OutputChunk {
 		end := min(off+OutputChunk, len(data))
 		if _, err := s.outputs.Put(ctx, key+"."+strconv.Itoa(n), data[off:end]); err != nil {
-			return "", fmt.Errorf("store: put output %s: %w", key, err)
+			return "", fmt.Errorf("store: put output %s: %w", key, outputsFull(err))
 		}
 		n++
 	}
 	sum := sha256.Sum256(data)
 	if _, err := s.outputs.Put(ctx, key+".meta", mustJSON(outputMeta{Size: len(data), Chunks: n, SHA256: hex.EncodeToString(sum[:])})); err != nil {
-		return "", fmt.Errorf("store: put output %s: %w", key, err)
+		return "", fmt.Errorf("store: put output %s: %w", key, outputsFull(err))
 	}
 	return OutputRefPrefix + key, nil
 }

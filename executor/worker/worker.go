@@ -852,6 +852,14 @@ func (w *Worker) keepLargeOutput(ctx context.Context, queue string, req toolbus.
 		return nil
 	}
 	ref, err := w.bus.Store().PutOutput(ctx, queue, req.RunID, req.Step, req.Call.CallID, res.Output)
+	if errors.Is(err, store.ErrOutputsFull) {
+		// Not retried: a full bucket does not empty itself within a lease, and waiting
+		// would stall this call and every call with a large output. The result goes out
+		// without the whole output (no ref); the model reads its bounded content as ever.
+		w.log.Warn("large output not kept: the outputs bucket is full", "run_id", req.RunID, "call_id", req.Call.CallID,
+			"tool", req.Call.Tool, "bytes", len(res.Output), "error", err)
+		ref, err = "", nil
+	}
 	if err != nil {
 		return err
 	}

@@ -59,7 +59,12 @@ type Config struct {
 	// MaxRunTimeout caps every run's deadline (a client may ask for any).
 	MaxRunTimeout time.Duration `envconfig:"MAX_RUN_TIMEOUT" default:"24h" desc:"cap of any run's deadline, from its start (0: no cap)"`
 	TokenBudget   int64         `envconfig:"TOKEN_BUDGET" desc:"default token budget of a run (0: none)"`
-	FailOn        []string      `envconfig:"FAIL_ON" default:"unknown_tool,tool_internal_error,invalid_tool_output,permission_denied" desc:"error codes that fail a run"`
+	// The quota of each principal (injector.Quota), checked by the injector when a run
+	// starts: a run beyond it fails with code quota_exceeded.
+	MaxRunsInFlight int      `envconfig:"MAX_RUNS_IN_FLIGHT" desc:"runs of one principal in flight at once, per injector; a run started beyond it fails quota_exceeded (0: no bound)"`
+	StartsPerSecond float64  `envconfig:"STARTS_PER_SECOND" desc:"new runs per second of one principal, per injector (bursts of as many); a run started beyond it fails quota_exceeded (0: no bound)"`
+	MaxStartBytes   int      `envconfig:"MAX_START_BYTES" desc:"largest run.started (JSON bytes of its data) the injector starts; a larger one fails quota_exceeded (0: no bound)"`
+	FailOn          []string `envconfig:"FAIL_ON" default:"unknown_tool,tool_internal_error,invalid_tool_output,permission_denied" desc:"error codes that fail a run"`
 	// Deciders may decide on and cancel every run besides its principal and approvers.
 	Deciders []string `envconfig:"DECIDERS" desc:"identities (besides a run's principal and the approvers its start lists) who may approve, deny, respond to and cancel every run; * lets anyone. Unset: * on the embedded server (one party), nobody else when TOOLBUS_NATS_URL names a shared server"`
 
@@ -132,6 +137,12 @@ func (c Config) validate() error {
 		err = events.InvalidField("MaxRunTimeout", c.MaxRunTimeout, "0s (no cap) or more")
 	case c.TokenBudget < 0:
 		err = events.InvalidField("TokenBudget", c.TokenBudget, "0 (none) or more")
+	case c.MaxRunsInFlight < 0:
+		err = events.InvalidField("MaxRunsInFlight", c.MaxRunsInFlight, "0 (no bound) or more")
+	case c.StartsPerSecond < 0:
+		err = events.InvalidField("StartsPerSecond", c.StartsPerSecond, "0 (no bound) or more")
+	case c.MaxStartBytes < 0:
+		err = events.InvalidField("MaxStartBytes", c.MaxStartBytes, "0 (no bound) or more")
 	default:
 		if err = c.Settings.Validate(); err == nil {
 			err = planner.Config{MaxCallsPerStep: c.MaxCallsPerStep}.Validate()

@@ -176,6 +176,7 @@ func runInjector(ctx context.Context, cfg Config, bus *events.Bus, log *slog.Log
 	in, err := injector.New(bus, injector.Config{
 		WorkerConfig: cfg.worker(log), Rules: injector.Rules{FailOn: cfg.FailOn}, Defaults: cfg.DefaultLimits(),
 		Metrics: injectorMetrics(tel), Observer: serveObserver(tel, "injector"), Deciders: cfg.DecisionPolicy(),
+		Quota: injector.Quota{MaxRunsInFlight: cfg.MaxRunsInFlight, StartsPerSecond: cfg.StartsPerSecond, MaxStartBytes: cfg.MaxStartBytes},
 	})
 	if err != nil {
 		return err

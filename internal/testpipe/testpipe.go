@@ -42,8 +42,22 @@ type Pipeline struct {
 // executor's tools.
 func Start(t *testing.T, d time.Duration, model planner.Model, extra ...executor.Tool) *Pipeline {
 	t.Helper()
+	return StartWith(t, d, model, Options{}, extra...)
+}
+
+// Options are a pipeline's settings beyond the defaults.
+type Options struct {
+	// Quota is the injector's.
+	Quota injector.Quota
+	// Bus sets the stream and buckets up.
+	Bus events.Config
+}
+
+// StartWith is Start with opts.
+func StartWith(t *testing.T, d time.Duration, model planner.Model, opts Options, extra ...executor.Tool) *Pipeline {
+	t.Helper()
 	srv := eventstest.RunJetStream(t)
-	p := StartOn(t, srv.Conn, d, model, extra...)
+	p := startOn(t, srv.Conn, d, model, opts, extra...)
 	p.Srv = srv
 	return p
 }
@@ -52,8 +66,13 @@ func Start(t *testing.T, d time.Duration, model planner.Model, extra ...executor
 // accounts or permissions), which must be allowed to set the bus up.
 func StartOn(t *testing.T, nc *nats.Conn, d time.Duration, model planner.Model, extra ...executor.Tool) *Pipeline {
 	t.Helper()
+	return startOn(t, nc, d, model, Options{}, extra...)
+}
+
+func startOn(t *testing.T, nc *nats.Conn, d time.Duration, model planner.Model, opts Options, extra ...executor.Tool) *Pipeline {
+	t.Helper()
 	ctx := eventstest.Context(t, d)
-	bus, _, err := provision.Setup(ctx, nc, events.Config{})
+	bus, _, err := provision.Setup(ctx, nc, opts.Bus)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -84,7 +103,7 @@ func StartOn(t *testing.T, nc *nats.Conn, d time.Duration, model planner.Model, 
 		return nil
 	})
 	p.Roles.Go("planner-1", testutil.Must(planner.New(bus, model, cat, planner.Config{WorkerConfig: p.worker("planner-1")})).Run)
-	p.Roles.Go("injector-1", testutil.Must(injector.New(bus, injector.Config{WorkerConfig: p.worker("injector-1")})).Run)
+	p.Roles.Go("injector-1", testutil.Must(injector.New(bus, injector.Config{WorkerConfig: p.worker("injector-1"), Quota: opts.Quota})).Run)
 	return p
 }
 
