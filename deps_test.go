@@ -204,3 +204,36 @@ func TestLiteBuildLinksNoSDK(t *testing.T) {
 		t.Fatalf("go vet -tags toolbus_lite: %v\n%s", err, out)
 	}
 }
+
+// A tool team's executor on the SDK (executor, executor/worker: worker.Serve) links no
+// OTLP exporter and so no gRPC unless it imports telemetry/otlp: they would be most of a
+// small executor's binary. The full toolbus binary links them.
+func TestExecutorSDKLinksNoOTLP(t *testing.T) {
+	if testing.Short() {
+		t.Skip("lists the packages' dependencies")
+	}
+	bad := []string{"google.golang.org/grpc", "go.opentelemetry.io/otel/exporters/"}
+	links := func(pkg string) []string {
+		out, err := exec.Command("go", "list", "-deps", pkg).CombinedOutput()
+		if err != nil {
+			t.Fatalf("go list %s: %v\n%s", pkg, err, out)
+		}
+		var found []string
+		for _, dep := range strings.Fields(string(out)) {
+			for _, b := range bad {
+				if strings.HasPrefix(dep, b) {
+					found = append(found, dep)
+				}
+			}
+		}
+		return found
+	}
+	for _, pkg := range []string{"./executor", "./executor/worker"} {
+		if found := links(pkg); len(found) != 0 {
+			t.Errorf("%s links %v", pkg, found)
+		}
+	}
+	if len(links("./cmd/toolbus")) == 0 {
+		t.Error("the full toolbus binary links no OTLP exporter: its traces would be refused")
+	}
+}

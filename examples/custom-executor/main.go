@@ -13,6 +13,9 @@ import (
 
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/executor/worker"
+	// Traces over OTLP when OTEL_* ask for them; without this import the program links
+	// no exporter and no gRPC (a smaller binary), and OTEL_* tracing is refused.
+	_ "github.com/toolbus/toolbus/telemetry/otlp"
 )
 
 // In is the tool's input; its JSON Schema is derived from the type.
