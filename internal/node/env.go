@@ -23,6 +23,7 @@ var envDescriptions = map[string]string{
 	"TOOLBUS_REPLICAS":          "replicas of the stream and buckets (1, or 3 on a cluster)",
 	"TOOLBUS_INSTANCE_TTL":      "an executor instance leaves the catalog this long after its last heartbeat",
 	"TOOLBUS_OUTPUTS_MAX_BYTES": "size bound of the bucket of large tool outputs (-1: none)",
+	"TOOLBUS_STREAM_MAX_BYTES":  "size bound of the event stream (0: none); full, it refuses new events and the injectors refuse new runs from 90% (quota_exceeded); toolbus init sets it",
 }
 
 // envDefaults are the defaults of the variables whose default lives in a worker package
