@@ -106,8 +106,14 @@ func version() string {
 // the answer, so they log only warnings and errors (not "connected to NATS", nor the
 // in-process workers of an embedded run) unless -v or TOOLBUS_LOG_LEVEL asks for more.
 var clientCommands = map[string]bool{
-	"init": true, "run": true, "call": true, "approve": true, "deny": true, "respond": true, "cancel": true,
+	"init": true, "run": true, "call": true, "approve": true, "deny": true, "respond": true, "cancel": true, "answer": true,
 	"runs": true, "tools": true, "tail": true, "replay": true,
+}
+
+// clientCommand are the client commands that take the arguments and both outputs.
+var clientCommand = map[string]func(context.Context, Config, *slog.Logger, []string, io.Writer, io.Writer) error{
+	"run": cmdRun, "cancel": cmdCancel, "answer": cmdAnswer, "runs": cmdRuns, "tools": cmdTools, "tail": cmdTail,
+	"replay": cmdReplay, "init": cmdInit,
 }
 
 // verbose reports whether a command's arguments (before any "--") ask for -v.
@@ -167,6 +173,8 @@ commands:
   respond <run> <call_id> --answer text [--step n] [--who name]
                            answer in the tool's place: the tool does not run, the model reads the
                            answer as the call's result
+  answer <run> <call_id> '{...}' | --decline [--who name]
+                           answer the question a running call asks (its schema checks the answer)
   cancel <run> [--reason text]
                            cancel a run: calls in flight are cancelled, the run ends cancelled
   runs [--json] [--status s]
@@ -240,26 +248,14 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	switch cmd {
 	case "up":
 		err = cmdUp(ctx, cfg, log)
-	case "init":
-		err = cmdInit(ctx, cfg, log, rest, stdout, stderr)
 	case "planner", "executor", "injector":
 		err = cmdRole(ctx, cfg, log, cmd)
-	case "run":
-		err = cmdRun(ctx, cfg, log, rest, stdout, stderr)
+	case "run", "cancel", "answer", "runs", "tools", "tail", "replay", "init":
+		err = clientCommand[cmd](ctx, cfg, log, rest, stdout, stderr)
 	case "call":
 		err = cmdCall(ctx, cfg, log, rest, stdinOf, stdout, stderr)
 	case "approve", "deny", "respond":
 		err = cmdDecide(ctx, cfg, log, rest, stdout, stderr, cmd)
-	case "cancel":
-		err = cmdCancel(ctx, cfg, log, rest, stdout, stderr)
-	case "runs":
-		err = cmdRuns(ctx, cfg, log, rest, stdout, stderr)
-	case "tools":
-		err = cmdTools(ctx, cfg, log, rest, stdout, stderr)
-	case "tail":
-		err = cmdTail(ctx, cfg, log, rest, stdout, stderr)
-	case "replay":
-		err = cmdReplay(ctx, cfg, log, rest, stdout, stderr)
 	case "console":
 		err = cmdConsole(ctx, cfg, log)
 	case "mcp":
