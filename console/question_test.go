@@ -1,0 +1,138 @@
+package console
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/toolbus/toolbus"
+	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/executor"
+	"github.com/toolbus/toolbus/planner"
+)
+
+// askTool asks its run's caller which account to use and returns what it was told.
+func askTool() executor.Tool {
+	schema := json.RawMessage(`{"type":"object","properties":{
+		"account":{"type":"string","title":"Account","enum":["checking","savings"]},
+		"count":{"type":"integer","description":"how many transfers"},
+		"urgent":{"type":"boolean"},
+		"note":{"type":"string"}},"required":["account"]}`)
+	return executor.Tool{
+		Name: "pick_account", Description: "asks which account to use",
+		InputSchema: json.RawMessage(`{"type":"object"}`), Timeout: 2 * time.Minute,
+		Func: func(ctx context.Context, _ json.RawMessage) (any, error) {
+			a, err := executor.Ask(ctx, "Which account?", schema)
+			if err != nil {
+				return nil, err
+			}
+			return map[string]any{"action": a.Action, "answer": a.Content, "by": a.Who}, nil
+		},
+	}
+}
+
+func askScript() *planner.Script {
+	return &planner.Script{Steps: []func(planner.Request) planner.Response{
+		planner.Calls(call("p", "pick_account", `{}`)), planner.Answer("done"),
+	}}
+}
+
+// toolContent is the content of the first call's result of run's first step.
+func (p *pipeline) toolContent(run string) string {
+	p.t.Helper()
+	res, _, err := p.bus.Store().Step(p.ctx, run, 0)
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	if len(res.Results) == 0 || res.Results[0] == nil {
+		p.t.Fatalf("run %s: no result", run)
+	}
+	return res.Results[0].Content
+}
+
+// TestConsoleAnswersQuestion: a tool asks its run's caller a question mid-call; the run
+// page shows it with a form made from its schema (an enum as a select, the required
+// field marked, a note for a user who is not the run's principal); an answer the schema
+// refuses, a field that is not a number and a call that asked nothing are refused with
+// the reason and nothing is published; the principal's answer reaches the tool and the
+// run completes with it; a second answer is refused; a decline reaches the tool too.
+func TestConsoleAnswersQuestion(t *testing.T) {
+	p := startPipeline(t, map[string]*planner.Script{"q-answer": askScript(), "q-decline": askScript()}, askTool())
+	srv, users, _ := startConsoleWithUsers(t, p, "tester", "erin")
+	tester, erin := users["tester"], users["erin"]
+
+	p.submit("q-answer", toolbus.Limits{})
+	p.WaitEvent("q-answer", events.TypeToolQuestion)
+	_, body := get(t, srv.URL+"/runs/q-answer", tester)
+	wantContains(t, "run page", body, `id="question-p"`, `Which account?`, `action="/runs/q-answer/answer"`,
+		`<select id="q-p-account" name="a.account" required>`, `<option value="savings">savings</option>`,
+		`Account <span class="required"`, `type="number" step="1" id="q-p-count" name="a.count"`,
+		`type="checkbox" id="q-p-urgent" name="a.urgent" value="true"`, `how many transfers`)
+	if strings.Contains(body, "not-principal") {
+		t.Fatal("the principal is told their answer does not count")
+	}
+	_, body = get(t, srv.URL+"/runs/q-answer", erin)
+	wantContains(t, "run page for another user", body, `only the run's principal (tester) answers`)
+
+	for _, tc := range []struct {
+		name string
+		form url.Values
+		code int
+		want string
+	}{
+		{"not in the enum", url.Values{"call": {"p"}, "a.account": {"brokerage"}}, http.StatusBadRequest, "does not match the question's schema"},
+		{"required left out", url.Values{"call": {"p"}, "a.note": {"x"}}, http.StatusBadRequest, "does not match the question's schema"},
+		{"not a number", url.Values{"call": {"p"}, "a.account": {"savings"}, "a.count": {"three"}}, http.StatusBadRequest, `count: "three" is not a number`},
+		{"no question", url.Values{"call": {"nope"}, "a.account": {"savings"}}, http.StatusConflict, "call nope of run q-answer asked no question"},
+	} {
+		code, body := post(t, srv.URL+"/runs/q-answer/answer", tester, tc.form)
+		if code != tc.code || !strings.Contains(body, tc.want) {
+			t.Fatalf("%s: %d %s, want %d with %q", tc.name, code, body, tc.code, tc.want)
+		}
+	}
+	evs, err := p.bus.RunEvents(p.ctx, "q-answer")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ev := range evs {
+		if ev.Meta.Type == events.TypeToolAnswer {
+			t.Fatal("a refused answer was published")
+		}
+	}
+
+	code, body := post(t, srv.URL+"/runs/q-answer/answer", tester,
+		url.Values{"call": {"p"}, "a.account": {"savings"}, "a.count": {"3"}, "a.urgent": {"true"}, "a.note": {""}})
+	if code != http.StatusSeeOther {
+		t.Fatalf("answer: %d %s", code, body)
+	}
+	p.WaitStatus("q-answer", toolbus.RunCompleted)
+	got := p.toolContent("q-answer")
+	for _, w := range []string{`"action":"accept"`, `"account":"savings"`, `"count":3`, `"urgent":true`, `"by":"tester"`} {
+		if !strings.Contains(got, w) {
+			t.Fatalf("the tool's result %s lacks %s", got, w)
+		}
+	}
+	if strings.Contains(got, `"note"`) {
+		t.Fatalf("an empty optional field was sent: %s", got)
+	}
+	if code, body := post(t, srv.URL+"/runs/q-answer/answer", tester, url.Values{"call": {"p"}, "a.account": {"checking"}}); code != http.StatusConflict {
+		t.Fatalf("a second answer: %d %s, want 409", code, body)
+	}
+	if _, body := get(t, srv.URL+"/runs/q-answer", tester); strings.Contains(body, `id="question-p"`) {
+		t.Fatal("the run page still shows the answered question")
+	}
+
+	p.submit("q-decline", toolbus.Limits{})
+	p.WaitEvent("q-decline", events.TypeToolQuestion)
+	if code, body := post(t, srv.URL+"/runs/q-decline/answer", tester, url.Values{"call": {"p"}, "decline": {"1"}}); code != http.StatusSeeOther {
+		t.Fatalf("decline: %d %s", code, body)
+	}
+	p.WaitStatus("q-decline", toolbus.RunCompleted)
+	if got := p.toolContent("q-decline"); !strings.Contains(got, `"action":"decline"`) {
+		t.Fatalf("the tool's result after a decline: %s", got)
+	}
+}
