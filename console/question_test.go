@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chromedp/chromedp"
+
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/executor"
@@ -21,7 +23,7 @@ func askTool() executor.Tool {
 		"account":{"type":"string","title":"Account","enum":["checking","savings"]},
 		"count":{"type":"integer","description":"how many transfers"},
 		"urgent":{"type":"boolean"},
-		"note":{"type":"string"}},"required":["account"]}`)
+		"note":{"type":"string","maxLength":10}},"required":["account"]}`)
 	return executor.Tool{
 		Name: "pick_account", Description: "asks which account to use",
 		InputSchema: json.RawMessage(`{"type":"object"}`), Timeout: 2 * time.Minute,
@@ -134,5 +136,55 @@ func TestConsoleAnswersQuestion(t *testing.T) {
 	p.WaitStatus("q-decline", toolbus.RunCompleted)
 	if got := p.toolContent("q-decline"); !strings.Contains(got, `"action":"decline"`) {
 		t.Fatalf("the tool's result after a decline: %s", got)
+	}
+}
+
+// TestConsoleAnswersQuestionInBrowser: the run's principal, signed in, answers a tool's
+// question by filling the form (a select, a number, a box, a text) and clicking; an
+// answer the schema refuses (a constraint the form does not check) shows the reason; the tool reads the answer and the run completes.
+func TestConsoleAnswersQuestionInBrowser(t *testing.T) {
+	p := startPipeline(t, map[string]*planner.Script{"qb": askScript()}, askTool())
+	srv, users, _ := startConsoleWithUsers(t, p, "tester")
+	bctx, dialogs := browser(t)
+	do(t, bctx, "sign in", chromedp.Navigate(srv.URL+"/"),
+		chromedp.WaitVisible(`#login-token`, chromedp.ByID),
+		chromedp.SendKeys(`#login-token`, users["tester"], chromedp.ByID),
+		chromedp.Submit(`#login`, chromedp.ByID),
+		chromedp.WaitVisible(`#user`, chromedp.ByID))
+	p.submit("qb", toolbus.Limits{})
+	p.WaitEvent("qb", events.TypeToolQuestion)
+	open := func() {
+		t.Helper()
+		do(t, bctx, "open the run", chromedp.Navigate(srv.URL+"/runs/qb"),
+			chromedp.WaitVisible(`#question-p select[name="a.account"]`, chromedp.ByQuery), settled())
+	}
+
+	open()
+	do(t, bctx, "answer a note the schema refuses (longer than its maxLength)",
+		chromedp.SetValue(`#q-p-account`, "checking", chromedp.ByID),
+		chromedp.SendKeys(`#q-p-note`, "far too long for it", chromedp.ByID),
+		chromedp.Click(`#question-p button.answer-question`, chromedp.ByQuery))
+	waitPageText(t, bctx, "does not match the question's schema")
+
+	open()
+	var message string
+	do(t, bctx, "answer", text(`#question-p .question-message`, &message),
+		chromedp.SetValue(`#q-p-account`, "savings", chromedp.ByID),
+		chromedp.SendKeys(`#q-p-count`, "4", chromedp.ByID),
+		chromedp.Click(`#q-p-urgent`, chromedp.ByID),
+		chromedp.SendKeys(`#q-p-note`, "by noon", chromedp.ByID),
+		chromedp.Click(`#question-p button.answer-question`, chromedp.ByQuery),
+		chromedp.WaitVisible(`#live[data-status="completed"]`, chromedp.ByQuery))
+	if message != "Which account?" {
+		t.Fatalf("the page shows the question %q", message)
+	}
+	got := p.toolContent("qb")
+	for _, w := range []string{`"action":"accept"`, `"account":"savings"`, `"count":4`, `"urgent":true`, `"note":"by noon"`, `"by":"tester"`} {
+		if !strings.Contains(got, w) {
+			t.Fatalf("the tool's result %s lacks %s", got, w)
+		}
+	}
+	if n := dialogs.Load(); n != 0 {
+		t.Fatalf("%d JavaScript dialog(s) opened", n)
 	}
 }
