@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/url"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -14,6 +16,7 @@ import (
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/executor"
+	"github.com/toolbus/toolbus/internal/door"
 	"github.com/toolbus/toolbus/planner"
 )
 
@@ -64,7 +67,18 @@ func (p *pipeline) toolContent(run string) string {
 // run completes with it; a second answer is refused; a decline reaches the tool too.
 func TestConsoleAnswersQuestion(t *testing.T) {
 	p := startPipeline(t, map[string]*planner.Script{"q-answer": askScript(), "q-decline": askScript()}, askTool())
-	srv, users, _ := startConsoleWithUsers(t, p, "tester", "erin")
+	users := consoleUsers{"tester": door.NewToken(), "erin": door.NewToken(), "hank": door.NewToken()}
+	lines := door.Entry("tester", users["tester"], nil) + "\n" + door.Entry("erin", users["erin"], nil) + "\n" +
+		door.Entry("hank", users["hank"], []string{"hr"}) + "\n"
+	path := filepath.Join(t.TempDir(), "console-users")
+	if err := os.WriteFile(path, []byte(lines), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	src, err := door.NewSource("", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := startConsole(t, p, Options{Users: src})
 	tester, erin := users["tester"], users["erin"]
 
 	p.submit("q-answer", toolbus.Limits{})
@@ -80,18 +94,24 @@ func TestConsoleAnswersQuestion(t *testing.T) {
 	_, body = get(t, srv.URL+"/runs/q-answer", erin)
 	wantContains(t, "run page for another user", body, `only the run's principal (tester) answers`)
 
+	ok := url.Values{"call": {"p"}, "a.account": {"savings"}}
 	for _, tc := range []struct {
-		name string
-		form url.Values
-		code int
-		want string
+		name  string
+		token string
+		form  url.Values
+		edit  func(*http.Request)
+		code  int
+		want  string
 	}{
-		{"not in the enum", url.Values{"call": {"p"}, "a.account": {"brokerage"}}, http.StatusBadRequest, "does not match the question's schema"},
-		{"required left out", url.Values{"call": {"p"}, "a.note": {"x"}}, http.StatusBadRequest, "does not match the question's schema"},
-		{"not a number", url.Values{"call": {"p"}, "a.account": {"savings"}, "a.count": {"three"}}, http.StatusBadRequest, `count: "three" is not a number`},
-		{"no question", url.Values{"call": {"nope"}, "a.account": {"savings"}}, http.StatusConflict, "call nope of run q-answer asked no question"},
+		{"without a user", "", ok, nil, http.StatusUnauthorized, ""},
+		{"cross-site post", tester, ok, func(r *http.Request) { r.Header.Set("Sec-Fetch-Site", "cross-site") }, http.StatusForbidden, ""},
+		{"a team user who may not decide the run", users["hank"], ok, nil, http.StatusForbidden, "console: forbidden"},
+		{"not in the enum", tester, url.Values{"call": {"p"}, "a.account": {"brokerage"}}, nil, http.StatusBadRequest, "does not match the question's schema"},
+		{"required left out", tester, url.Values{"call": {"p"}, "a.note": {"x"}}, nil, http.StatusBadRequest, "does not match the question's schema"},
+		{"not a number", tester, url.Values{"call": {"p"}, "a.account": {"savings"}, "a.count": {"three"}}, nil, http.StatusBadRequest, `count: "three" is not a number`},
+		{"no question", tester, url.Values{"call": {"nope"}, "a.account": {"savings"}}, nil, http.StatusConflict, "call nope of run q-answer asked no question"},
 	} {
-		code, body := post(t, srv.URL+"/runs/q-answer/answer", tester, tc.form)
+		code, body, _ := request(t, http.MethodPost, srv.URL+"/runs/q-answer/answer", tc.token, tc.form, tc.edit)
 		if code != tc.code || !strings.Contains(body, tc.want) {
 			t.Fatalf("%s: %d %s, want %d with %q", tc.name, code, body, tc.code, tc.want)
 		}
