@@ -7,6 +7,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -206,5 +207,47 @@ func TestConsoleAnswersQuestionInBrowser(t *testing.T) {
 	}
 	if n := dialogs.Load(); n != 0 {
 		t.Fatalf("%d JavaScript dialog(s) opened", n)
+	}
+}
+
+// formOf makes one input per property in the schema's order, enums (with enumNames or
+// oneOf titles) as selects; anything else is answered as raw JSON. answerContent types
+// each field by its property.
+func TestQuestionForm(t *testing.T) {
+	for _, tc := range []struct {
+		name, schema string
+		raw          bool
+		fields       string // name:kind:required:labels, in order
+		form         url.Values
+		content      string
+	}{
+		{"primitives in order", `{"type":"object","properties":{"z":{"type":"string"},"n":{"type":"number"},"i":{"type":"integer"},"b":{"type":"boolean","default":true}},"required":["n"]}`,
+			false, "z:string:false: n:number:true: i:integer:false: b:boolean:false:", url.Values{"a.z": {"hi"}, "a.n": {"1.5"}, "a.i": {""}},
+			`{"b":false,"n":1.5,"z":"hi"}`},
+		{"enum names and oneOf titles", `{"type":"object","properties":{"e":{"type":"string","enum":["a","b"],"enumNames":["A","B"]},"o":{"type":"string","oneOf":[{"const":"x","title":"Ex"},{"const":"y"}]},"k":{"type":"integer","enum":[1,2]}}}`,
+			false, "e:select:false:A,B o:select:false:Ex,y k:select:false:1,2", url.Values{"a.e": {"b"}, "a.o": {"x"}, "a.k": {"2"}},
+			`{"e":"b","k":2,"o":"x"}`},
+		{"an array is raw", `{"type":"object","properties":{"tags":{"type":"array","items":{"type":"string"}}}}`,
+			true, "", url.Values{"content": {`{"tags":["a"]}`}}, `{"tags":["a"]}`},
+		{"no properties is raw", `{"type":"object"}`, true, "", url.Values{"content": {`{}`}}, `{}`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fields, raw := formOf(json.RawMessage(tc.schema))
+			var got []string
+			for _, f := range fields {
+				var labels []string
+				for _, o := range f.Options {
+					labels = append(labels, o.Label)
+				}
+				got = append(got, f.Name+":"+f.Kind+":"+strconv.FormatBool(f.Required)+":"+strings.Join(labels, ","))
+			}
+			if raw != tc.raw || strings.Join(got, " ") != tc.fields {
+				t.Fatalf("formOf: raw %v fields %q, want raw %v fields %q", raw, strings.Join(got, " "), tc.raw, tc.fields)
+			}
+			content, err := answerContent(questionView{Fields: fields, Raw: raw}, tc.form)
+			if err != nil || content != tc.content {
+				t.Fatalf("answerContent: %s, %v; want %s", content, err, tc.content)
+			}
+		})
 	}
 }
