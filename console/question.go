@@ -51,8 +51,8 @@ type questionView struct {
 }
 
 // openQuestions are the questions of run's events that wait for an answer: per call,
-// the last question with no answer to its attempt and seq and no result after it (none
-// once the run ended), in the order they were asked.
+// the last question with no answer by the run's principal to its attempt and seq and
+// no result after it (none once the run ended), in the order they were asked.
 func openQuestions(evs []events.StoredEvent) []questionView {
 	type mark struct {
 		call         string
@@ -61,8 +61,9 @@ func openQuestions(evs []events.StoredEvent) []questionView {
 	open := map[string]toolbus.ToolQuestion{}
 	var order []string
 	answered := map[mark]bool{}
-	ended := false
+	ended, principal := false, ""
 	v := audit.Visitor{
+		RunStarted: func(_ events.StoredEvent, rs toolbus.RunStarted) { principal = rs.Principal.ID },
 		ToolQuestion: func(_ events.StoredEvent, q toolbus.ToolQuestion) {
 			if _, ok := open[q.CallID]; !ok {
 				order = append(order, q.CallID)
@@ -70,7 +71,9 @@ func openQuestions(evs []events.StoredEvent) []questionView {
 			open[q.CallID] = q
 		},
 		ToolAnswer: func(_ events.StoredEvent, a toolbus.ToolAnswer) {
-			answered[mark{a.CallID, a.Attempt, a.Seq}] = true
+			if a.Who == principal { // the worker ignores anyone else's (decide.OpenQuestion)
+				answered[mark{a.CallID, a.Attempt, a.Seq}] = true
+			}
 		},
 		ToolFinished: func(_ events.StoredEvent, f toolbus.ToolFinished) { delete(open, f.CallID) },
 		RunEnded:     func(events.StoredEvent, toolbus.RunEnded) { ended = true },

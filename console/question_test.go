@@ -127,6 +127,15 @@ func TestConsoleAnswersQuestion(t *testing.T) {
 		}
 	}
 
+	// erin may decide (no teams) but is not the principal: her answer is published,
+	// the tool ignores it and the question stays open for the principal.
+	if code, body := post(t, srv.URL+"/runs/q-answer/answer", erin, url.Values{"call": {"p"}, "a.account": {"checking"}}); code != http.StatusSeeOther {
+		t.Fatalf("erin's answer: %d %s", code, body)
+	}
+	p.WaitEvent("q-answer", events.TypeToolAnswer)
+	if _, body := get(t, srv.URL+"/runs/q-answer", tester); !strings.Contains(body, `id="question-p"`) {
+		t.Fatal("after an answer by someone else, the run page no longer shows the question")
+	}
 	code, body := post(t, srv.URL+"/runs/q-answer/answer", tester,
 		url.Values{"call": {"p"}, "a.account": {"savings"}, "a.count": {"3"}, "a.urgent": {"true"}, "a.note": {""}})
 	if code != http.StatusSeeOther {
