@@ -31,7 +31,8 @@ import (
 // direct gets: the console creates no consumer). A new page adds a route (routes), a
 // handler and a template. Live updates are server-sent events: one per event stored on the stream,
 // after which the page fetches itself again. Approve, deny and cancel publish the same
-// events as the CLI, with the signed-in user as the actor (auth.go: who may read
+// events as the CLI, with the signed-in user as the actor; so does the answer to a
+// question a call asks (question.go) (auth.go: who may read
 // and act). Everything a model or tool wrote reaches the browser through html/template
 // escaping, and the page's script never writes HTML from data.
 
@@ -110,6 +111,7 @@ func (c *server) routes() []route {
 		{"POST /runs/{run}/approve", c.decide("approve")},
 		{"POST /runs/{run}/deny", c.decide("deny")},
 		{"POST /runs/{run}/respond", c.decide("respond")},
+		{"POST /runs/{run}/answer", c.answer},
 		{"POST /runs/{run}/cancel", c.cancel},
 		{"GET /events", c.sse},
 		{"GET /login", c.loginPage},

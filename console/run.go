@@ -55,7 +55,9 @@ type runView struct {
 	R       *audit.Report
 	Steps   []*consoleStep
 	Waiting []toolbus.ToolCall
-	Active  bool
+	// Questions are the calls' questions waiting for an answer (question.go).
+	Questions []questionView
+	Active    bool
 	// Duration is the run's length once it ended; an active run shows the time since
 	// R.StartedAt, which the page keeps counting.
 	Duration string
@@ -72,7 +74,7 @@ func (c *server) runPage(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	v := viewerOf(r)
-	var decides map[string]bool
+	var decides, answers map[string]bool
 	canCancel := false
 	var view *runView
 	err := c.hub.read(r.Context(), func(ctx context.Context) error {
@@ -94,6 +96,8 @@ func (c *server) runPage(w http.ResponseWriter, r *http.Request) {
 			return err
 		}
 		decides = c.deciders(ctx, v, principal, view.Waiting)
+		view.Questions = openQuestions(evs)
+		answers = c.deciders(ctx, v, principal, askers(view.Questions))
 		canCancel, _ = v.mayCancel(principal)
 		view.Steps, span = c.steps(ctx, rep, time.Now())
 		view.Axis = axis(span)
@@ -110,7 +114,7 @@ func (c *server) runPage(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, fmt.Sprintf("run %s not found", run), http.StatusNotFound)
 		return
 	}
-	data := c.pageData(r, map[string]any{"V": view, "R": view.R, "Decides": decides})
+	data := c.pageData(r, map[string]any{"V": view, "R": view.R, "Decides": decides, "Answers": answers})
 	data["CanCancel"] = data["CanAct"] == true && canCancel
 	c.render(w, "run.html", data)
 }

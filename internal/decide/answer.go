@@ -13,7 +13,8 @@ import (
 
 // OpenQuestion finds the question of call callID in run that still waits for an answer:
 // the last tool.question of the call (its latest attempt asks again after a restart)
-// with no tool.answer to its attempt and seq.
+// with no tool.answer by the run's principal to its attempt and seq (the worker ignores
+// anyone else's, so theirs leaves the question open).
 func OpenQuestion(ctx context.Context, bus *events.Bus, run, callID string) (toolbus.ToolQuestion, error) {
 	evs, err := bus.RunEvents(ctx, run)
 	if err != nil {
@@ -24,18 +25,20 @@ func OpenQuestion(ctx context.Context, bus *events.Bus, run, callID string) (too
 	}
 	type mark struct{ attempt, seq int }
 	var (
-		open     *toolbus.ToolQuestion
-		answered = map[mark]bool{}
-		ended    bool
+		open      *toolbus.ToolQuestion
+		answered  = map[mark]bool{}
+		ended     bool
+		principal string
 	)
 	v := audit.Visitor{
+		RunStarted: func(_ events.StoredEvent, rs toolbus.RunStarted) { principal = rs.Principal.ID },
 		ToolQuestion: func(_ events.StoredEvent, q toolbus.ToolQuestion) {
 			if q.CallID == callID {
 				open = &q
 			}
 		},
 		ToolAnswer: func(_ events.StoredEvent, a toolbus.ToolAnswer) {
-			if a.CallID == callID {
+			if a.CallID == callID && a.Who == principal {
 				answered[mark{a.Attempt, a.Seq}] = true
 			}
 		},

@@ -35,16 +35,23 @@
   var timer = null, busy = false, again = false;
 
   // editing reports whether the user is typing in the live region: an update then
-  // waits, so a half-typed reason is not lost.
+  // waits, so a half-typed reason or answer is not lost.
   function editing() {
     var live = document.getElementById('live');
     if (!live) { return false; }
     var a = document.activeElement;
-    if (a && live.contains(a) && a.tagName === 'INPUT') { return true; }
+    if (a && live.contains(a) && (a.tagName === 'INPUT' || a.tagName === 'SELECT')) { return true; }
+    if (live.querySelector('form.question[data-dirty]')) { return true; }
     var inputs = live.querySelectorAll('input[type=text]');
     for (var i = 0; i < inputs.length; i++) { if (inputs[i].value) { return true; } }
     return false;
   }
+
+  // A question's form the user changed (a select, a number, a box) keeps the page too.
+  document.addEventListener('input', function (e) {
+    var f = e.target && e.target.closest ? e.target.closest('form.question') : null;
+    if (f) { f.dataset.dirty = '1'; }
+  });
 
   function schedule(ms) { clearTimeout(timer); timer = setTimeout(refresh, ms); }
 
