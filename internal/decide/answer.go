@@ -31,7 +31,11 @@ func OpenQuestion(ctx context.Context, bus *events.Bus, run, callID string) (too
 		principal string
 	)
 	v := audit.Visitor{
-		RunStarted: func(_ events.StoredEvent, rs toolbus.RunStarted) { principal = rs.Principal.ID },
+		RunStarted: func(_ events.StoredEvent, rs toolbus.RunStarted) {
+			if principal == "" { // the run's first run.started is the run (a later one is a squat)
+				principal = rs.Principal.ID
+			}
+		},
 		ToolQuestion: func(_ events.StoredEvent, q toolbus.ToolQuestion) {
 			if q.CallID == callID {
 				open = &q
