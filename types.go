@@ -310,6 +310,16 @@ func (r RunStarted) NamesDecider(who string) bool {
 	return who != "" && (who == r.Principal.ID || slices.Contains(r.Approvers, who))
 }
 
+// MayDecide applies the decision policy with the injector's deciders: nil or an entry
+// "*" lets anyone; otherwise who must be named by the run (NamesDecider) or by deciders.
+func (r RunStarted) MayDecide(deciders []string, who string) bool {
+	if deciders == nil || slices.Contains(deciders, "*") {
+		return true
+	}
+	who = strings.TrimSpace(who)
+	return r.NamesDecider(who) || (who != "" && slices.Contains(deciders, who))
+}
+
 // Allows reports whether the run may use tool.
 func (r RunStarted) Allows(tool string) bool {
 	if len(r.AllowedTools) == 0 {

@@ -60,6 +60,10 @@ type Options struct {
 	AllowedHosts []string
 	// Instance names this console in the source of the events it publishes.
 	Instance string
+	// Deciders is the injector's decision policy (injector.Config.Deciders: nil lets
+	// anyone): a decision or cancel the injector would refuse is refused here with 403
+	// and the reason, instead of being published and dropped.
+	Deciders []string
 }
 
 // server serves the web console over one bus.
@@ -70,6 +74,7 @@ type server struct {
 	source string
 	log    *slog.Logger
 	tmpl   *template.Template
+	policy []string // Options.Deciders
 }
 
 // New returns the console's handler; its live streams follow the bus until ctx ends.
@@ -79,7 +84,7 @@ func New(ctx context.Context, bus *events.Bus, opts Options, log *slog.Logger) (
 		return nil, fmt.Errorf("console: templates: %w", err)
 	}
 	c := &server{bus: bus, auth: newAuth(opts.Users, opts.PublicRead, door.NewHostPolicy(opts.Listen, opts.AllowedHosts)),
-		hub: newHub(bus, log), source: events.Source("console", opts.Instance), log: log, tmpl: tmpl}
+		hub: newHub(bus, log), source: events.Source("console", opts.Instance), log: log, tmpl: tmpl, policy: opts.Deciders}
 	go c.hub.run(ctx)
 	static, err := fs.Sub(uiFS, "ui/static")
 	if err != nil {

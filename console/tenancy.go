@@ -266,6 +266,9 @@ const consoleMaxStreamRuns = 10000
 // tool in run.
 func (c *server) mayDecide(w http.ResponseWriter, r *http.Request, run, tool string) bool {
 	v := viewerOf(r)
+	if !c.policyAllows(w, r, v, run) {
+		return false
+	}
 	if !v.restricted {
 		return true
 	}
@@ -286,9 +289,35 @@ func (c *server) mayDecide(w http.ResponseWriter, r *http.Request, run, tool str
 	return ok
 }
 
+// policyAllows answers 403 (and false) when the injector's decision policy would refuse
+// v's decision or cancel of run: its principal, the approvers its start lists and
+// TOOLBUS_DECIDERS may (an unknown run is left to the handler, which says so).
+func (c *server) policyAllows(w http.ResponseWriter, r *http.Request, v viewer, run string) bool {
+	if c.policy == nil {
+		return true
+	}
+	rs, err := c.bus.RunStarted(r.Context(), run)
+	if errors.Is(err, events.ErrRunNotFound) {
+		return true
+	}
+	if err != nil {
+		c.fail(w, err)
+		return false
+	}
+	if !rs.MayDecide(c.policy, v.name) {
+		http.Error(w, fmt.Sprintf("%s may not decide on or cancel run %s: the decision policy lets its principal %q, the approvers its start lists and the injector's TOOLBUS_DECIDERS",
+			v.name, run, rs.Principal.ID), http.StatusForbidden)
+		return false
+	}
+	return true
+}
+
 // mayCancel answers 403 (and false) when the request's viewer may not cancel run.
 func (c *server) mayCancel(w http.ResponseWriter, r *http.Request, run string) bool {
 	v := viewerOf(r)
+	if !c.policyAllows(w, r, v, run) {
+		return false
+	}
 	if !v.restricted {
 		return true
 	}

@@ -33,14 +33,10 @@ func (e *NotDeciderError) Error() string {
 // when who is its principal, one of its approvers, or one of deciders (the
 // administrator's list; nil or AnyoneDecides lets everyone).
 func mayDecide(deciders []string, rs toolbus.RunStarted, who string) error {
-	if anyoneDecides(deciders) {
+	if rs.MayDecide(deciders, who) {
 		return nil
 	}
-	who = strings.TrimSpace(who)
-	if rs.NamesDecider(who) || (who != "" && slices.Contains(deciders, who)) {
-		return nil
-	}
-	return &NotDeciderError{Who: who, RunID: rs.RunID, Principal: rs.Principal.ID}
+	return &NotDeciderError{Who: strings.TrimSpace(who), RunID: rs.RunID, Principal: rs.Principal.ID}
 }
 
 // anyoneDecides reports whether deciders place no limit on who decides.

@@ -34,7 +34,7 @@ func consoleOptionsOf(cfg Config) (console.Options, error) {
 	if err != nil {
 		return console.Options{}, &exitError{code: 2, msg: "console: TOOLBUS_CONSOLE_ADDR " + err.Error()}
 	}
-	opts := console.Options{PublicRead: cfg.ConsolePublicRead, Listen: listen, AllowedHosts: cfg.ConsoleAllowedHosts, Instance: cfg.Instance}
+	opts := console.Options{PublicRead: cfg.ConsolePublicRead, Listen: listen, AllowedHosts: cfg.ConsoleAllowedHosts, Instance: cfg.Instance, Deciders: cfg.DecisionPolicy()}
 	if cfg.ConsoleUsers == "" && cfg.ConsoleUsersFile == "" {
 		if !cfg.ConsolePublicRead {
 			return opts, &exitError{code: 2, msg: "console: set TOOLBUS_CONSOLE_USERS_FILE (who may sign in; `toolbus token NAME` makes an entry), or TOOLBUS_CONSOLE_PUBLIC_READ=true for a read-only console anyone who reaches it can read"}
