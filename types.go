@@ -310,14 +310,38 @@ func (r RunStarted) NamesDecider(who string) bool {
 	return who != "" && (who == r.Principal.ID || slices.Contains(r.Approvers, who))
 }
 
-// MayDecide applies the decision policy with the injector's deciders: nil or an entry
-// "*" lets anyone; otherwise who must be named by the run (NamesDecider) or by deciders.
-func (r RunStarted) MayDecide(deciders []string, who string) bool {
-	if deciders == nil || slices.Contains(deciders, "*") {
-		return true
+// AnyoneDecides, as an entry of the injector's deciders (TOOLBUS_DECIDERS), lets every
+// identity decide on and cancel every run, as nil deciders do: one party on its own bus.
+const AnyoneDecides = "*"
+
+// NotDeciderError is the refusal of a decision or cancel by an identity the decision
+// policy does not name for the run. A shared bus needs it: a client's credentials bind
+// the actor of its decisions to its identity, and without a policy any client could
+// approve, deny, answer in the tool's place or cancel any other client's run, and the
+// first decision stands.
+type NotDeciderError struct {
+	Who, RunID, Principal string
+}
+
+func (e *NotDeciderError) Error() string {
+	who := e.Who
+	if who == "" {
+		who = "a decision naming no one"
 	}
+	return fmt.Sprintf("%s may not decide on or cancel run %s: its principal %q, the approvers its start lists and the injector's TOOLBUS_DECIDERS may", who, e.RunID, e.Principal)
+}
+
+// CheckDecider applies the decision policy with the injector's deciders (nil or an
+// entry AnyoneDecides lets anyone): who must be named by the run (NamesDecider) or by
+// deciders, else a *NotDeciderError. The injector enforces it where decisions are
+// applied; the console and the CLI explain it before publishing.
+func (r RunStarted) CheckDecider(deciders []string, who string) error {
 	who = strings.TrimSpace(who)
-	return r.NamesDecider(who) || (who != "" && slices.Contains(deciders, who))
+	if deciders == nil || slices.Contains(deciders, AnyoneDecides) || r.NamesDecider(who) ||
+		(who != "" && slices.Contains(deciders, who)) {
+		return nil
+	}
+	return &NotDeciderError{Who: who, RunID: r.RunID, Principal: r.Principal.ID}
 }
 
 // Allows reports whether the run may use tool.

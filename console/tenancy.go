@@ -304,9 +304,8 @@ func (c *server) policyAllows(w http.ResponseWriter, r *http.Request, v viewer, 
 		c.fail(w, err)
 		return false
 	}
-	if !rs.MayDecide(c.policy, v.name) {
-		http.Error(w, fmt.Sprintf("%s may not decide on or cancel run %s: the decision policy lets its principal %q, the approvers its start lists and the injector's TOOLBUS_DECIDERS",
-			v.name, run, rs.Principal.ID), http.StatusForbidden)
+	if err := rs.CheckDecider(c.policy, v.name); err != nil {
+		http.Error(w, err.Error(), http.StatusForbidden)
 		return false
 	}
 	return true

@@ -1020,7 +1020,7 @@ func (in *Injector) checkDecider(ctx context.Context, run, who string) error {
 	if err != nil {
 		return err
 	}
-	if err := mayDecide(in.cfg.Deciders, *rs, who); err != nil {
+	if err := rs.CheckDecider(in.cfg.Deciders, who); err != nil {
 		in.log.Warn("decision refused by the decision policy", "run_id", run, "who", who, "error", err)
 		return fmt.Errorf("%w: %w", events.ErrPoison, err)
 	}

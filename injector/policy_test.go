@@ -30,7 +30,7 @@ func TestDecisionPolicy(t *testing.T) {
 		{"the wildcard: anyone", []string{"ops", AnyoneDecides}, "", true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			err := mayDecide(tc.deciders, rs, tc.who)
+			err := rs.CheckDecider(tc.deciders, tc.who)
 			if tc.ok {
 				if err != nil {
 					t.Fatalf("refused: %v", err)
