@@ -397,6 +397,17 @@ type ToolRequested struct {
 	// Approved is set when the call is re-issued after an approval decision; the executor
 	// still checks the decision in the approval store.
 	Approved bool `json:"approved,omitempty"`
+	// Decision is the decision a re-issued call (Approved) carries. An executor in a team
+	// account reads no approval store (accounts layout: only the core account may publish
+	// tool.requested) and applies it as is; one in the core account reads the store.
+	Decision *CallDecision `json:"decision,omitempty"`
+}
+
+// CallDecision is a person's decision on a call as a re-issued tool.requested carries
+// it: the approval.granted (Granted) or approval.denied that stood.
+type CallDecision struct {
+	Approval
+	Granted bool `json:"granted"`
 }
 
 // ToolFinished is the data of tool.finished: one ToolResult, its fields at the top level

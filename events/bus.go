@@ -73,6 +73,13 @@ type Config struct {
 	// (quota_exceeded) once it holds StreamAdmitPercent of the bound, so the runs in
 	// flight have the rest to finish in.
 	StreamMaxBytes int64 `envconfig:"STREAM_MAX_BYTES"`
+	// APIPrefix, set for an executor in a team account (the accounts layout of
+	// deploy/nats/gen -accounts), is the subject prefix under which the team imports the
+	// core account's JetStream API (JS.core.API). The bus then opens no stream or bucket
+	// by name (their info is not exported), reaches its queues, keys and results only
+	// through what the core exports to the team, and trusts tool.requested, which only
+	// the core may publish there (see OpenTeam).
+	APIPrefix string `envconfig:"NATS_API_PREFIX"`
 }
 
 // StreamAdmitPercent is how full (percent of Config.StreamMaxBytes) the event stream
@@ -140,6 +147,8 @@ type Bus struct {
 	runCache map[string]cachedRun
 	// perms records the permission violations the server reports to the connection.
 	perms *connect.Permissions
+	// team: opened in a team account (Config.APIPrefix, openTeam).
+	team bool
 }
 
 // cachedRun is a run's first run.started, its stream sequence and its traceparent.
@@ -155,6 +164,9 @@ type cachedRun struct {
 // ErrNotSetUp.
 func Open(ctx context.Context, nc *nats.Conn, cfg Config) (*Bus, error) {
 	cfg.setDefaults()
+	if cfg.APIPrefix != "" {
+		return openTeam(nc, cfg)
+	}
 	js, err := newJS(nc)
 	if err != nil {
 		return nil, err

@@ -79,7 +79,9 @@ func (b *Bus) publishMsg(ctx context.Context, msg *nats.Msg, id string) (*jetstr
 	if err != nil {
 		return nil, fmt.Errorf("events: publish %s: %w", id, err)
 	}
-	if !ack.Duplicate {
+	if !ack.Duplicate || b.team {
+		// In a team account only the core and this team may publish on the subjects of
+		// its tools: a duplicate is this event (and the team may not read the stream).
 		return ack, nil
 	}
 	return b.settleDuplicate(ctx, msg, ack)
@@ -224,7 +226,25 @@ func (b *Bus) findOnSubject(ctx context.Context, subject string, m Meta, attempt
 // Stored reports whether the stream holds the event e (its subject, type and id), and
 // its sequence: a direct-get walk over the messages of its subject, which any role
 // with read access may make.
+//
+// In a team account only the last message of the subject can be read (the core exports
+// the direct get in its subject form, for its tools' result subjects): Stored then
+// reports whether that one is e. An executor there also records in the call's claim
+// that its result was stored (store.Claim.Done).
 func (b *Bus) Stored(ctx context.Context, e Envelope) (uint64, bool, error) {
+	if b.team {
+		raw, err := b.stream.GetLastMsgForSubject(ctx, e.Subject)
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			return 0, false, nil
+		}
+		if err != nil {
+			return 0, false, err
+		}
+		if sameEvent(raw, e.Subject, e.Meta, 0) {
+			return raw.Sequence, true, nil
+		}
+		return 0, false, nil
+	}
 	seq, found, err := b.findOnSubject(ctx, e.Subject, e.Meta, 0, 1)
 	if !found {
 		seq = 0
@@ -253,7 +273,7 @@ type PubFuture struct {
 func (p *PubFuture) Wait(ctx context.Context) (*jetstream.PubAck, error) {
 	select {
 	case ack := <-p.f.Ok():
-		if !ack.Duplicate {
+		if !ack.Duplicate || p.bus.team {
 			return ack, nil
 		}
 		return p.bus.settleDuplicate(ctx, p.f.Msg(), ack)

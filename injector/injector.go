@@ -1077,9 +1077,14 @@ func (in *Injector) reissue(ctx context.Context, rec *store.StepRecord, idx int)
 	}
 	rs = rs.WithDefaults(in.cfg.Defaults)
 	call := *rec.Waiting[idx]
+	dec, err := in.bus.Store().StepDecision(ctx, rec.RunID, rec.Step, call.CallID)
+	if err != nil {
+		return err
+	}
 	_, err = in.bus.PublishEvent(ctx, events.ToolRequestedEvent(in.source, toolbus.ToolRequested{
 		RunID: rec.RunID, Step: rec.Step, CallIndex: idx, CallCount: rec.CallCount, Call: call,
-		Deadline: rs.Limits.Deadline, Principal: rs.Principal, AllowedTools: rs.AllowedTools, Approved: true}, true))
+		Deadline: rs.Limits.Deadline, Principal: rs.Principal, AllowedTools: rs.AllowedTools, Approved: true,
+		Decision: &toolbus.CallDecision{Approval: dec.Approval, Granted: dec.Granted}}, true))
 	return err
 }
 

@@ -42,6 +42,10 @@ type Claim struct {
 	// The injector reads it to tell such a result from one an attempt that runs will
 	// replace.
 	Yielded bool `json:"yielded,omitempty"`
+	// Done marks an attempt whose result the stream stored. Executors in a team account
+	// write it, since they cannot walk the stream's results to find that out (they read
+	// only the last result of a tool in a run): a take-over finds the call done.
+	Done bool `json:"done,omitempty"`
 }
 
 // ErrClaimed is returned by ClaimCall when another execution holds the claim.

@@ -129,7 +129,7 @@ func (w *Worker) admit(next handlerFunc) handlerFunc {
 		// The run, not the call event, says what the call may do: allowlist, principal
 		// and deadline come from the run's first run.started.
 		var err error
-		d.rs, d.startSeq, err = w.bus.RunStartedAt(ctx, d.req.RunID)
+		d.rs, d.startSeq, err = w.runOf(ctx, d.req)
 		if err != nil {
 			if errors.Is(err, events.ErrRunNotFound) {
 				return fmt.Errorf("%w: call %s of a run that was never started", events.ErrPoison, d.meta.ID)
@@ -228,6 +228,29 @@ func (w *Worker) runSlot(ctx context.Context, d *delivery, key string) (release 
 	}, nil
 }
 
+// runOf returns what the run says of the call: the run's first run.started, or, in a
+// team account, where only the core publishes tool.requested and the team may not read
+// runs, what the call carries of it (principal, allowlist, deadline).
+func (w *Worker) runOf(ctx context.Context, req toolbus.ToolRequested) (*toolbus.RunStarted, uint64, error) {
+	if w.bus.TeamAccount() {
+		return &toolbus.RunStarted{RunID: req.RunID, Principal: req.Principal, AllowedTools: req.AllowedTools,
+			Limits: toolbus.Limits{Deadline: req.Deadline}}, 0, nil
+	}
+	return w.bus.RunStartedAt(ctx, req.RunID)
+}
+
+// decisionOf returns a person's decision on the call (ErrNotFound when none): from the
+// approval store, or, in a team account, from the re-issued call that carries it.
+func (w *Worker) decisionOf(ctx context.Context, req toolbus.ToolRequested) (store.Decision, error) {
+	if !w.bus.TeamAccount() {
+		return w.bus.Store().StepDecision(ctx, req.RunID, req.Step, req.Call.CallID)
+	}
+	if !req.Approved || req.Decision == nil {
+		return store.Decision{}, fmt.Errorf("%w: decision on call %s", events.ErrNotFound, req.Call.CallID)
+	}
+	return store.Decision{Approval: req.Decision.Approval, Granted: req.Decision.Granted}, nil
+}
+
 // decide settles what the call gets without running: a refusal (unknown tool, not
 // allowed, denied by a person) as its result, or, for a call that needs a person who has
 // not decided yet, no result: the claim is released and tool.waiting published (the
@@ -250,7 +273,7 @@ func (w *Worker) decide(ctx context.Context, d *delivery) error {
 	if !t.NeedsApproval {
 		return nil
 	}
-	dec, err := w.bus.Store().StepDecision(ctx, d.req.RunID, d.req.Step, call.CallID)
+	dec, err := w.decisionOf(ctx, d.req)
 	switch {
 	case errors.Is(err, events.ErrNotFound):
 		if err := w.bus.Store().ReleaseClaim(ctx, d.queue, d.req.RunID, d.req.Step, call.CallID); err != nil {
@@ -359,6 +382,13 @@ func (w *Worker) publish(ctx context.Context, d *delivery) error {
 		return err
 	}
 	d.published = true
+	if w.bus.TeamAccount() && d.own.rev != 0 {
+		// The take-over of a call must find that it is done without walking the
+		// stream's results, which a team may not read.
+		done := d.own
+		done.claim.Done = true
+		return w.markClaim(ctx, d.msg, d.queue, d.req, done, d.log, "mark the claim done")
+	}
 	return nil
 }
 

@@ -1,0 +1,189 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// NewDirectKV returns a bucket handle for a process in a team account, which reaches
+// the core account's buckets only through the keys exported to it: reads are direct
+// gets in their subject form (<apiPrefix>.DIRECT.GET.KV_<bucket>.$KV.<bucket>.<key>,
+// which an export can scope to a key prefix), writes are publishes on $KV.<bucket>.<key>
+// answered by the stream. Unlike jetstream.KeyValue it needs no stream info, which an
+// export cannot scope (its subjects filter lists every key of the bucket).
+//
+// It offers Get, Put, Create, Update and Delete, what an executor does with its
+// claims, instance record, catalog entries and outputs; every other method of
+// jetstream.KeyValue returns ErrDirectOnly.
+func NewDirectKV(js jetstream.JetStream, nc *nats.Conn, apiPrefix, bucket string) jetstream.KeyValue {
+	if apiPrefix == "" {
+		apiPrefix = "$JS.API"
+	}
+	return &directKV{js: js, nc: nc, bucket: bucket, get: apiPrefix + ".DIRECT.GET.KV_" + bucket + ".$KV." + bucket + "."}
+}
+
+// ErrDirectOnly is returned by the methods a NewDirectKV handle does not offer.
+var ErrDirectOnly = errors.New("store: not available through exported keys (team account)")
+
+type directKV struct {
+	unsupportedKV
+	js     jetstream.JetStream
+	nc     *nats.Conn
+	bucket string
+	get    string
+}
+
+func (kv *directKV) Bucket() string { return kv.bucket }
+
+func (kv *directKV) subject(key string) string { return "$KV." + kv.bucket + "." + key }
+
+func (kv *directKV) Get(ctx context.Context, key string) (jetstream.KeyValueEntry, error) {
+	e, err := kv.last(ctx, key)
+	if err != nil {
+		return nil, err
+	}
+	if e.op != jetstream.KeyValuePut {
+		return nil, jetstream.ErrKeyNotFound
+	}
+	return e, nil
+}
+
+// last reads the last message of key, delete and purge markers included.
+func (kv *directKV) last(ctx context.Context, key string) (*directEntry, error) {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+	}
+	r, err := kv.nc.RequestWithContext(ctx, kv.get+key, nil)
+	if err != nil {
+		return nil, fmt.Errorf("store: direct get %s of %s: %w", key, kv.bucket, err)
+	}
+	if len(r.Data) == 0 && r.Header.Get("Status") != "" {
+		if r.Header.Get("Status") == "404" {
+			return nil, jetstream.ErrKeyNotFound
+		}
+		return nil, fmt.Errorf("store: direct get %s of %s: %s %s", key, kv.bucket, r.Header.Get("Status"), r.Header.Get("Description"))
+	}
+	seq, err := strconv.ParseUint(r.Header.Get(jetstream.SequenceHeader), 10, 64)
+	if err != nil {
+		return nil, fmt.Errorf("store: direct get %s of %s: sequence header: %w", key, kv.bucket, err)
+	}
+	tm, err := time.Parse(time.RFC3339Nano, r.Header.Get(jetstream.TimeStampHeaer))
+	if err != nil {
+		return nil, fmt.Errorf("store: direct get %s of %s: time header: %w", key, kv.bucket, err)
+	}
+	e := &directEntry{bucket: kv.bucket, key: key, value: r.Data, rev: seq, created: tm, op: jetstream.KeyValuePut}
+	switch r.Header.Get("KV-Operation") {
+	case "DEL":
+		e.op = jetstream.KeyValueDelete
+	case "PURGE":
+		e.op = jetstream.KeyValuePurge
+	}
+	return e, nil
+}
+
+func (kv *directKV) Put(ctx context.Context, key string, value []byte) (uint64, error) {
+	ack, err := kv.js.Publish(ctx, kv.subject(key), value)
+	if err != nil {
+		return 0, err
+	}
+	return ack.Sequence, nil
+}
+
+func (kv *directKV) Update(ctx context.Context, key string, value []byte, revision uint64) (uint64, error) {
+	ack, err := kv.js.PublishMsg(ctx, &nats.Msg{Subject: kv.subject(key), Data: value},
+		jetstream.WithExpectLastSequencePerSubject(revision))
+	if err != nil {
+		return 0, err
+	}
+	return ack.Sequence, nil
+}
+
+// Create is Update on revision 0, or on the revision of a delete marker, as
+// jetstream's Create; a key that exists is ErrKeyExists.
+func (kv *directKV) Create(ctx context.Context, key string, value []byte, _ ...jetstream.KVCreateOpt) (uint64, error) {
+	rev, err := kv.Update(ctx, key, value, 0)
+	if err == nil {
+		return rev, nil
+	}
+	var apiErr *jetstream.APIError
+	if !errors.As(err, &apiErr) || (apiErr.ErrorCode != jetstream.JSErrCodeStreamWrongLastSequence &&
+		apiErr.ErrorCode != jetstream.JSErrCodeStreamWrongLastSequenceConstant) {
+		return 0, err
+	}
+	if e, gerr := kv.last(ctx, key); gerr == nil && e.op != jetstream.KeyValuePut {
+		return kv.Update(ctx, key, value, e.rev)
+	}
+	return 0, fmt.Errorf("%w: %w", err, jetstream.ErrKeyExists)
+}
+
+func (kv *directKV) Delete(ctx context.Context, key string, _ ...jetstream.KVDeleteOpt) error {
+	m := nats.NewMsg(kv.subject(key))
+	m.Header.Set("KV-Operation", "DEL")
+	_, err := kv.js.PublishMsg(ctx, m)
+	return err
+}
+
+type directEntry struct {
+	bucket, key string
+	value       []byte
+	rev         uint64
+	created     time.Time
+	op          jetstream.KeyValueOp
+}
+
+func (e *directEntry) Bucket() string                  { return e.bucket }
+func (e *directEntry) Key() string                     { return e.key }
+func (e *directEntry) Value() []byte                   { return e.value }
+func (e *directEntry) Revision() uint64                { return e.rev }
+func (e *directEntry) Created() time.Time              { return e.created }
+func (e *directEntry) Delta() uint64                   { return 0 }
+func (e *directEntry) Operation() jetstream.KeyValueOp { return e.op }
+
+// unsupportedKV is the rest of jetstream.KeyValue for a directKV: each method returns
+// ErrDirectOnly.
+type unsupportedKV struct{}
+
+func (unsupportedKV) GetRevision(context.Context, string, uint64) (jetstream.KeyValueEntry, error) {
+	return nil, ErrDirectOnly
+}
+func (unsupportedKV) PutString(context.Context, string, string) (uint64, error) {
+	return 0, ErrDirectOnly
+}
+func (unsupportedKV) Purge(context.Context, string, ...jetstream.KVDeleteOpt) error {
+	return ErrDirectOnly
+}
+func (unsupportedKV) Watch(context.Context, string, ...jetstream.WatchOpt) (jetstream.KeyWatcher, error) {
+	return nil, ErrDirectOnly
+}
+func (unsupportedKV) WatchAll(context.Context, ...jetstream.WatchOpt) (jetstream.KeyWatcher, error) {
+	return nil, ErrDirectOnly
+}
+func (unsupportedKV) WatchFiltered(context.Context, []string, ...jetstream.WatchOpt) (jetstream.KeyWatcher, error) {
+	return nil, ErrDirectOnly
+}
+func (unsupportedKV) Keys(context.Context, ...jetstream.WatchOpt) ([]string, error) {
+	return nil, ErrDirectOnly
+}
+func (unsupportedKV) ListKeys(context.Context, ...jetstream.WatchOpt) (jetstream.KeyLister, error) {
+	return nil, ErrDirectOnly
+}
+func (unsupportedKV) ListKeysFiltered(context.Context, ...string) (jetstream.KeyLister, error) {
+	return nil, ErrDirectOnly
+}
+func (unsupportedKV) History(context.Context, string, ...jetstream.WatchOpt) ([]jetstream.KeyValueEntry, error) {
+	return nil, ErrDirectOnly
+}
+func (unsupportedKV) PurgeDeletes(context.Context, ...jetstream.KVPurgeOpt) error {
+	return ErrDirectOnly
+}
+func (unsupportedKV) Status(context.Context) (jetstream.KeyValueStatus, error) {
+	return nil, ErrDirectOnly
+}

@@ -1,0 +1,117 @@
+package events
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/toolbus/toolbus/connect"
+	"github.com/toolbus/toolbus/events/store"
+)
+
+// ErrTeamAccount wraps what a bus opened in a team account (Config.APIPrefix) cannot do:
+// read runs, streams or buckets beyond the keys the core account exports to the team.
+var ErrTeamAccount = errors.New("events: not available in a team account")
+
+// openTeam opens the bus of an executor in a team account. The team sees the core
+// account's JetStream only through its imports, under cfg.APIPrefix: the durable queues
+// of its tools (consumer info, pulls, acknowledgements), the result, wait, progress, log
+// and question subjects of its tools, its tools' claims, outputs and catalog keys, its
+// instance records, and the last result of a tool in a run. Nothing is looked up by
+// name: a stream's or bucket's info would list every subject or key in it, so the core
+// does not export it.
+func openTeam(nc *nats.Conn, cfg Config) (*Bus, error) {
+	js, err := jetstream.NewWithAPIPrefix(nc, cfg.APIPrefix, jetstream.WithPublishAsyncTimeout(10*time.Second))
+	if err != nil {
+		return nil, fmt.Errorf("events: jetstream under %s: %w", cfg.APIPrefix, err)
+	}
+	b := &Bus{cfg: cfg, nc: nc, js: js, runCache: map[string]cachedRun{}, perms: connect.WatchPermissions(nc), team: true}
+	b.perms.SetHint(GrantHint)
+	b.stream = &teamStream{js: js, nc: nc, name: cfg.Stream, prefix: cfg.APIPrefix}
+	b.reader = b.stream
+	kv := func(bucket string) jetstream.KeyValue { return store.NewDirectKV(js, nc, cfg.APIPrefix, bucket) }
+	b.state = store.New(store.Buckets{
+		History: kv(store.BucketHistory), Runs: kv(store.BucketRuns), Tools: kv(store.BucketTools),
+		Approvals: kv(store.BucketApprovals), Claims: kv(store.BucketClaims), Instances: kv(store.BucketInstances),
+		Outputs: kv(store.BucketOutputs), JS: js,
+	}, cfg.InstanceTTL)
+	return b, nil
+}
+
+// TeamAccount reports whether the bus was opened in a team account (Config.APIPrefix):
+// its tool.requested events come from the core account only, so an executor trusts what
+// a call says of its run (principal, allowlist, deadline, decision) instead of reading
+// the run, which it may not.
+func (b *Bus) TeamAccount() bool { return b.team }
+
+// teamStream is the event stream as a team account reaches it: durable consumers bound
+// by name and the last message of a subject (direct get in its subject form, which the
+// core exports for its tools' result subjects only). It creates no consumer and reads
+// no info; the jetstream.Stream methods it does not override are not available (they
+// are not called on a team bus).
+type teamStream struct {
+	jetstream.Stream
+	js     jetstream.JetStream
+	nc     *nats.Conn
+	name   string
+	prefix string
+}
+
+func (s *teamStream) CachedInfo() *jetstream.StreamInfo {
+	return &jetstream.StreamInfo{Config: jetstream.StreamConfig{Name: s.name}}
+}
+
+func (s *teamStream) Info(context.Context, ...jetstream.StreamInfoOpt) (*jetstream.StreamInfo, error) {
+	return nil, fmt.Errorf("%w: info of stream %s", ErrTeamAccount, s.name)
+}
+
+func (s *teamStream) Consumer(ctx context.Context, name string) (jetstream.Consumer, error) {
+	return s.js.Consumer(ctx, s.name, name)
+}
+
+func (s *teamStream) CreateOrUpdateConsumer(_ context.Context, cfg jetstream.ConsumerConfig) (jetstream.Consumer, error) {
+	return nil, fmt.Errorf("%w: consumer %s is made by `toolbus init` in the core account", ErrTeamAccount, cfg.Durable)
+}
+
+func (s *teamStream) CreateConsumer(ctx context.Context, cfg jetstream.ConsumerConfig) (jetstream.Consumer, error) {
+	return s.CreateOrUpdateConsumer(ctx, cfg)
+}
+
+func (s *teamStream) OrderedConsumer(context.Context, jetstream.OrderedConsumerConfig) (jetstream.Consumer, error) {
+	return nil, fmt.Errorf("%w: reading stream %s", ErrTeamAccount, s.name)
+}
+
+func (s *teamStream) GetMsg(_ context.Context, seq uint64, _ ...jetstream.GetMsgOpt) (*jetstream.RawStreamMsg, error) {
+	return nil, fmt.Errorf("%w: message %d of stream %s", ErrTeamAccount, seq, s.name)
+}
+
+// GetLastMsgForSubject reads the last message on subject with a direct get in its
+// subject form (<prefix>.DIRECT.GET.<stream>.<subject>).
+func (s *teamStream) GetLastMsgForSubject(ctx context.Context, subject string) (*jetstream.RawStreamMsg, error) {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+	}
+	r, err := s.nc.RequestWithContext(ctx, s.prefix+".DIRECT.GET."+s.name+"."+subject, nil)
+	if err != nil {
+		return nil, fmt.Errorf("events: last message on %s: %w", subject, err)
+	}
+	if len(r.Data) == 0 && r.Header.Get("Status") != "" {
+		if r.Header.Get("Status") == "404" {
+			return nil, jetstream.ErrMsgNotFound
+		}
+		return nil, fmt.Errorf("events: last message on %s: %s %s", subject, r.Header.Get("Status"), r.Header.Get("Description"))
+	}
+	seq, err := strconv.ParseUint(r.Header.Get(jetstream.SequenceHeader), 10, 64)
+	if err != nil {
+		return nil, fmt.Errorf("events: last message on %s: sequence header: %w", subject, err)
+	}
+	tm, _ := time.Parse(time.RFC3339Nano, r.Header.Get(jetstream.TimeStampHeaer))
+	return &jetstream.RawStreamMsg{Subject: r.Header.Get(jetstream.SubjectHeader), Sequence: seq, Header: r.Header, Data: r.Data, Time: tm}, nil
+}

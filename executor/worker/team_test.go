@@ -1,0 +1,195 @@
+package worker_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+
+	"github.com/toolbus/toolbus"
+	"github.com/toolbus/toolbus/audit"
+	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/eventstest"
+	"github.com/toolbus/toolbus/events/provision"
+	"github.com/toolbus/toolbus/events/store"
+	"github.com/toolbus/toolbus/executor"
+	"github.com/toolbus/toolbus/executor/worker"
+	"github.com/toolbus/toolbus/internal/testpipe"
+	"github.com/toolbus/toolbus/internal/testutil"
+	"github.com/toolbus/toolbus/planner"
+)
+
+// teamImports renders, for one team and its tools, the service and stream imports of
+// the accounts layout (the core exports the same subjects to the team only).
+func teamImports(team string, tools []string) (exports, imports []string) {
+	const pre = "JS.core.API"
+	svc := func(subject, local string, stream bool) {
+		rt := ""
+		if stream {
+			rt = ", response_type: stream"
+		}
+		exports = append(exports, fmt.Sprintf(`{service: %q, accounts: [%s]%s}`, subject, team, rt))
+		to := ""
+		if local != "" {
+			to = fmt.Sprintf(", to: %q", local)
+		}
+		imports = append(imports, fmt.Sprintf(`{service: {account: CORE, subject: %q}%s}`, subject, to))
+	}
+	api := func(rest string, stream bool) { svc("$JS.API."+rest, pre+"."+rest, stream) }
+	for _, tool := range tools {
+		d := events.ToolConsumer(tool)
+		api("CONSUMER.INFO.TOOLBUS."+d, false)
+		api("CONSUMER.MSG.NEXT.TOOLBUS."+d, true)
+		svc("$JS.ACK.TOOLBUS."+d+".>", "", false)
+		svc("$JS.ACK.*.*.TOOLBUS."+d+".>", "", false)
+		for _, s := range []string{events.SubjectToolFinished("*", tool), events.SubjectToolWaiting("*", tool),
+			events.SubjectToolProgress("*", tool), events.SubjectToolLog("*", tool), events.SubjectToolQuestion("*", tool)} {
+			svc(s, "", false)
+		}
+		tok := events.ToolToken(tool)
+		for _, b := range []string{store.BucketClaims, store.BucketOutputs} {
+			svc("$KV."+b+"."+tok+".>", "", false)
+		}
+		svc("$KV."+store.BucketTools+"."+tok, "", false)
+		api("DIRECT.GET.KV_"+store.BucketClaims+".$KV."+store.BucketClaims+"."+tok+".>", false)
+		api("DIRECT.GET.KV_"+store.BucketTools+".$KV."+store.BucketTools+"."+tok, false)
+		api("DIRECT.GET.TOOLBUS."+events.SubjectToolFinished("*", tool), false)
+		req := events.SubjectToolRequested("*", tool)
+		exports = append(exports, fmt.Sprintf(`{stream: %q, accounts: [%s]}`, req, team))
+		imports = append(imports, fmt.Sprintf(`{stream: {account: CORE, subject: %q}}`, req))
+	}
+	svc("$KV."+store.BucketInstances+"."+team+".>", "", false)
+	api("DIRECT.GET.KV_"+store.BucketInstances+".$KV."+store.BucketInstances+"."+team+".>", false)
+	return exports, imports
+}
+
+// TestTeamAccountExecutor: an executor in its team's own account (TOOLBUS_NATS_API_PREFIX)
+// serves its tools to runs of the core account with nothing but the imports of the
+// accounts layout: it binds its queues, claims, publishes its contracts, heartbeats and
+// results, runs two calls of one tool in one step once each, and applies an edited
+// approval carried by the re-issued call, which it cannot read from the approval store.
+func TestTeamAccountExecutor(t *testing.T) {
+	exports, imports := teamImports("alpha", []string{"calc", "pay"})
+	dir := t.TempDir()
+	conf := fmt.Sprintf(`listen: 127.0.0.1:-1
+jetstream { store_dir: %q }
+accounts {
+  CORE { jetstream: enabled, users: [{user: core, password: core}], exports: [
+    %s
+  ] }
+  alpha { users: [{user: alpha, password: alpha}], imports: [
+    %s
+  ] }
+}
+`, filepath.Join(dir, "js"), strings.Join(exports, "\n    "), strings.Join(imports, "\n    "))
+	path := filepath.Join(dir, "accounts.conf")
+	if err := os.WriteFile(path, []byte(conf), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	opts, err := server.ProcessConfigFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := eventstest.StartServer(t, opts)
+	connect := func(user string) *nats.Conn {
+		nc, err := nats.Connect(srv.ClientURL(), nats.UserInfo(user, user))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(nc.Close)
+		return nc
+	}
+	var calcRuns, payRuns atomic.Int32
+	var paid atomic.Value
+	script := &planner.Script{Steps: []func(planner.Request) planner.Response{
+		planner.Calls(toolbus.ToolCall{CallID: "c1", Tool: "calc", Arguments: `{"n":1}`},
+			toolbus.ToolCall{CallID: "c2", Tool: "calc", Arguments: `{"n":2}`},
+			toolbus.ToolCall{CallID: "p1", Tool: "pay", Arguments: `{"amount":100}`}),
+		planner.Answer("done")}}
+	p := testpipe.StartOn(t, connect("core"), 3*time.Minute, testpipe.ScriptByRun(map[string]*planner.Script{"team-1": script}, nil))
+	for _, tool := range []string{"calc", "pay"} {
+		if _, err := provision.Consumer(p.Ctx, p.Bus, provision.ToolConsumerConfig(tool, 0, 0)); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	reg := executor.NewRegistry()
+	obj := json.RawMessage(`{"type":"object"}`)
+	for _, tool := range []executor.Tool{
+		{Name: "calc", Description: "doubles n", InputSchema: obj, Func: func(_ context.Context, args json.RawMessage) (any, error) {
+			calcRuns.Add(1)
+			var a struct{ N int }
+			_ = json.Unmarshal(args, &a)
+			return map[string]int{"double": 2 * a.N}, nil
+		}},
+		{Name: "pay", Description: "pays", InputSchema: obj, NeedsApproval: true, Func: func(_ context.Context, args json.RawMessage) (any, error) {
+			payRuns.Add(1)
+			paid.Store(string(args))
+			return "paid", nil
+		}},
+	} {
+		if err := reg.Register(tool); err != nil {
+			t.Fatal(err)
+		}
+	}
+	teamBus, err := events.Open(p.Ctx, connect("alpha"), events.Config{APIPrefix: "JS.core.API"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	exec := testutil.Must(executor.New(reg, executor.WithLogger(p.Log), executor.WithInstance("alpha-1")))
+	w, err := worker.New(teamBus, exec, worker.Config{WorkerConfig: events.WorkerConfig{Instance: "alpha-1", Logger: p.Log, Grace: time.Second}, Team: "alpha"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Roles.Go("alpha-1", w.Run)
+	eventstest.Eventually(t, time.Minute, func() error {
+		_, err := p.Bus.Store().Contract(p.Ctx, "pay")
+		return err
+	})
+
+	p.SubmitAs("team-1", "alice", "go", toolbus.Limits{})
+	p.WaitStatus("team-1", toolbus.RunWaitingForApproval)
+	if _, err := p.Bus.PublishApproval(p.Ctx, "/test", 0, toolbus.Approval{RunID: "team-1", CallID: "p1", Who: "alice",
+		Arguments: `{"amount":90}`}, true); err != nil {
+		t.Fatal(err)
+	}
+	p.WaitStatus("team-1", toolbus.RunCompleted)
+
+	evs, err := p.Bus.RunEvents(p.Ctx, "team-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep := audit.Analyze("team-1", evs)
+	if len(rep.Violations) > 0 {
+		t.Fatalf("violations: %v", rep.Violations)
+	}
+	got := map[string]string{}
+	for _, c := range rep.Calls {
+		if c.Result == nil || c.Result.Status != toolbus.StatusSucceeded {
+			t.Fatalf("call %s: %+v", c.CallID, c.Result)
+		}
+		got[c.CallID] = c.Result.Content
+	}
+	if got["c1"] != `{"double":2}` || got["c2"] != `{"double":4}` || !strings.Contains(got["p1"], "paid") {
+		t.Fatalf("results: %v", got)
+	}
+	if calcRuns.Load() != 2 || payRuns.Load() != 1 || paid.Load() != `{"amount":90}` {
+		t.Fatalf("side effects: calc %d, pay %d with %v", calcRuns.Load(), payRuns.Load(), paid.Load())
+	}
+	// Its claims say the calls are done: a take-over would not run them again.
+	for _, id := range []string{"c1", "c2", "p1"} {
+		tool := map[string]string{"c1": "calc", "c2": "calc", "p1": "pay"}[id]
+		c, _, err := p.Bus.Store().CurrentClaim(p.Ctx, tool, "team-1", 0, id)
+		if err != nil || !c.Done || c.Team != "alpha" {
+			t.Fatalf("claim of %s: %+v %v", id, c, err)
+		}
+	}
+}
