@@ -79,7 +79,7 @@ type Config struct {
 	// by name (their info is not exported), reaches its queues, keys and results only
 	// through what the core exports to the team, and trusts tool.requested, which only
 	// the core may publish there (see OpenTeam).
-	APIPrefix string `envconfig:"NATS_API_PREFIX"`
+	APIPrefix string `envconfig:"NATS_API_PREFIX" desc:"executor in a team account (deploy/nats/gen -accounts): the prefix under which its account imports the core account's JetStream API (JS.core.API); the executor then reads no run and takes principal, allowlist, deadline and decisions from the call"`
 }
 
 // StreamAdmitPercent is how full (percent of Config.StreamMaxBytes) the event stream
