@@ -260,3 +260,25 @@ func IDApproval(run, callID string, granted bool) string {
 
 // IDRunCancel is <run>/run.cancel.
 func IDRunCancel(run string) string { return run + "/run.cancel" }
+
+// NoticePrefix roots the notices the core account sends to executors in team accounts
+// (core NATS, outside the event stream's subjects: nothing is stored). A team imports
+// the notices of its own tools only.
+const NoticePrefix = "toolbus_notice"
+
+// SubjectRunEndedFor is the notice that run ended (any outcome but completed) while a
+// call of tool may still run: toolbus_notice.<run>.ended.<tool>. Its body is the run's
+// outcome (RunEndedNotice). An executor in a team account, which hears no run.cancel
+// and no outcome, cancels its calls of the run on it.
+func SubjectRunEndedFor(run, tool string) string {
+	return NoticePrefix + "." + run + ".ended." + ToolToken(tool)
+}
+
+// FilterRunEndedFor is every SubjectRunEndedFor notice of tool.
+func FilterRunEndedFor(tool string) string { return NoticePrefix + ".*.ended." + ToolToken(tool) }
+
+// RunEndedNotice is the body of a SubjectRunEndedFor notice.
+type RunEndedNotice struct {
+	RunID  string            `json:"run_id"`
+	Status toolbus.RunStatus `json:"status"`
+}

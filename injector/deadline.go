@@ -350,7 +350,7 @@ func (in *Injector) Deadline(ctx context.Context, run string, deadline time.Time
 		return err
 	}
 	if st.Status.Terminal() && (st.Ended == nil || st.Ended.Code != toolbus.LimitDeadline || len(st.Ended.Unanswered) == 0) {
-		return in.bus.PublishOutcome(ctx, in.source, st)
+		return in.publishOutcome(ctx, st)
 	}
 	stored := st
 	if !st.Status.Terminal() {
@@ -394,7 +394,7 @@ func (in *Injector) Deadline(ctx context.Context, run string, deadline time.Time
 			return err
 		}
 	}
-	if err := in.bus.PublishOutcome(ctx, in.source, stored); err != nil {
+	if err := in.publishOutcome(ctx, stored); err != nil {
 		return err
 	}
 	in.cfg.Metrics.RunEnded(string(stored.Status), stored.Code)
@@ -433,7 +433,7 @@ func (in *Injector) recordDeadline(ctx context.Context, run string, deadline tim
 			deadline.UTC().Format(time.RFC3339), len(unanswered), step)}
 	stored, err := in.bus.Store().RecordEnd(ctx, step, ended)
 	if errors.Is(err, events.ErrRunEnded) {
-		return store.RunState{}, in.bus.PublishOutcome(ctx, in.source, stored)
+		return store.RunState{}, in.publishOutcome(ctx, stored)
 	}
 	return stored, err
 }

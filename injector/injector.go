@@ -718,7 +718,7 @@ func (in *Injector) apply(ctx context.Context, run string, step, count int, ops 
 func (in *Injector) settled(ctx context.Context, st *store.StepState) bool {
 	if rs, _, err := in.bus.Store().RunState(ctx, st.RunID); err == nil && rs.Status.Terminal() {
 		// Republish the outcome if a crash lost it (nothing when the stream has it).
-		return in.bus.PublishOutcome(ctx, in.source, rs) == nil
+		return in.publishOutcome(ctx, rs) == nil
 	}
 	step, err := in.bus.LastModelRequest(ctx, st.RunID)
 	return err == nil && step > st.Step
@@ -745,7 +745,7 @@ func (in *Injector) settle(ctx context.Context, st *store.StepState) error {
 		// The run ended; if a crash came between its state write and its outcome, the
 		// outcome is published now (once: PublishOutcome skips what the stream has).
 		in.log.Info("step settled after the run ended: nothing follows", "run_id", st.RunID, "step", st.Step, "status", state.Status)
-		return in.bus.PublishOutcome(ctx, in.source, state)
+		return in.publishOutcome(ctx, state)
 	}
 	rec, err := in.assemble(ctx, st)
 	if err != nil {
@@ -922,7 +922,7 @@ func (in *Injector) end(ctx context.Context, step int, ended toolbus.RunEnded) e
 	}
 	st, err := in.bus.Store().RecordEnd(ctx, step, ended)
 	if errors.Is(err, events.ErrRunEnded) {
-		return in.bus.PublishOutcome(ctx, in.source, st)
+		return in.publishOutcome(ctx, st)
 	}
 	if err != nil {
 		return err
@@ -932,7 +932,7 @@ func (in *Injector) end(ctx context.Context, step int, ended toolbus.RunEnded) e
 			return err
 		}
 	}
-	if err := in.bus.PublishOutcome(ctx, in.source, st); err != nil {
+	if err := in.publishOutcome(ctx, st); err != nil {
 		return err
 	}
 	in.cfg.Metrics.RunEnded(string(ended.Status), ended.Code)

@@ -62,9 +62,10 @@ func teamImports(team string, tools []string) (exports, imports []string) {
 		api("DIRECT.GET.KV_"+store.BucketClaims+".$KV."+store.BucketClaims+"."+tok+".>", false)
 		api("DIRECT.GET.KV_"+store.BucketTools+".$KV."+store.BucketTools+"."+tok, false)
 		api("DIRECT.GET.TOOLBUS."+events.SubjectToolFinished("*", tool), false)
-		req := events.SubjectToolRequested("*", tool)
-		exports = append(exports, fmt.Sprintf(`{stream: %q, accounts: [%s]}`, req, team))
-		imports = append(imports, fmt.Sprintf(`{stream: {account: CORE, subject: %q}}`, req))
+		for _, subj := range []string{events.SubjectToolRequested("*", tool), events.FilterRunEndedFor(tool)} {
+			exports = append(exports, fmt.Sprintf(`{stream: %q, accounts: [%s]}`, subj, team))
+			imports = append(imports, fmt.Sprintf(`{stream: {account: CORE, subject: %q}}`, subj))
+		}
 	}
 	svc("$KV."+store.BucketInstances+"."+team+".>", "", false)
 	api("DIRECT.GET.KV_"+store.BucketInstances+".$KV."+store.BucketInstances+"."+team+".>", false)
@@ -77,7 +78,7 @@ func teamImports(team string, tools []string) (exports, imports []string) {
 // results, runs two calls of one tool in one step once each, and applies an edited
 // approval carried by the re-issued call, which it cannot read from the approval store.
 func TestTeamAccountExecutor(t *testing.T) {
-	exports, imports := teamImports("alpha", []string{"calc", "pay"})
+	exports, imports := teamImports("alpha", []string{"calc", "pay", "hang"})
 	dir := t.TempDir()
 	conf := fmt.Sprintf(`listen: 127.0.0.1:-1
 jetstream { store_dir: %q }
@@ -109,13 +110,16 @@ accounts {
 	}
 	var calcRuns, payRuns atomic.Int32
 	var paid atomic.Value
+	hanging, hangEnded := make(chan struct{}, 1), make(chan error, 1)
 	script := &planner.Script{Steps: []func(planner.Request) planner.Response{
 		planner.Calls(toolbus.ToolCall{CallID: "c1", Tool: "calc", Arguments: `{"n":1}`},
 			toolbus.ToolCall{CallID: "c2", Tool: "calc", Arguments: `{"n":2}`},
 			toolbus.ToolCall{CallID: "p1", Tool: "pay", Arguments: `{"amount":100}`}),
 		planner.Answer("done")}}
-	p := testpipe.StartOn(t, connect("core"), 3*time.Minute, testpipe.ScriptByRun(map[string]*planner.Script{"team-1": script}, nil))
-	for _, tool := range []string{"calc", "pay"} {
+	hang := &planner.Script{Steps: []func(planner.Request) planner.Response{
+		planner.Calls(toolbus.ToolCall{CallID: "h1", Tool: "hang", Arguments: `{}`}), planner.Answer("never")}}
+	p := testpipe.StartOn(t, connect("core"), 3*time.Minute, testpipe.ScriptByRun(map[string]*planner.Script{"team-1": script, "team-2": hang}, nil))
+	for _, tool := range []string{"calc", "pay", "hang"} {
 		if _, err := provision.Consumer(p.Ctx, p.Bus, provision.ToolConsumerConfig(tool, 0, 0)); err != nil {
 			t.Fatal(err)
 		}
@@ -134,6 +138,12 @@ accounts {
 			payRuns.Add(1)
 			paid.Store(string(args))
 			return "paid", nil
+		}},
+		{Name: "hang", Description: "waits for its context", InputSchema: obj, Timeout: 10 * time.Minute, Func: func(ctx context.Context, _ json.RawMessage) (any, error) {
+			hanging <- struct{}{}
+			<-ctx.Done()
+			hangEnded <- context.Cause(ctx)
+			return nil, ctx.Err()
 		}},
 	} {
 		if err := reg.Register(tool); err != nil {
@@ -192,4 +202,25 @@ accounts {
 			t.Fatalf("claim of %s: %+v %v", id, c, err)
 		}
 	}
+
+	// A cancel reaches the team's call through the core's notice: the team hears no
+	// run.cancel of the core account.
+	p.SubmitAs("team-2", "alice", "hang", toolbus.Limits{})
+	select {
+	case <-hanging:
+	case <-p.Ctx.Done():
+		t.Fatal("the hanging call never started")
+	}
+	if _, err := p.Bus.PublishCancel(p.Ctx, "/test", toolbus.Cancel{RunID: "team-2", Who: "alice", Reason: "enough"}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case cause := <-hangEnded:
+		if cause == nil {
+			t.Fatal("the call ended without a cause")
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("the team's call was not cancelled when its run was")
+	}
+	p.WaitStatus("team-2", toolbus.RunCancelled)
 }

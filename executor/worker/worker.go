@@ -12,7 +12,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/trace"
@@ -275,17 +274,11 @@ func (w *Worker) serve(ctx context.Context) error {
 		w.serveCfg.Doorbell = consume.NewSubjectDoorbell(w.bus.Conn())
 	}
 	w.smu.Unlock()
-	sub, err := w.bus.Conn().Subscribe(events.FilterRunCancel, w.onCancel)
+	stopCancels, err := w.followCancels(ctx, served)
 	if err != nil {
-		return fmt.Errorf("executor: subscribe to cancellations: %w", err)
+		return err
 	}
-	defer sub.Unsubscribe() //nolint:errcheck // connection may be closing
-	if err := w.ends.Listen(ctx); err != nil {
-		// Without them every call reads its run's state, as it always may.
-		w.ends.Close()
-		w.log.Warn("run outcomes not followed: each call reads its run's state (give the executor's credentials subscribe permission on toolbus.*.run.<outcome>)", "error", err)
-	}
-	defer w.ends.Close()
+	defer stopCancels()
 	// Only the queues of the served tools: a call of a tool no executor serves is
 	// answered by the planner (unknown_tool), so no executor consumes the unknown-tool
 	// subject and no team may publish a result there for another team's call.
@@ -528,27 +521,6 @@ func (w *Worker) served() ([]string, error) {
 	return w.cfg.Tools, nil
 }
 
-func (w *Worker) onCancel(m *nats.Msg) {
-	// The run the subject names, once the body agrees: the injector terminates a cancel
-	// whose body names another run, and nothing may act on it here either.
-	run, ok := events.CancelOf(m)
-	if !ok {
-		w.log.Warn("run.cancel ignored: not a cancel of the run its subject names", "subject", m.Subject)
-		return
-	}
-	w.mu.Lock()
-	if len(w.cancelled) > 100000 {
-		clear(w.cancelled)
-	}
-	w.cancelled[run] = time.Now()
-	n := 0
-	for h := range w.inflight[run] {
-		h.cancel(errRunCancelled)
-		n++
-	}
-	w.mu.Unlock()
-	w.log.Info("run cancelled", "run_id", run, "calls_cancelled", n)
-}
 
 func (w *Worker) track(run string, h *callHandle, lv leaseView) (untrack func()) {
 	w.mu.Lock()
