@@ -521,7 +521,6 @@ func (w *Worker) served() ([]string, error) {
 	return w.cfg.Tools, nil
 }
 
-
 func (w *Worker) track(run string, h *callHandle, lv leaseView) (untrack func()) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
