@@ -78,7 +78,7 @@ func teamImports(team string, tools []string) (exports, imports []string) {
 // results, runs two calls of one tool in one step once each, and applies an edited
 // approval carried by the re-issued call, which it cannot read from the approval store.
 func TestTeamAccountExecutor(t *testing.T) {
-	exports, imports := teamImports("alpha", []string{"calc", "pay", "hang"})
+	exports, imports := teamImports("alpha", []string{"calc", "pay", "hang", "big"})
 	dir := t.TempDir()
 	conf := fmt.Sprintf(`listen: 127.0.0.1:-1
 jetstream { store_dir: %q }
@@ -114,12 +114,13 @@ accounts {
 	script := &planner.Script{Steps: []func(planner.Request) planner.Response{
 		planner.Calls(toolbus.ToolCall{CallID: "c1", Tool: "calc", Arguments: `{"n":1}`},
 			toolbus.ToolCall{CallID: "c2", Tool: "calc", Arguments: `{"n":2}`},
-			toolbus.ToolCall{CallID: "p1", Tool: "pay", Arguments: `{"amount":100}`}),
+			toolbus.ToolCall{CallID: "p1", Tool: "pay", Arguments: `{"amount":100}`},
+			toolbus.ToolCall{CallID: "b1", Tool: "big", Arguments: `{}`}),
 		planner.Answer("done")}}
 	hang := &planner.Script{Steps: []func(planner.Request) planner.Response{
 		planner.Calls(toolbus.ToolCall{CallID: "h1", Tool: "hang", Arguments: `{}`}), planner.Answer("never")}}
 	p := testpipe.StartOn(t, connect("core"), 3*time.Minute, testpipe.ScriptByRun(map[string]*planner.Script{"team-1": script, "team-2": hang}, nil))
-	for _, tool := range []string{"calc", "pay", "hang"} {
+	for _, tool := range []string{"calc", "pay", "hang", "big"} {
 		if _, err := provision.Consumer(p.Ctx, p.Bus, provision.ToolConsumerConfig(tool, 0, 0)); err != nil {
 			t.Fatal(err)
 		}
@@ -138,6 +139,9 @@ accounts {
 			payRuns.Add(1)
 			paid.Store(string(args))
 			return "paid", nil
+		}},
+		{Name: "big", Description: "a large output", InputSchema: obj, Func: func(context.Context, json.RawMessage) (any, error) {
+			return strings.Repeat("x", 300_000), nil
 		}},
 		{Name: "hang", Description: "waits for its context", InputSchema: obj, Timeout: 10 * time.Minute, Func: func(ctx context.Context, _ json.RawMessage) (any, error) {
 			hanging <- struct{}{}
@@ -182,7 +186,11 @@ accounts {
 		t.Fatalf("violations: %v", rep.Violations)
 	}
 	got := map[string]string{}
+	var bigRef string
 	for _, c := range rep.Calls {
+		if c.Result != nil && c.Result.Truncated != nil {
+			bigRef = c.Result.Truncated.Ref
+		}
 		if c.Result == nil || c.Result.Status != toolbus.StatusSucceeded {
 			t.Fatalf("call %s: %+v", c.CallID, c.Result)
 		}
@@ -190,6 +198,10 @@ accounts {
 	}
 	if got["c1"] != `{"double":2}` || got["c2"] != `{"double":4}` || !strings.Contains(got["p1"], "paid") {
 		t.Fatalf("results: %v", got)
+	}
+	// Its large output went into the core's outputs bucket, under its tool's keys.
+	if data, err := p.Bus.Store().Output(p.Ctx, bigRef); err != nil || len(data) < 300_000 {
+		t.Fatalf("large output %q: %d bytes, %v", bigRef, len(data), err)
 	}
 	if calcRuns.Load() != 2 || payRuns.Load() != 1 || paid.Load() != `{"amount":90}` {
 		t.Fatalf("side effects: calc %d, pay %d with %v", calcRuns.Load(), payRuns.Load(), paid.Load())
