@@ -68,7 +68,9 @@ func (c Crossing) InTeam() string {
 // helpers, which make tool names subject-safe.
 func TeamExports(team string, tools []string) []Crossing {
 	stream := events.DefaultStream
-	api := func(s string) Crossing { return Crossing{Subject: s, Local: CoreAPIPrefix + strings.TrimPrefix(s, jsAPI)} }
+	api := func(s string) Crossing {
+		return Crossing{Subject: s, Local: CoreAPIPrefix + strings.TrimPrefix(s, jsAPI)}
+	}
 	svc := func(s string) Crossing { return Crossing{Subject: s} }
 	directGet := func(bucket, key string) Crossing {
 		return api(jsAPI + ".DIRECT.GET.KV_" + bucket + "." + kvSubject(bucket, key))

@@ -339,3 +339,130 @@ func probeClosed(t *testing.T, d *accountsDeployment, alpha *nats.Conn) {
 		t.Error("a pull of alpha's with a core subject as its reply stored a message in the core")
 	}
 }
+
+// Day two in the accounts layout: regenerating with a third team and a new tool for
+// alpha keeps every other account's and user's key, credentials and JWT byte for byte
+// (the core account's too: its exports are token-required and do not name teams), says
+// what changed, and a reload of the running server (no restart) applies it: alpha's
+// connection of day one pulls its new tool's queue, and the new team connects.
+func TestAccountsDayTwo(t *testing.T) {
+	perms := filepath.Join("..", "permissions.conf")
+	day1 := natsjwt.Grants{Teams: map[string][]string{"alpha": {"calc"}, "beta": {"search"}}}
+	day2 := natsjwt.Grants{Teams: map[string][]string{"alpha": {"calc", "calc2"}, "beta": {"search"}, "gamma": {"web"}}}
+	for _, kind := range credKinds {
+		t.Run(kind.name, func(t *testing.T) {
+			dir := t.TempDir()
+			gen := func(g natsjwt.Grants) natsjwt.Result {
+				res, err := natsjwt.GenerateGrants(perms, dir, g, natsjwt.WithAccounts(), natsjwt.WithBcryptCost(bcrypt.MinCost))
+				if err != nil {
+					t.Fatal(err)
+				}
+				return res
+			}
+			res1 := gen(day1)
+			before := readDir(t, dir)
+			ctx := eventstest.Context(t, time.Minute)
+			d := startAccounts(t, ctx, kind, res1, "calc", "calc2", "search", "web")
+			alphaNC, alpha := d.team("alpha")
+			if _, err := alpha.Consumer(ctx, events.DefaultStream, events.ToolConsumer("calc2")); err == nil {
+				t.Fatal("alpha binds calc2's queue before it is granted")
+			}
+
+			res2 := gen(day2)
+			after := readDir(t, dir)
+			// What a grant touches: the granted team's account, the new team's files, and
+			// the server configs (which hold every account; the bcrypt hashes are salted
+			// anew each run).
+			touched := map[string]bool{"team-alpha.jwt": true, "auth-jwt.conf": true, "auth-users.conf": true,
+				"auth-nkeys.conf": true, "k8s-secrets.yaml": true}
+			for name, b := range before {
+				if touched[name] {
+					continue
+				}
+				if string(after[name]) != string(b) {
+					t.Errorf("%s changed on day two", name)
+				}
+			}
+			if string(after["team-alpha.jwt"]) == string(before["team-alpha.jwt"]) {
+				t.Error("alpha's account JWT did not change with its new tool")
+			}
+			changes := map[string]string{}
+			for _, c := range res2.Changes {
+				changes[c.User] = c.What
+			}
+			for user, want := range map[string]string{"account TOOLBUS": "unchanged", "account team-alpha": "changed",
+				"account team-beta": "unchanged", "account team-gamma": "new", natsjwt.TeamUser("gamma"): "new",
+				natsjwt.TeamUser("alpha"): "unchanged", "admin": "unchanged"} {
+				if changes[user] != want {
+					t.Errorf("day two says %s: %q, want %q (all: %v)", user, changes[user], want, res2.Changes)
+				}
+			}
+
+			// The running server takes day two on a reload (kill -HUP), not a restart. The
+			// config kinds take two: nats-server 2.15.2 creates an account that a reload
+			// adds without subscribing its service imports (configureAccounts: "only if
+			// not reloading"); the next reload, finding it, does. The JWT kind's memory
+			// resolver takes one (a reload stores the new preloads and updates every
+			// account from them).
+			reloads := 2
+			if kind.name == "jwt" {
+				reloads = 1
+			}
+			for range reloads {
+				newOpts, err := server.ProcessConfigFile(kind.conf(res2))
+				if err != nil {
+					t.Fatal(err)
+				}
+				newOpts.Host, newOpts.Port, newOpts.HTTPHost, newOpts.HTTPPort = d.opts.Host, d.opts.Port, d.opts.HTTPHost, d.opts.HTTPPort
+				newOpts.StoreDir, newOpts.NoLog, newOpts.NoSigs = d.opts.StoreDir, true, true
+				if err := d.srv.ReloadOptions(newOpts); err != nil {
+					t.Fatalf("reload: %v", err)
+				}
+			}
+			d.res = res2
+			d.put(events.SubjectToolRequested("r1", "calc2"), `{"n":1}`)
+			var cons jetstream.Consumer
+			eventstest.Eventually(t, 10*time.Second, func() error {
+				var err error
+				cons, err = alpha.Consumer(ctx, events.DefaultStream, events.ToolConsumer("calc2"))
+				return err
+			})
+			batch, err := cons.Fetch(1, jetstream.FetchMaxWait(5*time.Second))
+			if err != nil {
+				t.Fatal(err)
+			}
+			n := 0
+			for m := range batch.Messages() {
+				n++
+				if err := m.Ack(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if n != 1 {
+				t.Fatalf("alpha's day-one connection pulled %d calls of its new tool: %v", n, batch.Error())
+			}
+			if !alphaNC.IsConnected() {
+				t.Error("alpha's connection is down")
+			}
+			d.put(events.SubjectToolRequested("r1", "web"), `{"n":1}`)
+			d.serve("gamma", "web", "r1")
+		})
+	}
+}
+
+func readDir(t *testing.T, dir string) map[string][]byte {
+	t.Helper()
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string][]byte{}
+	for _, e := range entries {
+		b, err := os.ReadFile(filepath.Join(dir, e.Name()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		out[e.Name()] = b
+	}
+	return out
+}

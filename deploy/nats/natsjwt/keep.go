@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"sort"
 	"strings"
 	"time"
 
@@ -218,11 +219,15 @@ func sameOperator(oc *jwt.OperatorClaims) func(string) bool {
 // sameAccount reports whether old is an account JWT equal to ac in what it says: its
 // name, JetStream limits and revocations.
 func sameAccount(ac *jwt.AccountClaims) func(string) bool {
+	// Encode sorts the exports and imports: compare them in that order.
+	exports, imports := slices.Clone(ac.Exports), slices.Clone(ac.Imports)
+	sort.Sort(exports)
+	sort.Sort(imports)
 	return func(old string) bool {
 		c, err := jwt.DecodeAccountClaims(old)
 		return err == nil && c.Subject == ac.Subject && c.Name == ac.Name &&
 			c.Limits.JetStreamLimits == ac.Limits.JetStreamLimits && maps.Equal(c.Revocations, ac.Revocations) &&
-			slices.EqualFunc(c.Exports, ac.Exports, sameExport) && slices.EqualFunc(c.Imports, ac.Imports, sameImport)
+			slices.EqualFunc(c.Exports, exports, sameExport) && slices.EqualFunc(c.Imports, imports, sameImport)
 	}
 }
 
