@@ -30,6 +30,9 @@ type credKind struct {
 
 var credKinds = []credKind{
 	{"jwt", func(r natsjwt.Result) string { return r.Config }, func(_ *testing.T, r natsjwt.Result, u string) nats.Option {
+		if u == natsjwt.SystemUser {
+			return nats.UserCredentials(r.SystemCreds)
+		}
 		return nats.UserCredentials(r.Creds[u])
 	}},
 	{"users", func(r natsjwt.Result) string { return r.UsersConfig }, func(t *testing.T, r natsjwt.Result, u string) nats.Option {
@@ -465,4 +468,57 @@ func readDir(t *testing.T, dir string) map[string][]byte {
 		out[e.Name()] = b
 	}
 	return out
+}
+
+// Operator mode without a reload: a tool granted to alpha is pushed to the running
+// server (PushAccounts, with the generated system user) and alpha's connection, which
+// could not bind the tool's queue, pulls it; the server neither restarts nor reloads.
+func TestPushAccounts(t *testing.T) {
+	dir := t.TempDir()
+	perms := filepath.Join("..", "permissions.conf")
+	gen := func(g natsjwt.Grants) natsjwt.Result {
+		res, err := natsjwt.GenerateGrants(perms, dir, g, natsjwt.WithAccounts(), natsjwt.WithBcryptCost(bcrypt.MinCost))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res
+	}
+	res1 := gen(natsjwt.Grants{Teams: map[string][]string{"alpha": {"calc"}}})
+	ctx := eventstest.Context(t, time.Minute)
+	d := startAccounts(t, ctx, credKinds[0], res1, "calc", "calc2")
+	_, alpha := d.team("alpha")
+	if _, err := alpha.Consumer(ctx, events.DefaultStream, events.ToolConsumer("calc2")); err == nil {
+		t.Fatal("alpha binds calc2's queue before it is granted")
+	}
+	res2 := gen(natsjwt.Grants{Teams: map[string][]string{"alpha": {"calc", "calc2"}, "beta": {"search"}}})
+	if res2.SystemCreds != res1.SystemCreds {
+		t.Errorf("the system user's credentials moved: %s, then %s", res1.SystemCreds, res2.SystemCreds)
+	}
+	sys := d.conn(natsjwt.SystemUser)
+	err := natsjwt.PushAccounts(ctx, sys, res2.AccountJWTs)
+	// beta is new: no server has loaded its account yet (a reload does).
+	if !errors.Is(err, natsjwt.ErrPushSkipped) || !strings.Contains(err.Error(), "team-beta") || strings.Contains(err.Error(), "team-alpha") {
+		t.Fatalf("push: %v; want only team-beta skipped", err)
+	}
+	d.put(events.SubjectToolRequested("r1", "calc2"), `{"n":1}`)
+	var cons jetstream.Consumer
+	eventstest.Eventually(t, 10*time.Second, func() error {
+		var err error
+		cons, err = alpha.Consumer(ctx, events.DefaultStream, events.ToolConsumer("calc2"))
+		return err
+	})
+	batch, err := cons.Fetch(1, jetstream.FetchMaxWait(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for m := range batch.Messages() {
+		n++
+		if m.Subject() != events.SubjectToolRequested("r1", "calc2") {
+			t.Errorf("alpha pulled %s", m.Subject())
+		}
+	}
+	if n != 1 {
+		t.Fatalf("alpha pulled %d calls of its pushed tool: %v", n, batch.Error())
+	}
 }

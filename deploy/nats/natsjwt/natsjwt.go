@@ -292,6 +292,9 @@ type Result struct {
 	// (WithAccounts); AccountJWTs maps every account's public key (system, core, teams)
 	// to its JWT, as auth-jwt.conf preloads them (PushAccounts pushes them).
 	TeamAccounts, AccountJWTs map[string]string
+	// SystemCreds (system.creds, the accounts layout) is a user of the system account
+	// that may only push account JWTs to the servers (PushAccounts).
+	SystemCreds string
 	// Env is, for each team's executor user, the settings its executors run with
 	// besides its credentials: TOOLBUS_TEAM, TOOLBUS_EXECUTOR_TOOLS and, in the accounts
 	// layout, TOOLBUS_NATS_API_PREFIX=JS.core.API (CoreAPIPrefix).
@@ -655,6 +658,11 @@ func generateJWT(users []User, kr keyring, g Grants, revoked map[string]int64, o
 			return err
 		}
 		res.Changes = append(res.Changes, Change{User: "account " + tc.Name, Account: true, What: what})
+	}
+	if o.accounts {
+		if res.SystemCreds, err = kr.systemCreds(skp, write); err != nil {
+			return err
+		}
 	}
 	cfg := jwtConfig(o, opJWT, spub, res.AccountJWTs)
 	res.Config, err = write("auth-jwt.conf", []byte(cfg))
