@@ -61,7 +61,7 @@ func (c Crossing) InTeam() string {
 }
 
 // TeamExports is everything that crosses from the core account to team's account, for
-// the tools granted to it (see /docs/tenancy-design.md, "What crosses"). All three kinds
+// the tools granted to it (docs/tenancy-design.md, "The accounts layout"). All three kinds
 // of credentials render it: the JWT kind as the team account's imports (with activation
 // tokens of the core's token-required exports), the config kinds as `exports` of the
 // core and `imports` of the team. Every subject is built with the events package's
