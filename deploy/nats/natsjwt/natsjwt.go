@@ -326,6 +326,8 @@ func Generate(permsFile, dir string) (Result, error) { return GenerateGrants(per
 // toolbus server, or nats-server --signal reload), which keeps every connection. The
 // server settings of auth-users.conf and auth-nkeys.conf are those of single.conf, next
 // to permsFile, listening on loopback (WithListen) and storing where WithStoreDir says.
+// WithAccounts issues the accounts layout: also team-<team>.nk and team-<team>.jwt per
+// team (its account's key and JWT, kept) and system.creds (PushAccounts).
 func GenerateGrants(permsFile, dir string, g Grants, opts ...Option) (Result, error) {
 	o := options{bcryptCost: bcrypt.DefaultCost, listen: DefaultListen}
 	for _, f := range opts {
@@ -371,22 +373,37 @@ func GenerateGrants(permsFile, dir string, g Grants, opts ...Option) (Result, er
 		}
 		return p, nil
 	}
-	res := Result{Creds: map[string]string{}, Passwords: map[string]string{}, Seeds: map[string]string{}, Env: map[string][]string{}}
+	res := Result{Creds: map[string]string{}, Passwords: map[string]string{}, Seeds: map[string]string{}}
 	kr := keyring{dir: dir}
 	if err := issueKept(users, kr, g, o, write, &res); err != nil {
 		return Result{}, err
 	}
+	res.Env = teamEnv(users, g, o)
+	if err := writeConfigKinds(users, g, o, kr, single, write, &res); err != nil {
+		return Result{}, err
+	}
+	return res, nil
+}
+
+// teamEnv is what each team's executors run with besides their credentials.
+func teamEnv(users []User, g Grants, o options) map[string][]string {
+	env := map[string][]string{}
 	for _, u := range users {
 		if u.Team == "" {
 			continue
 		}
-		res.Env[u.Name] = []string{"TOOLBUS_TEAM=" + u.Team, "TOOLBUS_EXECUTOR_TOOLS=" + strings.Join(g.Teams[u.Team], ",")}
+		env[u.Name] = []string{"TOOLBUS_TEAM=" + u.Team, "TOOLBUS_EXECUTOR_TOOLS=" + strings.Join(g.Teams[u.Team], ",")}
 		if o.accounts {
-			res.Env[u.Name] = append(res.Env[u.Name], "TOOLBUS_NATS_API_PREFIX="+CoreAPIPrefix)
+			env[u.Name] = append(env[u.Name], "TOOLBUS_NATS_API_PREFIX="+CoreAPIPrefix)
 		}
 	}
+	return env
+}
 
-	// User/password and nkeys: the same users, permissions inline.
+// writeConfigKinds writes the user/password and nkey kinds (auth-users.conf and
+// auth-nkeys.conf, the same users with their permissions inline, and in the accounts
+// layout in their accounts) and k8s-secrets.yaml, with the server settings single.
+func writeConfigKinds(users []User, g Grants, o options, kr keyring, single string, write func(string, []byte) (string, error), res *Result) error {
 	var pwUsers, nkUsers, secrets strings.Builder
 	// In the accounts layout a team's users go into its account's block.
 	teamPw, teamNk := map[string]string{}, map[string]string{}
@@ -399,14 +416,14 @@ func GenerateGrants(permsFile, dir string, g Grants, opts ...Option) (Result, er
 	for _, u := range users {
 		pw, err := kr.password(u.Name)
 		if err != nil {
-			return Result{}, err
+			return err
 		}
 		hash, err := bcrypt.GenerateFromPassword([]byte(pw), o.bcryptCost)
 		if err != nil {
-			return Result{}, fmt.Errorf("natsjwt: %w", err)
+			return fmt.Errorf("natsjwt: %w", err)
 		}
 		if res.Passwords[u.Name], err = write(u.Name+".password", []byte(pw)); err != nil {
-			return Result{}, err
+			return err
 		}
 		if line := userLine(u, fmt.Sprintf("user: %q, password: %q", u.Name, hash)); o.accounts && u.Team != "" {
 			teamPw[u.Team] += line
@@ -418,10 +435,10 @@ func GenerateGrants(permsFile, dir string, g Grants, opts ...Option) (Result, er
 			"toolbus-nats-"+u.Name, u.Name, pw, hash)
 		kp, err := kr.seed(u.Name+".nk", nkeys.CreateUser)
 		if err != nil {
-			return Result{}, err
+			return err
 		}
 		pub, _ := kp.PublicKey()
-		res.Seeds[u.Name] = filepath.Join(dir, u.Name+".nk")
+		res.Seeds[u.Name] = filepath.Join(kr.dir, u.Name+".nk")
 		if line := userLine(u, fmt.Sprintf("nkey: %q", pub)); o.accounts && u.Team != "" {
 			teamNk[u.Team] += "      # " + u.Name + "\n" + line
 		} else {
@@ -434,27 +451,33 @@ func GenerateGrants(permsFile, dir string, g Grants, opts ...Option) (Result, er
 		}
 		return "authorization {\n  users = [\n" + users + "  ]\n}\n"
 	}
+	layout := ""
+	if o.accounts {
+		layout = "# The accounts layout: the roles' users in CORE, each team's executor user in its\n" +
+			"# TEAM_<team> account, which imports only its tools' subjects (natsjwt.TeamExports).\n"
+	}
 	head := func(kind string) string {
 		return fmt.Sprintf(`# toolbus with %s, written by go run ./deploy/nats/gen: one user per role and
 # one executor user per team (executor-<team>), each with its permissions inline (the
 # roles' from permissions.conf, the teams' from TEAM_EXECUTOR plus their granted tools).
 # Generated: regenerate it when permissions.conf or the grants change.
-`, kind) + single + "\n"
+`, kind) + layout + single + "\n"
 	}
+	var err error
 	if res.UsersConfig, err = write("auth-users.conf", []byte(head("users and passwords (bcrypt hashes; the passwords are in <user>.password)")+
 		auth(pwUsers.String(), teamPw))); err != nil {
-		return Result{}, err
+		return err
 	}
 	if res.NkeysConfig, err = write("auth-nkeys.conf", []byte(head("nkeys (public keys; the seeds are in <user>.nk)")+
 		auth(nkUsers.String(), teamNk))); err != nil {
-		return Result{}, err
+		return err
 	}
 	if res.K8sSecrets, err = write("k8s-secrets.yaml", []byte("# toolbus NATS credentials as Kubernetes Secrets, written by go run ./deploy/nats/gen\n"+
 		"# (kubectl apply -f k8s-secrets.yaml): one toolbus-nats-<user> per role and team, with the\n"+
 		"# password of auth-users.conf. Holds secrets: keep it out of git.\n"+secrets.String())); err != nil {
-		return Result{}, err
+		return err
 	}
-	return res, nil
+	return nil
 }
 
 // issueKept issues the operator/JWT setup from the keys kept in kr: removed users' files
@@ -676,10 +699,18 @@ func jwtConfig(o options, opJWT, spub string, accounts map[string]string) string
 	for _, pub := range slices.Sorted(maps.Keys(accounts)) {
 		fmt.Fprintf(&preload, "  %s: %s\n", pub, accounts[pub])
 	}
+	layout := ""
+	if o.accounts {
+		layout = `# The accounts layout: the roles' users in TOOLBUS, each team's executor user in its
+# own account (team-<team>), which imports only its tools' subjects with activation
+# tokens of TOOLBUS's token-required exports. A reload (kill -HUP) takes new preloads;
+# natsjwt.PushAccounts (system.creds) updates loaded accounts without one.
+`
+	}
 	return fmt.Sprintf(`# Operator/JWT mode for toolbus, written by go run ./deploy/nats/gen: one account
 # (TOOLBUS, JetStream enabled), one user per role and one executor user per team, whose
 # JWT carries its permissions (permissions.conf; TEAM_EXECUTOR plus the team's tools).
-# Give each process its <user>.creds file:
+%s# Give each process its <user>.creds file:
 #   TOOLBUS_NATS_CREDS=/run/secrets/<user>.creds
 # The admin runs toolbus init once. The accounts are preloaded into a memory resolver;
 # for accounts managed at run time, use nsc and a full resolver instead.
@@ -706,7 +737,7 @@ system_account: %s
 resolver: MEMORY
 resolver_preload: {
 %s}
-`, o.listen, o.listen, storeSetting(o), opJWT, spub, preload.String())
+`, layout, o.listen, o.listen, storeSetting(o), opJWT, spub, preload.String())
 }
 
 // issueUsers writes the .creds of each user whose permissions are new or changed,
