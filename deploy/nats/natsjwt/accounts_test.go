@@ -522,3 +522,46 @@ func TestPushAccounts(t *testing.T) {
 		t.Fatalf("alpha pulled %d calls of its pushed tool: %v", n, batch.Error())
 	}
 }
+
+// What crosses to a team names its tools and itself only; the core's token-required
+// exports name no team and no tool, so a grant never changes them.
+func TestTeamExports(t *testing.T) {
+	for _, tc := range []struct {
+		team  string
+		tools []string
+	}{{"alpha", []string{"calc"}}, {"beta", []string{"search", "web"}}, {"gamma", nil}} {
+		got := natsjwt.TeamExports(tc.team, tc.tools)
+		if len(got) != 16*len(tc.tools)+2 {
+			t.Errorf("%s: %d crossings, want 16 per tool and 2 per team", tc.team, len(got))
+		}
+		for _, c := range got {
+			names := 0
+			for _, tok := range strings.Split(c.Subject, ".") {
+				for _, tool := range tc.tools {
+					if tok == tool || tok == events.ToolConsumer(tool) {
+						names++
+					}
+				}
+				if tok == tc.team {
+					names++
+				}
+			}
+			// A direct get names its key twice: in the API subject and the key's subject.
+			if names != 1 && !(strings.Contains(c.Subject, "DIRECT.GET") && names == 2) {
+				t.Errorf("%s: %s names its tools or team %d times", tc.team, c.Subject, names)
+			}
+			if strings.HasPrefix(c.Subject, "$JS.API.") != strings.HasPrefix(c.Local, natsjwt.CoreAPIPrefix+".") {
+				t.Errorf("%s: %s is imported as %q: the core's API goes under %s, nothing else", tc.team, c.Subject, c.Local, natsjwt.CoreAPIPrefix)
+			}
+		}
+	}
+	core := natsjwt.CoreExports()
+	if len(core) != 18 {
+		t.Errorf("the core exports %d subjects, want 18", len(core))
+	}
+	for _, c := range core {
+		if strings.Contains(c.Subject, "any-") || c.Local != "" {
+			t.Errorf("core export %s (local %q) names a tool or team", c.Subject, c.Local)
+		}
+	}
+}
