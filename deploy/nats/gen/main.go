@@ -3,7 +3,7 @@
 // tools (see package natsjwt). It writes every kind NATS offers:
 //
 //	go run ./deploy/nats/gen [-perms deploy/nats/permissions.conf] [-grants grants.json] [-out DIR] [-rotate user,...]
-//	                         [-listen 127.0.0.1:4222] [-store DIR]
+//	                         [-listen 127.0.0.1:4222] [-store DIR] [-accounts]
 //
 // Run again on the same -out, it keeps the deployment's keys and every credential whose
 // permissions did not change, and prints what changed (see natsjwt.GenerateGrants).
@@ -33,6 +33,18 @@
 //
 // where <user> is a role (admin, planner, executor, injector, client),
 // executor-<team> or client-<name>. The output directory holds secrets: keep it out of git.
+//
+// With -accounts it issues the accounts layout (docs/tenancy-design.md; natsjwt.WithAccounts)
+// in every kind: a core account holding the stream, the buckets and every role's user,
+// and one account per team holding its executor-<team> user, which imports of the core
+// only its tools' queues, results, keys and doorbells (natsjwt.TeamExports), the JetStream
+// API under JS.core.API: its executors run with TOOLBUS_NATS_API_PREFIX=JS.core.API (gen
+// prints each team's settings). In operator mode each team's account has its own key
+// (team-<team>.nk, kept) and imports with activation tokens of the core's token-required
+// exports, so granting a tool changes only that team's account JWT. A reload of the
+// running server (kill -HUP) applies a new tool or team; the users and nkeys configs take
+// a new team's imports on a second reload (nats-server 2.15). Off by default until the
+// executors speak the prefix.
 package main
 
 import (
@@ -59,6 +71,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	listen := fs.String("listen", natsjwt.DefaultListen, "client address (host:port) the server configs listen on; 0.0.0.0:4222 for every interface")
 	storeDir := fs.String("store", "", "JetStream store directory written into the server configs (default: none, give it to the server: toolbus server -sd DIR)")
 	rotate := fs.String("rotate", "", "comma-separated users to issue new credentials for (new password, nkey and JWT; the old JWT is revoked); everyone else's are kept")
+	accounts := fs.Bool("accounts", false, "the accounts layout: a core account for the roles and one account per team for its executors, which import only their tools' subjects (natsjwt.WithAccounts; their executors need TOOLBUS_NATS_API_PREFIX=JS.core.API)")
 	out := fs.String("out", "", "output directory, created 0700 (default: toolbus/nats in the user's configuration directory, outside the repository: it holds secrets)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -71,6 +84,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 		rot = strings.Split(*rotate, ",")
 	}
 	opts := []natsjwt.Option{natsjwt.WithRotate(rot...), natsjwt.WithListen(*listen), natsjwt.WithStoreDir(*storeDir)}
+	if *accounts {
+		opts = append(opts, natsjwt.WithAccounts())
+	}
 	if err := generate(*perms, *grants, *out, opts, stdout); err != nil {
 		fmt.Fprintln(stderr, "gen:", err)
 		return 1
@@ -110,13 +126,27 @@ func generate(perms, grants, out string, opts []natsjwt.Option, stdout io.Writer
 	fmt.Fprintln(stdout, "kubernetes secrets:", res.K8sSecrets)
 	for _, u := range natsjwt.Users(nil, g) {
 		fmt.Fprintf(stdout, "%-20s %s  %s  %s\n", u.Name, res.Creds[u.Name], res.Passwords[u.Name], res.Seeds[u.Name])
+		if env := res.Env[u.Name]; len(env) > 0 {
+			fmt.Fprintf(stdout, "%-20s its executors run with %s\n", "", strings.Join(env, " "))
+		}
 	}
 	// What this run changed, and whom to hand what: a directory that held a
 	// deployment's keys keeps them and every credential whose permissions did not change.
 	for _, c := range res.Changes {
-		fmt.Fprintf(stdout, "%-9s %s%s\n", c.What, c.User, handOut[c.What])
+		hint := handOut[c.What]
+		if c.Account {
+			hint = accountHandOut[c.What]
+		}
+		fmt.Fprintf(stdout, "%-9s %s%s\n", c.What, c.User, hint)
 	}
 	return nil
+}
+
+// accountHandOut says what an account's change needs (the accounts layout): its users'
+// files are unchanged; the servers take the new account JWT or config on a reload.
+var accountHandOut = map[string]string{
+	"new":     ": reload the server (kill -HUP; the users and nkeys configs need a second reload for a new team's imports); then hand out its users' files",
+	"changed": ": reload the server (kill -HUP); its users keep their files and connections",
 }
 
 var handOut = map[string]string{

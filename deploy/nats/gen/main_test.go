@@ -46,3 +46,30 @@ func TestGenDefaultsFromAnyDirectory(t *testing.T) {
 		t.Fatalf("gen with a missing -perms: exit %d, %s", code, errOut.String())
 	}
 }
+
+// gen -accounts issues the accounts layout and prints, for each team's executors, the
+// settings they need, the API prefix among them, and which accounts it changed.
+func TestGenAccounts(t *testing.T) {
+	if testing.Short() {
+		t.Skip("generates keys")
+	}
+	dir := t.TempDir()
+	grants := filepath.Join(dir, "grants.json")
+	if err := os.WriteFile(grants, []byte(`{"teams": {"alpha": ["calc"]}}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var out, errOut bytes.Buffer
+	if code := run([]string{"-accounts", "-grants", grants, "-out", filepath.Join(dir, "out")}, &out, &errOut); code != 0 {
+		t.Fatalf("gen: exit %d\n%s%s", code, out.String(), errOut.String())
+	}
+	for _, want := range []string{"TOOLBUS_TEAM=alpha TOOLBUS_EXECUTOR_TOOLS=calc TOOLBUS_NATS_API_PREFIX=JS.core.API",
+		"new       account team-alpha", "new       account TOOLBUS"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("gen -accounts does not print %q:\n%s", want, out.String())
+		}
+	}
+	conf, err := os.ReadFile(filepath.Join(dir, "out", "auth-users.conf"))
+	if err != nil || !strings.Contains(string(conf), `"TEAM_alpha" {`) {
+		t.Errorf("auth-users.conf has no account of alpha's: %v\n%s", err, conf)
+	}
+}

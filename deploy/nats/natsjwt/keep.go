@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"sort"
 	"strings"
 	"time"
 
@@ -21,7 +22,10 @@ import (
 // administrator knows whom to hand what: a run that adds a team or grants a tool
 // touches only that tenant's credentials.
 type Change struct {
-	User string
+	// User is the user's name, or in the accounts layout an account's
+	// ("account TOOLBUS", "account team-<team>": Account is set).
+	User    string
+	Account bool
 	// What: "new" (first issued), "changed" (its permissions changed: hand out the new
 	// files, reload the server for users and nkeys), "unchanged" (its files are as they
 	// were) or "removed" (its files deleted; in operator mode its JWT is revoked).
@@ -180,18 +184,28 @@ func (k keyring) removed(users []User, revoked map[string]int64) ([]Change, erro
 // new issue time and id: the server refuses to reload a config whose operator JWT
 // changed at all, so an unchanged operator, system account or account keeps its text.
 func (k keyring) kept(file string, encode func() (string, error), same func(old string) bool) (string, error) {
+	s, _, err := k.keep(file, encode, same)
+	return s, err
+}
+
+// keep is kept, also saying what it did: "unchanged", "new" or "changed".
+func (k keyring) keep(file string, encode func() (string, error), same func(old string) bool) (string, string, error) {
 	p := filepath.Join(k.dir, file)
-	if b, err := os.ReadFile(p); err == nil && same(strings.TrimSpace(string(b))) {
-		return strings.TrimSpace(string(b)), nil
+	what := "new"
+	if b, err := os.ReadFile(p); err == nil {
+		if same(strings.TrimSpace(string(b))) {
+			return strings.TrimSpace(string(b)), "unchanged", nil
+		}
+		what = "changed"
 	}
 	s, err := encode()
 	if err != nil {
-		return "", fmt.Errorf("natsjwt: %s: %w", file, err)
+		return "", "", fmt.Errorf("natsjwt: %s: %w", file, err)
 	}
 	if err := os.WriteFile(p, []byte(s+"\n"), 0o600); err != nil {
-		return "", fmt.Errorf("natsjwt: %w", err)
+		return "", "", fmt.Errorf("natsjwt: %w", err)
 	}
-	return s, nil
+	return s, what, nil
 }
 
 // sameOperator reports whether old is an operator JWT equal to oc in what it says.
@@ -205,11 +219,33 @@ func sameOperator(oc *jwt.OperatorClaims) func(string) bool {
 // sameAccount reports whether old is an account JWT equal to ac in what it says: its
 // name, JetStream limits and revocations.
 func sameAccount(ac *jwt.AccountClaims) func(string) bool {
+	// Encode sorts the exports and imports: compare them in that order.
+	exports, imports := slices.Clone(ac.Exports), slices.Clone(ac.Imports)
+	sort.Sort(exports)
+	sort.Sort(imports)
 	return func(old string) bool {
 		c, err := jwt.DecodeAccountClaims(old)
 		return err == nil && c.Subject == ac.Subject && c.Name == ac.Name &&
-			c.Limits.JetStreamLimits == ac.Limits.JetStreamLimits && maps.Equal(c.Revocations, ac.Revocations)
+			c.Limits.JetStreamLimits == ac.Limits.JetStreamLimits && maps.Equal(c.Revocations, ac.Revocations) &&
+			slices.EqualFunc(c.Exports, exports, sameExport) && slices.EqualFunc(c.Imports, imports, sameImport)
 	}
+}
+
+func sameExport(a, b *jwt.Export) bool {
+	return a.Subject == b.Subject && a.Type == b.Type && a.TokenReq == b.TokenReq && a.ResponseType == b.ResponseType
+}
+
+// sameImport compares what an import says; its activation token (issued anew each run)
+// must only still be a valid one of the same account for the same subject.
+func sameImport(a, b *jwt.Import) bool {
+	if a.Subject != b.Subject || a.LocalSubject != b.LocalSubject || a.Type != b.Type || a.Account != b.Account || (a.Token == "") != (b.Token == "") {
+		return false
+	}
+	if a.Token == "" {
+		return true
+	}
+	act, err := jwt.DecodeActivationClaims(a.Token)
+	return err == nil && act.Issuer == a.Account && act.ImportSubject == a.Subject && act.ImportType == a.Type && act.Expires == 0
 }
 
 // narrows reports whether p takes away anything the old JWT allows: an allow it had

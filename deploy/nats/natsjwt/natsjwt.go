@@ -247,6 +247,9 @@ func TeamPermissions(template Permissions, stream, team string, tools []string) 
 type User struct {
 	Name  string
 	Perms Permissions
+	// Team is the team of a team's executor user ("" for the roles and clients): in the
+	// accounts layout (WithAccounts) it lives in its team's account.
+	Team string
 }
 
 // Users lists the users of perms (the roles) and grants (one executor per team), in a
@@ -257,7 +260,7 @@ func Users(perms map[string]Permissions, g Grants) []User {
 		out = append(out, User{Name: role, Perms: perms[role]})
 	}
 	for _, team := range slices.Sorted(maps.Keys(g.Teams)) {
-		out = append(out, User{Name: TeamUser(team), Perms: TeamPermissions(perms[TeamTemplate], events.DefaultStream, team, g.Teams[team])})
+		out = append(out, User{Name: TeamUser(team), Perms: TeamPermissions(perms[TeamTemplate], events.DefaultStream, team, g.Teams[team]), Team: team})
 	}
 	for _, name := range slices.Sorted(maps.Keys(g.Clients)) {
 		// An unbindable template leaves no permission at all (fail closed); GenerateGrants
@@ -285,6 +288,17 @@ type Result struct {
 	Creds, Passwords, Seeds map[string]string
 	// Operator, System and Account are the public keys.
 	Operator, System, Account string
+	// TeamAccounts maps each team to its account's public key in the accounts layout
+	// (WithAccounts); AccountJWTs maps every account's public key (system, core, teams)
+	// to its JWT, as auth-jwt.conf preloads them (PushAccounts pushes them).
+	TeamAccounts, AccountJWTs map[string]string
+	// SystemCreds (system.creds, the accounts layout) is a user of the system account
+	// that may only push account JWTs to the servers (PushAccounts).
+	SystemCreds string
+	// Env is, for each team's executor user, the settings its executors run with
+	// besides its credentials: TOOLBUS_TEAM, TOOLBUS_EXECUTOR_TOOLS and, in the accounts
+	// layout, TOOLBUS_NATS_API_PREFIX=JS.core.API (CoreAPIPrefix).
+	Env map[string][]string
 	// K8sSecrets (k8s-secrets.yaml) holds one Kubernetes Secret per user,
 	// toolbus-nats-<user> with the keys user, password and bcrypt, in the shape the
 	// manifests of deploy/k8s read (deploy/README.md, "Kubernetes").
@@ -312,6 +326,8 @@ func Generate(permsFile, dir string) (Result, error) { return GenerateGrants(per
 // toolbus server, or nats-server --signal reload), which keeps every connection. The
 // server settings of auth-users.conf and auth-nkeys.conf are those of single.conf, next
 // to permsFile, listening on loopback (WithListen) and storing where WithStoreDir says.
+// WithAccounts issues the accounts layout: also team-<team>.nk and team-<team>.jwt per
+// team (its account's key and JWT, kept) and system.creds (PushAccounts).
 func GenerateGrants(permsFile, dir string, g Grants, opts ...Option) (Result, error) {
 	o := options{bcryptCost: bcrypt.DefaultCost, listen: DefaultListen}
 	for _, f := range opts {
@@ -337,6 +353,16 @@ func GenerateGrants(permsFile, dir string, g Grants, opts ...Option) (Result, er
 		}
 	}
 	users := Users(perms, g)
+	if o.accounts {
+		// A team's user lives in its team's account, which holds nothing but the
+		// imports of its tools (TeamExports): the account is the boundary, so the user
+		// is left open inside it (one list of what crosses, not two that may drift).
+		for i := range users {
+			if users[i].Team != "" {
+				users[i].Perms = Permissions{}
+			}
+		}
+	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return Result{}, fmt.Errorf("natsjwt: %w", err)
 	}
@@ -349,63 +375,115 @@ func GenerateGrants(permsFile, dir string, g Grants, opts ...Option) (Result, er
 	}
 	res := Result{Creds: map[string]string{}, Passwords: map[string]string{}, Seeds: map[string]string{}}
 	kr := keyring{dir: dir}
-	if err := issueKept(users, kr, o, write, &res); err != nil {
+	if err := issueKept(users, kr, g, o, write, &res); err != nil {
 		return Result{}, err
 	}
+	res.Env = teamEnv(users, g, o)
+	if err := writeConfigKinds(users, g, o, kr, single, write, &res); err != nil {
+		return Result{}, err
+	}
+	return res, nil
+}
 
-	// User/password and nkeys: the same users, permissions inline.
+// teamEnv is what each team's executors run with besides their credentials.
+func teamEnv(users []User, g Grants, o options) map[string][]string {
+	env := map[string][]string{}
+	for _, u := range users {
+		if u.Team == "" {
+			continue
+		}
+		env[u.Name] = []string{"TOOLBUS_TEAM=" + u.Team, "TOOLBUS_EXECUTOR_TOOLS=" + strings.Join(g.Teams[u.Team], ",")}
+		if o.accounts {
+			env[u.Name] = append(env[u.Name], "TOOLBUS_NATS_API_PREFIX="+CoreAPIPrefix)
+		}
+	}
+	return env
+}
+
+// writeConfigKinds writes the user/password and nkey kinds (auth-users.conf and
+// auth-nkeys.conf, the same users with their permissions inline, and in the accounts
+// layout in their accounts) and k8s-secrets.yaml, with the server settings single.
+func writeConfigKinds(users []User, g Grants, o options, kr keyring, single string, write func(string, []byte) (string, error), res *Result) error {
 	var pwUsers, nkUsers, secrets strings.Builder
+	// In the accounts layout a team's users go into its account's block.
+	teamPw, teamNk := map[string]string{}, map[string]string{}
+	userLine := func(u User, ident string) string {
+		if o.accounts && u.Team != "" {
+			return "      {" + ident + "}\n"
+		}
+		return "    {" + ident + ", permissions: " + confPermissions(u.Perms) + "}\n"
+	}
 	for _, u := range users {
 		pw, err := kr.password(u.Name)
 		if err != nil {
-			return Result{}, err
+			return err
 		}
 		hash, err := bcrypt.GenerateFromPassword([]byte(pw), o.bcryptCost)
 		if err != nil {
-			return Result{}, fmt.Errorf("natsjwt: %w", err)
+			return fmt.Errorf("natsjwt: %w", err)
 		}
 		if res.Passwords[u.Name], err = write(u.Name+".password", []byte(pw)); err != nil {
-			return Result{}, err
+			return err
 		}
-		fmt.Fprintf(&pwUsers, "    {user: %q, password: %q, permissions: %s}\n", u.Name, hash, confPermissions(u.Perms))
+		if line := userLine(u, fmt.Sprintf("user: %q, password: %q", u.Name, hash)); o.accounts && u.Team != "" {
+			teamPw[u.Team] += line
+		} else {
+			pwUsers.WriteString(line)
+		}
 		// JSON strings are YAML double-quoted scalars: a bcrypt hash's "$" needs no escaping.
 		fmt.Fprintf(&secrets, "---\napiVersion: v1\nkind: Secret\nmetadata:\n  name: %q\n  namespace: toolbus\ntype: Opaque\nstringData:\n  user: %q\n  password: %q\n  bcrypt: %q\n",
 			"toolbus-nats-"+u.Name, u.Name, pw, hash)
 		kp, err := kr.seed(u.Name+".nk", nkeys.CreateUser)
 		if err != nil {
-			return Result{}, err
+			return err
 		}
 		pub, _ := kp.PublicKey()
-		res.Seeds[u.Name] = filepath.Join(dir, u.Name+".nk")
-		fmt.Fprintf(&nkUsers, "    # %s\n    {nkey: %q, permissions: %s}\n", u.Name, pub, confPermissions(u.Perms))
+		res.Seeds[u.Name] = filepath.Join(kr.dir, u.Name+".nk")
+		if line := userLine(u, fmt.Sprintf("nkey: %q", pub)); o.accounts && u.Team != "" {
+			teamNk[u.Team] += "      # " + u.Name + "\n" + line
+		} else {
+			nkUsers.WriteString("    # " + u.Name + "\n" + line)
+		}
+	}
+	auth := func(users string, teams map[string]string) string {
+		if o.accounts {
+			return confAccounts(g, users, teams)
+		}
+		return "authorization {\n  users = [\n" + users + "  ]\n}\n"
+	}
+	layout := ""
+	if o.accounts {
+		layout = "# The accounts layout: the roles' users in CORE, each team's executor user in its\n" +
+			"# TEAM_<team> account, which imports only its tools' subjects (natsjwt.TeamExports).\n"
 	}
 	head := func(kind string) string {
 		return fmt.Sprintf(`# toolbus with %s, written by go run ./deploy/nats/gen: one user per role and
 # one executor user per team (executor-<team>), each with its permissions inline (the
 # roles' from permissions.conf, the teams' from TEAM_EXECUTOR plus their granted tools).
 # Generated: regenerate it when permissions.conf or the grants change.
-`, kind) + single + "\n"
+`, kind) + layout + single + "\n"
 	}
+	var err error
 	if res.UsersConfig, err = write("auth-users.conf", []byte(head("users and passwords (bcrypt hashes; the passwords are in <user>.password)")+
-		"authorization {\n  users = [\n"+pwUsers.String()+"  ]\n}\n")); err != nil {
-		return Result{}, err
+		auth(pwUsers.String(), teamPw))); err != nil {
+		return err
 	}
 	if res.NkeysConfig, err = write("auth-nkeys.conf", []byte(head("nkeys (public keys; the seeds are in <user>.nk)")+
-		"authorization {\n  users = [\n"+nkUsers.String()+"  ]\n}\n")); err != nil {
-		return Result{}, err
+		auth(nkUsers.String(), teamNk))); err != nil {
+		return err
 	}
 	if res.K8sSecrets, err = write("k8s-secrets.yaml", []byte("# toolbus NATS credentials as Kubernetes Secrets, written by go run ./deploy/nats/gen\n"+
 		"# (kubectl apply -f k8s-secrets.yaml): one toolbus-nats-<user> per role and team, with the\n"+
 		"# password of auth-users.conf. Holds secrets: keep it out of git.\n"+secrets.String())); err != nil {
-		return Result{}, err
+		return err
 	}
-	return res, nil
+	return nil
 }
 
 // issueKept issues the operator/JWT setup from the keys kept in kr: removed users' files
 // go (their JWTs revoked), rotated users' credentials are forgotten, and the changes of
 // every user land in res.
-func issueKept(users []User, kr keyring, o options, write func(string, []byte) (string, error), res *Result) error {
+func issueKept(users []User, kr keyring, g Grants, o options, write func(string, []byte) (string, error), res *Result) error {
 	revoked, err := kr.revocations()
 	if err != nil {
 		return err
@@ -416,7 +494,7 @@ func issueKept(users []User, kr keyring, o options, write func(string, []byte) (
 	if err := kr.rotate(users, o.rotate, revoked); err != nil {
 		return err
 	}
-	if err := generateJWT(users, kr, revoked, o, write, res); err != nil {
+	if err := generateJWT(users, kr, g, revoked, o, write, res); err != nil {
 		return err
 	}
 	for i, c := range res.Changes {
@@ -436,7 +514,17 @@ type options struct {
 	// listen is the client address of the configs; store their JetStream store
 	// directory ("": none, the server is given one: toolbus server -sd DIR).
 	listen, store string
+	// accounts: the accounts layout (WithAccounts).
+	accounts bool
 }
+
+// WithAccounts issues the accounts layout (docs/tenancy-design.md): the core account
+// holds the stream, the buckets and every role's user; each team gets an account of its
+// own (JWT kind: its own account key, kept across runs) holding its executor user, which
+// imports of the core only what TeamExports lists, the JetStream API under CoreAPIPrefix.
+// Its executors need TOOLBUS_NATS_API_PREFIX=JS.core.API (Result.Env). Off by default:
+// one account with user permissions per role and team.
+func WithAccounts() Option { return func(o *options) { o.accounts = true } }
 
 // WithRotate issues new credentials for users (a new password, nkey and JWT, the old
 // JWT revoked) and keeps everyone else's: a leaked or departing credential is replaced
@@ -508,7 +596,7 @@ func confPermissions(p Permissions) string {
 		list(p.PubAllow), list(p.PubDeny), list(p.SubAllow), list(p.SubDeny))
 }
 
-func generateJWT(users []User, kr keyring, revoked map[string]int64, o options, write func(string, []byte) (string, error), res *Result) error {
+func generateJWT(users []User, kr keyring, g Grants, revoked map[string]int64, o options, write func(string, []byte) (string, error), res *Result) error {
 	okp, err := kr.seed("operator.nk", nkeys.CreateOperator)
 	if err != nil {
 		return err
@@ -542,7 +630,24 @@ func generateJWT(users []User, kr keyring, revoked map[string]int64, o options, 
 	ac.Name = "TOOLBUS"
 	ac.Limits.JetStreamLimits = jwt.JetStreamLimits{MemoryStorage: -1, DiskStorage: -1, Streams: -1, Consumer: -1}
 	res.Operator, res.System, res.Account = opub, spub, apub
-	if err := issueUsers(users, kr, akp, apub, revoked, write, res); err != nil {
+	res.TeamAccounts, res.AccountJWTs = map[string]string{}, map[string]string{}
+	signers := map[string]nkeys.KeyPair{}
+	if o.accounts {
+		ac.Exports = coreJWTExports()
+		for team := range g.Teams {
+			if signers[team], err = kr.seed("team-"+team+".nk", nkeys.CreateAccount); err != nil {
+				return err
+			}
+			res.TeamAccounts[team], _ = signers[team].PublicKey()
+		}
+	}
+	signer := func(u User) (nkeys.KeyPair, string) {
+		if kp, ok := signers[u.Team]; ok && u.Team != "" {
+			return kp, res.TeamAccounts[u.Team]
+		}
+		return akp, apub
+	}
+	if err := issueUsers(users, kr, signer, revoked, write, res); err != nil {
 		return err
 	}
 	for key, at := range revoked {
@@ -553,22 +658,59 @@ func generateJWT(users []User, kr keyring, revoked map[string]int64, o options, 
 			return err
 		}
 	}
-	accJWT, err := kr.kept("account.jwt", func() (string, error) { return ac.Encode(okp) }, sameAccount(ac))
+	accJWT, what, err := kr.keep("account.jwt", func() (string, error) { return ac.Encode(okp) }, sameAccount(ac))
 	if err != nil {
 		return err
 	}
-	cfg := jwtConfig(o, opJWT, spub, sysJWT, apub, accJWT)
+	if o.accounts {
+		res.Changes = append(res.Changes, Change{User: "account TOOLBUS", Account: true, What: what})
+	}
+	res.AccountJWTs[spub], res.AccountJWTs[apub] = sysJWT, accJWT
+	for _, team := range slices.Sorted(maps.Keys(signers)) {
+		tpub := res.TeamAccounts[team]
+		tc := jwt.NewAccountClaims(tpub)
+		tc.Name = "team-" + team
+		for key, at := range revoked {
+			tc.RevokeAt(key, time.Unix(at, 0))
+		}
+		sign := func(act *jwt.ActivationClaims) (string, error) { return act.Encode(akp) }
+		if tc.Imports, err = teamJWTImports(apub, tpub, TeamExports(team, g.Teams[team]), sign); err != nil {
+			return err
+		}
+		if res.AccountJWTs[tpub], what, err = kr.keep("team-"+team+".jwt", func() (string, error) { return tc.Encode(okp) }, sameAccount(tc)); err != nil {
+			return err
+		}
+		res.Changes = append(res.Changes, Change{User: "account " + tc.Name, Account: true, What: what})
+	}
+	if o.accounts {
+		if res.SystemCreds, err = kr.systemCreds(skp, write); err != nil {
+			return err
+		}
+	}
+	cfg := jwtConfig(o, opJWT, spub, res.AccountJWTs)
 	res.Config, err = write("auth-jwt.conf", []byte(cfg))
 	return err
 }
 
 // jwtConfig is auth-jwt.conf: the server settings of o, the operator, the system
 // account and the memory resolver preloaded with the account JWTs.
-func jwtConfig(o options, opJWT, spub, sysJWT, apub, accJWT string) string {
+func jwtConfig(o options, opJWT, spub string, accounts map[string]string) string {
+	var preload strings.Builder
+	for _, pub := range slices.Sorted(maps.Keys(accounts)) {
+		fmt.Fprintf(&preload, "  %s: %s\n", pub, accounts[pub])
+	}
+	layout := ""
+	if o.accounts {
+		layout = `# The accounts layout: the roles' users in TOOLBUS, each team's executor user in its
+# own account (team-<team>), which imports only its tools' subjects with activation
+# tokens of TOOLBUS's token-required exports. A reload (kill -HUP) takes new preloads;
+# natsjwt.PushAccounts (system.creds) updates loaded accounts without one.
+`
+	}
 	return fmt.Sprintf(`# Operator/JWT mode for toolbus, written by go run ./deploy/nats/gen: one account
 # (TOOLBUS, JetStream enabled), one user per role and one executor user per team, whose
 # JWT carries its permissions (permissions.conf; TEAM_EXECUTOR plus the team's tools).
-# Give each process its <user>.creds file:
+%s# Give each process its <user>.creds file:
 #   TOOLBUS_NATS_CREDS=/run/secrets/<user>.creds
 # The admin runs toolbus init once. The accounts are preloaded into a memory resolver;
 # for accounts managed at run time, use nsc and a full resolver instead.
@@ -594,17 +736,16 @@ operator: %s
 system_account: %s
 resolver: MEMORY
 resolver_preload: {
-  %s: %s
-  %s: %s
-}
-`, o.listen, o.listen, storeSetting(o), opJWT, spub, spub, sysJWT, apub, accJWT)
+%s}
+`, layout, o.listen, o.listen, storeSetting(o), opJWT, spub, preload.String())
 }
 
 // issueUsers writes the .creds of each user whose permissions are new or changed,
-// signed by the account akp, and records the change of every user in res; a changed
+// signed by the account signer names (the core, or its team's in the accounts layout), and records the change of every user in res; a changed
 // user's old JWT is added to revoked.
-func issueUsers(users []User, kr keyring, akp nkeys.KeyPair, apub string, revoked map[string]int64, write func(string, []byte) (string, error), res *Result) error {
+func issueUsers(users []User, kr keyring, signer func(User) (nkeys.KeyPair, string), revoked map[string]int64, write func(string, []byte) (string, error), res *Result) error {
 	for _, u := range users {
+		akp, apub := signer(u)
 		res.Creds[u.Name] = filepath.Join(kr.dir, u.Name+".creds")
 		old, existed := kr.userJWT(u.Name)
 		if existed && old.Issuer == apub && samePermissions(old, u.Perms) {

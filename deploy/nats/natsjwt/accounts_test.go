@@ -1,0 +1,567 @@
+package natsjwt_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"golang.org/x/crypto/bcrypt"
+
+	"github.com/toolbus/toolbus/deploy/nats/natsjwt"
+	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/eventstest"
+	"github.com/toolbus/toolbus/events/provision"
+)
+
+// credKind is one kind of generated credentials: its server config and how a user of it
+// connects.
+type credKind struct {
+	name string
+	conf func(natsjwt.Result) string
+	auth func(t *testing.T, res natsjwt.Result, user string) nats.Option
+}
+
+var credKinds = []credKind{
+	{"jwt", func(r natsjwt.Result) string { return r.Config }, func(_ *testing.T, r natsjwt.Result, u string) nats.Option {
+		if u == natsjwt.SystemUser {
+			return nats.UserCredentials(r.SystemCreds)
+		}
+		return nats.UserCredentials(r.Creds[u])
+	}},
+	{"users", func(r natsjwt.Result) string { return r.UsersConfig }, func(t *testing.T, r natsjwt.Result, u string) nats.Option {
+		pw, err := os.ReadFile(r.Passwords[u])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return nats.UserInfo(u, string(pw))
+	}},
+	{"nkeys", func(r natsjwt.Result) string { return r.NkeysConfig }, func(t *testing.T, r natsjwt.Result, u string) nats.Option {
+		o, err := nats.NkeyOptionFromSeed(r.Seeds[u])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return o
+	}},
+}
+
+// accountsDeployment is a server started from one kind of a generated accounts layout,
+// set up by the core admin (the stream, the buckets, the tools' queues).
+type accountsDeployment struct {
+	t    *testing.T
+	ctx  context.Context
+	srv  *server.Server
+	opts *server.Options
+	res  natsjwt.Result
+	kind credKind
+	core jetstream.JetStream
+}
+
+func startAccounts(t *testing.T, ctx context.Context, kind credKind, res natsjwt.Result, tools ...string) *accountsDeployment {
+	t.Helper()
+	opts, err := server.ProcessConfigFile(kind.conf(res))
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := &accountsDeployment{t: t, ctx: ctx, srv: eventstest.StartServer(t, opts), opts: opts, res: res, kind: kind}
+	admin := d.conn("admin")
+	if _, _, err := provision.Setup(ctx, admin, events.Config{}, provision.WithTools(tools, 0, 0)); err != nil {
+		t.Fatalf("the core admin sets up: %v", err)
+	}
+	if d.core, err = jetstream.New(admin); err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+func (d *accountsDeployment) conn(user string) *nats.Conn {
+	d.t.Helper()
+	nc, err := nats.Connect(d.srv.ClientURL(), d.kind.auth(d.t, d.res, user), nats.Timeout(5*time.Second))
+	if err != nil {
+		d.t.Fatalf("%s connects: %v", user, err)
+	}
+	d.t.Cleanup(nc.Close)
+	return nc
+}
+
+// team connects a team's executor as its executors will: JetStream under the core's
+// API prefix its generated settings name.
+func (d *accountsDeployment) team(team string) (*nats.Conn, jetstream.JetStream) {
+	d.t.Helper()
+	want := "TOOLBUS_NATS_API_PREFIX=" + natsjwt.CoreAPIPrefix
+	if env := d.res.Env[natsjwt.TeamUser(team)]; !strings.Contains(strings.Join(env, " "), want) {
+		d.t.Fatalf("the settings of %s's executors lack %s: %v", team, want, env)
+	}
+	nc := d.conn(natsjwt.TeamUser(team))
+	js, err := jetstream.NewWithAPIPrefix(nc, natsjwt.CoreAPIPrefix)
+	if err != nil {
+		d.t.Fatal(err)
+	}
+	return nc, js
+}
+
+// request publishes a core event or key as the admin.
+func (d *accountsDeployment) put(subject, data string) {
+	d.t.Helper()
+	if _, err := d.core.Publish(d.ctx, subject, []byte(data)); err != nil {
+		d.t.Fatalf("core puts %s: %v", subject, err)
+	}
+}
+
+// stored reports whether the core holds, as the last message on subject in stream, one
+// that a probe of alpha's wrote (its data contains probeMark).
+func (d *accountsDeployment) stored(stream, subject string) bool {
+	d.t.Helper()
+	s, err := d.core.Stream(d.ctx, stream)
+	if err != nil {
+		d.t.Fatal(err)
+	}
+	m, err := s.GetLastMsgForSubject(d.ctx, subject)
+	if err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
+		d.t.Fatal(err)
+	}
+	return err == nil && strings.Contains(string(m.Data), probeMark)
+}
+
+// probeMark marks what alpha's probes write, and the calls the reply-subject attack
+// would store.
+const probeMark = "alpha-probe"
+
+// serve does a team's whole round on its tool across the boundary: binds its queue,
+// takes the call of run, answers it with an acknowledgement from the stream, acks the
+// call, puts and reads back a claim, its instance record and its catalog entry.
+func (d *accountsDeployment) serve(team, tool, run string) {
+	t := d.t
+	t.Helper()
+	nc, js := d.team(team)
+	cons, err := js.Consumer(d.ctx, events.DefaultStream, events.ToolConsumer(tool))
+	if err != nil {
+		t.Fatalf("%s binds %s: %v", team, events.ToolConsumer(tool), err)
+	}
+	batch, err := cons.Fetch(1, jetstream.FetchMaxWait(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var call jetstream.Msg
+	for m := range batch.Messages() {
+		call = m
+	}
+	if call == nil || call.Subject() != events.SubjectToolRequested(run, tool) {
+		t.Fatalf("%s's pull of %s: %v %v", team, tool, call, batch.Error())
+	}
+	if ack, err := js.Publish(d.ctx, events.SubjectToolFinished(run, tool), []byte(`{"team":"`+team+`"}`)); err != nil || ack.Stream != events.DefaultStream {
+		t.Fatalf("%s's result: %v %v", team, ack, err)
+	}
+	if err := call.DoubleAck(d.ctx); err != nil {
+		t.Fatalf("%s acknowledges its call: %v", team, err)
+	}
+	for _, kv := range []struct{ bucket, key string }{
+		{"toolbus_claims", tool + "." + run + ".0.c1"},
+		{"toolbus_instances", team + ".i1.b1"},
+		{"toolbus_tools", tool},
+		{"toolbus_outputs", tool + "." + run + ".out"},
+	} {
+		subj := "$KV." + kv.bucket + "." + kv.key
+		if ack, err := js.Publish(d.ctx, subj, []byte(team+" "+kv.key)); err != nil || ack.Stream != "KV_"+kv.bucket {
+			t.Fatalf("%s puts %s: %v %v", team, subj, ack, err)
+		}
+		if kv.bucket == "toolbus_outputs" {
+			continue // written by executors, read by the core
+		}
+		m, err := nc.RequestWithContext(d.ctx, natsjwt.CoreAPIPrefix+".DIRECT.GET.KV_"+kv.bucket+"."+subj, nil)
+		if err != nil || string(m.Data) != team+" "+kv.key {
+			t.Fatalf("%s direct-gets %s: %v %q", team, subj, err, dataOf(m))
+		}
+	}
+}
+
+func dataOf(m *nats.Msg) string {
+	if m == nil {
+		return ""
+	}
+	return string(m.Data)
+}
+
+// The accounts layout, in each kind of credentials, on the real server: each team's
+// executor, in its own account, serves its tool through the core's exports (pull, ack,
+// result, claims, instance record, catalog entry), and no route reaches another team's
+// or the core's data: another queue, the stream's direct gets and infos, another tool's
+// or team's keys, the runs, history and approvals buckets, a consumer create, a pull
+// whose reply subject is a core stream's subject, a subscription to everything.
+func TestAccountsLayoutBoundary(t *testing.T) {
+	dir := t.TempDir()
+	g := natsjwt.Grants{Teams: map[string][]string{"alpha": {"calc"}, "beta": {"search"}}}
+	res, err := natsjwt.GenerateGrants(filepath.Join("..", "permissions.conf"), dir, g, natsjwt.WithAccounts(), natsjwt.WithBcryptCost(bcrypt.MinCost))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, kind := range credKinds {
+		t.Run(kind.name, func(t *testing.T) {
+			ctx := eventstest.Context(t, time.Minute)
+			d := startAccounts(t, ctx, kind, res, "calc", "search")
+			alphaNC, _ := d.team("alpha")
+			heard, err := alphaNC.SubscribeSync(">")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := alphaNC.Flush(); err != nil {
+				t.Fatal(err)
+			}
+			for _, run := range []string{"r1", "r2"} {
+				d.put(events.SubjectToolRequested(run, "calc"), `{"secret":"alpha args `+run+`","mark":"`+probeMark+`"}`)
+				d.put(events.SubjectToolRequested(run, "search"), `{"secret":"beta args `+run+`"}`)
+			}
+			d.put(events.SubjectRunEnded("r1", "completed"), `{"secret":"core"}`)
+			for _, kv := range []string{"$KV.toolbus_runs.r1", "$KV.toolbus_history.r1", "$KV.toolbus_approvals.r1.c1"} {
+				d.put(kv, `{"secret":"core"}`)
+			}
+			d.serve("alpha", "calc", "r1")
+			d.serve("beta", "search", "r1")
+			// The doorbell and the cancels of its own tool reach alpha (stream exports);
+			// beta's do not.
+			for _, subj := range []string{events.SubjectToolCancel("r1", "search"), events.SubjectToolCancel("r1", "calc")} {
+				if err := d.core.Conn().Publish(subj, []byte(`{"cancel":"`+subj+`"}`)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := d.core.Conn().Flush(); err != nil {
+				t.Fatal(err)
+			}
+			got := map[string]bool{}
+			for {
+				m, err := heard.NextMsg(500 * time.Millisecond)
+				if err != nil {
+					break
+				}
+				got[m.Subject] = true
+				if strings.Contains(m.Subject, "search") || strings.Contains(string(m.Data), "beta") || strings.Contains(string(m.Data), `"core"`) {
+					t.Errorf("alpha, subscribed to >, heard %s: %s", m.Subject, m.Data)
+				}
+			}
+			for _, want := range []string{events.SubjectToolRequested("r2", "calc"), events.SubjectToolCancel("r1", "calc")} {
+				if !got[want] {
+					t.Errorf("alpha did not hear %s (the stream exports of its tool); heard %v", want, got)
+				}
+			}
+			// Alpha's own probes below would be heard (they are its account's traffic)
+			// and would wait for the subscription to answer.
+			if err := heard.Unsubscribe(); err != nil {
+				t.Fatal(err)
+			}
+			probeClosed(t, d, alphaNC)
+		})
+	}
+}
+
+// probeClosed tries, with alpha's connection, every route to beta's or the core's data
+// and checks that none answers and nothing is stored.
+func probeClosed(t *testing.T, d *accountsDeployment, alpha *nats.Conn) {
+	t.Helper()
+	api := natsjwt.CoreAPIPrefix
+	for _, p := range []struct {
+		name, subject, body string
+		// stored: where a write would land (stream, subject) if it got through.
+		stream, stored string
+	}{
+		{name: "beta's queue", subject: api + ".CONSUMER.MSG.NEXT.TOOLBUS.tool_search", body: `{"batch":1}`},
+		{name: "beta's queue, unprefixed", subject: "$JS.API.CONSUMER.MSG.NEXT.TOOLBUS.tool_search", body: `{"batch":1}`},
+		{name: "beta's queue info", subject: api + ".CONSUMER.INFO.TOOLBUS.tool_search"},
+		{name: "direct get on TOOLBUS", subject: api + ".DIRECT.GET.TOOLBUS", body: `{"seq":1}`},
+		{name: "direct get on TOOLBUS by subject", subject: api + ".DIRECT.GET.TOOLBUS.toolbus.r1.tool.requested.search"},
+		{name: "direct get on TOOLBUS, unprefixed", subject: "$JS.API.DIRECT.GET.TOOLBUS", body: `{"seq":1}`},
+		{name: "message get on TOOLBUS", subject: api + ".STREAM.MSG.GET.TOOLBUS", body: `{"seq":1}`},
+		{name: "stream info", subject: api + ".STREAM.INFO.TOOLBUS"},
+		{name: "stream info of the claims", subject: api + ".STREAM.INFO.KV_toolbus_claims"},
+		{name: "stream info, unprefixed", subject: "$JS.API.STREAM.INFO.TOOLBUS"},
+		{name: "stream list", subject: api + ".STREAM.LIST"},
+		{name: "another tool's claim", subject: api + ".DIRECT.GET.KV_toolbus_claims.$KV.toolbus_claims.search.r1.0.c1"},
+		{name: "another tool's catalog entry", subject: api + ".DIRECT.GET.KV_toolbus_tools.$KV.toolbus_tools.search"},
+		{name: "another team's instance", subject: api + ".DIRECT.GET.KV_toolbus_instances.$KV.toolbus_instances.beta.i1.b1"},
+		{name: "another tool's output", subject: api + ".DIRECT.GET.KV_toolbus_outputs.$KV.toolbus_outputs.search.r1.out"},
+		{name: "its own output, read", subject: api + ".DIRECT.GET.KV_toolbus_outputs.$KV.toolbus_outputs.calc.r1.out"},
+		{name: "runs", subject: api + ".DIRECT.GET.KV_toolbus_runs.$KV.toolbus_runs.r1"},
+		{name: "history", subject: api + ".DIRECT.GET.KV_toolbus_history.$KV.toolbus_history.r1"},
+		{name: "approvals", subject: api + ".DIRECT.GET.KV_toolbus_approvals.$KV.toolbus_approvals.r1.c1"},
+		{name: "consumer create", subject: api + ".CONSUMER.CREATE.TOOLBUS", body: `{"stream_name":"TOOLBUS","config":{"durable_name":"evil","ack_policy":"explicit"}}`},
+		{name: "consumer create, unprefixed", subject: "$JS.API.CONSUMER.CREATE.TOOLBUS", body: `{"stream_name":"TOOLBUS","config":{"durable_name":"evil","ack_policy":"explicit"}}`},
+		{name: "durable create", subject: api + ".CONSUMER.DURABLE.CREATE.TOOLBUS.evil", body: `{"stream_name":"TOOLBUS","config":{"durable_name":"evil","ack_policy":"explicit"}}`},
+		{name: "write another tool's claim", subject: "$KV.toolbus_claims.search.r1.0.c9", stream: "KV_toolbus_claims", stored: "$KV.toolbus_claims.search.r1.0.c9"},
+		{name: "write another team's instance", subject: "$KV.toolbus_instances.beta.x.y", stream: "KV_toolbus_instances", stored: "$KV.toolbus_instances.beta.x.y"},
+		{name: "write another tool's catalog entry", subject: "$KV.toolbus_tools.search", stream: "KV_toolbus_tools", stored: "$KV.toolbus_tools.search"},
+		{name: "write a run", subject: "$KV.toolbus_runs.r9", stream: "KV_toolbus_runs", stored: "$KV.toolbus_runs.r9"},
+		{name: "another tool's result", subject: events.SubjectToolFinished("r2", "search"), stream: "TOOLBUS", stored: events.SubjectToolFinished("r2", "search")},
+		{name: "a forged call", subject: events.SubjectToolRequested("r9", "calc"), stream: "TOOLBUS", stored: events.SubjectToolRequested("r9", "calc")},
+		{name: "an outcome", subject: events.SubjectRunEnded("r9", "completed"), stream: "TOOLBUS", stored: events.SubjectRunEnded("r9", "completed")},
+	} {
+		c, cancel := context.WithTimeout(d.ctx, time.Second)
+		body := p.body
+		if p.stream != "" {
+			body = `{"x":"` + probeMark + `"}`
+		}
+		m, err := alpha.RequestWithContext(c, p.subject, []byte(body))
+		cancel()
+		switch {
+		case errors.Is(err, nats.ErrNoResponders), errors.Is(err, context.DeadlineExceeded):
+		case err == nil && strings.Contains(string(m.Data), `"error"`) && !strings.Contains(string(m.Data), "secret"):
+			// alpha's own account answered (it has no JetStream): nothing of the core.
+		default:
+			t.Errorf("%s: alpha reached %s: %v %q", p.name, p.subject, err, dataOf(m))
+		}
+		if p.stream != "" && d.stored(p.stream, p.stored) {
+			t.Errorf("%s: alpha's write to %s was stored in the core", p.name, p.subject)
+		}
+	}
+	if s, err := d.core.Stream(d.ctx, events.DefaultStream); err != nil {
+		t.Fatal(err)
+	} else if _, err := s.Consumer(d.ctx, "evil"); !errors.Is(err, jetstream.ErrConsumerNotFound) {
+		t.Errorf("alpha created a consumer in the core: %v", err)
+	}
+	// The reply-subject attack: alpha pulls its own queue naming core subjects as the
+	// reply. The server delivers in alpha's account (the call of r2, then the second
+	// pull's expiry), and the core stores nothing.
+	replies := []string{events.SubjectRunEnded("r2", "completed"), "$KV.toolbus_runs.r2"}
+	for _, reply := range replies {
+		sub, err := alpha.SubscribeSync(reply)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := alpha.PublishRequest(api+".CONSUMER.MSG.NEXT.TOOLBUS.tool_calc", reply, []byte(`{"batch":1,"expires":300000000}`)); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := sub.NextMsg(5 * time.Second); err != nil {
+			t.Fatalf("the pull with reply %s was not answered in alpha's account: %v", reply, err)
+		}
+	}
+	if d.stored("TOOLBUS", replies[0]) || d.stored("KV_toolbus_runs", replies[1]) {
+		t.Error("a pull of alpha's with a core subject as its reply stored a message in the core")
+	}
+}
+
+// Day two in the accounts layout: regenerating with a third team and a new tool for
+// alpha keeps every other account's and user's key, credentials and JWT byte for byte
+// (the core account's too: its exports are token-required and do not name teams), says
+// what changed, and a reload of the running server (no restart) applies it: alpha's
+// connection of day one pulls its new tool's queue, and the new team connects.
+func TestAccountsDayTwo(t *testing.T) {
+	perms := filepath.Join("..", "permissions.conf")
+	day1 := natsjwt.Grants{Teams: map[string][]string{"alpha": {"calc"}, "beta": {"search"}}}
+	day2 := natsjwt.Grants{Teams: map[string][]string{"alpha": {"calc", "calc2"}, "beta": {"search"}, "gamma": {"web"}}}
+	for _, kind := range credKinds {
+		t.Run(kind.name, func(t *testing.T) {
+			dir := t.TempDir()
+			gen := func(g natsjwt.Grants) natsjwt.Result {
+				res, err := natsjwt.GenerateGrants(perms, dir, g, natsjwt.WithAccounts(), natsjwt.WithBcryptCost(bcrypt.MinCost))
+				if err != nil {
+					t.Fatal(err)
+				}
+				return res
+			}
+			res1 := gen(day1)
+			before := readDir(t, dir)
+			ctx := eventstest.Context(t, time.Minute)
+			d := startAccounts(t, ctx, kind, res1, "calc", "calc2", "search", "web")
+			alphaNC, alpha := d.team("alpha")
+			if _, err := alpha.Consumer(ctx, events.DefaultStream, events.ToolConsumer("calc2")); err == nil {
+				t.Fatal("alpha binds calc2's queue before it is granted")
+			}
+
+			res2 := gen(day2)
+			after := readDir(t, dir)
+			// What a grant touches: the granted team's account, the new team's files, and
+			// the server configs (which hold every account; the bcrypt hashes are salted
+			// anew each run).
+			touched := map[string]bool{"team-alpha.jwt": true, "auth-jwt.conf": true, "auth-users.conf": true,
+				"auth-nkeys.conf": true, "k8s-secrets.yaml": true}
+			for name, b := range before {
+				if touched[name] {
+					continue
+				}
+				if string(after[name]) != string(b) {
+					t.Errorf("%s changed on day two", name)
+				}
+			}
+			if string(after["team-alpha.jwt"]) == string(before["team-alpha.jwt"]) {
+				t.Error("alpha's account JWT did not change with its new tool")
+			}
+			changes := map[string]string{}
+			for _, c := range res2.Changes {
+				changes[c.User] = c.What
+			}
+			for user, want := range map[string]string{"account TOOLBUS": "unchanged", "account team-alpha": "changed",
+				"account team-beta": "unchanged", "account team-gamma": "new", natsjwt.TeamUser("gamma"): "new",
+				natsjwt.TeamUser("alpha"): "unchanged", "admin": "unchanged"} {
+				if changes[user] != want {
+					t.Errorf("day two says %s: %q, want %q (all: %v)", user, changes[user], want, res2.Changes)
+				}
+			}
+
+			// The running server takes day two on a reload (kill -HUP), not a restart. The
+			// config kinds take two: nats-server 2.15.2 creates an account that a reload
+			// adds without subscribing its service imports (configureAccounts: "only if
+			// not reloading"); the next reload, finding it, does. The JWT kind's memory
+			// resolver takes one (a reload stores the new preloads and updates every
+			// account from them).
+			reloads := 2
+			if kind.name == "jwt" {
+				reloads = 1
+			}
+			for range reloads {
+				newOpts, err := server.ProcessConfigFile(kind.conf(res2))
+				if err != nil {
+					t.Fatal(err)
+				}
+				newOpts.Host, newOpts.Port, newOpts.HTTPHost, newOpts.HTTPPort = d.opts.Host, d.opts.Port, d.opts.HTTPHost, d.opts.HTTPPort
+				newOpts.StoreDir, newOpts.NoLog, newOpts.NoSigs = d.opts.StoreDir, true, true
+				if err := d.srv.ReloadOptions(newOpts); err != nil {
+					t.Fatalf("reload: %v", err)
+				}
+			}
+			d.res = res2
+			d.put(events.SubjectToolRequested("r1", "calc2"), `{"n":1}`)
+			var cons jetstream.Consumer
+			eventstest.Eventually(t, 10*time.Second, func() error {
+				var err error
+				cons, err = alpha.Consumer(ctx, events.DefaultStream, events.ToolConsumer("calc2"))
+				return err
+			})
+			batch, err := cons.Fetch(1, jetstream.FetchMaxWait(5*time.Second))
+			if err != nil {
+				t.Fatal(err)
+			}
+			n := 0
+			for m := range batch.Messages() {
+				n++
+				if err := m.Ack(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if n != 1 {
+				t.Fatalf("alpha's day-one connection pulled %d calls of its new tool: %v", n, batch.Error())
+			}
+			if !alphaNC.IsConnected() {
+				t.Error("alpha's connection is down")
+			}
+			d.put(events.SubjectToolRequested("r1", "web"), `{"n":1}`)
+			d.serve("gamma", "web", "r1")
+		})
+	}
+}
+
+func readDir(t *testing.T, dir string) map[string][]byte {
+	t.Helper()
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string][]byte{}
+	for _, e := range entries {
+		b, err := os.ReadFile(filepath.Join(dir, e.Name()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		out[e.Name()] = b
+	}
+	return out
+}
+
+// Operator mode without a reload: a tool granted to alpha is pushed to the running
+// server (PushAccounts, with the generated system user) and alpha's connection, which
+// could not bind the tool's queue, pulls it; the server neither restarts nor reloads.
+func TestPushAccounts(t *testing.T) {
+	dir := t.TempDir()
+	perms := filepath.Join("..", "permissions.conf")
+	gen := func(g natsjwt.Grants) natsjwt.Result {
+		res, err := natsjwt.GenerateGrants(perms, dir, g, natsjwt.WithAccounts(), natsjwt.WithBcryptCost(bcrypt.MinCost))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res
+	}
+	res1 := gen(natsjwt.Grants{Teams: map[string][]string{"alpha": {"calc"}}})
+	ctx := eventstest.Context(t, time.Minute)
+	d := startAccounts(t, ctx, credKinds[0], res1, "calc", "calc2")
+	_, alpha := d.team("alpha")
+	if _, err := alpha.Consumer(ctx, events.DefaultStream, events.ToolConsumer("calc2")); err == nil {
+		t.Fatal("alpha binds calc2's queue before it is granted")
+	}
+	res2 := gen(natsjwt.Grants{Teams: map[string][]string{"alpha": {"calc", "calc2"}, "beta": {"search"}}})
+	if res2.SystemCreds != res1.SystemCreds {
+		t.Errorf("the system user's credentials moved: %s, then %s", res1.SystemCreds, res2.SystemCreds)
+	}
+	sys := d.conn(natsjwt.SystemUser)
+	err := natsjwt.PushAccounts(ctx, sys, res2.AccountJWTs)
+	// beta is new: no server has loaded its account yet (a reload does).
+	if !errors.Is(err, natsjwt.ErrPushSkipped) || !strings.Contains(err.Error(), "team-beta") || strings.Contains(err.Error(), "team-alpha") {
+		t.Fatalf("push: %v; want only team-beta skipped", err)
+	}
+	d.put(events.SubjectToolRequested("r1", "calc2"), `{"n":1}`)
+	var cons jetstream.Consumer
+	eventstest.Eventually(t, 10*time.Second, func() error {
+		var err error
+		cons, err = alpha.Consumer(ctx, events.DefaultStream, events.ToolConsumer("calc2"))
+		return err
+	})
+	batch, err := cons.Fetch(1, jetstream.FetchMaxWait(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for m := range batch.Messages() {
+		n++
+		if m.Subject() != events.SubjectToolRequested("r1", "calc2") {
+			t.Errorf("alpha pulled %s", m.Subject())
+		}
+	}
+	if n != 1 {
+		t.Fatalf("alpha pulled %d calls of its pushed tool: %v", n, batch.Error())
+	}
+}
+
+// What crosses to a team names its tools and itself only; the core's token-required
+// exports name no team and no tool, so a grant never changes them.
+func TestTeamExports(t *testing.T) {
+	for _, tc := range []struct {
+		team  string
+		tools []string
+	}{{"alpha", []string{"calc"}}, {"beta", []string{"search", "web"}}, {"gamma", nil}} {
+		got := natsjwt.TeamExports(tc.team, tc.tools)
+		if len(got) != 16*len(tc.tools)+2 {
+			t.Errorf("%s: %d crossings, want 16 per tool and 2 per team", tc.team, len(got))
+		}
+		for _, c := range got {
+			names := 0
+			for _, tok := range strings.Split(c.Subject, ".") {
+				for _, tool := range tc.tools {
+					if tok == tool || tok == events.ToolConsumer(tool) {
+						names++
+					}
+				}
+				if tok == tc.team {
+					names++
+				}
+			}
+			// A direct get names its key twice: in the API subject and the key's subject.
+			if names != 1 && !(strings.Contains(c.Subject, "DIRECT.GET") && names == 2) {
+				t.Errorf("%s: %s names its tools or team %d times", tc.team, c.Subject, names)
+			}
+			if strings.HasPrefix(c.Subject, "$JS.API.") != strings.HasPrefix(c.Local, natsjwt.CoreAPIPrefix+".") {
+				t.Errorf("%s: %s is imported as %q: the core's API goes under %s, nothing else", tc.team, c.Subject, c.Local, natsjwt.CoreAPIPrefix)
+			}
+		}
+	}
+	core := natsjwt.CoreExports()
+	if len(core) != 18 {
+		t.Errorf("the core exports %d subjects, want 18", len(core))
+	}
+	for _, c := range core {
+		if strings.Contains(c.Subject, "any-") || c.Local != "" {
+			t.Errorf("core export %s (local %q) names a tool or team", c.Subject, c.Local)
+		}
+	}
+}
