@@ -108,13 +108,6 @@ func SubjectToolQuestion(run, tool string) string {
 	return SubjectPrefix + "." + run + ".tool.question." + ToolToken(tool)
 }
 
-// SubjectToolCancel is toolbus.<run>.tool.cancel.<tool>: a cancel or end notice of a
-// run's calls of one tool, for that tool's executors only (in the accounts layout, a
-// stream export of the core account to the tool's team; reserved, nothing publishes it yet).
-func SubjectToolCancel(run, tool string) string {
-	return SubjectPrefix + "." + run + ".tool.cancel." + ToolToken(tool)
-}
-
 // SubjectToolAnswer is toolbus.<run>.tool.answer.<who>: the identity token of who
 // answered ends the subject, as an approval's.
 func SubjectToolAnswer(run, who string) string {

@@ -95,7 +95,6 @@ var notConfig = map[string]string{
 	"TOOLBUS_SDK_BREAK":           "sdk/typescript: breaks one rule on purpose (conformance)",
 	"TOOLBUS_TEST_NATS_URL":       "sdk/typescript: the server of its npm test",
 	"TOOLBUS_QUEUES":              "the queue stream's name, not a variable",
-	"TOOLBUS_NATS_API_PREFIX":     "deploy/nats/gen -accounts prints it for team executors; a setting once events.Config.APIPrefix lands",
 }
 
 // docVar is a TOOLBUS_ variable named in a document; a name that ends with _ or _* is a

@@ -95,8 +95,12 @@ func TeamExports(team string, tools []string) []Crossing {
 			svc(kvSubject(store.BucketTools, tok)),
 			directGet(store.BucketClaims, tok+".>"),
 			directGet(store.BucketTools, tok),
+			// The last result of the tool in a run (subject form only): a take-over
+			// checks that the call it takes is not done.
+			api(jsAPI+".DIRECT.GET."+stream+"."+events.SubjectToolFinished("*", tool)),
 			Crossing{Subject: events.FilterToolRequestedFor(tool), Stream: true},
-			Crossing{Subject: events.SubjectToolCancel("*", tool), Stream: true},
+			// The core's notice that a run ended while a call of the tool may run.
+			Crossing{Subject: events.FilterRunEndedFor(tool), Stream: true},
 		)
 	}
 	return append(out,

@@ -225,7 +225,7 @@ func TestAccountsLayoutBoundary(t *testing.T) {
 			d.serve("beta", "search", "r1")
 			// The doorbell and the cancels of its own tool reach alpha (stream exports);
 			// beta's do not.
-			for _, subj := range []string{events.SubjectToolCancel("r1", "search"), events.SubjectToolCancel("r1", "calc")} {
+			for _, subj := range []string{events.SubjectRunEndedFor("r1", "search"), events.SubjectRunEndedFor("r1", "calc")} {
 				if err := d.core.Conn().Publish(subj, []byte(`{"cancel":"`+subj+`"}`)); err != nil {
 					t.Fatal(err)
 				}
@@ -244,7 +244,7 @@ func TestAccountsLayoutBoundary(t *testing.T) {
 					t.Errorf("alpha, subscribed to >, heard %s: %s", m.Subject, m.Data)
 				}
 			}
-			for _, want := range []string{events.SubjectToolRequested("r2", "calc"), events.SubjectToolCancel("r1", "calc")} {
+			for _, want := range []string{events.SubjectToolRequested("r2", "calc"), events.SubjectRunEndedFor("r1", "calc")} {
 				if !got[want] {
 					t.Errorf("alpha did not hear %s (the stream exports of its tool); heard %v", want, got)
 				}
@@ -531,8 +531,8 @@ func TestTeamExports(t *testing.T) {
 		tools []string
 	}{{"alpha", []string{"calc"}}, {"beta", []string{"search", "web"}}, {"gamma", nil}} {
 		got := natsjwt.TeamExports(tc.team, tc.tools)
-		if len(got) != 16*len(tc.tools)+2 {
-			t.Errorf("%s: %d crossings, want 16 per tool and 2 per team", tc.team, len(got))
+		if len(got) != 17*len(tc.tools)+2 {
+			t.Errorf("%s: %d crossings, want 17 per tool and 2 per team", tc.team, len(got))
 		}
 		for _, c := range got {
 			names := 0
@@ -556,8 +556,8 @@ func TestTeamExports(t *testing.T) {
 		}
 	}
 	core := natsjwt.CoreExports()
-	if len(core) != 18 {
-		t.Errorf("the core exports %d subjects, want 18", len(core))
+	if len(core) != 19 {
+		t.Errorf("the core exports %d subjects, want 19", len(core))
 	}
 	for _, c := range core {
 		if strings.Contains(c.Subject, "any-") || c.Local != "" {
