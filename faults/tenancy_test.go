@@ -1,0 +1,109 @@
+package faults_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/store"
+)
+
+// probeTeamRoutes attacks, with one team's legitimate credentials (an executor in the
+// team's own account), the calls, results and records of another team's tool in a run
+// the attacker takes part in (so it knows the run id): every route to read them (direct
+// gets in both forms, under the core's API prefix and the account's own, message gets,
+// stream info, pulls of the victim's queue, consumers made on the event stream or its
+// read mirror, the runs, history and claims buckets, everything the attacker's account
+// can hear), and every route to get a message stored in the core (a pull of its own
+// queue whose reply subject is a core subject, results published for the victim's tool).
+// It returns what leaked or was stored; admin checks the core's side.
+func probeTeamRoutes(ctx context.Context, attacker *nats.Conn, admin jetstream.JetStream, ownTool, victimTool, run, victimCall string) []string {
+	var leaks []string
+	const pre = "JS.core.API"
+	modelResponded := events.SubjectModelResponded(run)
+	claimKey := "$KV." + store.BucketClaims + "." + store.ClaimKey(events.ToolToken(victimTool), run, 0, victimCall)
+	probeRun := "probe-" + run
+	requests := []struct{ subject, body string }{
+		{pre + ".DIRECT.GET.TOOLBUS." + events.SubjectToolRequested(run, victimTool), ""},
+		{pre + ".DIRECT.GET.TOOLBUS." + events.SubjectToolFinished(run, victimTool), ""},
+		{pre + ".DIRECT.GET.TOOLBUS." + modelResponded, ""},
+		{pre + ".DIRECT.GET.TOOLBUS", fmt.Sprintf(`{"last_by_subj":%q}`, modelResponded)},
+		{"$JS.API.DIRECT.GET.TOOLBUS", fmt.Sprintf(`{"last_by_subj":%q}`, modelResponded)},
+		{pre + ".DIRECT.GET.TOOLBUS", `{"seq":1}`},
+		{pre + ".DIRECT.GET." + events.ReadMirrorName("TOOLBUS"), `{"seq":1}`},
+		{pre + ".STREAM.MSG.GET.TOOLBUS", `{"seq":1}`},
+		{pre + ".STREAM.INFO.TOOLBUS", `{"subjects_filter":">"}`},
+		{pre + ".STREAM.INFO.KV_" + store.BucketClaims, `{"subjects_filter":">"}`},
+		{pre + ".STREAM.LIST", `{}`},
+		{pre + ".CONSUMER.MSG.NEXT.TOOLBUS." + events.ToolConsumer(victimTool), `{"batch":1,"expires":500000000}`},
+		{pre + ".CONSUMER.CREATE.TOOLBUS", `{"stream_name":"TOOLBUS","config":{"name":"probe","ack_policy":"none","deliver_subject":"probe.deliver"}}`},
+		{pre + ".CONSUMER.CREATE." + events.ReadMirrorName("TOOLBUS") + ".probe", `{"stream_name":"` + events.ReadMirrorName("TOOLBUS") + `","config":{"name":"probe","ack_policy":"none"}}`},
+		{pre + ".DIRECT.GET.KV_" + store.BucketRuns + ".$KV." + store.BucketRuns + "." + run, ""},
+		{pre + ".DIRECT.GET.KV_" + store.BucketHistory, fmt.Sprintf(`{"last_by_subj":"$KV.%s.%s.0.assistant"}`, store.BucketHistory, run)},
+		{pre + ".DIRECT.GET.KV_" + store.BucketClaims + "." + claimKey, ""},
+		{"$JS.API.DIRECT.GET.KV_" + store.BucketClaims + "." + claimKey, ""},
+	}
+	// Everything the attacker's account hears meanwhile, its inboxes included.
+	var (
+		mu    sync.Mutex
+		heard []string
+	)
+	all, err := attacker.Subscribe(">", func(m *nats.Msg) {
+		if strings.Contains(m.Subject, events.ToolToken(victimTool)) || strings.Contains(string(m.Data), victimTool) {
+			mu.Lock()
+			heard = append(heard, m.Subject)
+			mu.Unlock()
+		}
+	})
+	if err != nil {
+		return []string{"subscribe to >: " + err.Error()}
+	}
+	defer all.Unsubscribe() //nolint:errcheck // end of the probe
+	for _, r := range requests {
+		rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		m, err := attacker.RequestWithContext(rctx, r.subject, []byte(r.body))
+		cancel()
+		switch {
+		case errors.Is(err, nats.ErrNoResponders), errors.Is(err, context.DeadlineExceeded), errors.Is(err, nats.ErrTimeout):
+		case err != nil:
+			leaks = append(leaks, fmt.Sprintf("%s: unexpected error %v", r.subject, err))
+		case m.Header.Get("Nats-Subject") != "" || (len(m.Data) > 0 && !strings.Contains(string(m.Data), `"error"`)):
+			leaks = append(leaks, fmt.Sprintf("%s answered: %s %.200s", r.subject, m.Header, m.Data))
+		}
+	}
+	// Writes into the core: a pull of its own queue answered to a core subject, a
+	// forged result and a forged call of the victim's tool.
+	_ = attacker.PublishRequest(pre+".CONSUMER.MSG.NEXT.TOOLBUS."+events.ToolConsumer(ownTool), events.SubjectRunEnded(probeRun, "completed"), []byte(`{"batch":1,"expires":500000000}`))
+	_ = attacker.Publish(events.SubjectToolFinished(probeRun, victimTool), []byte(`{"forged":true}`))
+	_ = attacker.Publish(events.SubjectToolRequested(probeRun, victimTool), []byte(`{"forged":true}`))
+	_ = attacker.Flush()
+	time.Sleep(time.Second) // the pull's expiry: what it would have stored is stored by now
+	stream, err := admin.Stream(ctx, "TOOLBUS")
+	if err != nil {
+		return append(leaks, "admin: "+err.Error())
+	}
+	for _, s := range []string{events.SubjectRunEnded(probeRun, "completed"), events.SubjectToolFinished(probeRun, victimTool), events.SubjectToolRequested(probeRun, victimTool)} {
+		if _, err := stream.GetLastMsgForSubject(ctx, s); !errors.Is(err, jetstream.ErrMsgNotFound) {
+			leaks = append(leaks, fmt.Sprintf("stored in the core on %s (%v)", s, err))
+		}
+	}
+	for _, name := range []string{"probe"} {
+		if _, err := stream.Consumer(ctx, name); !errors.Is(err, jetstream.ErrConsumerNotFound) {
+			leaks = append(leaks, fmt.Sprintf("consumer %s made on the event stream (%v)", name, err))
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for _, s := range heard {
+		leaks = append(leaks, "heard "+s)
+	}
+	return leaks
+}
