@@ -2,7 +2,6 @@ package decide
 
 import (
 	"github.com/toolbus/toolbus"
-	"github.com/toolbus/toolbus/audit"
 	"github.com/toolbus/toolbus/events"
 )
 
@@ -35,43 +34,12 @@ type Questions struct {
 	order     []string               // the calls that asked, in the order of their first question
 	finished  map[string]bool
 	ended     bool
-	visitor   audit.Visitor
 }
 
 // NewQuestions returns an empty Questions.
 func NewQuestions() *Questions {
-	q := &Questions{asked: map[QuestionKey]toolbus.ToolQuestion{}, answers: map[QuestionKey]toolbus.ToolAnswer{},
+	return &Questions{asked: map[QuestionKey]toolbus.ToolQuestion{}, answers: map[QuestionKey]toolbus.ToolAnswer{},
 		last: map[string]QuestionKey{}, finished: map[string]bool{}}
-	q.visitor = audit.Visitor{
-		RunStarted: func(_ events.StoredEvent, rs toolbus.RunStarted) {
-			if q.principal == "" { // the run's first run.started is the run (a later one is a squat)
-				q.principal = rs.Principal.ID
-			}
-		},
-		ToolQuestion: func(_ events.StoredEvent, tq toolbus.ToolQuestion) {
-			k := KeyOf(tq)
-			if _, ok := q.last[tq.CallID]; !ok {
-				q.order = append(q.order, tq.CallID)
-			}
-			// The latest asking of a question stands for it (before questions were
-			// durable, each attempt asked again, and its answers name its attempt).
-			q.asked[k], q.last[tq.CallID] = tq, k
-		},
-		ToolAnswer: func(_ events.StoredEvent, a toolbus.ToolAnswer) {
-			if k := AnswerKey(a); q.Counts(a) {
-				if _, ok := q.answers[k]; !ok { // the first answer stands
-					q.answers[k] = a
-				}
-			}
-		},
-		ToolFinished: func(_ events.StoredEvent, f toolbus.ToolFinished) { q.finished[f.CallID] = true },
-		RunEnded: func(_ events.StoredEvent, re toolbus.RunEnded) {
-			if re.Status.Terminal() { // not run.waiting_for_approval: other calls still run
-				q.ended = true
-			}
-		},
-	}
-	return q
 }
 
 // QuestionsOf reads the questions of a run's events (in stream order: RunEvents).
@@ -83,8 +51,50 @@ func QuestionsOf(evs []events.StoredEvent) *Questions {
 	return q
 }
 
-// Visit reads one event of the run.
-func (q *Questions) Visit(ev events.StoredEvent) { q.visitor.Visit(ev) }
+// Visit reads one event of the run (an event that does not decode counts for nothing).
+// It decodes only the types it reads: the executor links no audit package.
+func (q *Questions) Visit(ev events.StoredEvent) {
+	if ev.Err != nil {
+		return
+	}
+	switch typ := ev.Meta.Type; {
+	case typ == events.TypeRunStarted:
+		var rs toolbus.RunStarted
+		if q.principal == "" && ev.Decode(&rs) == nil { // the run's first run.started is the run (a later one is a squat)
+			q.principal = rs.Principal.ID
+		}
+	case typ == events.TypeToolQuestion:
+		var tq toolbus.ToolQuestion
+		if ev.Decode(&tq) != nil {
+			return
+		}
+		k := KeyOf(tq)
+		if _, ok := q.last[tq.CallID]; !ok {
+			q.order = append(q.order, tq.CallID)
+		}
+		// The latest asking of a question stands for it (before questions were durable,
+		// each attempt asked again, and its answers name its attempt).
+		q.asked[k], q.last[tq.CallID] = tq, k
+	case typ == events.TypeToolAnswer:
+		var a toolbus.ToolAnswer
+		if ev.Decode(&a) != nil || !q.Counts(a) {
+			return
+		}
+		if _, ok := q.answers[AnswerKey(a)]; !ok { // the first answer stands
+			q.answers[AnswerKey(a)] = a
+		}
+	case typ == events.TypeToolFinished:
+		var f toolbus.ToolFinished
+		if ev.Decode(&f) == nil {
+			q.finished[f.CallID] = true
+		}
+	case ev.IsRunEnded():
+		var re toolbus.RunEnded
+		if ev.Decode(&re) == nil && re.Status.Terminal() { // not run.waiting_for_approval: other calls still run
+			q.ended = true
+		}
+	}
+}
 
 // Principal is the run's principal: whose answers count.
 func (q *Questions) Principal() string { return q.principal }
