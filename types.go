@@ -505,9 +505,12 @@ type ToolQuestion struct {
 	Step   int    `json:"step"`
 	CallID string `json:"call_id"`
 	Tool   string `json:"tool"`
-	// Attempt is the execution of the call that asks (ToolResult.Attempt).
+	// Attempt is the execution of the call that asked first (ToolResult.Attempt): a
+	// re-run of the tool that asks the question again finds it and does not publish it
+	// again.
 	Attempt int `json:"attempt"`
-	// Seq numbers the questions of one attempt from 1.
+	// Seq numbers the tool's questions from 1 in the order it asks them, on every run of
+	// it: step, call and seq name the question, whichever attempt asks it.
 	Seq     int    `json:"seq"`
 	Message string `json:"message"`
 	// Schema is the JSON Schema of the answer's content: an object of primitive
@@ -516,7 +519,7 @@ type ToolQuestion struct {
 }
 
 // ToolAnswer is the data of tool.answer: the caller's answer to a ToolQuestion, by its
-// call, attempt and seq.
+// step, call and seq (Attempt is the question's, for its event id).
 type ToolAnswer struct {
 	RunID   string `json:"run_id"`
 	Step    int    `json:"step"`

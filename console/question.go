@@ -11,7 +11,6 @@ import (
 	"strings"
 
 	"github.com/toolbus/toolbus"
-	"github.com/toolbus/toolbus/audit"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/internal/decide"
 )
@@ -50,46 +49,13 @@ type questionView struct {
 	Raw bool
 }
 
-// openQuestions are the questions of run's events that wait for an answer: per call,
-// the last question with no answer by the run's principal to its attempt and seq and
-// no result after it (none once the run ended), in the order they were asked.
+// openQuestions are the questions of run's events that wait for an answer, as
+// `toolbus answer` finds them (decide.Questions): per call, its last question with no
+// answer by the run's principal and no result (none once the run ended), in the order
+// they were asked.
 func openQuestions(evs []events.StoredEvent) []questionView {
-	type mark struct {
-		call         string
-		attempt, seq int
-	}
-	open := map[string]toolbus.ToolQuestion{}
-	var order []string
-	answered := map[mark]bool{}
-	ended, principal := false, ""
-	v := audit.Visitor{
-		RunStarted: func(_ events.StoredEvent, rs toolbus.RunStarted) { principal = rs.Principal.ID },
-		ToolQuestion: func(_ events.StoredEvent, q toolbus.ToolQuestion) {
-			if _, ok := open[q.CallID]; !ok {
-				order = append(order, q.CallID)
-			}
-			open[q.CallID] = q
-		},
-		ToolAnswer: func(_ events.StoredEvent, a toolbus.ToolAnswer) {
-			if a.Who == principal { // the worker ignores anyone else's (decide.OpenQuestion)
-				answered[mark{a.CallID, a.Attempt, a.Seq}] = true
-			}
-		},
-		ToolFinished: func(_ events.StoredEvent, f toolbus.ToolFinished) { delete(open, f.CallID) },
-		RunEnded:     func(events.StoredEvent, toolbus.RunEnded) { ended = true },
-	}
-	for _, ev := range evs {
-		v.Visit(ev)
-	}
-	if ended {
-		return nil
-	}
 	var out []questionView
-	for _, id := range order {
-		q, ok := open[id]
-		if !ok || answered[mark{q.CallID, q.Attempt, q.Seq}] {
-			continue
-		}
+	for _, q := range decide.QuestionsOf(evs).Open() {
 		qv := questionView{ToolQuestion: q}
 		qv.Fields, qv.Raw = formOf(q.Schema)
 		out = append(out, qv)

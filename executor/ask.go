@@ -13,9 +13,14 @@ import (
 // the JSON Schema of the answer, an object of primitive properties (what an MCP
 // elicitation form takes). The bus worker publishes it as a tool.question event and
 // waits for the tool.answer, within the call's timeout; `toolbus mcp` asks the host that
-// called the tool. An accepted answer's content is checked against the schema. The
-// wait is not durable: an executor that stops while its call waits loses the question
-// (the call runs again on another delivery and asks again).
+// called the tool. An accepted answer's content is checked against the schema.
+//
+// The wait survives restarts by re-running the tool: a call whose executor dies while it
+// waits runs again from the start on its next delivery, and a question is one per call
+// and seq (the tool's questions counted from 1), whichever attempt asks it, so the re-run
+// asking it again gets the answer given meanwhile at once, or waits for the question
+// already asked without asking it again. Code before Ask runs again: side effects belong
+// after the answer, and a tool asks the same questions in the same order on every run.
 
 // Answer is the caller's answer to a question.
 type Answer struct {
@@ -58,7 +63,9 @@ func WithAsker(ctx context.Context, a Asker) context.Context {
 
 // Ask asks the run's caller message and returns the answer: accept with its content
 // (valid against schema), decline or cancel. It waits at most until the call's
-// deadline. It returns an error wrapping ErrNotRunning under a context that is not a
+// deadline. After a restart the tool runs again and its Ask returns the answer to the
+// same question (same call, same place in the order of its questions) given meanwhile,
+// without asking again. It returns an error wrapping ErrNotRunning under a context that is not a
 // running call's, ErrInvalidQuestion for a schema that is not an object schema,
 // ErrCannotAsk when nobody can answer, ErrInvalidAnswer for content that does not match
 // the schema, or the context's error.

@@ -12,8 +12,10 @@
 //	make test-faults        # TOOLBUS_FAULTS=1 go test -race -count=1 -run Fault -v ./faults/...
 //
 // A plain `go test ./...` runs only TestFaultExecutorKill (a real kill -9 of a real
-// executor process, about 15 s) and TestFaultSecurityRoles (the binaries with per-role
-// credentials, a few seconds), and skips the rest unless TOOLBUS_FAULTS=1.
+// executor process, about 15 s), TestFaultSecurityRoles (the binaries with per-role
+// credentials, a few seconds), TestFaultQuestionSurvivesRestarts (every process killed
+// -9 while a tool waits for its question's answer, about 15 s) and the others that skip
+// only under -short, and skips the rest unless TOOLBUS_FAULTS=1.
 // TOOLBUS_FAULTS_LOGS=1 prints the end of every process log; TOOLBUS_LOAD_RUNS changes
 // the number of runs of the load test.
 package faults

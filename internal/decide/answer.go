@@ -6,15 +6,15 @@ import (
 	"fmt"
 
 	"github.com/toolbus/toolbus"
-	"github.com/toolbus/toolbus/audit"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/internal/argcheck"
 )
 
-// OpenQuestion finds the question of call callID in run that still waits for an answer:
-// the last tool.question of the call (its latest attempt asks again after a restart)
-// with no tool.answer by the run's principal to its attempt and seq (the worker ignores
-// anyone else's, so theirs leaves the question open).
+// OpenQuestion finds the question of call callID in run that still waits for an answer
+// (Questions.Open): the call's last question, with no answer by the run's principal (the
+// executor ignores anyone else's, so theirs leaves the question open) and no result.
+// A question is one per step, call and seq whichever attempt asked it: a tool that ran
+// again after a restart found it asked and did not ask it again.
 func OpenQuestion(ctx context.Context, bus *events.Bus, run, callID string) (toolbus.ToolQuestion, error) {
 	evs, err := bus.RunEvents(ctx, run)
 	if err != nil {
@@ -23,43 +23,21 @@ func OpenQuestion(ctx context.Context, bus *events.Bus, run, callID string) (too
 	if len(evs) == 0 {
 		return toolbus.ToolQuestion{}, &RefusedError{Msg: fmt.Sprintf("run %s not found", run)}
 	}
-	type mark struct{ attempt, seq int }
-	var (
-		open      *toolbus.ToolQuestion
-		answered  = map[mark]bool{}
-		ended     bool
-		principal string
-	)
-	v := audit.Visitor{
-		RunStarted: func(_ events.StoredEvent, rs toolbus.RunStarted) {
-			if principal == "" { // the run's first run.started is the run (a later one is a squat)
-				principal = rs.Principal.ID
-			}
-		},
-		ToolQuestion: func(_ events.StoredEvent, q toolbus.ToolQuestion) {
-			if q.CallID == callID {
-				open = &q
-			}
-		},
-		ToolAnswer: func(_ events.StoredEvent, a toolbus.ToolAnswer) {
-			if a.CallID == callID && a.Who == principal {
-				answered[mark{a.Attempt, a.Seq}] = true
-			}
-		},
-		RunEnded: func(events.StoredEvent, toolbus.RunEnded) { ended = true },
-	}
-	for _, ev := range evs {
-		v.Visit(ev)
-	}
+	qs := QuestionsOf(evs)
+	q, asked := qs.Last(callID)
 	switch {
-	case ended:
+	case qs.Ended():
 		return toolbus.ToolQuestion{}, &RefusedError{Msg: fmt.Sprintf("run %s already ended", run)}
-	case open == nil:
+	case !asked:
 		return toolbus.ToolQuestion{}, &RefusedError{Msg: fmt.Sprintf("call %s of run %s asked no question", callID, run)}
-	case answered[mark{open.Attempt, open.Seq}]:
+	}
+	if _, answered := qs.Answer(KeyOf(q)); answered {
 		return toolbus.ToolQuestion{}, &RefusedError{Msg: fmt.Sprintf("the question of call %s of run %s was already answered", callID, run)}
 	}
-	return *open, nil
+	if qs.Finished(callID) {
+		return toolbus.ToolQuestion{}, &RefusedError{Msg: fmt.Sprintf("call %s of run %s already finished", callID, run)}
+	}
+	return q, nil
 }
 
 // Answer is who's answer to q: content (one JSON object) checked against the question's

@@ -1,5 +1,7 @@
-// Package decide serves the human decisions on a run (approve, edit, reject, respond): it finds
-// the call a decision is about and says why the run's state refuses it. The CLI
+// Package decide serves the human decisions on a run (approve, edit, reject, respond,
+// and answers to a tool's questions): it finds the call a decision is about and says why
+// the run's state refuses it. Questions is the one reading of a run's questions, which
+// the executor uses too (a re-run of a tool finds its question and its answer). The CLI
 // (toolbus approve, deny) and the console share it, so both refuse the same cases with
 // the same words.
 package decide

@@ -6,6 +6,10 @@
 //     that the history holds each result in call order (TOOLBUS_MODEL=<tool>:<calls>x<steps>[:<min>-<max>]);
 //   - an "append" tool with a side effect visible across processes: it waits {"ms"} then
 //     appends the call's idempotency key to the file TOOLBUS_FAULT_APPEND_FILE;
+//   - TOOLBUS_FAULT_ASK_TOOL=<name>: a tool that asks its run's caller which account to
+//     use (executor.Ask), then appends "<idempotency key> <instance> <attempt> <tool>
+//     <account>" to TOOLBUS_FAULT_APPEND_FILE: one line per run of the tool that got its
+//     answer (the side effect after the answer, as docs/writing-tools.md says);
 //   - TOOLBUS_FAULT_KILL_AFTER=<fragment>: the process SIGKILLs itself on the first write to
 //     the server after it published a message whose subject contains the fragment (and,
 //     since publishing waits for the stream's acknowledgement, after the stream stored
@@ -71,6 +75,8 @@ type config struct {
 	// <attempt> <tool>" lines), e.g. append_a,append_b for deployments that serve
 	// different subsets.
 	AppendTools []string `envconfig:"FAULT_APPEND_TOOLS" default:"append"`
+	// AskTool names the asking tool to register (none when empty).
+	AskTool string `envconfig:"FAULT_ASK_TOOL"`
 	// AppendHeartbeat, when set, makes the append tools long-running with this
 	// HeartbeatTimeout: while they wait they report progress four times per period.
 	AppendHeartbeat time.Duration `envconfig:"FAULT_APPEND_HEARTBEAT"`
@@ -158,6 +164,11 @@ func run(ctx context.Context, cfg config, role string, log *slog.Logger) error {
 				return err
 			}
 		}
+		if cfg.AskTool != "" {
+			if err := reg.Register(askTool(cfg, cfg.AskTool)); err != nil {
+				return err
+			}
+		}
 		exec, err := executor.New(reg, executor.WithLogger(log), executor.WithInstance(cfg.Instance))
 		if err != nil {
 			return err
@@ -222,6 +233,47 @@ func appendTool(cfg config, name string) executor.Tool {
 				return nil, err
 			}
 			return map[string]string{"key": ci.IdempotencyKey}, nil
+		},
+	}
+}
+
+// askTool asks the run's caller which account to use, then appends "<idempotency key>
+// <instance> <attempt> <tool> <account>" to the append file: the side effect comes after
+// the answer, so a run of the tool that dies while it waits does nothing, and the run
+// that gets the answer (the same question asked again) does it once.
+func askTool(cfg config, name string) executor.Tool {
+	schema := json.RawMessage(`{"type":"object","properties":{"account":{"type":"string","enum":["checking","savings"]}},"required":["account"]}`)
+	return executor.Tool{
+		Name: name, Timeout: 3 * time.Minute,
+		Description: "Fault suite: ask the caller which account to use, then append the call's idempotency key and the account to a file.",
+		InputSchema: json.RawMessage(`{"type":"object"}`),
+		Func: func(ctx context.Context, _ json.RawMessage) (any, error) {
+			ci, _ := executor.CallInfoFrom(ctx)
+			if cfg.AppendFile == "" {
+				return nil, errors.New("TOOLBUS_FAULT_APPEND_FILE is not set")
+			}
+			a, err := executor.Ask(ctx, "Which account?", schema)
+			if err != nil {
+				return nil, err
+			}
+			var ans struct{ Account string }
+			if a.Action != "accept" || json.Unmarshal(a.Content, &ans) != nil {
+				return nil, fmt.Errorf("no account: the caller answered %s", a.Action)
+			}
+			appendMu.Lock()
+			defer appendMu.Unlock()
+			f, err := os.OpenFile(cfg.AppendFile, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
+			if err != nil {
+				return nil, err
+			}
+			defer f.Close()
+			if _, err := fmt.Fprintf(f, "%s %s %d %s %s\n", ci.IdempotencyKey, cfg.Instance, ci.Attempt, name, ans.Account); err != nil {
+				return nil, err
+			}
+			if err := f.Sync(); err != nil {
+				return nil, err
+			}
+			return map[string]string{"key": ci.IdempotencyKey, "account": ans.Account, "by": a.Who}, nil
 		},
 	}
 }
