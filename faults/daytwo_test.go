@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -19,17 +20,20 @@ import (
 )
 
 // TestFaultDayTwoInFlight runs docs/deployment-and-security.md's day two as written, on a
-// live multi-team deployment of separate processes in operator (JWT) mode: the
-// administrator generates the deployment with `go run ./deploy/nats/gen -grants`, runs
-// nats-server on the generated config and `toolbus init`; teams alpha and beta serve
-// append_a and append_b with their own credentials, and runs using both are in flight.
-// Then the administrator adds team gamma (append_d) and grants alpha a second tool
-// (append_c) by editing the grants and running gen again, creates the new tools' queues
-// with `toolbus init --tools`, and hands out the new files; nothing is done to the
-// server. No running process restarts or fails, the credentials of everyone unchanged
-// stay byte for byte, the in-flight runs complete with each call run exactly once
-// (counted by side effect), the new tools run on the new credentials (alpha's second
-// executor, gamma's), and every earlier run still replays without a violation.
+// live multi-team deployment of separate processes in the accounts layout, operator
+// (JWT) mode: the administrator generates the deployment with `go run ./deploy/nats/gen
+// -accounts -grants`, runs nats-server on the generated config and `toolbus init`; teams
+// alpha and beta serve append_a and append_b from their own accounts
+// (TOOLBUS_NATS_API_PREFIX), and runs using both are in flight. While they are, beta's
+// credentials attack alpha's calls, results and records in those runs by every route
+// (probeTeamRoutes): nothing leaks and nothing is stored. Then the administrator adds
+// team gamma (append_d) and grants alpha a second tool (append_c) by editing the grants
+// and running gen again, reloads the server (kill -HUP: a new account), creates the new
+// tools' queues with `toolbus init --tools`, and hands out the new files. No running
+// process restarts or fails, the credentials of everyone stay byte for byte, the
+// in-flight runs complete with each call run exactly once (counted by side effect), the
+// new tools run on the new credentials (alpha's second executor, gamma's), and every
+// earlier run still replays without a violation.
 func TestFaultDayTwoInFlight(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts processes")
@@ -51,7 +55,7 @@ func TestFaultDayTwoInFlight(t *testing.T) {
 		if err := os.WriteFile(grants, b, 0o600); err != nil {
 			t.Fatal(err)
 		}
-		cmd := exec.CommandContext(e.ctx, goTool(), "run", "./deploy/nats/gen", "-grants", grants, "-out", genDir,
+		cmd := exec.CommandContext(e.ctx, goTool(), "run", "./deploy/nats/gen", "-accounts", "-grants", grants, "-out", genDir,
 			"-listen", "127.0.0.1:"+strconv.Itoa(node.port), "-store", node.store)
 		cmd.Dir = ".." // the repository root, where the docs run it
 		out, err := cmd.CombinedOutput()
@@ -94,14 +98,14 @@ func TestFaultDayTwoInFlight(t *testing.T) {
 		t.Fatal(err)
 	}
 	day1 := map[string][]byte{}
-	for _, u := range []string{"admin", "planner", "injector", "client", "executor-beta"} {
+	for _, u := range []string{"admin", "planner", "injector", "client", "executor-alpha", "executor-beta"} {
 		day1[u] = readFile(t, filepath.Join(genDir, u+".creds"))
 	}
 
 	file := filepath.Join(e.dir, "side-effects")
 	executor := func(inst, team string, tools ...string) *proc {
 		list := strings.Join(tools, ",")
-		return e.faultbusRole("executor", inst, creds("executor-"+team), "TOOLBUS_TEAM="+team,
+		return e.faultbusRole("executor", inst, creds("executor-"+team), "TOOLBUS_TEAM="+team, "TOOLBUS_NATS_API_PREFIX=JS.core.API",
 			"TOOLBUS_EXECUTOR_TOOLS="+list, "TOOLBUS_FAULT_APPEND_TOOLS="+list, "TOOLBUS_FAULT_APPEND_FILE="+file)
 	}
 	e.faultbusRole("planner", "planner-1", creds("planner"), "TOOLBUS_MODEL=append_a+append_b:2x2:3000-6000")
@@ -114,6 +118,7 @@ func TestFaultDayTwoInFlight(t *testing.T) {
 	e.waitCompleted(before, 3*time.Minute)
 	inFlight := runIDs("inflight", 12)
 	e.submit(inFlight)
+	e.probeFromTeam(filepath.Join(genDir, "executor-beta.creds"), "append_b", "append_a", inFlight[0])
 
 	// Day two, while those runs are in flight (each call takes 3 to 6 s).
 	out := gen(map[string][]string{"alpha": {"append_a", "append_c"}, "beta": {"append_b"}, "gamma": {"append_d"}})
@@ -129,6 +134,10 @@ func TestFaultDayTwoInFlight(t *testing.T) {
 		if !bytes.Equal(b, readFile(t, filepath.Join(genDir, u+".creds"))) {
 			t.Errorf("%s's credentials were re-issued on day two", u)
 		}
+	}
+	// A new team is a new account: the server takes it on a reload, no restart.
+	if err := node.proc.cmd.Process.Signal(syscall.SIGHUP); err != nil {
+		t.Fatal(err)
 	}
 	initTools("append_c,append_d")
 	executor("alpha-2", "alpha", "append_a", "append_c")

@@ -4,9 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"strings"
 	"sync"
-	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -51,12 +51,30 @@ func probeTeamRoutes(ctx context.Context, attacker *nats.Conn, admin jetstream.J
 		{pre + ".DIRECT.GET.KV_" + store.BucketClaims + "." + claimKey, ""},
 		{"$JS.API.DIRECT.GET.KV_" + store.BucketClaims + "." + claimKey, ""},
 	}
-	// Everything the attacker's account hears meanwhile, its inboxes included.
+	// Writes into the core: a pull of its own queue answered to a core subject, a
+	// forged result and a forged call of the victim's tool.
+	writes := []struct{ subject, reply, body string }{
+		{pre + ".CONSUMER.MSG.NEXT.TOOLBUS." + events.ToolConsumer(ownTool), events.SubjectRunEnded(probeRun, "completed"), `{"batch":1,"expires":500000000}`},
+		{events.SubjectToolFinished(probeRun, victimTool), "", `{"forged":true}`},
+		{events.SubjectToolRequested(probeRun, victimTool), "", `{"forged":true}`},
+	}
+	// Everything the attacker's account hears meanwhile, its inboxes included, but for
+	// what it publishes itself.
+	own := map[string]bool{}
+	for _, r := range requests {
+		own[r.subject] = true
+	}
+	for _, w := range writes {
+		own[w.subject] = true
+	}
 	var (
 		mu    sync.Mutex
 		heard []string
 	)
 	all, err := attacker.Subscribe(">", func(m *nats.Msg) {
+		if own[m.Subject] {
+			return
+		}
 		if strings.Contains(m.Subject, events.ToolToken(victimTool)) || strings.Contains(string(m.Data), victimTool) {
 			mu.Lock()
 			heard = append(heard, m.Subject)
@@ -79,11 +97,9 @@ func probeTeamRoutes(ctx context.Context, attacker *nats.Conn, admin jetstream.J
 			leaks = append(leaks, fmt.Sprintf("%s answered: %s %.200s", r.subject, m.Header, m.Data))
 		}
 	}
-	// Writes into the core: a pull of its own queue answered to a core subject, a
-	// forged result and a forged call of the victim's tool.
-	_ = attacker.PublishRequest(pre+".CONSUMER.MSG.NEXT.TOOLBUS."+events.ToolConsumer(ownTool), events.SubjectRunEnded(probeRun, "completed"), []byte(`{"batch":1,"expires":500000000}`))
-	_ = attacker.Publish(events.SubjectToolFinished(probeRun, victimTool), []byte(`{"forged":true}`))
-	_ = attacker.Publish(events.SubjectToolRequested(probeRun, victimTool), []byte(`{"forged":true}`))
+	for _, w := range writes {
+		_ = attacker.PublishRequest(w.subject, w.reply, []byte(w.body)) // what the server does with it is checked below
+	}
 	_ = attacker.Flush()
 	time.Sleep(time.Second) // the pull's expiry: what it would have stored is stored by now
 	stream, err := admin.Stream(ctx, "TOOLBUS")
@@ -106,4 +122,37 @@ func probeTeamRoutes(ctx context.Context, attacker *nats.Conn, admin jetstream.J
 		leaks = append(leaks, "heard "+s)
 	}
 	return leaks
+}
+
+// probeFromTeam runs probeTeamRoutes with the credentials file of a team's executor
+// against the victim tool's first call in run (once the run's first step is recorded),
+// and fails the test on anything that leaked or was stored.
+func (e *env) probeFromTeam(creds, ownTool, victimTool, run string) {
+	e.t.Helper()
+	var call string
+	e.eventually("the first step of "+run+" recorded", time.Minute, func() error {
+		mr, err := e.bus.Store().Assistant(e.ctx, run, 0)
+		if err != nil {
+			return err
+		}
+		for _, c := range mr.Message.ToolCalls {
+			if c.Tool == victimTool {
+				call = c.CallID
+				return nil
+			}
+		}
+		return fmt.Errorf("no call of %s in step 0 of %s", victimTool, run)
+	})
+	attacker, err := nats.Connect(e.nodes[0].url(), nats.UserCredentials(creds))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer attacker.Close()
+	admin, err := jetstream.New(e.nc)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	if leaks := probeTeamRoutes(e.ctx, attacker, admin, ownTool, victimTool, run, call); len(leaks) > 0 {
+		e.t.Fatalf("%s's credentials reached %s's calls:\n  %s", filepath.Base(creds), victimTool, strings.Join(leaks, "\n  "))
+	}
 }
