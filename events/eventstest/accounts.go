@@ -84,18 +84,28 @@ accounts {
 `, storeDir, strings.Join(exports, "\n    "), team, team, team, strings.Join(imports, "\n    "))
 }
 
+// AccountsOptions writes AccountsConf(team, tools) into dir (its JetStream store under
+// dir too) and returns the server options it describes, for a process that runs the
+// server itself (sdk/typescript/testbus); tests call StartAccounts.
+func AccountsOptions(dir, team string, tools []string) (*server.Options, error) {
+	path := filepath.Join(dir, "accounts.conf")
+	if err := os.WriteFile(path, []byte(AccountsConf(filepath.Join(dir, "js"), team, tools)), 0o600); err != nil {
+		return nil, fmt.Errorf("eventstest: %w", err)
+	}
+	opts, err := server.ProcessConfigFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("eventstest: %w", err)
+	}
+	return opts, nil
+}
+
 // StartAccounts starts a server of AccountsConf(team, tools) for the test (stopped
 // when it ends); users core/core and team/team connect to its ClientURL.
 func StartAccounts(t testing.TB, team string, tools []string) *server.Server {
 	t.Helper()
-	dir := t.TempDir()
-	path := filepath.Join(dir, "accounts.conf")
-	if err := os.WriteFile(path, []byte(AccountsConf(filepath.Join(dir, "js"), team, tools)), 0o600); err != nil {
-		t.Fatalf("eventstest: %v", err)
-	}
-	opts, err := server.ProcessConfigFile(path)
+	opts, err := AccountsOptions(t.TempDir(), team, tools)
 	if err != nil {
-		t.Fatalf("eventstest: %v", err)
+		t.Fatal(err)
 	}
 	return StartServer(t, opts)
 }
