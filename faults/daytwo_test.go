@@ -118,7 +118,11 @@ func TestFaultDayTwoInFlight(t *testing.T) {
 	e.waitCompleted(before, 3*time.Minute)
 	inFlight := runIDs("inflight", 12)
 	e.submit(inFlight)
-	e.probeFromTeam(filepath.Join(genDir, "executor-beta.creds"), "append_b", "append_a", inFlight[0])
+	// While they are in flight, beta attacks alpha's calls in a run both take part in.
+	probed := make(chan []string, 1)
+	go func() {
+		probed <- e.probeFromTeam(filepath.Join(genDir, "executor-beta.creds"), "append_b", "append_a", inFlight[0])
+	}()
 
 	// Day two, while those runs are in flight (each call takes 3 to 6 s).
 	out := gen(map[string][]string{"alpha": {"append_a", "append_c"}, "beta": {"append_b"}, "gamma": {"append_d"}})
@@ -144,6 +148,9 @@ func TestFaultDayTwoInFlight(t *testing.T) {
 	executor("gamma-1", "gamma", "append_d")
 	e.waitReady([]string{"append_c", "append_d"}, "executor")
 	e.waitCompleted(inFlight, 3*time.Minute)
+	if leaks := <-probed; len(leaks) > 0 {
+		t.Fatalf("executor-beta's credentials reached append_a's calls:\n  %s", strings.Join(leaks, "\n  "))
+	}
 
 	// The new grants work end to end: a call of each new tool through the pipeline.
 	for i, tool := range []string{"append_c", "append_d"} {

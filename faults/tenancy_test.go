@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"path/filepath"
 	"strings"
 	"sync"
 	"time"
@@ -86,7 +85,7 @@ func probeTeamRoutes(ctx context.Context, attacker *nats.Conn, admin jetstream.J
 	}
 	defer all.Unsubscribe() //nolint:errcheck // end of the probe
 	for _, r := range requests {
-		rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		rctx, cancel := context.WithTimeout(ctx, time.Second)
 		m, err := attacker.RequestWithContext(rctx, r.subject, []byte(r.body))
 		cancel()
 		switch {
@@ -125,34 +124,32 @@ func probeTeamRoutes(ctx context.Context, attacker *nats.Conn, admin jetstream.J
 }
 
 // probeFromTeam runs probeTeamRoutes with the credentials file of a team's executor
-// against the victim tool's first call in run (once the run's first step is recorded),
-// and fails the test on anything that leaked or was stored.
-func (e *env) probeFromTeam(creds, ownTool, victimTool, run string) {
-	e.t.Helper()
+// against the victim tool's first call in run (once the run's first step is recorded)
+// and returns what leaked or was stored. It may run beside the test's goroutine.
+func (e *env) probeFromTeam(creds, ownTool, victimTool, run string) []string {
 	var call string
-	e.eventually("the first step of "+run+" recorded", time.Minute, func() error {
-		mr, err := e.bus.Store().Assistant(e.ctx, run, 0)
-		if err != nil {
-			return err
+	deadline := time.Now().Add(time.Minute)
+	for call == "" {
+		if time.Now().After(deadline) {
+			return []string{"the first step of " + run + " was never recorded"}
 		}
-		for _, c := range mr.Message.ToolCalls {
-			if c.Tool == victimTool {
-				call = c.CallID
-				return nil
+		if mr, err := e.bus.Store().Assistant(e.ctx, run, 0); err == nil {
+			for _, c := range mr.Message.ToolCalls {
+				if c.Tool == victimTool && call == "" {
+					call = c.CallID
+				}
 			}
 		}
-		return fmt.Errorf("no call of %s in step 0 of %s", victimTool, run)
-	})
+		time.Sleep(100 * time.Millisecond)
+	}
 	attacker, err := nats.Connect(e.nodes[0].url(), nats.UserCredentials(creds))
 	if err != nil {
-		e.t.Fatal(err)
+		return []string{"connect: " + err.Error()}
 	}
 	defer attacker.Close()
 	admin, err := jetstream.New(e.nc)
 	if err != nil {
-		e.t.Fatal(err)
+		return []string{err.Error()}
 	}
-	if leaks := probeTeamRoutes(e.ctx, attacker, admin, ownTool, victimTool, run, call); len(leaks) > 0 {
-		e.t.Fatalf("%s's credentials reached %s's calls:\n  %s", filepath.Base(creds), victimTool, strings.Join(leaks, "\n  "))
-	}
+	return probeTeamRoutes(e.ctx, attacker, admin, ownTool, victimTool, run, call)
 }

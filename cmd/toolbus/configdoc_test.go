@@ -94,6 +94,7 @@ var notConfig = map[string]string{
 	"TOOLBUS_READ":                "the read mirror's stream name, not a variable",
 	"TOOLBUS_SDK_BREAK":           "sdk/typescript: breaks one rule on purpose (conformance)",
 	"TOOLBUS_TEST_NATS_URL":       "sdk/typescript: the server of its npm test",
+	"TOOLBUS_TEST_TEAM_BUS":       "sdk/typescript: the two-account server of its team-account tests",
 	"TOOLBUS_QUEUES":              "the queue stream's name, not a variable",
 }
 

@@ -3,15 +3,11 @@ package worker_test
 import (
 	"context"
 	"encoding/json"
-	"fmt"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 
 	"github.com/toolbus/toolbus"
@@ -19,7 +15,6 @@ import (
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
 	"github.com/toolbus/toolbus/events/provision"
-	"github.com/toolbus/toolbus/events/store"
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/executor/worker"
 	"github.com/toolbus/toolbus/internal/testpipe"
@@ -27,79 +22,13 @@ import (
 	"github.com/toolbus/toolbus/planner"
 )
 
-// teamImports renders, for one team and its tools, the service and stream imports of
-// the accounts layout (the core exports the same subjects to the team only).
-func teamImports(team string, tools []string) (exports, imports []string) {
-	const pre = "JS.core.API"
-	svc := func(subject, local string, stream bool) {
-		rt := ""
-		if stream {
-			rt = ", response_type: stream"
-		}
-		exports = append(exports, fmt.Sprintf(`{service: %q, accounts: [%s]%s}`, subject, team, rt))
-		to := ""
-		if local != "" {
-			to = fmt.Sprintf(", to: %q", local)
-		}
-		imports = append(imports, fmt.Sprintf(`{service: {account: CORE, subject: %q}%s}`, subject, to))
-	}
-	api := func(rest string, stream bool) { svc("$JS.API."+rest, pre+"."+rest, stream) }
-	for _, tool := range tools {
-		d := events.ToolConsumer(tool)
-		api("CONSUMER.INFO.TOOLBUS."+d, false)
-		api("CONSUMER.MSG.NEXT.TOOLBUS."+d, true)
-		svc("$JS.ACK.TOOLBUS."+d+".>", "", false)
-		svc("$JS.ACK.*.*.TOOLBUS."+d+".>", "", false)
-		for _, s := range []string{events.SubjectToolFinished("*", tool), events.SubjectToolWaiting("*", tool),
-			events.SubjectToolProgress("*", tool), events.SubjectToolLog("*", tool), events.SubjectToolQuestion("*", tool)} {
-			svc(s, "", false)
-		}
-		tok := events.ToolToken(tool)
-		for _, b := range []string{store.BucketClaims, store.BucketOutputs} {
-			svc("$KV."+b+"."+tok+".>", "", false)
-		}
-		svc("$KV."+store.BucketTools+"."+tok, "", false)
-		api("DIRECT.GET.KV_"+store.BucketClaims+".$KV."+store.BucketClaims+"."+tok+".>", false)
-		api("DIRECT.GET.KV_"+store.BucketTools+".$KV."+store.BucketTools+"."+tok, false)
-		api("DIRECT.GET.TOOLBUS."+events.SubjectToolFinished("*", tool), false)
-		for _, subj := range []string{events.SubjectToolRequested("*", tool), events.FilterRunEndedFor(tool)} {
-			exports = append(exports, fmt.Sprintf(`{stream: %q, accounts: [%s]}`, subj, team))
-			imports = append(imports, fmt.Sprintf(`{stream: {account: CORE, subject: %q}}`, subj))
-		}
-	}
-	svc("$KV."+store.BucketInstances+"."+team+".>", "", false)
-	api("DIRECT.GET.KV_"+store.BucketInstances+".$KV."+store.BucketInstances+"."+team+".>", false)
-	return exports, imports
-}
-
 // TestTeamAccountExecutor: an executor in its team's own account (TOOLBUS_NATS_API_PREFIX)
 // serves its tools to runs of the core account with nothing but the imports of the
 // accounts layout: it binds its queues, claims, publishes its contracts, heartbeats and
 // results, runs two calls of one tool in one step once each, and applies an edited
 // approval carried by the re-issued call, which it cannot read from the approval store.
 func TestTeamAccountExecutor(t *testing.T) {
-	exports, imports := teamImports("alpha", []string{"calc", "pay", "hang", "big"})
-	dir := t.TempDir()
-	conf := fmt.Sprintf(`listen: 127.0.0.1:-1
-jetstream { store_dir: %q }
-accounts {
-  CORE { jetstream: enabled, users: [{user: core, password: core}], exports: [
-    %s
-  ] }
-  alpha { users: [{user: alpha, password: alpha}], imports: [
-    %s
-  ] }
-}
-`, filepath.Join(dir, "js"), strings.Join(exports, "\n    "), strings.Join(imports, "\n    "))
-	path := filepath.Join(dir, "accounts.conf")
-	if err := os.WriteFile(path, []byte(conf), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	opts, err := server.ProcessConfigFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := eventstest.StartServer(t, opts)
+	srv := eventstest.StartAccounts(t, "alpha", []string{"calc", "pay", "hang", "big"})
 	connect := func(user string) *nats.Conn {
 		nc, err := nats.Connect(srv.ClientURL(), nats.UserInfo(user, user))
 		if err != nil {
@@ -154,7 +83,7 @@ accounts {
 			t.Fatal(err)
 		}
 	}
-	teamBus, err := events.Open(p.Ctx, connect("alpha"), events.Config{APIPrefix: "JS.core.API"})
+	teamBus, err := events.Open(p.Ctx, connect("alpha"), events.Config{APIPrefix: eventstest.TeamAPIPrefix})
 	if err != nil {
 		t.Fatal(err)
 	}

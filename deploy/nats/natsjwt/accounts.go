@@ -2,144 +2,35 @@ package natsjwt
 
 import (
 	"fmt"
-	"maps"
-	"slices"
-	"strconv"
-	"strings"
 
 	"github.com/nats-io/jwt/v2"
 
-	"github.com/toolbus/toolbus/events"
-	"github.com/toolbus/toolbus/events/store"
+	"github.com/toolbus/toolbus/events/accounts"
 )
 
-// The accounts layout (WithAccounts, docs/tenancy-design.md): the core account holds the
-// stream, the buckets, the durables and every role's user; each team of the grants gets
-// an account of its own holding its executor user, which sees of the core only what
-// TeamExports lists. A team account has no JetStream: it reaches the core's JetStream API
-// only under CoreAPIPrefix.
+// The list of what crosses lives in package events/accounts; these are its names here.
+type Crossing = accounts.Crossing
 
-// CoreAPIPrefix is the prefix under which a team account imports the core account's
-// JetStream API: the team's executors open their JetStream with
-// jetstream.NewWithAPIPrefix(nc, CoreAPIPrefix) (TOOLBUS_NATS_API_PREFIX).
-const CoreAPIPrefix = "JS.core.API"
+// CoreAPIPrefix is accounts.CoreAPIPrefix.
+const CoreAPIPrefix = accounts.CoreAPIPrefix
 
-// jsAPI is the JetStream API prefix of the core account, as the server answers it.
-const jsAPI = "$JS.API"
+// CoreAccount is accounts.CoreAccount.
+const CoreAccount = accounts.CoreAccount
 
-// CoreAccount is the name of the core account in the accounts layout's config kinds
-// (the JWT kind names it TOOLBUS, as in the single-account layout).
-const CoreAccount = "CORE"
+// TeamExports is accounts.TeamExports.
+func TeamExports(team string, tools []string) []Crossing { return accounts.TeamExports(team, tools) }
 
-// TeamAccount is the name of a team's account: TEAM_<team> in the config kinds,
-// team-<team> as the JWT's name.
-func TeamAccount(team string) string { return "TEAM_" + team }
+// CoreExports is accounts.CoreExports.
+func CoreExports() []Crossing { return accounts.CoreExports() }
 
-// Crossing is one subject the core account exports to a team account and the team
-// imports: a service (the team publishes or requests into the core: pulls, acks, its
-// results, its keys; the answer comes back) or a stream (the core's messages flow to the
-// team: the doorbell of its queues, its cancels).
-type Crossing struct {
-	// Subject is the subject in the core account.
-	Subject string
-	// Local is the subject in the team's account (the import's `to`, JWT LocalSubject);
-	// "" when it is Subject.
-	Local string
-	// Stream: a stream export; else a service export.
-	Stream bool
-	// Response is a service's response type: "" for one reply, jwt.ResponseTypeStream
-	// for a pull (many messages answer one request).
-	Response jwt.ResponseType
-}
-
-// InTeam is the subject the team's clients use.
-func (c Crossing) InTeam() string {
-	if c.Local != "" {
-		return c.Local
-	}
-	return c.Subject
-}
-
-// TeamExports is everything that crosses from the core account to team's account, for
-// the tools granted to it (docs/tenancy-design.md, "The accounts layout"). All three kinds
-// of credentials render it: the JWT kind as the team account's imports (with activation
-// tokens of the core's token-required exports), the config kinds as `exports` of the
-// core and `imports` of the team. Every subject is built with the events package's
-// helpers, which make tool names subject-safe.
-func TeamExports(team string, tools []string) []Crossing {
-	stream := events.DefaultStream
-	api := func(s string) Crossing {
-		return Crossing{Subject: s, Local: CoreAPIPrefix + strings.TrimPrefix(s, jsAPI)}
-	}
-	svc := func(s string) Crossing { return Crossing{Subject: s} }
-	directGet := func(bucket, key string) Crossing {
-		return api(jsAPI + ".DIRECT.GET.KV_" + bucket + "." + kvSubject(bucket, key))
-	}
-	var out []Crossing
-	for _, tool := range tools {
-		durable, tok := events.ToolConsumer(tool), events.ToolToken(tool)
-		next := api(jsAPI + ".CONSUMER.MSG.NEXT." + stream + "." + durable)
-		next.Response = jwt.ResponseTypeStream
-		out = append(out,
-			api(jsAPI+".CONSUMER.INFO."+stream+"."+durable),
-			next,
-			svc("$JS.ACK."+stream+"."+durable+".>"),
-			svc("$JS.ACK.*.*."+stream+"."+durable+".>"),
-			svc(events.SubjectToolFinished("*", tool)),
-			svc(events.SubjectToolWaiting("*", tool)),
-			svc(events.SubjectToolProgress("*", tool)),
-			svc(events.SubjectToolLog("*", tool)),
-			svc(events.SubjectToolQuestion("*", tool)),
-			svc(kvSubject(store.BucketClaims, tok+".>")),
-			svc(kvSubject(store.BucketOutputs, tok+".>")),
-			svc(kvSubject(store.BucketTools, tok)),
-			directGet(store.BucketClaims, tok+".>"),
-			directGet(store.BucketTools, tok),
-			// The last result of the tool in a run (subject form only): a take-over
-			// checks that the call it takes is not done.
-			api(jsAPI+".DIRECT.GET."+stream+"."+events.SubjectToolFinished("*", tool)),
-			Crossing{Subject: events.FilterToolRequestedFor(tool), Stream: true},
-			// The core's notice that a run ended while a call of the tool may run.
-			Crossing{Subject: events.FilterRunEndedFor(tool), Stream: true},
-		)
-	}
-	return append(out,
-		svc(kvSubject(store.BucketInstances, team+".>")),
-		directGet(store.BucketInstances, team+".>"))
-}
-
-// kvSubject is the subject of key in a KV bucket.
-func kvSubject(bucket, key string) string { return "$KV." + bucket + "." + key }
-
-// Placeholders of a tool and a team, each one token, that CoreExports turns into "*".
-const (
-	anyTool = "any-tool"
-	anyTeam = "any-team"
-)
-
-// CoreExports is what the core account's JWT exports, token-required: TeamExports for
-// any team and any tool, each tool's or team's token a "*". A team account imports a
-// part of one of them with an activation token the core account signs for that team
-// alone, so granting a tool changes the team's JWT and nothing of the core's.
-func CoreExports() []Crossing {
-	out := TeamExports(anyTeam, []string{anyTool})
-	for i, c := range out {
-		toks := strings.Split(c.Subject, ".")
-		for j, t := range toks {
-			if t == anyTool || t == anyTeam || t == events.ToolConsumer(anyTool) {
-				toks[j] = "*"
-			}
-		}
-		out[i] = Crossing{Subject: strings.Join(toks, "."), Stream: c.Stream, Response: c.Response}
-	}
-	return out
-}
+// TeamAccount is accounts.TeamAccount.
+func TeamAccount(team string) string { return accounts.TeamAccount(team) }
 
 // coreJWTExports are CoreExports as the core account JWT's exports.
 func coreJWTExports() jwt.Exports {
 	var out jwt.Exports
 	for _, c := range CoreExports() {
-		e := &jwt.Export{Name: c.Subject, Subject: jwt.Subject(c.Subject), Type: jwt.Service, TokenReq: true, ResponseType: c.Response}
+		e := &jwt.Export{Name: c.Subject, Subject: jwt.Subject(c.Subject), Type: jwt.Service, TokenReq: true, ResponseType: pullResponse(c)}
 		if c.Stream {
 			e.Type, e.ResponseType = jwt.Stream, ""
 		}
@@ -172,42 +63,10 @@ func teamJWTImports(corePub, teamPub string, crossings []Crossing, sign func(*jw
 	return out, nil
 }
 
-// confAccounts renders the accounts block of a config kind: the core account with
-// JetStream, coreUsers and an export per crossing of every team, and one account per
-// team of g with its users (teamUsers[team]) and its imports.
-func confAccounts(g Grants, coreUsers string, teamUsers map[string]string) string {
-	var b strings.Builder
-	b.WriteString("accounts {\n  " + CoreAccount + " {\n    jetstream: enabled\n    users = [\n" + coreUsers + "    ]\n    exports = [\n")
-	teams := slices.Sorted(maps.Keys(g.Teams))
-	for _, team := range teams {
-		for _, c := range TeamExports(team, g.Teams[team]) {
-			acc := "accounts: [" + strconv.Quote(TeamAccount(team)) + "]"
-			switch {
-			case c.Stream:
-				fmt.Fprintf(&b, "      {stream: %q, %s}\n", c.Subject, acc)
-			case c.Response == jwt.ResponseTypeStream:
-				fmt.Fprintf(&b, "      {service: %q, %s, response_type: stream}\n", c.Subject, acc)
-			default:
-				fmt.Fprintf(&b, "      {service: %q, %s}\n", c.Subject, acc)
-			}
-		}
+// pullResponse is the JWT response type of a crossing: stream for a pull.
+func pullResponse(c Crossing) jwt.ResponseType {
+	if c.Pull {
+		return jwt.ResponseTypeStream
 	}
-	b.WriteString("    ]\n  }\n")
-	for _, team := range teams {
-		fmt.Fprintf(&b, "  %q {\n    users = [\n%s    ]\n    imports = [\n", TeamAccount(team), teamUsers[team])
-		for _, c := range TeamExports(team, g.Teams[team]) {
-			kind := "service"
-			if c.Stream {
-				kind = "stream"
-			}
-			fmt.Fprintf(&b, "      {%s: {account: %q, subject: %q}", kind, CoreAccount, c.Subject)
-			if c.Local != "" {
-				fmt.Fprintf(&b, ", to: %q", c.Local)
-			}
-			b.WriteString("}\n")
-		}
-		b.WriteString("    ]\n  }\n")
-	}
-	b.WriteString("}\n")
-	return b.String()
+	return ""
 }

@@ -28,6 +28,7 @@ import (
 
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/accounts"
 	"github.com/toolbus/toolbus/events/store"
 )
 
@@ -447,7 +448,7 @@ func writeConfigKinds(users []User, g Grants, o options, kr keyring, single stri
 	}
 	auth := func(users string, teams map[string]string) string {
 		if o.accounts {
-			return confAccounts(g, users, teams)
+			return accounts.ConfAccounts(g.Teams, users, teams)
 		}
 		return "authorization {\n  users = [\n" + users + "  ]\n}\n"
 	}

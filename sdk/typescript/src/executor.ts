@@ -12,7 +12,7 @@ import type { ValidateFunction } from 'ajv';
 import {
   Bus, ContractChangedError, PoisonError, Type, agreeingRun, callAttrs, decodeEvent, id, key, queueAckWait, source, subject,
   validRunID, validToolName,
-  type Cancel, type Claim, type FailedAttempt, type Principal, type RunStarted, type ToolCall, type ToolContract,
+  type Cancel, type Claim, type Decision, type FailedAttempt, type Principal, type RunStarted, type ToolCall, type ToolContract,
   type ToolProgress, type ToolRequested, type ToolResult,
 } from './wire.js';
 import { Redactor, checkArguments, compileSchema, errorResult, succeeded, violations, MIN_OUTPUT_BYTES } from './result.js';
@@ -353,7 +353,7 @@ export class Executor {
         if (st.type === 'reconnect') this.metrics.connected = true;
       }
     })().catch(() => {});
-    const bus = (this.bus = new Bus(this.nc, { stream: s.stream }));
+    const bus = (this.bus = new Bus(this.nc, { stream: s.stream, apiPrefix: s.apiPrefix }));
     const onSignal = (sig: string) => {
       this.log.info('stopping', { signal: sig });
       this.stop();
@@ -545,7 +545,7 @@ export class Executor {
       throw new PoisonError(`subject and body disagree: ${msg.subject} carries a call of run ${req.run_id}`);
     }
     if (queue !== req.call.tool) throw new PoisonError(`tool.requested ${ev.attrs.id} for tool ${JSON.stringify(req.call.tool)} on the queue of ${queue}`);
-    const started = await this.bus!.runStarted(run);
+    const started = await this.runOf(req);
     if (!started) throw new PoisonError(`call ${ev.attrs.id} of a run that was never started`);
     if (!this.lease.valid()) throw new Handback(Math.max(this.beatEveryMS, 1000), 'no valid lease: instance heartbeat not renewed');
     const gen = this.lease.gen;
@@ -567,6 +567,25 @@ export class Executor {
   }
 
   /**
+   * What the run says of the call: its first run.started, or, in a team account (where
+   * only the core account publishes tool.requested and the team may not read runs), what
+   * the call carries of it (principal, allowlist, deadline).
+   */
+  private async runOf(req: ToolRequested): Promise<{ rs: RunStarted } | null> {
+    if (this.bus!.team) {
+      return { rs: { run_id: req.run_id, ...(req.principal ? { principal: req.principal } : {}),
+        ...(req.allowed_tools ? { allowed_tools: req.allowed_tools } : {}), ...(req.deadline ? { limits: { deadline: req.deadline } } : {}) } };
+    }
+    return this.bus!.runStarted(req.run_id);
+  }
+
+  /** A person's decision on the call (null: none yet): from the approval store, or, in a team account, carried by the re-issued call. */
+  private async decisionOf(req: ToolRequested): Promise<Decision | null> {
+    if (!this.bus!.team) return this.bus!.decision(req.run_id, req.step, req.call.call_id);
+    return req.approved && req.decision ? req.decision : null;
+  }
+
+  /**
    * Claims the call before it runs. Null when the call is done elsewhere (its result is
    * stored). A claim of a live executor is waited on (with heartbeats) until its result
    * is stored, it dies or it hands the call back; then it is taken over with a
@@ -583,7 +602,8 @@ export class Executor {
       for (;;) {
         if (r.created) return { claim: mine(), rev: r.rev };
         const { cur, rev } = r;
-        if (await bus.resultStored(queue, req.run_id, req.step, req.call.call_id)) {
+        // A claim marked done (team accounts) or a stored result: the call is done.
+        if (cur.done || await bus.resultStored(queue, req.run_id, req.step, req.call.call_id)) {
           this.log.info('result already stored, call not run again', { run_id: req.run_id, call_id: req.call.call_id, claimed_by: cur.instance });
           return null;
         }
@@ -650,7 +670,7 @@ export class Executor {
     }
     if (!ent.tool.needsApproval) return;
     const bus = this.bus!;
-    const dec = await bus.decision(d.req.run_id, d.req.step, call.call_id);
+    const dec = await this.decisionOf(d.req);
     if (!dec) {
       // Nobody decided yet: the call does not run; the re-issue after the decision claims it anew.
       await bus.releaseClaim(d.claimKey);
@@ -912,6 +932,11 @@ export class Executor {
     if (!this.lease.valid(d.gen)) throw await this.handBack(d);
     await bus.publish(subject.toolFinished(d.req.run_id, d.queue), attrs, tf, ours);
     if (this.breakRule === 'two_results') await bus.publish(subject.toolFinished(d.req.run_id, d.queue), attrs, tf, ours);
+    if (bus.team) {
+      // A take-over must find the call done without walking the results, which a team may not read.
+      const rev = await bus.updateClaim(d.claimKey, { ...d.claim, done: true }, d.rev);
+      if (rev === null) this.log.warn('claim not marked done: it changed meanwhile', { run_id: d.req.run_id, call_id: res.call_id });
+    }
     this.metrics.callFinished(res.tool, res.status, res.error?.code ?? '', res.duration_ms, d.ran);
     this.log.debug('call finished', { run_id: d.req.run_id, call_id: res.call_id, tool: res.tool, status: res.status,
       code: res.error?.code ?? '', duration_ms: res.duration_ms, attempt: res.attempt });

@@ -53,6 +53,14 @@ export interface Settings {
   connection: ConnectionSettings;
   /** TOOLBUS_STREAM (TOOLBUS). */
   stream: string;
+  /**
+   * TOOLBUS_NATS_API_PREFIX: set for an executor in its team's own NATS account (the
+   * accounts layout), the prefix under which the account imports the core account's
+   * JetStream API (JS.core.API). The executor then binds its queues without creating them,
+   * reaches its keys by direct get and publish, reads no run, and takes principal,
+   * allowlist, deadline and decisions from the call. Needs TOOLBUS_TEAM.
+   */
+  apiPrefix: string;
   /** TOOLBUS_INSTANCE (host-pid): names this process in results, sources and its instance record. */
   instance: string;
   /** TOOLBUS_TEAM: the team owning the tools (catalog owner; the token of its instance records). */
@@ -131,6 +139,13 @@ export function settingsFromEnv(env: Env = process.env): Settings {
   const ackWait = dur(env, 'TOOLBUS_ACK_WAIT', 30000, 0);
   if (ackWait !== 0 && ackWait < 1000) throw new ConfigError(`TOOLBUS_ACK_WAIT=${env.TOOLBUS_ACK_WAIT}: want 1s or more`);
   const maxOut = num(env, 'TOOLBUS_MAX_OUTPUT_BYTES', 16384, 0);
+  const apiPrefix = (env.TOOLBUS_NATS_API_PREFIX ?? '').trim().replace(/\.$/, '');
+  if (apiPrefix && !/^[^.*>\s]+(\.[^.*>\s]+)*$/.test(apiPrefix)) {
+    throw new ConfigError(`TOOLBUS_NATS_API_PREFIX=${env.TOOLBUS_NATS_API_PREFIX}: want a subject prefix without wildcards (e.g. JS.core.API)`);
+  }
+  if (apiPrefix && !team) {
+    throw new ConfigError(`TOOLBUS_NATS_API_PREFIX=${apiPrefix} needs TOOLBUS_TEAM: a team account reaches only the instance records under its team's name`);
+  }
   return {
     connection: {
       url: env.TOOLBUS_NATS_URL ?? '',
@@ -144,6 +159,7 @@ export function settingsFromEnv(env: Env = process.env): Settings {
       tlsKey: env.TOOLBUS_NATS_TLS_KEY || undefined,
     },
     stream: env.TOOLBUS_STREAM || 'TOOLBUS',
+    apiPrefix,
     instance: env.TOOLBUS_INSTANCE || `${os.hostname()}-${process.pid}`,
     team,
     concurrency: num(env, 'TOOLBUS_CONCURRENCY', 64, 0) || 64,

@@ -44,6 +44,10 @@ export interface ToolRequested {
   deadline?: string;
   principal?: Principal;
   allowed_tools?: string[];
+  /** Set on a call re-issued after a person's decision. */
+  approved?: boolean;
+  /** The decision a re-issued call carries (what an executor in a team account applies). */
+  decision?: Decision;
 }
 
 export interface Message {
@@ -192,6 +196,8 @@ export interface Claim {
   retry?: boolean;
   retries?: FailedAttempt[];
   yielded?: boolean;
+  /** The attempt's result is stored (written by executors in a team account, which cannot walk the results). */
+  done?: boolean;
 }
 
 /** An executor instance's record in KV toolbus_instances (its lease). */
@@ -411,6 +417,102 @@ export function agreeingRun(subj: string, ev: Event<{ run_id?: string; who?: str
 
 export interface BusOptions {
   stream?: string;
+  /**
+   * The prefix under which a team account imports the core account's JetStream API
+   * (TOOLBUS_NATS_API_PREFIX, e.g. JS.core.API). Set, the bus opens no stream or bucket by
+   * name: it binds durables, reads keys by direct get in subject form and writes them by
+   * publishing on $KV.<bucket>.<key>, and reads only the last message of a subject.
+   */
+  apiPrefix?: string;
+}
+
+/** A key's entry as the executor reads it. */
+export interface Entry {
+  value: Uint8Array;
+  revision: number;
+  created: Date;
+  operation: 'PUT' | 'DEL' | 'PURGE';
+}
+
+/** The operations the executor and the client make on a bucket. */
+export interface Store {
+  /** The key's last entry, delete and purge markers included (null: never written). */
+  get(k: string): Promise<Entry | null>;
+  put(k: string, v: Uint8Array): Promise<number>;
+  /** Creates k (or replaces a delete marker); a key that exists rejects (isConflict). */
+  create(k: string, v: Uint8Array): Promise<number>;
+  /** Replaces k at revision rev; another revision rejects (isConflict). */
+  update(k: string, v: Uint8Array, rev: number): Promise<number>;
+  delete(k: string): Promise<void>;
+}
+
+/** A stored message as a direct get returns it (null: none). */
+async function directGet(nc: NatsConnection, subj: string): Promise<StoredMsg | null> {
+  const m = await nc.request(subj, new Uint8Array(0), { timeout: 5000 });
+  const h = m.headers;
+  if (m.data.length === 0 && h && h.code !== 0 && h.code >= 300) {
+    if (h.code === 404) return null;
+    throw new Error(`toolbus: direct get ${subj}: ${h.code} ${h.description}`);
+  }
+  if (!h) throw new Error(`toolbus: direct get ${subj}: no headers in the reply`);
+  const seq = Number(h.get('Nats-Sequence'));
+  if (!Number.isInteger(seq) || seq <= 0) throw new Error(`toolbus: direct get ${subj}: no sequence in the reply`);
+  const time = new Date(Date.parse(h.get('Nats-Time-Stamp')));
+  return { subject: h.get('Nats-Subject'), seq, header: h, data: m.data, time, timestamp: time.toISOString(), lastSequence: 0,
+    json: <T>() => JSON.parse(dec.decode(m.data)) as T, string: () => dec.decode(m.data) } as unknown as StoredMsg;
+}
+
+/**
+ * A bucket as a team account reaches it (the Go twin is store.NewDirectKV): reads by
+ * direct get in subject form (<apiPrefix>.DIRECT.GET.KV_<bucket>.$KV.<bucket>.<key>,
+ * which the core exports per key prefix), writes by publishing on $KV.<bucket>.<key>.
+ * It needs no bucket info (which would list every key).
+ */
+class DirectKV implements Store {
+  constructor(private readonly nc: NatsConnection, private readonly js: JetStreamClient, private readonly apiPrefix: string,
+    private readonly bucket: string) {}
+
+  private subject(k: string) {
+    return `$KV.${this.bucket}.${k}`;
+  }
+
+  /** The last message of k, delete and purge markers included. */
+  async last(k: string): Promise<Entry | null> {
+    const sm = await directGet(this.nc, `${this.apiPrefix}.DIRECT.GET.KV_${this.bucket}.${this.subject(k)}`);
+    if (!sm) return null;
+    const op = sm.header.get('KV-Operation');
+    return { value: sm.data, revision: sm.seq, created: sm.time, operation: op === 'DEL' || op === 'PURGE' ? op : 'PUT' };
+  }
+
+  /** The last entry of k, a delete marker included (as KV.get). */
+  get(k: string): Promise<Entry | null> {
+    return this.last(k);
+  }
+
+  async put(k: string, v: Uint8Array): Promise<number> {
+    return (await this.js.publish(this.subject(k), v)).seq;
+  }
+
+  async update(k: string, v: Uint8Array, rev: number): Promise<number> {
+    return (await this.js.publish(this.subject(k), v, { expect: { lastSubjectSequence: rev } })).seq;
+  }
+
+  async create(k: string, v: Uint8Array): Promise<number> {
+    try {
+      return await this.update(k, v, 0);
+    } catch (err) {
+      if (!isConflict(err)) throw err;
+      const e = await this.last(k);
+      if (e && e.operation !== 'PUT') return this.update(k, v, e.revision);
+      throw err;
+    }
+  }
+
+  async delete(k: string): Promise<void> {
+    const h = natsHeaders();
+    h.set('KV-Operation', 'DEL');
+    await this.js.publish(this.subject(k), new Uint8Array(0), { headers: h });
+  }
 }
 
 const codeOf = (err: unknown) => (err instanceof JetStreamApiError ? err.code : 0);
@@ -421,23 +523,38 @@ export const isConflict = (err: unknown) => codeOf(err) === 10071 || /wrong last
 export class Bus {
   readonly js: JetStreamClient;
   readonly stream: string;
-  private kvs = new Map<string, Promise<KV>>();
+  /** The JetStream API prefix of a team account ('' in the core account). */
+  readonly apiPrefix: string;
+  private kvs = new Map<string, Promise<Store>>();
   private jsmP?: Promise<JetStreamManager>;
 
   constructor(readonly nc: NatsConnection, opts: BusOptions = {}) {
-    this.js = jetstream(nc);
+    this.apiPrefix = opts.apiPrefix ?? '';
+    this.js = jetstream(nc, this.apiPrefix ? { apiPrefix: this.apiPrefix } : {});
     this.stream = opts.stream || 'TOOLBUS';
   }
 
+  /** Opened in a team account (BusOptions.apiPrefix): it trusts what a call says of its run and reads no run. */
+  get team(): boolean {
+    return this.apiPrefix !== '';
+  }
+
   jsm(): Promise<JetStreamManager> {
-    this.jsmP ??= jetstreamManager(this.nc, { checkAPI: false });
+    this.jsmP ??= jetstreamManager(this.nc, { checkAPI: false, ...(this.apiPrefix ? { apiPrefix: this.apiPrefix } : {}) });
     return this.jsmP;
   }
 
+  /** A bucket of the core account by name, with every KV operation (not in a team account). */
   kv(bucket: string): Promise<KV> {
+    if (this.team) return Promise.reject(new Error(`toolbus: bucket ${bucket} is not available by name in a team account`));
+    return this.store(bucket) as Promise<KV>;
+  }
+
+  /** A bucket for what executors and clients do with it: by name, or by exported keys in a team account. */
+  store(bucket: string): Promise<Store> {
     let p = this.kvs.get(bucket);
     if (!p) {
-      p = new Kvm(this.nc).open(bucket);
+      p = this.team ? Promise.resolve(new DirectKV(this.nc, this.js, this.apiPrefix, bucket)) : new Kvm(this.nc).open(bucket);
       this.kvs.set(bucket, p);
       p.catch(() => this.kvs.delete(bucket));
     }
@@ -446,6 +563,11 @@ export class Bus {
 
   /** The message of the stream at seq, or the next one on subj from seq (null: none). */
   async getMsg(q: { seq: number; next_by_subj?: string } | { last_by_subj: string }): Promise<StoredMsg | null> {
+    if (this.team) {
+      // A team reaches only the last message of the subjects exported to it (its tools' results).
+      if (!('last_by_subj' in q)) throw new Error(`toolbus: reading the stream ${this.stream} is not available in a team account`);
+      return directGet(this.nc, `${this.apiPrefix}.DIRECT.GET.${this.stream}.${q.last_by_subj}`);
+    }
     return (await this.jsm()).streams.getMessage(this.stream, q as never);
   }
 
@@ -474,7 +596,9 @@ export class Bus {
     for (const [k, v] of Object.entries(conditions)) first.set(k, v);
     const ack = await this.js.publish(subj, body, { msgID: attrs.id, headers: first });
     const h = eventHeaders(attrs);
-    if (!ack.duplicate) return;
+    // In a team account only the core and the team publish on its tools' subjects: a
+    // duplicate is this event (and the team may not read the stream to check).
+    if (!ack.duplicate || this.team) return;
     const ours = (sm: StoredMsg | null) => {
       if (!sm || sm.subject !== subj || sm.header.get('ce-id') !== attrs.id || sm.header.get('ce-type') !== attrs.type) return false;
       try {
@@ -517,7 +641,8 @@ export class Bus {
 
   /** The outcome of a run that ended (its run state), or '' while it goes on. */
   async runEnded(run: string): Promise<string> {
-    const e = await (await this.kv(Bucket.runs)).get(run);
+    if (this.team) return ''; // a team reads no run state: a run's end reaches it as a cancel
+    const e = await (await this.store(Bucket.runs)).get(run);
     if (!e || e.operation !== 'PUT') return '';
     try {
       const st = JSON.parse(dec.decode(e.value));
@@ -530,15 +655,22 @@ export class Bus {
   /** Whether the stream holds the tool.finished of a call (by its id, on its queue's result subject). */
   async resultStored(queue: string, run: string, step: number, callID: string): Promise<boolean> {
     const want = id.toolFinished(run, step, callID);
-    for await (const sm of this.read(subject.toolFinished(run, queue))) {
-      if (sm.header.get('ce-id') !== want || sm.header.get('ce-type') !== Type.toolFinished) continue;
+    const isIt = (sm: StoredMsg) => {
+      if (sm.header.get('ce-id') !== want || sm.header.get('ce-type') !== Type.toolFinished) return false;
       try {
         const d = JSON.parse(dec.decode(sm.data));
-        if (d.run_id === run && d.call_id === callID && d.step === step) return true;
+        return d.run_id === run && d.call_id === callID && d.step === step;
       } catch {
-        // a forgery under the id: not the result
+        return false; // a forgery under the id: not the result
       }
+    };
+    if (this.team) {
+      // Only the last result of the tool in the run is readable there; the claim's done
+      // mark says the rest (Claim.done).
+      const last = await this.getMsg({ last_by_subj: subject.toolFinished(run, queue) });
+      return !!last && isIt(last);
     }
+    for await (const sm of this.read(subject.toolFinished(run, queue))) if (isIt(sm)) return true;
     return false;
   }
 
@@ -546,7 +678,7 @@ export class Bus {
 
   /** Creates a call's claim; returns its revision, or the current claim and revision when it exists. */
   async claimCall(k: string, c: Claim): Promise<{ created: true; rev: number } | { created: false; cur: Claim; rev: number }> {
-    const kv = await this.kv(Bucket.claims);
+    const kv = await this.store(Bucket.claims);
     try {
       return { created: true, rev: await kv.create(k, enc.encode(JSON.stringify(c))) };
     } catch (err) {
@@ -560,7 +692,7 @@ export class Bus {
   /** Replaces the claim at revision rev; null when someone changed it first. */
   async updateClaim(k: string, c: Claim, rev: number): Promise<number | null> {
     try {
-      return await (await this.kv(Bucket.claims)).update(k, enc.encode(JSON.stringify(c)), rev);
+      return await (await this.store(Bucket.claims)).update(k, enc.encode(JSON.stringify(c)), rev);
     } catch (err) {
       if (isConflict(err)) return null;
       throw err;
@@ -568,41 +700,41 @@ export class Bus {
   }
 
   async releaseClaim(k: string): Promise<void> {
-    await (await this.kv(Bucket.claims)).delete(k);
+    await (await this.store(Bucket.claims)).delete(k);
   }
 
   // -- instances: an executor's lease.
 
   async putInstance(in_: Instance): Promise<number> {
-    return (await this.kv(Bucket.instances)).put(key.instance(in_.team ?? '', in_.name, in_.boot ?? ''), enc.encode(JSON.stringify(in_)));
+    return (await this.store(Bucket.instances)).put(key.instance(in_.team ?? '', in_.name, in_.boot ?? ''), enc.encode(JSON.stringify(in_)));
   }
 
   /** When the server stored the instance record at revision rev or later (null: gone, or a lagging read). */
   async instanceStoredAt(team: string, name: string, boot: string, rev: number): Promise<Date | null> {
-    const e = await (await this.kv(Bucket.instances)).get(key.instance(team, name, boot));
+    const e = await (await this.store(Bucket.instances)).get(key.instance(team, name, boot));
     return e && e.operation === 'PUT' && e.revision >= rev ? e.created : null;
   }
 
   async deleteInstance(team: string, name: string, boot: string): Promise<void> {
-    await (await this.kv(Bucket.instances)).delete(key.instance(team, name, boot));
+    await (await this.store(Bucket.instances)).delete(key.instance(team, name, boot));
   }
 
   async instanceAlive(team: string, name: string, boot: string): Promise<boolean> {
-    const e = await (await this.kv(Bucket.instances)).get(key.instance(team, name, boot));
+    const e = await (await this.store(Bucket.instances)).get(key.instance(team, name, boot));
     return !!e && e.operation === 'PUT';
   }
 
   // -- approvals, outputs, catalog.
 
   async decision(run: string, step: number, callID: string): Promise<Decision | null> {
-    const e = await (await this.kv(Bucket.approvals)).get(key.decision(run, step, callID));
+    const e = await (await this.store(Bucket.approvals)).get(key.decision(run, step, callID));
     if (!e || e.operation !== 'PUT') return null;
     return JSON.parse(dec.decode(e.value));
   }
 
   /** Keeps a whole output in chunks, then its meta; returns its reference. */
   async putOutput(queue: string, run: string, step: number, callID: string, data: Uint8Array): Promise<string> {
-    const kv = await this.kv(Bucket.outputs);
+    const kv = await this.store(Bucket.outputs);
     const k = key.output(queue, run, step, callID);
     let n = 0;
     for (let off = 0; off < data.length || n === 0; off += OUTPUT_CHUNK) {
@@ -616,7 +748,7 @@ export class Bus {
 
   /** Reads an output kept by putOutput, by its reference. */
   async output(ref: string): Promise<Uint8Array> {
-    const kv = await this.kv(Bucket.outputs);
+    const kv = await this.store(Bucket.outputs);
     const k = ref.replace(`kv://${Bucket.outputs}/`, '');
     const me = await kv.get(`${k}.meta`);
     if (!me || me.operation !== 'PUT') throw new Error(`toolbus: output ${k} not found`);
@@ -637,7 +769,7 @@ export class Bus {
    * version or on purpose (replace); any other offer is refused (ContractChangedError).
    */
   async publishTool(c: ToolContract, replace: boolean): Promise<void> {
-    const kv = await this.kv(Bucket.tools);
+    const kv = await this.store(Bucket.tools);
     const body = enc.encode(JSON.stringify(c));
     for (let attempt = 0; ; attempt++) {
       const e = await kv.get(c.name);
@@ -681,6 +813,11 @@ export class Bus {
       const info = await jsm.consumers.info(this.stream, name);
       return (info.config.ack_wait ?? nanos(ackWaitMS)) / 1e6;
     } catch (err) {
+      if (this.team) {
+        // A team account binds its durables by name and never creates one (the core does).
+        throw new Error(`toolbus: the queue of ${tool} (consumer ${name}) is not reachable under ${this.apiPrefix} (${(err as Error).message}): ` +
+          `an admin creates it in the core account with \`toolbus init --tools ${tool}\` and exports it to the team (the accounts layout)`, { cause: err });
+      }
       if (codeOf(err) !== 10014) throw err; // consumer not found
     }
     try {

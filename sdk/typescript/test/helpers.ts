@@ -33,6 +33,51 @@ export function stopServer(): void {
   server?.stdin?.end();
 }
 
+/**
+ * A two-account server of the accounts layout (events/eventstest.AccountsConf): the core
+ * account, where the pipeline's roles run, and a team account that reaches the core only
+ * through the imports of its tools. What the Go test passes in TOOLBUS_TEST_TEAM_BUS, or
+ * what `go run ./testbus -team` prints.
+ */
+export interface TeamBus {
+  /** The server's URL. */
+  url: string;
+  /** The core account's user and password. */
+  core_user: string;
+  core_password: string;
+  /** The team account's user and password. */
+  team_user: string;
+  team_password: string;
+  /** The team's name (TOOLBUS_TEAM). */
+  team_name: string;
+  /** TOOLBUS_NATS_API_PREFIX of the team's executors. */
+  api_prefix: string;
+  /** The tools whose queues, subjects and keys the core exports to the team. */
+  tools: string[];
+}
+
+let teamServer: ChildProcess | undefined;
+let teamP: Promise<TeamBus> | undefined;
+
+/** The two-account test server (started once per test file). */
+export function teamBus(): Promise<TeamBus> {
+  teamP ??= (async () => {
+    const line = process.env.TOOLBUS_TEST_TEAM_BUS ?? await new Promise<string>((resolve, reject) => {
+      teamServer = spawn('go', ['run', './testbus', '-team'], { cwd: root, stdio: ['pipe', 'pipe', 'inherit'] });
+      const rl = createInterface({ input: teamServer.stdout! });
+      rl.once('line', resolve);
+      teamServer.once('exit', (code) => reject(new Error(`testbus -team exited (${code}) before printing its servers: is Go installed?`)));
+    });
+    return JSON.parse(line) as TeamBus;
+  })();
+  return teamP;
+}
+
+/** Stops the two-account server this file started. */
+export function stopTeamServer(): void {
+  teamServer?.stdin?.end();
+}
+
 export async function connectTest(): Promise<NatsConnection> {
   return connect({ servers: await serverURL() });
 }

@@ -25,6 +25,15 @@ test('settings: the Go executors\' TOOLBUS_* variables, defaults and refusals', 
   assert.throws(() => connectionOptions({ url: '' }, 'n'), /TOOLBUS_NATS_URL/);
 });
 
+test('settings: TOOLBUS_NATS_API_PREFIX (a team account) is a subject prefix and needs TOOLBUS_TEAM', () => {
+  assert.equal(settingsFromEnv({}).apiPrefix, '', 'unset: the core account');
+  assert.equal(settingsFromEnv({ TOOLBUS_TEAM: 'alpha', TOOLBUS_NATS_API_PREFIX: 'JS.core.API.' }).apiPrefix, 'JS.core.API');
+  for (const env of [{ TOOLBUS_NATS_API_PREFIX: 'JS.core.API' }, { TOOLBUS_TEAM: 'alpha', TOOLBUS_NATS_API_PREFIX: 'JS.*.API' },
+    { TOOLBUS_TEAM: 'alpha', TOOLBUS_NATS_API_PREFIX: 'JS..API' }]) {
+    assert.throws(() => settingsFromEnv(env), (e: Error) => e instanceof ConfigError && e.message.includes('TOOLBUS_NATS_API_PREFIX'), JSON.stringify(env));
+  }
+});
+
 test('credentials: every kind becomes a connection option, and each secret is one the executor redacts', () => {
   const dir = mkdtempSync(path.join(os.tmpdir(), 'toolbus-sdk-'));
   const creds = path.join(dir, 'u.creds');

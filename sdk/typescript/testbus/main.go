@@ -6,12 +6,20 @@
 // packs. It prints the server's URL on one line of stdout and stops when stdin closes
 // (the test process that started it ended) or on SIGINT/SIGTERM.
 //
-//	go run ./testbus   (from sdk/typescript)
+// With -team it runs the accounts layout instead (events/eventstest.AccountsConf): a
+// core account with the stream, buckets and roles, and a team account (TeamName) granted
+// TeamTools, whose queues it provisions in the core; it prints a TeamBus as one line of
+// JSON (the URLs with their credentials, the team, its API prefix and tools).
+//
+//	go run ./testbus         (from sdk/typescript)
+//	go run ./testbus -team
 package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -20,10 +28,12 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 
 	"github.com/toolbus/toolbus/embedded"
 	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/eventstest"
 	"github.com/toolbus/toolbus/events/provision"
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/executor/packs"
@@ -40,28 +50,56 @@ func main() {
 }
 
 func run() error {
+	team := flag.Bool("team", false, "run the accounts layout: a core account and the team account "+TeamName)
+	flag.Parse()
 	dir, err := os.MkdirTemp("", "toolbus-testbus-")
 	if err != nil {
 		return err
 	}
 	defer os.RemoveAll(dir)
-	srv, err := embedded.Start(embedded.Config{Port: -1, StoreDir: dir})
-	if err != nil {
-		return err
-	}
-	defer srv.Stop()
-	nc, err := srv.Connect()
-	if err != nil {
-		return err
-	}
-	defer nc.Close()
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	roles, err := Pipeline(ctx, nc, slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	var nc *nats.Conn
+	var hello string
+	if *team {
+		srv, err := accountsServer(dir)
+		if err != nil {
+			return err
+		}
+		defer srv.Shutdown()
+		if nc, err = nats.Connect(srv.ClientURL(), nats.UserInfo("core", "core")); err != nil {
+			return err
+		}
+		tb := TeamBusOf(srv.ClientURL())
+		b, err := json.Marshal(tb)
+		if err != nil {
+			return err
+		}
+		hello = string(b)
+	} else {
+		srv, err := embedded.Start(embedded.Config{Port: -1, StoreDir: dir})
+		if err != nil {
+			return err
+		}
+		defer srv.Stop()
+		if nc, err = srv.Connect(); err != nil {
+			return err
+		}
+		hello = srv.ClientURL()
+	}
+	defer nc.Close()
+	roles, err := Pipeline(ctx, nc, log)
 	if err != nil {
 		return err
 	}
-	fmt.Println(srv.ClientURL())
+	if *team {
+		if err := ProvisionQueues(ctx, nc, TeamTools); err != nil {
+			stop()
+			return errors.Join(err, roles())
+		}
+	}
+	fmt.Println(hello)
 	eof := make(chan struct{})
 	go func() { _, _ = io.Copy(io.Discard, os.Stdin); close(eof) }()
 	select {
@@ -137,4 +175,63 @@ func Pipeline(ctx context.Context, nc *nats.Conn, log *slog.Logger) (wait func()
 		}
 		return errors.Join(all...)
 	}, nil
+}
+
+// TeamName and TeamTools are the team account of -team and the tools the core exports
+// to it (test/team.test.ts serves them).
+const TeamName = "alpha"
+
+var TeamTools = []string{"team_count", "team_pay"}
+
+// TeamBus is what the TypeScript tests of the accounts layout are given (test/helpers.ts).
+type TeamBus struct {
+	URL          string   `json:"url"`
+	CoreUser     string   `json:"core_user"`
+	CorePassword string   `json:"core_password"`
+	TeamUser     string   `json:"team_user"`
+	TeamPassword string   `json:"team_password"`
+	TeamName     string   `json:"team_name"`
+	APIPrefix    string   `json:"api_prefix"`
+	Tools        []string `json:"tools"`
+}
+
+// TeamBusOf is the TeamBus of an accounts server at url (users core/core and
+// TeamName/TeamName, as eventstest.AccountsConf renders them).
+func TeamBusOf(url string) TeamBus {
+	return TeamBus{URL: url, CoreUser: "core", CorePassword: "core", TeamUser: TeamName, TeamPassword: TeamName,
+		TeamName: TeamName, APIPrefix: eventstest.TeamAPIPrefix, Tools: TeamTools}
+}
+
+// accountsServer starts the server of the accounts layout for TeamName and TeamTools.
+func accountsServer(dir string) (*server.Server, error) {
+	opts, err := eventstest.AccountsOptions(dir, TeamName, TeamTools)
+	if err != nil {
+		return nil, err
+	}
+	opts.NoSigs = true
+	srv, err := server.NewServer(opts)
+	if err != nil {
+		return nil, err
+	}
+	go srv.Start()
+	if !srv.ReadyForConnections(10 * time.Second) {
+		srv.Shutdown()
+		return nil, errors.New("the accounts server is not ready")
+	}
+	return srv, nil
+}
+
+// ProvisionQueues creates the durable queues of tools in the core account (what
+// `toolbus init --tools` does): a team account binds them and never creates one.
+func ProvisionQueues(ctx context.Context, nc *nats.Conn, tools []string) error {
+	bus, err := events.Open(ctx, nc, events.Config{})
+	if err != nil {
+		return err
+	}
+	for _, tool := range tools {
+		if _, err := provision.Consumer(ctx, bus, provision.ToolConsumerConfig(tool, 0, 0)); err != nil {
+			return fmt.Errorf("the queue of %s: %w", tool, err)
+		}
+	}
+	return nil
 }

@@ -1,0 +1,54 @@
+package eventstest
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/nats-io/nats-server/v2/server"
+
+	"github.com/toolbus/toolbus/events/accounts"
+)
+
+// TeamAPIPrefix is the subject prefix under which a team account of AccountsConf
+// imports the core account's JetStream API (TOOLBUS_NATS_API_PREFIX of its executors).
+const TeamAPIPrefix = accounts.CoreAPIPrefix
+
+// AccountsConf renders a server configuration of the accounts layout on a random
+// loopback port, with JetStream stored under storeDir: the core account (JetStream,
+// user core, password core), where the pipeline's roles connect, and the team's account
+// (user and password the team's name, no JetStream of its own), which reaches the core
+// only through what the generator exports to it (accounts.TeamExports, rendered by
+// accounts.ConfAccounts as deploy/nats/gen -accounts renders it).
+func AccountsConf(storeDir, team string, tools []string) string {
+	user := func(name string) string { return fmt.Sprintf("      {user: %q, password: %q}\n", name, name) }
+	return fmt.Sprintf("listen: 127.0.0.1:-1\njetstream { store_dir: %q }\n", storeDir) +
+		accounts.ConfAccounts(map[string][]string{team: tools}, user("core"), map[string]string{team: user(team)})
+}
+
+// AccountsOptions writes AccountsConf(team, tools) into dir (its JetStream store under
+// dir too) and returns the server options it describes, for a process that runs the
+// server itself (sdk/typescript/testbus); tests call StartAccounts.
+func AccountsOptions(dir, team string, tools []string) (*server.Options, error) {
+	path := filepath.Join(dir, "accounts.conf")
+	if err := os.WriteFile(path, []byte(AccountsConf(filepath.Join(dir, "js"), team, tools)), 0o600); err != nil {
+		return nil, fmt.Errorf("eventstest: %w", err)
+	}
+	opts, err := server.ProcessConfigFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("eventstest: %w", err)
+	}
+	return opts, nil
+}
+
+// StartAccounts starts a server of AccountsConf(team, tools) for the test (stopped
+// when it ends); users core/core and team/team connect to its ClientURL.
+func StartAccounts(t testing.TB, team string, tools []string) *server.Server {
+	t.Helper()
+	opts, err := AccountsOptions(t.TempDir(), team, tools)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return StartServer(t, opts)
+}

@@ -1,0 +1,139 @@
+// The executor in its team's own NATS account (the accounts layout, TOOLBUS_NATS_API_PREFIX)
+// against a real two-account server: the core account runs the pipeline (planner,
+// injector), the team account reaches the core only through the imports of its tools
+// (events/eventstest.TeamImports). Each check breaks when the executor reaches for what
+// the core does not export (a run, a bucket by name, the stream's info) or loses a rule.
+import { after, before, test } from 'node:test';
+import assert from 'node:assert/strict';
+import { connect, type NatsConnection } from '@nats-io/transport-node';
+import { Client, wire, type Tool, type ToolContext } from '../src/index.js';
+import { eventually, startExecutor, stopTeamServer, teamBus, type TeamBus } from './helpers.js';
+
+// The tools the core exports to the team (testbus -team and npm_test.go grant these).
+const COUNT = 'team_count';
+const PAY = 'team_pay';
+
+// The Go test of the package's other tests (TestNPMTest) leaves these to TestNPMTeamAccount.
+const skip = process.env.TOOLBUS_TEST_SKIP_TEAM ? 'run by TestNPMTeamAccount, on its own server' : false;
+
+let tb: TeamBus;
+let core: NatsConnection;
+let team: NatsConnection;
+before(async () => {
+  if (skip) return;
+  tb = await teamBus();
+  core = await connect({ servers: tb.url, user: tb.core_user, pass: tb.core_password });
+  team = await connect({ servers: tb.url, user: tb.team_user, pass: tb.team_password });
+});
+after(async () => {
+  await team?.drain();
+  await core?.drain();
+  stopTeamServer();
+});
+
+const dec = new TextDecoder();
+
+/** The count tool (one contract for every test: the catalog keeps the first). */
+const countTool = (run: (a: { n: number }, ctx: ToolContext) => unknown): Tool<{ n: number }> => ({
+  name: COUNT, description: 'doubles n, counting its executions', inputSchema: { type: 'object', properties: { n: { type: 'integer' } }, required: ['n'] }, run,
+});
+
+test('team account: two calls of one step run once each, an edited approval reaches the tool, claims are marked done', { skip }, async () => {
+  assert.ok(tb.tools.includes(COUNT) && tb.tools.includes(PAY), `the team is granted ${COUNT} and ${PAY} (got ${tb.tools})`);
+  const counted = new Map<number, number>();
+  const paid: string[] = [];
+  const principals: string[] = [];
+  const { ex, done } = await startExecutor(team, [
+    countTool((a, ctx) => {
+      counted.set(a.n, (counted.get(a.n) ?? 0) + 1);
+      principals.push(String(ctx.principal.id));
+      return { double: 2 * a.n };
+    }),
+    { name: PAY, description: 'pays', needsApproval: true, inputSchema: { type: 'object', properties: { amount: { type: 'integer' } }, required: ['amount'] },
+      run: (a: { amount: number }) => {
+        paid.push(JSON.stringify(a));
+        return 'paid';
+      } },
+  ], { TOOLBUS_TEAM: tb.team_name, TOOLBUS_NATS_API_PREFIX: tb.api_prefix });
+  const client = await Client.connect({ connection: core, identity: 'alice' });
+  try {
+    // The contracts reached the core's catalog through the exported keys.
+    const tools = await new wire.Bus(core).kv(wire.Bucket.tools);
+    for (const t of [COUNT, PAY]) {
+      const c = await eventually(async () => tools.get(t).then((e) => (e?.operation === 'PUT' ? JSON.parse(dec.decode(e.value)) : undefined)), 30000, `${t} in the catalog`);
+      assert.equal(c.owner, tb.team_name);
+    }
+    const run = await client.startRun({
+      messages: [{ role: 'user', content: 'team' }], allowedTools: [COUNT, PAY], limits: { deadline: new Date(Date.now() + 120000) },
+      calls: [{ call_id: 'c1', tool: COUNT, arguments: '{"n":1}' }, { call_id: 'c2', tool: COUNT, arguments: '{"n":2}' },
+        { call_id: 'p1', tool: PAY, arguments: '{"amount":100}' }],
+    });
+    const results = new Map<string, wire.ToolFinished>();
+    let outcome = '';
+    const ac = new AbortController();
+    const timer = setTimeout(() => ac.abort(), 150000);
+    try {
+      for await (const ev of client.watch(run, { signal: ac.signal })) {
+        if (ev.type === wire.Type.toolWaiting) await client.decide(run, 0, 'p1', { kind: 'edit', arguments: { amount: 90 } });
+        if (ev.type === wire.Type.toolFinished) {
+          const r = ev.data as wire.ToolFinished;
+          results.set(r.call_id, r);
+        }
+        if (ev.type.startsWith('toolbus.run.') && (wire.TERMINAL as readonly string[]).includes(ev.type.slice('toolbus.run.'.length))) outcome = ev.type;
+      }
+    } finally {
+      clearTimeout(timer);
+    }
+    assert.equal(outcome, wire.Type.runCompleted, `the run completed (results ${JSON.stringify([...results.values()])})`);
+    assert.equal(results.get('c1')?.content, '{"double":2}');
+    assert.equal(results.get('c2')?.content, '{"double":4}');
+    assert.equal(results.get('p1')?.status, 'succeeded');
+    assert.equal(results.get('p1')?.human?.kind, 'edited');
+    assert.deepEqual([...counted.entries()].sort(), [[1, 1], [2, 1]], 'each call of the step ran once');
+    assert.deepEqual(principals, ['alice', 'alice'], 'the principal the call carries');
+    assert.deepEqual(paid, ['{"amount":90}'], 'the person\'s arguments reached the tool, once');
+    // The claims say the calls are done: a take-over would not run them again.
+    const claims = await new wire.Bus(core).kv(wire.Bucket.claims);
+    for (const [tool, call] of [[COUNT, 'c1'], [COUNT, 'c2'], [PAY, 'p1']]) {
+      const e = await claims.get(wire.key.claim(tool, run, 0, call));
+      assert.equal(e?.operation, 'PUT', `the claim of ${call}`);
+      const c = JSON.parse(dec.decode(e!.value)) as wire.Claim;
+      assert.ok(c.done && c.team === tb.team_name, `the claim of ${call} is marked done by the team: ${JSON.stringify(c)}`);
+    }
+  } finally {
+    await client.close();
+    ex.stop();
+    await done;
+  }
+});
+
+test('team account: a call already done is not run again on a take-over', { skip }, async () => {
+  // A call whose claim is marked done by a dead instance of the team: redelivered, the
+  // executor takes the claim as stored (it may not walk the results) and acks it.
+  let runs = 0;
+  const { ex, done } = await startExecutor(team, [countTool(() => ++runs)],
+    { TOOLBUS_TEAM: tb.team_name, TOOLBUS_NATS_API_PREFIX: tb.api_prefix });
+  try {
+    const bus = new wire.Bus(core);
+    const run = `done-${process.pid}-${Date.now()}`;
+    const claims = await bus.kv(wire.Bucket.claims);
+    await claims.create(wire.key.claim(COUNT, run, 0, 'c1'), new TextEncoder().encode(JSON.stringify(
+      { team: tb.team_name, instance: 'gone', boot: 'x', attempt: 1, at: new Date().toISOString(), done: true } satisfies wire.Claim)));
+    const req: wire.ToolRequested = { run_id: run, step: 0, call_index: 0, call_count: 1, call: { call_id: 'c1', tool: COUNT, arguments: '{"n":1}' },
+      principal: { id: 'alice' } };
+    const ack = await bus.js.publish(wire.subject.toolRequested(run, COUNT), new TextEncoder().encode(JSON.stringify(req)), {
+      headers: wire.eventHeaders(wire.callAttrs(wire.Type.toolRequested, '/toolbus/planner/test', wire.id.toolRequested(run, 0, 'c1'), run, 0, 'c1', 0, 1)) });
+    // The executor acknowledges it without running it or taking the claim over.
+    const jsm = await bus.jsm();
+    await eventually(async () => {
+      const ci = await jsm.consumers.info(bus.stream, wire.toolConsumer(COUNT));
+      return ci.ack_floor.stream_seq >= ack.seq ? true : undefined;
+    }, 30000, 'the call acknowledged');
+    const c = JSON.parse(dec.decode((await claims.get(wire.key.claim(COUNT, run, 0, 'c1')))!.value)) as wire.Claim;
+    assert.deepEqual([c.instance, c.attempt], ['gone', 1], 'the done claim was taken over');
+    assert.equal(runs, 0, 'a done call ran again');
+  } finally {
+    ex.stop();
+    await done;
+  }
+});
