@@ -144,6 +144,18 @@ func TestFaultDayTwoInFlight(t *testing.T) {
 		t.Fatal(err)
 	}
 	initTools("append_c,append_d")
+	// The reload is done when the new grants answer: alpha's new queue and gamma's.
+	for team, tool := range map[string]string{"alpha": "append_c", "gamma": "append_d"} {
+		e.eventually(team+" reaches the queue of "+tool+" after the reload", time.Minute, func() error {
+			nc, err := nats.Connect(node.url(), nats.UserCredentials(filepath.Join(genDir, "executor-"+team+".creds")), nats.NoReconnect())
+			if err != nil {
+				return err
+			}
+			defer nc.Close()
+			_, err = nc.Request("JS.core.API.CONSUMER.INFO.TOOLBUS."+events.ToolConsumer(tool), nil, time.Second)
+			return err
+		})
+	}
 	executor("alpha-2", "alpha", "append_a", "append_c")
 	executor("gamma-1", "gamma", "append_d")
 	e.waitReady([]string{"append_c", "append_d"}, "executor")

@@ -76,7 +76,7 @@ func nodeTest(t *testing.T, ctx context.Context, env []string, name string, args
 
 // teamTools are the tools the core exports to the team account alpha: the ones
 // test/team.test.ts serves (testbus.TeamTools for a standalone npm test).
-var teamTools = []string{"team_count", "team_pay"}
+var teamTools = []string{"team_count", "team_pay", "team_hang"}
 
 // TestNPMTeamAccount runs the package's team-account tests (test/team.test.ts): its
 // executor in the team account alpha of a two-account server (the accounts layout,

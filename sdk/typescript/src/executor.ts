@@ -363,7 +363,11 @@ export class Executor {
       process.once('SIGTERM', onSignal);
     }
     // Cancellations: the run of the subject, once the body agrees.
-    const cancelSub = this.nc.subscribe(subject.runCancelAll, { callback: (err, m) => { if (!err) this.onCancel(m.subject, m.headers, m.data); } });
+    // In a team account no run.cancel arrives: the core tells the executors of a tool
+    // that a run ended (toolbus_notice.<run>.ended.<tool>).
+    const cancelSubs = s.apiPrefix
+      ? served.map((t) => this.nc!.subscribe(subject.runEndedFor(t), { callback: (err, m) => { if (!err) this.onEndNotice(m.subject, m.data); } }))
+      : [this.nc.subscribe(subject.runCancelAll, { callback: (err, m) => { if (!err) this.onCancel(m.subject, m.headers, m.data); } })];
     let stopBeat = async () => {};
     try {
       // Queues, then the instance (live before the tools are offered), then the contracts.
@@ -397,7 +401,7 @@ export class Executor {
       this.metrics.ready = false;
       for (const m of this.streams) m.stop();
       await this.drain();
-      cancelSub.unsubscribe();
+      for (const sub of cancelSubs) sub.unsubscribe();
       await stopBeat();
       if (opts.handleSignals) {
         process.off('SIGINT', onSignal);
@@ -470,6 +474,22 @@ export class Executor {
     this.log.warn('lease lost: instance heartbeat not renewed in time; running calls cancelled and handed back', { calls_cancelled: n });
   }
 
+  /** A run-ended notice of the core (team accounts): the run of the subject, once the body agrees. */
+  private onEndNotice(subj: string, data: Uint8Array) {
+    const run = subj.split('.')[1];
+    let body: { run_id?: string } = {};
+    try {
+      body = JSON.parse(new TextDecoder().decode(data));
+    } catch {
+      body = {};
+    }
+    if (!run || body.run_id !== run) {
+      this.log.warn('run-ended notice ignored: not a notice of the run its subject names', { subject: subj });
+      return;
+    }
+    this.cancelRun(run);
+  }
+
   private onCancel(subj: string, h: JsMsg['headers'] | undefined, data: Uint8Array) {
     let run: string | undefined;
     try {
@@ -481,6 +501,10 @@ export class Executor {
       this.log.warn('run.cancel ignored: not a cancel of the run its subject names', { subject: subj });
       return;
     }
+    this.cancelRun(run);
+  }
+
+  private cancelRun(run: string) {
     if (this.cancelled.size > 100000) this.cancelled.clear();
     this.cancelled.add(run);
     const set = this.inflight.get(run);

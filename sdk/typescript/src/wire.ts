@@ -261,12 +261,17 @@ export const validTeam = (s: string): boolean => /^[a-z0-9][a-z0-9_-]{0,31}$/.te
 export const identityToken = (s?: string): string => (s ? s : NO_IDENTITY);
 export const toolToken = (tool: string): string => (validToolName(tool) ? tool : UNKNOWN_TOOL);
 
+/** Root of the core's notices to executors in team accounts (core NATS, not stored). */
+export const NOTICE_PREFIX = 'toolbus_notice';
+
 export const subject = {
   run: (run: string) => `${SUBJECT_PREFIX}.${run}.>`,
   runStarted: (run: string, principal?: string) => `${SUBJECT_PREFIX}.${run}.run.started.${identityToken(principal)}`,
   runStartedAny: (run: string) => `${SUBJECT_PREFIX}.${run}.run.started.*`,
   runCancel: (run: string, who?: string) => `${SUBJECT_PREFIX}.${run}.run.cancel.${identityToken(who)}`,
   runCancelAll: `${SUBJECT_PREFIX}.*.run.cancel.*`,
+  /** The core's notices that a run ended for a tool's executors (team accounts: events.FilterRunEndedFor). */
+  runEndedFor: (tool: string) => `${NOTICE_PREFIX}.*.ended.${toolToken(tool)}`,
   toolRequested: (run: string, tool: string) => `${SUBJECT_PREFIX}.${run}.tool.requested.${toolToken(tool)}`,
   toolRequestedAll: (tool: string) => `${SUBJECT_PREFIX}.*.tool.requested.${tool}`,
   toolFinished: (run: string, tool: string) => `${SUBJECT_PREFIX}.${run}.tool.finished.${toolToken(tool)}`,

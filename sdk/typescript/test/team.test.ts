@@ -137,3 +137,43 @@ test('team account: a call already done is not run again on a take-over', { skip
     await done;
   }
 });
+
+test('team account: a cancelled run cancels the team call through the core notice', { skip }, async () => {
+  // A team hears no run.cancel of the core account: the injector tells the executors of
+  // the tools of a run that ended (toolbus_notice.<run>.ended.<tool>).
+  const HANG = 'team_hang';
+  assert.ok(tb.tools.includes(HANG), `the team is granted ${HANG} (got ${tb.tools})`);
+  let started!: () => void;
+  const running = new Promise<void>((r) => { started = r; });
+  let aborted!: (why: unknown) => void;
+  const ended = new Promise<unknown>((r) => { aborted = r; });
+  const { ex, done } = await startExecutor(team, [{
+    name: HANG, description: 'waits for its signal', timeoutMS: 600000, inputSchema: { type: 'object' },
+    run: (_a: unknown, ctx: ToolContext) => new Promise((_res, rej) => {
+      started();
+      ctx.signal.addEventListener('abort', () => { aborted(ctx.signal.reason); rej(ctx.signal.reason); });
+    }),
+  } as Tool], { TOOLBUS_TEAM: tb.team_name, TOOLBUS_NATS_API_PREFIX: tb.api_prefix });
+  const client = await Client.connect({ connection: core, identity: 'alice' });
+  try {
+    const run = await client.startRun({ messages: [{ role: 'user', content: 'hang' }], allowedTools: [HANG],
+      calls: [{ call_id: 'h1', tool: HANG, arguments: '{}' }] });
+    await within(running, 60000, 'the hanging call never started');
+    await client.cancel(run, 'enough');
+    const why = await within(ended, 60000, 'the team call was not cancelled');
+    assert.match(String(why), /cancel/);
+  } finally {
+    ex.stop();
+    await done;
+  }
+});
+
+/** p, or a failure saying what did not happen within ms (the timer does not outlive it). */
+async function within<T>(p: Promise<T>, ms: number, what: string): Promise<T> {
+  let timer: NodeJS.Timeout | undefined;
+  try {
+    return await Promise.race([p, new Promise<never>((_r, rej) => { timer = setTimeout(() => rej(new Error(what)), ms); })]);
+  } finally {
+    clearTimeout(timer);
+  }
+}

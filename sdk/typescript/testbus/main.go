@@ -181,7 +181,7 @@ func Pipeline(ctx context.Context, nc *nats.Conn, log *slog.Logger) (wait func()
 // to it (test/team.test.ts serves them).
 const TeamName = "alpha"
 
-var TeamTools = []string{"team_count", "team_pay"}
+var TeamTools = []string{"team_count", "team_pay", "team_hang"}
 
 // TeamBus is what the TypeScript tests of the accounts layout are given (test/helpers.ts).
 type TeamBus struct {
