@@ -42,7 +42,9 @@ func TestFaultDayTwoInFlight(t *testing.T) {
 	e := &env{t: t, ctx: t.Context(), dir: t.TempDir(), natsBin: natsBin, toolbus: toolbusBin, faultbus: faultbusBin,
 		cfg: events.Config{Replicas: 1, InstanceTTL: 2 * time.Second}}
 	t.Cleanup(e.dumpLogsOnFailure)
-	node := &natsNode{name: "n1", port: freePort(t), httpPort: freePort(t), store: filepath.Join(e.dir, "store")}
+	// The generated config's server name: a reload refuses a name other than the
+	// running one, and the harness names its nodes on the command line.
+	node := &natsNode{name: "toolbus-nats-1", port: freePort(t), httpPort: freePort(t), store: filepath.Join(e.dir, "store")}
 	genDir := filepath.Join(e.dir, "nats")
 	creds := func(user string) string { return "TOOLBUS_NATS_CREDS=" + filepath.Join(genDir, user+".creds") }
 	gen := func(teams map[string][]string) string {
