@@ -245,6 +245,25 @@ func open(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, cfg Config
 	return b, nil
 }
 
+// Secrets returns the keys of team (""; store.NoTeam) in the secrets bucket
+// (store.BucketSecrets), which only executors may read: opened on demand, since no
+// other role needs it or may read it. In a team account it is reached through the keys
+// the core exports to the team. A bucket `toolbus init` has not made yet is an error
+// wrapping ErrNotSetUp.
+func (b *Bus) Secrets(ctx context.Context, team string) (*store.Secrets, error) {
+	if b.team {
+		return store.NewSecrets(store.NewDirectKV(b.js, b.nc, b.cfg.APIPrefix, store.BucketSecrets), team), nil
+	}
+	kv, err := b.js.KeyValue(ctx, store.BucketSecrets)
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		return nil, fmt.Errorf("%w: bucket %s does not exist (run toolbus init)", ErrNotSetUp, store.BucketSecrets)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("events: bucket %s: %w", store.BucketSecrets, err)
+	}
+	return store.NewSecrets(kv, team), nil
+}
+
 // Store is the shared state in the buckets the bus opened: history, run states,
 // approvals, the tool catalog, claims, instances and large outputs.
 func (b *Bus) Store() *store.Store { return b.state }
