@@ -176,4 +176,3 @@ func TestSharedTokenRenewedOnceForAllInstances(t *testing.T) {
 		t.Fatalf("the logs were not captured: %s", logs.String())
 	}
 }
-
