@@ -256,7 +256,7 @@ func (s *sharedSource) renewLeased(ctx context.Context, leased *sharedRecord, lr
 		_, _, _ = s.swap(ctx, leased, lrev)
 		return nil, err
 	}
-	n.Seed = leased.Seed
+	n.Seed, n.SeededAt = leased.Seed, leased.SeededAt
 	if n.Client == nil {
 		n.Client = leased.Client
 	}

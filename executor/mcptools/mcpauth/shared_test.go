@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -174,5 +176,107 @@ func TestSharedTokenRenewedOnceForAllInstances(t *testing.T) {
 	}
 	if !strings.Contains(logs.String(), "MCP server connected") {
 		t.Fatalf("the logs were not captured: %s", logs.String())
+	}
+}
+
+// TestSharedLoginRefreshedOnceByTwoInstances: the token file of an operator's login
+// seeds the token two executor instances share; the authorization server rotates
+// refresh tokens (each works once) and its access tokens live 2 s. Both instances call
+// the tool, then again after each expiry, at once: every call succeeds (an instance
+// that refreshed with a refresh token the other had used would be refused, and fail
+// for want of a login), one refresh per expiry serves both, and the token file is left
+// as the login wrote it.
+func TestSharedLoginRefreshedOnceByTwoInstances(t *testing.T) {
+	const ttl, early = 2 * time.Second, 500 * time.Millisecond
+	as := newCodeServer(t, ttl)
+	as.strict = true
+	url := protectedServer(t, as.URL, as.valid)
+	cfg := mcpauth.Config{RedirectURL: "http://" + freeLoopback(t) + "/callback", TokenFile: filepath.Join(t.TempDir(), "tokens.json")}
+	ctx := eventstest.Context(t, time.Minute)
+	login(ctx, t, url, cfg)
+	seed, err := os.ReadFile(cfg.TokenFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The login's own refreshes (its token lives less than its RefreshEarly) are not
+	// the instances'.
+	as.mu.Lock()
+	atLogin := len(as.refreshAt)
+	as.mu.Unlock()
+
+	srv := eventstest.RunJetStream(t)
+	if _, _, err := provision.Setup(ctx, srv.Conn, events.Config{}); err != nil {
+		t.Fatal(err)
+	}
+	var tools []executor.Tool
+	for range 2 {
+		nc, _ := srv.Connect(t)
+		sec, err := testutil.Must(events.Open(ctx, nc, events.Config{})).Secrets(ctx, "team-a")
+		if err != nil {
+			t.Fatal(err)
+		}
+		reg := executor.NewRegistry()
+		ex := testutil.Must(executor.New(reg))
+		p := testutil.Must(mcptools.New(reg, mcptools.Config{MCPServers: map[string]mcptools.Server{"s": {URL: url, OAuth: &cfg}}},
+			mcptools.Options{OnSecret: ex.AddSecrets, Tokens: sec, RefreshEarly: early}))
+		if err := p.Start(ctx); err != nil {
+			t.Fatalf("an instance did not connect with the login's token: %v", err)
+		}
+		t.Cleanup(p.Close)
+		tool, ok := reg.Lookup("s__leak")
+		if !ok {
+			t.Fatalf("tools: %v", reg.Names())
+		}
+		tools = append(tools, tool)
+	}
+	callBoth := func() {
+		errs := make(chan error, len(tools))
+		for _, tool := range tools {
+			go func() {
+				_, err := tool.Func(ctx, []byte(`{}`))
+				errs <- err
+			}()
+		}
+		for range tools {
+			if err := <-errs; err != nil {
+				t.Fatalf("a call failed: %v", err)
+			}
+		}
+	}
+	expired := func() {
+		eventstest.Eventually(t, 30*time.Second, func() error {
+			as.mu.Lock()
+			defer as.mu.Unlock()
+			var last time.Time
+			for _, at := range as.issued {
+				if at.After(last) {
+					last = at
+				}
+			}
+			if time.Since(last) <= ttl {
+				return errors.New("the last access token has not expired yet")
+			}
+			return nil
+		})
+	}
+	callBoth()
+	for range 2 {
+		expired()
+		callBoth()
+	}
+
+	as.mu.Lock()
+	at := append([]time.Time(nil), as.refreshAt[atLogin:]...)
+	as.mu.Unlock()
+	if len(at) < 2 {
+		t.Errorf("%d refreshes: the token that expired before the calls was not refreshed", len(at))
+	}
+	for i := 1; i < len(at); i++ {
+		if gap := at[i].Sub(at[i-1]); gap < ttl-early-100*time.Millisecond {
+			t.Errorf("refresh %d came %v after refresh %d, while its token was fresh: an instance refreshed on its own", i+1, gap, i)
+		}
+	}
+	if now, _ := os.ReadFile(cfg.TokenFile); string(now) != string(seed) {
+		t.Errorf("an executor rewrote the login's token file (the shared token lives in %s)", store.BucketSecrets)
 	}
 }
