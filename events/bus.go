@@ -251,17 +251,29 @@ func open(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, cfg Config
 // the core exports to the team. A bucket `toolbus init` has not made yet is an error
 // wrapping ErrNotSetUp.
 func (b *Bus) Secrets(ctx context.Context, team string) (*store.Secrets, error) {
+	api := "$JS.API"
+	var kv jetstream.KeyValue
 	if b.team {
-		return store.NewSecrets(store.NewDirectKV(b.js, b.nc, b.cfg.APIPrefix, store.BucketSecrets), team), nil
+		api = b.cfg.APIPrefix
+		kv = store.NewDirectKV(b.js, b.nc, b.cfg.APIPrefix, store.BucketSecrets)
+	} else {
+		var err error
+		kv, err = b.js.KeyValue(ctx, store.BucketSecrets)
+		if errors.Is(err, jetstream.ErrBucketNotFound) {
+			return nil, fmt.Errorf("%w: bucket %s does not exist (run toolbus init)", ErrNotSetUp, store.BucketSecrets)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("events: bucket %s: %w", store.BucketSecrets, err)
+		}
 	}
-	kv, err := b.js.KeyValue(ctx, store.BucketSecrets)
-	if errors.Is(err, jetstream.ErrBucketNotFound) {
-		return nil, fmt.Errorf("%w: bucket %s does not exist (run toolbus init)", ErrNotSetUp, store.BucketSecrets)
+	s := store.NewSecrets(kv, team)
+	// Credentials without the secrets grant (a team's executor user of one account)
+	// fail at once, and the executor renews its tokens alone.
+	s.Guard = func(ctx context.Context) (context.Context, func(error) error) {
+		return b.Guard(ctx, api+".DIRECT.GET.KV_"+store.BucketSecrets, api+".STREAM.MSG.GET.KV_"+store.BucketSecrets,
+			"$KV."+store.BucketSecrets+".")
 	}
-	if err != nil {
-		return nil, fmt.Errorf("events: bucket %s: %w", store.BucketSecrets, err)
-	}
-	return store.NewSecrets(kv, team), nil
+	return s, nil
 }
 
 // Store is the shared state in the buckets the bus opened: history, run states,

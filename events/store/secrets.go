@@ -28,6 +28,16 @@ func SecretKey(team, name string) string {
 type Secrets struct {
 	kv   jetstream.KeyValue
 	team string
+	// Guard, when set, bounds each operation by the server's permission violations
+	// (events.Bus.Guard): credentials without the grant fail at once, not on a timeout.
+	Guard func(context.Context) (context.Context, func(error) error)
+}
+
+func (s *Secrets) guard(ctx context.Context) (context.Context, func(error) error) {
+	if s.Guard == nil {
+		return ctx, func(err error) error { return err }
+	}
+	return s.Guard(ctx)
 }
 
 // NewSecrets returns the secrets of team (""; NoTeam) in kv, a handle on BucketSecrets
@@ -37,7 +47,9 @@ func NewSecrets(kv jetstream.KeyValue, team string) *Secrets { return &Secrets{k
 // Load returns the value of the secret name and its revision; nil and 0 when there is
 // none.
 func (s *Secrets) Load(ctx context.Context, name string) ([]byte, uint64, error) {
+	ctx, done := s.guard(ctx)
 	e, err := s.kv.Get(ctx, SecretKey(s.team, name))
+	err = done(err)
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		return nil, 0, nil
 	}
@@ -56,11 +68,13 @@ func (s *Secrets) Swap(ctx context.Context, name string, value []byte, rev uint6
 		n   uint64
 		err error
 	)
+	ctx, done := s.guard(ctx)
 	if rev == 0 {
 		n, err = s.kv.Create(ctx, key, value)
 	} else {
 		n, err = s.kv.Update(ctx, key, value, rev)
 	}
+	err = done(err)
 	if err == nil {
 		return n, true, nil
 	}
