@@ -73,7 +73,7 @@ func TestSecretsCompareAndSet(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	os, err := ob.Secrets(ctx, "team-a")
+	denied, err := ob.Secrets(ctx, "team-a")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -81,10 +81,10 @@ func TestSecretsCompareAndSet(t *testing.T) {
 	octx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	defer cancel()
 	var pe *connect.PermissionError
-	if _, _, err := os.Load(octx, "tok"); !errors.As(err, &pe) || errors.Is(err, context.DeadlineExceeded) {
+	if _, _, err := denied.Load(octx, "tok"); !errors.As(err, &pe) || errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("a read without the grant: %v, want a *connect.PermissionError before the deadline", err)
 	}
-	if _, _, err := os.Swap(octx, "tok", []byte("x"), 0); err == nil || errors.Is(err, context.DeadlineExceeded) {
+	if _, _, err := denied.Swap(octx, "tok", []byte("x"), 0); err == nil || errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("a write without the grant: %v, want a refusal before the deadline", err)
 	}
 }
