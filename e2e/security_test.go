@@ -242,6 +242,25 @@ func roleAttacks(t *testing.T, role string) []attack {
 			return publishAndFlush(ctx, nc, subj, []byte(`{"status":"completed"}`))
 		}})
 	}
+	// The executors' shared secrets (OAuth tokens of MCP servers): no other role reads
+	// or writes them.
+	if role != "executor" {
+		key := store.SecretKey("", "sec-victim")
+		get := "$JS.API.DIRECT.GET.KV_" + store.BucketSecrets + ".$KV." + store.BucketSecrets + "." + key
+		msgGet := "$JS.API.STREAM.MSG.GET.KV_" + store.BucketSecrets
+		as = append(as,
+			attack{name: "read a shared secret", subject: get, do: func(ctx context.Context, nc *nats.Conn, _ jetstream.JetStream) error {
+				_, err := nc.RequestWithContext(ctx, get, nil)
+				return err
+			}},
+			attack{name: "read a shared secret (message get)", subject: msgGet, do: func(ctx context.Context, nc *nats.Conn, _ jetstream.JetStream) error {
+				_, err := nc.RequestWithContext(ctx, msgGet, []byte(`{"last_by_subj":"$KV.`+store.BucketSecrets+`.`+key+`"}`))
+				return err
+			}},
+			attack{name: "kv put " + store.BucketSecrets, subject: "$KV." + store.BucketSecrets + "." + key, do: func(ctx context.Context, nc *nats.Conn, _ jetstream.JetStream) error {
+				return publishAndFlush(ctx, nc, "$KV."+store.BucketSecrets+"."+key, []byte(`{}`))
+			}})
+	}
 	// Events the role does not own.
 	for ev, owners := range eventOwners {
 		if slices.Contains(owners, role) {
@@ -428,6 +447,27 @@ func (s *secured) clientReads(run string) {
 	}
 }
 
+// executorSecrets checks that the executor's credentials write and read its shared
+// secrets (toolbus_secrets), with compare-and-set, which checkRoles denies the others.
+func (s *secured) executorSecrets() {
+	t := s.t
+	t.Helper()
+	sec, err := s.buses["executor"].Secrets(s.ctx, "")
+	if err != nil {
+		t.Fatalf("the executor opens its secrets: %v", err)
+	}
+	rev, ok, err := sec.Swap(s.ctx, "sec-own", []byte(`{"token":"x"}`), 0)
+	if err != nil || !ok {
+		t.Fatalf("the executor writes a secret: %v, swapped %v", err, ok)
+	}
+	if _, ok, err := sec.Swap(s.ctx, "sec-own", []byte(`{}`), 0); err != nil || ok {
+		t.Fatalf("a second create of the secret: %v, swapped %v (want a lost compare-and-set)", err, ok)
+	}
+	if v, r, err := sec.Load(s.ctx, "sec-own"); err != nil || r != rev || string(v) != `{"token":"x"}` {
+		t.Fatalf("the executor reads its secret: %q rev %d (want %d), %v", v, r, rev, err)
+	}
+}
+
 // The role table, for each way deploy/nats gives credentials: a full run with every
 // role on its own credentials, every forbidden operation of every role refused by the
 // server with nothing changed, the client's reads, and another full run after the
@@ -440,6 +480,7 @@ func TestSecurityRoles(t *testing.T) {
 			s.runOnce("sec-" + mode.name + "-1")
 			s.clientReads("sec-" + mode.name + "-1")
 			s.checkRoles()
+			s.executorSecrets()
 			s.runOnce("sec-" + mode.name + "-2")
 		})
 	}

@@ -245,6 +245,37 @@ func open(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, cfg Config
 	return b, nil
 }
 
+// Secrets returns the keys of team (""; store.NoTeam) in the secrets bucket
+// (store.BucketSecrets), which only executors may read: opened on demand, since no
+// other role needs it or may read it. In a team account it is reached through the keys
+// the core exports to the team. A bucket `toolbus init` has not made yet is an error
+// wrapping ErrNotSetUp.
+func (b *Bus) Secrets(ctx context.Context, team string) (*store.Secrets, error) {
+	api := "$JS.API"
+	var kv jetstream.KeyValue
+	if b.team {
+		api = b.cfg.APIPrefix
+		kv = store.NewDirectKV(b.js, b.nc, b.cfg.APIPrefix, store.BucketSecrets)
+	} else {
+		var err error
+		kv, err = b.js.KeyValue(ctx, store.BucketSecrets)
+		if errors.Is(err, jetstream.ErrBucketNotFound) {
+			return nil, fmt.Errorf("%w: bucket %s does not exist (run toolbus init)", ErrNotSetUp, store.BucketSecrets)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("events: bucket %s: %w", store.BucketSecrets, err)
+		}
+	}
+	s := store.NewSecrets(kv, team)
+	// Credentials without the secrets grant (a team's executor user of one account)
+	// fail at once, and the executor renews its tokens alone.
+	s.Guard = func(ctx context.Context) (context.Context, func(error) error) {
+		return b.Guard(ctx, api+".DIRECT.GET.KV_"+store.BucketSecrets, api+".STREAM.MSG.GET.KV_"+store.BucketSecrets,
+			"$KV."+store.BucketSecrets+".")
+	}
+	return s, nil
+}
+
 // Store is the shared state in the buckets the bus opened: history, run states,
 // approvals, the tool catalog, claims, instances and large outputs.
 func (b *Bus) Store() *store.Store { return b.state }

@@ -24,7 +24,7 @@ import (
 // can hear), and every route to get a message stored in the core (a pull of its own
 // queue whose reply subject is a core subject, results published for the victim's tool).
 // It returns what leaked or was stored; admin checks the core's side.
-func probeTeamRoutes(ctx context.Context, attacker *nats.Conn, admin jetstream.JetStream, ownTool, victimTool, run, victimCall string) []string {
+func probeTeamRoutes(ctx context.Context, attacker *nats.Conn, admin jetstream.JetStream, ownTool, victimTool, run, victimCall string, writes bool) []string {
 	var leaks []string
 	const pre = "JS.core.API"
 	modelResponded := events.SubjectModelResponded(run)
@@ -52,7 +52,7 @@ func probeTeamRoutes(ctx context.Context, attacker *nats.Conn, admin jetstream.J
 	}
 	// Writes into the core: a pull of its own queue answered to a core subject, a
 	// forged result and a forged call of the victim's tool.
-	writes := []struct{ subject, reply, body string }{
+	attacks := []struct{ subject, reply, body string }{
 		{pre + ".CONSUMER.MSG.NEXT.TOOLBUS." + events.ToolConsumer(ownTool), events.SubjectRunEnded(probeRun, "completed"), `{"batch":1,"expires":500000000}`},
 		{events.SubjectToolFinished(probeRun, victimTool), "", `{"forged":true}`},
 		{events.SubjectToolRequested(probeRun, victimTool), "", `{"forged":true}`},
@@ -63,7 +63,7 @@ func probeTeamRoutes(ctx context.Context, attacker *nats.Conn, admin jetstream.J
 	for _, r := range requests {
 		own[r.subject] = true
 	}
-	for _, w := range writes {
+	for _, w := range attacks {
 		own[w.subject] = true
 	}
 	var (
@@ -96,7 +96,12 @@ func probeTeamRoutes(ctx context.Context, attacker *nats.Conn, admin jetstream.J
 			leaks = append(leaks, fmt.Sprintf("%s answered: %s %.200s", r.subject, m.Header, m.Data))
 		}
 	}
-	for _, w := range writes {
+	if !writes {
+		mu.Lock()
+		defer mu.Unlock()
+		return append(leaks, heard...)
+	}
+	for _, w := range attacks {
 		_ = attacker.PublishRequest(w.subject, w.reply, []byte(w.body)) // what the server does with it is checked below
 	}
 	_ = attacker.Flush()
@@ -151,5 +156,10 @@ func (e *env) probeFromTeam(creds, ownTool, victimTool, run string) []string {
 	if err != nil {
 		return []string{err.Error()}
 	}
-	return probeTeamRoutes(e.ctx, attacker, admin, ownTool, victimTool, run, call)
+	// The probe's control: the core's own credentials read the victim's call by most of
+	// the routes (a probe that finds nothing there finds nothing anywhere).
+	if got := probeTeamRoutes(e.ctx, e.nc, admin, ownTool, victimTool, run, call, false); len(got) < 5 {
+		return []string{fmt.Sprintf("the probe's control: the admin's credentials reached only %d routes: %v", len(got), got)}
+	}
+	return probeTeamRoutes(e.ctx, attacker, admin, ownTool, victimTool, run, call, true)
 }

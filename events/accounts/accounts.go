@@ -109,7 +109,10 @@ func TeamExports(team string, tools []string) []Crossing {
 	}
 	return append(out,
 		svc(kvSubject(store.BucketInstances, team+".>")),
-		directGet(store.BucketInstances, team+".>"))
+		directGet(store.BucketInstances, team+".>"),
+		// The team's shared secrets (OAuth tokens of its MCP servers, store.SecretKey).
+		svc(kvSubject(store.BucketSecrets, team+".>")),
+		directGet(store.BucketSecrets, team+".>"))
 }
 
 // kvSubject is the subject of key in a KV bucket.

@@ -22,9 +22,34 @@ const TeamAPIPrefix = accounts.CoreAPIPrefix
 // only through what the generator exports to it (accounts.TeamExports, rendered by
 // accounts.ConfAccounts as deploy/nats/gen -accounts renders it).
 func AccountsConf(storeDir, team string, tools []string) string {
+	return TeamsConf(storeDir, map[string][]string{team: tools})
+}
+
+// TeamsConf is AccountsConf for several teams (each with its tools), each team's
+// account with the user and password of its name.
+func TeamsConf(storeDir string, teams map[string][]string) string {
 	user := func(name string) string { return fmt.Sprintf("      {user: %q, password: %q}\n", name, name) }
+	users := map[string]string{}
+	for team := range teams {
+		users[team] = user(team)
+	}
 	return fmt.Sprintf("listen: 127.0.0.1:-1\njetstream { store_dir: %q }\n", storeDir) +
-		accounts.ConfAccounts(map[string][]string{team: tools}, user("core"), map[string]string{team: user(team)})
+		accounts.ConfAccounts(teams, user("core"), users)
+}
+
+// StartTeams starts a server of TeamsConf(teams) for the test (stopped when it ends).
+func StartTeams(t testing.TB, teams map[string][]string) *server.Server {
+	t.Helper()
+	dir := t.TempDir()
+	path := filepath.Join(dir, "accounts.conf")
+	if err := os.WriteFile(path, []byte(TeamsConf(filepath.Join(dir, "js"), teams)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	opts, err := server.ProcessConfigFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return StartServer(t, opts)
 }
 
 // AccountsOptions writes AccountsConf(team, tools) into dir (its JetStream store under

@@ -338,6 +338,9 @@ func setupBucket(ctx context.Context, js jetstream.JetStream, cfg events.Config,
 	if name == store.BucketOutputs {
 		kc.MaxBytes = cfg.OutputsMaxBytes
 	}
+	if name == store.BucketSecrets {
+		kc.MaxBytes, kc.MaxValueSize = SecretsMaxBytes, SecretsMaxValueSize
+	}
 	if name == store.BucketInstances {
 		// An expired instance leaves a delete marker, so catalog watchers see it go.
 		kc.LimitMarkerTTL = max(cfg.InstanceTTL, time.Second)
@@ -398,7 +401,15 @@ var buckets = []struct{ name, desc string }{
 	{store.BucketClaims, "executions claimed by executors, one key per call"},
 	{store.BucketInstances, "live executor instances (heartbeats)"},
 	{store.BucketOutputs, "whole tool outputs too large for an event, in chunks, one key prefix per tool"},
+	{store.BucketSecrets, "secrets a team's executors share (OAuth tokens of MCP servers), one key prefix per team"},
 }
+
+// Bounds of the secrets bucket: a few tokens per team and server, never a store of
+// large values.
+const (
+	SecretsMaxBytes     = 64 << 20
+	SecretsMaxValueSize = 64 << 10
+)
 
 // Consumer limits `toolbus init` sets. Readers (tail, replay, runs, tools, toolbus run,
 // toolbus mcp, the console, the planner's catalog) create no consumer: they read with
@@ -617,7 +628,9 @@ func leaderReads(ctx context.Context, js jetstream.JetStream, bucket string) (je
 
 func kvTTL(name string, cfg events.Config) time.Duration {
 	switch name {
-	case store.BucketTools:
+	case store.BucketTools, store.BucketSecrets:
+		// A token kept for an idle server must not age out: its refresh token may be
+		// the only one left of an operator's login.
 		return 0
 	case store.BucketInstances:
 		return cfg.InstanceTTL

@@ -19,7 +19,7 @@ type docKey struct{ bucket, key string }
 // keyFuncs are the functions that build keys, each used by storeKeys below. A new key
 // function fails TestContractStoreKeys until it is added here and its layout to the
 // contract.
-var keyFuncs = []string{"stepKey", "resultKey", "decisionKey", "ClaimKey", "slotKey", "InstanceKey", "OutputKey"}
+var keyFuncs = []string{"stepKey", "resultKey", "decisionKey", "ClaimKey", "slotKey", "InstanceKey", "OutputKey", "SecretKey"}
 
 // storeKeys returns every key layout the store writes, built with the functions it
 // writes with from sentinels, then written with CONTRACT.md's placeholders.
@@ -28,7 +28,7 @@ func storeKeys() []docKey {
 	// The index and slot first: a replacer does not match again inside a replaced step.
 	numbers := strings.NewReplacer(".r."+strconv.Itoa(index), ".r.<index>", ".slot."+strconv.Itoa(slot), ".slot.<i>",
 		call+"."+strconv.Itoa(chunk), call+".<i>")
-	ph := strings.NewReplacer("RUNX", "<run>", "CALLX", "<call_id>", "TOOLX", "<tool>", "INSTX", "<instance>", "BOOTX", "<boot>", "TEAMX", "<team>",
+	ph := strings.NewReplacer("RUNX", "<run>", "CALLX", "<call_id>", "TOOLX", "<tool>", "INSTX", "<instance>", "BOOTX", "<boot>", "TEAMX", "<team>", "SECRETX", "<name>",
 		"."+strconv.Itoa(step)+".", ".<step>.", "/"+strconv.Itoa(step)+"/", "/<step>/")
 	keys := []docKey{
 		{BucketHistory, stepKey(run, step, "a")},
@@ -44,6 +44,8 @@ func storeKeys() []docKey {
 		// PutOutput writes the chunks of an output, then its .meta.
 		{BucketOutputs, OutputKey(tool, run, step, call) + "." + strconv.Itoa(chunk)},
 		{BucketOutputs, OutputKey(tool, run, step, call) + ".meta"},
+		{BucketSecrets, SecretKey("TEAMX", "SECRETX")},
+		{BucketSecrets, SecretKey("", "SECRETX")},
 	}
 	for i := range keys {
 		keys[i].key = ph.Replace(numbers.Replace(keys[i].key))

@@ -28,6 +28,9 @@ const (
 	// BucketInstances holds one key per live executor instance, refreshed by heartbeats
 	// and expired by the bucket's TTL.
 	BucketInstances = "toolbus_instances"
+	// BucketSecrets holds what a deployment's executors share and no other role may
+	// read: the OAuth tokens of MCP servers, one key per team and server (SecretKey).
+	BucketSecrets = "toolbus_secrets"
 )
 
 // Buckets are the handles a Store works on.

@@ -194,6 +194,16 @@ func (c Config) Resolve(lookup func(string) (string, bool)) (Config, error) {
 	return c, c.check()
 }
 
+// OAuth reports whether a server of c uses OAuth.
+func (c Config) OAuth() bool {
+	for _, s := range c.MCPServers {
+		if s.OAuth != nil {
+			return true
+		}
+	}
+	return false
+}
+
 func (c Config) check() error {
 	for name, s := range c.MCPServers {
 		if (s.Command == "") == (s.URL == "") {
@@ -244,7 +254,8 @@ func (s Server) dial(opts Options) (Dialer, error) {
 		if s.OAuth != nil {
 			var err error
 			if oh, err = mcpauth.Handler(*s.OAuth, mcpauth.Options{HTTPClient: opts.HTTPClient, OnSecret: opts.OnSecret,
-				Fetcher: opts.AuthorizationCodeFetcher}); err != nil {
+				Fetcher: opts.AuthorizationCodeFetcher, Tokens: opts.Tokens, Server: s.URL, RefreshEarly: opts.RefreshEarly,
+				Logger: opts.Logger}); err != nil {
 				return nil, err
 			}
 		}
@@ -299,6 +310,13 @@ type Options struct {
 	// HTTPClient makes the authorization's metadata, registration and token requests
 	// (default: mcpauth's, with mcpauth.RequestTimeout).
 	HTTPClient *http.Client
+	// Tokens shares the servers' OAuth tokens with the deployment's other instances
+	// (an executor on a bus: its team's keys of toolbus_secrets, events.Bus.Secrets), so
+	// one instance renews a token for all. Nil: each process takes its own.
+	Tokens mcpauth.TokenStore
+	// RefreshEarly is how long before its expiry a token is renewed (default
+	// mcpauth.RefreshEarly; tests shorten it).
+	RefreshEarly time.Duration
 }
 
 // Provider keeps MCP servers connected and their tools registered.

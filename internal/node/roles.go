@@ -139,7 +139,16 @@ func runExecutor(ctx context.Context, cfg Config, bus *events.Bus, log *slog.Log
 		}
 		// The MCP tools are registered before the worker starts, so they enter the
 		// catalog with the packs; later tool list changes reach it through Sync.
-		p, err := mcptools.New(reg, mc, mcptools.Options{Logger: log, OnChange: w.Sync, OnSecret: exec.AddSecrets})
+		mo := mcptools.Options{Logger: log, OnChange: w.Sync, OnSecret: exec.AddSecrets}
+		if mc.OAuth() {
+			// The servers' tokens are shared by the deployment's executors of the team.
+			if sec, err := bus.Secrets(ctx, wcfg.Team); err != nil {
+				log.Warn("OAuth tokens of MCP servers not shared: each executor takes its own", "error", err)
+			} else {
+				mo.Tokens = sec
+			}
+		}
+		p, err := mcptools.New(reg, mc, mo)
 		if err != nil {
 			return err
 		}

@@ -531,8 +531,8 @@ func TestTeamExports(t *testing.T) {
 		tools []string
 	}{{"alpha", []string{"calc"}}, {"beta", []string{"search", "web"}}, {"gamma", nil}} {
 		got := natsjwt.TeamExports(tc.team, tc.tools)
-		if len(got) != 17*len(tc.tools)+2 {
-			t.Errorf("%s: %d crossings, want 17 per tool and 2 per team", tc.team, len(got))
+		if len(got) != 17*len(tc.tools)+4 {
+			t.Errorf("%s: %d crossings, want 17 per tool and 4 per team", tc.team, len(got))
 		}
 		for _, c := range got {
 			names := 0
@@ -556,8 +556,8 @@ func TestTeamExports(t *testing.T) {
 		}
 	}
 	core := natsjwt.CoreExports()
-	if len(core) != 19 {
-		t.Errorf("the core exports %d subjects, want 19", len(core))
+	if len(core) != 21 {
+		t.Errorf("the core exports %d subjects, want 21", len(core))
 	}
 	for _, c := range core {
 		if strings.Contains(c.Subject, "any-") || c.Local != "" {

@@ -21,9 +21,10 @@ import (
 // takes a token for the scopes asked, with the resource parameter. The SDK's extauth
 // handler does not send the resource nor support private_key_jwt, hence this one.
 type clientCredentials struct {
-	cfg Config
-	hc  *http.Client
-	obs func(*oauth2.Token)
+	cfg  Config
+	hc   *http.Client
+	opts Options
+	obs  func(*oauth2.Token)
 
 	mu      sync.Mutex
 	ts      oauth2.TokenSource
@@ -57,7 +58,12 @@ func (h *clientCredentials) Authorize(ctx context.Context, req *http.Request, re
 	}
 	src := &ccSource{cfg: h.cfg, method: method, tokenURL: d.as.TokenEndpoint, audience: d.as.Issuer,
 		scopes: scopes, resource: d.resource, hc: h.hc}
-	ts := observe(oauth2.ReuseTokenSourceWithExpiry(nil, src, RefreshEarly), h.obs)
+	var ts oauth2.TokenSource
+	if h.opts.Tokens != nil {
+		ts = h.shared(req, src)
+	} else {
+		ts = observe(oauth2.ReuseTokenSourceWithExpiry(nil, src, h.opts.early()), h.obs)
+	}
 	if _, err := ts.Token(); err != nil {
 		return fmt.Errorf("mcpauth: client credentials token: %w", err)
 	}
@@ -65,6 +71,33 @@ func (h *clientCredentials) Authorize(ctx context.Context, req *http.Request, re
 	h.ts, h.granted = ts, scopes
 	h.mu.Unlock()
 	return nil
+}
+
+// shared is the token source of src shared with the deployment's other instances: the
+// token the instances hold for this server, client and scopes, taken anew by one of
+// them when it is due, or when it is the one the server just refused in req.
+func (h *clientCredentials) shared(req *http.Request, src *ccSource) oauth2.TokenSource {
+	server := h.opts.Server
+	if server == "" {
+		u := *req.URL
+		u.RawQuery = ""
+		server = u.String()
+	}
+	ss := newSharedSource(h.opts.Tokens, sharedName(server, GrantClientCredentials, h.cfg.ClientID, src.scopes), h.opts.early(), h.opts.logger())
+	ss.renew = func(*sharedRecord) (*sharedRecord, error) {
+		t, err := src.Token()
+		if err != nil {
+			return nil, err
+		}
+		return &sharedRecord{Token: t}, nil
+	}
+	ss.obs = func(r *sharedRecord) {
+		if r.Token != nil {
+			h.obs(r.Token)
+		}
+	}
+	ss.reject(strings.TrimPrefix(req.Header.Get("Authorization"), "Bearer "))
+	return ss
 }
 
 // ccSource takes a new token at the token endpoint each time it is asked (the

@@ -57,7 +57,7 @@ func Login(ctx context.Context, serverURL string, cfg Config, out io.Writer) err
 	if err := os.Remove(cfg.TokenFile); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("mcpauth: replace the token file: %w", err)
 	}
-	h, err := authorizationCode(cfg, &http.Client{Timeout: RequestTimeout}, func(...string) {}, fetch)
+	h, err := authorizationCode(cfg, &http.Client{Timeout: RequestTimeout}, Options{OnSecret: func(...string) {}, Fetcher: fetch})
 	if err != nil {
 		return err
 	}

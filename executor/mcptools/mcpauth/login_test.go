@@ -2,6 +2,7 @@ package mcpauth_test
 
 import (
 	"bufio"
+	"context"
 	"crypto/rand"
 	"io"
 	"net"
@@ -31,10 +32,15 @@ type codeServer struct {
 	mu        sync.Mutex
 	access    map[string]bool
 	refreshes int
+	// strict: a refresh token works once (rotation), and the access tokens expire.
+	strict    bool
+	refresh   map[string]bool
+	issued    map[string]time.Time
+	refreshAt []time.Time
 }
 
 func newCodeServer(t *testing.T, ttl time.Duration) *codeServer {
-	c := &codeServer{ttl: ttl, access: map[string]bool{}}
+	c := &codeServer{ttl: ttl, access: map[string]bool{}, refresh: map[string]bool{}, issued: map[string]time.Time{}}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /.well-known/oauth-authorization-server", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, map[string]any{"issuer": c.URL, "authorization_endpoint": c.URL + "/authorize", "token_endpoint": c.URL + "/token",
@@ -58,18 +64,28 @@ func newCodeServer(t *testing.T, ttl time.Duration) *codeServer {
 		case r.FormValue("grant_type") == "authorization_code" && r.FormValue("code") == "the-code" && r.FormValue("code_verifier") != "":
 		case r.FormValue("grant_type") == "refresh_token" && strings.HasPrefix(r.FormValue("refresh_token"), "rt-"):
 			c.mu.Lock()
-			c.refreshes++
+			used := c.strict && !c.refresh[r.FormValue("refresh_token")]
+			if !used {
+				c.refreshes++
+				c.refreshAt = append(c.refreshAt, time.Now())
+				delete(c.refresh, r.FormValue("refresh_token"))
+			}
 			c.mu.Unlock()
+			if used {
+				w.WriteHeader(http.StatusBadRequest)
+				writeJSON(w, map[string]any{"error": "invalid_grant"})
+				return
+			}
 		default:
 			w.WriteHeader(http.StatusBadRequest)
 			writeJSON(w, map[string]any{"error": "invalid_grant"})
 			return
 		}
-		at := "at-" + rand.Text()
+		at, rt := "at-"+rand.Text(), "rt-"+rand.Text()
 		c.mu.Lock()
-		c.access[at] = true
+		c.access[at], c.refresh[rt], c.issued[at] = true, true, time.Now()
 		c.mu.Unlock()
-		writeJSON(w, map[string]any{"access_token": at, "refresh_token": "rt-" + rand.Text(), "token_type": "Bearer",
+		writeJSON(w, map[string]any{"access_token": at, "refresh_token": rt, "token_type": "Bearer",
 			"expires_in": int(c.ttl.Seconds())})
 	})
 	c.Server = httptest.NewServer(mux)
@@ -80,7 +96,7 @@ func newCodeServer(t *testing.T, ttl time.Duration) *codeServer {
 func (c *codeServer) valid(tok string) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.access[tok]
+	return c.access[tok] && (!c.strict || time.Since(c.issued[tok]) < c.ttl)
 }
 
 func freeLoopback(t *testing.T) string {
@@ -102,33 +118,7 @@ func TestLoginThenExecutorRefreshes(t *testing.T) {
 	url := protectedServer(t, as.URL, as.valid)
 	cfg := mcpauth.Config{RedirectURL: "http://" + freeLoopback(t) + "/callback", TokenFile: filepath.Join(t.TempDir(), "tokens.json")}
 	ctx := eventstest.Context(t, time.Minute)
-
-	pr, pw := io.Pipe()
-	done := make(chan error, 1)
-	go func() { done <- mcpauth.Login(ctx, url, cfg, pw); pw.Close() }()
-	sc := bufio.NewScanner(pr)
-	for sc.Scan() {
-		if u := strings.TrimSpace(sc.Text()); strings.HasPrefix(u, "http") {
-			resp, err := http.Get(u) // the browser: follows the redirect to the callback
-			if err != nil {
-				t.Fatal(err)
-			}
-			body, _ := io.ReadAll(resp.Body)
-			resp.Body.Close()
-			if !strings.Contains(string(body), "authorized") {
-				t.Fatalf("the callback answered %s: %s", resp.Status, body)
-			}
-			break
-		}
-	}
-	go io.Copy(io.Discard, pr) //nolint:errcheck // the rest of the output
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
-	st, err := os.Stat(cfg.TokenFile)
-	if err != nil || st.Mode().Perm() != 0o600 {
-		t.Fatalf("token file: %v, %v", st, err)
-	}
+	login(ctx, t, url, cfg)
 
 	reg := executor.NewRegistry()
 	exec := testutil.Must(executor.New(reg))
@@ -157,5 +147,37 @@ func TestLoginThenExecutorRefreshes(t *testing.T) {
 	}
 	if b, _ := os.ReadFile(cfg.TokenFile); !strings.Contains(string(b), "rt-") {
 		t.Errorf("the token file lost the refresh token: %s", b)
+	}
+}
+
+// login is the operator's `toolbus mcp-login` of cfg to the server at url, the
+// browser played by a GET of the printed URL; the token file is then mode 0600.
+func login(ctx context.Context, t *testing.T, url string, cfg mcpauth.Config) {
+	t.Helper()
+	pr, pw := io.Pipe()
+	done := make(chan error, 1)
+	go func() { done <- mcpauth.Login(ctx, url, cfg, pw); pw.Close() }()
+	sc := bufio.NewScanner(pr)
+	for sc.Scan() {
+		if u := strings.TrimSpace(sc.Text()); strings.HasPrefix(u, "http") {
+			resp, err := http.Get(u) // the browser: follows the redirect to the callback
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if !strings.Contains(string(body), "authorized") {
+				t.Fatalf("the callback answered %s: %s", resp.Status, body)
+			}
+			break
+		}
+	}
+	go io.Copy(io.Discard, pr) //nolint:errcheck // the rest of the output
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	st, err := os.Stat(cfg.TokenFile)
+	if err != nil || st.Mode().Perm() != 0o600 {
+		t.Fatalf("token file: %v, %v", st, err)
 	}
 }

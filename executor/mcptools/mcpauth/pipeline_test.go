@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -39,6 +40,7 @@ type authServer struct {
 	ttl        time.Duration
 	mu         sync.Mutex
 	issued     []string
+	at         []time.Time // when each token was issued
 	resources  []string
 	scopes     map[string]string // token -> the scope it was granted
 }
@@ -61,6 +63,7 @@ func newAuthServer(t *testing.T, id, secret string, ttl time.Duration) *authServ
 		tok := "at-" + rand.Text()
 		a.mu.Lock()
 		a.issued = append(a.issued, tok)
+		a.at = append(a.at, time.Now())
 		a.resources = append(a.resources, r.FormValue("resource"))
 		a.scopes[tok] = r.FormValue("scope")
 		a.mu.Unlock()
@@ -80,6 +83,25 @@ func (a *authServer) valid(tok string) bool {
 		}
 	}
 	return false
+}
+
+// live says whether tok is one the server issued that has not expired.
+func (a *authServer) live(tok string) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for i, t := range a.issued {
+		if t == tok {
+			return time.Since(a.at[i]) < a.ttl
+		}
+	}
+	return false
+}
+
+// issuedAt returns when each token was issued, in order.
+func (a *authServer) issuedAt() []time.Time {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return append([]time.Time(nil), a.at...)
 }
 
 func (a *authServer) tokens() ([]string, []string) {
@@ -250,12 +272,15 @@ func TestOAuthRunLeavesNoCredential(t *testing.T) {
 }
 
 // storedText is every message of every stream of the server (the event stream and the
-// buckets), headers and data, read raw.
-func storedText(ctx context.Context, t *testing.T, js jetstream.JetStream) string {
+// buckets) but the streams skip names, headers and data, read raw.
+func storedText(ctx context.Context, t *testing.T, js jetstream.JetStream, skip ...string) string {
 	t.Helper()
 	var b strings.Builder
 	names := js.StreamNames(ctx)
 	for name := range names.Name() {
+		if slices.Contains(skip, name) {
+			continue
+		}
 		s, err := js.Stream(ctx, name)
 		if err != nil {
 			t.Fatal(err)
