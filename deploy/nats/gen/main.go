@@ -102,11 +102,9 @@ func generate(perms, grants, out string, opts []natsjwt.Option, stdout io.Writer
 		}
 	}
 	if out == "" {
-		dir, err := os.UserConfigDir()
-		if err != nil {
-			return fmt.Errorf("no default output directory (%w): give -out", err)
+		if out, err = natsjwt.DefaultDir(); err != nil {
+			return fmt.Errorf("%w: give -out", err)
 		}
-		out = filepath.Join(dir, "toolbus", "nats")
 	}
 	if err := os.MkdirAll(out, 0o700); err != nil {
 		return err

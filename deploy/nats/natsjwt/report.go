@@ -3,8 +3,21 @@ package natsjwt
 import (
 	"fmt"
 	"io"
+	"os"
+	"path/filepath"
 	"strings"
 )
+
+// DefaultDir is where a deployment's files go unless told: toolbus/nats under the
+// user's configuration directory ($XDG_CONFIG_HOME, else ~/.config on Linux), outside
+// any repository, since they are secrets.
+func DefaultDir() (string, error) {
+	dir, err := os.UserConfigDir()
+	if err != nil {
+		return "", fmt.Errorf("natsjwt: no default directory (%w): name one", err)
+	}
+	return filepath.Join(dir, "toolbus", "nats"), nil
+}
 
 // HandOut says what a change needs: whom to hand what, and what the servers need. An
 // account's change pushed to the running servers (PushAccounts) needs nothing more.
@@ -20,8 +33,9 @@ func (c Change) HandOut(pushed bool) string {
 
 // pushedHandOut: an account's JWT the running servers took at once (PushAccounts).
 var pushedHandOut = map[string]string{
-	"new":     ": pushed to the running servers; hand out its users' files",
-	"changed": ": pushed to the running servers, applied at once; its users keep their files and connections",
+	"new":       ": pushed to the running servers; hand out its users' files",
+	"changed":   ": pushed to the running servers, applied at once; its users keep their files and connections",
+	"unchanged": ": pushed to the running servers",
 }
 
 // accountHandOut says what an account's change needs (the accounts layout): its users'
