@@ -200,6 +200,13 @@ func runEdit(ctx context.Context, e edit, args []string, url string, stdout, std
 	if err != nil {
 		return err
 	}
+	if *o.server != "" {
+		url = *o.server
+	}
+	toPush := *o.push || e.name == "push"
+	if err := canPush(toPush, d.settings, url); err != nil {
+		return err
+	}
 	g := cloneGrants(d.grants)
 	var rotate []string
 	switch {
@@ -219,15 +226,25 @@ func runEdit(ctx context.Context, e edit, args []string, url string, stdout, std
 	}
 	var p pushed
 	var perr error
-	if *o.push || e.name == "push" {
-		if *o.server != "" {
-			url = *o.server
-		}
+	if toPush {
 		p, perr = d.push(ctx, url, res, e.name == "push")
 	}
 	report(stdout, res, p)
 	if perr != nil {
 		return fmt.Errorf("the files are written, the push failed (reload the servers, or toolbus admin push): %w", perr)
+	}
+	return nil
+}
+
+// canPush refuses a push that cannot be made, before anything is written.
+func canPush(push bool, s Settings, url string) error {
+	switch {
+	case !push:
+		return nil
+	case !s.Accounts:
+		return refused("-push needs the system user (system.creds), which only the accounts layout issues: reload the server instead (kill -HUP)")
+	case url == "":
+		return refused("-push needs the server: set TOOLBUS_NATS_URL or give -server URL")
 	}
 	return nil
 }
