@@ -132,6 +132,19 @@ func TestAdminDayTwoAsWritten(t *testing.T) {
 		}
 		return nil
 	})
+	// Beyond the block: a new team pushed says it needs a reload (its account is new to
+	// the server), and a tool revoked with -push is taken from alpha's connection at once.
+	out := shell(t, ctx, work, env, "toolbus admin add-team -dir tb gamma web -push")
+	if !strings.Contains(out, "reload needed: the running servers have not loaded account team-gamma (new)") {
+		t.Errorf("add-team -push does not say a reload is needed:\n%s", out)
+	}
+	shell(t, ctx, work, env, "toolbus admin revoke -dir tb alpha newtool -push")
+	eventstest.Eventually(t, 10*time.Second, func() error {
+		if _, err := alpha.RequestWithContext(ctx, newtool, nil); err == nil {
+			return &testError{"alpha still reaches newtool's queue after the revoke"}
+		}
+		return nil
+	})
 	if r := alpha.Stats().Reconnects; r != 0 {
 		t.Errorf("alpha's connection reconnected %d times", r)
 	}
