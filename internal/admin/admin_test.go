@@ -89,6 +89,7 @@ func TestSubcommandsTouchOnlyTheirTenant(t *testing.T) {
 		init []string
 	}{{"accounts", nil}, {"one account", []string{"-one-account"}}} {
 		t.Run(layout.name, func(t *testing.T) {
+			t.Parallel()
 			dir := filepath.Join(t.TempDir(), "base")
 			for _, args := range [][]string{
 				append([]string{"init", "-dir", dir}, layout.init...),
@@ -130,6 +131,7 @@ func TestSubcommandsTouchOnlyTheirTenant(t *testing.T) {
 					wantOut: []string{"rotated   executor-beta: hand out its new files", "hand to the holders of executor-beta:"}},
 			} {
 				t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
+					t.Parallel()
 					d := copyDir(t, base)
 					code, out, errOut := admin(t, append(tc.args, "-dir", d)...)
 					if code != 0 {
