@@ -145,6 +145,10 @@ func TestAdminDayTwoAsWritten(t *testing.T) {
 		}
 		return nil
 	})
+	// The stream toolbus init made is where it was: the core account kept its key.
+	if out := shell(t, ctx, work, env, "TOOLBUS_NATS_CREDS=tb/admin.creds toolbus runs"); strings.Contains(out, "does not exist") {
+		t.Errorf("toolbus runs after the edits:\n%s", out)
+	}
 	if r := alpha.Stats().Reconnects; r != 0 {
 		t.Errorf("alpha's connection reconnected %d times", r)
 	}
