@@ -82,6 +82,7 @@ var depRules = []depRule{
 		why: "the executor core runs in-process without NATS or CloudEvents (the bus side is executor/worker)"},
 	{prefix: "faults", notModule: []string{"cmd", "e2e", "examples"}, why: "the fault tests run the binaries; faultbus wires its own roles"},
 	{prefix: "injector", notModule: []string{"executor", "planner", "cmd", "internal/bench", "e2e", "faults", "examples"}, why: "workers meet only on the bus"},
+	{prefix: "internal/admin", notModule: workers, why: "a deployment's administration issues credentials and pushes accounts; it links no worker"},
 	{prefix: "internal/callrun", notModule: workers, why: "the run of one pre-planned call is built alike by the command and the MCP server"},
 	{prefix: "internal/node", notModule: []string{"cmd", "e2e", "faults", "examples"}, why: "a toolbus process (configuration, bus, roles) is wired here for the command, never from it"},
 	{prefix: "internal/timeline", notModule: workers, why: "the terminal views of runs read events and import no worker"},

@@ -11,6 +11,7 @@
 //	toolbus tools                   list the tool catalog and who serves each tool
 //	toolbus console                 web console at TOOLBUS_CONSOLE_ADDR
 //	toolbus server -c FILE          a NATS server from a configuration file (deploy/nats/)
+//	toolbus admin <subcommand>      a deployment's credentials: teams, tools, clients (internal/admin)
 //	toolbus env                     print the configuration variables
 package main
 
@@ -28,6 +29,7 @@ import (
 
 	"github.com/toolbus/toolbus/embedded"
 	"github.com/toolbus/toolbus/executor/mcptools"
+	"github.com/toolbus/toolbus/internal/admin"
 	"github.com/toolbus/toolbus/internal/node"
 )
 
@@ -196,6 +198,9 @@ commands:
   server -c FILE [-sd DIR] run a NATS server from a configuration file (deploy/nats/, or what
                            go run ./deploy/nats/gen writes): -sd, -a, -p override the file;
                            SIGHUP reloads it; exit 1 when it is invalid
+  admin <subcommand>       administer a deployment's credentials in one directory: init once, then
+                           add-team, grant, revoke, remove-team, add-client, remove-client, rotate
+                           (only that tenant changes; -push applies accounts with no reload)
   ready [URL]              exit 0 when this process's /readyz answers 200 (container health checks)
   bench [flags]            measure toolbus beside raw JetStream and an in-process loop
   env                      list the TOOLBUS_* configuration variables
@@ -270,6 +275,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		err = cmdReady(ctx, cfg, rest, stdout, stderr)
 	case "env":
 		err = cmdEnv(cfg, stdout)
+	case "admin":
+		return admin.Main(ctx, rest, cfg.URL, stdout, stderr)
 	case "mcp-login":
 		err = mcptools.LoginCommand(ctx, cfg.MCPConfig, rest, stdout)
 	default:

@@ -7,6 +7,8 @@
 //
 // Run again on the same -out, it keeps the deployment's keys and every credential whose
 // permissions did not change, and prints what changed (see natsjwt.GenerateGrants).
+// toolbus admin (package internal/admin) does the same as commands, with no checkout:
+// init once, then add-team, grant, revoke... on the directory it keeps.
 //
 // It runs from any directory of the checkout (go run ../../deploy/nats/gen from a
 // subdirectory works too): -perms defaults to this checkout's deploy/nats/permissions.conf,
@@ -102,11 +104,9 @@ func generate(perms, grants, out string, opts []natsjwt.Option, stdout io.Writer
 		}
 	}
 	if out == "" {
-		dir, err := os.UserConfigDir()
-		if err != nil {
-			return fmt.Errorf("no default output directory (%w): give -out", err)
+		if out, err = natsjwt.DefaultDir(); err != nil {
+			return fmt.Errorf("%w: give -out", err)
 		}
-		out = filepath.Join(dir, "toolbus", "nats")
 	}
 	if err := os.MkdirAll(out, 0o700); err != nil {
 		return err
@@ -125,35 +125,12 @@ func generate(perms, grants, out string, opts []natsjwt.Option, stdout io.Writer
 	fmt.Fprintln(stdout, "server configs:", res.Config, res.UsersConfig, res.NkeysConfig)
 	fmt.Fprintln(stdout, "kubernetes secrets:", res.K8sSecrets)
 	for _, u := range natsjwt.Users(nil, g) {
-		fmt.Fprintf(stdout, "%-20s %s  %s  %s\n", u.Name, res.Creds[u.Name], res.Passwords[u.Name], res.Seeds[u.Name])
-		if env := res.Env[u.Name]; len(env) > 0 {
-			fmt.Fprintf(stdout, "%-20s its executors run with %s\n", "", strings.Join(env, " "))
-		}
+		natsjwt.WriteUser(stdout, res, u.Name)
 	}
 	// What this run changed, and whom to hand what: a directory that held a
 	// deployment's keys keeps them and every credential whose permissions did not change.
-	for _, c := range res.Changes {
-		hint := handOut[c.What]
-		if c.Account {
-			hint = accountHandOut[c.What]
-		}
-		fmt.Fprintf(stdout, "%-9s %s%s\n", c.What, c.User, hint)
-	}
+	natsjwt.WriteChanges(stdout, res.Changes, nil)
 	return nil
-}
-
-// accountHandOut says what an account's change needs (the accounts layout): its users'
-// files are unchanged; the servers take the new account JWT or config on a reload.
-var accountHandOut = map[string]string{
-	"new":     ": reload the server (kill -HUP; the users and nkeys configs need a second reload for a new team's imports); then hand out its users' files",
-	"changed": ": reload the server (kill -HUP); its users keep their files and connections",
-}
-
-var handOut = map[string]string{
-	"new":     ": hand out its files; operator mode needs nothing on the server, users and nkeys a reload (nats-server --signal reload)",
-	"changed": ": hand out its new files (same password and nkey); reload the server (an old JWT that may do more than the new one is revoked once it does)",
-	"removed": ": its files are deleted; reload the server (users, nkeys; in operator mode its JWT is revoked)",
-	"rotated": ": hand out its new files; reload the server (the old password, nkey and JWT stop working once it does)",
 }
 
 // defaultPerms finds deploy/nats/permissions.conf: beside this program's source (go run,

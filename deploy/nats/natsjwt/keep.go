@@ -9,6 +9,7 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"sort"
 	"strings"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nkeys"
+	"golang.org/x/crypto/bcrypt"
 )
 
 // Change is what one run of GenerateGrants did to a user's credentials, so that an
@@ -261,4 +263,34 @@ func narrows(old *jwt.UserClaims, p Permissions) bool {
 	}
 	return !sub(old.Pub.Allow, p.PubAllow) || !sub(old.Sub.Allow, p.SubAllow) ||
 		!sub(p.PubDeny, old.Pub.Deny) || !sub(p.SubDeny, old.Sub.Deny)
+}
+
+// secretRE is a user's password hash in k8s-secrets.yaml (as writeConfigKinds writes it).
+var secretRE = regexp.MustCompile(`(?m)^  user: "([^"]+)"\n  password: "[^"]*"\n  bcrypt: "([^"]+)"$`)
+
+// hashes are the password hashes of the last run, by user (from k8s-secrets.yaml), so
+// that a user whose password is kept keeps its hash: the users config and the secrets
+// change only where a user does.
+func (k keyring) hashes() map[string]string {
+	out := map[string]string{}
+	b, err := os.ReadFile(filepath.Join(k.dir, "k8s-secrets.yaml"))
+	if err != nil {
+		return out
+	}
+	for _, m := range secretRE.FindAllStringSubmatch(string(b), -1) {
+		out[m[1]] = m[2]
+	}
+	return out
+}
+
+// keptHash is old while it is a hash of pw at cost, else a new one.
+func keptHash(old, pw string, cost int) ([]byte, error) {
+	if c, err := bcrypt.Cost([]byte(old)); err == nil && c == cost && bcrypt.CompareHashAndPassword([]byte(old), []byte(pw)) == nil {
+		return []byte(old), nil
+	}
+	hash, err := bcrypt.GenerateFromPassword([]byte(pw), cost)
+	if err != nil {
+		return nil, fmt.Errorf("natsjwt: %w", err)
+	}
+	return hash, nil
 }

@@ -414,14 +414,15 @@ func writeConfigKinds(users []User, g Grants, o options, kr keyring, single stri
 		}
 		return "    {" + ident + ", permissions: " + confPermissions(u.Perms) + "}\n"
 	}
+	kept := kr.hashes()
 	for _, u := range users {
 		pw, err := kr.password(u.Name)
 		if err != nil {
 			return err
 		}
-		hash, err := bcrypt.GenerateFromPassword([]byte(pw), o.bcryptCost)
+		hash, err := keptHash(kept[u.Name], pw, o.bcryptCost)
 		if err != nil {
-			return fmt.Errorf("natsjwt: %w", err)
+			return err
 		}
 		if res.Passwords[u.Name], err = write(u.Name+".password", []byte(pw)); err != nil {
 			return err

@@ -142,3 +142,37 @@ func TestClientPermissions(t *testing.T) {
 		t.Error("a template without the identity subjects was bound")
 	}
 }
+
+// A user whose password is kept keeps its bcrypt hash: issued again, the users config
+// and the secrets change only where a user does (a rotated user gets a new hash).
+func TestPasswordHashesKept(t *testing.T) {
+	dir := t.TempDir()
+	perms := filepath.Join("..", "permissions.conf")
+	g := natsjwt.Grants{Teams: map[string][]string{"alpha": {"calc"}}}
+	read := func(file string) string {
+		b, err := os.ReadFile(filepath.Join(dir, file))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(b)
+	}
+	gen := func(opts ...natsjwt.Option) {
+		if _, err := natsjwt.GenerateGrants(perms, dir, g, append(opts, natsjwt.WithBcryptCost(bcrypt.MinCost))...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	gen()
+	users, secrets := read("auth-users.conf"), read("k8s-secrets.yaml")
+	gen()
+	if read("auth-users.conf") != users || read("k8s-secrets.yaml") != secrets {
+		t.Fatal("issued again with the same grants, the users config or the secrets changed")
+	}
+	gen(natsjwt.WithRotate("planner"))
+	after := read("auth-users.conf")
+	for _, l := range strings.Split(users, "\n") {
+		changed := !strings.Contains(after, l)
+		if changed != strings.Contains(l, `user: "planner"`) {
+			t.Errorf("after rotating planner, changed %v: %s", changed, l)
+		}
+	}
+}

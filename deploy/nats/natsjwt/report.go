@@ -1,0 +1,71 @@
+package natsjwt
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+)
+
+// DefaultDir is where a deployment's files go unless told: toolbus/nats under the
+// user's configuration directory ($XDG_CONFIG_HOME, else ~/.config on Linux), outside
+// any repository, since they are secrets.
+func DefaultDir() (string, error) {
+	dir, err := os.UserConfigDir()
+	if err != nil {
+		return "", fmt.Errorf("natsjwt: no default directory (%w): name one", err)
+	}
+	return filepath.Join(dir, "toolbus", "nats"), nil
+}
+
+// HandOut says what a change needs: whom to hand what, and what the servers need. An
+// account's change pushed to the running servers (PushAccounts) needs nothing more.
+func (c Change) HandOut(pushed bool) string {
+	switch {
+	case c.Account && pushed:
+		return pushedHandOut[c.What]
+	case c.Account:
+		return accountHandOut[c.What]
+	}
+	return handOut[c.What]
+}
+
+// pushedHandOut: an account's JWT the running servers took at once (PushAccounts).
+var pushedHandOut = map[string]string{
+	"new":       ": pushed to the running servers; hand out its users' files",
+	"changed":   ": pushed to the running servers, applied at once; its users keep their files and connections",
+	"unchanged": ": pushed to the running servers",
+}
+
+// accountHandOut says what an account's change needs (the accounts layout): its users'
+// files are unchanged; the servers take the new account JWT or config on a reload.
+var accountHandOut = map[string]string{
+	"new":     ": reload the server (kill -HUP; the users and nkeys configs need a second reload for a new team's imports); then hand out its users' files",
+	"changed": ": reload the server (kill -HUP); its users keep their files and connections",
+}
+
+var handOut = map[string]string{
+	"new":     ": hand out its files; operator mode needs nothing on the server, users and nkeys a reload (nats-server --signal reload)",
+	"changed": ": hand out its new files (same password and nkey); reload the server (an old JWT that may do more than the new one is revoked once it does)",
+	"removed": ": its files are deleted; reload the server (users, nkeys; in operator mode its JWT is revoked)",
+	"rotated": ": hand out its new files; reload the server (the old password, nkey and JWT stop working once it does)",
+}
+
+// WriteChanges prints what a run of GenerateGrants changed, one line a user or account,
+// with what each change needs (HandOut); pushed says which accounts' changes the
+// running servers took already. go run ./deploy/nats/gen and toolbus admin print it.
+func WriteChanges(w io.Writer, changes []Change, pushed func(Change) bool) {
+	for _, c := range changes {
+		fmt.Fprintf(w, "%-9s %s%s\n", c.What, c.User, c.HandOut(pushed != nil && pushed(c)))
+	}
+}
+
+// WriteUser prints the files of user (credentials, password, nkey seed) and, for a
+// team's executor user, the settings its executors run with.
+func WriteUser(w io.Writer, res Result, user string) {
+	fmt.Fprintf(w, "%-20s %s  %s  %s\n", user, res.Creds[user], res.Passwords[user], res.Seeds[user])
+	if env := res.Env[user]; len(env) > 0 {
+		fmt.Fprintf(w, "%-20s its executors run with %s\n", "", strings.Join(env, " "))
+	}
+}

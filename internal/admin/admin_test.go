@@ -1,0 +1,255 @@
+package admin
+
+import (
+	"bytes"
+	"context"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"golang.org/x/crypto/bcrypt"
+)
+
+func init() { bcryptCost = bcrypt.MinCost }
+
+// admin runs toolbus admin in-process: exit code, stdout, stderr.
+func admin(t *testing.T, args ...string) (int, string, string) {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	code := Main(context.Background(), args, "", &out, &errOut)
+	return code, out.String(), errOut.String()
+}
+
+// files reads every file of dir (its permissions subdirectory too).
+func files(t *testing.T, dir string) map[string][]byte {
+	t.Helper()
+	out := map[string][]byte{}
+	err := filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		b, err := os.ReadFile(p)
+		rel, _ := filepath.Rel(dir, p)
+		out[rel] = b
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// diff names the files added, changed or removed from before to after.
+func diff(before, after map[string][]byte) []string {
+	var out []string
+	for name, b := range after {
+		if a, ok := before[name]; !ok || !bytes.Equal(a, b) {
+			out = append(out, name)
+		}
+	}
+	for name := range before {
+		if _, ok := after[name]; !ok {
+			out = append(out, name)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// copyDir copies the files of a deployment into a new directory.
+func copyDir(t *testing.T, fs map[string][]byte) string {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "d")
+	for name, b := range fs {
+		p := filepath.Join(dir, name)
+		if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
+
+// configs are the files every edit may rewrite: the grants and the server configs,
+// which list every tenant (in operator mode the memory resolver's preload).
+var configs = []string{GrantsFile, "auth-jwt.conf", "auth-nkeys.conf", "auth-users.conf", "k8s-secrets.yaml"}
+
+// Each subcommand changes only its tenant's files: the table's files, beside the
+// configs; every other file of the deployment (the keys, every other user's
+// credentials, every other team's account) stays byte for byte. A revocation (a removed
+// or rotated user) goes into every account JWT, as natsjwt issues it.
+func TestSubcommandsTouchOnlyTheirTenant(t *testing.T) {
+	for _, layout := range []struct {
+		name string
+		init []string
+	}{{"accounts", nil}, {"one account", []string{"-one-account"}}} {
+		t.Run(layout.name, func(t *testing.T) {
+			t.Parallel()
+			dir := filepath.Join(t.TempDir(), "base")
+			for _, args := range [][]string{
+				append([]string{"init", "-dir", dir}, layout.init...),
+				{"add-team", "-dir", dir, "alpha", "calc"},
+				{"add-team", "beta", "search", "-dir", dir},
+				{"add-client", "-dir", dir, "alice", "alice"},
+			} {
+				if code, out, errOut := admin(t, args...); code != 0 {
+					t.Fatalf("%v: exit %d\n%s%s", args, code, out, errOut)
+				}
+			}
+			accounts := layout.init == nil
+			base := files(t, dir)
+			revoked := []string{"account.jwt", "revocations.json"}
+			if accounts {
+				revoked = append(revoked, "team-alpha.jwt", "team-beta.jwt")
+			}
+			user := func(u string) []string { return []string{u + ".creds", u + ".nk", u + ".password"} }
+			for _, tc := range []struct {
+				args           []string
+				want, wantJWT  []string // the files it changes besides the configs (wantJWT: the accounts layout's)
+				wantOne        []string // and in one account's
+				wantOut        []string
+				wantOutAccount []string
+			}{
+				{args: []string{"add-team", "gamma", "web"}, want: user("executor-gamma"), wantJWT: []string{"team-gamma.jwt", "team-gamma.nk"},
+					wantOut:        []string{"new       executor-gamma: hand out its files", "TOOLBUS_TEAM=gamma TOOLBUS_EXECUTOR_TOOLS=web"},
+					wantOutAccount: []string{"new       account team-gamma: reload the server"}},
+				{args: []string{"grant", "alpha", "calc2"}, wantOne: user("executor-alpha")[:1], wantJWT: []string{"team-alpha.jwt"},
+					wantOut:        []string{"unchanged (files byte for byte as they were): admin, planner, executor, injector, client"},
+					wantOutAccount: []string{"changed   account team-alpha: reload the server (kill -HUP)", "toolbus admin push"}},
+				{args: []string{"revoke", "alpha", "calc"}, wantOne: append(user("executor-alpha")[:1], revoked...), wantJWT: []string{"team-alpha.jwt"}},
+				{args: []string{"remove-team", "beta"}, want: append(user("executor-beta"), slices.DeleteFunc(slices.Clone(revoked), func(f string) bool { return f == "team-beta.jwt" })...),
+					wantOut: []string{"removed   executor-beta: its files are deleted"}},
+				{args: []string{"add-client", "bob", "bob", "bob-bot"}, want: user("client-bob"),
+					wantOut: []string{"new       client-bob: hand out its files"}},
+				{args: []string{"remove-client", "alice"}, want: append(user("client-alice"), revoked...)},
+				{args: []string{"rotate", "executor-beta"}, want: append(user("executor-beta"), revoked...),
+					wantOut: []string{"rotated   executor-beta: hand out its new files", "hand to the holders of executor-beta:"}},
+			} {
+				t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
+					t.Parallel()
+					d := copyDir(t, base)
+					code, out, errOut := admin(t, append(tc.args, "-dir", d)...)
+					if code != 0 {
+						t.Fatalf("exit %d\n%s%s", code, out, errOut)
+					}
+					want := slices.Clone(tc.want)
+					wantOut := slices.Clone(tc.wantOut)
+					if accounts {
+						want = append(want, tc.wantJWT...)
+						wantOut = append(wantOut, tc.wantOutAccount...)
+					} else {
+						want = append(want, tc.wantOne...) // a team's user JWT carries its tools
+					}
+					got := slices.DeleteFunc(diff(base, files(t, d)), func(f string) bool { return slices.Contains(configs, f) })
+					want = slices.Compact(slices.Sorted(slices.Values(want)))
+					if !slices.Equal(got, want) {
+						t.Errorf("changed files %v, want %v\n%s", got, want, out)
+					}
+					for _, w := range wantOut {
+						if !strings.Contains(out, w) {
+							t.Errorf("the output does not say %q:\n%s", w, out)
+						}
+					}
+					// Issued again with no edit, nothing changes at all.
+					after := files(t, d)
+					if code, out, errOut := admin(t, "push", "-dir", d, "-server", "nats://127.0.0.1:1"); code != 1 || !strings.Contains(out+errOut, "the files are written, the push failed") {
+						if accounts || !strings.Contains(errOut, "only the accounts layout issues") {
+							t.Errorf("push with no server: exit %d\n%s%s", code, out, errOut)
+						}
+					}
+					if changed := diff(after, files(t, d)); len(changed) > 0 {
+						t.Errorf("a push with no edit changed %v", changed)
+					}
+				})
+			}
+		})
+	}
+}
+
+// A refusal says why and changes no file; a usage error exits 2.
+func TestRefusals(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "d")
+	for _, args := range [][]string{{"init", "-dir", dir}, {"add-team", "-dir", dir, "alpha", "calc"}, {"add-client", "-dir", dir, "alice", "alice"}} {
+		if code, out, errOut := admin(t, args...); code != 0 {
+			t.Fatalf("%v: exit %d\n%s%s", args, code, out, errOut)
+		}
+	}
+	before := files(t, dir)
+	empty := t.TempDir()
+	for _, tc := range []struct {
+		args []string
+		code int
+		want string
+	}{
+		{[]string{"init"}, 1, "holds a deployment already (grants.json): init makes one once"},
+		{[]string{"add-team", "alpha"}, 1, "refused: team alpha exists: grant it tools with toolbus admin grant alpha TOOL..."},
+		{[]string{"add-team", "beta", "calc"}, 1, "refused: tool calc is owned by team alpha: a tool has one owner (toolbus admin revoke alpha calc first)"},
+		{[]string{"add-team", "Beta!"}, 1, `refused: invalid team name "Beta!"`},
+		{[]string{"grant", "gamma", "web"}, 1, "refused: no team gamma (teams: alpha); add it: toolbus admin add-team gamma TOOL..."},
+		{[]string{"grant", "alpha", "calc"}, 1, "refused: team alpha has tool calc already"},
+		{[]string{"grant", "alpha", "bad tool"}, 1, `refused: team alpha: invalid tool name "bad tool"`},
+		{[]string{"revoke", "alpha", "web"}, 1, "refused: team alpha has no tool web (its tools: calc)"},
+		{[]string{"remove-team", "gamma"}, 1, "refused: no team gamma (teams: alpha)"},
+		{[]string{"add-client", "alice", "bob"}, 1, "refused: client alice exists (alice): remove it first"},
+		{[]string{"add-client", "bob", "_none"}, 1, `refused: client bob: invalid identity "_none"`},
+		{[]string{"remove-client", "bob"}, 1, "refused: no client bob (clients: alice)"},
+		{[]string{"rotate", "nobody"}, 1, "refused: no user nobody (users: admin, planner, executor, injector, client, executor-alpha, client-alice)"},
+		{[]string{"grant", "alpha", "web", "-push"}, 1, "-push needs the server: set TOOLBUS_NATS_URL or give -server URL"},
+		{[]string{"grant", "alpha"}, 2, "usage: toolbus admin grant TEAM TOOL... (got 1 arguments)"},
+		{[]string{"remove-team", "alpha", "beta"}, 2, "usage: toolbus admin remove-team TEAM (got 2 arguments)"},
+		{[]string{"grant", "-nope", "alpha", "web"}, 2, "flag provided but not defined: -nope"},
+		{[]string{"frobnicate"}, 2, `unknown subcommand "frobnicate"`},
+		{[]string{"grant", "alpha", "web", "-dir", empty}, 1, "holds no deployment of toolbus admin (no deployment.json): create one with toolbus admin init -dir " + empty},
+	} {
+		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
+			args := tc.args
+			if !slices.Contains(args, "-dir") && args[0] != "frobnicate" {
+				args = append(slices.Clone(args), "-dir", dir)
+			}
+			code, out, errOut := admin(t, args...)
+			if code != tc.code || !strings.Contains(errOut, tc.want) {
+				t.Errorf("exit %d, want %d; stderr does not say %q:\n%s%s", code, tc.code, tc.want, out, errOut)
+			}
+			if changed := diff(before, files(t, dir)); len(changed) > 0 {
+				t.Errorf("a refusal changed %v", changed)
+			}
+		})
+	}
+	// The grant that was refused for want of a server wrote nothing: it goes through once.
+	if code, out, errOut := admin(t, "grant", "alpha", "web", "-dir", dir); code != 0 || !strings.Contains(out, "account team-alpha") {
+		t.Fatalf("grant alpha web: exit %d\n%s%s", code, out, errOut)
+	}
+	if g := files(t, dir)[GrantsFile]; !strings.Contains(string(g), `"web"`) {
+		t.Fatalf("grants.json:\n%s", g)
+	}
+}
+
+// -h lists every subcommand and flag on stdout; the subcommands' own -h their flags.
+func TestHelp(t *testing.T) {
+	code, out, errOut := admin(t, "-h")
+	if code != 0 || errOut != "" {
+		t.Fatalf("-h: exit %d\n%s", code, errOut)
+	}
+	for _, w := range append([]string{"usage: toolbus admin", "init [-one-account]", "-push", "-server", "-dir", "-listen", "-store", "-accounts"},
+		slices.Collect(maps.Keys(editNames()))...) {
+		if !strings.Contains(out, w) {
+			t.Errorf("-h does not list %q:\n%s", w, out)
+		}
+	}
+	if code, _, errOut := admin(t); code != 2 || !strings.Contains(errOut, "usage: toolbus admin") {
+		t.Errorf("no subcommand: exit %d\n%s", code, errOut)
+	}
+}
+
+func editNames() map[string]bool {
+	out := map[string]bool{}
+	for _, e := range edits {
+		out["  "+e.name+" "] = true
+	}
+	return out
+}

@@ -1,0 +1,206 @@
+package admin
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/nats-io/nats.go"
+	"golang.org/x/crypto/bcrypt"
+
+	natsconf "github.com/toolbus/toolbus/deploy/nats"
+	"github.com/toolbus/toolbus/deploy/nats/natsjwt"
+)
+
+// The files toolbus admin keeps in a deployment's directory besides what
+// natsjwt.GenerateGrants writes there.
+const (
+	// GrantsFile is the deployment's grants (natsjwt.Grants as JSON).
+	GrantsFile = "grants.json"
+	// SettingsFile is how init issued the deployment (Settings as JSON): every later
+	// command issues the same way, so the configs change only where the grants do.
+	SettingsFile = "deployment.json"
+	// PermsDir holds the permissions the credentials are issued from, copied at init
+	// from the binary (package natsconf): a newer binary issues the same until the
+	// administrator replaces them.
+	PermsDir = "permissions"
+)
+
+// Settings are what admin init was told.
+type Settings struct {
+	Accounts bool   `json:"accounts"`
+	Listen   string `json:"listen"`
+	Store    string `json:"store,omitempty"`
+}
+
+// bcryptCost is the cost of the password hashes (the tests lower it).
+var bcryptCost = bcrypt.DefaultCost
+
+func (s Settings) options(rotate ...string) []natsjwt.Option {
+	opts := []natsjwt.Option{natsjwt.WithListen(s.Listen), natsjwt.WithStoreDir(s.Store), natsjwt.WithBcryptCost(bcryptCost), natsjwt.WithRotate(rotate...)}
+	if s.Accounts {
+		opts = append(opts, natsjwt.WithAccounts())
+	}
+	return opts
+}
+
+// Init creates a deployment in dir: its keys, every role's credentials, the server
+// configs, the permissions and an empty grants file. A directory that holds a
+// deployment (its grants, settings or operator key) is refused: its keys are never
+// made again.
+func Init(dir string, s Settings, stdout io.Writer) error {
+	for _, f := range []string{GrantsFile, SettingsFile, "operator.nk"} {
+		if _, err := os.Stat(filepath.Join(dir, f)); err == nil {
+			return refused("%s holds a deployment already (%s): init makes one once; change it with toolbus admin add-team, grant, revoke...", dir, f)
+		}
+	}
+	if err := os.MkdirAll(filepath.Join(dir, PermsDir), 0o700); err != nil {
+		return fmt.Errorf("admin: %w", err)
+	}
+	for _, name := range natsconf.Names {
+		b, err := natsconf.Files.ReadFile(name)
+		if err != nil {
+			return fmt.Errorf("admin: %w", err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, PermsDir, name), b, 0o600); err != nil {
+			return fmt.Errorf("admin: %w", err)
+		}
+	}
+	g := natsjwt.Grants{Teams: map[string][]string{}}
+	res, err := natsjwt.GenerateGrants(filepath.Join(dir, PermsDir, "permissions.conf"), dir, g, s.options()...)
+	if err != nil {
+		return err
+	}
+	if err := writeJSON(filepath.Join(dir, SettingsFile), s); err != nil {
+		return err
+	}
+	if err := writeJSON(filepath.Join(dir, GrantsFile), g); err != nil {
+		return err
+	}
+	layout := "one account for everyone (-one-account)"
+	if s.Accounts {
+		layout = "the accounts layout: a core account, and one account per team"
+	}
+	fmt.Fprintf(stdout, "created a deployment in %s (secrets: keep it out of git), %s\n", dir, layout)
+	fmt.Fprintln(stdout, "server configs:", res.Config, res.UsersConfig, res.NkeysConfig)
+	if s.Store == "" {
+		fmt.Fprintf(stdout, "run a server: toolbus server -c %s -sd DIR\n", res.Config)
+	} else {
+		fmt.Fprintf(stdout, "run a server: toolbus server -c %s\n", res.Config)
+	}
+	for _, u := range natsjwt.Users(nil, g) {
+		natsjwt.WriteUser(stdout, res, u.Name)
+	}
+	fmt.Fprintln(stdout, "hand each process its user's file (TOOLBUS_NATS_CREDS); toolbus init runs with admin's")
+	return nil
+}
+
+// deployment is a directory init made.
+type deployment struct {
+	dir      string
+	settings Settings
+	grants   natsjwt.Grants
+}
+
+func open(dir string) (*deployment, error) {
+	d := &deployment{dir: dir}
+	b, err := os.ReadFile(filepath.Join(dir, SettingsFile))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, refused("%s holds no deployment of toolbus admin (no %s): create one with toolbus admin init -dir %s", dir, SettingsFile, dir)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("admin: %w", err)
+	}
+	if err := json.Unmarshal(b, &d.settings); err != nil {
+		return nil, fmt.Errorf("admin: %s: %w", SettingsFile, err)
+	}
+	if d.grants, err = natsjwt.ReadGrants(filepath.Join(dir, GrantsFile)); err != nil {
+		return nil, err
+	}
+	return d, nil
+}
+
+// issue issues the deployment's credentials for g with the same keys, then keeps g.
+func (d *deployment) issue(g natsjwt.Grants, rotate ...string) (natsjwt.Result, error) {
+	if err := g.Validate(); err != nil {
+		return natsjwt.Result{}, refused("%v", err)
+	}
+	res, err := natsjwt.GenerateGrants(filepath.Join(d.dir, PermsDir, "permissions.conf"), d.dir, g, d.settings.options(rotate...)...)
+	if err != nil {
+		return res, err
+	}
+	d.grants = g
+	return res, writeJSON(filepath.Join(d.dir, GrantsFile), g)
+}
+
+// pushed is the outcome of a push: the accounts the servers took, those they had not
+// loaded (a new account: a reload loads it).
+type pushed struct {
+	took, skipped map[string]bool // by Change.User ("account team-alpha")
+}
+
+// push sends the account JWTs of changes (all of them with every) to the server at url
+// with the deployment's system user, one account at a time.
+func (d *deployment) push(ctx context.Context, url string, res natsjwt.Result, every bool) (pushed, error) {
+	p := pushed{took: map[string]bool{}, skipped: map[string]bool{}}
+	if res.SystemCreds == "" {
+		return p, refused("-push needs the system user (system.creds), which only the accounts layout issues: reload the server instead (kill -HUP)")
+	}
+	if url == "" {
+		return p, refused("-push needs the server: set TOOLBUS_NATS_URL or give -server URL")
+	}
+	nc, err := nats.Connect(url, nats.UserCredentials(res.SystemCreds), nats.Name("toolbus admin"))
+	if err != nil {
+		return p, fmt.Errorf("admin: push: connect to %s as %s: %w", url, natsjwt.SystemUser, err)
+	}
+	defer nc.Close()
+	for _, name := range accountsToPush(res, every) {
+		pub := accountKey(res, name)
+		err := natsjwt.PushAccounts(ctx, nc, map[string]string{pub: res.AccountJWTs[pub]})
+		switch {
+		case errors.Is(err, natsjwt.ErrPushSkipped):
+			p.skipped[name] = true
+		case err != nil:
+			return p, fmt.Errorf("admin: %w", err)
+		default:
+			p.took[name] = true
+		}
+	}
+	return p, nil
+}
+
+// accountsToPush are the accounts ("account <name>") whose JWTs changed, or every one.
+func accountsToPush(res natsjwt.Result, every bool) []string {
+	var out []string
+	for _, c := range res.Changes {
+		if c.Account && (every || c.What == "new" || c.What == "changed") {
+			out = append(out, c.User)
+		}
+	}
+	return out
+}
+
+// accountKey is the public key of an account's change ("account TOOLBUS", "account team-x").
+func accountKey(res natsjwt.Result, name string) string {
+	team, ok := strings.CutPrefix(name, "account team-")
+	if !ok {
+		return res.Account
+	}
+	return res.TeamAccounts[team]
+}
+
+func writeJSON(file string, v any) error {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return fmt.Errorf("admin: %w", err)
+	}
+	if err := os.WriteFile(file, append(b, '\n'), 0o600); err != nil {
+		return fmt.Errorf("admin: %w", err)
+	}
+	return nil
+}
