@@ -149,6 +149,8 @@ type Bus struct {
 	perms *connect.Permissions
 	// team: opened in a team account (Config.APIPrefix, openTeam).
 	team bool
+	// msgKey keys the message ids of a team account's events (msgID).
+	msgKey []byte
 }
 
 // cachedRun is a run's first run.started, its stream sequence and its traceparent.

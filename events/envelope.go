@@ -196,7 +196,7 @@ func (b *Bus) PublishEventAsync(ctx context.Context, e Envelope) (*PubFuture, er
 		return nil, err
 	}
 	InjectTrace(ctx, msg.Header)
-	f, err := b.js.PublishMsgAsync(msg, jetstream.WithMsgID(e.Meta.ID))
+	f, err := b.js.PublishMsgAsync(msg, jetstream.WithMsgID(b.msgID(e.Meta.ID)))
 	if err != nil {
 		return nil, fmt.Errorf("events: publish %s: %w", e.Meta.ID, err)
 	}

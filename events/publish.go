@@ -75,7 +75,7 @@ var ErrSquatted = errors.New("events: event id squatted")
 // for the stream's acknowledgement. A duplicate acknowledgement is checked against
 // what the stream holds (settleDuplicate).
 func (b *Bus) publishMsg(ctx context.Context, msg *nats.Msg, id string) (*jetstream.PubAck, error) {
-	ack, err := b.js.PublishMsg(ctx, msg, jetstream.WithMsgID(id))
+	ack, err := b.js.PublishMsg(ctx, msg, jetstream.WithMsgID(b.msgID(id)))
 	if err != nil {
 		return nil, fmt.Errorf("events: publish %s: %w", id, err)
 	}
@@ -234,7 +234,9 @@ func (b *Bus) findOnSubject(ctx context.Context, subject string, m Meta, attempt
 func (b *Bus) Stored(ctx context.Context, e Envelope) (uint64, bool, error) {
 	if b.team {
 		raw, err := b.stream.GetLastMsgForSubject(ctx, e.Subject)
-		if errors.Is(err, jetstream.ErrMsgNotFound) {
+		if errors.Is(err, jetstream.ErrMsgNotFound) || errors.Is(err, nats.ErrNoResponders) {
+			// No responders: the stream serves no direct gets (a read mirror, or
+			// replicas): the claim's done mark is all there is to go by.
 			return 0, false, nil
 		}
 		if err != nil {

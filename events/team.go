@@ -2,6 +2,9 @@ package events
 
 import (
 	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"strconv"
@@ -30,7 +33,8 @@ func openTeam(nc *nats.Conn, cfg Config) (*Bus, error) {
 	if err != nil {
 		return nil, fmt.Errorf("events: jetstream under %s: %w", cfg.APIPrefix, err)
 	}
-	b := &Bus{cfg: cfg, nc: nc, js: js, runCache: map[string]cachedRun{}, perms: connect.WatchPermissions(nc), team: true}
+	b := &Bus{cfg: cfg, nc: nc, js: js, runCache: map[string]cachedRun{}, perms: connect.WatchPermissions(nc), team: true,
+		msgKey: teamMsgKey(nc)}
 	b.perms.SetHint(GrantHint)
 	b.stream = &teamStream{js: js, nc: nc, name: cfg.Stream, prefix: cfg.APIPrefix}
 	b.reader = b.stream
@@ -114,4 +118,45 @@ func (s *teamStream) GetLastMsgForSubject(ctx context.Context, subject string) (
 	}
 	tm, _ := time.Parse(time.RFC3339Nano, r.Header.Get(jetstream.TimeStampHeaer))
 	return &jetstream.RawStreamMsg{Subject: r.Header.Get(jetstream.SubjectHeader), Sequence: seq, Header: r.Header, Data: r.Data, Time: tm}, nil
+}
+
+// msgID is the Nats-Msg-Id an event of id is published with. The stream's duplicate
+// window is keyed by Nats-Msg-Id across all of its subjects, and an event's id is
+// deterministic, so another team could publish on its own subject first under the id of
+// this team's result, and the stream would drop the real one as a duplicate (a team may
+// not read the stream to notice). In a team account the message id is therefore
+// <id>/guarded/<HMAC of id>, keyed by the team's credentials: the same for every
+// instance of the team (a re-publish after a crash is still a duplicate) and unknown to
+// anyone else. Consumers identify an event by its id, never by Nats-Msg-Id (CONTRACT.md).
+func (b *Bus) msgID(id string) string {
+	if !b.team || b.msgKey == nil {
+		return id
+	}
+	m := hmac.New(sha256.New, b.msgKey)
+	m.Write([]byte(id))
+	return id + GuardedIDSeparator + base64.RawURLEncoding.EncodeToString(m.Sum(nil)[:16])
+}
+
+// teamMsgKey derives the key of msgID from the secret of the connection's credentials:
+// an ed25519 signature (deterministic) of a fixed text by the user's nkey (a .creds file
+// or an nkey seed), else its password, else its token. Without any (a team on mutual TLS
+// alone) the ids stay plain.
+func teamMsgKey(nc *nats.Conn) []byte {
+	var material []byte
+	switch o := nc.Opts; {
+	case o.SignatureCB != nil:
+		sig, err := o.SignatureCB([]byte("toolbus message ids v1"))
+		if err != nil {
+			return nil
+		}
+		material = sig
+	case o.Password != "":
+		material = []byte(o.User + "\x00" + o.Password)
+	case o.Token != "":
+		material = []byte(o.Token)
+	default:
+		return nil
+	}
+	k := sha256.Sum256(append([]byte("toolbus-msgid-v1\x00"), material...))
+	return k[:]
 }

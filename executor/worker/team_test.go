@@ -165,3 +165,52 @@ func TestTeamAccountExecutor(t *testing.T) {
 	}
 	p.WaitStatus("team-2", toolbus.RunCancelled)
 }
+
+// TestTeamResultsCannotBeSquatted: the stream's duplicate window is keyed by message id
+// across every subject, and a result's id is deterministic. Team beta, in its own
+// account, publishes on its own tool's result subject under the ids of the result and
+// the wait that alpha's calls will publish; alpha's events are stored all the same (its
+// message ids are keyed by its credentials) and its run completes.
+func TestTeamResultsCannotBeSquatted(t *testing.T) {
+	srv := eventstest.StartTeams(t, map[string][]string{"alpha": {"calc"}, "beta": {"other"}})
+	connect := func(user string) *nats.Conn {
+		nc, err := nats.Connect(srv.ClientURL(), nats.UserInfo(user, user))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(nc.Close)
+		return nc
+	}
+	script := &planner.Script{Steps: []func(planner.Request) planner.Response{
+		planner.Calls(toolbus.ToolCall{CallID: "c1", Tool: "calc", Arguments: `{}`}), planner.Answer("done")}}
+	p := testpipe.StartOn(t, connect("core"), 2*time.Minute, testpipe.ScriptByRun(map[string]*planner.Script{"sq-1": script}, nil))
+	if _, err := provision.Consumer(p.Ctx, p.Bus, provision.ToolConsumerConfig("calc", 0, 0)); err != nil {
+		t.Fatal(err)
+	}
+	beta := connect("beta")
+	for _, id := range []string{events.IDToolFinished("sq-1", 0, "c1"), events.IDToolWaiting("sq-1", 0, "c1")} {
+		m := nats.NewMsg(events.SubjectToolFinished("sq-1", "other"))
+		m.Header.Set(events.HeaderMsgID, id)
+		m.Data = []byte(`{"squat":true}`)
+		if _, err := beta.RequestMsg(m, 5*time.Second); err != nil {
+			t.Fatalf("beta's publish on its own subject: %v", err)
+		}
+	}
+	reg := executor.NewRegistry()
+	if err := reg.Register(executor.Tool{Name: "calc", Description: "answers", InputSchema: json.RawMessage(`{"type":"object"}`),
+		Func: func(context.Context, json.RawMessage) (any, error) { return "ok", nil }}); err != nil {
+		t.Fatal(err)
+	}
+	teamBus, err := events.Open(p.Ctx, connect("alpha"), events.Config{APIPrefix: eventstest.TeamAPIPrefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	exec := testutil.Must(executor.New(reg, executor.WithLogger(p.Log), executor.WithInstance("alpha-1")))
+	w, err := worker.New(teamBus, exec, worker.Config{WorkerConfig: events.WorkerConfig{Instance: "alpha-1", Logger: p.Log, Grace: time.Second}, Team: "alpha"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Roles.Go("alpha-1", w.Run)
+	p.SubmitAs("sq-1", "alice", "go", toolbus.Limits{})
+	p.WaitStatus("sq-1", toolbus.RunCompleted)
+}
