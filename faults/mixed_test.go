@@ -55,9 +55,10 @@ func nodeSDK(t *testing.T) (node, entry string) {
 // first attempt and its retry policy runs it again (the side effect once, at attempt 2,
 // the result carrying the failed attempt); alpha's approve_ts waits for approval and
 // runs once with the arguments a person edited (`toolbus approve --args`); append_ts
-// reports progress, which is in the stream; and the TypeScript executor is killed
-// (SIGKILL) while a call of it runs, which a second TypeScript instance takes over once
-// (the side effect once, by it, at attempt 2). Every run replays without a violation.
+// reports progress, which is in the stream; and, with a second TypeScript instance up,
+// the one that runs a call is killed (SIGKILL) mid-call and the other takes the call over
+// once (the side effect once, by it, at attempt 2). Every run replays without a
+// violation. The stream has no read mirror (see the init below).
 func TestFaultMixedLanguages(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts processes")
@@ -160,30 +161,37 @@ func TestFaultMixedLanguages(t *testing.T) {
 	cli("approve", 0, "approve", approveRun, callrun.CallID, "--args", `{"label":"edited"}`, "--who", "faults", "--reason", "fault suite")
 	waitRunsCompleted(e, append([]string{approveRun}, runs...), 2*time.Minute)
 
-	// The kill: alpha-1 runs the slow call of kill-0000; a second instance starts and
-	// alpha-1 is killed (SIGKILL) mid-call.
+	// The kill: a second instance joins, one of the two runs the slow call of kill-0000
+	// and is killed (SIGKILL) mid-call; the other takes the call over.
+	alpha := map[string]*proc{"alpha-1": alpha1, "alpha-2": tsExecutor("alpha-2")}
 	e.submit([]string{"kill-0000"})
 	claims, err := e.bus.JetStream().KeyValue(e.ctx, store.BucketClaims)
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.eventually("alpha-1 runs "+slow, time.Minute, func() error {
+	var holder, taker string
+	e.eventually("an alpha instance runs "+slow, time.Minute, func() error {
 		ctx, cancel := e.op()
 		defer cancel()
 		entry, err := claims.Get(ctx, store.ClaimKey("append_ts", "kill-0000", 0, "c0"))
 		if err != nil {
 			return err
 		}
-		if !strings.Contains(string(entry.Value()), `"alpha-1"`) {
+		var c store.Claim
+		if err := json.Unmarshal(entry.Value(), &c); err != nil {
+			return err
+		}
+		if alpha[c.Instance] == nil {
 			return fmt.Errorf("claimed: %s", entry.Value())
 		}
+		holder = c.Instance
 		return nil
 	})
-	tsExecutor("alpha-2")
+	taker = map[string]string{"alpha-1": "alpha-2", "alpha-2": "alpha-1"}[holder]
 	if n := e.count(events.SubjectToolFinished("kill-0000", "append_ts")); n != 0 {
 		t.Fatalf("%s finished before the kill (%d results): nothing to take over", slow, n)
 	}
-	alpha1.kill()
+	alpha[holder].kill()
 	waitRunsCompleted(e, []string{"kill-0000"}, 2*time.Minute)
 	e.checkProcs()
 
@@ -203,12 +211,12 @@ func TestFaultMixedLanguages(t *testing.T) {
 	if fs := tl["mix-0001"].finished[callKey{1, "c0"}]; len(fs) != 1 || fs[0].Attempt != 2 || len(fs[0].Retries) != 1 || fs[0].Retries[0].Error.Code != "flaky" {
 		t.Errorf("result of the retried call %s: %+v, want attempt 2 with one failed attempt (flaky)", failOnce, fs)
 	}
-	// The take-over: the killed instance's call, done once by alpha-2 at attempt 2.
-	if f := strings.Fields(first(effects[slow])); len(f) < 3 || f[1] != "alpha-2" || f[2] != "2" {
-		t.Errorf("side effect of the killed call %s: %q, want once by alpha-2 at attempt 2", slow, effects[slow])
+	// The take-over: the killed instance's call, done once by the other at attempt 2.
+	if f := strings.Fields(first(effects[slow])); len(f) < 3 || f[1] != taker || f[2] != "2" {
+		t.Errorf("side effect of the killed call %s: %q, want once by %s at attempt 2 (%s was killed)", slow, effects[slow], taker, holder)
 	}
-	if fs := tl["kill-0000"].finished[callKey{0, "c0"}]; len(fs) != 1 || fs[0].Executor != "alpha-2" || fs[0].Attempt != 2 {
-		t.Errorf("result of the killed call %s: %+v, want alpha-2's at attempt 2", slow, fs)
+	if fs := tl["kill-0000"].finished[callKey{0, "c0"}]; len(fs) != 1 || fs[0].Executor != taker || fs[0].Attempt != 2 {
+		t.Errorf("result of the killed call %s: %+v, want %s's at attempt 2", slow, fs, taker)
 	}
 	// Progress of alpha's tool is in the stream, the killed call's included.
 	if n := e.count(events.SubjectToolProgress("kill-0000", "append_ts")); n == 0 {
