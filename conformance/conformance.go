@@ -12,6 +12,21 @@
 // executor is not run until that executor is gone), CloudEvents attributes and data
 // that validates against schemas/.
 //
+// An executor in a team account of the accounts layout (deploy/nats/gen -accounts,
+// Config.Accounts) keeps the same rules where a team account gives them a meaning, with
+// what differs by design: it hears no run.cancel and reads no run state, so the end of a
+// run reaches it only as the core's notice toolbus_notice.<run>.ended.<tool>
+// (events.SubjectRunEndedFor), which the suite, standing in for the injector, publishes
+// as the core: "cancel" publishes the notice besides run.cancel, "forged_cancel" forges
+// the notice (its body names another run) instead of run.cancel, and "run_ended"
+// publishes the notice before the call, whose result is then cancelled (code cancelled:
+// the executor knows the run ended from the notice, not from the run's state, so it
+// cannot say run_ended). "squatted" does not apply: in a team account only the core and
+// the team may publish on the tool's subjects and the executor cannot read the stream,
+// so a duplicate PubAck is taken as the result itself. The calls the suite claims for
+// other executors name the executor's team (Config.Team): a team account reads only its
+// own team's instance records.
+//
 // The tool under test takes {"ms": <integer>} (how long to work, in milliseconds) and
 // must reject unknown properties, like the diag pack's sleep tool and the Node example's
 // delay tool.
@@ -61,6 +76,13 @@ type Config struct {
 	AckWait time.Duration
 	// Timeout bounds the whole check (default 3 minutes).
 	Timeout time.Duration
+	// Team is the team the executor serves for (its TOOLBUS_TEAM, which Env sets): the
+	// calls the suite claims for other executors name it. Empty: no team.
+	Team string
+	// Accounts says the executor runs in its team's own account (the accounts layout of
+	// deploy/nats/gen -accounts, TOOLBUS_NATS_API_PREFIX in Env): the rules that differ
+	// there by design are checked in their team-account form (see the package doc).
+	Accounts bool
 }
 
 // Report is the outcome of a check.
@@ -267,6 +289,15 @@ func (s *suite) requestAll() error {
 		{name: "taken_over", args: `{"ms":1}`, claimedBy: claimedGone, wantStatus: toolbus.StatusSucceeded, wantAttempt: 2},
 		{name: "held", args: `{"ms":1}`, claimedBy: claimedHolder, wantStatus: toolbus.StatusSucceeded, wantAttempt: 2},
 	}
+	if s.cfg.Accounts {
+		s.calls = slices.DeleteFunc(s.calls, func(c call) bool { return c.squat })
+		for i := range s.calls {
+			if s.calls[i].ended {
+				// The run's end reaches a team account as the core's notice, which cancels.
+				s.calls[i].wantCode = toolbus.CodeCancelled
+			}
+		}
+	}
 	s.heldSince = time.Now()
 	for _, c := range s.calls {
 		if err := request(ctx, bus, s.runOf(c), tool, c, func() error { return s.prepare(c) }); err != nil {
@@ -304,23 +335,34 @@ func (s *suite) prepare(c call) error {
 			return fmt.Errorf("conformance: %w", err)
 		}
 		now := time.Now().UTC()
-		state, _ := json.Marshal(store.RunState{RunID: run, Status: toolbus.RunCompleted, StartedAt: now, UpdatedAt: now})
+		outcome := toolbus.RunEnded{RunID: run, Status: toolbus.RunCompleted, Answer: "done"}
+		if s.cfg.Accounts {
+			// The core sends its notice for a run that ended otherwise than completed
+			// (its calls may still run): the run failed, as when the model API refuses.
+			outcome = toolbus.RunEnded{RunID: run, Status: toolbus.RunFailed, Reason: "conformance: the model refused", Code: toolbus.CodeModelError}
+		}
+		state, _ := json.Marshal(store.RunState{RunID: run, Status: outcome.Status, StartedAt: now, UpdatedAt: now})
 		if _, err := kv.Put(ctx, run, state); err != nil {
 			return fmt.Errorf("conformance: %w", err)
 		}
-		ended := events.RunEndedEvent(events.Source("planner", "conformance"), 0, toolbus.RunEnded{RunID: run, Status: toolbus.RunCompleted, Answer: "done"})
+		ended := events.RunEndedEvent(events.Source("planner", "conformance"), 0, outcome)
 		if _, err := s.bus.PublishEvent(ctx, ended); err != nil {
 			return fmt.Errorf("conformance: %w", err)
+		}
+		if s.cfg.Accounts {
+			if err := s.notifyEnded(run, run, outcome.Status); err != nil {
+				return err
+			}
 		}
 	}
 	if c.claimedBy == "" {
 		return nil
 	}
-	holder := store.Claim{Instance: "conformance-gone-" + s.stamp, Boot: "b0", Attempt: 1, At: time.Now().UTC()}
+	holder := store.Claim{Team: s.cfg.Team, Instance: "conformance-gone-" + s.stamp, Boot: "b0", Attempt: 1, At: time.Now().UTC()}
 	if c.claimedBy == claimedHolder {
 		holder.Instance, holder.Boot = holderName(s), holderBoot
 		now := time.Now().UTC()
-		if _, err := s.bus.Store().PutInstance(ctx, store.Instance{Name: holder.Instance, Boot: holderBoot, Tools: []string{"conformance-holder"},
+		if _, err := s.bus.Store().PutInstance(ctx, store.Instance{Team: s.cfg.Team, Name: holder.Instance, Boot: holderBoot, Tools: []string{"conformance-holder"},
 			Concurrency: 1, StartedAt: now, HeartbeatAt: now}); err != nil {
 			return fmt.Errorf("conformance: %w", err)
 		}
@@ -340,7 +382,7 @@ func (s *suite) prepare(c call) error {
 				case <-t.C:
 				}
 				now := time.Now().UTC()
-				_, _ = s.bus.Store().PutInstance(ctx, store.Instance{Name: holder.Instance, Boot: holderBoot, Tools: []string{"conformance-holder"},
+				_, _ = s.bus.Store().PutInstance(ctx, store.Instance{Team: s.cfg.Team, Name: holder.Instance, Boot: holderBoot, Tools: []string{"conformance-holder"},
 					Concurrency: 1, StartedAt: now, HeartbeatAt: now})
 			}
 		}()
@@ -365,7 +407,15 @@ func (s *suite) cancelClaimed() error {
 			continue
 		}
 		if c.forgedCancel {
-			forged := events.CancelEvent(events.Source("conformance", "suite"), toolbus.Cancel{RunID: "conf-" + s.stamp + "-elsewhere", Reason: "forged"})
+			elsewhere := "conf-" + s.stamp + "-elsewhere"
+			if s.cfg.Accounts {
+				// The notice on the call's run whose body names another run.
+				if err := s.notifyEnded(run, elsewhere, toolbus.RunCancelled); err != nil {
+					return err
+				}
+				continue
+			}
+			forged := events.CancelEvent(events.Source("conformance", "suite"), toolbus.Cancel{RunID: elsewhere, Reason: "forged"})
 			if _, err := bus.Publish(ctx, events.SubjectRunCancel(run, ""), forged.Meta, forged.Data); err != nil {
 				return err
 			}
@@ -373,6 +423,12 @@ func (s *suite) cancelClaimed() error {
 		}
 		if _, err := bus.PublishCancel(ctx, events.Source("conformance", "suite"), toolbus.Cancel{RunID: run, Reason: "conformance"}); err != nil {
 			return err
+		}
+		if s.cfg.Accounts {
+			// What the injector does on the cancel: the core's notice to the tool's executors.
+			if err := s.notifyEnded(run, run, toolbus.RunCancelled); err != nil {
+				return err
+			}
 		}
 	}
 	return nil
@@ -399,9 +455,27 @@ func (s *suite) releaseHeld() error {
 		}
 		close(s.holderStop)
 		<-s.holderDone // no renewal after the removal
-		if err := s.bus.Store().DeleteInstance(s.ctx, "", holderName(s), holderBoot); err != nil {
+		if err := s.bus.Store().DeleteInstance(s.ctx, s.cfg.Team, holderName(s), holderBoot); err != nil {
 			return fmt.Errorf("conformance: %w", err)
 		}
+	}
+	return nil
+}
+
+// notifyEnded publishes, as the core (the injector), the notice that run ended for the
+// tool under test (events.SubjectRunEndedFor), whose body names body; it returns once the
+// server has it, so a call published after it reaches the executor after it.
+func (s *suite) notifyEnded(run, body string, status toolbus.RunStatus) error {
+	b, err := json.Marshal(events.RunEndedNotice{RunID: body, Status: status})
+	if err != nil {
+		return fmt.Errorf("conformance: %w", err)
+	}
+	nc := s.bus.Conn()
+	if err := nc.Publish(events.SubjectRunEndedFor(run, s.cfg.Tool), b); err != nil {
+		return fmt.Errorf("conformance: run-ended notice: %w", err)
+	}
+	if err := nc.FlushWithContext(s.ctx); err != nil {
+		return fmt.Errorf("conformance: run-ended notice: %w", err)
 	}
 	return nil
 }

@@ -2,10 +2,13 @@ package conformance_test
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -41,12 +44,8 @@ func requireOK(t *testing.T, rep conformance.Report) {
 
 // The built-in Go executor (the toolbus binary) serving the diag pack's sleep tool.
 func TestGoExecutor(t *testing.T) {
-	bin := filepath.Join(t.TempDir(), "toolbus")
-	if out, err := exec.Command("go", "build", "-race", "-o", bin, "../cmd/toolbus").CombinedOutput(); err != nil {
-		t.Fatalf("build toolbus: %v\n%s", err, out)
-	}
 	requireOK(t, run(t, conformance.Config{
-		Command: []string{bin, "executor"}, Tool: "sleep",
+		Command: goExecutor(t), Tool: "sleep",
 		Env: []string{"TOOLBUS_TOOLS=diag", "TOOLBUS_EXECUTOR_TOOLS=sleep", "TOOLBUS_LOG_LEVEL=warn"},
 	}))
 }
@@ -191,4 +190,123 @@ func readFile(t *testing.T, path string) string {
 		t.Fatal(err)
 	}
 	return string(b)
+}
+
+// goBuild builds the toolbus binary (with -race) once for the package's tests.
+var goBuild struct {
+	once sync.Once
+	bin  string
+	err  error
+}
+
+// goExecutor returns the command of the built-in Go executor (`toolbus executor`).
+func goExecutor(t *testing.T) []string {
+	t.Helper()
+	goBuild.once.Do(func() {
+		dir, err := os.MkdirTemp("", "toolbus-conformance-")
+		if err != nil {
+			goBuild.err = err
+			return
+		}
+		goBuild.bin = filepath.Join(dir, "toolbus")
+		if out, err := exec.Command("go", "build", "-race", "-o", goBuild.bin, "../cmd/toolbus").CombinedOutput(); err != nil {
+			goBuild.err = fmt.Errorf("build toolbus: %w\n%s", err, out)
+		}
+	})
+	if goBuild.err != nil {
+		t.Fatal(goBuild.err)
+	}
+	return []string{goBuild.bin, "executor"}
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if goBuild.bin != "" {
+		_ = os.RemoveAll(filepath.Dir(goBuild.bin))
+	}
+	os.Exit(code)
+}
+
+// The TypeScript package's executor (examples/node-executor, serving delay) in a team's
+// own account, for each credential kind: checkTeamAccounts.
+func TestNodeExecutorTeamAccounts(t *testing.T) {
+	checkTeamAccounts(t, nodeExecutor(t), "delay", nil)
+}
+
+// The Go executor (`toolbus executor`, serving the diag pack's sleep) in a team's own
+// account, for each credential kind: checkTeamAccounts.
+func TestGoExecutorTeamAccounts(t *testing.T) {
+	checkTeamAccounts(t, goExecutor(t), "sleep", []string{"TOOLBUS_TOOLS=diag", "TOOLBUS_LOG_LEVEL=warn"})
+}
+
+// checkTeamAccounts runs the suite on an executor in a team's own account (the accounts
+// layout of deploy/nats/gen -accounts), for each credential kind it issues: team alpha
+// is granted the tool, the core's admin creates its queue, and the executor runs with
+// alpha's credentials and the settings the generator names for them (TOOLBUS_TEAM,
+// TOOLBUS_EXECUTOR_TOOLS, TOOLBUS_NATS_API_PREFIX=JS.core.API). It reaches the core only
+// through what the core exports to alpha, and keeps every rule of the suite in its
+// team-account form (conformance.Config.Accounts: the end of a run reaches it as the
+// core's run-ended notice; a squatted result id does not apply).
+func checkTeamAccounts(t *testing.T, cmd []string, tool string, extraEnv []string) {
+	perms := filepath.Join("..", "deploy", "nats", "permissions.conf")
+	team := natsjwt.TeamUser("alpha")
+	kinds := []struct {
+		name  string
+		conf  func(natsjwt.Result) string
+		login func(r natsjwt.Result, user string) nats.Option
+		env   func(r natsjwt.Result, user string) []string
+	}{
+		{"jwt", func(r natsjwt.Result) string { return r.Config },
+			func(r natsjwt.Result, u string) nats.Option { return nats.UserCredentials(r.Creds[u]) },
+			func(r natsjwt.Result, u string) []string { return []string{"TOOLBUS_NATS_CREDS=" + r.Creds[u]} }},
+		{"user-password", func(r natsjwt.Result) string { return r.UsersConfig },
+			func(r natsjwt.Result, u string) nats.Option { return nats.UserInfo(u, readFile(t, r.Passwords[u])) },
+			func(r natsjwt.Result, u string) []string {
+				return []string{"TOOLBUS_NATS_USER=" + u, "TOOLBUS_NATS_PASSWORD=" + readFile(t, r.Passwords[u])}
+			}},
+		{"nkeys", func(r natsjwt.Result) string { return r.NkeysConfig },
+			func(r natsjwt.Result, u string) nats.Option {
+				o, err := nats.NkeyOptionFromSeed(r.Seeds[u])
+				if err != nil {
+					t.Fatal(err)
+				}
+				return o
+			},
+			func(r natsjwt.Result, u string) []string { return []string{"TOOLBUS_NATS_NKEY=" + r.Seeds[u]} }},
+	}
+	for _, kind := range kinds {
+		t.Run(kind.name, func(t *testing.T) {
+			res, err := natsjwt.GenerateGrants(perms, t.TempDir(), natsjwt.Grants{Teams: map[string][]string{"alpha": {tool}}},
+				natsjwt.WithAccounts(), natsjwt.WithBcryptCost(bcrypt.MinCost))
+			if err != nil {
+				t.Fatal(err)
+			}
+			settings := res.Env[team]
+			if !slices.Contains(settings, "TOOLBUS_NATS_API_PREFIX="+natsjwt.CoreAPIPrefix) {
+				t.Fatalf("the generated settings of %s lack TOOLBUS_NATS_API_PREFIX=%s: %v", team, natsjwt.CoreAPIPrefix, settings)
+			}
+			opts, err := server.ProcessConfigFile(kind.conf(res))
+			if err != nil {
+				t.Fatal(err)
+			}
+			srv := eventstest.StartServer(t, opts)
+			nc, err := nats.Connect(srv.ClientURL(), kind.login(res, "admin"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer nc.Close()
+			// The core admin's part: the stream, the buckets and the team's queue.
+			ctx := eventstest.Context(t, time.Minute)
+			if _, _, err := provision.Setup(ctx, nc, events.Config{}, provision.WithTools([]string{tool}, events.QueueAckWait(2*time.Second, 0), 1000)); err != nil {
+				t.Fatal(err)
+			}
+			env := append(append(append([]string{}, extraEnv...), kind.env(res, team)...), settings...)
+			rep, err := conformance.Check(context.Background(), nc, srv.ClientURL(), conformance.Config{Command: cmd, Tool: tool,
+				Env: env, Team: "alpha", Accounts: true})
+			if err != nil {
+				t.Fatalf("%v\n---- executor ----\n%s", err, rep.Log)
+			}
+			requireOK(t, rep)
+		})
+	}
 }

@@ -14,8 +14,10 @@
 // A plain `go test ./...` runs only TestFaultExecutorKill (a real kill -9 of a real
 // executor process, about 15 s), TestFaultSecurityRoles (the binaries with per-role
 // credentials, a few seconds), TestFaultQuestionSurvivesRestarts (every process killed
-// -9 while a tool waits for its question's answer, about 15 s) and the others that skip
-// only under -short, and skips the rest unless TOOLBUS_FAULTS=1.
+// -9 while a tool waits for its question's answer, about 15 s), TestFaultMixedLanguages
+// (a TypeScript team and a Go team in their own accounts, about 30 s; it needs node and
+// the built sdk/typescript) and the others that skip only under -short, and skips the
+// rest unless TOOLBUS_FAULTS=1.
 // TOOLBUS_FAULTS_LOGS=1 prints the end of every process log; TOOLBUS_LOAD_RUNS changes
 // the number of runs of the load test.
 package faults
