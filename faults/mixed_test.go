@@ -58,7 +58,8 @@ func nodeSDK(t *testing.T) (node, entry string) {
 // reports progress, which is in the stream; and, with a second TypeScript instance up,
 // the one that runs a call is killed (SIGKILL) mid-call and the other takes the call over
 // once (the side effect once, by it, at attempt 2). Every run replays without a
-// violation. The stream has no read mirror (see the init below).
+// violation. The stream has its read mirror (`toolbus init`'s default), so it answers no
+// direct get: the take-overs go by the claims' done marks.
 func TestFaultMixedLanguages(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts processes")
@@ -114,11 +115,7 @@ func TestFaultMixedLanguages(t *testing.T) {
 		}
 		return p.logText()
 	}
-	// Without the read mirror: with it the stream answers no direct get (provision turns
-	// them off on a mirrored stream), and an executor in a team account, which can read a
-	// call's last result only by a direct get, cannot take a call over (a retry or a
-	// killed executor's call): it hands it back for redelivery, again and again.
-	cli("init", 0, "init", "--read-mirror=false", "--tools", "append_ts,approve_ts,append_b")
+	cli("init", 0, "init", "--tools", "append_ts,approve_ts,append_b")
 	if e.bus, err = events.Open(e.ctx, e.nc, e.cfg); err != nil {
 		t.Fatal(err)
 	}

@@ -17,7 +17,7 @@ import {
 } from './wire.js';
 import { Redactor, checkArguments, compileSchema, errorResult, succeeded, violations, MIN_OUTPUT_BYTES } from './result.js';
 import { Logger, Metrics, serveMetrics } from './ops.js';
-import { dial, secretsOf, settingsFromEnv, type Settings } from './settings.js';
+import { dial, msgKeyOf, secretsOf, settingsFromEnv, type Settings } from './settings.js';
 
 // ---- the API of tools ------------------------------------------------------------------
 
@@ -353,7 +353,7 @@ export class Executor {
         if (st.type === 'reconnect') this.metrics.connected = true;
       }
     })().catch(() => {});
-    const bus = (this.bus = new Bus(this.nc, { stream: s.stream, apiPrefix: s.apiPrefix }));
+    const bus = (this.bus = new Bus(this.nc, { stream: s.stream, apiPrefix: s.apiPrefix, msgKey: s.apiPrefix ? msgKeyOf(s.connection) : undefined }));
     const onSignal = (sig: string) => {
       this.log.info('stopping', { signal: sig });
       this.stop();

@@ -1,8 +1,10 @@
 // Settings: the TOOLBUS_* variables the Go executors read (connect.Options,
 // events.WorkerConfig, events.Config, worker.Settings), read the same way, and the
 // connection they describe.
+import { createHash } from 'node:crypto';
 import { readFileSync } from 'node:fs';
 import os from 'node:os';
+import { fromSeed } from '@nats-io/nkeys';
 import { connect, credsAuthenticator, nkeyAuthenticator, type ConnectionOptions, type NatsConnection } from '@nats-io/transport-node';
 
 /** Thrown for a setting out of its range; the message names the variable. */
@@ -244,4 +246,24 @@ export function secretsOf(c: ConnectionSettings, env: Env = process.env): string
   }
   out.push(env.OPENAI_API_KEY ?? '', env.ANTHROPIC_API_KEY ?? '');
   return out.filter(Boolean);
+}
+
+/**
+ * The key of a team account's message ids (wire.BusOptions.msgKey), derived from the
+ * secret of the credentials as the Go executor derives it (events.teamMsgKey): the
+ * ed25519 signature of a fixed text by the user's nkey (.creds or nkey seed), else
+ * user and password, else the token. Undefined without any (mutual TLS alone).
+ */
+export function msgKeyOf(c: ConnectionSettings): Buffer | undefined {
+  let material: Uint8Array | undefined;
+  const seedOf = (file: string): string | undefined => {
+    const text = readFileSync(file, 'utf8');
+    return text.split('\n').map((l) => l.trim()).find((l) => /^SU[A-Z2-7]+$/.test(l));
+  };
+  const seed = c.creds ? seedOf(c.creds) : c.nkey ? readFileSync(c.nkey, 'utf8').trim() : undefined;
+  if (seed) material = fromSeed(new TextEncoder().encode(seed)).sign(new TextEncoder().encode('toolbus message ids v1'));
+  else if (c.password) material = new TextEncoder().encode(`${c.user ?? ''}\u0000${c.password}`);
+  else if (c.token) material = new TextEncoder().encode(c.token);
+  if (!material) return undefined;
+  return createHash('sha256').update('toolbus-msgid-v1\u0000').update(material).digest();
 }

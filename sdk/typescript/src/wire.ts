@@ -5,7 +5,7 @@
 // records, decisions, outputs, the catalog). The executor and the client never build a
 // subject, key or header themselves: when the wire changes (tenancy over NATS
 // accounts), this module changes.
-import { createHash, randomUUID } from 'node:crypto';
+import { createHash, createHmac, randomUUID } from 'node:crypto';
 import { headers as natsHeaders, nanos, type MsgHdrs, type NatsConnection } from '@nats-io/transport-node';
 import {
   AckPolicy,
@@ -429,6 +429,12 @@ export interface BusOptions {
    * publishing on $KV.<bucket>.<key>, and reads only the last message of a subject.
    */
   apiPrefix?: string;
+  /**
+   * The key of a team account's message ids (settings.msgKeyOf, from the credentials):
+   * <id>/guarded/<HMAC of id>, so that no other team can publish first under the id of
+   * this team's result and have the stream drop it as a duplicate (events.Bus.msgID).
+   */
+  msgKey?: Buffer;
 }
 
 /** A key's entry as the executor reads it. */
@@ -533,10 +539,19 @@ export class Bus {
   private kvs = new Map<string, Promise<Store>>();
   private jsmP?: Promise<JetStreamManager>;
 
+  private readonly msgKey?: Buffer;
+
   constructor(readonly nc: NatsConnection, opts: BusOptions = {}) {
     this.apiPrefix = opts.apiPrefix ?? '';
+    this.msgKey = opts.msgKey;
     this.js = jetstream(nc, this.apiPrefix ? { apiPrefix: this.apiPrefix } : {});
     this.stream = opts.stream || 'TOOLBUS';
+  }
+
+  /** The Nats-Msg-Id of an event of id: the id, or in a team account with a key its keyed form. */
+  msgID(id: string): string {
+    if (!this.team || !this.msgKey) return id;
+    return `${id}/guarded/${createHmac('sha256', this.msgKey).update(id).digest().subarray(0, 16).toString('base64url')}`;
   }
 
   /** Opened in a team account (BusOptions.apiPrefix): it trusts what a call says of its run and reads no run. */
@@ -571,7 +586,14 @@ export class Bus {
     if (this.team) {
       // A team reaches only the last message of the subjects exported to it (its tools' results).
       if (!('last_by_subj' in q)) throw new Error(`toolbus: reading the stream ${this.stream} is not available in a team account`);
-      return directGet(this.nc, `${this.apiPrefix}.DIRECT.GET.${this.stream}.${q.last_by_subj}`);
+      try {
+        return await directGet(this.nc, `${this.apiPrefix}.DIRECT.GET.${this.stream}.${q.last_by_subj}`);
+      } catch (err) {
+        // No responders: the stream serves no direct gets (a read mirror, replicas); the
+        // claim's done mark is all there is to go by.
+        if (/no responders|503/i.test(String((err as Error)?.message ?? err))) return null;
+        throw err;
+      }
     }
     return (await this.jsm()).streams.getMessage(this.stream, q as never);
   }
@@ -599,7 +621,7 @@ export class Bus {
     const body = enc.encode(JSON.stringify(data));
     const first = eventHeaders(attrs);
     for (const [k, v] of Object.entries(conditions)) first.set(k, v);
-    const ack = await this.js.publish(subj, body, { msgID: attrs.id, headers: first });
+    const ack = await this.js.publish(subj, body, { msgID: this.msgID(attrs.id), headers: first });
     const h = eventHeaders(attrs);
     // In a team account only the core and the team publish on its tools' subjects: a
     // duplicate is this event (and the team may not read the stream to check).

@@ -5,6 +5,8 @@ import { writeFileSync, mkdtempSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { ConfigError, Redactor, connectionOptions, parseDuration, secretsOf, settingsFromEnv, truncateText } from '../src/index.js';
+import { msgKeyOf } from '../src/settings.js';
+import { Bus } from '../src/wire.js';
 
 test('settings: the Go executors\' TOOLBUS_* variables, defaults and refusals', () => {
   const s = settingsFromEnv({ TOOLBUS_NATS_URL: 'nats://a:4222,nats://b:4222', TOOLBUS_TEAM: 'team-a', TOOLBUS_ACK_WAIT: '1m30s',
@@ -92,4 +94,18 @@ test('metrics: the Go executors\' names', async () => {
   assert.match(text, /^toolbus_tool_calls_total\{code="incident_not_found",status="failed",tool="lookup"\} 1$/m);
   assert.match(text, /^toolbus_tool_call_duration_seconds_count\{tool="lookup"\} 1$/m);
   assert.match(text, /^toolbus_ready\{role="executor"\} 1$/m);
+});
+
+test('team message ids: keyed by the credentials, the same as the Go executor\'s (events TestTeamMessageIDs)', () => {
+  const dir = mkdtempSync(path.join(os.tmpdir(), 'msgid-'));
+  const seed = path.join(dir, 'user.nk');
+  // A seed made for this test only, the Go test's.
+  writeFileSync(seed, 'SUADEYXX4S5WE5PO4XTB3ZL7MQEKTVIIZLSVIF3AXHGKSHZSALZMGOEI2M\n');
+  const id = 'r1/0/c1/tool.finished';
+  const idOf = (c: Parameters<typeof msgKeyOf>[0]) => new Bus({ options: {} } as never, { apiPrefix: 'JS.core.API', msgKey: msgKeyOf(c) }).msgID(id);
+  assert.equal(idOf({ url: 'x', user: 'alpha', password: 'alpha' }), id + '/guarded/DybNudHESvt_6nimygzu_A');
+  assert.equal(idOf({ url: 'x', token: 's3cret' }), id + '/guarded/EktPQI2NRnPa5wzZ-96Lqg');
+  assert.equal(idOf({ url: 'x', nkey: seed }), id + '/guarded/NzsGKxcWiGjhsLCaUKV_mA');
+  assert.equal(idOf({ url: 'x' }), id, 'no secret: the id itself');
+  assert.equal(new Bus({ options: {} } as never, { msgKey: msgKeyOf({ url: 'x', token: 's3cret' }) }).msgID(id), id, 'the core account: the id itself');
 });
