@@ -2,7 +2,6 @@ package faults_test
 
 import (
 	"bytes"
-	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -47,22 +46,14 @@ func TestFaultDayTwoInFlight(t *testing.T) {
 	node := &natsNode{name: "toolbus-nats-1", port: freePort(t), httpPort: freePort(t), store: filepath.Join(e.dir, "store")}
 	genDir := filepath.Join(e.dir, "nats")
 	creds := func(user string) string { return "TOOLBUS_NATS_CREDS=" + filepath.Join(genDir, user+".creds") }
-	gen := func(teams map[string][]string) string {
+	// admin runs `toolbus admin <args> -dir DIR`, as the docs' day two does.
+	admin := func(args ...string) string {
 		t.Helper()
-		grants := filepath.Join(e.dir, "grants.json")
-		b, err := json.Marshal(map[string]any{"teams": teams})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(grants, b, 0o600); err != nil {
-			t.Fatal(err)
-		}
-		cmd := exec.CommandContext(e.ctx, goTool(), "run", "./deploy/nats/gen", "-accounts", "-grants", grants, "-out", genDir,
-			"-listen", "127.0.0.1:"+strconv.Itoa(node.port), "-store", node.store)
-		cmd.Dir = ".." // the repository root, where the docs run it
+		cmd := exec.CommandContext(e.ctx, toolbusBin, append(append([]string{"admin"}, args...), "-dir", genDir)...)
+		cmd.Env = append(os.Environ(), "TOOLBUS_NATS_URL="+node.url())
 		out, err := cmd.CombinedOutput()
 		if err != nil {
-			t.Fatalf("go run ./deploy/nats/gen: %v\n%s", err, out)
+			t.Fatalf("toolbus admin %s: %v\n%s", strings.Join(args, " "), err, out)
 		}
 		return string(out)
 	}
@@ -81,7 +72,9 @@ func TestFaultDayTwoInFlight(t *testing.T) {
 		}
 	}
 
-	gen(map[string][]string{"alpha": {"append_a"}, "beta": {"append_b"}})
+	admin("init", "-listen", "127.0.0.1:"+strconv.Itoa(node.port), "-store", node.store)
+	admin("add-team", "alpha", "append_a")
+	admin("add-team", "beta", "append_b")
 	node.conf = filepath.Join(genDir, "auth-jwt.conf")
 	e.nodes = []*natsNode{node}
 	e.startNode(node)
@@ -127,21 +120,22 @@ func TestFaultDayTwoInFlight(t *testing.T) {
 	}()
 
 	// Day two, while those runs are in flight (each call takes 3 to 6 s).
-	out := gen(map[string][]string{"alpha": {"append_a", "append_c"}, "beta": {"append_b"}, "gamma": {"calculator"}})
-	for _, want := range []string{"executor-alpha", "executor-gamma"} {
+	// A granted tool reaches alpha's running executors by a push (no reload); a new team
+	// is a new account, which the server takes on a reload (no restart).
+	out := admin("grant", "alpha", "append_c", "-push") + admin("add-team", "gamma", "calculator")
+	for _, want := range []string{"executor-gamma", "reload"} {
 		if !strings.Contains(out, want) {
-			t.Errorf("gen does not name %s:\n%s", want, out)
+			t.Errorf("toolbus admin does not say %s:\n%s", want, out)
 		}
 	}
 	if done := e.count(events.FilterRunEnded); done >= len(before)+len(inFlight) {
-		t.Fatalf("every run ended before gen did (%d ended): nothing was in flight", done)
+		t.Fatalf("every run ended before day two did (%d ended): nothing was in flight", done)
 	}
 	for u, b := range day1 {
 		if !bytes.Equal(b, readFile(t, filepath.Join(genDir, u+".creds"))) {
 			t.Errorf("%s's credentials were re-issued on day two", u)
 		}
 	}
-	// A new team is a new account: the server takes it on a reload, no restart.
 	if err := node.proc.cmd.Process.Signal(syscall.SIGHUP); err != nil {
 		t.Fatal(err)
 	}
