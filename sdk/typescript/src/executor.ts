@@ -228,6 +228,8 @@ interface Delivery {
   res?: ToolResult;
   ran: boolean;
   edit?: { who?: string; arguments: string };
+  /** Gives back the run slot the call holds (a call of a step over runMaxInFlight calls). */
+  releaseSlot?: () => Promise<void>;
 }
 
 function fmtDuration(ms: number): string {
@@ -550,6 +552,7 @@ export class Executor {
       throw err;
     } finally {
       this.handled.delete(d.claimKey);
+      await d.releaseSlot?.();
     }
   }
 
@@ -576,18 +579,44 @@ export class Executor {
     const claimKey = key.claim(queue, run, req.step, req.call.call_id);
     if (this.handled.has(claimKey)) throw new Handback(Math.max(this.beatEveryMS, 1000), 'call already being handled by this process');
     this.handled.add(claimKey);
+    let releaseSlot: (() => Promise<void>) | undefined;
     try {
+      releaseSlot = await this.runSlot(queue, req, claimKey);
       const own = await this.claim(msg, queue, req, claimKey);
       if (!own) {
         this.handled.delete(claimKey);
+        await releaseSlot?.();
         msg.ack();
         return undefined;
       }
-      return { msg, req, traceparent: ev.attrs.traceparent, queue, rs: started.rs, claimKey, claim: own.claim, rev: own.rev, gen, ran: false };
+      return { msg, req, traceparent: ev.attrs.traceparent, queue, rs: started.rs, claimKey, claim: own.claim, rev: own.rev, gen, ran: false, releaseSlot };
     } catch (err) {
       this.handled.delete(claimKey);
+      await releaseSlot?.();
       throw err;
     }
+  }
+
+  /**
+   * Takes one of the run's slots for a call of a large step, or hands the delivery back
+   * when the run is at its cap (the Go executor's runSlot). A run's calls in flight are
+   * those of its current step, so a step of at most runMaxInFlight calls stays under the
+   * cap by itself: only the calls of larger steps take a slot (a KV create and a delete).
+   */
+  private async runSlot(queue: string, req: ToolRequested, claimKey: string): Promise<(() => Promise<void>) | undefined> {
+    const s = this.settings;
+    const limit = s.runMaxInFlight;
+    if (!(limit > 0) || req.call_count <= limit) return undefined;
+    const slot = await this.bus!.acquireRunSlot(queue, req.run_id, limit, claimKey,
+      { ...(s.team ? { team: s.team } : {}), instance: s.instance, boot: this.boot });
+    if (slot === null) {
+      throw new Handback(250 + Math.floor(Math.random() * 250), `run ${req.run_id} has ${limit} calls in flight`);
+    }
+    return async () => {
+      await this.bus!.releaseRunSlot(queue, req.run_id, slot).catch((err) =>
+        this.log.warn('run slot not released; it frees when this instance\'s heartbeat expires',
+          { run_id: req.run_id, call_id: req.call.call_id, error: String(err?.message ?? err) }));
+    };
   }
 
   /**

@@ -94,6 +94,13 @@ export interface Settings {
   inlineOutputMax: number;
   /** Calls handed back (queue bound) at most (1000). */
   maxAckPending: number;
+  /**
+   * Calls of one run in flight across the whole fleet (32; 0 or negative: no bound), as
+   * the Go executor's RunMaxInFlight: a call of a step of more calls takes one of the
+   * run's slots (KV toolbus_claims, <tool>.<run>.slot.<i>) or is handed back and taken
+   * again shortly after.
+   */
+  runMaxInFlight: number;
 }
 
 type Env = Record<string, string | undefined>;
@@ -177,6 +184,7 @@ export function settingsFromEnv(env: Env = process.env): Settings {
     logFormat: logFormat as Settings['logFormat'],
     inlineOutputMax: 256 << 10,
     maxAckPending: 1000,
+    runMaxInFlight: 32,
   };
 }
 

@@ -1,0 +1,90 @@
+// The executor's fleet-wide rules against a real NATS JetStream server (the Go twins are
+// in executor/worker): each test breaks when the rule it names is broken.
+import { after, before, describe, test } from 'node:test';
+import assert from 'node:assert/strict';
+import { setTimeout as wait } from 'node:timers/promises';
+import type { NatsConnection } from '@nats-io/transport-node';
+import { Executor, wire, type Tool } from '../src/index.js';
+import { connectTest, eventsOf, eventually, stopServer, unique } from './helpers.js';
+
+let nc: NatsConnection;
+let bus: wire.Bus;
+before(async () => {
+  nc = await connectTest();
+  bus = new wire.Bus(nc);
+});
+after(async () => {
+  await nc.drain();
+  stopServer();
+});
+
+const TRACEPARENT = '00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01';
+
+/** Starts a run and publishes the calls of its step 0 (one tool.requested each, as the planner does). */
+async function step(b: wire.Bus, tool: string, args: string[], o: { run?: string; principal?: string } = {}): Promise<string> {
+  const run = o.run ?? unique('run');
+  const principal = o.principal ?? 'tester';
+  const rs: wire.RunStarted = { run_id: run, messages: [{ role: 'user', content: 'test' }], principal: { id: principal } };
+  await b.publish(wire.subject.runStarted(run, principal), { id: wire.id.runStarted(run), type: wire.Type.runStarted,
+    source: '/toolbus/test/suite', subject: run, runid: run, step: '0' }, rs);
+  for (const [i, a] of args.entries()) {
+    const callId = `call_${i}`;
+    const req: wire.ToolRequested = { run_id: run, step: 0, call_index: i, call_count: args.length,
+      call: { call_id: callId, tool, arguments: a }, principal: { id: principal } };
+    await b.publish(wire.subject.toolRequested(run, tool), wire.callAttrs(wire.Type.toolRequested, '/toolbus/planner/test',
+      wire.id.toolRequested(run, 0, callId), run, 0, callId, i, args.length, TRACEPARENT), req);
+  }
+  return run;
+}
+
+/** Serves tools with settings over the test defaults for the length of fn. */
+async function serving(c: NatsConnection, tools: Tool[], fn: (ex: Executor) => Promise<void>, o: { env?: Record<string, string>; settings?: object } = {}) {
+  const ex = new Executor({ connection: c, settings: o.settings,
+    env: { TOOLBUS_INSTANCE: unique('ts'), TOOLBUS_ACK_WAIT: '2s', TOOLBUS_LOG_LEVEL: 'warn', TOOLBUS_GRACE: '2s', ...o.env } });
+  for (const t of tools) ex.register(t);
+  const done = ex.serve();
+  await Promise.race([ex.serving(), done]);
+  try {
+    await fn(ex);
+  } finally {
+    ex.stop();
+    await done;
+  }
+}
+
+/** The results of a run once it has n, by call id. */
+async function results(b: wire.Bus, run: string, n: number): Promise<Map<string, wire.ToolFinished>> {
+  return eventually(async () => {
+    const rs = await eventsOf<wire.ToolFinished>(b, run, wire.Type.toolFinished);
+    return rs.length >= n ? new Map(rs.map((r) => [r.data.call_id, r.data])) : undefined;
+  }, 30000, `${n} results of ${run}`);
+}
+
+describe('fleet', () => {
+  test('run slots: a step of more calls than runMaxInFlight runs at most that many at once, each slot a key under the tool', async () => {
+    const name = unique('slots');
+    let now = 0;
+    let most = 0;
+    const slotKeys = new Set<string>();
+    const claims = await bus.kv(wire.Bucket.claims);
+    await serving(nc, [{ name, description: 'd', inputSchema: { type: 'object' }, run: async (_a, ctx) => {
+      now++;
+      most = Math.max(most, now);
+      for await (const k of await claims.keys(`${name}.${ctx.runId}.slot.>`)) slotKeys.add(k);
+      await wait(300);
+      now--;
+      return 'ok';
+    } }], async () => {
+      const run = await step(bus, name, ['{}', '{}', '{}', '{}', '{}', '{}']);
+      const rs = await results(bus, run, 6);
+      assert.deepEqual([...rs.values()].map((r) => r.status), Array(6).fill('succeeded'));
+      assert.ok(most <= 2, `at most 2 calls of the run at once (saw ${most})`);
+      assert.ok(most >= 1 && slotKeys.size >= 1, `the calls held slots ${[...slotKeys]}`);
+      for (const k of slotKeys) assert.match(k, new RegExp(`^${name}\\.${run}\\.slot\\.[01]$`));
+      // Every slot was given back.
+      const left: string[] = [];
+      for await (const k of await claims.keys(`${name}.${run}.slot.>`)) left.push(k);
+      assert.deepEqual(left, [], 'slots left behind');
+    }, { settings: { runMaxInFlight: 2 } });
+  });
+});
