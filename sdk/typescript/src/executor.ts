@@ -7,7 +7,7 @@
 //   → retry by the tool's policy, or publish the one result, then ack.
 import { randomBytes } from 'node:crypto';
 import type { NatsConnection, Subscription } from '@nats-io/transport-node';
-import type { ConsumerMessages, JsMsg } from '@nats-io/jetstream';
+import type { Consumer, ConsumerMessages, JsMsg } from '@nats-io/jetstream';
 import type { ValidateFunction } from 'ajv';
 import {
   Bus, ContractChangedError, PoisonError, Type, agreeingRun, callAttrs, decodeEvent, id, key, queueAckWait, source, subject,
@@ -232,6 +232,24 @@ interface Delivery {
   releaseSlot?: () => Promise<void>;
 }
 
+/** A tool's queue as this executor pulls it, or parks it. */
+interface Feed {
+  tool: string;
+  consumer: Consumer;
+  messages?: ConsumerMessages;
+  /** When it last delivered or finished a call (ms). */
+  last: number;
+  /** Its calls being handled. */
+  busy: number;
+  parked: boolean;
+  rung: boolean;
+  bell?: Subscription;
+  /** The reconnections counted when it parked. */
+  missed: number;
+  nextCheck: number;
+  checking: boolean;
+}
+
 function fmtDuration(ms: number): string {
   if (ms % 3600000 === 0 && ms) return `${ms / 3600000}h0m0s`;
   if (ms >= 60000) return `${Math.floor(ms / 60000)}m${(ms % 60000) / 1000}s`;
@@ -276,7 +294,10 @@ export class Executor {
   private handled = new Set<string>();
   private cancelled = new Set<string>();
   private running = new Set<Promise<void>>();
-  private streams: ConsumerMessages[] = [];
+  private feeds: Feed[] = [];
+  private reconnects = 0;
+  private bellRefused = false;
+  private pullOpts = { max_messages: 1, expires: 30000 };
   private readonly stopped: Promise<void>;
   private stopRequested!: () => void;
   private readonly servingP: Promise<void>;
@@ -352,7 +373,10 @@ export class Executor {
     void (async () => {
       for await (const st of this.nc!.status()) {
         if (st.type === 'disconnect') this.metrics.connected = false;
-        if (st.type === 'reconnect') this.metrics.connected = true;
+        if (st.type === 'reconnect') {
+          this.metrics.connected = true;
+          this.reconnects++; // rings may have been lost: parked queues pull again
+        }
       }
     })().catch(() => {});
     const bus = (this.bus = new Bus(this.nc, { stream: s.stream, apiPrefix: s.apiPrefix }));
@@ -371,6 +395,7 @@ export class Executor {
       ? served.map((t) => this.nc!.subscribe(subject.runEndedFor(t), { callback: (err, m) => { if (!err) this.onEndNotice(m.subject, m.data); } }))
       : [this.nc.subscribe(subject.runCancelAll, { callback: (err, m) => { if (!err) this.onCancel(m.subject, m.headers, m.data); } })];
     let stopBeat = async () => {};
+    let parkWatch: NodeJS.Timeout | undefined;
     try {
       // Queues, then the instance (live before the tools are offered), then the contracts.
       let ackWait = queueAckWait(s.ackWaitMS, s.instanceTTLMS);
@@ -389,19 +414,26 @@ export class Executor {
           throw err;
         }
       }
+      this.pullOpts = { max_messages: Math.min(s.concurrency, 256), expires: Math.max(1000, Math.min(30000, ackWait)) };
       for (const t of served) {
-        const c = await bus.js.consumers.get(s.stream, `tool_${t}`);
-        const messages = await c.consume({ max_messages: Math.min(s.concurrency, 256), expires: Math.max(1000, Math.min(30000, ackWait)) });
-        this.streams.push(messages);
-        void this.loop(messages);
+        const f: Feed = { tool: t, consumer: await bus.js.consumers.get(s.stream, `tool_${t}`), last: Date.now(), busy: 0,
+          parked: false, rung: false, missed: 0, nextCheck: 0, checking: false };
+        this.feeds.push(f);
+        await this.pull(f);
       }
+      // In a team account no doorbell rings (the team hears no tool.requested of the core): its queues keep pulling.
+      if (s.parkAfterMS >= 0 && !bus.team) parkWatch = setInterval(() => void this.watchFeeds(), Math.max(20, Math.min(500, s.parkAfterMS / 4)));
       this.metrics.ready = true;
       this.servingResolve();
       this.log.info('executor serving', { tools: served, concurrency: s.concurrency, stream: s.stream, team: s.team });
       await this.stopped;
     } finally {
       this.metrics.ready = false;
-      for (const m of this.streams) m.stop();
+      clearInterval(parkWatch);
+      for (const f of this.feeds) {
+        f.messages?.stop();
+        f.bell?.unsubscribe();
+      }
       await this.drain();
       for (const sub of cancelSubs) sub.unsubscribe();
       await stopBeat();
@@ -420,16 +452,137 @@ export class Executor {
     this.stopRequested();
   }
 
-  private async loop(messages: ConsumerMessages): Promise<void> {
+  /** Starts pulling a tool's queue. */
+  private async pull(f: Feed): Promise<void> {
+    const messages = await f.consumer.consume(this.pullOpts);
+    f.messages = messages;
+    f.last = Date.now();
+    void this.loop(messages, f);
+  }
+
+  private async loop(messages: ConsumerMessages, f: Feed): Promise<void> {
     for await (const m of messages) {
+      f.last = Date.now();
+      f.busy++;
       while (this.running.size >= this.settings.concurrency) await Promise.race(this.running);
       const p = this.handle(m).catch((err) => {
         this.log.warn('call handed back for redelivery', { subject: m.subject, error: String(err?.message ?? err) });
         m.nak(1000);
       });
       this.running.add(p);
-      void p.finally(() => this.running.delete(p));
+      void p.finally(() => {
+        this.running.delete(p);
+        f.busy--;
+        f.last = Date.now();
+      });
     }
+  }
+
+  // -- parking idle queues (the Go twin is events/consume/park.go)
+  //
+  // A queue that delivered nothing for parkAfterMS listens to its doorbell (a core
+  // subscription to its filter, toolbus.*.tool.requested.<tool>), asks the server whether
+  // anything is pending or unacknowledged on its consumer and, if nothing is, stops
+  // pulling. It pulls again when the doorbell rings, when the connection reconnected
+  // (rings may have been lost), and when a check finds work: one a second after parking
+  // (a call stored before the doorbell listened), then every parkCheckMS.
+
+  private async watchFeeds(): Promise<void> {
+    const now = Date.now();
+    for (const f of this.feeds) {
+      if (f.checking) continue;
+      f.checking = true;
+      try {
+        if (f.parked) await this.parkedFeed(f, now);
+        else await this.park(f, now);
+      } catch (err) {
+        this.log.debug('park watch', { tool: f.tool, error: String((err as Error)?.message ?? err) });
+      } finally {
+        f.checking = false;
+      }
+    }
+  }
+
+  private async park(f: Feed, now: number): Promise<void> {
+    if (this.bellRefused || f.busy > 0 || now - f.last < this.settings.parkAfterMS || this.metrics.ready === false) return;
+    const missed = this.reconnects;
+    f.rung = false;
+    let refused: Error | undefined;
+    const bell = this.nc!.subscribe(subject.toolRequested('*', f.tool), {
+      callback: (err) => {
+        if (err) refused = err;
+        else f.rung = true;
+      },
+    });
+    try {
+      await this.nc!.flush();
+    } catch (err) {
+      bell.unsubscribe();
+      f.last = now; // try again once idle for as long again
+      throw err;
+    }
+    if (refused || bell.isClosed()) {
+      // The credentials may not listen: no queue of this executor tries again.
+      this.bellRefused = true;
+      bell.unsubscribe();
+      this.log.warn('idle queues keep pulling (grant the credentials subscribe permission on their filters: deploy/nats/permissions.conf)',
+        { tool: f.tool, error: String(refused?.message ?? 'subscription refused') });
+      return;
+    }
+    // Asked once the doorbell listens: a call published after this rings it.
+    if (!(await this.nothingWaits(f)) || f.busy > 0 || !this.metrics.ready) {
+      bell.unsubscribe();
+      f.last = now;
+      return;
+    }
+    f.bell = bell;
+    f.missed = missed;
+    f.parked = true;
+    f.nextCheck = now + 1000;
+    // Stopped after what the pull already holds is handled (stop() ends the loop after it).
+    f.messages?.stop();
+    f.messages = undefined;
+    this.log.debug('queue parked', { tool: f.tool });
+  }
+
+  private async parkedFeed(f: Feed, now: number): Promise<void> {
+    let why = '';
+    if (f.rung) why = 'rung';
+    else if (this.reconnects !== f.missed) why = 'reconnected';
+    else if (now >= f.nextCheck) {
+      const check = this.settings.parkCheckMS;
+      f.nextCheck = now + check / 2 + Math.random() * (check / 2);
+      if (!(await this.nothingWaits(f))) why = 'work waits';
+    }
+    if (!why || !this.metrics.ready) return;
+    f.bell?.unsubscribe();
+    f.bell = undefined;
+    f.parked = false;
+    f.rung = false;
+    this.log.debug('queue pulls again', { tool: f.tool, why });
+    try {
+      await this.pull(f);
+    } catch (err) {
+      // Parked again with a ring pending: tried at the next tick.
+      f.parked = true;
+      f.rung = true;
+      this.log.warn('pulling again failed', { tool: f.tool, error: String((err as Error)?.message ?? err) });
+    }
+  }
+
+  /** Whether the server has nothing pending or unacknowledged on the feed's consumer (false when it cannot tell). */
+  private async nothingWaits(f: Feed): Promise<boolean> {
+    try {
+      const ci = await f.consumer.info();
+      return ci.num_pending === 0 && ci.num_ack_pending === 0;
+    } catch {
+      return false;
+    }
+  }
+
+  /** Whether a tool's queue is parked (it pulls nothing until a call is published for it). */
+  parked(tool: string): boolean {
+    return !!this.feeds.find((f) => f.tool === tool)?.parked;
   }
 
   private async drain(): Promise<void> {

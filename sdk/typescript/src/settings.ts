@@ -101,6 +101,14 @@ export interface Settings {
    * again shortly after.
    */
   runMaxInFlight: number;
+  /**
+   * TOOLBUS_EXECUTOR_PARK_AFTER (2m), in ms: a tool queue idle this long stops pulling
+   * until a call is published for it (a doorbell: a subscription to
+   * toolbus.*.tool.requested.<tool>, which the credentials must be allowed); negative: never.
+   */
+  parkAfterMS: number;
+  /** How often a parked queue asks the server whether work waits for it anyway (30m). */
+  parkCheckMS: number;
 }
 
 type Env = Record<string, string | undefined>;
@@ -185,6 +193,8 @@ export function settingsFromEnv(env: Env = process.env): Settings {
     inlineOutputMax: 256 << 10,
     maxAckPending: 1000,
     runMaxInFlight: 32,
+    parkAfterMS: dur(env, 'TOOLBUS_EXECUTOR_PARK_AFTER', 120000, -Infinity) || 120000,
+    parkCheckMS: 30 * 60000,
   };
 }
 

@@ -87,4 +87,24 @@ describe('fleet', () => {
       assert.deepEqual(left, [], 'slots left behind');
     }, { settings: { runMaxInFlight: 2 } });
   });
+
+  test('parking: an idle queue stops pulling, and a call published for it rings it awake', async () => {
+    const name = unique('park');
+    const jsm = await bus.jsm();
+    await serving(nc, [{ name, description: 'd', inputSchema: { type: 'object' }, run: () => 'awake' }], async (ex) => {
+      // Served once, then idle: parked, with no pull waiting on the server.
+      const first = await step(bus, name, ['{}']);
+      assert.equal((await results(bus, first, 1)).get('call_0')?.status, 'succeeded');
+      await eventually(async () => (ex.parked(name) ? true : undefined), 10000, 'the idle queue parked');
+      await eventually(async () => ((await jsm.consumers.info(bus.stream, wire.toolConsumer(name))).num_waiting === 0 ? true : undefined),
+        10000, 'no pull waiting on the parked queue');
+      await wait(1500); // past the check a second after parking: only the doorbell wakes it now
+      const t0 = Date.now();
+      const run = await step(bus, name, ['{}']);
+      assert.equal((await results(bus, run, 1)).get('call_0')?.content, 'awake');
+      assert.ok(Date.now() - t0 < 10000, 'the call was served by the ring, not by a check');
+      // It parks again once idle.
+      await eventually(async () => (ex.parked(name) ? true : undefined), 10000, 'parked again');
+    }, { env: { TOOLBUS_EXECUTOR_PARK_AFTER: '300ms' } });
+  });
 });
