@@ -17,6 +17,7 @@ import {
 } from './wire.js';
 import { Redactor, checkArguments, compileSchema, errorResult, succeeded, violations, MIN_OUTPUT_BYTES } from './result.js';
 import { Logger, Metrics, serveMetrics } from './ops.js';
+import { RunOutcomes } from './outcomes.js';
 import { dial, secretsOf, settingsFromEnv, type Settings } from './settings.js';
 
 // ---- the API of tools ------------------------------------------------------------------
@@ -221,6 +222,8 @@ interface Delivery {
   traceparent?: string;
   queue: string;
   rs: RunStarted;
+  /** The stream sequence of the run's first run.started (0: unknown, in a team account). */
+  startSeq: number;
   claimKey: string;
   claim: Claim;
   rev: number;
@@ -295,6 +298,7 @@ export class Executor {
   private cancelled = new Set<string>();
   private running = new Set<Promise<void>>();
   private feeds: Feed[] = [];
+  private outcomes?: RunOutcomes;
   private reconnects = 0;
   private bellRefused = false;
   private pullOpts = { max_messages: 1, expires: 30000 };
@@ -394,6 +398,18 @@ export class Executor {
     const cancelSubs = s.apiPrefix
       ? served.map((t) => this.nc!.subscribe(subject.runEndedFor(t), { callback: (err, m) => { if (!err) this.onEndNotice(m.subject, m.data); } }))
       : [this.nc.subscribe(subject.runCancelAll, { callback: (err, m) => { if (!err) this.onCancel(m.subject, m.headers, m.data); } })];
+    if (!s.apiPrefix) {
+      // Run outcomes followed: a call of a run that goes on reads no run state.
+      const outcomes = new RunOutcomes(this.nc, bus, () => this.reconnects);
+      try {
+        await outcomes.listen();
+        this.outcomes = outcomes;
+      } catch (err) {
+        outcomes.close();
+        this.log.warn('run outcomes not followed: each call reads its run\'s state (give the executor\'s credentials subscribe permission on toolbus.*.run.<outcome>)',
+          { error: String((err as Error)?.message ?? err) });
+      }
+    }
     let stopBeat = async () => {};
     let parkWatch: NodeJS.Timeout | undefined;
     try {
@@ -436,6 +452,7 @@ export class Executor {
       }
       await this.drain();
       for (const sub of cancelSubs) sub.unsubscribe();
+      this.outcomes?.close();
       await stopBeat();
       if (opts.handleSignals) {
         process.off('SIGINT', onSignal);
@@ -742,7 +759,7 @@ export class Executor {
         msg.ack();
         return undefined;
       }
-      return { msg, req, traceparent: ev.attrs.traceparent, queue, rs: started.rs, claimKey, claim: own.claim, rev: own.rev, gen, ran: false, releaseSlot };
+      return { msg, req, traceparent: ev.attrs.traceparent, queue, rs: started.rs, startSeq: started.seq ?? 0, claimKey, claim: own.claim, rev: own.rev, gen, ran: false, releaseSlot };
     } catch (err) {
       this.handled.delete(claimKey);
       await releaseSlot?.();
@@ -777,7 +794,7 @@ export class Executor {
    * only the core account publishes tool.requested and the team may not read runs), what
    * the call carries of it (principal, allowlist, deadline).
    */
-  private async runOf(req: ToolRequested): Promise<{ rs: RunStarted } | null> {
+  private async runOf(req: ToolRequested): Promise<{ rs: RunStarted; seq?: number } | null> {
     if (this.bus!.team) {
       return { rs: { run_id: req.run_id, ...(req.principal ? { principal: req.principal } : {}),
         ...(req.allowed_tools ? { allowed_tools: req.allowed_tools } : {}), ...(req.deadline ? { limits: { deadline: req.deadline } } : {}) } };
@@ -846,7 +863,7 @@ export class Executor {
     const s = this.settings;
     const bus = this.bus!;
     const call = d.req.call;
-    const ended = await bus.runEnded(d.req.run_id);
+    const ended = await this.runEnded(d);
     if (ended) {
       d.res = errorResult(call, 'cancelled', 'run_ended', `the run had already ended (${ended}) when this call was taken: it was not run`);
     }
@@ -859,6 +876,17 @@ export class Executor {
     if (!d.res) await this.execute(d);
     await this.retryLater(d);
     await this.publish(d);
+  }
+
+  /**
+   * The outcome of a call's run that already ended ('' while it goes on): from the
+   * outcome events followed when they answer for the run, else from the run state.
+   */
+  private async runEnded(d: Delivery): Promise<string> {
+    const known = this.outcomes?.lookup(d.req.run_id, d.startSeq);
+    if (known !== undefined) return known;
+    this.metrics.runStateReads++;
+    return this.bus!.runEnded(d.req.run_id);
   }
 
   /** Settles what the call gets without running, or parks a call that waits for a person. */

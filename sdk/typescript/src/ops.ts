@@ -46,6 +46,8 @@ export class Metrics {
   private refused = new Map<string, number>();
   poison = 0;
   redeliveries = 0;
+  /** Calls that read their run's state (the run outcomes followed did not answer for the run). */
+  runStateReads = 0;
   ready = false;
   connected = false;
 

@@ -21,12 +21,14 @@ after(async () => {
 const TRACEPARENT = '00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01';
 
 /** Starts a run and publishes the calls of its step 0 (one tool.requested each, as the planner does). */
-async function step(b: wire.Bus, tool: string, args: string[], o: { run?: string; principal?: string } = {}): Promise<string> {
+async function step(b: wire.Bus, tool: string, args: string[], o: { run?: string; principal?: string; started?: boolean } = {}): Promise<string> {
   const run = o.run ?? unique('run');
   const principal = o.principal ?? 'tester';
   const rs: wire.RunStarted = { run_id: run, messages: [{ role: 'user', content: 'test' }], principal: { id: principal } };
-  await b.publish(wire.subject.runStarted(run, principal), { id: wire.id.runStarted(run), type: wire.Type.runStarted,
-    source: '/toolbus/test/suite', subject: run, runid: run, step: '0' }, rs);
+  if (!o.started) {
+    await b.publish(wire.subject.runStarted(run, principal), { id: wire.id.runStarted(run), type: wire.Type.runStarted,
+      source: '/toolbus/test/suite', subject: run, runid: run, step: '0' }, rs);
+  }
   for (const [i, a] of args.entries()) {
     const callId = `call_${i}`;
     const req: wire.ToolRequested = { run_id: run, step: 0, call_index: i, call_count: args.length,
@@ -106,5 +108,29 @@ describe('fleet', () => {
       // It parks again once idle.
       await eventually(async () => (ex.parked(name) ? true : undefined), 10000, 'parked again');
     }, { env: { TOOLBUS_EXECUTOR_PARK_AFTER: '300ms' } });
+  });
+
+  test('run outcomes: a call of a run whose outcome was heard is not run, and a call of a run that goes on reads no run state', async () => {
+    const name = unique('ends');
+    let ran = 0;
+    await serving(nc, [{ name, description: 'd', inputSchema: { type: 'object' }, run: () => ++ran }], async (ex) => {
+      const reads = ex.metrics.runStateReads;
+      const live = await step(bus, name, ['{}']);
+      assert.equal((await results(bus, live, 1)).get('call_0')?.status, 'succeeded');
+      assert.equal(ex.metrics.runStateReads, reads, 'a run that started while the outcomes were followed reads no run state');
+      // An outcome event the run state does not record (yet): the executor knows it from the event.
+      const run = unique('run');
+      const rs: wire.RunStarted = { run_id: run, messages: [{ role: 'user', content: 'test' }], principal: { id: 'tester' } };
+      await bus.publish(wire.subject.runStarted(run, 'tester'), { id: wire.id.runStarted(run), type: wire.Type.runStarted,
+        source: '/toolbus/test/suite', subject: run, runid: run, step: '0' }, rs);
+      await bus.publish(`toolbus.${run}.run.failed`, { id: `${run}/failed`, type: wire.Type.runFailed, source: '/toolbus/test/suite',
+        subject: run, runid: run, step: '0' }, { run_id: run, status: 'failed' });
+      await nc.flush();
+      await step(bus, name, ['{}'], { run, started: true });
+      const r = (await results(bus, run, 1)).get('call_0');
+      assert.equal(r?.status, 'cancelled', JSON.stringify(r));
+      assert.equal(r?.error?.code, 'run_ended');
+      assert.equal(ran, 1, 'the call of the ended run ran');
+    });
   });
 });
