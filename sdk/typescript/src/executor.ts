@@ -272,7 +272,18 @@ export interface ExecutorOptions {
   env?: Record<string, string | undefined>;
   /** An open connection to use instead of dialling TOOLBUS_NATS_URL. */
   connection?: NatsConnection;
+  /**
+   * Decides whether the run's principal may call the tool with these arguments (already
+   * validated), as the Go executor's Authorizer (executor.WithAuthorizer): a throw or a
+   * rejection refuses the call, rejected / not_authorized, its message (a ToolError's, or
+   * the error's) shown to the model after redaction, so it must carry no secret. Absent:
+   * every call is allowed.
+   */
+  authorize?: Authorizer;
 }
+
+/** An authorization hook (ExecutorOptions.authorize). */
+export type Authorizer = (principal: Principal, tool: string, args: unknown) => void | Promise<void>;
 
 /**
  * Serves tools on the bus. register() the tools, then serve(): it binds each tool's
@@ -307,6 +318,7 @@ export class Executor {
   private readonly servingP: Promise<void>;
   private servingResolve!: () => void;
   private readonly breakRule: string;
+  private readonly authorize?: Authorizer;
   private metricsServer?: import('node:http').Server;
 
   constructor(opts: ExecutorOptions = {}) {
@@ -323,6 +335,7 @@ export class Executor {
     // ignore_live_claims), so the
     // conformance suite can show it notices. Never set it in production.
     this.breakRule = this.env.TOOLBUS_SDK_BREAK ?? '';
+    this.authorize = opts.authorize;
     this.stopped = new Promise((r) => (this.stopRequested = r));
     this.servingP = new Promise((r) => (this.servingResolve = r));
   }
@@ -942,6 +955,19 @@ export class Executor {
     if (!checked.ok) {
       d.res = errorResult(call, 'rejected', 'invalid_arguments', checked.message, { details: checked.details, redactor: this.red, maxOut });
       return;
+    }
+    if (this.authorize) {
+      // The principal may call the tool (gate 4 of the Go executor).
+      let refusal: string | undefined;
+      try {
+        await this.authorize(d.rs.principal ?? {}, call.tool, checked.args);
+      } catch (err) {
+        refusal = (err as Error)?.message || String(err) || 'refused';
+      }
+      if (refusal !== undefined) {
+        d.res = errorResult(call, 'rejected', 'not_authorized', `not authorized to call ${call.tool}: ${refusal}`, { redactor: this.red, maxOut });
+        return;
+      }
     }
     // The earliest of the tool's timeout, the call's deadline and the run's deadline.
     const timeout = ent.tool.timeoutMS || s.callTimeoutMS;

@@ -4,7 +4,7 @@ import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { setTimeout as wait } from 'node:timers/promises';
 import type { NatsConnection } from '@nats-io/transport-node';
-import { Executor, wire, type Tool } from '../src/index.js';
+import { Executor, ToolError, wire, type Authorizer, type Tool } from '../src/index.js';
 import { connectTest, eventsOf, eventually, stopServer, unique } from './helpers.js';
 
 let nc: NatsConnection;
@@ -40,8 +40,9 @@ async function step(b: wire.Bus, tool: string, args: string[], o: { run?: string
 }
 
 /** Serves tools with settings over the test defaults for the length of fn. */
-async function serving(c: NatsConnection, tools: Tool[], fn: (ex: Executor) => Promise<void>, o: { env?: Record<string, string>; settings?: object } = {}) {
-  const ex = new Executor({ connection: c, settings: o.settings,
+async function serving(c: NatsConnection, tools: Tool[], fn: (ex: Executor) => Promise<void>,
+  o: { env?: Record<string, string>; settings?: object; authorize?: Authorizer } = {}) {
+  const ex = new Executor({ connection: c, settings: o.settings, authorize: o.authorize,
     env: { TOOLBUS_INSTANCE: unique('ts'), TOOLBUS_ACK_WAIT: '2s', TOOLBUS_LOG_LEVEL: 'warn', TOOLBUS_GRACE: '2s', ...o.env } });
   for (const t of tools) ex.register(t);
   const done = ex.serve();
@@ -132,5 +133,29 @@ describe('fleet', () => {
       assert.equal(r?.error?.code, 'run_ended');
       assert.equal(ran, 1, 'the call of the ended run ran');
     });
+  });
+
+  test('authorizer: a principal it refuses gets rejected / not_authorized with its reason, redacted, and the tool does not run', async () => {
+    const name = unique('authz');
+    const ran: string[] = [];
+    const asked: unknown[] = [];
+    const authorize: Authorizer = async (p, tool, args) => {
+      asked.push([p.id, tool, args]);
+      if (p.id !== 'alice') throw new ToolError('nope', `${p.id} is not on the on-call rota (token s3cr3t-token-value)`);
+    };
+    await serving(nc, [{ name, description: 'd', inputSchema: { type: 'object', properties: { n: { type: 'integer' } } },
+      run: (_a, ctx) => (ran.push(String(ctx.principal.id)), 'done') }], async () => {
+      const ok = await step(bus, name, ['{"n":1}'], { principal: 'alice' });
+      const no = await step(bus, name, ['{"n":2}'], { principal: 'mallory' });
+      assert.equal((await results(bus, ok, 1)).get('call_0')?.status, 'succeeded');
+      const r = (await results(bus, no, 1)).get('call_0');
+      assert.equal(r?.status, 'rejected', JSON.stringify(r));
+      assert.equal(r?.error?.code, 'not_authorized');
+      assert.match(r!.content, new RegExp(`not authorized to call ${name}: mallory is not on the on-call rota`));
+      assert.doesNotMatch(r!.content, /s3cr3t-token-value/, 'the reason is redacted');
+      assert.deepEqual(ran, ['alice'], 'only the allowed principal ran the tool');
+      assert.deepEqual(asked.map((a) => JSON.stringify(a)).sort(), [['alice', name, { n: 1 }], ['mallory', name, { n: 2 }]].map((a) => JSON.stringify(a)),
+        'the hook sees the principal, the tool and the validated arguments');
+    }, { authorize, env: { TOOLBUS_NATS_TOKEN: 's3cr3t-token-value' } });
   });
 });
