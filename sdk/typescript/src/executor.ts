@@ -310,6 +310,8 @@ export class Executor {
   private running = new Set<Promise<void>>();
   private feeds: Feed[] = [];
   private outcomes?: RunOutcomes;
+  /** The last operation the server refused to the credentials, and when (ms). */
+  private denial?: { op: string; subject: string; at: number };
   private reconnects = 0;
   private bellRefused = false;
   private pullOpts = { max_messages: 1, expires: 30000 };
@@ -390,6 +392,7 @@ export class Executor {
     void (async () => {
       for await (const st of this.nc!.status()) {
         if (st.type === 'disconnect') this.metrics.connected = false;
+        if (st.type === 'error' && (st.error as Error)?.name === 'PermissionViolationError') this.recordDenial(st.error as Error & { operation?: string; subject?: string });
         if (st.type === 'reconnect') {
           this.metrics.connected = true;
           this.reconnects++; // rings may have been lost: parked queues pull again
@@ -707,6 +710,78 @@ export class Executor {
   // -- a delivery
 
   private async handle(msg: JsMsg): Promise<void> {
+    const start = Date.now();
+    try {
+      await this.handleOnce(msg);
+    } catch (err) {
+      const pe = this.deniedSince(start);
+      if (!pe) throw err;
+      await this.denied(msg, pe);
+    }
+  }
+
+  private recordDenial(err: Error & { operation?: string; subject?: string }) {
+    const op = err.operation === 'subscription' ? 'subscribe' : (err.operation || 'publish');
+    this.denial = { op, subject: err.subject || err.message, at: Date.now() };
+    this.metrics.permissionDenied++;
+    this.log.error('the server refused an operation to the executor\'s credentials', { op, subject: this.denial.subject });
+  }
+
+  /** The permission the server refused since start (ms) as a message naming it, or undefined. */
+  private deniedSince(start: number): string | undefined {
+    const d = this.denial;
+    if (!d || d.at < start) return undefined;
+    const c = this.settings.connection;
+    const who = c.user ? `the credentials of user ${c.user}` : c.creds ? `the credentials of ${c.creds}` : c.nkey ? `the credentials of nkey ${c.nkey}` : 'the credentials';
+    return `permission denied: ${who} may not ${d.op} to ${JSON.stringify(d.subject)}: add it to the role's permissions`;
+  }
+
+  /**
+   * Ends a call that the executor's credentials do not let it handle (the Go executor's
+   * denied): a failed result whose code (permission_denied) and message name the missing
+   * permission, at once, instead of the call timing out on every delivery. If even that
+   * publish is refused the message is terminated with the reason.
+   */
+  private async denied(msg: JsMsg, why: string): Promise<void> {
+    let req: ToolRequested | undefined;
+    let traceparent: string | undefined;
+    try {
+      const ev = decodeEvent<ToolRequested>(msg.headers, msg.data);
+      if (ev.attrs.type === Type.toolRequested && ev.data?.run_id && ev.data.call?.call_id) {
+        req = ev.data;
+        traceparent = ev.attrs.traceparent;
+      }
+    } catch {
+      req = undefined;
+    }
+    if (!req) {
+      msg.term(why);
+      return;
+    }
+    const call = { ...req.call, arguments: typeof req.call.arguments === 'string' ? req.call.arguments : JSON.stringify(req.call.arguments ?? '') };
+    const res = errorResult(call, 'failed', 'permission_denied', `the executor could not handle this call: ${why}`, { redactor: this.red });
+    res.executor = this.settings.instance;
+    res.duration_ms = 0;
+    const queue = msg.subject.split('.')[4] ?? call.tool;
+    const tf = { run_id: req.run_id, step: req.step, call_index: req.call_index, call_count: req.call_count, ...res };
+    const start = Date.now();
+    try {
+      await this.bus!.publish(subject.toolFinished(req.run_id, queue),
+        callAttrs(Type.toolFinished, this.src, id.toolFinished(req.run_id, req.step, call.call_id), req.run_id, req.step, call.call_id,
+          req.call_index, req.call_count, traceparent), tf,
+        (x: { run_id?: string; call_id?: string; step?: number }) => x.run_id === req!.run_id && x.call_id === call.call_id && x.step === req!.step);
+    } catch (err) {
+      const also = this.deniedSince(start) ?? String((err as Error)?.message ?? err);
+      this.log.error('call terminated: the executor\'s credentials miss a permission, and its result could not be published', { run_id: req.run_id, call_id: call.call_id, error: why, publish_error: also });
+      msg.term(`${why} (and its result could not be published: ${also})`);
+      return;
+    }
+    this.log.error('call ended: the executor\'s credentials miss a permission', { run_id: req.run_id, call_id: call.call_id, error: why });
+    this.metrics.callFinished(call.tool, res.status, 'permission_denied', 0, false);
+    msg.ack();
+  }
+
+  private async handleOnce(msg: JsMsg): Promise<void> {
     if (msg.info.redelivered) this.metrics.redeliveries++;
     let d: Delivery | undefined;
     try {
