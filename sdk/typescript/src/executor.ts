@@ -18,6 +18,7 @@ import {
 import { Redactor, checkArguments, compileSchema, errorResult, succeeded, violations, MIN_OUTPUT_BYTES } from './result.js';
 import { Logger, Metrics, serveMetrics } from './ops.js';
 import { RunOutcomes } from './outcomes.js';
+import { otel, startCallSpan, type CallSpan } from './trace.js';
 import { dial, secretsOf, settingsFromEnv, type Settings } from './settings.js';
 
 // ---- the API of tools ------------------------------------------------------------------
@@ -233,6 +234,8 @@ interface Delivery {
   edit?: { who?: string; arguments: string };
   /** Gives back the run slot the call holds (a call of a step over runMaxInFlight calls). */
   releaseSlot?: () => Promise<void>;
+  /** The call's span (OpenTelemetry, when installed). */
+  span?: CallSpan;
 }
 
 /** A tool's queue as this executor pulls it, or parks it. */
@@ -947,7 +950,21 @@ export class Executor {
     }
   }
 
+  /** Handles an admitted call in its span ("execute_tool <tool>", a child of the call's traceparent). */
   private async process(d: Delivery): Promise<void> {
+    const span = startCallSpan(await otel(), `execute_tool ${d.req.call.tool}`, d.traceparent, {
+      'gen_ai.operation.name': 'execute_tool', 'gen_ai.tool.name': d.req.call.tool, 'gen_ai.tool.call.id': d.req.call.call_id,
+      'toolbus.run_id': d.req.run_id, 'toolbus.step': d.req.step, 'toolbus.attempt': d.claim.attempt,
+    });
+    d.span = span;
+    try {
+      await this.processInSpan(d);
+    } finally {
+      span.end(d.res?.status, d.res?.error?.code);
+    }
+  }
+
+  private async processInSpan(d: Delivery): Promise<void> {
     const s = this.settings;
     const bus = this.bus!;
     const call = d.req.call;
@@ -1096,7 +1113,8 @@ export class Executor {
         });
         aborted.catch(() => {});
         if (ac.signal.aborted) throw ac.signal.reason; // given up before it started: the tool does not run
-        out = await Promise.race([Promise.resolve().then(() => ent.tool.run(checked.args, ctx)), aborted]);
+        const span = d.span;
+        out = await Promise.race([Promise.resolve().then(() => (span ? span.within(() => ent.tool.run(checked.args, ctx)) : ent.tool.run(checked.args, ctx))), aborted]);
       } catch (err) {
         failed = true;
         failure = err;
