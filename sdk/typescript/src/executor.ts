@@ -15,7 +15,7 @@ import {
   type Cancel, type Claim, type Decision, type FailedAttempt, type Principal, type RunStarted, type ToolCall, type ToolContract,
   type ToolProgress, type ToolRequested, type ToolResult,
 } from './wire.js';
-import { Redactor, checkArguments, compileSchema, errorResult, succeeded, violations, MIN_OUTPUT_BYTES } from './result.js';
+import { Redactor, checkArgumentsWith, compileSchema, jsonSchemaOf, errorResult, succeeded, violations, MIN_OUTPUT_BYTES } from './result.js';
 import { Logger, Metrics, serveMetrics } from './ops.js';
 import { RunOutcomes } from './outcomes.js';
 import { otel, startCallSpan, type CallSpan } from './trace.js';
@@ -66,9 +66,14 @@ export interface Tool<A = any> {
   name: string;
   /** What the model reads to choose the tool. */
   description: string;
-  /** JSON Schema of the arguments (an object); calls that violate it are rejected before run is called. */
+  /**
+   * The arguments' schema: a JSON Schema (an object), or a zod-like schema (zod 4: an
+   * object with toJSONSchema(), whose JSON Schema the catalog gets; its safeParse then
+   * checks refinements too, and its result, defaults and transforms applied, is what run
+   * gets). Calls that violate it are rejected before run is called.
+   */
   inputSchema: object;
-  /** JSON Schema of the output: an output that violates it fails the call (invalid_tool_output). */
+  /** The output's schema (JSON Schema or zod-like): an output that violates it fails the call (invalid_tool_output). */
   outputSchema?: object;
   readOnly?: boolean;
   /** Each call waits for a person's decision (tool.waiting) before it runs. */
@@ -117,13 +122,13 @@ interface Entry {
 
 const NS = 1e6; // nanoseconds per millisecond: the catalog's durations are Go's
 
-function contractOf(t: Tool, s: Settings): ToolContract {
+function contractOf(t: Tool, s: Settings, input: object, output?: object): ToolContract {
   const c: ToolContract = {
-    name: t.name, description: t.description, input_schema: t.inputSchema, read_only: !!t.readOnly,
+    name: t.name, description: t.description, input_schema: input, read_only: !!t.readOnly,
     timeout: Math.round((t.timeoutMS || s.callTimeoutMS) * NS),
     max_output_bytes: t.maxOutputBytes || s.maxOutputBytes,
   };
-  if (t.outputSchema) c.output_schema = t.outputSchema;
+  if (output) c.output_schema = output;
   if (t.needsApproval) c.needs_approval = true;
   if (t.heartbeatTimeoutMS) c.heartbeat_timeout = Math.round(t.heartbeatTimeoutMS * NS);
   if (t.maxConcurrency) c.max_concurrency = t.maxConcurrency;
@@ -360,10 +365,13 @@ export class Executor {
   register<A>(tool: Tool<A>): this {
     checkTool(tool);
     if (this.entries.has(tool.name)) throw new Error(`toolbus: tool ${tool.name} registered twice`);
+    // A zod-like schema stands for its JSON Schema in the catalog and for ajv.
+    const inJSON = jsonSchemaOf(tool.inputSchema, `the input schema of ${tool.name}`, 'input');
+    const outJSON = tool.outputSchema ? jsonSchemaOf(tool.outputSchema, `the output schema of ${tool.name}`, 'output') : undefined;
     this.entries.set(tool.name, {
-      tool, contract: contractOf(tool, this.settings), running: 0, waiters: [],
-      input: compileSchema(tool.inputSchema, `the input schema of ${tool.name}`),
-      output: tool.outputSchema ? compileSchema(tool.outputSchema, `the output schema of ${tool.name}`) : undefined,
+      tool, contract: contractOf(tool, this.settings, inJSON, outJSON), running: 0, waiters: [],
+      input: compileSchema(inJSON, `the input schema of ${tool.name}`),
+      output: outJSON ? compileSchema(outJSON, `the output schema of ${tool.name}`) : undefined,
     });
     return this;
   }
@@ -1043,7 +1051,7 @@ export class Executor {
     const maxOut = ent.tool.maxOutputBytes || s.maxOutputBytes;
     const fields = ent.tool.redactFields ?? [];
     const start = Date.now();
-    const checked = checkArguments(call.arguments, ent.input, call.tool);
+    const checked = checkArgumentsWith(call.arguments, ent.input, call.tool, ent.tool.inputSchema);
     if (!checked.ok) {
       d.res = errorResult(call, 'rejected', 'invalid_arguments', checked.message, { details: checked.details, redactor: this.red, maxOut });
       return;
