@@ -32,7 +32,9 @@ function secretForms(v: string): string[] {
 /** The pattern rules of executor.RedactText: each capture group is the secret replaced. */
 const RULES: { re: RegExp; skip?: (s: string) => boolean }[] = [
   { re: /(-----BEGIN[A-Z0-9 ]*PRIVATE KEY[A-Z0-9 ]*-----(?:(?:[A-Za-z0-9+/=\s:,.-]|\\[nrt])*?-----END[A-Z0-9 ]*PRIVATE KEY[A-Z0-9 ]*-----|(?:[A-Za-z0-9+/=\s:,.-]|\\[nrt])*))/g },
-  { re: /[A-Za-z][A-Za-z0-9+.-]*:\/\/[^\s:/@"'\\[\]?#<>]*:([^\s/@"'\\[\]?#<>]+)@/g },
+  // The scheme is bounded: unbounded, each start in a long run of letters scanned the rest
+  // of the run (quadratic: a 300 KiB output of one token took a minute). Go's RE2 is linear.
+  { re: /[A-Za-z][A-Za-z0-9+.-]{0,31}:\/\/[^\s:/@"'\\[\]?#<>]*:([^\s/@"'\\[\]?#<>]+)@/g },
   { re: /\b(eyJ[A-Za-z0-9_-]{5,}\.eyJ[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]*)/g },
   { re: /\bbearer\s+([A-Za-z0-9._~+/-]+=*)/gi, skip: isProseWord },
   { re: /\bbasic\s+([A-Za-z0-9+/]{8,}={0,2})/gi, skip: isProseWord },
