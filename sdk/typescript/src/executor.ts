@@ -586,6 +586,7 @@ export class Executor {
     // Stopped after what the pull already holds is handled (stop() ends the loop after it).
     f.messages?.stop();
     f.messages = undefined;
+    this.metrics.queuesParked++;
     this.log.debug('queue parked', { tool: f.tool });
   }
 
@@ -603,12 +604,14 @@ export class Executor {
     f.bell = undefined;
     f.parked = false;
     f.rung = false;
+    this.metrics.queuesParked--;
     this.log.debug('queue pulls again', { tool: f.tool, why });
     try {
       await this.pull(f);
     } catch (err) {
       // Parked again with a ring pending: tried at the next tick.
       f.parked = true;
+      this.metrics.queuesParked++;
       f.rung = true;
       this.log.warn('pulling again failed', { tool: f.tool, error: String((err as Error)?.message ?? err) });
     }
