@@ -78,7 +78,7 @@ func nodeTest(t *testing.T, ctx context.Context, env []string, name string, args
 // test/team.test.ts serves (testbus.TeamTools for a standalone npm test).
 var teamTools = []string{"team_count", "team_pay", "team_hang"}
 
-// TestNPMTeamAccount runs the package's team-account tests (test/team.test.ts): its
+// TestNPMTeamAccount runs the package's team-account tests (test/team*.test.ts): its
 // executor in the team account alpha of a two-account server (the accounts layout,
 // events/eventstest.StartAccounts: the rendering TestTeamAccountExecutor uses), which
 // reaches the core account's JetStream only under TOOLBUS_NATS_API_PREFIX and through
@@ -117,5 +117,7 @@ func TestNPMTeamAccount(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	nodeTest(t, ctx, []string{"TOOLBUS_TEST_TEAM_BUS=" + string(tb)}, node, "--test", filepath.Join("dist", "test", "team.test.js"))
+	// One file at a time: they serve the same tools on the one server.
+	nodeTest(t, ctx, []string{"TOOLBUS_TEST_TEAM_BUS=" + string(tb)}, node, "--test", "--test-concurrency=1",
+		filepath.Join("dist", "test", "team.test.js"), filepath.Join("dist", "test", "team-fleet.test.js"))
 }

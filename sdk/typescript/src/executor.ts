@@ -7,7 +7,7 @@
 //   → retry by the tool's policy, or publish the one result, then ack.
 import { randomBytes } from 'node:crypto';
 import type { NatsConnection, Subscription } from '@nats-io/transport-node';
-import type { ConsumerMessages, JsMsg } from '@nats-io/jetstream';
+import type { Consumer, ConsumerMessages, JsMsg } from '@nats-io/jetstream';
 import type { ValidateFunction } from 'ajv';
 import {
   Bus, ContractChangedError, PoisonError, Type, agreeingRun, callAttrs, decodeEvent, id, key, queueAckWait, source, subject,
@@ -15,8 +15,10 @@ import {
   type Cancel, type Claim, type Decision, type FailedAttempt, type Principal, type RunStarted, type ToolCall, type ToolContract,
   type ToolProgress, type ToolRequested, type ToolResult,
 } from './wire.js';
-import { Redactor, checkArguments, compileSchema, errorResult, succeeded, violations, MIN_OUTPUT_BYTES } from './result.js';
+import { Redactor, checkArgumentsWith, compileSchema, jsonSchemaOf, errorResult, succeeded, violations, MIN_OUTPUT_BYTES } from './result.js';
 import { Logger, Metrics, serveMetrics } from './ops.js';
+import { RunOutcomes } from './outcomes.js';
+import { otel, startCallSpan, type CallSpan } from './trace.js';
 import { dial, msgKeyOf, secretsOf, settingsFromEnv, type Settings } from './settings.js';
 
 // ---- the API of tools ------------------------------------------------------------------
@@ -64,9 +66,14 @@ export interface Tool<A = any> {
   name: string;
   /** What the model reads to choose the tool. */
   description: string;
-  /** JSON Schema of the arguments (an object); calls that violate it are rejected before run is called. */
+  /**
+   * The arguments' schema: a JSON Schema (an object), or a zod-like schema (zod 4: an
+   * object with toJSONSchema(), whose JSON Schema the catalog gets; its safeParse then
+   * checks refinements too, and its result, defaults and transforms applied, is what run
+   * gets). Calls that violate it are rejected before run is called.
+   */
   inputSchema: object;
-  /** JSON Schema of the output: an output that violates it fails the call (invalid_tool_output). */
+  /** The output's schema (JSON Schema or zod-like): an output that violates it fails the call (invalid_tool_output). */
   outputSchema?: object;
   readOnly?: boolean;
   /** Each call waits for a person's decision (tool.waiting) before it runs. */
@@ -115,13 +122,13 @@ interface Entry {
 
 const NS = 1e6; // nanoseconds per millisecond: the catalog's durations are Go's
 
-function contractOf(t: Tool, s: Settings): ToolContract {
+function contractOf(t: Tool, s: Settings, input: object, output?: object): ToolContract {
   const c: ToolContract = {
-    name: t.name, description: t.description, input_schema: t.inputSchema, read_only: !!t.readOnly,
+    name: t.name, description: t.description, input_schema: input, read_only: !!t.readOnly,
     timeout: Math.round((t.timeoutMS || s.callTimeoutMS) * NS),
     max_output_bytes: t.maxOutputBytes || s.maxOutputBytes,
   };
-  if (t.outputSchema) c.output_schema = t.outputSchema;
+  if (output) c.output_schema = output;
   if (t.needsApproval) c.needs_approval = true;
   if (t.heartbeatTimeoutMS) c.heartbeat_timeout = Math.round(t.heartbeatTimeoutMS * NS);
   if (t.maxConcurrency) c.max_concurrency = t.maxConcurrency;
@@ -221,6 +228,8 @@ interface Delivery {
   traceparent?: string;
   queue: string;
   rs: RunStarted;
+  /** The stream sequence of the run's first run.started (0: unknown, in a team account). */
+  startSeq: number;
   claimKey: string;
   claim: Claim;
   rev: number;
@@ -228,6 +237,28 @@ interface Delivery {
   res?: ToolResult;
   ran: boolean;
   edit?: { who?: string; arguments: string };
+  /** Gives back the run slot the call holds (a call of a step over runMaxInFlight calls). */
+  releaseSlot?: () => Promise<void>;
+  /** The call's span (OpenTelemetry, when installed). */
+  span?: CallSpan;
+}
+
+/** A tool's queue as this executor pulls it, or parks it. */
+interface Feed {
+  tool: string;
+  consumer: Consumer;
+  messages?: ConsumerMessages;
+  /** When it last delivered or finished a call (ms). */
+  last: number;
+  /** Its calls being handled. */
+  busy: number;
+  parked: boolean;
+  rung: boolean;
+  bell?: Subscription;
+  /** The reconnections counted when it parked. */
+  missed: number;
+  nextCheck: number;
+  checking: boolean;
 }
 
 function fmtDuration(ms: number): string {
@@ -249,7 +280,18 @@ export interface ExecutorOptions {
   env?: Record<string, string | undefined>;
   /** An open connection to use instead of dialling TOOLBUS_NATS_URL. */
   connection?: NatsConnection;
+  /**
+   * Decides whether the run's principal may call the tool with these arguments (already
+   * validated), as the Go executor's Authorizer (executor.WithAuthorizer): a throw or a
+   * rejection refuses the call, rejected / not_authorized, its message (a ToolError's, or
+   * the error's) shown to the model after redaction, so it must carry no secret. Absent:
+   * every call is allowed.
+   */
+  authorize?: Authorizer;
 }
+
+/** An authorization hook (ExecutorOptions.authorize). */
+export type Authorizer = (principal: Principal, tool: string, args: unknown) => void | Promise<void>;
 
 /**
  * Serves tools on the bus. register() the tools, then serve(): it binds each tool's
@@ -274,12 +316,19 @@ export class Executor {
   private handled = new Set<string>();
   private cancelled = new Set<string>();
   private running = new Set<Promise<void>>();
-  private streams: ConsumerMessages[] = [];
+  private feeds: Feed[] = [];
+  private outcomes?: RunOutcomes;
+  /** The last operation the server refused to the credentials, and when (ms). */
+  private denial?: { op: string; subject: string; at: number };
+  private reconnects = 0;
+  private bellRefused = false;
+  private pullOpts = { max_messages: 1, expires: 30000 };
   private readonly stopped: Promise<void>;
   private stopRequested!: () => void;
   private readonly servingP: Promise<void>;
   private servingResolve!: () => void;
   private readonly breakRule: string;
+  private readonly authorize?: Authorizer;
   private metricsServer?: import('node:http').Server;
 
   constructor(opts: ExecutorOptions = {}) {
@@ -296,6 +345,7 @@ export class Executor {
     // ignore_live_claims), so the
     // conformance suite can show it notices. Never set it in production.
     this.breakRule = this.env.TOOLBUS_SDK_BREAK ?? '';
+    this.authorize = opts.authorize;
     this.stopped = new Promise((r) => (this.stopRequested = r));
     this.servingP = new Promise((r) => (this.servingResolve = r));
   }
@@ -315,10 +365,13 @@ export class Executor {
   register<A>(tool: Tool<A>): this {
     checkTool(tool);
     if (this.entries.has(tool.name)) throw new Error(`toolbus: tool ${tool.name} registered twice`);
+    // A zod-like schema stands for its JSON Schema in the catalog and for ajv.
+    const inJSON = jsonSchemaOf(tool.inputSchema, `the input schema of ${tool.name}`, 'input');
+    const outJSON = tool.outputSchema ? jsonSchemaOf(tool.outputSchema, `the output schema of ${tool.name}`, 'output') : undefined;
     this.entries.set(tool.name, {
-      tool, contract: contractOf(tool, this.settings), running: 0, waiters: [],
-      input: compileSchema(tool.inputSchema, `the input schema of ${tool.name}`),
-      output: tool.outputSchema ? compileSchema(tool.outputSchema, `the output schema of ${tool.name}`) : undefined,
+      tool, contract: contractOf(tool, this.settings, inJSON, outJSON), running: 0, waiters: [],
+      input: compileSchema(inJSON, `the input schema of ${tool.name}`),
+      output: outJSON ? compileSchema(outJSON, `the output schema of ${tool.name}`) : undefined,
     });
     return this;
   }
@@ -350,7 +403,11 @@ export class Executor {
     void (async () => {
       for await (const st of this.nc!.status()) {
         if (st.type === 'disconnect') this.metrics.connected = false;
-        if (st.type === 'reconnect') this.metrics.connected = true;
+        if (st.type === 'error' && (st.error as Error)?.name === 'PermissionViolationError') this.recordDenial(st.error as Error & { operation?: string; subject?: string });
+        if (st.type === 'reconnect') {
+          this.metrics.connected = true;
+          this.reconnects++; // rings may have been lost: parked queues pull again
+        }
       }
     })().catch(() => {});
     const bus = (this.bus = new Bus(this.nc, { stream: s.stream, apiPrefix: s.apiPrefix, msgKey: s.apiPrefix ? msgKeyOf(s.connection) : undefined }));
@@ -368,7 +425,20 @@ export class Executor {
     const cancelSubs = s.apiPrefix
       ? served.map((t) => this.nc!.subscribe(subject.runEndedFor(t), { callback: (err, m) => { if (!err) this.onEndNotice(m.subject, m.data); } }))
       : [this.nc.subscribe(subject.runCancelAll, { callback: (err, m) => { if (!err) this.onCancel(m.subject, m.headers, m.data); } })];
+    if (!s.apiPrefix) {
+      // Run outcomes followed: a call of a run that goes on reads no run state.
+      const outcomes = new RunOutcomes(this.nc, bus, () => this.reconnects);
+      try {
+        await outcomes.listen();
+        this.outcomes = outcomes;
+      } catch (err) {
+        outcomes.close();
+        this.log.warn('run outcomes not followed: each call reads its run\'s state (give the executor\'s credentials subscribe permission on toolbus.*.run.<outcome>)',
+          { error: String((err as Error)?.message ?? err) });
+      }
+    }
     let stopBeat = async () => {};
+    let parkWatch: NodeJS.Timeout | undefined;
     try {
       // Queues, then the instance (live before the tools are offered), then the contracts.
       let ackWait = queueAckWait(s.ackWaitMS, s.instanceTTLMS);
@@ -387,21 +457,29 @@ export class Executor {
           throw err;
         }
       }
+      this.pullOpts = { max_messages: Math.min(s.concurrency, 256), expires: Math.max(1000, Math.min(30000, ackWait)) };
       for (const t of served) {
-        const c = await bus.js.consumers.get(s.stream, `tool_${t}`);
-        const messages = await c.consume({ max_messages: Math.min(s.concurrency, 256), expires: Math.max(1000, Math.min(30000, ackWait)) });
-        this.streams.push(messages);
-        void this.loop(messages);
+        const f: Feed = { tool: t, consumer: await bus.js.consumers.get(s.stream, `tool_${t}`), last: Date.now(), busy: 0,
+          parked: false, rung: false, missed: 0, nextCheck: 0, checking: false };
+        this.feeds.push(f);
+        await this.pull(f);
       }
+      // In a team account no doorbell rings (the team hears no tool.requested of the core): its queues keep pulling.
+      if (s.parkAfterMS >= 0 && !bus.team) parkWatch = setInterval(() => void this.watchFeeds(), Math.max(20, Math.min(500, s.parkAfterMS / 4)));
       this.metrics.ready = true;
       this.servingResolve();
       this.log.info('executor serving', { tools: served, concurrency: s.concurrency, stream: s.stream, team: s.team });
       await this.stopped;
     } finally {
       this.metrics.ready = false;
-      for (const m of this.streams) m.stop();
+      clearInterval(parkWatch);
+      for (const f of this.feeds) {
+        f.messages?.stop();
+        f.bell?.unsubscribe();
+      }
       await this.drain();
       for (const sub of cancelSubs) sub.unsubscribe();
+      this.outcomes?.close();
       await stopBeat();
       if (opts.handleSignals) {
         process.off('SIGINT', onSignal);
@@ -418,16 +496,140 @@ export class Executor {
     this.stopRequested();
   }
 
-  private async loop(messages: ConsumerMessages): Promise<void> {
+  /** Starts pulling a tool's queue. */
+  private async pull(f: Feed): Promise<void> {
+    const messages = await f.consumer.consume(this.pullOpts);
+    f.messages = messages;
+    f.last = Date.now();
+    void this.loop(messages, f);
+  }
+
+  private async loop(messages: ConsumerMessages, f: Feed): Promise<void> {
     for await (const m of messages) {
+      f.last = Date.now();
+      f.busy++;
       while (this.running.size >= this.settings.concurrency) await Promise.race(this.running);
       const p = this.handle(m).catch((err) => {
         this.log.warn('call handed back for redelivery', { subject: m.subject, error: String(err?.message ?? err) });
         m.nak(1000);
       });
       this.running.add(p);
-      void p.finally(() => this.running.delete(p));
+      void p.finally(() => {
+        this.running.delete(p);
+        f.busy--;
+        f.last = Date.now();
+      });
     }
+  }
+
+  // -- parking idle queues (the Go twin is events/consume/park.go)
+  //
+  // A queue that delivered nothing for parkAfterMS listens to its doorbell (a core
+  // subscription to its filter, toolbus.*.tool.requested.<tool>), asks the server whether
+  // anything is pending or unacknowledged on its consumer and, if nothing is, stops
+  // pulling. It pulls again when the doorbell rings, when the connection reconnected
+  // (rings may have been lost), and when a check finds work: one a second after parking
+  // (a call stored before the doorbell listened), then every parkCheckMS.
+
+  private async watchFeeds(): Promise<void> {
+    const now = Date.now();
+    for (const f of this.feeds) {
+      if (f.checking) continue;
+      f.checking = true;
+      try {
+        if (f.parked) await this.parkedFeed(f, now);
+        else await this.park(f, now);
+      } catch (err) {
+        this.log.debug('park watch', { tool: f.tool, error: String((err as Error)?.message ?? err) });
+      } finally {
+        f.checking = false;
+      }
+    }
+  }
+
+  private async park(f: Feed, now: number): Promise<void> {
+    if (this.bellRefused || f.busy > 0 || now - f.last < this.settings.parkAfterMS || this.metrics.ready === false) return;
+    const missed = this.reconnects;
+    f.rung = false;
+    let refused: Error | undefined;
+    const bell = this.nc!.subscribe(subject.toolRequested('*', f.tool), {
+      callback: (err) => {
+        if (err) refused = err;
+        else f.rung = true;
+      },
+    });
+    try {
+      await this.nc!.flush();
+    } catch (err) {
+      bell.unsubscribe();
+      f.last = now; // try again once idle for as long again
+      throw err;
+    }
+    if (refused || bell.isClosed()) {
+      // The credentials may not listen: no queue of this executor tries again.
+      this.bellRefused = true;
+      bell.unsubscribe();
+      this.log.warn('idle queues keep pulling (grant the credentials subscribe permission on their filters: deploy/nats/permissions.conf)',
+        { tool: f.tool, error: String(refused?.message ?? 'subscription refused') });
+      return;
+    }
+    // Asked once the doorbell listens: a call published after this rings it.
+    if (!(await this.nothingWaits(f)) || f.busy > 0 || !this.metrics.ready) {
+      bell.unsubscribe();
+      f.last = now;
+      return;
+    }
+    f.bell = bell;
+    f.missed = missed;
+    f.parked = true;
+    f.nextCheck = now + 1000;
+    // Stopped after what the pull already holds is handled (stop() ends the loop after it).
+    f.messages?.stop();
+    f.messages = undefined;
+    this.metrics.queuesParked++;
+    this.log.debug('queue parked', { tool: f.tool });
+  }
+
+  private async parkedFeed(f: Feed, now: number): Promise<void> {
+    let why = '';
+    if (f.rung) why = 'rung';
+    else if (this.reconnects !== f.missed) why = 'reconnected';
+    else if (now >= f.nextCheck) {
+      const check = this.settings.parkCheckMS;
+      f.nextCheck = now + check / 2 + Math.random() * (check / 2);
+      if (!(await this.nothingWaits(f))) why = 'work waits';
+    }
+    if (!why || !this.metrics.ready) return;
+    f.bell?.unsubscribe();
+    f.bell = undefined;
+    f.parked = false;
+    f.rung = false;
+    this.metrics.queuesParked--;
+    this.log.debug('queue pulls again', { tool: f.tool, why });
+    try {
+      await this.pull(f);
+    } catch (err) {
+      // Parked again with a ring pending: tried at the next tick.
+      f.parked = true;
+      this.metrics.queuesParked++;
+      f.rung = true;
+      this.log.warn('pulling again failed', { tool: f.tool, error: String((err as Error)?.message ?? err) });
+    }
+  }
+
+  /** Whether the server has nothing pending or unacknowledged on the feed's consumer (false when it cannot tell). */
+  private async nothingWaits(f: Feed): Promise<boolean> {
+    try {
+      const ci = await f.consumer.info();
+      return ci.num_pending === 0 && ci.num_ack_pending === 0;
+    } catch {
+      return false;
+    }
+  }
+
+  /** Whether a tool's queue is parked (it pulls nothing until a call is published for it). */
+  parked(tool: string): boolean {
+    return !!this.feeds.find((f) => f.tool === tool)?.parked;
   }
 
   private async drain(): Promise<void> {
@@ -522,6 +724,78 @@ export class Executor {
   // -- a delivery
 
   private async handle(msg: JsMsg): Promise<void> {
+    const start = Date.now();
+    try {
+      await this.handleOnce(msg);
+    } catch (err) {
+      const pe = this.deniedSince(start);
+      if (!pe) throw err;
+      await this.denied(msg, pe);
+    }
+  }
+
+  private recordDenial(err: Error & { operation?: string; subject?: string }) {
+    const op = err.operation === 'subscription' ? 'subscribe' : (err.operation || 'publish');
+    this.denial = { op, subject: err.subject || err.message, at: Date.now() };
+    this.metrics.permissionDenied++;
+    this.log.error('the server refused an operation to the executor\'s credentials', { op, subject: this.denial.subject });
+  }
+
+  /** The permission the server refused since start (ms) as a message naming it, or undefined. */
+  private deniedSince(start: number): string | undefined {
+    const d = this.denial;
+    if (!d || d.at < start) return undefined;
+    const c = this.settings.connection;
+    const who = c.user ? `the credentials of user ${c.user}` : c.creds ? `the credentials of ${c.creds}` : c.nkey ? `the credentials of nkey ${c.nkey}` : 'the credentials';
+    return `permission denied: ${who} may not ${d.op} to ${JSON.stringify(d.subject)}: add it to the role's permissions`;
+  }
+
+  /**
+   * Ends a call that the executor's credentials do not let it handle (the Go executor's
+   * denied): a failed result whose code (permission_denied) and message name the missing
+   * permission, at once, instead of the call timing out on every delivery. If even that
+   * publish is refused the message is terminated with the reason.
+   */
+  private async denied(msg: JsMsg, why: string): Promise<void> {
+    let req: ToolRequested | undefined;
+    let traceparent: string | undefined;
+    try {
+      const ev = decodeEvent<ToolRequested>(msg.headers, msg.data);
+      if (ev.attrs.type === Type.toolRequested && ev.data?.run_id && ev.data.call?.call_id) {
+        req = ev.data;
+        traceparent = ev.attrs.traceparent;
+      }
+    } catch {
+      req = undefined;
+    }
+    if (!req) {
+      msg.term(why);
+      return;
+    }
+    const call = { ...req.call, arguments: typeof req.call.arguments === 'string' ? req.call.arguments : JSON.stringify(req.call.arguments ?? '') };
+    const res = errorResult(call, 'failed', 'permission_denied', `the executor could not handle this call: ${why}`, { redactor: this.red });
+    res.executor = this.settings.instance;
+    res.duration_ms = 0;
+    const queue = msg.subject.split('.')[4] ?? call.tool;
+    const tf = { run_id: req.run_id, step: req.step, call_index: req.call_index, call_count: req.call_count, ...res };
+    const start = Date.now();
+    try {
+      await this.bus!.publish(subject.toolFinished(req.run_id, queue),
+        callAttrs(Type.toolFinished, this.src, id.toolFinished(req.run_id, req.step, call.call_id), req.run_id, req.step, call.call_id,
+          req.call_index, req.call_count, traceparent), tf,
+        (x: { run_id?: string; call_id?: string; step?: number }) => x.run_id === req!.run_id && x.call_id === call.call_id && x.step === req!.step);
+    } catch (err) {
+      const also = this.deniedSince(start) ?? String((err as Error)?.message ?? err);
+      this.log.error('call terminated: the executor\'s credentials miss a permission, and its result could not be published', { run_id: req.run_id, call_id: call.call_id, error: why, publish_error: also });
+      msg.term(`${why} (and its result could not be published: ${also})`);
+      return;
+    }
+    this.log.error('call ended: the executor\'s credentials miss a permission', { run_id: req.run_id, call_id: call.call_id, error: why });
+    this.metrics.callFinished(call.tool, res.status, 'permission_denied', 0, false);
+    msg.ack();
+  }
+
+  private async handleOnce(msg: JsMsg): Promise<void> {
     if (msg.info.redelivered) this.metrics.redeliveries++;
     let d: Delivery | undefined;
     try {
@@ -550,6 +824,7 @@ export class Executor {
       throw err;
     } finally {
       this.handled.delete(d.claimKey);
+      await d.releaseSlot?.();
     }
   }
 
@@ -576,18 +851,44 @@ export class Executor {
     const claimKey = key.claim(queue, run, req.step, req.call.call_id);
     if (this.handled.has(claimKey)) throw new Handback(Math.max(this.beatEveryMS, 1000), 'call already being handled by this process');
     this.handled.add(claimKey);
+    let releaseSlot: (() => Promise<void>) | undefined;
     try {
+      releaseSlot = await this.runSlot(queue, req, claimKey);
       const own = await this.claim(msg, queue, req, claimKey);
       if (!own) {
         this.handled.delete(claimKey);
+        await releaseSlot?.();
         msg.ack();
         return undefined;
       }
-      return { msg, req, traceparent: ev.attrs.traceparent, queue, rs: started.rs, claimKey, claim: own.claim, rev: own.rev, gen, ran: false };
+      return { msg, req, traceparent: ev.attrs.traceparent, queue, rs: started.rs, startSeq: started.seq ?? 0, claimKey, claim: own.claim, rev: own.rev, gen, ran: false, releaseSlot };
     } catch (err) {
       this.handled.delete(claimKey);
+      await releaseSlot?.();
       throw err;
     }
+  }
+
+  /**
+   * Takes one of the run's slots for a call of a large step, or hands the delivery back
+   * when the run is at its cap (the Go executor's runSlot). A run's calls in flight are
+   * those of its current step, so a step of at most runMaxInFlight calls stays under the
+   * cap by itself: only the calls of larger steps take a slot (a KV create and a delete).
+   */
+  private async runSlot(queue: string, req: ToolRequested, claimKey: string): Promise<(() => Promise<void>) | undefined> {
+    const s = this.settings;
+    const limit = s.runMaxInFlight;
+    if (!(limit > 0) || req.call_count <= limit) return undefined;
+    const slot = await this.bus!.acquireRunSlot(queue, req.run_id, limit, claimKey,
+      { ...(s.team ? { team: s.team } : {}), instance: s.instance, boot: this.boot });
+    if (slot === null) {
+      throw new Handback(250 + Math.floor(Math.random() * 250), `run ${req.run_id} has ${limit} calls in flight`);
+    }
+    return async () => {
+      await this.bus!.releaseRunSlot(queue, req.run_id, slot).catch((err) =>
+        this.log.warn('run slot not released; it frees when this instance\'s heartbeat expires',
+          { run_id: req.run_id, call_id: req.call.call_id, error: String(err?.message ?? err) }));
+    };
   }
 
   /**
@@ -595,7 +896,7 @@ export class Executor {
    * only the core account publishes tool.requested and the team may not read runs), what
    * the call carries of it (principal, allowlist, deadline).
    */
-  private async runOf(req: ToolRequested): Promise<{ rs: RunStarted } | null> {
+  private async runOf(req: ToolRequested): Promise<{ rs: RunStarted; seq?: number } | null> {
     if (this.bus!.team) {
       return { rs: { run_id: req.run_id, ...(req.principal ? { principal: req.principal } : {}),
         ...(req.allowed_tools ? { allowed_tools: req.allowed_tools } : {}), ...(req.deadline ? { limits: { deadline: req.deadline } } : {}) } };
@@ -660,11 +961,25 @@ export class Executor {
     }
   }
 
+  /** Handles an admitted call in its span ("execute_tool <tool>", a child of the call's traceparent). */
   private async process(d: Delivery): Promise<void> {
+    const span = startCallSpan(await otel(), `execute_tool ${d.req.call.tool}`, d.traceparent, {
+      'gen_ai.operation.name': 'execute_tool', 'gen_ai.tool.name': d.req.call.tool, 'gen_ai.tool.call.id': d.req.call.call_id,
+      'toolbus.run_id': d.req.run_id, 'toolbus.step': d.req.step, 'toolbus.attempt': d.claim.attempt,
+    });
+    d.span = span;
+    try {
+      await this.processInSpan(d);
+    } finally {
+      span.end(d.res?.status, d.res?.error?.code);
+    }
+  }
+
+  private async processInSpan(d: Delivery): Promise<void> {
     const s = this.settings;
     const bus = this.bus!;
     const call = d.req.call;
-    const ended = await bus.runEnded(d.req.run_id);
+    const ended = await this.runEnded(d);
     if (ended) {
       d.res = errorResult(call, 'cancelled', 'run_ended', `the run had already ended (${ended}) when this call was taken: it was not run`);
     }
@@ -677,6 +992,17 @@ export class Executor {
     if (!d.res) await this.execute(d);
     await this.retryLater(d);
     await this.publish(d);
+  }
+
+  /**
+   * The outcome of a call's run that already ended ('' while it goes on): from the
+   * outcome events followed when they answer for the run, else from the run state.
+   */
+  private async runEnded(d: Delivery): Promise<string> {
+    const known = this.outcomes?.lookup(d.req.run_id, d.startSeq);
+    if (known !== undefined) return known;
+    this.metrics.runStateReads++;
+    return this.bus!.runEnded(d.req.run_id);
   }
 
   /** Settles what the call gets without running, or parks a call that waits for a person. */
@@ -728,10 +1054,23 @@ export class Executor {
     const maxOut = ent.tool.maxOutputBytes || s.maxOutputBytes;
     const fields = ent.tool.redactFields ?? [];
     const start = Date.now();
-    const checked = checkArguments(call.arguments, ent.input, call.tool);
+    const checked = checkArgumentsWith(call.arguments, ent.input, call.tool, ent.tool.inputSchema);
     if (!checked.ok) {
       d.res = errorResult(call, 'rejected', 'invalid_arguments', checked.message, { details: checked.details, redactor: this.red, maxOut });
       return;
+    }
+    if (this.authorize) {
+      // The principal may call the tool (gate 4 of the Go executor).
+      let refusal: string | undefined;
+      try {
+        await this.authorize(d.rs.principal ?? {}, call.tool, checked.args);
+      } catch (err) {
+        refusal = (err as Error)?.message || String(err) || 'refused';
+      }
+      if (refusal !== undefined) {
+        d.res = errorResult(call, 'rejected', 'not_authorized', `not authorized to call ${call.tool}: ${refusal}`, { redactor: this.red, maxOut });
+        return;
+      }
     }
     // The earliest of the tool's timeout, the call's deadline and the run's deadline.
     const timeout = ent.tool.timeoutMS || s.callTimeoutMS;
@@ -785,7 +1124,8 @@ export class Executor {
         });
         aborted.catch(() => {});
         if (ac.signal.aborted) throw ac.signal.reason; // given up before it started: the tool does not run
-        out = await Promise.race([Promise.resolve().then(() => ent.tool.run(checked.args, ctx)), aborted]);
+        const span = d.span;
+        out = await Promise.race([Promise.resolve().then(() => (span ? span.within(() => ent.tool.run(checked.args, ctx)) : ent.tool.run(checked.args, ctx))), aborted]);
       } catch (err) {
         failed = true;
         failure = err;

@@ -46,6 +46,12 @@ export class Metrics {
   private refused = new Map<string, number>();
   poison = 0;
   redeliveries = 0;
+  /** Calls that read their run's state (the run outcomes followed did not answer for the run). */
+  runStateReads = 0;
+  /** Operations the server refused to this process's credentials (permissions violations). */
+  permissionDenied = 0;
+  /** Tool queues of this process parked (idle: pulling nothing until a call is published for them). */
+  queuesParked = 0;
   ready = false;
   connected = false;
 
@@ -84,6 +90,10 @@ export class Metrics {
       `toolbus_poison_terminated_total{role="executor"} ${this.poison}`);
     l.push('# HELP toolbus_redeliveries_total Redelivered messages taken.', '# TYPE toolbus_redeliveries_total counter',
       `toolbus_redeliveries_total{role="executor"} ${this.redeliveries}`);
+    l.push('# HELP toolbus_permission_denied_total Operations the server refused to this process\'s credentials (permissions violations).',
+      '# TYPE toolbus_permission_denied_total counter', `toolbus_permission_denied_total ${this.permissionDenied}`);
+    l.push('# HELP toolbus_tool_queues_parked Tool queues parked: idle, pulling nothing until a call is published for them.',
+      '# TYPE toolbus_tool_queues_parked gauge', `toolbus_tool_queues_parked ${this.queuesParked}`);
     l.push('# HELP toolbus_ready Whether the role is connected and serving.', '# TYPE toolbus_ready gauge',
       `toolbus_ready{role="executor"} ${this.ready && this.connected ? 1 : 0}`);
     return l.join('\n') + '\n';

@@ -32,7 +32,9 @@ function secretForms(v: string): string[] {
 /** The pattern rules of executor.RedactText: each capture group is the secret replaced. */
 const RULES: { re: RegExp; skip?: (s: string) => boolean }[] = [
   { re: /(-----BEGIN[A-Z0-9 ]*PRIVATE KEY[A-Z0-9 ]*-----(?:(?:[A-Za-z0-9+/=\s:,.-]|\\[nrt])*?-----END[A-Z0-9 ]*PRIVATE KEY[A-Z0-9 ]*-----|(?:[A-Za-z0-9+/=\s:,.-]|\\[nrt])*))/g },
-  { re: /[A-Za-z][A-Za-z0-9+.-]*:\/\/[^\s:/@"'\\[\]?#<>]*:([^\s/@"'\\[\]?#<>]+)@/g },
+  // The scheme is bounded: unbounded, each start in a long run of letters scanned the rest
+  // of the run (quadratic: a 300 KiB output of one token took a minute). Go's RE2 is linear.
+  { re: /[A-Za-z][A-Za-z0-9+.-]{0,31}:\/\/[^\s:/@"'\\[\]?#<>]*:([^\s/@"'\\[\]?#<>]+)@/g },
   { re: /\b(eyJ[A-Za-z0-9_-]{5,}\.eyJ[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]*)/g },
   { re: /\bbearer\s+([A-Za-z0-9._~+/-]+=*)/gi, skip: isProseWord },
   { re: /\bbasic\s+([A-Za-z0-9+/]{8,}={0,2})/gi, skip: isProseWord },
@@ -240,6 +242,49 @@ export function compileSchema(schema: unknown, what: string): ValidateFunction {
   }
 }
 
+/**
+ * A zod-like schema (zod 4, or anything with the same two methods): its JSON Schema for
+ * the catalog and ajv, and a parse that also checks what JSON Schema cannot say
+ * (refinements) and applies defaults and transforms.
+ */
+export interface SchemaLike {
+  toJSONSchema(opts?: { target?: string; io?: 'input' | 'output' }): object;
+  safeParse?(v: unknown): { success: true; data: unknown } | { success: false; error: { issues: { path: readonly PropertyKey[]; message: string }[] } };
+}
+
+/** Whether a tool's schema is zod-like (a toJSONSchema method) rather than a JSON Schema. */
+export function isSchemaLike(s: unknown): s is SchemaLike {
+  return !!s && typeof s === 'object' && typeof (s as SchemaLike).toJSONSchema === 'function';
+}
+
+/**
+ * The JSON Schema of a tool's schema: a JSON Schema as it is; a zod-like schema's
+ * toJSONSchema() in draft 7 (ajv's), without its $schema, of what it takes (io input:
+ * a field with a default is optional) or of what it gives (io output). A zod 3 schema (_def, no
+ * toJSONSchema) is refused with what to do.
+ */
+export function jsonSchemaOf(s: unknown, what: string, io: 'input' | 'output'): object {
+  if (isSchemaLike(s)) {
+    let js: Record<string, unknown>;
+    try {
+      js = { ...(s.toJSONSchema({ target: 'draft-7', io }) as Record<string, unknown>) };
+    } catch (err) {
+      throw new Error(`toolbus: ${what} cannot be written as a JSON Schema: ${(err as Error).message}`);
+    }
+    delete js.$schema;
+    return js;
+  }
+  if (s && typeof s === 'object' && ('_def' in s || '_zod' in s) && !('type' in s)) {
+    throw new Error(`toolbus: ${what} is a zod schema without toJSONSchema (zod 3): use zod 4, or pass its JSON Schema (zod-to-json-schema)`);
+  }
+  return s as object;
+}
+
+/** The violations of a zod-like parse, each with its path. */
+export function parseViolations(issues: { path: readonly PropertyKey[]; message: string }[]): Violation[] {
+  return issues.map((i) => ({ path: i.path.map((p) => '/' + String(p).replace(/~/g, '~0').replace(/\//g, '~1')).join(''), message: i.message }));
+}
+
 /** The violations of an ajv validation, each with its path. */
 export function violations(errs: ErrorObject[] | null | undefined): Violation[] {
   return (errs ?? []).map((e) => {
@@ -281,4 +326,18 @@ export function checkArguments(raw: string, validate: ValidateFunction, tool: st
         vs.map((x) => `- ${x.path || '/'}: ${x.message}`).join('\n') };
   }
   return { ok: true, args: v as Record<string, unknown> };
+}
+
+/** checkArguments, then a zod-like schema's own parse (refinements, defaults, transforms): its result is what the tool gets. */
+export function checkArgumentsWith(raw: string, validate: ValidateFunction, tool: string, schema: unknown):
+  { ok: true; args: Record<string, unknown> } | { ok: false; message: string; details: Violation[] } {
+  const r = checkArguments(raw, validate, tool);
+  if (!r.ok || !isSchemaLike(schema) || typeof schema.safeParse !== 'function') return r;
+  const p = schema.safeParse(r.args);
+  if (p.success) return { ok: true, args: p.data as Record<string, unknown> };
+  const vs = parseViolations(p.error.issues);
+  const n = vs.length === 1 ? '1 violation' : `${vs.length} violations`;
+  return { ok: false, details: vs,
+    message: `arguments do not match the input schema of ${tool} (${n}; fix all of them and call again):\n` +
+      vs.map((x) => `- ${x.path || '/'}: ${x.message}`).join('\n') };
 }

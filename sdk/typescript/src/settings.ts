@@ -96,6 +96,21 @@ export interface Settings {
   inlineOutputMax: number;
   /** Calls handed back (queue bound) at most (1000). */
   maxAckPending: number;
+  /**
+   * Calls of one run in flight across the whole fleet (32; 0 or negative: no bound), as
+   * the Go executor's RunMaxInFlight: a call of a step of more calls takes one of the
+   * run's slots (KV toolbus_claims, <tool>.<run>.slot.<i>) or is handed back and taken
+   * again shortly after.
+   */
+  runMaxInFlight: number;
+  /**
+   * TOOLBUS_EXECUTOR_PARK_AFTER (2m), in ms: a tool queue idle this long stops pulling
+   * until a call is published for it (a doorbell: a subscription to
+   * toolbus.*.tool.requested.<tool>, which the credentials must be allowed); negative: never.
+   */
+  parkAfterMS: number;
+  /** How often a parked queue asks the server whether work waits for it anyway (30m). */
+  parkCheckMS: number;
 }
 
 type Env = Record<string, string | undefined>;
@@ -179,6 +194,9 @@ export function settingsFromEnv(env: Env = process.env): Settings {
     logFormat: logFormat as Settings['logFormat'],
     inlineOutputMax: 256 << 10,
     maxAckPending: 1000,
+    runMaxInFlight: 32,
+    parkAfterMS: dur(env, 'TOOLBUS_EXECUTOR_PARK_AFTER', 120000, -Infinity) || 120000,
+    parkCheckMS: 30 * 60000,
   };
 }
 

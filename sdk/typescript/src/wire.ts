@@ -299,6 +299,16 @@ export const id = {
 export const dataSchema = (type: string) => `https://toolbus.dev/schemas/${type}.v1.json`;
 export const source = (component: string, instance: string) => `/toolbus/${component}/${instance}`;
 
+/** FNV-1a, 32 bits, of a string's UTF-8 bytes (Go's hash/fnv New32a). */
+export function fnv32(s: string): number {
+  let h = 0x811c9dc5;
+  for (const b of Buffer.from(s, 'utf8')) {
+    h ^= b;
+    h = Math.imul(h, 0x01000193) >>> 0;
+  }
+  return h >>> 0;
+}
+
 /** The KV key form of a string: [A-Za-z0-9_-] kept, any other byte =XX. */
 export function kvSafe(s: string): string {
   let out = '';
@@ -311,6 +321,8 @@ export function kvSafe(s: string): string {
 
 export const key = {
   claim: (queue: string, run: string, step: number, callID: string) => `${queue}.${run}.${step}.${kvSafe(callID)}`,
+  /** One of a run's slots for calls of steps over RunMaxInFlight calls (store.slotKey), under the tool's claims prefix. */
+  runSlot: (queue: string, run: string, i: number) => `${queue}.${run}.slot.${i}`,
   instance: (team: string, name: string, boot: string) =>
     team ? `${team}.${kvSafe(name)}.${kvSafe(boot)}` : boot ? `${kvSafe(name)}.${kvSafe(boot)}` : kvSafe(name),
   decision: (run: string, step: number, callID: string) => `${run}.${step}.${kvSafe(callID)}`,
@@ -728,6 +740,61 @@ export class Bus {
 
   async releaseClaim(k: string): Promise<void> {
     await (await this.store(Bucket.claims)).delete(k);
+  }
+
+  /**
+   * Takes one of the limit slots of run and tool (the queue's token) for a call (callKey
+   * is its claim key), as store.AcquireRunSlot does: a create of one of up to 8 keys from
+   * the call's hash on, then a take-over of a slot whose holder is no longer alive.
+   * Returns the slot, or null when the run has limit calls in flight.
+   */
+  async acquireRunSlot(queue: string, run: string, limit: number, callKey: string, holder: { team?: string; instance: string; boot: string }): Promise<number | null> {
+    const kv = await this.store(Bucket.claims);
+    const val = enc.encode(JSON.stringify({ ...(holder.team ? { team: holder.team } : {}), instance: holder.instance, ...(holder.boot ? { boot: holder.boot } : {}), call: callKey }));
+    const start = fnv32(callKey) % limit;
+    const tries = Math.min(limit, 8);
+    for (let j = 0; j < tries; j++) {
+      const i = (start + j) % limit;
+      try {
+        await kv.create(key.runSlot(queue, run, i), val);
+        return i;
+      } catch (err) {
+        if (!isConflict(err)) throw err;
+      }
+    }
+    // Full: take over the slots of executors that died holding them.
+    const alive = new Map<string, boolean>();
+    for (let j = 0; j < tries; j++) {
+      const i = (start + j) % limit;
+      const e = await kv.get(key.runSlot(queue, run, i)).catch(() => null);
+      if (!e || e.operation !== 'PUT') continue; // released meanwhile: the next acquisition gets it
+      let held: { team?: string; instance?: string; boot?: string };
+      try {
+        held = JSON.parse(dec.decode(e.value));
+      } catch {
+        continue;
+      }
+      const owner = JSON.stringify([held.team ?? '', held.instance ?? '', held.boot ?? '']);
+      let ok = alive.get(owner);
+      if (ok === undefined) {
+        ok = await this.instanceAlive(held.team ?? '', held.instance ?? '', held.boot ?? '');
+        alive.set(owner, ok);
+      }
+      if (!ok) {
+        try {
+          await kv.update(key.runSlot(queue, run, i), val, e.revision);
+          return i;
+        } catch (err) {
+          if (!isConflict(err)) throw err;
+        }
+      }
+    }
+    return null;
+  }
+
+  /** Frees a slot taken by acquireRunSlot. */
+  async releaseRunSlot(queue: string, run: string, slot: number): Promise<void> {
+    await (await this.store(Bucket.claims)).delete(key.runSlot(queue, run, slot));
   }
 
   // -- instances: an executor's lease.
