@@ -7,7 +7,6 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
-	"strconv"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -97,27 +96,11 @@ func (s *teamStream) GetMsg(_ context.Context, seq uint64, _ ...jetstream.GetMsg
 // GetLastMsgForSubject reads the last message on subject with a direct get in its
 // subject form (<prefix>.DIRECT.GET.<stream>.<subject>).
 func (s *teamStream) GetLastMsgForSubject(ctx context.Context, subject string) (*jetstream.RawStreamMsg, error) {
-	if _, ok := ctx.Deadline(); !ok {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, 5*time.Second)
-		defer cancel()
+	m, err := store.DirectGet(ctx, s.nc, s.prefix+".DIRECT.GET."+s.name+"."+subject)
+	if err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
+		return nil, fmt.Errorf("events: %w", err)
 	}
-	r, err := s.nc.RequestWithContext(ctx, s.prefix+".DIRECT.GET."+s.name+"."+subject, nil)
-	if err != nil {
-		return nil, fmt.Errorf("events: last message on %s: %w", subject, err)
-	}
-	if len(r.Data) == 0 && r.Header.Get("Status") != "" {
-		if r.Header.Get("Status") == "404" {
-			return nil, jetstream.ErrMsgNotFound
-		}
-		return nil, fmt.Errorf("events: last message on %s: %s %s", subject, r.Header.Get("Status"), r.Header.Get("Description"))
-	}
-	seq, err := strconv.ParseUint(r.Header.Get(jetstream.SequenceHeader), 10, 64)
-	if err != nil {
-		return nil, fmt.Errorf("events: last message on %s: sequence header: %w", subject, err)
-	}
-	tm, _ := time.Parse(time.RFC3339Nano, r.Header.Get(jetstream.TimeStampHeaer))
-	return &jetstream.RawStreamMsg{Subject: r.Header.Get(jetstream.SubjectHeader), Sequence: seq, Header: r.Header, Data: r.Data, Time: tm}, nil
+	return m, err
 }
 
 // msgID is the Nats-Msg-Id an event of id is published with. The stream's duplicate

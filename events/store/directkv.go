@@ -56,37 +56,51 @@ func (kv *directKV) Get(ctx context.Context, key string) (jetstream.KeyValueEntr
 
 // last reads the last message of key, delete and purge markers included.
 func (kv *directKV) last(ctx context.Context, key string) (*directEntry, error) {
-	if _, ok := ctx.Deadline(); !ok {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, 5*time.Second)
-		defer cancel()
+	m, err := DirectGet(ctx, kv.nc, kv.get+key)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return nil, jetstream.ErrKeyNotFound
 	}
-	r, err := kv.nc.RequestWithContext(ctx, kv.get+key, nil)
 	if err != nil {
-		return nil, fmt.Errorf("store: direct get %s of %s: %w", key, kv.bucket, err)
+		return nil, fmt.Errorf("store: %s of %s: %w", key, kv.bucket, err)
 	}
-	if len(r.Data) == 0 && r.Header.Get("Status") != "" {
-		if r.Header.Get("Status") == "404" {
-			return nil, jetstream.ErrKeyNotFound
-		}
-		return nil, fmt.Errorf("store: direct get %s of %s: %s %s", key, kv.bucket, r.Header.Get("Status"), r.Header.Get("Description"))
-	}
-	seq, err := strconv.ParseUint(r.Header.Get(jetstream.SequenceHeader), 10, 64)
-	if err != nil {
-		return nil, fmt.Errorf("store: direct get %s of %s: sequence header: %w", key, kv.bucket, err)
-	}
-	tm, err := time.Parse(time.RFC3339Nano, r.Header.Get(jetstream.TimeStampHeaer))
-	if err != nil {
-		return nil, fmt.Errorf("store: direct get %s of %s: time header: %w", key, kv.bucket, err)
-	}
-	e := &directEntry{bucket: kv.bucket, key: key, value: r.Data, rev: seq, created: tm, op: jetstream.KeyValuePut}
-	switch r.Header.Get("KV-Operation") {
+	e := &directEntry{bucket: kv.bucket, key: key, value: m.Data, rev: m.Sequence, created: m.Time, op: jetstream.KeyValuePut}
+	switch m.Header.Get("KV-Operation") {
 	case "DEL":
 		e.op = jetstream.KeyValueDelete
 	case "PURGE":
 		e.op = jetstream.KeyValuePurge
 	}
 	return e, nil
+}
+
+// DirectGet makes a direct get in its subject form (<api prefix>.DIRECT.GET.<stream>.<subject>,
+// what an export can scope to a subject) and returns the last message of the subject
+// (jetstream.ErrMsgNotFound when there is none). It bounds an undeadlined ctx to 5 s.
+func DirectGet(ctx context.Context, nc *nats.Conn, subject string) (*jetstream.RawStreamMsg, error) {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+	}
+	r, err := nc.RequestWithContext(ctx, subject, nil)
+	if err != nil {
+		return nil, fmt.Errorf("direct get %s: %w", subject, err)
+	}
+	if len(r.Data) == 0 && r.Header.Get("Status") != "" {
+		if r.Header.Get("Status") == "404" {
+			return nil, jetstream.ErrMsgNotFound
+		}
+		return nil, fmt.Errorf("direct get %s: %s %s", subject, r.Header.Get("Status"), r.Header.Get("Description"))
+	}
+	seq, err := strconv.ParseUint(r.Header.Get(jetstream.SequenceHeader), 10, 64)
+	if err != nil {
+		return nil, fmt.Errorf("direct get %s: sequence header: %w", subject, err)
+	}
+	tm, err := time.Parse(time.RFC3339Nano, r.Header.Get(jetstream.TimeStampHeaer))
+	if err != nil {
+		return nil, fmt.Errorf("direct get %s: time header: %w", subject, err)
+	}
+	return &jetstream.RawStreamMsg{Subject: r.Header.Get(jetstream.SubjectHeader), Sequence: seq, Header: r.Header, Data: r.Data, Time: tm}, nil
 }
 
 func (kv *directKV) Put(ctx context.Context, key string, value []byte) (uint64, error) {
