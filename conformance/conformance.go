@@ -510,7 +510,7 @@ func (s *suite) checkResults() {
 			s.fail("%s: no tool.finished in the stream: %v", c.name, err)
 			continue
 		}
-		checkResult(msg, run, tool, c, s.schema, func(format string, args ...any) {
+		checkResult(msg, run, tool, c, s.schema, s.cfg.Accounts, func(format string, args ...any) {
 			s.fail(c.name+": "+format, args...)
 		})
 	}
@@ -751,9 +751,19 @@ func checkContract(ctx context.Context, bus *events.Bus, tool string, fail func(
 }
 
 // checkResult checks one stored tool.finished: attributes, ids, data and outcome.
-func checkResult(msg *nats.Msg, run, tool string, c call, schema *sjs.Schema, fail func(string, ...any)) {
+func checkResult(msg *nats.Msg, run, tool string, c call, schema *sjs.Schema, accounts bool, fail func(string, ...any)) {
 	wantID := events.IDToolFinished(run, 0, c.name)
 	h := func(k string) string { return msg.Header.Get(k) }
+	if accounts {
+		// In a team account the message id is keyed by the team's credentials
+		// (CONTRACT.md, "Team accounts"): the id, the guard and 22 characters of HMAC, so
+		// that no other team can take it first.
+		got := h(events.HeaderMsgID)
+		if suffix, ok := strings.CutPrefix(got, wantID+events.GuardedIDSeparator); !ok || len(suffix) != 22 {
+			fail("header %s = %q, want %q followed by 22 characters keyed by the team's credentials", events.HeaderMsgID, got, wantID+events.GuardedIDSeparator)
+		}
+		msg.Header.Set(events.HeaderMsgID, wantID)
+	}
 	if c.squat {
 		// Stored under the per-subject guard: the id another message took, plus a random
 		// suffix (CONTRACT.md, "A duplicate is the same event").
