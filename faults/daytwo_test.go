@@ -103,7 +103,7 @@ func TestFaultDayTwoInFlight(t *testing.T) {
 		return e.faultbusRole("executor", inst, creds("executor-"+team), "TOOLBUS_TEAM="+team, "TOOLBUS_NATS_API_PREFIX=JS.core.API",
 			"TOOLBUS_EXECUTOR_TOOLS="+list, "TOOLBUS_FAULT_APPEND_TOOLS="+list, "TOOLBUS_FAULT_APPEND_FILE="+file)
 	}
-	e.faultbusRole("planner", "planner-1", creds("planner"), "TOOLBUS_MODEL=append_a+append_b:2x2:3000-6000")
+	e.faultbusRole("planner", "planner-1", creds("planner"), "TOOLBUS_MODEL=append_a+append_b:2x4:4000-8000")
 	e.toolbusRole("injector", "injector-1", creds("injector"))
 	executor("alpha-1", "alpha", "append_a")
 	executor("beta-1", "beta", "append_b")
@@ -119,7 +119,8 @@ func TestFaultDayTwoInFlight(t *testing.T) {
 		probed <- e.probeFromTeam(filepath.Join(genDir, "executor-beta.creds"), "append_b", "append_a", inFlight[0])
 	}()
 
-	// Day two, while those runs are in flight (each call takes 3 to 6 s).
+	// Day two, while those runs are in flight (four steps, each call 4 to 8 s: longer than
+	// the commands below take on a loaded machine).
 	// A granted tool reaches alpha's running executors by a push (no reload); a new team
 	// is a new account, which the server takes on a reload (no restart).
 	out := admin("grant", "alpha", "append_c", "-push") + admin("add-team", "gamma", "calculator")
@@ -202,11 +203,11 @@ func TestFaultDayTwoInFlight(t *testing.T) {
 	if err := os.WriteFile(filtered, runsOnly.Bytes(), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	checkSideEffects(t, filtered, all, 2, 2)
+	checkSideEffects(t, filtered, all, 4, 2)
 	if n := calls["day2-call-0"]; n != 1 {
 		t.Errorf("append_c ran %d times for its call, want once", n)
 	}
-	st := e.checkRuns(e.tally(), all, 2, 2)
+	st := e.checkRuns(e.tally(), all, 4, 2)
 	for _, run := range before {
 		evs, err := e.bus.RunEvents(e.ctx, run)
 		if err != nil {
