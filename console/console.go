@@ -185,13 +185,8 @@ func (c *server) decide(kind string) http.HandlerFunc {
 	granted := kind == "approve"
 	return func(w http.ResponseWriter, r *http.Request) {
 		ctx := r.Context()
-		run := r.PathValue("run")
-		who, ok := actor(w, r)
+		run, who, ok := actorOnRun(w, r)
 		if !ok {
-			return
-		}
-		if !toolbus.ValidRunID(run) {
-			http.Error(w, "invalid run id", http.StatusBadRequest)
 			return
 		}
 		callID, reason := r.PostFormValue("call"), strings.TrimSpace(r.PostFormValue("reason"))
@@ -237,15 +232,24 @@ func (c *server) decide(kind string) http.HandlerFunc {
 	}
 }
 
-func (c *server) cancel(w http.ResponseWriter, r *http.Request) {
-	ctx := r.Context()
-	run := r.PathValue("run")
-	who, ok := actor(w, r)
-	if !ok {
-		return
+// actorOnRun returns the run a decision's path names and who decides: false, with the
+// response written, when the request names no signed-in actor or no valid run id.
+func actorOnRun(w http.ResponseWriter, r *http.Request) (run, who string, ok bool) {
+	run = r.PathValue("run")
+	if who, ok = actor(w, r); !ok {
+		return "", "", false
 	}
 	if !toolbus.ValidRunID(run) {
 		http.Error(w, "invalid run id", http.StatusBadRequest)
+		return "", "", false
+	}
+	return run, who, true
+}
+
+func (c *server) cancel(w http.ResponseWriter, r *http.Request) {
+	ctx := r.Context()
+	run, who, ok := actorOnRun(w, r)
+	if !ok {
 		return
 	}
 	if !c.mustSee(w, r, run) || !c.mayCancel(w, r, run) {

@@ -210,13 +210,8 @@ func answerContent(q questionView, form url.Values) (string, error) {
 // answer serves a person's answer to (or decline of) a call's open question.
 func (c *server) answer(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
-	run := r.PathValue("run")
-	who, ok := actor(w, r)
+	run, who, ok := actorOnRun(w, r)
 	if !ok {
-		return
-	}
-	if !toolbus.ValidRunID(run) {
-		http.Error(w, "invalid run id", http.StatusBadRequest)
 		return
 	}
 	if !c.mustSee(w, r, run) {
