@@ -1007,7 +1007,7 @@ func (in *Injector) Decided(ctx context.Context, a toolbus.Approval, step int, g
 	if err != nil {
 		return err
 	}
-	return in.reissue(ctx, rec, idx)
+	return in.reissue(ctx, rec, idx, d)
 }
 
 // checkDecider refuses (terminates, with the reason) a decision or cancel of run by who
@@ -1059,9 +1059,10 @@ func (in *Injector) checkDecision(ctx context.Context, a toolbus.Approval, grant
 	return nil
 }
 
-// reissue publishes again the request of a waiting call that has a decision, marked
-// approved (a deterministic id: several re-issues are one event).
-func (in *Injector) reissue(ctx context.Context, rec *store.StepRecord, idx int) error {
+// reissue publishes again the request of a waiting call that has a decision (dec, the
+// one that stood), marked approved and carrying it (a deterministic id: several
+// re-issues are one event).
+func (in *Injector) reissue(ctx context.Context, rec *store.StepRecord, idx int, dec store.Decision) error {
 	if idx >= len(rec.Waiting) || rec.Waiting[idx] == nil || rec.Results[idx] != nil {
 		return nil // not waiting yet (Waiting re-issues), or already answered
 	}
@@ -1077,10 +1078,6 @@ func (in *Injector) reissue(ctx context.Context, rec *store.StepRecord, idx int)
 	}
 	rs = rs.WithDefaults(in.cfg.Defaults)
 	call := *rec.Waiting[idx]
-	dec, err := in.bus.Store().StepDecision(ctx, rec.RunID, rec.Step, call.CallID)
-	if err != nil {
-		return err
-	}
 	_, err = in.bus.PublishEvent(ctx, events.ToolRequestedEvent(in.source, toolbus.ToolRequested{
 		RunID: rec.RunID, Step: rec.Step, CallIndex: idx, CallCount: rec.CallCount, Call: call,
 		Deadline: rs.Limits.Deadline, Principal: rs.Principal, AllowedTools: rs.AllowedTools, Approved: true,

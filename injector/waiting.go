@@ -31,7 +31,7 @@ func (in *Injector) Waiting(ctx context.Context, tw toolbus.ToolWaiting) error {
 		return err
 	}
 	// The decision may have come before the call waited: apply it now.
-	_, err := in.bus.Store().StepDecision(ctx, tw.RunID, tw.Step, tw.Call.CallID)
+	dec, err := in.bus.Store().StepDecision(ctx, tw.RunID, tw.Step, tw.Call.CallID)
 	if errors.Is(err, events.ErrNotFound) {
 		return in.announceWaiting(ctx, tw.RunID, tw.Step)
 	}
@@ -42,7 +42,7 @@ func (in *Injector) Waiting(ctx context.Context, tw toolbus.ToolWaiting) error {
 	if err != nil {
 		return err
 	}
-	return in.reissue(ctx, rec, tw.CallIndex)
+	return in.reissue(ctx, rec, tw.CallIndex, dec)
 }
 
 // announceWaiting makes the run wait for the undecided calls of a step that are
