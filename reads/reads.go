@@ -20,6 +20,7 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -28,13 +29,21 @@ import (
 	"github.com/toolbus/toolbus/events/store"
 )
 
+// PerIdentity bounds the requests of one identity the service works on at once: one
+// beyond it is refused at once (status 429), so an identity that floods the service
+// delays nobody else's reads, and the service holds at most this many goroutines per
+// identity.
+const PerIdentity = 16
+
 // Service answers the read service's requests with a bus of the core account.
 type Service struct {
 	bus *events.Bus
 	log *slog.Logger
 
-	mu      sync.Mutex
-	streams map[string]jetstream.Stream // the streams read, by name
+	mu       sync.Mutex
+	streams  map[string]jetstream.Stream // the streams read, by name
+	inFlight map[string]int              // requests in progress, by identity
+	wg       sync.WaitGroup
 }
 
 // New returns the read service of bus (opened in the core account).
@@ -42,7 +51,7 @@ func New(bus *events.Bus, log *slog.Logger) *Service {
 	if log == nil {
 		log = slog.Default()
 	}
-	return &Service{bus: bus, log: log, streams: map[string]jetstream.Stream{}}
+	return &Service{bus: bus, log: log, streams: map[string]jetstream.Stream{}, inFlight: map[string]int{}}
 }
 
 // Serve answers requests on every identity's read subjects, in the queue group
@@ -51,7 +60,7 @@ func New(bus *events.Bus, log *slog.Logger) *Service {
 func (s *Service) Serve(ctx context.Context) error {
 	nc := s.bus.Conn()
 	sub, err := nc.QueueSubscribe(events.ReadServicePrefix+".*.>", events.ReadQueue, func(m *nats.Msg) {
-		s.handle(ctx, m)
+		s.dispatch(ctx, m)
 	})
 	if err != nil {
 		return fmt.Errorf("reads: subscribe: %w", err)
@@ -60,11 +69,46 @@ func (s *Service) Serve(ctx context.Context) error {
 		return fmt.Errorf("reads: subscribe: %w", err)
 	}
 	<-ctx.Done()
-	if err := sub.Drain(); err != nil && !errors.Is(err, nats.ErrConnectionClosed) {
+	err = sub.Drain()
+	s.wg.Wait()
+	if err != nil && !errors.Is(err, nats.ErrConnectionClosed) {
 		return fmt.Errorf("reads: drain: %w", err)
 	}
 	return nil
 }
+
+// dispatch works on a request in a goroutine of its own, within its identity's bound.
+func (s *Service) dispatch(ctx context.Context, m *nats.Msg) {
+	id := strings.SplitN(m.Subject, ".", 3)[1]
+	s.mu.Lock()
+	if s.inFlight[id] >= PerIdentity {
+		s.mu.Unlock()
+		if m.Reply != "" {
+			s.respond(m, refusal(429, fmt.Sprintf("toolbus read service: %d reads of %s in progress: retry when one is answered", PerIdentity, id)))
+		}
+		return
+	}
+	s.inFlight[id]++
+	s.mu.Unlock()
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		defer func() {
+			s.mu.Lock()
+			if s.inFlight[id]--; s.inFlight[id] == 0 {
+				delete(s.inFlight, id)
+			}
+			s.mu.Unlock()
+		}()
+		// A request received is answered even while the service drains.
+		hctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), requestTimeout)
+		defer cancel()
+		s.handle(hctx, m)
+	}()
+}
+
+// requestTimeout bounds the work on one request.
+const requestTimeout = 10 * time.Second
 
 // handle answers one request. Nothing it does not check gets an answer of the core.
 func (s *Service) handle(ctx context.Context, m *nats.Msg) {
