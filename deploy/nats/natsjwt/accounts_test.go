@@ -531,8 +531,8 @@ func TestTeamExports(t *testing.T) {
 		tools []string
 	}{{"alpha", []string{"calc"}}, {"beta", []string{"search", "web"}}, {"gamma", nil}} {
 		got := natsjwt.TeamExports(tc.team, tc.tools)
-		if len(got) != 17*len(tc.tools)+4 {
-			t.Errorf("%s: %d crossings, want 17 per tool and 4 per team", tc.team, len(got))
+		if len(got) != 18*len(tc.tools)+4 {
+			t.Errorf("%s: %d crossings, want 18 per tool and 4 per team", tc.team, len(got))
 		}
 		for _, c := range got {
 			names := 0
@@ -556,9 +556,9 @@ func TestTeamExports(t *testing.T) {
 		}
 	}
 	core := natsjwt.CoreExports()
-	// 17 per tool, 4 per team, 6 per client identity.
-	if len(core) != 27 {
-		t.Errorf("the core exports %d subjects, want 27", len(core))
+	// 18 per tool, 4 per team, 6 per client identity.
+	if len(core) != 28 {
+		t.Errorf("the core exports %d subjects, want 28", len(core))
 	}
 	for _, c := range core {
 		if strings.Contains(c.Subject, "any-") || c.Local != "" {
