@@ -185,13 +185,16 @@ func accountsToPush(res natsjwt.Result, every bool) []string {
 	return out
 }
 
-// accountKey is the public key of an account's change ("account TOOLBUS", "account team-x").
+// accountKey is the public key of an account's change ("account TOOLBUS", "account
+// team-x", "account client-x").
 func accountKey(res natsjwt.Result, name string) string {
-	team, ok := strings.CutPrefix(name, "account team-")
-	if !ok {
-		return res.Account
+	if team, ok := strings.CutPrefix(name, "account team-"); ok {
+		return res.TeamAccounts[team]
 	}
-	return res.TeamAccounts[team]
+	if client, ok := strings.CutPrefix(name, "account client-"); ok {
+		return res.ClientAccounts[client]
+	}
+	return res.Account
 }
 
 func writeJSON(file string, v any) error {

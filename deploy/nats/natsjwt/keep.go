@@ -13,7 +13,6 @@ import (
 	"slices"
 	"sort"
 	"strings"
-	"time"
 
 	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nkeys"
@@ -25,7 +24,7 @@ import (
 // touches only that tenant's credentials.
 type Change struct {
 	// User is the user's name, or in the accounts layout an account's
-	// ("account TOOLBUS", "account team-<team>": Account is set).
+	// ("account TOOLBUS", "account team-<team>", "account client-<name>": Account is set).
 	User    string
 	Account bool
 	// What: "new" (first issued), "changed" (its permissions changed: hand out the new
@@ -36,13 +35,13 @@ type Change struct {
 
 // rotate forgets the kept credentials of the users named, revoking their JWTs, so that
 // this run issues new ones; a name that is not a user of this run is an error.
-func (k keyring) rotate(users []User, names []string, revoked map[string]int64) error {
+func (k keyring) rotate(users []User, names []string, revoked revocations) error {
 	for _, name := range names {
 		if !slices.ContainsFunc(users, func(u User) bool { return u.Name == name }) {
 			return fmt.Errorf("natsjwt: rotate %q: not a user of these grants", name)
 		}
 		if uc, ok := k.userJWT(name); ok {
-			revoked[uc.Subject] = time.Now().Unix()
+			revoked.revoke(uc)
 		}
 		for _, ext := range []string{".password", ".nk", ".creds"} {
 			if err := os.Remove(filepath.Join(k.dir, name+ext)); err != nil && !errors.Is(err, os.ErrNotExist) {
@@ -130,24 +129,9 @@ func samePermissions(uc *jwt.UserClaims, p Permissions) bool {
 // every account JWT this directory issues carries.
 const revocationsFile = "revocations.json"
 
-func (k keyring) revocations() (map[string]int64, error) {
-	r := map[string]int64{}
-	b, err := os.ReadFile(filepath.Join(k.dir, revocationsFile))
-	if errors.Is(err, os.ErrNotExist) {
-		return r, nil
-	}
-	if err != nil {
-		return nil, fmt.Errorf("natsjwt: %w", err)
-	}
-	if err := json.Unmarshal(b, &r); err != nil {
-		return nil, fmt.Errorf("natsjwt: %s: %w", revocationsFile, err)
-	}
-	return r, nil
-}
-
 // removed deletes the files of the users kept in the directory that are not in users,
 // revoking their JWTs, and returns their changes.
-func (k keyring) removed(users []User, revoked map[string]int64) ([]Change, error) {
+func (k keyring) removed(users []User, revoked revocations) ([]Change, error) {
 	keep := map[string]bool{}
 	for _, u := range users {
 		keep[u.Name] = true
@@ -157,13 +141,14 @@ func (k keyring) removed(users []User, revoked map[string]int64) ([]Change, erro
 		return nil, fmt.Errorf("natsjwt: %w", err)
 	}
 	var out []Change
+	all := false // a key of revoked.all was revoked
 	for _, f := range files {
 		name := strings.TrimSuffix(filepath.Base(f), ".password")
 		if keep[name] {
 			continue
 		}
-		if uc, ok := k.userJWT(name); ok {
-			revoked[uc.Subject] = time.Now().Unix()
+		if uc, ok := k.userJWT(name); ok && revoked.revoke(uc) {
+			all = true
 		}
 		for _, ext := range []string{".password", ".nk", ".creds"} {
 			if err := os.Remove(filepath.Join(k.dir, name+ext)); err != nil && !errors.Is(err, os.ErrNotExist) {
@@ -172,8 +157,8 @@ func (k keyring) removed(users []User, revoked map[string]int64) ([]Change, erro
 		}
 		out = append(out, Change{User: name, What: "removed"})
 	}
-	if len(out) > 0 {
-		b, _ := json.MarshalIndent(revoked, "", "  ")
+	if all {
+		b, _ := json.MarshalIndent(revoked.all, "", "  ")
 		if err := os.WriteFile(filepath.Join(k.dir, revocationsFile), b, 0o600); err != nil {
 			return nil, fmt.Errorf("natsjwt: %w", err)
 		}
