@@ -84,7 +84,7 @@ func Init(dir string, s Settings, stdout io.Writer) error {
 	}
 	layout := "one account for everyone (-one-account)"
 	if s.Accounts {
-		layout = "the accounts layout: a core account, and one account per team"
+		layout = "the accounts layout: a core account, and one account per team and per client"
 	}
 	fmt.Fprintf(stdout, "created a deployment in %s (secrets: keep it out of git), %s\n", dir, layout)
 	fmt.Fprintln(stdout, "server configs:", res.Config, res.UsersConfig, res.NkeysConfig)
@@ -178,7 +178,7 @@ func (d *deployment) push(ctx context.Context, url string, res natsjwt.Result, e
 func accountsToPush(res natsjwt.Result, every bool) []string {
 	var out []string
 	for _, c := range res.Changes {
-		if c.Account && (every || c.What == "new" || c.What == "changed") {
+		if c.Account && (every || c.What != "unchanged") {
 			out = append(out, c.User)
 		}
 	}

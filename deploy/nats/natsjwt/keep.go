@@ -29,7 +29,8 @@ type Change struct {
 	Account bool
 	// What: "new" (first issued), "changed" (its permissions changed: hand out the new
 	// files, reload the server for users and nkeys), "unchanged" (its files are as they
-	// were) or "removed" (its files deleted; in operator mode its JWT is revoked).
+	// were) or "removed" (its files deleted; in operator mode its JWT is revoked; a
+	// removed client's account is issued once more, with no import and its users revoked).
 	What string
 }
 

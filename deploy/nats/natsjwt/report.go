@@ -36,6 +36,7 @@ var pushedHandOut = map[string]string{
 	"new":       ": pushed to the running servers; hand out its users' files",
 	"changed":   ": pushed to the running servers, applied at once; its users keep their files and connections",
 	"unchanged": ": pushed to the running servers",
+	"removed":   ": pushed to the running servers, applied at once: its users' connections are cut",
 }
 
 // accountHandOut says what an account's change needs (the accounts layout): its users'
@@ -43,6 +44,7 @@ var pushedHandOut = map[string]string{
 var accountHandOut = map[string]string{
 	"new":     ": reload the server (kill -HUP; the users and nkeys configs need a second reload for a new team's or client's imports); then hand out its users' files",
 	"changed": ": reload the server (kill -HUP); its users keep their files and connections",
+	"removed": ": kept with no import and its users revoked; reload the server (kill -HUP) or push it: its users' connections are cut",
 }
 
 var handOut = map[string]string{

@@ -166,6 +166,9 @@ func issueTenants(tenants []tenantAccount, kr keyring, okp, ckp nkeys.KeyPair, r
 		if res.AccountJWTs[t.pub], what, err = kr.keep(t.file+".jwt", func() (string, error) { return tc.Encode(okp) }, sameAccount(tc)); err != nil {
 			return err
 		}
+		if t.crossings == nil && t.client != "" && what != "unchanged" {
+			what = "removed" // a removed client's account, issued to revoke its users
+		}
 		res.Changes = append(res.Changes, Change{User: "account " + tc.Name, Account: true, What: what})
 	}
 	return nil
