@@ -127,7 +127,7 @@ func TestSubcommandsTouchOnlyTheirTenant(t *testing.T) {
 				{args: []string{"remove-team", "beta"}, want: append(user("executor-beta"), slices.DeleteFunc(slices.Clone(revoked), func(f string) bool { return f == "team-beta.jwt" })...),
 					wantOut: []string{"removed   executor-beta: its files are deleted"}},
 				{args: []string{"add-client", "bob", "bob", "bob-bot"}, want: user("client-bob"), wantJWT: []string{"account-client-bob.jwt", "account-client-bob.nk"},
-					wantOut: []string{"new       client-bob: hand out its files"},
+					wantOut:        []string{"new       client-bob: hand out its files"},
 					wantOutAccount: []string{"new       account client-bob: reload the server", "it runs with TOOLBUS_NATS_READ_PREFIX=toolbus_read.bob.API", natsjwt.ReadPrefixNote}},
 				// A client's revocation goes into its own account's JWT, which stays, with no import.
 				{args: []string{"remove-client", "alice"}, want: user("client-alice"), wantOne: revoked, wantJWT: []string{"account-client-alice.jwt"},
