@@ -127,7 +127,8 @@ func samePermissions(uc *jwt.UserClaims, p Permissions) bool {
 }
 
 // revocationsFile keeps the user keys revoked in operator mode (removed users), which
-// every account JWT this directory issues carries.
+// every account JWT this directory issues carries but the clients' (revocations: a key a
+// client's account issued is revoked in that account's JWT only).
 const revocationsFile = "revocations.json"
 
 // removed deletes the files of the users kept in the directory that are not in users,
