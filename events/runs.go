@@ -74,6 +74,9 @@ func (b *Bus) StartRun(ctx context.Context, source string, rs toolbus.RunStarted
 		return fmt.Errorf("%w: %s", ErrRunExists, rs.RunID)
 	} else if !errors.Is(err, ErrRunNotFound) {
 		return err
+	} else if b.client {
+		// The run has events and none this identity may see: another's run.
+		return fmt.Errorf("%w: %s", ErrRunExists, rs.RunID)
 	}
 	ack, err := b.PublishEvent(ctx, e)
 	if err != nil {
@@ -90,7 +93,13 @@ func (b *Bus) StartRun(ctx context.Context, source string, rs toolbus.RunStarted
 // checkFirstRunStarted returns ErrRunExists unless the run.started stored at seq is the
 // run's first.
 func (b *Bus) checkFirstRunStarted(ctx context.Context, run string, seq uint64) error {
-	if c, err := b.firstRunStarted(ctx, run); err == nil && c.seq != seq {
+	c, err := b.firstRunStarted(ctx, run)
+	switch {
+	case err == nil && c.seq != seq:
+		return fmt.Errorf("%w: %s (submitted concurrently)", ErrRunExists, run)
+	case b.client && errors.Is(err, ErrRunNotFound):
+		// In a client account the read service shows a run only when its first
+		// run.started names this identity: ours stored and none seen is another's first.
 		return fmt.Errorf("%w: %s (submitted concurrently)", ErrRunExists, run)
 	}
 	return nil

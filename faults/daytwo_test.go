@@ -123,8 +123,9 @@ func TestFaultDayTwoInFlight(t *testing.T) {
 	// the commands below take on a loaded machine).
 	// A granted tool reaches alpha's running executors by a push (no reload); a new team
 	// is a new account, which the server takes on a reload (no restart).
-	out := admin("grant", "alpha", "append_c", "-push") + admin("add-team", "gamma", "calculator")
-	for _, want := range []string{"executor-gamma", "reload"} {
+	out := admin("grant", "alpha", "append_c", "-push") + admin("add-team", "gamma", "calculator") +
+		admin("add-client", "alice", "alice") + admin("add-client", "bob", "bob")
+	for _, want := range []string{"executor-gamma", "client-alice", "TOOLBUS_NATS_READ_PREFIX=toolbus_read.bob.API", "reload"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("toolbus admin does not say %s:\n%s", want, out)
 		}
@@ -180,6 +181,7 @@ func TestFaultDayTwoInFlight(t *testing.T) {
 			t.Fatalf("toolbus call calculator (gamma's toolbus executor) did not answer 42:\n%s", p.logTail(20))
 		}
 	}
+	checkClientAccounts(t, e, toolbusBin, node.url(), genDir)
 	after := runIDs("after", 4)
 	e.submit(after)
 	e.waitCompleted(after, 2*time.Minute)
@@ -227,4 +229,43 @@ func readFile(t *testing.T, path string) []byte {
 		t.Fatal(err)
 	}
 	return b
+}
+
+// checkClientAccounts runs the CLI as two clients added on day two, each in its own
+// account with the generated credentials and settings: alice calls a tool and reads her
+// run through the read service of the shipped injector; bob's credentials find nothing
+// of it, and may not act as alice.
+func checkClientAccounts(t *testing.T, e *env, toolbusBin, url, genDir string) {
+	t.Helper()
+	cli := func(client string, args ...string) (string, int) {
+		t.Helper()
+		p := startProc(t, e.dir, client+"-"+args[0], toolbusBin, args, []string{"TOOLBUS_NATS_URL=" + url,
+			"TOOLBUS_NATS_CREDS=" + filepath.Join(genDir, "client-"+client+".creds"),
+			"TOOLBUS_NATS_READ_PREFIX=" + events.ReadAPIPrefix(client), "USER=" + client})
+		p.expect()
+		select {
+		case <-p.done:
+		case <-time.After(2 * time.Minute):
+			t.Fatalf("toolbus %s as %s did not end:\n%s", strings.Join(args, " "), client, p.logTail(20))
+		}
+		return p.logText(), p.cmd.ProcessState.ExitCode()
+	}
+	if out, code := cli("alice", "call", "--id", "alice-call", "calculator", `{"expression":"6*7"}`); code != 0 || !strings.Contains(out, "42") {
+		t.Fatalf("toolbus call as client-alice: exit %d:\n%s", code, out)
+	}
+	if out, code := cli("alice", "replay", "alice-call"); code != 0 || !strings.Contains(out, "calculator") {
+		t.Errorf("toolbus replay as client-alice: exit %d:\n%s", code, out)
+	}
+	if out, code := cli("alice", "runs"); code != 0 || !strings.Contains(out, "alice-call") {
+		t.Errorf("toolbus runs as client-alice: exit %d:\n%s", code, out)
+	}
+	if out, code := cli("bob", "replay", "alice-call"); code != 1 || !strings.Contains(out, "not found") || strings.Contains(out, "42") {
+		t.Errorf("toolbus replay of alice's run as client-bob: exit %d:\n%s", code, out)
+	}
+	if out, code := cli("bob", "runs"); code != 0 || strings.Contains(out, "alice-call") {
+		t.Errorf("toolbus runs as client-bob: exit %d:\n%s", code, out)
+	}
+	if out, code := cli("bob", "call", "--id", "bob-as-alice", "--principal", "alice", "calculator", `{"expression":"1+1"}`); code == 0 || !strings.Contains(out, "not bound") {
+		t.Errorf("toolbus call as alice with client-bob's credentials: exit %d:\n%s", code, out)
+	}
 }

@@ -164,6 +164,10 @@ func (s *Service) directGet(ctx context.Context, name string, req getRequest) *n
 	for k, v := range raw.Header {
 		h[k] = append([]string(nil), v...)
 	}
+	// A status in a stored message's headers would read as the answer's status (a 404,
+	// hiding the message and every later one from the reader): no event carries one.
+	h.Del("Status")
+	h.Del("Description")
 	h.Set(jetstream.StreamHeader, name)
 	h.Set(jetstream.SubjectHeader, raw.Subject)
 	h.Set(jetstream.SequenceHeader, strconv.FormatUint(raw.Sequence, 10))

@@ -85,6 +85,15 @@ func TestClientAccountsReadTheirOwnRuns(t *testing.T) {
 	if err := start(bob, "bob-as-alice", "alice"); !errors.Is(err, events.ErrNotBound) {
 		t.Fatalf("bob started a run as alice: %v, want ErrNotBound", err)
 	}
+	if err := start(bob, "alice-1", "bob"); !errors.Is(err, events.ErrRunExists) {
+		t.Fatalf("bob started a run of alice's run id: %v, want ErrRunExists", err)
+	}
+	// Bob stores, on a subject of alice's run he may publish, a message that reads as a
+	// direct get's "not found": alice's readers must read on past it.
+	forged := &nats.Msg{Subject: events.SubjectRunCancel("alice-1", "bob"), Header: nats.Header{"Status": {"404"}, "Description": {"Message Not Found"}}}
+	if _, err := connect("bob").RequestMsg(forged, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
 
 	// The call waits for a decision; alice finds it through the read service and decides.
 	var step int
