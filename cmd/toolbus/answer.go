@@ -31,6 +31,9 @@ func cmdAnswer(ctx context.Context, cfg Config, log *slog.Logger, args []string,
 		return err
 	}
 	defer c.Close()
+	if err := c.Bus.CheckBound(ctx, who(*by)); err != nil {
+		return err
+	}
 	q, err := decide.OpenQuestion(ctx, c.Bus, pos[0], pos[1])
 	if err != nil {
 		return refusal(err)

@@ -155,7 +155,10 @@ func cmdDecide(ctx context.Context, cfg Config, log *slog.Logger, args []string,
 		return err
 	}
 	defer c.Close()
-
+	a.Who = who(*by)
+	if err := c.Bus.CheckBound(ctx, a.Who); err != nil {
+		return err
+	}
 	step, call, err := waitingCall(ctx, c.Bus, run, callID, *stepFlag)
 	if err != nil {
 		return err
@@ -165,7 +168,6 @@ func cmdDecide(ctx context.Context, cfg Config, log *slog.Logger, args []string,
 			return err
 		}
 	}
-	a.Who = who(*by)
 	policyNote(ctx, c.Bus, run, a.Who, errOut)
 	granted := kind == "approve"
 	ack, err := c.Bus.PublishApproval(ctx, events.Source("cli", cfg.Instance), step, a, granted)
@@ -249,6 +251,9 @@ func cmdCancel(ctx context.Context, cfg Config, log *slog.Logger, args []string,
 		return err
 	}
 	defer c.Close()
+	if err := c.Bus.CheckBound(ctx, who(*by)); err != nil {
+		return err
+	}
 	st, _, err := c.Bus.Store().RunState(ctx, run)
 	if err != nil {
 		if errors.Is(err, events.ErrRunNotFound) {

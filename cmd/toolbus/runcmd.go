@@ -61,8 +61,8 @@ func cmdRun(ctx context.Context, cfg Config, log *slog.Logger, args []string, ou
 		}
 	}()
 
-	if err := checkAllowedTools(wctx, c.Bus, rs.AllowedTools); err != nil {
-		return err
+	if err := callrun.CheckAllowed(wctx, c.Bus, rs.AllowedTools); err != nil {
+		return callRefusal("run: ", err)
 	}
 	watch, err := c.Bus.Watch(ctx, events.SubjectRun(rs.RunID), true)
 	if err != nil {
@@ -196,34 +196,6 @@ func (f *runFollower) workersStopped() error {
 	default:
 		return nil
 	}
-}
-
-// checkAllowedTools refuses a --tools allowlist naming a tool no executor ever
-// published, listing the tools of the catalog (an empty catalog, before any executor
-// started, refuses nothing).
-func checkAllowedTools(ctx context.Context, bus *events.Bus, allowed []string) error {
-	if len(allowed) == 0 {
-		return nil
-	}
-	cat, err := bus.Store().WatchCatalog(ctx, nil)
-	if err != nil {
-		return fmt.Errorf("run: catalog: %w", err)
-	}
-	known := callrun.ToolNames(cat)
-	if len(known) == 0 {
-		return nil
-	}
-	var unknown []string
-	for _, t := range allowed {
-		if _, ok := cat.Lookup(t); !ok {
-			unknown = append(unknown, t)
-		}
-	}
-	if len(unknown) > 0 {
-		return &exitError{code: 2, msg: fmt.Sprintf("run: --tools: no executor serves %s; the catalog has %s",
-			strings.Join(unknown, ", "), strings.Join(known, ", "))}
-	}
-	return nil
 }
 
 // waitHint is how long a run may be silent before `toolbus run` says what it waits for.
