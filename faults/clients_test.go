@@ -71,8 +71,9 @@ func (r cliResult) want(t *testing.T, what string, code int, has []string, hasNo
 // for approval; bob's `toolbus approve` of it finds no such run (exactly as for a run that
 // does not exist) and, in alice's name, is refused as not bound; bob's replay, runs, tail
 // and cancel see nothing of it; alice approves, and her tail, replay and runs show her
-// run to its end. Bob's own run works the same way, out of alice's sight. The restart
-// runs once per run.
+// run to its end; her second run, which bob cannot cancel, she cancels. Bob's own run
+// works the same way, out of alice's sight. What cannot work in a client account (tail
+// of every run, the catalog's list) says why. The restart runs once per run.
 func TestFaultClientAccountsCLI(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts processes")
@@ -163,6 +164,10 @@ func TestFaultClientAccountsCLI(t *testing.T) {
 		e.clientCLI(who, minute, "runs").want(t, who+" lists the runs", 0, []string{run + " ", "completed"}, other)
 		e.clientCLI(who, minute, "cancel", run).want(t, who+" cancels the ended run", 1, []string{"already ended: completed"})
 	}
+	// A run in flight: bob cannot cancel it, alice can.
+	e.clientCLI("alice", minute, "run", "--id", "alice-2", "What is wrong with INC-001?").want(t, "alice's second run", 3, []string{"waiting_for_approval"})
+	e.clientCLI("bob", minute, "cancel", "alice-2").want(t, "bob cancels alice's run in flight", 1, []string{"run alice-2 not found"})
+	e.clientCLI("alice", minute, "cancel", "alice-2", "--reason", "not now").want(t, "alice cancels her run", 0, []string{"cancel requested for run alice-2"})
 	e.clientCLI("alice", minute, "call", "--id", "alice-call", "lookup_incident", `{"incident_id":"INC-001"}`).
 		want(t, "alice calls a tool", 0, []string{"INC-001"})
 	for _, run := range []string{"alice-1", "bob-1", "alice-call"} {
@@ -173,6 +178,12 @@ func TestFaultClientAccountsCLI(t *testing.T) {
 			return nil
 		})
 	}
+	e.eventually("alice-2 cancelled", minute, func() error {
+		if n := e.count(events.SubjectRunEnded("alice-2", toolbus.RunCancelled)); n != 1 {
+			return fmt.Errorf("%d run.cancelled", n)
+		}
+		return nil
+	})
 	for _, run := range []string{"alice-1", "bob-1"} {
 		if n := e.count(events.SubjectToolFinished(run, "restart_service")); n != 1 {
 			t.Errorf("run %s: restart_service finished %d times, want once", run, n)
