@@ -127,10 +127,8 @@ func (b *Bus) clientWatch(filter string) error {
 		ErrOneRun, filter, b.readIdentity())
 }
 
-// readIdentity is the identity token a client account reads as (its ReadPrefix's).
-func (b *Bus) readIdentity() string {
-	return strings.TrimSuffix(strings.TrimPrefix(b.cfg.ReadPrefix, ReadServicePrefix+"."), ".API")
-}
+// readIdentity is the identity a client account reads as (its ReadPrefix's).
+func (b *Bus) readIdentity() string { return ReadIdentity(b.cfg.ReadPrefix) }
 
 // CheckBound returns an error wrapping ErrNotBound when the bus is a client account's
 // and its account is not bound to the identity id, before anything is read or

@@ -1,5 +1,7 @@
 package events
 
+import "strings"
+
 // The read service (package reads, docs/tenancy-design.md "Clients and front doors"): a
 // client in an account of its own reaches nothing of the core account's JetStream; it
 // reads the runs its identities may see through a service of the core, which answers a
@@ -25,3 +27,14 @@ func ReadAPIPrefix(id string) string { return ReadSubject(id) + ".API" }
 // ReadRunsSubject is the read service's list of the runs id may see (a JSON array of
 // store.RunState).
 func ReadRunsSubject(id string) string { return ReadSubject(id) + ".runs" }
+
+// ReadIdentity is the identity whose read service prefix is ReadAPIPrefix(id) (the
+// value of TOOLBUS_NATS_READ_PREFIX), "" when prefix is no such prefix.
+func ReadIdentity(prefix string) string {
+	rest, ok := strings.CutPrefix(prefix, ReadServicePrefix+".")
+	id, ok2 := strings.CutSuffix(rest, ".API")
+	if !ok || !ok2 || IdentityToken(id) != id {
+		return ""
+	}
+	return id
+}

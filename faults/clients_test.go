@@ -26,7 +26,7 @@ type cliResult struct {
 
 // clientCLI runs `toolbus args...` as a client in its own account (the accounts layout's
 // client user of that name, reading through the core's read service as the identity of
-// the same name, $USER that identity too) and returns its exit code and output. A
+// the same name, which the commands act as by default: $USER is someone else) and returns its exit code and output. A
 // command still running after d is interrupted (SIGINT), as a person stops `toolbus tail`.
 func (e *env) clientCLI(user string, d time.Duration, args ...string) cliResult {
 	e.t.Helper()
@@ -36,7 +36,7 @@ func (e *env) clientCLI(user string, d time.Duration, args ...string) cliResult 
 	cmd.Cancel = func() error { return cmd.Process.Signal(os.Interrupt) }
 	cmd.WaitDelay = 20 * time.Second
 	cmd.Env = append(childEnv([]string{"TOOLBUS_NATS_URL=" + e.urls(), "TOOLBUS_NATS_USER=" + user, "TOOLBUS_NATS_PASSWORD=" + user,
-		"TOOLBUS_NATS_READ_PREFIX=" + events.ReadAPIPrefix(user), "TOOLBUS_LOG_LEVEL=warn"}), "USER="+user)
+		"TOOLBUS_NATS_READ_PREFIX=" + events.ReadAPIPrefix(user), "TOOLBUS_LOG_LEVEL=warn"}), "USER=operator")
 	dieWithParent(cmd)
 	out, err := cmd.CombinedOutput()
 	var exit *exec.ExitError

@@ -104,7 +104,7 @@ func parseCall(args []string, stdin io.Reader, errOut io.Writer) (callRequest, e
 	}
 	var req callRequest
 	fs.BoolVar(&req.asJSON, "json", false, "print the run id and the whole tool result as JSON")
-	fs.StringVar(&req.principal, "principal", who(""), "principal the run acts for (default: $USER)")
+	fs.StringVar(&req.principal, "principal", who(""), "principal the run acts for (default: $USER; in a client account its identity)")
 	fs.StringVar(&req.runID, "id", "", "run id (default: call-<random>)")
 	fs.DurationVar(&req.timeout, "timeout", 0, "run deadline from now (default: the tool's timeout plus 15s; approval: TOOLBUS_RUN_TIMEOUT)")
 	pos, err := parseInterleaved(fs, args)

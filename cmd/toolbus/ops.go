@@ -76,11 +76,15 @@ func usageError(fs *flag.FlagSet, msg string) error {
 	return &exitError{code: 2, msg: msg}
 }
 
-// who names the person acting: --who, else $USER, else the account of the process
-// (os/user: containers and cron jobs often run without $USER), else its uid.
+// who names the person acting: --who, else in a client account the identity it reads
+// as (TOOLBUS_NATS_READ_PREFIX), else $USER, else the account of the process (os/user:
+// containers and cron jobs often run without $USER), else its uid.
 func who(flagValue string) string {
 	if flagValue != "" {
 		return flagValue
+	}
+	if id := events.ReadIdentity(os.Getenv("TOOLBUS_NATS_READ_PREFIX")); id != "" {
+		return id
 	}
 	if u := os.Getenv("USER"); u != "" {
 		return u
@@ -117,7 +121,7 @@ func cmdDecide(ctx context.Context, cfg Config, log *slog.Logger, args []string,
 		answer = fs.String("answer", "", "the answer in the tool's place: the call's result, which the model reads")
 	}
 	stepFlag := fs.Int("step", -1, "the step of the call (refused unless it is the run's current step)")
-	by := fs.String("who", "", "who decides (default $USER)")
+	by := fs.String("who", "", "who decides (default $USER; in a client account its identity)")
 	pos, err := parseInterleaved(fs, args)
 	if err != nil {
 		return flagError(err)
@@ -234,7 +238,7 @@ func refusal(err error) error {
 func cmdCancel(ctx context.Context, cfg Config, log *slog.Logger, args []string, out, errOut io.Writer) error {
 	fs := newFlagSet("cancel", "cancel <run> [--reason text] [--who name]", errOut)
 	reason := fs.String("reason", "", "why")
-	by := fs.String("who", "", "who cancels (default $USER)")
+	by := fs.String("who", "", "who cancels (default $USER; in a client account its identity)")
 	pos, err := parseInterleaved(fs, args)
 	if err != nil {
 		return flagError(err)

@@ -87,7 +87,7 @@ func parseRun(cfg Config, args []string, errOut io.Writer) (toolbus.RunStarted, 
 	maxSteps := fs.Int("max-steps", cmp.Or(cfg.MaxSteps, injector.DefaultMaxSteps), "step limit")
 	timeout := fs.Duration("timeout", cfg.RunTimeout, "run deadline from now")
 	budget := fs.Int64("token-budget", cfg.TokenBudget, "token budget (0: none)")
-	principal := fs.String("principal", who(""), "principal the run acts for (default: $USER, whom approve, deny and cancel name too)")
+	principal := fs.String("principal", who(""), "principal the run acts for (default: $USER, in a client account its identity; whom approve, deny and cancel name too)")
 	approvers := fs.String("approvers", "", "comma-separated identities who may decide on and cancel the run besides its principal")
 	model := fs.String("model", "", "model of this run, e.g. script:./greet.json (a script file here travels with the run, up to 64 KiB) or openai:gpt-4.1 (default: the planner's TOOLBUS_MODEL); a planner that cannot serve it fails the run saying why")
 	// Flags may follow the question (toolbus run "q" --max-steps 1): they are flags, not
