@@ -160,10 +160,7 @@ func cmdDecide(ctx context.Context, cfg Config, log *slog.Logger, args []string,
 	}
 	defer c.Close()
 	a.Who = who(*by)
-	if err := c.Bus.CheckBound(ctx, a.Who); err != nil {
-		return err
-	}
-	step, call, err := waitingCall(ctx, c.Bus, run, callID, *stepFlag)
+	step, call, err := waitingCall(ctx, c.Bus, run, callID, *stepFlag, a.Who)
 	if err != nil {
 		return err
 	}
@@ -218,8 +215,12 @@ func statusList(statuses []toolbus.RunStatus) string {
 }
 
 // waitingCall finds the call callID that waits for a decision in the run's current step
-// (decide.Waiting); a refusal of the run's state exits 1.
-func waitingCall(ctx context.Context, bus *events.Bus, run, callID string, step int) (int, toolbus.ToolCall, error) {
+// (decide.Waiting), once who may decide in this account (Bus.CheckBound); a refusal of
+// the run's state exits 1.
+func waitingCall(ctx context.Context, bus *events.Bus, run, callID string, step int, who string) (int, toolbus.ToolCall, error) {
+	if err := bus.CheckBound(ctx, who); err != nil {
+		return 0, toolbus.ToolCall{}, err
+	}
 	step, call, err := decide.WaitingAt(ctx, bus, run, callID, step)
 	return step, call, refusal(err)
 }
