@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/connect"
 	"github.com/toolbus/toolbus/events/store"
 )
@@ -19,6 +20,11 @@ import (
 // of an identity its account is not bound to: the account imports no such subject, so
 // nothing answers.
 var ErrNotBound = errors.New("events: this client account is not bound to the identity")
+
+// ErrOneRun is returned when a client in an account of its own asks to follow the events
+// of more than one run (toolbus tail with no run id, or --all): the read service answers
+// only inside the runs its identity may see, one run at a time.
+var ErrOneRun = errors.New("events: a client account follows one run at a time")
 
 // openClient opens the bus of a client in an account of its own (Config.ReadPrefix).
 // The account imports no JetStream API of the core: it reads through the core's read
@@ -104,4 +110,39 @@ func (b *Bus) storedAt(ctx context.Context, seq uint64, subject string) (*jetstr
 		return nil, jetstream.ErrMsgNotFound
 	}
 	return raw, err
+}
+
+// clientWatch refuses, in a client account, a watch of anything but one run's events
+// (SubjectRun of a literal run id or subjects inside it).
+func (b *Bus) clientWatch(filter string) error {
+	if !b.client {
+		return nil
+	}
+	rest, _ := strings.CutPrefix(filter, SubjectPrefix+".")
+	run, _, _ := strings.Cut(rest, ".")
+	if rest != filter && toolbus.ValidRunID(run) {
+		return nil
+	}
+	return fmt.Errorf("%w (toolbus tail RUN, toolbus runs lists them): %s names no one run, and the core's read service answers a client only inside the runs its identity %s may see, never across runs",
+		ErrOneRun, filter, b.readIdentity())
+}
+
+// readIdentity is the identity a client account reads as (its ReadPrefix's).
+func (b *Bus) readIdentity() string { return ReadIdentity(b.cfg.ReadPrefix) }
+
+// CheckBound returns an error wrapping ErrNotBound when the bus is a client account's
+// and its account is not bound to the identity id, before anything is read or
+// published in id's name; nil otherwise (or when it cannot tell: what publishes in id's
+// name says then). The core exports the read service of id only to the accounts bound
+// to id, so in any other account nothing answers there.
+func (b *Bus) CheckBound(ctx context.Context, id string) error {
+	if !b.client {
+		return nil
+	}
+	_, err := b.nc.RequestWithContext(ctx, ReadAPIPrefix(id)+".STREAM.INFO."+b.cfg.Stream, nil)
+	if !errors.Is(err, nats.ErrNoResponders) {
+		return nil
+	}
+	return fmt.Errorf("%w %s: it acts only as the identities it is bound to (this one reads as %s; an administrator binds one with `toolbus admin add-client NAME %s`)",
+		ErrNotBound, id, b.readIdentity(), id)
 }

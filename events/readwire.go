@@ -1,6 +1,10 @@
 package events
 
-import "github.com/toolbus/toolbus"
+import (
+	"strings"
+
+	"github.com/toolbus/toolbus"
+)
 
 // The read service (package reads, docs/tenancy-design.md "Clients and front doors"): a
 // client in an account of its own reaches nothing of the core account's JetStream; it
@@ -54,4 +58,15 @@ type QuestionState struct {
 	Asked  bool                `json:"asked"`
 	Answer *toolbus.ToolAnswer `json:"answer,omitempty"`
 	Error  string              `json:"error,omitempty"`
+}
+
+// ReadIdentity is the identity whose read service prefix is ReadAPIPrefix(id) (the
+// value of TOOLBUS_NATS_READ_PREFIX), "" when prefix is no such prefix.
+func ReadIdentity(prefix string) string {
+	rest, ok := strings.CutPrefix(prefix, ReadServicePrefix+".")
+	id, ok2 := strings.CutSuffix(rest, ".API")
+	if !ok || !ok2 || IdentityToken(id) != id {
+		return ""
+	}
+	return id
 }

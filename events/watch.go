@@ -116,6 +116,9 @@ type Watcher struct {
 // run should watch it first. Like RunEvents it creates no consumer: it reads with direct
 // gets and polls for new events.
 func (b *Bus) Watch(ctx context.Context, filter string, all bool) (*Watcher, error) {
+	if err := b.clientWatch(filter); err != nil {
+		return nil, err
+	}
 	w := &Watcher{stream: b.stream, filter: filter, next: 1}
 	if !all {
 		info, err := b.stream.Info(ctx)

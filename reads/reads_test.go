@@ -15,6 +15,8 @@ import (
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
+	"github.com/toolbus/toolbus/executor"
+	"github.com/toolbus/toolbus/internal/callrun"
 	"github.com/toolbus/toolbus/internal/decide"
 	"github.com/toolbus/toolbus/internal/testpipe"
 	"github.com/toolbus/toolbus/planner"
@@ -24,7 +26,7 @@ import (
 // tenants starts the accounts layout with three clients, each bound to the identity
 // of its name, the pipeline and the read service in the core account, and returns a
 // connection maker and the pipeline.
-func tenants(t *testing.T, model planner.Model) (func(user string) *nats.Conn, *testpipe.Pipeline) {
+func tenants(t *testing.T, model planner.Model, extra ...executor.Tool) (func(user string) *nats.Conn, *testpipe.Pipeline) {
 	t.Helper()
 	srv := eventstest.StartTenants(t, nil, map[string][]string{"alice": {"alice"}, "bob": {"bob"}, "carol": {"carol"}})
 	connect := func(user string) *nats.Conn {
@@ -35,7 +37,7 @@ func tenants(t *testing.T, model planner.Model) (func(user string) *nats.Conn, *
 		t.Cleanup(nc.Close)
 		return nc
 	}
-	p := testpipe.StartOn(t, connect("core"), 3*time.Minute, model)
+	p := testpipe.StartOn(t, connect("core"), 3*time.Minute, model, extra...)
 	p.Roles.Go("reads", reads.New(p.Bus, p.Log).Serve)
 	return connect, p
 }
@@ -260,5 +262,98 @@ func probeService(t *testing.T, bob, alice *nats.Conn) {
 	m, err = ask(alice, events.ReadAPIPrefix("alice")+".DIRECT.GET.TOOLBUS", fmt.Sprintf(`{"seq":1,"next_by_subj":%q}`, "toolbus.alice-1.>"))
 	if err != nil || len(m.Data) == 0 {
 		t.Errorf("control: alice reads her run's first event: %v %v", err, m)
+	}
+}
+
+// TestClientAccountAnswersAndChecks: what the client commands do besides following and
+// deciding, from a client account: a tool's question is found and answered by the run's
+// principal (toolbus answer) and by nobody else, a call's tool and a run's allowlist are
+// checked against the catalog entry by entry (toolbus call, run --tools), acting as an
+// identity the account is not bound to is refused before anything is read
+// (Bus.CheckBound), and following every run is refused saying why (toolbus tail).
+func TestClientAccountAnswersAndChecks(t *testing.T) {
+	schema := json.RawMessage(`{"type":"object","properties":{"account":{"type":"string"}},"required":["account"]}`)
+	ask := executor.Tool{Name: "pick_account", Description: "asks its caller which account to use",
+		InputSchema: json.RawMessage(`{"type":"object"}`),
+		Func: func(ctx context.Context, _ json.RawMessage) (any, error) {
+			a, err := executor.Ask(ctx, "Which account?", schema)
+			if err != nil {
+				return nil, err
+			}
+			return map[string]any{"answer": a.Content, "by": a.Who}, nil
+		}}
+	model := testpipe.ScriptByRun(map[string]*planner.Script{"alice-q": {Steps: []func(planner.Request) planner.Response{
+		planner.Calls(toolbus.ToolCall{CallID: "q1", Tool: "pick_account", Arguments: `{}`}), planner.Answer("done")}}}, nil)
+	connect, p := tenants(t, model, ask)
+	ctx := p.Ctx
+	alice := clientBus(t, ctx, connect("alice"), "alice")
+	bob := clientBus(t, ctx, connect("bob"), "bob")
+
+	if _, err := alice.Watch(ctx, events.FilterAll, true); !errors.Is(err, events.ErrOneRun) {
+		t.Errorf("alice watches every run: %v, want ErrOneRun", err)
+	}
+	if err := alice.CheckBound(ctx, "alice"); err != nil {
+		t.Errorf("alice's account is bound to alice: %v", err)
+	}
+	if err := bob.CheckBound(ctx, "alice"); !errors.Is(err, events.ErrNotBound) {
+		t.Errorf("bob's account acts as alice: %v, want ErrNotBound", err)
+	}
+	var refused *callrun.RefusedError
+	if tc, err := callrun.Contract(ctx, alice, "pick_account"); err != nil || tc.Name != "pick_account" {
+		t.Errorf("alice reads the catalog entry of pick_account: %+v %v", tc, err)
+	}
+	if _, err := callrun.Contract(ctx, alice, "nope"); !errors.As(err, &refused) {
+		t.Errorf("alice calls a tool nobody published: %v, want a refusal", err)
+	}
+	if err := callrun.CheckAllowed(ctx, alice, []string{"pick_account", "restart_service"}); err != nil {
+		t.Errorf("alice allows published tools: %v", err)
+	}
+	if err := callrun.CheckAllowed(ctx, alice, []string{"pick_account", "nope"}); !errors.As(err, &refused) || !strings.Contains(err.Error(), "nope") {
+		t.Errorf("alice allows a tool nobody published: %v, want a refusal naming it", err)
+	}
+
+	if err := alice.StartRun(ctx, "test", toolbus.RunStarted{RunID: "alice-q", Principal: toolbus.Principal{ID: "alice"},
+		Messages: []toolbus.Message{{Role: toolbus.RoleUser, Content: "pay"}}}); err != nil {
+		t.Fatal(err)
+	}
+	var q toolbus.ToolQuestion
+	eventstest.Eventually(t, time.Minute, func() error {
+		var err error
+		q, err = decide.OpenQuestion(ctx, alice, "alice-q", "q1")
+		return err
+	})
+	if _, err := decide.OpenQuestion(ctx, bob, "alice-q", "q1"); err == nil || err.Error() != "run alice-q not found" {
+		t.Errorf("bob opens alice's question: %v, want run alice-q not found", err)
+	}
+	a, err := decide.Answer(q, "alice", `{"account":"savings"}`, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := bob.PublishEvent(ctx, events.ToolAnswerEvent("test", a)); !errors.Is(err, events.ErrNotBound) {
+		t.Errorf("bob answers as alice: %v, want ErrNotBound", err)
+	}
+	if _, err := alice.PublishEvent(ctx, events.ToolAnswerEvent("test", a)); err != nil {
+		t.Fatal(err)
+	}
+	w, err := alice.Watch(ctx, events.SubjectRun("alice-q"), true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var result string
+	for ended := false; !ended; {
+		ev, ok, err := w.Next(ctx, time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !ok {
+			continue
+		}
+		if ev.Meta.Type == events.TypeToolFinished {
+			result = string(ev.Data)
+		}
+		ended = ev.IsRunEnded() && ev.Meta.Type != "toolbus.run.waiting_for_approval"
+	}
+	if !strings.Contains(result, "savings") || !strings.Contains(result, `\"by\":\"alice\"`) {
+		t.Errorf("the tool's result %s: want alice's answer", result)
 	}
 }

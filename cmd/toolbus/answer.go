@@ -18,7 +18,7 @@ import (
 func cmdAnswer(ctx context.Context, cfg Config, log *slog.Logger, args []string, out, errOut io.Writer) error {
 	fs := newFlagSet("answer", `answer <run> <call_id> '{"field": ...}' | --decline [--who name]`, errOut)
 	decline := fs.Bool("decline", false, "decline to answer (the tool reads decline)")
-	by := fs.String("who", "", "who answers (default $USER; only the run's principal's answer counts)")
+	by := fs.String("who", "", "who answers (default $USER; in a client account its identity; only the run's principal's answer counts)")
 	pos, err := parseInterleaved(fs, args)
 	if err != nil {
 		return flagError(err)
@@ -31,6 +31,9 @@ func cmdAnswer(ctx context.Context, cfg Config, log *slog.Logger, args []string,
 		return err
 	}
 	defer c.Close()
+	if err := c.Bus.CheckBound(ctx, who(*by)); err != nil {
+		return err
+	}
 	q, err := decide.OpenQuestion(ctx, c.Bus, pos[0], pos[1])
 	if err != nil {
 		return refusal(err)

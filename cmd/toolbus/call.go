@@ -52,13 +52,9 @@ func cmdCall(ctx context.Context, cfg Config, log *slog.Logger, args []string, s
 		}
 		defer stop()
 	}
-	cat, err := c.Bus.Store().WatchCatalog(ctx, nil)
+	tc, err := callrun.Contract(ctx, c.Bus, req.tool)
 	if err != nil {
-		return fmt.Errorf("call: catalog: %w", err)
-	}
-	tc, ok := cat.Lookup(req.tool)
-	if !ok {
-		return &exitError{code: callrun.ExitUsage, msg: "call: " + callrun.UnknownTool(req.tool, cat)}
+		return callRefusal("call: ", err)
 	}
 	rs := callrun.Build(callrun.Spec{
 		RunID: req.runID, Principal: toolbus.Principal{ID: req.principal}, Tool: tc, Arguments: req.args, Via: "toolbus call",
@@ -108,7 +104,7 @@ func parseCall(args []string, stdin io.Reader, errOut io.Writer) (callRequest, e
 	}
 	var req callRequest
 	fs.BoolVar(&req.asJSON, "json", false, "print the run id and the whole tool result as JSON")
-	fs.StringVar(&req.principal, "principal", who(""), "principal the run acts for (default: $USER)")
+	fs.StringVar(&req.principal, "principal", who(""), "principal the run acts for (default: $USER; in a client account its identity)")
 	fs.StringVar(&req.runID, "id", "", "run id (default: call-<random>)")
 	fs.DurationVar(&req.timeout, "timeout", 0, "run deadline from now (default: the tool's timeout plus 15s; approval: TOOLBUS_RUN_TIMEOUT)")
 	pos, err := parseInterleaved(fs, args)
@@ -185,3 +181,13 @@ func (req callRequest) report(out io.Writer, run string, o callrun.Outcome) erro
 
 // stdinOf is where `toolbus call -` reads its arguments (tests replace it).
 var stdinOf io.Reader = os.Stdin
+
+// callRefusal turns a request refused before anything was published
+// (callrun.RefusedError) into exit 2, prefixed with the command.
+func callRefusal(cmd string, err error) error {
+	var refused *callrun.RefusedError
+	if errors.As(err, &refused) {
+		return &exitError{code: callrun.ExitUsage, msg: cmd + refused.Msg}
+	}
+	return fmt.Errorf("%s%w", cmd, err)
+}

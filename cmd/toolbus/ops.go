@@ -76,11 +76,15 @@ func usageError(fs *flag.FlagSet, msg string) error {
 	return &exitError{code: 2, msg: msg}
 }
 
-// who names the person acting: --who, else $USER, else the account of the process
-// (os/user: containers and cron jobs often run without $USER), else its uid.
+// who names the person acting: --who, else in a client account the identity it reads
+// as (TOOLBUS_NATS_READ_PREFIX), else $USER, else the account of the process (os/user:
+// containers and cron jobs often run without $USER), else its uid.
 func who(flagValue string) string {
 	if flagValue != "" {
 		return flagValue
+	}
+	if id := events.ReadIdentity(os.Getenv("TOOLBUS_NATS_READ_PREFIX")); id != "" {
+		return id
 	}
 	if u := os.Getenv("USER"); u != "" {
 		return u
@@ -117,7 +121,7 @@ func cmdDecide(ctx context.Context, cfg Config, log *slog.Logger, args []string,
 		answer = fs.String("answer", "", "the answer in the tool's place: the call's result, which the model reads")
 	}
 	stepFlag := fs.Int("step", -1, "the step of the call (refused unless it is the run's current step)")
-	by := fs.String("who", "", "who decides (default $USER)")
+	by := fs.String("who", "", "who decides (default $USER; in a client account its identity)")
 	pos, err := parseInterleaved(fs, args)
 	if err != nil {
 		return flagError(err)
@@ -155,8 +159,8 @@ func cmdDecide(ctx context.Context, cfg Config, log *slog.Logger, args []string,
 		return err
 	}
 	defer c.Close()
-
-	step, call, err := waitingCall(ctx, c.Bus, run, callID, *stepFlag)
+	a.Who = who(*by)
+	step, call, err := waitingCall(ctx, c.Bus, run, callID, *stepFlag, a.Who)
 	if err != nil {
 		return err
 	}
@@ -165,7 +169,6 @@ func cmdDecide(ctx context.Context, cfg Config, log *slog.Logger, args []string,
 			return err
 		}
 	}
-	a.Who = who(*by)
 	policyNote(ctx, c.Bus, run, a.Who, errOut)
 	granted := kind == "approve"
 	ack, err := c.Bus.PublishApproval(ctx, events.Source("cli", cfg.Instance), step, a, granted)
@@ -212,8 +215,12 @@ func statusList(statuses []toolbus.RunStatus) string {
 }
 
 // waitingCall finds the call callID that waits for a decision in the run's current step
-// (decide.Waiting); a refusal of the run's state exits 1.
-func waitingCall(ctx context.Context, bus *events.Bus, run, callID string, step int) (int, toolbus.ToolCall, error) {
+// (decide.Waiting), once who may decide in this account (Bus.CheckBound); a refusal of
+// the run's state exits 1.
+func waitingCall(ctx context.Context, bus *events.Bus, run, callID string, step int, who string) (int, toolbus.ToolCall, error) {
+	if err := bus.CheckBound(ctx, who); err != nil {
+		return 0, toolbus.ToolCall{}, err
+	}
 	step, call, err := decide.WaitingAt(ctx, bus, run, callID, step)
 	return step, call, refusal(err)
 }
@@ -232,7 +239,7 @@ func refusal(err error) error {
 func cmdCancel(ctx context.Context, cfg Config, log *slog.Logger, args []string, out, errOut io.Writer) error {
 	fs := newFlagSet("cancel", "cancel <run> [--reason text] [--who name]", errOut)
 	reason := fs.String("reason", "", "why")
-	by := fs.String("who", "", "who cancels (default $USER)")
+	by := fs.String("who", "", "who cancels (default $USER; in a client account its identity)")
 	pos, err := parseInterleaved(fs, args)
 	if err != nil {
 		return flagError(err)
@@ -249,6 +256,9 @@ func cmdCancel(ctx context.Context, cfg Config, log *slog.Logger, args []string,
 		return err
 	}
 	defer c.Close()
+	if err := c.Bus.CheckBound(ctx, who(*by)); err != nil {
+		return err
+	}
 	st, _, err := c.Bus.Store().RunState(ctx, run)
 	if err != nil {
 		if errors.Is(err, events.ErrRunNotFound) {

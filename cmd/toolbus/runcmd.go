@@ -61,8 +61,8 @@ func cmdRun(ctx context.Context, cfg Config, log *slog.Logger, args []string, ou
 		}
 	}()
 
-	if err := checkAllowedTools(wctx, c.Bus, rs.AllowedTools); err != nil {
-		return err
+	if err := callrun.CheckAllowed(wctx, c.Bus, rs.AllowedTools); err != nil {
+		return callRefusal("run: ", err)
 	}
 	watch, err := c.Bus.Watch(ctx, events.SubjectRun(rs.RunID), true)
 	if err != nil {
@@ -87,7 +87,7 @@ func parseRun(cfg Config, args []string, errOut io.Writer) (toolbus.RunStarted, 
 	maxSteps := fs.Int("max-steps", cmp.Or(cfg.MaxSteps, injector.DefaultMaxSteps), "step limit")
 	timeout := fs.Duration("timeout", cfg.RunTimeout, "run deadline from now")
 	budget := fs.Int64("token-budget", cfg.TokenBudget, "token budget (0: none)")
-	principal := fs.String("principal", who(""), "principal the run acts for (default: $USER, whom approve, deny and cancel name too)")
+	principal := fs.String("principal", who(""), "principal the run acts for (default: $USER, in a client account its identity; whom approve, deny and cancel name too)")
 	approvers := fs.String("approvers", "", "comma-separated identities who may decide on and cancel the run besides its principal")
 	model := fs.String("model", "", "model of this run, e.g. script:./greet.json (a script file here travels with the run, up to 64 KiB) or openai:gpt-4.1 (default: the planner's TOOLBUS_MODEL); a planner that cannot serve it fails the run saying why")
 	// Flags may follow the question (toolbus run "q" --max-steps 1): they are flags, not
@@ -196,34 +196,6 @@ func (f *runFollower) workersStopped() error {
 	default:
 		return nil
 	}
-}
-
-// checkAllowedTools refuses a --tools allowlist naming a tool no executor ever
-// published, listing the tools of the catalog (an empty catalog, before any executor
-// started, refuses nothing).
-func checkAllowedTools(ctx context.Context, bus *events.Bus, allowed []string) error {
-	if len(allowed) == 0 {
-		return nil
-	}
-	cat, err := bus.Store().WatchCatalog(ctx, nil)
-	if err != nil {
-		return fmt.Errorf("run: catalog: %w", err)
-	}
-	known := callrun.ToolNames(cat)
-	if len(known) == 0 {
-		return nil
-	}
-	var unknown []string
-	for _, t := range allowed {
-		if _, ok := cat.Lookup(t); !ok {
-			unknown = append(unknown, t)
-		}
-	}
-	if len(unknown) > 0 {
-		return &exitError{code: 2, msg: fmt.Sprintf("run: --tools: no executor serves %s; the catalog has %s",
-			strings.Join(unknown, ", "), strings.Join(known, ", "))}
-	}
-	return nil
 }
 
 // waitHint is how long a run may be silent before `toolbus run` says what it waits for.

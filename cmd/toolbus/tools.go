@@ -11,6 +11,7 @@ import (
 
 	"github.com/toolbus/toolbus/audit"
 	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/internal/callrun"
 	"github.com/toolbus/toolbus/internal/timeline"
 )
 
@@ -45,6 +46,9 @@ func cmdTools(ctx context.Context, cfg Config, log *slog.Logger, args []string, 
 		return err
 	}
 	defer c.Close()
+	if c.Bus.ClientAccount() {
+		return &exitError{code: 1, msg: fmt.Sprintf("tools: %v (toolbus call TOOL and toolbus run --tools check the names given)", callrun.ErrNoCatalogList)}
+	}
 	rows, err := toolRows(ctx, c.Bus)
 	if err != nil {
 		return err

@@ -16,6 +16,9 @@ import (
 // privilege) it says what the run waits for only.
 func WaitingHint(ctx context.Context, bus *events.Bus, p *Printer) string {
 	what, consumers := p.WaitingFor()
+	if bus.ClientAccount() {
+		consumers = nil // a client account reads no consumer (the read service offers none)
+	}
 	// A client without the right to read consumers gets no answer: do not hold the run.
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
