@@ -40,7 +40,9 @@ const ToolReadPrefix = "toolbus_toolread"
 // ToolQuestionSubject is toolbus_toolread.<tool>.question: the state of a question of a
 // call of tool (a QuestionQuery, answered with a QuestionState). The core exports it to
 // the team the tool is granted to, and answers only of that tool's calls.
-func ToolQuestionSubject(tool string) string { return ToolReadPrefix + "." + ToolToken(tool) + ".question" }
+func ToolQuestionSubject(tool string) string {
+	return ToolReadPrefix + "." + ToolToken(tool) + ".question"
+}
 
 // QuestionQuery names a question of a call: its run, step, call and seq (the tool's
 // questions numbered from 1 in the order it asks them).
