@@ -15,6 +15,7 @@ import {
   jetstreamManager,
   type JetStreamClient,
   type JetStreamManager,
+  type PubAck,
   type StoredMsg,
 } from '@nats-io/jetstream';
 import { Kvm, type KV } from '@nats-io/kv';
@@ -447,6 +448,44 @@ export interface BusOptions {
    * this team's result and have the stream drop it as a duplicate (events.Bus.msgID).
    */
   msgKey?: Buffer;
+  /**
+   * The prefix of the core's read service for a client in a client account
+   * (TOOLBUS_NATS_READ_PREFIX, readAPIPrefix(id): toolbus_read.<id>.API). Set, the bus
+   * reads only through it: events by direct get under the prefix ({seq, next_by_subj}
+   * and last by subject), the stream's last sequence by STREAM.INFO under the prefix,
+   * keys by direct get in subject form; never the core's $JS.API, never a consumer (a
+   * client account has no JetStream). It publishes as before, on the imported subjects.
+   */
+  readPrefix?: string;
+}
+
+/**
+ * The read service's JetStream API prefix for an identity (events.ReadAPIPrefix): the
+ * core answers there only what the runs visible to the identity hold.
+ */
+export const readAPIPrefix = (identity: string) => `toolbus_read.${identityToken(identity)}.API`;
+
+/** Whether err is (or wraps) a request nobody answered (NATS "no responders"). */
+export function isNoResponders(err: unknown): boolean {
+  for (let e = err as { name?: string; message?: string; cause?: unknown; isNoResponders?: () => boolean } | undefined, i = 0; e && i < 8; e = e.cause as typeof e, i++) {
+    if (typeof e.isNoResponders === 'function' && e.isNoResponders()) return true;
+    if (e.name === 'NoResponders' || /^no responders/i.test(String(e.message ?? ''))) return true;
+  }
+  return false;
+}
+
+/**
+ * A publish as an identity the client's account is not bound to: in a client account
+ * only the identities its credential is bound to are imported, so the publish found no
+ * responders.
+ */
+export class NotBoundError extends Error {
+  override name = 'NotBoundError';
+  constructor(readonly identity: string, readonly subject: string, options?: { cause?: unknown }) {
+    super(`toolbus: this client's NATS account is not bound to the identity ${JSON.stringify(identity)} ` +
+      `(publishing on ${subject} got no responders: a client account publishes only as the identities its credential is bound to); ` +
+      `act as one of those, or use a credential bound to ${identity} (\`toolbus admin add-client NAME ${identity}\`)`, options);
+  }
 }
 
 /** A key's entry as the executor reads it. */
@@ -548,6 +587,8 @@ export class Bus {
   readonly stream: string;
   /** The JetStream API prefix of a team account ('' in the core account). */
   readonly apiPrefix: string;
+  /** The read service's prefix of a client in a client account (BusOptions.readPrefix; '' otherwise). */
+  readonly readPrefix: string;
   private kvs = new Map<string, Promise<Store>>();
   private jsmP?: Promise<JetStreamManager>;
 
@@ -555,6 +596,8 @@ export class Bus {
 
   constructor(readonly nc: NatsConnection, opts: BusOptions = {}) {
     this.apiPrefix = opts.apiPrefix ?? '';
+    this.readPrefix = opts.readPrefix ?? '';
+    if (this.apiPrefix && this.readPrefix) throw new Error('toolbus: a bus is in a team account (apiPrefix) or a client account (readPrefix), not both');
     this.msgKey = opts.msgKey;
     this.js = jetstream(nc, this.apiPrefix ? { apiPrefix: this.apiPrefix } : {});
     this.stream = opts.stream || 'TOOLBUS';
@@ -571,14 +614,22 @@ export class Bus {
     return this.apiPrefix !== '';
   }
 
+  /** Opened in a client account (BusOptions.readPrefix): it reads only through the core's read service. */
+  get clientAccount(): boolean {
+    return this.readPrefix !== '';
+  }
+
+  /** The JetStream manager of the bus: the core's API, or what the account imports under its prefix. */
   jsm(): Promise<JetStreamManager> {
-    this.jsmP ??= jetstreamManager(this.nc, { checkAPI: false, ...(this.apiPrefix ? { apiPrefix: this.apiPrefix } : {}) });
+    const prefix = this.apiPrefix || this.readPrefix;
+    this.jsmP ??= jetstreamManager(this.nc, { checkAPI: false, ...(prefix ? { apiPrefix: prefix } : {}) });
     return this.jsmP;
   }
 
-  /** A bucket of the core account by name, with every KV operation (not in a team account). */
+  /** A bucket of the core account by name, with every KV operation (not in a team or client account). */
   kv(bucket: string): Promise<KV> {
     if (this.team) return Promise.reject(new Error(`toolbus: bucket ${bucket} is not available by name in a team account`));
+    if (this.clientAccount) return Promise.reject(new Error(`toolbus: bucket ${bucket} is not available by name in a client account (read its keys with store())`));
     return this.store(bucket) as Promise<KV>;
   }
 
@@ -586,7 +637,10 @@ export class Bus {
   store(bucket: string): Promise<Store> {
     let p = this.kvs.get(bucket);
     if (!p) {
-      p = this.team ? Promise.resolve(new DirectKV(this.nc, this.js, this.apiPrefix, bucket)) : new Kvm(this.nc).open(bucket);
+      // A client account reads the keys of its runs (and the catalog) by direct get under
+      // the read service's prefix; it writes none (its account imports no key).
+      const prefix = this.apiPrefix || this.readPrefix;
+      p = prefix ? Promise.resolve(new DirectKV(this.nc, this.js, prefix, bucket)) : new Kvm(this.nc).open(bucket);
       this.kvs.set(bucket, p);
       p.catch(() => this.kvs.delete(bucket));
     }
@@ -607,7 +661,40 @@ export class Bus {
         throw err;
       }
     }
-    return (await this.jsm()).streams.getMessage(this.stream, q as never);
+    if (this.clientAccount) {
+      // The read service answers direct gets of the runs visible to the identity of its
+      // prefix; any other run answers as absent (null).
+      try {
+        return await (await this.jsm()).direct.getMessage(this.stream, q);
+      } catch (err) {
+        if (isNoResponders(err)) throw this.noReadService(err);
+        throw err;
+      }
+    }
+    try {
+      return await (await this.jsm()).streams.getMessage(this.stream, q as never);
+    } catch (err) {
+      if (isNoResponders(err)) {
+        throw new Error(`toolbus: reading the stream ${this.stream} got no responders (${(err as Error).message}): ` +
+          'no JetStream in this account; a client in a client account reads through the read service (readPrefix, TOOLBUS_NATS_READ_PREFIX)', { cause: err });
+      }
+      throw err;
+    }
+  }
+
+  private noReadService(err: unknown): Error {
+    return new Error(`toolbus: no read service answered under ${this.readPrefix} (${(err as Error).message}): ` +
+      'it runs in every `toolbus injector` and `toolbus up`, and the client account imports toolbus_read.<id>.> only for the identities it is bound to', { cause: err });
+  }
+
+  /** The stream's last sequence (STREAM.INFO, under the read service's prefix in a client account). */
+  async lastSeq(): Promise<number> {
+    try {
+      return (await (await this.jsm()).streams.info(this.stream)).state.last_seq;
+    } catch (err) {
+      if (this.clientAccount && isNoResponders(err)) throw this.noReadService(err);
+      throw err;
+    }
   }
 
   /** Every message of a subject filter, in order, read with gets (no consumer needed). */
@@ -633,7 +720,13 @@ export class Bus {
     const body = enc.encode(JSON.stringify(data));
     const first = eventHeaders(attrs);
     for (const [k, v] of Object.entries(conditions)) first.set(k, v);
-    const ack = await this.js.publish(subj, body, { msgID: this.msgID(attrs.id), headers: first });
+    let ack: PubAck;
+    try {
+      ack = await this.js.publish(subj, body, { msgID: this.msgID(attrs.id), headers: first });
+    } catch (err) {
+      if (this.clientAccount && isNoResponders(err)) throw new NotBoundError(subj.split('.').at(-1) ?? '', subj, { cause: err });
+      throw err;
+    }
     const h = eventHeaders(attrs);
     // In a team account only the core and the team publish on its tools' subjects: a
     // duplicate is this event (and the team may not read the stream to check).
@@ -646,7 +739,9 @@ export class Bus {
         return false;
       }
     };
-    if (ours(await this.getMsg({ seq: ack.seq }))) return;
+    // By subject from the acknowledged sequence: the read service of a client account
+    // answers no get by sequence alone.
+    if (ours(await this.getMsg({ seq: ack.seq, next_by_subj: subj }))) return;
     h.set('Nats-Msg-Id', `${attrs.id}/guarded/${randomUUID()}`);
     for (let tries = 0; tries < 100; tries++) {
       let last = 0;
@@ -659,6 +754,10 @@ export class Bus {
         return;
       } catch (err) {
         if (!isConflict(err)) throw err;
+        if (this.clientAccount && last === 0) {
+          // The subject holds messages the read service does not show: a run not visible to this identity.
+          throw new Error(`toolbus: event ${attrs.id}: the run ${attrs.runid ?? ''} is not visible to the identity of ${this.readPrefix}`, { cause: err });
+        }
       }
     }
     throw new Error(`toolbus: event ${attrs.id}: the subject ${subj} kept changing`);
