@@ -674,12 +674,13 @@ export class Bus {
     try {
       return await (await this.jsm()).streams.getMessage(this.stream, q as never);
     } catch (err) {
-      if (isNoResponders(err)) {
-        throw new Error(`toolbus: reading the stream ${this.stream} got no responders (${(err as Error).message}): ` +
-          'no JetStream in this account; a client in a client account reads through the read service (readPrefix, TOOLBUS_NATS_READ_PREFIX)', { cause: err });
-      }
-      throw err;
+      throw isNoResponders(err) ? this.noJetStream(err) : err;
     }
+  }
+
+  private noJetStream(err: unknown): Error {
+    return new Error(`toolbus: reading the stream ${this.stream} got no responders (${(err as Error).message}): ` +
+      'no JetStream in this account; a client in a client account reads through the read service (readPrefix, TOOLBUS_NATS_READ_PREFIX)', { cause: err });
   }
 
   private noReadService(err: unknown): Error {
@@ -692,8 +693,8 @@ export class Bus {
     try {
       return (await (await this.jsm()).streams.info(this.stream)).state.last_seq;
     } catch (err) {
-      if (this.clientAccount && isNoResponders(err)) throw this.noReadService(err);
-      throw err;
+      if (!isNoResponders(err)) throw err;
+      throw this.clientAccount ? this.noReadService(err) : this.noJetStream(err);
     }
   }
 
