@@ -80,6 +80,11 @@ type Config struct {
 	// through what the core exports to the team, and trusts tool.requested, which only
 	// the core may publish there (see OpenTeam).
 	APIPrefix string `envconfig:"NATS_API_PREFIX" desc:"executor in a team account (deploy/nats/gen -accounts): the prefix under which its account imports the core account's JetStream API (JS.core.API); the executor then reads no run and takes principal, allowlist, deadline and decisions from the call"`
+	// ReadPrefix, set for a client in an account of its own (the accounts layout), is
+	// the read service's API prefix of the identity it acts as (ReadAPIPrefix): the bus
+	// then reads the stream and the buckets only through the core's read service, which
+	// answers of the runs that identity may see.
+	ReadPrefix string `envconfig:"NATS_READ_PREFIX" desc:"client in an account of its own (the accounts layout): the core read service's prefix of the identity it acts as (toolbus_read.<identity>.API); it then reads only the runs that identity may see"`
 }
 
 // StreamAdmitPercent is how full (percent of Config.StreamMaxBytes) the event stream
@@ -151,6 +156,8 @@ type Bus struct {
 	team bool
 	// msgKey keys the message ids of a team account's events (msgID).
 	msgKey []byte
+	// client: opened in a client account (Config.ReadPrefix, openClient).
+	client bool
 }
 
 // cachedRun is a run's first run.started, its stream sequence and its traceparent.
@@ -168,6 +175,9 @@ func Open(ctx context.Context, nc *nats.Conn, cfg Config) (*Bus, error) {
 	cfg.setDefaults()
 	if cfg.APIPrefix != "" {
 		return openTeam(nc, cfg)
+	}
+	if cfg.ReadPrefix != "" {
+		return openClient(ctx, nc, cfg)
 	}
 	js, err := newJS(nc)
 	if err != nil {

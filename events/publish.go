@@ -77,7 +77,7 @@ var ErrSquatted = errors.New("events: event id squatted")
 func (b *Bus) publishMsg(ctx context.Context, msg *nats.Msg, id string) (*jetstream.PubAck, error) {
 	ack, err := b.js.PublishMsg(ctx, msg, jetstream.WithMsgID(b.msgID(id)))
 	if err != nil {
-		return nil, fmt.Errorf("events: publish %s: %w", id, err)
+		return nil, fmt.Errorf("events: publish %s: %w", id, b.notBound(msg.Subject, err))
 	}
 	if !ack.Duplicate || b.team {
 		// In a team account only the core and this team may publish on the subjects of
@@ -97,7 +97,7 @@ func (b *Bus) settleDuplicate(ctx context.Context, msg *nats.Msg, ack *jetstream
 		return nil, err
 	}
 	attempt := attemptOf(want)
-	raw, err := getMsg(ctx, b.stream, ack.Sequence)
+	raw, err := b.storedAt(ctx, ack.Sequence, msg.Subject)
 	switch {
 	case err == nil && sameEvent(raw, msg.Subject, want.Meta, attempt):
 		return ack, nil

@@ -113,7 +113,7 @@ func (b *Bus) publishFirstOfRun(ctx context.Context, e Envelope) (uint64, error)
 	case wrongLastSequence(err):
 		return 0, errRunHasMessages
 	case err != nil:
-		return 0, fmt.Errorf("events: publish %s: %w", e.Meta.ID, err)
+		return 0, fmt.Errorf("events: publish %s: %w", e.Meta.ID, b.notBound(msg.Subject, err))
 	case ack.Duplicate:
 		return 0, errRunHasMessages
 	}

@@ -295,7 +295,7 @@ func cmdRuns(ctx context.Context, cfg Config, log *slog.Logger, args []string, o
 		return err
 	}
 	defer c.Close()
-	runs, err := c.Bus.Store().Runs(ctx)
+	runs, err := c.Bus.Runs(ctx)
 	if err != nil {
 		return err
 	}

@@ -115,6 +115,32 @@ func TeamExports(team string, tools []string) []Crossing {
 		directGet(store.BucketSecrets, team+".>"))
 }
 
+// ClientAccount is the name of a client's account: CLIENT_<client> in the config kinds,
+// client-<client> as the JWT's name.
+func ClientAccount(client string) string { return "CLIENT_" + client }
+
+// ClientExports is everything that crosses from the core account to the account of a
+// client bound to ids: per identity, the events it publishes in that identity's name
+// (starts, cancels, decisions, answers; the stream's acknowledgement comes back) and the
+// read service's subjects of that identity (events.ReadSubject), which answer only of the
+// runs the identity may see. No JetStream API of the core, no stream: a run id names no
+// tenant, so every read goes through the read service, which checks it.
+func ClientExports(ids []string) []Crossing {
+	var out []Crossing
+	for _, id := range ids {
+		tok := events.IdentityToken(id)
+		out = append(out,
+			Crossing{Subject: events.SubjectRunStarted("*", id)},
+			Crossing{Subject: events.SubjectRunCancel("*", id)},
+			Crossing{Subject: events.SubjectApproval("*", true, id)},
+			Crossing{Subject: events.SubjectApproval("*", false, id)},
+			Crossing{Subject: events.SubjectToolAnswer("*", id)},
+			Crossing{Subject: events.ReadSubject(tok) + ".>"},
+		)
+	}
+	return out
+}
+
 // kvSubject is the subject of key in a KV bucket.
 func kvSubject(bucket, key string) string { return "$KV." + bucket + "." + key }
 
@@ -122,18 +148,20 @@ func kvSubject(bucket, key string) string { return "$KV." + bucket + "." + key }
 const (
 	anyTool = "any-tool"
 	anyTeam = "any-team"
+	anyID   = "any-id"
 )
 
 // CoreExports is what the core account's JWT exports, token-required: TeamExports for
-// any team and any tool, each tool's or team's token a "*". A team account imports a
+// any team and any tool and ClientExports for any identity, each tool's, team's or
+// identity's token a "*". A team account imports a
 // part of one of them with an activation token the core account signs for that team
 // alone, so granting a tool changes the team's JWT and nothing of the core's.
 func CoreExports() []Crossing {
-	out := TeamExports(anyTeam, []string{anyTool})
+	out := append(TeamExports(anyTeam, []string{anyTool}), ClientExports([]string{anyID})...)
 	for i, c := range out {
 		toks := strings.Split(c.Subject, ".")
 		for j, t := range toks {
-			if t == anyTool || t == anyTeam || t == events.ToolConsumer(anyTool) {
+			if t == anyTool || t == anyTeam || t == anyID || t == events.ToolConsumer(anyTool) {
 				toks[j] = "*"
 			}
 		}
@@ -142,18 +170,52 @@ func CoreExports() []Crossing {
 	return out
 }
 
-// ConfAccounts renders the accounts block of a config kind: the core account with
-// JetStream, coreUsers and an export per crossing of every team, and one account per
-// team of teamTools with its users (teamUsers[team]) and its imports. Users are config lines,
-// one per user, such as "      {user: core, password: core}\n". Tests that run the
-// layout on a server of their own render it with this too.
+// ConfAccounts renders the accounts block of a config kind for teams only: Layout.Conf
+// with no clients.
 func ConfAccounts(teamTools map[string][]string, coreUsers string, teamUsers map[string]string) string {
+	return Layout{Teams: teamTools, CoreUsers: coreUsers, TeamUsers: teamUsers}.Conf()
+}
+
+// Layout is a deployment's accounts, as a config kind renders them.
+type Layout struct {
+	// Teams maps each team to its tools; Clients each client to its identities.
+	Teams, Clients map[string][]string
+	// CoreUsers are the core account's users: config lines, one per user, such as
+	// "      {user: core, password: core}\n".
+	CoreUsers string
+	// TeamUsers and ClientUsers are the users of each team's and client's account.
+	TeamUsers, ClientUsers map[string]string
+}
+
+// tenant is one account of the layout beside the core: its name and what it imports.
+type tenant struct {
+	account   string
+	users     string
+	crossings []Crossing
+}
+
+func (l Layout) tenants() []tenant {
+	var out []tenant
+	for _, team := range slices.Sorted(maps.Keys(l.Teams)) {
+		out = append(out, tenant{TeamAccount(team), l.TeamUsers[team], TeamExports(team, l.Teams[team])})
+	}
+	for _, c := range slices.Sorted(maps.Keys(l.Clients)) {
+		out = append(out, tenant{ClientAccount(c), l.ClientUsers[c], ClientExports(l.Clients[c])})
+	}
+	return out
+}
+
+// Conf renders the accounts block of a config kind: the core account with JetStream,
+// its users and an export per crossing of every tenant, restricted to that tenant's
+// account, and one account per team and client with its users and its imports. Tests
+// that run the layout on a server of their own render it with this too.
+func (l Layout) Conf() string {
 	var b strings.Builder
-	b.WriteString("accounts {\n  " + CoreAccount + " {\n    jetstream: enabled\n    users = [\n" + coreUsers + "    ]\n    exports = [\n")
-	teams := slices.Sorted(maps.Keys(teamTools))
-	for _, team := range teams {
-		for _, c := range TeamExports(team, teamTools[team]) {
-			acc := "accounts: [" + strconv.Quote(TeamAccount(team)) + "]"
+	b.WriteString("accounts {\n  " + CoreAccount + " {\n    jetstream: enabled\n    users = [\n" + l.CoreUsers + "    ]\n    exports = [\n")
+	tenants := l.tenants()
+	for _, t := range tenants {
+		for _, c := range t.crossings {
+			acc := "accounts: [" + strconv.Quote(t.account) + "]"
 			switch {
 			case c.Stream:
 				fmt.Fprintf(&b, "      {stream: %q, %s}\n", c.Subject, acc)
@@ -165,9 +227,9 @@ func ConfAccounts(teamTools map[string][]string, coreUsers string, teamUsers map
 		}
 	}
 	b.WriteString("    ]\n  }\n")
-	for _, team := range teams {
-		fmt.Fprintf(&b, "  %q {\n    users = [\n%s    ]\n    imports = [\n", TeamAccount(team), teamUsers[team])
-		for _, c := range TeamExports(team, teamTools[team]) {
+	for _, t := range tenants {
+		fmt.Fprintf(&b, "  %q {\n    users = [\n%s    ]\n    imports = [\n", t.account, t.users)
+		for _, c := range t.crossings {
 			kind := "service"
 			if c.Stream {
 				kind = "stream"

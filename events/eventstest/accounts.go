@@ -28,21 +28,38 @@ func AccountsConf(storeDir, team string, tools []string) string {
 // TeamsConf is AccountsConf for several teams (each with its tools), each team's
 // account with the user and password of its name.
 func TeamsConf(storeDir string, teams map[string][]string) string {
+	return TenantsConf(storeDir, teams, nil)
+}
+
+// TenantsConf is TeamsConf with client accounts too: clients maps each client to the
+// identities it is bound to (accounts.ClientExports); each team's and client's account
+// has the user and password of its name (so team and client names must differ).
+func TenantsConf(storeDir string, teams, clients map[string][]string) string {
 	user := func(name string) string { return fmt.Sprintf("      {user: %q, password: %q}\n", name, name) }
-	users := map[string]string{}
-	for team := range teams {
-		users[team] = user(team)
+	users := func(m map[string][]string) map[string]string {
+		out := map[string]string{}
+		for name := range m {
+			out[name] = user(name)
+		}
+		return out
 	}
-	return fmt.Sprintf("listen: 127.0.0.1:-1\njetstream { store_dir: %q }\n", storeDir) +
-		accounts.ConfAccounts(teams, user("core"), users)
+	l := accounts.Layout{Teams: teams, Clients: clients, CoreUsers: user("core"), TeamUsers: users(teams), ClientUsers: users(clients)}
+	return fmt.Sprintf("listen: 127.0.0.1:-1\njetstream { store_dir: %q }\n", storeDir) + l.Conf()
 }
 
 // StartTeams starts a server of TeamsConf(teams) for the test (stopped when it ends).
 func StartTeams(t testing.TB, teams map[string][]string) *server.Server {
 	t.Helper()
+	return StartTenants(t, teams, nil)
+}
+
+// StartTenants starts a server of TenantsConf(teams, clients) for the test (stopped
+// when it ends).
+func StartTenants(t testing.TB, teams, clients map[string][]string) *server.Server {
+	t.Helper()
 	dir := t.TempDir()
 	path := filepath.Join(dir, "accounts.conf")
-	if err := os.WriteFile(path, []byte(TeamsConf(filepath.Join(dir, "js"), teams)), 0o600); err != nil {
+	if err := os.WriteFile(path, []byte(TenantsConf(filepath.Join(dir, "js"), teams, clients)), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	opts, err := server.ProcessConfigFile(path)

@@ -65,6 +65,9 @@ type Config struct {
 	StartsPerSecond float64  `envconfig:"STARTS_PER_SECOND" desc:"new runs per second of one principal, per injector (bursts of as many); a run started beyond it fails quota_exceeded (0: no bound)"`
 	MaxStartBytes   int      `envconfig:"MAX_START_BYTES" desc:"largest run.started (JSON bytes of its data) the injector starts; a larger one fails quota_exceeded (0: no bound)"`
 	FailOn          []string `envconfig:"FAIL_ON" default:"unknown_tool,tool_internal_error,invalid_tool_output,permission_denied" desc:"error codes that fail a run"`
+	// ReadService: the injector also serves the read service of clients in accounts of
+	// their own (package reads).
+	ReadService bool `envconfig:"READ_SERVICE" default:"true" desc:"the injector also answers the read service of clients in accounts of their own (toolbus_read.<identity>.>): the runs, outputs and catalog an identity may see"`
 	// Deciders may decide on and cancel every run besides its principal and approvers.
 	Deciders []string `envconfig:"DECIDERS" desc:"identities (besides a run's principal and the approvers its start lists) who may approve, deny, respond to and cancel every run; * lets anyone. Unset: * on the embedded server (one party), nobody else when TOOLBUS_NATS_URL names a shared server"`
 

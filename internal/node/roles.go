@@ -19,6 +19,7 @@ import (
 	"github.com/toolbus/toolbus/internal/bench"
 	"github.com/toolbus/toolbus/planner"
 	"github.com/toolbus/toolbus/planner/models"
+	"github.com/toolbus/toolbus/reads"
 	"github.com/toolbus/toolbus/telemetry"
 )
 
@@ -190,7 +191,22 @@ func runInjector(ctx context.Context, cfg Config, bus *events.Bus, log *slog.Log
 	if err != nil {
 		return err
 	}
-	return in.Run(ctx)
+	if !cfg.ReadService {
+		return in.Run(ctx)
+	}
+	// The read service lives as long as the injector: it stops (draining) when the
+	// injector does, and a failure of its own ends nothing but itself.
+	rctx, stop := context.WithCancel(ctx)
+	var wg conc.WaitGroup
+	wg.Go(func() {
+		if err := reads.New(bus, log).Serve(rctx); err != nil {
+			log.Warn("read service stopped", "err", err)
+		}
+	})
+	err = in.Run(ctx)
+	stop()
+	wg.Wait()
+	return err
 }
 
 // ModelOptions build the models of TOOLBUS_MODEL and of the runs that name one; the

@@ -1,0 +1,180 @@
+// Package reads is the core account's read service for clients in accounts of their own
+// (docs/tenancy-design.md, "Clients and front doors"). A run id names no tenant, so a
+// client account imports none of the core's JetStream API: it asks this service, which
+// answers a checked subset of that API (stream info without the state that lists
+// others' subjects, direct gets inside the runs the identity may see, the catalog) and
+// the list of the identity's runs. The identity is the second token of the request's
+// subject (events.ReadSubject): the core exports it only to the accounts bound to it.
+//
+// A run is visible to an identity when the run's first run.started names it a decider
+// (its principal or one of its approvers): the first run.started of a run id is the one
+// that stands, so a later one naming someone else changes nothing. A run that is not
+// visible answers exactly as one that does not exist.
+package reads
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/store"
+)
+
+// PerIdentity bounds the requests of one identity the service works on at once: one
+// beyond it is refused at once (status 429), so an identity that floods the service
+// delays nobody else's reads, and the service holds at most this many goroutines per
+// identity.
+const PerIdentity = 16
+
+// Service answers the read service's requests with a bus of the core account.
+type Service struct {
+	bus *events.Bus
+	log *slog.Logger
+
+	mu       sync.Mutex
+	streams  map[string]jetstream.Stream // the streams read, by name
+	inFlight map[string]int              // requests in progress, by identity
+	wg       sync.WaitGroup
+}
+
+// New returns the read service of bus (opened in the core account).
+func New(bus *events.Bus, log *slog.Logger) *Service {
+	if log == nil {
+		log = slog.Default()
+	}
+	return &Service{bus: bus, log: log, streams: map[string]jetstream.Stream{}, inFlight: map[string]int{}}
+}
+
+// Serve answers requests on every identity's read subjects, in the queue group
+// events.ReadQueue (every instance of the service shares the work), until ctx ends; it
+// then drains the subscription, so the requests already received are answered.
+func (s *Service) Serve(ctx context.Context) error {
+	nc := s.bus.Conn()
+	sub, err := nc.QueueSubscribe(events.ReadServicePrefix+".*.>", events.ReadQueue, func(m *nats.Msg) {
+		s.dispatch(ctx, m)
+	})
+	if err != nil {
+		return fmt.Errorf("reads: subscribe: %w", err)
+	}
+	if err := nc.Flush(); err != nil {
+		return fmt.Errorf("reads: subscribe: %w", err)
+	}
+	<-ctx.Done()
+	err = sub.Drain()
+	s.wg.Wait()
+	if err != nil && !errors.Is(err, nats.ErrConnectionClosed) {
+		return fmt.Errorf("reads: drain: %w", err)
+	}
+	return nil
+}
+
+// dispatch works on a request in a goroutine of its own, within its identity's bound.
+func (s *Service) dispatch(ctx context.Context, m *nats.Msg) {
+	id := strings.SplitN(m.Subject, ".", 3)[1]
+	s.mu.Lock()
+	if s.inFlight[id] >= PerIdentity {
+		s.mu.Unlock()
+		if m.Reply != "" {
+			s.respond(m, refusal(429, fmt.Sprintf("toolbus read service: %d reads of %s in progress: retry when one is answered", PerIdentity, id)))
+		}
+		return
+	}
+	s.inFlight[id]++
+	s.mu.Unlock()
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		defer func() {
+			s.mu.Lock()
+			if s.inFlight[id]--; s.inFlight[id] == 0 {
+				delete(s.inFlight, id)
+			}
+			s.mu.Unlock()
+		}()
+		// A request received is answered even while the service drains.
+		hctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), requestTimeout)
+		defer cancel()
+		s.handle(hctx, m)
+	}()
+}
+
+// requestTimeout bounds the work on one request.
+const requestTimeout = 10 * time.Second
+
+// handle answers one request. Nothing it does not check gets an answer of the core.
+func (s *Service) handle(ctx context.Context, m *nats.Msg) {
+	if m.Reply == "" {
+		return
+	}
+	toks := strings.SplitN(m.Subject, ".", 3)
+	if len(toks) < 3 || toks[1] == events.NoIdentityToken || events.IdentityToken(toks[1]) != toks[1] {
+		s.respond(m, refusal(400, "toolbus read service: no identity in the subject"))
+		return
+	}
+	id, rest := toks[1], toks[2]
+	var out *nats.Msg
+	switch {
+	case rest == "runs":
+		out = s.runs(ctx, id)
+	case strings.HasPrefix(rest, "API."):
+		out = s.api(ctx, id, strings.TrimPrefix(rest, "API."), m.Data)
+	default:
+		out = refusal(404, "toolbus read service: unknown request "+rest+": it answers API.STREAM.INFO, API.DIRECT.GET and runs")
+	}
+	s.respond(m, out)
+}
+
+func (s *Service) respond(m, out *nats.Msg) {
+	out.Subject = m.Reply
+	if err := m.RespondMsg(out); err != nil {
+		s.log.Warn("reads: respond", "subject", m.Subject, "err", err)
+	}
+}
+
+// refusal is a status answer as the JetStream API gives for a direct get: no data, the
+// status and its description in the headers.
+func refusal(code int, desc string) *nats.Msg {
+	h := nats.Header{}
+	h.Set("Status", fmt.Sprint(code))
+	h.Set("Description", desc)
+	return &nats.Msg{Header: h}
+}
+
+// notFound is the answer for a message that does not exist or that the identity may
+// not see: the same, so nobody learns whether another's run exists.
+func notFound() *nats.Msg { return refusal(404, "Message Not Found") }
+
+// runs lists the run states of the runs visible to id, as JSON.
+func (s *Service) runs(ctx context.Context, id string) *nats.Msg {
+	all, err := s.bus.Store().Runs(ctx)
+	if err != nil {
+		s.log.Warn("reads: runs", "err", err)
+		return refusal(503, "toolbus read service: runs: "+err.Error())
+	}
+	out := []store.RunState{}
+	for _, r := range all {
+		if s.visible(ctx, id, r.RunID) {
+			out = append(out, r)
+		}
+	}
+	data, err := json.Marshal(out)
+	if err != nil {
+		return refusal(500, "toolbus read service: "+err.Error())
+	}
+	return &nats.Msg{Data: data}
+}
+
+// visible reports whether the run's first run.started names id as a decider.
+func (s *Service) visible(ctx context.Context, id, run string) bool {
+	rs, err := s.bus.RunStarted(ctx, run)
+	return err == nil && rs != nil && rs.NamesDecider(id)
+}

@@ -1,0 +1,255 @@
+package reads_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/toolbus/toolbus"
+	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/eventstest"
+	"github.com/toolbus/toolbus/internal/decide"
+	"github.com/toolbus/toolbus/internal/testpipe"
+	"github.com/toolbus/toolbus/planner"
+	"github.com/toolbus/toolbus/reads"
+)
+
+// tenants starts the accounts layout with three clients, each bound to the identity
+// of its name, the pipeline and the read service in the core account, and returns a
+// connection maker and the pipeline.
+func tenants(t *testing.T, model planner.Model) (func(user string) *nats.Conn, *testpipe.Pipeline) {
+	t.Helper()
+	srv := eventstest.StartTenants(t, nil, map[string][]string{"alice": {"alice"}, "bob": {"bob"}, "carol": {"carol"}})
+	connect := func(user string) *nats.Conn {
+		nc, err := nats.Connect(srv.ClientURL(), nats.UserInfo(user, user))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(nc.Close)
+		return nc
+	}
+	p := testpipe.StartOn(t, connect("core"), 3*time.Minute, model)
+	p.Roles.Go("reads", reads.New(p.Bus, p.Log).Serve)
+	return connect, p
+}
+
+// clientBus opens the bus of a client in its own account, reading as id.
+func clientBus(t *testing.T, ctx context.Context, nc *nats.Conn, id string) *events.Bus {
+	t.Helper()
+	var bus *events.Bus
+	eventstest.Eventually(t, 30*time.Second, func() error { // the read service subscribes as the pipeline starts
+		var err error
+		bus, err = events.Open(ctx, nc, events.Config{ReadPrefix: events.ReadAPIPrefix(id)})
+		return err
+	})
+	if !bus.ClientAccount() {
+		t.Fatal("a bus opened with a read prefix is not a client account's")
+	}
+	return bus
+}
+
+// TestClientAccountsReadTheirOwnRuns: clients in accounts of their own start runs,
+// follow them, decide their calls and list them through the read service; another
+// client sees none of it by any route the service offers, and may not act in another's
+// name. The same requests made as the run's principal find the run, so a probe that
+// finds nothing is a probe that could have.
+func TestClientAccountsReadTheirOwnRuns(t *testing.T) {
+	script := func() *planner.Script {
+		return &planner.Script{Steps: []func(planner.Request) planner.Response{
+			planner.Calls(toolbus.ToolCall{CallID: "r1", Tool: "restart_service", Arguments: `{"service":"auth-api"}`}),
+			planner.Answer("restarted")}}
+	}
+	connect, p := tenants(t, testpipe.ScriptByRun(map[string]*planner.Script{"alice-1": script(), "alice-2": script()}, nil))
+	ctx := p.Ctx
+	alice := clientBus(t, ctx, connect("alice"), "alice")
+	bob := clientBus(t, ctx, connect("bob"), "bob")
+	carol := clientBus(t, ctx, connect("carol"), "carol")
+
+	start := func(bus *events.Bus, run, principal string, approvers ...string) error {
+		return bus.StartRun(ctx, "test", toolbus.RunStarted{RunID: run, Principal: toolbus.Principal{ID: principal},
+			Messages: []toolbus.Message{{Role: toolbus.RoleUser, Content: "restart auth-api"}}, Approvers: approvers})
+	}
+	if err := start(alice, "alice-1", "alice"); err != nil {
+		t.Fatal(err)
+	}
+	if err := start(alice, "alice-2", "alice", "carol"); err != nil {
+		t.Fatal(err)
+	}
+	if err := start(bob, "bob-as-alice", "alice"); !errors.Is(err, events.ErrNotBound) {
+		t.Fatalf("bob started a run as alice: %v, want ErrNotBound", err)
+	}
+
+	// The call waits for a decision; alice finds it through the read service and decides.
+	var step int
+	eventstest.Eventually(t, time.Minute, func() error {
+		var err error
+		step, _, err = decide.Waiting(ctx, alice, "alice-1", "r1")
+		return err
+	})
+	if _, _, err := decide.Waiting(ctx, bob, "alice-1", "r1"); err == nil || !strings.Contains(err.Error(), "not found") {
+		t.Fatalf("bob found alice's waiting call: %v", err)
+	}
+	if _, err := bob.PublishApproval(ctx, "test", step, toolbus.Approval{RunID: "alice-1", CallID: "r1", Who: "alice"}, true); !errors.Is(err, events.ErrNotBound) {
+		t.Fatalf("bob approved as alice: %v, want ErrNotBound", err)
+	}
+	if _, err := alice.PublishApproval(ctx, "test", step, toolbus.Approval{RunID: "alice-1", CallID: "r1", Who: "alice"}, true); err != nil {
+		t.Fatal(err)
+	}
+	w, err := alice.Watch(ctx, events.SubjectRun("alice-1"), true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var seen []string
+	for ended := false; !ended; {
+		ev, ok, err := w.Next(ctx, time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ok {
+			seen = append(seen, ev.Meta.Type)
+			ended = ev.IsRunEnded() && ev.Meta.Type != "toolbus.run.waiting_for_approval"
+		}
+	}
+	if !slices.Contains(seen, events.TypeToolFinished) || seen[len(seen)-1] != "toolbus.run.completed" {
+		t.Fatalf("alice followed %v: want a tool.finished and the run completed", seen)
+	}
+
+	// Lists: each identity its own runs, and the runs naming it an approver.
+	ids := func(bus *events.Bus) []string {
+		runs, err := bus.Runs(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, r := range runs {
+			out = append(out, r.RunID)
+		}
+		slices.Sort(out)
+		return out
+	}
+	if got := ids(alice); !slices.Equal(got, []string{"alice-1", "alice-2"}) {
+		t.Errorf("alice lists %v", got)
+	}
+	if got := ids(carol); !slices.Equal(got, []string{"alice-2"}) {
+		t.Errorf("carol (an approver of alice-2 only) lists %v", got)
+	}
+	if got := ids(bob); len(got) != 0 {
+		t.Errorf("bob lists %v", got)
+	}
+
+	// Every read of alice's run as bob finds nothing; as alice, it finds the run.
+	for _, tc := range []struct {
+		name string
+		read func(*events.Bus) error
+	}{
+		{"run events", func(b *events.Bus) error {
+			evs, err := b.RunEvents(ctx, "alice-1")
+			if err == nil && len(evs) == 0 {
+				return events.ErrNotFound
+			}
+			return err
+		}},
+		{"run.started", func(b *events.Bus) error { _, err := b.RunStarted(ctx, "alice-1"); return err }},
+		{"last event", func(b *events.Bus) error {
+			_, err := b.LastEvent(ctx, events.SubjectRunEnded("alice-1", toolbus.RunCompleted))
+			return err
+		}},
+		{"run state", func(b *events.Bus) error { _, _, err := b.Store().RunState(ctx, "alice-1"); return err }},
+		{"history", func(b *events.Bus) error { _, err := b.History(ctx, "alice-1", 1); return err }},
+		{"decision", func(b *events.Bus) error { _, err := b.Store().StepDecision(ctx, "alice-1", step, "r1"); return err }},
+	} {
+		if err := tc.read(alice); err != nil {
+			t.Errorf("%s: alice cannot read her own run: %v", tc.name, err)
+		}
+		if err := tc.read(bob); err == nil {
+			t.Errorf("%s: bob read alice's run", tc.name)
+		}
+	}
+	probeService(t, connect("bob"), connect("alice"))
+}
+
+// probeService sends the read service requests outside what it offers, as bob: each is
+// refused or finds nothing, and bob's account reaches no other identity's service nor
+// the core's JetStream API. The control, alice asking for her own run, finds it.
+func probeService(t *testing.T, bob, alice *nats.Conn) {
+	t.Helper()
+	ask := func(nc *nats.Conn, subject, body string) (*nats.Msg, error) {
+		return nc.Request(subject, []byte(body), 5*time.Second)
+	}
+	api := events.ReadAPIPrefix("bob")
+	for _, tc := range []struct{ subject, body, want string }{
+		{api + ".DIRECT.GET.TOOLBUS", `{"seq":1}`, "400"},
+		{api + ".DIRECT.GET.TOOLBUS", `{"seq":1,"next_by_subj":"toolbus.>"}`, "400"},
+		{api + ".DIRECT.GET.TOOLBUS", `{"seq":1,"next_by_subj":"toolbus.*.run.started.alice"}`, "400"},
+		{api + ".DIRECT.GET.TOOLBUS", `{"seq":1,"next_by_subj":"toolbus.alice-1.>"}`, "404"},
+		{api + ".DIRECT.GET.TOOLBUS", `{"seq":1,"batch":10,"next_by_subj":"toolbus.alice-1.>"}`, "400"},
+		{api + ".DIRECT.GET.TOOLBUS", `{"multi_last":["toolbus.alice-1.>"]}`, "400"},
+		{api + ".DIRECT.GET.TOOLBUS.toolbus.alice-1.run.completed", ``, "404"},
+		{api + ".DIRECT.GET.KV_toolbus_runs.$KV.toolbus_runs.alice-1", ``, "404"},
+		{api + ".DIRECT.GET.KV_toolbus_history", `{"seq":1,"next_by_subj":"$KV.toolbus_history.>"}`, "400"},
+		{api + ".DIRECT.GET.KV_toolbus_claims", `{"seq":1,"next_by_subj":"$KV.toolbus_claims.>"}`, "404"},
+		{api + ".DIRECT.GET.KV_toolbus_secrets", `{"seq":1,"next_by_subj":"$KV.toolbus_secrets.>"}`, "404"},
+		{api + ".DIRECT.GET.KV_toolbus_outputs", `{"seq":1,"next_by_subj":"$KV.toolbus_outputs.restart_service.alice-1.>"}`, "404"},
+	} {
+		m, err := ask(bob, tc.subject, tc.body)
+		if err != nil {
+			t.Errorf("%s %s: %v", tc.subject, tc.body, err)
+			continue
+		}
+		if got := m.Header.Get("Status"); got != tc.want || len(m.Data) != 0 {
+			t.Errorf("%s %s: status %q and %d bytes, want %s and nothing", tc.subject, tc.body, got, len(m.Data), tc.want)
+		}
+	}
+	// Stream infos say nothing of the subjects of others, even when asked to.
+	m, err := ask(bob, api+".STREAM.INFO.TOOLBUS", `{"subjects_filter":">"}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var info struct {
+		State map[string]any `json:"state"`
+	}
+	if err := json.Unmarshal(m.Data, &info); err != nil || info.State == nil {
+		t.Fatalf("stream info: %v %s", err, m.Data)
+	}
+	for k := range info.State {
+		if k != "last_seq" && k != "last_ts" {
+			t.Errorf("stream info tells bob %s: %s", k, m.Data)
+		}
+	}
+	for _, s := range []string{"KV_toolbus_claims", "KV_toolbus_secrets", "KV_toolbus_instances"} {
+		m, err := ask(bob, api+".STREAM.INFO."+s, "")
+		if err != nil || !strings.Contains(string(m.Data), `"code":404`) {
+			t.Errorf("stream info of %s for bob: %v %s", s, err, m.Data)
+		}
+	}
+	// Outside bob's own service subjects nothing of the core answers in his account (his
+	// account's own JetStream API says it is not enabled).
+	for _, subject := range []string{events.ReadAPIPrefix("alice") + ".STREAM.INFO.TOOLBUS", "$JS.API.STREAM.INFO.TOOLBUS",
+		"$JS.API.DIRECT.GET.TOOLBUS.toolbus.alice-1.run.completed", "$KV.toolbus_runs.alice-1"} {
+		m, err := ask(bob, subject, "")
+		if err == nil && (m.Header.Get("Nats-Stream") != "" || !strings.Contains(string(m.Data), `"error"`)) {
+			t.Errorf("%s from bob's account answered: %v %s", subject, m.Header, m.Data)
+		}
+	}
+	// The control: alice's own run, by the same forms.
+	for _, subject := range []string{
+		events.ReadAPIPrefix("alice") + ".DIRECT.GET.TOOLBUS.toolbus.alice-1.run.completed",
+		events.ReadAPIPrefix("alice") + ".DIRECT.GET.KV_toolbus_runs.$KV.toolbus_runs.alice-1",
+	} {
+		m, err := ask(alice, subject, "")
+		if err != nil || len(m.Data) == 0 {
+			t.Errorf("control: alice reads %s: %v %v", subject, err, m)
+		}
+	}
+	m, err = ask(alice, events.ReadAPIPrefix("alice")+".DIRECT.GET.TOOLBUS", fmt.Sprintf(`{"seq":1,"next_by_subj":%q}`, "toolbus.alice-1.>"))
+	if err != nil || len(m.Data) == 0 {
+		t.Errorf("control: alice reads her run's first event: %v %v", err, m)
+	}
+}
