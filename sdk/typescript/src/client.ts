@@ -215,6 +215,7 @@ export class Client {
         pause = Math.min(pause * 2, 100);
         continue;
       }
+      if (sm.seq < next) throw new Error(`toolbus: watching ${runId} from ${next}: the answer is message ${sm.seq}, an earlier one`);
       next = sm.seq + 1;
       pause = 5;
       const ev = runEvent(runId, sm);

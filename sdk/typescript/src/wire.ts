@@ -474,6 +474,15 @@ export function isNoResponders(err: unknown): boolean {
   return false;
 }
 
+/** Whether err is (or wraps) the answer of an account without JetStream, or no answer at all. */
+function noJetStreamHere(err: unknown): boolean {
+  if (isNoResponders(err)) return true;
+  for (let e = err as { name?: string; message?: string; cause?: unknown; code?: unknown } | undefined, i = 0; e && i < 8; e = e.cause as typeof e, i++) {
+    if (e.name === 'JetStreamNotEnabled' || e.code === 10039 || /jetstream (is )?not enabled/i.test(String(e.message ?? ''))) return true;
+  }
+  return false;
+}
+
 /**
  * A publish as an identity the client's account is not bound to: in a client account
  * only the identities its credential is bound to are imported, so the publish found no
@@ -508,15 +517,22 @@ export interface Store {
   delete(k: string): Promise<void>;
 }
 
-/** A stored message as a direct get returns it (null: none). */
-async function directGet(nc: NatsConnection, subj: string): Promise<StoredMsg | null> {
-  const m = await nc.request(subj, new Uint8Array(0), { timeout: 5000 });
+/**
+ * A stored message as a direct get returns it (null: none). body is the request form's
+ * JSON ({seq, next_by_subj} or {last_by_subj}); none for the subject form. A status comes
+ * in the status line (the server's answers) or in a Status header with its Description
+ * (the answers of toolbus's read service, which a Go service cannot put in the status
+ * line); either is read, so a refusal is never taken for a message.
+ */
+async function directGet(nc: NatsConnection, subj: string, body?: object): Promise<StoredMsg | null> {
+  const m = await nc.request(subj, body ? enc.encode(JSON.stringify(body)) : new Uint8Array(0), { timeout: 5000 });
   const h = m.headers;
-  if (m.data.length === 0 && h && h.code !== 0 && h.code >= 300) {
-    if (h.code === 404) return null;
-    throw new Error(`toolbus: direct get ${subj}: ${h.code} ${h.description}`);
-  }
   if (!h) throw new Error(`toolbus: direct get ${subj}: no headers in the reply`);
+  const code = h.code || Number(h.get('Status') || 0);
+  if (code !== 0 && code >= 300) {
+    if (code === 404) return null;
+    throw new Error(`toolbus: direct get ${subj}: ${code} ${h.description || h.get('Description')}`);
+  }
   const seq = Number(h.get('Nats-Sequence'));
   if (!Number.isInteger(seq) || seq <= 0) throw new Error(`toolbus: direct get ${subj}: no sequence in the reply`);
   const time = new Date(Date.parse(h.get('Nats-Time-Stamp')));
@@ -665,7 +681,8 @@ export class Bus {
       // The read service answers direct gets of the runs visible to the identity of its
       // prefix; any other run answers as absent (null).
       try {
-        return await (await this.jsm()).direct.getMessage(this.stream, q);
+        const base = `${this.readPrefix}.DIRECT.GET.${this.stream}`;
+        return 'last_by_subj' in q ? await directGet(this.nc, `${base}.${q.last_by_subj}`) : await directGet(this.nc, base, q);
       } catch (err) {
         if (isNoResponders(err)) throw this.noReadService(err);
         throw err;
@@ -674,12 +691,12 @@ export class Bus {
     try {
       return await (await this.jsm()).streams.getMessage(this.stream, q as never);
     } catch (err) {
-      throw isNoResponders(err) ? this.noJetStream(err) : err;
+      throw noJetStreamHere(err) ? this.noJetStream(err) : err;
     }
   }
 
   private noJetStream(err: unknown): Error {
-    return new Error(`toolbus: reading the stream ${this.stream} got no responders (${(err as Error).message}): ` +
+    return new Error(`toolbus: reading the stream ${this.stream}: ${(err as Error).message}: ` +
       'no JetStream in this account; a client in a client account reads through the read service (readPrefix, TOOLBUS_NATS_READ_PREFIX)', { cause: err });
   }
 
@@ -693,8 +710,8 @@ export class Bus {
     try {
       return (await (await this.jsm()).streams.info(this.stream)).state.last_seq;
     } catch (err) {
-      if (!isNoResponders(err)) throw err;
-      throw this.clientAccount ? this.noReadService(err) : this.noJetStream(err);
+      if (this.clientAccount) throw isNoResponders(err) ? this.noReadService(err) : err;
+      throw noJetStreamHere(err) ? this.noJetStream(err) : err;
     }
   }
 
@@ -703,6 +720,7 @@ export class Bus {
     for (let seq = from; ;) {
       const sm = await this.getMsg({ seq, next_by_subj: filter });
       if (!sm) return;
+      if (sm.seq < seq) throw new Error(`toolbus: reading ${filter} from ${seq}: the answer is message ${sm.seq}, an earlier one`);
       yield sm;
       seq = sm.seq + 1;
     }
