@@ -105,6 +105,15 @@ test('client account: alice calls a tool through the fleet, starts a run, watche
   // events(): the run as stored, read through the read service: what watch saw.
   const stored = await alice.events(run);
   assert.deepEqual(stored.map((e) => [e.seq, e.type]), evs.map((e) => [e.seq, e.type]));
+  // Dialed from the environment (TOOLBUS_NATS_READ_PREFIX), the client reads the same.
+  const fromEnv = await Client.connect({ identity: 'alice', env: { TOOLBUS_NATS_URL: cb.url, TOOLBUS_NATS_USER: cb.alice_user,
+    TOOLBUS_NATS_PASSWORD: cb.alice_password, TOOLBUS_NATS_READ_PREFIX: cb.alice_read_prefix } });
+  try {
+    assert.equal(fromEnv.bus.readPrefix, cb.alice_read_prefix);
+    assert.deepEqual((await fromEnv.events(run)).map((e) => e.seq), evs.map((e) => e.seq));
+  } finally {
+    await fromEnv.close();
+  }
   // A run id that exists is refused through the read service too.
   await assert.rejects(alice.startRun({ runId: run }), RunExistsError);
 });
