@@ -522,13 +522,16 @@ export interface Store {
  * JSON ({seq, next_by_subj} or {last_by_subj}); none for the subject form. A status comes
  * in the status line (the server's answers) or in a Status header with its Description
  * (the answers of toolbus's read service, which a Go service cannot put in the status
- * line); either is read, so a refusal is never taken for a message.
+ * line); either is read, so a refusal is never taken for a message, nor a stored message
+ * whose own headers say Status for a refusal.
  */
 async function directGet(nc: NatsConnection, subj: string, body?: object): Promise<StoredMsg | null> {
   const m = await nc.request(subj, body ? enc.encode(JSON.stringify(body)) : new Uint8Array(0), { timeout: 5000 });
   const h = m.headers;
   if (!h) throw new Error(`toolbus: direct get ${subj}: no headers in the reply`);
-  const code = h.code || Number(h.get('Status') || 0);
+  // A stored message's own headers may say Status too: a status answer has no data and
+  // no sequence (the server's stored-message answers and the read service's carry one).
+  const code = m.data.length > 0 || h.has('Nats-Sequence') ? 0 : h.code || Number(h.get('Status') || 0);
   if (code !== 0 && code >= 300) {
     if (code === 404) return null;
     throw new Error(`toolbus: direct get ${subj}: ${code} ${h.description || h.get('Description')}`);
