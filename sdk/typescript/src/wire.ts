@@ -6,7 +6,7 @@
 // subject, key or header themselves: when the wire changes (tenancy over NATS
 // accounts), this module changes.
 import { createHash, createHmac, randomUUID } from 'node:crypto';
-import { headers as natsHeaders, nanos, type MsgHdrs, type NatsConnection } from '@nats-io/transport-node';
+import { headers as natsHeaders, nanos, type Msg, type MsgHdrs, type NatsConnection } from '@nats-io/transport-node';
 import {
   AckPolicy,
   DeliverPolicy,
@@ -518,20 +518,43 @@ export interface Store {
 }
 
 /**
+ * The status of an answer: from the status line (the server's), or from a Status header
+ * (toolbus's read service, which a Go service cannot put in the status line). A stored
+ * message's own headers may say Status too: a status answer has no data and no sequence
+ * (the answers with a stored message carry one). 0: no status.
+ */
+function statusOf(m: { headers?: MsgHdrs; data: Uint8Array }): number {
+  const h = m.headers;
+  if (!h || m.data.length > 0 || h.has('Nats-Sequence')) return 0;
+  return h.code || Number(h.get('Status') || 0);
+}
+
+/**
+ * A request whose answer is not a 429: the read service refuses at once an identity's
+ * requests beyond those it works on (reads.PerIdentity); they are sent again, pausing
+ * 5 ms, growing to 200 ms, for up to 30 s (the server never answers 429).
+ */
+async function request(nc: NatsConnection, subj: string, body?: object): Promise<Msg> {
+  const data = body ? enc.encode(JSON.stringify(body)) : new Uint8Array(0);
+  const end = Date.now() + 30000;
+  for (let pause = 5; ; pause = Math.min(pause * 2, 200)) {
+    const m = await nc.request(subj, data, { timeout: 5000 });
+    if (statusOf(m) !== 429 || Date.now() > end) return m;
+    await new Promise((r) => setTimeout(r, pause / 2 + Math.random() * pause));
+  }
+}
+
+/**
  * A stored message as a direct get returns it (null: none). body is the request form's
- * JSON ({seq, next_by_subj} or {last_by_subj}); none for the subject form. A status comes
- * in the status line (the server's answers) or in a Status header with its Description
- * (the answers of toolbus's read service, which a Go service cannot put in the status
- * line); either is read, so a refusal is never taken for a message, nor a stored message
- * whose own headers say Status for a refusal.
+ * JSON ({seq, next_by_subj} or {last_by_subj}); none for the subject form. Its status is
+ * read by statusOf, so a refusal of the read service is never taken for a message, nor a
+ * stored message whose own headers say Status for a refusal.
  */
 async function directGet(nc: NatsConnection, subj: string, body?: object): Promise<StoredMsg | null> {
-  const m = await nc.request(subj, body ? enc.encode(JSON.stringify(body)) : new Uint8Array(0), { timeout: 5000 });
+  const m = await request(nc, subj, body);
   const h = m.headers;
   if (!h) throw new Error(`toolbus: direct get ${subj}: no headers in the reply`);
-  // A stored message's own headers may say Status too: a status answer has no data and
-  // no sequence (the server's stored-message answers and the read service's carry one).
-  const code = m.data.length > 0 || h.has('Nats-Sequence') ? 0 : h.code || Number(h.get('Status') || 0);
+  const code = statusOf(m);
   if (code !== 0 && code >= 300) {
     if (code === 404) return null;
     throw new Error(`toolbus: direct get ${subj}: ${code} ${h.description || h.get('Description')}`);
@@ -710,10 +733,25 @@ export class Bus {
 
   /** The stream's last sequence (STREAM.INFO, under the read service's prefix in a client account). */
   async lastSeq(): Promise<number> {
+    if (this.clientAccount) {
+      const subj = `${this.readPrefix}.STREAM.INFO.${this.stream}`;
+      let m: Msg;
+      try {
+        m = await request(this.nc, subj);
+      } catch (err) {
+        throw isNoResponders(err) ? this.noReadService(err) : err;
+      }
+      const code = statusOf(m);
+      if (code >= 300) throw new Error(`toolbus: ${subj}: ${code} ${m.headers?.description || m.headers?.get('Description')}`);
+      const info = JSON.parse(dec.decode(m.data)) as { error?: { code: number; err_code?: number; description?: string }; state?: { last_seq?: number } };
+      if (info.error) throw new Error(`toolbus: ${subj}: ${info.error.code} ${info.error.description ?? ''} (${info.error.err_code ?? 0})`);
+      const last = info.state?.last_seq;
+      if (typeof last !== 'number') throw new Error(`toolbus: ${subj}: no last_seq in the answer`);
+      return last;
+    }
     try {
       return (await (await this.jsm()).streams.info(this.stream)).state.last_seq;
     } catch (err) {
-      if (this.clientAccount) throw isNoResponders(err) ? this.noReadService(err) : err;
       throw noJetStreamHere(err) ? this.noJetStream(err) : err;
     }
   }

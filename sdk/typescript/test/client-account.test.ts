@@ -147,3 +147,12 @@ test('client account: starting and cancelling as an identity the account is not 
   await assert.rejects(bobAsAlice.startRun({ runId: unique('forged'), messages: [{ role: 'user', content: 'as alice' }] }), notBound);
   await assert.rejects(bobAsAlice.cancel(unique('forged'), 'as alice'), notBound);
 });
+
+test('client account: many reads of one identity at once are all answered (the read service\'s 429s are sent again)', { skip, timeout: 60000 }, async () => {
+  const run = await alice.startRun({ runId: unique('many'), messages: [{ role: 'user', content: 'many' }] });
+  // More than the service works on at once for one identity (reads.PerIdentity, 16).
+  const all = await Promise.allSettled(Array.from({ length: 64 }, () => alice.events(run)));
+  const refused = all.filter((r) => r.status === 'rejected').map((r) => String((r as PromiseRejectedResult).reason));
+  assert.deepEqual(refused, [], `${refused.length} of 64 reads refused`);
+  for (const r of all) assert.equal((r as PromiseFulfilledResult<RunEvent[]>).value[0]?.subject, `toolbus.${run}.run.started.alice`);
+});
