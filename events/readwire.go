@@ -1,5 +1,7 @@
 package events
 
+import "github.com/toolbus/toolbus"
+
 // The read service (package reads, docs/tenancy-design.md "Clients and front doors"): a
 // client in an account of its own reaches nothing of the core account's JetStream; it
 // reads the runs its identities may see through a service of the core, which answers a
@@ -25,3 +27,31 @@ func ReadAPIPrefix(id string) string { return ReadSubject(id) + ".API" }
 // ReadRunsSubject is the read service's list of the runs id may see (a JSON array of
 // store.RunState).
 func ReadRunsSubject(id string) string { return ReadSubject(id) + ".runs" }
+
+// ToolReadPrefix is the first token of the subjects on which the core answers an
+// executor in a team account what it may know of its own calls' questions: a team may
+// not read the run (its answers are on the run's subjects, which name no tool).
+const ToolReadPrefix = "toolbus_toolread"
+
+// ToolQuestionSubject is toolbus_toolread.<tool>.question: the state of a question of a
+// call of tool (a QuestionQuery, answered with a QuestionState). The core exports it to
+// the team the tool is granted to, and answers only of that tool's calls.
+func ToolQuestionSubject(tool string) string { return ToolReadPrefix + "." + ToolToken(tool) + ".question" }
+
+// QuestionQuery names a question of a call: its run, step, call and seq (the tool's
+// questions numbered from 1 in the order it asks them).
+type QuestionQuery struct {
+	RunID  string `json:"run_id"`
+	Step   int    `json:"step"`
+	CallID string `json:"call_id"`
+	Seq    int    `json:"seq"`
+}
+
+// QuestionState is what the core answers of a question: whether it was asked and the
+// answer of the run's principal, if any. Error says why there is no state (the call is
+// not one of the tool's, or the run cannot be read).
+type QuestionState struct {
+	Asked  bool                `json:"asked"`
+	Answer *toolbus.ToolAnswer `json:"answer,omitempty"`
+	Error  string              `json:"error,omitempty"`
+}

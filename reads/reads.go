@@ -29,10 +29,10 @@ import (
 	"github.com/toolbus/toolbus/events/store"
 )
 
-// PerIdentity bounds the requests of one identity the service works on at once: one
-// beyond it is refused at once (status 429), so an identity that floods the service
-// delays nobody else's reads, and the service holds at most this many goroutines per
-// identity.
+// PerIdentity bounds the requests of one identity (or, for questions, one tool) the
+// service works on at once: one beyond it is refused at once (status 429), so a tenant
+// that floods the service delays nobody else's reads, and the service holds at most this
+// many goroutines per identity or tool.
 const PerIdentity = 16
 
 // Service answers the read service's requests with a bus of the core account.
@@ -59,78 +59,81 @@ func New(bus *events.Bus, log *slog.Logger) *Service {
 // then drains the subscription, so the requests already received are answered.
 func (s *Service) Serve(ctx context.Context) error {
 	nc := s.bus.Conn()
-	sub, err := nc.QueueSubscribe(events.ReadServicePrefix+".*.>", events.ReadQueue, func(m *nats.Msg) {
-		s.dispatch(ctx, m)
-	})
-	if err != nil {
-		return fmt.Errorf("reads: subscribe: %w", err)
+	var subs []*nats.Subscription
+	for subject, handle := range map[string]func(context.Context, string, *nats.Msg) *nats.Msg{
+		events.ReadServicePrefix + ".*.>":     s.handle,
+		events.ToolReadPrefix + ".*.question": s.question,
+	} {
+		sub, err := nc.QueueSubscribe(subject, events.ReadQueue, func(m *nats.Msg) { s.dispatch(ctx, m, handle) })
+		if err != nil {
+			return fmt.Errorf("reads: subscribe %s: %w", subject, err)
+		}
+		subs = append(subs, sub)
 	}
 	if err := nc.Flush(); err != nil {
 		return fmt.Errorf("reads: subscribe: %w", err)
 	}
 	<-ctx.Done()
-	err = sub.Drain()
-	s.wg.Wait()
-	if err != nil && !errors.Is(err, nats.ErrConnectionClosed) {
-		return fmt.Errorf("reads: drain: %w", err)
+	var errs []error
+	for _, sub := range subs {
+		if err := sub.Drain(); err != nil && !errors.Is(err, nats.ErrConnectionClosed) {
+			errs = append(errs, fmt.Errorf("reads: drain: %w", err))
+		}
 	}
-	return nil
+	s.wg.Wait()
+	return errors.Join(errs...)
 }
 
-// dispatch works on a request in a goroutine of its own, within its identity's bound.
-func (s *Service) dispatch(ctx context.Context, m *nats.Msg) {
-	id := strings.SplitN(m.Subject, ".", 3)[1]
-	s.mu.Lock()
-	if s.inFlight[id] >= PerIdentity {
-		s.mu.Unlock()
-		if m.Reply != "" {
-			s.respond(m, refusal(429, fmt.Sprintf("toolbus read service: %d reads of %s in progress: retry when one is answered", PerIdentity, id)))
-		}
+// dispatch works on a request in a goroutine of its own, within the bound of the
+// identity or tool its subject names (its second token).
+func (s *Service) dispatch(ctx context.Context, m *nats.Msg, handle func(context.Context, string, *nats.Msg) *nats.Msg) {
+	if m.Reply == "" {
 		return
 	}
-	s.inFlight[id]++
+	who := strings.SplitN(m.Subject, ".", 3)[1]
+	key := m.Subject[:strings.IndexByte(m.Subject, '.')] + "." + who
+	s.mu.Lock()
+	if s.inFlight[key] >= PerIdentity {
+		s.mu.Unlock()
+		s.respond(m, refusal(429, fmt.Sprintf("toolbus read service: %d requests of %s in progress: retry when one is answered", PerIdentity, who)))
+		return
+	}
+	s.inFlight[key]++
 	s.mu.Unlock()
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
 		defer func() {
 			s.mu.Lock()
-			if s.inFlight[id]--; s.inFlight[id] == 0 {
-				delete(s.inFlight, id)
+			if s.inFlight[key]--; s.inFlight[key] == 0 {
+				delete(s.inFlight, key)
 			}
 			s.mu.Unlock()
 		}()
 		// A request received is answered even while the service drains.
 		hctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), requestTimeout)
 		defer cancel()
-		s.handle(hctx, m)
+		s.respond(m, handle(hctx, who, m))
 	}()
 }
 
 // requestTimeout bounds the work on one request.
 const requestTimeout = 10 * time.Second
 
-// handle answers one request. Nothing it does not check gets an answer of the core.
-func (s *Service) handle(ctx context.Context, m *nats.Msg) {
-	if m.Reply == "" {
-		return
+// handle answers one request of a client's identity id. Nothing it does not check gets
+// an answer of the core.
+func (s *Service) handle(ctx context.Context, id string, m *nats.Msg) *nats.Msg {
+	if id == events.NoIdentityToken || events.IdentityToken(id) != id {
+		return refusal(400, "toolbus read service: no identity in the subject")
 	}
-	toks := strings.SplitN(m.Subject, ".", 3)
-	if len(toks) < 3 || toks[1] == events.NoIdentityToken || events.IdentityToken(toks[1]) != toks[1] {
-		s.respond(m, refusal(400, "toolbus read service: no identity in the subject"))
-		return
-	}
-	id, rest := toks[1], toks[2]
-	var out *nats.Msg
+	rest := strings.SplitN(m.Subject, ".", 3)[2]
 	switch {
 	case rest == "runs":
-		out = s.runs(ctx, id)
+		return s.runs(ctx, id)
 	case strings.HasPrefix(rest, "API."):
-		out = s.api(ctx, id, strings.TrimPrefix(rest, "API."), m.Data)
-	default:
-		out = refusal(404, "toolbus read service: unknown request "+rest+": it answers API.STREAM.INFO, API.DIRECT.GET and runs")
+		return s.api(ctx, id, strings.TrimPrefix(rest, "API."), m.Data)
 	}
-	s.respond(m, out)
+	return refusal(404, "toolbus read service: unknown request "+rest+": it answers API.STREAM.INFO, API.DIRECT.GET and runs")
 }
 
 func (s *Service) respond(m, out *nats.Msg) {

@@ -105,6 +105,8 @@ func TeamExports(team string, tools []string) []Crossing {
 			Crossing{Subject: events.FilterToolRequestedFor(tool), Stream: true},
 			// The core's notice that a run ended while a call of the tool may run.
 			Crossing{Subject: events.FilterRunEndedFor(tool), Stream: true},
+			// The state of a question of a call of the tool (the read service).
+			svc(events.ToolQuestionSubject(tool)),
 		)
 	}
 	return append(out,

@@ -46,13 +46,11 @@ func (w *Worker) asker(req toolbus.ToolRequested, attempt int, lv leaseView) exe
 		if !lv.valid() {
 			return executor.Answer{}, fmt.Errorf("executor: question not asked: %w", errLeaseLost)
 		}
-		if w.bus.TeamAccount() {
-			// The answers are published in the core account and not forwarded to teams
-			// yet, and a team may not read the run to find them.
-			return executor.Answer{}, fmt.Errorf("%w: executors in a team account cannot ask questions yet (the accounts layout forwards no answers)", executor.ErrCannotAsk)
-		}
 		k := decide.QuestionKey{Step: req.Step, CallID: req.Call.CallID, Seq: n}
 		log := w.log.With("run_id", req.RunID, "call_id", req.Call.CallID, "tool", req.Call.Tool, "seq", n, "attempt", attempt)
+		if w.bus.TeamAccount() {
+			return w.askThroughCore(ctx, req, attempt, k, q, log)
+		}
 		// Listen before reading: an answer stored after the read is heard.
 		sub, err := w.bus.Conn().SubscribeSync(events.FilterToolAnswers(req.RunID))
 		if err != nil {

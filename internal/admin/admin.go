@@ -2,7 +2,8 @@
 // creates a deployment once (its keys, every role's credentials, the server configs and
 // an empty grants.json, kept in one directory); add-team, grant, revoke, remove-team,
 // add-client, remove-client and rotate each edit the grants and issue again with the same
-// keys (natsjwt.GenerateGrants), which touches only the tenant named; they print what
+// keys (natsjwt.GenerateGrants), which touches only the tenant named (in the accounts
+// layout a team's or client's own account); they print what
 // changed and what to hand to whom, and with -push send the changed account JWTs to the
 // running servers (natsjwt.PushAccounts) so that no process restarts and no server
 // reloads (a new account still needs a reload: the memory resolver of auth-jwt.conf).
@@ -42,8 +43,8 @@ var edits = []edit{
 	{name: "grant", args: "TEAM TOOL...", what: "grant tools to a team (a tool has one owner)", min: 2, max: -1, apply: grant},
 	{name: "revoke", args: "TEAM TOOL...", what: "revoke tools of a team (taken away once the servers take the change: -push or a reload)", min: 2, max: -1, apply: revoke},
 	{name: "remove-team", args: "TEAM", what: "remove a team: its executor user's files are deleted and its JWT revoked", min: 1, max: 1, apply: removeTeam},
-	{name: "add-client", args: "NAME IDENTITY...", what: "add client credentials (client-NAME) that act only as the identities named", min: 2, max: -1, apply: addClient},
-	{name: "remove-client", args: "NAME", what: "remove client-NAME: its files are deleted and its JWT revoked", min: 1, max: 1, apply: removeClient},
+	{name: "add-client", args: "NAME IDENTITY...", what: "add client credentials (client-NAME; its own account in the accounts layout) that act and read only as the identities named", min: 2, max: -1, apply: addClient},
+	{name: "remove-client", args: "NAME", what: "remove client-NAME: its files are deleted and its JWT revoked (in the accounts layout by its own account, kept with no import)", min: 1, max: 1, apply: removeClient},
 	{name: "rotate", args: "USER", what: "issue one user new credentials (new password, nkey and JWT; the old JWT is revoked)", min: 1, max: 1, rotate: true},
 	{name: "push", args: "", what: "push every account JWT to the running servers (after an edit without -push)", min: 0, max: 0},
 }
@@ -105,7 +106,7 @@ func removeTeam(g *natsjwt.Grants, args []string) error {
 func addClient(g *natsjwt.Grants, args []string) error {
 	name, ids := args[0], args[1:]
 	if _, ok := g.Clients[name]; ok {
-		return refused("client %s exists (%s): remove it first, toolbus admin remove-client %s", name, list(g.Clients[name]), name)
+		return refused("client %s exists (%s): remove it first, toolbus admin remove-client %s (or rotate its credentials: toolbus admin rotate client-%s)", name, list(g.Clients[name]), name, name)
 	}
 	if g.Clients == nil {
 		g.Clients = map[string][]string{}
@@ -116,7 +117,7 @@ func addClient(g *natsjwt.Grants, args []string) error {
 
 func removeClient(g *natsjwt.Grants, args []string) error {
 	if _, ok := g.Clients[args[0]]; !ok {
-		return refused("no client %s (clients: %s)", args[0], list(slices.Sorted(maps.Keys(g.Clients))))
+		return refused("no client %s (clients: %s); add one: toolbus admin add-client %s IDENTITY...", args[0], list(slices.Sorted(maps.Keys(g.Clients))), args[0])
 	}
 	delete(g.Clients, args[0])
 	return nil

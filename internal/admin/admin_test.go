@@ -11,6 +11,8 @@ import (
 	"testing"
 
 	"golang.org/x/crypto/bcrypt"
+
+	"github.com/toolbus/toolbus/deploy/nats/natsjwt"
 )
 
 func init() { bcryptCost = bcrypt.MinCost }
@@ -124,9 +126,14 @@ func TestSubcommandsTouchOnlyTheirTenant(t *testing.T) {
 				{args: []string{"revoke", "alpha", "calc"}, wantOne: append(user("executor-alpha")[:1], revoked...), wantJWT: []string{"team-alpha.jwt"}},
 				{args: []string{"remove-team", "beta"}, want: append(user("executor-beta"), slices.DeleteFunc(slices.Clone(revoked), func(f string) bool { return f == "team-beta.jwt" })...),
 					wantOut: []string{"removed   executor-beta: its files are deleted"}},
-				{args: []string{"add-client", "bob", "bob", "bob-bot"}, want: user("client-bob"),
-					wantOut: []string{"new       client-bob: hand out its files"}},
-				{args: []string{"remove-client", "alice"}, want: append(user("client-alice"), revoked...)},
+				{args: []string{"add-client", "bob", "bob", "bob-bot"}, want: user("client-bob"), wantJWT: []string{"account-client-bob.jwt", "account-client-bob.nk"},
+					wantOut:        []string{"new       client-bob: hand out its files"},
+					wantOutAccount: []string{"new       account client-bob: reload the server", "it runs with TOOLBUS_NATS_READ_PREFIX=toolbus_read.bob.API", natsjwt.ReadPrefixNote}},
+				// A client's revocation goes into its own account's JWT, which stays, with no import.
+				{args: []string{"remove-client", "alice"}, want: user("client-alice"), wantOne: revoked, wantJWT: []string{"account-client-alice.jwt"},
+					wantOutAccount: []string{"removed   account client-alice: kept with no import and its users revoked"}},
+				{args: []string{"rotate", "client-alice"}, want: user("client-alice"), wantOne: revoked, wantJWT: []string{"account-client-alice.jwt"},
+					wantOut: []string{"rotated   client-alice: hand out its new files"}, wantOutAccount: []string{"changed   account client-alice"}},
 				{args: []string{"rotate", "executor-beta"}, want: append(user("executor-beta"), revoked...),
 					wantOut: []string{"rotated   executor-beta: hand out its new files", "hand to the holders of executor-beta:"}},
 			} {

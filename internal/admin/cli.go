@@ -273,7 +273,9 @@ func report(w io.Writer, res natsjwt.Result, p pushed) {
 			natsjwt.WriteUser(w, res, c.User)
 		}
 	}
-	if len(p.took)+len(p.skipped) == 0 && slices.ContainsFunc(changed, func(c natsjwt.Change) bool { return c.Account && c.What == "changed" }) {
+	if len(p.took)+len(p.skipped) == 0 && slices.ContainsFunc(changed, func(c natsjwt.Change) bool {
+		return c.Account && (c.What == "changed" || c.What == "removed")
+	}) {
 		fmt.Fprintln(w, "or apply the changed accounts with no reload: toolbus admin push (-push with the edit)")
 	}
 	for _, name := range slices.Sorted(maps.Keys(p.skipped)) {

@@ -84,7 +84,7 @@ func Init(dir string, s Settings, stdout io.Writer) error {
 	}
 	layout := "one account for everyone (-one-account)"
 	if s.Accounts {
-		layout = "the accounts layout: a core account, and one account per team"
+		layout = "the accounts layout: a core account, and one account per team and per client"
 	}
 	fmt.Fprintf(stdout, "created a deployment in %s (secrets: keep it out of git), %s\n", dir, layout)
 	fmt.Fprintln(stdout, "server configs:", res.Config, res.UsersConfig, res.NkeysConfig)
@@ -178,20 +178,23 @@ func (d *deployment) push(ctx context.Context, url string, res natsjwt.Result, e
 func accountsToPush(res natsjwt.Result, every bool) []string {
 	var out []string
 	for _, c := range res.Changes {
-		if c.Account && (every || c.What == "new" || c.What == "changed") {
+		if c.Account && (every || c.What != "unchanged") {
 			out = append(out, c.User)
 		}
 	}
 	return out
 }
 
-// accountKey is the public key of an account's change ("account TOOLBUS", "account team-x").
+// accountKey is the public key of an account's change ("account TOOLBUS", "account
+// team-x", "account client-x").
 func accountKey(res natsjwt.Result, name string) string {
-	team, ok := strings.CutPrefix(name, "account team-")
-	if !ok {
-		return res.Account
+	if team, ok := strings.CutPrefix(name, "account team-"); ok {
+		return res.TeamAccounts[team]
 	}
-	return res.TeamAccounts[team]
+	if client, ok := strings.CutPrefix(name, "account client-"); ok {
+		return res.ClientAccounts[client]
+	}
+	return res.Account
 }
 
 func writeJSON(file string, v any) error {

@@ -45,8 +45,12 @@
 // (team-<team>.nk, kept) and imports with activation tokens of the core's token-required
 // exports, so granting a tool changes only that team's account JWT. A reload of the
 // running server (kill -HUP) applies a new tool or team; the users and nkeys configs take
-// a new team's imports on a second reload (nats-server 2.15). Off by default until the
-// executors speak the prefix.
+// a new team's imports on a second reload (nats-server 2.15). Each bound client gets an
+// account of its own too (CLIENT_<name>, in operator mode client-<name> with its key in
+// account-client-<name>.nk), holding its client-<name> user, which imports only its
+// identities' starts, decisions, cancels, answers and read service (natsjwt.ClientExports):
+// it runs with TOOLBUS_NATS_READ_PREFIX=toolbus_read.<identity>.API (gen prints it). Off by
+// default: toolbus admin init issues it.
 package main
 
 import (
@@ -73,7 +77,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	listen := fs.String("listen", natsjwt.DefaultListen, "client address (host:port) the server configs listen on; 0.0.0.0:4222 for every interface")
 	storeDir := fs.String("store", "", "JetStream store directory written into the server configs (default: none, give it to the server: toolbus server -sd DIR)")
 	rotate := fs.String("rotate", "", "comma-separated users to issue new credentials for (new password, nkey and JWT; the old JWT is revoked); everyone else's are kept")
-	accounts := fs.Bool("accounts", false, "the accounts layout: a core account for the roles and one account per team for its executors, which import only their tools' subjects (natsjwt.WithAccounts; their executors need TOOLBUS_NATS_API_PREFIX=JS.core.API)")
+	accounts := fs.Bool("accounts", false, "the accounts layout: a core account for the roles, one account per team for its executors, which import only their tools' subjects, and one per bound client, which imports only its identities' (natsjwt.WithAccounts; their executors need TOOLBUS_NATS_API_PREFIX=JS.core.API, the clients TOOLBUS_NATS_READ_PREFIX)")
 	out := fs.String("out", "", "output directory, created 0700 (default: toolbus/nats in the user's configuration directory, outside the repository: it holds secrets)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {

@@ -343,15 +343,18 @@ func probeClosed(t *testing.T, d *accountsDeployment, alpha *nats.Conn) {
 	}
 }
 
-// Day two in the accounts layout: regenerating with a third team and a new tool for
-// alpha keeps every other account's and user's key, credentials and JWT byte for byte
-// (the core account's too: its exports are token-required and do not name teams), says
-// what changed, and a reload of the running server (no restart) applies it: alpha's
-// connection of day one pulls its new tool's queue, and the new team connects.
+// Day two in the accounts layout: regenerating with a third team, a new tool for alpha
+// and a second client keeps every other account's and user's key, credentials and JWT
+// byte for byte (the core account's too: its exports are token-required and do not name
+// teams or identities), says what changed, and a reload of the running server (no
+// restart) applies it: alpha's connection of day one pulls its new tool's queue, and the
+// new team and the new client connect and work.
 func TestAccountsDayTwo(t *testing.T) {
 	perms := filepath.Join("..", "permissions.conf")
-	day1 := natsjwt.Grants{Teams: map[string][]string{"alpha": {"calc"}, "beta": {"search"}}}
-	day2 := natsjwt.Grants{Teams: map[string][]string{"alpha": {"calc", "calc2"}, "beta": {"search"}, "gamma": {"web"}}}
+	day1 := natsjwt.Grants{Teams: map[string][]string{"alpha": {"calc"}, "beta": {"search"}},
+		Clients: map[string][]string{"alice": {"alice"}}}
+	day2 := natsjwt.Grants{Teams: map[string][]string{"alpha": {"calc", "calc2"}, "beta": {"search"}, "gamma": {"web"}},
+		Clients: map[string][]string{"alice": {"alice"}, "bob": {"bob"}}}
 	for _, kind := range credKinds {
 		t.Run(kind.name, func(t *testing.T) {
 			dir := t.TempDir()
@@ -395,7 +398,8 @@ func TestAccountsDayTwo(t *testing.T) {
 			}
 			for user, want := range map[string]string{"account TOOLBUS": "unchanged", "account team-alpha": "changed",
 				"account team-beta": "unchanged", "account team-gamma": "new", natsjwt.TeamUser("gamma"): "new",
-				natsjwt.TeamUser("alpha"): "unchanged", "admin": "unchanged"} {
+				natsjwt.TeamUser("alpha"): "unchanged", "admin": "unchanged",
+				"account client-alice": "unchanged", "client-alice": "unchanged", "account client-bob": "new", "client-bob": "new"} {
 				if changes[user] != want {
 					t.Errorf("day two says %s: %q, want %q (all: %v)", user, changes[user], want, res2.Changes)
 				}
@@ -449,6 +453,14 @@ func TestAccountsDayTwo(t *testing.T) {
 			}
 			d.put(events.SubjectToolRequested("r1", "web"), `{"n":1}`)
 			d.serve("gamma", "web", "r1")
+			// The new client starts a run as itself through its new account's imports.
+			bob, err := jetstream.New(d.client("bob", "bob"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ack, err := bob.Publish(ctx, events.SubjectRunStarted("r5", "bob"), []byte(`{}`)); err != nil || ack.Stream != events.DefaultStream {
+				t.Fatalf("bob, added on day two, starts a run: %v %v", ack, err)
+			}
 		})
 	}
 }
@@ -531,8 +543,8 @@ func TestTeamExports(t *testing.T) {
 		tools []string
 	}{{"alpha", []string{"calc"}}, {"beta", []string{"search", "web"}}, {"gamma", nil}} {
 		got := natsjwt.TeamExports(tc.team, tc.tools)
-		if len(got) != 17*len(tc.tools)+4 {
-			t.Errorf("%s: %d crossings, want 17 per tool and 4 per team", tc.team, len(got))
+		if len(got) != 18*len(tc.tools)+4 {
+			t.Errorf("%s: %d crossings, want 18 per tool and 4 per team", tc.team, len(got))
 		}
 		for _, c := range got {
 			names := 0
@@ -556,9 +568,9 @@ func TestTeamExports(t *testing.T) {
 		}
 	}
 	core := natsjwt.CoreExports()
-	// 17 per tool, 4 per team, 6 per client identity.
-	if len(core) != 27 {
-		t.Errorf("the core exports %d subjects, want 27", len(core))
+	// 18 per tool, 4 per team, 6 per client identity.
+	if len(core) != 28 {
+		t.Errorf("the core exports %d subjects, want 28", len(core))
 	}
 	for _, c := range core {
 		if strings.Contains(c.Subject, "any-") || c.Local != "" {

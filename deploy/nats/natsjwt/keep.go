@@ -13,7 +13,6 @@ import (
 	"slices"
 	"sort"
 	"strings"
-	"time"
 
 	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nkeys"
@@ -25,24 +24,25 @@ import (
 // touches only that tenant's credentials.
 type Change struct {
 	// User is the user's name, or in the accounts layout an account's
-	// ("account TOOLBUS", "account team-<team>": Account is set).
+	// ("account TOOLBUS", "account team-<team>", "account client-<name>": Account is set).
 	User    string
 	Account bool
 	// What: "new" (first issued), "changed" (its permissions changed: hand out the new
 	// files, reload the server for users and nkeys), "unchanged" (its files are as they
-	// were) or "removed" (its files deleted; in operator mode its JWT is revoked).
+	// were) or "removed" (its files deleted; in operator mode its JWT is revoked; a
+	// removed client's account is issued once more, with no import and its users revoked).
 	What string
 }
 
 // rotate forgets the kept credentials of the users named, revoking their JWTs, so that
 // this run issues new ones; a name that is not a user of this run is an error.
-func (k keyring) rotate(users []User, names []string, revoked map[string]int64) error {
+func (k keyring) rotate(users []User, names []string, revoked revocations) error {
 	for _, name := range names {
 		if !slices.ContainsFunc(users, func(u User) bool { return u.Name == name }) {
 			return fmt.Errorf("natsjwt: rotate %q: not a user of these grants", name)
 		}
 		if uc, ok := k.userJWT(name); ok {
-			revoked[uc.Subject] = time.Now().Unix()
+			revoked.revoke(uc)
 		}
 		for _, ext := range []string{".password", ".nk", ".creds"} {
 			if err := os.Remove(filepath.Join(k.dir, name+ext)); err != nil && !errors.Is(err, os.ErrNotExist) {
@@ -127,27 +127,13 @@ func samePermissions(uc *jwt.UserClaims, p Permissions) bool {
 }
 
 // revocationsFile keeps the user keys revoked in operator mode (removed users), which
-// every account JWT this directory issues carries.
+// every account JWT this directory issues carries but the clients' (revocations: a key a
+// client's account issued is revoked in that account's JWT only).
 const revocationsFile = "revocations.json"
-
-func (k keyring) revocations() (map[string]int64, error) {
-	r := map[string]int64{}
-	b, err := os.ReadFile(filepath.Join(k.dir, revocationsFile))
-	if errors.Is(err, os.ErrNotExist) {
-		return r, nil
-	}
-	if err != nil {
-		return nil, fmt.Errorf("natsjwt: %w", err)
-	}
-	if err := json.Unmarshal(b, &r); err != nil {
-		return nil, fmt.Errorf("natsjwt: %s: %w", revocationsFile, err)
-	}
-	return r, nil
-}
 
 // removed deletes the files of the users kept in the directory that are not in users,
 // revoking their JWTs, and returns their changes.
-func (k keyring) removed(users []User, revoked map[string]int64) ([]Change, error) {
+func (k keyring) removed(users []User, revoked revocations) ([]Change, error) {
 	keep := map[string]bool{}
 	for _, u := range users {
 		keep[u.Name] = true
@@ -157,13 +143,14 @@ func (k keyring) removed(users []User, revoked map[string]int64) ([]Change, erro
 		return nil, fmt.Errorf("natsjwt: %w", err)
 	}
 	var out []Change
+	all := false // a key of revoked.all was revoked
 	for _, f := range files {
 		name := strings.TrimSuffix(filepath.Base(f), ".password")
 		if keep[name] {
 			continue
 		}
-		if uc, ok := k.userJWT(name); ok {
-			revoked[uc.Subject] = time.Now().Unix()
+		if uc, ok := k.userJWT(name); ok && revoked.revoke(uc) {
+			all = true
 		}
 		for _, ext := range []string{".password", ".nk", ".creds"} {
 			if err := os.Remove(filepath.Join(k.dir, name+ext)); err != nil && !errors.Is(err, os.ErrNotExist) {
@@ -172,8 +159,8 @@ func (k keyring) removed(users []User, revoked map[string]int64) ([]Change, erro
 		}
 		out = append(out, Change{User: name, What: "removed"})
 	}
-	if len(out) > 0 {
-		b, _ := json.MarshalIndent(revoked, "", "  ")
+	if all {
+		b, _ := json.MarshalIndent(revoked.all, "", "  ")
 		if err := os.WriteFile(filepath.Join(k.dir, revocationsFile), b, 0o600); err != nil {
 			return nil, fmt.Errorf("natsjwt: %w", err)
 		}

@@ -251,7 +251,13 @@ type User struct {
 	// Team is the team of a team's executor user ("" for the roles and clients): in the
 	// accounts layout (WithAccounts) it lives in its team's account.
 	Team string
+	// Client is the name of a bound client's user ("" for the roles and teams): in the
+	// accounts layout it lives in its client's account (accounts.ClientAccount).
+	Client string
 }
+
+// tenant reports whether u lives in an account of its own in the accounts layout.
+func (u User) tenant() bool { return u.Team != "" || u.Client != "" }
 
 // Users lists the users of perms (the roles) and grants (one executor per team), in a
 // stable order: the roles, then the teams by name.
@@ -267,7 +273,7 @@ func Users(perms map[string]Permissions, g Grants) []User {
 		// An unbindable template leaves no permission at all (fail closed); GenerateGrants
 		// reports the error.
 		p, _ := ClientPermissions(perms["client"], g.Clients[name]) //nolint:errcheck // checked by GenerateGrants
-		out = append(out, User{Name: ClientUser(name), Perms: p})
+		out = append(out, User{Name: ClientUser(name), Perms: p, Client: name})
 	}
 	return out
 }
@@ -290,15 +296,19 @@ type Result struct {
 	// Operator, System and Account are the public keys.
 	Operator, System, Account string
 	// TeamAccounts maps each team to its account's public key in the accounts layout
-	// (WithAccounts); AccountJWTs maps every account's public key (system, core, teams)
-	// to its JWT, as auth-jwt.conf preloads them (PushAccounts pushes them).
-	TeamAccounts, AccountJWTs map[string]string
+	// (WithAccounts), ClientAccounts each bound client (and each removed client whose
+	// account is kept to revoke its users) to its; AccountJWTs maps every account's
+	// public key (system, core, teams, clients) to its JWT, as auth-jwt.conf preloads
+	// them (PushAccounts pushes them).
+	TeamAccounts, ClientAccounts, AccountJWTs map[string]string
 	// SystemCreds (system.creds, the accounts layout) is a user of the system account
 	// that may only push account JWTs to the servers (PushAccounts).
 	SystemCreds string
 	// Env is, for each team's executor user, the settings its executors run with
 	// besides its credentials: TOOLBUS_TEAM, TOOLBUS_EXECUTOR_TOOLS and, in the accounts
-	// layout, TOOLBUS_NATS_API_PREFIX=JS.core.API (CoreAPIPrefix).
+	// layout, TOOLBUS_NATS_API_PREFIX=JS.core.API (CoreAPIPrefix); in the accounts layout,
+	// for each bound client's user, TOOLBUS_NATS_READ_PREFIX of its first identity
+	// (events.ReadAPIPrefix) and ReadPrefixNote. An entry starting with "#" is a comment.
 	Env map[string][]string
 	// K8sSecrets (k8s-secrets.yaml) holds one Kubernetes Secret per user,
 	// toolbus-nats-<user> with the keys user, password and bcrypt, in the shape the
@@ -328,7 +338,10 @@ func Generate(permsFile, dir string) (Result, error) { return GenerateGrants(per
 // server settings of auth-users.conf and auth-nkeys.conf are those of single.conf, next
 // to permsFile, listening on loopback (WithListen) and storing where WithStoreDir says.
 // WithAccounts issues the accounts layout: also team-<team>.nk and team-<team>.jwt per
-// team (its account's key and JWT, kept) and system.creds (PushAccounts).
+// team and account-client-<name>.nk and .jwt per bound client (its account's key and
+// JWT, kept) and system.creds (PushAccounts). A client removed from g keeps its account,
+// issued with no import and its users revoked, so that the servers cut them when they
+// take it (a reload, a push).
 func GenerateGrants(permsFile, dir string, g Grants, opts ...Option) (Result, error) {
 	o := options{bcryptCost: bcrypt.DefaultCost, listen: DefaultListen}
 	for _, f := range opts {
@@ -356,10 +369,11 @@ func GenerateGrants(permsFile, dir string, g Grants, opts ...Option) (Result, er
 	users := Users(perms, g)
 	if o.accounts {
 		// A team's user lives in its team's account, which holds nothing but the
-		// imports of its tools (TeamExports): the account is the boundary, so the user
-		// is left open inside it (one list of what crosses, not two that may drift).
+		// imports of its tools (TeamExports), and a client's in its client's account
+		// (ClientExports): the account is the boundary, so the user is left open inside
+		// it (one list of what crosses, not two that may drift).
 		for i := range users {
-			if users[i].Team != "" {
+			if users[i].tenant() {
 				users[i].Perms = Permissions{}
 			}
 		}
@@ -379,17 +393,26 @@ func GenerateGrants(permsFile, dir string, g Grants, opts ...Option) (Result, er
 	if err := issueKept(users, kr, g, o, write, &res); err != nil {
 		return Result{}, err
 	}
-	res.Env = teamEnv(users, g, o)
+	res.Env = tenantEnv(users, g, o)
 	if err := writeConfigKinds(users, g, o, kr, single, write, &res); err != nil {
 		return Result{}, err
 	}
 	return res, nil
 }
 
-// teamEnv is what each team's executors run with besides their credentials.
-func teamEnv(users []User, g Grants, o options) map[string][]string {
+// ReadPrefixNote is the comment line of a client's settings in the accounts layout
+// (Result.Env): the read prefix names one identity.
+const ReadPrefixNote = "# a client bound to several identities sets TOOLBUS_NATS_READ_PREFIX per identity: toolbus_read.<identity>.API"
+
+// tenantEnv is what each team's executors run with besides their credentials and, in
+// the accounts layout, what each bound client runs with: the read service's prefix of
+// its first identity (events.ReadAPIPrefix), and ReadPrefixNote.
+func tenantEnv(users []User, g Grants, o options) map[string][]string {
 	env := map[string][]string{}
 	for _, u := range users {
+		if u.Client != "" && o.accounts {
+			env[u.Name] = []string{"TOOLBUS_NATS_READ_PREFIX=" + events.ReadAPIPrefix(g.Clients[u.Client][0]), ReadPrefixNote}
+		}
 		if u.Team == "" {
 			continue
 		}
@@ -406,57 +429,69 @@ func teamEnv(users []User, g Grants, o options) map[string][]string {
 // layout in their accounts) and k8s-secrets.yaml, with the server settings single.
 func writeConfigKinds(users []User, g Grants, o options, kr keyring, single string, write func(string, []byte) (string, error), res *Result) error {
 	var pwUsers, nkUsers, secrets strings.Builder
-	// In the accounts layout a team's users go into its account's block.
-	teamPw, teamNk := map[string]string{}, map[string]string{}
+	// In the accounts layout a team's or client's users go into its account's block.
+	pw := accounts.Layout{Teams: g.Teams, Clients: g.Clients, TeamUsers: map[string]string{}, ClientUsers: map[string]string{}}
+	nk := pw
+	nk.TeamUsers, nk.ClientUsers = map[string]string{}, map[string]string{}
 	userLine := func(u User, ident string) string {
-		if o.accounts && u.Team != "" {
+		if o.accounts && u.tenant() {
 			return "      {" + ident + "}\n"
 		}
 		return "    {" + ident + ", permissions: " + confPermissions(u.Perms) + "}\n"
 	}
+	// add puts a user's line into its account's block (the accounts layout) or core.
+	add := func(l accounts.Layout, core *strings.Builder, u User, line string) {
+		switch {
+		case !o.accounts || !u.tenant():
+			core.WriteString(line)
+		case u.Team != "":
+			l.TeamUsers[u.Team] += line
+		default:
+			l.ClientUsers[u.Client] += line
+		}
+	}
 	kept := kr.hashes()
 	for _, u := range users {
-		pw, err := kr.password(u.Name)
+		password, err := kr.password(u.Name)
 		if err != nil {
 			return err
 		}
-		hash, err := keptHash(kept[u.Name], pw, o.bcryptCost)
+		hash, err := keptHash(kept[u.Name], password, o.bcryptCost)
 		if err != nil {
 			return err
 		}
-		if res.Passwords[u.Name], err = write(u.Name+".password", []byte(pw)); err != nil {
+		if res.Passwords[u.Name], err = write(u.Name+".password", []byte(password)); err != nil {
 			return err
 		}
-		if line := userLine(u, fmt.Sprintf("user: %q, password: %q", u.Name, hash)); o.accounts && u.Team != "" {
-			teamPw[u.Team] += line
-		} else {
-			pwUsers.WriteString(line)
-		}
+		add(pw, &pwUsers, u, userLine(u, fmt.Sprintf("user: %q, password: %q", u.Name, hash)))
 		// JSON strings are YAML double-quoted scalars: a bcrypt hash's "$" needs no escaping.
 		fmt.Fprintf(&secrets, "---\napiVersion: v1\nkind: Secret\nmetadata:\n  name: %q\n  namespace: toolbus\ntype: Opaque\nstringData:\n  user: %q\n  password: %q\n  bcrypt: %q\n",
-			"toolbus-nats-"+u.Name, u.Name, pw, hash)
+			"toolbus-nats-"+u.Name, u.Name, password, hash)
 		kp, err := kr.seed(u.Name+".nk", nkeys.CreateUser)
 		if err != nil {
 			return err
 		}
 		pub, _ := kp.PublicKey()
 		res.Seeds[u.Name] = filepath.Join(kr.dir, u.Name+".nk")
-		if line := userLine(u, fmt.Sprintf("nkey: %q", pub)); o.accounts && u.Team != "" {
-			teamNk[u.Team] += "      # " + u.Name + "\n" + line
-		} else {
-			nkUsers.WriteString("    # " + u.Name + "\n" + line)
+		indent := "    # "
+		if o.accounts && u.tenant() {
+			indent = "      # "
 		}
+		add(nk, &nkUsers, u, indent+u.Name+"\n"+userLine(u, fmt.Sprintf("nkey: %q", pub)))
 	}
-	auth := func(users string, teams map[string]string) string {
+	auth := func(users string, l accounts.Layout) string {
 		if o.accounts {
-			return accounts.ConfAccounts(g.Teams, users, teams)
+			l.CoreUsers = users
+			return l.Conf()
 		}
 		return "authorization {\n  users = [\n" + users + "  ]\n}\n"
 	}
 	layout := ""
 	if o.accounts {
 		layout = "# The accounts layout: the roles' users in CORE, each team's executor user in its\n" +
-			"# TEAM_<team> account, which imports only its tools' subjects (natsjwt.TeamExports).\n"
+			"# TEAM_<team> account, which imports only its tools' subjects (natsjwt.TeamExports),\n" +
+			"# each bound client's user in its CLIENT_<name> account, which imports only its\n" +
+			"# identities' starts, decisions, cancels, answers and reads (natsjwt.ClientExports).\n"
 	}
 	head := func(kind string) string {
 		return fmt.Sprintf(`# toolbus with %s, written by go run ./deploy/nats/gen: one user per role and
@@ -467,11 +502,11 @@ func writeConfigKinds(users []User, g Grants, o options, kr keyring, single stri
 	}
 	var err error
 	if res.UsersConfig, err = write("auth-users.conf", []byte(head("users and passwords (bcrypt hashes; the passwords are in <user>.password)")+
-		auth(pwUsers.String(), teamPw))); err != nil {
+		auth(pwUsers.String(), pw))); err != nil {
 		return err
 	}
 	if res.NkeysConfig, err = write("auth-nkeys.conf", []byte(head("nkeys (public keys; the seeds are in <user>.nk)")+
-		auth(nkUsers.String(), teamNk))); err != nil {
+		auth(nkUsers.String(), nk))); err != nil {
 		return err
 	}
 	if res.K8sSecrets, err = write("k8s-secrets.yaml", []byte("# toolbus NATS credentials as Kubernetes Secrets, written by go run ./deploy/nats/gen\n"+
@@ -524,8 +559,11 @@ type options struct {
 // holds the stream, the buckets and every role's user; each team gets an account of its
 // own (JWT kind: its own account key, kept across runs) holding its executor user, which
 // imports of the core only what TeamExports lists, the JetStream API under CoreAPIPrefix.
-// Its executors need TOOLBUS_NATS_API_PREFIX=JS.core.API (Result.Env). Off by default:
-// one account with user permissions per role and team.
+// Its executors need TOOLBUS_NATS_API_PREFIX=JS.core.API (Result.Env). Each bound client
+// gets one too (CLIENT_<name>, JWT client-<name>) holding its client-<name> user, which
+// imports only ClientExports of its identities: no JetStream API at all, its reads go to
+// the core's read service (TOOLBUS_NATS_READ_PREFIX, Result.Env). Off by default: one
+// account with user permissions per role, team and client.
 func WithAccounts() Option { return func(o *options) { o.accounts = true } }
 
 // WithRotate issues new credentials for users (a new password, nkey and JWT, the old
@@ -598,7 +636,7 @@ func confPermissions(p Permissions) string {
 		list(p.PubAllow), list(p.PubDeny), list(p.SubAllow), list(p.SubDeny))
 }
 
-func generateJWT(users []User, kr keyring, g Grants, revoked map[string]int64, o options, write func(string, []byte) (string, error), res *Result) error {
+func generateJWT(users []User, kr keyring, g Grants, revoked revocations, o options, write func(string, []byte) (string, error), res *Result) error {
 	okp, err := kr.seed("operator.nk", nkeys.CreateOperator)
 	if err != nil {
 		return err
@@ -632,30 +670,36 @@ func generateJWT(users []User, kr keyring, g Grants, revoked map[string]int64, o
 	ac.Name = "TOOLBUS"
 	ac.Limits.JetStreamLimits = jwt.JetStreamLimits{MemoryStorage: -1, DiskStorage: -1, Streams: -1, Consumer: -1}
 	res.Operator, res.System, res.Account = opub, spub, apub
-	res.TeamAccounts, res.AccountJWTs = map[string]string{}, map[string]string{}
-	signers := map[string]nkeys.KeyPair{}
+	res.TeamAccounts, res.ClientAccounts, res.AccountJWTs = map[string]string{}, map[string]string{}, map[string]string{}
+	var tenants []tenantAccount
 	if o.accounts {
 		ac.Exports = coreJWTExports()
-		for team := range g.Teams {
-			if signers[team], err = kr.seed("team-"+team+".nk", nkeys.CreateAccount); err != nil {
-				return err
+		if tenants, err = tenantAccounts(kr, g); err != nil {
+			return err
+		}
+		for _, t := range tenants {
+			if t.team != "" {
+				res.TeamAccounts[t.team] = t.pub
+			} else {
+				res.ClientAccounts[t.client] = t.pub
 			}
-			res.TeamAccounts[team], _ = signers[team].PublicKey()
 		}
 	}
 	signer := func(u User) (nkeys.KeyPair, string) {
-		if kp, ok := signers[u.Team]; ok && u.Team != "" {
-			return kp, res.TeamAccounts[u.Team]
+		for _, t := range tenants {
+			if (u.Team != "" && t.team == u.Team) || (u.Client != "" && t.client == u.Client) {
+				return t.kp, t.pub
+			}
 		}
 		return akp, apub
 	}
 	if err := issueUsers(users, kr, signer, revoked, write, res); err != nil {
 		return err
 	}
-	for key, at := range revoked {
+	for key, at := range revoked.all {
 		ac.RevokeAt(key, time.Unix(at, 0))
 	}
-	if b, _ := json.MarshalIndent(revoked, "", "  "); len(revoked) > 0 {
+	if b, _ := json.MarshalIndent(revoked.all, "", "  "); len(revoked.all) > 0 {
 		if _, err := write(revocationsFile, b); err != nil {
 			return err
 		}
@@ -668,21 +712,8 @@ func generateJWT(users []User, kr keyring, g Grants, revoked map[string]int64, o
 		res.Changes = append(res.Changes, Change{User: "account TOOLBUS", Account: true, What: what})
 	}
 	res.AccountJWTs[spub], res.AccountJWTs[apub] = sysJWT, accJWT
-	for _, team := range slices.Sorted(maps.Keys(signers)) {
-		tpub := res.TeamAccounts[team]
-		tc := jwt.NewAccountClaims(tpub)
-		tc.Name = "team-" + team
-		for key, at := range revoked {
-			tc.RevokeAt(key, time.Unix(at, 0))
-		}
-		sign := func(act *jwt.ActivationClaims) (string, error) { return act.Encode(akp) }
-		if tc.Imports, err = teamJWTImports(apub, tpub, TeamExports(team, g.Teams[team]), sign); err != nil {
-			return err
-		}
-		if res.AccountJWTs[tpub], what, err = kr.keep("team-"+team+".jwt", func() (string, error) { return tc.Encode(okp) }, sameAccount(tc)); err != nil {
-			return err
-		}
-		res.Changes = append(res.Changes, Change{User: "account " + tc.Name, Account: true, What: what})
+	if err := issueTenants(tenants, kr, okp, akp, revoked, res); err != nil {
+		return err
 	}
 	if o.accounts {
 		if res.SystemCreds, err = kr.systemCreds(skp, write); err != nil {
@@ -704,8 +735,10 @@ func jwtConfig(o options, opJWT, spub string, accounts map[string]string) string
 	layout := ""
 	if o.accounts {
 		layout = `# The accounts layout: the roles' users in TOOLBUS, each team's executor user in its
-# own account (team-<team>), which imports only its tools' subjects with activation
-# tokens of TOOLBUS's token-required exports. A reload (kill -HUP) takes new preloads;
+# own account (team-<team>), which imports only its tools' subjects, and each bound
+# client's user in its own account (client-<name>), which imports only its identities'
+# starts, decisions, cancels, answers and reads, with activation tokens of TOOLBUS's
+# token-required exports. A reload (kill -HUP) takes new preloads;
 # natsjwt.PushAccounts (system.creds) updates loaded accounts without one.
 `
 	}
@@ -745,7 +778,7 @@ resolver_preload: {
 // issueUsers writes the .creds of each user whose permissions are new or changed,
 // signed by the account signer names (the core, or its team's in the accounts layout), and records the change of every user in res; a changed
 // user's old JWT is added to revoked.
-func issueUsers(users []User, kr keyring, signer func(User) (nkeys.KeyPair, string), revoked map[string]int64, write func(string, []byte) (string, error), res *Result) error {
+func issueUsers(users []User, kr keyring, signer func(User) (nkeys.KeyPair, string), revoked revocations, write func(string, []byte) (string, error), res *Result) error {
 	for _, u := range users {
 		akp, apub := signer(u)
 		res.Creds[u.Name] = filepath.Join(kr.dir, u.Name+".creds")
@@ -762,7 +795,7 @@ func issueUsers(users []User, kr keyring, signer func(User) (nkeys.KeyPair, stri
 			// running processes go on until they take the new credentials.
 			what = "changed"
 			if narrows(old, u.Perms) {
-				revoked[old.Subject] = time.Now().Unix()
+				revoked.revoke(old)
 			}
 		}
 		creds, err := userCreds(u, akp)

@@ -36,13 +36,15 @@ var pushedHandOut = map[string]string{
 	"new":       ": pushed to the running servers; hand out its users' files",
 	"changed":   ": pushed to the running servers, applied at once; its users keep their files and connections",
 	"unchanged": ": pushed to the running servers",
+	"removed":   ": pushed to the running servers, applied at once: its users' connections are cut",
 }
 
 // accountHandOut says what an account's change needs (the accounts layout): its users'
 // files are unchanged; the servers take the new account JWT or config on a reload.
 var accountHandOut = map[string]string{
-	"new":     ": reload the server (kill -HUP; the users and nkeys configs need a second reload for a new team's imports); then hand out its users' files",
+	"new":     ": reload the server (kill -HUP; the users and nkeys configs need a second reload for a new team's or client's imports); then hand out its users' files",
 	"changed": ": reload the server (kill -HUP); its users keep their files and connections",
+	"removed": ": kept with no import and its users revoked; reload the server (kill -HUP) or push it: its users' connections are cut",
 }
 
 var handOut = map[string]string{
@@ -62,10 +64,26 @@ func WriteChanges(w io.Writer, changes []Change, pushed func(Change) bool) {
 }
 
 // WriteUser prints the files of user (credentials, password, nkey seed) and, for a
-// team's executor user, the settings its executors run with.
+// team's executor user, the settings its executors run with (a client's in the accounts
+// layout: the settings it runs with), each comment of them on a line of its own.
 func WriteUser(w io.Writer, res Result, user string) {
 	fmt.Fprintf(w, "%-20s %s  %s  %s\n", user, res.Creds[user], res.Passwords[user], res.Seeds[user])
-	if env := res.Env[user]; len(env) > 0 {
-		fmt.Fprintf(w, "%-20s its executors run with %s\n", "", strings.Join(env, " "))
+	var env, notes []string
+	for _, e := range res.Env[user] {
+		if strings.HasPrefix(e, "#") {
+			notes = append(notes, e)
+		} else {
+			env = append(env, e)
+		}
+	}
+	who := "its executors run"
+	if strings.HasPrefix(user, "client-") {
+		who = "it runs"
+	}
+	if len(env) > 0 {
+		fmt.Fprintf(w, "%-20s %s with %s\n", "", who, strings.Join(env, " "))
+	}
+	for _, n := range notes {
+		fmt.Fprintf(w, "%-20s %s\n", "", n)
 	}
 }

@@ -1,0 +1,175 @@
+package natsjwt
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/nats-io/jwt/v2"
+	"github.com/nats-io/nkeys"
+
+	"github.com/toolbus/toolbus/events/accounts"
+)
+
+// ClientExports is accounts.ClientExports.
+func ClientExports(ids []string) []Crossing { return accounts.ClientExports(ids) }
+
+// ClientAccount is accounts.ClientAccount: the config kinds' name of a client's account.
+func ClientAccount(client string) string { return accounts.ClientAccount(client) }
+
+// clientKeyPrefix starts the names of the files of a client's account in the JWT kind
+// (account-client-<name>.nk and .jwt): not client-<name>, which are its user's files.
+const clientKeyPrefix = "account-client-"
+
+// tenantAccount is an account of the accounts layout beside the core in the JWT kind: a
+// team's or a bound client's, with its own key (kept) and its imports.
+type tenantAccount struct {
+	// name is the JWT's name: team-<team> or client-<name>.
+	name string
+	// file is its key's and JWT's file name without the extension.
+	file      string
+	team      string
+	client    string
+	kp        nkeys.KeyPair
+	pub       string
+	crossings []Crossing
+}
+
+// tenantAccounts are the accounts of the teams and clients of g, and of the clients
+// removed from g whose account key the directory keeps: such an account is issued with
+// no import, so that the servers, taking its JWT (a reload, a push), cut its users,
+// whose keys it revokes (revocations).
+func tenantAccounts(kr keyring, g Grants) ([]tenantAccount, error) {
+	var out []tenantAccount
+	for _, team := range slices.Sorted(maps.Keys(g.Teams)) {
+		out = append(out, tenantAccount{name: "team-" + team, file: "team-" + team, team: team, crossings: TeamExports(team, g.Teams[team])})
+	}
+	clients := slices.Collect(maps.Keys(g.Clients))
+	for name := range kr.clientAccountKeys() {
+		if !slices.Contains(clients, name) {
+			clients = append(clients, name)
+		}
+	}
+	slices.Sort(clients)
+	for _, c := range clients {
+		var crossings []Crossing
+		if ids, ok := g.Clients[c]; ok {
+			crossings = ClientExports(ids)
+		}
+		out = append(out, tenantAccount{name: ClientUser(c), file: clientKeyPrefix + c, client: c, crossings: crossings})
+	}
+	for i := range out {
+		kp, err := kr.seed(out[i].file+".nk", nkeys.CreateAccount)
+		if err != nil {
+			return nil, err
+		}
+		out[i].kp, out[i].pub = kp, mustPublic(kp)
+	}
+	return out, nil
+}
+
+// clientAccountKeys are the public keys of the client accounts whose keys the directory
+// keeps, by client name.
+func (k keyring) clientAccountKeys() map[string]string {
+	out := map[string]string{}
+	files, _ := filepath.Glob(filepath.Join(k.dir, clientKeyPrefix+"*.nk")) //nolint:errcheck // the pattern is valid
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		kp, err := nkeys.FromSeed([]byte(strings.TrimSpace(string(b))))
+		if err != nil {
+			continue
+		}
+		out[strings.TrimSuffix(strings.TrimPrefix(filepath.Base(f), clientKeyPrefix), ".nk")] = mustPublic(kp)
+	}
+	return out
+}
+
+// revocations are the user keys revoked in operator mode. All (revocationsFile) goes
+// into the core's and every team's account JWT, as before client accounts; a key a
+// client's account issued goes into that account's JWT only (its kept JWT carries them
+// from run to run), so that a client's removal or rotation changes no other account.
+type revocations struct {
+	all map[string]int64
+	// client: by the public key of a client's account.
+	client map[string]map[string]int64
+}
+
+// revoke revokes uc's key from now on, in the JWT of the account that issued it when
+// that is a client's, else in every account's.
+func (r revocations) revoke(uc *jwt.UserClaims) bool {
+	now := time.Now().Unix()
+	if m, ok := r.client[uc.Issuer]; ok {
+		m[uc.Subject] = now
+		return false
+	}
+	r.all[uc.Subject] = now
+	return true
+}
+
+// revocations reads revocationsFile and the revocations the kept JWTs of the client
+// accounts carry.
+func (k keyring) revocations() (revocations, error) {
+	r := revocations{all: map[string]int64{}, client: map[string]map[string]int64{}}
+	for name, pub := range k.clientAccountKeys() {
+		r.client[pub] = map[string]int64{}
+		if b, err := os.ReadFile(filepath.Join(k.dir, clientKeyPrefix+name+".jwt")); err == nil {
+			if c, err := jwt.DecodeAccountClaims(strings.TrimSpace(string(b))); err == nil && c.Subject == pub {
+				maps.Copy(r.client[pub], c.Revocations)
+			}
+		}
+	}
+	b, err := os.ReadFile(filepath.Join(k.dir, revocationsFile))
+	if errors.Is(err, os.ErrNotExist) {
+		return r, nil
+	}
+	if err != nil {
+		return r, fmt.Errorf("natsjwt: %w", err)
+	}
+	if err := json.Unmarshal(b, &r.all); err != nil {
+		return r, fmt.Errorf("natsjwt: %s: %w", revocationsFile, err)
+	}
+	return r, nil
+}
+
+// issueTenants issues the JWT of each account of tenants (the accounts layout), its
+// imports from the core account (corePub, whose key ckp signs their activations), and
+// records them in res.
+func issueTenants(tenants []tenantAccount, kr keyring, okp, ckp nkeys.KeyPair, revoked revocations, res *Result) error {
+	corePub := mustPublic(ckp)
+	for _, t := range tenants {
+		tc := jwt.NewAccountClaims(t.pub)
+		tc.Name = t.name
+		if t.client != "" {
+			for key, at := range revoked.client[t.pub] {
+				tc.RevokeAt(key, time.Unix(at, 0))
+			}
+		} else {
+			for key, at := range revoked.all {
+				tc.RevokeAt(key, time.Unix(at, 0))
+			}
+		}
+		sign := func(act *jwt.ActivationClaims) (string, error) { return act.Encode(ckp) }
+		var err error
+		if tc.Imports, err = teamJWTImports(corePub, t.pub, t.crossings, sign); err != nil {
+			return err
+		}
+		var what string
+		if res.AccountJWTs[t.pub], what, err = kr.keep(t.file+".jwt", func() (string, error) { return tc.Encode(okp) }, sameAccount(tc)); err != nil {
+			return err
+		}
+		if t.crossings == nil && t.client != "" && what != "unchanged" {
+			what = "removed" // a removed client's account, issued to revoke its users
+		}
+		res.Changes = append(res.Changes, Change{User: "account " + tc.Name, Account: true, What: what})
+	}
+	return nil
+}

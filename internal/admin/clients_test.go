@@ -1,0 +1,154 @@
+package admin
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/eventstest"
+	"github.com/toolbus/toolbus/events/provision"
+)
+
+// Clients in their own accounts, day two, on a running server in operator mode (the
+// accounts layout): add-client -push writes only the new client's files and its
+// account (the core's JWT not at all) and, after one reload, the server takes the new
+// client; rotate -push changes only that client's credentials and its account, and
+// cuts the old credentials at once; remove-client -push revokes the client (its
+// connection is cut, its old credentials are refused) and no other client notices.
+func TestAdminClientAccounts(t *testing.T) {
+	ctx := eventstest.Context(t, time.Minute)
+	dir := filepath.Join(t.TempDir(), "d")
+	adm := func(url string, args ...string) string {
+		t.Helper()
+		var out, errOut bytes.Buffer
+		if code := Main(ctx, append(args, "-dir", dir), url, &out, &errOut); code != 0 {
+			t.Fatalf("%v: exit %d\n%s%s", args, code, out.String(), errOut.String())
+		}
+		return out.String()
+	}
+	adm("", "init")
+	adm("", "add-team", "alpha", "calc")
+	adm("", "add-client", "alice", "alice")
+	opts, err := server.ProcessConfigFile(filepath.Join(dir, "auth-jwt.conf"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := eventstest.StartServer(t, opts)
+	url := srv.ClientURL()
+	connect := func(creds string) (*nats.Conn, error) {
+		return nats.Connect(url, nats.UserCredentials(creds), nats.NoReconnect(), nats.Timeout(5*time.Second))
+	}
+	must := func(creds string) *nats.Conn {
+		t.Helper()
+		nc, err := connect(creds)
+		if err != nil {
+			t.Fatalf("connect with %s: %v", filepath.Base(creds), err)
+		}
+		t.Cleanup(nc.Close)
+		return nc
+	}
+	if _, _, err := provision.Setup(ctx, must(filepath.Join(dir, "admin.creds")), events.Config{}); err != nil {
+		t.Fatal(err)
+	}
+	start := func(nc *nats.Conn, id, run string) {
+		t.Helper()
+		js, err := jetstream.New(nc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ack, err := js.Publish(ctx, events.SubjectRunStarted(run, id), []byte(`{}`)); err != nil || ack.Stream != events.DefaultStream {
+			t.Fatalf("%s starts %s: %v %v", id, run, ack, err)
+		}
+	}
+	refused := func(creds, who string) {
+		t.Helper()
+		eventstest.Eventually(t, 10*time.Second, func() error {
+			if nc, err := connect(creds); err == nil {
+				nc.Close()
+				return &testError{who + " still connects"}
+			}
+			return nil
+		})
+	}
+	keep := func(name string) string { // a copy of a user's credentials as they are now
+		t.Helper()
+		b, err := os.ReadFile(filepath.Join(dir, name+".creds"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := filepath.Join(t.TempDir(), name+".creds")
+		if err := os.WriteFile(p, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	changed := func(before map[string][]byte, want ...string) {
+		t.Helper()
+		got := slices.DeleteFunc(diff(before, files(t, dir)), func(f string) bool { return slices.Contains(configs, f) })
+		if slices.Sort(want); !slices.Equal(got, want) {
+			t.Errorf("changed files %v, want %v", got, want)
+		}
+	}
+	alice := must(filepath.Join(dir, "client-alice.creds"))
+	start(alice, "alice", "r1")
+
+	before := files(t, dir)
+	out := adm(url, "add-client", "-push", "bob", "bob")
+	if !strings.Contains(out, "reload needed: the running servers have not loaded account client-bob (new)") {
+		t.Errorf("add-client -push does not say the new account needs a reload:\n%s", out)
+	}
+	changed(before, "account-client-bob.jwt", "account-client-bob.nk", "client-bob.creds", "client-bob.nk", "client-bob.password")
+	refused(filepath.Join(dir, "client-bob.creds"), "bob, before the reload,")
+	newOpts, err := server.ProcessConfigFile(filepath.Join(dir, "auth-jwt.conf"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	newOpts.Host, newOpts.Port, newOpts.HTTPHost, newOpts.HTTPPort = opts.Host, opts.Port, opts.HTTPHost, opts.HTTPPort
+	newOpts.StoreDir, newOpts.NoLog, newOpts.NoSigs = opts.StoreDir, true, true
+	if err := srv.ReloadOptions(newOpts); err != nil {
+		t.Fatalf("reload: %v", err)
+	}
+	bob := must(filepath.Join(dir, "client-bob.creds"))
+	start(bob, "bob", "r2")
+
+	oldBob := keep("client-bob")
+	before = files(t, dir)
+	out = adm(url, "rotate", "-push", "client-bob")
+	if !strings.Contains(out, "changed   account client-bob: pushed to the running servers") {
+		t.Errorf("rotate -push does not say it pushed bob's account:\n%s", out)
+	}
+	changed(before, "account-client-bob.jwt", "client-bob.creds", "client-bob.nk", "client-bob.password")
+	eventstest.Eventually(t, 10*time.Second, func() error {
+		if !bob.IsClosed() {
+			return &testError{"bob's connection on the rotated credentials is not cut"}
+		}
+		return nil
+	})
+	refused(oldBob, "bob's rotated credentials")
+	start(must(filepath.Join(dir, "client-bob.creds")), "bob", "r3")
+
+	oldAlice := keep("client-alice")
+	before = files(t, dir)
+	out = adm(url, "remove-client", "-push", "alice")
+	if !strings.Contains(out, "removed   account client-alice: pushed to the running servers, applied at once") {
+		t.Errorf("remove-client -push does not say it pushed alice's account:\n%s", out)
+	}
+	changed(before, "account-client-alice.jwt", "client-alice.creds", "client-alice.nk", "client-alice.password")
+	eventstest.Eventually(t, 10*time.Second, func() error {
+		if !alice.IsClosed() {
+			return &testError{"alice's connection is not cut"}
+		}
+		return nil
+	})
+	refused(oldAlice, "removed alice")
+	start(must(filepath.Join(dir, "client-bob.creds")), "bob", "r4")
+}
