@@ -2,9 +2,12 @@
 // one tool through the fleet, decide on calls that wait for a person, cancel runs and
 // watch a run's events. Identities are subject tokens: a client whose credentials are
 // bound to one identity (deploy/nats/gen "clients" grants) publishes as it and only as it.
+// In a client account of its own (readPrefix) it reads only through the core's read
+// service, which shows the runs that name its identity as a decider and no other.
 import { randomBytes } from 'node:crypto';
+import { setTimeout as sleep } from 'node:timers/promises';
 import type { NatsConnection } from '@nats-io/transport-node';
-import { DeliverPolicy } from '@nats-io/jetstream';
+import type { StoredMsg } from '@nats-io/jetstream';
 import {
   Bus, TERMINAL, Type, decodeEvent, id, isConflict, source, subject, validIdentity, validRunID, validToolName,
   type Attrs, type Event, type Message, type Principal, type RunEnded, type RunStarted, type ToolCall, type ToolFinished,
@@ -21,6 +24,15 @@ export interface ClientOptions {
   stream?: string;
   /** Names this client in event sources (default client-<random>). */
   name?: string;
+  /**
+   * The read service's prefix in a client account (TOOLBUS_NATS_READ_PREFIX when the
+   * client dials; with a connection, only this option): `toolbus_read.<id>.API`
+   * (wire.readAPIPrefix). Set, the client reads events by direct get under it and the
+   * stream's last sequence by its STREAM.INFO, never the core's JetStream API or a
+   * consumer; runs not visible to the identity read as absent. Publishing as an
+   * identity the account is not bound to rejects with wire.NotBoundError.
+   */
+  readPrefix?: string;
 }
 
 /** A run id that already has a run.started: nothing was published. */
@@ -67,7 +79,7 @@ export class Client {
   private readonly src: string;
 
   private constructor(private readonly nc: NatsConnection, private readonly own: boolean, opts: ClientOptions) {
-    this.bus = new Bus(nc, { stream: opts.stream });
+    this.bus = new Bus(nc, { stream: opts.stream, readPrefix: opts.readPrefix });
     this.identity = opts.identity ?? '';
     if (!validIdentity(this.identity)) throw new Error(`toolbus: identity ${JSON.stringify(this.identity)}: use 1-128 of [A-Za-z0-9_-]`);
     this.src = source('client', opts.name ?? newID('client'));
@@ -78,7 +90,7 @@ export class Client {
     if (opts.connection) return new Client(opts.connection, false, opts);
     const s = settingsFromEnv(opts.env);
     const conn: ConnectionSettings = s.connection;
-    return new Client(await dial(conn, `toolbus client ${opts.name ?? ''}`.trim()), true, { stream: s.stream, ...opts });
+    return new Client(await dial(conn, `toolbus client ${opts.name ?? ''}`.trim()), true, { stream: s.stream, readPrefix: s.readPrefix, ...opts });
   }
 
   /** Closes the connection this client opened. */
@@ -88,7 +100,9 @@ export class Client {
 
   /**
    * Starts a run: its run.started, stored only as the first message of its run
-   * (a conditional publish), so an id that exists is refused (RunExistsError).
+   * (a conditional publish), so an id that exists is refused (RunExistsError). In a
+   * client account another's run reads as absent: an id that has messages is then the
+   * client's only when its run.started is the run's first (and so visible to it).
    */
   async startRun(r: StartRun): Promise<string> {
     const run = r.runId ?? newID('run');
@@ -122,8 +136,9 @@ export class Client {
     // The run has messages: refused if one is its run.started; forgeries do not keep the id.
     if (await this.bus.runStarted(run)) throw new RunExistsError(`toolbus: run id already exists: ${run}`);
     await this.bus.publish(subj, attrs, rs, (d) => d.run_id === run);
+    // None readable: the run's first run.started is another's, which a client account does not see.
     const first = await this.bus.runStarted(run);
-    if (first && (first.rs.principal?.id ?? '') !== (this.identity || (rs.principal?.id ?? ''))) {
+    if (!first || (first.rs.principal?.id ?? '') !== (this.identity || (rs.principal?.id ?? ''))) {
       throw new RunExistsError(`toolbus: run id already exists: ${run} (submitted concurrently)`);
     }
     return run;
@@ -146,7 +161,7 @@ export class Client {
     try {
       for await (const ev of this.watch(run, { signal: ac.signal })) {
         if (ev.type === Type.toolFinished) return ev.data as ToolFinished;
-        if ((TERMINAL as readonly string[]).some((t) => ev.type === `toolbus.run.${t}`)) {
+        if (isOutcome(ev.type)) {
           const end = ev.data as RunEnded;
           throw new Error(`toolbus: run ${run} ended ${end.status} without a result: ${end.reason ?? end.code ?? ''}`);
         }
@@ -179,28 +194,65 @@ export class Client {
 
   /**
    * The events of a run from its start, live, in order; it ends after the run's outcome
-   * (a terminal one) or when signal aborts. Events whose subject and data disagree are skipped.
+   * (a terminal one) or when signal aborts. Events whose subject and data disagree are
+   * skipped. It creates no consumer: it polls with direct gets of the run's next event
+   * (as the Go events.Watcher), pausing 5 ms, growing to 100 ms, while none is stored.
+   * A run the client may not see (another's, in a client account) yields nothing.
    */
   async *watch(runId: string, opts: { signal?: AbortSignal } = {}): AsyncGenerator<RunEvent> {
-    const c = await this.bus.js.consumers.get(this.bus.stream, { filter_subjects: [subject.run(runId)], deliver_policy: DeliverPolicy.All });
-    const msgs = await c.consume();
-    const stop = () => msgs.stop();
-    opts.signal?.addEventListener('abort', stop, { once: true });
-    try {
-      for await (const m of msgs) {
-        let ev: Event<{ run_id?: string; status?: string }>;
+    if (!validRunID(runId)) throw new Error(`toolbus: invalid run id ${JSON.stringify(runId)}`);
+    const filter = subject.run(runId);
+    let next = 1;
+    let pause = 5;
+    while (!opts.signal?.aborted) {
+      const sm = await this.bus.getMsg({ seq: next, next_by_subj: filter });
+      if (!sm) {
         try {
-          ev = decodeEvent(m.headers, m.data);
+          await sleep(pause, undefined, { signal: opts.signal });
         } catch {
-          continue;
+          return; // aborted
         }
-        if (ev.data?.run_id !== runId) continue;
-        yield { type: ev.attrs.type, subject: m.subject, seq: m.seq, attrs: ev.attrs, data: ev.data };
-        if ((TERMINAL as readonly string[]).some((t) => ev.attrs.type === `toolbus.run.${t}`)) return;
+        pause = Math.min(pause * 2, 100);
+        continue;
       }
-    } finally {
-      opts.signal?.removeEventListener('abort', stop);
-      stop();
+      if (sm.seq < next) throw new Error(`toolbus: watching ${runId} from ${next}: the answer is message ${sm.seq}, an earlier one`);
+      next = sm.seq + 1;
+      pause = 5;
+      const ev = runEvent(runId, sm);
+      if (!ev) continue;
+      yield ev;
+      if (isOutcome(ev.type)) return;
     }
   }
+
+  /**
+   * The events of a run stored when it is called, in order (a consistent prefix of the
+   * run, as events.Bus.RunEvents), without waiting. A run the client may not see (another's,
+   * in a client account) has none.
+   */
+  async events(runId: string): Promise<RunEvent[]> {
+    if (!validRunID(runId)) throw new Error(`toolbus: invalid run id ${JSON.stringify(runId)}`);
+    const last = await this.bus.lastSeq();
+    const out: RunEvent[] = [];
+    for await (const sm of this.bus.read(subject.run(runId))) {
+      if (sm.seq > last) break;
+      const ev = runEvent(runId, sm);
+      if (ev) out.push(ev);
+    }
+    return out;
+  }
+}
+
+const isOutcome = (type: string) => (TERMINAL as readonly string[]).some((t) => type === `toolbus.run.${t}`);
+
+/** A stored message of a run as an event of it; undefined for one that is no event of the run. */
+function runEvent(runId: string, sm: StoredMsg): RunEvent | undefined {
+  let ev: Event<{ run_id?: string }>;
+  try {
+    ev = decodeEvent(sm.header, sm.data);
+  } catch {
+    return undefined;
+  }
+  if (ev.data?.run_id !== runId) return undefined;
+  return { type: ev.attrs.type, subject: sm.subject, seq: sm.seq, attrs: ev.attrs, data: ev.data };
 }

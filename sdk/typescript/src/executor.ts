@@ -19,7 +19,7 @@ import { Redactor, checkArgumentsWith, compileSchema, jsonSchemaOf, errorResult,
 import { Logger, Metrics, serveMetrics } from './ops.js';
 import { RunOutcomes } from './outcomes.js';
 import { otel, startCallSpan, type CallSpan } from './trace.js';
-import { dial, msgKeyOf, secretsOf, settingsFromEnv, type Settings } from './settings.js';
+import { ConfigError, dial, msgKeyOf, secretsOf, settingsFromEnv, type Settings } from './settings.js';
 
 // ---- the API of tools ------------------------------------------------------------------
 
@@ -335,6 +335,10 @@ export class Executor {
     this.env = opts.env ?? process.env;
     this.settings = { ...settingsFromEnv(this.env), ...opts.settings };
     const s = this.settings;
+    if (s.readPrefix) {
+      throw new ConfigError(`TOOLBUS_NATS_READ_PREFIX=${s.readPrefix} is a client's setting (a client account reads through the core's read service): ` +
+        'an executor serves tools from its team\'s account (TOOLBUS_NATS_API_PREFIX) or the core account');
+    }
     this.src = source('executor', s.instance);
     this.red = new Redactor(secretsOf(s.connection, this.env));
     this.log = new Logger(s.logLevel, s.logFormat, { component: 'executor', instance: s.instance, boot: this.boot }, this.red);

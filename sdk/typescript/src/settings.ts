@@ -63,6 +63,16 @@ export interface Settings {
    * allowlist, deadline and decisions from the call. Needs TOOLBUS_TEAM.
    */
   apiPrefix: string;
+  /**
+   * TOOLBUS_NATS_READ_PREFIX: set for a client in a client account of its own (the
+   * accounts layout; `toolbus admin add-client NAME ID...`), the prefix of the core's read
+   * service for the identity it reads as, `toolbus_read.<id>.API` (wire.readAPIPrefix).
+   * The client then reads only through it (direct gets and the stream's info under the
+   * prefix, the runs visible to the identity), never the core's JetStream API nor a
+   * consumer; it publishes run starts, decisions and cancellations as before. For
+   * clients only (an executor refuses it).
+   */
+  readPrefix: string;
   /** TOOLBUS_INSTANCE (host-pid): names this process in results, sources and its instance record. */
   instance: string;
   /** TOOLBUS_TEAM: the team owning the tools (catalog owner; the token of its instance records). */
@@ -160,6 +170,13 @@ export function settingsFromEnv(env: Env = process.env): Settings {
   if (apiPrefix && !/^[^.*>\s]+(\.[^.*>\s]+)*$/.test(apiPrefix)) {
     throw new ConfigError(`TOOLBUS_NATS_API_PREFIX=${env.TOOLBUS_NATS_API_PREFIX}: want a subject prefix without wildcards (e.g. JS.core.API)`);
   }
+  const readPrefix = (env.TOOLBUS_NATS_READ_PREFIX ?? '').trim().replace(/\.$/, '');
+  if (readPrefix && !/^[^.*>\s]+(\.[^.*>\s]+)*$/.test(readPrefix)) {
+    throw new ConfigError(`TOOLBUS_NATS_READ_PREFIX=${env.TOOLBUS_NATS_READ_PREFIX}: want a subject prefix without wildcards (e.g. toolbus_read.alice.API)`);
+  }
+  if (readPrefix && apiPrefix) {
+    throw new ConfigError(`TOOLBUS_NATS_READ_PREFIX=${readPrefix} and TOOLBUS_NATS_API_PREFIX=${apiPrefix}: a process is in a client account (read prefix) or a team account (API prefix), not both`);
+  }
   if (apiPrefix && !team) {
     throw new ConfigError(`TOOLBUS_NATS_API_PREFIX=${apiPrefix} needs TOOLBUS_TEAM: a team account reaches only the instance records under its team's name`);
   }
@@ -177,6 +194,7 @@ export function settingsFromEnv(env: Env = process.env): Settings {
     },
     stream: env.TOOLBUS_STREAM || 'TOOLBUS',
     apiPrefix,
+    readPrefix,
     instance: env.TOOLBUS_INSTANCE || `${os.hostname()}-${process.pid}`,
     team,
     concurrency: num(env, 'TOOLBUS_CONCURRENCY', 64, 0) || 64,

@@ -6,7 +6,7 @@
 // subject, key or header themselves: when the wire changes (tenancy over NATS
 // accounts), this module changes.
 import { createHash, createHmac, randomUUID } from 'node:crypto';
-import { headers as natsHeaders, nanos, type MsgHdrs, type NatsConnection } from '@nats-io/transport-node';
+import { headers as natsHeaders, nanos, type Msg, type MsgHdrs, type NatsConnection } from '@nats-io/transport-node';
 import {
   AckPolicy,
   DeliverPolicy,
@@ -15,6 +15,7 @@ import {
   jetstreamManager,
   type JetStreamClient,
   type JetStreamManager,
+  type PubAck,
   type StoredMsg,
 } from '@nats-io/jetstream';
 import { Kvm, type KV } from '@nats-io/kv';
@@ -447,6 +448,53 @@ export interface BusOptions {
    * this team's result and have the stream drop it as a duplicate (events.Bus.msgID).
    */
   msgKey?: Buffer;
+  /**
+   * The prefix of the core's read service for a client in a client account
+   * (TOOLBUS_NATS_READ_PREFIX, readAPIPrefix(id): toolbus_read.<id>.API). Set, the bus
+   * reads only through it: events by direct get under the prefix ({seq, next_by_subj}
+   * and last by subject), the stream's last sequence by STREAM.INFO under the prefix,
+   * keys by direct get in subject form; never the core's $JS.API, never a consumer (a
+   * client account has no JetStream). It publishes as before, on the imported subjects.
+   */
+  readPrefix?: string;
+}
+
+/**
+ * The read service's JetStream API prefix for an identity (events.ReadAPIPrefix): the
+ * core answers there only what the runs visible to the identity hold.
+ */
+export const readAPIPrefix = (identity: string) => `toolbus_read.${identityToken(identity)}.API`;
+
+/** Whether err is (or wraps) a request nobody answered (NATS "no responders"). */
+export function isNoResponders(err: unknown): boolean {
+  for (let e = err as { name?: string; message?: string; cause?: unknown; isNoResponders?: () => boolean } | undefined, i = 0; e && i < 8; e = e.cause as typeof e, i++) {
+    if (typeof e.isNoResponders === 'function' && e.isNoResponders()) return true;
+    if (e.name === 'NoResponders' || /^no responders/i.test(String(e.message ?? ''))) return true;
+  }
+  return false;
+}
+
+/** Whether err is (or wraps) the answer of an account without JetStream, or no answer at all. */
+function noJetStreamHere(err: unknown): boolean {
+  if (isNoResponders(err)) return true;
+  for (let e = err as { name?: string; message?: string; cause?: unknown; code?: unknown } | undefined, i = 0; e && i < 8; e = e.cause as typeof e, i++) {
+    if (e.name === 'JetStreamNotEnabled' || e.code === 10039 || /jetstream (is )?not enabled/i.test(String(e.message ?? ''))) return true;
+  }
+  return false;
+}
+
+/**
+ * A publish as an identity the client's account is not bound to: in a client account
+ * only the identities its credential is bound to are imported, so the publish found no
+ * responders.
+ */
+export class NotBoundError extends Error {
+  override name = 'NotBoundError';
+  constructor(readonly identity: string, readonly subject: string, options?: { cause?: unknown }) {
+    super(`toolbus: this client's NATS account is not bound to the identity ${JSON.stringify(identity)} ` +
+      `(publishing on ${subject} got no responders: a client account publishes only as the identities its credential is bound to); ` +
+      `act as one of those, or use a credential bound to ${identity} (\`toolbus admin add-client NAME ${identity}\`)`, options);
+  }
 }
 
 /** A key's entry as the executor reads it. */
@@ -469,15 +517,48 @@ export interface Store {
   delete(k: string): Promise<void>;
 }
 
-/** A stored message as a direct get returns it (null: none). */
-async function directGet(nc: NatsConnection, subj: string): Promise<StoredMsg | null> {
-  const m = await nc.request(subj, new Uint8Array(0), { timeout: 5000 });
+/**
+ * The status of an answer: from the status line (the server's), or from a Status header
+ * (toolbus's read service, which a Go service cannot put in the status line). A stored
+ * message's own headers may say Status too: a status answer has no data and no sequence
+ * (the answers with a stored message carry one). 0: no status.
+ */
+function statusOf(m: { headers?: MsgHdrs; data: Uint8Array }): number {
   const h = m.headers;
-  if (m.data.length === 0 && h && h.code !== 0 && h.code >= 300) {
-    if (h.code === 404) return null;
-    throw new Error(`toolbus: direct get ${subj}: ${h.code} ${h.description}`);
+  if (!h || m.data.length > 0 || h.has('Nats-Sequence')) return 0;
+  return h.code || Number(h.get('Status') || 0);
+}
+
+/**
+ * A request whose answer is not a 429: the read service refuses at once an identity's
+ * requests beyond those it works on (reads.PerIdentity); they are sent again, pausing
+ * 5 ms, growing to 200 ms, for up to 30 s (the server never answers 429).
+ */
+async function request(nc: NatsConnection, subj: string, body?: object): Promise<Msg> {
+  const data = body ? enc.encode(JSON.stringify(body)) : new Uint8Array(0);
+  const end = Date.now() + 30000;
+  for (let pause = 5; ; pause = Math.min(pause * 2, 200)) {
+    const m = await nc.request(subj, data, { timeout: 5000 });
+    if (statusOf(m) !== 429 || Date.now() > end) return m;
+    await new Promise((r) => setTimeout(r, pause / 2 + Math.random() * pause));
   }
+}
+
+/**
+ * A stored message as a direct get returns it (null: none). body is the request form's
+ * JSON ({seq, next_by_subj} or {last_by_subj}); none for the subject form. Its status is
+ * read by statusOf, so a refusal of the read service is never taken for a message, nor a
+ * stored message whose own headers say Status for a refusal.
+ */
+async function directGet(nc: NatsConnection, subj: string, body?: object): Promise<StoredMsg | null> {
+  const m = await request(nc, subj, body);
+  const h = m.headers;
   if (!h) throw new Error(`toolbus: direct get ${subj}: no headers in the reply`);
+  const code = statusOf(m);
+  if (code !== 0 && code >= 300) {
+    if (code === 404) return null;
+    throw new Error(`toolbus: direct get ${subj}: ${code} ${h.description || h.get('Description')}`);
+  }
   const seq = Number(h.get('Nats-Sequence'));
   if (!Number.isInteger(seq) || seq <= 0) throw new Error(`toolbus: direct get ${subj}: no sequence in the reply`);
   const time = new Date(Date.parse(h.get('Nats-Time-Stamp')));
@@ -548,6 +629,8 @@ export class Bus {
   readonly stream: string;
   /** The JetStream API prefix of a team account ('' in the core account). */
   readonly apiPrefix: string;
+  /** The read service's prefix of a client in a client account (BusOptions.readPrefix; '' otherwise). */
+  readonly readPrefix: string;
   private kvs = new Map<string, Promise<Store>>();
   private jsmP?: Promise<JetStreamManager>;
 
@@ -555,6 +638,8 @@ export class Bus {
 
   constructor(readonly nc: NatsConnection, opts: BusOptions = {}) {
     this.apiPrefix = opts.apiPrefix ?? '';
+    this.readPrefix = opts.readPrefix ?? '';
+    if (this.apiPrefix && this.readPrefix) throw new Error('toolbus: a bus is in a team account (apiPrefix) or a client account (readPrefix), not both');
     this.msgKey = opts.msgKey;
     this.js = jetstream(nc, this.apiPrefix ? { apiPrefix: this.apiPrefix } : {});
     this.stream = opts.stream || 'TOOLBUS';
@@ -571,14 +656,22 @@ export class Bus {
     return this.apiPrefix !== '';
   }
 
+  /** Opened in a client account (BusOptions.readPrefix): it reads only through the core's read service. */
+  get clientAccount(): boolean {
+    return this.readPrefix !== '';
+  }
+
+  /** The JetStream manager of the bus: the core's API, or what the account imports under its prefix. */
   jsm(): Promise<JetStreamManager> {
-    this.jsmP ??= jetstreamManager(this.nc, { checkAPI: false, ...(this.apiPrefix ? { apiPrefix: this.apiPrefix } : {}) });
+    const prefix = this.apiPrefix || this.readPrefix;
+    this.jsmP ??= jetstreamManager(this.nc, { checkAPI: false, ...(prefix ? { apiPrefix: prefix } : {}) });
     return this.jsmP;
   }
 
-  /** A bucket of the core account by name, with every KV operation (not in a team account). */
+  /** A bucket of the core account by name, with every KV operation (not in a team or client account). */
   kv(bucket: string): Promise<KV> {
     if (this.team) return Promise.reject(new Error(`toolbus: bucket ${bucket} is not available by name in a team account`));
+    if (this.clientAccount) return Promise.reject(new Error(`toolbus: bucket ${bucket} is not available by name in a client account (read its keys with store())`));
     return this.store(bucket) as Promise<KV>;
   }
 
@@ -586,7 +679,10 @@ export class Bus {
   store(bucket: string): Promise<Store> {
     let p = this.kvs.get(bucket);
     if (!p) {
-      p = this.team ? Promise.resolve(new DirectKV(this.nc, this.js, this.apiPrefix, bucket)) : new Kvm(this.nc).open(bucket);
+      // A client account reads the keys of its runs (and the catalog) by direct get under
+      // the read service's prefix; it writes none (its account imports no key).
+      const prefix = this.apiPrefix || this.readPrefix;
+      p = prefix ? Promise.resolve(new DirectKV(this.nc, this.js, prefix, bucket)) : new Kvm(this.nc).open(bucket);
       this.kvs.set(bucket, p);
       p.catch(() => this.kvs.delete(bucket));
     }
@@ -607,7 +703,57 @@ export class Bus {
         throw err;
       }
     }
-    return (await this.jsm()).streams.getMessage(this.stream, q as never);
+    if (this.clientAccount) {
+      // The read service answers direct gets of the runs visible to the identity of its
+      // prefix; any other run answers as absent (null).
+      try {
+        const base = `${this.readPrefix}.DIRECT.GET.${this.stream}`;
+        return 'last_by_subj' in q ? await directGet(this.nc, `${base}.${q.last_by_subj}`) : await directGet(this.nc, base, q);
+      } catch (err) {
+        if (isNoResponders(err)) throw this.noReadService(err);
+        throw err;
+      }
+    }
+    try {
+      return await (await this.jsm()).streams.getMessage(this.stream, q as never);
+    } catch (err) {
+      throw noJetStreamHere(err) ? this.noJetStream(err) : err;
+    }
+  }
+
+  private noJetStream(err: unknown): Error {
+    return new Error(`toolbus: reading the stream ${this.stream}: ${(err as Error).message}: ` +
+      'no JetStream in this account; a client in a client account reads through the read service (readPrefix, TOOLBUS_NATS_READ_PREFIX)', { cause: err });
+  }
+
+  private noReadService(err: unknown): Error {
+    return new Error(`toolbus: no read service answered under ${this.readPrefix} (${(err as Error).message}): ` +
+      'it runs in every `toolbus injector` and `toolbus up`, and the client account imports toolbus_read.<id>.> only for the identities it is bound to', { cause: err });
+  }
+
+  /** The stream's last sequence (STREAM.INFO, under the read service's prefix in a client account). */
+  async lastSeq(): Promise<number> {
+    if (this.clientAccount) {
+      const subj = `${this.readPrefix}.STREAM.INFO.${this.stream}`;
+      let m: Msg;
+      try {
+        m = await request(this.nc, subj);
+      } catch (err) {
+        throw isNoResponders(err) ? this.noReadService(err) : err;
+      }
+      const code = statusOf(m);
+      if (code >= 300) throw new Error(`toolbus: ${subj}: ${code} ${m.headers?.description || m.headers?.get('Description')}`);
+      const info = JSON.parse(dec.decode(m.data)) as { error?: { code: number; err_code?: number; description?: string }; state?: { last_seq?: number } };
+      if (info.error) throw new Error(`toolbus: ${subj}: ${info.error.code} ${info.error.description ?? ''} (${info.error.err_code ?? 0})`);
+      const last = info.state?.last_seq;
+      if (typeof last !== 'number') throw new Error(`toolbus: ${subj}: no last_seq in the answer`);
+      return last;
+    }
+    try {
+      return (await (await this.jsm()).streams.info(this.stream)).state.last_seq;
+    } catch (err) {
+      throw noJetStreamHere(err) ? this.noJetStream(err) : err;
+    }
   }
 
   /** Every message of a subject filter, in order, read with gets (no consumer needed). */
@@ -615,6 +761,7 @@ export class Bus {
     for (let seq = from; ;) {
       const sm = await this.getMsg({ seq, next_by_subj: filter });
       if (!sm) return;
+      if (sm.seq < seq) throw new Error(`toolbus: reading ${filter} from ${seq}: the answer is message ${sm.seq}, an earlier one`);
       yield sm;
       seq = sm.seq + 1;
     }
@@ -633,7 +780,13 @@ export class Bus {
     const body = enc.encode(JSON.stringify(data));
     const first = eventHeaders(attrs);
     for (const [k, v] of Object.entries(conditions)) first.set(k, v);
-    const ack = await this.js.publish(subj, body, { msgID: this.msgID(attrs.id), headers: first });
+    let ack: PubAck;
+    try {
+      ack = await this.js.publish(subj, body, { msgID: this.msgID(attrs.id), headers: first });
+    } catch (err) {
+      if (this.clientAccount && isNoResponders(err)) throw new NotBoundError(subj.split('.').at(-1) ?? '', subj, { cause: err });
+      throw err;
+    }
     const h = eventHeaders(attrs);
     // In a team account only the core and the team publish on its tools' subjects: a
     // duplicate is this event (and the team may not read the stream to check).
@@ -646,7 +799,9 @@ export class Bus {
         return false;
       }
     };
-    if (ours(await this.getMsg({ seq: ack.seq }))) return;
+    // By subject from the acknowledged sequence: the read service of a client account
+    // answers no get by sequence alone.
+    if (ours(await this.getMsg({ seq: ack.seq, next_by_subj: subj }))) return;
     h.set('Nats-Msg-Id', `${attrs.id}/guarded/${randomUUID()}`);
     for (let tries = 0; tries < 100; tries++) {
       let last = 0;
@@ -659,6 +814,10 @@ export class Bus {
         return;
       } catch (err) {
         if (!isConflict(err)) throw err;
+        if (this.clientAccount && last === 0) {
+          // The subject holds messages the read service does not show: a run not visible to this identity.
+          throw new Error(`toolbus: event ${attrs.id}: the run ${attrs.runid ?? ''} is not visible to the identity of ${this.readPrefix}`, { cause: err });
+        }
       }
     }
     throw new Error(`toolbus: event ${attrs.id}: the subject ${subj} kept changing`);

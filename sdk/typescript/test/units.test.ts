@@ -4,7 +4,7 @@ import assert from 'node:assert/strict';
 import { writeFileSync, mkdtempSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-import { ConfigError, Redactor, connectionOptions, parseDuration, secretsOf, settingsFromEnv, truncateText } from '../src/index.js';
+import { ConfigError, Executor, Redactor, readAPIPrefix, connectionOptions, parseDuration, secretsOf, settingsFromEnv, truncateText } from '../src/index.js';
 import { msgKeyOf } from '../src/settings.js';
 import { Bus } from '../src/wire.js';
 
@@ -34,6 +34,18 @@ test('settings: TOOLBUS_NATS_API_PREFIX (a team account) is a subject prefix and
     { TOOLBUS_TEAM: 'alpha', TOOLBUS_NATS_API_PREFIX: 'JS..API' }]) {
     assert.throws(() => settingsFromEnv(env), (e: Error) => e instanceof ConfigError && e.message.includes('TOOLBUS_NATS_API_PREFIX'), JSON.stringify(env));
   }
+});
+
+test('settings: TOOLBUS_NATS_READ_PREFIX (a client account) is a subject prefix, not with an API prefix, and no executor\'s', () => {
+  assert.equal(settingsFromEnv({}).readPrefix, '');
+  assert.equal(settingsFromEnv({ TOOLBUS_NATS_READ_PREFIX: 'toolbus_read.alice.API.' }).readPrefix, 'toolbus_read.alice.API');
+  assert.equal(readAPIPrefix('alice'), 'toolbus_read.alice.API');
+  for (const env of [{ TOOLBUS_NATS_READ_PREFIX: 'toolbus_read.*.API' }, { TOOLBUS_NATS_READ_PREFIX: 'toolbus_read..API' },
+    { TOOLBUS_NATS_READ_PREFIX: 'toolbus_read.alice.API', TOOLBUS_TEAM: 'alpha', TOOLBUS_NATS_API_PREFIX: 'JS.core.API' }]) {
+    assert.throws(() => settingsFromEnv(env), (e: Error) => e instanceof ConfigError && e.message.includes('TOOLBUS_NATS_READ_PREFIX'), JSON.stringify(env));
+  }
+  assert.throws(() => new Executor({ env: { TOOLBUS_NATS_READ_PREFIX: 'toolbus_read.alice.API' } }),
+    (e: Error) => e instanceof ConfigError && /client's setting/.test(e.message));
 });
 
 test('credentials: every kind becomes a connection option, and each secret is one the executor redacts', () => {
