@@ -221,12 +221,12 @@ func open(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, cfg Config
 		return fmt.Errorf("events: %s %s: %w", what, name, err)
 	}
 	var err error
-	if b.stream, err = js.Stream(ctx, cfg.Stream); err != nil {
+	if b.stream, err = b.Stream(ctx, cfg.Stream); err != nil {
 		return nil, missing("stream", cfg.Stream, err)
 	}
 	// Readers create their ephemeral consumers on the read mirror when there is one.
 	b.reader = b.stream
-	if m, err := js.Stream(ctx, ReadMirrorName(cfg.Stream)); err == nil {
+	if m, err := b.Stream(ctx, ReadMirrorName(cfg.Stream)); err == nil {
 		b.reader = m
 	} else if !errors.Is(err, jetstream.ErrStreamNotFound) {
 		return nil, fmt.Errorf("events: stream %s: %w", ReadMirrorName(cfg.Stream), err)

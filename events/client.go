@@ -39,7 +39,7 @@ func openClient(ctx context.Context, nc *nats.Conn, cfg Config) (*Bus, error) {
 	}
 	b := &Bus{cfg: cfg, nc: nc, js: js, runCache: map[string]cachedRun{}, perms: connect.WatchPermissions(nc), client: true}
 	b.perms.SetHint(GrantHint)
-	if b.stream, err = js.Stream(ctx, cfg.Stream); err != nil {
+	if b.stream, err = b.Stream(ctx, cfg.Stream); err != nil {
 		return nil, fmt.Errorf("events: stream %s through the read service %s (is an injector running?): %w", cfg.Stream, cfg.ReadPrefix, err)
 	}
 	b.reader = b.stream
@@ -103,9 +103,9 @@ func (b *Bus) notBound(subject string, err error) error {
 // no message by sequence alone (the read service answers only inside its runs).
 func (b *Bus) storedAt(ctx context.Context, seq uint64, subject string) (*jetstream.RawStreamMsg, error) {
 	if !b.client {
-		return getMsg(ctx, b.stream, seq)
+		return getMsg(ctx, b.stream, seq, "")
 	}
-	raw, err := getMsg(ctx, b.stream, seq, jetstream.WithGetMsgSubject(subject))
+	raw, err := getMsg(ctx, b.stream, seq, subject)
 	if err == nil && raw.Sequence != seq {
 		return nil, jetstream.ErrMsgNotFound
 	}

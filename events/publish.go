@@ -209,7 +209,7 @@ func (b *Bus) publishGuarded(ctx context.Context, msg *nats.Msg, m Meta, attempt
 func (b *Bus) findOnSubject(ctx context.Context, subject string, m Meta, attempt int, from uint64) (seq uint64, found bool, err error) {
 	last := from - 1
 	for {
-		raw, err := getMsg(ctx, b.stream, last+1, jetstream.WithGetMsgSubject(subject))
+		raw, err := getMsg(ctx, b.stream, last+1, subject)
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
 			return last, false, nil
 		}

@@ -233,7 +233,7 @@ func (b *Bus) RunStartedSeq(ctx context.Context, run string) (uint64, error) {
 func (b *Bus) firstRunStarted(ctx context.Context, run string) (cachedRun, error) {
 	subject := SubjectRunStartedAny(run)
 	for seq := uint64(1); ; {
-		raw, err := getMsg(ctx, b.stream, seq, jetstream.WithGetMsgSubject(subject))
+		raw, err := getMsg(ctx, b.stream, seq, subject)
 		if err != nil {
 			if errors.Is(err, jetstream.ErrMsgNotFound) {
 				return cachedRun{}, fmt.Errorf("%w: %s", ErrRunNotFound, run)
@@ -369,7 +369,7 @@ func (b *Bus) PublishCancel(ctx context.Context, source string, c toolbus.Cancel
 func (b *Bus) CancelRequest(ctx context.Context, run string) (toolbus.Cancel, bool, error) {
 	subject := SubjectRunCancelAny(run)
 	for seq := uint64(1); ; {
-		raw, err := getMsg(ctx, b.stream, seq, jetstream.WithGetMsgSubject(subject))
+		raw, err := getMsg(ctx, b.stream, seq, subject)
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
 			return toolbus.Cancel{}, false, nil
 		}

@@ -86,7 +86,7 @@ func ReadEvents(ctx context.Context, stream jetstream.Stream, filter string) ([]
 	last := info.State.LastSeq
 	var out []StoredEvent
 	for seq := uint64(1); seq <= last; {
-		raw, err := getMsg(ctx, stream, seq, jetstream.WithGetMsgSubject(filter))
+		raw, err := getMsg(ctx, stream, seq, filter)
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
 			break
 		}
@@ -142,7 +142,7 @@ func (w *Watcher) Next(ctx context.Context, wait time.Duration) (ev StoredEvent,
 		if err := ctx.Err(); err != nil {
 			return StoredEvent{}, false, err
 		}
-		raw, err := getMsg(ctx, w.stream, w.next, jetstream.WithGetMsgSubject(w.filter))
+		raw, err := getMsg(ctx, w.stream, w.next, w.filter)
 		switch {
 		case err == nil:
 			w.next = raw.Sequence + 1

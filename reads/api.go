@@ -130,7 +130,7 @@ func (s *Service) stream(ctx context.Context, name string) (jetstream.Stream, er
 	if ok {
 		return st, nil
 	}
-	st, err := s.bus.JetStream().Stream(ctx, name)
+	st, err := s.bus.Stream(ctx, name)
 	if err != nil {
 		return nil, err
 	}
@@ -149,9 +149,9 @@ func (s *Service) directGet(ctx context.Context, name string, req getRequest) *n
 	}
 	var raw *jetstream.RawStreamMsg
 	if req.LastFor != "" {
-		raw, err = st.GetLastMsgForSubject(ctx, req.LastFor)
+		raw, err = events.GetLastMsg(ctx, st, req.LastFor)
 	} else {
-		raw, err = st.GetMsg(ctx, req.Seq, jetstream.WithGetMsgSubject(req.NextFor))
+		raw, err = events.GetMsg(ctx, st, req.Seq, req.NextFor)
 	}
 	switch {
 	case errors.Is(err, jetstream.ErrMsgNotFound):

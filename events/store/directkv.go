@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
@@ -77,16 +78,39 @@ func (kv *directKV) last(ctx context.Context, key string) (*directEntry, error) 
 // what an export can scope to a subject) and returns the last message of the subject
 // (jetstream.ErrMsgNotFound when there is none). It bounds an undeadlined ctx to 5 s.
 func DirectGet(ctx context.Context, nc *nats.Conn, subject string) (*jetstream.RawStreamMsg, error) {
+	return directRequest(ctx, nc, subject, nil)
+}
+
+// DirectNext makes a direct get of the first message from seq on subject (any subject
+// when ""), in its body form (<api prefix>.DIRECT.GET.<stream>), and returns it
+// (jetstream.ErrMsgNotFound when there is none). It bounds an undeadlined ctx to 5 s.
+func DirectNext(ctx context.Context, nc *nats.Conn, api, stream string, seq uint64, subject string) (*jetstream.RawStreamMsg, error) {
+	body, err := json.Marshal(struct {
+		Seq     uint64 `json:"seq"`
+		NextFor string `json:"next_by_subj,omitempty"`
+	}{seq, subject})
+	if err != nil {
+		return nil, err
+	}
+	return directRequest(ctx, nc, api+".DIRECT.GET."+stream, body)
+}
+
+// directRequest sends a direct get and reads its answer. A stored message carries its
+// sequence header; only an answer without one is a status (a 404: not found). nats.go
+// takes any answer with no data and a Status header for a status, so a message someone
+// stored with such a header would read as "not found" and hide every later one from a
+// reader going through the stream: here it is the message it is.
+func directRequest(ctx context.Context, nc *nats.Conn, subject string, body []byte) (*jetstream.RawStreamMsg, error) {
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, 5*time.Second)
 		defer cancel()
 	}
-	r, err := nc.RequestWithContext(ctx, subject, nil)
+	r, err := nc.RequestWithContext(ctx, subject, body)
 	if err != nil {
 		return nil, fmt.Errorf("direct get %s: %w", subject, err)
 	}
-	if len(r.Data) == 0 && r.Header.Get("Status") != "" {
+	if r.Header.Get(jetstream.SequenceHeader) == "" {
 		if r.Header.Get("Status") == "404" {
 			return nil, jetstream.ErrMsgNotFound
 		}
