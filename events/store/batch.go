@@ -167,7 +167,9 @@ func (s *Store) readBatch(ctx context.Context, bucket string, subjects []string,
 			// No answer in time (a request the credentials refuse is dropped silently).
 			return nil, 0, false, ctx.Err() == context.DeadlineExceeded
 		}
-		if status := m.Header.Get("Status"); status != "" {
+		// A stored message carries its sequence: only an answer without one is a status
+		// (a message stored with a Status header must not end the batch: directRequest).
+		if status := m.Header.Get("Status"); status != "" && m.Header.Get("Nats-Sequence") == "" {
 			switch status {
 			case "204", "404": // end of batch; nothing stored
 				return out, n, true, false
@@ -260,7 +262,11 @@ func (s *Store) readSeqBatch(ctx context.Context, bucket, filter string, from ui
 			// No answer in time (a request the credentials refuse is dropped silently).
 			return fail(ctx.Err() == context.DeadlineExceeded)
 		}
-		switch m.Header.Get("Status") {
+		status := m.Header.Get("Status")
+		if m.Header.Get("Nats-Sequence") != "" {
+			status = "" // a stored message, whatever its headers say
+		}
+		switch status {
 		case "":
 		case "404": // nothing from there on
 			return false, last, nil

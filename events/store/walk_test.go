@@ -252,3 +252,38 @@ func countWholeReads(t *testing.T, tb *eventstest.Bus, bucket string) *atomic.In
 	}
 	return &n
 }
+
+// A writer of the catalog's bucket (any team, for its own tools' keys) that stores an
+// entry with a Status header and no value hides no other tool from the readers: batched
+// and key-by-key reads tell a stored message from a status by its sequence header.
+func TestCatalogForgedStatusHidesNoTool(t *testing.T) {
+	ctx := eventstest.Context(t, time.Minute)
+	tb := eventstest.RunJetStream(t)
+	bus, _, err := provision.Setup(ctx, tb.Conn, events.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	put := func(name string) {
+		t.Helper()
+		if _, err := tb.JS.Publish(ctx, "$KV."+store.BucketTools+"."+name, []byte(fmt.Sprintf(`{"name":%q,"description":"d"}`, name))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	put("first")
+	forged := &nats.Msg{Subject: "$KV." + store.BucketTools + ".mine", Header: nats.Header{"Status": {"404"}, "Description": {"Message Not Found"}}}
+	if _, err := tb.JS.PublishMsg(ctx, forged); err != nil {
+		t.Fatal(err)
+	}
+	put("later")
+	contracts, err := bus.Store().Contracts(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, c := range contracts {
+		names = append(names, c.Name)
+	}
+	if got := strings.Join(names, ","); !strings.Contains(got, "first") || !strings.Contains(got, "later") {
+		t.Fatalf("the catalog reads %q: a forged status hid a tool", got)
+	}
+}
