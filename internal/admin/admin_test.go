@@ -124,8 +124,10 @@ func TestSubcommandsTouchOnlyTheirTenant(t *testing.T) {
 					wantOut:        []string{"unchanged (files byte for byte as they were): admin, planner, executor, injector, client"},
 					wantOutAccount: []string{"changed   account team-alpha: reload the server (kill -HUP)", "toolbus admin push"}},
 				{args: []string{"revoke", "alpha", "calc"}, wantOne: append(user("executor-alpha")[:1], revoked...), wantJWT: []string{"team-alpha.jwt"}},
-				{args: []string{"remove-team", "beta"}, want: append(user("executor-beta"), slices.DeleteFunc(slices.Clone(revoked), func(f string) bool { return f == "team-beta.jwt" })...),
-					wantOut: []string{"removed   executor-beta: its files are deleted"}},
+				// A removed team's account stays, with no import and its user revoked.
+				{args: []string{"remove-team", "beta"}, want: append(user("executor-beta"), revoked...),
+					wantOut:        []string{"removed   executor-beta: its files are deleted"},
+					wantOutAccount: []string{"removed   account team-beta: kept with no import and its users revoked"}},
 				{args: []string{"add-client", "bob", "bob", "bob-bot"}, want: user("client-bob"), wantJWT: []string{"account-client-bob.jwt", "account-client-bob.nk"},
 					wantOut:        []string{"new       client-bob: hand out its files"},
 					wantOutAccount: []string{"new       account client-bob: reload the server", "it runs with TOOLBUS_NATS_READ_PREFIX=toolbus_read.bob.API", natsjwt.ReadPrefixNote}},

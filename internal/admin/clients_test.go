@@ -23,7 +23,8 @@ import (
 // account (the core's JWT not at all) and, after one reload, the server takes the new
 // client; rotate -push changes only that client's credentials and its account, and
 // cuts the old credentials at once; remove-client -push revokes the client (its
-// connection is cut, its old credentials are refused) and no other client notices.
+// connection is cut, its old credentials are refused) and no other client notices;
+// remove-team -push cuts the team's executors the same way.
 func TestAdminClientAccounts(t *testing.T) {
 	ctx := eventstest.Context(t, time.Minute)
 	dir := filepath.Join(t.TempDir(), "d")
@@ -100,6 +101,8 @@ func TestAdminClientAccounts(t *testing.T) {
 	}
 	alice := must(filepath.Join(dir, "client-alice.creds"))
 	start(alice, "alice", "r1")
+	alpha := must(filepath.Join(dir, "executor-alpha.creds"))
+	oldAlpha := keep("executor-alpha")
 
 	before := files(t, dir)
 	out := adm(url, "add-client", "-push", "bob", "bob")
@@ -151,4 +154,19 @@ func TestAdminClientAccounts(t *testing.T) {
 	})
 	refused(oldAlice, "removed alice")
 	start(must(filepath.Join(dir, "client-bob.creds")), "bob", "r4")
+
+	// A removed team likewise: its account stays, with no import and its user revoked,
+	// so a push cuts its executors at once.
+	out = adm(url, "remove-team", "-push", "alpha")
+	if !strings.Contains(out, "removed   account team-alpha: pushed to the running servers, applied at once") {
+		t.Errorf("remove-team -push does not say it pushed alpha's account:\n%s", out)
+	}
+	eventstest.Eventually(t, 10*time.Second, func() error {
+		if !alpha.IsClosed() {
+			return &testError{"alpha's executor connection is not cut"}
+		}
+		return nil
+	})
+	refused(oldAlpha, "removed team alpha")
+	start(must(filepath.Join(dir, "client-bob.creds")), "bob", "r5")
 }

@@ -41,17 +41,28 @@ type tenantAccount struct {
 	crossings []Crossing
 }
 
-// tenantAccounts are the accounts of the teams and clients of g, and of the clients
-// removed from g whose account key the directory keeps: such an account is issued with
-// no import, so that the servers, taking its JWT (a reload, a push), cut its users,
-// whose keys it revokes (revocations).
+// tenantAccounts are the accounts of the teams and clients of g, and of the teams and
+// clients removed from g whose account key the directory keeps: such an account is
+// issued with no import, so that the servers, taking its JWT (a reload, a push), cut its
+// users, whose keys it revokes (revocations).
 func tenantAccounts(kr keyring, g Grants) ([]tenantAccount, error) {
 	var out []tenantAccount
-	for _, team := range slices.Sorted(maps.Keys(g.Teams)) {
-		out = append(out, tenantAccount{name: "team-" + team, file: "team-" + team, team: team, crossings: TeamExports(team, g.Teams[team])})
+	teams := slices.Collect(maps.Keys(g.Teams))
+	for name := range kr.accountKeys(teamKeyPrefix) {
+		if !slices.Contains(teams, name) {
+			teams = append(teams, name)
+		}
+	}
+	slices.Sort(teams)
+	for _, team := range teams {
+		var crossings []Crossing
+		if tools, ok := g.Teams[team]; ok {
+			crossings = TeamExports(team, tools)
+		}
+		out = append(out, tenantAccount{name: teamKeyPrefix + team, file: teamKeyPrefix + team, team: team, crossings: crossings})
 	}
 	clients := slices.Collect(maps.Keys(g.Clients))
-	for name := range kr.clientAccountKeys() {
+	for name := range kr.accountKeys(clientKeyPrefix) {
 		if !slices.Contains(clients, name) {
 			clients = append(clients, name)
 		}
@@ -74,11 +85,15 @@ func tenantAccounts(kr keyring, g Grants) ([]tenantAccount, error) {
 	return out, nil
 }
 
-// clientAccountKeys are the public keys of the client accounts whose keys the directory
-// keeps, by client name.
-func (k keyring) clientAccountKeys() map[string]string {
+// teamKeyPrefix starts the names of the files of a team's account in the JWT kind
+// (team-<team>.nk and .jwt).
+const teamKeyPrefix = "team-"
+
+// accountKeys are the public keys of the team or client accounts (prefix teamKeyPrefix
+// or clientKeyPrefix) whose keys the directory keeps, by team or client name.
+func (k keyring) accountKeys(prefix string) map[string]string {
 	out := map[string]string{}
-	files, _ := filepath.Glob(filepath.Join(k.dir, clientKeyPrefix+"*.nk")) //nolint:errcheck // the pattern is valid
+	files, _ := filepath.Glob(filepath.Join(k.dir, prefix+"*.nk")) //nolint:errcheck // the pattern is valid
 	for _, f := range files {
 		b, err := os.ReadFile(f)
 		if err != nil {
@@ -88,7 +103,7 @@ func (k keyring) clientAccountKeys() map[string]string {
 		if err != nil {
 			continue
 		}
-		out[strings.TrimSuffix(strings.TrimPrefix(filepath.Base(f), clientKeyPrefix), ".nk")] = mustPublic(kp)
+		out[strings.TrimSuffix(strings.TrimPrefix(filepath.Base(f), prefix), ".nk")] = mustPublic(kp)
 	}
 	return out
 }
@@ -119,7 +134,7 @@ func (r revocations) revoke(uc *jwt.UserClaims) bool {
 // accounts carry.
 func (k keyring) revocations() (revocations, error) {
 	r := revocations{all: map[string]int64{}, client: map[string]map[string]int64{}}
-	for name, pub := range k.clientAccountKeys() {
+	for name, pub := range k.accountKeys(clientKeyPrefix) {
 		r.client[pub] = map[string]int64{}
 		if b, err := os.ReadFile(filepath.Join(k.dir, clientKeyPrefix+name+".jwt")); err == nil {
 			if c, err := jwt.DecodeAccountClaims(strings.TrimSpace(string(b))); err == nil && c.Subject == pub {
@@ -166,8 +181,8 @@ func issueTenants(tenants []tenantAccount, kr keyring, okp, ckp nkeys.KeyPair, r
 		if res.AccountJWTs[t.pub], what, err = kr.keep(t.file+".jwt", func() (string, error) { return tc.Encode(okp) }, sameAccount(tc)); err != nil {
 			return err
 		}
-		if t.crossings == nil && t.client != "" && what != "unchanged" {
-			what = "removed" // a removed client's account, issued to revoke its users
+		if t.crossings == nil && what != "unchanged" {
+			what = "removed" // a removed team's or client's account, issued to revoke its users
 		}
 		res.Changes = append(res.Changes, Change{User: "account " + tc.Name, Account: true, What: what})
 	}
