@@ -304,11 +304,49 @@ func (m *Metrics) WatchQueues(bus *events.Bus, timeout time.Duration, log *slog.
 	m.reg.MustRegister(m.queues)
 }
 
+// QueuesOf makes the queue gauges those of the tools names returns (an executor's
+// served tools) instead of the catalog's: an executor in a team account may not read
+// the catalog whole, only the queues of its own tools. Nil-safe; after WatchQueues.
+func (m *Metrics) QueuesOf(names func() []string) {
+	if m == nil {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.queues != nil {
+		m.queues.mu.Lock()
+		m.queues.names = names
+		m.queues.mu.Unlock()
+	}
+}
+
 type queueCollector struct {
 	bus                 *events.Bus
 	timeout             time.Duration
 	log                 *slog.Logger
 	pending, ackPending *prometheus.Desc
+
+	mu    sync.Mutex
+	names func() []string // the tools whose queues to read; nil: the catalog's
+}
+
+// tools are the tools whose queues a scrape reads.
+func (c *queueCollector) tools(ctx context.Context) ([]string, error) {
+	c.mu.Lock()
+	names := c.names
+	c.mu.Unlock()
+	if names != nil {
+		return names(), nil
+	}
+	contracts, err := c.bus.Store().Contracts(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]string, 0, len(contracts))
+	for _, tc := range contracts {
+		out = append(out, tc.Name)
+	}
+	return out, nil
 }
 
 func (c *queueCollector) Describe(ch chan<- *prometheus.Desc) {
@@ -319,17 +357,17 @@ func (c *queueCollector) Describe(ch chan<- *prometheus.Desc) {
 func (c *queueCollector) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
 	defer cancel()
-	contracts, err := c.bus.Store().Contracts(ctx)
+	tools, err := c.tools(ctx)
 	if err != nil {
 		c.log.Debug("metrics: tool catalog unreadable", "error", err)
 		return
 	}
-	for _, tc := range contracts {
-		q, err := c.bus.ToolQueueInfo(ctx, tc.Name)
+	for _, tool := range tools {
+		q, err := c.bus.ToolQueueInfo(ctx, tool)
 		if err != nil {
 			continue // no queue yet (no executor ever served it) or the bus is away
 		}
-		ch <- prometheus.MustNewConstMetric(c.pending, prometheus.GaugeValue, float64(q.Pending), tc.Name)
-		ch <- prometheus.MustNewConstMetric(c.ackPending, prometheus.GaugeValue, float64(q.InFlight), tc.Name)
+		ch <- prometheus.MustNewConstMetric(c.pending, prometheus.GaugeValue, float64(q.Pending), tool)
+		ch <- prometheus.MustNewConstMetric(c.ackPending, prometheus.GaugeValue, float64(q.InFlight), tool)
 	}
 }

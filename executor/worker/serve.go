@@ -130,6 +130,9 @@ func ServeConfig(ctx context.Context, cfg EnvConfig, reg *executor.Registry, opt
 	if cfg.MetricsAddr != "" {
 		m := telemetry.New(telemetry.RoleExecutor)
 		m.WatchQueues(bus, 0, log)
+		if bus.TeamAccount() {
+			m.QueuesOf(reg.Names) // a team account reads its own tools' queues, not the catalog
+		}
 		srv, err := telemetry.Listen(cfg.MetricsAddr, m.Handler(nc.IsConnected), log)
 		if err != nil {
 			return fmt.Errorf("executor: %w", err)

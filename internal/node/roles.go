@@ -121,6 +121,9 @@ func runExecutor(ctx context.Context, cfg Config, bus *events.Bus, log *slog.Log
 	if err != nil {
 		return err
 	}
+	if bus.TeamAccount() {
+		tel.QueuesOf(reg.Names) // a team account reads its own tools' queues, not the catalog
+	}
 	exec, err := executor.New(reg, append(cfg.Settings.ExecutorOptions(cfg.Instance, cfg.Options), executor.WithLogger(log))...)
 	if err != nil {
 		return err
