@@ -19,6 +19,7 @@ import (
 
 	"github.com/toolbus/toolbus/deploy/nats/natsjwt"
 	"github.com/toolbus/toolbus/embedded"
+	"github.com/toolbus/toolbus/events/eventstest"
 	"github.com/toolbus/toolbus/internal/testutil"
 )
 
@@ -166,9 +167,13 @@ func TestServerCommand(t *testing.T) {
 			t.Fatal(err)
 		}
 		p.connect(t, userPassword(t, res2, beta))
-		if !strings.Contains(p.stderr.String(), "reloaded") {
-			t.Errorf("the log does not say the configuration was reloaded")
-		}
+		// The server takes the new users before it logs the whole reload done.
+		eventstest.Eventually(t, 10*time.Second, func() error {
+			if !strings.Contains(p.stderr.String(), "reloaded") {
+				return errors.New("the log does not say the configuration was reloaded")
+			}
+			return nil
+		})
 		if code := p.stop(t, syscall.SIGINT); code != 0 {
 			t.Fatalf("SIGINT: exit %d", code)
 		}
