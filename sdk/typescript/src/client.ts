@@ -10,7 +10,7 @@ import type { NatsConnection } from '@nats-io/transport-node';
 import type { StoredMsg } from '@nats-io/jetstream';
 import {
   Bus, TERMINAL, Type, decodeEvent, id, isConflict, source, subject, validIdentity, validRunID, validToolName,
-  type Attrs, type Event, type Message, type Principal, type RunEnded, type RunStarted, type ToolCall, type ToolFinished,
+  type Attrs, type Event, type RunState, type Message, type Principal, type RunEnded, type RunStarted, type ToolCall, type ToolFinished,
 } from './wire.js';
 import { dial, settingsFromEnv, type ConnectionSettings } from './settings.js';
 
@@ -223,6 +223,19 @@ export class Client {
       yield ev;
       if (isOutcome(ev.type)) return;
     }
+  }
+
+  /**
+   * The states of the runs this client's identity may see (it started them, or their
+   * start lists it as an approver): the read service's list (toolbus_read.<identity>.runs),
+   * so only in a client account (readPrefix); in the core account, `toolbus runs` lists them.
+   */
+  async runs(): Promise<RunState[]> {
+    if (!this.bus.clientAccount) throw new Error('toolbus: runs() lists through the read service of a client account: set readPrefix (TOOLBUS_NATS_READ_PREFIX)');
+    const subj = `${this.bus.readPrefix.replace(/\.API$/, '')}.runs`;
+    const m = await this.nc.request(subj, new Uint8Array(), { timeout: 10000 });
+    if (m.data.length === 0) throw new Error(`toolbus: runs: ${m.headers?.get('Status') ?? ''} ${m.headers?.get('Description') ?? ''}`.trim());
+    return JSON.parse(new TextDecoder().decode(m.data)) as RunState[];
   }
 
   /**

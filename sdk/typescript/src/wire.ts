@@ -186,6 +186,18 @@ export interface RunEnded {
   [k: string]: unknown;
 }
 
+/** A run's state in KV toolbus_runs (store.RunState), as the read service lists them. */
+export interface RunState {
+  run_id: string;
+  status: string;
+  step: number;
+  code?: string;
+  reason?: string;
+  started_at: string;
+  updated_at: string;
+  ended?: RunEnded;
+}
+
 /** A call's claim in KV toolbus_claims; its revision is the attempt's fencing token. */
 export interface Claim {
   team?: string;

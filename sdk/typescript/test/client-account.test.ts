@@ -139,6 +139,12 @@ test('client account: bob does not see alice\'s run (watch and events answer as 
   const hisEvents = await watchUntil(bob, his, 90000);
   assert.equal(hisEvents.at(-1)?.type, wire.Type.runCompleted, `bob's own run (events ${hisEvents.map((e) => e.type)})`);
   assert.deepEqual(await alice.events(his), [], 'alice reads bob\'s run');
+
+  // Each lists its own runs through the read service, and not the other's.
+  const aliceRuns = (await alice.runs()).map((r) => r.run_id);
+  const bobRuns = (await bob.runs()).map((r) => r.run_id);
+  assert.ok(aliceRuns.includes(run) && !aliceRuns.includes(his), `alice lists ${aliceRuns}`);
+  assert.ok(bobRuns.includes(his) && !bobRuns.includes(run), `bob lists ${bobRuns}`);
 });
 
 test('client account: starting and cancelling as an identity the account is not bound to is refused, naming it and the fix', { skip, timeout: 60000 }, async () => {
