@@ -98,10 +98,27 @@ func TestFaultDayTwoInFlight(t *testing.T) {
 	}
 
 	file := filepath.Join(e.dir, "side-effects")
+	// The append calls go on while the gate file exists: removed, they hold the runs in
+	// flight until day two is done, however long its commands take on a loaded machine.
+	gate := filepath.Join(e.dir, "gate")
+	setGate := func(open bool) {
+		t.Helper()
+		if !open {
+			if err := os.Remove(gate); err != nil {
+				t.Fatal(err)
+			}
+			return
+		}
+		if err := os.WriteFile(gate, nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	setGate(true)
 	executor := func(inst, team string, tools ...string) *proc {
 		list := strings.Join(tools, ",")
 		return e.faultbusRole("executor", inst, creds("executor-"+team), "TOOLBUS_TEAM="+team, "TOOLBUS_NATS_API_PREFIX=JS.core.API",
-			"TOOLBUS_EXECUTOR_TOOLS="+list, "TOOLBUS_FAULT_APPEND_TOOLS="+list, "TOOLBUS_FAULT_APPEND_FILE="+file)
+			"TOOLBUS_EXECUTOR_TOOLS="+list, "TOOLBUS_FAULT_APPEND_TOOLS="+list, "TOOLBUS_FAULT_APPEND_FILE="+file,
+			"TOOLBUS_FAULT_APPEND_GATE="+gate)
 	}
 	e.faultbusRole("planner", "planner-1", creds("planner"), "TOOLBUS_MODEL=append_a+append_b:2x4:4000-8000")
 	e.toolbusRole("injector", "injector-1", creds("injector"))
@@ -112,6 +129,7 @@ func TestFaultDayTwoInFlight(t *testing.T) {
 	e.submit(before)
 	e.waitCompleted(before, 3*time.Minute)
 	inFlight := runIDs("inflight", 12)
+	setGate(false)
 	e.submit(inFlight)
 	// While they are in flight, beta attacks alpha's calls in a run both take part in.
 	probed := make(chan []string, 1)
@@ -119,14 +137,15 @@ func TestFaultDayTwoInFlight(t *testing.T) {
 		probed <- e.probeFromTeam(filepath.Join(genDir, "executor-beta.creds"), "append_b", "append_a", inFlight[0])
 	}()
 
-	// Day two, while those runs are in flight (four steps, each call 4 to 8 s: longer than
-	// the commands below take on a loaded machine).
+	// Day two, while those runs are in flight (their calls held by the closed gate until
+	// the commands below are done, however long they take on a loaded machine).
 	// A granted tool reaches alpha's running executors by a push (no reload); a new team
 	// is a new account, which the server takes on a reload (no restart).
 	out := admin("grant", "alpha", "append_c", "-push") + admin("add-team", "gamma", "calculator")
 	if done := e.count(events.FilterRunEnded); done >= len(before)+len(inFlight) {
 		t.Fatalf("every run ended before day two did (%d ended): nothing was in flight", done)
 	}
+	setGate(true)
 	// Two clients in accounts of their own, taken with the same reload as gamma.
 	out += admin("add-client", "alice", "alice") + admin("add-client", "bob", "bob")
 	for _, want := range []string{"executor-gamma", "client-alice", "TOOLBUS_NATS_READ_PREFIX=toolbus_read.bob.API", "reload"} {

@@ -4,8 +4,9 @@
 //
 //   - a scripted model that asks for random-latency calls and checks, at every step,
 //     that the history holds each result in call order (TOOLBUS_MODEL=<tool>:<calls>x<steps>[:<min>-<max>]);
-//   - an "append" tool with a side effect visible across processes: it waits {"ms"} then
-//     appends the call's idempotency key to the file TOOLBUS_FAULT_APPEND_FILE;
+//   - an "append" tool with a side effect visible across processes: it waits {"ms"} (and,
+//     with TOOLBUS_FAULT_APPEND_GATE, until that file exists) then appends the call's
+//     idempotency key to the file TOOLBUS_FAULT_APPEND_FILE;
 //   - TOOLBUS_FAULT_ASK_TOOL=<name>: a tool that asks its run's caller which account to
 //     use (executor.Ask), then appends "<idempotency key> <instance> <attempt> <tool>
 //     <account>" to TOOLBUS_FAULT_APPEND_FILE: one line per run of the tool that got its
@@ -71,6 +72,9 @@ type config struct {
 	ModelTimeout time.Duration `envconfig:"MODEL_TIMEOUT" default:"10s"`
 	LogLevel     string        `envconfig:"LOG_LEVEL" default:"info"`
 	AppendFile   string        `envconfig:"FAULT_APPEND_FILE"`
+	// AppendGate, when set, holds every append call after its wait until this file
+	// exists: a test keeps runs in flight for as long as it needs.
+	AppendGate string `envconfig:"FAULT_APPEND_GATE"`
 	// AppendTools names the append tools to register (each writes "<key> <instance>
 	// <attempt> <tool>" lines), e.g. append_a,append_b for deployments that serve
 	// different subsets.
@@ -214,6 +218,9 @@ func appendTool(cfg config, name string) executor.Tool {
 			if err := waitReporting(ctx, time.Duration(in.MS)*time.Millisecond, cfg.AppendHeartbeat/4); err != nil {
 				return nil, err
 			}
+			if err := waitGate(ctx, cfg.AppendGate); err != nil {
+				return nil, err
+			}
 			// A cooperative tool: the side effect only while the executor holds the
 			// call (after a pause, or cut off, another executor may own it).
 			if !ci.LeaseValid() {
@@ -235,6 +242,21 @@ func appendTool(cfg config, name string) executor.Tool {
 			return map[string]string{"key": ci.IdempotencyKey}, nil
 		},
 	}
+}
+
+// waitGate waits until the file gate exists ("" waits for nothing) or ctx ends.
+func waitGate(ctx context.Context, gate string) error {
+	for gate != "" {
+		if _, err := os.Stat(gate); err == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	return nil
 }
 
 // askTool asks the run's caller which account to use, then appends "<idempotency key>
