@@ -47,28 +47,14 @@ type tenantAccount struct {
 // users, whose keys it revokes (revocations).
 func tenantAccounts(kr keyring, g Grants) ([]tenantAccount, error) {
 	var out []tenantAccount
-	teams := slices.Collect(maps.Keys(g.Teams))
-	for name := range kr.accountKeys(teamKeyPrefix) {
-		if !slices.Contains(teams, name) {
-			teams = append(teams, name)
-		}
-	}
-	slices.Sort(teams)
-	for _, team := range teams {
+	for _, team := range kr.withKept(teamKeyPrefix, slices.Collect(maps.Keys(g.Teams))) {
 		var crossings []Crossing
 		if tools, ok := g.Teams[team]; ok {
 			crossings = TeamExports(team, tools)
 		}
 		out = append(out, tenantAccount{name: teamKeyPrefix + team, file: teamKeyPrefix + team, team: team, crossings: crossings})
 	}
-	clients := slices.Collect(maps.Keys(g.Clients))
-	for name := range kr.accountKeys(clientKeyPrefix) {
-		if !slices.Contains(clients, name) {
-			clients = append(clients, name)
-		}
-	}
-	slices.Sort(clients)
-	for _, c := range clients {
+	for _, c := range kr.withKept(clientKeyPrefix, slices.Collect(maps.Keys(g.Clients))) {
 		var crossings []Crossing
 		if ids, ok := g.Clients[c]; ok {
 			crossings = ClientExports(ids)
@@ -83,6 +69,18 @@ func tenantAccounts(kr keyring, g Grants) ([]tenantAccount, error) {
 		out[i].kp, out[i].pub = kp, mustPublic(kp)
 	}
 	return out, nil
+}
+
+// withKept is names (the granted teams or clients) with those removed since whose
+// account key (prefix) the directory keeps, sorted.
+func (k keyring) withKept(prefix string, names []string) []string {
+	for name := range k.accountKeys(prefix) {
+		if !slices.Contains(names, name) {
+			names = append(names, name)
+		}
+	}
+	slices.Sort(names)
+	return names
 }
 
 // teamKeyPrefix starts the names of the files of a team's account in the JWT kind
