@@ -29,14 +29,7 @@ import (
 func tenants(t *testing.T, model planner.Model, extra ...executor.Tool) (func(user string) *nats.Conn, *testpipe.Pipeline) {
 	t.Helper()
 	srv := eventstest.StartTenants(t, nil, map[string][]string{"alice": {"alice"}, "bob": {"bob"}, "carol": {"carol"}})
-	connect := func(user string) *nats.Conn {
-		nc, err := nats.Connect(srv.ClientURL(), nats.UserInfo(user, user))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(nc.Close)
-		return nc
-	}
+	connect := func(user string) *nats.Conn { return eventstest.Connect(t, srv, user) }
 	p := testpipe.StartOn(t, connect("core"), 3*time.Minute, model, extra...)
 	p.Roles.Go("reads", reads.New(p.Bus, p.Log).Serve)
 	return connect, p

@@ -23,14 +23,7 @@ import (
 // to the team. Without QueuesOf the scrape has no queue series at all.
 func TestTeamAccountQueueGauges(t *testing.T) {
 	srv := eventstest.StartAccounts(t, "alpha", []string{"calc"})
-	connect := func(user string) *nats.Conn {
-		nc, err := nats.Connect(srv.ClientURL(), nats.UserInfo(user, user))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(nc.Close)
-		return nc
-	}
+	connect := func(user string) *nats.Conn { return eventstest.Connect(t, srv, user) }
 	ctx := eventstest.Context(t, time.Minute)
 	core, _, err := provision.Setup(ctx, connect("core"), events.Config{})
 	if err != nil {

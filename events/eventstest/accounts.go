@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
 
 	"github.com/toolbus/toolbus/events/accounts"
 )
@@ -93,4 +94,16 @@ func StartAccounts(t testing.TB, team string, tools []string) *server.Server {
 		t.Fatal(err)
 	}
 	return StartServer(t, opts)
+}
+
+// Connect connects to srv as user, whose password is its name (the users of
+// TenantsConf), for the test (closed when it ends).
+func Connect(t testing.TB, srv *server.Server, user string) *nats.Conn {
+	t.Helper()
+	nc, err := nats.Connect(srv.ClientURL(), nats.UserInfo(user, user))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	return nc
 }

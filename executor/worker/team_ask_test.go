@@ -31,14 +31,7 @@ import (
 // tool's.
 func TestTeamAccountAsks(t *testing.T) {
 	srv := eventstest.StartTeams(t, map[string][]string{"alpha": {"pick"}, "beta": {"other"}})
-	connect := func(user string) *nats.Conn {
-		nc, err := nats.Connect(srv.ClientURL(), nats.UserInfo(user, user))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(nc.Close)
-		return nc
-	}
+	connect := func(user string) *nats.Conn { return eventstest.Connect(t, srv, user) }
 	script := &planner.Script{Steps: []func(planner.Request) planner.Response{
 		planner.Calls(toolbus.ToolCall{CallID: "q1", Tool: "pick", Arguments: `{}`}), planner.Answer("done")}}
 	p := testpipe.StartOn(t, connect("core"), 3*time.Minute, testpipe.ScriptByRun(map[string]*planner.Script{"ask-1": script}, nil))
