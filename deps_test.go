@@ -67,6 +67,7 @@ var depRules = []depRule{
 	{prefix: "internal/bench", notModule: []string{"cmd", "e2e", "faults", "examples"}, why: "the benchmark wires the roles in-process; the command calls it"},
 	{prefix: "cmd", notModule: []string{"e2e", "faults", "examples"}, why: "the command wires the roles"},
 	{prefix: "console", notModule: workers, why: "the console reads the bus and imports no worker"},
+	{prefix: "intake", notModule: workers, why: "the write service admits tenants' writes into the core and imports no worker"},
 	{prefix: "reads", notModule: workers, why: "the read service reads the bus for client accounts and imports no worker"},
 	{prefix: "conformance", notModule: workers, why: "the conformance suite drives an executor process over the bus only"},
 	{prefix: "connect", notModule: append([]string{"events"}, workers...), why: "connection options and permission tracking know nothing of the wire"},

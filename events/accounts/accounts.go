@@ -76,6 +76,9 @@ func TeamExports(team string, tools []string) []Crossing {
 		return Crossing{Subject: s, Local: CoreAPIPrefix + strings.TrimPrefix(s, jsAPI)}
 	}
 	svc := func(s string) Crossing { return Crossing{Subject: s} }
+	// What the team stores goes through the core's intake (events.TeamWriteSubject):
+	// the team publishes on the subject itself, the import maps it.
+	write := func(s string) Crossing { return Crossing{Subject: events.TeamWriteSubject(team, s), Local: s} }
 	directGet := func(bucket, key string) Crossing {
 		return api(jsAPI + ".DIRECT.GET.KV_" + bucket + "." + kvSubject(bucket, key))
 	}
@@ -89,14 +92,14 @@ func TeamExports(team string, tools []string) []Crossing {
 			next,
 			svc("$JS.ACK."+stream+"."+durable+".>"),
 			svc("$JS.ACK.*.*."+stream+"."+durable+".>"),
-			svc(events.SubjectToolFinished("*", tool)),
-			svc(events.SubjectToolWaiting("*", tool)),
-			svc(events.SubjectToolProgress("*", tool)),
-			svc(events.SubjectToolLog("*", tool)),
-			svc(events.SubjectToolQuestion("*", tool)),
-			svc(kvSubject(store.BucketClaims, tok+".>")),
-			svc(kvSubject(store.BucketOutputs, tok+".>")),
-			svc(kvSubject(store.BucketTools, tok)),
+			write(events.SubjectToolFinished("*", tool)),
+			write(events.SubjectToolWaiting("*", tool)),
+			write(events.SubjectToolProgress("*", tool)),
+			write(events.SubjectToolLog("*", tool)),
+			write(events.SubjectToolQuestion("*", tool)),
+			write(kvSubject(store.BucketClaims, tok+".>")),
+			write(kvSubject(store.BucketOutputs, tok+".>")),
+			write(kvSubject(store.BucketTools, tok)),
 			directGet(store.BucketClaims, tok+".>"),
 			directGet(store.BucketTools, tok),
 			// The last result of the tool in a run (subject form only): a take-over
@@ -110,10 +113,10 @@ func TeamExports(team string, tools []string) []Crossing {
 		)
 	}
 	return append(out,
-		svc(kvSubject(store.BucketInstances, team+".>")),
+		write(kvSubject(store.BucketInstances, team+".>")),
 		directGet(store.BucketInstances, team+".>"),
 		// The team's shared secrets (OAuth tokens of its MCP servers, store.SecretKey).
-		svc(kvSubject(store.BucketSecrets, team+".>")),
+		write(kvSubject(store.BucketSecrets, team+".>")),
 		directGet(store.BucketSecrets, team+".>"))
 }
 
@@ -123,7 +126,9 @@ func ClientAccount(client string) string { return "CLIENT_" + client }
 
 // ClientExports is everything that crosses from the core account to the account of a
 // client bound to ids: per identity, the events it publishes in that identity's name
-// (starts, cancels, decisions, answers; the stream's acknowledgement comes back) and the
+// (starts, cancels, decisions, answers), through the core's intake
+// (events.ClientWriteSubject: the stream's acknowledgement or the intake's refusal
+// comes back), and the
 // read service's subjects of that identity (events.ReadSubject), which answer only of the
 // runs the identity may see. No JetStream API of the core, no stream: a run id names no
 // tenant, so every read goes through the read service, which checks it.
@@ -131,12 +136,13 @@ func ClientExports(ids []string) []Crossing {
 	var out []Crossing
 	for _, id := range ids {
 		tok := events.IdentityToken(id)
+		write := func(s string) Crossing { return Crossing{Subject: events.ClientWriteSubject(id, s), Local: s} }
 		out = append(out,
-			Crossing{Subject: events.SubjectRunStarted("*", id)},
-			Crossing{Subject: events.SubjectRunCancel("*", id)},
-			Crossing{Subject: events.SubjectApproval("*", true, id)},
-			Crossing{Subject: events.SubjectApproval("*", false, id)},
-			Crossing{Subject: events.SubjectToolAnswer("*", id)},
+			write(events.SubjectRunStarted("*", id)),
+			write(events.SubjectRunCancel("*", id)),
+			write(events.SubjectApproval("*", true, id)),
+			write(events.SubjectApproval("*", false, id)),
+			write(events.SubjectToolAnswer("*", id)),
 			Crossing{Subject: events.ReadSubject(tok) + ".>"},
 		)
 	}

@@ -1,6 +1,7 @@
 package eventstest
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -10,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/toolbus/toolbus/events/accounts"
+	"github.com/toolbus/toolbus/intake"
 )
 
 // TeamAPIPrefix is the subject prefix under which a team account of AccountsConf
@@ -67,7 +69,26 @@ func StartTenants(t testing.TB, teams, clients map[string][]string) *server.Serv
 	if err != nil {
 		t.Fatal(err)
 	}
-	return StartServer(t, opts)
+	srv := StartServer(t, opts)
+	StartIntake(t, srv)
+	return srv
+}
+
+// StartIntake runs the core's write service (package intake, which every injector
+// runs) on srv as user core until the test ends: in the accounts layout a tenant's
+// writes reach the core's streams only through it.
+func StartIntake(t testing.TB, srv *server.Server) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	svc := intake.New(Connect(t, srv, "core"), intake.Limits{}, nil)
+	done := make(chan error, 1)
+	go func() { done <- svc.Serve(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("eventstest: intake: %v", err)
+		}
+	})
 }
 
 // AccountsOptions writes AccountsConf(team, tools) into dir (its JetStream store under
@@ -93,7 +114,9 @@ func StartAccounts(t testing.TB, team string, tools []string) *server.Server {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return StartServer(t, opts)
+	srv := StartServer(t, opts)
+	StartIntake(t, srv)
+	return srv
 }
 
 // Connect connects to srv as user, whose password is its name (the users of

@@ -16,6 +16,7 @@ import (
 	"github.com/toolbus/toolbus/executor/packs"
 	"github.com/toolbus/toolbus/executor/worker"
 	"github.com/toolbus/toolbus/injector"
+	"github.com/toolbus/toolbus/intake"
 	"github.com/toolbus/toolbus/internal/bench"
 	"github.com/toolbus/toolbus/planner"
 	"github.com/toolbus/toolbus/planner/models"
@@ -194,18 +195,25 @@ func runInjector(ctx context.Context, cfg Config, bus *events.Bus, log *slog.Log
 	if err != nil {
 		return err
 	}
-	if !cfg.ReadService {
-		return in.Run(ctx)
-	}
-	// The read service lives as long as the injector: it stops (draining) when the
-	// injector does, and a failure of its own ends nothing but itself.
+	// The read and write services live as long as the injector: they stop (draining)
+	// when the injector does, and a failure of their own ends nothing but themselves.
 	rctx, stop := context.WithCancel(ctx)
 	var wg conc.WaitGroup
-	wg.Go(func() {
-		if err := reads.New(bus, log).Serve(rctx); err != nil {
-			log.Warn("read service stopped", "err", err)
-		}
-	})
+	if cfg.ReadService {
+		wg.Go(func() {
+			if err := reads.New(bus, log).Serve(rctx); err != nil {
+				log.Warn("read service stopped", "err", err)
+			}
+		})
+	}
+	if cfg.WriteService {
+		lim := intake.Limits{BytesPerSecond: cfg.TenantBytesPerSecond, Burst: cfg.TenantBytesBurst, MaxStartBytes: cfg.MaxStartBytes}
+		wg.Go(func() {
+			if err := intake.New(bus.Conn(), lim, log).Serve(rctx); err != nil {
+				log.Warn("write service stopped", "err", err)
+			}
+		})
+	}
 	err = in.Run(ctx)
 	stop()
 	wg.Wait()

@@ -34,6 +34,7 @@ import (
 	"github.com/toolbus/toolbus/embedded"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
+	"github.com/toolbus/toolbus/intake"
 	"github.com/toolbus/toolbus/events/provision"
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/executor/packs"
@@ -218,6 +219,18 @@ func accountsServer(dir string) (*server.Server, error) {
 		srv.Shutdown()
 		return nil, errors.New("the accounts server is not ready")
 	}
+	// The core's write service (every injector runs it): the team's writes reach the
+	// core's streams only through it. It lives as long as the process.
+	nc, err := nats.Connect(srv.ClientURL(), nats.UserInfo("core", "core"))
+	if err != nil {
+		srv.Shutdown()
+		return nil, fmt.Errorf("the write service: %w", err)
+	}
+	go func() {
+		if err := intake.New(nc, intake.Limits{}, nil).Serve(context.Background()); err != nil {
+			fmt.Fprintln(os.Stderr, "testbus: write service:", err)
+		}
+	}()
 	return srv, nil
 }
 
