@@ -79,8 +79,15 @@ func StartTenants(t testing.TB, teams, clients map[string][]string) *server.Serv
 // writes reach the core's streams only through it.
 func StartIntake(t testing.TB, srv *server.Server) {
 	t.Helper()
+	ServeIntake(t, Connect(t, srv, "core"), intake.Limits{})
+}
+
+// ServeIntake runs the core's write service on nc (a connection of the core account,
+// such as the generated injector's) with lim until the test ends, and returns it.
+func ServeIntake(t testing.TB, nc *nats.Conn, lim intake.Limits) *intake.Service {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	svc := intake.New(Connect(t, srv, "core"), intake.Limits{}, nil)
+	svc := intake.New(nc, lim, nil)
 	done := make(chan error, 1)
 	go func() { done <- svc.Serve(ctx) }()
 	t.Cleanup(func() {
@@ -89,6 +96,7 @@ func StartIntake(t testing.TB, srv *server.Server) {
 			t.Errorf("eventstest: intake: %v", err)
 		}
 	})
+	return svc
 }
 
 // AccountsOptions writes AccountsConf(team, tools) into dir (its JetStream store under
