@@ -6,7 +6,9 @@
 // layout a team's or client's own account); they print what
 // changed and what to hand to whom, and with -push send the changed account JWTs to the
 // running servers (natsjwt.PushAccounts) so that no process restarts and no server
-// reloads (a new account still needs a reload: the memory resolver of auth-jwt.conf).
+// reloads: auth-jwt.conf's full resolver stores a new team's or client's account from
+// the push too (a deployment made with init -memory-resolver needs a reload for a new
+// account).
 package admin
 
 import (
