@@ -180,3 +180,4 @@ func TestAdminNewTenantsNeedNoReload(t *testing.T) {
 		})
 	}
 }
+
