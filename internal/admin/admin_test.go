@@ -124,11 +124,11 @@ func TestSubcommandsTouchOnlyTheirTenant(t *testing.T) {
 				wantOutFull    []string // and with its full resolver
 			}{
 				{args: []string{"add-team", "gamma", "web"}, want: user("executor-gamma"), wantJWT: []string{"team-gamma.jwt", "team-gamma.nk"},
-					wantOut:        []string{"new       executor-gamma: hand out its files", "TOOLBUS_TEAM=gamma TOOLBUS_EXECUTOR_TOOLS=web"},
+					wantOut:       []string{"new       executor-gamma: hand out its files", "TOOLBUS_TEAM=gamma TOOLBUS_EXECUTOR_TOOLS=web"},
 					wantOutMemory: []string{"new       account team-gamma: reload the server"},
 					wantOutFull:   []string{"new       account team-gamma: push it (toolbus admin push;"}},
 				{args: []string{"grant", "alpha", "calc2"}, wantOne: user("executor-alpha")[:1], wantJWT: []string{"team-alpha.jwt"},
-					wantOut:        []string{"unchanged (files byte for byte as they were): admin, planner, executor, injector, client"},
+					wantOut:       []string{"unchanged (files byte for byte as they were): admin, planner, executor, injector, client"},
 					wantOutMemory: []string{"changed   account team-alpha: reload the server (kill -HUP)", "toolbus admin push"},
 					wantOutFull:   []string{"changed   account team-alpha: push it (toolbus admin push: the full resolver takes a changed account from a push, not from a reload)"}},
 				{args: []string{"revoke", "alpha", "calc"}, wantOne: append(user("executor-alpha")[:1], revoked...), wantJWT: []string{"team-alpha.jwt"}},

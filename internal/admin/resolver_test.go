@@ -180,4 +180,3 @@ func TestAdminNewTenantsNeedNoReload(t *testing.T) {
 		})
 	}
 }
-
