@@ -3,6 +3,7 @@ package admin
 import (
 	"bytes"
 	"errors"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -176,6 +177,65 @@ func TestAdminNewTenantsNeedNoReload(t *testing.T) {
 			}
 			if !srv.ConfigTime().Equal(loaded) || alpha.Stats().Reconnects != 0 || alpha.IsClosed() {
 				t.Error("the server reloaded, or alpha's connection did not stay")
+			}
+		})
+	}
+}
+
+// init's resolver: a full one in the accounts layout, its directory under -store, else
+// under -dir, or where -resolver-dir says; a memory one with -memory-resolver and
+// -one-account, which take no -resolver-dir.
+func TestInitResolver(t *testing.T) {
+	base := t.TempDir()
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string // the full resolver's directory; "": a memory resolver
+		code int
+	}{
+		{name: "default", want: filepath.Join(base, "default", "d", ResolverSubdir)},
+		{name: "store", args: []string{"-store", filepath.Join(base, "data")}, want: filepath.Join(base, "data", ResolverSubdir)},
+		{name: "resolver-dir", args: []string{"-resolver-dir", filepath.Join(base, "jwt")}, want: filepath.Join(base, "jwt")},
+		{name: "memory", args: []string{"-memory-resolver"}},
+		{name: "one account", args: []string{"-one-account"}},
+		{name: "one account with a dir", args: []string{"-one-account", "-resolver-dir", base}, code: 2},
+		{name: "memory with a dir", args: []string{"-memory-resolver", "-resolver-dir", base}, code: 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := filepath.Join(base, tc.name, "d")
+			code, out, errOut := admin(t, append([]string{"init", "-dir", dir}, tc.args...)...)
+			if code != tc.code {
+				t.Fatalf("exit %d, want %d\n%s%s", code, tc.code, out, errOut)
+			}
+			if code != 0 {
+				return
+			}
+			d, err := open(dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d.settings.ResolverDir != tc.want {
+				t.Errorf("deployment.json's resolver_dir %q, want %q", d.settings.ResolverDir, tc.want)
+			}
+			opts, err := server.ProcessConfigFile(filepath.Join(dir, "auth-jwt.conf"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			switch r := opts.AccountResolver.(type) {
+			case *server.DirAccResolver:
+				// Parsing the config opens (makes) the directory.
+				if fi, err := os.Stat(tc.want); tc.want == "" || err != nil || !fi.IsDir() {
+					t.Errorf("a full resolver, want %q: %v", tc.want, err)
+				}
+				if !strings.Contains(out, "has a full resolver: the server stores the account JWTs in "+tc.want) {
+					t.Errorf("init does not say where the resolver stores:\n%s", out)
+				}
+			case *server.MemAccResolver:
+				if tc.want != "" {
+					t.Errorf("a memory resolver, want a full one in %s", tc.want)
+				}
+			default:
+				t.Errorf("resolver %T", r)
 			}
 		})
 	}
