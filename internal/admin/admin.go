@@ -43,7 +43,7 @@ type edit struct {
 var edits = []edit{
 	{name: "add-team", args: "TEAM [TOOL...]", what: "add a team (its own account in the accounts layout) owning the tools named", min: 1, max: -1, apply: addTeam},
 	{name: "grant", args: "TEAM TOOL...", what: "grant tools to a team (a tool has one owner)", min: 2, max: -1, apply: grant},
-	{name: "revoke", args: "TEAM TOOL...", what: "revoke tools of a team (taken away once the servers take the change: -push or a reload)", min: 2, max: -1, apply: revoke},
+	{name: "revoke", args: "TEAM TOOL...", what: "revoke tools of a team (taken away once the servers take the change: -push; a reload too with init -memory-resolver)", min: 2, max: -1, apply: revoke},
 	{name: "remove-team", args: "TEAM", what: "remove a team: its executor user's files are deleted and its JWT revoked (in the accounts layout its account is kept with no import)", min: 1, max: 1, apply: removeTeam},
 	{name: "add-client", args: "NAME IDENTITY...", what: "add client credentials (client-NAME; its own account in the accounts layout) that act and read only as the identities named", min: 2, max: -1, apply: addClient},
 	{name: "remove-client", args: "NAME", what: "remove client-NAME: its files are deleted and its JWT revoked (in the accounts layout by its own account, kept with no import)", min: 1, max: 1, apply: removeClient},

@@ -126,11 +126,11 @@ func TestSubcommandsTouchOnlyTheirTenant(t *testing.T) {
 				{args: []string{"add-team", "gamma", "web"}, want: user("executor-gamma"), wantJWT: []string{"team-gamma.jwt", "team-gamma.nk"},
 					wantOut:       []string{"new       executor-gamma: hand out its files", "TOOLBUS_TEAM=gamma TOOLBUS_EXECUTOR_TOOLS=web"},
 					wantOutMemory: []string{"new       account team-gamma: reload the server"},
-					wantOutFull:   []string{"new       account team-gamma: push it (toolbus admin push;"}},
+					wantOutFull:   []string{"new       account team-gamma: push it (system.creds: toolbus admin push"}},
 				{args: []string{"grant", "alpha", "calc2"}, wantOne: user("executor-alpha")[:1], wantJWT: []string{"team-alpha.jwt"},
 					wantOut:       []string{"unchanged (files byte for byte as they were): admin, planner, executor, injector, client"},
 					wantOutMemory: []string{"changed   account team-alpha: reload the server (kill -HUP)", "toolbus admin push"},
-					wantOutFull:   []string{"changed   account team-alpha: push it (toolbus admin push: the full resolver takes a changed account from a push, not from a reload)"}},
+					wantOutFull:   []string{"changed   account team-alpha: push it (system.creds: toolbus admin push, natsjwt.PushAccounts): the full resolver takes a changed account from a push, not from a reload"}},
 				{args: []string{"revoke", "alpha", "calc"}, wantOne: append(user("executor-alpha")[:1], revoked...), wantJWT: []string{"team-alpha.jwt"}},
 				// A removed team's account stays, with no import and its user revoked.
 				{args: []string{"remove-team", "beta"}, want: append(user("executor-beta"), revoked...),
@@ -140,7 +140,7 @@ func TestSubcommandsTouchOnlyTheirTenant(t *testing.T) {
 					wantOut:        []string{"new       client-bob: hand out its files"},
 					wantOutAccount: []string{"it runs with TOOLBUS_NATS_READ_PREFIX=toolbus_read.bob.API", natsjwt.ReadPrefixNote},
 					wantOutMemory:  []string{"new       account client-bob: reload the server"},
-					wantOutFull:    []string{"new       account client-bob: push it (toolbus admin push;"}},
+					wantOutFull:    []string{"new       account client-bob: push it (system.creds: toolbus admin push"}},
 				// A client's revocation goes into its own account's JWT, which stays, with no import.
 				{args: []string{"remove-client", "alice"}, want: user("client-alice"), wantOne: revoked, wantJWT: []string{"account-client-alice.jwt"},
 					wantOutAccount: []string{"removed   account client-alice: kept with no import and its users revoked"}},

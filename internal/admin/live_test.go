@@ -171,7 +171,7 @@ func TestAdminDayTwoAsWritten(t *testing.T) {
 	// on a reload (nats-server 2.15.2), so the edit says to push, and only the push
 	// gives gamma newtool's queue.
 	out = shell(t, ctx, work, env, "toolbus admin grant -dir tb gamma newtool")
-	if !strings.Contains(out, "changed   account team-gamma: push it (toolbus admin push") {
+	if !strings.Contains(out, "changed   account team-gamma: push it (system.creds: toolbus admin push") {
 		t.Errorf("grant without -push does not say to push:\n%s", out)
 	}
 	if err := server.Process.Signal(syscall.SIGHUP); err != nil {

@@ -58,9 +58,9 @@ var accountHandOut = map[string]string{
 // server takes a changed account from a push only; the users and nkeys configs still
 // take it on a reload).
 var fullHandOut = map[string]string{
-	"new":     ": push it (toolbus admin push; the users and nkeys configs: a reload, and a second one for a new team's or client's imports); then hand out its users' files",
-	"changed": ": push it (toolbus admin push: the full resolver takes a changed account from a push, not from a reload); its users keep their files and connections",
-	"removed": ": kept with no import and its users revoked; push it (toolbus admin push): its users' connections are cut",
+	"new":     ": push it (system.creds: toolbus admin push, natsjwt.PushAccounts); then hand out its users' files (the users and nkeys configs take it on a reload, a new team's or client's imports on a second one)",
+	"changed": ": push it (system.creds: toolbus admin push, natsjwt.PushAccounts): the full resolver takes a changed account from a push, not from a reload; its users keep their files and connections",
+	"removed": ": kept with no import and its users revoked; push it (system.creds: toolbus admin push, natsjwt.PushAccounts): its users' connections are cut",
 }
 
 var handOut = map[string]string{
