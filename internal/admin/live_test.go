@@ -48,8 +48,9 @@ func docBlock(t *testing.T, file, anchor string) []string {
 // user is connected from the start of the server: before the grant it cannot reach
 // newtool's queue, after the push that same connection (never reconnected) does, and
 // the server was neither restarted nor reloaded. Beyond the block: a new team added
-// with -push connects at once (the full resolver), and a grant made without -push is
-// not applied by a reload, only by toolbus admin push.
+// with -push connects at once (the full resolver), and after a reload a team added
+// without -push connects but a grant made without -push is not applied, until toolbus
+// admin push.
 func TestAdminDayTwoAsWritten(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the binary and runs a server")
@@ -167,13 +168,14 @@ func TestAdminDayTwoAsWritten(t *testing.T) {
 	if server.ProcessState != nil || strings.Contains(strings.ToLower(serverLog.String()), "reloaded") {
 		t.Errorf("the server exited or reloaded:\n%s", serverLog)
 	}
-	// A grant without -push and a reload: the full resolver applies no changed account
-	// on a reload (nats-server 2.15.2), so the edit says to push, and only the push
-	// gives gamma newtool's queue.
+	// A grant and a new team without -push, then a reload: the full resolver takes the
+	// preload's new account (delta connects) but applies no changed one (nats-server
+	// 2.15.2), so the edit says to push, and only the push gives gamma newtool's queue.
 	out = shell(t, ctx, work, env, "toolbus admin grant -dir tb gamma newtool")
 	if !strings.Contains(out, "changed   account team-gamma: push it (system.creds: toolbus admin push") {
 		t.Errorf("grant without -push does not say to push:\n%s", out)
 	}
+	shell(t, ctx, work, env, "toolbus admin add-team -dir tb delta search")
 	if err := server.Process.Signal(syscall.SIGHUP); err != nil {
 		t.Fatal(err)
 	}
@@ -183,6 +185,11 @@ func TestAdminDayTwoAsWritten(t *testing.T) {
 		}
 		return nil
 	})
+	delta, err := nats.Connect("nats://127.0.0.1:"+strconv.Itoa(port), nats.UserCredentials(filepath.Join(work, "tb", "executor-delta.creds")), nats.NoReconnect())
+	if err != nil {
+		t.Fatalf("delta's credentials after the reload: %v", err)
+	}
+	delta.Close()
 	if _, err := gamma.Request(newtool, nil, time.Second); err == nil {
 		t.Error("the reload gave gamma newtool's queue: the edit may say a reload applies it")
 	}
