@@ -336,8 +336,10 @@ func Generate(permsFile, dir string) (Result, error) { return GenerateGrants(per
 // and nkeys are kept, a user whose permissions did not change keeps its .creds file
 // as it was, a user no longer granted is removed (its JWT revoked), and Result.Changes
 // says which is which. Adding a team or a bound client then needs nothing on a server
-// in operator mode; the users and nkeys configs need a reload (SIGHUP: kill -HUP the
-// toolbus server, or nats-server --signal reload), which keeps every connection. The
+// in operator mode with one account, in the accounts layout a push of its new account
+// (PushAccounts) with a full resolver (WithFullResolver) or a reload with the memory
+// one; the users and nkeys configs need a reload (SIGHUP: kill -HUP the toolbus server,
+// or nats-server --signal reload), which keeps every connection. The
 // server settings of auth-users.conf and auth-nkeys.conf are those of single.conf, next
 // to permsFile, listening on loopback (WithListen) and storing where WithStoreDir says.
 // WithAccounts issues the accounts layout: also team-<team>.nk and team-<team>.jwt per
