@@ -771,7 +771,7 @@ resolver: MEMORY
 	if o.resolverDir != "" {
 		resolver = fmt.Sprintf(`# A full resolver: the server keeps every account JWT in dir (writable by the server;
 # keep this file read-only) and takes a new or changed account from a push with
-# system.creds ($SYS.REQ.CLAIMS.UPDATE: toolbus admin push, or -push with an edit), at
+# system.creds ($SYS.REQ.ACCOUNT.<key>.CLAIMS.UPDATE: toolbus admin push, -push), at
 # once, with no reload. A reload stores the preload's new accounts but applies no
 # changed one: push them. The preload seeds a server started on an empty dir; an
 # account removed from the deployment stays in the dir (allow_delete: false).
