@@ -6,7 +6,9 @@
 // layout a team's or client's own account); they print what
 // changed and what to hand to whom, and with -push send the changed account JWTs to the
 // running servers (natsjwt.PushAccounts) so that no process restarts and no server
-// reloads (a new account still needs a reload: the memory resolver of auth-jwt.conf).
+// reloads: auth-jwt.conf's full resolver stores a new team's or client's account from
+// the push too (a deployment made with init -memory-resolver needs a reload for a new
+// account).
 package admin
 
 import (
@@ -41,7 +43,7 @@ type edit struct {
 var edits = []edit{
 	{name: "add-team", args: "TEAM [TOOL...]", what: "add a team (its own account in the accounts layout) owning the tools named", min: 1, max: -1, apply: addTeam},
 	{name: "grant", args: "TEAM TOOL...", what: "grant tools to a team (a tool has one owner)", min: 2, max: -1, apply: grant},
-	{name: "revoke", args: "TEAM TOOL...", what: "revoke tools of a team (taken away once the servers take the change: -push or a reload)", min: 2, max: -1, apply: revoke},
+	{name: "revoke", args: "TEAM TOOL...", what: "revoke tools of a team (taken away once the servers take the change: -push; a reload too with init -memory-resolver)", min: 2, max: -1, apply: revoke},
 	{name: "remove-team", args: "TEAM", what: "remove a team: its executor user's files are deleted and its JWT revoked (in the accounts layout its account is kept with no import)", min: 1, max: 1, apply: removeTeam},
 	{name: "add-client", args: "NAME IDENTITY...", what: "add client credentials (client-NAME; its own account in the accounts layout) that act and read only as the identities named", min: 2, max: -1, apply: addClient},
 	{name: "remove-client", args: "NAME", what: "remove client-NAME: its files are deleted and its JWT revoked (in the accounts layout by its own account, kept with no import)", min: 1, max: 1, apply: removeClient},

@@ -25,11 +25,15 @@ func admin(t *testing.T, args ...string) (int, string, string) {
 	return code, out.String(), errOut.String()
 }
 
-// files reads every file of dir (its permissions subdirectory too).
+// files reads every file of dir (its permissions subdirectory too), but the server's
+// own: its full resolver's directory (ResolverSubdir), where it stores what it is pushed.
 func files(t *testing.T, dir string) map[string][]byte {
 	t.Helper()
 	out := map[string][]byte{}
 	err := filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
+		if err == nil && d.IsDir() && p == filepath.Join(dir, ResolverSubdir) {
+			return filepath.SkipDir
+		}
 		if err != nil || d.IsDir() {
 			return err
 		}
@@ -89,7 +93,7 @@ func TestSubcommandsTouchOnlyTheirTenant(t *testing.T) {
 	for _, layout := range []struct {
 		name string
 		init []string
-	}{{"accounts", nil}, {"one account", []string{"-one-account"}}} {
+	}{{"accounts", nil}, {"accounts, memory resolver", []string{"-memory-resolver"}}, {"one account", []string{"-one-account"}}} {
 		t.Run(layout.name, func(t *testing.T) {
 			t.Parallel()
 			dir := filepath.Join(t.TempDir(), "base")
@@ -103,7 +107,7 @@ func TestSubcommandsTouchOnlyTheirTenant(t *testing.T) {
 					t.Fatalf("%v: exit %d\n%s%s", args, code, out, errOut)
 				}
 			}
-			accounts := layout.init == nil
+			accounts, full := !slices.Contains(layout.init, "-one-account"), layout.init == nil
 			base := files(t, dir)
 			revoked := []string{"account.jwt", "revocations.json"}
 			if accounts {
@@ -116,13 +120,17 @@ func TestSubcommandsTouchOnlyTheirTenant(t *testing.T) {
 				wantOne        []string // and in one account's
 				wantOut        []string
 				wantOutAccount []string
+				wantOutMemory  []string // and with its memory resolver
+				wantOutFull    []string // and with its full resolver
 			}{
 				{args: []string{"add-team", "gamma", "web"}, want: user("executor-gamma"), wantJWT: []string{"team-gamma.jwt", "team-gamma.nk"},
-					wantOut:        []string{"new       executor-gamma: hand out its files", "TOOLBUS_TEAM=gamma TOOLBUS_EXECUTOR_TOOLS=web"},
-					wantOutAccount: []string{"new       account team-gamma: reload the server"}},
+					wantOut:       []string{"new       executor-gamma: hand out its files", "TOOLBUS_TEAM=gamma TOOLBUS_EXECUTOR_TOOLS=web"},
+					wantOutMemory: []string{"new       account team-gamma: reload the server"},
+					wantOutFull:   []string{"new       account team-gamma: push it (system.creds: toolbus admin push"}},
 				{args: []string{"grant", "alpha", "calc2"}, wantOne: user("executor-alpha")[:1], wantJWT: []string{"team-alpha.jwt"},
-					wantOut:        []string{"unchanged (files byte for byte as they were): admin, planner, executor, injector, client"},
-					wantOutAccount: []string{"changed   account team-alpha: reload the server (kill -HUP)", "toolbus admin push"}},
+					wantOut:       []string{"unchanged (files byte for byte as they were): admin, planner, executor, injector, client"},
+					wantOutMemory: []string{"changed   account team-alpha: reload the server (kill -HUP)", "toolbus admin push"},
+					wantOutFull:   []string{"changed   account team-alpha: push it (system.creds: toolbus admin push, natsjwt.PushAccounts): the full resolver takes a changed account from a push, not from a reload"}},
 				{args: []string{"revoke", "alpha", "calc"}, wantOne: append(user("executor-alpha")[:1], revoked...), wantJWT: []string{"team-alpha.jwt"}},
 				// A removed team's account stays, with no import and its user revoked.
 				{args: []string{"remove-team", "beta"}, want: append(user("executor-beta"), revoked...),
@@ -130,7 +138,9 @@ func TestSubcommandsTouchOnlyTheirTenant(t *testing.T) {
 					wantOutAccount: []string{"removed   account team-beta: kept with no import and its users revoked"}},
 				{args: []string{"add-client", "bob", "bob", "bob-bot"}, want: user("client-bob"), wantJWT: []string{"account-client-bob.jwt", "account-client-bob.nk"},
 					wantOut:        []string{"new       client-bob: hand out its files"},
-					wantOutAccount: []string{"new       account client-bob: reload the server", "it runs with TOOLBUS_NATS_READ_PREFIX=toolbus_read.bob.API", natsjwt.ReadPrefixNote}},
+					wantOutAccount: []string{"it runs with TOOLBUS_NATS_READ_PREFIX=toolbus_read.bob.API", natsjwt.ReadPrefixNote},
+					wantOutMemory:  []string{"new       account client-bob: reload the server"},
+					wantOutFull:    []string{"new       account client-bob: push it (system.creds: toolbus admin push"}},
 				// A client's revocation goes into its own account's JWT, which stays, with no import.
 				{args: []string{"remove-client", "alice"}, want: user("client-alice"), wantOne: revoked, wantJWT: []string{"account-client-alice.jwt"},
 					wantOutAccount: []string{"removed   account client-alice: kept with no import and its users revoked"}},
@@ -148,10 +158,14 @@ func TestSubcommandsTouchOnlyTheirTenant(t *testing.T) {
 					}
 					want := slices.Clone(tc.want)
 					wantOut := slices.Clone(tc.wantOut)
-					if accounts {
+					switch {
+					case full:
 						want = append(want, tc.wantJWT...)
-						wantOut = append(wantOut, tc.wantOutAccount...)
-					} else {
+						wantOut = append(append(wantOut, tc.wantOutAccount...), tc.wantOutFull...)
+					case accounts:
+						want = append(want, tc.wantJWT...)
+						wantOut = append(append(wantOut, tc.wantOutAccount...), tc.wantOutMemory...)
+					default:
 						want = append(want, tc.wantOne...) // a team's user JWT carries its tools
 					}
 					got := slices.DeleteFunc(diff(base, files(t, d)), func(f string) bool { return slices.Contains(configs, f) })

@@ -22,10 +22,11 @@ const usage = `usage: toolbus admin <subcommand> [flags] [args]
   restarts. It prints what changed and what to hand to whom.
 
 subcommands:
-  init [-one-account] [-listen host:port] [-store DIR]
+  init [-one-account] [-listen host:port] [-store DIR] [-resolver-dir DIR | -memory-resolver]
                            create a deployment once (keys, credentials, server configs, an empty
                            grants.json); refuses a directory that holds one. The accounts layout
-                           (one account per team) unless -one-account
+                           (one account per team) unless -one-account, its auth-jwt.conf with a
+                           full resolver (edits with -push need no reload) unless -memory-resolver
 %s
 flags (-dir everywhere; -push and -server for the subcommands that edit):
 `
@@ -97,9 +98,9 @@ func dirFlag(fs *flag.FlagSet) *string {
 }
 
 type initOpts struct {
-	dir              *string
-	accounts, oneAcc *bool
-	listen, store    *string
+	dir                      *string
+	accounts, oneAcc, memRes *bool
+	listen, store, resDir    *string
 }
 
 func initFlags(fs *flag.FlagSet) initOpts {
@@ -109,6 +110,8 @@ func initFlags(fs *flag.FlagSet) initOpts {
 		oneAcc:   fs.Bool("one-account", false, "init: one account for the roles and every team instead (teams that trust each other)"),
 		listen:   fs.String("listen", natsjwt.DefaultListen, "init: client address (host:port) the server configs listen on; 0.0.0.0:4222 for every interface"),
 		store:    fs.String("store", "", "init: JetStream store directory written into the server configs (default: none, give it to the server: toolbus server -sd DIR)"),
+		resDir:   fs.String("resolver-dir", "", "init: the directory where the server's full resolver stores the account JWTs, writable by the server, as it sees it (default: resolver under -store, else under -dir)"),
+		memRes:   fs.Bool("memory-resolver", false, "init: a memory resolver instead of a full one (accounts layout): a new team or client then needs a reload besides -push (-one-account always has one)"),
 	}
 }
 
@@ -123,7 +126,7 @@ func editFlags(fs *flag.FlagSet, noDir bool) editOpts {
 	if !noDir {
 		o.dir = dirFlag(fs)
 	}
-	o.push = fs.Bool("push", false, "push the changed account JWTs to the running servers with the deployment's system.creds (the accounts layout): no reload, every connection kept; a new account still needs a reload")
+	o.push = fs.Bool("push", false, "push the changed account JWTs to the running servers with the deployment's system.creds (the accounts layout): no reload, every connection kept; a new team or client too, but with a memory resolver (init -memory-resolver) a new account needs a reload")
 	o.server = fs.String("server", "", "the server to push to (default: TOOLBUS_NATS_URL)")
 	return o
 }
@@ -179,7 +182,18 @@ func runInit(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	return Init(dir, Settings{Accounts: *o.accounts && !*o.oneAcc, Listen: *o.listen, Store: *o.store}, stdout)
+	s := Settings{Accounts: *o.accounts && !*o.oneAcc, Listen: *o.listen, Store: *o.store}
+	switch {
+	case *o.resDir != "" && (*o.memRes || !s.Accounts):
+		return usageError("-resolver-dir is the full resolver's, which -memory-resolver and -one-account do not have")
+	case *o.resDir != "":
+		s.ResolverDir = *o.resDir
+	case s.Accounts && !*o.memRes:
+		if s.ResolverDir, err = defaultResolverDir(dir, s); err != nil {
+			return err
+		}
+	}
+	return Init(dir, s, stdout)
 }
 
 func runEdit(ctx context.Context, e edit, args []string, url string, stdout, stderr io.Writer) error {
@@ -263,7 +277,8 @@ func report(w io.Writer, res natsjwt.Result, p pushed) {
 	if len(changed) == 0 {
 		fmt.Fprintln(w, "nothing changed")
 	}
-	natsjwt.WriteChanges(w, changed, func(c natsjwt.Change) bool { return p.took[c.User] })
+	full := res.ResolverDir != ""
+	natsjwt.WriteChanges(w, changed, func(c natsjwt.Change) bool { return p.took[c.User] }, full)
 	if len(unchanged) > 0 {
 		fmt.Fprintf(w, "unchanged (files byte for byte as they were): %s\n", strings.Join(unchanged, ", "))
 	}
@@ -273,7 +288,7 @@ func report(w io.Writer, res natsjwt.Result, p pushed) {
 			natsjwt.WriteUser(w, res, c.User)
 		}
 	}
-	if len(p.took)+len(p.skipped) == 0 && slices.ContainsFunc(changed, func(c natsjwt.Change) bool {
+	if !full && len(p.took)+len(p.skipped) == 0 && slices.ContainsFunc(changed, func(c natsjwt.Change) bool {
 		return c.Account && (c.What == "changed" || c.What == "removed")
 	}) {
 		fmt.Fprintln(w, "or apply the changed accounts with no reload: toolbus admin push (-push with the edit)")

@@ -19,13 +19,22 @@ import (
 )
 
 // Clients in their own accounts, day two, on a running server in operator mode (the
-// accounts layout): add-client -push writes only the new client's files and its
-// account (the core's JWT not at all) and, after one reload, the server takes the new
-// client; rotate -push changes only that client's credentials and its account, and
+// accounts layout), with each resolver: add-client -push writes only the new client's
+// files and its account (the core's JWT not at all) and the server takes the new client
+// at once (the full resolver) or after one reload (-memory-resolver); rotate -push changes only that client's credentials and its account, and
 // cuts the old credentials at once; remove-client -push revokes the client (its
 // connection is cut, its old credentials are refused) and no other client notices;
 // remove-team -push cuts the team's executors the same way.
 func TestAdminClientAccounts(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		init []string
+	}{{"full resolver", nil}, {"memory resolver", []string{"-memory-resolver"}}} {
+		t.Run(tc.name, func(t *testing.T) { testClientAccounts(t, tc.init) })
+	}
+}
+
+func testClientAccounts(t *testing.T, initArgs []string) {
 	ctx := eventstest.Context(t, time.Minute)
 	dir := filepath.Join(t.TempDir(), "d")
 	adm := func(url string, args ...string) string {
@@ -36,7 +45,7 @@ func TestAdminClientAccounts(t *testing.T) {
 		}
 		return out.String()
 	}
-	adm("", "init")
+	adm("", append([]string{"init"}, initArgs...)...)
 	adm("", "add-team", "alpha", "calc")
 	adm("", "add-client", "alice", "alice")
 	opts, err := server.ProcessConfigFile(filepath.Join(dir, "auth-jwt.conf"))
@@ -106,19 +115,25 @@ func TestAdminClientAccounts(t *testing.T) {
 
 	before := files(t, dir)
 	out := adm(url, "add-client", "-push", "bob", "bob")
-	if !strings.Contains(out, "reload needed: the running servers have not loaded account client-bob (new)") {
-		t.Errorf("add-client -push does not say the new account needs a reload:\n%s", out)
-	}
 	changed(before, "account-client-bob.jwt", "account-client-bob.nk", "client-bob.creds", "client-bob.nk", "client-bob.password")
-	refused(filepath.Join(dir, "client-bob.creds"), "bob, before the reload,")
-	newOpts, err := server.ProcessConfigFile(filepath.Join(dir, "auth-jwt.conf"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	newOpts.Host, newOpts.Port, newOpts.HTTPHost, newOpts.HTTPPort = opts.Host, opts.Port, opts.HTTPHost, opts.HTTPPort
-	newOpts.StoreDir, newOpts.NoLog, newOpts.NoSigs = opts.StoreDir, true, true
-	if err := srv.ReloadOptions(newOpts); err != nil {
-		t.Fatalf("reload: %v", err)
+	if _, full := opts.AccountResolver.(*server.DirAccResolver); full {
+		if !strings.Contains(out, "new       account client-bob: pushed to the running servers") {
+			t.Errorf("add-client -push does not say it pushed the new account:\n%s", out)
+		}
+	} else {
+		if !strings.Contains(out, "reload needed: the running servers have not loaded account client-bob (new)") {
+			t.Errorf("add-client -push does not say the new account needs a reload:\n%s", out)
+		}
+		refused(filepath.Join(dir, "client-bob.creds"), "bob, before the reload,")
+		newOpts, err := server.ProcessConfigFile(filepath.Join(dir, "auth-jwt.conf"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		newOpts.Host, newOpts.Port, newOpts.HTTPHost, newOpts.HTTPPort = opts.Host, opts.Port, opts.HTTPHost, opts.HTTPPort
+		newOpts.StoreDir, newOpts.NoLog, newOpts.NoSigs = opts.StoreDir, true, true
+		if err := srv.ReloadOptions(newOpts); err != nil {
+			t.Fatalf("reload: %v", err)
+		}
 	}
 	bob := must(filepath.Join(dir, "client-bob.creds"))
 	start(bob, "bob", "r2")

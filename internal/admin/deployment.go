@@ -36,6 +36,29 @@ type Settings struct {
 	Accounts bool   `json:"accounts"`
 	Listen   string `json:"listen"`
 	Store    string `json:"store,omitempty"`
+	// ResolverDir is the directory of auth-jwt.conf's full resolver (the accounts
+	// layout; natsjwt.WithFullResolver), which takes a new or changed account from a
+	// push. "": a memory resolver (init -memory-resolver, -one-account, or a deployment
+	// init made before the full resolver, which keeps its memory resolver).
+	ResolverDir string `json:"resolver_dir,omitempty"`
+}
+
+// ResolverSubdir is the full resolver's directory under -store, or under the
+// deployment's directory, unless init is told one (-resolver-dir).
+const ResolverSubdir = "resolver"
+
+// defaultResolverDir is where init puts the full resolver's directory unless told: beside
+// the JetStream store (-store: the server's state in one place, as the NATS Helm chart
+// keeps it), else in the deployment's directory dir, as an absolute path.
+func defaultResolverDir(dir string, s Settings) (string, error) {
+	if s.Store != "" {
+		return filepath.Join(s.Store, ResolverSubdir), nil
+	}
+	abs, err := filepath.Abs(filepath.Join(dir, ResolverSubdir))
+	if err != nil {
+		return "", fmt.Errorf("admin: %w", err)
+	}
+	return abs, nil
 }
 
 // bcryptCost is the cost of the password hashes (the tests lower it).
@@ -45,6 +68,9 @@ func (s Settings) options(rotate ...string) []natsjwt.Option {
 	opts := []natsjwt.Option{natsjwt.WithListen(s.Listen), natsjwt.WithStoreDir(s.Store), natsjwt.WithBcryptCost(bcryptCost), natsjwt.WithRotate(rotate...)}
 	if s.Accounts {
 		opts = append(opts, natsjwt.WithAccounts())
+	}
+	if s.ResolverDir != "" {
+		opts = append(opts, natsjwt.WithFullResolver(s.ResolverDir))
 	}
 	return opts
 }
@@ -88,6 +114,9 @@ func Init(dir string, s Settings, stdout io.Writer) error {
 	}
 	fmt.Fprintf(stdout, "created a deployment in %s (secrets: keep it out of git), %s\n", dir, layout)
 	fmt.Fprintln(stdout, "server configs:", res.Config, res.UsersConfig, res.NkeysConfig)
+	if s.ResolverDir != "" {
+		fmt.Fprintf(stdout, "%s has a full resolver: the server stores the account JWTs in %s (it must be able to write it; the configs can stay read-only) and takes new and changed accounts from -push, with no reload\n", filepath.Base(res.Config), s.ResolverDir)
+	}
 	if s.Store == "" {
 		fmt.Fprintf(stdout, "run a server: toolbus server -c %s -sd DIR\n", res.Config)
 	} else {
@@ -139,7 +168,7 @@ func (d *deployment) issue(g natsjwt.Grants, rotate ...string) (natsjwt.Result, 
 }
 
 // pushed is the outcome of a push: the accounts the servers took, those they had not
-// loaded (a new account: a reload loads it).
+// loaded (a new account with a memory resolver: a reload loads it).
 type pushed struct {
 	took, skipped map[string]bool // by Change.User ("account team-alpha")
 }

@@ -47,7 +47,10 @@ func docBlock(t *testing.T, file, anchor string) []string {
 // -m 0 for the server (the generated config's monitoring port is fixed). Team alpha's
 // user is connected from the start of the server: before the grant it cannot reach
 // newtool's queue, after the push that same connection (never reconnected) does, and
-// the server was neither restarted nor reloaded.
+// the server was neither restarted nor reloaded. Beyond the block: a new team added
+// with -push connects at once (the full resolver), and after a reload a team added
+// without -push connects but a grant made without -push is not applied, until toolbus
+// admin push.
 func TestAdminDayTwoAsWritten(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the binary and runs a server")
@@ -132,11 +135,21 @@ func TestAdminDayTwoAsWritten(t *testing.T) {
 		}
 		return nil
 	})
-	// Beyond the block: a new team pushed says it needs a reload (its account is new to
-	// the server), and a tool revoked with -push is taken from alpha's connection at once.
+	// Beyond the block: a new team pushed is taken at once (the full resolver stores its
+	// account): its credentials connect and its import of the core's JetStream API
+	// answers; a tool revoked with -push is taken from alpha's connection at once.
 	out := shell(t, ctx, work, env, "toolbus admin add-team -dir tb gamma web -push")
-	if !strings.Contains(out, "reload needed: the running servers have not loaded account team-gamma (new)") {
-		t.Errorf("add-team -push does not say a reload is needed:\n%s", out)
+	if !strings.Contains(out, "new       account team-gamma: pushed to the running servers") || strings.Contains(out, "reload needed") {
+		t.Errorf("add-team -push does not say it pushed the new account:\n%s", out)
+	}
+	gamma, err := nats.Connect("nats://127.0.0.1:"+strconv.Itoa(port), nats.UserCredentials(filepath.Join(work, "tb", "executor-gamma.creds")), nats.NoReconnect())
+	if err != nil {
+		t.Fatalf("gamma's credentials after add-team -push, with no reload: %v", err)
+	}
+	t.Cleanup(gamma.Close)
+	web := "JS.core.API.CONSUMER.INFO." + events.DefaultStream + "." + events.ToolConsumer("web")
+	if _, err := gamma.RequestWithContext(ctx, web, nil); err != nil {
+		t.Errorf("gamma's import of web's queue: %v", err)
 	}
 	shell(t, ctx, work, env, "toolbus admin revoke -dir tb alpha newtool -push")
 	eventstest.Eventually(t, 10*time.Second, func() error {
@@ -155,6 +168,42 @@ func TestAdminDayTwoAsWritten(t *testing.T) {
 	if server.ProcessState != nil || strings.Contains(strings.ToLower(serverLog.String()), "reloaded") {
 		t.Errorf("the server exited or reloaded:\n%s", serverLog)
 	}
+	// A grant and a new team without -push, then a reload: the full resolver takes the
+	// preload's new account (delta connects) but applies no changed one (nats-server
+	// 2.15.2), so the edit says to push, and only the push gives gamma newtool's queue.
+	out = shell(t, ctx, work, env, "toolbus admin grant -dir tb gamma newtool")
+	if !strings.Contains(out, "changed   account team-gamma: push it (system.creds: toolbus admin push") {
+		t.Errorf("grant without -push does not say to push:\n%s", out)
+	}
+	shell(t, ctx, work, env, "toolbus admin add-team -dir tb delta search")
+	if err := server.Process.Signal(syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	eventstest.Eventually(t, 30*time.Second, func() error {
+		if !strings.Contains(strings.ToLower(serverLog.String()), "reloaded") {
+			return &testError{"the server has not logged the reload"}
+		}
+		return nil
+	})
+	delta, err := nats.Connect("nats://127.0.0.1:"+strconv.Itoa(port), nats.UserCredentials(filepath.Join(work, "tb", "executor-delta.creds")), nats.NoReconnect())
+	if err != nil {
+		t.Fatalf("delta's credentials after the reload: %v", err)
+	}
+	delta.Close()
+	if _, err := gamma.Request(newtool, nil, time.Second); err == nil {
+		t.Error("the reload gave gamma newtool's queue: the edit may say a reload applies it")
+	}
+	shell(t, ctx, work, env, "toolbus admin push -dir tb")
+	eventstest.Eventually(t, 10*time.Second, func() error {
+		m, err := gamma.RequestWithContext(ctx, newtool, nil)
+		if err != nil {
+			return err
+		}
+		if !bytes.Contains(m.Data, []byte(`"name":"`+events.ToolConsumer("newtool")+`"`)) {
+			return &testError{string(m.Data)}
+		}
+		return nil
+	})
 }
 
 type testError struct{ s string }

@@ -50,7 +50,10 @@
 // account-client-<name>.nk), holding its client-<name> user, which imports only its
 // identities' starts, decisions, cancels, answers and read service (natsjwt.ClientExports):
 // it runs with TOOLBUS_NATS_READ_PREFIX=toolbus_read.<identity>.API (gen prints it). Off by
-// default: toolbus admin init issues it.
+// default: toolbus admin init issues it. With -resolver-dir DIR (and -accounts)
+// auth-jwt.conf has a full resolver storing the account JWTs in DIR instead of a memory
+// one: a push (natsjwt.PushAccounts, toolbus admin push) then takes a new team or client
+// too, with no reload, and a reload takes no changed account (push it).
 package main
 
 import (
@@ -78,6 +81,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	storeDir := fs.String("store", "", "JetStream store directory written into the server configs (default: none, give it to the server: toolbus server -sd DIR)")
 	rotate := fs.String("rotate", "", "comma-separated users to issue new credentials for (new password, nkey and JWT; the old JWT is revoked); everyone else's are kept")
 	accounts := fs.Bool("accounts", false, "the accounts layout: a core account for the roles, one account per team for its executors, which import only their tools' subjects, and one per bound client, which imports only its identities' (natsjwt.WithAccounts; their executors need TOOLBUS_NATS_API_PREFIX=JS.core.API, the clients TOOLBUS_NATS_READ_PREFIX)")
+	resolverDir := fs.String("resolver-dir", "", "with -accounts: auth-jwt.conf gets a full resolver storing the account JWTs in this directory (writable by the server; as the server sees it), which takes new and changed accounts from a push (natsjwt.PushAccounts) with no reload (default: a memory resolver, which takes new accounts on a reload)")
 	out := fs.String("out", "", "output directory, created 0700 (default: toolbus/nats in the user's configuration directory, outside the repository: it holds secrets)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -92,6 +96,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	opts := []natsjwt.Option{natsjwt.WithRotate(rot...), natsjwt.WithListen(*listen), natsjwt.WithStoreDir(*storeDir)}
 	if *accounts {
 		opts = append(opts, natsjwt.WithAccounts())
+	}
+	if *resolverDir != "" {
+		opts = append(opts, natsjwt.WithFullResolver(*resolverDir))
 	}
 	if err := generate(*perms, *grants, *out, opts, stdout); err != nil {
 		fmt.Fprintln(stderr, "gen:", err)
@@ -133,7 +140,7 @@ func generate(perms, grants, out string, opts []natsjwt.Option, stdout io.Writer
 	}
 	// What this run changed, and whom to hand what: a directory that held a
 	// deployment's keys keeps them and every credential whose permissions did not change.
-	natsjwt.WriteChanges(stdout, res.Changes, nil)
+	natsjwt.WriteChanges(stdout, res.Changes, nil, res.ResolverDir != "")
 	return nil
 }
 

@@ -72,4 +72,19 @@ func TestGenAccounts(t *testing.T) {
 	if err != nil || !strings.Contains(string(conf), `"TEAM_alpha" {`) {
 		t.Errorf("auth-users.conf has no account of alpha's: %v\n%s", err, conf)
 	}
+	if conf, err := os.ReadFile(filepath.Join(dir, "out", "auth-jwt.conf")); err != nil || !strings.Contains(string(conf), "\nresolver: MEMORY\n") {
+		t.Errorf("auth-jwt.conf without -resolver-dir has no memory resolver: %v\n%s", err, conf)
+	}
+	// -resolver-dir: a full resolver, and what each change needs says to push.
+	out.Reset()
+	jwtDir := filepath.Join(dir, "jwt")
+	if code := run([]string{"-accounts", "-grants", grants, "-resolver-dir", jwtDir, "-out", filepath.Join(dir, "full")}, &out, &errOut); code != 0 {
+		t.Fatalf("gen -resolver-dir: exit %d\n%s%s", code, out.String(), errOut.String())
+	}
+	if !strings.Contains(out.String(), "new       account team-alpha: push it (system.creds: toolbus admin push") {
+		t.Errorf("gen -resolver-dir does not say to push:\n%s", out.String())
+	}
+	if conf, err := os.ReadFile(filepath.Join(dir, "full", "auth-jwt.conf")); err != nil || !strings.Contains(string(conf), "type: full\n  dir: \""+jwtDir+"\"") {
+		t.Errorf("auth-jwt.conf with -resolver-dir has no full resolver in %s: %v\n%s", jwtDir, err, conf)
+	}
 }

@@ -1,7 +1,9 @@
 package natsjwt_test
 
 import (
+	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -51,6 +53,57 @@ func TestGeneratedServerSettings(t *testing.T) {
 					t.Errorf("%s: listen %s:%d, store %q, JetStream %v, monitoring on %q; want %s:%d, store %q, JetStream, monitoring on 127.0.0.1",
 						filepath.Base(file), opts.Host, opts.Port, opts.StoreDir, opts.JetStream, opts.HTTPHost, tc.host, tc.port, tc.store)
 				}
+			}
+		})
+	}
+}
+
+// WithFullResolver: auth-jwt.conf's resolver is a full one storing in the directory
+// given, still preloaded with every account; without the accounts layout (no
+// system.creds to push with) it is refused. Without it, a memory resolver.
+func TestFullResolverConfig(t *testing.T) {
+	perms := filepath.Join("..", "permissions.conf")
+	g := natsjwt.Grants{Teams: map[string][]string{"alpha": {"calc"}}}
+	store := filepath.Join(t.TempDir(), "jwt")
+	if _, err := natsjwt.GenerateGrants(perms, t.TempDir(), g, natsjwt.WithFullResolver(store), natsjwt.WithBcryptCost(bcrypt.MinCost)); err == nil || !strings.Contains(err.Error(), "needs the accounts layout") {
+		t.Errorf("a full resolver without the accounts layout: %v", err)
+	}
+	for _, tc := range []struct {
+		name string
+		opts []natsjwt.Option
+		full bool
+	}{
+		{name: "full", opts: []natsjwt.Option{natsjwt.WithAccounts(), natsjwt.WithFullResolver(store)}, full: true},
+		{name: "memory", opts: []natsjwt.Option{natsjwt.WithAccounts()}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			res, err := natsjwt.GenerateGrants(perms, t.TempDir(), g, append(tc.opts, natsjwt.WithBcryptCost(bcrypt.MinCost))...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if (res.ResolverDir != "") != tc.full {
+				t.Errorf("Result.ResolverDir %q", res.ResolverDir)
+			}
+			opts, err := server.ProcessConfigFile(res.Config)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, full := opts.AccountResolver.(*server.DirAccResolver)
+			_, mem := opts.AccountResolver.(*server.MemAccResolver)
+			if full != tc.full || mem == tc.full {
+				t.Errorf("resolver %T", opts.AccountResolver)
+			}
+			b, err := os.ReadFile(res.Config)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for pub := range res.AccountJWTs {
+				if !strings.Contains(string(b), "  "+pub+": "+res.AccountJWTs[pub]+"\n") {
+					t.Errorf("%s is not preloaded", pub)
+				}
+			}
+			if tc.full && !strings.Contains(string(b), "dir: "+strconv.Quote(store)) {
+				t.Errorf("auth-jwt.conf does not store in %s:\n%s", store, b)
 			}
 		})
 	}

@@ -10,6 +10,7 @@ package natsjwt
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
 	"net"
@@ -281,9 +282,11 @@ func Users(perms map[string]Permissions, g Grants) []User {
 // Result is what Generate wrote.
 type Result struct {
 	// Config is the server configuration of the operator/JWT setup (auth-jwt.conf):
-	// listen, JetStream, operator, system account and a memory resolver preloaded with
-	// the account JWTs.
+	// listen, JetStream, operator, system account and a resolver preloaded with the
+	// account JWTs: a memory resolver, or a full one (WithFullResolver).
 	Config string
+	// ResolverDir is the full resolver's directory in Config ("": a memory resolver).
+	ResolverDir string
 	// UsersConfig (auth-users.conf) and NkeysConfig (auth-nkeys.conf) are the server
 	// configurations of the user/password and nkey setups: single.conf's settings and
 	// one user per role and team with its permissions inline.
@@ -333,8 +336,10 @@ func Generate(permsFile, dir string) (Result, error) { return GenerateGrants(per
 // and nkeys are kept, a user whose permissions did not change keeps its .creds file
 // as it was, a user no longer granted is removed (its JWT revoked), and Result.Changes
 // says which is which. Adding a team or a bound client then needs nothing on a server
-// in operator mode; the users and nkeys configs need a reload (SIGHUP: kill -HUP the
-// toolbus server, or nats-server --signal reload), which keeps every connection. The
+// in operator mode with one account, in the accounts layout a push of its new account
+// (PushAccounts) with a full resolver (WithFullResolver) or a reload with the memory
+// one; the users and nkeys configs need a reload (SIGHUP: kill -HUP the toolbus server,
+// or nats-server --signal reload), which keeps every connection. The
 // server settings of auth-users.conf and auth-nkeys.conf are those of single.conf, next
 // to permsFile, listening on loopback (WithListen) and storing where WithStoreDir says.
 // WithAccounts issues the accounts layout: also team-<team>.nk and team-<team>.jwt per
@@ -352,6 +357,9 @@ func GenerateGrants(permsFile, dir string, g Grants, opts ...Option) (Result, er
 	}
 	if err := g.Validate(); err != nil {
 		return Result{}, fmt.Errorf("natsjwt: grants: %w", err)
+	}
+	if o.resolverDir != "" && !o.accounts {
+		return Result{}, errors.New("natsjwt: a full resolver needs the accounts layout (WithAccounts): it takes changed accounts from a push with system.creds, which only that layout issues")
 	}
 	perms, err := ReadPermissions(permsFile)
 	if err != nil {
@@ -388,7 +396,7 @@ func GenerateGrants(permsFile, dir string, g Grants, opts ...Option) (Result, er
 		}
 		return p, nil
 	}
-	res := Result{Creds: map[string]string{}, Passwords: map[string]string{}, Seeds: map[string]string{}}
+	res := Result{Creds: map[string]string{}, Passwords: map[string]string{}, Seeds: map[string]string{}, ResolverDir: o.resolverDir}
 	kr := keyring{dir: dir}
 	if err := issueKept(users, kr, g, o, write, &res); err != nil {
 		return Result{}, err
@@ -553,7 +561,20 @@ type options struct {
 	listen, store string
 	// accounts: the accounts layout (WithAccounts).
 	accounts bool
+	// resolverDir is the full resolver's directory (WithFullResolver; "": a memory
+	// resolver).
+	resolverDir string
 }
+
+// WithFullResolver writes auth-jwt.conf with a full resolver storing the account JWTs
+// in dir, a directory the server may write (an absolute path as the server sees it; a
+// relative one is the server's working directory's, as a store_dir). The preload stays,
+// so a server started on a new directory has every account; a push
+// (PushAccounts) then stores a new or changed account at once, a new team's or client's
+// too, with no reload. Only with WithAccounts, whose system.creds pushes: a full
+// resolver takes a changed account from a push, not from a reload. Without it
+// auth-jwt.conf has a memory resolver: the preload only, a new account needs a reload.
+func WithFullResolver(dir string) Option { return func(o *options) { o.resolverDir = dir } }
 
 // WithAccounts issues the accounts layout (docs/tenancy-design.md): the core account
 // holds the stream, the buckets and every role's user; each team gets an account of its
@@ -726,7 +747,8 @@ func generateJWT(users []User, kr keyring, g Grants, revoked revocations, o opti
 }
 
 // jwtConfig is auth-jwt.conf: the server settings of o, the operator, the system
-// account and the memory resolver preloaded with the account JWTs.
+// account and the resolver (memory, or full in o.resolverDir) preloaded with the account
+// JWTs.
 func jwtConfig(o options, opJWT, spub string, accounts map[string]string) string {
 	var preload strings.Builder
 	for _, pub := range slices.Sorted(maps.Keys(accounts)) {
@@ -738,17 +760,35 @@ func jwtConfig(o options, opJWT, spub string, accounts map[string]string) string
 # own account (team-<team>), which imports only its tools' subjects, and each bound
 # client's user in its own account (client-<name>), which imports only its identities'
 # starts, decisions, cancels, answers and reads, with activation tokens of TOOLBUS's
-# token-required exports. A reload (kill -HUP) takes new preloads;
-# natsjwt.PushAccounts (system.creds) updates loaded accounts without one.
+# token-required exports.
 `
+	}
+	resolver := `# The accounts are preloaded into a memory resolver: a reload (kill -HUP) takes new
+# preloads, natsjwt.PushAccounts (system.creds, the accounts layout) updates loaded
+# accounts without one; a new account needs the reload.
+resolver: MEMORY
+`
+	if o.resolverDir != "" {
+		resolver = fmt.Sprintf(`# A full resolver: the server keeps every account JWT in dir (writable by the server;
+# keep this file read-only) and takes a new or changed account from a push with
+# system.creds ($SYS.REQ.ACCOUNT.<key>.CLAIMS.UPDATE: toolbus admin push, -push), at
+# once, with no reload. A reload stores the preload's new accounts but applies no
+# changed one: push them. The preload seeds a server started on an empty dir; an
+# account removed from the deployment stays in the dir (allow_delete: false).
+resolver: {
+  type: full
+  dir: %s
+  allow_delete: false
+  interval: "2m"
+}
+`, strconv.Quote(o.resolverDir))
 	}
 	return fmt.Sprintf(`# Operator/JWT mode for toolbus, written by go run ./deploy/nats/gen: one account
 # (TOOLBUS, JetStream enabled), one user per role and one executor user per team, whose
 # JWT carries its permissions (permissions.conf; TEAM_EXECUTOR plus the team's tools).
 %s# Give each process its <user>.creds file:
 #   TOOLBUS_NATS_CREDS=/run/secrets/<user>.creds
-# The admin runs toolbus init once. The accounts are preloaded into a memory resolver;
-# for accounts managed at run time, use nsc and a full resolver instead.
+# The admin runs toolbus init once.
 # Run it with the toolbus binary (kill -HUP reloads it):
 #   toolbus server -c auth-jwt.conf -sd /var/lib/toolbus-nats
 # It listens on %s (go run ./deploy/nats/gen -listen 0.0.0.0:4222 for other hosts);
@@ -769,10 +809,9 @@ jetstream {
 
 operator: %s
 system_account: %s
-resolver: MEMORY
-resolver_preload: {
+%sresolver_preload: {
 %s}
-`, layout, o.listen, o.listen, storeSetting(o), opJWT, spub, preload.String())
+`, layout, o.listen, o.listen, storeSetting(o), opJWT, spub, resolver, preload.String())
 }
 
 // issueUsers writes the .creds of each user whose permissions are new or changed,

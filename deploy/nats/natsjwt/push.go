@@ -18,9 +18,10 @@ import (
 // (system.creds): it may only push account JWTs to the servers (PushAccounts).
 const SystemUser = "system"
 
-// ErrPushSkipped is wrapped by PushAccounts for an account no server had loaded: a
-// memory resolver (auth-jwt.conf) takes it from its preload on the next reload
-// (kill -HUP); a full resolver would have stored it.
+// ErrPushSkipped is wrapped by PushAccounts for an account no server had loaded, with
+// a memory resolver (auth-jwt.conf without WithFullResolver): it takes the account from
+// its preload on the next reload (kill -HUP). A full resolver stores every account
+// pushed, a new one too, and never skips.
 var ErrPushSkipped = errors.New("natsjwt: account not loaded by the server: reload it to take the new JWT")
 
 // PushAccounts sends each account JWT of jwts (public key -> JWT, as
@@ -28,11 +29,12 @@ var ErrPushSkipped = errors.New("natsjwt: account not loaded by the server: relo
 // over nc, a connection of the system account (Result.SystemCreds). A server applies
 // it to the account at once: a team's connections keep running and see its new imports
 // (a tool granted) or lose the old ones. The system account's own JWT is not pushed.
-// The memory resolver of auth-jwt.conf keeps its preload: the next reload of the config
-// gen wrote with the same JWTs changes nothing more.
+// A full resolver (WithFullResolver) stores each JWT in its directory, a new account's
+// too, whose users then connect with no reload. A memory resolver keeps its preload: the
+// next reload of the config gen wrote with the same JWTs changes nothing more.
 //
-// It returns the first error after trying every account; an account no server has
-// loaded (no connection yet, e.g. a new team) is ErrPushSkipped.
+// It returns the first error after trying every account; with a memory resolver an
+// account no server has loaded (no connection yet, e.g. a new team) is ErrPushSkipped.
 func PushAccounts(ctx context.Context, nc *nats.Conn, jwts map[string]string) error {
 	var errs []error
 	for _, pub := range slices.Sorted(maps.Keys(jwts)) {

@@ -20,13 +20,19 @@ func DefaultDir() (string, error) {
 }
 
 // HandOut says what a change needs: whom to hand what, and what the servers need. An
-// account's change pushed to the running servers (PushAccounts) needs nothing more.
-func (c Change) HandOut(pushed bool) string {
+// account's change pushed to the running servers (PushAccounts) needs nothing more;
+// full says auth-jwt.conf has a full resolver (WithFullResolver), which takes accounts
+// from a push, a new one too, and no changed one from a reload.
+func (c Change) HandOut(pushed, full bool) string {
 	switch {
 	case c.Account && pushed:
 		return pushedHandOut[c.What]
+	case c.Account && full:
+		return fullHandOut[c.What]
 	case c.Account:
 		return accountHandOut[c.What]
+	case full:
+		return fullUserHandOut[c.What]
 	}
 	return handOut[c.What]
 }
@@ -39,12 +45,22 @@ var pushedHandOut = map[string]string{
 	"removed":   ": pushed to the running servers, applied at once: its users' connections are cut",
 }
 
-// accountHandOut says what an account's change needs (the accounts layout): its users'
-// files are unchanged; the servers take the new account JWT or config on a reload.
+// accountHandOut says what an account's change needs (the accounts layout, a memory
+// resolver): its users' files are unchanged; the servers take the new account JWT or
+// config on a reload.
 var accountHandOut = map[string]string{
 	"new":     ": reload the server (kill -HUP; the users and nkeys configs need a second reload for a new team's or client's imports); then hand out its users' files",
 	"changed": ": reload the server (kill -HUP); its users keep their files and connections",
 	"removed": ": kept with no import and its users revoked; reload the server (kill -HUP) or push it: its users' connections are cut",
+}
+
+// fullHandOut says what an account's change needs with a full resolver: a push (the
+// server takes a changed account from a push only; the users and nkeys configs still
+// take it on a reload).
+var fullHandOut = map[string]string{
+	"new":     ": push it (system.creds: toolbus admin push, natsjwt.PushAccounts); then hand out its users' files (the users and nkeys configs take it on a reload, a new team's or client's imports on a second one)",
+	"changed": ": push it (system.creds: toolbus admin push, natsjwt.PushAccounts): the full resolver takes a changed account from a push, not from a reload; its users keep their files and connections",
+	"removed": ": kept with no import and its users revoked; push it (system.creds: toolbus admin push, natsjwt.PushAccounts): its users' connections are cut",
 }
 
 var handOut = map[string]string{
@@ -54,12 +70,22 @@ var handOut = map[string]string{
 	"rotated": ": hand out its new files; reload the server (the old password, nkey and JWT stop working once it does)",
 }
 
+// fullUserHandOut: a user's change with a full resolver, whose revocations are in an
+// account JWT the servers take from a push.
+var fullUserHandOut = map[string]string{
+	"new":     ": hand out its files; operator mode needs nothing more on the server, users and nkeys a reload (nats-server --signal reload)",
+	"changed": ": hand out its new files (same password and nkey); operator mode: push its account (an old JWT that may do more than the new one is revoked once it is pushed), users and nkeys: reload the server",
+	"removed": ": its files are deleted; operator mode: push its account (its JWT is revoked), users and nkeys: reload the server",
+	"rotated": ": hand out its new files; operator mode: push its account (the old JWT stops working then), users and nkeys: reload the server (the old password and nkey stop working then)",
+}
+
 // WriteChanges prints what a run of GenerateGrants changed, one line a user or account,
 // with what each change needs (HandOut); pushed says which accounts' changes the
-// running servers took already. go run ./deploy/nats/gen and toolbus admin print it.
-func WriteChanges(w io.Writer, changes []Change, pushed func(Change) bool) {
+// running servers took already; full that auth-jwt.conf has a full resolver
+// (Result.ResolverDir). go run ./deploy/nats/gen and toolbus admin print it.
+func WriteChanges(w io.Writer, changes []Change, pushed func(Change) bool, full bool) {
 	for _, c := range changes {
-		fmt.Fprintf(w, "%-9s %s%s\n", c.What, c.User, c.HandOut(pushed != nil && pushed(c)))
+		fmt.Fprintf(w, "%-9s %s%s\n", c.What, c.User, c.HandOut(pushed != nil && pushed(c), full))
 	}
 }
 

@@ -1,0 +1,242 @@
+package admin
+
+import (
+	"bytes"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/eventstest"
+	"github.com/toolbus/toolbus/events/provision"
+)
+
+// New tenants on a live deployment in operator mode (the accounts layout, the
+// generated auth-jwt.conf on an in-process server that is never reloaded): add-team
+// gamma -push and add-client carol -push. With the full resolver toolbus admin init
+// writes, the push stores the new accounts: gamma's executor credentials connect at once
+// and use their imports (consumer info and a pull of web's queue, the ack, a result
+// published through the import and acknowledged by the core's stream), team alpha's
+// running connection cannot reach web's queue nor publish its result, and carol starts
+// a run as carol. With -memory-resolver (the control, what auth-jwt.conf had before)
+// the same push skips the new accounts and says a reload is needed: gamma and carol are
+// refused until one.
+func TestAdminNewTenantsNeedNoReload(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		init []string
+		full bool
+	}{
+		{name: "full resolver", full: true},
+		{name: "memory resolver", init: []string{"-memory-resolver"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := eventstest.Context(t, time.Minute)
+			dir := filepath.Join(t.TempDir(), "d")
+			adm := func(url string, args ...string) string {
+				t.Helper()
+				var out, errOut bytes.Buffer
+				if code := Main(ctx, append(args, "-dir", dir), url, &out, &errOut); code != 0 {
+					t.Fatalf("%v: exit %d\n%s%s", args, code, out.String(), errOut.String())
+				}
+				return out.String()
+			}
+			adm("", append([]string{"init"}, tc.init...)...)
+			adm("", "add-team", "alpha", "calc")
+			opts, err := server.ProcessConfigFile(filepath.Join(dir, "auth-jwt.conf"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, ok := opts.AccountResolver.(*server.DirAccResolver); ok != tc.full {
+				t.Fatalf("auth-jwt.conf's resolver is %T", opts.AccountResolver)
+			}
+			srv := eventstest.StartServer(t, opts)
+			loaded := srv.ConfigTime()
+			url := srv.ClientURL()
+			connect := func(creds string) (*nats.Conn, error) {
+				return nats.Connect(url, nats.UserCredentials(filepath.Join(dir, creds)), nats.NoReconnect(), nats.Timeout(5*time.Second))
+			}
+			must := func(creds string) *nats.Conn {
+				t.Helper()
+				nc, err := connect(creds)
+				if err != nil {
+					t.Fatalf("connect with %s: %v", creds, err)
+				}
+				t.Cleanup(nc.Close)
+				return nc
+			}
+			adminNC := must("admin.creds")
+			if _, _, err := provision.Setup(ctx, adminNC, events.Config{}, provision.WithTools([]string{"calc", "web"}, 30*time.Second, 10)); err != nil {
+				t.Fatal(err)
+			}
+			alpha := must("executor-alpha.creds")
+			alphaJS, err := jetstream.NewWithAPIPrefix(alpha, "JS.core.API")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := alphaJS.Consumer(ctx, events.DefaultStream, events.ToolConsumer("calc")); err != nil {
+				t.Fatalf("alpha's own queue (the control): %v", err)
+			}
+
+			out := adm(url, "add-team", "gamma", "web", "-push") + adm(url, "add-client", "carol", "carol", "-push")
+			if !tc.full {
+				for _, want := range []string{"reload needed: the running servers have not loaded account team-gamma (new)",
+					"reload needed: the running servers have not loaded account client-carol (new)"} {
+					if !strings.Contains(out, want) {
+						t.Errorf("-push with a memory resolver does not say %q:\n%s", want, out)
+					}
+				}
+				for _, creds := range []string{"executor-gamma.creds", "client-carol.creds"} {
+					if nc, err := connect(creds); err == nil {
+						nc.Close()
+						t.Errorf("%s connects with a memory resolver and no reload", creds)
+					}
+				}
+				return
+			}
+			for _, want := range []string{"new       account team-gamma: pushed to the running servers; hand out its users' files",
+				"new       account client-carol: pushed to the running servers; hand out its users' files"} {
+				if !strings.Contains(out, want) {
+					t.Errorf("-push does not say %q:\n%s", want, out)
+				}
+			}
+			if strings.Contains(out, "reload needed") || strings.Contains(out, "kill -HUP") {
+				t.Errorf("-push with a full resolver asks for a reload in operator mode:\n%s", out)
+			}
+
+			// Gamma's executors, on the credentials add-team printed: a call of web
+			// queued by the core, pulled and acknowledged through gamma's imports, and
+			// its result stored in the core's stream.
+			adminJS, err := jetstream.New(adminNC)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := adminJS.Publish(ctx, events.SubjectToolRequested("r1", "web"), []byte(`{"run_id":"r1"}`)); err != nil {
+				t.Fatalf("the core queues a call of web: %v", err)
+			}
+			gamma := must("executor-gamma.creds")
+			gammaJS, err := jetstream.NewWithAPIPrefix(gamma, "JS.core.API")
+			if err != nil {
+				t.Fatal(err)
+			}
+			cons, err := gammaJS.Consumer(ctx, events.DefaultStream, events.ToolConsumer("web"))
+			if err != nil {
+				t.Fatalf("gamma binds web's queue through its import: %v", err)
+			}
+			batch, err := cons.Fetch(1, jetstream.FetchMaxWait(5*time.Second))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var pulled int
+			for m := range batch.Messages() {
+				if m.Subject() != events.SubjectToolRequested("r1", "web") {
+					t.Errorf("gamma pulled %s", m.Subject())
+				}
+				if err := m.DoubleAck(ctx); err != nil {
+					t.Errorf("gamma acknowledges the call: %v", err)
+				}
+				pulled++
+			}
+			if pulled != 1 || batch.Error() != nil {
+				t.Fatalf("gamma pulled %d calls of web: %v", pulled, batch.Error())
+			}
+			ack, err := gammaJS.Publish(ctx, events.SubjectToolFinished("r1", "web"), []byte(`{"run_id":"r1"}`))
+			if err != nil || ack.Stream != events.DefaultStream {
+				t.Fatalf("gamma's result through its import: %v %v", ack, err)
+			}
+
+			// Another team's connection reaches none of it.
+			if _, err := alphaJS.Consumer(ctx, events.DefaultStream, events.ToolConsumer("web")); err == nil {
+				t.Error("alpha binds gamma's queue of web")
+			}
+			if _, err := alphaJS.Publish(ctx, events.SubjectToolFinished("r2", "web"), []byte(`{"run_id":"r2"}`)); err == nil {
+				t.Error("alpha's result of web is stored")
+			}
+			stream, err := adminJS.Stream(ctx, events.DefaultStream)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := stream.GetLastMsgForSubject(ctx, events.SubjectToolFinished("r2", "web")); !errors.Is(err, jetstream.ErrMsgNotFound) {
+				t.Errorf("alpha's result of web in the core's stream: %v", err)
+			}
+
+			// Carol's client, on the credentials add-client printed, starts a run as carol.
+			carolJS, err := jetstream.New(must("client-carol.creds"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ack, err := carolJS.Publish(ctx, events.SubjectRunStarted("r3", "carol"), []byte(`{}`)); err != nil || ack.Stream != events.DefaultStream {
+				t.Fatalf("carol starts a run: %v %v", ack, err)
+			}
+			if !srv.ConfigTime().Equal(loaded) || alpha.Stats().Reconnects != 0 || alpha.IsClosed() {
+				t.Error("the server reloaded, or alpha's connection did not stay")
+			}
+		})
+	}
+}
+
+// init's resolver: a full one in the accounts layout, its directory under -store, else
+// under -dir, or where -resolver-dir says; a memory one with -memory-resolver and
+// -one-account, which take no -resolver-dir.
+func TestInitResolver(t *testing.T) {
+	base := t.TempDir()
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string // the full resolver's directory; "": a memory resolver
+		code int
+	}{
+		{name: "default", want: filepath.Join(base, "default", "d", ResolverSubdir)},
+		{name: "store", args: []string{"-store", filepath.Join(base, "data")}, want: filepath.Join(base, "data", ResolverSubdir)},
+		{name: "resolver-dir", args: []string{"-resolver-dir", filepath.Join(base, "jwt")}, want: filepath.Join(base, "jwt")},
+		{name: "memory", args: []string{"-memory-resolver"}},
+		{name: "one account", args: []string{"-one-account"}},
+		{name: "one account with a dir", args: []string{"-one-account", "-resolver-dir", base}, code: 2},
+		{name: "memory with a dir", args: []string{"-memory-resolver", "-resolver-dir", base}, code: 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := filepath.Join(base, tc.name, "d")
+			code, out, errOut := admin(t, append([]string{"init", "-dir", dir}, tc.args...)...)
+			if code != tc.code {
+				t.Fatalf("exit %d, want %d\n%s%s", code, tc.code, out, errOut)
+			}
+			if code != 0 {
+				return
+			}
+			d, err := open(dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d.settings.ResolverDir != tc.want {
+				t.Errorf("deployment.json's resolver_dir %q, want %q", d.settings.ResolverDir, tc.want)
+			}
+			opts, err := server.ProcessConfigFile(filepath.Join(dir, "auth-jwt.conf"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			switch r := opts.AccountResolver.(type) {
+			case *server.DirAccResolver:
+				// Parsing the config opens (makes) the directory.
+				if fi, err := os.Stat(tc.want); tc.want == "" || err != nil || !fi.IsDir() {
+					t.Errorf("a full resolver, want %q: %v", tc.want, err)
+				}
+				if !strings.Contains(out, "has a full resolver: the server stores the account JWTs in "+tc.want) {
+					t.Errorf("init does not say where the resolver stores:\n%s", out)
+				}
+			case *server.MemAccResolver:
+				if tc.want != "" {
+					t.Errorf("a memory resolver, want a full one in %s", tc.want)
+				}
+			default:
+				t.Errorf("resolver %T", r)
+			}
+		})
+	}
+}
