@@ -15,6 +15,7 @@ import (
 
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
+	"github.com/toolbus/toolbus/intake"
 	"github.com/toolbus/toolbus/events/provision"
 )
 
@@ -69,6 +70,8 @@ func testClientAccounts(t *testing.T, initArgs []string) {
 	if _, _, err := provision.Setup(ctx, must(filepath.Join(dir, "admin.creds")), events.Config{}); err != nil {
 		t.Fatal(err)
 	}
+	// The injector's write service: clients' starts reach the core through it.
+	eventstest.ServeIntake(t, must(filepath.Join(dir, "injector.creds")), intake.Limits{})
 	start := func(nc *nats.Conn, id, run string) {
 		t.Helper()
 		js, err := jetstream.New(nc)

@@ -15,6 +15,7 @@ import (
 
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
+	"github.com/toolbus/toolbus/intake"
 	"github.com/toolbus/toolbus/events/provision"
 )
 
@@ -76,6 +77,8 @@ func TestAdminNewTenantsNeedNoReload(t *testing.T) {
 			if _, _, err := provision.Setup(ctx, adminNC, events.Config{}, provision.WithTools([]string{"calc", "web"}, 30*time.Second, 10)); err != nil {
 				t.Fatal(err)
 			}
+			// The injector's write service: tenants' writes reach the core through it.
+			eventstest.ServeIntake(t, must("injector.creds"), intake.Limits{})
 			alpha := must("executor-alpha.creds")
 			alphaJS, err := jetstream.NewWithAPIPrefix(alpha, "JS.core.API")
 			if err != nil {
