@@ -89,8 +89,12 @@ func (b *Bus) Runs(ctx context.Context) ([]store.RunState, error) {
 }
 
 // notBound names the identity a client account may not publish for: in such an account
-// the publish of an identity it is not bound to finds no responder.
+// the publish of an identity it is not bound to finds no responder. A refusal of the
+// core's write service is told as such (writeRefusal).
 func (b *Bus) notBound(subject string, err error) error {
+	if r := writeRefusal(err); r != err {
+		return r
+	}
 	if !b.client || !errors.Is(err, jetstream.ErrNoStreamResponse) && !errors.Is(err, nats.ErrNoResponders) {
 		return err
 	}

@@ -1,6 +1,12 @@
 package events
 
-import "strings"
+import (
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
 
 // The write service (package intake, docs/tenancy-design.md "Writes of tenants"): a team
 // or a client in an account of its own publishes nothing into the core's streams
@@ -55,3 +61,27 @@ const (
 	WriteQuotaErrCode   = 10801
 	WriteRefusedErrCode = 10800
 )
+
+// ErrTenantQuota is wrapped by the error of a publish the core's write service refused
+// because its tenant is over its bytes per second (TOOLBUS_TENANT_BYTES_PER_SECOND):
+// retry later; and ErrWriteRefused by one it refused for its form or size.
+var (
+	ErrTenantQuota  = errors.New("events: quota_exceeded: the tenant is over its bytes per second")
+	ErrWriteRefused = errors.New("events: the core's write service refused the write")
+)
+
+// writeRefusal wraps the error of a publish the write service refused in ErrTenantQuota
+// or ErrWriteRefused, so that callers can tell it from a failure of the bus.
+func writeRefusal(err error) error {
+	var apiErr *jetstream.APIError
+	if !errors.As(err, &apiErr) {
+		return err
+	}
+	switch apiErr.ErrorCode {
+	case WriteQuotaErrCode:
+		return fmt.Errorf("%w: %w", ErrTenantQuota, err)
+	case WriteRefusedErrCode:
+		return fmt.Errorf("%w: %w", ErrWriteRefused, err)
+	}
+	return err
+}

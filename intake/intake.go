@@ -68,6 +68,7 @@ type Service struct {
 	waiting map[string]pending // by the last token of a forwarded write's reply subject
 
 	admitted, refused atomic.Uint64
+	warn              rate.Sometimes
 }
 
 // New returns the write service on nc, a connection of the core account whose user may
@@ -76,7 +77,7 @@ func New(nc *nats.Conn, lim Limits, log *slog.Logger) *Service {
 	if log == nil {
 		log = slog.Default()
 	}
-	return &Service{nc: nc, lim: lim, log: log, budgets: map[string]*rate.Limiter{}, inbox: nats.NewInbox(), waiting: map[string]pending{}}
+	return &Service{nc: nc, lim: lim, log: log, budgets: map[string]*rate.Limiter{}, warn: rate.Sometimes{Interval: time.Second}, inbox: nats.NewInbox(), waiting: map[string]pending{}}
 }
 
 // pending is a forwarded write whose acknowledgement the tenant waits for.
@@ -147,7 +148,8 @@ func (s *Service) admit(m *nats.Msg) {
 	}
 	if r != nil {
 		s.refused.Add(1)
-		s.log.Warn("intake: write refused", "subject", m.Subject, "code", r.code, "reason", r.desc)
+		// A flood of refused writes logs one line a second, not one per write.
+		s.warn.Do(func() { s.log.Warn("intake: write refused", "subject", m.Subject, "code", r.code, "reason", r.desc, "refused_so_far", s.refused.Load()) })
 		s.answer(m, r)
 		return
 	}

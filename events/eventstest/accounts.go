@@ -57,8 +57,14 @@ func StartTeams(t testing.TB, teams map[string][]string) *server.Server {
 }
 
 // StartTenants starts a server of TenantsConf(teams, clients) for the test (stopped
-// when it ends).
+// when it ends), with the core's write service (StartIntake) beside it.
 func StartTenants(t testing.TB, teams, clients map[string][]string) *server.Server {
+	t.Helper()
+	return StartTenantsLimited(t, teams, clients, intake.Limits{})
+}
+
+// StartTenantsLimited is StartTenants whose write service bounds each tenant by lim.
+func StartTenantsLimited(t testing.TB, teams, clients map[string][]string, lim intake.Limits) *server.Server {
 	t.Helper()
 	dir := t.TempDir()
 	path := filepath.Join(dir, "accounts.conf")
@@ -70,7 +76,7 @@ func StartTenants(t testing.TB, teams, clients map[string][]string) *server.Serv
 		t.Fatal(err)
 	}
 	srv := StartServer(t, opts)
-	StartIntake(t, srv)
+	ServeIntake(t, Connect(t, srv, "core"), lim)
 	return srv
 }
 
