@@ -149,7 +149,9 @@ func (s *Service) admit(m *nats.Msg) {
 	if r != nil {
 		s.refused.Add(1)
 		// A flood of refused writes logs one line a second, not one per write.
-		s.warn.Do(func() { s.log.Warn("intake: write refused", "subject", m.Subject, "code", r.code, "reason", r.desc, "refused_so_far", s.refused.Load()) })
+		s.warn.Do(func() {
+			s.log.Warn("intake: write refused", "subject", m.Subject, "code", r.code, "reason", r.desc, "refused_so_far", s.refused.Load())
+		})
 		s.answer(m, r)
 		return
 	}

@@ -15,8 +15,8 @@ import (
 
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
-	"github.com/toolbus/toolbus/intake"
 	"github.com/toolbus/toolbus/events/provision"
+	"github.com/toolbus/toolbus/intake"
 )
 
 // New tenants on a live deployment in operator mode (the accounts layout, the

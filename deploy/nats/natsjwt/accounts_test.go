@@ -17,8 +17,8 @@ import (
 	"github.com/toolbus/toolbus/deploy/nats/natsjwt"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
-	"github.com/toolbus/toolbus/intake"
 	"github.com/toolbus/toolbus/events/provision"
+	"github.com/toolbus/toolbus/intake"
 )
 
 // credKind is one kind of generated credentials: its server config and how a user of it
