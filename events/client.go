@@ -99,8 +99,14 @@ func (b *Bus) notBound(subject string, err error) error {
 		return err
 	}
 	toks := strings.Split(subject, ".")
-	return fmt.Errorf("%w %s (it may publish %s only for the identities it is bound to; an administrator binds one with `toolbus admin add-client NAME %s`): %w",
-		ErrNotBound, toks[len(toks)-1], subject, toks[len(toks)-1], err)
+	id := toks[len(toks)-1]
+	if id == b.readIdentity() {
+		// The account reads as id, so it is bound to it: nothing answers because no
+		// injector runs the core's write service (or the core has not been upgraded).
+		return fmt.Errorf("events: publish %s: no injector of the core answers this client account's writes (the write service, TOOLBUS_WRITE_SERVICE): %w", subject, err)
+	}
+	return fmt.Errorf("%w %s (it may publish %s only for the identities it is bound to; an administrator binds one with `toolbus admin add-client NAME %s`; for an identity it is bound to, nothing answers while no injector runs): %w",
+		ErrNotBound, id, subject, id, err)
 }
 
 // storedAt reads the message stored at seq, if it is on subject. A client account reads
