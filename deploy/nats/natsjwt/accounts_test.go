@@ -345,6 +345,22 @@ func probeClosed(t *testing.T, d *accountsDeployment, alpha *nats.Conn) {
 	if d.stored("TOOLBUS", replies[0]) || d.stored("KV_toolbus_runs", replies[1]) {
 		t.Error("a pull of alpha's with a core subject as its reply stored a message in the core")
 	}
+	// The roll-up attack: alpha writes a key of its own asking the bucket to purge every
+	// other key. The core's write service refuses it and beta's claim (marked, so that
+	// stored finds it) stays; alpha's plain write of the same key (the control) is stored.
+	betaClaim, own := "$KV.toolbus_claims.search.r1.0.c1", "$KV.toolbus_claims.calc.r1.0.c7"
+	d.put(betaClaim, `{"beta":"claim","mark":"`+probeMark+`"}`)
+	m := nats.NewMsg(own)
+	m.Header.Set("Nats-Rollup", "all")
+	if r, err := alpha.RequestMsgWithContext(d.ctx, m); err != nil || !strings.Contains(string(r.Data), `"err_code":10800`) {
+		t.Errorf("alpha's roll-up of the claims bucket is not refused by the write service: %v %q", err, dataOf(r))
+	}
+	if !d.stored("KV_toolbus_claims", betaClaim) {
+		t.Error("alpha's roll-up on its own claim key purged beta's claim")
+	}
+	if r, err := alpha.RequestWithContext(d.ctx, own, []byte(`{"mark":"`+probeMark+`"}`)); err != nil || !d.stored("KV_toolbus_claims", own) {
+		t.Errorf("alpha's own claim key: %v %q", err, dataOf(r))
+	}
 }
 
 // Day two in the accounts layout: regenerating with a third team, a new tool for alpha
