@@ -55,11 +55,19 @@ type Limits struct {
 	MaxStartBytes int
 }
 
+// Metrics counts what the service refuses (telemetry.Metrics implements it).
+type Metrics interface {
+	// WriteRefused counts a write of tenant (team.<team> or client.<identity>) refused
+	// with code (400 or 429).
+	WriteRefused(tenant string, code int)
+}
+
 // Service admits tenants' writes on a connection of the core account.
 type Service struct {
-	nc  *nats.Conn
-	lim Limits
-	log *slog.Logger
+	nc      *nats.Conn
+	lim     Limits
+	log     *slog.Logger
+	metrics Metrics
 
 	mu      sync.Mutex
 	budgets map[string]*rate.Limiter // by kind.name
@@ -89,6 +97,9 @@ type pending struct {
 // ackWait is how long the service keeps the reply subject of a forwarded write: the
 // tenant has given up long before.
 const ackWait = time.Minute
+
+// Observe has the service count its refusals in m; call it before Serve.
+func (s *Service) Observe(m Metrics) { s.metrics = m }
 
 // Counts returns how many writes the service admitted and refused.
 func (s *Service) Counts() (admitted, refused uint64) { return s.admitted.Load(), s.refused.Load() }
@@ -148,6 +159,9 @@ func (s *Service) admit(m *nats.Msg) {
 	}
 	if r != nil {
 		s.refused.Add(1)
+		if s.metrics != nil {
+			s.metrics.WriteRefused(kind+"."+name, r.code)
+		}
 		// A flood of refused writes logs one line a second, not one per write.
 		s.warn.Do(func() {
 			s.log.Warn("intake: write refused", "subject", m.Subject, "code", r.code, "reason", r.desc, "refused_so_far", s.refused.Load())

@@ -5,10 +5,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -19,6 +22,7 @@ import (
 	"github.com/toolbus/toolbus/events/store"
 	"github.com/toolbus/toolbus/intake"
 	"github.com/toolbus/toolbus/reads"
+	"github.com/toolbus/toolbus/telemetry"
 )
 
 // answer is what a write gets back: the stream's pub ack or the intake's refusal.
@@ -219,4 +223,77 @@ func TestTenantBytesAreBounded(t *testing.T) {
 	if a := write(t, ctx, beta, events.SubjectToolLog("r1", "search"), "beta's", ""); a.Error != nil || a.Seq == 0 {
 		t.Errorf("beta's log beside alpha's flood: %+v", a)
 	}
+}
+
+// TestRefusalsAreCounted: the injector's /metrics counts each refused write by tenant
+// and code (telemetry's collector, as the injector role wires it), and no admitted one.
+func TestRefusalsAreCounted(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "accounts.conf")
+	if err := os.WriteFile(path, []byte(eventstest.TenantsConf(filepath.Join(dir, "js"), map[string][]string{"beta": {"search"}}, nil)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	opts, err := server.ProcessConfigFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := eventstest.StartServer(t, opts)
+	ctx := eventstest.Context(t, time.Minute)
+	core := eventstest.Connect(t, srv, "core")
+	if _, _, err := provision.Setup(ctx, core, events.Config{}); err != nil {
+		t.Fatal(err)
+	}
+	tel := telemetry.New(telemetry.RoleInjector)
+	svc := intake.New(core, intake.Limits{}, nil)
+	svc.Observe(tel)
+	sctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- svc.Serve(sctx) }()
+	defer func() {
+		stop()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+	beta := eventstest.Connect(t, srv, "beta")
+	eventstest.Eventually(t, 10*time.Second, func() error { // the service subscribes
+		if a := write(t, ctx, beta, events.SubjectToolLog("r1", "search"), "ok", ""); a.Error != nil {
+			return fmt.Errorf("%+v", a)
+		}
+		return nil
+	})
+	for range 2 {
+		write(t, ctx, beta, "$KV."+store.BucketClaims+".search.r1.c1", "x", "all")
+	}
+	if got := counted(t, tel, telemetry.MetricWritesRefused, map[string]string{"tenant": "team.beta", "code": "400"}); got != 2 {
+		t.Errorf("%s{tenant=team.beta,code=400} = %v, want 2", telemetry.MetricWritesRefused, got)
+	}
+	if admitted, refused := svc.Counts(); admitted < 1 || refused != 2 {
+		t.Errorf("counts: %d admitted, %d refused", admitted, refused)
+	}
+}
+
+// counted is the value of the series of metric name with labels in tel's registry (0
+// when it is not there).
+func counted(t *testing.T, tel *telemetry.Metrics, name string, labels map[string]string) float64 {
+	t.Helper()
+	mfs, err := tel.Registry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	series:
+		for _, m := range mf.GetMetric() {
+			for _, lp := range m.GetLabel() {
+				if labels[lp.GetName()] != lp.GetValue() {
+					continue series
+				}
+			}
+			return m.GetCounter().GetValue()
+		}
+	}
+	return 0
 }

@@ -11,6 +11,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"sync"
 	"time"
 
@@ -42,6 +43,7 @@ const (
 	MetricPermissionDenied = "toolbus_permission_denied_total"
 	MetricContractRefused  = "toolbus_tool_contract_refused_total"
 	MetricQueuesParked     = "toolbus_tool_queues_parked"
+	MetricWritesRefused    = "toolbus_tenant_writes_refused_total"
 )
 
 // Metrics holds the collectors of one process; every role of the process shares it, and
@@ -64,6 +66,7 @@ type Metrics struct {
 	denied    prometheus.Counter
 	refused   *prometheus.CounterVec
 	parked    prometheus.Gauge
+	writes    *prometheus.CounterVec
 
 	mu     sync.Mutex
 	roles  map[string]int // role -> consume loops serving
@@ -118,6 +121,9 @@ func New(roles ...string) *Metrics {
 			Help: "Tool contracts the catalog refused because they differ from the registered one (no version bump), by tool."}, []string{"tool"}),
 		parked: prometheus.NewGauge(prometheus.GaugeOpts{Name: MetricQueuesParked,
 			Help: "Tool queues of this process that are parked: idle, not pulling until a call is published for their tool."}),
+		writes: prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricWritesRefused,
+			Help: "Writes of tenants in accounts of their own that the injector's write service refused, by tenant (team.<team> or client.<identity>) and code (400: form or size, 429: bytes per second)."},
+			[]string{"tenant", "code"}),
 		ready: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: MetricReady,
 			Help: "1 when the role's consumers are bound and consuming, else 0."}, []string{"role"}),
 		denied: prometheus.NewCounter(prometheus.CounterOpts{Name: MetricPermissionDenied,
@@ -132,7 +138,7 @@ func New(roles ...string) *Metrics {
 	own := map[string][]prometheus.Collector{
 		RoleExecutor: {m.calls, m.duration, m.inflight, m.refused, m.parked},
 		RolePlanner:  {m.modelDur, m.modelErrs, m.tokens, m.runs},
-		RoleInjector: {m.join, m.runs},
+		RoleInjector: {m.join, m.runs, m.writes},
 	}
 	registered := map[prometheus.Collector]bool{}
 	for _, role := range roles {
@@ -182,6 +188,11 @@ func (m *Metrics) ModelCalled(model string, d time.Duration, u toolbus.Usage, er
 
 // StepJoined implements injector.Metrics.
 func (m *Metrics) StepJoined(d time.Duration) { m.join.Observe(d.Seconds()) }
+
+// WriteRefused counts a tenant's write the write service refused (intake.Metrics).
+func (m *Metrics) WriteRefused(tenant string, code int) {
+	m.writes.WithLabelValues(tenant, strconv.Itoa(code)).Inc()
+}
 
 // RunEnded implements planner.Metrics and injector.Metrics.
 func (m *Metrics) RunEnded(outcome, code string) { m.runs.WithLabelValues(outcome, code).Inc() }

@@ -208,8 +208,12 @@ func runInjector(ctx context.Context, cfg Config, bus *events.Bus, log *slog.Log
 	}
 	if cfg.WriteService {
 		lim := intake.Limits{BytesPerSecond: cfg.TenantBytesPerSecond, Burst: cfg.TenantBytesBurst, MaxStartBytes: cfg.MaxStartBytes}
+		svc := intake.New(bus.Conn(), lim, log)
+		if tel != nil {
+			svc.Observe(tel)
+		}
 		wg.Go(func() {
-			if err := intake.New(bus.Conn(), lim, log).Serve(rctx); err != nil {
+			if err := svc.Serve(rctx); err != nil {
 				log.Warn("write service stopped", "err", err)
 			}
 		})
