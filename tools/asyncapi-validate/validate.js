@@ -4,9 +4,9 @@
 //
 //   node validate.js <asyncapi.yaml>            diagnostics, exit 1 when invalid
 //   node validate.js <asyncapi.yaml> --summary  also print the resolved channels,
-//                                               messages and operations as JSON, which
-//                                               the Go test TestAsyncAPI checks against
-//                                               the Go contract
+//                                               messages and operations (with their
+//                                               replies) as JSON, which the Go tests
+//                                               TestAsyncAPI* check against the Go code
 import path from 'node:path';
 import { Parser, fromFile, DiagnosticSeverity } from '@asyncapi/parser';
 
@@ -60,6 +60,11 @@ if (flag === '--summary') {
       channels: o.channels().all().map((c) => c.id()),
       messages: o.messages().all().map((m) => m.id()),
       tags: o.tags().all().map((t) => t.name()),
+      reply: o.reply() ? {
+        channel: o.reply().channel() ? o.reply().channel().id() : null,
+        address: o.reply().channel() ? o.reply().channel().address() : null,
+        messages: o.reply().messages().all().map((m) => m.id()),
+      } : null,
     })),
   };
   process.stdout.write(JSON.stringify(summary, null, 2) + '\n');
