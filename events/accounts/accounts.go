@@ -193,6 +193,75 @@ type Layout struct {
 	CoreUsers string
 	// TeamUsers and ClientUsers are the users of each team's and client's account.
 	TeamUsers, ClientUsers map[string]string
+	// Limits caps every team's and client's account (not the core's); its zero value
+	// is DefaultTenantLimits.
+	Limits TenantLimits
+}
+
+// TenantLimits are the NATS limits of each tenant's (team's and client's) account, so
+// that one tenant cannot take the server's memory from the others with connections or
+// subscriptions its credentials may open. The core account has none. The server refuses
+// a connection beyond Conns ("maximum account active connections exceeded": the client
+// does not connect) and a subscription beyond Subs ("maximum subscriptions exceeded":
+// the connection stays, the subscription is dropped). Every kind of credentials renders
+// the same values: the config kinds as the account's limits block (Layout.Conf), the JWT
+// kind as its account claims' limits (deploy/nats/natsjwt).
+//
+// A field of 0 takes DefaultTenantLimits' value; -1 is no limit.
+type TenantLimits struct {
+	// Conns is the most connections the account may hold at once (max_connections).
+	Conns int `json:"conns,omitempty"`
+	// Subs is the most subscriptions of one connection of the account
+	// (max_subscriptions): nats-server counts them per connection, so the account
+	// holds at most Conns x Subs.
+	Subs int `json:"subs,omitempty"`
+	// Leafnodes is the most leaf node connections of the account (max_leafnodes).
+	Leafnodes int `json:"leafnodes,omitempty"`
+}
+
+// NoLimit, as a field of TenantLimits, lifts that limit (jwt.NoLimit, the server's too).
+const NoLimit = -1
+
+// DefaultTenantLimits are a tenant account's limits unless the administrator sets
+// others (toolbus admin init -tenant-conns ..., deploy/nats/gen): 1,000 connections,
+// 10,000 subscriptions per connection and no leaf node. A team's executor process holds
+// about two subscriptions per tool it serves (its queue's consumer or doorbell, its
+// run-ended notices), one per question waiting for an answer and a few of its own: a
+// process serving 1,000 tools stays under 3,000. A client opens a handful. A fleet of
+// hundreds of processes per tenant fits the connections.
+var DefaultTenantLimits = TenantLimits{Conns: 1000, Subs: 10000, Leafnodes: 0}
+
+// Resolved is l with each 0 replaced by DefaultTenantLimits' value: what the accounts
+// get. A Leafnodes of 0 stays 0 (none), the default.
+func (l TenantLimits) Resolved() TenantLimits {
+	d := DefaultTenantLimits
+	if l.Conns != 0 {
+		d.Conns = l.Conns
+	}
+	if l.Subs != 0 {
+		d.Subs = l.Subs
+	}
+	if l.Leafnodes != 0 {
+		d.Leafnodes = l.Leafnodes
+	}
+	return d
+}
+
+// Validate refuses a limit below NoLimit.
+func (l TenantLimits) Validate() error {
+	names := []string{"connections", "subscriptions", "leaf nodes"}
+	for i, v := range []int{l.Conns, l.Subs, l.Leafnodes} {
+		if v < NoLimit {
+			return fmt.Errorf("accounts: tenant %s limit %d: give a number, 0 for the default or -1 for none", names[i], v)
+		}
+	}
+	return nil
+}
+
+// Conf is the limits block of a tenant's account in a config kind (Resolved).
+func (l TenantLimits) Conf() string {
+	r := l.Resolved()
+	return fmt.Sprintf("    limits {max_connections: %d, max_subscriptions: %d, max_leafnodes: %d}\n", r.Conns, r.Subs, r.Leafnodes)
 }
 
 // tenant is one account of the layout beside the core: its name and what it imports.
@@ -215,7 +284,8 @@ func (l Layout) tenants() []tenant {
 
 // Conf renders the accounts block of a config kind: the core account with JetStream,
 // its users and an export per crossing of every tenant, restricted to that tenant's
-// account, and one account per team and client with its users and its imports. Tests
+// account, and one account per team and client with its users, its limits (l.Limits)
+// and its imports. Tests
 // that run the layout on a server of their own render it with this too.
 func (l Layout) Conf() string {
 	var b strings.Builder
@@ -236,7 +306,7 @@ func (l Layout) Conf() string {
 	}
 	b.WriteString("    ]\n  }\n")
 	for _, t := range tenants {
-		fmt.Fprintf(&b, "  %q {\n    users = [\n%s    ]\n    imports = [\n", t.account, t.users)
+		fmt.Fprintf(&b, "  %q {\n    users = [\n%s    ]\n%s    imports = [\n", t.account, t.users, l.Limits.Conf())
 		for _, c := range t.crossings {
 			kind := "service"
 			if c.Stream {

@@ -11,6 +11,7 @@ import (
 	"strings"
 
 	"github.com/toolbus/toolbus/deploy/nats/natsjwt"
+	"github.com/toolbus/toolbus/events/accounts"
 )
 
 // usage is the help of toolbus admin (%s: the subcommands that edit).
@@ -23,10 +24,12 @@ const usage = `usage: toolbus admin <subcommand> [flags] [args]
 
 subcommands:
   init [-one-account] [-listen host:port] [-store DIR] [-resolver-dir DIR | -memory-resolver]
+       [-tenant-conns N] [-tenant-subs N] [-tenant-leafnodes N]
                            create a deployment once (keys, credentials, server configs, an empty
                            grants.json); refuses a directory that holds one. The accounts layout
                            (one account per team) unless -one-account, its auth-jwt.conf with a
-                           full resolver (edits with -push need no reload) unless -memory-resolver
+                           full resolver (edits with -push need no reload) unless -memory-resolver;
+                           each tenant account capped in connections, subscriptions, leaf nodes
 %s
 flags (-dir everywhere; -push and -server for the subcommands that edit):
 `
@@ -101,10 +104,18 @@ type initOpts struct {
 	dir                      *string
 	accounts, oneAcc, memRes *bool
 	listen, store, resDir    *string
+	limits                   func() accounts.TenantLimits
 }
 
 func initFlags(fs *flag.FlagSet) initOpts {
+	d := accounts.DefaultTenantLimits
+	conns := fs.Int("tenant-conns", d.Conns, "init: the most connections of each team's and client's account (accounts layout; -1: no limit); the server refuses one more")
+	subs := fs.Int("tenant-subs", d.Subs, "init: the most subscriptions of each connection of a team's or client's account (accounts layout; -1: no limit); the server refuses one more")
+	leafs := fs.Int("tenant-leafnodes", d.Leafnodes, "init: the most leaf node connections of each team's and client's account (accounts layout; -1: no limit)")
 	return initOpts{
+		limits: func() accounts.TenantLimits {
+			return accounts.TenantLimits{Conns: *conns, Subs: *subs, Leafnodes: *leafs}
+		},
 		dir:      dirFlag(fs),
 		accounts: fs.Bool("accounts", true, "init: the accounts layout, one account per team (the default: teams that do not trust each other)"),
 		oneAcc:   fs.Bool("one-account", false, "init: one account for the roles and every team instead (teams that trust each other)"),
@@ -183,6 +194,12 @@ func runInit(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	s := Settings{Accounts: *o.accounts && !*o.oneAcc, Listen: *o.listen, Store: *o.store}
+	if s.Accounts {
+		s.TenantLimits = o.limits()
+		if err := s.TenantLimits.Validate(); err != nil {
+			return usageError(err.Error())
+		}
+	}
 	switch {
 	case *o.resDir != "" && (*o.memRes || !s.Accounts):
 		return usageError("-resolver-dir is the full resolver's, which -memory-resolver and -one-account do not have")

@@ -15,6 +15,7 @@ import (
 
 	natsconf "github.com/toolbus/toolbus/deploy/nats"
 	"github.com/toolbus/toolbus/deploy/nats/natsjwt"
+	"github.com/toolbus/toolbus/events/accounts"
 )
 
 // The files toolbus admin keeps in a deployment's directory besides what
@@ -41,6 +42,10 @@ type Settings struct {
 	// push. "": a memory resolver (init -memory-resolver, -one-account, or a deployment
 	// init made before the full resolver, which keeps its memory resolver).
 	ResolverDir string `json:"resolver_dir,omitempty"`
+	// TenantLimits caps each team's and client's account in the accounts layout
+	// (init -tenant-conns, -tenant-subs, -tenant-leafnodes; natsjwt.WithTenantLimits):
+	// a field left out is accounts.DefaultTenantLimits' value.
+	TenantLimits accounts.TenantLimits `json:"tenant_limits,omitzero"`
 }
 
 // ResolverSubdir is the full resolver's directory under -store, or under the
@@ -65,7 +70,7 @@ func defaultResolverDir(dir string, s Settings) (string, error) {
 var bcryptCost = bcrypt.DefaultCost
 
 func (s Settings) options(rotate ...string) []natsjwt.Option {
-	opts := []natsjwt.Option{natsjwt.WithListen(s.Listen), natsjwt.WithStoreDir(s.Store), natsjwt.WithBcryptCost(bcryptCost), natsjwt.WithRotate(rotate...)}
+	opts := []natsjwt.Option{natsjwt.WithListen(s.Listen), natsjwt.WithStoreDir(s.Store), natsjwt.WithBcryptCost(bcryptCost), natsjwt.WithRotate(rotate...), natsjwt.WithTenantLimits(s.TenantLimits)}
 	if s.Accounts {
 		opts = append(opts, natsjwt.WithAccounts())
 	}

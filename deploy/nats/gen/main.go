@@ -4,6 +4,7 @@
 //
 //	go run ./deploy/nats/gen [-perms deploy/nats/permissions.conf] [-grants grants.json] [-out DIR] [-rotate user,...]
 //	                         [-listen 127.0.0.1:4222] [-store DIR] [-accounts]
+//	                         [-tenant-conns 1000] [-tenant-subs 10000] [-tenant-leafnodes 0]
 //
 // Run again on the same -out, it keeps the deployment's keys and every credential whose
 // permissions did not change, and prints what changed (see natsjwt.GenerateGrants).
@@ -53,7 +54,10 @@
 // default: toolbus admin init issues it. With -resolver-dir DIR (and -accounts)
 // auth-jwt.conf has a full resolver storing the account JWTs in DIR instead of a memory
 // one: a push (natsjwt.PushAccounts, toolbus admin push) then takes a new team or client
-// too, with no reload, and a reload takes no changed account (push it).
+// too, with no reload, and a reload takes no changed account (push it). Every team's and
+// client's account is capped (accounts.TenantLimits, in every kind): -tenant-conns
+// connections, -tenant-subs subscriptions per connection, -tenant-leafnodes leaf nodes
+// (defaults accounts.DefaultTenantLimits; -1 lifts one); the core account is not.
 package main
 
 import (
@@ -67,6 +71,7 @@ import (
 	"strings"
 
 	"github.com/toolbus/toolbus/deploy/nats/natsjwt"
+	"github.com/toolbus/toolbus/events/accounts"
 )
 
 func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
@@ -80,8 +85,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 	listen := fs.String("listen", natsjwt.DefaultListen, "client address (host:port) the server configs listen on; 0.0.0.0:4222 for every interface")
 	storeDir := fs.String("store", "", "JetStream store directory written into the server configs (default: none, give it to the server: toolbus server -sd DIR)")
 	rotate := fs.String("rotate", "", "comma-separated users to issue new credentials for (new password, nkey and JWT; the old JWT is revoked); everyone else's are kept")
-	accounts := fs.Bool("accounts", false, "the accounts layout: a core account for the roles, one account per team for its executors, which import only their tools' subjects, and one per bound client, which imports only its identities' (natsjwt.WithAccounts; their executors need TOOLBUS_NATS_API_PREFIX=JS.core.API, the clients TOOLBUS_NATS_READ_PREFIX)")
+	accountsLayout := fs.Bool("accounts", false, "the accounts layout: a core account for the roles, one account per team for its executors, which import only their tools' subjects, and one per bound client, which imports only its identities' (natsjwt.WithAccounts; their executors need TOOLBUS_NATS_API_PREFIX=JS.core.API, the clients TOOLBUS_NATS_READ_PREFIX)")
 	resolverDir := fs.String("resolver-dir", "", "with -accounts: auth-jwt.conf gets a full resolver storing the account JWTs in this directory (writable by the server; as the server sees it), which takes new and changed accounts from a push (natsjwt.PushAccounts) with no reload (default: a memory resolver, which takes new accounts on a reload)")
+	d := accounts.DefaultTenantLimits
+	conns := fs.Int("tenant-conns", d.Conns, "with -accounts: the most connections of each team's and client's account (-1: no limit); the server refuses one more")
+	subs := fs.Int("tenant-subs", d.Subs, "with -accounts: the most subscriptions of each connection of a team's or client's account (-1: no limit); the server refuses one more")
+	leafs := fs.Int("tenant-leafnodes", d.Leafnodes, "with -accounts: the most leaf node connections of each team's and client's account (-1: no limit)")
 	out := fs.String("out", "", "output directory, created 0700 (default: toolbus/nats in the user's configuration directory, outside the repository: it holds secrets)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -93,8 +102,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if *rotate != "" {
 		rot = strings.Split(*rotate, ",")
 	}
-	opts := []natsjwt.Option{natsjwt.WithRotate(rot...), natsjwt.WithListen(*listen), natsjwt.WithStoreDir(*storeDir)}
-	if *accounts {
+	opts := []natsjwt.Option{natsjwt.WithRotate(rot...), natsjwt.WithListen(*listen), natsjwt.WithStoreDir(*storeDir),
+		natsjwt.WithTenantLimits(accounts.TenantLimits{Conns: *conns, Subs: *subs, Leafnodes: *leafs})}
+	if *accountsLayout {
 		opts = append(opts, natsjwt.WithAccounts())
 	}
 	if *resolverDir != "" {

@@ -215,7 +215,8 @@ func sameAccount(ac *jwt.AccountClaims) func(string) bool {
 	return func(old string) bool {
 		c, err := jwt.DecodeAccountClaims(old)
 		return err == nil && c.Subject == ac.Subject && c.Name == ac.Name &&
-			c.Limits.JetStreamLimits == ac.Limits.JetStreamLimits && maps.Equal(c.Revocations, ac.Revocations) &&
+			c.Limits.JetStreamLimits == ac.Limits.JetStreamLimits && c.Limits.NatsLimits == ac.Limits.NatsLimits &&
+			c.Limits.AccountLimits == ac.Limits.AccountLimits && maps.Equal(c.Revocations, ac.Revocations) &&
 			slices.EqualFunc(c.Exports, exports, sameExport) && slices.EqualFunc(c.Imports, imports, sameImport)
 	}
 }

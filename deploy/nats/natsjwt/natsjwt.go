@@ -358,6 +358,9 @@ func GenerateGrants(permsFile, dir string, g Grants, opts ...Option) (Result, er
 	if err := g.Validate(); err != nil {
 		return Result{}, fmt.Errorf("natsjwt: grants: %w", err)
 	}
+	if err := o.limits.Validate(); err != nil {
+		return Result{}, fmt.Errorf("natsjwt: %w", err)
+	}
 	if o.resolverDir != "" && !o.accounts {
 		return Result{}, errors.New("natsjwt: a full resolver needs the accounts layout (WithAccounts): it takes changed accounts from a push with system.creds, which only that layout issues")
 	}
@@ -438,7 +441,7 @@ func tenantEnv(users []User, g Grants, o options) map[string][]string {
 func writeConfigKinds(users []User, g Grants, o options, kr keyring, single string, write func(string, []byte) (string, error), res *Result) error {
 	var pwUsers, nkUsers, secrets strings.Builder
 	// In the accounts layout a team's or client's users go into its account's block.
-	pw := accounts.Layout{Teams: g.Teams, Clients: g.Clients, TeamUsers: map[string]string{}, ClientUsers: map[string]string{}}
+	pw := accounts.Layout{Teams: g.Teams, Clients: g.Clients, TeamUsers: map[string]string{}, ClientUsers: map[string]string{}, Limits: o.limits}
 	nk := pw
 	nk.TeamUsers, nk.ClientUsers = map[string]string{}, map[string]string{}
 	userLine := func(u User, ident string) string {
@@ -564,7 +567,15 @@ type options struct {
 	// resolverDir is the full resolver's directory (WithFullResolver; "": a memory
 	// resolver).
 	resolverDir string
+	// limits caps each tenant's account in the accounts layout (WithTenantLimits).
+	limits accounts.TenantLimits
 }
+
+// WithTenantLimits sets the limits of each team's and client's account in the accounts
+// layout, in every kind of credentials (accounts.TenantLimits: a field of 0 is its
+// default, -1 no limit); without it they are accounts.DefaultTenantLimits. The core
+// account has none; -one-account (no WithAccounts) has no tenant account to limit.
+func WithTenantLimits(l accounts.TenantLimits) Option { return func(o *options) { o.limits = l } }
 
 // WithFullResolver writes auth-jwt.conf with a full resolver storing the account JWTs
 // in dir, a directory the server may write (an absolute path as the server sees it; a
@@ -733,7 +744,7 @@ func generateJWT(users []User, kr keyring, g Grants, revoked revocations, o opti
 		res.Changes = append(res.Changes, Change{User: "account TOOLBUS", Account: true, What: what})
 	}
 	res.AccountJWTs[spub], res.AccountJWTs[apub] = sysJWT, accJWT
-	if err := issueTenants(tenants, kr, okp, akp, revoked, res); err != nil {
+	if err := issueTenants(tenants, kr, okp, akp, revoked, o.limits, res); err != nil {
 		return err
 	}
 	if o.accounts {

@@ -155,12 +155,15 @@ func (k keyring) revocations() (revocations, error) {
 
 // issueTenants issues the JWT of each account of tenants (the accounts layout), its
 // imports from the core account (corePub, whose key ckp signs their activations), and
-// records them in res.
-func issueTenants(tenants []tenantAccount, kr keyring, okp, ckp nkeys.KeyPair, revoked revocations, res *Result) error {
+// records them in res. Each carries the tenant limits lim (accounts.TenantLimits), as
+// the config kinds' limits blocks do.
+func issueTenants(tenants []tenantAccount, kr keyring, okp, ckp nkeys.KeyPair, revoked revocations, lim accounts.TenantLimits, res *Result) error {
 	corePub := mustPublic(ckp)
+	r := lim.Resolved()
 	for _, t := range tenants {
 		tc := jwt.NewAccountClaims(t.pub)
 		tc.Name = t.name
+		tc.Limits.Conn, tc.Limits.Subs, tc.Limits.LeafNodeConn = int64(r.Conns), int64(r.Subs), int64(r.Leafnodes)
 		if t.client != "" {
 			for key, at := range revoked.client[t.pub] {
 				tc.RevokeAt(key, time.Unix(at, 0))
