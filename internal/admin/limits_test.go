@@ -1,0 +1,59 @@
+package admin
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/nats-io/jwt/v2"
+)
+
+// init's tenant limits are kept in deployment.json and every later subcommand issues a
+// tenant's account with them, in the JWT kind and the config kinds; the defaults
+// (accounts.DefaultTenantLimits) unless told, and a limit below -1 is a usage error.
+func TestInitTenantLimits(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		flags []string
+		conn  int64
+		subs  int64
+		conf  string
+	}{
+		{"default", nil, 1000, 10000, "limits {max_connections: 1000, max_subscriptions: 10000, max_leafnodes: 0}"},
+		{"set", []string{"-tenant-conns", "7", "-tenant-subs", "-1"}, 7, -1, "limits {max_connections: 7, max_subscriptions: -1, max_leafnodes: 0}"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := filepath.Join(t.TempDir(), "d")
+			if code, _, errOut := admin(t, append([]string{"init", "-dir", dir, "-memory-resolver"}, tc.flags...)...); code != 0 {
+				t.Fatalf("init: exit %d: %s", code, errOut)
+			}
+			if code, _, errOut := admin(t, "add-team", "-dir", dir, "alpha", "calc"); code != 0 {
+				t.Fatalf("add-team: exit %d: %s", code, errOut)
+			}
+			b, err := os.ReadFile(filepath.Join(dir, "team-alpha.jwt"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			ac, err := jwt.DecodeAccountClaims(strings.TrimSpace(string(b)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ac.Limits.Conn != tc.conn || ac.Limits.Subs != tc.subs || ac.Limits.LeafNodeConn != 0 {
+				t.Errorf("team-alpha's JWT limits: conn %d subs %d leaf %d, want %d %d 0", ac.Limits.Conn, ac.Limits.Subs, ac.Limits.LeafNodeConn, tc.conn, tc.subs)
+			}
+			for _, f := range []string{"auth-users.conf", "auth-nkeys.conf"} {
+				conf, err := os.ReadFile(filepath.Join(dir, f))
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !strings.Contains(string(conf), tc.conf) {
+					t.Errorf("%s lacks %q", f, tc.conf)
+				}
+			}
+		})
+	}
+	if code, _, errOut := admin(t, "init", "-dir", filepath.Join(t.TempDir(), "d"), "-tenant-conns", "-2"); code != 2 || !strings.Contains(errOut, "connections limit -2") {
+		t.Errorf("init -tenant-conns -2: exit %d, %s; want a usage error naming it", code, errOut)
+	}
+}
