@@ -72,13 +72,17 @@ func TestGenAccounts(t *testing.T) {
 	if err != nil || !strings.Contains(string(conf), `"TEAM_alpha" {`) {
 		t.Errorf("auth-users.conf has no account of alpha's: %v\n%s", err, conf)
 	}
+	if !strings.Contains(string(conf), "limits {max_connections: 1000, max_subscriptions: 10000, max_leafnodes: 0}") {
+		t.Errorf("auth-users.conf does not limit alpha's account by the defaults:\n%s", conf)
+	}
 	if conf, err := os.ReadFile(filepath.Join(dir, "out", "auth-jwt.conf")); err != nil || !strings.Contains(string(conf), "\nresolver: MEMORY\n") {
 		t.Errorf("auth-jwt.conf without -resolver-dir has no memory resolver: %v\n%s", err, conf)
 	}
-	// -resolver-dir: a full resolver, and what each change needs says to push.
+	// -resolver-dir: a full resolver, and what each change needs says to push; the
+	// -tenant-* flags limit the tenants' accounts.
 	out.Reset()
 	jwtDir := filepath.Join(dir, "jwt")
-	if code := run([]string{"-accounts", "-grants", grants, "-resolver-dir", jwtDir, "-out", filepath.Join(dir, "full")}, &out, &errOut); code != 0 {
+	if code := run([]string{"-accounts", "-grants", grants, "-resolver-dir", jwtDir, "-tenant-conns", "5", "-tenant-subs", "-1", "-tenant-leafnodes", "2", "-out", filepath.Join(dir, "full")}, &out, &errOut); code != 0 {
 		t.Fatalf("gen -resolver-dir: exit %d\n%s%s", code, out.String(), errOut.String())
 	}
 	if !strings.Contains(out.String(), "new       account team-alpha: push it (system.creds: toolbus admin push") {
@@ -86,5 +90,8 @@ func TestGenAccounts(t *testing.T) {
 	}
 	if conf, err := os.ReadFile(filepath.Join(dir, "full", "auth-jwt.conf")); err != nil || !strings.Contains(string(conf), "type: full\n  dir: \""+jwtDir+"\"") {
 		t.Errorf("auth-jwt.conf with -resolver-dir has no full resolver in %s: %v\n%s", jwtDir, err, conf)
+	}
+	if conf, err := os.ReadFile(filepath.Join(dir, "full", "auth-nkeys.conf")); err != nil || !strings.Contains(string(conf), "limits {max_connections: 5, max_subscriptions: -1, max_leafnodes: 2}") {
+		t.Errorf("auth-nkeys.conf does not limit alpha's account by the -tenant-* flags: %v\n%s", err, conf)
 	}
 }
