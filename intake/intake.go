@@ -129,8 +129,10 @@ func (s *Service) Serve(ctx context.Context) error {
 	if err := sub.Drain(); err != nil && !errors.Is(err, nats.ErrConnectionClosed) {
 		return fmt.Errorf("intake: drain: %w", err)
 	}
-	// Drain is asynchronous: wait (a while) for the writes received to be forwarded.
-	for deadline := time.Now().Add(5 * time.Second); sub.IsValid() && s.nc.IsConnected() && time.Now().Before(deadline); {
+	// Drain is asynchronous: wait (a while) for the writes received to be forwarded and
+	// for the stream's acknowledgements of those forwarded to be relayed.
+	deadline := time.Now().Add(5 * time.Second)
+	for (sub.IsValid() || s.awaiting() > 0) && s.nc.IsConnected() && time.Now().Before(deadline) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	return nil
@@ -198,6 +200,13 @@ func (s *Service) await(reply string) string {
 	tok := strconv.FormatUint(s.next, 36)
 	s.waiting[tok] = pending{reply: reply, at: now}
 	return s.inbox + "." + tok
+}
+
+// awaiting is the number of forwarded writes whose acknowledgement was not relayed.
+func (s *Service) awaiting() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.waiting)
 }
 
 // relay gives the stream's acknowledgement of a forwarded write to the tenant.
