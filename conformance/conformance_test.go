@@ -20,6 +20,7 @@ import (
 	"github.com/toolbus/toolbus/deploy/nats/natsjwt"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
+	"github.com/toolbus/toolbus/intake"
 	"github.com/toolbus/toolbus/events/provision"
 )
 
@@ -300,6 +301,14 @@ func checkTeamAccounts(t *testing.T, cmd []string, tool string, extraEnv []strin
 			if _, _, err := provision.Setup(ctx, nc, events.Config{}, provision.WithTools([]string{tool}, events.QueueAckWait(2*time.Second, 0), 1000)); err != nil {
 				t.Fatal(err)
 			}
+			// The core's write service (every injector runs it), with the generated
+			// injector's credentials: the team's writes reach the core through it.
+			inj, err := nats.Connect(srv.ClientURL(), kind.login(res, "injector"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer inj.Close()
+			eventstest.ServeIntake(t, inj, intake.Limits{})
 			env := append(append(append([]string{}, extraEnv...), kind.env(res, team)...), settings...)
 			rep, err := conformance.Check(context.Background(), nc, srv.ClientURL(), conformance.Config{Command: cmd, Tool: tool,
 				Env: env, Team: "alpha", Accounts: true})

@@ -178,6 +178,20 @@ func CoreExports() []Crossing {
 	return out
 }
 
+// WriteForwards are the subjects the core's write service (package intake) publishes
+// on when it forwards tenants' writes, as wildcards: the subjects of CoreExports' write
+// crossings. In the accounts layout the injector's user may publish them (the
+// one-account layout's injector may not: no tenant writes through it there).
+func WriteForwards() []string {
+	var out []string
+	for _, c := range CoreExports() {
+		if _, _, subject, ok := events.ParseWriteSubject(c.Subject); ok && !slices.Contains(out, subject) {
+			out = append(out, subject)
+		}
+	}
+	return out
+}
+
 // ConfAccounts renders the accounts block of a config kind for teams only: Layout.Conf
 // with no clients.
 func ConfAccounts(teamTools map[string][]string, coreUsers string, teamUsers map[string]string) string {

@@ -279,6 +279,35 @@ func Users(perms map[string]Permissions, g Grants) []User {
 	return out
 }
 
+// withWriteForwards is the injector's permissions in the accounts layout: its
+// permissions.conf role may also publish what its write service forwards of tenants'
+// writes (accounts.WriteForwards), and no deny of the role stops a forward (it still
+// reads no secret).
+func withWriteForwards(p Permissions) Permissions {
+	fwd := accounts.WriteForwards()
+	out := Permissions{PubAllow: append(slices.Clone(p.PubAllow), fwd...), SubAllow: p.SubAllow, SubDeny: p.SubDeny}
+	for _, d := range p.PubDeny {
+		if !slices.ContainsFunc(fwd, func(f string) bool { return subjectsOverlap(f, d) }) {
+			out.PubDeny = append(out.PubDeny, d)
+		}
+	}
+	return out
+}
+
+// subjectsOverlap reports whether some subject matches both a and b (wildcards).
+func subjectsOverlap(a, b string) bool {
+	ta, tb := strings.Split(a, "."), strings.Split(b, ".")
+	for i := 0; i < len(ta) && i < len(tb); i++ {
+		if ta[i] == ">" || tb[i] == ">" {
+			return true
+		}
+		if ta[i] != tb[i] && ta[i] != "*" && tb[i] != "*" {
+			return false
+		}
+	}
+	return len(ta) == len(tb)
+}
+
 // Result is what Generate wrote.
 type Result struct {
 	// Config is the server configuration of the operator/JWT setup (auth-jwt.conf):
@@ -384,8 +413,11 @@ func GenerateGrants(permsFile, dir string, g Grants, opts ...Option) (Result, er
 		// (ClientExports): the account is the boundary, so the user is left open inside
 		// it (one list of what crosses, not two that may drift).
 		for i := range users {
-			if users[i].tenant() {
+			switch {
+			case users[i].tenant():
 				users[i].Perms = Permissions{}
+			case users[i].Name == "injector":
+				users[i].Perms = withWriteForwards(users[i].Perms)
 			}
 		}
 	}
