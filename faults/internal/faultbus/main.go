@@ -200,7 +200,12 @@ var appendMu sync.Mutex
 func appendTool(cfg config, name string) executor.Tool {
 	mu := &appendMu
 	timeout := time.Duration(0)
-	if cfg.AppendHeartbeat > 0 {
+	switch {
+	case cfg.AppendGate != "":
+		// A closed gate holds the calls as long as the test needs (day two's commands on
+		// a loaded machine take more than the executor's default timeout).
+		timeout = 5 * time.Minute
+	case cfg.AppendHeartbeat > 0:
 		timeout = 2 * time.Minute
 	}
 	return executor.Tool{
