@@ -20,8 +20,8 @@ import (
 	"github.com/toolbus/toolbus/deploy/nats/natsjwt"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
-	"github.com/toolbus/toolbus/intake"
 	"github.com/toolbus/toolbus/events/provision"
+	"github.com/toolbus/toolbus/intake"
 )
 
 // run checks one executor on a fresh embedded JetStream server.

@@ -34,12 +34,12 @@ import (
 	"github.com/toolbus/toolbus/embedded"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
-	"github.com/toolbus/toolbus/intake"
 	"github.com/toolbus/toolbus/events/provision"
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/executor/packs"
 	"github.com/toolbus/toolbus/executor/worker"
 	"github.com/toolbus/toolbus/injector"
+	"github.com/toolbus/toolbus/intake"
 	"github.com/toolbus/toolbus/planner"
 )
 
