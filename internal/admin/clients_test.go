@@ -1,7 +1,6 @@
 package admin
 
 import (
-	"bytes"
 	"os"
 	"path/filepath"
 	"slices"
@@ -15,8 +14,6 @@ import (
 
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
-	"github.com/toolbus/toolbus/events/provision"
-	"github.com/toolbus/toolbus/intake"
 )
 
 // Clients in their own accounts, day two, on a running server in operator mode (the
@@ -37,41 +34,13 @@ func TestAdminClientAccounts(t *testing.T) {
 
 func testClientAccounts(t *testing.T, initArgs []string) {
 	ctx := eventstest.Context(t, time.Minute)
-	dir := filepath.Join(t.TempDir(), "d")
-	adm := func(url string, args ...string) string {
-		t.Helper()
-		var out, errOut bytes.Buffer
-		if code := Main(ctx, append(args, "-dir", dir), url, &out, &errOut); code != 0 {
-			t.Fatalf("%v: exit %d\n%s%s", args, code, out.String(), errOut.String())
-		}
-		return out.String()
-	}
+	l := newLiveAdmin(t, ctx)
+	adm, connect, must, dir := l.adm, l.connect, l.must, l.dir
 	adm("", append([]string{"init"}, initArgs...)...)
 	adm("", "add-team", "alpha", "calc")
 	adm("", "add-client", "alice", "alice")
-	opts, err := server.ProcessConfigFile(filepath.Join(dir, "auth-jwt.conf"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := eventstest.StartServer(t, opts)
+	srv, opts := l.serve()
 	url := srv.ClientURL()
-	connect := func(creds string) (*nats.Conn, error) {
-		return nats.Connect(url, nats.UserCredentials(creds), nats.NoReconnect(), nats.Timeout(5*time.Second))
-	}
-	must := func(creds string) *nats.Conn {
-		t.Helper()
-		nc, err := connect(creds)
-		if err != nil {
-			t.Fatalf("connect with %s: %v", filepath.Base(creds), err)
-		}
-		t.Cleanup(nc.Close)
-		return nc
-	}
-	if _, _, err := provision.Setup(ctx, must(filepath.Join(dir, "admin.creds")), events.Config{}); err != nil {
-		t.Fatal(err)
-	}
-	// The injector's write service: clients' starts reach the core through it.
-	eventstest.ServeIntake(t, must(filepath.Join(dir, "injector.creds")), intake.Limits{})
 	start := func(nc *nats.Conn, id, run string) {
 		t.Helper()
 		js, err := jetstream.New(nc)

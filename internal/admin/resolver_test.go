@@ -1,7 +1,6 @@
 package admin
 
 import (
-	"bytes"
 	"errors"
 	"os"
 	"path/filepath"
@@ -10,13 +9,11 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
 	"github.com/toolbus/toolbus/events/provision"
-	"github.com/toolbus/toolbus/intake"
 )
 
 // New tenants on a live deployment in operator mode (the accounts layout, the
@@ -40,45 +37,17 @@ func TestAdminNewTenantsNeedNoReload(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := eventstest.Context(t, time.Minute)
-			dir := filepath.Join(t.TempDir(), "d")
-			adm := func(url string, args ...string) string {
-				t.Helper()
-				var out, errOut bytes.Buffer
-				if code := Main(ctx, append(args, "-dir", dir), url, &out, &errOut); code != 0 {
-					t.Fatalf("%v: exit %d\n%s%s", args, code, out.String(), errOut.String())
-				}
-				return out.String()
-			}
+			l := newLiveAdmin(t, ctx)
+			adm, connect, must := l.adm, l.connect, l.must
 			adm("", append([]string{"init"}, tc.init...)...)
 			adm("", "add-team", "alpha", "calc")
-			opts, err := server.ProcessConfigFile(filepath.Join(dir, "auth-jwt.conf"))
-			if err != nil {
-				t.Fatal(err)
-			}
+			srv, opts := l.serve(provision.WithTools([]string{"calc", "web"}, 30*time.Second, 10))
 			if _, ok := opts.AccountResolver.(*server.DirAccResolver); ok != tc.full {
 				t.Fatalf("auth-jwt.conf's resolver is %T", opts.AccountResolver)
 			}
-			srv := eventstest.StartServer(t, opts)
 			loaded := srv.ConfigTime()
 			url := srv.ClientURL()
-			connect := func(creds string) (*nats.Conn, error) {
-				return nats.Connect(url, nats.UserCredentials(filepath.Join(dir, creds)), nats.NoReconnect(), nats.Timeout(5*time.Second))
-			}
-			must := func(creds string) *nats.Conn {
-				t.Helper()
-				nc, err := connect(creds)
-				if err != nil {
-					t.Fatalf("connect with %s: %v", creds, err)
-				}
-				t.Cleanup(nc.Close)
-				return nc
-			}
 			adminNC := must("admin.creds")
-			if _, _, err := provision.Setup(ctx, adminNC, events.Config{}, provision.WithTools([]string{"calc", "web"}, 30*time.Second, 10)); err != nil {
-				t.Fatal(err)
-			}
-			// The injector's write service: tenants' writes reach the core through it.
-			eventstest.ServeIntake(t, must("injector.creds"), intake.Limits{})
 			alpha := must("executor-alpha.creds")
 			alphaJS, err := jetstream.NewWithAPIPrefix(alpha, "JS.core.API")
 			if err != nil {
