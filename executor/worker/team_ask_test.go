@@ -64,7 +64,7 @@ func TestTeamAccountAsks(t *testing.T) {
 	exec := testutil.Must(executor.New(reg, executor.WithLogger(p.Log), executor.WithInstance("alpha-1")))
 	w := testutil.Must(worker.New(teamBus, exec, worker.Config{WorkerConfig: events.WorkerConfig{Instance: "alpha-1", Logger: p.Log, Grace: time.Second}, Team: "alpha"}))
 	p.Roles.Go("alpha-1", w.Run)
-	eventstest.Eventually(t, time.Minute, func() error { _, err := p.Bus.Store().Contract(p.Ctx, "pick"); return err })
+	p.WaitTools("pick")
 
 	p.SubmitAs("ask-1", "alice", "pick a color", toolbus.Limits{})
 	p.WaitEvent("ask-1", events.TypeToolRequested)

@@ -93,10 +93,7 @@ func TestTeamAccountExecutor(t *testing.T) {
 		t.Fatal(err)
 	}
 	p.Roles.Go("alpha-1", w.Run)
-	eventstest.Eventually(t, time.Minute, func() error {
-		_, err := p.Bus.Store().Contract(p.Ctx, "pay")
-		return err
-	})
+	p.WaitTools("calc", "pay")
 
 	p.SubmitAs("team-1", "alice", "go", toolbus.Limits{})
 	p.WaitStatus("team-1", toolbus.RunWaitingForApproval)
@@ -211,6 +208,7 @@ func TestTeamResultsCannotBeSquatted(t *testing.T) {
 		t.Fatal(err)
 	}
 	p.Roles.Go("alpha-1", w.Run)
+	p.WaitTools("calc")
 	p.SubmitAs("sq-1", "alice", "go", toolbus.Limits{})
 	p.WaitStatus("sq-1", toolbus.RunCompleted)
 }

@@ -148,7 +148,22 @@ func (p *Pipeline) WaitStatus(run string, want toolbus.RunStatus) {
 			return err
 		}
 		if st.Status != want {
-			return fmt.Errorf("run %s is %s, want %s", run, st.Status, want)
+			return fmt.Errorf("run %s is %s (%s: %s), want %s", run, st.Status, st.Code, st.Reason, want)
+		}
+		return nil
+	})
+}
+
+// WaitTools waits until the catalog has every tool named: the planner rejects a call of
+// a tool it cannot find there (unknown_tool), so a test that starts its own executor
+// submits only once that executor has published its tools.
+func (p *Pipeline) WaitTools(names ...string) {
+	p.t.Helper()
+	eventstest.Eventually(p.t, time.Minute, func() error {
+		for _, name := range names {
+			if _, err := p.Bus.Store().Contract(p.Ctx, name); err != nil {
+				return fmt.Errorf("tool %s: %w", name, err)
+			}
 		}
 		return nil
 	})
