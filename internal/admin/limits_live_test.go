@@ -160,8 +160,10 @@ func hears(nc *nats.Conn, subj string) error {
 // closes the newest, refuses a third again and refuses the sixth subscription of a
 // connection that stayed, while team beta connects up to its own cap and the core's
 // roles connect beyond it. The doc's edit as written (conns 2000) and a push again: a
-// third connection of alpha is taken and its connection subscribes again. Beside it, a
-// server on the auth-users.conf the push rewrote keeps the old cap until its reload.
+// third connection of alpha is taken and its connection subscribes again. Beside it,
+// servers on the auth-users.conf and auth-nkeys.conf the push rewrote keep the old cap
+// (a fourth connection of alpha fits) until their reload, which cuts alpha to 2
+// connections, refuses one more and caps a connection's subscriptions at 5.
 func TestAdminTenantLimitsPush(t *testing.T) {
 	const conns, subs = 2, 5
 	doc := filepath.Join("..", "..", "docs", "deployment-and-security.md")
@@ -173,15 +175,17 @@ func TestAdminTenantLimitsPush(t *testing.T) {
 	l.adm("", "add-team", "beta", "web")
 	srv, _ := l.serve()
 	url, loaded := srv.ClientURL(), srv.ConfigTime()
-	users := startUsers(t, l.dir)
+	confs := []*confServer{startConf(t, l.dir, "users"), startConf(t, l.dir, "nkeys")}
 
 	// Before: alpha's three connections fit (the cap is 1,000), on both servers.
 	var alpha []*nats.Conn
 	for range 3 {
 		alpha = append(alpha, l.must("executor-alpha.creds"))
 	}
-	for range 3 {
-		users.must("executor-alpha")
+	for _, c := range confs {
+		for range 3 {
+			c.must("executor-alpha")
+		}
 	}
 
 	editLimits(t, l.dir, fragment, map[string]int{"conns": conns, "subs": subs})
@@ -224,12 +228,32 @@ func TestAdminTenantLimitsPush(t *testing.T) {
 		}
 	}
 
-	// The server on auth-users.conf keeps the cap it loaded (a fourth connection
-	// fits) until its reload, after which one more is refused.
-	users.must("executor-alpha")
-	users.reload()
-	if _, err := users.connect("executor-alpha"); err == nil || !strings.Contains(err.Error(), "maximum account active connections exceeded") {
-		t.Errorf("alpha on auth-users.conf after its reload (cap %d): %v, want maximum account active connections exceeded", conns, err)
+	// The servers on auth-users.conf and auth-nkeys.conf keep the cap they loaded (a
+	// fourth connection fits) until their reload, which keeps as many of alpha's
+	// connections as the new cap allows (nats-server picks which), refuses one more and
+	// caps their subscriptions.
+	for _, c := range confs {
+		c.must("executor-alpha")
+		c.reload()
+		var open []*nats.Conn
+		eventstest.Eventually(t, 10*time.Second, func() error {
+			open = nil
+			for _, nc := range c.held {
+				if !nc.IsClosed() {
+					open = append(open, nc)
+				}
+			}
+			if len(open) != conns {
+				return fmt.Errorf("%s: alpha holds %d of its 4 connections after the reload, want %d", c.kind, len(open), conns)
+			}
+			return nil
+		})
+		if _, err := c.connect("executor-alpha"); err == nil || !strings.Contains(err.Error(), "maximum account active connections exceeded") {
+			t.Errorf("%s: alpha's connection after the reload (cap %d): %v, want maximum account active connections exceeded", c.kind, conns, err)
+		}
+		if err := subscribeUpTo(open[0], "limits.sub", subs); err != nil {
+			t.Errorf("%s: alpha's connection after the reload (cap %d subscriptions): %v", c.kind, subs, err)
+		}
 	}
 
 	// The doc's edit as written raises the caps again: a third connection is taken,
@@ -252,52 +276,69 @@ func TestAdminTenantLimitsPush(t *testing.T) {
 	}
 }
 
-// usersServer is an in-process server on a deployment's auth-users.conf.
-type usersServer struct {
+// confServer is an in-process server on a deployment's auth-users.conf or
+// auth-nkeys.conf (kind "users" or "nkeys"), and the connections must made on it.
+type confServer struct {
 	t    *testing.T
+	kind string
 	dir  string
 	srv  *server.Server
 	opts *server.Options
+	held []*nats.Conn
 }
 
-func startUsers(t *testing.T, dir string) *usersServer {
+func startConf(t *testing.T, dir, kind string) *confServer {
 	t.Helper()
-	opts, err := server.ProcessConfigFile(filepath.Join(dir, "auth-users.conf"))
+	c := &confServer{t: t, kind: kind, dir: dir}
+	opts, err := server.ProcessConfigFile(c.conf())
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &usersServer{t: t, dir: dir, srv: eventstest.StartServer(t, opts), opts: opts}
+	c.srv, c.opts = eventstest.StartServer(t, opts), opts
+	return c
 }
 
-// connect connects as user with its password file.
-func (u *usersServer) connect(user string) (*nats.Conn, error) {
-	pw, err := os.ReadFile(filepath.Join(u.dir, user+".password"))
-	if err != nil {
-		return nil, err
+func (c *confServer) conf() string { return filepath.Join(c.dir, "auth-"+c.kind+".conf") }
+
+// connect connects as user with its password, or its nkey seed.
+func (c *confServer) connect(user string) (*nats.Conn, error) {
+	var auth nats.Option
+	if c.kind == "nkeys" {
+		var err error
+		if auth, err = nats.NkeyOptionFromSeed(filepath.Join(c.dir, user+".nk")); err != nil {
+			return nil, err
+		}
+	} else {
+		pw, err := os.ReadFile(filepath.Join(c.dir, user+".password"))
+		if err != nil {
+			return nil, err
+		}
+		auth = nats.UserInfo(user, string(bytes.TrimSpace(pw)))
 	}
-	return nats.Connect(u.srv.ClientURL(), nats.UserInfo(user, string(bytes.TrimSpace(pw))), nats.NoReconnect(), nats.Timeout(5*time.Second))
+	return nats.Connect(c.srv.ClientURL(), auth, nats.NoReconnect(), nats.Timeout(5*time.Second))
 }
 
-func (u *usersServer) must(user string) *nats.Conn {
-	u.t.Helper()
-	nc, err := u.connect(user)
+func (c *confServer) must(user string) *nats.Conn {
+	c.t.Helper()
+	nc, err := c.connect(user)
 	if err != nil {
-		u.t.Fatalf("%s on auth-users.conf: %v", user, err)
+		c.t.Fatalf("%s on auth-%s.conf: %v", user, c.kind, err)
 	}
-	u.t.Cleanup(nc.Close)
+	c.t.Cleanup(nc.Close)
+	c.held = append(c.held, nc)
 	return nc
 }
 
-// reload reloads the server from auth-users.conf as it is now (kill -HUP).
-func (u *usersServer) reload() {
-	u.t.Helper()
-	newOpts, err := server.ProcessConfigFile(filepath.Join(u.dir, "auth-users.conf"))
+// reload reloads the server from its config as it is now (kill -HUP).
+func (c *confServer) reload() {
+	c.t.Helper()
+	newOpts, err := server.ProcessConfigFile(c.conf())
 	if err != nil {
-		u.t.Fatal(err)
+		c.t.Fatal(err)
 	}
-	newOpts.Host, newOpts.Port, newOpts.HTTPHost, newOpts.HTTPPort = u.opts.Host, u.opts.Port, u.opts.HTTPHost, u.opts.HTTPPort
-	newOpts.StoreDir, newOpts.NoLog, newOpts.NoSigs = u.opts.StoreDir, true, true
-	if err := u.srv.ReloadOptions(newOpts); err != nil {
-		u.t.Fatalf("reload: %v", err)
+	newOpts.Host, newOpts.Port, newOpts.HTTPHost, newOpts.HTTPPort = c.opts.Host, c.opts.Port, c.opts.HTTPHost, c.opts.HTTPPort
+	newOpts.StoreDir, newOpts.NoLog, newOpts.NoSigs = c.opts.StoreDir, true, true
+	if err := c.srv.ReloadOptions(newOpts); err != nil {
+		c.t.Fatalf("%s: reload: %v", c.kind, err)
 	}
 }
