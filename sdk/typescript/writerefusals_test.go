@@ -22,7 +22,7 @@ import (
 // so that the TypeScript client and executor meet each refusal for real.
 func TestNPMWriteRefusals(t *testing.T) {
 	npm := needNPM(t)
-	lim := intake.Limits{BytesPerSecond: 4000, Burst: 20_000, MaxStartBytes: 8 << 10}
+	lim := intake.Limits{BytesPerSecond: 1000, Burst: 20_000, MaxStartBytes: 8 << 10}
 	const team, tool, client = "alpha", "team_flood", "carol"
 	srv := eventstest.StartTenantsLimited(t, map[string][]string{team: {tool}}, map[string][]string{client: {client}}, lim)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)

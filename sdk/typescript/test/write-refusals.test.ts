@@ -95,24 +95,26 @@ test('team account: a result refused over the team\'s bytes per second is sent a
   const flood = new wire.Bus(team, { apiPrefix: lb.api_prefix });
   let runs = 0;
   let quota: unknown;
-  // The tool spends the team's budget (progress events of its own) until the write
-  // service refuses one: the executor's result then finds the team over its quota.
+  // The tool spends the team's budget (progress events of its own), halving its writes
+  // at each refusal down to one byte of pad: the team is then left less than one small
+  // write, and the result (over 1.5 KB) finds it over its quota for a second or more.
   const tool: Tool<Record<string, never>> = {
     name: lb.tool, description: 'spends the team\'s bytes', inputSchema: { type: 'object' },
     run: async (_a, ctx) => {
       runs++;
-      const pad = 'z'.repeat(Math.ceil(lb.burst / 10));
-      for (let i = 0; i < 200; i++) {
+      let size = Math.ceil(lb.burst / 10);
+      for (let i = 0; i < 1000 && size > 0; i++) {
         const attrs: wire.Attrs = { id: `${ctx.runId}/flood/${runs}/${i}`, type: wire.Type.toolProgress, source: '/toolbus/test/suite',
           subject: ctx.callId, runid: ctx.runId, step: String(ctx.step) };
         try {
-          await flood.publish(wire.subject.toolProgress(ctx.runId, lb.tool), attrs, { run_id: ctx.runId, pad });
+          await flood.publish(wire.subject.toolProgress(ctx.runId, lb.tool), attrs, { run_id: ctx.runId, pad: 'z'.repeat(size) });
         } catch (err) {
           quota = err;
-          break;
+          if (!(err instanceof TenantQuotaError)) break;
+          size = Math.floor(size / 2);
         }
       }
-      return 'spent';
+      return 'spent ' + 's'.repeat(1500);
     },
   };
   const { ex, done } = await startExecutor(team, [tool], { TOOLBUS_TEAM: lb.team_name, TOOLBUS_NATS_API_PREFIX: lb.api_prefix });
@@ -122,7 +124,7 @@ test('team account: a result refused over the team\'s bytes per second is sent a
     const r = await result(coreBus, run);
     refused(quota, 429, wire.WRITE_QUOTA_ERR_CODE, /quota_exceeded/);
     assert.equal(r.status, 'succeeded', JSON.stringify(r));
-    assert.equal(r.content, 'spent');
+    assert.match(r.content, /^spent s+$/);
     assert.ok(ex.metrics.writesRetried > 0, 'the executor\'s result was refused over the quota and sent again');
     assert.equal(r.attempt, 1, 'the call was not handed back');
     assert.equal(runs, 1, 'the tool ran once');
