@@ -525,7 +525,7 @@ export const WRITE_QUOTA_ERR_CODE = 10801;
  */
 export class WriteRefusedError extends Error {
   override name = 'WriteRefusedError';
-  /** The refusal's status: 400, 503 (429 is a TenantQuotaError). */
+  /** The refusal's status: 400 or 503, and 429 in a TenantQuotaError. */
   readonly code: number;
   /** Its err_code: WRITE_REFUSED_ERR_CODE, or WRITE_QUOTA_ERR_CODE. */
   readonly errCode: number;
@@ -544,8 +544,8 @@ export class WriteRefusedError extends Error {
  * A write the core's write service refused because its tenant (the team, or the client's
  * identity) is over its bytes per second (TOOLBUS_TENANT_BYTES_PER_SECOND; code 429,
  * err_code WRITE_QUOTA_ERR_CODE; Go: events.ErrTenantQuota): nothing was stored, and the
- * same write may pass later. The executor retries its own writes in place (README,
- * "Errors"); a client's start, decision or cancel rejects with it.
+ * same write may pass later. The executor retries its own writes of a call in place (README,
+ * "Refused writes"); a client's start, decision or cancel rejects with it.
  */
 export class TenantQuotaError extends WriteRefusedError {
   override name = 'TenantQuotaError';
