@@ -10,7 +10,7 @@ import type { NatsConnection, Subscription } from '@nats-io/transport-node';
 import type { Consumer, ConsumerMessages, JsMsg } from '@nats-io/jetstream';
 import type { ValidateFunction } from 'ajv';
 import {
-  Bus, ContractChangedError, PoisonError, Type, agreeingRun, callAttrs, decodeEvent, id, key, queueAckWait, source, subject,
+  Bus, ContractChangedError, PoisonError, TenantQuotaError, Type, WriteRefusedError, agreeingRun, callAttrs, decodeEvent, id, key, queueAckWait, source, subject,
   validRunID, validToolName,
   type Cancel, type Claim, type Decision, type FailedAttempt, type Principal, type RunStarted, type ToolCall, type ToolContract,
   type ToolProgress, type ToolRequested, type ToolResult,
@@ -270,6 +270,18 @@ function fmtDuration(ms: number): string {
 
 const dec = new TextDecoder();
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+
+/**
+ * How long the executor retries in place a write of a call that the core's write service
+ * refused over the team's bytes per second (TenantQuotaError) or could not forward (503),
+ * backing off from 100 ms to 2 s with heartbeats on the call meanwhile (the Go worker's
+ * busRetryFor): the call is not handed back, so it is not run again. A refusal of the
+ * write's form (400) is not retried: sending it again is refused again.
+ */
+export const WRITE_RETRY_MS = 120000;
+
+/** Whether a refusal of the write service may pass when sent again. */
+const passesLater = (err: unknown) => err instanceof TenantQuotaError || (err instanceof WriteRefusedError && err.code === 503);
 
 // ---- the executor --------------------------------------------------------------------------
 
@@ -924,7 +936,7 @@ export class Executor {
     const s = this.settings;
     const bus = this.bus!;
     const mine = (): Claim => ({ ...(s.team ? { team: s.team } : {}), instance: s.instance, boot: this.boot, attempt: 1, at: new Date().toISOString() });
-    let r = await bus.claimCall(k, mine());
+    let r = await this.write(msg, 'claim the call', () => bus.claimCall(k, mine()));
     if (r.created) return { claim: mine(), rev: r.rev };
     const stopBeat = this.working(msg);
     try {
@@ -942,7 +954,7 @@ export class Executor {
         }
         if (!alive) {
           const c: Claim = { ...mine(), attempt: (cur.attempt || 1) + 1, ...(cur.retries?.length ? { retries: cur.retries } : {}) };
-          const nrev = await bus.updateClaim(k, c, rev);
+          const nrev = await this.write(msg, 'take the call over', () => bus.updateClaim(k, c, rev));
           if (nrev !== null) {
             // A result stored between the look-up and the take-over is the call's: yield to it.
             if (await bus.resultStored(queue, req.run_id, req.step, req.call.call_id)) {
@@ -958,7 +970,7 @@ export class Executor {
           }
         }
         await sleep(1000);
-        r = await bus.claimCall(k, mine());
+        r = await this.write(msg, 'claim the call', () => bus.claimCall(k, mine()));
       }
     } finally {
       stopBeat();
@@ -1027,11 +1039,11 @@ export class Executor {
     const dec = await this.decisionOf(d.req);
     if (!dec) {
       // Nobody decided yet: the call does not run; the re-issue after the decision claims it anew.
-      await bus.releaseClaim(d.claimKey);
+      await this.write(d.msg, 'release the claim', () => bus.releaseClaim(d.claimKey));
       const w = { run_id: d.req.run_id, step: d.req.step, call_index: d.req.call_index, call_count: d.req.call_count, call };
-      await bus.publish(subject.toolWaiting(d.req.run_id, call.tool),
+      await this.write(d.msg, 'publish the wait', () => bus.publish(subject.toolWaiting(d.req.run_id, call.tool),
         callAttrs(Type.toolWaiting, this.src, id.toolWaiting(d.req.run_id, d.req.step, call.call_id), d.req.run_id, d.req.step, call.call_id,
-          d.req.call_index, d.req.call_count, d.traceparent), w, (x) => x.run_id === d.req.run_id && x.call?.call_id === call.call_id);
+          d.req.call_index, d.req.call_count, d.traceparent), w, (x) => x.run_id === d.req.run_id && x.call?.call_id === call.call_id));
       this.log.info('call waits for approval', { run_id: d.req.run_id, step: d.req.step, call_id: call.call_id, tool: call.tool });
       d.msg.ack();
       return 'parked';
@@ -1263,10 +1275,35 @@ export class Executor {
     const failed: FailedAttempt = { attempt: d.claim.attempt, status: res.status, error: res.error, duration_ms: res.duration_ms,
       executor: this.settings.instance, at: new Date().toISOString(), retry_after_ms: delay };
     const c: Claim = { ...d.claim, abandoned: true, retry: true, retries: [...(d.claim.retries ?? []), failed] };
-    await this.bus!.updateClaim(d.claimKey, c, d.rev);
+    await this.write(d.msg, 'record the failed attempt', () => this.bus!.updateClaim(d.claimKey, c, d.rev));
     this.log.info('call failed, retried by the tool\'s policy', { run_id: d.req.run_id, call_id: d.req.call.call_id, attempt: c.attempt,
       code: res.error.code, retry_after_ms: delay, max_attempts: r.maxAttempts });
     throw new Handback(delay, `attempt ${c.attempt} failed (${res.error.code}): retried by the tool's policy`);
+  }
+
+  /**
+   * Runs op, a write of the call of msg, again while the write service refuses it over the
+   * team's bytes per second or could not forward it, for up to WRITE_RETRY_MS (a refusal
+   * of another kind, or any other error, rejects at once).
+   */
+  private async write<T>(msg: JsMsg, what: string, op: () => Promise<T>): Promise<T> {
+    const end = Date.now() + WRITE_RETRY_MS;
+    let stopBeat: (() => void) | undefined;
+    try {
+      for (let n = 1, pause = 100; ; n++, pause = Math.min(pause * 2, 2000)) {
+        try {
+          return await op();
+        } catch (err) {
+          if (!passesLater(err) || Date.now() + pause > end) throw err;
+          stopBeat ??= this.working(msg); // heartbeats only once a write is refused
+          this.metrics.writesRetried++;
+          this.log.warn('bus write refused, retrying', { op: what, retry: n, error: String((err as Error).message) });
+          await sleep(pause / 2 + Math.random() * (pause / 2));
+        }
+      }
+    } finally {
+      stopBeat?.();
+    }
   }
 
   /** Marks the attempt abandoned (its lease ran out before its result was stored), so the next delivery runs the call again at once. */
@@ -1288,7 +1325,7 @@ export class Executor {
     if (res.output !== undefined) {
       const body = Buffer.from(JSON.stringify(res.output));
       if (body.length > this.settings.inlineOutputMax) {
-        const ref = await bus.putOutput(d.queue, d.req.run_id, d.req.step, res.call_id, body);
+        const ref = await this.write(d.msg, 'store the large output', () => bus.putOutput(d.queue, d.req.run_id, d.req.step, res.call_id, body));
         res.truncated = { ...(res.truncated ?? { original_bytes: body.length, kept_bytes: Buffer.byteLength(res.content) }), ref };
         delete res.output;
       }
@@ -1297,12 +1334,15 @@ export class Executor {
     const attrs = callAttrs(Type.toolFinished, this.src, id.toolFinished(d.req.run_id, d.req.step, res.call_id), d.req.run_id, d.req.step,
       res.call_id, d.req.call_index, d.req.call_count, d.traceparent);
     const ours = (x: { run_id?: string; call_id?: string; step?: number }) => x.run_id === d.req.run_id && x.call_id === res.call_id && x.step === d.req.step;
-    if (!this.lease.valid(d.gen)) throw await this.handBack(d);
-    await bus.publish(subject.toolFinished(d.req.run_id, d.queue), attrs, tf, ours);
+    await this.write(d.msg, 'publish the result', async () => {
+      // Checked before each try: a lease lost while the write was refused hands the call back.
+      if (!this.lease.valid(d.gen)) throw await this.handBack(d);
+      await bus.publish(subject.toolFinished(d.req.run_id, d.queue), attrs, tf, ours);
+    });
     if (this.breakRule === 'two_results') await bus.publish(subject.toolFinished(d.req.run_id, d.queue), attrs, tf, ours);
     if (bus.team) {
       // A take-over must find the call done without walking the results, which a team may not read.
-      const rev = await bus.updateClaim(d.claimKey, { ...d.claim, done: true }, d.rev);
+      const rev = await this.write(d.msg, 'mark the claim done', () => bus.updateClaim(d.claimKey, { ...d.claim, done: true }, d.rev));
       if (rev === null) this.log.warn('claim not marked done: it changed meanwhile', { run_id: d.req.run_id, call_id: res.call_id });
     }
     this.metrics.callFinished(res.tool, res.status, res.error?.code ?? '', res.duration_ms, d.ran);

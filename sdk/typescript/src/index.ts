@@ -1,6 +1,6 @@
 // @toolbus/sdk: serve tools on the toolbus bus from TypeScript, and start runs and call
 // tools from services. The wire (subjects, ids, CloudEvents, stores) is in ./wire.js.
-export { Executor, ToolError, register, serve } from './executor.js';
+export { Executor, ToolError, WRITE_RETRY_MS, register, serve } from './executor.js';
 export type { Authorizer, ExecutorOptions, Retry, Tool, ToolContext } from './executor.js';
 export { ConfigError, connectionOptions, dial, parseDuration, secretsOf, settingsFromEnv } from './settings.js';
 export type { ConnectionSettings, Settings } from './settings.js';
@@ -10,5 +10,5 @@ export { Metrics } from './ops.js';
 export * as wire from './wire.js';
 export type { Approval, Cancel, Principal, RunEnded, RunStarted, ToolCall, ToolContract, ToolFinished, ToolProgress, ToolResult } from './wire.js';
 export { Client, RunExistsError } from './client.js';
-export { NotBoundError, readAPIPrefix } from './wire.js';
+export { NotBoundError, TenantQuotaError, WriteRefusedError, readAPIPrefix } from './wire.js';
 export type { ClientOptions, Decision, RunEvent, StartRun } from './client.js';

@@ -50,6 +50,8 @@ export class Metrics {
   runStateReads = 0;
   /** Operations the server refused to this process's credentials (permissions violations). */
   permissionDenied = 0;
+  /** Writes of calls the core's write service refused over the team's quota (or could not forward) and the executor sent again (not exposed: the log says each). */
+  writesRetried = 0;
   /** Tool queues of this process parked (idle: pulling nothing until a call is published for them). */
   queuesParked = 0;
   ready = false;

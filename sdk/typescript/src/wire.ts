@@ -15,6 +15,7 @@ import {
   jetstreamManager,
   type JetStreamClient,
   type JetStreamManager,
+  type JetStreamPublishOptions,
   type PubAck,
   type StoredMsg,
 } from '@nats-io/jetstream';
@@ -509,6 +510,63 @@ export class NotBoundError extends Error {
   }
 }
 
+/** The err_code of a write the core's write service does not admit (events.WriteRefusedErrCode). */
+export const WRITE_REFUSED_ERR_CODE = 10800;
+/** The err_code of a write refused because its tenant is over its bytes per second (events.WriteQuotaErrCode). */
+export const WRITE_QUOTA_ERR_CODE = 10801;
+
+/**
+ * A write the core's write service refused (the accounts layout: CONTRACT.md, "Tenants'
+ * writes"; Go: events.ErrWriteRefused). code 400: a form the tenant may not write, a
+ * roll-up (Nats-Rollup header), a client's run.started over TOOLBUS_MAX_START_BYTES or a
+ * decision, cancel or answer over 64 KiB: sending it again is refused again. code 503:
+ * the service could not forward it (its connection to the server failed). Nothing of the
+ * write was stored. Its cause is the stream-style refusal (a JetStreamApiError).
+ */
+export class WriteRefusedError extends Error {
+  override name = 'WriteRefusedError';
+  /** The refusal's status: 400 or 503, and 429 in a TenantQuotaError. */
+  readonly code: number;
+  /** Its err_code: WRITE_REFUSED_ERR_CODE, or WRITE_QUOTA_ERR_CODE. */
+  readonly errCode: number;
+  /** The write service's reason. */
+  readonly description: string;
+  constructor(readonly subject: string, refusal: { code: number; err_code: number; description?: string }, options?: { cause?: unknown }) {
+    const what = refusal.err_code === WRITE_QUOTA_ERR_CODE ? 'refused the write over the tenant\'s bytes per second (retry later)' : 'refused the write';
+    super(`toolbus: publish ${subject}: the core's write service ${what}: ${refusal.code} ${refusal.description ?? ''} (err_code ${refusal.err_code})`, options);
+    this.code = refusal.code;
+    this.errCode = refusal.err_code;
+    this.description = refusal.description ?? '';
+  }
+}
+
+/**
+ * A write the core's write service refused because its tenant (the team, or the client's
+ * identity) is over its bytes per second (TOOLBUS_TENANT_BYTES_PER_SECOND; code 429,
+ * err_code WRITE_QUOTA_ERR_CODE; Go: events.ErrTenantQuota): nothing was stored, and the
+ * same write may pass later. The executor retries its own writes of a call in place (README,
+ * "Refused writes"); a client's start, decision or cancel rejects with it.
+ */
+export class TenantQuotaError extends WriteRefusedError {
+  override name = 'TenantQuotaError';
+}
+
+/** err as a WriteRefusedError or TenantQuotaError when it is a refusal of the write service, else err itself. */
+export function writeRefusal(err: unknown, subject: string): unknown {
+  if (!(err instanceof JetStreamApiError) || (err.code !== WRITE_REFUSED_ERR_CODE && err.code !== WRITE_QUOTA_ERR_CODE)) return err;
+  const r = { code: err.status, err_code: err.code, description: err.apiError().description };
+  return err.code === WRITE_QUOTA_ERR_CODE ? new TenantQuotaError(subject, r, { cause: err }) : new WriteRefusedError(subject, r, { cause: err });
+}
+
+/** Publishes on JetStream; a refusal of the core's write service rejects as a WriteRefusedError or TenantQuotaError. */
+async function jsPublish(js: JetStreamClient, subj: string, data: Uint8Array, opts?: Partial<JetStreamPublishOptions>): Promise<PubAck> {
+  try {
+    return await js.publish(subj, data, opts);
+  } catch (err) {
+    throw writeRefusal(err, subj);
+  }
+}
+
 /** A key's entry as the executor reads it. */
 export interface Entry {
   value: Uint8Array;
@@ -606,11 +664,11 @@ class DirectKV implements Store {
   }
 
   async put(k: string, v: Uint8Array): Promise<number> {
-    return (await this.js.publish(this.subject(k), v)).seq;
+    return (await jsPublish(this.js, this.subject(k), v)).seq;
   }
 
   async update(k: string, v: Uint8Array, rev: number): Promise<number> {
-    return (await this.js.publish(this.subject(k), v, { expect: { lastSubjectSequence: rev } })).seq;
+    return (await jsPublish(this.js, this.subject(k), v, { expect: { lastSubjectSequence: rev } })).seq;
   }
 
   async create(k: string, v: Uint8Array): Promise<number> {
@@ -627,7 +685,7 @@ class DirectKV implements Store {
   async delete(k: string): Promise<void> {
     const h = natsHeaders();
     h.set('KV-Operation', 'DEL');
-    await this.js.publish(this.subject(k), new Uint8Array(0), { headers: h });
+    await jsPublish(this.js, this.subject(k), new Uint8Array(0), { headers: h });
   }
 }
 
@@ -794,8 +852,9 @@ export class Bus {
     for (const [k, v] of Object.entries(conditions)) first.set(k, v);
     let ack: PubAck;
     try {
-      ack = await this.js.publish(subj, body, { msgID: this.msgID(attrs.id), headers: first });
+      ack = await jsPublish(this.js, subj, body, { msgID: this.msgID(attrs.id), headers: first });
     } catch (err) {
+      if (err instanceof WriteRefusedError) throw err;
       if (this.clientAccount && isNoResponders(err)) throw new NotBoundError(subj.split('.').at(-1) ?? '', subj, { cause: err });
       throw err;
     }
@@ -822,7 +881,7 @@ export class Bus {
         last = sm.seq;
       }
       try {
-        await this.js.publish(subj, body, { headers: h, expect: { lastSubjectSequence: last } });
+        await jsPublish(this.js, subj, body, { headers: h, expect: { lastSubjectSequence: last } });
         return;
       } catch (err) {
         if (!isConflict(err)) throw err;
