@@ -86,7 +86,8 @@ func TestUpgradeFrom9c054fc(t *testing.T) {
 		case strings.HasPrefix(line, "toolbus admin "):
 			out := l.adm(url, withoutDir(t, strings.Fields(strings.TrimPrefix(line, "toolbus admin ")))...)
 			for _, want := range []string{"changed   account TOOLBUS: pushed", "changed   account team-alpha: pushed",
-				"reload needed: the running servers have not loaded account client-alice", "hand to the holders of injector:",
+				"reload needed: the running servers have not loaded account client-alice (no connection has used it since they started)",
+				"hand to the holders of injector:",
 				"unchanged (files byte for byte as they were): admin, planner, executor, client, executor-alpha, client-alice"} {
 				if !strings.Contains(out, want) {
 					t.Errorf("%s does not say %q:\n%s", line, want, out)
