@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -116,6 +117,20 @@ func TestUpgradeFrom9c054fc(t *testing.T) {
 	for _, f := range []string{"executor-alpha.creds", "client-alice.creds"} {
 		if !sameFile(t, filepath.Join(upgradeFixture, f), filepath.Join(l.dir, f)) {
 			t.Errorf("%s changed: the note says the tenants' credential files do not", f)
+		}
+	}
+	// The tenant accounts got the default limits (the old deployment.json names none).
+	for _, f := range []string{"team-alpha.jwt", "account-client-alice.jwt"} {
+		b, err := os.ReadFile(filepath.Join(l.dir, f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ac, err := jwt.DecodeAccountClaims(strings.TrimSpace(string(b)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d := accounts.DefaultTenantLimits; ac.Limits.Conn != int64(d.Conns) || ac.Limits.Subs != int64(d.Subs) {
+			t.Errorf("%s's limits after the push: %d connections, %d subscriptions, want %+v", f, ac.Limits.Conn, ac.Limits.Subs, d)
 		}
 	}
 
