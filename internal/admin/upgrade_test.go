@@ -3,6 +3,7 @@ package admin
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -73,47 +74,7 @@ func TestUpgradeFrom9c054fc(t *testing.T) {
 	w.stored("KV_" + store.BucketClaims)(w.claim("r1", "sub"))
 
 	// The upgrade, as the note words it.
-	var svc *intake.Service
-	url, ran := "", 0
-	for _, line := range lines {
-		line = strings.TrimSpace(line)
-		if line == "" || strings.HasPrefix(line, "#") {
-			continue
-		}
-		ran++
-		switch {
-		case strings.HasPrefix(line, "export TOOLBUS_NATS_URL="):
-			url = l.srv.ClientURL()
-		case strings.HasPrefix(line, "toolbus admin "):
-			out := l.adm(url, withoutDir(t, strings.Fields(strings.TrimPrefix(line, "toolbus admin ")))...)
-			for _, want := range []string{"changed   account TOOLBUS: pushed", "changed   account team-alpha: pushed",
-				"reload needed: the running servers have not loaded account client-alice (no connection has used it since they started)",
-				"hand to the holders of injector:",
-				"unchanged (files byte for byte as they were): admin, planner, executor, client, executor-alpha, client-alice"} {
-				if !strings.Contains(out, want) {
-					t.Errorf("%s does not say %q:\n%s", line, want, out)
-				}
-			}
-		case strings.HasPrefix(line, "kill -HUP "):
-			newOpts, err := server.ProcessConfigFile(filepath.Join(l.dir, "auth-jwt.conf"))
-			if err != nil {
-				t.Fatal(err)
-			}
-			newOpts.Host, newOpts.Port, newOpts.HTTPHost, newOpts.HTTPPort = opts.Host, opts.Port, opts.HTTPHost, opts.HTTPPort
-			newOpts.StoreDir, newOpts.NoLog, newOpts.NoSigs = opts.StoreDir, true, true
-			if err := l.srv.ReloadOptions(newOpts); err != nil {
-				t.Fatalf("reload: %v", err)
-			}
-		case line == "TOOLBUS_NATS_CREDS=tb/injector.creds toolbus injector":
-			// What the injector runs of it: the write service on its connection.
-			svc = eventstest.ServeIntake(t, l.must("injector.creds"), intake.Limits{})
-		default:
-			t.Fatalf("a line of the note this test does not run: %s", line)
-		}
-	}
-	if ran != 4 || svc == nil {
-		t.Fatalf("ran %d lines of the note (injector %v): want export, push, reload, injector", ran, svc != nil)
-	}
+	svc := runUpgradeNote(t, l, opts, lines)
 	for _, f := range []string{"executor-alpha.creds", "client-alice.creds"} {
 		if !sameFile(t, filepath.Join(upgradeFixture, f), filepath.Join(l.dir, f)) {
 			t.Errorf("%s changed: the note says the tenants' credential files do not", f)
@@ -163,6 +124,56 @@ func TestUpgradeFrom9c054fc(t *testing.T) {
 	w.through(func() {
 		w.stored(events.DefaultStream)(aliceJS.Publish(ctx, events.SubjectRunStarted("r3", "alice"), []byte(`{"run_id":"r3"}`)))
 	})
+}
+
+// runUpgradeNote runs the lines of the note on l's deployment, whose server was
+// started with opts: toolbus admin through Main, the reload as ReloadOptions of the
+// rewritten auth-jwt.conf, the injector as the write service it runs on its
+// credentials (returned). A line it does not know fails the test.
+func runUpgradeNote(t *testing.T, l *liveAdmin, opts *server.Options, lines []string) *intake.Service {
+	t.Helper()
+	var svc *intake.Service
+	url, ran := "", 0
+	for _, line := range lines {
+		line = strings.TrimSpace(line)
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		ran++
+		switch {
+		case strings.HasPrefix(line, "export TOOLBUS_NATS_URL="):
+			url = l.srv.ClientURL()
+		case strings.HasPrefix(line, "toolbus admin "):
+			out := l.adm(url, withoutDir(t, strings.Fields(strings.TrimPrefix(line, "toolbus admin ")))...)
+			for _, want := range []string{"changed   account TOOLBUS: pushed", "changed   account team-alpha: pushed",
+				"reload needed: the running servers have not loaded account client-alice (no connection has used it since they started)",
+				"hand to the holders of injector:",
+				"unchanged (files byte for byte as they were): admin, planner, executor, client, executor-alpha, client-alice"} {
+				if !strings.Contains(out, want) {
+					t.Errorf("%s does not say %q:\n%s", line, want, out)
+				}
+			}
+		case strings.HasPrefix(line, "kill -HUP "):
+			newOpts, err := server.ProcessConfigFile(filepath.Join(l.dir, "auth-jwt.conf"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			newOpts.Host, newOpts.Port, newOpts.HTTPHost, newOpts.HTTPPort = opts.Host, opts.Port, opts.HTTPHost, opts.HTTPPort
+			newOpts.StoreDir, newOpts.NoLog, newOpts.NoSigs = opts.StoreDir, true, true
+			if err := l.srv.ReloadOptions(newOpts); err != nil {
+				t.Fatalf("reload: %v", err)
+			}
+		case line == "TOOLBUS_NATS_CREDS=tb/injector.creds toolbus injector":
+			// What the injector runs of it: the write service on its connection.
+			svc = eventstest.ServeIntake(t, l.must("injector.creds"), intake.Limits{})
+		default:
+			t.Fatalf("a line of the note this test does not run: %s", line)
+		}
+	}
+	if ran != 4 || svc == nil {
+		t.Fatalf("ran %d lines of the note (injector %v): want export, push, reload, injector", ran, svc != nil)
+	}
+	return svc
 }
 
 // upgradeWriter writes as a team's executor does, on js, and checks with admin what
@@ -232,9 +243,14 @@ func (w *upgradeWriter) through(write func()) {
 	w.t.Helper()
 	before, _ := w.svc.Counts()
 	write()
-	if after, _ := w.svc.Counts(); after != before+1 {
-		w.t.Errorf("the write service admitted %d writes of %s, want 1: the write went past it", after-before, w.last)
-	}
+	// The service counts a write once it forwarded it, in its own goroutine: the
+	// acknowledgement it relays may come first.
+	eventstest.Eventually(w.t, 5*time.Second, func() error {
+		if after, _ := w.svc.Counts(); after != before+1 {
+			return fmt.Errorf("the write service admitted %d writes of %s, want 1: the write went past it", after-before, w.last)
+		}
+		return nil
+	})
 }
 
 // withoutDir is args with the note's -dir tb taken out (liveAdmin.adm gives its own).
