@@ -311,7 +311,12 @@ func report(w io.Writer, res natsjwt.Result, p pushed) {
 		fmt.Fprintln(w, "or apply the changed accounts with no reload: toolbus admin push (-push with the edit)")
 	}
 	for _, name := range slices.Sorted(maps.Keys(p.skipped)) {
-		fmt.Fprintf(w, "reload needed: the running servers have not loaded %s (new): reload them once (kill -HUP of toolbus server, nats-server --signal reload); every connection is kept\n", name)
+		why := "new"
+		if !slices.ContainsFunc(res.Changes, func(c natsjwt.Change) bool { return c.User == name && c.What == "new" }) {
+			// A memory resolver loads an account when a connection first uses it.
+			why = "no connection has used it since they started"
+		}
+		fmt.Fprintf(w, "reload needed: the running servers have not loaded %s (%s): reload them once (kill -HUP of toolbus server, nats-server --signal reload); every connection is kept\n", name, why)
 	}
 }
 

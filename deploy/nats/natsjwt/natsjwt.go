@@ -282,10 +282,17 @@ func Users(perms map[string]Permissions, g Grants) []User {
 // withWriteForwards is the injector's permissions in the accounts layout: its
 // permissions.conf role may also publish what its write service forwards of tenants'
 // writes (accounts.WriteForwards), and no deny of the role stops a forward (it still
-// reads no secret).
+// reads no secret). It may subscribe to the service's subjects (events.WriteServicePrefix)
+// even when the role does not list them: a deployment's permissions copied by an older
+// version's toolbus admin init lack them, and its injectors must run the service once
+// toolbus admin push has moved the tenants' writes to it
+// (TestInjectorSubscribesToTheWriteService; in internal/admin, TestUpgradeFrom9c054fc).
 func withWriteForwards(p Permissions) Permissions {
 	fwd := accounts.WriteForwards()
 	out := Permissions{PubAllow: append(slices.Clone(p.PubAllow), fwd...), SubAllow: p.SubAllow, SubDeny: p.SubDeny}
+	if svc := events.WriteServicePrefix + ".>"; !slices.Contains(p.SubAllow, svc) {
+		out.SubAllow = append(slices.Clone(p.SubAllow), svc)
+	}
 	for _, d := range p.PubDeny {
 		if !slices.ContainsFunc(fwd, func(f string) bool { return subjectsOverlap(f, d) }) {
 			out.PubDeny = append(out.PubDeny, d)
