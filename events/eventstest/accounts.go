@@ -66,6 +66,15 @@ func StartTenants(t testing.TB, teams, clients map[string][]string) *server.Serv
 // StartTenantsLimited is StartTenants whose write service bounds each tenant by lim.
 func StartTenantsLimited(t testing.TB, teams, clients map[string][]string, lim intake.Limits) *server.Server {
 	t.Helper()
+	srv := StartTenantsBare(t, teams, clients)
+	ServeIntake(t, Connect(t, srv, "core"), lim)
+	return srv
+}
+
+// StartTenantsBare is StartTenants with no write service: the test starts one
+// (StartIntake) when it wants the tenants' writes to be taken.
+func StartTenantsBare(t testing.TB, teams, clients map[string][]string) *server.Server {
+	t.Helper()
 	dir := t.TempDir()
 	path := filepath.Join(dir, "accounts.conf")
 	if err := os.WriteFile(path, []byte(TenantsConf(filepath.Join(dir, "js"), teams, clients)), 0o600); err != nil {
@@ -75,9 +84,7 @@ func StartTenantsLimited(t testing.TB, teams, clients map[string][]string, lim i
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := StartServer(t, opts)
-	ServeIntake(t, Connect(t, srv, "core"), lim)
-	return srv
+	return StartServer(t, opts)
 }
 
 // StartIntake runs the core's write service (package intake, which every injector

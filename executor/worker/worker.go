@@ -313,7 +313,7 @@ func (w *Worker) serve(ctx context.Context) error {
 	defer stopBeat()
 	for _, name := range served {
 		t, _ := w.exec.Registry().Lookup(name)
-		if err := w.publishTool(ctx, t); err != nil {
+		if err := w.startupWrite(ctx, "catalog entry of "+name, func() error { return w.publishTool(ctx, t) }); err != nil {
 			return err
 		}
 	}
@@ -458,9 +458,14 @@ func (w *Worker) heartbeat(ctx context.Context, served []string) (stop func(), e
 	start := time.Now()
 	in := store.Instance{Team: w.cfg.Team, Name: w.cfg.Instance, Boot: w.boot, Tools: served, Concurrency: w.cfg.Concurrency,
 		StartedAt: start.UTC(), HeartbeatAt: start.UTC()}
-	pctx, guarded := w.bus.Guard(ctx, "$KV.")
-	rev, err := w.bus.Store().PutInstance(pctx, in)
-	if err = guarded(err); err != nil {
+	var rev uint64
+	err = w.startupWrite(ctx, "instance record", func() error {
+		pctx, guarded := w.bus.Guard(ctx, "$KV.")
+		var err error
+		rev, err = w.bus.Store().PutInstance(pctx, in)
+		return guarded(err)
+	})
+	if err != nil {
 		return nil, err
 	}
 	w.lease.renewed(start)
