@@ -123,7 +123,7 @@ func TestFaultMixedLanguages(t *testing.T) {
 	// The teams' executors and the core's workers.
 	file, approveFile, failFile := filepath.Join(e.dir, "side-effects"), filepath.Join(e.dir, "approved"), filepath.Join(e.dir, "failed")
 	failOnce, slow := "mix-0001/1/c0", "kill-0000/0/c0" // append_ts calls (call 0 of each step)
-	tsExecutor := func(inst string) *proc {
+	tsStart := func(inst string) *proc {
 		p := startProc(t, e.dir, inst, nodeBin, []string{filepath.Join("testdata", "mixed-executor.mjs")}, []string{
 			"TOOLBUS_NATS_URL=" + node.url(), creds("executor-alpha"), "TOOLBUS_TEAM=alpha", "TOOLBUS_NATS_API_PREFIX=JS.core.API",
 			"TOOLBUS_EXECUTOR_TOOLS=append_ts,approve_ts", "TOOLBUS_INSTANCE=" + inst, "TOOLBUS_INSTANCE_TTL=" + e.cfg.InstanceTTL.String(),
@@ -134,19 +134,33 @@ func TestFaultMixedLanguages(t *testing.T) {
 		e.mu.Lock()
 		e.procs = append(e.procs, p)
 		e.mu.Unlock()
-		e.eventually(inst+" serving", time.Minute, func() error {
-			if !strings.Contains(p.logText(), "executor serving") {
-				return fmt.Errorf("%s log: %s", inst, p.logTail(3))
+		return p
+	}
+	waitLog := func(p *proc, what, line string) {
+		e.eventually(p.name+" "+what, time.Minute, func() error {
+			if !strings.Contains(p.logText(), line) {
+				return fmt.Errorf("%s log: %s", p.name, p.logTail(3))
 			}
 			return nil
 		})
+	}
+	tsExecutor := func(inst string) *proc {
+		p := tsStart(inst)
+		waitLog(p, "serving", "executor serving")
 		return p
+	}
+	// The teams' executors start before any injector: their first writes (instance
+	// records) find no write service, and they wait for one instead of exiting, in Go and
+	// in TypeScript; a fleet may start in any order.
+	beta1 := e.faultbusRole("executor", "beta-1", creds("executor-beta"), "TOOLBUS_TEAM=beta", "TOOLBUS_NATS_API_PREFIX=JS.core.API",
+		"TOOLBUS_EXECUTOR_TOOLS=append_b", "TOOLBUS_FAULT_APPEND_TOOLS=append_b", "TOOLBUS_FAULT_APPEND_FILE="+file)
+	alpha1 := tsStart("alpha-1")
+	for _, p := range []*proc{beta1, alpha1} {
+		waitLog(p, "waits for the write service", "bus write at start-up failed")
 	}
 	e.faultbusRole("planner", "planner-1", creds("planner"), "TOOLBUS_MODEL=append_ts+append_b:2x2:300-1200")
 	e.toolbusRole("injector", "injector-1", creds("injector"))
-	e.faultbusRole("executor", "beta-1", creds("executor-beta"), "TOOLBUS_TEAM=beta", "TOOLBUS_NATS_API_PREFIX=JS.core.API",
-		"TOOLBUS_EXECUTOR_TOOLS=append_b", "TOOLBUS_FAULT_APPEND_TOOLS=append_b", "TOOLBUS_FAULT_APPEND_FILE="+file)
-	alpha1 := tsExecutor("alpha-1")
+	waitLog(alpha1, "serving", "executor serving")
 	e.waitReady([]string{"append_ts", "approve_ts", "append_b"}, "planner", "injector", "executor")
 
 	// Runs calling both teams' tools (one of alpha's calls retried), and a call of

@@ -10,7 +10,7 @@ import type { NatsConnection, Subscription } from '@nats-io/transport-node';
 import type { Consumer, ConsumerMessages, JsMsg } from '@nats-io/jetstream';
 import type { ValidateFunction } from 'ajv';
 import {
-  Bus, ContractChangedError, PoisonError, TenantQuotaError, Type, WriteRefusedError, agreeingRun, callAttrs, decodeEvent, id, key, queueAckWait, source, subject,
+  Bus, ContractChangedError, PoisonError, TenantQuotaError, Type, WriteRefusedError, agreeingRun, callAttrs, decodeEvent, id, isNoResponders, key, queueAckWait, source, subject,
   validRunID, validToolName,
   type Cancel, type Claim, type Decision, type FailedAttempt, type Principal, type RunStarted, type ToolCall, type ToolContract,
   type ToolProgress, type ToolRequested, type ToolResult,
@@ -283,6 +283,20 @@ export const WRITE_RETRY_MS = 120000;
 /** Whether a refusal of the write service may pass when sent again. */
 const passesLater = (err: unknown) => err instanceof TenantQuotaError || (err instanceof WriteRefusedError && err.code === 503);
 
+/**
+ * Whether a write at start-up (the instance record, the contracts) may pass when sent
+ * again: also when nothing answers or it times out. In a team account the writes go
+ * through the core's write service, which no injector may serve yet: a fleet started in
+ * any order comes up (the Go worker's startupWrite).
+ */
+const passesAtStart = (err: unknown): boolean => {
+  if (passesLater(err) || isNoResponders(err)) return true;
+  for (let e = err as { name?: string; message?: string; cause?: unknown } | undefined, i = 0; e && i < 8; e = e.cause as typeof e, i++) {
+    if (e.name === 'TimeoutError' || /no response from stream|timeout/i.test(String(e.message ?? ''))) return true;
+  }
+  return false;
+};
+
 // ---- the executor --------------------------------------------------------------------------
 
 export interface ExecutorOptions {
@@ -460,10 +474,10 @@ export class Executor {
       let ackWait = queueAckWait(s.ackWaitMS, s.instanceTTLMS);
       for (const t of served) ackWait = Math.min(ackWait, await bus.bindQueue(t, queueAckWait(s.ackWaitMS, s.instanceTTLMS), s.maxAckPending));
       this.beatEveryMS = Math.max(ackWait / 3, 100);
-      stopBeat = await this.heartbeat(served);
+      stopBeat = await this.startupWrite('instance record', () => this.heartbeat(served));
       for (const t of served) {
         try {
-          await bus.publishTool(this.entries.get(t)!.contract, s.replaceContracts);
+          await this.startupWrite(`catalog entry of ${t}`, () => bus.publishTool(this.entries.get(t)!.contract, s.replaceContracts));
         } catch (err) {
           if (err instanceof ContractChangedError) {
             this.metrics.contractRefused(t);
@@ -1303,6 +1317,24 @@ export class Executor {
       }
     } finally {
       stopBeat?.();
+    }
+  }
+
+  /**
+   * Runs op, a write of the starting executor, again for up to WRITE_RETRY_MS while it
+   * fails in a way that passes by itself (passesAtStart); any other error rejects at once.
+   */
+  private async startupWrite<T>(what: string, op: () => Promise<T>): Promise<T> {
+    const end = Date.now() + WRITE_RETRY_MS;
+    for (let n = 1, pause = 200; ; n++, pause = Math.min(pause * 2, 2000)) {
+      try {
+        return await op();
+      } catch (err) {
+        if (!passesAtStart(err) || Date.now() + pause > end) throw err;
+        this.log.warn('bus write at start-up failed, retrying (in a team account: is an injector, which serves the core\'s write service, running?)',
+          { op: what, retry: n, error: String((err as Error).message) });
+        await sleep(pause / 2 + Math.random() * (pause / 2));
+      }
     }
   }
 
