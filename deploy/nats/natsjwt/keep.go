@@ -2,6 +2,7 @@ package natsjwt
 
 import (
 	"crypto/rand"
+	"crypto/subtle"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
@@ -12,6 +13,7 @@ import (
 	"regexp"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 
 	"github.com/nats-io/jwt/v2"
@@ -253,28 +255,37 @@ func narrows(old *jwt.UserClaims, p Permissions) bool {
 		!sub(p.PubDeny, old.Pub.Deny) || !sub(p.SubDeny, old.Sub.Deny)
 }
 
-// secretRE is a user's password hash in k8s-secrets.yaml (as writeConfigKinds writes it).
-var secretRE = regexp.MustCompile(`(?m)^  user: "([^"]+)"\n  password: "[^"]*"\n  bcrypt: "([^"]+)"$`)
+// secretRE is a user's password and its hash in k8s-secrets.yaml (as writeConfigKinds
+// writes them).
+var secretRE = regexp.MustCompile(`(?m)^  user: "([^"]+)"\n  password: ("[^"]*")\n  bcrypt: "([^"]+)"$`)
 
-// hashes are the password hashes of the last run, by user (from k8s-secrets.yaml), so
-// that a user whose password is kept keeps its hash: the users config and the secrets
-// change only where a user does.
-func (k keyring) hashes() map[string]string {
-	out := map[string]string{}
+// issued is a password and its hash as the last run wrote them together.
+type issued struct{ password, hash string }
+
+// hashes are the passwords and their hashes of the last run, by user (from
+// k8s-secrets.yaml), so that a user whose password is kept keeps its hash: the users
+// config and the secrets change only where a user does.
+func (k keyring) hashes() map[string]issued {
+	out := map[string]issued{}
 	b, err := os.ReadFile(filepath.Join(k.dir, "k8s-secrets.yaml"))
 	if err != nil {
 		return out
 	}
 	for _, m := range secretRE.FindAllStringSubmatch(string(b), -1) {
-		out[m[1]] = m[2]
+		if pw, err := strconv.Unquote(m[2]); err == nil {
+			out[m[1]] = issued{password: pw, hash: m[3]}
+		}
 	}
 	return out
 }
 
-// keptHash is old while it is a hash of pw at cost, else a new one.
-func keptHash(old, pw string, cost int) ([]byte, error) {
-	if c, err := bcrypt.Cost([]byte(old)); err == nil && c == cost && bcrypt.CompareHashAndPassword([]byte(old), []byte(pw)) == nil {
-		return []byte(old), nil
+// keptHash is old's hash while it is a hash of pw at cost, else a new one. A hash that
+// the last run wrote beside this very password is kept without hashing again: every
+// day-two command issues every user, and a bcrypt comparison costs as much as a hash
+// (with a hundred users, seconds per command).
+func keptHash(old issued, pw string, cost int) ([]byte, error) {
+	if c, err := bcrypt.Cost([]byte(old.hash)); err == nil && c == cost && subtle.ConstantTimeCompare([]byte(old.password), []byte(pw)) == 1 {
+		return []byte(old.hash), nil
 	}
 	hash, err := bcrypt.GenerateFromPassword([]byte(pw), cost)
 	if err != nil {
