@@ -22,6 +22,7 @@ import (
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
 	"github.com/toolbus/toolbus/events/provision"
+	"github.com/toolbus/toolbus/events/store"
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/executor/worker"
 	"github.com/toolbus/toolbus/intake"
@@ -223,4 +224,38 @@ func oneMessage(ctx context.Context, t *testing.T, nc *nats.Conn) jetstream.Msg 
 	}
 	t.Fatal(fmt.Errorf("no message fetched: %v", batch.Error()))
 	return nil
+}
+
+// TestLeaseRenewedUnderQuota: the renewal of an executor's lease (its instance record)
+// refused over the team's bytes per second is sent again within its period, so a burst
+// of the team's writes does not lapse the lease (three refused periods would hand every
+// running call back): right after the team's budget is spent, the renewal passes once
+// the rate has refilled its few hundred bytes. Nothing is exempt: the service refused it
+// first.
+func TestLeaseRenewedUnderQuota(t *testing.T) {
+	srv, svc := startTenants(t, map[string][]string{"alpha": {"calc"}}, intake.Limits{BytesPerSecond: 500, Burst: 20_000})
+	ctx := eventstest.Context(t, time.Minute)
+	if _, _, err := provision.Setup(ctx, eventstest.Connect(t, srv, "core"), events.Config{}, provision.WithTools([]string{"calc"}, 0, 0)); err != nil {
+		t.Fatal(err)
+	}
+	alpha := eventstest.Connect(t, srv, "alpha")
+	teamBus, err := events.Open(ctx, alpha, events.Config{APIPrefix: eventstest.TeamAPIPrefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := worker.New(teamBus, testutil.Must(executor.New(executor.NewRegistry())),
+		worker.Config{WorkerConfig: events.WorkerConfig{Instance: "alpha-1", Logger: testutil.Logger()}, Team: "alpha"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	in := store.Instance{Team: "alpha", Name: "alpha-1", Boot: "b1", Tools: []string{"calc"}, Concurrency: 1}
+	eventstest.Eventually(t, 10*time.Second, func() error { return w.Renew(ctx, in, 0) }) // the service subscribes
+	drained := drain(ctx, t, eventstest.Connect(t, srv, "alpha"), events.SubjectToolLog("spend", "calc"))
+	// The record's few hundred bytes take the rate most of a second to refill.
+	if err := w.Renew(ctx, in, 5*time.Second); err != nil {
+		t.Fatalf("the renewal right after the team's budget was spent: %v", err)
+	}
+	if _, refused := svc.Counts(); refused <= uint64(drained) {
+		t.Errorf("the write service refused %d writes, all of them the spender's %d: the renewal was never refused", refused, drained)
+	}
 }
