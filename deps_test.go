@@ -89,6 +89,7 @@ var depRules = []depRule{
 	{prefix: "internal/node", notModule: []string{"cmd", "e2e", "faults", "examples"}, why: "a toolbus process (configuration, bus, roles) is wired here for the command, never from it"},
 	{prefix: "internal/timeline", notModule: workers, why: "the terminal views of runs read events and import no worker"},
 	{prefix: "internal/retry", notModule: allButSDK, why: "the retry loop imports nothing of the module"},
+	{prefix: "internal/refusal", notModule: allButSDK, why: "the write service's refusals are told apart below events and its store, which both use them"},
 	{prefix: "internal/golden", notModule: allButSDK, why: "test helpers import nothing of the module: any package's tests may use them"},
 	{prefix: "internal/testutil", notModule: allButSDK, why: "test helpers import nothing of the module: any package's tests may use them"},
 	{prefix: "mcpserver", notModule: workers, why: "the MCP server reads and starts runs over the bus and imports no worker"},

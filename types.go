@@ -49,7 +49,9 @@ const (
 	CodeToolInternalError = "tool_internal_error"
 	CodeInvalidToolOutput = "invalid_tool_output"
 	// CodePermissionDenied: the server refused an operation the executor needs for the
-	// call to its credentials; the message names the subject (the missing permission).
+	// call to its credentials, or the core's write service refused a write of the call
+	// for good (400); the message names the subject (the missing permission) or the
+	// refusal.
 	// It fails the run by default: no retry can fix a deployment's permissions.
 	CodePermissionDenied = "permission_denied"
 	// CodeRunEnded: the call was taken after its run had ended; it did not run

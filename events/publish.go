@@ -195,7 +195,7 @@ func (b *Bus) publishGuarded(ctx context.Context, msg *nats.Msg, m Meta, attempt
 			return ack, nil
 		}
 		if !wrongLastSequence(err) {
-			return nil, fmt.Errorf("events: publish %s: %w", m.ID, err)
+			return nil, fmt.Errorf("events: publish %s: %w", m.ID, writeRefusal(err))
 		}
 		// Something was stored on the subject since: look at it (it may be this event,
 		// published by another worker).
@@ -280,7 +280,7 @@ func (p *PubFuture) Wait(ctx context.Context) (*jetstream.PubAck, error) {
 		}
 		return p.bus.settleDuplicate(ctx, p.f.Msg(), ack)
 	case err := <-p.f.Err():
-		return nil, fmt.Errorf("events: publish %s: %w", p.id, err)
+		return nil, fmt.Errorf("events: publish %s: %w", p.id, writeRefusal(err))
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}

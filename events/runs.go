@@ -317,7 +317,7 @@ func (b *Bus) publishOnEmptySubject(ctx context.Context, e Envelope) error {
 	case wrongLastSequence(err):
 		return errSubjectTaken
 	case err != nil:
-		return fmt.Errorf("events: publish %s: %w", e.Meta.ID, err)
+		return fmt.Errorf("events: publish %s: %w", e.Meta.ID, writeRefusal(err))
 	case ack.Duplicate:
 		_, err = b.settleDuplicate(ctx, msg, ack)
 		return err

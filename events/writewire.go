@@ -1,11 +1,9 @@
 package events
 
 import (
-	"errors"
-	"fmt"
 	"strings"
 
-	"github.com/nats-io/nats.go/jetstream"
+	"github.com/toolbus/toolbus/internal/refusal"
 )
 
 // The write service (package intake, docs/tenancy-design.md "Writes of tenants"): a team
@@ -55,33 +53,40 @@ func ParseWriteSubject(s string) (kind, name, subject string, ok bool) {
 
 // WriteQuotaErrCode is the err_code of the write service's refusal of a tenant over its
 // bytes per second (code 429), and WriteRefusedErrCode of a write it does not admit
-// (code 400: a form it does not take, a roll-up, a size over its bound). A client's
-// publish returns them as a *jetstream.APIError.
+// (code 400: a form it does not take, a roll-up, a size over its bound) or could not
+// forward (code 503). A tenant's publish returns them as a *jetstream.APIError, which
+// every write of this package and its store wraps (WriteRefusal).
 const (
-	WriteQuotaErrCode   = 10801
-	WriteRefusedErrCode = 10800
+	WriteQuotaErrCode   = refusal.QuotaErrCode
+	WriteRefusedErrCode = refusal.RefusedErrCode
 )
 
-// ErrTenantQuota is wrapped by the error of a publish the core's write service refused
-// because its tenant is over its bytes per second (TOOLBUS_TENANT_BYTES_PER_SECOND):
-// retry later; and ErrWriteRefused by one it refused for its form or size.
+// ErrTenantQuota is wrapped by the error of a write (an event's publish, or a key of the
+// claims, outputs, catalog, instances or secrets buckets) the core's write service
+// refused because its tenant is over its bytes per second
+// (TOOLBUS_TENANT_BYTES_PER_SECOND): retry later; and ErrWriteRefused by one it refused
+// for its form, a roll-up or its size (400: sending it again is refused again), or could
+// not forward (503: it may pass later; WritePassesLater tells).
 var (
-	ErrTenantQuota  = errors.New("events: quota_exceeded: the tenant is over its bytes per second")
-	ErrWriteRefused = errors.New("events: the core's write service refused the write")
+	ErrTenantQuota  = refusal.ErrTenantQuota
+	ErrWriteRefused = refusal.ErrWriteRefused
 )
 
-// writeRefusal wraps the error of a publish the write service refused in ErrTenantQuota
-// or ErrWriteRefused, so that callers can tell it from a failure of the bus.
-func writeRefusal(err error) error {
-	var apiErr *jetstream.APIError
-	if !errors.As(err, &apiErr) {
-		return err
-	}
-	switch apiErr.ErrorCode {
-	case WriteQuotaErrCode:
-		return fmt.Errorf("%w: %w", ErrTenantQuota, err)
-	case WriteRefusedErrCode:
-		return fmt.Errorf("%w: %w", ErrWriteRefused, err)
-	}
-	return err
-}
+// WriteRefusal wraps the error of a write the core's write service refused in
+// ErrTenantQuota or ErrWriteRefused (the service's description kept), so that callers
+// can tell it from a failure of the bus; any other error, or one already wrapped, is
+// returned unchanged. Every publish of this package and every KV write of its store
+// passes its error through it.
+func WriteRefusal(err error) error { return refusal.Wrap(err) }
+
+// WritePassesLater reports whether err is a refusal of the write service that the same
+// write may pass when sent again: ErrTenantQuota (429), or a 503 (the service could not
+// forward it). An executor retries those in place; a 400 never passes.
+func WritePassesLater(err error) bool { return refusal.PassesLater(err) }
+
+// WriteRefusedForGood reports whether err is a refusal of the write service that
+// sending the write again cannot pass (400: its form, a roll-up, its size).
+func WriteRefusedForGood(err error) bool { return refusal.ForGood(err) }
+
+// writeRefusal is WriteRefusal.
+func writeRefusal(err error) error { return refusal.Wrap(err) }

@@ -100,7 +100,7 @@ func (s *Store) PublishTool(ctx context.Context, c toolbus.ToolContract, replace
 		} // an undecodable entry is replaced
 		if _, err := s.tools.Update(ctx, c.Name, mustJSON(c), e.Revision()); err == nil {
 			return nil
-		} else if attempt > 3 {
+		} else if attempt > 3 || refused(err) {
 			return fmt.Errorf("store: catalog put %s: %w", c.Name, err)
 		}
 	}

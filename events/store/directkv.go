@@ -10,6 +10,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/toolbus/toolbus/internal/refusal"
 )
 
 // NewDirectKV returns a bucket handle for a process in a team account, which reaches
@@ -127,10 +129,20 @@ func directRequest(ctx context.Context, nc *nats.Conn, subject string, body []by
 	return &jetstream.RawStreamMsg{Subject: r.Header.Get(jetstream.SubjectHeader), Sequence: seq, Header: r.Header, Data: r.Data, Time: tm}, nil
 }
 
+// Every write of a directKV is a publish that, in the accounts layout, the core's write
+// service answers (package intake): a refusal of it wraps events.ErrWriteRefused or
+// events.ErrTenantQuota (refusal.Wrap), as an event's publish does.
+
+// refused reports whether err is a refusal of the core's write service: a write that a
+// compare-and-set loop must not take for a lost race.
+func refused(err error) bool {
+	return errors.Is(err, refusal.ErrWriteRefused) || errors.Is(err, refusal.ErrTenantQuota)
+}
+
 func (kv *directKV) Put(ctx context.Context, key string, value []byte) (uint64, error) {
 	ack, err := kv.js.Publish(ctx, kv.subject(key), value)
 	if err != nil {
-		return 0, err
+		return 0, refusal.Wrap(err)
 	}
 	return ack.Sequence, nil
 }
@@ -139,7 +151,7 @@ func (kv *directKV) Update(ctx context.Context, key string, value []byte, revisi
 	ack, err := kv.js.PublishMsg(ctx, &nats.Msg{Subject: kv.subject(key), Data: value},
 		jetstream.WithExpectLastSequencePerSubject(revision))
 	if err != nil {
-		return 0, err
+		return 0, refusal.Wrap(err)
 	}
 	return ack.Sequence, nil
 }
@@ -166,7 +178,7 @@ func (kv *directKV) Delete(ctx context.Context, key string, _ ...jetstream.KVDel
 	m := nats.NewMsg(kv.subject(key))
 	m.Header.Set("KV-Operation", "DEL")
 	_, err := kv.js.PublishMsg(ctx, m)
-	return err
+	return refusal.Wrap(err)
 }
 
 type directEntry struct {

@@ -393,18 +393,28 @@ func (w *Worker) publish(ctx context.Context, d *delivery) error {
 }
 
 // permissionDenied answers a call that the executor's credentials do not let it handle
-// (see denied) instead of letting it time out on every delivery.
+// (see denied) instead of letting it time out on every delivery; and so a call a write
+// of which the core's write service refused for good (400: its form, a roll-up, its
+// size; events.WriteRefusedForGood), which no delivery of the call could make.
 func (w *Worker) permissionDenied(next handlerFunc) handlerFunc {
 	return func(ctx context.Context, d *delivery) error {
 		err := next(ctx, d)
 		if err == nil {
 			return nil
 		}
-		derr := w.bus.Denied(d.start, err)
-		if !errors.Is(derr, connect.ErrPermissionDenied) {
+		if derr := w.bus.Denied(d.start, err); errors.Is(derr, connect.ErrPermissionDenied) {
+			return w.denied(ctx, d, derr)
+		}
+		if !events.WriteRefusedForGood(err) {
 			return err
 		}
-		return w.denied(ctx, d, derr)
+		if d.published {
+			// The result is stored: only a later write (the claim's done mark) was
+			// refused. The call is done; a take-over finds its result.
+			d.log().Warn("write after the result refused by the core's write service", "error", err)
+			return nil
+		}
+		return w.denied(ctx, d, err)
 	}
 }
 
@@ -479,12 +489,13 @@ func (w *Worker) logged(next handlerFunc) handlerFunc {
 	}
 }
 
-// denied ends a call that the executor's credentials do not let it handle: it publishes
-// a failed result whose code (permission_denied) and message name the missing
-// permission, at once, instead of the call timing out on every delivery. If even that
-// publish is refused the message is terminated with the reason: nothing this executor
-// can do for the call will work until its permissions change (the run's deadline then
-// ends the call).
+// denied ends a call that the executor's credentials do not let it handle, or a write
+// of which the core's write service refused for good: it publishes a failed result
+// whose code (permission_denied) and message name the missing permission or the
+// refusal, at once, instead of the call timing out on every delivery (or running again
+// on each). If even that publish is refused the message is terminated with the reason:
+// nothing this executor can do for the call will work until its permissions (or the
+// write service) change (the run's deadline then ends the call).
 func (w *Worker) denied(ctx context.Context, d *delivery, err error) error {
 	req := d.req
 	// The error paths are logged once, by the consume loop that terminates the message;
@@ -501,7 +512,11 @@ func (w *Worker) denied(ctx context.Context, d *delivery, err error) error {
 	if perr != nil {
 		return fmt.Errorf("%w: %w (and its result could not be published: %w)", events.ErrPoison, err, w.bus.Denied(start, perr))
 	}
-	d.log().Error("call ended: the executor's credentials miss a permission", "error", err)
+	if events.WriteRefusedForGood(err) {
+		d.log().Error("call ended: the core's write service refused a write of it", "error", err)
+	} else {
+		d.log().Error("call ended: the executor's credentials miss a permission", "error", err)
+	}
 	w.cfg.Metrics.CallFinished(req.Call.Tool, string(res.Status), res.Code(), 0, false)
 	return nil
 }

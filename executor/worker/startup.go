@@ -3,12 +3,12 @@ package worker
 import (
 	"context"
 	"errors"
-	"net/http"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/internal/retry"
 )
 
@@ -36,10 +36,6 @@ func (w *Worker) startupWrite(ctx context.Context, what string, op func() error)
 
 // passing reports whether err is a failure of a write that may pass when tried again.
 func passing(err error) bool {
-	var apiErr *jetstream.APIError
-	if errors.As(err, &apiErr) {
-		return apiErr.Code == http.StatusTooManyRequests || apiErr.Code == http.StatusServiceUnavailable
-	}
-	return errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrNoResponders) ||
+	return events.WritePassesLater(err) || errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrNoResponders) ||
 		errors.Is(err, nats.ErrTimeout) || errors.Is(err, context.DeadlineExceeded)
 }

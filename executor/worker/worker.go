@@ -394,7 +394,9 @@ func (w *Worker) publishTool(ctx context.Context, t executor.Tool) error {
 	c := t.Contract()
 	c.Owner = w.cfg.Team
 	pctx, done := w.bus.Guard(ctx, "$KV.")
-	err := done(w.bus.Store().PublishTool(pctx, c, w.cfg.ReplaceContracts))
+	err := done(w.writeLater(pctx, "publish the contract of "+t.Name, func() error {
+		return w.bus.Store().PublishTool(pctx, c, w.cfg.ReplaceContracts)
+	}))
 	var changed *store.ContractChangedError
 	if errors.As(err, &changed) {
 		w.cfg.Metrics.ContractRefused(t.Name)
@@ -461,6 +463,9 @@ func (w *Worker) heartbeat(ctx context.Context, served []string) (stop func(), e
 	var rev uint64
 	err = w.startupWrite(ctx, "instance record", func() error {
 		pctx, guarded := w.bus.Guard(ctx, "$KV.")
+		// The lease counts from the write that passed, not from the first try.
+		start = time.Now()
+		in.StartedAt, in.HeartbeatAt = start.UTC(), start.UTC()
 		var err error
 		rev, err = w.bus.Store().PutInstance(pctx, in)
 		return guarded(err)
@@ -482,15 +487,11 @@ func (w *Worker) heartbeat(ctx context.Context, served []string) (stop func(), e
 			case <-done:
 				return
 			case <-t.C:
-				// The start of the write, not its acknowledgement, bounds the record's
-				// expiry from below: the server stores it after it was sent.
-				start := time.Now()
-				in.HeartbeatAt = start.UTC()
 				in.Tools = w.servedTools()
 				// A slow write still renews the lease from its start: it may take up to
 				// the lease itself (a busy server), not only one period.
 				pctx, cancel := context.WithTimeout(ctx, w.lease.ttl-w.lease.margin)
-				rev, err := w.bus.Store().PutInstance(pctx, in)
+				start, rev, err := w.renew(pctx, &in, every/2)
 				if err != nil {
 					cancel()
 					w.log.Warn("instance heartbeat failed", "error", err, "lease_deadline", w.lease.Deadline())
@@ -512,6 +513,45 @@ func (w *Worker) heartbeat(ctx context.Context, served []string) (stop func(), e
 			w.log.Warn("instance not removed from the catalog; it expires by itself", "error", err)
 		}
 	}, nil
+}
+
+// renew writes the instance record, and again in place while the core's write service
+// refuses it over the team's bytes per second (or could not forward it), for up to
+// within (half a period): left to the next period, three such refusals in a row would
+// lapse the lease and hand every running call back, to run again. The refused writes
+// spend nothing of the team's budget; the one that passes spends it as any write does.
+// start is when the write that passed was sent: it, not the acknowledgement, bounds the
+// record's expiry from below (the server stores it after it was sent).
+func (w *Worker) renew(ctx context.Context, in *store.Instance, within time.Duration) (start time.Time, rev uint64, err error) {
+	err = retry.Do(ctx, retry.Policy{For: within, Base: 20 * time.Millisecond, Max: 250 * time.Millisecond, Jitter: true,
+		OnError: func(_ int, err error, wait time.Duration) (time.Duration, error) {
+			if !events.WritePassesLater(err) {
+				return 0, err
+			}
+			return wait, nil
+		}}, func(ctx context.Context) (err error) {
+		start = time.Now()
+		in.HeartbeatAt = start.UTC()
+		rev, err = w.bus.Store().PutInstance(ctx, *in)
+		return err
+	})
+	return start, rev, err
+}
+
+// writeLater runs op, a write of the worker's own (its instance record, its tools'
+// contracts) before it serves calls, again while the core's write service refuses it
+// over the team's bytes per second or could not forward it, for up to busRetryFor
+// (another instance of the team may be spending the budget): an executor starting
+// then waits instead of exiting. Any other error returns at once.
+func (w *Worker) writeLater(ctx context.Context, what string, op func() error) error {
+	return retry.Do(ctx, retry.Policy{For: busRetryFor, Base: 100 * time.Millisecond, Max: 2 * time.Second, Jitter: true,
+		OnError: func(n int, err error, wait time.Duration) (time.Duration, error) {
+			if !events.WritePassesLater(err) {
+				return 0, err
+			}
+			w.log.Warn("write refused by the core's write service, retrying", "op", what, "retry", n, "error", err)
+			return wait, nil
+		}}, func(context.Context) error { return op() })
 }
 
 func (w *Worker) served() ([]string, error) {
@@ -792,7 +832,11 @@ const busRetryFor = 2 * time.Minute
 // retry runs op until it succeeds, ctx ends or busRetryFor passes, backing off from
 // 100ms to 2s and sending InProgress heartbeats meanwhile. A bus outage (a server
 // restart, a cluster leader election) then costs no delivery of the call: every
-// delivery counts toward MaxDeliver, and a redelivery could run the tool again.
+// delivery counts toward MaxDeliver, and a redelivery could run the tool again. So does
+// a write the core's write service refused over the team's bytes per second
+// (events.ErrTenantQuota) or could not forward (503); one it refused for its form
+// (400, events.WriteRefusedForGood) is refused again however often it is sent: it
+// returns at once, and the call ends as one the credentials may not handle (denied).
 func (w *Worker) retry(ctx context.Context, msg jetstream.Msg, log func() *slog.Logger, what string, op func() error) error {
 	stopBeat := func() {}
 	defer func() { stopBeat() }()
@@ -804,6 +848,9 @@ func (w *Worker) retry(ctx context.Context, msg jetstream.Msg, log func() *slog.
 			}
 			if errors.Is(err, errLeaseLost) {
 				return 0, err // retrying cannot bring the lease back in time
+			}
+			if events.WriteRefusedForGood(err) {
+				return 0, err // nor a write the core's write service does not admit
 			}
 			if n == 1 { // heartbeats only once the operation fails: the common case costs none
 				stopBeat = consume.Heartbeat(msg, w.beatEvery())

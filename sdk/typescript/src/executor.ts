@@ -297,6 +297,13 @@ const passesAtStart = (err: unknown): boolean => {
   return false;
 };
 
+/**
+ * The reason of a write of a call the write service refused for good (400: its form, a
+ * roll-up, its size), or undefined: no delivery of the call could make it, so the call
+ * ends as one the credentials may not handle (denied), as in the Go worker.
+ */
+const refusedForGood = (err: unknown) => (err instanceof WriteRefusedError && !passesLater(err) ? err.message : undefined);
+
 // ---- the executor --------------------------------------------------------------------------
 
 export interface ExecutorOptions {
@@ -758,7 +765,7 @@ export class Executor {
     try {
       await this.handleOnce(msg);
     } catch (err) {
-      const pe = this.deniedSince(start);
+      const pe = this.deniedSince(start) ?? refusedForGood(err);
       if (!pe) throw err;
       await this.denied(msg, pe);
     }
@@ -781,10 +788,11 @@ export class Executor {
   }
 
   /**
-   * Ends a call that the executor's credentials do not let it handle (the Go executor's
-   * denied): a failed result whose code (permission_denied) and message name the missing
-   * permission, at once, instead of the call timing out on every delivery. If even that
-   * publish is refused the message is terminated with the reason.
+   * Ends a call that the executor's credentials do not let it handle, or a write of which
+   * the core's write service refused for good (400), as the Go executor's denied: a failed
+   * result whose code (permission_denied) and message name the missing permission or the
+   * refusal, at once, instead of the call timing out (or running again) on every delivery.
+   * If even that publish is refused the message is terminated with the reason.
    */
   private async denied(msg: JsMsg, why: string): Promise<void> {
     let req: ToolRequested | undefined;
