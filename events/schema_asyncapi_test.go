@@ -606,9 +606,10 @@ func testTenancyServicesLive(t *testing.T, doc asyncAPISummary, addr map[string]
 		}
 	})
 	eventstest.ServeIntake(t, bus.Conn(), intake.Limits{})
-	// A quota of one byte a second: every write is over it.
+	// A quota of one byte a second and a burst of 100 bytes, spent by a first write: the
+	// next is over it (a write over the burst itself is refused for good, 400).
 	quota := eventstest.RunJetStream(t)
-	eventstest.ServeIntake(t, quota.Conn, intake.Limits{BytesPerSecond: 1, Burst: 1})
+	eventstest.ServeIntake(t, quota.Conn, intake.Limits{BytesPerSecond: 1, Burst: 100})
 
 	for _, r := range []struct{ run, principal string }{{"run-1", "alice"}, {"run-2", "bob"}} {
 		if err := bus.StartRun(ctx, "test", toolbus.RunStarted{RunID: r.run, Principal: toolbus.Principal{ID: r.principal},
@@ -685,6 +686,7 @@ func testTenancyServicesLive(t *testing.T, doc asyncAPISummary, addr map[string]
 	refused("team write of an outcome", request(bus.Conn(), other("teamWrite", "toolbus.run-1.run.completed"), nil, []byte(`{}`)), 400)
 	refused("team roll-up", request(bus.Conn(), addr["teamWrite"], nats.Header{"Nats-Rollup": {"all"}}, []byte(`{}`)), 400)
 	refused("client write of a result", request(bus.Conn(), addr["clientWrite"], nil, []byte(`{}`)), 400)
+	request(quota.Conn, other("clientWrite", "toolbus.run-1.run.cancel.alice"), nil, []byte(`{"reason":"`+strings.Repeat("x", 80)+`"}`))
 	refused("client over its quota", request(quota.Conn, other("clientWrite", "toolbus.run-1.run.cancel.alice"), nil, []byte(`{"reason":"x"}`)), 429)
 
 	// The read service.

@@ -311,8 +311,8 @@ func (s *Service) spend(tenant string, m *nats.Msg) *refusal {
 	}
 	s.mu.Unlock()
 	if n > b.Burst() {
-		return &refusal{code: 429, errCode: events.WriteQuotaErrCode, desc: fmt.Sprintf(
-			"toolbus intake: quota_exceeded: a write of %d bytes is over %s's burst of %d bytes (TOOLBUS_TENANT_BYTES_BURST)", n, tenant, b.Burst())}
+		// Never passes, however long the tenant waits: refused for good, not over quota.
+		return refuse("a write of %d bytes is over %s's burst of %d bytes (TOOLBUS_TENANT_BYTES_BURST): it can never pass", n, tenant, b.Burst())
 	}
 	if !b.AllowN(time.Now(), n) {
 		return &refusal{code: 429, errCode: events.WriteQuotaErrCode, desc: fmt.Sprintf(

@@ -223,6 +223,12 @@ func TestTenantBytesAreBounded(t *testing.T) {
 	if a := write(t, ctx, beta, events.SubjectToolLog("r1", "search"), "beta's", ""); a.Error != nil || a.Seq == 0 {
 		t.Errorf("beta's log beside alpha's flood: %+v", a)
 	}
+	// One write over the whole burst could never pass: refused for good (400), not over
+	// quota (429), so that no executor retries it.
+	if a := write(t, ctx, beta, events.SubjectToolLog("r2", "search"), strings.Repeat("z", lim.Burst+1), ""); a.Error == nil ||
+		a.Error.Code != 400 || a.Error.ErrCode != events.WriteRefusedErrCode || !strings.Contains(a.Error.Desc, "burst") {
+		t.Errorf("beta's write over its burst: %+v, want refused 400", a.Error)
+	}
 }
 
 // TestRefusalsAreCounted: the injector's /metrics counts each refused write by tenant
