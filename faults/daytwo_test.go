@@ -120,7 +120,7 @@ func TestFaultDayTwoInFlight(t *testing.T) {
 			"TOOLBUS_EXECUTOR_TOOLS="+list, "TOOLBUS_FAULT_APPEND_TOOLS="+list, "TOOLBUS_FAULT_APPEND_FILE="+file,
 			"TOOLBUS_FAULT_APPEND_GATE="+gate)
 	}
-	e.faultbusRole("planner", "planner-1", creds("planner"), "TOOLBUS_MODEL=append_a+append_b:2x4:4000-8000")
+	e.faultbusRole("planner", "planner-1", creds("planner"), "TOOLBUS_MODEL=append_a+append_b:2x4:500-1500")
 	e.toolbusRole("injector", "injector-1", creds("injector"))
 	executor("alpha-1", "alpha", "append_a")
 	executor("beta-1", "beta", "append_b")
