@@ -49,6 +49,7 @@ var edits = []edit{
 	{name: "remove-client", args: "NAME", what: "remove client-NAME: its files are deleted and its JWT revoked (in the accounts layout by its own account, kept with no import)", min: 1, max: 1, apply: removeClient},
 	{name: "rotate", args: "USER", what: "issue one user new credentials (new password, nkey and JWT; the old JWT is revoked)", min: 1, max: 1, rotate: true},
 	{name: "push", args: "", what: "push every account JWT to the running servers (after an edit without -push)", min: 0, max: 0},
+	{name: "issue", args: "", what: "issue every file again from deployment.json and grants.json, pushing nothing unless -push (after editing deployment.json; servers on auth-users.conf or auth-nkeys.conf then reload)", min: 0, max: 0},
 }
 
 func addTeam(g *natsjwt.Grants, args []string) error {

@@ -57,3 +57,46 @@ func TestInitTenantLimits(t *testing.T) {
 		t.Errorf("init -tenant-conns -2: exit %d, %s; want a usage error naming it", code, errOut)
 	}
 }
+
+// toolbus admin issue takes a change of tenant_limits in deployment.json into the users
+// and nkeys configs with no server to push to (a deployment whose servers run only
+// those configs reloads them next), and changes no user's files.
+func TestIssueTakesEditedLimits(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "d")
+	if code, _, errOut := admin(t, "init", "-dir", dir); code != 0 {
+		t.Fatalf("init: exit %d: %s", code, errOut)
+	}
+	if code, _, errOut := admin(t, "add-team", "-dir", dir, "alpha", "calc"); code != 0 {
+		t.Fatalf("add-team: exit %d: %s", code, errOut)
+	}
+	path := filepath.Join(dir, "deployment.json")
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	edited := strings.Replace(string(b), `"conns": 1000`, `"conns": 7`, 1)
+	if edited == string(b) {
+		t.Fatalf("deployment.json has no \"conns\": 1000 to edit:\n%s", b)
+	}
+	if err := os.WriteFile(path, []byte(edited), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	before := files(t, dir)
+	code, out, errOut := admin(t, "issue", "-dir", dir)
+	if code != 0 {
+		t.Fatalf("issue: exit %d: %s%s", code, out, errOut)
+	}
+	after := files(t, dir)
+	for _, f := range []string{"auth-users.conf", "auth-nkeys.conf"} {
+		if !strings.Contains(string(after[f]), "limits {max_connections: 7, max_subscriptions: 10000, max_leafnodes: 0}") {
+			t.Errorf("%s after issue lacks the edited limit", f)
+		}
+	}
+	for name := range before {
+		if strings.HasSuffix(name, ".creds") || strings.HasSuffix(name, ".password") || strings.HasSuffix(name, ".nk") {
+			if string(before[name]) != string(after[name]) {
+				t.Errorf("issue changed %s", name)
+			}
+		}
+	}
+}
