@@ -35,10 +35,12 @@ build:
 	$(GO) build -trimpath -ldflags='-s -w' -o $(BIN) ./cmd/toolbus
 
 ## test: vet, then every test with the race detector (real embedded JetStream); on an empty
-## module cache the go command fetches the modules first (GOPROXY)
+## module cache the go command fetches the modules first (GOPROXY). Four test binaries at
+## once (-p 4, the default is one per core): the long packages (e2e, faults) wait on
+## servers, processes and timers about half of the time, so two cores run four of them.
 test:
 	$(GO) vet $(PKGS)
-	$(GO) test -race -count=1 -timeout 12m $(PKGS)
+	$(GO) test -race -count=1 -p 4 -timeout 12m $(PKGS)
 
 ## test-faults: crash and restart tests with real nats-server and toolbus processes
 test-faults:
