@@ -695,7 +695,21 @@ export class Executor {
     };
     await put();
     const every = Math.max(s.instanceTTLMS / 5, 20);
-    const timer = setInterval(() => put().catch((err) => this.log.warn('instance heartbeat failed', { error: String(err?.message ?? err) })), every);
+    // A renewal the write service refuses over the team's bytes per second (or could not
+    // forward) is sent again within half a period, as the Go worker's renew: left to the
+    // next period, a few refusals in a row would lapse the lease and hand every call back.
+    const renew = async () => {
+      const end = Date.now() + every / 2;
+      for (let pause = 20; ; pause = Math.min(pause * 2, 250)) {
+        try {
+          return await put();
+        } catch (err) {
+          if (!passesLater(err) || Date.now() + pause > end) throw err;
+          await sleep(pause / 2 + Math.random() * (pause / 2));
+        }
+      }
+    };
+    const timer = setInterval(() => renew().catch((err) => this.log.warn('instance heartbeat failed', { error: String(err?.message ?? err) })), every);
     return async () => {
       clearInterval(timer);
       this.lease.stop();
