@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -21,19 +20,7 @@ import (
 // docJSON is the first json block after the anchor in the Markdown file.
 func docJSON(t *testing.T, file, anchor string) string {
 	t.Helper()
-	b, err := os.ReadFile(file)
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, after, ok := strings.Cut(string(b), `<a id="`+anchor+`"></a>`)
-	if !ok {
-		t.Fatalf("%s: no anchor %s", file, anchor)
-	}
-	m := regexp.MustCompile("(?s)```json\n(.*?)```").FindStringSubmatch(after)
-	if m == nil {
-		t.Fatalf("%s: no json block after %s", file, anchor)
-	}
-	return m[1]
+	return docFence(t, file, anchor, "json")
 }
 
 // editLimits is the doc's edit of deployment.json in dir: its fragment's key set to the

@@ -24,6 +24,13 @@ import (
 // docBlock is the first sh block after the anchor in the Markdown file, line by line.
 func docBlock(t *testing.T, file, anchor string) []string {
 	t.Helper()
+	return strings.Split(strings.TrimSpace(docFence(t, file, anchor, "sh")), "\n")
+}
+
+// docFence is the first fenced block of language lang after the anchor in the Markdown
+// file.
+func docFence(t *testing.T, file, anchor, lang string) string {
+	t.Helper()
 	b, err := os.ReadFile(file)
 	if err != nil {
 		t.Fatal(err)
@@ -32,11 +39,11 @@ func docBlock(t *testing.T, file, anchor string) []string {
 	if !ok {
 		t.Fatalf("%s: no anchor %s", file, anchor)
 	}
-	m := regexp.MustCompile("(?s)```sh\n(.*?)```").FindStringSubmatch(after)
+	m := regexp.MustCompile("(?s)```"+lang+"\n(.*?)```").FindStringSubmatch(after)
 	if m == nil {
-		t.Fatalf("%s: no sh block after %s", file, anchor)
+		t.Fatalf("%s: no %s block after %s", file, lang, anchor)
 	}
-	return strings.Split(strings.TrimSpace(m[1]), "\n")
+	return m[1]
 }
 
 // TestAdminDayTwoAsWritten runs docs/deployment-and-security.md's "Day two with toolbus
