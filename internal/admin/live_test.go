@@ -39,7 +39,7 @@ func docFence(t *testing.T, file, anchor, lang string) string {
 	if !ok {
 		t.Fatalf("%s: no anchor %s", file, anchor)
 	}
-	m := regexp.MustCompile("(?s)```"+lang+"\n(.*?)```").FindStringSubmatch(after)
+	m := regexp.MustCompile("(?s)```" + lang + "\n(.*?)```").FindStringSubmatch(after)
 	if m == nil {
 		t.Fatalf("%s: no %s block after %s", file, lang, anchor)
 	}
