@@ -259,3 +259,65 @@ func TestLeaseRenewedUnderQuota(t *testing.T) {
 		t.Errorf("the write service refused %d writes, all of them the spender's %d: the renewal was never refused", refused, drained)
 	}
 }
+
+// TestSyncUnderQuota: a running worker whose tools change (a tool provider's list)
+// records its instance's new tools even right after the team's budget is spent: the
+// write refused over the quota is sent again, and Sync does not fail.
+func TestSyncUnderQuota(t *testing.T) {
+	srv, svc := startTenants(t, map[string][]string{"alpha": {"calc", "extra"}}, intake.Limits{BytesPerSecond: 500, Burst: 20_000})
+	ctx := eventstest.Context(t, time.Minute)
+	core, _, err := provision.Setup(ctx, eventstest.Connect(t, srv, "core"), events.Config{}, provision.WithTools([]string{"calc", "extra"}, 0, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	teamBus, err := events.Open(ctx, eventstest.Connect(t, srv, "alpha"), events.Config{APIPrefix: eventstest.TeamAPIPrefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := executor.NewRegistry()
+	for _, name := range []string{"calc", "extra"} {
+		if err := reg.Register(executor.Tool{Name: name, Description: "answers", InputSchema: json.RawMessage(`{"type":"object"}`),
+			Func: func(context.Context, json.RawMessage) (any, error) { return "ok", nil }}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	w := testutil.Must(worker.New(teamBus, testutil.Must(executor.New(reg)),
+		worker.Config{WorkerConfig: events.WorkerConfig{Instance: "alpha-1", Logger: testutil.Logger(), Grace: time.Second}, Team: "alpha"}))
+	runCtx, stop := context.WithCancel(ctx)
+	ended := make(chan error, 1)
+	go func() { ended <- w.Run(runCtx) }()
+	t.Cleanup(func() { stop(); <-ended })
+	tools := func() ([]string, error) {
+		ins, err := core.Store().Instances(ctx)
+		if err != nil {
+			return nil, err
+		}
+		for _, in := range ins {
+			if in.Name == "alpha-1" {
+				return in.Tools, nil
+			}
+		}
+		return nil, errors.New("no instance alpha-1 yet")
+	}
+	eventstest.Eventually(t, 30*time.Second, func() error {
+		got, err := tools()
+		if err == nil && len(got) != 2 {
+			err = fmt.Errorf("instance tools %v", got)
+		}
+		return err
+	})
+
+	// A removed tool writes nothing but the instance record: with the budget spent, that
+	// write is the one refused.
+	reg.Unregister("extra")
+	drained := drain(ctx, t, eventstest.Connect(t, srv, "alpha"), events.SubjectToolLog("spend", "calc"))
+	if err := w.Sync(ctx); err != nil {
+		t.Fatalf("Sync right after the team's budget was spent: %v", err)
+	}
+	if _, refused := svc.Counts(); refused <= uint64(drained) {
+		t.Errorf("the write service refused %d writes, all of them the spender's %d: the instance record was never refused", refused, drained)
+	}
+	if got, err := tools(); err != nil || len(got) != 1 || got[0] != "calc" {
+		t.Fatalf("instance tools after Sync: %v %v, want [calc]", got, err)
+	}
+}

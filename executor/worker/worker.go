@@ -380,8 +380,12 @@ func (w *Worker) Sync(ctx context.Context) error {
 	w.serving, w.servedList = next, names
 	w.smu.Unlock()
 	now := time.Now().UTC()
-	if _, err := w.bus.Store().PutInstance(ctx, store.Instance{Team: w.cfg.Team, Name: w.cfg.Instance, Boot: w.boot, Tools: names, Concurrency: w.cfg.Concurrency,
-		StartedAt: now, HeartbeatAt: now}); err != nil {
+	in := store.Instance{Team: w.cfg.Team, Name: w.cfg.Instance, Boot: w.boot, Tools: names, Concurrency: w.cfg.Concurrency,
+		StartedAt: now, HeartbeatAt: now}
+	if err := w.writeLater(ctx, "record the instance's tools", func() error {
+		_, err := w.bus.Store().PutInstance(ctx, in)
+		return err
+	}); err != nil {
 		return err
 	}
 	w.log.Info("executor tools changed", "tools", names, "added", added)
