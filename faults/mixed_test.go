@@ -156,7 +156,7 @@ func TestFaultMixedLanguages(t *testing.T) {
 		"TOOLBUS_EXECUTOR_TOOLS=append_b", "TOOLBUS_FAULT_APPEND_TOOLS=append_b", "TOOLBUS_FAULT_APPEND_FILE="+file)
 	alpha1 := tsStart("alpha-1")
 	for _, p := range []*proc{beta1, alpha1} {
-		waitLog(p, "waits for the write service", "bus write at start-up failed")
+		waitLog(p, "waits for the write service", "bus write failed")
 	}
 	e.faultbusRole("planner", "planner-1", creds("planner"), "TOOLBUS_MODEL=append_ts+append_b:2x2:300-1200")
 	e.toolbusRole("injector", "injector-1", creds("injector"))

@@ -61,7 +61,7 @@ func TestTeamExecutorWaitsForTheWriteService(t *testing.T) {
 		t.Fatal(err)
 	}
 	var retries atomic.Int32
-	log := slog.New(countingHandler{Handler: testutil.Logger().Handler(), prefix: "bus write at start-up failed", n: &retries})
+	log := slog.New(countingHandler{Handler: testutil.Logger().Handler(), prefix: "bus write failed", n: &retries})
 	teamBus, err := events.Open(ctx, eventstest.Connect(t, srv, "alpha"), events.Config{APIPrefix: eventstest.TeamAPIPrefix})
 	if err != nil {
 		t.Fatal(err)

@@ -313,7 +313,7 @@ func (w *Worker) serve(ctx context.Context) error {
 	defer stopBeat()
 	for _, name := range served {
 		t, _ := w.exec.Registry().Lookup(name)
-		if err := w.startupWrite(ctx, "catalog entry of "+name, func() error { return w.publishTool(ctx, t) }); err != nil {
+		if err := w.publishTool(ctx, t); err != nil {
 			return err
 		}
 	}
@@ -465,7 +465,7 @@ func (w *Worker) heartbeat(ctx context.Context, served []string) (stop func(), e
 	in := store.Instance{Team: w.cfg.Team, Name: w.cfg.Instance, Boot: w.boot, Tools: served, Concurrency: w.cfg.Concurrency,
 		StartedAt: start.UTC(), HeartbeatAt: start.UTC()}
 	var rev uint64
-	err = w.startupWrite(ctx, "instance record", func() error {
+	err = w.writeLater(ctx, "record the instance", func() error {
 		pctx, guarded := w.bus.Guard(ctx, "$KV.")
 		// The lease counts from the write that passed, not from the first try.
 		start = time.Now()
@@ -540,22 +540,6 @@ func (w *Worker) renew(ctx context.Context, in *store.Instance, within time.Dura
 		return err
 	})
 	return start, rev, err
-}
-
-// writeLater runs op, a write of the worker's own (its instance record, its tools'
-// contracts) before it serves calls, again while the core's write service refuses it
-// over the team's bytes per second or could not forward it, for up to busRetryFor
-// (another instance of the team may be spending the budget): an executor starting
-// then waits instead of exiting. Any other error returns at once.
-func (w *Worker) writeLater(ctx context.Context, what string, op func() error) error {
-	return retry.Do(ctx, retry.Policy{For: busRetryFor, Base: 100 * time.Millisecond, Max: 2 * time.Second, Jitter: true,
-		OnError: func(n int, err error, wait time.Duration) (time.Duration, error) {
-			if !events.WritePassesLater(err) {
-				return 0, err
-			}
-			w.log.Warn("write refused by the core's write service, retrying", "op", what, "retry", n, "error", err)
-			return wait, nil
-		}}, func(context.Context) error { return op() })
 }
 
 func (w *Worker) served() ([]string, error) {

@@ -1353,7 +1353,7 @@ export class Executor {
         return await op();
       } catch (err) {
         if (!passesAtStart(err) || Date.now() + pause > end) throw err;
-        this.log.warn('bus write at start-up failed, retrying (in a team account: is an injector, which serves the core\'s write service, running?)',
+        this.log.warn('bus write failed, retrying (in a team account: is an injector, which serves the core\'s write service, running?)',
           { op: what, retry: n, error: String((err as Error).message) });
         await sleep(pause / 2 + Math.random() * (pause / 2));
       }
