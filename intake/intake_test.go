@@ -5,13 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -234,16 +231,7 @@ func TestTenantBytesAreBounded(t *testing.T) {
 // TestRefusalsAreCounted: the injector's /metrics counts each refused write by tenant
 // and code (telemetry's collector, as the injector role wires it), and no admitted one.
 func TestRefusalsAreCounted(t *testing.T) {
-	dir := t.TempDir()
-	path := filepath.Join(dir, "accounts.conf")
-	if err := os.WriteFile(path, []byte(eventstest.TenantsConf(filepath.Join(dir, "js"), map[string][]string{"beta": {"search"}}, nil)), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	opts, err := server.ProcessConfigFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := eventstest.StartServer(t, opts)
+	srv := eventstest.StartTenantsBare(t, map[string][]string{"beta": {"search"}}, nil)
 	ctx := eventstest.Context(t, time.Minute)
 	core := eventstest.Connect(t, srv, "core")
 	if _, _, err := provision.Setup(ctx, core, events.Config{}); err != nil {

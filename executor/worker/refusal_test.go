@@ -6,8 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -35,16 +33,7 @@ import (
 // write service bounded by lim, and returns it with the service (its Counts).
 func startTenants(t *testing.T, teams map[string][]string, lim intake.Limits) (*server.Server, *intake.Service) {
 	t.Helper()
-	dir := t.TempDir()
-	path := filepath.Join(dir, "accounts.conf")
-	if err := os.WriteFile(path, []byte(eventstest.TenantsConf(filepath.Join(dir, "js"), teams, nil)), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	opts, err := server.ProcessConfigFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := eventstest.StartServer(t, opts)
+	srv := eventstest.StartTenantsBare(t, teams, nil)
 	return srv, eventstest.ServeIntake(t, eventstest.Connect(t, srv, "core"), lim)
 }
 
