@@ -24,6 +24,7 @@ import (
 
 	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats-server/v2/conf"
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nkeys"
 	"golang.org/x/crypto/bcrypt"
 
@@ -294,25 +295,11 @@ func withWriteForwards(p Permissions) Permissions {
 		out.SubAllow = append(slices.Clone(p.SubAllow), svc)
 	}
 	for _, d := range p.PubDeny {
-		if !slices.ContainsFunc(fwd, func(f string) bool { return subjectsOverlap(f, d) }) {
+		if !slices.ContainsFunc(fwd, func(f string) bool { return server.SubjectsCollide(f, d) }) {
 			out.PubDeny = append(out.PubDeny, d)
 		}
 	}
 	return out
-}
-
-// subjectsOverlap reports whether some subject matches both a and b (wildcards).
-func subjectsOverlap(a, b string) bool {
-	ta, tb := strings.Split(a, "."), strings.Split(b, ".")
-	for i := 0; i < len(ta) && i < len(tb); i++ {
-		if ta[i] == ">" || tb[i] == ">" {
-			return true
-		}
-		if ta[i] != tb[i] && ta[i] != "*" && tb[i] != "*" {
-			return false
-		}
-	}
-	return len(ta) == len(tb)
 }
 
 // Result is what Generate wrote.
