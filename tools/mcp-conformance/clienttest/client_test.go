@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -74,6 +75,14 @@ func TestClientScenarios(t *testing.T) {
 		}()
 	}
 	wg.Wait()
+	// sse-retry warns when the client reconnects over 200 ms later than the server's
+	// retry field: on a loaded machine that is the scheduler. A core run whose only
+	// unexpected failure is that warning (no check of it failed) runs once more; the
+	// second run must pass it.
+	if errs[0] != nil && onlyLateRetry(outs[0]) {
+		t.Logf("sse-retry only warned (a late reconnection); the core suite runs once more:\n%s", outs[0])
+		outs[0], errs[0] = runSuite(node, cli, bin, "core")
+	}
 	for i, s := range []string{"core", "extensions"} {
 		if errs[i] != nil {
 			t.Errorf("suite %s: %v (a scenario failed that the baseline does not list, or a listed one passed):\n%s", s, errs[i], outs[i])
@@ -94,6 +103,19 @@ func TestClientScenarios(t *testing.T) {
 	}
 }
 
+// onlyLateRetry reports whether the suite's output lists sse-retry as its only
+// unexpected failure and sse-retry failed no check (it only warned).
+func onlyLateRetry(out string) bool {
+	_, unexpected, ok := strings.Cut(out, "Unexpected failures (not in baseline):")
+	if !ok {
+		return false
+	}
+	unexpected, _, _ = strings.Cut(unexpected, "Unexpected failures detected")
+	names := regexp.MustCompile(`✗ (\S+)`).FindAllStringSubmatch(unexpected, -1)
+	return len(names) == 1 && names[0][1] == "sse-retry" &&
+		regexp.MustCompile(`(?m)✗ sse-retry: \d+ passed, 0 failed, \d+ warnings`).MatchString(out)
+}
+
 // runSuite runs one client suite with the baseline.
 func runSuite(node, cli, bin, suite string) (string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
@@ -105,4 +127,32 @@ func runSuite(node, cli, bin, suite string) (string, error) {
 	cmd.Env = append(os.Environ(), "NO_COLOR=1", "FORCE_COLOR=0")
 	err := cmd.Run()
 	return out.String(), err
+}
+
+// onlyLateRetry runs the core suite again only for a late reconnection, never for a
+// failed check or another scenario (the output's form, as the suite printed it in CI).
+func TestOnlyLateRetry(t *testing.T) {
+	run := func(retryLine string, unexpected ...string) string {
+		out := "✗ elicitation-sep1034-client-defaults: 0 passed, 6 failed\n" + retryLine + "\nTotal: 233 passed, 6 failed, 1 warnings\n" +
+			"Expected failures (in baseline):\nUnexpected failures (not in baseline):\n"
+		for _, u := range unexpected {
+			out += "  ✗ " + u + "\n"
+		}
+		return out + "\nUnexpected failures detected: these scenarios are not in your expected-failures baseline.\n"
+	}
+	for _, tc := range []struct {
+		name string
+		out  string
+		want bool
+	}{
+		{"late only", run("✗ sse-retry: 2 passed, 0 failed, 1 warnings", "sse-retry"), true},
+		{"a failed check", run("✗ sse-retry: 1 passed, 1 failed, 0 warnings", "sse-retry"), false},
+		{"another scenario too", run("✗ sse-retry: 2 passed, 0 failed, 1 warnings", "sse-retry", "tools_call"), false},
+		{"another scenario", run("✓ sse-retry: 3 passed, 0 failed", "tools_call"), false},
+		{"no unexpected failure", "✓ sse-retry: 3 passed, 0 failed\n", false},
+	} {
+		if got := onlyLateRetry(tc.out); got != tc.want {
+			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
+		}
+	}
 }
