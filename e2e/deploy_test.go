@@ -97,7 +97,7 @@ func TestSaturatedExecutorRunsNothingTwice(t *testing.T) {
 	if len(res) != calls {
 		t.Fatalf("%d results for %d calls", len(res), calls)
 	}
-	ci, err := s.bus.EventStream().Consumer(s.ctx, events.ToolConsumer("slow_effect"))
+	ci, err := s.bus.QueueStream().Consumer(s.ctx, events.ToolConsumer("slow_effect"))
 	if err != nil {
 		t.Fatal(err)
 	}

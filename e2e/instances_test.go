@@ -135,7 +135,7 @@ func TestSecurityTeamInstances(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			queue := must(admin.EventStream().Consumer(s.ctx, events.ToolConsumer("held")))
+			queue := must(admin.QueueStream().Consumer(s.ctx, events.ToolConsumer("held")))
 			eventstest.Eventually(t, 30*time.Second, func() error {
 				ci, err := queue.Info(s.ctx)
 				if err != nil {

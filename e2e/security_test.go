@@ -200,11 +200,11 @@ func roleAttacks(t *testing.T, role string) []attack {
 	// Every durable, including the role's own, is the admin's: no delete, no update.
 	for _, c := range []string{events.ConsumerPlanner, events.ConsumerInjector, events.ConsumerInjectorApprovals, events.ToolConsumer("calculator")} {
 		as = append(as,
-			api("consumer delete "+c, "$JS.API.CONSUMER.DELETE."+stream+"."+c, func(ctx context.Context, js jetstream.JetStream) error {
-				return js.DeleteConsumer(ctx, stream, c)
+			api("consumer delete "+c, "$JS.API.CONSUMER.DELETE."+streamOf(c)+"."+c, func(ctx context.Context, js jetstream.JetStream) error {
+				return js.DeleteConsumer(ctx, streamOf(c), c)
 			}),
-			api("consumer update "+c, "$JS.API.CONSUMER.CREATE."+stream+"."+c+".toolbus.>", func(ctx context.Context, js jetstream.JetStream) error {
-				_, err := js.CreateOrUpdateConsumer(ctx, stream, jetstream.ConsumerConfig{Durable: c, FilterSubject: "toolbus.>", AckPolicy: jetstream.AckExplicitPolicy})
+			api("consumer update "+c, "$JS.API.CONSUMER.CREATE."+streamOf(c)+"."+c+".toolbus.>", func(ctx context.Context, js jetstream.JetStream) error {
+				_, err := js.CreateOrUpdateConsumer(ctx, streamOf(c), jetstream.ConsumerConfig{Durable: c, FilterSubject: "toolbus.>", AckPolicy: jetstream.AckExplicitPolicy})
 				return err
 			}))
 	}
@@ -219,7 +219,7 @@ func roleAttacks(t *testing.T, role string) []attack {
 			continue
 		}
 		for _, c := range names {
-			subj := "$JS.API.CONSUMER.MSG.NEXT." + stream + "." + c
+			subj := "$JS.API.CONSUMER.MSG.NEXT." + streamOf(c) + "." + c
 			as = append(as, attack{name: "pull from " + c, subject: subj, do: func(ctx context.Context, nc *nats.Conn, _ jetstream.JetStream) error {
 				_, err := nc.RequestWithContext(ctx, subj, []byte(`{"batch":1,"no_wait":true}`))
 				return err
@@ -311,7 +311,7 @@ func (s *secured) checkRoles() {
 	}
 	consumersBefore := map[string]jetstream.ConsumerConfig{}
 	for _, c := range []string{events.ConsumerPlanner, events.ConsumerInjector, events.ConsumerInjectorApprovals, events.ToolConsumer("calculator")} {
-		ci, err := admin.EventStream().Consumer(s.ctx, c)
+		ci, err := admin.JetStream().Consumer(s.ctx, streamOf(c), c)
 		if err != nil {
 			t.Fatalf("consumer %s: %v", c, err)
 		}
@@ -380,7 +380,7 @@ func (s *secured) checkRoles() {
 		t.Fatalf("the stream does not deny delete and purge: %+v", after.Config)
 	}
 	for c, cfg := range consumersBefore {
-		ci, err := admin.EventStream().Consumer(s.ctx, c)
+		ci, err := admin.JetStream().Consumer(s.ctx, streamOf(c), c)
 		if err != nil {
 			t.Fatalf("consumer %s after the attacks: %v", c, err)
 		}
@@ -871,4 +871,13 @@ func TestForgedCallCannotGrantToolsOrPrincipal(t *testing.T) {
 	if len(seen) != 1 || seen[0] != "tester" {
 		t.Fatalf("the authorizer was given %v, want the run's principal tester once", seen)
 	}
+}
+
+// streamOf is the stream of a durable: a tool's queue is on the queue stream, the
+// planner's and the injector's on the event stream.
+func streamOf(consumer string) string {
+	if strings.HasPrefix(consumer, events.ToolConsumerPrefix) {
+		return events.QueueStreamName(events.DefaultStream)
+	}
+	return events.DefaultStream
 }

@@ -313,7 +313,7 @@ func (s *teamsBus) beta(next, done string) {
 		m.Data = []byte(body)
 		return m
 	}
-	stream := events.DefaultStream
+	stream := events.QueueStreamName(events.DefaultStream)
 	request("join alpha's queue", "$JS.API.CONSUMER.MSG.NEXT."+stream+"."+events.ToolConsumer("calculator"), `{"batch":1,"no_wait":true}`)
 	publish("acknowledge on alpha's queue", raw("$JS.ACK."+stream+"."+events.ToolConsumer("calculator")+".1.1.1.1.1", "+ACK"))
 	publish("publish a result for alpha's call", finMsg)

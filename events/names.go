@@ -25,7 +25,15 @@ const (
 
 // ToolConsumer is the durable consumer name of one tool's queue: every executor that
 // serves the tool, in any deployment, shares it, so each call runs on one of them.
-func ToolConsumer(tool string) string { return "tool_" + ToolToken(tool) }
+func ToolConsumer(tool string) string { return ToolConsumerPrefix + ToolToken(tool) }
+
+// ToolConsumerPrefix starts the name of every tool's queue.
+const ToolConsumerPrefix = "tool_"
+
+// QueueStreamName is the name of the queue stream of an event stream: it sources every
+// tool.requested of the event stream, each on its tool's queue subject (SubjectQueue),
+// and holds the tools' queues (ToolConsumer). See SubjectQueue for why.
+func QueueStreamName(stream string) string { return stream + "_QUEUES" }
 
 // ReadMirrorName is the name of the read mirror of a stream.
 func ReadMirrorName(stream string) string { return stream + "_READ" }

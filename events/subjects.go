@@ -4,6 +4,8 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/toolbus/toolbus"
 )
 
@@ -162,6 +164,65 @@ const (
 // FilterToolRequestedFor selects the requests of one tool across all runs.
 func FilterToolRequestedFor(tool string) string {
 	return SubjectPrefix + ".*.tool.requested." + ToolToken(tool)
+}
+
+// The tools' queues. A queue that is a consumer of the event stream filtered on
+// toolbus.*.tool.requested.<tool> makes the server walk, for each call it delivers,
+// every message stored since the queue's last call, matching each subject against the
+// wildcard (the run id is in every subject): per call, work that grows with the number
+// of tools (docs/performance.md, "Routing CPU at 1,000 tools"). The queue stream
+// (QueueStreamName) holds the calls only, each on its tool's one exact subject, which
+// the server copies there itself (a source of the event stream with a subject
+// transform): nobody may publish on a queue subject, and a queue's filter is exact.
+
+// QueuePrefix is the first token of the queue subjects.
+const QueuePrefix = "toolbus_queue"
+
+// SubjectQueue is toolbus_queue.<tool>: the subject of a tool's calls in the queue
+// stream, and the filter of its queue (ToolConsumer).
+func SubjectQueue(tool string) string { return QueuePrefix + "." + ToolToken(tool) }
+
+// The subject transform of the queue stream's source: the call published on
+// toolbus.<run>.tool.requested.<tool> is stored as toolbus_queue.<tool>.
+const (
+	QueueSourceFilter = SubjectPrefix + ".*.tool.requested.*"
+	QueueDestination  = QueuePrefix + ".{{wildcard(2)}}"
+)
+
+// QueuePublishedOn is the subject of the event stream the calls of the queue subject
+// queue (SubjectQueue) are published on, toolbus.*.tool.requested.<tool>: what an idle
+// queue listens to (consume.Doorbell), since nothing is published on the queue's own.
+// Other subjects are returned as they are.
+func QueuePublishedOn(queue string) string {
+	if tool, ok := strings.CutPrefix(queue, QueuePrefix+"."); ok {
+		return FilterToolRequestedFor(tool)
+	}
+	return queue
+}
+
+// StreamSourceHeader is the header the server sets on every message it copies from one
+// stream to another: "<stream> <sequence> <filter> <transform> <subject>", the last
+// field the subject the message was published on.
+const StreamSourceHeader = "Nats-Stream-Source"
+
+// CallSubject is the subject a call was published on, toolbus.<run>.tool.requested.<tool>:
+// subject itself for a message of the event stream, the original subject in the
+// server's StreamSourceHeader for a message of the queue stream ("" if there is none).
+// Only the server writes in the queue stream (it has no subject of its own), so the
+// header is the server's.
+func CallSubject(subject string, hdr nats.Header) string {
+	if !strings.HasPrefix(subject, QueuePrefix+".") {
+		return subject
+	}
+	vals := hdr.Values(StreamSourceHeader)
+	if len(vals) == 0 {
+		return ""
+	}
+	f := strings.Fields(vals[len(vals)-1])
+	if len(f) < 5 {
+		return ""
+	}
+	return f[4]
 }
 
 // ToolToken returns tool if it is a valid tool name, else UnknownToolToken.

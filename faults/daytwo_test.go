@@ -170,7 +170,7 @@ func TestFaultDayTwoInFlight(t *testing.T) {
 				return err
 			}
 			defer nc.Close()
-			_, err = nc.Request("JS.core.API.CONSUMER.INFO.TOOLBUS."+events.ToolConsumer(tool), nil, time.Second)
+			_, err = nc.Request("JS.core.API.CONSUMER.INFO.TOOLBUS_QUEUES."+events.ToolConsumer(tool), nil, time.Second)
 			return err
 		})
 	}

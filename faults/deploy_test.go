@@ -52,7 +52,7 @@ func TestFaultDeployments(t *testing.T) {
 	procs["y-1"].stop(10 * time.Second)
 	procs["z-1"].stop(10 * time.Second)
 	ctx, cancel := e.op()
-	if err := e.bus.EventStream().DeleteConsumer(ctx, events.ToolConsumer("append_c")); err != nil {
+	if err := e.bus.QueueStream().DeleteConsumer(ctx, events.ToolConsumer("append_c")); err != nil {
 		t.Fatal(err)
 	}
 	cancel()

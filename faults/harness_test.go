@@ -684,7 +684,11 @@ func (e *env) op() (context.Context, context.CancelFunc) {
 func (e *env) consumerInfo(name string) (*jetstream.ConsumerInfo, error) {
 	ctx, cancel := e.op()
 	defer cancel()
-	c, err := e.bus.EventStream().Consumer(ctx, name)
+	home := e.bus.EventStream()
+	if strings.HasPrefix(name, events.ToolConsumerPrefix) {
+		home = e.bus.QueueStream()
+	}
+	c, err := home.Consumer(ctx, name)
 	if err != nil {
 		return nil, err
 	}

@@ -42,7 +42,7 @@ func probeTeamRoutes(ctx context.Context, attacker *nats.Conn, admin jetstream.J
 		{pre + ".STREAM.INFO.TOOLBUS", `{"subjects_filter":">"}`},
 		{pre + ".STREAM.INFO.KV_" + store.BucketClaims, `{"subjects_filter":">"}`},
 		{pre + ".STREAM.LIST", `{}`},
-		{pre + ".CONSUMER.MSG.NEXT.TOOLBUS." + events.ToolConsumer(victimTool), `{"batch":1,"expires":500000000}`},
+		{pre + ".CONSUMER.MSG.NEXT.TOOLBUS_QUEUES." + events.ToolConsumer(victimTool), `{"batch":1,"expires":500000000}`},
 		{pre + ".CONSUMER.CREATE.TOOLBUS", `{"stream_name":"TOOLBUS","config":{"name":"probe","ack_policy":"none","deliver_subject":"probe.deliver"}}`},
 		{pre + ".CONSUMER.CREATE." + events.ReadMirrorName("TOOLBUS") + ".probe", `{"stream_name":"` + events.ReadMirrorName("TOOLBUS") + `","config":{"name":"probe","ack_policy":"none"}}`},
 		{pre + ".DIRECT.GET.KV_" + store.BucketRuns + ".$KV." + store.BucketRuns + "." + run, ""},
@@ -53,7 +53,7 @@ func probeTeamRoutes(ctx context.Context, attacker *nats.Conn, admin jetstream.J
 	// Writes into the core: a pull of its own queue answered to a core subject, a
 	// forged result and a forged call of the victim's tool.
 	attacks := []struct{ subject, reply, body string }{
-		{pre + ".CONSUMER.MSG.NEXT.TOOLBUS." + events.ToolConsumer(ownTool), events.SubjectRunEnded(probeRun, "completed"), `{"batch":1,"expires":500000000}`},
+		{pre + ".CONSUMER.MSG.NEXT.TOOLBUS_QUEUES." + events.ToolConsumer(ownTool), events.SubjectRunEnded(probeRun, "completed"), `{"batch":1,"expires":500000000}`},
 		{events.SubjectToolFinished(probeRun, victimTool), "", `{"forged":true}`},
 		{events.SubjectToolRequested(probeRun, victimTool), "", `{"forged":true}`},
 	}

@@ -71,7 +71,7 @@ func (c Crossing) InTeam() string {
 // core and `imports` of the team. Every subject is built with the events package's
 // helpers, which make tool names subject-safe.
 func TeamExports(team string, tools []string) []Crossing {
-	stream := events.DefaultStream
+	stream, queues := events.DefaultStream, events.QueueStreamName(events.DefaultStream)
 	api := func(s string) Crossing {
 		return Crossing{Subject: s, Local: CoreAPIPrefix + strings.TrimPrefix(s, jsAPI)}
 	}
@@ -85,13 +85,14 @@ func TeamExports(team string, tools []string) []Crossing {
 	var out []Crossing
 	for _, tool := range tools {
 		durable, tok := events.ToolConsumer(tool), events.ToolToken(tool)
-		next := api(jsAPI + ".CONSUMER.MSG.NEXT." + stream + "." + durable)
+		// The tool's queue, on the queue stream.
+		next := api(jsAPI + ".CONSUMER.MSG.NEXT." + queues + "." + durable)
 		next.Pull = true
 		out = append(out,
-			api(jsAPI+".CONSUMER.INFO."+stream+"."+durable),
+			api(jsAPI+".CONSUMER.INFO."+queues+"."+durable),
 			next,
-			svc("$JS.ACK."+stream+"."+durable+".>"),
-			svc("$JS.ACK.*.*."+stream+"."+durable+".>"),
+			svc("$JS.ACK."+queues+"."+durable+".>"),
+			svc("$JS.ACK.*.*."+queues+"."+durable+".>"),
 			write(events.SubjectToolFinished("*", tool)),
 			write(events.SubjectToolWaiting("*", tool)),
 			write(events.SubjectToolProgress("*", tool)),

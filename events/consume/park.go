@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -64,16 +65,32 @@ var ErrDoorbellRefused = errors.New("consume: the server refused the doorbell")
 // it queues never park.
 func NewSubjectDoorbell(nc *nats.Conn) Doorbell { return subjectDoorbell{nc: nc} }
 
-type subjectDoorbell struct{ nc *nats.Conn }
+// NewPublishedDoorbell is NewSubjectDoorbell for consumers of a stream that nothing is
+// published to (one the server fills from another's, with a subject transform):
+// publishedOn maps each filter of a consumer to the subject its messages are published
+// on, which the doorbell listens to.
+func NewPublishedDoorbell(nc *nats.Conn, publishedOn func(filter string) string) Doorbell {
+	return subjectDoorbell{nc: nc, publishedOn: publishedOn}
+}
+
+type subjectDoorbell struct {
+	nc          *nats.Conn
+	publishedOn func(filter string) string
+}
 
 func (d subjectDoorbell) Listen(ctx context.Context, cons jetstream.Consumer, ring func()) (func(), error) {
 	cfg := cons.CachedInfo().Config
-	subjects := cfg.FilterSubjects
+	subjects := slices.Clone(cfg.FilterSubjects)
 	if cfg.FilterSubject != "" {
 		subjects = append(subjects, cfg.FilterSubject)
 	}
 	if len(subjects) == 0 {
 		return nil, fmt.Errorf("consume: consumer %s has no filter to listen to", cons.CachedInfo().Name)
+	}
+	if d.publishedOn != nil {
+		for i, f := range subjects {
+			subjects[i] = d.publishedOn(f)
+		}
 	}
 	subs := make([]*nats.Subscription, 0, len(subjects))
 	stop := func() {

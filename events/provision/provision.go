@@ -48,6 +48,9 @@ type ConsumerConfig struct {
 	// DeliverNew starts a consumer created on a stream with history at the next message
 	// instead of the first; an existing durable keeps its position either way.
 	DeliverNew bool
+	// Queue: the consumer is a tool's queue, on the queue stream (events.QueueStreamName)
+	// instead of the event stream.
+	Queue bool
 }
 
 // WorkerSettings are the knobs of a role's consumers; zero values take the defaults.
@@ -239,6 +242,9 @@ func Setup(ctx context.Context, nc *nats.Conn, cfg events.Config, opts ...Option
 		if err := upsertStream(ctx, js, readMirrorConfig(cfg), changes.note); err != nil {
 			return nil, nil, err
 		}
+	}
+	if err := setupQueueStream(ctx, js, cfg, changes.note); err != nil {
+		return nil, nil, err
 	}
 	for _, bk := range buckets {
 		if err := setupBucket(ctx, js, cfg, bk.name, bk.desc, changes.note); err != nil {
@@ -528,8 +534,8 @@ func Consumer(ctx context.Context, b *events.Bus, cc ConsumerConfig) (jetstream.
 // through its claim instead.
 func ToolConsumerConfig(tool string, ackWait time.Duration, maxAckPending int) ConsumerConfig {
 	return ConsumerConfig{
-		Durable: events.ToolConsumer(tool), Filters: []string{events.FilterToolRequestedFor(tool)},
-		AckWait: ackWait, MaxDeliver: -1, MaxAckPending: maxAckPending, DeliverNew: true,
+		Durable: events.ToolConsumer(tool), Filters: []string{events.SubjectQueue(tool)},
+		AckWait: ackWait, MaxDeliver: -1, MaxAckPending: maxAckPending, DeliverNew: true, Queue: true,
 	}
 }
 
@@ -538,6 +544,9 @@ func ToolConsumerConfig(tool string, ackWait time.Duration, maxAckPending int) C
 func ensureConsumer(ctx context.Context, b *events.Bus, cc ConsumerConfig) (cons jetstream.Consumer, existed, changed bool, err error) {
 	want := cc.jetstream()
 	stream := b.EventStream()
+	if cc.Queue {
+		stream = b.QueueStream()
+	}
 	have, err := stream.Consumer(ctx, cc.Durable)
 	switch {
 	case err == nil:

@@ -50,7 +50,7 @@ func TestAskDurable(t *testing.T) {
 	go func() { done <- w.Run(runCtx) }()
 	t.Cleanup(func() { stop(); <-done })
 	eventstest.Eventually(t, 30*time.Second, func() error {
-		_, err := bus.EventStream().Consumer(ctx, events.ToolConsumer("asks"))
+		_, err := bus.QueueStream().Consumer(ctx, events.ToolConsumer("asks"))
 		return err
 	})
 

@@ -184,9 +184,10 @@ func (w *Worker) decode(d *delivery) error {
 		req.CallCount <= 0 || req.CallIndex < 0 || req.CallIndex >= req.CallCount {
 		return fmt.Errorf("%w: bad tool.requested %s (run %q, index %d of %d)", events.ErrPoison, meta.ID, req.RunID, req.CallIndex, req.CallCount)
 	}
-	// The subject names the call's run and tool: a call whose body names another run or
-	// tool is not run.
-	if err := events.CheckSubject(d.msg.Subject(), meta, &req); err != nil {
+	// The subject the call was published on names its run and tool: a call whose body
+	// names another run or tool is not run.
+	subject := events.CallSubject(d.msg.Subject(), d.msg.Headers())
+	if err := events.CheckSubject(subject, meta, &req); err != nil {
 		return err
 	}
 	// The queue the call came from (the subject's tool token) scopes everything the call
@@ -194,6 +195,9 @@ func (w *Worker) decode(d *delivery) error {
 	// credentials allow for its own tools only. A call from the unknown-tool queue,
 	// which every team serves, is never run.
 	d.queue = events.ToolTokenOfSubject(d.msg.Subject())
+	if d.queue != events.ToolTokenOfSubject(subject) {
+		return fmt.Errorf("%w: tool.requested %s published on %s is on the queue of %q", events.ErrPoison, meta.ID, subject, d.queue)
+	}
 	if d.queue != events.UnknownToolToken && d.queue != events.ToolToken(req.Call.Tool) {
 		return fmt.Errorf("%w: tool.requested %s for tool %q on the queue of %q", events.ErrPoison, meta.ID, req.Call.Tool, d.queue)
 	}

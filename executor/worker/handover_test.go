@@ -82,7 +82,7 @@ func TestDeadExecutorsCallHandedOverWithinTheLease(t *testing.T) {
 	}
 	killA := startWorker("exec-a")
 	eventstest.Eventually(t, 30*time.Second, func() error {
-		_, err := bus.EventStream().Consumer(ctx, events.ToolConsumer("effect"))
+		_, err := bus.QueueStream().Consumer(ctx, events.ToolConsumer("effect"))
 		return err
 	})
 	if _, err := bus.PublishEvent(ctx, events.ToolRequestedEvent("test", toolbus.ToolRequested{RunID: run, Step: 0, CallIndex: 0, CallCount: 1,

@@ -51,7 +51,7 @@ func (w *Worker) noteAckWait(tool string, ackWait time.Duration) {
 // queue binds the durable consumer of one tool's queue, creating it if it is missing.
 func (w *Worker) queue(ctx context.Context, tool string) (jetstream.Consumer, error) {
 	name := events.ToolConsumer(tool)
-	cons, err := w.bus.EventStream().Consumer(ctx, name)
+	cons, err := w.bus.QueueStream().Consumer(ctx, name)
 	if err == nil {
 		w.noteAckWait(tool, cons.CachedInfo().Config.AckWait)
 		return cons, nil

@@ -65,10 +65,10 @@ func TestLivenessOfARunningCall(t *testing.T) {
 		t.Fatal(err)
 	}
 	eventstest.Eventually(t, 30*time.Second, func() error {
-		_, err := bus.EventStream().Consumer(ctx, events.ToolConsumer("long"))
+		_, err := bus.QueueStream().Consumer(ctx, events.ToolConsumer("long"))
 		return err
 	})
-	cons, err := bus.EventStream().Consumer(ctx, events.ToolConsumer("long"))
+	cons, err := bus.QueueStream().Consumer(ctx, events.ToolConsumer("long"))
 	if err != nil {
 		t.Fatal(err)
 	}

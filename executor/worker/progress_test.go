@@ -49,7 +49,7 @@ func TestProgressPublishedThrottled(t *testing.T) {
 	go func() { done <- w.Run(runCtx) }()
 	t.Cleanup(func() { stop(); <-done })
 	eventstest.Eventually(t, 30*time.Second, func() error {
-		_, err := bus.EventStream().Consumer(ctx, events.ToolConsumer("crawl"))
+		_, err := bus.QueueStream().Consumer(ctx, events.ToolConsumer("crawl"))
 		return err
 	})
 	const run = "progress-1"

@@ -42,7 +42,7 @@ func TestSyncDuringCalls(t *testing.T) {
 	go func() { done <- w.Run(runCtx) }()
 	t.Cleanup(func() { stop(); <-done })
 	eventstest.Eventually(t, 30*time.Second, func() error {
-		_, err := bus.EventStream().Consumer(ctx, events.ToolConsumer("echo"))
+		_, err := bus.QueueStream().Consumer(ctx, events.ToolConsumer("echo"))
 		return err
 	})
 	const run, calls = "sync-race", 60

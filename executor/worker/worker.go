@@ -271,7 +271,9 @@ func (w *Worker) serve(ctx context.Context) error {
 	if w.cfg.ParkAfter >= 0 {
 		// Idle tool queues stop pulling until a call is published for them: a
 		// deployment bound to many rarely used tools costs the server nothing for them.
-		w.serveCfg.Doorbell = consume.NewSubjectDoorbell(w.bus.Conn())
+		// Their calls are published on the event stream and copied into the queue
+		// stream by the server: the doorbell listens where they are published.
+		w.serveCfg.Doorbell = consume.NewPublishedDoorbell(w.bus.Conn(), events.QueuePublishedOn)
 	}
 	w.smu.Unlock()
 	stopCancels, err := w.followCancels(ctx, served)

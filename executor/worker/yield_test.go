@@ -64,7 +64,7 @@ func TestTakeOverYieldsToALateResult(t *testing.T) {
 	go func() { done <- w.Run(runCtx) }()
 	t.Cleanup(func() { stop(); <-done; worker.SetTakeoverHook(nil) })
 	eventstest.Eventually(t, 30*time.Second, func() error {
-		_, err := bus.EventStream().Consumer(ctx, events.ToolConsumer("side"))
+		_, err := bus.QueueStream().Consumer(ctx, events.ToolConsumer("side"))
 		return err
 	})
 	if _, err := bus.PublishEvent(ctx, events.ToolRequestedEvent("test", toolbus.ToolRequested{RunID: run, Step: 0, CallIndex: 0, CallCount: 1,
@@ -83,7 +83,7 @@ func TestTakeOverYieldsToALateResult(t *testing.T) {
 	})
 	// The call's message is settled, with no result of attempt 2 and no second run.
 	eventstest.Eventually(t, 30*time.Second, func() error {
-		cons, err := bus.EventStream().Consumer(ctx, events.ToolConsumer("side"))
+		cons, err := bus.QueueStream().Consumer(ctx, events.ToolConsumer("side"))
 		if err != nil {
 			return err
 		}

@@ -53,7 +53,7 @@ func TestAdminNewTenantsNeedNoReload(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if _, err := alphaJS.Consumer(ctx, events.DefaultStream, events.ToolConsumer("calc")); err != nil {
+			if _, err := alphaJS.Consumer(ctx, events.QueueStreamName(events.DefaultStream), events.ToolConsumer("calc")); err != nil {
 				t.Fatalf("alpha's own queue (the control): %v", err)
 			}
 
@@ -98,7 +98,7 @@ func TestAdminNewTenantsNeedNoReload(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			cons, err := gammaJS.Consumer(ctx, events.DefaultStream, events.ToolConsumer("web"))
+			cons, err := gammaJS.Consumer(ctx, events.QueueStreamName(events.DefaultStream), events.ToolConsumer("web"))
 			if err != nil {
 				t.Fatalf("gamma binds web's queue through its import: %v", err)
 			}
@@ -125,7 +125,7 @@ func TestAdminNewTenantsNeedNoReload(t *testing.T) {
 			}
 
 			// Another team's connection reaches none of it.
-			if _, err := alphaJS.Consumer(ctx, events.DefaultStream, events.ToolConsumer("web")); err == nil {
+			if _, err := alphaJS.Consumer(ctx, events.QueueStreamName(events.DefaultStream), events.ToolConsumer("web")); err == nil {
 				t.Error("alpha binds gamma's queue of web")
 			}
 			if _, err := alphaJS.Publish(ctx, events.SubjectToolFinished("r2", "web"), []byte(`{"run_id":"r2"}`)); err == nil {

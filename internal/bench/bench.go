@@ -680,12 +680,18 @@ func (st *benchStack) consumers() string {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	var out []string
-	for ci := range st.bus.EventStream().ListConsumers(ctx).Info() {
-		if ci.NumPending+uint64(ci.NumAckPending)+uint64(ci.NumRedelivered) == 0 {
+	for _, name := range []string{st.bus.Config().Stream, events.QueueStreamName(st.bus.Config().Stream)} {
+		s, err := st.bus.JetStream().Stream(ctx, name)
+		if err != nil {
 			continue
 		}
-		out = append(out, fmt.Sprintf("%s{pending %d, ack pending %d, redelivered %d, waiting %d}",
-			ci.Name, ci.NumPending, ci.NumAckPending, ci.NumRedelivered, ci.NumWaiting))
+		for ci := range s.ListConsumers(ctx).Info() {
+			if ci.NumPending+uint64(ci.NumAckPending)+uint64(ci.NumRedelivered) == 0 {
+				continue
+			}
+			out = append(out, fmt.Sprintf("%s{pending %d, ack pending %d, redelivered %d, waiting %d}",
+				ci.Name, ci.NumPending, ci.NumAckPending, ci.NumRedelivered, ci.NumWaiting))
+		}
 	}
 	return strings.Join(out, " ")
 }

@@ -144,7 +144,7 @@ func (d *accountsDeployment) serve(team, tool, run string) {
 	t := d.t
 	t.Helper()
 	nc, js := d.team(team)
-	cons, err := js.Consumer(d.ctx, events.DefaultStream, events.ToolConsumer(tool))
+	cons, err := js.Consumer(d.ctx, events.QueueStreamName(events.DefaultStream), events.ToolConsumer(tool))
 	if err != nil {
 		t.Fatalf("%s binds %s: %v", team, events.ToolConsumer(tool), err)
 	}
@@ -390,7 +390,7 @@ func TestAccountsDayTwo(t *testing.T) {
 			ctx := eventstest.Context(t, time.Minute)
 			d := startAccounts(t, ctx, kind, res1, "calc", "calc2", "search", "web")
 			alphaNC, alpha := d.team("alpha")
-			if _, err := alpha.Consumer(ctx, events.DefaultStream, events.ToolConsumer("calc2")); err == nil {
+			if _, err := alpha.Consumer(ctx, events.QueueStreamName(events.DefaultStream), events.ToolConsumer("calc2")); err == nil {
 				t.Fatal("alpha binds calc2's queue before it is granted")
 			}
 
@@ -451,7 +451,7 @@ func TestAccountsDayTwo(t *testing.T) {
 			var cons jetstream.Consumer
 			eventstest.Eventually(t, 10*time.Second, func() error {
 				var err error
-				cons, err = alpha.Consumer(ctx, events.DefaultStream, events.ToolConsumer("calc2"))
+				cons, err = alpha.Consumer(ctx, events.QueueStreamName(events.DefaultStream), events.ToolConsumer("calc2"))
 				return err
 			})
 			batch, err := cons.Fetch(1, jetstream.FetchMaxWait(5*time.Second))
@@ -519,7 +519,7 @@ func TestPushAccounts(t *testing.T) {
 	ctx := eventstest.Context(t, time.Minute)
 	d := startAccounts(t, ctx, credKinds[0], res1, "calc", "calc2")
 	_, alpha := d.team("alpha")
-	if _, err := alpha.Consumer(ctx, events.DefaultStream, events.ToolConsumer("calc2")); err == nil {
+	if _, err := alpha.Consumer(ctx, events.QueueStreamName(events.DefaultStream), events.ToolConsumer("calc2")); err == nil {
 		t.Fatal("alpha binds calc2's queue before it is granted")
 	}
 	res2 := gen(natsjwt.Grants{Teams: map[string][]string{"alpha": {"calc", "calc2"}, "beta": {"search"}}})
@@ -536,7 +536,7 @@ func TestPushAccounts(t *testing.T) {
 	var cons jetstream.Consumer
 	eventstest.Eventually(t, 10*time.Second, func() error {
 		var err error
-		cons, err = alpha.Consumer(ctx, events.DefaultStream, events.ToolConsumer("calc2"))
+		cons, err = alpha.Consumer(ctx, events.QueueStreamName(events.DefaultStream), events.ToolConsumer("calc2"))
 		return err
 	})
 	batch, err := cons.Fetch(1, jetstream.FetchMaxWait(5*time.Second))

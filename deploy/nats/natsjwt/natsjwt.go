@@ -225,12 +225,13 @@ func TeamPermissions(template Permissions, stream, team string, tools []string) 
 	p := Permissions{PubAllow: slices.Clone(template.PubAllow), PubDeny: slices.Clone(template.PubDeny),
 		SubAllow: slices.Clone(template.SubAllow), SubDeny: slices.Clone(template.SubDeny)}
 	p.PubAllow = append(p.PubAllow, "$KV."+store.BucketInstances+"."+team+".*.*")
+	queues := events.QueueStreamName(stream)
 	for _, tool := range tools {
 		durable := events.ToolConsumer(tool)
 		p.PubAllow = append(p.PubAllow,
-			"$JS.API.CONSUMER.MSG.NEXT."+stream+"."+durable,
-			"$JS.ACK."+stream+"."+durable+".>",
-			"$JS.ACK.*.*."+stream+"."+durable+".>",
+			"$JS.API.CONSUMER.MSG.NEXT."+queues+"."+durable,
+			"$JS.ACK."+queues+"."+durable+".>",
+			"$JS.ACK.*.*."+queues+"."+durable+".>",
 			"$KV."+store.BucketTools+"."+tool,
 			"$KV."+store.BucketClaims+"."+tool+".>",
 			"$KV."+store.BucketOutputs+"."+tool+".>",

@@ -1,0 +1,105 @@
+package provision
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/toolbus/toolbus/events"
+)
+
+// ErrQueuesNotDrained is returned by Setup when a tool's queue of a deployment made
+// before the queue stream (a durable tool_<tool> on the event stream) still holds calls:
+// moving them would run them twice or lose them, so the upgrade waits until the
+// executors have finished them (docs/deployment-and-security.md, "Upgrading to the
+// queue stream").
+var ErrQueuesNotDrained = errors.New("provision: the tools' queues on the event stream still hold calls")
+
+// queueStreamConfig is the configuration of the queue stream (events.QueueStreamName):
+// a copy of every tool.requested of the event stream on its tool's exact subject. The
+// server writes it alone (no subject of its own, so no publish reaches it); its limits
+// follow the event stream's, of which it holds a part. start is where its source starts
+// (the time it is first created: calls published before it are not queued again).
+func queueStreamConfig(cfg events.Config, start time.Time) jetstream.StreamConfig {
+	sc := jetstream.StreamConfig{
+		Name:        events.QueueStreamName(cfg.Stream),
+		Description: "the tools' queues: each tool.requested of " + cfg.Stream + " on " + events.QueuePrefix + ".<tool>",
+		Sources: []*jetstream.StreamSource{{
+			Name:         cfg.Stream,
+			OptStartTime: &start,
+			SubjectTransforms: []jetstream.SubjectTransformConfig{{
+				Source: events.QueueSourceFilter, Destination: events.QueueDestination,
+			}},
+		}},
+		Retention:    jetstream.LimitsPolicy,
+		MaxAge:       cfg.MaxAge,
+		Storage:      storage(cfg),
+		Replicas:     cfg.Replicas,
+		DenyDelete:   true,
+		DenyPurge:    true,
+		MaxConsumers: EventStreamMaxConsumers,
+		MaxBytes:     -1,
+	}
+	if cfg.StreamMaxBytes > 0 {
+		sc.MaxBytes, sc.Discard = cfg.StreamMaxBytes, jetstream.DiscardNew
+	}
+	return sc
+}
+
+// setupQueueStream creates or updates the queue stream, keeping the start of an
+// existing one's source, and retires the queues of a deployment made before it.
+func setupQueueStream(ctx context.Context, js jetstream.JetStream, cfg events.Config, note func(kind, name string, existed bool, before, after any)) error {
+	start := time.Now().UTC()
+	name := events.QueueStreamName(cfg.Stream)
+	switch s, err := js.Stream(ctx, name); {
+	case err == nil:
+		if src := s.CachedInfo().Config.Sources; len(src) == 1 && src[0].OptStartTime != nil {
+			start = *src[0].OptStartTime
+		}
+	case errors.Is(err, jetstream.ErrStreamNotFound):
+		// Created now: the queues of an earlier layout must be empty first.
+		if err := retireEventStreamQueues(ctx, js, cfg.Stream); err != nil {
+			return err
+		}
+	default:
+		return fmt.Errorf("provision: stream %s: %w", name, err)
+	}
+	return upsertStream(ctx, js, queueStreamConfig(cfg, start), note)
+}
+
+// retireEventStreamQueues deletes the tools' queues a deployment made before the queue
+// stream keeps on the event stream (durables tool_<tool>), once none holds a call;
+// otherwise it deletes nothing and returns ErrQueuesNotDrained.
+func retireEventStreamQueues(ctx context.Context, js jetstream.JetStream, stream string) error {
+	s, err := js.Stream(ctx, stream)
+	if err != nil {
+		return fmt.Errorf("provision: stream %s: %w", stream, err)
+	}
+	var old, busy []string
+	infos := s.ListConsumers(ctx)
+	for ci := range infos.Info() {
+		if !strings.HasPrefix(ci.Name, events.ToolConsumerPrefix) {
+			continue
+		}
+		old = append(old, ci.Name)
+		if ci.NumPending > 0 || ci.NumAckPending > 0 {
+			busy = append(busy, fmt.Sprintf("%s (%d pending, %d running)", ci.Name, ci.NumPending, ci.NumAckPending))
+		}
+	}
+	if err := infos.Err(); err != nil {
+		return fmt.Errorf("provision: consumers of %s: %w", stream, err)
+	}
+	if len(busy) > 0 {
+		return fmt.Errorf("%w: %s; let the executors finish them with the planners stopped, then run `toolbus init` again", ErrQueuesNotDrained, strings.Join(busy, ", "))
+	}
+	for _, name := range old {
+		if err := s.DeleteConsumer(ctx, name); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+			return fmt.Errorf("provision: retiring queue %s of %s: %w", name, stream, err)
+		}
+	}
+	return nil
+}
