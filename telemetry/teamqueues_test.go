@@ -60,7 +60,11 @@ func TestTeamAccountQueueGauges(t *testing.T) {
 		t.Fatalf("a team account read queue gauges from a catalog it may not read:\n%s", body)
 	}
 	m.QueuesOf(func() []string { return []string{"calc"} })
-	if body, want := scrape(), telemetry.MetricQueuePending+`{tool="calc"} 3`; !strings.Contains(body, want) {
-		t.Fatalf("no %s in the team executor's metrics:\n%s", want, body)
-	}
+	// The server copies the calls into the queue stream on its own time: poll.
+	eventstest.Eventually(t, 20*time.Second, func() error {
+		if body, want := scrape(), telemetry.MetricQueuePending+`{tool="calc"} 3`; !strings.Contains(body, want) {
+			return fmt.Errorf("no %s in the team executor's metrics:\n%s", want, body)
+		}
+		return nil
+	})
 }
