@@ -75,7 +75,7 @@ func TestAdminDayTwoAsWritten(t *testing.T) {
 	var server *exec.Cmd
 	serverLog := &testutil.Buffer{}
 	var alpha *nats.Conn
-	newtool := "JS.core.API.CONSUMER.INFO." + events.DefaultStream + "." + events.ToolConsumer("newtool")
+	newtool := "JS.core.API.CONSUMER.INFO." + events.QueueStreamName(events.DefaultStream) + "." + events.ToolConsumer("newtool")
 	ran := 0
 	for _, line := range lines {
 		line = strings.TrimSpace(line)
@@ -154,7 +154,7 @@ func TestAdminDayTwoAsWritten(t *testing.T) {
 		t.Fatalf("gamma's credentials after add-team -push, with no reload: %v", err)
 	}
 	t.Cleanup(gamma.Close)
-	web := "JS.core.API.CONSUMER.INFO." + events.DefaultStream + "." + events.ToolConsumer("web")
+	web := "JS.core.API.CONSUMER.INFO." + events.QueueStreamName(events.DefaultStream) + "." + events.ToolConsumer("web")
 	if _, err := gamma.RequestWithContext(ctx, web, nil); err != nil {
 		t.Errorf("gamma's import of web's queue: %v", err)
 	}
