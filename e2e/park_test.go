@@ -54,7 +54,7 @@ func (p *queueParks) waitParked(t *testing.T, s *stack, n map[string]int, tools 
 			if p.parked[name] <= n[name] || p.parked[name] != p.pulled[name]+1 {
 				return fmt.Errorf("%s parked %d times (%d before), pulled again %d times", name, p.parked[name], n[name], p.pulled[name])
 			}
-			ci, err := s.bus.JetStream().Consumer(s.ctx, s.bus.Config().Stream, name)
+			ci, err := s.bus.QueueStream().Consumer(s.ctx, name)
 			if err != nil {
 				return err
 			}
