@@ -185,7 +185,7 @@ func TestManifestsParse(t *testing.T) {
 
 // Each ScaledObject scales an executor Deployment by the queues of exactly the tools it
 // serves: nats-jetstream triggers on the consumers events.ToolConsumer(tool) of the
-// toolbus stream, tools that exist in the packs.
+// queue stream (events.QueueStreamName), tools that exist in the packs.
 func TestScaledObjectsWatchTheToolQueues(t *testing.T) {
 	m := load(t)
 	reg := executor.NewRegistry()
@@ -224,9 +224,10 @@ func TestScaledObjectsWatchTheToolQueues(t *testing.T) {
 		}
 		for _, tr := range so.Spec.Triggers {
 			md := tr.Metadata
-			if tr.Type != "nats-jetstream" || md["stream"] != "TOOLBUS" || md["natsServerMonitoringEndpoint"] == "" ||
+			queues := events.QueueStreamName(events.DefaultStream)
+			if tr.Type != "nats-jetstream" || md["stream"] != queues || md["natsServerMonitoringEndpoint"] == "" ||
 				md["account"] == "" || md["lagThreshold"] == "" {
-				t.Errorf("%s: trigger %+v is not a complete nats-jetstream trigger on stream TOOLBUS", so.Name, tr)
+				t.Errorf("%s: trigger %+v is not a complete nats-jetstream trigger on stream %s", so.Name, tr, queues)
 			}
 			got = append(got, md["consumer"])
 		}
