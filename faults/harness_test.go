@@ -539,7 +539,7 @@ func (e *env) waitReady(tools []string, consumers ...string) {
 			}
 		}
 		for _, c := range names {
-			if _, err := e.bus.EventStream().Consumer(ctx, c); err != nil {
+			if _, err := e.consumerInfo(c); err != nil {
 				return fmt.Errorf("consumer %s: %w", c, err)
 			}
 		}
