@@ -17,9 +17,15 @@ type ToolQueue struct {
 }
 
 // ToolQueueInfo reads the consumer of a tool's queue. ErrNotFound when no executor ever
-// served the tool.
+// served the tool. On a deployment made before the queue stream (no QueueStreamName yet)
+// it reads the tool's queue that deployment keeps on the event stream, which `toolbus
+// init` retires once it is empty (docs/deployment-and-security.md, "Upgrading to the
+// queue stream": `toolbus tools` shows when it is).
 func (b *Bus) ToolQueueInfo(ctx context.Context, tool string) (ToolQueue, error) {
 	c, err := b.QueueStream().Consumer(ctx, ToolConsumer(tool))
+	if errors.Is(err, ErrNotSetUp) {
+		c, err = b.stream.Consumer(ctx, ToolConsumer(tool))
+	}
 	if err != nil {
 		if errors.Is(err, jetstream.ErrConsumerNotFound) {
 			return ToolQueue{Tool: tool}, fmt.Errorf("%w: queue of %s", ErrNotFound, tool)
