@@ -539,7 +539,12 @@ func (e *env) waitReady(tools []string, consumers ...string) {
 			}
 		}
 		for _, c := range names {
-			if _, err := e.bus.EventStream().Consumer(ctx, c); err != nil {
+			// A tool's queue is on the queue stream (events.QueueStreamName).
+			home := e.bus.EventStream()
+			if strings.HasPrefix(c, events.ToolConsumerPrefix) {
+				home = e.bus.QueueStream()
+			}
+			if _, err := home.Consumer(ctx, c); err != nil {
 				return fmt.Errorf("consumer %s: %w", c, err)
 			}
 		}
