@@ -10,8 +10,8 @@ import type { NatsConnection, Subscription } from '@nats-io/transport-node';
 import type { Consumer, ConsumerMessages, JsMsg } from '@nats-io/jetstream';
 import type { ValidateFunction } from 'ajv';
 import {
-  Bus, ContractChangedError, PoisonError, TenantQuotaError, Type, WriteRefusedError, agreeingRun, callAttrs, decodeEvent, id, isNoResponders, key, queueAckWait, source, subject,
-  validRunID, validToolName,
+  Bus, ContractChangedError, PoisonError, TenantQuotaError, Type, WriteRefusedError, agreeingRun, callAttrs, callSubject, decodeEvent, id, isNoResponders, key, queueAckWait, source, subject,
+  toolConsumer, toolTokenOfSubject, validRunID, validToolName,
   type Cancel, type Claim, type Decision, type FailedAttempt, type Principal, type RunStarted, type ToolCall, type ToolContract,
   type ToolProgress, type ToolRequested, type ToolResult,
 } from './wire.js';
@@ -496,7 +496,7 @@ export class Executor {
       }
       this.pullOpts = { max_messages: Math.min(s.concurrency, 256), expires: Math.max(1000, Math.min(30000, ackWait)) };
       for (const t of served) {
-        const f: Feed = { tool: t, consumer: await bus.js.consumers.get(s.stream, `tool_${t}`), last: Date.now(), busy: 0,
+        const f: Feed = { tool: t, consumer: await bus.js.consumers.get(bus.queues, toolConsumer(t)), last: Date.now(), busy: 0,
           parked: false, rung: false, missed: 0, nextCheck: 0, checking: false };
         this.feeds.push(f);
         await this.pull(f);
@@ -562,7 +562,9 @@ export class Executor {
   // -- parking idle queues (the Go twin is events/consume/park.go)
   //
   // A queue that delivered nothing for parkAfterMS listens to its doorbell (a core
-  // subscription to its filter, toolbus.*.tool.requested.<tool>), asks the server whether
+  // subscription to where its calls are published, toolbus.*.tool.requested.<tool>:
+  // nothing is published on its filter toolbus_queue.<tool>, the server copies the calls
+  // into the queue stream; events.QueuePublishedOn), asks the server whether
   // anything is pending or unacknowledged on its consumer and, if nothing is, stops
   // pulling. It pulls again when the doorbell rings, when the connection reconnected
   // (rings may have been lost), and when a check finds work: one a second after parking
@@ -589,7 +591,7 @@ export class Executor {
     const missed = this.reconnects;
     f.rung = false;
     let refused: Error | undefined;
-    const bell = this.nc!.subscribe(subject.toolRequested('*', f.tool), {
+    const bell = this.nc!.subscribe(subject.toolRequestedAll(f.tool), {
       callback: (err) => {
         if (err) refused = err;
         else f.rung = true;
@@ -606,7 +608,7 @@ export class Executor {
       // The credentials may not listen: no queue of this executor tries again.
       this.bellRefused = true;
       bell.unsubscribe();
-      this.log.warn('idle queues keep pulling (grant the credentials subscribe permission on their filters: deploy/nats/permissions.conf)',
+      this.log.warn('idle queues keep pulling (grant the credentials subscribe permission on toolbus.*.tool.requested.<tool>, where their calls are published: deploy/nats/permissions.conf)',
         { tool: f.tool, error: String(refused?.message ?? 'subscription refused') });
       return;
     }
@@ -828,7 +830,8 @@ export class Executor {
     const res = errorResult(call, 'failed', 'permission_denied', `the executor could not handle this call: ${why}`, { redactor: this.red });
     res.executor = this.settings.instance;
     res.duration_ms = 0;
-    const queue = msg.subject.split('.')[4] ?? call.tool;
+    // The queue the call came from (toolbus_queue.<tool>): its result goes on that tool's subject.
+    const queue = toolTokenOfSubject(msg.subject) || call.tool;
     const tf = { run_id: req.run_id, step: req.step, call_index: req.call_index, call_count: req.call_count, ...res };
     const start = Date.now();
     try {
@@ -890,10 +893,21 @@ export class Executor {
       throw new PoisonError(`bad tool.requested ${ev.attrs.id}`);
     }
     if (typeof req.call.arguments !== 'string') req.call.arguments = req.call.arguments === undefined ? '' : JSON.stringify(req.call.arguments);
-    // Subject and body agree: the subject names the call's run and tool (its queue).
-    const [, run, , , queue] = msg.subject.split('.');
+    // Subject and body agree: the subject the call was published on (the server's
+    // Nats-Stream-Source of the queue stream's copy) names its run and tool, and the
+    // queue it came from (toolbus_queue.<tool>) is that tool's (executor/worker decode).
+    const published = callSubject(msg);
+    const parts = published.split('.');
+    if (parts.length !== 5 || parts[0] !== 'toolbus' || parts[2] !== 'tool' || parts[3] !== 'requested' || !parts[1]) {
+      throw new PoisonError(`tool.requested ${ev.attrs.id} on ${msg.subject} was not published on a tool.requested subject (${JSON.stringify(published)})`);
+    }
+    const [, run, , , publishedTool] = parts;
+    const queue = toolTokenOfSubject(msg.subject);
+    if (queue !== publishedTool) {
+      throw new PoisonError(`tool.requested ${ev.attrs.id} published on ${published} is on the queue of ${JSON.stringify(queue)}`);
+    }
     if (req.run_id !== run || (ev.attrs.runid && ev.attrs.runid !== run) || (ev.attrs.callid && ev.attrs.callid !== req.call.call_id)) {
-      throw new PoisonError(`subject and body disagree: ${msg.subject} carries a call of run ${req.run_id}`);
+      throw new PoisonError(`subject and body disagree: ${published} carries a call of run ${req.run_id}`);
     }
     if (queue !== req.call.tool) throw new PoisonError(`tool.requested ${ev.attrs.id} for tool ${JSON.stringify(req.call.tool)} on the queue of ${queue}`);
     const started = await this.runOf(req);

@@ -275,6 +275,41 @@ export const validTeam = (s: string): boolean => /^[a-z0-9][a-z0-9_-]{0,31}$/.te
 export const identityToken = (s?: string): string => (s ? s : NO_IDENTITY);
 export const toolToken = (tool: string): string => (validToolName(tool) ? tool : UNKNOWN_TOOL);
 
+/** First token of the queue subjects (events.QueuePrefix): nobody publishes on them, the server copies the calls there. */
+export const QUEUE_PREFIX = 'toolbus_queue';
+
+/**
+ * The queue stream of an event stream (events.QueueStreamName): the server sources every
+ * toolbus.<run>.tool.requested.<tool> of the event stream into it on toolbus_queue.<tool>
+ * (subject.queue), and it holds the tools' queues (toolConsumer). It has no subject of
+ * its own, so only the server writes in it.
+ */
+export const queueStreamName = (stream: string) => `${stream}_QUEUES`;
+
+/**
+ * The header the server sets on every message it copies from one stream to another
+ * (events.StreamSourceHeader): "<stream> <sequence> <filter> <transform> <subject>", the
+ * last field the subject the message was published on.
+ */
+export const STREAM_SOURCE_HEADER = 'Nats-Stream-Source';
+
+/**
+ * The subject a call was published on, toolbus.<run>.tool.requested.<tool>
+ * (events.CallSubject): the message's own subject unless it is a queue subject; for a
+ * message of the queue stream, the fifth field of the server's Nats-Stream-Source
+ * header ('' when there is none: the call cannot be checked, it is poison).
+ */
+export function callSubject(msg: { subject: string; headers?: MsgHdrs }): string {
+  if (!msg.subject.startsWith(QUEUE_PREFIX + '.')) return msg.subject;
+  const vals = msg.headers?.values(STREAM_SOURCE_HEADER) ?? [];
+  if (vals.length === 0) return '';
+  const f = vals[vals.length - 1].split(/\s+/).filter((x) => x !== '');
+  return f.length < 5 ? '' : f[4];
+}
+
+/** The tool token a subject ends in (events.ToolTokenOfSubject): the queue of a call or a result. */
+export const toolTokenOfSubject = (subj: string): string => subj.slice(subj.lastIndexOf('.') + 1);
+
 /** Root of the core's notices to executors in team accounts (core NATS, not stored). */
 export const NOTICE_PREFIX = 'toolbus_notice';
 
@@ -287,7 +322,13 @@ export const subject = {
   /** The core's notices that a run ended for a tool's executors (team accounts: events.FilterRunEndedFor). */
   runEndedFor: (tool: string) => `${NOTICE_PREFIX}.*.ended.${toolToken(tool)}`,
   toolRequested: (run: string, tool: string) => `${SUBJECT_PREFIX}.${run}.tool.requested.${toolToken(tool)}`,
-  toolRequestedAll: (tool: string) => `${SUBJECT_PREFIX}.*.tool.requested.${tool}`,
+  /** Where the calls of a tool are published, in every run: what an idle queue's doorbell listens to (events.QueuePublishedOn). */
+  toolRequestedAll: (tool: string) => `${SUBJECT_PREFIX}.*.tool.requested.${toolToken(tool)}`,
+  /**
+   * toolbus_queue.<tool> (events.SubjectQueue): a tool's calls in the queue stream, where
+   * the server copies each tool.requested of the event stream; the filter of its queue.
+   */
+  queue: (tool: string) => `${QUEUE_PREFIX}.${toolToken(tool)}`,
   toolFinished: (run: string, tool: string) => `${SUBJECT_PREFIX}.${run}.tool.finished.${toolToken(tool)}`,
   toolWaiting: (run: string, tool: string) => `${SUBJECT_PREFIX}.${run}.tool.waiting.${toolToken(tool)}`,
   toolProgress: (run: string, tool: string) => `${SUBJECT_PREFIX}.${run}.tool.progress.${toolToken(tool)}`,
@@ -344,7 +385,7 @@ export const key = {
 };
 
 /** The durable consumer of a tool's queue. */
-export const toolConsumer = (tool: string) => `tool_${tool}`;
+export const toolConsumer = (tool: string) => `tool_${toolToken(tool)}`;
 /** Chunks of a large output in KV toolbus_outputs. */
 export const OUTPUT_CHUNK = 128 << 10;
 
@@ -697,6 +738,8 @@ export const isConflict = (err: unknown) => codeOf(err) === 10071 || /wrong last
 export class Bus {
   readonly js: JetStreamClient;
   readonly stream: string;
+  /** The queue stream of the stream (queueStreamName): the stream of the tools' queues. */
+  readonly queues: string;
   /** The JetStream API prefix of a team account ('' in the core account). */
   readonly apiPrefix: string;
   /** The read service's prefix of a client in a client account (BusOptions.readPrefix; '' otherwise). */
@@ -713,6 +756,7 @@ export class Bus {
     this.msgKey = opts.msgKey;
     this.js = jetstream(nc, this.apiPrefix ? { apiPrefix: this.apiPrefix } : {});
     this.stream = opts.stream || 'TOOLBUS';
+    this.queues = queueStreamName(this.stream);
   }
 
   /** The Nats-Msg-Id of an event of id: the id, or in a team account with a key its keyed form. */
@@ -1126,28 +1170,33 @@ export class Bus {
   }
 
   /**
-   * Binds the durable consumer of a tool's queue, creating it when it is missing (and
-   * the credentials allow), as provision.ToolConsumerConfig does: deliveries unlimited
-   * (executors bound the executions of a call through its claim). Returns its ack wait in ms.
+   * Binds the durable consumer of a tool's queue on the queue stream, creating it when it
+   * is missing (and the credentials allow), as provision.ToolConsumerConfig does: filtered
+   * on the tool's one queue subject, deliveries unlimited (executors bound the executions
+   * of a call through its claim). Returns its ack wait in ms.
    */
   async bindQueue(tool: string, ackWaitMS: number, maxAckPending: number): Promise<number> {
     const jsm = await this.jsm();
     const name = toolConsumer(tool);
     try {
-      const info = await jsm.consumers.info(this.stream, name);
+      const info = await jsm.consumers.info(this.queues, name);
       return (info.config.ack_wait ?? nanos(ackWaitMS)) / 1e6;
     } catch (err) {
       if (this.team) {
         // A team account binds its durables by name and never creates one (the core does).
-        throw new Error(`toolbus: the queue of ${tool} (consumer ${name}) is not reachable under ${this.apiPrefix} (${(err as Error).message}): ` +
+        throw new Error(`toolbus: the queue of ${tool} (consumer ${name} of ${this.queues}) is not reachable under ${this.apiPrefix} (${(err as Error).message}): ` +
           `an admin creates it in the core account with \`toolbus init --tools ${tool}\` and exports it to the team (the accounts layout)`, { cause: err });
+      }
+      if (codeOf(err) === 10059) { // stream not found
+        throw new Error(`toolbus: the queue stream ${this.queues} does not exist (${(err as Error).message}): ` +
+          `an admin creates it with \`toolbus init\` (a deployment made before the queue stream is upgraded by it)`, { cause: err });
       }
       if (codeOf(err) !== 10014) throw err; // consumer not found
     }
     try {
-      const info = await jsm.consumers.add(this.stream, {
+      const info = await jsm.consumers.add(this.queues, {
         durable_name: name,
-        filter_subject: subject.toolRequestedAll(tool),
+        filter_subject: subject.queue(tool),
         ack_policy: AckPolicy.Explicit,
         deliver_policy: DeliverPolicy.New,
         ack_wait: nanos(ackWaitMS),

@@ -312,6 +312,10 @@ describe('executor', () => {
       await bus.publish(wire.subject.toolRequested(run, name), wire.callAttrs(wire.Type.toolRequested, '/toolbus/x/y', 'forged-id', other, 0, 'forged', 0, 1), forged);
       const after = await result(bus, await request(bus, { tool: name, args: '{}' }));
       assert.equal(after.status, 'succeeded');
+      // The queue the executor made: on the queue stream, on the tool's one queue subject (provision.ToolConsumerConfig).
+      const ci = await (await bus.jsm()).consumers.info(bus.queues, wire.toolConsumer(name));
+      assert.deepEqual([ci.stream_name, ci.config.filter_subject, ci.config.max_deliver], ['TOOLBUS_QUEUES', `toolbus_queue.${name}`, -1]);
+      assert.equal(ci.num_ack_pending, 0, 'the poison was terminated, not left to redeliver');
       assert.equal((await eventsOf(bus, run, wire.Type.toolFinished)).length, 0);
       assert.equal((await eventsOf<wire.ToolFinished>(bus, other, wire.Type.toolFinished)).filter((e) => e.data.call_id === 'forged').length, 0);
     });

@@ -100,7 +100,7 @@ describe('fleet', () => {
       assert.equal((await results(bus, first, 1)).get('call_0')?.status, 'succeeded');
       await eventually(async () => (ex.parked(name) ? true : undefined), 10000, 'the idle queue parked');
       assert.match(ex.metrics.text(), /^toolbus_tool_queues_parked 1$/m);
-      await eventually(async () => ((await jsm.consumers.info(bus.stream, wire.toolConsumer(name))).num_waiting === 0 ? true : undefined),
+      await eventually(async () => ((await jsm.consumers.info(bus.queues, wire.toolConsumer(name))).num_waiting === 0 ? true : undefined),
         10000, 'no pull waiting on the parked queue');
       await wait(1500); // past the check a second after parking: only the doorbell wakes it now
       const t0 = Date.now();

@@ -121,13 +121,16 @@ test('team account: a call already done is not run again on a take-over', { skip
       { team: tb.team_name, instance: 'gone', boot: 'x', attempt: 1, at: new Date().toISOString(), done: true } satisfies wire.Claim)));
     const req: wire.ToolRequested = { run_id: run, step: 0, call_index: 0, call_count: 1, call: { call_id: 'c1', tool: COUNT, arguments: '{"n":1}' },
       principal: { id: 'alice' } };
-    const ack = await bus.js.publish(wire.subject.toolRequested(run, COUNT), new TextEncoder().encode(JSON.stringify(req)), {
+    // The queue is on the queue stream, whose sequences are not the event stream's: the
+    // call is acknowledged once the queue's ack floor passes what it had delivered before.
+    const jsm = await bus.jsm();
+    const delivered = (await jsm.consumers.info(bus.queues, wire.toolConsumer(COUNT))).delivered.stream_seq;
+    await bus.js.publish(wire.subject.toolRequested(run, COUNT), new TextEncoder().encode(JSON.stringify(req)), {
       headers: wire.eventHeaders(wire.callAttrs(wire.Type.toolRequested, '/toolbus/planner/test', wire.id.toolRequested(run, 0, 'c1'), run, 0, 'c1', 0, 1)) });
     // The executor acknowledges it without running it or taking the claim over.
-    const jsm = await bus.jsm();
     await eventually(async () => {
-      const ci = await jsm.consumers.info(bus.stream, wire.toolConsumer(COUNT));
-      return ci.ack_floor.stream_seq >= ack.seq ? true : undefined;
+      const ci = await jsm.consumers.info(bus.queues, wire.toolConsumer(COUNT));
+      return ci.ack_floor.stream_seq > delivered && ci.num_pending === 0 && ci.num_ack_pending === 0 ? true : undefined;
     }, 30000, 'the call acknowledged');
     const c = JSON.parse(dec.decode((await claims.get(wire.key.claim(COUNT, run, 0, 'c1')))!.value)) as wire.Claim;
     assert.deepEqual([c.instance, c.attempt], ['gone', 1], 'the done claim was taken over');

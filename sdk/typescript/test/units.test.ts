@@ -6,7 +6,8 @@ import os from 'node:os';
 import path from 'node:path';
 import { ConfigError, Executor, Redactor, readAPIPrefix, connectionOptions, parseDuration, secretsOf, settingsFromEnv, truncateText } from '../src/index.js';
 import { msgKeyOf } from '../src/settings.js';
-import { Bus } from '../src/wire.js';
+import { Bus, callSubject, queueStreamName, subject, toolConsumer, toolTokenOfSubject } from '../src/wire.js';
+import { headers } from '@nats-io/transport-node';
 
 test('settings: the Go executors\' TOOLBUS_* variables, defaults and refusals', () => {
   const s = settingsFromEnv({ TOOLBUS_NATS_URL: 'nats://a:4222,nats://b:4222', TOOLBUS_TEAM: 'team-a', TOOLBUS_ACK_WAIT: '1m30s',
@@ -120,4 +121,32 @@ test('team message ids: keyed by the credentials, the same as the Go executor\'s
   assert.equal(idOf({ url: 'x', nkey: seed }), id + '/guarded/NzsGKxcWiGjhsLCaUKV_mA');
   assert.equal(idOf({ url: 'x' }), id, 'no secret: the id itself');
   assert.equal(new Bus({ options: {} } as never, { msgKey: msgKeyOf({ url: 'x', token: 's3cret' }) }).msgID(id), id, 'the core account: the id itself');
+});
+
+test('queue stream: names and the published subject of a call, as events.QueueStreamName, SubjectQueue and CallSubject', () => {
+  assert.equal(queueStreamName('TOOLBUS'), 'TOOLBUS_QUEUES');
+  assert.equal(new Bus({ options: {} } as never, { stream: 'OTHER' }).queues, 'OTHER_QUEUES');
+  assert.equal(subject.queue('lookup'), 'toolbus_queue.lookup');
+  assert.equal(subject.queue('not a name'), 'toolbus_queue._unknown');
+  assert.equal(toolConsumer('lookup'), 'tool_lookup');
+  assert.equal(subject.toolRequestedAll('lookup'), 'toolbus.*.tool.requested.lookup', 'the doorbell: where the calls are published');
+  assert.equal(toolTokenOfSubject('toolbus_queue.lookup'), 'lookup');
+  const src = (...vals: string[]) => {
+    const h = headers();
+    for (const v of vals) h.append('Nats-Stream-Source', v);
+    return h;
+  };
+  const published = 'toolbus.r1.tool.requested.lookup';
+  const copied = `TOOLBUS 42 toolbus.*.tool.requested.* toolbus_queue.{{wildcard(2)}} ${published}`;
+  for (const [why, msg, want] of [
+    ['an event stream message: its subject', { subject: published }, published],
+    ['a copy: the fifth field', { subject: 'toolbus_queue.lookup', headers: src(copied) }, published],
+    ['with an ident field', { subject: 'toolbus_queue.lookup', headers: src(copied + ' ident') }, published],
+    ['several: the last', { subject: 'toolbus_queue.lookup', headers: src('X 1 a b toolbus.r0.tool.requested.other', copied) }, published],
+    ['no header: none', { subject: 'toolbus_queue.lookup' }, ''],
+    ['other headers only: none', { subject: 'toolbus_queue.lookup', headers: (() => { const h = headers(); h.set('ce-id', 'x'); return h; })() }, ''],
+    ['a short header: none', { subject: 'toolbus_queue.lookup', headers: src('TOOLBUS 42 toolbus.*.tool.requested.*') }, ''],
+  ] as const) {
+    assert.equal(callSubject(msg as never), want, why);
+  }
 });
