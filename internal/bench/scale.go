@@ -229,8 +229,13 @@ func (st *scaleStack) setup(ctx context.Context, cfg events.Config, row *ScaleRo
 	if err != nil {
 		return err
 	}
-	if si, err := js.Stream(ctx, cfg.Stream); err == nil {
-		row.Consumers, row.MaxConsumers = si.CachedInfo().State.Consumers, si.CachedInfo().Config.MaxConsumers
+	// The workers' durables on the event stream and the tools' queues on the queue
+	// stream (each with the same limit).
+	for _, name := range []string{cfg.Stream, events.QueueStreamName(cfg.Stream)} {
+		if si, err := js.Stream(ctx, name); err == nil {
+			row.Consumers += si.CachedInfo().State.Consumers
+			row.MaxConsumers = si.CachedInfo().Config.MaxConsumers
+		}
 	}
 	return nil
 }
