@@ -18,7 +18,7 @@ func TestGrantHint(t *testing.T) {
 		{"publish", "$KV.toolbus_claims.calculator.r1.0.c1", `tool "calculator" is not granted`},
 		{"publish", "$KV.toolbus_outputs.web_search.r1.0.c1.meta", `tool "web_search" is not granted`},
 		{"publish", "$KV.toolbus_runs.r1", "written by other roles"},
-		{"publish", "$JS.API.CONSUMER.MSG.NEXT.TOOLBUS.tool_refund", `the queue of tool "refund"`},
+		{"publish", "$JS.API.CONSUMER.MSG.NEXT.TOOLBUS_QUEUES.tool_refund", `the queue of tool "refund"`},
 		{"publish", "$JS.API.CONSUMER.MSG.NEXT.TOOLBUS.planner", `"planner" is another role's`},
 		{"publish", "$JS.API.STREAM.CREATE.TOOLBUS", "only the admin's credentials"},
 		{"publish", "$JS.API.CONSUMER.DURABLE.CREATE.TOOLBUS.x", "only the admin's credentials"},

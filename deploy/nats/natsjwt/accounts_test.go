@@ -156,7 +156,7 @@ func (d *accountsDeployment) serve(team, tool, run string) {
 	for m := range batch.Messages() {
 		call = m
 	}
-	if call == nil || call.Subject() != events.SubjectToolRequested(run, tool) {
+	if call == nil || events.CallSubject(call.Subject(), call.Headers()) != events.SubjectToolRequested(run, tool) {
 		t.Fatalf("%s's pull of %s: %v %v", team, tool, call, batch.Error())
 	}
 	if ack, err := js.Publish(d.ctx, events.SubjectToolFinished(run, tool), []byte(`{"team":"`+team+`"}`)); err != nil || ack.Stream != events.DefaultStream {
@@ -273,9 +273,9 @@ func probeClosed(t *testing.T, d *accountsDeployment, alpha *nats.Conn) {
 		// stored: where a write would land (stream, subject) if it got through.
 		stream, stored string
 	}{
-		{name: "beta's queue", subject: api + ".CONSUMER.MSG.NEXT.TOOLBUS.tool_search", body: `{"batch":1}`},
-		{name: "beta's queue, unprefixed", subject: "$JS.API.CONSUMER.MSG.NEXT.TOOLBUS.tool_search", body: `{"batch":1}`},
-		{name: "beta's queue info", subject: api + ".CONSUMER.INFO.TOOLBUS.tool_search"},
+		{name: "beta's queue", subject: api + ".CONSUMER.MSG.NEXT.TOOLBUS_QUEUES.tool_search", body: `{"batch":1}`},
+		{name: "beta's queue, unprefixed", subject: "$JS.API.CONSUMER.MSG.NEXT.TOOLBUS_QUEUES.tool_search", body: `{"batch":1}`},
+		{name: "beta's queue info", subject: api + ".CONSUMER.INFO.TOOLBUS_QUEUES.tool_search"},
 		{name: "direct get on TOOLBUS", subject: api + ".DIRECT.GET.TOOLBUS", body: `{"seq":1}`},
 		{name: "direct get on TOOLBUS by subject", subject: api + ".DIRECT.GET.TOOLBUS.toolbus.r1.tool.requested.search"},
 		{name: "direct get on TOOLBUS, unprefixed", subject: "$JS.API.DIRECT.GET.TOOLBUS", body: `{"seq":1}`},
@@ -335,7 +335,7 @@ func probeClosed(t *testing.T, d *accountsDeployment, alpha *nats.Conn) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := alpha.PublishRequest(api+".CONSUMER.MSG.NEXT.TOOLBUS.tool_calc", reply, []byte(`{"batch":1,"expires":300000000}`)); err != nil {
+		if err := alpha.PublishRequest(api+".CONSUMER.MSG.NEXT.TOOLBUS_QUEUES.tool_calc", reply, []byte(`{"batch":1,"expires":300000000}`)); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := sub.NextMsg(5 * time.Second); err != nil {
@@ -546,7 +546,7 @@ func TestPushAccounts(t *testing.T) {
 	n := 0
 	for m := range batch.Messages() {
 		n++
-		if m.Subject() != events.SubjectToolRequested("r1", "calc2") {
+		if events.CallSubject(m.Subject(), m.Headers()) != events.SubjectToolRequested("r1", "calc2") {
 			t.Errorf("alpha pulled %s", m.Subject())
 		}
 	}

@@ -49,7 +49,7 @@ func TestTeamPermissions(t *testing.T) {
 		t.Fatal(err)
 	}
 	p := natsjwt.TeamPermissions(perms[natsjwt.TeamTemplate], "TOOLBUS", "pay", []string{"calc"})
-	for _, want := range []string{"$KV.toolbus_instances.pay.*.*", "$JS.API.CONSUMER.MSG.NEXT.TOOLBUS.tool_calc", "$JS.ACK.TOOLBUS.tool_calc.>", "$KV.toolbus_tools.calc",
+	for _, want := range []string{"$KV.toolbus_instances.pay.*.*", "$JS.API.CONSUMER.MSG.NEXT.TOOLBUS_QUEUES.tool_calc", "$JS.ACK.TOOLBUS_QUEUES.tool_calc.>", "$KV.toolbus_tools.calc",
 		"$KV.toolbus_claims.calc.>", "$KV.toolbus_outputs.calc.>", "toolbus.*.tool.finished.calc", "toolbus.*.tool.waiting.calc", "toolbus.*.tool.progress.calc"} {
 		if !slices.Contains(p.PubAllow, want) {
 			t.Errorf("team permissions lack %s", want)
@@ -62,7 +62,7 @@ func TestTeamPermissions(t *testing.T) {
 			t.Errorf("team permissions allow %s: the unknown-tool queue or its results", s)
 		}
 		if strings.Contains(s, ".>") && (strings.HasPrefix(s, "$KV.toolbus_tools") || strings.HasPrefix(s, "toolbus.*.tool.")) ||
-			s == "$JS.API.CONSUMER.MSG.NEXT.TOOLBUS.*" || s == "$KV.toolbus_claims.>" || s == "$KV.toolbus_outputs.>" ||
+			s == "$JS.API.CONSUMER.MSG.NEXT.TOOLBUS.*" || s == "$JS.API.CONSUMER.MSG.NEXT.TOOLBUS_QUEUES.*" || s == "$KV.toolbus_claims.>" || s == "$KV.toolbus_outputs.>" ||
 			strings.HasPrefix(s, "$KV.toolbus_instances.") && s != "$KV.toolbus_instances.pay.*.*" {
 			t.Errorf("team permissions allow %s: more than its tools and its own instance records", s)
 		}
