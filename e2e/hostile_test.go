@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -78,6 +79,11 @@ func watchTerminations(t *testing.T, nc *nats.Conn) *terminations {
 			t.Errorf("advisory %s: %v", m.Data, err)
 			return
 		}
+		if a.Stream == events.QueueStreamName(events.DefaultStream) {
+			// A tool's queue terminated the server's copy of an event: key the advisory
+			// by the event's own sequence, which the copy's source header names.
+			a.StreamSeq = sourceSeq(t, nc, a.Stream, a.StreamSeq)
+		}
 		w.mu.Lock()
 		w.bySeq[a.StreamSeq] = a
 		w.mu.Unlock()
@@ -90,6 +96,35 @@ func watchTerminations(t *testing.T, nc *nats.Conn) *terminations {
 	}
 	t.Cleanup(func() { _ = sub.Unsubscribe() })
 	return w
+}
+
+// sourceSeq is the sequence in the event stream of the message the queue stream holds
+// at seq (its Nats-Stream-Source header: "<stream> <sequence> ..."); 0 if unreadable.
+func sourceSeq(t *testing.T, nc *nats.Conn, stream string, seq uint64) uint64 {
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Errorf("jetstream: %v", err)
+		return 0
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	s, err := js.Stream(ctx, stream)
+	if err != nil {
+		t.Errorf("stream %s: %v", stream, err)
+		return 0
+	}
+	m, err := s.GetMsg(ctx, seq)
+	if err != nil {
+		t.Errorf("message %d of %s: %v", seq, stream, err)
+		return 0
+	}
+	f := strings.Fields(m.Header.Get(events.StreamSourceHeader))
+	if len(f) < 2 {
+		t.Errorf("message %d of %s has no source header: %v", seq, stream, m.Header)
+		return 0
+	}
+	n, _ := strconv.ParseUint(f[1], 10, 64)
+	return n
 }
 
 func (w *terminations) get(seq uint64) (termAdvisory, bool) {
@@ -228,10 +263,15 @@ func TestHostileInputTerminated(t *testing.T) {
 	for i, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			a := adv.wait(t, seqs[i])
-			if a.Stream != events.DefaultStream || a.Consumer != c.consumer || !strings.Contains(a.Reason, c.reason) {
-				t.Fatalf("advisory %+v, want consumer %s and a reason with %q", a, c.consumer, c.reason)
+			// A tool's queue is on the queue stream, every other consumer on the event stream.
+			stream, logged := events.DefaultStream, "subject="+c.msg.Subject+" "
+			if strings.HasPrefix(c.consumer, events.ToolConsumerPrefix) {
+				stream, logged = events.QueueStreamName(events.DefaultStream), " "+c.msg.Subject+" "
 			}
-			if !logs.hasLine("poison message terminated", "subject="+c.msg.Subject+" ") {
+			if a.Stream != stream || a.Consumer != c.consumer || !strings.Contains(a.Reason, c.reason) {
+				t.Fatalf("advisory %+v, want consumer %s on %s and a reason with %q", a, c.consumer, stream, c.reason)
+			}
+			if !logs.hasLine("poison message terminated", logged) {
 				t.Fatalf("no log line for the termination on %s:\n%s", c.msg.Subject, logs)
 			}
 			t.Logf("%s: %s", a.Consumer, a.Reason)

@@ -461,7 +461,13 @@ func dispatch(ctx context.Context, log *slog.Logger, obs Observer, nakDelay time
 			log.Warn("ack failed", "subject", msg.Subject(), "error", aerr)
 		}
 	case errors.Is(err, events.ErrPoison) || errors.Is(err, events.ErrNotCloudEvent):
-		log.Error("poison message terminated", "subject", msg.Subject(), "reason", err)
+		// A message the server copied from another stream (a tool's queue) names where it
+		// was published, which the operator looks up in the event stream.
+		if src := msg.Headers().Get(events.StreamSourceHeader); src != "" {
+			log.Error("poison message terminated", "subject", msg.Subject(), "source", src, "reason", err)
+		} else {
+			log.Error("poison message terminated", "subject", msg.Subject(), "reason", err)
+		}
 		if merr == nil {
 			obs.Terminated(md.Consumer)
 		}
