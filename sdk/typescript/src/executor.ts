@@ -501,8 +501,10 @@ export class Executor {
         this.feeds.push(f);
         await this.pull(f);
       }
-      // In a team account no doorbell rings (the team hears no tool.requested of the core): its queues keep pulling.
-      if (s.parkAfterMS >= 0 && !bus.team) parkWatch = setInterval(() => void this.watchFeeds(), Math.max(20, Math.min(500, s.parkAfterMS / 4)));
+      // In a team account too: the core exports to the team, as a stream, where the calls of
+      // each of its tools are published (toolbus.*.tool.requested.<tool>, the doorbell), and
+      // the consumer info of each queue (under the team's API prefix).
+      if (s.parkAfterMS >= 0) parkWatch = setInterval(() => void this.watchFeeds(), Math.max(20, Math.min(500, s.parkAfterMS / 4)));
       this.metrics.ready = true;
       this.servingResolve();
       this.log.info('executor serving', { tools: served, concurrency: s.concurrency, stream: s.stream, team: s.team });

@@ -5,9 +5,10 @@
 // the core does not export (a run, a bucket by name, the stream's info) or loses a rule.
 import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
+import { setTimeout as wait } from 'node:timers/promises';
 import { connect, type NatsConnection } from '@nats-io/transport-node';
 import { Client, wire, type Tool, type ToolContext } from '../src/index.js';
-import { eventually, startExecutor, stopTeamServer, teamBus, type TeamBus } from './helpers.js';
+import { eventsOf, eventually, startExecutor, stopTeamServer, teamBus, type TeamBus } from './helpers.js';
 
 // The tools the core exports to the team (testbus -team and npm_test.go grant these).
 const COUNT = 'team_count';
@@ -165,6 +166,38 @@ test('team account: a cancelled run cancels the team call through the core notic
     await client.cancel(run, 'enough');
     const why = await within(ended, 60000, 'the team call was not cancelled');
     assert.match(String(why), /cancel/);
+  } finally {
+    ex.stop();
+    await done;
+  }
+});
+
+test('team account: an idle queue parks, and a call published for it in the core rings it awake', { skip }, async () => {
+  // The doorbell is the core's toolbus.*.tool.requested.<tool>, which the core exports to
+  // the team as a stream; whether anything waits is the queue's consumer info, read under
+  // the team's API prefix. The check after parking is every 30 minutes: within the
+  // deadline below only the doorbell wakes the queue.
+  const bus = new wire.Bus(core);
+  const jsm = await bus.jsm();
+  const { ex, done } = await startExecutor(team, [countTool((a) => ({ double: 2 * a.n }))],
+    { TOOLBUS_TEAM: tb.team_name, TOOLBUS_NATS_API_PREFIX: tb.api_prefix, TOOLBUS_EXECUTOR_PARK_AFTER: '300ms' });
+  try {
+    await eventually(async () => (ex.parked(COUNT) ? true : undefined), 30000, 'the idle team queue parked');
+    assert.match(ex.metrics.text(), /^toolbus_tool_queues_parked 1$/m);
+    await eventually(async () => ((await jsm.consumers.info(bus.queues, wire.toolConsumer(COUNT))).num_waiting === 0 ? true : undefined),
+      30000, 'no pull waiting on the parked team queue');
+    await wait(1500); // past the check a second after parking: only the doorbell wakes it now
+    assert.ok(ex.parked(COUNT), 'the queue stayed parked');
+    const run = `park-${process.pid}-${Date.now()}`;
+    const req: wire.ToolRequested = { run_id: run, step: 0, call_index: 0, call_count: 1, call: { call_id: 'c1', tool: COUNT, arguments: '{"n":21}' },
+      principal: { id: 'alice' } };
+    await bus.js.publish(wire.subject.toolRequested(run, COUNT), new TextEncoder().encode(JSON.stringify(req)), {
+      headers: wire.eventHeaders(wire.callAttrs(wire.Type.toolRequested, '/toolbus/planner/test', wire.id.toolRequested(run, 0, 'c1'), run, 0, 'c1', 0, 1)) });
+    const r = await eventually(async () => (await eventsOf<wire.ToolFinished>(bus, run, wire.Type.toolFinished))[0]?.data, 30000, 'the result of the call');
+    assert.equal(r.status, 'succeeded');
+    assert.equal(r.content, '{"double":42}');
+    // It parks again once idle.
+    await eventually(async () => (ex.parked(COUNT) ? true : undefined), 30000, 'the team queue parked again');
   } finally {
     ex.stop();
     await done;
