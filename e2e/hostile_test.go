@@ -68,24 +68,30 @@ type termAdvisory struct {
 type terminations struct {
 	mu    sync.Mutex
 	bySeq map[uint64]termAdvisory
+	// copies are the advisories of tools' queues not yet keyed (get), and nc reads
+	// their copies' headers.
+	copies []termAdvisory
+	nc     *nats.Conn
+	t      *testing.T
 }
 
 func watchTerminations(t *testing.T, nc *nats.Conn) *terminations {
 	t.Helper()
-	w := &terminations{bySeq: map[uint64]termAdvisory{}}
+	w := &terminations{bySeq: map[uint64]termAdvisory{}, nc: nc, t: t}
 	sub, err := nc.Subscribe("$JS.EVENT.ADVISORY.CONSUMER.MSG_TERMINATED.>", func(m *nats.Msg) {
 		var a termAdvisory
 		if err := json.Unmarshal(m.Data, &a); err != nil {
 			t.Errorf("advisory %s: %v", m.Data, err)
 			return
 		}
-		if a.Stream == events.QueueStreamName(events.DefaultStream) {
-			// A tool's queue terminated the server's copy of an event: key the advisory
-			// by the event's own sequence, which the copy's source header names.
-			a.StreamSeq = sourceSeq(t, nc, a.Stream, a.StreamSeq)
-		}
 		w.mu.Lock()
-		w.bySeq[a.StreamSeq] = a
+		if a.Stream == events.QueueStreamName(events.DefaultStream) {
+			// A tool's queue terminated the server's copy of an event: get keys it by the
+			// event's own sequence, which the copy's source header names.
+			w.copies = append(w.copies, a)
+		} else {
+			w.bySeq[a.StreamSeq] = a
+		}
 		w.mu.Unlock()
 	})
 	if err != nil {
@@ -106,7 +112,8 @@ func sourceSeq(t *testing.T, nc *nats.Conn, stream string, seq uint64) uint64 {
 		t.Errorf("jetstream: %v", err)
 		return 0
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	// The copy may be a message of megabytes, read on a busy machine.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	s, err := js.Stream(ctx, stream)
 	if err != nil {
@@ -130,6 +137,11 @@ func sourceSeq(t *testing.T, nc *nats.Conn, stream string, seq uint64) uint64 {
 func (w *terminations) get(seq uint64) (termAdvisory, bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	for _, a := range w.copies {
+		a.StreamSeq = sourceSeq(w.t, w.nc, a.Stream, a.StreamSeq)
+		w.bySeq[a.StreamSeq] = a
+	}
+	w.copies = nil
 	a, ok := w.bySeq[seq]
 	return a, ok
 }
