@@ -12,6 +12,7 @@ import (
 	"slices"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -149,8 +150,11 @@ type decoded[T any] struct {
 // the tools is skipped when no message came since the last one and the stream's message
 // count and last sequence are still what that read left, since a purge lowers the
 // count: one request for the stream's state instead of one message per tool (at 1,000
-// tools, 33 messages a second less from the server to each idle catalog view).
-var catalogFullEvery = 120
+// tools, 33 messages a second less from the server to each idle catalog view). Atomic:
+// a test sets it while an earlier view's poll may still read it.
+var catalogFullEvery atomic.Int64
+
+func init() { catalogFullEvery.Store(120) }
 
 // CatalogPoll is how often a catalog view re-reads the catalog and the instances.
 var CatalogPoll = 250 * time.Millisecond
@@ -245,7 +249,7 @@ func (s *Store) refreshTools(ctx context.Context, c *Catalog, log *slog.Logger) 
 		}
 	}
 	c.polls++
-	if c.toolsSeq > 0 && c.polls%catalogFullEvery != 0 {
+	if c.toolsSeq > 0 && c.polls%int(catalogFullEvery.Load()) != 0 {
 		c.mu.RLock()
 		cur := c.tools
 		c.mu.RUnlock()
@@ -480,7 +484,7 @@ func (s *Store) refreshInstances(ctx context.Context, c *Catalog) (map[string]In
 		in.Team = InstanceTeam(key) // the key's team is what the server checked
 		ins[key], raw[key] = in, decoded[Instance]{raw: string(val), v: in}
 	}
-	if c.instancesSeq > 0 && c.polls%catalogFullEvery != 0 {
+	if c.instancesSeq > 0 && c.polls%int(catalogFullEvery.Load()) != 0 {
 		c.mu.RLock()
 		cur := c.instances
 		c.mu.RUnlock()
