@@ -90,13 +90,9 @@ func TestLongRunningToolWithoutProgressTimesOut(t *testing.T) {
 		close(stopped)
 		return nil, ctx.Err()
 	})
-	start := time.Now()
 	res := ex.Execute(context.Background(), toolbus.ToolCall{CallID: "c1", Tool: "long", Arguments: "{}"}, toolbus.Principal{})
 	if res.Status != toolbus.StatusTimedOut || res.Code() != toolbus.CodeTimeout || !strings.Contains(res.Error.Message, "no progress for 200ms") {
 		t.Fatalf("result %s %+v, want timed_out / timeout naming the heartbeat timeout", res.Status, res.Error)
-	}
-	if took := time.Since(start); took > 5*time.Minute {
-		t.Fatalf("took %s: the heartbeat timeout did not end the call", took)
 	}
 	select {
 	case <-stopped: // the tool's context was cancelled
