@@ -31,13 +31,13 @@ accounts {
     exports: [
       {service: "$JS.API.CONSUMER.INFO.TOOLBUS.tool_calc", accounts: [ALPHA]}
       {service: "$JS.API.CONSUMER.MSG.NEXT.TOOLBUS.tool_calc", response_type: stream, accounts: [ALPHA]}
-      {service: "$JS.ACK.TOOLBUS.tool_calc.>", accounts: [ALPHA]}
-      {service: "$JS.ACK.*.*.TOOLBUS.tool_calc.>", accounts: [ALPHA]}
+      {service: "$JS.ACK.TOOLBUS.tool_calc.*.*.*.*.*", accounts: [ALPHA]}
+      {service: "$JS.ACK.*.*.TOOLBUS.tool_calc.*.*.*.*.>", accounts: [ALPHA]}
       {service: "toolbus.*.tool.finished.calc", accounts: [ALPHA]}
       {service: "$JS.API.CONSUMER.INFO.TOOLBUS.tool_search", accounts: [BETA]}
       {service: "$JS.API.CONSUMER.MSG.NEXT.TOOLBUS.tool_search", response_type: stream, accounts: [BETA]}
-      {service: "$JS.ACK.TOOLBUS.tool_search.>", accounts: [BETA]}
-      {service: "$JS.ACK.*.*.TOOLBUS.tool_search.>", accounts: [BETA]}
+      {service: "$JS.ACK.TOOLBUS.tool_search.*.*.*.*.*", accounts: [BETA]}
+      {service: "$JS.ACK.*.*.TOOLBUS.tool_search.*.*.*.*.>", accounts: [BETA]}
       {service: "toolbus.*.tool.finished.search", accounts: [BETA]}
     ]
   }
@@ -46,8 +46,8 @@ accounts {
     imports: [
       {service: {account: CORE, subject: "$JS.API.CONSUMER.INFO.TOOLBUS.tool_calc"}, to: "JS.core.API.CONSUMER.INFO.TOOLBUS.tool_calc"}
       {service: {account: CORE, subject: "$JS.API.CONSUMER.MSG.NEXT.TOOLBUS.tool_calc"}, to: "JS.core.API.CONSUMER.MSG.NEXT.TOOLBUS.tool_calc"}
-      {service: {account: CORE, subject: "$JS.ACK.TOOLBUS.tool_calc.>"}}
-      {service: {account: CORE, subject: "$JS.ACK.*.*.TOOLBUS.tool_calc.>"}}
+      {service: {account: CORE, subject: "$JS.ACK.TOOLBUS.tool_calc.*.*.*.*.*"}}
+      {service: {account: CORE, subject: "$JS.ACK.*.*.TOOLBUS.tool_calc.*.*.*.*.>"}}
       {service: {account: CORE, subject: "toolbus.*.tool.finished.calc"}}
     ]
   }
@@ -56,8 +56,8 @@ accounts {
     imports: [
       {service: {account: CORE, subject: "$JS.API.CONSUMER.INFO.TOOLBUS.tool_search"}, to: "JS.core.API.CONSUMER.INFO.TOOLBUS.tool_search"}
       {service: {account: CORE, subject: "$JS.API.CONSUMER.MSG.NEXT.TOOLBUS.tool_search"}, to: "JS.core.API.CONSUMER.MSG.NEXT.TOOLBUS.tool_search"}
-      {service: {account: CORE, subject: "$JS.ACK.TOOLBUS.tool_search.>"}}
-      {service: {account: CORE, subject: "$JS.ACK.*.*.TOOLBUS.tool_search.>"}}
+      {service: {account: CORE, subject: "$JS.ACK.TOOLBUS.tool_search.*.*.*.*.*"}}
+      {service: {account: CORE, subject: "$JS.ACK.*.*.TOOLBUS.tool_search.*.*.*.*.>"}}
       {service: {account: CORE, subject: "toolbus.*.tool.finished.search"}}
     ]
   }

@@ -54,6 +54,68 @@ type Crossing struct {
 	// Pull marks a service answered by many messages (a pull; JWT response type
 	// stream), not one reply.
 	Pull bool
+	// For is what a service crossing is meant to reach in the core account: the
+	// subscriptions of one owner there. A tenant's publish on Subject reaches every
+	// subscription of the core account that the subject matches, so Subject must match
+	// no one else's (eventstest.ExportCollisions checks it on a running server against
+	// every subscription the core holds). A stream crossing reaches nothing (the core
+	// publishes, the tenant listens): its For is zero.
+	For Target
+}
+
+// Target is an owner of subscriptions in the core account.
+type Target struct {
+	Kind TargetKind
+	// Name: for ForAPI the endpoint as nats-server registers it ("$JS.API.CONSUMER.INFO.*.*");
+	// for ForConsumer "<stream>.<consumer>"; for ForDirect the stream; "" for the
+	// services. In CoreExports a tool's token in it is "*", as in the subject.
+	Name string
+}
+
+// TargetKind is a kind of owner of subscriptions in the core account.
+type TargetKind string
+
+// The owners a crossing may be meant for.
+const (
+	// ForAPI is one endpoint of the core's JetStream API (the server's own; the
+	// account's subscription is $JS.API.>, an import of the system account's).
+	ForAPI TargetKind = "JetStream API"
+	// ForConsumer is the acknowledgement and next-message subscriptions nats-server
+	// holds for one consumer (AckSubjects, $JS.API.CONSUMER.MSG.NEXT.<stream>.<consumer>).
+	ForConsumer TargetKind = "consumer"
+	// ForDirect is the direct gets of one stream ($JS.API.DIRECT.GET.<stream>[.>]).
+	ForDirect TargetKind = "direct gets"
+	// ForWrites is the write service (package intake, events.WriteServicePrefix).
+	ForWrites TargetKind = "write service"
+	// ForReads is the read service (package reads): a client's reads and a tool's
+	// questions (events.ReadServicePrefix, events.ToolReadPrefix).
+	ForReads TargetKind = "read service"
+)
+
+// AckSubjects are the subjects on which a tenant acknowledges the messages of consumer
+// on stream, exactly in the two shapes nats-server (2.15, consumer.go) subscribes them
+// for every consumer that acknowledges, in the account that holds it:
+//
+//   - v1: $JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<ts>.<pending>, nine
+//     tokens;
+//   - v2: $JS.ACK.<domain>.<account hash>.<stream>.<consumer>.<the same five>, eleven
+//     tokens or more (the server's subscription ends in ">", for extensions).
+//
+// A message on an ack subject with the body "+NXT" asks the consumer for its next
+// message, delivered to the sender's reply: a free token here reaches other consumers
+// (issue 54: "$JS.ACK.*.*.<stream>.<consumer>.>" matched every consumer's v1 subject,
+// "$JS.ACK.<theirs>.<consumer>.<stream>.<own>.1.1.1"). These match only this
+// consumer's: the v1 subject has exactly nine tokens and names the consumer in the
+// third and fourth, and every v2 subscription needs at least eleven; the v2 subject has
+// eleven or more and names the consumer in the fifth and sixth, where every v2
+// subscription names its own, and no v1 subscription has more than nine. So the two
+// tokens v2 leaves free, the JetStream domain ("_" without one: the server's setting,
+// not the credentials') and the hash of the account's name (its public key in the JWT
+// kind), would pin nothing more, and pinning the domain would break acks silently on a
+// server that sets one.
+func AckSubjects(stream, consumer string) (v1, v2 string) {
+	return "$JS.ACK." + stream + "." + consumer + ".*.*.*.*.*",
+		"$JS.ACK.*.*." + stream + "." + consumer + ".*.*.*.*.>"
 }
 
 // InTeam is the subject the team's clients use.
@@ -72,27 +134,31 @@ func (c Crossing) InTeam() string {
 // helpers, which make tool names subject-safe.
 func TeamExports(team string, tools []string) []Crossing {
 	stream, queues := events.DefaultStream, events.QueueStreamName(events.DefaultStream)
-	api := func(s string) Crossing {
-		return Crossing{Subject: s, Local: CoreAPIPrefix + strings.TrimPrefix(s, jsAPI)}
+	api := func(s string, to Target) Crossing {
+		return Crossing{Subject: s, Local: CoreAPIPrefix + strings.TrimPrefix(s, jsAPI), For: to}
 	}
-	svc := func(s string) Crossing { return Crossing{Subject: s} }
 	// What the team stores goes through the core's intake (events.TeamWriteSubject):
 	// the team publishes on the subject itself, the import maps it.
-	write := func(s string) Crossing { return Crossing{Subject: events.TeamWriteSubject(team, s), Local: s} }
-	directGet := func(bucket, key string) Crossing {
-		return api(jsAPI + ".DIRECT.GET.KV_" + bucket + "." + kvSubject(bucket, key))
+	write := func(s string) Crossing {
+		return Crossing{Subject: events.TeamWriteSubject(team, s), Local: s, For: Target{Kind: ForWrites}}
 	}
+	direct := func(stream, s string) Crossing {
+		return api(jsAPI+".DIRECT.GET."+stream+"."+s, Target{Kind: ForDirect, Name: stream})
+	}
+	directGet := func(bucket, key string) Crossing { return direct("KV_"+bucket, kvSubject(bucket, key)) }
 	var out []Crossing
 	for _, tool := range tools {
 		durable, tok := events.ToolConsumer(tool), events.ToolToken(tool)
 		// The tool's queue, on the queue stream.
-		next := api(jsAPI + ".CONSUMER.MSG.NEXT." + queues + "." + durable)
+		queue := Target{Kind: ForConsumer, Name: queues + "." + durable}
+		next := api(jsAPI+".CONSUMER.MSG.NEXT."+queues+"."+durable, queue)
 		next.Pull = true
+		ackV1, ackV2 := AckSubjects(queues, durable)
 		out = append(out,
-			api(jsAPI+".CONSUMER.INFO."+queues+"."+durable),
+			api(jsAPI+".CONSUMER.INFO."+queues+"."+durable, Target{Kind: ForAPI, Name: jsAPI + ".CONSUMER.INFO.*.*"}),
 			next,
-			svc("$JS.ACK."+queues+"."+durable+".>"),
-			svc("$JS.ACK.*.*."+queues+"."+durable+".>"),
+			Crossing{Subject: ackV1, For: queue},
+			Crossing{Subject: ackV2, For: queue},
 			write(events.SubjectToolFinished("*", tool)),
 			write(events.SubjectToolWaiting("*", tool)),
 			write(events.SubjectToolProgress("*", tool)),
@@ -105,12 +171,12 @@ func TeamExports(team string, tools []string) []Crossing {
 			directGet(store.BucketTools, tok),
 			// The last result of the tool in a run (subject form only): a take-over
 			// checks that the call it takes is not done.
-			api(jsAPI+".DIRECT.GET."+stream+"."+events.SubjectToolFinished("*", tool)),
+			direct(stream, events.SubjectToolFinished("*", tool)),
 			Crossing{Subject: events.FilterToolRequestedFor(tool), Stream: true},
 			// The core's notice that a run ended while a call of the tool may run.
 			Crossing{Subject: events.FilterRunEndedFor(tool), Stream: true},
 			// The state of a question of a call of the tool (the read service).
-			svc(events.ToolQuestionSubject(tool)),
+			Crossing{Subject: events.ToolQuestionSubject(tool), For: Target{Kind: ForReads}},
 		)
 	}
 	return append(out,
@@ -137,14 +203,16 @@ func ClientExports(ids []string) []Crossing {
 	var out []Crossing
 	for _, id := range ids {
 		tok := events.IdentityToken(id)
-		write := func(s string) Crossing { return Crossing{Subject: events.ClientWriteSubject(id, s), Local: s} }
+		write := func(s string) Crossing {
+			return Crossing{Subject: events.ClientWriteSubject(id, s), Local: s, For: Target{Kind: ForWrites}}
+		}
 		out = append(out,
 			write(events.SubjectRunStarted("*", id)),
 			write(events.SubjectRunCancel("*", id)),
 			write(events.SubjectApproval("*", true, id)),
 			write(events.SubjectApproval("*", false, id)),
 			write(events.SubjectToolAnswer("*", id)),
-			Crossing{Subject: events.ReadSubject(tok) + ".>"},
+			Crossing{Subject: events.ReadSubject(tok) + ".>", For: Target{Kind: ForReads}},
 		)
 	}
 	return out
@@ -168,15 +236,21 @@ const (
 func CoreExports() []Crossing {
 	out := append(TeamExports(anyTeam, []string{anyTool}), ClientExports([]string{anyID})...)
 	for i, c := range out {
-		toks := strings.Split(c.Subject, ".")
-		for j, t := range toks {
-			if t == anyTool || t == anyTeam || t == anyID || t == events.ToolConsumer(anyTool) {
-				toks[j] = "*"
-			}
-		}
-		out[i] = Crossing{Subject: strings.Join(toks, "."), Stream: c.Stream, Pull: c.Pull}
+		c.For.Name = anyToken(c.For.Name)
+		out[i] = Crossing{Subject: anyToken(c.Subject), Stream: c.Stream, Pull: c.Pull, For: c.For}
 	}
 	return out
+}
+
+// anyToken is subject with each placeholder token a "*".
+func anyToken(subject string) string {
+	toks := strings.Split(subject, ".")
+	for j, t := range toks {
+		if t == anyTool || t == anyTeam || t == anyID || t == events.ToolConsumer(anyTool) {
+			toks[j] = "*"
+		}
+	}
+	return strings.Join(toks, ".")
 }
 
 // WriteForwards are the subjects the core's write service (package intake) publishes

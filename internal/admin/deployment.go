@@ -208,15 +208,26 @@ func (d *deployment) push(ctx context.Context, url string, res natsjwt.Result, e
 	return p, nil
 }
 
-// accountsToPush are the accounts ("account <name>") whose JWTs changed, or every one.
+// accountsToPush are the accounts ("account <name>") whose JWTs changed, or every one,
+// the tenants' before the core's. The server re-checks every import of the core when
+// the core's exports change, and drops one they no longer cover until its account is
+// pushed again; a tenant's import the core does not export yet is dropped too, but the
+// core's push re-applies it (nats-server's accounts.go, updateAccountClaimsWithRefresh).
+// So a version whose exports are narrower (issue 54's exact acknowledgements) keeps every
+// tenant's acks working through the push only in this order, and a wider one works in
+// either (TestPushKeepsTenantsImports).
 func accountsToPush(res natsjwt.Result, every bool) []string {
-	var out []string
+	var tenants, core []string
 	for _, c := range res.Changes {
-		if c.Account && (every || c.What != "unchanged") {
-			out = append(out, c.User)
+		switch {
+		case !c.Account || !every && c.What == "unchanged":
+		case accountKey(res, c.User) == res.Account:
+			core = append(core, c.User)
+		default:
+			tenants = append(tenants, c.User)
 		}
 	}
-	return out
+	return append(tenants, core...)
 }
 
 // accountKey is the public key of an account's change ("account TOOLBUS", "account

@@ -228,10 +228,13 @@ func TeamPermissions(template Permissions, stream, team string, tools []string) 
 	queues := events.QueueStreamName(stream)
 	for _, tool := range tools {
 		durable := events.ToolConsumer(tool)
+		// Its own queue's acknowledgements only: a wider ack subject reaches every
+		// consumer of the account (accounts.AckSubjects).
+		ackV1, ackV2 := accounts.AckSubjects(queues, durable)
 		p.PubAllow = append(p.PubAllow,
 			"$JS.API.CONSUMER.MSG.NEXT."+queues+"."+durable,
-			"$JS.ACK."+queues+"."+durable+".>",
-			"$JS.ACK.*.*."+queues+"."+durable+".>",
+			ackV1,
+			ackV2,
 			"$KV."+store.BucketTools+"."+tool,
 			"$KV."+store.BucketClaims+"."+tool+".>",
 			"$KV."+store.BucketOutputs+"."+tool+".>",

@@ -49,7 +49,7 @@ func TestTeamPermissions(t *testing.T) {
 		t.Fatal(err)
 	}
 	p := natsjwt.TeamPermissions(perms[natsjwt.TeamTemplate], "TOOLBUS", "pay", []string{"calc"})
-	for _, want := range []string{"$KV.toolbus_instances.pay.*.*", "$JS.API.CONSUMER.MSG.NEXT.TOOLBUS_QUEUES.tool_calc", "$JS.ACK.TOOLBUS_QUEUES.tool_calc.>", "$KV.toolbus_tools.calc",
+	for _, want := range []string{"$KV.toolbus_instances.pay.*.*", "$JS.API.CONSUMER.MSG.NEXT.TOOLBUS_QUEUES.tool_calc", "$JS.ACK.TOOLBUS_QUEUES.tool_calc.*.*.*.*.*", "$JS.ACK.*.*.TOOLBUS_QUEUES.tool_calc.*.*.*.*.>", "$KV.toolbus_tools.calc",
 		"$KV.toolbus_claims.calc.>", "$KV.toolbus_outputs.calc.>", "toolbus.*.tool.finished.calc", "toolbus.*.tool.waiting.calc", "toolbus.*.tool.progress.calc"} {
 		if !slices.Contains(p.PubAllow, want) {
 			t.Errorf("team permissions lack %s", want)
