@@ -113,8 +113,11 @@ func (c *server) visibilityOf(ctx context.Context, v viewer) (*visibility, error
 	return vis, nil
 }
 
-// sees reports whether the viewer sees run: it started it, or the run requested a tool
-// of the viewer's teams (one direct get per such tool; none for an unrestricted viewer).
+// sees reports whether the viewer sees run: it started it (the principal of the run's
+// first run.started), or the core requested a call of a tool of the viewer's teams in
+// it (events.Bus.Requested: one direct get per such tool; none for an unrestricted
+// viewer). Only what the core wrote decides: nothing a team writes into a run (a log
+// line, a result on its tool's subject) makes the run visible to its users.
 func (vis *visibility) sees(ctx context.Context, run string) (bool, error) {
 	if !vis.v.restricted {
 		return true, nil
@@ -127,12 +130,8 @@ func (vis *visibility) sees(ctx context.Context, run string) (bool, error) {
 		return false, err
 	}
 	for _, tool := range vis.owned {
-		_, err := vis.c.bus.FirstEvent(ctx, events.SubjectRunTool(run, tool))
-		if err == nil {
-			return true, nil
-		}
-		if !errors.Is(err, events.ErrNotFound) {
-			return false, err
+		if ok, err := vis.c.bus.Requested(ctx, run, tool); ok || err != nil {
+			return ok, err
 		}
 	}
 	return false, nil

@@ -135,9 +135,9 @@ func liveSubjects(t *testing.T, ctx context.Context, base, token string) <-chan 
 func TestConsoleTeamsSeeTheirOwn(t *testing.T) {
 	scripts := map[string]*planner.Script{}
 	for _, run := range []string{"t-hr", "t-mixed", "t-hr2"} {
-		calls := []toolbus.ToolCall{call("p", "payroll", `{}`)}
+		calls := []toolbus.ToolCall{call("p", "payroll", `{"employee":"hr-secret-7"}`)}
 		if run == "t-mixed" {
-			calls = append(calls, call("w", "websearch", `{}`))
+			calls = append(calls, call("w", "websearch", `{"q":"search-own-3"}`))
 		}
 		scripts[run] = &planner.Script{Steps: []func(planner.Request) planner.Response{planner.Calls(calls...), planner.Answer("done")}}
 	}
@@ -157,6 +157,15 @@ func TestConsoleTeamsSeeTheirOwn(t *testing.T) {
 	p.WaitStatus("t-hr", toolbus.RunWaitingForApproval)
 	p.WaitStatus("t-mixed", toolbus.RunWaitingForApproval)
 	p.WaitStatus("t-erin", toolbus.RunCompleted)
+
+	// The attack: team search writes one empty log line of its own tool into alice's
+	// t-hr, which never called websearch. Who sees a run is decided by what the core
+	// wrote (its calls, its principal), so erin still may not see t-hr (below; the
+	// control: she sees t-mixed, which really called websearch).
+	if _, err := p.bus.PublishEvent(p.ctx, events.ToolLogEvent("/search/exec", toolbus.ToolLog{
+		RunID: "t-hr", CallID: "p", Tool: "websearch", Attempt: 1, Seq: 1, Level: "info"})); err != nil {
+		t.Fatal(err)
+	}
 
 	runsOf := func(token string) string {
 		t.Helper()
@@ -247,6 +256,35 @@ func TestConsoleTeamsSeeTheirOwn(t *testing.T) {
 	}
 	p.WaitStatus("t-mixed", toolbus.RunCompleted)
 	p.WaitStatus("t-hr", toolbus.RunCompleted)
+
+	// In the shared t-mixed each team's user reads its own tool's call in full (its
+	// arguments and output) and the other team's withheld, its owner named, on the run
+	// page (timeline, details, transcript) and in the raw events; dave (no teams) reads
+	// both.
+	for who, c := range map[string]struct {
+		token, owner string
+		full, hidden []string
+	}{
+		"hank": {hank, "team search", []string{"hr-secret-7", "hr answered"}, []string{"search-own-3", "search answered"}},
+		"erin": {erin, "team hr", []string{"search-own-3", "search answered"}, []string{"hr-secret-7", "hr answered"}},
+		"dave": {dave, "", []string{"hr-secret-7", "hr answered", "search-own-3", "search answered"}, nil},
+	} {
+		for _, path := range []string{"/runs/t-mixed", "/runs/t-mixed/events", "/runs/t-mixed/events.json"} {
+			code, body := get(t, base+path, c.token)
+			if code != http.StatusOK {
+				t.Fatalf("%s GET %s: %d %s", who, path, code, body)
+			}
+			wantContains(t, who+" "+path, body, c.full...)
+			for _, h := range c.hidden {
+				if strings.Contains(body, h) {
+					t.Errorf("%s GET %s shows the other team's %q", who, path, h)
+				}
+			}
+			if c.owner != "" && !strings.Contains(body, "withheld: a call of "+c.owner) {
+				t.Errorf("%s GET %s: nothing says the call of %s was withheld", who, path, c.owner)
+			}
+		}
+	}
 
 	// The live stream of every run: erin hears her own run, never hr's.
 	sctx, stop := context.WithCancel(p.ctx)
