@@ -54,6 +54,13 @@ func NewQuestions() *Questions {
 func QuestionsOf(evs []events.StoredEvent) *Questions {
 	q := NewQuestions()
 	for _, ev := range evs {
+		// The calls first: which tool a call is of is what the core requested, whenever
+		// it was stored (only the tool's subjects decide, not the order).
+		if ev.Meta.Type == events.TypeToolRequested {
+			q.Visit(ev)
+		}
+	}
+	for _, ev := range evs {
 		q.Visit(ev)
 	}
 	return q
@@ -125,7 +132,8 @@ func (q *Questions) CallTool(step int, callID string) (string, bool) {
 // Of reports whether an event of the call (step, callID) of run stored on subject is
 // that call's: the core requested the call, and subject is its tool's question or
 // result subject (the event's type agrees with its subject, or it counts for nothing:
-// events.CheckSubject). The events visited so far count: a call's follow its request.
+// events.CheckSubject). The requests visited so far count (QuestionsOf visits them all
+// first; a call's own events follow its request anyway).
 func (q *Questions) Of(subject, run string, step int, callID string) bool {
 	tool, ok := q.CallTool(step, callID)
 	return ok && (subject == events.SubjectToolQuestion(run, tool) || subject == events.SubjectToolFinished(run, tool))
