@@ -19,15 +19,15 @@ import (
 //     (as the MCP door's tools/list does), the executor instances of those teams (and the
 //     team-less ones), and the open calls of the tools it lists;
 //   - runs: a run is visible when the user started it (its principal is the user's name,
-//     as for the runs the MCP door starts with the same name) or when it requested a tool
-//     one of the user's teams owns. The runs list shows only visible runs; a run's page,
+//     as for the runs the MCP door starts with the same name) or when the core requested
+//     a call of a tool one of the user's teams owns (never from what a team writes). The runs list shows only visible runs; a run's page,
 //     its raw events and its live stream answer 403 for the others; the live stream of
 //     every run forwards only the events of visible runs;
 //   - decisions: the user may approve, deny or answer a waiting call of a visible run
 //     when they started the run or their teams own the call's tool, and cancel a run only
 //     when they started it; any other decision is refused with 403 and the buttons are
-//     not shown. A visible run is shown whole (every call of it, also those of other
-//     teams' tools).
+//     not shown. In a visible run they did not start, other teams' calls are withheld
+//     with their owner named (withhold.go).
 //
 // A user without teams, and the anonymous reader of a public console
 // (TOOLBUS_CONSOLE_PUBLIC_READ), see everything, as before; the anonymous reader still
