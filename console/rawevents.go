@@ -36,11 +36,7 @@ func (c *server) rawEvents(ctx context.Context, v viewer, run string) ([]rawEven
 	if err != nil {
 		return nil, err
 	}
-	principal, err := c.principalOf(ctx, run)
-	if err != nil {
-		return nil, err
-	}
-	rd, err := c.readingOf(ctx, v, principal)
+	rd, err := c.readingOf(ctx, v, run)
 	if err != nil {
 		return nil, err
 	}

@@ -86,7 +86,7 @@ func (c *server) runPage(w http.ResponseWriter, r *http.Request) {
 		if err != nil {
 			return err
 		}
-		rd, err := c.readingOf(ctx, v, principal)
+		rd, err := c.readingOf(ctx, v, run)
 		if err != nil {
 			return err
 		}

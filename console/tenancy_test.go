@@ -131,10 +131,14 @@ func liveSubjects(t *testing.T, ctx context.Context, base, token string) <-chan 
 // stream answer 403, the stream of every run forwards none of its events, and its
 // decisions and cancel are refused with 403 and nothing is recorded. In a run they see,
 // they decide only their teams' calls, and cancel only runs they started. A user
-// without teams sees and decides everything.
+// without teams sees and decides everything. What decides is what the core wrote: a
+// team's empty log line in a run that never called its tool shows that run to none of
+// its users; a run whose start names a user as approver is theirs to see. In a shared
+// run a team's user reads its own tool's call in full and the other team's withheld,
+// its owner named, on the run page and in the raw events.
 func TestConsoleTeamsSeeTheirOwn(t *testing.T) {
 	scripts := map[string]*planner.Script{}
-	for _, run := range []string{"t-hr", "t-mixed", "t-hr2"} {
+	for _, run := range []string{"t-hr", "t-mixed", "t-hr2", "t-appr"} {
 		calls := []toolbus.ToolCall{call("p", "payroll", `{"employee":"hr-secret-7"}`)}
 		if run == "t-mixed" {
 			calls = append(calls, call("w", "websearch", `{"q":"search-own-3"}`))
@@ -167,6 +171,17 @@ func TestConsoleTeamsSeeTheirOwn(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// A run of alice's that names erin as an approver: its start, as stored, makes it
+	// erin's to see, each call in full (as the read service gives approvers their runs).
+	if err := p.bus.StartRun(p.ctx, "/test", toolbus.RunStarted{RunID: "t-appr", Model: "script", Principal: toolbus.Principal{ID: "alice"},
+		Approvers: []string{"erin"}, Messages: []toolbus.Message{{Role: toolbus.RoleUser, Content: "pay, erin approves"}}}); err != nil {
+		t.Fatal(err)
+	}
+	p.WaitStatus("t-appr", toolbus.RunWaitingForApproval)
+	if code, body := get(t, base+"/runs/t-appr", erin); code != http.StatusOK || !strings.Contains(body, "hr-secret-7") || strings.Contains(body, "withheld") {
+		t.Fatalf("erin, t-appr's approver, reads its page: %d, want 200 with payroll's arguments in full:\n%s", code, body)
+	}
+
 	runsOf := func(token string) string {
 		t.Helper()
 		code, body := get(t, base+"/?n=200", token)
@@ -179,9 +194,9 @@ func TestConsoleTeamsSeeTheirOwn(t *testing.T) {
 		token     string
 		sees, not []string
 	}{
-		"hank (hr)":       {hank, []string{"t-hr", "t-mixed"}, []string{"t-erin"}},
-		"erin (search)":   {erin, []string{"t-erin", "t-mixed"}, []string{"t-hr"}},
-		"dave (no teams)": {dave, []string{"t-hr", "t-mixed", "t-erin"}, nil},
+		"hank (hr)":       {hank, []string{"t-hr", "t-mixed", "t-appr"}, []string{"t-erin"}},
+		"erin (search)":   {erin, []string{"t-erin", "t-mixed", "t-appr"}, []string{"t-hr"}},
+		"dave (no teams)": {dave, []string{"t-hr", "t-mixed", "t-erin", "t-appr"}, nil},
 	} {
 		body := runsOf(c.token)
 		for _, run := range c.sees {

@@ -3,6 +3,7 @@ package console
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 
 	"github.com/toolbus/toolbus"
@@ -10,14 +11,14 @@ import (
 )
 
 // Withholding: a console user restricted to teams (tenancy.go) sees, in a run they see
-// but did not start, only their own teams' calls in full. Of every other call (another
+// but neither started nor approve, only their own teams' calls in full. Of every other call (another
 // team's tool, or a tool of no team) the arguments, outputs, errors, progress and log
 // lines, questions, answers and decisions' arguments are replaced by a line that names
 // the tool's owner, in the run page, its transcript and its raw events alike: they all
 // read the run's events through reading.events. Which tool a call is of comes from what
 // the core recorded (the planner's assistant message and its tool.requested); an event
 // of a tool's own (a result, a log line) is that tool's, whose subject it is on.
-// The run's principal and a user without teams read every call in full.
+// The run's principal and approvers and a user without teams read every call in full.
 
 // reading says which calls of one run a viewer reads in full.
 type reading struct {
@@ -29,10 +30,19 @@ type reading struct {
 	tools map[string][]string
 }
 
-// readingOf returns what v reads of a run started by principal.
-func (c *server) readingOf(ctx context.Context, v viewer, principal string) (*reading, error) {
-	if !v.restricted || principal == v.name {
+// readingOf returns what v reads of run: every call when the run's first run.started
+// names v (its principal or one of its approvers), as the read service of client
+// accounts gives them the whole run.
+func (c *server) readingOf(ctx context.Context, v viewer, run string) (*reading, error) {
+	if !v.restricted {
 		return &reading{all: true}, nil
+	}
+	rs, err := c.bus.RunStarted(ctx, run)
+	switch {
+	case err == nil && rs.NamesDecider(v.name):
+		return &reading{all: true}, nil
+	case err != nil && !errors.Is(err, events.ErrRunNotFound):
+		return nil, err
 	}
 	owners, err := c.owners(ctx)
 	if err != nil {
