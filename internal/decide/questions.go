@@ -79,8 +79,10 @@ func (q *Questions) Visit(ev events.StoredEvent) {
 			q.principal = rs.Principal.ID
 		}
 	case typ == events.TypeToolRequested:
+		// On the tool's subject, or on _unknown for a call nobody serves (only the core
+		// publishes either; a body that disagrees with its subject counts for nothing).
 		var req toolbus.ToolRequested
-		if ev.Decode(&req) == nil && ev.Subject == events.SubjectToolRequested(req.RunID, req.Call.Tool) {
+		if ev.Decode(&req) == nil {
 			q.calls[callKey{req.Step, req.Call.CallID}] = req.Call.Tool
 		}
 	case typ == events.TypeToolQuestion:
