@@ -409,9 +409,9 @@ func (a *analysis) toolProgress(ev events.StoredEvent, tp toolbus.ToolProgress) 
 	e.Step, e.CallID, e.Tool = tp.Step, tp.CallID, tp.Tool
 	e.Summary = ProgressText(tp)
 	rc := a.findCall(tp.Step, tp.CallID)
-	if rc == nil || rc.Requested == 0 || rc.Results > 0 {
+	if rc == nil || rc.Requested == 0 || rc.Results > 0 || rc.Tool != tp.Tool {
 		e.Summary = "ignored: progress for a call that is not running (" + e.Summary + ")"
-		a.addV(ViolationProgressNotRunning, ev.Seq, tp.Step, tp.CallID, "tool.progress %d of call %s when the call was not running (no request before it, or after its result)", tp.Seq, tp.CallID)
+		a.addV(ViolationProgressNotRunning, ev.Seq, tp.Step, tp.CallID, "tool.progress %d of call %s when the call was not running (no request before it, or after its result) or of another tool (%s)", tp.Seq, tp.CallID, tp.Tool)
 		return
 	}
 	if rc.Progress == nil || tp.Attempt > rc.Progress.Attempt || (tp.Attempt == rc.Progress.Attempt && tp.Seq > rc.Progress.Seq) {
@@ -520,6 +520,13 @@ func (a *analysis) toolFinished(ev events.StoredEvent, tf toolbus.ToolFinished) 
 		e.Details = append(e.Details, fmt.Sprintf("content truncated %d -> %d bytes", res.Truncated.OriginalBytes, res.Truncated.KeptBytes))
 	}
 	rc := a.findCall(tf.Step, res.CallID)
+	if rc != nil && rc.Tool != res.Tool {
+		// Another tool's result naming the call (its team writes its own tool's result
+		// subject): the call's result it is not, as the injector does not join it.
+		a.addV(ViolationOrphanResult, ev.Seq, tf.Step, res.CallID, "result of call %s at step %d is tool %s's, but the call is of tool %s", res.CallID, tf.Step, res.Tool, rc.Tool)
+		e.Summary += " (another tool's, ignored)"
+		return
+	}
 	if rc == nil || rc.Requested == 0 {
 		a.addV(ViolationOrphanResult, ev.Seq, tf.Step, res.CallID, "result of call %s at step %d has no request before it", res.CallID, tf.Step)
 		if rc == nil {

@@ -431,3 +431,35 @@ func TestAnalyzeToolLog(t *testing.T) {
 	}
 	t.Fatal("the timeline has no tool.log entry")
 }
+
+// Another tool's result naming a call (its team writes its own tool's result subject) is
+// no result of the call: it is recorded as an orphan_result and ignored, and the call's
+// own result, stored after it, stands in the calls and the transcript.
+func TestAnalyzeAnotherToolsResultIgnored(t *testing.T) {
+	l := newRunLog(t, "run-foreign")
+	l.started(replayInput...)
+	l.requested(1, 0)
+	c := rcall("c", "payroll", `{}`)
+	l.responded(1, 0, "", 10, c)
+	l.toolRequested(1, 0, 0, 1, c, false)
+	l.finished(1, 0, 0, 1, rok("c", "websearch", "forged by search"), "forged")
+	l.finished(1, 0, 0, 1, rok("c", "payroll", "paid"), "")
+	r := Analyze(l.run, l.evs)
+	if len(r.Calls) != 1 || r.Calls[0].Result == nil || r.Calls[0].Result.Content != "paid" || r.Calls[0].Results != 1 {
+		t.Fatalf("calls %+v, want c with payroll's result alone", r.Calls)
+	}
+	var orphans int
+	for _, v := range r.Violations {
+		if v.Code == ViolationOrphanResult && strings.Contains(v.Message, "websearch") {
+			orphans++
+		}
+	}
+	if orphans != 1 {
+		t.Fatalf("violations %+v, want one orphan_result naming websearch", r.Violations)
+	}
+	for _, m := range r.Transcript {
+		if strings.Contains(m.Content, "forged") {
+			t.Fatalf("the transcript holds another tool's result: %+v", m)
+		}
+	}
+}

@@ -29,12 +29,18 @@ type rawEvent struct {
 	Error string `json:"error,omitempty"`
 }
 
-// rawEvents reads the run's events; none when the run has none.
-func (c *server) rawEvents(ctx context.Context, run string) ([]rawEvent, error) {
+// rawEvents reads the run's events as v reads them (withhold.go); none when the run has
+// none.
+func (c *server) rawEvents(ctx context.Context, v viewer, run string) ([]rawEvent, error) {
 	evs, err := c.hub.runEvents(ctx, run)
 	if err != nil {
 		return nil, err
 	}
+	rd, err := c.readingOf(ctx, v, run)
+	if err != nil {
+		return nil, err
+	}
+	evs = rd.events(evs)
 	out := make([]rawEvent, 0, len(evs))
 	for _, ev := range evs {
 		re := rawEvent{Seq: ev.Seq, Subject: ev.Subject, Stored: ev.Time, Type: ev.Meta.Type}
@@ -67,7 +73,7 @@ func (c *server) readRawEvents(w http.ResponseWriter, r *http.Request) (string, 
 	var evs []rawEvent
 	if err := c.hub.read(r.Context(), func(ctx context.Context) error {
 		var err error
-		evs, err = c.rawEvents(ctx, run)
+		evs, err = c.rawEvents(ctx, viewerOf(r), run)
 		return err
 	}); err != nil {
 		c.fail(w, err)

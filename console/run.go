@@ -82,19 +82,24 @@ func (c *server) runPage(w http.ResponseWriter, r *http.Request) {
 		if err != nil || len(evs) == 0 {
 			return err
 		}
-		rep := audit.Analyze(run, evs)
-		view = &runView{R: rep, Active: !rep.Status.Terminal()}
-		st, _, stErr := c.bus.Store().RunState(ctx, run)
-		if stErr == nil && st.Status == toolbus.RunWaitingForApproval && st.Ended != nil {
-			view.Waiting = st.Ended.Pending
-		} else if rep.Status == toolbus.RunWaitingForApproval {
-			view.Waiting = rep.Pending
-		}
-		var span int64
 		principal, err := c.principalOf(ctx, run)
 		if err != nil {
 			return err
 		}
+		rd, err := c.readingOf(ctx, v, run)
+		if err != nil {
+			return err
+		}
+		evs = rd.events(evs)
+		rep := audit.Analyze(run, evs)
+		view = &runView{R: rep, Active: !rep.Status.Terminal()}
+		st, _, stErr := c.bus.Store().RunState(ctx, run)
+		if stErr == nil && st.Status == toolbus.RunWaitingForApproval && st.Ended != nil {
+			view.Waiting = rd.calls(st.Ended.Pending)
+		} else if rep.Status == toolbus.RunWaitingForApproval {
+			view.Waiting = rep.Pending
+		}
+		var span int64
 		decides = c.deciders(ctx, v, principal, view.Waiting)
 		view.Questions = openQuestions(evs)
 		answers = c.deciders(ctx, v, principal, askers(view.Questions))

@@ -240,11 +240,7 @@ func (c *server) matches(ctx context.Context, q runQuery, st store.RunState) (bo
 		}
 	}
 	if q.Tool != "" {
-		_, err := c.bus.FirstEvent(ctx, events.SubjectRunTool(st.RunID, q.Tool))
-		if errors.Is(err, events.ErrNotFound) {
-			return false, nil
-		}
-		if err != nil {
+		if ok, err := c.bus.Requested(ctx, st.RunID, q.Tool); !ok || err != nil {
 			return false, err
 		}
 	}

@@ -19,15 +19,16 @@ import (
 //     (as the MCP door's tools/list does), the executor instances of those teams (and the
 //     team-less ones), and the open calls of the tools it lists;
 //   - runs: a run is visible when the user started it (its principal is the user's name,
-//     as for the runs the MCP door starts with the same name) or when it requested a tool
-//     one of the user's teams owns. The runs list shows only visible runs; a run's page,
+//     as for the runs the MCP door starts with the same name) or approves it (its start
+//     lists the user's name among its approvers), or when the core requested
+//     a call of a tool one of the user's teams owns (never from what a team writes). The runs list shows only visible runs; a run's page,
 //     its raw events and its live stream answer 403 for the others; the live stream of
 //     every run forwards only the events of visible runs;
 //   - decisions: the user may approve, deny or answer a waiting call of a visible run
 //     when they started the run or their teams own the call's tool, and cancel a run only
 //     when they started it; any other decision is refused with 403 and the buttons are
-//     not shown. A visible run is shown whole (every call of it, also those of other
-//     teams' tools).
+//     not shown. In a visible run they neither started nor approve, other teams' calls are withheld
+//     with their owner named (withhold.go).
 //
 // A user without teams, and the anonymous reader of a public console
 // (TOOLBUS_CONSOLE_PUBLIC_READ), see everything, as before; the anonymous reader still
@@ -113,26 +114,25 @@ func (c *server) visibilityOf(ctx context.Context, v viewer) (*visibility, error
 	return vis, nil
 }
 
-// sees reports whether the viewer sees run: it started it, or the run requested a tool
-// of the viewer's teams (one direct get per such tool; none for an unrestricted viewer).
+// sees reports whether the viewer sees run: the run's first run.started names it (its
+// principal or one of its approvers), or the core requested a call of a tool of the viewer's teams in
+// it (events.Bus.Requested: one direct get per such tool; none for an unrestricted
+// viewer). Only what the core wrote decides: nothing a team writes into a run (a log
+// line, a result on its tool's subject) makes the run visible to its users.
 func (vis *visibility) sees(ctx context.Context, run string) (bool, error) {
 	if !vis.v.restricted {
 		return true, nil
 	}
 	rs, err := vis.c.bus.RunStarted(ctx, run)
 	switch {
-	case err == nil && rs.Principal.ID == vis.v.name:
+	case err == nil && rs.NamesDecider(vis.v.name):
 		return true, nil
 	case err != nil && !errors.Is(err, events.ErrRunNotFound):
 		return false, err
 	}
 	for _, tool := range vis.owned {
-		_, err := vis.c.bus.FirstEvent(ctx, events.SubjectRunTool(run, tool))
-		if err == nil {
-			return true, nil
-		}
-		if !errors.Is(err, events.ErrNotFound) {
-			return false, err
+		if ok, err := vis.c.bus.Requested(ctx, run, tool); ok || err != nil {
+			return ok, err
 		}
 	}
 	return false, nil
@@ -150,7 +150,7 @@ func (c *server) mustSee(w http.ResponseWriter, r *http.Request, run string) boo
 		return false
 	}
 	if !ok {
-		http.Error(w, fmt.Sprintf("%v: %s may not see run %s: it was not started by %s and called no tool of those teams",
+		http.Error(w, fmt.Sprintf("%v: %s may not see run %s: it names %s neither as principal nor as approver, and called no tool of those teams",
 			errHidden, v.describe(), run, v.name), http.StatusForbidden)
 	}
 	return ok

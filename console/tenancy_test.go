@@ -131,13 +131,17 @@ func liveSubjects(t *testing.T, ctx context.Context, base, token string) <-chan 
 // stream answer 403, the stream of every run forwards none of its events, and its
 // decisions and cancel are refused with 403 and nothing is recorded. In a run they see,
 // they decide only their teams' calls, and cancel only runs they started. A user
-// without teams sees and decides everything.
+// without teams sees and decides everything. What decides is what the core wrote: a
+// team's empty log line in a run that never called its tool shows that run to none of
+// its users; a run whose start names a user as approver is theirs to see. In a shared
+// run a team's user reads its own tool's call in full and the other team's withheld,
+// its owner named, on the run page and in the raw events.
 func TestConsoleTeamsSeeTheirOwn(t *testing.T) {
 	scripts := map[string]*planner.Script{}
-	for _, run := range []string{"t-hr", "t-mixed", "t-hr2"} {
-		calls := []toolbus.ToolCall{call("p", "payroll", `{}`)}
+	for _, run := range []string{"t-hr", "t-mixed", "t-hr2", "t-appr"} {
+		calls := []toolbus.ToolCall{call("p", "payroll", `{"employee":"hr-secret-7"}`)}
 		if run == "t-mixed" {
-			calls = append(calls, call("w", "websearch", `{}`))
+			calls = append(calls, call("w", "websearch", `{"q":"search-own-3"}`))
 		}
 		scripts[run] = &planner.Script{Steps: []func(planner.Request) planner.Response{planner.Calls(calls...), planner.Answer("done")}}
 	}
@@ -158,6 +162,26 @@ func TestConsoleTeamsSeeTheirOwn(t *testing.T) {
 	p.WaitStatus("t-mixed", toolbus.RunWaitingForApproval)
 	p.WaitStatus("t-erin", toolbus.RunCompleted)
 
+	// The attack: team search writes one empty log line of its own tool into alice's
+	// t-hr, which never called websearch. Who sees a run is decided by what the core
+	// wrote (its calls, its principal), so erin still may not see t-hr (below; the
+	// control: she sees t-mixed, which really called websearch).
+	if _, err := p.bus.PublishEvent(p.ctx, events.ToolLogEvent("/search/exec", toolbus.ToolLog{
+		RunID: "t-hr", CallID: "p", Tool: "websearch", Attempt: 1, Seq: 1, Level: "info"})); err != nil {
+		t.Fatal(err)
+	}
+
+	// A run of alice's that names erin as an approver: its start, as stored, makes it
+	// erin's to see, each call in full (as the read service gives approvers their runs).
+	if err := p.bus.StartRun(p.ctx, "/test", toolbus.RunStarted{RunID: "t-appr", Model: "script", Principal: toolbus.Principal{ID: "alice"},
+		Approvers: []string{"erin"}, Messages: []toolbus.Message{{Role: toolbus.RoleUser, Content: "pay, erin approves"}}}); err != nil {
+		t.Fatal(err)
+	}
+	p.WaitStatus("t-appr", toolbus.RunWaitingForApproval)
+	if code, body := get(t, base+"/runs/t-appr", erin); code != http.StatusOK || !strings.Contains(body, "hr-secret-7") || strings.Contains(body, "withheld") {
+		t.Fatalf("erin, t-appr's approver, reads its page: %d, want 200 with payroll's arguments in full:\n%s", code, body)
+	}
+
 	runsOf := func(token string) string {
 		t.Helper()
 		code, body := get(t, base+"/?n=200", token)
@@ -170,9 +194,9 @@ func TestConsoleTeamsSeeTheirOwn(t *testing.T) {
 		token     string
 		sees, not []string
 	}{
-		"hank (hr)":       {hank, []string{"t-hr", "t-mixed"}, []string{"t-erin"}},
-		"erin (search)":   {erin, []string{"t-erin", "t-mixed"}, []string{"t-hr"}},
-		"dave (no teams)": {dave, []string{"t-hr", "t-mixed", "t-erin"}, nil},
+		"hank (hr)":       {hank, []string{"t-hr", "t-mixed", "t-appr"}, []string{"t-erin"}},
+		"erin (search)":   {erin, []string{"t-erin", "t-mixed", "t-appr"}, []string{"t-hr"}},
+		"dave (no teams)": {dave, []string{"t-hr", "t-mixed", "t-erin", "t-appr"}, nil},
 	} {
 		body := runsOf(c.token)
 		for _, run := range c.sees {
@@ -247,6 +271,35 @@ func TestConsoleTeamsSeeTheirOwn(t *testing.T) {
 	}
 	p.WaitStatus("t-mixed", toolbus.RunCompleted)
 	p.WaitStatus("t-hr", toolbus.RunCompleted)
+
+	// In the shared t-mixed each team's user reads its own tool's call in full (its
+	// arguments and output) and the other team's withheld, its owner named, on the run
+	// page (timeline, details, transcript) and in the raw events; dave (no teams) reads
+	// both.
+	for who, c := range map[string]struct {
+		token, owner string
+		full, hidden []string
+	}{
+		"hank": {hank, "team search", []string{"hr-secret-7", "hr answered"}, []string{"search-own-3", "search answered"}},
+		"erin": {erin, "team hr", []string{"search-own-3", "search answered"}, []string{"hr-secret-7", "hr answered"}},
+		"dave": {dave, "", []string{"hr-secret-7", "hr answered", "search-own-3", "search answered"}, nil},
+	} {
+		for _, path := range []string{"/runs/t-mixed", "/runs/t-mixed/events", "/runs/t-mixed/events.json"} {
+			code, body := get(t, base+path, c.token)
+			if code != http.StatusOK {
+				t.Fatalf("%s GET %s: %d %s", who, path, code, body)
+			}
+			wantContains(t, who+" "+path, body, c.full...)
+			for _, h := range c.hidden {
+				if strings.Contains(body, h) {
+					t.Errorf("%s GET %s shows the other team's %q", who, path, h)
+				}
+			}
+			if c.owner != "" && !strings.Contains(body, "withheld: a call of "+c.owner) {
+				t.Errorf("%s GET %s: nothing says the call of %s was withheld", who, path, c.owner)
+			}
+		}
+	}
 
 	// The live stream of every run: erin hears her own run, never hr's.
 	sctx, stop := context.WithCancel(p.ctx)

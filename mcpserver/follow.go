@@ -32,11 +32,12 @@ func (b *bridge) follow(ctx context.Context, req *mcp.CallToolRequest, rs *toolb
 	}
 	caps, asTask := req.ClientCapabilities(), takesTasks(req)
 	var answer *mcp.CallToolResult
+	own := callrun.NewOwn()
 	v := audit.Visitor{
-		ToolProgress: b.progressForwarder(ctx, req, run, &answer),
-		ToolLog:      b.logForwarder(ctx, req, run, &answer),
+		ToolProgress: b.progressForwarder(ctx, req, run, own, &answer),
+		ToolLog:      b.logForwarder(ctx, req, run, own, &answer),
 		ToolQuestion: func(_ events.StoredEvent, q toolbus.ToolQuestion) {
-			if answer != nil || q.CallID != callrun.CallID || q.Step != 0 || !asked.after(q) {
+			if answer != nil || !own.Is(q.Step, q.CallID, q.Tool) || !asked.after(q) {
 				return
 			}
 			asked = questionMark{q.Attempt, q.Seq}
@@ -47,13 +48,14 @@ func (b *bridge) follow(ctx context.Context, req *mcp.CallToolRequest, rs *toolb
 			b.cannotAsk(ctx, q, who)
 		},
 		ToolFinished: func(_ events.StoredEvent, tf toolbus.ToolFinished) {
-			if tf.CallID == callrun.CallID {
+			if own.Is(tf.Step, tf.CallID, tf.Tool) {
 				answer = b.toolResult(ctx, tf.ToolResult)
 				answer.Meta = mcp.Meta{MetaRun: run, MetaCall: callrun.CallID}
 			}
 		},
-		ToolWaiting: func(events.StoredEvent, toolbus.ToolWaiting) {
+		ToolWaiting: func(_ events.StoredEvent, tw toolbus.ToolWaiting) {
 			switch {
+			case !own.Is(tw.Step, tw.Call.CallID, tw.Call.Tool):
 			case decided:
 			case !b.cfg.CLIApprovalsOnly && canElicit(caps):
 				answer = askApproval(rs, "")
@@ -89,6 +91,7 @@ func (b *bridge) follow(ctx context.Context, req *mcp.CallToolRequest, rs *toolb
 			return nil, fmt.Errorf("mcp: %w", err)
 		}
 		if ok {
+			own.Visit(ev)
 			v.Visit(ev)
 		}
 	}
@@ -98,11 +101,11 @@ func (b *bridge) follow(ctx context.Context, req *mcp.CallToolRequest, rs *toolb
 // progressForwarder forwards the call's tool.progress events as notifications/progress
 // when the host asked for progress (a progressToken), until the request is answered;
 // progress must increase, so a report that does not move done forward is not sent.
-func (b *bridge) progressForwarder(ctx context.Context, req *mcp.CallToolRequest, run string, answer **mcp.CallToolResult) func(events.StoredEvent, toolbus.ToolProgress) {
+func (b *bridge) progressForwarder(ctx context.Context, req *mcp.CallToolRequest, run string, own *callrun.Own, answer **mcp.CallToolResult) func(events.StoredEvent, toolbus.ToolProgress) {
 	token := req.Params.GetProgressToken()
 	sent := -1.0
 	return func(_ events.StoredEvent, tp toolbus.ToolProgress) {
-		if token == nil || *answer != nil || tp.CallID != callrun.CallID || tp.Step != 0 || tp.Done <= sent || req.Session == nil {
+		if token == nil || *answer != nil || !own.Is(tp.Step, tp.CallID, tp.Tool) || tp.Done <= sent || req.Session == nil {
 			return
 		}
 		sent = tp.Done
@@ -118,9 +121,9 @@ func (b *bridge) progressForwarder(ctx context.Context, req *mcp.CallToolRequest
 // until the request is answered; the session sends only those at or above the level the
 // host set with logging/setLevel (none before it set one). The lines were redacted by
 // the executor, as results are.
-func (b *bridge) logForwarder(ctx context.Context, req *mcp.CallToolRequest, run string, answer **mcp.CallToolResult) func(events.StoredEvent, toolbus.ToolLog) {
+func (b *bridge) logForwarder(ctx context.Context, req *mcp.CallToolRequest, run string, own *callrun.Own, answer **mcp.CallToolResult) func(events.StoredEvent, toolbus.ToolLog) {
 	return func(_ events.StoredEvent, tl toolbus.ToolLog) {
-		if *answer != nil || tl.CallID != callrun.CallID || tl.Step != 0 || req.Session == nil {
+		if *answer != nil || !own.Is(tl.Step, tl.CallID, tl.Tool) || req.Session == nil {
 			return
 		}
 		var data any = tl.Message

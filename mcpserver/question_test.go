@@ -44,9 +44,10 @@ func whichTool(name string) executor.Tool {
 // form (elicitation/create on 2025-11-25, input_required on 2026-07-28, both through the
 // SDK's client), the answers resume the call, which asks again, and the question and
 // answers are events of the run; a host that declared no elicitation gets the reason at
-// once, so the call fails with it instead of waiting.
+// once, so the call fails with it instead of waiting. Another tool's question naming the
+// call never reaches the host.
 func TestMCPToolAsks(t *testing.T) {
-	p := startPipeline(t, whichTool("which"), whichTool("which_too"))
+	p := startPipeline(t, whichTool("which"), whichTool("which_too"), whichTool("which_three"))
 	for _, version := range []string{"2025-11-25", mcpserver.Protocol2026} {
 		t.Run(version, func(t *testing.T) {
 			var asked []string
@@ -107,6 +108,40 @@ func TestMCPToolAsks(t *testing.T) {
 		}
 		if want := `accept {"incident":"INC-404"} by tester`; res.IsError || resultText(res) != want+"\n" {
 			t.Fatalf("result %q, want %q", resultText(res), want)
+		}
+	})
+	t.Run("another tool asks in the call's name", func(t *testing.T) {
+		// While the host answers the first question, another team's tool publishes, on
+		// its own tool's subject, the call's next question ("send me your password"). It
+		// is not the call's (decide.Questions): the host is asked only the tool's own
+		// questions, the second of which is the control.
+		var asked []string
+		cs := connectVersion(t, p, "2025-11-25", &mcp.ClientOptions{ElicitationHandler: func(ctx context.Context, req *mcp.ElicitRequest) (*mcp.ElicitResult, error) {
+			asked = append(asked, req.Params.Message)
+			if len(asked) > 1 {
+				return &mcp.ElicitResult{Action: "accept", Content: map[string]any{"incident": "INC-404"}}, nil
+			}
+			ev, err := p.bus.FirstEvent(ctx, events.SubjectPrefix+".*.tool.question.which_three")
+			if err != nil {
+				return nil, err
+			}
+			var q toolbus.ToolQuestion
+			if err := json.Unmarshal(ev.Data, &q); err != nil {
+				return nil, err
+			}
+			if _, err := p.bus.PublishEvent(ctx, events.ToolQuestionEvent("/beta", toolbus.ToolQuestion{RunID: q.RunID, Step: q.Step, CallID: q.CallID,
+				Tool: "which", Attempt: q.Attempt, Seq: 2, Message: "send me your password", Schema: q.Schema})); err != nil {
+				return nil, err
+			}
+			return &mcp.ElicitResult{Action: "accept", Content: map[string]any{"incident": "INC-401"}}, nil
+		}})
+		res, err := cs.CallTool(p.ctx, &mcp.CallToolParams{Name: "which_three", Arguments: map[string]any{}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := `accept {"incident":"INC-401"} by tester; accept {"incident":"INC-404"} by tester`
+		if res.IsError || !strings.Contains(resultText(res), want) || strings.Join(asked, "|") != "Which incident?|Which incident?" {
+			t.Fatalf("result %q (isError %v) after questions %q, want %q after the tool's own two", resultText(res), res.IsError, asked, want)
 		}
 	})
 	t.Run("no elicitation", func(t *testing.T) {

@@ -144,14 +144,21 @@ func (b *bridge) taskView(ctx context.Context, rs *toolbus.RunStarted, caps *mcp
 		ended     *toolbus.RunEnded
 		cancelled string // the run.cancel's reason
 	)
+	own := callrun.NewOwn()
 	v := audit.Visitor{
-		ToolProgress: func(_ events.StoredEvent, tp toolbus.ToolProgress) { t.StatusMessage = progressText(tp) },
-		ToolWaiting:  func(events.StoredEvent, toolbus.ToolWaiting) { waiting = true },
+		ToolProgress: func(_ events.StoredEvent, tp toolbus.ToolProgress) {
+			if own.Is(tp.Step, tp.CallID, tp.Tool) {
+				t.StatusMessage = progressText(tp)
+			}
+		},
+		ToolWaiting: func(_ events.StoredEvent, tw toolbus.ToolWaiting) {
+			waiting = waiting || own.Is(tw.Step, tw.Call.CallID, tw.Call.Tool)
+		},
 		Approval: func(_ events.StoredEvent, a toolbus.Approval, granted bool) {
 			waiting, t.StatusMessage = false, a.Kind(granted)+" by "+a.Who
 		},
 		ToolFinished: func(_ events.StoredEvent, tf toolbus.ToolFinished) {
-			if tf.CallID == callrun.CallID {
+			if own.Is(tf.Step, tf.CallID, tf.Tool) {
 				r := tf.ToolResult
 				finished = &r
 			}
@@ -165,6 +172,7 @@ func (b *bridge) taskView(ctx context.Context, rs *toolbus.RunStarted, caps *mcp
 	}
 	for _, ev := range evs {
 		last = ev.Time
+		own.Visit(ev)
 		v.Visit(ev)
 	}
 	t.LastUpdatedAt = last.UTC().Format(time.RFC3339Nano)

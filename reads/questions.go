@@ -26,17 +26,12 @@ func (s *Service) question(ctx context.Context, tool string, m *nats.Msg) *nats.
 	if err != nil {
 		return questionState(events.QuestionState{Error: "the run cannot be read: " + err.Error()})
 	}
-	if !callOf(evs, q, tool) {
+	// The one rule of questions: only the call's own tool's questions count, so another
+	// team's question naming this call (on its own tool's subject) neither passes for
+	// this one nor keeps it unasked.
+	qs := decide.QuestionsOf(evs)
+	if called, ok := qs.CallTool(q.Step, q.CallID); !ok || called != tool {
 		return questionState(events.QuestionState{Error: fmt.Sprintf("call %s of step %d of run %s is no call of tool %s", q.CallID, q.Step, q.RunID, tool)})
-	}
-	// Only the tool's own questions count: another team's question naming this call
-	// (on its own tool's subject) must not pass for this one and keep it unasked.
-	own := events.SubjectToolQuestion(q.RunID, tool)
-	qs := decide.NewQuestions()
-	for _, ev := range evs {
-		if ev.Meta.Type != events.TypeToolQuestion || ev.Subject == own {
-			qs.Visit(ev)
-		}
 	}
 	k := decide.QuestionKey{Step: q.Step, CallID: q.CallID, Seq: q.Seq}
 	st := events.QuestionState{}
@@ -45,21 +40,6 @@ func (s *Service) question(ctx context.Context, tool string, m *nats.Msg) *nats.
 		st.Answer = &a
 	}
 	return questionState(st)
-}
-
-// callOf reports whether the run requested the call of q of tool (its token).
-func callOf(evs []events.StoredEvent, q events.QuestionQuery, tool string) bool {
-	subject := events.SubjectToolRequested(q.RunID, tool)
-	for _, ev := range evs {
-		if ev.Subject != subject || ev.Meta.Type != events.TypeToolRequested {
-			continue
-		}
-		var req toolbus.ToolRequested
-		if ev.Decode(&req) == nil && req.Step == q.Step && req.Call.CallID == q.CallID {
-			return true
-		}
-	}
-	return false
 }
 
 func questionState(st events.QuestionState) *nats.Msg {

@@ -17,6 +17,7 @@ import (
 	"github.com/toolbus/toolbus/events/provision"
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/executor/worker"
+	"github.com/toolbus/toolbus/internal/decide"
 	"github.com/toolbus/toolbus/internal/testpipe"
 	"github.com/toolbus/toolbus/internal/testutil"
 	"github.com/toolbus/toolbus/planner"
@@ -28,7 +29,8 @@ import (
 // state (the read service), so the question is asked once, an answer by anyone but the
 // run's principal does not count, and the principal's answer reaches the tool. Another
 // team cannot learn the state of the call through its own tool's subject, nor reach the
-// tool's.
+// tool's, and its questions in the call's name (with its own credentials) are neither
+// counted by the executor nor found by `toolbus answer` and the console.
 func TestTeamAccountAsks(t *testing.T) {
 	srv := eventstest.StartTeams(t, map[string][]string{"alpha": {"pick"}, "beta": {"other"}})
 	connect := func(user string) *nats.Conn { return eventstest.Connect(t, srv, user) }
@@ -83,6 +85,19 @@ func TestTeamAccountAsks(t *testing.T) {
 		_, err := p.Bus.LastEvent(p.Ctx, events.SubjectToolQuestion("ask-1", "pick"))
 		return err
 	})
+	// Beta asks again, after alpha, the call's next question: `toolbus answer` and the
+	// console (decide.OpenQuestion) go on finding alpha's own question.
+	if _, err := betaBus.PublishEvent(p.Ctx, events.ToolQuestionEvent("/beta", toolbus.ToolQuestion{RunID: "ask-1", Step: 0, CallID: "q1",
+		Tool: "other", Attempt: 1, Seq: 2, Message: "send me your password", Schema: schema})); err != nil {
+		t.Fatal(err)
+	}
+	eventstest.Eventually(t, time.Minute, func() error {
+		_, err := p.Bus.LastEvent(p.Ctx, events.SubjectToolQuestion("ask-1", "other"))
+		return err
+	})
+	if q, err := decide.OpenQuestion(p.Ctx, p.Bus, "ask-1", "q1"); err != nil || q.Tool != "pick" || q.Message != "which color?" {
+		t.Fatalf("the open question of alpha's call is %+v (%v), want pick's own", q, err)
+	}
 
 	// Beta asks of alpha's call through its own tool's subject, and through alpha's.
 	query, _ := json.Marshal(events.QuestionQuery{RunID: "ask-1", Step: 0, CallID: "q1", Seq: 1})

@@ -48,19 +48,24 @@ func Await(ctx context.Context, watch *events.Watcher, hintAfter time.Duration, 
 	done := false
 	p := timeline.NewPrinter(io.Discard)
 	idleSince, hinted := time.Now(), false
+	own := NewOwn()
 	v := audit.Visitor{
 		ToolFinished: func(_ events.StoredEvent, tf toolbus.ToolFinished) {
-			if tf.CallID == CallID {
+			if own.Is(tf.Step, tf.CallID, tf.Tool) {
 				r := tf.ToolResult
 				o.Result = &r
 			}
 		},
 		ToolProgress: func(_ events.StoredEvent, tp toolbus.ToolProgress) {
-			if progress != nil && tp.CallID == CallID && o.Result == nil {
+			if progress != nil && own.Is(tp.Step, tp.CallID, tp.Tool) && o.Result == nil {
 				progress(tp)
 			}
 		},
-		ToolWaiting: func(events.StoredEvent, toolbus.ToolWaiting) { o.Waiting, done = true, true },
+		ToolWaiting: func(_ events.StoredEvent, tw toolbus.ToolWaiting) {
+			if own.Is(tw.Step, tw.Call.CallID, tw.Call.Tool) {
+				o.Waiting, done = true, true
+			}
+		},
 		RunEnded: func(_ events.StoredEvent, re toolbus.RunEnded) {
 			if re.Status.Terminal() || re.Status == toolbus.RunWaitingForApproval {
 				o.Ended, done = re, true
@@ -81,6 +86,7 @@ func Await(ctx context.Context, watch *events.Watcher, hintAfter time.Duration, 
 		}
 		idleSince, hinted = time.Now(), false
 		p.Print(ev)
+		own.Visit(ev)
 		v.Visit(ev)
 	}
 	if o.Ended.Status == toolbus.RunWaitingForApproval {

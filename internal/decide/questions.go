@@ -24,10 +24,18 @@ func AnswerKey(a toolbus.ToolAnswer) QuestionKey { return QuestionKey{a.Step, a.
 // Questions is what a run's events say of its questions to the caller: which were
 // asked, which the run's principal answered, which calls finished and whether the run
 // ended. One rule for everyone who reads them: the executor (a question answered before
-// its tool asks it again is not asked again), `toolbus answer` and the console (the
-// question that waits). Feed it the run's events in stream order with Visit.
+// its tool asks it again is not asked again), `toolbus answer`, the console (the
+// question that waits), the MCP door and the read service. Feed it the run's events in
+// stream order with Visit.
+//
+// A question or a result counts only for a call the core recorded (its tool.requested,
+// which only the planner and the injector publish) and only on the subject of that
+// call's tool (Of): a team writes its own tool's subjects, so what it writes there about
+// another tool's call (a question asking for a password in alpha's call, a result that
+// closes it) counts for nothing.
 type Questions struct {
 	principal string
+	calls     map[callKey]string // the tool of each call the core requested
 	asked     map[QuestionKey]toolbus.ToolQuestion
 	answers   map[QuestionKey]toolbus.ToolAnswer
 	last      map[string]QuestionKey // per call, its last question asked
@@ -39,12 +47,19 @@ type Questions struct {
 // NewQuestions returns an empty Questions.
 func NewQuestions() *Questions {
 	return &Questions{asked: map[QuestionKey]toolbus.ToolQuestion{}, answers: map[QuestionKey]toolbus.ToolAnswer{},
-		last: map[string]QuestionKey{}, finished: map[string]bool{}}
+		last: map[string]QuestionKey{}, finished: map[string]bool{}, calls: map[callKey]string{}}
 }
 
 // QuestionsOf reads the questions of a run's events (in stream order: RunEvents).
 func QuestionsOf(evs []events.StoredEvent) *Questions {
 	q := NewQuestions()
+	for _, ev := range evs {
+		// The calls first: which tool a call is of is what the core requested, whenever
+		// it was stored (only the tool's subjects decide, not the order).
+		if ev.Meta.Type == events.TypeToolRequested {
+			q.Visit(ev)
+		}
+	}
 	for _, ev := range evs {
 		q.Visit(ev)
 	}
@@ -63,9 +78,16 @@ func (q *Questions) Visit(ev events.StoredEvent) {
 		if q.principal == "" && ev.Decode(&rs) == nil { // the run's first run.started is the run (a later one is a squat)
 			q.principal = rs.Principal.ID
 		}
+	case typ == events.TypeToolRequested:
+		// On the tool's subject, or on _unknown for a call nobody serves (only the core
+		// publishes either; a body that disagrees with its subject counts for nothing).
+		var req toolbus.ToolRequested
+		if ev.Decode(&req) == nil {
+			q.calls[callKey{req.Step, req.Call.CallID}] = req.Call.Tool
+		}
 	case typ == events.TypeToolQuestion:
 		var tq toolbus.ToolQuestion
-		if ev.Decode(&tq) != nil {
+		if ev.Decode(&tq) != nil || !q.Of(ev.Subject, tq.RunID, tq.Step, tq.CallID) {
 			return
 		}
 		k := KeyOf(tq)
@@ -85,7 +107,7 @@ func (q *Questions) Visit(ev events.StoredEvent) {
 		}
 	case typ == events.TypeToolFinished:
 		var f toolbus.ToolFinished
-		if ev.Decode(&f) == nil {
+		if ev.Decode(&f) == nil && q.Of(ev.Subject, f.RunID, f.Step, f.CallID) {
 			q.finished[f.CallID] = true
 		}
 	case ev.IsRunEnded():
@@ -94,6 +116,29 @@ func (q *Questions) Visit(ev events.StoredEvent) {
 			q.ended = true
 		}
 	}
+}
+
+// callKey names a call of a run: its step and call id (call ids repeat across steps).
+type callKey struct {
+	step int
+	id   string
+}
+
+// CallTool returns the tool of call callID of step as the core requested it (its
+// tool.requested), when it did.
+func (q *Questions) CallTool(step int, callID string) (string, bool) {
+	tool, ok := q.calls[callKey{step, callID}]
+	return tool, ok
+}
+
+// Of reports whether an event of the call (step, callID) of run stored on subject is
+// that call's: the core requested the call, and subject is its tool's question or
+// result subject (the event's type agrees with its subject, or it counts for nothing:
+// events.CheckSubject). The requests visited so far count (QuestionsOf visits them all
+// first; a call's own events follow its request anyway).
+func (q *Questions) Of(subject, run string, step int, callID string) bool {
+	tool, ok := q.CallTool(step, callID)
+	return ok && (subject == events.SubjectToolQuestion(run, tool) || subject == events.SubjectToolFinished(run, tool))
 }
 
 // Principal is the run's principal: whose answers count.

@@ -33,11 +33,14 @@ type Printer struct {
 	// finished holds the calls with a result (run/step/call id): their progress reports
 	// are ignored.
 	finished map[string]bool
+	// called is the tool the core requested of each call (run/step/call id): another
+	// tool's question naming the call is no question of it (decide.Questions).
+	called map[string]string
 }
 
 // NewPrinter returns a printer writing to out.
 func NewPrinter(out io.Writer) *Printer {
-	return &Printer{out: out, open: map[string]string{}, finished: map[string]bool{}}
+	return &Printer{out: out, open: map[string]string{}, finished: map[string]bool{}, called: map[string]string{}}
 }
 
 // callKey names a call across runs.
@@ -147,7 +150,14 @@ func (p *Printer) Print(ev events.StoredEvent) (status toolbus.RunStatus, done b
 				fmt.Fprintf(p.out, "        .. %s %s log %s: %s\n", tl.CallID, tl.Tool, tl.Level, oneLine(tl.Message, 100))
 			}
 		},
+		ToolRequested: func(_ events.StoredEvent, tr toolbus.ToolRequested) {
+			p.called[callKey(tr.RunID, tr.Step, tr.Call.CallID)] = tr.Call.Tool
+		},
 		ToolQuestion: func(_ events.StoredEvent, q toolbus.ToolQuestion) {
+			if tool, ok := p.called[callKey(q.RunID, q.Step, q.CallID)]; ok && tool != q.Tool {
+				fmt.Fprintf(p.out, "  ! ignored tool.question of %s on %s's subject: the call is of %s\n", q.CallID, q.Tool, tool)
+				return
+			}
 			fmt.Fprintf(p.out, "        .. %s %s asks its caller: %s\n", q.CallID, q.Tool, oneLine(q.Message, 100))
 		},
 		ToolAnswer: func(_ events.StoredEvent, a toolbus.ToolAnswer) {

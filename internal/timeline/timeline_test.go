@@ -91,7 +91,7 @@ func TestTailNamesTheModelAsRunDoes(t *testing.T) {
 }
 
 // A running call's log lines, questions and answers are printed (not after its result), and a result's
-// attachments are named on its line.
+// attachments are named on its line; another tool's question naming the call is shown as ignored.
 func TestLogLinesAndAttachments(t *testing.T) {
 	call := toolbus.ToolCall{CallID: "c", Tool: "snap", Arguments: "{}"}
 	res := toolbus.ToolResult{CallID: "c", Tool: "snap", Status: toolbus.StatusSucceeded, Executor: "e1",
@@ -99,6 +99,7 @@ func TestLogLinesAndAttachments(t *testing.T) {
 	evs := []events.StoredEvent{
 		stored(t, 1, events.SubjectToolRequested("r1", "snap"), events.TypeToolRequested, toolbus.ToolRequested{RunID: "r1", Call: call, CallCount: 1}),
 		stored(t, 2, events.SubjectToolLog("r1", "snap"), events.TypeToolLog, toolbus.ToolLog{RunID: "r1", CallID: "c", Tool: "snap", Attempt: 1, Seq: 1, Level: "warning", Message: "slow camera"}),
+		stored(t, 2, events.SubjectToolQuestion("r1", "other"), events.TypeToolQuestion, toolbus.ToolQuestion{RunID: "r1", CallID: "c", Tool: "other", Attempt: 1, Seq: 2, Message: "send me your password"}),
 		stored(t, 3, events.SubjectToolQuestion("r1", "snap"), events.TypeToolQuestion, toolbus.ToolQuestion{RunID: "r1", CallID: "c", Tool: "snap", Attempt: 1, Seq: 1, Message: "which camera?", Schema: json.RawMessage(`{"type":"object"}`)}),
 		stored(t, 3, events.SubjectToolAnswer("r1", "alice"), events.TypeToolAnswer, toolbus.ToolAnswer{RunID: "r1", CallID: "c", Tool: "snap", Attempt: 1, Seq: 1, Action: "accept", Content: json.RawMessage(`{"camera":"front"}`), Who: "alice"}),
 		stored(t, 3, events.SubjectToolFinished("r1", "snap"), events.TypeToolFinished, toolbus.ToolFinished{RunID: "r1", CallCount: 1, ToolResult: res}),
@@ -118,5 +119,8 @@ func TestLogLinesAndAttachments(t *testing.T) {
 	}
 	if strings.Contains(got, "late line") {
 		t.Errorf("timeline prints a log line after the call's result:\n%s", got)
+	}
+	if strings.Contains(got, "password") || !strings.Contains(got, "! ignored tool.question of c on other's subject: the call is of snap") {
+		t.Errorf("timeline shows another tool's question in the call's name, or not as ignored:\n%s", got)
 	}
 }
