@@ -118,6 +118,11 @@ func Init(dir string, s Settings, stdout io.Writer) error {
 		layout = "the accounts layout: a core account, and one account per team and per client"
 	}
 	fmt.Fprintf(stdout, "created a deployment in %s (secrets: keep it out of git), %s\n", dir, layout)
+	if s.Accounts {
+		// The bound is the injectors' (their write service), on by default: say so here,
+		// where the teams and clients are made, so that nobody takes writes for unbounded.
+		fmt.Fprintln(stdout, "each team's and client identity's writes are bounded by every injector's write service: TOOLBUS_TENANT_BYTES_PER_SECOND (default 1048576, subject and headers counted; 0 lifts it) with a burst of a minute of it (TOOLBUS_TENANT_BYTES_BURST)")
+	}
 	fmt.Fprintln(stdout, "server configs:", res.Config, res.UsersConfig, res.NkeysConfig)
 	if s.ResolverDir != "" {
 		fmt.Fprintf(stdout, "%s has a full resolver: the server stores the account JWTs in %s (it must be able to write it; the configs can stay read-only) and takes new and changed accounts from -push, with no reload\n", filepath.Base(res.Config), s.ResolverDir)
