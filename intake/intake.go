@@ -46,10 +46,11 @@ import (
 	"github.com/toolbus/toolbus/events/store"
 )
 
-// Limits bound what one tenant stores. Zero values bound nothing.
+// Limits bound what one tenant stores. Zero values bound nothing (the injector's
+// configuration bounds by default: TOOLBUS_TENANT_BYTES_PER_SECOND).
 type Limits struct {
-	// BytesPerSecond is the bytes (data and headers) one tenant (a team, or a client's
-	// identity) may store per second, per instance of the service.
+	// BytesPerSecond is the bytes (subject, headers, data and MessageOverhead) one tenant
+	// (a team, or a client's identity) may store per second, per instance of the service.
 	BytesPerSecond float64
 	// Burst is the bytes a tenant may store at once beyond the rate (0: a minute of the
 	// rate, and at least the server's max_payload, so that every message can pass).
@@ -336,7 +337,9 @@ func (s *Service) spend(tenant, subject string, h nats.Header, data []byte) *ref
 	if b == nil {
 		burst := s.lim.Burst
 		if burst <= 0 {
-			burst = max(int(s.lim.BytesPerSecond*60), int(s.nc.MaxPayload()))
+			// At least a message of the server's max_payload with its subject (a control
+			// line is at most 4 KiB) and MessageOverhead: every message can pass.
+			burst = max(int(s.lim.BytesPerSecond*60), int(s.nc.MaxPayload())+4<<10+MessageOverhead)
 		}
 		b = rate.NewLimiter(rate.Limit(s.lim.BytesPerSecond), burst)
 		s.budgets[tenant] = b
