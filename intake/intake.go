@@ -53,7 +53,8 @@ type Limits struct {
 	// (a team, or a client's identity) may store per second, per instance of the service.
 	BytesPerSecond float64
 	// Burst is the bytes a tenant may store at once beyond the rate (0: a minute of the
-	// rate, and at least the server's max_payload, so that every message can pass).
+	// rate, and at least the server's max_payload with a subject and MessageOverhead, so
+	// that every message can pass).
 	Burst int
 	// MaxStartBytes bounds a client's run.started (JSON bytes of its data).
 	MaxStartBytes int
