@@ -46,6 +46,12 @@ import (
 	"github.com/toolbus/toolbus/events/store"
 )
 
+// DefaultBytesPerSecond is the injector's bound of each tenant's bytes per second
+// (TOOLBUS_TENANT_BYTES_PER_SECOND unless set; `toolbus admin init` says so): a
+// megabyte a second, and a minute of it at once, is far more than the results, logs and
+// outputs of a busy team need, and keeps one tenant from filling the store unbounded.
+const DefaultBytesPerSecond = 1 << 20
+
 // Limits bound what one tenant stores. Zero values bound nothing (the injector's
 // configuration bounds by default: TOOLBUS_TENANT_BYTES_PER_SECOND).
 type Limits struct {
