@@ -3,6 +3,8 @@ package events
 import (
 	"strings"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/toolbus/toolbus/internal/refusal"
 )
 
@@ -56,9 +58,16 @@ func ParseWriteSubject(s string) (kind, name, subject string, ok bool) {
 // (code 400: a form it does not take, a roll-up, a size over its bound) or could not
 // forward (code 503). A tenant's publish returns them as a *jetstream.APIError, which
 // every write of this package and its store wraps (WriteRefusal).
+//
+// WriteConflictErrCode (code 400) answers a write whose condition does not hold (a key's
+// create on a key that exists, a compare-and-set on a stale revision, a run.started whose
+// run id is taken): the stream's own "wrong last sequence" code, which every NATS client
+// branches on (jetstream.ErrKeyExists, a lost compare-and-set), with the service's words
+// instead of the stream's, which named the subject's last sequence or message id.
 const (
-	WriteQuotaErrCode   = refusal.QuotaErrCode
-	WriteRefusedErrCode = refusal.RefusedErrCode
+	WriteQuotaErrCode    = refusal.QuotaErrCode
+	WriteRefusedErrCode  = refusal.RefusedErrCode
+	WriteConflictErrCode = int(jetstream.JSErrCodeStreamWrongLastSequence)
 )
 
 // ErrTenantQuota is wrapped by the error of a write (an event's publish, or a key of the

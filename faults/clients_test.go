@@ -69,7 +69,8 @@ func (r cliResult) want(t *testing.T, what string, code int, has []string, hasNo
 // (script:approval: a restart_service call that needs approval) and `toolbus executor`
 // in the core account. As alice, `toolbus run` starts her run and stops where it waits
 // for approval; bob's `toolbus approve` of it finds no such run (exactly as for a run that
-// does not exist) and, in alice's name, is refused as not bound; bob's replay, runs, tail
+// does not exist) and, in alice's name, is refused as not bound; his start under her run id
+// is told the id is taken, with no replay hint (hers has one); bob's replay, runs, tail
 // and cancel see nothing of it; alice approves, and her tail, replay and runs show her
 // run to its end; her second run, which bob cannot cancel, she cancels. Bob's own run
 // works the same way, out of alice's sight. What cannot work in a client account (tail
@@ -136,6 +137,13 @@ func TestFaultClientAccountsCLI(t *testing.T) {
 	// tells him. In alice's name his account may do nothing.
 	e.clientCLI("bob", minute, "approve", "alice-1", "call_restart").want(t, "bob approves alice's call", 1, []string{"run alice-1 not found"})
 	e.clientCLI("bob", minute, "approve", "nobody-1", "call_restart").want(t, "bob approves an absent run's call", 1, []string{"run nobody-1 not found"})
+	// His start under her run id: the id is taken (a caller-chosen id tells that much),
+	// with nothing of her run and no replay his credentials cannot make; hers (the
+	// control) points at the run she can read.
+	e.clientCLI("bob", minute, "run", "--id", "alice-1", "hi").want(t, "bob's start under alice's run id", 2,
+		[]string{`run id "alice-1" already exists; choose another id`}, "replay", "restart", "INC-001")
+	e.clientCLI("alice", minute, "run", "--id", "alice-1", "hi").want(t, "alice's start under her own run id", 2,
+		[]string{`run id "alice-1" already exists; choose another id (toolbus replay alice-1 shows that run)`})
 	for _, args := range [][]string{
 		{"approve", "alice-1", "call_restart", "--who", "alice"},
 		{"deny", "alice-1", "call_restart", "--message", "no", "--who", "alice"},

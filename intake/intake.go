@@ -7,26 +7,28 @@
 //   - its form: a team writes its tools' results, waits, progress, logs and questions and
 //     its keys of the claims, outputs, catalog, instances and secrets buckets; a client
 //     its identity's starts, cancels, decisions and answers (the server's import already
-//     narrows both to the tenant's own tools, team and identities);
-//   - no roll-up: a message with a Nats-Rollup header would purge every other tenant's
-//     keys of a bucket (the buckets allow roll-ups for their own purges);
+//     narrows both to the tenant's own tools, team and identities), with every token
+//     checked: a run id, a tool name, a key of the shape toolbus writes;
+//   - its headers: only those toolbus's own writes send, with values it checks
+//     (headers.go): no roll-up (a Nats-Rollup would purge every other tenant's keys of
+//     a bucket), no condition on another's messages, a message id only the tenant's own;
 //   - its size: a client's run.started within Limits.MaxStartBytes, a decision, cancel
 //     or answer within events.MaxDecisionBytes;
-//   - the tenant's bytes per second (Limits.BytesPerSecond), so one tenant cannot fill
-//     the store the others write to.
+//   - the tenant's bytes per second (Limits.BytesPerSecond: subject, headers, data and
+//     MessageOverhead), so one tenant cannot fill the store the others write to.
 //
 // A message it admits is published on its own subject at once, in the order received,
-// with a reply subject of the service's, and the stream's acknowledgement is relayed to
-// the tenant as it comes (a client may not publish with the tenant's reply subject: the
-// server reserves it), so the service waits for no acknowledgement before the next write. A message it refuses gets
-// an answer in the form of the stream's (a pub ack with an error, code 400 or 429 and
+// with a reply subject of the service's (a client may not publish with the tenant's
+// reply subject: the server reserves it), and the stream's acknowledgement is relayed to
+// the tenant as it comes, in the service's words (answers.go), so the service waits for
+// no acknowledgement before the next write. A message it refuses gets an answer in the
+// form of the stream's (a pub ack with an error, code 400 or 429 and
 // events.WriteRefusedErrCode or events.WriteQuotaErrCode) at once: a refusal, never a
 // stall.
 package intake
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -39,17 +41,26 @@ import (
 	"github.com/nats-io/nats.go"
 	"golang.org/x/time/rate"
 
+	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/store"
 )
 
-// Limits bound what one tenant stores. Zero values bound nothing.
+// DefaultBytesPerSecond is the injector's bound of each tenant's bytes per second
+// (TOOLBUS_TENANT_BYTES_PER_SECOND unless set; `toolbus admin init` says so): a
+// megabyte a second, and a minute of it at once, is far more than the results, logs and
+// outputs of a busy team need, and keeps one tenant from filling the store unbounded.
+const DefaultBytesPerSecond = 1 << 20
+
+// Limits bound what one tenant stores. Zero values bound nothing (the injector's
+// configuration bounds by default: TOOLBUS_TENANT_BYTES_PER_SECOND).
 type Limits struct {
-	// BytesPerSecond is the bytes (data and headers) one tenant (a team, or a client's
-	// identity) may store per second, per instance of the service.
+	// BytesPerSecond is the bytes (subject, headers, data and MessageOverhead) one tenant
+	// (a team, or a client's identity) may store per second, per instance of the service.
 	BytesPerSecond float64
 	// Burst is the bytes a tenant may store at once beyond the rate (0: a minute of the
-	// rate, and at least the server's max_payload, so that every message can pass).
+	// rate, and at least the server's max_payload with a subject and MessageOverhead, so
+	// that every message can pass).
 	Burst int
 	// MaxStartBytes bounds a client's run.started (JSON bytes of its data).
 	MaxStartBytes int
@@ -153,11 +164,14 @@ func refuse(format string, args ...any) *refusal {
 // admit checks one write and forwards it, or answers its refusal.
 func (s *Service) admit(m *nats.Msg) {
 	kind, name, subject, ok := events.ParseWriteSubject(m.Subject)
-	var r *refusal
+	var (
+		r *refusal
+		h nats.Header
+	)
 	if !ok {
 		r = refuse("%s is no write of a tenant", m.Subject)
 	} else {
-		r = s.check(kind, name, subject, m)
+		h, r = s.check(kind, name, subject, m)
 	}
 	if r != nil {
 		s.refused.Add(1)
@@ -171,7 +185,10 @@ func (s *Service) admit(m *nats.Msg) {
 		s.answer(m, r)
 		return
 	}
-	out := &nats.Msg{Subject: subject, Header: m.Header, Data: m.Data}
+	out := &nats.Msg{Subject: subject, Data: m.Data}
+	if len(h) > 0 {
+		out.Header = h
+	}
 	if m.Reply != "" {
 		out.Reply = s.await(m.Reply)
 	}
@@ -209,7 +226,9 @@ func (s *Service) awaiting() int {
 	return len(s.waiting)
 }
 
-// relay gives the stream's acknowledgement of a forwarded write to the tenant.
+// relay gives the stream's acknowledgement of a forwarded write to the tenant, in the
+// service's own words (answerOf): never the stream's text, which for a failed condition
+// names the last message id or sequence of the subject, another's included.
 func (s *Service) relay(m *nats.Msg) {
 	tok := m.Subject[strings.LastIndexByte(m.Subject, '.')+1:]
 	s.mu.Lock()
@@ -219,26 +238,31 @@ func (s *Service) relay(m *nats.Msg) {
 	if !ok {
 		return
 	}
-	if err := s.nc.PublishMsg(&nats.Msg{Subject: p.reply, Header: m.Header, Data: m.Data}); err != nil {
+	if err := s.nc.PublishMsg(answerOf(p.reply, m)); err != nil {
 		s.log.Warn("intake: relay", "err", err)
 	}
 }
 
-// check returns why a write of the tenant kind.name on subject is refused, or nil.
-func (s *Service) check(kind, name, subject string, m *nats.Msg) *refusal {
+// check returns why a write of the tenant kind.name on subject is refused, or nil, and
+// the header to forward it with (only what toolbus's own writes send: headers).
+func (s *Service) check(kind, name, subject string, m *nats.Msg) (nats.Header, *refusal) {
 	if m.Header.Get(jsRollup) != "" {
-		return refuse("%s: a roll-up (%s header) is not a tenant's to make: it would purge the other tenants' messages", subject, jsRollup)
+		return nil, refuse("%s: a roll-up (%s header) is not a tenant's to make: it would purge the other tenants' messages", subject, jsRollup)
 	}
 	var r *refusal
 	if kind == events.WriteTeam {
-		r = teamForm(subject)
+		r = teamForm(name, subject)
 	} else {
 		r = s.clientForm(name, subject, len(m.Data))
 	}
 	if r != nil {
-		return r
+		return nil, r
 	}
-	return s.spend(kind+"."+name, m)
+	h, r := headers(kind, name, subject, strings.HasPrefix(subject, "$KV."), m.Header)
+	if r != nil {
+		return nil, r
+	}
+	return h, s.spend(kind+"."+name, subject, h, m.Data)
 }
 
 // jsRollup is the header that asks a stream to purge the subject, or the whole stream,
@@ -254,15 +278,23 @@ var teamBuckets = map[string]bool{
 // teamEvents are the events a team publishes of its tools' calls.
 var teamEvents = map[string]bool{"finished": true, "waiting": true, "progress": true, "log": true, "question": true}
 
-// teamForm refuses a subject that is none of a team's writes. The import narrows it to
-// the team's own tools and keys; this is the form, checked again behind the boundary.
-func teamForm(subject string) *refusal {
-	toks := strings.Split(subject, ".")
+// teamForm refuses a subject that is none of team's writes. The import narrows it to
+// the team's own tools and keys; this is the form, checked again behind the boundary,
+// with every token of it: a run id and a tool name as the contract bounds them, a key
+// of the shape toolbus writes (store.TeamKeyShape).
+func teamForm(team, subject string) *refusal {
+	toks := strings.SplitN(subject, ".", 3)
 	switch {
-	case len(toks) == 5 && toks[0] == events.SubjectPrefix && toks[2] == "tool" && teamEvents[toks[3]]:
-		return nil
-	case len(toks) >= 3 && toks[0] == "$KV" && teamBuckets[toks[1]]:
-		return nil
+	case len(toks) == 3 && toks[0] == "$KV" && teamBuckets[toks[1]]:
+		if store.TeamKeyShape(toks[1], team, toks[2]) {
+			return nil
+		}
+		return refuse("%s: the key is none toolbus writes in %s (store.TeamKeyShape: its tools' and its own keys, each token within its bound)", subject, toks[1])
+	case len(toks) == 3 && toks[0] == events.SubjectPrefix:
+		toks = strings.Split(subject, ".")
+		if len(toks) == 5 && toks[2] == "tool" && teamEvents[toks[3]] && toolbus.ValidRunID(toks[1]) && toolbus.ValidToolName(toks[4]) {
+			return nil
+		}
 	}
 	return refuse("%s is no write of a team (its tools' results, waits, progress, logs, questions and its keys)", subject)
 }
@@ -275,7 +307,7 @@ var clientEvents = map[string]bool{"run.started": true, "run.cancel": true, "app
 // is over its bound.
 func (s *Service) clientForm(id, subject string, size int) *refusal {
 	toks := strings.Split(subject, ".")
-	if len(toks) != 5 || toks[0] != events.SubjectPrefix || !clientEvents[toks[2]+"."+toks[3]] || toks[4] != id {
+	if len(toks) != 5 || toks[0] != events.SubjectPrefix || !toolbus.ValidRunID(toks[1]) || !clientEvents[toks[2]+"."+toks[3]] || toks[4] != id {
 		return refuse("%s is no write of identity %s (its starts, cancels, decisions and answers)", subject, id)
 	}
 	bound, what := events.MaxDecisionBytes, "events.MaxDecisionBytes"
@@ -288,13 +320,21 @@ func (s *Service) clientForm(id, subject string, size int) *refusal {
 	return nil
 }
 
-// spend takes the message's bytes from the tenant's budget.
-func (s *Service) spend(tenant string, m *nats.Msg) *refusal {
+// MessageOverhead is what the service charges a write beyond its subject, headers and
+// data: the stream's own record of each message (34 bytes in the file store: length,
+// sequence, time, subject and header lengths, checksum) and its index of the message and
+// of a new subject, rounded up. A write of nothing is not free: an empty write on a long
+// subject costs what it stores.
+const MessageOverhead = 64
+
+// spend takes the write's bytes from the tenant's budget: its subject, the header it is
+// forwarded with, its data and MessageOverhead.
+func (s *Service) spend(tenant, subject string, h nats.Header, data []byte) *refusal {
 	if s.lim.BytesPerSecond <= 0 {
 		return nil
 	}
-	n := len(m.Data)
-	for k, vs := range m.Header {
+	n := len(subject) + len(data) + MessageOverhead
+	for k, vs := range h {
 		for _, v := range vs {
 			n += len(k) + len(v) + 4
 		}
@@ -304,7 +344,9 @@ func (s *Service) spend(tenant string, m *nats.Msg) *refusal {
 	if b == nil {
 		burst := s.lim.Burst
 		if burst <= 0 {
-			burst = max(int(s.lim.BytesPerSecond*60), int(s.nc.MaxPayload()))
+			// At least a message of the server's max_payload with its subject (a control
+			// line is at most 4 KiB) and MessageOverhead: every message can pass.
+			burst = max(int(s.lim.BytesPerSecond*60), int(s.nc.MaxPayload())+4<<10+MessageOverhead)
 		}
 		b = rate.NewLimiter(rate.Limit(s.lim.BytesPerSecond), burst)
 		s.budgets[tenant] = b
@@ -327,13 +369,7 @@ func (s *Service) answer(m *nats.Msg, r *refusal) {
 	if m.Reply == "" {
 		return
 	}
-	data, err := json.Marshal(map[string]any{
-		"type":  "io.nats.jetstream.api.v1.pub_ack_response",
-		"error": map[string]any{"code": r.code, "err_code": r.errCode, "description": r.desc},
-	})
-	if err != nil {
-		return
-	}
+	data := refusalData(r)
 	if err := s.nc.Publish(m.Reply, data); err != nil {
 		s.log.Warn("intake: answer", "subject", m.Subject, "err", err)
 	}

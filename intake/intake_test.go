@@ -24,9 +24,10 @@ import (
 
 // answer is what a write gets back: the stream's pub ack or the intake's refusal.
 type answer struct {
-	Stream string `json:"stream"`
-	Seq    uint64 `json:"seq"`
-	Error  *struct {
+	Stream    string `json:"stream"`
+	Seq       uint64 `json:"seq"`
+	Duplicate bool   `json:"duplicate"`
+	Error     *struct {
 		Code    int    `json:"code"`
 		ErrCode int    `json:"err_code"`
 		Desc    string `json:"description"`
@@ -71,10 +72,10 @@ func TestTenantsCannotRollUpOthersKeys(t *testing.T) {
 	}
 	alpha, beta := eventstest.Connect(t, srv, "alpha"), eventstest.Connect(t, srv, "beta")
 	for _, tc := range []struct{ bucket, alphaKey, betaKey string }{
-		{store.BucketClaims, "calc.r1.c1", "search.r1.c1"},
+		{store.BucketClaims, "calc.r1.0.c1", "search.r1.0.c1"},
 		{store.BucketTools, "calc", "search"},
-		{store.BucketOutputs, "calc.r1.c1.0", "search.r1.c1.0"},
-		{store.BucketInstances, "alpha.i1", "beta.i1"},
+		{store.BucketOutputs, "calc.r1.0.c1.0", "search.r1.0.c1.0"},
+		{store.BucketInstances, "alpha.i1.b1", "beta.i1.b1"},
 		{store.BucketSecrets, "alpha.s1", "beta.s1"},
 	} {
 		t.Run(tc.bucket, func(t *testing.T) {

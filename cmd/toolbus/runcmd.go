@@ -70,8 +70,14 @@ func cmdRun(ctx context.Context, cfg Config, log *slog.Logger, args []string, ou
 	}
 	if err := c.Bus.StartRun(ctx, events.Source("cli", cfg.Instance), rs); err != nil {
 		if errors.Is(err, events.ErrRunExists) {
-			// A run id names one run forever: it is never replayed nor restarted.
-			return &exitError{code: 2, msg: fmt.Sprintf("run: run id %q already exists; choose another id (toolbus replay %s shows that run)", rs.RunID, rs.RunID)}
+			// A run id names one run forever: it is never replayed nor restarted. The replay
+			// hint only for a run these credentials can read: in a client account another
+			// identity's run is "not found" to them, and the refusal names nothing of it.
+			msg := fmt.Sprintf("run: run id %q already exists; choose another id", rs.RunID)
+			if _, err := c.Bus.RunStarted(ctx, rs.RunID); err == nil {
+				msg += fmt.Sprintf(" (toolbus replay %s shows that run)", rs.RunID)
+			}
+			return &exitError{code: 2, msg: msg}
 		}
 		return err
 	}

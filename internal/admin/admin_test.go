@@ -198,8 +198,13 @@ func TestSubcommandsTouchOnlyTheirTenant(t *testing.T) {
 func TestRefusals(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "d")
 	for _, args := range [][]string{{"init", "-dir", dir}, {"add-team", "-dir", dir, "alpha", "calc"}, {"add-client", "-dir", dir, "alice", "alice"}} {
-		if code, out, errOut := admin(t, args...); code != 0 {
+		code, out, errOut := admin(t, args...)
+		if code != 0 {
 			t.Fatalf("%v: exit %d\n%s%s", args, code, out, errOut)
+		}
+		// The accounts layout's init says that the tenants' writes are bounded by default.
+		if args[0] == "init" && !strings.Contains(out, "TOOLBUS_TENANT_BYTES_PER_SECOND (default 1048576") {
+			t.Errorf("init does not say how the tenants' writes are bounded:\n%s", out)
 		}
 	}
 	before := files(t, dir)

@@ -16,6 +16,7 @@ import (
 	natsconf "github.com/toolbus/toolbus/deploy/nats"
 	"github.com/toolbus/toolbus/deploy/nats/natsjwt"
 	"github.com/toolbus/toolbus/events/accounts"
+	"github.com/toolbus/toolbus/intake"
 )
 
 // The files toolbus admin keeps in a deployment's directory besides what
@@ -118,6 +119,11 @@ func Init(dir string, s Settings, stdout io.Writer) error {
 		layout = "the accounts layout: a core account, and one account per team and per client"
 	}
 	fmt.Fprintf(stdout, "created a deployment in %s (secrets: keep it out of git), %s\n", dir, layout)
+	if s.Accounts {
+		// The bound is the injectors' (their write service), on by default: say so here,
+		// where the teams and clients are made, so that nobody takes writes for unbounded.
+		fmt.Fprintf(stdout, "each team's and client identity's writes are bounded by every injector's write service: TOOLBUS_TENANT_BYTES_PER_SECOND (default %d, subject and headers counted; 0 lifts it) with a burst of a minute of it (TOOLBUS_TENANT_BYTES_BURST)\n", intake.DefaultBytesPerSecond)
+	}
 	fmt.Fprintln(stdout, "server configs:", res.Config, res.UsersConfig, res.NkeysConfig)
 	if s.ResolverDir != "" {
 		fmt.Fprintf(stdout, "%s has a full resolver: the server stores the account JWTs in %s (it must be able to write it; the configs can stay read-only) and takes new and changed accounts from -push, with no reload\n", filepath.Base(res.Config), s.ResolverDir)

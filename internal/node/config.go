@@ -70,8 +70,10 @@ type Config struct {
 	ReadService bool `envconfig:"READ_SERVICE" default:"true" desc:"the injector also answers the read service of clients in accounts of their own (toolbus_read.<identity>.>): the runs, outputs and catalog an identity may see"`
 	// WriteService: the injector also admits the writes of teams and clients in accounts
 	// of their own (package intake), with the tenants' bounds.
-	WriteService         bool    `envconfig:"WRITE_SERVICE" default:"true" desc:"the injector also admits the writes of teams and clients in accounts of their own (toolbus_write.>): their form, no roll-up, sizes and bytes per second"`
-	TenantBytesPerSecond float64 `envconfig:"TENANT_BYTES_PER_SECOND" desc:"bytes per second one team or client identity in an account of its own may store, per injector; a write beyond it is refused at once, code 429 quota_exceeded (0: no bound)"`
+	WriteService bool `envconfig:"WRITE_SERVICE" default:"true" desc:"the injector also admits the writes of teams and clients in accounts of their own (toolbus_write.>): their form, only the headers toolbus writes, sizes and bytes per second"`
+	// TenantBytesPerSecond is on by default (intake.DefaultBytesPerSecond, which
+	// TestTenantBytesDefault holds the tag to): a tenant's writes are bounded out of the box.
+	TenantBytesPerSecond float64 `envconfig:"TENANT_BYTES_PER_SECOND" default:"1048576" desc:"bytes per second (subject, headers, data and 64 bytes a message) one team or client identity in an account of its own may store, per injector; a write beyond it is refused at once, code 429 quota_exceeded (0: no bound)"`
 	TenantBytesBurst     int     `envconfig:"TENANT_BYTES_BURST" desc:"bytes a tenant may store at once beyond TOOLBUS_TENANT_BYTES_PER_SECOND (0: a minute of the rate, at least the server's max_payload)"`
 	// Deciders may decide on and cancel every run besides its principal and approvers.
 	Deciders []string `envconfig:"DECIDERS" desc:"identities (besides a run's principal and the approvers its start lists) who may approve, deny, respond to and cancel every run; * lets anyone. Unset: * on the embedded server (one party), nobody else when TOOLBUS_NATS_URL names a shared server"`

@@ -2,10 +2,12 @@ package node
 
 import (
 	"reflect"
+	"strconv"
 	"strings"
 	"testing"
 
 	"github.com/toolbus/toolbus/executor/worker"
+	"github.com/toolbus/toolbus/intake"
 )
 
 // envVars lists the envconfig variables of t, embedded structs included.
@@ -48,5 +50,14 @@ func TestExecutorSettingsShared(t *testing.T) {
 		if !serve[v] {
 			t.Errorf("TOOLBUS_%s: the binary's executor reads it, worker.Serve does not", v)
 		}
+	}
+}
+
+// TestTenantBytesDefault: the injector bounds each tenant's writes by default, at
+// intake.DefaultBytesPerSecond (what toolbus admin init tells the administrator).
+func TestTenantBytesDefault(t *testing.T) {
+	f, ok := reflect.TypeOf(Config{}).FieldByName("TenantBytesPerSecond")
+	if !ok || f.Tag.Get("default") != strconv.Itoa(intake.DefaultBytesPerSecond) {
+		t.Errorf("TOOLBUS_TENANT_BYTES_PER_SECOND defaults to %q, want %d (intake.DefaultBytesPerSecond)", f.Tag.Get("default"), intake.DefaultBytesPerSecond)
 	}
 }

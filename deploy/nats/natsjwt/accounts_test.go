@@ -169,7 +169,7 @@ func (d *accountsDeployment) serve(team, tool, run string) {
 		{"toolbus_claims", tool + "." + run + ".0.c1"},
 		{"toolbus_instances", team + ".i1.b1"},
 		{"toolbus_tools", tool},
-		{"toolbus_outputs", tool + "." + run + ".out"},
+		{"toolbus_outputs", tool + "." + run + ".0.c1.0"},
 	} {
 		subj := "$KV." + kv.bucket + "." + kv.key
 		if ack, err := js.Publish(d.ctx, subj, []byte(team+" "+kv.key)); err != nil || ack.Stream != "KV_"+kv.bucket {

@@ -135,6 +135,10 @@ export class Client {
     }
     // The run has messages: refused if one is its run.started; forgeries do not keep the id.
     if (await this.bus.runStarted(run)) throw new RunExistsError(`toolbus: run id already exists: ${run}`);
+    // In a client account the messages are another identity's run, which it does not see
+    // (as the Go client: events.Bus.StartRun): the id is taken, and a start published
+    // into that run would only be refused by its injector.
+    if (this.bus.clientAccount) throw new RunExistsError(`toolbus: run id already exists: ${run}`);
     await this.bus.publish(subj, attrs, rs, (d) => d.run_id === run);
     // None readable: the run's first run.started is another's, which a client account does not see.
     const first = await this.bus.runStarted(run);

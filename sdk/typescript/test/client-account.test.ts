@@ -132,6 +132,8 @@ test('client account: bob does not see alice\'s run (watch and events answer as 
   await assert.rejects(bob.startRun({ runId: run, messages: [{ role: 'user', content: 'squat' }] }), RunExistsError);
   const after = await alice.events(run);
   assert.equal(after.filter((e) => e.type === wire.Type.runStarted)[0]?.subject, `toolbus.${run}.run.started.alice`);
+  // And nothing of bob's is stored in it: the conflict is the answer (as in Go).
+  assert.ok(!after.some((e) => e.subject === `toolbus.${run}.run.started.bob`), 'bob\'s refused start is stored in alice\'s run');
 
   // bob sees his own run (the absences above are the read service's, not a broken bob).
   const his = await bob.startRun({ runId: unique('bob'), messages: [{ role: 'user', content: 'bob' }], allowedTools: ['calculator'],
