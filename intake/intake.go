@@ -53,6 +53,9 @@ type Limits struct {
 	Burst int
 	// MaxStartBytes bounds a client's run.started (JSON bytes of its data).
 	MaxStartBytes int
+	// Buckets bound a team's keys of each shared bucket, by bucket name (buckets.go;
+	// DefaultBucketBounds).
+	Buckets map[string]BucketBound
 }
 
 // Metrics counts what the service refuses (telemetry.Metrics implements it).
@@ -73,7 +76,8 @@ type Service struct {
 	budgets map[string]*rate.Limiter // by kind.name
 	inbox   string                   // prefix of the reply subjects of forwarded writes
 	next    uint64
-	waiting map[string]pending // by the last token of a forwarded write's reply subject
+	waiting map[string]pending   // by the last token of a forwarded write's reply subject
+	counts  map[string]*keyCount // by the filter of a prefix's keys (buckets.go)
 
 	admitted, refused atomic.Uint64
 	warn              rate.Sometimes
@@ -85,7 +89,7 @@ func New(nc *nats.Conn, lim Limits, log *slog.Logger) *Service {
 	if log == nil {
 		log = slog.Default()
 	}
-	return &Service{nc: nc, lim: lim, log: log, budgets: map[string]*rate.Limiter{}, warn: rate.Sometimes{Interval: time.Second}, inbox: nats.NewInbox(), waiting: map[string]pending{}}
+	return &Service{nc: nc, lim: lim, log: log, budgets: map[string]*rate.Limiter{}, warn: rate.Sometimes{Interval: time.Second}, inbox: nats.NewInbox(), waiting: map[string]pending{}, counts: map[string]*keyCount{}}
 }
 
 // pending is a forwarded write whose acknowledgement the tenant waits for.
@@ -238,7 +242,10 @@ func (s *Service) check(kind, name, subject string, m *nats.Msg) *refusal {
 	if r != nil {
 		return r
 	}
-	return s.spend(kind+"."+name, m)
+	if r := s.spend(kind+"."+name, m); r != nil {
+		return r
+	}
+	return s.hold(kind, name, subject, m)
 }
 
 // jsRollup is the header that asks a stream to purge the subject, or the whole stream,

@@ -48,7 +48,7 @@ func (b *bridge) follow(ctx context.Context, req *mcp.CallToolRequest, rs *toolb
 		},
 		ToolFinished: func(_ events.StoredEvent, tf toolbus.ToolFinished) {
 			if tf.CallID == callrun.CallID {
-				answer = b.toolResult(ctx, tf.ToolResult)
+				answer = b.toolResult(ctx, callOwner(rs), tf.ToolResult)
 				answer.Meta = mcp.Meta{MetaRun: run, MetaCall: callrun.CallID}
 			}
 		},
