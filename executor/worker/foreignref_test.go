@@ -1,0 +1,134 @@
+package worker_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/toolbus/toolbus"
+	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/eventstest"
+	"github.com/toolbus/toolbus/events/provision"
+	"github.com/toolbus/toolbus/events/store"
+	"github.com/toolbus/toolbus/executor"
+	"github.com/toolbus/toolbus/executor/worker"
+	"github.com/toolbus/toolbus/intake"
+	"github.com/toolbus/toolbus/internal/testpipe"
+	"github.com/toolbus/toolbus/internal/testutil"
+	"github.com/toolbus/toolbus/planner"
+)
+
+// TestForeignOutputRefNotRead: output keys are predictable, and a result's attachment
+// reference is data its team wrote. In the accounts layout team beta keeps an output
+// (a stored attachment of one of its calls); team alpha's executor answers its own call
+// with a result whose attachment 0 names beta's output and attachment 1 its own stored
+// attachment (the control). The model request of alpha's run carries alpha's own bytes
+// and never beta's: attachment 0 reaches the model without bytes, and the result's
+// content says an attachment was withheld.
+func TestForeignOutputRefNotRead(t *testing.T) {
+	srv, _ := startTenants(t, map[string][]string{"alpha": {"snap"}, "beta": {"search"}}, intake.Limits{})
+	var (
+		mu   sync.Mutex
+		seen []toolbus.Message
+	)
+	model := planner.ModelFunc(func(_ context.Context, req planner.Request) (planner.Response, error) {
+		if req.Step == 0 {
+			return planner.Response{Message: toolbus.Message{ToolCalls: []toolbus.ToolCall{{CallID: "c1", Tool: "snap", Arguments: "{}"}}}}, nil
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		seen = append(seen, req.Messages...)
+		return planner.Response{Message: toolbus.Message{Content: "seen"}}, nil
+	})
+	p := testpipe.StartOn(t, eventstest.Connect(t, srv, "core"), 2*time.Minute, model)
+	if _, err := provision.Consumer(p.Ctx, p.Bus, provision.ToolConsumerConfig("snap", 0, 0)); err != nil {
+		t.Fatal(err)
+	}
+	teamBus := func(team string) *events.Bus {
+		b, err := events.Open(p.Ctx, eventstest.Connect(t, srv, team), events.Config{APIPrefix: eventstest.TeamAPIPrefix})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	alphaBus, betaBus := teamBus("alpha"), teamBus("beta")
+	betaSecret := bytes.Repeat([]byte("BETA-PAYROLL "), 1000)
+	betaRef, err := betaBus.Store().PutAttachment(p.Ctx, "search", "beta-run", 0, "c1", 0, betaSecret)
+	if err != nil {
+		t.Fatal(err)
+	}
+	own := bytes.Repeat([]byte{7}, 9000)
+	const run = "ref-1"
+	ownRef, err := alphaBus.Store().PutAttachment(p.Ctx, "snap", run, 0, "c1", 1, own)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// Alpha's tool answers its call by hand, as a team's own executor may: the result
+	// names beta's output, then its own.
+	release := make(chan struct{})
+	t.Cleanup(func() { close(release) })
+	reg := executor.NewRegistry()
+	if err := reg.Register(executor.Tool{Name: "snap", Description: "answers with a forged result", InputSchema: json.RawMessage(`{"type":"object"}`),
+		Func: func(ctx context.Context, _ json.RawMessage) (any, error) {
+			res := toolbus.ToolResult{CallID: "c1", Tool: "snap", Status: toolbus.StatusSucceeded, Content: "two pictures",
+				Attachments: []toolbus.Attachment{
+					{MediaType: "image/png", Size: len(betaSecret), Ref: betaRef},
+					{MediaType: "image/png", Size: len(own), Ref: ownRef},
+				}}
+			if _, err := alphaBus.PublishEvent(ctx, events.ToolFinishedEvent("/executor/alpha-1",
+				toolbus.ToolFinished{RunID: run, Step: 0, CallIndex: 0, CallCount: 1, ToolResult: res})); err != nil {
+				t.Errorf("alpha's result: %v", err)
+			}
+			select {
+			case <-ctx.Done():
+			case <-release:
+			}
+			return nil, errors.New("released")
+		}}); err != nil {
+		t.Fatal(err)
+	}
+	exec := testutil.Must(executor.New(reg, executor.WithInstance("alpha-1")))
+	w, err := worker.New(alphaBus, exec, worker.Config{WorkerConfig: events.WorkerConfig{Instance: "alpha-1", Logger: p.Log, Grace: time.Second}, Team: "alpha"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Roles.Go("alpha-1", w.Run)
+	p.WaitTools("snap")
+	p.SubmitAs(run, "alice", "take pictures", toolbus.Limits{})
+	p.WaitStatus(run, toolbus.RunCompleted)
+
+	mu.Lock()
+	defer mu.Unlock()
+	var tool *toolbus.Message
+	for i, m := range seen {
+		for _, a := range m.Attachments {
+			if bytes.Contains(a.Data, []byte("BETA-PAYROLL")) {
+				t.Errorf("the model request of alpha's run carries beta's output (message %d)", i)
+			}
+		}
+		if strings.Contains(m.Content, "BETA-PAYROLL") {
+			t.Errorf("the model request of alpha's run carries beta's output in message %d's text", i)
+		}
+		if m.Role == toolbus.RoleTool {
+			tool = &seen[i]
+		}
+	}
+	if tool == nil || len(tool.Attachments) != 2 {
+		t.Fatalf("the model saw no tool message with two attachments: %+v", tool)
+	}
+	if !bytes.Equal(tool.Attachments[1].Data, own) {
+		t.Errorf("control: alpha's own stored attachment reached the model with %d bytes, want %d", len(tool.Attachments[1].Data), len(own))
+	}
+	if len(tool.Attachments[0].Data) != 0 || tool.Attachments[0].Ref != "" {
+		t.Errorf("the foreign attachment reached the model with ref %q and %d bytes", tool.Attachments[0].Ref, len(tool.Attachments[0].Data))
+	}
+	if !strings.Contains(tool.Content, store.WithheldRefMarker+"attachment 0") {
+		t.Errorf("the tool message does not say attachment 0 was withheld: %q", tool.Content)
+	}
+}
