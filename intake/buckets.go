@@ -42,14 +42,15 @@ type BucketBound struct {
 
 // DefaultBucketBounds are the bounds toolbus's injector applies unless configured
 // otherwise (TOOLBUS_TENANT_BUCKET_KEYS, TOOLBUS_TENANT_VALUE_BYTES): a team holds at
-// most 1 MiB of the 64 MiB secrets bucket (64 teams fit), 256 instance records of up to
-// 256 KiB, claims of up to 4 KiB, and per tool 2,048 output chunks of up to
-// store.OutputChunk (256 MiB, a quarter of the default outputs bucket). Claims have no
-// key bound: there is one per call, as many as the retention keeps.
+// most 1 MiB of the 64 MiB secrets bucket (64 teams fit), 256 instance records of up
+// to 256 KiB, claims of up to 64 KiB (a claim carries its failed attempts), and per
+// tool 2,048 output chunks of up to store.OutputChunk (256 MiB, a quarter of the
+// default outputs bucket). Claims have no key bound: there is one per call, as many as
+// the retention keeps.
 var DefaultBucketBounds = map[string]BucketBound{
 	store.BucketSecrets:   {Keys: 16, ValueBytes: 64 << 10},
 	store.BucketInstances: {Keys: 256, ValueBytes: 256 << 10},
-	store.BucketClaims:    {ValueBytes: 4 << 10},
+	store.BucketClaims:    {ValueBytes: 64 << 10},
 	store.BucketOutputs:   {Keys: 2048, ValueBytes: store.OutputChunk},
 }
 
