@@ -14,6 +14,8 @@
 //     or answer within events.MaxDecisionBytes;
 //   - the tenant's bytes per second (Limits.BytesPerSecond), so one tenant cannot fill
 //     the store the others write to.
+//   - a team's keys of each shared bucket and the bytes of each value (Limits.Buckets,
+//     buckets.go), so one team cannot fill a bucket the others need.
 //
 // A message it admits is published on its own subject at once, in the order received,
 // with a reply subject of the service's, and the stream's acknowledgement is relayed to
