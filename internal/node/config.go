@@ -157,6 +157,7 @@ func (c Config) validate() error {
 		err = events.InvalidField("MaxStartBytes", c.MaxStartBytes, "0 (no bound) or more")
 	case c.TenantBucketKeys != nil || c.TenantValueBytes != nil:
 		if _, err = intake.BucketBounds(c.TenantBucketKeys, c.TenantValueBytes); err != nil {
+			err = fmt.Errorf("config: %s, %s: %w", envName("TenantBucketKeys"), envName("TenantValueBytes"), err)
 			break
 		}
 		fallthrough
