@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/toolbus/toolbus"
+	"github.com/toolbus/toolbus/audit"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
 	"github.com/toolbus/toolbus/events/provision"
@@ -130,5 +131,72 @@ func TestForeignOutputRefNotRead(t *testing.T) {
 	}
 	if !strings.Contains(tool.Content, store.WithheldRefMarker+"attachment 0") {
 		t.Errorf("the tool message does not say attachment 0 was withheld: %q", tool.Content)
+	}
+}
+
+// TestTeamOutputsBoundNoStall: a team whose tool holds its bound of keys in the shared
+// outputs bucket (here 3; a 300 KiB output takes 4) has its large output refused
+// store_full by the write service: the worker sends the result without it (no ref),
+// as with a full bucket, and the run completes; nothing waits for room. The control: a
+// small output under the bound is answered whole.
+func TestTeamOutputsBoundNoStall(t *testing.T) {
+	lim := intake.Limits{Buckets: map[string]intake.BucketBound{store.BucketOutputs: {Keys: 3, ValueBytes: store.OutputChunk}}}
+	srv, svc := startTenants(t, map[string][]string{"alpha": {"big"}}, lim)
+	script := func(size string) *planner.Script {
+		return &planner.Script{Steps: []func(planner.Request) planner.Response{
+			planner.Calls(toolbus.ToolCall{CallID: "b1", Tool: "big", Arguments: `{"size":` + size + `}`}), planner.Answer("done")}}
+	}
+	p := testpipe.StartOn(t, eventstest.Connect(t, srv, "core"), 2*time.Minute,
+		testpipe.ScriptByRun(map[string]*planner.Script{"small-1": script("10"), "big-1": script("300000")}, nil))
+	if _, err := provision.Consumer(p.Ctx, p.Bus, provision.ToolConsumerConfig("big", 0, 0)); err != nil {
+		t.Fatal(err)
+	}
+	reg := executor.NewRegistry()
+	if err := reg.Register(executor.Tool{Name: "big", Description: "answers with size bytes", InputSchema: json.RawMessage(`{"type":"object"}`),
+		Func: func(_ context.Context, args json.RawMessage) (any, error) {
+			var a struct{ Size int }
+			if err := json.Unmarshal(args, &a); err != nil {
+				return nil, err
+			}
+			return strings.Repeat("o", a.Size), nil
+		}}); err != nil {
+		t.Fatal(err)
+	}
+	teamBus, err := events.Open(p.Ctx, eventstest.Connect(t, srv, "alpha"), events.Config{APIPrefix: eventstest.TeamAPIPrefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	exec := testutil.Must(executor.New(reg, executor.WithInstance("alpha-1")))
+	w, err := worker.New(teamBus, exec, worker.Config{WorkerConfig: events.WorkerConfig{Instance: "alpha-1", Logger: p.Log, Grace: time.Second}, Team: "alpha"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Roles.Go("alpha-1", w.Run)
+	p.WaitTools("big")
+	result := func(run string) *toolbus.ToolResult {
+		t.Helper()
+		p.SubmitAs(run, "alice", "go", toolbus.Limits{})
+		p.WaitStatus(run, toolbus.RunCompleted)
+		evs, err := p.Bus.RunEvents(p.Ctx, run)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range audit.Analyze(run, evs).Calls {
+			if c.Result != nil {
+				return c.Result
+			}
+		}
+		t.Fatalf("run %s has no result", run)
+		return nil
+	}
+	if r := result("small-1"); r.Status != toolbus.StatusSucceeded || r.Truncated != nil || r.Content != strings.Repeat("o", 10) {
+		t.Errorf("control: the small output: %+v", r)
+	}
+	r := result("big-1")
+	if r.Status != toolbus.StatusSucceeded || r.Truncated == nil || r.Truncated.Ref != "" || len(r.Output) != 0 {
+		t.Errorf("the large output over the team's bound: status %s, truncated %+v, %d bytes inline; want succeeded with no ref", r.Status, r.Truncated, len(r.Output))
+	}
+	if _, refused := svc.Counts(); refused == 0 {
+		t.Error("the write service refused nothing: the bound was never reached")
 	}
 }
