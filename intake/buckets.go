@@ -60,9 +60,10 @@ const countFresh = time.Second
 
 // keyCount is what an instance knows of a prefix's keys.
 type keyCount struct {
-	n          int       // keys at the last count, plus those admitted since
-	at         time.Time // of the last count
-	refreshing bool      // a count is being read in the background
+	n          int             // keys at the last count, plus those admitted since
+	at         time.Time       // of the last count
+	refreshing bool            // a count is being read in the background
+	held       map[string]bool // subjects found held at the bound (renewals pass without a read)
 }
 
 // refuseFull is the refusal of a new key of a prefix at its bound.
@@ -112,7 +113,7 @@ func (s *Service) hold(kind, name, subject string, m *nats.Msg) *refusal {
 	if c != nil && time.Since(c.at) < countFresh {
 		// At the bound by a fresh count: only a key the prefix holds passes.
 		s.mu.Unlock()
-		return s.held(bucket, prefix, subject, b)
+		return s.held(filter, bucket, prefix, subject, b)
 	}
 	s.mu.Unlock()
 	// Unknown, or at the bound by this instance's count: the bucket decides.
@@ -122,21 +123,37 @@ func (s *Service) hold(kind, name, subject string, m *nats.Msg) *refusal {
 		return &refusal{code: 503, errCode: events.WriteRefusedErrCode, desc: "toolbus intake: could not count the tenant's keys of " + bucket + ": retry"}
 	}
 	s.mu.Lock()
-	s.counts[filter] = &keyCount{n: n, at: time.Now()}
-	c = s.counts[filter]
+	nc := &keyCount{n: n, at: time.Now()}
+	s.counts[filter] = nc
 	if n < b.Keys {
-		c.n++
+		nc.n++
 		s.mu.Unlock()
 		return nil
 	}
 	s.mu.Unlock()
-	return s.held(bucket, prefix, subject, b)
+	return s.held(filter, bucket, prefix, subject, b)
 }
 
 // held admits a write of a key the prefix holds already (a renewal) and refuses a new
-// one: the prefix is at its bound.
-func (s *Service) held(bucket, prefix, subject string, b BucketBound) *refusal {
+// one: the prefix is at its bound. A key found held is remembered until the next count
+// (at most the bound's number of them): its renewals meanwhile need no read.
+func (s *Service) held(filter, bucket, prefix, subject string, b BucketBound) *refusal {
+	s.mu.Lock()
+	c := s.counts[filter]
+	known := c != nil && c.held[subject]
+	s.mu.Unlock()
+	if known {
+		return nil
+	}
 	if n, err := s.countKeys(bucket, subject); err == nil && n > 0 {
+		s.mu.Lock()
+		if c := s.counts[filter]; c != nil && len(c.held) < b.Keys {
+			if c.held == nil {
+				c.held = map[string]bool{}
+			}
+			c.held[subject] = true
+		}
+		s.mu.Unlock()
 		return nil
 	}
 	return refuseFull("%s would be a new key of %s, which holds its bound of %d keys in %s (TOOLBUS_TENANT_BUCKET_KEYS): write a key it holds, or have an admin purge some",
@@ -157,7 +174,7 @@ func (s *Service) recount(bucket, filter string) {
 		s.log.Warn("intake: count keys", "filter", filter, "err", err)
 		return
 	}
-	c.n, c.at = n, time.Now()
+	c.n, c.at, c.held = n, time.Now(), nil
 }
 
 // countKeys returns how many subjects of bucket's stream filter matches, as the server
