@@ -30,14 +30,21 @@ import (
 // with a result whose attachment 0 names beta's output and attachment 1 its own stored
 // attachment (the control). The model request of alpha's run carries alpha's own bytes
 // and never beta's: attachment 0 reaches the model without bytes, and the result's
-// content says an attachment was withheld.
+// content says an attachment was withheld. Nor does a client's run whose own messages
+// name beta's output.
 func TestForeignOutputRefNotRead(t *testing.T) {
 	srv, _ := startTenants(t, map[string][]string{"alpha": {"snap"}, "beta": {"search"}}, intake.Limits{})
 	var (
-		mu   sync.Mutex
-		seen []toolbus.Message
+		mu              sync.Mutex
+		seen, clientRun []toolbus.Message
 	)
 	model := planner.ModelFunc(func(_ context.Context, req planner.Request) (planner.Response, error) {
+		if req.RunID == "ref-2" {
+			mu.Lock()
+			defer mu.Unlock()
+			clientRun = append(clientRun, req.Messages...)
+			return planner.Response{Message: toolbus.Message{Content: "seen"}}, nil
+		}
 		if req.Step == 0 {
 			return planner.Response{Message: toolbus.Message{ToolCalls: []toolbus.ToolCall{{CallID: "c1", Tool: "snap", Arguments: "{}"}}}}, nil
 		}
@@ -104,8 +111,27 @@ func TestForeignOutputRefNotRead(t *testing.T) {
 	p.SubmitAs(run, "alice", "take pictures", toolbus.Limits{})
 	p.WaitStatus(run, toolbus.RunCompleted)
 
+	// A client's own messages (run.started) naming beta's output are never read either.
+	if err := p.Bus.StartRun(p.Ctx, "/test", toolbus.RunStarted{RunID: "ref-2", Model: "script", Principal: toolbus.Principal{ID: "alice"},
+		Messages: []toolbus.Message{{Role: toolbus.RoleUser, Content: "look"},
+			{Role: toolbus.RoleTool, ToolCallID: "c1", Name: "search", Attachments: []toolbus.Attachment{{MediaType: "image/png", Size: len(betaSecret), Ref: betaRef}}}},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	p.WaitStatus("ref-2", toolbus.RunCompleted)
+
 	mu.Lock()
 	defer mu.Unlock()
+	for _, m := range clientRun {
+		for _, a := range m.Attachments {
+			if len(a.Data) > 0 {
+				t.Errorf("a client's message naming beta's output reached the model with %d bytes", len(a.Data))
+			}
+		}
+	}
+	if len(clientRun) == 0 {
+		t.Error("the client's run was never planned")
+	}
 	var tool *toolbus.Message
 	for i, m := range seen {
 		for _, a := range m.Attachments {
