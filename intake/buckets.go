@@ -100,6 +100,9 @@ func (s *Service) hold(kind, name, subject string, m *nats.Msg) *refusal {
 		filter = subject // a key of one token (the catalog's): the prefix is the key
 	}
 	s.mu.Lock()
+	if s.counts == nil {
+		s.counts = map[string]*keyCount{}
+	}
 	c := s.counts[filter]
 	if c != nil && c.n < b.Keys {
 		c.n++

@@ -78,8 +78,9 @@ type Service struct {
 	budgets map[string]*rate.Limiter // by kind.name
 	inbox   string                   // prefix of the reply subjects of forwarded writes
 	next    uint64
-	waiting map[string]pending   // by the last token of a forwarded write's reply subject
-	counts  map[string]*keyCount // by the filter of a prefix's keys (buckets.go)
+	waiting map[string]pending // by the last token of a forwarded write's reply subject
+
+	counts map[string]*keyCount // by the filter of a prefix's keys (buckets.go; made on first use)
 
 	admitted, refused atomic.Uint64
 	warn              rate.Sometimes
@@ -91,7 +92,7 @@ func New(nc *nats.Conn, lim Limits, log *slog.Logger) *Service {
 	if log == nil {
 		log = slog.Default()
 	}
-	return &Service{nc: nc, lim: lim, log: log, budgets: map[string]*rate.Limiter{}, warn: rate.Sometimes{Interval: time.Second}, inbox: nats.NewInbox(), waiting: map[string]pending{}, counts: map[string]*keyCount{}}
+	return &Service{nc: nc, lim: lim, log: log, budgets: map[string]*rate.Limiter{}, warn: rate.Sometimes{Interval: time.Second}, inbox: nats.NewInbox(), waiting: map[string]pending{}}
 }
 
 // pending is a forwarded write whose acknowledgement the tenant waits for.
