@@ -8,6 +8,7 @@ import (
 
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/audit"
+	"github.com/toolbus/toolbus/events/store"
 )
 
 // The run page: the outcome, the decisions waiting, the timeline on a time axis, each
@@ -255,7 +256,7 @@ func (c *server) steps(ctx context.Context, rep *audit.Report, now time.Time) ([
 			case !active:
 				cc.Status = "unfinished" // the run ended before the call's result
 			}
-			c.fullOutput(ctx, cc)
+			c.fullOutput(ctx, rep.RunID, cc)
 			s.Calls = append(s.Calls, cc)
 		}
 		out = append(out, s)
@@ -263,13 +264,15 @@ func (c *server) steps(ctx context.Context, rep *audit.Report, now time.Time) ([
 	return out, span
 }
 
-// fullOutput reads the whole output of a truncated result from the outputs bucket.
-func (c *server) fullOutput(ctx context.Context, cc *consoleCall) {
+// fullOutput reads the whole output of a truncated result from the outputs bucket: only
+// the output of the call itself (store.CallOutput), as the run's record names it.
+func (c *server) fullOutput(ctx context.Context, run string, cc *consoleCall) {
 	rc := cc.Result
 	if rc == nil || rc.Truncated == nil || rc.Truncated.Ref == "" {
 		return
 	}
-	data, err := c.bus.Store().Output(ctx, rc.Truncated.Ref)
+	owner := store.OutputOwner{Tool: cc.Tool, Run: run, Step: cc.Step, CallID: cc.CallID}
+	data, err := c.bus.Store().CallOutput(ctx, owner, rc.Truncated.Ref, -1)
 	if err != nil {
 		cc.OutputErr = err.Error()
 		return

@@ -68,7 +68,17 @@ const (
 	WriteQuotaErrCode    = refusal.QuotaErrCode
 	WriteRefusedErrCode  = refusal.RefusedErrCode
 	WriteConflictErrCode = int(jetstream.JSErrCodeStreamWrongLastSequence)
+	// WriteStoreFullErrCode is the err_code of a new key refused because its tenant
+	// holds its bound of keys in the bucket (code 507, ErrTenantStoreFull).
+	WriteStoreFullErrCode = refusal.StoreFullErrCode
 )
+
+// ErrTenantStoreFull is wrapped by the error of a KV write that would add a key to a
+// shared bucket (secrets, instances, claims, outputs) in which the tenant holds its
+// bound of keys (TOOLBUS_TENANT_BUCKET_KEYS): the other tenants' room is not its to
+// take. Writing a key it holds passes; a new one passes once some of its keys expire or
+// an admin purges them.
+var ErrTenantStoreFull = refusal.ErrTenantStoreFull
 
 // ErrTenantQuota is wrapped by the error of a write (an event's publish, or a key of the
 // claims, outputs, catalog, instances or secrets buckets) the core's write service

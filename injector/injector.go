@@ -527,6 +527,13 @@ func (in *Injector) Finished(ctx context.Context, tf toolbus.ToolFinished) error
 	}
 	res := tf.ToolResult
 	res.Output = nil
+	// The call is the core's (checkCall): a reference its result names is kept only
+	// when it is that call's own; another (another team's output) is withheld, said so.
+	owner := store.OutputOwner{Tool: res.Tool, Run: tf.RunID, Step: tf.Step, CallID: res.CallID}
+	if n := store.WithholdForeignRefs(owner, &res); n > 0 {
+		in.log.Warn("result names outputs that are not its call's: withheld", "run_id", tf.RunID, "step", tf.Step,
+			"call_id", res.CallID, "tool", res.Tool, "withheld", n)
+	}
 	id, idx := stepID(tf.RunID, tf.Step), tf.CallIndex
 	raw := store.EncodeResult(res)
 	budget := in.bus.Store().InlineBudget()

@@ -16,6 +16,8 @@
 //     or answer within events.MaxDecisionBytes;
 //   - the tenant's bytes per second (Limits.BytesPerSecond: subject, headers, data and
 //     MessageOverhead), so one tenant cannot fill the store the others write to.
+//   - a team's keys of each shared bucket and the bytes of each value (Limits.Buckets,
+//     buckets.go), so one team cannot fill a bucket the others need.
 //
 // A message it admits is published on its own subject at once, in the order received,
 // with a reply subject of the service's (a client may not publish with the tenant's
@@ -64,6 +66,9 @@ type Limits struct {
 	Burst int
 	// MaxStartBytes bounds a client's run.started (JSON bytes of its data).
 	MaxStartBytes int
+	// Buckets bound a team's keys of each shared bucket, by bucket name (buckets.go;
+	// DefaultBucketBounds).
+	Buckets map[string]BucketBound
 }
 
 // Metrics counts what the service refuses (telemetry.Metrics implements it).
@@ -85,6 +90,8 @@ type Service struct {
 	inbox   string                   // prefix of the reply subjects of forwarded writes
 	next    uint64
 	waiting map[string]pending // by the last token of a forwarded write's reply subject
+
+	counts map[string]*keyCount // by the filter of a prefix's keys (buckets.go; made on first use)
 
 	admitted, refused atomic.Uint64
 	warn              rate.Sometimes
@@ -262,7 +269,10 @@ func (s *Service) check(kind, name, subject string, m *nats.Msg) (nats.Header, *
 	if r != nil {
 		return nil, r
 	}
-	return h, s.spend(kind+"."+name, subject, h, m.Data)
+	if r := s.spend(kind+"."+name, subject, h, m.Data); r != nil {
+		return nil, r
+	}
+	return h, s.hold(kind, name, subject, m)
 }
 
 // jsRollup is the header that asks a stream to purge the subject, or the whole stream,

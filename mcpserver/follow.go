@@ -49,7 +49,7 @@ func (b *bridge) follow(ctx context.Context, req *mcp.CallToolRequest, rs *toolb
 		},
 		ToolFinished: func(_ events.StoredEvent, tf toolbus.ToolFinished) {
 			if own.Is(tf.Step, tf.CallID, tf.Tool) {
-				answer = b.toolResult(ctx, tf.ToolResult)
+				answer = b.toolResult(ctx, callOwner(rs), tf.ToolResult)
 				answer.Meta = mcp.Meta{MetaRun: run, MetaCall: callrun.CallID}
 			}
 		},

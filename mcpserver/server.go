@@ -217,8 +217,9 @@ func (b *bridge) call(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallT
 
 // toolResult maps a tool result to MCP: the text the model would read, the output as
 // structured content when it is an object, the attachments as image, audio or resource
-// content, and isError for any status but succeeded.
-func (b *bridge) toolResult(ctx context.Context, r toolbus.ToolResult) *mcp.CallToolResult {
+// content, and isError for any status but succeeded. owner is the door's call
+// (callOwner): the only outputs its attachments may name.
+func (b *bridge) toolResult(ctx context.Context, owner store.OutputOwner, r toolbus.ToolResult) *mcp.CallToolResult {
 	text := r.Content
 	if text == "" && r.Error != nil {
 		text = r.Error.Message
@@ -235,7 +236,7 @@ func (b *bridge) toolResult(ctx context.Context, r toolbus.ToolResult) *mcp.Call
 		return res
 	}
 	for i, a := range r.Attachments {
-		res.Content = append(res.Content, b.attachment(ctx, r, i, a))
+		res.Content = append(res.Content, b.attachment(ctx, owner, r, i, a))
 	}
 	if out := json.RawMessage(r.Output); len(out) > 0 && out[0] == '{' && json.Valid(out) {
 		res.StructuredContent = out
@@ -246,12 +247,13 @@ func (b *bridge) toolResult(ctx context.Context, r toolbus.ToolResult) *mcp.Call
 // attachment maps attachment i of r to MCP content: image and audio content by its
 // media type, else an embedded resource (text for text media types, else a blob). The
 // bytes of an attachment kept in the outputs bucket are read from there; one that
-// cannot be read is a line of text that says so.
-func (b *bridge) attachment(ctx context.Context, r toolbus.ToolResult, i int, a toolbus.Attachment) mcp.Content {
+// cannot be read, or is not the call's own (store.CallOutput), is a line of text that
+// says so.
+func (b *bridge) attachment(ctx context.Context, owner store.OutputOwner, r toolbus.ToolResult, i int, a toolbus.Attachment) mcp.Content {
 	data := a.Data
 	if a.Ref != "" && len(data) == 0 {
 		var err error
-		if data, err = b.bus.Store().Output(ctx, a.Ref); err != nil {
+		if data, err = b.bus.Store().CallOutput(ctx, owner, a.Ref, i); err != nil {
 			b.cfg.Logger.Warn("mcp: attachment not read", "call_id", r.CallID, "ref", a.Ref, "error", err)
 			return &mcp.TextContent{Text: a.Describe() + " (its bytes could not be read)"}
 		}
@@ -280,4 +282,14 @@ func (b *bridge) attachment(ctx context.Context, r toolbus.ToolResult, i int, a 
 
 func errorResult(text string) *mcp.CallToolResult {
 	return &mcp.CallToolResult{IsError: true, Content: []mcp.Content{&mcp.TextContent{Text: text}}}
+}
+
+// callOwner is the call of a run the door started (its one pre-planned call, step 0):
+// the only call whose stored outputs the door reads for its answer.
+func callOwner(rs *toolbus.RunStarted) store.OutputOwner {
+	o := store.OutputOwner{Run: rs.RunID, CallID: callrun.CallID}
+	if len(rs.Calls) > 0 {
+		o.Tool = rs.Calls[0].Tool
+	}
+	return o
 }

@@ -183,7 +183,7 @@ func (b *bridge) taskView(ctx context.Context, rs *toolbus.RunStarted, caps *mcp
 			t.StatusMessage = ended.Reason
 		}
 	case finished != nil:
-		t.Status, t.Result = TaskCompleted, b.toolResult(ctx, *finished)
+		t.Status, t.Result = TaskCompleted, b.toolResult(ctx, callOwner(rs), *finished)
 		t.Result.Meta = mcp.Meta{MetaRun: rs.RunID, MetaCall: callrun.CallID}
 	case ended != nil:
 		t.Status = TaskCompleted

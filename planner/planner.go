@@ -700,7 +700,7 @@ func (p *Planner) callModel(ctx context.Context, rs *toolbus.RunStarted, step in
 	if err != nil {
 		return toolbus.ModelResponded{}, err
 	}
-	msgs = p.attachmentBytes(ctx, rs.RunID, msgs)
+	msgs = p.attachmentBytes(ctx, rs, msgs)
 	mctx, cancel := context.WithTimeout(ctx, p.cfg.ModelTimeout)
 	defer cancel()
 	if !rs.Limits.Deadline.IsZero() {
@@ -740,19 +740,31 @@ const MaxModelAttachmentBytes = 32 << 20
 
 // attachmentBytes returns msgs with the bytes of the attachments kept in the outputs
 // bucket (Ref, no Data) read from there, within MaxModelAttachmentBytes; msgs itself
-// is not changed (the history is cached).
-func (p *Planner) attachmentBytes(ctx context.Context, run string, msgs []toolbus.Message) []toolbus.Message {
+// is not changed (the history is cached). A reference is read only as its call's own
+// (store.CallOutput): each step's messages are its assistant message, then its tool
+// messages, so a tool message's step is the count of assistant messages after the
+// run's own messages; a reference in the run's own messages (the client's) is never
+// read.
+func (p *Planner) attachmentBytes(ctx context.Context, rs *toolbus.RunStarted, msgs []toolbus.Message) []toolbus.Message {
 	budget := MaxModelAttachmentBytes
 	var out []toolbus.Message
+	step := -1
 	for i, m := range msgs {
+		if i < len(rs.Messages) {
+			continue
+		}
+		if m.Role == toolbus.RoleAssistant {
+			step++
+		}
 		cloned := false
 		for j, a := range m.Attachments {
-			if a.Ref == "" || len(a.Data) > 0 || a.Size > budget {
+			if a.Ref == "" || len(a.Data) > 0 || a.Size > budget || m.Role != toolbus.RoleTool {
 				continue
 			}
-			data, err := p.bus.Store().Output(ctx, a.Ref)
+			owner := store.OutputOwner{Tool: m.Name, Run: rs.RunID, Step: step, CallID: m.ToolCallID}
+			data, err := p.bus.Store().CallOutput(ctx, owner, a.Ref, j)
 			if err != nil {
-				p.log.Warn("attachment not read for the model: it is described instead", "run_id", run, "ref", a.Ref, "error", err)
+				p.log.Warn("attachment not read for the model: it is described instead", "run_id", rs.RunID, "ref", a.Ref, "error", err)
 				continue
 			}
 			budget -= len(data)

@@ -11,6 +11,9 @@ import (
 	"strings"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/toolbus/toolbus"
+	"github.com/toolbus/toolbus/internal/refusal"
 )
 
 // Outputs too large for an event live in the KV bucket toolbus_outputs, cut in chunks:
@@ -37,6 +40,11 @@ func outputsFull(err error) error {
 	var apiErr *jetstream.APIError
 	if errors.As(err, &apiErr) && strings.Contains(apiErr.Description, "maximum bytes exceeded") {
 		return fmt.Errorf("%w: %w", ErrOutputsFull, err)
+	}
+	// A tenant at its bound of keys in the bucket is, for it, a full bucket: the result
+	// goes out without its whole output rather than waiting for room.
+	if errors.Is(refusal.Wrap(err), refusal.ErrTenantStoreFull) {
+		return fmt.Errorf("%w: %w", ErrOutputsFull, refusal.Wrap(err))
 	}
 	return err
 }
@@ -110,4 +118,83 @@ func (s *Store) Output(ctx context.Context, ref string) ([]byte, error) {
 		return nil, fmt.Errorf("%w: %s", ErrOutputCorrupt, key)
 	}
 	return buf.Bytes(), nil
+}
+
+// OutputOwner is a call as the core recorded it (the call of the assistant message the
+// planner wrote, which the injector matched the result to): its tool, run, step and
+// call id. A reference in a call's result is data its executor wrote, and the output
+// keys are predictable, so the core reads only the outputs stored under the key of the
+// result's own call (OwnsRef): the one rule every reader of a reference goes through
+// (CallOutput), so that no tenant's result carries another's output.
+type OutputOwner struct {
+	Tool   string
+	Run    string
+	Step   int
+	CallID string
+}
+
+// ErrForeignRef: a result's reference names no output of the result's own call.
+var ErrForeignRef = errors.New("store: the reference names no output of this call")
+
+// OwnsRef reports whether ref is the reference PutOutput (attachment < 0) or
+// PutAttachment (attachment i) gives the call's output.
+func (o OutputOwner) OwnsRef(ref string, attachment int) bool {
+	if !toolbus.ValidToolName(o.Tool) || !toolbus.ValidRunID(o.Run) || o.Step < 0 || o.CallID == "" {
+		return false
+	}
+	want := OutputRefPrefix + OutputKey(o.Tool, o.Run, o.Step, o.CallID)
+	if attachment >= 0 {
+		want += ".a" + strconv.Itoa(attachment)
+	}
+	return ref == want
+}
+
+// CallOutput reads the output (attachment < 0) or attachment i of the call o that ref
+// names; a reference that is not the call's own (OwnsRef) is refused with
+// ErrForeignRef and nothing is read.
+func (s *Store) CallOutput(ctx context.Context, o OutputOwner, ref string, attachment int) ([]byte, error) {
+	if !o.OwnsRef(ref, attachment) {
+		return nil, fmt.Errorf("%w: %q is not where call %q of tool %s (run %s, step %d) keeps its output", ErrForeignRef, ref, o.CallID, o.Tool, o.Run, o.Step)
+	}
+	return s.Output(ctx, ref)
+}
+
+// WithheldRefMarker starts the line that WithholdForeignRefs adds to a result's
+// content for each reference it withholds.
+const WithheldRefMarker = "[toolbus: withheld "
+
+// WithholdForeignRefs drops from r every reference that is not its call's own
+// (OwnsRef): an attachment keeps its media type, name and size but loses its Ref (its
+// bytes are never read), the whole output its Truncated.Ref; for each, a line saying so
+// is added to r.Content, so the model and every reader see that something was
+// withheld, never what. It returns how many references it dropped. The injector
+// applies it to every result it joins.
+func WithholdForeignRefs(o OutputOwner, r *toolbus.ToolResult) int {
+	n, cloned := 0, false
+	var lines []string
+	if r.Truncated != nil && r.Truncated.Ref != "" && !o.OwnsRef(r.Truncated.Ref, -1) {
+		t := *r.Truncated
+		t.Ref = ""
+		r.Truncated = &t
+		lines = append(lines, WithheldRefMarker+"the whole output: its reference names another call's output]")
+		n++
+	}
+	for i, a := range r.Attachments {
+		if a.Ref == "" || o.OwnsRef(a.Ref, i) {
+			continue
+		}
+		if !cloned { // the caller's slice may be shared
+			r.Attachments, cloned = append([]toolbus.Attachment(nil), r.Attachments...), true
+		}
+		r.Attachments[i].Ref, r.Attachments[i].Data = "", nil
+		lines = append(lines, fmt.Sprintf("%sattachment %d: its reference names another call's output]", WithheldRefMarker, i))
+		n++
+	}
+	if len(lines) > 0 {
+		if r.Content != "" {
+			lines = append([]string{r.Content}, lines...)
+		}
+		r.Content = strings.Join(lines, "\n")
+	}
+	return n
 }

@@ -6,6 +6,8 @@ import (
 	"fmt"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/toolbus/toolbus/internal/refusal"
 )
 
 // NoTeam is the team token of the secrets of an executor with no team (TOOLBUS_TEAM
@@ -83,5 +85,5 @@ func (s *Secrets) Swap(ctx context.Context, name string, value []byte, rev uint6
 		(apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence || apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant)) {
 		return 0, false, nil
 	}
-	return 0, false, fmt.Errorf("store: write secret %s: %w", name, err)
+	return 0, false, fmt.Errorf("store: write secret %s: %w", name, refusal.Wrap(err))
 }

@@ -900,6 +900,14 @@ func (w *Worker) keepLargeAttachments(ctx context.Context, queue string, req too
 			continue
 		}
 		ref, err := w.bus.Store().PutAttachment(ctx, queue, req.RunID, req.Step, req.Call.CallID, i, a.Data)
+		if errors.Is(err, store.ErrOutputsFull) {
+			// As a large output (keepLargeOutput): the result goes out with the
+			// attachment described (no bytes, no ref) rather than waiting for room.
+			w.log.Warn("large attachment not kept: the outputs bucket is full", "run_id", req.RunID, "call_id", req.Call.CallID,
+				"tool", req.Call.Tool, "attachment", i, "bytes", len(a.Data), "error", err)
+			a.Data = nil
+			continue
+		}
 		if err != nil {
 			return err
 		}

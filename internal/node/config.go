@@ -18,6 +18,7 @@ import (
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/executor/worker"
 	"github.com/toolbus/toolbus/injector"
+	"github.com/toolbus/toolbus/intake"
 	"github.com/toolbus/toolbus/planner"
 	"github.com/toolbus/toolbus/telemetry"
 )
@@ -75,6 +76,9 @@ type Config struct {
 	// TestTenantBytesDefault holds the tag to): a tenant's writes are bounded out of the box.
 	TenantBytesPerSecond float64 `envconfig:"TENANT_BYTES_PER_SECOND" default:"1048576" desc:"bytes per second (subject, headers, data and 64 bytes a message) one team or client identity in an account of its own may store, per injector; a write beyond it is refused at once, code 429 quota_exceeded (0: no bound)"`
 	TenantBytesBurst     int     `envconfig:"TENANT_BYTES_BURST" desc:"bytes a tenant may store at once beyond TOOLBUS_TENANT_BYTES_PER_SECOND (0: a minute of the rate, at least the server's max_payload)"`
+	// The bounds of a team's keys of each shared bucket (intake.BucketBounds).
+	TenantBucketKeys map[string]int `envconfig:"TENANT_BUCKET_KEYS" desc:"most keys of one team (secrets, instances) or tool (claims, outputs) in a shared bucket, as bucket:keys,... over the defaults secrets:16,instances:256,outputs:2048; a new key beyond it is refused at once, code 507 store_full (0: no bound)"`
+	TenantValueBytes map[string]int `envconfig:"TENANT_VALUE_BYTES" desc:"largest value of a tenant's key in a shared bucket, as bucket:bytes,... over the defaults secrets:65536,instances:262144,claims:65536,outputs:131072; a larger one is refused, code 400 (0: no bound)"`
 	// Deciders may decide on and cancel every run besides its principal and approvers.
 	Deciders []string `envconfig:"DECIDERS" desc:"identities (besides a run's principal and the approvers its start lists) who may approve, deny, respond to and cancel every run; * lets anyone. Unset: * on the embedded server (one party), nobody else when TOOLBUS_NATS_URL names a shared server"`
 
@@ -153,6 +157,12 @@ func (c Config) validate() error {
 		err = events.InvalidField("StartsPerSecond", c.StartsPerSecond, "0 (no bound) or more")
 	case c.MaxStartBytes < 0:
 		err = events.InvalidField("MaxStartBytes", c.MaxStartBytes, "0 (no bound) or more")
+	case c.TenantBucketKeys != nil || c.TenantValueBytes != nil:
+		if _, err = intake.BucketBounds(c.TenantBucketKeys, c.TenantValueBytes); err != nil {
+			err = fmt.Errorf("config: %s, %s: %w", envName("TenantBucketKeys"), envName("TenantValueBytes"), err)
+			break
+		}
+		fallthrough
 	default:
 		if err = c.Settings.Validate(); err == nil {
 			err = planner.Config{MaxCallsPerStep: c.MaxCallsPerStep}.Validate()

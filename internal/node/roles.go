@@ -207,7 +207,9 @@ func runInjector(ctx context.Context, cfg Config, bus *events.Bus, log *slog.Log
 		})
 	}
 	if cfg.WriteService {
-		lim := intake.Limits{BytesPerSecond: cfg.TenantBytesPerSecond, Burst: cfg.TenantBytesBurst, MaxStartBytes: cfg.MaxStartBytes}
+		// Checked with the configuration (Config.Validate): no error here.
+		buckets, _ := intake.BucketBounds(cfg.TenantBucketKeys, cfg.TenantValueBytes)
+		lim := intake.Limits{BytesPerSecond: cfg.TenantBytesPerSecond, Burst: cfg.TenantBytesBurst, MaxStartBytes: cfg.MaxStartBytes, Buckets: buckets}
 		svc := intake.New(bus.Conn(), lim, log)
 		if tel != nil {
 			svc.Observe(tel)

@@ -15,10 +15,12 @@ import (
 
 // The err_codes of the write service's refusals: QuotaErrCode of a tenant over its bytes
 // per second (code 429), RefusedErrCode of a write it does not admit (code 400) or could
-// not forward (code 503).
+// not forward (code 503), StoreFullErrCode of a new key of a tenant that holds its bound
+// of keys in a shared bucket (code 507).
 const (
-	QuotaErrCode   = 10801
-	RefusedErrCode = 10800
+	QuotaErrCode     = 10801
+	RefusedErrCode   = 10800
+	StoreFullErrCode = 10802
 )
 
 // ErrTenantQuota and ErrWriteRefused are events.ErrTenantQuota and events.ErrWriteRefused.
@@ -27,11 +29,17 @@ var (
 	ErrWriteRefused = errors.New("events: the core's write service refused the write")
 )
 
+// ErrTenantStoreFull is events.ErrTenantStoreFull: the write would add a key to a shared
+// bucket in which the tenant holds its bound of keys (TOOLBUS_TENANT_BUCKET_KEYS). It
+// passes once the tenant's keys expire or an admin purges some; writing a key the
+// tenant holds already passes.
+var ErrTenantStoreFull = errors.New("events: store_full: the tenant holds its bound of keys in this bucket")
+
 // Wrap returns err wrapped in ErrTenantQuota or ErrWriteRefused when it is (or wraps) a
 // refusal of the write service (a *jetstream.APIError of its err_codes), keeping the
 // service's description; any other error, nil, or an error already wrapped, unchanged.
 func Wrap(err error) error {
-	if err == nil || errors.Is(err, ErrTenantQuota) || errors.Is(err, ErrWriteRefused) {
+	if err == nil || errors.Is(err, ErrTenantQuota) || errors.Is(err, ErrWriteRefused) || errors.Is(err, ErrTenantStoreFull) {
 		return err
 	}
 	var apiErr *jetstream.APIError
@@ -43,6 +51,8 @@ func Wrap(err error) error {
 		return fmt.Errorf("%w: %w", ErrTenantQuota, err)
 	case RefusedErrCode:
 		return fmt.Errorf("%w: %w", ErrWriteRefused, err)
+	case StoreFullErrCode:
+		return fmt.Errorf("%w: %w", ErrTenantStoreFull, err)
 	}
 	return err
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
 	"github.com/toolbus/toolbus/events/provision"
+	"github.com/toolbus/toolbus/events/store"
 	"github.com/toolbus/toolbus/intake"
 )
 
@@ -18,11 +19,13 @@ import (
 // (test/write-refusals.test.ts): a server of the accounts layout with the team account
 // alpha (granted the tool team_flood, whose queue is provisioned in the core) and the
 // client account carol (bound to carol), whose core's write service bounds each tenant
-// (eventstest.StartTenantsLimited): small starts, and a small bytes per second and burst,
-// so that the TypeScript client and executor meet each refusal for real.
+// (eventstest.StartTenantsLimited): small starts, a small bytes per second and burst,
+// and two keys of the tool in the outputs bucket, so that the TypeScript client and
+// executor meet each refusal for real.
 func TestNPMWriteRefusals(t *testing.T) {
 	npm := needNPM(t)
-	lim := intake.Limits{BytesPerSecond: 1000, Burst: 20_000, MaxStartBytes: 8 << 10}
+	lim := intake.Limits{BytesPerSecond: 1000, Burst: 20_000, MaxStartBytes: 8 << 10,
+		Buckets: map[string]intake.BucketBound{store.BucketOutputs: {Keys: 2}}}
 	const team, tool, client = "alpha", "team_flood", "carol"
 	srv := eventstest.StartTenantsLimited(t, map[string][]string{team: {tool}}, map[string][]string{client: {client}}, lim)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
@@ -34,7 +37,8 @@ func TestNPMWriteRefusals(t *testing.T) {
 	lb, err := json.Marshal(map[string]any{"url": srv.ClientURL(), "core_user": "core", "core_password": "core",
 		"team_user": team, "team_password": team, "team_name": team, "api_prefix": eventstest.TeamAPIPrefix, "tool": tool,
 		"client_user": client, "client_password": client,
-		"max_start_bytes": lim.MaxStartBytes, "bytes_per_second": lim.BytesPerSecond, "burst": lim.Burst})
+		"max_start_bytes": lim.MaxStartBytes, "bytes_per_second": lim.BytesPerSecond, "burst": lim.Burst,
+		"output_keys": lim.Buckets[store.BucketOutputs].Keys})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,7 +10,7 @@ import type { NatsConnection, Subscription } from '@nats-io/transport-node';
 import type { Consumer, ConsumerMessages, JsMsg } from '@nats-io/jetstream';
 import type { ValidateFunction } from 'ajv';
 import {
-  Bus, ContractChangedError, PoisonError, TenantQuotaError, Type, WriteRefusedError, agreeingRun, callAttrs, callSubject, decodeEvent, id, isNoResponders, key, queueAckWait, source, subject,
+  Bus, ContractChangedError, PoisonError, TenantQuotaError, TenantStoreFullError, Type, WriteRefusedError, agreeingRun, callAttrs, callSubject, decodeEvent, id, isNoResponders, key, queueAckWait, source, subject,
   toolConsumer, toolTokenOfSubject, validRunID, validToolName,
   type Cancel, type Claim, type Decision, type FailedAttempt, type Principal, type RunStarted, type ToolCall, type ToolContract,
   type ToolProgress, type ToolRequested, type ToolResult,
@@ -1395,8 +1395,16 @@ export class Executor {
     if (res.output !== undefined) {
       const body = Buffer.from(JSON.stringify(res.output));
       if (body.length > this.settings.inlineOutputMax) {
-        const ref = await this.write(d.msg, 'store the large output', () => bus.putOutput(d.queue, d.req.run_id, d.req.step, res.call_id, body));
-        res.truncated = { ...(res.truncated ?? { original_bytes: body.length, kept_bytes: Buffer.byteLength(res.content) }), ref };
+        let ref: string | undefined;
+        try {
+          ref = await this.write(d.msg, 'store the large output', () => bus.putOutput(d.queue, d.req.run_id, d.req.step, res.call_id, body));
+        } catch (err) {
+          // The team holds its bound of output keys: as with a full bucket, the result
+          // goes out without the whole output (no ref) rather than waiting for room.
+          if (!(err instanceof TenantStoreFullError)) throw err;
+          this.log.warn('large output not kept: the team holds its bound of output keys', { run_id: d.req.run_id, call_id: res.call_id, error: err.message });
+        }
+        res.truncated = { ...(res.truncated ?? { original_bytes: body.length, kept_bytes: Buffer.byteLength(res.content) }), ...(ref ? { ref } : {}) };
         delete res.output;
       }
     }

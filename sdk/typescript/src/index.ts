@@ -10,5 +10,5 @@ export { Metrics } from './ops.js';
 export * as wire from './wire.js';
 export type { Approval, Cancel, Principal, RunEnded, RunStarted, ToolCall, ToolContract, ToolFinished, ToolProgress, ToolResult } from './wire.js';
 export { Client, RunExistsError } from './client.js';
-export { NotBoundError, TenantQuotaError, WriteRefusedError, readAPIPrefix } from './wire.js';
+export { NotBoundError, TenantQuotaError, TenantStoreFullError, WriteRefusedError, readAPIPrefix } from './wire.js';
 export type { ClientOptions, Decision, RunEvent, StartRun } from './client.js';

@@ -555,6 +555,8 @@ export class NotBoundError extends Error {
 export const WRITE_REFUSED_ERR_CODE = 10800;
 /** The err_code of a write refused because its tenant is over its bytes per second (events.WriteQuotaErrCode). */
 export const WRITE_QUOTA_ERR_CODE = 10801;
+/** The err_code of a new key refused because its tenant holds its bound of keys in the bucket (events.WriteStoreFullErrCode). */
+export const WRITE_STORE_FULL_ERR_CODE = 10802;
 
 /**
  * A write the core's write service refused (the accounts layout: CONTRACT.md, "Tenants'
@@ -592,10 +594,23 @@ export class TenantQuotaError extends WriteRefusedError {
   override name = 'TenantQuotaError';
 }
 
-/** err as a WriteRefusedError or TenantQuotaError when it is a refusal of the write service, else err itself. */
+/**
+ * A new key of a shared bucket (secrets, instances, claims, outputs) refused because its
+ * tenant (the team, or the tool for claims and outputs) holds its bound of keys there
+ * (TOOLBUS_TENANT_BUCKET_KEYS; code 507, err_code WRITE_STORE_FULL_ERR_CODE; Go:
+ * events.ErrTenantStoreFull): nothing was stored. Writing a key the tenant holds passes;
+ * a new one once some of its keys expire or an admin purges them. The executor keeps a
+ * large output it cannot store as a full outputs bucket: the result goes out without it.
+ */
+export class TenantStoreFullError extends WriteRefusedError {
+  override name = 'TenantStoreFullError';
+}
+
+/** err as a WriteRefusedError, TenantQuotaError or TenantStoreFullError when it is a refusal of the write service, else err itself. */
 export function writeRefusal(err: unknown, subject: string): unknown {
-  if (!(err instanceof JetStreamApiError) || (err.code !== WRITE_REFUSED_ERR_CODE && err.code !== WRITE_QUOTA_ERR_CODE)) return err;
+  if (!(err instanceof JetStreamApiError) || (err.code !== WRITE_REFUSED_ERR_CODE && err.code !== WRITE_QUOTA_ERR_CODE && err.code !== WRITE_STORE_FULL_ERR_CODE)) return err;
   const r = { code: err.status, err_code: err.code, description: err.apiError().description };
+  if (err.code === WRITE_STORE_FULL_ERR_CODE) return new TenantStoreFullError(subject, r, { cause: err });
   return err.code === WRITE_QUOTA_ERR_CODE ? new TenantQuotaError(subject, r, { cause: err }) : new WriteRefusedError(subject, r, { cause: err });
 }
 
@@ -1105,12 +1120,19 @@ export class Bus {
     const kv = await this.store(Bucket.outputs);
     const k = key.output(queue, run, step, callID);
     let n = 0;
+    const put = async (kk: string, v: Uint8Array) => {
+      try {
+        await kv.put(kk, v);
+      } catch (err) {
+        throw writeRefusal(err, `$KV.${Bucket.outputs}.${kk}`);
+      }
+    };
     for (let off = 0; off < data.length || n === 0; off += OUTPUT_CHUNK) {
-      await kv.put(`${k}.${n}`, data.subarray(off, Math.min(off + OUTPUT_CHUNK, data.length)));
+      await put(`${k}.${n}`, data.subarray(off, Math.min(off + OUTPUT_CHUNK, data.length)));
       n++;
     }
     const sha256 = createHash('sha256').update(data).digest('hex');
-    await kv.put(`${k}.meta`, enc.encode(JSON.stringify({ size: data.length, chunks: n, sha256 })));
+    await put(`${k}.meta`, enc.encode(JSON.stringify({ size: data.length, chunks: n, sha256 })));
     return `kv://${Bucket.outputs}/${k}`;
   }
 

@@ -8,7 +8,7 @@
 import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { connect, type NatsConnection } from '@nats-io/transport-node';
-import { Client, TenantQuotaError, WriteRefusedError, wire, type Tool } from '../src/index.js';
+import { Client, TenantQuotaError, TenantStoreFullError, WriteRefusedError, wire, type Tool } from '../src/index.js';
 import { request, result, startExecutor, unique } from './helpers.js';
 
 interface LimitedBus {
@@ -28,6 +28,8 @@ interface LimitedBus {
   max_start_bytes: number;
   bytes_per_second: number;
   burst: number;
+  /** The most keys of the tool in the outputs bucket. */
+  output_keys: number;
 }
 
 const conf = process.env.TOOLBUS_TEST_LIMITED_BUS;
@@ -57,8 +59,20 @@ function refused(err: unknown, code: number, errCode: number, why: RegExp): true
   assert.equal(err.errCode, errCode, String(err));
   assert.match(err.description, why);
   assert.equal(err instanceof TenantQuotaError, code === 429, `TenantQuotaError exactly for 429: ${err.name}`);
+  assert.equal(err instanceof TenantStoreFullError, code === 507, `TenantStoreFullError exactly for 507: ${err.name}`);
   return true;
 }
+
+test('team account: a new output key over the tool\'s bound of keys is refused (TenantStoreFullError, 507); a key it holds passes', { skip, timeout: 60000 }, async () => {
+  const bus = new wire.Bus(team, { apiPrefix: lb.api_prefix });
+  const run = unique('run');
+  const small = new TextEncoder().encode('small');
+  // A small output is lb.output_keys keys (a chunk and its meta): within the bound.
+  const ref = await bus.putOutput(lb.tool, run, 0, 'c1', small);
+  assert.equal(ref, `kv://toolbus_outputs/${lb.tool}.${run}.0.c1`);
+  await bus.putOutput(lb.tool, run, 0, 'c1', small); // the keys it holds: passes
+  await assert.rejects(bus.putOutput(lb.tool, run, 0, 'c2', small), (e) => refused(e, 507, wire.WRITE_STORE_FULL_ERR_CODE, /store_full/));
+});
 
 test('client account: an oversized start, decision or cancel is refused (WriteRefusedError, 400); a flood of starts is over the quota (TenantQuotaError, 429)', { skip, timeout: 60000 }, async () => {
   const c = await Client.connect({ connection: carol, identity: lb.client_user, readPrefix: wire.readAPIPrefix(lb.client_user) });
