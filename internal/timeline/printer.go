@@ -207,12 +207,7 @@ func (p *Printer) Print(ev events.StoredEvent) (status toolbus.RunStatus, done b
 			}
 			fmt.Fprintln(p.out, line)
 		},
-		ToolWaiting: func(_ events.StoredEvent, tw toolbus.ToolWaiting) {
-			if p.open[tw.Call.CallID] == tw.Call.Tool {
-				p.waiting[tw.Call.CallID] = true
-			}
-			fmt.Fprintf(p.out, "        .. %s %s waits for approval\n", tw.Call.CallID, tw.Call.Tool)
-		},
+		ToolWaiting: func(_ events.StoredEvent, tw toolbus.ToolWaiting) { p.toolWaiting(tw) },
 		Approval: func(ev events.StoredEvent, a toolbus.Approval, _ bool) {
 			delete(p.waiting, a.CallID) // decided: the call is issued again, or answered
 			p.approval(ev, a)
@@ -277,6 +272,15 @@ func (p *Printer) modelResponded(mr toolbus.ModelResponded) {
 	for _, c := range mr.Message.ToolCalls {
 		fmt.Fprintf(p.out, "        -> %s %s(%s)\n", c.CallID, c.Tool, oneLine(c.Arguments, 80))
 	}
+}
+
+// toolWaiting prints a call that waits for approval, and records it (on its tool's own
+// subject) for WaitingFor.
+func (p *Printer) toolWaiting(tw toolbus.ToolWaiting) {
+	if p.open[tw.Call.CallID] == tw.Call.Tool {
+		p.waiting[tw.Call.CallID] = true
+	}
+	fmt.Fprintf(p.out, "        .. %s %s waits for approval\n", tw.Call.CallID, tw.Call.Tool)
 }
 
 // report records that the executor of call callID of tool reported on it (what: its
