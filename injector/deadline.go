@@ -369,16 +369,21 @@ func (in *Injector) Deadline(ctx context.Context, run string, deadline time.Time
 	for i, c := range calls {
 		index[c.CallID] = i
 	}
+	join, _, err := in.bus.Store().StepState(ctx, run, step)
+	if err != nil && !errors.Is(err, events.ErrNotFound) {
+		return err
+	}
 	futures := make([]*events.PubFuture, 0, len(unanswered))
 	for _, c := range unanswered {
 		i, ok := index[c.CallID]
 		if !ok {
 			continue
 		}
-		res := toolbus.ToolResult{CallID: c.CallID, Tool: c.Tool, Status: toolbus.StatusTimedOut, Executor: in.source,
-			Content: "no executor answered this call before the run's deadline",
-			Error: &toolbus.ToolError{Code: toolbus.CodeTimeout,
-				Message: "no executor answered before the run's deadline " + deadline.UTC().Format(time.RFC3339)}}
+		undecided, err := in.waitedForApproval(ctx, join, i, c.CallID)
+		if err != nil {
+			return err
+		}
+		res := deadlineResult(c, in.source, deadline, undecided)
 		f, err := in.bus.PublishEventAsync(ctx, events.ToolFinishedEvent(in.source,
 			toolbus.ToolFinished{RunID: run, Step: step, CallIndex: i, CallCount: len(calls), ToolResult: res}))
 		if err != nil {
@@ -401,6 +406,33 @@ func (in *Injector) Deadline(ctx context.Context, run string, deadline time.Time
 	in.log.Info("run outcome", "run_id", run, "step", step, "status", stored.Status, "code", stored.Code,
 		"unanswered", len(unanswered))
 	return nil
+}
+
+// deadlineResult is the timed_out result the injector gives a call of a run whose
+// deadline passed with no result for it: undecided says it waited for an approval
+// nobody gave (the approval timed out), else no executor answered it.
+func deadlineResult(c toolbus.ToolCall, source string, deadline time.Time, undecided bool) toolbus.ToolResult {
+	at := deadline.UTC().Format(time.RFC3339)
+	content, msg := "no executor answered this call before the run's deadline", "no executor answered before the run's deadline "+at
+	if undecided {
+		content, msg = "the approval timed out: nobody approved or denied this call before the run's deadline",
+			"the approval timed out: nobody approved or denied the call before the run's deadline "+at
+	}
+	return toolbus.ToolResult{CallID: c.CallID, Tool: c.Tool, Status: toolbus.StatusTimedOut, Executor: source,
+		Content: content, Error: &toolbus.ToolError{Code: toolbus.CodeTimeout, Message: msg}}
+}
+
+// waitedForApproval reports whether call callID (index i of the step of join state st, nil
+// when none) waited for approval and no decision on it was recorded.
+func (in *Injector) waitedForApproval(ctx context.Context, st *store.StepState, i int, callID string) (bool, error) {
+	if st == nil || !st.Waiting.Has(i) {
+		return false, nil
+	}
+	_, err := in.bus.Store().StepDecision(ctx, st.RunID, st.Step, callID)
+	if errors.Is(err, events.ErrNotFound) {
+		return true, nil
+	}
+	return false, err
 }
 
 // recordDeadline stores the deadline outcome of a running run, listing the calls of its

@@ -1,14 +1,19 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/eventstest"
 	"github.com/toolbus/toolbus/executor"
+	"github.com/toolbus/toolbus/internal/testutil"
 	"github.com/toolbus/toolbus/planner"
 )
 
@@ -60,4 +65,68 @@ func TestAnswerCommand(t *testing.T) {
 	}
 	code, out, errOut = p.toolbus("answer", "ask-1", "p", `{"account":"checking"}`, "--who", "tester")
 	wantCode(t, "a second answer", code, 1, out, errOut)
+}
+
+// `toolbus call` says what its waiting call waits for, from what the tool's executor
+// recorded: an executor running it (its last report), then its question, with the
+// exact `toolbus answer` command that moves it on (which, filled in, answers it).
+func TestCallSaysWhatItWaitsFor(t *testing.T) {
+	old := waitHint
+	waitHint = 200 * time.Millisecond
+	t.Cleanup(func() { waitHint = old })
+	gate := make(chan struct{})
+	schema := json.RawMessage(`{"type":"object","properties":{"account":{"type":"string","enum":["checking","savings"]}},"required":["account"]}`)
+	payout := executor.Tool{
+		Name: "payout", Description: "reports, waits, then asks which account to pay from",
+		InputSchema: json.RawMessage(`{"type":"object"}`), Timeout: 10 * time.Minute,
+		Func: func(ctx context.Context, _ json.RawMessage) (any, error) {
+			_ = executor.Progress(ctx, 1, 2, "checking the balance")
+			select {
+			case <-gate:
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+			a, err := executor.Ask(ctx, "Which account?", schema)
+			if err != nil {
+				return nil, err
+			}
+			return map[string]any{"paid_from": a.Content}, nil
+		},
+	}
+	p := startOpsPipeline(t, nil, payout)
+	var errOut testutil.Buffer
+	type exit struct {
+		code int
+		out  string
+	}
+	done := make(chan exit, 1)
+	go func() {
+		var out bytes.Buffer
+		code := run(p.ctx, []string{"call", "--id", "call-payout", "payout"}, &out, &errOut)
+		done <- exit{code, out.String()}
+	}()
+	waitFor := func(want string) {
+		t.Helper()
+		eventstest.Eventually(t, time.Minute, func() error {
+			if !strings.Contains(errOut.String(), want) {
+				return fmt.Errorf("stderr lacks %q:\n%s", want, errOut.String())
+			}
+			return nil
+		})
+	}
+	waitFor("(waiting for call_0 payout, which an executor is running (last report: progress 1/2 (50%): checking the balance))")
+	close(gate)
+	const answer = `toolbus answer call-payout call_0 '{"account":<"checking"|"savings">}' (or --decline)`
+	waitFor(`(waiting for an answer to the question of call_0 payout: "Which account?"; answer it: ` + answer + ")")
+
+	// The command as printed, its placeholder filled in, answers the question.
+	code, out, stderr := p.toolbus("answer", "call-payout", "call_0", `{"account":"savings"}`)
+	wantCode(t, "the printed answer command", code, 0, out, stderr)
+	select {
+	case e := <-done:
+		wantCode(t, "toolbus call payout", e.code, 0, e.out, errOut.String())
+		wantContains(t, "toolbus call payout", e.out, `"account": "savings"`)
+	case <-time.After(time.Minute):
+		t.Fatalf("toolbus call did not return once answered:\n%s", errOut.String())
+	}
 }

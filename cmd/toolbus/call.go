@@ -15,6 +15,7 @@ import (
 	"github.com/toolbus/toolbus/audit"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/internal/callrun"
+	"github.com/toolbus/toolbus/internal/decide"
 	"github.com/toolbus/toolbus/internal/node"
 	"github.com/toolbus/toolbus/internal/timeline"
 )
@@ -148,8 +149,7 @@ func (req callRequest) report(out io.Writer, run string, o callrun.Outcome) erro
 	res, ended := o.Result, o.Ended
 	switch {
 	case o.Waiting:
-		fmt.Fprintf(out, "%s needs approval: toolbus approve %s %s (or toolbus deny %s %s --reason ...); toolbus replay %s shows the result\n",
-			req.tool, run, callrun.CallID, run, callrun.CallID, run)
+		fmt.Fprintf(out, "%s needs approval: %s; toolbus replay %s shows the result\n", req.tool, decide.ApproveCommand(run, callrun.CallID), run)
 		return &exitError{code: callrun.ExitApproval}
 	case res == nil:
 		msg := fmt.Sprintf("run %s ended %s before the call answered", run, ended.Status)

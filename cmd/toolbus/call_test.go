@@ -72,7 +72,8 @@ func TestCallEmbedded(t *testing.T) {
 }
 
 // TestCallServer: toolbus call against a running pipeline (TOOLBUS_NATS_URL): the
-// result, a timeout, and a call that needs approval (exit 3, then approved).
+// result, a timeout, and a call that needs approval (exit 3, then approved; or never
+// decided: its approval timed out).
 func TestCallServer(t *testing.T) {
 	p := startOpsPipeline(t, nil, deployForOps())
 	code, out, errOut := p.toolbus("call", "calculator", `{"expression":"2^10"}`)
@@ -91,6 +92,15 @@ func TestCallServer(t *testing.T) {
 	code, out, errOut = p.toolbus("approve", "call-deploy", "call_0")
 	wantCode(t, "approve", code, 0, out, errOut)
 	p.waitStatus("call-deploy", toolbus.RunCompleted)
+
+	// Nobody decides before the run's deadline: the call's result says that the
+	// approval timed out (not that no executor answered).
+	code, out, errOut = p.toolbus("call", "--id", "call-undecided", "--timeout", "2s", "deploy", `{"service":"api"}`)
+	wantCode(t, "call of a tool that needs approval", code, callrun.ExitApproval, out, errOut)
+	p.waitStatus("call-undecided", toolbus.RunLimitReached)
+	code, out, errOut = p.toolbus("replay", "call-undecided")
+	wantCode(t, "replay of the undecided call", code, 0, out, errOut)
+	wantContains(t, "replay of the undecided call", out, "tool.finished call_0 deploy: timed_out timeout (the approval timed out: nobody approved or denied")
 
 	code, out, errOut = p.toolbus("call", "fail", `{"message":"boom"}`)
 	wantCode(t, "call of fail", code, callrun.ExitFailed, out, errOut)

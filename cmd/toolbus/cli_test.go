@@ -16,6 +16,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
 	"github.com/toolbus/toolbus/events/provision"
@@ -321,4 +322,22 @@ func TestCLIRunHeaderNamesThePlannersModel(t *testing.T) {
 	if strings.Contains(out, "openai") {
 		t.Fatalf("the header names the client's TOOLBUS_MODEL:\n%s", out)
 	}
+}
+
+// TestCLIRunWaitingNamesTheCommand: a run that waits for approval (exit 3) prints the
+// command that decides each waiting call, and that command moves the run on.
+func TestCLIRunWaitingNamesTheCommand(t *testing.T) {
+	p := startOpsPipeline(t, map[string]*planner.Script{
+		"run-waits": {Steps: []func(planner.Request) planner.Response{
+			planner.Calls(opsCall("call_deploy", "deploy", `{"service":"api"}`)),
+			planner.Answer("deployed"),
+		}},
+	}, deployForOps())
+	code, out, errOut := p.toolbus("run", "--id", "run-waits", "deploy the api")
+	wantCode(t, "run of a call that needs approval", code, 3, out, errOut)
+	wantContains(t, "run of a call that needs approval", out,
+		"decide call_deploy: toolbus approve run-waits call_deploy (or toolbus deny run-waits call_deploy --reason ...)\n")
+	code, out, errOut = p.toolbus("approve", "run-waits", "call_deploy")
+	wantCode(t, "the printed approve command", code, 0, out, errOut)
+	p.waitStatus("run-waits", toolbus.RunCompleted)
 }

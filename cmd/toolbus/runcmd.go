@@ -15,6 +15,7 @@ import (
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/injector"
 	"github.com/toolbus/toolbus/internal/callrun"
+	"github.com/toolbus/toolbus/internal/decide"
 	"github.com/toolbus/toolbus/internal/node"
 	"github.com/toolbus/toolbus/internal/timeline"
 	"github.com/toolbus/toolbus/planner/models"
@@ -176,11 +177,23 @@ func (f *runFollower) follow(ctx context.Context, watch *events.Watcher) error {
 			continue
 		}
 		idleSince, lastHint = time.Now(), ""
-		if status, done := p.Print(ev); done {
+		status, done := p.Print(ev)
+		if ev.Meta.Type == events.TypeToolQuestion && !done {
+			// A call asks its caller: say now how to answer, not after a silence.
+			lastHint = timeline.WaitingHint(ctx, f.c.Bus, p)
+			fmt.Fprintln(f.out, lastHint)
+		}
+		if done {
 			switch status {
 			case toolbus.RunCompleted:
 				return nil
 			case toolbus.RunWaitingForApproval:
+				var re toolbus.RunEnded
+				if ev.Decode(&re) == nil {
+					for _, c := range re.Pending { // what moves the run on
+						fmt.Fprintf(f.out, "decide %s: %s\n", c.CallID, decide.ApproveCommand(f.run, c.CallID))
+					}
+				}
 				return &exitError{code: 3}
 			default:
 				return &exitError{code: 1}

@@ -37,12 +37,14 @@ type edit struct {
 	max              int  // at most; -1: any
 	rotate           bool // the argument is a user to rotate, g is unchanged
 	apply            func(g *natsjwt.Grants, args []string) error
+	// next, when set, is the command that must run after the edit ("": none).
+	next func(args []string) string
 }
 
 // edits are the subcommands that change a deployment, in the order -h lists them.
 var edits = []edit{
-	{name: "add-team", args: "TEAM [TOOL...]", what: "add a team (its own account in the accounts layout) owning the tools named", min: 1, max: -1, apply: addTeam},
-	{name: "grant", args: "TEAM TOOL...", what: "grant tools to a team (a tool has one owner)", min: 2, max: -1, apply: grant},
+	{name: "add-team", args: "TEAM [TOOL...]", what: "add a team (its own account in the accounts layout) owning the tools named", min: 1, max: -1, apply: addTeam, next: initTools},
+	{name: "grant", args: "TEAM TOOL...", what: "grant tools to a team (a tool has one owner)", min: 2, max: -1, apply: grant, next: initTools},
 	{name: "revoke", args: "TEAM TOOL...", what: "revoke tools of a team (taken away once the servers take the change: -push; a reload too with init -memory-resolver)", min: 2, max: -1, apply: revoke},
 	{name: "remove-team", args: "TEAM", what: "remove a team: its executor user's files are deleted and its JWT revoked (in the accounts layout its account is kept with no import)", min: 1, max: 1, apply: removeTeam},
 	{name: "add-client", args: "NAME IDENTITY...", what: "add client credentials (client-NAME; its own account in the accounts layout) that act and read only as the identities named", min: 2, max: -1, apply: addClient},
@@ -50,6 +52,19 @@ var edits = []edit{
 	{name: "rotate", args: "USER", what: "issue one user new credentials (new password, nkey and JWT; the old JWT is revoked)", min: 1, max: 1, rotate: true},
 	{name: "push", args: "", what: "push every account JWT to the running servers (after an edit without -push)", min: 0, max: 0},
 	{name: "issue", args: "", what: "issue every file again from deployment.json and grants.json, pushing nothing unless -push (after editing deployment.json; servers on auth-users.conf or auth-nkeys.conf then reload)", min: 0, max: 0},
+}
+
+// initTools is what must run after a team is given tools (args: the team, its new
+// tools): the tools' queues exist once `toolbus init --tools` made them with admin's
+// credentials (a team's account may not create them), and the team's executors refuse
+// to start until then.
+func initTools(args []string) string {
+	team, tools := args[0], args[1:]
+	if len(tools) == 0 {
+		return fmt.Sprintf("next: grant it tools (toolbus admin grant %s TOOL...), then create their queues: toolbus init --tools TOOL,...", team)
+	}
+	return fmt.Sprintf("next: create the queues of %s's new tools (admin's credentials; its executors refuse to start until then): toolbus init --tools %s",
+		team, strings.Join(tools, ","))
 }
 
 func addTeam(g *natsjwt.Grants, args []string) error {

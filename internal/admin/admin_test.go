@@ -124,28 +124,35 @@ func TestSubcommandsTouchOnlyTheirTenant(t *testing.T) {
 				wantOutFull    []string // and with its full resolver
 			}{
 				{args: []string{"add-team", "gamma", "web"}, want: user("executor-gamma"), wantJWT: []string{"team-gamma.jwt", "team-gamma.nk"},
-					wantOut:       []string{"new       executor-gamma: hand out its files", "TOOLBUS_TEAM=gamma TOOLBUS_EXECUTOR_TOOLS=web"},
-					wantOutMemory: []string{"new       account team-gamma: reload the server"},
-					wantOutFull:   []string{"new       account team-gamma: push it (system.creds: toolbus admin push"}},
+					wantOut: []string{"new       executor-gamma: hand out its files", "TOOLBUS_TEAM=gamma TOOLBUS_EXECUTOR_TOOLS=web",
+						"next: create the queues of gamma's new tools (admin's credentials; its executors refuse to start until then): toolbus init --tools web\n"},
+					wantOutMemory: []string{"new       account of team gamma: reload the server"},
+					wantOutFull:   []string{"new       account of team gamma: push it (system.creds: toolbus admin push"}},
 				{args: []string{"grant", "alpha", "calc2"}, wantOne: user("executor-alpha")[:1], wantJWT: []string{"team-alpha.jwt"},
-					wantOut:       []string{"unchanged (files byte for byte as they were): admin, planner, executor, injector, client"},
-					wantOutMemory: []string{"changed   account team-alpha: reload the server (kill -HUP)", "toolbus admin push"},
-					wantOutFull:   []string{"changed   account team-alpha: push it (system.creds: toolbus admin push, natsjwt.PushAccounts): the full resolver takes a changed account from a push, not from a reload"}},
+					wantOut: []string{"unchanged (files byte for byte as they were): admin, planner, executor, injector, client",
+						"next: create the queues of alpha's new tools (admin's credentials; its executors refuse to start until then): toolbus init --tools calc2\n"},
+					wantOutMemory: []string{"changed   account of team alpha: reload the server (kill -HUP)", "toolbus admin push"},
+					wantOutFull:   []string{"changed   account of team alpha: push it (system.creds: toolbus admin push, natsjwt.PushAccounts): the full resolver takes a changed account from a push, not from a reload"}},
+				// A team named team-a: its account (team-team-a) is printed by whose it is.
+				{args: []string{"add-team", "team-a"}, want: user("executor-team-a"), wantJWT: []string{"team-team-a.jwt", "team-team-a.nk"},
+					wantOut:       []string{"next: grant it tools (toolbus admin grant team-a TOOL...), then create their queues: toolbus init --tools TOOL,...\n"},
+					wantOutMemory: []string{"new       account of team team-a: reload the server"},
+					wantOutFull:   []string{"new       account of team team-a: push it"}},
 				{args: []string{"revoke", "alpha", "calc"}, wantOne: append(user("executor-alpha")[:1], revoked...), wantJWT: []string{"team-alpha.jwt"}},
 				// A removed team's account stays, with no import and its user revoked.
 				{args: []string{"remove-team", "beta"}, want: append(user("executor-beta"), revoked...),
 					wantOut:        []string{"removed   executor-beta: its files are deleted"},
-					wantOutAccount: []string{"removed   account team-beta: kept with no import and its users revoked"}},
+					wantOutAccount: []string{"removed   account of team beta: kept with no import and its users revoked"}},
 				{args: []string{"add-client", "bob", "bob", "bob-bot"}, want: user("client-bob"), wantJWT: []string{"account-client-bob.jwt", "account-client-bob.nk"},
 					wantOut:        []string{"new       client-bob: hand out its files"},
 					wantOutAccount: []string{"it runs with TOOLBUS_NATS_READ_PREFIX=toolbus_read.bob.API", natsjwt.ReadPrefixNote},
-					wantOutMemory:  []string{"new       account client-bob: reload the server"},
-					wantOutFull:    []string{"new       account client-bob: push it (system.creds: toolbus admin push"}},
+					wantOutMemory:  []string{"new       account of client bob: reload the server"},
+					wantOutFull:    []string{"new       account of client bob: push it (system.creds: toolbus admin push"}},
 				// A client's revocation goes into its own account's JWT, which stays, with no import.
 				{args: []string{"remove-client", "alice"}, want: user("client-alice"), wantOne: revoked, wantJWT: []string{"account-client-alice.jwt"},
-					wantOutAccount: []string{"removed   account client-alice: kept with no import and its users revoked"}},
+					wantOutAccount: []string{"removed   account of client alice: kept with no import and its users revoked"}},
 				{args: []string{"rotate", "client-alice"}, want: user("client-alice"), wantOne: revoked, wantJWT: []string{"account-client-alice.jwt"},
-					wantOut: []string{"rotated   client-alice: hand out its new files"}, wantOutAccount: []string{"changed   account client-alice"}},
+					wantOut: []string{"rotated   client-alice: hand out its new files"}, wantOutAccount: []string{"changed   account of client alice"}},
 				{args: []string{"rotate", "executor-beta"}, want: append(user("executor-beta"), revoked...),
 					wantOut: []string{"rotated   executor-beta: hand out its new files", "hand to the holders of executor-beta:"}},
 			} {
@@ -177,6 +184,9 @@ func TestSubcommandsTouchOnlyTheirTenant(t *testing.T) {
 						if !strings.Contains(out, w) {
 							t.Errorf("the output does not say %q:\n%s", w, out)
 						}
+					}
+					if strings.Contains(out, "account team-") || strings.Contains(out, "account client-") {
+						t.Errorf("the output names a tenant's account by its name, not by whose it is:\n%s", out)
 					}
 					// Issued again with no edit, nothing changes at all.
 					after := files(t, d)
@@ -249,7 +259,7 @@ func TestRefusals(t *testing.T) {
 		})
 	}
 	// The grant that was refused for want of a server wrote nothing: it goes through once.
-	if code, out, errOut := admin(t, "grant", "alpha", "web", "-dir", dir); code != 0 || !strings.Contains(out, "account team-alpha") {
+	if code, out, errOut := admin(t, "grant", "alpha", "web", "-dir", dir); code != 0 || !strings.Contains(out, "account of team alpha") {
 		t.Fatalf("grant alpha web: exit %d\n%s%s", code, out, errOut)
 	}
 	if g := files(t, dir)[GrantsFile]; !strings.Contains(string(g), `"web"`) {

@@ -261,6 +261,9 @@ func runEdit(ctx context.Context, e edit, args []string, url string, stdout, std
 		p, perr = d.push(ctx, url, res, e.name == "push")
 	}
 	report(stdout, res, p)
+	if e.next != nil {
+		fmt.Fprintln(stdout, e.next(pos))
+	}
 	if perr != nil {
 		return fmt.Errorf("the files are written, the push failed (reload the servers, or toolbus admin push): %w", perr)
 	}
@@ -286,7 +289,7 @@ func report(w io.Writer, res natsjwt.Result, p pushed) {
 	var unchanged []string
 	for _, c := range res.Changes {
 		if c.What == "unchanged" && !p.took[c.User] {
-			unchanged = append(unchanged, c.User)
+			unchanged = append(unchanged, natsjwt.Shown(c.User))
 			continue
 		}
 		changed = append(changed, c)
@@ -316,7 +319,7 @@ func report(w io.Writer, res natsjwt.Result, p pushed) {
 			// A memory resolver loads an account when a connection first uses it.
 			why = "no connection has used it since they started"
 		}
-		fmt.Fprintf(w, "reload needed: the running servers have not loaded %s (%s): reload them once (kill -HUP of toolbus server, nats-server --signal reload); every connection is kept\n", name, why)
+		fmt.Fprintf(w, "reload needed: the running servers have not loaded %s (%s): reload them once (kill -HUP of toolbus server, nats-server --signal reload); every connection is kept\n", natsjwt.Shown(name), why)
 	}
 }
 

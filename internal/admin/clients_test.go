@@ -89,11 +89,11 @@ func testClientAccounts(t *testing.T, initArgs []string) {
 	out := adm(url, "add-client", "-push", "bob", "bob")
 	changed(before, "account-client-bob.jwt", "account-client-bob.nk", "client-bob.creds", "client-bob.nk", "client-bob.password")
 	if _, full := opts.AccountResolver.(*server.DirAccResolver); full {
-		if !strings.Contains(out, "new       account client-bob: pushed to the running servers") {
+		if !strings.Contains(out, "new       account of client bob: pushed to the running servers") {
 			t.Errorf("add-client -push does not say it pushed the new account:\n%s", out)
 		}
 	} else {
-		if !strings.Contains(out, "reload needed: the running servers have not loaded account client-bob (new)") {
+		if !strings.Contains(out, "reload needed: the running servers have not loaded account of client bob (new)") {
 			t.Errorf("add-client -push does not say the new account needs a reload:\n%s", out)
 		}
 		refused(filepath.Join(dir, "client-bob.creds"), "bob, before the reload,")
@@ -113,7 +113,7 @@ func testClientAccounts(t *testing.T, initArgs []string) {
 	oldBob := keep("client-bob")
 	before = files(t, dir)
 	out = adm(url, "rotate", "-push", "client-bob")
-	if !strings.Contains(out, "changed   account client-bob: pushed to the running servers") {
+	if !strings.Contains(out, "changed   account of client bob: pushed to the running servers") {
 		t.Errorf("rotate -push does not say it pushed bob's account:\n%s", out)
 	}
 	changed(before, "account-client-bob.jwt", "client-bob.creds", "client-bob.nk", "client-bob.password")
@@ -129,7 +129,7 @@ func testClientAccounts(t *testing.T, initArgs []string) {
 	oldAlice := keep("client-alice")
 	before = files(t, dir)
 	out = adm(url, "remove-client", "-push", "alice")
-	if !strings.Contains(out, "removed   account client-alice: pushed to the running servers, applied at once") {
+	if !strings.Contains(out, "removed   account of client alice: pushed to the running servers, applied at once") {
 		t.Errorf("remove-client -push does not say it pushed alice's account:\n%s", out)
 	}
 	changed(before, "account-client-alice.jwt", "client-alice.creds", "client-alice.nk", "client-alice.password")
@@ -145,7 +145,7 @@ func testClientAccounts(t *testing.T, initArgs []string) {
 	// A removed team likewise: its account stays, with no import and its user revoked,
 	// so a push cuts its executors at once.
 	out = adm(url, "remove-team", "-push", "alpha")
-	if !strings.Contains(out, "removed   account team-alpha: pushed to the running servers, applied at once") {
+	if !strings.Contains(out, "removed   account of team alpha: pushed to the running servers, applied at once") {
 		t.Errorf("remove-team -push does not say it pushed alpha's account:\n%s", out)
 	}
 	eventstest.Eventually(t, 10*time.Second, func() error {

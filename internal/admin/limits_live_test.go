@@ -177,8 +177,8 @@ func TestAdminTenantLimitsPush(t *testing.T) {
 
 	editLimits(t, l.dir, fragment, map[string]int{"conns": conns, "subs": subs})
 	out := l.docPush(url, lines)
-	for _, want := range []string{"changed   account team-alpha: pushed to the running servers",
-		"changed   account team-beta: pushed to the running servers",
+	for _, want := range []string{"changed   account of team alpha: pushed to the running servers",
+		"changed   account of team beta: pushed to the running servers",
 		"unchanged (files byte for byte as they were): admin, planner, executor, injector, client, executor-alpha, executor-beta\n"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("toolbus admin push does not say %q:\n%s", want, out)

@@ -119,7 +119,7 @@ func TestAdminDayTwoAsWritten(t *testing.T) {
 			}
 			out := shell(t, ctx, work, env, line)
 			if strings.Contains(line, "admin grant") {
-				for _, want := range []string{"changed   account team-alpha: pushed to the running servers, applied at once",
+				for _, want := range []string{"changed   account of team alpha: pushed to the running servers, applied at once",
 					"unchanged (files byte for byte as they were): admin, planner, executor, injector, client, executor-alpha, account TOOLBUS"} {
 					if !strings.Contains(out, want) {
 						t.Errorf("grant -push does not say %q:\n%s", want, out)
@@ -146,7 +146,7 @@ func TestAdminDayTwoAsWritten(t *testing.T) {
 	// account): its credentials connect and its import of the core's JetStream API
 	// answers; a tool revoked with -push is taken from alpha's connection at once.
 	out := shell(t, ctx, work, env, "toolbus admin add-team -dir tb gamma web -push")
-	if !strings.Contains(out, "new       account team-gamma: pushed to the running servers") || strings.Contains(out, "reload needed") {
+	if !strings.Contains(out, "new       account of team gamma: pushed to the running servers") || strings.Contains(out, "reload needed") {
 		t.Errorf("add-team -push does not say it pushed the new account:\n%s", out)
 	}
 	gamma, err := nats.Connect("nats://127.0.0.1:"+strconv.Itoa(port), nats.UserCredentials(filepath.Join(work, "tb", "executor-gamma.creds")), nats.NoReconnect())
@@ -179,7 +179,7 @@ func TestAdminDayTwoAsWritten(t *testing.T) {
 	// preload's new account (delta connects) but applies no changed one (nats-server
 	// 2.15.2), so the edit says to push, and only the push gives gamma newtool's queue.
 	out = shell(t, ctx, work, env, "toolbus admin grant -dir tb gamma newtool")
-	if !strings.Contains(out, "changed   account team-gamma: push it (system.creds: toolbus admin push") {
+	if !strings.Contains(out, "changed   account of team gamma: push it (system.creds: toolbus admin push") {
 		t.Errorf("grant without -push does not say to push:\n%s", out)
 	}
 	shell(t, ctx, work, env, "toolbus admin add-team -dir tb delta search")

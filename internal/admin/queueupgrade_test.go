@@ -301,7 +301,7 @@ func runQueueNote(t *testing.T, l *liveAdmin, adminBus *events.Bus, lines []stri
 			}
 		case strings.HasPrefix(line, "toolbus admin "):
 			out := l.adm(url, withoutDir(t, strings.Fields(strings.TrimPrefix(line, "toolbus admin ")))...)
-			for _, want := range []string{"changed   account TOOLBUS: pushed", "changed   account team-alpha: pushed",
+			for _, want := range []string{"changed   account TOOLBUS: pushed", "changed   account of team alpha: pushed",
 				"hand to the holders of executor:", "hand to the holders of planner:"} {
 				if !strings.Contains(out, want) {
 					t.Errorf("%s does not say %q:\n%s", line, want, out)

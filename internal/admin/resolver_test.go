@@ -59,8 +59,8 @@ func TestAdminNewTenantsNeedNoReload(t *testing.T) {
 
 			out := adm(url, "add-team", "gamma", "web", "-push") + adm(url, "add-client", "carol", "carol", "-push")
 			if !tc.full {
-				for _, want := range []string{"reload needed: the running servers have not loaded account team-gamma (new)",
-					"reload needed: the running servers have not loaded account client-carol (new)"} {
+				for _, want := range []string{"reload needed: the running servers have not loaded account of team gamma (new)",
+					"reload needed: the running servers have not loaded account of client carol (new)"} {
 					if !strings.Contains(out, want) {
 						t.Errorf("-push with a memory resolver does not say %q:\n%s", want, out)
 					}
@@ -73,8 +73,8 @@ func TestAdminNewTenantsNeedNoReload(t *testing.T) {
 				}
 				return
 			}
-			for _, want := range []string{"new       account team-gamma: pushed to the running servers; hand out its users' files",
-				"new       account client-carol: pushed to the running servers; hand out its users' files"} {
+			for _, want := range []string{"new       account of team gamma: pushed to the running servers; hand out its users' files",
+				"new       account of client carol: pushed to the running servers; hand out its users' files"} {
 				if !strings.Contains(out, want) {
 					t.Errorf("-push does not say %q:\n%s", want, out)
 				}

@@ -145,8 +145,8 @@ func runUpgradeNote(t *testing.T, l *liveAdmin, opts *server.Options, lines []st
 			url = l.srv.ClientURL()
 		case strings.HasPrefix(line, "toolbus admin "):
 			out := l.adm(url, withoutDir(t, strings.Fields(strings.TrimPrefix(line, "toolbus admin ")))...)
-			for _, want := range []string{"changed   account TOOLBUS: pushed", "changed   account team-alpha: pushed",
-				"reload needed: the running servers have not loaded account client-alice (no connection has used it since they started)",
+			for _, want := range []string{"changed   account TOOLBUS: pushed", "changed   account of team alpha: pushed",
+				"reload needed: the running servers have not loaded account of client alice (no connection has used it since they started)",
 				"hand to the holders of injector:",
 				"unchanged (files byte for byte as they were): admin, planner, executor, client, executor-alpha, client-alice"} {
 				if !strings.Contains(out, want) {

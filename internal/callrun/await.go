@@ -40,14 +40,15 @@ type Outcome struct {
 }
 
 // Await follows a pre-planned run on watch until it ends (the result is the
-// tool.finished of its call) or its call waits for approval; after hintAfter of silence
-// it calls hint once per silence with a printer that knows what the run waits for, and
-// progress (when not nil) with each progress report of the call while it runs.
+// tool.finished of its call) or its call waits for approval; after hintAfter of silence,
+// and at once when the call asks its caller a question, it calls hint once per silence
+// with a printer that knows what the run waits for, and progress (when not nil) with
+// each progress report of the call while it runs.
 func Await(ctx context.Context, watch *events.Watcher, hintAfter time.Duration, hint func(*timeline.Printer), progress func(toolbus.ToolProgress)) (Outcome, error) {
 	var o Outcome
 	done := false
 	p := timeline.NewPrinter(io.Discard)
-	idleSince, hinted := time.Now(), false
+	idleSince, hinted, asked := time.Now(), false, false
 	own := NewOwn()
 	v := audit.Visitor{
 		ToolFinished: func(_ events.StoredEvent, tf toolbus.ToolFinished) {
@@ -60,6 +61,9 @@ func Await(ctx context.Context, watch *events.Watcher, hintAfter time.Duration, 
 			if progress != nil && own.Is(tp.Step, tp.CallID, tp.Tool) && o.Result == nil {
 				progress(tp)
 			}
+		},
+		ToolQuestion: func(_ events.StoredEvent, q toolbus.ToolQuestion) {
+			asked = asked || own.Is(q.Step, q.CallID, q.Tool)
 		},
 		ToolWaiting: func(_ events.StoredEvent, tw toolbus.ToolWaiting) {
 			if own.Is(tw.Step, tw.Call.CallID, tw.Call.Tool) {
@@ -88,6 +92,11 @@ func Await(ctx context.Context, watch *events.Watcher, hintAfter time.Duration, 
 		p.Print(ev)
 		own.Visit(ev)
 		v.Visit(ev)
+		if asked && !done {
+			// The caller is asked: say what and how to answer now, not after a silence.
+			asked, hinted = false, true
+			hint(p)
+		}
 	}
 	if o.Ended.Status == toolbus.RunWaitingForApproval {
 		o.Waiting = true

@@ -7,7 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"sort"
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -15,6 +16,7 @@ import (
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/audit"
 	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/internal/decide"
 )
 
 // Printer renders a run's events as a human timeline.
@@ -24,6 +26,8 @@ type Printer struct {
 	// without a result (call id -> tool): what the run waits for.
 	last string
 	open map[string]string
+	// run is the run's id (from its run.started).
+	run string
 	// model is the model the planner answered with, printed when it first shows.
 	model string
 	// requested is the model the run named, if any.
@@ -36,11 +40,18 @@ type Printer struct {
 	// called is the tool the core requested of each call (run/step/call id): another
 	// tool's question naming the call is no question of it (decide.Questions).
 	called map[string]string
+	// What the open calls' executors recorded on their tools' subjects (by call id):
+	// reported holds a call an executor reported on (its last progress, "" for a log
+	// line), waiting one that waits for approval; questions the run's questions.
+	reported  map[string]string
+	waiting   map[string]bool
+	questions *decide.Questions
 }
 
 // NewPrinter returns a printer writing to out.
 func NewPrinter(out io.Writer) *Printer {
-	return &Printer{out: out, open: map[string]string{}, finished: map[string]bool{}, called: map[string]string{}}
+	return &Printer{out: out, open: map[string]string{}, finished: map[string]bool{}, called: map[string]string{},
+		reported: map[string]string{}, waiting: map[string]bool{}, questions: decide.NewQuestions()}
 }
 
 // callKey names a call across runs.
@@ -49,32 +60,61 @@ func callKey(run string, step int, callID string) string {
 }
 
 // WaitingFor says what the run waits for after the last event printed, and the durable
-// consumers whose workers would serve it.
+// consumers whose workers would serve it. Of an open call it says what its executor
+// recorded on the tool's own subjects: nothing yet (an executor of the tool must take
+// it), reports (an executor runs it), a question (with the command that answers it) or
+// a wait for approval (with the command that decides it).
 func (p *Printer) WaitingFor() (string, []string) {
 	switch p.last {
 	case "", events.TypeRunStarted, events.TypeToolFinished:
 		return "the injector", []string{events.ConsumerInjector + "-started", events.ConsumerInjector}
 	case events.TypeModelRequested:
 		return "the planner (the model's answer)", []string{events.ConsumerPlanner}
-	case events.TypeModelResponded, events.TypeToolRequested:
-		seen := map[string]bool{}
-		var tools, cons []string
-		for _, tool := range p.open {
-			if !seen[tool] {
-				seen[tool] = true
-				tools = append(tools, tool)
-			}
-		}
-		sort.Strings(tools)
-		for _, tool := range tools {
-			cons = append(cons, events.ToolConsumer(tool))
-		}
-		if len(tools) == 0 {
+	case events.TypeModelResponded, events.TypeToolRequested, events.TypeToolWaiting:
+		if len(p.open) == 0 {
 			return "the injector", []string{events.ConsumerInjector}
 		}
-		return "an executor of " + strings.Join(tools, ", "), cons
+		return p.waitingForCalls()
 	}
 	return "the next event", nil
+}
+
+// waitingForCalls says what each open call waits for, in call id order, and the queues
+// of the tools none of whose executors reported on a call yet.
+func (p *Printer) waitingForCalls() (string, []string) {
+	questions := map[string]toolbus.ToolQuestion{}
+	for _, q := range p.questions.Open() {
+		if p.open[q.CallID] == q.Tool { // asked on the call's own tool's subject
+			questions[q.CallID] = q
+		}
+	}
+	var whats, idle []string
+	for _, id := range slices.Sorted(maps.Keys(p.open)) {
+		tool := p.open[id]
+		q, asked := questions[id]
+		report, running := p.reported[id]
+		switch {
+		case asked:
+			whats = append(whats, fmt.Sprintf("an answer to the question of %s %s: %q; answer it: %s", id, tool, oneLine(q.Message, 100), decide.AnswerCommand(q)))
+		case p.waiting[id]:
+			whats = append(whats, fmt.Sprintf("approval of %s %s: %s", id, tool, decide.ApproveCommand(p.run, id)))
+		case running && report != "":
+			whats = append(whats, fmt.Sprintf("%s %s, which an executor is running (last report: %s)", id, tool, report))
+		case running:
+			whats = append(whats, fmt.Sprintf("%s %s, which an executor is running", id, tool))
+		default:
+			whats = append(whats, fmt.Sprintf("an executor of %s to take %s (none has reported on it yet)", tool, id))
+			if !slices.Contains(idle, tool) {
+				idle = append(idle, tool)
+			}
+		}
+	}
+	var cons []string
+	slices.Sort(idle)
+	for _, tool := range idle {
+		cons = append(cons, events.ToolConsumer(tool))
+	}
+	return strings.Join(whats, "; "), cons
 }
 
 // ResultLine renders one tool result of the timeline.
@@ -111,6 +151,7 @@ func (p *Printer) Print(ev events.StoredEvent) (status toolbus.RunStatus, done b
 		ev.Meta.Type != events.TypeToolQuestion && ev.Meta.Type != events.TypeToolAnswer {
 		p.last = ev.Meta.Type // a report or a log line changes nothing the run waits for
 	}
+	p.questions.Visit(ev)
 	v := audit.Visitor{
 		Undecodable: func(ev events.StoredEvent, err error) {
 			switch {
@@ -130,6 +171,9 @@ func (p *Printer) Print(ev events.StoredEvent) (status toolbus.RunStatus, done b
 			// A run names a model only when asked to (toolbus run --model); otherwise the
 			// planner answers with its own, which its first answer names.
 			p.requested = rs.Model
+			if p.run == "" {
+				p.run = rs.RunID
+			}
 			fmt.Fprintf(p.out, "run %s started: %q\n", rs.RunID, q)
 		},
 		ModelResponded: func(_ events.StoredEvent, mr toolbus.ModelResponded) { p.modelResponded(mr) },
@@ -143,10 +187,12 @@ func (p *Printer) Print(ev events.StoredEvent) (status toolbus.RunStatus, done b
 				fmt.Fprintf(p.out, "  ! ignored tool.progress %d of %s %s: the call is not running (it has its result)\n", tp.Seq, tp.CallID, tp.Tool)
 				return
 			}
+			p.report(tp.CallID, tp.Tool, audit.ProgressText(tp))
 			fmt.Fprintf(p.out, "        .. %s %s %s\n", tp.CallID, tp.Tool, audit.ProgressText(tp))
 		},
 		ToolLog: func(_ events.StoredEvent, tl toolbus.ToolLog) {
 			if !p.finished[callKey(tl.RunID, tl.Step, tl.CallID)] {
+				p.report(tl.CallID, tl.Tool, "")
 				fmt.Fprintf(p.out, "        .. %s %s log %s: %s\n", tl.CallID, tl.Tool, tl.Level, oneLine(tl.Message, 100))
 			}
 		},
@@ -158,6 +204,7 @@ func (p *Printer) Print(ev events.StoredEvent) (status toolbus.RunStatus, done b
 				fmt.Fprintf(p.out, "  ! ignored tool.question of %s on %s's subject: the call is of %s\n", q.CallID, q.Tool, tool)
 				return
 			}
+			p.report(q.CallID, q.Tool, "") // its executor runs it and asks
 			fmt.Fprintf(p.out, "        .. %s %s asks its caller: %s\n", q.CallID, q.Tool, oneLine(q.Message, 100))
 		},
 		ToolAnswer: func(_ events.StoredEvent, a toolbus.ToolAnswer) {
@@ -170,11 +217,12 @@ func (p *Printer) Print(ev events.StoredEvent) (status toolbus.RunStatus, done b
 			}
 			fmt.Fprintln(p.out, line)
 		},
-		ToolWaiting: func(_ events.StoredEvent, tw toolbus.ToolWaiting) {
-			fmt.Fprintf(p.out, "        .. %s %s waits for approval\n", tw.Call.CallID, tw.Call.Tool)
+		ToolWaiting: func(_ events.StoredEvent, tw toolbus.ToolWaiting) { p.toolWaiting(tw) },
+		Approval: func(ev events.StoredEvent, a toolbus.Approval, _ bool) {
+			delete(p.waiting, a.CallID) // decided: the call is issued again, or answered
+			p.approval(ev, a)
 		},
-		Approval: func(ev events.StoredEvent, a toolbus.Approval, _ bool) { p.approval(ev, a) },
-		Cancel:   func(events.StoredEvent, toolbus.Cancel) { fmt.Fprintln(p.out, "cancel requested") },
+		Cancel: func(events.StoredEvent, toolbus.Cancel) { fmt.Fprintln(p.out, "cancel requested") },
 		Timer: func(_ events.StoredEvent, t events.RunTimer) {
 			if p.Timers {
 				fmt.Fprintf(p.out, "deadline timer set: the run ends at %s if it still goes on\n", t.Deadline.UTC().Format(time.RFC3339))
@@ -216,6 +264,8 @@ func (p *Printer) modelResponded(mr toolbus.ModelResponded) {
 		fmt.Fprintf(p.out, "model %s (%s)\n", mr.Model, whose)
 	}
 	clear(p.open)
+	clear(p.reported)
+	clear(p.waiting)
 	for _, c := range mr.Message.ToolCalls {
 		p.open[c.CallID] = c.Tool
 	}
@@ -232,6 +282,28 @@ func (p *Printer) modelResponded(mr toolbus.ModelResponded) {
 	for _, c := range mr.Message.ToolCalls {
 		fmt.Fprintf(p.out, "        -> %s %s(%s)\n", c.CallID, c.Tool, oneLine(c.Arguments, 80))
 	}
+}
+
+// toolWaiting prints a call that waits for approval, and records it (on its tool's own
+// subject) for WaitingFor.
+func (p *Printer) toolWaiting(tw toolbus.ToolWaiting) {
+	if p.open[tw.Call.CallID] == tw.Call.Tool {
+		p.waiting[tw.Call.CallID] = true
+	}
+	fmt.Fprintf(p.out, "        .. %s %s waits for approval\n", tw.Call.CallID, tw.Call.Tool)
+}
+
+// report records that the executor of call callID of tool reported on it (what: its
+// last progress, or "" for a log line): an executor runs it. A report on another tool's
+// subject than the call's is not its executor's.
+func (p *Printer) report(callID, tool, what string) {
+	if p.open[callID] != tool {
+		return
+	}
+	if what == "" {
+		what = p.reported[callID]
+	}
+	p.reported[callID] = what
 }
 
 // approval prints a person's decision, with an edit's arguments or an answer.

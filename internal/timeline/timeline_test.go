@@ -124,3 +124,71 @@ func TestLogLinesAndAttachments(t *testing.T) {
 		t.Errorf("timeline shows another tool's question in the call's name, or not as ignored:\n%s", got)
 	}
 }
+
+// What a waiting call waits for is read from what its executor recorded on its tool's
+// own subjects: nothing yet, reports (running), an open question (with the command
+// that answers it) or a wait for approval (with the command that decides it); a
+// question or report on another tool's subject naming the call, or an answer by
+// someone else than the principal, changes nothing.
+func TestWaitingForSaysWhatACallWaitsFor(t *testing.T) {
+	call := toolbus.ToolCall{CallID: "c", Tool: "payout", Arguments: "{}"}
+	start := []events.StoredEvent{
+		stored(t, 1, events.SubjectRunStarted("r1", "alice"), events.TypeRunStarted, toolbus.RunStarted{RunID: "r1", Principal: toolbus.Principal{ID: "alice"},
+			Messages: []toolbus.Message{{Role: toolbus.RoleUser, Content: "pay"}}}),
+		stored(t, 2, events.SubjectModelResponded("r1"), events.TypeModelResponded, toolbus.ModelResponded{RunID: "r1",
+			Message: toolbus.Message{Role: toolbus.RoleAssistant, ToolCalls: []toolbus.ToolCall{call}}}),
+		stored(t, 3, events.SubjectToolRequested("r1", "payout"), events.TypeToolRequested, toolbus.ToolRequested{RunID: "r1", Call: call, CallCount: 1}),
+	}
+	schema := json.RawMessage(`{"type":"object","properties":{"account":{"type":"string","enum":["checking","savings"]},"note":{"type":"string"}},"required":["account"]}`)
+	question := func(tool string) events.StoredEvent {
+		return stored(t, 5, events.SubjectToolQuestion("r1", tool), events.TypeToolQuestion, toolbus.ToolQuestion{RunID: "r1", CallID: "c", Tool: tool, Attempt: 1, Seq: 1, Message: "Which account?", Schema: schema})
+	}
+	answer := func(who string) events.StoredEvent {
+		return stored(t, 6, events.SubjectToolAnswer("r1", who), events.TypeToolAnswer, toolbus.ToolAnswer{RunID: "r1", CallID: "c", Tool: "payout", Attempt: 1, Seq: 1, Action: "accept", Content: json.RawMessage(`{"account":"savings"}`), Who: who})
+	}
+	progress := func(tool string) events.StoredEvent {
+		return stored(t, 4, events.SubjectToolProgress("r1", tool), events.TypeToolProgress, toolbus.ToolProgress{RunID: "r1", CallID: "c", Tool: tool, Attempt: 1, Seq: 1, Done: 1, Total: 4, Message: "paying"})
+	}
+	logLine := stored(t, 4, events.SubjectToolLog("r1", "payout"), events.TypeToolLog, toolbus.ToolLog{RunID: "r1", CallID: "c", Tool: "payout", Attempt: 1, Seq: 1, Level: "info", Message: "hi"})
+	waiting := stored(t, 4, events.SubjectToolWaiting("r1", "payout"), events.TypeToolWaiting, toolbus.ToolWaiting{RunID: "r1", Call: call, CallCount: 1})
+	granted := stored(t, 5, events.SubjectApproval("r1", true, "alice"), events.TypeApprovalGranted, toolbus.Approval{RunID: "r1", CallID: "c", Who: "alice"})
+
+	const (
+		noExecutor = "an executor of payout to take c (none has reported on it yet)"
+		running    = "c payout, which an executor is running"
+		asks       = `an answer to the question of c payout: "Which account?"; answer it: toolbus answer r1 c '{"account":<"checking"|"savings">}' (or --decline)`
+		approval   = "approval of c payout: toolbus approve r1 c (or toolbus deny r1 c --reason ...)"
+	)
+	tests := []struct {
+		name      string
+		then      []events.StoredEvent
+		want      string
+		consumers bool // the tool's queue is named (checked for a worker)
+	}{
+		{name: "requested", want: noExecutor, consumers: true},
+		{name: "progress", then: []events.StoredEvent{progress("payout")}, want: running + " (last report: progress 1/4 (25%): paying)"},
+		{name: "log line", then: []events.StoredEvent{logLine}, want: running},
+		{name: "progress of another tool", then: []events.StoredEvent{progress("other")}, want: noExecutor, consumers: true},
+		{name: "question", then: []events.StoredEvent{progress("payout"), question("payout")}, want: asks},
+		{name: "question of another tool", then: []events.StoredEvent{question("other")}, want: noExecutor, consumers: true},
+		{name: "answered by the principal", then: []events.StoredEvent{question("payout"), answer("alice")}, want: running},
+		{name: "answered by someone else", then: []events.StoredEvent{question("payout"), answer("mallory")}, want: asks},
+		{name: "approval", then: []events.StoredEvent{waiting}, want: approval},
+		{name: "approved", then: []events.StoredEvent{waiting, granted, start[2]}, want: noExecutor, consumers: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := NewPrinter(&bytes.Buffer{})
+			for _, ev := range append(append([]events.StoredEvent{}, start...), tt.then...) {
+				p.Print(ev)
+			}
+			got, cons := p.WaitingFor()
+			if got != tt.want {
+				t.Errorf("waiting for\n got %s\nwant %s", got, tt.want)
+			}
+			if want := []string{events.ToolConsumer("payout")}; tt.consumers != (len(cons) == 1 && cons[0] == want[0]) || (!tt.consumers && len(cons) > 0) {
+				t.Errorf("queues to check %v, want the tool's: %v", cons, tt.consumers)
+			}
+		})
+	}
+}

@@ -63,7 +63,7 @@ func TestGenAccounts(t *testing.T) {
 		t.Fatalf("gen: exit %d\n%s%s", code, out.String(), errOut.String())
 	}
 	for _, want := range []string{"TOOLBUS_TEAM=alpha TOOLBUS_EXECUTOR_TOOLS=calc TOOLBUS_NATS_API_PREFIX=JS.core.API",
-		"new       account team-alpha", "new       account TOOLBUS"} {
+		"new       account of team alpha", "new       account TOOLBUS"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("gen -accounts does not print %q:\n%s", want, out.String())
 		}
@@ -85,7 +85,7 @@ func TestGenAccounts(t *testing.T) {
 	if code := run([]string{"-accounts", "-grants", grants, "-resolver-dir", jwtDir, "-tenant-conns", "5", "-tenant-subs", "-1", "-tenant-leafnodes", "2", "-out", filepath.Join(dir, "full")}, &out, &errOut); code != 0 {
 		t.Fatalf("gen -resolver-dir: exit %d\n%s%s", code, out.String(), errOut.String())
 	}
-	if !strings.Contains(out.String(), "new       account team-alpha: push it (system.creds: toolbus admin push") {
+	if !strings.Contains(out.String(), "new       account of team alpha: push it (system.creds: toolbus admin push") {
 		t.Errorf("gen -resolver-dir does not say to push:\n%s", out.String())
 	}
 	if conf, err := os.ReadFile(filepath.Join(dir, "full", "auth-jwt.conf")); err != nil || !strings.Contains(string(conf), "type: full\n  dir: \""+jwtDir+"\"") {

@@ -85,8 +85,21 @@ var fullUserHandOut = map[string]string{
 // (Result.ResolverDir). go run ./deploy/nats/gen and toolbus admin print it.
 func WriteChanges(w io.Writer, changes []Change, pushed func(Change) bool, full bool) {
 	for _, c := range changes {
-		fmt.Fprintf(w, "%-9s %s%s\n", c.What, c.User, c.HandOut(pushed != nil && pushed(c), full))
+		fmt.Fprintf(w, "%-9s %s%s\n", c.What, Shown(c.User), c.HandOut(pushed != nil && pushed(c), full))
 	}
+}
+
+// Shown is how a change's user or account (Change.User) is printed: a tenant's account
+// by whose it is ("account of team alpha", "account of client bob"), not by its name,
+// which repeats the kind (team team-a's account is named team-team-a).
+func Shown(user string) string {
+	if team, ok := strings.CutPrefix(user, "account "+teamKeyPrefix); ok {
+		return "account of team " + team
+	}
+	if client, ok := strings.CutPrefix(user, "account "+ClientUser("")); ok {
+		return "account of client " + client
+	}
+	return user
 }
 
 // WriteUser prints the files of user (credentials, password, nkey seed) and, for a
