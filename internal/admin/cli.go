@@ -251,6 +251,7 @@ func runEdit(ctx context.Context, e edit, args []string, url string, stdout, std
 			return err
 		}
 	}
+	before := d.grants
 	res, err := d.issue(g, rotate...)
 	if err != nil {
 		return err
@@ -263,6 +264,9 @@ func runEdit(ctx context.Context, e edit, args []string, url string, stdout, std
 	report(stdout, res, p)
 	if perr != nil {
 		return fmt.Errorf("the files are written, the push failed (reload the servers, or toolbus admin push): %w", perr)
+	}
+	if toPush {
+		d.syncCatalog(ctx, url, before, p, stdout)
 	}
 	return nil
 }
