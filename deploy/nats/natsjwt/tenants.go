@@ -111,8 +111,10 @@ func (k keyring) accountKeys(prefix string) map[string]string {
 // to run), so that rotating, narrowing or removing one tenant's user changes no other
 // account: pushing the core account's JWT makes every server rebuild the core's exports,
 // which drops the response mappings of every tenant's pull in flight (nats-server
-// resets the account's exports, responses included, on a claims update), and a call
-// delivered to such a pull is lost until its AckWait. All (revocationsFile) holds the
+// resets the account's exports, responses included, on a claims update): a call
+// delivered to such a pull reaches nobody, and the pull stays dead until its executor
+// misses its heartbeats (docs/deployment-and-security.md, "Day two disturbs nobody
+// else"). All (revocationsFile) holds the
 // keys the core account issued, and those tenants' keys revoked before they were kept
 // per account: it goes into the core's and every team's account JWT, as it always did.
 type revocations struct {
