@@ -444,8 +444,9 @@ export class Executor {
     // authentication error twice in a row) cannot work again: the executor stops, serve()
     // rejects with the reason (a process exits non-zero) and /healthz fails meanwhile, as
     // the Go executor does. A rotated credential is taken on the reconnection instead
-    // (connectionOptions reads the file again).
-    void this.nc.closed().then((err) => {
+    // (connectionOptions reads the file again). A connection the caller passed in is the
+    // caller's to watch.
+    if (this.ownConn) void this.nc.closed().then((err) => {
       if (draining) return;
       this.lost = `the NATS connection closed for good: ${err?.message ?? 'closed'} (a revoked credential? give the executor its new credentials file, TOOLBUS_NATS_CREDS)`;
       this.metrics.failed = this.lost;
