@@ -355,7 +355,9 @@ func checkDayTwoDisturbsNobody(t *testing.T, e *env, admin func(...string) strin
 	}
 	limit := max(3*worst, q.CachedInfo().Config.AckWait)
 	ran := scanLines(t, sideEffects)
+	var slowest time.Duration
 	for _, l := range got {
+		slowest = max(slowest, l.d)
 		switch key := l.run + "/0/" + callrun.CallID; {
 		case l.err != nil:
 			t.Errorf("loop run %s: %v", l.run, l.err)
@@ -368,7 +370,7 @@ func checkDayTwoDisturbsNobody(t *testing.T, e *env, admin func(...string) strin
 	if len(got) == 0 {
 		t.Errorf("no loop run during the commands")
 	}
-	t.Logf("alpha's loop: worst %s before, %d runs during beta's rotate, revoke and grant with -push\n%s", worst, len(got), out)
+	t.Logf("alpha's loop: worst %s before; %d runs during beta's rotate, revoke and grant with -push, the slowest %s (limit %s)\n%s", worst, len(got), slowest, limit, out)
 	e.checkProcs() // beta's executor reconnected with its rewritten file
 }
 
