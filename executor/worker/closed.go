@@ -22,7 +22,8 @@ var ErrConnectionClosed = errors.New("the NATS connection closed for good")
 type failer interface{ Failed(reason string) }
 
 // watchConnection returns ctx, cancelled with an ErrConnectionClosed cause when the bus's
-// connection closes for good; stop ends the watch.
+// connection closes for good with an error (nats.go gave up on it; a connection its owner
+// closed is a shutdown); stop ends the watch.
 func (w *Worker) watchConnection(ctx context.Context) (context.Context, func()) {
 	ctx, cancel := context.WithCancelCause(ctx)
 	nc := w.bus.Conn()
@@ -36,7 +37,11 @@ func (w *Worker) watchConnection(ctx context.Context) (context.Context, func()) 
 			return
 		case <-closed:
 		}
-		err := fmt.Errorf("executor: %w: %v (a revoked credential? give the executor its new credentials file, TOOLBUS_NATS_CREDS)", ErrConnectionClosed, nc.LastError())
+		last := nc.LastError()
+		if last == nil {
+			return // closed by its owner (a shutdown), not given up on
+		}
+		err := fmt.Errorf("executor: %w: %v (a revoked credential? give the executor its new credentials file, TOOLBUS_NATS_CREDS)", ErrConnectionClosed, last)
 		if f, ok := w.cfg.Metrics.(failer); ok {
 			f.Failed(err.Error())
 		}
