@@ -3,6 +3,8 @@ package conformance_test
 import (
 	"context"
 	"fmt"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -22,6 +24,7 @@ import (
 	"github.com/toolbus/toolbus/events/eventstest"
 	"github.com/toolbus/toolbus/events/provision"
 	"github.com/toolbus/toolbus/intake"
+	"github.com/toolbus/toolbus/internal/testutil"
 )
 
 // run checks one executor on a fresh embedded JetStream server.
@@ -277,7 +280,8 @@ func checkTeamAccounts(t *testing.T, cmd []string, tool string, extraEnv []strin
 	}
 	for _, kind := range kinds {
 		t.Run(kind.name, func(t *testing.T) {
-			res, err := natsjwt.GenerateGrants(perms, t.TempDir(), natsjwt.Grants{Teams: map[string][]string{"alpha": {tool}}},
+			dir := t.TempDir()
+			res, err := natsjwt.GenerateGrants(perms, dir, natsjwt.Grants{Teams: map[string][]string{"alpha": {tool}}},
 				natsjwt.WithAccounts(), natsjwt.WithBcryptCost(bcrypt.MinCost))
 			if err != nil {
 				t.Fatal(err)
@@ -316,6 +320,122 @@ func checkTeamAccounts(t *testing.T, cmd []string, tool string, extraEnv []strin
 				t.Fatalf("%v\n---- executor ----\n%s", err, rep.Log)
 			}
 			requireOK(t, rep)
+			if kind.name == "jwt" {
+				checkRevokedCredentials(t, srv, cmd, env, perms, dir, res, tool)
+			}
 		})
+	}
+}
+
+// checkRevokedCredentials runs the executor with team alpha's .creds (operator mode),
+// then changes them as toolbus admin does, pushing alpha's account JWT to the running
+// server: a rotation (the file rewritten, the old key revoked) cuts the executor's
+// connection, and it reconnects with the rewritten file, serving again; a removal (the
+// key revoked, no new file) leaves it nothing to connect with, and it exits non-zero
+// saying why (its /healthz fails in between). The Go and the TypeScript executor do the
+// same.
+func checkRevokedCredentials(t *testing.T, srv *server.Server, cmd, env []string, perms, dir string, res natsjwt.Result, tool string) {
+	t.Helper()
+	team := natsjwt.TeamUser("alpha")
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	_ = l.Close()
+	ex := exec.Command(cmd[0], cmd[1:]...)
+	var out testutil.Buffer
+	ex.Env = append(append(os.Environ(), env...), "TOOLBUS_NATS_URL="+srv.ClientURL(), "TOOLBUS_METRICS_ADDR=127.0.0.1:"+fmt.Sprint(port),
+		"TOOLBUS_INSTANCE=revoked-1")
+	ex.Stdout, ex.Stderr = &out, &out
+	if err := ex.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- ex.Wait() }()
+	t.Cleanup(func() {
+		_ = ex.Process.Kill()
+		if t.Failed() {
+			t.Logf("---- executor ----\n%s", out.String())
+		}
+	})
+	get := func(path string) int {
+		r, err := http.Get("http://127.0.0.1:" + fmt.Sprint(port) + path)
+		if err != nil {
+			return 0
+		}
+		_ = r.Body.Close()
+		return r.StatusCode
+	}
+	// connectedAs is the user key of the executor's connection ("" while it has none).
+	connectedAs := func() string {
+		cz, err := srv.Connz(&server.ConnzOptions{Username: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range cz.Conns {
+			if strings.Contains(c.Name, "revoked-1") {
+				return c.AuthorizedUser
+			}
+		}
+		return ""
+	}
+	eventstest.Eventually(t, time.Minute, func() error {
+		if code := get("/readyz"); code != 200 {
+			return fmt.Errorf("/readyz %d", code)
+		}
+		return nil
+	})
+	before := connectedAs()
+	push := func(g natsjwt.Grants, rotate ...string) natsjwt.Result {
+		t.Helper()
+		r, err := natsjwt.GenerateGrants(perms, dir, g, natsjwt.WithAccounts(), natsjwt.WithBcryptCost(bcrypt.MinCost), natsjwt.WithRotate(rotate...))
+		if err != nil {
+			t.Fatal(err)
+		}
+		sys, err := nats.Connect(srv.ClientURL(), nats.UserCredentials(r.SystemCreds))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer sys.Close()
+		ctx := eventstest.Context(t, 30*time.Second)
+		pub := r.TeamAccounts["alpha"]
+		if err := natsjwt.PushAccounts(ctx, sys, map[string]string{pub: r.AccountJWTs[pub]}); err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	push(natsjwt.Grants{Teams: map[string][]string{"alpha": {tool}}}, team)
+	eventstest.Eventually(t, time.Minute, func() error {
+		if now := connectedAs(); now == "" || now == before {
+			return fmt.Errorf("connected as %q (before the rotation %q)", now, before)
+		}
+		if code := get("/readyz"); code != 200 {
+			return fmt.Errorf("/readyz %d after the rotation", code)
+		}
+		return nil
+	})
+	select {
+	case err := <-exited:
+		t.Fatalf("the executor exited on a rotated credential: %v", err)
+	default:
+	}
+	// Removed: its key revoked, no file to take instead.
+	push(natsjwt.Grants{Teams: map[string][]string{}})
+	deadline := time.After(time.Minute)
+	for {
+		select {
+		case err := <-exited:
+			if err == nil {
+				t.Fatalf("the executor exited 0 when its credentials were revoked")
+			}
+			if !strings.Contains(out.String(), "closed for good") {
+				t.Errorf("the executor does not say why it exited")
+			}
+			return
+		case <-deadline:
+			t.Fatalf("the executor still runs a minute after its credentials were revoked (/healthz %d)", get("/healthz"))
+		case <-time.After(100 * time.Millisecond):
+		}
 	}
 }

@@ -66,7 +66,11 @@ func (o Options) NATSOptions(name string, log *slog.Logger) ([]nats.Option, erro
 		nats.ReconnectHandler(func(nc *nats.Conn) { log.Info("nats reconnected", "url", nc.ConnectedUrl()) }),
 	}
 	if o.Creds != "" {
-		opts = append(opts, nats.UserCredentials(o.Creds))
+		opt, err := userCredentials(o.Creds)
+		if err != nil {
+			return nil, err
+		}
+		opts = append(opts, opt)
 	}
 	if o.NKeySeed != "" {
 		opt, err := nats.NkeyOptionFromSeed(o.NKeySeed)

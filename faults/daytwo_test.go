@@ -2,6 +2,9 @@ package faults_test
 
 import (
 	"bytes"
+	"context"
+	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -13,8 +16,11 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/audit"
 	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/internal/callrun"
+	"github.com/toolbus/toolbus/internal/timeline"
 )
 
 // TestFaultDayTwoInFlight runs docs/deployment-and-security.md's day two as written, on a
@@ -240,6 +246,132 @@ func TestFaultDayTwoInFlight(t *testing.T) {
 		}
 	}
 	t.Logf("%s", st)
+	checkDayTwoDisturbsNobody(t, e, admin, toolbusBin, node.url(), genDir, file)
+}
+
+// checkDayTwoDisturbsNobody runs a loop of team alpha's runs (one call of append_a each,
+// one at a time) while the administrator rotates team beta's credentials, revokes its
+// tool and grants it again, each with -push (no reload), as issue 54 measured: no run of
+// alpha takes more than three times the slowest of the same loop before, nor as long as
+// the queue's AckWait (a call delivered to a pull whose response mapping the server
+// dropped waits at least that for its redelivery: the stall this checks for). The revoked
+// tool leaves `toolbus tools` at once (polled with a deadline) and comes back with the
+// grant, served by beta's executor, which the rotation cut and which reconnected with its
+// rewritten file; every loop call ran once.
+func checkDayTwoDisturbsNobody(t *testing.T, e *env, admin func(...string) string, toolbusBin, url, genDir, sideEffects string) {
+	t.Helper()
+	ctx := e.ctx
+	tc, err := callrun.Contract(ctx, e.bus, "append_a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	// once runs one call of append_a and returns how long its run took to complete.
+	once := func() (string, time.Duration, error) {
+		n++
+		rs := callrun.Build(callrun.Spec{RunID: fmt.Sprintf("day2-loop-%03d", n), Principal: toolbus.Principal{ID: "faults"}, Tool: tc,
+			Arguments: `{"ms":1}`, Via: "the day-two loop"}, time.Now())
+		watch, err := e.bus.Watch(ctx, events.SubjectRun(rs.RunID), true)
+		if err != nil {
+			return rs.RunID, 0, err
+		}
+		start := time.Now()
+		if err := e.bus.StartRun(ctx, events.Source("faults", "loop"), rs); err != nil {
+			return rs.RunID, 0, err
+		}
+		wctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
+		defer cancel()
+		o, err := callrun.Await(wctx, watch, time.Hour, func(*timeline.Printer) {}, nil)
+		if err == nil && o.Ended.Status != toolbus.RunCompleted {
+			err = fmt.Errorf("ended %s: %s", o.Ended.Status, o.Ended.Reason)
+		}
+		return rs.RunID, time.Since(start), err
+	}
+	var worst time.Duration
+	for range 8 {
+		run, d, err := once()
+		if err != nil {
+			t.Fatalf("loop run %s before the commands: %v", run, err)
+		}
+		worst = max(worst, d)
+	}
+	type lap struct {
+		run string
+		d   time.Duration
+		err error
+	}
+	stop := make(chan struct{})
+	laps := make(chan []lap, 1)
+	go func() {
+		var out []lap
+		for {
+			select {
+			case <-stop:
+				laps <- out
+				return
+			default:
+			}
+			run, d, err := once()
+			out = append(out, lap{run, d, err})
+		}
+	}()
+	tools := func() string {
+		t.Helper()
+		cmd := exec.CommandContext(ctx, toolbusBin, "tools", "--json")
+		cmd.Env = append(os.Environ(), "TOOLBUS_NATS_URL="+url, "TOOLBUS_NATS_CREDS="+filepath.Join(genDir, "admin.creds"))
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("toolbus tools: %v\n%s", err, out)
+		}
+		return string(out)
+	}
+	listed := func(out string) bool { return strings.Contains(out, `"name": "append_b"`) }
+	if !listed(tools()) {
+		t.Fatalf("append_b is not in toolbus tools before its revocation")
+	}
+	out := admin("rotate", "executor-beta", "-push")
+	if !strings.Contains(out, "account of team beta: pushed") || strings.Contains(out, "account TOOLBUS: pushed") || strings.Contains(out, "account of team alpha: pushed") {
+		t.Errorf("rotating beta's user pushed another account than beta's:\n%s", out)
+	}
+	out += admin("revoke", "beta", "append_b", "-push")
+	e.eventually("append_b gone from toolbus tools after its revocation", 30*time.Second, func() error {
+		if listed(tools()) {
+			return errors.New("still listed")
+		}
+		return nil
+	})
+	out += admin("grant", "beta", "append_b", "-push")
+	e.eventually("append_b back in toolbus tools, served by beta-1, after the grant", 30*time.Second, func() error {
+		if o := tools(); !listed(o) || !strings.Contains(o, `"beta-1"`) {
+			return errors.New("not listed with its instance")
+		}
+		return nil
+	})
+	close(stop)
+	got := <-laps
+	q, err := e.bus.JetStream().Consumer(ctx, events.QueueStreamName(events.DefaultStream), events.ToolConsumer("append_a"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	limit := max(3*worst, q.CachedInfo().Config.AckWait)
+	ran := scanLines(t, sideEffects)
+	var slowest time.Duration
+	for _, l := range got {
+		slowest = max(slowest, l.d)
+		switch key := l.run + "/0/" + callrun.CallID; {
+		case l.err != nil:
+			t.Errorf("loop run %s: %v", l.run, l.err)
+		case l.d > limit:
+			t.Errorf("loop run %s of team alpha took %s while beta's credentials changed: over %s (3 x the worst of the loop before, %s, or the queue's AckWait)", l.run, l.d, limit, worst)
+		case len(ran[key]) != 1:
+			t.Errorf("loop call %s ran %d times", key, len(ran[key]))
+		}
+	}
+	if len(got) == 0 {
+		t.Errorf("no loop run during the commands")
+	}
+	t.Logf("alpha's loop: worst %s before; %d runs during beta's rotate, revoke and grant with -push, the slowest %s (limit %s)\n%s", worst, len(got), slowest, limit, out)
+	e.checkProcs() // beta's executor reconnected with its rewritten file
 }
 
 func readFile(t *testing.T, path string) []byte {

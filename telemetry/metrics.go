@@ -73,6 +73,15 @@ type Metrics struct {
 	ready  *prometheus.GaugeVec
 	queues *queueCollector
 	checks []func() error // more readiness conditions (WatchPermissions)
+	failed string         // why the process cannot work any more (Failed): /healthz fails
+}
+
+// Failed makes /healthz fail with reason from now on: the process cannot work any more
+// (its NATS connection closed for good) and is stopping.
+func (m *Metrics) Failed(reason string) {
+	m.mu.Lock()
+	m.failed = reason
+	m.mu.Unlock()
 }
 
 // The roles whose collectors New registers.

@@ -15,12 +15,19 @@ import (
 )
 
 // Handler serves /metrics (Prometheus text or OpenMetrics), /healthz (the process
-// answers: 200) and /readyz (200 when connected reports true and every role registered
+// answers: 200; 503 once Failed said it cannot work any more) and /readyz (200 when connected reports true and every role registered
 // with Observer serves; 503 with the reason otherwise). connected may be nil.
 func (m *Metrics) Handler(connected func() bool) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{EnableOpenMetrics: true}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		m.mu.Lock()
+		failed := m.failed
+		m.mu.Unlock()
+		if failed != "" {
+			http.Error(w, "failed: "+failed, http.StatusServiceUnavailable)
+			return
+		}
 		_, _ = fmt.Fprintln(w, "ok")
 	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {

@@ -252,6 +252,8 @@ func (w *Worker) Run(ctx context.Context) error {
 }
 
 func (w *Worker) serve(ctx context.Context) error {
+	ctx, stopWatch := w.watchConnection(ctx)
+	defer stopWatch()
 	served, err := w.served()
 	if err != nil {
 		return err
@@ -323,6 +325,9 @@ func (w *Worker) serve(ctx context.Context) error {
 		"stream", w.bus.Config().Stream, "nats", w.bus.Conn().ConnectedUrlRedacted())
 	err = consume.ServeAll(ctx, consumers, w.serveCfg, w.handle)
 	w.extra.Wait()
+	if cause := context.Cause(ctx); errors.Is(cause, ErrConnectionClosed) {
+		err = cause
+	}
 	w.log.Info("executor stopped", "error", err)
 	return err
 }

@@ -88,7 +88,9 @@ var configs = []string{GrantsFile, "auth-jwt.conf", "auth-nkeys.conf", "auth-use
 // Each subcommand changes only its tenant's files: the table's files, beside the
 // configs; every other file of the deployment (the keys, every other user's
 // credentials, every other team's account) stays byte for byte. A revocation (a removed
-// or rotated user) goes into every account JWT, as natsjwt issues it.
+// or rotated user) goes into the JWT of the account that issued the user: in the
+// accounts layout a team's own (a pushed core account would drop every other team's
+// pulls in flight), in one account the one.
 func TestSubcommandsTouchOnlyTheirTenant(t *testing.T) {
 	for _, layout := range []struct {
 		name string
@@ -110,9 +112,6 @@ func TestSubcommandsTouchOnlyTheirTenant(t *testing.T) {
 			accounts, full := !slices.Contains(layout.init, "-one-account"), layout.init == nil
 			base := files(t, dir)
 			revoked := []string{"account.jwt", "revocations.json"}
-			if accounts {
-				revoked = append(revoked, "team-alpha.jwt", "team-beta.jwt")
-			}
 			user := func(u string) []string { return []string{u + ".creds", u + ".nk", u + ".password"} }
 			for _, tc := range []struct {
 				args           []string
@@ -140,7 +139,7 @@ func TestSubcommandsTouchOnlyTheirTenant(t *testing.T) {
 					wantOutFull:   []string{"new       account of team team-a: push it"}},
 				{args: []string{"revoke", "alpha", "calc"}, wantOne: append(user("executor-alpha")[:1], revoked...), wantJWT: []string{"team-alpha.jwt"}},
 				// A removed team's account stays, with no import and its user revoked.
-				{args: []string{"remove-team", "beta"}, want: append(user("executor-beta"), revoked...),
+				{args: []string{"remove-team", "beta"}, want: user("executor-beta"), wantOne: revoked, wantJWT: []string{"team-beta.jwt"},
 					wantOut:        []string{"removed   executor-beta: its files are deleted"},
 					wantOutAccount: []string{"removed   account of team beta: kept with no import and its users revoked"}},
 				{args: []string{"add-client", "bob", "bob", "bob-bot"}, want: user("client-bob"), wantJWT: []string{"account-client-bob.jwt", "account-client-bob.nk"},
@@ -153,8 +152,10 @@ func TestSubcommandsTouchOnlyTheirTenant(t *testing.T) {
 					wantOutAccount: []string{"removed   account of client alice: kept with no import and its users revoked"}},
 				{args: []string{"rotate", "client-alice"}, want: user("client-alice"), wantOne: revoked, wantJWT: []string{"account-client-alice.jwt"},
 					wantOut: []string{"rotated   client-alice: hand out its new files"}, wantOutAccount: []string{"changed   account of client alice"}},
-				{args: []string{"rotate", "executor-beta"}, want: append(user("executor-beta"), revoked...),
-					wantOut: []string{"rotated   executor-beta: hand out its new files", "hand to the holders of executor-beta:"}},
+				{args: []string{"rotate", "executor-beta"}, want: user("executor-beta"), wantOne: revoked, wantJWT: []string{"team-beta.jwt"},
+					wantOut: []string{"rotated   executor-beta: hand out its new files", "hand to the holders of executor-beta:"}, wantOutAccount: []string{"changed   account of team beta"}},
+				// A core user's revocation goes into the core's JWT (and, as before, every team's).
+				{args: []string{"rotate", "planner"}, want: append(user("planner"), revoked...), wantJWT: []string{"team-alpha.jwt", "team-beta.jwt"}},
 			} {
 				t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
 					t.Parallel()

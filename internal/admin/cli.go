@@ -251,6 +251,7 @@ func runEdit(ctx context.Context, e edit, args []string, url string, stdout, std
 			return err
 		}
 	}
+	before := d.grants
 	res, err := d.issue(g, rotate...)
 	if err != nil {
 		return err
@@ -266,6 +267,9 @@ func runEdit(ctx context.Context, e edit, args []string, url string, stdout, std
 	}
 	if perr != nil {
 		return fmt.Errorf("the files are written, the push failed (reload the servers, or toolbus admin push): %w", perr)
+	}
+	if toPush {
+		d.syncCatalog(ctx, url, before, p, stdout)
 	}
 	return nil
 }

@@ -128,9 +128,10 @@ func samePermissions(uc *jwt.UserClaims, p Permissions) bool {
 	return eq(uc.Pub.Allow, p.PubAllow) && eq(uc.Pub.Deny, p.PubDeny) && eq(uc.Sub.Allow, p.SubAllow) && eq(uc.Sub.Deny, p.SubDeny)
 }
 
-// revocationsFile keeps the user keys revoked in operator mode (removed users), which
-// every account JWT this directory issues carries but the clients' (revocations: a key a
-// client's account issued is revoked in that account's JWT only).
+// revocationsFile keeps the user keys revoked in operator mode (removed or rotated users)
+// that the core account issued, which the core's and every team's account JWT carry
+// (revocations: a key a team's or client's account issued is revoked in that account's
+// JWT only).
 const revocationsFile = "revocations.json"
 
 // removed deletes the files of the users kept in the directory that are not in users,

@@ -106,21 +106,28 @@ func (k keyring) accountKeys(prefix string) map[string]string {
 	return out
 }
 
-// revocations are the user keys revoked in operator mode. All (revocationsFile) goes
-// into the core's and every team's account JWT, as before client accounts; a key a
-// client's account issued goes into that account's JWT only (its kept JWT carries them
-// from run to run), so that a client's removal or rotation changes no other account.
+// revocations are the user keys revoked in operator mode. A key a team's or client's
+// account issued goes into that account's JWT only (its kept JWT carries them from run
+// to run), so that rotating, narrowing or removing one tenant's user changes no other
+// account: pushing the core account's JWT makes every server rebuild the core's exports,
+// which drops the response mappings of every tenant's pull in flight (nats-server
+// resets the account's exports, responses included, on a claims update): a call
+// delivered to such a pull reaches nobody, and the pull stays dead until its executor
+// misses its heartbeats (docs/deployment-and-security.md, "Day two disturbs nobody
+// else"). All (revocationsFile) holds the
+// keys the core account issued, and those tenants' keys revoked before they were kept
+// per account: it goes into the core's and every team's account JWT, as it always did.
 type revocations struct {
 	all map[string]int64
-	// client: by the public key of a client's account.
-	client map[string]map[string]int64
+	// tenant: by the public key of a team's or client's account.
+	tenant map[string]map[string]int64
 }
 
 // revoke revokes uc's key from now on, in the JWT of the account that issued it when
-// that is a client's, else in every account's.
+// that is a team's or client's, else in every account's (all: it reports so).
 func (r revocations) revoke(uc *jwt.UserClaims) bool {
 	now := time.Now().Unix()
-	if m, ok := r.client[uc.Issuer]; ok {
+	if m, ok := r.tenant[uc.Issuer]; ok {
 		m[uc.Subject] = now
 		return false
 	}
@@ -128,15 +135,17 @@ func (r revocations) revoke(uc *jwt.UserClaims) bool {
 	return true
 }
 
-// revocations reads revocationsFile and the revocations the kept JWTs of the client
-// accounts carry.
+// revocations reads revocationsFile and the revocations the kept JWTs of the team and
+// client accounts carry.
 func (k keyring) revocations() (revocations, error) {
-	r := revocations{all: map[string]int64{}, client: map[string]map[string]int64{}}
-	for name, pub := range k.accountKeys(clientKeyPrefix) {
-		r.client[pub] = map[string]int64{}
-		if b, err := os.ReadFile(filepath.Join(k.dir, clientKeyPrefix+name+".jwt")); err == nil {
-			if c, err := jwt.DecodeAccountClaims(strings.TrimSpace(string(b))); err == nil && c.Subject == pub {
-				maps.Copy(r.client[pub], c.Revocations)
+	r := revocations{all: map[string]int64{}, tenant: map[string]map[string]int64{}}
+	for _, prefix := range []string{teamKeyPrefix, clientKeyPrefix} {
+		for name, pub := range k.accountKeys(prefix) {
+			r.tenant[pub] = map[string]int64{}
+			if b, err := os.ReadFile(filepath.Join(k.dir, prefix+name+".jwt")); err == nil {
+				if c, err := jwt.DecodeAccountClaims(strings.TrimSpace(string(b))); err == nil && c.Subject == pub {
+					maps.Copy(r.tenant[pub], c.Revocations)
+				}
 			}
 		}
 	}
@@ -164,11 +173,10 @@ func issueTenants(tenants []tenantAccount, kr keyring, okp, ckp nkeys.KeyPair, r
 		tc := jwt.NewAccountClaims(t.pub)
 		tc.Name = t.name
 		tc.Limits.Conn, tc.Limits.Subs, tc.Limits.LeafNodeConn = int64(r.Conns), int64(r.Subs), int64(r.Leafnodes)
-		if t.client != "" {
-			for key, at := range revoked.client[t.pub] {
-				tc.RevokeAt(key, time.Unix(at, 0))
-			}
-		} else {
+		for key, at := range revoked.tenant[t.pub] {
+			tc.RevokeAt(key, time.Unix(at, 0))
+		}
+		if t.team != "" {
 			for key, at := range revoked.all {
 				tc.RevokeAt(key, time.Unix(at, 0))
 			}

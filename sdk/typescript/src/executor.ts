@@ -354,6 +354,8 @@ export class Executor {
   /** The last operation the server refused to the credentials, and when (ms). */
   private denial?: { op: string; subject: string; at: number };
   private reconnects = 0;
+  /** Why the connection closed for good while serving (serve() then rejects with it). */
+  private lost?: string;
   private bellRefused = false;
   private pullOpts = { max_messages: 1, expires: 30000 };
   private readonly stopped: Promise<void>;
@@ -437,6 +439,21 @@ export class Executor {
     if (s.metricsAddr) this.metricsServer = await serveMetrics(s.metricsAddr, this.metrics, this.log);
     this.nc ??= await dial(s.connection, `toolbus executor ${s.instance}`);
     this.metrics.connected = true;
+    let draining = false;
+    // A connection nats.js gave up on (a credential revoked and not replaced: the same
+    // authentication error twice in a row) cannot work again: the executor stops, serve()
+    // rejects with the reason (a process exits non-zero) and /healthz fails meanwhile, as
+    // the Go executor does. A rotated credential is taken on the reconnection instead
+    // (connectionOptions reads the file again). A connection the caller passed in is the
+    // caller's to watch.
+    if (this.ownConn) void this.nc.closed().then((err) => {
+      if (draining) return;
+      this.lost = `the NATS connection closed for good: ${err?.message ?? 'closed'} (a revoked credential? give the executor its new credentials file, TOOLBUS_NATS_CREDS)`;
+      this.metrics.failed = this.lost;
+      this.metrics.connected = false;
+      this.log.error('executor stopping: it cannot work', { error: this.lost });
+      this.stop();
+    });
     void (async () => {
       for await (const st of this.nc!.status()) {
         if (st.type === 'disconnect') this.metrics.connected = false;
@@ -509,7 +526,9 @@ export class Executor {
       this.servingResolve();
       this.log.info('executor serving', { tools: served, concurrency: s.concurrency, stream: s.stream, team: s.team });
       await this.stopped;
+      if (this.lost) throw new Error(`toolbus: ${this.lost}`);
     } finally {
+      draining = true;
       this.metrics.ready = false;
       clearInterval(parkWatch);
       for (const f of this.feeds) {

@@ -56,6 +56,8 @@ export class Metrics {
   queuesParked = 0;
   ready = false;
   connected = false;
+  /** Why the process cannot work any more (/healthz fails with it); empty while it can. */
+  failed = '';
 
   callStarted(tool: string) { this.inflight.set(tool, (this.inflight.get(tool) ?? 0) + 1); }
   callStopped(tool: string) { this.inflight.set(tool, (this.inflight.get(tool) ?? 1) - 1); }
@@ -109,7 +111,7 @@ export function serveMetrics(addr: string, m: Metrics, log: Logger): Promise<htt
   const port = Number(addr.slice(at + 1));
   const srv = http.createServer((req, res) => {
     if (req.method !== 'GET') return res.writeHead(405).end();
-    if (req.url === '/healthz') return res.writeHead(200).end('ok\n');
+    if (req.url === '/healthz') return m.failed ? res.writeHead(503).end(`failed: ${m.failed}\n`) : res.writeHead(200).end('ok\n');
     if (req.url === '/readyz') {
       if (!m.connected) return res.writeHead(503).end('not connected to NATS\n');
       if (!m.ready) return res.writeHead(503).end('consumers not bound: executor\n');

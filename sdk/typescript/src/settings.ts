@@ -237,8 +237,25 @@ export function connectionOptions(c: ConnectionSettings, name: string): Connecti
       throw new ConfigError(`${what} ${file}: ${(err as Error).message}`);
     }
   };
-  if (c.creds) opts.authenticator = credsAuthenticator(read('TOOLBUS_NATS_CREDS', c.creds));
-  else if (c.nkey) opts.authenticator = nkeyAuthenticator(new TextEncoder().encode(read('TOOLBUS_NATS_NKEY', c.nkey).toString().trim()));
+  // Read again at every connection, as nats.go does: a credential rotated (toolbus admin
+  // rotate rewrites the file and revokes the old one) is taken on the reconnection the
+  // revocation causes. A file that cannot be read then keeps the last one read.
+  const reread = (what: string, file: string) => {
+    let last = read(what, file);
+    return () => {
+      try {
+        last = readFileSync(file);
+      } catch {
+        // the last one read: the server says whether it still holds
+      }
+      return last;
+    };
+  };
+  if (c.creds) opts.authenticator = credsAuthenticator(reread('TOOLBUS_NATS_CREDS', c.creds));
+  else if (c.nkey) {
+    const seed = reread('TOOLBUS_NATS_NKEY', c.nkey);
+    opts.authenticator = nkeyAuthenticator(() => new TextEncoder().encode(seed().toString().trim()));
+  }
   if (c.user) {
     opts.user = c.user;
     opts.pass = c.password;
