@@ -328,6 +328,37 @@ func TestOutsiderProbes(t *testing.T) {
 		t.Errorf("HOLE: alpha rang beta's doorbell: %s %q", m.Subject, m.Data)
 	}
 
+	// A pull and a "+NXT" whose reply subject is one of alpha's own write imports: the
+	// server answers in alpha's account (its subscription there gets the call), and no
+	// import carries the answer on into the core's write service.
+	d.put(events.SubjectToolRequested("rc", "calc"), `"`+ownMark+` rc"`)
+	d.put(events.SubjectToolRequested("rd", "calc"), `"`+ownMark+` rd"`)
+	for i, r := range []struct{ subject, body, reply string }{
+		{api + ".CONSUMER.MSG.NEXT.TOOLBUS_QUEUES.tool_calc", `{"batch":1,"expires":5000000000}`, events.SubjectToolFinished("rc", "calc")},
+		{"$JS.ACK.TOOLBUS_QUEUES.tool_calc.0.0.0.0.0", `+NXT {"batch":1,"expires":5000000000}`, "$KV.toolbus_claims.calc.rd.0.c1"},
+	} {
+		sub, err := alpha.SubscribeSync(r.reply)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := alpha.PublishRequest(r.subject, r.reply, []byte(r.body)); err != nil {
+			t.Fatal(err)
+		}
+		if m, err := sub.NextMsg(10 * time.Second); err != nil || !strings.Contains(string(m.Data), ownMark) {
+			t.Errorf("control: alpha's pull %d was not answered on its own %s: %v %q", i, r.reply, err, dataOf(m))
+		}
+		_ = sub.Unsubscribe()
+	}
+	for stream, subject := range map[string]string{events.DefaultStream: events.SubjectToolFinished("rc", "calc"), "KV_toolbus_claims": "$KV.toolbus_claims.calc.rd.0.c1"} {
+		st, err := d.core.Stream(ctx, stream)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m, err := st.GetLastMsgForSubject(ctx, subject); !errors.Is(err, jetstream.ErrMsgNotFound) {
+			t.Errorf("HOLE: a pull's answer to alpha's write import was stored in the core: %v %v", m, err)
+		}
+	}
+
 	// A flood of alice's reads delays nobody else's: bob reads his run at once.
 	for i := 0; i < 500; i++ {
 		if err := alice.PublishRequest(read+".DIRECT.GET.TOOLBUS", "flood.inbox", []byte(`{"seq":1,"next_by_subj":"toolbus.ra.>"}`)); err != nil {
