@@ -44,13 +44,27 @@ func ClientWriteSubject(id, subject string) string {
 }
 
 // ParseWriteSubject splits a write service subject into the tenant's kind and name and
-// the subject written; ok is false for any other subject.
+// the subject written; ok is false for any other subject, and for one with an empty or a
+// wildcard token ("*", ">"). The server delivers a publish on "toolbus.*.tool.finished.x"
+// to an import of that pattern, and a stream stores it under that subject: a message of
+// no run (and a key "x.>" of no call), which the subject's checks downstream were never
+// meant to see.
 func ParseWriteSubject(s string) (kind, name, subject string, ok bool) {
 	toks := strings.SplitN(s, ".", 4)
-	if len(toks) != 4 || toks[0] != WriteServicePrefix || toks[1] != WriteTeam && toks[1] != WriteClient || toks[2] == "" || toks[3] == "" {
+	if len(toks) != 4 || toks[0] != WriteServicePrefix || toks[1] != WriteTeam && toks[1] != WriteClient || !literalSubject(s) {
 		return "", "", "", false
 	}
 	return toks[1], toks[2], toks[3], true
+}
+
+// literalSubject reports whether every token of s is non-empty and no wildcard.
+func literalSubject(s string) bool {
+	for _, t := range strings.Split(s, ".") {
+		if t == "" || t == "*" || t == ">" {
+			return false
+		}
+	}
+	return true
 }
 
 // WriteQuotaErrCode is the err_code of the write service's refusal of a tenant over its

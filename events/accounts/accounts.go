@@ -260,8 +260,9 @@ func anyToken(subject string) string {
 func WriteForwards() []string {
 	var out []string
 	for _, c := range CoreExports() {
-		if _, _, subject, ok := events.ParseWriteSubject(c.Subject); ok && !slices.Contains(out, subject) {
-			out = append(out, subject)
+		// toolbus_write.<kind>.<name>.<subject>, with wildcards (not a write itself).
+		if toks := strings.SplitN(c.Subject, ".", 4); c.For.Kind == ForWrites && len(toks) == 4 && !slices.Contains(out, toks[3]) {
+			out = append(out, toks[3])
 		}
 	}
 	return out
