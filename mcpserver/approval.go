@@ -203,15 +203,16 @@ func (b *bridge) waiting(ctx context.Context, run string) (int, toolbus.ToolCall
 	}
 }
 
-// ownRun returns the run.started of the MCP call run if who started it; any other run
-// (unknown, not an MCP call, another principal's) is the same "not found".
-func (b *bridge) ownRun(ctx context.Context, run, who string) (*toolbus.RunStarted, error) {
+// ownRun returns the run.started of the MCP call run if the caller's token started it;
+// any other run (unknown, not an MCP call, another principal's, another token's of the
+// same name) is the same "not found".
+func (b *bridge) ownRun(ctx context.Context, run string, c caller) (*toolbus.RunStarted, error) {
 	notFound := &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: fmt.Sprintf("no MCP call %q of yours", run)}
 	if !strings.HasPrefix(run, "mcp-") || !toolbus.ValidRunID(run) {
 		return nil, notFound
 	}
 	rs, err := b.bus.RunStarted(ctx, run)
-	if err != nil || rs.Principal.ID != who || len(rs.Calls) != 1 {
+	if err != nil || rs.Principal.ID != c.id || rs.Principal.Attrs[OwnerAttr] != c.owner || len(rs.Calls) != 1 {
 		return nil, notFound
 	}
 	return rs, nil
@@ -220,12 +221,13 @@ func (b *bridge) ownRun(ctx context.Context, run, who string) (*toolbus.RunStart
 // resume answers the retry of a tools/call after input_required: the approval answer
 // in inputResponses decides the call named by requestState, then the run is followed
 // as on the first round.
-func (b *bridge) resume(ctx context.Context, req *mcp.CallToolRequest, who string) (*mcp.CallToolResult, error) {
+func (b *bridge) resume(ctx context.Context, req *mcp.CallToolRequest, c caller) (*mcp.CallToolResult, error) {
+	who := c.id
 	run, q, ok := parseState(req.Params.RequestState)
 	if !ok {
 		return nil, &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: "unknown requestState"}
 	}
-	rs, err := b.ownRun(ctx, run, who)
+	rs, err := b.ownRun(ctx, run, c)
 	if err != nil {
 		return nil, err
 	}

@@ -189,9 +189,10 @@ const (
 // (resume).
 func (b *bridge) call(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
 	name := req.Params.Name
-	who, teams := callerOf(req, b.cfg.Principal)
+	c := callerOfExtra(req.Extra, b.cfg.Principal)
+	who, teams := c.id, c.teams
 	if req.Params.RequestState != "" {
-		return b.resume(ctx, req, who)
+		return b.resume(ctx, req, c)
 	}
 	tc, ok := b.cat.Lookup(name)
 	if !ok || !offeredTo(tc, teams) {
@@ -202,8 +203,12 @@ func (b *bridge) call(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallT
 	if args == "" || args == "null" {
 		args = "{}"
 	}
+	principal := toolbus.Principal{ID: who, Roles: teams}
+	if c.owner != "" {
+		principal.Attrs = map[string]string{OwnerAttr: c.owner}
+	}
 	rs := callrun.Build(callrun.Spec{
-		RunID: callrun.NewID("mcp"), Principal: toolbus.Principal{ID: who, Roles: teams}, Tool: tc, Arguments: args,
+		RunID: callrun.NewID("mcp"), Principal: principal, Tool: tc, Arguments: args,
 		Via: "MCP tools/call", DefaultToolTimeout: b.cfg.DefaultToolTimeout, ApprovalTimeout: b.cfg.ApprovalTimeout,
 	}, time.Now())
 	// The request's W3C traceparent (_meta, SEP-414) is the trace the run joins.

@@ -217,12 +217,12 @@ func (b *bridge) taskRun(ctx context.Context, p *TaskParams) (*toolbus.RunStarte
 		data, _ := json.Marshal(map[string]any{"requiredCapabilities": map[string]any{"extensions": map[string]any{ExtTasks: map[string]any{}}}})
 		return nil, "", &jsonrpc.Error{Code: mcp.CodeMissingRequiredClientCapabilities, Message: "Missing required client capability", Data: data}
 	}
-	who, _ := ctx.Value(callerKey{}).(string)
-	rs, err := b.ownRun(ctx, p.TaskID, who)
+	c, _ := ctx.Value(callerKey{}).(caller)
+	rs, err := b.ownRun(ctx, p.TaskID, c)
 	if err != nil {
 		return nil, "", &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: fmt.Sprintf("Failed to retrieve task: task %q not found", p.TaskID)}
 	}
-	return rs, who, nil
+	return rs, c.id, nil
 }
 
 func (b *bridge) getTask(ctx context.Context, _ *mcp.ServerSession, p *TaskParams) (*Task, error) {
@@ -280,14 +280,13 @@ func (b *bridge) cancelTask(ctx context.Context, _ *mcp.ServerSession, p *TaskPa
 type callerKey struct{}
 
 // withCaller is receiving middleware: the caller of a tasks/* request (the bearer
-// token's identity, else the default principal) goes in its context, where the
+// token's identity and owner, else the default principal) goes in its context, where the
 // custom methods' handlers, which see no request extra, read it.
 func withCaller(def string) mcp.Middleware {
 	return func(next mcp.MethodHandler) mcp.MethodHandler {
 		return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
 			if strings.HasPrefix(method, "tasks/") {
-				who, _ := callerOf(&mcp.CallToolRequest{Extra: req.GetExtra()}, def)
-				ctx = context.WithValue(ctx, callerKey{}, who)
+				ctx = context.WithValue(ctx, callerKey{}, callerOfExtra(req.GetExtra(), def))
 			}
 			return next(ctx, method, req)
 		}
