@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"time"
 
@@ -32,15 +33,18 @@ var ErrOneRun = errors.New("events: a client account follows one run at a time")
 // identity may see under cfg.ReadPrefix, so the stream and the buckets a client reads
 // are the ordinary jetstream handles on that prefix. It publishes as any client does:
 // the core imports its identities' subjects.
-func openClient(ctx context.Context, nc *nats.Conn, cfg Config) (*Bus, error) {
+func openClient(ctx context.Context, nc *nats.Conn, cfg Config, perms *connect.Permissions) (*Bus, error) {
 	js, err := jetstream.NewWithAPIPrefix(nc, cfg.ReadPrefix, jetstream.WithPublishAsyncTimeout(10*time.Second))
 	if err != nil {
 		return nil, fmt.Errorf("events: jetstream under %s: %w", cfg.ReadPrefix, err)
 	}
-	b := &Bus{cfg: cfg, nc: nc, js: js, runCache: map[string]cachedRun{}, perms: connect.WatchPermissions(nc), client: true}
-	b.perms.SetHint(GrantHint)
+	if perms == nil {
+		perms = connect.WatchPermissions(nc)
+		perms.SetHint(GrantHint)
+	}
+	b := &Bus{cfg: cfg, nc: nc, js: js, runCache: map[string]cachedRun{}, perms: perms, client: true}
 	if b.stream, err = b.Stream(ctx, cfg.Stream); err != nil {
-		return nil, fmt.Errorf("events: stream %s through the read service %s (is an injector running?): %w", cfg.Stream, cfg.ReadPrefix, err)
+		return nil, fmt.Errorf("events: stream %s through the read service %s: %w", cfg.Stream, cfg.ReadPrefix, readRefusal(err, ReadIdentity(cfg.ReadPrefix)))
 	}
 	b.reader = b.stream
 	kvs := store.Buckets{JS: js}
@@ -73,19 +77,86 @@ func (b *Bus) Runs(ctx context.Context) ([]store.RunState, error) {
 	if !b.client {
 		return b.state.Runs(ctx)
 	}
-	subject := strings.TrimSuffix(b.cfg.ReadPrefix, ".API") + ".runs"
+	var out []store.RunState
+	return out, b.readService(ctx, ReadRunsSubject(b.readIdentity()), &out)
+}
+
+// readService asks the read service on subject and decodes its JSON answer into v.
+func (b *Bus) readService(ctx context.Context, subject string, v any) error {
 	m, err := b.nc.RequestWithContext(ctx, subject, nil)
 	if err != nil {
-		return nil, fmt.Errorf("events: runs through the read service %s: %w", subject, err)
+		return fmt.Errorf("events: %s: %w", subject, readRefusal(err, b.readIdentity()))
 	}
 	if st := m.Header.Get("Status"); st != "" && len(m.Data) == 0 {
-		return nil, fmt.Errorf("events: runs through the read service: %s %s", st, m.Header.Get("Description"))
+		return fmt.Errorf("events: %s: %s %s", subject, st, m.Header.Get("Description"))
 	}
-	var out []store.RunState
-	if err := json.Unmarshal(m.Data, &out); err != nil {
-		return nil, fmt.Errorf("events: runs through the read service: %w", err)
+	if err := json.Unmarshal(m.Data, v); err != nil {
+		return fmt.Errorf("events: %s: %w", subject, err)
 	}
-	return out, nil
+	return nil
+}
+
+// Catalog is the catalog view of the tools this bus may offer, kept current until ctx
+// ends: store.Store.WatchCatalog, or in a client account the read service's list of
+// the tools a live instance serves (ReadToolsSubject), which the core decides.
+func (b *Bus) Catalog(ctx context.Context, log *slog.Logger) (*store.Catalog, error) {
+	if !b.client {
+		return b.state.WatchCatalog(ctx, log)
+	}
+	return store.WatchOffered(ctx, time.Second, b.OfferedTools, log)
+}
+
+// OfferedTools lists, in a client account, the tools a live instance serves, as the
+// read service answers them (ReadToolsSubject); on any other bus, the catalog's tools a
+// live instance serves now.
+func (b *Bus) OfferedTools(ctx context.Context) ([]toolbus.ToolContract, error) {
+	if !b.client {
+		cctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		cat, err := b.state.WatchCatalog(cctx, nil)
+		if err != nil {
+			return nil, err
+		}
+		return cat.Tools(nil), nil
+	}
+	var out []toolbus.ToolContract
+	return out, b.readService(ctx, ReadToolsSubject(b.readIdentity()), &out)
+}
+
+// As returns the bus that reads as identity id: this bus, unless it is a client
+// account's, where it is a view on the same connection reading through id's read
+// service (a front door serving several identities reads each one's runs as that
+// identity; the core exports id's read service only to the accounts bound to id,
+// CheckBound). Views are kept for the bus's life.
+func (b *Bus) As(ctx context.Context, id string) (*Bus, error) {
+	if !b.client || id == b.readIdentity() {
+		return b, nil
+	}
+	b.mu.Lock()
+	v, ok := b.views[id]
+	b.mu.Unlock()
+	if ok {
+		return v, nil
+	}
+	if err := b.CheckBound(ctx, id); err != nil {
+		return nil, err
+	}
+	cfg := b.cfg
+	cfg.ReadPrefix = ReadAPIPrefix(id)
+	v, err := openClient(ctx, b.nc, cfg, b.perms)
+	if err != nil {
+		return nil, err
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if old, ok := b.views[id]; ok {
+		return old, nil
+	}
+	if b.views == nil {
+		b.views = map[string]*Bus{}
+	}
+	b.views[id] = v
+	return v, nil
 }
 
 // notBound names the identity a client account may not publish for: in such an account
@@ -155,4 +226,19 @@ func (b *Bus) CheckBound(ctx context.Context, id string) error {
 	}
 	return fmt.Errorf("%w %s: it acts only as the identities it is bound to (this one reads as %s; an administrator binds one with `toolbus admin add-client NAME %s`)",
 		ErrNotBound, id, b.readIdentity(), id)
+}
+
+// ErrTenantCredentials is wrapped by a refusal of what a tenant's credentials cannot
+// do: the error says, in one sentence, what they can do and what to use instead.
+var ErrTenantCredentials = errors.New("events: not what these credentials do")
+
+// readRefusal says why nothing answers a client account's read of identity id (no
+// responders): the account is not bound to id, or no injector of the core runs the read
+// service; any other error unchanged.
+func readRefusal(err error, id string) error {
+	if !errors.Is(err, nats.ErrNoResponders) && !errors.Is(err, jetstream.ErrNoStreamResponse) {
+		return err
+	}
+	return fmt.Errorf("%w: nothing answers the read service of identity %s: these client credentials read only as the identities their account is bound to (TOOLBUS_NATS_READ_PREFIX=%s names %s; an administrator binds one with `toolbus admin add-client NAME %s`), or no injector of the core runs the read service: %w",
+		ErrTenantCredentials, id, ReadAPIPrefix(id), id, id, err)
 }

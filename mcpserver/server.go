@@ -86,7 +86,7 @@ func New(ctx context.Context, bus *events.Bus, cfg Config) (*mcp.Server, error) 
 	if cfg.TaskPollInterval <= 0 {
 		cfg.TaskPollInterval = 2 * time.Second
 	}
-	cat, err := bus.Store().WatchCatalog(ctx, cfg.Logger)
+	cat, err := bus.Catalog(ctx, cfg.Logger)
 	if err != nil {
 		return nil, fmt.Errorf("mcp: catalog: %w", err)
 	}
@@ -112,6 +112,17 @@ func New(ctx context.Context, bus *events.Bus, cfg Config) (*mcp.Server, error) 
 		}
 	}()
 	return b.srv, nil
+}
+
+// as is the bus that reads and publishes as the caller who: in a client account (the
+// accounts layout) a view reading through who's read service (events.Bus.As), else the
+// bridge's bus.
+func (b *bridge) as(ctx context.Context, who string) (*events.Bus, error) {
+	bus, err := b.bus.As(ctx, who)
+	if err != nil {
+		return nil, fmt.Errorf("mcp: %w", err)
+	}
+	return bus, nil
 }
 
 // sync makes the offered tools those of the catalog that a live instance serves.
@@ -211,9 +222,13 @@ func (b *bridge) call(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallT
 		RunID: callrun.NewID("mcp"), Principal: principal, Tool: tc, Arguments: args,
 		Via: "MCP tools/call", DefaultToolTimeout: b.cfg.DefaultToolTimeout, ApprovalTimeout: b.cfg.ApprovalTimeout,
 	}, time.Now())
+	bus, err := b.as(ctx, who)
+	if err != nil {
+		return nil, err
+	}
 	// The request's W3C traceparent (_meta, SEP-414) is the trace the run joins.
 	tp, _ := req.Params.Meta["traceparent"].(string)
-	if err := b.bus.StartRun(events.WithTraceparent(ctx, tp), b.cfg.Source, rs); err != nil {
+	if err := bus.StartRun(events.WithTraceparent(ctx, tp), b.cfg.Source, rs); err != nil {
 		return nil, fmt.Errorf("mcp: start run for %s: %w", name, err)
 	}
 	b.cfg.Logger.Info("mcp call started", "tool", name, "run_id", rs.RunID, "principal", who)
@@ -223,7 +238,7 @@ func (b *bridge) call(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallT
 // toolResult maps a tool result to MCP: the text the model would read, the output as
 // structured content when it is an object, the attachments as image, audio or resource
 // content, and isError for any status but succeeded.
-func (b *bridge) toolResult(ctx context.Context, r toolbus.ToolResult) *mcp.CallToolResult {
+func (b *bridge) toolResult(ctx context.Context, bus *events.Bus, r toolbus.ToolResult) *mcp.CallToolResult {
 	text := r.Content
 	if text == "" && r.Error != nil {
 		text = r.Error.Message
@@ -240,7 +255,7 @@ func (b *bridge) toolResult(ctx context.Context, r toolbus.ToolResult) *mcp.Call
 		return res
 	}
 	for i, a := range r.Attachments {
-		res.Content = append(res.Content, b.attachment(ctx, r, i, a))
+		res.Content = append(res.Content, b.attachment(ctx, bus, r, i, a))
 	}
 	if out := json.RawMessage(r.Output); len(out) > 0 && out[0] == '{' && json.Valid(out) {
 		res.StructuredContent = out
@@ -252,11 +267,11 @@ func (b *bridge) toolResult(ctx context.Context, r toolbus.ToolResult) *mcp.Call
 // media type, else an embedded resource (text for text media types, else a blob). The
 // bytes of an attachment kept in the outputs bucket are read from there; one that
 // cannot be read is a line of text that says so.
-func (b *bridge) attachment(ctx context.Context, r toolbus.ToolResult, i int, a toolbus.Attachment) mcp.Content {
+func (b *bridge) attachment(ctx context.Context, bus *events.Bus, r toolbus.ToolResult, i int, a toolbus.Attachment) mcp.Content {
 	data := a.Data
 	if a.Ref != "" && len(data) == 0 {
 		var err error
-		if data, err = b.bus.Store().Output(ctx, a.Ref); err != nil {
+		if data, err = bus.Store().Output(ctx, a.Ref); err != nil {
 			b.cfg.Logger.Warn("mcp: attachment not read", "call_id", r.CallID, "ref", a.Ref, "error", err)
 			return &mcp.TextContent{Text: a.Describe() + " (its bytes could not be read)"}
 		}

@@ -110,7 +110,11 @@ func (b *bridge) taskResults(next mcp.MethodHandler) mcp.MethodHandler {
 		if !ok {
 			return res, err
 		}
-		rs, err := b.bus.RunStarted(ctx, run)
+		bus, err := b.as(ctx, callerOfExtra(req.GetExtra(), b.cfg.Principal).id)
+		if err != nil {
+			return nil, err
+		}
+		rs, err := bus.RunStarted(ctx, run)
 		if err != nil {
 			return nil, fmt.Errorf("mcp: task %s: %w", run, err)
 		}
@@ -131,7 +135,12 @@ func (b *bridge) taskResults(next mcp.MethodHandler) mcp.MethodHandler {
 // taskView reads the task of rs's call from its run's events; caps says whether a call
 // waiting for approval asks the user (input_required) or tells how to decide it.
 func (b *bridge) taskView(ctx context.Context, rs *toolbus.RunStarted, caps *mcp.ClientCapabilities) (*Task, error) {
-	evs, err := b.bus.RunEvents(ctx, rs.RunID)
+	// rs is the caller's (ownRun, or a run it just started): read as its principal.
+	bus, err := b.as(ctx, rs.Principal.ID)
+	if err != nil {
+		return nil, err
+	}
+	evs, err := bus.RunEvents(ctx, rs.RunID)
 	if err != nil {
 		return nil, fmt.Errorf("mcp: task %s: %w", rs.RunID, err)
 	}
@@ -175,7 +184,7 @@ func (b *bridge) taskView(ctx context.Context, rs *toolbus.RunStarted, caps *mcp
 			t.StatusMessage = ended.Reason
 		}
 	case finished != nil:
-		t.Status, t.Result = TaskCompleted, b.toolResult(ctx, *finished)
+		t.Status, t.Result = TaskCompleted, b.toolResult(ctx, bus, *finished)
 		t.Result.Meta = mcp.Meta{MetaRun: rs.RunID, MetaCall: callrun.CallID}
 	case ended != nil:
 		t.Status = TaskCompleted
@@ -269,7 +278,11 @@ func (b *bridge) cancelTask(ctx context.Context, _ *mcp.ServerSession, p *TaskPa
 	if err != nil {
 		return nil, err
 	}
-	if _, err := b.bus.PublishCancel(ctx, b.cfg.Source, toolbus.Cancel{RunID: rs.RunID, Reason: "tasks/cancel", Who: who}); err != nil {
+	bus, err := b.as(ctx, who)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := bus.PublishCancel(ctx, b.cfg.Source, toolbus.Cancel{RunID: rs.RunID, Reason: "tasks/cancel", Who: who}); err != nil {
 		return nil, fmt.Errorf("mcp: cancel task %s: %w", rs.RunID, err)
 	}
 	b.cfg.Logger.Info("mcp task cancelled", "run_id", rs.RunID, "who", who)

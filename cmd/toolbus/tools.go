@@ -11,7 +11,6 @@ import (
 
 	"github.com/toolbus/toolbus/audit"
 	"github.com/toolbus/toolbus/events"
-	"github.com/toolbus/toolbus/internal/callrun"
 	"github.com/toolbus/toolbus/internal/timeline"
 )
 
@@ -46,9 +45,6 @@ func cmdTools(ctx context.Context, cfg Config, log *slog.Logger, args []string, 
 		return err
 	}
 	defer c.Close()
-	if c.Bus.ClientAccount() {
-		return &exitError{code: 1, msg: fmt.Sprintf("tools: %v (toolbus call TOOL and toolbus run --tools check the names given)", callrun.ErrNoCatalogList)}
-	}
 	rows, err := toolRows(ctx, c.Bus)
 	if err != nil {
 		return err
@@ -64,7 +60,10 @@ func cmdTools(ctx context.Context, cfg Config, log *slog.Logger, args []string, 
 	fmt.Fprintln(tw, "TOOL\tOWNER\tVERSION\tINSTANCES\tPENDING\tIN FLIGHT\tDESCRIPTION")
 	for _, r := range rows {
 		inst := strings.Join(r.Instances, ",")
-		if inst == "" {
+		switch {
+		case inst == "" && r.Offered:
+			inst = "offered" // a client account is told which tools are offered, not by whom
+		case inst == "":
 			inst = "- (not offered)"
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%s\n", r.Name, orDash(r.Owner), orDash(versionText(r.Version)), inst,
@@ -73,8 +72,20 @@ func cmdTools(ctx context.Context, cfg Config, log *slog.Logger, args []string, 
 	return tw.Flush()
 }
 
-// toolRows joins the catalog, the live instances and the queues.
+// toolRows joins the catalog, the live instances and the queues; in a client account,
+// which reads none of them, the tools the read service says are offered.
 func toolRows(ctx context.Context, bus *events.Bus) ([]toolRow, error) {
+	if bus.ClientAccount() {
+		offered, err := bus.OfferedTools(ctx)
+		if err != nil {
+			return nil, err
+		}
+		rows := make([]toolRow, 0, len(offered))
+		for _, tc := range offered {
+			rows = append(rows, toolRow{Name: tc.Name, Description: tc.Description, Owner: tc.Owner, Version: tc.Version, Instances: []string{}, Offered: true})
+		}
+		return rows, nil
+	}
 	contracts, err := bus.Store().Contracts(ctx)
 	if err != nil {
 		return nil, err
