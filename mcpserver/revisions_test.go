@@ -43,12 +43,18 @@ func startDoor(t *testing.T, p *pipeline, cfg mcpserver.Config) *testDoor {
 	if err != nil {
 		t.Fatal(err)
 	}
+	d.url = serveDoor(t, srv, access)
+	return d
+}
+
+// serveDoor serves srv over streamable HTTP to the tokens of access until the test
+// ends, and returns its URL.
+func serveDoor(t *testing.T, srv *mcp.Server, access *door.Source) string {
 	hs := httptest.NewServer(mcpserver.HTTPHandler(srv, mcpserver.HTTPConfig{
 		Listen: "127.0.0.1:0", Access: access, SessionTimeout: time.Minute, MaxSessions: 10, Logger: quiet(),
 	}))
 	t.Cleanup(hs.Close)
-	d.url = hs.URL
-	return d
+	return hs.URL
 }
 
 // bearer adds a bearer token to every request.
