@@ -218,8 +218,7 @@ func open(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, cfg Config
 	b.perms.SetHint(GrantHint)
 	missing := func(what, name string, err error) error {
 		if errors.Is(err, jetstream.ErrJetStreamNotEnabledForAccount) {
-			return fmt.Errorf("%w: these credentials are a team's or a client's account, which holds no stream: a team's run `toolbus executor` with TOOLBUS_NATS_API_PREFIX=JS.core.API and read no run, a client's run, read and decide its identities' runs with TOOLBUS_NATS_READ_PREFIX=%s.<identity>.API: %w",
-				ErrTenantCredentials, ReadServicePrefix, err)
+			return &TenantRefusal{Err: err, Msg: "these credentials are a team's or a client's account, which holds no stream: a team's run `toolbus executor` with TOOLBUS_NATS_API_PREFIX=JS.core.API and read no run, a client's run, read and decide its identities' runs with TOOLBUS_NATS_READ_PREFIX=" + ReadServicePrefix + ".<identity>.API"}
 		}
 		if errors.Is(err, jetstream.ErrStreamNotFound) || errors.Is(err, jetstream.ErrBucketNotFound) {
 			return fmt.Errorf("%w: %s %s does not exist", ErrNotSetUp, what, name)

@@ -229,8 +229,19 @@ func (b *Bus) CheckBound(ctx context.Context, id string) error {
 }
 
 // ErrTenantCredentials is wrapped by a refusal of what a tenant's credentials cannot
-// do: the error says, in one sentence, what they can do and what to use instead.
+// do (a *TenantRefusal).
 var ErrTenantCredentials = errors.New("events: not what these credentials do")
+
+// TenantRefusal is what a tenant's credentials cannot do, said in one sentence (Msg:
+// what they can do and what to use instead), with the error the server gave (Err),
+// which its text leaves out: a command prints Msg alone.
+type TenantRefusal struct {
+	Msg string
+	Err error
+}
+
+func (e *TenantRefusal) Error() string   { return e.Msg }
+func (e *TenantRefusal) Unwrap() []error { return []error{ErrTenantCredentials, e.Err} }
 
 // readRefusal says why nothing answers a client account's read of identity id (no
 // responders): the account is not bound to id, or no injector of the core runs the read
@@ -239,6 +250,6 @@ func readRefusal(err error, id string) error {
 	if !errors.Is(err, nats.ErrNoResponders) && !errors.Is(err, jetstream.ErrNoStreamResponse) {
 		return err
 	}
-	return fmt.Errorf("%w: nothing answers the read service of identity %s: these client credentials read only as the identities their account is bound to (TOOLBUS_NATS_READ_PREFIX=%s names %s; an administrator binds one with `toolbus admin add-client NAME %s`), or no injector of the core runs the read service: %w",
-		ErrTenantCredentials, id, ReadAPIPrefix(id), id, id, err)
+	return &TenantRefusal{Err: err, Msg: fmt.Sprintf("nothing answers the read service of identity %s: these client credentials read only as the identities their account is bound to (TOOLBUS_NATS_READ_PREFIX=%s names %s; an administrator binds one with `toolbus admin add-client NAME %s`), or no injector of the core runs the read service",
+		id, ReadAPIPrefix(id), id, id)}
 }
