@@ -73,7 +73,7 @@ func (r cliResult) want(t *testing.T, what string, code int, has []string, hasNo
 // and cancel see nothing of it; alice approves, and her tail, replay and runs show her
 // run to its end; her second run, which bob cannot cancel, she cancels. Bob's own run
 // works the same way, out of alice's sight. What cannot work in a client account (tail
-// of every run, the catalog's list) says why. The restart runs once per run.
+// of every run) says why; the tools listed are those the core offers. The restart runs once per run.
 func TestFaultClientAccountsCLI(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts processes")
@@ -150,7 +150,7 @@ func TestFaultClientAccountsCLI(t *testing.T) {
 	e.clientCLI("bob", minute, "runs").want(t, "bob lists runs", 0, []string{"bob-1"}, "alice-1")
 	e.clientCLI("bob", 3*time.Second, "tail", "alice-1", "--all").want(t, "bob tails alice's run", 0, []string{"run alice-1 not started yet"}, "restart_service", "INC-001")
 	e.clientCLI("alice", minute, "tail", "--all").want(t, "alice tails every run", 1, []string{"a client account follows one run at a time"})
-	e.clientCLI("alice", minute, "tools").want(t, "alice lists the tools", 1, []string{"cannot list"})
+	e.clientCLI("alice", minute, "tools").want(t, "alice lists the tools", 0, []string{"lookup_incident", "offered"})
 	e.clientCLI("alice", minute, "run", "--tools", "nope", "hello").want(t, "alice allows an unknown tool", 2, []string{"no executor published nope"})
 
 	// Each decides on their own run, with an edit checked against the catalog's schema.

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -40,6 +41,7 @@ func TestTenantRefusalsSayWhatToUse(t *testing.T) {
 	)
 	teamPrefix := as("alpha", "TOOLBUS_NATS_API_PREFIX=JS.core.API")
 	otherID := as("alice", "TOOLBUS_NATS_READ_PREFIX="+events.ReadAPIPrefix("bob"))
+	console := []string{"TOOLBUS_CONSOLE_ADDR=127.0.0.1:0", "TOOLBUS_CONSOLE_PUBLIC_READ=true"}
 	for _, tc := range []struct {
 		name string
 		env  []string
@@ -53,6 +55,9 @@ func TestTenantRefusalsSayWhatToUse(t *testing.T) {
 		{"team: tools", teamPrefix, []string{"tools"}, 1, team},
 		{"team: call", teamPrefix, []string{"call", "calculator", `{"expression":"1+1"}`}, 1, team},
 		{"team: approve", teamPrefix, []string{"approve", "r1", "c1"}, 1, team},
+		{"team: mcp", teamPrefix, []string{"mcp"}, 1, team},
+		{"team: console", append(teamPrefix, console...), []string{"console"}, 1, team},
+		{"client: console", append(as("alice", "TOOLBUS_NATS_READ_PREFIX="+events.ReadAPIPrefix("alice")), console...), []string{"console"}, 1, "these are a client account's credentials"},
 		{"team, no prefix: replay", as("alpha"), []string{"replay", "r1"}, 1, noStream},
 		{"team, no prefix: runs", as("alpha"), []string{"runs"}, 1, noStream},
 		{"client, no prefix: runs", as("alice"), []string{"runs"}, 1, noStream},
@@ -64,8 +69,9 @@ func TestTenantRefusalsSayWhatToUse(t *testing.T) {
 		{"CONTROL: client as its identity: tools", as("alice", "TOOLBUS_NATS_READ_PREFIX="+events.ReadAPIPrefix("alice")), []string{"tools"}, 0, "calculator"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			for _, kv := range []string{"TOOLBUS_NATS_API_PREFIX=", "TOOLBUS_NATS_READ_PREFIX="} {
-				t.Setenv(strings.TrimSuffix(kv, "="), "")
+			for _, kv := range []string{"TOOLBUS_NATS_API_PREFIX=", "TOOLBUS_NATS_READ_PREFIX=", "TOOLBUS_CONSOLE_ADDR=", "TOOLBUS_CONSOLE_PUBLIC_READ="} {
+				t.Setenv(strings.TrimSuffix(kv, "="), "") // restored when the case ends
+				os.Unsetenv(strings.TrimSuffix(kv, "="))
 			}
 			for _, kv := range tc.env {
 				k, v, _ := strings.Cut(kv, "=")
