@@ -243,6 +243,17 @@ type TenantRefusal struct {
 func (e *TenantRefusal) Error() string   { return e.Msg }
 func (e *TenantRefusal) Unwrap() []error { return []error{ErrTenantCredentials, e.Err} }
 
+// TeamRefusal says, for command cmd of a process with these settings, what a team's
+// executor credentials (APIPrefix: a team account reaches its tools' calls only) can do
+// and what to use instead; "" for other credentials. The caller asks it of the commands
+// that read or act on runs.
+func (c Config) TeamRefusal(cmd string) string {
+	if c.APIPrefix == "" || c.ReadPrefix != "" {
+		return ""
+	}
+	return cmd + ": these are a team's executor credentials (TOOLBUS_NATS_API_PREFIX): they serve the team's own tools (toolbus executor) and read no run; run, read and decide runs with a client's credentials bound to your identity (toolbus admin add-client NAME IDENTITY, TOOLBUS_NATS_READ_PREFIX), and set up the core with the admin's"
+}
+
 // readRefusal says why nothing answers a client account's read of identity id (no
 // responders): the account is not bound to id, or no injector of the core runs the read
 // service; any other error unchanged.

@@ -251,7 +251,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		cfg.LogLevel = clientLogLevel(cfg.LogLevel, os.Getenv("TOOLBUS_LOG_LEVEL") != "", verbose(rest))
 	}
 	log := cfg.Logger()
-	if msg := teamRefusal(cfg, cmd); msg != "" {
+	if msg := cfg.TeamRefusal(cmd); msg != "" && (clientCommands[cmd] || cmd == "console" || cmd == "mcp") {
 		fmt.Fprintln(stderr, "toolbus:", msg)
 		return 1
 	}
@@ -309,16 +309,6 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	return 0
-}
-
-// teamRefusal says, for a command a team's executor credentials cannot run (a team
-// account reaches its tools' calls only: TOOLBUS_NATS_API_PREFIX), what they can do and
-// what to use instead; "" for any other command or credentials.
-func teamRefusal(cfg Config, cmd string) string {
-	if cfg.APIPrefix == "" || cfg.ReadPrefix != "" || !clientCommands[cmd] && cmd != "console" && cmd != "mcp" {
-		return ""
-	}
-	return fmt.Sprintf("%s: these are a team's executor credentials (TOOLBUS_NATS_API_PREFIX): they serve the team's own tools (toolbus executor) and read no run; run, read and decide runs with a client's credentials bound to your identity (toolbus admin add-client NAME IDENTITY, TOOLBUS_NATS_READ_PREFIX), and set up the core with the admin's", cmd)
 }
 
 // Config is the configuration of the process (package node).

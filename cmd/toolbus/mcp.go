@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -55,9 +54,8 @@ func cmdMCP(ctx context.Context, cfg Config, log *slog.Logger, args []string, ou
 		return err
 	}
 	defer c.Close()
-	if c.Bus.ClientAccount() && !flagSet(fs, "principal") {
-		// A client account acts as its identities only: over stdio, the one it reads as.
-		*principal = events.ReadIdentity(cfg.ReadPrefix)
+	if c.Bus.ClientAccount() && *principal == "mcp" {
+		*principal = events.ReadIdentity(cfg.ReadPrefix) // a client account acts as its identities only
 	}
 	srv, err := mcpserver.New(ctx, c.Bus, mcpserver.Config{
 		Source: events.Source("mcp", cfg.Instance), Principal: *principal, ApprovalTimeout: cfg.RunTimeout,
@@ -96,11 +94,4 @@ func cmdMCP(ctx context.Context, cfg Config, log *slog.Logger, args []string, ou
 		return fmt.Errorf("mcp: %w", err)
 	}
 	return nil
-}
-
-// flagSet reports whether the flag name was given on the command line.
-func flagSet(fs *flag.FlagSet, name string) bool {
-	set := false
-	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
-	return set
 }

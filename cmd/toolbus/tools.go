@@ -60,11 +60,8 @@ func cmdTools(ctx context.Context, cfg Config, log *slog.Logger, args []string, 
 	fmt.Fprintln(tw, "TOOL\tOWNER\tVERSION\tINSTANCES\tPENDING\tIN FLIGHT\tDESCRIPTION")
 	for _, r := range rows {
 		inst := strings.Join(r.Instances, ",")
-		switch {
-		case inst == "" && r.Offered:
-			inst = "offered" // a client account is told which tools are offered, not by whom
-		case inst == "":
-			inst = "- (not offered)"
+		if inst == "" { // a client account is told which tools are offered, not by whom
+			inst = map[bool]string{true: "offered", false: "- (not offered)"}[r.Offered]
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%s\n", r.Name, orDash(r.Owner), orDash(versionText(r.Version)), inst,
 			r.Pending, r.InFlight, audit.OneLine(r.Description, 60))
@@ -77,14 +74,11 @@ func cmdTools(ctx context.Context, cfg Config, log *slog.Logger, args []string, 
 func toolRows(ctx context.Context, bus *events.Bus) ([]toolRow, error) {
 	if bus.ClientAccount() {
 		offered, err := bus.OfferedTools(ctx)
-		if err != nil {
-			return nil, err
+		rows := make([]toolRow, len(offered))
+		for i, tc := range offered {
+			rows[i] = toolRow{Name: tc.Name, Description: tc.Description, Owner: tc.Owner, Version: tc.Version, Instances: []string{}, Offered: true}
 		}
-		rows := make([]toolRow, 0, len(offered))
-		for _, tc := range offered {
-			rows = append(rows, toolRow{Name: tc.Name, Description: tc.Description, Owner: tc.Owner, Version: tc.Version, Instances: []string{}, Offered: true})
-		}
-		return rows, nil
+		return rows, err
 	}
 	contracts, err := bus.Store().Contracts(ctx)
 	if err != nil {
