@@ -31,7 +31,7 @@ type rawEvent struct {
 
 // rawEvents reads the run's events; none when the run has none.
 func (c *server) rawEvents(ctx context.Context, run string) ([]rawEvent, error) {
-	evs, err := c.hub.runEvents(ctx, run)
+	evs, err := c.hub.runEvents(ctx, c.bus, run)
 	if err != nil {
 		return nil, err
 	}

@@ -123,6 +123,24 @@ func (b *Bus) OfferedTools(ctx context.Context) ([]toolbus.ToolContract, error) 
 	return out, b.readService(ctx, ReadToolsSubject(b.readIdentity()), &out)
 }
 
+// Contracts lists the catalog's contracts (store.Store.Contracts), or in a client
+// account the tools offered (OfferedTools): it reads no catalog bucket.
+func (b *Bus) Contracts(ctx context.Context) ([]toolbus.ToolContract, error) {
+	if b.client {
+		return b.OfferedTools(ctx)
+	}
+	return b.state.Contracts(ctx)
+}
+
+// Instances lists the live executor instances (store.Store.Instances); none in a
+// client account, which is not told who serves a tool.
+func (b *Bus) Instances(ctx context.Context) ([]store.Instance, error) {
+	if b.client {
+		return nil, nil
+	}
+	return b.state.Instances(ctx)
+}
+
 // As returns the bus that reads as identity id: this bus, unless it is a client
 // account's, where it is a view on the same connection reading through id's read
 // service (a front door serving several identities reads each one's runs as that

@@ -24,8 +24,8 @@ func cmdConsole(ctx context.Context, cfg Config, log *slog.Logger) error {
 		return err
 	}
 	defer c.Close()
-	if c.Bus.ClientAccount() {
-		return &exitError{code: 1, msg: "console: these are a client account's credentials (TOOLBUS_NATS_READ_PREFIX), which read only one identity's runs, and the console on them is not built yet: a client reads its runs with toolbus runs, tail and replay and serves its callers with toolbus mcp --http; the console runs with credentials of the core account that read every run"}
+	if c.Bus.ClientAccount() && (cfg.ConsolePublicRead || cfg.ConsoleUsers == "" && cfg.ConsoleUsersFile == "") {
+		return &exitError{code: 1, msg: "console: on a client account's credentials (TOOLBUS_NATS_READ_PREFIX) each user reads and acts as their own identity, so it needs users (TOOLBUS_CONSOLE_USERS_FILE, named after the identities the account is bound to) and no public reads"}
 	}
 	return runConsole(ctx, cfg, c.Bus, log)
 }

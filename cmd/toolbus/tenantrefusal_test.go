@@ -57,7 +57,7 @@ func TestTenantRefusalsSayWhatToUse(t *testing.T) {
 		{"team: approve", teamPrefix, []string{"approve", "r1", "c1"}, 1, team},
 		{"team: mcp", teamPrefix, []string{"mcp"}, 1, team},
 		{"team: console", append(teamPrefix, console...), []string{"console"}, 1, team},
-		{"client: console", append(as("alice", "TOOLBUS_NATS_READ_PREFIX="+events.ReadAPIPrefix("alice")), console...), []string{"console"}, 1, "these are a client account's credentials"},
+		{"client: console", append(as("alice", "TOOLBUS_NATS_READ_PREFIX="+events.ReadAPIPrefix("alice")), console...), []string{"console"}, 1, "on a client account's credentials (TOOLBUS_NATS_READ_PREFIX) each user reads and acts as their own identity"},
 		{"team, no prefix: replay", as("alpha"), []string{"replay", "r1"}, 1, noStream},
 		{"team, no prefix: runs", as("alpha"), []string{"runs"}, 1, noStream},
 		{"client, no prefix: runs", as("alice"), []string{"runs"}, 1, noStream},
