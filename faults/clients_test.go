@@ -73,7 +73,8 @@ func (r cliResult) want(t *testing.T, what string, code int, has []string, hasNo
 // and cancel see nothing of it; alice approves, and her tail, replay and runs show her
 // run to its end; her second run, which bob cannot cancel, she cancels. Bob's own run
 // works the same way, out of alice's sight. What cannot work in a client account (tail
-// of every run) says why; the tools listed are those the core offers. The restart runs once per run.
+// of every run) says why; the tools listed are those the core offers. `toolbus mcp
+// --http` runs as a process on alice's credentials (checkMCPDoorProcess). The restart runs once per run.
 func TestFaultClientAccountsCLI(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts processes")
@@ -170,6 +171,7 @@ func TestFaultClientAccountsCLI(t *testing.T) {
 	e.clientCLI("alice", minute, "cancel", "alice-2", "--reason", "not now").want(t, "alice cancels her run", 0, []string{"cancel requested for run alice-2"})
 	e.clientCLI("alice", minute, "call", "--id", "alice-call", "lookup_incident", `{"incident_id":"INC-001"}`).
 		want(t, "alice calls a tool", 0, []string{"INC-001"})
+	e.checkMCPDoorProcess()
 	for _, run := range []string{"alice-1", "bob-1", "alice-call"} {
 		e.eventually(run+" completed", minute, func() error {
 			if n := e.count(events.SubjectRunEnded(run, toolbus.RunCompleted)); n != 1 {
