@@ -100,7 +100,11 @@ func (c *server) tools(ctx context.Context, now time.Time, v viewer) (toolsView,
 				tv.Instances = append(tv.Instances, in.Name)
 			}
 		}
-		q, err := c.bus.ToolQueueInfo(ctx, tc.Name)
+		var q events.ToolQueue
+		var err error
+		if !c.bus.ClientAccount() { // a client account is not told the queues
+			q, err = c.bus.ToolQueueInfo(ctx, tc.Name)
+		}
 		switch {
 		case errors.Is(err, events.ErrNotFound):
 			tv.QueueErr = "no queue: no executor ever served it (toolbus init creates it)"
