@@ -90,12 +90,45 @@ func New(ctx context.Context, bus *events.Bus, opts Options, log *slog.Logger) (
 	if err != nil {
 		return nil, fmt.Errorf("console: assets: %w", err)
 	}
+	var h http.Handler = c.mux(static)
+	if bus.ClientAccount() {
+		h = c.asViewer(static)
+	}
+	return securityHeaders(c.auth.wrap(h)), nil
+}
+
+// mux routes the console's pages and actions to c.
+func (c *server) mux(static fs.FS) *http.ServeMux {
 	mux := http.NewServeMux()
 	mux.Handle("GET /static/", http.StripPrefix("/static/", http.FileServerFS(static)))
 	for _, r := range c.routes() {
 		mux.HandleFunc(r.pattern, r.handler)
 	}
-	return securityHeaders(c.auth.wrap(mux)), nil
+	return mux
+}
+
+// asViewer serves a console on a client account's credentials (the accounts layout):
+// each signed-in user's request is served reading and acting as the user's identity
+// (events.Bus.As), so the core's read service shows them only the runs that identity
+// may see, whatever the console's own checks; a user whose identity the account is not
+// bound to gets 403. Requests without a user (sign-in, assets) are served as they are.
+func (c *server) asViewer(static fs.FS) http.Handler {
+	plain := c.mux(static)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		v := viewerOf(r)
+		if v.name == "" {
+			plain.ServeHTTP(w, r)
+			return
+		}
+		bus, err := c.bus.As(r.Context(), v.name)
+		if err != nil {
+			http.Error(w, "console: "+v.name+": "+err.Error(), http.StatusForbidden)
+			return
+		}
+		cc := *c
+		cc.bus = bus
+		cc.mux(static).ServeHTTP(w, r)
+	})
 }
 
 // route is one page or action of the console.

@@ -61,6 +61,9 @@ func (h *hub) run(ctx context.Context) {
 			h.log.Warn("console: live updates interrupted; watching again", "err", err, "retry_in", wait)
 			return wait, nil
 		}}, func(ctx context.Context) error {
+		if h.bus.ClientAccount() {
+			return h.poll(ctx)
+		}
 		w, err := h.bus.Watch(ctx, events.FilterAll, false)
 		if err != nil {
 			return err
@@ -82,6 +85,34 @@ func (h *hub) run(ctx context.Context) {
 			}
 		}
 	})
+}
+
+// poll is run's loop in a client account, which follows no stream of every run: every
+// second it reads the stream's last sequence (the read service tells it to every
+// client) and, when it moved, tells every live stream to fetch its page again.
+func (h *hub) poll(ctx context.Context) error {
+	last := uint64(0)
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	defer h.live.Store(false)
+	for first := true; ; first = false {
+		info, err := h.bus.EventStream().Info(ctx)
+		if err != nil {
+			return err
+		}
+		if first {
+			h.live.Store(true)
+			h.broadcast(consoleNote{Type: "ready"})
+		} else if info.State.LastSeq != last {
+			h.broadcast(consoleNote{Type: "event"})
+		}
+		last = info.State.LastSeq
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
 }
 
 // broadcast sends n to every stream that follows its subject (all of them for a
@@ -145,11 +176,12 @@ func (h *hub) read(ctx context.Context, f func(context.Context) error) error {
 	return f(ctx)
 }
 
-// runEvents reads the events of run with direct gets (events.Bus.RunEvents), which
+// runEvents reads the events of run with direct gets on bus (the console's, or on a
+// client account's the viewer's: events.Bus.As) (events.Bus.RunEvents), which
 // create no consumer: a page load leaves nothing behind on the server, and the console
 // needs no right to create consumers (the client role has none).
-func (h *hub) runEvents(ctx context.Context, run string) ([]events.StoredEvent, error) {
-	evs, err := h.bus.RunEvents(ctx, run)
+func (h *hub) runEvents(ctx context.Context, bus *events.Bus, run string) ([]events.StoredEvent, error) {
+	evs, err := bus.RunEvents(ctx, run)
 	if err != nil {
 		return nil, fmt.Errorf("console: read %s: %w", run, err)
 	}

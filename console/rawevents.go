@@ -32,7 +32,7 @@ type rawEvent struct {
 // rawEvents reads the run's events as v reads them (withhold.go); none when the run has
 // none.
 func (c *server) rawEvents(ctx context.Context, v viewer, run string) ([]rawEvent, error) {
-	evs, err := c.hub.runEvents(ctx, run)
+	evs, err := c.hub.runEvents(ctx, c.bus, run)
 	if err != nil {
 		return nil, err
 	}

@@ -79,7 +79,7 @@ func (c *server) runPage(w http.ResponseWriter, r *http.Request) {
 	canCancel := false
 	var view *runView
 	err := c.hub.read(r.Context(), func(ctx context.Context) error {
-		evs, err := c.hub.runEvents(ctx, run)
+		evs, err := c.hub.runEvents(ctx, c.bus, run)
 		if err != nil || len(evs) == 0 {
 			return err
 		}

@@ -161,7 +161,7 @@ func (c *server) runsPage(w http.ResponseWriter, r *http.Request) {
 // searched, then the page's rows.
 func (c *server) runs(ctx context.Context, q runQuery, v viewer) (runsView, error) {
 	view := runsView{Query: q, Statuses: toolbus.RunStatuses}
-	states, err := c.bus.Store().Runs(ctx)
+	states, err := c.bus.Runs(ctx)
 	if err != nil {
 		return view, err
 	}
@@ -169,7 +169,7 @@ func (c *server) runs(ctx context.Context, q runQuery, v viewer) (runsView, erro
 	if err != nil {
 		return view, err
 	}
-	if contracts, err := c.bus.Store().Contracts(ctx); err == nil {
+	if contracts, err := c.bus.Contracts(ctx); err == nil {
 		for _, tc := range contracts {
 			if v.seesTool(tc.Owner) {
 				view.Tools = append(view.Tools, tc.Name)

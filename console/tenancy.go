@@ -77,7 +77,7 @@ var errHidden = errors.New("console: forbidden")
 
 // owners maps each catalog tool to its owner ("" for none).
 func (c *server) owners(ctx context.Context) (map[string]string, error) {
-	contracts, err := c.bus.Store().Contracts(ctx)
+	contracts, err := c.bus.Contracts(ctx)
 	if err != nil {
 		return nil, err
 	}

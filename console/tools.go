@@ -76,11 +76,11 @@ func (c *server) toolsPage(w http.ResponseWriter, r *http.Request) {
 // instances and runs the viewer sees (tenancy.go).
 func (c *server) tools(ctx context.Context, now time.Time, v viewer) (toolsView, error) {
 	var view toolsView
-	contracts, err := c.bus.Store().Contracts(ctx)
+	contracts, err := c.bus.Contracts(ctx)
 	if err != nil {
 		return view, err
 	}
-	instances, err := c.bus.Store().Instances(ctx)
+	instances, err := c.bus.Instances(ctx)
 	if err != nil {
 		return view, err
 	}
@@ -100,7 +100,11 @@ func (c *server) tools(ctx context.Context, now time.Time, v viewer) (toolsView,
 				tv.Instances = append(tv.Instances, in.Name)
 			}
 		}
-		q, err := c.bus.ToolQueueInfo(ctx, tc.Name)
+		var q events.ToolQueue
+		var err error
+		if !c.bus.ClientAccount() { // a client account is not told the queues
+			q, err = c.bus.ToolQueueInfo(ctx, tc.Name)
+		}
 		switch {
 		case errors.Is(err, events.ErrNotFound):
 			tv.QueueErr = "no queue: no executor ever served it (toolbus init creates it)"
@@ -133,7 +137,7 @@ func (c *server) tools(ctx context.Context, now time.Time, v viewer) (toolsView,
 // openCalls reads the calls without a result of the active runs (the newest
 // consoleMaxActiveScan of them; partial when there are more).
 func (c *server) openCalls(ctx context.Context) ([]openCall, bool, error) {
-	states, err := c.bus.Store().Runs(ctx)
+	states, err := c.bus.Runs(ctx)
 	if err != nil {
 		return nil, false, err
 	}
@@ -150,7 +154,7 @@ func (c *server) openCalls(ctx context.Context) ([]openCall, bool, error) {
 	}
 	var out []openCall
 	for _, st := range active {
-		evs, err := c.hub.runEvents(ctx, st.RunID)
+		evs, err := c.hub.runEvents(ctx, c.bus, st.RunID)
 		if err != nil {
 			return nil, false, err
 		}

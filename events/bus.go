@@ -158,6 +158,8 @@ type Bus struct {
 	msgKey []byte
 	// client: opened in a client account (Config.ReadPrefix, openClient).
 	client bool
+	// views are the buses of other identities on this client account's connection (As).
+	views map[string]*Bus
 }
 
 // cachedRun is a run's first run.started, its stream sequence and its traceparent.
@@ -177,7 +179,7 @@ func Open(ctx context.Context, nc *nats.Conn, cfg Config) (*Bus, error) {
 		return openTeam(nc, cfg)
 	}
 	if cfg.ReadPrefix != "" {
-		return openClient(ctx, nc, cfg)
+		return openClient(ctx, nc, cfg, nil)
 	}
 	js, err := newJS(nc)
 	if err != nil {
@@ -215,6 +217,9 @@ func open(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, cfg Config
 	b := &Bus{cfg: cfg, nc: nc, js: js, runCache: map[string]cachedRun{}, perms: connect.WatchPermissions(nc)}
 	b.perms.SetHint(GrantHint)
 	missing := func(what, name string, err error) error {
+		if errors.Is(err, jetstream.ErrJetStreamNotEnabledForAccount) {
+			return &TenantRefusal{Err: err, Msg: "these credentials are a team's or a client's account, which holds no stream: a team's run `toolbus executor` with TOOLBUS_NATS_API_PREFIX=JS.core.API and read no run, a client's run, read and decide its identities' runs with TOOLBUS_NATS_READ_PREFIX=" + ReadServicePrefix + ".<identity>.API"}
+		}
 		if errors.Is(err, jetstream.ErrStreamNotFound) || errors.Is(err, jetstream.ErrBucketNotFound) {
 			return fmt.Errorf("%w: %s %s does not exist", ErrNotSetUp, what, name)
 		}

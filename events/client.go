@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"time"
 
@@ -32,15 +33,18 @@ var ErrOneRun = errors.New("events: a client account follows one run at a time")
 // identity may see under cfg.ReadPrefix, so the stream and the buckets a client reads
 // are the ordinary jetstream handles on that prefix. It publishes as any client does:
 // the core imports its identities' subjects.
-func openClient(ctx context.Context, nc *nats.Conn, cfg Config) (*Bus, error) {
+func openClient(ctx context.Context, nc *nats.Conn, cfg Config, perms *connect.Permissions) (*Bus, error) {
 	js, err := jetstream.NewWithAPIPrefix(nc, cfg.ReadPrefix, jetstream.WithPublishAsyncTimeout(10*time.Second))
 	if err != nil {
 		return nil, fmt.Errorf("events: jetstream under %s: %w", cfg.ReadPrefix, err)
 	}
-	b := &Bus{cfg: cfg, nc: nc, js: js, runCache: map[string]cachedRun{}, perms: connect.WatchPermissions(nc), client: true}
-	b.perms.SetHint(GrantHint)
+	if perms == nil {
+		perms = connect.WatchPermissions(nc)
+		perms.SetHint(GrantHint)
+	}
+	b := &Bus{cfg: cfg, nc: nc, js: js, runCache: map[string]cachedRun{}, perms: perms, client: true}
 	if b.stream, err = b.Stream(ctx, cfg.Stream); err != nil {
-		return nil, fmt.Errorf("events: stream %s through the read service %s (is an injector running?): %w", cfg.Stream, cfg.ReadPrefix, err)
+		return nil, fmt.Errorf("events: stream %s through the read service %s: %w", cfg.Stream, cfg.ReadPrefix, readRefusal(err, ReadIdentity(cfg.ReadPrefix)))
 	}
 	b.reader = b.stream
 	kvs := store.Buckets{JS: js}
@@ -73,19 +77,104 @@ func (b *Bus) Runs(ctx context.Context) ([]store.RunState, error) {
 	if !b.client {
 		return b.state.Runs(ctx)
 	}
-	subject := strings.TrimSuffix(b.cfg.ReadPrefix, ".API") + ".runs"
+	var out []store.RunState
+	return out, b.readService(ctx, ReadRunsSubject(b.readIdentity()), &out)
+}
+
+// readService asks the read service on subject and decodes its JSON answer into v.
+func (b *Bus) readService(ctx context.Context, subject string, v any) error {
 	m, err := b.nc.RequestWithContext(ctx, subject, nil)
 	if err != nil {
-		return nil, fmt.Errorf("events: runs through the read service %s: %w", subject, err)
+		return fmt.Errorf("events: %s: %w", subject, readRefusal(err, b.readIdentity()))
 	}
 	if st := m.Header.Get("Status"); st != "" && len(m.Data) == 0 {
-		return nil, fmt.Errorf("events: runs through the read service: %s %s", st, m.Header.Get("Description"))
+		return fmt.Errorf("events: %s: %s %s", subject, st, m.Header.Get("Description"))
 	}
-	var out []store.RunState
-	if err := json.Unmarshal(m.Data, &out); err != nil {
-		return nil, fmt.Errorf("events: runs through the read service: %w", err)
+	if err := json.Unmarshal(m.Data, v); err != nil {
+		return fmt.Errorf("events: %s: %w", subject, err)
 	}
-	return out, nil
+	return nil
+}
+
+// Catalog is the catalog view of the tools this bus may offer, kept current until ctx
+// ends: store.Store.WatchCatalog, or in a client account the read service's list of
+// the tools a live instance serves (ReadToolsSubject), which the core decides.
+func (b *Bus) Catalog(ctx context.Context, log *slog.Logger) (*store.Catalog, error) {
+	if !b.client {
+		return b.state.WatchCatalog(ctx, log)
+	}
+	return store.WatchOffered(ctx, time.Second, b.OfferedTools, log)
+}
+
+// OfferedTools lists, in a client account, the tools a live instance serves, as the
+// read service answers them (ReadToolsSubject); on any other bus, the catalog's tools a
+// live instance serves now.
+func (b *Bus) OfferedTools(ctx context.Context) ([]toolbus.ToolContract, error) {
+	if !b.client {
+		cctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		cat, err := b.state.WatchCatalog(cctx, nil)
+		if err != nil {
+			return nil, err
+		}
+		return cat.Tools(nil), nil
+	}
+	var out []toolbus.ToolContract
+	return out, b.readService(ctx, ReadToolsSubject(b.readIdentity()), &out)
+}
+
+// Contracts lists the catalog's contracts (store.Store.Contracts), or in a client
+// account the tools offered (OfferedTools): it reads no catalog bucket.
+func (b *Bus) Contracts(ctx context.Context) ([]toolbus.ToolContract, error) {
+	if b.client {
+		return b.OfferedTools(ctx)
+	}
+	return b.state.Contracts(ctx)
+}
+
+// Instances lists the live executor instances (store.Store.Instances); none in a
+// client account, which is not told who serves a tool.
+func (b *Bus) Instances(ctx context.Context) ([]store.Instance, error) {
+	if b.client {
+		return nil, nil
+	}
+	return b.state.Instances(ctx)
+}
+
+// As returns the bus that reads as identity id: this bus, unless it is a client
+// account's, where it is a view on the same connection reading through id's read
+// service (a front door serving several identities reads each one's runs as that
+// identity; the core exports id's read service only to the accounts bound to id,
+// CheckBound). Views are kept for the bus's life.
+func (b *Bus) As(ctx context.Context, id string) (*Bus, error) {
+	if !b.client || id == b.readIdentity() {
+		return b, nil
+	}
+	b.mu.Lock()
+	v, ok := b.views[id]
+	b.mu.Unlock()
+	if ok {
+		return v, nil
+	}
+	if err := b.CheckBound(ctx, id); err != nil {
+		return nil, err
+	}
+	cfg := b.cfg
+	cfg.ReadPrefix = ReadAPIPrefix(id)
+	v, err := openClient(ctx, b.nc, cfg, b.perms)
+	if err != nil {
+		return nil, err
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if old, ok := b.views[id]; ok {
+		return old, nil
+	}
+	if b.views == nil {
+		b.views = map[string]*Bus{}
+	}
+	b.views[id] = v
+	return v, nil
 }
 
 // notBound names the identity a client account may not publish for: in such an account
@@ -155,4 +244,41 @@ func (b *Bus) CheckBound(ctx context.Context, id string) error {
 	}
 	return fmt.Errorf("%w %s: it acts only as the identities it is bound to (this one reads as %s; an administrator binds one with `toolbus admin add-client NAME %s`)",
 		ErrNotBound, id, b.readIdentity(), id)
+}
+
+// ErrTenantCredentials is wrapped by a refusal of what a tenant's credentials cannot
+// do (a *TenantRefusal).
+var ErrTenantCredentials = errors.New("events: not what these credentials do")
+
+// TenantRefusal is what a tenant's credentials cannot do, said in one sentence (Msg:
+// what they can do and what to use instead), with the error the server gave (Err),
+// which its text leaves out: a command prints Msg alone.
+type TenantRefusal struct {
+	Msg string
+	Err error
+}
+
+func (e *TenantRefusal) Error() string   { return e.Msg }
+func (e *TenantRefusal) Unwrap() []error { return []error{ErrTenantCredentials, e.Err} }
+
+// TeamRefusal says, for command cmd of a process with these settings, what a team's
+// executor credentials (APIPrefix: a team account reaches its tools' calls only) can do
+// and what to use instead; "" for other credentials. The caller asks it of the commands
+// that read or act on runs.
+func (c Config) TeamRefusal(cmd string) string {
+	if c.APIPrefix == "" || c.ReadPrefix != "" {
+		return ""
+	}
+	return cmd + ": these are a team's executor credentials (TOOLBUS_NATS_API_PREFIX): they serve the team's own tools (toolbus executor) and read no run; run, read and decide runs with a client's credentials bound to your identity (toolbus admin add-client NAME IDENTITY, TOOLBUS_NATS_READ_PREFIX), and set up the core with the admin's"
+}
+
+// readRefusal says why nothing answers a client account's read of identity id (no
+// responders): the account is not bound to id, or no injector of the core runs the read
+// service; any other error unchanged.
+func readRefusal(err error, id string) error {
+	if !errors.Is(err, nats.ErrNoResponders) && !errors.Is(err, jetstream.ErrNoStreamResponse) {
+		return err
+	}
+	return &TenantRefusal{Err: err, Msg: fmt.Sprintf("nothing answers the read service of identity %s: these client credentials read only as the identities their account is bound to (TOOLBUS_NATS_READ_PREFIX=%s names %s; an administrator binds one with `toolbus admin add-client NAME %s`), or no injector of the core runs the read service",
+		id, ReadAPIPrefix(id), id, id)}
 }

@@ -32,6 +32,12 @@ func ReadAPIPrefix(id string) string { return ReadSubject(id) + ".API" }
 // store.RunState).
 func ReadRunsSubject(id string) string { return ReadSubject(id) + ".runs" }
 
+// ReadToolsSubject is the read service's list of the tools a client of id may be
+// offered: the catalog's contracts that a live executor instance serves, as the core
+// decides (a JSON array of toolbus.ToolContract, sorted by name). A client account
+// reads no catalog bucket and no instance record itself.
+func ReadToolsSubject(id string) string { return ReadSubject(id) + ".tools" }
+
 // ToolReadPrefix is the first token of the subjects on which the core answers an
 // executor in a team account what it may know of its own calls' questions: a team may
 // not read the run (its answers are on the run's subjects, which name no tool).

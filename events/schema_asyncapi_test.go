@@ -356,6 +356,7 @@ func tenancyServices() []asyncAPIService {
 		{"readDirectGet", api + "DIRECT.GET." + events.DefaultStream, "client", "injector", "readDirectGetRequest", "readDirectGetReply", []string{"readDirectGetReply"}, []string{"identity", "stream"}},
 		{"readDirectGetBySubject", api + "DIRECT.GET." + events.DefaultStream + "." + subj, "client", "injector", "readDirectGetBySubjectRequest", "readDirectGetReply", []string{"readDirectGetReply"}, []string{"identity", "stream", "subject"}},
 		{"readRuns", events.ReadRunsSubject("alice"), "client", "injector", "readRunsRequest", "readRunsReply", []string{"readRunsReply"}, []string{"identity"}},
+		{"readTools", events.ReadToolsSubject("alice"), "client", "injector", "readToolsRequest", "readToolsReply", []string{"readToolsReply"}, []string{"identity"}},
 		{"toolQuestionState", events.ToolQuestionSubject("calc"), "executor", "injector", "toolQuestionQuery", "toolQuestionStateReply", []string{"toolQuestionStateReply"}, []string{"tool"}},
 		{"teamWrite", events.TeamWriteSubject("alpha", subj), "executor", "injector", "tenantWrite", "writeReply", []string{"writeAck", "writeRefused"}, []string{"team", "subject"}},
 		{"clientWrite", events.ClientWriteSubject("alice", subj), "client", "injector", "tenantWrite", "writeReply", []string{"writeAck", "writeRefused"}, []string{"identity", "subject"}},
@@ -696,6 +697,12 @@ func testTenancyServicesLive(t *testing.T, doc asyncAPISummary, addr map[string]
 	var runs []store.RunState
 	if err := json.Unmarshal(m.Data, &runs); err != nil || len(runs) != 1 || runs[0].RunID != "run-1" {
 		t.Errorf("runs of alice: %s (%v), want run-1 only", m.Data, err)
+	}
+	m = request(bus.Conn(), addr["readTools"], nil, nil)
+	check("tools", "readToolsReply", m.Data)
+	var tools []toolbus.ToolContract
+	if err := json.Unmarshal(m.Data, &tools); err != nil {
+		t.Errorf("tools of alice: %s (%v)", m.Data, err)
 	}
 	m = request(bus.Conn(), addr["readStreamInfo"], nil, nil)
 	check("stream info", "readStreamInfoReply", m.Data)

@@ -74,7 +74,8 @@ func (r cliResult) want(t *testing.T, what string, code int, has []string, hasNo
 // and cancel see nothing of it; alice approves, and her tail, replay and runs show her
 // run to its end; her second run, which bob cannot cancel, she cancels. Bob's own run
 // works the same way, out of alice's sight. What cannot work in a client account (tail
-// of every run, the catalog's list) says why. The restart runs once per run.
+// of every run) says why; the tools listed are those the core offers. `toolbus mcp
+// --http` runs as a process on alice's credentials (checkMCPDoorProcess). The restart runs once per run.
 func TestFaultClientAccountsCLI(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts processes")
@@ -158,7 +159,7 @@ func TestFaultClientAccountsCLI(t *testing.T) {
 	e.clientCLI("bob", minute, "runs").want(t, "bob lists runs", 0, []string{"bob-1"}, "alice-1")
 	e.clientCLI("bob", 3*time.Second, "tail", "alice-1", "--all").want(t, "bob tails alice's run", 0, []string{"run alice-1 not started yet"}, "restart_service", "INC-001")
 	e.clientCLI("alice", minute, "tail", "--all").want(t, "alice tails every run", 1, []string{"a client account follows one run at a time"})
-	e.clientCLI("alice", minute, "tools").want(t, "alice lists the tools", 1, []string{"cannot list"})
+	e.clientCLI("alice", minute, "tools").want(t, "alice lists the tools", 0, []string{"lookup_incident", "offered"})
 	e.clientCLI("alice", minute, "run", "--tools", "nope", "hello").want(t, "alice allows an unknown tool", 2, []string{"no executor published nope"})
 
 	// Each decides on their own run, with an edit checked against the catalog's schema.
@@ -178,6 +179,7 @@ func TestFaultClientAccountsCLI(t *testing.T) {
 	e.clientCLI("alice", minute, "cancel", "alice-2", "--reason", "not now").want(t, "alice cancels her run", 0, []string{"cancel requested for run alice-2"})
 	e.clientCLI("alice", minute, "call", "--id", "alice-call", "lookup_incident", `{"incident_id":"INC-001"}`).
 		want(t, "alice calls a tool", 0, []string{"INC-001"})
+	e.checkMCPDoorProcess()
 	for _, run := range []string{"alice-1", "bob-1", "alice-call"} {
 		e.eventually(run+" completed", minute, func() error {
 			if n := e.count(events.SubjectRunEnded(run, toolbus.RunCompleted)); n != 1 {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/audit"
+	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/internal/callrun"
 	"github.com/toolbus/toolbus/internal/decide"
 )
@@ -158,7 +159,11 @@ func (b *bridge) decideFrom(ctx context.Context, rs *toolbus.RunStarted, who str
 	if err != nil {
 		return "Refused: " + err.Error() + ".", nil
 	}
-	step, call, err := b.waiting(ctx, rs.RunID)
+	bus, err := b.as(ctx, who)
+	if err != nil {
+		return "", err
+	}
+	step, call, err := b.waiting(ctx, bus, rs.RunID)
 	var refused *decide.RefusedError
 	if errors.As(err, &refused) {
 		b.cfg.Logger.Info("mcp decision not published", "run_id", rs.RunID, "reason", refused.Msg)
@@ -171,14 +176,14 @@ func (b *bridge) decideFrom(ctx context.Context, rs *toolbus.RunStarted, who str
 		a.Arguments = "" // the form shows the model's arguments: unchanged, it is an approval
 	}
 	if a.Arguments != "" {
-		if err := decide.CheckEdit(ctx, b.bus, call, a.Arguments); err != nil {
+		if err := decide.CheckEdit(ctx, bus, call, a.Arguments); err != nil {
 			if errors.As(err, &refused) {
 				return "Refused: " + refused.Msg + ".", nil
 			}
 			return "", err
 		}
 	}
-	if _, err := b.bus.PublishApproval(ctx, b.cfg.Source, step, a, granted); err != nil {
+	if _, err := bus.PublishApproval(ctx, b.cfg.Source, step, a, granted); err != nil {
 		return "", fmt.Errorf("mcp: publish the decision: %w", err)
 	}
 	b.cfg.Logger.Info("mcp decision", "run_id", rs.RunID, "decision", a.Kind(granted), "who", who)
@@ -187,10 +192,10 @@ func (b *bridge) decideFrom(ctx context.Context, rs *toolbus.RunStarted, who str
 
 // waiting finds the call of run waiting for a decision; the injector records the wait
 // just after the executor announces it, so a refusal is read again for a few seconds.
-func (b *bridge) waiting(ctx context.Context, run string) (int, toolbus.ToolCall, error) {
+func (b *bridge) waiting(ctx context.Context, bus *events.Bus, run string) (int, toolbus.ToolCall, error) {
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		step, call, err := decide.Waiting(ctx, b.bus, run, callrun.CallID)
+		step, call, err := decide.Waiting(ctx, bus, run, callrun.CallID)
 		var refused *decide.RefusedError
 		if !errors.As(err, &refused) || time.Now().After(deadline) {
 			return step, call, err
@@ -203,15 +208,20 @@ func (b *bridge) waiting(ctx context.Context, run string) (int, toolbus.ToolCall
 	}
 }
 
-// ownRun returns the run.started of the MCP call run if who started it; any other run
-// (unknown, not an MCP call, another principal's) is the same "not found".
-func (b *bridge) ownRun(ctx context.Context, run, who string) (*toolbus.RunStarted, error) {
+// ownRun returns the run.started of the MCP call run if the caller's token started it;
+// any other run (unknown, not an MCP call, another principal's, another token's of the
+// same name) is the same "not found".
+func (b *bridge) ownRun(ctx context.Context, run string, c caller) (*toolbus.RunStarted, error) {
 	notFound := &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: fmt.Sprintf("no MCP call %q of yours", run)}
 	if !strings.HasPrefix(run, "mcp-") || !toolbus.ValidRunID(run) {
 		return nil, notFound
 	}
-	rs, err := b.bus.RunStarted(ctx, run)
-	if err != nil || rs.Principal.ID != who || len(rs.Calls) != 1 {
+	bus, err := b.as(ctx, c.id)
+	if err != nil {
+		return nil, notFound
+	}
+	rs, err := bus.RunStarted(ctx, run)
+	if err != nil || rs.Principal.ID != c.id || rs.Principal.Attrs[OwnerAttr] != c.owner || len(rs.Calls) != 1 {
 		return nil, notFound
 	}
 	return rs, nil
@@ -220,12 +230,13 @@ func (b *bridge) ownRun(ctx context.Context, run, who string) (*toolbus.RunStart
 // resume answers the retry of a tools/call after input_required: the approval answer
 // in inputResponses decides the call named by requestState, then the run is followed
 // as on the first round.
-func (b *bridge) resume(ctx context.Context, req *mcp.CallToolRequest, who string) (*mcp.CallToolResult, error) {
+func (b *bridge) resume(ctx context.Context, req *mcp.CallToolRequest, c caller) (*mcp.CallToolResult, error) {
+	who := c.id
 	run, q, ok := parseState(req.Params.RequestState)
 	if !ok {
 		return nil, &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: "unknown requestState"}
 	}
-	rs, err := b.ownRun(ctx, run, who)
+	rs, err := b.ownRun(ctx, run, c)
 	if err != nil {
 		return nil, err
 	}

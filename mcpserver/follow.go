@@ -26,7 +26,11 @@ import (
 // run, so its call is cancelled too.
 func (b *bridge) follow(ctx context.Context, req *mcp.CallToolRequest, rs *toolbus.RunStarted, who string, decided bool, asked questionMark) (*mcp.CallToolResult, error) {
 	run := rs.RunID
-	watch, err := b.bus.Watch(ctx, events.SubjectRun(run), true)
+	bus, err := b.as(ctx, who)
+	if err != nil {
+		return nil, err
+	}
+	watch, err := bus.Watch(ctx, events.SubjectRun(run), true)
 	if err != nil {
 		return nil, fmt.Errorf("mcp: %w", err)
 	}
@@ -45,11 +49,11 @@ func (b *bridge) follow(ctx context.Context, req *mcp.CallToolRequest, rs *toolb
 				answer = askQuestion(run, q)
 				return
 			}
-			b.cannotAsk(ctx, q, who)
+			b.cannotAsk(ctx, bus, q, who)
 		},
 		ToolFinished: func(_ events.StoredEvent, tf toolbus.ToolFinished) {
 			if own.Is(tf.Step, tf.CallID, tf.Tool) {
-				answer = b.toolResult(ctx, callOwner(rs), tf.ToolResult)
+				answer = b.toolResult(ctx, bus, callOwner(rs), tf.ToolResult)
 				answer.Meta = mcp.Meta{MetaRun: run, MetaCall: callrun.CallID}
 			}
 		},
@@ -84,7 +88,7 @@ func (b *bridge) follow(ctx context.Context, req *mcp.CallToolRequest, rs *toolb
 			if ctx.Err() != nil {
 				// The host cancelled or went away: cancel the run, so the call is too.
 				cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-				_, _ = b.bus.PublishCancel(cctx, b.cfg.Source, toolbus.Cancel{RunID: run, Reason: "the MCP request was cancelled", Who: who}) //nolint:errcheck // best effort
+				_, _ = bus.PublishCancel(cctx, b.cfg.Source, toolbus.Cancel{RunID: run, Reason: "the MCP request was cancelled", Who: who}) //nolint:errcheck // best effort
 				cancel()
 				return nil, ctx.Err()
 			}

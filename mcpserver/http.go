@@ -159,12 +159,45 @@ func isCancelledAnswer(b []byte) bool {
 // callerOf returns the principal and teams of an MCP request: the bearer token's
 // identity over HTTP, else (stdio: the host started this process) the default.
 func callerOf(req *mcp.CallToolRequest, def string) (string, []string) {
-	if req != nil && req.Extra != nil && req.Extra.TokenInfo != nil {
-		ti := req.Extra.TokenInfo
+	if req == nil {
+		return def, nil
+	}
+	c := callerOfExtra(req.Extra, def)
+	return c.id, c.teams
+}
+
+// caller is who sent an MCP request: the principal and teams of its token, and owner,
+// which names the token itself (ownerOf; "" over stdio). A run records its owner
+// (OwnerAttr), and only that token's requests decide, read or cancel it: two tokens
+// of one name are two callers.
+type caller struct {
+	id    string
+	teams []string
+	owner string
+}
+
+// OwnerAttr is the principal attribute of an MCP call's run that names the token that
+// started it (ownerOf): a one-way hash, not the token's hash the access list holds.
+const OwnerAttr = "mcp_token"
+
+// ownerOf names a token by its identity (TokenInfo.UserID) without giving anything
+// that lets anyone sign in: a hash of the identity under its own label.
+func ownerOf(userID string) string {
+	if userID == "" {
+		return ""
+	}
+	sum := sha256.Sum256([]byte("toolbus mcp run owner\x00" + userID))
+	return hex.EncodeToString(sum[:16])
+}
+
+// callerOfExtra is callerOf from a request's extra, with the token's owner.
+func callerOfExtra(extra *mcp.RequestExtra, def string) caller {
+	if extra != nil && extra.TokenInfo != nil {
+		ti := extra.TokenInfo
 		if who, _ := ti.Extra["principal"].(string); who != "" {
 			teams, _ := ti.Extra["teams"].([]string)
-			return who, teams
+			return caller{id: who, teams: teams, owner: ownerOf(ti.UserID)}
 		}
 	}
-	return def, nil
+	return caller{id: def}
 }

@@ -67,10 +67,10 @@ func askQuestion(run string, q toolbus.ToolQuestion) *mcp.CallToolResult {
 }
 
 // cannotAsk answers q for a host that can show no form: cancel, with the reason.
-func (b *bridge) cannotAsk(ctx context.Context, q toolbus.ToolQuestion, who string) {
+func (b *bridge) cannotAsk(ctx context.Context, bus *events.Bus, q toolbus.ToolQuestion, who string) {
 	a := toolbus.ToolAnswer{RunID: q.RunID, Step: q.Step, CallID: q.CallID, Tool: q.Tool, Attempt: q.Attempt, Seq: q.Seq,
 		Action: "cancel", Who: who, Reason: "the MCP client cannot answer questions: it declared no elicitation (form) capability"}
-	if _, err := b.bus.PublishEvent(ctx, events.ToolAnswerEvent(b.cfg.Source, a)); err != nil {
+	if _, err := bus.PublishEvent(ctx, events.ToolAnswerEvent(b.cfg.Source, a)); err != nil {
 		b.cfg.Logger.Warn("mcp: question not answered", "run_id", q.RunID, "error", err)
 	}
 }
@@ -92,7 +92,11 @@ func (b *bridge) answerFrom(ctx context.Context, req *mcp.CallToolRequest, rs *t
 			a.Content = c
 		}
 	}
-	if _, err := b.bus.PublishEvent(ctx, events.ToolAnswerEvent(b.cfg.Source, a)); err != nil {
+	bus, err := b.as(ctx, who)
+	if err != nil {
+		return err
+	}
+	if _, err := bus.PublishEvent(ctx, events.ToolAnswerEvent(b.cfg.Source, a)); err != nil {
 		return fmt.Errorf("mcp: publish the answer: %w", err)
 	}
 	b.cfg.Logger.Info("mcp answer", "run_id", rs.RunID, "seq", m.seq, "action", a.Action, "who", who)

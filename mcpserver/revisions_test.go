@@ -23,17 +23,18 @@ import (
 	"github.com/toolbus/toolbus/mcpserver/mcptest"
 )
 
-// door is `toolbus mcp --http` on 127.0.0.1:0 over the pipeline, with two callers.
+// door is `toolbus mcp --http` on 127.0.0.1:0 over the pipeline, with three callers:
+// carol, dave, and another token of carol's name (carol2: a second device of hers).
 type testDoor struct {
-	url         string
-	carol, dave string // their tokens
-	p           *pipeline
+	url                 string
+	carol, dave, carol2 string // their tokens
+	p                   *pipeline
 }
 
 func startDoor(t *testing.T, p *pipeline, cfg mcpserver.Config) *testDoor {
 	t.Helper()
-	d := &testDoor{carol: door.NewToken(), dave: door.NewToken(), p: p}
-	access, err := door.NewSource(door.Entry("carol", d.carol, []string{"ops"})+"; "+door.Entry("dave", d.dave, nil), "")
+	d := &testDoor{carol: door.NewToken(), dave: door.NewToken(), carol2: door.NewToken(), p: p}
+	access, err := door.NewSource(door.Entry("carol", d.carol, []string{"ops"})+"; "+door.Entry("dave", d.dave, nil)+"; "+door.Entry("carol", d.carol2, []string{"ops"}), "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -42,12 +43,18 @@ func startDoor(t *testing.T, p *pipeline, cfg mcpserver.Config) *testDoor {
 	if err != nil {
 		t.Fatal(err)
 	}
+	d.url = serveDoor(t, srv, access)
+	return d
+}
+
+// serveDoor serves srv over streamable HTTP to the tokens of access until the test
+// ends, and returns its URL.
+func serveDoor(t *testing.T, srv *mcp.Server, access *door.Source) string {
 	hs := httptest.NewServer(mcpserver.HTTPHandler(srv, mcpserver.HTTPConfig{
 		Listen: "127.0.0.1:0", Access: access, SessionTimeout: time.Minute, MaxSessions: 10, Logger: quiet(),
 	}))
 	t.Cleanup(hs.Close)
-	d.url = hs.URL
-	return d
+	return hs.URL
 }
 
 // bearer adds a bearer token to every request.
@@ -445,14 +452,18 @@ func TestMCPCallerDecidesOnlyOwnCalls(t *testing.T) {
 		{"tasks/cancel of her task", "tasks/cancel", run, map[string]any{"taskId": run}},
 		{"tasks/get of her task", "tasks/get", run, map[string]any{"taskId": run}},
 	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			// go-sdk answers a 2026-07-28 request's error with HTTP 400.
-			res, rpcErr, status := post2026(t, d, d.dave, tt.method, tt.mcpName, tt.params)
-			if rpcErr == nil || rpcErr["code"] != -32602.0 {
-				t.Fatalf("dave's %s: status %d, result %v, error %v; want -32602", tt.method, status, res, rpcErr)
-			}
-		})
+	// Dave, and another token of carol's own name: a run belongs to the token that
+	// started it, not to the token's name.
+	for who, token := range map[string]string{"dave": d.dave, "carol's other token": d.carol2} {
+		for _, tt := range tests {
+			t.Run(who+"/"+tt.name, func(t *testing.T) {
+				// go-sdk answers a 2026-07-28 request's error with HTTP 400.
+				res, rpcErr, status := post2026(t, d, token, tt.method, tt.mcpName, tt.params)
+				if rpcErr == nil || rpcErr["code"] != -32602.0 {
+					t.Fatalf("%s's %s: status %d, result %v, error %v; want -32602", who, tt.method, status, res, rpcErr)
+				}
+			})
+		}
 	}
 	if got := approvals(t, p, run); len(got) != 0 {
 		t.Fatalf("decisions published on carol's call: %+v", got)

@@ -86,7 +86,7 @@ func New(ctx context.Context, bus *events.Bus, cfg Config) (*mcp.Server, error) 
 	if cfg.TaskPollInterval <= 0 {
 		cfg.TaskPollInterval = 2 * time.Second
 	}
-	cat, err := bus.Store().WatchCatalog(ctx, cfg.Logger)
+	cat, err := bus.Catalog(ctx, cfg.Logger)
 	if err != nil {
 		return nil, fmt.Errorf("mcp: catalog: %w", err)
 	}
@@ -112,6 +112,17 @@ func New(ctx context.Context, bus *events.Bus, cfg Config) (*mcp.Server, error) 
 		}
 	}()
 	return b.srv, nil
+}
+
+// as is the bus that reads and publishes as the caller who: in a client account (the
+// accounts layout) a view reading through who's read service (events.Bus.As), else the
+// bridge's bus.
+func (b *bridge) as(ctx context.Context, who string) (*events.Bus, error) {
+	bus, err := b.bus.As(ctx, who)
+	if err != nil {
+		return nil, fmt.Errorf("mcp: %w", err)
+	}
+	return bus, nil
 }
 
 // sync makes the offered tools those of the catalog that a live instance serves.
@@ -189,9 +200,10 @@ const (
 // (resume).
 func (b *bridge) call(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
 	name := req.Params.Name
-	who, teams := callerOf(req, b.cfg.Principal)
+	c := callerOfExtra(req.Extra, b.cfg.Principal)
+	who, teams := c.id, c.teams
 	if req.Params.RequestState != "" {
-		return b.resume(ctx, req, who)
+		return b.resume(ctx, req, c)
 	}
 	tc, ok := b.cat.Lookup(name)
 	if !ok || !offeredTo(tc, teams) {
@@ -202,13 +214,21 @@ func (b *bridge) call(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallT
 	if args == "" || args == "null" {
 		args = "{}"
 	}
+	principal := toolbus.Principal{ID: who, Roles: teams}
+	if c.owner != "" {
+		principal.Attrs = map[string]string{OwnerAttr: c.owner}
+	}
 	rs := callrun.Build(callrun.Spec{
-		RunID: callrun.NewID("mcp"), Principal: toolbus.Principal{ID: who, Roles: teams}, Tool: tc, Arguments: args,
+		RunID: callrun.NewID("mcp"), Principal: principal, Tool: tc, Arguments: args,
 		Via: "MCP tools/call", DefaultToolTimeout: b.cfg.DefaultToolTimeout, ApprovalTimeout: b.cfg.ApprovalTimeout,
 	}, time.Now())
+	bus, err := b.as(ctx, who)
+	if err != nil {
+		return nil, err
+	}
 	// The request's W3C traceparent (_meta, SEP-414) is the trace the run joins.
 	tp, _ := req.Params.Meta["traceparent"].(string)
-	if err := b.bus.StartRun(events.WithTraceparent(ctx, tp), b.cfg.Source, rs); err != nil {
+	if err := bus.StartRun(events.WithTraceparent(ctx, tp), b.cfg.Source, rs); err != nil {
 		return nil, fmt.Errorf("mcp: start run for %s: %w", name, err)
 	}
 	b.cfg.Logger.Info("mcp call started", "tool", name, "run_id", rs.RunID, "principal", who)
@@ -219,7 +239,7 @@ func (b *bridge) call(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallT
 // structured content when it is an object, the attachments as image, audio or resource
 // content, and isError for any status but succeeded. owner is the door's call
 // (callOwner): the only outputs its attachments may name.
-func (b *bridge) toolResult(ctx context.Context, owner store.OutputOwner, r toolbus.ToolResult) *mcp.CallToolResult {
+func (b *bridge) toolResult(ctx context.Context, bus *events.Bus, owner store.OutputOwner, r toolbus.ToolResult) *mcp.CallToolResult {
 	text := r.Content
 	if text == "" && r.Error != nil {
 		text = r.Error.Message
@@ -236,7 +256,7 @@ func (b *bridge) toolResult(ctx context.Context, owner store.OutputOwner, r tool
 		return res
 	}
 	for i, a := range r.Attachments {
-		res.Content = append(res.Content, b.attachment(ctx, owner, r, i, a))
+		res.Content = append(res.Content, b.attachment(ctx, bus, owner, r, i, a))
 	}
 	if out := json.RawMessage(r.Output); len(out) > 0 && out[0] == '{' && json.Valid(out) {
 		res.StructuredContent = out
@@ -249,11 +269,11 @@ func (b *bridge) toolResult(ctx context.Context, owner store.OutputOwner, r tool
 // bytes of an attachment kept in the outputs bucket are read from there; one that
 // cannot be read, or is not the call's own (store.CallOutput), is a line of text that
 // says so.
-func (b *bridge) attachment(ctx context.Context, owner store.OutputOwner, r toolbus.ToolResult, i int, a toolbus.Attachment) mcp.Content {
+func (b *bridge) attachment(ctx context.Context, bus *events.Bus, owner store.OutputOwner, r toolbus.ToolResult, i int, a toolbus.Attachment) mcp.Content {
 	data := a.Data
 	if a.Ref != "" && len(data) == 0 {
 		var err error
-		if data, err = b.bus.Store().CallOutput(ctx, owner, a.Ref, i); err != nil {
+		if data, err = bus.Store().CallOutput(ctx, owner, a.Ref, i); err != nil {
 			b.cfg.Logger.Warn("mcp: attachment not read", "call_id", r.CallID, "ref", a.Ref, "error", err)
 			return &mcp.TextContent{Text: a.Describe() + " (its bytes could not be read)"}
 		}

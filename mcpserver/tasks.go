@@ -110,7 +110,11 @@ func (b *bridge) taskResults(next mcp.MethodHandler) mcp.MethodHandler {
 		if !ok {
 			return res, err
 		}
-		rs, err := b.bus.RunStarted(ctx, run)
+		bus, err := b.as(ctx, callerOfExtra(req.GetExtra(), b.cfg.Principal).id)
+		if err != nil {
+			return nil, err
+		}
+		rs, err := bus.RunStarted(ctx, run)
 		if err != nil {
 			return nil, fmt.Errorf("mcp: task %s: %w", run, err)
 		}
@@ -131,7 +135,12 @@ func (b *bridge) taskResults(next mcp.MethodHandler) mcp.MethodHandler {
 // taskView reads the task of rs's call from its run's events; caps says whether a call
 // waiting for approval asks the user (input_required) or tells how to decide it.
 func (b *bridge) taskView(ctx context.Context, rs *toolbus.RunStarted, caps *mcp.ClientCapabilities) (*Task, error) {
-	evs, err := b.bus.RunEvents(ctx, rs.RunID)
+	// rs is the caller's (ownRun, or a run it just started): read as its principal.
+	bus, err := b.as(ctx, rs.Principal.ID)
+	if err != nil {
+		return nil, err
+	}
+	evs, err := bus.RunEvents(ctx, rs.RunID)
 	if err != nil {
 		return nil, fmt.Errorf("mcp: task %s: %w", rs.RunID, err)
 	}
@@ -183,7 +192,7 @@ func (b *bridge) taskView(ctx context.Context, rs *toolbus.RunStarted, caps *mcp
 			t.StatusMessage = ended.Reason
 		}
 	case finished != nil:
-		t.Status, t.Result = TaskCompleted, b.toolResult(ctx, callOwner(rs), *finished)
+		t.Status, t.Result = TaskCompleted, b.toolResult(ctx, bus, callOwner(rs), *finished)
 		t.Result.Meta = mcp.Meta{MetaRun: rs.RunID, MetaCall: callrun.CallID}
 	case ended != nil:
 		t.Status = TaskCompleted
@@ -225,12 +234,12 @@ func (b *bridge) taskRun(ctx context.Context, p *TaskParams) (*toolbus.RunStarte
 		data, _ := json.Marshal(map[string]any{"requiredCapabilities": map[string]any{"extensions": map[string]any{ExtTasks: map[string]any{}}}})
 		return nil, "", &jsonrpc.Error{Code: mcp.CodeMissingRequiredClientCapabilities, Message: "Missing required client capability", Data: data}
 	}
-	who, _ := ctx.Value(callerKey{}).(string)
-	rs, err := b.ownRun(ctx, p.TaskID, who)
+	c, _ := ctx.Value(callerKey{}).(caller)
+	rs, err := b.ownRun(ctx, p.TaskID, c)
 	if err != nil {
 		return nil, "", &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: fmt.Sprintf("Failed to retrieve task: task %q not found", p.TaskID)}
 	}
-	return rs, who, nil
+	return rs, c.id, nil
 }
 
 func (b *bridge) getTask(ctx context.Context, _ *mcp.ServerSession, p *TaskParams) (*Task, error) {
@@ -277,7 +286,11 @@ func (b *bridge) cancelTask(ctx context.Context, _ *mcp.ServerSession, p *TaskPa
 	if err != nil {
 		return nil, err
 	}
-	if _, err := b.bus.PublishCancel(ctx, b.cfg.Source, toolbus.Cancel{RunID: rs.RunID, Reason: "tasks/cancel", Who: who}); err != nil {
+	bus, err := b.as(ctx, who)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := bus.PublishCancel(ctx, b.cfg.Source, toolbus.Cancel{RunID: rs.RunID, Reason: "tasks/cancel", Who: who}); err != nil {
 		return nil, fmt.Errorf("mcp: cancel task %s: %w", rs.RunID, err)
 	}
 	b.cfg.Logger.Info("mcp task cancelled", "run_id", rs.RunID, "who", who)
@@ -288,14 +301,13 @@ func (b *bridge) cancelTask(ctx context.Context, _ *mcp.ServerSession, p *TaskPa
 type callerKey struct{}
 
 // withCaller is receiving middleware: the caller of a tasks/* request (the bearer
-// token's identity, else the default principal) goes in its context, where the
+// token's identity and owner, else the default principal) goes in its context, where the
 // custom methods' handlers, which see no request extra, read it.
 func withCaller(def string) mcp.Middleware {
 	return func(next mcp.MethodHandler) mcp.MethodHandler {
 		return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
 			if strings.HasPrefix(method, "tasks/") {
-				who, _ := callerOf(&mcp.CallToolRequest{Extra: req.GetExtra()}, def)
-				ctx = context.WithValue(ctx, callerKey{}, who)
+				ctx = context.WithValue(ctx, callerKey{}, callerOfExtra(req.GetExtra(), def))
 			}
 			return next(ctx, method, req)
 		}

@@ -25,6 +25,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/store"
 )
@@ -44,6 +45,11 @@ type Service struct {
 	streams  map[string]jetstream.Stream // the streams read, by name
 	inFlight map[string]int              // requests in progress, by identity
 	wg       sync.WaitGroup
+	// cat is the catalog view the tools are answered from, made at the first request
+	// for them (catalog) and followed until serveCtx ends.
+	catMu    sync.Mutex
+	cat      *store.Catalog
+	serveCtx context.Context
 }
 
 // New returns the read service of bus (opened in the core account).
@@ -58,6 +64,9 @@ func New(bus *events.Bus, log *slog.Logger) *Service {
 // events.ReadQueue (every instance of the service shares the work), until ctx ends; it
 // then drains the subscription, so the requests already received are answered.
 func (s *Service) Serve(ctx context.Context) error {
+	s.catMu.Lock()
+	s.serveCtx = ctx
+	s.catMu.Unlock()
 	nc := s.bus.Conn()
 	var subs []*nats.Subscription
 	for subject, handle := range map[string]func(context.Context, string, *nats.Msg) *nats.Msg{
@@ -130,10 +139,12 @@ func (s *Service) handle(ctx context.Context, id string, m *nats.Msg) *nats.Msg 
 	switch {
 	case rest == "runs":
 		return s.runs(ctx, id)
+	case rest == "tools":
+		return s.tools(ctx)
 	case strings.HasPrefix(rest, "API."):
 		return s.api(ctx, id, strings.TrimPrefix(rest, "API."), m.Data)
 	}
-	return refusal(404, "toolbus read service: unknown request "+rest+": it answers API.STREAM.INFO, API.DIRECT.GET and runs")
+	return refusal(404, "toolbus read service: unknown request "+rest+": it answers API.STREAM.INFO, API.DIRECT.GET, runs and tools")
 }
 
 func (s *Service) respond(m, out *nats.Msg) {
@@ -174,6 +185,41 @@ func (s *Service) runs(ctx context.Context, id string) *nats.Msg {
 		return refusal(500, "toolbus read service: "+err.Error())
 	}
 	return &nats.Msg{Data: data}
+}
+
+// tools lists the tools a client may be offered: the contracts a live instance serves
+// (store.Catalog.Tools), the same for every identity, as JSON.
+func (s *Service) tools(ctx context.Context) *nats.Msg {
+	cat, err := s.catalog(ctx)
+	if err != nil {
+		s.log.Warn("reads: tools", "err", err)
+		return refusal(503, "toolbus read service: tools: "+err.Error())
+	}
+	data, err := json.Marshal(append([]toolbus.ToolContract{}, cat.Tools(nil)...))
+	if err != nil {
+		return refusal(500, "toolbus read service: "+err.Error())
+	}
+	return &nats.Msg{Data: data}
+}
+
+// catalog returns the service's catalog view, made at the first call: an injector
+// whose clients never ask for tools polls no catalog.
+func (s *Service) catalog(ctx context.Context) (*store.Catalog, error) {
+	s.catMu.Lock()
+	defer s.catMu.Unlock()
+	if s.cat != nil {
+		return s.cat, nil
+	}
+	follow := s.serveCtx
+	if follow == nil {
+		follow = ctx
+	}
+	cat, err := s.bus.Store().WatchCatalog(follow, s.log)
+	if err != nil {
+		return nil, err
+	}
+	s.cat = cat
+	return cat, nil
 }
 
 // visible reports whether the run's first run.started names id as a decider.

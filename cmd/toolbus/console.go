@@ -24,6 +24,9 @@ func cmdConsole(ctx context.Context, cfg Config, log *slog.Logger) error {
 		return err
 	}
 	defer c.Close()
+	if c.Bus.ClientAccount() && (cfg.ConsolePublicRead || cfg.ConsoleUsers == "" && cfg.ConsoleUsersFile == "") {
+		return &exitError{code: 1, msg: "console: on a client account's credentials (TOOLBUS_NATS_READ_PREFIX) each user reads and acts as their own identity, so it needs users (TOOLBUS_CONSOLE_USERS_FILE, named after the identities the account is bound to) and no public reads"}
+	}
 	return runConsole(ctx, cfg, c.Bus, log)
 }
 

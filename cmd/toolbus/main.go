@@ -28,6 +28,7 @@ import (
 	"syscall"
 
 	"github.com/toolbus/toolbus/embedded"
+	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/executor/mcptools"
 	"github.com/toolbus/toolbus/internal/admin"
 	"github.com/toolbus/toolbus/internal/node"
@@ -250,6 +251,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		cfg.LogLevel = clientLogLevel(cfg.LogLevel, os.Getenv("TOOLBUS_LOG_LEVEL") != "", verbose(rest))
 	}
 	log := cfg.Logger()
+	if msg := cfg.TeamRefusal(cmd); msg != "" && (clientCommands[cmd] || cmd == "console" || cmd == "mcp") {
+		fmt.Fprintln(stderr, "toolbus:", msg)
+		return 1
+	}
 	switch cmd {
 	case "up":
 		err = cmdUp(ctx, cfg, log)
@@ -290,6 +295,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 				fmt.Fprintln(stderr, "toolbus:", ee.msg)
 			}
 			return ee.code
+		}
+		var tr *events.TenantRefusal
+		if errors.As(err, &tr) {
+			fmt.Fprintf(stderr, "toolbus %s: %s\n", cmd, tr.Msg) // the one sentence, not the server's words
+			return 1
 		}
 		if errors.Is(err, node.ErrNoURL) {
 			fmt.Fprintf(stderr, "toolbus %s: %v\n", cmd, err) // which command needs a server

@@ -25,7 +25,7 @@ import (
 func cmdMCP(ctx context.Context, cfg Config, log *slog.Logger, args []string, out, errOut io.Writer) error {
 	fs := newFlagSet("mcp", "mcp [--http ADDR]   (serve the catalog to MCP hosts; TOOLBUS_NATS_URL must be set; --http needs TOOLBUS_MCP_TOKENS_FILE)", errOut)
 	addr := fs.String("http", "", "serve streamable HTTP on this address; \":8090\" listens on 127.0.0.1 only (default: stdio)")
-	principal := fs.String("principal", "mcp", "principal the runs act for over stdio (over HTTP: each token's)")
+	principal := fs.String("principal", "mcp", "principal the runs act for over stdio (over HTTP: each token's; with TOOLBUS_NATS_READ_PREFIX, its identity)")
 	if err := fs.Parse(args); err != nil {
 		return flagError(err)
 	}
@@ -54,6 +54,9 @@ func cmdMCP(ctx context.Context, cfg Config, log *slog.Logger, args []string, ou
 		return err
 	}
 	defer c.Close()
+	if c.Bus.ClientAccount() && *principal == "mcp" {
+		*principal = events.ReadIdentity(cfg.ReadPrefix) // a client account acts as its identities only
+	}
 	srv, err := mcpserver.New(ctx, c.Bus, mcpserver.Config{
 		Source: events.Source("mcp", cfg.Instance), Principal: *principal, ApprovalTimeout: cfg.RunTimeout,
 		Version: version(), Logger: log, CLIApprovalsOnly: !cfg.MCPHostApprovals,

@@ -11,7 +11,6 @@ import (
 
 	"github.com/toolbus/toolbus/audit"
 	"github.com/toolbus/toolbus/events"
-	"github.com/toolbus/toolbus/internal/callrun"
 	"github.com/toolbus/toolbus/internal/timeline"
 )
 
@@ -46,9 +45,6 @@ func cmdTools(ctx context.Context, cfg Config, log *slog.Logger, args []string, 
 		return err
 	}
 	defer c.Close()
-	if c.Bus.ClientAccount() {
-		return &exitError{code: 1, msg: fmt.Sprintf("tools: %v (toolbus call TOOL and toolbus run --tools check the names given)", callrun.ErrNoCatalogList)}
-	}
 	rows, err := toolRows(ctx, c.Bus)
 	if err != nil {
 		return err
@@ -64,8 +60,8 @@ func cmdTools(ctx context.Context, cfg Config, log *slog.Logger, args []string, 
 	fmt.Fprintln(tw, "TOOL\tOWNER\tVERSION\tINSTANCES\tPENDING\tIN FLIGHT\tDESCRIPTION")
 	for _, r := range rows {
 		inst := strings.Join(r.Instances, ",")
-		if inst == "" {
-			inst = "- (not offered)"
+		if inst == "" { // a client account is told which tools are offered, not by whom
+			inst = map[bool]string{true: "offered", false: "- (not offered)"}[r.Offered]
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%s\n", r.Name, orDash(r.Owner), orDash(versionText(r.Version)), inst,
 			r.Pending, r.InFlight, audit.OneLine(r.Description, 60))
@@ -73,8 +69,17 @@ func cmdTools(ctx context.Context, cfg Config, log *slog.Logger, args []string, 
 	return tw.Flush()
 }
 
-// toolRows joins the catalog, the live instances and the queues.
+// toolRows joins the catalog, the live instances and the queues; in a client account,
+// which reads none of them, the tools the read service says are offered.
 func toolRows(ctx context.Context, bus *events.Bus) ([]toolRow, error) {
+	if bus.ClientAccount() {
+		offered, err := bus.OfferedTools(ctx)
+		rows := make([]toolRow, len(offered))
+		for i, tc := range offered {
+			rows[i] = toolRow{Name: tc.Name, Description: tc.Description, Owner: tc.Owner, Version: tc.Version, Instances: []string{}, Offered: true}
+		}
+		return rows, err
+	}
 	contracts, err := bus.Store().Contracts(ctx)
 	if err != nil {
 		return nil, err

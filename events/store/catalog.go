@@ -558,3 +558,47 @@ func readChanges[T any](ctx context.Context, s *Store, bucket string, seq uint64
 	})
 	return next, last, removed, err
 }
+
+// WatchOffered is a catalog view of the tools another party offers: read(ctx) returns
+// the contracts a live instance serves (a client account's read service answers them,
+// events.Bus.Catalog), read at once and again every poll until ctx ends. The view has
+// no instances; every tool it holds is offered, and Resolve reads nothing more.
+func WatchOffered(ctx context.Context, poll time.Duration, read func(context.Context) ([]toolbus.ToolContract, error), log *slog.Logger) (*Catalog, error) {
+	c := &Catalog{tools: map[string]toolbus.ToolContract{}, instances: map[string]Instance{}, offered: []toolbus.ToolContract{}}
+	set := func() error {
+		tools, err := read(ctx)
+		if err != nil {
+			return err
+		}
+		m := make(map[string]toolbus.ToolContract, len(tools))
+		for _, tc := range tools {
+			m[tc.Name] = tc
+		}
+		out := slices.SortedFunc(maps.Values(m), func(a, b toolbus.ToolContract) int { return cmp.Compare(a.Name, b.Name) })
+		c.mu.Lock()
+		c.tools, c.offered = m, out
+		c.mu.Unlock()
+		return nil
+	}
+	if err := set(); err != nil {
+		return nil, err
+	}
+	go func() {
+		t := time.NewTicker(poll)
+		defer t.Stop()
+		failing := false
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			err := set()
+			if err != nil && !failing && ctx.Err() == nil && log != nil {
+				log.Warn("offered tools not refreshed; using the last ones read", "error", err)
+			}
+			failing = err != nil
+		}
+	}()
+	return c, nil
+}

@@ -161,10 +161,10 @@ func unowned(g natsjwt.Grants, team string, tools []string) error {
 	return nil
 }
 
-// checkRotate refuses a user that is not one of the deployment's.
-func checkRotate(g natsjwt.Grants, user string) error {
+// checkRotate refuses a user that is not one of the deployment's (s.users).
+func checkRotate(s Settings, g natsjwt.Grants, user string) error {
 	var names []string
-	for _, u := range natsjwt.Users(nil, g) {
+	for _, u := range s.users(g) {
 		if u.Name == user {
 			return nil
 		}

@@ -128,10 +128,11 @@ func TestSubcommandsTouchOnlyTheirTenant(t *testing.T) {
 					wantOutMemory: []string{"new       account of team gamma: reload the server"},
 					wantOutFull:   []string{"new       account of team gamma: push it (system.creds: toolbus admin push"}},
 				{args: []string{"grant", "alpha", "calc2"}, wantOne: user("executor-alpha")[:1], wantJWT: []string{"team-alpha.jwt"},
-					wantOut: []string{"unchanged (files byte for byte as they were): admin, planner, executor, injector, client",
+					wantOut: []string{"unchanged (files byte for byte as they were): admin, planner, ",
 						"next: create the queues of alpha's new tools (admin's credentials; its executors refuse to start until then): toolbus init --tools calc2\n"},
-					wantOutMemory: []string{"changed   account of team alpha: reload the server (kill -HUP)", "toolbus admin push"},
-					wantOutFull:   []string{"changed   account of team alpha: push it (system.creds: toolbus admin push, natsjwt.PushAccounts): the full resolver takes a changed account from a push, not from a reload"}},
+					wantOutAccount: []string{"unchanged (files byte for byte as they were): admin, planner, injector, executor-alpha, executor-beta, client-alice"},
+					wantOutMemory:  []string{"changed   account of team alpha: reload the server (kill -HUP)", "toolbus admin push"},
+					wantOutFull:    []string{"changed   account of team alpha: push it (system.creds: toolbus admin push, natsjwt.PushAccounts): the full resolver takes a changed account from a push, not from a reload"}},
 				// A team named team-a: its account (team-team-a) is printed by whose it is.
 				{args: []string{"add-team", "team-a"}, want: user("executor-team-a"), wantJWT: []string{"team-team-a.jwt", "team-team-a.nk"},
 					wantOut:       []string{"next: grant it tools (toolbus admin grant team-a TOOL...), then create their queues: toolbus init --tools TOOL,...\n"},
@@ -237,7 +238,9 @@ func TestRefusals(t *testing.T) {
 		{[]string{"add-client", "alice", "bob"}, 1, "refused: client alice exists (alice): remove it first"},
 		{[]string{"add-client", "bob", "_none"}, 1, `refused: client bob: invalid identity "_none"`},
 		{[]string{"remove-client", "bob"}, 1, "refused: no client bob (clients: alice)"},
-		{[]string{"rotate", "nobody"}, 1, "refused: no user nobody (users: admin, planner, executor, injector, client, executor-alpha, client-alice)"},
+		{[]string{"rotate", "nobody"}, 1, "refused: no user nobody (users: admin, planner, injector, executor-alpha, client-alice)"},
+		{[]string{"rotate", "client"}, 1, "refused: no user client (users: admin, planner, injector, executor-alpha, client-alice)"},
+		{[]string{"init", "-one-account", "-core-wide", "-dir", empty}, 2, "-core-wide is the accounts layout's"},
 		{[]string{"grant", "alpha", "web", "-push"}, 1, "-push needs the server: set TOOLBUS_NATS_URL or give -server URL"},
 		{[]string{"grant", "alpha"}, 2, "usage: toolbus admin grant TEAM TOOL... (got 1 arguments)"},
 		{[]string{"remove-team", "alpha", "beta"}, 2, "usage: toolbus admin remove-team TEAM (got 2 arguments)"},
@@ -265,6 +268,54 @@ func TestRefusals(t *testing.T) {
 	}
 	if g := files(t, dir)[GrantsFile]; !strings.Contains(string(g), `"web"`) {
 		t.Fatalf("grants.json:\n%s", g)
+	}
+}
+
+// In the accounts layout init issues no core-wide credentials (the core's shared
+// executor and client, natsjwt.CoreWide) unless asked with -core-wide, and says so;
+// asked, it says what each can do. An edit keeps either choice (deployment.json), and
+// the one-account layout has them always.
+func TestInitCoreWideOnlyWhenAsked(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		init     []string
+		issued   bool
+		wantOut  string
+		wantNote bool
+	}{
+		{"accounts", nil, false, "no core-wide executor or client credentials", false},
+		{"accounts -core-wide", []string{"-core-wide"}, true, "core-wide: starts, decides, cancels and reads every run in anyone's name", true},
+		{"one account", []string{"-one-account"}, true, "client.creds", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			dir := filepath.Join(t.TempDir(), "d")
+			code, out, errOut := admin(t, append([]string{"init", "-dir", dir}, tc.init...)...)
+			if code != 0 || !strings.Contains(out, tc.wantOut) {
+				t.Fatalf("init %v: exit %d, does not say %q:\n%s%s", tc.init, code, tc.wantOut, out, errOut)
+			}
+			if got := strings.Contains(out, "core-wide: serves every team's tools"); got != tc.wantNote {
+				t.Errorf("init %v says what the core's executor can do: %v, want %v:\n%s", tc.init, got, tc.wantNote, out)
+			}
+			if code, out, errOut := admin(t, "add-team", "-dir", dir, "alpha", "calc"); code != 0 {
+				t.Fatalf("add-team: exit %d\n%s%s", code, out, errOut)
+			}
+			for _, u := range natsjwt.CoreWide {
+				for _, ext := range []string{".creds", ".nk", ".password"} {
+					_, err := os.Stat(filepath.Join(dir, u+ext))
+					if issued := err == nil; issued != tc.issued {
+						t.Errorf("%s%s issued: %v, want %v", u, ext, issued, tc.issued)
+					}
+				}
+			}
+			users, err := os.ReadFile(filepath.Join(dir, "auth-users.conf"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := strings.Contains(string(users), `user: "client"`) || strings.Contains(string(users), "user: client,"); got != tc.issued {
+				t.Errorf("auth-users.conf has the user client: %v, want %v", got, tc.issued)
+			}
+		})
 	}
 }
 

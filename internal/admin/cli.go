@@ -24,12 +24,13 @@ const usage = `usage: toolbus admin <subcommand> [flags] [args]
 
 subcommands:
   init [-one-account] [-listen host:port] [-store DIR] [-resolver-dir DIR | -memory-resolver]
-       [-tenant-conns N] [-tenant-subs N] [-tenant-leafnodes N]
+       [-tenant-conns N] [-tenant-subs N] [-tenant-leafnodes N] [-core-wide]
                            create a deployment once (keys, credentials, server configs, an empty
                            grants.json); refuses a directory that holds one. The accounts layout
                            (one account per team) unless -one-account, its auth-jwt.conf with a
                            full resolver (edits with -push need no reload) unless -memory-resolver;
-                           each tenant account capped in connections, subscriptions, leaf nodes
+                           each tenant account capped in connections, subscriptions, leaf nodes;
+                           no core-wide executor or client credentials unless -core-wide
 %s
 flags (-dir everywhere; -push and -server for the subcommands that edit):
 `
@@ -103,6 +104,7 @@ func dirFlag(fs *flag.FlagSet) *string {
 type initOpts struct {
 	dir                      *string
 	accounts, oneAcc, memRes *bool
+	coreWide                 *bool
 	listen, store, resDir    *string
 	limits                   func() accounts.TenantLimits
 }
@@ -122,6 +124,7 @@ func initFlags(fs *flag.FlagSet) initOpts {
 		listen:   fs.String("listen", natsjwt.DefaultListen, "init: client address (host:port) the server configs listen on; 0.0.0.0:4222 for every interface"),
 		store:    fs.String("store", "", "init: JetStream store directory written into the server configs (default: none, give it to the server: toolbus server -sd DIR)"),
 		resDir:   fs.String("resolver-dir", "", "init: the directory where the server's full resolver stores the account JWTs, writable by the server, as it sees it (default: resolver under -store, else under -dir)"),
+		coreWide: fs.Bool("core-wide", false, "init: also issue the core account's shared executor (serves every team's tools, reads every run) and client (acts and reads as anyone) in the accounts layout, for teams that trust each other (-one-account always has them)"),
 		memRes:   fs.Bool("memory-resolver", false, "init: a memory resolver instead of a full one (accounts layout): a new team or client then needs a reload besides -push (-one-account always has one)"),
 	}
 }
@@ -194,6 +197,10 @@ func runInit(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	s := Settings{Accounts: *o.accounts && !*o.oneAcc, Listen: *o.listen, Store: *o.store}
+	if *o.coreWide && !s.Accounts {
+		return usageError("-core-wide is the accounts layout's: -one-account always issues the shared executor and client")
+	}
+	s.NoCoreWide = s.Accounts && !*o.coreWide
 	if s.Accounts {
 		s.TenantLimits = o.limits()
 		if err := s.TenantLimits.Validate(); err != nil {
@@ -242,7 +249,7 @@ func runEdit(ctx context.Context, e edit, args []string, url string, stdout, std
 	var rotate []string
 	switch {
 	case e.rotate:
-		if err := checkRotate(g, pos[0]); err != nil {
+		if err := checkRotate(d.settings, g, pos[0]); err != nil {
 			return err
 		}
 		rotate = pos

@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/nats-io/nats.go"
@@ -47,6 +48,22 @@ type Settings struct {
 	// (init -tenant-conns, -tenant-subs, -tenant-leafnodes; natsjwt.WithTenantLimits):
 	// a field left out is accounts.DefaultTenantLimits' value.
 	TenantLimits accounts.TenantLimits `json:"tenant_limits,omitzero"`
+	// NoCoreWide leaves out the core account's shared executor and client users
+	// (natsjwt.CoreWide, natsjwt.WithoutCoreWide): the accounts layout's init sets it
+	// unless asked for them (-core-wide). A deployment init made before has them.
+	NoCoreWide bool `json:"no_core_wide,omitempty"`
+}
+
+// users are the users the deployment issues for g (natsjwt.Users without the CoreWide
+// ones when s.NoCoreWide).
+func (s Settings) users(g natsjwt.Grants) []natsjwt.User {
+	users := natsjwt.Users(nil, g)
+	if s.Accounts && s.NoCoreWide {
+		users = slices.DeleteFunc(users, func(u natsjwt.User) bool {
+			return u.Team == "" && u.Client == "" && slices.Contains(natsjwt.CoreWide, u.Name)
+		})
+	}
+	return users
 }
 
 // ResolverSubdir is the full resolver's directory under -store, or under the
@@ -77,6 +94,9 @@ func (s Settings) options(rotate ...string) []natsjwt.Option {
 	}
 	if s.ResolverDir != "" {
 		opts = append(opts, natsjwt.WithFullResolver(s.ResolverDir))
+	}
+	if s.NoCoreWide {
+		opts = append(opts, natsjwt.WithoutCoreWide())
 	}
 	return opts
 }
@@ -133,8 +153,14 @@ func Init(dir string, s Settings, stdout io.Writer) error {
 	} else {
 		fmt.Fprintf(stdout, "run a server: toolbus server -c %s\n", res.Config)
 	}
-	for _, u := range natsjwt.Users(nil, g) {
+	for _, u := range s.users(g) {
 		natsjwt.WriteUser(stdout, res, u.Name)
+		if note := natsjwt.CoreWideNote(u.Name); note != "" && s.Accounts {
+			fmt.Fprintf(stdout, "%-20s %s\n", "", note)
+		}
+	}
+	if s.Accounts && s.NoCoreWide {
+		fmt.Fprintln(stdout, "no core-wide executor or client credentials: each team's executors get executor-<team> (toolbus admin add-team TEAM TOOL...), each client and front door (toolbus mcp, the console) client-<name> bound to the identities it serves (toolbus admin add-client NAME IDENTITY...); init -core-wide issues the core's executor and client for a deployment whose teams trust each other")
 	}
 	fmt.Fprintln(stdout, "hand each process its user's file (TOOLBUS_NATS_CREDS); toolbus init runs with admin's")
 	return nil

@@ -120,7 +120,7 @@ func TestAdminDayTwoAsWritten(t *testing.T) {
 			out := shell(t, ctx, work, env, line)
 			if strings.Contains(line, "admin grant") {
 				for _, want := range []string{"changed   account of team alpha: pushed to the running servers, applied at once",
-					"unchanged (files byte for byte as they were): admin, planner, executor, injector, client, executor-alpha, account TOOLBUS"} {
+					"unchanged (files byte for byte as they were): admin, planner, injector, executor-alpha, account TOOLBUS"} {
 					if !strings.Contains(out, want) {
 						t.Errorf("grant -push does not say %q:\n%s", want, out)
 					}

@@ -19,7 +19,7 @@ func (e *RefusedError) Error() string { return e.Msg }
 // ErrNoCatalogList says why a client in an account of its own names the tools it asks
 // for: it reads the catalog tool by tool (the read service answers an entry by its name,
 // never the list).
-var ErrNoCatalogList = errors.New("a client account reads the catalog by tool name only, it cannot list it")
+var ErrNoCatalogList = errors.New("a client account reads a tool's catalog entry by its name; toolbus tools lists the tools offered")
 
 // Contract returns the catalog entry of the tool a call names, served by an executor
 // now; a *RefusedError names the tools of the catalog when none serves it. A client in

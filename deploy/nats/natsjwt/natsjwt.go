@@ -405,6 +405,9 @@ func GenerateGrants(permsFile, dir string, g Grants, opts ...Option) (Result, er
 		}
 	}
 	users := Users(perms, g)
+	if o.accounts && o.noCoreWide {
+		users = slices.DeleteFunc(users, func(u User) bool { return !u.tenant() && slices.Contains(CoreWide, u.Name) })
+	}
 	if o.accounts {
 		// A team's user lives in its team's account, which holds nothing but the
 		// imports of its tools (TeamExports), and a client's in its client's account
@@ -599,7 +602,33 @@ type options struct {
 	resolverDir string
 	// limits caps each tenant's account in the accounts layout (WithTenantLimits).
 	limits accounts.TenantLimits
+	// noCoreWide: the accounts layout issues no CoreWide user (WithoutCoreWide).
+	noCoreWide bool
 }
+
+// CoreWide are the role users of the core account that act for every tenant: the shared
+// executor serves every team's tools and reads every run, the shared client starts,
+// decides, cancels and reads every run in anyone's name. The one-account layout needs
+// them; in the accounts layout teams and clients have accounts of their own, and these
+// are for trusted deployments only (WithoutCoreWide leaves them out).
+var CoreWide = []string{"executor", "client"}
+
+// CoreWideNote says what a CoreWide user's credentials can do ("" for any other user).
+func CoreWideNote(user string) string {
+	switch user {
+	case "executor":
+		return "core-wide: serves every team's tools and reads every run of every team and client; for one trusted team only, teams get executor-<team> (add-team)"
+	case "client":
+		return "core-wide: starts, decides, cancels and reads every run in anyone's name; for a door trusted by everyone only, clients and doors get client-<name> bound to their identities (add-client)"
+	}
+	return ""
+}
+
+// WithoutCoreWide leaves the CoreWide users out of the accounts layout (WithAccounts):
+// their files are not written, and a run on a directory that holds them removes them
+// and revokes their JWTs, as for any user no longer issued. toolbus admin init issues
+// them only when asked (-core-wide).
+func WithoutCoreWide() Option { return func(o *options) { o.noCoreWide = true } }
 
 // WithTenantLimits sets the limits of each team's and client's account in the accounts
 // layout, in every kind of credentials (accounts.TenantLimits: a field of 0 is its
