@@ -19,6 +19,7 @@ import (
 	natsserver "github.com/nats-io/nats-server/v2/test"
 
 	"github.com/toolbus/toolbus/events/eventstest"
+	"github.com/toolbus/toolbus/internal/callrun"
 	"github.com/toolbus/toolbus/internal/node"
 )
 
@@ -118,7 +119,7 @@ func TestInitCreatesEveryQueue(t *testing.T) {
 		if code != 0 {
 			return fmt.Errorf("tools: exit %d: %s", code, errOut)
 		}
-		var rows []toolRow
+		var rows []callrun.ToolRow
 		if err := json.Unmarshal([]byte(out), &rows); err != nil {
 			return err
 		}

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -10,25 +9,9 @@ import (
 	"text/tabwriter"
 
 	"github.com/toolbus/toolbus/audit"
-	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/internal/callrun"
 	"github.com/toolbus/toolbus/internal/timeline"
 )
-
-// toolRow is one line of `toolbus tools`.
-type toolRow struct {
-	Name        string `json:"name"`
-	Description string `json:"description"`
-	// Owner is the team whose executors serve the tool ("" when the contract names
-	// none); Version the contract's version (0 when unversioned).
-	Owner     string   `json:"owner"`
-	Version   int      `json:"version"`
-	Instances []string `json:"instances"`
-	// Pending counts calls waiting in the tool's queue; InFlight those being run.
-	Pending  uint64 `json:"pending"`
-	InFlight int    `json:"in_flight"`
-	// Offered is false when no live instance serves the tool: models are not offered it.
-	Offered bool `json:"offered"`
-}
 
 func cmdTools(ctx context.Context, cfg Config, log *slog.Logger, args []string, out, errOut io.Writer) error {
 	fs := newFlagSet("tools", "tools [--json]", errOut)
@@ -45,7 +28,7 @@ func cmdTools(ctx context.Context, cfg Config, log *slog.Logger, args []string, 
 		return err
 	}
 	defer c.Close()
-	rows, err := toolRows(ctx, c.Bus)
+	rows, err := callrun.ToolRows(ctx, c.Bus)
 	if err != nil {
 		return err
 	}
@@ -67,44 +50,6 @@ func cmdTools(ctx context.Context, cfg Config, log *slog.Logger, args []string, 
 			r.Pending, r.InFlight, audit.OneLine(r.Description, 60))
 	}
 	return tw.Flush()
-}
-
-// toolRows joins the catalog, the live instances and the queues; in a client account,
-// which reads none of them, the tools the read service says are offered.
-func toolRows(ctx context.Context, bus *events.Bus) ([]toolRow, error) {
-	if bus.ClientAccount() {
-		offered, err := bus.OfferedTools(ctx)
-		rows := make([]toolRow, len(offered))
-		for i, tc := range offered {
-			rows[i] = toolRow{Name: tc.Name, Description: tc.Description, Owner: tc.Owner, Version: tc.Version, Instances: []string{}, Offered: true}
-		}
-		return rows, err
-	}
-	contracts, err := bus.Store().Contracts(ctx)
-	if err != nil {
-		return nil, err
-	}
-	instances, err := bus.Store().Instances(ctx)
-	if err != nil {
-		return nil, err
-	}
-	rows := make([]toolRow, 0, len(contracts))
-	for _, tc := range contracts {
-		r := toolRow{Name: tc.Name, Description: tc.Description, Owner: tc.Owner, Version: tc.Version, Instances: []string{}}
-		for _, in := range instances {
-			if in.Serves(tc.Owner, tc.Name) {
-				r.Instances = append(r.Instances, in.Name)
-			}
-		}
-		r.Offered = len(r.Instances) > 0
-		q, err := bus.ToolQueueInfo(ctx, tc.Name)
-		if err != nil && !errors.Is(err, events.ErrNotFound) {
-			return nil, err
-		}
-		r.Pending, r.InFlight = q.Pending, q.InFlight
-		rows = append(rows, r)
-	}
-	return rows, nil
 }
 
 // orDash is s, or "-" when it is empty (a table cell is never blank).

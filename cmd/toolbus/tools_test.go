@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/toolbus/toolbus"
+	"github.com/toolbus/toolbus/internal/callrun"
 )
 
 // `toolbus tools` lists every tool of the catalog with its owner (team), its version
@@ -21,11 +22,11 @@ func TestToolsCommand(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, errOut)
 	}
-	var rows []toolRow
+	var rows []callrun.ToolRow
 	if err := json.Unmarshal([]byte(out), &rows); err != nil {
 		t.Fatalf("%v: %s", err, out)
 	}
-	byName := map[string]toolRow{}
+	byName := map[string]callrun.ToolRow{}
 	for _, r := range rows {
 		byName[r.Name] = r
 	}

@@ -199,25 +199,9 @@ func (p *Printer) Print(ev events.StoredEvent) (status toolbus.RunStatus, done b
 		ToolRequested: func(_ events.StoredEvent, tr toolbus.ToolRequested) {
 			p.called[callKey(tr.RunID, tr.Step, tr.Call.CallID)] = tr.Call.Tool
 		},
-		ToolQuestion: func(_ events.StoredEvent, q toolbus.ToolQuestion) {
-			if tool, ok := p.called[callKey(q.RunID, q.Step, q.CallID)]; ok && tool != q.Tool {
-				fmt.Fprintf(p.out, "  ! ignored tool.question of %s on %s's subject: the call is of %s\n", q.CallID, q.Tool, tool)
-				return
-			}
-			p.report(q.CallID, q.Tool, "") // its executor runs it and asks
-			fmt.Fprintf(p.out, "        .. %s %s asks its caller: %s\n", q.CallID, q.Tool, oneLine(q.Message, 100))
-		},
-		ToolAnswer: func(_ events.StoredEvent, a toolbus.ToolAnswer) {
-			line := fmt.Sprintf("        .. %s %s answered by %s: %s", a.CallID, a.Tool, a.Who, a.Action)
-			if len(a.Content) > 0 {
-				line += " " + oneLine(string(a.Content), 100)
-			}
-			if a.Reason != "" {
-				line += " (" + oneLine(a.Reason, 100) + ")"
-			}
-			fmt.Fprintln(p.out, line)
-		},
-		ToolWaiting: func(_ events.StoredEvent, tw toolbus.ToolWaiting) { p.toolWaiting(tw) },
+		ToolQuestion: func(_ events.StoredEvent, q toolbus.ToolQuestion) { p.toolQuestion(q) },
+		ToolAnswer:   func(_ events.StoredEvent, a toolbus.ToolAnswer) { p.toolAnswer(a) },
+		ToolWaiting:  func(_ events.StoredEvent, tw toolbus.ToolWaiting) { p.toolWaiting(tw) },
 		Approval: func(ev events.StoredEvent, a toolbus.Approval, _ bool) {
 			delete(p.waiting, a.CallID) // decided: the call is issued again, or answered
 			p.approval(ev, a)
@@ -251,6 +235,29 @@ func (p *Printer) Print(ev events.StoredEvent) (status toolbus.RunStatus, done b
 	}
 	v.Visit(ev)
 	return status, done
+}
+
+// toolQuestion prints a call's question, or that it was ignored: another tool's question
+// naming the call is no question of it (decide.Questions).
+func (p *Printer) toolQuestion(q toolbus.ToolQuestion) {
+	if tool, ok := p.called[callKey(q.RunID, q.Step, q.CallID)]; ok && tool != q.Tool {
+		fmt.Fprintf(p.out, "  ! ignored tool.question of %s on %s's subject: the call is of %s\n", q.CallID, q.Tool, tool)
+		return
+	}
+	p.report(q.CallID, q.Tool, "") // its executor runs it and asks
+	fmt.Fprintf(p.out, "        .. %s %s asks its caller: %s\n", q.CallID, q.Tool, oneLine(q.Message, 100))
+}
+
+// toolAnswer prints the answer to a call's question.
+func (p *Printer) toolAnswer(a toolbus.ToolAnswer) {
+	line := fmt.Sprintf("        .. %s %s answered by %s: %s", a.CallID, a.Tool, a.Who, a.Action)
+	if len(a.Content) > 0 {
+		line += " " + oneLine(string(a.Content), 100)
+	}
+	if a.Reason != "" {
+		line += " (" + oneLine(a.Reason, 100) + ")"
+	}
+	fmt.Fprintln(p.out, line)
 }
 
 // modelResponded prints a step's answer: the model (when it changes), the calls asked for.
