@@ -6,15 +6,11 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
-
-	"github.com/nats-io/nats-server/v2/server"
 
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
@@ -55,28 +51,15 @@ func (l *lockedBuffer) String() string {
 func TestTeamAccountRevokedTool(t *testing.T) {
 	worker.SetReachEvery(t, 100*time.Millisecond)
 	dir := t.TempDir()
-	conf := filepath.Join(dir, "accounts.conf")
-	js := filepath.Join(dir, "js")
-	grant := func(tools ...string) *server.Options {
-		t.Helper()
-		if err := os.WriteFile(conf, []byte(eventstest.TeamsConf(js, map[string][]string{"alpha": tools})), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		o, err := server.ProcessConfigFile(conf)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return o
+	opts, err := eventstest.AccountsOptions(dir, "alpha", []string{"calc", "other"})
+	if err != nil {
+		t.Fatal(err)
 	}
-	opts := grant("calc", "other")
 	srv := eventstest.StartServer(t, opts)
 	eventstest.StartIntake(t, srv)
 	reload := func(tools ...string) {
 		t.Helper()
-		o := grant(tools...)
-		// What StartServer set: a reload may not change the store or the port.
-		o.Host, o.Port, o.StoreDir, o.NoLog, o.NoSigs = opts.Host, opts.Port, opts.StoreDir, true, true
-		if err := srv.ReloadOptions(o); err != nil {
+		if err := eventstest.Regrant(srv, opts, dir, "alpha", tools); err != nil {
 			t.Fatal(err)
 		}
 	}
