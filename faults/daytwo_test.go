@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -129,7 +130,7 @@ func TestFaultDayTwoInFlight(t *testing.T) {
 	e.faultbusRole("planner", "planner-1", creds("planner"), "TOOLBUS_MODEL=append_a+append_b:2x4:500-1500")
 	e.toolbusRole("injector", "injector-1", creds("injector"))
 	executor("alpha-1", "alpha", "append_a")
-	executor("beta-1", "beta", "append_b")
+	beta1 := executor("beta-1", "beta", "append_b")
 	e.waitReady([]string{"append_a", "append_b"}, "planner", "injector", "executor")
 	before := runIDs("before", 4)
 	e.submit(before)
@@ -246,19 +247,21 @@ func TestFaultDayTwoInFlight(t *testing.T) {
 		}
 	}
 	t.Logf("%s", st)
-	checkDayTwoDisturbsNobody(t, e, admin, toolbusBin, node.url(), genDir, file)
+	checkDayTwoDisturbsNobody(t, e, admin, toolbusBin, node.url(), genDir, file, beta1)
 }
 
 // checkDayTwoDisturbsNobody runs a loop of team alpha's runs (one call of append_a each,
 // one at a time) while the administrator rotates team beta's credentials, revokes its
-// tool and grants it again, each with -push (no reload), as issue 54 measured: no run of
+// tool and grants it again, and adds a team (delta, with a tool of its own) and removes
+// it, each with -push (no reload), as issue 54 measured: no run of
 // alpha takes more than three times the slowest of the same loop before, nor as long as
 // the queue's AckWait (a call delivered to a pull whose response mapping the server
 // dropped waits at least that for its redelivery: the stall this checks for). The revoked
-// tool leaves `toolbus tools` at once (polled with a deadline) and comes back with the
-// grant, served by beta's executor, which the rotation cut and which reconnected with its
-// rewritten file; every loop call ran once.
-func checkDayTwoDisturbsNobody(t *testing.T, e *env, admin func(...string) string, toolbusBin, url, genDir, sideEffects string) {
+// tool leaves `toolbus tools` at once (polled with a deadline), beta's executor says
+// it no longer serves it and drops it from its instance record, and the tool comes back
+// with the grant, served by beta's executor, which the rotation cut and which reconnected
+// with its rewritten file; every loop call ran once.
+func checkDayTwoDisturbsNobody(t *testing.T, e *env, admin func(...string) string, toolbusBin, url, genDir, sideEffects string, beta1 *proc) {
 	t.Helper()
 	ctx := e.ctx
 	tc, err := callrun.Contract(ctx, e.bus, "append_a")
@@ -340,7 +343,27 @@ func checkDayTwoDisturbsNobody(t *testing.T, e *env, admin func(...string) strin
 		}
 		return nil
 	})
+	// beta's executor stops offering it, with one line that says why.
+	const notServing = "tool append_b: this team's credentials no longer reach its queue (revoked?); not serving it"
+	e.eventually("beta-1 saying it no longer serves append_b and dropping it from its instance record", time.Minute, func() error {
+		if !strings.Contains(beta1.logText(), notServing) {
+			return errors.New("no line says it")
+		}
+		ins, err := e.bus.Store().Instances(ctx)
+		if err != nil {
+			return err
+		}
+		for _, in := range ins {
+			if in.Name == "beta-1" && slices.Contains(in.Tools, "append_b") {
+				return fmt.Errorf("its instance record lists %v", in.Tools)
+			}
+		}
+		return nil
+	})
 	out += admin("grant", "beta", "append_b", "-push")
+	// A team added and removed on the live deployment, with -push.
+	out += admin("add-team", "delta", "append_d", "-push")
+	out += admin("remove-team", "delta", "-push")
 	e.eventually("append_b back in toolbus tools, served by beta-1, after the grant", 30*time.Second, func() error {
 		if o := tools(); !listed(o) || !strings.Contains(o, `"beta-1"`) {
 			return errors.New("not listed with its instance")
@@ -370,7 +393,7 @@ func checkDayTwoDisturbsNobody(t *testing.T, e *env, admin func(...string) strin
 	if len(got) == 0 {
 		t.Errorf("no loop run during the commands")
 	}
-	t.Logf("alpha's loop: worst %s before; %d runs during beta's rotate, revoke and grant with -push, the slowest %s (limit %s)\n%s", worst, len(got), slowest, limit, out)
+	t.Logf("alpha's loop: worst %s before; %d runs during beta's rotate, revoke and grant and delta's add-team and remove-team with -push, the slowest %s (limit %s)\n%s", worst, len(got), slowest, limit, out)
 	e.checkProcs() // beta's executor reconnected with its rewritten file
 }
 

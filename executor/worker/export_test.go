@@ -26,3 +26,10 @@ func (w *Worker) Renew(ctx context.Context, in store.Instance, within time.Durat
 	_, _, err := w.renew(ctx, &in, within)
 	return err
 }
+
+// SetReachEvery sets the period of the reach check until the test ends.
+func SetReachEvery(t interface{ Cleanup(func()) }, d time.Duration) {
+	old := reachEvery
+	reachEvery = d
+	t.Cleanup(func() { reachEvery = old })
+}

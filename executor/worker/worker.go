@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -183,8 +184,11 @@ type Worker struct {
 	smu        sync.RWMutex
 	serving    map[string]bool // tools this worker serves
 	servedList []string        // the same, in the order offered (the instance record)
-	runCtx     context.Context // Run's context, for queues added by Sync
-	serveCfg   consume.Config
+	// unreachable are the tools whose queue this worker's credentials no longer reach
+	// (reach.go): registered, not served until their queue answers again.
+	unreachable []string
+	runCtx      context.Context // Run's context, for queues added by Sync
+	serveCfg    consume.Config
 
 	mu        sync.Mutex
 	inflight  map[string]map[*callHandle]struct{} // run id -> running calls
@@ -315,6 +319,7 @@ func (w *Worker) serve(ctx context.Context) error {
 		return err
 	}
 	defer stopBeat()
+	defer w.watchReach(ctx)()
 	for _, name := range served {
 		t, _ := w.exec.Registry().Lookup(name)
 		if err := w.publishTool(ctx, t); err != nil {
@@ -348,12 +353,13 @@ func (w *Worker) Sync(ctx context.Context) error {
 	w.syncMu.Lock() // one Sync at a time: each computes its changes from the last one's result
 	defer w.syncMu.Unlock()
 	w.smu.RLock()
-	runCtx, serveCfg, serving := w.runCtx, w.serveCfg, w.serving
+	runCtx, serveCfg, serving, unreachable := w.runCtx, w.serveCfg, w.serving, w.unreachable
 	w.smu.RUnlock()
 	if runCtx == nil || runCtx.Err() != nil {
 		return nil
 	}
-	names := w.exec.Registry().Names()
+	// A tool whose queue the credentials no longer reach stays out until it does.
+	names := slices.DeleteFunc(w.exec.Registry().Names(), func(n string) bool { return slices.Contains(unreachable, n) })
 	var added []string
 	for _, name := range names {
 		t, ok := w.exec.Registry().Lookup(name)
@@ -385,6 +391,8 @@ func (w *Worker) Sync(ctx context.Context) error {
 	}
 	w.smu.Lock()
 	w.serving, w.servedList = next, names
+	registered := w.exec.Registry().Names()
+	w.unreachable = slices.DeleteFunc(slices.Clone(w.unreachable), func(n string) bool { return !slices.Contains(registered, n) })
 	w.smu.Unlock()
 	now := time.Now().UTC()
 	in := store.Instance{Team: w.cfg.Team, Name: w.cfg.Instance, Boot: w.boot, Tools: names, Concurrency: w.cfg.Concurrency,

@@ -10,6 +10,7 @@ import (
 
 	"github.com/sourcegraph/conc"
 
+	"github.com/toolbus/toolbus/connect"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/executor/mcptools"
@@ -59,6 +60,17 @@ func RunRoles(ctx context.Context, cfg Config, bus *events.Bus, log *slog.Logger
 			log.Warn("spans not flushed", "error", err)
 		}
 	}()
+	// A connection closed for good (a revoked credential) stops every role, /healthz
+	// failing and the process exiting non-zero with the reason (connect.WatchClosed);
+	// the executor, also run as a library (worker.Serve), watches on its own.
+	var failer connect.Failer
+	if tel != nil {
+		failer = tel
+	}
+	ctx, stopWatch := connect.WatchClosed(ctx, bus.Conn(), strings.Join(names, "+"), failer, func(err error) {
+		log.Error("stopping: this process cannot work", "roles", names, "error", err)
+	})
+	defer stopWatch()
 	// Every role registers before any starts: /readyz waits for all of them.
 	for _, name := range names {
 		serveObserver(tel, name)
@@ -79,7 +91,13 @@ func RunRoles(ctx context.Context, cfg Config, bus *events.Bus, log *slog.Logger
 	}
 	wg.Wait()
 	close(errs)
-	return <-errs
+	if err := <-errs; err != nil {
+		return err
+	}
+	if cause := context.Cause(ctx); errors.Is(cause, connect.ErrConnectionClosed) {
+		return cause // the roles stopped as on a shutdown: say why
+	}
+	return nil
 }
 
 // roleError names the role that failed, once: not "planner: planner: ...".

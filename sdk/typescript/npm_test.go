@@ -86,7 +86,18 @@ var teamTools = []string{"team_count", "team_pay", "team_hang"}
 // pipeline's roles run.
 func TestNPMTeamAccount(t *testing.T) {
 	npm := needNPM(t)
-	srv := eventstest.StartAccounts(t, "alpha", teamTools)
+	dir := t.TempDir()
+	opts, err := eventstest.AccountsOptions(dir, "alpha", teamTools)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := eventstest.StartServer(t, opts)
+	eventstest.StartIntake(t, srv)
+	grants, err := eventstest.ServeGrants(srv, opts, dir, "alpha")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = grants.Close() })
 	nc, err := nats.Connect(srv.ClientURL(), nats.UserInfo("core", "core"))
 	if err != nil {
 		t.Fatal(err)
@@ -103,7 +114,8 @@ func TestNPMTeamAccount(t *testing.T) {
 		}
 	}
 	tb, err := json.Marshal(map[string]any{"url": srv.ClientURL(), "core_user": "core", "core_password": "core",
-		"team_user": "alpha", "team_password": "alpha", "team_name": "alpha", "api_prefix": eventstest.TeamAPIPrefix, "tools": teamTools})
+		"team_user": "alpha", "team_password": "alpha", "team_name": "alpha", "api_prefix": eventstest.TeamAPIPrefix, "tools": teamTools,
+		"grant_url": "http://" + grants.Addr().String() + "/grant"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -356,6 +356,20 @@ export class Executor {
   private reconnects = 0;
   /** Why the connection closed for good while serving (serve() then rejects with it). */
   private lost?: string;
+  /** The tools served, in the order offered; unreachable those of them whose queue the credentials no longer reach (reachCheck). */
+  private servedList: string[] = [];
+  private unreachable = new Set<string>();
+  private reachNext = 0;
+  /**
+   * The period of the reach check (the Go twin is executor/worker/reach.go): every period
+   * the executor asks the server about one of its tools' queues in turn. A tool revoked
+   * from the team (`toolbus admin revoke <team> <tool> -push`) takes the imports of its
+   * queue away from the team's account, and the server answers "no responders": the
+   * executor stops offering the tool (its instance record drops it, calls of it are
+   * refused as unknown) and says why in one line; once the queue answers again (granted
+   * again) it offers it again, with no restart.
+   */
+  static reachEveryMS = 10000;
   private bellRefused = false;
   private pullOpts = { max_messages: 1, expires: 30000 };
   private readonly stopped: Promise<void>;
@@ -436,6 +450,7 @@ export class Executor {
     const s = this.settings;
     const served = this.served();
     if (!served.length) throw new Error('toolbus: no tools registered');
+    this.servedList = served;
     if (s.metricsAddr) this.metricsServer = await serveMetrics(s.metricsAddr, this.metrics, this.log);
     this.nc ??= await dial(s.connection, `toolbus executor ${s.instance}`);
     this.metrics.connected = true;
@@ -493,12 +508,13 @@ export class Executor {
     }
     let stopBeat = async () => {};
     let parkWatch: NodeJS.Timeout | undefined;
+    let reachWatch: NodeJS.Timeout | undefined;
     try {
       // Queues, then the instance (live before the tools are offered), then the contracts.
       let ackWait = queueAckWait(s.ackWaitMS, s.instanceTTLMS);
       for (const t of served) ackWait = Math.min(ackWait, await bus.bindQueue(t, queueAckWait(s.ackWaitMS, s.instanceTTLMS), s.maxAckPending));
       this.beatEveryMS = Math.max(ackWait / 3, 100);
-      stopBeat = await this.startupWrite('instance record', () => this.heartbeat(served));
+      stopBeat = await this.startupWrite('instance record', () => this.heartbeat());
       for (const t of served) {
         try {
           await this.startupWrite(`catalog entry of ${t}`, () => bus.publishTool(this.entries.get(t)!.contract, s.replaceContracts));
@@ -521,6 +537,7 @@ export class Executor {
       // In a team account too: the core exports to the team, as a stream, where the calls of
       // each of its tools are published (toolbus.*.tool.requested.<tool>, the doorbell), and
       // the consumer info of each queue (under the team's API prefix).
+      reachWatch = setInterval(() => void this.reachCheck(), Executor.reachEveryMS);
       if (s.parkAfterMS >= 0) parkWatch = setInterval(() => void this.watchFeeds(), Math.max(20, Math.min(500, s.parkAfterMS / 4)));
       this.metrics.ready = true;
       this.servingResolve();
@@ -531,6 +548,7 @@ export class Executor {
       draining = true;
       this.metrics.ready = false;
       clearInterval(parkWatch);
+      clearInterval(reachWatch);
       for (const f of this.feeds) {
         f.messages?.stop();
         f.bell?.unsubscribe();
@@ -552,6 +570,36 @@ export class Executor {
   /** Stops serving: serve() resolves once the executor drained. */
   stop(): void {
     this.stopRequested();
+  }
+
+  /** The tools offered now: the served ones whose queue the credentials reach. */
+  private advertised(): string[] {
+    return this.servedList.filter((t) => !this.unreachable.has(t));
+  }
+
+  /** Asks the server about the next tool's queue, and drops or restores the tool (reachEveryMS). */
+  private async reachCheck(): Promise<void> {
+    if (!this.servedList.length || !this.bus) return;
+    const tool = [...this.servedList].sort()[this.reachNext++ % this.servedList.length];
+    let gone = false;
+    try {
+      await this.bus.js.consumers.get(this.bus.queues, toolConsumer(tool));
+    } catch (err) {
+      if (!isNoResponders(err)) return; // a slow server, a queue being created: not the credentials
+      gone = true;
+    }
+    if (gone && !this.unreachable.has(tool)) {
+      this.unreachable.add(tool);
+      this.log.error(`tool ${tool}: this team's credentials no longer reach its queue (revoked?); not serving it`, { tool, serving: this.advertised() });
+    } else if (!gone && this.unreachable.delete(tool)) {
+      this.log.info(`tool ${tool}: its queue is reachable again (granted again?); serving it`, { tool });
+      const f = this.feeds.find((x) => x.tool === tool);
+      if (f && !f.parked) {
+        // Its pull may have ended on the refusals: pull afresh.
+        f.messages?.stop();
+        await this.pull(f).catch((err) => this.log.warn('pulling again failed', { tool, error: String((err as Error)?.message ?? err) }));
+      }
+    }
   }
 
   /** Starts pulling a tool's queue. */
@@ -702,13 +750,13 @@ export class Executor {
 
   // -- liveness
 
-  private async heartbeat(tools: string[]): Promise<() => Promise<void>> {
+  private async heartbeat(): Promise<() => Promise<void>> {
     const s = this.settings;
     const bus = this.bus!;
     const started = new Date().toISOString();
     const put = async () => {
       const start = Date.now();
-      const rev = await bus.putInstance({ ...(s.team ? { team: s.team } : {}), name: s.instance, boot: this.boot, tools, concurrency: s.concurrency,
+      const rev = await bus.putInstance({ ...(s.team ? { team: s.team } : {}), name: s.instance, boot: this.boot, tools: this.advertised(), concurrency: s.concurrency,
         started_at: started, heartbeat_at: new Date(start).toISOString() });
       this.lease.renewed(start);
       const rtt = Date.now() - start;
@@ -1097,7 +1145,7 @@ export class Executor {
     const call = d.req.call;
     const ent = this.entries.get(call.tool);
     const served = this.settings.tools.length ? this.settings.tools.includes(call.tool) : true;
-    if (!ent || !served) {
+    if (!ent || !served || this.unreachable.has(call.tool)) {
       d.res = errorResult(call, 'rejected', 'unknown_tool', `no executor serves a tool named ${JSON.stringify(call.tool)}`);
       return;
     }

@@ -54,6 +54,8 @@ export interface TeamBus {
   api_prefix: string;
   /** The tools whose queues, subjects and keys the core exports to the team. */
   tools: string[];
+  /** POST the tools the team is granted from then on, comma-separated: the server reloads (a revocation under running executors). */
+  grant_url?: string;
 }
 
 let teamServer: ChildProcess | undefined;

@@ -7,7 +7,7 @@ import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { setTimeout as wait } from 'node:timers/promises';
 import { connect, type NatsConnection } from '@nats-io/transport-node';
-import { Client, wire, type Tool, type ToolContext } from '../src/index.js';
+import { Client, Executor, wire, type Tool, type ToolContext } from '../src/index.js';
 import { eventsOf, eventually, startExecutor, stopTeamServer, teamBus, type TeamBus } from './helpers.js';
 
 // The tools the core exports to the team (testbus -team and npm_test.go grant these).
@@ -213,3 +213,71 @@ async function within<T>(p: Promise<T>, ms: number, what: string): Promise<T> {
     clearTimeout(timer);
   }
 }
+
+test('team account: a revoked tool leaves the instance record with one line saying why, the other is served all along, granted again it comes back', { skip }, async (t) => {
+  if (!tb.grant_url) return t.skip('the server takes no grants (grant_url)');
+  const grant = async (tools: string[]) => {
+    const r = await fetch(tb.grant_url!, { method: 'POST', body: tools.join(',') });
+    assert.equal(r.status, 200, await r.text());
+  };
+  const reach = Executor.reachEveryMS;
+  Executor.reachEveryMS = 100;
+  const lines: string[] = [];
+  const write = process.stderr.write.bind(process.stderr);
+  process.stderr.write = ((chunk: string | Uint8Array, ...rest: unknown[]) => {
+    lines.push(String(chunk));
+    return (write as (...a: unknown[]) => boolean)(chunk, ...rest);
+  }) as typeof process.stderr.write;
+  const instance = `revoke-${process.pid}`;
+  const { ex, done } = await startExecutor(team, [countTool((a) => ({ double: 2 * a.n })),
+    { name: PAY, description: 'pays', needsApproval: true, inputSchema: { type: 'object', properties: { amount: { type: 'integer' } }, required: ['amount'] }, run: () => 'paid' }],
+  { TOOLBUS_TEAM: tb.team_name, TOOLBUS_NATS_API_PREFIX: tb.api_prefix, TOOLBUS_INSTANCE: instance, TOOLBUS_LOG_LEVEL: 'info' });
+  const instances = await new wire.Bus(core).kv(wire.Bucket.instances);
+  const listed = (want: string[]) => eventually(async () => {
+    for await (const k of await instances.keys(`${tb.team_name}.${instance}.*`)) {
+      const e = await instances.get(k);
+      if (e?.operation !== 'PUT') continue;
+      const tools = (JSON.parse(dec.decode(e.value)).tools as string[]).sort();
+      if (JSON.stringify(tools) === JSON.stringify([...want].sort())) return true;
+    }
+    return undefined;
+  }, 30000, `the instance record listing ${want}`);
+  const client = await Client.connect({ connection: core, identity: 'alice' });
+  try {
+    await listed([COUNT, PAY]);
+    await grant(tb.tools.filter((x) => x !== COUNT));
+    await listed([PAY]);
+    const line = `tool ${COUNT}: this team's credentials no longer reach its queue (revoked?); not serving it`;
+    assert.equal(lines.filter((l) => l.includes(line)).length, 1, `the not-serving line once:\n${lines.join('')}`);
+    // The control: the other tool is served as before.
+    const run = await client.startRun({
+      messages: [{ role: 'user', content: 'revoked' }], allowedTools: [PAY], limits: { deadline: new Date(Date.now() + 60000) },
+      calls: [{ call_id: 'p1', tool: PAY, arguments: '{"amount":1}' }],
+    });
+    const ac = new AbortController();
+    const timer = setTimeout(() => ac.abort(), 60000);
+    let status = '';
+    try {
+      for await (const ev of client.watch(run, { signal: ac.signal })) {
+        if (ev.type === wire.Type.toolWaiting) await client.decide(run, 0, 'p1', { kind: 'approve' });
+        if (ev.type === wire.Type.toolFinished) {
+          status = (ev.data as wire.ToolFinished).status;
+          break;
+        }
+      }
+    } finally {
+      clearTimeout(timer);
+    }
+    assert.equal(status, 'succeeded', `${PAY} after ${COUNT} was revoked`);
+    await grant(tb.tools);
+    await listed([COUNT, PAY]);
+    assert.ok(lines.some((l) => l.includes(`tool ${COUNT}: its queue is reachable again`)), 'a line says it is served again');
+  } finally {
+    await grant(tb.tools);
+    process.stderr.write = write;
+    Executor.reachEveryMS = reach;
+    await client.close?.();
+    ex.stop();
+    await done;
+  }
+});

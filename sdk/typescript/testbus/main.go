@@ -64,7 +64,7 @@ func run() error {
 	var nc *nats.Conn
 	var hello string
 	if *team {
-		srv, err := accountsServer(dir)
+		srv, opts, err := accountsServer(dir)
 		if err != nil {
 			return err
 		}
@@ -73,6 +73,12 @@ func run() error {
 			return err
 		}
 		tb := TeamBusOf(srv.ClientURL())
+		grants, err := eventstest.ServeGrants(srv, opts, dir, TeamName)
+		if err != nil {
+			return err
+		}
+		defer grants.Close()
+		tb.GrantURL = "http://" + grants.Addr().String() + "/grant"
 		b, err := json.Marshal(tb)
 		if err != nil {
 			return err
@@ -194,6 +200,9 @@ type TeamBus struct {
 	TeamName     string   `json:"team_name"`
 	APIPrefix    string   `json:"api_prefix"`
 	Tools        []string `json:"tools"`
+	// GrantURL, when set, takes a POST whose body lists the tools the team is granted
+	// from then on, comma-separated (eventstest.ServeGrants): a revocation under running executors.
+	GrantURL string `json:"grant_url,omitempty"`
 }
 
 // TeamBusOf is the TeamBus of an accounts server at url (users core/core and
@@ -204,34 +213,34 @@ func TeamBusOf(url string) TeamBus {
 }
 
 // accountsServer starts the server of the accounts layout for TeamName and TeamTools.
-func accountsServer(dir string) (*server.Server, error) {
+func accountsServer(dir string) (*server.Server, *server.Options, error) {
 	opts, err := eventstest.AccountsOptions(dir, TeamName, TeamTools)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	opts.NoSigs = true
 	srv, err := server.NewServer(opts)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	go srv.Start()
 	if !srv.ReadyForConnections(10 * time.Second) {
 		srv.Shutdown()
-		return nil, errors.New("the accounts server is not ready")
+		return nil, nil, errors.New("the accounts server is not ready")
 	}
 	// The core's write service (every injector runs it): the team's writes reach the
 	// core's streams only through it. It lives as long as the process.
 	nc, err := nats.Connect(srv.ClientURL(), nats.UserInfo("core", "core"))
 	if err != nil {
 		srv.Shutdown()
-		return nil, fmt.Errorf("the write service: %w", err)
+		return nil, nil, fmt.Errorf("the write service: %w", err)
 	}
 	go func() {
 		if err := intake.New(nc, intake.Limits{}, nil).Serve(context.Background()); err != nil {
 			fmt.Fprintln(os.Stderr, "testbus: write service:", err)
 		}
 	}()
-	return srv, nil
+	return srv, opts, nil
 }
 
 // ProvisionQueues creates the durable queues of tools in the core account (what

@@ -1,0 +1,109 @@
+package node
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+
+	"github.com/toolbus/toolbus/connect"
+	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/eventstest"
+	"github.com/toolbus/toolbus/events/provision"
+)
+
+// TestRolesStopOnConnectionClosedForGood: a planner and an injector whose credentials
+// are revoked while they run (their users removed by a configuration reload: the server
+// drops them and refuses them on every reconnection, until nats.go gives up) stop, and
+// RunRoles returns connect.ErrConnectionClosed with the server's reason, so the process
+// exits non-zero saying why, instead of running on with nothing to run on. The control:
+// a planner of a user that was not revoked goes on running.
+func TestRolesStopOnConnectionClosedForGood(t *testing.T) {
+	dir := t.TempDir()
+	conf := filepath.Join(dir, "users.conf")
+	users := func(names ...string) *server.Options {
+		t.Helper()
+		var b strings.Builder
+		for _, n := range names {
+			fmt.Fprintf(&b, "{user: %q, password: %q}\n", n, n)
+		}
+		if err := os.WriteFile(conf, []byte("listen: 127.0.0.1:-1\njetstream {}\naccounts { A: { jetstream: enabled, users: [\n"+b.String()+"] } }\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		o, err := server.ProcessConfigFile(conf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return o
+	}
+	opts := users("admin", "planner", "injector", "keeper")
+	srv := eventstest.StartServer(t, opts)
+	ctx := eventstest.Context(t, 2*time.Minute)
+	cfg := events.Config{Memory: true, InstanceTTL: 2 * time.Second}
+	if _, _, err := provision.Setup(ctx, eventstest.Connect(t, srv, "admin"), cfg); err != nil {
+		t.Fatal(err)
+	}
+	c, err := Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.ReadService, c.WriteService = false, false
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	run := func(user, role string) <-chan error {
+		nc, err := nats.Connect(srv.ClientURL(), nats.UserInfo(user, user), nats.ReconnectWait(20*time.Millisecond), nats.MaxReconnects(-1))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(nc.Close)
+		bus, err := events.Open(ctx, nc, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() { done <- RunRoles(ctx, c, bus, log, role) }()
+		// Running once it consumes (its subscriptions are on the server).
+		eventstest.Eventually(t, time.Minute, func() error {
+			cz, err := srv.Connz(&server.ConnzOptions{Username: true, Subscriptions: true})
+			if err != nil {
+				return err
+			}
+			for _, cn := range cz.Conns {
+				if cn.AuthorizedUser == user && cn.NumSubs > 1 {
+					return nil
+				}
+			}
+			return fmt.Errorf("%s's %s not consuming yet", user, role)
+		})
+		return done
+	}
+	planner, injector, keeper := run("planner", "planner"), run("injector", "injector"), run("keeper", "planner")
+
+	o := users("admin", "keeper")
+	o.Host, o.Port, o.StoreDir, o.NoLog, o.NoSigs = opts.Host, opts.Port, opts.StoreDir, true, true
+	if err := srv.ReloadOptions(o); err != nil {
+		t.Fatal(err)
+	}
+	for role, done := range map[string]<-chan error{"planner": planner, "injector": injector} {
+		select {
+		case err := <-done:
+			if !errors.Is(err, connect.ErrConnectionClosed) || !strings.Contains(err.Error(), "uthorization") {
+				t.Errorf("the %s stopped with %v, want %v with the server's reason", role, err, connect.ErrConnectionClosed)
+			}
+		case <-time.After(time.Minute):
+			t.Errorf("the %s still runs a minute after its credentials were revoked", role)
+		}
+	}
+	select {
+	case err := <-keeper:
+		t.Errorf("the planner whose credentials stay stopped: %v", err)
+	default:
+	}
+}
