@@ -12,8 +12,6 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-
-	"github.com/toolbus/toolbus"
 )
 
 // Follower follows one run's events live through the core's read service, in a client
@@ -155,7 +153,7 @@ func (f *Follower) Next(ctx context.Context, wait time.Duration) (ev StoredEvent
 		}
 		f.next = seq + 1
 		ev := storedOf(&jetstream.RawStreamMsg{Subject: subject, Sequence: seq, Header: h, Data: m.Data, Time: ts})
-		f.lastEnded = ev.IsRunEnded() && toolbus.RunStatus(strings.TrimPrefix(ev.Meta.Type, "toolbus.run.")).Terminal()
+		f.lastEnded = IsFinalOutcome(subject)
 		return ev, true, nil
 	}
 }

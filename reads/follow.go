@@ -122,7 +122,7 @@ func (s *Service) follow(ctx context.Context, id, run string, m *nats.Msg) {
 		case err == nil:
 			next = raw.Sequence + 1
 			s.respond(m, storedMsg(name, raw))
-			if runEnded(raw.Subject) {
+			if events.IsFinalOutcome(raw.Subject) {
 				s.respond(m, followStatus(events.FollowEnd, "run "+run+" ended"))
 				return
 			}
@@ -145,14 +145,6 @@ func (s *Service) follow(ctx context.Context, id, run string, m *nats.Msg) {
 			return
 		}
 	}
-}
-
-// runEnded reports whether a stored subject is a run's final outcome,
-// toolbus.<run>.run.<status> of a terminal status (run.started and run.cancel have a
-// fifth token; waiting_for_approval is not final). Only the core publishes outcomes.
-func runEnded(subject string) bool {
-	toks := strings.Split(subject, ".")
-	return len(toks) == 4 && toks[2] == "run" && toolbus.RunStatus(toks[3]).Terminal()
 }
 
 // followStatus is a follow's message that carries no event.
