@@ -2,6 +2,7 @@ package events
 
 import (
 	"strings"
+	"time"
 
 	"github.com/toolbus/toolbus"
 )
@@ -37,6 +38,46 @@ func ReadRunsSubject(id string) string { return ReadSubject(id) + ".runs" }
 // decides (a JSON array of toolbus.ToolContract, sorted by name). A client account
 // reads no catalog bucket and no instance record itself.
 func ReadToolsSubject(id string) string { return ReadSubject(id) + ".tools" }
+// FollowServicePrefix is the first token of the read service's live follows: a client
+// in an account of its own requests FollowSubject(id, run) and is answered by a stream of
+// messages, the run's stored events as they are stored (the core exports it as a service
+// whose response is a stream, only to the accounts bound to id). Not under ReadSubject:
+// that import answers one message per request, and two imports of one subject would
+// both forward it.
+const FollowServicePrefix = "toolbus_follow"
+
+// FollowSubject is toolbus_follow.<id>.<run>: the live follow of run by identity id.
+func FollowSubject(id, run string) string {
+	return FollowServicePrefix + "." + IdentityToken(id) + "." + run
+}
+
+// FollowRequest is the body of a follow request (may be empty: the events stored from
+// now on).
+type FollowRequest struct {
+	// From is the stream sequence to follow from (1: the run's first event); 0 is the
+	// next event stored.
+	From uint64 `json:"from_seq,omitempty"`
+}
+
+// The statuses of the read service's follow messages that carry no event (the
+// "Status" header; the "Description" header says why). An event is a message without
+// one, with the headers a direct get answers (Nats-Subject, Nats-Sequence, ...).
+const (
+	// FollowIdle is a heartbeat, sent while no event is stored for FollowIdleEvery, so
+	// that the follower knows the follow is alive.
+	FollowIdle = "100"
+	// FollowEnd ends a follow: the run ended (its outcome was the last event sent), or
+	// the follow lasted FollowMax (follow again from the next sequence).
+	FollowEnd = "204"
+)
+
+// FollowIdleEvery is how often a follow with nothing to send says it is alive; a
+// follower that hears nothing for a few of these has lost it (follow again).
+const FollowIdleEvery = 15 * time.Second
+
+// FollowMax is the longest one follow lasts: its end names the next sequence, from
+// which the follower follows again (Follower does).
+const FollowMax = 5 * time.Minute
 
 // ToolReadPrefix is the first token of the subjects on which the core answers an
 // executor in a team account what it may know of its own calls' questions: a team may

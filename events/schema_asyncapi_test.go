@@ -357,6 +357,7 @@ func tenancyServices() []asyncAPIService {
 		{"readDirectGetBySubject", api + "DIRECT.GET." + events.DefaultStream + "." + subj, "client", "injector", "readDirectGetBySubjectRequest", "readDirectGetReply", []string{"readDirectGetReply"}, []string{"identity", "stream", "subject"}},
 		{"readRuns", events.ReadRunsSubject("alice"), "client", "injector", "readRunsRequest", "readRunsReply", []string{"readRunsReply"}, []string{"identity"}},
 		{"readTools", events.ReadToolsSubject("alice"), "client", "injector", "readToolsRequest", "readToolsReply", []string{"readToolsReply"}, []string{"identity"}},
+		{"readFollow", events.FollowSubject("alice", "run-1"), "client", "injector", "readFollowRequest", "readFollowReply", []string{"readDirectGetReply"}, []string{"identity", "run"}},
 		{"toolQuestionState", events.ToolQuestionSubject("calc"), "executor", "injector", "toolQuestionQuery", "toolQuestionStateReply", []string{"toolQuestionStateReply"}, []string{"tool"}},
 		{"teamWrite", events.TeamWriteSubject("alpha", subj), "executor", "injector", "tenantWrite", "writeReply", []string{"writeAck", "writeRefused"}, []string{"team", "subject"}},
 		{"clientWrite", events.ClientWriteSubject("alice", subj), "client", "injector", "tenantWrite", "writeReply", []string{"writeAck", "writeRefused"}, []string{"identity", "subject"}},

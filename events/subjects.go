@@ -145,6 +145,14 @@ func SubjectRunEnded(run string, s toolbus.RunStatus) string {
 // SubjectRun is toolbus.<run>.>: every event of one run.
 func SubjectRun(run string) string { return SubjectPrefix + "." + run + ".>" }
 
+// IsFinalOutcome reports whether subject is a run's final outcome,
+// toolbus.<run>.run.<status> of a terminal status: nothing of the run follows it
+// (run.started and run.cancel have a fifth token; waiting_for_approval is not final).
+func IsFinalOutcome(subject string) bool {
+	toks := strings.Split(subject, ".")
+	return len(toks) == 4 && toks[0] == SubjectPrefix && toks[2] == "run" && toolbus.RunStatus(toks[3]).Terminal()
+}
+
 // Filter subjects used by the workers' consumers.
 const (
 	FilterAll            = SubjectPrefix + ".>"

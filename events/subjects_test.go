@@ -59,3 +59,22 @@ func TestNames(t *testing.T) {
 		}
 	}
 }
+
+// A run's final outcome is told by its subject alone (the read service ends a follow on
+// it, events.Follower stops): a terminal status, not waiting_for_approval, not a start or
+// a cancel, whose subjects have a fifth token.
+func TestIsFinalOutcome(t *testing.T) {
+	for subject, want := range map[string]bool{
+		events.SubjectRunEnded("r1", toolbus.RunCompleted):          true,
+		events.SubjectRunEnded("r1", toolbus.RunCancelled):          true,
+		events.SubjectRunEnded("r1", toolbus.RunWaitingForApproval): false,
+		events.SubjectRunStarted("r1", "alice"):                     false,
+		events.SubjectRunCancel("r1", "alice"):                      false,
+		events.SubjectToolFinished("r1", "completed"):               false,
+		"other.r1.run.completed":                                    false,
+	} {
+		if got := events.IsFinalOutcome(subject); got != want {
+			t.Errorf("IsFinalOutcome(%s) = %v, want %v", subject, got, want)
+		}
+	}
+}

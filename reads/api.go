@@ -160,6 +160,11 @@ func (s *Service) directGet(ctx context.Context, name string, req getRequest) *n
 		s.log.Warn("reads: direct get", "stream", name, "err", err)
 		return refusal(503, "toolbus read service: "+err.Error())
 	}
+	return storedMsg(name, raw)
+}
+
+// storedMsg is a stored message of stream name as a direct get answers it.
+func storedMsg(name string, raw *jetstream.RawStreamMsg) *nats.Msg {
 	h := nats.Header{}
 	for k, v := range raw.Header {
 		h[k] = append([]string(nil), v...)

@@ -79,6 +79,11 @@ func (s *Service) Serve(ctx context.Context) error {
 		}
 		subs = append(subs, sub)
 	}
+	sub, err := nc.QueueSubscribe(events.FollowServicePrefix+".*.*", events.ReadQueue, func(m *nats.Msg) { s.dispatchFollow(ctx, m) })
+	if err != nil {
+		return fmt.Errorf("reads: subscribe %s: %w", events.FollowServicePrefix, err)
+	}
+	subs = append(subs, sub)
 	if err := nc.Flush(); err != nil {
 		return fmt.Errorf("reads: subscribe: %w", err)
 	}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"slices"
 	"strings"
 	"testing"
@@ -348,5 +349,88 @@ func TestClientAccountAnswersAndChecks(t *testing.T) {
 	}
 	if !strings.Contains(result, "savings") || !strings.Contains(result, `\"by\":\"alice\"`) {
 		t.Errorf("the tool's result %s: want alice's answer", result)
+	}
+}
+
+// TestClientFollowsItsRunLive: a client in an account of its own follows its identity's
+// run live through the read service (events.Bus.Follow): the follow opened before the
+// call is approved hears the call's result and the run's outcome as they are stored,
+// then ends. Bob is refused following alice's run exactly as a run that does not exist,
+// his account reaches no follow of alice's identity, and an identity's follows are
+// bounded (reads.MaxFollows). The control is alice's own follow of the same run.
+func TestClientFollowsItsRunLive(t *testing.T) {
+	script := &planner.Script{Steps: []func(planner.Request) planner.Response{
+		planner.Calls(toolbus.ToolCall{CallID: "r1", Tool: "restart_service", Arguments: `{"service":"auth-api"}`}),
+		planner.Answer("restarted")}}
+	connect, p := tenants(t, testpipe.ScriptByRun(map[string]*planner.Script{"alice-f": script}, nil))
+	ctx := p.Ctx
+	alice := clientBus(t, ctx, connect("alice"), "alice")
+	bob := clientBus(t, ctx, connect("bob"), "bob")
+	if err := alice.StartRun(ctx, "test", toolbus.RunStarted{RunID: "alice-f", Principal: toolbus.Principal{ID: "alice"},
+		Messages: []toolbus.Message{{Role: toolbus.RoleUser, Content: "restart auth-api"}}}); err != nil {
+		t.Fatal(err)
+	}
+	f, err := alice.Follow(ctx, "alice-f", 1)
+	if err != nil {
+		t.Fatalf("control: alice follows her own run: %v", err)
+	}
+	defer func() { _ = f.Close() }()
+	for _, run := range []string{"alice-f", "no-such-run"} {
+		if _, err := bob.Follow(ctx, run, 1); !errors.Is(err, events.ErrNotFound) {
+			t.Errorf("bob follows %s: %v, want ErrNotFound", run, err)
+		}
+	}
+	if _, err := connect("bob").Request(events.FollowSubject("alice", "alice-f"), nil, 5*time.Second); !errors.Is(err, nats.ErrNoResponders) {
+		t.Errorf("bob's account requests alice's follow: %v, want no responders", err)
+	}
+
+	var step int
+	eventstest.Eventually(t, time.Minute, func() error {
+		var err error
+		step, _, err = decide.Waiting(ctx, alice, "alice-f", "r1")
+		return err
+	})
+	var seen []string
+	next := func() (events.StoredEvent, error) {
+		for {
+			ev, ok, err := f.Next(ctx, time.Second)
+			if err != nil || ok {
+				return ev, err
+			}
+		}
+	}
+	// Up to the call's waiting (stored before the approval exists).
+	for !slices.Contains(seen, "toolbus.run.waiting_for_approval") {
+		ev, err := next()
+		if err != nil {
+			t.Fatalf("alice's follow after %v: %v", seen, err)
+		}
+		seen = append(seen, ev.Meta.Type)
+	}
+	if _, err := alice.PublishApproval(ctx, "test", step, toolbus.Approval{RunID: "alice-f", CallID: "r1", Who: "alice"}, true); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		ev, err := next()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatalf("alice's follow after %v: %v", seen, err)
+		}
+		seen = append(seen, ev.Meta.Type)
+	}
+	if seen[0] != events.TypeRunStarted || !slices.Contains(seen, events.TypeToolFinished) || seen[len(seen)-1] != "toolbus.run.completed" {
+		t.Errorf("alice followed %v: want the run from its start, the call's result (stored after the follow began) and its outcome", seen)
+	}
+
+	// An identity's follows are bounded; the next one is refused saying so.
+	for i := range reads.MaxFollows {
+		if _, err := alice.Follow(ctx, "alice-f", 0); err != nil {
+			t.Fatalf("alice's follow %d: %v", i+1, err)
+		}
+	}
+	if _, err := alice.Follow(ctx, "alice-f", 0); err == nil || !strings.Contains(err.Error(), "429") {
+		t.Errorf("alice's follow beyond %d: %v, want a 429", reads.MaxFollows, err)
 	}
 }

@@ -395,7 +395,7 @@ func cmdTail(ctx context.Context, cfg Config, log *slog.Logger, args []string, o
 			return nil
 		}
 	}
-	watch, err := c.Bus.Watch(ctx, filter, *all)
+	watch, err := tailWatch(ctx, c.Bus, run, filter, *all)
 	if err != nil {
 		return fmt.Errorf("tail: %w", err)
 	}
@@ -406,8 +406,8 @@ func cmdTail(ctx context.Context, cfg Config, log *slog.Logger, args []string, o
 	for {
 		ev, ok, err := watch.Next(ctx, time.Second)
 		if err != nil {
-			if ctx.Err() != nil {
-				return nil // interrupted: the normal way to stop following
+			if ctx.Err() != nil || errors.Is(err, io.EOF) {
+				return nil // interrupted (the normal way to stop following), or the run ended
 			}
 			return fmt.Errorf("tail: %w", err)
 		}
@@ -422,4 +422,22 @@ func cmdTail(ctx context.Context, cfg Config, log *slog.Logger, args []string, o
 			return nil
 		}
 	}
+}
+
+// tailWatch follows filter: in a client account a started run is followed live through
+// the read service (events.Bus.Follow, pushed as stored), anything else, or when the
+// core serves no follow, by watching the stream (direct gets, polled).
+func tailWatch(ctx context.Context, bus *events.Bus, run, filter string, all bool) (interface {
+	Next(context.Context, time.Duration) (events.StoredEvent, bool, error)
+}, error) {
+	if bus.ClientAccount() && run != "" {
+		from := uint64(0)
+		if all {
+			from = 1
+		}
+		if f, err := bus.Follow(ctx, run, from); err == nil {
+			return f, nil
+		}
+	}
+	return bus.Watch(ctx, filter, all)
 }

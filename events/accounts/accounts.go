@@ -87,8 +87,9 @@ const (
 	ForDirect TargetKind = "direct gets"
 	// ForWrites is the write service (package intake, events.WriteServicePrefix).
 	ForWrites TargetKind = "write service"
-	// ForReads is the read service (package reads): a client's reads and a tool's
-	// questions (events.ReadServicePrefix, events.ToolReadPrefix).
+	// ForReads is the read service (package reads): a client's reads and follows and a
+	// tool's questions (events.ReadServicePrefix, events.FollowServicePrefix,
+	// events.ToolReadPrefix).
 	ForReads TargetKind = "read service"
 )
 
@@ -173,6 +174,18 @@ func TeamExports(team string, tools []string) []Crossing {
 			// checks that the call it takes is not done.
 			direct(stream, events.SubjectToolFinished("*", tool)),
 			Crossing{Subject: events.FilterToolRequestedFor(tool), Stream: true},
+		)
+		// The tool's events as the core stores them (a service of the team's follows
+		// its own tools' calls live): only the core and the team itself publish on
+		// them (the write service checks that the tool is the writer's), and nothing
+		// on them is another's: answers and decisions are on the run's subjects, which
+		// name no tool. Each type is listed: "tool.*.<tool>" would match the answers of
+		// an identity of the tool's name (tool.answer.<who>).
+		for _, s := range []string{events.SubjectToolFinished("*", tool), events.SubjectToolWaiting("*", tool),
+			events.SubjectToolProgress("*", tool), events.SubjectToolLog("*", tool), events.SubjectToolQuestion("*", tool)} {
+			out = append(out, Crossing{Subject: s, Stream: true})
+		}
+		out = append(out,
 			// The core's notice that a run ended while a call of the tool may run.
 			Crossing{Subject: events.FilterRunEndedFor(tool), Stream: true},
 			// The state of a question of a call of the tool (the read service).
@@ -213,6 +226,9 @@ func ClientExports(ids []string) []Crossing {
 			write(events.SubjectApproval("*", false, id)),
 			write(events.SubjectToolAnswer("*", id)),
 			Crossing{Subject: events.ReadSubject(tok) + ".>", For: Target{Kind: ForReads}},
+			// The read service's live follow of the identity's runs, answered by many
+			// messages (a stream response).
+			Crossing{Subject: events.FollowSubject(tok, "*"), Pull: true, For: Target{Kind: ForReads}},
 		)
 	}
 	return out

@@ -140,7 +140,7 @@ func SubscriptionOwner(subject, account, domain string) (_ accounts.Target, ok b
 		return accounts.Target{Kind: accounts.ForAPI}, true
 	case subject == events.WriteServicePrefix+".>":
 		return accounts.Target{Kind: accounts.ForWrites}, true
-	case subject == events.ReadServicePrefix+".*.>", subject == events.ToolReadPrefix+".*.question":
+	case subject == events.ReadServicePrefix+".*.>", subject == events.ToolReadPrefix+".*.question", subject == events.FollowServicePrefix+".*.*":
 		return accounts.Target{Kind: accounts.ForReads}, true
 	}
 	return accounts.Target{}, false

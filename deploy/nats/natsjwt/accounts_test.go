@@ -217,10 +217,25 @@ func TestAccountsLayoutBoundary(t *testing.T) {
 			if err := alphaNC.Flush(); err != nil {
 				t.Fatal(err)
 			}
+			// Beta's service follows its own tool's results (the control of alpha's >).
+			betaNC, _ := d.team("beta")
+			betaHeard, err := betaNC.SubscribeSync(events.SubjectToolFinished("*", "search"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := betaNC.Flush(); err != nil {
+				t.Fatal(err)
+			}
 			for _, run := range []string{"r1", "r2"} {
 				d.put(events.SubjectToolRequested(run, "calc"), `{"secret":"alpha args `+run+`","mark":"`+probeMark+`"}`)
 				d.put(events.SubjectToolRequested(run, "search"), `{"secret":"beta args `+run+`"}`)
 			}
+			// Results and progress the core stores for both tools of a run (a timed-out
+			// call's result is the core's): each team hears its own tool's.
+			d.put(events.SubjectToolFinished("r2", "calc"), `{"by":"the core, of alpha's call"}`)
+			d.put(events.SubjectToolProgress("r2", "calc"), `{"by":"the core, of alpha's call"}`)
+			d.put(events.SubjectToolFinished("r2", "search"), `{"secret":"beta result r2"}`)
+			d.put(events.SubjectToolProgress("r2", "search"), `{"secret":"beta progress r2"}`)
 			d.put(events.SubjectRunEnded("r1", "completed"), `{"secret":"core"}`)
 			for _, kv := range []string{"$KV.toolbus_runs.r1", "$KV.toolbus_history.r1", "$KV.toolbus_approvals.r1.c1"} {
 				d.put(kv, `{"secret":"core"}`)
@@ -248,10 +263,22 @@ func TestAccountsLayoutBoundary(t *testing.T) {
 					t.Errorf("alpha, subscribed to >, heard %s: %s", m.Subject, m.Data)
 				}
 			}
-			for _, want := range []string{events.SubjectToolRequested("r2", "calc"), events.SubjectRunEndedFor("r1", "calc")} {
+			for _, want := range []string{events.SubjectToolRequested("r2", "calc"), events.SubjectRunEndedFor("r1", "calc"),
+				events.SubjectToolFinished("r2", "calc"), events.SubjectToolProgress("r2", "calc")} {
 				if !got[want] {
 					t.Errorf("alpha did not hear %s (the stream exports of its tool); heard %v", want, got)
 				}
+			}
+			betaGot := map[string]bool{}
+			for {
+				m, err := betaHeard.NextMsg(500 * time.Millisecond)
+				if err != nil {
+					break
+				}
+				betaGot[m.Subject] = true
+			}
+			if !betaGot[events.SubjectToolFinished("r2", "search")] {
+				t.Errorf("control: beta did not hear the core's result of its own tool; heard %v", betaGot)
 			}
 			// Alpha's own probes below would be heard (they are its account's traffic)
 			// and would wait for the subscription to answer.
@@ -563,8 +590,8 @@ func TestTeamExports(t *testing.T) {
 		tools []string
 	}{{"alpha", []string{"calc"}}, {"beta", []string{"search", "web"}}, {"gamma", nil}} {
 		got := natsjwt.TeamExports(tc.team, tc.tools)
-		if len(got) != 18*len(tc.tools)+4 {
-			t.Errorf("%s: %d crossings, want 18 per tool and 4 per team", tc.team, len(got))
+		if len(got) != 23*len(tc.tools)+4 {
+			t.Errorf("%s: %d crossings, want 23 per tool and 4 per team", tc.team, len(got))
 		}
 		for _, c := range got {
 			names := 0
@@ -591,9 +618,9 @@ func TestTeamExports(t *testing.T) {
 		}
 	}
 	core := natsjwt.CoreExports()
-	// 18 per tool, 4 per team, 6 per client identity.
-	if len(core) != 28 {
-		t.Errorf("the core exports %d subjects, want 28", len(core))
+	// 23 per tool, 4 per team, 7 per client identity.
+	if len(core) != 34 {
+		t.Errorf("the core exports %d subjects, want 34", len(core))
 	}
 	for _, c := range core {
 		if strings.Contains(c.Subject, "any-") || c.Local != "" {

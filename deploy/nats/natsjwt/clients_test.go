@@ -3,6 +3,7 @@ package natsjwt_test
 import (
 	"context"
 	"errors"
+	"io"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -13,10 +14,12 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"golang.org/x/crypto/bcrypt"
 
+	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/deploy/nats/natsjwt"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
 	"github.com/toolbus/toolbus/events/store"
+	"github.com/toolbus/toolbus/reads"
 )
 
 // exists reports whether the core holds a message on subject in stream.
@@ -209,5 +212,89 @@ func probeClient(t *testing.T, d *accountsDeployment, bob *nats.Conn) {
 	}
 	if d.exists("KV_toolbus_runs", "$KV.toolbus_runs.r8") || d.exists("TOOLBUS", events.SubjectRunEnded("r8", "completed")) {
 		t.Error("a start of bob's with a core subject as its reply stored a message there")
+	}
+}
+
+// A bound client follows its identity's run live across accounts, in each kind of
+// credentials, with the core's read service on the generated injector's credentials:
+// the follow (a service import answered by a stream of messages) relays alice's run
+// from its start and each event the core stores after, up to its outcome; bob, in his
+// account, is refused alice's run as one that does not exist, and reaches no follow of
+// alice's identity. The control is alice's follow of the same run.
+func TestClientFollowAcrossAccounts(t *testing.T) {
+	dir := t.TempDir()
+	g := natsjwt.Grants{Clients: map[string][]string{"alice": {"alice"}, "bob": {"bob"}}}
+	res, err := natsjwt.GenerateGrants(filepath.Join("..", "permissions.conf"), dir, g, natsjwt.WithAccounts(), natsjwt.WithBcryptCost(bcrypt.MinCost))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, kind := range credKinds {
+		t.Run(kind.name, func(t *testing.T) {
+			ctx := eventstest.Context(t, time.Minute)
+			d := startAccounts(t, ctx, kind, res)
+			core, err := events.Open(ctx, d.conn("injector"), events.Config{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			rctx, stop := context.WithCancel(ctx)
+			done := make(chan error, 1)
+			go func() { done <- reads.New(core, nil).Serve(rctx) }()
+			t.Cleanup(func() {
+				stop()
+				if err := <-done; err != nil {
+					t.Errorf("reads: %v", err)
+				}
+			})
+			admin, err := events.Open(ctx, d.conn("admin"), events.Config{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := admin.StartRun(ctx, "test", toolbus.RunStarted{RunID: "r1", Principal: toolbus.Principal{ID: "alice"},
+				Messages: []toolbus.Message{{Role: toolbus.RoleUser, Content: "hi"}}}); err != nil {
+				t.Fatal(err)
+			}
+			open := func(name string) *events.Bus {
+				var bus *events.Bus
+				eventstest.Eventually(t, 30*time.Second, func() error {
+					var err error
+					bus, err = events.Open(ctx, d.client(name, name), events.Config{ReadPrefix: events.ReadAPIPrefix(name)})
+					return err
+				})
+				return bus
+			}
+			alice, bob := open("alice"), open("bob")
+			f, err := alice.Follow(ctx, "r1", 1)
+			if err != nil {
+				t.Fatalf("control: alice follows her run: %v", err)
+			}
+			defer func() { _ = f.Close() }()
+			if _, err := bob.Follow(ctx, "r1", 1); !errors.Is(err, events.ErrNotFound) {
+				t.Errorf("bob follows alice's run: %v, want ErrNotFound", err)
+			}
+			if _, err := d.client("bob", "bob").Request(events.FollowSubject("alice", "r1"), nil, 2*time.Second); !errors.Is(err, nats.ErrNoResponders) {
+				t.Errorf("bob's account requests alice's follow: %v, want no responders", err)
+			}
+			// Stored after the follow began: relayed as stored.
+			later := []string{events.SubjectToolRequested("r1", "calc"), events.SubjectRunEnded("r1", "completed")}
+			for _, s := range later {
+				d.put(s, `{"run_id":"r1"}`)
+			}
+			var got []string
+			for {
+				ev, ok, err := f.Next(ctx, time.Second)
+				if errors.Is(err, io.EOF) {
+					break
+				}
+				if err != nil {
+					t.Fatalf("alice's follow after %v: %v", got, err)
+				}
+				if ok {
+					got = append(got, ev.Subject)
+				}
+			}
+			if want := append([]string{events.SubjectRunStarted("r1", "alice")}, later...); !slices.Equal(got, want) {
+				t.Errorf("alice followed %v, want %v", got, want)
+			}
+		})
 	}
 }
