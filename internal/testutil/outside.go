@@ -60,7 +60,7 @@ func NeedNPMPackage(t testing.TB, dir string, files ...string) {
 	for _, f := range files {
 		if _, err := os.Stat(filepath.Join(dir, f)); err != nil {
 			pkg := filepath.ToSlash(filepath.Join(packageDir(), dir))
-			NeedOutside(t, "the npm package "+pkg, "make npm (npm ci --prefix "+pkg+")", err)
+			NeedOutside(t, "the npm package "+pkg, "make npm, or npm ci --prefix "+pkg, err)
 		}
 	}
 }
