@@ -1,4 +1,5 @@
-# toolbus: see README.md. Every target works on a fresh machine with only Go installed.
+# toolbus: see README.md. Every target works on a fresh machine with Go; make test also installs
+# the npm packages when Node.js and npm are there, and names the tests it could not run.
 GO      ?= go
 BIN     := bin/toolbus
 PKGS    := ./...
@@ -34,13 +35,24 @@ install:
 build:
 	$(GO) build -trimpath -ldflags='-s -w' -o $(BIN) ./cmd/toolbus
 
-## test: vet, then every test with the race detector (real embedded JetStream); on an empty
-## module cache the go command fetches the modules first (GOPROXY). Four test binaries at
-## once (-p 4, the default is one per core): the long packages (e2e, faults) wait on
-## servers, processes and timers about half of the time, so two cores run four of them.
-test:
+## test: the npm packages (make npm), vet, then every test with the race detector (real
+## embedded JetStream); on an empty module cache the go command fetches the modules first
+## (GOPROXY). Four test binaries at once (-p 4, the default is one per core): the long
+## packages (e2e, faults) wait on servers, processes and timers about half of the time, so
+## two cores run four of them. A test that a missing part from outside Go (Node.js and
+## npm, Chromium) skips records itself in $(MISSING) (testutil.NeedOutside); the last
+## lines list them with how to get each part (outside CI a skip still passes).
+MISSING := $(CURDIR)/bin/test-missing.tsv
+test: npm
 	$(GO) vet $(PKGS)
-	$(GO) test -race -count=1 -p 4 -timeout 12m $(PKGS)
+	@mkdir -p bin && rm -f $(MISSING)
+	@echo '$(GO) test -race -count=1 -p 4 -timeout 12m $(PKGS)'; \
+	TOOLBUS_TEST_MISSING=$(MISSING) $(GO) test -race -count=1 -p 4 -timeout 12m $(PKGS); status=$$?; \
+	if [ -s $(MISSING) ]; then sort -u $(MISSING) | awk -F'\t' '\
+	  { k = $$1 ": " $$2; if (!(k in tests)) order[++n] = k; tests[k] = tests[k] "\n    " $$3 " " $$4; c++ } \
+	  END { printf "\nmake test could not run %d tests: a part from outside Go is missing\n", c; \
+	        for (i = 1; i <= n; i++) print "  " order[i] tests[order[i]] }'; fi; \
+	exit $$status
 
 ## test-faults: crash and restart tests with real nats-server and toolbus processes
 test-faults:
@@ -74,20 +86,34 @@ fmt:
 clean:
 	rm -rf bin data bench
 
-.PHONY: asyncapi
-## asyncapi: install the official AsyncAPI parser (npm ci, committed lockfile) and validate asyncapi.yaml
-## (make test runs the same check in TestAsyncAPI, and skips it only when the parser is missing outside CI)
-asyncapi:
-	npm ci --prefix tools/asyncapi-validate --ignore-scripts --no-audit --no-fund
-	node tools/asyncapi-validate/validate.js asyncapi.yaml
-
-.PHONY: npm conformance
-## npm: install the Node packages of the AsyncAPI validator, the TypeScript package (built by its
-## npm ci) and the Node executor example from their committed lockfiles (.ci/run does the same)
+.PHONY: npm asyncapi conformance
+## npm: the npm packages the tests run, each installed with npm ci from its committed lockfile
+## when its node_modules is missing or older than the lockfile (the stamp node_modules/.installed;
+## npm ci wipes node_modules first): the official AsyncAPI parser, the TypeScript package (its
+## npm ci builds it; again when its sources change), the Node executor example on it, the
+## third-party MCP servers, and the official MCP conformance suite with its Node 22. Without
+## npm it installs nothing (make test then names the tests it skipped), except under CI.
+NPM_PARTS := tools/asyncapi-validate sdk/typescript examples/node-executor tools/mcp-servers tools/mcp-conformance
+NPM_IGNORE_SCRIPTS := tools/asyncapi-validate examples/node-executor
+ifneq ($(shell command -v npm),)
+npm: $(NPM_PARTS:%=%/node_modules/.installed)
+else
 npm:
-	npm ci --prefix tools/asyncapi-validate --ignore-scripts --no-audit --no-fund
-	npm ci --prefix sdk/typescript --no-audit --no-fund
-	npm ci --prefix examples/node-executor --ignore-scripts --no-audit --no-fund
+	@if [ -n "$$CI" ]; then echo "npm is not installed: CI needs Node.js 20 or later with npm" >&2; exit 1; fi
+	@echo "npm is not installed: the tests that need Node.js skip (install Node.js 20 or later with npm)"
+endif
+
+%/node_modules/.installed: %/package-lock.json
+	npm ci --prefix $*$(if $(filter $*,$(NPM_IGNORE_SCRIPTS)), --ignore-scripts) --no-audit --no-fund
+	@touch $@
+sdk/typescript/node_modules/.installed: $(wildcard sdk/typescript/src/*.ts) sdk/typescript/tsconfig.json
+# The example installs the TypeScript package as a link to sdk/typescript: built first.
+examples/node-executor/node_modules/.installed: | sdk/typescript/node_modules/.installed
+
+## asyncapi: validate asyncapi.yaml with the official AsyncAPI parser (make test runs the same
+## check in TestAsyncAPI)
+asyncapi: tools/asyncapi-validate/node_modules/.installed
+	node tools/asyncapi-validate/validate.js asyncapi.yaml
 
 ## conformance: the executor conformance suite against the Go and the Node (TypeScript package) executors
 conformance: npm
@@ -97,8 +123,7 @@ conformance: npm
 ## mcp-conformance-client: the official MCP conformance suite's client scenarios (initialize, tools_call,
 ## sse-retry, every 2025-11-25 auth/ scenario, the client-credentials ones) against toolbus's MCP client
 ## (tools/mcp-conformance/client); make test runs the same TestClientScenarios
-mcp-conformance-client:
-	npm ci --prefix tools/mcp-conformance --no-audit --no-fund
+mcp-conformance-client: tools/mcp-conformance/node_modules/.installed
 	CI=true $(GO) test -count=1 -v -run TestClientScenarios ./tools/mcp-conformance/clienttest/
 
 .PHONY: mcp-conformance-server
@@ -106,8 +131,7 @@ mcp-conformance-client:
 ## `toolbus mcp --http` serving its fixture tools (tools/mcp-conformance; the suite and
 ## Node 22 come from npm with the committed lockfile); the scenarios that do not apply to
 ## a tool tier are in tools/mcp-conformance/server-expected-failures.yml with their reasons
-mcp-conformance-server:
-	npm ci --prefix tools/mcp-conformance --no-audit --no-fund
+mcp-conformance-server: tools/mcp-conformance/node_modules/.installed
 	$(GO) test -race -count=1 -v -run '^TestServerScenarios$$' ./tools/mcp-conformance/
 
 .PHONY: mcp-conformance

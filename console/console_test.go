@@ -28,6 +28,7 @@ import (
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/internal/callrun"
 	"github.com/toolbus/toolbus/internal/door"
+	"github.com/toolbus/toolbus/internal/testutil"
 	"github.com/toolbus/toolbus/planner"
 )
 
@@ -415,10 +416,7 @@ func chromiumPath(t *testing.T) string {
 			return p
 		}
 	}
-	if os.Getenv("CI") != "" {
-		t.Fatal("chromium is not installed (.ci/run installs Debian's chromium package)")
-	}
-	t.Skip("chromium is not installed: apt-get install chromium")
+	testutil.NeedOutside(t, "Chromium", "apt-get install chromium", nil)
 	return ""
 }
 

@@ -21,6 +21,7 @@ import (
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/executor/mcptools"
 	"github.com/toolbus/toolbus/executor/worker"
+	"github.com/toolbus/toolbus/internal/testutil"
 	"github.com/toolbus/toolbus/planner"
 )
 
@@ -33,14 +34,7 @@ func mcpModules(t *testing.T) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, errNode := exec.LookPath("node")
-	if _, err := os.Stat(filepath.Join(dir, "@modelcontextprotocol", "server-everything")); err != nil || errNode != nil {
-		msg := "the MCP servers are not installed (run `npm ci --prefix tools/mcp-servers`; needs node)"
-		if os.Getenv("CI") != "" {
-			t.Fatal(msg)
-		}
-		t.Skip(msg)
-	}
+	testutil.NeedNPMPackage(t, filepath.Join("..", "tools", "mcp-servers"), "node_modules/@modelcontextprotocol/server-everything")
 	return dir
 }
 

@@ -89,6 +89,7 @@ var notConfig = map[string]string{
 	"TOOLBUS_FAULT":               "TOOLBUS_FAULT_*: the fault suite's worker binary",
 	"TOOLBUS_CONSOLE_SCREENSHOTS": "the console's browser test",
 	"TOOLBUS_TEST_LOG":            "the tests' workers log",
+	"TOOLBUS_TEST_MISSING":        "make test: the tests a missing outside part skipped",
 	"TOOLBUS_NODE_TOOL":           "examples/node-executor: the Node tool's name",
 	"TOOLBUS_TOKEN":               "docs/mcp.md: a host's variable holding its bearer token",
 	"TOOLBUS_READ":                "the read mirror's stream name, not a variable",

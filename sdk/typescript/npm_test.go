@@ -15,6 +15,7 @@ import (
 	"github.com/toolbus/toolbus/events/eventstest"
 	"github.com/toolbus/toolbus/events/provision"
 	"github.com/toolbus/toolbus/internal/testpipe"
+	"github.com/toolbus/toolbus/internal/testutil"
 	"github.com/toolbus/toolbus/planner"
 )
 
@@ -22,7 +23,7 @@ import (
 // JetStream server with toolbus's stream and buckets and the pipeline's roles, started
 // here (as testbus starts them for a standalone npm test). Without Node or the
 // package's install (npm ci --prefix sdk/typescript) the test is skipped on a developer
-// machine and fails under CI (CI set), where .ci/run installs it.
+// machine and fails under CI (CI set), where make test installs it.
 func TestNPMTest(t *testing.T) {
 	npm := needNPM(t)
 	// What testbus runs for a standalone npm test: a planner of pre-planned runs (a run
@@ -43,16 +44,10 @@ func TestNPMTest(t *testing.T) {
 // a developer machine and fails under CI.
 func needNPM(t *testing.T) string {
 	t.Helper()
+	testutil.NeedNPMPackage(t, ".", "node_modules/typescript/package.json")
 	npm, err := exec.LookPath("npm")
-	if err == nil {
-		_, err = os.Stat(filepath.Join("node_modules", "typescript", "package.json"))
-	}
 	if err != nil {
-		msg := "the TypeScript package is not installed (npm ci --prefix sdk/typescript): " + err.Error()
-		if os.Getenv("CI") != "" {
-			t.Fatal(msg)
-		}
-		t.Skip(msg)
+		t.Fatal(err)
 	}
 	return npm
 }

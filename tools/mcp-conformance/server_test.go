@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
@@ -39,18 +38,10 @@ const (
 )
 
 // suite returns the paths of Node 22 and the suite: without them the test is skipped on
-// a developer machine and fails under CI (CI set), where .ci/run installs them.
+// a developer machine and fails under CI (CI set), where make test installs them.
 func suite(t *testing.T) (node, cli string) {
 	t.Helper()
-	for _, p := range []string{nodeBin, suiteBin} {
-		if _, err := os.Stat(p); err != nil {
-			msg := "the MCP conformance suite is not installed (npm ci --prefix tools/mcp-conformance): " + err.Error()
-			if os.Getenv("CI") != "" {
-				t.Fatal(msg)
-			}
-			t.Skip(msg)
-		}
-	}
+	testutil.NeedNPMPackage(t, ".", nodeBin, suiteBin)
 	abs := func(p string) string { a, _ := filepath.Abs(p); return a }
 	return abs(nodeBin), abs(suiteBin)
 }

