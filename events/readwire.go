@@ -38,6 +38,7 @@ func ReadRunsSubject(id string) string { return ReadSubject(id) + ".runs" }
 // decides (a JSON array of toolbus.ToolContract, sorted by name). A client account
 // reads no catalog bucket and no instance record itself.
 func ReadToolsSubject(id string) string { return ReadSubject(id) + ".tools" }
+
 // FollowServicePrefix is the first token of the read service's live follows: a client
 // in an account of its own requests FollowSubject(id, run) and is answered by a stream of
 // messages, the run's stored events as they are stored (the core exports it as a service
