@@ -38,8 +38,11 @@ func WatchClosed(ctx context.Context, nc *nats.Conn, who string, f Failer, repor
 		case <-closed:
 		}
 		last := nc.LastError()
-		if last == nil {
-			return // closed by its owner (a shutdown), not given up on
+		if last == nil || transient(last) {
+			// Closed by its owner (a shutdown), not given up on: nats.go keeps the last
+			// error of a connection that goes on (a refused publish, a slow consumer), so
+			// only an error that closes a connection says that nats.go gave up on it.
+			return
 		}
 		err := fmt.Errorf("%s: %w: %v (a revoked credential? give the process its new credentials file, TOOLBUS_NATS_CREDS)", who, ErrConnectionClosed, last)
 		if f != nil {
@@ -55,4 +58,11 @@ func WatchClosed(ctx context.Context, nc *nats.Conn, who string, f Failer, repor
 		nc.RemoveStatusListener(closed)
 		cancel(nil)
 	}
+}
+
+// transient reports whether err is one that nats.go records on a connection that goes
+// on working (processTransientError, a slow consumer): never why it closed.
+func transient(err error) bool {
+	return errors.Is(err, nats.ErrPermissionViolation) || errors.Is(err, nats.ErrMaxSubscriptionsExceeded) ||
+		errors.Is(err, nats.ErrSlowConsumer)
 }

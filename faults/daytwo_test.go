@@ -79,7 +79,9 @@ func TestFaultDayTwoInFlight(t *testing.T) {
 		}
 	}
 
-	admin("init", "-listen", "127.0.0.1:"+strconv.Itoa(node.port), "-store", node.store)
+	// -core-wide: the core client (client.creds) submits the runs of this test, which
+	// watches the teams, not a client account.
+	admin("init", "-listen", "127.0.0.1:"+strconv.Itoa(node.port), "-store", node.store, "-core-wide")
 	admin("add-team", "alpha", "append_a")
 	admin("add-team", "beta", "append_b")
 	node.conf = filepath.Join(genDir, "auth-jwt.conf")
