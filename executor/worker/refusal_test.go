@@ -286,7 +286,7 @@ func TestSyncUnderQuota(t *testing.T) {
 				return in.Tools, nil
 			}
 		}
-		return nil, errors.New("no instance alpha-1 yet")
+		return nil, fmt.Errorf("no instance alpha-1 yet (instances %+v)", ins)
 	}
 	eventstest.Eventually(t, 30*time.Second, func() error {
 		got, err := tools()
@@ -302,6 +302,12 @@ func TestSyncUnderQuota(t *testing.T) {
 	drained := drain(ctx, t, eventstest.Connect(t, srv, "alpha"), events.SubjectToolLog("spend", "calc"))
 	if err := w.Sync(ctx); err != nil {
 		t.Fatalf("Sync right after the team's budget was spent: %v", err)
+	}
+	select {
+	case err := <-ended:
+		ended <- err // for the cleanup
+		t.Fatalf("the worker ended: %v", err)
+	default:
 	}
 	if _, refused := svc.Counts(); refused <= uint64(drained) {
 		t.Errorf("the write service refused %d writes, all of them the spender's %d: the instance record was never refused", refused, drained)

@@ -321,7 +321,10 @@ func (w *Worker) serve(ctx context.Context) error {
 	defer stopBeat()
 	defer w.watchReach(ctx)()
 	for _, name := range served {
-		t, _ := w.exec.Registry().Lookup(name)
+		t, ok := w.exec.Registry().Lookup(name)
+		if !ok {
+			continue // unregistered while the worker started: Sync takes it out of the record
+		}
 		if err := w.publishTool(ctx, t); err != nil {
 			return err
 		}
