@@ -1,6 +1,7 @@
 package faults_test
 
 import (
+	"errors"
 	"fmt"
 	"path/filepath"
 	"strings"
@@ -200,13 +201,22 @@ func TestFaultLateResultFenced(t *testing.T) {
 	e.waitReady([]string{"append"}, "planner", "injector", "executor")
 	e.submit([]string{run})
 	e.waitClaimed(run, "exec-a", 1, e.noResults)
-	e.faultbusRole("executor", "exec-b", "TOOLBUS_ACK_WAIT=2s", "TOOLBUS_FAULT_APPEND_FILE="+file)
+	b := e.faultbusRole("executor", "exec-b", "TOOLBUS_ACK_WAIT=2s", "TOOLBUS_FAULT_APPEND_FILE="+file)
 	select {
 	case <-tripped:
 	case <-time.After(60 * time.Second):
 		t.Fatal("exec-a never published its result")
 	}
 	e.waitClaimed(run, "exec-b", 1, nil)
+	// exec-b checks once more for a stored result right after its take-over and yields
+	// to one (a legitimate outcome, not the path under test): release only once it has
+	// passed that check and runs the call, which it logs.
+	e.eventually("exec-b runs the call", 60*time.Second, func() error {
+		if !strings.Contains(b.logText(), "running it again with the same idempotency key") {
+			return errors.New("exec-b has not started the call")
+		}
+		return nil
+	})
 	proxy.release() // exec-b's 5 s call has just started: the late result arrives first
 	e.waitCompleted([]string{run}, 90*time.Second)
 
