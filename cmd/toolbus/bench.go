@@ -42,8 +42,13 @@ func cmdBench(ctx context.Context, args []string, out io.Writer) error {
 	fs.IntVar(&opts.Scale.Deployments, "scale-deployments", 20, "executor deployments of the scale rows")
 	fs.IntVar(&opts.Scale.K, "scale-k", 4, "calls per step of the scale rows")
 	fs.DurationVar(&opts.Scale.Idle, "scale-idle", bench.DefaultScaleIdle, "how long the idle cost of the scale rows is measured (at least a pull's expiry, so that every queue renews its pull in the window)")
+	tenants := fs.Bool("tenants", false, "measure instead a quiet tenant's latency while another floods at its quota, with the roles as processes (the -flood-*, -quiet-runs, -tool-ms, -executor* and -tenant-repeat flags)")
+	topts := bench.TenantFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return flagError(err)
+	}
+	if *tenants {
+		return benchTenants(ctx, topts, *jsonPath, out)
 	}
 	for _, s := range strings.Split(*ks, ",") {
 		k, err := strconv.Atoi(strings.TrimSpace(s))
@@ -70,13 +75,34 @@ func cmdBench(ctx context.Context, args []string, out io.Writer) error {
 		return err
 	}
 	bench.Print(out, rep)
-	if *jsonPath != "" {
-		b, _ := json.MarshalIndent(rep, "", "  ")
-		if err := os.WriteFile(*jsonPath, append(b, '\n'), 0o644); err != nil {
-			return fmt.Errorf("bench: %w", err)
-		}
-		fmt.Fprintf(out, "\nwritten to %s\n", *jsonPath)
+	return writeJSON(*jsonPath, rep, out)
+}
+
+// benchTenants runs `toolbus bench -tenants` with this binary as the roles' command.
+func benchTenants(ctx context.Context, o *bench.TenantOptions, jsonPath string, out io.Writer) error {
+	o.Binary, _ = os.Executable()
+	o.Progress = os.Stderr
+	if err := o.Validate(); err != nil {
+		return &exitError{code: 2, msg: err.Error()}
 	}
+	rep, err := bench.RunTenants(ctx, *o)
+	if err != nil {
+		return err
+	}
+	bench.PrintTenants(out, rep)
+	return writeJSON(jsonPath, rep, out)
+}
+
+// writeJSON writes v as indented JSON to path, when set.
+func writeJSON(path string, v any, out io.Writer) error {
+	if path == "" {
+		return nil
+	}
+	b, _ := json.MarshalIndent(v, "", "  ")
+	if err := os.WriteFile(path, append(b, '\n'), 0o644); err != nil {
+		return fmt.Errorf("bench: %w", err)
+	}
+	fmt.Fprintf(out, "\nwritten to %s\n", path)
 	return nil
 }
 
