@@ -223,7 +223,7 @@ func PrintTenants(out io.Writer, rep TenantReport) {
 // concurrencyName is the executor concurrency as set (0: the default).
 func concurrencyName(c int) string {
 	if c == 0 {
-		return "default (TOOLBUS_CONCURRENCY unset)"
+		return "as the environment sets it (TOOLBUS_CONCURRENCY, default 64)"
 	}
 	return fmt.Sprintf("%d (TOOLBUS_CONCURRENCY)", c)
 }
