@@ -43,7 +43,8 @@ type TenantOptions struct {
 	// ToolMS is how long each call of the shared tool sleeps.
 	ToolMS int `json:"tool_ms"`
 	// FloodWarmup is how long the flood runs before its solo throughput is counted,
-	// FloodWindow how long it is counted.
+	// FloodWindow how long it is counted: half before the quiet tenant's phase under
+	// the flood, half after it.
 	FloodWarmup time.Duration `json:"flood_warmup"`
 	FloodWindow time.Duration `json:"flood_window"`
 	// Executors are the executor processes; Concurrency their TOOLBUS_CONCURRENCY (0:
@@ -81,7 +82,7 @@ func TenantFlags(fs *flag.FlagSet) *TenantOptions {
 	fs.IntVar(&o.QuietRuns, "quiet-runs", 30, "-tenants: sequential runs of the quiet tenant, alone and under the flood")
 	fs.IntVar(&o.ToolMS, "tool-ms", 200, "-tenants: how long each call of the shared tool sleep takes (ms)")
 	fs.DurationVar(&o.FloodWarmup, "flood-warmup", 2*time.Second, "-tenants: how long the flood runs alone before its throughput is counted")
-	fs.DurationVar(&o.FloodWindow, "flood-window", 10*time.Second, "-tenants: how long the flood's solo throughput is counted")
+	fs.DurationVar(&o.FloodWindow, "flood-window", 10*time.Second, "-tenants: how long the flood's solo throughput is counted (half before the quiet tenant's phase under the flood, half after it)")
 	fs.IntVar(&o.Executors, "executors", 1, "-tenants: executor processes serving the shared tool")
 	fs.IntVar(&o.Concurrency, "executor-concurrency", 0, "-tenants: TOOLBUS_CONCURRENCY of each executor process (0: as the environment sets it, default 64)")
 	fs.IntVar(&o.Repeat, "tenant-repeat", 1, "-tenants: measure each flood size this many times, each on a new deployment, and print the medians")
@@ -178,23 +179,34 @@ func tenantRow(ctx context.Context, o TenantOptions, k int, progress io.Writer) 
 	if err := sleepCtx(ctx, o.FloodWarmup); err != nil {
 		return row, err
 	}
-	n0, t0 := tb.floodCalls.Load(), time.Now()
-	if err := sleepCtx(ctx, o.FloodWindow); err != nil {
+	// The flood alone is counted half before the quiet tenant's phase and half after
+	// it, so that a drift of the machine's load over the row shifts both figures alike.
+	var aloneCalls int64
+	var aloneTime time.Duration
+	countAlone := func() error {
+		n0, t0 := tb.floodCalls.Load(), time.Now()
+		err := sleepCtx(ctx, o.FloodWindow/2)
+		aloneCalls, aloneTime = aloneCalls+tb.floodCalls.Load()-n0, aloneTime+time.Since(t0)
+		return err
+	}
+	if err := countAlone(); err != nil {
 		return row, err
 	}
-	row.FloodAloneCallsPS = float64(tb.floodCalls.Load()-n0) / time.Since(t0).Seconds()
-	fmt.Fprintf(progress, "bench tenants K=%d: flood alone done (%.0f calls/s)\n", k, row.FloodAloneCallsPS)
-	n0, t0 = tb.floodCalls.Load(), time.Now()
+	n0, t0 := tb.floodCalls.Load(), time.Now()
 	under, err := quiet(ctx, "quiet-flood", o.QuietRuns)
 	if err != nil {
 		return row, err
 	}
 	row.FloodBesideCallsPS = float64(tb.floodCalls.Load()-n0) / time.Since(t0).Seconds()
+	if err := countAlone(); err != nil {
+		return row, err
+	}
+	row.FloodAloneCallsPS = float64(aloneCalls) / aloneTime.Seconds()
 	if err := fl.stop(); err != nil {
 		return row, err
 	}
 	row.FloodFailed = int(tb.floodFailed.Load())
-	fmt.Fprintf(progress, "bench tenants K=%d: quiet under flood done\n", k)
+	fmt.Fprintf(progress, "bench tenants K=%d: flood done (%.0f calls/s alone, %.0f beside the quiet tenant)\n", k, row.FloodAloneCallsPS, row.FloodBesideCallsPS)
 	// Read once the flood is over: the reads are the bench's, not the tenants'.
 	if row.QuietAlone, err = tb.measureQuiet(ctx, alone); err != nil {
 		return row, err
