@@ -153,13 +153,28 @@ func RunTenants(ctx context.Context, o TenantOptions) (TenantReport, error) {
 
 // tenantRow measures one flood size on a new deployment: the quiet tenant alone, the
 // flood alone, then the quiet tenant while the flood goes on.
-func tenantRow(ctx context.Context, o TenantOptions, k int, progress io.Writer) (TenantRow, error) {
-	row := TenantRow{FloodK: k, FloodSteps: o.FloodSteps, FloodRuns: o.Quota, ToolMS: o.ToolMS}
+func tenantRow(ctx context.Context, o TenantOptions, k int, progress io.Writer) (row TenantRow, err error) {
+	row = TenantRow{FloodK: k, FloodSteps: o.FloodSteps, FloodRuns: o.Quota, ToolMS: o.ToolMS}
 	d, err := deployTenants(ctx, o)
 	if err != nil {
 		return row, err
 	}
 	defer d.close()
+	// A role process that ends meanwhile ends the row, with its output as the error.
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	go func() {
+		select {
+		case err := <-d.ended:
+			cancel(err)
+		case <-ctx.Done():
+		}
+	}()
+	defer func() {
+		if cause := context.Cause(ctx); err != nil && cause != nil && !errors.Is(cause, context.Canceled) {
+			err = cause
+		}
+	}()
 	tb, err := newTenantBus(ctx, d)
 	if err != nil {
 		return row, err

@@ -3,7 +3,6 @@ package bench
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -81,6 +80,8 @@ type tenantDeployment struct {
 	nc    *nats.Conn
 	cfg   events.Config
 	stops []func()
+	// ended receives why a role process ended before the bench stopped it.
+	ended chan error
 }
 
 func (d *tenantDeployment) close() {
@@ -108,21 +109,16 @@ func deployTenants(ctx context.Context, o TenantOptions) (*tenantDeployment, err
 	}
 	base := []string{"TOOLBUS_NATS_URL=" + srv.ClientURL(), "TOOLBUS_TOOLS=diag", "TOOLBUS_EXECUTOR_TOOLS=" + TenantTool,
 		"TOOLBUS_MAX_RUNS_IN_FLIGHT=" + strconv.Itoa(o.Quota), "TOOLBUS_LOG_LEVEL=warn"}
-	init, err := launch(ctx, []string{"init"}, base)
+	initDone, err := launch(ctx, []string{"init"}, base)
 	if err != nil {
 		return fail(err)
 	}
-	if err := <-init; err != nil {
+	if err := <-initDone; err != nil {
 		return fail(fmt.Errorf("toolbus init: %w", err))
 	}
 	rctx, stop := context.WithCancel(ctx)
-	var dones []<-chan error
-	d.stops = append(d.stops, func() {
-		stop()
-		for _, done := range dones {
-			<-done
-		}
-	})
+	var wg sync.WaitGroup
+	d.stops = append(d.stops, func() { stop(); wg.Wait() })
 	roles := [][]string{{"planner", "TOOLBUS_INSTANCE=bench-planner"}, {"injector", "TOOLBUS_INSTANCE=bench-injector"}}
 	for i := range o.Executors {
 		env := []string{"executor", "TOOLBUS_INSTANCE=bench-executor-" + strconv.Itoa(i)}
@@ -131,18 +127,25 @@ func deployTenants(ctx context.Context, o TenantOptions) (*tenantDeployment, err
 		}
 		roles = append(roles, env)
 	}
+	d.ended = make(chan error, len(roles))
 	for _, r := range roles {
-		done, err := launch(rctx, r[:1], append(base, r[1:]...))
+		done, err := launch(rctx, r[:1], slices.Concat(base, r[1:]))
 		if err != nil {
 			return fail(err)
 		}
-		dones = append(dones, done)
+		wg.Add(1)
+		go func() { // a role that ends before the bench stops it ends the measurement
+			defer wg.Done()
+			if err := <-done; rctx.Err() == nil {
+				d.ended <- fmt.Errorf("toolbus %s ended during the bench: %v", r[0], err)
+			}
+		}()
 	}
 	if d.nc, err = srv.Connect(); err != nil {
 		return fail(err)
 	}
 	d.stops = append(d.stops, d.nc.Close)
-	if err := waitServed(ctx, srv, d, o.Executors, dones); err != nil {
+	if err := waitServed(ctx, srv, d, o.Executors); err != nil {
 		return fail(err)
 	}
 	return d, nil
@@ -150,19 +153,17 @@ func deployTenants(ctx context.Context, o TenantOptions) (*tenantDeployment, err
 
 // waitServed waits until every executor serves the shared tool (its instance record
 // names it), or a role process ended.
-func waitServed(ctx context.Context, srv *embedded.Server, d *tenantDeployment, executors int, dones []<-chan error) error {
+func waitServed(ctx context.Context, srv *embedded.Server, d *tenantDeployment, executors int) error {
 	bus, err := events.Open(ctx, d.nc, d.cfg)
 	if err != nil {
 		return err
 	}
 	deadline := time.Now().Add(2 * time.Minute)
 	for {
-		for _, done := range dones {
-			select {
-			case err := <-done:
-				return errors.Join(errors.New("a role process ended while starting"), err)
-			default:
-			}
+		select {
+		case err := <-d.ended:
+			return err
+		default:
 		}
 		ins, _ := bus.Store().Instances(ctx)
 		serving := 0

@@ -3,6 +3,7 @@ package bench_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"io"
 	"os"
 	"strings"
@@ -104,5 +105,29 @@ func inProcess(t *testing.T) bench.Launch {
 			done <- err
 		}()
 		return done, nil
+	}
+}
+
+// A role process that ends on its own ends the measurement with its error, instead of
+// runs that wait for it.
+func TestTenantsRoleEnded(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a server")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	roles := inProcess(t)
+	broken := func(ctx context.Context, args, env []string) (<-chan error, error) {
+		if args[0] != "executor" {
+			return roles(ctx, args, env)
+		}
+		done := make(chan error, 1)
+		done <- errors.New("executor gave up")
+		return done, nil
+	}
+	o := bench.TenantOptions{FloodK: []int{2}, FloodSteps: 1, Quota: 2, QuietRuns: 1, ToolMS: 1, FloodWindow: time.Second, Executors: 1, Launch: broken}
+	_, err := bench.RunTenants(ctx, o)
+	if err == nil || !strings.Contains(err.Error(), "toolbus executor ended during the bench: executor gave up") {
+		t.Fatalf("err %v; want the executor's end", err)
 	}
 }
