@@ -35,6 +35,7 @@ func (b *bridge) follow(ctx context.Context, req *mcp.CallToolRequest, rs *toolb
 		return nil, fmt.Errorf("mcp: %w", err)
 	}
 	caps, asTask := req.ClientCapabilities(), takesTasks(req)
+	c := callerOfExtra(req.Extra, b.cfg.Principal)
 	var answer *mcp.CallToolResult
 	own := callrun.NewOwn()
 	v := audit.Visitor{
@@ -45,8 +46,15 @@ func (b *bridge) follow(ctx context.Context, req *mcp.CallToolRequest, rs *toolb
 				return
 			}
 			asked = questionMark{q.Attempt, q.Seq}
+			if given(req, q) {
+				// The host sent the answer with its request, under the question's key.
+				if err := b.answerFrom(ctx, req, rs, asked, q.Key, who); err != nil {
+					b.cfg.Logger.Warn("mcp: the answer sent with the request was not published", "run_id", run, "error", err)
+				}
+				return
+			}
 			if canElicit(caps) {
-				answer = askQuestion(run, q)
+				answer = askQuestion(q, b.questionState(req, c, run, q))
 				return
 			}
 			b.cannotAsk(ctx, bus, q, who)
@@ -62,7 +70,7 @@ func (b *bridge) follow(ctx context.Context, req *mcp.CallToolRequest, rs *toolb
 			case !own.Is(tw.Step, tw.Call.CallID, tw.Call.Tool):
 			case decided:
 			case !b.cfg.CLIApprovalsOnly && canElicit(caps):
-				answer = askApproval(rs, "")
+				answer = askApproval(rs, "", b.approvalState(req, c, run))
 			case asTask:
 				answer = taskHandle(run)
 			default:
@@ -138,4 +146,14 @@ func (b *bridge) logForwarder(ctx context.Context, req *mcp.CallToolRequest, run
 			b.cfg.Logger.Debug("mcp log line not sent", "run_id", run, "error", err)
 		}
 	}
+}
+
+// given reports whether the request that started the call (no requestState) carries an
+// answer to q under the tool's name for it: the host answered before it was asked.
+func given(req *mcp.CallToolRequest, q toolbus.ToolQuestion) bool {
+	if q.Key == "" || req.Params.RequestState != "" {
+		return false
+	}
+	_, ok := req.Params.InputResponses[q.Key].(*mcp.ElicitResult)
+	return ok
 }
