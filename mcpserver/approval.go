@@ -239,7 +239,7 @@ func (b *bridge) resume(ctx context.Context, req *mcp.CallToolRequest, c caller)
 	}
 	if st.Seq > 0 {
 		q := questionMark{st.Attempt, st.Seq}
-		if err := b.answerFrom(ctx, req, rs, q, st.Key, who); err != nil {
+		if err := b.answerFrom(ctx, req.Params.InputResponses, rs, q, st.Key, who); err != nil {
 			return nil, err
 		}
 		return b.follow(ctx, req, rs, who, true, q)

@@ -37,6 +37,7 @@ func (b *bridge) follow(ctx context.Context, req *mcp.CallToolRequest, rs *toolb
 	caps, asTask := req.ClientCapabilities(), takesTasks(req)
 	c := callerOfExtra(req.Extra, b.cfg.Principal)
 	var answer *mcp.CallToolResult
+	missing := false // a 2026-07-28 request that cannot answer the tool's question
 	own := callrun.NewOwn()
 	v := audit.Visitor{
 		ToolProgress: b.progressForwarder(ctx, req, run, own, &answer),
@@ -48,7 +49,7 @@ func (b *bridge) follow(ctx context.Context, req *mcp.CallToolRequest, rs *toolb
 			asked = questionMark{q.Attempt, q.Seq}
 			if given(req, q) {
 				// The host sent the answer with its request, under the question's key.
-				if err := b.answerFrom(ctx, req, rs, asked, q.Key, who); err != nil {
+				if err := b.answerFrom(ctx, req.Params.InputResponses, rs, asked, q.Key, who); err != nil {
 					b.cfg.Logger.Warn("mcp: the answer sent with the request was not published", "run_id", run, "error", err)
 				}
 				return
@@ -58,6 +59,9 @@ func (b *bridge) follow(ctx context.Context, req *mcp.CallToolRequest, rs *toolb
 				return
 			}
 			b.cannotAsk(ctx, bus, q, who)
+			if req.ProtocolVersion() >= Protocol2026 && !asTask {
+				missing = true
+			}
 		},
 		ToolFinished: func(_ events.StoredEvent, tf toolbus.ToolFinished) {
 			if own.Is(tf.Step, tf.CallID, tf.Tool) {
@@ -83,8 +87,11 @@ func (b *bridge) follow(ctx context.Context, req *mcp.CallToolRequest, rs *toolb
 			}
 		},
 	}
-	taskAt := time.Now().Add(b.cfg.TaskAfter)
+	taskAt := time.Now().Add(b.taskAfter(rs))
 	for answer == nil {
+		if missing {
+			return nil, missingElicitation()
+		}
 		wait := time.Second
 		if asTask {
 			if wait = min(wait, time.Until(taskAt)); wait <= 0 {
@@ -156,4 +163,14 @@ func given(req *mcp.CallToolRequest, q toolbus.ToolQuestion) bool {
 	}
 	_, ok := req.Params.InputResponses[q.Key].(*mcp.ElicitResult)
 	return ok
+}
+
+// taskAfter is how long a call of rs is followed before a request that takes tasks is
+// answered with one: at once for a long-running tool (its contract's heartbeat_timeout:
+// the tools MCP calls task-supporting), else TaskAfter.
+func (b *bridge) taskAfter(rs *toolbus.RunStarted) time.Duration {
+	if tc, ok := b.cat.Lookup(rs.Calls[0].Tool); ok && tc.HeartbeatTimeout > 0 {
+		return 0
+	}
+	return b.cfg.TaskAfter
 }

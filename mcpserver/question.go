@@ -61,12 +61,12 @@ func (b *bridge) cannotAsk(ctx context.Context, bus *events.Bus, q toolbus.ToolQ
 	}
 }
 
-// answerFrom publishes the host's answer (inputResponses under key) to question m of
+// answerFrom publishes the host's answer (responses under key) to question m of
 // the call of rs, as who, once: a question answered before (a replayed requestState) is
 // refused with ErrState.
-func (b *bridge) answerFrom(ctx context.Context, req *mcp.CallToolRequest, rs *toolbus.RunStarted, m questionMark, key, who string) error {
+func (b *bridge) answerFrom(ctx context.Context, responses mcp.InputResponseMap, rs *toolbus.RunStarted, m questionMark, key, who string) error {
 	a := toolbus.ToolAnswer{RunID: rs.RunID, CallID: callrun.CallID, Tool: rs.Calls[0].Tool, Attempt: m.attempt, Seq: m.seq, Who: who, Action: "cancel"}
-	res, _ := req.Params.InputResponses[key].(*mcp.ElicitResult)
+	res, _ := responses[key].(*mcp.ElicitResult)
 	if res == nil {
 		a.Reason = "the MCP host sent no answer"
 	} else {
@@ -99,4 +99,15 @@ func (b *bridge) answerFrom(ctx context.Context, req *mcp.CallToolRequest, rs *t
 	}
 	b.cfg.Logger.Info("mcp answer", "run_id", rs.RunID, "seq", m.seq, "action", a.Action, "who", who)
 	return nil
+}
+
+// openQuestion returns the question of rs's call that waits for an answer, if any.
+func openQuestion(evs []events.StoredEvent) (toolbus.ToolQuestion, bool) {
+	qs := decide.QuestionsOf(evs)
+	q, asked := qs.Last(callrun.CallID)
+	if !asked || qs.Ended() || qs.Finished(callrun.CallID) {
+		return q, false
+	}
+	_, answered := qs.Answer(decide.KeyOf(q))
+	return q, !answered
 }

@@ -347,7 +347,7 @@ func TestMCPTaskWaitsForApproval(t *testing.T) {
 		t.Fatalf("input_required task lacks the approval form: %+v", task.InputRequests)
 	}
 	if _, err := mcp.CallCustomMethod[*mcpserver.TaskParams, *mcpserver.TaskAck](p.ctx, cs, "tasks/update", &mcpserver.TaskParams{TaskID: id,
-		InputResponses: mcp.InputResponseMap{mcpserver.ApprovalKey: &mcp.ElicitResult{Action: "accept", Content: map[string]any{"decision": "respond", "response": "done by hand"}}}}); err != nil {
+		InputResponses: map[string]json.RawMessage{mcpserver.ApprovalKey: json.RawMessage(`{"action":"accept","content":{"decision":"respond","response":"done by hand"}}`)}}); err != nil {
 		t.Fatal(err)
 	}
 	done := waitTask(t, cs, id, mcpserver.TaskCompleted)

@@ -109,7 +109,9 @@ func New(ctx context.Context, bus *events.Bus, cfg Config) (*mcp.Server, error) 
 	}
 	b := &bridge{bus: bus, cat: cat, cfg: cfg, offered: map[string]string{},
 		states: sealer{key: cfg.StateKey, now: time.Now, ttl: cfg.StateTTL}}
-	caps := &mcp.ServerCapabilities{Logging: &mcp.LoggingCapabilities{}} // the SDK's default, and tasks
+	// The SDK's default (logging), tasks, and prompts and resources, which go-sdk
+	// answers (with none) whether declared or not: a host discovers what it can call.
+	caps := &mcp.ServerCapabilities{Logging: &mcp.LoggingCapabilities{}, Prompts: &mcp.PromptCapabilities{}, Resources: &mcp.ResourceCapabilities{}}
 	caps.AddExtension(ExtTasks, nil)
 	b.srv = mcp.NewServer(&mcp.Implementation{Name: "toolbus", Version: cfg.Version}, &mcp.ServerOptions{Logger: cfg.Logger, Capabilities: caps})
 	if err := b.addTaskMethods(); err != nil {

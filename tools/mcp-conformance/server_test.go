@@ -183,7 +183,9 @@ func startDoor(t *testing.T) string {
 	roles.Go("planner-1", testutil.Must(planner.New(bus, noModel, cat, planner.Config{WorkerConfig: wc("planner-1")})).Run)
 	roles.Go("injector-1", testutil.Must(injector.New(bus, injector.Config{WorkerConfig: wc("injector-1")})).Run)
 
-	ms, err := mcpserver.New(ctx, bus, mcpserver.Config{Source: "/mcp-conformance", Principal: "suite", Version: "test", Logger: log})
+	// A call of a tool that is not long-running becomes a task after a second (the
+	// tasks-mrtr-composition scenario's tool works for three after its question).
+	ms, err := mcpserver.New(ctx, bus, mcpserver.Config{Source: "/mcp-conformance", Principal: "suite", Version: "test", Logger: log, TaskAfter: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
