@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
 	"strings"
 	"time"
 
@@ -50,6 +51,24 @@ type stateClaims struct {
 	Seq     int    `json:"s,omitempty"`
 	Key     string `json:"k,omitempty"` // the input request's key
 	Exp     int64  `json:"exp"`         // Unix seconds
+}
+
+// ReadStateKey reads the state key of the door's deployment from path (its content,
+// without surrounding whitespace: at least StateKeySize bytes, such as the base64 of 32
+// random bytes); path "" is no key (New makes a random one).
+func ReadStateKey(path string) ([]byte, error) {
+	if path == "" {
+		return nil, nil
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("mcp: state key: %w", err)
+	}
+	key := bytes.TrimSpace(b)
+	if len(key) < StateKeySize {
+		return nil, fmt.Errorf("mcp: state key %s has %d bytes, want at least %d (head -c 32 /dev/urandom | base64)", path, len(key), StateKeySize)
+	}
+	return key, nil
 }
 
 // NewStateKey returns a random state key (a door without a configured one: its states
