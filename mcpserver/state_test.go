@@ -113,6 +113,16 @@ func TestMCPRequestStateRefused(t *testing.T) {
 	if n := answersOf(t, p, run); n != 2 {
 		t.Fatalf("%d answers on the run, want carol's 2", n)
 	}
+	t.Run("no elicitation", func(t *testing.T) {
+		// A 2026-07-28 request that declared no elicitation: the door relies on no
+		// capability the client did not declare (-32021 naming elicitation).
+		params := askCall("which_sealed", args, "", nil)
+		params["_meta"].(map[string]any)[mcp.MetaKeyClientCapabilities] = map[string]any{}
+		res, rpcErr, _ := post2026(t, d, d.carol, "tools/call", "which_sealed", params)
+		if rpcErr == nil || rpcErr["code"] != float64(mcp.CodeMissingRequiredClientCapabilities) || !strings.Contains(mustJSON(rpcErr), "elicitation") {
+			t.Fatalf("result %v, error %v; want -32021 naming elicitation", res, rpcErr)
+		}
+	})
 }
 
 // runOfQuestion returns the run of the first question of tool on the bus.
