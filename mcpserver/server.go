@@ -42,7 +42,7 @@ type Config struct {
 	CLIApprovalsOnly bool
 	// TaskAfter is how long a call whose request takes tasks (2026-07-28, extension
 	// io.modelcontextprotocol/tasks) is followed before it is answered with a task
-	// (default 5s).
+	// (default 5s); a long-running tool's call (heartbeat_timeout) is one at once.
 	TaskAfter time.Duration
 	// TaskPollInterval is the polling interval a task suggests (default 2s).
 	TaskPollInterval time.Duration
