@@ -128,9 +128,10 @@ mcp-conformance-client: tools/mcp-conformance/node_modules/.installed
 
 .PHONY: mcp-conformance-server
 ## mcp-conformance-server: the official MCP conformance suite's server scenarios against
-## `toolbus mcp --http` serving its fixture tools (tools/mcp-conformance; the suite and
-## Node 22 come from npm with the committed lockfile); the scenarios that do not apply to
-## a tool tier are in tools/mcp-conformance/server-expected-failures.yml with their reasons
+## `toolbus mcp --http` serving its fixture tools (tools/mcp-conformance; the suites and
+## Node 22 come from npm with the committed lockfile): 0.1.16's 2025-11-25 scenarios, then
+## 0.2.0's --requirements 2026-07-28; the scenarios that do not apply to a tool tier are in
+## tools/mcp-conformance/server-expected-failures*.yml with their reasons
 mcp-conformance-server: tools/mcp-conformance/node_modules/.installed
 	$(GO) test -race -count=1 -v -run '^TestServerScenarios$$' ./tools/mcp-conformance/
 

@@ -518,6 +518,9 @@ type ToolQuestion struct {
 	// Schema is the JSON Schema of the answer's content: an object of primitive
 	// properties, as MCP elicitation requests take.
 	Schema json.RawMessage `json:"schema"`
+	// Key, when set, is the tool's name for the question (executor.AskNamed): `toolbus
+	// mcp` keys the input request with it, and takes an answer a host sent under it.
+	Key string `json:"key,omitempty"`
 }
 
 // ToolAnswer is the data of tool.answer: the caller's answer to a ToolQuestion, by its

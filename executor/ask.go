@@ -37,6 +37,8 @@ type Answer struct {
 type Question struct {
 	Message string
 	Schema  json.RawMessage
+	// Key is the tool's name for the question (AskNamed), empty for Ask.
+	Key string
 }
 
 // Asker asks the run's caller a question and waits for the answer (the bus worker's,
@@ -70,6 +72,16 @@ func WithAsker(ctx context.Context, a Asker) context.Context {
 // ErrCannotAsk when nobody can answer, ErrInvalidAnswer for content that does not match
 // the schema, or the context's error.
 func Ask(ctx context.Context, message string, schema json.RawMessage) (Answer, error) {
+	return AskNamed(ctx, "", message, schema)
+}
+
+// AskNamed is Ask with the tool's name for the question: an MCP host sees it as the
+// key of the input request (elicitation) that asks it, and may send the answer under
+// it with its request, unasked. key is 1 to 64 of [A-Za-z0-9_-], or empty.
+func AskNamed(ctx context.Context, key, message string, schema json.RawMessage) (Answer, error) {
+	if !validQuestionKey(key) {
+		return Answer{}, fmt.Errorf("%w: key %q is not 1 to 64 of [A-Za-z0-9_-]", ErrInvalidQuestion, key)
+	}
 	c, _ := ctx.Value(progressKey{}).(*callCtx)
 	if c == nil || !c.running() {
 		return Answer{}, fmt.Errorf("%w: no tool call running in this context (call Ask with the context the tool was given)", ErrNotRunning)
@@ -84,7 +96,7 @@ func Ask(ctx context.Context, message string, schema json.RawMessage) (Answer, e
 	if c.asker == nil {
 		return Answer{}, fmt.Errorf("%w: this executor runs without a bus worker", ErrCannotAsk)
 	}
-	a, err := c.asker(ctx, Question{Message: message, Schema: schema})
+	a, err := c.asker(ctx, Question{Message: message, Schema: schema, Key: key})
 	if err != nil {
 		return Answer{}, err
 	}
@@ -113,4 +125,17 @@ func (c *call) askerFor(ctx context.Context) Asker {
 		q.Message, _ = sv.text(q.Message)
 		return a(ctx, q)
 	}
+}
+
+// validQuestionKey reports whether key is empty or 1 to 64 of [A-Za-z0-9_-].
+func validQuestionKey(key string) bool {
+	if len(key) > 64 {
+		return false
+	}
+	for _, r := range key {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '_' || r == '-') {
+			return false
+		}
+	}
+	return true
 }

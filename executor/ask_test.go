@@ -79,3 +79,38 @@ func TestAsk(t *testing.T) {
 		t.Errorf("Ask outside a call: %v, want ErrNotRunning", err)
 	}
 }
+
+// TestAskNamed: a named question reaches the asker with its key (the control); a key
+// that is not 1 to 64 of [A-Za-z0-9_-] is refused before anyone is asked.
+func TestAskNamed(t *testing.T) {
+	schema := json.RawMessage(`{"type":"object","properties":{"n":{"type":"integer"}}}`)
+	for _, tc := range []struct {
+		key  string
+		want error
+	}{{"user_name", nil}, {"bad key", executor.ErrInvalidQuestion}, {string(make([]byte, 65)), executor.ErrInvalidQuestion}} {
+		var askedKey string
+		var gotErr error
+		reg := executor.NewRegistry()
+		if err := reg.Register(executor.Tool{Name: "q", Description: "Asks.", InputSchema: json.RawMessage(`{"type":"object"}`),
+			Func: func(ctx context.Context, _ json.RawMessage) (any, error) {
+				_, gotErr = executor.AskNamed(ctx, tc.key, "how many?", schema)
+				return "ok", nil
+			}}); err != nil {
+			t.Fatal(err)
+		}
+		ctx := executor.WithAsker(context.Background(), func(_ context.Context, q executor.Question) (executor.Answer, error) {
+			askedKey = q.Key
+			return executor.Answer{Action: "decline"}, nil
+		})
+		testutil.Must(executor.New(reg)).Execute(ctx, toolbus.ToolCall{CallID: "c1", Tool: "q", Arguments: "{}"}, toolbus.Principal{ID: "p"})
+		if tc.want != nil {
+			if !errors.Is(gotErr, tc.want) || askedKey != "" {
+				t.Errorf("key %q: error %v (asked with %q), want %v and nobody asked", tc.key, gotErr, askedKey, tc.want)
+			}
+			continue
+		}
+		if gotErr != nil || askedKey != tc.key {
+			t.Errorf("key %q: error %v, asked with key %q", tc.key, gotErr, askedKey)
+		}
+	}
+}

@@ -12,7 +12,6 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
-	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/internal/door"
 )
 
@@ -27,7 +26,8 @@ func (b bearer) RoundTrip(r *http.Request) (*http.Response, error) {
 // checkMCPDoorProcess runs `toolbus mcp --http` as a process on client alice's
 // credentials (her own account and read prefix, no core credential): a token named alice
 // lists the tools the core offers and calls lookup_incident as alice; a token named bob,
-// an identity alice's account is not bound to, calls nothing.
+// an identity alice's account is not bound to, calls nothing; then a task outlives the
+// door (checkMCPTaskSurvivesDoor).
 func (e *env) checkMCPDoorProcess() {
 	t := e.t
 	alice, bob := door.NewToken(), door.NewToken()
@@ -36,9 +36,8 @@ func (e *env) checkMCPDoorProcess() {
 		t.Fatal(err)
 	}
 	port := strconv.Itoa(freePort(t))
-	p := startProc(t, e.dir, "mcp-alice", e.toolbus, []string{"mcp", "--http", "127.0.0.1:" + port},
-		[]string{"TOOLBUS_NATS_URL=" + e.urls(), "TOOLBUS_NATS_USER=alice", "TOOLBUS_NATS_PASSWORD=alice",
-			"TOOLBUS_NATS_READ_PREFIX=" + events.ReadAPIPrefix("alice"), "TOOLBUS_MCP_TOKENS_FILE=" + tokens})
+	stateKey := writeStateKey(e)
+	p := startProc(t, e.dir, "mcp-alice", e.toolbus, []string{"mcp", "--http", "127.0.0.1:" + port}, mcpDoorEnv(e, tokens, stateKey))
 	connect := func(token string) (*mcp.ClientSession, error) {
 		return mcp.NewClient(&mcp.Implementation{Name: "faults", Version: "v0"}, nil).Connect(e.ctx,
 			&mcp.StreamableClientTransport{Endpoint: "http://127.0.0.1:" + port + "/", HTTPClient: &http.Client{Transport: bearer(token)}, MaxRetries: -1}, nil)
@@ -77,5 +76,5 @@ func (e *env) checkMCPDoorProcess() {
 		t.Logf("bob's session: %v", err)
 	}
 	p.expect()
-	p.stop(10 * time.Second)
+	e.checkMCPTaskSurvivesDoor(p, port, tokens, stateKey, alice)
 }

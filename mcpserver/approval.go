@@ -35,11 +35,6 @@ const (
 	FieldReason    = "reason"    // why (the model reads it on a denial)
 )
 
-// statePrefix starts the requestState of an input_required result: the run it asks
-// about follows. The state is no secret: the retry is checked against the run (its
-// principal must be the caller, its call the one retried, and it must still wait).
-const statePrefix = "toolbus-run:"
-
 // canElicit reports whether caps let the server ask the user with a form.
 func canElicit(caps *mcp.ClientCapabilities) bool {
 	if caps == nil || caps.Elicitation == nil {
@@ -75,12 +70,13 @@ func approvalRequest(rs *toolbus.RunStarted, note string) *mcp.ElicitParams {
 	}}
 }
 
-// askApproval is the input_required answer to a call that waits for approval.
-func askApproval(rs *toolbus.RunStarted, note string) *mcp.CallToolResult {
+// askApproval is the input_required answer to a call that waits for approval, with the
+// sealed requestState (state.go) that resumes it.
+func askApproval(rs *toolbus.RunStarted, note, state string) *mcp.CallToolResult {
 	return &mcp.CallToolResult{
 		Content:       []mcp.Content{}, // not null; no content goes with input requests
 		InputRequests: mcp.InputRequestMap{ApprovalKey: approvalRequest(rs, note)},
-		RequestState:  statePrefix + rs.RunID,
+		RequestState:  state,
 	}
 }
 
@@ -93,8 +89,8 @@ func instructions(rs *toolbus.RunStarted) *mcp.CallToolResult {
 // instructionsText says how to decide the waiting call of rs with the CLI.
 func instructionsText(rs *toolbus.RunStarted) string {
 	run, call := rs.RunID, callrun.CallID
-	return fmt.Sprintf("%s needs approval: run %s, call %s waits for it until %s. Approve with `toolbus approve %s %s` (or deny with `toolbus deny %s %s --reason ...`); `toolbus replay %s` shows the result.",
-		rs.Calls[0].Tool, run, call, rs.Limits.Deadline.Format(time.RFC3339), run, call, run, call, run)
+	return fmt.Sprintf("%s needs approval: run %s, call %s waits for it until %s. Decide it with `%s`; `toolbus replay %s` shows the result.",
+		rs.Calls[0].Tool, run, call, rs.Limits.Deadline.Format(time.RFC3339), decide.ApproveCommand(run, call), run)
 }
 
 // errNoDecision is an answer that decides nothing (the user dismissed the form).
@@ -227,31 +223,38 @@ func (b *bridge) ownRun(ctx context.Context, run string, c caller) (*toolbus.Run
 	return rs, nil
 }
 
-// resume answers the retry of a tools/call after input_required: the approval answer
-// in inputResponses decides the call named by requestState, then the run is followed
-// as on the first round.
+// resume answers the retry of a tools/call after input_required: requestState (sealed,
+// state.go) names the run and what it asked; the answer in inputResponses answers the
+// question or decides the call, once, then the run is followed as on the first round.
 func (b *bridge) resume(ctx context.Context, req *mcp.CallToolRequest, c caller) (*mcp.CallToolResult, error) {
 	who := c.id
-	run, q, ok := parseState(req.Params.RequestState)
-	if !ok {
-		return nil, &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: "unknown requestState"}
+	st, err := b.states.open(req.Params.RequestState, c.owner, requestHash(req.Params))
+	if err != nil {
+		b.cfg.Logger.Info("mcp requestState refused", "principal", who, "error", err)
+		return nil, stateError(err)
 	}
-	rs, err := b.ownRun(ctx, run, c)
+	rs, err := b.ownRun(ctx, st.Run, c)
 	if err != nil {
 		return nil, err
 	}
-	if rs.Calls[0].Tool != req.Params.Name {
-		return nil, &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: fmt.Sprintf("requestState names a call of %s, not %s", rs.Calls[0].Tool, req.Params.Name)}
-	}
-	if q.seq > 0 {
-		if err := b.answerFrom(ctx, req, rs, q, who); err != nil {
+	if st.Seq > 0 {
+		q := questionMark{st.Attempt, st.Seq}
+		if err := b.answerFrom(ctx, req.Params.InputResponses, rs, q, st.Key, who); err != nil {
 			return nil, err
 		}
 		return b.follow(ctx, req, rs, who, true, q)
 	}
+	bus, err := b.as(ctx, who)
+	if err != nil {
+		return nil, err
+	}
+	if _, _, err := b.waiting(ctx, bus, rs.RunID); err != nil {
+		// A decided call no longer waits: the state was used (or the run moved on).
+		return nil, stateError(fmt.Errorf("%w: it was used (the call no longer waits for a decision)", ErrState))
+	}
 	res, _ := req.Params.InputResponses[ApprovalKey].(*mcp.ElicitResult)
 	if res == nil {
-		return askApproval(rs, "Please answer the approval form."), nil
+		return askApproval(rs, "Please answer the approval form.", b.approvalState(req, c, rs.RunID)), nil
 	}
 	note, err := b.decideFrom(ctx, rs, who, res)
 	switch {
@@ -260,7 +263,18 @@ func (b *bridge) resume(ctx context.Context, req *mcp.CallToolRequest, c caller)
 	case err != nil:
 		return nil, err
 	case note != "":
-		return askApproval(rs, note), nil
+		return askApproval(rs, note, b.approvalState(req, c, rs.RunID)), nil
 	}
 	return b.follow(ctx, req, rs, who, true, questionMark{})
+}
+
+// approvalState is the sealed requestState of the approval form of run's call, for
+// caller c's request req.
+func (b *bridge) approvalState(req *mcp.CallToolRequest, c caller, run string) string {
+	return b.states.seal(stateClaims{Run: run, Owner: c.owner, Req: requestHash(req.Params)})
+}
+
+// questionState is the sealed requestState of question q of run's call.
+func (b *bridge) questionState(req *mcp.CallToolRequest, c caller, run string, q toolbus.ToolQuestion) string {
+	return b.states.seal(stateClaims{Run: run, Owner: c.owner, Req: requestHash(req.Params), Attempt: q.Attempt, Seq: q.Seq, Key: inputKey(q)})
 }

@@ -24,6 +24,7 @@ var (
 	jsonRE     = regexp.MustCompile("(?s)```json\n(.*?)```")
 	runIDRE    = regexp.MustCompile(`mcp-[0-9a-f]{12}`)
 	timeRE     = regexp.MustCompile(`\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z`)
+	stateRE    = regexp.MustCompile(`tb1\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+`)
 )
 
 // docExchanges returns the exchanges of docs/mcp.md by name.
@@ -43,11 +44,12 @@ func docExchanges(t *testing.T) map[string][]string {
 }
 
 // normal is the JSON s with what changes from run to run (run ids, and the
-// idempotency keys made of them; times) replaced by fixed text.
+// idempotency keys made of them; times; sealed requestStates) replaced by fixed text.
 func normal(t *testing.T, s string) any {
 	t.Helper()
 	s = runIDRE.ReplaceAllString(s, "mcp-RUN")
 	s = timeRE.ReplaceAllString(s, "TIME")
+	s = stateRE.ReplaceAllString(s, "STATE")
 	var v any
 	if err := json.Unmarshal([]byte(s), &v); err != nil {
 		t.Fatalf("%v in %s", err, s)
@@ -100,11 +102,14 @@ func TestMCPDocExchanges(t *testing.T) {
 		if len(blocks) < 2 || len(blocks)%2 != 0 {
 			t.Fatalf("docs/mcp.md: exchange %q has %d JSON blocks, want request/response pairs", name, len(blocks))
 		}
-		run := ""
+		run, state := "", ""
 		for i := 0; i < len(blocks); i += 2 {
 			req, want := blocks[i], normal(t, blocks[i+1])
 			if run != "" {
 				req = runIDRE.ReplaceAllString(req, run)
+			}
+			if state != "" {
+				req = stateRE.ReplaceAllString(req, state)
 			}
 			var got string
 			check := func() error {
@@ -128,6 +133,9 @@ func TestMCPDocExchanges(t *testing.T) {
 			}
 			if id := runIDRE.FindString(got); id != "" {
 				run = id
+			}
+			if st := stateRE.FindString(got); st != "" {
+				state = st
 			}
 		}
 	}

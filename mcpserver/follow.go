@@ -35,7 +35,9 @@ func (b *bridge) follow(ctx context.Context, req *mcp.CallToolRequest, rs *toolb
 		return nil, fmt.Errorf("mcp: %w", err)
 	}
 	caps, asTask := req.ClientCapabilities(), takesTasks(req)
+	c := callerOfExtra(req.Extra, b.cfg.Principal)
 	var answer *mcp.CallToolResult
+	missing := false // a 2026-07-28 request that cannot answer the tool's question
 	own := callrun.NewOwn()
 	v := audit.Visitor{
 		ToolProgress: b.progressForwarder(ctx, req, run, own, &answer),
@@ -45,11 +47,21 @@ func (b *bridge) follow(ctx context.Context, req *mcp.CallToolRequest, rs *toolb
 				return
 			}
 			asked = questionMark{q.Attempt, q.Seq}
+			if given(req, q) {
+				// The host sent the answer with its request, under the question's key.
+				if err := b.answerFrom(ctx, req.Params.InputResponses, rs, asked, q.Key, who); err != nil {
+					b.cfg.Logger.Warn("mcp: the answer sent with the request was not published", "run_id", run, "error", err)
+				}
+				return
+			}
 			if canElicit(caps) {
-				answer = askQuestion(run, q)
+				answer = askQuestion(q, b.questionState(req, c, run, q))
 				return
 			}
 			b.cannotAsk(ctx, bus, q, who)
+			if req.ProtocolVersion() >= Protocol2026 && !asTask {
+				missing = true
+			}
 		},
 		ToolFinished: func(_ events.StoredEvent, tf toolbus.ToolFinished) {
 			if own.Is(tf.Step, tf.CallID, tf.Tool) {
@@ -62,7 +74,7 @@ func (b *bridge) follow(ctx context.Context, req *mcp.CallToolRequest, rs *toolb
 			case !own.Is(tw.Step, tw.Call.CallID, tw.Call.Tool):
 			case decided:
 			case !b.cfg.CLIApprovalsOnly && canElicit(caps):
-				answer = askApproval(rs, "")
+				answer = askApproval(rs, "", b.approvalState(req, c, run))
 			case asTask:
 				answer = taskHandle(run)
 			default:
@@ -75,8 +87,11 @@ func (b *bridge) follow(ctx context.Context, req *mcp.CallToolRequest, rs *toolb
 			}
 		},
 	}
-	taskAt := time.Now().Add(b.cfg.TaskAfter)
+	taskAt := time.Now().Add(b.taskAfter(rs))
 	for answer == nil {
+		if missing {
+			return nil, missingElicitation()
+		}
 		wait := time.Second
 		if asTask {
 			if wait = min(wait, time.Until(taskAt)); wait <= 0 {
@@ -138,4 +153,24 @@ func (b *bridge) logForwarder(ctx context.Context, req *mcp.CallToolRequest, run
 			b.cfg.Logger.Debug("mcp log line not sent", "run_id", run, "error", err)
 		}
 	}
+}
+
+// given reports whether the request that started the call (no requestState) carries an
+// answer to q under the tool's name for it: the host answered before it was asked.
+func given(req *mcp.CallToolRequest, q toolbus.ToolQuestion) bool {
+	if q.Key == "" || req.Params.RequestState != "" {
+		return false
+	}
+	_, ok := req.Params.InputResponses[q.Key].(*mcp.ElicitResult)
+	return ok
+}
+
+// taskAfter is how long a call of rs is followed before a request that takes tasks is
+// answered with one: at once for a long-running tool (its contract's heartbeat_timeout:
+// the tools MCP calls task-supporting), else TaskAfter.
+func (b *bridge) taskAfter(rs *toolbus.RunStarted) time.Duration {
+	if tc, ok := b.cat.Lookup(rs.Calls[0].Tool); ok && tc.HeartbeatTimeout > 0 {
+		return 0
+	}
+	return b.cfg.TaskAfter
 }

@@ -4,8 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"strconv"
-	"strings"
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -13,6 +11,7 @@ import (
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/internal/callrun"
+	"github.com/toolbus/toolbus/internal/decide"
 )
 
 // A tool's question (tool.question, executor.Ask) goes to the host that called the
@@ -33,36 +32,23 @@ func (m questionMark) after(q toolbus.ToolQuestion) bool {
 	return q.Attempt > m.attempt || q.Attempt == m.attempt && q.Seq > m.seq
 }
 
-// questionState is the requestState of the input_required result that asks q.
-func questionState(run string, q toolbus.ToolQuestion) string {
-	return statePrefix + run + "#q" + strconv.Itoa(q.Attempt) + "." + strconv.Itoa(q.Seq)
+// inputKey is the key of q's input request: the tool's name for it, else QuestionKey.
+func inputKey(q toolbus.ToolQuestion) string {
+	if q.Key != "" {
+		return q.Key
+	}
+	return QuestionKey
 }
 
-// parseState splits a requestState into the run and, for a question, its mark.
-func parseState(state string) (run string, q questionMark, ok bool) {
-	rest, ok := strings.CutPrefix(state, statePrefix)
-	if !ok {
-		return "", q, false
-	}
-	run, mark, isQ := strings.Cut(rest, "#q")
-	if !isQ {
-		return run, q, true
-	}
-	a, s, _ := strings.Cut(mark, ".")
-	var err1, err2 error
-	q.attempt, err1 = strconv.Atoi(a)
-	q.seq, err2 = strconv.Atoi(s)
-	return run, q, err1 == nil && err2 == nil && q.attempt > 0 && q.seq > 0
-}
-
-// askQuestion is the input_required result that asks the host's user q.
-func askQuestion(run string, q toolbus.ToolQuestion) *mcp.CallToolResult {
+// askQuestion is the input_required result that asks the host's user q, with the
+// sealed requestState that resumes it.
+func askQuestion(q toolbus.ToolQuestion, state string) *mcp.CallToolResult {
 	var schema map[string]any
 	_ = json.Unmarshal(q.Schema, &schema) //nolint:errcheck // the executor checked it is an object schema
 	return &mcp.CallToolResult{
 		Content:       []mcp.Content{},
-		InputRequests: mcp.InputRequestMap{QuestionKey: &mcp.ElicitParams{Message: q.Message, RequestedSchema: schema}},
-		RequestState:  questionState(run, q),
+		InputRequests: mcp.InputRequestMap{inputKey(q): &mcp.ElicitParams{Message: q.Message, RequestedSchema: schema}},
+		RequestState:  state,
 	}
 }
 
@@ -75,11 +61,12 @@ func (b *bridge) cannotAsk(ctx context.Context, bus *events.Bus, q toolbus.ToolQ
 	}
 }
 
-// answerFrom publishes the host's answer (inputResponses) to question m of the call of
-// rs, as who.
-func (b *bridge) answerFrom(ctx context.Context, req *mcp.CallToolRequest, rs *toolbus.RunStarted, m questionMark, who string) error {
+// answerFrom publishes the host's answer (responses under key) to question m of
+// the call of rs, as who, once: a question answered before (a replayed requestState) is
+// refused with ErrState.
+func (b *bridge) answerFrom(ctx context.Context, responses mcp.InputResponseMap, rs *toolbus.RunStarted, m questionMark, key, who string) error {
 	a := toolbus.ToolAnswer{RunID: rs.RunID, CallID: callrun.CallID, Tool: rs.Calls[0].Tool, Attempt: m.attempt, Seq: m.seq, Who: who, Action: "cancel"}
-	res, _ := req.Params.InputResponses[QuestionKey].(*mcp.ElicitResult)
+	res, _ := responses[key].(*mcp.ElicitResult)
 	if res == nil {
 		a.Reason = "the MCP host sent no answer"
 	} else {
@@ -96,9 +83,31 @@ func (b *bridge) answerFrom(ctx context.Context, req *mcp.CallToolRequest, rs *t
 	if err != nil {
 		return err
 	}
-	if _, err := bus.PublishEvent(ctx, events.ToolAnswerEvent(b.cfg.Source, a)); err != nil {
+	evs, err := bus.RunEvents(ctx, rs.RunID)
+	if err != nil {
+		return fmt.Errorf("mcp: read the run's questions: %w", err)
+	}
+	if _, answered := decide.QuestionsOf(evs).Answer(decide.QuestionKey{CallID: callrun.CallID, Seq: m.seq}); answered {
+		return stateError(fmt.Errorf("%w: it was used (the question is answered)", ErrState))
+	}
+	ack, err := bus.PublishEvent(ctx, events.ToolAnswerEvent(b.cfg.Source, a))
+	if err != nil {
 		return fmt.Errorf("mcp: publish the answer: %w", err)
+	}
+	if ack.Duplicate {
+		return stateError(fmt.Errorf("%w: it was used (the question is answered)", ErrState))
 	}
 	b.cfg.Logger.Info("mcp answer", "run_id", rs.RunID, "seq", m.seq, "action", a.Action, "who", who)
 	return nil
+}
+
+// openQuestion returns the question of rs's call that waits for an answer, if any.
+func openQuestion(evs []events.StoredEvent) (toolbus.ToolQuestion, bool) {
+	qs := decide.QuestionsOf(evs)
+	q, asked := qs.Last(callrun.CallID)
+	if !asked || qs.Ended() || qs.Finished(callrun.CallID) {
+		return q, false
+	}
+	_, answered := qs.Answer(decide.KeyOf(q))
+	return q, !answered
 }

@@ -21,6 +21,7 @@ func modernRequests(srv *mcp.Server, cfg HTTPConfig, legacy http.Handler) http.H
 		// A 2026-07-28 request lives as long as its POST: a client that closes it cancels
 		// the request, and so the call's run (as notifications/cancelled does on a session).
 		&mcp.StreamableHTTPOptions{Stateless: true, PropagateRequestCancellation: true, Logger: cfg.Logger}))
+	modern = taskNames(modern)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Header.Get("Mcp-Protocol-Version") >= Protocol2026 {
 			modern.ServeHTTP(w, r)

@@ -185,14 +185,16 @@ func TestMCPApprovalRefusedEditAsksAgain(t *testing.T) {
 	}
 }
 
-// post2026 posts one 2026-07-28 request (headers and per-request _meta) declaring
-// the Tasks extension, and returns its JSON-RPC result or error.
+// post2026 posts one 2026-07-28 request (headers and per-request _meta, by default
+// declaring the Tasks extension), and returns its JSON-RPC result or error.
 func post2026(t *testing.T, d *testDoor, token, method, name string, params map[string]any) (result, rpcErr map[string]any, status int) {
 	t.Helper()
-	params["_meta"] = map[string]any{
-		mcp.MetaKeyProtocolVersion:    mcpserver.Protocol2026,
-		mcp.MetaKeyClientInfo:         map[string]any{"name": "raw", "version": "0"},
-		mcp.MetaKeyClientCapabilities: map[string]any{"extensions": map[string]any{mcpserver.ExtTasks: map[string]any{}}},
+	if _, ok := params["_meta"]; !ok {
+		params["_meta"] = map[string]any{
+			mcp.MetaKeyProtocolVersion:    mcpserver.Protocol2026,
+			mcp.MetaKeyClientInfo:         map[string]any{"name": "raw", "version": "0"},
+			mcp.MetaKeyClientCapabilities: map[string]any{"extensions": map[string]any{mcpserver.ExtTasks: map[string]any{}}},
+		}
 	}
 	body, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": 1, "method": method, "params": params})
 	resp := mcptest.Post(t, d.url, token, "", string(body), func(r *http.Request) {
@@ -345,7 +347,7 @@ func TestMCPTaskWaitsForApproval(t *testing.T) {
 		t.Fatalf("input_required task lacks the approval form: %+v", task.InputRequests)
 	}
 	if _, err := mcp.CallCustomMethod[*mcpserver.TaskParams, *mcpserver.TaskAck](p.ctx, cs, "tasks/update", &mcpserver.TaskParams{TaskID: id,
-		InputResponses: mcp.InputResponseMap{mcpserver.ApprovalKey: &mcp.ElicitResult{Action: "accept", Content: map[string]any{"decision": "respond", "response": "done by hand"}}}}); err != nil {
+		InputResponses: map[string]json.RawMessage{mcpserver.ApprovalKey: json.RawMessage(`{"action":"accept","content":{"decision":"respond","response":"done by hand"}}`)}}); err != nil {
 		t.Fatal(err)
 	}
 	done := waitTask(t, cs, id, mcpserver.TaskCompleted)
@@ -503,7 +505,8 @@ func TestMCPHostApprovalsOff(t *testing.T) {
 	run := runIDRE.FindString(resultText(res))
 	_, rpcErr, _ := post2026(t, d, d.carol, "tools/call", "restart_service", map[string]any{"name": "restart_service", "arguments": map[string]any{"service": "auth-api"},
 		"requestState": "toolbus-run:" + run, "inputResponses": map[string]any{mcpserver.ApprovalKey: map[string]any{"action": "accept", "content": map[string]any{"decision": "approve"}}}})
-	if rpcErr == nil || !strings.Contains(fmt.Sprint(rpcErr["message"]), "decisions over MCP are off") {
+	// The door issued no requestState: a forged one is refused before the decision is.
+	if rpcErr == nil || !strings.Contains(fmt.Sprint(rpcErr["message"]), "invalid requestState") {
 		t.Fatalf("a decision sent anyway: %v, want refused", rpcErr)
 	}
 	if got := approvals(t, p, run); len(got) != 0 {

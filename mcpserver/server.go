@@ -42,10 +42,17 @@ type Config struct {
 	CLIApprovalsOnly bool
 	// TaskAfter is how long a call whose request takes tasks (2026-07-28, extension
 	// io.modelcontextprotocol/tasks) is followed before it is answered with a task
-	// (default 5s).
+	// (default 5s); a long-running tool's call (heartbeat_timeout) is one at once.
 	TaskAfter time.Duration
 	// TaskPollInterval is the polling interval a task suggests (default 2s).
 	TaskPollInterval time.Duration
+	// StateKey seals the requestState of input_required results (state.go): at least
+	// 32 bytes, the same in every replica of the door, held by the door's deployment
+	// only (TOOLBUS_MCP_STATE_KEY_FILE). Empty: a random key, so a round trip resumes
+	// only at the process that asked it.
+	StateKey []byte
+	// StateTTL is how long a requestState may be used (default DefaultStateTTL).
+	StateTTL time.Duration
 	// Version is the server version told to hosts.
 	Version string
 	Logger  *slog.Logger
@@ -57,6 +64,8 @@ type bridge struct {
 	cat *store.Catalog
 	cfg Config
 	srv *mcp.Server
+	// states seals and opens requestStates.
+	states sealer
 
 	mu      sync.Mutex
 	offered map[string]string // tool -> JSON of the contract offered
@@ -90,8 +99,19 @@ func New(ctx context.Context, bus *events.Bus, cfg Config) (*mcp.Server, error) 
 	if err != nil {
 		return nil, fmt.Errorf("mcp: catalog: %w", err)
 	}
-	b := &bridge{bus: bus, cat: cat, cfg: cfg, offered: map[string]string{}}
-	caps := &mcp.ServerCapabilities{Logging: &mcp.LoggingCapabilities{}} // the SDK's default, and tasks
+	if len(cfg.StateKey) == 0 {
+		cfg.StateKey = NewStateKey()
+	} else if len(cfg.StateKey) < StateKeySize {
+		return nil, fmt.Errorf("mcp: the state key has %d bytes, want at least %d", len(cfg.StateKey), StateKeySize)
+	}
+	if cfg.StateTTL <= 0 {
+		cfg.StateTTL = DefaultStateTTL
+	}
+	b := &bridge{bus: bus, cat: cat, cfg: cfg, offered: map[string]string{},
+		states: sealer{key: cfg.StateKey, now: time.Now, ttl: cfg.StateTTL}}
+	// The SDK's default (logging), tasks, and prompts and resources, which go-sdk
+	// answers (with none) whether declared or not: a host discovers what it can call.
+	caps := &mcp.ServerCapabilities{Logging: &mcp.LoggingCapabilities{}, Prompts: &mcp.PromptCapabilities{}, Resources: &mcp.ResourceCapabilities{}}
 	caps.AddExtension(ExtTasks, nil)
 	b.srv = mcp.NewServer(&mcp.Implementation{Name: "toolbus", Version: cfg.Version}, &mcp.ServerOptions{Logger: cfg.Logger, Capabilities: caps})
 	if err := b.addTaskMethods(); err != nil {

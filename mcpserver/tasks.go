@@ -15,6 +15,7 @@ import (
 	"github.com/toolbus/toolbus/audit"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/internal/callrun"
+	"github.com/toolbus/toolbus/internal/decide"
 )
 
 // The Tasks extension (io.modelcontextprotocol/tasks, with the 2026-07-28 protocol): a
@@ -33,6 +34,10 @@ const (
 	TaskInputRequired = "input_required"
 	TaskCompleted     = "completed"
 	TaskCancelled     = "cancelled"
+	// TaskFailed: the tool broke (toolbus.CodeToolInternalError: a panic, an output it
+	// could not encode), a protocol-level failure; a tool's own error is completed with
+	// isError.
+	TaskFailed = "failed"
 )
 
 // Task is the state of the task of an MCP call: the CreateTaskResult of its tools/call
@@ -52,14 +57,37 @@ type Task struct {
 	InputRequests mcp.InputRequestMap `json:"inputRequests,omitempty"`
 	// Result (completed) is the call's result, as tools/call would have answered.
 	Result *mcp.CallToolResult `json:"result,omitempty"`
+	// Error (failed) is the JSON-RPC error of a tool that broke.
+	Error *TaskError `json:"error,omitempty"`
+}
+
+// TaskError is the error of a failed task (a JSON-RPC error object).
+type TaskError struct {
+	Code    int64  `json:"code"`
+	Message string `json:"message"`
 }
 
 // TaskParams are the params of tasks/get, tasks/update (with InputResponses) and
 // tasks/cancel.
 type TaskParams struct {
 	mcp.ParamsBase
-	TaskID         string               `json:"taskId"`
-	InputResponses mcp.InputResponseMap `json:"inputResponses,omitempty"`
+	TaskID string `json:"taskId"`
+	// InputResponses are read one by one (elicitResponse): a response under a key the
+	// task did not ask is ignored, whatever its shape.
+	InputResponses map[string]json.RawMessage `json:"inputResponses,omitempty"`
+}
+
+// elicitResponse is the answer to a form under key, if one is there.
+func elicitResponse(responses map[string]json.RawMessage, key string) (*mcp.ElicitResult, bool) {
+	raw, ok := responses[key]
+	if !ok {
+		return nil, false
+	}
+	var res mcp.ElicitResult
+	if err := json.Unmarshal(raw, &res); err != nil || res.Action == "" {
+		return nil, false
+	}
+	return &res, true
 }
 
 // TaskAck is the empty answer to tasks/update and tasks/cancel.
@@ -185,18 +213,26 @@ func (b *bridge) taskView(ctx context.Context, rs *toolbus.RunStarted, caps *mcp
 		v.Visit(ev)
 	}
 	t.LastUpdatedAt = last.UTC().Format(time.RFC3339Nano)
+	q, asking := openQuestion(evs)
 	switch {
 	case ended != nil && ended.Status == toolbus.RunCancelled, finished != nil && finished.Status == toolbus.StatusCancelled:
 		t.Status, t.StatusMessage = TaskCancelled, cancelled
 		if ended != nil {
 			t.StatusMessage = ended.Reason
 		}
+	case finished != nil && finished.Error != nil && finished.Error.Code == toolbus.CodeToolInternalError:
+		t.Status, t.Error = TaskFailed, &TaskError{Code: jsonrpc.CodeInternalError, Message: finished.Error.Message}
 	case finished != nil:
 		t.Status, t.Result = TaskCompleted, b.toolResult(ctx, bus, callOwner(rs), *finished)
 		t.Result.Meta = mcp.Meta{MetaRun: rs.RunID, MetaCall: callrun.CallID}
 	case ended != nil:
 		t.Status = TaskCompleted
 		t.Result = errorResult(fmt.Sprintf("run %s ended %s before the call answered: %s %s", rs.RunID, ended.Status, ended.Code, ended.Reason))
+	case asking && canElicit(caps):
+		t.Status, t.StatusMessage = TaskInputRequired, "waits for an answer"
+		t.InputRequests = askQuestion(q, "").InputRequests
+	case asking:
+		t.StatusMessage = "waits for an answer: " + decide.AnswerCommand(q)
 	case waiting && !b.cfg.CLIApprovalsOnly && canElicit(caps):
 		t.Status, t.StatusMessage = TaskInputRequired, "waits for approval"
 		t.InputRequests = mcp.InputRequestMap{ApprovalKey: approvalRequest(rs, "")}
@@ -266,7 +302,10 @@ func (b *bridge) updateTask(ctx context.Context, _ *mcp.ServerSession, p *TaskPa
 	if err != nil {
 		return nil, err
 	}
-	if res, ok := p.InputResponses[ApprovalKey].(*mcp.ElicitResult); ok {
+	if err := b.answerTask(ctx, rs, who, p.InputResponses); err != nil {
+		return nil, err
+	}
+	if res, ok := elicitResponse(p.InputResponses, ApprovalKey); ok {
 		note, err := b.decideFrom(ctx, rs, who, res)
 		switch {
 		case errors.Is(err, errNoDecision):
@@ -277,6 +316,25 @@ func (b *bridge) updateTask(ctx context.Context, _ *mcp.ServerSession, p *TaskPa
 		}
 	}
 	return &TaskAck{ResultType: "complete"}, nil
+}
+
+// answerTask answers the question the task's call waits on with the response under
+// its key, if there is one (responses to anything else are ignored).
+func (b *bridge) answerTask(ctx context.Context, rs *toolbus.RunStarted, who string, responses map[string]json.RawMessage) error {
+	bus, err := b.as(ctx, who)
+	if err != nil {
+		return err
+	}
+	evs, err := bus.RunEvents(ctx, rs.RunID)
+	if err != nil {
+		return fmt.Errorf("mcp: task %s: %w", rs.RunID, err)
+	}
+	q, asking := openQuestion(evs)
+	res, ok := elicitResponse(responses, inputKey(q))
+	if !asking || !ok {
+		return nil
+	}
+	return b.answerFrom(ctx, mcp.InputResponseMap{inputKey(q): res}, rs, questionMark{q.Attempt, q.Seq}, inputKey(q), who)
 }
 
 // cancelTask cancels the task's run (run.cancel, by the caller): its call is cancelled

@@ -49,6 +49,13 @@ func cmdMCP(ctx context.Context, cfg Config, log *slog.Logger, args []string, ou
 			return &exitError{code: 2, msg: "mcp: " + err.Error()}
 		}
 	}
+	stateKey, err := mcpserver.ReadStateKey(cfg.MCPStateKeyFile)
+	if err != nil {
+		return &exitError{code: 2, msg: err.Error()}
+	}
+	if *addr != "" && stateKey == nil {
+		log.Info("toolbus mcp: no TOOLBUS_MCP_STATE_KEY_FILE: input_required round trips resume only at this process")
+	}
 	c, err := node.Open(ctx, cfg, log, false)
 	if err != nil {
 		return err
@@ -59,7 +66,7 @@ func cmdMCP(ctx context.Context, cfg Config, log *slog.Logger, args []string, ou
 	}
 	srv, err := mcpserver.New(ctx, c.Bus, mcpserver.Config{
 		Source: events.Source("mcp", cfg.Instance), Principal: *principal, ApprovalTimeout: cfg.RunTimeout,
-		Version: version(), Logger: log, CLIApprovalsOnly: !cfg.MCPHostApprovals,
+		Version: version(), Logger: log, CLIApprovalsOnly: !cfg.MCPHostApprovals, StateKey: stateKey,
 	})
 	if err != nil {
 		return err

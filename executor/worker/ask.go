@@ -69,7 +69,7 @@ func (w *Worker) asker(req toolbus.ToolRequested, attempt int, lv leaseView) exe
 			log.Info("call asks a question asked before (it ran again): waiting for its answer, not asked again", "asked_by_attempt", prev.Attempt)
 		} else {
 			tq := toolbus.ToolQuestion{RunID: req.RunID, Step: req.Step, CallID: req.Call.CallID, Tool: req.Call.Tool,
-				Attempt: attempt, Seq: n, Message: q.Message, Schema: q.Schema}
+				Attempt: attempt, Seq: n, Message: q.Message, Schema: q.Schema, Key: q.Key}
 			pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 			_, err = w.bus.PublishEvent(pctx, events.ToolQuestionEvent(w.source, tq))
 			cancel()

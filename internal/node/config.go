@@ -97,6 +97,7 @@ type Config struct {
 	MCPHostApprovals       bool          `envconfig:"MCP_HOST_APPROVALS" default:"true" desc:"toolbus mcp asks the host's user to decide a call that needs approval (false: it waits for toolbus approve or the console)"`
 	MCPTokens              string        `envconfig:"MCP_TOKENS" desc:"access list of toolbus mcp --http, inline: entries 'NAME sha256:HEX [teams=a,b]' separated by ';' (toolbus token NAME makes one)"`
 	MCPTokensFile          string        `envconfig:"MCP_TOKENS_FILE" desc:"access list file of toolbus mcp --http, one 'NAME sha256:HEX [teams=a,b]' per line; re-read when it changes (delete a line to revoke)"`
+	MCPStateKeyFile        string        `envconfig:"MCP_STATE_KEY_FILE" desc:"file of the key (at least 32 bytes, e.g. base64 of 32 random ones) that seals the requestState of toolbus mcp --http's input_required answers: the same in every replica, so any resumes a round trip (none: a random key per process)"`
 	MCPAllowedHosts        []string      `envconfig:"MCP_ALLOWED_HOSTS" desc:"Host names toolbus mcp --http answers besides loopback and its listen host (DNS rebinding guard)"`
 	MCPAllowedOrigins      []string      `envconfig:"MCP_ALLOWED_ORIGINS" desc:"browser origins (https://app.example) allowed to call toolbus mcp --http besides its own"`
 	MCPSessionTimeout      time.Duration `envconfig:"MCP_SESSION_TIMEOUT" default:"30m" desc:"toolbus mcp --http closes a session idle this long"`

