@@ -13,7 +13,7 @@ import (
 // docs/ and the packages' READMEs (userDocs). The goal is 4,000; this is the bound
 // reached so far, lowered as pages are cut (never raised to fit a new paragraph: make
 // room in the page it belongs to).
-const docsBudget = 5600
+const docsBudget = 5460
 
 // userDocs are the Markdown files a user reads: the README, every page of docs/ and the
 // README of every package or example (not test data, not node_modules). CONTRACT.md is
@@ -36,16 +36,18 @@ func userDocs(t *testing.T) []string {
 }
 
 // The documents a user reads stay within docsBudget lines, and none but the evidence
-// table (docs/evidence.md) names a test: the pages say what toolbus does and how to use
+// table (docs/evidence.md) names a test, CONTRACT.md included: the pages say what toolbus does and how to use
 // it, the evidence table which tests hold each promise.
 func TestDocsBudget(t *testing.T) {
 	total := 0
-	for _, p := range userDocs(t) {
+	for _, p := range append(userDocs(t), "CONTRACT.md") {
 		b, err := os.ReadFile(p)
 		if err != nil {
 			t.Fatal(err)
 		}
-		total += strings.Count(string(b), "\n")
+		if p != "CONTRACT.md" {
+			total += strings.Count(string(b), "\n")
+		}
 		if p == evidenceDoc {
 			continue
 		}
