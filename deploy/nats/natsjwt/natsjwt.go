@@ -544,20 +544,7 @@ func writeConfigKinds(users []User, g Grants, o options, kr keyring, single stri
 		}
 		return "authorization {\n  users = [\n" + users + "  ]\n}\n"
 	}
-	layout := ""
-	if o.accounts {
-		layout = "# The accounts layout: the roles' users in CORE, each team's executor user in its\n" +
-			"# TEAM_<team> account, which imports only its tools' subjects (natsjwt.TeamExports),\n" +
-			"# each bound client's user in its CLIENT_<name> account, which imports only its\n" +
-			"# identities' starts, decisions, cancels, answers and reads (natsjwt.ClientExports).\n"
-	}
-	head := func(kind string) string {
-		return fmt.Sprintf(`# toolbus with %s, written by go run ./deploy/nats/gen: one user per role and
-# one executor user per team (executor-<team>), each with its permissions inline (the
-# roles' from permissions.conf, the teams' from TEAM_EXECUTOR plus their granted tools).
-# Generated: regenerate it when permissions.conf or the grants change.
-`, kind) + layout + single + "\n"
-	}
+	head := func(kind string) string { return configHead(o, single, kind) }
 	var err error
 	if o.issues(KindNkeys) {
 		if res.NkeysConfig, err = write("auth-nkeys.conf", []byte(head("nkeys (public keys; the seeds are in <user>.nk)")+
@@ -578,6 +565,23 @@ func writeConfigKinds(users []User, g Grants, o options, kr keyring, single stri
 		return err
 	}
 	return nil
+}
+
+// configHead is the head of the users or nkeys config of kind, with the server settings
+// single.
+func configHead(o options, single, kind string) string {
+	layout := ""
+	if o.accounts {
+		layout = "# The accounts layout: the roles' users in CORE, each team's executor user in its\n" +
+			"# TEAM_<team> account, which imports only its tools' subjects (natsjwt.TeamExports),\n" +
+			"# each bound client's user in its CLIENT_<name> account, which imports only its\n" +
+			"# identities' starts, decisions, cancels, answers and reads (natsjwt.ClientExports).\n"
+	}
+	return fmt.Sprintf(`# toolbus with %s, written by go run ./deploy/nats/gen: one user per role and
+# one executor user per team (executor-<team>), each with its permissions inline (the
+# roles' from permissions.conf, the teams' from TEAM_EXECUTOR plus their granted tools).
+# Generated: regenerate it when permissions.conf or the grants change.
+`, kind) + layout + single + "\n"
 }
 
 // issueKept issues the operator/JWT setup from the keys kept in kr: removed users' files
