@@ -1,7 +1,6 @@
 package faults_test
 
 import (
-	"bytes"
 	"context"
 	"os"
 	"os/exec"
@@ -85,11 +84,22 @@ func TestWalkthroughAsWritten(t *testing.T) {
 		}
 	}
 	cmd.Env = env
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	err := cmd.Run()
+	// A file, not a buffer: the background processes keep the script's output open, and
+	// Run would wait for a pipe until they end.
+	outFile := filepath.Join(t.TempDir(), "walkthrough.log")
+	out, err := os.Create(outFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stdout, cmd.Stderr = out, out
+	err = cmd.Run()
 	_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGTERM)
-	log := out.String()
+	_ = out.Close()
+	raw, rerr := os.ReadFile(outFile)
+	if rerr != nil {
+		t.Fatal(rerr)
+	}
+	log := string(raw)
 	defer func() {
 		if t.Failed() {
 			t.Logf("the walkthrough's output:\n%s", log)
