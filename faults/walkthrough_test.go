@@ -129,9 +129,9 @@ func TestWalkthroughAsWritten(t *testing.T) {
 		"created consumer tool_confirm",
 		"decide restart: toolbus approve inc-1 restart",
 		"approved call restart restart_service",
+		"run inc-1: completed after 3 step(s)", // the replay: its head, then its timeline
 		"lookup lookup_incident: succeeded",
-		"restart restart_service: succeeded",
-		"run inc-1: completed after 3 step(s)",
+		"restart restart_service: succeeded (approved by alice)",
 		"invariants: ok",
 		"these credentials are a team's or a client's account, which holds no stream", // team search's replay
 		"answer it: toolbus answer ask-1 call_0",
