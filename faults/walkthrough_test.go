@@ -131,7 +131,8 @@ func TestWalkthroughAsWritten(t *testing.T) {
 		"approved call restart restart_service",
 		"run inc-1: completed after 3 step(s)", // the replay: its head, then its timeline
 		"lookup lookup_incident: succeeded",
-		"restart restart_service: succeeded (approved by alice)",
+		"restart restart_service: succeeded in",
+		"(approved by alice)",
 		"invariants: ok",
 		"these credentials are a team's or a client's account, which holds no stream", // team search's replay
 		"answer it: toolbus answer ask-1 call_0",
