@@ -142,6 +142,7 @@ func registerDiag(r *executor.Registry) error {
 				ReadOnly: false,
 			}, counterTool)
 		},
+		func() error { return registerConfirm(r) },
 	}
 	for _, step := range steps {
 		if err := step(); err != nil {

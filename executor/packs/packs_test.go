@@ -82,6 +82,7 @@ func TestContracts(t *testing.T) {
 		"bad_output":      {true, nil},
 		"noop":            {true, nil},
 		"counter":         {false, nil},
+		"confirm":         {true, []string{"question"}},
 	}
 	cs := reg.Contracts()
 	if len(cs) != len(want) {

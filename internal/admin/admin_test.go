@@ -112,7 +112,8 @@ func TestSubcommandsTouchOnlyTheirTenant(t *testing.T) {
 			accounts, full := !slices.Contains(layout.init, "-one-account"), layout.init == nil
 			base := files(t, dir)
 			revoked := []string{"account.jwt", "revocations.json"}
-			user := func(u string) []string { return []string{u + ".creds", u + ".nk", u + ".password"} }
+			// One secret file per user: init issues the JWT kind alone unless -auth.
+			user := func(u string) []string { return []string{u + ".creds"} }
 			for _, tc := range []struct {
 				args           []string
 				want, wantJWT  []string // the files it changes besides the configs (wantJWT: the accounts layout's)
@@ -290,7 +291,7 @@ func TestInitCoreWideOnlyWhenAsked(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			dir := filepath.Join(t.TempDir(), "d")
-			code, out, errOut := admin(t, append([]string{"init", "-dir", dir}, tc.init...)...)
+			code, out, errOut := admin(t, append([]string{"init", "-dir", dir, "-auth", "all"}, tc.init...)...)
 			if code != 0 || !strings.Contains(out, tc.wantOut) {
 				t.Fatalf("init %v: exit %d, does not say %q:\n%s%s", tc.init, code, tc.wantOut, out, errOut)
 			}

@@ -24,13 +24,14 @@ const usage = `usage: toolbus admin <subcommand> [flags] [args]
 
 subcommands:
   init [-one-account] [-listen host:port] [-store DIR] [-resolver-dir DIR | -memory-resolver]
-       [-tenant-conns N] [-tenant-subs N] [-tenant-leafnodes N] [-core-wide]
+       [-tenant-conns N] [-tenant-subs N] [-tenant-leafnodes N] [-core-wide] [-auth jwt|...|all]
                            create a deployment once (keys, credentials, server configs, an empty
                            grants.json); refuses a directory that holds one. The accounts layout
                            (one account per team) unless -one-account, its auth-jwt.conf with a
                            full resolver (edits with -push need no reload) unless -memory-resolver;
                            each tenant account capped in connections, subscriptions, leaf nodes;
-                           no core-wide executor or client credentials unless -core-wide
+                           no core-wide executor or client credentials unless -core-wide;
+                           one secret file per user (its .creds) unless -auth names more kinds
 %s
 flags (-dir everywhere; -push and -server for the subcommands that edit):
 `
@@ -106,6 +107,7 @@ type initOpts struct {
 	accounts, oneAcc, memRes *bool
 	coreWide                 *bool
 	listen, store, resDir    *string
+	auth                     *string
 	limits                   func() accounts.TenantLimits
 }
 
@@ -119,6 +121,7 @@ func initFlags(fs *flag.FlagSet) initOpts {
 			return accounts.TenantLimits{Conns: *conns, Subs: *subs, Leafnodes: *leafs}
 		},
 		dir:      dirFlag(fs),
+		auth:     fs.String("auth", natsjwt.KindJWT, "init: the kinds of credentials issued, each a server config and one secret file per user: jwt (auth-jwt.conf, <user>.creds), users (auth-users.conf, <user>.password, k8s-secrets.yaml), nkeys (auth-nkeys.conf, <user>.nk); jwt and those added with commas (jwt,users), or all"),
 		accounts: fs.Bool("accounts", true, "init: the accounts layout, one account per team (the default: teams that do not trust each other)"),
 		oneAcc:   fs.Bool("one-account", false, "init: one account for the roles and every team instead (teams that trust each other)"),
 		listen:   fs.String("listen", natsjwt.DefaultListen, "init: client address (host:port) the server configs listen on; 0.0.0.0:4222 for every interface"),
@@ -197,6 +200,9 @@ func runInit(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	s := Settings{Accounts: *o.accounts && !*o.oneAcc, Listen: *o.listen, Store: *o.store}
+	if s.Auth, err = natsjwt.ParseKinds(*o.auth); err != nil {
+		return usageError("-auth: " + err.Error())
+	}
 	if *o.coreWide && !s.Accounts {
 		return usageError("-core-wide is the accounts layout's: -one-account always issues the shared executor and client")
 	}

@@ -52,6 +52,9 @@ type Settings struct {
 	// (natsjwt.CoreWide, natsjwt.WithoutCoreWide): the accounts layout's init sets it
 	// unless asked for them (-core-wide). A deployment init made before has them.
 	NoCoreWide bool `json:"no_core_wide,omitempty"`
+	// Auth are the kinds of credentials issued (init -auth; natsjwt.WithKinds): one
+	// secret file per user and kind. None: every kind (a deployment init made before).
+	Auth []string `json:"auth,omitempty"`
 }
 
 // users are the users the deployment issues for g (natsjwt.Users without the CoreWide
@@ -97,6 +100,9 @@ func (s Settings) options(rotate ...string) []natsjwt.Option {
 	}
 	if s.NoCoreWide {
 		opts = append(opts, natsjwt.WithoutCoreWide())
+	}
+	if len(s.Auth) > 0 {
+		opts = append(opts, natsjwt.WithKinds(s.Auth...))
 	}
 	return opts
 }
@@ -144,7 +150,7 @@ func Init(dir string, s Settings, stdout io.Writer) error {
 		// where the teams and clients are made, so that nobody takes writes for unbounded.
 		fmt.Fprintf(stdout, "each team's and client identity's writes are bounded by every injector's write service: TOOLBUS_TENANT_BYTES_PER_SECOND (default %d, subject and headers counted; 0 lifts it) with a burst of a minute of it (TOOLBUS_TENANT_BYTES_BURST)\n", intake.DefaultBytesPerSecond)
 	}
-	fmt.Fprintln(stdout, "server configs:", res.Config, res.UsersConfig, res.NkeysConfig)
+	fmt.Fprintln(stdout, "server configs:", strings.Join(slices.DeleteFunc([]string{res.Config, res.UsersConfig, res.NkeysConfig}, func(f string) bool { return f == "" }), " "))
 	if s.ResolverDir != "" {
 		fmt.Fprintf(stdout, "%s has a full resolver: the server stores the account JWTs in %s (it must be able to write it; the configs can stay read-only) and takes new and changed accounts from -push, with no reload\n", filepath.Base(res.Config), s.ResolverDir)
 	}

@@ -157,7 +157,7 @@ func TestAdminTenantLimitsPush(t *testing.T) {
 	fragment, lines := docJSON(t, doc, "tenant-limits-change"), docBlock(t, doc, "tenant-limits-change")
 	ctx := eventstest.Context(t, time.Minute)
 	l := newLiveAdmin(t, ctx)
-	l.adm("", "init")
+	l.adm("", "init", "-auth", "all")
 	l.adm("", "add-team", "alpha", "calc")
 	l.adm("", "add-team", "beta", "web")
 	srv, _ := l.serve()

@@ -25,7 +25,7 @@ func TestInitTenantLimits(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := filepath.Join(t.TempDir(), "d")
-			if code, _, errOut := admin(t, append([]string{"init", "-dir", dir, "-memory-resolver"}, tc.flags...)...); code != 0 {
+			if code, _, errOut := admin(t, append([]string{"init", "-dir", dir, "-memory-resolver", "-auth", "all"}, tc.flags...)...); code != 0 {
 				t.Fatalf("init: exit %d: %s", code, errOut)
 			}
 			if code, _, errOut := admin(t, "add-team", "-dir", dir, "alpha", "calc"); code != 0 {
@@ -63,7 +63,7 @@ func TestInitTenantLimits(t *testing.T) {
 // those configs reloads them next), and changes no user's files.
 func TestIssueTakesEditedLimits(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "d")
-	if code, _, errOut := admin(t, "init", "-dir", dir); code != 0 {
+	if code, _, errOut := admin(t, "init", "-dir", dir, "-auth", "all"); code != 0 {
 		t.Fatalf("init: exit %d: %s", code, errOut)
 	}
 	if code, _, errOut := admin(t, "add-team", "-dir", dir, "alpha", "calc"); code != 0 {

@@ -141,14 +141,24 @@ func (k keyring) removed(users []User, revoked revocations) ([]Change, error) {
 	for _, u := range users {
 		keep[u.Name] = true
 	}
-	files, err := filepath.Glob(filepath.Join(k.dir, "*.password"))
-	if err != nil {
-		return nil, fmt.Errorf("natsjwt: %w", err)
+	// A user's files: its .password and .nk when those kinds are issued, its .creds
+	// always (system.creds is the system account's push user, no user of the grants).
+	var names []string
+	for _, ext := range []string{".password", ".creds"} {
+		files, err := filepath.Glob(filepath.Join(k.dir, "*"+ext))
+		if err != nil {
+			return nil, fmt.Errorf("natsjwt: %w", err)
+		}
+		for _, f := range files {
+			if name := strings.TrimSuffix(filepath.Base(f), ext); name != SystemUser && !slices.Contains(names, name) {
+				names = append(names, name)
+			}
+		}
 	}
+	sort.Strings(names)
 	var out []Change
 	all := false // a key of revoked.all was revoked
-	for _, f := range files {
-		name := strings.TrimSuffix(filepath.Base(f), ".password")
+	for _, name := range names {
 		if keep[name] {
 			continue
 		}

@@ -388,6 +388,9 @@ func GenerateGrants(permsFile, dir string, g Grants, opts ...Option) (Result, er
 	if err := o.limits.Validate(); err != nil {
 		return Result{}, fmt.Errorf("natsjwt: %w", err)
 	}
+	if len(o.kinds) > 0 && !o.issues(KindJWT) {
+		return Result{}, errors.New("natsjwt: the kinds of credentials must include jwt (ParseKinds)")
+	}
 	if o.resolverDir != "" && !o.accounts {
 		return Result{}, errors.New("natsjwt: a full resolver needs the accounts layout (WithAccounts): it takes changed accounts from a push with system.creds, which only that layout issues")
 	}
@@ -438,6 +441,9 @@ func GenerateGrants(permsFile, dir string, g Grants, opts ...Option) (Result, er
 		return Result{}, err
 	}
 	res.Env = tenantEnv(users, g, o)
+	if err := dropKinds(dir, users, o); err != nil {
+		return Result{}, err
+	}
 	if err := writeConfigKinds(users, g, o, kr, single, write, &res); err != nil {
 		return Result{}, err
 	}
@@ -496,6 +502,9 @@ func writeConfigKinds(users []User, g Grants, o options, kr keyring, single stri
 	}
 	kept := kr.hashes()
 	for _, u := range users {
+		if !o.issues(KindUsers) {
+			break
+		}
 		password, err := kr.password(u.Name)
 		if err != nil {
 			return err
@@ -511,6 +520,11 @@ func writeConfigKinds(users []User, g Grants, o options, kr keyring, single stri
 		// JSON strings are YAML double-quoted scalars: a bcrypt hash's "$" needs no escaping.
 		fmt.Fprintf(&secrets, "---\napiVersion: v1\nkind: Secret\nmetadata:\n  name: %q\n  namespace: toolbus\ntype: Opaque\nstringData:\n  user: %q\n  password: %q\n  bcrypt: %q\n",
 			"toolbus-nats-"+u.Name, u.Name, password, hash)
+	}
+	for _, u := range users {
+		if !o.issues(KindNkeys) {
+			break
+		}
 		kp, err := kr.seed(u.Name+".nk", nkeys.CreateUser)
 		if err != nil {
 			return err
@@ -530,27 +544,19 @@ func writeConfigKinds(users []User, g Grants, o options, kr keyring, single stri
 		}
 		return "authorization {\n  users = [\n" + users + "  ]\n}\n"
 	}
-	layout := ""
-	if o.accounts {
-		layout = "# The accounts layout: the roles' users in CORE, each team's executor user in its\n" +
-			"# TEAM_<team> account, which imports only its tools' subjects (natsjwt.TeamExports),\n" +
-			"# each bound client's user in its CLIENT_<name> account, which imports only its\n" +
-			"# identities' starts, decisions, cancels, answers and reads (natsjwt.ClientExports).\n"
-	}
-	head := func(kind string) string {
-		return fmt.Sprintf(`# toolbus with %s, written by go run ./deploy/nats/gen: one user per role and
-# one executor user per team (executor-<team>), each with its permissions inline (the
-# roles' from permissions.conf, the teams' from TEAM_EXECUTOR plus their granted tools).
-# Generated: regenerate it when permissions.conf or the grants change.
-`, kind) + layout + single + "\n"
-	}
+	head := func(kind string) string { return configHead(o, single, kind) }
 	var err error
+	if o.issues(KindNkeys) {
+		if res.NkeysConfig, err = write("auth-nkeys.conf", []byte(head("nkeys (public keys; the seeds are in <user>.nk)")+
+			auth(nkUsers.String(), nk))); err != nil {
+			return err
+		}
+	}
+	if !o.issues(KindUsers) {
+		return nil
+	}
 	if res.UsersConfig, err = write("auth-users.conf", []byte(head("users and passwords (bcrypt hashes; the passwords are in <user>.password)")+
 		auth(pwUsers.String(), pw))); err != nil {
-		return err
-	}
-	if res.NkeysConfig, err = write("auth-nkeys.conf", []byte(head("nkeys (public keys; the seeds are in <user>.nk)")+
-		auth(nkUsers.String(), nk))); err != nil {
 		return err
 	}
 	if res.K8sSecrets, err = write("k8s-secrets.yaml", []byte("# toolbus NATS credentials as Kubernetes Secrets, written by go run ./deploy/nats/gen\n"+
@@ -559,6 +565,23 @@ func writeConfigKinds(users []User, g Grants, o options, kr keyring, single stri
 		return err
 	}
 	return nil
+}
+
+// configHead is the head of the users or nkeys config of kind, with the server settings
+// single.
+func configHead(o options, single, kind string) string {
+	layout := ""
+	if o.accounts {
+		layout = "# The accounts layout: the roles' users in CORE, each team's executor user in its\n" +
+			"# TEAM_<team> account, which imports only its tools' subjects (natsjwt.TeamExports),\n" +
+			"# each bound client's user in its CLIENT_<name> account, which imports only its\n" +
+			"# identities' starts, decisions, cancels, answers and reads (natsjwt.ClientExports).\n"
+	}
+	return fmt.Sprintf(`# toolbus with %s, written by go run ./deploy/nats/gen: one user per role and
+# one executor user per team (executor-<team>), each with its permissions inline (the
+# roles' from permissions.conf, the teams' from TEAM_EXECUTOR plus their granted tools).
+# Generated: regenerate it when permissions.conf or the grants change.
+`, kind) + layout + single + "\n"
 }
 
 // issueKept issues the operator/JWT setup from the keys kept in kr: removed users' files
@@ -604,6 +627,8 @@ type options struct {
 	limits accounts.TenantLimits
 	// noCoreWide: the accounts layout issues no CoreWide user (WithoutCoreWide).
 	noCoreWide bool
+	// kinds are the kinds of credentials issued (WithKinds; nil: every kind).
+	kinds []string
 }
 
 // CoreWide are the role users of the core account that act for every tenant: the shared

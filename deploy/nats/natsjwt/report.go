@@ -5,6 +5,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 )
 
@@ -106,7 +107,8 @@ func Shown(user string) string {
 // team's executor user, the settings its executors run with (a client's in the accounts
 // layout: the settings it runs with), each comment of them on a line of its own.
 func WriteUser(w io.Writer, res Result, user string) {
-	fmt.Fprintf(w, "%-20s %s  %s  %s\n", user, res.Creds[user], res.Passwords[user], res.Seeds[user])
+	files := slices.DeleteFunc([]string{res.Creds[user], res.Passwords[user], res.Seeds[user]}, func(f string) bool { return f == "" })
+	fmt.Fprintf(w, "%-20s %s\n", user, strings.Join(files, "  "))
 	var env, notes []string
 	for _, e := range res.Env[user] {
 		if strings.HasPrefix(e, "#") {
