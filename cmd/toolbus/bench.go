@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
@@ -75,7 +74,7 @@ func cmdBench(ctx context.Context, args []string, out io.Writer) error {
 		return err
 	}
 	bench.Print(out, rep)
-	return writeJSON(*jsonPath, rep, out)
+	return bench.WriteJSON(*jsonPath, rep, out)
 }
 
 // benchTenants runs `toolbus bench -tenants` with this binary as the roles' command.
@@ -90,20 +89,7 @@ func benchTenants(ctx context.Context, o *bench.TenantOptions, jsonPath string, 
 		return err
 	}
 	bench.PrintTenants(out, rep)
-	return writeJSON(jsonPath, rep, out)
-}
-
-// writeJSON writes v as indented JSON to path, when set.
-func writeJSON(path string, v any, out io.Writer) error {
-	if path == "" {
-		return nil
-	}
-	b, _ := json.MarshalIndent(v, "", "  ")
-	if err := os.WriteFile(path, append(b, '\n'), 0o644); err != nil {
-		return fmt.Errorf("bench: %w", err)
-	}
-	fmt.Fprintf(out, "\nwritten to %s\n", path)
-	return nil
+	return bench.WriteJSON(jsonPath, rep, out)
 }
 
 // splitList splits a comma-separated flag value, trimming each item.
