@@ -482,13 +482,61 @@ func TestOutsiderAPIFloodStarvesOthers(t *testing.T) {
 }
 
 // One tenant's account may hold Conns x Subs subscriptions (nats-server counts
-// max_subscriptions per connection, not per account): with the defaults, ten million,
-// at one to three kilobytes of the server's memory each (measured in process, server
-// and client), far more than a server has. A tenant's bound must fit a share of it.
+// max_subscriptions per connection, not per account), at one to three kilobytes of the
+// server's memory each (measured in process, server and client). The defaults let one
+// tenant hold at most a million (they let it hold ten million before), and on the real
+// server with the generated credentials, with no limit given, a team's account holds
+// its Conns connections and a connection its Subs subscriptions (the controls), one
+// more of each is refused, and the other team still works.
 func TestOutsiderTenantSubscriptionsFitAServer(t *testing.T) {
-	t.Skip("hole: DefaultTenantLimits let one tenant hold 1,000 x 10,000 subscriptions (10-30 GB of the server's memory); see the outsider report")
 	l := accounts.DefaultTenantLimits
 	if total := l.Conns * l.Subs; total > 1_000_000 {
 		t.Errorf("a tenant may hold %d subscriptions (%d connections x %d each)", total, l.Conns, l.Subs)
 	}
+	g := natsjwt.Grants{Teams: map[string][]string{"alpha": {"calc"}, "beta": {"search"}}}
+	res, err := natsjwt.GenerateGrants(filepath.Join("..", "permissions.conf"), t.TempDir(), g, natsjwt.WithAccounts(), natsjwt.WithBcryptCost(bcrypt.MinCost))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := eventstest.Context(t, 2*time.Minute)
+	d := startAccounts(t, ctx, credKinds[0], res, "calc", "search")
+	alpha := natsjwt.TeamUser("alpha")
+	held := make([]*nats.Conn, 0, l.Conns)
+	for i := range l.Conns {
+		nc, err := d.dial(alpha)
+		if err != nil {
+			t.Fatalf("control: alpha's connection %d of %d: %v", i+1, l.Conns, err)
+		}
+		held = append(held, nc)
+	}
+	if _, err := d.dial(alpha); err == nil || !strings.Contains(err.Error(), "maximum account active connections exceeded") {
+		t.Errorf("alpha's connection %d (cap %d): %v, want refused", l.Conns+1, l.Conns, err)
+	}
+	nc := held[0]
+	for i := range l.Subs {
+		if _, err := nc.SubscribeSync(fmt.Sprintf("fit.%d", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := nc.Flush(); err != nil || nc.LastError() != nil {
+		t.Fatalf("control: alpha's %d subscriptions: %v %v", l.Subs, err, nc.LastError())
+	}
+	if _, err := nc.SubscribeSync("fit.over"); err != nil {
+		t.Fatal(err)
+	}
+	eventstest.Eventually(t, 10*time.Second, func() error {
+		_ = nc.Flush()
+		if err := nc.LastError(); !errors.Is(err, nats.ErrMaxSubscriptionsExceeded) {
+			return fmt.Errorf("alpha's subscription %d (cap %d) is not refused: %v", l.Subs+1, l.Subs, err)
+		}
+		return nil
+	})
+	// Beta connects and works beside alpha at its caps (a connect may meet a busy server).
+	var beta *nats.Conn
+	eventstest.Eventually(t, 30*time.Second, func() error {
+		var err error
+		beta, err = d.dial(natsjwt.TeamUser("beta"))
+		return err
+	})
+	echo(t, "beta", beta)
 }
