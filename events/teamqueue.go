@@ -110,7 +110,8 @@ func (c *TeamConsumer) Consume(h jetstream.MessageHandler, _ ...jetstream.PullCo
 // ConsumePulls delivers the queue's messages to h (called in order, on one goroutine;
 // it may block) with one pull of batch messages at a time, each lasting expiry with the
 // server's heartbeats every heartbeat: a pull answered in full, ended by the server
-// (404, 408, 409) or silent for two heartbeats is followed by the next at once; one
+// (404, 408, 409), silent for two heartbeats or cut by a reconnection is followed by
+// the next at once; one
 // answered "no responders" (or "consumer deleted") sets Reach, calls onErr and is
 // followed by the next after a backoff (up to 5 s), so a queue granted again is pulled
 // again by itself.
@@ -154,9 +155,10 @@ type teamPull struct {
 
 func (p *teamPull) loop() {
 	defer close(p.closed)
-	tick := time.NewTicker(max(p.heartbeat/2, 10*time.Millisecond))
+	tick := time.NewTicker(min(max(p.heartbeat/2, 10*time.Millisecond), time.Second))
 	defer tick.Stop()
 	var wait <-chan time.Time
+	reconnects := p.c.nc.Stats().Reconnects
 	for {
 		select {
 		case <-p.stop:
@@ -176,8 +178,11 @@ func (p *teamPull) loop() {
 			wait = nil
 			p.pull()
 		case <-tick.C:
-			if time.Since(time.Unix(0, p.heard.Load())) > 2*p.heartbeat && wait == nil {
-				p.pull() // the pull was lost without a word (a reconnection, a restarted server)
+			if r := p.c.nc.Stats().Reconnects; r != reconnects {
+				reconnects = r
+				p.pull() // the server may have lost the pull (restarted): pull afresh at once
+			} else if time.Since(time.Unix(0, p.heard.Load())) > 2*p.heartbeat && wait == nil {
+				p.pull() // the pull was lost without a word
 			}
 		}
 	}
