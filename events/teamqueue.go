@@ -58,8 +58,8 @@ func (b *Bus) queueNext(tool string) string {
 // TeamQueue is the durable consumer of tool's queue as an executor in a team account
 // binds it: without a request (its config is what `toolbus init` makes: the tool's
 // queue subject and ackWait, the caller's own AckWait, which it cannot read), pulled by
-// ConsumePulls. Its Info is not available (ErrTeamAccount); Reach says whether its last
-// pull was answered.
+// ConsumePulls. Its Info is not available (ErrTeamAccount): ProbeQueue says whether
+// it is reachable.
 func (b *Bus) TeamQueue(tool string, ackWait time.Duration) *TeamConsumer {
 	name := ToolConsumer(tool)
 	return &TeamConsumer{nc: b.nc, next: b.queueNext(tool), info: jetstream.ConsumerInfo{
@@ -74,9 +74,6 @@ type TeamConsumer struct {
 	nc                 *nats.Conn
 	next               string
 	info               jetstream.ConsumerInfo
-
-	mu    sync.Mutex
-	reach error
 }
 
 // CachedInfo is the consumer's name and config as the team assumes them.
@@ -85,20 +82,6 @@ func (c *TeamConsumer) CachedInfo() *jetstream.ConsumerInfo { i := c.info; retur
 // Info is not available in a team account: the core exports no consumer info.
 func (c *TeamConsumer) Info(context.Context) (*jetstream.ConsumerInfo, error) {
 	return nil, fmt.Errorf("%w: info of consumer %s (its pulls say what a team needs)", ErrTeamAccount, c.info.Name)
-}
-
-// Reach is nil while the last pull was answered by the consumer, else why not
-// (ErrQueueUnreachable: no responders, the consumer deleted).
-func (c *TeamConsumer) Reach() error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.reach
-}
-
-func (c *TeamConsumer) setReach(err error) {
-	c.mu.Lock()
-	c.reach = err
-	c.mu.Unlock()
 }
 
 // Consume is ConsumePulls with a batch of 64, pulls of two minutes and heartbeats every
@@ -111,10 +94,9 @@ func (c *TeamConsumer) Consume(h jetstream.MessageHandler, _ ...jetstream.PullCo
 // it may block) with one pull of batch messages at a time, each lasting expiry with the
 // server's heartbeats every heartbeat: a pull answered in full, ended by the server
 // (404, 408, 409), silent for two heartbeats or cut by a reconnection is followed by
-// the next at once; one
-// answered "no responders" (or "consumer deleted") sets Reach, calls onErr and is
-// followed by the next after a backoff (up to 5 s), so a queue granted again is pulled
-// again by itself.
+// the next at once; one answered "no responders" (or "consumer deleted") calls onErr and
+// is followed by the next after a backoff (up to 5 s), so a queue granted again is
+// pulled again by itself.
 func (c *TeamConsumer) ConsumePulls(h jetstream.MessageHandler, batch int, expiry, heartbeat time.Duration, onErr func(error)) (jetstream.ConsumeContext, error) {
 	if onErr == nil {
 		onErr = func(error) {}
@@ -213,7 +195,6 @@ func (p *teamPull) receive(m *nats.Msg) {
 		p.status(m.Header.Get("Status"), m.Header.Get("Description"))
 		return
 	}
-	p.c.setReach(nil)
 	p.mu.Lock()
 	p.backoff = 0
 	p.pending--
@@ -228,10 +209,8 @@ func (p *teamPull) receive(m *nats.Msg) {
 func (p *teamPull) status(code, desc string) {
 	switch {
 	case code == "100": // heartbeat
-		p.c.setReach(nil)
 		return
 	case code == "404", code == "408":
-		p.c.setReach(nil)
 		p.again(0)
 		return
 	case code == "503", code == "409" && desc == "Consumer Deleted":
@@ -239,7 +218,6 @@ func (p *teamPull) status(code, desc string) {
 		if code == "503" {
 			err = fmt.Errorf("%w: %w", err, nats.ErrNoResponders)
 		}
-		p.c.setReach(err)
 		p.onErr(err)
 	default: // 409 (max waiting, leadership change, ...), 400: pull again shortly
 		p.onErr(fmt.Errorf("events: pull %s: %s %s", p.c.info.Name, code, desc))
