@@ -22,6 +22,9 @@ type ToolQueue struct {
 // init` retires once it is empty (docs/deployment-and-security.md, "Upgrading to the
 // queue stream": `toolbus tools` shows when it is).
 func (b *Bus) ToolQueueInfo(ctx context.Context, tool string) (ToolQueue, error) {
+	if b.team {
+		return ToolQueue{Tool: tool}, fmt.Errorf("%w: the state of the queue of %s (the core exports no consumer info to a team: its roles' credentials read it)", ErrTeamAccount, tool)
+	}
 	c, err := b.QueueStream().Consumer(ctx, ToolConsumer(tool))
 	if errors.Is(err, ErrNotSetUp) {
 		c, err = b.stream.Consumer(ctx, ToolConsumer(tool))

@@ -22,7 +22,7 @@ var ErrTeamAccount = errors.New("events: not available in a team account")
 
 // openTeam opens the bus of an executor in a team account. The team sees the core
 // account's JetStream only through its imports, under cfg.APIPrefix: the durable queues
-// of its tools (consumer info, pulls, acknowledgements), the result, wait, progress, log
+// of its tools (pulls and acknowledgements: no info, teamqueue.go), the result, wait, progress, log
 // and question subjects of its tools, its tools' claims, outputs and catalog keys, its
 // instance records, and the last result of a tool in a run. Nothing is looked up by
 // name: a stream's or bucket's info would list every subject or key in it, so the core

@@ -179,7 +179,9 @@ func TestFaultDayTwoInFlight(t *testing.T) {
 				return err
 			}
 			defer nc.Close()
-			_, err = nc.Request("JS.core.API.CONSUMER.INFO.TOOLBUS_QUEUES."+events.ToolConsumer(tool), nil, time.Second)
+			// A pull that takes nothing (a team asks no consumer info): "no responders"
+			// until the team's account imports the queue.
+			_, err = nc.Request("JS.core.API.CONSUMER.MSG.NEXT.TOOLBUS_QUEUES."+events.ToolConsumer(tool), []byte(`{"batch":1,"max_bytes":1,"no_wait":true}`), time.Second)
 			return err
 		})
 	}

@@ -69,6 +69,8 @@ type Limits struct {
 	// Buckets bound a team's keys of each shared bucket, by bucket name (buckets.go;
 	// DefaultBucketBounds).
 	Buckets map[string]BucketBound
+	// StreamShare bounds a tenant's bytes in the event stream (share.go).
+	StreamShare StreamShare
 }
 
 // Metrics counts what the service refuses (telemetry.Metrics implements it).
@@ -91,7 +93,8 @@ type Service struct {
 	next    uint64
 	waiting map[string]pending // by the last token of a forwarded write's reply subject
 
-	counts map[string]*keyCount // by the filter of a prefix's keys (buckets.go; made on first use)
+	counts map[string]*keyCount   // by the filter of a prefix's keys (buckets.go; made on first use)
+	shares map[string]*shareCount // by kind.name: bytes on the event stream (share.go; made on first use)
 
 	admitted, refused atomic.Uint64
 	warn              rate.Sometimes
@@ -340,14 +343,14 @@ const MessageOverhead = 64
 // spend takes the write's bytes from the tenant's budget: its subject, the header it is
 // forwarded with, its data and MessageOverhead.
 func (s *Service) spend(tenant, subject string, h nats.Header, data []byte) *refusal {
-	if s.lim.BytesPerSecond <= 0 {
-		return nil
-	}
 	n := len(subject) + len(data) + MessageOverhead
 	for k, vs := range h {
 		for _, v := range vs {
 			n += len(k) + len(v) + 4
 		}
+	}
+	if s.lim.BytesPerSecond <= 0 {
+		return s.share(tenant, subject, n)
 	}
 	s.mu.Lock()
 	b := s.budgets[tenant]
@@ -370,7 +373,7 @@ func (s *Service) spend(tenant, subject string, h nats.Header, data []byte) *ref
 		return &refusal{code: 429, errCode: events.WriteQuotaErrCode, desc: fmt.Sprintf(
 			"toolbus intake: quota_exceeded: %s is over its %.0f bytes per second (TOOLBUS_TENANT_BYTES_PER_SECOND): retry later", tenant, s.lim.BytesPerSecond)}
 	}
-	return nil
+	return s.share(tenant, subject, n)
 }
 
 // answer tells the writer its write was refused, as the stream tells a publish it

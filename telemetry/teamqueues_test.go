@@ -18,9 +18,9 @@ import (
 	"github.com/toolbus/toolbus/telemetry"
 )
 
-// An executor in a team account may not read the catalog whole: its queue gauges are
-// those of its own tools (QueuesOf), read through the consumer infos the core exports
-// to the team. Without QueuesOf the scrape has no queue series at all.
+// An executor in a team account exports no queue gauges: they are read from the
+// queues' consumer infos, which the core exports to no team (issue 54: a team's flood of
+// them timed out every tenant's infos). The core's executor exports them (the control).
 func TestTeamAccountQueueGauges(t *testing.T) {
 	srv := eventstest.StartAccounts(t, "alpha", []string{"calc"})
 	connect := func(user string) *nats.Conn { return eventstest.Connect(t, srv, user) }
@@ -60,10 +60,24 @@ func TestTeamAccountQueueGauges(t *testing.T) {
 		t.Fatalf("a team account read queue gauges from a catalog it may not read:\n%s", body)
 	}
 	m.QueuesOf(func() []string { return []string{"calc"} })
+	if body := scrape(); strings.Contains(body, telemetry.MetricQueuePending+"{") {
+		t.Errorf("a team account's executor exports queue gauges:\n%s", body)
+	}
+	cm := telemetry.New(telemetry.RoleExecutor)
+	cm.WatchQueues(core, 5*time.Second, nil)
+	cm.QueuesOf(func() []string { return []string{"calc"} })
+	cweb := httptest.NewServer(cm.Handler(func() bool { return true }))
+	t.Cleanup(cweb.Close)
 	// The server copies the calls into the queue stream on its own time: poll.
 	eventstest.Eventually(t, 20*time.Second, func() error {
-		if body, want := scrape(), telemetry.MetricQueuePending+`{tool="calc"} 3`; !strings.Contains(body, want) {
-			return fmt.Errorf("no %s in the team executor's metrics:\n%s", want, body)
+		resp, err := http.Get(cweb.URL + "/metrics")
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		if want := telemetry.MetricQueuePending + `{tool="calc"} 3`; !strings.Contains(string(b), want) {
+			return fmt.Errorf("control: no %s in the core executor's metrics", want)
 		}
 		return nil
 	})

@@ -155,8 +155,10 @@ func TeamExports(team string, tools []string) []Crossing {
 		next := api(jsAPI+".CONSUMER.MSG.NEXT."+queues+"."+durable, queue)
 		next.Pull = true
 		ackV1, ackV2 := AckSubjects(queues, durable)
+		// No consumer info (nor any API the server answers from its one info queue, which
+		// a team could flood to time out everyone's: events/teamqueue.go): the pulls and
+		// their answers are all a team's executors need of the queue.
 		out = append(out,
-			api(jsAPI+".CONSUMER.INFO."+queues+"."+durable, Target{Kind: ForAPI, Name: jsAPI + ".CONSUMER.INFO.*.*"}),
 			next,
 			Crossing{Subject: ackV1, For: queue},
 			Crossing{Subject: ackV2, For: queue},
@@ -323,19 +325,25 @@ type TenantLimits struct {
 	Subs int `json:"subs,omitempty"`
 	// Leafnodes is the most leaf node connections of the account (max_leafnodes).
 	Leafnodes int `json:"leafnodes,omitempty"`
+	// Payload is the largest message, in bytes, a connection of the account may publish
+	// (max_payload): the server closes one that publishes a larger one.
+	Payload int `json:"payload,omitempty"`
 }
 
 // NoLimit, as a field of TenantLimits, lifts that limit (jwt.NoLimit, the server's too).
 const NoLimit = -1
 
 // DefaultTenantLimits are a tenant account's limits unless the administrator sets
-// others (toolbus admin init -tenant-conns ..., deploy/nats/gen): 1,000 connections,
-// 10,000 subscriptions per connection and no leaf node. A team's executor process holds
-// about two subscriptions per tool it serves (its queue's consumer or doorbell, its
-// run-ended notices), one per question waiting for an answer and a few of its own: a
-// process serving 1,000 tools stays under 3,000. A client opens a handful. A fleet of
-// hundreds of processes per tenant fits the connections.
-var DefaultTenantLimits = TenantLimits{Conns: 1000, Subs: 10000, Leafnodes: 0}
+// others (toolbus admin init -tenant-conns ..., deploy/nats/gen): 100 connections, 2,000
+// subscriptions per connection, no leaf node and messages of at most 1 MiB (the
+// server's own default). A tenant at its caps holds 200,000 subscriptions, at one to
+// three kilobytes of the server's memory each (measured in process, server and client):
+// 200 to 600 MB, so ten tenants at their caps fit a server of 8 GB beside the core. A
+// team's executor process holds about two subscriptions per tool it serves (its
+// queue's pull inbox, its run-ended notices), one per question waiting for an answer
+// and a few of its own: a process serving 500 tools stays under 1,500. A client opens a
+// handful. A fleet of dozens of processes per tenant fits the connections.
+var DefaultTenantLimits = TenantLimits{Conns: 100, Subs: 2000, Leafnodes: 0, Payload: 1 << 20}
 
 // Resolved is l with each 0 replaced by DefaultTenantLimits' value: what the accounts
 // get. A Leafnodes of 0 stays 0 (none), the default.
@@ -350,13 +358,16 @@ func (l TenantLimits) Resolved() TenantLimits {
 	if l.Leafnodes != 0 {
 		d.Leafnodes = l.Leafnodes
 	}
+	if l.Payload != 0 {
+		d.Payload = l.Payload
+	}
 	return d
 }
 
 // Validate refuses a limit below NoLimit.
 func (l TenantLimits) Validate() error {
-	names := []string{"connections", "subscriptions", "leaf nodes"}
-	for i, v := range []int{l.Conns, l.Subs, l.Leafnodes} {
+	names := []string{"connections", "subscriptions", "leaf nodes", "payload"}
+	for i, v := range []int{l.Conns, l.Subs, l.Leafnodes, l.Payload} {
 		if v < NoLimit {
 			return fmt.Errorf("accounts: tenant %s limit %d: give a number, 0 for the default or -1 for none", names[i], v)
 		}
@@ -367,7 +378,7 @@ func (l TenantLimits) Validate() error {
 // Conf is the limits block of a tenant's account in a config kind (Resolved).
 func (l TenantLimits) Conf() string {
 	r := l.Resolved()
-	return fmt.Sprintf("    limits {max_connections: %d, max_subscriptions: %d, max_leafnodes: %d}\n", r.Conns, r.Subs, r.Leafnodes)
+	return fmt.Sprintf("    limits {max_connections: %d, max_subscriptions: %d, max_leafnodes: %d, max_payload: %d}\n", r.Conns, r.Subs, r.Leafnodes, r.Payload)
 }
 
 // tenant is one account of the layout beside the core: its name and what it imports.

@@ -187,6 +187,15 @@ func (f *feed) drainRetired(now int64) {
 	f.nretired.Store(int32(len(kept)))
 }
 
+// Puller is a consumer that pulls by itself and whose state cannot be asked (a team's
+// queue, events.TeamConsumer: the core exports no consumer info to a team, see
+// events/teamqueue.go). Its loop neither watches for a lost pull (it pulls again on
+// the server's every answer and after two missed heartbeats) nor parks (it cannot ask
+// whether anything is unacknowledged, which no doorbell rings for).
+type Puller interface {
+	ConsumePulls(h jetstream.MessageHandler, batch int, expiry, heartbeat time.Duration, onErr func(error)) (jetstream.ConsumeContext, error)
+}
+
 // ServeAll is Serve over several consumers (an executor's tool queues) sharing one
 // concurrency limit. Each consumer buffers at most a fair share of the limit, so a
 // message rarely waits in the client for a slot.
@@ -265,10 +274,16 @@ type serveLoop struct {
 // pull lost: the previous one then drains).
 func (l *serveLoop) start(f *feed) error {
 	last := new(atomic.Int64)
-	cc, err := f.cons.Consume(func(msg jetstream.Msg) { l.deliver(f, last, msg) },
-		jetstream.PullMaxMessages(l.share), jetstream.PullExpiry(PullExpiry), jetstream.PullHeartbeat(pullHeartbeat), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
-			l.cfg.Logger.Debug("consume " + f.name + ": " + err.Error())
-		}))
+	deliver := func(msg jetstream.Msg) { l.deliver(f, last, msg) }
+	onErr := func(err error) { l.cfg.Logger.Debug("consume " + f.name + ": " + err.Error()) }
+	var cc jetstream.ConsumeContext
+	var err error
+	if pc, ok := f.cons.(Puller); ok {
+		cc, err = pc.ConsumePulls(deliver, l.share, PullExpiry, pullHeartbeat, onErr)
+	} else {
+		cc, err = f.cons.Consume(deliver, jetstream.PullMaxMessages(l.share), jetstream.PullExpiry(PullExpiry), jetstream.PullHeartbeat(pullHeartbeat),
+			jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) { onErr(err) }))
+	}
 	if err != nil {
 		return fmt.Errorf("consume: %w", err)
 	}
@@ -387,6 +402,9 @@ func (l *serveLoop) watch(ctx context.Context) {
 			missed = l.cfg.Doorbell.Missed()
 		}
 		for _, f := range feeds {
+			if _, ok := f.cons.(Puller); ok {
+				continue // it pulls by itself and cannot ask the consumer's state: no stall watch, no parking
+			}
 			if l.cfg.Doorbell != nil {
 				if f.parked.Load() {
 					l.parked(ctx, f, wall, missed)

@@ -51,6 +51,16 @@ func (w *Worker) noteAckWait(tool string, ackWait time.Duration) {
 // queue binds the durable consumer of one tool's queue, creating it if it is missing.
 func (w *Worker) queue(ctx context.Context, tool string) (jetstream.Consumer, error) {
 	name := events.ToolConsumer(tool)
+	if w.bus.TeamAccount() {
+		// Bound without asking its info (events/teamqueue.go): a pull that takes nothing
+		// says whether the queue is there.
+		if err := w.bus.ProbeQueue(ctx, tool); errors.Is(err, events.ErrQueueUnreachable) {
+			return nil, &MissingQueuesError{Tools: []string{tool}, Err: err}
+		} else if err != nil {
+			return nil, fmt.Errorf("executor: queue %s: %w", name, err)
+		}
+		return w.bus.TeamQueue(tool, w.wantAckWait()), nil
+	}
 	cons, err := w.bus.QueueStream().Consumer(ctx, name)
 	if err == nil {
 		w.noteAckWait(tool, cons.CachedInfo().Config.AckWait)

@@ -17,8 +17,10 @@ import (
 // team's account: from then on the server answers every request on them "no
 // responders" (the pulls too, but those are renewed only every minute or two, and a
 // parked queue asks nothing for ParkCheck). So every reachEvery the worker asks the
-// server about one of its tools' queues in turn (one consumer info request: a constant
-// cost whatever the number of tools, next to the lease's renewal every second); a queue
+// server about one of its tools' queues in turn (in a team account a pull that takes
+// nothing, events.Bus.ProbeQueue, which the consumer answers itself; in the core account
+// its consumer info: a constant cost whatever the number of tools, next to the lease's
+// renewal every second); a queue
 // answered "no responders" makes the worker stop offering its tool: the instance record
 // drops it at the next renewal, calls of it are refused as unknown, and one line says
 // why. A dropped tool is asked about in its turn too: once its queue answers again (the
@@ -62,9 +64,14 @@ func (w *Worker) watchReach(ctx context.Context) (stop func()) {
 // checkReach asks the server about tool's queue and drops or restores the tool.
 func (w *Worker) checkReach(ctx context.Context, tool string) {
 	ictx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	_, err := w.bus.QueueStream().Consumer(ictx, events.ToolConsumer(tool))
+	var err error
+	if w.bus.TeamAccount() {
+		err = w.bus.ProbeQueue(ictx, tool) // a team may not ask the consumer's info
+	} else {
+		_, err = w.bus.QueueStream().Consumer(ictx, events.ToolConsumer(tool))
+	}
 	cancel()
-	gone := errors.Is(err, nats.ErrNoResponders)
+	gone := errors.Is(err, nats.ErrNoResponders) || errors.Is(err, events.ErrQueueUnreachable)
 	if !gone && err != nil {
 		return // a slow server, a queue being created: not the credentials
 	}

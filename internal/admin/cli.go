@@ -116,9 +116,10 @@ func initFlags(fs *flag.FlagSet) initOpts {
 	conns := fs.Int("tenant-conns", d.Conns, "init: the most connections of each team's and client's account (accounts layout; -1: no limit); the server refuses one more")
 	subs := fs.Int("tenant-subs", d.Subs, "init: the most subscriptions of each connection of a team's or client's account (accounts layout; -1: no limit); the server refuses one more")
 	leafs := fs.Int("tenant-leafnodes", d.Leafnodes, "init: the most leaf node connections of each team's and client's account (accounts layout; -1: no limit)")
+	payload := fs.Int("tenant-payload", d.Payload, "init: the largest message in bytes a connection of a team's or client's account may publish (accounts layout; -1: no limit); the server closes one that publishes more")
 	return initOpts{
 		limits: func() accounts.TenantLimits {
-			return accounts.TenantLimits{Conns: *conns, Subs: *subs, Leafnodes: *leafs}
+			return accounts.TenantLimits{Conns: *conns, Subs: *subs, Leafnodes: *leafs, Payload: *payload}
 		},
 		dir:      dirFlag(fs),
 		auth:     fs.String("auth", natsjwt.KindJWT, "init: the kinds of credentials issued, each a server config and one secret file per user: jwt (auth-jwt.conf, <user>.creds), users (auth-users.conf, <user>.password, k8s-secrets.yaml), nkeys (auth-nkeys.conf, <user>.nk); jwt and those added with commas (jwt,users), or all"),

@@ -18,10 +18,11 @@ func TestInitTenantLimits(t *testing.T) {
 		flags []string
 		conn  int64
 		subs  int64
+		pay   int64
 		conf  string
 	}{
-		{"default", nil, 1000, 10000, "limits {max_connections: 1000, max_subscriptions: 10000, max_leafnodes: 0}"},
-		{"set", []string{"-tenant-conns", "7", "-tenant-subs", "-1"}, 7, -1, "limits {max_connections: 7, max_subscriptions: -1, max_leafnodes: 0}"},
+		{"default", nil, 100, 2000, 1 << 20, "limits {max_connections: 100, max_subscriptions: 2000, max_leafnodes: 0, max_payload: 1048576}"},
+		{"set", []string{"-tenant-conns", "7", "-tenant-subs", "-1", "-tenant-payload", "4096"}, 7, -1, 4096, "limits {max_connections: 7, max_subscriptions: -1, max_leafnodes: 0, max_payload: 4096}"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := filepath.Join(t.TempDir(), "d")
@@ -39,8 +40,8 @@ func TestInitTenantLimits(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if ac.Limits.Conn != tc.conn || ac.Limits.Subs != tc.subs || ac.Limits.LeafNodeConn != 0 {
-				t.Errorf("team-alpha's JWT limits: conn %d subs %d leaf %d, want %d %d 0", ac.Limits.Conn, ac.Limits.Subs, ac.Limits.LeafNodeConn, tc.conn, tc.subs)
+			if ac.Limits.Conn != tc.conn || ac.Limits.Subs != tc.subs || ac.Limits.LeafNodeConn != 0 || ac.Limits.Payload != tc.pay {
+				t.Errorf("team-alpha's JWT limits: conn %d subs %d leaf %d payload %d, want %d %d 0 %d", ac.Limits.Conn, ac.Limits.Subs, ac.Limits.LeafNodeConn, ac.Limits.Payload, tc.conn, tc.subs, tc.pay)
 			}
 			for _, f := range []string{"auth-users.conf", "auth-nkeys.conf"} {
 				conf, err := os.ReadFile(filepath.Join(dir, f))

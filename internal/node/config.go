@@ -75,7 +75,9 @@ type Config struct {
 	// TenantBytesPerSecond is on by default (intake.DefaultBytesPerSecond, which
 	// TestTenantBytesDefault holds the tag to): a tenant's writes are bounded out of the box.
 	TenantBytesPerSecond float64 `envconfig:"TENANT_BYTES_PER_SECOND" default:"1048576" desc:"bytes per second (subject, headers, data and 64 bytes a message) one team or client identity in an account of its own may store, per injector; a write beyond it is refused at once, code 429 quota_exceeded (0: no bound)"`
-	TenantBytesBurst     int     `envconfig:"TENANT_BYTES_BURST" desc:"bytes a tenant may store at once beyond TOOLBUS_TENANT_BYTES_PER_SECOND (0: a minute of the rate, at least the server's max_payload)"`
+	// TenantStreamShare is a tenant's share of the event stream (intake.StreamShare).
+	TenantStreamShare int `envconfig:"TENANT_STREAM_SHARE" default:"10" desc:"percent of TOOLBUS_STREAM_MAX_BYTES one team or client identity may hold in the event stream within its retention, per injector, so that a tenant at its share cannot push the others' new runs to the admission line (90%); a write beyond it is refused, code 507 store_full (0: no share; nothing without TOOLBUS_STREAM_MAX_BYTES)"`
+	TenantBytesBurst  int `envconfig:"TENANT_BYTES_BURST" desc:"bytes a tenant may store at once beyond TOOLBUS_TENANT_BYTES_PER_SECOND (0: a minute of the rate, at least the server's max_payload)"`
 	// The bounds of a team's keys of each shared bucket (intake.BucketBounds).
 	TenantBucketKeys map[string]int `envconfig:"TENANT_BUCKET_KEYS" desc:"most keys of one team (secrets, instances) or tool (claims, outputs) in a shared bucket, as bucket:keys,... over the defaults secrets:16,instances:256,outputs:2048; a new key beyond it is refused at once, code 507 store_full (0: no bound)"`
 	TenantValueBytes map[string]int `envconfig:"TENANT_VALUE_BYTES" desc:"largest value of a tenant's key in a shared bucket, as bucket:bytes,... over the defaults secrets:65536,instances:262144,claims:65536,outputs:131072; a larger one is refused, code 400 (0: no bound)"`

@@ -228,6 +228,10 @@ func runInjector(ctx context.Context, cfg Config, bus *events.Bus, log *slog.Log
 		// Checked with the configuration (Config.Validate): no error here.
 		buckets, _ := intake.BucketBounds(cfg.TenantBucketKeys, cfg.TenantValueBytes)
 		lim := intake.Limits{BytesPerSecond: cfg.TenantBytesPerSecond, Burst: cfg.TenantBytesBurst, MaxStartBytes: cfg.MaxStartBytes, Buckets: buckets}
+		if es := bus.EventStream(); es != nil && es.CachedInfo() != nil {
+			sc := es.CachedInfo().Config
+			lim.StreamShare = intake.StreamShareOf(sc.MaxBytes, cfg.TenantStreamShare, sc.MaxAge)
+		}
 		svc := intake.New(bus.Conn(), lim, log)
 		if tel != nil {
 			svc.Observe(tel)

@@ -56,7 +56,8 @@
 // one: a push (natsjwt.PushAccounts, toolbus admin push) then takes a new team or client
 // too, with no reload, and a reload takes no changed account (push it). Every team's and
 // client's account is capped (accounts.TenantLimits, in every kind): -tenant-conns
-// connections, -tenant-subs subscriptions per connection, -tenant-leafnodes leaf nodes
+// connections, -tenant-subs subscriptions per connection, -tenant-leafnodes leaf nodes,
+// -tenant-payload the largest message
 // (defaults accounts.DefaultTenantLimits; -1 lifts one); the core account is not.
 package main
 
@@ -91,6 +92,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	conns := fs.Int("tenant-conns", d.Conns, "with -accounts: the most connections of each team's and client's account (-1: no limit); the server refuses one more")
 	subs := fs.Int("tenant-subs", d.Subs, "with -accounts: the most subscriptions of each connection of a team's or client's account (-1: no limit); the server refuses one more")
 	leafs := fs.Int("tenant-leafnodes", d.Leafnodes, "with -accounts: the most leaf node connections of each team's and client's account (-1: no limit)")
+	payload := fs.Int("tenant-payload", d.Payload, "with -accounts: the largest message in bytes a connection of a team's or client's account may publish (-1: no limit)")
 	out := fs.String("out", "", "output directory, created 0700 (default: toolbus/nats in the user's configuration directory, outside the repository: it holds secrets)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -103,7 +105,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		rot = strings.Split(*rotate, ",")
 	}
 	opts := []natsjwt.Option{natsjwt.WithRotate(rot...), natsjwt.WithListen(*listen), natsjwt.WithStoreDir(*storeDir),
-		natsjwt.WithTenantLimits(accounts.TenantLimits{Conns: *conns, Subs: *subs, Leafnodes: *leafs})}
+		natsjwt.WithTenantLimits(accounts.TenantLimits{Conns: *conns, Subs: *subs, Leafnodes: *leafs, Payload: *payload})}
 	if *accountsLayout {
 		opts = append(opts, natsjwt.WithAccounts())
 	}

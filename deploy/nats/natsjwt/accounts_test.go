@@ -3,6 +3,7 @@ package natsjwt_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -144,25 +145,14 @@ func (d *accountsDeployment) serve(team, tool, run string) {
 	t := d.t
 	t.Helper()
 	nc, js := d.team(team)
-	cons, err := js.Consumer(d.ctx, events.QueueStreamName(events.DefaultStream), events.ToolConsumer(tool))
-	if err != nil {
-		t.Fatalf("%s binds %s: %v", team, events.ToolConsumer(tool), err)
-	}
-	batch, err := cons.Fetch(1, jetstream.FetchMaxWait(5*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var call jetstream.Msg
-	for m := range batch.Messages() {
-		call = m
-	}
-	if call == nil || events.CallSubject(call.Subject(), call.Headers()) != events.SubjectToolRequested(run, tool) {
-		t.Fatalf("%s's pull of %s: %v %v", team, tool, call, batch.Error())
+	call, err := pullCall(nc, tool, 5*time.Second)
+	if err != nil || events.CallSubject(call.Subject, call.Header) != events.SubjectToolRequested(run, tool) {
+		t.Fatalf("%s's pull of %s: %v %v", team, tool, call, err)
 	}
 	if ack, err := js.Publish(d.ctx, events.SubjectToolFinished(run, tool), []byte(`{"team":"`+team+`"}`)); err != nil || ack.Stream != events.DefaultStream {
 		t.Fatalf("%s's result: %v %v", team, ack, err)
 	}
-	if err := call.DoubleAck(d.ctx); err != nil {
+	if _, err := nc.Request(call.Reply, []byte("+ACK"), 5*time.Second); err != nil {
 		t.Fatalf("%s acknowledges its call: %v", team, err)
 	}
 	for _, kv := range []struct{ bucket, key string }{
@@ -416,9 +406,9 @@ func TestAccountsDayTwo(t *testing.T) {
 			before := readDir(t, dir)
 			ctx := eventstest.Context(t, time.Minute)
 			d := startAccounts(t, ctx, kind, res1, "calc", "calc2", "search", "web")
-			alphaNC, alpha := d.team("alpha")
-			if _, err := alpha.Consumer(ctx, events.QueueStreamName(events.DefaultStream), events.ToolConsumer("calc2")); err == nil {
-				t.Fatal("alpha binds calc2's queue before it is granted")
+			alphaNC, _ := d.team("alpha")
+			if _, err := pullCall(alphaNC, "calc2", time.Second); !errors.Is(err, nats.ErrNoResponders) {
+				t.Fatalf("alpha pulls calc2's queue before it is granted: %v", err)
 			}
 
 			res2 := gen(day2)
@@ -475,26 +465,13 @@ func TestAccountsDayTwo(t *testing.T) {
 			}
 			d.res = res2
 			d.put(events.SubjectToolRequested("r1", "calc2"), `{"n":1}`)
-			var cons jetstream.Consumer
 			eventstest.Eventually(t, 10*time.Second, func() error {
-				var err error
-				cons, err = alpha.Consumer(ctx, events.QueueStreamName(events.DefaultStream), events.ToolConsumer("calc2"))
-				return err
-			})
-			batch, err := cons.Fetch(1, jetstream.FetchMaxWait(5*time.Second))
-			if err != nil {
-				t.Fatal(err)
-			}
-			n := 0
-			for m := range batch.Messages() {
-				n++
-				if err := m.Ack(); err != nil {
-					t.Fatal(err)
+				m, err := pullCall(alphaNC, "calc2", 5*time.Second)
+				if err != nil {
+					return fmt.Errorf("alpha's day-one connection pulls no call of its new tool: %w", err)
 				}
-			}
-			if n != 1 {
-				t.Fatalf("alpha's day-one connection pulled %d calls of its new tool: %v", n, batch.Error())
-			}
+				return m.Ack()
+			})
 			if !alphaNC.IsConnected() {
 				t.Error("alpha's connection is down")
 			}
@@ -545,9 +522,9 @@ func TestPushAccounts(t *testing.T) {
 	res1 := gen(natsjwt.Grants{Teams: map[string][]string{"alpha": {"calc"}}})
 	ctx := eventstest.Context(t, time.Minute)
 	d := startAccounts(t, ctx, credKinds[0], res1, "calc", "calc2")
-	_, alpha := d.team("alpha")
-	if _, err := alpha.Consumer(ctx, events.QueueStreamName(events.DefaultStream), events.ToolConsumer("calc2")); err == nil {
-		t.Fatal("alpha binds calc2's queue before it is granted")
+	alpha, _ := d.team("alpha")
+	if _, err := pullCall(alpha, "calc2", time.Second); !errors.Is(err, nats.ErrNoResponders) {
+		t.Fatalf("alpha pulls calc2's queue before it is granted: %v", err)
 	}
 	res2 := gen(natsjwt.Grants{Teams: map[string][]string{"alpha": {"calc", "calc2"}, "beta": {"search"}}})
 	if res2.SystemCreds != res1.SystemCreds {
@@ -560,26 +537,16 @@ func TestPushAccounts(t *testing.T) {
 		t.Fatalf("push: %v; want only team-beta skipped", err)
 	}
 	d.put(events.SubjectToolRequested("r1", "calc2"), `{"n":1}`)
-	var cons jetstream.Consumer
 	eventstest.Eventually(t, 10*time.Second, func() error {
-		var err error
-		cons, err = alpha.Consumer(ctx, events.QueueStreamName(events.DefaultStream), events.ToolConsumer("calc2"))
-		return err
-	})
-	batch, err := cons.Fetch(1, jetstream.FetchMaxWait(5*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
-	n := 0
-	for m := range batch.Messages() {
-		n++
-		if events.CallSubject(m.Subject(), m.Headers()) != events.SubjectToolRequested("r1", "calc2") {
-			t.Errorf("alpha pulled %s", m.Subject())
+		m, err := pullCall(alpha, "calc2", 5*time.Second)
+		if err != nil {
+			return fmt.Errorf("alpha pulls no call of its pushed tool: %w", err)
 		}
-	}
-	if n != 1 {
-		t.Fatalf("alpha pulled %d calls of its pushed tool: %v", n, batch.Error())
-	}
+		if events.CallSubject(m.Subject, m.Header) != events.SubjectToolRequested("r1", "calc2") {
+			t.Errorf("alpha pulled %s", m.Subject)
+		}
+		return nil
+	})
 }
 
 // What crosses to a team names its tools and itself only; the core's token-required
@@ -590,8 +557,8 @@ func TestTeamExports(t *testing.T) {
 		tools []string
 	}{{"alpha", []string{"calc"}}, {"beta", []string{"search", "web"}}, {"gamma", nil}} {
 		got := natsjwt.TeamExports(tc.team, tc.tools)
-		if len(got) != 23*len(tc.tools)+4 {
-			t.Errorf("%s: %d crossings, want 23 per tool and 4 per team", tc.team, len(got))
+		if len(got) != 22*len(tc.tools)+4 {
+			t.Errorf("%s: %d crossings, want 22 per tool and 4 per team", tc.team, len(got))
 		}
 		for _, c := range got {
 			names := 0
@@ -618,9 +585,9 @@ func TestTeamExports(t *testing.T) {
 		}
 	}
 	core := natsjwt.CoreExports()
-	// 23 per tool, 4 per team, 7 per client identity.
-	if len(core) != 34 {
-		t.Errorf("the core exports %d subjects, want 34", len(core))
+	// 22 per tool, 4 per team, 7 per client identity.
+	if len(core) != 33 {
+		t.Errorf("the core exports %d subjects, want 33", len(core))
 	}
 	for _, c := range core {
 		if strings.Contains(c.Subject, "any-") || c.Local != "" {

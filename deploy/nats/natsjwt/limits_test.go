@@ -133,3 +133,30 @@ func TestTenantLimits(t *testing.T) {
 		})
 	}
 }
+
+// pullCall takes one call of tool's queue as a team's executors do: a pull, no consumer
+// info (the core exports none to a team, events/teamqueue.go). It returns the call, or
+// why there is none: nats.ErrNoResponders when the queue is not reachable with nc's
+// credentials, the pull's status otherwise.
+func pullCall(nc *nats.Conn, tool string, wait time.Duration) (*nats.Msg, error) {
+	subject := natsjwt.CoreAPIPrefix + ".CONSUMER.MSG.NEXT." + events.QueueStreamName(events.DefaultStream) + "." + events.ToolConsumer(tool)
+	inbox := nc.NewRespInbox()
+	sub, err := nc.SubscribeSync(inbox)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	if err := nc.PublishRequest(subject, inbox, []byte(fmt.Sprintf(`{"batch":1,"expires":%d}`, wait.Nanoseconds()))); err != nil {
+		return nil, err
+	}
+	m, err := sub.NextMsg(wait + 2*time.Second)
+	switch {
+	case err != nil:
+		return nil, err
+	case m.Header.Get("Status") == "503":
+		return nil, nats.ErrNoResponders
+	case m.Header.Get("Status") != "":
+		return nil, fmt.Errorf("pull of %s: %s %s", tool, m.Header.Get("Status"), m.Header.Get("Description"))
+	}
+	return m, nil
+}

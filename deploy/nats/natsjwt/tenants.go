@@ -172,7 +172,7 @@ func issueTenants(tenants []tenantAccount, kr keyring, okp, ckp nkeys.KeyPair, r
 	for _, t := range tenants {
 		tc := jwt.NewAccountClaims(t.pub)
 		tc.Name = t.name
-		tc.Limits.Conn, tc.Limits.Subs, tc.Limits.LeafNodeConn = int64(r.Conns), int64(r.Subs), int64(r.Leafnodes)
+		tc.Limits.Conn, tc.Limits.Subs, tc.Limits.LeafNodeConn, tc.Limits.Payload = int64(r.Conns), int64(r.Subs), int64(r.Leafnodes), int64(r.Payload)
 		for key, at := range revoked.tenant[t.pub] {
 			tc.RevokeAt(key, time.Unix(at, 0))
 		}

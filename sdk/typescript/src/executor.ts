@@ -371,7 +371,7 @@ export class Executor {
    */
   static reachEveryMS = 10000;
   private bellRefused = false;
-  private pullOpts = { max_messages: 1, expires: 30000 };
+  private pullOpts: { max_messages: number; expires: number; bind?: boolean } = { max_messages: 1, expires: 30000 };
   private readonly stopped: Promise<void>;
   private stopRequested!: () => void;
   private readonly servingP: Promise<void>;
@@ -527,9 +527,10 @@ export class Executor {
           throw err;
         }
       }
-      this.pullOpts = { max_messages: Math.min(s.concurrency, 256), expires: Math.max(1000, Math.min(30000, ackWait)) };
+      this.pullOpts = { max_messages: Math.min(s.concurrency, 256), expires: Math.max(1000, Math.min(30000, ackWait)), ...(bus.team ? { bind: true } : {}) };
       for (const t of served) {
-        const f: Feed = { tool: t, consumer: await bus.js.consumers.get(bus.queues, toolConsumer(t)), last: Date.now(), busy: 0,
+        const consumer = bus.team ? bus.teamQueue(t, ackWait) : await bus.js.consumers.get(bus.queues, toolConsumer(t));
+        const f: Feed = { tool: t, consumer, last: Date.now(), busy: 0,
           parked: false, rung: false, missed: 0, nextCheck: 0, checking: false };
         this.feeds.push(f);
         await this.pull(f);
@@ -583,7 +584,9 @@ export class Executor {
     const tool = [...this.servedList].sort()[this.reachNext++ % this.servedList.length];
     let gone = false;
     try {
-      await this.bus.js.consumers.get(this.bus.queues, toolConsumer(tool));
+      // A team asks no consumer info (the core exports none): a pull that takes nothing.
+      if (this.bus.team) await this.bus.probeQueue(tool);
+      else await this.bus.js.consumers.get(this.bus.queues, toolConsumer(tool));
     } catch (err) {
       if (!isNoResponders(err)) return; // a slow server, a queue being created: not the credentials
       gone = true;
@@ -656,7 +659,9 @@ export class Executor {
   }
 
   private async park(f: Feed, now: number): Promise<void> {
-    if (this.bellRefused || f.busy > 0 || now - f.last < this.settings.parkAfterMS || this.metrics.ready === false) return;
+    // A team's queue does not park: it cannot ask whether anything is unacknowledged
+    // (no consumer info), and a redelivery rings no doorbell.
+    if (this.bus?.team || this.bellRefused || f.busy > 0 || now - f.last < this.settings.parkAfterMS || this.metrics.ready === false) return;
     const missed = this.reconnects;
     f.rung = false;
     let refused: Error | undefined;

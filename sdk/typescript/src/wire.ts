@@ -13,6 +13,8 @@ import {
   JetStreamApiError,
   jetstream,
   jetstreamManager,
+  type Consumer,
+  type ConsumerInfo,
   type JetStreamClient,
   type JetStreamManager,
   type JetStreamPublishOptions,
@@ -1197,9 +1199,46 @@ export class Bus {
    * on the tool's one queue subject, deliveries unlimited (executors bound the executions
    * of a call through its claim). Returns its ack wait in ms.
    */
-  async bindQueue(tool: string, ackWaitMS: number, maxAckPending: number): Promise<number> {
-    const jsm = await this.jsm();
+  /**
+   * Whether a tool's queue is reachable, asked with a pull that can take nothing (no_wait,
+   * max_bytes 1: the consumer answers 404 when nothing is pending, 409 when something is,
+   * and delivers nothing). A team asks the core's JetStream API nothing whose cost the
+   * tenants share (the server answers every account's infos from one queue, which a team
+   * could flood): the core exports no consumer info to a team. Throws the no-responders
+   * error when the credentials no longer reach the queue. The Go twin is
+   * events.Bus.ProbeQueue.
+   */
+  async probeQueue(tool: string): Promise<void> {
+    const subj = `${this.apiPrefix || '$JS.API'}.CONSUMER.MSG.NEXT.${this.queues}.${toolConsumer(tool)}`;
+    const m = await this.nc.request(subj, JSON.stringify({ batch: 1, max_bytes: 1, no_wait: true }), { timeout: 5000 });
+    if (m.headers?.code === 409 && m.headers.description === 'Consumer Deleted') throw new Error(`toolbus: consumer ${toolConsumer(tool)} deleted`);
+  }
+
+  /**
+   * The consumer of a tool's queue as a team binds it: built from what `toolbus init`
+   * makes, with no request (pulled with `bind: true`, so no consumer info is asked
+   * either when heartbeats are missed).
+   */
+  teamQueue(tool: string, ackWaitMS: number): Consumer {
     const name = toolConsumer(tool);
+    return this.js.consumers.getConsumerFromInfo({
+      name, stream_name: this.queues, created: new Date(0).toISOString(),
+      config: { durable_name: name, filter_subject: subject.queue(tool), ack_policy: AckPolicy.Explicit, ack_wait: nanos(ackWaitMS) },
+    } as unknown as ConsumerInfo);
+  }
+
+  async bindQueue(tool: string, ackWaitMS: number, maxAckPending: number): Promise<number> {
+    const name = toolConsumer(tool);
+    if (this.team) {
+      try {
+        await this.probeQueue(tool);
+        return ackWaitMS; // a team cannot read the queue's own: its executors beat by theirs
+      } catch (err) {
+        throw new Error(`toolbus: the queue of ${tool} (consumer ${name} of ${this.queues}) is not reachable under ${this.apiPrefix} (${(err as Error).message}): ` +
+          `an admin creates it in the core account with \`toolbus init --tools ${tool}\` and exports it to the team (the accounts layout)`, { cause: err });
+      }
+    }
+    const jsm = await this.jsm();
     try {
       const info = await jsm.consumers.info(this.queues, name);
       return (info.config.ack_wait ?? nanos(ackWaitMS)) / 1e6;
