@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -39,7 +38,7 @@ func (s *stack) waitIdle(durable string) {
 	s.t.Helper()
 	eventstest.Eventually(s.t, 30*time.Second, func() error {
 		for _, durable := range executorQueues(s, []string{durable}) {
-			cons, err := s.bus.EventStream().Consumer(s.ctx, durable)
+			cons, err := s.bus.DurableHome(durable).Consumer(s.ctx, durable)
 			if err != nil {
 				return err
 			}
@@ -64,8 +63,12 @@ func executorQueues(s *stack, durables []string) []string {
 			out = append(out, d)
 			continue
 		}
-		for name := range s.bus.EventStream().ConsumerNames(s.ctx).Name() {
-			if strings.HasPrefix(name, "tool_") {
+		queues, err := s.bus.JetStream().Stream(s.ctx, events.QueueStreamName(s.bus.Config().Stream))
+		if err != nil {
+			s.t.Fatal(err)
+		}
+		for name := range queues.ConsumerNames(s.ctx).Name() {
+			if events.IsToolConsumer(name) {
 				out = append(out, name)
 			}
 		}

@@ -166,7 +166,7 @@ func quiet(t *testing.T, s *stack, durables ...string) {
 	t.Helper()
 	eventstest.Eventually(t, 20*time.Second, func() error {
 		for _, d := range executorQueues(s, durables) {
-			c, err := s.bus.EventStream().Consumer(s.ctx, d)
+			c, err := s.bus.DurableHome(d).Consumer(s.ctx, d)
 			if err != nil {
 				return err
 			}
@@ -275,10 +275,9 @@ func TestHostileInputTerminated(t *testing.T) {
 	for i, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			a := adv.wait(t, seqs[i])
-			// A tool's queue is on the queue stream, every other consumer on the event stream.
-			stream, logged := events.DefaultStream, "subject="+c.msg.Subject+" "
-			if strings.HasPrefix(c.consumer, events.ToolConsumerPrefix) {
-				stream, logged = events.QueueStreamName(events.DefaultStream), " "+c.msg.Subject+" "
+			stream, logged := events.DurableStream(events.DefaultStream, c.consumer), "subject="+c.msg.Subject+" "
+			if events.IsToolConsumer(c.consumer) {
+				logged = " " + c.msg.Subject + " "
 			}
 			if a.Stream != stream || a.Consumer != c.consumer || !strings.Contains(a.Reason, c.reason) {
 				t.Fatalf("advisory %+v, want consumer %s on %s and a reason with %q", a, c.consumer, stream, c.reason)

@@ -873,11 +873,5 @@ func TestForgedCallCannotGrantToolsOrPrincipal(t *testing.T) {
 	}
 }
 
-// streamOf is the stream of a durable: a tool's queue is on the queue stream, the
-// planner's and the injector's on the event stream.
-func streamOf(consumer string) string {
-	if strings.HasPrefix(consumer, events.ToolConsumerPrefix) {
-		return events.QueueStreamName(events.DefaultStream)
-	}
-	return events.DefaultStream
-}
+// streamOf is the stream of a durable of the default stream (events.DurableStream).
+func streamOf(consumer string) string { return events.DurableStream(events.DefaultStream, consumer) }
