@@ -91,6 +91,7 @@ func (s *stack) waitEvents(run, typ string, n int) {
 // one deployment and a call that blocks on another), their results are cancelled, the
 // run ends cancelled, and nothing moves it back: no next step, even with a late result.
 func TestCancelInFlightOnEveryExecutor(t *testing.T) {
+	t.Parallel()
 	started, ended := make(chan string, 4), make(chan error, 4)
 	model := &planner.Script{Steps: []func(planner.Request) planner.Response{
 		planner.Calls(call("s", "sleep", `{"ms":60000}`), call("h", "hold", `{}`)),
@@ -176,6 +177,7 @@ func TestCancelInFlightOnEveryExecutor(t *testing.T) {
 
 // A run that waits for approval can be cancelled; a later approval is ignored.
 func TestCancelWhileWaitingForApproval(t *testing.T) {
+	t.Parallel()
 	deploy := newDeployTool()
 	model := &planner.Script{Steps: []func(planner.Request) planner.Response{
 		planner.Calls(call("b", "deploy", `{"service":"api"}`)),
@@ -208,6 +210,7 @@ func TestCancelWhileWaitingForApproval(t *testing.T) {
 
 // Cancelling a run that already ended changes nothing.
 func TestCancelEndedRun(t *testing.T) {
+	t.Parallel()
 	model := &planner.Script{Steps: []func(planner.Request) planner.Response{planner.Answer("42")}}
 	s := newStack(t, model)
 	s.startAll()
@@ -231,6 +234,7 @@ func TestCancelEndedRun(t *testing.T) {
 // while it listened, and from the run state otherwise (an executor started after the
 // run ended); both are checked with a late tool.requested for a completed run.
 func TestCallOfEndedRunNotRun(t *testing.T) {
+	t.Parallel()
 	var ran atomic.Int32
 	counted := executor.Tool{
 		Name: "counted", Description: "counts its executions", InputSchema: objectSchema,

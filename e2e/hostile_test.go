@@ -208,6 +208,7 @@ func rawMsg(subject string, body []byte, headers ...string) *nats.Msg {
 }
 
 func TestHostileInputTerminated(t *testing.T) {
+	t.Parallel()
 	s := newStack(t, oneNoopStep())
 	logs := captureLogs(s)
 	adv := watchTerminations(t, s.srv.Conn)
@@ -299,6 +300,7 @@ func TestHostileInputTerminated(t *testing.T) {
 // a clear error and the connection goes on; on a server configured for larger messages
 // it reaches the stream, and the consumer terminates it.
 func TestHostileOversizedMessage(t *testing.T) {
+	t.Parallel()
 	const size = 8 << 20
 	garbage := bytes.Repeat([]byte{0xff}, size)
 
@@ -383,6 +385,7 @@ func TestHostileOversizedMessage(t *testing.T) {
 // republication) it is acknowledged quietly. The first result stands in the step record
 // and in what the model reads.
 func TestHostileDuplicateResultFirstStands(t *testing.T) {
+	t.Parallel()
 	release := make(chan struct{})
 	gate := releasedTool(release)
 	model := &planner.Script{Steps: []func(planner.Request) planner.Response{

@@ -21,6 +21,7 @@ import (
 // exec-a's calls are unacknowledged. It runs in plain `go test` too (about 15 s a case),
 // so CI exercises a real crash.
 func TestFaultExecutorKill(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("starts processes")
 	}
