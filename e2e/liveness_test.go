@@ -76,7 +76,8 @@ func toolMessages(req planner.Request, sub string) (all, matching int) {
 // A step of 300 calls: the first 128 run, the other 172 get a rejected too_many_calls
 // result from the planner, the model reads 300 answers and the run completes.
 func TestManyCallsInOneStepEnd(t *testing.T) {
-	t.Parallel()
+	// Not parallel: it moves megabytes through the bus and is bound by the CPU, so it
+	// gains nothing beside other tests and would stretch it past its deadlines.
 	model := &planner.Script{Steps: []func(planner.Request) planner.Response{
 		planner.Calls(manyCalls(300, "noop", `{}`)...),
 		planner.Answer("done"),
@@ -123,7 +124,8 @@ func megabyteTool() executor.Tool {
 // 80 calls of 1 MB each: the join state stays small (one key per result, bounded
 // content), so the run completes.
 func TestBigResultsInOneStepEnd(t *testing.T) {
-	t.Parallel()
+	// Not parallel: it moves megabytes through the bus and is bound by the CPU, so it
+	// gains nothing beside other tests and would stretch it past its deadlines.
 	model := &planner.Script{Steps: []func(planner.Request) planner.Response{
 		planner.Calls(manyCalls(80, "megabyte", `{}`)...),
 		planner.Answer("done"),
