@@ -72,6 +72,7 @@ accounts {
 // subject (the attack that defeats user permissions inside one account) is answered in
 // the team's own account and stores nothing in the core.
 func TestTenancyAccountsBoundary(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	conf := filepath.Join(dir, "accounts.conf")
 	if err := os.WriteFile(conf, []byte(fmt.Sprintf(accountsConf, filepath.Join(dir, "js"))), 0o600); err != nil {

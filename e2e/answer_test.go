@@ -26,6 +26,7 @@ func (m *hugeModel) Complete(context.Context, planner.Request) (planner.Response
 // after one model call; before, each retry of the step called (and paid) the model again
 // until the deliveries ran out.
 func TestOversizedAnswerCallsModelOnce(t *testing.T) {
+	t.Parallel()
 	m := &hugeModel{size: 2 << 20}
 	s := newStack(t, m)
 	s.startAll()

@@ -128,6 +128,7 @@ func (s *stack) resultOf(run string, step int, callID string) (toolbus.ToolResul
 // the deploy does not; the run waits with the deploy pending; once granted, the deploy
 // runs and the model reads all three results in call order.
 func TestApprovalGrantedKeepsEveryResult(t *testing.T) {
+	t.Parallel()
 	deploy := newDeployTool()
 	model := &planner.Script{Steps: []func(planner.Request) planner.Response{
 		planner.Calls(call("a", "noop", `{}`), call("b", "deploy", `{"service":"api"}`), call("c", "calculator", `{"expression":"2*21"}`)),
@@ -187,6 +188,7 @@ func TestApprovalGrantedKeepsEveryResult(t *testing.T) {
 // A denied call is not run: it comes back to the model as rejected/approval_denied with
 // the reason, and the model goes on.
 func TestApprovalDenied(t *testing.T) {
+	t.Parallel()
 	deploy := newDeployTool()
 	model := &planner.Script{Steps: []func(planner.Request) planner.Response{
 		planner.Calls(call("a", "noop", `{}`), call("b", "deploy", `{"service":"db"}`)),
@@ -222,6 +224,7 @@ func TestApprovalDenied(t *testing.T) {
 // Waiting, deciding and resuming survive restarts of every process: nothing of it lives
 // in a process. Two calls wait; each decision comes while a fresh set of workers runs.
 func TestApprovalSurvivesRestarts(t *testing.T) {
+	t.Parallel()
 	deploy := newDeployTool()
 	model := &planner.Script{Steps: []func(planner.Request) planner.Response{
 		planner.Calls(call("a", "noop", `{}`), call("b", "deploy", `{"service":"api"}`), call("c", "deploy", `{"service":"db"}`)),
@@ -267,6 +270,7 @@ func TestApprovalSurvivesRestarts(t *testing.T) {
 // Call ids are unique only within a step: a decision on call_0 at step 0 does not
 // approve the call_0 of step 1.
 func TestApprovalDoesNotCarryOverReusedCallID(t *testing.T) {
+	t.Parallel()
 	deploy := newDeployTool()
 	model := &planner.Script{Steps: []func(planner.Request) planner.Response{
 		planner.Calls(call("call_0", "deploy", `{"service":"api"}`)),
@@ -299,6 +303,7 @@ func TestApprovalDoesNotCarryOverReusedCallID(t *testing.T) {
 // A decision that comes before the call waits is kept: the executor applies it, and the
 // call never waits.
 func TestApprovalBeforeTheCallWaits(t *testing.T) {
+	t.Parallel()
 	deploy := newDeployTool()
 	model := &planner.Script{Steps: []func(planner.Request) planner.Response{
 		planner.Calls(call("b", "deploy", `{"service":"api"}`)),
@@ -335,6 +340,7 @@ func TestApprovalBeforeTheCallWaits(t *testing.T) {
 // The executor published tool.waiting, the decision comes, and the injector meets both
 // events in either order: the call runs once and the run goes on.
 func TestApprovalRacesTheWaitingEvent(t *testing.T) {
+	t.Parallel()
 	deploy := newDeployTool()
 	model := &planner.Script{Steps: []func(planner.Request) planner.Response{
 		planner.Calls(call("b", "deploy", `{"service":"api"}`)),
@@ -381,6 +387,7 @@ func TestApprovalRacesTheWaitingEvent(t *testing.T) {
 // call, which runs once with the person's arguments. A response on approval.granted is
 // refused the same way.
 func TestEditRefusedOnTheBus(t *testing.T) {
+	t.Parallel()
 	deploy := newDeployTool()
 	model := &planner.Script{Steps: []func(planner.Request) planner.Response{
 		planner.Calls(call("b", "deploy", `{"service":"api"}`)),

@@ -90,6 +90,7 @@ func newBPWorker(t *testing.T, name string, concurrency, toolLimit int, freeGate
 // every worker to its concurrency, then 10 runs of 8 bp_limited calls fill every worker
 // to the tool's limit.
 func TestBackPressureLimits(t *testing.T) {
+	t.Parallel()
 	const (
 		workerLimit = 4
 		toolLimit   = 2

@@ -50,6 +50,7 @@ func anyEnd(s *stack, run string) toolbus.RunEnded {
 }
 
 func TestBudgetMaxSteps(t *testing.T) {
+	t.Parallel()
 	s := newStack(t, usageScript())
 	s.startWithDefaults(toolbus.DefaultLimits{MaxSteps: 2}, worker.Config{})
 	t.Run("default", func(t *testing.T) {
@@ -70,6 +71,7 @@ func TestBudgetMaxSteps(t *testing.T) {
 }
 
 func TestBudgetTokens(t *testing.T) {
+	t.Parallel()
 	s := newStack(t, usageScript())
 	s.startWithDefaults(toolbus.DefaultLimits{TokenBudget: 150}, worker.Config{})
 	t.Run("default", func(t *testing.T) {
@@ -91,6 +93,7 @@ func TestBudgetTokens(t *testing.T) {
 }
 
 func TestBudgetDeadline(t *testing.T) {
+	t.Parallel()
 	started, ended := make(chan string, 8), make(chan error, 8)
 	model := &planner.Script{Steps: []func(planner.Request) planner.Response{
 		planner.Calls(call("h", "hold", `{}`)),

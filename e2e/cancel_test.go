@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -39,7 +38,7 @@ func (s *stack) waitIdle(durable string) {
 	s.t.Helper()
 	eventstest.Eventually(s.t, 30*time.Second, func() error {
 		for _, durable := range executorQueues(s, []string{durable}) {
-			cons, err := s.bus.EventStream().Consumer(s.ctx, durable)
+			cons, err := s.bus.DurableHome(durable).Consumer(s.ctx, durable)
 			if err != nil {
 				return err
 			}
@@ -64,8 +63,12 @@ func executorQueues(s *stack, durables []string) []string {
 			out = append(out, d)
 			continue
 		}
-		for name := range s.bus.EventStream().ConsumerNames(s.ctx).Name() {
-			if strings.HasPrefix(name, "tool_") {
+		queues, err := s.bus.JetStream().Stream(s.ctx, events.QueueStreamName(s.bus.Config().Stream))
+		if err != nil {
+			s.t.Fatal(err)
+		}
+		for name := range queues.ConsumerNames(s.ctx).Name() {
+			if events.IsToolConsumer(name) {
 				out = append(out, name)
 			}
 		}
@@ -88,6 +91,7 @@ func (s *stack) waitEvents(run, typ string, n int) {
 // one deployment and a call that blocks on another), their results are cancelled, the
 // run ends cancelled, and nothing moves it back: no next step, even with a late result.
 func TestCancelInFlightOnEveryExecutor(t *testing.T) {
+	t.Parallel()
 	started, ended := make(chan string, 4), make(chan error, 4)
 	model := &planner.Script{Steps: []func(planner.Request) planner.Response{
 		planner.Calls(call("s", "sleep", `{"ms":60000}`), call("h", "hold", `{}`)),
@@ -173,6 +177,7 @@ func TestCancelInFlightOnEveryExecutor(t *testing.T) {
 
 // A run that waits for approval can be cancelled; a later approval is ignored.
 func TestCancelWhileWaitingForApproval(t *testing.T) {
+	t.Parallel()
 	deploy := newDeployTool()
 	model := &planner.Script{Steps: []func(planner.Request) planner.Response{
 		planner.Calls(call("b", "deploy", `{"service":"api"}`)),
@@ -205,6 +210,7 @@ func TestCancelWhileWaitingForApproval(t *testing.T) {
 
 // Cancelling a run that already ended changes nothing.
 func TestCancelEndedRun(t *testing.T) {
+	t.Parallel()
 	model := &planner.Script{Steps: []func(planner.Request) planner.Response{planner.Answer("42")}}
 	s := newStack(t, model)
 	s.startAll()
@@ -228,6 +234,7 @@ func TestCancelEndedRun(t *testing.T) {
 // while it listened, and from the run state otherwise (an executor started after the
 // run ended); both are checked with a late tool.requested for a completed run.
 func TestCallOfEndedRunNotRun(t *testing.T) {
+	t.Parallel()
 	var ran atomic.Int32
 	counted := executor.Tool{
 		Name: "counted", Description: "counts its executions", InputSchema: objectSchema,

@@ -33,6 +33,7 @@ import (
 // team's files are gone and its JWT revoked. In operator mode nothing is done to the
 // running server; users and nkeys need a config reload, which keeps every connection.
 func TestDayTwoGrantsKeepTheDeployment(t *testing.T) {
+	t.Parallel()
 	perms := filepath.Join("..", "deploy", "nats", "permissions.conf")
 	day1 := natsjwt.Grants{Teams: map[string][]string{"alpha": {"calculator"}}}
 	day2 := natsjwt.Grants{Teams: map[string][]string{"alpha": {"calculator", "big_output"}, "beta": {"noop"}}}

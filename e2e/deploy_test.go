@@ -52,6 +52,7 @@ func (s *sideEffects) counts() map[string]int {
 // their ack wait, so they are redelivered while still buffered. Each call still runs
 // exactly once: the claim taken before a tool runs turns the second delivery away.
 func TestSaturatedExecutorRunsNothingTwice(t *testing.T) {
+	t.Parallel()
 	const calls = 6
 	var fx sideEffects
 	slow := executor.Tool{
@@ -108,6 +109,7 @@ func TestSaturatedExecutorRunsNothingTwice(t *testing.T) {
 // the built-in fleet: its tool enters the catalog with its instance, a run calls it and
 // a built-in tool in one step, and when the process stops its tool leaves the catalog.
 func TestCustomExecutorExample(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("builds and starts a process")
 	}
@@ -215,6 +217,7 @@ func (l *lockedWriter) Write(p []byte) (int, error) {
 // fill all 16 slots and the small run would wait forever), and the flood never has
 // more than 4 calls running at once. Nothing here depends on timing.
 func TestRunCapLeavesRoomForOthers(t *testing.T) {
+	t.Parallel()
 	const floodCalls, limit = 60, 4
 	var (
 		mu            sync.Mutex

@@ -19,6 +19,7 @@ import (
 // step and carries the provider's message once, each layer of the error chain adding
 // its prefix once (no "planner: ... planner: permanent model error: planner: openai").
 func TestProvidersRefusalReason(t *testing.T) {
+	t.Parallel()
 	quiet := slog.New(slog.DiscardHandler)
 	const refusal = "max_tokens: 100000 > 64000"
 	providers := []struct {

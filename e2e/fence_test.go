@@ -24,6 +24,7 @@ import (
 // owner's instance record and the results, written as the executors write them), so
 // each ordering is exact; the planner and the injector are the real ones.
 func TestLateResultOfSupersededAttempt(t *testing.T) {
+	t.Parallel()
 	for _, tc := range lateResultCases("") {
 		t.Run(tc.name, func(t *testing.T) {
 			s := newStack(t, fenceModel())
@@ -222,6 +223,7 @@ func keepAlive(t *testing.T, s *stack, team, name, boot string) {
 // Results of a real executor carry their attempt's fencing deadline, and the stream
 // stored them before it: the injector joins them without reading their claim.
 func TestResultsCarryTheirLease(t *testing.T) {
+	t.Parallel()
 	model := &planner.Script{Steps: []func(planner.Request) planner.Response{
 		planner.Calls(call("a", "noop", `{}`), call("b", "noop", `{}`)),
 		planner.Answer("done"),

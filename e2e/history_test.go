@@ -13,6 +13,8 @@ import (
 // A 3 MB output is over NATS's max payload (1 MB): the event carries the bounded content and a
 // reference, the object store keeps the whole output, the model reads the bounded content.
 func TestHugeOutputKeptWhole(t *testing.T) {
+	// Not parallel: it moves megabytes through the bus and is bound by the CPU, so it
+	// gains nothing beside other tests and would stretch it past its deadlines.
 	model := &planner.Script{Steps: []func(planner.Request) planner.Response{
 		planner.Calls(call("big", "big_output", `{"bytes":3145728}`)),
 		planner.Answer("done"),
@@ -50,6 +52,8 @@ func TestHugeOutputKeptWhole(t *testing.T) {
 // 50 steps with 5 MB of tool output in total: the history is read from the store, never
 // re-sent whole, so no event grows with the run.
 func TestLongRunWithLargeHistory(t *testing.T) {
+	// Not parallel: it moves megabytes through the bus and is bound by the CPU, so it
+	// gains nothing beside other tests and would stretch it past its deadlines.
 	const steps = 50
 	script := &planner.Script{}
 	for i := 0; i < steps-1; i++ {
@@ -92,6 +96,7 @@ func TestLongRunWithLargeHistory(t *testing.T) {
 // the planner, which recorded step 0 itself, plans step 1 from them: the model reads
 // exactly the history the store holds (what a planner that reads the store builds).
 func TestCarriedResultsAreTheStoresHistory(t *testing.T) {
+	t.Parallel()
 	model := &planner.Script{Steps: []func(planner.Request) planner.Response{
 		planner.Calls(call("c_fail", "fail", `{"code":"not_found","message":"no such thing"}`),
 			call("c_big", "big_output", `{"bytes":200000}`),

@@ -166,7 +166,7 @@ func quiet(t *testing.T, s *stack, durables ...string) {
 	t.Helper()
 	eventstest.Eventually(t, 20*time.Second, func() error {
 		for _, d := range executorQueues(s, durables) {
-			c, err := s.bus.EventStream().Consumer(s.ctx, d)
+			c, err := s.bus.DurableHome(d).Consumer(s.ctx, d)
 			if err != nil {
 				return err
 			}
@@ -208,6 +208,7 @@ func rawMsg(subject string, body []byte, headers ...string) *nats.Msg {
 }
 
 func TestHostileInputTerminated(t *testing.T) {
+	t.Parallel()
 	s := newStack(t, oneNoopStep())
 	logs := captureLogs(s)
 	adv := watchTerminations(t, s.srv.Conn)
@@ -275,10 +276,9 @@ func TestHostileInputTerminated(t *testing.T) {
 	for i, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			a := adv.wait(t, seqs[i])
-			// A tool's queue is on the queue stream, every other consumer on the event stream.
-			stream, logged := events.DefaultStream, "subject="+c.msg.Subject+" "
-			if strings.HasPrefix(c.consumer, events.ToolConsumerPrefix) {
-				stream, logged = events.QueueStreamName(events.DefaultStream), " "+c.msg.Subject+" "
+			stream, logged := events.DurableStream(events.DefaultStream, c.consumer), "subject="+c.msg.Subject+" "
+			if events.IsToolConsumer(c.consumer) {
+				logged = " " + c.msg.Subject + " "
 			}
 			if a.Stream != stream || a.Consumer != c.consumer || !strings.Contains(a.Reason, c.reason) {
 				t.Fatalf("advisory %+v, want consumer %s on %s and a reason with %q", a, c.consumer, stream, c.reason)
@@ -300,6 +300,7 @@ func TestHostileInputTerminated(t *testing.T) {
 // a clear error and the connection goes on; on a server configured for larger messages
 // it reaches the stream, and the consumer terminates it.
 func TestHostileOversizedMessage(t *testing.T) {
+	t.Parallel()
 	const size = 8 << 20
 	garbage := bytes.Repeat([]byte{0xff}, size)
 
@@ -384,6 +385,7 @@ func TestHostileOversizedMessage(t *testing.T) {
 // republication) it is acknowledged quietly. The first result stands in the step record
 // and in what the model reads.
 func TestHostileDuplicateResultFirstStands(t *testing.T) {
+	t.Parallel()
 	release := make(chan struct{})
 	gate := releasedTool(release)
 	model := &planner.Script{Steps: []func(planner.Request) planner.Response{

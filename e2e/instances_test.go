@@ -35,6 +35,7 @@ import (
 // write (under its own token) naming alpha's tool does not make beta an instance of it
 // for the planner's catalog. For each credential kind of deploy/nats/gen.
 func TestSecurityTeamInstances(t *testing.T) {
+	t.Parallel()
 	perms := filepath.Join("..", "deploy", "nats", "permissions.conf")
 	grants := natsjwt.Grants{Teams: map[string][]string{"alpha": {"held"}, "beta": {"noop"}}}
 	for _, mode := range genModes() {

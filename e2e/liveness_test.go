@@ -76,6 +76,8 @@ func toolMessages(req planner.Request, sub string) (all, matching int) {
 // A step of 300 calls: the first 128 run, the other 172 get a rejected too_many_calls
 // result from the planner, the model reads 300 answers and the run completes.
 func TestManyCallsInOneStepEnd(t *testing.T) {
+	// Not parallel: it moves megabytes through the bus and is bound by the CPU, so it
+	// gains nothing beside other tests and would stretch it past its deadlines.
 	model := &planner.Script{Steps: []func(planner.Request) planner.Response{
 		planner.Calls(manyCalls(300, "noop", `{}`)...),
 		planner.Answer("done"),
@@ -122,6 +124,8 @@ func megabyteTool() executor.Tool {
 // 80 calls of 1 MB each: the join state stays small (one key per result, bounded
 // content), so the run completes.
 func TestBigResultsInOneStepEnd(t *testing.T) {
+	// Not parallel: it moves megabytes through the bus and is bound by the CPU, so it
+	// gains nothing beside other tests and would stretch it past its deadlines.
 	model := &planner.Script{Steps: []func(planner.Request) planner.Response{
 		planner.Calls(manyCalls(80, "megabyte", `{}`)...),
 		planner.Answer("done"),
@@ -145,6 +149,7 @@ func TestBigResultsInOneStepEnd(t *testing.T) {
 // deadline: limit_reached / deadline, the unanswered call listed, and a timed_out result
 // from the injector for it on the stream; the answered call keeps its real result.
 func TestDeadlineEndsAStepThatNeverCompletes(t *testing.T) {
+	t.Parallel()
 	lost := executor.Tool{Name: "lost", Description: "served by an executor that stops", InputSchema: objectSchema, ReadOnly: true,
 		Func: func(context.Context, json.RawMessage) (any, error) { return "never", nil }}
 	model := &planner.Script{Steps: []func(planner.Request) planner.Response{
@@ -219,6 +224,7 @@ func TestDeadlineEndsAStepThatNeverCompletes(t *testing.T) {
 // (injected by the BeforeOutcome hook): the redelivered result finds the run ended and
 // publishes the stored outcome, which reaches the stream exactly once.
 func TestOutcomeRepublishedAfterCrash(t *testing.T) {
+	t.Parallel()
 	model := &planner.Script{Steps: []func(planner.Request) planner.Response{
 		planner.Calls(call("a", "noop", `{}`)),
 		planner.Answer("never asked"),
@@ -282,6 +288,7 @@ func (s *stack) publishForged(id string, tf toolbus.ToolFinished) {
 // tool, a duplicate behind the real result) are terminated: the run completes with the
 // real results.
 func TestForgedResultsCannotReplaceOrWedgeAStep(t *testing.T) {
+	t.Parallel()
 	release := make(chan struct{})
 	model := &planner.Script{Steps: []func(planner.Request) planner.Response{
 		planner.Calls(call("a", "gate", `{}`), call("b", "gate", `{}`)),
@@ -338,6 +345,7 @@ func counterTool(n *atomic.Int32) executor.Tool {
 // (ErrRunExists), and a second run.started published directly is terminated by the
 // injector and changes nothing: no tool runs again, the model is not asked again.
 func TestRunIDIsNeverReused(t *testing.T) {
+	t.Parallel()
 	var runs atomic.Int32
 	model := &planner.Script{Steps: []func(planner.Request) planner.Response{
 		planner.Calls(call("a", "count_runs", `{}`)),
@@ -406,6 +414,7 @@ func TestRunIDIsNeverReused(t *testing.T) {
 // A forged model.requested for a step that is not the run's current one, or for an
 // ended run, calls no model.
 func TestForgedModelRequestCallsNoModel(t *testing.T) {
+	t.Parallel()
 	release := make(chan struct{})
 	model := &planner.Script{Steps: []func(planner.Request) planner.Response{
 		planner.Calls(call("a", "gate", `{}`)),
@@ -446,6 +455,7 @@ func TestForgedModelRequestCallsNoModel(t *testing.T) {
 // A decision for call_X at step 0, repeated late, cannot approve the call_X that a
 // later step reuses: the run keeps waiting at step 1 until step 1's own decision.
 func TestApprovalBoundToItsStep(t *testing.T) {
+	t.Parallel()
 	deploy := newDeployTool()
 	model := &planner.Script{Steps: []func(planner.Request) planner.Response{
 		planner.Calls(call("call_X", "deploy", `{"service":"api"}`)),
@@ -500,6 +510,7 @@ func TestApprovalBoundToItsStep(t *testing.T) {
 // reason, the queue goes on (a later run completes), and the run whose outcome the panic
 // interrupted still gets it on the stream, once, from its deadline timer.
 func TestInjectorPanicDoesNotBlockOrLoseARun(t *testing.T) {
+	t.Parallel()
 	model := &planner.Script{Steps: []func(planner.Request) planner.Response{
 		planner.Calls(call("a", "noop", `{}`)),
 		planner.Answer("never asked"),
@@ -538,6 +549,7 @@ func TestInjectorPanicDoesNotBlockOrLoseARun(t *testing.T) {
 // A store that keeps failing does not loop forever: on the last of the injector's
 // bounded deliveries the run ends failed with code store_error.
 func TestPersistentStoreFailureEndsTheRun(t *testing.T) {
+	t.Parallel()
 	release := make(chan struct{})
 	model := &planner.Script{Steps: []func(planner.Request) planner.Response{
 		planner.Calls(call("a", "gate", `{}`)),
@@ -574,6 +586,7 @@ func TestPersistentStoreFailureEndsTheRun(t *testing.T) {
 // events instead of reading the run state at every step; it then publishes the lost
 // outcome.
 func TestEndRecordedButNotPublishedPlansNoStep(t *testing.T) {
+	t.Parallel()
 	release := make(chan struct{})
 	model := planner.ModelFunc(func(_ context.Context, req planner.Request) (planner.Response, error) {
 		if req.Step > 0 {

@@ -102,6 +102,7 @@ func TestMCPServerSeesNoToolbusSecrets(t *testing.T) {
 // TestMCPConfigRefusesToolbusVariables: an entry cannot hand a server the executor's own
 // settings by reference.
 func TestMCPConfigRefusesToolbusVariables(t *testing.T) {
+	t.Parallel()
 	for _, ref := range []string{"${TOOLBUS_NATS_PASSWORD}", "${NATS_TOKEN}", "${toolbus_nats_user}"} {
 		_, err := mcptools.New(executor.NewRegistry(), mcptools.Config{MCPServers: map[string]mcptools.Server{
 			"s": {Command: "node", Env: map[string]string{"X": ref}},

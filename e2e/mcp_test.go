@@ -93,6 +93,7 @@ func startMCP(t *testing.T, s *stack, root string) (everything *stdioServer) {
 }
 
 func TestMCPServersInPipeline(t *testing.T) {
+	t.Parallel()
 	root := t.TempDir()
 	if err := os.WriteFile(filepath.Join(root, "hello.txt"), []byte("hello from the filesystem server"), 0o600); err != nil {
 		t.Fatal(err)
@@ -144,6 +145,7 @@ func TestMCPServersInPipeline(t *testing.T) {
 }
 
 func TestMCPServerKilledMidRun(t *testing.T) {
+	t.Parallel()
 	model := &planner.Script{Steps: []func(planner.Request) planner.Response{
 		planner.Calls(
 			call("c_long", "everything__trigger-long-running-operation", `{"duration":20,"steps":20}`),
@@ -196,6 +198,7 @@ func TestMCPServerKilledMidRun(t *testing.T) {
 // enters the catalog and is served (its queue starts); a tool it removes leaves the
 // tools offered to models. The server is an in-process go-sdk server.
 func TestMCPListChangedReachesCatalog(t *testing.T) {
+	t.Parallel()
 	model := &planner.Script{Steps: []func(planner.Request) planner.Response{
 		planner.Calls(call("c_late", "mem__late", `{}`)),
 		planner.Answer("done"),

@@ -82,6 +82,7 @@ func call(id, tool, args string) toolbus.ToolCall {
 }
 
 func TestStepInjectedInCallOrder(t *testing.T) {
+	t.Parallel()
 	model := &planner.Script{Steps: []func(planner.Request) planner.Response{
 		planner.Calls(call("a", "ordered", `{"n":0}`), call("b", "ordered", `{"n":1}`), call("c", "ordered", `{"n":2}`)),
 		planner.Answer("done"),
@@ -118,6 +119,7 @@ func TestStepInjectedInCallOrder(t *testing.T) {
 }
 
 func TestRunOutcomes(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name   string
 		steps  []func(planner.Request) planner.Response
@@ -175,6 +177,7 @@ func TestRunOutcomes(t *testing.T) {
 var scripts = map[string]*planner.Script{}
 
 func TestSelfRepair(t *testing.T) {
+	t.Parallel()
 	model := &planner.Script{Steps: []func(planner.Request) planner.Response{
 		planner.Calls(call("call_0", "lookup_incident", `{"incident_id":"INC-404"}`)),
 		func(req planner.Request) planner.Response {
@@ -210,6 +213,7 @@ func TestSelfRepair(t *testing.T) {
 }
 
 func TestTwoExecutorsShareTheLoad(t *testing.T) {
+	t.Parallel()
 	var runs sync.Map // idempotency key -> *int64
 	counting := executor.Tool{
 		Name: "count", Description: "counts its runs", InputSchema: objectSchema, ReadOnly: false,
@@ -261,6 +265,7 @@ func TestTwoExecutorsShareTheLoad(t *testing.T) {
 }
 
 func TestInjectorRestartMidStep(t *testing.T) {
+	t.Parallel()
 	release := make(chan struct{})
 	blocking := executor.Tool{
 		Name: "block", Description: "waits for the test", InputSchema: objectSchema, ReadOnly: true,
@@ -310,6 +315,7 @@ func TestInjectorRestartMidStep(t *testing.T) {
 }
 
 func TestPoisonMessageTerminated(t *testing.T) {
+	t.Parallel()
 	model := &planner.Script{Steps: []func(planner.Request) planner.Response{
 		planner.Calls(call("a", "noop", `{}`)), planner.Answer("done"),
 	}}
@@ -358,6 +364,7 @@ func TestPoisonMessageTerminated(t *testing.T) {
 // A tool that hangs and ignores its context gets timed_out at its own timeout; the
 // result goes back to the model (timeout is recoverable) and the run completes.
 func TestHangingToolTimesOut(t *testing.T) {
+	t.Parallel()
 	release := make(chan struct{})
 	t.Cleanup(func() { close(release) })
 	hang := executor.Tool{

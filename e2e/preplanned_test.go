@@ -15,6 +15,7 @@ import (
 // tools/call) runs those calls as step 0 through the executors, with the run's
 // allowlist, and ends completed after step 1 without any model call.
 func TestPrePlannedRunCallsNoModel(t *testing.T) {
+	t.Parallel()
 	model := planner.ModelFunc(func(context.Context, planner.Request) (planner.Response, error) {
 		t.Error("the model was called for a pre-planned run")
 		return planner.Response{}, planner.Permanent(errors.New("no model here"))

@@ -66,6 +66,7 @@ func genModes() []genMode {
 // bound principal of every run; the audit records alice as the approver and the
 // injector names her as the canceller.
 func TestSecurityPrincipalsBound(t *testing.T) {
+	t.Parallel()
 	perms := filepath.Join("..", "deploy", "nats", "permissions.conf")
 	grants := natsjwt.Grants{Clients: map[string][]string{"alice": {"alice"}, "bob": {"bob"}}}
 	for _, mode := range genModes() {

@@ -258,6 +258,7 @@ func anthropicFake() *providerFake {
 // the step, and the second model request, which carries the result, is accepted by
 // the provider's rules.
 func TestProvidersTwoStepRun(t *testing.T) {
+	t.Parallel()
 	quiet := slog.New(slog.DiscardHandler)
 	providers := []struct {
 		name  string
@@ -317,6 +318,7 @@ func TestProvidersTwoStepRun(t *testing.T) {
 // TestProvidersReplayIncidentCassette re-runs the recorded incident demo offline: the
 // replay model serves the cassette's answers and the tools produce the same results.
 func TestProvidersReplayIncidentCassette(t *testing.T) {
+	t.Parallel()
 	model, err := planner.OpenReplay("../planner/testdata/incident.jsonl")
 	if err != nil {
 		t.Fatal(err)

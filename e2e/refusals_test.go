@@ -29,6 +29,7 @@ import (
 // credentials' team, a team offering a tool not granted to it, a client bound to alice
 // starting a run for bob, `toolbus init` with a team's credentials.
 func TestRefusalsNameTheGrant(t *testing.T) {
+	t.Parallel()
 	perms := filepath.Join("..", "deploy", "nats", "permissions.conf")
 	grants := natsjwt.Grants{Teams: map[string][]string{"alpha": {"calculator"}, "beta": {"noop"}},
 		Clients: map[string][]string{"alice": {"alice"}}}

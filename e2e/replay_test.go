@@ -72,6 +72,7 @@ type replayJSON struct {
 // what the model was sent, every invariant holds, and a forged duplicate result makes it
 // exit 1.
 func TestReplayCommand(t *testing.T) {
+	t.Parallel()
 	bin := buildToolbus(t)
 	deploy := newDeployTool()
 	tool, watch := orderedTool(t, 3)

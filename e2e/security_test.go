@@ -660,6 +660,7 @@ func TestSecurityTLS(t *testing.T) {
 // those, and a call of another (known) tool is rejected as not_authorized, without
 // running, and goes back to the model.
 func TestSecurityToolAllowlist(t *testing.T) {
+	t.Parallel()
 	var calcRuns int
 	var mu sync.Mutex
 	spy := executor.Tool{Name: "spy_calc", Description: "counts its runs", InputSchema: objectSchema, ReadOnly: true,
@@ -723,6 +724,7 @@ func TestSecurityToolAllowlist(t *testing.T) {
 // The principal of the run (run.started) reaches the executor's authorization hook with
 // the tool and its arguments; the hook's refusal is a rejected/not_authorized result.
 func TestSecurityPrincipalReachesAuthorizer(t *testing.T) {
+	t.Parallel()
 	type seen struct {
 		p    toolbus.Principal
 		tool string
@@ -803,6 +805,7 @@ func TestSecurityPrincipalReachesAuthorizer(t *testing.T) {
 // names a tool outside the run's allowlist and grants it, or that names another
 // principal, is rejected as not_authorized, or runs with the run's own principal.
 func TestForgedCallCannotGrantToolsOrPrincipal(t *testing.T) {
+	t.Parallel()
 	var (
 		mu   sync.Mutex
 		seen []string // principal ids the authorizer was given
@@ -873,11 +876,5 @@ func TestForgedCallCannotGrantToolsOrPrincipal(t *testing.T) {
 	}
 }
 
-// streamOf is the stream of a durable: a tool's queue is on the queue stream, the
-// planner's and the injector's on the event stream.
-func streamOf(consumer string) string {
-	if strings.HasPrefix(consumer, events.ToolConsumerPrefix) {
-		return events.QueueStreamName(events.DefaultStream)
-	}
-	return events.DefaultStream
-}
+// streamOf is the stream of a durable of the default stream (events.DurableStream).
+func streamOf(consumer string) string { return events.DurableStream(events.DefaultStream, consumer) }

@@ -196,6 +196,7 @@ func TestSquattingWithRoleCredentials(t *testing.T) {
 // passes while it waits (the injector's timed-out result and the limit_reached
 // outcome). Each ends as it would have, and its replay sees it end.
 func TestSquattingEveryOutcome(t *testing.T) {
+	t.Parallel()
 	deploy := newDeployTool()
 	model := &planner.Script{Steps: []func(planner.Request) planner.Response{
 		planner.Calls(call("a", "deploy", `{"service":"api"}`), call("b", "noop", `{}`)),
@@ -255,6 +256,7 @@ func mismatchTerminated(t *testing.T, tr *terminations, seq uint64, consumer str
 // waits for approval of a deploy throughout; it then completes on the real approval,
 // the deploy having run once.
 func TestSubjectBodyMismatch(t *testing.T) {
+	t.Parallel()
 	deploy := newDeployTool()
 	model := &planner.Script{Steps: []func(planner.Request) planner.Response{
 		planner.Calls(call("a", "deploy", `{"service":"api"}`), call("b", "noop", `{}`)),

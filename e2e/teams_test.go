@@ -169,6 +169,7 @@ func (s *teamsBus) checkRun(id string) toolbus.ToolResult {
 }
 
 func TestSecurityTeams(t *testing.T) {
+	t.Parallel()
 	perms := filepath.Join("..", "deploy", "nats", "permissions.conf")
 	for _, mode := range genModes() {
 		t.Run(mode.name, func(t *testing.T) {

@@ -29,6 +29,7 @@ import (
 // 200; /metrics then holds the run's calls by tool, status and code, the duration
 // histograms, the model's latency and tokens, the step joins and the run's outcome.
 func TestMetricsAfterAScriptedRun(t *testing.T) {
+	t.Parallel()
 	script := &planner.Script{Steps: []func(planner.Request) planner.Response{
 		planner.Calls(call("a", "noop", `{}`), call("b", "noop", `{}`), call("c", "fail", `{}`)),
 		planner.Answer("done"),

@@ -27,6 +27,7 @@ import (
 // per step (token usage) and one "execute_tool <tool>" span per call, each the child of
 // its step's span through the traceparent header of its tool.requested event.
 func TestOneTracePerRunAcrossTheBus(t *testing.T) {
+	t.Parallel()
 	prev := otel.GetTextMapPropagator()
 	otel.SetTextMapPropagator(propagation.TraceContext{})
 	t.Cleanup(func() { otel.SetTextMapPropagator(prev) })

@@ -47,6 +47,7 @@ func (h *longTool) tool() executor.Tool {
 // announces the same set again: still one event. Before, the run waited only once the
 // long call was done.
 func TestRunWaitsAsSoonAsACallWaits(t *testing.T) {
+	t.Parallel()
 	for _, early := range []bool{true, false} {
 		t.Run(fmt.Sprintf("decided early %v", early), func(t *testing.T) {
 			deploy := newDeployTool()

@@ -18,8 +18,8 @@ func GrantHint(op, subject string) string {
 	case op == "publish" && len(t) >= 3 && t[0] == "$KV":
 		return kvHint(t[1], t[2:])
 	case op == "publish" && len(t) >= 6 && t[0] == "$JS" && t[1] == "API" && t[2] == "CONSUMER" && t[3] == "MSG" && t[4] == "NEXT":
-		if q := t[len(t)-1]; strings.HasPrefix(q, "tool_") {
-			return fmt.Sprintf("the queue of tool %q is not granted to them: %s", strings.TrimPrefix(q, "tool_"), grantsHowTo)
+		if q := t[len(t)-1]; IsToolConsumer(q) {
+			return fmt.Sprintf("the queue of tool %q is not granted to them: %s", strings.TrimPrefix(q, ToolConsumerPrefix), grantsHowTo)
 		}
 		return fmt.Sprintf("the durable %q is another role's", t[len(t)-1])
 	case op == "publish" && len(t) >= 4 && t[0] == "$JS" && t[1] == "API" && (t[2] == "STREAM" || t[2] == "CONSUMER") && adminOp(t[3]):

@@ -77,6 +77,7 @@ func (r cliResult) want(t *testing.T, what string, code int, has []string, hasNo
 // of every run) says why; the tools listed are those the core offers. `toolbus mcp
 // --http` runs as a process on alice's credentials (checkMCPDoorProcess). The restart runs once per run.
 func TestFaultClientAccountsCLI(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("starts processes")
 	}

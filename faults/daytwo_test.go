@@ -41,6 +41,7 @@ import (
 // new tools run on the new credentials (alpha's second executor, gamma's), and every
 // earlier run still replays without a violation.
 func TestFaultDayTwoInFlight(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("starts processes")
 	}

@@ -19,6 +19,7 @@ import (
 // every execution: each call ran exactly once, on a process that serves its tool, and
 // every run completed with one result per call. It runs in plain `go test` (~40 s).
 func TestFaultDeployments(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("starts processes")
 	}

@@ -17,7 +17,8 @@
 // -9 while a tool waits for its question's answer, about 15 s), TestFaultMixedLanguages
 // (a TypeScript team and a Go team in their own accounts, about 30 s; it needs node and
 // the built sdk/typescript) and the others that skip only under -short, and skips the
-// rest unless TOOLBUS_FAULTS=1.
+// rest unless TOOLBUS_FAULTS=1. Those that run in plain `go test` run in parallel
+// (t.Parallel): each has its own servers, processes, ports and directory.
 // TOOLBUS_FAULTS_LOGS=1 prints the end of every process log; TOOLBUS_LOAD_RUNS changes
 // the number of runs of the load test.
 package faults

@@ -12,7 +12,7 @@ import (
 )
 
 // TestFaultExecutorKill kills -9 an executor process while it runs three calls of the
-// append tool (3 s each, then a side effect). The calls are redelivered to another
+// append tool (3 s each, 10 s when exec-b starts beside, then a side effect). The calls are redelivered to another
 // executor after the ack wait; it takes over the dead executor's claims and runs them
 // with the same idempotency keys: the side-effect file holds exactly one line per call,
 // from exec-b at attempt 2, the stream exactly one tool.finished per call, and the step
@@ -21,6 +21,7 @@ import (
 // exec-a's calls are unacknowledged. It runs in plain `go test` too (about 15 s a case),
 // so CI exercises a real crash.
 func TestFaultExecutorKill(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("starts processes")
 	}
@@ -36,7 +37,10 @@ func TestFaultExecutorKill(t *testing.T) {
 			start := time.Now()
 			e := newEnv(t, 1)
 			file := filepath.Join(e.dir, "side-effects")
-			e.faultbusRole("planner", "planner-1", "TOOLBUS_MODEL=append:3x1:3000-3000")
+			// Beside, exec-b starts while the calls run: on a busy machine that took more
+			// than 3 s, and the calls had finished before the kill.
+			ms := map[bool]string{false: "3000", true: "10000"}[tc.beside]
+			e.faultbusRole("planner", "planner-1", "TOOLBUS_MODEL=append:3x1:"+ms+"-"+ms)
 			e.toolbusRole("injector", "injector-1")
 			a := e.faultbusRole("executor", "exec-a", "TOOLBUS_ACK_WAIT=2s", "TOOLBUS_CONCURRENCY=8", "TOOLBUS_FAULT_APPEND_FILE="+file)
 			e.waitReady([]string{"append"}, "planner", "injector", "executor")
@@ -65,7 +69,7 @@ func TestFaultExecutorKill(t *testing.T) {
 			if tc.beside {
 				b := startB()
 				// exec-b serves, with nothing for it: past its ParkAfter many times over
-				// before the kill (the calls take 3 s).
+				// before the kill (the calls take 10 s).
 				e.eventually("exec-b serving", 30*time.Second, func() error {
 					if !strings.Contains(b.logText(), "executor serving") {
 						return fmt.Errorf("exec-b log: %s", b.logTail(3))

@@ -55,6 +55,7 @@ func checkFenced(t *testing.T, e *env, run, file string) {
 // 2 s: its lease runs out 1.6 s after its last renewal) in the middle of its two 5 s
 // calls. It runs in plain `go test` (about 20 s).
 func TestFaultPartitionExecutor(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("starts processes")
 	}
@@ -77,6 +78,7 @@ func TestFaultPartitionExecutor(t *testing.T) {
 // calls, then resumes it (SIGCONT): on resuming its tool's wait is over, and the tool
 // finds its lease lost before the side effect. It runs in plain `go test` (about 20 s).
 func TestFaultPauseExecutor(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("starts processes")
 	}
@@ -107,6 +109,7 @@ func pause(t *testing.T, p *proc, d time.Duration) {
 // the calls until the run's deadline; now the old instance (name and boot id) expires
 // one TTL after its death and exec-b takes the calls over. It runs in plain `go test`.
 func TestFaultRestartSameName(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("starts processes")
 	}
@@ -187,6 +190,7 @@ func TestFaultPauseAndPartitionRoles(t *testing.T) {
 // ran before its result was lost in the network, which no runtime can undo); the run
 // completes with one joined result. It runs in plain `go test` (about 20 s).
 func TestFaultLateResultFenced(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("starts processes")
 	}

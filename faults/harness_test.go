@@ -684,11 +684,7 @@ func (e *env) op() (context.Context, context.CancelFunc) {
 func (e *env) consumerInfo(name string) (*jetstream.ConsumerInfo, error) {
 	ctx, cancel := e.op()
 	defer cancel()
-	home := e.bus.EventStream()
-	if strings.HasPrefix(name, events.ToolConsumerPrefix) {
-		home = e.bus.QueueStream()
-	}
-	c, err := home.Consumer(ctx, name)
+	c, err := e.bus.DurableHome(name).Consumer(ctx, name)
 	if err != nil {
 		return nil, err
 	}

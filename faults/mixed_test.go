@@ -54,6 +54,7 @@ func nodeSDK(t *testing.T) (node, entry string) {
 // violation. The stream has its read mirror (`toolbus init`'s default), so it answers no
 // direct get: the take-overs go by the claims' done marks.
 func TestFaultMixedLanguages(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("starts processes")
 	}

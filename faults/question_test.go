@@ -20,6 +20,7 @@ import (
 // 2), the tool's side effect (after the answer) happened exactly once per run, and each
 // run holds exactly one tool.question and one tool.answer: the re-run did not ask again.
 func TestFaultQuestionSurvivesRestarts(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("starts processes")
 	}

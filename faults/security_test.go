@@ -40,6 +40,7 @@ import (
 // process configured only by TOOLBUS_NATS_* variables, the client being `toolbus run`.
 // It runs in plain `go test` too (a few seconds once the binaries are built).
 func TestFaultSecurityRoles(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("starts processes")
 	}

@@ -36,26 +36,8 @@ func (s *Service) dispatchFollow(ctx context.Context, m *nats.Msg) {
 	}
 	id, run := toks[1], toks[2]
 	key := events.FollowServicePrefix + "." + id
-	s.mu.Lock()
-	if s.inFlight[key] >= MaxFollows {
-		s.mu.Unlock()
-		s.respond(m, refusal(429, fmt.Sprintf("toolbus read service: %d follows of %s at once: end one, or follow again when one ends", MaxFollows, id)))
-		return
-	}
-	s.inFlight[key]++
-	s.mu.Unlock()
-	s.wg.Add(1)
-	go func() {
-		defer s.wg.Done()
-		defer func() {
-			s.mu.Lock()
-			if s.inFlight[key]--; s.inFlight[key] == 0 {
-				delete(s.inFlight, key)
-			}
-			s.mu.Unlock()
-		}()
-		s.follow(ctx, id, run, m)
-	}()
+	busy := fmt.Sprintf("toolbus read service: %d follows of %s at once: end one, or follow again when one ends", MaxFollows, id)
+	s.admit(m, key, MaxFollows, busy, func() { s.follow(ctx, id, run, m) })
 }
 
 // follow answers a follow request of identity id: when the run's first run.started

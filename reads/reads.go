@@ -106,10 +106,23 @@ func (s *Service) dispatch(ctx context.Context, m *nats.Msg, handle func(context
 	}
 	who := strings.SplitN(m.Subject, ".", 3)[1]
 	key := m.Subject[:strings.IndexByte(m.Subject, '.')] + "." + who
+	busy := fmt.Sprintf("toolbus read service: %d requests of %s in progress: retry when one is answered", PerIdentity, who)
+	s.admit(m, key, PerIdentity, busy, func() {
+		// A request received is answered even while the service drains.
+		hctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), requestTimeout)
+		defer cancel()
+		s.respond(m, handle(hctx, who, m))
+	})
+}
+
+// admit runs work in a goroutine of its own, counted in flight under key until it
+// returns, when fewer than limit requests of key are in flight; else it answers m with
+// a 429 refusal that says busy. The one bound of every request of the service.
+func (s *Service) admit(m *nats.Msg, key string, limit int, busy string, work func()) {
 	s.mu.Lock()
-	if s.inFlight[key] >= PerIdentity {
+	if s.inFlight[key] >= limit {
 		s.mu.Unlock()
-		s.respond(m, refusal(429, fmt.Sprintf("toolbus read service: %d requests of %s in progress: retry when one is answered", PerIdentity, who)))
+		s.respond(m, refusal(429, busy))
 		return
 	}
 	s.inFlight[key]++
@@ -124,10 +137,7 @@ func (s *Service) dispatch(ctx context.Context, m *nats.Msg, handle func(context
 			}
 			s.mu.Unlock()
 		}()
-		// A request received is answered even while the service drains.
-		hctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), requestTimeout)
-		defer cancel()
-		s.respond(m, handle(hctx, who, m))
+		work()
 	}()
 }
 

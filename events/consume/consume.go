@@ -337,16 +337,19 @@ func (l *serveLoop) deliver(f *feed, ccLast *atomic.Int64, msg jetstream.Msg) {
 	})
 }
 
-// stopFeeds stops every feed's consume loop; none starts after it.
+// stopFeeds stops every feed's consume loop; none starts after it. It drains them
+// rather than stopping them: what the server already sent reaches deliver, which hands
+// it back once the pool is closed (finish), where a stop dropped the client's buffer and
+// left each of those messages unacknowledged until its AckWait (30 s by default).
 func (l *serveLoop) stopFeeds() {
 	for _, f := range l.feeds {
 		f.mu.Lock()
 		f.stopped = true
 		if f.cc != nil {
-			f.cc.Stop()
+			f.cc.Drain()
 		}
 		for _, r := range f.retired {
-			r.cc.Stop()
+			r.cc.Drain()
 		}
 		f.retired = nil
 		f.nretired.Store(0)

@@ -82,7 +82,7 @@ func retireEventStreamQueues(ctx context.Context, js jetstream.JetStream, stream
 	var old, busy []string
 	infos := s.ListConsumers(ctx)
 	for ci := range infos.Info() {
-		if !strings.HasPrefix(ci.Name, events.ToolConsumerPrefix) {
+		if !events.IsToolConsumer(ci.Name) {
 			continue
 		}
 		old = append(old, ci.Name)

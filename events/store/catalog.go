@@ -171,8 +171,18 @@ func (s *Store) WatchCatalog(ctx context.Context, log *slog.Logger) (*Catalog, e
 	if err := s.refreshCatalog(ctx, c, log); err != nil {
 		return nil, err
 	}
+	refreshEvery(ctx, CatalogPoll, func() error { return s.refreshCatalog(ctx, c, nil) }, log,
+		"catalog not refreshed; using the last one read", "catalog refreshed again")
+	return c, nil
+}
+
+// refreshEvery calls refresh every period until ctx ends, in a goroutine of its own: the
+// polling of every catalog view. A view keeps what it read last when a refresh fails;
+// the first failure is logged (warn), and the first success after it (recovered, when
+// given).
+func refreshEvery(ctx context.Context, period time.Duration, refresh func() error, log *slog.Logger, warn, recovered string) {
 	go func() {
-		t := time.NewTicker(CatalogPoll)
+		t := time.NewTicker(period)
 		defer t.Stop()
 		failing := false
 		for {
@@ -181,17 +191,16 @@ func (s *Store) WatchCatalog(ctx context.Context, log *slog.Logger) (*Catalog, e
 				return
 			case <-t.C:
 			}
-			err := s.refreshCatalog(ctx, c, nil)
+			err := refresh()
 			switch {
 			case err != nil && !failing && ctx.Err() == nil && log != nil:
-				log.Warn("catalog not refreshed; using the last one read", "error", err)
-			case err == nil && failing && log != nil:
-				log.Info("catalog refreshed again")
+				log.Warn(warn, "error", err)
+			case err == nil && failing && log != nil && recovered != "":
+				log.Info(recovered)
 			}
 			failing = err != nil
 		}
 	}()
-	return c, nil
 }
 
 // refreshCatalog reads both buckets and replaces the view's content with what it read.
@@ -277,32 +286,42 @@ func (s *Store) refreshTools(ctx context.Context, c *Catalog, log *slog.Logger) 
 	tools := map[string]toolbus.ToolContract{}
 	before := len(c.toolsRaw)
 	raw = make(map[string]decoded[toolbus.ToolContract], before)
-	last, err := s.readFrom(ctx, s.tools.Bucket(), 1, func(key string, val []byte, deleted bool) {
-		if deleted {
-			delete(tools, key)
-			delete(raw, key)
-		} else {
-			decode(tools, key, val)
-		}
-	})
-	if err == nil {
-		c.toolsSeq, c.toolsRaw = last, raw
-		// The state read before this read: anything since makes the two differ, and the
-		// next whole read happens.
-		c.whole = state
-		return tools, changed || len(raw) != before, nil
-	}
+	last, batched, err := readWhole(ctx, s, s.tools, tools, raw, decode)
 	c.toolsSeq = 0
-	if !errors.Is(err, errBatchUnavailable) {
-		return nil, false, err
-	}
-	clear(tools)
-	clear(raw)
-	if err := s.walk(ctx, s.tools, func(key string, val []byte) { decode(tools, key, val) }); err != nil {
+	if err != nil {
 		return nil, false, err
 	}
 	c.toolsRaw = raw
-	return tools, true, nil
+	if !batched {
+		return tools, true, nil
+	}
+	// The state read before this read: anything since makes the two differ, and the
+	// next whole read happens.
+	c.toolsSeq, c.whole = last, state
+	return tools, changed || len(raw) != before, nil
+}
+
+// readWhole reads a bucket whole into vals and raw (fresh maps; decode fills both):
+// batched from the start of its stream, else key by key (walk) where batched reads are
+// not served. It returns the last sequence a batched read read and whether it was one.
+func readWhole[T any](ctx context.Context, s *Store, kv jetstream.KeyValue, vals map[string]T, raw map[string]decoded[T], decode func(map[string]T, string, []byte)) (uint64, bool, error) {
+	last, err := s.readFrom(ctx, kv.Bucket(), 1, func(key string, val []byte, deleted bool) {
+		if deleted {
+			delete(vals, key)
+			delete(raw, key)
+		} else {
+			decode(vals, key, val)
+		}
+	})
+	if err == nil {
+		return last, true, nil
+	}
+	if !errors.Is(err, errBatchUnavailable) {
+		return 0, false, err
+	}
+	clear(vals)
+	clear(raw)
+	return 0, false, s.walk(ctx, kv, func(key string, val []byte) { decode(vals, key, val) })
 }
 
 // Lookup returns the contract of a tool, whether or not an instance serves it now.
@@ -508,31 +527,15 @@ func (s *Store) refreshInstances(ctx context.Context, c *Catalog) (map[string]In
 	ins := map[string]Instance{}
 	before := len(c.instancesRaw)
 	raw = make(map[string]decoded[Instance], before)
-	last, err := s.readFrom(ctx, s.instances.Bucket(), 1, func(key string, val []byte, deleted bool) {
-		if deleted {
-			delete(ins, key)
-			delete(raw, key)
-		} else {
-			decode(ins, key, val)
-		}
-	})
-	if err == nil {
-		c.instancesRaw, c.instancesSeq = raw, 0
-		if marked {
-			c.instancesSeq = last
-		}
-		return ins, changed || len(raw) != before, nil
-	}
+	last, batched, err := readWhole(ctx, s, s.instances, ins, raw, decode)
 	c.instancesSeq = 0
-	if !errors.Is(err, errBatchUnavailable) {
-		return nil, false, err
-	}
-	clear(ins)
-	clear(raw)
-	if err := s.walk(ctx, s.instances, func(key string, val []byte) { decode(ins, key, val) }); err != nil {
+	if err != nil {
 		return nil, false, err
 	}
 	c.instancesRaw = raw
+	if batched && marked {
+		c.instancesSeq = last
+	}
 	return ins, changed || len(raw) != before, nil
 }
 
@@ -583,22 +586,6 @@ func WatchOffered(ctx context.Context, poll time.Duration, read func(context.Con
 	if err := set(); err != nil {
 		return nil, err
 	}
-	go func() {
-		t := time.NewTicker(poll)
-		defer t.Stop()
-		failing := false
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-			}
-			err := set()
-			if err != nil && !failing && ctx.Err() == nil && log != nil {
-				log.Warn("offered tools not refreshed; using the last ones read", "error", err)
-			}
-			failing = err != nil
-		}
-	}()
+	refreshEvery(ctx, poll, set, log, "offered tools not refreshed; using the last ones read", "")
 	return c, nil
 }

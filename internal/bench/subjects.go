@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/toolbus/toolbus/embedded"
+	"github.com/toolbus/toolbus/events"
 )
 
 // subjectCounter counts the messages clients send to the server by kind of subject (run
@@ -109,7 +110,7 @@ func subjectKind(s string) string {
 
 // consumerKind folds per-tool consumer names.
 func consumerKind(c string) string {
-	if strings.HasPrefix(c, "tool_") {
+	if events.IsToolConsumer(c) {
 		return "tool_*"
 	}
 	return c

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -25,11 +24,7 @@ func WaitingHint(ctx context.Context, bus *events.Bus, p *Printer) string {
 	defer cancel()
 	line := "        (waiting for " + what
 	for _, name := range consumers {
-		home := bus.EventStream()
-		if strings.HasPrefix(name, events.ToolConsumerPrefix) {
-			home = bus.QueueStream()
-		}
-		cons, err := home.Consumer(ctx, name)
+		cons, err := bus.DurableHome(name).Consumer(ctx, name)
 		if errors.Is(err, jetstream.ErrConsumerNotFound) {
 			line += fmt.Sprintf("; warning: queue %s does not exist, nothing serves it", name)
 			continue
