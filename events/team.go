@@ -94,9 +94,17 @@ func (s *teamStream) GetMsg(_ context.Context, seq uint64, _ ...jetstream.GetMsg
 }
 
 // GetLastMsgForSubject reads the last message on subject with a direct get in its
-// subject form (<prefix>.DIRECT.GET.<stream>.<subject>).
+// subject form (<prefix>.DIRECT.GET.<stream>.<subject>). With a read mirror (what
+// `toolbus init` sets up) the stream serves no direct gets and its mirror does: nothing
+// answering the first, it asks the mirror (the core exports the last result of the
+// team's tools there too), so that a take-over finds a result stored before it instead
+// of going by the claim's done mark alone. The mirror copies within moments, and a
+// take-over comes an instance TTL after the result.
 func (s *teamStream) GetLastMsgForSubject(ctx context.Context, subject string) (*jetstream.RawStreamMsg, error) {
 	m, err := store.DirectGet(ctx, s.nc, s.prefix+".DIRECT.GET."+s.name+"."+subject)
+	if errors.Is(err, nats.ErrNoResponders) {
+		m, err = store.DirectGet(ctx, s.nc, s.prefix+".DIRECT.GET."+ReadMirrorName(s.name)+"."+subject)
+	}
 	if err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
 		return nil, fmt.Errorf("events: %w", err)
 	}

@@ -173,8 +173,10 @@ func TeamExports(team string, tools []string) []Crossing {
 			directGet(store.BucketClaims, tok+".>"),
 			directGet(store.BucketTools, tok),
 			// The last result of the tool in a run (subject form only): a take-over
-			// checks that the call it takes is not done.
+			// checks that the call it takes is not done; on the read mirror too, which
+			// serves the direct gets when there is one (the stream then serves none).
 			direct(stream, events.SubjectToolFinished("*", tool)),
+			direct(events.ReadMirrorName(stream), events.SubjectToolFinished("*", tool)),
 			Crossing{Subject: events.FilterToolRequestedFor(tool), Stream: true},
 		)
 		// The tool's events as the core stores them (a service of the team's follows

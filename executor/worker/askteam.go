@@ -3,9 +3,12 @@ package worker
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"time"
+
+	"github.com/nats-io/nats.go"
 
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
@@ -77,7 +80,7 @@ func (w *Worker) questionState(ctx context.Context, tool string, q events.Questi
 	defer cancel()
 	m, err := w.bus.Conn().RequestWithContext(rctx, events.ToolQuestionSubject(tool), data)
 	if err != nil {
-		return events.QuestionState{}, fmt.Errorf("executor: the question's state from the core (%s; is an injector running?): %w", events.ToolQuestionSubject(tool), err)
+		return events.QuestionState{}, questionStateRefusal(tool, err)
 	}
 	var st events.QuestionState
 	if err := json.Unmarshal(m.Data, &st); err != nil {
@@ -87,4 +90,20 @@ func (w *Worker) questionState(ctx context.Context, tool string, q events.Questi
 		return events.QuestionState{}, fmt.Errorf("%w: the core: %s", executor.ErrCannotAsk, st.Error)
 	}
 	return st, nil
+}
+
+// questionStateRefusal says why the core told no question's state, and what to do. The
+// subject reaches the core's read service through the team's import; the server answers
+// no responders both when nothing in the core serves it and when this account has no
+// such import, so the refusal names both. Anything else (a timeout): the service is there
+// but did not answer in time.
+func questionStateRefusal(tool string, err error) error {
+	subject := events.ToolQuestionSubject(tool)
+	if errors.Is(err, nats.ErrNoResponders) {
+		return fmt.Errorf("executor: nothing answers %s, where the core tells the state of this team's questions: "+
+			"no injector of the core serves the read service (run `toolbus injector` with TOOLBUS_READ_SERVICE=true, the default), "+
+			"or this team's account does not import the subject (tool %s revoked, or the account issued before questions: an administrator runs `toolbus admin push`): %w",
+			subject, tool, err)
+	}
+	return fmt.Errorf("executor: the core's read service did not answer %s in time (its injectors overloaded, or cut off from this server): %w", subject, err)
 }

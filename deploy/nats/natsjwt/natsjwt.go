@@ -870,11 +870,14 @@ resolver: MEMORY
 # once, with no reload. A reload stores the preload's new accounts but applies no
 # changed one: push them. The preload seeds a server started on an empty dir; an
 # account removed from the deployment stays in the dir (allow_delete: false).
+# In a cluster every node gets a push; a node that was down takes what it missed from
+# another node at its next sync (interval): until then it serves its old JWTs, a
+# revoked credential or tool included, so the interval is short.
 resolver: {
   type: full
   dir: %s
   allow_delete: false
-  interval: "2m"
+  interval: "10s"
 }
 `, strconv.Quote(o.resolverDir))
 	}

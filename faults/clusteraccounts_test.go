@@ -1,0 +1,288 @@
+package faults_test
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/toolbus/toolbus"
+	"github.com/toolbus/toolbus/events"
+)
+
+// clusterAccounts is the accounts layout (operator/JWT: `toolbus admin init`, teams
+// alpha and beta, a client alice bound to her identity) on a 3-node JetStream cluster,
+// stream and buckets R3: each node runs the generated auth-jwt.conf with its own store
+// (and so its own full resolver directory, under it) and a cluster block, as
+// docs/deployment-and-security.md ("The accounts layout on a cluster") says.
+type clusterAccounts struct {
+	*env
+	genDir string
+	admin  func(args ...string) string
+}
+
+func (c *clusterAccounts) creds(user string) string { return filepath.Join(c.genDir, user+".creds") }
+
+func newClusterAccounts(t *testing.T) *clusterAccounts {
+	t.Helper()
+	natsBin, toolbusBin, faultbusBin := binaries(t)
+	e := &env{t: t, ctx: t.Context(), dir: t.TempDir(), natsBin: natsBin, toolbus: toolbusBin, faultbus: faultbusBin,
+		cfg: events.Config{Replicas: 3, InstanceTTL: 30 * time.Second}}
+	t.Cleanup(e.dumpLogsOnFailure)
+	c := &clusterAccounts{env: e, genDir: filepath.Join(e.dir, "nats")}
+	for i := range 3 {
+		name := "n" + strconv.Itoa(i+1)
+		e.nodes = append(e.nodes, &natsNode{name: name, port: freePort(t), httpPort: freePort(t), clusterPort: freePort(t),
+			store: filepath.Join(e.dir, name+"-store"), conf: filepath.Join(e.dir, name+".conf")})
+	}
+	c.admin = func(args ...string) string {
+		t.Helper()
+		cmd := exec.CommandContext(e.ctx, toolbusBin, append(append([]string{"admin"}, args...), "-dir", c.genDir)...)
+		cmd.Env = append(os.Environ(), "TOOLBUS_NATS_URL="+e.urls())
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("toolbus admin %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+		return string(out)
+	}
+	base := filepath.Join(e.dir, "store")
+	c.admin("init", "-listen", "127.0.0.1:4222", "-store", base)
+	c.admin("add-team", "alpha", "append_a")
+	c.admin("add-team", "beta", "append_b")
+	c.admin("add-client", "alice", "alice")
+	conf := string(readFile(t, filepath.Join(c.genDir, "auth-jwt.conf")))
+	for _, n := range e.nodes {
+		nc := strings.ReplaceAll(conf, base, n.store) + "\ncluster {\n  name: toolbus\n}\n"
+		if err := os.WriteFile(n.conf, []byte(nc), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		e.startNode(n)
+	}
+	for _, n := range e.nodes {
+		waitNodeAs(e, n, c.creds("admin"))
+	}
+	var err error
+	if e.nc, err = nats.Connect(e.urls(), nats.UserCredentials(c.creds("admin")), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond)); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(e.nc.Close)
+	clusterInitTools(e, c.creds("admin"), "append_a,append_b")
+	if e.bus, err = events.Open(e.ctx, e.nc, e.cfg); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// TestFaultClusterAccountsResolver: in the accounts layout on a 3-node cluster, a grant
+// pushed while a node is down (kill -9) reaches that node when it comes back on its old
+// store: alpha's credentials, connected to it alone, reach the granted tool's queue
+// within a minute (the full resolver's sync interval; with the 2 minutes it had, the
+// node went on serving the account JWT from before the grant). CONTROL: the same
+// request on a node that was up answers at once after the push, and on the node that
+// comes back the request for a tool alpha was never granted stays unanswered.
+func TestFaultClusterAccountsResolver(t *testing.T) {
+	suite(t)
+	start := time.Now()
+	c := newClusterAccounts(t)
+	n1, n3 := c.nodes[0], c.nodes[2]
+	queueInfo := func(tool string) string {
+		return "JS.core.API.CONSUMER.INFO." + events.QueueStreamName(events.DefaultStream) + "." + events.ToolConsumer(tool)
+	}
+	n3.proc.kill()
+	out := c.admin("grant", "alpha", "append_c", "-push")
+	c.eventually("the stream answering on two nodes", 2*time.Minute, func() error {
+		ctx, cancel := c.op()
+		defer cancel()
+		_, err := c.bus.EventStream().Info(ctx)
+		return err
+	})
+	clusterInitTools(c.env, c.creds("admin"), "append_c")
+	reachesOn(c.env, n1, c.creds("executor-alpha"), queueInfo("append_c"), 30*time.Second)
+	c.startNode(n3)
+	waitNodeAs(c.env, n3, c.creds("admin"))
+	back := time.Now()
+	reachesOn(c.env, n3, c.creds("executor-alpha"), queueInfo("append_c"), time.Minute)
+	t.Logf("the grant reached %s %v after it came back", n3.name, time.Since(back).Round(time.Millisecond))
+	if err := requestOn(n3, c.creds("executor-alpha"), queueInfo("append_b")); err == nil {
+		t.Errorf("alpha's credentials reach beta's queue on %s", n3.name)
+	}
+	t.Logf("took %v\n%s", time.Since(start).Round(time.Millisecond), out)
+}
+
+// TestFaultClusterAccountsRuns: in the accounts layout on a 3-node cluster (R3), the
+// core roles connect to n1, alpha's executor to n2 and beta's to n3, each team with its
+// own credentials; alice starts runs that call both teams' tools. n3 (no core role on
+// it) is killed -9 with runs in flight: they complete, each call once (counted by side
+// effect), and beta's credentials reach nothing of alpha's calls; then the node leading
+// the event stream is killed with runs in flight, with the same outcome.
+//
+// It does not pass yet, so it runs only with TOOLBUS_FAULTS_R3_TEAMS=1: a team's
+// executor reads the core's buckets by direct gets (its catalog entry, its claims, its
+// instances), which a replicated bucket does not serve (provision turns them off so
+// that the core reads from the leader), so on R3 nothing answers them ("no responders")
+// and the executor never publishes its contract.
+func TestFaultClusterAccountsRuns(t *testing.T) {
+	suite(t)
+	if os.Getenv("TOOLBUS_FAULTS_R3_TEAMS") != "1" {
+		t.Skip("a team's executor on R3 buckets finds no direct get (known gap): TOOLBUS_FAULTS_R3_TEAMS=1 runs it")
+	}
+	start := time.Now()
+	c := newClusterAccounts(t)
+	e := c.env
+	file := filepath.Join(e.dir, "side-effects")
+	on := func(n *natsNode, user string) []string {
+		return []string{"TOOLBUS_NATS_URL=" + n.url(), "TOOLBUS_NATS_CREDS=" + c.creds(user)}
+	}
+	executor := func(inst, team string, n *natsNode) *proc {
+		return e.faultbusRole("executor", inst, append(on(n, "executor-"+team), "TOOLBUS_TEAM="+team, "TOOLBUS_NATS_API_PREFIX=JS.core.API",
+			"TOOLBUS_EXECUTOR_TOOLS=append_"+team[:1], "TOOLBUS_FAULT_APPEND_TOOLS=append_"+team[:1], "TOOLBUS_FAULT_APPEND_FILE="+file)...)
+	}
+	n1, n3 := e.nodes[0], e.nodes[2]
+	e.faultbusRole("planner", "planner-1", append(on(n1, "planner"), "TOOLBUS_MODEL=append_a+append_b:2x3:100-600")...)
+	e.toolbusRole("injector", "injector-1", on(n1, "injector")...)
+	executor("alpha-1", "alpha", e.nodes[1])
+	executor("beta-1", "beta", n3)
+	e.waitReady([]string{"append_a", "append_b"}, "planner", "injector", "executor")
+	alice, err := nats.Connect(n1.url(), nats.UserCredentials(c.creds("client-alice")), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(alice.Close)
+	aliceCfg := e.cfg
+	aliceCfg.ReadPrefix = events.ReadAPIPrefix("alice")
+	var aliceBus *events.Bus
+	e.eventually("alice's bus through the read service", time.Minute, func() error {
+		aliceBus, err = events.Open(e.ctx, alice, aliceCfg)
+		return err
+	})
+	submit := func(runs []string) {
+		t.Helper()
+		var wg sync.WaitGroup
+		errs := make([]error, len(runs))
+		for i, run := range runs {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				ctx, cancel := e.op()
+				defer cancel()
+				errs[i] = aliceBus.StartRun(ctx, events.Source("faults", "alice"), toolbus.RunStarted{
+					RunID: run, Model: "faultbus", Principal: toolbus.Principal{ID: "alice"},
+					Messages: []toolbus.Message{{Role: toolbus.RoleUser, Content: "run " + run}},
+				})
+			}()
+		}
+		wg.Wait()
+		if err := errors.Join(errs...); err != nil {
+			t.Fatalf("alice's starts: %v", err)
+		}
+	}
+	resultsAtLeast := func(n int) {
+		t.Helper()
+		e.eventually(fmt.Sprintf("%d results stored", n), 2*time.Minute, func() error {
+			if c := e.count(events.FilterToolFinished); c < n {
+				return fmt.Errorf("%d results", c)
+			}
+			return nil
+		})
+	}
+	first := runIDs("alice-a", 8)
+	submit(first)
+	resultsAtLeast(8)
+	n3.proc.kill()
+	t.Logf("killed %s (beta's executor's node) with %d results stored", n3.name, e.count(events.FilterToolFinished))
+	e.waitCompleted(first, 3*time.Minute)
+	e.startNode(n3)
+	waitNodeAs(e, n3, c.creds("admin"))
+	if leaks := e.probeFromTeam(c.creds("executor-beta"), "append_b", "append_a", first[0]); len(leaks) > 0 {
+		t.Errorf("executor-beta's credentials reached append_a's calls in the cluster:\n  %s", strings.Join(leaks, "\n  "))
+	}
+	second := runIDs("alice-b", 8)
+	before := e.count(events.FilterToolFinished)
+	submit(second)
+	resultsAtLeast(before + 8)
+	info, err := e.bus.EventStream().Info(e.ctx)
+	if err != nil || info.Cluster == nil {
+		t.Fatalf("stream info: %v", err)
+	}
+	for _, n := range e.nodes {
+		if n.name == info.Cluster.Leader {
+			n.proc.kill()
+			t.Logf("killed %s, the stream leader", n.name)
+		}
+	}
+	e.waitCompleted(second, 3*time.Minute)
+	all := append(append([]string{}, first...), second...)
+	st := e.checkRuns(e.tally(), all, 3, 2)
+	n := checkSideEffects(t, file, all, 3, 2)
+	t.Logf("%s; %d side effects, each once; took %v", st, n, time.Since(start).Round(time.Millisecond))
+}
+
+// waitNodeAs waits until node n serves user's credentials with JetStream (a meta leader
+// elected).
+func waitNodeAs(e *env, n *natsNode, creds string) {
+	e.t.Helper()
+	e.eventually("nats node "+n.name+" ready", 2*time.Minute, func() error {
+		if n.proc.exited() {
+			e.t.Fatalf("nats node %s exited:\n%s", n.name, n.proc.logTail(30))
+		}
+		nc, err := nats.Connect(n.url(), nats.UserCredentials(creds), nats.Timeout(time.Second), nats.NoReconnect())
+		if err != nil {
+			return err
+		}
+		defer nc.Close()
+		_, err = nc.Request("$JS.API.INFO", nil, 2*time.Second)
+		return err
+	})
+}
+
+// reachesOn waits until user's credentials, connected to node n alone, get an answer on
+// subject (a JetStream API request through their account's imports).
+func reachesOn(e *env, n *natsNode, creds, subject string, d time.Duration) {
+	e.t.Helper()
+	e.eventually(filepath.Base(creds)+" reaching "+subject+" on "+n.name, d, func() error {
+		return requestOn(n, creds, subject)
+	})
+}
+
+// requestOn sends one request on subject with creds, connected to node n alone, and
+// returns an error unless it is answered without a JetStream error.
+func requestOn(n *natsNode, creds, subject string) error {
+	nc, err := nats.Connect(n.url(), nats.UserCredentials(creds), nats.Timeout(time.Second), nats.NoReconnect())
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	m, err := nc.Request(subject, nil, 2*time.Second)
+	if err != nil {
+		return err
+	}
+	if strings.Contains(string(m.Data), `"error"`) {
+		return errors.New(string(m.Data))
+	}
+	return nil
+}
+
+// clusterInitTools runs `toolbus init --tools tools` with creds on the cluster, R3.
+func clusterInitTools(e *env, creds, tools string) {
+	e.t.Helper()
+	p := startProc(e.t, e.dir, "init-"+tools, e.toolbus, []string{"init", "--tools", tools},
+		[]string{"TOOLBUS_NATS_URL=" + e.urls(), "TOOLBUS_NATS_CREDS=" + creds, "TOOLBUS_REPLICAS=3",
+			"TOOLBUS_INSTANCE_TTL=" + e.cfg.InstanceTTL.String()})
+	p.expect()
+	select {
+	case <-p.done:
+	case <-time.After(2 * time.Minute):
+		e.t.Fatalf("toolbus init --tools %s did not end:\n%s", tools, p.logTail(20))
+	}
+	if code := p.cmd.ProcessState.ExitCode(); code != 0 {
+		e.t.Fatalf("toolbus init --tools %s exited %d:\n%s", tools, code, p.logTail(20))
+	}
+}
