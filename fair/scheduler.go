@@ -1,0 +1,261 @@
+// Package fair is the fair scheduler of the tools' queues (docs/fair-share.md): with
+// fair share set up (events.Config.FairShare) the server stages every call on
+// toolbus_stage.<tool>, and the scheduler, in the injector's process, releases them onto
+// the tool's queue subject, which the executors pull as before: at most about what the
+// tool's executors can take at once, picking the next call by weighted round robin over
+// the tenants (the run's principal, as the core's planner wrote it in the call), with a
+// guaranteed minimum and a cap of calls in flight per tenant and tool.
+package fair
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/toolbus/toolbus"
+	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/store"
+)
+
+// reconcileEvery is how often a tool that holds calls checks its executors' queue, in
+// case a claim or result went unheard (they are heard on core NATS, best effort).
+const reconcileEvery = 2 * time.Second
+
+// Scheduler releases staged calls fairly. One per deployment is the intended setup;
+// two release each call once anyway (the queue stream deduplicates by the staged
+// sequence, and the executors' claims run a call once), each with its own view of the
+// shares.
+type Scheduler struct {
+	js    jetstream.JetStream
+	nc    *nats.Conn
+	queue jetstream.Stream
+	pol   policy
+	log   *slog.Logger
+
+	mu       sync.Mutex
+	tools    map[string]*toolQueue
+	calls    map[string]*call // claim key -> released call, not finished
+	order    []uint64         // staged sequences not yet released and stored, in order
+	stored   map[uint64]bool  // released and stored, above the low-water mark
+	lastSeen uint64           // the last staged sequence read
+	kick     chan struct{}
+}
+
+// Staging reports whether the queue stream of bus stages calls (fair share set up).
+func Staging(ctx context.Context, bus *events.Bus) (bool, error) {
+	s, err := bus.JetStream().Stream(ctx, events.QueueStreamName(bus.Config().Stream))
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("fair: queue stream: %w", err)
+	}
+	src := s.CachedInfo().Config.Sources
+	return len(src) == 1 && len(src[0].SubjectTransforms) == 1 && src[0].SubjectTransforms[0].Destination == events.StageDestination, nil
+}
+
+// New returns a scheduler for bus's queue stream.
+func New(ctx context.Context, bus *events.Bus, cfg Shares, log *slog.Logger) (*Scheduler, error) {
+	pol, err := cfg.parse()
+	if err != nil {
+		return nil, err
+	}
+	s, err := bus.JetStream().Stream(ctx, events.QueueStreamName(bus.Config().Stream))
+	if err != nil {
+		return nil, fmt.Errorf("fair: queue stream: %w", err)
+	}
+	return &Scheduler{js: bus.JetStream(), nc: bus.Conn(), queue: s, pol: pol, log: log.With("role", "fair"),
+		tools: map[string]*toolQueue{}, calls: map[string]*call{}, stored: map[uint64]bool{}, kick: make(chan struct{}, 1)}, nil
+}
+
+// Run schedules until ctx ends. It first finds where a scheduler before it stopped:
+// the low-water mark of the last release, and the releases above it.
+func (s *Scheduler) Run(ctx context.Context) error {
+	low, done, err := s.recoverReleases(ctx)
+	if err != nil {
+		return err
+	}
+	s.lastSeen = low
+	subs, err := s.listen()
+	defer func() {
+		for _, sub := range subs {
+			_ = sub.Unsubscribe()
+		}
+	}()
+	if err != nil {
+		return err
+	}
+	cons, err := s.js.OrderedConsumer(ctx, s.queue.CachedInfo().Config.Name, jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{events.StagePrefix + ".>"},
+		DeliverPolicy:  jetstream.DeliverByStartSequencePolicy, OptStartSeq: low + 1,
+	})
+	if err != nil {
+		return fmt.Errorf("fair: read staged calls: %w", err)
+	}
+	cc, err := cons.Consume(func(m jetstream.Msg) { s.staged(m, done) })
+	if err != nil {
+		return fmt.Errorf("fair: read staged calls: %w", err)
+	}
+	defer cc.Stop()
+	s.log.Info("fair scheduler started", "from", low+1, "released_above", len(done))
+	t := time.NewTicker(reconcileEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+			s.reconcile(ctx)
+		case <-s.kick:
+			s.dispatchAll()
+		}
+	}
+}
+
+// staged takes one staged call: decodes its tenant and holds it, unless an earlier
+// scheduler released it (done).
+func (s *Scheduler) staged(m jetstream.Msg, done map[uint64]bool) {
+	md, err := m.Metadata()
+	if err != nil {
+		return
+	}
+	seq := md.Sequence.Stream
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if seq <= s.lastSeen {
+		return // read already (an ordered consumer's replay after a reset)
+	}
+	s.lastSeen = seq
+	if done[seq] {
+		delete(done, seq)
+		return
+	}
+	c := &call{seq: seq, tool: strings.TrimPrefix(m.Subject(), events.StagePrefix+"."), hdr: m.Headers(), data: m.Data(), tenant: "_unknown"}
+	var req toolbus.ToolRequested
+	if _, err := events.Decode(&nats.Msg{Subject: m.Subject(), Header: m.Headers(), Data: m.Data()}, &req); err == nil {
+		if req.Principal.ID != "" {
+			c.tenant = req.Principal.ID
+		}
+		c.key = store.ClaimKey(c.tool, req.RunID, req.Step, req.Call.CallID)
+	} else {
+		c.key = "_seq." + strconv.FormatUint(seq, 10) // no claim names it: reconcile frees it
+		s.log.Warn("staged call not decoded: released as tenant _unknown", "seq", seq, "error", err)
+	}
+	s.order = append(s.order, seq)
+	q := s.toolQueue(c.tool)
+	q.hold(c)
+	s.dispatch(c.tool, q)
+}
+
+func (s *Scheduler) toolQueue(tool string) *toolQueue {
+	q := s.tools[tool]
+	if q == nil {
+		q = newToolQueue()
+		s.tools[tool] = q
+	}
+	return q
+}
+
+// dispatch releases the tool's next calls while fewer than the lookahead wait for an
+// executor. Called with s.mu held.
+func (s *Scheduler) dispatch(tool string, q *toolQueue) {
+	for q.waiting < s.pol.lookahead {
+		was := map[string]bool{}
+		for t, v := range q.capped {
+			was[t] = v
+		}
+		c := q.pick(s.pol, tool)
+		for t, v := range q.capped {
+			if v && !was[t] {
+				s.log.Info("tenant at its cap: its calls are queued", "tool", tool, "tenant", t, "in_flight", q.inFlight[t], "cap", s.pol.capOf(tool))
+			}
+		}
+		if c == nil {
+			return
+		}
+		s.calls[c.key] = c
+		s.release(c)
+	}
+}
+
+func (s *Scheduler) dispatchAll() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for tool, q := range s.tools {
+		s.dispatch(tool, q)
+	}
+}
+
+// release publishes c on its tool's queue subject with the staged message's headers
+// (the server's source header names the call's own subject: events.CallSubject), none
+// of the stream instructions, and the staged sequence as message id. Called with s.mu
+// held; the store is awaited in the background.
+func (s *Scheduler) release(c *call) {
+	msg := nats.NewMsg(events.QueuePrefix + "." + c.tool)
+	for k, v := range c.hdr {
+		if strings.HasPrefix(k, "Nats-") && k != events.StreamSourceHeader {
+			continue
+		}
+		msg.Header[k] = v
+	}
+	seq := strconv.FormatUint(c.seq, 10)
+	msg.Header.Set(nats.MsgIdHdr, "fair-"+seq)
+	msg.Header.Set(events.FairStagedHeader, seq)
+	msg.Header.Set(events.FairLowHeader, strconv.FormatUint(s.low(), 10))
+	msg.Data = c.data
+	f, err := s.js.PublishMsgAsync(msg)
+	if err != nil {
+		s.failed(c, err)
+		return
+	}
+	go func() {
+		select {
+		case <-f.Ok():
+			s.mu.Lock()
+			s.stored[c.seq] = true
+			s.advance()
+			s.mu.Unlock()
+		case err := <-f.Err():
+			s.mu.Lock()
+			s.failed(c, err)
+			s.mu.Unlock()
+		}
+	}()
+}
+
+// failed puts a call whose release was not stored back at the front of its tenant's
+// queue; the next reconcile releases it again.
+func (s *Scheduler) failed(c *call, err error) {
+	s.log.Warn("release not stored: held again", "tool", c.tool, "seq", c.seq, "error", err)
+	q := s.toolQueue(c.tool)
+	q.inFlight[c.tenant]--
+	if !c.started {
+		q.waiting--
+	}
+	delete(s.calls, c.key)
+	q.unhold(c)
+}
+
+// low is the low-water mark: every staged call at or below it is released and stored.
+func (s *Scheduler) low() uint64 {
+	if len(s.order) > 0 {
+		return s.order[0] - 1
+	}
+	return s.lastSeen
+}
+
+// advance drops the stored releases from the front of the order.
+func (s *Scheduler) advance() {
+	for len(s.order) > 0 && s.stored[s.order[0]] {
+		delete(s.stored, s.order[0])
+		s.order = s.order[1:]
+	}
+}

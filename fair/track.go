@@ -1,0 +1,211 @@
+package fair
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/toolbus/toolbus"
+	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/store"
+)
+
+// claimsPrefix is the subject prefix of the claims bucket's keys.
+const claimsPrefix = "$KV." + store.BucketClaims + "."
+
+// listen hears, on core NATS (no message of its own per call), the executors' claims
+// (a released call started), the results (it finished) and the requests for what is
+// held. A claim deleted is a call that did not run (it waits for approval): finished too.
+func (s *Scheduler) listen() ([]*nats.Subscription, error) {
+	var subs []*nats.Subscription
+	for subj, h := range map[string]nats.MsgHandler{
+		claimsPrefix + ">":                          s.claimed,
+		events.SubjectPrefix + ".*.tool.finished.*": s.finishedEvent,
+		events.FairHeldSubject("*"):                 s.answerHeld,
+	} {
+		sub, err := s.nc.Subscribe(subj, h)
+		if err != nil {
+			return subs, fmt.Errorf("fair: subscribe %s: %w", subj, err)
+		}
+		subs = append(subs, sub)
+	}
+	return subs, nil
+}
+
+func (s *Scheduler) claimed(m *nats.Msg) {
+	key := strings.TrimPrefix(m.Subject, claimsPrefix)
+	op := m.Header.Get("KV-Operation")
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	c := s.calls[key]
+	if c == nil {
+		return
+	}
+	if op == "DEL" || op == "PURGE" {
+		s.finish(c)
+		return
+	}
+	if !c.started {
+		c.started = true
+		s.toolQueue(c.tool).waiting--
+		s.signal()
+	}
+}
+
+func (s *Scheduler) finishedEvent(m *nats.Msg) {
+	var tf toolbus.ToolFinished
+	if _, err := events.Decode(m, &tf); err != nil {
+		return
+	}
+	key := store.ClaimKey(events.ToolTokenOfSubject(m.Subject), tf.RunID, tf.Step, tf.CallID)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if c := s.calls[key]; c != nil {
+		s.finish(c)
+	}
+}
+
+// finish frees a released call's place. Called with s.mu held.
+func (s *Scheduler) finish(c *call) {
+	delete(s.calls, c.key)
+	q := s.toolQueue(c.tool)
+	q.inFlight[c.tenant]--
+	if q.inFlight[c.tenant] <= 0 {
+		delete(q.inFlight, c.tenant)
+	}
+	if !c.started {
+		q.waiting--
+	}
+	s.signal()
+}
+
+// signal asks Run's loop to release what may go now (outside the handler that learnt it).
+func (s *Scheduler) signal() {
+	select {
+	case s.kick <- struct{}{}:
+	default:
+	}
+}
+
+// reconcile corrects, for each tool that holds calls, what a claim or result unheard
+// left counted: an executors' queue with nothing pending waits for nothing, and one with
+// nothing pending or running runs nothing.
+func (s *Scheduler) reconcile(ctx context.Context) {
+	s.mu.Lock()
+	var tools []string
+	for tool, q := range s.tools {
+		if len(q.held) > 0 && (q.waiting > 0 || len(q.inFlight) > 0) {
+			tools = append(tools, tool)
+		}
+	}
+	s.mu.Unlock()
+	for _, tool := range tools {
+		cons, err := s.queue.Consumer(ctx, events.ToolConsumer(tool))
+		if err != nil {
+			continue
+		}
+		ci, err := cons.Info(ctx)
+		if err != nil || ci.NumPending > 0 {
+			continue
+		}
+		s.mu.Lock()
+		for _, c := range s.calls {
+			if c.tool != tool {
+				continue
+			}
+			if ci.NumAckPending == 0 {
+				s.finish(c)
+			} else if !c.started {
+				c.started = true
+				s.toolQueue(tool).waiting--
+			}
+		}
+		s.mu.Unlock()
+	}
+	s.dispatchAll()
+}
+
+// answerHeld answers toolbus_fair.held.<tool> with the tool's Held per tenant.
+func (s *Scheduler) answerHeld(m *nats.Msg) {
+	tool := events.ToolTokenOfSubject(m.Subject)
+	s.mu.Lock()
+	var held []Held
+	if q := s.tools[tool]; q != nil {
+		held = q.heldState(s.pol, tool)
+	}
+	s.mu.Unlock()
+	b, _ := json.Marshal(held) // plain data
+	_ = m.Respond(b)
+}
+
+// recoverReleases finds where an earlier scheduler stopped: the low-water mark of the
+// last release (0: none) and the staged sequences released above it.
+func (s *Scheduler) recoverReleases(ctx context.Context) (uint64, map[uint64]bool, error) {
+	done := map[uint64]bool{}
+	var low uint64
+	last, err := s.queue.GetLastMsgForSubject(ctx, events.QueuePrefix+".>")
+	switch {
+	case err == nil:
+		low, _ = strconv.ParseUint(last.Header.Get(events.FairLowHeader), 10, 64)
+	case !errors.Is(err, jetstream.ErrMsgNotFound):
+		return 0, nil, fmt.Errorf("fair: last release: %w", err)
+	}
+	from := low + 1
+	if low == 0 {
+		first, err := s.queue.GetMsg(ctx, 1, jetstream.WithGetMsgSubject(events.StagePrefix+".>"))
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			return 0, done, nil
+		}
+		if err != nil {
+			return 0, nil, fmt.Errorf("fair: first staged call: %w", err)
+		}
+		from = first.Sequence
+	}
+	if err != nil || last == nil || last.Sequence < from {
+		return low, done, nil
+	}
+	return low, done, s.scanReleases(ctx, from, last.Sequence, done)
+}
+
+// scanReleases collects the staged sequences of the releases stored from from to to.
+func (s *Scheduler) scanReleases(ctx context.Context, from, to uint64, done map[uint64]bool) error {
+	cons, err := s.js.OrderedConsumer(ctx, s.queue.CachedInfo().Config.Name, jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{events.QueuePrefix + ".>"},
+		DeliverPolicy:  jetstream.DeliverByStartSequencePolicy, OptStartSeq: from,
+	})
+	if err != nil {
+		return fmt.Errorf("fair: read releases: %w", err)
+	}
+	for {
+		batch, err := cons.Fetch(256)
+		if err != nil {
+			return fmt.Errorf("fair: read releases: %w", err)
+		}
+		n := 0
+		for m := range batch.Messages() {
+			n++
+			md, err := m.Metadata()
+			if err != nil {
+				continue
+			}
+			if seq, err := strconv.ParseUint(m.Headers().Get(events.FairStagedHeader), 10, 64); err == nil {
+				done[seq] = true
+			}
+			if md.Sequence.Stream >= to || md.NumPending == 0 {
+				return nil
+			}
+		}
+		if err := batch.Error(); err != nil {
+			return fmt.Errorf("fair: read releases: %w", err)
+		}
+		if n == 0 {
+			return nil
+		}
+	}
+}
