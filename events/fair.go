@@ -25,9 +25,15 @@ const (
 	// FairLowHeader is the scheduler's low-water mark when it released the call: every
 	// staged call at or below it was released, so a restarted scheduler starts above it.
 	FairLowHeader = "Toolbus-Fair-Low"
+	// FairCallSubjectHeader is the subject the released call was published on
+	// (CallSubject), which the staged copy's Nats-Stream-Source named.
+	FairCallSubjectHeader = "Toolbus-Call-Subject"
 )
 
 // FairHeldSubject is toolbus_fair.held.<tool>: the scheduler answers a request there
 // with the tool's held calls per tenant (fair.Held), which `toolbus call`, `toolbus run`
 // and the console show as the reason a call waits.
-func FairHeldSubject(tool string) string { return "toolbus_fair.held." + ToolToken(tool) }
+func FairHeldSubject(tool string) string { return FairHeldPrefix + "." + ToolToken(tool) }
+
+// FairHeldPrefix is the prefix of FairHeldSubject: the scheduler listens on its ".*".
+const FairHeldPrefix = "toolbus_fair.held"

@@ -194,18 +194,19 @@ func (s *Scheduler) dispatchAll() {
 	}
 }
 
-// release publishes c on its tool's queue subject with the staged message's headers
-// (the server's source header names the call's own subject: events.CallSubject), none
-// of the stream instructions, and the staged sequence as message id. Called with s.mu
+// release publishes c on its tool's queue subject with the staged message's headers,
+// none of the stream's (Nats-*: the server refuses a published source header, so the
+// call's subject goes in events.FairCallSubjectHeader), and the staged sequence as
+// message id. Called with s.mu
 // held; the store is awaited in the background.
 func (s *Scheduler) release(c *call) {
 	msg := nats.NewMsg(events.QueuePrefix + "." + c.tool)
 	for k, v := range c.hdr {
-		if strings.HasPrefix(k, "Nats-") && k != events.StreamSourceHeader {
-			continue
+		if !strings.HasPrefix(k, "Nats-") {
+			msg.Header[k] = v
 		}
-		msg.Header[k] = v
 	}
+	msg.Header.Set(events.FairCallSubjectHeader, events.CallSubject(msg.Subject, c.hdr))
 	seq := strconv.FormatUint(c.seq, 10)
 	msg.Header.Set(nats.MsgIdHdr, "fair-"+seq)
 	msg.Header.Set(events.FairStagedHeader, seq)

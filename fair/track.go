@@ -27,7 +27,7 @@ func (s *Scheduler) listen() ([]*nats.Subscription, error) {
 	for subj, h := range map[string]nats.MsgHandler{
 		claimsPrefix + ">":                          s.claimed,
 		events.SubjectPrefix + ".*.tool.finished.*": s.finishedEvent,
-		events.FairHeldSubject("*"):                 s.answerHeld,
+		events.FairHeldPrefix + ".*":                s.answerHeld,
 	} {
 		sub, err := s.nc.Subscribe(subj, h)
 		if err != nil {

@@ -28,6 +28,7 @@ func WaitingHint(ctx context.Context, bus *events.Bus, p *Printer) string {
 		home := bus.EventStream()
 		if strings.HasPrefix(name, events.ToolConsumerPrefix) {
 			home = bus.QueueStream()
+			line += fairHeld(ctx, bus, strings.TrimPrefix(name, events.ToolConsumerPrefix), p.principal)
 		}
 		cons, err := home.Consumer(ctx, name)
 		if errors.Is(err, jetstream.ErrConsumerNotFound) {
