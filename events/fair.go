@@ -7,6 +7,10 @@ package events
 // executors can take released. Nothing but the server writes the staging subjects (the
 // queue stream's source), so a staged call is the core's tool.requested as stored.
 
+// FairConsumer is the durable the scheduler pulls the staged calls from (created by
+// `toolbus init` with the queue stream: no role but admin creates consumers there).
+const FairConsumer = "fair"
+
 // StagePrefix is the first token of the staging subjects.
 const StagePrefix = "toolbus_stage"
 

@@ -77,13 +77,21 @@ func New(ctx context.Context, bus *events.Bus, cfg Shares, log *slog.Logger) (*S
 }
 
 // Run schedules until ctx ends. It first finds where a scheduler before it stopped:
-// the low-water mark of the last release, and the releases above it.
+// the low-water mark of the last release, the releases above it, and the staged calls
+// the durable delivered to the one before (read again with direct gets).
 func (s *Scheduler) Run(ctx context.Context) error {
+	cons, err := s.queue.Consumer(ctx, events.FairConsumer)
+	if err != nil {
+		return fmt.Errorf("fair: the scheduler's consumer %s (toolbus init creates it with TOOLBUS_FAIR_SHARE): %w", events.FairConsumer, err)
+	}
+	ci, err := cons.Info(ctx)
+	if err != nil {
+		return fmt.Errorf("fair: consumer %s: %w", events.FairConsumer, err)
+	}
 	low, done, err := s.recoverReleases(ctx)
 	if err != nil {
 		return err
 	}
-	s.lastSeen = low
 	subs, err := s.listen()
 	defer func() {
 		for _, sub := range subs {
@@ -93,14 +101,17 @@ func (s *Scheduler) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	cons, err := s.js.OrderedConsumer(ctx, s.queue.CachedInfo().Config.Name, jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{events.StagePrefix + ".>"},
-		DeliverPolicy:  jetstream.DeliverByStartSequencePolicy, OptStartSeq: low + 1,
-	})
-	if err != nil {
-		return fmt.Errorf("fair: read staged calls: %w", err)
+	s.mu.Lock()
+	s.lastSeen = low
+	s.mu.Unlock()
+	if err := s.replay(ctx, low+1, ci.Delivered.Stream, done); err != nil {
+		return err
 	}
-	cc, err := cons.Consume(func(m jetstream.Msg) { s.staged(m, done) })
+	cc, err := cons.Consume(func(m jetstream.Msg) {
+		if md, err := m.Metadata(); err == nil {
+			s.staged(md.Sequence.Stream, m.Subject(), m.Headers(), m.Data(), done)
+		}
+	})
 	if err != nil {
 		return fmt.Errorf("fair: read staged calls: %w", err)
 	}
@@ -120,27 +131,30 @@ func (s *Scheduler) Run(ctx context.Context) error {
 	}
 }
 
+// replay reads the staged calls from from to to (those the durable delivered to an
+// earlier scheduler) with direct gets.
+func (s *Scheduler) replay(ctx context.Context, from, to uint64, done map[uint64]bool) error {
+	return s.each(ctx, from, to, events.StagePrefix+".>", func(m *jetstream.RawStreamMsg) {
+		s.staged(m.Sequence, m.Subject, m.Header, m.Data, done)
+	})
+}
+
 // staged takes one staged call: decodes its tenant and holds it, unless an earlier
 // scheduler released it (done).
-func (s *Scheduler) staged(m jetstream.Msg, done map[uint64]bool) {
-	md, err := m.Metadata()
-	if err != nil {
-		return
-	}
-	seq := md.Sequence.Stream
+func (s *Scheduler) staged(seq uint64, subject string, hdr nats.Header, data []byte, done map[uint64]bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if seq <= s.lastSeen {
-		return // read already (an ordered consumer's replay after a reset)
+		return // read already
 	}
 	s.lastSeen = seq
 	if done[seq] {
 		delete(done, seq)
 		return
 	}
-	c := &call{seq: seq, tool: strings.TrimPrefix(m.Subject(), events.StagePrefix+"."), hdr: m.Headers(), data: m.Data(), tenant: "_unknown"}
+	c := &call{seq: seq, tool: strings.TrimPrefix(subject, events.StagePrefix+"."), hdr: hdr, data: data, tenant: "_unknown"}
 	var req toolbus.ToolRequested
-	if _, err := events.Decode(&nats.Msg{Subject: m.Subject(), Header: m.Headers(), Data: m.Data()}, &req); err == nil {
+	if _, err := events.Decode(&nats.Msg{Subject: subject, Header: hdr, Data: data}, &req); err == nil {
 		if req.Principal.ID != "" {
 			c.tenant = req.Principal.ID
 		}

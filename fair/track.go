@@ -148,16 +148,18 @@ func (s *Scheduler) answerHeld(m *nats.Msg) {
 // last release (0: none) and the staged sequences released above it.
 func (s *Scheduler) recoverReleases(ctx context.Context) (uint64, map[uint64]bool, error) {
 	done := map[uint64]bool{}
-	var low uint64
 	last, err := s.queue.GetLastMsgForSubject(ctx, events.QueuePrefix+".>")
-	switch {
-	case err == nil:
-		low, _ = strconv.ParseUint(last.Header.Get(events.FairLowHeader), 10, 64)
-	case !errors.Is(err, jetstream.ErrMsgNotFound):
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return 0, done, nil
+	}
+	if err != nil {
 		return 0, nil, fmt.Errorf("fair: last release: %w", err)
 	}
+	low, _ := strconv.ParseUint(last.Header.Get(events.FairLowHeader), 10, 64)
 	from := low + 1
 	if low == 0 {
+		// No release has a mark (fair share just turned on): the releases start after
+		// the first staged call.
 		first, err := s.queue.GetMsg(ctx, 1, jetstream.WithGetMsgSubject(events.StagePrefix+".>"))
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
 			return 0, done, nil
@@ -167,45 +169,30 @@ func (s *Scheduler) recoverReleases(ctx context.Context) (uint64, map[uint64]boo
 		}
 		from = first.Sequence
 	}
-	if err != nil || last == nil || last.Sequence < from {
-		return low, done, nil
-	}
-	return low, done, s.scanReleases(ctx, from, last.Sequence, done)
+	err = s.each(ctx, from, last.Sequence, events.QueuePrefix+".>", func(m *jetstream.RawStreamMsg) {
+		if seq, err := strconv.ParseUint(m.Header.Get(events.FairStagedHeader), 10, 64); err == nil {
+			done[seq] = true
+		}
+	})
+	return low, done, err
 }
 
-// scanReleases collects the staged sequences of the releases stored from from to to.
-func (s *Scheduler) scanReleases(ctx context.Context, from, to uint64, done map[uint64]bool) error {
-	cons, err := s.js.OrderedConsumer(ctx, s.queue.CachedInfo().Config.Name, jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{events.QueuePrefix + ".>"},
-		DeliverPolicy:  jetstream.DeliverByStartSequencePolicy, OptStartSeq: from,
-	})
-	if err != nil {
-		return fmt.Errorf("fair: read releases: %w", err)
-	}
-	for {
-		batch, err := cons.Fetch(256)
-		if err != nil {
-			return fmt.Errorf("fair: read releases: %w", err)
-		}
-		n := 0
-		for m := range batch.Messages() {
-			n++
-			md, err := m.Metadata()
-			if err != nil {
-				continue
-			}
-			if seq, err := strconv.ParseUint(m.Headers().Get(events.FairStagedHeader), 10, 64); err == nil {
-				done[seq] = true
-			}
-			if md.Sequence.Stream >= to || md.NumPending == 0 {
-				return nil
-			}
-		}
-		if err := batch.Error(); err != nil {
-			return fmt.Errorf("fair: read releases: %w", err)
-		}
-		if n == 0 {
+// each reads the messages on filter from sequence from to to, one get each (at a
+// restart only: what was staged or released since the low-water mark).
+func (s *Scheduler) each(ctx context.Context, from, to uint64, filter string, f func(*jetstream.RawStreamMsg)) error {
+	for seq := from; seq <= to; {
+		m, err := s.queue.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(filter))
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
 			return nil
 		}
+		if err != nil {
+			return fmt.Errorf("fair: read %s from %d: %w", filter, seq, err)
+		}
+		if m.Sequence > to {
+			return nil
+		}
+		f(m)
+		seq = m.Sequence + 1
 	}
+	return nil
 }

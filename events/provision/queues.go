@@ -111,7 +111,23 @@ func setupQueueStream(ctx context.Context, js jetstream.JetStream, cfg events.Co
 	default:
 		return fmt.Errorf("provision: stream %s: %w", name, err)
 	}
-	return upsertStream(ctx, js, queueStreamConfig(cfg, start), note)
+	if err := upsertStream(ctx, js, queueStreamConfig(cfg, start), note); err != nil {
+		return err
+	}
+	if !cfg.FairShare {
+		return nil
+	}
+	// The scheduler's durable: no acknowledgement (a restarted scheduler finds its
+	// place from the releases, package fair), every staged call from the first.
+	_, err := js.CreateOrUpdateConsumer(ctx, name, jetstream.ConsumerConfig{
+		Durable: events.FairConsumer, Description: "the fair scheduler's staged calls",
+		FilterSubject: events.StagePrefix + ".>", AckPolicy: jetstream.AckNonePolicy, DeliverPolicy: jetstream.DeliverAllPolicy,
+		Replicas: cfg.Replicas, MemoryStorage: cfg.Memory,
+	})
+	if err != nil {
+		return fmt.Errorf("provision: consumer %s of %s: %w", events.FairConsumer, name, err)
+	}
+	return nil
 }
 
 // retireEventStreamQueues deletes the tools' queues a deployment made before the queue
