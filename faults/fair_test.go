@@ -87,10 +87,11 @@ func TestFaultFairShare(t *testing.T) {
 		}
 	}
 	t.Logf("bob's first call ran %d of %d: %v", first+1, len(order), order)
-	// Ahead of it at most: the call running, the lookahead released, and what the new
-	// scheduler released before it learnt of them (it counts from zero).
-	if first < 0 || first > 5 {
-		t.Fatalf("bob's first call ran %d of 24, want among the first 6 (alice's backlog is 12)", first+1)
+	// Ahead of it at most: the call running, the lookahead (2) released, and what the new
+	// scheduler released before it learnt of them (it counts from zero: 2 more, and one
+	// for a claim it heard late).
+	if first < 0 || first > 6 {
+		t.Fatalf("bob's first call ran %d of 24, want among the first 7 (alice's backlog is 12)", first+1)
 	}
 }
 
