@@ -19,10 +19,11 @@ type Shares struct {
 	// none). Caps sets it per tool: "sleep=8,search=4".
 	Cap  int    `envconfig:"FAIR_CAP" desc:"fair share: calls of one tenant in flight per tool (a concurrency key; beyond it calls are queued, and call/run say so; 0: no cap)"`
 	Caps string `envconfig:"FAIR_CAPS" desc:"fair share: the concurrency key per tool, tool=n,... (overrides TOOLBUS_FAIR_CAP)"`
-	// Lookahead is how many released calls of a tool may wait for an executor: enough
-	// that a free executor finds one at once, few enough that a quiet tenant's call
-	// waits behind no more than that.
-	Lookahead int `envconfig:"FAIR_LOOKAHEAD" default:"2" desc:"fair share: calls of a tool released to its executors beyond those they run (what a quiet tenant's call may wait behind)"`
+	// Lookahead is how many released calls of a tool may wait for an executor at least:
+	// enough that a free executor finds one at once. The scheduler allows as many as the
+	// tool's executors run (up to maxLookahead), so a quiet tenant's call waits behind
+	// about one round of the executors' slots, never a backlog.
+	Lookahead int `envconfig:"FAIR_LOOKAHEAD" default:"2" desc:"fair share: calls of a tool released to its executors beyond those they run, at least (the scheduler allows as many as they run, up to 32): what a quiet tenant's call may wait behind"`
 }
 
 // policy is a parsed Shares.

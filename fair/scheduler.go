@@ -153,7 +153,14 @@ func (s *Scheduler) staged(seq uint64, subject string, hdr nats.Header, data []b
 		return
 	}
 	c := &call{seq: seq, tool: strings.TrimPrefix(subject, events.StagePrefix+"."), hdr: hdr, data: data, tenant: "_unknown"}
-	var req toolbus.ToolRequested
+	var req struct { // what scheduling needs of the toolbus.ToolRequested
+		RunID string `json:"run_id"`
+		Step  int    `json:"step"`
+		Call  struct {
+			CallID string `json:"call_id"`
+		} `json:"call"`
+		Principal toolbus.Principal `json:"principal"`
+	}
 	if _, err := events.Decode(&nats.Msg{Subject: subject, Header: hdr, Data: data}, &req); err == nil {
 		if req.Principal.ID != "" {
 			c.tenant = req.Principal.ID
@@ -181,7 +188,7 @@ func (s *Scheduler) toolQueue(tool string) *toolQueue {
 // dispatch releases the tool's next calls while fewer than the lookahead wait for an
 // executor. Called with s.mu held.
 func (s *Scheduler) dispatch(tool string, q *toolQueue) {
-	for q.waiting < s.pol.lookahead {
+	for q.waiting < s.lookahead(q) {
 		was := map[string]bool{}
 		for t, v := range q.capped {
 			was[t] = v
@@ -198,6 +205,20 @@ func (s *Scheduler) dispatch(tool string, q *toolQueue) {
 		s.calls[c.key] = c
 		s.release(c)
 	}
+}
+
+// maxLookahead bounds the released calls of a tool that wait for an executor.
+const maxLookahead = 32
+
+// lookahead is how many released calls of the tool may wait for an executor: the
+// configured minimum, or as many as its executors run (one round of their slots), which
+// keeps busy executors fed between a claim and the next release.
+func (s *Scheduler) lookahead(q *toolQueue) int {
+	running := -q.waiting
+	for _, n := range q.inFlight {
+		running += n
+	}
+	return max(s.pol.lookahead, min(running, maxLookahead))
 }
 
 func (s *Scheduler) dispatchAll() {

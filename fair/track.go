@@ -11,7 +11,6 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/store"
 )
@@ -59,8 +58,14 @@ func (s *Scheduler) claimed(m *nats.Msg) {
 }
 
 func (s *Scheduler) finishedEvent(m *nats.Msg) {
-	var tf toolbus.ToolFinished
-	if _, err := events.Decode(m, &tf); err != nil {
+	// Only the call's position: the result itself is the injector's to read.
+	ev, err := events.DecodeEvent(m)
+	var tf struct {
+		RunID  string `json:"run_id"`
+		Step   int    `json:"step"`
+		CallID string `json:"call_id"`
+	}
+	if err != nil || json.Unmarshal(ev.Data, &tf) != nil {
 		return
 	}
 	key := store.ClaimKey(events.ToolTokenOfSubject(m.Subject), tf.RunID, tf.Step, tf.CallID)
