@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"strings"
 	"sync"
 	"testing"
@@ -17,6 +18,7 @@ import (
 	"github.com/toolbus/toolbus/fair"
 	"github.com/toolbus/toolbus/internal/testpipe"
 	"github.com/toolbus/toolbus/internal/testutil"
+	"github.com/toolbus/toolbus/internal/timeline"
 	"github.com/toolbus/toolbus/planner"
 )
 
@@ -303,6 +305,18 @@ func TestConcurrencyKeyQueues(t *testing.T) {
 	want := "queued: tenant alice has 2 calls of gate in flight, its cap (4 queued)"
 	if got := h.Reason("gate"); got != want {
 		t.Fatalf("reason %q, want %q", got, want)
+	}
+	// `toolbus call` and `toolbus run` say so in their waiting line.
+	pr := timeline.NewPrinter(io.Discard)
+	evs, err := r.p.Bus.RunEvents(r.p.Ctx, "alice-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ev := range evs {
+		pr.Print(ev)
+	}
+	if line := timeline.WaitingHint(r.p.Ctx, r.p.Bus, pr); !strings.Contains(line, want) {
+		t.Fatalf("waiting line %q does not say %q", line, want)
 	}
 	// Nothing more of alice's reached the executor, which has two free slots.
 	if q, err := r.p.Bus.ToolQueueInfo(r.p.Ctx, "gate"); err != nil || q.Pending != 0 || q.InFlight != 2 {
