@@ -46,7 +46,9 @@ type Scheduler struct {
 	order    []uint64         // staged sequences not yet released and stored, in order
 	stored   map[uint64]bool  // released and stored, above the low-water mark
 	lastSeen uint64           // the last staged sequence read
-	kick     chan struct{}
+	// replaying holds the calls read again at a restart until all are read.
+	replaying bool
+	kick      chan struct{}
 }
 
 // Staging reports whether the queue stream of bus stages calls (fair share set up).
@@ -102,11 +104,17 @@ func (s *Scheduler) Run(ctx context.Context) error {
 		return err
 	}
 	s.mu.Lock()
-	s.lastSeen = low
+	s.lastSeen, s.replaying = low, true
 	s.mu.Unlock()
 	if err := s.replay(ctx, low+1, ci.Delivered.Stream, done); err != nil {
 		return err
 	}
+	// Every tenant's held calls are known now: release in fair order, not in the order
+	// the replay read them.
+	s.mu.Lock()
+	s.replaying = false
+	s.mu.Unlock()
+	s.dispatchAll()
 	cc, err := cons.Consume(func(m jetstream.Msg) {
 		if md, err := m.Metadata(); err == nil {
 			s.staged(md.Sequence.Stream, m.Subject(), m.Headers(), m.Data(), done)
@@ -173,7 +181,9 @@ func (s *Scheduler) staged(seq uint64, subject string, hdr nats.Header, data []b
 	s.order = append(s.order, seq)
 	q := s.toolQueue(c.tool)
 	q.hold(c)
-	s.dispatch(c.tool, q)
+	if !s.replaying {
+		s.dispatch(c.tool, q)
+	}
 }
 
 func (s *Scheduler) toolQueue(tool string) *toolQueue {
