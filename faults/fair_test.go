@@ -48,8 +48,9 @@ func TestFaultFairShare(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// held waits until the scheduler has n calls of who, queued or released.
 	held := func(who string, n int) {
-		e.eventually(fmt.Sprintf("the scheduler holds %d calls of %s", n, who), 60*time.Second, func() error {
+		e.eventually(fmt.Sprintf("the scheduler has %d calls of %s", n, who), 60*time.Second, func() error {
 			msg, err := e.nc.Request(events.FairHeldSubject("append"), nil, 5*time.Second)
 			if err != nil {
 				return err
@@ -59,7 +60,7 @@ func TestFaultFairShare(t *testing.T) {
 				return err
 			}
 			for _, h := range hs {
-				if h.Tenant == who && h.Queued >= n {
+				if h.Tenant == who && h.Queued+h.InFlight >= n {
 					return nil
 				}
 			}
@@ -67,7 +68,7 @@ func TestFaultFairShare(t *testing.T) {
 		})
 	}
 	start("alice-1", "alice")
-	held("alice", 8) // 12 staged: one runs (gated), a few released to the executor
+	held("alice", 12)
 	start("bob-1", "bob")
 	held("bob", 12)
 	inj.kill()
