@@ -73,6 +73,11 @@ type Config struct {
 	// (quota_exceeded) once it holds StreamAdmitPercent of the bound, so the runs in
 	// flight have the rest to finish in.
 	StreamMaxBytes int64 `envconfig:"STREAM_MAX_BYTES"`
+	// FairShare, set when `toolbus init` (or `toolbus up`) creates the queue stream,
+	// stages every call for the core's fair scheduler (docs/fair-share.md) instead of
+	// queueing it first come, first served. The injectors run the scheduler when the
+	// queue stream stages calls, whatever their own setting.
+	FairShare bool `envconfig:"FAIR_SHARE" desc:"toolbus init / up: stage the tools' calls for the injector's fair scheduler, which serves tenants sharing a tool by weighted round robin (docs/fair-share.md)"`
 	// APIPrefix, set for an executor in a team account (the accounts layout of
 	// deploy/nats/gen -accounts), is the subject prefix under which the team imports the
 	// core account's JetStream API (JS.core.API). The bus then opens no stream or bucket

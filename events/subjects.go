@@ -217,14 +217,16 @@ const StreamSourceHeader = "Nats-Stream-Source"
 // subject itself for a message of the event stream, the original subject in the
 // server's StreamSourceHeader for a message of the queue stream ("" if there is none).
 // Only the server writes in the queue stream (it has no subject of its own), so the
-// header is the server's.
+// header is the server's; with fair share the core's scheduler also writes there, and
+// its releases name the call's subject in FairCallSubjectHeader (the server refuses a
+// published Nats-Stream-Source).
 func CallSubject(subject string, hdr nats.Header) string {
 	if !strings.HasPrefix(subject, QueuePrefix+".") {
 		return subject
 	}
 	vals := hdr.Values(StreamSourceHeader)
 	if len(vals) == 0 {
-		return ""
+		return hdr.Get(FairCallSubjectHeader)
 	}
 	f := strings.Fields(vals[len(vals)-1])
 	if len(f) < 5 {

@@ -178,11 +178,62 @@ func TestFaultSecurityRoles(t *testing.T) {
 	})
 }
 
+// TestFaultFairShareAccounts: fair share in the accounts layout with the credentials
+// deploy/nats/gen ships: `toolbus init` (admin) stages the calls and makes the
+// scheduler's durable; the injector, with its generated credentials, runs the
+// scheduler and releases the call; the team's executor, in its own account, pulls and
+// runs it; client alice's `toolbus run` completes (securedPipeline checks it).
+func TestFaultFairShareAccounts(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes")
+	}
+	_, toolbusBin, _ := binaries(t)
+	dir := t.TempDir()
+	grants := natsjwt.Grants{Teams: map[string][]string{"alpha": {"noop", "calculator"}}, Clients: map[string][]string{"alice": {"alice"}}}
+	res, err := natsjwt.GenerateGrants(filepath.Join("..", "deploy", "nats", "permissions.conf"), filepath.Join(dir, "gen"), grants,
+		natsjwt.WithBcryptCost(bcrypt.MinCost), natsjwt.WithStoreDir(filepath.Join(dir, "store")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	roleEnv := map[string][]string{}
+	for _, role := range []string{"admin", "planner", "injector", "client"} {
+		roleEnv[role] = []string{"TOOLBUS_NATS_CREDS=" + res.Creds[role]}
+	}
+	roleEnv["executor"] = []string{"TOOLBUS_NATS_CREDS=" + res.Creds[natsjwt.TeamUser("alpha")], "TOOLBUS_TEAM=alpha", "TOOLBUS_EXECUTOR_TOOLS=noop,calculator"}
+	url, dump := securedPipeline(t, []string{toolbusBin, "server"}, toolbusBin, dir, res.Config, "nats", nil, roleEnv,
+		[]nats.Option{nats.UserCredentials(res.Creds["admin"])}, "TOOLBUS_FAIR_SHARE=1")
+	nc, err := nats.Connect(url, nats.UserCredentials(res.Creds["admin"]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	qs, err := js.Stream(ctx, events.QueueStreamName(events.DefaultStream))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The call went through the scheduler: staged, then released by it.
+	if _, err := qs.GetLastMsgForSubject(ctx, events.StagePrefix+".>"); err != nil {
+		dump()
+		t.Fatalf("no staged call: %v", err)
+	}
+	rel, err := qs.GetLastMsgForSubject(ctx, events.QueuePrefix+".>")
+	if err != nil || rel.Header.Get(events.FairStagedHeader) == "" {
+		dump()
+		t.Fatalf("no call released by the scheduler: %v", err)
+	}
+}
+
 // securedPipeline starts a NATS server (server: nats-server, or toolbus server) with a
 // deploy config (a file of deploy/nats, or the absolute path of one the generator wrote) and the roles with their credentials, runs
 // `toolbus run` as the client and checks the run from the stream. It returns the
 // server's URL and a dump of every process's log tail.
-func securedPipeline(t *testing.T, server []string, toolbusBin, dir, conf, scheme string, serverEnv []string, roleEnv map[string][]string, check []nats.Option) (string, func()) {
+func securedPipeline(t *testing.T, server []string, toolbusBin, dir, conf, scheme string, serverEnv []string, roleEnv map[string][]string, check []nats.Option, initEnv ...string) (string, func()) {
 	t.Helper()
 	port := freePort(t)
 	confPath := conf
@@ -218,7 +269,7 @@ func securedPipeline(t *testing.T, server []string, toolbusBin, dir, conf, schem
 	initCtx, initCancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer initCancel()
 	initCmd := exec.CommandContext(initCtx, toolbusBin, "init")
-	initCmd.Env = childEnv(append([]string{"TOOLBUS_NATS_URL=" + url, "TOOLBUS_TOOLS=demo,diag"}, roleEnv["admin"]...))
+	initCmd.Env = childEnv(append(append([]string{"TOOLBUS_NATS_URL=" + url, "TOOLBUS_TOOLS=demo,diag"}, initEnv...), roleEnv["admin"]...))
 	dieWithParent(initCmd)
 	initOut, err := initCmd.CombinedOutput()
 	if err != nil || !strings.Contains(string(initOut), "created stream "+events.DefaultStream) || !strings.Contains(string(initOut), "created consumer tool_noop") {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -47,7 +48,44 @@ func queueStreamConfig(cfg events.Config, start time.Time) jetstream.StreamConfi
 	if cfg.StreamMaxBytes > 0 {
 		sc.MaxBytes, sc.Discard = cfg.StreamMaxBytes, jetstream.DiscardNew
 	}
+	if cfg.FairShare {
+		// The server stages the calls; the core's scheduler publishes each on its
+		// queue subject once, deduplicated by the staged sequence (docs/fair-share.md).
+		sc.Description = "the tools' queues: each tool.requested of " + cfg.Stream + " staged on " + events.StagePrefix + ".<tool>, released by the fair scheduler on " + events.QueuePrefix + ".<tool>"
+		sc.Sources[0].SubjectTransforms[0].Destination = events.StageDestination
+		sc.Subjects = []string{events.QueuePrefix + ".>"}
+		sc.Duplicates = cfg.Duplicates
+	}
 	return sc
+}
+
+// ErrStagedCallsHeld is returned by Setup when fair share is turned off while the
+// scheduler still holds staged calls: the queues would never get them.
+var ErrStagedCallsHeld = errors.New("provision: the fair scheduler still holds staged calls")
+
+// checkUnstaging refuses to turn fair share off (a staging queue stream set up without
+// it) while a staged call is above the scheduler's low-water mark, the last released
+// call's events.FairLowHeader.
+func checkUnstaging(ctx context.Context, s jetstream.Stream) error {
+	src := s.CachedInfo().Config.Sources
+	if len(src) != 1 || len(src[0].SubjectTransforms) != 1 || src[0].SubjectTransforms[0].Destination != events.StageDestination {
+		return nil
+	}
+	staged, err := s.GetLastMsgForSubject(ctx, events.StagePrefix+".>")
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("provision: last staged call: %w", err)
+	}
+	var low uint64
+	if rel, err := s.GetLastMsgForSubject(ctx, events.QueuePrefix+".>"); err == nil {
+		low, _ = strconv.ParseUint(rel.Header.Get(events.FairLowHeader), 10, 64)
+	}
+	if staged.Sequence > low {
+		return fmt.Errorf("%w (staged up to %d, released up to %d): keep TOOLBUS_FAIR_SHARE on until the injectors released them", ErrStagedCallsHeld, staged.Sequence, low)
+	}
+	return nil
 }
 
 // setupQueueStream creates or updates the queue stream, keeping the start of an
@@ -60,6 +98,11 @@ func setupQueueStream(ctx context.Context, js jetstream.JetStream, cfg events.Co
 		if src := s.CachedInfo().Config.Sources; len(src) == 1 && src[0].OptStartTime != nil {
 			start = *src[0].OptStartTime
 		}
+		if !cfg.FairShare {
+			if err := checkUnstaging(ctx, s); err != nil {
+				return err
+			}
+		}
 	case errors.Is(err, jetstream.ErrStreamNotFound):
 		// Created now: the queues of an earlier layout must be empty first.
 		if err := retireEventStreamQueues(ctx, js, cfg.Stream); err != nil {
@@ -68,7 +111,23 @@ func setupQueueStream(ctx context.Context, js jetstream.JetStream, cfg events.Co
 	default:
 		return fmt.Errorf("provision: stream %s: %w", name, err)
 	}
-	return upsertStream(ctx, js, queueStreamConfig(cfg, start), note)
+	if err := upsertStream(ctx, js, queueStreamConfig(cfg, start), note); err != nil {
+		return err
+	}
+	if !cfg.FairShare {
+		return nil
+	}
+	// The scheduler's durable: no acknowledgement (a restarted scheduler finds its
+	// place from the releases, package fair), every staged call from the first.
+	_, err := js.CreateOrUpdateConsumer(ctx, name, jetstream.ConsumerConfig{
+		Durable: events.FairConsumer, Description: "the fair scheduler's staged calls",
+		FilterSubject: events.StagePrefix + ".>", AckPolicy: jetstream.AckNonePolicy, DeliverPolicy: jetstream.DeliverAllPolicy,
+		Replicas: cfg.Replicas, MemoryStorage: cfg.Memory,
+	})
+	if err != nil {
+		return fmt.Errorf("provision: consumer %s of %s: %w", events.FairConsumer, name, err)
+	}
+	return nil
 }
 
 // retireEventStreamQueues deletes the tools' queues a deployment made before the queue

@@ -30,6 +30,7 @@ import (
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/executor/packs"
 	"github.com/toolbus/toolbus/executor/worker"
+	"github.com/toolbus/toolbus/fair"
 	"github.com/toolbus/toolbus/injector"
 	"github.com/toolbus/toolbus/planner"
 )
@@ -39,6 +40,8 @@ type Row struct {
 	Storage string `json:"storage"`
 	// ReadMirror: toolbus ran with the read mirror of the event stream (-read-mirror).
 	ReadMirror bool `json:"read_mirror,omitempty"`
+	// FairShare: toolbus ran with its calls staged for the fair scheduler (-fair).
+	FairShare bool `json:"fair_share,omitempty"`
 	// Durability is default or strict (the server fsyncs every write).
 	Durability string `json:"durability"`
 	K          int    `json:"calls_per_step"`
@@ -207,6 +210,9 @@ type Options struct {
 	// init` does by default (the server then copies every event into it, and the
 	// event stream is read through its API instead of direct gets); the floor has none.
 	ReadMirror bool
+	// FairShare sets toolbus up with fair share (events.Config.FairShare) and runs the
+	// fair scheduler beside the injector.
+	FairShare bool
 	// Progress receives a line per row done (nil: none).
 	Progress io.Writer
 }
@@ -411,7 +417,7 @@ func startServer(strict bool) (srv *embedded.Server, stop func(), err error) {
 
 func benchOne(ctx context.Context, storage, durability string, k int, opts Options, cpuProfile string) (Row, error) {
 	steps, latRuns, runs := opts.Steps, opts.LatencyRuns, opts.Runs
-	row := Row{Storage: storage, Durability: durability, K: k, Steps: steps, Runs: runs, ReadMirror: opts.ReadMirror}
+	row := Row{Storage: storage, Durability: durability, K: k, Steps: steps, Runs: runs, ReadMirror: opts.ReadMirror, FairShare: opts.FairShare}
 	srv, stopServer, err := startServer(durability == "strict")
 	if err != nil {
 		return row, err
@@ -433,7 +439,7 @@ func benchOne(ctx context.Context, storage, durability string, k int, opts Optio
 	if opts.Hops {
 		hops = &hopSamples{}
 	}
-	lat, tput, cpu, err := benchToolbus(ctx, srv, setup{memory, opts.ReadMirror}, k, steps, latRuns, runs, cpuProfile, trbl, hops)
+	lat, tput, cpu, err := benchToolbus(ctx, srv, setup{memory, opts.ReadMirror, opts.FairShare}, k, steps, latRuns, runs, cpuProfile, trbl, hops)
 	row.Redelivered, row.Trouble = trbl.summary()
 	row.Stalls, row.PullRestarts = trbl.stalls.Load(), trbl.restarts.Load()
 	if subj != nil {
@@ -555,8 +561,8 @@ type benchStack struct {
 	close func()
 }
 
-// setup is how the bench's toolbus is set up: memory storage, the read mirror.
-type setup struct{ memory, readMirror bool }
+// setup is how the bench's toolbus is set up: memory storage, the read mirror, fair share.
+type setup struct{ memory, readMirror, fair bool }
 
 // newBenchStack starts the stack; runs whose id starts with "long" last longSteps steps,
 // the others steps.
@@ -578,7 +584,7 @@ func newBenchStack(ctx context.Context, srv *embedded.Server, set setup, k, step
 	if set.readMirror {
 		mirror = append(mirror, provision.WithReadMirror())
 	}
-	if st.bus, _, err = provision.Setup(ctx, nc, events.Config{Memory: set.memory, Stream: "TOOLBUS"}, mirror...); err != nil {
+	if st.bus, _, err = provision.Setup(ctx, nc, events.Config{Memory: set.memory, Stream: "TOOLBUS", FairShare: set.fair}, mirror...); err != nil {
 		return fail(err)
 	}
 	log := slog.New(st.trbl)
@@ -633,6 +639,13 @@ func newBenchStack(ctx context.Context, srv *embedded.Server, set setup, k, step
 	}
 	runW(p.Run)
 	runW(in.Run)
+	if set.fair {
+		fs, err := fair.New(ctx, st.bus, fair.Shares{}, log)
+		if err != nil {
+			return fail(err)
+		}
+		runW(fs.Run)
+	}
 	sub, err := nc.Subscribe("toolbus.*.run.*", func(m *nats.Msg) {
 		if strings.Contains(m.Subject, ".run.started.") || strings.Contains(m.Subject, ".run.cancel.") {
 			return

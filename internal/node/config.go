@@ -17,6 +17,7 @@ import (
 	"github.com/toolbus/toolbus/connect"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/executor/worker"
+	"github.com/toolbus/toolbus/fair"
 	"github.com/toolbus/toolbus/injector"
 	"github.com/toolbus/toolbus/intake"
 	"github.com/toolbus/toolbus/planner"
@@ -40,6 +41,9 @@ type Config struct {
 	// TOOLBUS_CONCURRENCY, TOOLBUS_ACK_WAIT, TOOLBUS_MAX_DELIVER, TOOLBUS_GRACE. Unset,
 	// they take the defaults of package events (envDefaults shows them in toolbus env).
 	events.WorkerConfig
+	// Shares are the fair scheduler's (package fair), run by the injectors when the queue
+	// stream stages calls (TOOLBUS_FAIR_SHARE at init).
+	fair.Shares
 
 	Tools     string `envconfig:"TOOLS" default:"demo" desc:"built-in tool packs served by executors (demo, diag: diag's panic, big_output, sleep... only when asked for)"`
 	MCPConfig string `envconfig:"MCP_CONFIG" desc:"JSON file of MCP servers whose tools executors serve (mcpServers: command/args/env or url/headers/oauth)"`
@@ -169,6 +173,9 @@ func (c Config) validate() error {
 	default:
 		if err = c.Settings.Validate(); err == nil {
 			err = planner.Config{MaxCallsPerStep: c.MaxCallsPerStep}.Validate()
+		}
+		if err == nil {
+			err = c.Shares.Validate()
 		}
 	}
 	var ce *events.ConfigError

@@ -242,6 +242,11 @@ func runInjector(ctx context.Context, cfg Config, bus *events.Bus, log *slog.Log
 			}
 		})
 	}
+	if err := startFair(rctx, cfg, bus, log, &wg); err != nil {
+		stop()
+		wg.Wait()
+		return err
+	}
 	err = in.Run(ctx)
 	stop()
 	wg.Wait()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -24,6 +25,9 @@ func WaitingHint(ctx context.Context, bus *events.Bus, p *Printer) string {
 	defer cancel()
 	line := "        (waiting for " + what
 	for _, name := range consumers {
+		if events.IsToolConsumer(name) {
+			line += fairHeld(ctx, bus, strings.TrimPrefix(name, events.ToolConsumerPrefix), p.principal)
+		}
 		cons, err := bus.DurableHome(name).Consumer(ctx, name)
 		if errors.Is(err, jetstream.ErrConsumerNotFound) {
 			line += fmt.Sprintf("; warning: queue %s does not exist, nothing serves it", name)

@@ -26,8 +26,8 @@ type Printer struct {
 	// without a result (call id -> tool): what the run waits for.
 	last string
 	open map[string]string
-	// run is the run's id (from its run.started).
-	run string
+	// run is the run's id (from its run.started), principal who it acts for.
+	run, principal string
 	// model is the model the planner answered with, printed when it first shows.
 	model string
 	// requested is the model the run named, if any.
@@ -162,6 +162,7 @@ func (p *Printer) Print(ev events.StoredEvent) (status toolbus.RunStatus, done b
 			}
 		},
 		RunStarted: func(_ events.StoredEvent, rs toolbus.RunStarted) {
+			p.principal = rs.Principal.ID
 			q := ""
 			for _, m := range rs.Messages {
 				if m.Role == toolbus.RoleUser {

@@ -295,6 +295,9 @@ export const queueStreamName = (stream: string) => `${stream}_QUEUES`;
  */
 export const STREAM_SOURCE_HEADER = 'Nats-Stream-Source';
 
+/** The subject of a call released by the core's fair scheduler (events.FairCallSubjectHeader). */
+export const FAIR_CALL_SUBJECT_HEADER = 'Toolbus-Call-Subject';
+
 /**
  * The subject a call was published on, toolbus.<run>.tool.requested.<tool>
  * (events.CallSubject): the message's own subject unless it is a queue subject; for a
@@ -304,7 +307,8 @@ export const STREAM_SOURCE_HEADER = 'Nats-Stream-Source';
 export function callSubject(msg: { subject: string; headers?: MsgHdrs }): string {
   if (!msg.subject.startsWith(QUEUE_PREFIX + '.')) return msg.subject;
   const vals = msg.headers?.values(STREAM_SOURCE_HEADER) ?? [];
-  if (vals.length === 0) return '';
+  // A call the core's fair scheduler released names its subject itself (events.FairCallSubjectHeader).
+  if (vals.length === 0) return msg.headers?.get(FAIR_CALL_SUBJECT_HEADER) ?? '';
   const f = vals[vals.length - 1].split(/\s+/).filter((x) => x !== '');
   return f.length < 5 ? '' : f[4];
 }

@@ -144,6 +144,7 @@ test('queue stream: names and the published subject of a call, as events.QueueSt
     ['with an ident field', { subject: 'toolbus_queue.lookup', headers: src(copied + ' ident') }, published],
     ['several: the last', { subject: 'toolbus_queue.lookup', headers: src('X 1 a b toolbus.r0.tool.requested.other', copied) }, published],
     ['no header: none', { subject: 'toolbus_queue.lookup' }, ''],
+    ['released by the fair scheduler: its header', { subject: 'toolbus_queue.lookup', headers: (() => { const h = headers(); h.set('Toolbus-Call-Subject', published); return h; })() }, published],
     ['other headers only: none', { subject: 'toolbus_queue.lookup', headers: (() => { const h = headers(); h.set('ce-id', 'x'); return h; })() }, ''],
     ['a short header: none', { subject: 'toolbus_queue.lookup', headers: src('TOOLBUS 42 toolbus.*.tool.requested.*') }, ''],
   ] as const) {

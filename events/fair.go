@@ -1,0 +1,43 @@
+package events
+
+// Fair share (docs/fair-share.md). With Config.FairShare the queue stream stores each
+// call first on its tool's staging subject, toolbus_stage.<tool>, which no executor
+// reads; the core's scheduler (package fair) moves the calls to the tool's queue
+// subject (SubjectQueue) in a fair order by tenant, keeping only about what the tool's
+// executors can take released. Nothing but the server writes the staging subjects (the
+// queue stream's source), so a staged call is the core's tool.requested as stored.
+
+// FairConsumer is the durable the scheduler pulls the staged calls from (created by
+// `toolbus init` with the queue stream: no role but admin creates consumers there).
+const FairConsumer = "fair"
+
+// StagePrefix is the first token of the staging subjects.
+const StagePrefix = "toolbus_stage"
+
+// SubjectStage is toolbus_stage.<tool>: where a call waits for the scheduler.
+func SubjectStage(tool string) string { return StagePrefix + "." + ToolToken(tool) }
+
+// StageDestination is the queue stream's subject transform with fair share: the call
+// published on toolbus.<run>.tool.requested.<tool> is stored as toolbus_stage.<tool>.
+const StageDestination = StagePrefix + ".{{wildcard(2)}}"
+
+// Headers of a call the scheduler released onto its queue subject.
+const (
+	// FairStagedHeader is the sequence of the staged call the release copies: a
+	// restarted scheduler reads them to release nothing twice.
+	FairStagedHeader = "Toolbus-Fair-Staged"
+	// FairLowHeader is the scheduler's low-water mark when it released the call: every
+	// staged call at or below it was released, so a restarted scheduler starts above it.
+	FairLowHeader = "Toolbus-Fair-Low"
+	// FairCallSubjectHeader is the subject the released call was published on
+	// (CallSubject), which the staged copy's Nats-Stream-Source named.
+	FairCallSubjectHeader = "Toolbus-Call-Subject"
+)
+
+// FairHeldSubject is toolbus_fair.held.<tool>: the scheduler answers a request there
+// with the tool's held calls per tenant (fair.Held), which `toolbus call`, `toolbus run`
+// and the console show as the reason a call waits.
+func FairHeldSubject(tool string) string { return FairHeldPrefix + "." + ToolToken(tool) }
+
+// FairHeldPrefix is the prefix of FairHeldSubject: the scheduler listens on its ".*".
+const FairHeldPrefix = "toolbus_fair.held"

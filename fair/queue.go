@@ -1,0 +1,126 @@
+package fair
+
+import (
+	"fmt"
+	"sort"
+
+	"github.com/nats-io/nats.go"
+)
+
+// call is one staged call.
+type call struct {
+	seq    uint64 // its sequence in the queue stream's staging subject
+	tool   string // the tool's token
+	tenant string
+	key    string // its claim key (store.ClaimKey), how executors' claims name it
+	hdr    nats.Header
+	data   []byte
+
+	started bool // an executor claimed it
+}
+
+// toolQueue is one tool's calls: held per tenant, and released but not finished.
+type toolQueue struct {
+	held     map[string][]*call // tenant -> FIFO
+	pass     map[string]float64 // stride scheduling: the next pick is the lowest pass
+	vtime    float64            // the pass of the last pick: where a returning tenant starts
+	inFlight map[string]int     // tenant -> released, not finished
+	waiting  int                // released, no executor claimed it yet
+	capped   map[string]bool    // tenants held by their cap (logged once per episode)
+}
+
+func newToolQueue() *toolQueue {
+	return &toolQueue{held: map[string][]*call{}, pass: map[string]float64{}, inFlight: map[string]int{}, capped: map[string]bool{}}
+}
+
+// hold queues c behind its tenant's held calls. A tenant whose queue was empty starts
+// at the current virtual time: idleness earns no burst over the others.
+func (q *toolQueue) hold(c *call) {
+	if len(q.held[c.tenant]) == 0 && q.pass[c.tenant] < q.vtime {
+		q.pass[c.tenant] = q.vtime
+	}
+	q.held[c.tenant] = append(q.held[c.tenant], c)
+}
+
+// unhold puts c back at the front of its tenant's queue (its release failed).
+func (q *toolQueue) unhold(c *call) {
+	q.held[c.tenant] = append([]*call{c}, q.held[c.tenant]...)
+}
+
+// pick takes the next call to release, or nil: first a tenant under its guaranteed
+// minimum (the furthest below it), then the tenant with the lowest pass (weighted round
+// robin); a tenant at its cap is skipped. Ties go by name, so the order is reproducible.
+func (q *toolQueue) pick(p policy, tool string) *call {
+	limit := p.capOf(tool)
+	best, bestMin := "", false
+	var bestKey float64
+	for _, t := range q.tenants() {
+		if limit > 0 && q.inFlight[t] >= limit {
+			q.capped[t] = true
+			continue
+		}
+		q.capped[t] = false
+		under := q.inFlight[t] < p.min(t)
+		key := q.pass[t]
+		if under {
+			key = float64(q.inFlight[t]) / float64(p.min(t))
+		}
+		if best == "" || (under && !bestMin) || (under == bestMin && key < bestKey) {
+			best, bestMin, bestKey = t, under, key
+		}
+	}
+	if best == "" {
+		return nil
+	}
+	c := q.held[best][0]
+	q.held[best] = q.held[best][1:]
+	if len(q.held[best]) == 0 {
+		delete(q.held, best)
+	}
+	if !bestMin {
+		q.vtime = q.pass[best]
+		q.pass[best] += 1 / p.weight(best)
+	}
+	q.inFlight[best]++
+	q.waiting++
+	return c
+}
+
+// tenants are the tenants with held calls, sorted.
+func (q *toolQueue) tenants() []string {
+	ts := make([]string, 0, len(q.held))
+	for t := range q.held {
+		ts = append(ts, t)
+	}
+	sort.Strings(ts)
+	return ts
+}
+
+// Held is what a tenant has of one tool at the scheduler: the answer on
+// events.FairHeldSubject.
+type Held struct {
+	Tenant   string `json:"tenant"`
+	Queued   int    `json:"queued"`
+	InFlight int    `json:"in_flight"`
+	// Cap is the tool's concurrency key (0: none); AtCap is true when the tenant's
+	// calls are held by it rather than by the others' shares.
+	Cap   int  `json:"cap,omitempty"`
+	AtCap bool `json:"at_cap"`
+}
+
+// Reason says why a tenant's calls of tool wait, in the words `toolbus call` prints.
+func (h Held) Reason(tool string) string {
+	if h.AtCap {
+		return fmt.Sprintf("queued: tenant %s has %d calls of %s in flight, its cap (%d queued)", h.Tenant, h.InFlight, tool, h.Queued)
+	}
+	return fmt.Sprintf("queued: %d calls of tenant %s wait for their fair share of %s's executors (%d in flight)", h.Queued, h.Tenant, tool, h.InFlight)
+}
+
+func (q *toolQueue) heldState(p policy, tool string) []Held {
+	var out []Held
+	limit := p.capOf(tool)
+	for _, t := range q.tenants() {
+		out = append(out, Held{Tenant: t, Queued: len(q.held[t]), InFlight: q.inFlight[t], Cap: limit, AtCap: limit > 0 && q.inFlight[t] >= limit})
+	}
+	return out
+}
