@@ -110,13 +110,13 @@ func version() string {
 // in-process workers of an embedded run) unless -v or TOOLBUS_LOG_LEVEL asks for more.
 var clientCommands = map[string]bool{
 	"init": true, "run": true, "call": true, "approve": true, "deny": true, "respond": true, "cancel": true, "answer": true,
-	"runs": true, "tools": true, "tail": true, "replay": true,
+	"runs": true, "tools": true, "tail": true, "replay": true, "audit": true,
 }
 
 // clientCommand are the client commands that take the arguments and both outputs.
 var clientCommand = map[string]func(context.Context, Config, *slog.Logger, []string, io.Writer, io.Writer) error{
 	"run": cmdRun, "cancel": cmdCancel, "answer": cmdAnswer, "runs": cmdRuns, "tools": cmdTools, "tail": cmdTail,
-	"replay": cmdReplay, "init": cmdInit,
+	"replay": cmdReplay, "init": cmdInit, "audit": cmdAudit,
 }
 
 // verbose reports whether a command's arguments (before any "--") ask for -v.
@@ -187,8 +187,12 @@ commands:
   tail [run] [--all] [--color auto|always|never]
                            follow events live (new ones; --all from the start); with no
                            TOOLBUS_NATS_URL, the stored events of the local store
-  replay <run> [--json]    audit a run from the stream: timeline, transcript, invariants
-                           (exit 1 when an invariant is broken)
+  replay <run> [--json] [--verify]
+                           audit a run from the stream: timeline, transcript, invariants
+                           (exit 1 when an invariant is broken); --verify also verifies its
+                           signed, chained trail (CONTRACT.md, Signed and chained events)
+  audit export RUN -o FILE write a run's self-contained audit bundle (events, public keys)
+  audit verify FILE        verify a bundle with no bus: exit 1 naming the first failing event
   console                  serve the web console at TOOLBUS_CONSOLE_ADDR (users sign in with
                            a token of TOOLBUS_CONSOLE_USERS_FILE)
   mcp [--http ADDR]        serve the tool catalog to MCP hosts over stdio (or streamable HTTP,
@@ -260,7 +264,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		err = cmdUp(ctx, cfg, log)
 	case "planner", "executor", "injector":
 		err = cmdRole(ctx, cfg, log, cmd)
-	case "run", "cancel", "answer", "runs", "tools", "tail", "replay", "init":
+	case "run", "cancel", "answer", "runs", "tools", "tail", "replay", "init", "audit":
 		err = clientCommand[cmd](ctx, cfg, log, rest, stdout, stderr)
 	case "call":
 		err = cmdCall(ctx, cfg, log, rest, stdinOf, stdout, stderr)

@@ -19,8 +19,9 @@ import (
 
 // cmdReplay prints the audit of a run and exits 1 when an invariant is broken.
 func cmdReplay(ctx context.Context, cfg Config, log *slog.Logger, args []string, out, errOut io.Writer) error {
-	fs := newFlagSet("replay", "replay <run> [--json]", errOut)
+	fs := newFlagSet("replay", "replay <run> [--json] [--verify]", errOut)
 	asJSON := fs.Bool("json", false, "print the report as JSON")
+	verify := fs.Bool("verify", false, "also verify the run's audit trail: signatures, signers, chain (exit 1 naming the first event that fails, 3 for a run with no signed event)")
 	pos, err := parseInterleaved(fs, args)
 	if err != nil {
 		return flagError(err)
@@ -54,6 +55,9 @@ func cmdReplay(ctx context.Context, cfg Config, log *slog.Logger, args []string,
 	}
 	if !r.OK {
 		return &exitError{code: 1, msg: fmt.Sprintf("run %s breaks %d invariant(s)", run, len(r.Violations))}
+	}
+	if *verify {
+		return verifyRun(ctx, c, run, out)
 	}
 	return nil
 }

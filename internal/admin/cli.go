@@ -32,6 +32,9 @@ subcommands:
                            each tenant account capped in connections, subscriptions, leaf nodes;
                            no core-wide executor or client credentials unless -core-wide
 %s
+  publish-keys [-server URL]
+                           publish the signing keys' public halves (signers.json) to the core's
+                           bucket toolbus_signers, with admin's credentials (admin.creds of -dir)
 flags (-dir everywhere; -push and -server for the subcommands that edit):
 `
 
@@ -50,6 +53,8 @@ func Main(ctx context.Context, args []string, url string, stdout, stderr io.Writ
 	var err error
 	if name == "init" {
 		err = runInit(rest, stdout, stderr)
+	} else if name == "publish-keys" {
+		err = runPublishKeys(ctx, rest, url, stdout, stderr)
 	} else if i := slices.IndexFunc(edits, func(e edit) bool { return e.name == name }); i >= 0 {
 		err = runEdit(ctx, edits[i], rest, url, stdout, stderr)
 	} else {

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"golang.org/x/crypto/bcrypt"
@@ -128,6 +129,9 @@ func Init(dir string, s Settings, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
+	if err := issueSigningKeys(dir, s.users(g), g, nil, time.Now()); err != nil {
+		return err
+	}
 	if err := writeJSON(filepath.Join(dir, SettingsFile), s); err != nil {
 		return err
 	}
@@ -198,6 +202,9 @@ func (d *deployment) issue(g natsjwt.Grants, rotate ...string) (natsjwt.Result, 
 	}
 	res, err := natsjwt.GenerateGrants(filepath.Join(d.dir, PermsDir, "permissions.conf"), d.dir, g, d.settings.options(rotate...)...)
 	if err != nil {
+		return res, err
+	}
+	if err := issueSigningKeys(d.dir, d.settings.users(g), g, rotate, time.Now()); err != nil {
 		return res, err
 	}
 	d.grants = g
