@@ -201,3 +201,76 @@ func TestAuditTrailVerifies(t *testing.T) {
 	live.Events = slices.Delete(live.Events, len(off.Events), len(off.Events)+1) // the unsigned one, seen above
 	mustFail(t, "result signed with another team's key", live, "signer", len(off.Events))
 }
+
+// TestAuditTrailKeyLifecycle: after alpha's key is rotated (retired, a new key issued)
+// the run it signed before still verifies; a result its old key signs after the
+// rotation fails the key check, as does one a revoked key signs after its revocation.
+// A run none of whose events is signed (a deployment before signing) verifies as
+// unsigned (ErrUnsignedRun), never as valid. CONTROL: the same run verifies before.
+func TestAuditTrailKeyLifecycle(t *testing.T) {
+	s := newSignedStack(t, twoCalls())
+	s.startAll()
+	s.run("rotate-1")
+	if _, err := trail.Verify(must(trail.Collect(s.ctx, s.bus, "rotate-1"))); err != nil {
+		t.Fatalf("before the rotation: %v", err)
+	}
+	// Rotation: alpha's key retired now, a new one issued.
+	now := time.Now()
+	for i, k := range s.ring.Keys {
+		if k.Signer == "team.alpha" {
+			s.ring.Keys[i].Retired = now
+		}
+	}
+	if _, err := seal.PublishKeyring(s.ctx, s.bus.JetStream(), s.ring); err != nil {
+		t.Fatal(err)
+	}
+	b := must(trail.Collect(s.ctx, s.bus, "rotate-1"))
+	if _, err := trail.Verify(b); err != nil {
+		t.Fatalf("after the rotation, the run signed before: %v", err)
+	}
+	// The old key signs a result after its retirement.
+	i := index(t, b, events.TypeToolRequested, "a")
+	late := toolbus.ToolFinished{RunID: "rotate-1", Step: 0, CallIndex: 0, CallCount: 2,
+		ToolResult: toolbus.ToolResult{CallID: "a", Tool: "calculator", Status: toolbus.StatusSucceeded, Content: "3", Attempt: 9}}
+	e := events.ToolFinishedEvent("/toolbus/executor/old", late)
+	e.Meta.ID += "/late"
+	ctx := seal.WithParentDigest(s.ctx, seal.Digest(b.Events[i].Header, b.Events[i].Data))
+	if _, err := s.busOf("executor").PublishEvent(ctx, e); err != nil {
+		t.Fatal(err)
+	}
+	after := must(trail.Collect(s.ctx, s.bus, "rotate-1"))
+	mustFail(t, "signed by the retired key after the rotation", after, "key", len(b.Events))
+
+	// Revocation of beta's key: a result it signs after it is refused for the key, before
+	// the signer check.
+	for i, k := range s.ring.Keys {
+		if k.Signer == "team.beta" {
+			s.ring.Keys[i].Revoked = now
+			s.ring.Keys[i].Tools["calculator"] = []seal.Span{{From: now.Add(-time.Hour)}}
+		}
+	}
+	if _, err := seal.PublishKeyring(s.ctx, s.bus.JetStream(), s.ring); err != nil {
+		t.Fatal(err)
+	}
+	beta := must(events.Open(s.ctx, s.srv.Conn, events.Config{}))
+	beta.SetSigner(seal.SignerOf(s.keys["team.beta"]))
+	e.Meta.ID += "/beta"
+	if _, err := beta.PublishEvent(ctx, e); err != nil {
+		t.Fatal(err)
+	}
+	after = must(trail.Collect(s.ctx, s.bus, "rotate-1"))
+	after.Events = slices.Delete(after.Events, len(b.Events), len(b.Events)+1)
+	mustFail(t, "signed by a revoked key", after, "key", len(b.Events))
+
+	// A run of processes that sign nothing.
+	for _, role := range []string{"planner", "injector", "executor"} {
+		s.busOf(role).SetSigner(nil)
+	}
+	s.client.SetSigner(nil)
+	s.run("unsigned-1")
+	_, err := trail.Verify(must(trail.Collect(s.ctx, s.bus, "unsigned-1")))
+	if !errors.Is(err, trail.ErrUnsignedRun) {
+		t.Fatalf("unsigned run: %v, want ErrUnsignedRun", err)
+	}
+	t.Log(err)
+}

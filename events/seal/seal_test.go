@@ -47,11 +47,20 @@ func TestSealSignsAttributesDataAndChain(t *testing.T) {
 	}
 	d1 := seal.Digest(h, data)
 	for name, alter := range map[string]func(h map[string][]string, d []byte) []byte{
-		"data":       func(h map[string][]string, d []byte) []byte { return append([]byte(nil), d[:len(d)-1]...) },
-		"type":       func(h map[string][]string, d []byte) []byte { h["ce-type"] = []string{"toolbus.tool.waiting"}; return d },
-		"time":       func(h map[string][]string, d []byte) []byte { h["ce-time"] = []string{"2020-01-01T00:00:00Z"}; return d },
-		"prevdigest": func(h map[string][]string, d []byte) []byte { h[seal.HeaderPrevDigest] = []string{"sha256:01"}; return d },
-		"callid":     func(h map[string][]string, d []byte) []byte { h["ce-callid"] = []string{"c2"}; return d },
+		"data": func(h map[string][]string, d []byte) []byte { return append([]byte(nil), d[:len(d)-1]...) },
+		"type": func(h map[string][]string, d []byte) []byte {
+			h["ce-type"] = []string{"toolbus.tool.waiting"}
+			return d
+		},
+		"time": func(h map[string][]string, d []byte) []byte {
+			h["ce-time"] = []string{"2020-01-01T00:00:00Z"}
+			return d
+		},
+		"prevdigest": func(h map[string][]string, d []byte) []byte {
+			h[seal.HeaderPrevDigest] = []string{"sha256:01"}
+			return d
+		},
+		"callid": func(h map[string][]string, d []byte) []byte { h["ce-callid"] = []string{"c2"}; return d },
 	} {
 		h2 := map[string][]string{}
 		for k, v := range h {
