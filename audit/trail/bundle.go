@@ -11,6 +11,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"time"
 
@@ -126,4 +127,29 @@ func ReadFile(file string) (Bundle, error) {
 		return b, fmt.Errorf("trail: %s: format %q, want %q", file, b.Format, BundleFormat)
 	}
 	return b, nil
+}
+
+// Export is `toolbus audit export RUN -o FILE`: the run's bundle written to file.
+func Export(ctx context.Context, b *events.Bus, run, file string, w io.Writer) error {
+	bundle, err := Collect(ctx, b, run)
+	if err != nil {
+		return err
+	}
+	if err := bundle.WriteFile(file); err != nil {
+		return err
+	}
+	fmt.Fprintf(w, "wrote %s: %d events of run %s, %d public keys\n", file, len(bundle.Events), run, len(bundle.Keys.Keys))
+	return nil
+}
+
+// VerifyLive is `toolbus replay --verify RUN`: the run's trail read from the bus and
+// verified, explained on w; it returns the exit code (Explain).
+func VerifyLive(ctx context.Context, b *events.Bus, run string, w io.Writer) int {
+	bundle, err := Collect(ctx, b, run)
+	if err != nil {
+		fmt.Fprintln(w, err)
+		return 1
+	}
+	res, err := Verify(bundle)
+	return Explain(w, run, res, err)
 }

@@ -292,3 +292,15 @@ func Explain(w io.Writer, run string, res Result, err error) int {
 	fmt.Fprintf(w, "run %s does NOT verify: %v\n", run, err)
 	return 1
 }
+
+// VerifyFile is `toolbus audit verify FILE`: the bundle verified with no bus, explained
+// on w; it returns the exit code (Explain).
+func VerifyFile(file string, w io.Writer) int {
+	b, err := ReadFile(file)
+	if err != nil {
+		fmt.Fprintln(w, err)
+		return 1
+	}
+	res, err := Verify(b)
+	return Explain(w, b.Run, res, err)
+}

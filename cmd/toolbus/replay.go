@@ -8,6 +8,7 @@ import (
 
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/audit"
+	"github.com/toolbus/toolbus/audit/trail"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/internal/timeline"
 )
@@ -53,11 +54,14 @@ func cmdReplay(ctx context.Context, cfg Config, log *slog.Logger, args []string,
 	} else {
 		r.WriteText(out)
 	}
+	if *verify {
+		// The trail first: it names the event that fails, which an invariant may only hint at.
+		if err := exitCode(trail.VerifyLive(ctx, c.Bus, run, out)); err != nil {
+			return err
+		}
+	}
 	if !r.OK {
 		return &exitError{code: 1, msg: fmt.Sprintf("run %s breaks %d invariant(s)", run, len(r.Violations))}
-	}
-	if *verify {
-		return verifyRun(ctx, c, run, out)
 	}
 	return nil
 }
