@@ -27,6 +27,7 @@ import (
 	"runtime/debug"
 	"syscall"
 
+	"github.com/toolbus/toolbus/audit/trail"
 	"github.com/toolbus/toolbus/embedded"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/executor/mcptools"
@@ -110,13 +111,13 @@ func version() string {
 // in-process workers of an embedded run) unless -v or TOOLBUS_LOG_LEVEL asks for more.
 var clientCommands = map[string]bool{
 	"init": true, "run": true, "call": true, "approve": true, "deny": true, "respond": true, "cancel": true, "answer": true,
-	"runs": true, "tools": true, "tail": true, "replay": true, "audit": true,
+	"runs": true, "tools": true, "tail": true, "replay": true,
 }
 
 // clientCommand are the client commands that take the arguments and both outputs.
 var clientCommand = map[string]func(context.Context, Config, *slog.Logger, []string, io.Writer, io.Writer) error{
 	"run": cmdRun, "cancel": cmdCancel, "answer": cmdAnswer, "runs": cmdRuns, "tools": cmdTools, "tail": cmdTail,
-	"replay": cmdReplay, "init": cmdInit, "audit": cmdAudit,
+	"replay": cmdReplay, "init": cmdInit,
 }
 
 // verbose reports whether a command's arguments (before any "--") ask for -v.
@@ -187,12 +188,9 @@ commands:
   tail [run] [--all] [--color auto|always|never]
                            follow events live (new ones; --all from the start); with no
                            TOOLBUS_NATS_URL, the stored events of the local store
-  replay <run> [--json] [--verify]
-                           audit a run from the stream: timeline, transcript, invariants
-                           (exit 1 when an invariant is broken); --verify also verifies its
-                           signed, chained trail (CONTRACT.md, Signed and chained events)
-  audit export RUN -o FILE write a run's self-contained audit bundle (events, public keys)
-  audit verify FILE        verify a bundle with no bus: exit 1 naming the first failing event
+  replay <run> [--json] [--verify]  audit a run from the stream: timeline, transcript,
+                           invariants (exit 1 when one is broken); --verify: its signed trail
+  audit export RUN -o FILE | audit verify FILE   a run's audit bundle, out or verified offline
   console                  serve the web console at TOOLBUS_CONSOLE_ADDR (users sign in with
                            a token of TOOLBUS_CONSOLE_USERS_FILE)
   mcp [--http ADDR]        serve the tool catalog to MCP hosts over stdio (or streamable HTTP,
@@ -264,7 +262,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		err = cmdUp(ctx, cfg, log)
 	case "planner", "executor", "injector":
 		err = cmdRole(ctx, cfg, log, cmd)
-	case "run", "cancel", "answer", "runs", "tools", "tail", "replay", "init", "audit":
+	case "run", "cancel", "answer", "runs", "tools", "tail", "replay", "init":
 		err = clientCommand[cmd](ctx, cfg, log, rest, stdout, stderr)
 	case "call":
 		err = cmdCall(ctx, cfg, log, rest, stdinOf, stdout, stderr)
@@ -286,6 +284,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		err = cmdEnv(cfg, stdout)
 	case "admin":
 		return admin.Main(ctx, rest, cfg.URL, stdout, stderr)
+	case "audit":
+		return trail.Main(ctx, rest, openAudit(cfg, log), stdout, stderr)
 	case "mcp-login":
 		err = mcptools.LoginCommand(ctx, cfg.MCPConfig, rest, stdout)
 	default:
@@ -320,6 +320,11 @@ type Config = node.Config
 
 // errNoStore: a read-only command found neither TOOLBUS_NATS_URL nor a local store.
 var errNoStore = errors.New("nothing to read")
+
+// openAudit opens the bus of toolbus audit export.
+func openAudit(cfg Config, log *slog.Logger) func(context.Context) (*events.Bus, func(), error) {
+	return func(ctx context.Context) (*events.Bus, func(), error) { return node.BusOf(openReader(ctx, cfg, log)) }
+}
 
 // openReader opens the bus for a command that only reads (runs, tools, replay, console):
 // TOOLBUS_NATS_URL, else the local store of the embedded server, which must exist: a

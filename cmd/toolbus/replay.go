@@ -54,11 +54,8 @@ func cmdReplay(ctx context.Context, cfg Config, log *slog.Logger, args []string,
 	} else {
 		r.WriteText(out)
 	}
-	if *verify {
-		// The trail first: it names the event that fails, which an invariant may only hint at.
-		if err := exitCode(trail.VerifyLive(ctx, c.Bus, run, out)); err != nil {
-			return err
-		}
+	if code := trail.VerifyLive(ctx, c.Bus, run, out, *verify); code != 0 {
+		return &exitError{code: code}
 	}
 	if !r.OK {
 		return &exitError{code: 1, msg: fmt.Sprintf("run %s breaks %d invariant(s)", run, len(r.Violations))}
