@@ -28,6 +28,7 @@ import (
 	"github.com/toolbus/toolbus/embedded"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/provision"
+	"github.com/toolbus/toolbus/events/seal"
 	"github.com/toolbus/toolbus/events/store"
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/executor/packs"
@@ -41,6 +42,8 @@ type Row struct {
 	Storage string `json:"storage"`
 	// ReadMirror: toolbus ran with the read mirror of the event stream (-read-mirror).
 	ReadMirror bool `json:"read_mirror,omitempty"`
+	// Signed: every event was signed (-sign).
+	Signed bool `json:"signed,omitempty"`
 	// Durability is default or strict (the server fsyncs every write).
 	Durability string `json:"durability"`
 	K          int    `json:"calls_per_step"`
@@ -209,6 +212,9 @@ type Options struct {
 	// init` does by default (the server then copies every event into it, and the
 	// event stream is read through its API instead of direct gets); the floor has none.
 	ReadMirror bool
+	// Sign signs every event, as processes with TOOLBUS_SIGNING_KEY do (one key: the
+	// cost is a signature per event whoever signs).
+	Sign bool
 	// Progress receives a line per row done (nil: none).
 	Progress io.Writer
 }
@@ -413,7 +419,7 @@ func startServer(strict bool) (srv *embedded.Server, stop func(), err error) {
 
 func benchOne(ctx context.Context, storage, durability string, k int, opts Options, cpuProfile string) (Row, error) {
 	steps, latRuns, runs := opts.Steps, opts.LatencyRuns, opts.Runs
-	row := Row{Storage: storage, Durability: durability, K: k, Steps: steps, Runs: runs, ReadMirror: opts.ReadMirror}
+	row := Row{Storage: storage, Durability: durability, K: k, Steps: steps, Runs: runs, ReadMirror: opts.ReadMirror, Signed: opts.Sign}
 	srv, stopServer, err := startServer(durability == "strict")
 	if err != nil {
 		return row, err
@@ -435,7 +441,7 @@ func benchOne(ctx context.Context, storage, durability string, k int, opts Optio
 	if opts.Hops {
 		hops = &hopSamples{}
 	}
-	lat, tput, cpu, err := benchToolbus(ctx, srv, setup{memory, opts.ReadMirror}, k, steps, latRuns, runs, cpuProfile, trbl, hops)
+	lat, tput, cpu, err := benchToolbus(ctx, srv, setup{memory, opts.ReadMirror, opts.Sign}, k, steps, latRuns, runs, cpuProfile, trbl, hops)
 	row.Redelivered, row.Trouble = trbl.summary()
 	row.Stalls, row.PullRestarts = trbl.stalls.Load(), trbl.restarts.Load()
 	if subj != nil {
@@ -558,7 +564,7 @@ type benchStack struct {
 }
 
 // setup is how the bench's toolbus is set up: memory storage, the read mirror.
-type setup struct{ memory, readMirror bool }
+type setup struct{ memory, readMirror, sign bool }
 
 // newBenchStack starts the stack; runs whose id starts with "long" last longSteps steps,
 // the others steps.
@@ -582,6 +588,13 @@ func newBenchStack(ctx context.Context, srv *embedded.Server, set setup, k, step
 	}
 	if st.bus, _, err = provision.Setup(ctx, nc, events.Config{Memory: set.memory, Stream: "TOOLBUS"}, mirror...); err != nil {
 		return fail(err)
+	}
+	if set.sign {
+		kf, err := seal.NewKeyFile(seal.SignerName(seal.KindRole, "bench"))
+		if err != nil {
+			return fail(err)
+		}
+		st.bus.SetSigner(seal.SignerOf(kf))
 	}
 	log := slog.New(st.trbl)
 	short, long := NoopScript(k, steps), NoopScript(k, longSteps)
