@@ -274,6 +274,7 @@ func runEdit(ctx context.Context, e edit, args []string, url string, stdout, std
 		p, perr = d.push(ctx, url, res, e.name == "push")
 	}
 	report(stdout, res, p)
+	fmt.Fprintf(stdout, "signing keys: a new or rotated user's <user>.sign goes with its credentials (TOOLBUS_SIGNING_KEY); toolbus admin publish-keys publishes %s\n", KeyringFile)
 	if e.next != nil {
 		fmt.Fprintln(stdout, e.next(pos))
 	}

@@ -167,6 +167,7 @@ func Init(dir string, s Settings, stdout io.Writer) error {
 		fmt.Fprintln(stdout, "no core-wide executor or client credentials: each team's executors get executor-<team> (toolbus admin add-team TEAM TOOL...), each client and front door (toolbus mcp, the console) client-<name> bound to the identities it serves (toolbus admin add-client NAME IDENTITY...); init -core-wide issues the core's executor and client for a deployment whose teams trust each other")
 	}
 	fmt.Fprintln(stdout, "hand each process its user's file (TOOLBUS_NATS_CREDS); toolbus init runs with admin's")
+	fmt.Fprintf(stdout, "each user's signing key is <user>.sign beside its credentials (TOOLBUS_SIGNING_KEY); publish the public halves (%s) with toolbus admin publish-keys once the server runs\n", KeyringFile)
 	return nil
 }
 
