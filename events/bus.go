@@ -13,6 +13,7 @@ import (
 
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/connect"
+	"github.com/toolbus/toolbus/events/seal"
 	"github.com/toolbus/toolbus/events/store"
 )
 
@@ -90,6 +91,9 @@ type Config struct {
 	// then reads the stream and the buckets only through the core's read service, which
 	// answers of the runs that identity may see.
 	ReadPrefix string `envconfig:"NATS_READ_PREFIX" desc:"client in an account of its own (the accounts layout): the core read service's prefix of the identity it acts as (toolbus_read.<identity>.API); it then reads only the runs that identity may see"`
+	// SigningKey is the file of the key every event this process publishes is signed
+	// with (toolbus admin writes <user>.sign beside <user>.creds; sign.go).
+	SigningKey string `envconfig:"SIGNING_KEY" desc:"signing key file (toolbus admin writes <user>.sign beside <user>.creds): every event published is signed with it (CONTRACT.md, Signed and chained events); empty: events are unsigned"`
 }
 
 // StreamAdmitPercent is how full (percent of Config.StreamMaxBytes) the event stream
@@ -165,6 +169,9 @@ type Bus struct {
 	client bool
 	// views are the buses of other identities on this client account's connection (As).
 	views map[string]*Bus
+	// signer signs every event this bus publishes (Config.SigningKey, SetSigner; nil:
+	// unsigned).
+	signer *seal.Signer
 }
 
 // cachedRun is a run's first run.started, its stream sequence and its traceparent.
@@ -181,16 +188,16 @@ type cachedRun struct {
 func Open(ctx context.Context, nc *nats.Conn, cfg Config) (*Bus, error) {
 	cfg.setDefaults()
 	if cfg.APIPrefix != "" {
-		return openTeam(nc, cfg)
+		return withSigner(openTeam(nc, cfg))
 	}
 	if cfg.ReadPrefix != "" {
-		return openClient(ctx, nc, cfg, nil)
+		return withSigner(openClient(ctx, nc, cfg, nil))
 	}
 	js, err := newJS(nc)
 	if err != nil {
 		return nil, err
 	}
-	return open(ctx, nc, js, cfg)
+	return withSigner(open(ctx, nc, js, cfg))
 }
 
 // OpenAdmin is Open for an administrator's connection (provision.Setup opens its bus
@@ -327,11 +334,10 @@ func (b *Bus) Config() Config { return b.cfg }
 // acknowledged and not stored again; a message of another subject or type that took the
 // event's id does not suppress it (see publishMsg).
 func (b *Bus) Publish(ctx context.Context, subject string, m Meta, data any) (*jetstream.PubAck, error) {
-	msg, err := Encode(subject, m, data)
+	msg, err := b.encode(ctx, subject, m, data)
 	if err != nil {
 		return nil, err
 	}
-	InjectTrace(ctx, msg.Header) // the span of ctx parents the consumer's (no-op untraced)
 	return b.publishMsg(ctx, msg, m.ID)
 }
 

@@ -191,11 +191,10 @@ func (b *Bus) PublishEvent(ctx context.Context, e Envelope) (*jetstream.PubAck, 
 // for the stream's acknowledgement and checks a duplicate one as PublishEvent does. The
 // span of ctx parents the consumer's.
 func (b *Bus) PublishEventAsync(ctx context.Context, e Envelope) (*PubFuture, error) {
-	msg, err := Encode(e.Subject, e.Meta, e.Data)
+	msg, err := b.encode(ctx, e.Subject, e.Meta, e.Data)
 	if err != nil {
 		return nil, err
 	}
-	InjectTrace(ctx, msg.Header)
 	f, err := b.js.PublishMsgAsync(msg, jetstream.WithMsgID(b.msgID(e.Meta.ID)))
 	if err != nil {
 		return nil, fmt.Errorf("events: publish %s: %w", e.Meta.ID, err)

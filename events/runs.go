@@ -110,11 +110,10 @@ func (b *Bus) checkFirstRunStarted(ctx context.Context, run string, seq uint64) 
 // stream reported the id as a duplicate (taken by a message on another subject, as no
 // message of the run exists).
 func (b *Bus) publishFirstOfRun(ctx context.Context, e Envelope) (uint64, error) {
-	msg, err := Encode(e.Subject, e.Meta, e.Data)
+	msg, err := b.encode(ctx, e.Subject, e.Meta, e.Data)
 	if err != nil {
 		return 0, err
 	}
-	InjectTrace(ctx, msg.Header)
 	msg.Header.Set(headerExpectedLastSubjSeq, "0")
 	msg.Header.Set(headerExpectedLastSubjSeqSubj, SubjectRun(e.Meta.RunID))
 	ack, err := b.js.PublishMsg(ctx, msg, jetstream.WithMsgID(e.Meta.ID))
@@ -306,11 +305,10 @@ var errSubjectTaken = errors.New("events: the subject holds a message")
 // errSubjectTaken when it does. A duplicate acknowledgement (its id taken on another
 // subject, as its own is empty) is settled as every publish's is.
 func (b *Bus) publishOnEmptySubject(ctx context.Context, e Envelope) error {
-	msg, err := Encode(e.Subject, e.Meta, e.Data)
+	msg, err := b.encode(ctx, e.Subject, e.Meta, e.Data)
 	if err != nil {
 		return err
 	}
-	InjectTrace(ctx, msg.Header)
 	msg.Header.Set(headerExpectedLastSubjSeq, "0")
 	ack, err := b.js.PublishMsg(ctx, msg, jetstream.WithMsgID(e.Meta.ID))
 	switch {

@@ -36,6 +36,8 @@ var ceAttrs = map[string]bool{
 	"specversion": true, "id": true, "source": true, "type": true, "subject": true, "time": true,
 	"dataschema": true, "runid": true, "step": true, "callid": true, "callindex": true, "callcount": true,
 	"traceparent": true, "tracestate": true,
+	// The signature and the chain (events/seal): data too, which a verifier checks.
+	"dssematerial": true, "signedextattrs": true, "prevdigest": true,
 }
 
 // traceHeaders are the W3C trace context and baggage headers the publishers' propagator

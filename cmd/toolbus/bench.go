@@ -34,6 +34,7 @@ func cmdBench(ctx context.Context, args []string, out io.Writer) error {
 	fs.StringVar(&opts.CPUProfile, "cpuprofile", "", "write a CPU profile of the saturated toolbus case to this file (one file per row, named after it, when there are several rows; a scale row also writes the profile of its idle window, with the suffix -idle)")
 	fs.BoolVar(&opts.Diag, "diag", false, "also count the workers' debug records (handed-back messages, consume errors) in the trouble line (costs CPU of its own)")
 	fs.IntVar(&opts.Repeat, "repeat", 1, "measure each row this many times in a row and print the spread of its calls/s (min, max, max/min) with the stalls, pull restarts and redeliveries of each measurement")
+	fs.BoolVar(&opts.Sign, "sign", false, "sign every event, as processes with TOOLBUS_SIGNING_KEY do")
 	fs.BoolVar(&opts.ReadMirror, "read-mirror", false, "set toolbus up with the read mirror of its event stream, as toolbus init does by default (not the scale rows)")
 	fs.BoolVar(&opts.FairShare, "fair", false, "set toolbus up with fair share (TOOLBUS_FAIR_SHARE: calls staged, released by the fair scheduler) (not the scale rows)")
 	fs.BoolVar(&opts.Subjects, "subjects", false, "also count the toolbus messages per call by kind of subject (costs CPU of its own)")

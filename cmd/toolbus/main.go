@@ -27,6 +27,7 @@ import (
 	"runtime/debug"
 	"syscall"
 
+	"github.com/toolbus/toolbus/audit/trail"
 	"github.com/toolbus/toolbus/embedded"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/executor/mcptools"
@@ -187,8 +188,9 @@ commands:
   tail [run] [--all] [--color auto|always|never]
                            follow events live (new ones; --all from the start); with no
                            TOOLBUS_NATS_URL, the stored events of the local store
-  replay <run> [--json]    audit a run from the stream: timeline, transcript, invariants
-                           (exit 1 when an invariant is broken)
+  replay <run> [--json] [--verify]  audit a run from the stream: timeline, transcript,
+                           invariants (exit 1 when one is broken); --verify: its signed trail
+  audit export RUN -o FILE | audit verify FILE   a run's audit bundle, out or verified offline
   console                  serve the web console at TOOLBUS_CONSOLE_ADDR (users sign in with
                            a token of TOOLBUS_CONSOLE_USERS_FILE)
   mcp [--http ADDR]        serve the tool catalog to MCP hosts over stdio (or streamable HTTP,
@@ -282,6 +284,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		err = cmdEnv(cfg, stdout)
 	case "admin":
 		return admin.Main(ctx, rest, cfg.URL, stdout, stderr)
+	case "audit":
+		return trail.Main(ctx, rest, openAudit(cfg, log), stdout, stderr)
 	case "mcp-login":
 		err = mcptools.LoginCommand(ctx, cfg.MCPConfig, rest, stdout)
 	default:
@@ -316,6 +320,11 @@ type Config = node.Config
 
 // errNoStore: a read-only command found neither TOOLBUS_NATS_URL nor a local store.
 var errNoStore = errors.New("nothing to read")
+
+// openAudit opens the bus of toolbus audit export.
+func openAudit(cfg Config, log *slog.Logger) func(context.Context) (*events.Bus, func(), error) {
+	return func(ctx context.Context) (*events.Bus, func(), error) { return node.BusOf(openReader(ctx, cfg, log)) }
+}
 
 // openReader opens the bus for a command that only reads (runs, tools, replay, console):
 // TOOLBUS_NATS_URL, else the local store of the embedded server, which must exist: a

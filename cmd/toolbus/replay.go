@@ -8,6 +8,7 @@ import (
 
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/audit"
+	"github.com/toolbus/toolbus/audit/trail"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/internal/timeline"
 )
@@ -19,8 +20,9 @@ import (
 
 // cmdReplay prints the audit of a run and exits 1 when an invariant is broken.
 func cmdReplay(ctx context.Context, cfg Config, log *slog.Logger, args []string, out, errOut io.Writer) error {
-	fs := newFlagSet("replay", "replay <run> [--json]", errOut)
+	fs := newFlagSet("replay", "replay <run> [--json] [--verify]", errOut)
 	asJSON := fs.Bool("json", false, "print the report as JSON")
+	verify := fs.Bool("verify", false, "also verify the run's audit trail: signatures, signers, chain (exit 1 naming the first event that fails, 3 for a run with no signed event)")
 	pos, err := parseInterleaved(fs, args)
 	if err != nil {
 		return flagError(err)
@@ -51,6 +53,9 @@ func cmdReplay(ctx context.Context, cfg Config, log *slog.Logger, args []string,
 		}
 	} else {
 		r.WriteText(out)
+	}
+	if code := trail.VerifyLive(ctx, c.Bus, run, out, *verify); code != 0 {
+		return &exitError{code: code}
 	}
 	if !r.OK {
 		return &exitError{code: 1, msg: fmt.Sprintf("run %s breaks %d invariant(s)", run, len(r.Violations))}

@@ -17,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/seal"
 )
 
 // Handler processes one message. Returning nil acknowledges it; an error wrapping
@@ -468,7 +469,8 @@ func dispatch(ctx context.Context, log *slog.Logger, obs Observer, nakDelay time
 	if merr == nil && md.NumDelivered > 1 {
 		obs.Redelivered(md.Consumer)
 	}
-	err := safeHandle(ctx, h, msg)
+	// Every event the handler publishes names this one as its previous (events/seal).
+	err := safeHandle(seal.WithParent(ctx, msg.Headers(), msg.Data()), h, msg)
 	var deferred *DeferError
 	switch {
 	case errors.Is(err, ErrHeld):

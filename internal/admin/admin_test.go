@@ -62,7 +62,19 @@ func diff(before, after map[string][]byte) []string {
 		}
 	}
 	slices.Sort(out)
-	return out
+	return withoutSigning(out)
+}
+
+// withoutSigning leaves out of changed files the keyring (signers.json, changed by every
+// edit: TestIssueSigningKeys checks it) and the signing key of a user whose credentials
+// changed too (a new or rotated user gets a new key with them); any other key changed
+// stays, for the caller to refuse.
+func withoutSigning(changed []string) []string {
+	all := slices.Clone(changed)
+	return slices.DeleteFunc(changed, func(f string) bool {
+		user, isKey := strings.CutSuffix(f, ".sign")
+		return f == KeyringFile || isKey && slices.Contains(all, user+".creds")
+	})
 }
 
 // copyDir copies the files of a deployment into a new directory.

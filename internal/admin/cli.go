@@ -33,6 +33,9 @@ subcommands:
                            no core-wide executor or client credentials unless -core-wide;
                            one secret file per user (its .creds) unless -auth names more kinds
 %s
+  publish-keys [-server URL]
+                           publish the signing keys' public halves (signers.json) to the core's
+                           bucket toolbus_signers, with admin's credentials (admin.creds of -dir)
 flags (-dir everywhere; -push and -server for the subcommands that edit):
 `
 
@@ -51,6 +54,8 @@ func Main(ctx context.Context, args []string, url string, stdout, stderr io.Writ
 	var err error
 	if name == "init" {
 		err = runInit(rest, stdout, stderr)
+	} else if name == "publish-keys" {
+		err = runPublishKeys(ctx, rest, url, stdout, stderr)
 	} else if i := slices.IndexFunc(edits, func(e edit) bool { return e.name == name }); i >= 0 {
 		err = runEdit(ctx, edits[i], rest, url, stdout, stderr)
 	} else {
@@ -276,6 +281,7 @@ func runEdit(ctx context.Context, e edit, args []string, url string, stdout, std
 		p, perr = d.push(ctx, url, res, e.name == "push")
 	}
 	report(stdout, res, p)
+	fmt.Fprintf(stdout, "signing keys: a new or rotated user's <user>.sign goes with its credentials (TOOLBUS_SIGNING_KEY); toolbus admin publish-keys publishes %s\n", KeyringFile)
 	if e.next != nil {
 		fmt.Fprintln(stdout, e.next(pos))
 	}

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"golang.org/x/crypto/bcrypt"
@@ -134,6 +135,9 @@ func Init(dir string, s Settings, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
+	if err := issueSigningKeys(dir, s.users(g), g, nil, time.Now()); err != nil {
+		return err
+	}
 	if err := writeJSON(filepath.Join(dir, SettingsFile), s); err != nil {
 		return err
 	}
@@ -169,6 +173,7 @@ func Init(dir string, s Settings, stdout io.Writer) error {
 		fmt.Fprintln(stdout, "no core-wide executor or client credentials: each team's executors get executor-<team> (toolbus admin add-team TEAM TOOL...), each client and front door (toolbus mcp, the console) client-<name> bound to the identities it serves (toolbus admin add-client NAME IDENTITY...); init -core-wide issues the core's executor and client for a deployment whose teams trust each other")
 	}
 	fmt.Fprintln(stdout, "hand each process its user's file (TOOLBUS_NATS_CREDS); toolbus init runs with admin's")
+	fmt.Fprintf(stdout, "each user's signing key is <user>.sign beside its credentials (TOOLBUS_SIGNING_KEY); publish the public halves (%s) with toolbus admin publish-keys once the server runs\n", KeyringFile)
 	return nil
 }
 
@@ -204,6 +209,9 @@ func (d *deployment) issue(g natsjwt.Grants, rotate ...string) (natsjwt.Result, 
 	}
 	res, err := natsjwt.GenerateGrants(filepath.Join(d.dir, PermsDir, "permissions.conf"), d.dir, g, d.settings.options(rotate...)...)
 	if err != nil {
+		return res, err
+	}
+	if err := issueSigningKeys(d.dir, d.settings.users(g), g, rotate, time.Now()); err != nil {
 		return res, err
 	}
 	d.grants = g

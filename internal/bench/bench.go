@@ -26,6 +26,7 @@ import (
 	"github.com/toolbus/toolbus/embedded"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/provision"
+	"github.com/toolbus/toolbus/events/seal"
 	"github.com/toolbus/toolbus/events/store"
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/executor/packs"
@@ -42,6 +43,8 @@ type Row struct {
 	ReadMirror bool `json:"read_mirror,omitempty"`
 	// FairShare: toolbus ran with its calls staged for the fair scheduler (-fair).
 	FairShare bool `json:"fair_share,omitempty"`
+	// Signed: every event was signed (-sign).
+	Signed bool `json:"signed,omitempty"`
 	// Durability is default or strict (the server fsyncs every write).
 	Durability string `json:"durability"`
 	K          int    `json:"calls_per_step"`
@@ -213,6 +216,9 @@ type Options struct {
 	// FairShare sets toolbus up with fair share (events.Config.FairShare) and runs the
 	// fair scheduler beside the injector.
 	FairShare bool
+	// Sign signs every event, as processes with TOOLBUS_SIGNING_KEY do (one key: the
+	// cost is a signature per event whoever signs).
+	Sign bool
 	// Progress receives a line per row done (nil: none).
 	Progress io.Writer
 }
@@ -417,7 +423,7 @@ func startServer(strict bool) (srv *embedded.Server, stop func(), err error) {
 
 func benchOne(ctx context.Context, storage, durability string, k int, opts Options, cpuProfile string) (Row, error) {
 	steps, latRuns, runs := opts.Steps, opts.LatencyRuns, opts.Runs
-	row := Row{Storage: storage, Durability: durability, K: k, Steps: steps, Runs: runs, ReadMirror: opts.ReadMirror, FairShare: opts.FairShare}
+	row := Row{Storage: storage, Durability: durability, K: k, Steps: steps, Runs: runs, ReadMirror: opts.ReadMirror, FairShare: opts.FairShare, Signed: opts.Sign}
 	srv, stopServer, err := startServer(durability == "strict")
 	if err != nil {
 		return row, err
@@ -439,7 +445,7 @@ func benchOne(ctx context.Context, storage, durability string, k int, opts Optio
 	if opts.Hops {
 		hops = &hopSamples{}
 	}
-	lat, tput, cpu, err := benchToolbus(ctx, srv, setup{memory, opts.ReadMirror, opts.FairShare}, k, steps, latRuns, runs, cpuProfile, trbl, hops)
+	lat, tput, cpu, err := benchToolbus(ctx, srv, setup{memory, opts.ReadMirror, opts.FairShare, opts.Sign}, k, steps, latRuns, runs, cpuProfile, trbl, hops)
 	row.Redelivered, row.Trouble = trbl.summary()
 	row.Stalls, row.PullRestarts = trbl.stalls.Load(), trbl.restarts.Load()
 	if subj != nil {
@@ -561,8 +567,9 @@ type benchStack struct {
 	close func()
 }
 
-// setup is how the bench's toolbus is set up: memory storage, the read mirror, fair share.
-type setup struct{ memory, readMirror, fair bool }
+// setup is how the bench's toolbus is set up: memory storage, the read mirror, fair share,
+// signed events.
+type setup struct{ memory, readMirror, fair, sign bool }
 
 // newBenchStack starts the stack; runs whose id starts with "long" last longSteps steps,
 // the others steps.
@@ -586,6 +593,13 @@ func newBenchStack(ctx context.Context, srv *embedded.Server, set setup, k, step
 	}
 	if st.bus, _, err = provision.Setup(ctx, nc, events.Config{Memory: set.memory, Stream: "TOOLBUS", FairShare: set.fair}, mirror...); err != nil {
 		return fail(err)
+	}
+	if set.sign {
+		kf, err := seal.NewKeyFile(seal.SignerName(seal.KindRole, "bench"))
+		if err != nil {
+			return fail(err)
+		}
+		st.bus.SetSigner(seal.SignerOf(kf))
 	}
 	log := slog.New(st.trbl)
 	short, long := NoopScript(k, steps), NoopScript(k, longSteps)

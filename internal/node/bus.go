@@ -37,6 +37,15 @@ func (c *Conn) Close() {
 	}
 }
 
+// BusOf splits an opened connection into its bus and its Close (for a command whose
+// logic lives in a package that takes a bus: toolbus audit export).
+func BusOf(c *Conn, err error) (*events.Bus, func(), error) {
+	if err != nil {
+		return nil, nil, err
+	}
+	return c.Bus, c.Close, nil
+}
+
 // ErrNoURL: a process that must connect to a running server (a role, a command that
 // publishes) found no TOOLBUS_NATS_URL.
 var ErrNoURL = errors.New("TOOLBUS_NATS_URL is not set: this command connects to a running NATS server (set TOOLBUS_NATS_URL, or run the pipeline with `toolbus up`)")
