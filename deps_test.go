@@ -82,6 +82,7 @@ var depRules = []depRule{
 	{prefix: "executor", notModule: []string{"planner", "injector", "cmd", "internal/bench", "e2e", "faults", "examples"}, why: "workers meet only on the bus"},
 	{prefix: "executor", exact: true, notModule: []string{"events", "executor/worker"}, notOutside: busLibs,
 		why: "the executor core runs in-process without NATS or CloudEvents (the bus side is executor/worker)"},
+	{prefix: "fair", notModule: []string{"executor", "planner", "injector", "cmd", "internal/node", "internal/bench", "internal/timeline", "e2e", "faults", "examples"}, why: "the fair scheduler is a core worker: it meets the others only on the bus"},
 	{prefix: "faults", notModule: []string{"cmd", "e2e", "examples"}, why: "the fault tests run the binaries; faultbus wires its own roles"},
 	{prefix: "injector", notModule: []string{"executor", "planner", "cmd", "internal/bench", "e2e", "faults", "examples"}, why: "workers meet only on the bus"},
 	{prefix: "internal/admin", notModule: workers, why: "a deployment's administration issues credentials and pushes accounts; it links no worker"},
