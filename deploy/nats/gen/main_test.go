@@ -72,7 +72,7 @@ func TestGenAccounts(t *testing.T) {
 	if err != nil || !strings.Contains(string(conf), `"TEAM_alpha" {`) {
 		t.Errorf("auth-users.conf has no account of alpha's: %v\n%s", err, conf)
 	}
-	if !strings.Contains(string(conf), "limits {max_connections: 1000, max_subscriptions: 10000, max_leafnodes: 0}") {
+	if !strings.Contains(string(conf), "limits {max_connections: 100, max_subscriptions: 2000, max_leafnodes: 0, max_payload: 1048576}") {
 		t.Errorf("auth-users.conf does not limit alpha's account by the defaults:\n%s", conf)
 	}
 	if conf, err := os.ReadFile(filepath.Join(dir, "out", "auth-jwt.conf")); err != nil || !strings.Contains(string(conf), "\nresolver: MEMORY\n") {
@@ -91,7 +91,7 @@ func TestGenAccounts(t *testing.T) {
 	if conf, err := os.ReadFile(filepath.Join(dir, "full", "auth-jwt.conf")); err != nil || !strings.Contains(string(conf), "type: full\n  dir: \""+jwtDir+"\"") {
 		t.Errorf("auth-jwt.conf with -resolver-dir has no full resolver in %s: %v\n%s", jwtDir, err, conf)
 	}
-	if conf, err := os.ReadFile(filepath.Join(dir, "full", "auth-nkeys.conf")); err != nil || !strings.Contains(string(conf), "limits {max_connections: 5, max_subscriptions: -1, max_leafnodes: 2}") {
+	if conf, err := os.ReadFile(filepath.Join(dir, "full", "auth-nkeys.conf")); err != nil || !strings.Contains(string(conf), "limits {max_connections: 5, max_subscriptions: -1, max_leafnodes: 2, max_payload: 1048576}") {
 		t.Errorf("auth-nkeys.conf does not limit alpha's account by the -tenant-* flags: %v\n%s", err, conf)
 	}
 }

@@ -557,8 +557,8 @@ func TestTeamExports(t *testing.T) {
 		tools []string
 	}{{"alpha", []string{"calc"}}, {"beta", []string{"search", "web"}}, {"gamma", nil}} {
 		got := natsjwt.TeamExports(tc.team, tc.tools)
-		if len(got) != 22*len(tc.tools)+4 {
-			t.Errorf("%s: %d crossings, want 22 per tool and 4 per team", tc.team, len(got))
+		if len(got) != 23*len(tc.tools)+4 {
+			t.Errorf("%s: %d crossings, want 23 per tool and 4 per team", tc.team, len(got))
 		}
 		for _, c := range got {
 			names := 0
@@ -585,9 +585,9 @@ func TestTeamExports(t *testing.T) {
 		}
 	}
 	core := natsjwt.CoreExports()
-	// 22 per tool, 4 per team, 7 per client identity.
-	if len(core) != 33 {
-		t.Errorf("the core exports %d subjects, want 33", len(core))
+	// 23 per tool, 4 per team, 7 per client identity.
+	if len(core) != 34 {
+		t.Errorf("the core exports %d subjects, want 34", len(core))
 	}
 	for _, c := range core {
 		if strings.Contains(c.Subject, "any-") || c.Local != "" {
