@@ -75,9 +75,9 @@ func TestIssueTakesEditedLimits(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	edited := strings.Replace(string(b), `"conns": 1000`, `"conns": 7`, 1)
+	edited := strings.Replace(string(b), `"conns": 100`, `"conns": 7`, 1)
 	if edited == string(b) {
-		t.Fatalf("deployment.json has no \"conns\": 1000 to edit:\n%s", b)
+		t.Fatalf("deployment.json has no \"conns\": 100 to edit:\n%s", b)
 	}
 	if err := os.WriteFile(path, []byte(edited), 0o600); err != nil {
 		t.Fatal(err)
@@ -89,7 +89,7 @@ func TestIssueTakesEditedLimits(t *testing.T) {
 	}
 	after := files(t, dir)
 	for _, f := range []string{"auth-users.conf", "auth-nkeys.conf"} {
-		if !strings.Contains(string(after[f]), "limits {max_connections: 7, max_subscriptions: 10000, max_leafnodes: 0}") {
+		if !strings.Contains(string(after[f]), "limits {max_connections: 7, max_subscriptions: 2000, max_leafnodes: 0, max_payload: 1048576}") {
 			t.Errorf("%s after issue lacks the edited limit", f)
 		}
 	}

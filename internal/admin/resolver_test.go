@@ -1,7 +1,11 @@
 package admin
 
 import (
+	"context"
+	"fmt"
+
 	"errors"
+	"github.com/nats-io/nats.go"
 	"os"
 	"path/filepath"
 	"strings"
@@ -53,7 +57,7 @@ func TestAdminNewTenantsNeedNoReload(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if _, err := alphaJS.Consumer(ctx, events.QueueStreamName(events.DefaultStream), events.ToolConsumer("calc")); err != nil {
+			if err := probeQueue(ctx, alpha, "calc"); err != nil {
 				t.Fatalf("alpha's own queue (the control): %v", err)
 			}
 
@@ -98,26 +102,16 @@ func TestAdminNewTenantsNeedNoReload(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			cons, err := gammaJS.Consumer(ctx, events.QueueStreamName(events.DefaultStream), events.ToolConsumer("web"))
-			if err != nil {
-				t.Fatalf("gamma binds web's queue through its import: %v", err)
+			// A team pulls its queue by name (no consumer info: events/teamqueue.go).
+			m, err := gamma.RequestWithContext(ctx, queueNext("web"), []byte(`{"batch":1,"expires":5000000000}`))
+			if err != nil || m.Header.Get("Status") != "" {
+				t.Fatalf("gamma pulls web's queue through its import: %v %v", err, m)
 			}
-			batch, err := cons.Fetch(1, jetstream.FetchMaxWait(5*time.Second))
-			if err != nil {
-				t.Fatal(err)
+			if events.CallSubject(m.Subject, m.Header) != events.SubjectToolRequested("r1", "web") {
+				t.Errorf("gamma pulled %s", m.Subject)
 			}
-			var pulled int
-			for m := range batch.Messages() {
-				if events.CallSubject(m.Subject(), m.Headers()) != events.SubjectToolRequested("r1", "web") {
-					t.Errorf("gamma pulled %s", m.Subject())
-				}
-				if err := m.DoubleAck(ctx); err != nil {
-					t.Errorf("gamma acknowledges the call: %v", err)
-				}
-				pulled++
-			}
-			if pulled != 1 || batch.Error() != nil {
-				t.Fatalf("gamma pulled %d calls of web: %v", pulled, batch.Error())
+			if _, err := gamma.RequestWithContext(ctx, m.Reply, []byte("+ACK")); err != nil {
+				t.Errorf("gamma acknowledges the call: %v", err)
 			}
 			ack, err := gammaJS.Publish(ctx, events.SubjectToolFinished("r1", "web"), []byte(`{"run_id":"r1"}`))
 			if err != nil || ack.Stream != events.DefaultStream {
@@ -125,8 +119,8 @@ func TestAdminNewTenantsNeedNoReload(t *testing.T) {
 			}
 
 			// Another team's connection reaches none of it.
-			if _, err := alphaJS.Consumer(ctx, events.QueueStreamName(events.DefaultStream), events.ToolConsumer("web")); err == nil {
-				t.Error("alpha binds gamma's queue of web")
+			if err := probeQueue(ctx, alpha, "web"); err == nil {
+				t.Error("alpha reaches gamma's queue of web")
 			}
 			if _, err := alphaJS.Publish(ctx, events.SubjectToolFinished("r2", "web"), []byte(`{"run_id":"r2"}`)); err == nil {
 				t.Error("alpha's result of web is stored")
@@ -211,4 +205,22 @@ func TestInitResolver(t *testing.T) {
 			}
 		})
 	}
+}
+
+// queueNext is the pull subject of a tool's queue as a team account imports it.
+func queueNext(tool string) string {
+	return "JS.core.API.CONSUMER.MSG.NEXT." + events.QueueStreamName(events.DefaultStream) + "." + events.ToolConsumer(tool)
+}
+
+// probeQueue pulls nothing from a tool's queue (no_wait, one byte): nil when the queue
+// answers (404 or 409), an error when nobody does (no import, or no queue).
+func probeQueue(ctx context.Context, nc *nats.Conn, tool string) error {
+	m, err := nc.RequestWithContext(ctx, queueNext(tool), []byte(`{"batch":1,"max_bytes":1,"no_wait":true}`))
+	if err != nil {
+		return err
+	}
+	if st := m.Header.Get("Status"); st != "404" && st != "409" {
+		return fmt.Errorf("queue of %s answered %s %s", tool, st, m.Header.Get("Description"))
+	}
+	return nil
 }
