@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -171,7 +172,7 @@ type Bus struct {
 	views map[string]*Bus
 	// signer signs every event this bus publishes (Config.SigningKey, SetSigner; nil:
 	// unsigned).
-	signer *seal.Signer
+	signer atomic.Pointer[seal.Signer]
 }
 
 // cachedRun is a run's first run.started, its stream sequence and its traceparent.

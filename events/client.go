@@ -173,7 +173,7 @@ func (b *Bus) As(ctx context.Context, id string) (*Bus, error) {
 	if b.views == nil {
 		b.views = map[string]*Bus{}
 	}
-	v.signer = b.signer
+	v.signer.Store(b.signer.Load())
 	b.views[id] = v
 	return v, nil
 }

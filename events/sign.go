@@ -24,15 +24,16 @@ func withSigner(b *Bus, err error) (*Bus, error) {
 	if err != nil {
 		return nil, fmt.Errorf("events: TOOLBUS_SIGNING_KEY: %w", err)
 	}
-	b.signer = s
+	b.signer.Store(s)
 	return b, nil
 }
 
-// SetSigner makes the bus sign every event it publishes with s (nil: unsigned).
-func (b *Bus) SetSigner(s *seal.Signer) { b.signer = s }
+// SetSigner makes the bus sign every event it publishes with s (nil: unsigned), also
+// while it publishes (a key rotated in a running process).
+func (b *Bus) SetSigner(s *seal.Signer) { b.signer.Store(s) }
 
 // Signer is the bus's signer (nil: it signs nothing).
-func (b *Bus) Signer() *seal.Signer { return b.signer }
+func (b *Bus) Signer() *seal.Signer { return b.signer.Load() }
 
 // encode builds the message of one event as every publish of the bus sends it: Encode,
 // the trace of ctx (the span of ctx parents the consumer's; no-op untraced), the event
@@ -54,10 +55,11 @@ func (b *Bus) seal(ctx context.Context, msg *nats.Msg) error {
 	if d := seal.ParentDigest(ctx); d != "" {
 		msg.Header[seal.HeaderPrevDigest] = []string{d}
 	}
-	if b.signer == nil {
+	signer := b.signer.Load()
+	if signer == nil {
 		return nil
 	}
-	if err := b.signer.Sign(msg.Header, msg.Data); err != nil {
+	if err := signer.Sign(msg.Header, msg.Data); err != nil {
 		return fmt.Errorf("events: sign %s: %w", msg.Header.Get("ce-id"), err)
 	}
 	return nil
