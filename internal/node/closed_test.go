@@ -3,7 +3,6 @@ package node
 import (
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -18,6 +17,7 @@ import (
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
 	"github.com/toolbus/toolbus/events/provision"
+	"github.com/toolbus/toolbus/internal/testutil"
 )
 
 // TestRolesStopOnConnectionClosedForGood: a planner and an injector whose credentials
@@ -56,8 +56,9 @@ func TestRolesStopOnConnectionClosedForGood(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.ReadService, c.WriteService = false, false
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	run := func(user, role string) <-chan error {
+		logs := &testutil.Buffer{}
+		log := slog.New(slog.NewTextHandler(logs, nil))
 		nc, err := nats.Connect(srv.ClientURL(), nats.UserInfo(user, user), nats.ReconnectWait(20*time.Millisecond), nats.MaxReconnects(-1))
 		if err != nil {
 			t.Fatal(err)
@@ -69,18 +70,13 @@ func TestRolesStopOnConnectionClosedForGood(t *testing.T) {
 		}
 		done := make(chan error, 1)
 		go func() { done <- RunRoles(ctx, c, bus, log, role) }()
-		// Running once it consumes (its subscriptions are on the server).
+		// Running once it serves (bound to its consumer, past every startup read, so that
+		// the reload below finds it running, not starting).
 		eventstest.Eventually(t, time.Minute, func() error {
-			cz, err := srv.Connz(&server.ConnzOptions{Username: true, Subscriptions: true})
-			if err != nil {
-				return err
+			if !strings.Contains(logs.String(), " serving") {
+				return fmt.Errorf("%s's %s not serving yet", user, role)
 			}
-			for _, cn := range cz.Conns {
-				if cn.AuthorizedUser == user && cn.NumSubs > 1 {
-					return nil
-				}
-			}
-			return fmt.Errorf("%s's %s not consuming yet", user, role)
+			return nil
 		})
 		return done
 	}
