@@ -69,12 +69,21 @@ func TestClientScenarios(t *testing.T) {
 	}
 	wg.Wait()
 	// sse-retry warns when the client reconnects over 200 ms later than the server's
-	// retry field: on a loaded machine that is the scheduler. A core run whose only
-	// unexpected failure is that warning (no check of it failed) runs once more; the
-	// second run must pass it.
+	// retry field: on a loaded machine (18 clients of the core suite start at once on two
+	// cores) that is the scheduler. A core run whose only unexpected failure is that
+	// warning (no check of it failed) reruns sse-retry alone, up to three times; one rerun
+	// must pass its three checks with no warning.
+	retryPassed := false
 	if errs[0] != nil && onlyLateRetry(outs[0]) {
-		t.Logf("sse-retry only warned (a late reconnection); the core suite runs once more:\n%s", outs[0])
-		outs[0], errs[0] = runSuite(node, cli, bin, "core")
+		t.Logf("sse-retry only warned (a late reconnection); it runs alone again:\n%s", outs[0])
+		for i := 0; i < 3 && !retryPassed; i++ {
+			out, err := runScenario(node, cli, bin, "sse-retry")
+			retryPassed = err == nil && regexp.MustCompile(`(?m)^Passed: (\d+)/(\d+), 0 failed, 0 warnings`).MatchString(out)
+			t.Logf("sse-retry alone, run %d: passed=%v\n%s", i+1, retryPassed, out)
+		}
+		if retryPassed {
+			errs[0] = nil
+		}
 	}
 	for i, s := range []string{"core", "extensions"} {
 		if errs[i] != nil {
@@ -84,7 +93,9 @@ func TestClientScenarios(t *testing.T) {
 	passed := 0
 	all := outs[0] + outs[1]
 	for _, sc := range Scenarios {
-		if line := regexp.MustCompile(`(?m)^✓ ` + regexp.QuoteMeta(sc) + `: \d+ passed, 0 failed`); line.MatchString(all) {
+		if sc == "sse-retry" && retryPassed {
+			passed++
+		} else if line := regexp.MustCompile(`(?m)^✓ ` + regexp.QuoteMeta(sc) + `: \d+ passed, 0 failed`); line.MatchString(all) {
 			passed++
 		} else {
 			t.Errorf("scenario %s did not pass", sc)
@@ -111,18 +122,29 @@ func onlyLateRetry(out string) bool {
 
 // runSuite runs one client suite with the baseline.
 func runSuite(node, cli, bin, suite string) (string, error) {
+	return runClient(node, cli, bin, "--suite", suite,
+		"--expected-failures", filepath.Join(dir, "client-expected-failures.yaml"))
+}
+
+// runScenario runs one client scenario alone.
+func runScenario(node, cli, bin, scenario string) (string, error) {
+	return runClient(node, cli, bin, "--scenario", scenario)
+}
+
+// runClient runs the suite's client command with the wrapper and the given selection.
+func runClient(node, cli, bin string, selection ...string) (string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	var out bytes.Buffer
-	cmd := exec.CommandContext(ctx, node, cli, "client", "--command", bin, "--suite", suite,
-		"--expected-failures", filepath.Join(dir, "client-expected-failures.yaml"), "--timeout", "60000")
+	args := append([]string{cli, "client", "--command", bin, "--timeout", "60000"}, selection...)
+	cmd := exec.CommandContext(ctx, node, args...)
 	cmd.Stdout, cmd.Stderr = &out, &out
 	cmd.Env = append(os.Environ(), "NO_COLOR=1", "FORCE_COLOR=0")
 	err := cmd.Run()
 	return out.String(), err
 }
 
-// onlyLateRetry runs the core suite again only for a late reconnection, never for a
+// onlyLateRetry reruns sse-retry only for a late reconnection, never for a
 // failed check or another scenario (the output's form, as the suite printed it in CI).
 func TestOnlyLateRetry(t *testing.T) {
 	run := func(retryLine string, unexpected ...string) string {
