@@ -49,7 +49,7 @@ type depRule struct {
 }
 
 // workers are the packages that do a role's work or wire the roles together.
-var workers = []string{"executor", "planner", "injector", "cmd", "internal/node", "internal/bench", "e2e", "faults", "examples"}
+var workers = []string{"executor", "planner", "injector", "cmd", "e2e", "faults", "examples"}
 
 var (
 	sdks      = []string{"github.com/openai/", "github.com/anthropics/"}
@@ -63,9 +63,10 @@ var (
 var depRules = []depRule{
 	{prefix: ".", exact: true, notModule: allButSDK, notOutside: busLibs, why: "the domain types import nothing and link no bus"},
 	{prefix: "audit", notModule: workers, why: "the audit reads events and imports no worker"},
-	{prefix: "internal", notModule: []string{"cmd", "e2e", "faults", "examples"}, why: "internal packages serve the module's packages, never its binaries or tests"},
-	{prefix: "internal/bench", notModule: []string{"cmd", "e2e", "faults", "examples"}, why: "the benchmark wires the roles in-process; the command calls it"},
+	{prefix: "internal", notModule: append([]string{"audit", "callrun", "console", "decide", "fair", "intake", "mcpserver", "reads", "sdk", "timeline", "tools"}, allButSDK...),
+		why: "internal/ is the bottom floor: helpers any package may import, importing nothing of the module"},
 	{prefix: "cmd", notModule: []string{"e2e", "faults", "examples"}, why: "the command wires the roles"},
+	{prefix: "cmd/toolbus/internal/bench", notModule: []string{"cmd/toolbus/internal/node", "cmd/toolbus/internal/admin"}, why: "the benchmark wires the roles in-process; the command calls it"},
 	{prefix: "console", notModule: workers, why: "the console reads the bus and imports no worker"},
 	{prefix: "intake", notModule: workers, why: "the write service admits tenants' writes into the core and imports no worker"},
 	{prefix: "reads", notModule: workers, why: "the read service reads the bus for client accounts and imports no worker"},
@@ -78,30 +79,27 @@ var depRules = []depRule{
 	{prefix: "events/consume", notModule: []string{"events/provision"}, why: "the consume loop serves consumers and creates none (events is below it)"},
 	{prefix: "events/provision", notModule: []string{"events/consume"}, why: "provisioning creates what the consume loop serves and serves nothing"},
 	{prefix: "events/store", notModule: []string{"events"}, notOutside: []string{"github.com/cloudevents/"}, why: "the store is state, not wire"},
-	{prefix: "examples", notModule: []string{"planner", "injector", "cmd", "internal/bench", "e2e", "faults"}, why: "an executor example uses the executor side only"},
-	{prefix: "executor", notModule: []string{"planner", "injector", "cmd", "internal/bench", "e2e", "faults", "examples"}, why: "workers meet only on the bus"},
+	{prefix: "examples", notModule: []string{"planner", "injector", "cmd", "e2e", "faults"}, why: "an executor example uses the executor side only"},
+	{prefix: "executor", notModule: []string{"planner", "injector", "cmd", "e2e", "faults", "examples"}, why: "workers meet only on the bus"},
 	{prefix: "executor", exact: true, notModule: []string{"events", "executor/worker"}, notOutside: busLibs,
 		why: "the executor core runs in-process without NATS or CloudEvents (the bus side is executor/worker)"},
-	{prefix: "fair", notModule: []string{"executor", "planner", "injector", "cmd", "internal/node", "internal/bench", "internal/timeline", "e2e", "faults", "examples"}, why: "the fair scheduler is a core worker: it meets the others only on the bus"},
+	{prefix: "fair", notModule: []string{"executor", "planner", "injector", "cmd", "timeline", "e2e", "faults", "examples"}, why: "the fair scheduler is a core worker: it meets the others only on the bus"},
 	{prefix: "faults", notModule: []string{"cmd", "e2e", "examples"}, why: "the fault tests run the binaries; faultbus wires its own roles"},
-	{prefix: "injector", notModule: []string{"executor", "planner", "cmd", "internal/bench", "e2e", "faults", "examples"}, why: "workers meet only on the bus"},
-	{prefix: "internal/admin", notModule: workers, why: "a deployment's administration issues credentials and pushes accounts; it links no worker"},
-	{prefix: "internal/callrun", notModule: workers, why: "the run of one pre-planned call is built alike by the command and the MCP server"},
-	{prefix: "internal/node", notModule: []string{"cmd", "e2e", "faults", "examples"}, why: "a toolbus process (configuration, bus, roles) is wired here for the command, never from it"},
-	{prefix: "internal/timeline", notModule: workers, why: "the terminal views of runs read events and import no worker"},
-	{prefix: "internal/retry", notModule: allButSDK, why: "the retry loop imports nothing of the module"},
-	{prefix: "internal/refusal", notModule: allButSDK, why: "the write service's refusals are told apart below events and its store, which both use them"},
-	{prefix: "internal/golden", notModule: allButSDK, why: "test helpers import nothing of the module: any package's tests may use them"},
-	{prefix: "internal/testutil", notModule: allButSDK, why: "test helpers import nothing of the module: any package's tests may use them"},
+	{prefix: "injector", notModule: []string{"executor", "planner", "cmd", "e2e", "faults", "examples"}, why: "workers meet only on the bus"},
+	{prefix: "cmd/toolbus/internal/admin", notModule: []string{"executor", "planner", "injector", "cmd/toolbus/internal/node", "cmd/toolbus/internal/bench", "e2e", "faults", "examples"}, why: "a deployment's administration issues credentials and pushes accounts; it links no worker"},
+	{prefix: "callrun", notModule: workers, why: "the run of one pre-planned call is built alike by the command and the MCP server"},
+	{prefix: "cmd/toolbus/internal/node", notModule: []string{"cmd/toolbus/internal/admin", "e2e", "faults", "examples"}, why: "a toolbus process (configuration, bus, roles) is wired here for the command, never from it"},
+	{prefix: "decide", notModule: append([]string{"callrun", "timeline"}, workers...), why: "the human decisions on a run read events: the executor's worker imports them, so they import no worker"},
+	{prefix: "timeline", notModule: workers, why: "the terminal views of runs read events and import no worker"},
 	{prefix: "mcpserver", notModule: workers, why: "the MCP server reads and starts runs over the bus and imports no worker"},
-	{prefix: "planner", notModule: []string{"executor", "injector", "cmd", "internal/bench", "e2e", "faults", "examples"}, why: "workers meet only on the bus"},
+	{prefix: "planner", notModule: []string{"executor", "injector", "cmd", "e2e", "faults", "examples"}, why: "workers meet only on the bus"},
 	{prefix: "planner", exact: true, notOutside: sdks,
 		why: "implementing planner.Model links no provider SDK (the adapters live in planner/openai and planner/anthropic)"},
 	{prefix: "planner/modeltest", notOutside: sdks, why: "the Model conformance suite links no provider SDK"},
 	{prefix: "telemetry", notModule: workers, why: "metrics and tracing link no worker"},
-	{prefix: "tools/mcp-conformance/client", notModule: []string{"planner", "injector", "cmd", "internal/bench", "e2e", "faults", "examples"},
+	{prefix: "tools/mcp-conformance/client", notModule: []string{"planner", "injector", "cmd", "e2e", "faults", "examples"},
 		why: "the client scenarios' wrapper drives the executor side (its MCP client) only"},
-	{prefix: "sdk", notModule: []string{"audit", "conformance", "deploy", "internal/node", "internal/bench", "cmd", "e2e", "faults", "examples"},
+	{prefix: "sdk", notModule: []string{"audit", "conformance", "deploy", "cmd", "e2e", "faults", "examples"},
 		why: "the other languages' packages meet toolbus on the bus only; their test server runs the real roles (planner, injector, a Go executor) on an embedded server"},
 	{prefix: "tools/mcp-conformance", notModule: []string{"cmd", "e2e", "faults", "examples"},
 		why: "the MCP conformance suite's Go side wires the roles in-process for its test, as e2e does"},
@@ -171,8 +169,9 @@ func TestDependencyRulesBite(t *testing.T) {
 		{"injector", mod + "/executor"},
 		{"planner", "github.com/openai/openai-go/v3"},
 		{"internal/testutil", mod + "/events"},
-		{"internal/timeline", mod + "/internal/node"},
-		{"internal/node", mod + "/cmd/toolbus"},
+		{"timeline", mod + "/cmd/toolbus/internal/node"},
+		{"decide", mod + "/timeline"},
+		{"internal/door", mod + "/decide"},
 		{".", mod + "/events"},
 	} {
 		if broken, _ := checkDeps(c.pkg, []string{c.dep}); len(broken) == 0 {

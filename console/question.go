@@ -11,8 +11,8 @@ import (
 	"strings"
 
 	"github.com/toolbus/toolbus"
+	"github.com/toolbus/toolbus/decide"
 	"github.com/toolbus/toolbus/events"
-	"github.com/toolbus/toolbus/internal/decide"
 )
 
 // Questions to the caller on the run page: a call that asked (executor.Ask) and waits

@@ -15,9 +15,9 @@ import (
 	"github.com/chromedp/chromedp"
 
 	"github.com/toolbus/toolbus"
+	"github.com/toolbus/toolbus/decide"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/executor"
-	"github.com/toolbus/toolbus/internal/decide"
 	"github.com/toolbus/toolbus/internal/door"
 	"github.com/toolbus/toolbus/planner"
 )

@@ -11,15 +11,15 @@ import (
 	"time"
 
 	"github.com/toolbus/toolbus"
+	"github.com/toolbus/toolbus/e2e/testpipe"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/executor/worker"
 	"github.com/toolbus/toolbus/fair"
-	"github.com/toolbus/toolbus/internal/testpipe"
 	"github.com/toolbus/toolbus/internal/testutil"
-	"github.com/toolbus/toolbus/internal/timeline"
 	"github.com/toolbus/toolbus/planner"
+	"github.com/toolbus/toolbus/timeline"
 )
 
 // gate is a tool whose calls block until the test lets them go, recording who called

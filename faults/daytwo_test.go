@@ -19,9 +19,9 @@ import (
 
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/audit"
+	"github.com/toolbus/toolbus/callrun"
 	"github.com/toolbus/toolbus/events"
-	"github.com/toolbus/toolbus/internal/callrun"
-	"github.com/toolbus/toolbus/internal/timeline"
+	"github.com/toolbus/toolbus/timeline"
 )
 
 // TestFaultDayTwoInFlight runs docs/deployment-and-security.md's day two as written, on a

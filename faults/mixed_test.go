@@ -15,9 +15,9 @@ import (
 
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/audit"
+	"github.com/toolbus/toolbus/callrun"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/store"
-	"github.com/toolbus/toolbus/internal/callrun"
 	"github.com/toolbus/toolbus/internal/testutil"
 )
 

@@ -9,8 +9,8 @@ import (
 
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/audit"
+	"github.com/toolbus/toolbus/callrun"
 	"github.com/toolbus/toolbus/events"
-	"github.com/toolbus/toolbus/internal/callrun"
 )
 
 // follow watches the run of an MCP call until it can answer the request: the call's

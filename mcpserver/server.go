@@ -18,9 +18,9 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/toolbus/toolbus"
+	"github.com/toolbus/toolbus/callrun"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/store"
-	"github.com/toolbus/toolbus/internal/callrun"
 )
 
 // Config configures the MCP server of the catalog.

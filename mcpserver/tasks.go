@@ -13,9 +13,9 @@ import (
 
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/audit"
+	"github.com/toolbus/toolbus/callrun"
+	"github.com/toolbus/toolbus/decide"
 	"github.com/toolbus/toolbus/events"
-	"github.com/toolbus/toolbus/internal/callrun"
-	"github.com/toolbus/toolbus/internal/decide"
 )
 
 // The Tasks extension (io.modelcontextprotocol/tasks, with the 2026-07-28 protocol): a

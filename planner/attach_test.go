@@ -9,8 +9,8 @@ import (
 	"time"
 
 	"github.com/toolbus/toolbus"
+	"github.com/toolbus/toolbus/e2e/testpipe"
 	"github.com/toolbus/toolbus/executor"
-	"github.com/toolbus/toolbus/internal/testpipe"
 	"github.com/toolbus/toolbus/planner"
 )
 

@@ -7,9 +7,9 @@ import (
 	"log/slog"
 
 	"github.com/toolbus/toolbus"
+	"github.com/toolbus/toolbus/cmd/toolbus/internal/node"
+	"github.com/toolbus/toolbus/decide"
 	"github.com/toolbus/toolbus/events"
-	"github.com/toolbus/toolbus/internal/decide"
-	"github.com/toolbus/toolbus/internal/node"
 )
 
 // cmdAnswer answers the question a running call asked (executor.Ask) with one JSON

@@ -9,7 +9,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/toolbus/toolbus/internal/bench"
+	"github.com/toolbus/toolbus/cmd/toolbus/internal/bench"
 )
 
 // cmdBench measures toolbus beside the raw JetStream floor and an in-process loop, in

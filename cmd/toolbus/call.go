@@ -13,11 +13,11 @@ import (
 
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/audit"
+	"github.com/toolbus/toolbus/callrun"
+	"github.com/toolbus/toolbus/cmd/toolbus/internal/node"
+	"github.com/toolbus/toolbus/decide"
 	"github.com/toolbus/toolbus/events"
-	"github.com/toolbus/toolbus/internal/callrun"
-	"github.com/toolbus/toolbus/internal/decide"
-	"github.com/toolbus/toolbus/internal/node"
-	"github.com/toolbus/toolbus/internal/timeline"
+	"github.com/toolbus/toolbus/timeline"
 )
 
 const callHelp = `usage: toolbus call <tool> ['<json arguments>' | -] [flags]

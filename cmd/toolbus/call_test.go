@@ -13,13 +13,13 @@ import (
 	"time"
 
 	"github.com/toolbus/toolbus"
+	"github.com/toolbus/toolbus/callrun"
+	"github.com/toolbus/toolbus/cmd/toolbus/internal/node"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
 	"github.com/toolbus/toolbus/events/provision"
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/executor/worker"
-	"github.com/toolbus/toolbus/internal/callrun"
-	"github.com/toolbus/toolbus/internal/node"
 	"github.com/toolbus/toolbus/internal/testutil"
 )
 

@@ -17,11 +17,11 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/toolbus/toolbus"
+	"github.com/toolbus/toolbus/cmd/toolbus/internal/node"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
 	"github.com/toolbus/toolbus/events/provision"
 	"github.com/toolbus/toolbus/injector"
-	"github.com/toolbus/toolbus/internal/node"
 	"github.com/toolbus/toolbus/internal/testutil"
 	"github.com/toolbus/toolbus/planner"
 )

@@ -9,8 +9,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/toolbus/toolbus/cmd/toolbus/internal/node"
 	"github.com/toolbus/toolbus/internal/golden"
-	"github.com/toolbus/toolbus/internal/node"
 	"github.com/toolbus/toolbus/internal/testutil"
 )
 

@@ -18,10 +18,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/toolbus/toolbus/cmd/toolbus/internal/node"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
 	"github.com/toolbus/toolbus/events/provision"
-	"github.com/toolbus/toolbus/internal/node"
 )
 
 // docSection returns the section of the document at path (from the repository root)

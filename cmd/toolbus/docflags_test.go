@@ -104,7 +104,7 @@ func docCommands(path, text, flagsFor string) []docCommand {
 }
 
 // flagSpansOf names the command whose flags a document quotes alone, as `-k 4`.
-var flagSpansOf = map[string]string{"docs/performance.md": "bench", "internal/bench/ROUNDS.md": "bench"}
+var flagSpansOf = map[string]string{"docs/performance.md": "bench", "cmd/toolbus/internal/bench/ROUNDS.md": "bench"}
 
 // TestDocCommandFlags holds every toolbus command line the repository's Markdown quotes
 // to the CLI: the command exists, and each flag it passes is one its -h lists.

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/toolbus/toolbus/internal/node"
+	"github.com/toolbus/toolbus/cmd/toolbus/internal/node"
 )
 
 // TOOLBUS_DURABILITY picks the embedded server's fsync mode; a bad value is an error.

@@ -5,7 +5,7 @@ import (
 	"io"
 	"text/tabwriter"
 
-	"github.com/toolbus/toolbus/internal/node"
+	"github.com/toolbus/toolbus/cmd/toolbus/internal/node"
 )
 
 // cmdEnv prints every TOOLBUS_* variable: name, default and meaning.

@@ -10,9 +10,9 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/toolbus/toolbus"
+	"github.com/toolbus/toolbus/cmd/toolbus/internal/node"
 	"github.com/toolbus/toolbus/events/provision"
 	"github.com/toolbus/toolbus/executor/mcptools"
-	"github.com/toolbus/toolbus/internal/node"
 )
 
 // cmdInit (admin) creates or updates the stream, the buckets, the read mirror and the

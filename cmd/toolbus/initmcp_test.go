@@ -18,9 +18,9 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	natsserver "github.com/nats-io/nats-server/v2/test"
 
+	"github.com/toolbus/toolbus/callrun"
+	"github.com/toolbus/toolbus/cmd/toolbus/internal/node"
 	"github.com/toolbus/toolbus/events/eventstest"
-	"github.com/toolbus/toolbus/internal/callrun"
-	"github.com/toolbus/toolbus/internal/node"
 )
 
 // mcpFixtureConfig serves an MCP server with two tools over streamable HTTP and writes

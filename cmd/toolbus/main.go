@@ -28,11 +28,11 @@ import (
 	"syscall"
 
 	"github.com/toolbus/toolbus/audit/trail"
+	"github.com/toolbus/toolbus/cmd/toolbus/internal/admin"
+	"github.com/toolbus/toolbus/cmd/toolbus/internal/node"
 	"github.com/toolbus/toolbus/embedded"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/executor/mcptools"
-	"github.com/toolbus/toolbus/internal/admin"
-	"github.com/toolbus/toolbus/internal/node"
 )
 
 func main() {

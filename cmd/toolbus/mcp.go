@@ -12,9 +12,9 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/toolbus/toolbus/cmd/toolbus/internal/node"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/internal/door"
-	"github.com/toolbus/toolbus/internal/node"
 	"github.com/toolbus/toolbus/mcpserver"
 )
 

@@ -18,10 +18,10 @@ import (
 
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/audit"
+	"github.com/toolbus/toolbus/cmd/toolbus/internal/node"
+	"github.com/toolbus/toolbus/decide"
 	"github.com/toolbus/toolbus/events"
-	"github.com/toolbus/toolbus/internal/decide"
-	"github.com/toolbus/toolbus/internal/node"
-	"github.com/toolbus/toolbus/internal/timeline"
+	"github.com/toolbus/toolbus/timeline"
 )
 
 // The operator's commands: approve, deny, cancel, runs and tail. They talk to a running

@@ -8,8 +8,8 @@ import (
 	"time"
 
 	"github.com/toolbus/toolbus"
+	"github.com/toolbus/toolbus/callrun"
 	"github.com/toolbus/toolbus/executor"
-	"github.com/toolbus/toolbus/internal/callrun"
 )
 
 // crawlTool is a long-running tool (heartbeat timeout hb) that reports progress every

@@ -10,7 +10,7 @@ import (
 	"github.com/toolbus/toolbus/audit"
 	"github.com/toolbus/toolbus/audit/trail"
 	"github.com/toolbus/toolbus/events"
-	"github.com/toolbus/toolbus/internal/timeline"
+	"github.com/toolbus/toolbus/timeline"
 )
 
 // `toolbus replay <run>` is the auditor's view of a run: it reads the run's events from

@@ -12,13 +12,13 @@ import (
 	"time"
 
 	"github.com/toolbus/toolbus"
+	"github.com/toolbus/toolbus/callrun"
+	"github.com/toolbus/toolbus/cmd/toolbus/internal/node"
+	"github.com/toolbus/toolbus/decide"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/injector"
-	"github.com/toolbus/toolbus/internal/callrun"
-	"github.com/toolbus/toolbus/internal/decide"
-	"github.com/toolbus/toolbus/internal/node"
-	"github.com/toolbus/toolbus/internal/timeline"
 	"github.com/toolbus/toolbus/planner/models"
+	"github.com/toolbus/toolbus/timeline"
 )
 
 // cmdRun submits a run and prints its events live until it ends. With no

@@ -8,9 +8,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/toolbus/toolbus/e2e/testpipe"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
-	"github.com/toolbus/toolbus/internal/testpipe"
 	"github.com/toolbus/toolbus/planner"
 	"github.com/toolbus/toolbus/reads"
 )

@@ -9,8 +9,8 @@ import (
 	"text/tabwriter"
 
 	"github.com/toolbus/toolbus/audit"
-	"github.com/toolbus/toolbus/internal/callrun"
-	"github.com/toolbus/toolbus/internal/timeline"
+	"github.com/toolbus/toolbus/callrun"
+	"github.com/toolbus/toolbus/timeline"
 )
 
 func cmdTools(ctx context.Context, cfg Config, log *slog.Logger, args []string, out, errOut io.Writer) error {

@@ -7,7 +7,7 @@ import (
 	"testing"
 
 	"github.com/toolbus/toolbus"
-	"github.com/toolbus/toolbus/internal/callrun"
+	"github.com/toolbus/toolbus/callrun"
 )
 
 // `toolbus tools` lists every tool of the catalog with its owner (team), its version

@@ -4,7 +4,7 @@ import (
 	"context"
 	"log/slog"
 
-	"github.com/toolbus/toolbus/internal/node"
+	"github.com/toolbus/toolbus/cmd/toolbus/internal/node"
 )
 
 // cmdUp runs all three roles in this process, on an embedded server unless

@@ -11,9 +11,9 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/toolbus/toolbus"
+	"github.com/toolbus/toolbus/decide"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/executor"
-	"github.com/toolbus/toolbus/internal/decide"
 )
 
 // askRecheck is how often a call that waits for an answer reads the run's answers from

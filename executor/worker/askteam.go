@@ -11,9 +11,9 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/toolbus/toolbus"
+	"github.com/toolbus/toolbus/decide"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/executor"
-	"github.com/toolbus/toolbus/internal/decide"
 )
 
 // Polling of a question's state by an executor in a team account: from askPollMin,

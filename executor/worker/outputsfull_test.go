@@ -6,8 +6,8 @@ import (
 
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/audit"
+	"github.com/toolbus/toolbus/e2e/testpipe"
 	"github.com/toolbus/toolbus/events"
-	"github.com/toolbus/toolbus/internal/testpipe"
 	"github.com/toolbus/toolbus/planner"
 )
 

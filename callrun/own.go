@@ -1,8 +1,8 @@
 package callrun
 
 import (
+	"github.com/toolbus/toolbus/decide"
 	"github.com/toolbus/toolbus/events"
-	"github.com/toolbus/toolbus/internal/decide"
 )
 
 // Own tells the pre-planned call's own events from others that name it: an event counts

@@ -13,9 +13,9 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/toolbus/toolbus/cmd/toolbus/internal/bench"
+	"github.com/toolbus/toolbus/cmd/toolbus/internal/node"
 	"github.com/toolbus/toolbus/events/provision"
-	"github.com/toolbus/toolbus/internal/bench"
-	"github.com/toolbus/toolbus/internal/node"
 )
 
 // The -tenants mode end to end at tiny sizes: the roles run in this process, each with

@@ -8,8 +8,8 @@ import (
 	"testing"
 
 	"github.com/toolbus/toolbus"
+	"github.com/toolbus/toolbus/decide"
 	"github.com/toolbus/toolbus/events"
-	"github.com/toolbus/toolbus/internal/decide"
 )
 
 func ev(t *testing.T, typ string, data any) events.StoredEvent {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/sourcegraph/conc"
 
+	"github.com/toolbus/toolbus/cmd/toolbus/internal/bench"
 	"github.com/toolbus/toolbus/connect"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/executor"
@@ -18,7 +19,6 @@ import (
 	"github.com/toolbus/toolbus/executor/worker"
 	"github.com/toolbus/toolbus/injector"
 	"github.com/toolbus/toolbus/intake"
-	"github.com/toolbus/toolbus/internal/bench"
 	"github.com/toolbus/toolbus/planner"
 	"github.com/toolbus/toolbus/planner/models"
 	"github.com/toolbus/toolbus/reads"

@@ -15,8 +15,8 @@ import (
 
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/audit"
+	"github.com/toolbus/toolbus/decide"
 	"github.com/toolbus/toolbus/events"
-	"github.com/toolbus/toolbus/internal/decide"
 )
 
 // Printer renders a run's events as a human timeline.

@@ -42,7 +42,7 @@ const upgradeFixture = "testdata/upgrade-9c054fc"
 // and alice's start are stored through the write service, and alpha's roll-up is
 // refused by it.
 func TestUpgradeFrom9c054fc(t *testing.T) {
-	lines := docBlock(t, filepath.Join("..", "..", "docs", "deployment-and-security.md"), "upgrade-write-service")
+	lines := docBlock(t, filepath.Join("..", "..", "..", "..", "docs", "deployment-and-security.md"), "upgrade-write-service")
 	ctx := eventstest.Context(t, time.Minute)
 	l := newLiveAdmin(t, ctx)
 	copyTree(t, upgradeFixture, l.dir)

@@ -14,7 +14,7 @@ import (
 	"github.com/toolbus/toolbus/audit"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/store"
-	"github.com/toolbus/toolbus/internal/timeline"
+	"github.com/toolbus/toolbus/timeline"
 )
 
 // The exit codes of `toolbus call`: the status of the tool's result.

@@ -61,7 +61,7 @@ func TestAdminDayTwoAsWritten(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the binary and runs a server")
 	}
-	lines := docBlock(t, filepath.Join("..", "..", "docs", "deployment-and-security.md"), "day-two-admin")
+	lines := docBlock(t, filepath.Join("..", "..", "..", "..", "docs", "deployment-and-security.md"), "day-two-admin")
 	work := t.TempDir()
 	bin := filepath.Join(t.TempDir(), "toolbus")
 	if out, err := exec.Command("go", "build", "-o", bin, "github.com/toolbus/toolbus/cmd/toolbus").CombinedOutput(); err != nil {

@@ -11,10 +11,10 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/toolbus/toolbus"
+	"github.com/toolbus/toolbus/e2e/testpipe"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
 	"github.com/toolbus/toolbus/internal/door"
-	"github.com/toolbus/toolbus/internal/testpipe"
 	"github.com/toolbus/toolbus/mcpserver"
 	"github.com/toolbus/toolbus/planner"
 	"github.com/toolbus/toolbus/reads"

@@ -56,7 +56,7 @@ const (
 // call is never queued again (the queue stream holds one call, calc ran the drained
 // run's call no time).
 func TestUpgradeToQueueStream(t *testing.T) {
-	doc := filepath.Join("..", "..", "docs", "deployment-and-security.md")
+	doc := filepath.Join("..", "..", "..", "..", "docs", "deployment-and-security.md")
 	lines := docBlock(t, doc, "upgrade-queue-stream")
 	refusal := strings.TrimSpace(docFence(t, doc, "upgrade-queue-stream", "text"))
 	ctx := eventstest.Context(t, 2*time.Minute)
@@ -291,7 +291,7 @@ func runQueueNote(t *testing.T, l *liveAdmin, adminBus *events.Bus, lines []stri
 			}
 		case strings.HasPrefix(line, "cp ") && strings.HasSuffix(line, " tb/permissions/"):
 			for _, f := range strings.Fields(line)[1 : len(strings.Fields(line))-1] {
-				b, err := os.ReadFile(filepath.Join("..", "..", f))
+				b, err := os.ReadFile(filepath.Join("..", "..", "..", "..", f))
 				if err != nil {
 					t.Fatal(err)
 				}

@@ -153,7 +153,7 @@ func hears(nc *nats.Conn, subj string) error {
 // connections, refuses one more and caps a connection's subscriptions at 5.
 func TestAdminTenantLimitsPush(t *testing.T) {
 	const conns, subs = 2, 5
-	doc := filepath.Join("..", "..", "docs", "deployment-and-security.md")
+	doc := filepath.Join("..", "..", "..", "..", "docs", "deployment-and-security.md")
 	fragment, lines := docJSON(t, doc, "tenant-limits-change"), docBlock(t, doc, "tenant-limits-change")
 	ctx := eventstest.Context(t, time.Minute)
 	l := newLiveAdmin(t, ctx)
