@@ -7,7 +7,7 @@ import (
 )
 
 // Shares is the scheduler's configuration, read with envconfig in the role that runs it
-// (the injector: internal/node). Tenants are principals (docs/fair-share.md).
+// (the injector: cmd/toolbus/internal/node). Tenants are principals (docs/fair-share.md).
 type Shares struct {
 	// Weights are the tenants' shares of a contended tool: "alice=3,bob=1" (default 1).
 	Weights string `envconfig:"FAIR_WEIGHTS" desc:"fair share: tenants' (principals') weights on a tool they share, tenant=weight,... (default 1 each)"`

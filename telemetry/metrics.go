@@ -3,7 +3,7 @@
 //
 // The worker packages do not import it: each defines the small Metrics interface it
 // calls (worker.Metrics, planner.Metrics, injector.Metrics) and events defines
-// ServeObserver; *Metrics implements all of them, and internal/node (the binary) and
+// ServeObserver; *Metrics implements all of them, and cmd/toolbus/internal/node (the binary) and
 // worker.Serve (custom executors) wire it in.
 package telemetry
 

@@ -1,7 +1,7 @@
 // Package natsconf carries the NATS files of deploy/nats that the credentials are issued
 // from (permissions.conf, team-executor.conf and the server settings of single.conf), so
 // that the toolbus binary issues them with no checkout: toolbus admin init copies them
-// into a deployment's directory (package internal/admin).
+// into a deployment's directory (package cmd/toolbus/internal/admin).
 package natsconf
 
 import "embed"

@@ -8,7 +8,7 @@
 //
 // Run again on the same -out, it keeps the deployment's keys and every credential whose
 // permissions did not change, and prints what changed (see natsjwt.GenerateGrants).
-// toolbus admin (package internal/admin) does the same as commands, with no checkout:
+// toolbus admin (package cmd/toolbus/internal/admin) does the same as commands, with no checkout:
 // init once, then add-team, grant, revoke... on the directory it keeps.
 //
 // It runs from any directory of the checkout (go run ../../deploy/nats/gen from a

@@ -291,7 +291,7 @@ func Users(perms map[string]Permissions, g Grants) []User {
 // even when the role does not list them: a deployment's permissions copied by an older
 // version's toolbus admin init lack them, and its injectors must run the service once
 // toolbus admin push has moved the tenants' writes to it
-// (TestInjectorSubscribesToTheWriteService; in internal/admin, TestUpgradeFrom9c054fc).
+// (TestInjectorSubscribesToTheWriteService; in cmd/toolbus/internal/admin, TestUpgradeFrom9c054fc).
 func withWriteForwards(p Permissions) Permissions {
 	fwd := accounts.WriteForwards()
 	out := Permissions{PubAllow: append(slices.Clone(p.PubAllow), fwd...), SubAllow: p.SubAllow, SubDeny: p.SubDeny}
