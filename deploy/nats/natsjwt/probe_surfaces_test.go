@@ -29,8 +29,8 @@ import (
 // of beta's tool held at its cap) and the signers' bucket published:
 //   - asks the scheduler what it holds (toolbus_fair.held.<tool>: the other tenants'
 //     names and counts): no answer; the core gets bob's held calls (control);
-//   - publishes calls onto another tool's staging and queue subjects, and its own
-//     tool's, with a forged Toolbus-Call-Subject or Nats-Stream-Source header, directly
+//   - writes a tool.requested (its own tool's too), and publishes calls onto another
+//     tool's staging and queue subjects, and its own tool's, with a forged Toolbus-Call-Subject or Nats-Stream-Source header, directly
 //     and through its write import (as a start, a result): nothing is stored in the
 //     queue stream, the writes with the headers are refused, the same writes without
 //     them pass (control), and beta still gets bob's released call with the core's
@@ -123,6 +123,20 @@ func TestOutsiderFairShareAndSigners(t *testing.T) {
 			if err != nil || !strings.Contains(string(a.Data), fmt.Sprintf(`"err_code":%d`, events.WriteRefusedErrCode)) {
 				t.Errorf("HOLE: %s's write on %s with %s is not refused: %v %q", w.who, w.subject, h, err, dataOf(a))
 			}
+		}
+	}
+	// A call of its own: a team's tool.requested of its own tool (staged, it would count
+	// as any principal's call it names), a client's of any tool. Refused.
+	for _, w := range []struct{ who, subject string }{
+		{"alpha", events.SubjectToolRequested("rb0", "calc")},
+		{"alpha", events.SubjectToolRequested("rb0", "search")},
+		{"alice", events.SubjectToolRequested("ra-probe", "calc")},
+		{"alice", events.SubjectToolRequested("ra-probe", "alice")},
+	} {
+		body := `{"run_id":"rb0","call":{"call_id":"c9","tool":"calc"},"principal":{"id":"bob"},"mark":"` + probeMark + `"}`
+		a, err := conns[w.who].Request(w.subject, []byte(body), 2*time.Second)
+		if err == nil && !strings.Contains(string(a.Data), fmt.Sprintf(`"err_code":%d`, events.WriteRefusedErrCode)) {
+			t.Errorf("HOLE: %s's call on %s is not refused: %q", w.who, w.subject, a.Data)
 		}
 	}
 	for _, w := range writes {
