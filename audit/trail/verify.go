@@ -256,7 +256,7 @@ func chained(e *event, i int, evs []*event, at map[string]int) string {
 	p := evs[j]
 	switch e.meta.Type {
 	case events.TypeToolFinished, events.TypeToolWaiting, events.TypeToolProgress, events.TypeToolLog, events.TypeToolQuestion:
-		if p.meta.Type == events.TypeToolRequested && (p.meta.CallID != e.meta.CallID || p.meta.Step != e.meta.Step || toolOf(p) != toolOf(e)) {
+		if p.meta.Type == events.TypeToolRequested && (p.meta.CallID != e.meta.CallID || p.meta.Step != e.meta.Step || !isCore(e.key) && toolOf(p) != toolOf(e)) {
 			return fmt.Sprintf("it follows %s, another call's request", p.meta.ID)
 		}
 		// A tool's event is of a call the core requested of that tool before it: a team
