@@ -28,7 +28,8 @@ import (
 // events, on a deployment with fair share on (the core's scheduler running, bob's calls
 // of beta's tool held at its cap) and the signers' bucket published:
 //   - asks the scheduler what it holds (toolbus_fair.held.<tool>: the other tenants'
-//     names and counts): no answer; the core gets bob's held calls (control);
+//     names and counts): no answer; the core gets bob's held calls (control); pulls
+//     the scheduler's durable of every staged call: nothing (the core finds it);
 //   - writes a tool.requested (its own tool's too), and publishes calls onto another
 //     tool's staging and queue subjects, and its own tool's, with a forged Toolbus-Call-Subject or Nats-Stream-Source header, directly
 //     and through its write import (as a start, a result): nothing is stored in the
@@ -85,6 +86,30 @@ func TestOutsiderFairShareAndSigners(t *testing.T) {
 		for _, tool := range []string{"search", "calc", "*"} {
 			if got := askWithin(t, nc, events.FairHeldPrefix+"."+tool, "", time.Second); len(got) > 0 {
 				t.Errorf("HOLE: %s asked what the scheduler holds of %s: %s", who, tool, show(got))
+			}
+		}
+	}
+
+	// The scheduler's durable on the staged calls (every tenant's, of every tool): the
+	// core finds it (control); an outsider's pull of it, in its API's shape and as a
+	// "+NXT" on acknowledgement shapes naming it, gets nothing.
+	if got := askWithin(t, core, "$JS.API.CONSUMER.INFO."+events.QueueStreamName(events.DefaultStream)+"."+events.FairConsumer, "", 5*time.Second); len(got) == 0 || !strings.Contains(string(got[0].Data), `"name":"fair"`) {
+		t.Fatalf("control: the core's info of the scheduler's durable: %s", show(got))
+	}
+	// The core's own pull of it is answered (a status, nothing pending): the probe below
+	// would see such an answer.
+	if got := askWithin(t, core, "$JS.API.CONSUMER.MSG.NEXT.TOOLBUS_QUEUES.fair", `{"batch":1,"no_wait":true}`, 5*time.Second); len(got) == 0 || strings.Contains(string(got[0].Data), `"error"`) {
+		t.Fatalf("control: the core's pull of the scheduler's durable: %s", show(got))
+	}
+	for who, nc := range conns {
+		for _, p := range [][2]string{
+			{natsjwt.CoreAPIPrefix + ".CONSUMER.MSG.NEXT.TOOLBUS_QUEUES.fair", `{"batch":10,"expires":500000000}`},
+			{"$JS.API.CONSUMER.MSG.NEXT.TOOLBUS_QUEUES.fair", `{"batch":10,"expires":500000000}`},
+			{"$JS.ACK.TOOLBUS_QUEUES.fair.1.1.1.0.0", `+NXT {"batch":10,"expires":500000000}`},
+			{"$JS.ACK._." + eventstest.AckHash(res.Account) + ".TOOLBUS_QUEUES.fair.1.1.1.0.0.x", `+NXT {"batch":10,"expires":500000000}`},
+		} {
+			if got := askWithin(t, nc, p[0], p[1], time.Second); carries(got, secretMark) || len(got) > 0 && !strings.Contains(string(got[0].Data), `"error"`) {
+				t.Errorf("HOLE: %s's pull of the scheduler's durable on %s: %s", who, p[0], show(got))
 			}
 		}
 	}
