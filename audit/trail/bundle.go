@@ -26,12 +26,14 @@ import (
 const BundleFormat = "toolbus-audit-bundle/v1"
 
 // Record is one event as the stream stores it: its sequence, subject, headers and data
-// (base64 in JSON).
+// (base64 in JSON), and when the server stored it (Stored; zero in bundles exported
+// before it was recorded): a time no publisher chooses, unlike the event's ce-time.
 type Record struct {
 	Seq     uint64              `json:"seq"`
 	Subject string              `json:"subject"`
 	Header  map[string][]string `json:"header"`
 	Data    []byte              `json:"data"`
+	Stored  time.Time           `json:"stored,omitzero"`
 }
 
 // Bundle is a run's audit trail, self-contained.
@@ -88,7 +90,7 @@ func readRun(ctx context.Context, s jetstream.Stream, run string) ([]Record, err
 			if err != nil {
 				return nil, fmt.Errorf("trail: read run %s: %w", run, err)
 			}
-			out = append(out, Record{Seq: md.Sequence.Stream, Subject: m.Subject(), Header: m.Headers(), Data: m.Data()})
+			out = append(out, Record{Seq: md.Sequence.Stream, Subject: m.Subject(), Header: m.Headers(), Data: m.Data(), Stored: md.Timestamp.UTC()})
 			n++
 		}
 		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) {

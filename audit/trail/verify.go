@@ -100,6 +100,22 @@ func Verify(b Bundle) (Result, error) {
 	return Result{Events: len(evs), Signers: slices.Sorted(maps.Keys(signers))}, nil
 }
 
+// ClockSkew is how much earlier than its stored time an event may say it was made
+// (the publisher's clock against the server's, and the publish's latency) and still be
+// judged at the time it says.
+const ClockSkew = 10 * time.Second
+
+// at is the time the event's key and grants are judged at: its ce-time, which its
+// signer chose, unless the server stored it more than ClockSkew later, then the stored
+// time. So a retired or revoked key cannot sign, after its end, an event dated before
+// it, nor a team a tool's event dated inside a grant it no longer holds.
+func (e *event) at() time.Time {
+	if !e.rec.Stored.IsZero() && e.rec.Stored.Sub(e.meta.Time) > ClockSkew {
+		return e.rec.Stored
+	}
+	return e.meta.Time
+}
+
 // decode decodes a record, checks its data against its subject and computes its digest.
 func decode(r Record) (*event, error) {
 	e := &event{rec: r, h: nats.Header(r.Header)}
@@ -160,7 +176,7 @@ func signature(e *event, ring seal.Keyring) (string, string) {
 		}
 	}
 	e.key, _ = ring.Lookup(id)
-	if why := e.key.ValidAt(e.meta.Time); why != "" {
+	if why := e.key.ValidAt(e.at()); why != "" {
 		return "key", why
 	}
 	return "", ""
@@ -175,11 +191,11 @@ var coreTypes = []string{events.TypeModelRequested, events.TypeModelResponded, e
 // a start, decision, cancel or answer by a client bound to its identity; the core's
 // events by the planner or the injector.
 func allowed(e *event) string {
-	k, t := e.key, e.meta.Time
-	kind, name := k.Kind(), k.Name()
-	core := kind == seal.KindRole && (name == "planner" || name == "injector")
+	k, t := e.key, e.at()
+	kind := k.Kind()
+	core := isCore(k)
 	typ := e.meta.Type
-	last := e.rec.Subject[strings.LastIndexByte(e.rec.Subject, '.')+1:]
+	last := toolOf(e)
 	switch {
 	case slices.Contains(coreTypes, typ) || strings.HasPrefix(typ, "toolbus.run.") && !isClientType(typ):
 		if core {
@@ -202,6 +218,15 @@ func allowed(e *event) string {
 	}
 	return fmt.Sprintf("%s is no event type of the contract", typ)
 }
+
+// isCore reports whether k is the planner's or the injector's key.
+func isCore(k seal.Key) bool {
+	return k.Kind() == seal.KindRole && (k.Name() == "planner" || k.Name() == "injector")
+}
+
+// toolOf is the last token of the event's subject: a tool event's tool, a client
+// event's identity.
+func toolOf(e *event) string { return e.rec.Subject[strings.LastIndexByte(e.rec.Subject, '.')+1:] }
 
 // isClientType reports a type a client publishes: a start, a decision, a cancel, an answer.
 func isClientType(typ string) bool {
@@ -231,8 +256,15 @@ func chained(e *event, i int, evs []*event, at map[string]int) string {
 	p := evs[j]
 	switch e.meta.Type {
 	case events.TypeToolFinished, events.TypeToolWaiting, events.TypeToolProgress, events.TypeToolLog, events.TypeToolQuestion:
-		if p.meta.Type == events.TypeToolRequested && (p.meta.CallID != e.meta.CallID || p.meta.Step != e.meta.Step) {
+		if p.meta.Type == events.TypeToolRequested && (p.meta.CallID != e.meta.CallID || p.meta.Step != e.meta.Step || !isCore(e.key) && toolOf(p) != toolOf(e)) {
 			return fmt.Sprintf("it follows %s, another call's request", p.meta.ID)
+		}
+		// A tool's event is of a call the core requested of that tool before it: a team
+		// may sign its own tool's events only, and they count for its own calls only.
+		if !isCore(e.key) && !slices.ContainsFunc(evs[:i], func(r *event) bool {
+			return r.meta.Type == events.TypeToolRequested && r.meta.CallID == e.meta.CallID && r.meta.Step == e.meta.Step && toolOf(r) == toolOf(e)
+		}) {
+			return fmt.Sprintf("call %s of step %d was never requested of tool %s before it", e.meta.CallID, e.meta.Step, toolOf(e))
 		}
 	case events.TypeModelResponded:
 		if p.meta.Type != events.TypeModelRequested || p.meta.Step != e.meta.Step {
@@ -246,15 +278,19 @@ func chained(e *event, i int, evs []*event, at map[string]int) string {
 // requested, or the run ended) has a result (tool.finished, or tool.waiting).
 func complete(evs []*event) error {
 	type call struct {
-		step int
-		id   string
+		step     int
+		id, tool string // tool "": a result the core gave, which answers the call whatever its subject
 	}
 	answered := map[call]bool{}
 	lastStep, ended := -1, -1
 	for i, e := range evs {
 		switch {
 		case e.meta.Type == events.TypeToolFinished || e.meta.Type == events.TypeToolWaiting:
-			answered[call{e.meta.Step, e.meta.CallID}] = true
+			tool := toolOf(e)
+			if isCore(e.key) {
+				tool = ""
+			}
+			answered[call{e.meta.Step, e.meta.CallID, tool}] = true
 		case e.meta.Type == events.TypeModelRequested:
 			lastStep = max(lastStep, e.meta.Step)
 		case strings.HasPrefix(e.meta.Type, "toolbus.run.") && !isClientType(e.meta.Type):
@@ -262,8 +298,8 @@ func complete(evs []*event) error {
 		}
 	}
 	for i, e := range evs {
-		c := call{e.meta.Step, e.meta.CallID}
-		if e.meta.Type != events.TypeToolRequested || answered[c] || (e.meta.Step >= lastStep && ended < 0) {
+		c := call{e.meta.Step, e.meta.CallID, toolOf(e)}
+		if e.meta.Type != events.TypeToolRequested || answered[c] || answered[call{c.step, c.id, ""}] || (e.meta.Step >= lastStep && ended < 0) {
 			continue
 		}
 		return &Failure{Index: i, Seq: e.rec.Seq, ID: e.meta.ID, Check: "complete",
