@@ -55,8 +55,12 @@ func askQuestions(qs []toolbus.ToolQuestion, state string) *mcp.CallToolResult {
 
 // cannotAsk answers q for a host that did not declare capability: cancel, with the reason.
 func (b *bridge) cannotAsk(ctx context.Context, bus *events.Bus, q toolbus.ToolQuestion, capability, who string) {
+	what := questionMethod(q)
+	if what == toolbus.AskElicit {
+		what, capability = "questions", "elicitation (form)"
+	}
 	a := toolbus.ToolAnswer{RunID: q.RunID, Step: q.Step, CallID: q.CallID, Tool: q.Tool, Attempt: q.Attempt, Seq: q.Seq,
-		Action: "cancel", Who: who, Reason: "the MCP client cannot answer " + questionMethod(q) + ": it declared no " + capability + " capability"}
+		Action: "cancel", Who: who, Reason: "the MCP client cannot answer " + what + ": it declared no " + capability + " capability"}
 	if _, err := bus.PublishEvent(ctx, events.ToolAnswerEvent(b.cfg.Source, a)); err != nil {
 		b.cfg.Logger.Warn("mcp: question not answered", "run_id", q.RunID, "error", err)
 	}
