@@ -10,6 +10,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/toolbus/toolbus/events/eventstest"
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/mcpserver"
 )
@@ -140,4 +141,84 @@ func TestMCPTaskRequiredTool(t *testing.T) {
 	if rpcErr != nil || res["resultType"] != "task" {
 		t.Fatalf("with the extension: %v %v, want a task", res, rpcErr)
 	}
+}
+
+// TestMCPTaskAnswersOneByOne: a task whose tool asks the host's model and its roots at
+// once reads input_required with both input requests; tasks/update answers one (the
+// task still waits for the other only), an answer sent again is not counted twice,
+// another token's tasks/update finds no task, and the control, carol's answer to the
+// other, completes it with both results.
+func TestMCPTaskAnswersOneByOne(t *testing.T) {
+	tool := executor.Tool{Name: "two_at_once", Description: "Asks the host's model and roots at once.", InputSchema: json.RawMessage(`{"type":"object"}`),
+		Timeout: time.Minute, HeartbeatTimeout: 30 * time.Second,
+		Func: func(ctx context.Context, _ json.RawMessage) (any, error) {
+			as, err := executor.AskAll(ctx,
+				executor.SamplingQuestion("greeting", &mcp.CreateMessageParams{MaxTokens: 5, Messages: []*mcp.SamplingMessage{{Role: "user", Content: &mcp.TextContent{Text: "hi"}}}}),
+				executor.RootsQuestion("client_roots"))
+			if err != nil {
+				return nil, err
+			}
+			return fmt.Sprintf("%s %s", as[0].Content, as[1].Content), nil
+		}}
+	p := startPipeline(t, tool)
+	d := startDoor(t, p, mcpserver.Config{})
+	meta := func() map[string]any {
+		return map[string]any{mcp.MetaKeyProtocolVersion: mcpserver.Protocol2026, mcp.MetaKeyClientCapabilities: map[string]any{
+			"sampling": map[string]any{}, "roots": map[string]any{}, "extensions": map[string]any{mcpserver.ExtTasks: map[string]any{}}}}
+	}
+	created, rpcErr, _ := post2026(t, d, d.carol, "tools/call", "two_at_once", map[string]any{"name": "two_at_once", "arguments": map[string]any{}, "_meta": meta()})
+	id, _ := created["taskId"].(string)
+	if rpcErr != nil || id == "" {
+		t.Fatalf("tools/call: %v %v, want a task", created, rpcErr)
+	}
+	task := func(token string) (map[string]any, map[string]any) {
+		res, rpcErr, _ := post2026(t, d, token, "tasks/get", id, map[string]any{"taskId": id, "_meta": meta()})
+		return res, rpcErr
+	}
+	update := func(token string, responses map[string]any) map[string]any {
+		_, rpcErr, _ := post2026(t, d, token, "tasks/update", id, map[string]any{"taskId": id, "inputResponses": responses, "_meta": meta()})
+		return rpcErr
+	}
+	pending := func(res map[string]any) string {
+		reqs, _ := res["inputRequests"].(map[string]any)
+		var keys []string
+		for _, k := range []string{"greeting", "client_roots"} {
+			if _, ok := reqs[k]; ok {
+				keys = append(keys, k)
+			}
+		}
+		return fmt.Sprintf("%v %v", res["status"], keys)
+	}
+	eventstest.Eventually(t, time.Minute, func() error {
+		if res, rpcErr := task(d.carol); pending(res) != "input_required [greeting client_roots]" {
+			return fmt.Errorf("task %v %v, want both input requests", res, rpcErr)
+		}
+		return nil
+	})
+	greeting := map[string]any{"greeting": map[string]any{"role": "assistant", "content": map[string]any{"type": "text", "text": "Hello!"}, "model": "m"}}
+	for i := 0; i < 2; i++ { // the second is the same answer again
+		if rpcErr := update(d.carol, greeting); rpcErr != nil {
+			t.Fatalf("tasks/update: %v", rpcErr)
+		}
+	}
+	if res, rpcErr := task(d.carol); pending(res) != "input_required [client_roots]" {
+		t.Fatalf("after the greeting: %v %v, want only the roots pending", res, rpcErr)
+	}
+	if n := answersOf(t, p, id); n != 1 {
+		t.Fatalf("%d answers on the run, want 1", n)
+	}
+	roots := map[string]any{"client_roots": map[string]any{"roots": []any{map[string]any{"uri": "file:///w"}}}}
+	if rpcErr := update(d.dave, roots); rpcErr == nil || !strings.Contains(mustJSON(rpcErr), "not found") {
+		t.Fatalf("dave's tasks/update: %v, want not found", rpcErr)
+	}
+	if rpcErr := update(d.carol, roots); rpcErr != nil {
+		t.Fatalf("tasks/update: %v", rpcErr)
+	}
+	eventstest.Eventually(t, time.Minute, func() error {
+		res, rpcErr := task(d.carol)
+		if res["status"] != mcpserver.TaskCompleted || !strings.Contains(mustJSON(res), "Hello!") || !strings.Contains(mustJSON(res), "file:///w") {
+			return fmt.Errorf("task %v %v, want completed with both answers", res, rpcErr)
+		}
+		return nil
+	})
 }

@@ -110,3 +110,19 @@ func inputResponse(raw json.RawMessage) (mcp.InputResponse, bool) {
 	}
 	return m["r"], m["r"] != nil
 }
+
+// capsOf reads the client capabilities of a request's _meta (a custom method's, which
+// go-sdk does not read), roots included (go-sdk's RootsV2, which plain decoding skips).
+func capsOf(meta mcp.Meta) *mcp.ClientCapabilities {
+	raw, err := json.Marshal(meta[mcp.MetaKeyClientCapabilities])
+	var caps *mcp.ClientCapabilities
+	if err != nil || json.Unmarshal(raw, &caps) != nil || caps == nil {
+		return nil // none: nothing can be asked
+	}
+	var roots struct {
+		Roots *mcp.RootCapabilities `json:"roots"`
+	}
+	_ = json.Unmarshal(raw, &roots) //nolint:errcheck // decoded above
+	caps.RootsV2 = roots.Roots
+	return caps
+}

@@ -288,11 +288,7 @@ func (b *bridge) getTask(ctx context.Context, _ *mcp.ServerSession, p *TaskParam
 	if err != nil {
 		return nil, err
 	}
-	var caps *mcp.ClientCapabilities
-	if raw, err := json.Marshal(p.Meta[mcp.MetaKeyClientCapabilities]); err == nil {
-		_ = json.Unmarshal(raw, &caps) //nolint:errcheck // none: no form
-	}
-	t, err := b.taskView(ctx, rs, caps)
+	t, err := b.taskView(ctx, rs, capsOf(p.Meta))
 	if err != nil {
 		return nil, err
 	}
