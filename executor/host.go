@@ -20,15 +20,21 @@ import (
 // of one input_required result, and a host that did not declare the capability a
 // question needs gets none of it: the tool's answer is cancel, with the reason.
 
+// anyObject is the answer schema of a question to the host (its result is one object),
+// so that `toolbus answer` and the console can answer it too.
+var anyObject = json.RawMessage(`{"type":"object"}`)
+
 // SamplingQuestion is the question that asks the host's model to complete p.
 func SamplingQuestion(key string, p *mcp.CreateMessageParams) Question {
 	raw, _ := json.Marshal(p) //nolint:errcheck // plain data
-	return Question{Key: key, Method: toolbus.AskSample, Params: raw}
+	return Question{Key: key, Method: toolbus.AskSample, Params: raw, Schema: anyObject,
+		Message: "The tool asks the host's model for a completion (sampling/createMessage): answer with a CreateMessageResult."}
 }
 
 // RootsQuestion is the question that asks the host for its roots.
 func RootsQuestion(key string) Question {
-	return Question{Key: key, Method: toolbus.AskRoots, Params: json.RawMessage(`{}`)}
+	return Question{Key: key, Method: toolbus.AskRoots, Params: json.RawMessage(`{}`), Schema: anyObject,
+		Message: "The tool asks the host for its roots (roots/list): answer with a ListRootsResult."}
 }
 
 // Sample asks the caller's host's model to complete p (MCP sampling) under key and
