@@ -55,28 +55,28 @@ func questionCapability(caps *mcp.ClientCapabilities, q toolbus.ToolQuestion) (s
 // decline or cancel is one whatever was asked, and a result of another kind is cancel.
 func answerOf(q toolbus.ToolQuestion, res mcp.InputResponse) (toolbus.ToolAnswer, error) {
 	a := toolbus.ToolAnswer{RunID: q.RunID, Step: q.Step, CallID: q.CallID, Tool: q.Tool, Attempt: q.Attempt, Seq: q.Seq, Action: "cancel"}
-	var content any
+	method := questionMethod(q)
+	var (
+		content any
+		fits    bool
+	)
 	switch r := res.(type) {
 	case nil:
 		a.Reason = "the MCP host sent no answer"
 		return a, nil
 	case *mcp.ElicitResult:
-		if a.Action = r.Action; r.Action != "accept" {
+		if r.Action != "accept" {
+			a.Action = r.Action
 			return a, nil
 		}
-		if questionMethod(q) != toolbus.AskElicit {
-			a.Action, a.Reason = "cancel", "the MCP host answered "+questionMethod(q)+" with a form"
-			return a, nil
-		}
-		content = r.Content
+		content, fits = r.Content, method == toolbus.AskElicit
 	case *mcp.CreateMessageWithToolsResult, *mcp.CreateMessageResult:
-		content = r
+		content, fits = r, method == toolbus.AskSample
 	case *mcp.ListRootsResult:
-		content = r
+		content, fits = r, method == toolbus.AskRoots
 	}
-	want := map[string]bool{toolbus.AskSample: isSampling(res), toolbus.AskRoots: isRoots(res), toolbus.AskElicit: isElicit(res)}
-	if !want[questionMethod(q)] {
-		a.Reason = fmt.Sprintf("the MCP host answered %s with a %T", questionMethod(q), res)
+	if !fits {
+		a.Reason = fmt.Sprintf("the MCP host answered %s with a %T", method, res)
 		return a, nil
 	}
 	c, err := json.Marshal(content)
@@ -86,18 +86,6 @@ func answerOf(q toolbus.ToolQuestion, res mcp.InputResponse) (toolbus.ToolAnswer
 	a.Action, a.Content = "accept", c
 	return a, nil
 }
-
-func isSampling(res mcp.InputResponse) bool {
-	switch res.(type) {
-	case *mcp.CreateMessageWithToolsResult, *mcp.CreateMessageResult:
-		return true
-	}
-	return false
-}
-
-func isElicit(res mcp.InputResponse) bool { _, ok := res.(*mcp.ElicitResult); return ok }
-
-func isRoots(res mcp.InputResponse) bool { _, ok := res.(*mcp.ListRootsResult); return ok }
 
 // inputResponse decodes one response of tasks/update's inputResponses.
 func inputResponse(raw json.RawMessage) (mcp.InputResponse, bool) {
