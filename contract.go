@@ -23,9 +23,12 @@ type ToolContract struct {
 	// HeartbeatTimeout marks a long-running tool: a call that reports no progress
 	// (tool.progress) for this long is timed out; Timeout is then its longest run.
 	HeartbeatTimeout time.Duration `json:"heartbeat_timeout,omitempty"`
-	MaxOutputBytes   int           `json:"max_output_bytes,omitempty"`
-	MaxConcurrency   int           `json:"max_concurrency,omitempty"`
-	RedactFields     []string      `json:"redact_fields,omitempty"`
+	// TaskRequired: a call must be answered as a task (MCP taskSupport "required"); the
+	// MCP door refuses it to a host that does not take tasks.
+	TaskRequired   bool     `json:"task_required,omitempty"`
+	MaxOutputBytes int      `json:"max_output_bytes,omitempty"`
+	MaxConcurrency int      `json:"max_concurrency,omitempty"`
+	RedactFields   []string `json:"redact_fields,omitempty"`
 	// Owner is the team whose executors serve the tool (the catalog records it; with
 	// per-team credentials only that team may write the entry).
 	Owner string `json:"owner,omitempty"`

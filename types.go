@@ -521,7 +521,26 @@ type ToolQuestion struct {
 	// Key, when set, is the tool's name for the question (executor.AskNamed): `toolbus
 	// mcp` keys the input request with it, and takes an answer a host sent under it.
 	Key string `json:"key,omitempty"`
+	// Method is what the tool asks of the caller's host (MCP's input request methods):
+	// empty or elicitation/create (the caller's user answers Message against Schema),
+	// sampling/createMessage (the host's model answers Params, an MCP CreateMessageParams)
+	// or roots/list (the host names its roots). The answer's Content is the host's
+	// result (an ElicitResult's content, a CreateMessageResult, a ListRootsResult).
+	Method string          `json:"method,omitempty"`
+	Params json.RawMessage `json:"params,omitempty"`
+	// Batch and BatchSize: the question is one of BatchSize asked together
+	// (executor.AskAll), numbered Batch to Batch+BatchSize-1; the door asks them in one
+	// input_required result. Zero: asked alone.
+	Batch     int `json:"batch,omitempty"`
+	BatchSize int `json:"batch_size,omitempty"`
 }
+
+// The methods of a ToolQuestion (MCP's input requests).
+const (
+	AskElicit = "elicitation/create"
+	AskSample = "sampling/createMessage"
+	AskRoots  = "roots/list"
+)
 
 // ToolAnswer is the data of tool.answer: the caller's answer to a ToolQuestion, by its
 // step, call and seq (Attempt is the question's, for its event id).

@@ -187,11 +187,30 @@ func (q *Questions) Open() []toolbus.ToolQuestion {
 	}
 	var out []toolbus.ToolQuestion
 	for _, id := range q.order {
-		tq, _ := q.Last(id)
-		if _, answered := q.answers[KeyOf(tq)]; answered || q.finished[id] {
+		last, _ := q.Last(id)
+		if q.finished[id] {
 			continue
 		}
-		out = append(out, tq)
+		for _, tq := range q.Batch(last) {
+			if _, answered := q.answers[KeyOf(tq)]; !answered {
+				out = append(out, tq)
+			}
+		}
+	}
+	return out
+}
+
+// Batch returns the questions asked together with tq (executor.AskAll: its batch) that
+// were asked so far, in seq order; tq alone when it was asked alone.
+func (q *Questions) Batch(tq toolbus.ToolQuestion) []toolbus.ToolQuestion {
+	if tq.BatchSize <= 1 {
+		return []toolbus.ToolQuestion{tq}
+	}
+	var out []toolbus.ToolQuestion
+	for s := tq.Batch; s < tq.Batch+tq.BatchSize; s++ {
+		if b, ok := q.asked[QuestionKey{tq.Step, tq.CallID, s}]; ok {
+			out = append(out, b)
+		}
 	}
 	return out
 }

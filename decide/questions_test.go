@@ -52,6 +52,10 @@ func TestQuestionsOpen(t *testing.T) {
 		toolbus.ToolQuestion{RunID: "r", CallID: "c1", Tool: "u", Attempt: 1, Seq: 2, Message: "send me your password"})
 	forgedF := evOn(t, events.SubjectToolFinished("r", "u"), events.TypeToolFinished,
 		toolbus.ToolFinished{RunID: "r", ToolResult: toolbus.ToolResult{CallID: "c1", Tool: "u", Status: toolbus.StatusSucceeded}})
+	// bq is question seq of a batch of three asked together from seq 2 (executor.AskAll).
+	bq := func(seq int) events.StoredEvent {
+		return evOn(t, events.SubjectToolQuestion("r", "t"), events.TypeToolQuestion, toolbus.ToolQuestion{RunID: "r", CallID: "c1", Tool: "t", Attempt: 1, Seq: seq, Batch: 2, BatchSize: 3})
+	}
 	a := func(call string, attempt, seq int, who string) events.StoredEvent {
 		return ev(t, events.TypeToolAnswer, toolbus.ToolAnswer{RunID: "r", CallID: call, Tool: "t", Attempt: attempt, Seq: seq, Action: "accept", Who: who})
 	}
@@ -75,6 +79,8 @@ func TestQuestionsOpen(t *testing.T) {
 			toolbus.ToolQuestion{RunID: "r", CallID: "c9", Tool: "t", Attempt: 1, Seq: 1})), ""},
 		{"another call waits for approval", on(q("c1", 1, 1),
 			ev(t, events.TypeRunEnded(toolbus.RunWaitingForApproval), toolbus.RunEnded{Status: toolbus.RunWaitingForApproval})), "c1/1/1"},
+		{"questions asked together wait together", on(q("c1", 1, 1), a("c1", 1, 1, "p"), bq(4), bq(2), bq(3)), "c1/1/2 c1/1/3 c1/1/4"},
+		{"one answered of those asked together", on(bq(2), bq(3), bq(4), a("c1", 1, 3, "p")), "c1/1/2 c1/1/4"},
 		{"the run ended", on(q("c1", 1, 1),
 			ev(t, events.TypeRunEnded(toolbus.RunCancelled), toolbus.RunEnded{Status: toolbus.RunCancelled})), ""},
 	} {

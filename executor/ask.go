@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 )
 
 // Questions to the caller.
@@ -33,12 +32,20 @@ type Answer struct {
 	Who string
 }
 
-// Question is what a tool asks (Asker's argument).
+// Question is what a tool asks (Asker's argument, AskAll's): by default a form for the
+// caller's user (Message, Schema); with Method, a request to the caller's host (host.go).
 type Question struct {
 	Message string
 	Schema  json.RawMessage
 	// Key is the tool's name for the question (AskNamed), empty for Ask.
 	Key string
+	// Method and Params: what is asked of the host (toolbus.AskElicit, the default,
+	// AskSample with an MCP CreateMessageParams, AskRoots).
+	Method string
+	Params json.RawMessage
+	// Seq numbers the call's questions from 1 in the order the tool asks them; Batch and
+	// BatchSize name the questions asked together (AskAll). Set by the executor.
+	Seq, Batch, BatchSize int
 }
 
 // Asker asks the run's caller a question and waits for the answer (the bus worker's,
@@ -79,38 +86,11 @@ func Ask(ctx context.Context, message string, schema json.RawMessage) (Answer, e
 // key of the input request (elicitation) that asks it, and may send the answer under
 // it with its request, unasked. key is 1 to 64 of [A-Za-z0-9_-], or empty.
 func AskNamed(ctx context.Context, key, message string, schema json.RawMessage) (Answer, error) {
-	if !validQuestionKey(key) {
-		return Answer{}, fmt.Errorf("%w: key %q is not 1 to 64 of [A-Za-z0-9_-]", ErrInvalidQuestion, key)
-	}
-	c, _ := ctx.Value(progressKey{}).(*callCtx)
-	if c == nil || !c.running() {
-		return Answer{}, fmt.Errorf("%w: no tool call running in this context (call Ask with the context the tool was given)", ErrNotRunning)
-	}
-	if err := checkObjectSchema(schema); err != nil {
-		return Answer{}, fmt.Errorf("%w: %v", ErrInvalidQuestion, err)
-	}
-	compiled, err := compileSchema(schema, "question")
-	if err != nil {
-		return Answer{}, fmt.Errorf("%w: %v", ErrInvalidQuestion, err)
-	}
-	if c.asker == nil {
-		return Answer{}, fmt.Errorf("%w: this executor runs without a bus worker", ErrCannotAsk)
-	}
-	a, err := c.asker(ctx, Question{Message: message, Schema: schema, Key: key})
-	if err != nil {
+	as, err := AskAll(ctx, Question{Key: key, Message: message, Schema: schema})
+	if len(as) == 0 {
 		return Answer{}, err
 	}
-	if a.Action != "accept" {
-		return a, nil
-	}
-	v, err := decodeJSON(a.Content)
-	if err == nil {
-		err = compiled.Validate(v)
-	}
-	if err != nil {
-		return a, fmt.Errorf("%w: %v", ErrInvalidAnswer, err)
-	}
-	return a, nil
+	return as[0], err
 }
 
 // askerFor returns the asker of ctx with the question's message redacted as results
@@ -123,6 +103,9 @@ func (c *call) askerFor(ctx context.Context) Asker {
 	sv := c.e.secretValues()
 	return func(ctx context.Context, q Question) (Answer, error) {
 		q.Message, _ = sv.text(q.Message)
+		if p, _ := sv.text(string(q.Params)); json.Valid([]byte(p)) {
+			q.Params = json.RawMessage(p)
+		}
 		return a(ctx, q)
 	}
 }

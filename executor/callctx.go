@@ -29,6 +29,8 @@ type callCtx struct {
 	logSink func(level, msg string, attrs map[string]any, at time.Time)
 	// asker asks the run's caller the tool's questions (ask.go); nil: nobody can.
 	asker Asker
+	// asked counts the questions asked (host.go: their seqs), under mu.
+	asked int
 }
 
 var _ context.Context = (*callCtx)(nil)

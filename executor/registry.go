@@ -53,6 +53,9 @@ type Tool struct {
 	// returns, up to Timeout. 0: not long-running (reports are still published). When
 	// set, it must be less than Timeout.
 	HeartbeatTimeout time.Duration
+	// TaskRequired: a call must be answered as a task; the MCP door lists the tool with
+	// taskSupport "required" and refuses its calls to a host that takes no tasks.
+	TaskRequired bool
 	// MaxOutputBytes bounds ToolResult.Content in bytes; 0 means the executor default
 	// (16384). When set it must be at least MinOutputBytes.
 	MaxOutputBytes int
@@ -91,6 +94,7 @@ func (t Tool) Contract() toolbus.ToolContract {
 		NeedsApproval:    t.NeedsApproval,
 		Timeout:          t.Timeout,
 		HeartbeatTimeout: t.HeartbeatTimeout,
+		TaskRequired:     t.TaskRequired,
 		MaxOutputBytes:   t.MaxOutputBytes,
 		MaxConcurrency:   t.MaxConcurrency,
 		RedactFields:     slices.Clone(t.RedactFields),

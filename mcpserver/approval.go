@@ -239,7 +239,7 @@ func (b *bridge) resume(ctx context.Context, req *mcp.CallToolRequest, c caller)
 	}
 	if st.Seq > 0 {
 		q := questionMark{st.Attempt, st.Seq}
-		if err := b.answerFrom(ctx, req.Params.InputResponses, rs, q, st.Key, who); err != nil {
+		if err := b.answerFrom(ctx, req.Params.InputResponses, rs, st.Seq-max(st.N, 1)+1, st.Seq, who, false); err != nil {
 			return nil, err
 		}
 		return b.follow(ctx, req, rs, who, true, q)
@@ -274,7 +274,11 @@ func (b *bridge) approvalState(req *mcp.CallToolRequest, c caller, run string) s
 	return b.states.seal(stateClaims{Run: run, Owner: c.owner, Req: requestHash(req.Params)})
 }
 
-// questionState is the sealed requestState of question q of run's call.
-func (b *bridge) questionState(req *mcp.CallToolRequest, c caller, run string, q toolbus.ToolQuestion) string {
-	return b.states.seal(stateClaims{Run: run, Owner: c.owner, Req: requestHash(req.Params), Attempt: q.Attempt, Seq: q.Seq, Key: inputKey(q)})
+// questionState is the sealed requestState of the n questions of run's call asked
+// together up to m (one: n is 1; key is the first's input key).
+func (b *bridge) questionState(req *mcp.CallToolRequest, c caller, run string, m questionMark, n int, key string) string {
+	if n == 1 {
+		n = 0
+	}
+	return b.states.seal(stateClaims{Run: run, Owner: c.owner, Req: requestHash(req.Params), Attempt: m.attempt, Seq: m.seq, N: n, Key: key})
 }

@@ -37,30 +37,14 @@ func (b *bridge) follow(ctx context.Context, req *mcp.CallToolRequest, rs *toolb
 	caps, asTask := req.ClientCapabilities(), takesTasks(req)
 	c := callerOfExtra(req.Extra, b.cfg.Principal)
 	var answer *mcp.CallToolResult
-	missing := false // a 2026-07-28 request that cannot answer the tool's question
+	k := &asking{b: b, req: req, rs: rs, c: c, bus: bus, asTask: asTask, mark: asked}
 	own := callrun.NewOwn()
 	v := audit.Visitor{
 		ToolProgress: b.progressForwarder(ctx, req, run, own, &answer),
 		ToolLog:      b.logForwarder(ctx, req, run, own, &answer),
 		ToolQuestion: func(_ events.StoredEvent, q toolbus.ToolQuestion) {
-			if answer != nil || !own.Is(q.Step, q.CallID, q.Tool) || !asked.after(q) {
-				return
-			}
-			asked = questionMark{q.Attempt, q.Seq}
-			if given(req, q) {
-				// The host sent the answer with its request, under the question's key.
-				if err := b.answerFrom(ctx, req.Params.InputResponses, rs, asked, q.Key, who); err != nil {
-					b.cfg.Logger.Warn("mcp: the answer sent with the request was not published", "run_id", run, "error", err)
-				}
-				return
-			}
-			if canElicit(caps) {
-				answer = askQuestion(q, b.questionState(req, c, run, q))
-				return
-			}
-			b.cannotAsk(ctx, bus, q, who)
-			if req.ProtocolVersion() >= Protocol2026 && !asTask {
-				missing = true
+			if answer == nil && own.Is(q.Step, q.CallID, q.Tool) {
+				answer = k.visit(ctx, q)
 			}
 		},
 		ToolFinished: func(_ events.StoredEvent, tf toolbus.ToolFinished) {
@@ -89,8 +73,8 @@ func (b *bridge) follow(ctx context.Context, req *mcp.CallToolRequest, rs *toolb
 	}
 	taskAt := time.Now().Add(b.taskAfter(rs))
 	for answer == nil {
-		if missing {
-			return nil, missingElicitation()
+		if k.missing != "" {
+			return nil, missingCapability(k.missing)
 		}
 		wait := time.Second
 		if asTask {
@@ -161,7 +145,7 @@ func given(req *mcp.CallToolRequest, q toolbus.ToolQuestion) bool {
 	if q.Key == "" || req.Params.RequestState != "" {
 		return false
 	}
-	_, ok := req.Params.InputResponses[q.Key].(*mcp.ElicitResult)
+	_, ok := req.Params.InputResponses[q.Key]
 	return ok
 }
 
@@ -169,7 +153,7 @@ func given(req *mcp.CallToolRequest, q toolbus.ToolQuestion) bool {
 // answered with one: at once for a long-running tool (its contract's heartbeat_timeout:
 // the tools MCP calls task-supporting), else TaskAfter.
 func (b *bridge) taskAfter(rs *toolbus.RunStarted) time.Duration {
-	if tc, ok := b.cat.Lookup(rs.Calls[0].Tool); ok && tc.HeartbeatTimeout > 0 {
+	if tc, ok := b.cat.Lookup(rs.Calls[0].Tool); ok && (tc.HeartbeatTimeout > 0 || tc.TaskRequired) {
 		return 0
 	}
 	return b.cfg.TaskAfter

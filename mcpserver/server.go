@@ -230,6 +230,10 @@ func (b *bridge) call(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallT
 		// Another team's tool is as unknown to this token as a tool nobody serves.
 		return errorResult(fmt.Sprintf("unknown tool %q: no executor serves it", name)), nil
 	}
+	if tc.TaskRequired && !takesTasks(req) {
+		// A tool that needs a task is not called for a host that cannot take one.
+		return nil, missingTasks()
+	}
 	args := strings.TrimSpace(string(req.Params.Arguments))
 	if args == "" || args == "null" {
 		args = "{}"

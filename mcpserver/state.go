@@ -50,7 +50,9 @@ type stateClaims struct {
 	Attempt int    `json:"a,omitempty"`
 	Seq     int    `json:"s,omitempty"`
 	Key     string `json:"k,omitempty"` // the input request's key
-	Exp     int64  `json:"exp"`         // Unix seconds
+	// N: the questions Seq-N+1 to Seq were asked together (0: Seq alone).
+	N   int   `json:"n,omitempty"`
+	Exp int64 `json:"exp"` // Unix seconds
 }
 
 // ReadStateKey reads the state key of the door's deployment from path (its content,

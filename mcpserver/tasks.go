@@ -213,7 +213,13 @@ func (b *bridge) taskView(ctx context.Context, rs *toolbus.RunStarted, caps *mcp
 		v.Visit(ev)
 	}
 	t.LastUpdatedAt = last.UTC().Format(time.RFC3339Nano)
-	q, asking := openQuestion(evs)
+	open := openQuestions(evs)
+	var askable []toolbus.ToolQuestion
+	for _, q := range open {
+		if _, ok := questionCapability(caps, q); ok {
+			askable = append(askable, q)
+		}
+	}
 	switch {
 	case ended != nil && ended.Status == toolbus.RunCancelled, finished != nil && finished.Status == toolbus.StatusCancelled:
 		t.Status, t.StatusMessage = TaskCancelled, cancelled
@@ -228,11 +234,11 @@ func (b *bridge) taskView(ctx context.Context, rs *toolbus.RunStarted, caps *mcp
 	case ended != nil:
 		t.Status = TaskCompleted
 		t.Result = errorResult(fmt.Sprintf("run %s ended %s before the call answered: %s %s", rs.RunID, ended.Status, ended.Code, ended.Reason))
-	case asking && canElicit(caps):
+	case len(askable) > 0:
 		t.Status, t.StatusMessage = TaskInputRequired, "waits for an answer"
-		t.InputRequests = askQuestion(q, "").InputRequests
-	case asking:
-		t.StatusMessage = "waits for an answer: " + decide.AnswerCommand(q)
+		t.InputRequests = askQuestions(askable, "").InputRequests
+	case len(open) > 0:
+		t.StatusMessage = "waits for an answer: " + decide.AnswerCommand(open[0])
 	case waiting && !b.cfg.CLIApprovalsOnly && canElicit(caps):
 		t.Status, t.StatusMessage = TaskInputRequired, "waits for approval"
 		t.InputRequests = mcp.InputRequestMap{ApprovalKey: approvalRequest(rs, "")}
@@ -267,8 +273,7 @@ func (b *bridge) addTaskMethods() error {
 // caller's. It returns the task's run.started and the caller.
 func (b *bridge) taskRun(ctx context.Context, p *TaskParams) (*toolbus.RunStarted, string, error) {
 	if p == nil || !declaresTasks(p.Meta) {
-		data, _ := json.Marshal(map[string]any{"requiredCapabilities": map[string]any{"extensions": map[string]any{ExtTasks: map[string]any{}}}})
-		return nil, "", &jsonrpc.Error{Code: mcp.CodeMissingRequiredClientCapabilities, Message: "Missing required client capability", Data: data}
+		return nil, "", missingTasks()
 	}
 	c, _ := ctx.Value(callerKey{}).(caller)
 	rs, err := b.ownRun(ctx, p.TaskID, c)
@@ -283,11 +288,7 @@ func (b *bridge) getTask(ctx context.Context, _ *mcp.ServerSession, p *TaskParam
 	if err != nil {
 		return nil, err
 	}
-	var caps *mcp.ClientCapabilities
-	if raw, err := json.Marshal(p.Meta[mcp.MetaKeyClientCapabilities]); err == nil {
-		_ = json.Unmarshal(raw, &caps) //nolint:errcheck // none: no form
-	}
-	t, err := b.taskView(ctx, rs, caps)
+	t, err := b.taskView(ctx, rs, capsOf(p.Meta))
 	if err != nil {
 		return nil, err
 	}
@@ -329,12 +330,16 @@ func (b *bridge) answerTask(ctx context.Context, rs *toolbus.RunStarted, who str
 	if err != nil {
 		return fmt.Errorf("mcp: task %s: %w", rs.RunID, err)
 	}
-	q, asking := openQuestion(evs)
-	res, ok := elicitResponse(responses, inputKey(q))
-	if !asking || !ok {
+	open, given := openQuestions(evs), mcp.InputResponseMap{}
+	for _, q := range open {
+		if res, ok := inputResponse(responses[inputKey(q)]); ok {
+			given[inputKey(q)] = res
+		}
+	}
+	if len(given) == 0 {
 		return nil
 	}
-	return b.answerFrom(ctx, mcp.InputResponseMap{inputKey(q): res}, rs, questionMark{q.Attempt, q.Seq}, inputKey(q), who)
+	return b.answerFrom(ctx, given, rs, open[0].Seq, open[len(open)-1].Seq, who, true)
 }
 
 // cancelTask cancels the task's run (run.cancel, by the caller): its call is cancelled

@@ -43,6 +43,9 @@ func (w *Worker) asker(req toolbus.ToolRequested, attempt int, lv leaseView) exe
 		seq++
 		n := seq
 		mu.Unlock()
+		if q.Seq > 0 { // the executor numbers its questions (AskAll asks several at once)
+			n = q.Seq
+		}
 		if !lv.valid() {
 			return executor.Answer{}, fmt.Errorf("executor: question not asked: %w", errLeaseLost)
 		}
@@ -68,8 +71,7 @@ func (w *Worker) asker(req toolbus.ToolRequested, attempt int, lv leaseView) exe
 		if prev, asked := qs.Asked(k); asked {
 			log.Info("call asks a question asked before (it ran again): waiting for its answer, not asked again", "asked_by_attempt", prev.Attempt)
 		} else {
-			tq := toolbus.ToolQuestion{RunID: req.RunID, Step: req.Step, CallID: req.Call.CallID, Tool: req.Call.Tool,
-				Attempt: attempt, Seq: n, Message: q.Message, Schema: q.Schema, Key: q.Key}
+			tq := questionEvent(req, attempt, n, q)
 			pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 			_, err = w.bus.PublishEvent(pctx, events.ToolQuestionEvent(w.source, tq))
 			cancel()
@@ -131,4 +133,11 @@ func (w *Worker) awaitAnswer(ctx context.Context, sub *nats.Subscription, qs *de
 // answerOf is the tool's view of an answer.
 func answerOf(a toolbus.ToolAnswer) executor.Answer {
 	return executor.Answer{Action: a.Action, Content: a.Content, Reason: a.Reason, Who: a.Who}
+}
+
+// questionEvent is the tool.question of q, the call's question seq of this attempt.
+func questionEvent(req toolbus.ToolRequested, attempt, seq int, q executor.Question) toolbus.ToolQuestion {
+	return toolbus.ToolQuestion{RunID: req.RunID, Step: req.Step, CallID: req.Call.CallID, Tool: req.Call.Tool,
+		Attempt: attempt, Seq: seq, Message: q.Message, Schema: q.Schema, Key: q.Key,
+		Method: q.Method, Params: q.Params, Batch: q.Batch, BatchSize: q.BatchSize}
 }

@@ -40,8 +40,7 @@ func (w *Worker) askThroughCore(ctx context.Context, req toolbus.ToolRequested, 
 		return answerOf(*st.Answer), nil
 	}
 	if !st.Asked {
-		tq := toolbus.ToolQuestion{RunID: req.RunID, Step: req.Step, CallID: req.Call.CallID, Tool: req.Call.Tool,
-			Attempt: attempt, Seq: k.Seq, Message: q.Message, Schema: q.Schema, Key: q.Key}
+		tq := questionEvent(req, attempt, k.Seq, q)
 		pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		_, err = w.bus.PublishEvent(pctx, events.ToolQuestionEvent(w.source, tq))
 		cancel()

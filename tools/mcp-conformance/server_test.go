@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
 	"github.com/toolbus/toolbus/events/provision"
@@ -157,6 +158,11 @@ func startDoor(t *testing.T) string {
 	if err := fixtures.Register(reg); err != nil {
 		t.Fatal(err)
 	}
+	if err := fixtures.RegisterTrigger(reg, func(ctx context.Context, c toolbus.ToolContract) error {
+		return bus.Store().PublishTool(ctx, c, true)
+	}); err != nil {
+		t.Fatal(err)
+	}
 	roles := testutil.NewGroup(t, ctx)
 	wc := func(instance string) events.WorkerConfig {
 		return events.WorkerConfig{Instance: instance, Logger: log, Grace: time.Second}
@@ -185,7 +191,8 @@ func startDoor(t *testing.T) string {
 
 	// A call of a tool that is not long-running becomes a task after a second (the
 	// tasks-mrtr-composition scenario's tool works for three after its question).
-	ms, err := mcpserver.New(ctx, bus, mcpserver.Config{Source: "/mcp-conformance", Principal: "suite", Version: "test", Logger: log, TaskAfter: time.Second})
+	ms, err := mcpserver.New(ctx, bus, mcpserver.Config{Source: "/mcp-conformance", Principal: "suite", Version: "test", Logger: log, TaskAfter: time.Second,
+		Refresh: 100 * time.Millisecond}) // a changed tool list reaches a listening host at once
 	if err != nil {
 		t.Fatal(err)
 	}

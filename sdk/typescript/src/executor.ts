@@ -82,6 +82,8 @@ export interface Tool<A = any> {
   timeoutMS?: number;
   /** A long-running tool: a call that reports no progress for this long is timed out. */
   heartbeatTimeoutMS?: number;
+  /** A call must be answered as a task: the MCP door refuses it to a host without tasks. */
+  taskRequired?: boolean;
   /** The bound of what the model reads (default TOOLBUS_MAX_OUTPUT_BYTES; at least 256). */
   maxOutputBytes?: number;
   /** Calls of the tool run at once in this process (0: no bound but the executor's). */
@@ -131,6 +133,7 @@ function contractOf(t: Tool, s: Settings, input: object, output?: object): ToolC
   if (output) c.output_schema = output;
   if (t.needsApproval) c.needs_approval = true;
   if (t.heartbeatTimeoutMS) c.heartbeat_timeout = Math.round(t.heartbeatTimeoutMS * NS);
+  if (t.taskRequired) c.task_required = true;
   if (t.maxConcurrency) c.max_concurrency = t.maxConcurrency;
   if (t.redactFields?.length) c.redact_fields = t.redactFields;
   if (s.team) c.owner = s.team;

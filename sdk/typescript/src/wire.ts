@@ -154,6 +154,7 @@ export interface ToolContract {
   needs_approval?: boolean;
   timeout?: number;
   heartbeat_timeout?: number;
+  task_required?: boolean;
   max_output_bytes?: number;
   max_concurrency?: number;
   redact_fields?: string[];
