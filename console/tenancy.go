@@ -265,17 +265,9 @@ const consoleMaxStreamRuns = 10000
 // mayDecide answers 403 (and false) when the request's viewer may not decide a call of
 // tool in run.
 func (c *server) mayDecide(w http.ResponseWriter, r *http.Request, run, tool string) bool {
-	v := viewerOf(r)
-	if !c.policyAllows(w, r, v, run) {
-		return false
-	}
-	if !v.restricted {
-		return true
-	}
-	principal, err := c.principalOf(r.Context(), run)
-	if err != nil {
-		c.fail(w, err)
-		return false
+	v, principal, ok := c.actor(w, r, run)
+	if !ok || !v.restricted {
+		return ok
 	}
 	owners, err := c.owners(r.Context())
 	if err != nil {
@@ -283,6 +275,31 @@ func (c *server) mayDecide(w http.ResponseWriter, r *http.Request, run, tool str
 		return false
 	}
 	ok, why := v.mayDecide(principal, tool, owners[tool])
+	return refuse(w, ok, why)
+}
+
+// actor is what every act on run (a decision, a cancel) checks first: the decision
+// policy (policyAllows), then, for a restricted viewer, the run's principal, on which
+// its rights hang. ok is false when the request is answered already (refused, failed).
+func (c *server) actor(w http.ResponseWriter, r *http.Request, run string) (v viewer, principal string, ok bool) {
+	v = viewerOf(r)
+	if !c.policyAllows(w, r, v, run) {
+		return v, "", false
+	}
+	if !v.restricted {
+		return v, "", true
+	}
+	principal, err := c.principalOf(r.Context(), run)
+	if err != nil {
+		c.fail(w, err)
+		return v, "", false
+	}
+	return v, principal, true
+}
+
+// refuse answers 403 with why when a restricted viewer may not act (ok false), and
+// passes ok on.
+func refuse(w http.ResponseWriter, ok bool, why string) bool {
 	if !ok {
 		http.Error(w, fmt.Sprintf("%v: %s", errHidden, why), http.StatusForbidden)
 	}
@@ -313,21 +330,10 @@ func (c *server) policyAllows(w http.ResponseWriter, r *http.Request, v viewer, 
 
 // mayCancel answers 403 (and false) when the request's viewer may not cancel run.
 func (c *server) mayCancel(w http.ResponseWriter, r *http.Request, run string) bool {
-	v := viewerOf(r)
-	if !c.policyAllows(w, r, v, run) {
-		return false
-	}
-	if !v.restricted {
-		return true
-	}
-	principal, err := c.principalOf(r.Context(), run)
-	if err != nil {
-		c.fail(w, err)
-		return false
+	v, principal, ok := c.actor(w, r, run)
+	if !ok || !v.restricted {
+		return ok
 	}
 	ok, why := v.mayCancel(principal)
-	if !ok {
-		http.Error(w, fmt.Sprintf("%v: %s", errHidden, why), http.StatusForbidden)
-	}
-	return ok
+	return refuse(w, ok, why)
 }

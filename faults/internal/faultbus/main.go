@@ -43,6 +43,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/toolbus/toolbus"
+	"github.com/toolbus/toolbus/connect"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/executor/packs"
@@ -117,19 +118,10 @@ func main() {
 }
 
 func run(ctx context.Context, cfg config, role string, log *slog.Logger) error {
-	opts := []nats.Option{
-		nats.Name("faultbus " + cfg.Instance),
-		nats.MaxReconnects(-1),
-		nats.ReconnectWait(250 * time.Millisecond),
-		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
-			if err != nil {
-				log.Warn("nats disconnected", "error", err)
-			}
-		}),
-		nats.ReconnectHandler(func(nc *nats.Conn) { log.Info("nats reconnected", "url", nc.ConnectedUrl()) }),
-	}
-	if cfg.Creds != "" {
-		opts = append(opts, nats.UserCredentials(cfg.Creds))
+	// The roles' own connection: reconnecting forever, its events logged (package connect).
+	opts, err := connect.Options{Creds: cfg.Creds}.NATSOptions("faultbus "+cfg.Instance, log)
+	if err != nil {
+		return err
 	}
 	if cfg.KillAfter != "" {
 		opts = append(opts, nats.SetCustomDialer(&killDialer{log: log, after: []byte(cfg.KillAfter), skip: []byte(cfg.KillSkip)}))
