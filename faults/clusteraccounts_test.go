@@ -122,18 +122,12 @@ func TestFaultClusterAccountsResolver(t *testing.T) {
 // own credentials; alice starts runs that call both teams' tools. n3 (no core role on
 // it) is killed -9 with runs in flight: they complete, each call once (counted by side
 // effect), and beta's credentials reach nothing of alpha's calls; then the node leading
-// the event stream is killed with runs in flight, with the same outcome.
-//
-// It does not pass yet, so it runs only with TOOLBUS_FAULTS_R3_TEAMS=1: a team's
-// executor reads the core's buckets by direct gets (its catalog entry, its claims, its
-// instances), which a replicated bucket does not serve (provision turns them off so
-// that the core reads from the leader), so on R3 nothing answers them ("no responders")
-// and the executor never publishes its contract.
+// the event stream is killed with runs in flight, with the same outcome. A team's
+// executor reads its catalog entry, claims and instances by direct gets, which a
+// replicated bucket does not serve (provision turns them off so that reads go to the
+// leader): it reads them through the core's read service (events.TeamReadPrefix).
 func TestFaultClusterAccountsRuns(t *testing.T) {
 	suite(t)
-	if os.Getenv("TOOLBUS_FAULTS_R3_TEAMS") != "1" {
-		t.Skip("a team's executor on R3 buckets finds no direct get (known gap): TOOLBUS_FAULTS_R3_TEAMS=1 runs it")
-	}
 	start := time.Now()
 	c := newClusterAccounts(t)
 	e := c.env
