@@ -3,6 +3,7 @@ package reads_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -21,7 +22,9 @@ import (
 // alpha asking for team beta's tool's entry, or for its own secrets, reaches nothing
 // (the core exports neither to it), and the service refuses any other subject even from
 // inside the core: another team's instance record, the secrets, a wildcard. CONTROL:
-// beta reads its own entry the same way, and alpha's own keys are found.
+// beta reads its own entry the same way, and alpha's own keys are found. Once the
+// catalog bucket serves no direct gets (as a replicated one), alpha's executor bus
+// still reads its entry: through the service.
 func TestTeamReadsOnlyItsKeys(t *testing.T) {
 	srv := eventstest.StartTenants(t, map[string][]string{"alpha": {"calc"}, "beta": {"web"}}, nil)
 	core := eventstest.Connect(t, srv, "core")
@@ -102,6 +105,32 @@ func TestTeamReadsOnlyItsKeys(t *testing.T) {
 	}
 	if m, err := get(core, events.TeamReadSubject("alpha", "KV_"+store.BucketInstances, "$KV."+store.BucketInstances+".alpha.a1")); err != nil || string(m.Data) != `{"name":"a1"}` {
 		t.Errorf("CONTROL: the core asking alpha's own instance: %v %v", err, m)
+	}
+	// The catalog bucket stops serving direct gets, as a replicated one does: nothing
+	// answers alpha's direct get any more, and alpha's executor bus still reads its
+	// entry (through the read service).
+	st, err := js.Stream(ctx, "KV_"+store.BucketTools)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := st.CachedInfo().Config
+	cfg.AllowDirect = false
+	if _, err := js.UpdateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	eventstest.Eventually(t, 30*time.Second, func() error {
+		if _, err := get(alpha, accountsDirect(store.BucketTools, "calc")); !errors.Is(err, nats.ErrNoResponders) {
+			return fmt.Errorf("the direct get is still answered: %v", err)
+		}
+		return nil
+	})
+	team, err := events.Open(ctx, alpha, events.Config{APIPrefix: "JS.core.API"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tc, err := team.Store().Contract(ctx, "calc")
+	if err != nil || tc.Name != "calc" {
+		t.Errorf("alpha's executor reading its entry with no direct gets served: %+v %v", tc, err)
 	}
 }
 
