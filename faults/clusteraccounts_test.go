@@ -93,8 +93,10 @@ func TestFaultClusterAccountsResolver(t *testing.T) {
 	start := time.Now()
 	c := newClusterAccounts(t)
 	n1, n3 := c.nodes[0], c.nodes[2]
+	// A pull of the tool's queue that waits for nothing (requestOn): a team imports no
+	// consumer info, only its queues' pulls and acks.
 	queueInfo := func(tool string) string {
-		return "JS.core.API.CONSUMER.INFO." + events.QueueStreamName(events.DefaultStream) + "." + events.ToolConsumer(tool)
+		return "JS.core.API.CONSUMER.MSG.NEXT." + events.QueueStreamName(events.DefaultStream) + "." + events.ToolConsumer(tool)
 	}
 	n3.proc.kill()
 	out := c.admin("grant", "alpha", "append_c", "-push")
@@ -247,14 +249,15 @@ func reachesOn(e *env, n *natsNode, creds, subject string, d time.Duration) {
 }
 
 // requestOn sends one request on subject with creds, connected to node n alone, and
-// returns an error unless it is answered without a JetStream error.
+// returns an error unless it is answered without a JetStream error. Its body asks a pull
+// for one message without waiting: an empty queue answers at once (404, no messages).
 func requestOn(n *natsNode, creds, subject string) error {
 	nc, err := nats.Connect(n.url(), nats.UserCredentials(creds), nats.Timeout(time.Second), nats.NoReconnect())
 	if err != nil {
 		return err
 	}
 	defer nc.Close()
-	m, err := nc.Request(subject, nil, 2*time.Second)
+	m, err := nc.Request(subject, []byte(`{"batch":1,"no_wait":true}`), 2*time.Second)
 	if err != nil {
 		return err
 	}
