@@ -37,7 +37,9 @@ func openTeam(nc *nats.Conn, cfg Config) (*Bus, error) {
 	b.perms.SetHint(GrantHint)
 	b.stream = &teamStream{js: js, nc: nc, name: cfg.Stream, prefix: cfg.APIPrefix}
 	b.reader = b.stream
-	kv := func(bucket string) jetstream.KeyValue { return store.NewDirectKV(js, nc, cfg.APIPrefix, bucket) }
+	kv := func(bucket string) jetstream.KeyValue {
+		return store.NewTeamKV(js, nc, cfg.APIPrefix, TeamReadLocal("KV_"+bucket, "$KV."+bucket+"."), bucket)
+	}
 	b.state = store.New(store.Buckets{
 		History: kv(store.BucketHistory), Runs: kv(store.BucketRuns), Tools: kv(store.BucketTools),
 		Approvals: kv(store.BucketApprovals), Claims: kv(store.BucketClaims), Instances: kv(store.BucketInstances),
@@ -99,11 +101,15 @@ func (s *teamStream) GetMsg(_ context.Context, seq uint64, _ ...jetstream.GetMsg
 // answering the first, it asks the mirror (the core exports the last result of the
 // team's tools there too), so that a take-over finds a result stored before it instead
 // of going by the claim's done mark alone. The mirror copies within moments, and a
-// take-over comes an instance TTL after the result.
+// take-over comes an instance TTL after the result. Replicated, neither serves them, and
+// the core's read service answers from the stream's leader (TeamReadLocal).
 func (s *teamStream) GetLastMsgForSubject(ctx context.Context, subject string) (*jetstream.RawStreamMsg, error) {
 	m, err := store.DirectGet(ctx, s.nc, s.prefix+".DIRECT.GET."+s.name+"."+subject)
 	if errors.Is(err, nats.ErrNoResponders) {
 		m, err = store.DirectGet(ctx, s.nc, s.prefix+".DIRECT.GET."+ReadMirrorName(s.name)+"."+subject)
+	}
+	if errors.Is(err, nats.ErrNoResponders) {
+		m, err = store.DirectGet(ctx, s.nc, TeamReadLocal(s.name, subject))
 	}
 	if err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
 		return nil, fmt.Errorf("events: %w", err)

@@ -93,8 +93,10 @@ func TestFaultClusterAccountsResolver(t *testing.T) {
 	start := time.Now()
 	c := newClusterAccounts(t)
 	n1, n3 := c.nodes[0], c.nodes[2]
+	// A pull of the tool's queue that waits for nothing (requestOn): a team imports no
+	// consumer info, only its queues' pulls and acks.
 	queueInfo := func(tool string) string {
-		return "JS.core.API.CONSUMER.INFO." + events.QueueStreamName(events.DefaultStream) + "." + events.ToolConsumer(tool)
+		return "JS.core.API.CONSUMER.MSG.NEXT." + events.QueueStreamName(events.DefaultStream) + "." + events.ToolConsumer(tool)
 	}
 	n3.proc.kill()
 	out := c.admin("grant", "alpha", "append_c", "-push")
@@ -122,18 +124,12 @@ func TestFaultClusterAccountsResolver(t *testing.T) {
 // own credentials; alice starts runs that call both teams' tools. n3 (no core role on
 // it) is killed -9 with runs in flight: they complete, each call once (counted by side
 // effect), and beta's credentials reach nothing of alpha's calls; then the node leading
-// the event stream is killed with runs in flight, with the same outcome.
-//
-// It does not pass yet, so it runs only with TOOLBUS_FAULTS_R3_TEAMS=1: a team's
-// executor reads the core's buckets by direct gets (its catalog entry, its claims, its
-// instances), which a replicated bucket does not serve (provision turns them off so
-// that the core reads from the leader), so on R3 nothing answers them ("no responders")
-// and the executor never publishes its contract.
+// the event stream is killed with runs in flight, with the same outcome. A team's
+// executor reads its catalog entry, claims and instances by direct gets, which a
+// replicated bucket does not serve (provision turns them off so that reads go to the
+// leader): it reads them through the core's read service (events.TeamReadPrefix).
 func TestFaultClusterAccountsRuns(t *testing.T) {
 	suite(t)
-	if os.Getenv("TOOLBUS_FAULTS_R3_TEAMS") != "1" {
-		t.Skip("a team's executor on R3 buckets finds no direct get (known gap): TOOLBUS_FAULTS_R3_TEAMS=1 runs it")
-	}
 	start := time.Now()
 	c := newClusterAccounts(t)
 	e := c.env
@@ -253,14 +249,15 @@ func reachesOn(e *env, n *natsNode, creds, subject string, d time.Duration) {
 }
 
 // requestOn sends one request on subject with creds, connected to node n alone, and
-// returns an error unless it is answered without a JetStream error.
+// returns an error unless it is answered without a JetStream error. Its body asks a pull
+// for one message without waiting: an empty queue answers at once (404, no messages).
 func requestOn(n *natsNode, creds, subject string) error {
 	nc, err := nats.Connect(n.url(), nats.UserCredentials(creds), nats.Timeout(time.Second), nats.NoReconnect())
 	if err != nil {
 		return err
 	}
 	defer nc.Close()
-	m, err := nc.Request(subject, nil, 2*time.Second)
+	m, err := nc.Request(subject, []byte(`{"batch":1,"no_wait":true}`), 2*time.Second)
 	if err != nil {
 		return err
 	}

@@ -79,11 +79,16 @@ func (s *Service) Serve(ctx context.Context) error {
 		}
 		subs = append(subs, sub)
 	}
-	sub, err := nc.QueueSubscribe(events.FollowServicePrefix+".*.*", events.ReadQueue, func(m *nats.Msg) { s.dispatchFollow(ctx, m) })
-	if err != nil {
-		return fmt.Errorf("reads: subscribe %s: %w", events.FollowServicePrefix, err)
+	for subject, handle := range map[string]func(*nats.Msg){
+		events.FollowServicePrefix + ".*.*": func(m *nats.Msg) { s.dispatchFollow(ctx, m) },
+		events.TeamReadPrefix + ".*.>":      func(m *nats.Msg) { s.dispatchTeam(ctx, m) },
+	} {
+		sub, err := nc.QueueSubscribe(subject, events.ReadQueue, handle)
+		if err != nil {
+			return fmt.Errorf("reads: subscribe %s: %w", subject, err)
+		}
+		subs = append(subs, sub)
 	}
-	subs = append(subs, sub)
 	if err := nc.Flush(); err != nil {
 		return fmt.Errorf("reads: subscribe: %w", err)
 	}

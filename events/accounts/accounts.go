@@ -146,7 +146,14 @@ func TeamExports(team string, tools []string) []Crossing {
 	direct := func(stream, s string) Crossing {
 		return api(jsAPI+".DIRECT.GET."+stream+"."+s, Target{Kind: ForDirect, Name: stream})
 	}
-	directGet := func(bucket, key string) Crossing { return direct("KV_"+bucket, kvSubject(bucket, key)) }
+	// Each get is also offered through the core's read service, which answers it from
+	// the leader where the stream serves no direct gets (replicated: events.TeamReadPrefix).
+	teamRead := func(stream, s string) Crossing {
+		return Crossing{Subject: events.TeamReadSubject(team, stream, s), Local: events.TeamReadLocal(stream, s), For: Target{Kind: ForReads}}
+	}
+	directGet := func(bucket, key string) []Crossing {
+		return []Crossing{direct("KV_"+bucket, kvSubject(bucket, key)), teamRead("KV_"+bucket, kvSubject(bucket, key))}
+	}
 	var out []Crossing
 	for _, tool := range tools {
 		durable, tok := events.ToolConsumer(tool), events.ToolToken(tool)
@@ -170,13 +177,16 @@ func TeamExports(team string, tools []string) []Crossing {
 			write(kvSubject(store.BucketClaims, tok+".>")),
 			write(kvSubject(store.BucketOutputs, tok+".>")),
 			write(kvSubject(store.BucketTools, tok)),
-			directGet(store.BucketClaims, tok+".>"),
-			directGet(store.BucketTools, tok),
+		)
+		out = append(out, directGet(store.BucketClaims, tok+".>")...)
+		out = append(out, directGet(store.BucketTools, tok)...)
+		out = append(out,
 			// The last result of the tool in a run (subject form only): a take-over
 			// checks that the call it takes is not done; on the read mirror too, which
 			// serves the direct gets when there is one (the stream then serves none).
 			direct(stream, events.SubjectToolFinished("*", tool)),
 			direct(events.ReadMirrorName(stream), events.SubjectToolFinished("*", tool)),
+			teamRead(stream, events.SubjectToolFinished("*", tool)),
 			Crossing{Subject: events.FilterToolRequestedFor(tool), Stream: true},
 		)
 		// The tool's events as the core stores them (a service of the team's follows
@@ -196,12 +206,12 @@ func TeamExports(team string, tools []string) []Crossing {
 			Crossing{Subject: events.ToolQuestionSubject(tool), For: Target{Kind: ForReads}},
 		)
 	}
+	out = append(out, write(kvSubject(store.BucketInstances, team+".>")))
+	out = append(out, directGet(store.BucketInstances, team+".>")...)
 	return append(out,
-		write(kvSubject(store.BucketInstances, team+".>")),
-		directGet(store.BucketInstances, team+".>"),
 		// The team's shared secrets (OAuth tokens of its MCP servers, store.SecretKey).
 		write(kvSubject(store.BucketSecrets, team+".>")),
-		directGet(store.BucketSecrets, team+".>"))
+		direct("KV_"+store.BucketSecrets, kvSubject(store.BucketSecrets, team+".>")))
 }
 
 // ClientAccount is the name of a client's account: CLIENT_<client> in the config kinds,

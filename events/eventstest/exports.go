@@ -140,7 +140,8 @@ func SubscriptionOwner(subject, account, domain string) (_ accounts.Target, ok b
 		return accounts.Target{Kind: accounts.ForAPI}, true
 	case subject == events.WriteServicePrefix+".>":
 		return accounts.Target{Kind: accounts.ForWrites}, true
-	case subject == events.ReadServicePrefix+".*.>", subject == events.ToolReadPrefix+".*.question", subject == events.FollowServicePrefix+".*.*":
+	case subject == events.ReadServicePrefix+".*.>", subject == events.ToolReadPrefix+".*.question", subject == events.FollowServicePrefix+".*.*",
+		subject == events.TeamReadPrefix+".*.>":
 		return accounts.Target{Kind: accounts.ForReads}, true
 	}
 	return accounts.Target{}, false

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -31,6 +32,17 @@ func NewDirectKV(js jetstream.JetStream, nc *nats.Conn, apiPrefix, bucket string
 	return &directKV{js: js, nc: nc, bucket: bucket, get: apiPrefix + ".DIRECT.GET.KV_" + bucket + ".$KV." + bucket + "."}
 }
 
+// NewTeamKV is NewDirectKV for an executor in a team account, with the subject prefix
+// of the core's read service for the bucket's keys (events.TeamReadLocal of the
+// bucket's stream and "$KV.<bucket>."): a replicated bucket serves no direct gets
+// (nothing answers them), and the read service answers the same get from the leader.
+// The handle asks where the last answer came from first.
+func NewTeamKV(js jetstream.JetStream, nc *nats.Conn, apiPrefix, leader, bucket string) jetstream.KeyValue {
+	kv := NewDirectKV(js, nc, apiPrefix, bucket).(*directKV)
+	kv.leader = leader
+	return kv
+}
+
 // ErrDirectOnly is returned by the methods a NewDirectKV handle does not offer.
 var ErrDirectOnly = errors.New("store: not available through exported keys (team account)")
 
@@ -40,6 +52,10 @@ type directKV struct {
 	nc     *nats.Conn
 	bucket string
 	get    string
+	// leader is NewTeamKV's read service prefix ("" for none); viaLeader is set while
+	// the direct gets go unanswered.
+	leader    string
+	viaLeader atomic.Bool
 }
 
 func (kv *directKV) Bucket() string { return kv.bucket }
@@ -59,7 +75,7 @@ func (kv *directKV) Get(ctx context.Context, key string) (jetstream.KeyValueEntr
 
 // last reads the last message of key, delete and purge markers included.
 func (kv *directKV) last(ctx context.Context, key string) (*directEntry, error) {
-	m, err := DirectGet(ctx, kv.nc, kv.get+key)
+	m, err := kv.getLast(ctx, key)
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		return nil, jetstream.ErrKeyNotFound
 	}
@@ -74,6 +90,24 @@ func (kv *directKV) last(ctx context.Context, key string) (*directEntry, error) 
 		e.op = jetstream.KeyValuePurge
 	}
 	return e, nil
+}
+
+// getLast reads the last message of key by a direct get or, with a read service
+// (NewTeamKV), from it when nobody answers the direct get, or the other way round.
+func (kv *directKV) getLast(ctx context.Context, key string) (*jetstream.RawStreamMsg, error) {
+	if kv.leader == "" {
+		return DirectGet(ctx, kv.nc, kv.get+key)
+	}
+	first, second := kv.get, kv.leader
+	if kv.viaLeader.Load() {
+		first, second = second, first
+	}
+	m, err := DirectGet(ctx, kv.nc, first+key)
+	if !errors.Is(err, nats.ErrNoResponders) {
+		return m, err
+	}
+	kv.viaLeader.Store(first == kv.get)
+	return DirectGet(ctx, kv.nc, second+key)
 }
 
 // DirectGet makes a direct get in its subject form (<api prefix>.DIRECT.GET.<stream>.<subject>,

@@ -26,7 +26,14 @@ import (
 // why. A dropped tool is asked about in its turn too: once its queue answers again (the
 // tool was granted again) the worker offers it again, with no restart; its consume
 // loop, which kept trying, pulls again by itself.
+//
+// On a cluster a queue also answers "no responders" while its consumer elects a leader
+// (a node killed: only the leader subscribes the pulls), for seconds; a tool is dropped
+// only when its queue keeps answering so for reachConfirm more probes reachEvery/2 apart.
 var reachEvery = 10 * time.Second
+
+// reachConfirm is how many more probes must find the queue gone before a tool is dropped.
+const reachConfirm = 4
 
 // watchReach runs the reach check until ctx ends or stop is called.
 func (w *Worker) watchReach(ctx context.Context) (stop func()) {
@@ -61,19 +68,37 @@ func (w *Worker) watchReach(ctx context.Context) (stop func()) {
 	}
 }
 
-// checkReach asks the server about tool's queue and drops or restores the tool.
-func (w *Worker) checkReach(ctx context.Context, tool string) {
+// probe asks the server about tool's queue once.
+func (w *Worker) probe(ctx context.Context, tool string) error {
 	ictx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	var err error
+	defer cancel()
 	if w.bus.TeamAccount() {
-		err = w.bus.ProbeQueue(ictx, tool) // a team may not ask the consumer's info
-	} else {
-		_, err = w.bus.QueueStream().Consumer(ictx, events.ToolConsumer(tool))
+		return w.bus.ProbeQueue(ictx, tool) // a team may not ask the consumer's info
 	}
-	cancel()
-	gone := errors.Is(err, nats.ErrNoResponders) || errors.Is(err, events.ErrQueueUnreachable)
+	_, err := w.bus.QueueStream().Consumer(ictx, events.ToolConsumer(tool))
+	return err
+}
+
+// queueGone reports whether err of a probe says nothing answers the queue.
+func (w *Worker) queueGone(err error) bool {
+	return errors.Is(err, nats.ErrNoResponders) || errors.Is(err, events.ErrQueueUnreachable)
+}
+
+// checkReach asks the server about tool's queue and drops (confirmed: reachConfirm) or
+// restores the tool.
+func (w *Worker) checkReach(ctx context.Context, tool string) {
+	err := w.probe(ctx, tool)
+	gone := w.queueGone(err)
 	if !gone && err != nil {
 		return // a slow server, a queue being created: not the credentials
+	}
+	for i := 0; gone && w.serves(tool) && i < reachConfirm; i++ {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(reachEvery / 2):
+		}
+		gone = w.queueGone(w.probe(ctx, tool))
 	}
 	w.smu.Lock()
 	dropped := slices.Contains(w.unreachable, tool)

@@ -557,8 +557,8 @@ func TestTeamExports(t *testing.T) {
 		tools []string
 	}{{"alpha", []string{"calc"}}, {"beta", []string{"search", "web"}}, {"gamma", nil}} {
 		got := natsjwt.TeamExports(tc.team, tc.tools)
-		if len(got) != 23*len(tc.tools)+4 {
-			t.Errorf("%s: %d crossings, want 23 per tool and 4 per team", tc.team, len(got))
+		if len(got) != 26*len(tc.tools)+5 {
+			t.Errorf("%s: %d crossings, want 26 per tool and 5 per team", tc.team, len(got))
 		}
 		for _, c := range got {
 			names := 0
@@ -573,9 +573,10 @@ func TestTeamExports(t *testing.T) {
 				}
 			}
 			// A direct get names its key twice: in the API subject and the key's subject;
-			// a write names its team in the write service's subject, then the subject's
-			// tool or team.
-			twice := strings.Contains(c.Subject, "DIRECT.GET") || strings.HasPrefix(c.Subject, events.TeamWriteSubject(tc.team, ""))
+			// a write and a team read name the team in the service's subject, then the
+			// subject's tool or team.
+			twice := strings.Contains(c.Subject, "DIRECT.GET") || strings.HasPrefix(c.Subject, events.TeamWriteSubject(tc.team, "")) ||
+				strings.HasPrefix(c.Subject, events.TeamReadPrefix+"."+tc.team+".")
 			if names != 1 && !(twice && names == 2) {
 				t.Errorf("%s: %s names its tools or team %d times", tc.team, c.Subject, names)
 			}
@@ -585,9 +586,9 @@ func TestTeamExports(t *testing.T) {
 		}
 	}
 	core := natsjwt.CoreExports()
-	// 23 per tool, 4 per team, 7 per client identity.
-	if len(core) != 34 {
-		t.Errorf("the core exports %d subjects, want 34", len(core))
+	// 26 per tool, 5 per team, 7 per client identity.
+	if len(core) != 38 {
+		t.Errorf("the core exports %d subjects, want 38", len(core))
 	}
 	for _, c := range core {
 		if strings.Contains(c.Subject, "any-") || c.Local != "" {

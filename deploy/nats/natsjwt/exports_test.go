@@ -106,7 +106,7 @@ func holdEverything(t *testing.T, ctx context.Context, d *accountsDeployment) {
 	t.Cleanup(func() { _ = w.Stop() })
 	eventstest.Eventually(t, 30*time.Second, func() error {
 		subs := eventstest.Subscriptions(t, d.srv, coreName(d))
-		for _, want := range []string{events.WriteServicePrefix + ".>", events.ReadServicePrefix + ".*.>", events.ToolReadPrefix + ".*.question", events.FollowServicePrefix + ".*.*", "$JS.FC."} {
+		for _, want := range []string{events.WriteServicePrefix + ".>", events.ReadServicePrefix + ".*.>", events.ToolReadPrefix + ".*.question", events.FollowServicePrefix + ".*.*", events.TeamReadPrefix + ".*.>", "$JS.FC."} {
 			if !slices.ContainsFunc(subs, func(s string) bool { return strings.HasPrefix(s, want) }) {
 				return fmt.Errorf("the core holds no subscription %s yet", want)
 			}

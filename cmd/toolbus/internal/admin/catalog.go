@@ -24,41 +24,27 @@ import (
 // that team with -push puts the entry back.
 const WithdrawnDir = "withdrawn"
 
-// catalogMoves are the tools a team lost and gained between two grants.
-func catalogMoves(before, after natsjwt.Grants) (lost, gained map[string]string) {
-	lost, gained = map[string]string{}, map[string]string{}
-	for team, tools := range before.Teams {
-		for _, tool := range tools {
-			if !slices.Contains(after.Teams[team], tool) {
-				lost[tool] = team
-			}
-		}
-	}
-	for team, tools := range after.Teams {
-		for _, tool := range tools {
-			if !slices.Contains(before.Teams[team], tool) {
-				gained[tool] = team
-			}
-		}
-	}
-	return lost, gained
-}
-
-// syncCatalog brings the core's tool catalog in line with a pushed edit, as the core
-// decides, not as the team's executors say: a tool taken from a team (revoke,
-// remove-team) leaves the catalog at once, so that `toolbus tools` no longer lists it
-// and no model is offered it, while that team's running executors, whose instance
-// records still name it, can no longer write its entry (their account lost the import);
-// its entry is kept in WithdrawnDir. A tool granted again to the team its kept entry
-// names goes back. It writes with the deployment's admin.creds (the core's
-// administrator) and only for teams whose account the servers took (p); a failure is
-// reported, never fatal: the grants are applied.
+// syncCatalog brings the core's tool catalog in line with the grants the servers took,
+// as the core decides, not as the team's executors say: an entry whose owner is a team
+// of the deployment that the grants no longer give it (revoke, remove-team; with -push,
+// or a push after edits made without it, or after a sync that failed) leaves the
+// catalog at once, so that `toolbus tools` no longer lists it and no model is offered
+// it, while that team's running executors, whose instance records still name it, can no
+// longer write its entry (their account lost the import); its entry is kept in
+// WithdrawnDir. A tool granted again to the team its kept entry names goes back. Only
+// the teams whose account the servers took (p) are looked at (before names the teams
+// an edit removed). It writes with the deployment's admin.creds (the core's
+// administrator); a failure is reported, never fatal: the grants are applied.
 func (d *deployment) syncCatalog(ctx context.Context, url string, before natsjwt.Grants, p pushed, stdout io.Writer) {
-	lost, gained := catalogMoves(before, d.grants)
-	took := func(team string) bool { return p.took["account team-"+team] }
-	maps.DeleteFunc(lost, func(_, team string) bool { return !took(team) })
-	maps.DeleteFunc(gained, func(_, team string) bool { return !took(team) })
-	if len(lost)+len(gained) == 0 {
+	teams := map[string]bool{}
+	for _, g := range []natsjwt.Grants{before, d.grants} {
+		for team := range g.Teams {
+			if p.took["account team-"+team] {
+				teams[team] = true
+			}
+		}
+	}
+	if len(teams) == 0 {
 		return
 	}
 	warn := func(err error) {
@@ -80,6 +66,10 @@ func (d *deployment) syncCatalog(ctx context.Context, url string, before natsjwt
 		warn(err)
 		return
 	}
+	lost, err := d.ungranted(ctx, kv, teams)
+	if err != nil {
+		warn(err)
+	}
 	for _, tool := range slices.Sorted(maps.Keys(lost)) {
 		if err := d.withdraw(ctx, kv, tool); err != nil {
 			warn(err)
@@ -87,14 +77,42 @@ func (d *deployment) syncCatalog(ctx context.Context, url string, before natsjwt
 		}
 		fmt.Fprintf(stdout, "catalog: %s taken out (team %s): no longer listed or offered to models; a grant to %s with -push puts it back\n", tool, lost[tool], lost[tool])
 	}
-	for _, tool := range slices.Sorted(maps.Keys(gained)) {
-		back, err := d.restore(ctx, kv, tool, gained[tool])
-		if err != nil {
-			warn(err)
-		} else if back {
-			fmt.Fprintf(stdout, "catalog: %s put back (team %s)\n", tool, gained[tool])
+	for _, team := range slices.Sorted(maps.Keys(teams)) {
+		for _, tool := range d.grants.Teams[team] {
+			back, err := d.restore(ctx, kv, tool, team)
+			if err != nil {
+				warn(err)
+			} else if back {
+				fmt.Fprintf(stdout, "catalog: %s put back (team %s)\n", tool, team)
+			}
 		}
 	}
+}
+
+// ungranted are the catalog's tools, each with its owner, whose owner is one of teams
+// and whose grants do not give it the tool.
+func (d *deployment) ungranted(ctx context.Context, kv jetstream.KeyValue, teams map[string]bool) (map[string]string, error) {
+	out := map[string]string{}
+	keys, err := kv.ListKeys(ctx)
+	if err != nil {
+		return out, fmt.Errorf("list the catalog: %w", err)
+	}
+	var errs []error
+	for tool := range keys.Keys() {
+		e, err := kv.Get(ctx, tool)
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			continue
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("read %s: %w", tool, err))
+			continue
+		}
+		var c toolbus.ToolContract
+		if json.Unmarshal(e.Value(), &c) == nil && teams[c.Owner] && !slices.Contains(d.grants.Teams[c.Owner], tool) {
+			out[tool] = c.Owner
+		}
+	}
+	return out, errors.Join(errs...)
 }
 
 // withdraw moves tool's catalog entry, if any, into WithdrawnDir.

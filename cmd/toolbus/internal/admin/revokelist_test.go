@@ -1,0 +1,91 @@
+package admin
+
+import (
+	"context"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/toolbus/toolbus"
+	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/accounts"
+	"github.com/toolbus/toolbus/events/eventstest"
+	"github.com/toolbus/toolbus/events/provision"
+	"github.com/toolbus/toolbus/events/store"
+	"github.com/toolbus/toolbus/callrun"
+)
+
+// TestRevokedToolLeavesTheListingAtOnce: on a live deployment (the generated credentials,
+// the server of auth-jwt.conf), team beta's executor credentials publish beta's tools
+// and an instance record serving them. A tool revoked with -push, and one revoked
+// without it and pushed later with `toolbus admin push`, are gone from the FIRST
+// `toolbus tools` listing (callrun.ToolRows on admin.creds) and from the tools offered to
+// models (the catalog the planner reads) once the command returns: the grants the
+// servers took decide, not the executors' records, which still name both tools.
+// CONTROL: alpha's tool and beta's tool still granted stay listed and offered, and a
+// grant with -push puts the revoked tool back in the first listing after it.
+func TestRevokedToolLeavesTheListingAtOnce(t *testing.T) {
+	ctx := eventstest.Context(t, 2*time.Minute)
+	l := newLiveAdmin(t, ctx)
+	l.adm("", "init")
+	l.adm("", "add-team", "alpha", "calc")
+	l.adm("", "add-team", "beta", "web", "search", "fetch")
+	srv, _ := l.serve(provision.WithTools([]string{"calc", "web", "search", "fetch"}, 30*time.Second, 10))
+	url := srv.ClientURL()
+	core, err := events.Open(ctx, l.must("admin.creds"), events.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for team, tools := range map[string][]string{"alpha": {"calc"}, "beta": {"web", "search", "fetch"}} {
+		bus, err := events.Open(ctx, l.must("executor-"+team+".creds"), events.Config{APIPrefix: accounts.CoreAPIPrefix})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, tool := range tools {
+			if err := bus.Store().PublishTool(ctx, toolbus.ToolContract{Name: tool, Description: tool, Owner: team}, false); err != nil {
+				t.Fatalf("%s publishing %s: %v", team, tool, err)
+			}
+		}
+		now := time.Now().UTC()
+		if _, err := bus.Store().PutInstance(ctx, store.Instance{Team: team, Name: team + "-1", Boot: "b", Tools: tools,
+			Concurrency: 1, StartedAt: now, HeartbeatAt: now}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	listed := func() (rows, offered []string) {
+		t.Helper()
+		rs, err := callrun.ToolRows(ctx, core)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range rs {
+			rows = append(rows, r.Name)
+		}
+		cctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		tcs, err := core.OfferedTools(cctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, tc := range tcs {
+			offered = append(offered, tc.Name)
+		}
+		return rows, offered
+	}
+	check := func(when string, want ...string) {
+		t.Helper()
+		rows, offered := listed()
+		slices.Sort(want)
+		if !slices.Equal(rows, want) || !slices.Equal(offered, want) {
+			t.Errorf("%s: toolbus tools lists %v, models are offered %v; want %v", when, rows, offered, want)
+		}
+	}
+	check("before any revocation", "calc", "fetch", "search", "web")
+	l.adm(url, "revoke", "beta", "web", "-push")
+	check("the first listing after revoke beta web -push", "calc", "fetch", "search")
+	l.adm("", "revoke", "beta", "search")
+	l.adm(url, "push")
+	check("the first listing after revoke beta search, then push", "calc", "fetch")
+	l.adm(url, "grant", "beta", "web", "-push")
+	check("the first listing after grant beta web -push", "calc", "fetch", "web")
+}
