@@ -27,6 +27,7 @@ type toolQueue struct {
 	inFlight map[string]int     // tenant -> released, not finished
 	waiting  int                // released, no executor claimed it yet
 	capped   map[string]bool    // tenants held by their cap (logged once per episode)
+	pace     pace               // the rate its calls start (window.go)
 }
 
 func newToolQueue() *toolQueue {

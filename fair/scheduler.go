@@ -45,6 +45,7 @@ type Scheduler struct {
 	calls    map[string]*call // claim key -> released call, not finished
 	order    []uint64         // staged sequences not yet released and stored, in order
 	stored   map[uint64]bool  // released and stored, above the low-water mark
+	rtt      rtt              // a release's round trip (window.go)
 	lastSeen uint64           // the last staged sequence read
 	// replaying holds the calls read again at a restart until all are read.
 	replaying bool
@@ -222,11 +223,15 @@ const maxLookahead = 32
 
 // lookahead is how many released calls of the tool may wait for an executor: the
 // configured minimum, or as many as its executors run (one round of their slots), which
-// keeps busy executors fed between a claim and the next release.
+// keeps busy executors fed between a claim and the next release; with the pace window
+// (window.go) no more than one release cycle's calls at the rate they start.
 func (s *Scheduler) lookahead(q *toolQueue) int {
 	running := -q.waiting
 	for _, n := range q.inFlight {
 		running += n
+	}
+	if s.pol.window == windowPace {
+		running = min(running, paceWindow(q.pace.rate(time.Now()), s.rtt.seconds))
 	}
 	return max(s.pol.lookahead, min(running, maxLookahead))
 }
@@ -257,6 +262,7 @@ func (s *Scheduler) release(c *call) {
 	msg.Header.Set(events.FairStagedHeader, seq)
 	msg.Header.Set(events.FairLowHeader, strconv.FormatUint(s.low(), 10))
 	msg.Data = c.data
+	sent := time.Now()
 	f, err := s.js.PublishMsgAsync(msg)
 	if err != nil {
 		s.failed(c, err)
@@ -266,6 +272,7 @@ func (s *Scheduler) release(c *call) {
 		select {
 		case <-f.Ok():
 			s.mu.Lock()
+			s.rtt.add(time.Since(sent))
 			s.stored[c.seq] = true
 			s.advance()
 			s.mu.Unlock()

@@ -142,6 +142,8 @@ func SubscriptionOwner(subject, account, domain string) (_ accounts.Target, ok b
 		return accounts.Target{Kind: accounts.ForWrites}, true
 	case subject == events.ReadServicePrefix+".*.>", subject == events.ToolReadPrefix+".*.question", subject == events.FollowServicePrefix+".*.*":
 		return accounts.Target{Kind: accounts.ForReads}, true
+	case subject == events.FairHeldPrefix+".*.*":
+		return accounts.Target{Kind: accounts.ForFair}, true
 	}
 	return accounts.Target{}, false
 }
