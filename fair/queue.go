@@ -107,6 +107,23 @@ type Held struct {
 	// calls are held by it rather than by the others' shares.
 	Cap   int  `json:"cap,omitempty"`
 	AtCap bool `json:"at_cap"`
+	// Calls are the claim keys (store.ClaimKey) of the tenant's queued calls in the
+	// order it releases them (at most maxHeldCalls): a call's position in line.
+	Calls []string `json:"calls,omitempty"`
+}
+
+// maxHeldCalls bounds Held.Calls (the answer stays one small message).
+const maxHeldCalls = 256
+
+// Position is the place in line (1 first) of the call with claim key, 0 when the
+// scheduler does not hold it.
+func (h Held) Position(key string) int {
+	for i, k := range h.Calls {
+		if k == key {
+			return i + 1
+		}
+	}
+	return 0
 }
 
 // Reason says why a tenant's calls of tool wait, in the words `toolbus call` prints.
@@ -121,7 +138,11 @@ func (q *toolQueue) heldState(p policy, tool string) []Held {
 	var out []Held
 	limit := p.capOf(tool)
 	for _, t := range q.tenants() {
-		out = append(out, Held{Tenant: t, Queued: len(q.held[t]), InFlight: q.inFlight[t], Cap: limit, AtCap: limit > 0 && q.inFlight[t] >= limit})
+		h := Held{Tenant: t, Queued: len(q.held[t]), InFlight: q.inFlight[t], Cap: limit, AtCap: limit > 0 && q.inFlight[t] >= limit}
+		for _, c := range q.held[t][:min(len(q.held[t]), maxHeldCalls)] {
+			h.Calls = append(h.Calls, c.key)
+		}
+		out = append(out, h)
 	}
 	return out
 }

@@ -20,6 +20,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/kelseyhightower/envconfig"
 	"github.com/nats-io/nats.go"
 
 	"github.com/toolbus/toolbus"
@@ -654,7 +655,12 @@ func newBenchStack(ctx context.Context, srv *embedded.Server, set setup, k, step
 	runW(p.Run)
 	runW(in.Run)
 	if set.fair {
-		fs, err := fair.New(ctx, st.bus, fair.Shares{}, log)
+		// The scheduler's settings (TOOLBUS_FAIR_*) as the injector reads them.
+		var shares fair.Shares
+		if err := envconfig.Process("TOOLBUS", &shares); err != nil {
+			return fail(err)
+		}
+		fs, err := fair.New(ctx, st.bus, shares, log)
 		if err != nil {
 			return fail(err)
 		}
