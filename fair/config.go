@@ -27,7 +27,7 @@ type Shares struct {
 	// for one release cycle at the rate the tool's calls start, or "running", as many as
 	// the tool's executors run (up to 32).
 	Window    string `envconfig:"FAIR_WINDOW" default:"pace" desc:"fair share: the release window beyond TOOLBUS_FAIR_LOOKAHEAD: pace (what one release cycle needs at the rate calls start) or running (as many as the executors run, up to 32)"`
-	Lookahead int    `envconfig:"FAIR_LOOKAHEAD" default:"2" desc:"fair share: calls of a tool released to its executors beyond those they run, at least (the scheduler allows as many as they run, up to 32): what a quiet tenant's call may wait behind"`
+	Lookahead int    `envconfig:"FAIR_LOOKAHEAD" default:"2" desc:"fair share: calls of a tool released to its executors beyond those they run, at least (TOOLBUS_FAIR_WINDOW says how many more): what a quiet tenant's call may wait behind"`
 }
 
 // policy is a parsed Shares.

@@ -51,13 +51,20 @@ func (q *toolQueue) unhold(c *call) {
 // pick takes the next call to release, or nil: first a tenant under its guaranteed
 // minimum (the furthest below it), then the tenant with the lowest pass (weighted round
 // robin); a tenant at its cap is skipped. Ties go by name, so the order is reproducible.
-func (q *toolQueue) pick(p policy, tool string) *call {
+//
+// With idleOnly (the release window is full) only a tenant with no call of the tool in
+// flight is picked: its first call goes at once, one past the window, instead of waiting
+// for room behind a busy tenant's releases (window.go).
+func (q *toolQueue) pick(p policy, tool string, idleOnly bool) *call {
 	limit := p.capOf(tool)
 	best, bestMin := "", false
 	var bestKey float64
 	for _, t := range q.tenants() {
 		if limit > 0 && q.inFlight[t] >= limit {
 			q.capped[t] = true
+			continue
+		}
+		if idleOnly && q.inFlight[t] > 0 {
 			continue
 		}
 		q.capped[t] = false

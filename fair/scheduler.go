@@ -197,14 +197,19 @@ func (s *Scheduler) toolQueue(tool string) *toolQueue {
 }
 
 // dispatch releases the tool's next calls while fewer than the lookahead wait for an
-// executor. Called with s.mu held.
+// executor, and, with the pace window, the first call of a tenant with none in flight
+// even when they do (pick's idleOnly). Called with s.mu held.
 func (s *Scheduler) dispatch(tool string, q *toolQueue) {
-	for q.waiting < s.lookahead(q) {
+	for {
+		full := q.waiting >= s.lookahead(q)
+		if full && s.pol.window != windowPace {
+			return
+		}
 		was := map[string]bool{}
 		for t, v := range q.capped {
 			was[t] = v
 		}
-		c := q.pick(s.pol, tool)
+		c := q.pick(s.pol, tool, full)
 		for t, v := range q.capped {
 			if v && !was[t] {
 				s.log.Info("tenant at its cap: its calls are queued", "tool", tool, "tenant", t, "in_flight", q.inFlight[t], "cap", s.pol.capOf(tool))
