@@ -104,8 +104,8 @@ func (q *toolQueue) tenants() []string {
 	return ts
 }
 
-// Held is what a tenant has of one tool at the scheduler: the answer on
-// events.FairHeldSubject.
+// Held is what a tenant has of one tool at the scheduler, queued or released and not
+// finished: the answer on events.FairHeldSubject.
 type Held struct {
 	Tenant   string `json:"tenant"`
 	Queued   int    `json:"queued"`
@@ -144,7 +144,14 @@ func (h Held) Reason(tool string) string {
 func (q *toolQueue) heldState(p policy, tool string) []Held {
 	var out []Held
 	limit := p.capOf(tool)
-	for _, t := range q.tenants() {
+	tenants := q.tenants()
+	for t := range q.inFlight {
+		if len(q.held[t]) == 0 {
+			tenants = append(tenants, t)
+		}
+	}
+	sort.Strings(tenants)
+	for _, t := range tenants {
 		h := Held{Tenant: t, Queued: len(q.held[t]), InFlight: q.inFlight[t], Cap: limit, AtCap: limit > 0 && q.inFlight[t] >= limit}
 		for _, c := range q.held[t][:min(len(q.held[t]), maxHeldCalls)] {
 			h.Calls = append(h.Calls, c.key)

@@ -26,7 +26,7 @@ func fairHeld(ctx context.Context, bus *events.Bus, tool, principal string) stri
 	}
 	line := ""
 	for _, h := range held {
-		if principal == "" || h.Tenant == principal {
+		if h.Queued > 0 && (principal == "" || h.Tenant == principal) {
 			line += "; " + h.Reason(tool)
 		}
 	}
