@@ -3,6 +3,7 @@ package fair
 import (
 	"fmt"
 	"sort"
+	"time"
 
 	"github.com/nats-io/nats.go"
 )
@@ -16,7 +17,8 @@ type call struct {
 	hdr    nats.Header
 	data   []byte
 
-	started bool // an executor claimed it
+	started  bool      // an executor claimed it
+	released time.Time // when it was released
 }
 
 // toolQueue is one tool's calls: held per tenant, and released but not finished.

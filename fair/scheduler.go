@@ -236,7 +236,7 @@ func (s *Scheduler) lookahead(q *toolQueue) int {
 		running += n
 	}
 	if s.pol.window == windowPace {
-		running = min(running, paceWindow(q.pace.rate(time.Now()), s.rtt.seconds))
+		running = min(running, paceWindow(q.pace.rate(time.Now()), q.pace.cycle, s.rtt.seconds))
 	}
 	return max(s.pol.lookahead, min(running, maxLookahead))
 }
@@ -268,6 +268,7 @@ func (s *Scheduler) release(c *call) {
 	msg.Header.Set(events.FairLowHeader, strconv.FormatUint(s.low(), 10))
 	msg.Data = c.data
 	sent := time.Now()
+	c.released = sent
 	f, err := s.js.PublishMsgAsync(msg)
 	if err != nil {
 		s.failed(c, err)

@@ -57,7 +57,7 @@ func (s *Scheduler) claimed(m *nats.Msg) {
 		c.started = true
 		q := s.toolQueue(c.tool)
 		q.waiting--
-		q.pace.claimed(time.Now())
+		q.pace.claimed(time.Now(), c.released)
 		s.signal()
 	}
 }
