@@ -20,7 +20,6 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/kelseyhightower/envconfig"
 	"github.com/nats-io/nats.go"
 
 	"github.com/toolbus/toolbus"
@@ -32,7 +31,6 @@ import (
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/executor/packs"
 	"github.com/toolbus/toolbus/executor/worker"
-	"github.com/toolbus/toolbus/fair"
 	"github.com/toolbus/toolbus/injector"
 	"github.com/toolbus/toolbus/planner"
 )
@@ -655,12 +653,7 @@ func newBenchStack(ctx context.Context, srv *embedded.Server, set setup, k, step
 	runW(p.Run)
 	runW(in.Run)
 	if set.fair {
-		// The scheduler's settings (TOOLBUS_FAIR_*) as the injector reads them.
-		var shares fair.Shares
-		if err := envconfig.Process("TOOLBUS", &shares); err != nil {
-			return fail(err)
-		}
-		fs, err := fair.New(ctx, st.bus, shares, log)
+		fs, err := newFair(ctx, st.bus, log)
 		if err != nil {
 			return fail(err)
 		}

@@ -3,15 +3,28 @@ package bench
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/kelseyhightower/envconfig"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/store"
+	"github.com/toolbus/toolbus/fair"
 )
+
+// newFair is the scheduler of the -fair rows, with the settings (TOOLBUS_FAIR_*) the
+// injector reads.
+func newFair(ctx context.Context, bus *events.Bus, log *slog.Logger) (*fair.Scheduler, error) {
+	var shares fair.Shares
+	if err := envconfig.Process("TOOLBUS", &shares); err != nil {
+		return nil, err
+	}
+	return fair.New(ctx, bus, shares, log)
+}
 
 // FairSplit is where a quiet call's schedule-to-start goes with fair share on, p50s in
 // ms, from the server's store times: its tool.requested to its staged copy (the queue
