@@ -39,6 +39,9 @@ type FairSplit struct {
 
 // fairSplit splits the schedule-to-start of runs (one call each); nil without fair share.
 func (tb *tenantBus) fairSplit(ctx context.Context, runs []string) (*FairSplit, error) {
+	if on, err := fair.Staging(ctx, tb.bus); err != nil || !on {
+		return nil, err
+	}
 	qs, err := tb.bus.JetStream().Stream(ctx, events.QueueStreamName(tb.bus.Config().Stream))
 	if err != nil {
 		return nil, err
