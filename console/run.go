@@ -34,6 +34,9 @@ type consoleCall struct {
 	// Waiting: the call waits for a decision now. Running: it was requested and has no
 	// result yet.
 	Waiting, Running bool
+	// Queued says why the fair scheduler still holds the call (fairheld.go): it
+	// reached no executor yet ("" when it is not held).
+	Queued string
 	// Since is when the current wait or execution started (the page counts from it).
 	Since      time.Time
 	FullOutput string
@@ -205,6 +208,7 @@ func (c *server) steps(ctx context.Context, rep *audit.Report, now time.Time) ([
 		return bar{Left: float64(from) * 100 / float64(span), Width: max(0.5, float64(to-from)*100/float64(span))}
 	}
 	times := timesOf(rep)
+	holds := newFairHolds(c.bus)
 	out := make([]*consoleStep, 0, len(layout))
 	for _, sl := range layout {
 		s := &consoleStep{N: sl.N, Responded: sl.Responded}
@@ -251,6 +255,9 @@ func (c *server) steps(ctx context.Context, rep *audit.Report, now time.Time) ([
 			case cl.Result != nil:
 			case cc.Running:
 				cc.Status = "running"
+				if cc.Queued = holds.queued(ctx, rep.Principal, cl.Tool, rep.RunID, cl.Step, cl.CallID); cc.Queued != "" {
+					cc.Status = "queued"
+				}
 			case cc.Waiting:
 				cc.Status = "waiting"
 			case !active:

@@ -153,6 +153,7 @@ func (c *server) openCalls(ctx context.Context) ([]openCall, bool, error) {
 		active = active[:consoleMaxActiveScan]
 	}
 	var out []openCall
+	holds := newFairHolds(c.bus)
 	for _, st := range active {
 		evs, err := c.hub.runEvents(ctx, c.bus, st.RunID)
 		if err != nil {
@@ -170,6 +171,9 @@ func (c *server) openCalls(ctx context.Context) ([]openCall, bool, error) {
 			switch {
 			case t != nil && t.execStart() >= 0:
 				oc.State, oc.Since = "running", at(t.execStart())
+				if q := holds.queued(ctx, rep.Principal, call.Tool, st.RunID, call.Step, call.CallID); q != "" {
+					oc.State = q
+				}
 			case call.Waited && call.Decision == "":
 				oc.State = "waiting for approval"
 				if t != nil && t.waiting >= 0 {

@@ -35,9 +35,19 @@ const (
 )
 
 // FairHeldSubject is toolbus_fair.held.<tool>: the scheduler answers a request there
-// with the tool's held calls per tenant (fair.Held), which `toolbus call`, `toolbus run`
-// and the console show as the reason a call waits.
+// with the tool's held calls of every tenant (fair.Held), which `toolbus call`, `toolbus run`
+// and the console show as the reason a call waits. Only the core's roles may ask it
+// (deploy/nats/permissions.conf): tenants ask FairHeldForSubject.
 func FairHeldSubject(tool string) string { return FairHeldPrefix + "." + ToolToken(tool) }
+
+// FairHeldForSubject is toolbus_fair.held.<tool>.<identity>: the scheduler answers with
+// that identity's held calls only. The identity is the subject's, which the credentials
+// bind (a bound client may publish only its identities' subjects, a client account
+// imports only its identities'), never the request's body: a tenant learns nothing of
+// who else calls the tool.
+func FairHeldForSubject(tool, identity string) string {
+	return FairHeldSubject(tool) + "." + IdentityToken(identity)
+}
 
 // FairHeldPrefix is the prefix of FairHeldSubject: the scheduler listens on its ".*".
 const FairHeldPrefix = "toolbus_fair.held"

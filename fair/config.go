@@ -23,7 +23,11 @@ type Shares struct {
 	// enough that a free executor finds one at once. The scheduler allows as many as the
 	// tool's executors run (up to maxLookahead), so a quiet tenant's call waits behind
 	// about one round of the executors' slots, never a backlog.
-	Lookahead int `envconfig:"FAIR_LOOKAHEAD" default:"2" desc:"fair share: calls of a tool released to its executors beyond those they run, at least (the scheduler allows as many as they run, up to 32): what a quiet tenant's call may wait behind"`
+	// Window is how the lookahead grows beyond its minimum (window.go): "pace", calls
+	// for one release cycle at the rate the tool's calls start, or "running", as many as
+	// the tool's executors run (up to 32).
+	Window    string `envconfig:"FAIR_WINDOW" default:"pace" desc:"fair share: the release window beyond TOOLBUS_FAIR_LOOKAHEAD: pace (what one release cycle needs at the rate calls start) or running (as many as the executors run, up to 32)"`
+	Lookahead int    `envconfig:"FAIR_LOOKAHEAD" default:"2" desc:"fair share: calls of a tool released to its executors beyond those they run, at least (TOOLBUS_FAIR_WINDOW says how many more): what a quiet tenant's call may wait behind"`
 }
 
 // policy is a parsed Shares.
@@ -33,12 +37,20 @@ type policy struct {
 	cap       int
 	caps      map[string]int
 	lookahead int
+	window    string
 }
 
 func (c Shares) parse() (policy, error) {
 	p := policy{weights: map[string]float64{}, minimum: map[string]int{}, caps: map[string]int{}, cap: c.Cap, lookahead: c.Lookahead}
 	if p.lookahead <= 0 {
 		p.lookahead = 2
+	}
+	switch p.window = c.Window; p.window {
+	case "":
+		p.window = windowPace
+	case windowPace, windowRunning:
+	default:
+		return p, fmt.Errorf("fair: TOOLBUS_FAIR_WINDOW %q is neither %s nor %s", c.Window, windowPace, windowRunning)
 	}
 	if p.cap < 0 {
 		return p, fmt.Errorf("fair: TOOLBUS_FAIR_CAP %d is negative", p.cap)

@@ -153,11 +153,11 @@ func (r *rig) held(t *testing.T) map[string]fair.Held {
 	return out
 }
 
-// waitHeld waits until the scheduler holds calls of who (it has read them).
+// waitHeld waits until the scheduler has calls of who, queued or released (it has read them).
 func (r *rig) waitHeld(t *testing.T, who string, queued int) {
 	eventstest.Eventually(t, time.Minute, func() error {
-		if h := r.held(t)[who]; h.Queued < queued {
-			return fmt.Errorf("the scheduler holds %d calls of %s, want %d", h.Queued, who, queued)
+		if h := r.held(t)[who]; h.Queued+h.InFlight < queued {
+			return fmt.Errorf("the scheduler has %d calls of %s, want %d", h.Queued+h.InFlight, who, queued)
 		}
 		return nil
 	})

@@ -3,6 +3,7 @@ package fair
 import (
 	"fmt"
 	"sort"
+	"time"
 
 	"github.com/nats-io/nats.go"
 )
@@ -16,7 +17,8 @@ type call struct {
 	hdr    nats.Header
 	data   []byte
 
-	started bool // an executor claimed it
+	started  bool      // an executor claimed it
+	released time.Time // when it was released
 }
 
 // toolQueue is one tool's calls: held per tenant, and released but not finished.
@@ -27,6 +29,7 @@ type toolQueue struct {
 	inFlight map[string]int     // tenant -> released, not finished
 	waiting  int                // released, no executor claimed it yet
 	capped   map[string]bool    // tenants held by their cap (logged once per episode)
+	pace     pace               // the rate its calls start (window.go)
 }
 
 func newToolQueue() *toolQueue {
@@ -50,13 +53,20 @@ func (q *toolQueue) unhold(c *call) {
 // pick takes the next call to release, or nil: first a tenant under its guaranteed
 // minimum (the furthest below it), then the tenant with the lowest pass (weighted round
 // robin); a tenant at its cap is skipped. Ties go by name, so the order is reproducible.
-func (q *toolQueue) pick(p policy, tool string) *call {
+//
+// With idleOnly (the release window is full) only a tenant with no call of the tool in
+// flight is picked: its first call goes at once, one past the window, instead of waiting
+// for room behind a busy tenant's releases (window.go).
+func (q *toolQueue) pick(p policy, tool string, idleOnly bool) *call {
 	limit := p.capOf(tool)
 	best, bestMin := "", false
 	var bestKey float64
 	for _, t := range q.tenants() {
 		if limit > 0 && q.inFlight[t] >= limit {
 			q.capped[t] = true
+			continue
+		}
+		if idleOnly && q.inFlight[t] > 0 {
 			continue
 		}
 		q.capped[t] = false
@@ -96,8 +106,8 @@ func (q *toolQueue) tenants() []string {
 	return ts
 }
 
-// Held is what a tenant has of one tool at the scheduler: the answer on
-// events.FairHeldSubject.
+// Held is what a tenant has of one tool at the scheduler, queued or released and not
+// finished: the answer on events.FairHeldSubject.
 type Held struct {
 	Tenant   string `json:"tenant"`
 	Queued   int    `json:"queued"`
@@ -106,6 +116,23 @@ type Held struct {
 	// calls are held by it rather than by the others' shares.
 	Cap   int  `json:"cap,omitempty"`
 	AtCap bool `json:"at_cap"`
+	// Calls are the claim keys (store.ClaimKey) of the tenant's queued calls in the
+	// order it releases them (at most maxHeldCalls): a call's position in line.
+	Calls []string `json:"calls,omitempty"`
+}
+
+// maxHeldCalls bounds Held.Calls (the answer stays one small message).
+const maxHeldCalls = 256
+
+// Position is the place in line (1 first) of the call with claim key, 0 when the
+// scheduler does not hold it.
+func (h Held) Position(key string) int {
+	for i, k := range h.Calls {
+		if k == key {
+			return i + 1
+		}
+	}
+	return 0
 }
 
 // Reason says why a tenant's calls of tool wait, in the words `toolbus call` prints.
@@ -119,8 +146,19 @@ func (h Held) Reason(tool string) string {
 func (q *toolQueue) heldState(p policy, tool string) []Held {
 	var out []Held
 	limit := p.capOf(tool)
-	for _, t := range q.tenants() {
-		out = append(out, Held{Tenant: t, Queued: len(q.held[t]), InFlight: q.inFlight[t], Cap: limit, AtCap: limit > 0 && q.inFlight[t] >= limit})
+	tenants := q.tenants()
+	for t := range q.inFlight {
+		if len(q.held[t]) == 0 {
+			tenants = append(tenants, t)
+		}
+	}
+	sort.Strings(tenants)
+	for _, t := range tenants {
+		h := Held{Tenant: t, Queued: len(q.held[t]), InFlight: q.inFlight[t], Cap: limit, AtCap: limit > 0 && q.inFlight[t] >= limit}
+		for _, c := range q.held[t][:min(len(q.held[t]), maxHeldCalls)] {
+			h.Calls = append(h.Calls, c.key)
+		}
+		out = append(out, h)
 	}
 	return out
 }

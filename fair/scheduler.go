@@ -45,6 +45,7 @@ type Scheduler struct {
 	calls    map[string]*call // claim key -> released call, not finished
 	order    []uint64         // staged sequences not yet released and stored, in order
 	stored   map[uint64]bool  // released and stored, above the low-water mark
+	rtt      rtt              // a release's round trip (window.go)
 	lastSeen uint64           // the last staged sequence read
 	// replaying holds the calls read again at a restart until all are read.
 	replaying bool
@@ -196,14 +197,19 @@ func (s *Scheduler) toolQueue(tool string) *toolQueue {
 }
 
 // dispatch releases the tool's next calls while fewer than the lookahead wait for an
-// executor. Called with s.mu held.
+// executor, and, with the pace window, the first call of a tenant with none in flight
+// even when they do (pick's idleOnly). Called with s.mu held.
 func (s *Scheduler) dispatch(tool string, q *toolQueue) {
-	for q.waiting < s.lookahead(q) {
+	for {
+		full := q.waiting >= s.lookahead(q)
+		if full && s.pol.window != windowPace {
+			return
+		}
 		was := map[string]bool{}
 		for t, v := range q.capped {
 			was[t] = v
 		}
-		c := q.pick(s.pol, tool)
+		c := q.pick(s.pol, tool, full)
 		for t, v := range q.capped {
 			if v && !was[t] {
 				s.log.Info("tenant at its cap: its calls are queued", "tool", tool, "tenant", t, "in_flight", q.inFlight[t], "cap", s.pol.capOf(tool))
@@ -222,11 +228,15 @@ const maxLookahead = 32
 
 // lookahead is how many released calls of the tool may wait for an executor: the
 // configured minimum, or as many as its executors run (one round of their slots), which
-// keeps busy executors fed between a claim and the next release.
+// keeps busy executors fed between a claim and the next release; with the pace window
+// (window.go) no more than one release cycle's calls at the rate they start.
 func (s *Scheduler) lookahead(q *toolQueue) int {
 	running := -q.waiting
 	for _, n := range q.inFlight {
 		running += n
+	}
+	if s.pol.window == windowPace {
+		running = min(running, paceWindow(q.pace.rate(time.Now()), q.pace.cycle, s.rtt.seconds))
 	}
 	return max(s.pol.lookahead, min(running, maxLookahead))
 }
@@ -257,6 +267,8 @@ func (s *Scheduler) release(c *call) {
 	msg.Header.Set(events.FairStagedHeader, seq)
 	msg.Header.Set(events.FairLowHeader, strconv.FormatUint(s.low(), 10))
 	msg.Data = c.data
+	sent := time.Now()
+	c.released = sent
 	f, err := s.js.PublishMsgAsync(msg)
 	if err != nil {
 		s.failed(c, err)
@@ -266,6 +278,7 @@ func (s *Scheduler) release(c *call) {
 		select {
 		case <-f.Ok():
 			s.mu.Lock()
+			s.rtt.add(time.Since(sent))
 			s.stored[c.seq] = true
 			s.advance()
 			s.mu.Unlock()

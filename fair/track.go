@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -27,6 +29,7 @@ func (s *Scheduler) listen() ([]*nats.Subscription, error) {
 		claimsPrefix + ">":                          s.claimed,
 		events.SubjectPrefix + ".*.tool.finished.*": s.finishedEvent,
 		events.FairHeldPrefix + ".*":                s.answerHeld,
+		events.FairHeldPrefix + ".*.*":              s.answerHeld,
 	} {
 		sub, err := s.nc.Subscribe(subj, h)
 		if err != nil {
@@ -52,7 +55,9 @@ func (s *Scheduler) claimed(m *nats.Msg) {
 	}
 	if !c.started {
 		c.started = true
-		s.toolQueue(c.tool).waiting--
+		q := s.toolQueue(c.tool)
+		q.waiting--
+		q.pace.claimed(time.Now(), c.released)
 		s.signal()
 	}
 }
@@ -136,15 +141,21 @@ func (s *Scheduler) reconcile(ctx context.Context) {
 	s.dispatchAll()
 }
 
-// answerHeld answers toolbus_fair.held.<tool> with the tool's Held per tenant.
+// answerHeld answers toolbus_fair.held.<tool> with the tool's Held per tenant, and
+// toolbus_fair.held.<tool>.<identity> with that identity's only: who asks is the
+// subject's identity, which the asker's credentials bind (events.FairHeldForSubject).
 func (s *Scheduler) answerHeld(m *nats.Msg) {
-	tool := events.ToolTokenOfSubject(m.Subject)
+	toks := strings.Split(strings.TrimPrefix(m.Subject, events.FairHeldPrefix+"."), ".")
+	tool := toks[0]
 	s.mu.Lock()
 	var held []Held
 	if q := s.tools[tool]; q != nil {
 		held = q.heldState(s.pol, tool)
 	}
 	s.mu.Unlock()
+	if len(toks) == 2 {
+		held = slices.DeleteFunc(held, func(h Held) bool { return events.IdentityToken(h.Tenant) != toks[1] })
+	}
 	b, _ := json.Marshal(held) // plain data
 	_ = m.Respond(b)
 }

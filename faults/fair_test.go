@@ -73,7 +73,9 @@ func TestFaultFairShare(t *testing.T) {
 	held("bob", 12)
 	inj.kill()
 	e.toolbusRole("injector", "injector-b")
-	held("bob", 12) // the new scheduler found the staged calls again
+	// The new scheduler found the staged calls again: all but bob's first, which went at
+	// once (his first call of the tool, past the window) and was released before the kill.
+	held("bob", 11)
 	if err := os.WriteFile(gate, nil, 0o644); err != nil {
 		t.Fatal(err)
 	}

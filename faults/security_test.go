@@ -227,6 +227,7 @@ func TestFaultFairShareAccounts(t *testing.T) {
 		dump()
 		t.Fatalf("no call released by the scheduler: %v", err)
 	}
+	fairHeldProbes(t, url, res)
 }
 
 // securedPipeline starts a NATS server (server: nats-server, or toolbus server) with a

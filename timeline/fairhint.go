@@ -9,10 +9,14 @@ import (
 )
 
 // fairHeld says why the fair scheduler holds the calls of tool of principal (of every
-// tenant when principal is ""), "" when it holds none or no scheduler answers (no fair
-// share, or no right to ask).
+// tenant when principal is "", which only the core's credentials may ask), "" when it
+// holds none or no scheduler answers (no fair share, or no right to ask).
 func fairHeld(ctx context.Context, bus *events.Bus, tool, principal string) string {
-	msg, err := bus.Conn().RequestWithContext(ctx, events.FairHeldSubject(tool), nil)
+	subject := events.FairHeldSubject(tool)
+	if principal != "" {
+		subject = events.FairHeldForSubject(tool, principal)
+	}
+	msg, err := bus.Conn().RequestWithContext(ctx, subject, nil)
 	if err != nil {
 		return ""
 	}
@@ -22,7 +26,7 @@ func fairHeld(ctx context.Context, bus *events.Bus, tool, principal string) stri
 	}
 	line := ""
 	for _, h := range held {
-		if principal == "" || h.Tenant == principal {
+		if h.Queued > 0 && (principal == "" || h.Tenant == principal) {
 			line += "; " + h.Reason(tool)
 		}
 	}

@@ -91,6 +91,9 @@ const (
 	// tool's questions (events.ReadServicePrefix, events.FollowServicePrefix,
 	// events.ToolReadPrefix).
 	ForReads TargetKind = "read service"
+	// ForFair is the fair scheduler's answer of what it holds of one identity
+	// (events.FairHeldForSubject; package fair).
+	ForFair TargetKind = "fair scheduler"
 )
 
 // AckSubjects are the subjects on which a tenant acknowledges the messages of consumer
@@ -243,6 +246,8 @@ func ClientExports(ids []string) []Crossing {
 			// The read service's live follow of the identity's runs, answered by many
 			// messages (a stream response).
 			Crossing{Subject: events.FollowSubject(tok, "*"), Pull: true, For: Target{Kind: ForReads}},
+			// What the fair scheduler holds of the identity's calls of a tool.
+			Crossing{Subject: events.FairHeldPrefix + ".*." + tok, For: Target{Kind: ForFair}},
 		)
 	}
 	return out

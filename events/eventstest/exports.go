@@ -143,6 +143,8 @@ func SubscriptionOwner(subject, account, domain string) (_ accounts.Target, ok b
 	case subject == events.ReadServicePrefix+".*.>", subject == events.ToolReadPrefix+".*.question", subject == events.FollowServicePrefix+".*.*",
 		subject == events.TeamReadPrefix+".*.>":
 		return accounts.Target{Kind: accounts.ForReads}, true
+	case subject == events.FairHeldPrefix+".*.*":
+		return accounts.Target{Kind: accounts.ForFair}, true
 	}
 	return accounts.Target{}, false
 }

@@ -125,17 +125,18 @@ func TestClientPermissions(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, want := range []string{"toolbus.*.run.started.alice", "toolbus.*.run.cancel.alice",
-		"toolbus.*.approval.granted.alice", "toolbus.*.approval.denied.alice", "$JS.API.DIRECT.GET.TOOLBUS.>"} {
+		"toolbus.*.approval.granted.alice", "toolbus.*.approval.denied.alice", "$JS.API.DIRECT.GET.TOOLBUS.>", "toolbus_fair.held.*.alice"} {
 		if !slices.Contains(p.PubAllow, want) {
 			t.Errorf("alice's permissions lack %s", want)
 		}
 	}
 	for _, s := range p.PubAllow {
-		if strings.HasPrefix(s, "toolbus.") && !strings.HasSuffix(s, ".alice") {
+		if (strings.HasPrefix(s, "toolbus.") || strings.HasPrefix(s, "toolbus_fair.")) && !strings.HasSuffix(s, ".alice") {
 			t.Errorf("alice's permissions allow %s: another identity", s)
 		}
 	}
-	if len(p.PubAllow) != len(perms["client"].PubAllow) || !slices.Equal(p.PubDeny, perms["client"].PubDeny) {
+	// The fair scheduler's two subjects (every tenant's, one identity's) become alice's one.
+	if len(p.PubAllow) != len(perms["client"].PubAllow)-1 || !slices.Equal(p.PubDeny, perms["client"].PubDeny) {
 		t.Errorf("alice's permissions are not the client's with the identities narrowed: %d allows, the client has %d", len(p.PubAllow), len(perms["client"].PubAllow))
 	}
 	if _, err := natsjwt.ClientPermissions(perms["planner"], []string{"alice"}); err == nil {

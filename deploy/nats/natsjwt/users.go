@@ -106,14 +106,22 @@ var identitySubjects = []string{
 	events.SubjectPrefix + ".*.tool.answer.*",
 }
 
+// fairHeldAll is CLIENT's subject of what the fair scheduler holds of every tenant
+// (events.FairHeldSubject); a bound client asks only events.FairHeldForSubject.
+const fairHeldAll = events.FairHeldPrefix + ".*"
+
 // ClientPermissions returns the client template (CLIENT) with its identity-bearing
 // subjects allowed only for ids: the server then refuses a run.started for another
 // principal, and an approval or a cancel in another actor's name.
 func ClientPermissions(template Permissions, ids []string) (Permissions, error) {
 	p := Permissions{PubDeny: slices.Clone(template.PubDeny),
 		SubAllow: slices.Clone(template.SubAllow), SubDeny: slices.Clone(template.SubDeny)}
-	found := 0
+	found, fairHeld := 0, false
 	for _, s := range template.PubAllow {
+		if s == fairHeldAll || s == fairHeldAll+".*" {
+			fairHeld = true
+			continue
+		}
 		if !slices.Contains(identitySubjects, s) {
 			p.PubAllow = append(p.PubAllow, s)
 			continue
@@ -125,6 +133,12 @@ func ClientPermissions(template Permissions, ids []string) (Permissions, error) 
 	}
 	if found != len(identitySubjects) {
 		return Permissions{}, fmt.Errorf("natsjwt: CLIENT allows %d of the identity subjects %v: cannot bind it", found, identitySubjects)
+	}
+	// What the fair scheduler holds: of its identities only, never every tenant's.
+	for _, id := range ids {
+		if fairHeld {
+			p.PubAllow = append(p.PubAllow, fairHeldAll+"."+id)
+		}
 	}
 	return p, nil
 }

@@ -31,7 +31,6 @@ import (
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/executor/packs"
 	"github.com/toolbus/toolbus/executor/worker"
-	"github.com/toolbus/toolbus/fair"
 	"github.com/toolbus/toolbus/injector"
 	"github.com/toolbus/toolbus/planner"
 )
@@ -654,7 +653,7 @@ func newBenchStack(ctx context.Context, srv *embedded.Server, set setup, k, step
 	runW(p.Run)
 	runW(in.Run)
 	if set.fair {
-		fs, err := fair.New(ctx, st.bus, fair.Shares{}, log)
+		fs, err := newFair(ctx, st.bus, log)
 		if err != nil {
 			return fail(err)
 		}

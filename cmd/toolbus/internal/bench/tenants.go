@@ -229,6 +229,9 @@ func tenantRow(ctx context.Context, o TenantOptions, k int, progress io.Writer) 
 	if row.QuietFlood, err = tb.measureQuiet(ctx, under); err != nil {
 		return row, err
 	}
+	if row.FairSplit, err = tb.fairSplit(ctx, under); err != nil {
+		return row, err
+	}
 	row.setRatios()
 	return row, nil
 }

@@ -39,6 +39,9 @@ type TenantRow struct {
 	// as they arrive), alone and while the quiet tenant runs.
 	FloodAloneCallsPS  float64 `json:"flood_alone_calls_per_s"`
 	FloodBesideCallsPS float64 `json:"flood_beside_quiet_calls_per_s"`
+	// FairSplit splits the quiet call's schedule-to-start under the flood (fair share
+	// on; nil off).
+	FairSplit *FairSplit `json:"quiet_under_flood_fair_split,omitempty"`
 	// FloodFailed counts the flood's runs that ended otherwise than completed (a start
 	// refused by the quota shows here).
 	FloodFailed int `json:"flood_runs_failed"`
@@ -213,6 +216,10 @@ func PrintTenants(out io.Writer, rep TenantReport) {
 	})
 	tw.Flush()
 	for _, r := range rows {
+		if f := r.FairSplit; f != nil {
+			fmt.Fprintf(out, "K=%d: the quiet call under the flood, p50 ms: requested to staged %.1f, staged to released %.1f, released to claimed %.1f\n",
+				r.FloodK, f.StagedP50MS, f.ReleasedP50MS, f.ClaimedP50MS)
+		}
 		if r.FloodFailed > 0 {
 			fmt.Fprintf(out, "K=%d: %d flood runs did not complete (quota refusals or failures)\n", r.FloodK, r.FloodFailed)
 		}
