@@ -1,0 +1,49 @@
+package trail
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/toolbus/toolbus/audit/checkpoint"
+	"github.com/toolbus/toolbus/events"
+)
+
+// prove attaches to the bundle the latest checkpoint and its events' inclusion proofs
+// (audit/checkpoint). A stream that no longer hashes to its checkpoint is an error
+// (a run removed whole, a rewritten past): the trail cannot be trusted. No checkpoint
+// signed yet leaves the bundle without one, which Verify refuses.
+func prove(ctx context.Context, b *events.Bus, out *Bundle) error {
+	seqs := make([]uint64, len(out.Events))
+	for i, r := range out.Events {
+		seqs[i] = r.Seq
+	}
+	p, err := checkpoint.Prove(ctx, b, seqs)
+	switch {
+	case errors.Is(err, checkpoint.ErrNone):
+		return nil
+	case err != nil:
+		return fmt.Errorf("trail: run %s: %w", out.Run, err)
+	}
+	out.Checkpoint = p
+	return nil
+}
+
+// included checks that every event is a leaf of the bundle's signed checkpoint; it
+// returns the first failure, nil when every event is, and the checkpoint's size.
+func included(b Bundle, evs []*event) (int64, error) {
+	if b.Checkpoint == nil {
+		return 0, &Failure{Index: 0, Seq: evs[0].rec.Seq, ID: evs[0].meta.ID, Check: "checkpoint",
+			Reason: "the bundle holds no signed checkpoint (none was signed yet): a run removed whole or a rewritten past would not be detected"}
+	}
+	c, _, err := b.Checkpoint.Check(b.Keys, b.Stream)
+	if err != nil {
+		return 0, &Failure{Index: 0, Seq: evs[0].rec.Seq, ID: evs[0].meta.ID, Check: "checkpoint", Reason: err.Error()}
+	}
+	for i, e := range evs {
+		if why := b.Checkpoint.Includes(c, e.rec.Seq, checkpoint.LeafHash(e.rec.Header, e.rec.Data)); why != "" {
+			return 0, &Failure{Index: i, Seq: e.rec.Seq, ID: e.meta.ID, Check: "checkpoint", Reason: why}
+		}
+	}
+	return c.Size, nil
+}
