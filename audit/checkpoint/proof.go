@@ -81,7 +81,7 @@ func readTree(ctx context.Context, b *events.Bus, n int64) (*Tree, map[uint64]in
 	if n == 0 {
 		return tree, at, nil
 	}
-	_, err := newReader(b.Conn(), b.Config().Stream).from(ctx, 1, func(seq uint64, h nats.Header, data []byte) bool {
+	_, err := newReader(b).from(ctx, 1, func(seq uint64, h nats.Header, data []byte) bool {
 		if tree.Size() < n {
 			at[seq] = tree.Size()
 			tree.Append(LeafHash(h, data))

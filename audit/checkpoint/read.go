@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+
+	"github.com/toolbus/toolbus/events"
 )
 
 // batchMax is the most messages one batched direct get answers.
@@ -21,8 +23,12 @@ type reader struct {
 	subject string // $JS.API.DIRECT.GET.<stream>
 }
 
-func newReader(nc *nats.Conn, stream string) reader {
-	return reader{nc: nc, subject: "$JS.API.DIRECT.GET." + stream}
+func newReader(b *events.Bus) reader {
+	stream := b.Config().Stream
+	if r := b.Reader(); r != nil && r.CachedInfo() != nil && r.CachedInfo().Config.AllowDirect {
+		stream = r.CachedInfo().Config.Name // the read mirror, where it serves the direct gets
+	}
+	return reader{nc: b.Conn(), subject: "$JS.API.DIRECT.GET." + stream}
 }
 
 // batch reads the messages from sequence from on, at most batchMax, handing each to fn;

@@ -48,7 +48,7 @@ func (s *Service) Run(ctx context.Context) error {
 		}
 		s.past = &c
 	}
-	r := newReader(s.Bus.Conn(), s.Bus.Config().Stream)
+	r := newReader(s.Bus)
 	next, lastSign, warned := uint64(1), time.Now(), false
 	for {
 		last, err := r.from(ctx, next, func(_ uint64, h nats.Header, data []byte) bool {
