@@ -82,7 +82,7 @@ func (s *Service) add(h nats.Header, data []byte) {
 				"size", s.past.Size)
 		}
 	}
-	if isRunEnd(h.Get("ce-type")) {
+	if IsRunEnd(h.Get("ce-type")) {
 		s.due = true
 	}
 }
@@ -108,8 +108,8 @@ func (s *Service) sign(ctx context.Context) {
 	s.signed, s.due = n, false
 }
 
-// isRunEnd reports a run outcome's type.
-func isRunEnd(typ string) bool {
+// IsRunEnd reports a run outcome's type (whose storing triggers a checkpoint).
+func IsRunEnd(typ string) bool {
 	for _, st := range []toolbus.RunStatus{toolbus.RunCompleted, toolbus.RunFailed, toolbus.RunLimitReached, toolbus.RunCancelled} {
 		if typ == events.TypeRunEnded(st) {
 			return true

@@ -4,9 +4,18 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go"
 
 	"github.com/toolbus/toolbus/audit/checkpoint"
 	"github.com/toolbus/toolbus/events"
+)
+
+// How long and how often Collect waits for a checkpoint to cover a run's events.
+const (
+	coverWait = 5 * time.Second
+	coverPoll = 200 * time.Millisecond
 )
 
 // prove attaches to the bundle the latest checkpoint and its events' inclusion proofs
@@ -18,7 +27,18 @@ func prove(ctx context.Context, b *events.Bus, out *Bundle) error {
 	for i, r := range out.Events {
 		seqs[i] = r.Seq
 	}
+	// A run that just ended waits for the checkpoint its end triggers (a few polls of
+	// the core's service), not longer: a run still going is covered at the next interval.
 	p, err := checkpoint.Prove(ctx, b, seqs)
+	ended := len(seqs) > 0 && checkpoint.IsRunEnd(nats.Header(out.Events[len(seqs)-1].Header).Get("ce-type"))
+	for deadline := time.Now().Add(coverWait); ended && err == nil && len(p.Leaves) < len(seqs) && time.Now().Before(deadline); {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(coverPoll):
+		}
+		p, err = checkpoint.Prove(ctx, b, seqs)
+	}
 	switch {
 	case errors.Is(err, checkpoint.ErrNone):
 		return nil
