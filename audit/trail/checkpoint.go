@@ -10,6 +10,7 @@ import (
 
 	"github.com/toolbus/toolbus/audit/checkpoint"
 	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/seal"
 )
 
 // How long and how often Collect waits for a checkpoint to cover a run's events.
@@ -30,7 +31,11 @@ func prove(ctx context.Context, b *events.Bus, out *Bundle) error {
 	// A run that just ended waits for the checkpoint its end triggers (a few polls of
 	// the core's service), not longer: a run still going is covered at the next interval.
 	p, err := checkpoint.Prove(ctx, b, seqs)
-	ended := len(seqs) > 0 && checkpoint.IsRunEnd(nats.Header(out.Events[len(seqs)-1].Header).Get("ce-type"))
+	var ended bool // by a signed outcome: its publisher's injector signs checkpoints
+	if n := len(seqs); n > 0 {
+		h := nats.Header(out.Events[n-1].Header)
+		ended = checkpoint.IsRunEnd(h.Get("ce-type")) && h.Get(seal.HeaderMaterial) != ""
+	}
 	for deadline := time.Now().Add(coverWait); ended && err == nil && len(p.Leaves) < len(seqs) && time.Now().Before(deadline); {
 		select {
 		case <-ctx.Done():

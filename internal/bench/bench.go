@@ -23,6 +23,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/toolbus/toolbus"
+	"github.com/toolbus/toolbus/audit/checkpoint"
 	"github.com/toolbus/toolbus/embedded"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/provision"
@@ -653,6 +654,9 @@ func newBenchStack(ctx context.Context, srv *embedded.Server, set setup, k, step
 	}
 	runW(p.Run)
 	runW(in.Run)
+	if set.sign { // a signing injector's checkpoints (internal/node)
+		runW((&checkpoint.Service{Bus: st.bus, Log: log}).Run)
+	}
 	if set.fair {
 		fs, err := fair.New(ctx, st.bus, fair.Shares{}, log)
 		if err != nil {
