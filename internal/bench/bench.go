@@ -653,10 +653,7 @@ func newBenchStack(ctx context.Context, srv *embedded.Server, set setup, k, step
 		return fail(err)
 	}
 	runW(p.Run)
-	runW(in.Run)
-	if set.sign { // a signing injector's checkpoints (internal/node)
-		runW((&checkpoint.Service{Bus: st.bus, Log: log}).Run)
-	}
+	runW(withCheckpoints(set.sign, st.bus, log, in.Run))
 	if set.fair {
 		fs, err := fair.New(ctx, st.bus, fair.Shares{}, log)
 		if err != nil {
@@ -852,4 +849,21 @@ func startCPUProfile(path string) (stop func(), err error) {
 		return nil, err
 	}
 	return func() { pprof.StopCPUProfile(); f.Close() }, nil
+}
+
+// withCheckpoints runs the injector's run and, where it signs, its checkpoints beside it
+// (as internal/node does): a signed row measures both.
+func withCheckpoints(sign bool, bus *events.Bus, log *slog.Logger, run func(context.Context) error) func(context.Context) error {
+	if !sign {
+		return run
+	}
+	return func(ctx context.Context) error {
+		cctx, stop := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() { done <- (&checkpoint.Service{Bus: bus, Log: log}).Run(cctx) }()
+		err := run(ctx)
+		stop()
+		<-done
+		return err
+	}
 }
