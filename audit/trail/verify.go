@@ -59,7 +59,8 @@ type event struct {
 // with a key of the bundle valid at its time by a signer allowed to publish it, names
 // an earlier event of the run as the one it follows (run.started, decisions, cancels
 // and answers start chains of their own), and every call of a step the run went on
-// from has its result. It returns the first failure (*Failure), or ErrUnsignedRun for
+// from has its result, and every event is a leaf of the bundle's signed checkpoint
+// (audit/checkpoint). It returns the first failure (*Failure), or ErrUnsignedRun for
 // a run none of whose events is signed.
 func Verify(b Bundle) (Result, error) {
 	evs := make([]*event, 0, len(b.Events))
