@@ -36,7 +36,8 @@ func prove(ctx context.Context, b *events.Bus, out *Bundle) error {
 		h := nats.Header(out.Events[n-1].Header)
 		ended = checkpoint.IsRunEnd(h.Get("ce-type")) && h.Get(seal.HeaderMaterial) != ""
 	}
-	for deadline := time.Now().Add(coverWait); ended && err == nil && len(p.Leaves) < len(seqs) && time.Now().Before(deadline); {
+	uncovered := func() bool { return errors.Is(err, checkpoint.ErrNone) || err == nil && len(p.Leaves) < len(seqs) }
+	for deadline := time.Now().Add(coverWait); ended && uncovered() && time.Now().Before(deadline); {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
