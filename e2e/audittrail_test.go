@@ -3,14 +3,17 @@ package e2e_test
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"path/filepath"
 	"slices"
 	"testing"
 	"time"
 
 	"github.com/toolbus/toolbus"
+	"github.com/toolbus/toolbus/audit/checkpoint"
 	"github.com/toolbus/toolbus/audit/trail"
 	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/eventstest"
 	"github.com/toolbus/toolbus/events/seal"
 	"github.com/toolbus/toolbus/planner"
 )
@@ -58,7 +61,26 @@ func newSignedStack(t *testing.T, model planner.Model) *signedStack {
 	if _, err := seal.PublishKeyring(s.ctx, s.bus.JetStream(), s.ring); err != nil {
 		t.Fatal(err)
 	}
+	// The core's checkpoints, signed with the planner's key at every run's end.
+	s.start("checkpoint", (&checkpoint.Service{Bus: s.buses["planner"], Interval: time.Minute, Log: s.log}).Run)
 	return s
+}
+
+// collect reads a run's bundle once a signed checkpoint covers every event of it.
+func (s *signedStack) collect(run string) trail.Bundle {
+	s.t.Helper()
+	var b trail.Bundle
+	eventstest.Eventually(s.t, time.Minute, func() error {
+		var err error
+		if b, err = trail.Collect(s.ctx, s.bus, run); err != nil {
+			return err
+		}
+		if b.Checkpoint == nil || len(b.Checkpoint.Leaves) != len(b.Events) {
+			return fmt.Errorf("run %s: no checkpoint covers its %d events yet", run, len(b.Events))
+		}
+		return nil
+	})
+	return b
 }
 
 // run starts a run as the client and waits for its end.
@@ -128,10 +150,7 @@ func TestAuditTrailVerifies(t *testing.T) {
 	s := newSignedStack(t, twoCalls())
 	s.startAll()
 	s.run("signed-1")
-	b, err := trail.Collect(s.ctx, s.bus, "signed-1")
-	if err != nil {
-		t.Fatal(err)
-	}
+	b := s.collect("signed-1")
 	res, err := trail.Verify(b)
 	if err != nil {
 		t.Fatalf("untouched run: %v", err)
@@ -211,7 +230,7 @@ func TestAuditTrailKeyLifecycle(t *testing.T) {
 	s := newSignedStack(t, twoCalls())
 	s.startAll()
 	s.run("rotate-1")
-	if _, err := trail.Verify(must(trail.Collect(s.ctx, s.bus, "rotate-1"))); err != nil {
+	if _, err := trail.Verify(s.collect("rotate-1")); err != nil {
 		t.Fatalf("before the rotation: %v", err)
 	}
 	// Rotation: alpha's key retired now, a new one issued.

@@ -102,7 +102,7 @@ func Encode(natsSubject string, m Meta, data any) (*nats.Msg, error) {
 			return nil, err
 		}
 	}
-	h := make(nats.Header, 14)
+	h := make(nats.Header, 17) // and a signer's three (events/seal)
 	h[headerPrefix+"specversion"] = []string{event.CloudEventsVersionV1}
 	h[headerPrefix+"id"] = []string{m.ID}
 	h[headerPrefix+"source"] = []string{m.Source}

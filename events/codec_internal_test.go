@@ -1,12 +1,16 @@
 package events
 
 import (
+	"context"
+	"crypto/ed25519"
 	"fmt"
 	"reflect"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
+
+	"github.com/toolbus/toolbus/events/seal"
 )
 
 // The direct reading of binary-mode attributes accepts exactly what the SDK path
@@ -87,4 +91,35 @@ func FuzzDecodeBinaryDirect(f *testing.F) {
 			t.Fatal(err)
 		}
 	})
+}
+
+// TestSealOnlyWhenSigning: a bus without a signing key names no previous event (its
+// digest is not computed); with one, the event names its parent and is signed.
+func TestSealOnlyWhenSigning(t *testing.T) {
+	parent, err := Encode("toolbus.r.tool.requested.x", Meta{ID: "r/0/c/tool.requested", Type: TypeToolRequested,
+		Source: "/toolbus/planner/p", RunID: "r", CallID: "c", HasCall: true}, map[string]int{"a": 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := seal.WithParent(context.Background(), parent.Header, parent.Data)
+	m := Meta{ID: "r/0/c/tool.finished", Type: TypeToolFinished, Source: "/toolbus/executor/e", RunID: "r", CallID: "c", HasCall: true}
+	b := &Bus{}
+	msg, err := b.encode(ctx, "toolbus.r.tool.finished.x", m, map[string]int{"b": 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v := msg.Header[seal.HeaderPrevDigest]; v != nil {
+		t.Fatalf("unsigned bus: prevdigest %v", v)
+	}
+	kf, _ := seal.NewKeyFile("team.x")
+	b.SetSigner(seal.SignerOf(kf))
+	if msg, err = b.encode(ctx, "toolbus.r.tool.finished.x", m, map[string]int{"b": 2}); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := msg.Header.Get(seal.HeaderPrevDigest), seal.Digest(parent.Header, parent.Data); got != want {
+		t.Fatalf("signed bus: prevdigest %q, want %q", got, want)
+	}
+	if _, err := seal.Verify(msg.Header, msg.Data, func(string) (ed25519.PublicKey, bool) { return kf.Public(), true }); err != nil {
+		t.Fatal(err)
+	}
 }

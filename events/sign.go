@@ -10,9 +10,9 @@ import (
 )
 
 // Signed and chained events (CONTRACT.md, "Signed and chained events"; package seal):
-// every event a bus publishes names the event its handler was handling (prevdigest,
-// from the context: seal.WithParent, which the consumers' dispatch sets) and, with a
-// signing key, is signed by this process's signer. Both are ce-* attributes of the
+// with a signing key, every event a bus publishes names the event its handler was
+// handling (prevdigest, from the context: seal.WithParent, which the consumers'
+// dispatch sets) and is signed by this process's signer. Both are ce-* attributes of the
 // message itself: no message is added.
 
 // withSigner loads the signing key of the bus's Config (none: the bus signs nothing).
@@ -50,14 +50,17 @@ func (b *Bus) encode(ctx context.Context, subject string, m Meta, data any) (*na
 	return msg, nil
 }
 
-// seal names the parent of ctx in msg and signs it.
+// seal names the parent of ctx in msg and signs it. Without a signer it does neither:
+// an unsigned event's chain proves nothing (a verifier reports its run unsigned), so
+// the parent's digest is computed only where it is signed, once per handled message
+// (seal.ParentDigest).
 func (b *Bus) seal(ctx context.Context, msg *nats.Msg) error {
-	if d := seal.ParentDigest(ctx); d != "" {
-		msg.Header[seal.HeaderPrevDigest] = []string{d}
-	}
 	signer := b.signer.Load()
 	if signer == nil {
 		return nil
+	}
+	if d := seal.ParentDigest(ctx); d != "" {
+		msg.Header[seal.HeaderPrevDigest] = []string{d}
 	}
 	if err := signer.Sign(msg.Header, msg.Data); err != nil {
 		return fmt.Errorf("events: sign %s: %w", msg.Header.Get("ce-id"), err)

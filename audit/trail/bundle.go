@@ -18,6 +18,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/toolbus/toolbus/audit/checkpoint"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/seal"
 )
@@ -44,23 +45,31 @@ type Bundle struct {
 	Exported time.Time    `json:"exported"`
 	Events   []Record     `json:"events"`
 	Keys     seal.Keyring `json:"keys"`
+	// Checkpoint is the latest signed checkpoint of the stream and each event's
+	// inclusion proof in it (audit/checkpoint).
+	Checkpoint *checkpoint.Proofs `json:"checkpoint,omitempty"`
 }
 
 // ErrNoRun: the stream holds no event of the run.
 var ErrNoRun = errors.New("trail: the stream holds no event of the run")
 
-// Collect reads every event of run from the bus's stream, in stream order, and the
-// public keys from the core's bucket (seal.BucketSigners).
+// Collect reads every event of run from the bus's stream, in stream order, the public
+// keys from the core's bucket (seal.BucketSigners) and the latest checkpoint with the
+// events' inclusion proofs; a stream that does not hash to its checkpoint (even where
+// the run was removed whole) is an error.
 func Collect(ctx context.Context, b *events.Bus, run string) (Bundle, error) {
 	out := Bundle{Format: BundleFormat, Run: run, Stream: b.Config().Stream, Exported: time.Now().UTC()}
 	recs, err := readRun(ctx, b.Reader(), run)
 	if err != nil {
 		return out, err
 	}
+	out.Events = recs
+	if err := prove(ctx, b, &out); err != nil {
+		return out, err
+	}
 	if len(recs) == 0 {
 		return out, fmt.Errorf("%w %s", ErrNoRun, run)
 	}
-	out.Events = recs
 	if out.Keys, err = seal.LoadKeyring(ctx, b.JetStream()); err != nil {
 		return out, err
 	}
@@ -140,8 +149,16 @@ func Export(ctx context.Context, b *events.Bus, run, file string, w io.Writer) e
 	if err := bundle.WriteFile(file); err != nil {
 		return err
 	}
-	fmt.Fprintf(w, "wrote %s: %d events of run %s, %d public keys\n", file, len(bundle.Events), run, len(bundle.Keys.Keys))
+	fmt.Fprintf(w, "wrote %s: %d events of run %s, %d public keys, %d inclusion proofs\n", file, len(bundle.Events), run, len(bundle.Keys.Keys), proofs(bundle))
 	return nil
+}
+
+// proofs is the number of inclusion proofs of a bundle.
+func proofs(b Bundle) int {
+	if b.Checkpoint == nil {
+		return 0
+	}
+	return len(b.Checkpoint.Leaves)
 }
 
 // VerifyLive is `toolbus replay --verify RUN`: the run's trail read from the bus and

@@ -23,7 +23,8 @@ type Failure struct {
 	Index int
 	Seq   uint64
 	ID    string
-	// Check is the check that failed: decode, signature, signer, key, chain or complete.
+	// Check is the check that failed: decode, signature, signer, key, chain, complete or
+	// checkpoint.
 	Check  string
 	Reason string
 }
@@ -40,6 +41,8 @@ var ErrUnsignedRun = errors.New("unsigned")
 type Result struct {
 	Events  int
 	Signers []string // the signers, sorted
+	// Checkpoint is the size of the signed checkpoint every event is included in.
+	Checkpoint int64
 }
 
 // event is one decoded event of a trail.
@@ -56,7 +59,8 @@ type event struct {
 // with a key of the bundle valid at its time by a signer allowed to publish it, names
 // an earlier event of the run as the one it follows (run.started, decisions, cancels
 // and answers start chains of their own), and every call of a step the run went on
-// from has its result. It returns the first failure (*Failure), or ErrUnsignedRun for
+// from has its result, and every event is a leaf of the bundle's signed checkpoint
+// (audit/checkpoint). It returns the first failure (*Failure), or ErrUnsignedRun for
 // a run none of whose events is signed.
 func Verify(b Bundle) (Result, error) {
 	evs := make([]*event, 0, len(b.Events))
@@ -97,7 +101,11 @@ func Verify(b Bundle) (Result, error) {
 	if err := complete(evs); err != nil {
 		return Result{}, err
 	}
-	return Result{Events: len(evs), Signers: slices.Sorted(maps.Keys(signers))}, nil
+	size, err := included(b, evs)
+	if err != nil {
+		return Result{}, err
+	}
+	return Result{Events: len(evs), Signers: slices.Sorted(maps.Keys(signers)), Checkpoint: size}, nil
 }
 
 // ClockSkew is how much earlier than its stored time an event may say it was made
@@ -315,8 +323,8 @@ func Explain(w io.Writer, run string, res Result, err error) int {
 	var f *Failure
 	switch {
 	case err == nil:
-		fmt.Fprintf(w, "run %s verified: %d events, each signed by a signer allowed to publish it, chained, no result missing (signers: %s)\n",
-			run, res.Events, strings.Join(res.Signers, ", "))
+		fmt.Fprintf(w, "run %s verified: %d events, each signed by a signer allowed to publish it, chained, no result missing, included in the signed checkpoint of %d messages (signers: %s)\n",
+			run, res.Events, res.Checkpoint, strings.Join(res.Signers, ", "))
 		return 0
 	case errors.As(err, &f):
 		fmt.Fprintf(w, "run %s does NOT verify: %v\n", run, f)

@@ -22,7 +22,7 @@ import (
 func cmdReplay(ctx context.Context, cfg Config, log *slog.Logger, args []string, out, errOut io.Writer) error {
 	fs := newFlagSet("replay", "replay <run> [--json] [--verify]", errOut)
 	asJSON := fs.Bool("json", false, "print the report as JSON")
-	verify := fs.Bool("verify", false, "also verify the run's audit trail: signatures, signers, chain (exit 1 naming the first event that fails, 3 for a run with no signed event)")
+	verify := fs.Bool("verify", false, "also verify the run's audit trail: signatures, signers, chain, checkpoint (exit 1 naming the first event that fails, 3 for a run with no signed event)")
 	pos, err := parseInterleaved(fs, args)
 	if err != nil {
 		return flagError(err)

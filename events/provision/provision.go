@@ -19,6 +19,7 @@ import (
 
 	"github.com/toolbus/toolbus/connect"
 	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/seal"
 	"github.com/toolbus/toolbus/events/store"
 	"github.com/toolbus/toolbus/internal/retry"
 )
@@ -408,6 +409,7 @@ var buckets = []struct{ name, desc string }{
 	{store.BucketInstances, "live executor instances (heartbeats)"},
 	{store.BucketOutputs, "whole tool outputs too large for an event, in chunks, one key prefix per tool"},
 	{store.BucketSecrets, "secrets a team's executors share (OAuth tokens of MCP servers), one key prefix per team"},
+	{seal.BucketCheckpoints, "signed checkpoints of the event stream (audit/checkpoint), the latest under key latest"},
 }
 
 // Bounds of the secrets bucket: a few tokens per team and server, never a store of

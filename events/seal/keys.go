@@ -107,16 +107,23 @@ func WithParentDigest(ctx context.Context, digest string) context.Context {
 	return context.WithValue(ctx, parentKey{}, p)
 }
 
-// ParentDigest returns the digest of the event ctx carries (WithParent), "" for none.
+// ParentDigest returns the digest of the event ctx carries (WithParent), "" for none,
+// computed once however many events the handler publishes: a signed parent's is the
+// digest its signature carries (signedDigest), an unsigned one's is computed.
 func ParentDigest(ctx context.Context) string {
 	p, _ := ctx.Value(parentKey{}).(*parent)
 	if p == nil {
 		return ""
 	}
 	p.once.Do(func() {
-		if len(p.h["ce-id"]) > 0 {
-			p.digest = Digest(p.h, p.data)
+		if len(p.h["ce-id"]) == 0 {
+			return
 		}
+		if d, ok := signedDigest(p.h); ok {
+			p.digest = d
+			return
+		}
+		p.digest = Digest(p.h, p.data)
 	})
 	return p.digest
 }

@@ -15,6 +15,11 @@ import (
 // audit export).
 const BucketSigners = "toolbus_signers"
 
+// BucketCheckpoints is the core's bucket of signed checkpoints of the event stream
+// (audit/checkpoint): written by the injector of a process that signs, read by
+// verifiers; `toolbus init` creates it.
+const BucketCheckpoints = "toolbus_checkpoints"
+
 // PublishKeyring writes every key of r into the bucket, creating it when missing. A
 // key is never deleted: a retired or revoked key stays, marked so.
 func PublishKeyring(ctx context.Context, js jetstream.JetStream, r Keyring) (int, error) {

@@ -166,12 +166,16 @@ func Digest(h nats.Header, data []byte) string {
 
 // Signer signs events with one ed25519 key.
 type Signer struct {
-	KeyID string
-	key   ed25519.PrivateKey
+	KeyID     string
+	key       ed25519.PrivateKey
+	keyIDJSON []byte // KeyID as a JSON string (envelope)
 }
 
 // NewSigner returns a signer of key, named keyID in the envelopes.
-func NewSigner(keyID string, key ed25519.PrivateKey) *Signer { return &Signer{KeyID: keyID, key: key} }
+func NewSigner(keyID string, key ed25519.PrivateKey) *Signer {
+	quoted, _ := json.Marshal(keyID) // a string always marshals
+	return &Signer{KeyID: keyID, key: key, keyIDJSON: quoted}
+}
 
 // Public is the signer's public key.
 func (s *Signer) Public() ed25519.PublicKey { return s.key.Public().(ed25519.PublicKey) }
@@ -187,16 +191,7 @@ func (s *Signer) Sign(h nats.Header, data []byte) error {
 		delete(h, HeaderSigned)
 	}
 	m := Material(h, data, exts)
-	env := Envelope{
-		Payload:     base64.StdEncoding.EncodeToString(m[:]),
-		PayloadType: PayloadType,
-		Signatures:  []Signature{{KeyID: s.KeyID, Sig: base64.StdEncoding.EncodeToString(ed25519.Sign(s.key, PAE(PayloadType, m[:])))}},
-	}
-	b, err := json.Marshal(env)
-	if err != nil {
-		return fmt.Errorf("seal: %w", err)
-	}
-	h[HeaderMaterial] = []string{base64.StdEncoding.EncodeToString(b)}
+	h[HeaderMaterial] = []string{s.envelope(m, ed25519.Sign(s.key, PAE(PayloadType, m[:])))}
 	return nil
 }
 

@@ -23,6 +23,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/toolbus/toolbus"
+	"github.com/toolbus/toolbus/audit/checkpoint"
 	"github.com/toolbus/toolbus/embedded"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/provision"
@@ -651,7 +652,7 @@ func newBenchStack(ctx context.Context, srv *embedded.Server, set setup, k, step
 		return fail(err)
 	}
 	runW(p.Run)
-	runW(in.Run)
+	runW(withCheckpoints(set.sign, st.bus, log, in.Run))
 	if set.fair {
 		fs, err := newFair(ctx, st.bus, log)
 		if err != nil {
@@ -847,4 +848,21 @@ func startCPUProfile(path string) (stop func(), err error) {
 		return nil, err
 	}
 	return func() { pprof.StopCPUProfile(); f.Close() }, nil
+}
+
+// withCheckpoints runs the injector's run and, where it signs, its checkpoints beside it
+// (as internal/node does): a signed row measures both.
+func withCheckpoints(sign bool, bus *events.Bus, log *slog.Logger, run func(context.Context) error) func(context.Context) error {
+	if !sign {
+		return run
+	}
+	return func(ctx context.Context) error {
+		cctx, stop := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() { done <- (&checkpoint.Service{Bus: bus, Log: log}).Run(cctx) }()
+		err := run(ctx)
+		stop()
+		<-done
+		return err
+	}
 }

@@ -1,0 +1,64 @@
+// Package checkpoint keeps a Merkle tree over the event stream and signs its head as a
+// checkpoint (C2SP tlog-checkpoint in a C2SP signed note; golang.org/x/mod/sumdb/tlog
+// and note), so that a run removed whole or a rewritten past is detected: the leaves
+// are every stored message's digest (events/seal.Digest) in stream order, and an
+// exported run carries the inclusion proof of each of its events in a signed tree.
+package checkpoint
+
+import (
+	"encoding/hex"
+	"fmt"
+	"strings"
+
+	"golang.org/x/mod/sumdb/tlog"
+
+	"github.com/toolbus/toolbus/events/seal"
+)
+
+// LeafHash is the leaf of a stored message (header h, data): the tlog record hash
+// (SHA-256 of 0x00 and the record) of the 32 bytes of its digest.
+func LeafHash(h map[string][]string, data []byte) tlog.Hash {
+	d := seal.Digest(h, data)
+	raw, err := hex.DecodeString(strings.TrimPrefix(d, seal.DigestPrefix))
+	if err != nil {
+		panic("checkpoint: seal.Digest is not hex: " + d)
+	}
+	return tlog.RecordHash(raw)
+}
+
+// Tree is a Merkle tree in memory: the stored hashes of tlog (about two per leaf).
+type Tree struct {
+	stored []tlog.Hash
+	n      int64
+}
+
+// ReadHashes is tlog.HashReader.
+func (t *Tree) ReadHashes(idx []int64) ([]tlog.Hash, error) {
+	out := make([]tlog.Hash, len(idx))
+	for i, x := range idx {
+		if x < 0 || x >= int64(len(t.stored)) {
+			return nil, fmt.Errorf("checkpoint: hash %d of %d", x, len(t.stored))
+		}
+		out[i] = t.stored[x]
+	}
+	return out, nil
+}
+
+// Append adds a leaf.
+func (t *Tree) Append(leaf tlog.Hash) {
+	hs, err := tlog.StoredHashesForRecordHash(t.n, leaf, t)
+	if err != nil {
+		panic("checkpoint: " + err.Error()) // only a hash index out of range: a bug
+	}
+	t.stored = append(t.stored, hs...)
+	t.n++
+}
+
+// Size is the number of leaves.
+func (t *Tree) Size() int64 { return t.n }
+
+// Root is the tree hash of the first n leaves.
+func (t *Tree) Root(n int64) (tlog.Hash, error) { return tlog.TreeHash(n, t) }
+
+// Prove is the inclusion proof of leaf i in the tree of the first n leaves.
+func (t *Tree) Prove(i, n int64) (tlog.RecordProof, error) { return tlog.ProveRecord(n, i, t) }
