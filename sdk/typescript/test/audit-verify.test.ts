@@ -1,0 +1,79 @@
+// An auditor's verifier outside Go (src/audit.ts, written from CONTRACT.md, "Signed and
+// chained events"): a bundle `toolbus audit export` wrote verifies, and each tampering an
+// administrator of the stream could make fails naming the event. The bundle: the one the
+// Go test TestNPMAuditTrail exports from a live run (TOOLBUS_TEST_AUDIT_BUNDLE), or the
+// one it last wrote to test/fixtures (go test -run TestNPMAuditTrail -update).
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { readFileSync } from 'node:fs';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { AuditFailure, verifyBundle, type Bundle } from '../src/index.js';
+import { canonicalTime } from '../src/audit.js';
+
+const file = process.env.TOOLBUS_TEST_AUDIT_BUNDLE ??
+  path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..', '..', 'test', 'fixtures', 'audit-bundle.json');
+const bundle = () => JSON.parse(readFileSync(file, 'utf8')) as Bundle;
+const type = (r: Bundle['events'][number]) => r.header['ce-type'][0];
+const indexOf = (b: Bundle, t: string) => {
+  const i = b.events.findIndex((r) => type(r) === t);
+  assert.ok(i >= 0, `no ${t} in the bundle`);
+  return i;
+};
+
+/** verifyBundle must fail at event i with check. */
+function mustFail(b: Bundle, check: string, i: number) {
+  assert.throws(() => verifyBundle(b), (err: unknown) => {
+    assert.ok(err instanceof AuditFailure, String(err));
+    assert.equal(err.check, check, err.message);
+    assert.equal(err.index, i, err.message);
+    assert.equal(err.id, b.events[i].header['ce-id'][0]);
+    assert.match(err.message, new RegExp(`^event ${i + 1} \\(stream seq ${b.events[i].seq}, id `));
+    return true;
+  });
+}
+
+test('a bundle the Go side exported verifies: every signature, the canonical form, the chain', () => {
+  const b = bundle();
+  const res = verifyBundle(b);
+  assert.equal(res.events, b.events.length);
+  assert.ok(res.keyIDs.some((k) => k.startsWith('team.')), `a team signed the tool's events (${res.keyIDs})`);
+  assert.ok(b.events.some((r) => type(r) === 'toolbus.tool.progress'), 'the bundle holds a progress report');
+});
+
+test('an altered event\'s data fails its signature, naming the event', () => {
+  const b = bundle();
+  const i = indexOf(b, 'toolbus.tool.finished');
+  const data = JSON.parse(Buffer.from(b.events[i].data, 'base64').toString());
+  data.content = 'forged';
+  b.events[i].data = Buffer.from(JSON.stringify(data)).toString('base64');
+  mustFail(b, 'signature', i);
+});
+
+test('a removed event breaks the chain at the event that follows it', () => {
+  const b = bundle();
+  const i = indexOf(b, 'toolbus.tool.requested');
+  b.events.splice(i, 1);
+  const next = b.events.findIndex((r, j) => j >= i && r.header['ce-prevdigest'] !== undefined &&
+    ['toolbus.tool.progress', 'toolbus.tool.finished'].includes(type(r)));
+  mustFail(b, 'chain', next);
+});
+
+test('two swapped events break the chain at the one moved before its parent', () => {
+  const b = bundle();
+  const i = indexOf(b, 'toolbus.tool.requested');
+  const j = indexOf(b, 'toolbus.tool.finished');
+  [b.events[i], b.events[j]] = [b.events[j], b.events[i]];
+  mustFail(b, 'chain', i);
+});
+
+test('CONTROL: the tampering tests fail for their reason: an untouched copy verifies', () => {
+  assert.doesNotThrow(() => verifyBundle(bundle()));
+});
+
+test('time in the canonical form: UTC, trailing zeros of the fraction dropped, as Go formats', () => {
+  assert.equal(canonicalTime('2026-12-07T16:01:02.120Z'), '2026-12-07T16:01:02.12Z');
+  assert.equal(canonicalTime('2026-12-07T16:01:02.000Z'), '2026-12-07T16:01:02Z');
+  assert.equal(canonicalTime('2026-12-07T18:01:02.123456789+02:00'), '2026-12-07T16:01:02.123456789Z');
+  assert.equal(canonicalTime('not a time'), 'not a time');
+});
