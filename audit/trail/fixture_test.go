@@ -13,8 +13,8 @@ import (
 	"github.com/toolbus/toolbus/events/seal"
 )
 
-// fixture is the bundle sdk/typescript's verifier test (audit-verify.test.ts) checks.
-const fixture = "../../sdk/typescript/test/fixtures/audit-bundle.json"
+// fixture is the bundle sdk/typescript's verifier test (audit-checkpoint.test.ts) checks.
+const fixture = "../../sdk/typescript/test/fixtures/audit-bundle-checkpoint.json"
 
 // TestAuditBundleFixture: the bundle the TypeScript verifier reads verifies here too,
 // so both verifiers agree on one format. TOOLBUS_WRITE_FIXTURE=1 writes a new one (a

@@ -4,6 +4,7 @@
 // bound to one identity (deploy/nats/gen "clients" grants) publishes as it and only as it.
 // In a client account of its own (readPrefix) it reads only through the core's read
 // service, which shows the runs that name its identity as a decider and no other.
+import { Signer } from './audit.js';
 import { randomBytes } from 'node:crypto';
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { NatsConnection } from '@nats-io/transport-node';
@@ -33,6 +34,11 @@ export interface ClientOptions {
    * identity the account is not bound to rejects with wire.NotBoundError.
    */
   readPrefix?: string;
+  /**
+   * Signs every event the client publishes with the client's key (CONTRACT.md, "Signed
+   * and chained events"); default: TOOLBUS_SIGNING_KEY when the client dials.
+   */
+  signingKey?: string;
 }
 
 /** A run id that already has a run.started: nothing was published. */
@@ -79,7 +85,7 @@ export class Client {
   private readonly src: string;
 
   private constructor(private readonly nc: NatsConnection, private readonly own: boolean, opts: ClientOptions) {
-    this.bus = new Bus(nc, { stream: opts.stream, readPrefix: opts.readPrefix });
+    this.bus = new Bus(nc, { stream: opts.stream, readPrefix: opts.readPrefix, signer: opts.signingKey ? Signer.fromFile(opts.signingKey) : undefined });
     this.identity = opts.identity ?? '';
     if (!validIdentity(this.identity)) throw new Error(`toolbus: identity ${JSON.stringify(this.identity)}: use 1-128 of [A-Za-z0-9_-]`);
     this.src = source('client', opts.name ?? newID('client'));
@@ -90,7 +96,7 @@ export class Client {
     if (opts.connection) return new Client(opts.connection, false, opts);
     const s = settingsFromEnv(opts.env);
     const conn: ConnectionSettings = s.connection;
-    return new Client(await dial(conn, `toolbus client ${opts.name ?? ''}`.trim()), true, { stream: s.stream, readPrefix: s.readPrefix, ...opts });
+    return new Client(await dial(conn, `toolbus client ${opts.name ?? ''}`.trim()), true, { stream: s.stream, readPrefix: s.readPrefix, signingKey: (opts.env ?? process.env).TOOLBUS_SIGNING_KEY, ...opts });
   }
 
   /** Closes the connection this client opened. */

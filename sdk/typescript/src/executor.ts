@@ -10,7 +10,7 @@ import type { NatsConnection, Subscription } from '@nats-io/transport-node';
 import type { Consumer, ConsumerMessages, JsMsg } from '@nats-io/jetstream';
 import type { ValidateFunction } from 'ajv';
 import {
-  Bus, ContractChangedError, PoisonError, TenantQuotaError, TenantStoreFullError, Type, WriteRefusedError, agreeingRun, callAttrs, callSubject, decodeEvent, id, isNoResponders, key, queueAckWait, source, subject,
+  Bus, ContractChangedError, PoisonError, TenantQuotaError, TenantStoreFullError, Type, WriteRefusedError, agreeingRun, callAttrs, callSubject, parentDigest, decodeEvent, id, isNoResponders, key, queueAckWait, source, subject,
   toolConsumer, toolTokenOfSubject, validRunID, validToolName,
   type Cancel, type Claim, type Decision, type FailedAttempt, type Principal, type RunStarted, type ToolCall, type ToolContract,
   type ToolProgress, type ToolRequested, type ToolResult,
@@ -19,6 +19,7 @@ import { Redactor, checkArgumentsWith, compileSchema, jsonSchemaOf, errorResult,
 import { Logger, Metrics, serveMetrics } from './ops.js';
 import { RunOutcomes } from './outcomes.js';
 import { otel, startCallSpan, type CallSpan } from './trace.js';
+import { Signer } from './audit.js';
 import { ConfigError, dial, msgKeyOf, secretsOf, settingsFromEnv, type Settings } from './settings.js';
 
 // ---- the API of tools ------------------------------------------------------------------
@@ -229,6 +230,8 @@ interface Delivery {
   msg: JsMsg;
   req: ToolRequested;
   traceparent?: string;
+  /** The digest of the call's tool.requested, which the call's events name (ce-prevdigest). */
+  prev: string;
   queue: string;
   rs: RunStarted;
   /** The stream sequence of the run's first run.started (0: unknown, in a team account). */
@@ -482,7 +485,9 @@ export class Executor {
         }
       }
     })().catch(() => {});
-    const bus = (this.bus = new Bus(this.nc, { stream: s.stream, apiPrefix: s.apiPrefix, msgKey: s.apiPrefix ? msgKeyOf(s.connection) : undefined }));
+    // TOOLBUS_SIGNING_KEY: the team's key; every event the executor publishes is signed with it (CONTRACT.md, "Signed and chained events").
+    const signer = this.env.TOOLBUS_SIGNING_KEY ? Signer.fromFile(this.env.TOOLBUS_SIGNING_KEY) : undefined;
+    const bus = (this.bus = new Bus(this.nc, { stream: s.stream, apiPrefix: s.apiPrefix, msgKey: s.apiPrefix ? msgKeyOf(s.connection) : undefined, signer }));
     const onSignal = (sig: string) => {
       this.log.info('stopping', { signal: sig });
       this.stop();
@@ -914,7 +919,7 @@ export class Executor {
     try {
       await this.bus!.publish(subject.toolFinished(req.run_id, queue),
         callAttrs(Type.toolFinished, this.src, id.toolFinished(req.run_id, req.step, call.call_id), req.run_id, req.step, call.call_id,
-          req.call_index, req.call_count, traceparent), tf,
+          req.call_index, req.call_count, traceparent, parentDigest(msg)), tf,
         (x: { run_id?: string; call_id?: string; step?: number }) => x.run_id === req!.run_id && x.call_id === call.call_id && x.step === req!.step);
     } catch (err) {
       const also = this.deniedSince(start) ?? String((err as Error)?.message ?? err);
@@ -1004,7 +1009,7 @@ export class Executor {
         msg.ack();
         return undefined;
       }
-      return { msg, req, traceparent: ev.attrs.traceparent, queue, rs: started.rs, startSeq: started.seq ?? 0, claimKey, claim: own.claim, rev: own.rev, gen, ran: false, releaseSlot };
+      return { msg, req, traceparent: ev.attrs.traceparent, prev: parentDigest(msg), queue, rs: started.rs, startSeq: started.seq ?? 0, claimKey, claim: own.claim, rev: own.rev, gen, ran: false, releaseSlot };
     } catch (err) {
       this.handled.delete(claimKey);
       await releaseSlot?.();
@@ -1170,7 +1175,7 @@ export class Executor {
       const w = { run_id: d.req.run_id, step: d.req.step, call_index: d.req.call_index, call_count: d.req.call_count, call };
       await this.write(d.msg, 'publish the wait', () => bus.publish(subject.toolWaiting(d.req.run_id, call.tool),
         callAttrs(Type.toolWaiting, this.src, id.toolWaiting(d.req.run_id, d.req.step, call.call_id), d.req.run_id, d.req.step, call.call_id,
-          d.req.call_index, d.req.call_count, d.traceparent), w, (x) => x.run_id === d.req.run_id && x.call?.call_id === call.call_id));
+          d.req.call_index, d.req.call_count, d.traceparent, d.prev), w, (x) => x.run_id === d.req.run_id && x.call?.call_id === call.call_id));
       this.log.info('call waits for approval', { run_id: d.req.run_id, step: d.req.step, call_id: call.call_id, tool: call.tool });
       d.msg.ack();
       return 'parked';
@@ -1360,7 +1365,7 @@ export class Executor {
       last = Date.now();
       sending = sending.then(() => this.bus!.publish(subject.toolProgress(d.req.run_id, call.tool),
         callAttrs(Type.toolProgress, this.src, id.toolProgress(d.req.run_id, d.req.step, call.call_id, p.attempt, p.seq), d.req.run_id,
-          d.req.step, call.call_id, 0, 0, d.traceparent), p, (x) => x.call_id === p.call_id && x.seq === p.seq))
+          d.req.step, call.call_id, 0, 0, d.traceparent, d.prev), p, (x) => x.call_id === p.call_id && x.seq === p.seq))
         .catch((err) => this.log.warn('progress not published', { run_id: d.req.run_id, call_id: call.call_id, error: String(err?.message ?? err) }));
       return sending;
     };
@@ -1485,7 +1490,7 @@ export class Executor {
     }
     const tf = { run_id: d.req.run_id, step: d.req.step, call_index: d.req.call_index, call_count: d.req.call_count, ...res };
     const attrs = callAttrs(Type.toolFinished, this.src, id.toolFinished(d.req.run_id, d.req.step, res.call_id), d.req.run_id, d.req.step,
-      res.call_id, d.req.call_index, d.req.call_count, d.traceparent);
+      res.call_id, d.req.call_index, d.req.call_count, d.traceparent, d.prev);
     const ours = (x: { run_id?: string; call_id?: string; step?: number }) => x.run_id === d.req.run_id && x.call_id === res.call_id && x.step === d.req.step;
     await this.write(d.msg, 'publish the result', async () => {
       // Checked before each try: a lease lost while the write was refused hands the call back.

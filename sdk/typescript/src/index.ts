@@ -12,3 +12,5 @@ export type { Approval, Cancel, Principal, RunEnded, RunStarted, ToolCall, ToolC
 export { Client, RunExistsError } from './client.js';
 export { NotBoundError, TenantQuotaError, TenantStoreFullError, WriteRefusedError, readAPIPrefix } from './wire.js';
 export type { ClientOptions, Decision, RunEvent, StartRun } from './client.js';
+export { AuditFailure, Signer, verifyBundle } from './audit.js';
+export type { Bundle } from './audit.js';

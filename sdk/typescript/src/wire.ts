@@ -22,6 +22,7 @@ import {
   type StoredMsg,
 } from '@nats-io/jetstream';
 import { Kvm, type KV } from '@nats-io/kv';
+import { digest, type Headers, type Signer } from './audit.js';
 
 // ---- the data (the JSON of schemas/) -----------------------------------------------
 
@@ -470,12 +471,16 @@ export function eventHeaders(a: Attrs): MsgHdrs {
 
 /** The attributes of a tool event of a call (tool.finished, tool.waiting, tool.progress). */
 export function callAttrs(type: string, src: string, eventID: string, run: string, step: number, callID: string,
-  index: number, count: number, traceparent?: string): Attrs {
+  index: number, count: number, traceparent?: string, prevdigest?: string): Attrs {
   return {
     id: eventID, type, source: src, subject: callID, runid: run, step: String(step), callid: callID,
-    callindex: String(index), callcount: String(count), ...(traceparent ? { traceparent } : {}),
+    callindex: String(index), callcount: String(count), ...(traceparent ? { traceparent } : {}), ...(prevdigest ? { prevdigest } : {}),
   };
 }
+
+/** The digest of the event a message carries, which the events its handling publishes name in ce-prevdigest (CONTRACT.md, "Signed and chained events"). */
+export const parentDigest = (msg: { headers?: MsgHdrs; data: Uint8Array }): string =>
+  msg.headers?.get('ce-id') ? digest(msg.headers as unknown as Headers, msg.data) : '';
 
 /**
  * The run whose subject the message is on, when its data and attributes agree with it
@@ -518,6 +523,8 @@ export interface BusOptions {
    * client account has no JetStream). It publishes as before, on the imported subjects.
    */
   readPrefix?: string;
+  /** Signs every event the bus publishes (TOOLBUS_SIGNING_KEY; none: unsigned). */
+  signer?: Signer;
 }
 
 /**
@@ -770,12 +777,14 @@ export class Bus {
   private jsmP?: Promise<JetStreamManager>;
 
   private readonly msgKey?: Buffer;
+  private readonly signer?: Signer;
 
   constructor(readonly nc: NatsConnection, opts: BusOptions = {}) {
     this.apiPrefix = opts.apiPrefix ?? '';
     this.readPrefix = opts.readPrefix ?? '';
     if (this.apiPrefix && this.readPrefix) throw new Error('toolbus: a bus is in a team account (apiPrefix) or a client account (readPrefix), not both');
     this.msgKey = opts.msgKey;
+    this.signer = opts.signer;
     this.js = jetstream(nc, this.apiPrefix ? { apiPrefix: this.apiPrefix } : {});
     this.stream = opts.stream || 'TOOLBUS';
     this.queues = queueStreamName(this.stream);
@@ -916,6 +925,7 @@ export class Bus {
     const body = enc.encode(JSON.stringify(data));
     const first = eventHeaders(attrs);
     for (const [k, v] of Object.entries(conditions)) first.set(k, v);
+    this.signer?.sign(first as unknown as Headers, body);
     let ack: PubAck;
     try {
       ack = await jsPublish(this.js, subj, body, { msgID: this.msgID(attrs.id), headers: first });
@@ -940,6 +950,7 @@ export class Bus {
     // answers no get by sequence alone.
     if (ours(await this.getMsg({ seq: ack.seq, next_by_subj: subj }))) return;
     h.set('Nats-Msg-Id', `${attrs.id}/guarded/${randomUUID()}`);
+    this.signer?.sign(h as unknown as Headers, body);
     for (let tries = 0; tries < 100; tries++) {
       let last = 0;
       for await (const sm of this.read(subj)) {

@@ -1,0 +1,193 @@
+// Signed and chained events (CONTRACT.md, "Signed and chained events"), in TypeScript
+// with node:crypto only: what the executor signs its events with, and a verifier of an
+// exported audit bundle (toolbus-audit-bundle/v1) written from the contract alone, so
+// that an auditor outside Go can check a run. The Go twin is events/seal and
+// audit/trail; the verifier here checks signatures, the canonical form and the chain,
+// not the signers' grants (which tool a team owned when).
+import { createHash, createPrivateKey, createPublicKey, sign as edSign, verify as edVerify, type KeyObject } from 'node:crypto';
+import { readFileSync } from 'node:fs';
+
+export const PAYLOAD_TYPE = 'https://cloudevents.io/verifiability/dsse/v0.1';
+export const BUNDLE_FORMAT = 'toolbus-audit-bundle/v1';
+const CORE = ['id', 'source', 'specversion', 'type', 'datacontenttype', 'dataschema', 'subject', 'time'];
+const NOT_EXT = new Set([...CORE, 'dssematerial', 'signedextattrs']);
+/** The events that begin a chain: a start, a decision, a cancel, an answer. */
+const CHAIN_STARTS = ['toolbus.run.started', 'toolbus.approval.granted', 'toolbus.approval.denied', 'toolbus.run.cancel', 'toolbus.tool.answer'];
+
+/** The headers of a binary-mode event, names matched exactly (as NATS keeps them). */
+export interface Headers {
+  keys(): string[];
+  get(k: string): string;
+  set(k: string, v: string): void;
+  delete(k: string): void;
+}
+
+/** Headers over a bundle record's header map. */
+export function recordHeaders(h: Record<string, string[]>): Headers {
+  return {
+    keys: () => Object.keys(h),
+    get: (k) => h[k]?.[0] ?? '',
+    set: (k, v) => { h[k] = [v]; },
+    delete: (k) => { delete h[k]; },
+  };
+}
+
+const attr = (h: Headers, name: string) => h.get(name === 'datacontenttype' ? 'Content-Type' : `ce-${name}`);
+const sha256 = (b: Uint8Array | string) => createHash('sha256').update(b).digest();
+
+/**
+ * A time as the material digests it: RFC 3339 in UTC, the fraction kept as written but
+ * its trailing zeros dropped (none left: no fraction), as Go's RFC3339Nano formats; a
+ * value that is no RFC 3339 time is taken as written.
+ */
+export function canonicalTime(v: string): string {
+  const m = /^(\d{4})-(\d\d)-(\d\d)[Tt](\d\d):(\d\d):(\d\d)(?:\.(\d{1,9}))?(?:([Zz])|([+-])(\d\d):(\d\d))$/.exec(v);
+  if (!m) return v;
+  let ms = Date.UTC(+m[1], +m[2] - 1, +m[3], +m[4], +m[5], +m[6]);
+  if (!m[8]) ms -= (m[9] === '-' ? -1 : 1) * (+m[10] * 60 + +m[11]) * 60000;
+  const frac = (m[7] ?? '').replace(/0+$/, '');
+  return new Date(ms).toISOString().slice(0, 19) + (frac ? '.' + frac : '') + 'Z';
+}
+
+/** The extension attributes a signer signs: every ce-* header but the core's and the extension's own, sorted. */
+export function extensions(h: Headers): string[] {
+  return h.keys().filter((k) => k.startsWith('ce-') && !NOT_EXT.has(k.slice(3))).map((k) => k.slice(3)).sort();
+}
+
+/** The verification material: SHA-256 of the digests of the core attributes, the data and each extension's name and value. */
+export function material(h: Headers, data: Uint8Array, exts: string[]): Buffer {
+  const parts = CORE.map((a) => sha256(a === 'time' ? canonicalTime(attr(h, a)) : attr(h, a)));
+  parts.push(sha256(data));
+  for (const e of exts) parts.push(sha256(e), sha256(attr(h, e)));
+  return sha256(Buffer.concat(parts));
+}
+
+/** The extensions an event says it signed (ce-signedextattrs), null when they break the extension's constraints. */
+function signedList(h: Headers): string[] | null {
+  const v = h.get('ce-signedextattrs');
+  if (!v) return [];
+  const names = v.split(',');
+  if (names.some((n, i) => !n || NOT_EXT.has(n) || names.indexOf(n) !== i)) return null;
+  return names;
+}
+
+/** The digest a child event names in ce-prevdigest: "sha256:" and the hex of the material over its signed extensions (every extension of an unsigned event). */
+export function digest(h: Headers, data: Uint8Array): string {
+  let exts = signedList(h);
+  if (exts === null || (!h.get('ce-signedextattrs') && !h.get('ce-dssematerial'))) exts = extensions(h);
+  return 'sha256:' + material(h, data, exts).toString('hex');
+}
+
+/** DSSE's pre-authentication encoding. */
+export const pae = (type: string, body: Buffer) =>
+  Buffer.concat([Buffer.from(`DSSEv1 ${Buffer.byteLength(type)} ${type} ${body.length} `), body]);
+
+const PKCS8_ED25519 = Buffer.from('302e020100300506032b657004220420', 'hex');
+const SPKI_ED25519 = Buffer.from('302a300506032b6570032100', 'hex');
+/** An ed25519 public key from its 32 raw bytes. */
+export const publicKey = (raw: Buffer): KeyObject => createPublicKey({ key: Buffer.concat([SPKI_ED25519, raw]), format: 'der', type: 'spki' });
+
+/** A signer of events: one ed25519 key and its key id. */
+export class Signer {
+  constructor(readonly keyID: string, private readonly key: KeyObject) {}
+
+  /** The signer of a key file as toolbus admin writes it ({keyid, signer, seed}, seed base64): TOOLBUS_SIGNING_KEY. */
+  static fromFile(file: string): Signer {
+    let k: { keyid?: string; signer?: string; seed?: string };
+    try {
+      k = JSON.parse(readFileSync(file, 'utf8'));
+    } catch (err) {
+      throw new Error(`toolbus: signing key ${file}: ${(err as Error).message}`, { cause: err });
+    }
+    const seed = Buffer.from(k.seed ?? '', 'base64');
+    if (seed.length !== 32 || !k.keyid || !k.signer) throw new Error(`toolbus: signing key ${file}: not a toolbus signing key (want {keyid, signer, seed})`);
+    const priv = createPrivateKey({ key: Buffer.concat([PKCS8_ED25519, seed]), format: 'der', type: 'pkcs8' });
+    const pub = createPublicKey(priv).export({ format: 'der', type: 'spki' }).subarray(SPKI_ED25519.length);
+    const want = `${k.signer}/${sha256(pub).toString('hex').slice(0, 16)}`;
+    if (k.keyid !== want) throw new Error(`toolbus: signing key ${file}: key id ${k.keyid} is not its key's (${want})`);
+    return new Signer(k.keyid, priv);
+  }
+
+  /** Signs the event in place: ce-signedextattrs (every extension it carries, ce-prevdigest set before), then ce-dssematerial. */
+  sign(h: Headers, data: Uint8Array): void {
+    const exts = extensions(h);
+    if (exts.length) h.set('ce-signedextattrs', exts.join(','));
+    else h.delete('ce-signedextattrs');
+    const m = material(h, data, exts);
+    const env = { payload: m.toString('base64'), payloadType: PAYLOAD_TYPE,
+      signatures: [{ keyid: this.keyID, sig: edSign(null, pae(PAYLOAD_TYPE, m), this.key).toString('base64') }] };
+    h.set('ce-dssematerial', Buffer.from(JSON.stringify(env)).toString('base64'));
+  }
+}
+
+/** A bundle as `toolbus audit export` writes it (CONTRACT.md). */
+export interface Bundle {
+  format: string;
+  run: string;
+  events: { seq: number; subject: string; header: Record<string, string[]>; data: string; stored?: string }[];
+  keys: { keys: { keyid: string; signer: string; public: string; created?: string; retired?: string; revoked?: string }[] };
+}
+
+/** The first event of a bundle that does not verify, and why. */
+export class AuditFailure extends Error {
+  override name = 'AuditFailure';
+  constructor(readonly index: number, readonly seq: number, readonly id: string, readonly check: string, readonly reason: string) {
+    super(`event ${index + 1} (stream seq ${seq}, id ${id}): ${check}: ${reason}`);
+  }
+}
+
+/** Checks the signature of one event; returns the key id that signed it, or throws why not. */
+function verifySignature(h: Headers, data: Buffer, keys: Map<string, KeyObject>): string {
+  const raw = h.get('ce-dssematerial');
+  if (!raw) throw new Error(`unsigned ${h.get('ce-type')} (published by ${h.get('ce-source')})`);
+  let env: { payload?: string; payloadType?: string; signatures?: { keyid: string; sig: string }[] };
+  try {
+    env = JSON.parse(Buffer.from(raw, 'base64').toString('utf8'));
+  } catch {
+    throw new Error('dssematerial is no DSSE envelope');
+  }
+  if (env.payloadType !== PAYLOAD_TYPE) throw new Error(`payload type ${env.payloadType}`);
+  const payload = Buffer.from(env.payload ?? '', 'base64');
+  if (payload.length !== 32) throw new Error('the payload is no 32-byte digest');
+  const s = (env.signatures ?? []).find((s) => keys.has(s.keyid) && edVerify(null, pae(PAYLOAD_TYPE, payload), keys.get(s.keyid)!, Buffer.from(s.sig, 'base64')));
+  if (!s) throw new Error(`no signature verifies with a key of the bundle (key ids ${(env.signatures ?? []).map((s) => s.keyid).join(', ')})`);
+  const exts = signedList(h);
+  if (exts === null) throw new Error(`signedextattrs ${h.get('ce-signedextattrs')} breaks the extension's constraints`);
+  if (!material(h, data, exts).equals(payload)) throw new Error(`signed by ${s.keyid}, but the event is not the one signed (attributes or data altered)`);
+  const unsigned = extensions(h).find((e) => !exts.includes(e));
+  if (unsigned) throw new Error(`the extension attribute ${unsigned} is not signed`);
+  return s.keyid;
+}
+
+/**
+ * Verifies a bundle with no bus: every event signed by a key of the bundle over its
+ * canonical form, and chained (its ce-prevdigest names an earlier event of the run; a
+ * start, decision, cancel or answer may begin a chain). Returns the signers' key ids;
+ * throws an AuditFailure naming the first event that fails.
+ */
+export function verifyBundle(b: Bundle): { events: number; keyIDs: string[] } {
+  if (b.format !== BUNDLE_FORMAT) throw new Error(`toolbus: bundle format ${b.format}, want ${BUNDLE_FORMAT}`);
+  const keys = new Map(b.keys.keys.map((k) => [k.keyid, publicKey(Buffer.from(k.public, 'base64'))]));
+  const evs = b.events.map((r) => ({ r, h: recordHeaders(r.header), data: Buffer.from(r.data ?? '', 'base64') }));
+  const at = new Map<string, number>();
+  evs.forEach((e, i) => { const d = digest(e.h, e.data); if (!at.has(d)) at.set(d, i); });
+  const signers = new Set<string>();
+  evs.forEach((e, i) => {
+    const fail = (check: string, reason: string) => new AuditFailure(i, e.r.seq, e.h.get('ce-id'), check, reason);
+    if (e.h.get('ce-runid') !== b.run) throw fail('decode', `the event is of run ${e.h.get('ce-runid')}, not ${b.run}`);
+    try {
+      signers.add(verifySignature(e.h, e.data, keys));
+    } catch (err) {
+      throw fail('signature', (err as Error).message);
+    }
+    const prev = e.h.get('ce-prevdigest');
+    if (!prev) {
+      if (!CHAIN_STARTS.includes(e.h.get('ce-type'))) throw fail('chain', `${e.h.get('ce-type')} names no previous event`);
+      return;
+    }
+    const j = at.get(prev);
+    if (j === undefined) throw fail('chain', `it follows event ${prev}, which the run does not hold (removed or altered)`);
+    if (j >= i) throw fail('chain', `it follows event ${j + 1} (${evs[j].h.get('ce-id')}), stored after it (reordered)`);
+  });
+  return { events: evs.length, keyIDs: [...signers].sort() };
+}
