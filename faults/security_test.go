@@ -148,17 +148,7 @@ func TestFaultSecurityRoles(t *testing.T) {
 			t.Fatalf("toolbus run --principal bob as client-alice: %v, want a permissions violation:\n%s", err, out)
 		}
 		t.Logf("client-alice starting a run for bob: %v\n%s", err, out)
-		nc, err := nats.Connect(url, nats.UserCredentials(res.Creds["admin"]))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer nc.Close()
-		js, err := jetstream.New(nc)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
+		ctx, js := adminJetStream(t, url, res.Creds["admin"])
 		stream, err := js.Stream(ctx, events.DefaultStream)
 		if err != nil {
 			t.Fatal(err)
@@ -202,17 +192,7 @@ func TestFaultFairShareAccounts(t *testing.T) {
 	roleEnv["executor"] = []string{"TOOLBUS_NATS_CREDS=" + res.Creds[natsjwt.TeamUser("alpha")], "TOOLBUS_TEAM=alpha", "TOOLBUS_EXECUTOR_TOOLS=noop,calculator"}
 	url, dump := securedPipeline(t, []string{toolbusBin, "server"}, toolbusBin, dir, res.Config, "nats", nil, roleEnv,
 		[]nats.Option{nats.UserCredentials(res.Creds["admin"])}, "TOOLBUS_FAIR_SHARE=1")
-	nc, err := nats.Connect(url, nats.UserCredentials(res.Creds["admin"]))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
+	ctx, js := adminJetStream(t, url, res.Creds["admin"])
 	qs, err := js.Stream(ctx, events.QueueStreamName(events.DefaultStream))
 	if err != nil {
 		t.Fatal(err)
