@@ -30,6 +30,7 @@ import (
 // naming it, as not beta's tool. After `toolbus admin rotate executor-alpha` and
 // publish-keys, the run signed before still verifies from a new export.
 func TestFaultAuditTrail(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("starts processes")
 	}

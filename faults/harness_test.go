@@ -25,6 +25,7 @@ import (
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/provision"
 	"github.com/toolbus/toolbus/events/store"
+	"github.com/toolbus/toolbus/internal/testutil"
 )
 
 // The suite runs real processes: a nats-server built from the module dependency, the
@@ -47,7 +48,13 @@ var bins struct {
 	err                     error
 }
 
+// TestMain runs four tests at a time where the command line does not say (make test:
+// -p 4 beside other packages): the tests wait on processes, leases and redeliveries
+// far more than they compute, and at two at a time (two cores) those waits add up to
+// the package's critical path. The full suite's tests (TOOLBUS_FAULTS=1) are not
+// parallel: they run one at a time whatever this says.
 func TestMain(m *testing.M) {
+	testutil.RaiseParallel(4)
 	code := m.Run()
 	if bins.dir != "" {
 		_ = os.RemoveAll(bins.dir)

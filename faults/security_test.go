@@ -48,6 +48,7 @@ func TestFaultSecurityRoles(t *testing.T) {
 	roles := []string{"admin", "planner", "executor", "injector", "client"}
 
 	t.Run("user and password over mutual TLS", func(t *testing.T) {
+		t.Parallel()
 		dir := t.TempDir()
 		pki := writePKI(t, dir)
 		serverEnv := []string{"NATS_TLS_CERT=" + pki["server.pem"], "NATS_TLS_KEY=" + pki["server-key.pem"], "NATS_TLS_CA=" + pki["ca.pem"]}
@@ -64,6 +65,7 @@ func TestFaultSecurityRoles(t *testing.T) {
 	})
 
 	t.Run("nkey per role", func(t *testing.T) {
+		t.Parallel()
 		dir := t.TempDir()
 		var serverEnv []string
 		roleEnv := map[string][]string{}
@@ -98,6 +100,7 @@ func TestFaultSecurityRoles(t *testing.T) {
 	// tools the pipeline calls, with TOOLBUS_TEAM=alpha), and a client bound to alice
 	// may start runs for alice only.
 	t.Run("JWT from deploy/nats/gen", func(t *testing.T) {
+		t.Parallel()
 		dir := t.TempDir()
 		grants := natsjwt.Grants{Teams: map[string][]string{"alpha": {"noop", "calculator"}},
 			Clients: map[string][]string{"alice": {"alice"}}}
@@ -174,6 +177,7 @@ func TestFaultSecurityRoles(t *testing.T) {
 // scheduler and releases the call; the team's executor, in its own account, pulls and
 // runs it; client alice's `toolbus run` completes (securedPipeline checks it).
 func TestFaultFairShareAccounts(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("starts processes")
 	}
