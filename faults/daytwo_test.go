@@ -212,10 +212,10 @@ func TestFaultDayTwoInFlight(t *testing.T) {
 // checkDayTwoDisturbsNobody runs a loop of team alpha's runs (one call of append_a each,
 // one at a time) while the administrator rotates team beta's credentials, revokes its
 // tool and grants it again, and adds a team (delta, with a tool of its own) and removes
-// it, each with -push (no reload), as issue 54 measured: no run of
-// alpha takes more than three times the slowest of the same loop before, nor as long as
-// the queue's AckWait (a call delivered to a pull whose response mapping the server
-// dropped waits at least that for its redelivery: the stall this checks for). The revoked
+// it, each with -push (no reload), as issue 54 measured: every call of alpha's loop runs
+// at its first delivery (a call delivered to a pull whose response mapping the server
+// dropped waits the queue's AckWait for its redelivery: the stall this checks for, by
+// the attempt, not by a clock). The revoked
 // tool leaves `toolbus tools` at once (polled with a deadline), beta's executor says
 // it no longer serves it and drops it from its instance record, and the tool comes back
 // with the grant, served by beta's executor, which the rotation cut and which reconnected
@@ -331,11 +331,8 @@ func checkDayTwoDisturbsNobody(t *testing.T, e *env, admin func(...string) strin
 	})
 	close(stop)
 	got := <-laps
-	q, err := e.bus.JetStream().Consumer(ctx, events.QueueStreamName(events.DefaultStream), events.ToolConsumer("append_a"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	limit := max(3*worst, q.CachedInfo().Config.AckWait)
+	// No elapsed time is asserted: a loop call that beta's changes disturbed (alpha's
+	// executor cut off, its lease lost) is delivered again, and runs at attempt 2.
 	ran := scanLines(t, sideEffects)
 	var slowest time.Duration
 	for _, l := range got {
@@ -343,16 +340,16 @@ func checkDayTwoDisturbsNobody(t *testing.T, e *env, admin func(...string) strin
 		switch key := l.run + "/0/" + callrun.CallID; {
 		case l.err != nil:
 			t.Errorf("loop run %s: %v", l.run, l.err)
-		case l.d > limit:
-			t.Errorf("loop run %s of team alpha took %s while beta's credentials changed: over %s (3 x the worst of the loop before, %s, or the queue's AckWait)", l.run, l.d, limit, worst)
 		case len(ran[key]) != 1:
 			t.Errorf("loop call %s ran %d times", key, len(ran[key]))
+		case strings.Fields(ran[key][0])[2] != "1":
+			t.Errorf("loop call %s of team alpha was delivered again while beta's credentials changed: %q", key, ran[key][0])
 		}
 	}
 	if len(got) == 0 {
 		t.Errorf("no loop run during the commands")
 	}
-	t.Logf("alpha's loop: worst %s before; %d runs during beta's rotate, revoke and grant and delta's add-team and remove-team with -push, the slowest %s (limit %s)\n%s", worst, len(got), slowest, limit, out)
+	t.Logf("alpha's loop: worst %s before; %d runs during beta's rotate, revoke and grant and delta's add-team and remove-team with -push, the slowest %s\n%s", worst, len(got), slowest, out)
 	e.checkProcs() // beta's executor reconnected with its rewritten file
 }
 
