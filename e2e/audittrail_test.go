@@ -147,6 +147,7 @@ func clone(b trail.Bundle) trail.Bundle {
 // well-formed result unsigned, and one signed with team beta's key for a tool alpha
 // owns. CONTROL: the untouched run verifies.
 func TestAuditTrailVerifies(t *testing.T) {
+	t.Parallel()
 	s := newSignedStack(t, twoCalls())
 	s.startAll()
 	s.run("signed-1")
@@ -227,6 +228,7 @@ func TestAuditTrailVerifies(t *testing.T) {
 // A run none of whose events is signed (a deployment before signing) verifies as
 // unsigned (ErrUnsignedRun), never as valid. CONTROL: the same run verifies before.
 func TestAuditTrailKeyLifecycle(t *testing.T) {
+	t.Parallel()
 	s := newSignedStack(t, twoCalls())
 	s.startAll()
 	s.run("rotate-1")

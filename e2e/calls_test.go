@@ -24,6 +24,7 @@ import (
 // of the running call, and the run would never complete. It completes, with the real
 // results.
 func TestSecurityForgedCallsNotHeard(t *testing.T) {
+	t.Parallel()
 	url, opts := credentialKinds()[0].start(t)
 	release := make(chan struct{})
 	gate := releasedTool(release)

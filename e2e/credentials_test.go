@@ -7,9 +7,11 @@ package e2e_test
 import (
 	"crypto/rand"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -35,17 +37,49 @@ var secRoles = []string{"planner", "executor", "injector", "client"}
 var allRoles = append([]string{"admin"}, secRoles...)
 
 // startConfigured starts an embedded server from a deploy/nats config file on a random
-// port of 127.0.0.1, with its store in a temp dir and no monitoring port.
-func startConfigured(t *testing.T, file string) *server.Server {
+// port of 127.0.0.1, with its store in a temp dir and no monitoring port; vars are the
+// variables the file reads from the environment (confWith).
+func startConfigured(t *testing.T, file string, vars map[string]string) *server.Server {
 	t.Helper()
 	if !filepath.IsAbs(file) {
 		file = filepath.Join("..", "deploy", "nats", file)
+	}
+	if len(vars) > 0 {
+		file = confWith(t, file, vars)
 	}
 	opts, err := server.ProcessConfigFile(file)
 	if err != nil {
 		t.Fatalf("%s: %v", file, err)
 	}
 	return eventstest.StartServer(t, opts)
+}
+
+// confWith copies the .conf files of file's folder into a folder of the test's, each
+// $NAME of vars written as its value, and returns file's copy: the variables that
+// nats-server reads from the environment, set without the process's environment
+// (t.Setenv), so that the tests that give a server credentials of their own run in
+// parallel.
+func confWith(t *testing.T, file string, vars map[string]string) string {
+	t.Helper()
+	names := slices.Collect(maps.Keys(vars))
+	slices.SortFunc(names, func(a, b string) int { return len(b) - len(a) }) // $NAME_X before $NAME
+	files, err := filepath.Glob(filepath.Join(filepath.Dir(file), "*.conf"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		conf := string(b)
+		for _, name := range names {
+			conf = strings.ReplaceAll(conf, "$"+name, strconv.Quote(vars[name]))
+		}
+		writeFile(t, dir, filepath.Base(f), []byte(conf))
+	}
+	return filepath.Join(dir, filepath.Base(file))
 }
 
 // violations records the permission errors the server sends to each connection.
@@ -198,16 +232,17 @@ func writeFile(t *testing.T, dir, name string, data []byte) string {
 	return p
 }
 
-// setPasswords sets the role passwords auth-users.conf reads and returns them.
-func setPasswords(t *testing.T) map[string]string {
-	pw := map[string]string{}
+// newPasswords makes a password per role, and the variables auth-users.conf reads them
+// from (startConfigured).
+func newPasswords() (pw, vars map[string]string) {
+	pw, vars = map[string]string{}, map[string]string{}
 	for _, role := range allRoles {
 		b := make([]byte, 12)
 		_, _ = rand.Read(b)
 		pw[role] = fmt.Sprintf("%x", b)
-		t.Setenv("TOOLBUS_"+strings.ToUpper(role)+"_PASSWORD", pw[role])
+		vars["TOOLBUS_"+strings.ToUpper(role)+"_PASSWORD"] = pw[role]
 	}
-	return pw
+	return pw, vars
 }
 
 // credentialKind starts a server from a deploy/nats config with one credential per role
@@ -223,8 +258,8 @@ type credentialKind struct {
 func credentialKinds() []credentialKind {
 	return []credentialKind{
 		{"user-password", func(t *testing.T) (string, map[string][]nats.Option) {
-			pw := setPasswords(t)
-			srv := startConfigured(t, "auth-users.conf")
+			pw, vars := newPasswords()
+			srv := startConfigured(t, "auth-users.conf", vars)
 			opts := map[string][]nats.Option{}
 			for _, role := range allRoles {
 				opts[role] = []nats.Option{nats.UserInfo(role, pw[role])}
@@ -233,7 +268,7 @@ func credentialKinds() []credentialKind {
 		}},
 		{"nkeys", func(t *testing.T) (string, map[string][]nats.Option) {
 			dir := t.TempDir()
-			opts := map[string][]nats.Option{}
+			opts, vars := map[string][]nats.Option{}, map[string]string{}
 			for _, role := range allRoles {
 				kp, err := nkeys.CreateUser()
 				if err != nil {
@@ -241,14 +276,14 @@ func credentialKinds() []credentialKind {
 				}
 				pub, _ := kp.PublicKey()
 				seed, _ := kp.Seed()
-				t.Setenv("TOOLBUS_"+strings.ToUpper(role)+"_NKEY", pub)
+				vars["TOOLBUS_"+strings.ToUpper(role)+"_NKEY"] = pub
 				o, err := nats.NkeyOptionFromSeed(writeFile(t, dir, role+".nk", seed))
 				if err != nil {
 					t.Fatal(err)
 				}
 				opts[role] = []nats.Option{o}
 			}
-			srv := startConfigured(t, "auth-nkeys.conf")
+			srv := startConfigured(t, "auth-nkeys.conf", vars)
 			return srv.ClientURL(), opts
 		}},
 		{"jwt", func(t *testing.T) (string, map[string][]nats.Option) {
@@ -259,7 +294,7 @@ func credentialKinds() []credentialKind {
 			if err != nil {
 				t.Fatal(err)
 			}
-			srv := startConfigured(t, res.Config)
+			srv := startConfigured(t, res.Config, nil)
 			opts := map[string][]nats.Option{}
 			for _, role := range allRoles {
 				opts[role] = []nats.Option{nats.UserCredentials(res.Creds[role])}

@@ -39,6 +39,7 @@ func TestLateResultOfSupersededAttempt(t *testing.T) {
 // is held back while the owning attempt's executor is alive, and joined once it is
 // gone, with no permission violation. For each credential kind of deploy/nats.
 func TestRolesInjectorFence(t *testing.T) {
+	t.Parallel()
 	for _, kind := range credentialKinds() {
 		t.Run(kind.name, func(t *testing.T) {
 			for _, tc := range lateResultCases("alpha") {

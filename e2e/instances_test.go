@@ -44,7 +44,7 @@ func TestSecurityTeamInstances(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			srv := startConfigured(t, mode.conf(res))
+			srv := startConfigured(t, mode.conf(res), nil)
 			opts := map[string][]nats.Option{}
 			for _, u := range natsjwt.Users(nil, grants) {
 				opts[u.Name] = []nats.Option{mode.opt(t, res, u.Name), nats.Timeout(30 * time.Second)}

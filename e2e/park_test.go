@@ -76,8 +76,9 @@ var _ consume.ParkObserver = (*queueParks)(nil)
 // for them. A run started while they are parked calls both tools, their doorbells ring,
 // and the run completes with one result per call; the queues park again afterwards.
 func TestIdleQueuesParkWithRoleCredentials(t *testing.T) {
-	pw := setPasswords(t)
-	srv := startConfigured(t, "auth-users.conf")
+	t.Parallel()
+	pw, vars := newPasswords()
+	srv := startConfigured(t, "auth-users.conf", vars)
 	opts := map[string][]nats.Option{}
 	for _, role := range allRoles {
 		opts[role] = []nats.Option{nats.UserInfo(role, pw[role])}

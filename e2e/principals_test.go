@@ -75,7 +75,7 @@ func TestSecurityPrincipalsBound(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			srv := startConfigured(t, mode.conf(res))
+			srv := startConfigured(t, mode.conf(res), nil)
 			opts := map[string][]nats.Option{}
 			for _, u := range natsjwt.Users(nil, grants) {
 				opts[u.Name] = []nats.Option{mode.opt(t, res, u.Name), nats.Timeout(30 * time.Second)}

@@ -39,7 +39,7 @@ func TestRefusalsNameTheGrant(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			srv := startConfigured(t, mode.conf(res))
+			srv := startConfigured(t, mode.conf(res), nil)
 			ctx := eventstest.Context(t, 3*time.Minute)
 			open := func(user string) *events.Bus {
 				nc, err := connectAs(t, srv.ClientURL(), user, nil, mode.opt(t, res, user))

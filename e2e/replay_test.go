@@ -5,10 +5,12 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/toolbus/toolbus"
@@ -16,7 +18,15 @@ import (
 	"github.com/toolbus/toolbus/planner"
 )
 
-// buildToolbus builds the toolbus command into a temporary directory.
+// built is the toolbus binary buildToolbus built, once per test process.
+var built struct {
+	once     sync.Once
+	dir, bin string
+	err      error
+}
+
+// buildToolbus builds the toolbus command into a temporary directory, once for every
+// test that asks (TestMain removes it).
 func buildToolbus(t *testing.T) string {
 	t.Helper()
 	if testing.Short() {
@@ -26,12 +36,19 @@ func buildToolbus(t *testing.T) string {
 	if err != nil {
 		t.Skip("no go command to build toolbus with")
 	}
-	bin := filepath.Join(t.TempDir(), "toolbus")
-	cmd := exec.Command(goBin, "build", "-o", bin, "github.com/toolbus/toolbus/cmd/toolbus")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
+	built.once.Do(func() {
+		if built.dir, built.err = os.MkdirTemp("", "toolbus-e2e-bin-"); built.err != nil {
+			return
+		}
+		built.bin = filepath.Join(built.dir, "toolbus")
+		if out, err := exec.Command(goBin, "build", "-o", built.bin, "github.com/toolbus/toolbus/cmd/toolbus").CombinedOutput(); err != nil {
+			built.err = fmt.Errorf("go build: %w\n%s", err, out)
+		}
+	})
+	if built.err != nil {
+		t.Fatal(built.err)
 	}
-	return bin
+	return built.bin
 }
 
 // toolbusCLI runs the toolbus binary against the stack's server.

@@ -251,6 +251,7 @@ func matrixFeatures(deploy *deployTool, held <-chan string) []feature {
 
 // The matrix: every feature, with each role on its own credentials of each kind.
 func TestRolesFeatureMatrix(t *testing.T) {
+	t.Parallel()
 	for _, kind := range credentialKinds() {
 		t.Run(kind.name, func(t *testing.T) {
 			url, opts := kind.start(t)
@@ -455,6 +456,7 @@ func (s *secured) result(run, callID string) toolbus.ToolResult {
 // once as failed/permission_denied naming the subject the credentials miss, the run fails
 // with that code, the violation is counted, and the executor's /readyz turns not ready.
 func TestRolesPermissionViolationNotSilent(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	conf := readDeployFile(t, "permissions.conf")
 	exec0 := strings.Index(conf, "EXECUTOR = {")
@@ -469,8 +471,8 @@ func TestRolesPermissionViolationNotSilent(t *testing.T) {
 	for _, f := range []string{"auth-users.conf", "single.conf"} {
 		writeFile(t, dir, f, []byte(readDeployFile(t, f)))
 	}
-	pw := setPasswords(t)
-	srv := startConfigured(t, filepath.Join(dir, "auth-users.conf"))
+	pw, vars := newPasswords()
+	srv := startConfigured(t, filepath.Join(dir, "auth-users.conf"), vars)
 	opts := map[string][]nats.Option{}
 	for _, role := range allRoles {
 		opts[role] = []nats.Option{nats.UserInfo(role, pw[role])}
@@ -528,6 +530,7 @@ func TestRolesPermissionViolationNotSilent(t *testing.T) {
 // missing subject. The planner here may not record the assistant message (the history
 // bucket), the injector may not ask for a step (model.requested).
 func TestRolesPlannerInjectorPermissionDenied(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct {
 		role, block, section, next, run, missing string
 	}{
@@ -551,8 +554,8 @@ func TestRolesPlannerInjectorPermissionDenied(t *testing.T) {
 			for _, f := range []string{"auth-users.conf", "single.conf"} {
 				writeFile(t, dir, f, []byte(readDeployFile(t, f)))
 			}
-			pw := setPasswords(t)
-			srv := startConfigured(t, filepath.Join(dir, "auth-users.conf"))
+			pw, vars := newPasswords()
+			srv := startConfigured(t, filepath.Join(dir, "auth-users.conf"), vars)
 			opts := map[string][]nats.Option{}
 			for _, role := range allRoles {
 				opts[role] = []nats.Option{nats.UserInfo(role, pw[role])}
@@ -604,6 +607,7 @@ func counterValue(t *testing.T, m *telemetry.Metrics, name string) float64 {
 // the admin), a restarting planner and `toolbus mcp` still read the catalog, the client
 // still lists runs and tools, follows and reads runs, and a run completes.
 func TestRolesReadersCannotExhaustConsumers(t *testing.T) {
+	t.Parallel()
 	kind := credentialKinds()[0]
 	url, opts := kind.start(t)
 	s := startSecured(t, url, opts)
@@ -695,12 +699,13 @@ func TestRolesReadersCannotExhaustConsumers(t *testing.T) {
 // states) nor write one: a terminal run state an executor forges for someone's run is
 // refused by the server, and the run goes on and completes.
 func TestRolesRunStateWritesFollowed(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	for _, f := range []string{"permissions.conf", "auth-users.conf", "single.conf"} {
 		writeFile(t, dir, f, []byte(readDeployFile(t, f)))
 	}
-	pw := setPasswords(t)
-	srv := startConfigured(t, filepath.Join(dir, "auth-users.conf"))
+	pw, vars := newPasswords()
+	srv := startConfigured(t, filepath.Join(dir, "auth-users.conf"), vars)
 	opts := map[string][]nats.Option{}
 	for _, role := range allRoles {
 		opts[role] = []nats.Option{nats.UserInfo(role, pw[role])}

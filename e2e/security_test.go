@@ -473,6 +473,7 @@ func (s *secured) executorSecrets() {
 // server with nothing changed, the client's reads, and another full run after the
 // attacks.
 func TestSecurityRoles(t *testing.T) {
+	t.Parallel()
 	for _, mode := range credentialKinds() {
 		t.Run(mode.name, func(t *testing.T) {
 			url, opts := mode.start(t)
@@ -488,8 +489,9 @@ func TestSecurityRoles(t *testing.T) {
 
 // Refused logins: no or wrong credentials, an unknown user, nkey or account.
 func TestSecurityRefusedLogins(t *testing.T) {
-	pw := setPasswords(t)
-	srv := startConfigured(t, "auth-users.conf")
+	t.Parallel()
+	pw, vars := newPasswords()
+	srv := startConfigured(t, "auth-users.conf", vars)
 	url := srv.ClientURL()
 	for _, c := range []struct{ name, user, pass string }{
 		{"no credentials", "", ""}, {"wrong password", "executor", "guess"}, {"unknown user", "root", pw["executor"]},
@@ -504,13 +506,13 @@ func TestSecurityRefusedLogins(t *testing.T) {
 		}
 	}
 
-	dir := t.TempDir()
+	dir, nvars := t.TempDir(), map[string]string{}
 	for _, role := range allRoles {
 		kp, _ := nkeys.CreateUser()
 		pub, _ := kp.PublicKey()
-		t.Setenv("TOOLBUS_"+strings.ToUpper(role)+"_NKEY", pub)
+		nvars["TOOLBUS_"+strings.ToUpper(role)+"_NKEY"] = pub
 	}
-	nsrv := startConfigured(t, "auth-nkeys.conf")
+	nsrv := startConfigured(t, "auth-nkeys.conf", nvars)
 	stranger, _ := nkeys.CreateUser()
 	seed, _ := stranger.Seed()
 	o, err := nats.NkeyOptionFromSeed(writeFile(t, dir, "stranger.nk", seed))
@@ -525,7 +527,7 @@ func TestSecurityRefusedLogins(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	jsrv := startConfigured(t, res.Config)
+	jsrv := startConfigured(t, res.Config, nil)
 	other, _ := nkeys.CreateAccount()
 	ukp, _ := nkeys.CreateUser()
 	upub, _ := ukp.PublicKey()
@@ -545,8 +547,9 @@ func TestSecurityRefusedLogins(t *testing.T) {
 
 // A role without the admin's rights cannot set the bus up: Open names toolbus init.
 func TestSecurityOpenNeedsInit(t *testing.T) {
-	pw := setPasswords(t)
-	srv := startConfigured(t, "auth-users.conf")
+	t.Parallel()
+	pw, vars := newPasswords()
+	srv := startConfigured(t, "auth-users.conf", vars)
 	nc, err := connectAs(t, srv.ClientURL(), "planner", nil, nats.UserInfo("planner", pw["planner"]))
 	if err != nil {
 		t.Fatal(err)
@@ -619,12 +622,11 @@ func newTestPKI(t *testing.T) testPKI {
 // Mutual TLS with a CA (deploy/nats/tls.conf): the client verifies the server with the
 // CA, the server requires a client certificate of the CA, plus user and password.
 func TestSecurityTLS(t *testing.T) {
+	t.Parallel()
 	pki := newTestPKI(t)
-	pw := setPasswords(t)
-	t.Setenv("NATS_TLS_CERT", pki.serverCert)
-	t.Setenv("NATS_TLS_KEY", pki.serverKey)
-	t.Setenv("NATS_TLS_CA", pki.ca)
-	srv := startConfigured(t, "tls.conf")
+	pw, vars := newPasswords()
+	vars["NATS_TLS_CERT"], vars["NATS_TLS_KEY"], vars["NATS_TLS_CA"] = pki.serverCert, pki.serverKey, pki.ca
+	srv := startConfigured(t, "tls.conf", vars)
 	url := strings.Replace(srv.ClientURL(), "nats://", "tls://", 1)
 	opts := map[string][]nats.Option{}
 	for _, role := range allRoles {

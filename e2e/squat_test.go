@@ -96,8 +96,9 @@ func replayOf(t *testing.T, ctx context.Context, bus *events.Bus, run string) *a
 // client's credentials) sees it end with no violation, and neither party hit a
 // permission violation: the squats were all allowed, and none suppressed anything.
 func TestSquattingWithRoleCredentials(t *testing.T) {
-	pw := setPasswords(t)
-	srv := startConfigured(t, "auth-users.conf")
+	t.Parallel()
+	pw, vars := newPasswords()
+	srv := startConfigured(t, "auth-users.conf", vars)
 	opts := map[string][]nats.Option{}
 	for _, role := range allRoles {
 		opts[role] = []nats.Option{nats.UserInfo(role, pw[role])}

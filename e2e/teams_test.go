@@ -177,7 +177,7 @@ func TestSecurityTeams(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			srv := startConfigured(t, mode.conf(res))
+			srv := startConfigured(t, mode.conf(res), nil)
 			opts := map[string][]nats.Option{}
 			for _, u := range natsjwt.Users(nil, teamGrants) {
 				// bcrypt checks are slow in a race-instrumented server on a busy machine.

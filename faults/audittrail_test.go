@@ -30,21 +30,18 @@ import (
 // naming it, as not beta's tool. After `toolbus admin rotate executor-alpha` and
 // publish-keys, the run signed before still verifies from a new export.
 func TestFaultAuditTrail(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("starts processes")
 	}
-	natsBin, toolbusBin, faultbusBin := binaries(t)
-	e := &env{t: t, ctx: t.Context(), dir: t.TempDir(), natsBin: natsBin, toolbus: toolbusBin, faultbus: faultbusBin,
-		cfg: events.Config{Replicas: 1, InstanceTTL: 2 * time.Second}}
-	t.Cleanup(e.dumpLogsOnFailure)
-	node := &natsNode{name: "toolbus-nats-1", port: freePort(t), httpPort: freePort(t), store: filepath.Join(e.dir, "store")}
-	gen := filepath.Join(e.dir, "nats")
+	a := newAccounts(t)
+	e, node, gen := a.env, a.nodes[0], a.genDir
 	user := func(u string) []string {
 		return []string{"TOOLBUS_NATS_CREDS=" + filepath.Join(gen, u+".creds"), "TOOLBUS_SIGNING_KEY=" + filepath.Join(gen, u+".sign")}
 	}
 	cli := func(want int, args ...string) string {
 		t.Helper()
-		cmd := exec.CommandContext(e.ctx, toolbusBin, args...)
+		cmd := exec.CommandContext(e.ctx, e.toolbus, args...)
 		cmd.Env = childEnv(append([]string{"TOOLBUS_NATS_URL=" + node.url(), "TOOLBUS_LOG_LEVEL=warn"}, user("admin")...))
 		out, err := cmd.CombinedOutput()
 		if code := cmd.ProcessState.ExitCode(); code != want {
@@ -52,28 +49,12 @@ func TestFaultAuditTrail(t *testing.T) {
 		}
 		return string(out)
 	}
-	admin := func(args ...string) string { return cli(0, append(append([]string{"admin"}, args...), "-dir", gen)...) }
+	admin := a.admin
 	admin("init", "-listen", "127.0.0.1:"+strconv.Itoa(node.port), "-store", node.store, "-core-wide")
 	admin("add-team", "alpha", "append_a")
 	admin("add-team", "beta", "append_b")
-	node.conf = filepath.Join(gen, "auth-jwt.conf")
-	e.nodes = []*natsNode{node}
-	e.startNode(node)
-	e.eventually("nats-server on the generated config", time.Minute, func() error {
-		nc, err := nats.Connect(node.url(), nats.UserCredentials(filepath.Join(gen, "admin.creds")), nats.MaxReconnects(-1))
-		if err != nil {
-			return err
-		}
-		e.nc = nc
-		return nil
-	})
-	t.Cleanup(e.nc.Close)
-	cli(0, "init", "--tools", "append_a,append_b")
+	a.up("append_a,append_b")
 	admin("publish-keys")
-	var err error
-	if e.bus, err = events.Open(e.ctx, e.nc, e.cfg); err != nil {
-		t.Fatal(err)
-	}
 	e.faultbusRole("planner", "planner-1", append(user("planner"), "TOOLBUS_MODEL=append_a:2x1")...)
 	e.toolbusRole("injector", "injector-1", user("injector")...)
 	e.faultbusRole("executor", "alpha-1", append(user("executor-alpha"), "TOOLBUS_TEAM=alpha", "TOOLBUS_NATS_API_PREFIX=JS.core.API",

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -18,66 +17,32 @@ import (
 	"github.com/toolbus/toolbus/events"
 )
 
-// clusterAccounts is the accounts layout (operator/JWT: `toolbus admin init`, teams
+// newClusterAccounts is the accounts layout (operator/JWT: `toolbus admin init`, teams
 // alpha and beta, a client alice bound to her identity) on a 3-node JetStream cluster,
 // stream and buckets R3: each node runs the generated auth-jwt.conf with its own store
 // (and so its own full resolver directory, under it) and a cluster block, as
 // docs/deployment-and-security.md ("The accounts layout on a cluster") says.
-type clusterAccounts struct {
-	*env
-	genDir string
-	admin  func(args ...string) string
-}
-
-func (c *clusterAccounts) creds(user string) string { return filepath.Join(c.genDir, user+".creds") }
-
-func newClusterAccounts(t *testing.T) *clusterAccounts {
+func newClusterAccounts(t *testing.T) *accounts {
 	t.Helper()
-	natsBin, toolbusBin, faultbusBin := binaries(t)
-	e := &env{t: t, ctx: t.Context(), dir: t.TempDir(), natsBin: natsBin, toolbus: toolbusBin, faultbus: faultbusBin,
-		cfg: events.Config{Replicas: 3, InstanceTTL: 30 * time.Second}}
-	t.Cleanup(e.dumpLogsOnFailure)
-	c := &clusterAccounts{env: e, genDir: filepath.Join(e.dir, "nats")}
+	c := newAccountsEnv(t, events.Config{Replicas: 3, InstanceTTL: 30 * time.Second})
 	for i := range 3 {
 		name := "n" + strconv.Itoa(i+1)
-		e.nodes = append(e.nodes, &natsNode{name: name, port: freePort(t), httpPort: freePort(t), clusterPort: freePort(t),
-			store: filepath.Join(e.dir, name+"-store"), conf: filepath.Join(e.dir, name+".conf")})
+		c.nodes = append(c.nodes, &natsNode{name: name, port: freePort(t), httpPort: freePort(t), clusterPort: freePort(t),
+			store: filepath.Join(c.dir, name+"-store"), conf: filepath.Join(c.dir, name+".conf")})
 	}
-	c.admin = func(args ...string) string {
-		t.Helper()
-		cmd := exec.CommandContext(e.ctx, toolbusBin, append(append([]string{"admin"}, args...), "-dir", c.genDir)...)
-		cmd.Env = append(os.Environ(), "TOOLBUS_NATS_URL="+e.urls())
-		out, err := cmd.CombinedOutput()
-		if err != nil {
-			t.Fatalf("toolbus admin %s: %v\n%s", strings.Join(args, " "), err, out)
-		}
-		return string(out)
-	}
-	base := filepath.Join(e.dir, "store")
+	base := filepath.Join(c.dir, "store")
 	c.admin("init", "-listen", "127.0.0.1:4222", "-store", base)
 	c.admin("add-team", "alpha", "append_a")
 	c.admin("add-team", "beta", "append_b")
 	c.admin("add-client", "alice", "alice")
 	conf := string(readFile(t, filepath.Join(c.genDir, "auth-jwt.conf")))
-	for _, n := range e.nodes {
+	for _, n := range c.nodes {
 		nc := strings.ReplaceAll(conf, base, n.store) + "\ncluster {\n  name: toolbus\n}\n"
 		if err := os.WriteFile(n.conf, []byte(nc), 0o600); err != nil {
 			t.Fatal(err)
 		}
-		e.startNode(n)
 	}
-	for _, n := range e.nodes {
-		waitNodeAs(e, n, c.creds("admin"))
-	}
-	var err error
-	if e.nc, err = nats.Connect(e.urls(), nats.UserCredentials(c.creds("admin")), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond)); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(e.nc.Close)
-	clusterInitTools(e, c.creds("admin"), "append_a,append_b")
-	if e.bus, err = events.Open(e.ctx, e.nc, e.cfg); err != nil {
-		t.Fatal(err)
-	}
+	c.up("append_a,append_b")
 	return c
 }
 
@@ -106,7 +71,7 @@ func TestFaultClusterAccountsResolver(t *testing.T) {
 		_, err := c.bus.EventStream().Info(ctx)
 		return err
 	})
-	clusterInitTools(c.env, c.creds("admin"), "append_c")
+	c.initTools("append_c")
 	reachesOn(c.env, n1, c.creds("executor-alpha"), queueInfo("append_c"), 30*time.Second)
 	c.startNode(n3)
 	waitNodeAs(c.env, n3, c.creds("admin"))
@@ -221,24 +186,6 @@ func TestFaultClusterAccountsRuns(t *testing.T) {
 	t.Logf("%s; %d side effects, each once; took %v", st, n, time.Since(start).Round(time.Millisecond))
 }
 
-// waitNodeAs waits until node n serves user's credentials with JetStream (a meta leader
-// elected).
-func waitNodeAs(e *env, n *natsNode, creds string) {
-	e.t.Helper()
-	e.eventually("nats node "+n.name+" ready", 2*time.Minute, func() error {
-		if n.proc.exited() {
-			e.t.Fatalf("nats node %s exited:\n%s", n.name, n.proc.logTail(30))
-		}
-		nc, err := nats.Connect(n.url(), nats.UserCredentials(creds), nats.Timeout(time.Second), nats.NoReconnect())
-		if err != nil {
-			return err
-		}
-		defer nc.Close()
-		_, err = nc.Request("$JS.API.INFO", nil, 2*time.Second)
-		return err
-	})
-}
-
 // reachesOn waits until user's credentials, connected to node n alone, get an answer on
 // subject (a JetStream API request through their account's imports).
 func reachesOn(e *env, n *natsNode, creds, subject string, d time.Duration) {
@@ -265,21 +212,4 @@ func requestOn(n *natsNode, creds, subject string) error {
 		return errors.New(string(m.Data))
 	}
 	return nil
-}
-
-// clusterInitTools runs `toolbus init --tools tools` with creds on the cluster, R3.
-func clusterInitTools(e *env, creds, tools string) {
-	e.t.Helper()
-	p := startProc(e.t, e.dir, "init-"+tools, e.toolbus, []string{"init", "--tools", tools},
-		[]string{"TOOLBUS_NATS_URL=" + e.urls(), "TOOLBUS_NATS_CREDS=" + creds, "TOOLBUS_REPLICAS=3",
-			"TOOLBUS_INSTANCE_TTL=" + e.cfg.InstanceTTL.String()})
-	p.expect()
-	select {
-	case <-p.done:
-	case <-time.After(2 * time.Minute):
-		e.t.Fatalf("toolbus init --tools %s did not end:\n%s", tools, p.logTail(20))
-	}
-	if code := p.cmd.ProcessState.ExitCode(); code != 0 {
-		e.t.Fatalf("toolbus init --tools %s exited %d:\n%s", tools, code, p.logTail(20))
-	}
 }

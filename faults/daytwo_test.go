@@ -45,63 +45,17 @@ func TestFaultDayTwoInFlight(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts processes")
 	}
-	natsBin, toolbusBin, faultbusBin := binaries(t)
-	e := &env{t: t, ctx: t.Context(), dir: t.TempDir(), natsBin: natsBin, toolbus: toolbusBin, faultbus: faultbusBin,
-		cfg: events.Config{Replicas: 1, InstanceTTL: 2 * time.Second}}
-	t.Cleanup(e.dumpLogsOnFailure)
-	// The generated config's server name: a reload refuses a name other than the
-	// running one, and the harness names its nodes on the command line.
-	node := &natsNode{name: "toolbus-nats-1", port: freePort(t), httpPort: freePort(t), store: filepath.Join(e.dir, "store")}
-	genDir := filepath.Join(e.dir, "nats")
-	creds := func(user string) string { return "TOOLBUS_NATS_CREDS=" + filepath.Join(genDir, user+".creds") }
-	// admin runs `toolbus admin <args> -dir DIR`, as the docs' day two does.
-	admin := func(args ...string) string {
-		t.Helper()
-		cmd := exec.CommandContext(e.ctx, toolbusBin, append(append([]string{"admin"}, args...), "-dir", genDir)...)
-		cmd.Env = append(os.Environ(), "TOOLBUS_NATS_URL="+node.url())
-		out, err := cmd.CombinedOutput()
-		if err != nil {
-			t.Fatalf("toolbus admin %s: %v\n%s", strings.Join(args, " "), err, out)
-		}
-		return string(out)
-	}
-	initTools := func(tools string) {
-		t.Helper()
-		p := startProc(t, e.dir, "init-"+tools, toolbusBin, []string{"init", "--tools", tools},
-			[]string{"TOOLBUS_NATS_URL=" + node.url(), creds("admin"), "TOOLBUS_INSTANCE_TTL=" + e.cfg.InstanceTTL.String()})
-		p.expect()
-		select {
-		case <-p.done:
-		case <-time.After(2 * time.Minute):
-			t.Fatalf("toolbus init --tools %s did not end:\n%s", tools, p.logTail(20))
-		}
-		if code := p.cmd.ProcessState.ExitCode(); code != 0 {
-			t.Fatalf("toolbus init --tools %s exited %d:\n%s", tools, code, p.logTail(20))
-		}
-	}
+	a := newAccounts(t)
+	e, node, genDir := a.env, a.nodes[0], a.genDir
+	creds := func(user string) string { return "TOOLBUS_NATS_CREDS=" + a.creds(user) }
+	admin, initTools := a.admin, a.initTools
 
 	// -core-wide: the core client (client.creds) submits the runs of this test, which
 	// watches the teams, not a client account.
 	admin("init", "-listen", "127.0.0.1:"+strconv.Itoa(node.port), "-store", node.store, "-core-wide")
 	admin("add-team", "alpha", "append_a")
 	admin("add-team", "beta", "append_b")
-	node.conf = filepath.Join(genDir, "auth-jwt.conf")
-	e.nodes = []*natsNode{node}
-	e.startNode(node)
-	e.eventually("nats-server on the generated config", time.Minute, func() error {
-		nc, err := nats.Connect(node.url(), nats.UserCredentials(filepath.Join(genDir, "admin.creds")), nats.MaxReconnects(-1))
-		if err != nil {
-			return err
-		}
-		e.nc = nc
-		return nil
-	})
-	t.Cleanup(e.nc.Close)
-	initTools("append_a,append_b")
-	var err error
-	if e.bus, err = events.Open(e.ctx, e.nc, e.cfg); err != nil {
-		t.Fatal(err)
-	}
+	a.up("append_a,append_b")
 	day1 := map[string][]byte{}
 	for _, u := range []string{"admin", "planner", "injector", "client", "executor-alpha", "executor-beta"} {
 		day1[u] = readFile(t, filepath.Join(genDir, u+".creds"))
@@ -198,7 +152,7 @@ func TestFaultDayTwoInFlight(t *testing.T) {
 	// The new grants work end to end: a call of each new tool through the pipeline.
 	for i, tool := range []string{"append_c", "calculator"} {
 		args := map[string]string{"append_c": `{"ms":1}`, "calculator": `{"expression":"6*7"}`}[tool]
-		p := startProc(t, e.dir, "call-"+tool, toolbusBin, []string{"call", "--id", "day2-call-" + strconv.Itoa(i), tool, args},
+		p := startProc(t, e.dir, "call-"+tool, e.toolbus, []string{"call", "--id", "day2-call-" + strconv.Itoa(i), tool, args},
 			[]string{"TOOLBUS_NATS_URL=" + node.url(), creds("client")})
 		p.expect()
 		select {
@@ -213,7 +167,7 @@ func TestFaultDayTwoInFlight(t *testing.T) {
 			t.Fatalf("toolbus call calculator (gamma's toolbus executor) did not answer 42:\n%s", p.logTail(20))
 		}
 	}
-	checkClientAccounts(t, e, toolbusBin, node.url(), genDir)
+	checkClientAccounts(t, e, e.toolbus, node.url(), genDir)
 	after := runIDs("after", 4)
 	e.submit(after)
 	e.waitCompleted(after, 2*time.Minute)
@@ -252,16 +206,16 @@ func TestFaultDayTwoInFlight(t *testing.T) {
 		}
 	}
 	t.Logf("%s", st)
-	checkDayTwoDisturbsNobody(t, e, admin, toolbusBin, node.url(), genDir, file, beta1)
+	checkDayTwoDisturbsNobody(t, e, admin, e.toolbus, node.url(), genDir, file, beta1)
 }
 
 // checkDayTwoDisturbsNobody runs a loop of team alpha's runs (one call of append_a each,
 // one at a time) while the administrator rotates team beta's credentials, revokes its
 // tool and grants it again, and adds a team (delta, with a tool of its own) and removes
-// it, each with -push (no reload), as issue 54 measured: no run of
-// alpha takes more than three times the slowest of the same loop before, nor as long as
-// the queue's AckWait (a call delivered to a pull whose response mapping the server
-// dropped waits at least that for its redelivery: the stall this checks for). The revoked
+// it, each with -push (no reload), as issue 54 measured: every call of alpha's loop runs
+// at its first delivery (a call delivered to a pull whose response mapping the server
+// dropped waits the queue's AckWait for its redelivery: the stall this checks for, by
+// the attempt, not by a clock). The revoked
 // tool leaves `toolbus tools` at once (polled with a deadline), beta's executor says
 // it no longer serves it and drops it from its instance record, and the tool comes back
 // with the grant, served by beta's executor, which the rotation cut and which reconnected
@@ -377,11 +331,8 @@ func checkDayTwoDisturbsNobody(t *testing.T, e *env, admin func(...string) strin
 	})
 	close(stop)
 	got := <-laps
-	q, err := e.bus.JetStream().Consumer(ctx, events.QueueStreamName(events.DefaultStream), events.ToolConsumer("append_a"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	limit := max(3*worst, q.CachedInfo().Config.AckWait)
+	// No elapsed time is asserted: a loop call that beta's changes disturbed (alpha's
+	// executor cut off, its lease lost) is delivered again, and runs at attempt 2.
 	ran := scanLines(t, sideEffects)
 	var slowest time.Duration
 	for _, l := range got {
@@ -389,16 +340,16 @@ func checkDayTwoDisturbsNobody(t *testing.T, e *env, admin func(...string) strin
 		switch key := l.run + "/0/" + callrun.CallID; {
 		case l.err != nil:
 			t.Errorf("loop run %s: %v", l.run, l.err)
-		case l.d > limit:
-			t.Errorf("loop run %s of team alpha took %s while beta's credentials changed: over %s (3 x the worst of the loop before, %s, or the queue's AckWait)", l.run, l.d, limit, worst)
 		case len(ran[key]) != 1:
 			t.Errorf("loop call %s ran %d times", key, len(ran[key]))
+		case strings.Fields(ran[key][0])[2] != "1":
+			t.Errorf("loop call %s of team alpha was delivered again while beta's credentials changed: %q", key, ran[key][0])
 		}
 	}
 	if len(got) == 0 {
 		t.Errorf("no loop run during the commands")
 	}
-	t.Logf("alpha's loop: worst %s before; %d runs during beta's rotate, revoke and grant and delta's add-team and remove-team with -push, the slowest %s (limit %s)\n%s", worst, len(got), slowest, limit, out)
+	t.Logf("alpha's loop: worst %s before; %d runs during beta's rotate, revoke and grant and delta's add-team and remove-team with -push, the slowest %s\n%s", worst, len(got), slowest, out)
 	e.checkProcs() // beta's executor reconnected with its rewritten file
 }
 

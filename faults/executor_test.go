@@ -34,6 +34,7 @@ func TestFaultExecutorKill(t *testing.T) {
 		{"idle executor beside", true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
 			start := time.Now()
 			e := newEnv(t, 1)
 			file := filepath.Join(e.dir, "side-effects")

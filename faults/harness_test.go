@@ -25,6 +25,7 @@ import (
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/provision"
 	"github.com/toolbus/toolbus/events/store"
+	"github.com/toolbus/toolbus/internal/testutil"
 )
 
 // The suite runs real processes: a nats-server built from the module dependency, the
@@ -47,7 +48,15 @@ var bins struct {
 	err                     error
 }
 
+// TestMain runs three tests at a time where the command line does not say (make test:
+// -p 4 beside other packages): the tests wait on processes, leases and redeliveries
+// far more than they compute, and at two at a time (two cores) those waits add up to
+// the package's critical path. Not more: they all start their processes at once when
+// the binaries are built, and at four on a machine loaded far past its cores a team
+// executor's first connection timed out (the server took 2.7 s over its CONNECT). The
+// full suite's tests (TOOLBUS_FAULTS=1) are not parallel: they run one at a time.
 func TestMain(m *testing.M) {
+	testutil.RaiseParallel(3)
 	code := m.Run()
 	if bins.dir != "" {
 		_ = os.RemoveAll(bins.dir)
@@ -1010,4 +1019,131 @@ func checkTakenOver(t testing.TB, path string, runs []string, steps, calls int, 
 			t.Errorf("side effect of %s: %q, want %s at attempt 2", key, lines, instance)
 		}
 	}
+}
+
+// accounts is a deployment in the accounts layout (operator/JWT) generated in genDir,
+// by `toolbus admin` (a.admin) or by deploy/nats/gen: one node on the generated
+// auth-jwt.conf (newAccounts), or three in a cluster (newClusterAccounts). The test
+// generates it, then a.up starts it.
+type accounts struct {
+	*env
+	genDir string
+}
+
+// newAccounts is a one-node accounts deployment, its store in the test's directory.
+// The node has the generated config's server name: a reload refuses a name other than
+// the running one, and the harness names its nodes on the command line.
+func newAccounts(t *testing.T) *accounts {
+	t.Helper()
+	a := newAccountsEnv(t, events.Config{Replicas: 1, InstanceTTL: 2 * time.Second})
+	a.nodes = []*natsNode{{name: "toolbus-nats-1", port: freePort(t), httpPort: freePort(t),
+		store: filepath.Join(a.dir, "store"), conf: filepath.Join(a.genDir, "auth-jwt.conf")}}
+	return a
+}
+
+// newAccountsEnv is the env of an accounts deployment, with no node yet.
+func newAccountsEnv(t *testing.T, cfg events.Config) *accounts {
+	t.Helper()
+	natsBin, toolbusBin, faultbusBin := binaries(t)
+	e := &env{t: t, ctx: t.Context(), dir: t.TempDir(), natsBin: natsBin, toolbus: toolbusBin, faultbus: faultbusBin, cfg: cfg}
+	t.Cleanup(e.dumpLogsOnFailure)
+	return &accounts{env: e, genDir: filepath.Join(e.dir, "nats")}
+}
+
+// creds is the credentials file of user.
+func (a *accounts) creds(user string) string { return filepath.Join(a.genDir, user+".creds") }
+
+// admin runs `toolbus admin <args> -dir genDir`, as the docs do (it connects, where it
+// does, with genDir's admin.creds).
+func (a *accounts) admin(args ...string) string {
+	a.t.Helper()
+	cmd := exec.CommandContext(a.ctx, a.toolbus, append(append([]string{"admin"}, args...), "-dir", a.genDir)...)
+	cmd.Env = append(os.Environ(), "TOOLBUS_NATS_URL="+a.urls())
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		a.t.Fatalf("toolbus admin %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return string(out)
+}
+
+// up starts the nodes on their configs, connects the test as admin, creates the queues
+// of tools (a.initTools) and opens the bus.
+func (a *accounts) up(tools string) {
+	a.t.Helper()
+	for _, n := range a.nodes {
+		a.startNode(n)
+	}
+	for _, n := range a.nodes {
+		waitNodeAs(a.env, n, a.creds("admin"))
+	}
+	var err error
+	if a.nc, err = nats.Connect(a.urls(), nats.UserCredentials(a.creds("admin")), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond)); err != nil {
+		a.t.Fatal(err)
+	}
+	a.t.Cleanup(a.nc.Close)
+	a.initTools(tools)
+	if a.bus, err = events.Open(a.ctx, a.nc, a.cfg); err != nil {
+		a.t.Fatal(err)
+	}
+}
+
+// initTools runs `toolbus init --tools tools` as admin.
+func (a *accounts) initTools(tools string) {
+	a.t.Helper()
+	a.cli("init-"+tools, 0, "init", "--tools", tools)
+}
+
+// cli runs `toolbus <args>` as admin (its log named name), waits for it to end with exit
+// code want and returns its output.
+func (a *accounts) cli(name string, want int, args ...string) string {
+	a.t.Helper()
+	p := startProc(a.t, a.dir, name, a.toolbus, args,
+		[]string{"TOOLBUS_NATS_URL=" + a.urls(), "TOOLBUS_NATS_CREDS=" + a.creds("admin"),
+			"TOOLBUS_REPLICAS=" + strconv.Itoa(a.cfg.Replicas), "TOOLBUS_INSTANCE_TTL=" + a.cfg.InstanceTTL.String()})
+	p.expect()
+	select {
+	case <-p.done:
+	case <-time.After(2 * time.Minute):
+		a.t.Fatalf("toolbus %s did not end:\n%s", strings.Join(args, " "), p.logTail(20))
+	}
+	if code := p.cmd.ProcessState.ExitCode(); code != want {
+		a.t.Fatalf("toolbus %s exited %d, want %d:\n%s", strings.Join(args, " "), code, want, p.logTail(20))
+	}
+	return p.logText()
+}
+
+// waitNodeAs waits until node n serves user's credentials with JetStream (a meta leader
+// elected).
+func waitNodeAs(e *env, n *natsNode, creds string) {
+	e.t.Helper()
+	e.eventually("nats node "+n.name+" ready", 2*time.Minute, func() error {
+		if n.proc.exited() {
+			e.t.Fatalf("nats node %s exited:\n%s", n.name, n.proc.logTail(30))
+		}
+		nc, err := nats.Connect(n.url(), nats.UserCredentials(creds), nats.Timeout(time.Second), nats.NoReconnect())
+		if err != nil {
+			return err
+		}
+		defer nc.Close()
+		_, err = nc.Request("$JS.API.INFO", nil, 2*time.Second)
+		return err
+	})
+}
+
+// adminJetStream connects to url with creds (the admin's, in the security tests'
+// checks) and returns a context for reading and the JetStream API; both end with t.
+func adminJetStream(t *testing.T, url, creds string) (context.Context, jetstream.JetStream) {
+	t.Helper()
+	nc, err := nats.Connect(url, nats.UserCredentials(creds))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	t.Cleanup(cancel)
+	return ctx, js
 }

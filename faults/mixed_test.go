@@ -11,8 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
-
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/audit"
 	"github.com/toolbus/toolbus/callrun"
@@ -59,13 +57,9 @@ func TestFaultMixedLanguages(t *testing.T) {
 		t.Skip("starts processes")
 	}
 	nodeBin, sdkEntry := nodeSDK(t)
-	natsBin, toolbusBin, faultbusBin := binaries(t)
-	e := &env{t: t, ctx: t.Context(), dir: t.TempDir(), natsBin: natsBin, toolbus: toolbusBin, faultbus: faultbusBin,
-		cfg: events.Config{Replicas: 1, InstanceTTL: 2 * time.Second}}
-	t.Cleanup(e.dumpLogsOnFailure)
-	node := &natsNode{name: "n1", port: freePort(t), httpPort: freePort(t), store: filepath.Join(e.dir, "store")}
-	genDir := filepath.Join(e.dir, "nats")
-	creds := func(user string) string { return "TOOLBUS_NATS_CREDS=" + filepath.Join(genDir, user+".creds") }
+	a := newAccounts(t)
+	e, node, genDir := a.env, a.nodes[0], a.genDir
+	creds := func(user string) string { return "TOOLBUS_NATS_CREDS=" + a.creds(user) }
 
 	// The administrator: the grants, the generated deployment, the server, the queues.
 	grants := filepath.Join(e.dir, "grants.json")
@@ -82,37 +76,8 @@ func TestFaultMixedLanguages(t *testing.T) {
 	if out, err := gen.CombinedOutput(); err != nil {
 		t.Fatalf("go run ./deploy/nats/gen: %v\n%s", err, out)
 	}
-	node.conf = filepath.Join(genDir, "auth-jwt.conf")
-	e.nodes = []*natsNode{node}
-	e.startNode(node)
-	e.eventually("nats-server on the generated config", time.Minute, func() error {
-		nc, err := nats.Connect(node.url(), nats.UserCredentials(filepath.Join(genDir, "admin.creds")), nats.MaxReconnects(-1))
-		if err != nil {
-			return err
-		}
-		e.nc = nc
-		return nil
-	})
-	t.Cleanup(e.nc.Close)
-	cli := func(name string, want int, args ...string) string {
-		t.Helper()
-		p := startProc(t, e.dir, name, toolbusBin, args, []string{"TOOLBUS_NATS_URL=" + node.url(), creds("admin"),
-			"TOOLBUS_INSTANCE_TTL=" + e.cfg.InstanceTTL.String()})
-		p.expect()
-		select {
-		case <-p.done:
-		case <-time.After(2 * time.Minute):
-			t.Fatalf("toolbus %s did not end:\n%s", strings.Join(args, " "), p.logTail(20))
-		}
-		if code := p.cmd.ProcessState.ExitCode(); code != want {
-			t.Fatalf("toolbus %s exited %d, want %d:\n%s", strings.Join(args, " "), code, want, p.logTail(20))
-		}
-		return p.logText()
-	}
-	cli("init", 0, "init", "--tools", "append_ts,approve_ts,append_b")
-	if e.bus, err = events.Open(e.ctx, e.nc, e.cfg); err != nil {
-		t.Fatal(err)
-	}
+	a.up("append_ts,approve_ts,append_b")
+	cli := a.cli
 
 	// The teams' executors and the core's workers.
 	file, approveFile, failFile := filepath.Join(e.dir, "side-effects"), filepath.Join(e.dir, "approved"), filepath.Join(e.dir, "failed")

@@ -48,6 +48,7 @@ func TestFaultSecurityRoles(t *testing.T) {
 	roles := []string{"admin", "planner", "executor", "injector", "client"}
 
 	t.Run("user and password over mutual TLS", func(t *testing.T) {
+		t.Parallel()
 		dir := t.TempDir()
 		pki := writePKI(t, dir)
 		serverEnv := []string{"NATS_TLS_CERT=" + pki["server.pem"], "NATS_TLS_KEY=" + pki["server-key.pem"], "NATS_TLS_CA=" + pki["ca.pem"]}
@@ -64,6 +65,7 @@ func TestFaultSecurityRoles(t *testing.T) {
 	})
 
 	t.Run("nkey per role", func(t *testing.T) {
+		t.Parallel()
 		dir := t.TempDir()
 		var serverEnv []string
 		roleEnv := map[string][]string{}
@@ -98,6 +100,7 @@ func TestFaultSecurityRoles(t *testing.T) {
 	// tools the pipeline calls, with TOOLBUS_TEAM=alpha), and a client bound to alice
 	// may start runs for alice only.
 	t.Run("JWT from deploy/nats/gen", func(t *testing.T) {
+		t.Parallel()
 		dir := t.TempDir()
 		grants := natsjwt.Grants{Teams: map[string][]string{"alpha": {"noop", "calculator"}},
 			Clients: map[string][]string{"alice": {"alice"}}}
@@ -148,17 +151,7 @@ func TestFaultSecurityRoles(t *testing.T) {
 			t.Fatalf("toolbus run --principal bob as client-alice: %v, want a permissions violation:\n%s", err, out)
 		}
 		t.Logf("client-alice starting a run for bob: %v\n%s", err, out)
-		nc, err := nats.Connect(url, nats.UserCredentials(res.Creds["admin"]))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer nc.Close()
-		js, err := jetstream.New(nc)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
+		ctx, js := adminJetStream(t, url, res.Creds["admin"])
 		stream, err := js.Stream(ctx, events.DefaultStream)
 		if err != nil {
 			t.Fatal(err)
@@ -184,6 +177,7 @@ func TestFaultSecurityRoles(t *testing.T) {
 // scheduler and releases the call; the team's executor, in its own account, pulls and
 // runs it; client alice's `toolbus run` completes (securedPipeline checks it).
 func TestFaultFairShareAccounts(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("starts processes")
 	}
@@ -202,17 +196,7 @@ func TestFaultFairShareAccounts(t *testing.T) {
 	roleEnv["executor"] = []string{"TOOLBUS_NATS_CREDS=" + res.Creds[natsjwt.TeamUser("alpha")], "TOOLBUS_TEAM=alpha", "TOOLBUS_EXECUTOR_TOOLS=noop,calculator"}
 	url, dump := securedPipeline(t, []string{toolbusBin, "server"}, toolbusBin, dir, res.Config, "nats", nil, roleEnv,
 		[]nats.Option{nats.UserCredentials(res.Creds["admin"])}, "TOOLBUS_FAIR_SHARE=1")
-	nc, err := nats.Connect(url, nats.UserCredentials(res.Creds["admin"]))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
+	ctx, js := adminJetStream(t, url, res.Creds["admin"])
 	qs, err := js.Stream(ctx, events.QueueStreamName(events.DefaultStream))
 	if err != nil {
 		t.Fatal(err)

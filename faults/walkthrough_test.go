@@ -57,6 +57,7 @@ func walkthroughScript(t *testing.T) string {
 // revokes with -push while everything runs. The only commands that fail are the two the
 // page says fail.
 func TestWalkthroughAsWritten(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("starts processes")
 	}
