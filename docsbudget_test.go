@@ -13,7 +13,7 @@ import (
 // docs/ and the packages' READMEs (userDocs). The goal is 4,000; this is the bound
 // reached so far, lowered as pages are cut (never raised to fit a new paragraph: make
 // room in the page it belongs to).
-const docsBudget = 4329
+const docsBudget = 3991
 
 // userDocs are the Markdown files a user reads: the README, every page of docs/ and the
 // README of every package or example (not test data, not node_modules). CONTRACT.md is
