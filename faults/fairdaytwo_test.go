@@ -15,8 +15,8 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/toolbus/toolbus"
-	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/callrun"
+	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/timeline"
 )
 
