@@ -15,6 +15,7 @@ import (
 
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/store"
 )
 
 // newClusterAccounts is the accounts layout (operator/JWT: `toolbus admin init`, teams
@@ -57,6 +58,7 @@ func TestFaultClusterAccountsResolver(t *testing.T) {
 	suite(t)
 	start := time.Now()
 	c := newClusterAccounts(t)
+	clusterTeamSecrets(c)
 	n1, n3 := c.nodes[0], c.nodes[2]
 	// A pull of the tool's queue that waits for nothing (requestOn): a team imports no
 	// consumer info, only its queues' pulls and acks.
@@ -82,6 +84,66 @@ func TestFaultClusterAccountsResolver(t *testing.T) {
 		t.Errorf("alpha's credentials reach beta's queue on %s", n3.name)
 	}
 	t.Logf("took %v\n%s", time.Since(start).Round(time.Millisecond), out)
+}
+
+// clusterTeamSecrets: on the R3 secrets bucket a team's executor reads its own shared
+// secrets (MCP OAuth tokens) by its exported direct gets, which the bucket keeps serving
+// replicated (no core role reads them for it); beta's stay unread by alpha (the writes
+// go through the write service, checked in TestTeamAccountSecrets). CONTROL: the core (admin) reads beta's secret as written.
+func clusterTeamSecrets(c *clusterAccounts) {
+	t := c.t
+	ctx, cancel := c.op()
+	defer cancel()
+	coreBeta, err := c.bus.Secrets(ctx, "beta")
+	if err != nil {
+		t.Fatal(err)
+	}
+	coreAlpha, err := c.bus.Secrets(ctx, "alpha")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for team, s := range map[string]*store.Secrets{"alpha": coreAlpha, "beta": coreBeta} {
+		if _, ok, err := s.Swap(ctx, "tok", []byte(team+"-token"), 0); err != nil || !ok {
+			t.Fatalf("the core writes %s's secret: %v %v", team, ok, err)
+		}
+	}
+	nc, err := nats.Connect(c.urls(), nats.UserCredentials(c.creds("executor-alpha")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	cfg := c.cfg
+	cfg.APIPrefix = "JS.core.API"
+	bus, err := events.Open(ctx, nc, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	alpha, err := bus.Secrets(ctx, "alpha")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.eventually("alpha reading its own secret on R3", time.Minute, func() error {
+		ctx, cancel := c.op()
+		defer cancel()
+		v, rev, err := alpha.Load(ctx, "tok")
+		if err != nil {
+			return err
+		}
+		if string(v) != "alpha-token" || rev == 0 {
+			return fmt.Errorf("alpha's secret: %q rev %d", v, rev)
+		}
+		return nil
+	})
+	stolen, err := bus.Secrets(ctx, "beta")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v, _, err := stolen.Load(ctx, "tok"); err == nil {
+		t.Errorf("alpha read beta's secret on R3: %q", v)
+	}
+	if v, _, err := coreBeta.Load(ctx, "tok"); err != nil || string(v) != "beta-token" {
+		t.Errorf("CONTROL: the core reads beta's secret: %q %v", v, err)
+	}
 }
 
 // TestFaultClusterAccountsRuns: in the accounts layout on a 3-node cluster (R3), the

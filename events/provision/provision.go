@@ -361,7 +361,13 @@ func setupBucket(ctx context.Context, js jetstream.JetStream, cfg events.Config,
 	if _, err := js.CreateOrUpdateKeyValue(ctx, kc); err != nil {
 		return fmt.Errorf("provision: bucket %s: %w", name, err)
 	}
-	if cfg.Replicas > 1 {
+	// The secrets keep their direct gets replicated: a team reads its own keys by the
+	// direct gets the core exports to it, and no core role reads them for it (the read
+	// service's credentials may not: the injector would hold every team's tokens). A
+	// follower behind the leader may answer an older record; every renewal first takes
+	// the record's lease by compare-and-set, which the leader checks (mcpauth), so a
+	// stale read costs a retry, never a refresh with a token already used.
+	if cfg.Replicas > 1 && name != store.BucketSecrets {
 		if _, err := leaderReads(ctx, js, name); err != nil {
 			return err
 		}

@@ -17,6 +17,7 @@ import (
 	"github.com/toolbus/toolbus/events/provision"
 	"github.com/toolbus/toolbus/internal/testutil"
 	"github.com/toolbus/toolbus/planner"
+	"github.com/toolbus/toolbus/reads"
 )
 
 // The TypeScript package's own tests (npm test: node's test runner) against a real NATS
@@ -103,6 +104,9 @@ func TestNPMTeamAccount(t *testing.T) {
 		return planner.Response{}, ctx.Err()
 	})
 	p := testpipe.StartOn(t, nc, 4*time.Minute, model)
+	// The read service (in every `toolbus injector`): a team reads through it where a
+	// bucket serves no direct gets (test/team-replicated.test.ts).
+	p.Roles.Go("reads", reads.New(p.Bus, p.Log).Serve)
 	for _, tool := range teamTools {
 		if _, err := provision.Consumer(p.Ctx, p.Bus, provision.ToolConsumerConfig(tool, 0, 0)); err != nil {
 			t.Fatal(err)
@@ -126,5 +130,6 @@ func TestNPMTeamAccount(t *testing.T) {
 	}
 	// One file at a time: they serve the same tools on the one server.
 	nodeTest(t, ctx, []string{"TOOLBUS_TEST_TEAM_BUS=" + string(tb)}, node, "--test", "--test-concurrency=1",
-		filepath.Join("dist", "test", "team.test.js"), filepath.Join("dist", "test", "team-fleet.test.js"))
+		filepath.Join("dist", "test", "team.test.js"), filepath.Join("dist", "test", "team-fleet.test.js"),
+		filepath.Join("dist", "test", "team-replicated.test.js"))
 }

@@ -374,8 +374,17 @@ export class Executor {
    * executor stops offering the tool (its instance record drops it, calls of it are
    * refused as unknown) and says why in one line; once the queue answers again (granted
    * again) it offers it again, with no restart.
+   *
+   * On a cluster a queue also answers "no responders" while its consumer elects a leader
+   * (a node killed: only the leader subscribes the pulls), for seconds; a tool is dropped
+   * only when its queue keeps answering so for reachConfirm more probes reachEveryMS/2 apart.
    */
   static reachEveryMS = 10000;
+  /** How many more probes must find the queue gone before a tool is dropped. */
+  static reachConfirm = 4;
+  private reaching = false;
+  /** Set once stop is requested (a confirmation in progress ends). */
+  private stopping = false;
   private bellRefused = false;
   private pullOpts: { max_messages: number; expires: number; bind?: boolean } = { max_messages: 1, expires: 30000 };
   private readonly stopped: Promise<void>;
@@ -406,6 +415,7 @@ export class Executor {
     this.breakRule = this.env.TOOLBUS_SDK_BREAK ?? '';
     this.authorize = opts.authorize;
     this.stopped = new Promise((r) => (this.stopRequested = r));
+    void this.stopped.then(() => { this.stopping = true; });
     this.servingP = new Promise((r) => (this.servingResolve = r));
   }
 
@@ -588,16 +598,39 @@ export class Executor {
 
   /** Asks the server about the next tool's queue, and drops or restores the tool (reachEveryMS). */
   private async reachCheck(): Promise<void> {
-    if (!this.servedList.length || !this.bus) return;
-    const tool = [...this.servedList].sort()[this.reachNext++ % this.servedList.length];
-    let gone = false;
+    if (!this.servedList.length || !this.bus || this.reaching) return; // one check at a time (a confirmation outlasts a period)
+    this.reaching = true;
+    try {
+      await this.checkReach([...this.servedList].sort()[this.reachNext++ % this.servedList.length]);
+    } finally {
+      this.reaching = false;
+    }
+  }
+
+  /** Asks the server about tool's queue once: 'gone' (no responders), 'ok', or 'error' (anything else). */
+  private async probe(tool: string): Promise<'gone' | 'ok' | 'error'> {
     try {
       // A team asks no consumer info (the core exports none): a pull that takes nothing.
-      if (this.bus.team) await this.bus.probeQueue(tool);
-      else await this.bus.js.consumers.get(this.bus.queues, toolConsumer(tool));
+      if (this.bus!.team) await this.bus!.probeQueue(tool);
+      else await this.bus!.js.consumers.get(this.bus!.queues, toolConsumer(tool));
+      return 'ok';
     } catch (err) {
-      if (!isNoResponders(err)) return; // a slow server, a queue being created: not the credentials
-      gone = true;
+      return isNoResponders(err) ? 'gone' : 'error';
+    }
+  }
+
+  /** Drops (confirmed: reachConfirm) or restores tool after asking about its queue. */
+  private async checkReach(tool: string): Promise<void> {
+    const first = await this.probe(tool);
+    if (first === 'error') return; // a slow server, a queue being created: not the credentials
+    let gone = first === 'gone';
+    if (gone && !this.unreachable.has(tool)) {
+      this.log.debug(`tool ${tool}: its queue answers no responders; asking again before dropping it (a consumer electing its leader answers so for seconds)`, { tool });
+    }
+    for (let i = 0; gone && !this.unreachable.has(tool) && i < Executor.reachConfirm; i++) {
+      await new Promise((r) => setTimeout(r, Executor.reachEveryMS / 2).unref());
+      if (this.stopping) return;
+      gone = (await this.probe(tool)) === 'gone';
     }
     if (gone && !this.unreachable.has(tool)) {
       this.unreachable.add(tool);

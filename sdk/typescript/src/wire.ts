@@ -533,6 +533,14 @@ export interface BusOptions {
  */
 export const readAPIPrefix = (identity: string) => `toolbus_read.${identityToken(identity)}.API`;
 
+/**
+ * toolbus_teamread.<stream>.<subject>: where a team's executor asks the core's read
+ * service for the last message of subject in stream, which its account's import maps to
+ * the team's own (events.TeamReadLocal). The service answers as a direct get would, for
+ * the subjects the team's direct gets reach, on replicated streams that serve none.
+ */
+export const teamReadLocal = (stream: string, subject: string) => `toolbus_teamread.${stream}.${subject}`;
+
 /** Whether err is (or wraps) a request nobody answered (NATS "no responders"). */
 export function isNoResponders(err: unknown): boolean {
   for (let e = err as { name?: string; message?: string; cause?: unknown; isNoResponders?: () => boolean } | undefined, i = 0; e && i < 8; e = e.cause as typeof e, i++) {
@@ -713,8 +721,18 @@ async function directGet(nc: NatsConnection, subj: string, body?: object): Promi
  * It needs no bucket info (which would list every key).
  */
 class DirectKV implements Store {
+  /** Set while the direct gets go unanswered: the read service (leader) is asked first. */
+  private viaLeader = false;
+
+  /**
+   * leader is the prefix of the core's read service for the bucket's keys in a team
+   * account (teamReadLocal of KV_<bucket> and $KV.<bucket>.; '' for none): a replicated
+   * bucket serves no direct gets (nothing answers them), and the read service answers the
+   * same get from the leader. The handle asks where the last answer came from first (the
+   * Go twin is store.NewTeamKV).
+   */
   constructor(private readonly nc: NatsConnection, private readonly js: JetStreamClient, private readonly apiPrefix: string,
-    private readonly bucket: string) {}
+    private readonly bucket: string, private readonly leader = '') {}
 
   private subject(k: string) {
     return `$KV.${this.bucket}.${k}`;
@@ -722,10 +740,24 @@ class DirectKV implements Store {
 
   /** The last message of k, delete and purge markers included. */
   async last(k: string): Promise<Entry | null> {
-    const sm = await directGet(this.nc, `${this.apiPrefix}.DIRECT.GET.KV_${this.bucket}.${this.subject(k)}`);
+    const sm = await this.getLast(k);
     if (!sm) return null;
     const op = sm.header.get('KV-Operation');
     return { value: sm.data, revision: sm.seq, created: sm.time, operation: op === 'DEL' || op === 'PURGE' ? op : 'PUT' };
+  }
+
+  /** The last message of k by a direct get, or through the read service when nobody answers that (or the other way round). */
+  private async getLast(k: string): Promise<StoredMsg | null> {
+    const direct = `${this.apiPrefix}.DIRECT.GET.KV_${this.bucket}.`;
+    if (!this.leader) return directGet(this.nc, direct + this.subject(k));
+    const [first, second] = this.viaLeader ? [this.leader, direct] : [direct, this.leader];
+    try {
+      return await directGet(this.nc, first + this.subject(k));
+    } catch (err) {
+      if (!isNoResponders(err)) throw err;
+      this.viaLeader = first === direct;
+      return directGet(this.nc, second + this.subject(k));
+    }
   }
 
   /** The last entry of k, a delete marker included (as KV.get). */
@@ -827,7 +859,9 @@ export class Bus {
       // A client account reads the keys of its runs (and the catalog) by direct get under
       // the read service's prefix; it writes none (its account imports no key).
       const prefix = this.apiPrefix || this.readPrefix;
-      p = prefix ? Promise.resolve(new DirectKV(this.nc, this.js, prefix, bucket)) : new Kvm(this.nc).open(bucket);
+      // A team reads through the core's read service where the bucket serves no direct gets (replicated).
+      const leader = this.team ? teamReadLocal(`KV_${bucket}`, '') : '';
+      p = prefix ? Promise.resolve(new DirectKV(this.nc, this.js, prefix, bucket, leader)) : new Kvm(this.nc).open(bucket);
       this.kvs.set(bucket, p);
       p.catch(() => this.kvs.delete(bucket));
     }
@@ -839,14 +873,20 @@ export class Bus {
     if (this.team) {
       // A team reaches only the last message of the subjects exported to it (its tools' results).
       if (!('last_by_subj' in q)) throw new Error(`toolbus: reading the stream ${this.stream} is not available in a team account`);
-      try {
-        return await directGet(this.nc, `${this.apiPrefix}.DIRECT.GET.${this.stream}.${q.last_by_subj}`);
-      } catch (err) {
-        // No responders: the stream serves no direct gets (a read mirror, replicas); the
-        // claim's done mark is all there is to go by.
-        if (/no responders|503/i.test(String((err as Error)?.message ?? err))) return null;
-        throw err;
+      // Where the stream serves no direct gets, its read mirror does (the core exports the
+      // last result of the team's tools there too); replicated, neither does, and the
+      // core's read service answers from the stream's leader (the Go twin is
+      // events.teamStream.GetLastMsgForSubject). With none of them, the claim's done mark
+      // is all there is to go by.
+      const tries = [`${this.apiPrefix}.DIRECT.GET.${this.stream}.`, `${this.apiPrefix}.DIRECT.GET.${this.stream}_READ.`, teamReadLocal(this.stream, '')];
+      for (const at of tries) {
+        try {
+          return await directGet(this.nc, at + q.last_by_subj);
+        } catch (err) {
+          if (!isNoResponders(err) && !/no responders|503/i.test(String((err as Error)?.message ?? err))) throw err;
+        }
       }
+      return null;
     }
     if (this.clientAccount) {
       // The read service answers direct gets of the runs visible to the identity of its
