@@ -8,10 +8,10 @@ import (
 	"time"
 
 	"github.com/toolbus/toolbus"
+	"github.com/toolbus/toolbus/e2e/testpipe"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
 	"github.com/toolbus/toolbus/fair"
-	"github.com/toolbus/toolbus/e2e/testpipe"
 	"github.com/toolbus/toolbus/planner"
 )
 

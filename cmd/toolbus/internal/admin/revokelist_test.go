@@ -7,12 +7,12 @@ import (
 	"time"
 
 	"github.com/toolbus/toolbus"
+	"github.com/toolbus/toolbus/callrun"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/accounts"
 	"github.com/toolbus/toolbus/events/eventstest"
 	"github.com/toolbus/toolbus/events/provision"
 	"github.com/toolbus/toolbus/events/store"
-	"github.com/toolbus/toolbus/callrun"
 )
 
 // TestRevokedToolLeavesTheListingAtOnce: on a live deployment (the generated credentials,
