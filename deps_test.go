@@ -76,6 +76,7 @@ var depRules = []depRule{
 	{prefix: "e2e", notModule: []string{"faults", "examples"}, why: "the end-to-end tests wire the roles in-process"},
 	{prefix: "embedded", notModule: append([]string{"events"}, workers...), why: "the embedded server knows nothing of the wire"},
 	{prefix: "events", notModule: append([]string{"audit", "telemetry", "conformance", "deploy"}, workers...), why: "the wire imports no worker"},
+	{prefix: "events/follow", notModule: []string{"events/provision", "events/consume"}, why: "following runs and their outcomes reads the wire; it creates and serves no consumer"},
 	{prefix: "events/consume", notModule: []string{"events/provision"}, why: "the consume loop serves consumers and creates none (events is below it)"},
 	{prefix: "events/provision", notModule: []string{"events/consume"}, why: "provisioning creates what the consume loop serves and serves nothing"},
 	{prefix: "events/store", notModule: []string{"events"}, notOutside: []string{"github.com/cloudevents/"}, why: "the store is state, not wire"},
