@@ -21,6 +21,7 @@ import (
 	"github.com/toolbus/toolbus/events/eventstest"
 	"github.com/toolbus/toolbus/events/follow"
 	"github.com/toolbus/toolbus/executor"
+	"github.com/toolbus/toolbus/intake/intaketest"
 	"github.com/toolbus/toolbus/planner"
 	"github.com/toolbus/toolbus/reads"
 )
@@ -30,7 +31,7 @@ import (
 // connection maker and the pipeline.
 func tenants(t *testing.T, model planner.Model, extra ...executor.Tool) (func(user string) *nats.Conn, *testpipe.Pipeline) {
 	t.Helper()
-	srv := eventstest.StartTenants(t, nil, map[string][]string{"alice": {"alice"}, "bob": {"bob"}, "carol": {"carol"}})
+	srv := intaketest.StartTenants(t, nil, map[string][]string{"alice": {"alice"}, "bob": {"bob"}, "carol": {"carol"}})
 	connect := func(user string) *nats.Conn { return eventstest.Connect(t, srv, user) }
 	p := testpipe.StartOn(t, connect("core"), 3*time.Minute, model, extra...)
 	p.Roles.Go("reads", reads.New(p.Bus, p.Log).Serve)
