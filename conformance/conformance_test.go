@@ -24,6 +24,7 @@ import (
 	"github.com/toolbus/toolbus/events/eventstest"
 	"github.com/toolbus/toolbus/events/provision"
 	"github.com/toolbus/toolbus/intake"
+	"github.com/toolbus/toolbus/intake/intaketest"
 	"github.com/toolbus/toolbus/internal/testutil"
 )
 
@@ -307,7 +308,7 @@ func checkTeamAccounts(t *testing.T, cmd []string, tool string, extraEnv []strin
 				t.Fatal(err)
 			}
 			defer inj.Close()
-			eventstest.ServeIntake(t, inj, intake.Limits{})
+			intaketest.ServeIntake(t, inj, intake.Limits{})
 			env := append(append(append([]string{}, extraEnv...), kind.env(res, team)...), settings...)
 			rep, err := conformance.Check(context.Background(), nc, srv.ClientURL(), conformance.Config{Command: cmd, Tool: tool,
 				Env: env, Team: "alpha", Accounts: true})

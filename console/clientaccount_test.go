@@ -14,6 +14,7 @@ import (
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
+	"github.com/toolbus/toolbus/intake/intaketest"
 	"github.com/toolbus/toolbus/internal/door"
 	"github.com/toolbus/toolbus/planner"
 	"github.com/toolbus/toolbus/reads"
@@ -27,7 +28,7 @@ import (
 // bound to (carol) gets 403. CONTROL: bob reads his run on the same console, and carol
 // hers on a console of her own account.
 func TestConsoleOnAClientAccount(t *testing.T) {
-	srv := eventstest.StartTenants(t, nil, map[string][]string{"console": {"alice", "bob"}, "carol": {"carol"}})
+	srv := intaketest.StartTenants(t, nil, map[string][]string{"console": {"alice", "bob"}, "carol": {"carol"}})
 	connect := func(user string) *nats.Conn { return eventstest.Connect(t, srv, user) }
 	script := func() *planner.Script {
 		return &planner.Script{Steps: []func(planner.Request) planner.Response{

@@ -24,6 +24,7 @@ import (
 	"github.com/toolbus/toolbus/console"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
+	"github.com/toolbus/toolbus/events/follow"
 	"github.com/toolbus/toolbus/events/provision"
 	"github.com/toolbus/toolbus/events/store"
 	"github.com/toolbus/toolbus/executor"
@@ -712,7 +713,7 @@ func TestRolesRunStateWritesFollowed(t *testing.T) {
 	}
 	s := startSecuredWith(t, srv.ClientURL(), opts, matrixModel())
 
-	follow := func(role string) error {
+	listen := func(role string) error {
 		t.Helper()
 		seen := &violations{}
 		nc, err := connectAs(t, srv.ClientURL(), role, seen, opts[role]...)
@@ -723,15 +724,15 @@ func TestRolesRunStateWritesFollowed(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		ends := bus.RunOutcomes()
+		ends := follow.Outcomes(bus)
 		ends.FollowRunStates()
 		defer ends.Close()
 		return ends.Listen(s.ctx)
 	}
-	if err := follow("planner"); err != nil {
+	if err := listen("planner"); err != nil {
 		t.Fatalf("the planner follows run ends: %v", err)
 	}
-	if err := follow("executor"); !errors.Is(err, events.ErrNoOutcomeSubscription) {
+	if err := listen("executor"); !errors.Is(err, follow.ErrNoOutcomeSubscription) {
 		t.Fatalf("an executor follows the run states' writes: %v, want ErrNoOutcomeSubscription", err)
 	}
 

@@ -78,14 +78,14 @@ func (b *Bus) Runs(ctx context.Context) ([]store.RunState, error) {
 		return b.state.Runs(ctx)
 	}
 	var out []store.RunState
-	return out, b.readService(ctx, ReadRunsSubject(b.readIdentity()), &out)
+	return out, b.readService(ctx, ReadRunsSubject(b.ReadIdentity()), &out)
 }
 
 // readService asks the read service on subject and decodes its JSON answer into v.
 func (b *Bus) readService(ctx context.Context, subject string, v any) error {
 	m, err := b.nc.RequestWithContext(ctx, subject, nil)
 	if err != nil {
-		return fmt.Errorf("events: %s: %w", subject, readRefusal(err, b.readIdentity()))
+		return fmt.Errorf("events: %s: %w", subject, readRefusal(err, b.ReadIdentity()))
 	}
 	if st := m.Header.Get("Status"); st != "" && len(m.Data) == 0 {
 		return fmt.Errorf("events: %s: %s %s", subject, st, m.Header.Get("Description"))
@@ -120,7 +120,7 @@ func (b *Bus) OfferedTools(ctx context.Context) ([]toolbus.ToolContract, error) 
 		return cat.Tools(nil), nil
 	}
 	var out []toolbus.ToolContract
-	return out, b.readService(ctx, ReadToolsSubject(b.readIdentity()), &out)
+	return out, b.readService(ctx, ReadToolsSubject(b.ReadIdentity()), &out)
 }
 
 // Contracts lists the catalog's contracts (store.Store.Contracts), or in a client
@@ -147,7 +147,7 @@ func (b *Bus) Instances(ctx context.Context) ([]store.Instance, error) {
 // identity; the core exports id's read service only to the accounts bound to id,
 // CheckBound). Views are kept for the bus's life.
 func (b *Bus) As(ctx context.Context, id string) (*Bus, error) {
-	if !b.client || id == b.readIdentity() {
+	if !b.client || id == b.ReadIdentity() {
 		return b, nil
 	}
 	b.mu.Lock()
@@ -190,7 +190,7 @@ func (b *Bus) notBound(subject string, err error) error {
 	}
 	toks := strings.Split(subject, ".")
 	id := toks[len(toks)-1]
-	if id == b.readIdentity() {
+	if id == b.ReadIdentity() {
 		// The account reads as id, so it is bound to it: nothing answers because no
 		// injector runs the core's write service (or the core has not been upgraded).
 		return fmt.Errorf("events: publish %s: no injector of the core answers this client account's writes (the write service, TOOLBUS_WRITE_SERVICE): %w", subject, err)
@@ -224,11 +224,11 @@ func (b *Bus) clientWatch(filter string) error {
 		return nil
 	}
 	return fmt.Errorf("%w (toolbus tail RUN, toolbus runs lists them): %s names no one run, and the core's read service answers a client only inside the runs its identity %s may see, never across runs",
-		ErrOneRun, filter, b.readIdentity())
+		ErrOneRun, filter, b.ReadIdentity())
 }
 
-// readIdentity is the identity a client account reads as (its ReadPrefix's).
-func (b *Bus) readIdentity() string { return ReadIdentity(b.cfg.ReadPrefix) }
+// ReadIdentity is the identity a client account reads as (its ReadPrefix's).
+func (b *Bus) ReadIdentity() string { return ReadIdentity(b.cfg.ReadPrefix) }
 
 // CheckBound returns an error wrapping ErrNotBound when the bus is a client account's
 // and its account is not bound to the identity id, before anything is read or
@@ -244,7 +244,7 @@ func (b *Bus) CheckBound(ctx context.Context, id string) error {
 		return nil
 	}
 	return fmt.Errorf("%w %s: it acts only as the identities it is bound to (this one reads as %s; an administrator binds one with `toolbus admin add-client NAME %s`)",
-		ErrNotBound, id, b.readIdentity(), id)
+		ErrNotBound, id, b.ReadIdentity(), id)
 }
 
 // ErrTenantCredentials is wrapped by a refusal of what a tenant's credentials cannot

@@ -23,7 +23,7 @@ func (b *Bus) FirstEvent(ctx context.Context, filter string) (StoredEvent, error
 	if err != nil {
 		return StoredEvent{}, fmt.Errorf("events: first event on %s: %w", filter, err)
 	}
-	return storedOf(raw), nil
+	return StoredOf(raw), nil
 }
 
 // LastEvent returns the last event stored on subject (no wildcards), read with one
@@ -37,7 +37,7 @@ func (b *Bus) LastEvent(ctx context.Context, subject string) (StoredEvent, error
 	if err != nil {
 		return StoredEvent{}, fmt.Errorf("events: last event on %s: %w", subject, err)
 	}
-	return storedOf(raw), nil
+	return StoredOf(raw), nil
 }
 
 // Requested reports whether run requested a call of tool: a tool.requested on the

@@ -23,6 +23,7 @@ import (
 	"github.com/toolbus/toolbus/events/eventstest"
 	"github.com/toolbus/toolbus/events/store"
 	"github.com/toolbus/toolbus/intake"
+	"github.com/toolbus/toolbus/intake/intaketest"
 	"github.com/toolbus/toolbus/internal/testutil"
 	"github.com/toolbus/toolbus/reads"
 )
@@ -601,12 +602,12 @@ func testTenancyServicesLive(t *testing.T, doc asyncAPISummary, addr map[string]
 			t.Errorf("reads: %v", err)
 		}
 	})
-	eventstest.ServeIntake(t, bus.Conn(), intake.Limits{})
+	intaketest.ServeIntake(t, bus.Conn(), intake.Limits{})
 	// A quota of one byte a second and a burst of 250 bytes, spent by a first write (its
 	// subject, data and intake.MessageOverhead): the next is over it (a write over the
 	// burst itself is refused for good, 400).
 	quota := eventstest.RunJetStream(t)
-	eventstest.ServeIntake(t, quota.Conn, intake.Limits{BytesPerSecond: 1, Burst: 250})
+	intaketest.ServeIntake(t, quota.Conn, intake.Limits{BytesPerSecond: 1, Burst: 250})
 
 	for _, r := range []struct{ run, principal string }{{"run-1", "alice"}, {"run-2", "bob"}} {
 		if err := bus.StartRun(ctx, "test", toolbus.RunStarted{RunID: r.run, Principal: toolbus.Principal{ID: r.principal},

@@ -9,6 +9,7 @@ import (
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
 	"github.com/toolbus/toolbus/events/provision"
+	"github.com/toolbus/toolbus/intake/intaketest"
 )
 
 // TestTeamAccountSecrets: on the accounts layout as the generator renders it
@@ -17,7 +18,7 @@ import (
 // its own keys with compare-and-set from its account, and reaches no other team's:
 // beta's token stays unread and unchanged.
 func TestTeamAccountSecrets(t *testing.T) {
-	srv := eventstest.StartTeams(t, map[string][]string{"alpha": nil, "beta": nil})
+	srv := intaketest.StartTeams(t, map[string][]string{"alpha": nil, "beta": nil})
 	ctx := eventstest.Context(t, time.Minute)
 	connect := func(user string) *nats.Conn {
 		nc, err := nats.Connect(srv.ClientURL(), nats.UserInfo(user, user))

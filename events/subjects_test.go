@@ -61,7 +61,7 @@ func TestNames(t *testing.T) {
 }
 
 // A run's final outcome is told by its subject alone (the read service ends a follow on
-// it, events.Follower stops): a terminal status, not waiting_for_approval, not a start or
+// it, follow.Follower stops): a terminal status, not waiting_for_approval, not a start or
 // a cancel, whose subjects have a fifth token.
 func TestIsFinalOutcome(t *testing.T) {
 	for subject, want := range map[string]bool{

@@ -11,6 +11,7 @@ import (
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
 	"github.com/toolbus/toolbus/events/provision"
+	"github.com/toolbus/toolbus/intake/intaketest"
 )
 
 // TestTeamTakeOverReadsTheMirror: with the read mirror `toolbus init` sets up, the event
@@ -22,7 +23,7 @@ import (
 // CONTROL: the core finds the result with its own credentials, and the team's check of
 // a result not stored answers not stored, without an error.
 func TestTeamTakeOverReadsTheMirror(t *testing.T) {
-	srv := eventstest.StartTeams(t, map[string][]string{"alpha": {"calc"}, "beta": {"other"}})
+	srv := intaketest.StartTeams(t, map[string][]string{"alpha": {"calc"}, "beta": {"other"}})
 	ctx := eventstest.Context(t, time.Minute)
 	core, _, err := provision.Setup(ctx, eventstest.Connect(t, srv, "core"), events.Config{}, provision.WithReadMirror())
 	if err != nil {

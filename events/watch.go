@@ -48,8 +48,8 @@ func (e StoredEvent) IsRunEnded() bool {
 	return e.Err == nil && strings.HasPrefix(t, "toolbus.run.") && t != TypeRunStarted && t != TypeRunCancel
 }
 
-// storedOf reads one stored message into a StoredEvent.
-func storedOf(raw *jetstream.RawStreamMsg) StoredEvent {
+// StoredOf reads one stored message into a StoredEvent.
+func StoredOf(raw *jetstream.RawStreamMsg) StoredEvent {
 	ev := StoredEvent{Seq: raw.Sequence, Subject: raw.Subject, Time: raw.Time}
 	var data json.RawMessage
 	meta, err := Decode(&nats.Msg{Subject: raw.Subject, Header: raw.Header, Data: raw.Data}, &data)
@@ -96,7 +96,7 @@ func ReadEvents(ctx context.Context, stream jetstream.Stream, filter string) ([]
 		if raw.Sequence > last {
 			break
 		}
-		out = append(out, storedOf(raw))
+		out = append(out, StoredOf(raw))
 		seq = raw.Sequence + 1
 	}
 	return out, nil
@@ -146,7 +146,7 @@ func (w *Watcher) Next(ctx context.Context, wait time.Duration) (ev StoredEvent,
 		switch {
 		case err == nil:
 			w.next = raw.Sequence + 1
-			return storedOf(raw), true, nil
+			return StoredOf(raw), true, nil
 		case ctx.Err() != nil:
 			return StoredEvent{}, false, ctx.Err()
 		case !errors.Is(err, jetstream.ErrMsgNotFound):

@@ -17,6 +17,7 @@ import (
 	"github.com/toolbus/toolbus/connect"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/consume"
+	"github.com/toolbus/toolbus/events/follow"
 	"github.com/toolbus/toolbus/events/provision"
 	"github.com/toolbus/toolbus/events/store"
 )
@@ -184,7 +185,7 @@ type Injector struct {
 	startsAckWait, startsMax atomic.Int64
 	// ends are the runs known to have ended, from their outcome events: a step settles
 	// without reading its run's state when they answer for the run (runState)
-	ends *events.RunOutcomes
+	ends *follow.RunOutcomes
 	// quota admits new runs per principal, room while the event stream has room
 	// (quota.go)
 	quota *admission
@@ -197,9 +198,9 @@ func New(bus *events.Bus, cfg Config) (*Injector, error) {
 		return nil, err
 	}
 	cfg.setDefaults()
-	var ends *events.RunOutcomes
+	var ends *follow.RunOutcomes
 	if bus != nil {
-		ends = bus.RunOutcomes()
+		ends = follow.Outcomes(bus)
 	}
 	in := &Injector{cfg: cfg, bus: bus, source: events.Source("injector", cfg.Instance), steps: newSteps(max(cfg.JoinWindow, 0)),
 		timers: heldTimers{m: map[string]jetstream.Msg{}}, starts: heldTimers{m: map[string]jetstream.Msg{}}, ends: ends,

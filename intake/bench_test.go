@@ -10,6 +10,7 @@ import (
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
 	"github.com/toolbus/toolbus/events/provision"
+	"github.com/toolbus/toolbus/intake/intaketest"
 )
 
 // BenchmarkTeamWrite measures what the write service costs a team's write: a result of
@@ -17,7 +18,7 @@ import (
 // intake) against the same publish from the core account (straight to the stream).
 // Reported per write: latency with one in flight, and with 64 in flight (async).
 func BenchmarkTeamWrite(b *testing.B) {
-	srv := eventstest.StartTenants(b, map[string][]string{"alpha": {"calc"}}, nil)
+	srv := intaketest.StartTenants(b, map[string][]string{"alpha": {"calc"}}, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	if _, _, err := provision.Setup(ctx, eventstest.Connect(b, srv, "core"), events.Config{}); err != nil {

@@ -13,6 +13,7 @@ import (
 	"github.com/toolbus/toolbus/events/provision"
 	"github.com/toolbus/toolbus/events/store"
 	"github.com/toolbus/toolbus/intake"
+	"github.com/toolbus/toolbus/intake/intaketest"
 )
 
 // TestTenantSecretsAreBounded: the secrets bucket is shared by every team and bounded
@@ -26,7 +27,7 @@ func TestTenantSecretsAreBounded(t *testing.T) {
 	srv := eventstest.StartTenantsBare(t, map[string][]string{"alpha": nil, "beta": nil}, nil)
 	ctx := eventstest.Context(t, time.Minute)
 	core := eventstest.Connect(t, srv, "core")
-	eventstest.ServeIntake(t, core, intake.Limits{Buckets: map[string]intake.BucketBound{store.BucketSecrets: {Keys: 4, ValueBytes: 2048}}})
+	intaketest.ServeIntake(t, core, intake.Limits{Buckets: map[string]intake.BucketBound{store.BucketSecrets: {Keys: 4, ValueBytes: 2048}}})
 	if _, _, err := provision.Setup(ctx, core, events.Config{}); err != nil {
 		t.Fatal(err)
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/toolbus/toolbus/events/provision"
 	"github.com/toolbus/toolbus/events/store"
 	"github.com/toolbus/toolbus/intake"
+	"github.com/toolbus/toolbus/intake/intaketest"
 	"github.com/toolbus/toolbus/reads"
 	"github.com/toolbus/toolbus/telemetry"
 )
@@ -60,7 +61,7 @@ func write(t *testing.T, ctx context.Context, nc *nats.Conn, subject, data, roll
 // intake refuses it, alpha's key is still there, and beta's own plain write (the
 // control) is stored. Without the intake's check, each of alpha's keys is gone.
 func TestTenantsCannotRollUpOthersKeys(t *testing.T) {
-	srv := eventstest.StartTenants(t, map[string][]string{"alpha": {"calc"}, "beta": {"search"}}, nil)
+	srv := intaketest.StartTenants(t, map[string][]string{"alpha": {"calc"}, "beta": {"search"}}, nil)
 	ctx := eventstest.Context(t, time.Minute)
 	core := eventstest.Connect(t, srv, "core")
 	if _, _, err := provision.Setup(ctx, core, events.Config{}, provision.WithTools([]string{"calc", "search"}, 0, 0)); err != nil {
@@ -107,7 +108,7 @@ func TestTenantsCannotRollUpOthersKeys(t *testing.T) {
 // checked again behind the imports (a core user could publish on the write service's
 // subjects directly).
 func TestIntakeRefusesOtherForms(t *testing.T) {
-	srv := eventstest.StartTenants(t, nil, nil)
+	srv := intaketest.StartTenants(t, nil, nil)
 	ctx := eventstest.Context(t, time.Minute)
 	core := eventstest.Connect(t, srv, "core")
 	if _, _, err := provision.Setup(ctx, core, events.Config{}); err != nil {
@@ -143,7 +144,7 @@ func TestIntakeRefusesOtherForms(t *testing.T) {
 // A team over its rate is refused the same way, and another team is not.
 func TestTenantBytesAreBounded(t *testing.T) {
 	lim := intake.Limits{BytesPerSecond: 20_000, Burst: 100_000, MaxStartBytes: 64 << 10}
-	srv := eventstest.StartTenantsLimited(t, map[string][]string{"alpha": {"calc"}, "beta": {"search"}},
+	srv := intaketest.StartTenantsLimited(t, map[string][]string{"alpha": {"calc"}, "beta": {"search"}},
 		map[string][]string{"alice": {"alice"}, "bob": {"bob"}}, lim)
 	ctx := eventstest.Context(t, time.Minute)
 	core := eventstest.Connect(t, srv, "core")

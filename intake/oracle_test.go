@@ -18,6 +18,7 @@ import (
 	"github.com/toolbus/toolbus/events/provision"
 	"github.com/toolbus/toolbus/events/store"
 	"github.com/toolbus/toolbus/intake"
+	"github.com/toolbus/toolbus/intake/intaketest"
 	"github.com/toolbus/toolbus/reads"
 )
 
@@ -59,7 +60,7 @@ func event(id string, more ...string) []string {
 // alice's message id, her run's last sequence and a duplicate of her result, so a probe
 // that learnt nothing would have learnt them without the service.
 func TestTenantWriteIsNoOracle(t *testing.T) {
-	srv := eventstest.StartTenants(t, map[string][]string{"alpha": {"calc"}, "beta": {"search"}},
+	srv := intaketest.StartTenants(t, map[string][]string{"alpha": {"calc"}, "beta": {"search"}},
 		map[string][]string{"alice": {"alice"}, "bob": {"bob"}})
 	ctx := eventstest.Context(t, time.Minute)
 	core := eventstest.Connect(t, srv, "core")
@@ -197,7 +198,7 @@ func TestTenantWriteIsNoOracle(t *testing.T) {
 // claims' and secrets' compare-and-set), and a client's start of a run id another
 // identity holds is events.ErrRunExists, as is the owner's own second start.
 func TestConflictsReachTheClients(t *testing.T) {
-	srv := eventstest.StartTenants(t, map[string][]string{"beta": {"search"}}, map[string][]string{"alice": {"alice"}, "bob": {"bob"}})
+	srv := intaketest.StartTenants(t, map[string][]string{"beta": {"search"}}, map[string][]string{"alice": {"alice"}, "bob": {"bob"}})
 	ctx := eventstest.Context(t, time.Minute)
 	core := eventstest.Connect(t, srv, "core")
 	coreBus, _, err := provision.Setup(ctx, core, events.Config{}, provision.WithTools([]string{"search"}, 0, 0))
@@ -257,7 +258,7 @@ func TestConflictsReachTheClients(t *testing.T) {
 // bounds (the controls) are stored.
 func TestTenantQuotaCountsSubjects(t *testing.T) {
 	lim := intake.Limits{BytesPerSecond: 1000, Burst: 32 << 10}
-	srv := eventstest.StartTenantsLimited(t, map[string][]string{"alpha": {"calc"}, "beta": {"search"}}, nil, lim)
+	srv := intaketest.StartTenantsLimited(t, map[string][]string{"alpha": {"calc"}, "beta": {"search"}}, nil, lim)
 	ctx := eventstest.Context(t, time.Minute)
 	core := eventstest.Connect(t, srv, "core")
 	if _, _, err := provision.Setup(ctx, core, events.Config{}, provision.WithTools([]string{"calc", "search"}, 0, 0)); err != nil {

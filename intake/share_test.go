@@ -14,6 +14,7 @@ import (
 	"github.com/toolbus/toolbus/events/eventstest"
 	"github.com/toolbus/toolbus/events/provision"
 	"github.com/toolbus/toolbus/intake"
+	"github.com/toolbus/toolbus/intake/intaketest"
 	"github.com/toolbus/toolbus/reads"
 )
 
@@ -26,7 +27,7 @@ import (
 func TestTenantStreamShare(t *testing.T) {
 	const maxBytes, size = 2 << 20, 10_000
 	lim := intake.Limits{MaxStartBytes: 64 << 10, StreamShare: intake.StreamShareOf(maxBytes, intake.DefaultStreamSharePercent, time.Hour)}
-	srv := eventstest.StartTenantsLimited(t, map[string][]string{"alpha": {"calc"}, "beta": {"search"}},
+	srv := intaketest.StartTenantsLimited(t, map[string][]string{"alpha": {"calc"}, "beta": {"search"}},
 		map[string][]string{"bob": {"bob"}}, lim)
 	ctx := eventstest.Context(t, time.Minute)
 	core := eventstest.Connect(t, srv, "core")

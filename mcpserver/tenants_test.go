@@ -12,6 +12,7 @@ import (
 	"github.com/toolbus/toolbus/e2e/testpipe"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
+	"github.com/toolbus/toolbus/intake/intaketest"
 	"github.com/toolbus/toolbus/internal/door"
 	"github.com/toolbus/toolbus/mcpserver"
 	"github.com/toolbus/toolbus/planner"
@@ -50,7 +51,7 @@ func clientDoor(t *testing.T, p *pipeline, nc *nats.Conn, id, access string) *te
 // nothing. CONTROL: a door on the owner's client account reads the same run with the
 // same token; and within the door, bob reads his own task, which alice cannot.
 func TestMCPDoorOnAClientAccount(t *testing.T) {
-	srv := eventstest.StartTenants(t, nil, map[string][]string{"door": {"alice", "bob"}, "carol": {"carol"}})
+	srv := intaketest.StartTenants(t, nil, map[string][]string{"door": {"alice", "bob"}, "carol": {"carol"}})
 	connect := func(user string) *nats.Conn { return eventstest.Connect(t, srv, user) }
 	noModel := planner.ModelFunc(func(context.Context, planner.Request) (planner.Response, error) {
 		return planner.Response{}, planner.Permanent(context.Canceled)

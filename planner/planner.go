@@ -23,6 +23,7 @@ import (
 	"github.com/toolbus/toolbus/connect"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/consume"
+	"github.com/toolbus/toolbus/events/follow"
 	"github.com/toolbus/toolbus/events/provision"
 	"github.com/toolbus/toolbus/events/store"
 )
@@ -148,7 +149,7 @@ type Planner struct {
 	// ends are the runs known to have ended, from their outcome events and their run
 	// states' writes: a step is planned without reading its run's state when they answer
 	// for the run (runState)
-	ends *events.RunOutcomes
+	ends *follow.RunOutcomes
 }
 
 // New returns a planner that calls model and offers the tools of catalog, or the error
@@ -158,9 +159,9 @@ func New(bus *events.Bus, model Model, catalog *store.Catalog, cfg Config) (*Pla
 		return nil, err
 	}
 	cfg.setDefaults()
-	var ends *events.RunOutcomes
+	var ends *follow.RunOutcomes
 	if bus != nil {
-		ends = bus.RunOutcomes()
+		ends = follow.Outcomes(bus)
 		ends.FollowRunStates()
 	}
 	return &Planner{

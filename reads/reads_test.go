@@ -19,7 +19,9 @@ import (
 	"github.com/toolbus/toolbus/e2e/testpipe"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
+	"github.com/toolbus/toolbus/events/follow"
 	"github.com/toolbus/toolbus/executor"
+	"github.com/toolbus/toolbus/intake/intaketest"
 	"github.com/toolbus/toolbus/planner"
 	"github.com/toolbus/toolbus/reads"
 )
@@ -29,7 +31,7 @@ import (
 // connection maker and the pipeline.
 func tenants(t *testing.T, model planner.Model, extra ...executor.Tool) (func(user string) *nats.Conn, *testpipe.Pipeline) {
 	t.Helper()
-	srv := eventstest.StartTenants(t, nil, map[string][]string{"alice": {"alice"}, "bob": {"bob"}, "carol": {"carol"}})
+	srv := intaketest.StartTenants(t, nil, map[string][]string{"alice": {"alice"}, "bob": {"bob"}, "carol": {"carol"}})
 	connect := func(user string) *nats.Conn { return eventstest.Connect(t, srv, user) }
 	p := testpipe.StartOn(t, connect("core"), 3*time.Minute, model, extra...)
 	p.Roles.Go("reads", reads.New(p.Bus, p.Log).Serve)
@@ -353,7 +355,7 @@ func TestClientAccountAnswersAndChecks(t *testing.T) {
 }
 
 // TestClientFollowsItsRunLive: a client in an account of its own follows its identity's
-// run live through the read service (events.Bus.Follow): the follow opened before the
+// run live through the read service (follow.Run): the follow opened before the
 // call is approved hears the call's result and the run's outcome as they are stored,
 // then ends. Bob is refused following alice's run exactly as a run that does not exist,
 // his account reaches no follow of alice's identity, and an identity's follows are
@@ -370,13 +372,13 @@ func TestClientFollowsItsRunLive(t *testing.T) {
 		Messages: []toolbus.Message{{Role: toolbus.RoleUser, Content: "restart auth-api"}}}); err != nil {
 		t.Fatal(err)
 	}
-	f, err := alice.Follow(ctx, "alice-f", 1)
+	f, err := follow.Run(ctx, alice, "alice-f", 1)
 	if err != nil {
 		t.Fatalf("control: alice follows her own run: %v", err)
 	}
 	defer func() { _ = f.Close() }()
 	for _, run := range []string{"alice-f", "no-such-run"} {
-		if _, err := bob.Follow(ctx, run, 1); !errors.Is(err, events.ErrNotFound) {
+		if _, err := follow.Run(ctx, bob, run, 1); !errors.Is(err, events.ErrNotFound) {
 			t.Errorf("bob follows %s: %v, want ErrNotFound", run, err)
 		}
 	}
@@ -426,11 +428,11 @@ func TestClientFollowsItsRunLive(t *testing.T) {
 
 	// An identity's follows are bounded; the next one is refused saying so.
 	for i := range reads.MaxFollows {
-		if _, err := alice.Follow(ctx, "alice-f", 0); err != nil {
+		if _, err := follow.Run(ctx, alice, "alice-f", 0); err != nil {
 			t.Fatalf("alice's follow %d: %v", i+1, err)
 		}
 	}
-	if _, err := alice.Follow(ctx, "alice-f", 0); err == nil || !strings.Contains(err.Error(), "429") {
+	if _, err := follow.Run(ctx, alice, "alice-f", 0); err == nil || !strings.Contains(err.Error(), "429") {
 		t.Errorf("alice's follow beyond %d: %v, want a 429", reads.MaxFollows, err)
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/toolbus/toolbus/events/eventstest"
 	"github.com/toolbus/toolbus/events/provision"
 	"github.com/toolbus/toolbus/events/store"
+	"github.com/toolbus/toolbus/intake/intaketest"
 	"github.com/toolbus/toolbus/reads"
 )
 
@@ -26,7 +27,7 @@ import (
 // catalog bucket serves no direct gets (as a replicated one), alpha's executor bus
 // still reads its entry: through the service.
 func TestTeamReadsOnlyItsKeys(t *testing.T) {
-	srv := eventstest.StartTenants(t, map[string][]string{"alpha": {"calc"}, "beta": {"web"}}, nil)
+	srv := intaketest.StartTenants(t, map[string][]string{"alpha": {"calc"}, "beta": {"web"}}, nil)
 	core := eventstest.Connect(t, srv, "core")
 	ctx := eventstest.Context(t, 2*time.Minute)
 	bus, _, err := provision.Setup(ctx, core, events.Config{})

@@ -15,6 +15,7 @@ import (
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
 	"github.com/toolbus/toolbus/events/provision"
+	"github.com/toolbus/toolbus/intake/intaketest"
 	"github.com/toolbus/toolbus/telemetry"
 )
 
@@ -22,7 +23,7 @@ import (
 // queues' consumer infos, which the core exports to no team (issue 54: a team's flood of
 // them timed out every tenant's infos). The core's executor exports them (the control).
 func TestTeamAccountQueueGauges(t *testing.T) {
-	srv := eventstest.StartAccounts(t, "alpha", []string{"calc"})
+	srv := intaketest.StartAccounts(t, "alpha", []string{"calc"})
 	connect := func(user string) *nats.Conn { return eventstest.Connect(t, srv, user) }
 	ctx := eventstest.Context(t, time.Minute)
 	core, _, err := provision.Setup(ctx, connect("core"), events.Config{})

@@ -21,6 +21,7 @@ import (
 	"github.com/toolbus/toolbus/cmd/toolbus/internal/node"
 	"github.com/toolbus/toolbus/decide"
 	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/follow"
 	"github.com/toolbus/toolbus/timeline"
 )
 
@@ -425,7 +426,7 @@ func cmdTail(ctx context.Context, cfg Config, log *slog.Logger, args []string, o
 }
 
 // tailWatch follows filter: in a client account a started run is followed live through
-// the read service (events.Bus.Follow, pushed as stored), anything else, or when the
+// the read service (follow.Run, pushed as stored), anything else, or when the
 // core serves no follow, by watching the stream (direct gets, polled).
 func tailWatch(ctx context.Context, bus *events.Bus, run, filter string, all bool) (interface {
 	Next(context.Context, time.Duration) (events.StoredEvent, bool, error)
@@ -435,7 +436,7 @@ func tailWatch(ctx context.Context, bus *events.Bus, run, filter string, all boo
 		if all {
 			from = 1
 		}
-		if f, err := bus.Follow(ctx, run, from); err == nil {
+		if f, err := follow.Run(ctx, bus, run, from); err == nil {
 			return f, nil
 		}
 	}

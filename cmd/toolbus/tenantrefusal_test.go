@@ -11,6 +11,7 @@ import (
 	"github.com/toolbus/toolbus/e2e/testpipe"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
+	"github.com/toolbus/toolbus/intake/intaketest"
 	"github.com/toolbus/toolbus/planner"
 	"github.com/toolbus/toolbus/reads"
 )
@@ -22,7 +23,7 @@ import (
 // "no responders", "is an injector running?"). CONTROL: alice's credentials with her
 // own read prefix list her runs and the tools.
 func TestTenantRefusalsSayWhatToUse(t *testing.T) {
-	srv := eventstest.StartTenants(t, map[string][]string{"alpha": {"calculator"}}, map[string][]string{"alice": {"alice"}})
+	srv := intaketest.StartTenants(t, map[string][]string{"alpha": {"calculator"}}, map[string][]string{"alice": {"alice"}})
 	noModel := planner.ModelFunc(func(context.Context, planner.Request) (planner.Response, error) {
 		return planner.Response{}, planner.Permanent(context.Canceled)
 	})

@@ -1,7 +1,6 @@
 package eventstest
 
 import (
-	"context"
 	"fmt"
 	"io"
 	"net"
@@ -15,7 +14,6 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/toolbus/toolbus/events/accounts"
-	"github.com/toolbus/toolbus/intake"
 )
 
 // TeamAPIPrefix is the subject prefix under which a team account of AccountsConf
@@ -54,29 +52,8 @@ func TenantsConf(storeDir string, teams, clients map[string][]string) string {
 	return fmt.Sprintf("listen: 127.0.0.1:-1\njetstream { store_dir: %q }\n", storeDir) + l.Conf()
 }
 
-// StartTeams starts a server of TeamsConf(teams) for the test (stopped when it ends).
-func StartTeams(t testing.TB, teams map[string][]string) *server.Server {
-	t.Helper()
-	return StartTenants(t, teams, nil)
-}
-
-// StartTenants starts a server of TenantsConf(teams, clients) for the test (stopped
-// when it ends), with the core's write service (StartIntake) beside it.
-func StartTenants(t testing.TB, teams, clients map[string][]string) *server.Server {
-	t.Helper()
-	return StartTenantsLimited(t, teams, clients, intake.Limits{})
-}
-
-// StartTenantsLimited is StartTenants whose write service bounds each tenant by lim.
-func StartTenantsLimited(t testing.TB, teams, clients map[string][]string, lim intake.Limits) *server.Server {
-	t.Helper()
-	srv := StartTenantsBare(t, teams, clients)
-	ServeIntake(t, Connect(t, srv, "core"), lim)
-	return srv
-}
-
-// StartTenantsBare is StartTenants with no write service: the test starts one
-// (StartIntake) when it wants the tenants' writes to be taken.
+// StartTenantsBare starts a server of TenantsConf(teams, clients) for the test (stopped
+// when it ends) with no write service: intaketest.StartTenants starts one beside it.
 func StartTenantsBare(t testing.TB, teams, clients map[string][]string) *server.Server {
 	t.Helper()
 	dir := t.TempDir()
@@ -91,34 +68,9 @@ func StartTenantsBare(t testing.TB, teams, clients map[string][]string) *server.
 	return StartServer(t, opts)
 }
 
-// StartIntake runs the core's write service (package intake, which every injector
-// runs) on srv as user core until the test ends: in the accounts layout a tenant's
-// writes reach the core's streams only through it.
-func StartIntake(t testing.TB, srv *server.Server) {
-	t.Helper()
-	ServeIntake(t, Connect(t, srv, "core"), intake.Limits{})
-}
-
-// ServeIntake runs the core's write service on nc (a connection of the core account,
-// such as the generated injector's) with lim until the test ends, and returns it.
-func ServeIntake(t testing.TB, nc *nats.Conn, lim intake.Limits) *intake.Service {
-	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	svc := intake.New(nc, lim, nil)
-	done := make(chan error, 1)
-	go func() { done <- svc.Serve(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("eventstest: intake: %v", err)
-		}
-	})
-	return svc
-}
-
 // AccountsOptions writes AccountsConf(team, tools) into dir (its JetStream store under
 // dir too) and returns the server options it describes, for a process that runs the
-// server itself (sdk/typescript/testbus); tests call StartAccounts.
+// server itself (sdk/typescript/testbus); tests call intaketest.StartAccounts.
 func AccountsOptions(dir, team string, tools []string) (*server.Options, error) {
 	path := filepath.Join(dir, "accounts.conf")
 	if err := os.WriteFile(path, []byte(AccountsConf(filepath.Join(dir, "js"), team, tools)), 0o600); err != nil {
@@ -129,19 +81,6 @@ func AccountsOptions(dir, team string, tools []string) (*server.Options, error) 
 		return nil, fmt.Errorf("eventstest: %w", err)
 	}
 	return opts, nil
-}
-
-// StartAccounts starts a server of AccountsConf(team, tools) for the test (stopped
-// when it ends); users core/core and team/team connect to its ClientURL.
-func StartAccounts(t testing.TB, team string, tools []string) *server.Server {
-	t.Helper()
-	opts, err := AccountsOptions(t.TempDir(), team, tools)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := StartServer(t, opts)
-	StartIntake(t, srv)
-	return srv
 }
 
 // Connect connects to srv as user, whose password is its name (the users of

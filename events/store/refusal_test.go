@@ -20,6 +20,7 @@ import (
 	"github.com/toolbus/toolbus/events/provision"
 	"github.com/toolbus/toolbus/events/store"
 	"github.com/toolbus/toolbus/intake"
+	"github.com/toolbus/toolbus/intake/intaketest"
 )
 
 // TestTeamWritesRefusedTyped: every write of a team in its own account passes the
@@ -40,7 +41,7 @@ func TestTeamWritesRefusedTyped(t *testing.T) {
 	}
 	srv := eventstest.StartServer(t, opts)
 	// One byte a second: once the team's burst is spent it stays spent for the test.
-	eventstest.ServeIntake(t, eventstest.Connect(t, srv, "core"), intake.Limits{BytesPerSecond: 1, Burst: 16 << 10})
+	intaketest.ServeIntake(t, eventstest.Connect(t, srv, "core"), intake.Limits{BytesPerSecond: 1, Burst: 16 << 10})
 	ctx := eventstest.Context(t, time.Minute)
 	if _, _, err := provision.Setup(ctx, eventstest.Connect(t, srv, "core"), events.Config{}, provision.WithTools([]string{"calc"}, 0, 0)); err != nil {
 		t.Fatal(err)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
+	"github.com/toolbus/toolbus/intake/intaketest"
 )
 
 // TestQuestionStateRefusalSaysWhy: a team's executor asking the core the state of a
@@ -21,7 +22,7 @@ import (
 // not import it (`toolbus admin push`); no longer "is an injector running?" alone.
 // CONTROL: the same request on the team's own subject is answered once the core serves it.
 func TestQuestionStateRefusalSaysWhy(t *testing.T) {
-	srv := eventstest.StartTeams(t, map[string][]string{"alpha": {"pick"}, "beta": {"other"}})
+	srv := intaketest.StartTeams(t, map[string][]string{"alpha": {"pick"}, "beta": {"other"}})
 	alpha := eventstest.Connect(t, srv, "alpha")
 	core := eventstest.Connect(t, srv, "core")
 	ask := func(tool string) error {

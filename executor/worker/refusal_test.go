@@ -25,6 +25,7 @@ import (
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/executor/worker"
 	"github.com/toolbus/toolbus/intake"
+	"github.com/toolbus/toolbus/intake/intaketest"
 	"github.com/toolbus/toolbus/internal/testutil"
 	"github.com/toolbus/toolbus/planner"
 )
@@ -34,7 +35,7 @@ import (
 func startTenants(t *testing.T, teams map[string][]string, lim intake.Limits) (*server.Server, *intake.Service) {
 	t.Helper()
 	srv := eventstest.StartTenantsBare(t, teams, nil)
-	return srv, eventstest.ServeIntake(t, eventstest.Connect(t, srv, "core"), lim)
+	return srv, intaketest.ServeIntake(t, eventstest.Connect(t, srv, "core"), lim)
 }
 
 // drain spends the team's budget at the write service with writes on nc (a connection

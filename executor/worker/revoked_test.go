@@ -19,6 +19,7 @@ import (
 	"github.com/toolbus/toolbus/events/provision"
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/executor/worker"
+	"github.com/toolbus/toolbus/intake/intaketest"
 	"github.com/toolbus/toolbus/internal/testutil"
 	"github.com/toolbus/toolbus/planner"
 )
@@ -56,7 +57,7 @@ func TestTeamAccountRevokedTool(t *testing.T) {
 		t.Fatal(err)
 	}
 	srv := eventstest.StartServer(t, opts)
-	eventstest.StartIntake(t, srv)
+	intaketest.StartIntake(t, srv)
 	reload := func(tools ...string) {
 		t.Helper()
 		if err := eventstest.Regrant(srv, opts, dir, "alpha", tools); err != nil {

@@ -14,6 +14,7 @@ import (
 	"github.com/toolbus/toolbus/events/provision"
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/executor/worker"
+	"github.com/toolbus/toolbus/intake/intaketest"
 	"github.com/toolbus/toolbus/internal/testutil"
 )
 
@@ -85,7 +86,7 @@ func TestTeamExecutorWaitsForTheWriteService(t *testing.T) {
 		}
 		return nil
 	})
-	eventstest.StartIntake(t, srv)
+	intaketest.StartIntake(t, srv)
 	eventstest.Eventually(t, time.Minute, func() error {
 		_, err := core.Store().Contract(ctx, "calc")
 		return err

@@ -19,6 +19,7 @@ import (
 	"github.com/toolbus/toolbus/events/provision"
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/executor/worker"
+	"github.com/toolbus/toolbus/intake/intaketest"
 	"github.com/toolbus/toolbus/internal/testutil"
 	"github.com/toolbus/toolbus/planner"
 	"github.com/toolbus/toolbus/reads"
@@ -32,7 +33,7 @@ import (
 // tool's, and its questions in the call's name (with its own credentials) are neither
 // counted by the executor nor found by `toolbus answer` and the console.
 func TestTeamAccountAsks(t *testing.T) {
-	srv := eventstest.StartTeams(t, map[string][]string{"alpha": {"pick"}, "beta": {"other"}})
+	srv := intaketest.StartTeams(t, map[string][]string{"alpha": {"pick"}, "beta": {"other"}})
 	connect := func(user string) *nats.Conn { return eventstest.Connect(t, srv, user) }
 	script := &planner.Script{Steps: []func(planner.Request) planner.Response{
 		planner.Calls(toolbus.ToolCall{CallID: "q1", Tool: "pick", Arguments: `{}`}), planner.Answer("done")}}

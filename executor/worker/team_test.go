@@ -18,6 +18,7 @@ import (
 	"github.com/toolbus/toolbus/events/provision"
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/executor/worker"
+	"github.com/toolbus/toolbus/intake/intaketest"
 	"github.com/toolbus/toolbus/internal/testutil"
 	"github.com/toolbus/toolbus/planner"
 )
@@ -28,7 +29,7 @@ import (
 // results, runs two calls of one tool in one step once each, and applies an edited
 // approval carried by the re-issued call, which it cannot read from the approval store.
 func TestTeamAccountExecutor(t *testing.T) {
-	srv := eventstest.StartAccounts(t, "alpha", []string{"calc", "pay", "hang", "big"})
+	srv := intaketest.StartAccounts(t, "alpha", []string{"calc", "pay", "hang", "big"})
 	connect := func(user string) *nats.Conn {
 		nc, err := nats.Connect(srv.ClientURL(), nats.UserInfo(user, user))
 		if err != nil {
@@ -169,7 +170,7 @@ func TestTeamAccountExecutor(t *testing.T) {
 // the wait that alpha's calls will publish; alpha's events are stored all the same (its
 // message ids are keyed by its credentials) and its run completes.
 func TestTeamResultsCannotBeSquatted(t *testing.T) {
-	srv := eventstest.StartTeams(t, map[string][]string{"alpha": {"calc"}, "beta": {"other"}})
+	srv := intaketest.StartTeams(t, map[string][]string{"alpha": {"calc"}, "beta": {"other"}})
 	connect := func(user string) *nats.Conn {
 		nc, err := nats.Connect(srv.ClientURL(), nats.UserInfo(user, user))
 		if err != nil {

@@ -21,6 +21,7 @@ import (
 	"github.com/toolbus/toolbus/connect"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/consume"
+	"github.com/toolbus/toolbus/events/follow"
 	"github.com/toolbus/toolbus/events/store"
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/internal/retry"
@@ -195,7 +196,7 @@ type Worker struct {
 	claimed   map[string]bool                     // claim keys this worker is handling
 	cancelled map[string]time.Time                // runs cancelled recently
 
-	ends *events.RunOutcomes // runs known to have ended, from their outcome events
+	ends *follow.RunOutcomes // runs known to have ended, from their outcome events
 
 	extra sync.WaitGroup // queues added by Sync
 
@@ -213,7 +214,7 @@ func New(bus *events.Bus, exec *executor.Executor, cfg Config) (*Worker, error) 
 		return nil, err
 	}
 	cfg.setDefaults()
-	ends := bus.RunOutcomes()
+	ends := follow.Outcomes(bus)
 	boot := newBootID()
 	w := &Worker{cfg: cfg, bus: bus, exec: exec, source: events.Source("executor", cfg.Instance), boot: boot,
 		log:      cfg.Logger.With("component", "executor", "instance", cfg.Instance, "boot", boot),

@@ -13,20 +13,21 @@ import (
 	"github.com/toolbus/toolbus/e2e/testpipe"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
+	"github.com/toolbus/toolbus/intake/intaketest"
 	"github.com/toolbus/toolbus/planner"
 	"github.com/toolbus/toolbus/reads"
 )
 
 // TestNPMClientAccount runs the package's client-account tests (test/client-account.test.ts):
 // the clients alice and bob, each in a client account of its own bound to the identity of
-// its name (events/eventstest.StartTenants, the accounts layout), with
+// its name (events/intaketest.StartTenants, the accounts layout), with
 // readPrefix = events.ReadAPIPrefix(id), against the pipeline (planner of pre-planned
 // runs, injector, a Go executor of the demo and diag packs) and the read service
 // (package reads) in the core account. The accounts import no JetStream API, so every
 // read the client makes goes through the read service or fails.
 func TestNPMClientAccount(t *testing.T) {
 	npm := needNPM(t)
-	srv := eventstest.StartTenants(t, nil, map[string][]string{"alice": {"alice"}, "bob": {"bob"}})
+	srv := intaketest.StartTenants(t, nil, map[string][]string{"alice": {"alice"}, "bob": {"bob"}})
 	nc, err := nats.Connect(srv.ClientURL(), nats.UserInfo("core", "core"))
 	if err != nil {
 		t.Fatal(err)

@@ -15,6 +15,7 @@ import (
 	"github.com/toolbus/toolbus/e2e/testpipe"
 	"github.com/toolbus/toolbus/events/eventstest"
 	"github.com/toolbus/toolbus/events/provision"
+	"github.com/toolbus/toolbus/intake/intaketest"
 	"github.com/toolbus/toolbus/internal/testutil"
 	"github.com/toolbus/toolbus/planner"
 	"github.com/toolbus/toolbus/reads"
@@ -76,7 +77,7 @@ var teamTools = []string{"team_count", "team_pay", "team_hang"}
 
 // TestNPMTeamAccount runs the package's team-account tests (test/team*.test.ts): its
 // executor in the team account alpha of a two-account server (the accounts layout,
-// events/eventstest.StartAccounts: the rendering TestTeamAccountExecutor uses), which
+// events/intaketest.StartAccounts: the rendering TestTeamAccountExecutor uses), which
 // reaches the core account's JetStream only under TOOLBUS_NATS_API_PREFIX and through
 // the imports of its tools, whose queues are provisioned in the core, where the
 // pipeline's roles run.
@@ -88,7 +89,7 @@ func TestNPMTeamAccount(t *testing.T) {
 		t.Fatal(err)
 	}
 	srv := eventstest.StartServer(t, opts)
-	eventstest.StartIntake(t, srv)
+	intaketest.StartIntake(t, srv)
 	grants, err := eventstest.ServeGrants(srv, opts, dir, "alpha")
 	if err != nil {
 		t.Fatal(err)

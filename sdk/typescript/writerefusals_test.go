@@ -13,13 +13,14 @@ import (
 	"github.com/toolbus/toolbus/events/provision"
 	"github.com/toolbus/toolbus/events/store"
 	"github.com/toolbus/toolbus/intake"
+	"github.com/toolbus/toolbus/intake/intaketest"
 )
 
 // TestNPMWriteRefusals runs the package's tests of the write service's refusals
 // (test/write-refusals.test.ts): a server of the accounts layout with the team account
 // alpha (granted the tool team_flood, whose queue is provisioned in the core) and the
 // client account carol (bound to carol), whose core's write service bounds each tenant
-// (eventstest.StartTenantsLimited): small starts, a small bytes per second and burst,
+// (intaketest.StartTenantsLimited): small starts, a small bytes per second and burst,
 // and two keys of the tool in the outputs bucket, so that the TypeScript client and
 // executor meet each refusal for real.
 func TestNPMWriteRefusals(t *testing.T) {
@@ -27,7 +28,7 @@ func TestNPMWriteRefusals(t *testing.T) {
 	lim := intake.Limits{BytesPerSecond: 1000, Burst: 20_000, MaxStartBytes: 8 << 10,
 		Buckets: map[string]intake.BucketBound{store.BucketOutputs: {Keys: 2}}}
 	const team, tool, client = "alpha", "team_flood", "carol"
-	srv := eventstest.StartTenantsLimited(t, map[string][]string{team: {tool}}, map[string][]string{client: {client}}, lim)
+	srv := intaketest.StartTenantsLimited(t, map[string][]string{team: {tool}}, map[string][]string{client: {client}}, lim)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	core := eventstest.Connect(t, srv, "core")

@@ -20,6 +20,7 @@ import (
 	"github.com/toolbus/toolbus/events/eventstest"
 	"github.com/toolbus/toolbus/events/provision"
 	"github.com/toolbus/toolbus/intake"
+	"github.com/toolbus/toolbus/intake/intaketest"
 )
 
 // credKind is one kind of generated credentials: its server config and how a user of it
@@ -81,7 +82,7 @@ func startAccounts(t *testing.T, ctx context.Context, kind credKind, res natsjwt
 	}
 	// The injector's write service, with the generated injector credentials: tenants'
 	// writes reach the core's streams only through it.
-	eventstest.ServeIntake(t, d.conn("injector"), intake.Limits{})
+	intaketest.ServeIntake(t, d.conn("injector"), intake.Limits{})
 	return d
 }
 

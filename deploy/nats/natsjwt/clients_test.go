@@ -18,6 +18,7 @@ import (
 	"github.com/toolbus/toolbus/deploy/nats/natsjwt"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
+	"github.com/toolbus/toolbus/events/follow"
 	"github.com/toolbus/toolbus/events/store"
 	"github.com/toolbus/toolbus/reads"
 )
@@ -263,12 +264,12 @@ func TestClientFollowAcrossAccounts(t *testing.T) {
 				return bus
 			}
 			alice, bob := open("alice"), open("bob")
-			f, err := alice.Follow(ctx, "r1", 1)
+			f, err := follow.Run(ctx, alice, "r1", 1)
 			if err != nil {
 				t.Fatalf("control: alice follows her run: %v", err)
 			}
 			defer func() { _ = f.Close() }()
-			if _, err := bob.Follow(ctx, "r1", 1); !errors.Is(err, events.ErrNotFound) {
+			if _, err := follow.Run(ctx, bob, "r1", 1); !errors.Is(err, events.ErrNotFound) {
 				t.Errorf("bob follows alice's run: %v, want ErrNotFound", err)
 			}
 			if _, err := d.client("bob", "bob").Request(events.FollowSubject("alice", "r1"), nil, 2*time.Second); !errors.Is(err, nats.ErrNoResponders) {

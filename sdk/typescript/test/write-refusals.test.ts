@@ -1,7 +1,7 @@
 // The refusals of the core's write service (the accounts layout: CONTRACT.md, "Tenants'
 // writes") as the package raises them, against a real server whose write service bounds
 // each tenant (TOOLBUS_TEST_LIMITED_BUS, which the Go test TestNPMWriteRefusals passes:
-// events/eventstest.StartTenantsLimited with a team account, a client account and
+// intake/intaketest.StartTenantsLimited with a team account, a client account and
 // small bounds). A write it does not admit rejects with WriteRefusedError (400), one
 // over the tenant's bytes per second with TenantQuotaError (429); the executor sends its
 // own refused result again in place, so the call runs once.

@@ -14,6 +14,7 @@ import (
 	"github.com/toolbus/toolbus/events/eventstest"
 	"github.com/toolbus/toolbus/events/provision"
 	"github.com/toolbus/toolbus/intake"
+	"github.com/toolbus/toolbus/intake/intaketest"
 )
 
 // liveAdmin is a deployment toolbus admin keeps in dir and, once serve ran, the
@@ -55,7 +56,7 @@ func (l *liveAdmin) serve(setup ...provision.Option) (*server.Server, *server.Op
 		l.t.Fatal(err)
 	}
 	// The injector's write service: tenants' writes reach the core through it.
-	eventstest.ServeIntake(l.t, l.must("injector.creds"), intake.Limits{})
+	intaketest.ServeIntake(l.t, l.must("injector.creds"), intake.Limits{})
 	return l.srv, opts
 }
 

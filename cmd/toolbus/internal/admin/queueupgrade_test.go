@@ -24,6 +24,7 @@ import (
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/executor/worker"
 	"github.com/toolbus/toolbus/intake"
+	"github.com/toolbus/toolbus/intake/intaketest"
 	"github.com/toolbus/toolbus/internal/testutil"
 )
 
@@ -88,7 +89,7 @@ func TestUpgradeToQueueStream(t *testing.T) {
 	}
 	queues, calc := events.QueueStreamName(events.DefaultStream), events.ToolConsumer("calc")
 	storeOfE1669cb(t, ctx, admin)
-	eventstest.ServeIntake(t, l.must("injector.creds"), intake.Limits{})
+	intaketest.ServeIntake(t, l.must("injector.creds"), intake.Limits{})
 	adminBus, err := events.Open(ctx, admin, events.Config{})
 	if err != nil {
 		t.Fatal(err)

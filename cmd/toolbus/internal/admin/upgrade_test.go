@@ -22,6 +22,7 @@ import (
 	"github.com/toolbus/toolbus/events/provision"
 	"github.com/toolbus/toolbus/events/store"
 	"github.com/toolbus/toolbus/intake"
+	"github.com/toolbus/toolbus/intake/intaketest"
 )
 
 // upgradeFixture is a deployment the last version before the write service (commit
@@ -165,7 +166,7 @@ func runUpgradeNote(t *testing.T, l *liveAdmin, opts *server.Options, lines []st
 			}
 		case line == "TOOLBUS_NATS_CREDS=tb/injector.creds toolbus injector":
 			// What the injector runs of it: the write service on its connection.
-			svc = eventstest.ServeIntake(t, l.must("injector.creds"), intake.Limits{})
+			svc = intaketest.ServeIntake(t, l.must("injector.creds"), intake.Limits{})
 		default:
 			t.Fatalf("a line of the note this test does not run: %s", line)
 		}

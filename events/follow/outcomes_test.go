@@ -1,4 +1,4 @@
-package events_test
+package follow_test
 
 import (
 	"fmt"
@@ -10,6 +10,7 @@ import (
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
+	"github.com/toolbus/toolbus/events/follow"
 )
 
 // The outcome subscriptions answer for runs started after they listened, and only for
@@ -30,7 +31,7 @@ func TestEndedRunsFromOutcomeEvents(t *testing.T) {
 		return seq
 	}
 	before := start("before")
-	ends := bus.RunOutcomes()
+	ends := follow.Outcomes(bus)
 	if err := ends.Listen(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -86,12 +87,12 @@ func TestEndedRunsFromRunStateWrites(t *testing.T) {
 	if err := bus.StartRun(ctx, "/test", toolbus.RunStarted{RunID: "first"}); err != nil {
 		t.Fatal(err)
 	}
-	plain := bus.RunOutcomes()
+	plain := follow.Outcomes(bus)
 	if err := plain.Listen(ctx); err != nil {
 		t.Fatal(err)
 	}
 	defer plain.Close()
-	ends := bus.RunOutcomes()
+	ends := follow.Outcomes(bus)
 	ends.FollowRunStates()
 	entered, release := holdStateWrite(ends, "held")
 	if err := ends.Listen(ctx); err != nil {
@@ -109,7 +110,7 @@ func TestEndedRunsFromRunStateWrites(t *testing.T) {
 		}
 		seqs[run] = seq
 	}
-	lookup := func(f *events.RunOutcomes, run string) (toolbus.RunStatus, bool) {
+	lookup := func(f *follow.RunOutcomes, run string) (toolbus.RunStatus, bool) {
 		return f.Lookup(run, seqs[run])
 	}
 
@@ -187,7 +188,7 @@ func TestEndedRunsFromRunStateWrites(t *testing.T) {
 func TestEndedRunsFromAnEmptyStream(t *testing.T) {
 	ctx := eventstest.Context(t, time.Minute)
 	bus := eventstest.Setup(t, events.Config{Memory: true})
-	ends := bus.RunOutcomes()
+	ends := follow.Outcomes(bus)
 	if err := ends.Listen(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -230,7 +231,7 @@ func TestEndedRunsWaitForTheWritesBefore(t *testing.T) {
 	if err := bus.StartRun(ctx, "/test", toolbus.RunStarted{RunID: "first"}); err != nil {
 		t.Fatal(err)
 	}
-	ends := bus.RunOutcomes()
+	ends := follow.Outcomes(bus)
 	ends.FollowRunStates()
 	ends.SetCatchUp(time.Minute) // far beyond the release below
 	entered, release := holdStateWrite(ends, "held")
@@ -271,7 +272,7 @@ func TestEndedRunsWaitForTheWritesBefore(t *testing.T) {
 
 // holdStateWrite makes ends' handler of run-state writes stop at the write of run:
 // entered is closed when it gets there, and it goes on once release is closed.
-func holdStateWrite(ends *events.RunOutcomes, run string) (entered, release chan struct{}) {
+func holdStateWrite(ends *follow.RunOutcomes, run string) (entered, release chan struct{}) {
 	entered, release = make(chan struct{}), make(chan struct{})
 	ends.OnStateWrite(func(r string) {
 		if r == run {

@@ -1,4 +1,4 @@
-package events
+package follow
 
 import (
 	"context"
@@ -14,6 +14,7 @@ import (
 
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/connect"
+	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/store"
 )
 
@@ -74,8 +75,8 @@ func NewRunOutcomes(nc *nats.Conn, lastSeq func(context.Context) (uint64, error)
 	return &RunOutcomes{nc: nc, info: lastSeq, ended: map[string]toolbus.RunStatus{}, catchUp: statesCatchUp}
 }
 
-// RunOutcomes returns the outcome follower of the bus's connection.
-func (b *Bus) RunOutcomes() *RunOutcomes {
+// Outcomes returns the outcome follower of the bus's connection.
+func Outcomes(b *events.Bus) *RunOutcomes {
 	return NewRunOutcomes(b.Conn(), func(ctx context.Context) (uint64, error) {
 		si, err := b.EventStream().Info(ctx)
 		if err != nil {
@@ -108,9 +109,9 @@ func (e *RunOutcomes) FollowRunStates() {
 func (e *RunOutcomes) Listen(ctx context.Context) error {
 	for _, st := range terminalOutcomes {
 		status := st
-		sub, err := e.nc.Subscribe(SubjectRunEnded("*", status), func(m *nats.Msg) {
+		sub, err := e.nc.Subscribe(events.SubjectRunEnded("*", status), func(m *nats.Msg) {
 			// Only an outcome whose body agrees with its subject ends a run.
-			if run, typ, err := CheckMsg(m); err == nil && typ == TypeRunEnded(status) {
+			if run, typ, err := events.CheckMsg(m); err == nil && typ == events.TypeRunEnded(status) {
 				e.record(run, status)
 			}
 		})

@@ -1,4 +1,4 @@
-package events
+package follow
 
 import (
 	"context"
@@ -12,10 +12,12 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/toolbus/toolbus/events"
 )
 
 // Follower follows one run's events live through the core's read service, in a client
-// account (Bus.Follow): the service pushes each event as it is stored, in stream order,
+// account (Run): the service pushes each event as it is stored, in stream order,
 // and the Follower follows again from the next sequence when a follow ends before the
 // run does (events.FollowMax) or goes quiet. It is not safe for concurrent use.
 type Follower struct {
@@ -30,16 +32,16 @@ type Follower struct {
 	lastEnded, ended bool
 }
 
-// Follow follows the events of run that its identity may see live, from sequence from
+// Run follows the events of run that its identity may see live, from sequence from
 // (1: the run's first event; 0: the next one stored), through the core's read service
 // (FollowSubject). Only a client account's bus follows (a core account's watches:
 // Watch). ErrNotFound when the run does not exist or the identity may not see it (the
 // service answers both alike), ErrNotBound when nothing answers the identity's follows.
-func (b *Bus) Follow(ctx context.Context, run string, from uint64) (*Follower, error) {
-	if !b.client {
+func Run(ctx context.Context, b *events.Bus, run string, from uint64) (*Follower, error) {
+	if !b.ClientAccount() {
 		return nil, errors.New("events: Follow is a client account's (TOOLBUS_NATS_READ_PREFIX): a core account's bus watches the stream (Watch)")
 	}
-	f := &Follower{nc: b.nc, id: b.readIdentity(), run: run, next: from}
+	f := &Follower{nc: b.Conn(), id: b.ReadIdentity(), run: run, next: from}
 	if err := f.request(ctx); err != nil {
 		return nil, err
 	}
@@ -56,8 +58,8 @@ func (f *Follower) request(ctx context.Context) error {
 		return fmt.Errorf("events: follow %s: %w", f.run, err)
 	}
 	f.sub = sub
-	body, _ := json.Marshal(FollowRequest{From: f.next})
-	subject := FollowSubject(f.id, f.run)
+	body, _ := json.Marshal(events.FollowRequest{From: f.next})
+	subject := events.FollowSubject(f.id, f.run)
 	if err := f.nc.PublishRequest(subject, sub.Subject, body); err != nil {
 		return fmt.Errorf("events: follow %s: %w", f.run, err)
 	}
@@ -67,12 +69,12 @@ func (f *Follower) request(ctx context.Context) error {
 	}
 	f.heard = time.Now()
 	switch st, desc := m.Header.Get("Status"), m.Header.Get("Description"); {
-	case st == FollowIdle:
+	case st == events.FollowIdle:
 		return nil
 	case st == "503" && !strings.HasPrefix(desc, "toolbus"): // the server's "no responders"
-		return fmt.Errorf("%w %s: nothing answers %s (is the core's read service running, and is this account bound to %s?)", ErrNotBound, f.id, subject, f.id)
+		return fmt.Errorf("%w %s: nothing answers %s (is the core's read service running, and is this account bound to %s?)", events.ErrNotBound, f.id, subject, f.id)
 	case st == "404":
-		return fmt.Errorf("%w: run %s (or %s may not see it)", ErrNotFound, f.run, f.id)
+		return fmt.Errorf("%w: run %s (or %s may not see it)", events.ErrNotFound, f.run, f.id)
 	default:
 		return fmt.Errorf("events: follow %s: %s %s", f.run, st, m.Header.Get("Description"))
 	}
@@ -80,15 +82,15 @@ func (f *Follower) request(ctx context.Context) error {
 
 // followLost is how long a Follower waits without hearing its follow (events or
 // heartbeats) before it follows again.
-const followLost = 3 * FollowIdleEvery
+const followLost = 3 * events.FollowIdleEvery
 
 // Next returns the next event of the run, waiting at most wait for it; ok is false when
 // none came in that time. After the run's outcome it returns io.EOF.
-func (f *Follower) Next(ctx context.Context, wait time.Duration) (ev StoredEvent, ok bool, err error) {
+func (f *Follower) Next(ctx context.Context, wait time.Duration) (ev events.StoredEvent, ok bool, err error) {
 	deadline := time.Now().Add(wait)
 	for {
 		if f.ended {
-			return StoredEvent{}, false, io.EOF
+			return events.StoredEvent{}, false, io.EOF
 		}
 		if time.Since(f.heard) > followLost {
 			if f.lastEnded { // nothing comes after the outcome
@@ -96,13 +98,13 @@ func (f *Follower) Next(ctx context.Context, wait time.Duration) (ev StoredEvent
 				continue
 			}
 			if err := f.request(ctx); err != nil {
-				return StoredEvent{}, false, err
+				return events.StoredEvent{}, false, err
 			}
 		}
 		left := min(time.Until(deadline), followLost-time.Since(f.heard))
 		if left <= 0 {
 			if time.Until(deadline) <= 0 {
-				return StoredEvent{}, false, nil
+				return events.StoredEvent{}, false, nil
 			}
 			continue
 		}
@@ -111,33 +113,33 @@ func (f *Follower) Next(ctx context.Context, wait time.Duration) (ev StoredEvent
 		cancel()
 		switch {
 		case ctx.Err() != nil:
-			return StoredEvent{}, false, ctx.Err()
+			return events.StoredEvent{}, false, ctx.Err()
 		case errors.Is(err, context.DeadlineExceeded):
 			continue
 		case err != nil:
-			return StoredEvent{}, false, fmt.Errorf("events: follow %s: %w", f.run, err)
+			return events.StoredEvent{}, false, fmt.Errorf("events: follow %s: %w", f.run, err)
 		}
 		f.heard = time.Now()
 		switch st := m.Header.Get("Status"); st {
 		case "":
-		case FollowIdle:
+		case events.FollowIdle:
 			continue
-		case FollowEnd:
+		case events.FollowEnd:
 			if f.lastEnded {
 				f.ended = true
 				continue
 			}
 			// The follow lasted its most: follow again from the next sequence.
 			if err := f.request(ctx); err != nil {
-				return StoredEvent{}, false, err
+				return events.StoredEvent{}, false, err
 			}
 			continue
 		default:
-			return StoredEvent{}, false, fmt.Errorf("events: follow %s: %s %s", f.run, st, m.Header.Get("Description"))
+			return events.StoredEvent{}, false, fmt.Errorf("events: follow %s: %s %s", f.run, st, m.Header.Get("Description"))
 		}
 		seq, err := strconv.ParseUint(m.Header.Get(jetstream.SequenceHeader), 10, 64)
 		if err != nil {
-			return StoredEvent{}, false, fmt.Errorf("events: follow %s: an event without its sequence: %w", f.run, err)
+			return events.StoredEvent{}, false, fmt.Errorf("events: follow %s: an event without its sequence: %w", f.run, err)
 		}
 		if seq < f.next {
 			continue // sent again by a follow from an earlier sequence
@@ -152,8 +154,8 @@ func (f *Follower) Next(ctx context.Context, wait time.Duration) (ev StoredEvent
 			h.Del(k)
 		}
 		f.next = seq + 1
-		ev := storedOf(&jetstream.RawStreamMsg{Subject: subject, Sequence: seq, Header: h, Data: m.Data, Time: ts})
-		f.lastEnded = IsFinalOutcome(subject)
+		ev := events.StoredOf(&jetstream.RawStreamMsg{Subject: subject, Sequence: seq, Header: h, Data: m.Data, Time: ts})
+		f.lastEnded = events.IsFinalOutcome(subject)
 		return ev, true, nil
 	}
 }
