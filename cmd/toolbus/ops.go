@@ -378,10 +378,12 @@ func cmdTail(ctx context.Context, cfg Config, log *slog.Logger, args []string, o
 		fmt.Fprintf(errOut, "reading the local store %s (no TOOLBUS_NATS_URL): its stored events, then tail stops; set TOOLBUS_NATS_URL to follow a running server live\n",
 			filepath.Join(cfg.DataDir, "jetstream"))
 	}
-	filter := events.FilterAll
+	filter, ended := events.FilterAll, false
 	if run != "" {
 		filter = events.SubjectRun(run)
 		st, _, err := c.Bus.Store().RunState(ctx, run)
+		// A run ended before tail began is shown whole, a timer stored after its outcome too.
+		ended = err == nil && st.Status.Terminal()
 		switch {
 		case errors.Is(err, events.ErrRunNotFound) && local:
 			return &exitError{code: 1, msg: fmt.Sprintf("run %s not found in the local store %s", run, filepath.Join(cfg.DataDir, "jetstream"))}
@@ -413,13 +415,12 @@ func cmdTail(ctx context.Context, cfg Config, log *slog.Logger, args []string, o
 			return fmt.Errorf("tail: %w", err)
 		}
 		if !ok {
-			if local {
+			if local || ended {
 				return nil // every stored event shown: nothing else will come
 			}
 			continue
 		}
-		status := t.Print(ev)
-		if run != "" && status.Terminal() {
+		if status := t.Print(ev); run != "" && status.Terminal() && !ended {
 			return nil
 		}
 	}
