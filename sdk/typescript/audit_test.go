@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/toolbus/toolbus/audit/checkpoint"
 	"github.com/toolbus/toolbus/audit/trail"
 	"github.com/toolbus/toolbus/e2e/testpipe"
 	"github.com/toolbus/toolbus/events/seal"
@@ -61,6 +62,9 @@ func TestNPMAuditTrail(t *testing.T) {
 	if _, err := seal.PublishKeyring(p.Ctx, p.Bus.JetStream(), ring); err != nil {
 		t.Fatal(err)
 	}
+	// The core's checkpoints (signed with the planner's key at every run's end): the
+	// verifier requires each event's inclusion in one.
+	go func() { _ = (&checkpoint.Service{Bus: p.Bus, Interval: time.Minute}).Run(p.Ctx) }()
 	ctx, cancel := context.WithTimeout(p.Ctx, 3*time.Minute)
 	defer cancel()
 	if out, err := exec.CommandContext(ctx, npm, "run", "build").CombinedOutput(); err != nil {
