@@ -90,7 +90,7 @@ func TestFaultClusterAccountsResolver(t *testing.T) {
 // secrets (MCP OAuth tokens) by its exported direct gets, which the bucket keeps serving
 // replicated (no core role reads them for it); beta's stay unread by alpha (the writes
 // go through the write service, checked in TestTeamAccountSecrets). CONTROL: the core (admin) reads beta's secret as written.
-func clusterTeamSecrets(c *clusterAccounts) {
+func clusterTeamSecrets(c *accounts) {
 	t := c.t
 	ctx, cancel := c.op()
 	defer cancel()
