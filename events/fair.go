@@ -1,5 +1,14 @@
 package events
 
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"strings"
+
+	"github.com/toolbus/toolbus"
+)
+
 // Fair share (docs/fair-share.md). With Config.FairShare the queue stream stores each
 // call first on its tool's staging subject, toolbus_stage.<tool>, which no executor
 // reads; the core's scheduler (package fair) moves the calls to the tool's queue
@@ -38,7 +47,37 @@ const (
 // with the tool's held calls of every tenant (fair.Held), which `toolbus call`, `toolbus run`
 // and the console show as the reason a call waits. Only the core's roles may ask it
 // (deploy/nats/permissions.conf): tenants ask FairHeldForSubject.
-func FairHeldSubject(tool string) string { return FairHeldPrefix + "." + ToolToken(tool) }
+func FairHeldSubject(tool string) string { return FairHeldPrefix + "." + FairHeldToken(tool) }
+
+// FairHeldToken is the held view's subject token of tool: its name when it is a valid
+// tool name, else the name with each byte outside [A-Za-z0-9_-] written %XX (a name of
+// more than maxHeldName bytes: %~ and a hash of it). A call of a tool no subject may
+// name (a model's "search.web") waits on UnknownToolToken's queue with every other such
+// call, but its held view is its own: '%' is in no tool name, and the encoding is one to
+// one, so no two tools share a token.
+func FairHeldToken(tool string) string {
+	if toolbus.ValidToolName(tool) {
+		return tool
+	}
+	if len(tool) > maxHeldName {
+		sum := sha256.Sum256([]byte(tool))
+		return "%~" + hex.EncodeToString(sum[:16]) // ~ is written %7E in the others
+	}
+	var b strings.Builder
+	b.WriteByte('%') // the empty name too has a token, and no valid name starts so
+	for i := 0; i < len(tool); i++ {
+		c := tool[i]
+		if c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-' {
+			b.WriteByte(c)
+		} else {
+			fmt.Fprintf(&b, "%%%02X", c)
+		}
+	}
+	return b.String()
+}
+
+// maxHeldName bounds the tool names FairHeldToken writes out (a subject stays short).
+const maxHeldName = 128
 
 // FairHeldForSubject is toolbus_fair.held.<tool>.<identity>: the scheduler answers with
 // that identity's held calls only. The identity is the subject's, which the credentials

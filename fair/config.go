@@ -48,9 +48,9 @@ func (c Shares) parse() (policy, error) {
 	switch p.window = c.Window; p.window {
 	case "":
 		p.window = windowPace
-	case windowPace, windowRunning:
+	case windowPace, windowRunning, windowCredit:
 	default:
-		return p, fmt.Errorf("fair: TOOLBUS_FAIR_WINDOW %q is neither %s nor %s", c.Window, windowPace, windowRunning)
+		return p, fmt.Errorf("fair: TOOLBUS_FAIR_WINDOW %q is none of %s, %s, %s", c.Window, windowPace, windowCredit, windowRunning)
 	}
 	if p.cap < 0 {
 		return p, fmt.Errorf("fair: TOOLBUS_FAIR_CAP %d is negative", p.cap)

@@ -80,6 +80,15 @@ type rig struct {
 }
 
 func newRig(t *testing.T, fairShare bool, concurrency int, shares fair.Shares) *rig {
+	r := newRigIdle(t, fairShare, concurrency, shares)
+	if fairShare {
+		r.startScheduler(t)
+	}
+	return r
+}
+
+// newRigIdle is newRig without the scheduler: calls stay staged until the test starts it.
+func newRigIdle(t *testing.T, fairShare bool, concurrency int, shares fair.Shares) *rig {
 	r := &rig{g: newGate(), shares: shares, scripts: map[string]*planner.Script{}}
 	r.p = testpipe.StartWith(t, 3*time.Minute, testpipe.ScriptByRun(r.scripts, nil), testpipe.Options{Bus: events.Config{FairShare: fairShare}})
 	reg := executor.NewRegistry()
@@ -90,9 +99,6 @@ func newRig(t *testing.T, fairShare bool, concurrency int, shares fair.Shares) *
 	r.p.Roles.Go("gate-1", testutil.Must(worker.New(r.p.Bus, exec, worker.Config{
 		WorkerConfig: events.WorkerConfig{Instance: "gate-1", Logger: r.p.Log, Grace: time.Second, Concurrency: concurrency}})).Run)
 	r.p.WaitTools("gate")
-	if fairShare {
-		r.startScheduler(t)
-	}
 	return r
 }
 

@@ -6,12 +6,15 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+
+	"github.com/toolbus/toolbus/events"
 )
 
 // call is one staged call.
 type call struct {
 	seq    uint64 // its sequence in the queue stream's staging subject
 	tool   string // the tool's token
+	name   string // the tool's name in the call (events.FairHeldToken: its held view)
 	tenant string
 	key    string // its claim key (store.ClaimKey), how executors' claims name it
 	hdr    nats.Header
@@ -19,21 +22,24 @@ type call struct {
 
 	started  bool      // an executor claimed it
 	released time.Time // when it was released
+	claimed  time.Time // when its claim was heard
 }
 
 // toolQueue is one tool's calls: held per tenant, and released but not finished.
 type toolQueue struct {
-	held     map[string][]*call // tenant -> FIFO
-	pass     map[string]float64 // stride scheduling: the next pick is the lowest pass
-	vtime    float64            // the pass of the last pick: where a returning tenant starts
-	inFlight map[string]int     // tenant -> released, not finished
-	waiting  int                // released, no executor claimed it yet
-	capped   map[string]bool    // tenants held by their cap (logged once per episode)
-	pace     pace               // the rate its calls start (window.go)
+	held     map[string][]*call   // tenant -> FIFO
+	pass     map[string]float64   // stride scheduling: the next pick is the lowest pass
+	vtime    float64              // the pass of the last pick: where a returning tenant starts
+	inFlight map[string]int       // tenant -> released, not finished
+	waiting  int                  // released, no executor claimed it yet
+	capped   map[string]bool      // tenants held by their cap (logged once per episode)
+	pace     pace                 // the rate its calls start (window.go)
+	credit   credit               // its executors' capacity (window.go)
+	seen     map[string]time.Time // tenant -> when its last call was staged
 }
 
 func newToolQueue() *toolQueue {
-	return &toolQueue{held: map[string][]*call{}, pass: map[string]float64{}, inFlight: map[string]int{}, capped: map[string]bool{}}
+	return &toolQueue{held: map[string][]*call{}, pass: map[string]float64{}, inFlight: map[string]int{}, capped: map[string]bool{}, seen: map[string]time.Time{}}
 }
 
 // hold queues c behind its tenant's held calls. A tenant whose queue was empty starts
@@ -43,6 +49,7 @@ func (q *toolQueue) hold(c *call) {
 		q.pass[c.tenant] = q.vtime
 	}
 	q.held[c.tenant] = append(q.held[c.tenant], c)
+	q.seen[c.tenant] = time.Now()
 }
 
 // unhold puts c back at the front of its tenant's queue (its release failed).
@@ -161,4 +168,58 @@ func (q *toolQueue) heldState(p policy, tool string) []Held {
 		out = append(out, h)
 	}
 	return out
+}
+
+// running is how many of the tool's released calls run (claimed, not finished).
+func (q *toolQueue) running() int {
+	n := -q.waiting
+	for _, v := range q.inFlight {
+		n += v
+	}
+	return n
+}
+
+// reserveFor is how long after its last call a tenant's unmet guaranteed minimum stays
+// reserved by the credit window: a tenant gone longer leaves the whole capacity to the
+// others (work-conserving), one between its calls finds its minimum free.
+const reserveFor = 10 * time.Second
+
+// reserve is the slots the credit window keeps free for the tenants seen lately with no
+// call held: what their minimums lack of calls in flight (window.go).
+func (q *toolQueue) reserve(p policy, now time.Time) int {
+	n := 0
+	for t, at := range q.seen {
+		switch {
+		case now.Sub(at) > reserveFor:
+			delete(q.seen, t)
+		case len(q.held[t]) == 0:
+			n += max(p.min(t)-q.inFlight[t], 0)
+		}
+	}
+	return n
+}
+
+// heldNamed is heldState of the calls of the unknown tools' queue (q) whose tool's held
+// token is tok (events.FairHeldToken), counting as in flight the released ones: tools
+// whose names are no subject token share that queue, not their held views. A tenant
+// is at its cap by all its calls of the queue, which the cap counts.
+func (q *toolQueue) heldNamed(p policy, tok string, released map[string]*call) []Held {
+	f := &toolQueue{held: map[string][]*call{}, inFlight: map[string]int{}}
+	for t, cs := range q.held {
+		for _, c := range cs {
+			if events.FairHeldToken(c.name) == tok {
+				f.held[t] = append(f.held[t], c)
+			}
+		}
+	}
+	for _, c := range released {
+		if c.tool == events.UnknownToolToken && events.FairHeldToken(c.name) == tok {
+			f.inFlight[c.tenant]++
+		}
+	}
+	hs := f.heldState(p, events.UnknownToolToken)
+	for i := range hs {
+		hs[i].AtCap = hs[i].Cap > 0 && q.inFlight[hs[i].Tenant] >= hs[i].Cap
+	}
+	return hs
 }

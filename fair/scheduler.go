@@ -36,6 +36,7 @@ const reconcileEvery = 2 * time.Second
 type Scheduler struct {
 	js    jetstream.JetStream
 	nc    *nats.Conn
+	store *store.Store
 	queue jetstream.Stream
 	pol   policy
 	log   *slog.Logger
@@ -46,6 +47,7 @@ type Scheduler struct {
 	order    []uint64         // staged sequences not yet released and stored, in order
 	stored   map[uint64]bool  // released and stored, above the low-water mark
 	rtt      rtt              // a release's round trip (window.go)
+	caps     map[string]int   // tool -> its executors' slots (credit window)
 	lastSeen uint64           // the last staged sequence read
 	// replaying holds the calls read again at a restart until all are read.
 	replaying bool
@@ -75,7 +77,7 @@ func New(ctx context.Context, bus *events.Bus, cfg Shares, log *slog.Logger) (*S
 	if err != nil {
 		return nil, fmt.Errorf("fair: queue stream: %w", err)
 	}
-	return &Scheduler{js: bus.JetStream(), nc: bus.Conn(), queue: s, pol: pol, log: log.With("role", "fair"),
+	return &Scheduler{js: bus.JetStream(), nc: bus.Conn(), store: bus.Store(), queue: s, pol: pol, log: log.With("role", "fair"),
 		tools: map[string]*toolQueue{}, calls: map[string]*call{}, stored: map[uint64]bool{}, kick: make(chan struct{}, 1)}, nil
 }
 
@@ -104,6 +106,7 @@ func (s *Scheduler) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	s.capacities(ctx)
 	s.mu.Lock()
 	s.lastSeen, s.replaying = low, true
 	s.mu.Unlock()
@@ -167,6 +170,7 @@ func (s *Scheduler) staged(seq uint64, subject string, hdr nats.Header, data []b
 		Step  int    `json:"step"`
 		Call  struct {
 			CallID string `json:"call_id"`
+			Tool   string `json:"tool"`
 		} `json:"call"`
 		Principal toolbus.Principal `json:"principal"`
 	}
@@ -174,7 +178,7 @@ func (s *Scheduler) staged(seq uint64, subject string, hdr nats.Header, data []b
 		if req.Principal.ID != "" {
 			c.tenant = req.Principal.ID
 		}
-		c.key = store.ClaimKey(c.tool, req.RunID, req.Step, req.Call.CallID)
+		c.key, c.name = store.ClaimKey(c.tool, req.RunID, req.Step, req.Call.CallID), req.Call.Tool
 	} else {
 		c.key = "_seq." + strconv.FormatUint(seq, 10) // no claim names it: reconcile frees it
 		s.log.Warn("staged call not decoded: released as tenant _unknown", "seq", seq, "error", err)
@@ -191,6 +195,7 @@ func (s *Scheduler) toolQueue(tool string) *toolQueue {
 	q := s.tools[tool]
 	if q == nil {
 		q = newToolQueue()
+		q.credit.capacity = s.caps[tool]
 		s.tools[tool] = q
 	}
 	return q
@@ -202,7 +207,7 @@ func (s *Scheduler) toolQueue(tool string) *toolQueue {
 func (s *Scheduler) dispatch(tool string, q *toolQueue) {
 	for {
 		full := q.waiting >= s.lookahead(q)
-		if full && s.pol.window != windowPace {
+		if full && s.pol.window == windowRunning {
 			return
 		}
 		was := map[string]bool{}
@@ -235,7 +240,15 @@ func (s *Scheduler) lookahead(q *toolQueue) int {
 	for _, n := range q.inFlight {
 		running += n
 	}
-	if s.pol.window == windowPace {
+	if s.pol.window != windowRunning {
+		if s.pol.window == windowCredit {
+			// Three round trips for the cycle, not the time from release to claim,
+			// which here is the wait for a slot (window.go).
+			pw := paceWindow(q.pace.rate(time.Now()), 0, s.rtt.seconds)
+			if n, ok := creditWindow(q.credit, running, q.reserve(s.pol, time.Now()), s.rtt.seconds, pw); ok {
+				return n
+			}
+		}
 		running = min(running, paceWindow(q.pace.rate(time.Now()), q.pace.cycle, s.rtt.seconds))
 	}
 	return max(s.pol.lookahead, min(running, maxLookahead))

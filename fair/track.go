@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/store"
 )
@@ -54,10 +55,10 @@ func (s *Scheduler) claimed(m *nats.Msg) {
 		return
 	}
 	if !c.started {
-		c.started = true
+		c.started, c.claimed = true, time.Now()
 		q := s.toolQueue(c.tool)
 		q.waiting--
-		q.pace.claimed(time.Now(), c.released)
+		q.pace.claimed(c.claimed, c.released)
 		s.signal()
 	}
 }
@@ -91,6 +92,8 @@ func (s *Scheduler) finish(c *call) {
 	}
 	if !c.started {
 		q.waiting--
+	} else if !c.claimed.IsZero() {
+		q.credit.ran(time.Since(c.claimed))
 	}
 	s.signal()
 }
@@ -107,6 +110,7 @@ func (s *Scheduler) signal() {
 // left counted: an executors' queue with nothing pending waits for nothing, and one with
 // nothing pending or running runs nothing.
 func (s *Scheduler) reconcile(ctx context.Context) {
+	s.capacities(ctx)
 	s.mu.Lock()
 	var tools []string
 	for tool, q := range s.tools {
@@ -141,16 +145,19 @@ func (s *Scheduler) reconcile(ctx context.Context) {
 	s.dispatchAll()
 }
 
-// answerHeld answers toolbus_fair.held.<tool> with the tool's Held per tenant, and
-// toolbus_fair.held.<tool>.<identity> with that identity's only: who asks is the
-// subject's identity, which the asker's credentials bind (events.FairHeldForSubject).
+// answerHeld answers toolbus_fair.held.<tool> (events.FairHeldToken) with the tool's
+// Held per tenant, and toolbus_fair.held.<tool>.<identity> with that identity's only:
+// who asks is the subject's identity, which the asker's credentials bind
+// (events.FairHeldForSubject).
 func (s *Scheduler) answerHeld(m *nats.Msg) {
 	toks := strings.Split(strings.TrimPrefix(m.Subject, events.FairHeldPrefix+"."), ".")
 	tool := toks[0]
 	s.mu.Lock()
 	var held []Held
-	if q := s.tools[tool]; q != nil {
+	if q := s.tools[tool]; q != nil && toolbus.ValidToolName(tool) {
 		held = q.heldState(s.pol, tool)
+	} else if q := s.tools[events.UnknownToolToken]; q != nil && !toolbus.ValidToolName(tool) {
+		held = q.heldNamed(s.pol, tool, s.calls)
 	}
 	s.mu.Unlock()
 	if len(toks) == 2 {
@@ -211,4 +218,29 @@ func (s *Scheduler) each(ctx context.Context, from, to uint64, filter string, f 
 		seq = m.Sequence + 1
 	}
 	return nil
+}
+
+// capacities sets, for the credit window, each tool's capacity: the slots of the live
+// executors that serve it, from their instance records (an executor serving several
+// tools counts its slots for each: then the window releases more, never fewer).
+func (s *Scheduler) capacities(ctx context.Context) {
+	if s.pol.window != windowCredit {
+		return
+	}
+	ins, err := s.store.Instances(ctx)
+	if err != nil {
+		return // the last capacities hold
+	}
+	caps := map[string]int{}
+	for _, in := range ins {
+		for _, t := range in.Tools {
+			caps[events.ToolToken(t)] += in.Concurrency
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.caps = caps
+	for tool, q := range s.tools {
+		q.credit.capacity = caps[tool]
+	}
 }
