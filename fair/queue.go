@@ -185,7 +185,8 @@ func (q *toolQueue) running() int {
 const reserveFor = 10 * time.Second
 
 // reserve is the slots the credit window keeps free for the tenants seen lately with no
-// call held: what their minimums lack of calls in flight (window.go).
+// call held: what their minimums lack of calls in flight (window.go), at most half the
+// tool's capacity, so the tenants with calls always have the other half.
 func (q *toolQueue) reserve(p policy, now time.Time) int {
 	n := 0
 	for t, at := range q.seen {
@@ -196,7 +197,7 @@ func (q *toolQueue) reserve(p policy, now time.Time) int {
 			n += max(p.min(t)-q.inFlight[t], 0)
 		}
 	}
-	return n
+	return min(n, q.credit.capacity/2)
 }
 
 // heldNamed is heldState of the calls of the unknown tools' queue (q) whose tool's held

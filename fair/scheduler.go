@@ -242,10 +242,7 @@ func (s *Scheduler) lookahead(q *toolQueue) int {
 	}
 	if s.pol.window != windowRunning {
 		if s.pol.window == windowCredit {
-			// Three round trips for the cycle, not the time from release to claim,
-			// which here is the wait for a slot (window.go).
-			pw := paceWindow(q.pace.rate(time.Now()), 0, s.rtt.seconds)
-			if n, ok := creditWindow(q.credit, running, q.reserve(s.pol, time.Now()), s.rtt.seconds, pw); ok {
+			if n, ok := creditWindow(q.credit, running, q.reserve(s.pol, time.Now())); ok {
 				return n
 			}
 		}

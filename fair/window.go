@@ -87,14 +87,14 @@ func paceWindow(rate, cycle, rtt float64) int {
 // concurrency), and while it is known the window is the slots free of it. A busy tool's
 // executors then hold no released call in line, and a quiet tenant's first call (sent
 // at once past a full window) is the next to start: it waits for one slot to free, not
-// behind the calls released before it. Each freed slot stays idle for one release
-// cycle (heard finished, released, pulled, claimed), about 1% of a 200 ms call; where
-// the cycle is more than callShare of the tool's calls' run time, the pace window is
-// added so short calls keep their throughput.
+// behind the calls released before it; with a guaranteed minimum it finds its slot
+// free (toolQueue.reserve). Each freed slot stays idle for one release cycle (heard
+// finished, released, pulled, claimed: a few ms), a few percent of a call of
+// creditMinRun or more; a tool whose calls are shorter keeps the pace window.
 
-// callShare is the part of a call's run time that a release cycle may leave a slot idle
-// before the credit window adds the pace window.
-const callShare = 0.05
+// creditMinRun is the shortest mean run time (claim to finish) of a tool's calls that
+// the credit window serves from free slots only.
+const creditMinRun = 0.05 // seconds
 
 // credit is what the credit window learns of a tool: its capacity, and how long its
 // calls run (claim to finish, moving average).
@@ -113,19 +113,14 @@ func (c *credit) ran(d time.Duration) {
 }
 
 // creditWindow is the credit design's window for a tool with running calls claimed and
-// not finished, reserve slots kept for the guaranteed minimums of tenants seen lately
-// (toolQueue.reserve: a quiet tenant's call then finds a free slot instead of waiting
-// for the next call to finish), a release round trip of rtt seconds (a release cycle is
-// about three) and the pace window pw of that cycle; ok is false while its capacity is
-// unknown. (Not the pace window's cycle, release to claim: here a release waits for a
-// slot, and a window grown by that wait grew it further: measured, a runaway.)
-func creditWindow(c credit, running, reserve int, rtt float64, pw int) (n int, ok bool) {
-	if c.capacity == 0 {
+// not finished, and reserve slots kept for the guaranteed minimums of tenants seen
+// lately; ok is false while its capacity is unknown or its calls are short (the pace
+// window then). Nothing is released ahead of a free slot: a window that adds calls for
+// the release's round trip or its time to a claim grows as the executors' line and the
+// server's load grow, which grows them further (measured: a runaway to 90 calls ahead).
+func creditWindow(c credit, running, reserve int) (n int, ok bool) {
+	if c.capacity == 0 || c.run < creditMinRun {
 		return 0, false
 	}
-	n = max(c.capacity-running-reserve, 0)
-	if c.run == 0 || 3*max(rtt, 0.001) > callShare*c.run {
-		n += pw
-	}
-	return n, true
+	return max(c.capacity-running-reserve, 0), true
 }
