@@ -110,15 +110,19 @@ func (s *Scheduler) signal() {
 // left counted: an executors' queue with nothing pending waits for nothing, and one with
 // nothing pending or running runs nothing.
 func (s *Scheduler) reconcile(ctx context.Context) {
-	s.capacities(ctx)
 	s.mu.Lock()
 	var tools []string
+	busy := false // an idle scheduler reads no instance records
 	for tool, q := range s.tools {
+		busy = busy || len(q.held) > 0 || len(q.inFlight) > 0
 		if len(q.held) > 0 && (q.waiting > 0 || len(q.inFlight) > 0) {
 			tools = append(tools, tool)
 		}
 	}
 	s.mu.Unlock()
+	if busy {
+		s.capacities(ctx)
+	}
 	for _, tool := range tools {
 		cons, err := s.queue.Consumer(ctx, events.ToolConsumer(tool))
 		if err != nil {
