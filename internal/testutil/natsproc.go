@@ -8,7 +8,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
-	"runtime/debug"
 	"strconv"
 	"strings"
 	"sync"
@@ -27,6 +26,7 @@ const (
 	natsReady    = "Server is ready"
 	natsReloaded = "Reloaded server configuration"
 	natsNoReload = "Failed to reload server configuration"
+	natsModule   = "github.com/nats-io/nats-server/v2"
 )
 
 var natsBin struct {
@@ -53,38 +53,28 @@ func GoTool() string {
 // NATSServerBinary builds nats-server (github.com/nats-io/nats-server/v2, the version
 // this module requires) without the race detector, once: into the temp directory under
 // a name of its version and of Go's, so the test binaries of several packages, and later
-// runs, link it once.
+// runs, link it once (a replaced module, which may change under one version, is built
+// again by each test binary).
 func NATSServerBinary() (string, error) {
 	natsBin.once.Do(func() {
-		name := ""
-		if info, ok := debug.ReadBuildInfo(); ok {
-			for _, d := range info.Deps {
-				// A replaced module may change under the same version: built anew.
-				if d.Path == "github.com/nats-io/nats-server/v2" && d.Replace == nil {
-					name = "toolbus-nats-server-" + d.Version + "-" + runtime.Version()
-				}
-			}
+		out, err := exec.Command(GoTool(), "list", "-m", "-f", "{{.Version}}{{if .Replace}} replaced{{end}}", natsModule).CombinedOutput()
+		if err != nil {
+			natsBin.err = fmt.Errorf("go list %s: %w\n%s", natsModule, err, out)
+			return
 		}
-		if name != "" {
-			natsBin.path = filepath.Join(os.TempDir(), name)
-			if _, err := os.Stat(natsBin.path); err == nil {
-				return
-			}
-		} else {
-			dir, err := os.MkdirTemp("", "toolbus-nats-server-")
-			if natsBin.err = err; err != nil {
-				return
-			}
-			natsBin.path = filepath.Join(dir, "nats-server")
+		version, replaced := strings.CutSuffix(strings.TrimSpace(string(out)), " replaced")
+		natsBin.path = filepath.Join(os.TempDir(), "toolbus-nats-server-"+version+"-"+runtime.Version())
+		if _, err := os.Stat(natsBin.path); err == nil && !replaced {
+			return
 		}
 		// Built beside its final name and renamed: test binaries build it at once.
 		tmp := natsBin.path + "." + strconv.Itoa(os.Getpid())
-		out, err := exec.Command(GoTool(), "build", "-o", tmp, "github.com/nats-io/nats-server/v2").CombinedOutput()
+		out, err = exec.Command(GoTool(), "build", "-o", tmp, natsModule).CombinedOutput()
 		if err == nil {
 			err = os.Rename(tmp, natsBin.path)
 		}
 		if err != nil {
-			natsBin.err = fmt.Errorf("go build nats-server: %w\n%s", err, out)
+			natsBin.err = fmt.Errorf("go build %s: %w\n%s", natsModule, err, out)
 		}
 	})
 	return natsBin.path, natsBin.err
