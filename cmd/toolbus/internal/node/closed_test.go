@@ -23,9 +23,10 @@ import (
 // are revoked while they run (their users removed by a configuration reload of a
 // nats-server process, not in-process: a reload under running JetStream clients trips
 // the race detector inside nats-server itself; the server drops them and refuses them
-// on every reconnection, until nats.go gives up) stop, and RunRoles returns connect.ErrConnectionClosed with the server's reason, so the process
-// exits non-zero saying why, instead of running on with nothing to run on. The control:
-// a planner of a user that was not revoked goes on running.
+// on every reconnection, until nats.go gives up) stop, and RunRoles returns
+// connect.ErrConnectionClosed with the server's reason, so the process exits non-zero
+// saying why, instead of running on with nothing to run on. The control: a planner of
+// a user that was not revoked goes on running.
 func TestRolesStopOnConnectionClosedForGood(t *testing.T) {
 	dir := t.TempDir()
 	conf := filepath.Join(dir, "users.conf")
