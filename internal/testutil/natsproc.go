@@ -93,11 +93,22 @@ type NATSProcess struct {
 }
 
 // StartNATSProcess runs nats-server -c conf until Stop, once it is ready for clients.
+// The free port it picks may be taken before the server listens: it tries another then.
 func StartNATSProcess(conf string) (*NATSProcess, error) {
 	bin, err := NATSServerBinary()
 	if err != nil {
 		return nil, err
 	}
+	for range 3 {
+		var p *NATSProcess
+		if p, err = startNATS(bin, conf); err == nil || !strings.Contains(err.Error(), "address already in use") {
+			return p, err
+		}
+	}
+	return nil, err
+}
+
+func startNATS(bin, conf string) (*NATSProcess, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, err
