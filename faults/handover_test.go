@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/workerconfig"
 )
 
 // TestFaultHandoverWithinHeartbeat: the append tool is long-running with a 2 s
@@ -71,7 +72,7 @@ func TestFaultHandoverWithinHeartbeat(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if got, want := info.Config.AckWait, events.QueueAckWait(10*time.Minute, e.cfg.InstanceTTL); got != want {
+			if got, want := info.Config.AckWait, workerconfig.QueueAckWait(10*time.Minute, e.cfg.InstanceTTL); got != want {
 				t.Errorf("the queue of append waits %v for an ack, want %v (capped at the instance TTL)", got, want)
 			}
 			if tc.name == "SIGSTOP" {

@@ -26,6 +26,7 @@ import (
 	"github.com/toolbus/toolbus/events/follow"
 	"github.com/toolbus/toolbus/events/provision"
 	"github.com/toolbus/toolbus/events/store"
+	"github.com/toolbus/toolbus/events/workerconfig"
 )
 
 // Config configures a planner worker. Zero fields take their defaults; New refuses
@@ -35,7 +36,7 @@ type Config struct {
 	// AckWait (before the step of a dead planner is redelivered; a live planner sends
 	// heartbeats during long model calls), MaxDeliver (bounds retries of a step whose
 	// model call keeps failing), Grace, Logger.
-	events.WorkerConfig
+	workerconfig.WorkerConfig
 	// Durable is the consumer name shared by all planners (default "planner").
 	Durable string
 	// ModelTimeout bounds one model call (default DefaultModelTimeout).
@@ -103,13 +104,13 @@ func (c Config) Validate() error {
 	}
 	switch {
 	case c.ModelTimeout < 0:
-		return fmt.Errorf("planner: %w", events.InvalidField("ModelTimeout", c.ModelTimeout,
+		return fmt.Errorf("planner: %w", workerconfig.InvalidField("ModelTimeout", c.ModelTimeout,
 			fmt.Sprintf("more than 0s (0: default %v)", DefaultModelTimeout)))
 	case c.MaxCallsPerStep < 0:
-		return fmt.Errorf("planner: %w", events.InvalidField("MaxCallsPerStep", c.MaxCallsPerStep,
+		return fmt.Errorf("planner: %w", workerconfig.InvalidField("MaxCallsPerStep", c.MaxCallsPerStep,
 			fmt.Sprintf("1 or more (0: default %d)", DefaultMaxCallsPerStep)))
 	case c.MaxAnswerBytes < 0:
-		return fmt.Errorf("planner: %w", events.InvalidField("MaxAnswerBytes", c.MaxAnswerBytes,
+		return fmt.Errorf("planner: %w", workerconfig.InvalidField("MaxAnswerBytes", c.MaxAnswerBytes,
 			"1 or more (0: what the server accepts)"))
 	}
 	return nil

@@ -21,6 +21,7 @@ import (
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/seal"
 	"github.com/toolbus/toolbus/events/store"
+	"github.com/toolbus/toolbus/events/workerconfig"
 	"github.com/toolbus/toolbus/internal/retry"
 )
 
@@ -172,7 +173,7 @@ func WithTools(tools []string, ackWait time.Duration, maxAckPending int) Option 
 	return func(o *setupOptions) {
 		o.tools = append(o.tools, tools...)
 		o.toolCfg = func(tool string, instanceTTL time.Duration) ConsumerConfig {
-			return ToolConsumerConfig(tool, events.QueueAckWait(ackWait, instanceTTL), maxAckPending)
+			return ToolConsumerConfig(tool, workerconfig.QueueAckWait(ackWait, instanceTTL), maxAckPending)
 		}
 	}
 }

@@ -23,6 +23,7 @@ import (
 	"github.com/toolbus/toolbus/events/consume"
 	"github.com/toolbus/toolbus/events/follow"
 	"github.com/toolbus/toolbus/events/store"
+	"github.com/toolbus/toolbus/events/workerconfig"
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/internal/retry"
 )
@@ -41,7 +42,7 @@ type Config struct {
 	// but reports tool_internal_error, so a call that keeps killing its executor still
 	// ends with exactly one result), Grace (for in-flight calls at shutdown before they
 	// are cancelled), Logger.
-	events.WorkerConfig
+	workerconfig.WorkerConfig
 	// Tools limits this deployment to a subset of the registry (empty: every tool).
 	// Each tool has one queue (a durable consumer, events.ToolConsumer) shared by every
 	// process that serves it, in any deployment, so subsets may overlap freely.
@@ -127,15 +128,15 @@ func (c Config) Validate() error {
 	var err error
 	switch {
 	case c.MaxAckPending < 0:
-		err = events.InvalidField("MaxAckPending", c.MaxAckPending, fmt.Sprintf("1 or more (0: default %d)", DefaultMaxAckPending))
+		err = workerconfig.InvalidField("MaxAckPending", c.MaxAckPending, fmt.Sprintf("1 or more (0: default %d)", DefaultMaxAckPending))
 	case c.ProgressInterval < 0:
-		err = events.InvalidField("ProgressInterval", c.ProgressInterval, fmt.Sprintf("positive (0: default %s)", DefaultProgressInterval))
+		err = workerconfig.InvalidField("ProgressInterval", c.ProgressInterval, fmt.Sprintf("positive (0: default %s)", DefaultProgressInterval))
 	case c.InlineOutputMax < 0:
-		err = events.InvalidField("InlineOutputMax", c.InlineOutputMax, fmt.Sprintf("1 or more (0: default %d)", DefaultInlineOutputMax))
+		err = workerconfig.InvalidField("InlineOutputMax", c.InlineOutputMax, fmt.Sprintf("1 or more (0: default %d)", DefaultInlineOutputMax))
 	case c.Team != "" && !store.ValidTeam(c.Team):
 		// The team is a token of the instance records' keys, which per-team credentials
 		// are scoped by.
-		err = events.InvalidField("Team", c.Team, "1 to 32 of [a-z0-9_-], starting with a letter or digit (empty: no team)")
+		err = workerconfig.InvalidField("Team", c.Team, "1 to 32 of [a-z0-9_-], starting with a letter or digit (empty: no team)")
 	}
 	if err != nil {
 		return fmt.Errorf("executor: %w", err)

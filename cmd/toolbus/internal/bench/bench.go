@@ -29,6 +29,7 @@ import (
 	"github.com/toolbus/toolbus/events/provision"
 	"github.com/toolbus/toolbus/events/seal"
 	"github.com/toolbus/toolbus/events/store"
+	"github.com/toolbus/toolbus/events/workerconfig"
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/executor/packs"
 	"github.com/toolbus/toolbus/executor/worker"
@@ -626,7 +627,7 @@ func newBenchStack(ctx context.Context, srv *embedded.Server, set setup, k, step
 		wg.Add(1)
 		go func() { defer wg.Done(); _ = f(wctx) }()
 	}
-	wc := events.WorkerConfig{Instance: "bench", Concurrency: conc, Logger: log, Grace: time.Second}
+	wc := workerconfig.WorkerConfig{Instance: "bench", Concurrency: conc, Logger: log, Grace: time.Second}
 	w, err := worker.New(st.bus, exec, worker.Config{WorkerConfig: wc, Observer: st.trbl})
 	if err != nil {
 		return fail(err)
