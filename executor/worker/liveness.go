@@ -10,6 +10,8 @@ import (
 
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/provision"
+	"github.com/toolbus/toolbus/events/teamqueue"
+	"github.com/toolbus/toolbus/events/workerconfig"
 )
 
 // Liveness of a running call. Two signals say an executor is alive: its instance record,
@@ -25,7 +27,7 @@ import (
 
 // wantAckWait is the AckWait of the queues this worker creates.
 func (w *Worker) wantAckWait() time.Duration {
-	return events.QueueAckWait(w.cfg.AckWait, w.bus.Store().InstanceTTL())
+	return workerconfig.QueueAckWait(w.cfg.AckWait, w.bus.Store().InstanceTTL())
 }
 
 // beatEvery is the period of the InProgress heartbeats of a call this worker holds: a
@@ -54,12 +56,12 @@ func (w *Worker) queue(ctx context.Context, tool string) (jetstream.Consumer, er
 	if w.bus.TeamAccount() {
 		// Bound without asking its info (events/teamqueue.go): a pull that takes nothing
 		// says whether the queue is there.
-		if err := w.bus.ProbeQueue(ctx, tool); errors.Is(err, events.ErrQueueUnreachable) {
+		if err := teamqueue.Probe(ctx, w.bus, tool); errors.Is(err, teamqueue.ErrUnreachable) {
 			return nil, &MissingQueuesError{Tools: []string{tool}, Err: err}
 		} else if err != nil {
 			return nil, fmt.Errorf("executor: queue %s: %w", name, err)
 		}
-		return w.bus.TeamQueue(tool, w.wantAckWait()), nil
+		return teamqueue.Open(w.bus, tool, w.wantAckWait()), nil
 	}
 	cons, err := w.bus.QueueStream().Consumer(ctx, name)
 	if err == nil {
