@@ -10,6 +10,7 @@ import (
 
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/runlog"
 )
 
 // Violation codes of the report.
@@ -169,7 +170,7 @@ type decisionEvent struct {
 
 // Analyze audits the events of one run, given in stream order (events.Bus.RunEvents).
 // It reads no store and no clock: the same events give the same report.
-func Analyze(run string, evs []events.StoredEvent) *Report {
+func Analyze(run string, evs []runlog.StoredEvent) *Report {
 	a := &analysis{
 		r: &Report{RunID: run, Status: toolbus.RunRunning, Events: len(evs), Timeline: []TimelineEntry{},
 			Calls: []Call{}, Transcript: []toolbus.Message{}, Requests: []ModelRequest{}, Violations: []Violation{}},
@@ -178,15 +179,15 @@ func Analyze(run string, evs []events.StoredEvent) *Report {
 	v := Visitor{
 		RunStarted: a.runStarted, ModelRequested: a.modelRequested, ModelResponded: a.modelResponded,
 		ToolRequested: a.toolRequested, ToolWaiting: a.toolWaiting, ToolFinished: a.toolFinished, ToolProgress: a.toolProgress,
-		ToolLog: func(_ events.StoredEvent, tl toolbus.ToolLog) {
+		ToolLog: func(_ runlog.StoredEvent, tl toolbus.ToolLog) {
 			a.e.Step, a.e.CallID, a.e.Tool = tl.Step, tl.CallID, tl.Tool
 			a.e.Summary = "log " + tl.Level + ": " + tl.Message
 		},
-		ToolQuestion: func(_ events.StoredEvent, q toolbus.ToolQuestion) {
+		ToolQuestion: func(_ runlog.StoredEvent, q toolbus.ToolQuestion) {
 			a.e.Step, a.e.CallID, a.e.Tool = q.Step, q.CallID, q.Tool
 			a.e.Summary = "asks its caller: " + q.Message
 		},
-		ToolAnswer: func(_ events.StoredEvent, an toolbus.ToolAnswer) {
+		ToolAnswer: func(_ runlog.StoredEvent, an toolbus.ToolAnswer) {
 			a.e.Step, a.e.CallID, a.e.Tool = an.Step, an.CallID, an.Tool
 			a.e.Summary = "answered by " + an.Who + ": " + an.Action
 			if len(an.Content) > 0 {
@@ -197,10 +198,10 @@ func Analyze(run string, evs []events.StoredEvent) *Report {
 			}
 		},
 		Approval: a.approval, Cancel: a.cancel, RunEnded: a.runEnded, Undecodable: a.undecodable,
-		Timer: func(_ events.StoredEvent, t events.RunTimer) {
+		Timer: func(_ runlog.StoredEvent, t events.RunTimer) {
 			a.e.Summary = "the run ends at " + t.Deadline.UTC().Format(time.RFC3339) + " if it still goes on then"
 		},
-		Other: func(ev events.StoredEvent) { a.e.Summary = "unknown event type " + ev.Meta.Type },
+		Other: func(ev runlog.StoredEvent) { a.e.Summary = "unknown event type " + ev.Meta.Type },
 	}
 	for _, ev := range evs {
 		e := TimelineEntry{Seq: ev.Seq, Step: ev.Meta.Step, Source: ev.Meta.Source, Type: strings.TrimPrefix(ev.Meta.Type, "toolbus.")}
@@ -259,7 +260,7 @@ func (a *analysis) transcriptUpTo(n int) []toolbus.Message {
 	return msgs
 }
 
-func (a *analysis) undecodable(ev events.StoredEvent, err error) {
+func (a *analysis) undecodable(ev runlog.StoredEvent, err error) {
 	e := a.e
 	if errors.Is(ev.Err, events.ErrSubjectMismatch) {
 		e.Summary = "ignored: " + ev.Err.Error()
@@ -275,7 +276,7 @@ func (a *analysis) undecodable(ev events.StoredEvent, err error) {
 	a.addV(ViolationUndecodable, ev.Seq, ev.Meta.Step, "", "%s #%d: data does not decode: %v", ev.Meta.Type, ev.Seq, err)
 }
 
-func (a *analysis) runStarted(ev events.StoredEvent, rs toolbus.RunStarted) {
+func (a *analysis) runStarted(ev runlog.StoredEvent, rs toolbus.RunStarted) {
 	e := a.e
 	e.Step = 0
 	if a.started != nil {
@@ -296,7 +297,7 @@ func (a *analysis) runStarted(ev events.StoredEvent, rs toolbus.RunStarted) {
 	}
 }
 
-func (a *analysis) modelRequested(ev events.StoredEvent, mr toolbus.ModelRequested) {
+func (a *analysis) modelRequested(ev runlog.StoredEvent, mr toolbus.ModelRequested) {
 	e := a.e
 	e.Step = mr.Step
 	if a.terminal != nil {
@@ -342,7 +343,7 @@ func (a *analysis) modelRequested(ev events.StoredEvent, mr toolbus.ModelRequest
 	}
 }
 
-func (a *analysis) modelResponded(ev events.StoredEvent, mr toolbus.ModelResponded) {
+func (a *analysis) modelResponded(ev runlog.StoredEvent, mr toolbus.ModelResponded) {
 	e := a.e
 	e.Step = mr.Step
 	st := a.stepOf(mr.Step)
@@ -376,7 +377,7 @@ func (a *analysis) modelResponded(ev events.StoredEvent, mr toolbus.ModelRespond
 	}
 }
 
-func (a *analysis) toolRequested(ev events.StoredEvent, tr toolbus.ToolRequested) {
+func (a *analysis) toolRequested(ev runlog.StoredEvent, tr toolbus.ToolRequested) {
 	e := a.e
 	e.Step, e.CallID, e.Tool = tr.Step, tr.Call.CallID, tr.Call.Tool
 	rc := a.findCall(tr.Step, tr.Call.CallID)
@@ -395,7 +396,7 @@ func (a *analysis) toolRequested(ev events.StoredEvent, tr toolbus.ToolRequested
 	}
 }
 
-func (a *analysis) toolWaiting(_ events.StoredEvent, tw toolbus.ToolWaiting) {
+func (a *analysis) toolWaiting(_ runlog.StoredEvent, tw toolbus.ToolWaiting) {
 	e := a.e
 	e.Step, e.CallID, e.Tool = tw.Step, tw.Call.CallID, tw.Call.Tool
 	e.Summary = "waits for approval (not run)"
@@ -404,7 +405,7 @@ func (a *analysis) toolWaiting(_ events.StoredEvent, tw toolbus.ToolWaiting) {
 	}
 }
 
-func (a *analysis) toolProgress(ev events.StoredEvent, tp toolbus.ToolProgress) {
+func (a *analysis) toolProgress(ev runlog.StoredEvent, tp toolbus.ToolProgress) {
 	e := a.e
 	e.Step, e.CallID, e.Tool = tp.Step, tp.CallID, tp.Tool
 	e.Summary = ProgressText(tp)
@@ -432,7 +433,7 @@ func ProgressText(tp toolbus.ToolProgress) string {
 	return "progress " + s
 }
 
-func (a *analysis) approval(_ events.StoredEvent, ap toolbus.Approval, granted bool) {
+func (a *analysis) approval(_ runlog.StoredEvent, ap toolbus.Approval, granted bool) {
 	e := a.e
 	e.CallID = ap.CallID
 	verb := "granted"
@@ -490,7 +491,7 @@ func (a *analysis) standingDecision(rc *Call, step int, h *toolbus.HumanDecision
 	}
 }
 
-func (a *analysis) toolFinished(ev events.StoredEvent, tf toolbus.ToolFinished) {
+func (a *analysis) toolFinished(ev runlog.StoredEvent, tf toolbus.ToolFinished) {
 	e := a.e
 	res := tf.ToolResult
 	e.Step, e.CallID, e.Tool = tf.Step, res.CallID, res.Tool
@@ -560,7 +561,7 @@ func (a *analysis) toolFinished(ev events.StoredEvent, tf toolbus.ToolFinished) 
 	a.standingDecision(rc, tf.Step, res.Human)
 }
 
-func (a *analysis) cancel(_ events.StoredEvent, c toolbus.Cancel) {
+func (a *analysis) cancel(_ runlog.StoredEvent, c toolbus.Cancel) {
 	e := a.e
 	e.Summary = "cancel requested"
 	if c.Who != "" {
@@ -571,7 +572,7 @@ func (a *analysis) cancel(_ events.StoredEvent, c toolbus.Cancel) {
 	}
 }
 
-func (a *analysis) runEnded(ev events.StoredEvent, re toolbus.RunEnded) {
+func (a *analysis) runEnded(ev runlog.StoredEvent, re toolbus.RunEnded) {
 	e := a.e
 	e.Status, e.Code = string(re.Status), re.Code
 	e.Summary = fmt.Sprintf("run %s after %d step(s), %d tokens", re.Status, re.StepsUsed, re.Usage.Total())

@@ -19,7 +19,9 @@ import (
 	"github.com/toolbus/toolbus/events/consume"
 	"github.com/toolbus/toolbus/events/follow"
 	"github.com/toolbus/toolbus/events/provision"
+	"github.com/toolbus/toolbus/events/runlog"
 	"github.com/toolbus/toolbus/events/store"
+	"github.com/toolbus/toolbus/events/workerconfig"
 )
 
 // Config configures an injector worker. Zero fields take their defaults; New refuses
@@ -31,7 +33,7 @@ type Config struct {
 	// deliveries of one event, with growing delays; on the last one, a store or publish
 	// that keeps failing ends the run failed with code store_error instead of
 	// redelivering forever), Grace, Logger.
-	events.WorkerConfig
+	workerconfig.WorkerConfig
 	// Durable is the consumer name shared by all injectors (default "injector").
 	Durable string
 	Rules   Rules
@@ -101,15 +103,15 @@ func (c Config) Validate() error {
 	var err error
 	switch {
 	case c.DeadlineGrace < 0:
-		err = events.InvalidField("DeadlineGrace", c.DeadlineGrace, fmt.Sprintf("0s or more (0: default %v)", DefaultDeadlineGrace))
+		err = workerconfig.InvalidField("DeadlineGrace", c.DeadlineGrace, fmt.Sprintf("0s or more (0: default %v)", DefaultDeadlineGrace))
 	case c.MaxTimers < 0:
-		err = events.InvalidField("MaxTimers", c.MaxTimers, fmt.Sprintf("1 or more (0: default %d)", DefaultMaxTimers))
+		err = workerconfig.InvalidField("MaxTimers", c.MaxTimers, fmt.Sprintf("1 or more (0: default %d)", DefaultMaxTimers))
 	case c.Defaults.MaxSteps < 0:
-		err = events.InvalidField("Defaults.MaxSteps", c.Defaults.MaxSteps, fmt.Sprintf("1 or more (0: default %d)", DefaultMaxSteps))
+		err = workerconfig.InvalidField("Defaults.MaxSteps", c.Defaults.MaxSteps, fmt.Sprintf("1 or more (0: default %d)", DefaultMaxSteps))
 	case c.Defaults.RunTimeout < 0:
-		err = events.InvalidField("Defaults.RunTimeout", c.Defaults.RunTimeout, "0s (none) or more")
+		err = workerconfig.InvalidField("Defaults.RunTimeout", c.Defaults.RunTimeout, "0s (none) or more")
 	case c.Defaults.TokenBudget < 0:
-		err = events.InvalidField("Defaults.TokenBudget", c.Defaults.TokenBudget, "0 (none) or more")
+		err = workerconfig.InvalidField("Defaults.TokenBudget", c.Defaults.TokenBudget, "0 (none) or more")
 	default:
 		err = c.Quota.Validate()
 	}
@@ -727,7 +729,7 @@ func (in *Injector) settled(ctx context.Context, st *store.StepState) bool {
 		// Republish the outcome if a crash lost it (nothing when the stream has it).
 		return in.publishOutcome(ctx, rs) == nil
 	}
-	step, err := in.bus.LastModelRequest(ctx, st.RunID)
+	step, err := runlog.LastModelRequest(ctx, in.bus, st.RunID)
 	return err == nil && step > st.Step
 }
 
@@ -914,7 +916,7 @@ func (in *Injector) undecided(ctx context.Context, rec *store.StepRecord) ([]too
 func (in *Injector) cancelledBy(ctx context.Context, rec *store.StepRecord) (toolbus.Cancel, bool, error) {
 	for _, r := range rec.Results {
 		if r != nil && r.Status == toolbus.StatusCancelled {
-			return in.bus.CancelRequest(ctx, rec.RunID)
+			return runlog.CancelRequest(ctx, in.bus, rec.RunID)
 		}
 	}
 	return toolbus.Cancel{}, false, nil

@@ -22,6 +22,7 @@ import (
 	"github.com/toolbus/toolbus/decide"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/follow"
+	"github.com/toolbus/toolbus/events/runlog"
 	"github.com/toolbus/toolbus/timeline"
 )
 
@@ -430,7 +431,7 @@ func cmdTail(ctx context.Context, cfg Config, log *slog.Logger, args []string, o
 // the read service (follow.Run, pushed as stored), anything else, or when the
 // core serves no follow, by watching the stream (direct gets, polled).
 func tailWatch(ctx context.Context, bus *events.Bus, run, filter string, all bool) (interface {
-	Next(context.Context, time.Duration) (events.StoredEvent, bool, error)
+	Next(context.Context, time.Duration) (runlog.StoredEvent, bool, error)
 }, error) {
 	if bus.ClientAccount() && run != "" {
 		from := uint64(0)
@@ -441,5 +442,5 @@ func tailWatch(ctx context.Context, bus *events.Bus, run, filter string, all boo
 			return f, nil
 		}
 	}
-	return bus.Watch(ctx, filter, all)
+	return runlog.Watch(ctx, bus, filter, all)
 }
