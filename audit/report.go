@@ -168,7 +168,7 @@ type decisionEvent struct {
 	granted bool
 }
 
-// Analyze audits the events of one run, given in stream order (events.Bus.RunEvents).
+// Analyze audits the events of one run, given in stream order (runlog.Events).
 // It reads no store and no clock: the same events give the same report.
 func Analyze(run string, evs []runlog.StoredEvent) *Report {
 	a := &analysis{

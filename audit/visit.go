@@ -4,7 +4,7 @@
 // contract it keeps or breaks; Report.Layout places the steps and calls on the run's
 // time axis (the web console's run model). It is a pure function of the events: it
 // reads no store and no clock. `toolbus replay`, the live printer, the web console and the e2e and
-// faults checks read runs through it; events.Bus.RunEvents and events.Bus.Watch read
+// faults checks read runs through it; runlog.Events and runlog.Watch read
 // the events.
 package audit
 

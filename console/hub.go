@@ -178,7 +178,7 @@ func (h *hub) read(ctx context.Context, f func(context.Context) error) error {
 }
 
 // runEvents reads the events of run with direct gets on bus (the console's, or on a
-// client account's the viewer's: events.Bus.As) (events.Bus.RunEvents), which
+// client account's the viewer's: events.Bus.As) (runlog.Events), which
 // create no consumer: a page load leaves nothing behind on the server, and the console
 // needs no right to create consumers (the client role has none).
 func (h *hub) runEvents(ctx context.Context, bus *events.Bus, run string) ([]runlog.StoredEvent, error) {

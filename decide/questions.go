@@ -51,7 +51,7 @@ func NewQuestions() *Questions {
 		last: map[string]QuestionKey{}, finished: map[string]bool{}, calls: map[callKey]string{}}
 }
 
-// QuestionsOf reads the questions of a run's events (in stream order: RunEvents).
+// QuestionsOf reads the questions of a run's events (in stream order: runlog.Events).
 func QuestionsOf(evs []runlog.StoredEvent) *Questions {
 	q := NewQuestions()
 	for _, ev := range evs {

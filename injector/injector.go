@@ -94,8 +94,8 @@ const (
 	DefaultJoinWindow = 5 * time.Millisecond
 )
 
-// Validate reports the first field out of range (an *events.ConfigError wrapping
-// events.ErrInvalidConfig); zero values are valid.
+// Validate reports the first field out of range (an *workerconfig.ConfigError wrapping
+// workerconfig.ErrInvalidConfig); zero values are valid.
 func (c Config) Validate() error {
 	if err := c.WorkerConfig.Validate(); err != nil {
 		return fmt.Errorf("injector: %w", err)

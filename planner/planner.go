@@ -96,8 +96,8 @@ const (
 	busWriteTimeout = 10 * time.Second
 )
 
-// Validate reports the first field out of range (an *events.ConfigError wrapping
-// events.ErrInvalidConfig); zero values are valid.
+// Validate reports the first field out of range (an *workerconfig.ConfigError wrapping
+// workerconfig.ErrInvalidConfig); zero values are valid.
 func (c Config) Validate() error {
 	if err := c.WorkerConfig.Validate(); err != nil {
 		return fmt.Errorf("planner: %w", err)

@@ -168,7 +168,7 @@ type setupOptions struct {
 // WithTools also creates the queue consumer of each tool (ToolConsumerConfig) and the
 // one of calls for unknown tools, so executors with least-privilege credentials only
 // bind to them. ackWait and maxAckPending are the executors' settings (the queues'
-// AckWait is events.QueueAckWait of ackWait and the setup's instance TTL).
+// AckWait is workerconfig.QueueAckWait of ackWait and the setup's instance TTL).
 func WithTools(tools []string, ackWait time.Duration, maxAckPending int) Option {
 	return func(o *setupOptions) {
 		o.tools = append(o.tools, tools...)

@@ -25,7 +25,7 @@ import (
 // connection is closed: no more heartbeats, no InProgress, as after kill -9) while the
 // executors keep the default AckWait (30 s). Another executor takes the call over and
 // finishes it about one instance TTL (1 s here) after the death, long before that ack
-// wait: the tool's queue waits events.QueueAckWait, no longer than the lease. The side
+// wait: the tool's queue waits workerconfig.QueueAckWait, no longer than the lease. The side
 // effect happens once (the dead attempt never reaches it), by attempt 2. Before, the
 // queue waited the full 30 s ack wait and the call was not finished within 20 s.
 func TestDeadExecutorsCallHandedOverWithinTheLease(t *testing.T) {

@@ -21,7 +21,7 @@ import (
 // call, with no reply). When the executor dies both stop: the server redelivers the call
 // one AckWait after the last InProgress, and another executor takes the claim over once
 // the instance record expired, one TTL after the last renewal. The queues' AckWait is
-// events.QueueAckWait, no longer than the TTL, so the hand-over comes about one TTL
+// workerconfig.QueueAckWait, no longer than the TTL, so the hand-over comes about one TTL
 // (default 5 s) after the death, plus at most one claimPoll, whatever the tool's
 // HeartbeatTimeout: a tool that is alive but stuck is timed out by that instead.
 
@@ -54,7 +54,7 @@ func (w *Worker) noteAckWait(tool string, ackWait time.Duration) {
 func (w *Worker) queue(ctx context.Context, tool string) (jetstream.Consumer, error) {
 	name := events.ToolConsumer(tool)
 	if w.bus.TeamAccount() {
-		// Bound without asking its info (events/teamqueue.go): a pull that takes nothing
+		// Bound without asking its info (events/teamqueue): a pull that takes nothing
 		// says whether the queue is there.
 		if err := teamqueue.Probe(ctx, w.bus, tool); errors.Is(err, teamqueue.ErrUnreachable) {
 			return nil, &MissingQueuesError{Tools: []string{tool}, Err: err}

@@ -19,7 +19,7 @@ import (
 // responders" (the pulls too, but those are renewed only every minute or two, and a
 // parked queue asks nothing for ParkCheck). So every reachEvery the worker asks the
 // server about one of its tools' queues in turn (in a team account a pull that takes
-// nothing, events.Bus.ProbeQueue, which the consumer answers itself; in the core account
+// nothing, teamqueue.Probe, which the consumer answers itself; in the core account
 // its consumer info: a constant cost whatever the number of tools, next to the lease's
 // renewal every second); a queue
 // answered "no responders" makes the worker stop offering its tool: the instance record

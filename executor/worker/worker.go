@@ -34,7 +34,7 @@ type Config struct {
 	// WorkerConfig: Instance (default "executor"; names this process in results too),
 	// Concurrency (the most calls this worker runs at once), AckWait (the longest a
 	// call whose worker died waits before it is redelivered: the queues this worker
-	// creates wait events.QueueAckWait, no longer than the instance TTL; running calls
+	// creates wait workerconfig.QueueAckWait, no longer than the instance TTL; running calls
 	// send InProgress heartbeats every third of it; a queue that exists keeps its
 	// settings),
 	// MaxDeliver (the executions of one call, counted by its claim: each execution that
@@ -119,8 +119,8 @@ const (
 	DefaultInlineOutputMax = 256 << 10
 )
 
-// Validate reports the first field out of range (an *events.ConfigError wrapping
-// events.ErrInvalidConfig); zero values are valid.
+// Validate reports the first field out of range (an *workerconfig.ConfigError wrapping
+// workerconfig.ErrInvalidConfig); zero values are valid.
 func (c Config) Validate() error {
 	if err := c.WorkerConfig.Validate(); err != nil {
 		return fmt.Errorf("executor: %w", err)
