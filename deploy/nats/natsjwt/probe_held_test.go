@@ -71,7 +71,9 @@ func heldViewProbes(t *testing.T, ctx context.Context, d *accountsDeployment, bu
 			t.Errorf("control: %s's own view through its import: %q, %d calls (%s); want its 3 only", who, tenants, n, show(got))
 		}
 	}
-	leaks := func(ms []*nats.Msg) bool { return carries(ms, "bob") || carries(ms, "held-bob") || carries(ms, secretMark) }
+	leaks := func(ms []*nats.Msg) bool {
+		return carries(ms, "bob") || carries(ms, "held-bob") || carries(ms, secretMark)
+	}
 	forged := nats.Header{"Toolbus-Identity": {"bob"}, "Nats-Request-Info": {`{"acc":"bob"}`}}
 	for _, p := range []struct{ who, subject, body string }{
 		{"alice", events.FairHeldForSubject(tool, "bob"), ""},
