@@ -71,6 +71,9 @@ type Limits struct {
 	Buckets map[string]BucketBound
 	// StreamShare bounds a tenant's bytes in the event stream (share.go).
 	StreamShare StreamShare
+	// ClaimsShare bounds a team's bytes in the claims bucket (share.go; its Window is
+	// the bucket's TTL, the stream's retention).
+	ClaimsShare StreamShare
 }
 
 // Metrics counts what the service refuses (telemetry.Metrics implements it).
@@ -94,7 +97,7 @@ type Service struct {
 	waiting map[string]pending // by the last token of a forwarded write's reply subject
 
 	counts map[string]*keyCount   // by the filter of a prefix's keys (buckets.go; made on first use)
-	shares map[string]*shareCount // by kind.name: bytes on the event stream (share.go; made on first use)
+	shares map[string]*shareCount // by kind.name (and "<kind.name> claims"): bytes on the event stream and in the claims (share.go; made on first use)
 
 	admitted, refused atomic.Uint64
 	warn              rate.Sometimes
