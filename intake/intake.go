@@ -17,7 +17,8 @@
 //   - the tenant's bytes per second (Limits.BytesPerSecond: subject, headers, data and
 //     MessageOverhead), so one tenant cannot fill the store the others write to.
 //   - a team's keys of each shared bucket and the bytes of each value (Limits.Buckets,
-//     buckets.go), so one team cannot fill a bucket the others need.
+//     buckets.go), and its claims' bytes (Limits.ClaimsShare, share.go), so one team
+//     cannot fill a bucket the others need.
 //
 // A message it admits is published on its own subject at once, in the order received,
 // with a reply subject of the service's (a client may not publish with the tenant's
