@@ -103,7 +103,7 @@ func mustDetect(t *testing.T, s *signedStack, run, file string) {
 // TestAuditCheckpointRunRemoved: a run the administrator removed whole (the stream
 // rewritten without it) leaves no event to check, yet replay --verify
 // fails: the stream no longer hashes to the core's signed checkpoint, and the core's
-// checkpoint service, restarted, stops signing and shows it (metric, /readyz).
+// checkpoint service, restarted, stops signing and shows it (metric, error log).
 // CONTROL: before, both runs verify live and offline and a restarted service signs.
 func TestAuditCheckpointRunRemoved(t *testing.T) {
 	s, _, files := checkpointed(t)

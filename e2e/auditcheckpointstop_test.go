@@ -1,9 +1,12 @@
 package e2e_test
 
 import (
+	"bytes"
 	"errors"
+	"log/slog"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -13,50 +16,50 @@ import (
 )
 
 // restartCheckpoints starts the core's checkpoint service as a core (re)started now
-// would, with its metrics, and returns what /metrics and /readyz show once it has
-// either signed a checkpoint or stopped signing; the service is stopped again.
-func restartCheckpoints(t *testing.T, s *signedStack, name string) (metrics, readyz string) {
+// would, with its metrics, and returns its checkpoint gauges (size, refused) and what it
+// logged at error once it has either signed a checkpoint or stopped signing; the
+// service is stopped again.
+func restartCheckpoints(t *testing.T, s *signedStack, name string) (size, refused, logged string) {
 	t.Helper()
 	m := telemetry.New(telemetry.RoleInjector)
-	s.start(name, (&checkpoint.Service{Bus: s.buses["planner"], Interval: time.Minute, Log: s.log, Metrics: m}).Run)
+	var out lockedBuffer
+	log := slog.New(slog.NewTextHandler(&out, &slog.HandlerOptions{Level: slog.LevelError}))
+	s.start(name, (&checkpoint.Service{Bus: s.buses["planner"], Interval: time.Minute, Log: log, Metrics: m}).Run)
 	defer s.stop(name)
 	h := m.Handler(nil)
-	get := func(path string) string {
-		rec := httptest.NewRecorder()
-		h.ServeHTTP(rec, httptest.NewRequest("GET", path, nil))
-		return rec.Body.String()
-	}
 	eventstest.Eventually(t, time.Minute, func() error {
-		metrics = get("/metrics")
-		if gauge(metrics, telemetry.MetricCheckpointsStop) == "1" || gauge(metrics, telemetry.MetricCheckpointSize) != "0" {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+		metrics := rec.Body.String()
+		size, refused = gauge(metrics, telemetry.MetricCheckpointSize), gauge(metrics, telemetry.MetricCheckpointsStop)
+		if refused == "1" || size != "0" {
 			return nil
 		}
 		return errors.New("the restarted checkpoint service neither signed nor stopped yet")
 	})
-	return metrics, get("/readyz")
+	return size, refused, out.String()
 }
 
 // mustStopCheckpoints wants a checkpoint service started on the rewritten stream to
-// show that it stopped signing: the metric at 1, /readyz naming the checkpoints.
+// show that it stopped signing: the metric at 1 and an error logged saying why.
 func mustStopCheckpoints(t *testing.T, s *signedStack) {
 	t.Helper()
-	metrics, readyz := restartCheckpoints(t, s, "checkpoint-rewritten")
-	if gauge(metrics, telemetry.MetricCheckpointsStop) != "1" || !strings.Contains(readyz, "checkpoints stopped") {
-		t.Fatalf("a checkpoint service on the rewritten stream does not show it stopped: %s %s, /readyz: %s",
-			telemetry.MetricCheckpointsStop, gauge(metrics, telemetry.MetricCheckpointsStop), readyz)
+	size, refused, logged := restartCheckpoints(t, s, "checkpoint-rewritten")
+	if refused != "1" || size != "0" || !strings.Contains(logged, "signing STOPPED") {
+		t.Fatalf("a checkpoint service on the rewritten stream does not show it stopped: %s %s, %s %s, logged %q",
+			telemetry.MetricCheckpointsStop, refused, telemetry.MetricCheckpointSize, size, logged)
 	}
-	t.Log(strings.TrimSpace(readyz))
+	t.Log(strings.TrimSpace(logged))
 }
 
 // mustSignCheckpoints is the CONTROL: on the untouched stream a restarted service signs
-// (the size gauge moves), and neither the metric nor /readyz shows a stop.
+// (the size gauge moves) and shows no stop.
 func mustSignCheckpoints(t *testing.T, s *signedStack) {
 	t.Helper()
-	metrics, readyz := restartCheckpoints(t, s, "checkpoint-untouched")
-	if gauge(metrics, telemetry.MetricCheckpointsStop) != "0" || gauge(metrics, telemetry.MetricCheckpointSize) == "0" || strings.Contains(readyz, "checkpoints") {
-		t.Fatalf("a checkpoint service on the untouched stream does not sign: %s %s, %s %s, /readyz: %s",
-			telemetry.MetricCheckpointsStop, gauge(metrics, telemetry.MetricCheckpointsStop),
-			telemetry.MetricCheckpointSize, gauge(metrics, telemetry.MetricCheckpointSize), readyz)
+	size, refused, logged := restartCheckpoints(t, s, "checkpoint-untouched")
+	if refused != "0" || size == "0" || logged != "" {
+		t.Fatalf("a checkpoint service on the untouched stream does not sign: %s %s, %s %s, logged %q",
+			telemetry.MetricCheckpointsStop, refused, telemetry.MetricCheckpointSize, size, logged)
 	}
 }
 
@@ -68,4 +71,22 @@ func gauge(metrics, name string) string {
 		}
 	}
 	return ""
+}
+
+// lockedBuffer is a log's output, written by the service's goroutine, read by the test.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }

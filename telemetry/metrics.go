@@ -78,7 +78,6 @@ type Metrics struct {
 	queues *queueCollector
 	checks []func() error // more readiness conditions (WatchPermissions)
 	failed string         // why the process cannot work any more (Failed): /healthz fails
-	cpStop string         // why the checkpoints stopped (CheckpointsRefused): /readyz fails
 }
 
 // Failed makes /healthz fail with reason from now on: the process cannot work any more
@@ -215,14 +214,10 @@ func (m *Metrics) WriteRefused(tenant string, code int) {
 // CheckpointSigned implements checkpoint.Metrics.
 func (m *Metrics) CheckpointSigned(size int64) { m.cpSize.Set(float64(size)) }
 
-// CheckpointsRefused implements checkpoint.Metrics: the gauge goes to 1 and /readyz
-// fails with the reason from now on (the process signs no checkpoint any more).
-func (m *Metrics) CheckpointsRefused(reason string) {
-	m.cpRefused.Set(1)
-	m.mu.Lock()
-	m.cpStop = reason
-	m.mu.Unlock()
-}
+// CheckpointsRefused implements checkpoint.Metrics: the gauge goes to 1 (the service
+// logged why). Not /readyz: the injector still does its work, and a deployment waits
+// for every role's readiness before it starts a run (docker-compose.yml).
+func (m *Metrics) CheckpointsRefused(string) { m.cpRefused.Set(1) }
 
 // RunEnded implements planner.Metrics and injector.Metrics.
 func (m *Metrics) RunEnded(outcome, code string) { m.runs.WithLabelValues(outcome, code).Inc() }
@@ -279,12 +274,9 @@ func (m *Metrics) WatchPermissions(bus *events.Bus, log *slog.Logger) {
 // problems returns what the readiness checks report.
 func (m *Metrics) problems() []string {
 	m.mu.Lock()
-	checks, cpStop := m.checks, m.cpStop
+	checks := m.checks
 	m.mu.Unlock()
 	var out []string
-	if cpStop != "" {
-		out = append(out, "checkpoints stopped: "+cpStop)
-	}
 	for _, c := range checks {
 		if err := c(); err != nil {
 			out = append(out, err.Error())

@@ -62,7 +62,7 @@ func (s *Service) Run(ctx context.Context) error {
 	next, lastSign, warned := uint64(1), time.Now(), false
 	for {
 		last, err := r.from(ctx, next, func(_ uint64, h nats.Header, data []byte) bool {
-			s.add(h, data)
+			s.add(ctx, h, data)
 			return false
 		})
 		next = last + 1
@@ -85,11 +85,11 @@ func (s *Service) Run(ctx context.Context) error {
 }
 
 // add appends a message's leaf.
-func (s *Service) add(h nats.Header, data []byte) {
+func (s *Service) add(ctx context.Context, h nats.Header, data []byte) {
 	s.tree.Append(signedLeaf(h, data))
 	if s.past != nil && s.tree.Size() == s.past.Size {
 		if root, err := s.tree.Root(s.past.Size); err != nil || root != s.past.Root {
-			s.refuse(fmt.Sprintf("the event stream's first %d messages no longer hash to the latest signed checkpoint (root %s, now %s): a message was removed, moved or rewritten",
+			s.refuse(ctx, fmt.Sprintf("the event stream's first %d messages no longer hash to the latest signed checkpoint (root %s, now %s): a message was removed, moved or rewritten",
 				s.past.Size, s.past.Root, root))
 		}
 	}
@@ -110,16 +110,22 @@ func (s *Service) short(ctx context.Context, last uint64) {
 	if err != nil || info.State.LastSeq > last {
 		return
 	}
-	s.refuse(fmt.Sprintf("the event stream holds %d messages, fewer than the %d the latest signed checkpoint covers: messages were removed",
+	s.refuse(ctx, fmt.Sprintf("the event stream holds %d messages, fewer than the %d the latest signed checkpoint covers: messages were removed",
 		s.tree.Size(), s.past.Size))
 }
 
 // refuse stops the signing for good, loudly: the stream no longer holds what the latest
 // checkpoint signed. Signing on would bless the rewritten past; the operator must find
 // out what happened (an auditor's witness holds the older checkpoints), not learn of it
-// from an auditor.
-func (s *Service) refuse(reason string) {
+// from an auditor. The stream denies deletes, so a first sequence above 1 is its
+// retention (TOOLBUS_RETENTION) having dropped the oldest events: the reason says so.
+func (s *Service) refuse(ctx context.Context, reason string) {
 	s.refused = true
+	if es := s.Bus.EventStream(); es != nil {
+		if info, err := es.Info(ctx); err == nil && info.State.FirstSeq > 1 {
+			reason += fmt.Sprintf(" (or expired: the stream's first message is now sequence %d, its retention dropped the ones before)", info.State.FirstSeq)
+		}
+	}
 	s.Log.Error("checkpoint: signing STOPPED: "+reason+"; no checkpoint is signed from now on and every run's verify fails its checkpoint check (keep the stream and bucket "+Bucket+" for the audit)",
 		"size", s.past.Size)
 	if s.Metrics != nil {
