@@ -289,15 +289,7 @@ func eventStreamConfig(cfg events.Config, mirrored bool) jetstream.StreamConfig 
 		Name:        cfg.Stream,
 		Description: "toolbus events (CONTRACT.md)",
 		Subjects:    []string{events.FilterAll},
-		Retention:   jetstream.LimitsPolicy,
-		MaxAge:      cfg.MaxAge,
 		Duplicates:  cfg.Duplicates,
-		Storage:     storage(cfg),
-		Replicas:    cfg.Replicas,
-		// The events are the audit trail: no message delete, no purge, by anyone but an
-		// administrator who first updates this setting.
-		DenyDelete: true,
-		DenyPurge:  true,
 		// Direct gets are answered by any replica, and a follower behind the leader
 		// answers with stale data (a run.started not there yet); replicated streams are
 		// read through their leader. So is a mirrored one: the server makes a mirror of
@@ -308,13 +300,11 @@ func eventStreamConfig(cfg events.Config, mirrored bool) jetstream.StreamConfig 
 		// Only an administrator creates consumers here (one durable per worker queue
 		// and per tool): an explicit limit above the server's default of 1,000.
 		MaxConsumers: EventStreamMaxConsumers,
-		MaxBytes:     -1,
 	}
-	if cfg.StreamMaxBytes > 0 {
-		// Bounded: a full stream refuses new messages rather than dropping the oldest
-		// (the audit); the injectors stop admitting runs before it is full.
-		sc.MaxBytes, sc.Discard = cfg.StreamMaxBytes, jetstream.DiscardNew
-	}
+	// The events are the audit trail: no message delete, no purge, by anyone but an
+	// administrator who first updates this setting (eventLimits).
+	eventLimits(&sc, cfg)
+	byteBound(&sc, cfg)
 	return sc
 }
 
@@ -324,14 +314,9 @@ func readMirrorConfig(cfg events.Config) jetstream.StreamConfig {
 		Name:        events.ReadMirrorName(cfg.Stream),
 		Description: "read mirror of " + cfg.Stream + ": readers' ephemeral consumers live here",
 		Mirror:      &jetstream.StreamSource{Name: cfg.Stream},
-		Retention:   jetstream.LimitsPolicy,
-		MaxAge:      cfg.MaxAge,
-		Storage:     storage(cfg),
-		Replicas:    cfg.Replicas,
-		DenyDelete:  true,
-		DenyPurge:   true,
 		AllowDirect: cfg.Replicas <= 1,
 	}
+	eventLimits(&mc, cfg)
 	readerLimits(&mc)
 	return mc
 }
