@@ -44,10 +44,10 @@ func (b *Bus) StartRun(ctx context.Context, source string, rs toolbus.RunStarted
 	ctx, done := b.Guard(ctx, SubjectPrefix+"."+rs.RunID+".")
 	defer func() { err = done(err) }()
 	if !toolbus.ValidRunID(rs.RunID) {
-		return fmt.Errorf("events: invalid run id %q: use 1-128 of [A-Za-z0-9_-]", rs.RunID)
+		return fmt.Errorf("events: invalid run id %q: use %s", rs.RunID, toolbus.IDShape)
 	}
 	if IdentityToken(rs.Principal.ID) == "" {
-		return fmt.Errorf("events: invalid principal id %q: use 1-128 of [A-Za-z0-9_-] (it is a subject token)", rs.Principal.ID)
+		return fmt.Errorf("events: invalid principal id %q: use %s (it is a subject token)", rs.Principal.ID, toolbus.IDShape)
 	}
 	for _, t := range rs.AllowedTools {
 		if !toolbus.ValidToolName(t) {
@@ -333,7 +333,7 @@ func (b *Bus) PublishApproval(ctx context.Context, source string, step int, a to
 		return nil, fmt.Errorf("events: approval needs a valid run id and a call id")
 	}
 	if IdentityToken(a.Who) == "" {
-		return nil, fmt.Errorf("events: invalid approver %q: use 1-128 of [A-Za-z0-9_-] (it is a subject token)", a.Who)
+		return nil, fmt.Errorf("events: invalid approver %q: use %s (it is a subject token)", a.Who, toolbus.IDShape)
 	}
 	if err := DecisionSize(a); err != nil {
 		return nil, err
@@ -350,7 +350,7 @@ func (b *Bus) PublishCancel(ctx context.Context, source string, c toolbus.Cancel
 		return nil, fmt.Errorf("events: cancel needs a valid run id")
 	}
 	if IdentityToken(c.Who) == "" {
-		return nil, fmt.Errorf("events: invalid canceller %q: use 1-128 of [A-Za-z0-9_-] (it is a subject token)", c.Who)
+		return nil, fmt.Errorf("events: invalid canceller %q: use %s (it is a subject token)", c.Who, toolbus.IDShape)
 	}
 	if err := DecisionSize(c); err != nil {
 		return nil, err

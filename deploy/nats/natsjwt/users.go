@@ -86,7 +86,7 @@ func (g Grants) Validate() error {
 			// "_none" (and every token starting with "_") is reserved: it stands for no
 			// identity, which a bound credential never is.
 			if events.IdentityToken(id) != id || strings.HasPrefix(id, "_") {
-				return fmt.Errorf("client %s: invalid identity %q: 1 to 128 of [A-Za-z0-9_-], not starting with _", name, id)
+				return fmt.Errorf("client %s: invalid identity %q: %s, not starting with _", name, id, toolbus.IDShape)
 			}
 		}
 	}
