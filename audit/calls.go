@@ -54,7 +54,7 @@ func (c Calls) String() string {
 // run's tool.finished subjects, no consumer): the first result of each call counts, as
 // the injector joins it.
 func CountCalls(ctx context.Context, bus *events.Bus, run string) (Calls, error) {
-	w, err := bus.Watch(ctx, events.SubjectPrefix+"."+run+".tool.finished.>", true)
+	w, err := bus.Watch(ctx, events.SubjectToolFinishedAny(run), true)
 	if err != nil {
 		return nil, err
 	}

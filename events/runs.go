@@ -46,8 +46,8 @@ func (b *Bus) StartRun(ctx context.Context, source string, rs toolbus.RunStarted
 	if !toolbus.ValidRunID(rs.RunID) {
 		return fmt.Errorf("events: invalid run id %q: use %s", rs.RunID, toolbus.IDShape)
 	}
-	if IdentityToken(rs.Principal.ID) == "" {
-		return fmt.Errorf("events: invalid principal id %q: use %s (it is a subject token)", rs.Principal.ID, toolbus.IDShape)
+	if err := identityRefused("principal id", rs.Principal.ID); err != nil {
+		return err
 	}
 	for _, t := range rs.AllowedTools {
 		if !toolbus.ValidToolName(t) {
@@ -332,8 +332,8 @@ func (b *Bus) PublishApproval(ctx context.Context, source string, step int, a to
 	if !toolbus.ValidRunID(a.RunID) || a.CallID == "" {
 		return nil, fmt.Errorf("events: approval needs a valid run id and a call id")
 	}
-	if IdentityToken(a.Who) == "" {
-		return nil, fmt.Errorf("events: invalid approver %q: use %s (it is a subject token)", a.Who, toolbus.IDShape)
+	if err := identityRefused("approver", a.Who); err != nil {
+		return nil, err
 	}
 	if err := DecisionSize(a); err != nil {
 		return nil, err
@@ -349,8 +349,8 @@ func (b *Bus) PublishCancel(ctx context.Context, source string, c toolbus.Cancel
 	if !toolbus.ValidRunID(c.RunID) {
 		return nil, fmt.Errorf("events: cancel needs a valid run id")
 	}
-	if IdentityToken(c.Who) == "" {
-		return nil, fmt.Errorf("events: invalid canceller %q: use %s (it is a subject token)", c.Who, toolbus.IDShape)
+	if err := identityRefused("canceller", c.Who); err != nil {
+		return nil, err
 	}
 	if err := DecisionSize(c); err != nil {
 		return nil, err

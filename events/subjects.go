@@ -1,6 +1,7 @@
 package events
 
 import (
+	"fmt"
 	"strconv"
 	"strings"
 
@@ -63,6 +64,16 @@ func IdentityToken(id string) string {
 	return ""
 }
 
+// identityRefused is the error of publishing an event that names an identity (a
+// principal, an approver, a canceller: role) which cannot be a subject token; nil when it
+// can (IdentityToken).
+func identityRefused(role, id string) error {
+	if IdentityToken(id) != "" {
+		return nil
+	}
+	return fmt.Errorf("events: invalid %s %q: use %s (it is a subject token)", role, id, toolbus.IDShape)
+}
+
 // SubjectRunStarted is toolbus.<run>.run.started.<principal>: the principal's identity
 // token (IdentityToken) ends the subject.
 func SubjectRunStarted(run, principal string) string {
@@ -88,6 +99,12 @@ func SubjectToolRequested(run, tool string) string {
 // SubjectToolFinished is toolbus.<run>.tool.finished.<tool>.
 func SubjectToolFinished(run, tool string) string {
 	return SubjectPrefix + "." + run + ".tool.finished." + ToolToken(tool)
+}
+
+// SubjectToolFinishedAny is toolbus.<run>.tool.finished.>: the results of a run,
+// whatever their tool.
+func SubjectToolFinishedAny(run string) string {
+	return SubjectPrefix + "." + run + ".tool.finished.>"
 }
 
 // SubjectToolWaiting is toolbus.<run>.tool.waiting.<tool>.
