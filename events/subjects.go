@@ -33,6 +33,13 @@ const (
 // TypeRunEnded returns the CloudEvents type of a run outcome, e.g. toolbus.run.completed.
 func TypeRunEnded(s toolbus.RunStatus) string { return "toolbus.run." + string(s) }
 
+// IsRunEndedType reports whether typ is the type of a run outcome (TypeRunEnded):
+// toolbus.run.<status>, not run.started nor run.cancel. The one home of that rule for
+// every reader that sorts events by type.
+func IsRunEndedType(typ string) bool {
+	return strings.HasPrefix(typ, "toolbus.run.") && typ != TypeRunStarted && typ != TypeRunCancel
+}
+
 // UnknownToolToken is the subject token used for a call whose tool name is not a valid
 // subject token or not in the catalog; every executor deployment listens to it so the
 // call still gets exactly one (rejected) result.
