@@ -301,7 +301,7 @@ func (b *Bus) Secrets(ctx context.Context, team string) (*store.Secrets, error) 
 	// fail at once, and the executor renews its tokens alone.
 	s.Guard = func(ctx context.Context) (context.Context, func(error) error) {
 		return b.Guard(ctx, api+".DIRECT.GET.KV_"+store.BucketSecrets, api+".STREAM.MSG.GET.KV_"+store.BucketSecrets,
-			"$KV."+store.BucketSecrets+".")
+			store.KeyPrefix(store.BucketSecrets))
 	}
 	return s, nil
 }

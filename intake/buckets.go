@@ -95,7 +95,7 @@ func (s *Service) hold(kind, name, subject string, m *nats.Msg) *refusal {
 	if b.Keys <= 0 || m.Header.Get(kvOperation) != "" {
 		return nil // a delete or purge frees room
 	}
-	filter := "$KV." + bucket + "." + prefix + ".>"
+	filter := store.KeySubject(bucket, prefix+".>")
 	if len(toks) == 3 {
 		filter = subject // a key of one token (the catalog's): the prefix is the key
 	}

@@ -40,7 +40,7 @@ func (s *Service) scopes() map[string]scope {
 			return toks[pos], true
 		}
 	}
-	kv := func(bucket string) string { return "$KV." + bucket + "." }
+	kv := store.KeyPrefix
 	return map[string]scope{
 		stream:                        inRun(events.SubjectPrefix+".", 0),
 		"KV_" + store.BucketRuns:      inRun(kv(store.BucketRuns), 0),

@@ -52,7 +52,7 @@ func (s *Service) teamRead(ctx context.Context, m *nats.Msg) *nats.Msg {
 // records, a tool's result in a run.
 func (s *Service) teamReads(team, name, subject string) bool {
 	kv := func(bucket string) (string, bool) {
-		return strings.CutPrefix(subject, "$KV."+bucket+".")
+		return strings.CutPrefix(subject, store.KeyPrefix(bucket))
 	}
 	switch name {
 	case s.bus.Config().Stream:

@@ -41,7 +41,7 @@ func (s *Store) walk(ctx context.Context, kv jetstream.KeyValue, fn func(key str
 	if err != nil {
 		return err
 	}
-	prefix := "$KV." + kv.Bucket() + "."
+	prefix := KeyPrefix(kv.Bucket())
 	for seq := uint64(1); ; {
 		raw, err := st.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(prefix+">"))
 		if errors.Is(err, jetstream.ErrMsgNotFound) {

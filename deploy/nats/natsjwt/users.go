@@ -154,7 +154,7 @@ func TeamUser(team string) string { return "executor-" + team }
 func TeamPermissions(template Permissions, stream, team string, tools []string) Permissions {
 	p := Permissions{PubAllow: slices.Clone(template.PubAllow), PubDeny: slices.Clone(template.PubDeny),
 		SubAllow: slices.Clone(template.SubAllow), SubDeny: slices.Clone(template.SubDeny)}
-	p.PubAllow = append(p.PubAllow, "$KV."+store.BucketInstances+"."+team+".*.*")
+	p.PubAllow = append(p.PubAllow, store.KeySubject(store.BucketInstances, team+".*.*"))
 	queues := events.QueueStreamName(stream)
 	for _, tool := range tools {
 		durable := events.ToolConsumer(tool)
@@ -165,9 +165,9 @@ func TeamPermissions(template Permissions, stream, team string, tools []string) 
 			"$JS.API.CONSUMER.MSG.NEXT."+queues+"."+durable,
 			ackV1,
 			ackV2,
-			"$KV."+store.BucketTools+"."+tool,
-			"$KV."+store.BucketClaims+"."+tool+".>",
-			"$KV."+store.BucketOutputs+"."+tool+".>",
+			store.KeySubject(store.BucketTools, tool),
+			store.KeySubject(store.BucketClaims, tool+".>"),
+			store.KeySubject(store.BucketOutputs, tool+".>"),
 			events.SubjectPrefix+".*.tool.finished."+tool,
 			events.SubjectPrefix+".*.tool.waiting."+tool,
 			events.SubjectPrefix+".*.tool.progress."+tool,
