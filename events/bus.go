@@ -265,7 +265,7 @@ func open(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, cfg Config
 	// Batched reads of the history are direct gets, which any replica answers: they are
 	// used only where that is the leader (one replica). Replicated buckets read key by
 	// key from the leader (leaderReads).
-	if hs, err := js.Stream(ctx, "KV_"+store.BucketHistory); err == nil {
+	if hs, err := js.Stream(ctx, store.BucketStream(store.BucketHistory)); err == nil {
 		if c := hs.CachedInfo().Config; c.Replicas <= 1 && c.AllowDirect {
 			kvs.Conn = nc
 		}

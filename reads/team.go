@@ -58,10 +58,10 @@ func (s *Service) teamReads(team, name, subject string) bool {
 	case s.bus.Config().Stream:
 		t := strings.Split(subject, ".")
 		return len(t) == 5 && t[0] == events.SubjectPrefix && t[2] == "tool" && t[3] == "finished"
-	case "KV_" + store.BucketClaims, "KV_" + store.BucketTools:
+	case store.BucketStream(store.BucketClaims), store.BucketStream(store.BucketTools):
 		_, ok := kv(strings.TrimPrefix(name, "KV_"))
 		return ok
-	case "KV_" + store.BucketInstances:
+	case store.BucketStream(store.BucketInstances):
 		key, ok := kv(store.BucketInstances)
 		return ok && strings.HasPrefix(key, team+".")
 	}

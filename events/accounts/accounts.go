@@ -155,7 +155,7 @@ func TeamExports(team string, tools []string) []Crossing {
 		return Crossing{Subject: events.TeamReadSubject(team, stream, s), Local: events.TeamReadLocal(stream, s), For: Target{Kind: ForReads}}
 	}
 	directGet := func(bucket, key string) []Crossing {
-		return []Crossing{direct("KV_"+bucket, store.KeySubject(bucket, key)), teamRead("KV_"+bucket, store.KeySubject(bucket, key))}
+		return []Crossing{direct(store.BucketStream(bucket), store.KeySubject(bucket, key)), teamRead(store.BucketStream(bucket), store.KeySubject(bucket, key))}
 	}
 	var out []Crossing
 	for _, tool := range tools {
@@ -214,7 +214,7 @@ func TeamExports(team string, tools []string) []Crossing {
 	return append(out,
 		// The team's shared secrets (OAuth tokens of its MCP servers, store.SecretKey).
 		write(store.KeySubject(store.BucketSecrets, team+".>")),
-		direct("KV_"+store.BucketSecrets, store.KeySubject(store.BucketSecrets, team+".>")))
+		direct(store.BucketStream(store.BucketSecrets), store.KeySubject(store.BucketSecrets, team+".>")))
 }
 
 // ClientAccount is the name of a client's account: CLIENT_<client> in the config kinds,

@@ -338,7 +338,7 @@ func setupBucket(ctx context.Context, js jetstream.JetStream, cfg events.Config,
 		kc.LimitMarkerTTL = max(cfg.InstanceTTL, time.Second)
 	}
 	var before any
-	s, err := js.Stream(ctx, "KV_"+name)
+	s, err := js.Stream(ctx, store.BucketStream(name))
 	existed := err == nil
 	if existed {
 		before = s.CachedInfo().Config
@@ -357,10 +357,10 @@ func setupBucket(ctx context.Context, js jetstream.JetStream, cfg events.Config,
 			return err
 		}
 	}
-	if err := limitReaders(ctx, js, "KV_"+name); err != nil {
+	if err := limitReaders(ctx, js, store.BucketStream(name)); err != nil {
 		return err
 	}
-	after, err := js.Stream(ctx, "KV_"+name)
+	after, err := js.Stream(ctx, store.BucketStream(name))
 	if err != nil {
 		return fmt.Errorf("provision: bucket %s: %w", name, err)
 	}
@@ -599,7 +599,7 @@ func jsonEqual(a, b any) bool {
 // not applied the latest writes returns stale values (a step record missing results).
 // Opening a bucket turns them on again, so the setting is checked around the handle.
 func leaderReads(ctx context.Context, js jetstream.JetStream, bucket string) (jetstream.KeyValue, error) {
-	name := "KV_" + bucket
+	name := store.BucketStream(bucket)
 	directOff := func() (bool, error) {
 		s, err := js.Stream(ctx, name)
 		if err != nil {

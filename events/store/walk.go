@@ -37,7 +37,7 @@ func (s *Store) walk(ctx context.Context, kv jetstream.KeyValue, fn func(key str
 		}
 		return nil
 	}
-	st, err := s.stream(ctx, "KV_"+kv.Bucket())
+	st, err := s.stream(ctx, BucketStream(kv.Bucket()))
 	if err != nil {
 		return err
 	}
