@@ -21,6 +21,7 @@ import (
 	"github.com/toolbus/toolbus/audit"
 	"github.com/toolbus/toolbus/callrun"
 	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/runlog"
 	"github.com/toolbus/toolbus/timeline"
 )
 
@@ -197,7 +198,7 @@ func TestFaultDayTwoInFlight(t *testing.T) {
 	}
 	st := e.checkRuns(e.tally(), all, 4, 2)
 	for _, run := range before {
-		evs, err := e.bus.RunEvents(e.ctx, run)
+		evs, err := runlog.Events(e.ctx, e.bus, run)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -211,8 +212,8 @@ func TestFaultDayTwoInFlight(t *testing.T) {
 
 // checkDayTwoDisturbsNobody runs a loop of team alpha's runs (one call of append_a each,
 // one at a time) while the administrator rotates team beta's credentials, revokes its
-// tool and grants it again, and adds a team (delta, with a tool of its own) and removes
-// it, each with -push (no reload), as issue 54 measured: every call of alpha's loop runs
+// tool and grants it again, adds a team (delta, with a tool of its own) and removes it,
+// and a client (carol: clientDayTwo), each with -push (no reload), as issue 54 measured: every call of alpha's loop runs
 // at its first delivery (a call delivered to a pull whose response mapping the server
 // dropped waits the queue's AckWait for its redelivery: the stall this checks for, by
 // the attempt, not by a clock). The revoked
@@ -233,7 +234,7 @@ func checkDayTwoDisturbsNobody(t *testing.T, e *env, admin func(...string) strin
 		n++
 		rs := callrun.Build(callrun.Spec{RunID: fmt.Sprintf("day2-loop-%03d", n), Principal: toolbus.Principal{ID: "faults"}, Tool: tc,
 			Arguments: `{"ms":1}`, Via: "the day-two loop"}, time.Now())
-		watch, err := e.bus.Watch(ctx, events.SubjectRun(rs.RunID), true)
+		watch, err := runlog.Watch(ctx, e.bus, events.SubjectRun(rs.RunID), true)
 		if err != nil {
 			return rs.RunID, 0, err
 		}
@@ -329,6 +330,8 @@ func checkDayTwoDisturbsNobody(t *testing.T, e *env, admin func(...string) strin
 		}
 		return nil
 	})
+	// A client added, rotated and removed on the live deployment, with -push.
+	out += clientDayTwo(t, e, admin, toolbusBin, url, genDir, sideEffects)
 	close(stop)
 	got := <-laps
 	// No elapsed time is asserted: a loop call that beta's changes disturbed (alpha's
@@ -349,7 +352,7 @@ func checkDayTwoDisturbsNobody(t *testing.T, e *env, admin func(...string) strin
 	if len(got) == 0 {
 		t.Errorf("no loop run during the commands")
 	}
-	t.Logf("alpha's loop: worst %s before; %d runs during beta's rotate, revoke and grant and delta's add-team and remove-team with -push, the slowest %s\n%s", worst, len(got), slowest, out)
+	t.Logf("alpha's loop: worst %s before; %d runs during beta's rotate, revoke and grant, delta's add-team and remove-team and carol's add-client, rotate and remove-client with -push, the slowest %s\n%s", worst, len(got), slowest, out)
 	e.checkProcs() // beta's executor reconnected with its rewritten file
 }
 

@@ -17,6 +17,7 @@ import (
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/callrun"
 	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/runlog"
 	"github.com/toolbus/toolbus/timeline"
 )
 
@@ -30,7 +31,8 @@ import (
 // stall). Every call of alpha's, alice's and the loop's, ran once and has exactly one
 // result, and none waited from its request to its result as long as its queue's AckWait
 // (a call lost between staging and release, or delivered to a pull the push cut, waits
-// at least that for its redelivery).
+// at least that for its redelivery). Then clients alice and bob, bound to their
+// identities, ask what the scheduler holds (fairHeldProbes, across accounts).
 func TestFaultFairShareDayTwo(t *testing.T) {
 	suite(t)
 	natsBin, toolbusBin, faultbusBin := binaries(t)
@@ -53,6 +55,8 @@ func TestFaultFairShareDayTwo(t *testing.T) {
 	admin("init", "-listen", "127.0.0.1:"+strconv.Itoa(node.port), "-store", node.store, "-core-wide")
 	admin("add-team", "alpha", "append_a")
 	admin("add-team", "beta", "append_b")
+	admin("add-client", "alice", "alice")
+	admin("add-client", "bob", "bob")
 	node.conf = filepath.Join(genDir, "auth-jwt.conf")
 	e.nodes = []*natsNode{node}
 	e.startNode(node)
@@ -143,6 +147,9 @@ func TestFaultFairShareDayTwo(t *testing.T) {
 		t.Errorf("alice's runs of alpha's tool while beta's credentials changed:\n  %s", strings.Join(aliceErrs, "\n  "))
 	}
 	checkOneResultEach(t, e, file, "append_a", aliceRuns)
+	// What the scheduler holds, asked with the clients' shipped credentials across
+	// accounts after day two.
+	fairHeldProbes(t, node.url(), func(user string) string { return filepath.Join(genDir, user+".creds") }, true)
 }
 
 // tenantCall runs one call of tc's tool as who (a run of that one call) to its end.
@@ -150,7 +157,7 @@ func tenantCall(e *env, run, who string, tc toolbus.ToolContract) error {
 	ctx, cancel := context.WithTimeout(e.ctx, 3*time.Minute)
 	defer cancel()
 	rs := callrun.Build(callrun.Spec{RunID: run, Principal: toolbus.Principal{ID: who}, Tool: tc, Arguments: `{"ms":1}`, Via: "fair day two"}, time.Now())
-	watch, err := e.bus.Watch(ctx, events.SubjectRun(run), true)
+	watch, err := runlog.Watch(ctx, e.bus, events.SubjectRun(run), true)
 	if err != nil {
 		return err
 	}
@@ -180,7 +187,7 @@ func checkOneResultEach(t *testing.T, e *env, sideEffects, tool string, runs []s
 		if n := len(ran[run+"/0/"+callrun.CallID]); n != 1 {
 			t.Errorf("call of %s in run %s ran %d times, want once", tool, run, n)
 		}
-		evs, err := e.bus.RunEvents(e.ctx, run)
+		evs, err := runlog.Events(e.ctx, e.bus, run)
 		if err != nil {
 			t.Fatal(err)
 		}

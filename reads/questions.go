@@ -10,6 +10,7 @@ import (
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/decide"
 	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/runlog"
 )
 
 // question answers an executor in a team account the state of a question of a call of
@@ -22,7 +23,7 @@ func (s *Service) question(ctx context.Context, tool string, m *nats.Msg) *nats.
 	if err := json.Unmarshal(m.Data, &q); err != nil || !toolbus.ValidRunID(q.RunID) {
 		return questionState(events.QuestionState{Error: fmt.Sprintf("want a question query {run_id, step, call_id, seq} (%v)", err)})
 	}
-	evs, err := s.bus.RunEvents(ctx, q.RunID)
+	evs, err := runlog.Events(ctx, s.bus, q.RunID)
 	if err != nil {
 		return questionState(events.QuestionState{Error: "the run cannot be read: " + err.Error()})
 	}

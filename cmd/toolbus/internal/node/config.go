@@ -16,6 +16,7 @@ import (
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/connect"
 	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/workerconfig"
 	"github.com/toolbus/toolbus/executor/worker"
 	"github.com/toolbus/toolbus/fair"
 	"github.com/toolbus/toolbus/injector"
@@ -40,7 +41,7 @@ type Config struct {
 	// WorkerConfig is the shared settings of every role: TOOLBUS_INSTANCE,
 	// TOOLBUS_CONCURRENCY, TOOLBUS_ACK_WAIT, TOOLBUS_MAX_DELIVER, TOOLBUS_GRACE. Unset,
 	// they take the defaults of package events (envDefaults shows them in toolbus env).
-	events.WorkerConfig
+	workerconfig.WorkerConfig
 	// Shares are the fair scheduler's (package fair), run by the injectors when the queue
 	// stream stages calls (TOOLBUS_FAIR_SHARE at init).
 	fair.Shares
@@ -81,7 +82,9 @@ type Config struct {
 	TenantBytesPerSecond float64 `envconfig:"TENANT_BYTES_PER_SECOND" default:"1048576" desc:"bytes per second (subject, headers, data and 64 bytes a message) one team or client identity in an account of its own may store, per injector; a write beyond it is refused at once, code 429 quota_exceeded (0: no bound)"`
 	// TenantStreamShare is a tenant's share of the event stream (intake.StreamShare).
 	TenantStreamShare int `envconfig:"TENANT_STREAM_SHARE" default:"10" desc:"percent of TOOLBUS_STREAM_MAX_BYTES one team or client identity may hold in the event stream within its retention, per injector, so that a tenant at its share cannot push the others' new runs to the admission line (90%); a write beyond it is refused, code 507 store_full (0: no share; nothing without TOOLBUS_STREAM_MAX_BYTES)"`
-	TenantBytesBurst  int `envconfig:"TENANT_BYTES_BURST" desc:"bytes a tenant may store at once beyond TOOLBUS_TENANT_BYTES_PER_SECOND (0: a minute of the rate, at least the server's max_payload)"`
+	// TenantClaimsBytes bounds a team's claims (intake.Limits.ClaimsShare), on by default.
+	TenantClaimsBytes int64 `envconfig:"TENANT_CLAIMS_BYTES" default:"1073741824" desc:"bytes of claims one team in an account of its own may write within the retention (TOOLBUS_RETENTION, the claims' TTL), per injector, so that its claims cannot fill the store the others' claims live in; a write beyond it is refused, code 507 store_full (0: no bound)"`
+	TenantBytesBurst  int   `envconfig:"TENANT_BYTES_BURST" desc:"bytes a tenant may store at once beyond TOOLBUS_TENANT_BYTES_PER_SECOND (0: a minute of the rate, at least the server's max_payload)"`
 	// The bounds of a team's keys of each shared bucket (intake.BucketBounds).
 	TenantBucketKeys map[string]int `envconfig:"TENANT_BUCKET_KEYS" desc:"most keys of one team (secrets, instances) or tool (claims, outputs) in a shared bucket, as bucket:keys,... over the defaults secrets:16,instances:256,outputs:2048; a new key beyond it is refused at once, code 507 store_full (0: no bound)"`
 	TenantValueBytes map[string]int `envconfig:"TENANT_VALUE_BYTES" desc:"largest value of a tenant's key in a shared bucket, as bucket:bytes,... over the defaults secrets:65536,instances:262144,claims:65536,outputs:131072; a larger one is refused, code 400 (0: no bound)"`
@@ -149,21 +152,21 @@ func (c Config) validate() error {
 	case c.WorkerConfig.Validate() != nil:
 		err = c.WorkerConfig.Validate()
 	case c.MaxSteps < 0:
-		err = events.InvalidField("MaxSteps", c.MaxSteps, fmt.Sprintf("1 or more (unset: %d)", injector.DefaultMaxSteps))
+		err = workerconfig.InvalidField("MaxSteps", c.MaxSteps, fmt.Sprintf("1 or more (unset: %d)", injector.DefaultMaxSteps))
 	case c.RunTimeout < 0:
-		err = events.InvalidField("RunTimeout", c.RunTimeout, "0s (none) or more")
+		err = workerconfig.InvalidField("RunTimeout", c.RunTimeout, "0s (none) or more")
 	case c.MaxAnswerBytes < 0:
-		err = events.InvalidField("MaxAnswerBytes", c.MaxAnswerBytes, "0 (the server's bound) or more")
+		err = workerconfig.InvalidField("MaxAnswerBytes", c.MaxAnswerBytes, "0 (the server's bound) or more")
 	case c.MaxRunTimeout < 0:
-		err = events.InvalidField("MaxRunTimeout", c.MaxRunTimeout, "0s (no cap) or more")
+		err = workerconfig.InvalidField("MaxRunTimeout", c.MaxRunTimeout, "0s (no cap) or more")
 	case c.TokenBudget < 0:
-		err = events.InvalidField("TokenBudget", c.TokenBudget, "0 (none) or more")
+		err = workerconfig.InvalidField("TokenBudget", c.TokenBudget, "0 (none) or more")
 	case c.MaxRunsInFlight < 0:
-		err = events.InvalidField("MaxRunsInFlight", c.MaxRunsInFlight, "0 (no bound) or more")
+		err = workerconfig.InvalidField("MaxRunsInFlight", c.MaxRunsInFlight, "0 (no bound) or more")
 	case c.StartsPerSecond < 0:
-		err = events.InvalidField("StartsPerSecond", c.StartsPerSecond, "0 (no bound) or more")
+		err = workerconfig.InvalidField("StartsPerSecond", c.StartsPerSecond, "0 (no bound) or more")
 	case c.MaxStartBytes < 0:
-		err = events.InvalidField("MaxStartBytes", c.MaxStartBytes, "0 (no bound) or more")
+		err = workerconfig.InvalidField("MaxStartBytes", c.MaxStartBytes, "0 (no bound) or more")
 	case c.TenantBucketKeys != nil || c.TenantValueBytes != nil:
 		if _, err = intake.BucketBounds(c.TenantBucketKeys, c.TenantValueBytes); err != nil {
 			err = fmt.Errorf("config: %s, %s: %w", envName("TenantBucketKeys"), envName("TenantValueBytes"), err)
@@ -178,7 +181,7 @@ func (c Config) validate() error {
 			err = c.Shares.Validate()
 		}
 	}
-	var ce *events.ConfigError
+	var ce *workerconfig.ConfigError
 	if errors.As(err, &ce) {
 		return fmt.Errorf("config: %s %v: want %s", envName(ce.Field), ce.Value, strings.ReplaceAll(ce.Want, "0: default", "unset or 0: default"))
 	}

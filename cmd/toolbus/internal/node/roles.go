@@ -13,6 +13,7 @@ import (
 	"github.com/toolbus/toolbus/cmd/toolbus/internal/bench"
 	"github.com/toolbus/toolbus/connect"
 	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/workerconfig"
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/executor/mcptools"
 	"github.com/toolbus/toolbus/executor/packs"
@@ -120,7 +121,7 @@ func (c Config) DecisionPolicy() []string {
 	return c.Deciders
 }
 
-func (c Config) worker(log *slog.Logger) events.WorkerConfig {
+func (c Config) worker(log *slog.Logger) workerconfig.WorkerConfig {
 	wc := c.WorkerConfig
 	wc.Logger = log
 	return wc
@@ -227,7 +228,8 @@ func runInjector(ctx context.Context, cfg Config, bus *events.Bus, log *slog.Log
 	if cfg.WriteService {
 		// Checked with the configuration (Config.Validate): no error here.
 		buckets, _ := intake.BucketBounds(cfg.TenantBucketKeys, cfg.TenantValueBytes)
-		lim := intake.Limits{BytesPerSecond: cfg.TenantBytesPerSecond, Burst: cfg.TenantBytesBurst, MaxStartBytes: cfg.MaxStartBytes, Buckets: buckets}
+		lim := intake.Limits{BytesPerSecond: cfg.TenantBytesPerSecond, Burst: cfg.TenantBytesBurst, MaxStartBytes: cfg.MaxStartBytes, Buckets: buckets,
+			ClaimsShare: intake.StreamShare{Bytes: cfg.TenantClaimsBytes, Window: bus.Config().MaxAge}}
 		if es := bus.EventStream(); es != nil && es.CachedInfo() != nil {
 			sc := es.CachedInfo().Config
 			lim.StreamShare = intake.StreamShareOf(sc.MaxBytes, cfg.TenantStreamShare, sc.MaxAge)
@@ -242,7 +244,7 @@ func runInjector(ctx context.Context, cfg Config, bus *events.Bus, log *slog.Log
 			}
 		})
 	}
-	startCheckpoints(rctx, bus, log, &wg)
+	startCheckpoints(rctx, bus, log, tel, &wg)
 	if err := startFair(rctx, cfg, bus, log, &wg); err != nil {
 		stop()
 		wg.Wait()
