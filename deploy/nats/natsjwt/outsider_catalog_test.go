@@ -32,7 +32,9 @@ import (
 // ownership from) and the core's contracts (the console's owners of each tool) keep
 // beta's search as beta wrote it, once, and never alpha's. The controls: before the
 // attack, alpha's honest entry of calc and beta's of search are both offered, each as
-// its owner wrote it; after it, beta's still is.
+// its owner wrote it; after it, beta's still is. Alpha's entry of calc naming no team,
+// or beta, as its owner is offered to nobody (served by no instance of that owner),
+// while named alpha's it is (the control before each).
 func TestOutsiderCatalogEntryNamingAnotherTool(t *testing.T) {
 	g := natsjwt.Grants{Teams: map[string][]string{"alpha": {"calc"}, "beta": {"search"}},
 		Clients: map[string][]string{"alice": {"alice"}}}
@@ -129,6 +131,33 @@ func TestOutsiderCatalogEntryNamingAnotherTool(t *testing.T) {
 	}
 	if tc, err := bus.Store().Contract(ctx, "search"); err != nil || tc.Owner != "beta" {
 		t.Errorf("control: the core reads beta's entry of search: %+v %v", tc, err)
+	}
+
+	// Its own tool, naming no team or beta as its owner (an MCP token or console user
+	// of any team sees a tool of no team; beta's see beta's): served by no instance of
+	// the owner it names, it is offered to nobody. The control, before each: named
+	// alpha's, it is offered.
+	for i, owner := range []string{"alpha", "", "alpha", "beta"} {
+		desc := fmt.Sprint(probeMark, " ", i)
+		put(alphaJS, "$KV."+store.BucketTools+".calc", toolbus.ToolContract{Name: "calc", Owner: owner, Description: desc, InputSchema: schema})
+		eventstest.Eventually(t, 30*time.Second, func() error {
+			// The view has read the entry once calc is offered as it says, or not
+			// offered at all (the one before was offered: the control).
+			tools, err = offered()
+			c := named(tools, "calc")
+			switch {
+			case err != nil || len(named(tools, "search")) != 1:
+				return fmt.Errorf("control: beta's search: %+v %v", tools, err)
+			case owner == "alpha" && (len(c) != 1 || c[0].Description != desc):
+				return fmt.Errorf("control: alpha's own entry is not offered: %+v", tools)
+			case len(c) == 1 && c[0].Description != desc:
+				return fmt.Errorf("the catalog has not read alpha's entry naming %q: %+v", owner, tools)
+			}
+			return nil
+		})
+		if c := named(tools, "calc"); owner != "alpha" && len(c) > 0 {
+			t.Errorf("HOLE: alpha's calc naming owner %q is offered: %+v", owner, c)
+		}
 	}
 }
 
