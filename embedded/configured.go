@@ -93,6 +93,13 @@ func ServeConfigured(ctx context.Context, opts *server.Options, f Configured) er
 // reloadConfigured applies the configuration file again, with the same flags over it; a
 // file that no longer parses, or changes what cannot change while running, is logged
 // and the server goes on as it was.
+//
+// nats-server 2.15.2 reads its options unlocked where this swaps them (direct gets read
+// s.opts.MaxPending; stream creation, account registration): a data race inside it that
+// nats-server's own SIGHUP has too, harmless in practice here (one pointer, old or new
+// options, both complete) but fatal to a race-instrumented test binary, so tests reload
+// servers that clients use as processes (testutil.StartNATS). The JWT kind changes an
+// account with no reload (toolbus admin -push).
 func reloadConfigured(srv *server.Server, f Configured) {
 	opts, err := ConfiguredOptions(f)
 	if err == nil {

@@ -118,20 +118,9 @@ func binaries(t testing.TB) (natsBin, toolbusBin, faultbusBin string) {
 	return bins.nats, bins.toolbus, bins.faultbus
 }
 
-// goTool finds the go command: on PATH, else in GOROOT or /usr/local/go.
-func goTool() string {
-	if p, err := exec.LookPath("go"); err == nil {
-		return p
-	}
-	for _, dir := range []string{os.Getenv("GOROOT"), "/usr/local/go"} {
-		if p := filepath.Join(dir, "bin", "go"); dir != "" {
-			if _, err := os.Stat(p); err == nil {
-				return p
-			}
-		}
-	}
-	return "go"
-}
+// The go command, and a child's life tied to the test process's (shared with the tests
+// that run a nats-server process beside them).
+var goTool, dieWithParent = testutil.GoTool, testutil.DieWithParent
 
 // proc is a child process with its output in a log file.
 type proc struct {

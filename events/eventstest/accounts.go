@@ -2,12 +2,8 @@ package eventstest
 
 import (
 	"fmt"
-	"io"
-	"net"
-	"net/http"
 	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -69,8 +65,8 @@ func StartTenantsBare(t testing.TB, teams, clients map[string][]string) *server.
 }
 
 // AccountsOptions writes AccountsConf(team, tools) into dir (its JetStream store under
-// dir too) and returns the server options it describes, for a process that runs the
-// server itself (sdk/typescript/testbus); tests call intaketest.StartAccounts.
+// dir too) and returns the server options it describes (intaketest.StartAccounts); a
+// server whose grants change while it runs is a process (StartAccountsProcess).
 func AccountsOptions(dir, team string, tools []string) (*server.Options, error) {
 	path := filepath.Join(dir, "accounts.conf")
 	if err := os.WriteFile(path, []byte(AccountsConf(filepath.Join(dir, "js"), team, tools)), 0o600); err != nil {
@@ -93,57 +89,4 @@ func Connect(t testing.TB, srv *server.Server, user string) *nats.Conn {
 	}
 	t.Cleanup(nc.Close)
 	return nc
-}
-
-// Regrant grants team exactly tools on srv, a server started with opts (from
-// AccountsOptions or TeamsConf, through StartServer) whose configuration file is in dir:
-// the file is written again and the server reloads it, as `toolbus admin revoke` and
-// `grant` change a team's imports under running connections (in the JWT kind by a
-// pushed account; here by a reload).
-func Regrant(srv *server.Server, opts *server.Options, dir, team string, tools []string) error {
-	path := filepath.Join(dir, "accounts.conf")
-	if err := os.WriteFile(path, []byte(AccountsConf(filepath.Join(dir, "js"), team, tools)), 0o600); err != nil {
-		return fmt.Errorf("eventstest: %w", err)
-	}
-	o, err := server.ProcessConfigFile(path)
-	if err != nil {
-		return fmt.Errorf("eventstest: %w", err)
-	}
-	// What the server was started with: a reload may not change the store or the port.
-	o.Host, o.Port, o.StoreDir, o.NoLog, o.NoSigs = opts.Host, opts.Port, opts.StoreDir, opts.NoLog, opts.NoSigs
-	o.HTTPHost, o.HTTPPort = opts.HTTPHost, opts.HTTPPort
-	if err := srv.ReloadOptions(o); err != nil {
-		return fmt.Errorf("eventstest: reload: %w", err)
-	}
-	return nil
-}
-
-// ServeGrants answers POST /grant on a loopback port: the body lists the tools team
-// is granted from then on, comma-separated, and the server reloads its configuration
-// (Regrant), as `toolbus admin revoke` and `grant` change a team's imports
-// under running connections. Close the listener to stop it.
-func ServeGrants(srv *server.Server, opts *server.Options, dir, team string) (net.Listener, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return nil, err
-	}
-	mux := http.NewServeMux()
-	mux.HandleFunc("POST /grant", func(w http.ResponseWriter, r *http.Request) {
-		body, err := io.ReadAll(r.Body)
-		if err != nil {
-			http.Error(w, err.Error(), http.StatusBadRequest)
-			return
-		}
-		var tools []string
-		for _, t := range strings.Split(strings.TrimSpace(string(body)), ",") {
-			if t != "" {
-				tools = append(tools, t)
-			}
-		}
-		if err := Regrant(srv, opts, dir, team, tools); err != nil {
-			http.Error(w, err.Error(), http.StatusInternalServerError)
-		}
-	})
-	go func() { _ = http.Serve(l, mux) }()
-	return l, nil
 }

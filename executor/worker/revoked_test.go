@@ -19,6 +19,7 @@ import (
 	"github.com/toolbus/toolbus/events/provision"
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/executor/worker"
+	"github.com/toolbus/toolbus/intake"
 	"github.com/toolbus/toolbus/intake/intaketest"
 	"github.com/toolbus/toolbus/internal/testutil"
 	"github.com/toolbus/toolbus/planner"
@@ -43,7 +44,8 @@ func (l *lockedBuffer) String() string {
 }
 
 // TestTeamAccountRevokedTool: a tool revoked from a team while its executor runs (the
-// team account's imports of the tool's queue taken away by a configuration reload, as
+// team account's imports of the tool's queue taken away by a configuration reload of a
+// nats-server process (eventstest.AccountsProcess says why not in-process), as
 // `toolbus admin revoke -push` takes them away by a pushed account) leaves the
 // executor's instance record, and the executor logs one line naming it and why; its
 // other tool is served all along (the control: a run calling it completes after the
@@ -51,16 +53,11 @@ func (l *lockedBuffer) String() string {
 // no restart.
 func TestTeamAccountRevokedTool(t *testing.T) {
 	worker.SetReachEvery(t, 100*time.Millisecond)
-	dir := t.TempDir()
-	opts, err := eventstest.AccountsOptions(dir, "alpha", []string{"calc", "other"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := eventstest.StartServer(t, opts)
-	intaketest.StartIntake(t, srv)
+	srv := eventstest.StartAccountsServer(t, "alpha", []string{"calc", "other"})
+	intaketest.ServeIntake(t, srv.Connect(t, "core"), intake.Limits{})
 	reload := func(tools ...string) {
 		t.Helper()
-		if err := eventstest.Regrant(srv, opts, dir, "alpha", tools); err != nil {
+		if err := srv.Regrant(tools); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -68,7 +65,7 @@ func TestTeamAccountRevokedTool(t *testing.T) {
 		return &planner.Script{Steps: []func(planner.Request) planner.Response{
 			planner.Calls(toolbus.ToolCall{CallID: "c1", Tool: tool, Arguments: `{}`}), planner.Answer("done")}}
 	}
-	p := testpipe.StartOn(t, eventstest.Connect(t, srv, "core"), 4*time.Minute, testpipe.ScriptByRun(map[string]*planner.Script{
+	p := testpipe.StartOn(t, srv.Connect(t, "core"), 4*time.Minute, testpipe.ScriptByRun(map[string]*planner.Script{
 		"rv-other": call("other"), "rv-calc": call("calc")}, nil))
 	reg := executor.NewRegistry()
 	for _, name := range []string{"calc", "other"} {
@@ -82,7 +79,7 @@ func TestTeamAccountRevokedTool(t *testing.T) {
 	}
 	var logs lockedBuffer
 	log := slog.New(slog.NewTextHandler(&logs, nil))
-	teamBus, err := events.Open(p.Ctx, eventstest.Connect(t, srv, "alpha"), events.Config{APIPrefix: eventstest.TeamAPIPrefix})
+	teamBus, err := events.Open(p.Ctx, srv.Connect(t, "alpha"), events.Config{APIPrefix: eventstest.TeamAPIPrefix})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,11 +10,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
-
 	"github.com/toolbus/toolbus/e2e/testpipe"
 	"github.com/toolbus/toolbus/events/eventstest"
 	"github.com/toolbus/toolbus/events/provision"
+	"github.com/toolbus/toolbus/intake"
 	"github.com/toolbus/toolbus/intake/intaketest"
 	"github.com/toolbus/toolbus/internal/testutil"
 	"github.com/toolbus/toolbus/planner"
@@ -83,23 +82,15 @@ var teamTools = []string{"team_count", "team_pay", "team_hang"}
 // pipeline's roles run.
 func TestNPMTeamAccount(t *testing.T) {
 	npm := needNPM(t)
-	dir := t.TempDir()
-	opts, err := eventstest.AccountsOptions(dir, "alpha", teamTools)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := eventstest.StartServer(t, opts)
-	intaketest.StartIntake(t, srv)
-	grants, err := eventstest.ServeGrants(srv, opts, dir, "alpha")
+	// A process: the tests regrant (a reload) under running direct gets (eventstest.AccountsProcess).
+	srv := eventstest.StartAccountsServer(t, "alpha", teamTools)
+	intaketest.ServeIntake(t, srv.Connect(t, "core"), intake.Limits{})
+	grants, err := srv.ServeGrants()
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = grants.Close() })
-	nc, err := nats.Connect(srv.ClientURL(), nats.UserInfo("core", "core"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
+	nc := srv.Connect(t, "core")
 	model := planner.ModelFunc(func(ctx context.Context, _ planner.Request) (planner.Response, error) {
 		<-ctx.Done()
 		return planner.Response{}, ctx.Err()
@@ -113,7 +104,7 @@ func TestNPMTeamAccount(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	tb, err := json.Marshal(map[string]any{"url": srv.ClientURL(), "core_user": "core", "core_password": "core",
+	tb, err := json.Marshal(map[string]any{"url": srv.URL, "core_user": "core", "core_password": "core",
 		"team_user": "alpha", "team_password": "alpha", "team_name": "alpha", "api_prefix": eventstest.TeamAPIPrefix, "tools": teamTools,
 		"grant_url": "http://" + grants.Addr().String() + "/grant"})
 	if err != nil {

@@ -1,12 +1,14 @@
 // Test helpers: a real NATS JetStream server with toolbus's stream and buckets (from
 // TOOLBUS_TEST_NATS_URL, which the Go test of this package sets, or started here with
 // `go run ./testbus`), and the planner's side of a call (run.started, tool.requested).
+import { after, before } from 'node:test';
+import assert from 'node:assert/strict';
 import { spawn, type ChildProcess } from 'node:child_process';
 import { createInterface } from 'node:readline';
 import { fileURLToPath } from 'node:url';
 import path from 'node:path';
 import { connect, type NatsConnection } from '@nats-io/transport-node';
-import { Executor, type Tool, wire } from '../src/index.js';
+import { Executor, type Tool, type ToolContext, wire } from '../src/index.js';
 import type { ToolFinished } from '../src/wire.js';
 
 const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..', '..');
@@ -167,4 +169,70 @@ export async function eventsOf<T>(bus: wire.Bus, run: string, type: string): Pro
 /** The stored tool.finished of a run's one call. */
 export function result(bus: wire.Bus, run: string): Promise<ToolFinished> {
   return eventually(async () => (await eventsOf<ToolFinished>(bus, run, wire.Type.toolFinished))[0]?.data, 30000, `the result of ${run}`);
+}
+
+// The team fixture: what the test files of the accounts layout (team*.test.ts) share.
+
+/** The tools the core exports to the team (testbus -team and npm_test.go grant them). */
+export const COUNT = 'team_count';
+export const PAY = 'team_pay';
+export const HANG = 'team_hang';
+
+/** Set when the Go test of the package's other tests (TestNPMTest) leaves the team tests to TestNPMTeamAccount. */
+export const teamSkip = process.env.TOOLBUS_TEST_SKIP_TEAM ? 'run by TestNPMTeamAccount, on its own server' : false;
+
+/** The count tool (one contract for every test and file: the catalog keeps the first). */
+export const countTool = (run: (a: { n: number }, ctx: ToolContext) => unknown): Tool<{ n: number }> => ({
+  name: COUNT, description: 'doubles n, counting its executions', inputSchema: { type: 'object', properties: { n: { type: 'integer' } }, required: ['n'] }, run,
+});
+
+/** The pay tool (a person approves each call). */
+export const payTool = (run: (a: { amount: number }) => unknown = () => 'paid'): Tool<{ amount: number }> => ({
+  name: PAY, description: 'pays', needsApproval: true, inputSchema: { type: 'object', properties: { amount: { type: 'integer' } }, required: ['amount'] }, run,
+});
+
+/** The two-account server and a connection of each account, open while the file's tests run. */
+export interface TeamFixture {
+  tb: TeamBus;
+  core: NatsConnection;
+  team: NatsConnection;
+  /** Grants the team exactly tools from then on (the server reloads: a revocation under running executors). */
+  grant(tools: string[]): Promise<void>;
+}
+
+/** The team fixture of a test file: its before and after hooks connect (unless teamSkip) and close. */
+export function teamFixture(): TeamFixture {
+  const fx = {
+    async grant(tools: string[]) {
+      const r = await fetch(fx.tb.grant_url!, { method: 'POST', body: tools.join(',') });
+      assert.equal(r.status, 200, await r.text());
+    },
+  } as TeamFixture;
+  before(async () => {
+    if (teamSkip) return;
+    fx.tb = await teamBus();
+    fx.core = await connect({ servers: fx.tb.url, user: fx.tb.core_user, pass: fx.tb.core_password });
+    fx.team = await connect({ servers: fx.tb.url, user: fx.tb.team_user, pass: fx.tb.team_password });
+  });
+  after(async () => {
+    await fx.team?.drain();
+    await fx.core?.drain();
+    stopTeamServer();
+  });
+  return fx;
+}
+
+/** The lines written to stderr (the executor's log) while f runs. */
+export async function capturing<T>(f: (lines: string[]) => Promise<T>): Promise<T> {
+  const lines: string[] = [];
+  const write = process.stderr.write.bind(process.stderr);
+  process.stderr.write = ((chunk: string | Uint8Array, ...rest: unknown[]) => {
+    lines.push(String(chunk));
+    return (write as (...a: unknown[]) => boolean)(chunk, ...rest);
+  }) as typeof process.stderr.write;
+  try {
+    return await f(lines);
+  } finally {
+    process.stderr.write = write;
+  }
 }

@@ -1,37 +1,13 @@
 // The executor's fleet-wide rules in its team's own NATS account (TOOLBUS_NATS_API_PREFIX)
 // against a real two-account server: what it writes for them must be under the keys the
 // core exports for the team's tools.
-import { after, before, test } from 'node:test';
+import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { setTimeout as wait } from 'node:timers/promises';
-import { connect, type NatsConnection } from '@nats-io/transport-node';
-import { Executor, wire, type Tool, type ToolContext } from '../src/index.js';
-import { eventually, stopTeamServer, teamBus, unique, type TeamBus } from './helpers.js';
+import { Executor, wire } from '../src/index.js';
+import { COUNT, countTool, eventually, teamFixture, teamSkip as skip, unique } from './helpers.js';
 
-// The tool the core exports to the team (testbus -team and npm_test.go grant it), with the
-// contract test/team.test.ts registers (the catalog keeps the first).
-const COUNT = 'team_count';
-const countTool = (run: (a: { n: number }, ctx: ToolContext) => unknown): Tool<{ n: number }> => ({
-  name: COUNT, description: 'doubles n, counting its executions', inputSchema: { type: 'object', properties: { n: { type: 'integer' } }, required: ['n'] }, run,
-});
-
-const skip = process.env.TOOLBUS_TEST_SKIP_TEAM ? 'run by TestNPMTeamAccount, on its own server' : false;
-
-let tb: TeamBus;
-let core: NatsConnection;
-let team: NatsConnection;
-before(async () => {
-  if (skip) return;
-  tb = await teamBus();
-  core = await connect({ servers: tb.url, user: tb.core_user, pass: tb.core_password });
-  team = await connect({ servers: tb.url, user: tb.team_user, pass: tb.team_password });
-});
-after(async () => {
-  await team?.drain();
-  await core?.drain();
-  stopTeamServer();
-});
-
+const fx = teamFixture();
 const dec = new TextDecoder();
 const enc = new TextEncoder();
 
@@ -47,14 +23,14 @@ async function step(bus: wire.Bus, run: string, n: number): Promise<void> {
 }
 
 test('team account: run slots are taken under the tool\'s claims prefix, at most runMaxInFlight calls at once', { skip }, async () => {
-  const bus = new wire.Bus(core);
+  const bus = new wire.Bus(fx.core);
   const claims = await bus.kv(wire.Bucket.claims);
   let now = 0;
   let most = 0;
   const slots = new Set<string>();
-  const ex = new Executor({ connection: team, settings: { runMaxInFlight: 2 },
+  const ex = new Executor({ connection: fx.team, settings: { runMaxInFlight: 2 },
     env: { TOOLBUS_INSTANCE: unique('ts'), TOOLBUS_ACK_WAIT: '2s', TOOLBUS_LOG_LEVEL: 'warn', TOOLBUS_GRACE: '2s',
-      TOOLBUS_TEAM: tb.team_name, TOOLBUS_NATS_API_PREFIX: tb.api_prefix } });
+      TOOLBUS_TEAM: fx.tb.team_name, TOOLBUS_NATS_API_PREFIX: fx.tb.api_prefix } });
   ex.register(countTool(async (a, ctx) => {
     now++;
     most = Math.max(most, now);

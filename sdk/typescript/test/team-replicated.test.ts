@@ -2,75 +2,33 @@
 // team.test.ts: a consumer electing its leader answers "no responders" for seconds
 // (the tool must stay offered), and a replicated bucket serves no direct gets (the
 // executor reads its keys through the core's read service, toolbus_teamread.>).
-import { after, before, test } from 'node:test';
+import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { connect, type NatsConnection } from '@nats-io/transport-node';
 import { jetstreamManager } from '@nats-io/jetstream';
-import { Client, Executor, wire, type Tool } from '../src/index.js';
-import { eventually, startExecutor, stopTeamServer, teamBus, type TeamBus } from './helpers.js';
+import { Client, Executor, wire } from '../src/index.js';
+import { capturing, COUNT, countTool, eventually, payTool, startExecutor, teamFixture, teamSkip as skip } from './helpers.js';
 
-const COUNT = 'team_count';
-const PAY = 'team_pay';
-const skip = process.env.TOOLBUS_TEST_SKIP_TEAM ? 'run by TestNPMTeamAccount, on its own server' : false;
-
-let tb: TeamBus;
-let core: NatsConnection;
-let team: NatsConnection;
-before(async () => {
-  if (skip) return;
-  tb = await teamBus();
-  core = await connect({ servers: tb.url, user: tb.core_user, pass: tb.core_password });
-  team = await connect({ servers: tb.url, user: tb.team_user, pass: tb.team_password });
-});
-after(async () => {
-  await team?.drain();
-  await core?.drain();
-  stopTeamServer();
-});
-
+const fx = teamFixture();
 const enc = new TextEncoder();
 const dec = new TextDecoder();
-const countTool = (run: (a: { n: number }) => unknown): Tool<{ n: number }> => ({
-  name: COUNT, description: 'doubles n, counting its executions', inputSchema: { type: 'object', properties: { n: { type: 'integer' } }, required: ['n'] }, run,
-});
-const payTool: Tool = { name: PAY, description: 'pays', needsApproval: true, inputSchema: { type: 'object', properties: { amount: { type: 'integer' } }, required: ['amount'] }, run: () => 'paid' };
-
-/** The lines the executor logs while f runs (stderr). */
-async function capturing<T>(f: (lines: string[]) => Promise<T>): Promise<T> {
-  const lines: string[] = [];
-  const write = process.stderr.write.bind(process.stderr);
-  process.stderr.write = ((chunk: string | Uint8Array, ...rest: unknown[]) => {
-    lines.push(String(chunk));
-    return (write as (...a: unknown[]) => boolean)(chunk, ...rest);
-  }) as typeof process.stderr.write;
-  try {
-    return await f(lines);
-  } finally {
-    process.stderr.write = write;
-  }
-}
 
 test('team account: a queue answering no responders for a while (a leader election) keeps its tool offered and served', { skip }, async (t) => {
-  if (!tb.grant_url) return t.skip('the server takes no grants (grant_url)');
-  const grant = async (tools: string[]) => {
-    const r = await fetch(tb.grant_url!, { method: 'POST', body: tools.join(',') });
-    assert.equal(r.status, 200, await r.text());
-  };
+  if (!fx.tb.grant_url) return t.skip('the server takes no grants (grant_url)');
   // Probes 100 ms apart, and so many confirmations that the queue comes back before they
   // end: the revocation below stands for an election that outlasts one probe.
   const [every, confirm] = [Executor.reachEveryMS, Executor.reachConfirm];
   Executor.reachEveryMS = 200;
   Executor.reachConfirm = 100000;
   await capturing(async (lines) => {
-    const { ex, done } = await startExecutor(team, [countTool((a) => ({ double: 2 * a.n })), payTool],
-      { TOOLBUS_TEAM: tb.team_name, TOOLBUS_NATS_API_PREFIX: tb.api_prefix, TOOLBUS_LOG_LEVEL: 'debug' });
-    const client = await Client.connect({ connection: core, identity: 'alice' });
+    const { ex, done } = await startExecutor(fx.team, [countTool((a) => ({ double: 2 * a.n })), payTool()],
+      { TOOLBUS_TEAM: fx.tb.team_name, TOOLBUS_NATS_API_PREFIX: fx.tb.api_prefix, TOOLBUS_LOG_LEVEL: 'debug' });
+    const client = await Client.connect({ connection: fx.core, identity: 'alice' });
     try {
-      await grant(tb.tools.filter((x) => x !== COUNT));
+      await fx.grant(fx.tb.tools.filter((x) => x !== COUNT));
       const asking = `tool ${COUNT}: its queue answers no responders; asking again before dropping it`;
       const dropped = `tool ${COUNT}: this team's credentials no longer reach its queue`;
       await eventually(async () => (lines.some((l) => l.includes(asking) || l.includes(dropped)) ? true : undefined), 60000, 'a probe finding the queue gone');
-      await grant(tb.tools);
+      await fx.grant(fx.tb.tools);
       const run = await client.startRun({ messages: [{ role: 'user', content: 'election' }], allowedTools: [COUNT],
         limits: { deadline: new Date(Date.now() + 90000) }, calls: [{ call_id: 'c1', tool: COUNT, arguments: '{"n":4}' }] });
       const ac = new AbortController();
@@ -90,7 +48,7 @@ test('team account: a queue answering no responders for a while (a leader electi
       assert.equal(r?.content, '{"double":8}');
       assert.ok(!lines.some((l) => l.includes(dropped)), `the tool was dropped on a passing no responders:\n${lines.filter((l) => l.includes(COUNT)).join('')}`);
     } finally {
-      await grant(tb.tools);
+      await fx.grant(fx.tb.tools);
       Executor.reachEveryMS = every;
       Executor.reachConfirm = confirm;
       await client.close();
@@ -102,19 +60,19 @@ test('team account: a queue answering no responders for a while (a leader electi
 
 test('team account: a claims bucket serving no direct gets (replicated) is read through the read service; another tool\'s claim is not', { skip }, async () => {
   let runs = 0;
-  const bus = new wire.Bus(core);
-  const jsm = await jetstreamManager(core);
+  const bus = new wire.Bus(fx.core);
+  const jsm = await jetstreamManager(fx.core);
   const claimsStream = `KV_${wire.Bucket.claims}`;
   const run = `r3-${process.pid}-${Date.now()}`;
   const own = wire.key.claim(COUNT, run, 0, 'c1');
   const other = wire.key.claim('not_granted', run, 0, 'c1');
   const claims = await bus.kv(wire.Bucket.claims);
-  const done = { team: tb.team_name, instance: 'gone', boot: 'x', attempt: 1, at: new Date().toISOString(), done: true } satisfies wire.Claim;
+  const done = { team: fx.tb.team_name, instance: 'gone', boot: 'x', attempt: 1, at: new Date().toISOString(), done: true } satisfies wire.Claim;
   await claims.create(own, enc.encode(JSON.stringify(done)));
   await claims.create(other, enc.encode(JSON.stringify(done)));
-  const direct = (k: string) => `${tb.api_prefix}.DIRECT.GET.${claimsStream}.$KV.${wire.Bucket.claims}.${k}`;
+  const direct = (k: string) => `${fx.tb.api_prefix}.DIRECT.GET.${claimsStream}.$KV.${wire.Bucket.claims}.${k}`;
   const viaService = (k: string) => wire.teamReadLocal(claimsStream, `$KV.${wire.Bucket.claims}.${k}`);
-  const answer = (subj: string) => team.request(subj, new Uint8Array(0), { timeout: 5000 }).then((m) => dec.decode(m.data), (err) => (wire.isNoResponders(err) ? 'no responders' : `${err}`));
+  const answer = (subj: string) => fx.team.request(subj, new Uint8Array(0), { timeout: 5000 }).then((m) => dec.decode(m.data), (err) => (wire.isNoResponders(err) ? 'no responders' : `${err}`));
   // CONTROL: the team's direct get finds its tool's claim while the bucket serves them.
   assert.match(await answer(direct(own)), /"done":true/);
   await jsm.streams.update(claimsStream, { allow_direct: false });
@@ -129,8 +87,8 @@ test('team account: a claims bucket serving no direct gets (replicated) is read 
     // A call already done, redelivered: the executor reads its claim (through the
     // service) and acknowledges it without running it; unread, it would hand it back
     // for ever.
-    const { ex, done: stopped } = await startExecutor(team, [countTool(() => ++runs)],
-      { TOOLBUS_TEAM: tb.team_name, TOOLBUS_NATS_API_PREFIX: tb.api_prefix });
+    const { ex, done: stopped } = await startExecutor(fx.team, [countTool(() => ++runs)],
+      { TOOLBUS_TEAM: fx.tb.team_name, TOOLBUS_NATS_API_PREFIX: fx.tb.api_prefix });
     try {
       const delivered = (await jsm.consumers.info(bus.queues, wire.toolConsumer(COUNT))).delivered.stream_seq;
       const req: wire.ToolRequested = { run_id: run, step: 0, call_index: 0, call_count: 1, call: { call_id: 'c1', tool: COUNT, arguments: '{"n":1}' },
@@ -143,7 +101,7 @@ test('team account: a claims bucket serving no direct gets (replicated) is read 
       }, 30000, 'the done call acknowledged');
       assert.equal(runs, 0, 'a done call ran again');
       // The team's bus reads the claim as stored.
-      const e = await (await new wire.Bus(team, { apiPrefix: tb.api_prefix }).store(wire.Bucket.claims)).get(own);
+      const e = await (await new wire.Bus(fx.team, { apiPrefix: fx.tb.api_prefix }).store(wire.Bucket.claims)).get(own);
       assert.equal((JSON.parse(dec.decode(e!.value)) as wire.Claim).instance, 'gone');
     } finally {
       ex.stop();

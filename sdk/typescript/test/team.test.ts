@@ -3,66 +3,38 @@
 // injector), the team account reaches the core only through the imports of its tools
 // (events/eventstest.TeamImports). Each check breaks when the executor reaches for what
 // the core does not export (a run, a bucket by name, the stream's info) or loses a rule.
-import { after, before, test } from 'node:test';
+import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { setTimeout as wait } from 'node:timers/promises';
-import { connect, type NatsConnection } from '@nats-io/transport-node';
 import { Client, Executor, wire, type Tool, type ToolContext } from '../src/index.js';
-import { eventsOf, eventually, startExecutor, stopTeamServer, teamBus, type TeamBus } from './helpers.js';
+import { capturing, COUNT, countTool, eventsOf, eventually, HANG, PAY, payTool, startExecutor, teamFixture, teamSkip as skip } from './helpers.js';
 
-// The tools the core exports to the team (testbus -team and npm_test.go grant these).
-const COUNT = 'team_count';
-const PAY = 'team_pay';
-
-// The Go test of the package's other tests (TestNPMTest) leaves these to TestNPMTeamAccount.
-const skip = process.env.TOOLBUS_TEST_SKIP_TEAM ? 'run by TestNPMTeamAccount, on its own server' : false;
-
-let tb: TeamBus;
-let core: NatsConnection;
-let team: NatsConnection;
-before(async () => {
-  if (skip) return;
-  tb = await teamBus();
-  core = await connect({ servers: tb.url, user: tb.core_user, pass: tb.core_password });
-  team = await connect({ servers: tb.url, user: tb.team_user, pass: tb.team_password });
-});
-after(async () => {
-  await team?.drain();
-  await core?.drain();
-  stopTeamServer();
-});
-
+const fx = teamFixture();
 const dec = new TextDecoder();
 
-/** The count tool (one contract for every test: the catalog keeps the first). */
-const countTool = (run: (a: { n: number }, ctx: ToolContext) => unknown): Tool<{ n: number }> => ({
-  name: COUNT, description: 'doubles n, counting its executions', inputSchema: { type: 'object', properties: { n: { type: 'integer' } }, required: ['n'] }, run,
-});
-
 test('team account: two calls of one step run once each, an edited approval reaches the tool, claims are marked done', { skip }, async () => {
-  assert.ok(tb.tools.includes(COUNT) && tb.tools.includes(PAY), `the team is granted ${COUNT} and ${PAY} (got ${tb.tools})`);
+  assert.ok(fx.tb.tools.includes(COUNT) && fx.tb.tools.includes(PAY), `the team is granted ${COUNT} and ${PAY} (got ${fx.tb.tools})`);
   const counted = new Map<number, number>();
   const paid: string[] = [];
   const principals: string[] = [];
-  const { ex, done } = await startExecutor(team, [
+  const { ex, done } = await startExecutor(fx.team, [
     countTool((a, ctx) => {
       counted.set(a.n, (counted.get(a.n) ?? 0) + 1);
       principals.push(String(ctx.principal.id));
       return { double: 2 * a.n };
     }),
-    { name: PAY, description: 'pays', needsApproval: true, inputSchema: { type: 'object', properties: { amount: { type: 'integer' } }, required: ['amount'] },
-      run: (a: { amount: number }) => {
-        paid.push(JSON.stringify(a));
-        return 'paid';
-      } },
-  ], { TOOLBUS_TEAM: tb.team_name, TOOLBUS_NATS_API_PREFIX: tb.api_prefix });
-  const client = await Client.connect({ connection: core, identity: 'alice' });
+    payTool((a) => {
+      paid.push(JSON.stringify(a));
+      return 'paid';
+    }),
+  ], { TOOLBUS_TEAM: fx.tb.team_name, TOOLBUS_NATS_API_PREFIX: fx.tb.api_prefix });
+  const client = await Client.connect({ connection: fx.core, identity: 'alice' });
   try {
     // The contracts reached the core's catalog through the exported keys.
-    const tools = await new wire.Bus(core).kv(wire.Bucket.tools);
+    const tools = await new wire.Bus(fx.core).kv(wire.Bucket.tools);
     for (const t of [COUNT, PAY]) {
       const c = await eventually(async () => tools.get(t).then((e) => (e?.operation === 'PUT' ? JSON.parse(dec.decode(e.value)) : undefined)), 30000, `${t} in the catalog`);
-      assert.equal(c.owner, tb.team_name);
+      assert.equal(c.owner, fx.tb.team_name);
     }
     const run = await client.startRun({
       messages: [{ role: 'user', content: 'team' }], allowedTools: [COUNT, PAY], limits: { deadline: new Date(Date.now() + 120000) },
@@ -94,12 +66,12 @@ test('team account: two calls of one step run once each, an edited approval reac
     assert.deepEqual(principals, ['alice', 'alice'], 'the principal the call carries');
     assert.deepEqual(paid, ['{"amount":90}'], 'the person\'s arguments reached the tool, once');
     // The claims say the calls are done: a take-over would not run them again.
-    const claims = await new wire.Bus(core).kv(wire.Bucket.claims);
+    const claims = await new wire.Bus(fx.core).kv(wire.Bucket.claims);
     for (const [tool, call] of [[COUNT, 'c1'], [COUNT, 'c2'], [PAY, 'p1']]) {
       const e = await claims.get(wire.key.claim(tool, run, 0, call));
       assert.equal(e?.operation, 'PUT', `the claim of ${call}`);
       const c = JSON.parse(dec.decode(e!.value)) as wire.Claim;
-      assert.ok(c.done && c.team === tb.team_name, `the claim of ${call} is marked done by the team: ${JSON.stringify(c)}`);
+      assert.ok(c.done && c.team === fx.tb.team_name, `the claim of ${call} is marked done by the team: ${JSON.stringify(c)}`);
     }
   } finally {
     await client.close();
@@ -112,14 +84,14 @@ test('team account: a call already done is not run again on a take-over', { skip
   // A call whose claim is marked done by a dead instance of the team: redelivered, the
   // executor takes the claim as stored (it may not walk the results) and acks it.
   let runs = 0;
-  const { ex, done } = await startExecutor(team, [countTool(() => ++runs)],
-    { TOOLBUS_TEAM: tb.team_name, TOOLBUS_NATS_API_PREFIX: tb.api_prefix });
+  const { ex, done } = await startExecutor(fx.team, [countTool(() => ++runs)],
+    { TOOLBUS_TEAM: fx.tb.team_name, TOOLBUS_NATS_API_PREFIX: fx.tb.api_prefix });
   try {
-    const bus = new wire.Bus(core);
+    const bus = new wire.Bus(fx.core);
     const run = `done-${process.pid}-${Date.now()}`;
     const claims = await bus.kv(wire.Bucket.claims);
     await claims.create(wire.key.claim(COUNT, run, 0, 'c1'), new TextEncoder().encode(JSON.stringify(
-      { team: tb.team_name, instance: 'gone', boot: 'x', attempt: 1, at: new Date().toISOString(), done: true } satisfies wire.Claim)));
+      { team: fx.tb.team_name, instance: 'gone', boot: 'x', attempt: 1, at: new Date().toISOString(), done: true } satisfies wire.Claim)));
     const req: wire.ToolRequested = { run_id: run, step: 0, call_index: 0, call_count: 1, call: { call_id: 'c1', tool: COUNT, arguments: '{"n":1}' },
       principal: { id: 'alice' } };
     // The queue is on the queue stream, whose sequences are not the event stream's: the
@@ -145,20 +117,19 @@ test('team account: a call already done is not run again on a take-over', { skip
 test('team account: a cancelled run cancels the team call through the core notice', { skip }, async () => {
   // A team hears no run.cancel of the core account: the injector tells the executors of
   // the tools of a run that ended (toolbus_notice.<run>.ended.<tool>).
-  const HANG = 'team_hang';
-  assert.ok(tb.tools.includes(HANG), `the team is granted ${HANG} (got ${tb.tools})`);
+  assert.ok(fx.tb.tools.includes(HANG), `the team is granted ${HANG} (got ${fx.tb.tools})`);
   let started!: () => void;
   const running = new Promise<void>((r) => { started = r; });
   let aborted!: (why: unknown) => void;
   const ended = new Promise<unknown>((r) => { aborted = r; });
-  const { ex, done } = await startExecutor(team, [{
+  const { ex, done } = await startExecutor(fx.team, [{
     name: HANG, description: 'waits for its signal', timeoutMS: 600000, inputSchema: { type: 'object' },
     run: (_a: unknown, ctx: ToolContext) => new Promise((_res, rej) => {
       started();
       ctx.signal.addEventListener('abort', () => { aborted(ctx.signal.reason); rej(ctx.signal.reason); });
     }),
-  } as Tool], { TOOLBUS_TEAM: tb.team_name, TOOLBUS_NATS_API_PREFIX: tb.api_prefix });
-  const client = await Client.connect({ connection: core, identity: 'alice' });
+  } as Tool], { TOOLBUS_TEAM: fx.tb.team_name, TOOLBUS_NATS_API_PREFIX: fx.tb.api_prefix });
+  const client = await Client.connect({ connection: fx.core, identity: 'alice' });
   try {
     const run = await client.startRun({ messages: [{ role: 'user', content: 'hang' }], allowedTools: [HANG],
       calls: [{ call_id: 'h1', tool: HANG, arguments: '{}' }] });
@@ -176,9 +147,9 @@ test('team account: an idle queue does not park (no consumer info: it cannot tel
   // A team asks the core's JetStream API no consumer info (the server answers every
   // account's infos from one queue, which a team could flood): a redelivery rings no
   // doorbell, so its queues keep their pull.
-  const bus = new wire.Bus(core);
-  const { ex, done } = await startExecutor(team, [countTool((a) => ({ double: 2 * a.n }))],
-    { TOOLBUS_TEAM: tb.team_name, TOOLBUS_NATS_API_PREFIX: tb.api_prefix, TOOLBUS_EXECUTOR_PARK_AFTER: '300ms' });
+  const bus = new wire.Bus(fx.core);
+  const { ex, done } = await startExecutor(fx.team, [countTool((a) => ({ double: 2 * a.n }))],
+    { TOOLBUS_TEAM: fx.tb.team_name, TOOLBUS_NATS_API_PREFIX: fx.tb.api_prefix, TOOLBUS_EXECUTOR_PARK_AFTER: '300ms' });
   try {
     await wait(1500); // past the idle time at which a queue in the core account parks
     assert.ok(!ex.parked(COUNT), 'the team queue parked');
@@ -208,69 +179,59 @@ async function within<T>(p: Promise<T>, ms: number, what: string): Promise<T> {
 }
 
 test('team account: a revoked tool leaves the instance record with one line saying why, the other is served all along, granted again it comes back', { skip }, async (t) => {
-  if (!tb.grant_url) return t.skip('the server takes no grants (grant_url)');
-  const grant = async (tools: string[]) => {
-    const r = await fetch(tb.grant_url!, { method: 'POST', body: tools.join(',') });
-    assert.equal(r.status, 200, await r.text());
-  };
+  if (!fx.tb.grant_url) return t.skip('the server takes no grants (grant_url)');
   const reach = Executor.reachEveryMS;
   Executor.reachEveryMS = 100;
-  const lines: string[] = [];
-  const write = process.stderr.write.bind(process.stderr);
-  process.stderr.write = ((chunk: string | Uint8Array, ...rest: unknown[]) => {
-    lines.push(String(chunk));
-    return (write as (...a: unknown[]) => boolean)(chunk, ...rest);
-  }) as typeof process.stderr.write;
-  const instance = `revoke-${process.pid}`;
-  const { ex, done } = await startExecutor(team, [countTool((a) => ({ double: 2 * a.n })),
-    { name: PAY, description: 'pays', needsApproval: true, inputSchema: { type: 'object', properties: { amount: { type: 'integer' } }, required: ['amount'] }, run: () => 'paid' }],
-  { TOOLBUS_TEAM: tb.team_name, TOOLBUS_NATS_API_PREFIX: tb.api_prefix, TOOLBUS_INSTANCE: instance, TOOLBUS_LOG_LEVEL: 'info' });
-  const instances = await new wire.Bus(core).kv(wire.Bucket.instances);
-  const listed = (want: string[]) => eventually(async () => {
-    for await (const k of await instances.keys(`${tb.team_name}.${instance}.*`)) {
-      const e = await instances.get(k);
-      if (e?.operation !== 'PUT') continue;
-      const tools = (JSON.parse(dec.decode(e.value)).tools as string[]).sort();
-      if (JSON.stringify(tools) === JSON.stringify([...want].sort())) return true;
-    }
-    return undefined;
-  }, 30000, `the instance record listing ${want}`);
-  const client = await Client.connect({ connection: core, identity: 'alice' });
-  try {
-    await listed([COUNT, PAY]);
-    await grant(tb.tools.filter((x) => x !== COUNT));
-    await listed([PAY]);
-    const line = `tool ${COUNT}: this team's credentials no longer reach its queue (revoked?); not serving it`;
-    assert.equal(lines.filter((l) => l.includes(line)).length, 1, `the not-serving line once:\n${lines.join('')}`);
-    // The control: the other tool is served as before.
-    const run = await client.startRun({
-      messages: [{ role: 'user', content: 'revoked' }], allowedTools: [PAY], limits: { deadline: new Date(Date.now() + 60000) },
-      calls: [{ call_id: 'p1', tool: PAY, arguments: '{"amount":1}' }],
-    });
-    const ac = new AbortController();
-    const timer = setTimeout(() => ac.abort(), 60000);
-    let status = '';
-    try {
-      for await (const ev of client.watch(run, { signal: ac.signal })) {
-        if (ev.type === wire.Type.toolWaiting) await client.decide(run, 0, 'p1', { kind: 'approve' });
-        if (ev.type === wire.Type.toolFinished) {
-          status = (ev.data as wire.ToolFinished).status;
-          break;
-        }
+  await capturing(async (lines) => {
+    const instance = `revoke-${process.pid}`;
+    const { ex, done } = await startExecutor(fx.team, [countTool((a) => ({ double: 2 * a.n })), payTool()],
+      { TOOLBUS_TEAM: fx.tb.team_name, TOOLBUS_NATS_API_PREFIX: fx.tb.api_prefix, TOOLBUS_INSTANCE: instance, TOOLBUS_LOG_LEVEL: 'info' });
+    const instances = await new wire.Bus(fx.core).kv(wire.Bucket.instances);
+    const listed = (want: string[]) => eventually(async () => {
+      for await (const k of await instances.keys(`${fx.tb.team_name}.${instance}.*`)) {
+        const e = await instances.get(k);
+        if (e?.operation !== 'PUT') continue;
+        const tools = (JSON.parse(dec.decode(e.value)).tools as string[]).sort();
+        if (JSON.stringify(tools) === JSON.stringify([...want].sort())) return true;
       }
+      return undefined;
+    }, 30000, `the instance record listing ${want}`);
+    const client = await Client.connect({ connection: fx.core, identity: 'alice' });
+    try {
+      await listed([COUNT, PAY]);
+      await fx.grant(fx.tb.tools.filter((x) => x !== COUNT));
+      await listed([PAY]);
+      const line = `tool ${COUNT}: this team's credentials no longer reach its queue (revoked?); not serving it`;
+      assert.equal(lines.filter((l) => l.includes(line)).length, 1, `the not-serving line once:\n${lines.join('')}`);
+      // The control: the other tool is served as before.
+      const run = await client.startRun({
+        messages: [{ role: 'user', content: 'revoked' }], allowedTools: [PAY], limits: { deadline: new Date(Date.now() + 60000) },
+        calls: [{ call_id: 'p1', tool: PAY, arguments: '{"amount":1}' }],
+      });
+      const ac = new AbortController();
+      const timer = setTimeout(() => ac.abort(), 60000);
+      let status = '';
+      try {
+        for await (const ev of client.watch(run, { signal: ac.signal })) {
+          if (ev.type === wire.Type.toolWaiting) await client.decide(run, 0, 'p1', { kind: 'approve' });
+          if (ev.type === wire.Type.toolFinished) {
+            status = (ev.data as wire.ToolFinished).status;
+            break;
+          }
+        }
+      } finally {
+        clearTimeout(timer);
+      }
+      assert.equal(status, 'succeeded', `${PAY} after ${COUNT} was revoked`);
+      await fx.grant(fx.tb.tools);
+      await listed([COUNT, PAY]);
+      assert.ok(lines.some((l) => l.includes(`tool ${COUNT}: its queue is reachable again`)), 'a line says it is served again');
     } finally {
-      clearTimeout(timer);
+      await fx.grant(fx.tb.tools);
+      Executor.reachEveryMS = reach;
+      await client.close?.();
+      ex.stop();
+      await done;
     }
-    assert.equal(status, 'succeeded', `${PAY} after ${COUNT} was revoked`);
-    await grant(tb.tools);
-    await listed([COUNT, PAY]);
-    assert.ok(lines.some((l) => l.includes(`tool ${COUNT}: its queue is reachable again`)), 'a line says it is served again');
-  } finally {
-    await grant(tb.tools);
-    process.stderr.write = write;
-    Executor.reachEveryMS = reach;
-    await client.close?.();
-    ex.stop();
-    await done;
-  }
+  });
 });

@@ -6,10 +6,11 @@
 // packs. It prints the server's URL on one line of stdout and stops when stdin closes
 // (the test process that started it ended) or on SIGINT/SIGTERM.
 //
-// With -team it runs the accounts layout instead (events/eventstest.AccountsConf): a
-// core account with the stream, buckets and roles, and a team account (TeamName) granted
-// TeamTools, whose queues it provisions in the core; it prints a TeamBus as one line of
-// JSON (the URLs with their credentials, the team, its API prefix and tools).
+// With -team it runs the accounts layout instead (events/eventstest.AccountsConf) on a
+// nats-server process it builds (events/eventstest.AccountsProcess): a core account
+// with the stream, buckets and roles, and a team account (TeamName) granted TeamTools,
+// whose queues it provisions in the core; it prints a TeamBus as one line of JSON (the
+// URLs with their credentials, the team, its API prefix and tools).
 //
 //	go run ./testbus         (from sdk/typescript)
 //	go run ./testbus -team
@@ -28,7 +29,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 
 	"github.com/toolbus/toolbus/embedded"
@@ -64,16 +64,16 @@ func run() error {
 	var nc *nats.Conn
 	var hello string
 	if *team {
-		srv, opts, err := accountsServer(dir)
+		srv, err := accountsServer(dir)
 		if err != nil {
 			return err
 		}
-		defer srv.Shutdown()
-		if nc, err = nats.Connect(srv.ClientURL(), nats.UserInfo("core", "core")); err != nil {
+		defer srv.Stop()
+		if nc, err = nats.Connect(srv.URL, nats.UserInfo("core", "core")); err != nil {
 			return err
 		}
-		tb := TeamBusOf(srv.ClientURL())
-		grants, err := eventstest.ServeGrants(srv, opts, dir, TeamName)
+		tb := TeamBusOf(srv.URL)
+		grants, err := srv.ServeGrants()
 		if err != nil {
 			return err
 		}
@@ -201,7 +201,7 @@ type TeamBus struct {
 	APIPrefix    string   `json:"api_prefix"`
 	Tools        []string `json:"tools"`
 	// GrantURL, when set, takes a POST whose body lists the tools the team is granted
-	// from then on, comma-separated (eventstest.ServeGrants): a revocation under running executors.
+	// from then on, comma-separated (eventstest.AccountsProcess.ServeGrants): a revocation under running executors.
 	GrantURL string `json:"grant_url,omitempty"`
 }
 
@@ -212,35 +212,27 @@ func TeamBusOf(url string) TeamBus {
 		TeamName: TeamName, APIPrefix: eventstest.TeamAPIPrefix, Tools: TeamTools}
 }
 
-// accountsServer starts the server of the accounts layout for TeamName and TeamTools.
-func accountsServer(dir string) (*server.Server, *server.Options, error) {
-	opts, err := eventstest.AccountsOptions(dir, TeamName, TeamTools)
+// accountsServer starts the server of the accounts layout for TeamName and TeamTools: a
+// nats-server process, since the tests regrant (a reload) under running connections
+// (eventstest.AccountsProcess), with the core's write service beside it.
+func accountsServer(dir string) (*eventstest.AccountsProcess, error) {
+	srv, err := eventstest.StartAccountsProcess(dir, TeamName, TeamTools)
 	if err != nil {
-		return nil, nil, err
-	}
-	opts.NoSigs = true
-	srv, err := server.NewServer(opts)
-	if err != nil {
-		return nil, nil, err
-	}
-	go srv.Start()
-	if !srv.ReadyForConnections(10 * time.Second) {
-		srv.Shutdown()
-		return nil, nil, errors.New("the accounts server is not ready")
+		return nil, err
 	}
 	// The core's write service (every injector runs it): the team's writes reach the
 	// core's streams only through it. It lives as long as the process.
-	nc, err := nats.Connect(srv.ClientURL(), nats.UserInfo("core", "core"))
+	nc, err := nats.Connect(srv.URL, nats.UserInfo("core", "core"))
 	if err != nil {
-		srv.Shutdown()
-		return nil, nil, fmt.Errorf("the write service: %w", err)
+		srv.Stop()
+		return nil, fmt.Errorf("the write service: %w", err)
 	}
 	go func() {
 		if err := intake.New(nc, intake.Limits{}, nil).Serve(context.Background()); err != nil {
 			fmt.Fprintln(os.Stderr, "testbus: write service:", err)
 		}
 	}()
-	return srv, opts, nil
+	return srv, nil
 }
 
 // ProvisionQueues creates the durable queues of tools in the core account (what
