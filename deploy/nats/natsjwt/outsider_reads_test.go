@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"golang.org/x/crypto/bcrypt"
 
 	"github.com/toolbus/toolbus"
@@ -21,9 +22,12 @@ import (
 // authority, so what one request makes it read is what a team's flood of them costs the
 // core (16 at once per tool, each a whole run): a run that never requested the tool is
 // answered from one read, not from its every event. The control: alpha's question in a
-// run that called calc is answered, asked.
-func TestOutsiderQuestionReadOfAnotherRun(t *testing.T) {
-	g := natsjwt.Grants{Teams: map[string][]string{"alpha": {"calc"}, "beta": {"search"}}}
+// run that called calc is answered, asked. Client alice's follows of bob's run are
+// answered as an absent run's before the service asks anything of the core's JetStream
+// API (a stream info, on the server's one info queue); her follow of her own run is
+// answered (the control).
+func TestOutsiderReadsOfAnotherRun(t *testing.T) {
+	g := natsjwt.Grants{Teams: map[string][]string{"alpha": {"calc"}, "beta": {"search"}}, Clients: map[string][]string{"alice": {"alice"}}}
 	res, err := natsjwt.GenerateGrants(filepath.Join("..", "permissions.conf"), t.TempDir(), g, natsjwt.WithAccounts(), natsjwt.WithBcryptCost(bcrypt.MinCost))
 	if err != nil {
 		t.Fatal(err)
@@ -72,6 +76,44 @@ func TestOutsiderQuestionReadOfAnotherRun(t *testing.T) {
 	if cost > logs/10 {
 		t.Errorf("HOLE: alpha's one question read of bob's run of %d events cost the core %d messages", logs, cost)
 	}
+
+	alice := d.client("alice", "alice")
+	for run, who := range map[string]string{"ra": "alice", "rb": "bob"} {
+		if err := bus.StartRun(ctx, "test", toolbus.RunStarted{RunID: run, Principal: toolbus.Principal{ID: who}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	follow := func(run string) *nats.Msg {
+		t.Helper()
+		got := askWithin(t, alice, events.FollowSubject("alice", run), "", 10*time.Second)
+		if len(got) == 0 {
+			t.Fatalf("alice's follow of %s: no answer", run)
+		}
+		return got[0]
+	}
+	if m := follow("ra"); m.Header.Get("Status") != events.FollowIdle {
+		t.Fatalf("control: alice's follow of her run: %v", m.Header)
+	}
+	before := apiTotal(t, d)
+	const follows = 30
+	for range follows {
+		if m := follow("rb"); m.Header.Get("Status") != "404" {
+			t.Fatalf("HOLE: alice's follow of bob's run: %v %q", m.Header, m.Data)
+		}
+	}
+	if n := apiTotal(t, d) - before; n > follows/10 {
+		t.Errorf("HOLE: alice's %d follows of bob's run cost the core %d JetStream API requests", follows, n)
+	}
+}
+
+// apiTotal is the JetStream API requests the server answered so far.
+func apiTotal(t *testing.T, d *accountsDeployment) uint64 {
+	t.Helper()
+	js, err := d.srv.Jsz(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return js.API.Total
 }
 
 // serverIn is the messages the server received so far.
