@@ -3,11 +3,13 @@ package audit
 import (
 	"errors"
 	"fmt"
-	"github.com/toolbus/toolbus"
-	"github.com/toolbus/toolbus/events"
 	"sort"
 	"strings"
 	"time"
+
+	"github.com/toolbus/toolbus"
+	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/runlog"
 )
 
 // The analysis: Analyze walks a run's events once, keeping what it knows of each step
@@ -48,7 +50,7 @@ type decisionEvent struct {
 
 // Analyze audits the events of one run, given in stream order (events.Bus.RunEvents).
 // It reads no store and no clock: the same events give the same report.
-func Analyze(run string, evs []events.StoredEvent) *Report {
+func Analyze(run string, evs []runlog.StoredEvent) *Report {
 	a := &analysis{
 		r: &Report{RunID: run, Status: toolbus.RunRunning, Events: len(evs), Timeline: []TimelineEntry{},
 			Calls: []Call{}, Transcript: []toolbus.Message{}, Requests: []ModelRequest{}, Violations: []Violation{}},
@@ -57,15 +59,15 @@ func Analyze(run string, evs []events.StoredEvent) *Report {
 	v := Visitor{
 		RunStarted: a.runStarted, ModelRequested: a.modelRequested, ModelResponded: a.modelResponded,
 		ToolRequested: a.toolRequested, ToolWaiting: a.toolWaiting, ToolFinished: a.toolFinished, ToolProgress: a.toolProgress,
-		ToolLog: func(_ events.StoredEvent, tl toolbus.ToolLog) {
+		ToolLog: func(_ runlog.StoredEvent, tl toolbus.ToolLog) {
 			a.e.Step, a.e.CallID, a.e.Tool = tl.Step, tl.CallID, tl.Tool
 			a.e.Summary = "log " + tl.Level + ": " + tl.Message
 		},
-		ToolQuestion: func(_ events.StoredEvent, q toolbus.ToolQuestion) {
+		ToolQuestion: func(_ runlog.StoredEvent, q toolbus.ToolQuestion) {
 			a.e.Step, a.e.CallID, a.e.Tool = q.Step, q.CallID, q.Tool
 			a.e.Summary = "asks its caller: " + q.Message
 		},
-		ToolAnswer: func(_ events.StoredEvent, an toolbus.ToolAnswer) {
+		ToolAnswer: func(_ runlog.StoredEvent, an toolbus.ToolAnswer) {
 			a.e.Step, a.e.CallID, a.e.Tool = an.Step, an.CallID, an.Tool
 			a.e.Summary = "answered by " + an.Who + ": " + an.Action
 			if len(an.Content) > 0 {
@@ -76,10 +78,10 @@ func Analyze(run string, evs []events.StoredEvent) *Report {
 			}
 		},
 		Approval: a.approval, Cancel: a.cancel, RunEnded: a.runEnded, Undecodable: a.undecodable,
-		Timer: func(_ events.StoredEvent, t events.RunTimer) {
+		Timer: func(_ runlog.StoredEvent, t events.RunTimer) {
 			a.e.Summary = "the run ends at " + t.Deadline.UTC().Format(time.RFC3339) + " if it still goes on then"
 		},
-		Other: func(ev events.StoredEvent) { a.e.Summary = "unknown event type " + ev.Meta.Type },
+		Other: func(ev runlog.StoredEvent) { a.e.Summary = "unknown event type " + ev.Meta.Type },
 	}
 	for _, ev := range evs {
 		e := TimelineEntry{Seq: ev.Seq, Step: ev.Meta.Step, Source: ev.Meta.Source, Type: strings.TrimPrefix(ev.Meta.Type, "toolbus.")}
@@ -138,7 +140,7 @@ func (a *analysis) transcriptUpTo(n int) []toolbus.Message {
 	return msgs
 }
 
-func (a *analysis) undecodable(ev events.StoredEvent, err error) {
+func (a *analysis) undecodable(ev runlog.StoredEvent, err error) {
 	e := a.e
 	if errors.Is(ev.Err, events.ErrSubjectMismatch) {
 		e.Summary = "ignored: " + ev.Err.Error()

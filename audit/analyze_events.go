@@ -2,15 +2,16 @@ package audit
 
 import (
 	"fmt"
-	"github.com/toolbus/toolbus"
-	"github.com/toolbus/toolbus/events"
 	"strings"
+
+	"github.com/toolbus/toolbus"
+	"github.com/toolbus/toolbus/events/runlog"
 )
 
 // What each event of a run tells the analysis, and the invariants it checks on the way:
 // one handler per event type.
 
-func (a *analysis) runStarted(ev events.StoredEvent, rs toolbus.RunStarted) {
+func (a *analysis) runStarted(ev runlog.StoredEvent, rs toolbus.RunStarted) {
 	e := a.e
 	e.Step = 0
 	if a.started != nil {
@@ -31,7 +32,7 @@ func (a *analysis) runStarted(ev events.StoredEvent, rs toolbus.RunStarted) {
 	}
 }
 
-func (a *analysis) modelRequested(ev events.StoredEvent, mr toolbus.ModelRequested) {
+func (a *analysis) modelRequested(ev runlog.StoredEvent, mr toolbus.ModelRequested) {
 	e := a.e
 	e.Step = mr.Step
 	if a.terminal != nil {
@@ -77,7 +78,7 @@ func (a *analysis) modelRequested(ev events.StoredEvent, mr toolbus.ModelRequest
 	}
 }
 
-func (a *analysis) modelResponded(ev events.StoredEvent, mr toolbus.ModelResponded) {
+func (a *analysis) modelResponded(ev runlog.StoredEvent, mr toolbus.ModelResponded) {
 	e := a.e
 	e.Step = mr.Step
 	st := a.stepOf(mr.Step)
@@ -111,7 +112,7 @@ func (a *analysis) modelResponded(ev events.StoredEvent, mr toolbus.ModelRespond
 	}
 }
 
-func (a *analysis) toolRequested(ev events.StoredEvent, tr toolbus.ToolRequested) {
+func (a *analysis) toolRequested(ev runlog.StoredEvent, tr toolbus.ToolRequested) {
 	e := a.e
 	e.Step, e.CallID, e.Tool = tr.Step, tr.Call.CallID, tr.Call.Tool
 	rc := a.findCall(tr.Step, tr.Call.CallID)
@@ -130,7 +131,7 @@ func (a *analysis) toolRequested(ev events.StoredEvent, tr toolbus.ToolRequested
 	}
 }
 
-func (a *analysis) toolWaiting(_ events.StoredEvent, tw toolbus.ToolWaiting) {
+func (a *analysis) toolWaiting(_ runlog.StoredEvent, tw toolbus.ToolWaiting) {
 	e := a.e
 	e.Step, e.CallID, e.Tool = tw.Step, tw.Call.CallID, tw.Call.Tool
 	e.Summary = "waits for approval (not run)"
@@ -139,7 +140,7 @@ func (a *analysis) toolWaiting(_ events.StoredEvent, tw toolbus.ToolWaiting) {
 	}
 }
 
-func (a *analysis) toolProgress(ev events.StoredEvent, tp toolbus.ToolProgress) {
+func (a *analysis) toolProgress(ev runlog.StoredEvent, tp toolbus.ToolProgress) {
 	e := a.e
 	e.Step, e.CallID, e.Tool = tp.Step, tp.CallID, tp.Tool
 	e.Summary = ProgressText(tp)
@@ -154,7 +155,7 @@ func (a *analysis) toolProgress(ev events.StoredEvent, tp toolbus.ToolProgress) 
 	}
 }
 
-func (a *analysis) approval(_ events.StoredEvent, ap toolbus.Approval, granted bool) {
+func (a *analysis) approval(_ runlog.StoredEvent, ap toolbus.Approval, granted bool) {
 	e := a.e
 	e.CallID = ap.CallID
 	verb := "granted"
@@ -212,7 +213,7 @@ func (a *analysis) standingDecision(rc *Call, step int, h *toolbus.HumanDecision
 	}
 }
 
-func (a *analysis) toolFinished(ev events.StoredEvent, tf toolbus.ToolFinished) {
+func (a *analysis) toolFinished(ev runlog.StoredEvent, tf toolbus.ToolFinished) {
 	e := a.e
 	res := tf.ToolResult
 	e.Step, e.CallID, e.Tool = tf.Step, res.CallID, res.Tool
@@ -282,7 +283,7 @@ func (a *analysis) toolFinished(ev events.StoredEvent, tf toolbus.ToolFinished) 
 	a.standingDecision(rc, tf.Step, res.Human)
 }
 
-func (a *analysis) cancel(_ events.StoredEvent, c toolbus.Cancel) {
+func (a *analysis) cancel(_ runlog.StoredEvent, c toolbus.Cancel) {
 	e := a.e
 	e.Summary = "cancel requested"
 	if c.Who != "" {
@@ -293,7 +294,7 @@ func (a *analysis) cancel(_ events.StoredEvent, c toolbus.Cancel) {
 	}
 }
 
-func (a *analysis) runEnded(ev events.StoredEvent, re toolbus.RunEnded) {
+func (a *analysis) runEnded(ev runlog.StoredEvent, re toolbus.RunEnded) {
 	e := a.e
 	e.Status, e.Code = string(re.Status), re.Code
 	e.Summary = fmt.Sprintf("run %s after %d step(s), %d tokens", re.Status, re.StepsUsed, re.Usage.Total())

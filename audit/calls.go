@@ -7,6 +7,7 @@ import (
 
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/runlog"
 )
 
 // Calls counts a run's tool results by status: what a list of runs shows beside a run's
@@ -54,7 +55,7 @@ func (c Calls) String() string {
 // run's tool.finished subjects, no consumer): the first result of each call counts, as
 // the injector joins it.
 func CountCalls(ctx context.Context, bus *events.Bus, run string) (Calls, error) {
-	w, err := bus.Watch(ctx, events.SubjectPrefix+"."+run+".tool.finished.>", true)
+	w, err := runlog.Watch(ctx, bus, events.SubjectPrefix+"."+run+".tool.finished.>", true)
 	if err != nil {
 		return nil, err
 	}

@@ -2,10 +2,11 @@ package audit
 
 import (
 	"fmt"
-	"github.com/toolbus/toolbus"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/toolbus/toolbus"
 )
 
 // Short renderings for people, for the timeline's summaries and the callers that print

@@ -12,6 +12,7 @@ import (
 
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/runlog"
 	"github.com/toolbus/toolbus/internal/golden"
 )
 
@@ -22,7 +23,7 @@ type runLog struct {
 	run string
 	t0  time.Time
 	at  time.Duration
-	evs []events.StoredEvent
+	evs []runlog.StoredEvent
 }
 
 func newRunLog(t *testing.T, run string) *runLog {
@@ -46,7 +47,7 @@ func (l *runLog) add(ms int, subject string, m events.Meta, data any) {
 	if err != nil {
 		l.t.Fatal(err)
 	}
-	l.evs = append(l.evs, events.StoredEvent{Seq: uint64(len(l.evs) + 1), Subject: subject, Time: m.Time, Meta: meta, Data: raw})
+	l.evs = append(l.evs, runlog.StoredEvent{Seq: uint64(len(l.evs) + 1), Subject: subject, Time: m.Time, Meta: meta, Data: raw})
 }
 
 func (l *runLog) started(msgs ...toolbus.Message) {

@@ -4,7 +4,7 @@
 // contract it keeps or breaks; Report.Layout places the steps and calls on the run's
 // time axis (the web console's run model). It is a pure function of the events: it
 // reads no store and no clock. `toolbus replay`, the live printer, the web console and the e2e and
-// faults checks read runs through it; events.Bus.RunEvents and events.Bus.Watch read
+// faults checks read runs through it; runlog.Events and runlog.Watch read
 // the events.
 package audit
 
@@ -14,48 +14,49 @@ import (
 
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/runlog"
 )
 
 // Visitor has one callback per event type of a run. Visit decodes an event's data into
 // its contract type and calls the event type's callback; a nil callback skips its
 // events (and their decoding).
 type Visitor struct {
-	RunStarted     func(events.StoredEvent, toolbus.RunStarted)
-	ModelRequested func(events.StoredEvent, toolbus.ModelRequested)
-	ModelResponded func(events.StoredEvent, toolbus.ModelResponded)
-	ToolRequested  func(events.StoredEvent, toolbus.ToolRequested)
-	ToolWaiting    func(events.StoredEvent, toolbus.ToolWaiting)
-	ToolProgress   func(events.StoredEvent, toolbus.ToolProgress)
-	ToolLog        func(events.StoredEvent, toolbus.ToolLog)
-	ToolQuestion   func(events.StoredEvent, toolbus.ToolQuestion)
-	ToolAnswer     func(events.StoredEvent, toolbus.ToolAnswer)
-	ToolFinished   func(events.StoredEvent, toolbus.ToolFinished)
+	RunStarted     func(runlog.StoredEvent, toolbus.RunStarted)
+	ModelRequested func(runlog.StoredEvent, toolbus.ModelRequested)
+	ModelResponded func(runlog.StoredEvent, toolbus.ModelResponded)
+	ToolRequested  func(runlog.StoredEvent, toolbus.ToolRequested)
+	ToolWaiting    func(runlog.StoredEvent, toolbus.ToolWaiting)
+	ToolProgress   func(runlog.StoredEvent, toolbus.ToolProgress)
+	ToolLog        func(runlog.StoredEvent, toolbus.ToolLog)
+	ToolQuestion   func(runlog.StoredEvent, toolbus.ToolQuestion)
+	ToolAnswer     func(runlog.StoredEvent, toolbus.ToolAnswer)
+	ToolFinished   func(runlog.StoredEvent, toolbus.ToolFinished)
 	// Approval gets toolbus.approval.granted (granted) and toolbus.approval.denied.
-	Approval func(ev events.StoredEvent, a toolbus.Approval, granted bool)
-	Cancel   func(events.StoredEvent, toolbus.Cancel)
+	Approval func(ev runlog.StoredEvent, a toolbus.Approval, granted bool)
+	Cancel   func(runlog.StoredEvent, toolbus.Cancel)
 	// Timer gets the run's deadline timer (toolbus.timer.deadline), which the injector
 	// publishes when it starts the run.
-	Timer func(events.StoredEvent, events.RunTimer)
+	Timer func(runlog.StoredEvent, events.RunTimer)
 	// RunEnded gets the run's outcomes (toolbus.run.<status>).
-	RunEnded func(events.StoredEvent, toolbus.RunEnded)
+	RunEnded func(runlog.StoredEvent, toolbus.RunEnded)
 	// Undecodable gets a message that is not a toolbus event (ev.Err is set), an event
 	// whose subject and body disagree (ev.Err wraps events.ErrSubjectMismatch: it counts
 	// for no run) or whose data does not decode into its type (err is the decoding
 	// error).
-	Undecodable func(ev events.StoredEvent, err error)
+	Undecodable func(ev runlog.StoredEvent, err error)
 	// Other gets an event of a type with no callback above.
-	Other func(events.StoredEvent)
+	Other func(runlog.StoredEvent)
 }
 
 // Walk visits the events in order.
-func (v *Visitor) Walk(evs []events.StoredEvent) {
+func (v *Visitor) Walk(evs []runlog.StoredEvent) {
 	for _, ev := range evs {
 		v.Visit(ev)
 	}
 }
 
 // Visit calls the callback of the event's type.
-func (v *Visitor) Visit(ev events.StoredEvent) {
+func (v *Visitor) Visit(ev runlog.StoredEvent) {
 	if ev.Err != nil {
 		if v.Undecodable != nil {
 			v.Undecodable(ev, ev.Err)
@@ -85,7 +86,7 @@ func (v *Visitor) Visit(ev events.StoredEvent) {
 		visit(v, ev, v.ToolAnswer)
 	case typ == events.TypeApprovalGranted || typ == events.TypeApprovalDenied:
 		if v.Approval != nil {
-			visit(v, ev, func(ev events.StoredEvent, a toolbus.Approval) { v.Approval(ev, a, typ == events.TypeApprovalGranted) })
+			visit(v, ev, func(ev runlog.StoredEvent, a toolbus.Approval) { v.Approval(ev, a, typ == events.TypeApprovalGranted) })
 		}
 	case typ == events.TypeRunCancel:
 		visit(v, ev, v.Cancel)
@@ -101,7 +102,7 @@ func (v *Visitor) Visit(ev events.StoredEvent) {
 }
 
 // visit decodes the event's data as a T and calls fn with it.
-func visit[T any](v *Visitor, ev events.StoredEvent, fn func(events.StoredEvent, T)) {
+func visit[T any](v *Visitor, ev runlog.StoredEvent, fn func(runlog.StoredEvent, T)) {
 	if fn == nil {
 		return
 	}

@@ -7,30 +7,31 @@ import (
 
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/runlog"
 )
 
 // recorder is a Visitor that names the callback each event reached.
 func recorder(got *[]string) Visitor {
 	rec := func(name string) { *got = append(*got, name) }
 	return Visitor{
-		RunStarted:     func(events.StoredEvent, toolbus.RunStarted) { rec("RunStarted") },
-		ModelRequested: func(events.StoredEvent, toolbus.ModelRequested) { rec("ModelRequested") },
-		ModelResponded: func(events.StoredEvent, toolbus.ModelResponded) { rec("ModelResponded") },
-		ToolRequested:  func(events.StoredEvent, toolbus.ToolRequested) { rec("ToolRequested") },
-		ToolWaiting:    func(events.StoredEvent, toolbus.ToolWaiting) { rec("ToolWaiting") },
-		ToolFinished:   func(events.StoredEvent, toolbus.ToolFinished) { rec("ToolFinished") },
-		Approval: func(_ events.StoredEvent, _ toolbus.Approval, granted bool) {
+		RunStarted:     func(runlog.StoredEvent, toolbus.RunStarted) { rec("RunStarted") },
+		ModelRequested: func(runlog.StoredEvent, toolbus.ModelRequested) { rec("ModelRequested") },
+		ModelResponded: func(runlog.StoredEvent, toolbus.ModelResponded) { rec("ModelResponded") },
+		ToolRequested:  func(runlog.StoredEvent, toolbus.ToolRequested) { rec("ToolRequested") },
+		ToolWaiting:    func(runlog.StoredEvent, toolbus.ToolWaiting) { rec("ToolWaiting") },
+		ToolFinished:   func(runlog.StoredEvent, toolbus.ToolFinished) { rec("ToolFinished") },
+		Approval: func(_ runlog.StoredEvent, _ toolbus.Approval, granted bool) {
 			if granted {
 				rec("Approval granted")
 			} else {
 				rec("Approval denied")
 			}
 		},
-		Cancel:      func(events.StoredEvent, toolbus.Cancel) { rec("Cancel") },
-		Timer:       func(_ events.StoredEvent, t events.RunTimer) { rec("Timer " + t.RunID) },
-		RunEnded:    func(_ events.StoredEvent, re toolbus.RunEnded) { rec("RunEnded " + string(re.Status)) },
-		Undecodable: func(ev events.StoredEvent, err error) { rec("Undecodable " + ev.Meta.Type) },
-		Other:       func(ev events.StoredEvent) { rec("Other " + ev.Meta.Type) },
+		Cancel:      func(runlog.StoredEvent, toolbus.Cancel) { rec("Cancel") },
+		Timer:       func(_ runlog.StoredEvent, t events.RunTimer) { rec("Timer " + t.RunID) },
+		RunEnded:    func(_ runlog.StoredEvent, re toolbus.RunEnded) { rec("RunEnded " + string(re.Status)) },
+		Undecodable: func(ev runlog.StoredEvent, err error) { rec("Undecodable " + ev.Meta.Type) },
+		Other:       func(ev runlog.StoredEvent) { rec("Other " + ev.Meta.Type) },
 	}
 }
 
@@ -68,13 +69,13 @@ func TestVisitorUndecodable(t *testing.T) {
 	notEvent := errors.New("not a CloudEvent")
 	tests := []struct {
 		name    string
-		ev      events.StoredEvent
+		ev      runlog.StoredEvent
 		want    string
 		wantErr error
 	}{
-		{"not an event", events.StoredEvent{Seq: 1, Subject: "toolbus.r.tool.requested.x", Err: notEvent}, "Undecodable ", notEvent},
-		{"bad data", events.StoredEvent{Seq: 2, Meta: events.Meta{Type: events.TypeToolFinished}, Data: json.RawMessage(`{"step":"one"}`)}, "Undecodable toolbus.tool.finished", nil},
-		{"bad data of a skipped type", events.StoredEvent{Seq: 3, Meta: events.Meta{Type: events.TypeModelRequested}, Data: json.RawMessage(`[`)}, "", nil},
+		{"not an event", runlog.StoredEvent{Seq: 1, Subject: "toolbus.r.tool.requested.x", Err: notEvent}, "Undecodable ", notEvent},
+		{"bad data", runlog.StoredEvent{Seq: 2, Meta: events.Meta{Type: events.TypeToolFinished}, Data: json.RawMessage(`{"step":"one"}`)}, "Undecodable toolbus.tool.finished", nil},
+		{"bad data of a skipped type", runlog.StoredEvent{Seq: 3, Meta: events.Meta{Type: events.TypeModelRequested}, Data: json.RawMessage(`[`)}, "", nil},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -82,7 +83,7 @@ func TestVisitorUndecodable(t *testing.T) {
 			var gotErr error
 			v := recorder(&got)
 			v.ModelRequested = nil
-			v.Undecodable = func(ev events.StoredEvent, err error) {
+			v.Undecodable = func(ev runlog.StoredEvent, err error) {
 				got = append(got, "Undecodable "+ev.Meta.Type)
 				gotErr = err
 			}

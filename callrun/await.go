@@ -12,7 +12,7 @@ import (
 
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/audit"
-	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/runlog"
 	"github.com/toolbus/toolbus/events/store"
 	"github.com/toolbus/toolbus/timeline"
 )
@@ -44,33 +44,33 @@ type Outcome struct {
 // and at once when the call asks its caller a question, it calls hint once per silence
 // with a printer that knows what the run waits for, and progress (when not nil) with
 // each progress report of the call while it runs.
-func Await(ctx context.Context, watch *events.Watcher, hintAfter time.Duration, hint func(*timeline.Printer), progress func(toolbus.ToolProgress)) (Outcome, error) {
+func Await(ctx context.Context, watch *runlog.Watcher, hintAfter time.Duration, hint func(*timeline.Printer), progress func(toolbus.ToolProgress)) (Outcome, error) {
 	var o Outcome
 	done := false
 	p := timeline.NewPrinter(io.Discard)
 	idleSince, hinted, asked := time.Now(), false, false
 	own := NewOwn()
 	v := audit.Visitor{
-		ToolFinished: func(_ events.StoredEvent, tf toolbus.ToolFinished) {
+		ToolFinished: func(_ runlog.StoredEvent, tf toolbus.ToolFinished) {
 			if own.Is(tf.Step, tf.CallID, tf.Tool) {
 				r := tf.ToolResult
 				o.Result = &r
 			}
 		},
-		ToolProgress: func(_ events.StoredEvent, tp toolbus.ToolProgress) {
+		ToolProgress: func(_ runlog.StoredEvent, tp toolbus.ToolProgress) {
 			if progress != nil && own.Is(tp.Step, tp.CallID, tp.Tool) && o.Result == nil {
 				progress(tp)
 			}
 		},
-		ToolQuestion: func(_ events.StoredEvent, q toolbus.ToolQuestion) {
+		ToolQuestion: func(_ runlog.StoredEvent, q toolbus.ToolQuestion) {
 			asked = asked || own.Is(q.Step, q.CallID, q.Tool)
 		},
-		ToolWaiting: func(_ events.StoredEvent, tw toolbus.ToolWaiting) {
+		ToolWaiting: func(_ runlog.StoredEvent, tw toolbus.ToolWaiting) {
 			if own.Is(tw.Step, tw.Call.CallID, tw.Call.Tool) {
 				o.Waiting, done = true, true
 			}
 		},
-		RunEnded: func(_ events.StoredEvent, re toolbus.RunEnded) {
+		RunEnded: func(_ runlog.StoredEvent, re toolbus.RunEnded) {
 			if re.Status.Terminal() || re.Status == toolbus.RunWaitingForApproval {
 				o.Ended, done = re, true
 			}

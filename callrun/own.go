@@ -2,7 +2,7 @@ package callrun
 
 import (
 	"github.com/toolbus/toolbus/decide"
-	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/runlog"
 )
 
 // Own tells the pre-planned call's own events from others that name it: an event counts
@@ -17,7 +17,7 @@ type Own struct{ qs *decide.Questions }
 func NewOwn() *Own { return &Own{decide.NewQuestions()} }
 
 // Visit reads one event of the run, in stream order (before the caller acts on it).
-func (o *Own) Visit(ev events.StoredEvent) { o.qs.Visit(ev) }
+func (o *Own) Visit(ev runlog.StoredEvent) { o.qs.Visit(ev) }
 
 // Is reports whether an event of tool naming call callID of step is the call's.
 func (o *Own) Is(step int, callID, tool string) bool {

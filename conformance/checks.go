@@ -18,6 +18,7 @@ import (
 
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/runlog"
 	"github.com/toolbus/toolbus/events/store"
 )
 
@@ -157,7 +158,7 @@ func storedResult(ctx context.Context, bus *events.Bus, run, tool string) (*nats
 
 // countStored counts the tool.finished events of a run in the stream.
 func countStored(ctx context.Context, bus *events.Bus, run string) (int, error) {
-	evs, err := events.ReadEvents(ctx, bus.EventStream(), events.SubjectPrefix+"."+run+".tool.finished.>")
+	evs, err := runlog.Read(ctx, bus.EventStream(), events.SubjectPrefix+"."+run+".tool.finished.>")
 	if err != nil {
 		return 0, fmt.Errorf("conformance: %w", err)
 	}
@@ -167,7 +168,7 @@ func countStored(ctx context.Context, bus *events.Bus, run string) (int, error) 
 // checkProgress checks the tool.progress events of one call's run and returns how
 // many there are.
 func checkProgress(ctx context.Context, bus *events.Bus, run, callID string, fail func(string, ...any)) (int, error) {
-	evs, err := events.ReadEvents(ctx, bus.EventStream(), events.SubjectRun(run))
+	evs, err := runlog.Read(ctx, bus.EventStream(), events.SubjectRun(run))
 	if err != nil {
 		return 0, err
 	}

@@ -23,6 +23,7 @@ import (
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
 	"github.com/toolbus/toolbus/events/provision"
+	"github.com/toolbus/toolbus/events/workerconfig"
 	"github.com/toolbus/toolbus/intake"
 	"github.com/toolbus/toolbus/intake/intaketest"
 	"github.com/toolbus/toolbus/internal/testutil"
@@ -156,7 +157,7 @@ func TestNodeExecutorTeamCredentials(t *testing.T) {
 			defer nc.Close()
 			// The admin's part: the stream, the buckets and the team's queue.
 			ctx := eventstest.Context(t, time.Minute)
-			if _, _, err := provision.Setup(ctx, nc, events.Config{}, provision.WithTools([]string{"delay"}, events.QueueAckWait(2*time.Second, 0), 1000)); err != nil {
+			if _, _, err := provision.Setup(ctx, nc, events.Config{}, provision.WithTools([]string{"delay"}, workerconfig.QueueAckWait(2*time.Second, 0), 1000)); err != nil {
 				t.Fatal(err)
 			}
 			rep, err := conformance.Check(context.Background(), nc, srv.ClientURL(), conformance.Config{Command: cmd, Tool: "delay",
@@ -298,7 +299,7 @@ func checkTeamAccounts(t *testing.T, cmd []string, tool string, extraEnv []strin
 			defer nc.Close()
 			// The core admin's part: the stream, the buckets and the team's queue.
 			ctx := eventstest.Context(t, time.Minute)
-			if _, _, err := provision.Setup(ctx, nc, events.Config{}, provision.WithTools([]string{tool}, events.QueueAckWait(2*time.Second, 0), 1000)); err != nil {
+			if _, _, err := provision.Setup(ctx, nc, events.Config{}, provision.WithTools([]string{tool}, workerconfig.QueueAckWait(2*time.Second, 0), 1000)); err != nil {
 				t.Fatal(err)
 			}
 			// The core's write service (every injector runs it), with the generated

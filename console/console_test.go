@@ -26,6 +26,7 @@ import (
 	"github.com/toolbus/toolbus/callrun"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
+	"github.com/toolbus/toolbus/events/runlog"
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/internal/door"
 	"github.com/toolbus/toolbus/internal/testutil"
@@ -241,7 +242,7 @@ func TestConsoleHTTP(t *testing.T) {
 		})
 	}
 	// Nothing was published: the run still waits, with no decision.
-	evs, err := p.bus.RunEvents(p.ctx, "c-http")
+	evs, err := runlog.Events(p.ctx, p.bus, "c-http")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -283,7 +284,7 @@ func TestConsoleHTTP(t *testing.T) {
 			t.Fatalf("status %d, want 303: %s", code, body)
 		}
 		p.WaitStatus("c-http", toolbus.RunCompleted)
-		evs, err := p.bus.RunEvents(p.ctx, "c-http")
+		evs, err := runlog.Events(p.ctx, p.bus, "c-http")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -515,7 +516,7 @@ func TestConsoleBrowser(t *testing.T) {
 			chromedp.Click(`#decide-b button.approve`, chromedp.ByQuery),
 			chromedp.WaitVisible(`#live[data-status="completed"]`, chromedp.ByQuery))
 		p.WaitStatus("c-approve", toolbus.RunCompleted)
-		evs, err := p.bus.RunEvents(p.ctx, "c-approve")
+		evs, err := runlog.Events(p.ctx, p.bus, "c-approve")
 		if err != nil {
 			t.Fatal(err)
 		}

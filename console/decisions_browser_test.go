@@ -13,6 +13,7 @@ import (
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/audit"
 	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/runlog"
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/planner"
 )
@@ -76,7 +77,7 @@ func TestConsoleDecisionsInBrowser(t *testing.T) {
 		chromedp.WaitVisible(`#user`, chromedp.ByID))
 	report := func(run string) *audit.Report {
 		t.Helper()
-		evs, err := p.bus.RunEvents(p.ctx, run)
+		evs, err := runlog.Events(p.ctx, p.bus, run)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -9,6 +9,7 @@ import (
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/audit"
 	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/runlog"
 	"github.com/toolbus/toolbus/planner"
 )
 
@@ -27,7 +28,7 @@ func TestConsoleDecisions(t *testing.T) {
 	srv, users, _ := startConsoleWithUsers(t, p, "erin")
 	erin := users["erin"]
 	report := func(run string) *audit.Report {
-		evs, err := p.bus.RunEvents(p.ctx, run)
+		evs, err := runlog.Events(p.ctx, p.bus, run)
 		if err != nil {
 			t.Fatal(err)
 		}

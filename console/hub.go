@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/runlog"
 	"github.com/toolbus/toolbus/internal/retry"
 )
 
@@ -64,7 +65,7 @@ func (h *hub) run(ctx context.Context) {
 		if h.bus.ClientAccount() {
 			return h.poll(ctx)
 		}
-		w, err := h.bus.Watch(ctx, events.FilterAll, false)
+		w, err := runlog.Watch(ctx, h.bus, events.FilterAll, false)
 		if err != nil {
 			return err
 		}
@@ -177,11 +178,11 @@ func (h *hub) read(ctx context.Context, f func(context.Context) error) error {
 }
 
 // runEvents reads the events of run with direct gets on bus (the console's, or on a
-// client account's the viewer's: events.Bus.As) (events.Bus.RunEvents), which
+// client account's the viewer's: events.Bus.As) (runlog.Events), which
 // create no consumer: a page load leaves nothing behind on the server, and the console
 // needs no right to create consumers (the client role has none).
-func (h *hub) runEvents(ctx context.Context, bus *events.Bus, run string) ([]events.StoredEvent, error) {
-	evs, err := bus.RunEvents(ctx, run)
+func (h *hub) runEvents(ctx context.Context, bus *events.Bus, run string) ([]runlog.StoredEvent, error) {
+	evs, err := runlog.Events(ctx, bus, run)
 	if err != nil {
 		return nil, fmt.Errorf("console: read %s: %w", run, err)
 	}

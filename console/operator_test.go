@@ -18,6 +18,7 @@ import (
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
+	"github.com/toolbus/toolbus/events/runlog"
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/planner"
 )
@@ -404,7 +405,7 @@ func TestConsoleOperator(t *testing.T) {
 	})
 
 	t.Run("raw events", func(t *testing.T) {
-		evs, err := p.bus.RunEvents(p.ctx, "o-steps")
+		evs, err := runlog.Events(p.ctx, p.bus, "o-steps")
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/runlog"
 	"github.com/toolbus/toolbus/internal/door"
 	"github.com/toolbus/toolbus/planner"
 )
@@ -39,7 +40,7 @@ func TestConsoleDecisionPolicy(t *testing.T) {
 	if _, err := p.bus.Store().StepDecision(p.ctx, "pol-1", 0, "b"); !errors.Is(err, events.ErrNotFound) {
 		t.Fatalf("erin's refused approval was recorded: %v", err)
 	}
-	if _, ok, err := p.bus.CancelRequest(p.ctx, "pol-1"); err != nil || ok {
+	if _, ok, err := runlog.CancelRequest(p.ctx, p.bus, "pol-1"); err != nil || ok {
 		t.Fatalf("erin's refused cancel was published: %v %v", ok, err)
 	}
 	if code, body := post(t, srv.URL+"/runs/pol-1/approve", users["ops"], url.Values{"call": {"b"}}); code != http.StatusSeeOther {

@@ -13,6 +13,7 @@ import (
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/decide"
 	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/runlog"
 )
 
 // Questions to the caller on the run page: a call that asked (executor.Ask) and waits
@@ -53,7 +54,7 @@ type questionView struct {
 // `toolbus answer` finds them (decide.Questions): per call, its last question with no
 // answer by the run's principal and no result (none once the run ended), in the order
 // they were asked.
-func openQuestions(evs []events.StoredEvent) []questionView {
+func openQuestions(evs []runlog.StoredEvent) []questionView {
 	var out []questionView
 	for _, q := range decide.QuestionsOf(evs).Open() {
 		qv := questionView{ToolQuestion: q}

@@ -17,6 +17,7 @@ import (
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/decide"
 	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/runlog"
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/internal/door"
 	"github.com/toolbus/toolbus/planner"
@@ -136,7 +137,7 @@ func TestConsoleAnswersQuestion(t *testing.T) {
 			t.Fatalf("%s: %d %s, want %d with %q", tc.name, code, body, tc.code, tc.want)
 		}
 	}
-	evs, err := p.bus.RunEvents(p.ctx, "q-answer")
+	evs, err := runlog.Events(p.ctx, p.bus, "q-answer")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,7 +14,7 @@ import (
 // The raw events of a run: every event stored on the run's subjects, in stream order,
 // as the CloudEvent it is (its ce-* attributes and data, shown in the CloudEvents JSON
 // format), with the stream's sequence and time. Read with direct gets
-// (events.Bus.RunEvents): the client role reads them, and no consumer is created.
+// (runlog.Events): the client role reads them, and no consumer is created.
 
 // rawEvent is one stored event of a run.
 type rawEvent struct {

@@ -15,6 +15,7 @@ import (
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/audit"
 	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/runlog"
 	"github.com/toolbus/toolbus/events/store"
 )
 
@@ -240,7 +241,7 @@ func (c *server) matches(ctx context.Context, q runQuery, st store.RunState) (bo
 		}
 	}
 	if q.Tool != "" {
-		if ok, err := c.bus.Requested(ctx, st.RunID, q.Tool); !ok || err != nil {
+		if ok, err := runlog.Requested(ctx, c.bus, st.RunID, q.Tool); !ok || err != nil {
 			return false, err
 		}
 	}
@@ -254,7 +255,7 @@ func (c *server) runRow(ctx context.Context, st store.RunState, now time.Time) r
 	if rs, err := c.bus.RunStarted(ctx, st.RunID); err == nil {
 		row.Question, row.Principal, row.Model = audit.OneLine(lastUserMessage(rs.Messages), 160), rs.Principal.ID, audit.ModelName(rs.Model)
 	}
-	if ev, err := c.bus.LastEvent(ctx, events.SubjectModelResponded(st.RunID)); err == nil && ev.Err == nil {
+	if ev, err := runlog.Last(ctx, c.bus, events.SubjectModelResponded(st.RunID)); err == nil && ev.Err == nil {
 		row.Steps = ev.Meta.Step + 1
 	}
 	if calls, err := audit.CountCalls(ctx, c.bus, st.RunID); err == nil {

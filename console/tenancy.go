@@ -10,6 +10,7 @@ import (
 
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/runlog"
 )
 
 // Tenancy in the console. A user whose access-list line names teams (`teams=a,b`, see
@@ -131,7 +132,7 @@ func (vis *visibility) sees(ctx context.Context, run string) (bool, error) {
 		return false, err
 	}
 	for _, tool := range vis.owned {
-		if ok, err := vis.c.bus.Requested(ctx, run, tool); ok || err != nil {
+		if ok, err := runlog.Requested(ctx, vis.c.bus, run, tool); ok || err != nil {
 			return ok, err
 		}
 	}

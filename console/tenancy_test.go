@@ -17,6 +17,7 @@ import (
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
+	"github.com/toolbus/toolbus/events/workerconfig"
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/executor/worker"
 	"github.com/toolbus/toolbus/internal/door"
@@ -35,7 +36,7 @@ func serveTeam(t *testing.T, p *pipeline, team, instance, tool string) {
 		t.Fatal(err)
 	}
 	w := testutil.Must(worker.New(p.bus, testutil.Must(executor.New(reg)), worker.Config{
-		WorkerConfig: events.WorkerConfig{Instance: instance, Grace: time.Second, Logger: p.Log}, Team: team}))
+		WorkerConfig: workerconfig.WorkerConfig{Instance: instance, Grace: time.Second, Logger: p.Log}, Team: team}))
 	ctx, stop := context.WithCancel(p.ctx)
 	done := make(chan error, 1)
 	go func() { done <- w.Run(ctx) }()

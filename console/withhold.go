@@ -8,6 +8,7 @@ import (
 
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/runlog"
 )
 
 // Withholding: a console user restricted to teams (tenancy.go) sees, in a run they see
@@ -123,7 +124,7 @@ func (rd *reading) result(r toolbus.ToolResult) toolbus.ToolResult {
 }
 
 // events returns the run's events with what the viewer does not read withheld.
-func (rd *reading) events(evs []events.StoredEvent) []events.StoredEvent {
+func (rd *reading) events(evs []runlog.StoredEvent) []runlog.StoredEvent {
 	if rd.all {
 		return evs
 	}
@@ -145,7 +146,7 @@ func (rd *reading) events(evs []events.StoredEvent) []events.StoredEvent {
 			rd.tools[c.CallID] = append(rd.tools[c.CallID], c.Tool)
 		}
 	}
-	out := make([]events.StoredEvent, len(evs))
+	out := make([]runlog.StoredEvent, len(evs))
 	for i, ev := range evs {
 		out[i] = ev
 		if ev.Err != nil {
@@ -161,7 +162,7 @@ func (rd *reading) events(evs []events.StoredEvent) []events.StoredEvent {
 
 // withhold returns the data of ev with what the viewer does not read withheld, and
 // whether anything was.
-func (rd *reading) withhold(ev events.StoredEvent) (json.RawMessage, bool) {
+func (rd *reading) withhold(ev runlog.StoredEvent) (json.RawMessage, bool) {
 	switch typ := ev.Meta.Type; {
 	case typ == events.TypeRunStarted:
 		return edit(ev, func(rs *toolbus.RunStarted) { rs.Calls = rd.calls(rs.Calls) })
@@ -237,7 +238,7 @@ func (rd *reading) callNote(callID string) string {
 
 // edit decodes ev's data as a T, applies f and encodes it again; ok when the data
 // changed.
-func edit[T any](ev events.StoredEvent, f func(*T)) (json.RawMessage, bool) {
+func edit[T any](ev runlog.StoredEvent, f func(*T)) (json.RawMessage, bool) {
 	var v T
 	if json.Unmarshal(ev.Data, &v) != nil {
 		return nil, false

@@ -7,6 +7,7 @@ import (
 
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/runlog"
 	"github.com/toolbus/toolbus/internal/argcheck"
 )
 
@@ -16,7 +17,7 @@ import (
 // A question is one per step, call and seq whichever attempt asked it: a tool that ran
 // again after a restart found it asked and did not ask it again.
 func OpenQuestion(ctx context.Context, bus *events.Bus, run, callID string) (toolbus.ToolQuestion, error) {
-	evs, err := bus.RunEvents(ctx, run)
+	evs, err := runlog.Events(ctx, bus, run)
 	if err != nil {
 		return toolbus.ToolQuestion{}, err
 	}

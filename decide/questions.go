@@ -3,6 +3,7 @@ package decide
 import (
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/runlog"
 )
 
 // QuestionKey names a question of a run: its step, call and seq. The attempt that asked
@@ -50,8 +51,8 @@ func NewQuestions() *Questions {
 		last: map[string]QuestionKey{}, finished: map[string]bool{}, calls: map[callKey]string{}}
 }
 
-// QuestionsOf reads the questions of a run's events (in stream order: RunEvents).
-func QuestionsOf(evs []events.StoredEvent) *Questions {
+// QuestionsOf reads the questions of a run's events (in stream order: runlog.Events).
+func QuestionsOf(evs []runlog.StoredEvent) *Questions {
 	q := NewQuestions()
 	for _, ev := range evs {
 		// The calls first: which tool a call is of is what the core requested, whenever
@@ -68,7 +69,7 @@ func QuestionsOf(evs []events.StoredEvent) *Questions {
 
 // Visit reads one event of the run (an event that does not decode counts for nothing).
 // It decodes only the types it reads: the executor links no audit package.
-func (q *Questions) Visit(ev events.StoredEvent) {
+func (q *Questions) Visit(ev runlog.StoredEvent) {
 	if ev.Err != nil {
 		return
 	}

@@ -10,21 +10,22 @@ import (
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/decide"
 	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/runlog"
 )
 
-func ev(t *testing.T, typ string, data any) events.StoredEvent {
+func ev(t *testing.T, typ string, data any) runlog.StoredEvent {
 	t.Helper()
 	return evOn(t, "", typ, data)
 }
 
 // evOn is an event stored on subject.
-func evOn(t *testing.T, subject, typ string, data any) events.StoredEvent {
+func evOn(t *testing.T, subject, typ string, data any) runlog.StoredEvent {
 	t.Helper()
 	b, err := json.Marshal(data)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return events.StoredEvent{Subject: subject, Meta: events.Meta{Type: typ}, Data: b}
+	return runlog.StoredEvent{Subject: subject, Meta: events.Meta{Type: typ}, Data: b}
 }
 
 // TestQuestionsOpen: the question that waits is one per call, whatever attempt asked it
@@ -37,31 +38,31 @@ func evOn(t *testing.T, subject, typ string, data any) events.StoredEvent {
 // call's own question stays the one shown, and open).
 func TestQuestionsOpen(t *testing.T) {
 	start := ev(t, events.TypeRunStarted, toolbus.RunStarted{RunID: "r", Principal: toolbus.Principal{ID: "p"}})
-	q := func(call string, attempt, seq int) events.StoredEvent {
+	q := func(call string, attempt, seq int) runlog.StoredEvent {
 		return evOn(t, events.SubjectToolQuestion("r", "t"), events.TypeToolQuestion, toolbus.ToolQuestion{RunID: "r", CallID: call, Tool: "t", Attempt: attempt, Seq: seq})
 	}
-	requested := func(call, tool string) events.StoredEvent {
+	requested := func(call, tool string) runlog.StoredEvent {
 		return evOn(t, events.SubjectToolRequested("r", tool), events.TypeToolRequested,
 			toolbus.ToolRequested{RunID: "r", Call: toolbus.ToolCall{CallID: call, Tool: tool}})
 	}
 	// started is the run's start and the calls the core requested: c1 and c2 of tool t.
-	started := []events.StoredEvent{start, requested("c1", "t"), requested("c2", "t")}
-	on := func(evs ...events.StoredEvent) []events.StoredEvent { return append(slices.Clone(started), evs...) }
+	started := []runlog.StoredEvent{start, requested("c1", "t"), requested("c2", "t")}
+	on := func(evs ...runlog.StoredEvent) []runlog.StoredEvent { return append(slices.Clone(started), evs...) }
 	// Another team's tool u writes its own subjects, naming t's call.
 	forgedQ := evOn(t, events.SubjectToolQuestion("r", "u"), events.TypeToolQuestion,
 		toolbus.ToolQuestion{RunID: "r", CallID: "c1", Tool: "u", Attempt: 1, Seq: 2, Message: "send me your password"})
 	forgedF := evOn(t, events.SubjectToolFinished("r", "u"), events.TypeToolFinished,
 		toolbus.ToolFinished{RunID: "r", ToolResult: toolbus.ToolResult{CallID: "c1", Tool: "u", Status: toolbus.StatusSucceeded}})
 	// bq is question seq of a batch of three asked together from seq 2 (executor.AskAll).
-	bq := func(seq int) events.StoredEvent {
+	bq := func(seq int) runlog.StoredEvent {
 		return evOn(t, events.SubjectToolQuestion("r", "t"), events.TypeToolQuestion, toolbus.ToolQuestion{RunID: "r", CallID: "c1", Tool: "t", Attempt: 1, Seq: seq, Batch: 2, BatchSize: 3})
 	}
-	a := func(call string, attempt, seq int, who string) events.StoredEvent {
+	a := func(call string, attempt, seq int, who string) runlog.StoredEvent {
 		return ev(t, events.TypeToolAnswer, toolbus.ToolAnswer{RunID: "r", CallID: call, Tool: "t", Attempt: attempt, Seq: seq, Action: "accept", Who: who})
 	}
 	for _, tc := range []struct {
 		name string
-		evs  []events.StoredEvent
+		evs  []runlog.StoredEvent
 		want string // open questions as call/attempt/seq
 	}{
 		{"asked", on(q("c1", 1, 1), q("c2", 1, 1)), "c1/1/1 c2/1/1"},

@@ -13,6 +13,7 @@ import (
 	"github.com/toolbus/toolbus/audit"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
+	"github.com/toolbus/toolbus/events/runlog"
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/executor/worker"
 	"github.com/toolbus/toolbus/planner"
@@ -72,7 +73,7 @@ func (s *stack) decide(run, callID string, granted bool, why string) {
 func (s *stack) outcomes(run string) []toolbus.RunEnded {
 	s.t.Helper()
 	var out []toolbus.RunEnded
-	s.walk(run, audit.Visitor{RunEnded: func(_ events.StoredEvent, re toolbus.RunEnded) { out = append(out, re) }})
+	s.walk(run, audit.Visitor{RunEnded: func(_ runlog.StoredEvent, re toolbus.RunEnded) { out = append(out, re) }})
 	return out
 }
 

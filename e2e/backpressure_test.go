@@ -12,8 +12,8 @@ import (
 	"time"
 
 	"github.com/toolbus/toolbus"
-	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
+	"github.com/toolbus/toolbus/events/workerconfig"
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/executor/worker"
 	"github.com/toolbus/toolbus/planner"
@@ -79,7 +79,7 @@ func newBPWorker(t *testing.T, name string, concurrency, toolLimit int, freeGate
 		}
 	}
 	w.executor = must(executor.New(w.registry, executor.WithInstance(name)))
-	w.workerCfg = worker.Config{WorkerConfig: events.WorkerConfig{Instance: name, Concurrency: concurrency, Grace: time.Second}}
+	w.workerCfg = worker.Config{WorkerConfig: workerconfig.WorkerConfig{Instance: name, Concurrency: concurrency, Grace: time.Second}}
 	return w
 }
 

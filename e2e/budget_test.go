@@ -7,6 +7,7 @@ import (
 
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/workerconfig"
 	"github.com/toolbus/toolbus/executor/worker"
 	"github.com/toolbus/toolbus/injector"
 	"github.com/toolbus/toolbus/planner"
@@ -20,9 +21,9 @@ func (s *stack) startWithDefaults(d toolbus.DefaultLimits, extra worker.Config) 
 	if err != nil {
 		s.t.Fatal(err)
 	}
-	p := must(planner.New(s.bus, s.model, cat, planner.Config{WorkerConfig: events.WorkerConfig{Instance: "planner-1", Logger: s.log, Grace: time.Second}, Defaults: d}))
+	p := must(planner.New(s.bus, s.model, cat, planner.Config{WorkerConfig: workerconfig.WorkerConfig{Instance: "planner-1", Logger: s.log, Grace: time.Second}, Defaults: d}))
 	s.start("planner-1", p.Run)
-	in := must(injector.New(s.bus, injector.Config{WorkerConfig: events.WorkerConfig{Instance: "injector-1", Logger: s.log, Grace: time.Second}, Rules: s.rules, Defaults: d}))
+	in := must(injector.New(s.bus, injector.Config{WorkerConfig: workerconfig.WorkerConfig{Instance: "injector-1", Logger: s.log, Grace: time.Second}, Rules: s.rules, Defaults: d}))
 	s.start("injector-1", in.Run)
 }
 

@@ -22,6 +22,7 @@ import (
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
 	"github.com/toolbus/toolbus/events/provision"
+	"github.com/toolbus/toolbus/events/runlog"
 	"github.com/toolbus/toolbus/internal/testutil"
 )
 
@@ -143,7 +144,7 @@ func TestDayTwoGrantsKeepTheDeployment(t *testing.T) {
 				t.Fatal(err)
 			}
 			for _, b := range []*events.Bus{admin, admin2} {
-				evs, err := b.RunEvents(ctx, "day-one")
+				evs, err := runlog.Events(ctx, b, "day-one")
 				if err != nil || len(evs) == 0 {
 					t.Fatalf("day one's run after the change: %d events, %v", len(evs), err)
 				}

@@ -17,6 +17,7 @@ import (
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
+	"github.com/toolbus/toolbus/events/workerconfig"
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/executor/worker"
 	"github.com/toolbus/toolbus/planner"
@@ -76,7 +77,7 @@ func TestSaturatedExecutorRunsNothingTwice(t *testing.T) {
 	model := &planner.Script{Steps: []func(planner.Request) planner.Response{planner.Calls(cs...), planner.Answer("done")}}
 	s := newStack(t, model, slow)
 	for _, name := range []string{"sat-1", "sat-2"} {
-		s.startExecutor(name, worker.Config{WorkerConfig: events.WorkerConfig{Concurrency: 1, AckWait: time.Second, MaxDeliver: 50}, Tools: []string{"slow_effect"}})
+		s.startExecutor(name, worker.Config{WorkerConfig: workerconfig.WorkerConfig{Concurrency: 1, AckWait: time.Second, MaxDeliver: 50}, Tools: []string{"slow_effect"}})
 	}
 	s.startPlanner("planner-1")
 	s.startInjector("injector-1")
@@ -268,7 +269,7 @@ func TestRunCapLeavesRoomForOthers(t *testing.T) {
 	})
 	s := newStack(t, model, held)
 	for _, name := range []string{"fair-1", "fair-2"} {
-		s.startExecutor(name, worker.Config{WorkerConfig: events.WorkerConfig{Concurrency: 8}, RunMaxInFlight: limit, Tools: []string{"held_call"}})
+		s.startExecutor(name, worker.Config{WorkerConfig: workerconfig.WorkerConfig{Concurrency: 8}, RunMaxInFlight: limit, Tools: []string{"held_call"}})
 	}
 	s.startPlanner("planner-1")
 	s.startInjector("injector-1")

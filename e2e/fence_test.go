@@ -12,6 +12,7 @@ import (
 	"github.com/toolbus/toolbus/audit"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
+	"github.com/toolbus/toolbus/events/runlog"
 	"github.com/toolbus/toolbus/events/store"
 	"github.com/toolbus/toolbus/executor/worker"
 	"github.com/toolbus/toolbus/planner"
@@ -238,7 +239,7 @@ func TestResultsCarryTheirLease(t *testing.T) {
 		t.Fatalf("run ended %+v", ended)
 	}
 	n := 0
-	s.walk("leased", audit.Visitor{ToolFinished: func(ev events.StoredEvent, tf toolbus.ToolFinished) {
+	s.walk("leased", audit.Visitor{ToolFinished: func(ev runlog.StoredEvent, tf toolbus.ToolFinished) {
 		n++
 		switch {
 		case tf.LeaseUntil == nil:

@@ -16,6 +16,8 @@ import (
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
 	"github.com/toolbus/toolbus/events/provision"
+	"github.com/toolbus/toolbus/events/runlog"
+	"github.com/toolbus/toolbus/events/workerconfig"
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/executor/packs"
 	"github.com/toolbus/toolbus/executor/worker"
@@ -173,12 +175,12 @@ func (s *stack) startPlanner(name string) {
 	if err != nil {
 		s.t.Fatal(err)
 	}
-	p := must(planner.New(s.busOf("planner"), s.model, cat, planner.Config{WorkerConfig: events.WorkerConfig{Instance: name, Logger: s.log, Grace: time.Second}}))
+	p := must(planner.New(s.busOf("planner"), s.model, cat, planner.Config{WorkerConfig: workerconfig.WorkerConfig{Instance: name, Logger: s.log, Grace: time.Second}}))
 	s.start(name, p.Run)
 }
 
 func (s *stack) startInjector(name string) {
-	in := must(injector.New(s.busOf("injector"), injector.Config{WorkerConfig: events.WorkerConfig{Instance: name, Logger: s.log, Grace: time.Second}, Rules: s.rules, Deciders: s.deciders}))
+	in := must(injector.New(s.busOf("injector"), injector.Config{WorkerConfig: workerconfig.WorkerConfig{Instance: name, Logger: s.log, Grace: time.Second}, Rules: s.rules, Deciders: s.deciders}))
 	s.start(name, in.Run)
 }
 
@@ -202,9 +204,9 @@ func (s *stack) submit(run string, limits toolbus.Limits, allowed ...string) {
 }
 
 // runEvents returns every event of a run in stream order.
-func (s *stack) runEvents(run string) []events.StoredEvent {
+func (s *stack) runEvents(run string) []runlog.StoredEvent {
 	s.t.Helper()
-	evs, err := events.ReadEvents(s.ctx, s.bus.EventStream(), events.SubjectRun(run))
+	evs, err := runlog.Read(s.ctx, s.bus.EventStream(), events.SubjectRun(run))
 	if err != nil {
 		s.t.Fatal(err)
 	}
@@ -216,7 +218,7 @@ func (s *stack) runEvents(run string) []events.StoredEvent {
 // the hostile tests publish them).
 func (s *stack) walk(run string, v audit.Visitor) {
 	s.t.Helper()
-	v.Undecodable = func(ev events.StoredEvent, err error) {
+	v.Undecodable = func(ev runlog.StoredEvent, err error) {
 		if ev.Err == nil {
 			s.t.Fatalf("%s #%d on %s: %v", ev.Meta.Type, ev.Seq, ev.Subject, err)
 		}
@@ -250,11 +252,11 @@ func (s *stack) waitEnd(run string, statuses ...toolbus.RunStatus) toolbus.RunEn
 // finished returns the tool.finished results of a run in stream order.
 func (s *stack) finished(run string) []toolbus.ToolFinished {
 	var out []toolbus.ToolFinished
-	s.walk(run, audit.Visitor{ToolFinished: func(_ events.StoredEvent, tf toolbus.ToolFinished) { out = append(out, tf) }})
+	s.walk(run, audit.Visitor{ToolFinished: func(_ runlog.StoredEvent, tf toolbus.ToolFinished) { out = append(out, tf) }})
 	return out
 }
 
-func countType(evs []events.StoredEvent, typ string) int {
+func countType(evs []runlog.StoredEvent, typ string) int {
 	n := 0
 	for _, e := range evs {
 		if e.Meta.Type == typ {

@@ -7,6 +7,7 @@ import (
 
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/runlog"
 	"github.com/toolbus/toolbus/planner"
 )
 
@@ -140,7 +141,7 @@ func TestCarriedResultsAreTheStoresHistory(t *testing.T) {
 			t.Errorf("result %d carried:\n%s\nstored:\n%s", i, got, want)
 		}
 	}
-	want, err := s.bus.History(s.ctx, "carry-1", 1)
+	want, err := runlog.History(s.ctx, s.bus, "carry-1", 1)
 	if err != nil {
 		t.Fatal(err)
 	}

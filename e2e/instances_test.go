@@ -17,7 +17,9 @@ import (
 	"github.com/toolbus/toolbus/deploy/nats/natsjwt"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
+	"github.com/toolbus/toolbus/events/runlog"
 	"github.com/toolbus/toolbus/events/store"
+	"github.com/toolbus/toolbus/events/workerconfig"
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/executor/worker"
 	"github.com/toolbus/toolbus/planner"
@@ -78,7 +80,7 @@ func TestSecurityTeamInstances(t *testing.T) {
 			startAlpha := func(instance string) {
 				exec := must(executor.New(s.reg, executor.WithInstance(instance), executor.WithLogger(s.log)))
 				// One call at a time: while alpha-1 runs the call, the copies go to alpha-2.
-				w := must(worker.New(s.buses[alpha], exec, worker.Config{WorkerConfig: events.WorkerConfig{Instance: instance,
+				w := must(worker.New(s.buses[alpha], exec, worker.Config{WorkerConfig: workerconfig.WorkerConfig{Instance: instance,
 					Concurrency: 1, Grace: time.Second, Logger: s.log}, Tools: []string{"held"}, Team: "alpha"}))
 				s.start(instance, w.Run)
 			}
@@ -117,11 +119,11 @@ func TestSecurityTeamInstances(t *testing.T) {
 
 			// Copies of the call, as redeliveries would bring them, while alpha-1 runs it.
 			admin := s.buses["admin"]
-			evs, err := events.ReadEvents(s.ctx, admin.EventStream(), events.SubjectRun(run))
+			evs, err := runlog.Read(s.ctx, admin.EventStream(), events.SubjectRun(run))
 			if err != nil {
 				t.Fatal(err)
 			}
-			var req events.StoredEvent
+			var req runlog.StoredEvent
 			for _, ev := range evs {
 				if ev.Meta.Type == events.TypeToolRequested {
 					req = ev

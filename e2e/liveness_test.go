@@ -18,6 +18,7 @@ import (
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
 	"github.com/toolbus/toolbus/events/store"
+	"github.com/toolbus/toolbus/events/workerconfig"
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/executor/worker"
 	"github.com/toolbus/toolbus/injector"
@@ -558,7 +559,7 @@ func TestPersistentStoreFailureEndsTheRun(t *testing.T) {
 	s := newStack(t, model, gateTool(release))
 	s.startExecutor("executor-1", worker.Config{})
 	s.startPlanner("planner-1")
-	s.startInjectorWith("injector-1", injector.Config{WorkerConfig: events.WorkerConfig{MaxDeliver: 3}})
+	s.startInjectorWith("injector-1", injector.Config{WorkerConfig: workerconfig.WorkerConfig{MaxDeliver: 3}})
 	s.submit("store-1", toolbus.Limits{Deadline: time.Now().Add(2 * time.Minute)})
 	s.waitEvents("store-1", events.TypeToolRequested, 1)
 	// From now on the history bucket refuses every write: results cannot be joined.

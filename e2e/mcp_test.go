@@ -18,6 +18,7 @@ import (
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
+	"github.com/toolbus/toolbus/events/workerconfig"
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/executor/mcptools"
 	"github.com/toolbus/toolbus/executor/worker"
@@ -211,7 +212,7 @@ func TestMCPListChangedReachesCatalog(t *testing.T) {
 			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "early"}}}, nil
 		})
 	exec := must(executor.New(s.reg, executor.WithLogger(s.log), executor.WithInstance("mcp-exec")))
-	w := must(worker.New(s.bus, exec, worker.Config{WorkerConfig: events.WorkerConfig{Instance: "mcp-exec", Logger: s.log, Grace: time.Second}}))
+	w := must(worker.New(s.bus, exec, worker.Config{WorkerConfig: workerconfig.WorkerConfig{Instance: "mcp-exec", Logger: s.log, Grace: time.Second}}))
 	p, err := mcptools.New(s.reg, mcptools.Config{}, mcptools.Options{Logger: s.log, OnChange: w.Sync})
 	if err != nil {
 		t.Fatal(err)

@@ -16,6 +16,7 @@ import (
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
+	"github.com/toolbus/toolbus/events/workerconfig"
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/executor/worker"
 	"github.com/toolbus/toolbus/planner"
@@ -230,8 +231,8 @@ func TestTwoExecutorsShareTheLoad(t *testing.T) {
 		planner.Answer("done"),
 	}}
 	s := newStack(t, model, counting)
-	s.startExecutor("exec-a", worker.Config{WorkerConfig: events.WorkerConfig{Concurrency: 4}})
-	s.startExecutor("exec-b", worker.Config{WorkerConfig: events.WorkerConfig{Concurrency: 4}})
+	s.startExecutor("exec-a", worker.Config{WorkerConfig: workerconfig.WorkerConfig{Concurrency: 4}})
+	s.startExecutor("exec-b", worker.Config{WorkerConfig: workerconfig.WorkerConfig{Concurrency: 4}})
 	s.startPlanner("planner-1")
 	s.startInjector("injector-1")
 	const n = 20

@@ -17,6 +17,7 @@ import (
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
 	"github.com/toolbus/toolbus/events/provision"
+	"github.com/toolbus/toolbus/events/workerconfig"
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/executor/worker"
 )
@@ -96,7 +97,7 @@ func TestRefusalsNameTheGrant(t *testing.T) {
 			}
 			runWorker := func(team string, tools ...string) error {
 				w, err := worker.New(beta, must(executor.New(reg)), worker.Config{
-					WorkerConfig: events.WorkerConfig{Instance: "beta-" + team, Grace: time.Second}, Tools: tools, Team: team})
+					WorkerConfig: workerconfig.WorkerConfig{Instance: "beta-" + team, Grace: time.Second}, Tools: tools, Team: team})
 				if err != nil {
 					t.Fatal(err)
 				}

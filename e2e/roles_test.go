@@ -26,7 +26,9 @@ import (
 	"github.com/toolbus/toolbus/events/eventstest"
 	"github.com/toolbus/toolbus/events/follow"
 	"github.com/toolbus/toolbus/events/provision"
+	"github.com/toolbus/toolbus/events/runlog"
 	"github.com/toolbus/toolbus/events/store"
+	"github.com/toolbus/toolbus/events/workerconfig"
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/executor/mcptools"
 	"github.com/toolbus/toolbus/internal/door"
@@ -138,16 +140,16 @@ func matrixFeatures(deploy *deployTool, held <-chan string) []feature {
 		{"tail", func(t *testing.T, s *secured, run string) {
 			// `toolbus tail` follows every run from now on; `toolbus run` follows its own.
 			client := s.buses["client"]
-			all, err := client.Watch(s.ctx, events.FilterAll, false)
+			all, err := runlog.Watch(s.ctx, client, events.FilterAll, false)
 			if err != nil {
 				t.Fatalf("client tails: %v", err)
 			}
-			one, err := client.Watch(s.ctx, events.SubjectRun(run), true)
+			one, err := runlog.Watch(s.ctx, client, events.SubjectRun(run), true)
 			if err != nil {
 				t.Fatalf("client follows a run: %v", err)
 			}
 			s.start(run, toolbus.Limits{})
-			for name, w := range map[string]*events.Watcher{"tail": all, "run": one} {
+			for name, w := range map[string]*runlog.Watcher{"tail": all, "run": one} {
 				waitWatched(t, s.ctx, w, name, events.SubjectRunEnded(run, toolbus.RunCompleted))
 			}
 		}},
@@ -218,7 +220,7 @@ func matrixFeatures(deploy *deployTool, held <-chan string) []feature {
 				if got := s.result(r, "d"); got.Status != want {
 					t.Fatalf("%s through the console: %+v, want %s", path, got, want)
 				}
-				evs, err := s.buses["client"].RunEvents(s.ctx, r)
+				evs, err := runlog.Events(s.ctx, s.buses["client"], r)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -238,7 +240,7 @@ func matrixFeatures(deploy *deployTool, held <-chan string) []feature {
 			s.start(run, toolbus.Limits{})
 			s.waitOutcome(run, toolbus.RunCompleted)
 			// What `toolbus replay` reads and checks.
-			evs, err := s.buses["client"].RunEvents(s.ctx, run)
+			evs, err := runlog.Events(s.ctx, s.buses["client"], run)
 			if err != nil {
 				t.Fatalf("client reads the run: %v", err)
 			}
@@ -355,7 +357,7 @@ func waitHeld(t *testing.T, held <-chan string, run string) {
 	}
 }
 
-func waitWatched(t *testing.T, ctx context.Context, w *events.Watcher, name, subject string) {
+func waitWatched(t *testing.T, ctx context.Context, w *runlog.Watcher, name, subject string) {
 	t.Helper()
 	deadline := time.Now().Add(60 * time.Second)
 	for time.Now().Before(deadline) {
@@ -387,7 +389,7 @@ func (s *secured) waitOutcome(run string, status toolbus.RunStatus) toolbus.RunE
 	s.t.Helper()
 	var last toolbus.RunEnded
 	eventstest.Eventually(s.t, 60*time.Second, func() error {
-		evs, err := s.buses["client"].RunEvents(s.ctx, run)
+		evs, err := runlog.Events(s.ctx, s.buses["client"], run)
 		if err != nil {
 			return err
 		}
@@ -430,7 +432,7 @@ func (s *secured) result(run, callID string) toolbus.ToolResult {
 	s.t.Helper()
 	var res *toolbus.ToolResult
 	eventstest.Eventually(s.t, 30*time.Second, func() error {
-		evs, err := s.buses["client"].RunEvents(s.ctx, run)
+		evs, err := runlog.Events(s.ctx, s.buses["client"], run)
 		if err != nil {
 			return err
 		}
@@ -675,11 +677,11 @@ func TestRolesReadersCannotExhaustConsumers(t *testing.T) {
 	pctx, stop := context.WithCancel(s.ctx)
 	done := make(chan error, 1)
 	go func() {
-		done <- must(planner.New(s.buses["planner"], secModel(), cat, planner.Config{WorkerConfig: events.WorkerConfig{Instance: "planner-2", Grace: time.Second, Logger: log}})).Run(pctx)
+		done <- must(planner.New(s.buses["planner"], secModel(), cat, planner.Config{WorkerConfig: workerconfig.WorkerConfig{Instance: "planner-2", Grace: time.Second, Logger: log}})).Run(pctx)
 	}()
 	t.Cleanup(func() { stop(); <-done })
 	// Two planners now serve; the run completes and the client reads it every way.
-	tail, err := s.buses["client"].Watch(s.ctx, events.FilterAll, false)
+	tail, err := runlog.Watch(s.ctx, s.buses["client"], events.FilterAll, false)
 	if err != nil {
 		t.Fatalf("client tails with every reader stream full: %v", err)
 	}

@@ -30,7 +30,9 @@ import (
 	"github.com/toolbus/toolbus/deploy/nats/natsjwt"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
+	"github.com/toolbus/toolbus/events/runlog"
 	"github.com/toolbus/toolbus/events/store"
+	"github.com/toolbus/toolbus/events/workerconfig"
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/executor/worker"
 	"github.com/toolbus/toolbus/planner"
@@ -423,7 +425,7 @@ func (s *secured) clientReads(run string) {
 		t.Fatalf("the client reads from %s, want the read mirror", client.Reader().CachedInfo().Config.Name)
 	}
 	eventstest.Eventually(t, 30*time.Second, func() error {
-		evs, err := client.RunEvents(s.ctx, run)
+		evs, err := runlog.Events(s.ctx, client, run)
 		if err != nil {
 			return err
 		}
@@ -752,7 +754,7 @@ func TestSecurityPrincipalReachesAuthorizer(t *testing.T) {
 	s := newStack(t, model)
 	s.start("exec-auth", must(worker.New(s.bus,
 		must(executor.New(s.reg, executor.WithAuthorizer(auth), executor.WithInstance("exec-auth"), executor.WithLogger(s.log))),
-		worker.Config{WorkerConfig: events.WorkerConfig{Instance: "exec-auth", Grace: time.Second, Logger: s.log}})).Run)
+		worker.Config{WorkerConfig: workerconfig.WorkerConfig{Instance: "exec-auth", Grace: time.Second, Logger: s.log}})).Run)
 	eventstest.Eventually(t, 10*time.Second, func() error {
 		cat, err := s.bus.Store().WatchCatalog(s.ctx, nil)
 		if err != nil {
@@ -821,7 +823,7 @@ func TestForgedCallCannotGrantToolsOrPrincipal(t *testing.T) {
 	s := newStack(t, &planner.Script{})
 	s.start("exec-auth", must(worker.New(s.bus,
 		must(executor.New(s.reg, executor.WithAuthorizer(auth), executor.WithInstance("exec-auth"), executor.WithLogger(s.log))),
-		worker.Config{WorkerConfig: events.WorkerConfig{Instance: "exec-auth", Grace: time.Second, Logger: s.log}})).Run)
+		worker.Config{WorkerConfig: workerconfig.WorkerConfig{Instance: "exec-auth", Grace: time.Second, Logger: s.log}})).Run)
 	// Every queue is bound (the catalog is published after them) before a call is sent.
 	eventstest.Eventually(t, 20*time.Second, func() error {
 		cat, err := s.bus.Store().WatchCatalog(s.ctx, nil)

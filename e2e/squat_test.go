@@ -16,6 +16,7 @@ import (
 	"github.com/toolbus/toolbus/audit"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
+	"github.com/toolbus/toolbus/events/runlog"
 	"github.com/toolbus/toolbus/planner"
 )
 
@@ -81,7 +82,7 @@ func squatAll(t *testing.T, ctx context.Context, js jetstream.JetStream, subject
 // replayOf audits a run from its events as `toolbus replay` does.
 func replayOf(t *testing.T, ctx context.Context, bus *events.Bus, run string) *audit.Report {
 	t.Helper()
-	evs, err := bus.RunEvents(ctx, run)
+	evs, err := runlog.Events(ctx, bus, run)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -147,7 +148,7 @@ func TestSquattingWithRoleCredentials(t *testing.T) {
 					t.Fatalf("call %+v", c)
 				}
 			}
-			evs, err := client.RunEvents(s.ctx, run)
+			evs, err := runlog.Events(s.ctx, client, run)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -18,7 +18,9 @@ import (
 	"github.com/toolbus/toolbus/deploy/nats/natsjwt"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
+	"github.com/toolbus/toolbus/events/runlog"
 	"github.com/toolbus/toolbus/events/store"
+	"github.com/toolbus/toolbus/events/workerconfig"
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/executor/packs"
 	"github.com/toolbus/toolbus/executor/worker"
@@ -91,7 +93,7 @@ func (s *teamsBus) teamWorker(team, instance string, tools []string, replace boo
 		s.t.Fatal(err)
 	}
 	return must(worker.New(s.buses[natsjwt.TeamUser(team)], must(executor.New(reg, executor.WithInstance(instance), executor.WithLogger(s.log))),
-		worker.Config{WorkerConfig: events.WorkerConfig{Instance: instance, Grace: time.Second, Logger: s.log},
+		worker.Config{WorkerConfig: workerconfig.WorkerConfig{Instance: instance, Grace: time.Second, Logger: s.log},
 			Tools: tools, Team: team, InlineOutputMax: 1024, ReplaceContracts: replace,
 			ParkAfter: 300 * time.Millisecond, Observer: s.parks}))
 }
@@ -120,7 +122,7 @@ func (s *teamsBus) run(id string) toolbus.RunEnded {
 // results returns the tool.finished events of a run by call id, with their subjects.
 func (s *teamsBus) results(run string) (map[string][]toolbus.ToolFinished, map[string][]string) {
 	s.t.Helper()
-	evs, err := events.ReadEvents(s.ctx, s.buses["admin"].EventStream(), events.SubjectRun(run))
+	evs, err := runlog.Read(s.ctx, s.buses["admin"].EventStream(), events.SubjectRun(run))
 	if err != nil {
 		s.t.Fatal(err)
 	}

@@ -15,8 +15,8 @@ import (
 	"github.com/prometheus/common/model"
 
 	"github.com/toolbus/toolbus"
-	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
+	"github.com/toolbus/toolbus/events/workerconfig"
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/executor/worker"
 	"github.com/toolbus/toolbus/injector"
@@ -56,13 +56,13 @@ func TestMetricsAfterAScriptedRun(t *testing.T) {
 	}
 
 	exec := must(executor.New(s.reg, executor.WithLogger(s.log), executor.WithInstance("executor-m")))
-	w := must(worker.New(s.bus, exec, worker.Config{WorkerConfig: events.WorkerConfig{Instance: "executor-m", Logger: s.log, Grace: time.Second}, Metrics: m, Observer: m.Observer("executor")}))
+	w := must(worker.New(s.bus, exec, worker.Config{WorkerConfig: workerconfig.WorkerConfig{Instance: "executor-m", Logger: s.log, Grace: time.Second}, Metrics: m, Observer: m.Observer("executor")}))
 	s.start("executor-m", w.Run)
 	cat, err := s.bus.Store().WatchCatalog(s.ctx, s.log)
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := must(planner.New(s.bus, s.model, cat, planner.Config{WorkerConfig: events.WorkerConfig{Instance: "planner-m", Logger: s.log, Grace: time.Second}, Metrics: m, Observer: m.Observer("planner")}))
+	p := must(planner.New(s.bus, s.model, cat, planner.Config{WorkerConfig: workerconfig.WorkerConfig{Instance: "planner-m", Logger: s.log, Grace: time.Second}, Metrics: m, Observer: m.Observer("planner")}))
 	s.start("planner-m", p.Run)
 
 	// Two of three roles serve: still not ready.
@@ -76,7 +76,7 @@ func TestMetricsAfterAScriptedRun(t *testing.T) {
 		t.Fatalf("/readyz without the injector: %d %q, want 503 naming the injector", code, body)
 	}
 
-	in := must(injector.New(s.bus, injector.Config{WorkerConfig: events.WorkerConfig{Instance: "injector-m", Logger: s.log, Grace: time.Second}, Rules: s.rules,
+	in := must(injector.New(s.bus, injector.Config{WorkerConfig: workerconfig.WorkerConfig{Instance: "injector-m", Logger: s.log, Grace: time.Second}, Rules: s.rules,
 		Metrics: m, Observer: m.Observer("injector")}))
 	s.start("injector-m", in.Run)
 	eventstest.Eventually(t, 60*time.Second, func() error {

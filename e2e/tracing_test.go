@@ -16,6 +16,7 @@ import (
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
+	"github.com/toolbus/toolbus/events/workerconfig"
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/executor/worker"
 	"github.com/toolbus/toolbus/injector"
@@ -55,7 +56,7 @@ func TestOneTracePerRunAcrossTheBus(t *testing.T) {
 	_ = injTracer // the injector makes no span; its provider stands for its process
 
 	exec := must(executor.New(s.reg, executor.WithLogger(s.log), executor.WithInstance("executor-t")))
-	s.start("executor-t", must(worker.New(s.bus, exec, worker.Config{WorkerConfig: events.WorkerConfig{Instance: "executor-t", Logger: s.log, Grace: time.Second}, Tracer: execTracer})).Run)
+	s.start("executor-t", must(worker.New(s.bus, exec, worker.Config{WorkerConfig: workerconfig.WorkerConfig{Instance: "executor-t", Logger: s.log, Grace: time.Second}, Tracer: execTracer})).Run)
 	cat, err := s.bus.Store().WatchCatalog(s.ctx, s.log)
 	if err != nil {
 		t.Fatal(err)
@@ -68,8 +69,8 @@ func TestOneTracePerRunAcrossTheBus(t *testing.T) {
 		}
 		return nil
 	})
-	s.start("planner-t", must(planner.New(s.bus, s.model, cat, planner.Config{WorkerConfig: events.WorkerConfig{Instance: "planner-t", Logger: s.log, Grace: time.Second}, Tracer: planTracer})).Run)
-	s.start("injector-t", must(injector.New(s.bus, injector.Config{WorkerConfig: events.WorkerConfig{Instance: "injector-t", Logger: s.log, Grace: time.Second}, Rules: s.rules})).Run)
+	s.start("planner-t", must(planner.New(s.bus, s.model, cat, planner.Config{WorkerConfig: workerconfig.WorkerConfig{Instance: "planner-t", Logger: s.log, Grace: time.Second}, Tracer: planTracer})).Run)
+	s.start("injector-t", must(injector.New(s.bus, injector.Config{WorkerConfig: workerconfig.WorkerConfig{Instance: "injector-t", Logger: s.log, Grace: time.Second}, Rules: s.rules})).Run)
 
 	const run = "traced-1"
 	s.submit(run, toolbus.Limits{})

@@ -8,6 +8,7 @@ import (
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
+	"github.com/toolbus/toolbus/events/runlog"
 )
 
 // The results of two executor attempts at one call (the first cut off from the bus,
@@ -30,7 +31,7 @@ func TestResultsOfTwoAttemptsStoredBesideEachOther(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	evs, err := events.ReadEvents(ctx, bus.EventStream(), events.SubjectRun("twice"))
+	evs, err := runlog.Read(ctx, bus.EventStream(), events.SubjectRun("twice"))
 	if err != nil {
 		t.Fatal(err)
 	}

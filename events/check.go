@@ -229,9 +229,9 @@ func DataOf(typ string) any {
 	return nil
 }
 
-// checkStored is CheckSubject for an event whose data is still JSON; data that does
+// CheckStored is CheckSubject for an event whose data is still JSON; data that does
 // not decode is left to the reader's own decoding.
-func checkStored(subject string, m Meta, data json.RawMessage) error {
+func CheckStored(subject string, m Meta, data json.RawMessage) error {
 	v := DataOf(m.Type)
 	if v == nil {
 		return CheckSubject(subject, m, nil)

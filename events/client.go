@@ -212,9 +212,9 @@ func (b *Bus) storedAt(ctx context.Context, seq uint64, subject string) (*jetstr
 	return raw, err
 }
 
-// clientWatch refuses, in a client account, a watch of anything but one run's events
+// CheckWatch refuses, in a client account, a watch of anything but one run's events
 // (SubjectRun of a literal run id or subjects inside it).
-func (b *Bus) clientWatch(filter string) error {
+func (b *Bus) CheckWatch(filter string) error {
 	if !b.client {
 		return nil
 	}

@@ -2,11 +2,12 @@ package events
 
 import (
 	"fmt"
+	"strconv"
+	"strings"
+
 	"github.com/cloudevents/sdk-go/v2/event"
 	"github.com/cloudevents/sdk-go/v2/types"
 	"github.com/nats-io/nats.go"
-	"strconv"
-	"strings"
 )
 
 // The direct decoding of a binary-mode message: what the SDK path makes of the same

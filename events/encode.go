@@ -3,14 +3,15 @@ package events
 import (
 	"encoding/json"
 	"fmt"
-	"github.com/cloudevents/sdk-go/v2/binding/format"
-	"github.com/cloudevents/sdk-go/v2/event"
-	"github.com/cloudevents/sdk-go/v2/types"
-	"github.com/nats-io/nats.go"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/cloudevents/sdk-go/v2/binding/format"
+	"github.com/cloudevents/sdk-go/v2/event"
+	"github.com/cloudevents/sdk-go/v2/types"
+	"github.com/nats-io/nats.go"
 )
 
 // Encoding an event: its attributes checked as the CloudEvents SDK checks them (a source

@@ -3,58 +3,12 @@ package events
 import (
 	"context"
 	"errors"
-	"fmt"
 
-	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events/store"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
-
-// FirstEvent returns the first event stored on filter (a subject, wildcards allowed),
-// read with one direct get like RunEvents: no consumer. ErrNotFound when there is none.
-// The console asks it whether a run called a tool (Requested).
-func (b *Bus) FirstEvent(ctx context.Context, filter string) (StoredEvent, error) {
-	raw, err := getMsg(ctx, b.stream, 1, filter)
-	if errors.Is(err, jetstream.ErrMsgNotFound) {
-		return StoredEvent{}, fmt.Errorf("%w: no event on %s", ErrNotFound, filter)
-	}
-	if err != nil {
-		return StoredEvent{}, fmt.Errorf("events: first event on %s: %w", filter, err)
-	}
-	return StoredOf(raw), nil
-}
-
-// LastEvent returns the last event stored on subject (no wildcards), read with one
-// direct get: no consumer. ErrNotFound when there is none. The console reads a run's
-// step count from its last model.responded.
-func (b *Bus) LastEvent(ctx context.Context, subject string) (StoredEvent, error) {
-	raw, err := getLastMsg(ctx, b.stream, subject)
-	if errors.Is(err, jetstream.ErrMsgNotFound) {
-		return StoredEvent{}, fmt.Errorf("%w: no event on %s", ErrNotFound, subject)
-	}
-	if err != nil {
-		return StoredEvent{}, fmt.Errorf("events: last event on %s: %w", subject, err)
-	}
-	return StoredOf(raw), nil
-}
-
-// Requested reports whether run requested a call of tool: a tool.requested on the
-// tool's subject, which only the core publishes (the planner, and the injector again
-// after a decision). Never from the tool's other subjects (waits, progress, logs,
-// questions, results), which its team writes: one empty tool.log of a team's tool in
-// someone's run must not pass for a call of it (who sees a run is decided by it).
-func (b *Bus) Requested(ctx context.Context, run, tool string) (bool, error) {
-	if !toolbus.ValidToolName(tool) {
-		return false, nil // its calls are on tool.requested._unknown, with every unknown name's
-	}
-	_, err := b.FirstEvent(ctx, SubjectToolRequested(run, tool))
-	if errors.Is(err, ErrNotFound) {
-		return false, nil
-	}
-	return err == nil, err
-}
 
 // GetMsg reads the first message of stream from seq on subject (any subject when "").
 // A stream of the bus (EventStream, Reader, Stream) reads it with a direct get that

@@ -3,11 +3,12 @@ package events
 import (
 	"bytes"
 	"context"
+	"strings"
+
 	"github.com/cloudevents/sdk-go/v2/binding"
 	"github.com/cloudevents/sdk-go/v2/binding/format"
 	"github.com/cloudevents/sdk-go/v2/binding/spec"
 	"github.com/nats-io/nats.go"
-	"strings"
 )
 
 // A received NATS message as the SDK's binding.Message, for the SDK decoding path.

@@ -14,6 +14,7 @@ import (
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
+	"github.com/toolbus/toolbus/events/runlog"
 )
 
 // everyEnvelope returns one envelope of every event type (and the deadline timer) of
@@ -366,17 +367,17 @@ func TestForgedFirstEventsDoNotCount(t *testing.T) {
 	if _, err := bus.Publish(ctx, events.SubjectRunCancel("decoy", "mallory"), cancel.Meta, cancel.Data); err != nil {
 		t.Fatal(err)
 	}
-	if c, ok, err := bus.CancelRequest(ctx, "decoy"); err != nil || ok {
+	if c, ok, err := runlog.CancelRequest(ctx, bus, "decoy"); err != nil || ok {
 		t.Fatalf("CancelRequest(decoy) = %+v, %v, %v: a cancel naming another run counted", c, ok, err)
 	}
 	if _, err := bus.PublishCancel(ctx, "/test", toolbus.Cancel{RunID: "decoy", Who: "alice"}); err != nil {
 		t.Fatal(err)
 	}
-	if c, ok, err := bus.CancelRequest(ctx, "decoy"); err != nil || !ok || c.Who != "alice" {
+	if c, ok, err := runlog.CancelRequest(ctx, bus, "decoy"); err != nil || !ok || c.Who != "alice" {
 		t.Fatalf("CancelRequest(decoy) = %+v, %v, %v", c, ok, err)
 	}
 	// Readers flag both forgeries and only them.
-	evs, err := bus.RunEvents(ctx, "decoy")
+	evs, err := runlog.Events(ctx, bus, "decoy")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,6 +14,8 @@ import (
 	"github.com/toolbus/toolbus/e2e/testpipe"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
+	"github.com/toolbus/toolbus/events/runlog"
+	"github.com/toolbus/toolbus/events/workerconfig"
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/executor/worker"
 	"github.com/toolbus/toolbus/fair"
@@ -88,7 +90,7 @@ func newRig(t *testing.T, fairShare bool, concurrency int, shares fair.Shares) *
 	}
 	exec := testutil.Must(executor.New(reg, executor.WithInstance("gate-1")))
 	r.p.Roles.Go("gate-1", testutil.Must(worker.New(r.p.Bus, exec, worker.Config{
-		WorkerConfig: events.WorkerConfig{Instance: "gate-1", Logger: r.p.Log, Grace: time.Second, Concurrency: concurrency}})).Run)
+		WorkerConfig: workerconfig.WorkerConfig{Instance: "gate-1", Logger: r.p.Log, Grace: time.Second, Concurrency: concurrency}})).Run)
 	r.p.WaitTools("gate")
 	if fairShare {
 		r.startScheduler(t)
@@ -119,7 +121,7 @@ func (r *rig) flood(t *testing.T, run, who string, n int) {
 // waitRequested waits until run's n calls are stored.
 func (r *rig) waitRequested(t *testing.T, run string, n int) {
 	eventstest.Eventually(t, time.Minute, func() error {
-		evs, err := r.p.Bus.RunEvents(r.p.Ctx, run)
+		evs, err := runlog.Events(r.p.Ctx, r.p.Bus, run)
 		if err != nil {
 			return err
 		}
@@ -308,7 +310,7 @@ func TestConcurrencyKeyQueues(t *testing.T) {
 	}
 	// `toolbus call` and `toolbus run` say so in their waiting line.
 	pr := timeline.NewPrinter(io.Discard)
-	evs, err := r.p.Bus.RunEvents(r.p.Ctx, "alice-1")
+	evs, err := runlog.Events(r.p.Ctx, r.p.Bus, "alice-1")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -21,6 +21,7 @@ import (
 	"github.com/toolbus/toolbus/audit"
 	"github.com/toolbus/toolbus/callrun"
 	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/runlog"
 	"github.com/toolbus/toolbus/timeline"
 )
 
@@ -197,7 +198,7 @@ func TestFaultDayTwoInFlight(t *testing.T) {
 	}
 	st := e.checkRuns(e.tally(), all, 4, 2)
 	for _, run := range before {
-		evs, err := e.bus.RunEvents(e.ctx, run)
+		evs, err := runlog.Events(e.ctx, e.bus, run)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -233,7 +234,7 @@ func checkDayTwoDisturbsNobody(t *testing.T, e *env, admin func(...string) strin
 		n++
 		rs := callrun.Build(callrun.Spec{RunID: fmt.Sprintf("day2-loop-%03d", n), Principal: toolbus.Principal{ID: "faults"}, Tool: tc,
 			Arguments: `{"ms":1}`, Via: "the day-two loop"}, time.Now())
-		watch, err := e.bus.Watch(ctx, events.SubjectRun(rs.RunID), true)
+		watch, err := runlog.Watch(ctx, e.bus, events.SubjectRun(rs.RunID), true)
 		if err != nil {
 			return rs.RunID, 0, err
 		}

@@ -17,6 +17,7 @@ import (
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/callrun"
 	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/runlog"
 	"github.com/toolbus/toolbus/timeline"
 )
 
@@ -150,7 +151,7 @@ func tenantCall(e *env, run, who string, tc toolbus.ToolContract) error {
 	ctx, cancel := context.WithTimeout(e.ctx, 3*time.Minute)
 	defer cancel()
 	rs := callrun.Build(callrun.Spec{RunID: run, Principal: toolbus.Principal{ID: who}, Tool: tc, Arguments: `{"ms":1}`, Via: "fair day two"}, time.Now())
-	watch, err := e.bus.Watch(ctx, events.SubjectRun(run), true)
+	watch, err := runlog.Watch(ctx, e.bus, events.SubjectRun(run), true)
 	if err != nil {
 		return err
 	}
@@ -180,7 +181,7 @@ func checkOneResultEach(t *testing.T, e *env, sideEffects, tool string, runs []s
 		if n := len(ran[run+"/0/"+callrun.CallID]); n != 1 {
 			t.Errorf("call of %s in run %s ran %d times, want once", tool, run, n)
 		}
-		evs, err := e.bus.RunEvents(e.ctx, run)
+		evs, err := runlog.Events(e.ctx, e.bus, run)
 		if err != nil {
 			t.Fatal(err)
 		}

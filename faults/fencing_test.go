@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/runlog"
 )
 
 // The fencing tests cut a live executor off mid-call, by a TCP proxy between it and the
@@ -236,7 +237,7 @@ func TestFaultLateResultFenced(t *testing.T) {
 	// The late result reached the stream after its lease: the path under test is the
 	// injector's fence, not the common one.
 	ctx, cancel := e.op()
-	evs, err := events.ReadEvents(ctx, e.bus.EventStream(), events.SubjectToolFinished(run, "append"))
+	evs, err := runlog.Read(ctx, e.bus.EventStream(), events.SubjectToolFinished(run, "append"))
 	cancel()
 	if err != nil || len(evs) != 2 {
 		t.Fatalf("read the results: %d, %v", len(evs), err)

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/workerconfig"
 )
 
 // TestFaultHandoverWithinHeartbeat: the append tool is long-running with a 2 s
@@ -17,7 +18,7 @@ import (
 // is paused (SIGSTOP, resumed once the call finished). Another executor, exec-b, already
 // up, finishes the call, with the side effect done once (by exec-b, attempt 2): the
 // call's queue redelivers it one lease after exec-a's last InProgress (its AckWait is
-// capped at the TTL, events.QueueAckWait), not one ack wait later. No elapsed time is
+// capped at the TTL, workerconfig.QueueAckWait), not one ack wait later. No elapsed time is
 // asserted: the wait for the result ends at 60 s, ten times less than the ack wait the
 // executors asked for and far more than the few seconds a lease takes, so a busy
 // machine does not fail it and an ack wait that is not capped does (before the cap the
@@ -71,7 +72,7 @@ func TestFaultHandoverWithinHeartbeat(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if got, want := info.Config.AckWait, events.QueueAckWait(10*time.Minute, e.cfg.InstanceTTL); got != want {
+			if got, want := info.Config.AckWait, workerconfig.QueueAckWait(10*time.Minute, e.cfg.InstanceTTL); got != want {
 				t.Errorf("the queue of append waits %v for an ack, want %v (capped at the instance TTL)", got, want)
 			}
 			if tc.name == "SIGSTOP" {

@@ -24,6 +24,7 @@ import (
 	"github.com/toolbus/toolbus/audit"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/provision"
+	"github.com/toolbus/toolbus/events/runlog"
 	"github.com/toolbus/toolbus/events/store"
 	"github.com/toolbus/toolbus/internal/testutil"
 )
@@ -715,28 +716,28 @@ func (e *env) tally() map[string]*runTally {
 	e.t.Helper()
 	ctx, cancel := context.WithTimeout(e.ctx, 2*time.Minute)
 	defer cancel()
-	evs, err := events.ReadEvents(ctx, e.bus.EventStream(), events.FilterAll)
+	evs, err := runlog.Read(ctx, e.bus.EventStream(), events.FilterAll)
 	if err != nil {
 		e.t.Fatal(err)
 	}
 	out := map[string]*runTally{}
 	var rt *runTally // the run of the event visited
 	v := audit.Visitor{
-		Undecodable: func(ev events.StoredEvent, err error) {
+		Undecodable: func(ev runlog.StoredEvent, err error) {
 			e.t.Fatalf("undecodable event at seq %d on %s: %v", ev.Seq, ev.Subject, err)
 		},
-		RunStarted:     func(events.StoredEvent, toolbus.RunStarted) { rt.started++ },
-		ModelRequested: func(ev events.StoredEvent, _ toolbus.ModelRequested) { rt.requested[ev.Meta.Step]++ },
-		ModelResponded: func(_ events.StoredEvent, mr toolbus.ModelResponded) {
+		RunStarted:     func(runlog.StoredEvent, toolbus.RunStarted) { rt.started++ },
+		ModelRequested: func(ev runlog.StoredEvent, _ toolbus.ModelRequested) { rt.requested[ev.Meta.Step]++ },
+		ModelResponded: func(_ runlog.StoredEvent, mr toolbus.ModelResponded) {
 			rt.responded[mr.Step] = append(rt.responded[mr.Step], mr)
 		},
-		ToolRequested: func(_ events.StoredEvent, tr toolbus.ToolRequested) { rt.toolReq[callKey{tr.Step, tr.Call.CallID}]++ },
-		ToolFinished: func(_ events.StoredEvent, tf toolbus.ToolFinished) {
+		ToolRequested: func(_ runlog.StoredEvent, tr toolbus.ToolRequested) { rt.toolReq[callKey{tr.Step, tr.Call.CallID}]++ },
+		ToolFinished: func(_ runlog.StoredEvent, tf toolbus.ToolFinished) {
 			k := callKey{tf.Step, tf.ToolResult.CallID}
 			rt.finished[k] = append(rt.finished[k], tf)
 			rt.order[tf.Step] = append(rt.order[tf.Step], tf.CallIndex)
 		},
-		RunEnded: func(_ events.StoredEvent, re toolbus.RunEnded) { rt.ended = append(rt.ended, re) },
+		RunEnded: func(_ runlog.StoredEvent, re toolbus.RunEnded) { rt.ended = append(rt.ended, re) },
 	}
 	for _, ev := range evs {
 		run, _ := events.RunIDFromSubject(ev.Subject)

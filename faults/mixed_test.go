@@ -15,6 +15,7 @@ import (
 	"github.com/toolbus/toolbus/audit"
 	"github.com/toolbus/toolbus/callrun"
 	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/runlog"
 	"github.com/toolbus/toolbus/events/store"
 	"github.com/toolbus/toolbus/internal/testutil"
 )
@@ -203,7 +204,7 @@ func TestFaultMixedLanguages(t *testing.T) {
 		t.Errorf("result of the approved call: %+v, want succeeded with the person's edit", fs)
 	}
 	for _, run := range append(all, approveRun) {
-		evs, err := e.bus.RunEvents(e.ctx, run)
+		evs, err := runlog.Events(e.ctx, e.bus, run)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -19,7 +19,9 @@ import (
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
 	"github.com/toolbus/toolbus/events/provision"
+	"github.com/toolbus/toolbus/events/runlog"
 	"github.com/toolbus/toolbus/events/store"
+	"github.com/toolbus/toolbus/events/workerconfig"
 )
 
 // The calls of a step from its model.responded event (calls.go): a step whose event the
@@ -84,7 +86,7 @@ func TestStepJoinedFromHeardCalls(t *testing.T) {
 			t.Fatal(err)
 		}
 		eventstest.Eventually(t, time.Minute, func() error {
-			_, err := bus.LastModelRequest(ctx, run)
+			_, err := runlog.LastModelRequest(ctx, bus, run)
 			return err
 		})
 		// What the planner does: record the answer, then publish it.
@@ -119,7 +121,7 @@ func TestStepJoinedFromHeardCalls(t *testing.T) {
 	}
 	for _, run := range []string{seen, unseen} {
 		eventstest.Eventually(t, time.Minute, func() error {
-			if step, err := bus.LastModelRequest(ctx, run); err != nil || step != 1 {
+			if step, err := runlog.LastModelRequest(ctx, bus, run); err != nil || step != 1 {
 				return fmt.Errorf("run %s: model.requested of step %d (%v), want step 1 after the join", run, step, err)
 			}
 			return nil
@@ -372,7 +374,7 @@ func TestCallSubscriptionRefused(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	in, err := New(inBus, Config{WorkerConfig: events.WorkerConfig{Instance: "old", Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}})
+	in, err := New(inBus, Config{WorkerConfig: workerconfig.WorkerConfig{Instance: "old", Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}})
 	if err != nil {
 		t.Fatal(err)
 	}

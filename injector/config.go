@@ -2,10 +2,11 @@ package injector
 
 import (
 	"fmt"
-	"github.com/toolbus/toolbus"
-	"github.com/toolbus/toolbus/events"
-	"github.com/toolbus/toolbus/events/consume"
 	"time"
+
+	"github.com/toolbus/toolbus"
+	"github.com/toolbus/toolbus/events/consume"
+	"github.com/toolbus/toolbus/events/workerconfig"
 )
 
 // The injector's configuration: its fields, their defaults and the ranges New accepts,
@@ -17,11 +18,11 @@ import (
 type Config struct {
 	// WorkerConfig: Instance (default "injector"), Concurrency (messages handled at
 	// once), AckWait (before a dead injector's unacknowledged results are redelivered to
-	// another), MaxDeliver (default DefaultMaxDeliver, not events.DefaultMaxDeliver: the
+	// another), MaxDeliver (default DefaultMaxDeliver, not workerconfig.DefaultMaxDeliver: the
 	// deliveries of one event, with growing delays; on the last one, a store or publish
 	// that keeps failing ends the run failed with code store_error instead of
 	// redelivering forever), Grace, Logger.
-	events.WorkerConfig
+	workerconfig.WorkerConfig
 	// Durable is the consumer name shared by all injectors (default "injector").
 	Durable string
 	Rules   Rules
@@ -62,7 +63,7 @@ type Config struct {
 	Quota Quota
 }
 
-// Defaults of Config (the shared ones are events.DefaultConcurrency and its siblings).
+// Defaults of Config (the shared ones are workerconfig.DefaultConcurrency and its siblings).
 const (
 	// DefaultMaxSteps is the step limit of a run that sets none, when Config.Defaults
 	// sets none either.
@@ -82,8 +83,8 @@ const (
 	DefaultJoinWindow = 5 * time.Millisecond
 )
 
-// Validate reports the first field out of range (an *events.ConfigError wrapping
-// events.ErrInvalidConfig); zero values are valid.
+// Validate reports the first field out of range (an *workerconfig.ConfigError wrapping
+// workerconfig.ErrInvalidConfig); zero values are valid.
 func (c Config) Validate() error {
 	if err := c.WorkerConfig.Validate(); err != nil {
 		return fmt.Errorf("injector: %w", err)
@@ -91,15 +92,15 @@ func (c Config) Validate() error {
 	var err error
 	switch {
 	case c.DeadlineGrace < 0:
-		err = events.InvalidField("DeadlineGrace", c.DeadlineGrace, fmt.Sprintf("0s or more (0: default %v)", DefaultDeadlineGrace))
+		err = workerconfig.InvalidField("DeadlineGrace", c.DeadlineGrace, fmt.Sprintf("0s or more (0: default %v)", DefaultDeadlineGrace))
 	case c.MaxTimers < 0:
-		err = events.InvalidField("MaxTimers", c.MaxTimers, fmt.Sprintf("1 or more (0: default %d)", DefaultMaxTimers))
+		err = workerconfig.InvalidField("MaxTimers", c.MaxTimers, fmt.Sprintf("1 or more (0: default %d)", DefaultMaxTimers))
 	case c.Defaults.MaxSteps < 0:
-		err = events.InvalidField("Defaults.MaxSteps", c.Defaults.MaxSteps, fmt.Sprintf("1 or more (0: default %d)", DefaultMaxSteps))
+		err = workerconfig.InvalidField("Defaults.MaxSteps", c.Defaults.MaxSteps, fmt.Sprintf("1 or more (0: default %d)", DefaultMaxSteps))
 	case c.Defaults.RunTimeout < 0:
-		err = events.InvalidField("Defaults.RunTimeout", c.Defaults.RunTimeout, "0s (none) or more")
+		err = workerconfig.InvalidField("Defaults.RunTimeout", c.Defaults.RunTimeout, "0s (none) or more")
 	case c.Defaults.TokenBudget < 0:
-		err = events.InvalidField("Defaults.TokenBudget", c.Defaults.TokenBudget, "0 (none) or more")
+		err = workerconfig.InvalidField("Defaults.TokenBudget", c.Defaults.TokenBudget, "0 (none) or more")
 	default:
 		err = c.Quota.Validate()
 	}

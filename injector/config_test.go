@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/toolbus/toolbus"
-	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/workerconfig"
 	"github.com/toolbus/toolbus/injector"
 )
 
@@ -20,8 +20,8 @@ func TestNewRefusesBadConfig(t *testing.T) {
 		want string // "" for accepted
 	}{
 		{"zero: every default", injector.Config{}, ""},
-		{"negative concurrency", injector.Config{WorkerConfig: events.WorkerConfig{Concurrency: -1}}, "injector: invalid config: Concurrency -1"},
-		{"negative grace", injector.Config{WorkerConfig: events.WorkerConfig{Grace: -time.Second}}, "injector: invalid config: Grace -1s"},
+		{"negative concurrency", injector.Config{WorkerConfig: workerconfig.WorkerConfig{Concurrency: -1}}, "injector: invalid config: Concurrency -1"},
+		{"negative grace", injector.Config{WorkerConfig: workerconfig.WorkerConfig{Grace: -time.Second}}, "injector: invalid config: Grace -1s"},
 		{"negative deadline grace", injector.Config{DeadlineGrace: -time.Second}, "injector: invalid config: DeadlineGrace -1s: want 0s or more (0: default 2s)"},
 		{"negative max timers", injector.Config{MaxTimers: -1}, "injector: invalid config: MaxTimers -1: want 1 or more (0: default 100000)"},
 		{"negative default max steps", injector.Config{Defaults: toolbus.DefaultLimits{MaxSteps: -1}}, "injector: invalid config: Defaults.MaxSteps -1: want 1 or more (0: default 10)"},
@@ -37,7 +37,7 @@ func TestNewRefusesBadConfig(t *testing.T) {
 				}
 				return
 			}
-			if err == nil || in != nil || !errors.Is(err, events.ErrInvalidConfig) || !strings.Contains(err.Error(), tc.want) {
+			if err == nil || in != nil || !errors.Is(err, workerconfig.ErrInvalidConfig) || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("New: %v, %v; want nil and an ErrInvalidConfig containing %q", in, err, tc.want)
 			}
 		})

@@ -4,12 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
+
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/consume"
 	"github.com/toolbus/toolbus/events/store"
-	"time"
 )
 
 // Joining a result: checked against the calls of its step's recorded assistant message,

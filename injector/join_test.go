@@ -12,6 +12,7 @@ import (
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
 	"github.com/toolbus/toolbus/events/store"
+	"github.com/toolbus/toolbus/events/workerconfig"
 )
 
 // The group commit of the injector (update, steps.submit, apply): results of one step
@@ -28,7 +29,7 @@ func joinBus(t *testing.T) (context.Context, *events.Bus) {
 // joinInjector is an injector on bus (not running: the tests call its join directly).
 func joinInjector(t *testing.T, bus *events.Bus, name string) *Injector {
 	t.Helper()
-	in, err := New(bus, Config{WorkerConfig: events.WorkerConfig{Instance: name,
+	in, err := New(bus, Config{WorkerConfig: workerconfig.WorkerConfig{Instance: name,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}})
 	if err != nil {
 		t.Fatal(err)

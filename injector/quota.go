@@ -12,6 +12,7 @@ import (
 
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/workerconfig"
 )
 
 // Quota bounds what one principal (the identity a client's credentials are bound to,
@@ -39,11 +40,11 @@ type Quota struct {
 func (q Quota) Validate() error {
 	switch {
 	case q.MaxRunsInFlight < 0:
-		return events.InvalidField("Quota.MaxRunsInFlight", q.MaxRunsInFlight, "0 (none) or more")
+		return workerconfig.InvalidField("Quota.MaxRunsInFlight", q.MaxRunsInFlight, "0 (none) or more")
 	case q.StartsPerSecond < 0:
-		return events.InvalidField("Quota.StartsPerSecond", q.StartsPerSecond, "0 (none) or more")
+		return workerconfig.InvalidField("Quota.StartsPerSecond", q.StartsPerSecond, "0 (none) or more")
 	case q.MaxStartBytes < 0:
-		return events.InvalidField("Quota.MaxStartBytes", q.MaxStartBytes, "0 (none) or more")
+		return workerconfig.InvalidField("Quota.MaxStartBytes", q.MaxStartBytes, "0 (none) or more")
 	}
 	return nil
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
+	"github.com/toolbus/toolbus/events/workerconfig"
 )
 
 // TestQuotaStartsPerSecond: a principal's starts beyond its rate (one per 100 s here, in
@@ -66,7 +67,7 @@ func TestFullStreamRefusesNewRuns(t *testing.T) {
 	if c := bus.EventStream().CachedInfo().Config; c.MaxBytes != bound || c.Discard != jetstream.DiscardNew {
 		t.Fatalf("event stream: max bytes %d, discard %v: want %d, discard new", c.MaxBytes, c.Discard, bound)
 	}
-	in, err := New(bus, Config{WorkerConfig: events.WorkerConfig{Instance: "full", Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}})
+	in, err := New(bus, Config{WorkerConfig: workerconfig.WorkerConfig{Instance: "full", Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/runlog"
 	"github.com/toolbus/toolbus/events/store"
 )
 
@@ -20,7 +22,7 @@ func (in *Injector) settled(ctx context.Context, st *store.StepState) bool {
 		// Republish the outcome if a crash lost it (nothing when the stream has it).
 		return in.publishOutcome(ctx, rs) == nil
 	}
-	step, err := in.bus.LastModelRequest(ctx, st.RunID)
+	step, err := runlog.LastModelRequest(ctx, in.bus, st.RunID)
 	return err == nil && step > st.Step
 }
 
@@ -207,7 +209,7 @@ func (in *Injector) undecided(ctx context.Context, rec *store.StepRecord) ([]too
 func (in *Injector) cancelledBy(ctx context.Context, rec *store.StepRecord) (toolbus.Cancel, bool, error) {
 	for _, r := range rec.Results {
 		if r != nil && r.Status == toolbus.StatusCancelled {
-			return in.bus.CancelRequest(ctx, rec.RunID)
+			return runlog.CancelRequest(ctx, in.bus, rec.RunID)
 		}
 	}
 	return toolbus.Cancel{}, false, nil

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"

@@ -21,6 +21,7 @@ import (
 	"github.com/toolbus/toolbus/events/eventstest"
 	"github.com/toolbus/toolbus/events/provision"
 	"github.com/toolbus/toolbus/events/store"
+	"github.com/toolbus/toolbus/events/workerconfig"
 )
 
 // TestEndedRunsFreeTheirTimers: many runs with far deadlines (a year, which the cap
@@ -36,7 +37,7 @@ func TestEndedRunsFreeTheirTimers(t *testing.T) {
 	}
 	ctx := eventstest.Context(t, 5*time.Minute)
 	bus := eventstest.Setup(t, events.Config{Memory: true})
-	in, err := New(bus, Config{WorkerConfig: events.WorkerConfig{Instance: "timers", Concurrency: 16,
+	in, err := New(bus, Config{WorkerConfig: workerconfig.WorkerConfig{Instance: "timers", Concurrency: 16,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}, MaxTimers: 5, DeadlineGrace: 100 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
@@ -129,7 +130,7 @@ func TestEndedRunsFreeTheirTimers(t *testing.T) {
 func TestTimerHeldWithoutReadingTheRunState(t *testing.T) {
 	ctx := eventstest.Context(t, 2*time.Minute)
 	bus := eventstest.Setup(t, events.Config{Memory: true})
-	in, err := New(bus, Config{WorkerConfig: events.WorkerConfig{Instance: "held", AckWait: 4 * time.Second,
+	in, err := New(bus, Config{WorkerConfig: workerconfig.WorkerConfig{Instance: "held", AckWait: 4 * time.Second,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}})
 	if err != nil {
 		t.Fatal(err)
@@ -179,7 +180,7 @@ func TestTimerHeldQuietly(t *testing.T) {
 	ctx := eventstest.Context(t, 2*time.Minute)
 	bus := eventstest.Setup(t, events.Config{Memory: true})
 	const ackWait = 6 * time.Second
-	in, err := New(bus, Config{WorkerConfig: events.WorkerConfig{Instance: "quiet", AckWait: ackWait,
+	in, err := New(bus, Config{WorkerConfig: workerconfig.WorkerConfig{Instance: "quiet", AckWait: ackWait,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}, DeadlineGrace: time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
@@ -328,7 +329,7 @@ func kept(t *testing.T, in *Injector, run string) {
 func TestYoungRunsNeedNoTimer(t *testing.T) {
 	ctx := eventstest.Context(t, 2*time.Minute)
 	bus := eventstest.Setup(t, events.Config{Memory: true})
-	in, err := New(bus, Config{WorkerConfig: events.WorkerConfig{Instance: "young", AckWait: 4 * time.Second,
+	in, err := New(bus, Config{WorkerConfig: workerconfig.WorkerConfig{Instance: "young", AckWait: 4 * time.Second,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}})
 	if err != nil {
 		t.Fatal(err)
@@ -394,7 +395,7 @@ func TestKeptStartOutlivesItsKeeper(t *testing.T) {
 	}
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	const ackWait = 4 * time.Second
-	a, err := New(busA, Config{WorkerConfig: events.WorkerConfig{Instance: "keeper", AckWait: ackWait, Logger: quiet},
+	a, err := New(busA, Config{WorkerConfig: workerconfig.WorkerConfig{Instance: "keeper", AckWait: ackWait, Logger: quiet},
 		DeadlineGrace: 100 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
@@ -411,7 +412,7 @@ func TestKeptStartOutlivesItsKeeper(t *testing.T) {
 		Message: toolbus.Message{Role: toolbus.RoleAssistant, ToolCalls: []toolbus.ToolCall{{CallID: "c1", Tool: "slow"}}}}); err != nil {
 		t.Fatal(err)
 	}
-	b, err := New(bus, Config{WorkerConfig: events.WorkerConfig{Instance: "heir", AckWait: ackWait, Logger: quiet},
+	b, err := New(bus, Config{WorkerConfig: workerconfig.WorkerConfig{Instance: "heir", AckWait: ackWait, Logger: quiet},
 		DeadlineGrace: 100 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)

@@ -10,7 +10,7 @@ import (
 
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/audit"
-	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/runlog"
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/mcpserver"
 )
@@ -60,12 +60,12 @@ func TestMCPAttachments(t *testing.T) {
 	}
 	// The large one travelled by reference.
 	run, _ := res.Meta[mcpserver.MetaRun].(string)
-	evs, err := p.bus.RunEvents(p.ctx, run)
+	evs, err := runlog.Events(p.ctx, p.bus, run)
 	if err != nil {
 		t.Fatal(err)
 	}
 	var stored *toolbus.Attachment
-	v := audit.Visitor{ToolFinished: func(_ events.StoredEvent, tf toolbus.ToolFinished) {
+	v := audit.Visitor{ToolFinished: func(_ runlog.StoredEvent, tf toolbus.ToolFinished) {
 		if len(tf.Attachments) == 5 {
 			stored = &tf.Attachments[4]
 		}

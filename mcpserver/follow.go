@@ -11,6 +11,7 @@ import (
 	"github.com/toolbus/toolbus/audit"
 	"github.com/toolbus/toolbus/callrun"
 	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/runlog"
 )
 
 // follow watches the run of an MCP call until it can answer the request: the call's
@@ -30,7 +31,7 @@ func (b *bridge) follow(ctx context.Context, req *mcp.CallToolRequest, rs *toolb
 	if err != nil {
 		return nil, err
 	}
-	watch, err := bus.Watch(ctx, events.SubjectRun(run), true)
+	watch, err := runlog.Watch(ctx, bus, events.SubjectRun(run), true)
 	if err != nil {
 		return nil, fmt.Errorf("mcp: %w", err)
 	}
@@ -42,18 +43,18 @@ func (b *bridge) follow(ctx context.Context, req *mcp.CallToolRequest, rs *toolb
 	v := audit.Visitor{
 		ToolProgress: b.progressForwarder(ctx, req, run, own, &answer),
 		ToolLog:      b.logForwarder(ctx, req, run, own, &answer),
-		ToolQuestion: func(_ events.StoredEvent, q toolbus.ToolQuestion) {
+		ToolQuestion: func(_ runlog.StoredEvent, q toolbus.ToolQuestion) {
 			if answer == nil && own.Is(q.Step, q.CallID, q.Tool) {
 				answer = k.visit(ctx, q)
 			}
 		},
-		ToolFinished: func(_ events.StoredEvent, tf toolbus.ToolFinished) {
+		ToolFinished: func(_ runlog.StoredEvent, tf toolbus.ToolFinished) {
 			if own.Is(tf.Step, tf.CallID, tf.Tool) {
 				answer = b.toolResult(ctx, bus, callOwner(rs), tf.ToolResult)
 				answer.Meta = mcp.Meta{MetaRun: run, MetaCall: callrun.CallID}
 			}
 		},
-		ToolWaiting: func(_ events.StoredEvent, tw toolbus.ToolWaiting) {
+		ToolWaiting: func(_ runlog.StoredEvent, tw toolbus.ToolWaiting) {
 			switch {
 			case !own.Is(tw.Step, tw.Call.CallID, tw.Call.Tool):
 			case decided:
@@ -65,7 +66,7 @@ func (b *bridge) follow(ctx context.Context, req *mcp.CallToolRequest, rs *toolb
 				answer = instructions(rs)
 			}
 		},
-		RunEnded: func(_ events.StoredEvent, re toolbus.RunEnded) {
+		RunEnded: func(_ runlog.StoredEvent, re toolbus.RunEnded) {
 			if re.Status.Terminal() {
 				answer = errorResult(fmt.Sprintf("run %s ended %s before the call answered: %s %s", run, re.Status, re.Code, re.Reason))
 			}
@@ -104,10 +105,10 @@ func (b *bridge) follow(ctx context.Context, req *mcp.CallToolRequest, rs *toolb
 // progressForwarder forwards the call's tool.progress events as notifications/progress
 // when the host asked for progress (a progressToken), until the request is answered;
 // progress must increase, so a report that does not move done forward is not sent.
-func (b *bridge) progressForwarder(ctx context.Context, req *mcp.CallToolRequest, run string, own *callrun.Own, answer **mcp.CallToolResult) func(events.StoredEvent, toolbus.ToolProgress) {
+func (b *bridge) progressForwarder(ctx context.Context, req *mcp.CallToolRequest, run string, own *callrun.Own, answer **mcp.CallToolResult) func(runlog.StoredEvent, toolbus.ToolProgress) {
 	token := req.Params.GetProgressToken()
 	sent := -1.0
-	return func(_ events.StoredEvent, tp toolbus.ToolProgress) {
+	return func(_ runlog.StoredEvent, tp toolbus.ToolProgress) {
 		if token == nil || *answer != nil || !own.Is(tp.Step, tp.CallID, tp.Tool) || tp.Done <= sent || req.Session == nil {
 			return
 		}
@@ -124,8 +125,8 @@ func (b *bridge) progressForwarder(ctx context.Context, req *mcp.CallToolRequest
 // until the request is answered; the session sends only those at or above the level the
 // host set with logging/setLevel (none before it set one). The lines were redacted by
 // the executor, as results are.
-func (b *bridge) logForwarder(ctx context.Context, req *mcp.CallToolRequest, run string, own *callrun.Own, answer **mcp.CallToolResult) func(events.StoredEvent, toolbus.ToolLog) {
-	return func(_ events.StoredEvent, tl toolbus.ToolLog) {
+func (b *bridge) logForwarder(ctx context.Context, req *mcp.CallToolRequest, run string, own *callrun.Own, answer **mcp.CallToolResult) func(runlog.StoredEvent, toolbus.ToolLog) {
+	return func(_ runlog.StoredEvent, tl toolbus.ToolLog) {
 		if *answer != nil || !own.Is(tl.Step, tl.CallID, tl.Tool) || req.Session == nil {
 			return
 		}

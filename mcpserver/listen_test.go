@@ -8,7 +8,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
-	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/workerconfig"
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/executor/worker"
 	"github.com/toolbus/toolbus/internal/testutil"
@@ -32,7 +32,7 @@ func TestMCPToolsListChangedOnListen(t *testing.T) {
 	}
 	exec := testutil.Must(executor.New(reg, executor.WithInstance("late-1")))
 	p.Roles.Go("late-1", testutil.Must(worker.New(p.bus, exec, worker.Config{
-		WorkerConfig: events.WorkerConfig{Instance: "late-1", Logger: quiet(), Grace: time.Second}})).Run)
+		WorkerConfig: workerconfig.WorkerConfig{Instance: "late-1", Logger: quiet(), Grace: time.Second}})).Run)
 	select {
 	case <-changed:
 	case <-time.After(time.Minute):

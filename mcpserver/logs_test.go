@@ -13,8 +13,8 @@ import (
 
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/audit"
-	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
+	"github.com/toolbus/toolbus/events/runlog"
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/executor/worker"
 	"github.com/toolbus/toolbus/mcpserver"
@@ -92,12 +92,12 @@ func TestMCPToolLogs(t *testing.T) {
 		t.Fatal(err)
 	}
 	run, _ := res.Meta[mcpserver.MetaRun].(string)
-	evs, err := p.bus.RunEvents(p.ctx, run)
+	evs, err := runlog.Events(p.ctx, p.bus, run)
 	if err != nil {
 		t.Fatal(err)
 	}
 	var lines []toolbus.ToolLog
-	v := audit.Visitor{ToolLog: func(_ events.StoredEvent, tl toolbus.ToolLog) { lines = append(lines, tl) }}
+	v := audit.Visitor{ToolLog: func(_ runlog.StoredEvent, tl toolbus.ToolLog) { lines = append(lines, tl) }}
 	for _, e := range evs {
 		v.Visit(e)
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/toolbus/toolbus/callrun"
 	"github.com/toolbus/toolbus/decide"
 	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/runlog"
 )
 
 // A tool's question (tool.question, executor.Ask) goes to the host that called the
@@ -76,7 +77,7 @@ func (b *bridge) answerFrom(ctx context.Context, responses mcp.InputResponseMap,
 	if err != nil {
 		return err
 	}
-	evs, err := bus.RunEvents(ctx, rs.RunID)
+	evs, err := runlog.Events(ctx, bus, rs.RunID)
 	if err != nil {
 		return fmt.Errorf("mcp: read the run's questions: %w", err)
 	}
@@ -113,7 +114,7 @@ func (b *bridge) answerFrom(ctx context.Context, responses mcp.InputResponseMap,
 
 // openQuestions returns the questions of rs's call that wait for an answer (its last
 // question's batch, answered or not one by one), if any.
-func openQuestions(evs []events.StoredEvent) []toolbus.ToolQuestion {
+func openQuestions(evs []runlog.StoredEvent) []toolbus.ToolQuestion {
 	qs := decide.QuestionsOf(evs)
 	q, asked := qs.Last(callrun.CallID)
 	if !asked || qs.Ended() || qs.Finished(callrun.CallID) {

@@ -12,6 +12,7 @@ import (
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/audit"
 	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/runlog"
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/mcpserver"
 )
@@ -67,14 +68,14 @@ func TestMCPToolAsks(t *testing.T) {
 				t.Fatalf("result %q (isError %v) after questions %q, want %q", resultText(res), res.IsError, asked, want)
 			}
 			run, _ := res.Meta[mcpserver.MetaRun].(string)
-			evs, err := p.bus.RunEvents(p.ctx, run)
+			evs, err := runlog.Events(p.ctx, p.bus, run)
 			if err != nil {
 				t.Fatal(err)
 			}
 			var qs, as int
 			v := audit.Visitor{
-				ToolQuestion: func(events.StoredEvent, toolbus.ToolQuestion) { qs++ },
-				ToolAnswer:   func(events.StoredEvent, toolbus.ToolAnswer) { as++ },
+				ToolQuestion: func(runlog.StoredEvent, toolbus.ToolQuestion) { qs++ },
+				ToolAnswer:   func(runlog.StoredEvent, toolbus.ToolAnswer) { as++ },
 			}
 			for _, e := range evs {
 				v.Visit(e)
@@ -88,7 +89,7 @@ func TestMCPToolAsks(t *testing.T) {
 		// Before the host answers, mallory answers the same question on the bus: the
 		// executor ignores an answer by anyone but the run's principal.
 		cs := connectVersion(t, p, "2025-11-25", &mcp.ClientOptions{ElicitationHandler: func(ctx context.Context, _ *mcp.ElicitRequest) (*mcp.ElicitResult, error) {
-			ev, err := p.bus.FirstEvent(ctx, events.SubjectPrefix+".*.tool.question.which_too")
+			ev, err := runlog.First(ctx, p.bus, events.SubjectPrefix+".*.tool.question.which_too")
 			if err != nil {
 				return nil, err
 			}
@@ -121,7 +122,7 @@ func TestMCPToolAsks(t *testing.T) {
 			if len(asked) > 1 {
 				return &mcp.ElicitResult{Action: "accept", Content: map[string]any{"incident": "INC-404"}}, nil
 			}
-			ev, err := p.bus.FirstEvent(ctx, events.SubjectPrefix+".*.tool.question.which_three")
+			ev, err := runlog.First(ctx, p.bus, events.SubjectPrefix+".*.tool.question.which_three")
 			if err != nil {
 				return nil, err
 			}

@@ -18,6 +18,7 @@ import (
 	"github.com/toolbus/toolbus/audit"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
+	"github.com/toolbus/toolbus/events/runlog"
 	"github.com/toolbus/toolbus/internal/door"
 	"github.com/toolbus/toolbus/mcpserver"
 	"github.com/toolbus/toolbus/mcpserver/mcptest"
@@ -86,12 +87,12 @@ func (d *testDoor) connect(t *testing.T, token, version string, opts *mcp.Client
 // approvals returns the decisions published on run.
 func approvals(t *testing.T, p *pipeline, run string) []toolbus.Approval {
 	t.Helper()
-	evs, err := p.bus.RunEvents(p.ctx, run)
+	evs, err := runlog.Events(p.ctx, p.bus, run)
 	if err != nil {
 		t.Fatal(err)
 	}
 	var out []toolbus.Approval
-	v := audit.Visitor{Approval: func(_ events.StoredEvent, a toolbus.Approval, _ bool) { out = append(out, a) }}
+	v := audit.Visitor{Approval: func(_ runlog.StoredEvent, a toolbus.Approval, _ bool) { out = append(out, a) }}
 	v.Walk(evs)
 	return out
 }
@@ -410,7 +411,7 @@ func TestMCPTraceparentJoinsTheRun(t *testing.T) {
 				if sent != tp {
 					want = ""
 				}
-				evs, err := p.bus.RunEvents(p.ctx, run)
+				evs, err := runlog.Events(p.ctx, p.bus, run)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -470,7 +471,7 @@ func TestMCPCallerDecidesOnlyOwnCalls(t *testing.T) {
 	if got := approvals(t, p, run); len(got) != 0 {
 		t.Fatalf("decisions published on carol's call: %+v", got)
 	}
-	if _, ok, err := p.bus.CancelRequest(p.ctx, run); err != nil || ok {
+	if _, ok, err := runlog.CancelRequest(p.ctx, p.bus, run); err != nil || ok {
 		t.Fatalf("carol's run has a run.cancel (%v, %v)", ok, err)
 	}
 	// Her own update decides it.
@@ -522,7 +523,7 @@ func TestMCPClosedRequestCancelsRun(t *testing.T) {
 	d := startDoor(t, p, mcpserver.Config{})
 	cs := d.connect(t, d.carol, mcpserver.Protocol2026, nil)
 	waitOffered(t, p, cs, "crawl")
-	watch, err := p.bus.Watch(p.ctx, events.FilterAll, false)
+	watch, err := runlog.Watch(p.ctx, p.bus, events.FilterAll, false)
 	if err != nil {
 		t.Fatal(err)
 	}

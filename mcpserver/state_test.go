@@ -10,6 +10,7 @@ import (
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/audit"
 	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/runlog"
 	"github.com/toolbus/toolbus/internal/door"
 	"github.com/toolbus/toolbus/mcpserver"
 )
@@ -128,7 +129,7 @@ func TestMCPRequestStateRefused(t *testing.T) {
 // runOfQuestion returns the run of the first question of tool on the bus.
 func runOfQuestion(t *testing.T, p *pipeline, tool string) string {
 	t.Helper()
-	ev, err := p.bus.FirstEvent(p.ctx, events.SubjectPrefix+".*.tool.question."+tool)
+	ev, err := runlog.First(p.ctx, p.bus, events.SubjectPrefix+".*.tool.question."+tool)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -138,12 +139,12 @@ func runOfQuestion(t *testing.T, p *pipeline, tool string) string {
 // answersOf counts the answers published on run.
 func answersOf(t *testing.T, p *pipeline, run string) int {
 	t.Helper()
-	evs, err := p.bus.RunEvents(p.ctx, run)
+	evs, err := runlog.Events(p.ctx, p.bus, run)
 	if err != nil {
 		t.Fatal(err)
 	}
 	n := 0
-	v := audit.Visitor{ToolAnswer: func(events.StoredEvent, toolbus.ToolAnswer) { n++ }}
+	v := audit.Visitor{ToolAnswer: func(runlog.StoredEvent, toolbus.ToolAnswer) { n++ }}
 	v.Walk(evs)
 	return n
 }

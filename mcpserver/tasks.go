@@ -15,7 +15,7 @@ import (
 	"github.com/toolbus/toolbus/audit"
 	"github.com/toolbus/toolbus/callrun"
 	"github.com/toolbus/toolbus/decide"
-	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/runlog"
 )
 
 // The Tasks extension (io.modelcontextprotocol/tasks, with the 2026-07-28 protocol): a
@@ -168,7 +168,7 @@ func (b *bridge) taskView(ctx context.Context, rs *toolbus.RunStarted, caps *mcp
 	if err != nil {
 		return nil, err
 	}
-	evs, err := bus.RunEvents(ctx, rs.RunID)
+	evs, err := runlog.Events(ctx, bus, rs.RunID)
 	if err != nil {
 		return nil, fmt.Errorf("mcp: task %s: %w", rs.RunID, err)
 	}
@@ -183,29 +183,29 @@ func (b *bridge) taskView(ctx context.Context, rs *toolbus.RunStarted, caps *mcp
 	)
 	own := callrun.NewOwn()
 	v := audit.Visitor{
-		ToolProgress: func(_ events.StoredEvent, tp toolbus.ToolProgress) {
+		ToolProgress: func(_ runlog.StoredEvent, tp toolbus.ToolProgress) {
 			if own.Is(tp.Step, tp.CallID, tp.Tool) {
 				t.StatusMessage = progressText(tp)
 			}
 		},
-		ToolWaiting: func(_ events.StoredEvent, tw toolbus.ToolWaiting) {
+		ToolWaiting: func(_ runlog.StoredEvent, tw toolbus.ToolWaiting) {
 			waiting = waiting || own.Is(tw.Step, tw.Call.CallID, tw.Call.Tool)
 		},
-		Approval: func(_ events.StoredEvent, a toolbus.Approval, granted bool) {
+		Approval: func(_ runlog.StoredEvent, a toolbus.Approval, granted bool) {
 			waiting, t.StatusMessage = false, a.Kind(granted)+" by "+a.Who
 		},
-		ToolFinished: func(_ events.StoredEvent, tf toolbus.ToolFinished) {
+		ToolFinished: func(_ runlog.StoredEvent, tf toolbus.ToolFinished) {
 			if own.Is(tf.Step, tf.CallID, tf.Tool) {
 				r := tf.ToolResult
 				finished = &r
 			}
 		},
-		RunEnded: func(_ events.StoredEvent, re toolbus.RunEnded) {
+		RunEnded: func(_ runlog.StoredEvent, re toolbus.RunEnded) {
 			if re.Status.Terminal() {
 				ended = &re
 			}
 		},
-		Cancel: func(_ events.StoredEvent, c toolbus.Cancel) { cancelled = fmt.Sprintf("%s (by %s)", c.Reason, c.Who) },
+		Cancel: func(_ runlog.StoredEvent, c toolbus.Cancel) { cancelled = fmt.Sprintf("%s (by %s)", c.Reason, c.Who) },
 	}
 	for _, ev := range evs {
 		last = ev.Time
@@ -326,7 +326,7 @@ func (b *bridge) answerTask(ctx context.Context, rs *toolbus.RunStarted, who str
 	if err != nil {
 		return err
 	}
-	evs, err := bus.RunEvents(ctx, rs.RunID)
+	evs, err := runlog.Events(ctx, bus, rs.RunID)
 	if err != nil {
 		return fmt.Errorf("mcp: task %s: %w", rs.RunID, err)
 	}

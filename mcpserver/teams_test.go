@@ -13,8 +13,8 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
-	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
+	"github.com/toolbus/toolbus/events/workerconfig"
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/executor/worker"
 	"github.com/toolbus/toolbus/internal/door"
@@ -35,7 +35,7 @@ func TestMCPTokensSeeTheirTeamsTools(t *testing.T) {
 		t.Fatal(err)
 	}
 	w := testutil.Must(worker.New(p.bus, testutil.Must(executor.New(reg)), worker.Config{
-		WorkerConfig: events.WorkerConfig{Instance: "hr-1", Grace: time.Second, Logger: quiet()}, Team: "hr"}))
+		WorkerConfig: workerconfig.WorkerConfig{Instance: "hr-1", Grace: time.Second, Logger: quiet()}, Team: "hr"}))
 	wctx, stop := context.WithCancel(p.ctx)
 	done := make(chan error, 1)
 	go func() { done <- w.Run(wctx) }()

@@ -4,9 +4,10 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strconv"
+
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
-	"strconv"
 )
 
 // Publishing a step's calls: one tool.requested per call up to the per-step cap, a

@@ -2,12 +2,13 @@ package planner
 
 import (
 	"fmt"
+	"time"
+
 	"github.com/toolbus/toolbus"
-	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/consume"
+	"github.com/toolbus/toolbus/events/workerconfig"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/trace"
-	"time"
 )
 
 // The planner's configuration: its fields, their defaults and the ranges New accepts,
@@ -21,7 +22,7 @@ type Config struct {
 	// AckWait (before the step of a dead planner is redelivered; a live planner sends
 	// heartbeats during long model calls), MaxDeliver (bounds retries of a step whose
 	// model call keeps failing), Grace, Logger.
-	events.WorkerConfig
+	workerconfig.WorkerConfig
 	// Durable is the consumer name shared by all planners (default "planner").
 	Durable string
 	// ModelTimeout bounds one model call (default DefaultModelTimeout).
@@ -69,7 +70,7 @@ func (nopMetrics) ModelCalled(string, time.Duration, toolbus.Usage, error) {}
 
 func (nopMetrics) RunEnded(string, string) {}
 
-// Defaults of Config (the shared ones are events.DefaultConcurrency and its siblings).
+// Defaults of Config (the shared ones are workerconfig.DefaultConcurrency and its siblings).
 const (
 	// AnswerHeadroom is what a recorded answer leaves of the server's max_payload for
 	// the message's headers and envelope.
@@ -82,21 +83,21 @@ const (
 	busWriteTimeout = 10 * time.Second
 )
 
-// Validate reports the first field out of range (an *events.ConfigError wrapping
-// events.ErrInvalidConfig); zero values are valid.
+// Validate reports the first field out of range (an *workerconfig.ConfigError wrapping
+// workerconfig.ErrInvalidConfig); zero values are valid.
 func (c Config) Validate() error {
 	if err := c.WorkerConfig.Validate(); err != nil {
 		return fmt.Errorf("planner: %w", err)
 	}
 	switch {
 	case c.ModelTimeout < 0:
-		return fmt.Errorf("planner: %w", events.InvalidField("ModelTimeout", c.ModelTimeout,
+		return fmt.Errorf("planner: %w", workerconfig.InvalidField("ModelTimeout", c.ModelTimeout,
 			fmt.Sprintf("more than 0s (0: default %v)", DefaultModelTimeout)))
 	case c.MaxCallsPerStep < 0:
-		return fmt.Errorf("planner: %w", events.InvalidField("MaxCallsPerStep", c.MaxCallsPerStep,
+		return fmt.Errorf("planner: %w", workerconfig.InvalidField("MaxCallsPerStep", c.MaxCallsPerStep,
 			fmt.Sprintf("1 or more (0: default %d)", DefaultMaxCallsPerStep)))
 	case c.MaxAnswerBytes < 0:
-		return fmt.Errorf("planner: %w", events.InvalidField("MaxAnswerBytes", c.MaxAnswerBytes,
+		return fmt.Errorf("planner: %w", workerconfig.InvalidField("MaxAnswerBytes", c.MaxAnswerBytes,
 			"1 or more (0: what the server accepts)"))
 	}
 	return nil

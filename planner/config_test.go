@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/workerconfig"
 	"github.com/toolbus/toolbus/planner"
 )
 
@@ -20,8 +20,8 @@ func TestNewRefusesBadConfig(t *testing.T) {
 		want string // "" for accepted
 	}{
 		{"zero: every default", planner.Config{}, ""},
-		{"negative concurrency", planner.Config{WorkerConfig: events.WorkerConfig{Concurrency: -4}}, "planner: invalid config: Concurrency -4"},
-		{"ack wait under a second", planner.Config{WorkerConfig: events.WorkerConfig{AckWait: time.Millisecond}}, "planner: invalid config: AckWait 1ms"},
+		{"negative concurrency", planner.Config{WorkerConfig: workerconfig.WorkerConfig{Concurrency: -4}}, "planner: invalid config: Concurrency -4"},
+		{"ack wait under a second", planner.Config{WorkerConfig: workerconfig.WorkerConfig{AckWait: time.Millisecond}}, "planner: invalid config: AckWait 1ms"},
 		{"negative model timeout", planner.Config{ModelTimeout: -time.Second}, "planner: invalid config: ModelTimeout -1s: want more than 0s (0: default 2m0s)"},
 		{"negative max calls per step", planner.Config{MaxCallsPerStep: -1}, "planner: invalid config: MaxCallsPerStep -1: want 1 or more (0: default 128)"},
 	}
@@ -34,7 +34,7 @@ func TestNewRefusesBadConfig(t *testing.T) {
 				}
 				return
 			}
-			if err == nil || p != nil || !errors.Is(err, events.ErrInvalidConfig) || !strings.Contains(err.Error(), tc.want) {
+			if err == nil || p != nil || !errors.Is(err, workerconfig.ErrInvalidConfig) || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("New: %v, %v; want nil and an ErrInvalidConfig containing %q", p, err, tc.want)
 			}
 		})

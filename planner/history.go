@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"github.com/toolbus/toolbus"
+	"github.com/toolbus/toolbus/events/runlog"
 	"github.com/toolbus/toolbus/events/store"
 )
 
@@ -38,7 +39,7 @@ func (p *Planner) history(ctx context.Context, run string, step int, view stepVi
 	}
 	p.mu.Unlock()
 	if h == nil || h.upTo > step {
-		all, err := p.bus.History(ctx, run, step)
+		all, err := runlog.History(ctx, p.bus, run, step)
 		if err != nil {
 			return nil, err
 		}

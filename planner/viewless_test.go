@@ -19,7 +19,9 @@ import (
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
 	"github.com/toolbus/toolbus/events/provision"
+	"github.com/toolbus/toolbus/events/runlog"
 	"github.com/toolbus/toolbus/events/store"
+	"github.com/toolbus/toolbus/events/workerconfig"
 )
 
 // The planner plans a step without reading its view (the batched get on the history
@@ -100,7 +102,7 @@ func (e *viewEnv) planner(name string) *Planner {
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	p, err := New(e.pbus, e.model, cat, Config{WorkerConfig: events.WorkerConfig{Instance: name,
+	p, err := New(e.pbus, e.model, cat, Config{WorkerConfig: workerconfig.WorkerConfig{Instance: name,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}})
 	if err != nil {
 		e.t.Fatal(err)
@@ -260,7 +262,7 @@ func (e *viewEnv) wantHistoryFromStore(run string) {
 	if len(reqs) == 0 {
 		e.t.Fatal("the model was not asked for step 1")
 	}
-	want, err := e.admin.History(e.ctx, run, 1)
+	want, err := runlog.History(e.ctx, e.admin, run, 1)
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -368,7 +370,7 @@ func TestPlannerViewlessWithCarriedResults(t *testing.T) {
 		t.Errorf("step 2: %d batched and %d direct gets on the history bucket, want none", b, k)
 	}
 	reqs := e.model.requests(run, 2)
-	want, err := e.admin.History(e.ctx, run, 2)
+	want, err := runlog.History(e.ctx, e.admin, run, 2)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/decide"
 	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/runlog"
 )
 
 // question answers an executor in a team account the state of a question of a call of
@@ -35,9 +36,9 @@ func (s *Service) question(ctx context.Context, tool string, m *nats.Msg) *nats.
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		return notCalled
 	}
-	var evs []events.StoredEvent
+	var evs []runlog.StoredEvent
 	if err == nil {
-		evs, err = s.bus.RunEvents(ctx, q.RunID)
+		evs, err = runlog.Events(ctx, s.bus, q.RunID)
 	}
 	if err != nil {
 		return questionState(events.QuestionState{Error: "the run cannot be read: " + err.Error()})

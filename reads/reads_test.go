@@ -20,6 +20,7 @@ import (
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
 	"github.com/toolbus/toolbus/events/follow"
+	"github.com/toolbus/toolbus/events/runlog"
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/intake/intaketest"
 	"github.com/toolbus/toolbus/planner"
@@ -109,7 +110,7 @@ func TestClientAccountsReadTheirOwnRuns(t *testing.T) {
 	if _, err := alice.PublishApproval(ctx, "test", step, toolbus.Approval{RunID: "alice-1", CallID: "r1", Who: "alice"}, true); err != nil {
 		t.Fatal(err)
 	}
-	w, err := alice.Watch(ctx, events.SubjectRun("alice-1"), true)
+	w, err := runlog.Watch(ctx, alice, events.SubjectRun("alice-1"), true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -157,7 +158,7 @@ func TestClientAccountsReadTheirOwnRuns(t *testing.T) {
 		read func(*events.Bus) error
 	}{
 		{"run events", func(b *events.Bus) error {
-			evs, err := b.RunEvents(ctx, "alice-1")
+			evs, err := runlog.Events(ctx, b, "alice-1")
 			if err == nil && len(evs) == 0 {
 				return events.ErrNotFound
 			}
@@ -165,11 +166,11 @@ func TestClientAccountsReadTheirOwnRuns(t *testing.T) {
 		}},
 		{"run.started", func(b *events.Bus) error { _, err := b.RunStarted(ctx, "alice-1"); return err }},
 		{"last event", func(b *events.Bus) error {
-			_, err := b.LastEvent(ctx, events.SubjectRunEnded("alice-1", toolbus.RunCompleted))
+			_, err := runlog.Last(ctx, b, events.SubjectRunEnded("alice-1", toolbus.RunCompleted))
 			return err
 		}},
 		{"run state", func(b *events.Bus) error { _, _, err := b.Store().RunState(ctx, "alice-1"); return err }},
-		{"history", func(b *events.Bus) error { _, err := b.History(ctx, "alice-1", 1); return err }},
+		{"history", func(b *events.Bus) error { _, err := runlog.History(ctx, b, "alice-1", 1); return err }},
 		{"decision", func(b *events.Bus) error { _, err := b.Store().StepDecision(ctx, "alice-1", step, "r1"); return err }},
 	} {
 		if err := tc.read(alice); err != nil {
@@ -285,7 +286,7 @@ func TestClientAccountAnswersAndChecks(t *testing.T) {
 	alice := clientBus(t, ctx, connect("alice"), "alice")
 	bob := clientBus(t, ctx, connect("bob"), "bob")
 
-	if _, err := alice.Watch(ctx, events.FilterAll, true); !errors.Is(err, events.ErrOneRun) {
+	if _, err := runlog.Watch(ctx, alice, events.FilterAll, true); !errors.Is(err, events.ErrOneRun) {
 		t.Errorf("alice watches every run: %v, want ErrOneRun", err)
 	}
 	if err := alice.CheckBound(ctx, "alice"); err != nil {
@@ -331,7 +332,7 @@ func TestClientAccountAnswersAndChecks(t *testing.T) {
 	if _, err := alice.PublishEvent(ctx, events.ToolAnswerEvent("test", a)); err != nil {
 		t.Fatal(err)
 	}
-	w, err := alice.Watch(ctx, events.SubjectRun("alice-q"), true)
+	w, err := runlog.Watch(ctx, alice, events.SubjectRun("alice-q"), true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -393,7 +394,7 @@ func TestClientFollowsItsRunLive(t *testing.T) {
 		return err
 	})
 	var seen []string
-	next := func() (events.StoredEvent, error) {
+	next := func() (runlog.StoredEvent, error) {
 		for {
 			ev, ok, err := f.Next(ctx, time.Second)
 			if err != nil || ok {

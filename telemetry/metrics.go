@@ -312,7 +312,7 @@ func (m *Metrics) WatchQueues(bus *events.Bus, timeout time.Duration, log *slog.
 	}
 	if bus != nil && bus.TeamAccount() {
 		// The gauges are read from the queues' consumer infos, which the core exports to
-		// no team (a flood of them would time out every tenant's infos: events/teamqueue.go);
+		// no team (a flood of them would time out every tenant's infos: events/teamqueue);
 		// the core's roles export them.
 		return
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/toolbus/toolbus/audit"
 	"github.com/toolbus/toolbus/decide"
 	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/runlog"
 )
 
 // Printer renders a run's events as a human timeline.
@@ -146,14 +147,14 @@ func ResultLine(r toolbus.ToolResult) string {
 }
 
 // Print renders one event; it reports the run status and whether the run stopped.
-func (p *Printer) Print(ev events.StoredEvent) (status toolbus.RunStatus, done bool) {
+func (p *Printer) Print(ev runlog.StoredEvent) (status toolbus.RunStatus, done bool) {
 	if ev.Err == nil && ev.Meta.Type != events.TypeToolProgress && ev.Meta.Type != events.TypeToolLog &&
 		ev.Meta.Type != events.TypeToolQuestion && ev.Meta.Type != events.TypeToolAnswer {
 		p.last = ev.Meta.Type // a report or a log line changes nothing the run waits for
 	}
 	p.questions.Visit(ev)
 	v := audit.Visitor{
-		Undecodable: func(ev events.StoredEvent, err error) {
+		Undecodable: func(ev runlog.StoredEvent, err error) {
 			switch {
 			case errors.Is(ev.Err, events.ErrSubjectMismatch):
 				fmt.Fprintf(p.out, "  ! ignored %s #%d: %v\n", ev.Meta.Type, ev.Seq, err)
@@ -161,7 +162,7 @@ func (p *Printer) Print(ev events.StoredEvent) (status toolbus.RunStatus, done b
 				fmt.Fprintf(p.out, "  ? undecodable message on %s: %v\n", ev.Subject, err)
 			}
 		},
-		RunStarted: func(_ events.StoredEvent, rs toolbus.RunStarted) {
+		RunStarted: func(_ runlog.StoredEvent, rs toolbus.RunStarted) {
 			p.principal = rs.Principal.ID
 			q := ""
 			for _, m := range rs.Messages {
@@ -177,13 +178,13 @@ func (p *Printer) Print(ev events.StoredEvent) (status toolbus.RunStatus, done b
 			}
 			fmt.Fprintf(p.out, "run %s started: %q\n", rs.RunID, q)
 		},
-		ModelResponded: func(_ events.StoredEvent, mr toolbus.ModelResponded) { p.modelResponded(mr) },
-		ToolFinished: func(_ events.StoredEvent, tf toolbus.ToolFinished) {
+		ModelResponded: func(_ runlog.StoredEvent, mr toolbus.ModelResponded) { p.modelResponded(mr) },
+		ToolFinished: func(_ runlog.StoredEvent, tf toolbus.ToolFinished) {
 			delete(p.open, tf.CallID)
 			p.finished[callKey(tf.RunID, tf.Step, tf.CallID)] = true
 			fmt.Fprintln(p.out, ResultLine(tf.ToolResult))
 		},
-		ToolProgress: func(_ events.StoredEvent, tp toolbus.ToolProgress) {
+		ToolProgress: func(_ runlog.StoredEvent, tp toolbus.ToolProgress) {
 			if p.finished[callKey(tp.RunID, tp.Step, tp.CallID)] {
 				fmt.Fprintf(p.out, "  ! ignored tool.progress %d of %s %s: the call is not running (it has its result)\n", tp.Seq, tp.CallID, tp.Tool)
 				return
@@ -191,32 +192,32 @@ func (p *Printer) Print(ev events.StoredEvent) (status toolbus.RunStatus, done b
 			p.report(tp.CallID, tp.Tool, audit.ProgressText(tp))
 			fmt.Fprintf(p.out, "        .. %s %s %s\n", tp.CallID, tp.Tool, audit.ProgressText(tp))
 		},
-		ToolLog: func(_ events.StoredEvent, tl toolbus.ToolLog) {
+		ToolLog: func(_ runlog.StoredEvent, tl toolbus.ToolLog) {
 			if !p.finished[callKey(tl.RunID, tl.Step, tl.CallID)] {
 				p.report(tl.CallID, tl.Tool, "")
 				fmt.Fprintf(p.out, "        .. %s %s log %s: %s\n", tl.CallID, tl.Tool, tl.Level, oneLine(tl.Message, 100))
 			}
 		},
-		ToolRequested: func(_ events.StoredEvent, tr toolbus.ToolRequested) {
+		ToolRequested: func(_ runlog.StoredEvent, tr toolbus.ToolRequested) {
 			p.called[callKey(tr.RunID, tr.Step, tr.Call.CallID)] = tr.Call.Tool
 		},
-		ToolQuestion: func(_ events.StoredEvent, q toolbus.ToolQuestion) { p.toolQuestion(q) },
-		ToolAnswer:   func(_ events.StoredEvent, a toolbus.ToolAnswer) { p.toolAnswer(a) },
-		ToolWaiting:  func(_ events.StoredEvent, tw toolbus.ToolWaiting) { p.toolWaiting(tw) },
-		Approval: func(ev events.StoredEvent, a toolbus.Approval, _ bool) {
+		ToolQuestion: func(_ runlog.StoredEvent, q toolbus.ToolQuestion) { p.toolQuestion(q) },
+		ToolAnswer:   func(_ runlog.StoredEvent, a toolbus.ToolAnswer) { p.toolAnswer(a) },
+		ToolWaiting:  func(_ runlog.StoredEvent, tw toolbus.ToolWaiting) { p.toolWaiting(tw) },
+		Approval: func(ev runlog.StoredEvent, a toolbus.Approval, _ bool) {
 			delete(p.waiting, a.CallID) // decided: the call is issued again, or answered
 			p.approval(ev, a)
 		},
-		Cancel: func(events.StoredEvent, toolbus.Cancel) { fmt.Fprintln(p.out, "cancel requested") },
-		Timer: func(_ events.StoredEvent, t events.RunTimer) {
+		Cancel: func(runlog.StoredEvent, toolbus.Cancel) { fmt.Fprintln(p.out, "cancel requested") },
+		Timer: func(_ runlog.StoredEvent, t events.RunTimer) {
 			if p.Timers {
 				fmt.Fprintf(p.out, "deadline timer set: the run ends at %s if it still goes on\n", t.Deadline.UTC().Format(time.RFC3339))
 			}
 		},
-		Other: func(ev events.StoredEvent) {
+		Other: func(ev runlog.StoredEvent) {
 			fmt.Fprintf(p.out, "  ? event %s (unknown to this version of toolbus)\n", ev.Meta.Type)
 		},
-		RunEnded: func(_ events.StoredEvent, re toolbus.RunEnded) {
+		RunEnded: func(_ runlog.StoredEvent, re toolbus.RunEnded) {
 			fmt.Fprintf(p.out, "run %s: %s after %d step(s), %d tokens", re.RunID, re.Status, re.StepsUsed, re.Usage.Total())
 			if re.Code != "" {
 				fmt.Fprintf(p.out, " [%s]", re.Code)
@@ -315,7 +316,7 @@ func (p *Printer) report(callID, tool, what string) {
 }
 
 // approval prints a person's decision, with an edit's arguments or an answer.
-func (p *Printer) approval(ev events.StoredEvent, a toolbus.Approval) {
+func (p *Printer) approval(ev runlog.StoredEvent, a toolbus.Approval) {
 	line := fmt.Sprintf("        %s %s by %s %s", strings.TrimPrefix(ev.Meta.Type, "toolbus."), a.CallID, a.Who, a.Why)
 	if a.Arguments != "" {
 		line += " edited arguments: " + oneLine(a.Arguments, 80)

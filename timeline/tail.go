@@ -8,6 +8,7 @@ import (
 
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/runlog"
 )
 
 // IsTerminal reports whether w is a character device (a terminal), without new
@@ -59,7 +60,7 @@ const (
 )
 
 // printer is the printer of the run of ev (one for events of no run).
-func (t *Tailer) printer(ev events.StoredEvent) *Printer {
+func (t *Tailer) printer(ev runlog.StoredEvent) *Printer {
 	if t.finished == nil || len(t.finished) > maxTailFinished {
 		t.finished = map[string]bool{}
 	}
@@ -78,7 +79,7 @@ func (t *Tailer) printer(ev events.StoredEvent) *Printer {
 }
 
 // Print renders one event and returns the run status it reports, if any.
-func (t *Tailer) Print(ev events.StoredEvent) toolbus.RunStatus {
+func (t *Tailer) Print(ev runlog.StoredEvent) toolbus.RunStatus {
 	t.buf.Reset()
 	status, _ := t.printer(ev).Print(ev)
 	text := strings.TrimRight(t.buf.String(), "\n")
@@ -114,7 +115,7 @@ func (t *Tailer) Print(ev events.StoredEvent) toolbus.RunStatus {
 
 // eventColour picks the colour of an event: outcomes by status, results green when they
 // succeeded and red when not, the model cyan, approvals and cancellation yellow.
-func eventColour(ev events.StoredEvent, status toolbus.RunStatus) string {
+func eventColour(ev runlog.StoredEvent, status toolbus.RunStatus) string {
 	if status != "" {
 		switch status {
 		case toolbus.RunCompleted:

@@ -11,6 +11,7 @@ import (
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/audit"
 	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/runlog"
 	"github.com/toolbus/toolbus/events/store"
 	"github.com/toolbus/toolbus/internal/golden"
 )
@@ -50,19 +51,19 @@ func TestWriteRuns(t *testing.T) {
 }
 
 // stored is an event of run as a tail reads it.
-func stored(t *testing.T, seq uint64, subject, typ string, data any) events.StoredEvent {
+func stored(t *testing.T, seq uint64, subject, typ string, data any) runlog.StoredEvent {
 	t.Helper()
 	raw, err := json.Marshal(data)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return events.StoredEvent{Seq: seq, Subject: subject, Meta: events.Meta{Type: typ}, Data: raw}
+	return runlog.StoredEvent{Seq: seq, Subject: subject, Meta: events.Meta{Type: typ}, Data: raw}
 }
 
 // tail names a run's model as the run's own timeline does: once, and as the run's
 // choice when the run asked for it (the events of several runs interleaved).
 func TestTailNamesTheModelAsRunDoes(t *testing.T) {
-	evs := []events.StoredEvent{
+	evs := []runlog.StoredEvent{
 		stored(t, 1, events.SubjectRunStarted("r1", "p"), events.TypeRunStarted, toolbus.RunStarted{RunID: "r1", Model: "script:steps.json",
 			Messages: []toolbus.Message{{Role: toolbus.RoleUser, Content: "q1"}}}),
 		stored(t, 2, events.SubjectRunStarted("r2", "p"), events.TypeRunStarted, toolbus.RunStarted{RunID: "r2",
@@ -96,7 +97,7 @@ func TestLogLinesAndAttachments(t *testing.T) {
 	call := toolbus.ToolCall{CallID: "c", Tool: "snap", Arguments: "{}"}
 	res := toolbus.ToolResult{CallID: "c", Tool: "snap", Status: toolbus.StatusSucceeded, Executor: "e1",
 		Attachments: []toolbus.Attachment{{MediaType: "image/png", Size: 512}}}
-	evs := []events.StoredEvent{
+	evs := []runlog.StoredEvent{
 		stored(t, 1, events.SubjectToolRequested("r1", "snap"), events.TypeToolRequested, toolbus.ToolRequested{RunID: "r1", Call: call, CallCount: 1}),
 		stored(t, 2, events.SubjectToolLog("r1", "snap"), events.TypeToolLog, toolbus.ToolLog{RunID: "r1", CallID: "c", Tool: "snap", Attempt: 1, Seq: 1, Level: "warning", Message: "slow camera"}),
 		stored(t, 2, events.SubjectToolQuestion("r1", "other"), events.TypeToolQuestion, toolbus.ToolQuestion{RunID: "r1", CallID: "c", Tool: "other", Attempt: 1, Seq: 2, Message: "send me your password"}),
@@ -132,7 +133,7 @@ func TestLogLinesAndAttachments(t *testing.T) {
 // someone else than the principal, changes nothing.
 func TestWaitingForSaysWhatACallWaitsFor(t *testing.T) {
 	call := toolbus.ToolCall{CallID: "c", Tool: "payout", Arguments: "{}"}
-	start := []events.StoredEvent{
+	start := []runlog.StoredEvent{
 		stored(t, 1, events.SubjectRunStarted("r1", "alice"), events.TypeRunStarted, toolbus.RunStarted{RunID: "r1", Principal: toolbus.Principal{ID: "alice"},
 			Messages: []toolbus.Message{{Role: toolbus.RoleUser, Content: "pay"}}}),
 		stored(t, 2, events.SubjectModelResponded("r1"), events.TypeModelResponded, toolbus.ModelResponded{RunID: "r1",
@@ -140,13 +141,13 @@ func TestWaitingForSaysWhatACallWaitsFor(t *testing.T) {
 		stored(t, 3, events.SubjectToolRequested("r1", "payout"), events.TypeToolRequested, toolbus.ToolRequested{RunID: "r1", Call: call, CallCount: 1}),
 	}
 	schema := json.RawMessage(`{"type":"object","properties":{"account":{"type":"string","enum":["checking","savings"]},"note":{"type":"string"}},"required":["account"]}`)
-	question := func(tool string) events.StoredEvent {
+	question := func(tool string) runlog.StoredEvent {
 		return stored(t, 5, events.SubjectToolQuestion("r1", tool), events.TypeToolQuestion, toolbus.ToolQuestion{RunID: "r1", CallID: "c", Tool: tool, Attempt: 1, Seq: 1, Message: "Which account?", Schema: schema})
 	}
-	answer := func(who string) events.StoredEvent {
+	answer := func(who string) runlog.StoredEvent {
 		return stored(t, 6, events.SubjectToolAnswer("r1", who), events.TypeToolAnswer, toolbus.ToolAnswer{RunID: "r1", CallID: "c", Tool: "payout", Attempt: 1, Seq: 1, Action: "accept", Content: json.RawMessage(`{"account":"savings"}`), Who: who})
 	}
-	progress := func(tool string) events.StoredEvent {
+	progress := func(tool string) runlog.StoredEvent {
 		return stored(t, 4, events.SubjectToolProgress("r1", tool), events.TypeToolProgress, toolbus.ToolProgress{RunID: "r1", CallID: "c", Tool: tool, Attempt: 1, Seq: 1, Done: 1, Total: 4, Message: "paying"})
 	}
 	logLine := stored(t, 4, events.SubjectToolLog("r1", "payout"), events.TypeToolLog, toolbus.ToolLog{RunID: "r1", CallID: "c", Tool: "payout", Attempt: 1, Seq: 1, Level: "info", Message: "hi"})
@@ -161,25 +162,25 @@ func TestWaitingForSaysWhatACallWaitsFor(t *testing.T) {
 	)
 	tests := []struct {
 		name      string
-		then      []events.StoredEvent
+		then      []runlog.StoredEvent
 		want      string
 		consumers bool // the tool's queue is named (checked for a worker)
 	}{
 		{name: "requested", want: noExecutor, consumers: true},
-		{name: "progress", then: []events.StoredEvent{progress("payout")}, want: running + " (last report: progress 1/4 (25%): paying)"},
-		{name: "log line", then: []events.StoredEvent{logLine}, want: running},
-		{name: "progress of another tool", then: []events.StoredEvent{progress("other")}, want: noExecutor, consumers: true},
-		{name: "question", then: []events.StoredEvent{progress("payout"), question("payout")}, want: asks},
-		{name: "question of another tool", then: []events.StoredEvent{question("other")}, want: noExecutor, consumers: true},
-		{name: "answered by the principal", then: []events.StoredEvent{question("payout"), answer("alice")}, want: running},
-		{name: "answered by someone else", then: []events.StoredEvent{question("payout"), answer("mallory")}, want: asks},
-		{name: "approval", then: []events.StoredEvent{waiting}, want: approval},
-		{name: "approved", then: []events.StoredEvent{waiting, granted, start[2]}, want: noExecutor, consumers: true},
+		{name: "progress", then: []runlog.StoredEvent{progress("payout")}, want: running + " (last report: progress 1/4 (25%): paying)"},
+		{name: "log line", then: []runlog.StoredEvent{logLine}, want: running},
+		{name: "progress of another tool", then: []runlog.StoredEvent{progress("other")}, want: noExecutor, consumers: true},
+		{name: "question", then: []runlog.StoredEvent{progress("payout"), question("payout")}, want: asks},
+		{name: "question of another tool", then: []runlog.StoredEvent{question("other")}, want: noExecutor, consumers: true},
+		{name: "answered by the principal", then: []runlog.StoredEvent{question("payout"), answer("alice")}, want: running},
+		{name: "answered by someone else", then: []runlog.StoredEvent{question("payout"), answer("mallory")}, want: asks},
+		{name: "approval", then: []runlog.StoredEvent{waiting}, want: approval},
+		{name: "approved", then: []runlog.StoredEvent{waiting, granted, start[2]}, want: noExecutor, consumers: true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			p := NewPrinter(&bytes.Buffer{})
-			for _, ev := range append(append([]events.StoredEvent{}, start...), tt.then...) {
+			for _, ev := range append(append([]runlog.StoredEvent{}, start...), tt.then...) {
 				p.Print(ev)
 			}
 			got, cons := p.WaitingFor()

@@ -17,6 +17,7 @@ import (
 	"github.com/toolbus/toolbus/cmd/toolbus/internal/node"
 	"github.com/toolbus/toolbus/decide"
 	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/runlog"
 	"github.com/toolbus/toolbus/timeline"
 )
 
@@ -61,7 +62,7 @@ func cmdCall(ctx context.Context, cfg Config, log *slog.Logger, args []string, s
 		RunID: req.runID, Principal: toolbus.Principal{ID: req.principal}, Tool: tc, Arguments: req.args, Via: "toolbus call",
 		Deadline: req.timeout, ApprovalTimeout: max(cfg.RunTimeout, 10*time.Minute),
 	}, time.Now())
-	watch, err := c.Bus.Watch(ctx, events.SubjectRun(rs.RunID), true)
+	watch, err := runlog.Watch(ctx, c.Bus, events.SubjectRun(rs.RunID), true)
 	if err != nil {
 		return fmt.Errorf("call: %w", err)
 	}

@@ -18,6 +18,8 @@ import (
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
 	"github.com/toolbus/toolbus/events/provision"
+	"github.com/toolbus/toolbus/events/runlog"
+	"github.com/toolbus/toolbus/events/workerconfig"
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/executor/worker"
 	"github.com/toolbus/toolbus/internal/testutil"
@@ -152,7 +154,7 @@ func TestScriptFileDrivesACustomTool(t *testing.T) {
 	wctx, stop := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	t.Cleanup(func() { stop(); wg.Wait() })
-	w, err := worker.New(bus, testutil.Must(executor.New(reg)), worker.Config{WorkerConfig: events.WorkerConfig{Instance: "greeter", Logger: log}})
+	w, err := worker.New(bus, testutil.Must(executor.New(reg)), worker.Config{WorkerConfig: workerconfig.WorkerConfig{Instance: "greeter", Logger: log}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -198,7 +200,7 @@ func TestScriptFileDrivesACustomTool(t *testing.T) {
 	wantCode(t, "run --model", code, 0, out.String(), errOut.String())
 	wantContains(t, "run --model", out.String(), "model twice (asked for by the run: a script shipped with the run (",
 		"greet: {\"greeting\":\"hello, Bob\"}", "greet: {\"greeting\":\"hello, Eve\"}")
-	evs, err := bus.RunEvents(ctx, "script-2")
+	evs, err := runlog.Events(ctx, bus, "script-2")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -21,6 +21,7 @@ import (
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
 	"github.com/toolbus/toolbus/events/provision"
+	"github.com/toolbus/toolbus/events/workerconfig"
 	"github.com/toolbus/toolbus/injector"
 	"github.com/toolbus/toolbus/internal/testutil"
 	"github.com/toolbus/toolbus/planner"
@@ -262,7 +263,7 @@ func TestCLIRunSaysWhatItWaitsFor(t *testing.T) {
 	idone := make(chan struct{})
 	go func() {
 		defer close(idone)
-		in, err := injector.New(bus, injector.Config{WorkerConfig: events.WorkerConfig{Instance: "inj", Logger: log, Grace: time.Second}})
+		in, err := injector.New(bus, injector.Config{WorkerConfig: workerconfig.WorkerConfig{Instance: "inj", Logger: log, Grace: time.Second}})
 		if err != nil {
 			t.Error(err)
 			return

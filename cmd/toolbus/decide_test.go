@@ -11,6 +11,7 @@ import (
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/audit"
 	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/runlog"
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/planner"
 )
@@ -267,7 +268,7 @@ func TestRetryPolicyRefusesNonsense(t *testing.T) {
 
 func countEvents(t *testing.T, p *opsPipeline, run, typ string) int {
 	t.Helper()
-	evs, err := p.bus.RunEvents(p.ctx, run)
+	evs, err := runlog.Events(p.ctx, p.bus, run)
 	if err != nil {
 		t.Fatal(err)
 	}

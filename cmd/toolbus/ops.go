@@ -398,7 +398,7 @@ func cmdTail(ctx context.Context, cfg Config, log *slog.Logger, args []string, o
 			return nil
 		}
 	}
-	watch, err := tailWatch(ctx, c.Bus, run, filter, *all)
+	watch, err := follow.Tail(ctx, c.Bus, run, filter, *all)
 	if err != nil {
 		return fmt.Errorf("tail: %w", err)
 	}
@@ -424,22 +424,4 @@ func cmdTail(ctx context.Context, cfg Config, log *slog.Logger, args []string, o
 			return nil
 		}
 	}
-}
-
-// tailWatch follows filter: in a client account a started run is followed live through
-// the read service (follow.Run, pushed as stored), anything else, or when the
-// core serves no follow, by watching the stream (direct gets, polled).
-func tailWatch(ctx context.Context, bus *events.Bus, run, filter string, all bool) (interface {
-	Next(context.Context, time.Duration) (events.StoredEvent, bool, error)
-}, error) {
-	if bus.ClientAccount() && run != "" {
-		from := uint64(0)
-		if all {
-			from = 1
-		}
-		if f, err := follow.Run(ctx, bus, run, from); err == nil {
-			return f, nil
-		}
-	}
-	return bus.Watch(ctx, filter, all)
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/toolbus/toolbus/audit"
 	"github.com/toolbus/toolbus/audit/trail"
 	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/runlog"
 	"github.com/toolbus/toolbus/timeline"
 )
 
@@ -39,7 +40,7 @@ func cmdReplay(ctx context.Context, cfg Config, log *slog.Logger, args []string,
 		return err
 	}
 	defer c.Close()
-	evs, err := c.Bus.RunEvents(ctx, run)
+	evs, err := runlog.Events(ctx, c.Bus, run)
 	if err != nil {
 		return fmt.Errorf("replay: %w", err)
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/toolbus/toolbus/cmd/toolbus/internal/node"
 	"github.com/toolbus/toolbus/decide"
 	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/runlog"
 	"github.com/toolbus/toolbus/injector"
 	"github.com/toolbus/toolbus/planner/models"
 	"github.com/toolbus/toolbus/timeline"
@@ -65,7 +66,7 @@ func cmdRun(ctx context.Context, cfg Config, log *slog.Logger, args []string, ou
 	if err := callrun.CheckAllowed(wctx, c.Bus, rs.AllowedTools); err != nil {
 		return callRefusal("run: ", err)
 	}
-	watch, err := c.Bus.Watch(ctx, events.SubjectRun(rs.RunID), true)
+	watch, err := runlog.Watch(ctx, c.Bus, events.SubjectRun(rs.RunID), true)
 	if err != nil {
 		return fmt.Errorf("run: %w", err)
 	}
@@ -151,7 +152,7 @@ type runFollower struct {
 
 // follow prints the run's events from watch until its outcome; the exit code says
 // which (0 completed, 3 waiting for approval, 1 otherwise; 130 interrupted).
-func (f *runFollower) follow(ctx context.Context, watch *events.Watcher) error {
+func (f *runFollower) follow(ctx context.Context, watch *runlog.Watcher) error {
 	p := timeline.NewPrinter(f.out)
 	idleSince, lastHint := time.Now(), ""
 	for {

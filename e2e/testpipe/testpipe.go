@@ -18,6 +18,8 @@ import (
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
 	"github.com/toolbus/toolbus/events/provision"
+	"github.com/toolbus/toolbus/events/runlog"
+	"github.com/toolbus/toolbus/events/workerconfig"
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/executor/packs"
 	"github.com/toolbus/toolbus/executor/worker"
@@ -107,8 +109,8 @@ func startOn(t *testing.T, nc *nats.Conn, d time.Duration, model planner.Model, 
 	return p
 }
 
-func (p *Pipeline) worker(instance string) events.WorkerConfig {
-	return events.WorkerConfig{Instance: instance, Logger: p.Log, Grace: time.Second}
+func (p *Pipeline) worker(instance string) workerconfig.WorkerConfig {
+	return workerconfig.WorkerConfig{Instance: instance, Logger: p.Log, Grace: time.Second}
 }
 
 // ScriptByRun is a model that plans each run with the script named by its run id; a run
@@ -173,7 +175,7 @@ func (p *Pipeline) WaitTools(names ...string) {
 func (p *Pipeline) WaitEvent(run, typ string) {
 	p.t.Helper()
 	eventstest.Eventually(p.t, time.Minute, func() error {
-		evs, err := p.Bus.RunEvents(p.Ctx, run)
+		evs, err := runlog.Events(p.Ctx, p.Bus, run)
 		if err != nil {
 			return err
 		}

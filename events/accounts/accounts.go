@@ -166,7 +166,7 @@ func TeamExports(team string, tools []string) []Crossing {
 		next.Pull = true
 		ackV1, ackV2 := AckSubjects(queues, durable)
 		// No consumer info (nor any API the server answers from its one info queue, which
-		// a team could flood to time out everyone's: events/teamqueue.go): the pulls and
+		// a team could flood to time out everyone's: events/teamqueue): the pulls and
 		// their answers are all a team's executors need of the queue.
 		out = append(out,
 			next,

@@ -189,8 +189,8 @@ func (f *feed) drainRetired(now int64) {
 }
 
 // Puller is a consumer that pulls by itself and whose state cannot be asked (a team's
-// queue, events.TeamConsumer: the core exports no consumer info to a team, see
-// events/teamqueue.go). Its loop neither watches for a lost pull (it pulls again on
+// queue, teamqueue.Consumer: the core exports no consumer info to a team, see
+// events/teamqueue). Its loop neither watches for a lost pull (it pulls again on
 // the server's every answer and after two missed heartbeats) nor parks (it cannot ask
 // whether anything is unacknowledged, which no doorbell rings for).
 type Puller interface {

@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/runlog"
 )
 
 // Follower follows one run's events live through the core's read service, in a client
@@ -86,11 +87,11 @@ const followLost = 3 * events.FollowIdleEvery
 
 // Next returns the next event of the run, waiting at most wait for it; ok is false when
 // none came in that time. After the run's outcome it returns io.EOF.
-func (f *Follower) Next(ctx context.Context, wait time.Duration) (ev events.StoredEvent, ok bool, err error) {
+func (f *Follower) Next(ctx context.Context, wait time.Duration) (ev runlog.StoredEvent, ok bool, err error) {
 	deadline := time.Now().Add(wait)
 	for {
 		if f.ended {
-			return events.StoredEvent{}, false, io.EOF
+			return runlog.StoredEvent{}, false, io.EOF
 		}
 		if time.Since(f.heard) > followLost {
 			if f.lastEnded { // nothing comes after the outcome
@@ -98,13 +99,13 @@ func (f *Follower) Next(ctx context.Context, wait time.Duration) (ev events.Stor
 				continue
 			}
 			if err := f.request(ctx); err != nil {
-				return events.StoredEvent{}, false, err
+				return runlog.StoredEvent{}, false, err
 			}
 		}
 		left := min(time.Until(deadline), followLost-time.Since(f.heard))
 		if left <= 0 {
 			if time.Until(deadline) <= 0 {
-				return events.StoredEvent{}, false, nil
+				return runlog.StoredEvent{}, false, nil
 			}
 			continue
 		}
@@ -113,11 +114,11 @@ func (f *Follower) Next(ctx context.Context, wait time.Duration) (ev events.Stor
 		cancel()
 		switch {
 		case ctx.Err() != nil:
-			return events.StoredEvent{}, false, ctx.Err()
+			return runlog.StoredEvent{}, false, ctx.Err()
 		case errors.Is(err, context.DeadlineExceeded):
 			continue
 		case err != nil:
-			return events.StoredEvent{}, false, fmt.Errorf("events: follow %s: %w", f.run, err)
+			return runlog.StoredEvent{}, false, fmt.Errorf("events: follow %s: %w", f.run, err)
 		}
 		f.heard = time.Now()
 		switch st := m.Header.Get("Status"); st {
@@ -131,15 +132,15 @@ func (f *Follower) Next(ctx context.Context, wait time.Duration) (ev events.Stor
 			}
 			// The follow lasted its most: follow again from the next sequence.
 			if err := f.request(ctx); err != nil {
-				return events.StoredEvent{}, false, err
+				return runlog.StoredEvent{}, false, err
 			}
 			continue
 		default:
-			return events.StoredEvent{}, false, fmt.Errorf("events: follow %s: %s %s", f.run, st, m.Header.Get("Description"))
+			return runlog.StoredEvent{}, false, fmt.Errorf("events: follow %s: %s %s", f.run, st, m.Header.Get("Description"))
 		}
 		seq, err := strconv.ParseUint(m.Header.Get(jetstream.SequenceHeader), 10, 64)
 		if err != nil {
-			return events.StoredEvent{}, false, fmt.Errorf("events: follow %s: an event without its sequence: %w", f.run, err)
+			return runlog.StoredEvent{}, false, fmt.Errorf("events: follow %s: an event without its sequence: %w", f.run, err)
 		}
 		if seq < f.next {
 			continue // sent again by a follow from an earlier sequence
@@ -154,7 +155,7 @@ func (f *Follower) Next(ctx context.Context, wait time.Duration) (ev events.Stor
 			h.Del(k)
 		}
 		f.next = seq + 1
-		ev := events.StoredOf(&jetstream.RawStreamMsg{Subject: subject, Sequence: seq, Header: h, Data: m.Data, Time: ts})
+		ev := runlog.StoredOf(&jetstream.RawStreamMsg{Subject: subject, Sequence: seq, Header: h, Data: m.Data, Time: ts})
 		f.lastEnded = events.IsFinalOutcome(subject)
 		return ev, true, nil
 	}

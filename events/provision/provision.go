@@ -21,6 +21,7 @@ import (
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/seal"
 	"github.com/toolbus/toolbus/events/store"
+	"github.com/toolbus/toolbus/events/workerconfig"
 	"github.com/toolbus/toolbus/internal/retry"
 )
 
@@ -167,12 +168,12 @@ type setupOptions struct {
 // WithTools also creates the queue consumer of each tool (ToolConsumerConfig) and the
 // one of calls for unknown tools, so executors with least-privilege credentials only
 // bind to them. ackWait and maxAckPending are the executors' settings (the queues'
-// AckWait is events.QueueAckWait of ackWait and the setup's instance TTL).
+// AckWait is workerconfig.QueueAckWait of ackWait and the setup's instance TTL).
 func WithTools(tools []string, ackWait time.Duration, maxAckPending int) Option {
 	return func(o *setupOptions) {
 		o.tools = append(o.tools, tools...)
 		o.toolCfg = func(tool string, instanceTTL time.Duration) ConsumerConfig {
-			return ToolConsumerConfig(tool, events.QueueAckWait(ackWait, instanceTTL), maxAckPending)
+			return ToolConsumerConfig(tool, workerconfig.QueueAckWait(ackWait, instanceTTL), maxAckPending)
 		}
 	}
 }

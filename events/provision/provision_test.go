@@ -10,6 +10,7 @@ import (
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
 	"github.com/toolbus/toolbus/events/provision"
+	"github.com/toolbus/toolbus/events/runlog"
 )
 
 // Setup creates the stream, its read mirror, every bucket and the durable consumers of
@@ -152,7 +153,7 @@ func TestEventStreamReadsItsOwnWrites(t *testing.T) {
 						missed++
 						continue
 					}
-					if evs, err := bus.RunEvents(ctx, fmt.Sprintf("r%d", i+j)); err != nil || len(evs) != 1 {
+					if evs, err := runlog.Events(ctx, bus, fmt.Sprintf("r%d", i+j)); err != nil || len(evs) != 1 {
 						missed++
 					}
 				}
@@ -176,15 +177,15 @@ func TestBusOpenedBeforeTheMirrorKeepsReading(t *testing.T) {
 	}
 	reads := map[string]func(b *events.Bus) error{
 		"first event": func(b *events.Bus) error {
-			_, err := b.FirstEvent(ctx, events.SubjectRun("r"))
+			_, err := runlog.First(ctx, b, events.SubjectRun("r"))
 			return err
 		},
 		"last event": func(b *events.Bus) error {
-			_, err := b.LastEvent(ctx, events.SubjectRunStarted("r", "p"))
+			_, err := runlog.Last(ctx, b, events.SubjectRunStarted("r", "p"))
 			return err
 		},
 		"followed": func(b *events.Bus) error {
-			w, err := b.Watch(ctx, events.SubjectRun("r"), true)
+			w, err := runlog.Watch(ctx, b, events.SubjectRun("r"), true)
 			if err != nil {
 				return err
 			}

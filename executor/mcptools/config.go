@@ -4,12 +4,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/toolbus/toolbus/executor/mcptools/mcpauth"
 	"maps"
 	"os"
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/toolbus/toolbus/executor/mcptools/mcpauth"
 )
 
 // The configuration: the "mcpServers" file MCP hosts use, each server's tool policy,

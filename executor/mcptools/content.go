@@ -3,9 +3,10 @@ package mcptools
 import (
 	"encoding/json"
 	"fmt"
+	"strings"
+
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/toolbus/toolbus"
-	"strings"
 )
 
 // MCP content as a result: the attachments taken out of it, and the rest rendered as

@@ -2,14 +2,15 @@ package mcptools
 
 import (
 	"context"
-	"github.com/modelcontextprotocol/go-sdk/auth"
-	"github.com/modelcontextprotocol/go-sdk/mcp"
-	"github.com/toolbus/toolbus/executor/mcptools/mcpauth"
 	"maps"
 	"net/http"
 	"os"
 	"os/exec"
 	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/auth"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"github.com/toolbus/toolbus/executor/mcptools/mcpauth"
 )
 
 // Reaching a server: a fresh transport per connection, a stdio process or a streamable

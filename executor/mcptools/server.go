@@ -7,14 +7,15 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/internal/retry"
-	"log/slog"
-	"sync"
-	"time"
 )
 
 // One connected server: its session, kept up with backoff, its tools kept in line with

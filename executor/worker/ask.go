@@ -13,6 +13,7 @@ import (
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/decide"
 	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/runlog"
 	"github.com/toolbus/toolbus/executor"
 )
 
@@ -86,7 +87,7 @@ func (w *Worker) asker(req toolbus.ToolRequested, attempt int, lv leaseView) exe
 
 // questions reads the questions of run from the stream.
 func (w *Worker) questions(ctx context.Context, run string) (*decide.Questions, error) {
-	evs, err := w.bus.RunEvents(ctx, run)
+	evs, err := runlog.Events(ctx, w.bus, run)
 	if err != nil {
 		return nil, fmt.Errorf("executor: read the run's questions: %w", err)
 	}

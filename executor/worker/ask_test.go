@@ -12,6 +12,8 @@ import (
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
+	"github.com/toolbus/toolbus/events/runlog"
+	"github.com/toolbus/toolbus/events/workerconfig"
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/executor/worker"
 	"github.com/toolbus/toolbus/internal/testutil"
@@ -41,7 +43,7 @@ func TestAskDurable(t *testing.T) {
 	}
 	var logs testutil.Buffer
 	log := slog.New(slog.NewTextHandler(&logs, nil))
-	w, err := worker.New(bus, testutil.Must(executor.New(reg)), worker.Config{WorkerConfig: events.WorkerConfig{Instance: "ask", Logger: log}})
+	w, err := worker.New(bus, testutil.Must(executor.New(reg)), worker.Config{WorkerConfig: workerconfig.WorkerConfig{Instance: "ask", Logger: log}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -114,9 +116,9 @@ func TestAskDurable(t *testing.T) {
 					publish(events.ToolAnswerEvent("test", a))
 				}
 			}
-			var evs []events.StoredEvent
+			var evs []runlog.StoredEvent
 			eventstest.Eventually(t, 30*time.Second, func() error {
-				if evs, err = bus.RunEvents(ctx, run); err != nil {
+				if evs, err = runlog.Events(ctx, bus, run); err != nil {
 					return err
 				}
 				for _, e := range evs {

@@ -3,13 +3,14 @@ package worker
 import (
 	"context"
 	"errors"
+	"log/slog"
+	"time"
+
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/consume"
 	"github.com/toolbus/toolbus/events/store"
-	"log/slog"
-	"time"
 )
 
 // Claiming a call: a call runs at most once while the executor that claimed it holds

@@ -2,12 +2,13 @@ package worker
 
 import (
 	"fmt"
-	"github.com/toolbus/toolbus/events"
+	"time"
+
 	"github.com/toolbus/toolbus/events/consume"
 	"github.com/toolbus/toolbus/events/store"
+	"github.com/toolbus/toolbus/events/workerconfig"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/trace"
-	"time"
 )
 
 // The worker's configuration: its fields, their defaults and the ranges New accepts, and
@@ -20,7 +21,7 @@ type Config struct {
 	// WorkerConfig: Instance (default "executor"; names this process in results too),
 	// Concurrency (the most calls this worker runs at once), AckWait (the longest a
 	// call whose worker died waits before it is redelivered: the queues this worker
-	// creates wait events.QueueAckWait, no longer than the instance TTL; running calls
+	// creates wait workerconfig.QueueAckWait, no longer than the instance TTL; running calls
 	// send InProgress heartbeats every third of it; a queue that exists keeps its
 	// settings),
 	// MaxDeliver (the executions of one call, counted by its claim: each execution that
@@ -28,7 +29,7 @@ type Config struct {
 	// but reports tool_internal_error, so a call that keeps killing its executor still
 	// ends with exactly one result), Grace (for in-flight calls at shutdown before they
 	// are cancelled), Logger.
-	events.WorkerConfig
+	workerconfig.WorkerConfig
 	// Tools limits this deployment to a subset of the registry (empty: every tool).
 	// Each tool has one queue (a durable consumer, events.ToolConsumer) shared by every
 	// process that serves it, in any deployment, so subsets may overlap freely.
@@ -98,7 +99,7 @@ func (nopMetrics) CallFinished(string, string, string, time.Duration, bool) {}
 
 func (nopMetrics) ContractRefused(string) {}
 
-// Defaults of Config (the shared ones are events.DefaultConcurrency and its siblings).
+// Defaults of Config (the shared ones are workerconfig.DefaultConcurrency and its siblings).
 const (
 	// DefaultRunMaxInFlight is the default of Config.RunMaxInFlight.
 	DefaultRunMaxInFlight = 32
@@ -108,8 +109,8 @@ const (
 	DefaultInlineOutputMax = 256 << 10
 )
 
-// Validate reports the first field out of range (an *events.ConfigError wrapping
-// events.ErrInvalidConfig); zero values are valid.
+// Validate reports the first field out of range (an *workerconfig.ConfigError wrapping
+// workerconfig.ErrInvalidConfig); zero values are valid.
 func (c Config) Validate() error {
 	if err := c.WorkerConfig.Validate(); err != nil {
 		return fmt.Errorf("executor: %w", err)
@@ -117,15 +118,15 @@ func (c Config) Validate() error {
 	var err error
 	switch {
 	case c.MaxAckPending < 0:
-		err = events.InvalidField("MaxAckPending", c.MaxAckPending, fmt.Sprintf("1 or more (0: default %d)", DefaultMaxAckPending))
+		err = workerconfig.InvalidField("MaxAckPending", c.MaxAckPending, fmt.Sprintf("1 or more (0: default %d)", DefaultMaxAckPending))
 	case c.ProgressInterval < 0:
-		err = events.InvalidField("ProgressInterval", c.ProgressInterval, fmt.Sprintf("positive (0: default %s)", DefaultProgressInterval))
+		err = workerconfig.InvalidField("ProgressInterval", c.ProgressInterval, fmt.Sprintf("positive (0: default %s)", DefaultProgressInterval))
 	case c.InlineOutputMax < 0:
-		err = events.InvalidField("InlineOutputMax", c.InlineOutputMax, fmt.Sprintf("1 or more (0: default %d)", DefaultInlineOutputMax))
+		err = workerconfig.InvalidField("InlineOutputMax", c.InlineOutputMax, fmt.Sprintf("1 or more (0: default %d)", DefaultInlineOutputMax))
 	case c.Team != "" && !store.ValidTeam(c.Team):
 		// The team is a token of the instance records' keys, which per-team credentials
 		// are scoped by.
-		err = events.InvalidField("Team", c.Team, "1 to 32 of [a-z0-9_-], starting with a letter or digit (empty: no team)")
+		err = workerconfig.InvalidField("Team", c.Team, "1 to 32 of [a-z0-9_-], starting with a letter or digit (empty: no team)")
 	}
 	if err != nil {
 		return fmt.Errorf("executor: %w", err)

@@ -7,6 +7,7 @@ import (
 
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
+	"github.com/toolbus/toolbus/events/workerconfig"
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/executor/worker"
 	"github.com/toolbus/toolbus/internal/testutil"
@@ -24,8 +25,8 @@ func TestNewRefusesBadConfig(t *testing.T) {
 	}{
 		{"zero: every default", worker.Config{}, ""},
 		{"no fleet bound", worker.Config{RunMaxInFlight: -1}, ""},
-		{"negative concurrency", worker.Config{WorkerConfig: events.WorkerConfig{Concurrency: -1}}, "executor: invalid config: Concurrency -1"},
-		{"negative max deliver", worker.Config{WorkerConfig: events.WorkerConfig{MaxDeliver: -1}}, "executor: invalid config: MaxDeliver -1"},
+		{"negative concurrency", worker.Config{WorkerConfig: workerconfig.WorkerConfig{Concurrency: -1}}, "executor: invalid config: Concurrency -1"},
+		{"negative max deliver", worker.Config{WorkerConfig: workerconfig.WorkerConfig{MaxDeliver: -1}}, "executor: invalid config: MaxDeliver -1"},
 		{"negative max ack pending", worker.Config{MaxAckPending: -1}, "executor: invalid config: MaxAckPending -1: want 1 or more (0: default 1000)"},
 		{"negative inline output max", worker.Config{InlineOutputMax: -1}, "executor: invalid config: InlineOutputMax -1: want 1 or more (0: default 262144)"},
 	}
@@ -38,7 +39,7 @@ func TestNewRefusesBadConfig(t *testing.T) {
 				}
 				return
 			}
-			if err == nil || w != nil || !errors.Is(err, events.ErrInvalidConfig) || !strings.Contains(err.Error(), tc.want) {
+			if err == nil || w != nil || !errors.Is(err, workerconfig.ErrInvalidConfig) || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("New: %v, %v; want nil and an ErrInvalidConfig containing %q", w, err, tc.want)
 			}
 		})

@@ -16,7 +16,9 @@ import (
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
 	"github.com/toolbus/toolbus/events/provision"
+	"github.com/toolbus/toolbus/events/runlog"
 	"github.com/toolbus/toolbus/events/store"
+	"github.com/toolbus/toolbus/events/workerconfig"
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/executor/worker"
 	"github.com/toolbus/toolbus/intake"
@@ -102,7 +104,7 @@ func TestForeignOutputRefNotRead(t *testing.T) {
 		t.Fatal(err)
 	}
 	exec := testutil.Must(executor.New(reg, executor.WithInstance("alpha-1")))
-	w, err := worker.New(alphaBus, exec, worker.Config{WorkerConfig: events.WorkerConfig{Instance: "alpha-1", Logger: p.Log, Grace: time.Second}, Team: "alpha"})
+	w, err := worker.New(alphaBus, exec, worker.Config{WorkerConfig: workerconfig.WorkerConfig{Instance: "alpha-1", Logger: p.Log, Grace: time.Second}, Team: "alpha"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -193,7 +195,7 @@ func TestTeamOutputsBoundNoStall(t *testing.T) {
 		t.Fatal(err)
 	}
 	exec := testutil.Must(executor.New(reg, executor.WithInstance("alpha-1")))
-	w, err := worker.New(teamBus, exec, worker.Config{WorkerConfig: events.WorkerConfig{Instance: "alpha-1", Logger: p.Log, Grace: time.Second}, Team: "alpha"})
+	w, err := worker.New(teamBus, exec, worker.Config{WorkerConfig: workerconfig.WorkerConfig{Instance: "alpha-1", Logger: p.Log, Grace: time.Second}, Team: "alpha"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -203,7 +205,7 @@ func TestTeamOutputsBoundNoStall(t *testing.T) {
 		t.Helper()
 		p.SubmitAs(run, "alice", "go", toolbus.Limits{})
 		p.WaitStatus(run, toolbus.RunCompleted)
-		evs, err := p.Bus.RunEvents(p.Ctx, run)
+		evs, err := runlog.Events(p.Ctx, p.Bus, run)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -14,6 +14,8 @@ import (
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
 	"github.com/toolbus/toolbus/events/provision"
+	"github.com/toolbus/toolbus/events/runlog"
+	"github.com/toolbus/toolbus/events/workerconfig"
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/executor/worker"
 	"github.com/toolbus/toolbus/internal/testutil"
@@ -23,7 +25,7 @@ import (
 // connection is closed: no more heartbeats, no InProgress, as after kill -9) while the
 // executors keep the default AckWait (30 s). Another executor takes the call over and
 // finishes it about one instance TTL (1 s here) after the death, long before that ack
-// wait: the tool's queue waits events.QueueAckWait, no longer than the lease. The side
+// wait: the tool's queue waits workerconfig.QueueAckWait, no longer than the lease. The side
 // effect happens once (the dead attempt never reaches it), by attempt 2. Before, the
 // queue waited the full 30 s ack wait and the call was not finished within 20 s.
 func TestDeadExecutorsCallHandedOverWithinTheLease(t *testing.T) {
@@ -64,7 +66,7 @@ func TestDeadExecutorsCallHandedOverWithinTheLease(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		w, err := worker.New(b, newExec(), worker.Config{WorkerConfig: events.WorkerConfig{Instance: name,
+		w, err := worker.New(b, newExec(), worker.Config{WorkerConfig: workerconfig.WorkerConfig{Instance: name,
 			Grace: 100 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)}})
 		if err != nil {
 			t.Fatal(err)
@@ -103,7 +105,7 @@ func TestDeadExecutorsCallHandedOverWithinTheLease(t *testing.T) {
 	// Well under the executors' ack wait (30 s): only a queue that waits about one
 	// lease redelivers the call in time.
 	eventstest.Eventually(t, 20*time.Second, func() error {
-		evs, err := events.ReadEvents(ctx, bus.EventStream(), events.SubjectRun(run))
+		evs, err := runlog.Read(ctx, bus.EventStream(), events.SubjectRun(run))
 		if err != nil {
 			return err
 		}

@@ -2,10 +2,11 @@ package worker
 
 import (
 	"context"
+	"time"
+
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/store"
 	"github.com/toolbus/toolbus/internal/retry"
-	"time"
 )
 
 // The instance heartbeat: the record that holds this worker's lease, renewed every

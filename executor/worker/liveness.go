@@ -10,6 +10,8 @@ import (
 
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/provision"
+	"github.com/toolbus/toolbus/events/teamqueue"
+	"github.com/toolbus/toolbus/events/workerconfig"
 )
 
 // Liveness of a running call. Two signals say an executor is alive: its instance record,
@@ -19,13 +21,13 @@ import (
 // call, with no reply). When the executor dies both stop: the server redelivers the call
 // one AckWait after the last InProgress, and another executor takes the claim over once
 // the instance record expired, one TTL after the last renewal. The queues' AckWait is
-// events.QueueAckWait, no longer than the TTL, so the hand-over comes about one TTL
+// workerconfig.QueueAckWait, no longer than the TTL, so the hand-over comes about one TTL
 // (default 5 s) after the death, plus at most one claimPoll, whatever the tool's
 // HeartbeatTimeout: a tool that is alive but stuck is timed out by that instead.
 
 // wantAckWait is the AckWait of the queues this worker creates.
 func (w *Worker) wantAckWait() time.Duration {
-	return events.QueueAckWait(w.cfg.AckWait, w.bus.Store().InstanceTTL())
+	return workerconfig.QueueAckWait(w.cfg.AckWait, w.bus.Store().InstanceTTL())
 }
 
 // beatEvery is the period of the InProgress heartbeats of a call this worker holds: a
@@ -52,14 +54,14 @@ func (w *Worker) noteAckWait(tool string, ackWait time.Duration) {
 func (w *Worker) queue(ctx context.Context, tool string) (jetstream.Consumer, error) {
 	name := events.ToolConsumer(tool)
 	if w.bus.TeamAccount() {
-		// Bound without asking its info (events/teamqueue.go): a pull that takes nothing
+		// Bound without asking its info (events/teamqueue): a pull that takes nothing
 		// says whether the queue is there.
-		if err := w.bus.ProbeQueue(ctx, tool); errors.Is(err, events.ErrQueueUnreachable) {
+		if err := teamqueue.Probe(ctx, w.bus, tool); errors.Is(err, teamqueue.ErrUnreachable) {
 			return nil, &MissingQueuesError{Tools: []string{tool}, Err: err}
 		} else if err != nil {
 			return nil, fmt.Errorf("executor: queue %s: %w", name, err)
 		}
-		return w.bus.TeamQueue(tool, w.wantAckWait()), nil
+		return teamqueue.Open(w.bus, tool, w.wantAckWait()), nil
 	}
 	cons, err := w.bus.QueueStream().Consumer(ctx, name)
 	if err == nil {

@@ -15,6 +15,7 @@ import (
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
 	"github.com/toolbus/toolbus/events/provision"
+	"github.com/toolbus/toolbus/events/workerconfig"
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/executor/worker"
 	"github.com/toolbus/toolbus/internal/testutil"
@@ -50,7 +51,7 @@ func TestLivenessOfARunningCall(t *testing.T) {
 		}}); err != nil {
 		t.Fatal(err)
 	}
-	w, err := worker.New(bus, testutil.Must(executor.New(reg)), worker.Config{WorkerConfig: events.WorkerConfig{Instance: "exec-a",
+	w, err := worker.New(bus, testutil.Must(executor.New(reg)), worker.Config{WorkerConfig: workerconfig.WorkerConfig{Instance: "exec-a",
 		Grace: 100 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)}})
 	if err != nil {
 		t.Fatal(err)
@@ -73,7 +74,7 @@ func TestLivenessOfARunningCall(t *testing.T) {
 		t.Fatal(err)
 	}
 	ackWait := cons.CachedInfo().Config.AckWait
-	if want := events.QueueAckWait(0, ttl); ackWait != want {
+	if want := workerconfig.QueueAckWait(0, ttl); ackWait != want {
 		t.Fatalf("queue AckWait %v, want %v (QueueAckWait of the default AckWait and the TTL)", ackWait, want)
 	}
 	nc, _ := tb.Connect(t)

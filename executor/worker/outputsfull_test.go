@@ -8,6 +8,7 @@ import (
 	"github.com/toolbus/toolbus/audit"
 	"github.com/toolbus/toolbus/e2e/testpipe"
 	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/runlog"
 	"github.com/toolbus/toolbus/planner"
 )
 
@@ -25,7 +26,7 @@ func TestFullOutputsBucketStallsNoCall(t *testing.T) {
 		testpipe.Options{Bus: events.Config{OutputsMaxBytes: 400 << 10}})
 	result := func(run string) *toolbus.ToolResult {
 		t.Helper()
-		evs, err := p.Bus.RunEvents(p.Ctx, run)
+		evs, err := runlog.Events(p.Ctx, p.Bus, run)
 		if err != nil {
 			t.Fatal(err)
 		}

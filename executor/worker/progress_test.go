@@ -10,6 +10,8 @@ import (
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
+	"github.com/toolbus/toolbus/events/runlog"
+	"github.com/toolbus/toolbus/events/workerconfig"
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/executor/worker"
 	"github.com/toolbus/toolbus/internal/testutil"
@@ -40,7 +42,7 @@ func TestProgressPublishedThrottled(t *testing.T) {
 		}}); err != nil {
 		t.Fatal(err)
 	}
-	w, err := worker.New(bus, testutil.Must(executor.New(reg)), worker.Config{WorkerConfig: events.WorkerConfig{Instance: "prog"}, ProgressInterval: 100 * time.Millisecond})
+	w, err := worker.New(bus, testutil.Must(executor.New(reg)), worker.Config{WorkerConfig: workerconfig.WorkerConfig{Instance: "prog"}, ProgressInterval: 100 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -61,9 +63,9 @@ func TestProgressPublishedThrottled(t *testing.T) {
 		RunID: run, Step: 0, CallIndex: 0, CallCount: 1, Call: toolbus.ToolCall{CallID: "c0", Tool: "crawl", Arguments: `{}`}}, true)); err != nil {
 		t.Fatal(err)
 	}
-	var evs []events.StoredEvent
+	var evs []runlog.StoredEvent
 	eventstest.Eventually(t, 60*time.Second, func() error {
-		if evs, err = bus.RunEvents(ctx, run); err != nil {
+		if evs, err = runlog.Events(ctx, bus, run); err != nil {
 			return err
 		}
 		for _, e := range evs {

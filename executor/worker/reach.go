@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/teamqueue"
 )
 
 // reachEvery is the period of the reach check. A tool revoked from a team (`toolbus
@@ -18,7 +19,7 @@ import (
 // responders" (the pulls too, but those are renewed only every minute or two, and a
 // parked queue asks nothing for ParkCheck). So every reachEvery the worker asks the
 // server about one of its tools' queues in turn (in a team account a pull that takes
-// nothing, events.Bus.ProbeQueue, which the consumer answers itself; in the core account
+// nothing, teamqueue.Probe, which the consumer answers itself; in the core account
 // its consumer info: a constant cost whatever the number of tools, next to the lease's
 // renewal every second); a queue
 // answered "no responders" makes the worker stop offering its tool: the instance record
@@ -73,7 +74,7 @@ func (w *Worker) probe(ctx context.Context, tool string) error {
 	ictx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	if w.bus.TeamAccount() {
-		return w.bus.ProbeQueue(ictx, tool) // a team may not ask the consumer's info
+		return teamqueue.Probe(ictx, w.bus, tool) // a team may not ask the consumer's info
 	}
 	_, err := w.bus.QueueStream().Consumer(ictx, events.ToolConsumer(tool))
 	return err
@@ -81,7 +82,7 @@ func (w *Worker) probe(ctx context.Context, tool string) error {
 
 // queueGone reports whether err of a probe says nothing answers the queue.
 func (w *Worker) queueGone(err error) bool {
-	return errors.Is(err, nats.ErrNoResponders) || errors.Is(err, events.ErrQueueUnreachable)
+	return errors.Is(err, nats.ErrNoResponders) || errors.Is(err, teamqueue.ErrUnreachable)
 }
 
 // checkReach asks the server about tool's queue and drops (confirmed: reachConfirm) or

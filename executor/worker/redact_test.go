@@ -12,6 +12,8 @@ import (
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
+	"github.com/toolbus/toolbus/events/runlog"
+	"github.com/toolbus/toolbus/events/workerconfig"
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/executor/worker"
 	"github.com/toolbus/toolbus/internal/testutil"
@@ -41,7 +43,7 @@ func TestSecretsNeverStored(t *testing.T) {
 		t.Fatal(err)
 	}
 	ex := testutil.Must(executor.New(reg, executor.WithSecrets(password)))
-	w, err := worker.New(bus, ex, worker.Config{WorkerConfig: events.WorkerConfig{Instance: "redact"}, ProgressInterval: 10 * time.Millisecond})
+	w, err := worker.New(bus, ex, worker.Config{WorkerConfig: workerconfig.WorkerConfig{Instance: "redact"}, ProgressInterval: 10 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -62,9 +64,9 @@ func TestSecretsNeverStored(t *testing.T) {
 		RunID: run, Step: 0, CallIndex: 0, CallCount: 1, Call: toolbus.ToolCall{CallID: "c0", Tool: "login", Arguments: `{}`}}, true)); err != nil {
 		t.Fatal(err)
 	}
-	var evs []events.StoredEvent
+	var evs []runlog.StoredEvent
 	eventstest.Eventually(t, 60*time.Second, func() error {
-		if evs, err = bus.RunEvents(ctx, run); err != nil {
+		if evs, err = runlog.Events(ctx, bus, run); err != nil {
 			return err
 		}
 		for _, e := range evs {

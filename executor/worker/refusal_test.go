@@ -21,7 +21,9 @@ import (
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
 	"github.com/toolbus/toolbus/events/provision"
+	"github.com/toolbus/toolbus/events/runlog"
 	"github.com/toolbus/toolbus/events/store"
+	"github.com/toolbus/toolbus/events/workerconfig"
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/executor/worker"
 	"github.com/toolbus/toolbus/intake"
@@ -102,7 +104,7 @@ func TestTeamResultOverQuotaRetried(t *testing.T) {
 		t.Fatal(err)
 	}
 	exec := testutil.Must(executor.New(reg, executor.WithLogger(log), executor.WithInstance("alpha-1")))
-	w, err := worker.New(teamBus, exec, worker.Config{WorkerConfig: events.WorkerConfig{Instance: "alpha-1", Logger: log, Grace: time.Second}, Team: "alpha"})
+	w, err := worker.New(teamBus, exec, worker.Config{WorkerConfig: workerconfig.WorkerConfig{Instance: "alpha-1", Logger: log, Grace: time.Second}, Team: "alpha"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -120,7 +122,7 @@ func TestTeamResultOverQuotaRetried(t *testing.T) {
 	if !strings.Contains(logs.String(), `op="publish the result"`) || !strings.Contains(logs.String(), "quota_exceeded") {
 		t.Errorf("the result was not refused over the quota and sent again; the executor logged:\n%s", logs.String())
 	}
-	evs, err := p.Bus.RunEvents(p.Ctx, "quota-1")
+	evs, err := runlog.Events(p.Ctx, p.Bus, "quota-1")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -158,7 +160,7 @@ func TestRefusedWriteNotRetried(t *testing.T) {
 		t.Fatal(err)
 	}
 	reg := executor.NewRegistry()
-	w, err := worker.New(teamBus, testutil.Must(executor.New(reg)), worker.Config{WorkerConfig: events.WorkerConfig{Instance: "alpha-1", Logger: testutil.Logger()}, Team: "alpha"})
+	w, err := worker.New(teamBus, testutil.Must(executor.New(reg)), worker.Config{WorkerConfig: workerconfig.WorkerConfig{Instance: "alpha-1", Logger: testutil.Logger()}, Team: "alpha"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -234,7 +236,7 @@ func TestLeaseRenewedUnderQuota(t *testing.T) {
 		t.Fatal(err)
 	}
 	w, err := worker.New(teamBus, testutil.Must(executor.New(executor.NewRegistry())),
-		worker.Config{WorkerConfig: events.WorkerConfig{Instance: "alpha-1", Logger: testutil.Logger()}, Team: "alpha"})
+		worker.Config{WorkerConfig: workerconfig.WorkerConfig{Instance: "alpha-1", Logger: testutil.Logger()}, Team: "alpha"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -272,7 +274,7 @@ func TestSyncUnderQuota(t *testing.T) {
 		}
 	}
 	w := testutil.Must(worker.New(teamBus, testutil.Must(executor.New(reg)),
-		worker.Config{WorkerConfig: events.WorkerConfig{Instance: "alpha-1", Logger: testutil.Logger(), Grace: time.Second}, Team: "alpha"}))
+		worker.Config{WorkerConfig: workerconfig.WorkerConfig{Instance: "alpha-1", Logger: testutil.Logger(), Grace: time.Second}, Team: "alpha"}))
 	runCtx, stop := context.WithCancel(ctx)
 	ended := make(chan error, 1)
 	go func() { ended <- w.Run(runCtx) }()

@@ -17,6 +17,7 @@ import (
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
 	"github.com/toolbus/toolbus/events/provision"
+	"github.com/toolbus/toolbus/events/workerconfig"
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/executor/worker"
 	"github.com/toolbus/toolbus/intake"
@@ -84,7 +85,7 @@ func TestTeamAccountRevokedTool(t *testing.T) {
 		t.Fatal(err)
 	}
 	exec := testutil.Must(executor.New(reg, executor.WithLogger(log), executor.WithInstance("alpha-1")))
-	w, err := worker.New(teamBus, exec, worker.Config{WorkerConfig: events.WorkerConfig{Instance: "alpha-1", Logger: log, Grace: time.Second}, Team: "alpha"})
+	w, err := worker.New(teamBus, exec, worker.Config{WorkerConfig: workerconfig.WorkerConfig{Instance: "alpha-1", Logger: log, Grace: time.Second}, Team: "alpha"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/toolbus/toolbus/connect"
 	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/workerconfig"
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/telemetry"
 )
@@ -25,7 +26,7 @@ type EnvConfig struct {
 	// WorkerConfig: TOOLBUS_INSTANCE (default host-pid), TOOLBUS_CONCURRENCY,
 	// TOOLBUS_ACK_WAIT, TOOLBUS_MAX_DELIVER, TOOLBUS_GRACE (unset: the defaults of
 	// package events).
-	events.WorkerConfig
+	workerconfig.WorkerConfig
 	// Settings: TOOLBUS_EXECUTOR_TOOLS, TOOLBUS_TEAM, TOOLBUS_EXECUTOR_REPLACE_CONTRACTS,
 	// TOOLBUS_EXECUTOR_PROGRESS_INTERVAL, TOOLBUS_EXECUTOR_PARK_AFTER,
 	// TOOLBUS_CALL_TIMEOUT, TOOLBUS_MAX_OUTPUT_BYTES: the binary's executor settings.

@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/toolbus/toolbus/connect"
-	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/workerconfig"
 	"github.com/toolbus/toolbus/executor"
 )
 
@@ -29,15 +29,15 @@ func (s Settings) Validate() error {
 	var err error
 	switch {
 	case s.CallTimeout < 0:
-		err = events.InvalidField("CallTimeout", s.CallTimeout, "0s (the tool's own) or more")
+		err = workerconfig.InvalidField("CallTimeout", s.CallTimeout, "0s (the tool's own) or more")
 	case s.MaxOutput < 0:
-		err = events.InvalidField("MaxOutput", s.MaxOutput, "1 or more")
+		err = workerconfig.InvalidField("MaxOutput", s.MaxOutput, "1 or more")
 	}
 	return err
 }
 
 // Config is the worker configuration of these settings on the shared ones.
-func (s Settings) Config(wc events.WorkerConfig) Config {
+func (s Settings) Config(wc workerconfig.WorkerConfig) Config {
 	return Config{WorkerConfig: wc, Tools: s.ExecutorTools, Team: s.Team, ReplaceContracts: s.ReplaceContracts,
 		ProgressInterval: s.ProgressInterval, ParkAfter: s.ParkAfter}
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
 	"github.com/toolbus/toolbus/events/provision"
+	"github.com/toolbus/toolbus/events/workerconfig"
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/executor/worker"
 )
@@ -89,7 +90,7 @@ func TestServeReadsTheExecutorSettings(t *testing.T) {
 // TestServeRefusesBadSettings: Serve refuses what the binary refuses, naming the value.
 func TestServeRefusesBadSettings(t *testing.T) {
 	t.Setenv("TOOLBUS_CALL_TIMEOUT", "-1s")
-	if _, err := worker.LoadEnv(); !errors.Is(err, events.ErrInvalidConfig) || !strings.Contains(err.Error(), "CallTimeout") {
+	if _, err := worker.LoadEnv(); !errors.Is(err, workerconfig.ErrInvalidConfig) || !strings.Contains(err.Error(), "CallTimeout") {
 		t.Fatalf("LoadEnv with a negative call timeout: %v", err)
 	}
 }

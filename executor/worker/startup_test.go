@@ -12,6 +12,7 @@ import (
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
 	"github.com/toolbus/toolbus/events/provision"
+	"github.com/toolbus/toolbus/events/workerconfig"
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/executor/worker"
 	"github.com/toolbus/toolbus/intake/intaketest"
@@ -68,7 +69,7 @@ func TestTeamExecutorWaitsForTheWriteService(t *testing.T) {
 		t.Fatal(err)
 	}
 	exec := testutil.Must(executor.New(reg, executor.WithLogger(log), executor.WithInstance("alpha-1")))
-	w := testutil.Must(worker.New(teamBus, exec, worker.Config{WorkerConfig: events.WorkerConfig{Instance: "alpha-1", Logger: log, Grace: time.Second}, Team: "alpha"}))
+	w := testutil.Must(worker.New(teamBus, exec, worker.Config{WorkerConfig: workerconfig.WorkerConfig{Instance: "alpha-1", Logger: log, Grace: time.Second}, Team: "alpha"}))
 	runCtx, stop := context.WithCancel(ctx)
 	ended := make(chan error, 1)
 	go func() { ended <- w.Run(runCtx) }()

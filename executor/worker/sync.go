@@ -4,12 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"time"
+
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/toolbus/toolbus/events/consume"
 	"github.com/toolbus/toolbus/events/store"
 	"github.com/toolbus/toolbus/executor"
-	"slices"
-	"time"
 )
 
 // The served tools: which tools this worker serves now, their contracts in the catalog,

@@ -11,6 +11,8 @@ import (
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
+	"github.com/toolbus/toolbus/events/runlog"
+	"github.com/toolbus/toolbus/events/workerconfig"
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/executor/worker"
 	"github.com/toolbus/toolbus/internal/testutil"
@@ -33,7 +35,7 @@ func TestSyncDuringCalls(t *testing.T) {
 	if err := reg.Register(echoTool("echo")); err != nil {
 		t.Fatal(err)
 	}
-	w, err := worker.New(bus, testutil.Must(executor.New(reg)), worker.Config{WorkerConfig: events.WorkerConfig{Instance: "sync", Concurrency: 8}})
+	w, err := worker.New(bus, testutil.Must(executor.New(reg)), worker.Config{WorkerConfig: workerconfig.WorkerConfig{Instance: "sync", Concurrency: 8}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -79,7 +81,7 @@ func TestSyncDuringCalls(t *testing.T) {
 		}
 	}
 	eventstest.Eventually(t, 60*time.Second, func() error {
-		evs, err := bus.RunEvents(ctx, run)
+		evs, err := runlog.Events(ctx, bus, run)
 		if err != nil {
 			return err
 		}

@@ -17,6 +17,8 @@ import (
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
 	"github.com/toolbus/toolbus/events/provision"
+	"github.com/toolbus/toolbus/events/runlog"
+	"github.com/toolbus/toolbus/events/workerconfig"
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/executor/worker"
 	"github.com/toolbus/toolbus/intake/intaketest"
@@ -65,7 +67,7 @@ func TestTeamAccountAsks(t *testing.T) {
 		t.Fatal(err)
 	}
 	exec := testutil.Must(executor.New(reg, executor.WithLogger(p.Log), executor.WithInstance("alpha-1")))
-	w := testutil.Must(worker.New(teamBus, exec, worker.Config{WorkerConfig: events.WorkerConfig{Instance: "alpha-1", Logger: p.Log, Grace: time.Second}, Team: "alpha"}))
+	w := testutil.Must(worker.New(teamBus, exec, worker.Config{WorkerConfig: workerconfig.WorkerConfig{Instance: "alpha-1", Logger: p.Log, Grace: time.Second}, Team: "alpha"}))
 	p.Roles.Go("alpha-1", w.Run)
 	p.WaitTools("pick")
 
@@ -83,7 +85,7 @@ func TestTeamAccountAsks(t *testing.T) {
 	}
 	close(ready)
 	eventstest.Eventually(t, time.Minute, func() error {
-		_, err := p.Bus.LastEvent(p.Ctx, events.SubjectToolQuestion("ask-1", "pick"))
+		_, err := runlog.Last(p.Ctx, p.Bus, events.SubjectToolQuestion("ask-1", "pick"))
 		return err
 	})
 	// Beta asks again, after alpha, the call's next question: `toolbus answer` and the
@@ -93,7 +95,7 @@ func TestTeamAccountAsks(t *testing.T) {
 		t.Fatal(err)
 	}
 	eventstest.Eventually(t, time.Minute, func() error {
-		_, err := p.Bus.LastEvent(p.Ctx, events.SubjectToolQuestion("ask-1", "other"))
+		_, err := runlog.Last(p.Ctx, p.Bus, events.SubjectToolQuestion("ask-1", "other"))
 		return err
 	})
 	if q, err := decide.OpenQuestion(p.Ctx, p.Bus, "ask-1", "q1"); err != nil || q.Tool != "pick" || q.Message != "which color?" {
@@ -121,7 +123,7 @@ func TestTeamAccountAsks(t *testing.T) {
 	answer("mallory", "black")
 	answer("alice", "green")
 	p.WaitStatus("ask-1", toolbus.RunCompleted)
-	evs, err := p.Bus.RunEvents(p.Ctx, "ask-1")
+	evs, err := runlog.Events(p.Ctx, p.Bus, "ask-1")
 	if err != nil {
 		t.Fatal(err)
 	}

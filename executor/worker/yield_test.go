@@ -12,7 +12,9 @@ import (
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
+	"github.com/toolbus/toolbus/events/runlog"
 	"github.com/toolbus/toolbus/events/store"
+	"github.com/toolbus/toolbus/events/workerconfig"
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/executor/worker"
 	"github.com/toolbus/toolbus/internal/testutil"
@@ -55,7 +57,7 @@ func TestTakeOverYieldsToALateResult(t *testing.T) {
 			}
 		})
 	})
-	w, err := worker.New(bus, testutil.Must(executor.New(reg)), worker.Config{WorkerConfig: events.WorkerConfig{Instance: "exec-b"}})
+	w, err := worker.New(bus, testutil.Must(executor.New(reg)), worker.Config{WorkerConfig: workerconfig.WorkerConfig{Instance: "exec-b"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -99,7 +101,7 @@ func TestTakeOverYieldsToALateResult(t *testing.T) {
 	if n := ran.Load(); n != 0 {
 		t.Errorf("the tool ran %d times after the take-over, want 0", n)
 	}
-	evs, err := events.ReadEvents(ctx, bus.EventStream(), events.SubjectRun(run))
+	evs, err := runlog.Read(ctx, bus.EventStream(), events.SubjectRun(run))
 	if err != nil {
 		t.Fatal(err)
 	}

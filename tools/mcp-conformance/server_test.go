@@ -21,6 +21,7 @@ import (
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
 	"github.com/toolbus/toolbus/events/provision"
+	"github.com/toolbus/toolbus/events/workerconfig"
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/executor/worker"
 	"github.com/toolbus/toolbus/injector"
@@ -164,8 +165,8 @@ func startDoor(t *testing.T) string {
 		t.Fatal(err)
 	}
 	roles := testutil.NewGroup(t, ctx)
-	wc := func(instance string) events.WorkerConfig {
-		return events.WorkerConfig{Instance: instance, Logger: log, Grace: time.Second}
+	wc := func(instance string) workerconfig.WorkerConfig {
+		return workerconfig.WorkerConfig{Instance: instance, Logger: log, Grace: time.Second}
 	}
 	exec := testutil.Must(executor.New(reg, executor.WithLogger(log), executor.WithInstance("fixtures-1")))
 	// The progress scenario expects each of three reports 50ms apart: the fixtures'

@@ -135,7 +135,7 @@ func TestTenantLimits(t *testing.T) {
 }
 
 // pullCall takes one call of tool's queue as a team's executors do: a pull, no consumer
-// info (the core exports none to a team, events/teamqueue.go). It returns the call, or
+// info (the core exports none to a team, events/teamqueue). It returns the call, or
 // why there is none: nats.ErrNoResponders when the queue is not reachable with nc's
 // credentials, the pull's status otherwise.
 func pullCall(nc *nats.Conn, tool string, wait time.Duration) (*nats.Msg, error) {

@@ -408,8 +408,8 @@ func show(ms []*nats.Msg) string {
 // the core's infos and the other teams'. Now no team crossing is meant for an endpoint
 // of the core's JetStream API (only pulls, acknowledgements and direct gets, which the
 // consumer and the stream answer themselves; the executors learn from the pulls' answers:
-// events/teamqueue.go), alpha's flood of its former info import reaches nothing, and
-// during it beta's pull that takes nothing (events.Bus.ProbeQueue) and the core's
+// events/teamqueue), alpha's flood of its former info import reaches nothing, and
+// during it beta's pull that takes nothing (teamqueue.Probe) and the core's
 // consumer and stream infos are all answered. The control: the same requests before the
 // flood. On the imports before the fix the core's infos failed during the flood.
 func TestOutsiderAPIFloodStarvesOthers(t *testing.T) {

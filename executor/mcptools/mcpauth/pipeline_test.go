@@ -22,6 +22,8 @@ import (
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
 	"github.com/toolbus/toolbus/events/provision"
+	"github.com/toolbus/toolbus/events/runlog"
+	"github.com/toolbus/toolbus/events/workerconfig"
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/executor/mcptools"
 	"github.com/toolbus/toolbus/executor/mcptools/mcpauth"
@@ -199,8 +201,8 @@ func TestOAuthRunLeavesNoCredential(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(p.Close)
-	wc := func(name string) events.WorkerConfig {
-		return events.WorkerConfig{Instance: name, Logger: exec.Logger(), Grace: time.Second}
+	wc := func(name string) workerconfig.WorkerConfig {
+		return workerconfig.WorkerConfig{Instance: name, Logger: exec.Logger(), Grace: time.Second}
 	}
 	roles := testutil.NewGroup(t, ctx)
 	roles.Go("exec-1", testutil.Must(worker.New(bus, exec, worker.Config{WorkerConfig: wc("exec-1")})).Run)
@@ -225,7 +227,7 @@ func TestOAuthRunLeavesNoCredential(t *testing.T) {
 		Messages: []toolbus.Message{{Role: toolbus.RoleUser, Content: "leak"}}}); err != nil {
 		t.Fatal(err)
 	}
-	var evs []events.StoredEvent
+	var evs []runlog.StoredEvent
 	eventstest.Eventually(t, time.Minute, func() error {
 		st, _, err := bus.Store().RunState(ctx, "oauth-run")
 		if err != nil {
@@ -234,7 +236,7 @@ func TestOAuthRunLeavesNoCredential(t *testing.T) {
 		if st.Status != toolbus.RunCompleted {
 			return fmt.Errorf("run is %s", st.Status)
 		}
-		evs, err = bus.RunEvents(ctx, "oauth-run")
+		evs, err = runlog.Events(ctx, bus, "oauth-run")
 		return err
 	})
 

@@ -14,7 +14,9 @@ import (
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
 	"github.com/toolbus/toolbus/events/provision"
+	"github.com/toolbus/toolbus/events/runlog"
 	"github.com/toolbus/toolbus/events/store"
+	"github.com/toolbus/toolbus/events/workerconfig"
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/executor/mcptools"
 	"github.com/toolbus/toolbus/executor/mcptools/mcpauth"
@@ -68,7 +70,7 @@ func TestSharedTokenRenewedOnceForAllInstances(t *testing.T) {
 		}
 		t.Cleanup(p.Close)
 		// One call at a time: the two calls of a step go one to each instance.
-		roles.Go(name, testutil.Must(worker.New(ebus, ex, worker.Config{WorkerConfig: events.WorkerConfig{
+		roles.Go(name, testutil.Must(worker.New(ebus, ex, worker.Config{WorkerConfig: workerconfig.WorkerConfig{
 			Instance: name, Logger: ex.Logger(), Grace: time.Second, Concurrency: 1}})).Run)
 	}
 	cat, err := bus.Store().WatchCatalog(ctx, log)
@@ -103,8 +105,8 @@ func TestSharedTokenRenewedOnceForAllInstances(t *testing.T) {
 		}
 	}
 	model := &planner.Script{Steps: []func(planner.Request) planner.Response{step(0, false), step(1, true), step(2, true), planner.Answer("done")}}
-	wc := func(name string) events.WorkerConfig {
-		return events.WorkerConfig{Instance: name, Logger: log, Grace: time.Second}
+	wc := func(name string) workerconfig.WorkerConfig {
+		return workerconfig.WorkerConfig{Instance: name, Logger: log, Grace: time.Second}
 	}
 	roles.Go("planner-1", testutil.Must(planner.New(bus, model, cat, planner.Config{WorkerConfig: wc("planner-1")})).Run)
 	roles.Go("injector-1", testutil.Must(injector.New(bus, injector.Config{WorkerConfig: wc("injector-1")})).Run)
@@ -113,7 +115,7 @@ func TestSharedTokenRenewedOnceForAllInstances(t *testing.T) {
 		Messages: []toolbus.Message{{Role: toolbus.RoleUser, Content: "leak"}}}); err != nil {
 		t.Fatal(err)
 	}
-	var evs []events.StoredEvent
+	var evs []runlog.StoredEvent
 	eventstest.Eventually(t, time.Minute, func() error {
 		st, _, err := bus.Store().RunState(ctx, "shared-run")
 		if err != nil {
@@ -122,7 +124,7 @@ func TestSharedTokenRenewedOnceForAllInstances(t *testing.T) {
 		if st.Status != toolbus.RunCompleted {
 			return fmt.Errorf("run is %s", st.Status)
 		}
-		evs, err = bus.RunEvents(ctx, "shared-run")
+		evs, err = runlog.Events(ctx, bus, "shared-run")
 		return err
 	})
 

@@ -45,6 +45,7 @@ import (
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/connect"
 	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/workerconfig"
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/executor/packs"
 	"github.com/toolbus/toolbus/executor/worker"
@@ -137,7 +138,7 @@ func run(ctx context.Context, cfg config, role string, log *slog.Logger) error {
 	}
 	switch role {
 	case "injector":
-		return serve(injector.New(bus, injector.Config{WorkerConfig: events.WorkerConfig{Instance: cfg.Instance, Concurrency: cfg.Concurrency, Grace: cfg.Grace, Logger: log}}))(ctx)
+		return serve(injector.New(bus, injector.Config{WorkerConfig: workerconfig.WorkerConfig{Instance: cfg.Instance, Concurrency: cfg.Concurrency, Grace: cfg.Grace, Logger: log}}))(ctx)
 	case "planner":
 		model, err := parseModel(cfg.Model)
 		if err != nil {
@@ -147,7 +148,7 @@ func run(ctx context.Context, cfg config, role string, log *slog.Logger) error {
 		if err != nil {
 			return err
 		}
-		return serve(planner.New(bus, model, cat, planner.Config{WorkerConfig: events.WorkerConfig{Instance: cfg.Instance, Concurrency: cfg.Concurrency, Grace: cfg.Grace, Logger: log},
+		return serve(planner.New(bus, model, cat, planner.Config{WorkerConfig: workerconfig.WorkerConfig{Instance: cfg.Instance, Concurrency: cfg.Concurrency, Grace: cfg.Grace, Logger: log},
 			ModelTimeout: cfg.ModelTimeout,
 		}))(ctx)
 	default:
@@ -169,7 +170,7 @@ func run(ctx context.Context, cfg config, role string, log *slog.Logger) error {
 		if err != nil {
 			return err
 		}
-		return serve(worker.New(bus, exec, worker.Config{WorkerConfig: events.WorkerConfig{Instance: cfg.Instance, Concurrency: cfg.Concurrency, AckWait: cfg.AckWait, MaxDeliver: cfg.MaxDeliver, Grace: cfg.Grace, Logger: log},
+		return serve(worker.New(bus, exec, worker.Config{WorkerConfig: workerconfig.WorkerConfig{Instance: cfg.Instance, Concurrency: cfg.Concurrency, AckWait: cfg.AckWait, MaxDeliver: cfg.MaxDeliver, Grace: cfg.Grace, Logger: log},
 			Tools: cfg.ExecutorTools, ParkAfter: cfg.ParkAfter, Team: cfg.Team,
 		}))(ctx)
 	}

@@ -35,6 +35,7 @@ import (
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
 	"github.com/toolbus/toolbus/events/provision"
+	"github.com/toolbus/toolbus/events/workerconfig"
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/executor/packs"
 	"github.com/toolbus/toolbus/executor/worker"
@@ -143,8 +144,8 @@ func Pipeline(ctx context.Context, nc *nats.Conn, log *slog.Logger) (wait func()
 	if err != nil {
 		return nil, err
 	}
-	wc := func(instance string) events.WorkerConfig {
-		return events.WorkerConfig{Instance: instance, Logger: log, Grace: time.Second}
+	wc := func(instance string) workerconfig.WorkerConfig {
+		return workerconfig.WorkerConfig{Instance: instance, Logger: log, Grace: time.Second}
 	}
 	w, err := worker.New(bus, exec, worker.Config{WorkerConfig: wc("go-exec-1")})
 	if err != nil {

@@ -74,7 +74,7 @@ func TestAdminDayTwoAsWritten(t *testing.T) {
 	var server *exec.Cmd
 	serverLog := &testutil.Buffer{}
 	var alpha *nats.Conn
-	// A team reaches a queue by its pulls (no consumer info: events/teamqueue.go): a pull
+	// A team reaches a queue by its pulls (no consumer info: events/teamqueue): a pull
 	// that takes nothing is answered 404 by a queue it reaches, "no responders" otherwise.
 	newtool := "JS.core.API.CONSUMER.MSG.NEXT." + events.QueueStreamName(events.DefaultStream) + "." + events.ToolConsumer("newtool")
 	probe := []byte(`{"batch":1,"max_bytes":1,"no_wait":true}`)

@@ -21,6 +21,7 @@ import (
 	"github.com/toolbus/toolbus/events/accounts"
 	"github.com/toolbus/toolbus/events/eventstest"
 	"github.com/toolbus/toolbus/events/provision"
+	"github.com/toolbus/toolbus/events/workerconfig"
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/executor/worker"
 	"github.com/toolbus/toolbus/intake"
@@ -353,7 +354,7 @@ func startNoteExecutor(t *testing.T, l *liveAdmin, line string, ran func(run str
 		t.Fatal(err)
 	}
 	w, err := worker.New(bus, testutil.Must(executor.New(reg)), worker.Config{Team: env["TOOLBUS_TEAM"], Tools: []string{"calc"},
-		WorkerConfig: events.WorkerConfig{Instance: "alpha-new", Logger: testutil.Logger()}})
+		WorkerConfig: workerconfig.WorkerConfig{Instance: "alpha-new", Logger: testutil.Logger()}})
 	if err != nil {
 		t.Fatal(err)
 	}

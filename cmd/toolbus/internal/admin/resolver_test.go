@@ -102,7 +102,7 @@ func TestAdminNewTenantsNeedNoReload(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			// A team pulls its queue by name (no consumer info: events/teamqueue.go).
+			// A team pulls its queue by name (no consumer info: events/teamqueue).
 			m, err := gamma.RequestWithContext(ctx, queueNext("web"), []byte(`{"batch":1,"expires":5000000000}`))
 			if err != nil || m.Header.Get("Status") != "" {
 				t.Fatalf("gamma pulls web's queue through its import: %v %v", err, m)

@@ -15,6 +15,7 @@ import (
 
 	"github.com/toolbus/toolbus/embedded"
 	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/runlog"
 	"github.com/toolbus/toolbus/events/store"
 )
 
@@ -143,7 +144,7 @@ func readStored(ctx context.Context, js jetstream.JetStream, stream, filter stri
 	if err != nil {
 		return nil, fmt.Errorf("bench hops: %s: %w", stream, err)
 	}
-	evs, err := events.ReadEvents(ctx, st, filter)
+	evs, err := runlog.Read(ctx, st, filter)
 	if err != nil {
 		return nil, fmt.Errorf("bench hops: %s: %w", stream, err)
 	}

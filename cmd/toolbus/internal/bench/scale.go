@@ -24,6 +24,7 @@ import (
 	"github.com/toolbus/toolbus/events/consume"
 	"github.com/toolbus/toolbus/events/provision"
 	"github.com/toolbus/toolbus/events/store"
+	"github.com/toolbus/toolbus/events/workerconfig"
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/executor/worker"
 	"github.com/toolbus/toolbus/injector"
@@ -266,7 +267,7 @@ func (st *scaleStack) deploy(ctx context.Context, cfg events.Config, deps int, r
 		if err != nil {
 			return err
 		}
-		w, err := worker.New(dbus, exec, worker.Config{WorkerConfig: events.WorkerConfig{Instance: inst, Logger: st.log, Grace: time.Second}, Observer: st.trbl, ParkAfter: st.park})
+		w, err := worker.New(dbus, exec, worker.Config{WorkerConfig: workerconfig.WorkerConfig{Instance: inst, Logger: st.log, Grace: time.Second}, Observer: st.trbl, ParkAfter: st.park})
 		if err != nil {
 			return err
 		}
@@ -287,7 +288,7 @@ func (st *scaleStack) workers(ctx context.Context, k, steps int) error {
 			return errors.New("bench scale: the tools did not all reach the catalog in 2 minutes")
 		}
 	}
-	wc := events.WorkerConfig{Instance: "bench", Concurrency: 256, Logger: st.log, Grace: time.Second}
+	wc := workerconfig.WorkerConfig{Instance: "bench", Concurrency: 256, Logger: st.log, Grace: time.Second}
 	p, err := planner.New(st.bus, spreadScript(st.names, k, steps), cat, planner.Config{WorkerConfig: wc, Observer: st.trbl})
 	if err != nil {
 		return err

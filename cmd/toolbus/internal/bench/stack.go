@@ -4,6 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
 	"github.com/nats-io/nats.go"
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/audit/checkpoint"
@@ -12,16 +18,12 @@ import (
 	"github.com/toolbus/toolbus/events/provision"
 	"github.com/toolbus/toolbus/events/seal"
 	"github.com/toolbus/toolbus/events/store"
+	"github.com/toolbus/toolbus/events/workerconfig"
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/executor/packs"
 	"github.com/toolbus/toolbus/executor/worker"
 	"github.com/toolbus/toolbus/injector"
 	"github.com/toolbus/toolbus/planner"
-	"log/slog"
-	"strconv"
-	"strings"
-	"sync"
-	"time"
 )
 
 // The bench's toolbus: an executor, a planner and an injector in one process on an
@@ -127,7 +129,7 @@ func newBenchStack(ctx context.Context, srv *embedded.Server, set setup, k, step
 		wg.Add(1)
 		go func() { defer wg.Done(); _ = f(wctx) }()
 	}
-	wc := events.WorkerConfig{Instance: "bench", Concurrency: conc, Logger: log, Grace: time.Second}
+	wc := workerconfig.WorkerConfig{Instance: "bench", Concurrency: conc, Logger: log, Grace: time.Second}
 	w, err := worker.New(st.bus, exec, worker.Config{WorkerConfig: wc, Observer: st.trbl})
 	if err != nil {
 		return fail(err)

@@ -16,6 +16,7 @@ import (
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/connect"
 	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/workerconfig"
 	"github.com/toolbus/toolbus/executor/worker"
 	"github.com/toolbus/toolbus/fair"
 	"github.com/toolbus/toolbus/injector"
@@ -40,7 +41,7 @@ type Config struct {
 	// WorkerConfig is the shared settings of every role: TOOLBUS_INSTANCE,
 	// TOOLBUS_CONCURRENCY, TOOLBUS_ACK_WAIT, TOOLBUS_MAX_DELIVER, TOOLBUS_GRACE. Unset,
 	// they take the defaults of package events (envDefaults shows them in toolbus env).
-	events.WorkerConfig
+	workerconfig.WorkerConfig
 	// Shares are the fair scheduler's (package fair), run by the injectors when the queue
 	// stream stages calls (TOOLBUS_FAIR_SHARE at init).
 	fair.Shares
@@ -149,21 +150,21 @@ func (c Config) validate() error {
 	case c.WorkerConfig.Validate() != nil:
 		err = c.WorkerConfig.Validate()
 	case c.MaxSteps < 0:
-		err = events.InvalidField("MaxSteps", c.MaxSteps, fmt.Sprintf("1 or more (unset: %d)", injector.DefaultMaxSteps))
+		err = workerconfig.InvalidField("MaxSteps", c.MaxSteps, fmt.Sprintf("1 or more (unset: %d)", injector.DefaultMaxSteps))
 	case c.RunTimeout < 0:
-		err = events.InvalidField("RunTimeout", c.RunTimeout, "0s (none) or more")
+		err = workerconfig.InvalidField("RunTimeout", c.RunTimeout, "0s (none) or more")
 	case c.MaxAnswerBytes < 0:
-		err = events.InvalidField("MaxAnswerBytes", c.MaxAnswerBytes, "0 (the server's bound) or more")
+		err = workerconfig.InvalidField("MaxAnswerBytes", c.MaxAnswerBytes, "0 (the server's bound) or more")
 	case c.MaxRunTimeout < 0:
-		err = events.InvalidField("MaxRunTimeout", c.MaxRunTimeout, "0s (no cap) or more")
+		err = workerconfig.InvalidField("MaxRunTimeout", c.MaxRunTimeout, "0s (no cap) or more")
 	case c.TokenBudget < 0:
-		err = events.InvalidField("TokenBudget", c.TokenBudget, "0 (none) or more")
+		err = workerconfig.InvalidField("TokenBudget", c.TokenBudget, "0 (none) or more")
 	case c.MaxRunsInFlight < 0:
-		err = events.InvalidField("MaxRunsInFlight", c.MaxRunsInFlight, "0 (no bound) or more")
+		err = workerconfig.InvalidField("MaxRunsInFlight", c.MaxRunsInFlight, "0 (no bound) or more")
 	case c.StartsPerSecond < 0:
-		err = events.InvalidField("StartsPerSecond", c.StartsPerSecond, "0 (no bound) or more")
+		err = workerconfig.InvalidField("StartsPerSecond", c.StartsPerSecond, "0 (no bound) or more")
 	case c.MaxStartBytes < 0:
-		err = events.InvalidField("MaxStartBytes", c.MaxStartBytes, "0 (no bound) or more")
+		err = workerconfig.InvalidField("MaxStartBytes", c.MaxStartBytes, "0 (no bound) or more")
 	case c.TenantBucketKeys != nil || c.TenantValueBytes != nil:
 		if _, err = intake.BucketBounds(c.TenantBucketKeys, c.TenantValueBytes); err != nil {
 			err = fmt.Errorf("config: %s, %s: %w", envName("TenantBucketKeys"), envName("TenantValueBytes"), err)
@@ -178,7 +179,7 @@ func (c Config) validate() error {
 			err = c.Shares.Validate()
 		}
 	}
-	var ce *events.ConfigError
+	var ce *workerconfig.ConfigError
 	if errors.As(err, &ce) {
 		return fmt.Errorf("config: %s %v: want %s", envName(ce.Field), ce.Value, strings.ReplaceAll(ce.Want, "0: default", "unset or 0: default"))
 	}

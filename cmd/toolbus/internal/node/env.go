@@ -8,7 +8,7 @@ import (
 
 	"github.com/kelseyhightower/envconfig"
 
-	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/workerconfig"
 	"github.com/toolbus/toolbus/injector"
 	"github.com/toolbus/toolbus/planner"
 )
@@ -29,10 +29,10 @@ var envDescriptions = map[string]string{
 // envDefaults are the defaults of the variables whose default lives in a worker package
 // (one place for each), so they carry no default tag.
 var envDefaults = map[string]string{
-	"TOOLBUS_CONCURRENCY":        strconv.Itoa(events.DefaultConcurrency),
-	"TOOLBUS_ACK_WAIT":           events.DefaultAckWait.String(),
-	"TOOLBUS_MAX_DELIVER":        fmt.Sprintf("%d (injector %d)", events.DefaultMaxDeliver, injector.DefaultMaxDeliver),
-	"TOOLBUS_GRACE":              events.DefaultGrace.String(),
+	"TOOLBUS_CONCURRENCY":        strconv.Itoa(workerconfig.DefaultConcurrency),
+	"TOOLBUS_ACK_WAIT":           workerconfig.DefaultAckWait.String(),
+	"TOOLBUS_MAX_DELIVER":        fmt.Sprintf("%d (injector %d)", workerconfig.DefaultMaxDeliver, injector.DefaultMaxDeliver),
+	"TOOLBUS_GRACE":              workerconfig.DefaultGrace.String(),
 	"TOOLBUS_MAX_STEPS":          strconv.Itoa(injector.DefaultMaxSteps),
 	"TOOLBUS_MAX_CALLS_PER_STEP": strconv.Itoa(planner.DefaultMaxCallsPerStep),
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/toolbus/toolbus/cmd/toolbus/internal/bench"
 	"github.com/toolbus/toolbus/connect"
 	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/workerconfig"
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/executor/mcptools"
 	"github.com/toolbus/toolbus/executor/packs"
@@ -120,7 +121,7 @@ func (c Config) DecisionPolicy() []string {
 	return c.Deciders
 }
 
-func (c Config) worker(log *slog.Logger) events.WorkerConfig {
+func (c Config) worker(log *slog.Logger) workerconfig.WorkerConfig {
 	wc := c.WorkerConfig
 	wc.Logger = log
 	return wc

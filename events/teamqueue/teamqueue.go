@@ -1,4 +1,7 @@
-package events
+// Package teamqueue binds a tool's queue from a team account: the pulls an executor in
+// a team makes of the core's queue, without any JetStream request whose cost other
+// tenants share (Probe, Open, Consumer).
+package teamqueue
 
 import (
 	"context"
@@ -12,6 +15,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/toolbus/toolbus/events"
 )
 
 // A team's executor asks the core's JetStream API nothing whose cost other tenants
@@ -24,52 +29,52 @@ import (
 // deleted" (409) and, when its credentials no longer reach the queue (the tool was
 // revoked, or its queue was never made), the server's "no responders" (503).
 
-// ErrQueueUnreachable is what a pull of a team's queue is answered when the team's
+// ErrUnreachable is what a pull of a team's queue is answered when the team's
 // account no longer imports it (revoked) or the core holds no such consumer.
-var ErrQueueUnreachable = errors.New("events: the queue is not reachable with these credentials")
+var ErrUnreachable = errors.New("events: the queue is not reachable with these credentials")
 
-// ProbeQueue asks the server whether tool's queue is reachable with a pull that can take
+// Probe asks the server whether tool's queue is reachable with a pull that can take
 // nothing (no_wait, max_bytes 1: the server answers 404 when nothing is pending and 409
 // "Message Size Exceeds MaxBytes" when something is, and delivers nothing). It returns
-// nil when the queue answered, ErrQueueUnreachable (wrapping nats.ErrNoResponders) when
+// nil when the queue answered, ErrUnreachable (wrapping nats.ErrNoResponders) when
 // nobody did, or the request's error.
-func (b *Bus) ProbeQueue(ctx context.Context, tool string) error {
-	m, err := b.nc.RequestWithContext(ctx, b.queueNext(tool), []byte(`{"batch":1,"max_bytes":1,"no_wait":true}`))
+func Probe(ctx context.Context, b *events.Bus, tool string) error {
+	m, err := b.Conn().RequestWithContext(ctx, queueNext(b, tool), []byte(`{"batch":1,"max_bytes":1,"no_wait":true}`))
 	if errors.Is(err, nats.ErrNoResponders) || (err == nil && m.Header.Get("Status") == "503") {
-		return fmt.Errorf("%w: %s: %w", ErrQueueUnreachable, ToolConsumer(tool), nats.ErrNoResponders)
+		return fmt.Errorf("%w: %s: %w", ErrUnreachable, events.ToolConsumer(tool), nats.ErrNoResponders)
 	}
 	if err != nil {
 		return fmt.Errorf("events: probe the queue of %s: %w", tool, err)
 	}
 	if m.Header.Get("Status") == "409" && m.Header.Get("Description") == "Consumer Deleted" {
-		return fmt.Errorf("%w: %s: consumer deleted", ErrQueueUnreachable, ToolConsumer(tool))
+		return fmt.Errorf("%w: %s: consumer deleted", ErrUnreachable, events.ToolConsumer(tool))
 	}
 	return nil
 }
 
-func (b *Bus) queueNext(tool string) string {
-	api := b.cfg.APIPrefix
+func queueNext(b *events.Bus, tool string) string {
+	api := b.Config().APIPrefix
 	if api == "" {
 		api = "$JS.API"
 	}
-	return api + ".CONSUMER.MSG.NEXT." + QueueStreamName(b.cfg.Stream) + "." + ToolConsumer(tool)
+	return api + ".CONSUMER.MSG.NEXT." + events.QueueStreamName(b.Config().Stream) + "." + events.ToolConsumer(tool)
 }
 
-// TeamQueue is the durable consumer of tool's queue as an executor in a team account
+// Open is the durable consumer of tool's queue as an executor in a team account
 // binds it: without a request (its config is what `toolbus init` makes: the tool's
 // queue subject and ackWait, the caller's own AckWait, which it cannot read), pulled by
-// ConsumePulls. Its Info is not available (ErrTeamAccount): ProbeQueue says whether
+// ConsumePulls. Its Info is not available (events.ErrTeamAccount): Probe says whether
 // it is reachable.
-func (b *Bus) TeamQueue(tool string, ackWait time.Duration) *TeamConsumer {
-	name := ToolConsumer(tool)
-	return &TeamConsumer{nc: b.nc, next: b.queueNext(tool), info: jetstream.ConsumerInfo{
-		Stream: QueueStreamName(b.cfg.Stream), Name: name,
-		Config: jetstream.ConsumerConfig{Durable: name, FilterSubject: SubjectQueue(tool), AckWait: ackWait, AckPolicy: jetstream.AckExplicitPolicy},
+func Open(b *events.Bus, tool string, ackWait time.Duration) *Consumer {
+	name := events.ToolConsumer(tool)
+	return &Consumer{nc: b.Conn(), next: queueNext(b, tool), info: jetstream.ConsumerInfo{
+		Stream: events.QueueStreamName(b.Config().Stream), Name: name,
+		Config: jetstream.ConsumerConfig{Durable: name, FilterSubject: events.SubjectQueue(tool), AckWait: ackWait, AckPolicy: jetstream.AckExplicitPolicy},
 	}}
 }
 
-// TeamConsumer is a tool's queue bound in a team account (Bus.TeamQueue).
-type TeamConsumer struct {
+// Consumer is a tool's queue bound in a team account (Open).
+type Consumer struct {
 	jetstream.Consumer // Fetch, Next, Messages: not available (nil)
 	nc                 *nats.Conn
 	next               string
@@ -77,16 +82,16 @@ type TeamConsumer struct {
 }
 
 // CachedInfo is the consumer's name and config as the team assumes them.
-func (c *TeamConsumer) CachedInfo() *jetstream.ConsumerInfo { i := c.info; return &i }
+func (c *Consumer) CachedInfo() *jetstream.ConsumerInfo { i := c.info; return &i }
 
 // Info is not available in a team account: the core exports no consumer info.
-func (c *TeamConsumer) Info(context.Context) (*jetstream.ConsumerInfo, error) {
-	return nil, fmt.Errorf("%w: info of consumer %s (its pulls say what a team needs)", ErrTeamAccount, c.info.Name)
+func (c *Consumer) Info(context.Context) (*jetstream.ConsumerInfo, error) {
+	return nil, fmt.Errorf("%w: info of consumer %s (its pulls say what a team needs)", events.ErrTeamAccount, c.info.Name)
 }
 
 // Consume is ConsumePulls with a batch of 64, pulls of two minutes and heartbeats every
 // 30 s (the options of a jetstream consume are not readable outside nats.go).
-func (c *TeamConsumer) Consume(h jetstream.MessageHandler, _ ...jetstream.PullConsumeOpt) (jetstream.ConsumeContext, error) {
+func (c *Consumer) Consume(h jetstream.MessageHandler, _ ...jetstream.PullConsumeOpt) (jetstream.ConsumeContext, error) {
 	return c.ConsumePulls(h, 64, 2*time.Minute, 30*time.Second, nil)
 }
 
@@ -97,7 +102,7 @@ func (c *TeamConsumer) Consume(h jetstream.MessageHandler, _ ...jetstream.PullCo
 // the next at once; one answered "no responders" (or "consumer deleted") calls onErr and
 // is followed by the next after a backoff (up to 5 s), so a queue granted again is
 // pulled again by itself.
-func (c *TeamConsumer) ConsumePulls(h jetstream.MessageHandler, batch int, expiry, heartbeat time.Duration, onErr func(error)) (jetstream.ConsumeContext, error) {
+func (c *Consumer) ConsumePulls(h jetstream.MessageHandler, batch int, expiry, heartbeat time.Duration, onErr func(error)) (jetstream.ConsumeContext, error) {
 	if onErr == nil {
 		onErr = func(error) {}
 	}
@@ -117,7 +122,7 @@ func (c *TeamConsumer) ConsumePulls(h jetstream.MessageHandler, batch int, expir
 
 // teamPull is one ConsumePulls: its inbox and the state of its current pull.
 type teamPull struct {
-	c                 *TeamConsumer
+	c                 *Consumer
 	h                 jetstream.MessageHandler
 	batch             int
 	expiry, heartbeat time.Duration
@@ -214,7 +219,7 @@ func (p *teamPull) status(code, desc string) {
 		p.again(0)
 		return
 	case code == "503", code == "409" && desc == "Consumer Deleted":
-		err := fmt.Errorf("%w: %s: %s %s", ErrQueueUnreachable, p.c.info.Name, code, desc)
+		err := fmt.Errorf("%w: %s: %s %s", ErrUnreachable, p.c.info.Name, code, desc)
 		if code == "503" {
 			err = fmt.Errorf("%w: %w", err, nats.ErrNoResponders)
 		}

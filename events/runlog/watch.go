@@ -1,4 +1,4 @@
-package events
+package runlog
 
 import (
 	"context"
@@ -10,6 +10,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/toolbus/toolbus/events"
 )
 
 // StoredEvent is one stored event, as a reader of the stream sees it: where and when the
@@ -20,12 +22,12 @@ type StoredEvent struct {
 	Subject string
 	// Time is when the stream stored the event.
 	Time time.Time
-	Meta Meta
+	Meta events.Meta
 	// Data is the event's data (JSON).
 	Data json.RawMessage
 	// Err is set when the message is not a decodable toolbus event (Meta and Data are
 	// then empty), or when its subject and body disagree (an error wrapping
-	// ErrSubjectMismatch; Meta and Data are kept, for the report): such an event counts
+	// events.ErrSubjectMismatch; Meta and Data are kept, for the report): such an event counts
 	// for no run.
 	Err error
 }
@@ -45,24 +47,24 @@ func (e StoredEvent) Decode(v any) error {
 // run.started nor run.cancel).
 func (e StoredEvent) IsRunEnded() bool {
 	t := e.Meta.Type
-	return e.Err == nil && strings.HasPrefix(t, "toolbus.run.") && t != TypeRunStarted && t != TypeRunCancel
+	return e.Err == nil && strings.HasPrefix(t, "toolbus.run.") && t != events.TypeRunStarted && t != events.TypeRunCancel
 }
 
 // StoredOf reads one stored message into a StoredEvent.
 func StoredOf(raw *jetstream.RawStreamMsg) StoredEvent {
 	ev := StoredEvent{Seq: raw.Sequence, Subject: raw.Subject, Time: raw.Time}
 	var data json.RawMessage
-	meta, err := Decode(&nats.Msg{Subject: raw.Subject, Header: raw.Header, Data: raw.Data}, &data)
+	meta, err := events.Decode(&nats.Msg{Subject: raw.Subject, Header: raw.Header, Data: raw.Data}, &data)
 	if err != nil {
 		ev.Err = err
 		return ev
 	}
 	ev.Meta, ev.Data = meta, data
-	ev.Err = checkStored(ev.Subject, meta, data)
+	ev.Err = events.CheckStored(ev.Subject, meta, data)
 	return ev
 }
 
-// RunEvents returns every stored event of a run, in stream order. It reads the events
+// Events returns every stored event of a run, in stream order. It reads the events
 // stored when it is called and returns without waiting: the result is one consistent
 // prefix of the run. Nothing is acknowledged, nothing is executed. A run with no event
 // gives none.
@@ -71,14 +73,14 @@ func StoredOf(raw *jetstream.RawStreamMsg) StoredEvent {
 // filter from a sequence), which every role may send and which cost the server nothing
 // that outlives the request. A consumer per reader would count toward the stream's
 // consumer limit, which a reader could then fill for everyone.
-func (b *Bus) RunEvents(ctx context.Context, run string) ([]StoredEvent, error) {
-	return ReadEvents(ctx, b.stream, SubjectRun(run))
+func Events(ctx context.Context, b *events.Bus, run string) ([]StoredEvent, error) {
+	return Read(ctx, b.EventStream(), events.SubjectRun(run))
 }
 
-// ReadEvents returns the events stored on a stream's subjects matching filter (FilterAll,
+// Read returns the events stored on a stream's subjects matching filter (FilterAll,
 // SubjectRun...), in stream order, up to the last one stored when it is called, as
-// RunEvents does.
-func ReadEvents(ctx context.Context, stream jetstream.Stream, filter string) ([]StoredEvent, error) {
+// Events does.
+func Read(ctx context.Context, stream jetstream.Stream, filter string) ([]StoredEvent, error) {
 	info, err := stream.Info(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("events: read %s: %w", filter, err)
@@ -86,7 +88,7 @@ func ReadEvents(ctx context.Context, stream jetstream.Stream, filter string) ([]
 	last := info.State.LastSeq
 	var out []StoredEvent
 	for seq := uint64(1); seq <= last; {
-		raw, err := getMsg(ctx, stream, seq, filter)
+		raw, err := events.GetMsg(ctx, stream, seq, filter)
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
 			break
 		}
@@ -113,15 +115,15 @@ type Watcher struct {
 // Watch follows the events of filter (SubjectRun(run) for one run, FilterAll for every
 // run): from the first stored one when all is set, else from the next one stored. The
 // events a run stores after Watch returns are all delivered, so a caller that starts a
-// run should watch it first. Like RunEvents it creates no consumer: it reads with direct
+// run should watch it first. Like Events it creates no consumer: it reads with direct
 // gets and polls for new events.
-func (b *Bus) Watch(ctx context.Context, filter string, all bool) (*Watcher, error) {
-	if err := b.clientWatch(filter); err != nil {
+func Watch(ctx context.Context, b *events.Bus, filter string, all bool) (*Watcher, error) {
+	if err := b.CheckWatch(filter); err != nil {
 		return nil, err
 	}
-	w := &Watcher{stream: b.stream, filter: filter, next: 1}
+	w := &Watcher{stream: b.EventStream(), filter: filter, next: 1}
 	if !all {
-		info, err := b.stream.Info(ctx)
+		info, err := w.stream.Info(ctx)
 		if err != nil {
 			return nil, fmt.Errorf("events: watch %s: %w", filter, err)
 		}
@@ -142,7 +144,7 @@ func (w *Watcher) Next(ctx context.Context, wait time.Duration) (ev StoredEvent,
 		if err := ctx.Err(); err != nil {
 			return StoredEvent{}, false, err
 		}
-		raw, err := getMsg(ctx, w.stream, w.next, w.filter)
+		raw, err := events.GetMsg(ctx, w.stream, w.next, w.filter)
 		switch {
 		case err == nil:
 			w.next = raw.Sequence + 1

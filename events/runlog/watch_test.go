@@ -1,4 +1,4 @@
-package events_test
+package runlog_test
 
 import (
 	"context"
@@ -9,14 +9,18 @@ import (
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
+	"github.com/toolbus/toolbus/events/runlog"
 )
 
-// RunEvents reads one run's stored events in stream order, decoded, and marks a message
+// openBus is a bus on a fresh embedded server with the stream and buckets set up.
+func openBus(t *testing.T) *events.Bus { return eventstest.Setup(t, events.Config{}) }
+
+// Events reads one run's stored events in stream order, decoded, and marks a message
 // that is not an event; Watch delivers the stored events (all) or only the next ones.
 func TestRunEventsAndWatch(t *testing.T) {
 	bus := openBus(t)
 	ctx := eventstest.Context(t, time.Minute)
-	if evs, err := bus.RunEvents(ctx, "w1"); err != nil || len(evs) != 0 {
+	if evs, err := runlog.Events(ctx, bus, "w1"); err != nil || len(evs) != 0 {
 		t.Fatalf("RunEvents of no run = %v, %v", evs, err)
 	}
 	if err := bus.StartRun(ctx, "/test", toolbus.RunStarted{RunID: "w1", Messages: []toolbus.Message{{Role: toolbus.RoleUser, Content: "q"}}}); err != nil {
@@ -32,7 +36,7 @@ func TestRunEventsAndWatch(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	evs, err := bus.RunEvents(ctx, "w1")
+	evs, err := runlog.Events(ctx, bus, "w1")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,7 +62,7 @@ func TestRunEventsAndWatch(t *testing.T) {
 	}
 
 	// From the first stored event: the same events, then nothing yet.
-	all, err := bus.Watch(ctx, events.SubjectRun("w1"), true)
+	all, err := runlog.Watch(ctx, bus, events.SubjectRun("w1"), true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -73,7 +77,7 @@ func TestRunEventsAndWatch(t *testing.T) {
 	}
 
 	// From the next stored event: only what comes after Watch.
-	next, err := bus.Watch(ctx, events.SubjectRun("w1"), false)
+	next, err := runlog.Watch(ctx, bus, events.SubjectRun("w1"), false)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package events_test
+package workerconfig_test
 
 import (
 	"errors"
@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/workerconfig"
 )
 
 // TestWorkerConfigValidate: zero values are valid (they mean the defaults); a value out
@@ -14,16 +15,16 @@ import (
 func TestWorkerConfigValidate(t *testing.T) {
 	cases := []struct {
 		name string
-		cfg  events.WorkerConfig
+		cfg  workerconfig.WorkerConfig
 		want string // "" for valid
 	}{
-		{"zero: every default", events.WorkerConfig{}, ""},
-		{"all set", events.WorkerConfig{Instance: "w", Concurrency: 1, AckWait: time.Second, MaxDeliver: 1, Grace: time.Millisecond}, ""},
-		{"negative concurrency", events.WorkerConfig{Concurrency: -1}, "Concurrency -1: want 1 or more (0: default 64)"},
-		{"negative ack wait", events.WorkerConfig{AckWait: -time.Second}, "AckWait -1s: want 1s or more (0: default 30s)"},
-		{"ack wait under a second", events.WorkerConfig{AckWait: 999 * time.Millisecond}, "AckWait 999ms: want 1s or more"},
-		{"negative max deliver", events.WorkerConfig{MaxDeliver: -2}, "MaxDeliver -2: want 1 or more (0: default 5)"},
-		{"negative grace", events.WorkerConfig{Grace: -time.Second}, "Grace -1s: want 0s or more (0: default 30s)"},
+		{"zero: every default", workerconfig.WorkerConfig{}, ""},
+		{"all set", workerconfig.WorkerConfig{Instance: "w", Concurrency: 1, AckWait: time.Second, MaxDeliver: 1, Grace: time.Millisecond}, ""},
+		{"negative concurrency", workerconfig.WorkerConfig{Concurrency: -1}, "Concurrency -1: want 1 or more (0: default 64)"},
+		{"negative ack wait", workerconfig.WorkerConfig{AckWait: -time.Second}, "AckWait -1s: want 1s or more (0: default 30s)"},
+		{"ack wait under a second", workerconfig.WorkerConfig{AckWait: 999 * time.Millisecond}, "AckWait 999ms: want 1s or more"},
+		{"negative max deliver", workerconfig.WorkerConfig{MaxDeliver: -2}, "MaxDeliver -2: want 1 or more (0: default 5)"},
+		{"negative grace", workerconfig.WorkerConfig{Grace: -time.Second}, "Grace -1s: want 0s or more (0: default 30s)"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -40,8 +41,8 @@ func TestWorkerConfigValidate(t *testing.T) {
 			if !strings.Contains(err.Error(), tc.want) {
 				t.Errorf("Validate: %q, want it to contain %q", err, tc.want)
 			}
-			var ce *events.ConfigError
-			if !errors.Is(err, events.ErrInvalidConfig) || !errors.As(err, &ce) || !strings.HasPrefix(tc.want, ce.Field+" ") {
+			var ce *workerconfig.ConfigError
+			if !errors.Is(err, workerconfig.ErrInvalidConfig) || !errors.As(err, &ce) || !strings.HasPrefix(tc.want, ce.Field+" ") {
 				t.Errorf("Validate: %#v is not a ConfigError of the field named in %q wrapping ErrInvalidConfig", err, tc.want)
 			}
 		})
@@ -50,12 +51,12 @@ func TestWorkerConfigValidate(t *testing.T) {
 
 // TestWorkerConfigWithDefaults: zero fields get the defaults, set ones are kept.
 func TestWorkerConfigWithDefaults(t *testing.T) {
-	got := events.WorkerConfig{}.WithDefaults("role")
-	if got.Instance != "role" || got.Concurrency != events.DefaultConcurrency || got.AckWait != events.DefaultAckWait ||
-		got.MaxDeliver != events.DefaultMaxDeliver || got.Grace != events.DefaultGrace || got.Logger == nil {
+	got := workerconfig.WorkerConfig{}.WithDefaults("role")
+	if got.Instance != "role" || got.Concurrency != workerconfig.DefaultConcurrency || got.AckWait != workerconfig.DefaultAckWait ||
+		got.MaxDeliver != workerconfig.DefaultMaxDeliver || got.Grace != workerconfig.DefaultGrace || got.Logger == nil {
 		t.Errorf("defaults: %+v", got)
 	}
-	set := events.WorkerConfig{Instance: "w", Concurrency: 3, AckWait: 2 * time.Second, MaxDeliver: 7, Grace: time.Second}
+	set := workerconfig.WorkerConfig{Instance: "w", Concurrency: 3, AckWait: 2 * time.Second, MaxDeliver: 7, Grace: time.Second}
 	kept := set.WithDefaults("role")
 	kept.Logger = nil
 	if kept != set {
@@ -74,9 +75,9 @@ func TestQueueAckWait(t *testing.T) {
 		{0, 2 * time.Second, 2 * time.Second},
 		{2 * time.Second, 10 * time.Second, 2 * time.Second},
 		{30 * time.Second, time.Minute, 30 * time.Second},
-		{30 * time.Second, 100 * time.Millisecond, events.MinAckWait},
+		{30 * time.Second, 100 * time.Millisecond, workerconfig.MinAckWait},
 	} {
-		if got := events.QueueAckWait(tc.ackWait, tc.ttl); got != tc.want {
+		if got := workerconfig.QueueAckWait(tc.ackWait, tc.ttl); got != tc.want {
 			t.Errorf("QueueAckWait(%v, %v) = %v, want %v", tc.ackWait, tc.ttl, got, tc.want)
 		}
 	}

@@ -1,10 +1,12 @@
-package events
+package workerconfig
 
 import (
 	"errors"
 	"fmt"
 	"log/slog"
 	"time"
+
+	"github.com/toolbus/toolbus/events"
 )
 
 // The defaults of WorkerConfig, in one place: the planner, the injector, the executor
@@ -35,7 +37,7 @@ func QueueAckWait(ackWait, instanceTTL time.Duration) time.Duration {
 		ackWait = DefaultAckWait
 	}
 	if instanceTTL <= 0 {
-		instanceTTL = DefaultInstanceTTL
+		instanceTTL = events.DefaultInstanceTTL
 	}
 	return min(ackWait, max(instanceTTL, MinAckWait))
 }
