@@ -154,7 +154,9 @@ func clusterTeamSecrets(c *accounts) {
 // the event stream is killed with runs in flight, with the same outcome. A team's
 // executor reads its catalog entry, claims and instances by direct gets, which a
 // replicated bucket does not serve (provision turns them off so that reads go to the
-// leader): it reads them through the core's read service (events.TeamReadPrefix).
+// leader): it reads them through the core's read service (events.TeamReadPrefix). A grant
+// to alpha is pushed while the second runs are in flight: they complete the same way,
+// and alpha, not beta, reaches the granted tool's queue on every node that is up.
 func TestFaultClusterAccountsRuns(t *testing.T) {
 	suite(t)
 	start := time.Now()
@@ -230,6 +232,8 @@ func TestFaultClusterAccountsRuns(t *testing.T) {
 	second := runIDs("alice-b", 8)
 	before := e.count(events.FilterToolFinished)
 	submit(second)
+	// An admin push with these runs in flight: a grant to alpha, pushed to every server.
+	pushed := c.admin("grant", "alpha", "append_c", "-push")
 	resultsAtLeast(before + 8)
 	info, err := e.bus.EventStream().Info(e.ctx)
 	if err != nil || info.Cluster == nil {
@@ -245,7 +249,20 @@ func TestFaultClusterAccountsRuns(t *testing.T) {
 	all := append(append([]string{}, first...), second...)
 	st := e.checkRuns(e.tally(), all, 3, 2)
 	n := checkSideEffects(t, file, all, 3, 2)
-	t.Logf("%s; %d side effects, each once; took %v", st, n, time.Since(start).Round(time.Millisecond))
+	// The push reached every server that is up: alpha pulls its new tool's queue on
+	// each; beta's credentials reach it on none (no tenant reaches more than before).
+	c.initTools("append_c")
+	pull := "JS.core.API.CONSUMER.MSG.NEXT." + events.QueueStreamName(events.DefaultStream) + "." + events.ToolConsumer("append_c")
+	for _, node := range e.nodes {
+		if node.name == info.Cluster.Leader {
+			continue // killed above
+		}
+		reachesOn(e, node, c.creds("executor-alpha"), pull, time.Minute)
+		if err := requestOn(node, c.creds("executor-beta"), pull); err == nil {
+			t.Errorf("beta's credentials reach alpha's new queue on %s", node.name)
+		}
+	}
+	t.Logf("%s; %d side effects, each once, with a grant pushed while runs were in flight; took %v\n%s", st, n, time.Since(start).Round(time.Millisecond), pushed)
 }
 
 // reachesOn waits until user's credentials, connected to node n alone, get an answer on

@@ -31,7 +31,8 @@ import (
 // stall). Every call of alpha's, alice's and the loop's, ran once and has exactly one
 // result, and none waited from its request to its result as long as its queue's AckWait
 // (a call lost between staging and release, or delivered to a pull the push cut, waits
-// at least that for its redelivery).
+// at least that for its redelivery). Then clients alice and bob, bound to their
+// identities, ask what the scheduler holds (fairHeldProbes, across accounts).
 func TestFaultFairShareDayTwo(t *testing.T) {
 	suite(t)
 	natsBin, toolbusBin, faultbusBin := binaries(t)
@@ -54,6 +55,8 @@ func TestFaultFairShareDayTwo(t *testing.T) {
 	admin("init", "-listen", "127.0.0.1:"+strconv.Itoa(node.port), "-store", node.store, "-core-wide")
 	admin("add-team", "alpha", "append_a")
 	admin("add-team", "beta", "append_b")
+	admin("add-client", "alice", "alice")
+	admin("add-client", "bob", "bob")
 	node.conf = filepath.Join(genDir, "auth-jwt.conf")
 	e.nodes = []*natsNode{node}
 	e.startNode(node)
@@ -144,6 +147,9 @@ func TestFaultFairShareDayTwo(t *testing.T) {
 		t.Errorf("alice's runs of alpha's tool while beta's credentials changed:\n  %s", strings.Join(aliceErrs, "\n  "))
 	}
 	checkOneResultEach(t, e, file, "append_a", aliceRuns)
+	// What the scheduler holds, asked with the clients' shipped credentials across
+	// accounts after day two.
+	fairHeldProbes(t, node.url(), func(user string) string { return filepath.Join(genDir, user+".creds") }, true)
 }
 
 // tenantCall runs one call of tc's tool as who (a run of that one call) to its end.

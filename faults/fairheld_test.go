@@ -3,6 +3,7 @@ package faults_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -20,15 +21,16 @@ import (
 // fairHeldProbes: what the fair scheduler holds of a tool is the core's to see whole; a
 // client bound to alice sees alice's held calls and nothing of bob's. The core stores
 // calls of a tool nobody serves for alice and for bob (held beyond the lookahead);
-// alice's credentials then ask every tenant's subject and bob's, and the server refuses
-// both (a permissions violation, no answer), while her own subject answers with her
-// calls only. Controls: the admin's credentials get both tenants on the first and bob's
-// on the second.
-func fairHeldProbes(t *testing.T, url string, res natsjwt.Result) {
+// alice's credentials then ask every tenant's subject and bob's: in one account the
+// server refuses both (a permissions violation, no answer); in the accounts layout
+// (accounts) her account imports neither (no responders). Her own subject answers with
+// her calls only. Controls: the admin's credentials get both tenants on the first and
+// bob's on the second; in the accounts layout bob's own credentials get his.
+func fairHeldProbes(t *testing.T, url string, creds func(user string) string, accounts bool) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	admin, err := nats.Connect(url, nats.UserCredentials(res.Creds["admin"]))
+	admin, err := nats.Connect(url, nats.UserCredentials(creds("admin")))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -79,7 +81,7 @@ func fairHeldProbes(t *testing.T, url string, res natsjwt.Result) {
 	}
 	var mu sync.Mutex
 	var denied []string
-	alice, err := nats.Connect(url, nats.UserCredentials(res.Creds[natsjwt.ClientUser("alice")]),
+	alice, err := nats.Connect(url, nats.UserCredentials(creds(natsjwt.ClientUser("alice"))),
 		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
 			mu.Lock()
 			denied = append(denied, err.Error())
@@ -93,9 +95,24 @@ func fairHeldProbes(t *testing.T, url string, res natsjwt.Result) {
 	if err != nil || tenants(hs) != "alice" || hs[0].Queued+hs[0].InFlight != 4 {
 		t.Fatalf("alice's view of her own calls: %+v (%v), want her 4 calls only", hs, err)
 	}
+	if accounts {
+		bob, err := nats.Connect(url, nats.UserCredentials(creds(natsjwt.ClientUser("bob"))))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer bob.Close()
+		if hs, err := ask(bob, events.FairHeldForSubject(tool, "bob")); err != nil || tenants(hs) != "bob" {
+			t.Fatalf("bob's view of his own calls through his import: %+v (%v), want his", hs, err)
+		}
+	}
 	for _, subject := range []string{events.FairHeldSubject(tool), events.FairHeldForSubject(tool, "bob")} {
 		if hs, err := ask(alice, subject); err == nil {
 			t.Fatalf("client alice asked %s and got %+v: another tenant's held calls", subject, hs)
+		} else if accounts {
+			if !errors.Is(err, nats.ErrNoResponders) {
+				t.Fatalf("client alice's %s across accounts: %v, want no responders (not imported)", subject, err)
+			}
+			continue
 		}
 		mu.Lock()
 		got := strings.Join(denied, "; ")

@@ -211,7 +211,7 @@ func TestFaultFairShareAccounts(t *testing.T) {
 		dump()
 		t.Fatalf("no call released by the scheduler: %v", err)
 	}
-	fairHeldProbes(t, url, res)
+	fairHeldProbes(t, url, func(user string) string { return res.Creds[user] }, false)
 }
 
 // securedPipeline starts a NATS server (server: nats-server, or toolbus server) with a

@@ -46,7 +46,7 @@ type BucketBound struct {
 // to 256 KiB, claims of up to 64 KiB (a claim carries its failed attempts), and per
 // tool 2,048 output chunks of up to store.OutputChunk (256 MiB, a quarter of the
 // default outputs bucket). Claims have no key bound: there is one per call, as many as
-// the retention keeps.
+// the retention keeps; their bytes are (Limits.ClaimsShare, share.go).
 var DefaultBucketBounds = map[string]BucketBound{
 	store.BucketSecrets:   {Keys: 16, ValueBytes: 64 << 10},
 	store.BucketInstances: {Keys: 256, ValueBytes: 256 << 10},

@@ -17,7 +17,8 @@
 //   - the tenant's bytes per second (Limits.BytesPerSecond: subject, headers, data and
 //     MessageOverhead), so one tenant cannot fill the store the others write to.
 //   - a team's keys of each shared bucket and the bytes of each value (Limits.Buckets,
-//     buckets.go), so one team cannot fill a bucket the others need.
+//     buckets.go), and its claims' bytes (Limits.ClaimsShare, share.go), so one team
+//     cannot fill a bucket the others need.
 //
 // A message it admits is published on its own subject at once, in the order received,
 // with a reply subject of the service's (a client may not publish with the tenant's
@@ -71,6 +72,9 @@ type Limits struct {
 	Buckets map[string]BucketBound
 	// StreamShare bounds a tenant's bytes in the event stream (share.go).
 	StreamShare StreamShare
+	// ClaimsShare bounds a team's bytes in the claims bucket (share.go; its Window is
+	// the bucket's TTL, the stream's retention).
+	ClaimsShare StreamShare
 }
 
 // Metrics counts what the service refuses (telemetry.Metrics implements it).
@@ -94,7 +98,7 @@ type Service struct {
 	waiting map[string]pending // by the last token of a forwarded write's reply subject
 
 	counts map[string]*keyCount   // by the filter of a prefix's keys (buckets.go; made on first use)
-	shares map[string]*shareCount // by kind.name: bytes on the event stream (share.go; made on first use)
+	shares map[string]*shareCount // by kind.name (and "<kind.name> claims"): bytes on the event stream and in the claims (share.go; made on first use)
 
 	admitted, refused atomic.Uint64
 	warn              rate.Sometimes

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/store"
 )
 
 // A tenant's share of the event stream. The stream is bounded (TOOLBUS_STREAM_MAX_BYTES,
@@ -76,11 +77,32 @@ func (c *shareCount) advance(idx int64) {
 // bounds of their own: buckets.go).
 func onStream(subject string) bool { return strings.HasPrefix(subject, events.SubjectPrefix+".") }
 
+// claimsPrefix is the subjects of the claims bucket's keys.
+const claimsPrefix = "$KV." + store.BucketClaims + "."
+
+// A team's claims. A claim is kept as long as the events (the bucket's TTL is the
+// stream's retention) and there is one per call, as many as the retention keeps, so a
+// bound on its keys would refuse a busy tool its claims: a team's claims are bounded by
+// their bytes written within that retention (Limits.ClaimsShare, counted as the stream
+// share is and apart from it), so one team writing claims at its bytes per second cannot
+// fill the store the core and every other team's claims live in.
+
+// DefaultClaimsBytes is Limits.ClaimsShare's bytes unless configured otherwise
+// (TOOLBUS_TENANT_CLAIMS_BYTES): 1 GiB of claims a team within the retention, some
+// two million calls' claims at their usual size.
+const DefaultClaimsBytes = 1 << 30
+
 // share charges n bytes of tenant's write on subject to its share of the event stream,
-// or refuses it. Called with the bytes already counted for the rate.
+// or of the claims bucket, or refuses it. Called with the bytes already counted for the
+// rate.
 func (s *Service) share(tenant, subject string, n int) *refusal {
-	sh := s.lim.StreamShare
-	if sh.Bytes <= 0 || sh.Window <= 0 || !onStream(subject) {
+	sh, key, what, setting := s.lim.StreamShare, tenant, "the event stream", "TOOLBUS_TENANT_STREAM_SHARE, % of TOOLBUS_STREAM_MAX_BYTES"
+	if strings.HasPrefix(subject, claimsPrefix) {
+		sh, key, what, setting = s.lim.ClaimsShare, tenant+" claims", "the claims bucket", "TOOLBUS_TENANT_CLAIMS_BYTES"
+	} else if !onStream(subject) {
+		return nil
+	}
+	if sh.Bytes <= 0 || sh.Window <= 0 {
 		return nil
 	}
 	slot := sh.Window / shareSlots
@@ -90,15 +112,15 @@ func (s *Service) share(tenant, subject string, n int) *refusal {
 	if s.shares == nil {
 		s.shares = map[string]*shareCount{}
 	}
-	c := s.shares[tenant]
+	c := s.shares[key]
 	if c == nil {
 		c = &shareCount{head: idx}
-		s.shares[tenant] = c
+		s.shares[key] = c
 	}
 	c.advance(idx)
 	if c.sum+int64(n) > sh.Bytes {
-		return refuseFull("%s holds %d bytes of the event stream written within its retention of %s, and its share is %d bytes (TOOLBUS_TENANT_STREAM_SHARE, %% of TOOLBUS_STREAM_MAX_BYTES): this write of %d bytes waits until older writes leave the stream",
-			tenant, c.sum, sh.Window, sh.Bytes, n)
+		return refuseFull("%s holds %d bytes of %s written within its retention of %s, and its share is %d bytes (%s): this write of %d bytes waits until older writes leave it",
+			tenant, c.sum, what, sh.Window, sh.Bytes, setting, n)
 	}
 	c.slots[idx%shareSlots] += int64(n)
 	c.sum += int64(n)

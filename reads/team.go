@@ -59,8 +59,11 @@ func (s *Service) teamReads(team, name, subject string) bool {
 		t := strings.Split(subject, ".")
 		return len(t) == 5 && t[0] == events.SubjectPrefix && t[2] == "tool" && t[3] == "finished"
 	case "KV_" + store.BucketClaims, "KV_" + store.BucketTools:
-		_, ok := kv(strings.TrimPrefix(name, "KV_"))
-		return ok
+		// Of the shape toolbus writes there (store.TeamKeyShape); the import pins the
+		// team's tools.
+		bucket := strings.TrimPrefix(name, "KV_")
+		key, ok := kv(bucket)
+		return ok && store.TeamKeyShape(bucket, team, key)
 	case "KV_" + store.BucketInstances:
 		key, ok := kv(store.BucketInstances)
 		return ok && strings.HasPrefix(key, team+".")

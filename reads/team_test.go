@@ -22,7 +22,8 @@ import (
 // direct gets: a replicated deployment), the same message the direct get finds. Team
 // alpha asking for team beta's tool's entry, or for its own secrets, reaches nothing
 // (the core exports neither to it), and the service refuses any other subject even from
-// inside the core: another team's instance record, the secrets, a wildcard. CONTROL:
+// inside the core: another team's instance record, the secrets, a wildcard, a claim key
+// of no shape toolbus writes. CONTROL:
 // beta reads its own entry the same way, and alpha's own keys are found. Once the
 // catalog bucket serves no direct gets (as a replicated one), alpha's executor bus
 // still reads its entry: through the service.
@@ -58,6 +59,8 @@ func TestTeamReadsOnlyItsKeys(t *testing.T) {
 	put(store.BucketInstances, "alpha.a1", `{"name":"a1"}`)
 	put(store.BucketInstances, "beta.b1", `{"name":"b1"}`)
 	put(store.BucketSecrets, "alpha.token", `secret`)
+	put(store.BucketClaims, "calc.r1.0.c1", `{"instance":"a1"}`)
+	put(store.BucketClaims, "calc.r1.x", `{"instance":"odd"}`)
 	alpha, beta := eventstest.Connect(t, srv, "alpha"), eventstest.Connect(t, srv, "beta")
 	kvRead := func(bucket, key string) string { return events.TeamReadLocal("KV_"+bucket, "$KV."+bucket+"."+key) }
 	get := func(nc *nats.Conn, subject string) (*nats.Msg, error) {
@@ -83,6 +86,7 @@ func TestTeamReadsOnlyItsKeys(t *testing.T) {
 	found(alpha, accountsDirect(store.BucketTools, "calc"), `{"name":"calc"}`)
 	found(alpha, kvRead(store.BucketInstances, "alpha.a1"), `{"name":"a1"}`)
 	found(beta, kvRead(store.BucketTools, "web"), `{"name":"web"}`)
+	found(alpha, kvRead(store.BucketClaims, "calc.r1.0.c1"), `{"instance":"a1"}`)
 	found(alpha, accountsDirect(store.BucketSecrets, "alpha.token"), `secret`)
 	for _, s := range []string{kvRead(store.BucketTools, "web"), kvRead(store.BucketInstances, "beta.b1"), kvRead(store.BucketSecrets, "alpha.token")} {
 		if m, err := get(alpha, s); !errors.Is(err, nats.ErrNoResponders) {
@@ -95,6 +99,8 @@ func TestTeamReadsOnlyItsKeys(t *testing.T) {
 		events.TeamReadSubject("alpha", "KV_"+store.BucketSecrets, "$KV."+store.BucketSecrets+".alpha.token"),
 		events.TeamReadSubject("alpha", "KV_"+store.BucketTools, "$KV."+store.BucketTools+".*"),
 		events.TeamReadSubject("alpha", "KV_"+store.BucketRuns, "$KV."+store.BucketRuns+".r1"),
+		// A key of no shape toolbus writes, even of alpha's tool.
+		events.TeamReadSubject("alpha", "KV_"+store.BucketClaims, "$KV."+store.BucketClaims+".calc.r1.x"),
 	} {
 		m, err := get(core, s)
 		if err != nil {

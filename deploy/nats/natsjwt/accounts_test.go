@@ -188,7 +188,8 @@ func dataOf(m *nats.Msg) string {
 // result, claims, instance record, catalog entry), and no route reaches another team's
 // or the core's data: another queue, the stream's direct gets and infos, another tool's
 // or team's keys, the runs, history and approvals buckets, a consumer create, a pull
-// whose reply subject is a core stream's subject, a subscription to everything.
+// whose reply subject is a core stream's subject, a subscription to everything; of the
+// shared claims bucket, only its own tools' keys by every route (claimsProbes).
 func TestAccountsLayoutBoundary(t *testing.T) {
 	dir := t.TempDir()
 	g := natsjwt.Grants{Teams: map[string][]string{"alpha": {"calc"}, "beta": {"search"}}}
@@ -277,6 +278,7 @@ func TestAccountsLayoutBoundary(t *testing.T) {
 				t.Fatal(err)
 			}
 			probeClosed(t, d, alphaNC)
+			claimsProbes(t, ctx, d, alphaNC, betaNC)
 		})
 	}
 }

@@ -209,6 +209,13 @@ func issueUsers(users []User, kr keyring, signer func(User) (nkeys.KeyPair, stri
 	return nil
 }
 
+// responseMax and responseExpires are a user's allow_responses (Permissions.Responses)
+// in a JWT: the server's defaults for the config kinds' allow_responses: true.
+const (
+	responseMax     = 1
+	responseExpires = 2 * time.Minute
+)
+
 // userCreds is the credentials file of a new user of the account akp: its JWT, carrying
 // u's permissions and signed by the account, and its nkey seed.
 func userCreds(u User, akp nkeys.KeyPair) ([]byte, error) {
@@ -221,6 +228,9 @@ func userCreds(u User, akp nkeys.KeyPair) ([]byte, error) {
 	uc.Name = u.Name
 	uc.Pub.Allow, uc.Pub.Deny = u.Perms.PubAllow, u.Perms.PubDeny
 	uc.Sub.Allow, uc.Sub.Deny = u.Perms.SubAllow, u.Perms.SubDeny
+	if u.Perms.Responses {
+		uc.Resp = &jwt.ResponsePermission{MaxMsgs: responseMax, Expires: responseExpires}
+	}
 	userJWT, err := uc.Encode(akp)
 	if err != nil {
 		return nil, err

@@ -125,7 +125,8 @@ func samePermissions(uc *jwt.UserClaims, p Permissions) bool {
 	eq := func(a jwt.StringList, b []string) bool {
 		return slices.Equal([]string(a), b) || (len(a) == 0 && len(b) == 0)
 	}
-	return eq(uc.Pub.Allow, p.PubAllow) && eq(uc.Pub.Deny, p.PubDeny) && eq(uc.Sub.Allow, p.SubAllow) && eq(uc.Sub.Deny, p.SubDeny)
+	return eq(uc.Pub.Allow, p.PubAllow) && eq(uc.Pub.Deny, p.PubDeny) && eq(uc.Sub.Allow, p.SubAllow) && eq(uc.Sub.Deny, p.SubDeny) &&
+		(uc.Resp != nil) == p.Responses
 }
 
 // revocationsFile keeps the user keys revoked in operator mode (removed or rotated users)

@@ -15,6 +15,10 @@ var Roles = []string{"admin", "planner", "executor", "injector", "client"}
 // Permissions of one role: the publish and subscribe allow and deny lists.
 type Permissions struct {
 	PubAllow, PubDeny, SubAllow, SubDeny []string
+	// Responses lets the user publish once to the reply subject of each request it
+	// receives, within two minutes (the server's allow_responses defaults): an answer
+	// to the asker's inbox without leave to publish to every inbox.
+	Responses bool
 }
 
 // TeamTemplate is the key, in the Permissions ReadPermissions returns, of the
@@ -48,6 +52,7 @@ func readPermissions(file string, roles []string, out map[string]Permissions) er
 		var p Permissions
 		p.PubAllow, p.PubDeny = lists(r["publish"])
 		p.SubAllow, p.SubDeny = lists(r["subscribe"])
+		p.Responses, _ = r["allow_responses"].(bool)
 		if len(p.PubAllow) == 0 || len(p.SubAllow) == 0 {
 			return fmt.Errorf("natsjwt: %s: %s has no publish or subscribe allow list", file, role)
 		}
@@ -85,6 +90,10 @@ func confPermissions(p Permissions) string {
 		}
 		return "[" + strings.Join(q, ", ") + "]"
 	}
-	return fmt.Sprintf("{publish: {allow: %s, deny: %s}, subscribe: {allow: %s, deny: %s}}",
-		list(p.PubAllow), list(p.PubDeny), list(p.SubAllow), list(p.SubDeny))
+	resp := ""
+	if p.Responses {
+		resp = ", allow_responses: true"
+	}
+	return fmt.Sprintf("{publish: {allow: %s, deny: %s}, subscribe: {allow: %s, deny: %s}%s}",
+		list(p.PubAllow), list(p.PubDeny), list(p.SubAllow), list(p.SubDeny), resp)
 }

@@ -30,6 +30,7 @@ import (
 //   - asks the scheduler what it holds (toolbus_fair.held.<tool>: the other tenants'
 //     names and counts): no answer; the core gets bob's held calls (control); pulls
 //     the scheduler's durable of every staged call: nothing (the core finds it);
+//   - asks, publishes into and forges each identity's view (heldViewProbes);
 //   - writes a tool.requested (its own tool's too), and publishes calls onto another
 //     tool's staging and queue subjects, and its own tool's, with a forged Toolbus-Call-Subject or Nats-Stream-Source header, directly
 //     and through its write import (as a start, a result): nothing is stored in the
@@ -89,6 +90,7 @@ func TestOutsiderFairShareAndSigners(t *testing.T) {
 			}
 		}
 	}
+	heldViewProbes(t, ctx, d, bus, "calc", alpha, alice, d.conn(natsjwt.ClientUser("bob")))
 
 	// The scheduler's durable on the staged calls (every tenant's, of every tool): the
 	// core finds it (control); an outsider's pull of it, in its API's shape and as a

@@ -224,7 +224,7 @@ func Users(perms map[string]Permissions, g Grants) []User {
 // (TestInjectorSubscribesToTheWriteService; in cmd/toolbus/internal/admin, TestUpgradeFrom9c054fc).
 func withWriteForwards(p Permissions) Permissions {
 	fwd := accounts.WriteForwards()
-	out := Permissions{PubAllow: append(slices.Clone(p.PubAllow), fwd...), SubAllow: p.SubAllow, SubDeny: p.SubDeny}
+	out := Permissions{PubAllow: append(slices.Clone(p.PubAllow), fwd...), SubAllow: p.SubAllow, SubDeny: p.SubDeny, Responses: p.Responses}
 	if svc := events.WriteServicePrefix + ".>"; !slices.Contains(p.SubAllow, svc) {
 		out.SubAllow = append(slices.Clone(p.SubAllow), svc)
 	}

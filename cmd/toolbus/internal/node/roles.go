@@ -228,7 +228,8 @@ func runInjector(ctx context.Context, cfg Config, bus *events.Bus, log *slog.Log
 	if cfg.WriteService {
 		// Checked with the configuration (Config.Validate): no error here.
 		buckets, _ := intake.BucketBounds(cfg.TenantBucketKeys, cfg.TenantValueBytes)
-		lim := intake.Limits{BytesPerSecond: cfg.TenantBytesPerSecond, Burst: cfg.TenantBytesBurst, MaxStartBytes: cfg.MaxStartBytes, Buckets: buckets}
+		lim := intake.Limits{BytesPerSecond: cfg.TenantBytesPerSecond, Burst: cfg.TenantBytesBurst, MaxStartBytes: cfg.MaxStartBytes, Buckets: buckets,
+			ClaimsShare: intake.StreamShare{Bytes: cfg.TenantClaimsBytes, Window: bus.Config().MaxAge}}
 		if es := bus.EventStream(); es != nil && es.CachedInfo() != nil {
 			sc := es.CachedInfo().Config
 			lim.StreamShare = intake.StreamShareOf(sc.MaxBytes, cfg.TenantStreamShare, sc.MaxAge)
