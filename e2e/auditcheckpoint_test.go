@@ -102,22 +102,26 @@ func mustDetect(t *testing.T, s *signedStack, run, file string) {
 
 // TestAuditCheckpointRunRemoved: a run the administrator removed whole (the stream
 // rewritten without it) leaves no event to check, yet replay --verify
-// fails: the stream no longer hashes to the core's signed checkpoint. CONTROL: before,
-// both runs verify live and offline.
+// fails: the stream no longer hashes to the core's signed checkpoint, and the core's
+// checkpoint service, restarted, stops signing and shows it (metric, error log).
+// CONTROL: before, both runs verify live and offline and a restarted service signs.
 func TestAuditCheckpointRunRemoved(t *testing.T) {
 	s, _, files := checkpointed(t)
+	mustSignCheckpoints(t, s)
 	rewrite(t, s, func(recs []trail.Record) []trail.Record {
 		return slices.DeleteFunc(recs, func(r trail.Record) bool { return strings.HasPrefix(r.Subject, "toolbus.cp-1.") })
 	})
 	mustDetect(t, s, "cp-1", files["cp-1"])
 	mustDetect(t, s, "cp-2", files["cp-2"])
+	mustStopCheckpoints(t, s)
 }
 
 // TestAuditCheckpointRewrittenPast: the administrator moves a past event (cp-1's
 // run.completed stored again unchanged, at the stream's end): its signature and its
 // run's chain still hold, but the stream no longer hashes to the signed checkpoint,
 // live; offline, the moved event has no inclusion proof, and one proven at another
-// event's place fails. CONTROL: the untouched runs verify.
+// event's place fails; a restarted checkpoint service stops signing and shows it.
+// CONTROL: the untouched runs verify.
 func TestAuditCheckpointRewrittenPast(t *testing.T) {
 	s, bundles, files := checkpointed(t)
 	b := bundles["cp-1"]
@@ -129,6 +133,7 @@ func TestAuditCheckpointRewrittenPast(t *testing.T) {
 		return append(slices.Delete(recs, j, j+1), r)
 	})
 	mustDetect(t, s, "cp-1", files["cp-1"])
+	mustStopCheckpoints(t, s)
 
 	moved := clone(b)
 	moved.Events[i].Seq = recs[len(recs)-1].Seq

@@ -212,8 +212,8 @@ func TestFaultDayTwoInFlight(t *testing.T) {
 
 // checkDayTwoDisturbsNobody runs a loop of team alpha's runs (one call of append_a each,
 // one at a time) while the administrator rotates team beta's credentials, revokes its
-// tool and grants it again, and adds a team (delta, with a tool of its own) and removes
-// it, each with -push (no reload), as issue 54 measured: every call of alpha's loop runs
+// tool and grants it again, adds a team (delta, with a tool of its own) and removes it,
+// and a client (carol: clientDayTwo), each with -push (no reload), as issue 54 measured: every call of alpha's loop runs
 // at its first delivery (a call delivered to a pull whose response mapping the server
 // dropped waits the queue's AckWait for its redelivery: the stall this checks for, by
 // the attempt, not by a clock). The revoked
@@ -330,6 +330,8 @@ func checkDayTwoDisturbsNobody(t *testing.T, e *env, admin func(...string) strin
 		}
 		return nil
 	})
+	// A client added, rotated and removed on the live deployment, with -push.
+	out += clientDayTwo(t, e, admin, toolbusBin, url, genDir, sideEffects)
 	close(stop)
 	got := <-laps
 	// No elapsed time is asserted: a loop call that beta's changes disturbed (alpha's
@@ -350,7 +352,7 @@ func checkDayTwoDisturbsNobody(t *testing.T, e *env, admin func(...string) strin
 	if len(got) == 0 {
 		t.Errorf("no loop run during the commands")
 	}
-	t.Logf("alpha's loop: worst %s before; %d runs during beta's rotate, revoke and grant and delta's add-team and remove-team with -push, the slowest %s\n%s", worst, len(got), slowest, out)
+	t.Logf("alpha's loop: worst %s before; %d runs during beta's rotate, revoke and grant, delta's add-team and remove-team and carol's add-client, rotate and remove-client with -push, the slowest %s\n%s", worst, len(got), slowest, out)
 	e.checkProcs() // beta's executor reconnected with its rewritten file
 }
 

@@ -44,6 +44,8 @@ const (
 	MetricContractRefused  = "toolbus_tool_contract_refused_total"
 	MetricQueuesParked     = "toolbus_tool_queues_parked"
 	MetricWritesRefused    = "toolbus_tenant_writes_refused_total"
+	MetricCheckpointSize   = "toolbus_checkpoint_size"
+	MetricCheckpointsStop  = "toolbus_checkpoints_refused"
 )
 
 // Metrics holds the collectors of one process; every role of the process shares it, and
@@ -67,6 +69,8 @@ type Metrics struct {
 	refused   *prometheus.CounterVec
 	parked    prometheus.Gauge
 	writes    *prometheus.CounterVec
+	cpSize    prometheus.Gauge
+	cpRefused prometheus.Gauge
 
 	mu     sync.Mutex
 	roles  map[string]int // role -> consume loops serving
@@ -133,6 +137,10 @@ func New(roles ...string) *Metrics {
 		writes: prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricWritesRefused,
 			Help: "Writes of tenants in accounts of their own that the injector's write service refused, by tenant (team.<team> or client.<identity>) and code (400: form or size, 429: bytes per second)."},
 			[]string{"tenant", "code"}),
+		cpSize: prometheus.NewGauge(prometheus.GaugeOpts{Name: MetricCheckpointSize,
+			Help: "Messages of the event stream the latest checkpoint this process signed covers (audit/checkpoint)."}),
+		cpRefused: prometheus.NewGauge(prometheus.GaugeOpts{Name: MetricCheckpointsStop,
+			Help: "1 when this process stopped signing checkpoints: the event stream no longer hashes to the latest one signed (its past rewritten)."}),
 		ready: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: MetricReady,
 			Help: "1 when the role's consumers are bound and consuming, else 0."}, []string{"role"}),
 		denied: prometheus.NewCounter(prometheus.CounterOpts{Name: MetricPermissionDenied,
@@ -147,7 +155,7 @@ func New(roles ...string) *Metrics {
 	own := map[string][]prometheus.Collector{
 		RoleExecutor: {m.calls, m.duration, m.inflight, m.refused, m.parked},
 		RolePlanner:  {m.modelDur, m.modelErrs, m.tokens, m.runs},
-		RoleInjector: {m.join, m.runs, m.writes},
+		RoleInjector: {m.join, m.runs, m.writes, m.cpSize, m.cpRefused},
 	}
 	registered := map[prometheus.Collector]bool{}
 	for _, role := range roles {
@@ -202,6 +210,14 @@ func (m *Metrics) StepJoined(d time.Duration) { m.join.Observe(d.Seconds()) }
 func (m *Metrics) WriteRefused(tenant string, code int) {
 	m.writes.WithLabelValues(tenant, strconv.Itoa(code)).Inc()
 }
+
+// CheckpointSigned implements checkpoint.Metrics.
+func (m *Metrics) CheckpointSigned(size int64) { m.cpSize.Set(float64(size)) }
+
+// CheckpointsRefused implements checkpoint.Metrics: the gauge goes to 1 (the service
+// logged why). Not /readyz: the injector still does its work, and a deployment waits
+// for every role's readiness before it starts a run (docker-compose.yml).
+func (m *Metrics) CheckpointsRefused(string) { m.cpRefused.Set(1) }
 
 // RunEnded implements planner.Metrics and injector.Metrics.
 func (m *Metrics) RunEnded(outcome, code string) { m.runs.WithLabelValues(outcome, code).Inc() }

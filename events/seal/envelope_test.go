@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/base64"
+	"encoding/hex"
 	"encoding/json"
 	"testing"
 
@@ -39,8 +40,28 @@ func TestParentDigestOfSignedEvent(t *testing.T) {
 	if got, want := seal.ParentDigest(seal.WithParent(context.Background(), h, data)), seal.Digest(h, data); got != want {
 		t.Fatalf("signed parent: %s, want %s", got, want)
 	}
+	// Another signer's envelope, the same JSON in another order, is read too (the
+	// decoder's way, not the fast one).
+	raw, _ := base64.StdEncoding.DecodeString(h[seal.HeaderMaterial][0])
+	var env map[string]any
+	if err := json.Unmarshal(raw, &env); err != nil {
+		t.Fatal(err)
+	}
+	sigs, _ := json.Marshal(env["signatures"])
+	other := `{"signatures":` + string(sigs) + `,"payloadType":"` + seal.PayloadType + `","payload":"` + env["payload"].(string) + `"}`
+	h[seal.HeaderMaterial] = []string{base64.StdEncoding.EncodeToString([]byte(other))}
+	if got, want := seal.ParentDigest(seal.WithParent(context.Background(), h, data)), seal.Digest(h, data); got != want {
+		t.Fatalf("signed parent, another envelope's order: %s, want %s", got, want)
+	}
+	m, ok := seal.SignedMaterial(h)
+	if want := seal.Digest(h, data); !ok || seal.DigestPrefix+hex.EncodeToString(m[:]) != want {
+		t.Fatalf("signed material %x %v, want %s", m, ok, want)
+	}
 	delete(h, seal.HeaderMaterial)
 	delete(h, seal.HeaderSigned)
+	if _, ok := seal.SignedMaterial(h); ok {
+		t.Fatal("an unsigned event claims a signed material")
+	}
 	if got, want := seal.ParentDigest(seal.WithParent(context.Background(), h, data)), seal.Digest(h, data); got != want || got == "" {
 		t.Fatalf("unsigned parent: %s, want %s", got, want)
 	}

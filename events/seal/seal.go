@@ -76,8 +76,15 @@ type Signature struct {
 }
 
 // PAE is DSSE's pre-authentication encoding of a payload of type typ: what is signed.
-func PAE(typ string, body []byte) []byte {
-	return []byte("DSSEv1 " + strconv.Itoa(len(typ)) + " " + typ + " " + strconv.Itoa(len(body)) + " " + string(body))
+func PAE(typ string, body []byte) []byte { return appendPAE(nil, typ, body) }
+
+// appendPAE appends PAE(typ, body) to b (a signer's stack buffer: no allocation).
+func appendPAE(b []byte, typ string, body []byte) []byte {
+	b = append(b, "DSSEv1 "...)
+	b = strconv.AppendInt(b, int64(len(typ)), 10)
+	b = append(append(append(b, ' '), typ...), ' ')
+	b = strconv.AppendInt(b, int64(len(body)), 10)
+	return append(append(b, ' '), body...)
 }
 
 // attr returns the value of a core attribute of a binary-mode message ("" unset).
@@ -95,7 +102,7 @@ func attr(h nats.Header, name string) string {
 // extensions lists the extension attributes of h that a signer signs: every ce-*
 // header that is no core attribute, dssematerial or signedextattrs, sorted.
 func extensions(h nats.Header) []string {
-	var out []string
+	out := make([]string, 0, 8)
 	for k := range h {
 		name, ok := strings.CutPrefix(k, "ce-")
 		if !ok || name == ExtMaterial || name == ExtSigned || slices.Contains(coreAttrs, name) {
@@ -130,9 +137,12 @@ func signedList(h nats.Header) ([]string, error) {
 // attributes exts (name and value each), as the verifiability extension defines it.
 // time is normalized to RFC 3339 in UTC (fraction kept, trailing zeros dropped).
 func Material(h nats.Header, data []byte, exts []string) [32]byte {
-	seq := make([]byte, 0, 32*(len(coreAttrs)+1+2*len(exts)))
-	add := func(b []byte) {
-		d := sha256.Sum256(b)
+	// Stack buffers: the digests, and each value's bytes (no allocation per attribute).
+	var seqBuf [32 * 32]byte
+	var valBuf [256]byte
+	seq := seqBuf[:0]
+	addString := func(v string) {
+		d := sha256.Sum256(append(valBuf[:0], v...))
 		seq = append(seq, d[:]...)
 	}
 	for _, a := range coreAttrs {
@@ -142,12 +152,13 @@ func Material(h nats.Header, data []byte, exts []string) [32]byte {
 				v = t.UTC().Format(time.RFC3339Nano)
 			}
 		}
-		add([]byte(v))
+		addString(v)
 	}
-	add(data)
+	d := sha256.Sum256(data)
+	seq = append(seq, d[:]...)
 	for _, e := range exts {
-		add([]byte(e))
-		add([]byte(attr(h, e)))
+		addString(e)
+		addString(attr(h, e))
 	}
 	return sha256.Sum256(seq)
 }
@@ -191,7 +202,8 @@ func (s *Signer) Sign(h nats.Header, data []byte) error {
 		delete(h, HeaderSigned)
 	}
 	m := Material(h, data, exts)
-	h[HeaderMaterial] = []string{s.envelope(m, ed25519.Sign(s.key, PAE(PayloadType, m[:])))}
+	var pae [128]byte // PAE of a 32-byte payload of PayloadType: 95 bytes
+	h[HeaderMaterial] = []string{s.envelope(m, ed25519.Sign(s.key, appendPAE(pae[:0], PayloadType, m[:])))}
 	return nil
 }
 

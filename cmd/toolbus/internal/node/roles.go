@@ -244,7 +244,7 @@ func runInjector(ctx context.Context, cfg Config, bus *events.Bus, log *slog.Log
 			}
 		})
 	}
-	startCheckpoints(rctx, bus, log, &wg)
+	startCheckpoints(rctx, bus, log, tel, &wg)
 	if err := startFair(rctx, cfg, bus, log, &wg); err != nil {
 		stop()
 		wg.Wait()
