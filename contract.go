@@ -3,7 +3,6 @@ package toolbus
 import (
 	"encoding/json"
 	"fmt"
-	"regexp"
 	"slices"
 	"strings"
 	"time"
@@ -106,26 +105,39 @@ func (p RetryPolicy) Backoff(attempt int) time.Duration {
 	return min(d, p.MaxBackoff)
 }
 
-var nameRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
-
 // ValidToolName reports whether name is a valid tool name: 1 to 64 of [A-Za-z0-9_-],
 // as the model APIs require; it is also a valid NATS subject token.
-func ValidToolName(name string) bool { return nameRE.MatchString(name) }
+func ValidToolName(name string) bool { return validToken(name, 64) }
 
 // ValidRunID reports whether id can be a run id: a non-empty subject token of
 // [A-Za-z0-9_-], at most 128 characters.
-func ValidRunID(id string) bool {
-	if len(id) == 0 || len(id) > 128 {
+func ValidRunID(id string) bool { return validToken(id, 128) }
+
+// validToken reports whether s is 1 to most bytes, each a TokenByte.
+func validToken(s string, most int) bool {
+	if len(s) == 0 || len(s) > most {
 		return false
 	}
-	for i := 0; i < len(id); i++ {
-		c := id[i]
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-') {
+	for i := 0; i < len(s); i++ {
+		if !TokenByte(s[i]) {
 			return false
 		}
 	}
 	return true
 }
+
+// TokenByte reports whether c may stand in a name as it is: [A-Za-z0-9_-], the bytes of
+// a tool name, a run id and an identity, which are NATS subject tokens and KV key tokens
+// as they stand. The one home of that alphabet: what maps or escapes other names into
+// it (a call id in a key, an MCP tool's name) asks here.
+func TokenByte(c byte) bool {
+	return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-'
+}
+
+// IDShape is what ValidRunID accepts, in the words of errors that refuse a run id or an
+// identity (a principal, an approver, a canceller, a client's identity): one home, so
+// every refusal names the same shape.
+const IDShape = "1-128 of [A-Za-z0-9_-]"
 
 func schemaOrEmpty(s json.RawMessage) json.RawMessage {
 	if len(s) == 0 {

@@ -55,7 +55,7 @@ func (c Calls) String() string {
 // run's tool.finished subjects, no consumer): the first result of each call counts, as
 // the injector joins it.
 func CountCalls(ctx context.Context, bus *events.Bus, run string) (Calls, error) {
-	w, err := runlog.Watch(ctx, bus, events.SubjectPrefix+"."+run+".tool.finished.>", true)
+	w, err := runlog.Watch(ctx, bus, events.SubjectToolFinishedAny(run), true)
 	if err != nil {
 		return nil, err
 	}

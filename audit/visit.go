@@ -10,7 +10,6 @@ package audit
 
 import (
 	"encoding/json"
-	"strings"
 
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
@@ -92,7 +91,7 @@ func (v *Visitor) Visit(ev runlog.StoredEvent) {
 		visit(v, ev, v.Cancel)
 	case typ == events.TypeRunTimer:
 		visit(v, ev, v.Timer)
-	case strings.HasPrefix(typ, "toolbus.run."):
+	case events.IsRunEndedType(typ):
 		visit(v, ev, v.RunEnded)
 	default:
 		if v.Other != nil {

@@ -158,7 +158,7 @@ func storedResult(ctx context.Context, bus *events.Bus, run, tool string) (*nats
 
 // countStored counts the tool.finished events of a run in the stream.
 func countStored(ctx context.Context, bus *events.Bus, run string) (int, error) {
-	evs, err := runlog.Read(ctx, bus.EventStream(), events.SubjectPrefix+"."+run+".tool.finished.>")
+	evs, err := runlog.Read(ctx, bus.EventStream(), events.SubjectToolFinishedAny(run))
 	if err != nil {
 		return 0, fmt.Errorf("conformance: %w", err)
 	}

@@ -265,7 +265,7 @@ func open(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, cfg Config
 	// Batched reads of the history are direct gets, which any replica answers: they are
 	// used only where that is the leader (one replica). Replicated buckets read key by
 	// key from the leader (leaderReads).
-	if hs, err := js.Stream(ctx, "KV_"+store.BucketHistory); err == nil {
+	if hs, err := js.Stream(ctx, store.BucketStream(store.BucketHistory)); err == nil {
 		if c := hs.CachedInfo().Config; c.Replicas <= 1 && c.AllowDirect {
 			kvs.Conn = nc
 		}
@@ -301,7 +301,7 @@ func (b *Bus) Secrets(ctx context.Context, team string) (*store.Secrets, error) 
 	// fail at once, and the executor renews its tokens alone.
 	s.Guard = func(ctx context.Context) (context.Context, func(error) error) {
 		return b.Guard(ctx, api+".DIRECT.GET.KV_"+store.BucketSecrets, api+".STREAM.MSG.GET.KV_"+store.BucketSecrets,
-			"$KV."+store.BucketSecrets+".")
+			store.KeyPrefix(store.BucketSecrets))
 	}
 	return s, nil
 }

@@ -223,7 +223,7 @@ func DataOf(typ string) any {
 	case TypeRunTimer:
 		return new(RunTimer)
 	}
-	if strings.HasPrefix(typ, SubjectPrefix+".run.") {
+	if IsRunEndedType(typ) {
 		return new(toolbus.RunEnded)
 	}
 	return nil

@@ -44,10 +44,10 @@ func (b *Bus) StartRun(ctx context.Context, source string, rs toolbus.RunStarted
 	ctx, done := b.Guard(ctx, SubjectPrefix+"."+rs.RunID+".")
 	defer func() { err = done(err) }()
 	if !toolbus.ValidRunID(rs.RunID) {
-		return fmt.Errorf("events: invalid run id %q: use 1-128 of [A-Za-z0-9_-]", rs.RunID)
+		return fmt.Errorf("events: invalid run id %q: use %s", rs.RunID, toolbus.IDShape)
 	}
-	if IdentityToken(rs.Principal.ID) == "" {
-		return fmt.Errorf("events: invalid principal id %q: use 1-128 of [A-Za-z0-9_-] (it is a subject token)", rs.Principal.ID)
+	if err := identityRefused("principal id", rs.Principal.ID); err != nil {
+		return err
 	}
 	for _, t := range rs.AllowedTools {
 		if !toolbus.ValidToolName(t) {
@@ -332,8 +332,8 @@ func (b *Bus) PublishApproval(ctx context.Context, source string, step int, a to
 	if !toolbus.ValidRunID(a.RunID) || a.CallID == "" {
 		return nil, fmt.Errorf("events: approval needs a valid run id and a call id")
 	}
-	if IdentityToken(a.Who) == "" {
-		return nil, fmt.Errorf("events: invalid approver %q: use 1-128 of [A-Za-z0-9_-] (it is a subject token)", a.Who)
+	if err := identityRefused("approver", a.Who); err != nil {
+		return nil, err
 	}
 	if err := DecisionSize(a); err != nil {
 		return nil, err
@@ -349,8 +349,8 @@ func (b *Bus) PublishCancel(ctx context.Context, source string, c toolbus.Cancel
 	if !toolbus.ValidRunID(c.RunID) {
 		return nil, fmt.Errorf("events: cancel needs a valid run id")
 	}
-	if IdentityToken(c.Who) == "" {
-		return nil, fmt.Errorf("events: invalid canceller %q: use 1-128 of [A-Za-z0-9_-] (it is a subject token)", c.Who)
+	if err := identityRefused("canceller", c.Who); err != nil {
+		return nil, err
 	}
 	if err := DecisionSize(c); err != nil {
 		return nil, err

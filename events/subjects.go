@@ -1,6 +1,7 @@
 package events
 
 import (
+	"fmt"
 	"strconv"
 	"strings"
 
@@ -31,6 +32,13 @@ const (
 
 // TypeRunEnded returns the CloudEvents type of a run outcome, e.g. toolbus.run.completed.
 func TypeRunEnded(s toolbus.RunStatus) string { return "toolbus.run." + string(s) }
+
+// IsRunEndedType reports whether typ is the type of a run outcome (TypeRunEnded):
+// toolbus.run.<status>, not run.started nor run.cancel. The one home of that rule for
+// every reader that sorts events by type.
+func IsRunEndedType(typ string) bool {
+	return strings.HasPrefix(typ, "toolbus.run.") && typ != TypeRunStarted && typ != TypeRunCancel
+}
 
 // UnknownToolToken is the subject token used for a call whose tool name is not a valid
 // subject token or not in the catalog; every executor deployment listens to it so the
@@ -63,6 +71,16 @@ func IdentityToken(id string) string {
 	return ""
 }
 
+// identityRefused is the error of publishing an event that names an identity (a
+// principal, an approver, a canceller: role) which cannot be a subject token; nil when it
+// can (IdentityToken).
+func identityRefused(role, id string) error {
+	if IdentityToken(id) != "" {
+		return nil
+	}
+	return fmt.Errorf("events: invalid %s %q: use %s (it is a subject token)", role, id, toolbus.IDShape)
+}
+
 // SubjectRunStarted is toolbus.<run>.run.started.<principal>: the principal's identity
 // token (IdentityToken) ends the subject.
 func SubjectRunStarted(run, principal string) string {
@@ -88,6 +106,12 @@ func SubjectToolRequested(run, tool string) string {
 // SubjectToolFinished is toolbus.<run>.tool.finished.<tool>.
 func SubjectToolFinished(run, tool string) string {
 	return SubjectPrefix + "." + run + ".tool.finished." + ToolToken(tool)
+}
+
+// SubjectToolFinishedAny is toolbus.<run>.tool.finished.>: the results of a run,
+// whatever their tool.
+func SubjectToolFinishedAny(run string) string {
+	return SubjectPrefix + "." + run + ".tool.finished.>"
 }
 
 // SubjectToolWaiting is toolbus.<run>.tool.waiting.<tool>.

@@ -38,7 +38,7 @@ func openTeam(nc *nats.Conn, cfg Config) (*Bus, error) {
 	b.stream = &teamStream{js: js, nc: nc, name: cfg.Stream, prefix: cfg.APIPrefix}
 	b.reader = b.stream
 	kv := func(bucket string) jetstream.KeyValue {
-		return store.NewTeamKV(js, nc, cfg.APIPrefix, TeamReadLocal("KV_"+bucket, "$KV."+bucket+"."), bucket)
+		return store.NewTeamKV(js, nc, cfg.APIPrefix, TeamReadLocal(store.BucketStream(bucket), store.KeyPrefix(bucket)), bucket)
 	}
 	b.state = store.New(store.Buckets{
 		History: kv(store.BucketHistory), Runs: kv(store.BucketRuns), Tools: kv(store.BucketTools),

@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+
+	"github.com/toolbus/toolbus"
 )
 
 // Questions to the caller.
@@ -115,8 +117,8 @@ func validQuestionKey(key string) bool {
 	if len(key) > 64 {
 		return false
 	}
-	for _, r := range key {
-		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '_' || r == '-') {
+	for i := 0; i < len(key); i++ {
+		if !toolbus.TokenByte(key[i]) {
 			return false
 		}
 	}

@@ -64,6 +64,12 @@ type keyCount struct {
 	at         time.Time       // of the last count
 	refreshing bool            // a count is being read in the background
 	held       map[string]bool // subjects found held at the bound (renewals pass without a read)
+	// all: held is every subject of the prefix, listed at the bound (listKeys), so that
+	// a key not in it is new and refused with no read. The service admits every
+	// tenant's writes one at a time: a read per refused write was one request of the
+	// core's JetStream (a stream info, on the server's one info queue) that every other
+	// tenant's writes waited behind, for each new key a team at its bound sent.
+	all bool
 }
 
 // refuseFull is the refusal of a new key of a prefix at its bound.
@@ -95,7 +101,7 @@ func (s *Service) hold(kind, name, subject string, m *nats.Msg) *refusal {
 	if b.Keys <= 0 || m.Header.Get(kvOperation) != "" {
 		return nil // a delete or purge frees room
 	}
-	filter := "$KV." + bucket + "." + prefix + ".>"
+	filter := store.KeySubject(bucket, prefix+".>")
 	if len(toks) == 3 {
 		filter = subject // a key of one token (the catalog's): the prefix is the key
 	}
@@ -143,14 +149,36 @@ func (s *Service) hold(kind, name, subject string, m *nats.Msg) *refusal {
 func (s *Service) held(filter, bucket, prefix, subject string, b BucketBound) *refusal {
 	s.mu.Lock()
 	c := s.counts[filter]
-	known := c != nil && c.held[subject]
+	known, all := c != nil && c.held[subject], c != nil && c.all
 	s.mu.Unlock()
 	if known {
 		return nil
 	}
+	if !all {
+		// Once per count: the prefix's keys at its bound, a page of them.
+		keys, complete, err := s.listKeys(bucket, filter)
+		if err != nil {
+			s.log.Warn("intake: list keys", "filter", filter, "err", err)
+			return &refusal{code: 503, errCode: events.WriteRefusedErrCode, desc: "toolbus intake: could not read the tenant's keys of " + bucket + ": retry"}
+		}
+		s.mu.Lock()
+		if c := s.counts[filter]; c != nil {
+			c.held, c.all = keys, complete
+		}
+		s.mu.Unlock()
+		known, all = keys[subject], complete
+	}
+	if known {
+		return nil
+	}
+	if all {
+		return refuseFull("%s would be a new key of %s, which holds its bound of %d keys in %s (TOOLBUS_TENANT_BUCKET_KEYS): write a key it holds, or have an admin purge some",
+			subject, prefix, b.Keys, bucket)
+	}
+	// More keys than one listing holds (a bound over a page): the key is asked alone.
 	if n, err := s.countKeys(bucket, subject); err == nil && n > 0 {
 		s.mu.Lock()
-		if c := s.counts[filter]; c != nil && len(c.held) < b.Keys {
+		if c := s.counts[filter]; c != nil && !c.all && len(c.held) < b.Keys {
 			if c.held == nil {
 				c.held = map[string]bool{}
 			}
@@ -177,36 +205,67 @@ func (s *Service) recount(bucket, filter string) {
 		s.log.Warn("intake: count keys", "filter", filter, "err", err)
 		return
 	}
-	c.n, c.at, c.held = n, time.Now(), nil
+	c.n, c.at, c.held, c.all = n, time.Now(), nil, false
+}
+
+// listKeys returns the subjects of bucket's stream that filter matches (a deleted key's
+// marker too, as countKeys counts it), and whether they are all of them (one page of
+// the server's answer, 100,000 subjects, holds every bound toolbus sets).
+func (s *Service) listKeys(bucket, filter string) (map[string]bool, bool, error) {
+	var info struct {
+		Total int `json:"total"`
+		State struct {
+			Subjects map[string]uint64 `json:"subjects"`
+		} `json:"state"`
+	}
+	if err := s.streamInfo(bucket, map[string]any{"subjects_filter": filter}, &info); err != nil {
+		return nil, false, err
+	}
+	keys := make(map[string]bool, len(info.State.Subjects))
+	for k := range info.State.Subjects {
+		keys[k] = true
+	}
+	return keys, len(keys) >= info.Total, nil
 }
 
 // countKeys returns how many subjects of bucket's stream filter matches, as the server
 // counts them: a stream info asked for the subjects past any there are returns their
 // total and none of them.
 func (s *Service) countKeys(bucket, filter string) (int, error) {
-	req, err := json.Marshal(map[string]any{"subjects_filter": filter, "offset": 1 << 30})
+	var info struct {
+		Total int `json:"total"`
+	}
+	err := s.streamInfo(bucket, map[string]any{"subjects_filter": filter, "offset": 1 << 30}, &info)
+	return info.Total, err
+}
+
+// streamInfo asks the info of bucket's stream with req and decodes the answer into out.
+func (s *Service) streamInfo(bucket string, req map[string]any, out any) error {
+	body, err := json.Marshal(req)
 	if err != nil {
-		return 0, err
+		return err
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	r, err := s.nc.RequestWithContext(ctx, "$JS.API.STREAM.INFO.KV_"+bucket, req)
+	r, err := s.nc.RequestWithContext(ctx, "$JS.API.STREAM.INFO.KV_"+bucket, body)
 	if err != nil {
-		return 0, fmt.Errorf("intake: stream info of %s: %w", bucket, err)
+		return fmt.Errorf("intake: stream info of %s: %w", bucket, err)
 	}
-	var info struct {
-		Total int `json:"total"`
+	var apiErr struct {
 		Error *struct {
 			Description string `json:"description"`
 		} `json:"error"`
 	}
-	if err := json.Unmarshal(r.Data, &info); err != nil {
-		return 0, fmt.Errorf("intake: stream info of %s: %w", bucket, err)
+	if err := json.Unmarshal(r.Data, &apiErr); err != nil {
+		return fmt.Errorf("intake: stream info of %s: %w", bucket, err)
 	}
-	if info.Error != nil {
-		return 0, fmt.Errorf("intake: stream info of %s: %s", bucket, info.Error.Description)
+	if apiErr.Error != nil {
+		return fmt.Errorf("intake: stream info of %s: %s", bucket, apiErr.Error.Description)
 	}
-	return info.Total, nil
+	if err := json.Unmarshal(r.Data, out); err != nil {
+		return fmt.Errorf("intake: stream info of %s: %w", bucket, err)
+	}
+	return nil
 }
 
 // BucketBounds returns DefaultBucketBounds with the given overrides, by the bucket's

@@ -40,14 +40,14 @@ func (s *Service) scopes() map[string]scope {
 			return toks[pos], true
 		}
 	}
-	kv := func(bucket string) string { return "$KV." + bucket + "." }
+	kv := store.KeyPrefix
 	return map[string]scope{
-		stream:                        inRun(events.SubjectPrefix+".", 0),
-		"KV_" + store.BucketRuns:      inRun(kv(store.BucketRuns), 0),
-		"KV_" + store.BucketHistory:   inRun(kv(store.BucketHistory), 0),
-		"KV_" + store.BucketApprovals: inRun(kv(store.BucketApprovals), 0),
-		"KV_" + store.BucketOutputs:   inRun(kv(store.BucketOutputs), 1),
-		"KV_" + store.BucketTools: func(subject string) (string, bool) {
+		stream:                                    inRun(events.SubjectPrefix+".", 0),
+		store.BucketStream(store.BucketRuns):      inRun(kv(store.BucketRuns), 0),
+		store.BucketStream(store.BucketHistory):   inRun(kv(store.BucketHistory), 0),
+		store.BucketStream(store.BucketApprovals): inRun(kv(store.BucketApprovals), 0),
+		store.BucketStream(store.BucketOutputs):   inRun(kv(store.BucketOutputs), 1),
+		store.BucketStream(store.BucketTools): func(subject string) (string, bool) {
 			key, ok := strings.CutPrefix(subject, kv(store.BucketTools))
 			return "", ok && toolbus.ValidToolName(key)
 		},

@@ -64,7 +64,13 @@ func (s *Service) follow(ctx context.Context, id, run string, m *nats.Msg) {
 	fctx, cancel := context.WithTimeout(ctx, events.FollowMax)
 	defer cancel()
 	lctx, lcancel := context.WithTimeout(fctx, requestTimeout)
-	visible := s.visible(lctx, id, run)
+	// Refused before anything else is asked of the core's JetStream: a stream info per
+	// follow of another's run, 8 at a time, is on the server's one info queue.
+	if !s.visible(lctx, id, run) {
+		lcancel()
+		s.respond(m, notFound())
+		return
+	}
 	name := s.bus.Config().Stream
 	st, err := s.stream(lctx, name)
 	next := req.From
@@ -75,11 +81,7 @@ func (s *Service) follow(ctx context.Context, id, run string, m *nats.Msg) {
 		}
 	}
 	lcancel()
-	switch {
-	case !visible:
-		s.respond(m, notFound())
-		return
-	case err != nil:
+	if err != nil {
 		s.respond(m, refusal(503, "toolbus read service: "+err.Error()))
 		return
 	}

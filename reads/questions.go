@@ -3,9 +3,11 @@ package reads
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/decide"
@@ -23,7 +25,21 @@ func (s *Service) question(ctx context.Context, tool string, m *nats.Msg) *nats.
 	if err := json.Unmarshal(m.Data, &q); err != nil || !toolbus.ValidRunID(q.RunID) {
 		return questionState(events.QuestionState{Error: fmt.Sprintf("want a question query {run_id, step, call_id, seq} (%v)", err)})
 	}
-	evs, err := runlog.Events(ctx, s.bus, q.RunID)
+	notCalled := questionState(events.QuestionState{Error: fmt.Sprintf("call %s of step %d of run %s is no call of tool %s", q.CallID, q.Step, q.RunID, tool)})
+	// One read before the run's every event: the team names any run, and a run that
+	// never requested its tool holds no call of it (a flood of such reads would make the
+	// core read other tenants' runs whole, with its authority, at the team's pace).
+	stream, err := s.stream(ctx, s.bus.Config().Stream)
+	if err == nil {
+		_, err = events.GetLastMsg(ctx, stream, events.SubjectToolRequested(q.RunID, tool))
+	}
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return notCalled
+	}
+	var evs []runlog.StoredEvent
+	if err == nil {
+		evs, err = runlog.Events(ctx, s.bus, q.RunID)
+	}
 	if err != nil {
 		return questionState(events.QuestionState{Error: "the run cannot be read: " + err.Error()})
 	}
@@ -32,7 +48,7 @@ func (s *Service) question(ctx context.Context, tool string, m *nats.Msg) *nats.
 	// this one nor keeps it unasked.
 	qs := decide.QuestionsOf(evs)
 	if called, ok := qs.CallTool(q.Step, q.CallID); !ok || called != tool {
-		return questionState(events.QuestionState{Error: fmt.Sprintf("call %s of step %d of run %s is no call of tool %s", q.CallID, q.Step, q.RunID, tool)})
+		return notCalled
 	}
 	k := decide.QuestionKey{Step: q.Step, CallID: q.CallID, Seq: q.Seq}
 	st := events.QuestionState{}

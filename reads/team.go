@@ -52,19 +52,19 @@ func (s *Service) teamRead(ctx context.Context, m *nats.Msg) *nats.Msg {
 // records, a tool's result in a run.
 func (s *Service) teamReads(team, name, subject string) bool {
 	kv := func(bucket string) (string, bool) {
-		return strings.CutPrefix(subject, "$KV."+bucket+".")
+		return strings.CutPrefix(subject, store.KeyPrefix(bucket))
 	}
 	switch name {
 	case s.bus.Config().Stream:
 		t := strings.Split(subject, ".")
 		return len(t) == 5 && t[0] == events.SubjectPrefix && t[2] == "tool" && t[3] == "finished"
-	case "KV_" + store.BucketClaims, "KV_" + store.BucketTools:
+	case store.BucketStream(store.BucketClaims), store.BucketStream(store.BucketTools):
 		// Of the shape toolbus writes there (store.TeamKeyShape); the import pins the
 		// team's tools.
 		bucket := strings.TrimPrefix(name, "KV_")
 		key, ok := kv(bucket)
 		return ok && store.TeamKeyShape(bucket, team, key)
-	case "KV_" + store.BucketInstances:
+	case store.BucketStream(store.BucketInstances):
 		key, ok := kv(store.BucketInstances)
 		return ok && strings.HasPrefix(key, team+".")
 	}

@@ -205,7 +205,7 @@ func allowed(e *event) string {
 	typ := e.meta.Type
 	last := toolOf(e)
 	switch {
-	case slices.Contains(coreTypes, typ) || strings.HasPrefix(typ, "toolbus.run.") && !isClientType(typ):
+	case slices.Contains(coreTypes, typ) || events.IsRunEndedType(typ):
 		if core {
 			return ""
 		}
@@ -301,7 +301,7 @@ func complete(evs []*event) error {
 			answered[call{e.meta.Step, e.meta.CallID, tool}] = true
 		case e.meta.Type == events.TypeModelRequested:
 			lastStep = max(lastStep, e.meta.Step)
-		case strings.HasPrefix(e.meta.Type, "toolbus.run.") && !isClientType(e.meta.Type):
+		case events.IsRunEndedType(e.meta.Type):
 			ended = i
 		}
 	}

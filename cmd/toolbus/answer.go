@@ -26,14 +26,11 @@ func cmdAnswer(ctx context.Context, cfg Config, log *slog.Logger, args []string,
 	if len(pos) != 3-btoi(*decline) || !toolbus.ValidRunID(pos[0]) {
 		return usageError(fs, `answer: give the run id, the call id and the answer (one JSON object), or --decline`)
 	}
-	c, err := node.Open(ctx, cfg, log, false)
+	c, err := node.OpenAs(ctx, cfg, log, who(*by))
 	if err != nil {
 		return err
 	}
 	defer c.Close()
-	if err := c.Bus.CheckBound(ctx, who(*by)); err != nil {
-		return err
-	}
 	q, err := decide.OpenQuestion(ctx, c.Bus, pos[0], pos[1])
 	if err != nil {
 		return refusal(err)

@@ -140,7 +140,7 @@ func parseCall(args []string, stdin io.Reader, errOut io.Writer) (callRequest, e
 		req.runID = callrun.NewID("call")
 	}
 	if !toolbus.ValidRunID(req.runID) {
-		return req, &exitError{code: callrun.ExitUsage, msg: fmt.Sprintf("call: invalid run id %q: use 1-128 of [A-Za-z0-9_-]", req.runID)}
+		return req, &exitError{code: callrun.ExitUsage, msg: fmt.Sprintf("call: invalid run id %q: use %s", req.runID, toolbus.IDShape)}
 	}
 	return req, nil
 }

@@ -155,13 +155,13 @@ func cmdDecide(ctx context.Context, cfg Config, log *slog.Logger, args []string,
 			return usageError(fs, "respond: give the answer (--answer text): the model reads it as the call's result")
 		}
 	}
-	c, err := node.Open(ctx, cfg, log, false)
+	a.Who = who(*by)
+	c, err := node.OpenAs(ctx, cfg, log, a.Who)
 	if err != nil {
 		return err
 	}
 	defer c.Close()
-	a.Who = who(*by)
-	step, call, err := waitingCall(ctx, c.Bus, run, callID, *stepFlag, a.Who)
+	step, call, err := waitingCall(ctx, c.Bus, run, callID, *stepFlag)
 	if err != nil {
 		return err
 	}
@@ -216,12 +216,8 @@ func statusList(statuses []toolbus.RunStatus) string {
 }
 
 // waitingCall finds the call callID that waits for a decision in the run's current step
-// (decide.Waiting), once who may decide in this account (Bus.CheckBound); a refusal of
-// the run's state exits 1.
-func waitingCall(ctx context.Context, bus *events.Bus, run, callID string, step int, who string) (int, toolbus.ToolCall, error) {
-	if err := bus.CheckBound(ctx, who); err != nil {
-		return 0, toolbus.ToolCall{}, err
-	}
+// (decide.Waiting); a refusal of the run's state exits 1.
+func waitingCall(ctx context.Context, bus *events.Bus, run, callID string, step int) (int, toolbus.ToolCall, error) {
 	step, call, err := decide.WaitingAt(ctx, bus, run, callID, step)
 	return step, call, refusal(err)
 }
@@ -252,14 +248,11 @@ func cmdCancel(ctx context.Context, cfg Config, log *slog.Logger, args []string,
 	if !toolbus.ValidRunID(run) {
 		return &exitError{code: 2, msg: fmt.Sprintf("cancel: invalid run id %q", run)}
 	}
-	c, err := node.Open(ctx, cfg, log, false)
+	c, err := node.OpenAs(ctx, cfg, log, who(*by))
 	if err != nil {
 		return err
 	}
 	defer c.Close()
-	if err := c.Bus.CheckBound(ctx, who(*by)); err != nil {
-		return err
-	}
 	st, _, err := c.Bus.Store().RunState(ctx, run)
 	if err != nil {
 		if errors.Is(err, events.ErrRunNotFound) {

@@ -118,7 +118,7 @@ func parseRun(cfg Config, args []string, errOut io.Writer) (toolbus.RunStarted, 
 	}
 	*model = shipped
 	if !toolbus.ValidRunID(*runID) {
-		return toolbus.RunStarted{}, &exitError{code: 2, msg: fmt.Sprintf("run: invalid run id %q: use 1-128 of [A-Za-z0-9_-]", *runID)}
+		return toolbus.RunStarted{}, &exitError{code: 2, msg: fmt.Sprintf("run: invalid run id %q: use %s", *runID, toolbus.IDShape)}
 	}
 	// The run names a model only when asked to: a planner serves the others with its own
 	// (TOOLBUS_MODEL of the planner, not of this client).

@@ -155,7 +155,7 @@ func TeamExports(team string, tools []string) []Crossing {
 		return Crossing{Subject: events.TeamReadSubject(team, stream, s), Local: events.TeamReadLocal(stream, s), For: Target{Kind: ForReads}}
 	}
 	directGet := func(bucket, key string) []Crossing {
-		return []Crossing{direct("KV_"+bucket, kvSubject(bucket, key)), teamRead("KV_"+bucket, kvSubject(bucket, key))}
+		return []Crossing{direct(store.BucketStream(bucket), store.KeySubject(bucket, key)), teamRead(store.BucketStream(bucket), store.KeySubject(bucket, key))}
 	}
 	var out []Crossing
 	for _, tool := range tools {
@@ -177,9 +177,9 @@ func TeamExports(team string, tools []string) []Crossing {
 			write(events.SubjectToolProgress("*", tool)),
 			write(events.SubjectToolLog("*", tool)),
 			write(events.SubjectToolQuestion("*", tool)),
-			write(kvSubject(store.BucketClaims, tok+".>")),
-			write(kvSubject(store.BucketOutputs, tok+".>")),
-			write(kvSubject(store.BucketTools, tok)),
+			write(store.KeySubject(store.BucketClaims, tok+".>")),
+			write(store.KeySubject(store.BucketOutputs, tok+".>")),
+			write(store.KeySubject(store.BucketTools, tok)),
 		)
 		out = append(out, directGet(store.BucketClaims, tok+".>")...)
 		out = append(out, directGet(store.BucketTools, tok)...)
@@ -209,12 +209,12 @@ func TeamExports(team string, tools []string) []Crossing {
 			Crossing{Subject: events.ToolQuestionSubject(tool), For: Target{Kind: ForReads}},
 		)
 	}
-	out = append(out, write(kvSubject(store.BucketInstances, team+".>")))
+	out = append(out, write(store.KeySubject(store.BucketInstances, team+".>")))
 	out = append(out, directGet(store.BucketInstances, team+".>")...)
 	return append(out,
 		// The team's shared secrets (OAuth tokens of its MCP servers, store.SecretKey).
-		write(kvSubject(store.BucketSecrets, team+".>")),
-		direct("KV_"+store.BucketSecrets, kvSubject(store.BucketSecrets, team+".>")))
+		write(store.KeySubject(store.BucketSecrets, team+".>")),
+		direct(store.BucketStream(store.BucketSecrets), store.KeySubject(store.BucketSecrets, team+".>")))
 }
 
 // ClientAccount is the name of a client's account: CLIENT_<client> in the config kinds,
@@ -252,9 +252,6 @@ func ClientExports(ids []string) []Crossing {
 	}
 	return out
 }
-
-// kvSubject is the subject of key in a KV bucket.
-func kvSubject(bucket, key string) string { return "$KV." + bucket + "." + key }
 
 // Placeholders of a tool and a team, each one token, that CoreExports turns into "*".
 const (

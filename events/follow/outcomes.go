@@ -100,7 +100,7 @@ func Outcomes(b *events.Bus) *RunOutcomes {
 // comes with the redelivery of what it was handling), so a terminal write seen means
 // the run has ended or is being ended.
 func (e *RunOutcomes) FollowRunStates() {
-	e.states = "$KV." + store.BucketRuns + ".>"
+	e.states = store.KeySubject(store.BucketRuns, ">")
 }
 
 // Listen subscribes to the outcome events (and the run states' writes, see

@@ -290,15 +290,7 @@ func eventStreamConfig(cfg events.Config, mirrored bool) jetstream.StreamConfig 
 		Name:        cfg.Stream,
 		Description: "toolbus events (CONTRACT.md)",
 		Subjects:    []string{events.FilterAll},
-		Retention:   jetstream.LimitsPolicy,
-		MaxAge:      cfg.MaxAge,
 		Duplicates:  cfg.Duplicates,
-		Storage:     storage(cfg),
-		Replicas:    cfg.Replicas,
-		// The events are the audit trail: no message delete, no purge, by anyone but an
-		// administrator who first updates this setting.
-		DenyDelete: true,
-		DenyPurge:  true,
 		// Direct gets are answered by any replica, and a follower behind the leader
 		// answers with stale data (a run.started not there yet); replicated streams are
 		// read through their leader. So is a mirrored one: the server makes a mirror of
@@ -309,13 +301,11 @@ func eventStreamConfig(cfg events.Config, mirrored bool) jetstream.StreamConfig 
 		// Only an administrator creates consumers here (one durable per worker queue
 		// and per tool): an explicit limit above the server's default of 1,000.
 		MaxConsumers: EventStreamMaxConsumers,
-		MaxBytes:     -1,
 	}
-	if cfg.StreamMaxBytes > 0 {
-		// Bounded: a full stream refuses new messages rather than dropping the oldest
-		// (the audit); the injectors stop admitting runs before it is full.
-		sc.MaxBytes, sc.Discard = cfg.StreamMaxBytes, jetstream.DiscardNew
-	}
+	// The events are the audit trail: no message delete, no purge, by anyone but an
+	// administrator who first updates this setting (eventLimits).
+	eventLimits(&sc, cfg)
+	byteBound(&sc, cfg)
 	return sc
 }
 
@@ -325,14 +315,9 @@ func readMirrorConfig(cfg events.Config) jetstream.StreamConfig {
 		Name:        events.ReadMirrorName(cfg.Stream),
 		Description: "read mirror of " + cfg.Stream + ": readers' ephemeral consumers live here",
 		Mirror:      &jetstream.StreamSource{Name: cfg.Stream},
-		Retention:   jetstream.LimitsPolicy,
-		MaxAge:      cfg.MaxAge,
-		Storage:     storage(cfg),
-		Replicas:    cfg.Replicas,
-		DenyDelete:  true,
-		DenyPurge:   true,
 		AllowDirect: cfg.Replicas <= 1,
 	}
+	eventLimits(&mc, cfg)
 	readerLimits(&mc)
 	return mc
 }
@@ -354,7 +339,7 @@ func setupBucket(ctx context.Context, js jetstream.JetStream, cfg events.Config,
 		kc.LimitMarkerTTL = max(cfg.InstanceTTL, time.Second)
 	}
 	var before any
-	s, err := js.Stream(ctx, "KV_"+name)
+	s, err := js.Stream(ctx, store.BucketStream(name))
 	existed := err == nil
 	if existed {
 		before = s.CachedInfo().Config
@@ -373,10 +358,10 @@ func setupBucket(ctx context.Context, js jetstream.JetStream, cfg events.Config,
 			return err
 		}
 	}
-	if err := limitReaders(ctx, js, "KV_"+name); err != nil {
+	if err := limitReaders(ctx, js, store.BucketStream(name)); err != nil {
 		return err
 	}
-	after, err := js.Stream(ctx, "KV_"+name)
+	after, err := js.Stream(ctx, store.BucketStream(name))
 	if err != nil {
 		return fmt.Errorf("provision: bucket %s: %w", name, err)
 	}
@@ -615,7 +600,7 @@ func jsonEqual(a, b any) bool {
 // not applied the latest writes returns stale values (a step record missing results).
 // Opening a bucket turns them on again, so the setting is checked around the handle.
 func leaderReads(ctx context.Context, js jetstream.JetStream, bucket string) (jetstream.KeyValue, error) {
-	name := "KV_" + bucket
+	name := store.BucketStream(bucket)
 	directOff := func() (bool, error) {
 		s, err := js.Stream(ctx, name)
 		if err != nil {

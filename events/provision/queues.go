@@ -36,18 +36,10 @@ func queueStreamConfig(cfg events.Config, start time.Time) jetstream.StreamConfi
 				Source: events.QueueSourceFilter, Destination: events.QueueDestination,
 			}},
 		}},
-		Retention:    jetstream.LimitsPolicy,
-		MaxAge:       cfg.MaxAge,
-		Storage:      storage(cfg),
-		Replicas:     cfg.Replicas,
-		DenyDelete:   true,
-		DenyPurge:    true,
 		MaxConsumers: EventStreamMaxConsumers,
-		MaxBytes:     -1,
 	}
-	if cfg.StreamMaxBytes > 0 {
-		sc.MaxBytes, sc.Discard = cfg.StreamMaxBytes, jetstream.DiscardNew
-	}
+	eventLimits(&sc, cfg)
+	byteBound(&sc, cfg)
 	if cfg.FairShare {
 		// The server stages the calls; the core's scheduler publishes each on its
 		// queue subject once, deduplicated by the staged sequence (docs/fair-share.md).

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -46,8 +45,7 @@ func (e StoredEvent) Decode(v any) error {
 // IsRunEnded reports whether the event is a run outcome (toolbus.run.<status>: not
 // run.started nor run.cancel).
 func (e StoredEvent) IsRunEnded() bool {
-	t := e.Meta.Type
-	return e.Err == nil && strings.HasPrefix(t, "toolbus.run.") && t != events.TypeRunStarted && t != events.TypeRunCancel
+	return e.Err == nil && events.IsRunEndedType(e.Meta.Type)
 }
 
 // StoredOf reads one stored message into a StoredEvent.

@@ -146,7 +146,7 @@ type batchReq struct {
 // be cut). fatal: batched reads do not work here (no direct gets on the bucket, a
 // refused or unanswered request).
 func (s *Store) readBatch(ctx context.Context, bucket string, subjects []string, max int) (_ map[string][]byte, n int, ok, fatal bool) {
-	prefix := "$KV." + bucket + "."
+	prefix := KeyPrefix(bucket)
 	ctx, cancel := context.WithTimeout(ctx, batchTimeout)
 	defer cancel()
 	reply, ch, done, err := s.batch.open(s.conn)
@@ -211,7 +211,7 @@ var errBatchUnavailable = errors.New("store: batched reads unavailable")
 // and whether it is a delete or expiry marker. It returns the sequence of the last
 // message read (0 when none was).
 func (s *Store) readFrom(ctx context.Context, bucket string, from uint64, fn func(key string, val []byte, deleted bool)) (uint64, error) {
-	prefix := "$KV." + bucket + "."
+	prefix := KeyPrefix(bucket)
 	var read uint64
 	for {
 		more, last, err := s.readSeqBatch(ctx, bucket, prefix+">", from, func(m *nats.Msg) {

@@ -64,6 +64,29 @@ func errContractSize(tool string, val []byte) error {
 	return nil
 }
 
+// ErrEntryNamesAnother is the error of a catalog entry whose value names another tool
+// than its key. The key is the tool (only the tool's team may write it: the server's
+// permissions, the write service's import); the value is the team's own words, so an
+// entry of calc naming search would offer search twice, once as calc's team wrote it
+// (its description and schema before models and hosts, its owner deciding which team's
+// console users see search's calls). Such an entry is no tool's: every reader skips it.
+var ErrEntryNamesAnother = errors.New("store: catalog entry names another tool")
+
+// contractAt decodes the catalog entry of key: within MaxContractBytes, naming key.
+func contractAt(key string, val []byte) (toolbus.ToolContract, error) {
+	var tc toolbus.ToolContract
+	if err := errContractSize(key, val); err != nil {
+		return tc, err
+	}
+	if err := json.Unmarshal(val, &tc); err != nil {
+		return tc, err
+	}
+	if tc.Name != key {
+		return toolbus.ToolContract{}, fmt.Errorf("%w: the entry of %s names %q", ErrEntryNamesAnother, key, tc.Name)
+	}
+	return tc, nil
+}
+
 // PublishTool writes a tool contract to the catalog (key = tool name). Executors call it
 // at start for every tool they serve. An entry that already holds the same contract is
 // left alone. A different one is replaced only when c.Version is higher than the
@@ -90,15 +113,14 @@ func (s *Store) PublishTool(ctx context.Context, c toolbus.ToolContract, replace
 		if err != nil {
 			return fmt.Errorf("store: catalog get %s: %w", c.Name, err)
 		}
-		var cur toolbus.ToolContract
-		if json.Unmarshal(e.Value(), &cur) == nil {
+		if cur, err := contractAt(c.Name, e.Value()); err == nil {
 			if bytes.Equal(mustJSON(cur), mustJSON(c)) {
 				return nil
 			}
 			if !replace && c.Version <= cur.Version {
 				return &ContractChangedError{Tool: c.Name, Registered: cur, Offered: c}
 			}
-		} // an undecodable entry is replaced
+		} // an undecodable entry, or one naming another tool, is replaced
 		if _, err := s.tools.Update(ctx, c.Name, mustJSON(c), e.Revision()); err == nil {
 			return nil
 		} else if attempt > 3 || refused(err) {
@@ -242,11 +264,7 @@ func (s *Store) refreshTools(ctx context.Context, c *Catalog, log *slog.Logger) 
 			return
 		}
 		changed = true
-		var tc toolbus.ToolContract
-		err := errContractSize(key, val)
-		if err == nil {
-			err = json.Unmarshal(val, &tc)
-		}
+		tc, err := contractAt(key, val)
 		if err == nil {
 			tools[key], raw[key] = tc, decoded[toolbus.ToolContract]{raw: string(val), v: tc}
 		} else {
@@ -344,8 +362,8 @@ func (c *Catalog) Resolve(ctx context.Context, name string) (toolbus.ToolContrac
 	if err != nil {
 		return toolbus.ToolContract{}, false
 	}
-	var tc toolbus.ToolContract
-	if errContractSize(name, e.Value()) != nil || json.Unmarshal(e.Value(), &tc) != nil {
+	tc, err := contractAt(name, e.Value())
+	if err != nil {
 		return toolbus.ToolContract{}, false
 	}
 	c.mu.Lock()
@@ -448,9 +466,8 @@ func (c *Catalog) liveTools() []toolbus.ToolContract {
 // instance serves it now.
 func (s *Store) Contracts(ctx context.Context) ([]toolbus.ToolContract, error) {
 	var out []toolbus.ToolContract
-	err := s.walk(ctx, s.tools, func(_ string, val []byte) {
-		var tc toolbus.ToolContract
-		if json.Unmarshal(val, &tc) == nil {
+	err := s.walk(ctx, s.tools, func(key string, val []byte) {
+		if tc, err := contractAt(key, val); err == nil {
 			out = append(out, tc)
 		}
 	})
@@ -468,8 +485,13 @@ func (s *Store) Contract(ctx context.Context, name string) (toolbus.ToolContract
 	if !toolbus.ValidToolName(name) {
 		return tc, fmt.Errorf("%w: invalid tool name %q", ErrNotFound, name)
 	}
-	err := s.getJSON(ctx, s.tools, name, &tc)
-	return tc, err
+	if err := s.getJSON(ctx, s.tools, name, &tc); err != nil {
+		return tc, err
+	}
+	if tc.Name != name {
+		return toolbus.ToolContract{}, fmt.Errorf("%w: %s (its entry names the tool %q)", ErrNotFound, name, tc.Name)
+	}
+	return tc, nil
 }
 
 // refreshInstances returns the live instances as they are now and whether they

@@ -60,7 +60,7 @@ type directKV struct {
 
 func (kv *directKV) Bucket() string { return kv.bucket }
 
-func (kv *directKV) subject(key string) string { return "$KV." + kv.bucket + "." + key }
+func (kv *directKV) subject(key string) string { return KeySubject(kv.bucket, key) }
 
 func (kv *directKV) Get(ctx context.Context, key string) (jetstream.KeyValueEntry, error) {
 	e, err := kv.last(ctx, key)

@@ -64,8 +64,7 @@ func safeToken(s string) bool {
 		return false
 	}
 	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-' || c == '=') {
+		if c := s[i]; !toolbus.TokenByte(c) && c != '=' {
 			return false
 		}
 	}

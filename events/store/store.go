@@ -12,6 +12,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/toolbus/toolbus"
 )
 
 // Names of the buckets.
@@ -116,7 +118,7 @@ func kvSafe(s string) string {
 	out := make([]byte, 0, len(s))
 	for i := 0; i < len(s); i++ {
 		c := s[i]
-		if c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-' {
+		if toolbus.TokenByte(c) {
 			out = append(out, c)
 		} else {
 			out = append(out, '=', hex[c>>4], hex[c&15])

@@ -37,11 +37,11 @@ func (s *Store) walk(ctx context.Context, kv jetstream.KeyValue, fn func(key str
 		}
 		return nil
 	}
-	st, err := s.stream(ctx, "KV_"+kv.Bucket())
+	st, err := s.stream(ctx, BucketStream(kv.Bucket()))
 	if err != nil {
 		return err
 	}
-	prefix := "$KV." + kv.Bucket() + "."
+	prefix := KeyPrefix(kv.Bucket())
 	for seq := uint64(1); ; {
 		raw, err := st.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(prefix+">"))
 		if errors.Is(err, jetstream.ErrMsgNotFound) {

@@ -198,7 +198,7 @@ func signature(t executor.Tool) string {
 func sanitize(name string) string {
 	b := []byte(name)
 	for i, c := range b {
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-') {
+		if !toolbus.TokenByte(c) {
 			b[i] = '_'
 		}
 	}

@@ -102,8 +102,7 @@ func (a *Messages) Complete(ctx context.Context, req planner.Request) (planner.R
 	if err != nil {
 		return planner.Response{}, err
 	}
-	var resp planner.Response
-	err = a.opts.Retry.Do(ctx, a.log, func(ctx context.Context) error {
+	return wire.Complete(ctx, a.opts.Retry, a.log, string(params.Model), func(ctx context.Context) (planner.Response, error) {
 		var (
 			hr  *http.Response
 			msg *sdk.Message
@@ -115,21 +114,13 @@ func (a *Messages) Complete(ctx context.Context, req planner.Request) (planner.R
 			msg, err = a.client.Messages.New(ctx, params, option.WithResponseInto(&hr))
 		}
 		if err != nil {
-			return apiError(err, hr)
+			return planner.Response{}, apiError(err, hr)
 		}
 		if msg == nil { // a "null" body decodes to nothing, without error
-			return wire.Malformed(providerAnthropic, "the answer is empty")
+			return planner.Response{}, wire.Malformed(providerAnthropic, "the answer is empty")
 		}
-		resp = anthropicResponse(req.Step, msg)
-		return nil
+		return anthropicResponse(req.Step, msg), nil
 	})
-	if err != nil {
-		return planner.Response{}, err
-	}
-	if resp.Model == "" {
-		resp.Model = params.Model
-	}
-	return resp, nil
 }
 
 func (a *Messages) stream(ctx context.Context, params sdk.MessageNewParams, hr **http.Response) (*sdk.Message, error) {

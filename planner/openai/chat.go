@@ -102,23 +102,12 @@ func (o *Chat) Complete(ctx context.Context, req planner.Request) (planner.Respo
 	if err != nil {
 		return planner.Response{}, err
 	}
-	var resp planner.Response
-	err = o.opts.Retry.Do(ctx, o.log, func(ctx context.Context) error {
-		var err error
+	return wire.Complete(ctx, o.opts.Retry, o.log, string(params.Model), func(ctx context.Context) (planner.Response, error) {
 		if o.opts.Stream {
-			resp, err = o.stream(ctx, req.Step, params)
-		} else {
-			resp, err = o.complete(ctx, req.Step, params)
+			return o.stream(ctx, req.Step, params)
 		}
-		return err
+		return o.complete(ctx, req.Step, params)
 	})
-	if err != nil {
-		return planner.Response{}, err
-	}
-	if resp.Model == "" {
-		resp.Model = params.Model
-	}
-	return resp, nil
 }
 
 func (o *Chat) params(req planner.Request) (sdk.ChatCompletionNewParams, error) {

@@ -80,26 +80,17 @@ func (o *Responses) Complete(ctx context.Context, req planner.Request) (planner.
 	if err != nil {
 		return planner.Response{}, err
 	}
-	var resp planner.Response
-	err = o.opts.Retry.Do(ctx, o.log, func(ctx context.Context) error {
+	return wire.Complete(ctx, o.opts.Retry, o.log, string(params.Model), func(ctx context.Context) (planner.Response, error) {
 		var hr *http.Response
 		r, err := o.client.Responses.New(ctx, params, option.WithResponseInto(&hr))
 		if err != nil {
-			return apiError(providerResponses, err, hr)
+			return planner.Response{}, apiError(providerResponses, err, hr)
 		}
 		if r == nil { // a "null" body decodes to nothing, without error
-			return wire.Malformed(providerResponses, "the answer is empty")
+			return planner.Response{}, wire.Malformed(providerResponses, "the answer is empty")
 		}
-		resp, err = responsesResponse(req.Step, r)
-		return err
+		return responsesResponse(req.Step, r)
 	})
-	if err != nil {
-		return planner.Response{}, err
-	}
-	if resp.Model == "" {
-		resp.Model = params.Model
-	}
-	return resp, nil
 }
 
 func (o *Responses) params(req planner.Request) (responses.ResponseNewParams, error) {

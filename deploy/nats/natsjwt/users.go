@@ -86,7 +86,7 @@ func (g Grants) Validate() error {
 			// "_none" (and every token starting with "_") is reserved: it stands for no
 			// identity, which a bound credential never is.
 			if events.IdentityToken(id) != id || strings.HasPrefix(id, "_") {
-				return fmt.Errorf("client %s: invalid identity %q: 1 to 128 of [A-Za-z0-9_-], not starting with _", name, id)
+				return fmt.Errorf("client %s: invalid identity %q: %s, not starting with _", name, id, toolbus.IDShape)
 			}
 		}
 	}
@@ -154,7 +154,7 @@ func TeamUser(team string) string { return "executor-" + team }
 func TeamPermissions(template Permissions, stream, team string, tools []string) Permissions {
 	p := Permissions{PubAllow: slices.Clone(template.PubAllow), PubDeny: slices.Clone(template.PubDeny),
 		SubAllow: slices.Clone(template.SubAllow), SubDeny: slices.Clone(template.SubDeny)}
-	p.PubAllow = append(p.PubAllow, "$KV."+store.BucketInstances+"."+team+".*.*")
+	p.PubAllow = append(p.PubAllow, store.KeySubject(store.BucketInstances, team+".*.*"))
 	queues := events.QueueStreamName(stream)
 	for _, tool := range tools {
 		durable := events.ToolConsumer(tool)
@@ -165,9 +165,9 @@ func TeamPermissions(template Permissions, stream, team string, tools []string) 
 			"$JS.API.CONSUMER.MSG.NEXT."+queues+"."+durable,
 			ackV1,
 			ackV2,
-			"$KV."+store.BucketTools+"."+tool,
-			"$KV."+store.BucketClaims+"."+tool+".>",
-			"$KV."+store.BucketOutputs+"."+tool+".>",
+			store.KeySubject(store.BucketTools, tool),
+			store.KeySubject(store.BucketClaims, tool+".>"),
+			store.KeySubject(store.BucketOutputs, tool+".>"),
 			events.SubjectPrefix+".*.tool.finished."+tool,
 			events.SubjectPrefix+".*.tool.waiting."+tool,
 			events.SubjectPrefix+".*.tool.progress."+tool,

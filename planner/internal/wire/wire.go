@@ -1,6 +1,7 @@
 // Package wire holds what the provider adapters (planner/openai, planner/anthropic) share:
 // the classification of provider errors, the history grouping that enforces the
-// tool-message rules, the Message.Raw envelope and a few JSON helpers. It links no SDK.
+// tool-message rules, the Message.Raw envelope, the retried request (Complete) and a few
+// JSON helpers. It links no SDK.
 package wire
 
 import (

@@ -61,7 +61,7 @@ func runHops(ctx context.Context, js jetstream.JetStream, stream string, runs []
 	for _, run := range runs {
 		var msgs []stored
 		for _, src := range []struct{ stream, filter string }{
-			{stream, events.SubjectPrefix + "." + run + ".>"},
+			{stream, events.SubjectRun(run)},
 			{"KV_" + store.BucketHistory, "$KV." + store.BucketHistory + "." + run + ".>"},
 			{"KV_" + store.BucketClaims, "$KV." + store.BucketClaims + ".*." + run + ".>"},
 		} {

@@ -356,14 +356,7 @@ func (st *scaleStack) idle(ctx context.Context, scaleIdle time.Duration, subject
 	case <-ctx.Done():
 		return ctx.Err()
 	}
-	var subj *subjectCounter
-	if subjects {
-		var err error
-		if subj, err = countSubjects(st.srv); err != nil {
-			return err
-		}
-	}
-	stopProfile, err := startCPUProfile(cpuProfile)
+	subj, stopProfile, err := st.window(subjects, cpuProfile)
 	if err != nil {
 		return err
 	}
@@ -385,16 +378,24 @@ func (st *scaleStack) idle(ctx context.Context, scaleIdle time.Duration, subject
 	return nil
 }
 
-// saturate starts runs runs at once and measures throughput, CPU and messages per call.
-func (st *scaleStack) saturate(ctx context.Context, prefix string, k, steps, runs int, subjects bool, cpuProfile string, row *ScaleRow) error {
-	var subj *subjectCounter
+// window starts what a measurement watches, from the same moment: the count of
+// messages per kind of subject (when subjects) and the CPU profile (when cpuProfile
+// names a file); stopProfile ends the profile.
+func (st *scaleStack) window(subjects bool, cpuProfile string) (subj *subjectCounter, stopProfile func(), err error) {
 	if subjects {
-		var err error
 		if subj, err = countSubjects(st.srv); err != nil {
-			return err
+			return nil, nil, err
 		}
 	}
-	stopProfile, err := startCPUProfile(cpuProfile)
+	if stopProfile, err = startCPUProfile(cpuProfile); err != nil {
+		return nil, nil, err
+	}
+	return subj, stopProfile, nil
+}
+
+// saturate starts runs runs at once and measures throughput, CPU and messages per call.
+func (st *scaleStack) saturate(ctx context.Context, prefix string, k, steps, runs int, subjects bool, cpuProfile string, row *ScaleRow) error {
+	subj, stopProfile, err := st.window(subjects, cpuProfile)
 	if err != nil {
 		return err
 	}
