@@ -43,16 +43,19 @@ type Result struct {
 	Signers []string // the signers, sorted
 	// Checkpoint is the size of the signed checkpoint every event is included in.
 	Checkpoint int64
+	// Foreign are the events no reader counts (foreign.go), reported, not judged.
+	Foreign []Ignored
 }
 
 // event is one decoded event of a trail.
 type event struct {
-	rec    Record
-	h      nats.Header
-	meta   events.Meta
-	data   any
-	digest string
-	key    seal.Key
+	rec     Record
+	h       nats.Header
+	meta    events.Meta
+	data    any
+	digest  string
+	key     seal.Key
+	foreign bool // no reader counts it (foreign.go)
 }
 
 // Verify checks a trail: every event decodes and agrees with its subject, is signed
@@ -60,8 +63,9 @@ type event struct {
 // an earlier event of the run as the one it follows (run.started, decisions, cancels
 // and answers start chains of their own), and every call of a step the run went on
 // from has its result, and every event is a leaf of the bundle's signed checkpoint
-// (audit/checkpoint). It returns the first failure (*Failure), or ErrUnsignedRun for
-// a run none of whose events is signed.
+// (audit/checkpoint). An event no reader counts (a tenant's write with no standing in
+// the run, foreign.go) is reported in Result.Foreign, not judged. It returns the first
+// failure (*Failure), or ErrUnsignedRun for a run none of whose events is signed.
 func Verify(b Bundle) (Result, error) {
 	evs := make([]*event, 0, len(b.Events))
 	at := map[string]int{}
@@ -80,12 +84,19 @@ func Verify(b Bundle) (Result, error) {
 			ErrUnsignedRun, firstKey(b.Keys), b.Run)
 	}
 	signers := map[string]bool{}
+	st := standingOf(evs)
+	var foreign []Ignored
 	for i, e := range evs {
 		fail := func(check, format string, args ...any) error {
 			return &Failure{Index: i, Seq: e.rec.Seq, ID: e.meta.ID, Check: check, Reason: fmt.Sprintf(format, args...)}
 		}
 		if e.meta.RunID != b.Run {
 			return Result{}, fail("decode", "the event is of run %s, not %s", e.meta.RunID, b.Run)
+		}
+		if why := st.foreign(e, i, evs, b.Keys); why != "" {
+			e.foreign = true
+			foreign = append(foreign, Ignored{Index: i, Seq: e.rec.Seq, ID: e.meta.ID, Reason: why})
+			continue
 		}
 		if check, why := signature(e, b.Keys); why != "" {
 			return Result{}, fail(check, "%s", why)
@@ -105,7 +116,7 @@ func Verify(b Bundle) (Result, error) {
 	if err != nil {
 		return Result{}, err
 	}
-	return Result{Events: len(evs), Signers: slices.Sorted(maps.Keys(signers)), Checkpoint: size}, nil
+	return Result{Events: len(evs), Signers: slices.Sorted(maps.Keys(signers)), Checkpoint: size, Foreign: foreign}, nil
 }
 
 // ClockSkew is how much earlier than its stored time an event may say it was made
@@ -293,6 +304,7 @@ func complete(evs []*event) error {
 	lastStep, ended := -1, -1
 	for i, e := range evs {
 		switch {
+		case e.foreign:
 		case e.meta.Type == events.TypeToolFinished || e.meta.Type == events.TypeToolWaiting:
 			tool := toolOf(e)
 			if isCore(e.key) {
@@ -324,7 +336,10 @@ func Explain(w io.Writer, run string, res Result, err error) int {
 	switch {
 	case err == nil:
 		fmt.Fprintf(w, "run %s verified: %d events, each signed by a signer allowed to publish it, chained, no result missing, included in the signed checkpoint of %d messages (signers: %s)\n",
-			run, res.Events, res.Checkpoint, strings.Join(res.Signers, ", "))
+			run, res.Events-len(res.Foreign), res.Checkpoint, strings.Join(res.Signers, ", "))
+		for _, f := range res.Foreign {
+			fmt.Fprintf(w, "  event %d (stream seq %d, id %s): foreign: ignored: %s\n", f.Index+1, f.Seq, f.ID, f.Reason)
+		}
 		return 0
 	case errors.As(err, &f):
 		fmt.Fprintf(w, "run %s does NOT verify: %v\n", run, f)
