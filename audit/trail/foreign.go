@@ -52,10 +52,12 @@ func standingOf(evs []*event) standing {
 // the one it handled, or when its identity has standing in the run (the start: the first
 // one; an answer: the run's principal; a decision or cancel: the principal or an approver
 // its start lists); a tool's event counts when the core requested its call of that tool
-// before it, or when the planner or the injector signed it (a result in the executor's
+// before it (its tool.requested, or the step's model.responded listing the call: so a
+// removed request still leaves its results judged, and failing the chain), or when the planner or the injector signed it (a result in the executor's
 // place). An event that is foreign by these rules is one the administrator could only
-// have made so by altering or removing an event that counts, which the chain, the
-// results each call needs and the checkpoint still catch.
+// have made so by altering or removing an event that counts, which the chain (an event
+// that counts may not follow a foreign one), the results each call needs and the
+// checkpoint still catch.
 func (s standing) foreign(e *event, i int, evs []*event, ring seal.Keyring) string {
 	typ, who := e.meta.Type, toolOf(e)
 	switch {
@@ -79,9 +81,7 @@ func (s standing) foreign(e *event, i int, evs []*event, ring seal.Keyring) stri
 	case slices.Contains(coreTypes, typ) || events.IsRunEndedType(typ):
 		return ""
 	}
-	if slices.ContainsFunc(evs[:i], func(r *event) bool {
-		return r.meta.Type == events.TypeToolRequested && r.meta.CallID == e.meta.CallID && r.meta.Step == e.meta.Step && toolOf(r) == who
-	}) {
+	if slices.ContainsFunc(evs[:i], func(r *event) bool { return requests(r, e.meta.Step, e.meta.CallID, who) }) {
 		return ""
 	}
 	probe := *e
@@ -89,4 +89,19 @@ func (s standing) foreign(e *event, i int, evs []*event, ring seal.Keyring) stri
 		return ""
 	}
 	return fmt.Sprintf("%s of tool %s for call %s of step %d, which the core never requested of that tool", typ, who, e.meta.CallID, e.meta.Step)
+}
+
+// requests reports whether the core's event r requests call of step of tool (a subject
+// token): its tool.requested, or the step's model.responded listing it.
+func requests(r *event, step int, call, tool string) bool {
+	if r.meta.Step != step {
+		return false
+	}
+	if r.meta.Type == events.TypeToolRequested {
+		return r.meta.CallID == call && toolOf(r) == tool
+	}
+	mr, ok := r.data.(*toolbus.ModelResponded)
+	return ok && slices.ContainsFunc(mr.Message.ToolCalls, func(c toolbus.ToolCall) bool {
+		return c.CallID == call && events.ToolToken(c.Tool) == tool
+	})
 }

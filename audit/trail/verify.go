@@ -273,6 +273,9 @@ func chained(e *event, i int, evs []*event, at map[string]int) string {
 		return fmt.Sprintf("it follows event %d (%s), stored after it (reordered)", j+1, evs[j].meta.ID)
 	}
 	p := evs[j]
+	if p.foreign {
+		return fmt.Sprintf("it follows event %d (%s), which no reader counts (foreign): an event it needs removed or altered", j+1, p.meta.ID)
+	}
 	switch e.meta.Type {
 	case events.TypeToolFinished, events.TypeToolWaiting, events.TypeToolProgress, events.TypeToolLog, events.TypeToolQuestion:
 		if p.meta.Type == events.TypeToolRequested && (p.meta.CallID != e.meta.CallID || p.meta.Step != e.meta.Step || !isCore(e.key) && toolOf(p) != toolOf(e)) {

@@ -159,22 +159,72 @@ function verifySignature(h: Headers, data: Buffer, keys: Map<string, KeyObject>)
   return s.keyid;
 }
 
+type Ev = { r: Bundle['events'][number]; h: Headers; data: Buffer; digest: string };
+const isCoreType = (t: string) => ['toolbus.model.requested', 'toolbus.model.responded', 'toolbus.tool.requested', 'toolbus.timer.deadline'].includes(t) ||
+  (t.startsWith('toolbus.run.') && !CHAIN_STARTS.includes(t));
+const last = (e: Ev) => e.r.subject.slice(e.r.subject.lastIndexOf('.') + 1);
+
+/** Whether the model.responded r lists call of tool (its subject token: an invalid name is _unknown). */
+function listed(r: Ev, call: string, tool: string): boolean {
+  const calls = (JSON.parse(r.data.toString('utf8')) as { message?: { tool_calls?: { call_id: string; tool: string }[] } }).message?.tool_calls ?? [];
+  return calls.some((c) => c.call_id === call && (/^[A-Za-z0-9_-]{1,64}$/.test(c.tool) ? c.tool : '_unknown') === tool);
+}
+
+/**
+ * The events no reader counts (CONTRACT.md, "Verification"), by index and why: a start
+ * after the run's, an answer not by the run's principal, a decision or cancel by neither
+ * the principal nor an approver, none of them named by a core event; a tool's event of a
+ * call the core never requested of that tool, unless the planner or the injector signed it.
+ */
+function foreignEvents(evs: Ev[], keys: Map<string, KeyObject>): Map<number, string> {
+  const named = new Set(evs.filter((e) => isCoreType(e.h.get('ce-type'))).map((e) => e.h.get('ce-prevdigest')));
+  const starts = evs.filter((e) => e.h.get('ce-type') === 'toolbus.run.started');
+  const start = starts.find((e) => named.has(e.digest)) ?? starts[0];
+  const rs = start ? JSON.parse(start.data.toString('utf8')) as { principal?: { id?: string }; approvers?: string[] } : undefined;
+  const principal = rs?.principal?.id ?? '';
+  const out = new Map<number, string>();
+  evs.forEach((e, i) => {
+    const type = e.h.get('ce-type');
+    if (isCoreType(type)) return;
+    if (CHAIN_STARTS.includes(type)) {
+      const who = last(e);
+      if (named.has(e.digest)) return;
+      if (type === 'toolbus.run.started' ? e === start : who !== '' && (who === principal || (type !== 'toolbus.tool.answer' && (rs?.approvers ?? []).includes(who)))) return;
+      out.set(i, `${type} by ${who}, neither the run's principal (${principal}) nor named by the core as handled`);
+      return;
+    }
+    const requested = evs.slice(0, i).some((r) => r.h.get('ce-step') === e.h.get('ce-step') && (r.h.get('ce-type') === 'toolbus.tool.requested'
+      ? last(r) === last(e) && r.h.get('ce-callid') === e.h.get('ce-callid')
+      : r.h.get('ce-type') === 'toolbus.model.responded' && listed(r, e.h.get('ce-callid'), last(e))));
+    let core = false;
+    try { core = /^role\.(planner|injector)\//.test(verifySignature(e.h, e.data, keys)); } catch { /* not the core's */ }
+    if (!requested && !core) out.set(i, `${type} of tool ${last(e)} for call ${e.h.get('ce-callid')}, which the core never requested of that tool`);
+  });
+  return out;
+}
+
 /**
  * Verifies a bundle with no bus: every event signed by a key of the bundle over its
  * canonical form, and chained (its ce-prevdigest names an earlier event of the run; a
- * start, decision, cancel or answer may begin a chain). Returns the signers' key ids;
- * throws an AuditFailure naming the first event that fails.
+ * start, decision, cancel or answer may begin a chain); an event no reader counts (a
+ * tenant's write with no standing in the run) is reported in foreign, not judged.
+ * Returns the signers' key ids; throws an AuditFailure naming the first event that fails.
  */
-export function verifyBundle(b: Bundle): { events: number; keyIDs: string[] } {
+export function verifyBundle(b: Bundle): { events: number; keyIDs: string[]; foreign: { index: number; reason: string }[] } {
   if (b.format !== BUNDLE_FORMAT) throw new Error(`toolbus: bundle format ${b.format}, want ${BUNDLE_FORMAT}`);
   const keys = new Map(b.keys.keys.map((k) => [k.keyid, publicKey(Buffer.from(k.public, 'base64'))]));
-  const evs = b.events.map((r) => ({ r, h: recordHeaders(r.header), data: Buffer.from(r.data ?? '', 'base64') }));
+  const evs: Ev[] = b.events.map((r) => {
+    const h = recordHeaders(r.header), data = Buffer.from(r.data ?? '', 'base64');
+    return { r, h, data, digest: digest(h, data) };
+  });
   const at = new Map<string, number>();
-  evs.forEach((e, i) => { const d = digest(e.h, e.data); if (!at.has(d)) at.set(d, i); });
+  evs.forEach((e, i) => { if (!at.has(e.digest)) at.set(e.digest, i); });
+  const ignored = foreignEvents(evs, keys);
   const signers = new Set<string>();
   evs.forEach((e, i) => {
     const fail = (check: string, reason: string) => new AuditFailure(i, e.r.seq, e.h.get('ce-id'), check, reason);
     if (e.h.get('ce-runid') !== b.run) throw fail('decode', `the event is of run ${e.h.get('ce-runid')}, not ${b.run}`);
+    if (ignored.has(i)) return;
     try {
       signers.add(verifySignature(e.h, e.data, keys));
     } catch (err) {
@@ -188,6 +238,7 @@ export function verifyBundle(b: Bundle): { events: number; keyIDs: string[] } {
     const j = at.get(prev);
     if (j === undefined) throw fail('chain', `it follows event ${prev}, which the run does not hold (removed or altered)`);
     if (j >= i) throw fail('chain', `it follows event ${j + 1} (${evs[j].h.get('ce-id')}), stored after it (reordered)`);
+    if (ignored.has(j)) throw fail('chain', `it follows event ${j + 1} (${evs[j].h.get('ce-id')}), which no reader counts (foreign): an event it needs removed or altered`);
   });
-  return { events: evs.length, keyIDs: [...signers].sort() };
+  return { events: evs.length, keyIDs: [...signers].sort(), foreign: [...ignored].map(([index, reason]) => ({ index, reason })) };
 }
