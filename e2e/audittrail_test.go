@@ -192,6 +192,21 @@ func TestAuditTrailVerifies(t *testing.T) {
 		t.Logf("removed result: %v", err)
 	}
 
+	// Call a's request removed, so that its result would pass as foreign: the step's
+	// model.responded still lists the call (its result's chain fails); with that removed
+	// too, the step's other call still counts it (complete).
+	noReq := clone(off)
+	q := index(t, noReq, events.TypeToolRequested, "a")
+	noReq.Events = slices.Delete(noReq.Events, q, q+1)
+	mustFail(t, "removed tool.requested", noReq, "chain", -1)
+	m := index(t, noReq, events.TypeModelResponded, "")
+	noReq.Events = slices.Delete(noReq.Events, m, m+1)
+	if _, err := trail.Verify(noReq); err == nil {
+		t.Error("HOLE: call a's request and the step's model.responded removed: the trail verifies")
+	} else {
+		t.Logf("removed tool.requested and model.responded: %v", err)
+	}
+
 	swapped := clone(off)
 	r := index(t, swapped, events.TypeModelResponded, "")
 	swapped.Events[j], swapped.Events[r] = swapped.Events[r], swapped.Events[j]

@@ -2,6 +2,7 @@ package trail
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 
 	"github.com/toolbus/toolbus"
@@ -104,4 +105,39 @@ func requests(r *event, step int, call, tool string) bool {
 	return ok && slices.ContainsFunc(mr.Message.ToolCalls, func(c toolbus.ToolCall) bool {
 		return c.CallID == call && events.ToolToken(c.Tool) == tool
 	})
+}
+
+// requested checks that every call of a step the run went on from (went) was requested:
+// the planner publishes, for each of a step's CallCount calls, its tool.requested or
+// (a call over the step's cap) a rejected result of its own. So the administrator cannot
+// remove a call's request (and the step's model.responded) to pass its results off as
+// foreign: the step's other calls still count it.
+func requested(evs []*event, went func(step int) bool) error {
+	type slot struct{ step, index int }
+	count := map[int]int{}
+	first := map[int]int{}
+	have := map[slot]bool{}
+	for i, e := range evs {
+		core := e.meta.Type == events.TypeToolRequested || e.meta.Type == events.TypeToolFinished && isCore(e.key)
+		if e.foreign || !core || !e.meta.HasCall {
+			continue
+		}
+		if _, ok := first[e.meta.Step]; !ok {
+			first[e.meta.Step] = i
+		}
+		count[e.meta.Step] = max(count[e.meta.Step], e.meta.CallCount)
+		have[slot{e.meta.Step, e.meta.CallIndex}] = true
+	}
+	for _, step := range slices.Sorted(maps.Keys(count)) {
+		n := count[step]
+		for k := range n {
+			if have[slot{step, k}] || !went(step) {
+				continue
+			}
+			e := evs[first[step]]
+			return &Failure{Index: first[step], Seq: e.rec.Seq, ID: e.meta.ID, Check: "complete",
+				Reason: fmt.Sprintf("call %d of the %d of step %d was never requested, yet the run went on (a request removed)", k+1, n, step)}
+		}
+	}
+	return nil
 }

@@ -297,7 +297,8 @@ func chained(e *event, i int, evs []*event, at map[string]int) string {
 }
 
 // complete checks that every call of a step the run went on from (a later step was
-// requested, or the run ended) has a result (tool.finished, or tool.waiting).
+// requested, or the run ended) was requested (foreign.go) and has a result
+// (tool.finished, or tool.waiting).
 func complete(evs []*event) error {
 	type call struct {
 		step     int
@@ -320,9 +321,13 @@ func complete(evs []*event) error {
 			ended = i
 		}
 	}
+	went := func(step int) bool { return step < lastStep || ended >= 0 }
+	if err := requested(evs, went); err != nil {
+		return err
+	}
 	for i, e := range evs {
 		c := call{e.meta.Step, e.meta.CallID, toolOf(e)}
-		if e.meta.Type != events.TypeToolRequested || answered[c] || answered[call{c.step, c.id, ""}] || (e.meta.Step >= lastStep && ended < 0) {
+		if e.meta.Type != events.TypeToolRequested || answered[c] || answered[call{c.step, c.id, ""}] || !went(e.meta.Step) {
 			continue
 		}
 		return &Failure{Index: i, Seq: e.rec.Seq, ID: e.meta.ID, Check: "complete",
