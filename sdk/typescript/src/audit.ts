@@ -2,8 +2,9 @@
 // with node:crypto only: what the executor signs its events with, and a verifier of an
 // exported audit bundle (toolbus-audit-bundle/v1) written from the contract alone, so
 // that an auditor outside Go can check a run. The Go twin is events/seal and
-// audit/trail; the verifier here checks signatures, the canonical form and the chain,
-// not the signers' grants (which tool a team owned when).
+// audit/trail; the verifier here checks signatures, the canonical form, the chain and
+// that each call of a step was requested, and reports foreign events as the Go one
+// does, not the signers' grants (which tool a team owned when).
 import { createHash, createPrivateKey, createPublicKey, sign as edSign, verify as edVerify, type KeyObject } from 'node:crypto';
 import { readFileSync } from 'node:fs';
 
@@ -204,6 +205,32 @@ function foreignEvents(evs: Ev[], keys: Map<string, KeyObject>): Map<number, str
 }
 
 /**
+ * Throws unless each of the ce-callcount calls of a step the run went on from (a later
+ * model.requested, or an outcome) has the core's request or rejected result (core(i)).
+ */
+function requestedAll(evs: Ev[], core: (i: number) => boolean): void {
+  const type = (e: Ev) => e.h.get('ce-type');
+  const lastStep = Math.max(-1, ...evs.filter((e) => type(e) === 'toolbus.model.requested').map((e) => +e.h.get('ce-step')));
+  const ended = evs.some((e) => type(e).startsWith('toolbus.run.') && !CHAIN_STARTS.includes(type(e)));
+  const steps = new Map<number, { first: number; count: number; have: Set<number> }>();
+  evs.forEach((e, i) => {
+    if (!core(i) || !e.h.get('ce-callcount')) return;
+    const st = steps.get(+e.h.get('ce-step')) ?? { first: i, count: 0, have: new Set<number>() };
+    st.count = Math.max(st.count, +e.h.get('ce-callcount'));
+    st.have.add(+e.h.get('ce-callindex'));
+    steps.set(+e.h.get('ce-step'), st);
+  });
+  for (const [step, st] of [...steps].sort((a, b) => a[0] - b[0])) {
+    if (step >= lastStep && !ended) continue;
+    for (let k = 0; k < st.count; k++) {
+      if (st.have.has(k)) continue;
+      const e = evs[st.first];
+      throw new AuditFailure(st.first, e.r.seq, e.h.get('ce-id'), 'complete', `call ${k + 1} of the ${st.count} of step ${step} was never requested, yet the run went on (a request removed)`);
+    }
+  }
+}
+
+/**
  * Verifies a bundle with no bus: every event signed by a key of the bundle over its
  * canonical form, and chained (its ce-prevdigest names an earlier event of the run; a
  * start, decision, cancel or answer may begin a chain); an event no reader counts (a
@@ -221,12 +248,14 @@ export function verifyBundle(b: Bundle): { events: number; keyIDs: string[]; for
   evs.forEach((e, i) => { if (!at.has(e.digest)) at.set(e.digest, i); });
   const ignored = foreignEvents(evs, keys);
   const signers = new Set<string>();
+  const keyOf = new Map<number, string>();
   evs.forEach((e, i) => {
     const fail = (check: string, reason: string) => new AuditFailure(i, e.r.seq, e.h.get('ce-id'), check, reason);
     if (e.h.get('ce-runid') !== b.run) throw fail('decode', `the event is of run ${e.h.get('ce-runid')}, not ${b.run}`);
     if (ignored.has(i)) return;
     try {
-      signers.add(verifySignature(e.h, e.data, keys));
+      keyOf.set(i, verifySignature(e.h, e.data, keys));
+      signers.add(keyOf.get(i)!);
     } catch (err) {
       throw fail('signature', (err as Error).message);
     }
@@ -240,5 +269,7 @@ export function verifyBundle(b: Bundle): { events: number; keyIDs: string[]; for
     if (j >= i) throw fail('chain', `it follows event ${j + 1} (${evs[j].h.get('ce-id')}), stored after it (reordered)`);
     if (ignored.has(j)) throw fail('chain', `it follows event ${j + 1} (${evs[j].h.get('ce-id')}), which no reader counts (foreign): an event it needs removed or altered`);
   });
+  requestedAll(evs, (i) => !ignored.has(i) && (evs[i].h.get('ce-type') === 'toolbus.tool.requested' ||
+    evs[i].h.get('ce-type') === 'toolbus.tool.finished' && /^role\.(planner|injector)\//.test(keyOf.get(i) ?? '')));
   return { events: evs.length, keyIDs: [...signers].sort(), foreign: [...ignored].map(([index, reason]) => ({ index, reason })) };
 }

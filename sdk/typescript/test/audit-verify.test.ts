@@ -96,3 +96,10 @@ test('another tenant\'s stray write is reported foreign and the run verifies; th
   own.events.push(answer(principal));
   mustFail(own, 'signature', own.events.length - 1);
 });
+
+test('a removed request cannot pass its call\'s results off as foreign: with the step\'s model.responded removed too, verification fails', () => {
+  const b = bundle();
+  b.events.splice(indexOf(b, 'toolbus.tool.requested'), 1);
+  b.events.splice(indexOf(b, 'toolbus.model.responded'), 1);
+  assert.throws(() => verifyBundle(b), AuditFailure);
+});
