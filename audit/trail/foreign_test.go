@@ -18,8 +18,9 @@ import (
 // stores a client's answer, decision or cancel and a team's tool events on any run id)
 // cannot flip the run's verdict: mallory's unsigned answer and team calc's correctly
 // signed tool.log of a call the run never requested of calc are reported foreign and
-// the run verifies. CONTROLS: the untouched run verifies with nothing foreign; tester's
-// own unsigned answer (which counts) fails its signature; the administrator's altered
+// the run verifies, as does mallory's answer whose data does not decode. CONTROLS: the
+// untouched run verifies with nothing foreign; tester's own unsigned answer (which
+// counts) fails its signature, and one whose data does not decode fails decode; the administrator's altered
 // model.responded fails its signature, and tester's signed answer rewritten as
 // mallory's (to pass as foreign) fails the checkpoint, each naming the event.
 func TestAuditTrailForeignWrites(t *testing.T) {
@@ -28,6 +29,11 @@ func TestAuditTrailForeignWrites(t *testing.T) {
 		return events.ToolAnswerEvent("/toolbus/client/"+who, toolbus.ToolAnswer{RunID: run, CallID: "x", Who: who, Seq: 1, Action: "accept"})
 	}
 	calcLog := events.ToolLogEvent("/toolbus/executor/calc", toolbus.ToolLog{RunID: run, CallID: "c9", Tool: "calc", Seq: 1})
+	// on names e's subject identity who: its data no longer agrees with it (decode).
+	on := func(e events.Envelope, who string) events.Envelope {
+		e.Subject = events.SubjectToolAnswer(run, who)
+		return e
+	}
 
 	if res, err := trail.Verify(runBundle(t, run)); err != nil || len(res.Foreign) != 0 {
 		t.Fatalf("control: the untouched run: %v, foreign %v", err, res.Foreign)
@@ -36,7 +42,8 @@ func TestAuditTrailForeignWrites(t *testing.T) {
 		what   string
 		env    events.Envelope
 		signer string
-	}{{"mallory's unsigned answer", answer("mallory"), ""}, {"team calc's signed log of a call never requested", calcLog, "team.calc"}} {
+	}{{"mallory's unsigned answer", answer("mallory"), ""}, {"team calc's signed log of a call never requested", calcLog, "team.calc"},
+		{"mallory's answer whose data names tester", on(answer("tester"), "mallory"), ""}} {
 		b := runBundle(t, run, stray{c.env, c.signer})
 		res, err := trail.Verify(b)
 		if err != nil {
@@ -53,6 +60,7 @@ func TestAuditTrailForeignWrites(t *testing.T) {
 	}
 
 	mustFail(t, "tester's own unsigned answer", runBundle(t, run, stray{answer("tester"), ""}), "signature", 4)
+	mustFail(t, "tester's own answer whose data names mallory", runBundle(t, run, stray{on(answer("mallory"), "tester"), "client.tester"}), "decode", 4)
 	altered := runBundle(t, run)
 	altered.Events[2].Data = bytes.Replace(altered.Events[2].Data, []byte(`"hi"`), []byte(`"ho"`), 1)
 	mustFail(t, "an altered model.responded", altered, "signature", 2)

@@ -55,7 +55,8 @@ type event struct {
 	data    any
 	digest  string
 	key     seal.Key
-	foreign bool // no reader counts it (foreign.go)
+	foreign bool  // no reader counts it (foreign.go)
+	bad     error // why it does not decode
 }
 
 // Verify checks a trail: every event decodes and agrees with its subject, is signed
@@ -70,10 +71,7 @@ func Verify(b Bundle) (Result, error) {
 	evs := make([]*event, 0, len(b.Events))
 	at := map[string]int{}
 	for i, r := range b.Events {
-		e, err := decode(r)
-		if err != nil {
-			return Result{}, &Failure{Index: i, Seq: r.Seq, ID: e.meta.ID, Check: "decode", Reason: err.Error()}
-		}
+		e := decode(r)
 		if _, dup := at[e.digest]; !dup {
 			at[e.digest] = i
 		}
@@ -90,13 +88,19 @@ func Verify(b Bundle) (Result, error) {
 		fail := func(check, format string, args ...any) error {
 			return &Failure{Index: i, Seq: e.rec.Seq, ID: e.meta.ID, Check: check, Reason: fmt.Sprintf(format, args...)}
 		}
-		if e.meta.RunID != b.Run {
-			return Result{}, fail("decode", "the event is of run %s, not %s", e.meta.RunID, b.Run)
-		}
-		if why := st.foreign(e, i, evs, b.Keys); why != "" {
+		if why := st.foreign(e, i, evs, b.Keys); why != "" && e.meta.Type != "" {
+			if e.bad != nil {
+				why += fmt.Sprintf(" (it does not decode either: %v)", e.bad)
+			}
 			e.foreign = true
 			foreign = append(foreign, Ignored{Index: i, Seq: e.rec.Seq, ID: e.meta.ID, Reason: why})
 			continue
+		}
+		if e.bad != nil {
+			return Result{}, fail("decode", "%s", e.bad)
+		}
+		if e.meta.RunID != b.Run {
+			return Result{}, fail("decode", "the event is of run %s, not %s", e.meta.RunID, b.Run)
 		}
 		if check, why := signature(e, b.Keys); why != "" {
 			return Result{}, fail(check, "%s", why)
@@ -135,25 +139,26 @@ func (e *event) at() time.Time {
 	return e.meta.Time
 }
 
-// decode decodes a record, checks its data against its subject and computes its digest.
-func decode(r Record) (*event, error) {
+// decode decodes a record, checks its data against its subject and computes its
+// digest; why it does not decode is in bad (judged unless the event is foreign).
+func decode(r Record) *event {
 	e := &event{rec: r, h: nats.Header(r.Header)}
+	e.digest = seal.Digest(e.h, r.Data)
 	ev, err := events.DecodeEvent(&nats.Msg{Subject: r.Subject, Header: e.h, Data: r.Data})
 	e.meta = ev.Meta
 	if err != nil {
-		return e, err
+		e.bad = err
+		return e
 	}
 	if v := events.DataOf(ev.Type); v != nil {
 		if err := ev.Bind(v); err != nil {
-			return e, err
+			e.bad = err
+			return e
 		}
 		e.data = v
 	}
-	if err := events.CheckSubject(r.Subject, ev.Meta, e.data); err != nil {
-		return e, err
-	}
-	e.digest = seal.Digest(e.h, r.Data)
-	return e, nil
+	e.bad = events.CheckSubject(r.Subject, ev.Meta, e.data)
+	return e
 }
 
 // unsignedRun reports whether no event is signed.
