@@ -167,7 +167,10 @@ const last = (e: Ev) => e.r.subject.slice(e.r.subject.lastIndexOf('.') + 1);
 
 /** Whether the model.responded r lists call of tool (its subject token: an invalid name is _unknown). */
 function listed(r: Ev, call: string, tool: string): boolean {
-  const calls = (JSON.parse(r.data.toString('utf8')) as { message?: { tool_calls?: { call_id: string; tool: string }[] } }).message?.tool_calls ?? [];
+  let calls: { call_id: string; tool: string }[] = [];
+  try {
+    calls = (JSON.parse(r.data.toString('utf8')) as { message?: { tool_calls?: typeof calls } }).message?.tool_calls ?? [];
+  } catch { /* no calls: its signature check names why */ }
   return calls.some((c) => c.call_id === call && (/^[A-Za-z0-9_-]{1,64}$/.test(c.tool) ? c.tool : '_unknown') === tool);
 }
 
@@ -181,7 +184,10 @@ function foreignEvents(evs: Ev[], keys: Map<string, KeyObject>): Map<number, str
   const named = new Set(evs.filter((e) => isCoreType(e.h.get('ce-type'))).map((e) => e.h.get('ce-prevdigest')));
   const starts = evs.filter((e) => e.h.get('ce-type') === 'toolbus.run.started');
   const start = starts.find((e) => named.has(e.digest)) ?? starts[0];
-  const rs = start ? JSON.parse(start.data.toString('utf8')) as { principal?: { id?: string }; approvers?: string[] } : undefined;
+  let rs: { principal?: { id?: string }; approvers?: string[] } | undefined;
+  try {
+    rs = start ? JSON.parse(start.data.toString('utf8')) : undefined;
+  } catch { /* no principal: its signature check names why */ }
   const principal = rs?.principal?.id ?? '';
   const out = new Map<number, string>();
   evs.forEach((e, i) => {
