@@ -192,15 +192,31 @@ func TestAuditTrailVerifies(t *testing.T) {
 		t.Logf("removed result: %v", err)
 	}
 
+	// Call a's request removed, so that its result would pass as foreign: the step's
+	// model.responded still lists the call (its result's chain fails); with that removed
+	// too, the step's other call still counts it (complete).
+	noReq := clone(off)
+	q := index(t, noReq, events.TypeToolRequested, "a")
+	noReq.Events = slices.Delete(noReq.Events, q, q+1)
+	mustFail(t, "removed tool.requested", noReq, "chain", -1)
+	m := index(t, noReq, events.TypeModelResponded, "")
+	noReq.Events = slices.Delete(noReq.Events, m, m+1)
+	if _, err := trail.Verify(noReq); err == nil {
+		t.Error("HOLE: call a's request and the step's model.responded removed: the trail verifies")
+	} else {
+		t.Logf("removed tool.requested and model.responded: %v", err)
+	}
+
 	swapped := clone(off)
 	r := index(t, swapped, events.TypeModelResponded, "")
 	swapped.Events[j], swapped.Events[r] = swapped.Events[r], swapped.Events[j]
 	mustFail(t, "swapped model.requested and model.responded", swapped, "chain", j)
 
-	// Inserted on the live bus by the administrator: a result for call a of a step that
-	// never was, unsigned; then one signed with beta's key.
-	forged := toolbus.ToolFinished{RunID: "signed-1", Step: 5, CallIndex: 0, CallCount: 1,
-		ToolResult: toolbus.ToolResult{CallID: "x", Tool: "calculator", Status: toolbus.StatusSucceeded, Content: "42"}}
+	// Inserted on the live bus by the administrator: a result for call a (an event that
+	// counts), unsigned; then one signed with beta's key. (One for a call never requested
+	// counts for no reader: reported foreign, as a tenant's stray write is.)
+	forged := toolbus.ToolFinished{RunID: "signed-1", Step: 0, CallIndex: 0, CallCount: 2,
+		ToolResult: toolbus.ToolResult{CallID: "a", Tool: "calculator", Status: toolbus.StatusSucceeded, Content: "42", Attempt: 7}}
 	if _, err := s.bus.PublishEvent(s.ctx, events.ToolFinishedEvent("/toolbus/executor/forged", forged)); err != nil {
 		t.Fatal(err)
 	}
@@ -212,7 +228,7 @@ func TestAuditTrailVerifies(t *testing.T) {
 
 	beta := must(events.Open(s.ctx, s.srv.Conn, events.Config{}))
 	beta.SetSigner(seal.SignerOf(s.keys["team.beta"]))
-	forged.CallID = "y"
+	forged.Attempt = 8
 	ctx := seal.WithParentDigest(s.ctx, seal.Digest(off.Events[index(t, off, events.TypeToolRequested, "a")].Header, off.Events[index(t, off, events.TypeToolRequested, "a")].Data))
 	if _, err := beta.PublishEvent(ctx, events.ToolFinishedEvent("/toolbus/executor/beta", forged)); err != nil {
 		t.Fatal(err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -31,12 +32,19 @@ func prove(ctx context.Context, b *events.Bus, out *Bundle) error {
 	// A run that just ended waits for the checkpoint its end triggers (a few polls of
 	// the core's service), not longer: a run still going is covered at the next interval.
 	p, err := checkpoint.Prove(ctx, b, seqs)
-	var ended bool // by a signed outcome: its publisher's injector signs checkpoints
-	if n := len(seqs); n > 0 {
-		h := nats.Header(out.Events[n-1].Header)
-		ended = checkpoint.IsRunEnd(h.Get("ce-type")) && h.Get(seal.HeaderMaterial) != ""
+	// A signed outcome (its publisher's injector signs checkpoints), wherever it is: a
+	// tenant's stray write after it need not be covered (Verify ignores it, foreign.go).
+	var end uint64
+	for _, r := range out.Events {
+		h := nats.Header(r.Header)
+		if checkpoint.IsRunEnd(h.Get("ce-type")) && h.Get(seal.HeaderMaterial) != "" {
+			end = r.Seq
+		}
 	}
-	uncovered := func() bool { return errors.Is(err, checkpoint.ErrNone) || err == nil && len(p.Leaves) < len(seqs) }
+	ended := end != 0
+	uncovered := func() bool {
+		return errors.Is(err, checkpoint.ErrNone) || err == nil && !slices.ContainsFunc(p.Leaves, func(l checkpoint.Leaf) bool { return l.Seq == end })
+	}
 	for deadline := time.Now().Add(coverWait); ended && uncovered() && time.Now().Before(deadline); {
 		select {
 		case <-ctx.Done():
@@ -55,7 +63,7 @@ func prove(ctx context.Context, b *events.Bus, out *Bundle) error {
 	return nil
 }
 
-// included checks that every event is a leaf of the bundle's signed checkpoint; it
+// included checks that every event (every foreign one the checkpoint covers) is a leaf of the bundle's signed checkpoint; it
 // returns the first failure, nil when every event is, and the checkpoint's size.
 func included(b Bundle, evs []*event) (int64, error) {
 	if b.Checkpoint == nil {
@@ -67,6 +75,10 @@ func included(b Bundle, evs []*event) (int64, error) {
 		return 0, &Failure{Index: 0, Seq: evs[0].rec.Seq, ID: evs[0].meta.ID, Check: "checkpoint", Reason: err.Error()}
 	}
 	for i, e := range evs {
+		// A foreign event stored after the checkpoint is not judged; one it covers is.
+		if e.foreign && !slices.ContainsFunc(b.Checkpoint.Leaves, func(l checkpoint.Leaf) bool { return l.Seq == e.rec.Seq }) {
+			continue
+		}
 		if why := b.Checkpoint.Includes(c, e.rec.Seq, checkpoint.LeafHash(e.rec.Header, e.rec.Data)); why != "" {
 			return 0, &Failure{Index: i, Seq: e.rec.Seq, ID: e.meta.ID, Check: "checkpoint", Reason: why}
 		}

@@ -43,16 +43,20 @@ type Result struct {
 	Signers []string // the signers, sorted
 	// Checkpoint is the size of the signed checkpoint every event is included in.
 	Checkpoint int64
+	// Foreign are the events no reader counts (foreign.go), reported, not judged.
+	Foreign []Ignored
 }
 
 // event is one decoded event of a trail.
 type event struct {
-	rec    Record
-	h      nats.Header
-	meta   events.Meta
-	data   any
-	digest string
-	key    seal.Key
+	rec     Record
+	h       nats.Header
+	meta    events.Meta
+	data    any
+	digest  string
+	key     seal.Key
+	foreign bool  // no reader counts it (foreign.go)
+	bad     error // why it does not decode
 }
 
 // Verify checks a trail: every event decodes and agrees with its subject, is signed
@@ -60,16 +64,14 @@ type event struct {
 // an earlier event of the run as the one it follows (run.started, decisions, cancels
 // and answers start chains of their own), and every call of a step the run went on
 // from has its result, and every event is a leaf of the bundle's signed checkpoint
-// (audit/checkpoint). It returns the first failure (*Failure), or ErrUnsignedRun for
-// a run none of whose events is signed.
+// (audit/checkpoint). An event no reader counts (a tenant's write with no standing in
+// the run, foreign.go) is reported in Result.Foreign, not judged. It returns the first
+// failure (*Failure), or ErrUnsignedRun for a run none of whose events is signed.
 func Verify(b Bundle) (Result, error) {
 	evs := make([]*event, 0, len(b.Events))
 	at := map[string]int{}
 	for i, r := range b.Events {
-		e, err := decode(r)
-		if err != nil {
-			return Result{}, &Failure{Index: i, Seq: r.Seq, ID: e.meta.ID, Check: "decode", Reason: err.Error()}
-		}
+		e := decode(r)
 		if _, dup := at[e.digest]; !dup {
 			at[e.digest] = i
 		}
@@ -80,9 +82,22 @@ func Verify(b Bundle) (Result, error) {
 			ErrUnsignedRun, firstKey(b.Keys), b.Run)
 	}
 	signers := map[string]bool{}
+	st := standingOf(evs)
+	var foreign []Ignored
 	for i, e := range evs {
 		fail := func(check, format string, args ...any) error {
 			return &Failure{Index: i, Seq: e.rec.Seq, ID: e.meta.ID, Check: check, Reason: fmt.Sprintf(format, args...)}
+		}
+		if why := st.foreign(e, i, evs, b.Keys); why != "" && e.meta.Type != "" {
+			if e.bad != nil {
+				why += fmt.Sprintf(" (it does not decode either: %v)", e.bad)
+			}
+			e.foreign = true
+			foreign = append(foreign, Ignored{Index: i, Seq: e.rec.Seq, ID: e.meta.ID, Reason: why})
+			continue
+		}
+		if e.bad != nil {
+			return Result{}, fail("decode", "%s", e.bad)
 		}
 		if e.meta.RunID != b.Run {
 			return Result{}, fail("decode", "the event is of run %s, not %s", e.meta.RunID, b.Run)
@@ -105,7 +120,7 @@ func Verify(b Bundle) (Result, error) {
 	if err != nil {
 		return Result{}, err
 	}
-	return Result{Events: len(evs), Signers: slices.Sorted(maps.Keys(signers)), Checkpoint: size}, nil
+	return Result{Events: len(evs), Signers: slices.Sorted(maps.Keys(signers)), Checkpoint: size, Foreign: foreign}, nil
 }
 
 // ClockSkew is how much earlier than its stored time an event may say it was made
@@ -124,25 +139,26 @@ func (e *event) at() time.Time {
 	return e.meta.Time
 }
 
-// decode decodes a record, checks its data against its subject and computes its digest.
-func decode(r Record) (*event, error) {
+// decode decodes a record, checks its data against its subject and computes its
+// digest; why it does not decode is in bad (judged unless the event is foreign).
+func decode(r Record) *event {
 	e := &event{rec: r, h: nats.Header(r.Header)}
+	e.digest = seal.Digest(e.h, r.Data)
 	ev, err := events.DecodeEvent(&nats.Msg{Subject: r.Subject, Header: e.h, Data: r.Data})
 	e.meta = ev.Meta
 	if err != nil {
-		return e, err
+		e.bad = err
+		return e
 	}
 	if v := events.DataOf(ev.Type); v != nil {
 		if err := ev.Bind(v); err != nil {
-			return e, err
+			e.bad = err
+			return e
 		}
 		e.data = v
 	}
-	if err := events.CheckSubject(r.Subject, ev.Meta, e.data); err != nil {
-		return e, err
-	}
-	e.digest = seal.Digest(e.h, r.Data)
-	return e, nil
+	e.bad = events.CheckSubject(r.Subject, ev.Meta, e.data)
+	return e
 }
 
 // unsignedRun reports whether no event is signed.
@@ -262,6 +278,9 @@ func chained(e *event, i int, evs []*event, at map[string]int) string {
 		return fmt.Sprintf("it follows event %d (%s), stored after it (reordered)", j+1, evs[j].meta.ID)
 	}
 	p := evs[j]
+	if p.foreign {
+		return fmt.Sprintf("it follows event %d (%s), which no reader counts (foreign): an event it needs removed or altered", j+1, p.meta.ID)
+	}
 	switch e.meta.Type {
 	case events.TypeToolFinished, events.TypeToolWaiting, events.TypeToolProgress, events.TypeToolLog, events.TypeToolQuestion:
 		if p.meta.Type == events.TypeToolRequested && (p.meta.CallID != e.meta.CallID || p.meta.Step != e.meta.Step || !isCore(e.key) && toolOf(p) != toolOf(e)) {
@@ -283,7 +302,8 @@ func chained(e *event, i int, evs []*event, at map[string]int) string {
 }
 
 // complete checks that every call of a step the run went on from (a later step was
-// requested, or the run ended) has a result (tool.finished, or tool.waiting).
+// requested, or the run ended) was requested (foreign.go) and has a result
+// (tool.finished, or tool.waiting).
 func complete(evs []*event) error {
 	type call struct {
 		step     int
@@ -293,6 +313,7 @@ func complete(evs []*event) error {
 	lastStep, ended := -1, -1
 	for i, e := range evs {
 		switch {
+		case e.foreign:
 		case e.meta.Type == events.TypeToolFinished || e.meta.Type == events.TypeToolWaiting:
 			tool := toolOf(e)
 			if isCore(e.key) {
@@ -305,9 +326,13 @@ func complete(evs []*event) error {
 			ended = i
 		}
 	}
+	went := func(step int) bool { return step < lastStep || ended >= 0 }
+	if err := requested(evs, went); err != nil {
+		return err
+	}
 	for i, e := range evs {
 		c := call{e.meta.Step, e.meta.CallID, toolOf(e)}
-		if e.meta.Type != events.TypeToolRequested || answered[c] || answered[call{c.step, c.id, ""}] || (e.meta.Step >= lastStep && ended < 0) {
+		if e.meta.Type != events.TypeToolRequested || answered[c] || answered[call{c.step, c.id, ""}] || !went(e.meta.Step) {
 			continue
 		}
 		return &Failure{Index: i, Seq: e.rec.Seq, ID: e.meta.ID, Check: "complete",
@@ -324,7 +349,10 @@ func Explain(w io.Writer, run string, res Result, err error) int {
 	switch {
 	case err == nil:
 		fmt.Fprintf(w, "run %s verified: %d events, each signed by a signer allowed to publish it, chained, no result missing, included in the signed checkpoint of %d messages (signers: %s)\n",
-			run, res.Events, res.Checkpoint, strings.Join(res.Signers, ", "))
+			run, res.Events-len(res.Foreign), res.Checkpoint, strings.Join(res.Signers, ", "))
+		for _, f := range res.Foreign {
+			fmt.Fprintf(w, "  event %d (stream seq %d, id %s): foreign: ignored: %s\n", f.Index+1, f.Seq, f.ID, f.Reason)
+		}
 		return 0
 	case errors.As(err, &f):
 		fmt.Fprintf(w, "run %s does NOT verify: %v\n", run, f)

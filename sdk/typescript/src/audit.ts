@@ -2,8 +2,9 @@
 // with node:crypto only: what the executor signs its events with, and a verifier of an
 // exported audit bundle (toolbus-audit-bundle/v1) written from the contract alone, so
 // that an auditor outside Go can check a run. The Go twin is events/seal and
-// audit/trail; the verifier here checks signatures, the canonical form and the chain,
-// not the signers' grants (which tool a team owned when).
+// audit/trail; the verifier here checks signatures, the canonical form, the chain and
+// that each call of a step was requested, and reports foreign events as the Go one
+// does, not the signers' grants (which tool a team owned when).
 import { createHash, createPrivateKey, createPublicKey, sign as edSign, verify as edVerify, type KeyObject } from 'node:crypto';
 import { readFileSync } from 'node:fs';
 
@@ -159,24 +160,108 @@ function verifySignature(h: Headers, data: Buffer, keys: Map<string, KeyObject>)
   return s.keyid;
 }
 
+type Ev = { r: Bundle['events'][number]; h: Headers; data: Buffer; digest: string };
+const isCoreType = (t: string) => ['toolbus.model.requested', 'toolbus.model.responded', 'toolbus.tool.requested', 'toolbus.timer.deadline'].includes(t) ||
+  (t.startsWith('toolbus.run.') && !CHAIN_STARTS.includes(t));
+const last = (e: Ev) => e.r.subject.slice(e.r.subject.lastIndexOf('.') + 1);
+
+/** Whether the model.responded r lists call of tool (its subject token: an invalid name is _unknown). */
+function listed(r: Ev, call: string, tool: string): boolean {
+  let calls: { call_id: string; tool: string }[] = [];
+  try {
+    calls = (JSON.parse(r.data.toString('utf8')) as { message?: { tool_calls?: typeof calls } }).message?.tool_calls ?? [];
+  } catch { /* no calls: its signature check names why */ }
+  return calls.some((c) => c.call_id === call && (/^[A-Za-z0-9_-]{1,64}$/.test(c.tool) ? c.tool : '_unknown') === tool);
+}
+
+/**
+ * The events no reader counts (CONTRACT.md, "Verification"), by index and why: a start
+ * after the run's, an answer not by the run's principal, a decision or cancel by neither
+ * the principal nor an approver, none of them named by a core event; a tool's event of a
+ * call the core never requested of that tool, unless the planner or the injector signed it.
+ */
+function foreignEvents(evs: Ev[], keys: Map<string, KeyObject>): Map<number, string> {
+  const named = new Set(evs.filter((e) => isCoreType(e.h.get('ce-type'))).map((e) => e.h.get('ce-prevdigest')));
+  const starts = evs.filter((e) => e.h.get('ce-type') === 'toolbus.run.started');
+  const start = starts.find((e) => named.has(e.digest)) ?? starts[0];
+  let rs: { principal?: { id?: string }; approvers?: string[] } | undefined;
+  try {
+    rs = start ? JSON.parse(start.data.toString('utf8')) : undefined;
+  } catch { /* no principal: its signature check names why */ }
+  const principal = rs?.principal?.id ?? '';
+  const out = new Map<number, string>();
+  evs.forEach((e, i) => {
+    const type = e.h.get('ce-type');
+    if (isCoreType(type)) return;
+    if (CHAIN_STARTS.includes(type)) {
+      const who = last(e);
+      if (named.has(e.digest)) return;
+      if (type === 'toolbus.run.started' ? e === start : who !== '' && (who === principal || (type !== 'toolbus.tool.answer' && (rs?.approvers ?? []).includes(who)))) return;
+      out.set(i, `${type} by ${who}, neither the run's principal (${principal}) nor named by the core as handled`);
+      return;
+    }
+    const requested = evs.slice(0, i).some((r) => r.h.get('ce-step') === e.h.get('ce-step') && (r.h.get('ce-type') === 'toolbus.tool.requested'
+      ? last(r) === last(e) && r.h.get('ce-callid') === e.h.get('ce-callid')
+      : r.h.get('ce-type') === 'toolbus.model.responded' && listed(r, e.h.get('ce-callid'), last(e))));
+    let core = false;
+    try { core = /^role\.(planner|injector)\//.test(verifySignature(e.h, e.data, keys)); } catch { /* not the core's */ }
+    if (!requested && !core) out.set(i, `${type} of tool ${last(e)} for call ${e.h.get('ce-callid')}, which the core never requested of that tool`);
+  });
+  return out;
+}
+
+/**
+ * Throws unless each of the ce-callcount calls of a step the run went on from (a later
+ * model.requested, or an outcome) has the core's request or rejected result (core(i)).
+ */
+function requestedAll(evs: Ev[], core: (i: number) => boolean): void {
+  const type = (e: Ev) => e.h.get('ce-type');
+  const lastStep = Math.max(-1, ...evs.filter((e) => type(e) === 'toolbus.model.requested').map((e) => +e.h.get('ce-step')));
+  const ended = evs.some((e) => type(e).startsWith('toolbus.run.') && !CHAIN_STARTS.includes(type(e)));
+  const steps = new Map<number, { first: number; count: number; have: Set<number> }>();
+  evs.forEach((e, i) => {
+    if (!core(i) || !e.h.get('ce-callcount')) return;
+    const st = steps.get(+e.h.get('ce-step')) ?? { first: i, count: 0, have: new Set<number>() };
+    st.count = Math.max(st.count, +e.h.get('ce-callcount'));
+    st.have.add(+e.h.get('ce-callindex'));
+    steps.set(+e.h.get('ce-step'), st);
+  });
+  for (const [step, st] of [...steps].sort((a, b) => a[0] - b[0])) {
+    if (step >= lastStep && !ended) continue;
+    for (let k = 0; k < st.count; k++) {
+      if (st.have.has(k)) continue;
+      const e = evs[st.first];
+      throw new AuditFailure(st.first, e.r.seq, e.h.get('ce-id'), 'complete', `call ${k + 1} of the ${st.count} of step ${step} was never requested, yet the run went on (a request removed)`);
+    }
+  }
+}
+
 /**
  * Verifies a bundle with no bus: every event signed by a key of the bundle over its
  * canonical form, and chained (its ce-prevdigest names an earlier event of the run; a
- * start, decision, cancel or answer may begin a chain). Returns the signers' key ids;
- * throws an AuditFailure naming the first event that fails.
+ * start, decision, cancel or answer may begin a chain); an event no reader counts (a
+ * tenant's write with no standing in the run) is reported in foreign, not judged.
+ * Returns the signers' key ids; throws an AuditFailure naming the first event that fails.
  */
-export function verifyBundle(b: Bundle): { events: number; keyIDs: string[] } {
+export function verifyBundle(b: Bundle): { events: number; keyIDs: string[]; foreign: { index: number; reason: string }[] } {
   if (b.format !== BUNDLE_FORMAT) throw new Error(`toolbus: bundle format ${b.format}, want ${BUNDLE_FORMAT}`);
   const keys = new Map(b.keys.keys.map((k) => [k.keyid, publicKey(Buffer.from(k.public, 'base64'))]));
-  const evs = b.events.map((r) => ({ r, h: recordHeaders(r.header), data: Buffer.from(r.data ?? '', 'base64') }));
+  const evs: Ev[] = b.events.map((r) => {
+    const h = recordHeaders(r.header), data = Buffer.from(r.data ?? '', 'base64');
+    return { r, h, data, digest: digest(h, data) };
+  });
   const at = new Map<string, number>();
-  evs.forEach((e, i) => { const d = digest(e.h, e.data); if (!at.has(d)) at.set(d, i); });
+  evs.forEach((e, i) => { if (!at.has(e.digest)) at.set(e.digest, i); });
+  const ignored = foreignEvents(evs, keys);
   const signers = new Set<string>();
+  const keyOf = new Map<number, string>();
   evs.forEach((e, i) => {
     const fail = (check: string, reason: string) => new AuditFailure(i, e.r.seq, e.h.get('ce-id'), check, reason);
     if (e.h.get('ce-runid') !== b.run) throw fail('decode', `the event is of run ${e.h.get('ce-runid')}, not ${b.run}`);
+    if (ignored.has(i)) return;
     try {
-      signers.add(verifySignature(e.h, e.data, keys));
+      keyOf.set(i, verifySignature(e.h, e.data, keys));
+      signers.add(keyOf.get(i)!);
     } catch (err) {
       throw fail('signature', (err as Error).message);
     }
@@ -188,6 +273,9 @@ export function verifyBundle(b: Bundle): { events: number; keyIDs: string[] } {
     const j = at.get(prev);
     if (j === undefined) throw fail('chain', `it follows event ${prev}, which the run does not hold (removed or altered)`);
     if (j >= i) throw fail('chain', `it follows event ${j + 1} (${evs[j].h.get('ce-id')}), stored after it (reordered)`);
+    if (ignored.has(j)) throw fail('chain', `it follows event ${j + 1} (${evs[j].h.get('ce-id')}), which no reader counts (foreign): an event it needs removed or altered`);
   });
-  return { events: evs.length, keyIDs: [...signers].sort() };
+  requestedAll(evs, (i) => !ignored.has(i) && (evs[i].h.get('ce-type') === 'toolbus.tool.requested' ||
+    evs[i].h.get('ce-type') === 'toolbus.tool.finished' && /^role\.(planner|injector)\//.test(keyOf.get(i) ?? '')));
+  return { events: evs.length, keyIDs: [...signers].sort(), foreign: [...ignored].map(([index, reason]) => ({ index, reason })) };
 }

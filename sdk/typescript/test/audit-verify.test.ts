@@ -77,3 +77,29 @@ test('time in the canonical form: UTC, trailing zeros of the fraction dropped, a
   assert.equal(canonicalTime('2026-12-07T18:01:02.123456789+02:00'), '2026-12-07T16:01:02.123456789Z');
   assert.equal(canonicalTime('not a time'), 'not a time');
 });
+
+test('another tenant\'s stray write is reported foreign and the run verifies; the principal\'s own unsigned answer fails', () => {
+  const b = bundle();
+  const run = b.run;
+  const answer = (who: string) => ({
+    seq: b.events[b.events.length - 1].seq + 1, subject: `toolbus.${run}.tool.answer.${who}`,
+    header: { 'ce-specversion': ['1.0'], 'ce-id': [`${run}/0/x/tool.answer/${who}`], 'ce-source': [`/toolbus/client/${who}`],
+      'ce-type': ['toolbus.tool.answer'], 'ce-time': [new Date().toISOString()], 'ce-runid': [run], 'ce-step': ['0'], 'ce-callid': ['x'] },
+    data: Buffer.from(JSON.stringify({ run_id: run, call_id: 'x', who, seq: 1, action: 'accept' })).toString('base64'),
+  });
+  b.events.push(answer('mallory'));
+  const res = verifyBundle(b);
+  assert.deepEqual(res.foreign.map((f) => f.index), [b.events.length - 1], JSON.stringify(res.foreign));
+  const start = b.events.find((r) => type(r) === 'toolbus.run.started')!;
+  const principal = JSON.parse(Buffer.from(start.data, 'base64').toString()).principal.id as string;
+  const own = bundle();
+  own.events.push(answer(principal));
+  mustFail(own, 'signature', own.events.length - 1);
+});
+
+test('a removed request cannot pass its call\'s results off as foreign: with the step\'s model.responded removed too, verification fails', () => {
+  const b = bundle();
+  b.events.splice(indexOf(b, 'toolbus.tool.requested'), 1);
+  b.events.splice(indexOf(b, 'toolbus.model.responded'), 1);
+  assert.throws(() => verifyBundle(b), AuditFailure);
+});

@@ -1,0 +1,170 @@
+package trail_test
+
+import (
+	"bytes"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/toolbus/toolbus"
+	"github.com/toolbus/toolbus/audit/checkpoint"
+	"github.com/toolbus/toolbus/audit/trail"
+	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/seal"
+)
+
+// TestAuditTrailForeignWrites: another tenant's write in tester's run (the write service
+// stores a client's answer, decision or cancel and a team's tool events on any run id)
+// cannot flip the run's verdict: mallory's unsigned answer and team calc's correctly
+// signed tool.log of a call the run never requested of calc are reported foreign and
+// the run verifies, as does mallory's answer whose data does not decode. CONTROLS: the
+// untouched run verifies with nothing foreign; tester's own unsigned answer (which
+// counts) fails its signature, and one whose data does not decode fails decode; the administrator's altered
+// model.responded fails its signature, and tester's signed answer rewritten as
+// mallory's (to pass as foreign) fails the checkpoint, each naming the event.
+func TestAuditTrailForeignWrites(t *testing.T) {
+	const run = "bob-1"
+	answer := func(who string) events.Envelope {
+		return events.ToolAnswerEvent("/toolbus/client/"+who, toolbus.ToolAnswer{RunID: run, CallID: "x", Who: who, Seq: 1, Action: "accept"})
+	}
+	calcLog := events.ToolLogEvent("/toolbus/executor/calc", toolbus.ToolLog{RunID: run, CallID: "c9", Tool: "calc", Seq: 1})
+	// on names e's subject identity who: its data no longer agrees with it (decode).
+	on := func(e events.Envelope, who string) events.Envelope {
+		e.Subject = events.SubjectToolAnswer(run, who)
+		return e
+	}
+
+	if res, err := trail.Verify(runBundle(t, run)); err != nil || len(res.Foreign) != 0 {
+		t.Fatalf("control: the untouched run: %v, foreign %v", err, res.Foreign)
+	}
+	for _, c := range []struct {
+		what   string
+		env    events.Envelope
+		signer string
+	}{{"mallory's unsigned answer", answer("mallory"), ""}, {"team calc's signed log of a call never requested", calcLog, "team.calc"},
+		{"mallory's answer whose data names tester", on(answer("tester"), "mallory"), ""}} {
+		b := runBundle(t, run, stray{c.env, c.signer})
+		res, err := trail.Verify(b)
+		if err != nil {
+			t.Errorf("HOLE: %s fails tester's run: %v", c.what, err)
+			continue
+		}
+		if len(res.Foreign) != 1 || res.Foreign[0].Index != 4 {
+			t.Errorf("%s: want event 5 reported foreign, got %+v", c.what, res.Foreign)
+		}
+		var out bytes.Buffer
+		if code := trail.Explain(&out, run, res, err); code != 0 || !strings.Contains(out.String(), "event 5 (stream seq 5") || !strings.Contains(out.String(), "foreign: ignored") {
+			t.Errorf("%s: exit %d: %s", c.what, code, &out)
+		}
+	}
+
+	mustFail(t, "tester's own unsigned answer", runBundle(t, run, stray{answer("tester"), ""}), "signature", 4)
+	mustFail(t, "tester's own answer whose data names mallory", runBundle(t, run, stray{on(answer("mallory"), "tester"), "client.tester"}), "decode", 4)
+	altered := runBundle(t, run)
+	altered.Events[2].Data = bytes.Replace(altered.Events[2].Data, []byte(`"hi"`), []byte(`"ho"`), 1)
+	mustFail(t, "an altered model.responded", altered, "signature", 2)
+	disguised := runBundle(t, run, stray{answer("tester"), "client.tester"})
+	if _, err := trail.Verify(disguised); err != nil {
+		t.Fatalf("control: tester's signed answer: %v", err)
+	}
+	m := answer("mallory")
+	msg, err := events.Encode(m.Subject, m.Meta, m.Data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	disguised.Events[4].Subject, disguised.Events[4].Header, disguised.Events[4].Data = msg.Subject, msg.Header, msg.Data
+	mustFail(t, "tester's answer rewritten as mallory's", disguised, "checkpoint", 4)
+}
+
+func mustFail(t *testing.T, what string, b trail.Bundle, check string, at int) {
+	t.Helper()
+	_, err := trail.Verify(b)
+	var f *trail.Failure
+	if !errors.As(err, &f) || f.Check != check || f.Index != at {
+		t.Errorf("%s: %v; want the %s check failing at event %d", what, err, check, at+1)
+	}
+}
+
+// stray is an event written after the run, signed by signer ("": unsigned).
+type stray struct {
+	env    events.Envelope
+	signer string
+}
+
+// runBundle is tester's run (run.started, model.requested, model.responded,
+// run.completed), then the strays, signed, chained and checkpointed.
+func runBundle(t *testing.T, run string, strays ...stray) trail.Bundle {
+	from := time.Now().Add(-time.Hour).UTC()
+	keys := map[string]seal.KeyFile{}
+	b := trail.Bundle{Format: trail.BundleFormat, Run: run, Stream: events.DefaultStream, Exported: time.Now().UTC()}
+	for _, s := range []string{"role.planner", "client.tester", "team.calc"} {
+		kf, err := seal.NewKeyFile(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		keys[s] = kf
+		k := seal.Key{KeyID: kf.KeyID, Signer: s, Public: kf.Public(), Created: from}
+		switch s {
+		case "client.tester":
+			k.Identities = map[string][]seal.Span{"tester": {{From: from}}}
+		case "team.calc":
+			k.Tools = map[string][]seal.Span{"calc": {{From: from}}}
+		}
+		b.Keys.Keys = append(b.Keys.Keys, k)
+	}
+	user := toolbus.Message{Role: toolbus.RoleUser, Content: "hello"}
+	type ev struct {
+		env    events.Envelope
+		signer string
+		parent int // index of the event it follows, -1 none
+	}
+	evs := []ev{
+		{events.RunStartedEvent("/toolbus/client/tester", toolbus.RunStarted{RunID: run, Model: "test", Principal: toolbus.Principal{ID: "tester"}, Messages: []toolbus.Message{user}}), "client.tester", -1},
+		{events.ModelRequestedEvent("/toolbus/injector/i1", toolbus.ModelRequested{RunID: run}), "role.planner", 0},
+		{events.ModelRespondedEvent("/toolbus/planner/p1", toolbus.ModelResponded{RunID: run, Message: toolbus.Message{Role: toolbus.RoleAssistant, Content: "hi"}}), "role.planner", 1},
+		{events.RunEndedEvent("/toolbus/planner/p1", 0, toolbus.RunEnded{RunID: run, Status: toolbus.RunCompleted, Answer: "hi"}), "role.planner", 1},
+	}
+	for _, s := range strays {
+		evs = append(evs, ev{s.env, s.signer, -1})
+	}
+	var tree checkpoint.Tree
+	for i, e := range evs {
+		msg, err := events.Encode(e.env.Subject, e.env.Meta, e.env.Data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if e.parent >= 0 {
+			p := b.Events[e.parent]
+			msg.Header[seal.HeaderPrevDigest] = []string{seal.Digest(p.Header, p.Data)}
+		}
+		if e.signer != "" {
+			if err := seal.SignerOf(keys[e.signer]).Sign(msg.Header, msg.Data); err != nil {
+				t.Fatal(err)
+			}
+		}
+		b.Events = append(b.Events, trail.Record{Seq: uint64(i + 1), Subject: msg.Subject, Header: msg.Header, Data: msg.Data})
+		tree.Append(checkpoint.LeafHash(msg.Header, msg.Data))
+	}
+	root, err := tree.Root(tree.Size())
+	if err != nil {
+		t.Fatal(err)
+	}
+	note, err := checkpoint.Checkpoint{Origin: checkpoint.Origin(b.Stream), Size: tree.Size(), Root: root}.Sign(seal.SignerOf(keys["role.planner"]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.Checkpoint = &checkpoint.Proofs{Checkpoint: note}
+	for i := range b.Events {
+		proof, err := tree.Prove(int64(i), tree.Size())
+		if err != nil {
+			t.Fatal(err)
+		}
+		l := checkpoint.Leaf{Seq: uint64(i + 1), Index: int64(i)}
+		for _, h := range proof {
+			l.Proof = append(l.Proof, h.String())
+		}
+		b.Checkpoint.Leaves = append(b.Checkpoint.Leaves, l)
+	}
+	return b
+}
