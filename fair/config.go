@@ -24,7 +24,7 @@ type Shares struct {
 	// of tenants seen lately free), "pace", calls for one release cycle at the rate the
 	// tool's calls start, or "running", as many as its executors run (up to 32).
 	// Lookahead is the least of the pace and running windows.
-	Window    string `envconfig:"FAIR_WINDOW" default:"credit" desc:"fair share: the release window: credit (calls only into the executors' free slots, the guaranteed minimums of tenants seen in the last 10 s kept free; pace for calls under 50 ms), pace (what one release cycle needs at the rate calls start) or running (as many as the executors run, up to 32)"`
+	Window    string `envconfig:"FAIR_WINDOW" default:"pace" desc:"fair share: the release window: credit (calls only into the executors' free slots, the guaranteed minimums of tenants seen in the last 10 s kept free; pace for calls under 50 ms), pace (what one release cycle needs at the rate calls start) or running (as many as the executors run, up to 32)"`
 	Lookahead int    `envconfig:"FAIR_LOOKAHEAD" default:"2" desc:"fair share: with the pace or running window (or credit before it knows the executors' slots), calls of a tool released to its executors beyond those they run, at least: what a quiet tenant's call may wait behind"`
 }
 
@@ -45,7 +45,7 @@ func (c Shares) parse() (policy, error) {
 	}
 	switch p.window = c.Window; p.window {
 	case "":
-		p.window = windowCredit
+		p.window = windowPace
 	case windowPace, windowRunning, windowCredit:
 	default:
 		return p, fmt.Errorf("fair: TOOLBUS_FAIR_WINDOW %q is none of %s, %s, %s", c.Window, windowPace, windowCredit, windowRunning)
