@@ -76,16 +76,24 @@ func fixtureBundle(t *testing.T) trail.Bundle {
 		b.Events = append(b.Events, trail.Record{Seq: uint64(i + 1), Subject: msg.Subject, Header: msg.Header, Data: msg.Data})
 		tree.Append(checkpoint.LeafHash(msg.Header, msg.Data))
 	}
+	b.Checkpoint = checkpointOf(t, &tree, b.Stream, keys["role.planner"], len(b.Events))
+	return b
+}
+
+// checkpointOf signs tree's head with key, as the core's checkpoint service does, and
+// proves each of the n events (stream sequences 1 to n) in it.
+func checkpointOf(t *testing.T, tree *checkpoint.Tree, stream string, key seal.KeyFile, n int) *checkpoint.Proofs {
+	t.Helper()
 	root, err := tree.Root(tree.Size())
 	if err != nil {
 		t.Fatal(err)
 	}
-	note, err := checkpoint.Checkpoint{Origin: checkpoint.Origin(b.Stream), Size: tree.Size(), Root: root}.Sign(seal.SignerOf(keys["role.planner"]))
+	note, err := checkpoint.Checkpoint{Origin: checkpoint.Origin(stream), Size: tree.Size(), Root: root}.Sign(seal.SignerOf(key))
 	if err != nil {
 		t.Fatal(err)
 	}
-	b.Checkpoint = &checkpoint.Proofs{Checkpoint: note}
-	for i := range b.Events {
+	proofs := &checkpoint.Proofs{Checkpoint: note}
+	for i := range n {
 		proof, err := tree.Prove(int64(i), tree.Size())
 		if err != nil {
 			t.Fatal(err)
@@ -94,7 +102,7 @@ func fixtureBundle(t *testing.T) trail.Bundle {
 		for _, h := range proof {
 			l.Proof = append(l.Proof, h.String())
 		}
-		b.Checkpoint.Leaves = append(b.Checkpoint.Leaves, l)
+		proofs.Leaves = append(proofs.Leaves, l)
 	}
-	return b
+	return proofs
 }

@@ -146,25 +146,6 @@ func runBundle(t *testing.T, run string, strays ...stray) trail.Bundle {
 		b.Events = append(b.Events, trail.Record{Seq: uint64(i + 1), Subject: msg.Subject, Header: msg.Header, Data: msg.Data})
 		tree.Append(checkpoint.LeafHash(msg.Header, msg.Data))
 	}
-	root, err := tree.Root(tree.Size())
-	if err != nil {
-		t.Fatal(err)
-	}
-	note, err := checkpoint.Checkpoint{Origin: checkpoint.Origin(b.Stream), Size: tree.Size(), Root: root}.Sign(seal.SignerOf(keys["role.planner"]))
-	if err != nil {
-		t.Fatal(err)
-	}
-	b.Checkpoint = &checkpoint.Proofs{Checkpoint: note}
-	for i := range b.Events {
-		proof, err := tree.Prove(int64(i), tree.Size())
-		if err != nil {
-			t.Fatal(err)
-		}
-		l := checkpoint.Leaf{Seq: uint64(i + 1), Index: int64(i)}
-		for _, h := range proof {
-			l.Proof = append(l.Proof, h.String())
-		}
-		b.Checkpoint.Leaves = append(b.Checkpoint.Leaves, l)
-	}
+	b.Checkpoint = checkpointOf(t, &tree, b.Stream, keys["role.planner"], len(b.Events))
 	return b
 }
