@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/audit/trail"
 	"github.com/toolbus/toolbus/events"
@@ -120,6 +122,20 @@ func TestOutsiderAuditTrailForgeries(t *testing.T) {
 		after := with(e.Meta.ID)
 		after.Keys = s.ring
 		refused(t, "retired key, "+c.what, after, "key", -1)
+	}
+
+	// 5. Beta writes on its own tool's subject with headers of its choosing: none at all,
+	// or a CloudEvents type of the core's (the run's outcome). The verifier judges an
+	// event by its subject (beta's tool, never requested): each is foreign.
+	for what, h := range map[string]nats.Header{"no CloudEvents headers": {},
+		"typed as the run's outcome": {"ce-specversion": {"1.0"}, "ce-type": {events.TypeRunEnded(toolbus.RunCompleted)}, "ce-runid": {"probe-1"}}} {
+		ack, err := beta.JetStream().PublishMsg(s.ctx, &nats.Msg{Subject: events.SubjectToolLog("probe-1", "other_tool"), Header: h, Data: []byte("junk")})
+		if err != nil {
+			t.Fatal(err)
+		}
+		b := must(trail.Collect(s.ctx, s.bus, "probe-1"))
+		b.Events = slices.DeleteFunc(b.Events, func(r trail.Record) bool { return r.Seq > lastSeq && r.Seq != ack.Sequence })
+		ignored(t, "beta's write with "+what, b, len(base.Events))
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
@@ -33,7 +34,7 @@ type standing struct {
 func standingOf(evs []*event) standing {
 	s := standing{named: map[string]bool{}}
 	for _, e := range evs {
-		if slices.Contains(coreTypes, e.meta.Type) || events.IsRunEndedType(e.meta.Type) {
+		if typ := typeOf(e); slices.Contains(coreTypes, typ) || events.IsRunEndedType(typ) {
 			if p := e.h.Get(seal.HeaderPrevDigest); p != "" {
 				s.named[p] = true
 			}
@@ -41,7 +42,7 @@ func standingOf(evs []*event) standing {
 	}
 	for _, e := range evs {
 		rs, ok := e.data.(*toolbus.RunStarted)
-		if ok && (s.start == nil || s.named[e.digest]) {
+		if ok && typeOf(e) == events.TypeRunStarted && (s.start == nil || s.named[e.digest]) {
 			s.start = rs
 		}
 	}
@@ -59,8 +60,12 @@ func standingOf(evs []*event) standing {
 // have made so by altering or removing an event that counts, which the chain (an event
 // that counts may not follow a foreign one), the results each call needs and the
 // checkpoint still catch.
+//
+// Its kind is its subject's (typeOf), never the type it carries: a tenant chooses its
+// headers, the write service checked its subject. A tenant's event on its own subject
+// with no CloudEvents headers, or typed as the core's, is judged as what its subject is.
 func (s standing) foreign(e *event, i int, evs []*event, ring seal.Keyring) string {
-	typ, who := e.meta.Type, toolOf(e)
+	typ, who := typeOf(e), toolOf(e)
 	switch {
 	case isClientType(typ):
 		if s.named[e.digest] {
@@ -79,8 +84,8 @@ func (s standing) foreign(e *event, i int, evs []*event, ring seal.Keyring) stri
 			return ""
 		}
 		return fmt.Sprintf("%s by %s, neither the run's principal (%s) nor named by the core as handled", typ, who, s.start.Principal.ID)
-	case slices.Contains(coreTypes, typ) || events.IsRunEndedType(typ):
-		return ""
+	case slices.Contains(coreTypes, typ) || events.IsRunEndedType(typ) || !strings.HasPrefix(typ, toolTypes):
+		return "" // a subject only the core writes: judged
 	}
 	if slices.ContainsFunc(evs[:i], func(r *event) bool { return requests(r, e.meta.Step, e.meta.CallID, who) }) {
 		return ""
@@ -90,6 +95,19 @@ func (s standing) foreign(e *event, i int, evs []*event, ring seal.Keyring) stri
 		return ""
 	}
 	return fmt.Sprintf("%s of tool %s for call %s of step %d, which the core never requested of that tool", typ, who, e.meta.CallID, e.meta.Step)
+}
+
+// toolTypes prefixes the types of a tool's events.
+const toolTypes = events.SubjectPrefix + ".tool."
+
+// typeOf is the type an event's subject stands for (toolbus.<run>.<a>.<b>[.<last>] is
+// toolbus.<a>.<b>; "" for another subject).
+func typeOf(e *event) string {
+	toks := strings.Split(e.rec.Subject, ".")
+	if len(toks) < 4 || toks[0] != events.SubjectPrefix {
+		return ""
+	}
+	return events.SubjectPrefix + "." + toks[2] + "." + toks[3]
 }
 
 // requests reports whether the core's event r requests call of step of tool (a subject

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/audit/checkpoint"
 	"github.com/toolbus/toolbus/audit/trail"
@@ -95,6 +97,12 @@ type stray struct {
 // runBundle is tester's run (run.started, model.requested, model.responded,
 // run.completed), then the strays, signed, chained and checkpointed.
 func runBundle(t *testing.T, run string, strays ...stray) trail.Bundle {
+	return editedBundle(t, run, nil, strays...)
+}
+
+// editedBundle is runBundle with each stray's message rewritten by edit before it is
+// signed (a tenant's headers are its own to choose).
+func editedBundle(t *testing.T, run string, edit func(*nats.Msg), strays ...stray) trail.Bundle {
 	from := time.Now().Add(-time.Hour).UTC()
 	keys := map[string]seal.KeyFile{}
 	b := trail.Bundle{Format: trail.BundleFormat, Run: run, Stream: events.DefaultStream, Exported: time.Now().UTC()}
@@ -138,6 +146,9 @@ func runBundle(t *testing.T, run string, strays ...stray) trail.Bundle {
 			p := b.Events[e.parent]
 			msg.Header[seal.HeaderPrevDigest] = []string{seal.Digest(p.Header, p.Data)}
 		}
+		if edit != nil && i >= 4 {
+			edit(msg)
+		}
 		if e.signer != "" {
 			if err := seal.SignerOf(keys[e.signer]).Sign(msg.Header, msg.Data); err != nil {
 				t.Fatal(err)
@@ -148,4 +159,47 @@ func runBundle(t *testing.T, run string, strays ...stray) trail.Bundle {
 	}
 	b.Checkpoint = checkpointOf(t, &tree, b.Stream, keys["role.planner"], len(b.Events))
 	return b
+}
+
+// TestAuditTrailForeignTypeIsTheSubjects: a tenant's write is judged by its subject,
+// which the write service checked (a team writes its tools' event subjects, a client its
+// identities'), never by the CloudEvents type it chose to send with it. Team calc (none
+// of whose calls tester's run requested) and mallory write into the run on their own
+// subjects: a message with no CloudEvents headers, a log typed as the run's outcome,
+// mallory's answer typed as the planner's model.requested naming her other answer as the
+// one it handled, a log naming another run in its runid. Each is reported foreign and the
+// run verifies (on main each failed the run: an empty or core type was judged).
+// CONTROLS: the same headerless message on the core's own subject, and tester's own
+// answer typed as the run's outcome (tester's answers count), fail decode.
+func TestAuditTrailForeignTypeIsTheSubjects(t *testing.T) {
+	const run = "bob-1"
+	calcLog := events.ToolLogEvent("/toolbus/executor/calc", toolbus.ToolLog{RunID: run, CallID: "c9", Tool: "calc", Seq: 1})
+	answer := func(who string) events.Envelope {
+		return events.ToolAnswerEvent("/toolbus/client/"+who, toolbus.ToolAnswer{RunID: run, CallID: "x", Who: who, Seq: 1, Action: "accept"})
+	}
+	bare := func(m *nats.Msg) { m.Header, m.Data = nats.Header{}, []byte("junk") }
+	typed := func(typ string) func(*nats.Msg) { return func(m *nats.Msg) { m.Header.Set("ce-type", typ) } }
+	for _, c := range []struct {
+		what string
+		s    stray
+		edit func(*nats.Msg)
+	}{
+		{"team calc's headerless message", stray{calcLog, ""}, bare},
+		{"team calc's log typed as the run's outcome", stray{calcLog, "team.calc"}, typed(events.TypeRunEnded(toolbus.RunCompleted))},
+		{"mallory's answer typed as a model.requested", stray{answer("mallory"), ""}, typed(events.TypeModelRequested)},
+		{"team calc's log naming another run", stray{calcLog, "team.calc"}, func(m *nats.Msg) { m.Header.Set("ce-runid", "other") }},
+	} {
+		res, err := trail.Verify(editedBundle(t, run, c.edit, c.s))
+		if err != nil {
+			t.Errorf("HOLE: %s fails tester's run: %v", c.what, err)
+			continue
+		}
+		if len(res.Foreign) != 1 || res.Foreign[0].Index != 4 {
+			t.Errorf("%s: want event 5 reported foreign, got %+v", c.what, res.Foreign)
+		}
+	}
+	core := events.ModelRequestedEvent("/toolbus/injector/i1", toolbus.ModelRequested{RunID: run, Step: 1})
+	mustFail(t, "a headerless message on the core's subject", editedBundle(t, run, bare, stray{core, ""}), "decode", 4)
+	mustFail(t, "tester's own answer typed as the run's outcome", editedBundle(t, run, typed(events.TypeRunEnded(toolbus.RunCompleted)),
+		stray{answer("tester"), "client.tester"}), "decode", 4)
 }

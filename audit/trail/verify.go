@@ -88,7 +88,7 @@ func Verify(b Bundle) (Result, error) {
 		fail := func(check, format string, args ...any) error {
 			return &Failure{Index: i, Seq: e.rec.Seq, ID: e.meta.ID, Check: check, Reason: fmt.Sprintf(format, args...)}
 		}
-		if why := st.foreign(e, i, evs, b.Keys); why != "" && e.meta.Type != "" {
+		if why := st.foreign(e, i, evs, b.Keys); why != "" {
 			if e.bad != nil {
 				why += fmt.Sprintf(" (it does not decode either: %v)", e.bad)
 			}

@@ -164,6 +164,11 @@ type Ev = { r: Bundle['events'][number]; h: Headers; data: Buffer; digest: strin
 const isCoreType = (t: string) => ['toolbus.model.requested', 'toolbus.model.responded', 'toolbus.tool.requested', 'toolbus.timer.deadline'].includes(t) ||
   (t.startsWith('toolbus.run.') && !CHAIN_STARTS.includes(t));
 const last = (e: Ev) => e.r.subject.slice(e.r.subject.lastIndexOf('.') + 1);
+/** The type the subject stands for (toolbus.<run>.<a>.<b>[.<last>]): a tenant's ce-type is its own word, the write service checked the subject. */
+const subjectType = (e: Ev) => {
+  const t = e.r.subject.split('.');
+  return t.length >= 4 && t[0] === 'toolbus' ? `toolbus.${t[2]}.${t[3]}` : '';
+};
 
 /** Whether the model.responded r lists call of tool (its subject token: an invalid name is _unknown). */
 function listed(r: Ev, call: string, tool: string): boolean {
@@ -179,10 +184,11 @@ function listed(r: Ev, call: string, tool: string): boolean {
  * after the run's, an answer not by the run's principal, a decision or cancel by neither
  * the principal nor an approver, none of them named by a core event; a tool's event of a
  * call the core never requested of that tool, unless the planner or the injector signed it.
+ * Each is judged as what its subject is, never by its ce-type (the tenant's to choose).
  */
 function foreignEvents(evs: Ev[], keys: Map<string, KeyObject>): Map<number, string> {
-  const named = new Set(evs.filter((e) => isCoreType(e.h.get('ce-type'))).map((e) => e.h.get('ce-prevdigest')));
-  const starts = evs.filter((e) => e.h.get('ce-type') === 'toolbus.run.started');
+  const named = new Set(evs.filter((e) => isCoreType(subjectType(e))).map((e) => e.h.get('ce-prevdigest')));
+  const starts = evs.filter((e) => subjectType(e) === 'toolbus.run.started');
   const start = starts.find((e) => named.has(e.digest)) ?? starts[0];
   let rs: { principal?: { id?: string }; approvers?: string[] } | undefined;
   try {
@@ -191,8 +197,8 @@ function foreignEvents(evs: Ev[], keys: Map<string, KeyObject>): Map<number, str
   const principal = rs?.principal?.id ?? '';
   const out = new Map<number, string>();
   evs.forEach((e, i) => {
-    const type = e.h.get('ce-type');
-    if (isCoreType(type)) return;
+    const type = subjectType(e);
+    if (isCoreType(type) || !type.startsWith('toolbus.tool.') && !CHAIN_STARTS.includes(type)) return;
     if (CHAIN_STARTS.includes(type)) {
       const who = last(e);
       if (named.has(e.digest)) return;
@@ -257,8 +263,8 @@ export function verifyBundle(b: Bundle): { events: number; keyIDs: string[]; for
   const keyOf = new Map<number, string>();
   evs.forEach((e, i) => {
     const fail = (check: string, reason: string) => new AuditFailure(i, e.r.seq, e.h.get('ce-id'), check, reason);
-    if (e.h.get('ce-runid') !== b.run) throw fail('decode', `the event is of run ${e.h.get('ce-runid')}, not ${b.run}`);
     if (ignored.has(i)) return;
+    if (e.h.get('ce-runid') !== b.run) throw fail('decode', `the event is of run ${e.h.get('ce-runid')}, not ${b.run}`);
     try {
       keyOf.set(i, verifySignature(e.h, e.data, keys));
       signers.add(keyOf.get(i)!);

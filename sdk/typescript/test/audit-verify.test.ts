@@ -103,3 +103,29 @@ test('a removed request cannot pass its call\'s results off as foreign: with the
   b.events.splice(indexOf(b, 'toolbus.model.responded'), 1);
   assert.throws(() => verifyBundle(b), AuditFailure);
 });
+
+test('a tenant\'s write is judged by its subject, not by the type it sends: headerless, typed as the core\'s, naming another run', () => {
+  const b = bundle();
+  const run = b.run;
+  const tool = b.events.find((r) => type(r) === 'toolbus.tool.finished')!.subject.split('.').pop()!;
+  const stray = (subject: string, header: Record<string, string[]>) => ({
+    seq: b.events[b.events.length - 1].seq + 1, subject, header, data: Buffer.from('junk').toString('base64'),
+  });
+  const log = { 'ce-specversion': ['1.0'], 'ce-id': [`${run}/0/c9/tool.log/0/1`], 'ce-source': ['/toolbus/executor/x'],
+    'ce-time': [new Date().toISOString()], 'ce-runid': [run], 'ce-step': ['0'], 'ce-callid': ['c9'] };
+  for (const [what, s] of [
+    ['headerless', stray(`toolbus.${run}.tool.log.${tool}`, {})],
+    ['typed as the outcome', stray(`toolbus.${run}.tool.log.${tool}`, { ...log, 'ce-type': ['toolbus.run.completed'] })],
+    ['an answer typed as a model.requested', stray(`toolbus.${run}.tool.answer.mallory`, { ...log, 'ce-type': ['toolbus.model.requested'] })],
+    ['naming another run', stray(`toolbus.${run}.tool.log.${tool}`, { ...log, 'ce-type': ['toolbus.tool.log'], 'ce-runid': ['other'] })],
+  ] as const) {
+    const c = bundle();
+    c.events.push(s);
+    const res = verifyBundle(c);
+    assert.deepEqual(res.foreign.map((f) => f.index), [c.events.length - 1], `${what}: ${JSON.stringify(res.foreign)}`);
+  }
+  // CONTROL: the same headerless message on the core's own subject fails.
+  const core = bundle();
+  core.events.push(stray(`toolbus.${run}.model.requested`, {}));
+  assert.throws(() => verifyBundle(core), AuditFailure);
+});
