@@ -10,7 +10,8 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import type { NatsConnection } from '@nats-io/transport-node';
 import type { StoredMsg } from '@nats-io/jetstream';
 import {
-  Bus, TERMINAL, Type, decodeEvent, id, isConflict, source, subject, validIdentity, validRunID, validToolName,
+  Bus, SUBJECT_PREFIX, TERMINAL, Type, UNKNOWN_TOOL, decodeEvent, id, isConflict, source, subject, toolToken,
+  validIdentity, validRunID, validToolName,
   type Attrs, type Event, type RunState, type Message, type Principal, type RunEnded, type RunStarted, type ToolCall, type ToolFinished,
 } from './wire.js';
 import { dial, settingsFromEnv, type ConnectionSettings } from './settings.js';
@@ -170,7 +171,8 @@ export class Client {
     const timer = setTimeout(() => ac.abort(), timeout + 15000);
     try {
       for await (const ev of this.watch(run, { signal: ac.signal })) {
-        if (ev.type === Type.toolFinished) return ev.data as ToolFinished;
+        // Only the called tool's result: another team may write its own tool's into the run.
+        if (ev.type === Type.toolFinished && (ev.data as ToolFinished).tool === tool) return ev.data as ToolFinished;
         if (isOutcome(ev.type)) {
           const end = ev.data as RunEnded;
           throw new Error(`toolbus: run ${run} ended ${end.status} without a result: ${end.reason ?? end.code ?? ''}`);
@@ -276,6 +278,30 @@ function runEvent(runId: string, sm: StoredMsg): RunEvent | undefined {
   } catch {
     return undefined;
   }
-  if (ev.data?.run_id !== runId) return undefined;
+  if (ev.data?.run_id !== runId || !onItsSubject(runId, sm.subject, ev.attrs.type, ev.data)) return undefined;
   return { type: ev.attrs.type, subject: sm.subject, seq: sm.seq, attrs: ev.attrs, data: ev.data };
+}
+
+/**
+ * Whether subject is the one the event's type and data name (as the Go events.CheckSubject):
+ * a tenant may write its own subjects of any run with any ce-type and data, so an event
+ * typed as the run's outcome, or as another tool's result, on a team's tool.log counts
+ * for nothing.
+ */
+function onItsSubject(runId: string, subj: string, type: string, data: unknown): boolean {
+  const prefix = `${SUBJECT_PREFIX}.${runId}.`;
+  if (!subj.startsWith(prefix) || !type.startsWith(`${SUBJECT_PREFIX}.`)) return false;
+  const rest = subj.slice(prefix.length), base = type.slice(SUBJECT_PREFIX.length + 1);
+  const d = data as { tool?: string; call?: { tool?: string } };
+  switch (type) {
+    case Type.toolRequested:
+      return rest === `${base}.${toolToken(d.call?.tool ?? '')}` || rest === `${base}.${UNKNOWN_TOOL}`;
+    case Type.toolWaiting:
+      return rest === `${base}.${toolToken(d.call?.tool ?? '')}`;
+    case Type.toolFinished: case Type.toolProgress: case 'toolbus.tool.log': case 'toolbus.tool.question':
+      return rest === `${base}.${toolToken(d.tool ?? '')}`;
+    case Type.runStarted: case Type.runCancel: case Type.approvalGranted: case Type.approvalDenied: case 'toolbus.tool.answer':
+      return rest.startsWith(`${base}.`) && !rest.slice(base.length + 1).includes('.'); // the identity's token
+  }
+  return rest === base;
 }
