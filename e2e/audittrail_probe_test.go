@@ -2,6 +2,7 @@ package e2e_test
 
 import (
 	"errors"
+	"maps"
 	"slices"
 	"testing"
 	"time"
@@ -125,11 +126,15 @@ func TestOutsiderAuditTrailForgeries(t *testing.T) {
 	}
 
 	// 5. Beta writes on its own tool's subject with headers of its choosing: none at all,
-	// or a CloudEvents type of the core's (the run's outcome). The verifier judges an
-	// event by its subject (beta's tool, never requested): each is foreign.
-	for what, h := range map[string]nats.Header{"no CloudEvents headers": {},
-		"typed as the run's outcome": {"ce-specversion": {"1.0"}, "ce-type": {events.TypeRunEnded(toolbus.RunCompleted)}, "ce-runid": {"probe-1"}}} {
-		ack, err := beta.JetStream().PublishMsg(s.ctx, &nats.Msg{Subject: events.SubjectToolLog("probe-1", "other_tool"), Header: h, Data: []byte("junk")})
+	// a CloudEvents type of the core's (the run's outcome), or the core's signed call
+	// copied whole. The verifier judges an event by its subject (beta's tool, never
+	// requested): each is foreign.
+	for what, m := range map[string]*nats.Msg{"no CloudEvents headers": {Header: nats.Header{}, Data: []byte("junk")},
+		"typed as the run's outcome":    {Header: nats.Header{"ce-specversion": {"1.0"}, "ce-type": {events.TypeRunEnded(toolbus.RunCompleted)}, "ce-runid": {"probe-1"}}, Data: []byte("junk")},
+		"the core's signed call copied": {Header: maps.Clone(nats.Header(base.Events[reqA].Header)), Data: base.Events[reqA].Data}} {
+		m.Subject = events.SubjectToolLog("probe-1", "other_tool")
+		m.Header.Del(events.HeaderMsgID) // else a duplicate, not stored
+		ack, err := beta.JetStream().PublishMsg(s.ctx, m)
 		if err != nil {
 			t.Fatal(err)
 		}

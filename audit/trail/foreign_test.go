@@ -166,8 +166,8 @@ func editedBundle(t *testing.T, run string, edit func(*nats.Msg), strays ...stra
 // identities'), never by the CloudEvents type it chose to send with it. Team calc (none
 // of whose calls tester's run requested) and mallory write into the run on their own
 // subjects: a message with no CloudEvents headers, a log typed as the run's outcome,
-// mallory's answer typed as the planner's model.requested naming her other answer as the
-// one it handled, a log naming another run in its runid. Each is reported foreign and the
+// mallory's answer typed as the planner's model.requested, a log naming another run in
+// its runid, the core's signed call of another run stored as it is on calc's subject. Each is reported foreign and the
 // run verifies (on main each failed the run: an empty or core type was judged).
 // CONTROLS: the same headerless message on the core's own subject, and tester's own
 // answer typed as the run's outcome (tester's answers count), fail decode.
@@ -179,6 +179,10 @@ func TestAuditTrailForeignTypeIsTheSubjects(t *testing.T) {
 	}
 	bare := func(m *nats.Msg) { m.Header, m.Data = nats.Header{}, []byte("junk") }
 	typed := func(typ string) func(*nats.Msg) { return func(m *nats.Msg) { m.Header.Set("ce-type", typ) } }
+	// A team sees the core's signed calls of its tool in its own runs, and may store one,
+	// headers and data as they are, on its subject of any run.
+	replayed := events.ToolRequestedEvent("/toolbus/planner/p1", toolbus.ToolRequested{RunID: "calc-own-run", Call: toolbus.ToolCall{CallID: "c1", Tool: "calc"}}, true)
+	replayed.Subject = events.SubjectToolLog(run, "calc")
 	for _, c := range []struct {
 		what string
 		s    stray
@@ -186,8 +190,10 @@ func TestAuditTrailForeignTypeIsTheSubjects(t *testing.T) {
 	}{
 		{"team calc's headerless message", stray{calcLog, ""}, bare},
 		{"team calc's log typed as the run's outcome", stray{calcLog, "team.calc"}, typed(events.TypeRunEnded(toolbus.RunCompleted))},
+		{"team calc's log typed as a call the run never answered", stray{calcLog, "team.calc"}, typed(events.TypeToolRequested)},
 		{"mallory's answer typed as a model.requested", stray{answer("mallory"), ""}, typed(events.TypeModelRequested)},
 		{"team calc's log naming another run", stray{calcLog, "team.calc"}, func(m *nats.Msg) { m.Header.Set("ce-runid", "other") }},
+		{"the core's signed event of another run, replayed on team calc's subject", stray{replayed, "role.planner"}, nil},
 	} {
 		res, err := trail.Verify(editedBundle(t, run, c.edit, c.s))
 		if err != nil {

@@ -332,7 +332,7 @@ func complete(evs []*event) error {
 	}
 	for i, e := range evs {
 		c := call{e.meta.Step, e.meta.CallID, toolOf(e)}
-		if e.meta.Type != events.TypeToolRequested || answered[c] || answered[call{c.step, c.id, ""}] || !went(e.meta.Step) {
+		if e.foreign || e.meta.Type != events.TypeToolRequested || answered[c] || answered[call{c.step, c.id, ""}] || !went(e.meta.Step) {
 			continue
 		}
 		return &Failure{Index: i, Seq: e.rec.Seq, ID: e.meta.ID, Check: "complete",

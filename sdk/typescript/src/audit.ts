@@ -186,7 +186,7 @@ function listed(r: Ev, call: string, tool: string): boolean {
  * call the core never requested of that tool, unless the planner or the injector signed it.
  * Each is judged as what its subject is, never by its ce-type (the tenant's to choose).
  */
-function foreignEvents(evs: Ev[], keys: Map<string, KeyObject>): Map<number, string> {
+function foreignEvents(evs: Ev[], keys: Map<string, KeyObject>, run: string): Map<number, string> {
   const named = new Set(evs.filter((e) => isCoreType(subjectType(e))).map((e) => e.h.get('ce-prevdigest')));
   const starts = evs.filter((e) => subjectType(e) === 'toolbus.run.started');
   const start = starts.find((e) => named.has(e.digest)) ?? starts[0];
@@ -209,8 +209,12 @@ function foreignEvents(evs: Ev[], keys: Map<string, KeyObject>): Map<number, str
     const requested = evs.slice(0, i).some((r) => r.h.get('ce-step') === e.h.get('ce-step') && (r.h.get('ce-type') === 'toolbus.tool.requested'
       ? last(r) === last(e) && r.h.get('ce-callid') === e.h.get('ce-callid')
       : r.h.get('ce-type') === 'toolbus.model.responded' && listed(r, e.h.get('ce-callid'), last(e))));
+    // The core's result in the executor's place, on this very subject and run: its signed
+    // event copied whole onto a team's subject (a team sees its calls, signed) is not.
     let core = false;
-    try { core = /^role\.(planner|injector)\//.test(verifySignature(e.h, e.data, keys)); } catch { /* not the core's */ }
+    try {
+      core = e.h.get('ce-type') === type && e.h.get('ce-runid') === run && /^role\.(planner|injector)\//.test(verifySignature(e.h, e.data, keys));
+    } catch { /* not the core's */ }
     if (!requested && !core) out.set(i, `${type} of tool ${last(e)} for call ${e.h.get('ce-callid')}, which the core never requested of that tool`);
   });
   return out;
@@ -258,7 +262,7 @@ export function verifyBundle(b: Bundle): { events: number; keyIDs: string[]; for
   });
   const at = new Map<string, number>();
   evs.forEach((e, i) => { if (!at.has(e.digest)) at.set(e.digest, i); });
-  const ignored = foreignEvents(evs, keys);
+  const ignored = foreignEvents(evs, keys, b.run);
   const signers = new Set<string>();
   const keyOf = new Map<number, string>();
   evs.forEach((e, i) => {

@@ -111,6 +111,7 @@ test('a tenant\'s write is judged by its subject, not by the type it sends: head
   const stray = (subject: string, header: Record<string, string[]>) => ({
     seq: b.events[b.events.length - 1].seq + 1, subject, header, data: Buffer.from('junk').toString('base64'),
   });
+  const requested = b.events[indexOf(b, 'toolbus.tool.requested')];
   const log = { 'ce-specversion': ['1.0'], 'ce-id': [`${run}/0/c9/tool.log/0/1`], 'ce-source': ['/toolbus/executor/x'],
     'ce-time': [new Date().toISOString()], 'ce-runid': [run], 'ce-step': ['0'], 'ce-callid': ['c9'] };
   for (const [what, s] of [
@@ -118,6 +119,8 @@ test('a tenant\'s write is judged by its subject, not by the type it sends: head
     ['typed as the outcome', stray(`toolbus.${run}.tool.log.${tool}`, { ...log, 'ce-type': ['toolbus.run.completed'] })],
     ['an answer typed as a model.requested', stray(`toolbus.${run}.tool.answer.mallory`, { ...log, 'ce-type': ['toolbus.model.requested'] })],
     ['naming another run', stray(`toolbus.${run}.tool.log.${tool}`, { ...log, 'ce-type': ['toolbus.tool.log'], 'ce-runid': ['other'] })],
+    ['typed as a call', stray(`toolbus.${run}.tool.log.${tool}`, { ...log, 'ce-type': ['toolbus.tool.requested'] })],
+    ['the core\'s signed call copied onto another tool\'s subject', { ...requested, seq: requested.seq + 1000, subject: `toolbus.${run}.tool.log.other_tool` }],
   ] as const) {
     const c = bundle();
     c.events.push(s);
