@@ -10,7 +10,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import type { NatsConnection } from '@nats-io/transport-node';
 import type { StoredMsg } from '@nats-io/jetstream';
 import {
-  Bus, SUBJECT_PREFIX, TERMINAL, Type, UNKNOWN_TOOL, decodeEvent, id, isConflict, source, subject, toolToken,
+  Bus, SUBJECT_PREFIX, TERMINAL, Type, UNKNOWN_TOOL, agreeingRun, decodeEvent, id, isConflict, source, subject, toolToken,
   validIdentity, validRunID, validToolName,
   type Attrs, type Event, type RunState, type Message, type Principal, type RunEnded, type RunStarted, type ToolCall, type ToolFinished,
 } from './wire.js';
@@ -278,7 +278,7 @@ function runEvent(runId: string, sm: StoredMsg): RunEvent | undefined {
   } catch {
     return undefined;
   }
-  if (ev.data?.run_id !== runId || !onItsSubject(runId, sm.subject, ev.attrs.type, ev.data)) return undefined;
+  if (ev.data?.run_id !== runId || !onItsSubject(runId, sm.subject, ev)) return undefined;
   return { type: ev.attrs.type, subject: sm.subject, seq: sm.seq, attrs: ev.attrs, data: ev.data };
 }
 
@@ -288,11 +288,11 @@ function runEvent(runId: string, sm: StoredMsg): RunEvent | undefined {
  * typed as the run's outcome, or as another tool's result, on a team's tool.log counts
  * for nothing.
  */
-function onItsSubject(runId: string, subj: string, type: string, data: unknown): boolean {
-  const prefix = `${SUBJECT_PREFIX}.${runId}.`;
+function onItsSubject(runId: string, subj: string, ev: Event<{ run_id?: string }>): boolean {
+  const type = ev.attrs.type, prefix = `${SUBJECT_PREFIX}.${runId}.`;
   if (!subj.startsWith(prefix) || !type.startsWith(`${SUBJECT_PREFIX}.`)) return false;
   const rest = subj.slice(prefix.length), base = type.slice(SUBJECT_PREFIX.length + 1);
-  const d = data as { tool?: string; call?: { tool?: string } };
+  const d = ev.data as { tool?: string; call?: { tool?: string } };
   switch (type) {
     case Type.toolRequested:
       return rest === `${base}.${toolToken(d.call?.tool ?? '')}` || rest === `${base}.${UNKNOWN_TOOL}`;
@@ -301,7 +301,8 @@ function onItsSubject(runId: string, subj: string, type: string, data: unknown):
     case Type.toolFinished: case Type.toolProgress: case 'toolbus.tool.log': case 'toolbus.tool.question':
       return rest === `${base}.${toolToken(d.tool ?? '')}`;
     case Type.runStarted: case Type.runCancel: case Type.approvalGranted: case Type.approvalDenied: case 'toolbus.tool.answer':
-      return rest.startsWith(`${base}.`) && !rest.slice(base.length + 1).includes('.'); // the identity's token
+      // One identity token, the data's.
+      return rest.startsWith(`${base}.`) && !rest.slice(base.length + 1).includes('.') && agreeingRun(subj, ev, type) === runId;
   }
   return rest === base;
 }
