@@ -1,6 +1,8 @@
 package natsjwt_test
 
 import (
+	"context"
+	"encoding/json"
 	"fmt"
 	"path/filepath"
 	"strings"
@@ -17,6 +19,7 @@ import (
 	"github.com/toolbus/toolbus/deploy/nats/natsjwt"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/accounts"
+	"github.com/toolbus/toolbus/events/consume"
 	"github.com/toolbus/toolbus/events/eventstest"
 	"github.com/toolbus/toolbus/events/teamqueue"
 )
@@ -83,6 +86,7 @@ func TestTenantPullFloodIsForgotten(t *testing.T) {
 			}
 			alpha, _ := d.team("alpha")
 			if i == 0 {
+				executorPullsHeartbeatWithinTheGap(t, ctx, alpha)
 				longPullsKeepTheirWay(t, d, alpha, threshold)
 			}
 			got := make(chan jetstream.Msg, 4)
@@ -117,6 +121,46 @@ func TestTenantPullFloodIsForgotten(t *testing.T) {
 				t.Fatal("control: alpha's executor, pulling since before the flood, did not receive the call")
 			}
 		})
+	}
+}
+
+// executorPullsHeartbeatWithinTheGap: a team executor's pulls (the consume loop asks
+// teamqueue for pulls of two minutes with heartbeats every 30 s, its core queues'
+// values) ask the server for heartbeats at most every events.TenantAnswerGap, so that
+// they are never silent for the core's response threshold.
+func executorPullsHeartbeatWithinTheGap(t *testing.T, ctx context.Context, nc *nats.Conn) {
+	t.Helper()
+	sent, err := nc.SubscribeSync(nextIn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = sent.Unsubscribe() }()
+	bus, err := events.Open(ctx, nc, events.Config{APIPrefix: natsjwt.CoreAPIPrefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := teamqueue.Open(bus, "calc", time.Minute)
+	for _, start := range []func() (jetstream.ConsumeContext, error){
+		func() (jetstream.ConsumeContext, error) { return q.Consume(func(jetstream.Msg) {}) },
+		func() (jetstream.ConsumeContext, error) {
+			return q.ConsumePulls(func(jetstream.Msg) {}, 64, consume.PullExpiry, 30*time.Second, nil)
+		},
+	} {
+		cc, err := start()
+		if err != nil {
+			t.Fatal(err)
+		}
+		m, err := sent.NextMsg(10 * time.Second)
+		cc.Stop()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var req struct {
+			Heartbeat time.Duration `json:"idle_heartbeat"`
+		}
+		if err := json.Unmarshal(m.Data, &req); err != nil || req.Heartbeat <= 0 || req.Heartbeat > events.TenantAnswerGap {
+			t.Errorf("an executor's pull of its team's queue asks heartbeats every %v (%s), want at most %v", req.Heartbeat, m.Data, events.TenantAnswerGap)
+		}
 	}
 }
 
