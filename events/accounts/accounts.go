@@ -316,7 +316,9 @@ func WriteForwards() []string {
 // the tenant's limits counts them: entries one tenant holds are at most its live pulls
 // and follows (heartbeats keep those) plus its rate of requests x 2 x the threshold. A
 // legitimate stream answers at least every TenantAnswerGap, so it is never dropped;
-// singleton answers come within seconds (the services' own timeouts are 10 s).
+// singleton answers come within seconds (the services' own timeouts are 10 s). A
+// consumer's MaxRequestExpires would bound nothing here: a pull without an expiry passes
+// it (consumer.go processNextMsgRequest), and a no_wait one is answered at once.
 const ResponseThreshold = 2 * events.TenantAnswerGap
 
 // ConfAccounts renders the accounts block of a config kind for teams only: Layout.Conf

@@ -105,7 +105,7 @@ func (c *Consumer) Consume(h jetstream.MessageHandler, _ ...jetstream.PullConsum
 // pulled again by itself. A heartbeat longer than events.TenantAnswerGap (or none) is
 // that gap, at most half the expiry: the core forgets the way back of a pull silent for
 // twice it (accounts.ResponseThreshold), and a call then delivered to the pull would
-// reach no one.
+// reach no one until its ack wait ended (measured: the server counts it delivered).
 func (c *Consumer) ConsumePulls(h jetstream.MessageHandler, batch int, expiry, heartbeat time.Duration, onErr func(error)) (jetstream.ConsumeContext, error) {
 	if onErr == nil {
 		onErr = func(error) {}
