@@ -73,8 +73,9 @@ const (
 )
 
 // FollowIdleEvery is how often a follow with nothing to send says it is alive; a
-// follower that hears nothing for a few of these has lost it (follow again).
-const FollowIdleEvery = 15 * time.Second
+// follower that hears nothing for a few of these has lost it (follow again). A follow
+// silent longer than TenantAnswerGap loses its way back to a client's account.
+const FollowIdleEvery = TenantAnswerGap
 
 // FollowMax is the longest one follow lasts: its end names the next sequence, from
 // which the follower follows again (Follower does).

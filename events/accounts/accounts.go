@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/store"
@@ -300,6 +301,26 @@ func WriteForwards() []string {
 	return out
 }
 
+// ResponseThreshold is how long the core account keeps the way back of an answer to a
+// tenant's request through one of its service exports (the export's response_threshold,
+// JWT ResponseThreshold) while nothing goes through it: 2 x events.TenantAnswerGap. For
+// each request with a reply that crosses into the core, nats-server 2.15 keeps a
+// response entry in the core account (accounts.go addRespServiceImport, about 330 bytes
+// with the tenant's reverse entry). A singleton export drops it at the first answer; a
+// stream export (a pull, a follow) only at an empty message, an answer that reaches no
+// one, the tenant dropping its reply's subscription, or once silent for the threshold
+// (client.go processServiceImport renews it at every answer delivered; the export's
+// timer, checkExpiredResponses, drops those silent longer, every threshold). A pull
+// answered at once (no_wait: one 404) leaves its entry silent: a team's flood of them
+// held 200,000 entries, 66 MB of the core, for the default's 2 to 4 minutes. Nothing of
+// the tenant's limits counts them: entries one tenant holds are at most its live pulls
+// and follows (heartbeats keep those) plus its rate of requests x 2 x the threshold. A
+// legitimate stream answers at least every TenantAnswerGap, so it is never dropped;
+// singleton answers come within seconds (the services' own timeouts are 10 s). A
+// consumer's MaxRequestExpires would bound nothing here: a pull without an expiry passes
+// it (consumer.go processNextMsgRequest), and a no_wait one is answered at once.
+const ResponseThreshold = 2 * events.TenantAnswerGap
+
 // ConfAccounts renders the accounts block of a config kind for teams only: Layout.Conf
 // with no clients.
 func ConfAccounts(teamTools map[string][]string, coreUsers string, teamUsers map[string]string) string {
@@ -318,6 +339,17 @@ type Layout struct {
 	// Limits caps every team's and client's account (not the core's); its zero value
 	// is DefaultTenantLimits.
 	Limits TenantLimits
+	// ResponseThreshold is every service export's response threshold; 0 is
+	// ResponseThreshold.
+	ResponseThreshold time.Duration
+}
+
+// Threshold is l's response threshold (Layout.ResponseThreshold).
+func (l Layout) Threshold() time.Duration {
+	if l.ResponseThreshold > 0 {
+		return l.ResponseThreshold
+	}
+	return ResponseThreshold
 }
 
 // TenantLimits are the NATS limits of each tenant's (team's and client's) account, so
@@ -415,9 +447,9 @@ func (l Layout) tenants() []tenant {
 
 // Conf renders the accounts block of a config kind: the core account with JetStream,
 // its users and an export per crossing of every tenant, restricted to that tenant's
-// account, and one account per team and client with its users, its limits (l.Limits)
-// and its imports. Tests
-// that run the layout on a server of their own render it with this too.
+// account (each service's with l's response threshold), and one account per team and
+// client with its users, its limits (l.Limits) and its imports. Tests that run the
+// layout on a server of their own render it with this too.
 func (l Layout) Conf() string {
 	var b strings.Builder
 	b.WriteString("accounts {\n  " + CoreAccount + " {\n    jetstream: enabled\n    users = [\n" + l.CoreUsers + "    ]\n    exports = [\n")
@@ -429,9 +461,9 @@ func (l Layout) Conf() string {
 			case c.Stream:
 				fmt.Fprintf(&b, "      {stream: %q, %s}\n", c.Subject, acc)
 			case c.Pull:
-				fmt.Fprintf(&b, "      {service: %q, %s, response_type: stream}\n", c.Subject, acc)
+				fmt.Fprintf(&b, "      {service: %q, %s, response_type: stream, response_threshold: %q}\n", c.Subject, acc, l.Threshold())
 			default:
-				fmt.Fprintf(&b, "      {service: %q, %s}\n", c.Subject, acc)
+				fmt.Fprintf(&b, "      {service: %q, %s, response_threshold: %q}\n", c.Subject, acc, l.Threshold())
 			}
 		}
 	}

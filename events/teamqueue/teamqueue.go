@@ -90,9 +90,10 @@ func (c *Consumer) Info(context.Context) (*jetstream.ConsumerInfo, error) {
 }
 
 // Consume is ConsumePulls with a batch of 64, pulls of two minutes and heartbeats every
-// 30 s (the options of a jetstream consume are not readable outside nats.go).
+// events.TenantAnswerGap (the options of a jetstream consume are not readable outside
+// nats.go).
 func (c *Consumer) Consume(h jetstream.MessageHandler, _ ...jetstream.PullConsumeOpt) (jetstream.ConsumeContext, error) {
-	return c.ConsumePulls(h, 64, 2*time.Minute, 30*time.Second, nil)
+	return c.ConsumePulls(h, 64, 2*time.Minute, events.TenantAnswerGap, nil)
 }
 
 // ConsumePulls delivers the queue's messages to h (called in order, on one goroutine;
@@ -101,10 +102,16 @@ func (c *Consumer) Consume(h jetstream.MessageHandler, _ ...jetstream.PullConsum
 // (404, 408, 409), silent for two heartbeats or cut by a reconnection is followed by
 // the next at once; one answered "no responders" (or "consumer deleted") calls onErr and
 // is followed by the next after a backoff (up to 5 s), so a queue granted again is
-// pulled again by itself.
+// pulled again by itself. A heartbeat longer than events.TenantAnswerGap (or none) is
+// that gap, at most half the expiry: the core forgets the way back of a pull silent for
+// twice it (accounts.ResponseThreshold), and a call then delivered to the pull would
+// reach no one until its ack wait ended (measured: the server counts it delivered).
 func (c *Consumer) ConsumePulls(h jetstream.MessageHandler, batch int, expiry, heartbeat time.Duration, onErr func(error)) (jetstream.ConsumeContext, error) {
 	if onErr == nil {
 		onErr = func(error) {}
+	}
+	if heartbeat <= 0 || heartbeat > events.TenantAnswerGap {
+		heartbeat = min(events.TenantAnswerGap, expiry/2)
 	}
 	p := &teamPull{c: c, h: h, batch: max(1, batch), expiry: expiry, heartbeat: heartbeat, onErr: onErr,
 		kick: make(chan time.Duration, 1), stop: make(chan struct{}), closed: make(chan struct{})}

@@ -2,6 +2,7 @@ package natsjwt
 
 import (
 	"fmt"
+	"time"
 
 	"github.com/nats-io/jwt/v2"
 
@@ -26,13 +27,16 @@ func CoreExports() []Crossing { return accounts.CoreExports() }
 // TeamAccount is accounts.TeamAccount.
 func TeamAccount(team string) string { return accounts.TeamAccount(team) }
 
-// coreJWTExports are CoreExports as the core account JWT's exports.
-func coreJWTExports() jwt.Exports {
+// coreJWTExports are CoreExports as the core account JWT's exports, each service's with
+// the response threshold (0: accounts.ResponseThreshold).
+func coreJWTExports(threshold time.Duration) jwt.Exports {
+	threshold = accounts.Layout{ResponseThreshold: threshold}.Threshold()
 	var out jwt.Exports
 	for _, c := range CoreExports() {
-		e := &jwt.Export{Name: c.Subject, Subject: jwt.Subject(c.Subject), Type: jwt.Service, TokenReq: true, ResponseType: pullResponse(c)}
+		e := &jwt.Export{Name: c.Subject, Subject: jwt.Subject(c.Subject), Type: jwt.Service, TokenReq: true, ResponseType: pullResponse(c),
+			ResponseThreshold: threshold}
 		if c.Stream {
-			e.Type, e.ResponseType = jwt.Stream, ""
+			e.Type, e.ResponseType, e.ResponseThreshold = jwt.Stream, "", 0
 		}
 		out = append(out, e)
 	}

@@ -19,7 +19,7 @@ import (
 func writeConfigKinds(users []User, g Grants, o options, kr keyring, single string, write func(string, []byte) (string, error), res *Result) error {
 	var pwUsers, nkUsers, secrets strings.Builder
 	// In the accounts layout a team's or client's users go into its account's block.
-	pw := accounts.Layout{Teams: g.Teams, Clients: g.Clients, TeamUsers: map[string]string{}, ClientUsers: map[string]string{}, Limits: o.limits}
+	pw := accounts.Layout{Teams: g.Teams, Clients: g.Clients, TeamUsers: map[string]string{}, ClientUsers: map[string]string{}, Limits: o.limits, ResponseThreshold: o.respThreshold}
 	nk := pw
 	nk.TeamUsers, nk.ClientUsers = map[string]string{}, map[string]string{}
 	userLine := func(u User, ident string) string {

@@ -51,7 +51,7 @@ func generateJWT(users []User, kr keyring, g Grants, revoked revocations, o opti
 	res.TeamAccounts, res.ClientAccounts, res.AccountJWTs = map[string]string{}, map[string]string{}, map[string]string{}
 	var tenants []tenantAccount
 	if o.accounts {
-		ac.Exports = coreJWTExports()
+		ac.Exports = coreJWTExports(o.respThreshold)
 		if tenants, err = tenantAccounts(kr, g); err != nil {
 			return err
 		}

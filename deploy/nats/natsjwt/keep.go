@@ -236,7 +236,8 @@ func sameAccount(ac *jwt.AccountClaims) func(string) bool {
 }
 
 func sameExport(a, b *jwt.Export) bool {
-	return a.Subject == b.Subject && a.Type == b.Type && a.TokenReq == b.TokenReq && a.ResponseType == b.ResponseType
+	return a.Subject == b.Subject && a.Type == b.Type && a.TokenReq == b.TokenReq && a.ResponseType == b.ResponseType &&
+		a.ResponseThreshold == b.ResponseThreshold
 }
 
 // sameImport compares what an import says; its activation token (issued anew each run)

@@ -1,6 +1,8 @@
 package natsjwt
 
 import (
+	"time"
+
 	"github.com/toolbus/toolbus/events/accounts"
 )
 
@@ -20,6 +22,9 @@ type options struct {
 	resolverDir string
 	// limits caps each tenant's account in the accounts layout (WithTenantLimits).
 	limits accounts.TenantLimits
+	// respThreshold is the core's exports' response threshold (WithResponseThreshold;
+	// 0: accounts.ResponseThreshold).
+	respThreshold time.Duration
 	// noCoreWide: the accounts layout issues no CoreWide user (WithoutCoreWide).
 	noCoreWide bool
 	// kinds are the kinds of credentials issued (WithKinds; nil: every kind).
@@ -55,6 +60,12 @@ func WithoutCoreWide() Option { return func(o *options) { o.noCoreWide = true } 
 // default, -1 no limit); without it they are accounts.DefaultTenantLimits. The core
 // account has none; -one-account (no WithAccounts) has no tenant account to limit.
 func WithTenantLimits(l accounts.TenantLimits) Option { return func(o *options) { o.limits = l } }
+
+// WithResponseThreshold sets the response threshold of the core's service exports in
+// the accounts layout, in every kind of credentials (default accounts.ResponseThreshold:
+// a stream of answers to a tenant silent longer than d loses its way back, so d must
+// exceed events.TenantAnswerGap; tests shorten both).
+func WithResponseThreshold(d time.Duration) Option { return func(o *options) { o.respThreshold = d } }
 
 // WithFullResolver writes auth-jwt.conf with a full resolver storing the account JWTs
 // in dir, a directory the server may write (an absolute path as the server sees it; a
