@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -27,11 +26,13 @@ import (
 type runIndex struct {
 	nc     *nats.Conn
 	stream string
+	cons   jetstream.Consumer // the ordered consumer on events.FilterRunStarted
 
 	mu       sync.Mutex
 	runs     map[string]indexedRun      // run -> its first run.started
 	byID     map[string]map[string]bool // identity -> runs it may see
 	seen     uint64                     // the stream sequence the index has read up to
+	handled  uint64                     // the messages it has read
 	advanced chan struct{}              // closed (and renewed) when seen moves
 	pruned   time.Time
 }
@@ -54,6 +55,7 @@ func startRunIndex(ctx context.Context, bus *events.Bus) (*runIndex, error) {
 	if err != nil {
 		return nil, fmt.Errorf("reads: follow run.started: %w", err)
 	}
+	x.cons = cons
 	cc, err := cons.Consume(func(m jetstream.Msg) { x.add(ctx, m) })
 	if err != nil {
 		return nil, fmt.Errorf("reads: follow run.started: %w", err)
@@ -87,6 +89,7 @@ func (x *runIndex) add(ctx context.Context, m jetstream.Msg) {
 		}
 	}
 	x.seen = max(x.seen, md.Sequence.Stream)
+	x.handled++
 	close(x.advanced)
 	x.advanced = make(chan struct{})
 	if time.Since(x.pruned) > pruneEvery {
@@ -97,7 +100,7 @@ func (x *runIndex) add(ctx context.Context, m jetstream.Msg) {
 
 // prune drops the runs whose run.started the stream no longer holds.
 func (x *runIndex) prune(ctx context.Context) {
-	first, err := x.streamSeq(ctx, "first_seq")
+	first, err := x.firstSeq(ctx)
 	if err != nil {
 		return
 	}
@@ -117,65 +120,88 @@ func (x *runIndex) prune(ctx context.Context) {
 }
 
 // visibleRuns returns the runs visible to id, in the order they started, once the
-// index has read every run.started the stream held when asked: one request to the
-// stream whatever the number of runs.
+// index has read every run.started the stream held when asked: one request (its
+// consumer's info) whatever the number of runs.
 func (x *runIndex) visibleRuns(ctx context.Context, id string) ([]string, error) {
-	last, err := x.streamSeq(ctx, "last_run_started")
-	if err != nil {
+	if err := x.caughtUp(ctx); err != nil {
 		return nil, err
 	}
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	out := make([]string, 0, len(x.byID[id]))
+	for run := range x.byID[id] {
+		out = append(out, run)
+	}
+	slices.SortFunc(out, func(a, b string) int { return cmp.Compare(x.runs[a].seq, x.runs[b].seq) })
+	return out, nil
+}
+
+// caughtUp returns once the index has read every run.started the stream held when it
+// was called: those its consumer had delivered then, and the ones pending then.
+func (x *runIndex) caughtUp(ctx context.Context) error {
 	for {
-		x.mu.Lock()
-		seen, advanced := x.seen, x.advanced
-		if seen >= last {
-			out := make([]string, 0, len(x.byID[id]))
-			for run := range x.byID[id] {
-				out = append(out, run)
-			}
-			slices.SortFunc(out, func(a, b string) int { return cmp.Compare(x.runs[a].seq, x.runs[b].seq) })
-			x.mu.Unlock()
-			return out, nil
+		info, err := x.cons.Info(ctx)
+		if err != nil {
+			return fmt.Errorf("reads: run index: %w", err)
 		}
+		if err := x.wait(ctx, func() bool { return x.seen >= info.Delivered.Stream }); err != nil {
+			return err
+		}
+		if info.NumPending == 0 {
+			return nil
+		}
+		x.mu.Lock()
+		from := x.handled
 		x.mu.Unlock()
-		select {
-		case <-advanced:
-		case <-ctx.Done():
-			return nil, fmt.Errorf("reads: run index at %d of %d: %w", seen, last, ctx.Err())
+		// The pending ones arrive next; asked again when they do not in a second (some
+		// were removed meanwhile, or some of them were already counted in from).
+		wctx, cancel := context.WithTimeout(ctx, time.Second)
+		err = x.wait(wctx, func() bool { return x.handled >= from+info.NumPending })
+		cancel()
+		if err == nil {
+			return nil
+		}
+		if ctx.Err() != nil {
+			return err
 		}
 	}
 }
 
-// streamSeq asks the stream (its JetStream API, which answers on any replica count)
-// for the sequence of its last run.started ("last_run_started") or its first message
-// ("first_seq"); 0 when there is none.
-func (x *runIndex) streamSeq(ctx context.Context, what string) (uint64, error) {
-	subject, body := "$JS.API.STREAM.MSG.GET."+x.stream, []byte(`{"last_by_subj":"`+events.FilterRunStarted+`"}`)
-	if what == "first_seq" {
-		subject, body = "$JS.API.STREAM.INFO."+x.stream, nil
+// wait returns once done (called with mu held) holds, or ctx ends.
+func (x *runIndex) wait(ctx context.Context, done func() bool) error {
+	for {
+		x.mu.Lock()
+		ok, advanced := done(), x.advanced
+		seen := x.seen
+		x.mu.Unlock()
+		if ok {
+			return nil
+		}
+		select {
+		case <-advanced:
+		case <-ctx.Done():
+			return fmt.Errorf("reads: run index at %d: %w", seen, ctx.Err())
+		}
 	}
-	m, err := x.nc.RequestWithContext(ctx, subject, body)
+}
+
+// firstSeq asks the stream for the sequence of its first message.
+func (x *runIndex) firstSeq(ctx context.Context) (uint64, error) {
+	m, err := x.nc.RequestWithContext(ctx, "$JS.API.STREAM.INFO."+x.stream, nil)
 	if err != nil {
-		return 0, fmt.Errorf("reads: %s: %w", what, err)
+		return 0, fmt.Errorf("reads: stream info: %w", err)
 	}
 	var resp struct {
-		Message struct {
-			Seq uint64 `json:"seq"`
-		} `json:"message"`
 		State struct {
 			FirstSeq uint64 `json:"first_seq"`
 		} `json:"state"`
 		Error *jetstream.APIError `json:"error"`
 	}
 	if err := json.Unmarshal(m.Data, &resp); err != nil {
-		return 0, fmt.Errorf("reads: %s: %w", what, err)
+		return 0, fmt.Errorf("reads: stream info: %w", err)
 	}
-	switch {
-	case resp.Error != nil && resp.Error.ErrorCode == jetstream.JSErrCodeMessageNotFound:
-		return 0, nil
-	case resp.Error != nil:
-		return 0, fmt.Errorf("reads: %s: %w", what, errors.New(resp.Error.Description))
-	case what == "first_seq":
-		return resp.State.FirstSeq, nil
+	if resp.Error != nil {
+		return 0, fmt.Errorf("reads: stream info: %w", resp.Error)
 	}
-	return resp.Message.Seq, nil
+	return resp.State.FirstSeq, nil
 }
