@@ -192,11 +192,7 @@ func notFound() *nats.Msg { return refusal(404, "Message Not Found") }
 // names (runIndex), each read on its own, so a listing costs the asker's runs only.
 func (s *Service) runs(ctx context.Context, id string) *nats.Msg {
 	out := []store.RunState{}
-	idx, err := s.runIndex(ctx)
-	var mine []string
-	if err == nil {
-		mine, err = idx.visibleRuns(ctx, id)
-	}
+	mine, err := s.runIndex().visibleRuns(ctx, id)
 	for _, run := range mine {
 		st, _, gerr := s.bus.Store().RunState(ctx, run)
 		if gerr == nil {
@@ -217,24 +213,15 @@ func (s *Service) runs(ctx context.Context, id string) *nats.Msg {
 	return &nats.Msg{Data: data}
 }
 
-// runIndex returns the service's run index, started at the first listing and followed
-// until serveCtx ends: an injector whose clients never list runs follows none.
-func (s *Service) runIndex(ctx context.Context) (*runIndex, error) {
+// runIndex returns the service's run index, made at the first listing: an injector
+// whose clients never list runs reads none.
+func (s *Service) runIndex() *runIndex {
 	s.catMu.Lock()
 	defer s.catMu.Unlock()
-	if s.idx != nil {
-		return s.idx, nil
+	if s.idx == nil {
+		s.idx = newRunIndex(s.bus)
 	}
-	follow := s.serveCtx
-	if follow == nil {
-		follow = ctx
-	}
-	idx, err := startRunIndex(follow, s.bus)
-	if err != nil {
-		return nil, err
-	}
-	s.idx = idx
-	return idx, nil
+	return s.idx
 }
 
 // tools lists the tools a client may be offered: the contracts a live instance serves

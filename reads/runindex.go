@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -14,27 +15,34 @@ import (
 
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/store"
 )
 
-// runIndex is the read service's own record of who may see which run, followed from
-// the run.started events the stream holds (an ordered consumer on
-// events.FilterRunStarted), so that listing an identity's runs costs reads of its own
-// runs only: checking every run through the bus's run cache cost a read per run of
-// anyone and emptied the injector's cache (issue 54). Visibility is decided as the bus
-// decides it (firstRunStarted, NamesDecider): the first run.started of a run id that
-// reads as one stands, later ones change nothing.
+// runIndex is the read service's own record of who may see which run, read from the
+// run.started events the stream holds (events.FilterRunStarted), so that listing an
+// identity's runs costs reads of its own runs only: checking every run through the
+// bus's run cache cost a read per run of anyone and emptied the injector's cache (issue
+// 54). Visibility is decided as the bus decides it (firstRunStarted, NamesDecider): the
+// first run.started of a run id that reads as one stands, later ones change nothing.
+//
+// It reads with the direct gets the injector's credentials already hold (batched where
+// the stream or its read mirror serves them, one by one from the stream otherwise), never
+// with a consumer: the core's roles may create none on the event stream
+// (deploy/nats/permissions.conf), so no credentials need a new grant. Each listing first
+// reads what was stored since the last one: one request when nothing was.
 type runIndex struct {
-	nc     *nats.Conn
-	stream string
-	cons   jetstream.Consumer // the ordered consumer on events.FilterRunStarted
+	bus *events.Bus
+	// direct is the subject of the batched direct gets of the stream that serves them
+	// ("" when none does); exact reports that it is the event stream itself (one replica),
+	// whose answer holds everything stored, so nothing is asked of the stream after it.
+	direct string
+	exact  bool
 
-	mu       sync.Mutex
-	runs     map[string]indexedRun      // run -> its first run.started
-	byID     map[string]map[string]bool // identity -> runs it may see
-	seen     uint64                     // the stream sequence the index has read up to
-	handled  uint64                     // the messages it has read
-	advanced chan struct{}              // closed (and renewed) when seen moves
-	pruned   time.Time
+	mu     sync.Mutex                 // held while the index reads: one reader at a time
+	runs   map[string]indexedRun      // run -> its first run.started
+	byID   map[string]map[string]bool // identity -> runs it may see
+	next   uint64                     // the stream sequence the index reads from next
+	pruned time.Time
 }
 
 type indexedRun struct {
@@ -46,66 +54,109 @@ type indexedRun struct {
 // no longer holds (its retention): the bus finds no such run either.
 const pruneEvery = time.Minute
 
-// startRunIndex follows the run.started events of bus's stream until ctx ends.
-func startRunIndex(ctx context.Context, bus *events.Bus) (*runIndex, error) {
-	name := bus.EventStream().CachedInfo().Config.Name
-	x := &runIndex{nc: bus.Conn(), stream: name, runs: map[string]indexedRun{}, byID: map[string]map[string]bool{},
-		advanced: make(chan struct{}), pruned: time.Now()}
-	cons, err := bus.JetStream().OrderedConsumer(ctx, name, jetstream.OrderedConsumerConfig{FilterSubjects: []string{events.FilterRunStarted}})
-	if err != nil {
-		return nil, fmt.Errorf("reads: follow run.started: %w", err)
+// indexBatch is the most run.started one batched direct get answers.
+const indexBatch = 256
+
+// newRunIndex returns the empty index of bus's event stream; it reads at each listing.
+func newRunIndex(bus *events.Bus) *runIndex {
+	x := &runIndex{bus: bus, runs: map[string]indexedRun{}, byID: map[string]map[string]bool{}, next: 1, pruned: time.Now()}
+	if c := bus.EventStream().CachedInfo().Config; c.AllowDirect {
+		x.direct, x.exact = "$JS.API.DIRECT.GET."+c.Name, true
+	} else if r := bus.Reader(); r != nil && r.CachedInfo() != nil && r.CachedInfo().Config.AllowDirect {
+		x.direct = "$JS.API.DIRECT.GET." + r.CachedInfo().Config.Name // the read mirror
 	}
-	x.cons = cons
-	cc, err := cons.Consume(func(m jetstream.Msg) { x.add(ctx, m) })
-	if err != nil {
-		return nil, fmt.Errorf("reads: follow run.started: %w", err)
-	}
-	context.AfterFunc(ctx, cc.Stop)
-	return x, nil
+	return x
 }
 
-// add records a run.started the consumer delivered.
-func (x *runIndex) add(ctx context.Context, m jetstream.Msg) {
-	md, err := m.Metadata()
-	if err != nil {
-		return
-	}
-	rs := new(toolbus.RunStarted)
-	meta, err := events.Decode(&nats.Msg{Subject: m.Subject(), Header: m.Headers(), Data: m.Data()}, rs)
-	ok := err == nil && meta.Type == events.TypeRunStarted && events.CheckSubject(m.Subject(), meta, rs) == nil
+// visibleRuns returns the runs visible to id, in the order they started, once the
+// index has read every run.started the stream held when asked.
+func (x *runIndex) visibleRuns(ctx context.Context, id string) ([]string, error) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	if _, known := x.runs[rs.RunID]; ok && !known {
-		r := indexedRun{seq: md.Sequence.Stream, deciders: append([]string{rs.Principal.ID}, rs.Approvers...)}
-		x.runs[rs.RunID] = r
-		for _, who := range r.deciders {
-			if who == "" {
-				continue
-			}
-			if x.byID[who] == nil {
-				x.byID[who] = map[string]bool{}
-			}
-			x.byID[who][rs.RunID] = true
-		}
+	if err := x.catchUp(ctx); err != nil {
+		return nil, err
 	}
-	x.seen = max(x.seen, md.Sequence.Stream)
-	x.handled++
-	close(x.advanced)
-	x.advanced = make(chan struct{})
+	out := make([]string, 0, len(x.byID[id]))
+	for run := range x.byID[id] {
+		out = append(out, run)
+	}
+	slices.SortFunc(out, func(a, b string) int { return cmp.Compare(x.runs[a].seq, x.runs[b].seq) })
+	return out, nil
+}
+
+// catchUp reads the run.started stored from x.next on (mu held): in batches where
+// direct gets are served, then one by one from the event stream itself for what a read
+// mirror did not hold yet (or everything, where no direct gets are served).
+func (x *runIndex) catchUp(ctx context.Context) error {
 	if time.Since(x.pruned) > pruneEvery {
 		x.pruned = time.Now()
-		go x.prune(ctx)
+		x.prune(ctx)
+	}
+	for x.direct != "" {
+		last, more, err := store.DirectBatch(ctx, x.bus.Conn(), x.direct, x.next, events.FilterRunStarted, indexBatch, func(seq uint64, m *nats.Msg) {
+			x.add(seq, m.Header.Get(jetstream.SubjectHeader), m.Header, m.Data)
+		})
+		if last > 0 {
+			x.next = last + 1
+		}
+		if err != nil && ctx.Err() != nil {
+			return fmt.Errorf("reads: run index from %d: %w", x.next, err)
+		}
+		if err != nil {
+			// The stream stopped serving direct gets (`toolbus init` gave it a read
+			// mirror, or replicas): read one by one from now on.
+			x.direct = ""
+			break
+		}
+		if !more {
+			if x.exact {
+				return nil
+			}
+			break
+		}
+	}
+	for {
+		raw, err := events.GetMsg(ctx, x.bus.EventStream(), x.next, events.FilterRunStarted)
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("reads: run index from %d: %w", x.next, err)
+		}
+		x.add(raw.Sequence, raw.Subject, raw.Header, raw.Data)
 	}
 }
 
-// prune drops the runs whose run.started the stream no longer holds.
+// add records the run.started stored at seq (mu held).
+func (x *runIndex) add(seq uint64, subject string, h nats.Header, data []byte) {
+	x.next = max(x.next, seq+1)
+	rs := new(toolbus.RunStarted)
+	meta, err := events.Decode(&nats.Msg{Subject: subject, Header: h, Data: data}, rs)
+	if err != nil || meta.Type != events.TypeRunStarted || events.CheckSubject(subject, meta, rs) != nil {
+		return
+	}
+	if _, known := x.runs[rs.RunID]; known {
+		return
+	}
+	r := indexedRun{seq: seq, deciders: append([]string{rs.Principal.ID}, rs.Approvers...)}
+	x.runs[rs.RunID] = r
+	for _, who := range r.deciders {
+		if who == "" {
+			continue
+		}
+		if x.byID[who] == nil {
+			x.byID[who] = map[string]bool{}
+		}
+		x.byID[who][rs.RunID] = true
+	}
+}
+
+// prune drops the runs whose run.started the stream no longer holds (mu held).
 func (x *runIndex) prune(ctx context.Context) {
 	first, err := x.firstSeq(ctx)
 	if err != nil {
 		return
 	}
-	x.mu.Lock()
-	defer x.mu.Unlock()
 	for run, r := range x.runs {
 		if r.seq >= first {
 			continue
@@ -119,75 +170,10 @@ func (x *runIndex) prune(ctx context.Context) {
 	}
 }
 
-// visibleRuns returns the runs visible to id, in the order they started, once the
-// index has read every run.started the stream held when asked: one request (its
-// consumer's info) whatever the number of runs.
-func (x *runIndex) visibleRuns(ctx context.Context, id string) ([]string, error) {
-	if err := x.caughtUp(ctx); err != nil {
-		return nil, err
-	}
-	x.mu.Lock()
-	defer x.mu.Unlock()
-	out := make([]string, 0, len(x.byID[id]))
-	for run := range x.byID[id] {
-		out = append(out, run)
-	}
-	slices.SortFunc(out, func(a, b string) int { return cmp.Compare(x.runs[a].seq, x.runs[b].seq) })
-	return out, nil
-}
-
-// caughtUp returns once the index has read every run.started the stream held when it
-// was called: those its consumer had delivered then, and the ones pending then.
-func (x *runIndex) caughtUp(ctx context.Context) error {
-	for {
-		info, err := x.cons.Info(ctx)
-		if err != nil {
-			return fmt.Errorf("reads: run index: %w", err)
-		}
-		if err := x.wait(ctx, func() bool { return x.seen >= info.Delivered.Stream }); err != nil {
-			return err
-		}
-		if info.NumPending == 0 {
-			return nil
-		}
-		x.mu.Lock()
-		from := x.handled
-		x.mu.Unlock()
-		// The pending ones arrive next; asked again when they do not in a second (some
-		// were removed meanwhile, or some of them were already counted in from).
-		wctx, cancel := context.WithTimeout(ctx, time.Second)
-		err = x.wait(wctx, func() bool { return x.handled >= from+info.NumPending })
-		cancel()
-		if err == nil {
-			return nil
-		}
-		if ctx.Err() != nil {
-			return err
-		}
-	}
-}
-
-// wait returns once done (called with mu held) holds, or ctx ends.
-func (x *runIndex) wait(ctx context.Context, done func() bool) error {
-	for {
-		x.mu.Lock()
-		ok, advanced := done(), x.advanced
-		seen := x.seen
-		x.mu.Unlock()
-		if ok {
-			return nil
-		}
-		select {
-		case <-advanced:
-		case <-ctx.Done():
-			return fmt.Errorf("reads: run index at %d: %w", seen, ctx.Err())
-		}
-	}
-}
-
 // firstSeq asks the stream for the sequence of its first message.
 func (x *runIndex) firstSeq(ctx context.Context) (uint64, error) {
-	m, err := x.nc.RequestWithContext(ctx, "$JS.API.STREAM.INFO."+x.stream, nil)
+	name := x.bus.EventStream().CachedInfo().Config.Name
+	m, err := x.bus.Conn().RequestWithContext(ctx, "$JS.API.STREAM.INFO."+name, nil)
 	if err != nil {
 		return 0, fmt.Errorf("reads: stream info: %w", err)
 	}
