@@ -219,7 +219,7 @@ func (s *Service) runIndex() *runIndex {
 	s.catMu.Lock()
 	defer s.catMu.Unlock()
 	if s.idx == nil {
-		s.idx = newRunIndex(s.bus)
+		s.idx = newRunIndex(s.bus, s.log)
 	}
 	return s.idx
 }

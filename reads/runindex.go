@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"sync"
 	"time"
@@ -32,6 +33,7 @@ import (
 // reads what was stored since the last one: one request when nothing was.
 type runIndex struct {
 	bus *events.Bus
+	log *slog.Logger
 	// direct is the subject of the batched direct gets of the stream that serves them
 	// ("" when none does); exact reports that it is the event stream itself (one replica),
 	// whose answer holds everything stored, so nothing is asked of the stream after it.
@@ -58,8 +60,8 @@ const pruneEvery = time.Minute
 const indexBatch = 256
 
 // newRunIndex returns the empty index of bus's event stream; it reads at each listing.
-func newRunIndex(bus *events.Bus) *runIndex {
-	x := &runIndex{bus: bus, runs: map[string]indexedRun{}, byID: map[string]map[string]bool{}, next: 1, pruned: time.Now()}
+func newRunIndex(bus *events.Bus, log *slog.Logger) *runIndex {
+	x := &runIndex{bus: bus, log: log, runs: map[string]indexedRun{}, byID: map[string]map[string]bool{}, next: 1, pruned: time.Now()}
 	if c := bus.EventStream().CachedInfo().Config; c.AllowDirect {
 		x.direct, x.exact = "$JS.API.DIRECT.GET."+c.Name, true
 	} else if r := bus.Reader(); r != nil && r.CachedInfo() != nil && r.CachedInfo().Config.AllowDirect {
@@ -105,6 +107,7 @@ func (x *runIndex) catchUp(ctx context.Context) error {
 		if err != nil {
 			// The stream stopped serving direct gets (`toolbus init` gave it a read
 			// mirror, or replicas): read one by one from now on.
+			x.log.Warn("reads: run index: batched direct gets failed, reading run.started one by one from now on", "stream", x.direct, "err", err)
 			x.direct = ""
 			break
 		}
