@@ -49,6 +49,7 @@ type Service struct {
 	// for them (catalog) and followed until serveCtx ends.
 	catMu    sync.Mutex
 	cat      *store.Catalog
+	idx      *runIndex // who may see which run, made at the first listing (runIndex)
 	serveCtx context.Context
 }
 
@@ -187,24 +188,40 @@ func refusal(code int, desc string) *nats.Msg {
 // not see: the same, so nobody learns whether another's run exists.
 func notFound() *nats.Msg { return refusal(404, "Message Not Found") }
 
-// runs lists the run states of the runs visible to id, as JSON.
+// runs lists the run states of the runs visible to id, as JSON: the runs its index
+// names (runIndex), each read on its own, so a listing costs the asker's runs only.
 func (s *Service) runs(ctx context.Context, id string) *nats.Msg {
-	all, err := s.bus.Store().Runs(ctx)
+	out := []store.RunState{}
+	mine, err := s.runIndex().visibleRuns(ctx, id)
+	for _, run := range mine {
+		st, _, gerr := s.bus.Store().RunState(ctx, run)
+		if gerr == nil {
+			out = append(out, st)
+		} else if !errors.Is(gerr, store.ErrRunNotFound) {
+			err = gerr
+			break
+		}
+	}
 	if err != nil {
 		s.log.Warn("reads: runs", "err", err)
 		return refusal(503, "toolbus read service: runs: "+err.Error())
-	}
-	out := []store.RunState{}
-	for _, r := range all {
-		if s.visible(ctx, id, r.RunID) {
-			out = append(out, r)
-		}
 	}
 	data, err := json.Marshal(out)
 	if err != nil {
 		return refusal(500, "toolbus read service: "+err.Error())
 	}
 	return &nats.Msg{Data: data}
+}
+
+// runIndex returns the service's run index, made at the first listing: an injector
+// whose clients never list runs reads none.
+func (s *Service) runIndex() *runIndex {
+	s.catMu.Lock()
+	defer s.catMu.Unlock()
+	if s.idx == nil {
+		s.idx = newRunIndex(s.bus, s.log)
+	}
+	return s.idx
 }
 
 // tools lists the tools a client may be offered: the contracts a live instance serves

@@ -175,7 +175,7 @@ func serveReads(t *testing.T, ctx context.Context, d *accountsDeployment, bus *e
 		}
 	})
 	eventstest.Eventually(t, 30*time.Second, func() error {
-		if !slices.ContainsFunc(eventstest.Subscriptions(t, d.srv, d.res.Account), func(s string) bool { return strings.HasPrefix(s, events.ReadServicePrefix+".") }) {
+		if !slices.ContainsFunc(eventstest.Subscriptions(t, d.srv, coreName(d)), func(s string) bool { return strings.HasPrefix(s, events.ReadServicePrefix+".") }) {
 			return errors.New("the read service does not listen yet")
 		}
 		return nil
