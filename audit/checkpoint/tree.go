@@ -77,3 +77,6 @@ func (t *Tree) Root(n int64) (tlog.Hash, error) { return tlog.TreeHash(n, t) }
 
 // Prove is the inclusion proof of leaf i in the tree of the first n leaves.
 func (t *Tree) Prove(i, n int64) (tlog.RecordProof, error) { return tlog.ProveRecord(n, i, t) }
+
+// leaf is the hash of leaf i (i < Size).
+func (t *Tree) leaf(i int64) tlog.Hash { return t.stored[tlog.StoredHashIndex(0, i)] }
