@@ -44,8 +44,11 @@ func tileKey(t tlog.Tile) string {
 	return t.Path()
 }
 
-// saveTiles stores the tiles tree's leaves from..n add (n: the size of the signed
-// checkpoint note), then key tiles: one KV write per tile, one for the key.
+// saveTiles stores the tiles of tree's leaves from..n (n: the size of the signed
+// checkpoint note), then key tiles: a read and a write per tile and for the key. Every
+// write is a compare-and-set that never shortens a tile nor lowers the key's size, so
+// that injectors signing side by side (each keeps the same tree) store tiles that
+// agree: one lagging behind writes nothing another wrote longer already.
 func saveTiles(ctx context.Context, kv jetstream.KeyValue, tree *Tree, from, n int64, note string, at spans) (int, error) {
 	writes := 0
 	for _, t := range tlog.NewTiles(tileHeight, from, n) {
@@ -53,19 +56,43 @@ func saveTiles(ctx context.Context, kv jetstream.KeyValue, tree *Tree, from, n i
 		if err != nil {
 			return writes, fmt.Errorf("checkpoint: tile %s: %w", t.Path(), err)
 		}
-		if _, err := kv.Put(ctx, tileKey(t), data); err != nil {
+		if err := putGrown(ctx, kv, tileKey(t), data, func(old []byte) bool { return bytes.HasPrefix(old, data) }); err != nil {
 			return writes, fmt.Errorf("checkpoint: store tile %s: %w", tileKey(t), err)
 		}
 		writes++
 	}
 	b, err := json.Marshal(tilesMeta{Size: n, Checkpoint: note, Spans: at.upTo(n)})
 	if err == nil {
-		_, err = kv.Put(ctx, keyTiles, b)
+		err = putGrown(ctx, kv, keyTiles, b, func(old []byte) bool {
+			var m tilesMeta
+			return json.Unmarshal(old, &m) == nil && m.Size >= n
+		})
 	}
 	if err != nil {
 		return writes, fmt.Errorf("checkpoint: store key %s: %w", keyTiles, err)
 	}
 	return writes + 1, nil
+}
+
+// putGrown writes value under key unless the stored value already holds it (holds),
+// compare-and-set against the revision read.
+func putGrown(ctx context.Context, kv jetstream.KeyValue, key string, value []byte, holds func(old []byte) bool) error {
+	for {
+		e, err := kv.Get(ctx, key)
+		switch {
+		case errors.Is(err, jetstream.ErrKeyNotFound):
+			_, err = kv.Create(ctx, key, value)
+		case err != nil:
+			return err
+		case holds(e.Value()):
+			return nil
+		default:
+			_, err = kv.Update(ctx, key, value, e.Revision())
+		}
+		if !errors.Is(err, jetstream.ErrKeyExists) && !errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+			return err
+		}
+	}
 }
 
 // tileStore reads the stored tiles.
@@ -106,13 +133,13 @@ func (ts *tileStore) meta(ctx context.Context) (*tilesMeta, error) {
 func (ts *tileStore) tile(ctx context.Context, t tlog.Tile) ([]byte, error) {
 	e, err := ts.kv.Get(ctx, tileKey(t))
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
-		return nil, fmt.Errorf("%w: tile %s of bucket %s is missing: removed", ErrTiles, tileKey(t), Bucket)
+		return nil, fmt.Errorf("%w: %s of bucket %s is missing: removed", ErrTiles, tileKey(t), Bucket)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint: tile %s: %w", tileKey(t), err)
 	}
 	if len(e.Value()) < t.W*tlog.HashSize {
-		return nil, fmt.Errorf("%w: tile %s of bucket %s holds %d bytes, not the %d of %d hashes: cut", ErrTiles, tileKey(t), Bucket, len(e.Value()), t.W*tlog.HashSize, t.W)
+		return nil, fmt.Errorf("%w: %s of bucket %s holds %d bytes, not the %d of %d hashes: cut", ErrTiles, tileKey(t), Bucket, len(e.Value()), t.W*tlog.HashSize, t.W)
 	}
 	return e.Value()[:t.W*tlog.HashSize], nil
 }
@@ -144,7 +171,7 @@ func (ts *tileStore) load(ctx context.Context, m *tilesMeta) (*Tree, error) {
 	}
 	for t, data := range upper {
 		if want, err := tlog.ReadTileData(t, tree); err != nil || !bytes.Equal(want, data) {
-			return nil, fmt.Errorf("%w: tile %s of bucket %s does not hash from the tiles below it: altered", ErrTiles, tileKey(t), Bucket)
+			return nil, fmt.Errorf("%w: %s of bucket %s does not hash from the tiles below it: altered", ErrTiles, tileKey(t), Bucket)
 		}
 	}
 	return tree, nil
@@ -161,12 +188,12 @@ func culprit(tree *Tree, upper map[tlog.Tile][]byte, n int64) string {
 		for j := 0; err == nil && j < t.W; j++ {
 			if !bytes.Equal(want[j*tlog.HashSize:(j+1)*tlog.HashSize], data[j*tlog.HashSize:(j+1)*tlog.HashSize]) {
 				child := tlog.Tile{H: tileHeight, L: 0, N: t.N<<tileHeight + int64(j), W: 1 << tileHeight}
-				return fmt.Sprintf("tile %s of bucket %s (or its hash in tile %s)", tileKey(child), Bucket, tileKey(t))
+				return fmt.Sprintf("%s of bucket %s (or its hash in %s)", tileKey(child), Bucket, tileKey(t))
 			}
 		}
 	}
 	last := tlog.Tile{H: tileHeight, L: 0, N: (n - 1) >> tileHeight}
-	return fmt.Sprintf("tile %s of bucket %s", tileKey(last), Bucket)
+	return fmt.Sprintf("%s of bucket %s", tileKey(last), Bucket)
 }
 
 // stored reads the latest signed checkpoint ("": none) and the stored tiles (nil: none)
@@ -197,9 +224,14 @@ func stored(ctx context.Context, js jetstream.JetStream) (string, *tilesMeta, *T
 	if err != nil {
 		return "", nil, nil, err
 	}
-	if root, _ := tree.Root(min(m.Size, c.Size)); c.Size < m.Size || c.Size == m.Size && root != c.Root {
-		return "", nil, nil, fmt.Errorf("%w: the latest checkpoint (%d messages, root %s) is not the tiles' (%d messages, root %s) nor a later one: key %s of bucket %s rolled back or replaced",
+	if c.Size > m.Size {
+		return signed, m, tree, nil // the stream's messages after the tiles' leaves check the rest
+	}
+	// An older latest (an injector signing beside another put it last) is a prefix
+	// of the tiles' tree; the tiles' checkpoint is then the latest.
+	if root, err := tree.Root(c.Size); err != nil || root != c.Root {
+		return "", nil, nil, fmt.Errorf("%w: the latest checkpoint (%d messages, root %s) is not in the tree of the tiles' %d leaves (they hash to %s there): key %s of bucket %s replaced, or the tiles altered",
 			ErrTiles, c.Size, c.Root, m.Size, root, keyLatest, Bucket)
 	}
-	return signed, m, tree, nil
+	return m.Checkpoint, m, tree, nil
 }
