@@ -23,7 +23,8 @@ import (
 // retention expires it: a restarted service resumes from the tiles and the stream's
 // messages after them, signs a checkpoint over a new message, which the stored hashes
 // prove consistent with the one signed before; cp-2, whose events remain, exports and
-// verifies offline, as does cp-1's bundle exported before. A tile altered stops a
+// verifies offline (also with the tiles behind the latest checkpoint, when a restart
+// resumes too), as does cp-1's bundle exported before. A tile altered stops a
 // restarted service naming the tile, and an export fails on it (ErrTiles); with no tiles
 // left and the front expired the service stops saying what is lost.
 // CONTROL: the restarts before the tampering sign and stop nothing.
@@ -38,6 +39,7 @@ func TestAuditCheckpointOutlivesRetention(t *testing.T) {
 	mustSignCheckpoints(t, s)
 	must(kv.Get(s.ctx, "tiles"))
 	before := latestCheckpoint(t, s)
+	tilesBefore := must(kv.Get(s.ctx, "tiles")).Value()
 
 	first := bundles["cp-2"].Events[0].Seq
 	rewrite(t, s, func(recs []trail.Record) []trail.Record { return recs },
@@ -61,6 +63,13 @@ func TestAuditCheckpointOutlivesRetention(t *testing.T) {
 		t.Fatalf("the checkpoint after the front expired is not consistent with the one before: %v", err)
 	}
 	mustVerifyOffline(t, must(trail.Collect(s.ctx, s.bus, "cp-2")))
+	// The tiles behind the latest checkpoint (a core that stopped after signing, before
+	// its next batch): the message after their last leaf comes from the stream.
+	must(kv.Put(s.ctx, "tiles", tilesBefore))
+	mustVerifyOffline(t, must(trail.Collect(s.ctx, s.bus, "cp-2")))
+	if size, refused, logged := restartCheckpoints(t, s, "checkpoint-behind"); refused != "0" || logged != "" {
+		t.Fatalf("tiles behind the latest checkpoint: %s %s, logged %q", size, refused, logged)
+	}
 	var out bytes.Buffer
 	if code := trail.VerifyFile(files["cp-1"], &out); code != 0 {
 		t.Fatalf("cp-1 exported before, offline: exit %d: %s", code, &out)

@@ -2,10 +2,13 @@ package checkpoint
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"golang.org/x/mod/sumdb/tlog"
@@ -180,7 +183,9 @@ func (ts *tileStore) load(ctx context.Context, m *tilesMeta) (*Tree, error) {
 // culprit names the level-0 tile whose hash its parent tile does not hold (the rightmost
 // when every parent agrees: a partial tile has no parent yet).
 func culprit(tree *Tree, upper map[tlog.Tile][]byte, n int64) string {
-	for t, data := range upper {
+	tiles := slices.SortedFunc(maps.Keys(upper), func(a, b tlog.Tile) int { return cmp.Compare(a.N, b.N) })
+	for _, t := range tiles {
+		data := upper[t]
 		if t.L != 1 {
 			continue
 		}
