@@ -2,7 +2,9 @@
 // checkpoint (C2SP tlog-checkpoint in a C2SP signed note; golang.org/x/mod/sumdb/tlog
 // and note), so that a run removed whole or a rewritten past is detected: the leaves
 // are every stored message's digest (events/seal.Digest) in stream order, and an
-// exported run carries the inclusion proof of each of its events in a signed tree.
+// exported run carries the inclusion proof of each of its events in a signed tree. The
+// tree's hashes are stored beside the checkpoints as tiles (tiles.go), so that it
+// outlives the events' retention.
 package checkpoint
 
 import (
