@@ -50,8 +50,9 @@ func checkpointed(t *testing.T) (*signedStack, map[string]trail.Bundle, map[stri
 // rewrite is the administrator rewriting the stream's past, the one way its
 // credentials allow (the stream denies deletes and purges, and no update lifts that):
 // every message read, the stream deleted and created again with its configuration, and
-// the messages edit returns stored again. It returns them with their new sequences.
-func rewrite(t *testing.T, s *signedStack, edit func([]trail.Record) []trail.Record) []trail.Record {
+// the messages edit returns stored again (the configuration changed by each of cfgs
+// first). It returns them with their new sequences.
+func rewrite(t *testing.T, s *signedStack, edit func([]trail.Record) []trail.Record, cfgs ...func(*jetstream.StreamConfig)) []trail.Record {
 	t.Helper()
 	js, name := s.bus.JetStream(), s.bus.Config().Stream
 	if r := s.bus.Reader().CachedInfo().Config.Name; r != name {
@@ -70,6 +71,9 @@ func rewrite(t *testing.T, s *signedStack, edit func([]trail.Record) []trail.Rec
 	}
 	if err := js.DeleteStream(s.ctx, name); err != nil {
 		t.Fatal(err)
+	}
+	for _, f := range cfgs {
+		f(&cfg)
 	}
 	if _, err := js.CreateStream(s.ctx, cfg); err != nil {
 		t.Fatal(err)

@@ -33,35 +33,24 @@ type Leaf struct {
 // moved since it was signed.
 var ErrRewritten = errors.New("the stream does not match its latest signed checkpoint")
 
-// Prove reads the stream up to the latest checkpoint's size, checks that it hashes to
-// the checkpoint's root, and returns the proofs of the messages of seqs the checkpoint
-// covers (those after it have none). ErrNone when no checkpoint was signed.
+// Prove rebuilds the tree of the latest checkpoint from the stored tiles and the
+// stream's messages after their last leaf (checking every message the stream still
+// holds against its stored leaf), checks that it hashes to the checkpoint's root, and
+// returns the proofs of the messages of seqs the checkpoint covers (those after it, or
+// expired, have none). ErrNone when no checkpoint was signed; ErrTiles when the stored
+// tiles do not hash to theirs; ErrRewritten when the stream does not match.
 func Prove(ctx context.Context, b *events.Bus, seqs []uint64) (*Proofs, error) {
-	signed, err := Latest(ctx, b.JetStream())
+	signed, c, st, err := readTree(ctx, b)
 	if err != nil {
 		return nil, err
-	}
-	c, err := body(signed)
-	if err != nil {
-		return nil, err
-	}
-	tree, at, err := readTree(ctx, b, c.Size)
-	if err != nil {
-		return nil, err
-	}
-	if tree.Size() < c.Size {
-		return nil, fmt.Errorf("%w: it covers %d messages, the stream holds %d (removed)", ErrRewritten, c.Size, tree.Size())
-	}
-	if root, err := tree.Root(c.Size); err != nil || root != c.Root {
-		return nil, fmt.Errorf("%w: its first %d messages do not hash to the checkpoint's root (a message removed, altered or moved)", ErrRewritten, c.Size)
 	}
 	p := &Proofs{Checkpoint: signed}
 	for _, seq := range seqs {
-		i, ok := at[seq]
+		i, ok := st.at.leafOf(seq, c.Size)
 		if !ok {
 			continue
 		}
-		proof, err := tree.Prove(i, c.Size)
+		proof, err := st.tree.Prove(i, c.Size)
 		if err != nil {
 			return nil, fmt.Errorf("checkpoint: %w", err)
 		}
@@ -74,21 +63,63 @@ func Prove(ctx context.Context, b *events.Bus, seqs []uint64) (*Proofs, error) {
 	return p, nil
 }
 
-// readTree reads the first n messages of the stream (fewer when it holds fewer) into a
-// tree, with each one's leaf index by sequence.
-func readTree(ctx context.Context, b *events.Bus, n int64) (*Tree, map[uint64]int64, error) {
-	tree, at := &Tree{}, map[uint64]int64{}
-	if n == 0 {
-		return tree, at, nil
+// Consistency proves that the latest checkpoint (returned, signed) extends the tree of
+// the first old leaves, from the stored tiles and the stream's messages after them: a
+// witness holding an older checkpoint checks the proof with tlog.CheckTree.
+func Consistency(ctx context.Context, b *events.Bus, old int64) (string, tlog.TreeProof, error) {
+	signed, c, st, err := readTree(ctx, b)
+	if err != nil {
+		return "", nil, err
 	}
-	_, err := newReader(b).from(ctx, 1, func(seq uint64, h nats.Header, data []byte) bool {
-		if tree.Size() < n {
-			at[seq] = tree.Size()
-			tree.Append(LeafHash(h, data))
+	proof, err := tlog.ProveTree(c.Size, old, &st.tree)
+	if err != nil {
+		return "", nil, fmt.Errorf("checkpoint: %d leaves in the checkpoint of %d: %w", old, c.Size, err)
+	}
+	return signed, proof, nil
+}
+
+// readTree reads the latest checkpoint and rebuilds its tree: the stored tiles' leaves,
+// then the stream's messages after them up to the checkpoint's size.
+func readTree(ctx context.Context, b *events.Bus) (string, Checkpoint, *state, error) {
+	signed, m, tree, err := stored(ctx, b.JetStream())
+	if err == nil && signed == "" {
+		err = ErrNone
+	}
+	if err != nil {
+		return "", Checkpoint{}, nil, err
+	}
+	c, err := body(signed)
+	if err != nil {
+		return "", c, nil, err
+	}
+	st := newState(LeafHash)
+	if m != nil {
+		st.tree, st.at, st.stored = *tree, m.Spans, m.Size
+	}
+	if c.Size == 0 {
+		return signed, c, st, nil
+	}
+	var why string
+	_, err = newReader(b).from(ctx, 1, func(seq uint64, h nats.Header, data []byte) bool {
+		if why = st.add(seq, h, data); why != "" {
+			return true
 		}
-		return tree.Size() >= n
+		return st.tree.Size() >= c.Size && seq >= st.at.seqOf(c.Size-1)
 	})
-	return tree, at, err
+	switch {
+	case err != nil:
+		return "", c, nil, err
+	case why != "":
+		return "", c, nil, fmt.Errorf("%w: %s", ErrRewritten, why)
+	case st.short() != "":
+		return "", c, nil, fmt.Errorf("%w: %s", ErrRewritten, st.short())
+	case st.tree.Size() < c.Size:
+		return "", c, nil, fmt.Errorf("%w: it covers %d messages, the stored tiles and the stream hold %d (removed)", ErrRewritten, c.Size, st.tree.Size())
+	}
+	if root, err := st.tree.Root(c.Size); err != nil || root != c.Root {
+		return "", c, nil, fmt.Errorf("%w: its first %d messages do not hash to the checkpoint's root (a message removed, altered or moved)", ErrRewritten, c.Size)
+	}
+	return signed, c, st, nil
 }
 
 // Check opens the proofs' checkpoint with the keyring and checks that it is the

@@ -2,7 +2,9 @@
 // checkpoint (C2SP tlog-checkpoint in a C2SP signed note; golang.org/x/mod/sumdb/tlog
 // and note), so that a run removed whole or a rewritten past is detected: the leaves
 // are every stored message's digest (events/seal.Digest) in stream order, and an
-// exported run carries the inclusion proof of each of its events in a signed tree.
+// exported run carries the inclusion proof of each of its events in a signed tree. The
+// tree's hashes are stored beside the checkpoints as tiles (tiles.go), so that it
+// outlives the events' retention.
 package checkpoint
 
 import (
@@ -77,3 +79,6 @@ func (t *Tree) Root(n int64) (tlog.Hash, error) { return tlog.TreeHash(n, t) }
 
 // Prove is the inclusion proof of leaf i in the tree of the first n leaves.
 func (t *Tree) Prove(i, n int64) (tlog.RecordProof, error) { return tlog.ProveRecord(n, i, t) }
+
+// leaf is the hash of leaf i (i < Size).
+func (t *Tree) leaf(i int64) tlog.Hash { return t.stored[tlog.StoredHashIndex(0, i)] }

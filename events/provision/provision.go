@@ -401,7 +401,7 @@ var buckets = []struct{ name, desc string }{
 	{store.BucketInstances, "live executor instances (heartbeats)"},
 	{store.BucketOutputs, "whole tool outputs too large for an event, in chunks, one key prefix per tool"},
 	{store.BucketSecrets, "secrets a team's executors share (OAuth tokens of MCP servers), one key prefix per team"},
-	{seal.BucketCheckpoints, "signed checkpoints of the event stream (audit/checkpoint), the latest under key latest"},
+	{seal.BucketCheckpoints, "signed checkpoints of the event stream (audit/checkpoint), the latest under key latest, and its tree's tiles (tile/8/...), never expiring"},
 }
 
 // Bounds of the secrets bucket: a few tokens per team and server, never a store of
@@ -634,6 +634,10 @@ func kvTTL(name string, cfg events.Config) time.Duration {
 	case store.BucketTools, store.BucketSecrets:
 		// A token kept for an idle server must not age out: its refresh token may be
 		// the only one left of an operator's login.
+		return 0
+	case seal.BucketCheckpoints:
+		// The checkpoints and the tree's tiles outlive the events they cover: the
+		// tiles are what proves the retained events once older ones expired.
 		return 0
 	case store.BucketInstances:
 		return cfg.InstanceTTL
