@@ -20,11 +20,12 @@ type Shares struct {
 	Cap  int    `envconfig:"FAIR_CAP" desc:"fair share: calls of one tenant in flight per tool (a concurrency key; beyond it calls are queued, and call/run say so; 0: no cap)"`
 	Caps string `envconfig:"FAIR_CAPS" desc:"fair share: the concurrency key per tool, tool=n,... (overrides TOOLBUS_FAIR_CAP)"`
 	// Window is how many released calls of a tool may wait for an executor (window.go):
-	// "credit", none beyond the executors' free slots (keeping the guaranteed minimums
-	// of tenants seen lately free), "pace", calls for one release cycle at the rate the
-	// tool's calls start, or "running", as many as its executors run (up to 32).
+	// "credit" (the default), none beyond the executors' free slots (keeping the
+	// guaranteed minimums of tenants seen lately free), "pace", calls for one release
+	// cycle at the rate the tool's calls start, or "running", as many as its executors
+	// run (up to 32).
 	// Lookahead is the least of the pace and running windows.
-	Window    string `envconfig:"FAIR_WINDOW" default:"pace" desc:"fair share: the release window: credit (calls only into the executors' free slots, the guaranteed minimums of tenants seen in the last 10 s kept free; pace for calls under 50 ms), pace (what one release cycle needs at the rate calls start) or running (as many as the executors run, up to 32)"`
+	Window    string `envconfig:"FAIR_WINDOW" default:"credit" desc:"fair share: the release window: credit (calls only into the executors' free slots, the guaranteed minimums of tenants seen in the last 10 s kept free; pace for calls under 50 ms), pace (what one release cycle needs at the rate calls start) or running (as many as the executors run, up to 32)"`
 	Lookahead int    `envconfig:"FAIR_LOOKAHEAD" default:"2" desc:"fair share: with the pace or running window (or credit before it knows the executors' slots), calls of a tool released to its executors beyond those they run, at least: what a quiet tenant's call may wait behind"`
 }
 
@@ -45,7 +46,7 @@ func (c Shares) parse() (policy, error) {
 	}
 	switch p.window = c.Window; p.window {
 	case "":
-		p.window = windowPace
+		p.window = windowCredit
 	case windowPace, windowRunning, windowCredit:
 	default:
 		return p, fmt.Errorf("fair: TOOLBUS_FAIR_WINDOW %q is none of %s, %s, %s", c.Window, windowPace, windowCredit, windowRunning)

@@ -79,6 +79,7 @@ type rig struct {
 	scheds  int
 	shares  fair.Shares
 	scripts map[string]*planner.Script
+	minRun  time.Duration // how long drain lets each call run
 }
 
 func newRig(t *testing.T, fairShare bool, concurrency int, shares fair.Shares) *rig {
@@ -191,6 +192,9 @@ func (r *rig) drain(t *testing.T, n int) []string {
 	var order []string
 	for range n {
 		order = append(order, r.g.next(t))
+		if r.minRun > 0 {
+			<-time.After(r.minRun) // the call's run time, which the credit window reads
+		}
 		r.g.release <- struct{}{}
 	}
 	return order
@@ -247,33 +251,40 @@ func TestQuietTenantGoesAhead(t *testing.T) {
 
 // TestWeightsShareTheTool: alice and bob both flood one executor (one call at a time);
 // with weights alice=3, bob=1 alice gets about three calls of four once both wait, and
-// with equal weights (the control) half.
+// with equal weights (the control) half: under each release window. The credit window
+// serves calls of 50 ms or more (shorter ones get pace), so under it the calls run 60 ms.
 func TestWeightsShareTheTool(t *testing.T) {
-	for _, weights := range []string{"alice=3,bob=1", ""} {
-		t.Run("weights="+weights, func(t *testing.T) {
-			r := newRig(t, true, 1, fair.Shares{Weights: weights})
-			r.flood(t, "alice-1", "alice", 16)
-			first := r.g.next(t)
-			r.flood(t, "bob-1", "bob", 16)
-			r.waitHeld(t, "bob", 16)
-			r.g.release <- struct{}{}
-			order := append([]string{first}, r.drain(t, 31)...)
-			// Skip what was released before bob's calls were read: alice's first calls.
-			window := order[4:16]
-			alice := 0
-			for _, w := range window {
-				if w == "alice" {
-					alice++
+	for _, window := range []string{"pace", "credit"} {
+		for _, weights := range []string{"alice=3,bob=1", ""} {
+			t.Run(window+"/weights="+weights, func(t *testing.T) {
+				r := newRig(t, true, 1, fair.Shares{Weights: weights, Window: window})
+				if window == "credit" {
+					r.minRun = 60 * time.Millisecond
 				}
-			}
-			t.Logf("weights %q: alice ran %d of the 12 calls after both waited: %v", weights, alice, order)
-			if weights != "" && (alice < 8 || alice > 10) {
-				t.Fatalf("weights alice=3,bob=1: alice ran %d of 12, want 9 (+-1)", alice)
-			}
-			if weights == "" && (alice < 5 || alice > 7) {
-				t.Fatalf("equal weights: alice ran %d of 12, want 6 (+-1)", alice)
-			}
-		})
+				r.flood(t, "alice-1", "alice", 16)
+				first := r.g.next(t)
+				r.flood(t, "bob-1", "bob", 16)
+				r.waitHeld(t, "bob", 16)
+				r.g.release <- struct{}{}
+				order := append([]string{first}, r.drain(t, 15)...)
+				r.minRun = 0 // the shares are read in the first 16
+				order = append(order, r.drain(t, 16)...)
+				// Skip what was released before bob's calls were read: alice's first calls.
+				alice := 0
+				for _, w := range order[4:16] {
+					if w == "alice" {
+						alice++
+					}
+				}
+				t.Logf("%s window, weights %q: alice ran %d of the 12 calls after both waited: %v", window, weights, alice, order)
+				if weights != "" && (alice < 8 || alice > 10) {
+					t.Fatalf("%s window, weights alice=3,bob=1: alice ran %d of 12, want 9 (+-1)", window, alice)
+				}
+				if weights == "" && (alice < 5 || alice > 7) {
+					t.Fatalf("%s window, equal weights: alice ran %d of 12, want 6 (+-1)", window, alice)
+				}
+			})
+		}
 	}
 }
 

@@ -61,32 +61,32 @@ func (q *toolQueue) unhold(c *call) {
 // minimum (the furthest below it), then the tenant with the lowest pass (weighted round
 // robin); a tenant at its cap is skipped. Ties go by name, so the order is reproducible.
 //
-// With idleOnly (the release window is full) only a tenant with no call of the tool in
-// flight is picked: its first call goes at once, one past the window, instead of waiting
-// for room behind a busy tenant's releases (window.go).
+// With idleOnly (the release window is full) a call goes only if the tenant whose turn
+// it is has none of the tool in flight (ties go to such a tenant): its first call goes at
+// once, one past the window, instead of waiting for room behind a busy tenant's
+// releases (window.go). Any tenant with nothing in flight would not do: under the credit
+// window, full at nearly every release, the tenants would then take turns whatever
+// their weights (alice=3,bob=1 measured 1:1).
 func (q *toolQueue) pick(p policy, tool string, idleOnly bool) *call {
 	limit := p.capOf(tool)
-	best, bestMin := "", false
+	best, bestMin, bestIdle := "", false, false
 	var bestKey float64
 	for _, t := range q.tenants() {
 		if limit > 0 && q.inFlight[t] >= limit {
 			q.capped[t] = true
 			continue
 		}
-		if idleOnly && q.inFlight[t] > 0 {
-			continue
-		}
 		q.capped[t] = false
-		under := q.inFlight[t] < p.min(t)
+		under, idle := q.inFlight[t] < p.min(t), q.inFlight[t] == 0
 		key := q.pass[t]
 		if under {
 			key = float64(q.inFlight[t]) / float64(p.min(t))
 		}
-		if best == "" || (under && !bestMin) || (under == bestMin && key < bestKey) {
-			best, bestMin, bestKey = t, under, key
+		if best == "" || (under && !bestMin) || (under == bestMin && (key < bestKey || key == bestKey && idleOnly && idle && !bestIdle)) {
+			best, bestMin, bestKey, bestIdle = t, under, key, idle
 		}
 	}
-	if best == "" {
+	if best == "" || (idleOnly && !bestIdle) {
 		return nil
 	}
 	c := q.held[best][0]

@@ -202,8 +202,8 @@ func (s *Scheduler) toolQueue(tool string) *toolQueue {
 }
 
 // dispatch releases the tool's next calls while fewer than the lookahead wait for an
-// executor, and, with the pace window, the first call of a tenant with none in flight
-// even when they do (pick's idleOnly). Called with s.mu held.
+// executor, and, with the pace or credit window, the call of the tenant whose turn it is
+// even when they do if it has none in flight (pick's idleOnly). Called with s.mu held.
 func (s *Scheduler) dispatch(tool string, q *toolQueue) {
 	for {
 		full := q.waiting >= s.lookahead(q)

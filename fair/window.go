@@ -8,7 +8,7 @@ import (
 // The release window: how many released calls of a tool may wait for an executor. A
 // quiet tenant's call, released now, starts behind all of them, so the window is what
 // it waits for under a flood; too small a window leaves the executors' slots idle
-// between a claim and the next release. The "pace" window (the default) keeps just
+// between a claim and the next release. The "pace" window keeps just
 // enough released to cover one release cycle at the rate the tool's calls start: the
 // cycle is the shortest time lately from a release to its claim (at least three of the
 // release's round trips: the claim's write, the release's publish and its store), and
