@@ -39,7 +39,7 @@ build:
 ## embedded JetStream); on an empty module cache the go command fetches the modules first
 ## (GOPROXY). Four test binaries at once (-p 4, the default is one per core): the long
 ## packages (e2e, faults) wait on servers, processes and timers about half of the time, so
-## two cores run four of them; within them the tests run in parallel too (t.Parallel, e2e and faults four at a time, the others as
+## two cores run four of them; within them the tests run in parallel too (t.Parallel, e2e four and faults three at a time, the others as
 ## many at once as cores), so that no package takes more than half of the -timeout. A test that a missing part from outside Go (Node.js and
 ## npm, Chromium) skips records itself in $(MISSING) (testutil.NeedOutside); the last
 ## lines list them with how to get each part (outside CI a skip still passes).

@@ -49,16 +49,15 @@ var bins struct {
 	err                     error
 }
 
-// TestMain runs four tests at a time where the command line does not say (make test:
+// TestMain runs three tests at a time where the command line does not say (make test:
 // -p 4 beside other packages): the tests wait on processes, leases and redeliveries
-// far more than they compute, and at two or three at a time those waits add up to the
-// package's critical path. At four with a raced nats-server, on a machine loaded far
-// past its cores, a team executor's first connection once timed out (the server took
-// 2.7 s over its CONNECT); the server is not raced since (binaries), and four at a
-// time passed at a load of 20 on two cores. The full suite's tests (TOOLBUS_FAULTS=1)
-// are not parallel: they run one at a time.
+// far more than they compute, and at two at a time (two cores) those waits add up to
+// the package's critical path. Not more: they all start their processes at once when
+// the binaries are built, and at four on a machine loaded far past its cores a team
+// executor's first connection timed out (the server took 2.7 s over its CONNECT). The
+// full suite's tests (TOOLBUS_FAULTS=1) are not parallel: they run one at a time.
 func TestMain(m *testing.M) {
-	testutil.RaiseParallel(4)
+	testutil.RaiseParallel(3)
 	code := m.Run()
 	if bins.dir != "" {
 		_ = os.RemoveAll(bins.dir)
