@@ -29,9 +29,8 @@ import (
 // credentials, revokes beta's tool and grants it again, and adds and removes a team,
 // each with -push (checkDayTwoDisturbsNobody, whose own loop of alpha's runs must not
 // stall). Every call of alpha's, alice's and the loop's, ran once and has exactly one
-// result, and none waited from its request to its result as long as its queue's AckWait
-// (a call lost between staging and release, or delivered to a pull the push cut, waits
-// at least that for its redelivery). Then clients alice and bob, bound to their
+// result, and each ran at its first attempt (a call whose executor the push cut off is
+// delivered again and runs at attempt 2: checked by the attempt, not by a clock). Then clients alice and bob, bound to their
 // identities, ask what the scheduler holds (fairHeldProbes, across accounts).
 func TestFaultFairShareDayTwo(t *testing.T) {
 	suite(t)
@@ -171,9 +170,10 @@ func tenantCall(e *env, run, who string, tc toolbus.ToolContract) error {
 	return err
 }
 
-// checkOneResultEach: each run's one call of tool ran once (its side effect), the stream
-// holds exactly one result of it, and it came before the queue's AckWait had passed
-// since the call was requested (no redelivery was needed).
+// checkOneResultEach: each run's one call of tool ran once (its side effect), at its
+// first attempt, and the stream holds exactly one result of it. No elapsed time is
+// asserted (the queue's AckWait is the 2 s instance TTL here, which a busy machine may
+// pass without any redelivery); the slowest is logged.
 func checkOneResultEach(t *testing.T, e *env, sideEffects, tool string, runs []string) {
 	t.Helper()
 	q, err := e.bus.JetStream().Consumer(e.ctx, events.QueueStreamName(events.DefaultStream), events.ToolConsumer(tool))
@@ -184,8 +184,10 @@ func checkOneResultEach(t *testing.T, e *env, sideEffects, tool string, runs []s
 	ran := scanLines(t, sideEffects)
 	var slowest time.Duration
 	for _, run := range runs {
-		if n := len(ran[run+"/0/"+callrun.CallID]); n != 1 {
-			t.Errorf("call of %s in run %s ran %d times, want once", tool, run, n)
+		if lines := ran[run+"/0/"+callrun.CallID]; len(lines) != 1 {
+			t.Errorf("call of %s in run %s ran %d times, want once", tool, run, len(lines))
+		} else if strings.Fields(lines[0])[2] != "1" {
+			t.Errorf("call of %s in run %s was delivered again (it stalled until a redelivery): %q", tool, run, lines[0])
 		}
 		evs, err := runlog.Events(e.ctx, e.bus, run)
 		if err != nil {
@@ -206,11 +208,7 @@ func checkOneResultEach(t *testing.T, e *env, sideEffects, tool string, runs []s
 			t.Errorf("run %s has %d results of its call, want exactly one", run, results)
 			continue
 		}
-		if d := finished.Sub(requested); d >= ackWait {
-			t.Errorf("run %s: its call's result came %s after its request, past the queue's AckWait (%s): it stalled until a redelivery", run, d, ackWait)
-		} else {
-			slowest = max(slowest, d)
-		}
+		slowest = max(slowest, finished.Sub(requested))
 	}
 	if len(runs) == 0 {
 		t.Errorf("no run of %s during the commands", tool)

@@ -231,7 +231,10 @@ func (in *Injector) serveTimers(ctx context.Context, cons jetstream.Consumer) er
 		return fmt.Errorf("injector: consume timers: %w", err)
 	}
 	<-ctx.Done()
-	cc.Stop()
+	// Drained, not stopped: a stop drops what the server already sent, unacknowledged
+	// until its AckWait; drained, the callback hands each back at once (consume.Serve
+	// does the same).
+	cc.Drain()
 	gate.Lock()
 	stopped = true
 	gate.Unlock()

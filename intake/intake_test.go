@@ -2,7 +2,6 @@ package intake_test
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -39,20 +38,10 @@ type answer struct {
 // empty) and returns the answer.
 func write(t *testing.T, ctx context.Context, nc *nats.Conn, subject, data, rollup string) answer {
 	t.Helper()
-	m := nats.NewMsg(subject)
-	m.Data = []byte(data)
 	if rollup != "" {
-		m.Header.Set("Nats-Rollup", rollup)
+		return send(t, ctx, nc, subject, data, "Nats-Rollup", rollup)
 	}
-	r, err := nc.RequestMsgWithContext(ctx, m)
-	if err != nil {
-		t.Fatalf("write %s: %v", subject, err)
-	}
-	var a answer
-	if err := json.Unmarshal(r.Data, &a); err != nil {
-		t.Fatalf("write %s: %v: %s", subject, err, r.Data)
-	}
-	return a
+	return send(t, ctx, nc, subject, data)
 }
 
 // TestTenantsCannotRollUpOthersKeys: every bucket a team writes allows roll-ups (a KV

@@ -12,7 +12,6 @@ import (
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
-	"github.com/toolbus/toolbus/events/runlog"
 	"github.com/toolbus/toolbus/events/workerconfig"
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/executor/worker"
@@ -47,14 +46,7 @@ func TestAskDurable(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	runCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- w.Run(runCtx) }()
-	t.Cleanup(func() { stop(); <-done })
-	eventstest.Eventually(t, 30*time.Second, func() error {
-		_, err := bus.QueueStream().Consumer(ctx, events.ToolConsumer("asks"))
-		return err
-	})
+	serveWorker(t, ctx, bus, w, "asks")
 
 	question := func(run string, attempt int) toolbus.ToolQuestion {
 		return toolbus.ToolQuestion{RunID: run, CallID: "c0", Tool: "asks", Attempt: attempt, Seq: 1, Message: "how many?", Schema: schema}
@@ -91,10 +83,7 @@ func TestAskDurable(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			run := tc.run
-			if err := bus.StartRun(ctx, events.Source("test", "t"), toolbus.RunStarted{RunID: run, Model: "m",
-				Principal: toolbus.Principal{ID: "p"}, Messages: []toolbus.Message{{Role: toolbus.RoleUser, Content: "x"}}}); err != nil {
-				t.Fatal(err)
-			}
+			startRun(t, ctx, bus, run)
 			if tc.asked { // by an attempt that died
 				publish(events.ToolQuestionEvent("test", question(run, 1)))
 			}
@@ -116,18 +105,7 @@ func TestAskDurable(t *testing.T) {
 					publish(events.ToolAnswerEvent("test", a))
 				}
 			}
-			var evs []runlog.StoredEvent
-			eventstest.Eventually(t, 30*time.Second, func() error {
-				if evs, err = runlog.Events(ctx, bus, run); err != nil {
-					return err
-				}
-				for _, e := range evs {
-					if e.Meta.Type == events.TypeToolFinished {
-						return nil
-					}
-				}
-				return fmt.Errorf("no result yet (%d events)", len(evs))
-			})
+			evs := eventsWithResult(t, ctx, bus, run, 30*time.Second)
 			questions := 0
 			for _, e := range evs {
 				switch e.Meta.Type {

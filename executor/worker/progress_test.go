@@ -10,7 +10,6 @@ import (
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
-	"github.com/toolbus/toolbus/events/runlog"
 	"github.com/toolbus/toolbus/events/workerconfig"
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/executor/worker"
@@ -46,35 +45,14 @@ func TestProgressPublishedThrottled(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	runCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- w.Run(runCtx) }()
-	t.Cleanup(func() { stop(); <-done })
-	eventstest.Eventually(t, 30*time.Second, func() error {
-		_, err := bus.QueueStream().Consumer(ctx, events.ToolConsumer("crawl"))
-		return err
-	})
+	serveWorker(t, ctx, bus, w, "crawl")
 	const run = "progress-1"
-	if err := bus.StartRun(ctx, events.Source("test", "t"), toolbus.RunStarted{RunID: run, Model: "m",
-		Principal: toolbus.Principal{ID: "p"}, Messages: []toolbus.Message{{Role: toolbus.RoleUser, Content: "x"}}}); err != nil {
-		t.Fatal(err)
-	}
+	startRun(t, ctx, bus, run)
 	if _, err := bus.PublishEvent(ctx, events.ToolRequestedEvent("test", toolbus.ToolRequested{
 		RunID: run, Step: 0, CallIndex: 0, CallCount: 1, Call: toolbus.ToolCall{CallID: "c0", Tool: "crawl", Arguments: `{}`}}, true)); err != nil {
 		t.Fatal(err)
 	}
-	var evs []runlog.StoredEvent
-	eventstest.Eventually(t, 60*time.Second, func() error {
-		if evs, err = runlog.Events(ctx, bus, run); err != nil {
-			return err
-		}
-		for _, e := range evs {
-			if e.Meta.Type == events.TypeToolFinished {
-				return nil
-			}
-		}
-		return fmt.Errorf("no result yet (%d events)", len(evs))
-	})
+	evs := eventsWithResult(t, ctx, bus, run, 60*time.Second)
 	var (
 		progress []toolbus.ToolProgress
 		finished = false

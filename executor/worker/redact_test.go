@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
-	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -12,7 +11,6 @@ import (
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
-	"github.com/toolbus/toolbus/events/runlog"
 	"github.com/toolbus/toolbus/events/workerconfig"
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/executor/worker"
@@ -47,35 +45,14 @@ func TestSecretsNeverStored(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	runCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- w.Run(runCtx) }()
-	t.Cleanup(func() { stop(); <-done })
-	eventstest.Eventually(t, 30*time.Second, func() error {
-		_, err := bus.QueueStream().Consumer(ctx, events.ToolConsumer("login"))
-		return err
-	})
+	serveWorker(t, ctx, bus, w, "login")
 	const run = "redact-1"
-	if err := bus.StartRun(ctx, events.Source("test", "t"), toolbus.RunStarted{RunID: run, Model: "m",
-		Principal: toolbus.Principal{ID: "p"}, Messages: []toolbus.Message{{Role: toolbus.RoleUser, Content: "x"}}}); err != nil {
-		t.Fatal(err)
-	}
+	startRun(t, ctx, bus, run)
 	if _, err := bus.PublishEvent(ctx, events.ToolRequestedEvent("test", toolbus.ToolRequested{
 		RunID: run, Step: 0, CallIndex: 0, CallCount: 1, Call: toolbus.ToolCall{CallID: "c0", Tool: "login", Arguments: `{}`}}, true)); err != nil {
 		t.Fatal(err)
 	}
-	var evs []runlog.StoredEvent
-	eventstest.Eventually(t, 60*time.Second, func() error {
-		if evs, err = runlog.Events(ctx, bus, run); err != nil {
-			return err
-		}
-		for _, e := range evs {
-			if e.Meta.Type == events.TypeToolFinished {
-				return nil
-			}
-		}
-		return fmt.Errorf("no result yet (%d events)", len(evs))
-	})
+	evs := eventsWithResult(t, ctx, bus, run, 60*time.Second)
 	progress := 0
 	for _, e := range evs {
 		if strings.Contains(string(e.Data), password) || strings.Contains(string(e.Data), basic) {

@@ -39,19 +39,9 @@ func TestSyncDuringCalls(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	runCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- w.Run(runCtx) }()
-	t.Cleanup(func() { stop(); <-done })
-	eventstest.Eventually(t, 30*time.Second, func() error {
-		_, err := bus.QueueStream().Consumer(ctx, events.ToolConsumer("echo"))
-		return err
-	})
+	serveWorker(t, ctx, bus, w, "echo")
 	const run, calls = "sync-race", 60
-	if err := bus.StartRun(ctx, events.Source("test", "t"), toolbus.RunStarted{RunID: run, Model: "m",
-		Principal: toolbus.Principal{ID: "p"}, Messages: []toolbus.Message{{Role: toolbus.RoleUser, Content: "x"}}}); err != nil {
-		t.Fatal(err)
-	}
+	startRun(t, ctx, bus, run)
 	syncs := make(chan error, 1)
 	syncCtx, stopSync := context.WithCancel(ctx)
 	defer stopSync()

@@ -38,10 +38,7 @@ func TestTakeOverYieldsToALateResult(t *testing.T) {
 		t.Fatal(err)
 	}
 	const run = "yield"
-	if err := bus.StartRun(ctx, events.Source("test", "t"), toolbus.RunStarted{RunID: run, Model: "m",
-		Principal: toolbus.Principal{ID: "p"}, Messages: []toolbus.Message{{Role: toolbus.RoleUser, Content: "x"}}}); err != nil {
-		t.Fatal(err)
-	}
+	startRun(t, ctx, bus, run)
 	// The first attempt's executor (no instance record: gone) claimed the call.
 	if _, _, err := bus.Store().ClaimCall(ctx, "side", run, 0, "c1", store.Claim{Instance: "exec-a", Boot: "b1", Attempt: 1}); err != nil {
 		t.Fatal(err)

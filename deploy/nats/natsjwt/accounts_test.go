@@ -191,12 +191,8 @@ func dataOf(m *nats.Msg) string {
 // whose reply subject is a core stream's subject, a subscription to everything; of the
 // shared claims bucket, only its own tools' keys by every route (claimsProbes).
 func TestAccountsLayoutBoundary(t *testing.T) {
-	dir := t.TempDir()
 	g := natsjwt.Grants{Teams: map[string][]string{"alpha": {"calc"}, "beta": {"search"}}}
-	res, err := natsjwt.GenerateGrants(filepath.Join("..", "permissions.conf"), dir, g, natsjwt.WithAccounts(), natsjwt.WithBcryptCost(bcrypt.MinCost))
-	if err != nil {
-		t.Fatal(err)
-	}
+	res := generateAccounts(t, g)
 	for _, kind := range credKinds {
 		t.Run(kind.name, func(t *testing.T) {
 			ctx := eventstest.Context(t, time.Minute)
@@ -323,29 +319,9 @@ func probeClosed(t *testing.T, d *accountsDeployment, alpha *nats.Conn) {
 		{name: "a forged call", subject: events.SubjectToolRequested("r9", "calc"), stream: "TOOLBUS", stored: events.SubjectToolRequested("r9", "calc")},
 		{name: "an outcome", subject: events.SubjectRunEnded("r9", "completed"), stream: "TOOLBUS", stored: events.SubjectRunEnded("r9", "completed")},
 	} {
-		c, cancel := context.WithTimeout(d.ctx, time.Second)
-		body := p.body
-		if p.stream != "" {
-			body = `{"x":"` + probeMark + `"}`
-		}
-		m, err := alpha.RequestWithContext(c, p.subject, []byte(body))
-		cancel()
-		switch {
-		case errors.Is(err, nats.ErrNoResponders), errors.Is(err, context.DeadlineExceeded):
-		case err == nil && strings.Contains(string(m.Data), `"error"`) && !strings.Contains(string(m.Data), "secret"):
-			// alpha's own account answered (it has no JetStream): nothing of the core.
-		default:
-			t.Errorf("%s: alpha reached %s: %v %q", p.name, p.subject, err, dataOf(m))
-		}
-		if p.stream != "" && d.stored(p.stream, p.stored) {
-			t.Errorf("%s: alpha's write to %s was stored in the core", p.name, p.subject)
-		}
+		d.reachesNothing(alpha, "alpha", p.name, p.subject, p.body, p.stream, p.stored)
 	}
-	if s, err := d.core.Stream(d.ctx, events.DefaultStream); err != nil {
-		t.Fatal(err)
-	} else if _, err := s.Consumer(d.ctx, "evil"); !errors.Is(err, jetstream.ErrConsumerNotFound) {
-		t.Errorf("alpha created a consumer in the core: %v", err)
-	}
+	d.noConsumerCreated("alpha")
 	// The reply-subject attack: alpha pulls its own queue naming core subjects as the
 	// reply. The server delivers in alpha's account (the call of r2, then the second
 	// pull's expiry), and the core stores nothing.

@@ -1,10 +1,8 @@
 package natsjwt_test
 
 import (
-	"context"
 	"errors"
 	"io"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -12,7 +10,6 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"golang.org/x/crypto/bcrypt"
 
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/deploy/nats/natsjwt"
@@ -20,7 +17,6 @@ import (
 	"github.com/toolbus/toolbus/events/eventstest"
 	"github.com/toolbus/toolbus/events/follow"
 	"github.com/toolbus/toolbus/events/store"
-	"github.com/toolbus/toolbus/reads"
 )
 
 // exists reports whether the core holds a message on subject in stream.
@@ -56,13 +52,9 @@ func (d *accountsDeployment) client(name, id string) *nats.Conn {
 // a request to alice's read service find no responder and store nothing, and a start
 // whose reply subject is a core stream's subject stores nothing but bob's start.
 func TestClientAccountsBoundary(t *testing.T) {
-	dir := t.TempDir()
 	g := natsjwt.Grants{Teams: map[string][]string{"alpha": {"calc"}},
 		Clients: map[string][]string{"alice": {"alice"}, "bob": {"bob"}}}
-	res, err := natsjwt.GenerateGrants(filepath.Join("..", "permissions.conf"), dir, g, natsjwt.WithAccounts(), natsjwt.WithBcryptCost(bcrypt.MinCost))
-	if err != nil {
-		t.Fatal(err)
-	}
+	res := generateAccounts(t, g)
 	for _, kind := range credKinds {
 		t.Run(kind.name, func(t *testing.T) {
 			ctx := eventstest.Context(t, time.Minute)
@@ -151,29 +143,9 @@ func probeClient(t *testing.T, d *accountsDeployment, bob *nats.Conn) {
 		{name: "a forged result", subject: events.SubjectToolFinished("r9", "calc"), stream: "TOOLBUS"},
 		{name: "write a run", subject: "$KV.toolbus_runs.r9", stream: "KV_toolbus_runs"},
 	} {
-		body := p.body
-		if p.stream != "" {
-			body = mark
-		}
-		c, cancel := context.WithTimeout(d.ctx, time.Second)
-		m, err := bob.RequestWithContext(c, p.subject, []byte(body))
-		cancel()
-		switch {
-		case errors.Is(err, nats.ErrNoResponders), errors.Is(err, context.DeadlineExceeded):
-		case err == nil && strings.Contains(string(m.Data), `"error"`) && !strings.Contains(string(m.Data), "secret"):
-			// bob's own account answered (it has no JetStream): nothing of the core.
-		default:
-			t.Errorf("%s: bob reached %s: %v %q", p.name, p.subject, err, dataOf(m))
-		}
-		if p.stream != "" && d.stored(p.stream, p.subject) {
-			t.Errorf("%s: bob's write to %s was stored in the core", p.name, p.subject)
-		}
+		d.reachesNothing(bob, "bob", p.name, p.subject, p.body, p.stream, p.subject)
 	}
-	if s, err := d.core.Stream(d.ctx, events.DefaultStream); err != nil {
-		t.Fatal(err)
-	} else if _, err := s.Consumer(d.ctx, "evil"); !errors.Is(err, jetstream.ErrConsumerNotFound) {
-		t.Errorf("bob created a consumer in the core: %v", err)
-	}
+	d.noConsumerCreated("bob")
 	// The controls: bob's start as bob is acknowledged by the core's stream and stored,
 	// and bob's own identity's read service answers.
 	js, err := jetstream.New(bob)
@@ -223,12 +195,8 @@ func probeClient(t *testing.T, d *accountsDeployment, bob *nats.Conn) {
 // account, is refused alice's run as one that does not exist, and reaches no follow of
 // alice's identity. The control is alice's follow of the same run.
 func TestClientFollowAcrossAccounts(t *testing.T) {
-	dir := t.TempDir()
 	g := natsjwt.Grants{Clients: map[string][]string{"alice": {"alice"}, "bob": {"bob"}}}
-	res, err := natsjwt.GenerateGrants(filepath.Join("..", "permissions.conf"), dir, g, natsjwt.WithAccounts(), natsjwt.WithBcryptCost(bcrypt.MinCost))
-	if err != nil {
-		t.Fatal(err)
-	}
+	res := generateAccounts(t, g)
 	for _, kind := range credKinds {
 		t.Run(kind.name, func(t *testing.T) {
 			ctx := eventstest.Context(t, time.Minute)
@@ -237,15 +205,7 @@ func TestClientFollowAcrossAccounts(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			rctx, stop := context.WithCancel(ctx)
-			done := make(chan error, 1)
-			go func() { done <- reads.New(core, nil).Serve(rctx) }()
-			t.Cleanup(func() {
-				stop()
-				if err := <-done; err != nil {
-					t.Errorf("reads: %v", err)
-				}
-			})
+			runReads(t, ctx, core)
 			admin, err := events.Open(ctx, d.conn("admin"), events.Config{})
 			if err != nil {
 				t.Fatal(err)

@@ -3,21 +3,18 @@ package natsjwt_test
 import (
 	"context"
 	"fmt"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"golang.org/x/crypto/bcrypt"
 
 	"github.com/toolbus/toolbus/deploy/nats/natsjwt"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/accounts"
 	"github.com/toolbus/toolbus/events/eventstest"
 	"github.com/toolbus/toolbus/events/provision"
-	"github.com/toolbus/toolbus/reads"
 )
 
 // Exports are exact (issue 54), in each kind of credentials on the real server. The core
@@ -35,12 +32,8 @@ import (
 // gets the client's start, beta's on its own queue gets its call (the controls), and
 // alpha's own "+NXT" on its own queue, in both shapes, gets its calls.
 func TestExportsAreExact(t *testing.T) {
-	dir := t.TempDir()
 	g := natsjwt.Grants{Teams: map[string][]string{"alpha": {"calc"}, "beta": {"search"}}, Clients: map[string][]string{"alice": {"alice"}}}
-	res, err := natsjwt.GenerateGrants(filepath.Join("..", "permissions.conf"), dir, g, natsjwt.WithAccounts(), natsjwt.WithBcryptCost(bcrypt.MinCost))
-	if err != nil {
-		t.Fatal(err)
-	}
+	res := generateAccounts(t, g)
 	var tenants []accounts.Crossing
 	for team, tools := range g.Teams {
 		tenants = append(tenants, accounts.TeamExports(team, tools)...)
@@ -82,19 +75,7 @@ func TestExportsAreExact(t *testing.T) {
 // setup, and waits until the server lists the services' and the watcher's subscriptions.
 func holdEverything(t *testing.T, ctx context.Context, d *accountsDeployment) {
 	t.Helper()
-	bus, _, err := provision.Setup(ctx, d.conn("admin"), events.Config{}, provision.WithTools([]string{"calc", "search"}, 0, 0), provision.WithReadMirror())
-	if err != nil {
-		t.Fatal(err)
-	}
-	rctx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- reads.New(bus, nil).Serve(rctx) }()
-	t.Cleanup(func() {
-		stop()
-		if err := <-done; err != nil {
-			t.Errorf("reads: %v", err)
-		}
-	})
+	runReads(t, ctx, d.coreBus(events.Config{}, provision.WithReadMirror()))
 	kv, err := d.core.KeyValue(ctx, "toolbus_tools")
 	if err != nil {
 		t.Fatal(err)
@@ -185,20 +166,10 @@ func ackAttack(t *testing.T, d *accountsDeployment, core string) {
 	// nil when none comes within wait.
 	nxt := func(nc *nats.Conn, subject string, wait time.Duration) *nats.Msg {
 		t.Helper()
-		inbox := nc.NewRespInbox()
-		sub, err := nc.SubscribeSync(inbox)
-		if err != nil {
-			t.Fatal(err)
+		if got := askWithin(t, nc, subject, next, wait); len(got) > 0 {
+			return got[0]
 		}
-		defer func() { _ = sub.Unsubscribe() }()
-		if err := nc.PublishRequest(subject, inbox, []byte(next)); err != nil {
-			t.Fatal(err)
-		}
-		m, err := sub.NextMsg(wait)
-		if err != nil {
-			return nil
-		}
-		return m
+		return nil
 	}
 	for _, subject := range []string{
 		// The v1 shape of the injector's durable and of beta's queue, through alpha's v2

@@ -3,13 +3,11 @@ package natsjwt_test
 import (
 	"errors"
 	"fmt"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"golang.org/x/crypto/bcrypt"
 
 	"github.com/toolbus/toolbus/deploy/nats/natsjwt"
 	"github.com/toolbus/toolbus/events"
@@ -52,14 +50,9 @@ func echo(t *testing.T, who string, nc *nats.Conn) {
 // the other client and the core's roles still connect and work.
 func TestTenantLimits(t *testing.T) {
 	const conns, subs = 3, 50
-	dir := t.TempDir()
 	g := natsjwt.Grants{Teams: map[string][]string{"alpha": {"calc"}, "beta": {"other"}},
 		Clients: map[string][]string{"alice": {"alice"}, "bob": {"bob"}}}
-	res, err := natsjwt.GenerateGrants(filepath.Join("..", "permissions.conf"), dir, g, natsjwt.WithAccounts(),
-		natsjwt.WithBcryptCost(bcrypt.MinCost), natsjwt.WithTenantLimits(accounts.TenantLimits{Conns: conns, Subs: subs}))
-	if err != nil {
-		t.Fatal(err)
-	}
+	res := generateAccounts(t, g, natsjwt.WithTenantLimits(accounts.TenantLimits{Conns: conns, Subs: subs}))
 	tenants := []struct{ user, other string }{
 		{natsjwt.TeamUser("alpha"), natsjwt.TeamUser("beta")},
 		{natsjwt.ClientUser("alice"), natsjwt.ClientUser("bob")},

@@ -5,22 +5,17 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
-	"golang.org/x/crypto/bcrypt"
 
 	"github.com/toolbus/toolbus"
-	"github.com/toolbus/toolbus/deploy/nats/natsjwt"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
-	"github.com/toolbus/toolbus/events/provision"
 	"github.com/toolbus/toolbus/events/store"
-	"github.com/toolbus/toolbus/reads"
 )
 
 // An outsider holding team alpha's executor credentials writes the one catalog key its
@@ -36,18 +31,8 @@ import (
 // or beta, as its owner is offered to nobody (served by no instance of that owner),
 // while named alpha's it is (the control before each).
 func TestOutsiderCatalogEntryNamingAnotherTool(t *testing.T) {
-	g := natsjwt.Grants{Teams: map[string][]string{"alpha": {"calc"}, "beta": {"search"}},
-		Clients: map[string][]string{"alice": {"alice"}}}
-	res, err := natsjwt.GenerateGrants(filepath.Join("..", "permissions.conf"), t.TempDir(), g, natsjwt.WithAccounts(), natsjwt.WithBcryptCost(bcrypt.MinCost))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx := eventstest.Context(t, 2*time.Minute)
-	d := startAccounts(t, ctx, credKinds[0], res, "calc", "search")
-	bus, _, err := provision.Setup(ctx, d.conn("admin"), events.Config{}, provision.WithTools([]string{"calc", "search"}, 0, 0))
-	if err != nil {
-		t.Fatal(err)
-	}
+	ctx, d := startOutsiders(t, "alice")
+	bus := d.coreBus(events.Config{})
 	serveReads(t, ctx, d, bus)
 	_, alphaJS := d.team("alpha")
 	_, betaJS := d.team("beta")
@@ -99,6 +84,7 @@ func TestOutsiderCatalogEntryNamingAnotherTool(t *testing.T) {
 		InputSchema: json.RawMessage(`{"type":"object","properties":{"conversation":{"type":"string"}}}`)}
 	put(alphaJS, "$KV."+store.BucketTools+".calc", forged)
 	var tools []toolbus.ToolContract
+	var err error
 	eventstest.Eventually(t, 30*time.Second, func() error {
 		// The read service's view has read alpha's new entry once calc is no longer
 		// offered as alpha's honest contract.
@@ -165,15 +151,7 @@ func TestOutsiderCatalogEntryNamingAnotherTool(t *testing.T) {
 // listens.
 func serveReads(t *testing.T, ctx context.Context, d *accountsDeployment, bus *events.Bus) {
 	t.Helper()
-	rctx, stop := context.WithCancel(ctx)
-	served := make(chan error, 1)
-	go func() { served <- reads.New(bus, nil).Serve(rctx) }()
-	t.Cleanup(func() {
-		stop()
-		if err := <-served; err != nil {
-			t.Errorf("reads: %v", err)
-		}
-	})
+	runReads(t, ctx, bus)
 	eventstest.Eventually(t, 30*time.Second, func() error {
 		if !slices.ContainsFunc(eventstest.Subscriptions(t, d.srv, coreName(d)), func(s string) bool { return strings.HasPrefix(s, events.ReadServicePrefix+".") }) {
 			return errors.New("the read service does not listen yet")

@@ -2,18 +2,13 @@ package natsjwt_test
 
 import (
 	"encoding/json"
-	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"golang.org/x/crypto/bcrypt"
 
 	"github.com/toolbus/toolbus"
-	"github.com/toolbus/toolbus/deploy/nats/natsjwt"
 	"github.com/toolbus/toolbus/events"
-	"github.com/toolbus/toolbus/events/eventstest"
-	"github.com/toolbus/toolbus/events/provision"
 )
 
 // An outsider holding team alpha's executor credentials asks the core's read service
@@ -27,17 +22,8 @@ import (
 // API (a stream info, on the server's one info queue); her follow of her own run is
 // answered (the control).
 func TestOutsiderReadsOfAnotherRun(t *testing.T) {
-	g := natsjwt.Grants{Teams: map[string][]string{"alpha": {"calc"}, "beta": {"search"}}, Clients: map[string][]string{"alice": {"alice"}}}
-	res, err := natsjwt.GenerateGrants(filepath.Join("..", "permissions.conf"), t.TempDir(), g, natsjwt.WithAccounts(), natsjwt.WithBcryptCost(bcrypt.MinCost))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx := eventstest.Context(t, 2*time.Minute)
-	d := startAccounts(t, ctx, credKinds[0], res, "calc", "search")
-	bus, _, err := provision.Setup(ctx, d.conn("admin"), events.Config{}, provision.WithTools([]string{"calc", "search"}, 0, 0))
-	if err != nil {
-		t.Fatal(err)
-	}
+	ctx, d := startOutsiders(t, "alice")
+	bus := d.coreBus(events.Config{})
 	serveReads(t, ctx, d, bus)
 	alpha, _ := d.team("alpha")
 	publish := func(env events.Envelope) {

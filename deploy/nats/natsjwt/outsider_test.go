@@ -4,23 +4,18 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"path/filepath"
-	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"golang.org/x/crypto/bcrypt"
 
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/deploy/nats/natsjwt"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/accounts"
 	"github.com/toolbus/toolbus/events/eventstest"
-	"github.com/toolbus/toolbus/events/provision"
-	"github.com/toolbus/toolbus/reads"
 )
 
 // secretMark marks every datum of another tenant (beta's, bob's) and of the core: no
@@ -43,37 +38,13 @@ const (
 // still delivered to beta afterwards; the same probes with the owner's names find the
 // owner's data (the controls).
 func TestOutsiderProbes(t *testing.T) {
-	dir := t.TempDir()
-	g := natsjwt.Grants{Teams: map[string][]string{"alpha": {"calc"}, "beta": {"search"}},
-		Clients: map[string][]string{"alice": {"alice"}, "bob": {"bob"}}}
-	res, err := natsjwt.GenerateGrants(filepath.Join("..", "permissions.conf"), dir, g, natsjwt.WithAccounts(), natsjwt.WithBcryptCost(bcrypt.MinCost))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx := eventstest.Context(t, 2*time.Minute)
 	// One deployment for every probe: the JWT kind (the generated credentials), the
 	// core set up without a read mirror (so that the event stream answers the direct
 	// gets a team imports), the write service (startAccounts) and the read service.
-	d := startAccounts(t, ctx, credKinds[0], res, "calc", "search")
-	bus, _, err := provision.Setup(ctx, d.conn("admin"), events.Config{}, provision.WithTools([]string{"calc", "search"}, 0, 0))
-	if err != nil {
-		t.Fatal(err)
-	}
-	rctx, stop := context.WithCancel(ctx)
-	served := make(chan error, 1)
-	go func() { served <- reads.New(bus, nil).Serve(rctx) }()
-	t.Cleanup(func() {
-		stop()
-		if err := <-served; err != nil {
-			t.Errorf("reads: %v", err)
-		}
-	})
-	eventstest.Eventually(t, 30*time.Second, func() error {
-		if !slices.ContainsFunc(eventstest.Subscriptions(t, d.srv, res.Account), func(s string) bool { return strings.HasPrefix(s, events.ReadServicePrefix+".") }) {
-			return errors.New("the read service does not listen yet")
-		}
-		return nil
-	})
+	ctx, d := startOutsiders(t, "alice", "bob")
+	res := d.res
+	bus := d.coreBus(events.Config{})
+	serveReads(t, ctx, d, bus)
 	start := func(run, principal, content string) {
 		t.Helper()
 		if err := bus.StartRun(ctx, "test", toolbus.RunStarted{RunID: run, Principal: toolbus.Principal{ID: principal},
@@ -418,13 +389,7 @@ func TestOutsiderAPIFloodStarvesOthers(t *testing.T) {
 			t.Errorf("a team's crossing %s reaches the core's JetStream API (%s)", c.Subject, c.For.Name)
 		}
 	}
-	g := natsjwt.Grants{Teams: map[string][]string{"alpha": {"calc"}, "beta": {"search"}}}
-	res, err := natsjwt.GenerateGrants(filepath.Join("..", "permissions.conf"), t.TempDir(), g, natsjwt.WithAccounts(), natsjwt.WithBcryptCost(bcrypt.MinCost))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx := eventstest.Context(t, 2*time.Minute)
-	d := startAccounts(t, ctx, credKinds[0], res, "calc", "search")
+	ctx, d := startOutsiders(t)
 	alpha, _ := d.team("alpha")
 	beta, _ := d.team("beta")
 	queues := events.QueueStreamName(events.DefaultStream)
@@ -493,13 +458,7 @@ func TestOutsiderTenantSubscriptionsFitAServer(t *testing.T) {
 	if total := l.Conns * l.Subs; total > 1_000_000 {
 		t.Errorf("a tenant may hold %d subscriptions (%d connections x %d each)", total, l.Conns, l.Subs)
 	}
-	g := natsjwt.Grants{Teams: map[string][]string{"alpha": {"calc"}, "beta": {"search"}}}
-	res, err := natsjwt.GenerateGrants(filepath.Join("..", "permissions.conf"), t.TempDir(), g, natsjwt.WithAccounts(), natsjwt.WithBcryptCost(bcrypt.MinCost))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx := eventstest.Context(t, 2*time.Minute)
-	d := startAccounts(t, ctx, credKinds[0], res, "calc", "search")
+	_, d := startOutsiders(t)
 	alpha := natsjwt.TeamUser("alpha")
 	held := make([]*nats.Conn, 0, l.Conns)
 	for i := range l.Conns {

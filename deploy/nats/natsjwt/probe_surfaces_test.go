@@ -1,26 +1,20 @@
 package natsjwt_test
 
 import (
-	"context"
 	"crypto/ed25519"
 	"encoding/json"
 	"fmt"
-	"log/slog"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"golang.org/x/crypto/bcrypt"
 
 	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/deploy/nats/natsjwt"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
-	"github.com/toolbus/toolbus/events/provision"
 	"github.com/toolbus/toolbus/events/seal"
-	"github.com/toolbus/toolbus/fair"
 )
 
 // An outsider holding one tenant's generated credentials (team alpha's executor, client
@@ -42,26 +36,9 @@ import (
 //     API it reaches, and reads the bucket: refused or unanswered, the bucket unchanged;
 //     the administrator's publish is read back (control).
 func TestOutsiderFairShareAndSigners(t *testing.T) {
-	g := natsjwt.Grants{Teams: map[string][]string{"alpha": {"calc"}, "beta": {"search"}},
-		Clients: map[string][]string{"alice": {"alice"}, "bob": {"bob"}}}
-	res, err := natsjwt.GenerateGrants(filepath.Join("..", "permissions.conf"), t.TempDir(), g, natsjwt.WithAccounts(), natsjwt.WithBcryptCost(bcrypt.MinCost))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx := eventstest.Context(t, 2*time.Minute)
-	d := startAccounts(t, ctx, credKinds[0], res, "calc", "search")
-	bus, _, err := provision.Setup(ctx, d.conn("admin"), events.Config{FairShare: true}, provision.WithTools([]string{"calc", "search"}, 0, 0))
-	if err != nil {
-		t.Fatal(err)
-	}
-	sched, err := fair.New(ctx, bus, fair.Shares{Cap: 1}, slog.Default())
-	if err != nil {
-		t.Fatal(err)
-	}
-	rctx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- sched.Run(rctx) }()
-	t.Cleanup(func() { stop(); <-done })
+	ctx, d := startOutsiders(t, "alice", "bob")
+	bus := d.coreBus(events.Config{FairShare: true})
+	runScheduler(t, ctx, bus)
 	for i := range 3 {
 		tr := toolbus.ToolRequested{RunID: fmt.Sprintf("rb%d", i), CallCount: 1, Principal: toolbus.Principal{ID: "bob"},
 			Call: toolbus.ToolCall{CallID: "c1", Tool: "search", Arguments: `{"q":"` + secretMark + `"}`}}
@@ -108,7 +85,7 @@ func TestOutsiderFairShareAndSigners(t *testing.T) {
 			{natsjwt.CoreAPIPrefix + ".CONSUMER.MSG.NEXT.TOOLBUS_QUEUES.fair", `{"batch":10,"expires":500000000}`},
 			{"$JS.API.CONSUMER.MSG.NEXT.TOOLBUS_QUEUES.fair", `{"batch":10,"expires":500000000}`},
 			{"$JS.ACK.TOOLBUS_QUEUES.fair.1.1.1.0.0", `+NXT {"batch":10,"expires":500000000}`},
-			{"$JS.ACK._." + eventstest.AckHash(res.Account) + ".TOOLBUS_QUEUES.fair.1.1.1.0.0.x", `+NXT {"batch":10,"expires":500000000}`},
+			{"$JS.ACK._." + eventstest.AckHash(d.res.Account) + ".TOOLBUS_QUEUES.fair.1.1.1.0.0.x", `+NXT {"batch":10,"expires":500000000}`},
 		} {
 			if got := askWithin(t, nc, p[0], p[1], time.Second); carries(got, secretMark) || len(got) > 0 && !strings.Contains(string(got[0].Data), `"error"`) {
 				t.Errorf("HOLE: %s's pull of the scheduler's durable on %s: %s", who, p[0], show(got))

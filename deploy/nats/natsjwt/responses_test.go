@@ -1,10 +1,8 @@
 package natsjwt_test
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
-	"log/slog"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -60,14 +58,7 @@ func TestInjectorAnswersOnlyWhoAsked(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			sched, err := fair.New(ctx, bus, fair.Shares{Cap: 1}, slog.Default())
-			if err != nil {
-				t.Fatal(err)
-			}
-			rctx, stop := context.WithCancel(ctx)
-			done := make(chan error, 1)
-			go func() { done <- sched.Run(rctx) }()
-			t.Cleanup(func() { stop(); <-done })
+			runScheduler(t, ctx, bus)
 			for i := range 3 {
 				tr := toolbus.ToolRequested{RunID: "held-alice", CallIndex: i, CallCount: 3, Principal: toolbus.Principal{ID: "alice"},
 					Call: toolbus.ToolCall{CallID: fmt.Sprintf("c%d", i), Tool: "calc", Arguments: "{}"}}

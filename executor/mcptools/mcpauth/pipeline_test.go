@@ -22,13 +22,11 @@ import (
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
 	"github.com/toolbus/toolbus/events/provision"
-	"github.com/toolbus/toolbus/events/runlog"
 	"github.com/toolbus/toolbus/events/workerconfig"
 	"github.com/toolbus/toolbus/executor"
 	"github.com/toolbus/toolbus/executor/mcptools"
 	"github.com/toolbus/toolbus/executor/mcptools/mcpauth"
 	"github.com/toolbus/toolbus/executor/worker"
-	"github.com/toolbus/toolbus/injector"
 	"github.com/toolbus/toolbus/internal/testutil"
 	"github.com/toolbus/toolbus/planner"
 )
@@ -220,25 +218,7 @@ func TestOAuthRunLeavesNoCredential(t *testing.T) {
 		return planner.Calls(toolbus.ToolCall{CallID: id, Tool: "secure__leak", Arguments: `{}`})
 	}
 	model := &planner.Script{Steps: []func(planner.Request) planner.Response{call("c1"), call("c2"), planner.Answer("done")}}
-	roles.Go("planner-1", testutil.Must(planner.New(bus, model, cat, planner.Config{WorkerConfig: wc("planner-1")})).Run)
-	roles.Go("injector-1", testutil.Must(injector.New(bus, injector.Config{WorkerConfig: wc("injector-1")})).Run)
-
-	if err := bus.StartRun(ctx, "/test", toolbus.RunStarted{RunID: "oauth-run", Model: "script",
-		Messages: []toolbus.Message{{Role: toolbus.RoleUser, Content: "leak"}}}); err != nil {
-		t.Fatal(err)
-	}
-	var evs []runlog.StoredEvent
-	eventstest.Eventually(t, time.Minute, func() error {
-		st, _, err := bus.Store().RunState(ctx, "oauth-run")
-		if err != nil {
-			return err
-		}
-		if st.Status != toolbus.RunCompleted {
-			return fmt.Errorf("run is %s", st.Status)
-		}
-		evs, err = runlog.Events(ctx, bus, "oauth-run")
-		return err
-	})
+	evs := completeRun(t, ctx, roles, bus, cat, model, wc, "oauth-run")
 
 	tokens, resources := as.tokens()
 	if len(tokens) < 2 {
