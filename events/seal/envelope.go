@@ -14,7 +14,8 @@ import (
 // an Envelope (TestEnvelopeIsJSONMarshal) without its reflection: signing is on every
 // publish's path.
 func (s *Signer) envelope(m [32]byte, sig []byte) string {
-	b := make([]byte, 0, 160+len(s.keyIDJSON))
+	var buf [384]byte // the envelope of a key id up to 150 bytes long, on the stack
+	b := buf[:0]
 	b = append(b, `{"payload":"`...)
 	b = base64.StdEncoding.AppendEncode(b, m[:])
 	b = append(b, `","payloadType":"`+PayloadType+`","signatures":[{"keyid":`...)
