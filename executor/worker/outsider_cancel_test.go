@@ -61,17 +61,19 @@ func (h *holdCalls) tool() executor.Tool {
 // (the decision policy names alice alone) and the run goes on; so must alice's call in
 // flight on the core's executor, which heard bob's run.cancel too (it cancelled the
 // call at once, and every later call of the run, and the run went on with a cancelled
-// result). CONTROL: alice's own cancel of her other run, written after bob's (so the
+// result), and on the planner, which skipped the run's next step (the run stalled
+// until its deadline). CONTROL: alice's own cancel of her other run, written after bob's (so the
 // executor has handled bob's first), cancels that run's call and the run; then alice's
 // first call, released, completes her run with its result.
 func TestOutsiderCancelLeavesAnothersCall(t *testing.T) {
 	srv := intaketest.StartTenants(t, nil, map[string][]string{"alice": {"alice"}, "bob": {"bob"}})
 	connect := func(user string) *nats.Conn { return eventstest.Connect(t, srv, user) }
-	noModel := planner.ModelFunc(func(context.Context, planner.Request) (planner.Response, error) {
-		return planner.Response{}, planner.Permanent(context.Canceled)
+	// After its pre-planned call, a run's model answers.
+	answers := planner.ModelFunc(func(context.Context, planner.Request) (planner.Response, error) {
+		return planner.Response{Message: toolbus.Message{Content: "done"}}, nil
 	})
 	h := &holdCalls{}
-	p := testpipe.StartOnWith(t, connect("core"), 2*time.Minute, noModel, testpipe.Options{Deciders: []string{}}, h.tool())
+	p := testpipe.StartOnWith(t, connect("core"), 2*time.Minute, answers, testpipe.Options{Deciders: []string{}}, h.tool())
 	p.Roles.Go("reads", reads.New(p.Bus, p.Log).Serve)
 	client := func(id string) *events.Bus {
 		var bus *events.Bus
@@ -133,4 +135,7 @@ func TestOutsiderCancelLeavesAnothersCall(t *testing.T) {
 		}
 		return fmt.Errorf("alice's call has no result yet")
 	})
+	// The planner heard bob's cancel too: it skipped the run's next step, and the run
+	// stalled until its deadline.
+	p.WaitStatus("cx-victim", toolbus.RunCompleted)
 }
