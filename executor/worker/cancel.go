@@ -43,8 +43,9 @@ func (w *Worker) followCancels(ctx context.Context, served []string) (stop func(
 	subs = append(subs, sub)
 	// A run the core ended otherwise than completed (a cancel the injector accepted from
 	// a decider the run does not name, TOOLBUS_DECIDERS) ends its calls here too.
+	// (Later calls of an ended run are refused when they start: runEnded.)
 	w.ends.OnEnded(func(run string, status toolbus.RunStatus) {
-		if status != toolbus.RunCompleted {
+		if status != toolbus.RunCompleted && w.runsCallsOf(run) {
 			w.cancelRun(run)
 		}
 	})
@@ -93,6 +94,13 @@ func (w *Worker) onCancel(ctx context.Context, m *nats.Msg) {
 		}
 		w.cancelRun(run)
 	}()
+}
+
+// runsCallsOf reports whether calls of run are in flight here.
+func (w *Worker) runsCallsOf(run string) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return len(w.inflight[run]) > 0
 }
 
 // cancelRun cancels the calls of run in flight here and those that start later.

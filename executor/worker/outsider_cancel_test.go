@@ -58,7 +58,7 @@ func (h *holdCalls) tool() executor.Tool {
 // TestOutsiderCancelLeavesAnothersCall: an outsider holding only client bob's own
 // credentials (his account, bound to bob) who learned the id of alice's run writes, on
 // his own subject through the write service, a cancel of it. The injector refuses it
-// (the decision policy names alice alone) and the run goes on; so must alice's call in
+// (the decision policy names alice, and ops in its TOOLBUS_DECIDERS) and the run goes on; so must alice's call in
 // flight on the core's executor, which heard bob's run.cancel too (it cancelled the
 // call at once, and every later call of the run, and the run went on with a cancelled
 // result), and on the planner, which skipped the run's next step (the run stalled
@@ -66,14 +66,14 @@ func (h *holdCalls) tool() executor.Tool {
 // executor has handled bob's first), cancels that run's call and the run; then alice's
 // first call, released, completes her run with its result.
 func TestOutsiderCancelLeavesAnothersCall(t *testing.T) {
-	srv := intaketest.StartTenants(t, nil, map[string][]string{"alice": {"alice"}, "bob": {"bob"}})
+	srv := intaketest.StartTenants(t, nil, map[string][]string{"alice": {"alice"}, "bob": {"bob"}, "ops": {"ops"}})
 	connect := func(user string) *nats.Conn { return eventstest.Connect(t, srv, user) }
 	// After its pre-planned call, a run's model answers.
 	answers := planner.ModelFunc(func(context.Context, planner.Request) (planner.Response, error) {
 		return planner.Response{Message: toolbus.Message{Content: "done"}}, nil
 	})
 	h := &holdCalls{}
-	p := testpipe.StartOnWith(t, connect("core"), 2*time.Minute, answers, testpipe.Options{Deciders: []string{}}, h.tool())
+	p := testpipe.StartOnWith(t, connect("core"), 2*time.Minute, answers, testpipe.Options{Deciders: []string{"ops"}}, h.tool())
 	p.Roles.Go("reads", reads.New(p.Bus, p.Log).Serve)
 	client := func(id string) *events.Bus {
 		var bus *events.Bus
@@ -85,12 +85,12 @@ func TestOutsiderCancelLeavesAnothersCall(t *testing.T) {
 		})
 		return bus
 	}
-	alice, bob := client("alice"), client("bob")
+	alice, bob, ops := client("alice"), client("bob"), client("ops")
 	tc, err := p.Bus.Store().Contract(p.Ctx, "hold")
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, run := range []string{"cx-victim", "cx-sentinel"} {
+	for _, run := range []string{"cx-victim", "cx-sentinel", "cx-ops"} {
 		rs := callrun.Build(callrun.Spec{RunID: run, Principal: toolbus.Principal{ID: "alice"}, Tool: tc, Arguments: `{"key":"` + run + `"}`, Via: "test"}, time.Now())
 		if err := alice.StartRun(p.Ctx, "/test", rs); err != nil {
 			t.Fatal(err)
@@ -113,6 +113,17 @@ func TestOutsiderCancelLeavesAnothersCall(t *testing.T) {
 		t.Fatal("CONTROL: alice's cancel never reached her call")
 	}
 	p.WaitStatus("cx-sentinel", toolbus.RunCancelled)
+	// CONTROL: a decider the run does not name but the injector's policy does (ops, in
+	// TOOLBUS_DECIDERS) cancels; the run's end reaches the call in flight.
+	if _, err := ops.PublishCancel(p.Ctx, "/test", toolbus.Cancel{RunID: "cx-ops", Who: "ops", Reason: "incident"}); err != nil {
+		t.Fatal(err)
+	}
+	p.WaitStatus("cx-ops", toolbus.RunCancelled)
+	select {
+	case <-h.ch(h.done, "cx-ops"):
+	case <-p.Ctx.Done():
+		t.Fatal("CONTROL: ops's accepted cancel never reached the call")
+	}
 	select {
 	case <-h.ch(h.done, "cx-victim"):
 		t.Fatal("bob's refused cancel cancelled alice's call in flight")
