@@ -58,13 +58,15 @@ func (h *holdCalls) tool() executor.Tool {
 // TestOutsiderCancelLeavesAnothersCall: an outsider holding only client bob's own
 // credentials (his account, bound to bob) who learned the id of alice's run writes, on
 // his own subject through the write service, a cancel of it. The injector refuses it
-// (the decision policy names alice, and ops in its TOOLBUS_DECIDERS) and the run goes on; so must alice's call in
-// flight on the core's executor, which heard bob's run.cancel too (it cancelled the
-// call at once, and every later call of the run, and the run went on with a cancelled
-// result), and on the planner, which skipped the run's next step (the run stalled
-// until its deadline). CONTROL: alice's own cancel of her other run, written after bob's (so the
-// executor has handled bob's first), cancels that run's call and the run; then alice's
-// first call, released, completes her run with its result.
+// (the decision policy names alice, and ops in TOOLBUS_DECIDERS) and the run goes on;
+// so must alice's call in flight on the core's executor, which heard bob's run.cancel
+// too (it cancelled the call at once, and every later call of the run, and the run went
+// on with a cancelled result), and the planner, which skipped the run's next step (the
+// run stalled until its deadline). CONTROL: alice's own cancel of her other run,
+// written after bob's (so the executor has handled bob's first), cancels that run's
+// call and the run; ops's cancel of a third run, accepted by the injector though the
+// run does not name ops, ends its call in flight once the run ended; and alice's first
+// call, released, succeeds and her run completes.
 func TestOutsiderCancelLeavesAnothersCall(t *testing.T) {
 	srv := intaketest.StartTenants(t, nil, map[string][]string{"alice": {"alice"}, "bob": {"bob"}, "ops": {"ops"}})
 	connect := func(user string) *nats.Conn { return eventstest.Connect(t, srv, user) }
