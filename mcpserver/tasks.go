@@ -206,7 +206,11 @@ func (b *bridge) taskView(ctx context.Context, rs *toolbus.RunStarted, caps *mcp
 				ended = &re
 			}
 		},
-		Cancel: func(_ runlog.StoredEvent, c toolbus.Cancel) { cancelled = fmt.Sprintf("%s (by %s)", c.Reason, c.Who) },
+		Cancel: func(_ runlog.StoredEvent, c toolbus.Cancel) {
+			if cancelled == "" && rs.NamesDecider(c.Who) { // anyone may write one naming the run
+				cancelled = fmt.Sprintf("%s (by %s)", c.Reason, c.Who)
+			}
+		},
 	}
 	for _, ev := range evs {
 		last = ev.Time
