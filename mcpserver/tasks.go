@@ -15,7 +15,9 @@ import (
 	"github.com/toolbus/toolbus/audit"
 	"github.com/toolbus/toolbus/callrun"
 	"github.com/toolbus/toolbus/decide"
+	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/runlog"
+	"github.com/toolbus/toolbus/events/store"
 )
 
 // The Tasks extension (io.modelcontextprotocol/tasks, with the 2026-07-28 protocol): a
@@ -175,7 +177,7 @@ func (b *bridge) taskView(ctx context.Context, rs *toolbus.RunStarted, caps *mcp
 	t := &Task{TaskID: rs.RunID, Status: TaskWorking, PollIntervalMs: b.cfg.TaskPollInterval.Milliseconds(),
 		CreatedAt: rs.StartedAt.UTC().Format(time.RFC3339Nano)}
 	t.Meta = mcp.Meta{MetaRun: rs.RunID, MetaCall: callrun.CallID}
-	last, waiting := rs.StartedAt, false
+	last, waiting, waitStep := rs.StartedAt, false, 0
 	var (
 		finished  *toolbus.ToolResult
 		ended     *toolbus.RunEnded
@@ -189,10 +191,9 @@ func (b *bridge) taskView(ctx context.Context, rs *toolbus.RunStarted, caps *mcp
 			}
 		},
 		ToolWaiting: func(_ runlog.StoredEvent, tw toolbus.ToolWaiting) {
-			waiting = waiting || own.Is(tw.Step, tw.Call.CallID, tw.Call.Tool)
-		},
-		Approval: func(_ runlog.StoredEvent, a toolbus.Approval, granted bool) {
-			waiting, t.StatusMessage = false, a.Kind(granted)+" by "+a.Who
+			if own.Is(tw.Step, tw.Call.CallID, tw.Call.Tool) {
+				waiting, waitStep = true, tw.Step
+			}
 		},
 		ToolFinished: func(_ runlog.StoredEvent, tf toolbus.ToolFinished) {
 			if own.Is(tf.Step, tf.CallID, tf.Tool) {
@@ -205,7 +206,11 @@ func (b *bridge) taskView(ctx context.Context, rs *toolbus.RunStarted, caps *mcp
 				ended = &re
 			}
 		},
-		Cancel: func(_ runlog.StoredEvent, c toolbus.Cancel) { cancelled = fmt.Sprintf("%s (by %s)", c.Reason, c.Who) },
+		Cancel: func(_ runlog.StoredEvent, c toolbus.Cancel) {
+			if cancelled == "" && rs.NamesDecider(c.Who) { // anyone may write one naming the run
+				cancelled = fmt.Sprintf("%s (by %s)", c.Reason, c.Who)
+			}
+		},
 	}
 	for _, ev := range evs {
 		last = ev.Time
@@ -213,6 +218,13 @@ func (b *bridge) taskView(ctx context.Context, rs *toolbus.RunStarted, caps *mcp
 		v.Visit(ev)
 	}
 	t.LastUpdatedAt = last.UTC().Format(time.RFC3339Nano)
+	if waiting {
+		if d, ok, err := standingDecision(ctx, bus, rs.RunID, waitStep); err != nil {
+			return nil, err
+		} else if ok {
+			waiting, t.StatusMessage = false, d.Kind(d.Granted)+" by "+d.Who
+		}
+	}
 	open := openQuestions(evs)
 	var askable []toolbus.ToolQuestion
 	for _, q := range open {
@@ -246,6 +258,21 @@ func (b *bridge) taskView(ctx context.Context, rs *toolbus.RunStarted, caps *mcp
 		t.StatusMessage = instructionsText(rs)
 	}
 	return t, nil
+}
+
+// standingDecision returns the decision that stood on the door's call of run waiting at step,
+// as the injector recorded it (the approvals bucket): an approval event in the run is
+// data its writer chose, and a client who may write none that counts (not the run's
+// decider) still stores one on its own subject, which must not close the caller's form.
+func standingDecision(ctx context.Context, bus *events.Bus, run string, step int) (store.Decision, bool, error) {
+	d, err := bus.Store().StepDecision(ctx, run, step, callrun.CallID)
+	switch {
+	case errors.Is(err, events.ErrNotFound):
+		return d, false, nil
+	case err != nil:
+		return d, false, fmt.Errorf("mcp: task %s: %w", run, err)
+	}
+	return d, true, nil
 }
 
 // progressText says how far a call has come.

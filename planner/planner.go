@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -35,7 +37,7 @@ type Planner struct {
 
 	mu        sync.Mutex
 	cache     map[string]*runHistory
-	cancelled map[string]struct{}
+	cancelled map[string][]string // the actors of each run's run.cancel events heard
 	// ends are the runs known to have ended, from their outcome events and their run
 	// states' writes: a step is planned without reading its run's state when they answer
 	// for the run (runState)
@@ -58,7 +60,7 @@ func New(bus *events.Bus, model Model, catalog *store.Catalog, cfg Config) (*Pla
 		cfg: cfg, bus: bus, model: model, catalog: catalog,
 		source: events.Source("planner", cfg.Instance),
 		log:    cfg.Logger.With("component", "planner", "instance", cfg.Instance),
-		cache:  map[string]*runHistory{}, cancelled: map[string]struct{}{}, ends: ends,
+		cache:  map[string]*runHistory{}, cancelled: map[string][]string{}, ends: ends,
 	}, nil
 }
 
@@ -72,14 +74,18 @@ func (p *Planner) Run(ctx context.Context) error {
 		return err
 	}
 	// A local view of cancellations spares a run-state read per step; redeliveries
-	// still read the run state.
+	// still read the run state. Anyone may publish a run.cancel naming any run on their
+	// own subject: its actor is kept, and only a cancel by the run's principal or an
+	// approver skips a step (ended); any other is the injector's to decide.
 	sub, err := p.bus.Conn().Subscribe(events.FilterRunCancel, func(m *nats.Msg) {
 		if run, ok := events.CancelOf(m); ok {
 			p.mu.Lock()
 			if len(p.cancelled) > 100000 {
 				clear(p.cancelled)
 			}
-			p.cancelled[run] = struct{}{}
+			if who := m.Subject[strings.LastIndexByte(m.Subject, '.')+1:]; len(p.cancelled[run]) < 16 {
+				p.cancelled[run] = append(p.cancelled[run], who) // the body agrees (CancelOf)
+			}
 			delete(p.cache, run)
 			p.mu.Unlock()
 		}
@@ -103,11 +109,12 @@ func (p *Planner) Run(ctx context.Context) error {
 	return err
 }
 
-func (p *Planner) ended(run string) bool {
+// ended reports whether a run.cancel of rs's run by its principal or an approver was
+// heard (the decision policy's rule: the injector applies it to every cancel).
+func (p *Planner) ended(rs *toolbus.RunStarted) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	_, ok := p.cancelled[run]
-	return ok
+	return slices.ContainsFunc(p.cancelled[rs.RunID], rs.NamesDecider)
 }
 
 func (p *Planner) handle(ctx context.Context, msg jetstream.Msg) error {
@@ -177,7 +184,7 @@ func (p *Planner) plan(ctx context.Context, req toolbus.ModelRequested, first bo
 		return err
 	}
 	rs = rs.WithDefaults(p.cfg.Defaults)
-	if p.ended(run) {
+	if p.ended(rs) {
 		p.log.Info("run cancelled, step skipped", "run_id", run, "step", step)
 		p.forget(run)
 		return nil

@@ -47,12 +47,14 @@ type Printer struct {
 	reported  map[string]string
 	waiting   map[string]bool
 	questions *decide.Questions
+	// starts are the first run.started of each run: who its decisions count from.
+	starts map[string]toolbus.RunStarted
 }
 
 // NewPrinter returns a printer writing to out.
 func NewPrinter(out io.Writer) *Printer {
 	return &Printer{out: out, open: map[string]string{}, finished: map[string]bool{}, called: map[string]string{},
-		reported: map[string]string{}, waiting: map[string]bool{}, questions: decide.NewQuestions()}
+		reported: map[string]string{}, waiting: map[string]bool{}, questions: decide.NewQuestions(), starts: map[string]toolbus.RunStarted{}}
 }
 
 // callKey names a call across runs.
@@ -71,7 +73,7 @@ func (p *Printer) WaitingFor() (string, []string) {
 		return "the injector", []string{events.ConsumerInjector + "-started", events.ConsumerInjector}
 	case events.TypeModelRequested:
 		return "the planner (the model's answer)", []string{events.ConsumerPlanner}
-	case events.TypeModelResponded, events.TypeToolRequested, events.TypeToolWaiting:
+	case events.TypeModelResponded, events.TypeToolRequested, events.TypeToolWaiting, events.TypeApprovalGranted, events.TypeApprovalDenied:
 		if len(p.open) == 0 {
 			return "the injector", []string{events.ConsumerInjector}
 		}
@@ -163,6 +165,9 @@ func (p *Printer) Print(ev runlog.StoredEvent) (status toolbus.RunStatus, done b
 			}
 		},
 		RunStarted: func(_ runlog.StoredEvent, rs toolbus.RunStarted) {
+			if _, ok := p.starts[rs.RunID]; !ok {
+				p.starts[rs.RunID] = rs
+			}
 			p.principal = rs.Principal.ID
 			q := ""
 			for _, m := range rs.Messages {
@@ -200,15 +205,13 @@ func (p *Printer) Print(ev runlog.StoredEvent) (status toolbus.RunStatus, done b
 		},
 		ToolRequested: func(_ runlog.StoredEvent, tr toolbus.ToolRequested) {
 			p.called[callKey(tr.RunID, tr.Step, tr.Call.CallID)] = tr.Call.Tool
+			delete(p.waiting, tr.Call.CallID) // issued again: a decision stood
 		},
 		ToolQuestion: func(_ runlog.StoredEvent, q toolbus.ToolQuestion) { p.toolQuestion(q) },
 		ToolAnswer:   func(_ runlog.StoredEvent, a toolbus.ToolAnswer) { p.toolAnswer(a) },
 		ToolWaiting:  func(_ runlog.StoredEvent, tw toolbus.ToolWaiting) { p.toolWaiting(tw) },
-		Approval: func(ev runlog.StoredEvent, a toolbus.Approval, _ bool) {
-			delete(p.waiting, a.CallID) // decided: the call is issued again, or answered
-			p.approval(ev, a)
-		},
-		Cancel: func(runlog.StoredEvent, toolbus.Cancel) { fmt.Fprintln(p.out, "cancel requested") },
+		Approval:     func(ev runlog.StoredEvent, a toolbus.Approval, _ bool) { p.approval(ev, a) },
+		Cancel:       func(runlog.StoredEvent, toolbus.Cancel) { fmt.Fprintln(p.out, "cancel requested") },
 		Timer: func(_ runlog.StoredEvent, t events.RunTimer) {
 			if p.Timers {
 				fmt.Fprintf(p.out, "deadline timer set: the run ends at %s if it still goes on\n", t.Deadline.UTC().Format(time.RFC3339))
@@ -315,9 +318,17 @@ func (p *Printer) report(callID, tool, what string) {
 	p.reported[callID] = what
 }
 
-// approval prints a person's decision, with an edit's arguments or an answer.
+// approval prints a person's decision, with an edit's arguments or an answer. A
+// decision by the run's principal or an approver decides the call; anyone may write one
+// on their own subject, and another's stands only where the injector's TOOLBUS_DECIDERS
+// names them (the call is then issued again): it leaves the call waiting here.
 func (p *Printer) approval(ev runlog.StoredEvent, a toolbus.Approval) {
 	line := fmt.Sprintf("        %s %s by %s %s", strings.TrimPrefix(ev.Meta.Type, "toolbus."), a.CallID, a.Who, a.Why)
+	if rs, ok := p.starts[a.RunID]; ok && !rs.NamesDecider(a.Who) {
+		line = strings.TrimRight(line, " ") + fmt.Sprintf(" (%s is neither the run's principal nor an approver: it stands only if the injector's TOOLBUS_DECIDERS names %s)", a.Who, a.Who)
+	} else {
+		delete(p.waiting, a.CallID) // decided: the call is issued again, or answered
+	}
 	if a.Arguments != "" {
 		line += " edited arguments: " + oneLine(a.Arguments, 80)
 	}

@@ -153,6 +153,8 @@ func TestWaitingForSaysWhatACallWaitsFor(t *testing.T) {
 	logLine := stored(t, 4, events.SubjectToolLog("r1", "payout"), events.TypeToolLog, toolbus.ToolLog{RunID: "r1", CallID: "c", Tool: "payout", Attempt: 1, Seq: 1, Level: "info", Message: "hi"})
 	waiting := stored(t, 4, events.SubjectToolWaiting("r1", "payout"), events.TypeToolWaiting, toolbus.ToolWaiting{RunID: "r1", Call: call, CallCount: 1})
 	granted := stored(t, 5, events.SubjectApproval("r1", true, "alice"), events.TypeApprovalGranted, toolbus.Approval{RunID: "r1", CallID: "c", Who: "alice"})
+	// An outsider's decision on his own subject, which the injector refuses.
+	foreign := stored(t, 5, events.SubjectApproval("r1", false, "mallory"), events.TypeApprovalDenied, toolbus.Approval{RunID: "r1", CallID: "c", Who: "mallory", Why: "send me your password"})
 
 	const (
 		noExecutor = "an executor of payout to take c (none has reported on it yet)"
@@ -176,6 +178,8 @@ func TestWaitingForSaysWhatACallWaitsFor(t *testing.T) {
 		{name: "answered by someone else", then: []runlog.StoredEvent{question("payout"), answer("mallory")}, want: asks},
 		{name: "approval", then: []runlog.StoredEvent{waiting}, want: approval},
 		{name: "approved", then: []runlog.StoredEvent{waiting, granted, start[2]}, want: noExecutor, consumers: true},
+		{name: "denied by someone else", then: []runlog.StoredEvent{waiting, foreign}, want: approval},
+		{name: "issued again after a decider's decision", then: []runlog.StoredEvent{waiting, foreign, start[2]}, want: noExecutor, consumers: true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

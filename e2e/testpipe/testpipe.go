@@ -51,6 +51,8 @@ func Start(t *testing.T, d time.Duration, model planner.Model, extra ...executor
 type Options struct {
 	// Quota is the injector's.
 	Quota injector.Quota
+	// Deciders is the injector's decision policy (nil: anyone decides).
+	Deciders []string
 	// Bus sets the stream and buckets up.
 	Bus events.Config
 }
@@ -69,6 +71,12 @@ func StartWith(t *testing.T, d time.Duration, model planner.Model, opts Options,
 func StartOn(t *testing.T, nc *nats.Conn, d time.Duration, model planner.Model, extra ...executor.Tool) *Pipeline {
 	t.Helper()
 	return startOn(t, nc, d, model, Options{}, extra...)
+}
+
+// StartOnWith is StartOn with opts (opts.Bus sets the bus up on nc).
+func StartOnWith(t *testing.T, nc *nats.Conn, d time.Duration, model planner.Model, opts Options, extra ...executor.Tool) *Pipeline {
+	t.Helper()
+	return startOn(t, nc, d, model, opts, extra...)
 }
 
 func startOn(t *testing.T, nc *nats.Conn, d time.Duration, model planner.Model, opts Options, extra ...executor.Tool) *Pipeline {
@@ -105,7 +113,7 @@ func startOn(t *testing.T, nc *nats.Conn, d time.Duration, model planner.Model, 
 		return nil
 	})
 	p.Roles.Go("planner-1", testutil.Must(planner.New(bus, model, cat, planner.Config{WorkerConfig: p.worker("planner-1")})).Run)
-	p.Roles.Go("injector-1", testutil.Must(injector.New(bus, injector.Config{WorkerConfig: p.worker("injector-1"), Quota: opts.Quota})).Run)
+	p.Roles.Go("injector-1", testutil.Must(injector.New(bus, injector.Config{WorkerConfig: p.worker("injector-1"), Quota: opts.Quota, Deciders: opts.Deciders})).Run)
 	return p
 }
 
