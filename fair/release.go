@@ -24,7 +24,7 @@ type releaseAck struct {
 // releaser is the scheduler's own JetStream publisher: its releases' acknowledgements
 // come to two handlers on the client's ack goroutine (no goroutine per release), which
 // only queue them for drainAcks (they must not block, and release holds s.mu while it
-// publishes).
+// publishes). It only publishes (no API call, so no API prefix), as the bus's own would.
 func (s *Scheduler) releaser() (jetstream.JetStream, error) {
 	heard := func(m *nats.Msg, err error) {
 		seq, perr := strconv.ParseUint(m.Header.Get(events.FairStagedHeader), 10, 64)
