@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"strconv"
 	"strings"
 	"sync"
@@ -20,7 +21,6 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/toolbus/toolbus"
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/store"
 )
@@ -52,6 +52,11 @@ type Scheduler struct {
 	// replaying holds the calls read again at a restart until all are read.
 	replaying bool
 	kick      chan struct{}
+	// pending are the releases awaiting the server's acknowledgement; acks are the
+	// acknowledgements heard (release.go), taken in under mu by drainAcks.
+	pending map[uint64]*call
+	ackMu   sync.Mutex
+	acks    []releaseAck
 }
 
 // Staging reports whether the queue stream of bus stages calls (fair share set up).
@@ -77,8 +82,12 @@ func New(ctx context.Context, bus *events.Bus, cfg Shares, log *slog.Logger) (*S
 	if err != nil {
 		return nil, fmt.Errorf("fair: queue stream: %w", err)
 	}
-	return &Scheduler{js: bus.JetStream(), nc: bus.Conn(), store: bus.Store(), queue: s, pol: pol, log: log.With("role", "fair"),
-		tools: map[string]*toolQueue{}, calls: map[string]*call{}, stored: map[uint64]bool{}, kick: make(chan struct{}, 1)}, nil
+	sc := &Scheduler{nc: bus.Conn(), store: bus.Store(), queue: s, pol: pol, log: log.With("role", "fair"),
+		tools: map[string]*toolQueue{}, calls: map[string]*call{}, stored: map[uint64]bool{}, kick: make(chan struct{}, 1), pending: map[uint64]*call{}}
+	if sc.js, err = sc.releaser(); err != nil {
+		return nil, err
+	}
+	return sc, nil
 }
 
 // Run schedules until ctx ends. It first finds where a scheduler before it stopped:
@@ -165,16 +174,7 @@ func (s *Scheduler) staged(seq uint64, subject string, hdr nats.Header, data []b
 		return
 	}
 	c := &call{seq: seq, tool: strings.TrimPrefix(subject, events.StagePrefix+"."), hdr: hdr, data: data, tenant: "_unknown"}
-	var req struct { // what scheduling needs of the toolbus.ToolRequested
-		RunID string `json:"run_id"`
-		Step  int    `json:"step"`
-		Call  struct {
-			CallID string `json:"call_id"`
-			Tool   string `json:"tool"`
-		} `json:"call"`
-		Principal toolbus.Principal `json:"principal"`
-	}
-	if _, err := events.Decode(&nats.Msg{Subject: subject, Header: hdr, Data: data}, &req); err == nil {
+	if req, err := decodeStaged(subject, hdr, data); err == nil {
 		if req.Principal.ID != "" {
 			c.tenant = req.Principal.ID
 		}
@@ -210,9 +210,9 @@ func (s *Scheduler) dispatch(tool string, q *toolQueue) {
 		if full && s.pol.window == windowRunning {
 			return
 		}
-		was := map[string]bool{}
-		for t, v := range q.capped {
-			was[t] = v
+		var was map[string]bool // only a capped tool logs a tenant reaching its cap
+		if s.pol.capOf(tool) > 0 {
+			was = maps.Clone(q.capped)
 		}
 		c := q.pick(s.pol, tool, full)
 		for t, v := range q.capped {
@@ -254,50 +254,10 @@ func (s *Scheduler) lookahead(q *toolQueue) int {
 func (s *Scheduler) dispatchAll() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.drainAcks()
 	for tool, q := range s.tools {
 		s.dispatch(tool, q)
 	}
-}
-
-// release publishes c on its tool's queue subject with the staged message's headers,
-// none of the stream's (Nats-*: the server refuses a published source header, so the
-// call's subject goes in events.FairCallSubjectHeader), and the staged sequence as
-// message id. Called with s.mu
-// held; the store is awaited in the background.
-func (s *Scheduler) release(c *call) {
-	msg := nats.NewMsg(events.QueuePrefix + "." + c.tool)
-	for k, v := range c.hdr {
-		if !strings.HasPrefix(k, "Nats-") {
-			msg.Header[k] = v
-		}
-	}
-	msg.Header.Set(events.FairCallSubjectHeader, events.CallSubject(msg.Subject, c.hdr))
-	seq := strconv.FormatUint(c.seq, 10)
-	msg.Header.Set(nats.MsgIdHdr, "fair-"+seq)
-	msg.Header.Set(events.FairStagedHeader, seq)
-	msg.Header.Set(events.FairLowHeader, strconv.FormatUint(s.low(), 10))
-	msg.Data = c.data
-	sent := time.Now()
-	c.released = sent
-	f, err := s.js.PublishMsgAsync(msg)
-	if err != nil {
-		s.failed(c, err)
-		return
-	}
-	go func() {
-		select {
-		case <-f.Ok():
-			s.mu.Lock()
-			s.rtt.add(time.Since(sent))
-			s.stored[c.seq] = true
-			s.advance()
-			s.mu.Unlock()
-		case err := <-f.Err():
-			s.mu.Lock()
-			s.failed(c, err)
-			s.mu.Unlock()
-		}
-	}()
 }
 
 // failed puts a call whose release was not stored back at the front of its tenant's

@@ -65,16 +65,10 @@ func (s *Scheduler) claimed(m *nats.Msg) {
 
 func (s *Scheduler) finishedEvent(m *nats.Msg) {
 	// Only the call's position: the result itself is the injector's to read.
-	ev, err := events.DecodeEvent(m)
-	var tf struct {
-		RunID  string `json:"run_id"`
-		Step   int    `json:"step"`
-		CallID string `json:"call_id"`
-	}
-	if err != nil || json.Unmarshal(ev.Data, &tf) != nil {
+	key, ok := finishedKey(m)
+	if !ok {
 		return
 	}
-	key := store.ClaimKey(events.ToolTokenOfSubject(m.Subject), tf.RunID, tf.Step, tf.CallID)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if c := s.calls[key]; c != nil {
