@@ -29,12 +29,13 @@ func TestNPMTest(t *testing.T) {
 	npm := needNPM(t)
 	// What testbus runs for a standalone npm test: a planner of pre-planned runs (a run
 	// that needs a model waits: the executor tests drive their runs call by call), an
-	// injector and a Go executor of the demo and diag packs.
+	// injector (its decision policy: a run's principal and approvers, and ops) and a Go
+	// executor of the demo and diag packs.
 	model := planner.ModelFunc(func(ctx context.Context, _ planner.Request) (planner.Response, error) {
 		<-ctx.Done()
 		return planner.Response{}, ctx.Err()
 	})
-	p := testpipe.Start(t, 4*time.Minute, model)
+	p := testpipe.StartWith(t, 4*time.Minute, model, testpipe.Options{Deciders: []string{"ops"}})
 	ctx, cancel := context.WithTimeout(p.Ctx, 3*time.Minute)
 	defer cancel()
 	// The team-account tests run in TestNPMTeamAccount, on a server of two accounts.

@@ -11,7 +11,7 @@ import type { Consumer, ConsumerMessages, JsMsg } from '@nats-io/jetstream';
 import type { ValidateFunction } from 'ajv';
 import {
   Bus, ContractChangedError, PoisonError, TenantQuotaError, TenantStoreFullError, Type, WriteRefusedError, agreeingRun, callAttrs, callSubject, parentDigest, decodeEvent, id, isNoResponders, key, queueAckWait, source, subject,
-  toolConsumer, toolTokenOfSubject, validRunID, validToolName,
+  namesDecider, toolConsumer, toolTokenOfSubject, validRunID, validToolName,
   type Cancel, type Claim, type Decision, type FailedAttempt, type Principal, type RunStarted, type ToolCall, type ToolContract,
   type ToolProgress, type ToolRequested, type ToolResult,
 } from './wire.js';
@@ -515,6 +515,11 @@ export class Executor {
     if (!s.apiPrefix) {
       // Run outcomes followed: a call of a run that goes on reads no run state.
       const outcomes = new RunOutcomes(this.nc, bus, () => this.reconnects);
+      // A run the core ended otherwise than completed (a cancel the injector accepted from
+      // a decider the run does not name, TOOLBUS_DECIDERS) ends its calls here too.
+      outcomes.onEnded = (run, status) => {
+        if (status !== 'completed' && this.inflight.get(run)?.size) this.cancelRun(run);
+      };
       try {
         await outcomes.listen();
         this.outcomes = outcomes;
@@ -860,10 +865,22 @@ export class Executor {
     this.cancelRun(run);
   }
 
+  /**
+   * Cancels the calls of a run at once on a run.cancel by the run's principal or one of
+   * its approvers (its first run.started names them: the rule of the injector's decision
+   * policy and of every read). Anyone may publish a run.cancel on their own subject,
+   * naming any run: a cancel by someone else (which the injector refuses unless its
+   * TOOLBUS_DECIDERS lists them) cancels nothing here; accepted, it ends the run, whose
+   * outcome cancels the calls (outcomes.onEnded in serve). The Go twin is
+   * executor/worker/cancel.go.
+   */
   private onCancel(subj: string, h: JsMsg['headers'] | undefined, data: Uint8Array) {
     let run: string | undefined;
+    let who: string | undefined;
     try {
-      run = agreeingRun(subj, decodeEvent<Cancel>(h, data), Type.runCancel);
+      const ev = decodeEvent<Cancel>(h, data);
+      run = agreeingRun(subj, ev, Type.runCancel);
+      who = ev.data?.who;
     } catch {
       run = undefined;
     }
@@ -871,7 +888,13 @@ export class Executor {
       this.log.warn('run.cancel ignored: not a cancel of the run its subject names', { subject: subj });
       return;
     }
-    this.cancelRun(run);
+    const cancelled = run;
+    void this.bus!.runStarted(cancelled).then((first) => {
+      if (first && namesDecider(first.rs, who)) return this.cancelRun(cancelled);
+      this.log.warn('run.cancel not applied here: its actor is neither the run\'s principal nor an approver (the injector decides; an end of the run reaches the calls)',
+        { run_id: cancelled, who: who ?? '' });
+    }, (err) => this.log.warn('run.cancel not applied here: its run\'s start not read (the injector decides; an end of the run reaches the calls)',
+      { run_id: cancelled, who: who ?? '', error: String((err as Error)?.message ?? err) }));
   }
 
   private cancelRun(run: string) {

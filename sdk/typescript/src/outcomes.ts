@@ -22,6 +22,8 @@ export class RunOutcomes {
   private refreshing = false;
   private lastTry = 0;
   private refused?: Error;
+  /** Called with each run end heard, once recorded (the Go twin's OnEnded). */
+  onEnded?: (run: string, status: string) => void;
 
   /** reconnects counts the connection's reconnections (rings may have been lost at each). */
   constructor(private readonly nc: NatsConnection, private readonly bus: Bus, private readonly reconnects: () => number) {}
@@ -56,6 +58,7 @@ export class RunOutcomes {
       this.trusted = false;
     }
     this.ended.set(run, status);
+    this.onEnded?.(run, status);
   }
 
   /** Records the stream's last sequence, read once the server has every subscription. */

@@ -74,8 +74,20 @@ export interface RunStarted {
   limits?: Limits;
   model?: string;
   principal?: Principal;
+  /** Who may decide on this run's calls and cancel it besides its principal (and the injector's TOOLBUS_DECIDERS). */
+  approvers?: string[];
   started_at?: string;
   calls?: ToolCall[];
+}
+
+/**
+ * Whether who is the run's principal or one of its approvers: the identities the decision
+ * policy accepts for every run, whatever the injector's TOOLBUS_DECIDERS add (the Go twin
+ * is RunStarted.NamesDecider).
+ */
+export function namesDecider(rs: RunStarted, who?: string): boolean {
+  const w = (who ?? '').trim();
+  return w !== '' && (w === rs.principal?.id || (rs.approvers ?? []).includes(w));
 }
 
 export interface ToolError {

@@ -159,7 +159,8 @@ func Pipeline(ctx context.Context, nc *nats.Conn, log *slog.Logger) (wait func()
 	if err != nil {
 		return nil, err
 	}
-	inj, err := injector.New(bus, injector.Config{WorkerConfig: wc("injector-1")})
+	// The decision policy: a run's principal and approvers, and ops (test/outsider-cancel.test.ts).
+	inj, err := injector.New(bus, injector.Config{WorkerConfig: wc("injector-1"), Deciders: Deciders})
 	if err != nil {
 		return nil, err
 	}
@@ -184,6 +185,9 @@ func Pipeline(ctx context.Context, nc *nats.Conn, log *slog.Logger) (wait func()
 		return errors.Join(all...)
 	}, nil
 }
+
+// Deciders is the injector's TOOLBUS_DECIDERS (npm_test.go's pipeline has the same).
+var Deciders = []string{"ops"}
 
 // TeamName and TeamTools are the team account of -team and the tools the core exports
 // to it (test/team.test.ts serves them).
