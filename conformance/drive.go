@@ -168,7 +168,9 @@ func (s *suite) cancelClaimed() error {
 			}
 			continue
 		}
-		if _, err := bus.PublishCancel(ctx, events.Source("conformance", "suite"), toolbus.Cancel{RunID: run, Reason: "conformance"}); err != nil {
+		// By the run's principal: an executor acts at once only on a cancel whose author
+		// the run's run.started names (principal or approver); another's waits for the end.
+		if _, err := bus.PublishCancel(ctx, events.Source("conformance", "suite"), toolbus.Cancel{RunID: run, Reason: "conformance", Who: "conformance"}); err != nil {
 			return err
 		}
 		if s.cfg.Accounts {
