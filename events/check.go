@@ -264,9 +264,13 @@ func CheckMsg(msg *nats.Msg) (run string, typ string, err error) {
 	return run, ev.Type, nil
 }
 
-// CancelOf returns the run a run.cancel message cancels: the run its subject names,
-// once its body agrees (CheckMsg). A message that is not such a cancel cancels nothing.
-func CancelOf(msg *nats.Msg) (string, bool) {
+// CancelOf returns the run a run.cancel message cancels and who sent it: the run and
+// the identity token its subject names (SubjectRunCancel), once its body agrees
+// (CheckMsg). A message that is not such a cancel cancels nothing.
+func CancelOf(msg *nats.Msg) (run, who string, ok bool) {
 	run, typ, err := CheckMsg(msg)
-	return run, err == nil && typ == TypeRunCancel
+	if err != nil || typ != TypeRunCancel {
+		return "", "", false
+	}
+	return run, msg.Subject[strings.LastIndexByte(msg.Subject, '.')+1:], true
 }

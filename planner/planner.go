@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -78,13 +77,13 @@ func (p *Planner) Run(ctx context.Context) error {
 	// own subject: its actor is kept, and only a cancel by the run's principal or an
 	// approver skips a step (ended); any other is the injector's to decide.
 	sub, err := p.bus.Conn().Subscribe(events.FilterRunCancel, func(m *nats.Msg) {
-		if run, ok := events.CancelOf(m); ok {
+		if run, who, ok := events.CancelOf(m); ok {
 			p.mu.Lock()
 			if len(p.cancelled) > 100000 {
 				clear(p.cancelled)
 			}
-			if who := m.Subject[strings.LastIndexByte(m.Subject, '.')+1:]; len(p.cancelled[run]) < 16 {
-				p.cancelled[run] = append(p.cancelled[run], who) // the body agrees (CancelOf)
+			if len(p.cancelled[run]) < 16 {
+				p.cancelled[run] = append(p.cancelled[run], who)
 			}
 			delete(p.cache, run)
 			p.mu.Unlock()

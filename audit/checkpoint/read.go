@@ -2,14 +2,13 @@ package checkpoint
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
-	"strconv"
 	"time"
 
 	"github.com/nats-io/nats.go"
 
 	"github.com/toolbus/toolbus/events"
+	"github.com/toolbus/toolbus/events/store"
 )
 
 // batchMax is the most messages one batched direct get answers.
@@ -36,42 +35,11 @@ func newReader(b *events.Bus) reader {
 func (r reader) batch(ctx context.Context, from uint64, fn func(seq uint64, h nats.Header, data []byte)) (last uint64, more bool, err error) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	inbox := r.nc.NewRespInbox()
-	sub, err := r.nc.SubscribeSync(inbox)
+	last, more, err = store.DirectBatch(ctx, r.nc, r.subject, from, ">", batchMax, func(seq uint64, m *nats.Msg) { fn(seq, m.Header, m.Data) })
 	if err != nil {
-		return 0, false, fmt.Errorf("checkpoint: read the stream: %w", err)
+		return last, false, fmt.Errorf("checkpoint: read the stream: %w", err)
 	}
-	defer sub.Unsubscribe() //nolint:errcheck // a closed subscription
-	req, _ := json.Marshal(struct {
-		Seq     uint64 `json:"seq"`
-		NextFor string `json:"next_by_subj"`
-		Batch   int    `json:"batch"`
-	}{max(from, 1), ">", batchMax})
-	if err := r.nc.PublishRequest(r.subject, inbox, req); err != nil {
-		return 0, false, fmt.Errorf("checkpoint: read the stream: %w", err)
-	}
-	for {
-		m, err := sub.NextMsgWithContext(ctx)
-		if err != nil {
-			return last, false, fmt.Errorf("checkpoint: read the stream from %d: %w (no answer: direct gets refused?)", from, err)
-		}
-		if m.Header.Get("Nats-Sequence") == "" {
-			switch m.Header.Get("Status") {
-			case "404": // nothing from there on
-				return last, false, nil
-			case "204": // end of batch: what is left after it
-				pending, _ := strconv.ParseUint(m.Header.Get("Nats-Num-Pending"), 10, 64)
-				return last, pending > 0 && last > 0, nil
-			}
-			return last, false, fmt.Errorf("checkpoint: read the stream from %d: status %s %s", from, m.Header.Get("Status"), m.Header.Get("Description"))
-		}
-		seq, err := strconv.ParseUint(m.Header.Get("Nats-Sequence"), 10, 64)
-		if err != nil || seq <= last {
-			return last, false, fmt.Errorf("checkpoint: read the stream: sequence %q after %d", m.Header.Get("Nats-Sequence"), last)
-		}
-		last = seq
-		fn(seq, m.Header, m.Data)
-	}
+	return last, more, nil
 }
 
 // from reads every message from sequence from on (until none is left, or until stop

@@ -77,12 +77,11 @@ func (w *Worker) onEndNotice(m *nats.Msg) {
 func (w *Worker) onCancel(ctx context.Context, m *nats.Msg) {
 	// The run the subject names, once the body agrees: the injector terminates a cancel
 	// whose body names another run, and nothing may act on it here either.
-	run, ok := events.CancelOf(m)
+	run, who, ok := events.CancelOf(m)
 	if !ok {
 		w.log.Warn("run.cancel ignored: not a cancel of the run its subject names", "subject", m.Subject)
 		return
 	}
-	who := m.Subject[strings.LastIndexByte(m.Subject, '.')+1:] // the body agrees (CancelOf)
 	go func() {
 		ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		defer cancel()
