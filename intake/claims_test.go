@@ -10,7 +10,6 @@ import (
 
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
-	"github.com/toolbus/toolbus/events/provision"
 	"github.com/toolbus/toolbus/events/store"
 	"github.com/toolbus/toolbus/intake"
 	"github.com/toolbus/toolbus/intake/intaketest"
@@ -29,10 +28,7 @@ func TestTenantClaimsAreBounded(t *testing.T) {
 	lim := intake.Limits{ClaimsShare: intake.StreamShare{Bytes: share, Window: time.Hour}}
 	srv := intaketest.StartTenantsLimited(t, map[string][]string{"alpha": {"calc"}, "beta": {"search"}}, nil, lim)
 	ctx := eventstest.Context(t, time.Minute)
-	core := eventstest.Connect(t, srv, "core")
-	if _, _, err := provision.Setup(ctx, core, events.Config{}, provision.WithTools([]string{"calc", "search"}, 0, 0)); err != nil {
-		t.Fatal(err)
-	}
+	core := provisionedCore(t, ctx, srv)
 	alpha, beta := eventstest.Connect(t, srv, "alpha"), eventstest.Connect(t, srv, "beta")
 	claim := func(tool string, i int) string {
 		return "$KV." + store.BucketClaims + "." + store.ClaimKey(tool, fmt.Sprintf("r%d", i), 0, "c1")

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -52,10 +53,7 @@ func write(t *testing.T, ctx context.Context, nc *nats.Conn, subject, data, roll
 func TestTenantsCannotRollUpOthersKeys(t *testing.T) {
 	srv := intaketest.StartTenants(t, map[string][]string{"alpha": {"calc"}, "beta": {"search"}}, nil)
 	ctx := eventstest.Context(t, time.Minute)
-	core := eventstest.Connect(t, srv, "core")
-	if _, _, err := provision.Setup(ctx, core, events.Config{}, provision.WithTools([]string{"calc", "search"}, 0, 0)); err != nil {
-		t.Fatal(err)
-	}
+	core := provisionedCore(t, ctx, srv)
 	js, err := jetstream.New(core)
 	if err != nil {
 		t.Fatal(err)
@@ -281,4 +279,15 @@ func counted(t *testing.T, tel *telemetry.Metrics, name string, labels map[strin
 		}
 	}
 	return 0
+}
+
+// provisionedCore connects as the core account of srv and provisions the stream and the
+// buckets with the tools calc and search, as the intake tests' deployments have them.
+func provisionedCore(t *testing.T, ctx context.Context, srv *server.Server) *nats.Conn {
+	t.Helper()
+	core := eventstest.Connect(t, srv, "core")
+	if _, _, err := provision.Setup(ctx, core, events.Config{}, provision.WithTools([]string{"calc", "search"}, 0, 0)); err != nil {
+		t.Fatal(err)
+	}
+	return core
 }

@@ -10,7 +10,6 @@ import (
 
 	"github.com/toolbus/toolbus/events"
 	"github.com/toolbus/toolbus/events/eventstest"
-	"github.com/toolbus/toolbus/events/provision"
 	"github.com/toolbus/toolbus/intake/intaketest"
 )
 
@@ -26,10 +25,7 @@ import (
 func TestOutsiderMalformedHeaders(t *testing.T) {
 	srv := intaketest.StartTenants(t, map[string][]string{"alpha": {"calc"}, "beta": {"search"}}, nil)
 	ctx := eventstest.Context(t, time.Minute)
-	core := eventstest.Connect(t, srv, "core")
-	if _, _, err := provision.Setup(ctx, core, events.Config{}, provision.WithTools([]string{"calc", "search"}, 0, 0)); err != nil {
-		t.Fatal(err)
-	}
+	core := provisionedCore(t, ctx, srv)
 	js, err := jetstream.New(core)
 	if err != nil {
 		t.Fatal(err)

@@ -63,10 +63,7 @@ func TestTenantWriteIsNoOracle(t *testing.T) {
 	srv := intaketest.StartTenants(t, map[string][]string{"alpha": {"calc"}, "beta": {"search"}},
 		map[string][]string{"alice": {"alice"}, "bob": {"bob"}})
 	ctx := eventstest.Context(t, time.Minute)
-	core := eventstest.Connect(t, srv, "core")
-	if _, _, err := provision.Setup(ctx, core, events.Config{}, provision.WithTools([]string{"calc", "search"}, 0, 0)); err != nil {
-		t.Fatal(err)
-	}
+	core := provisionedCore(t, ctx, srv)
 	js, err := jetstream.New(core)
 	if err != nil {
 		t.Fatal(err)
@@ -260,10 +257,7 @@ func TestTenantQuotaCountsSubjects(t *testing.T) {
 	lim := intake.Limits{BytesPerSecond: 1000, Burst: 32 << 10}
 	srv := intaketest.StartTenantsLimited(t, map[string][]string{"alpha": {"calc"}, "beta": {"search"}}, nil, lim)
 	ctx := eventstest.Context(t, time.Minute)
-	core := eventstest.Connect(t, srv, "core")
-	if _, _, err := provision.Setup(ctx, core, events.Config{}, provision.WithTools([]string{"calc", "search"}, 0, 0)); err != nil {
-		t.Fatal(err)
-	}
+	core := provisionedCore(t, ctx, srv)
 	js, err := jetstream.New(core)
 	if err != nil {
 		t.Fatal(err)
